@@ -1,0 +1,11 @@
+"""toolrl: reinforcement learning for LLMs that call tools.
+
+Public plugin API: :data:`hookimpl` (decorate hook implementations), :mod:`toolrl.tools` (the
+``Tool`` base class), :mod:`toolrl.schemas` (pydantic models at the boundaries), :mod:`toolrl.parsers`,
+:mod:`toolrl.rewards`, :mod:`toolrl.engines`. Heavy libraries are imported only where used.
+"""
+
+from toolrl.hookspecs import hookimpl
+
+__all__ = ["hookimpl"]
+__version__ = "0.1.0"

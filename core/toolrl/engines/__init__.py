@@ -1,0 +1,73 @@
+"""Rollout engines: token ids in; token ids, per-token logprobs and a finish reason out.
+
+An engine serves many concurrent ``generate`` calls (one per trajectory turn) and batches them
+itself, so a trajectory waiting on a tool never holds up the others. Logprobs are those of the
+sampling distribution after temperature scaling (before top-p), which is what the trainer
+recomputes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+FinishReason = Literal["stop", "length", "stop_string", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    # The stop token id or stop string that ended generation (kept in token_ids), if any.
+    stop: int | str | None = None
+
+
+@dataclass
+class ModelSource:
+    """Where an engine gets its model: a directory with HF weights and tokenizer, and optionally the
+    live module the trainer optimises (engines in the trainer's process may share it)."""
+
+    path: str
+    module: Any = None
+    tokenizer: Any = None
+
+
+class RolloutEngine(ABC):
+    name: ClassVar[str] = ""
+
+    @classmethod
+    @abstractmethod
+    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> RolloutEngine:
+        """Build the engine from a model source and the ``engine:`` config mapping."""
+
+    @abstractmethod
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       session_id: str | None = None) -> list[Generation]:
+        """Generate ``n`` samples for one prompt. ``session_id`` names the trajectory so an engine can
+        reuse its KV cache across turns (the next prompt extends this prompt plus the generation)."""
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load new weights from the trainer (a no-op when the engine shares the trainer's module)."""
+
+    def end_session(self, session_id: str) -> None:
+        """Forget cached state of a finished trajectory."""
+
+    async def sleep(self) -> None:
+        """Release memory between rollout phases (KV caches, buffers) where the backend allows."""
+
+    async def close(self) -> None:
+        """Shut the engine down."""

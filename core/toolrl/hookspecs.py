@@ -1,0 +1,93 @@
+"""Every hook a toolrl plugin can implement.
+
+A plugin is a module (or object) registered under the entry-point group ``toolrl``::
+
+    [project.entry-points.toolrl]
+    calculator = "toolrl_calculator"
+
+and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts (the ``hermes`` and
+``tags`` parsers, the built-in rewards, the ``transformers`` engine) are plugins registered through
+exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
+
+The four registration hooks receive a ``register`` callback rather than returning values, so every
+part is attributed to the plugin that registered it (``toolrl list-plugins`` shows the attribution,
+and two plugins registering one name is an error naming both)::
+
+    register(obj, name=None, aliases=())
+
+``obj`` is either the part itself or a lazy reference ``"package.module:Attribute"`` that is imported
+only when the part is first used; lazy references keep ``toolrl list-plugins`` from importing the
+libraries a part needs. ``name`` is required for lazy references; for objects it defaults to the
+object's ``name`` attribute. ``aliases`` are extra names the part answers to (for example the verl
+class path a tool replaces, so verl tool configs load unchanged).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pluggy
+
+if TYPE_CHECKING:
+    import click
+
+hookspec = pluggy.HookspecMarker("toolrl")
+hookimpl = pluggy.HookimplMarker("toolrl")
+
+
+class Register(Protocol):
+    """The callback handed to every ``register_*`` hook."""
+
+    def __call__(self, obj: Any, name: str | None = None, aliases: tuple[str, ...] = ()) -> None: ...
+
+
+@hookspec
+def register_tool_parsers(register: Register) -> None:
+    """Register tool-call parsers: subclasses of :class:`toolrl.parsers.ToolParser`.
+
+    A parser turns one model response (text) into a :class:`toolrl.schemas.ParseResult`: the
+    content outside calls, the calls, and one :class:`toolrl.schemas.ParseError` per malformed
+    call. Parsers never raise on model output. A parser may declare ``stop_strings`` (generation
+    stops there so the call can run mid-response, as inline tags do) and whether tool results are
+    rendered through the chat template (``chat``) or appended inline.
+    """
+
+
+@hookspec
+def register_tools(register: Register) -> None:
+    """Register tools: subclasses of :class:`toolrl.tools.Tool`.
+
+    A tool declares its OpenAI function schema and implements the per-trajectory lifecycle
+    ``create -> execute* -> calc_reward -> release``. Tool configs (``tools:`` YAML, verl's layout)
+    name a tool by its registered name or an alias; ``Tool.from_config`` may expand one config entry
+    into several tools (the ``mcp`` tool does, one per server tool).
+    """
+
+
+@hookspec
+def register_reward_functions(register: Register) -> None:
+    """Register reward functions: subclasses of :class:`toolrl.rewards.RewardFunction`.
+
+    A reward function scores one finished trajectory from its final answer text, the sample's
+    ground truth and the trajectory record (tool calls, turns), returning a float.
+    """
+
+
+@hookspec
+def register_rollout_engines(register: Register) -> None:
+    """Register rollout engines: subclasses of :class:`toolrl.engines.RolloutEngine`.
+
+    An engine takes prompt token ids and returns generated token ids, per-token logprobs and a
+    finish reason; it batches concurrent requests itself and accepts weight updates from the
+    trainer. ``engine.name`` in a training config selects one.
+    """
+
+
+@hookspec
+def register_commands(cli: click.Group) -> None:
+    """Add subcommands to the ``toolrl`` command-line interface.
+
+    ``cli`` is the top-level :class:`click.Group`; add commands or groups to it, e.g.
+    ``toolrl sandbox serve`` or ``toolrl mcp serve``. Import heavy libraries inside the command
+    function, never at module import: every ``toolrl`` invocation calls this hook.
+    """

@@ -1,0 +1,191 @@
+"""Plugin loading: built-in plugins and entry points, each inside its own error boundary.
+
+Environment:
+
+- ``TOOLRL_LOAD_PLUGINS``: comma-separated distribution names; only these external plugins load.
+  Set but empty loads none. Built-in plugins are not affected.
+- ``TOOLRL_DISABLE_PLUGINS``: comma-separated plugin or distribution names to skip (built-ins too).
+- ``TOOLRL_STRICT_PLUGINS=1``: a plugin that fails to load or register is fatal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Literal
+
+import pluggy
+
+from toolrl import builtin_plugins, hookspecs
+from toolrl.registry import KINDS, Part, Registry
+
+Status = Literal["ok", "error", "disabled"]
+ENTRY_POINT_GROUP = "toolrl"
+
+
+class PluginLoadError(RuntimeError):
+    """Raised in strict mode when a plugin fails to load or register."""
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    distribution: str
+    version: str
+    status: Status = "ok"
+    error: str | None = None
+    builtin: bool = False
+    hooks: list[str] = field(default_factory=list)
+    parts: dict[str, list[str]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "builtin": self.builtin,
+            "status": self.status,
+            "error": self.error,
+            "hooks": self.hooks,
+            "parts": self.parts,
+        }
+
+
+def _names(value: str | None) -> set[str] | None:
+    if value is None:
+        return None
+    return {v.strip() for v in value.split(",") if v.strip()}
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Plugins:
+    """The loaded plugins: a pluggy manager, a status per plugin, and the part registry."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, strict: bool | None = None) -> None:
+        env = os.environ if env is None else env
+        self.strict = env.get("TOOLRL_STRICT_PLUGINS", "") not in ("", "0") if strict is None else strict
+        self.allow = _names(env.get("TOOLRL_LOAD_PLUGINS"))
+        self.deny = _names(env.get("TOOLRL_DISABLE_PLUGINS")) or set()
+        self.pm = pluggy.PluginManager("toolrl")
+        self.pm.add_hookspecs(hookspecs)
+        self.info: dict[str, PluginInfo] = {}
+        self.registry = Registry()
+        self._load_builtins()
+        self._load_entry_points()
+        self._collect_parts()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _fail(self, info: PluginInfo, exc: BaseException | str) -> None:
+        info.status = "error"
+        message = exc if isinstance(exc, str) else _error_text(exc)
+        info.error = message if info.error is None else f"{info.error}; {message}"
+        if self.strict:
+            raise PluginLoadError(f"plugin {info.name!r} ({info.distribution}): {message}") from (
+                exc if isinstance(exc, BaseException) else None
+            )
+
+    def _register(self, info: PluginInfo, plugin: object) -> None:
+        try:
+            self.pm.register(plugin, name=info.name)
+        except Exception as exc:  # pluggy validation errors, duplicate names
+            self._fail(info, exc)
+            return
+        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+
+    def _load_builtins(self) -> None:
+        version = metadata.version("toolrl")
+        for name, plugin in builtin_plugins.BUILTINS.items():
+            info = PluginInfo(name=name, distribution="toolrl", version=version, builtin=True)
+            self.info[name] = info
+            if name in self.deny:
+                info.status = "disabled"
+                continue
+            self._register(info, plugin)
+
+    def _load_entry_points(self) -> None:
+        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist = ep.dist
+            dist_name = dist.name if dist is not None else "?"
+            info = PluginInfo(
+                name=ep.name, distribution=dist_name, version=dist.version if dist is not None else "?"
+            )
+            if ep.name in self.info:
+                self.info[f"{ep.name} ({dist_name})"] = info
+                self._fail(info, f"plugin name {ep.name!r} is already used by {self.info[ep.name].distribution}")
+                continue
+            self.info[ep.name] = info
+            if ep.name in self.deny or dist_name in self.deny or (
+                self.allow is not None and dist_name not in self.allow
+            ):
+                info.status = "disabled"
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # the error boundary: a broken plugin never breaks the others
+                self._fail(info, exc)
+                continue
+            self._register(info, plugin)
+
+    def _collect_parts(self) -> None:
+        for kind in KINDS:
+            hook = getattr(self.pm.hook, f"register_{kind}")
+            for impl in hook.get_hookimpls():
+                info = self.info[self.pm.get_name(impl.plugin)]
+                names = info.parts.setdefault(kind, [])
+
+                def register(obj: Any, name: str | None = None, aliases: tuple[str, ...] = (),
+                             _info: PluginInfo = info, _kind: str = kind, _names: list = names) -> None:
+                    part_name = name or getattr(obj, "name", None)
+                    if not part_name or not isinstance(part_name, str):
+                        raise ValueError(f"register({obj!r}) needs a name")
+                    conflict = self.registry.add(Part(_kind, part_name, _info.name, obj, tuple(aliases)))
+                    _names.append(part_name)
+                    if conflict:
+                        self._fail(_info, conflict)
+
+                try:
+                    impl.function(register=register)
+                except PluginLoadError:
+                    raise
+                except Exception as exc:
+                    self._fail(info, exc)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def list(self) -> list[PluginInfo]:
+        return sorted(self.info.values(), key=lambda i: (not i.builtin, i.name))
+
+    def load_part(self, kind: str, name: str) -> Any:
+        return self.registry.load(kind, name)
+
+    def add_commands(self, cli: Any) -> None:
+        """Let every plugin add CLI commands, each in its own error boundary."""
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            info = self.info[self.pm.get_name(impl.plugin)]
+            try:
+                impl.function(cli=cli)
+            except Exception as exc:
+                self._fail(info, exc)
+
+
+_plugins: Plugins | None = None
+
+
+def get_plugins() -> Plugins:
+    """The process-wide plugins, loaded on first use."""
+    global _plugins
+    if _plugins is None:
+        _plugins = Plugins()
+    return _plugins
+
+
+def reset_plugins() -> None:
+    """Forget the loaded plugins so the next :func:`get_plugins` reloads (tests, env changes)."""
+    global _plugins
+    _plugins = None

@@ -1,0 +1,164 @@
+"""Pydantic models at toolrl's boundaries: tool schemas, calls, responses, messages, samples."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class FunctionSchema(BaseModel):
+    """An OpenAI function declaration. ``parameters`` is a full JSON Schema (nested objects, arrays,
+    enums, ``$defs``...) checked against the JSON Schema meta-schema, not a flattened subset."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False
+
+    @field_validator("parameters")
+    @classmethod
+    def _valid_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            path = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+            raise ValueError(f"parameters is not a valid JSON Schema at {path}: {exc.message}") from None
+        if value.get("type", "object") != "object":
+            raise ValueError("parameters must describe an object (type: object)")
+        return value
+
+
+class ToolSchema(BaseModel):
+    """``{"type": "function", "function": {...}}`` as passed to chat templates' ``tools=``."""
+
+    type: Literal["function"] = "function"
+    function: FunctionSchema
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+class ToolCall(BaseModel):
+    """One call parsed from a model response."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ParseError(BaseModel):
+    """A malformed call. The rollout sends ``message`` back to the model as a tool message."""
+
+    message: str
+    raw: str = ""
+
+
+class ParseResult(BaseModel):
+    content: str = ""
+    calls: list[ToolCall] = Field(default_factory=list)
+    errors: list[ParseError] = Field(default_factory=list)
+
+
+class ToolResponse(BaseModel):
+    """What a tool returns to the model: text, optionally images (base64 strings, data URLs or PIL
+    images). ``is_error`` marks failures so traces and metrics can count them."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    text: str = ""
+    images: list[Any] = Field(default_factory=list)
+    is_error: bool = False
+
+    @classmethod
+    def error(cls, text: str) -> ToolResponse:
+        return cls(text=text, is_error=True)
+
+
+class ToolResult(BaseModel):
+    """The outcome of one call as recorded in a trajectory."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    response: ToolResponse
+    step_reward: float = 0.0
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool"] = "ok"
+    latency_s: float = 0.0
+
+
+class Message(BaseModel):
+    """A chat message in the OpenAI/Hugging Face format chat templates consume."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def to_template(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class ToolKwargs(BaseModel):
+    """Per-sample arguments for each lifecycle stage of one tool (verl's ``tools_kwargs[name]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    create_kwargs: dict[str, Any] = Field(default_factory=dict)
+    execute_kwargs: dict[str, Any] = Field(default_factory=dict)
+    calc_reward_kwargs: dict[str, Any] = Field(default_factory=dict)
+    release_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        # Parquet structs fill absent stages with nulls.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+class Sample(BaseModel):
+    """One dataset row in verl's format, normalised."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: list[Message]
+    ground_truth: Any = None
+    data_source: str = ""
+    task: str | None = None
+    tools_kwargs: dict[str, ToolKwargs] = Field(default_factory=dict)
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+    index: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_verl(cls, data: Any) -> Any:
+        """Accept verl rows: ``reward_model.ground_truth``, ``extra_info.tools_kwargs``, a plain
+        string prompt, ``extra_info.index`` and a task type under ``extra_info.task``."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("prompt"), str):
+            data["prompt"] = [{"role": "user", "content": data["prompt"]}]
+        reward_model = data.pop("reward_model", None)
+        if isinstance(reward_model, dict) and "ground_truth" not in data:
+            data["ground_truth"] = reward_model.get("ground_truth")
+        extra = data.get("extra_info") or {}
+        if isinstance(extra, dict):
+            data.setdefault("tools_kwargs", extra.get("tools_kwargs") or {})
+            if data.get("task") is None and extra.get("task") is not None:
+                data["task"] = extra["task"]
+            if data.get("index") is None and extra.get("index") is not None:
+                data["index"] = extra["index"]
+            data["extra_info"] = extra
+        return data
