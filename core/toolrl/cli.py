@@ -1,0 +1,237 @@
+"""The ``toolrl`` command line. Imports stay light here: ``list-plugins`` must not pull in torch,
+transformers, ray or vllm, so every heavy import sits inside the command that needs it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from toolrl.plugins import PluginLoadError, get_plugins
+
+
+class UsageFailure(click.ClickException):
+    """A user error: one line on stderr, exit 2, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.message}", err=True)
+
+
+def _json_option(value: str | None, what: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+
+
+def _mapping_option(value: str | None, what: str) -> dict[str, Any]:
+    parsed = _json_option(value, what)
+    if parsed is None:
+        return {}
+    if not isinstance(parsed, dict):
+        raise UsageFailure(f"{what} must be a JSON object")
+    return parsed
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="toolrl")
+def cli() -> None:
+    """Reinforcement learning for LLMs that call tools."""
+
+
+@cli.command("list-plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_plugins(as_json: bool) -> None:
+    """List installed plugins: distribution, version, hooks, parts and load status."""
+    infos = [i.as_dict() for i in get_plugins().list()]
+    if as_json:
+        click.echo(json.dumps(infos, indent=2))
+        return
+    for info in infos:
+        parts = "; ".join(f"{k}: {', '.join(v)}" for k, v in info["parts"].items()) or "-"
+        origin = "builtin" if info["builtin"] else info["distribution"]
+        click.echo(f"{info['name']:<16} {origin} {info['version']:<10} {info['status']:<8} {parts}")
+        if info["error"]:
+            click.echo(f"{'':<16} error: {info['error']}")
+
+
+# -- tools ----------------------------------------------------------------------------------------
+
+
+@cli.group()
+def tool() -> None:
+    """List tools and call them by hand."""
+
+
+async def _load_tools(tools_config: str | None, name: str | None, config: dict[str, Any]) -> dict[str, Any]:
+    from toolrl.toolconfig import build_default_tool, build_tools, load_tools_file
+
+    if tools_config:
+        if config:
+            raise UsageFailure("--config applies to a tool built without --tools-config")
+        return await build_tools(load_tools_file(tools_config))
+    if name is None:
+        return {}
+    built = await build_default_tool(name, config)
+    return {built.name: built}
+
+
+async def _close(tools: dict[str, Any]) -> None:
+    for t in tools.values():
+        await t.close()
+
+
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    from toolrl.registry import RegistryError
+    from toolrl.tools import ToolConfigError
+
+    try:
+        return asyncio.run(coro)
+    except (ToolConfigError, RegistryError) as exc:
+        raise UsageFailure(str(exc).strip("'\"")) from None
+
+
+@tool.command("list")
+@click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
+@click.option("--json", "as_json", is_flag=True, help="Print the OpenAI tool schemas as JSON.")
+def tool_list(tools_config: str | None, as_json: bool) -> None:
+    """List tools: from a tools config, or every registered tool."""
+    rows: list[dict[str, Any]] = []
+    if tools_config:
+        async def build() -> None:
+            tools = await _load_tools(tools_config, None, {})
+            try:
+                rows.extend({"name": n, "schema": t.tool_schema.model_dump()} for n, t in tools.items())
+            finally:
+                await _close(tools)
+
+        _run(build())
+    else:
+        registry = get_plugins().registry
+        for part in registry.parts("tools"):
+            try:
+                schema = getattr(part.load(), "schema", None)
+            except Exception as exc:  # a broken part is listed, not fatal
+                schema = {"error": f"{type(exc).__name__}: {exc}"}
+            rows.append({"name": part.name, "plugin": part.plugin, "schema": schema})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        fn = (row["schema"] or {}).get("function", {}) if isinstance(row["schema"], dict) else {}
+        desc = fn.get("description", "(schema comes from its config)" if row["schema"] is None else "")
+        plugin = f"[{row['plugin']}] " if "plugin" in row else ""
+        click.echo(f"{row['name']:<24} {plugin}{desc.splitlines()[0] if desc else ''}")
+
+
+@tool.command("call")
+@click.argument("name")
+@click.argument("arguments")
+@click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
+@click.option("--config", "config_json", help="The tool's config mapping, as JSON.")
+@click.option("--create-kwargs", "create_json", help="create() kwargs, as JSON (e.g. ground_truth).")
+@click.option("--json", "as_json", is_flag=True, help='Print {"text", "step_reward", "reward", "metrics"}.')
+def tool_call(name: str, arguments: str, tools_config: str | None, config_json: str | None,
+              create_json: str | None, as_json: bool) -> None:
+    """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
+    args = _json_option(arguments, "ARGUMENTS")
+    config = _mapping_option(config_json, "--config")
+    create_kwargs = _mapping_option(create_json, "--create-kwargs")
+
+    async def lifecycle() -> tuple[Any, float]:
+        tools = await _load_tools(tools_config, name, config)
+        try:
+            if name not in tools:
+                raise UsageFailure(f"no tool {name!r} in {tools_config} (has: {', '.join(sorted(tools))})")
+            t = tools[name]
+            iid = await t.create(None, **create_kwargs)
+            try:
+                result = await t.call(iid, args)
+                reward = await t.calc_reward(iid)
+            finally:
+                await t.release(iid)
+            return result, reward
+        finally:
+            await _close(tools)
+
+    result, reward = _run(lifecycle())
+    failed = result.status != "ok"
+    if as_json:
+        click.echo(json.dumps({"text": result.response.text, "step_reward": result.step_reward,
+                               "reward": reward, "metrics": result.metrics, "status": result.status},
+                              default=str))
+    else:
+        click.echo(result.response.text, err=failed)
+    if failed:
+        sys.exit(1)
+
+
+# -- parsing --------------------------------------------------------------------------------------
+
+
+@cli.command("parse")
+@click.option("--parser", "parser_name", default="hermes", show_default=True, help="Registered parser name.")
+@click.argument("source", default="-", type=click.File("r"))
+def parse(parser_name: str, source: Any) -> None:
+    """Parse a model output (FILE or - for stdin) into content, calls and errors, as JSON."""
+    from toolrl.registry import RegistryError
+
+    try:
+        parser = get_plugins().load_part("tool_parsers", parser_name)()
+    except RegistryError as exc:
+        raise UsageFailure(str(exc).strip("'\"")) from None
+    result = parser.parse(source.read())
+    click.echo(json.dumps(result.model_dump(exclude={"calls": {"__all__": {"id"}}}), indent=2))
+
+
+# -- training -------------------------------------------------------------------------------------
+
+
+def _load_config(path: str, overrides: tuple[str, ...]) -> Any:
+    from toolrl.config import ConfigError, load_config
+
+    try:
+        return load_config(path, list(overrides))
+    except ConfigError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+@cli.command("train", context_settings={"ignore_unknown_options": True})
+@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--resume", is_flag=True, help="Continue from the last checkpoint in trainer.output_dir.")
+def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
+    """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2)."""
+    config = _load_config(config_path, overrides)
+    from toolrl.trainer import run_training
+
+    run_training(config, resume=resume)
+
+
+@cli.command("rollout", context_settings={"ignore_unknown_options": True})
+@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.argument("overrides", nargs=-1)
+def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
+    """Run rollouts and rewards without training (evaluation); same outputs as train."""
+    config = _load_config(config_path, overrides)
+    from toolrl.trainer import run_evaluation
+
+    run_evaluation(config)
+
+
+def main() -> None:
+    try:
+        plugins = get_plugins()
+    except PluginLoadError as exc:  # strict mode
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    plugins.add_commands(cli)
+    cli(prog_name="toolrl")

@@ -1,0 +1,34 @@
+"""Tool-call parsers: one model response (text) -> content, calls and parse errors.
+
+Parsers never raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError`
+that the rollout sends back to the model, so the model learns from it instead of the call vanishing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from toolrl.schemas import ParseResult, ToolResponse
+
+
+class ToolParser:
+    name: ClassVar[str] = ""
+    # "chat": tool results go back as chat-template tool messages (hermes);
+    # "inline": the result text is appended to the response and generation continues (inline tags).
+    result_mode: ClassVar[Literal["chat", "inline"]] = "chat"
+
+    def __init__(self, **options: Any) -> None:
+        if options:
+            raise TypeError(f"parser {self.name!r} takes no options, got {sorted(options)}")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        """Strings at which generation should stop so calls can run mid-response."""
+        return []
+
+    def parse(self, text: str) -> ParseResult:
+        raise NotImplementedError
+
+    def format_inline_result(self, response: ToolResponse) -> str:
+        """The text appended after an inline call (``result_mode == "inline"``)."""
+        raise NotImplementedError(f"parser {self.name!r} renders results through the chat template")

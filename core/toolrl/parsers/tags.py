@@ -1,0 +1,90 @@
+"""Inline tool tags inside one response (AReaL's TIR style): ``<calculator>1+2</calculator>`` or a
+fenced ```` ```python ```` block. Generation stops at a closing marker, the call runs, its result is
+appended inline (```` ```output ... ``` ````) and generation continues.
+
+Options map markers to tools::
+
+    tags:   {calculator: {tool: calculator, argument: expression}}
+    fences: {python: {tool: code_interpreter, argument: code}}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from toolrl.parsers import ToolParser
+from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
+
+
+class Route(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool: str
+    argument: str
+
+
+class TagOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tags: dict[str, Route] = {"calculator": Route(tool="calculator", argument="expression")}
+    fences: dict[str, Route] = {"python": Route(tool="code_interpreter", argument="code")}
+
+
+class TagParser(ToolParser):
+    name = "tags"
+    result_mode = "inline"
+
+    def __init__(self, **options: Any) -> None:
+        try:
+            self.options = TagOptions.model_validate(options)
+        except ValidationError as exc:
+            raise ValueError(f"invalid options for parser 'tags': {exc}") from None
+        alternatives = []
+        for tag in self.options.tags:
+            alternatives.append(rf"<(?P<tag>{re.escape(tag)})>(?P<tag_body>.*?)(?:</{re.escape(tag)}>|(?P<tag_open>\Z))")
+        for lang in self.options.fences:
+            alternatives.append(
+                rf"```(?P<fence>{re.escape(lang)})[ \t]*\n(?P<fence_body>.*?)(?:\n?```|(?P<fence_open>\Z))"
+            )
+        # One pattern per route: named groups must be unique, so compile them separately.
+        self._patterns = [re.compile(a, re.DOTALL) for a in alternatives]
+
+    @property
+    def stop_strings(self) -> list[str]:
+        # "```\n" ends a fence without matching the opening "```python\n".
+        return [f"</{tag}>" for tag in self.options.tags] + (["```\n"] if self.options.fences else [])
+
+    def _matches(self, text: str) -> list[re.Match[str]]:
+        found = [m for p in self._patterns for m in p.finditer(text)]
+        found.sort(key=lambda m: m.start())
+        kept, end = [], -1
+        for m in found:  # drop matches nested in an earlier one
+            if m.start() >= end:
+                kept.append(m)
+                end = m.end()
+        return kept
+
+    def parse(self, text: str) -> ParseResult:
+        calls, errors, content, pos = [], [], [], 0
+        for m in self._matches(text):
+            content.append(text[pos:m.start()])
+            pos = m.end()
+            groups = m.groupdict()
+            if groups.get("tag"):
+                route, body, marker = self.options.tags[groups["tag"]], groups["tag_body"], groups["tag"]
+                unterminated = groups.get("tag_open") is not None
+            else:
+                route, body, marker = self.options.fences[groups["fence"]], groups["fence_body"], groups["fence"]
+                unterminated = groups.get("fence_open") is not None
+            if unterminated:
+                errors.append(ParseError(message=f"unterminated <{marker}> call", raw=m.group()))
+            elif not body.strip():
+                errors.append(ParseError(message=f"empty <{marker}> call", raw=m.group()))
+            else:
+                calls.append(ToolCall(name=route.tool, arguments={route.argument: body.strip("\n")}))
+        content.append(text[pos:])
+        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+
+    def format_inline_result(self, response: ToolResponse) -> str:
+        return f"\n```output\n{response.text}\n```\n"

@@ -1,0 +1,23 @@
+"""Reward functions: score a finished trajectory.
+
+A reward function is a class registered through ``register_reward_functions``; it is constructed with
+its ``options`` from the config and called once per trajectory::
+
+    reward(response, ground_truth, **info) -> float
+
+``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
+leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``sample``
+(the :class:`toolrl.schemas.Sample`), ``tool_results`` (every :class:`toolrl.schemas.ToolResult`),
+``parse_errors`` (count) and ``data_source``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    name: str
+
+    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float: ...
