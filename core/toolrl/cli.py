@@ -204,6 +204,18 @@ def _load_config(path: str, overrides: tuple[str, ...]) -> Any:
         raise UsageFailure(str(exc)) from None
 
 
+def _user_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Config problems found while composing parts (unknown names, bad tool configs) are user errors."""
+    from toolrl.config import ConfigError
+    from toolrl.registry import RegistryError
+    from toolrl.tools import ToolConfigError
+
+    try:
+        return fn(*args, **kwargs)
+    except (ConfigError, ToolConfigError, RegistryError) as exc:
+        raise UsageFailure(str(exc).strip("'\"")) from None
+
+
 @cli.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
 @click.argument("overrides", nargs=-1)
@@ -213,7 +225,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     config = _load_config(config_path, overrides)
     from toolrl.trainer import run_training
 
-    run_training(config, resume=resume)
+    _user_errors(run_training, config, resume=resume)
 
 
 @cli.command("rollout", context_settings={"ignore_unknown_options": True})
@@ -224,7 +236,7 @@ def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     config = _load_config(config_path, overrides)
     from toolrl.trainer import run_evaluation
 
-    run_evaluation(config)
+    _user_errors(run_evaluation, config)
 
 
 def main() -> None:

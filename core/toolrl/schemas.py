@@ -16,7 +16,7 @@ class FunctionSchema(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,128}$")
     description: str = ""
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
-    strict: bool = False
+    strict: bool | None = None
 
     @field_validator("parameters")
     @classmethod

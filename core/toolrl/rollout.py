@@ -1,0 +1,227 @@
+"""The async multi-turn agent loop, top to bottom.
+
+For each sample × n, concurrently::
+
+    create tools (sample's tools_kwargs) ─► render prompt (chat template, tools=)
+      ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)
+      │   parse ─► no calls and no errors: done
+      │   run calls concurrently (≤ max_parallel_calls; the rest are reported), parse errors too
+      └── append tool results as a chat-template token delta (mask 0, logprob 0)
+    score (reward functions + tools' calc_reward + step rewards) ─► calc_reward/release, always
+
+Trajectories never wait for each other: the engine batches whatever generation requests are pending,
+so one trajectory waiting on a slow tool does not hold up the others' generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from toolrl.chat import ChatRenderer
+from toolrl.config import RewardConfig, RolloutConfig
+from toolrl.engines import RolloutEngine, SamplingParams
+from toolrl.parsers import ToolParser
+from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
+from toolrl.tools import Tool, ToolSet
+
+Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error"]
+
+
+class Trajectory(BaseModel):
+    """Everything one trajectory produced; the trainer reads nothing else."""
+
+    trajectory_id: str
+    sample_index: int
+    group: int  # trajectories of one prompt share a group (GRPO)
+    task: str | None = None
+    prompt_ids: list[int]
+    response_ids: list[int] = Field(default_factory=list)
+    response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
+    logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
+    turns: int = 0
+    final_response: str = ""
+    model_text: list[str] = Field(default_factory=list)  # each generation's text
+    tool_results: list[ToolResult] = Field(default_factory=list)
+    parse_errors: list[ParseError] = Field(default_factory=list)
+    termination: Termination = "answered"
+    error: str | None = None
+    reward: float = 0.0
+    reward_terms: dict[str, float] = Field(default_factory=dict)
+    tool_rewards: dict[str, float] = Field(default_factory=dict)
+    ground_truth: Any = None
+    generation_s: float = 0.0
+    tool_s: float = 0.0
+
+
+@dataclass
+class Task:
+    """What a sample's task type selects (seed 003's task -> environment routing)."""
+
+    tools: dict[str, Tool]
+    max_turns: int
+
+
+@dataclass
+class RolloutContext:
+    engine: RolloutEngine
+    renderer_factory: Any  # (tool schemas) -> ChatRenderer; renderers are cached per tool set
+    parser: ToolParser
+    config: RolloutConfig
+    tasks: dict[str | None, Task]
+    reward_functions: list[tuple[str, float, Any]]  # (name, weight, callable)
+    reward_config: RewardConfig
+    _renderers: dict[tuple[str, ...], ChatRenderer] = field(default_factory=dict)
+
+    def task_for(self, sample: Sample) -> Task:
+        if sample.task in self.tasks:
+            return self.tasks[sample.task]
+        if sample.task is not None and None not in self.tasks:
+            raise KeyError(f"sample task {sample.task!r} has no tasks.{sample.task} config")
+        return self.tasks[None]
+
+    def renderer(self, tools: Mapping[str, Tool]) -> ChatRenderer:
+        key = tuple(sorted(tools))
+        if key not in self._renderers:
+            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()]
+            self._renderers[key] = self.renderer_factory(schemas)
+        return self._renderers[key]
+
+
+async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str,
+                         seed: int) -> Trajectory:
+    cfg = ctx.config
+    task = ctx.task_for(sample)
+    renderer = ctx.renderer(task.tools)
+    toolset = ToolSet(task.tools, sample.tools_kwargs, trajectory_id)
+    messages = [m.to_template() for m in sample.prompt]
+    traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, task=sample.task,
+                      prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
+    step_rewards: list[float] = []
+    try:
+        await toolset.start()
+        inline = ctx.parser.result_mode == "inline"
+        while True:
+            # 1. Generate, within the per-call and whole-response budgets.
+            budget = cfg.max_response_tokens - len(traj.response_ids)
+            if budget <= 0:
+                traj.termination = "max_response_tokens"
+                break
+            params = SamplingParams(
+                temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
+                stop_token_ids=[renderer.eos_id], stop_strings=ctx.parser.stop_strings,
+                seed=seed + 7919 * traj.turns,
+            )
+            t0 = time.perf_counter()
+            gen = (await ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
+                                             session_id=trajectory_id))[0]
+            traj.generation_s += time.perf_counter() - t0
+            traj.response_ids += gen.token_ids
+            traj.response_mask += [1] * len(gen.token_ids)
+            traj.logprobs += gen.logprobs
+            traj.turns += 1
+            text = renderer.decode(gen.token_ids)
+            traj.model_text.append(text)
+
+            # 2. Parse. Inline tags resume inside the same assistant turn, so only a call closed by
+            #    this generation's stop string runs; the final answer is the turn's model text.
+            parsed = ctx.parser.parse(text)
+            if inline:
+                model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
+                traj.final_response = ctx.parser.parse(renderer.decode(model_ids)).content
+                stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
+                calls = parsed.calls[-1:] if stopped_at_call else []
+                errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
+                traj.parse_errors += parsed.errors if not stopped_at_call else []
+            else:
+                traj.final_response = parsed.content
+                calls, errors = parsed.calls, parsed.errors
+                traj.parse_errors += errors
+            if gen.finish_reason == "length":
+                traj.termination = "max_response_tokens" if len(traj.response_ids) >= cfg.max_response_tokens \
+                    else "length"
+                break
+            if not calls and not errors:
+                traj.termination = "answered"
+                break
+
+            # 3. Run the calls concurrently; calls over the per-turn limit are reported, not dropped.
+            run, over = calls[: cfg.max_parallel_calls], calls[cfg.max_parallel_calls:]
+            t0 = time.perf_counter()
+            results = list(await asyncio.gather(*(toolset.call(c) for c in run)))
+            traj.tool_s += time.perf_counter() - t0
+            results += [_refused(c, cfg.max_parallel_calls) for c in over]
+            traj.tool_results += results
+            step_rewards += [r.step_reward for r in results]
+            last_turn = traj.turns >= task.max_turns
+
+            # 4. Append the results (mask 0) unless no further generation would read them.
+            if last_turn:
+                traj.termination = "max_turns"
+                break
+            texts = [(r.name, renderer.truncate(r.response.text, cfg.tool_response_max_tokens,
+                                                cfg.tool_response_truncation)) for r in results]
+            texts += [("error", f"Error: {e.message}") for e in errors]
+            if inline:
+                delta = renderer.text_ids("".join(ctx.parser.format_inline_result(ToolResponse(text=t))
+                                                  for _, t in texts))
+            else:
+                delta = renderer.tool_delta([renderer.tool_message(t, name) for name, t in texts])
+            if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
+                traj.termination = "max_response_tokens"
+                break
+            traj.response_ids += delta
+            traj.response_mask += [0] * len(delta)
+            traj.logprobs += [0.0] * len(delta)
+    except Exception as exc:  # a broken engine/tool must not take the other trajectories down
+        traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        # calc_reward and release always run, also after errors, timeouts or cancellation.
+        traj.tool_rewards = await asyncio.shield(toolset.finish())
+        ctx.engine.end_session(trajectory_id)
+    score(ctx, traj, sample, step_rewards)
+    return traj
+
+
+def _refused(call: ToolCall, limit: int) -> ToolResult:
+    return ToolResult(name=call.name, arguments=call.arguments, status="error", response=ToolResponse.error(
+        f"Error: at most {limit} tool calls run per turn; this call to '{call.name}' was not run. "
+        "Make it in your next turn."))
+
+
+def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
+    """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps."""
+    terms: dict[str, float] = {}
+    info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
+            "parse_errors": len(traj.parse_errors), "data_source": sample.data_source}
+    for name, weight, fn in ctx.reward_functions:
+        try:
+            terms[name] = weight * float(fn(traj.final_response, sample.ground_truth, **info))
+        except Exception as exc:
+            terms[name] = 0.0
+            traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
+    if traj.tool_rewards:
+        terms["tools"] = ctx.reward_config.tool_reward_weight * sum(traj.tool_rewards.values())
+    if step_rewards:
+        terms["steps"] = ctx.reward_config.step_reward_weight * sum(step_rewards)
+    traj.reward_terms = terms
+    traj.reward = sum(terms.values())
+
+
+async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
+                       id_prefix: str = "") -> list[Trajectory]:
+    """``n`` trajectories per sample, all concurrent (bounded by max_concurrent_trajectories)."""
+    limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
+
+    async def one(group: int, sample: Sample, k: int) -> Trajectory:
+        async with limit:
+            tid = f"{id_prefix}s{sample.index}-g{group}-{k}"
+            return await run_trajectory(ctx, sample, group, tid, seed + 1_000_003 * group + 10_007 * k)
+
+    jobs = [one(g, s, k) for g, s in enumerate(samples) for k in range(n)]
+    return list(await asyncio.gather(*jobs))

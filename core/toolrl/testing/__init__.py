@@ -1,0 +1,114 @@
+"""toolrl.testing: the conformance kit for tool authors.
+
+Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
+valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
+turn bad input into error responses that name the field, keep trajectories apart, and survive many
+concurrent trajectories. The kit checks all of that on any registered tool.
+
+Quick start, in your plugin's ``tests/``::
+
+    from toolrl.testing import ToolConformance
+
+    class TestCalculatorConformance(ToolConformance):
+        tool_name = "calculator"                  # registered name or alias
+        tool_config = {}                          # the tool's config mapping
+        valid_arguments = {"expression": "1+2"}
+        invalid_arguments = [{"expression": "1+"}]  # plus calls derived from the schema
+        create_kwargs = {}                        # per-trajectory create kwargs
+        expected_text = "3"                       # optional: expected in the valid call's response
+
+Instead of ``tool_name``/``tool_config`` you can point ``tools_config_file`` at a verl-format tools YAML
+(relative to the test file) and set ``tool_name`` to the function name of one of its tools. Other
+knobs: ``execute_kwargs``, ``other_create_kwargs`` (the second instance of the isolation check; make
+it differ, e.g. another ground truth), ``derive_invalid_arguments``, ``deterministic``,
+``concurrent_lifecycles``, ``check_timeout_s``. The tests are synchronous and need no asyncio plugin.
+
+What each generated test checks (the same functions are importable, see below):
+
+``test_resolves_through_an_ok_plugin``
+    the name resolves in the plugin registry to a Tool subclass whose plugin has status ok.
+``test_schema_is_a_valid_openai_function``
+    OpenAI-valid name, a description, JSON-Schema ``parameters`` of type object whose ``required``
+    fields exist, and ``valid_arguments`` validate against them.
+``test_lifecycle_runs_in_order``
+    one lifecycle on an instrumented tool (every lifecycle call recorded, including calls the tool
+    makes to itself): create first and once, no call after release, create/release never called by
+    the tool itself, the valid call succeeds (and contains ``expected_text``), calc_reward gives a
+    float, release drops the state.
+``test_invalid_arguments_give_errors_naming_a_field``
+    each invalid call (declared and derived: required field missing, unexpected field, wrong type)
+    comes back as an error result naming a field, never an exception; the instance keeps working.
+``test_instances_are_isolated``
+    instance B gives identical results alone and next to instance A on the same tool object, and
+    keeps working after A is released.
+``test_released_and_unknown_instances_give_errors``
+    a call on a released or never-created instance is an error result, not a success or an exception.
+``test_release_is_idempotent``
+    release twice, and release of an unknown id, do not raise.
+``test_calc_reward_returns_a_float``
+    before any call (models often never call the tool) and after one.
+``test_many_concurrent_lifecycles_complete``
+    ``concurrent_lifecycles`` trajectories at once, all succeed in time, no state left behind.
+
+Helpers for your own tests (all async except where noted):
+
+- :func:`run_lifecycle` ``(tool, arguments, create_kwargs=..., execute_kwargs=...)`` runs one
+  lifecycle the way a rollout does and returns a :class:`LifecycleRun` (``result``: the
+  :class:`~toolrl.schemas.ToolResult`, ``reward``, ``calls``/``order``: the recorded lifecycle calls).
+- :func:`instrument` (sync) records every lifecycle call on a tool object in a :class:`CallRecorder`.
+- :func:`build_tool` builds a registered tool (or one from a tools YAML).
+- ``check_*`` functions raise ``AssertionError`` with a message saying what to fix; use them in
+  ``pytest.raises`` to test your own checks, or on tools that are not registered.
+
+The pytest plugin (loaded automatically) adds the fixtures ``toolrl_plugins`` (a fresh
+:class:`toolrl.plugins.Plugins`) and ``toolrl_reload_plugins`` (resets the process-wide plugins), and
+lists every toolrl plugin with its status in the report header.
+"""
+
+from toolrl.testing.checks import (
+    build_tool,
+    check_calc_reward,
+    check_concurrency,
+    check_invalid_arguments,
+    check_isolation,
+    check_lifecycle,
+    check_order,
+    check_registered,
+    check_release_idempotent,
+    check_released_and_unknown,
+    check_schema,
+    derive_invalid_arguments,
+)
+from toolrl.testing.conformance import ToolConformance
+from toolrl.testing.lifecycle import (
+    LIFECYCLE,
+    CallRecorder,
+    LifecycleCall,
+    LifecycleError,
+    LifecycleRun,
+    instrument,
+    run_lifecycle,
+)
+
+__all__ = [
+    "LIFECYCLE",
+    "CallRecorder",
+    "LifecycleCall",
+    "LifecycleError",
+    "LifecycleRun",
+    "ToolConformance",
+    "build_tool",
+    "check_calc_reward",
+    "check_concurrency",
+    "check_invalid_arguments",
+    "check_isolation",
+    "check_lifecycle",
+    "check_order",
+    "check_registered",
+    "check_release_idempotent",
+    "check_released_and_unknown",
+    "check_schema",
+    "derive_invalid_arguments",
+    "instrument",
+    "run_lifecycle",
+]

@@ -1,0 +1,144 @@
+"""``ToolConformance``: a mixin that gives a test class every conformance check as a pytest test."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from toolrl.testing import checks
+from toolrl.tools import Tool
+
+T = TypeVar("T")
+
+
+class ToolConformance:
+    """Subclass as ``class TestMyTool(ToolConformance)`` and set the class attributes; pytest then
+    collects one test per check. The tests are synchronous (each runs its own event loop), so they need
+    no asyncio plugin."""
+
+    #: Registered tool name or alias (e.g. a verl class path). With ``tools_config_file``: the function
+    #: name of one tool in that file.
+    tool_name: ClassVar[str] = ""
+    #: The tool's config mapping (``config:`` of a tools-YAML entry).
+    tool_config: ClassVar[Mapping[str, Any]] = {}
+    #: A verl-format tools YAML to build the tool from instead; relative paths are relative to the test file.
+    tools_config_file: ClassVar[str | os.PathLike | None] = None
+    #: Arguments of one call the tool accepts.
+    valid_arguments: ClassVar[Mapping[str, Any]] = {}
+    #: Calls that must come back as error responses naming a field. The kit adds calls derived from the
+    #: schema (missing required field, unexpected field, wrong type) unless ``derive_invalid_arguments``
+    #: is False.
+    invalid_arguments: ClassVar[list[Mapping[str, Any]]] = []
+    derive_invalid_arguments: ClassVar[bool] = True
+    #: Per-trajectory kwargs (verl's ``tools_kwargs[name]``).
+    create_kwargs: ClassVar[Mapping[str, Any]] = {}
+    execute_kwargs: ClassVar[Mapping[str, Any]] = {}
+    #: create_kwargs of the second instance in the isolation check; make it differ from
+    #: ``create_kwargs`` (e.g. another ground truth) so leaked state changes results.
+    other_create_kwargs: ClassVar[Mapping[str, Any] | None] = None
+    #: A substring the valid call's response must contain.
+    expected_text: ClassVar[str | None] = None
+    #: False when identical calls may legitimately give different text (times, random ids).
+    deterministic: ClassVar[bool] = True
+    concurrent_lifecycles: ClassVar[int] = 32
+    #: Limit for each check, in seconds.
+    check_timeout_s: ClassVar[float] = 120.0
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _config_file(self) -> str | None:
+        if self.tools_config_file is None:
+            return None
+        return str(checks.resolve_path(self.tools_config_file, inspect.getfile(type(self))))
+
+    async def _build_tool(self) -> Tool:
+        if not self.tool_name:
+            raise AssertionError(f"{type(self).__name__}: set tool_name to the registered name of the tool to check")
+        tool, _ = await checks.build_tool(self.tool_name, self.tool_config, self._config_file())
+        return tool
+
+    def _run(self, check: Callable[[], Awaitable[T]]) -> T:
+        async def bounded() -> T:
+            try:
+                return await asyncio.wait_for(check(), self.check_timeout_s)
+            except asyncio.TimeoutError:
+                raise AssertionError(
+                    f"tool {self.tool_name!r}: the check did not finish within {self.check_timeout_s:g} s "
+                    "(a lifecycle method hangs or blocks the event loop)"
+                ) from None
+
+        return asyncio.run(bounded())
+
+    def _with_tool(self, check: Callable[[Tool], Awaitable[T]]) -> T:
+        async def run() -> T:
+            tool = await self._build_tool()
+            try:
+                return await check(tool)
+            finally:
+                await tool.close()
+
+        return self._run(run)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"create_kwargs": dict(self.create_kwargs), "execute_kwargs": dict(self.execute_kwargs)}
+
+    # -- the tests ------------------------------------------------------------------------------
+
+    def test_resolves_through_an_ok_plugin(self) -> None:
+        async def check() -> None:
+            if self.tools_config_file is None:
+                checks.check_registered(self.tool_name)
+                await (await self._build_tool()).close()  # it must also build with tool_config
+                return
+            tool, class_name = await checks.build_tool(self.tool_name, None, self._config_file())
+            await tool.close()
+            checks.check_registered(class_name)
+
+        self._run(check)
+
+    def test_schema_is_a_valid_openai_function(self) -> None:
+        async def check(tool: Tool) -> None:
+            checks.check_schema(tool, self.valid_arguments)
+
+        self._with_tool(check)
+
+    def test_lifecycle_runs_in_order(self) -> None:
+        self._with_tool(lambda tool: checks.check_lifecycle(
+            tool, self.valid_arguments, expected_text=self.expected_text, **self._kwargs()))
+
+    def test_invalid_arguments_give_errors_naming_a_field(self) -> None:
+        async def check(tool: Tool) -> None:
+            cases = [dict(a) for a in self.invalid_arguments]
+            if self.derive_invalid_arguments:
+                derived = checks.derive_invalid_arguments(tool.tool_schema.function.parameters, self.valid_arguments)
+                cases += [d for d in derived if d not in cases]
+            if not cases:
+                raise AssertionError(
+                    f"{type(self).__name__}: no invalid calls to check; set invalid_arguments (the schema has no "
+                    "required fields, additionalProperties: false or typed properties to derive them from)"
+                )
+            await checks.check_invalid_arguments(tool, cases, self.valid_arguments, **self._kwargs())
+
+        self._with_tool(check)
+
+    def test_instances_are_isolated(self) -> None:
+        self._run(lambda: checks.check_isolation(
+            self._build_tool, self.valid_arguments, other_create_kwargs=self.other_create_kwargs,
+            deterministic=self.deterministic, **self._kwargs()))
+
+    def test_released_and_unknown_instances_give_errors(self) -> None:
+        self._with_tool(lambda tool: checks.check_released_and_unknown(tool, self.valid_arguments, **self._kwargs()))
+
+    def test_release_is_idempotent(self) -> None:
+        self._with_tool(lambda tool: checks.check_release_idempotent(tool, self.valid_arguments, **self._kwargs()))
+
+    def test_calc_reward_returns_a_float(self) -> None:
+        self._with_tool(lambda tool: checks.check_calc_reward(tool, self.valid_arguments, **self._kwargs()))
+
+    def test_many_concurrent_lifecycles_complete(self) -> None:
+        self._with_tool(lambda tool: checks.check_concurrency(
+            tool, self.valid_arguments, n=self.concurrent_lifecycles,
+            timeout_s=self.check_timeout_s, **self._kwargs()))

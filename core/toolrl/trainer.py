@@ -1,0 +1,407 @@
+"""The training loop: compose parts from the registry, roll out, score, update, record.
+
+``output_dir`` receives ``metrics.jsonl`` (one line per step), ``rollouts/step_NNNNN.jsonl`` (every
+trajectory: token ids, response_mask, logprobs, decoded text, reward, tool calls), ``checkpoints/``
+(written atomically; ``--resume`` restores model, optimizer, step and RNG) and ``reward_curve.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolrl.config import Config, ConfigError, resolve_path
+from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts
+from toolrl.schemas import Sample
+from toolrl.tools import Tool
+
+# -- composition ----------------------------------------------------------------------------------
+
+
+def model_path(config: Config) -> str:
+    from toolrl import models
+
+    source = config.model.source
+    if source == "tiny-qwen3":
+        return models.tiny_qwen3(tokenizer_variant=config.model.tokenizer, **config.model.tiny)
+    if source == "smollm2-135m-instruct":
+        return models.smollm2_135m()
+    path = resolve_path(config, source)
+    if not path.is_dir():
+        raise ConfigError(f"model.source: {source!r} is neither a known model nor a directory")
+    return str(path)
+
+
+def load_samples(config: Config) -> list[Sample]:
+    from toolrl.data import arithmetic_samples
+    from toolrl.data import load_samples as load_files
+
+    samples = load_files([resolve_path(config, f) for f in config.data.train_files]) if config.data.train_files \
+        else arithmetic_samples(config.data.synthetic)  # type: ignore[arg-type]
+    if config.data.system_prompt:
+        for s in samples:
+            if s.prompt[0].role != "system":
+                s.prompt.insert(0, type(s.prompt[0])(role="system", content=config.data.system_prompt))
+    return samples
+
+
+async def build_tools(config: Config) -> dict[str, Tool]:
+    from toolrl.toolconfig import ToolsFile, load_tools_file, parse_tools_config
+    from toolrl.toolconfig import build_tools as build
+
+    files: list[ToolsFile] = []
+    if config.tools.config_path:
+        files.append(load_tools_file(resolve_path(config, config.tools.config_path)))
+    if config.tools.entries:
+        files.append(parse_tools_config({"tools": config.tools.entries}, Path(config.base_dir)))
+    tools: dict[str, Tool] = {}
+    for f in files:
+        for name, tool in (await build(f)).items():
+            if name in tools:
+                raise ConfigError(f"tools: two tools are named {name!r}")
+            tools[name] = tool
+    return tools
+
+
+def build_tasks(config: Config, tools: dict[str, Tool]) -> dict[str | None, Task]:
+    tasks: dict[str | None, Task] = {None: Task(tools, config.rollout.max_turns)}
+    for name, task in config.tasks.items():
+        selected = tools if task.tools is None else {}
+        for tool_name in task.tools or []:
+            if tool_name not in tools:
+                raise ConfigError(f"tasks.{name}.tools: unknown tool {tool_name!r} (configured: {', '.join(tools)})")
+            selected[tool_name] = tools[tool_name]
+        tasks[name] = Task(selected, task.max_turns or config.rollout.max_turns)
+    return tasks
+
+
+def build_rewards(config: Config) -> list[tuple[str, float, Any]]:
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    out = []
+    for i, term in enumerate(config.reward.functions):
+        try:
+            cls = get_plugins().load_part("reward_functions", term.name)
+            out.append((term.name, term.weight, cls(**term.options)))
+        except (RegistryError, TypeError, ValueError) as exc:
+            raise ConfigError(f"reward.functions.{i}: {exc}") from None
+    return out
+
+
+@dataclass
+class Run:
+    config: Config
+    tokenizer: Any
+    model: Any
+    engine: Any
+    ctx: RolloutContext
+    samples: list[Sample]
+    tools: dict[str, Tool]
+    model_dir: str
+
+
+async def compose(config: Config) -> Run:
+    import torch
+
+    from toolrl import models
+    from toolrl.chat import ChatRenderer
+    from toolrl.engines import ModelSource
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    random.seed(config.trainer.seed)
+    torch.manual_seed(config.trainer.seed)
+    plugins = get_plugins()
+    try:
+        engine_cls = plugins.load_part("rollout_engines", config.engine.name)
+        parser = plugins.load_part("tool_parsers", config.rollout.parser)(**config.rollout.parser_options)
+    except RegistryError as exc:
+        raise ConfigError(f"engine.name / rollout.parser: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"rollout.parser_options: {exc}") from None
+    rewards = build_rewards(config)
+    samples = load_samples(config)
+    tools = await build_tools(config)
+    tasks = build_tasks(config, tools)
+    path = model_path(config)
+    tokenizer = models.load_tokenizer(path)
+    device = models.resolve_device(config.model.device)
+    model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    engine = engine_cls.create(
+        ModelSource(path=path, module=model, tokenizer=tokenizer),
+        {"max_batch_size": config.engine.max_batch_size, "device": device, "dtype": config.model.dtype,
+         **config.engine.options},
+    )
+    ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                         parser=parser, config=config.rollout, tasks=tasks, reward_functions=rewards,
+                         reward_config=config.reward)
+    return Run(config, tokenizer, model, engine, ctx, samples, tools, path)
+
+
+def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: int, shuffle: bool) -> list[Sample]:
+    """The prompts of a step: a pure function of the step, so resuming replays the same data."""
+    out = []
+    for k in range(step * batch_size, (step + 1) * batch_size):
+        epoch, pos = divmod(k, len(samples))
+        order = list(range(len(samples)))
+        if shuffle:
+            random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(samples[order[pos]])
+    return out
+
+
+# -- recording ------------------------------------------------------------------------------------
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any]:
+    rewards = [t.reward for t in trajs]
+    calls = [r for t in trajs for r in t.tool_results]
+    latency: dict[str, list[float]] = defaultdict(list)
+    for r in calls:
+        latency[r.name].append(r.latency_s)
+    model_tokens = sum(sum(t.response_mask) for t in trajs)
+    terminations: dict[str, int] = defaultdict(int)
+    for t in trajs:
+        terminations[t.termination] += 1
+    return {
+        "reward_mean": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "tool_call_count": len(calls),
+        "tool_success_count": sum(r.status == "ok" for r in calls),
+        "tool_call_rate": len(calls) / len(trajs),
+        "parse_error_count": sum(len(t.parse_errors) for t in trajs),
+        "tool_latency_s": {k: statistics.fmean(v) for k, v in sorted(latency.items())},
+        "response_length": statistics.fmean(len(t.response_ids) for t in trajs),
+        "model_tokens_mean": model_tokens / len(trajs),
+        "turns_mean": statistics.fmean(t.turns for t in trajs),
+        "terminations": dict(terminations),
+        "errors": sum(t.error is not None for t in trajs),
+        "rollout_s": wall_s,
+        "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
+    }
+
+
+def write_traces(path: Path, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w") as f:
+        for t in trajs:
+            row = t.model_dump(mode="json", exclude={"model_text"})
+            row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
+            row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def append_metrics(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def plot_curve(out_dir: Path) -> Path | None:
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    mean = [r["reward_mean"] for r in rows]
+    std = [r["reward_std"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, mean, marker="o", label="reward (mean)")
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r["tool_call_rate"] for r in rows], color="tab:orange", linestyle="--",
+             label="tool calls / trajectory")
+    ax2.set_ylabel("tool calls / trajectory")
+    fig.legend(loc="upper left")
+    fig.tight_layout()
+    out = out_dir / "reward_curve.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, model: Any, optimizer: Any, keep: int = 2) -> Path:
+    """Write to a temporary directory, then rename: a crash never leaves a half checkpoint."""
+    import torch
+
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / f"step_{step:06d}"
+    tmp = ckpt_dir / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp / "model.pt")
+    torch.save({"optimizer": optimizer.state_dict(), "step": step, "python_rng": random.getstate(),
+                "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(ckpt_dir.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    found = sorted(ckpt_dir.glob("step_*"))
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path, model: Any, optimizer: Any) -> int:
+    import torch
+
+    model.load_state_dict(torch.load(path / "model.pt", map_location=next(model.parameters()).device))
+    state = torch.load(path / "trainer.pt", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    random.setstate(state["python_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    return int(state["step"])
+
+
+# -- the loops ------------------------------------------------------------------------------------
+
+
+def _progress(enabled: bool, total: int, start: int) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("reward {task.fields[reward]:.3f}  tools/traj {task.fields[tools]:.2f}  "
+                                   "{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), disable=not enabled)
+    task = progress.add_task("steps", total=total, completed=start, reward=0.0, tools=0.0, tps=0.0)
+    return progress, task
+
+
+def _prepare_output(config: Config, resume: bool) -> Path:
+    out = Path(config.trainer.output_dir)
+    if not resume and (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()
+    (out / "rollouts").mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(config.model_dump_json(indent=2))
+    return out
+
+
+async def _close(run: Run) -> None:
+    for tool in run.tools.values():
+        await tool.close()
+    await run.engine.close()
+
+
+def _truncate_metrics(path: Path, keep_steps: int) -> None:
+    """After resuming from step k, drop metric lines of steps ≥ k written after that checkpoint."""
+    if not path.exists():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= keep_steps]
+    path.write_text("".join(ln + "\n" for ln in lines))
+
+
+async def train_async(config: Config, resume: bool = False) -> Path:
+    import torch
+
+    from toolrl.grpo import grpo_step
+
+    out = _prepare_output(config, resume)
+    run = await compose(config)
+    model = run.model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, betas=config.optim.betas,
+                                  weight_decay=config.optim.weight_decay)
+    ref_model = None
+    if config.algorithm.kl_coef > 0:
+        import copy
+
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    start = 0
+    ckpt = latest_checkpoint(out / "checkpoints") if resume else None
+    if resume and ckpt is None:
+        raise ConfigError(f"--resume: no checkpoint in {out / 'checkpoints'}")
+    if ckpt is not None:
+        start = load_checkpoint(ckpt, model, optimizer)
+        _truncate_metrics(out / "metrics.jsonl", start)
+    pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
+    try:
+        with progress:
+            for step in range(start, config.trainer.total_steps):
+                t0 = time.perf_counter()
+                prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
+                                         config.data.shuffle)
+                model.eval()
+                trajs = await run_rollouts(run.ctx, prompts, config.rollout.n,
+                                           seed=config.rollout.seed + 7_777 * step, id_prefix=f"t{step + 1}-")
+                rollout_s = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                train = await asyncio.to_thread(
+                    grpo_step, model, optimizer, trajs, config.algorithm, config.optim, pad_id=pad_id,
+                    temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_response_tokens,
+                    ref_model=ref_model)
+                run.engine.update_weights(model.state_dict())
+                row = {"step": step + 1, **rollout_metrics(trajs, rollout_s), **train,
+                       "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
+                write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, run.tokenizer)
+                append_metrics(out / "metrics.jsonl", row)
+                if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
+                    save_checkpoint(out / "checkpoints", step + 1, model, optimizer)
+                progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
+                                tps=row["tokens_per_s"])
+                progress.console.print(
+                    f"step {step + 1}: reward {row['reward_mean']:.3f}±{row['reward_std']:.3f} "
+                    f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
+                    f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s", highlight=False)
+    finally:
+        await _close(run)
+    if config.trainer.plot:
+        plot_curve(out)
+    return out
+
+
+async def evaluate_async(config: Config) -> Path:
+    out = _prepare_output(config, resume=False)
+    run = await compose(config)
+    run.model.eval()
+    progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, 0)
+    try:
+        with progress:
+            for step in range(config.trainer.total_steps):
+                t0 = time.perf_counter()
+                prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
+                                         config.data.shuffle)
+                trajs = await run_rollouts(run.ctx, prompts, config.rollout.n,
+                                           seed=config.rollout.seed + 7_777 * step, id_prefix=f"e{step + 1}-")
+                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
+                write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, run.tokenizer)
+                append_metrics(out / "metrics.jsonl", row)
+                progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
+                                tps=row["tokens_per_s"])
+    finally:
+        await _close(run)
+    if config.trainer.plot:
+        plot_curve(out)
+    return out
+
+
+def run_training(config: Config, resume: bool = False) -> Path:
+    return asyncio.run(train_async(config, resume))
+
+
+def run_evaluation(config: Config) -> Path:
+    return asyncio.run(evaluate_async(config))

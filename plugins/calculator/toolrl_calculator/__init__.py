@@ -1,0 +1,14 @@
+"""toolrl plugin: the ``calculator`` tool (safe, bounded arithmetic).
+
+This module is the plugin's entry point: it registers a lazy reference, so loading the plugin imports
+nothing but toolrl's hook specifications.
+"""
+
+from toolrl.hookspecs import Register, hookimpl
+
+__version__ = "0.1.0"
+
+
+@hookimpl
+def register_tools(register: Register) -> None:
+    register("toolrl_calculator.tool:CalculatorTool", name="calculator")

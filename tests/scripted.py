@@ -1,0 +1,60 @@
+"""A scripted rollout engine for tests of the agent loop: each trajectory (session) replays a list of
+texts, one per generation call. It stands in for a model that *would* emit these calls; the loop,
+the tokenizer, the chat template and the tools around it are all real."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
+
+
+class ScriptedEngine(RolloutEngine):
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, scripts: Mapping[str, list[str]] | list[str], delay: float = 0.0):
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+        self.delay = delay
+        self.calls: list[tuple[str, list[int], float]] = []  # (session, prompt ids, time)
+        self.ended: list[str] = []
+        self._turn: dict[str, int] = {}
+
+    @classmethod
+    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> ScriptedEngine:
+        return cls(source.tokenizer, config["scripts"])
+
+    def _script(self, session: str) -> list[str]:
+        if isinstance(self.scripts, list):
+            return self.scripts
+        for key, script in self.scripts.items():
+            if key in session:
+                return script
+        raise KeyError(session)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       session_id: str | None = None) -> list[Generation]:
+        session = session_id or ""
+        self.calls.append((session, list(prompt_ids), asyncio.get_running_loop().time()))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        turn = self._turn.get(session, 0)
+        self._turn[session] = turn + 1
+        text = self._script(session)[turn]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        stop = next((s for s in params.stop_strings if text.endswith(s)), None)
+        if stop is not None:
+            finish, stopped = "stop_string", stop
+        elif len(ids) >= params.max_new_tokens:
+            ids, finish, stopped = ids[: params.max_new_tokens], "length", None
+        else:
+            ids, finish, stopped = ids + [params.stop_token_ids[0]], "stop", params.stop_token_ids[0]
+        return [Generation(ids, [-0.5] * len(ids), finish, stopped)]  # type: ignore[arg-type]
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        raise NotImplementedError("scripted engines have no weights")
+
+    def end_session(self, session_id: str) -> None:
+        self.ended.append(session_id)

@@ -1,0 +1,97 @@
+import json
+
+import pytest
+from _dists import GOOD_PLUGIN, GOOD_TOOL_IMPL, make_dist, run_toolrl
+
+from toolrl.plugins import PluginLoadError, Plugins
+from toolrl.registry import RegistryError
+
+
+@pytest.fixture
+def dists(tmp_path, monkeypatch):
+    make_dist(tmp_path, "toolrl-plugin-good", "good", "good_plugin", GOOD_PLUGIN)
+    (tmp_path / "good_tool_impl.py").write_text(GOOD_TOOL_IMPL)
+    make_dist(tmp_path, "toolrl-plugin-broken", "broken", "broken_plugin", "import this_module_does_not_exist\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def by_name(plugins):
+    return {i.name: i for i in plugins.list()}
+
+
+def test_builtins_register_through_hooks():
+    info = by_name(Plugins(env={}))
+    assert info["hermes"].builtin and info["hermes"].status == "ok"
+    assert info["hermes"].parts == {"tool_parsers": ["hermes"]}
+    assert info["rewards"].parts["reward_functions"] == ["gsm8k", "math", "format"]
+    assert info["transformers"].hooks == ["register_rollout_engines"]
+
+
+def test_broken_plugin_is_reported_not_fatal(dists):
+    plugins = Plugins(env={})
+    info = by_name(plugins)
+    assert info["broken"].status == "error"
+    assert "this_module_does_not_exist" in info["broken"].error
+    assert info["good"].status == "ok" and info["good"].distribution == "toolrl-plugin-good"
+    assert plugins.registry.get("tools", "echo").plugin == "good"
+
+
+def test_strict_mode_makes_errors_fatal(dists):
+    with pytest.raises(PluginLoadError, match="broken"):
+        Plugins(env={"TOOLRL_STRICT_PLUGINS": "1"})
+
+
+def test_allow_list_and_disable(dists):
+    info = by_name(Plugins(env={"TOOLRL_LOAD_PLUGINS": "toolrl-plugin-good"}))
+    assert info["good"].status == "ok" and info["broken"].status == "disabled"
+    info = by_name(Plugins(env={"TOOLRL_LOAD_PLUGINS": ""}))
+    assert info["good"].status == "disabled" and info["hermes"].status == "ok"
+    plugins = Plugins(env={"TOOLRL_DISABLE_PLUGINS": "hermes,toolrl-plugin-broken"})
+    info = by_name(plugins)
+    assert info["hermes"].status == "disabled" and info["broken"].status == "disabled"
+    with pytest.raises(RegistryError, match="unknown tool parser 'hermes'"):
+        plugins.registry.get("tool_parsers", "hermes")
+
+
+def test_two_plugins_registering_one_name_is_an_error_naming_both(tmp_path, monkeypatch):
+    code = GOOD_PLUGIN.replace("good_tool_impl", "good_tool_impl")
+    make_dist(tmp_path, "toolrl-plugin-a", "a", "plugin_a", code)
+    make_dist(tmp_path, "toolrl-plugin-b", "b", "plugin_b", code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={})
+    info = by_name(plugins)
+    assert info["b"].status == "error" and "'a' and 'b'" in info["b"].error
+    with pytest.raises(RegistryError, match="'a' and 'b'"):
+        plugins.registry.get("tools", "echo")
+
+
+def test_unknown_names_list_the_choices():
+    with pytest.raises(RegistryError, match=r"available: .*hermes.*tags"):
+        Plugins(env={}).registry.get("tool_parsers", "nope")
+
+
+def test_list_plugins_cli_with_a_broken_plugin(dists):
+    out = run_toolrl("list-plugins", "--json", path=dists)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert rows["broken"]["status"] == "error" and rows["good"]["status"] == "ok"
+    assert rows["good"]["version"] == "0.1.0" and rows["good"]["hooks"] == ["register_tools"]
+    called = run_toolrl("tool", "call", "echo", '{"text": "hi"}', path=dists)
+    assert called.returncode == 0 and called.stdout.strip() == "hi"
+
+
+def test_list_plugins_does_not_import_heavy_libraries():
+    out = run_toolrl("list-plugins", "--json", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert out.returncode == 0
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    for heavy in ("torch", "transformers", "ray", "vllm", "mcp", "httpx", "pydantic", "jsonschema"):
+        assert heavy not in imported, heavy
+
+
+def test_hook_errors_inside_register_are_isolated(tmp_path, monkeypatch):
+    make_dist(tmp_path, "toolrl-plugin-bad-hook", "badhook", "bad_hook",
+              "from toolrl import hookimpl\n@hookimpl\ndef register_tools(register):\n    raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = by_name(Plugins(env={}))
+    assert info["badhook"].status == "error" and "boom" in info["badhook"].error
