@@ -152,7 +152,10 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
             if name not in tools:
                 raise UsageFailure(f"no tool {name!r} in {tools_config} (has: {', '.join(sorted(tools))})")
             t = tools[name]
-            iid = await t.create(None, **create_kwargs)
+            try:
+                iid = await t.create(None, **create_kwargs)
+            except Exception as exc:  # e.g. a missing ground_truth: the tool says what it needs
+                raise UsageFailure(f"tool {name!r} create() failed: {type(exc).__name__}: {exc}") from None
             try:
                 result = await t.call(iid, args)
                 reward = await t.calc_reward(iid)

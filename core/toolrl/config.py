@@ -42,6 +42,8 @@ class DataConfig(Section):
     batch_size: int = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
     system_prompt: str | None = None
+    # Messages put before every sample's own (after its system message): few-shot demonstrations.
+    prompt_prefix: list[dict[str, Any]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:

@@ -184,7 +184,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                 ref_lp = None if ref_all is None else ref_all[micro][:, : new_lp.shape[1]]
                 loss, stats = policy_loss(new_lp, old_lp, mbatch, algo, norm, ref_lp)
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
                 m = mbatch.response_mask
                 metrics["lp_mismatch"].append(
                     float(((new_lp.detach() - mbatch.engine_logprobs).abs() * m).sum() / m.sum().clamp(min=1)))

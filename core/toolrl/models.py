@@ -245,7 +245,8 @@ def tiny_qwen3(
         import torch
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        tok = load_tokenizer(tok_dir)
+        specials = qwen_added_tokens(tokenizer_variant)
+        eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
         config = Qwen3Config(
             vocab_size=QWEN_MODEL_VOCAB,
             hidden_size=hidden_size,
@@ -256,19 +257,20 @@ def tiny_qwen3(
             head_dim=head_dim,
             max_position_embeddings=32768,
             tie_word_embeddings=tie_word_embeddings,
-            bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
+            bos_token_id=pad,
+            eos_token_id=eos,
+            pad_token_id=pad,
             dtype="float32",
         )
         # Fork the RNG so building a model does not perturb the caller's random stream.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = Qwen3ForCausalLM(config)
-        model.generation_config.eos_token_id = tok.eos_token_id
-        model.generation_config.pad_token_id = tok.pad_token_id
+        model.generation_config.eos_token_id = eos
+        model.generation_config.pad_token_id = pad
         model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
+        for f in Path(tok_dir).iterdir():
+            shutil.copy2(f, out / f.name)
         (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
 
     if path is not None:
@@ -326,6 +328,7 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
         if unexpected or (set(missing) - set(tied)):
             raise RuntimeError(f"SmolLM2 weights do not match its config: missing={missing} unexpected={unexpected}")
         plain.generation_config = gguf_model.generation_config
+        tok.model_max_length = config.max_position_embeddings  # GGUF leaves it unset (1e30)
         plain.save_pretrained(str(out))
         tok.save_pretrained(str(out))
 

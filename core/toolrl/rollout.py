@@ -198,7 +198,8 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
     """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps."""
     terms: dict[str, float] = {}
     info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
-            "parse_errors": len(traj.parse_errors), "data_source": sample.data_source}
+            "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
+            "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
     for name, weight, fn in ctx.reward_functions:
         try:
             terms[name] = weight * float(fn(traj.final_response, sample.ground_truth, **info))

@@ -22,7 +22,7 @@ from typing import Any
 
 from toolrl.config import Config, ConfigError, resolve_path
 from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts
-from toolrl.schemas import Sample
+from toolrl.schemas import Message, Sample
 from toolrl.tools import Tool
 
 # -- composition ----------------------------------------------------------------------------------
@@ -48,10 +48,12 @@ def load_samples(config: Config) -> list[Sample]:
 
     samples = load_files([resolve_path(config, f) for f in config.data.train_files]) if config.data.train_files \
         else arithmetic_samples(config.data.synthetic)  # type: ignore[arg-type]
-    if config.data.system_prompt:
-        for s in samples:
-            if s.prompt[0].role != "system":
-                s.prompt.insert(0, type(s.prompt[0])(role="system", content=config.data.system_prompt))
+    prefix = [Message.model_validate(m) for m in config.data.prompt_prefix]
+    for s in samples:
+        head = 1 if s.prompt and s.prompt[0].role == "system" else 0
+        s.prompt[head:head] = [m.model_copy() for m in prefix]
+        if config.data.system_prompt and not head:
+            s.prompt.insert(0, Message(role="system", content=config.data.system_prompt))
     return samples
 
 

@@ -56,6 +56,43 @@ def _sample_seed(seed: int, index: int) -> int:
     return (seed * 1_000_003 + index) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+_CDF_BLOCK = 1024
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row, the index ``i`` with ``cdf[i-1] < (1 - u) * total <= cdf[i]``: a draw from the
+    (unnormalised) ``probs`` [rows, vocab] given uniforms ``u`` [rows] in [0, 1).
+
+    Two levels (block sums, then one block) instead of a full cumulative sum over the vocabulary,
+    which costs several times more on CPU. Sums within a block are float32 (1024 terms), across
+    blocks float64, so nothing drifts over a 150k-entry vocabulary.
+    ``1 - u`` is in (0, 1], so a zero-probability entry is never returned.
+    """
+    rows, vocab = probs.shape
+    full = vocab // _CDF_BLOCK * _CDF_BLOCK
+    sums = [probs[:, :full].reshape(rows, -1, _CDF_BLOCK).sum(-1)]
+    if full < vocab:
+        sums.append(probs[:, full:].sum(-1, keepdim=True))
+    cum = torch.cat(sums, 1).cumsum(-1, dtype=torch.float64)
+    target = (1.0 - u) * cum[:, -1]
+    block = torch.searchsorted(cum, target[:, None]).clamp_(max=cum.shape[1] - 1)[:, 0]
+    before = torch.where(block > 0, cum.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
+    offsets = torch.arange(_CDF_BLOCK, device=probs.device)
+    index = block[:, None] * _CDF_BLOCK + offsets
+    inside = index < vocab
+    vals = probs.gather(1, index.clamp(max=vocab - 1)) * inside
+    within = vals.cumsum(-1, dtype=torch.float64)
+    k = torch.searchsorted(within, (target - before)[:, None]).clamp_(max=_CDF_BLOCK - 1)
+    # Rounding can put k on a zero entry at the block's edge: move to the nearest nonzero one.
+    nonzero = vals > 0
+    ok = nonzero.gather(1, k)
+    if not bool(ok.all()):
+        last_before = torch.where(nonzero & (offsets <= k), offsets, -1).max(-1, keepdim=True).values
+        first_after = torch.where(nonzero & (offsets > k), offsets, _CDF_BLOCK).min(-1, keepdim=True).values
+        k = torch.where(ok, k, torch.where(last_before >= 0, last_before, first_after))
+    return block * _CDF_BLOCK + k[:, 0]
+
+
 class _BufferLayer(DynamicLayer):
     """One layer's KV for the whole batch in a preallocated buffer; ``update`` writes in place, so a
     decode step costs no copy of the cache (DynamicLayer concatenates on every step)."""
@@ -87,6 +124,16 @@ class _BufferLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.length
+
+
+@dataclass
+class EngineStats:
+    """Running totals since the engine started (read them between rollout phases)."""
+
+    prefilled_tokens: int = 0  # prompt tokens run through the model
+    reused_tokens: int = 0  # prompt tokens whose KV came from the trajectory's previous turn
+    generated_tokens: int = 0
+    steps: int = 0  # model forward passes
 
 
 @dataclass
@@ -161,6 +208,7 @@ class TransformersEngine(RolloutEngine):
         self._sessions_lock = threading.Lock()
         self._step_lock = threading.Lock()  # held while the model runs; weight updates wait for it
         self._version = 0
+        self.stats = EngineStats()
         self._param_versions = self._parameter_versions()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -337,6 +385,7 @@ class TransformersEngine(RolloutEngine):
             use_cache=True,
             logits_to_keep=1,
         )
+        self.stats.steps += 1
         batch.keys = [layer.kbuf for layer in layers]
         batch.values = [layer.vbuf for layer in layers]
         batch.length += q
@@ -387,6 +436,8 @@ class TransformersEngine(RolloutEngine):
                             for li in range(self.num_layers)]
             group.length = tc
         logits = self._forward(group, ids, pos)
+        self.stats.prefilled_tokens += sum(map(len, deltas))
+        self.stats.reused_tokens += sum(prefix)
         # One row per sample: repeat each prompt's row n times.
         expand = torch.tensor([i for i, req in enumerate(admitted) for _ in range(req.n)], device=self.device)
         group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
@@ -419,6 +470,7 @@ class TransformersEngine(RolloutEngine):
     def _advance(self, batch: _Batch, rows: list[_Row], logits: torch.Tensor, finished: list[_Request]) -> None:
         """Sample one token per row, record it, and drop rows that are done."""
         tokens, logprobs = self._sample(rows, logits)
+        self.stats.generated_tokens += len(tokens)
         keep: list[int] = []
         done: list[tuple[int, _Row]] = []
         for i, (row, tok, lp) in enumerate(zip(rows, tokens, logprobs)):
@@ -463,24 +515,22 @@ class TransformersEngine(RolloutEngine):
         if any(t not in (0, 1) for t in temps):
             logits = logits / torch.tensor([t or 1.0 for t in temps], device=logits.device)[:, None]
         probs = torch.softmax(logits, dim=-1)
-        chosen = logits.argmax(-1)
         sampled = [i for i, t in enumerate(temps) if t != 0]
+        # argmax over the vocabulary is not free on CPU: only greedy rows need it.
+        chosen = logits.argmax(-1) if len(sampled) < len(rows) else logits.new_zeros(len(rows), dtype=torch.long)
         if sampled:
-            p = probs[sampled]
+            p = probs if len(sampled) == len(rows) else probs[sampled]
             nucleus = [k for k, i in enumerate(sampled) if rows[i].req.params.top_p < 1.0]
             if nucleus:
                 top_p = torch.tensor([rows[sampled[k]].req.params.top_p for k in nucleus], device=p.device)
                 sorted_p, order = p[nucleus].sort(dim=-1, descending=True)
                 # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
                 outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
+                p = p.clone() if p is probs else p  # the logprobs are taken before top-p
                 p[nucleus] = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-            cdf = p.cumsum(-1, dtype=torch.float64)  # float64: no drift over a 150k-entry vocab
             u = torch.stack([torch.rand((), generator=rows[i].generator, dtype=torch.float64, device=p.device)
                              for i in sampled])
-            # 1 - u lies in (0, 1], so the target is > 0 and never lands on a zero-probability token.
-            target = ((1.0 - u) * cdf[:, -1])[:, None]
-            picked = torch.searchsorted(cdf, target).clamp_(max=p.shape[-1] - 1)[:, 0]
-            chosen[torch.tensor(sampled, device=p.device)] = picked
+            chosen[torch.tensor(sampled, device=p.device)] = inverse_cdf(p, u)
         logprobs = probs.gather(1, chosen[:, None])[:, 0].log()
         return chosen.tolist(), logprobs.tolist()
 
@@ -588,8 +638,9 @@ class TransformersEngine(RolloutEngine):
         tokens = row.req.prompt + row.tokens[:-1]
         if cols.numel() != len(tokens):
             return  # cannot happen unless the batch bookkeeping is broken; never store a wrong cache
-        session = _Session(tokens, [k[i : i + 1, :, cols].clone() for k in batch.keys],
-                           [v[i : i + 1, :, cols].clone() for v in batch.values], self._version)
+        # Indexing with a tensor copies, so the kept KV does not pin the batch buffers.
+        session = _Session(tokens, [k[i : i + 1, :, cols] for k in batch.keys],
+                           [v[i : i + 1, :, cols] for v in batch.values], self._version)
         with self._sessions_lock:
             self._sessions[row.req.session_id] = session  # type: ignore[index]
             self._sessions.move_to_end(row.req.session_id)  # type: ignore[arg-type]

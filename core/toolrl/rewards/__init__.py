@@ -8,7 +8,8 @@ its ``options`` from the config and called once per trajectory::
 ``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
 leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``sample``
 (the :class:`toolrl.schemas.Sample`), ``tool_results`` (every :class:`toolrl.schemas.ToolResult`),
-``parse_errors`` (count) and ``data_source``.
+``parse_errors`` (count), ``data_source`` and ``response_ids`` (the model's own tokens, for
+length- or token-level rewards).
 """
 
 from __future__ import annotations

@@ -65,31 +65,45 @@ The pytest plugin (loaded automatically) adds the fixtures ``toolrl_plugins`` (a
 lists every toolrl plugin with its status in the report header.
 """
 
-from toolrl.testing.checks import (
-    build_tool,
-    check_calc_reward,
-    check_concurrency,
-    check_invalid_arguments,
-    check_isolation,
-    check_lifecycle,
-    check_order,
-    check_registered,
-    check_release_idempotent,
-    check_released_and_unknown,
-    check_schema,
-    derive_invalid_arguments,
-)
-from toolrl.testing.conformance import ToolConformance
-from toolrl.testing.lifecycle import (
-    LIFECYCLE,
-    CallRecorder,
-    LifecycleCall,
-    LifecycleError,
-    LifecycleRun,
-    instrument,
-    run_lifecycle,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names -> submodule. Imported on first use, so loading the pytest plugin (which imports this package
+# in every pytest run) costs nothing until a test uses the kit.
+_EXPORTS = {
+    "ToolConformance": "conformance",
+    **dict.fromkeys(
+        (
+            "LIFECYCLE",
+            "CallRecorder",
+            "LifecycleCall",
+            "LifecycleError",
+            "LifecycleRun",
+            "instrument",
+            "run_lifecycle",
+        ),
+        "lifecycle",
+    ),
+    **dict.fromkeys(
+        (
+            "build_tool",
+            "check_calc_reward",
+            "check_concurrency",
+            "check_invalid_arguments",
+            "check_isolation",
+            "check_lifecycle",
+            "check_order",
+            "check_registered",
+            "check_release_idempotent",
+            "check_released_and_unknown",
+            "check_schema",
+            "derive_invalid_arguments",
+        ),
+        "checks",
+    ),
+}
 __all__ = [
     "LIFECYCLE",
     "CallRecorder",
@@ -112,3 +126,38 @@ __all__ = [
     "instrument",
     "run_lifecycle",
 ]
+
+if TYPE_CHECKING:
+    from toolrl.testing.checks import (
+        build_tool,
+        check_calc_reward,
+        check_concurrency,
+        check_invalid_arguments,
+        check_isolation,
+        check_lifecycle,
+        check_order,
+        check_registered,
+        check_release_idempotent,
+        check_released_and_unknown,
+        check_schema,
+        derive_invalid_arguments,
+    )
+    from toolrl.testing.conformance import ToolConformance
+    from toolrl.testing.lifecycle import (
+        LIFECYCLE,
+        CallRecorder,
+        LifecycleCall,
+        LifecycleError,
+        LifecycleRun,
+        instrument,
+        run_lifecycle,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolrl.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"toolrl.testing.{module}"), name)
+    globals()[name] = value
+    return value

@@ -10,11 +10,14 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from toolrl.schemas import ToolResult, ToolSchema
-from toolrl.testing.lifecycle import LIFECYCLE, LifecycleCall, LifecycleError, LifecycleRun, run_lifecycle
+from toolrl.testing.lifecycle import LifecycleCall, LifecycleError, LifecycleRun, run_lifecycle
 from toolrl.tools import Tool
+
+if TYPE_CHECKING:
+    from toolrl.plugins import Plugins
 
 ToolFactory = Callable[[], Awaitable[Tool]]
 
@@ -34,14 +37,17 @@ def _describe(result: ToolResult) -> str:
 # -- building and registration ------------------------------------------------------------------
 
 
-def check_registered(name: str, plugins: Any = None) -> None:
+def check_registered(name: str, plugins: Plugins | None = None) -> None:
     """``name`` (a tool name, alias or tools-config ``class_name``) resolves through the plugin registry
-    to a :class:`toolrl.tools.Tool` subclass, registered by a plugin whose status is ok."""
+    to a :class:`toolrl.tools.Tool` subclass, registered by a plugin whose status is ok. ``plugins``
+    defaults to the process-wide ones (what tool configs and the CLI use)."""
     from toolrl.plugins import get_plugins
     from toolrl.registry import RegistryError
 
     plugins = plugins if plugins is not None else get_plugins()
-    troubled = [f"{i.name} ({i.distribution}): {i.status}: {i.error}" for i in plugins.list() if i.status == "error"]
+    troubled = [
+        f"{i.name} ({i.distribution}): {i.status}: {i.error}" for i in plugins.list() if i.status == "error"
+    ]
     try:
         part = plugins.registry.get("tools", name)
     except RegistryError as exc:
@@ -55,15 +61,21 @@ def check_registered(name: str, plugins: Any = None) -> None:
         _fail(hint)
     info = plugins.info[part.plugin]
     if info.status != "ok":
-        _fail(f"tool {name!r} is registered by plugin {info.name!r} ({info.distribution}), whose status is "
-              f"{info.status!r}: {info.error}. Fix that error: a plugin with errors is not conformant.")
+        _fail(
+            f"tool {name!r} is registered by plugin {info.name!r} ({info.distribution}), whose status is "
+            f"{info.status!r}: {info.error}. Fix that error: a plugin with errors is not conformant."
+        )
     try:
         cls = part.load()
     except Exception as exc:
-        _fail(f"tool {name!r} (plugin {info.name!r}) is registered as {part.target!r}, which does not import: "
-              f"{type(exc).__name__}: {exc}. A lazy reference must be 'package.module:Attribute'.")
+        _fail(
+            f"tool {name!r} (plugin {info.name!r}) is registered as {part.target!r}, which does not import: "
+            f"{type(exc).__name__}: {exc}. A lazy reference must be 'package.module:Attribute'."
+        )
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
-        _fail(f"tool {name!r} (plugin {info.name!r}) resolves to {cls!r}, which is not a toolrl.tools.Tool subclass")
+        _fail(
+            f"tool {name!r} (plugin {info.name!r}) resolves to {cls!r}, which is not a toolrl.tools.Tool subclass"
+        )
 
 
 async def build_tool(
@@ -81,7 +93,9 @@ async def build_tool(
     found: tuple[Tool, str] | None = None
     for entry in tools_file.tools:
         cls = resolve_tool_class(entry.class_name)
-        built = await cls.from_config(entry.config.model_dump(), entry.tool_schema, entry.model_dump(exclude_none=True))
+        built = await cls.from_config(
+            entry.config.model_dump(), entry.tool_schema, entry.model_dump(exclude_none=True)
+        )
         for tool in built:
             if tool.name == name and found is None:
                 found = (tool, entry.class_name)
@@ -104,33 +118,43 @@ def check_schema(tool: Tool, valid_arguments: Mapping[str, Any]) -> None:
     try:
         json.dumps(dumped)
     except (TypeError, ValueError) as exc:
-        _fail(f"tool {tool.name!r}: the schema is not JSON-serialisable ({exc}); chat templates receive it as JSON")
+        _fail(
+            f"tool {tool.name!r}: the schema is not JSON-serialisable ({exc}); chat templates receive it as JSON"
+        )
     ToolSchema.model_validate(dumped)  # round trip: what a chat template gets must load again
     function = tool.tool_schema.function
     if not OPENAI_NAME.match(function.name):
-        _fail(f"tool {tool.name!r}: function name {function.name!r} is not a valid OpenAI function name "
-              "(letters, digits, '_' and '-', at most 64 characters)")
+        _fail(
+            f"tool {tool.name!r}: function name {function.name!r} is not a valid OpenAI function name "
+            "(letters, digits, '_' and '-', at most 64 characters)"
+        )
     if not function.description.strip():
-        _fail(f"tool {tool.name!r}: the function has no description; the model reads it to decide when and how "
-              "to call the tool. Set schema['function']['description'].")
+        _fail(
+            f"tool {tool.name!r}: the function has no description; the model reads it to decide when and how "
+            "to call the tool. Set schema['function']['description']."
+        )
     params = function.parameters
     try:
         Draft202012Validator.check_schema(params)
     except SchemaError as exc:
         _fail(f"tool {tool.name!r}: parameters are not a valid JSON Schema: {exc.message}")
     if params.get("type") != "object":
-        _fail(f"tool {tool.name!r}: parameters must say \"type\": \"object\" (OpenAI requires it)")
+        _fail(f'tool {tool.name!r}: parameters must say "type": "object" (OpenAI requires it)')
     properties = params.get("properties", {})
     if not isinstance(properties, dict):
         _fail(f"tool {tool.name!r}: parameters.properties must be an object")
     missing = [r for r in params.get("required", []) if r not in properties]
     if missing:
         _fail(f"tool {tool.name!r}: required lists {missing}, which are not in parameters.properties")
-    errors = sorted(Draft202012Validator(params).iter_errors(dict(valid_arguments)), key=lambda e: list(e.path))
+    errors = sorted(
+        Draft202012Validator(params).iter_errors(dict(valid_arguments)), key=lambda e: list(e.path)
+    )
     if errors:
         detail = "; ".join(f"{'.'.join(map(str, e.path)) or '(arguments)'}: {e.message}" for e in errors)
-        _fail(f"tool {tool.name!r}: valid_arguments {dict(valid_arguments)!r} do not validate against the tool's "
-              f"parameters: {detail}. Fix valid_arguments or the schema.")
+        _fail(
+            f"tool {tool.name!r}: valid_arguments {dict(valid_arguments)!r} do not validate against the tool's "
+            f"parameters: {detail}. Fix valid_arguments or the schema."
+        )
 
 
 # -- lifecycle ----------------------------------------------------------------------------------
@@ -146,31 +170,41 @@ def check_order(calls: Sequence[LifecycleCall], instance_id: str) -> None:
         _fail(f"lifecycle order: expected {expected}; the first call was not create. Recorded: {trace}")
     for call in calls:
         if call.method in ("create", "release") and call.caller is not None:
-            _fail(f"lifecycle order: {call.method} was called from inside {call.caller}. Only the rollout creates "
-                  f"and releases instances; a tool that does it itself loses or resets the trajectory's state "
-                  f"before {expected} is complete. Recorded: {trace}")
+            _fail(
+                f"lifecycle order: {call.method} was called from inside {call.caller}. Only the rollout creates "
+                f"and releases instances; a tool that does it itself loses or resets the trajectory's state "
+                f"before {expected} is complete. Recorded: {trace}"
+            )
         if call.instance_id != instance_id:
-            _fail(f"lifecycle order: {call.method} ran on instance {call.instance_id!r}, but create returned "
-                  f"{instance_id!r}; every stage must use the id create returned. Recorded: {trace}")
+            _fail(
+                f"lifecycle order: {call.method} ran on instance {call.instance_id!r}, but create returned "
+                f"{instance_id!r}; every stage must use the id create returned. Recorded: {trace}"
+            )
     if sum(c.method == "create" for c in calls) != 1:
         _fail(f"lifecycle order: create ran more than once for one trajectory. Recorded: {trace}")
     outer = [c.method for c in calls if c.caller is None]
     if "execute" not in outer:
-        _fail(f"lifecycle order: Tool.call did not run execute (do not override Tool.call; implement execute). "
-              f"Recorded: {trace}")
+        _fail(
+            f"lifecycle order: Tool.call did not run execute (do not override Tool.call; implement execute). "
+            f"Recorded: {trace}"
+        )
     released = next((i for i, c in enumerate(calls) if c.method == "release"), None)
     if released is None:
         _fail(f"lifecycle order: release never ran. Recorded: {trace}")
     late = [c for c in calls[released:] if c.method != "release"]
     if late:
-        _fail(f"lifecycle order: {late[0].method} ran after release; {expected} must end with release. "
-              f"Recorded: {trace}")
+        _fail(
+            f"lifecycle order: {late[0].method} ran after release; {expected} must end with release. "
+            f"Recorded: {trace}"
+        )
 
 
 def check_reward_value(value: Any, tool: Tool, when: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(f"tool {tool.name!r}: calc_reward {when} returned {value!r} ({type(value).__name__}); it must return "
-              "a float (return 0.0 when there is nothing to reward)")
+        _fail(
+            f"tool {tool.name!r}: calc_reward {when} returned {value!r} ({type(value).__name__}); it must return "
+            "a float (return 0.0 when there is nothing to reward)"
+        )
     if not math.isfinite(value):
         _fail(f"tool {tool.name!r}: calc_reward {when} returned {value!r}; rewards must be finite")
     return float(value)
@@ -186,29 +220,43 @@ async def check_lifecycle(
 ) -> LifecycleRun:
     """Run one whole lifecycle with valid arguments: it must succeed, in order, and leave no state."""
     try:
-        run = await run_lifecycle(tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs)
+        run = await run_lifecycle(
+            tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs
+        )
     except LifecycleError as exc:
-        _fail(f"tool {tool.name!r}: {exc} (create_kwargs={dict(create_kwargs or {})!r}, "
-              f"arguments={dict(arguments)!r}). Lifecycle methods must not raise on valid input.")
+        _fail(
+            f"tool {tool.name!r}: {exc} (create_kwargs={dict(create_kwargs or {})!r}, "
+            f"arguments={dict(arguments)!r}). Lifecycle methods must not raise on valid input."
+        )
     if not isinstance(run.instance_id, str) or not run.instance_id:
-        _fail(f"tool {tool.name!r}: create returned {run.instance_id!r}; it must return the instance id (a str)")
-    check_order(run.calls, run.instance_id)
+        _fail(
+            f"tool {tool.name!r}: create returned {run.instance_id!r}; it must return the instance id (a str)"
+        )
     if run.result.status != "ok" or run.result.response.is_error:
-        _fail(f"tool {tool.name!r}: the call with valid_arguments {dict(arguments)!r} failed ({_describe(run.result)}). "
-              "valid_arguments must be a call the tool accepts.")
+        _fail(
+            f"tool {tool.name!r}: the call with valid_arguments {dict(arguments)!r} failed ({_describe(run.result)}). "
+            "valid_arguments must be a call the tool accepts."
+        )
+    check_order(run.calls, run.instance_id)
     if expected_text is not None and expected_text not in run.result.response.text:
-        _fail(f"tool {tool.name!r}: expected {expected_text!r} in the response, got {run.result.response.text!r}")
+        _fail(
+            f"tool {tool.name!r}: expected {expected_text!r} in the response, got {run.result.response.text!r}"
+        )
     check_reward_value(run.reward, tool, "after a valid call")
     if run.instance_id in getattr(tool, "_instances", {}):
-        _fail(f"tool {tool.name!r}: release left the instance's state in tool._instances; an overridden release "
-              "must call super().release(instance_id) (or pop the state itself)")
+        _fail(
+            f"tool {tool.name!r}: release left the instance's state in tool._instances; an overridden release "
+            "must call super().release(instance_id) (or pop the state itself)"
+        )
     return run
 
 
 # -- error paths --------------------------------------------------------------------------------
 
 
-def derive_invalid_arguments(parameters: Mapping[str, Any], valid_arguments: Mapping[str, Any]) -> list[dict[str, Any]]:
+def derive_invalid_arguments(
+    parameters: Mapping[str, Any], valid_arguments: Mapping[str, Any]
+) -> list[dict[str, Any]]:
     """Invalid calls implied by the schema: each required field left out, an unexpected field (when
     ``additionalProperties`` is false) and each typed field given a value of the wrong type."""
     properties = parameters.get("properties") or {}
@@ -217,8 +265,14 @@ def derive_invalid_arguments(parameters: Mapping[str, Any], valid_arguments: Map
         derived.append({k: v for k, v in valid_arguments.items() if k != name})
     if parameters.get("additionalProperties") is False:
         derived.append({**valid_arguments, "toolrl_unexpected_field": 1})
-    wrong_values = {"string": 12345, "integer": "not a number", "number": "not a number", "boolean": "not a boolean",
-                    "array": "not an array", "object": "not an object"}
+    wrong_values = {
+        "string": 12345,
+        "integer": "not a number",
+        "number": "not a number",
+        "boolean": "not a boolean",
+        "array": "not an array",
+        "object": "not an object",
+    }
     for name, spec in properties.items():
         kind = spec.get("type") if isinstance(spec, dict) else None
         if isinstance(kind, str) and kind in wrong_values and name in valid_arguments:
@@ -249,22 +303,32 @@ async def check_invalid_arguments(
             try:
                 result = await tool.call(iid, args, **dict(execute_kwargs or {}))
             except Exception as exc:
-                _fail(f"tool {tool.name!r}: {label}: Tool.call raised {type(exc).__name__}: {exc}. Calls must never "
-                      "raise out of a rollout: invalid input becomes an error response.")
+                _fail(
+                    f"tool {tool.name!r}: {label}: Tool.call raised {type(exc).__name__}: {exc}. Calls must never "
+                    "raise out of a rollout: invalid input becomes an error response."
+                )
             if result.status == "ok" or not result.response.is_error:
-                _fail(f"tool {tool.name!r}: {label} was accepted ({_describe(result)}). Tighten the schema "
-                      "(required, types, \"additionalProperties\": false) or return ToolResponse.error(...) from "
-                      "execute for input it cannot use.")
-            fields = properties | {k for k in args if isinstance(k, str)}
+                _fail(
+                    f"tool {tool.name!r}: {label} was accepted ({_describe(result)}). Tighten the schema "
+                    '(required, types, "additionalProperties": false) or return ToolResponse.error(...) from '
+                    "execute for input it cannot use."
+                )
+            fields = properties | {
+                k for k in (args if isinstance(args, Mapping) else ()) if isinstance(k, str)
+            }
             if not _names_field(result.response.text, fields):
-                _fail(f"tool {tool.name!r}: {label} produced an error that names no field (expected one of "
-                      f"{sorted(fields)}): {result.response.text!r}. A model can only fix a call it can locate: "
-                      "say which field is wrong, e.g. \"field 'expression': ...\".")
+                _fail(
+                    f"tool {tool.name!r}: {label} produced an error that names no field (expected one of "
+                    f"{sorted(fields)}): {result.response.text!r}. A model can only fix a call it can locate: "
+                    "say which field is wrong, e.g. \"field 'expression': ...\"."
+                )
             results.append(result)
         after = await tool.call(iid, dict(valid_arguments), **dict(execute_kwargs or {}))
         if after.status != "ok":
-            _fail(f"tool {tool.name!r}: after the invalid calls, a valid call on the same instance failed "
-                  f"({_describe(after)}); an invalid call must not break the instance")
+            _fail(
+                f"tool {tool.name!r}: after the invalid calls, a valid call on the same instance failed "
+                f"({_describe(after)}); an invalid call must not break the instance"
+            )
     finally:
         await tool.release(iid)
     return results
@@ -280,15 +344,20 @@ async def check_released_and_unknown(
     """A call on a released instance or on an id that was never created returns an error result."""
     iid = await tool.create(None, **dict(create_kwargs or {}))
     await tool.release(iid)
-    for what, target in (("a released instance", iid), ("an instance that was never created", UNKNOWN_INSTANCE)):
+    for what, target in (
+        ("a released instance", iid),
+        ("an instance that was never created", UNKNOWN_INSTANCE),
+    ):
         try:
             result = await tool.call(target, dict(arguments), **dict(execute_kwargs or {}))
         except Exception as exc:
             _fail(f"tool {tool.name!r}: a call on {what} raised {type(exc).__name__}: {exc} out of Tool.call")
         if result.status == "ok" or not result.response.is_error:
-            _fail(f"tool {tool.name!r}: a call on {what} succeeded ({_describe(result)}). execute must refuse "
-                  "instances that do not exist: read state with self.state(instance_id), which raises for them "
-                  "(Tool.call turns that into an error response), and drop the state in release.")
+            _fail(
+                f"tool {tool.name!r}: a call on {what} succeeded ({_describe(result)}). execute must refuse "
+                "instances that do not exist: read state with self.state(instance_id), which raises for them "
+                "(Tool.call turns that into an error response), and drop the state in release."
+            )
 
 
 async def check_release_idempotent(
@@ -306,9 +375,11 @@ async def check_release_idempotent(
         try:
             await tool.release(target)
         except Exception as exc:
-            _fail(f"tool {tool.name!r}: release {what} raised {type(exc).__name__}: {exc}. Rollouts release in "
-                  "finally blocks, after errors and timeouts too: release must be idempotent "
-                  "(e.g. self._instances.pop(instance_id, None)).")
+            _fail(
+                f"tool {tool.name!r}: release {what} raised {type(exc).__name__}: {exc}. Rollouts release in "
+                "finally blocks, after errors and timeouts too: release must be idempotent "
+                "(e.g. self._instances.pop(instance_id, None))."
+            )
 
 
 async def check_calc_reward(
@@ -324,8 +395,10 @@ async def check_calc_reward(
         try:
             before = await tool.calc_reward(iid)
         except Exception as exc:
-            _fail(f"tool {tool.name!r}: calc_reward on an instance that was never called raised "
-                  f"{type(exc).__name__}: {exc}. Models often never call a tool; return the reward for that case.")
+            _fail(
+                f"tool {tool.name!r}: calc_reward on an instance that was never called raised "
+                f"{type(exc).__name__}: {exc}. Models often never call a tool; return the reward for that case."
+            )
         before = check_reward_value(before, tool, "before any call")
         await tool.call(iid, dict(arguments), **dict(execute_kwargs or {}))
         after = check_reward_value(await tool.calc_reward(iid), tool, "after a call")
@@ -337,7 +410,9 @@ async def check_calc_reward(
 # -- concurrency --------------------------------------------------------------------------------
 
 
-async def _sequence(tool: Tool, iid: str, arguments: Mapping[str, Any], execute_kwargs: Mapping[str, Any]) -> list:
+async def _sequence(
+    tool: Tool, iid: str, arguments: Mapping[str, Any], execute_kwargs: Mapping[str, Any]
+) -> list:
     """execute, calc_reward, execute, calc_reward on one created instance: the observable outcome."""
     outcome: list[Any] = []
     for _ in range(2):
@@ -356,44 +431,64 @@ async def check_isolation(
     execute_kwargs: Mapping[str, Any] | None = None,
     deterministic: bool = True,
 ) -> None:
-    """Two instances on one tool object do not share state: instance B gives the same results next to
-    instance A (created with ``other_create_kwargs``) as alone, and B keeps working after A is released.
+    """Two instances on one tool object do not share state: instance A (created with
+    ``other_create_kwargs``) and instance B (``create_kwargs``) each give the same results side by side,
+    run concurrently, as alone on a fresh tool; and B keeps working after A is released.
     ``build`` makes a fresh tool each time. With ``deterministic=False`` only success is compared."""
     create_kwargs, execute_kwargs = dict(create_kwargs or {}), dict(execute_kwargs or {})
     other = dict(other_create_kwargs if other_create_kwargs is not None else create_kwargs)
 
-    solo_tool = await build()
-    try:
-        b = await solo_tool.create(None, **create_kwargs)
-        solo = await _sequence(solo_tool, b, arguments, execute_kwargs)
-        await solo_tool.release(b)
-    finally:
-        await solo_tool.close()
+    async def alone(kwargs: dict[str, Any]) -> list:
+        solo_tool = await build()
+        try:
+            iid = await solo_tool.create(None, **kwargs)
+            outcome = await _sequence(solo_tool, iid, arguments, execute_kwargs)
+            await solo_tool.release(iid)
+            return outcome
+        finally:
+            await solo_tool.close()
 
+    solo = {"A": await alone(other), "B": await alone(create_kwargs)}
     tool = await build()
     try:
         a = await tool.create(None, **other)
         b = await tool.create(None, **create_kwargs)
         if a == b:
-            _fail(f"tool {tool.name!r}: create(None) returned the same id {a!r} twice; generate a fresh id per "
-                  "instance (the base class uses uuid4)")
-        together_a, together_b = await asyncio.gather(
-            _sequence(tool, a, arguments, execute_kwargs), _sequence(tool, b, arguments, execute_kwargs)
+            _fail(
+                f"tool {tool.name!r}: create(None) returned the same id {a!r} twice; generate a fresh id per "
+                "instance (the base class uses uuid4)"
+            )
+        together = dict(
+            zip(
+                "AB",
+                await asyncio.gather(
+                    _sequence(tool, a, arguments, execute_kwargs),
+                    _sequence(tool, b, arguments, execute_kwargs),
+                ),
+            )
         )
-        for outcome in (together_a, together_b):
+        for outcome in together.values():
             failed = [o for o in outcome if o[0] not in ("ok", "calc_reward")]
             if failed:
-                _fail(f"tool {tool.name!r}: a valid call failed while two instances ran concurrently: {failed[0]}")
-        if deterministic and together_b != solo:
-            _fail(f"tool {tool.name!r}: instance B's results changed when instance A (create_kwargs={other!r}) ran on "
-                  f"the same tool object.\n  B alone:        {solo}\n  B next to A:    {together_b}\n"
-                  "Keep per-trajectory state in self.state(instance_id) (filled in create), never on self or the "
-                  "class. (Set deterministic = False if the tool's output legitimately varies between calls.)")
+                _fail(
+                    f"tool {tool.name!r}: a valid call failed while two instances ran concurrently: {failed[0]}"
+                )
+        for label, kwargs in (("A", other), ("B", create_kwargs)):
+            if deterministic and together[label] != solo[label]:
+                _fail(
+                    f"tool {tool.name!r}: instance {label} (create_kwargs={kwargs!r}) gave different results next "
+                    f"to the other instance than alone on a fresh tool.\n  alone:    {solo[label]}\n  together: "
+                    f"{together[label]}\nKeep per-trajectory state in self.state(instance_id) (filled in create), "
+                    "never on self or the class. (Set deterministic = False if the tool's output legitimately varies "
+                    "between identical calls.)"
+                )
         await tool.release(a)
         result = await tool.call(b, dict(arguments), **execute_kwargs)
         if result.status != "ok":
-            _fail(f"tool {tool.name!r}: releasing instance A broke instance B ({_describe(result)}); release must "
-                  "free only the released instance's state")
+            _fail(
+                f"tool {tool.name!r}: releasing instance A broke instance B ({_describe(result)}); release must "
+                "free only the released instance's state"
+            )
         check_reward_value(await tool.calc_reward(b), tool, "on instance B after A was released")
         await tool.release(b)
     finally:
@@ -424,15 +519,22 @@ async def check_concurrency(
     try:
         results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), timeout_s)
     except asyncio.TimeoutError:
-        _fail(f"tool {tool.name!r}: {n} concurrent lifecycles did not finish within {timeout_s:g} s. Do not block "
-              "the event loop in execute: await I/O, and move CPU-heavy work to a thread or process pool.")
+        _fail(
+            f"tool {tool.name!r}: {n} concurrent lifecycles did not finish within {timeout_s:g} s: a lifecycle "
+            "method hangs (an await that never completes, a lock held across calls) or blocks the event loop "
+            "(await I/O; move CPU-heavy work to a thread or process pool)."
+        )
     failed = [r for r in results if r.status != "ok"]
     if failed:
-        _fail(f"tool {tool.name!r}: {len(failed)} of {n} concurrent calls failed; first: {_describe(failed[0])}")
+        _fail(
+            f"tool {tool.name!r}: {len(failed)} of {n} concurrent calls failed; first: {_describe(failed[0])}"
+        )
     left = getattr(tool, "_instances", {})
     if left:
-        _fail(f"tool {tool.name!r}: {len(left)} instances still hold state after every instance was "
-              "released; release must drop the instance's state")
+        _fail(
+            f"tool {tool.name!r}: {len(left)} instances still hold state after every instance was "
+            "released; release must drop the instance's state"
+        )
     return results
 
 
@@ -440,4 +542,3 @@ def resolve_path(path: str | os.PathLike, relative_to: str | os.PathLike) -> Pat
     """``path`` as given when absolute, else relative to the directory ``relative_to`` (a test file)."""
     p = Path(path)
     return p if p.is_absolute() else Path(relative_to).resolve().parent / p
-

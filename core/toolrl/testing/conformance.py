@@ -56,7 +56,9 @@ class ToolConformance:
 
     async def _build_tool(self) -> Tool:
         if not self.tool_name:
-            raise AssertionError(f"{type(self).__name__}: set tool_name to the registered name of the tool to check")
+            raise AssertionError(
+                f"{type(self).__name__}: set tool_name to the registered name of the tool to check"
+            )
         tool, _ = await checks.build_tool(self.tool_name, self.tool_config, self._config_file())
         return tool
 
@@ -106,14 +108,19 @@ class ToolConformance:
         self._with_tool(check)
 
     def test_lifecycle_runs_in_order(self) -> None:
-        self._with_tool(lambda tool: checks.check_lifecycle(
-            tool, self.valid_arguments, expected_text=self.expected_text, **self._kwargs()))
+        self._with_tool(
+            lambda tool: checks.check_lifecycle(
+                tool, self.valid_arguments, expected_text=self.expected_text, **self._kwargs()
+            )
+        )
 
     def test_invalid_arguments_give_errors_naming_a_field(self) -> None:
         async def check(tool: Tool) -> None:
             cases = [dict(a) for a in self.invalid_arguments]
             if self.derive_invalid_arguments:
-                derived = checks.derive_invalid_arguments(tool.tool_schema.function.parameters, self.valid_arguments)
+                derived = checks.derive_invalid_arguments(
+                    tool.tool_schema.function.parameters, self.valid_arguments
+                )
                 cases += [d for d in derived if d not in cases]
             if not cases:
                 raise AssertionError(
@@ -125,20 +132,36 @@ class ToolConformance:
         self._with_tool(check)
 
     def test_instances_are_isolated(self) -> None:
-        self._run(lambda: checks.check_isolation(
-            self._build_tool, self.valid_arguments, other_create_kwargs=self.other_create_kwargs,
-            deterministic=self.deterministic, **self._kwargs()))
+        self._run(
+            lambda: checks.check_isolation(
+                self._build_tool,
+                self.valid_arguments,
+                other_create_kwargs=self.other_create_kwargs,
+                deterministic=self.deterministic,
+                **self._kwargs(),
+            )
+        )
 
     def test_released_and_unknown_instances_give_errors(self) -> None:
-        self._with_tool(lambda tool: checks.check_released_and_unknown(tool, self.valid_arguments, **self._kwargs()))
+        self._with_tool(
+            lambda tool: checks.check_released_and_unknown(tool, self.valid_arguments, **self._kwargs())
+        )
 
     def test_release_is_idempotent(self) -> None:
-        self._with_tool(lambda tool: checks.check_release_idempotent(tool, self.valid_arguments, **self._kwargs()))
+        self._with_tool(
+            lambda tool: checks.check_release_idempotent(tool, self.valid_arguments, **self._kwargs())
+        )
 
     def test_calc_reward_returns_a_float(self) -> None:
         self._with_tool(lambda tool: checks.check_calc_reward(tool, self.valid_arguments, **self._kwargs()))
 
     def test_many_concurrent_lifecycles_complete(self) -> None:
-        self._with_tool(lambda tool: checks.check_concurrency(
-            tool, self.valid_arguments, n=self.concurrent_lifecycles,
-            timeout_s=self.check_timeout_s, **self._kwargs()))
+        self._with_tool(
+            lambda tool: checks.check_concurrency(
+                tool,
+                self.valid_arguments,
+                n=self.concurrent_lifecycles,
+                timeout_s=self.check_timeout_s,
+                **self._kwargs(),
+            )
+        )

@@ -52,7 +52,9 @@ def instrument(tool: Tool) -> CallRecorder:
         original = getattr(tool, method)
 
         @functools.wraps(original)
-        async def recorded(*args: Any, _method: str = method, _original: Any = original, **kwargs: Any) -> Any:
+        async def recorded(
+            *args: Any, _method: str = method, _original: Any = original, **kwargs: Any
+        ) -> Any:
             instance_id = args[0] if args else kwargs.get("instance_id")
             call = LifecycleCall(_method, instance_id, _running.get())
             recorder.calls.append(call)

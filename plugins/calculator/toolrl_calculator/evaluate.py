@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,7 +110,9 @@ def _power(base: Number, exponent: Number) -> Number:
         if abs(base) > 1:
             bits = exponent * math.log2(abs(base))  # bit length of the result, before computing it
             if bits > MAX_INT_BITS:
-                raise CalculatorError(f"{base}**{exponent} is too large (about {bits:.3g} bits; the limit is {MAX_INT_BITS})")
+                raise CalculatorError(
+                    f"{base}**{exponent} is too large (about {bits:.3g} bits; the limit is {MAX_INT_BITS})"
+                )
         return base**exponent
     # math.pow raises for complex results and overflow instead of returning complex or inf.
     return math.pow(base, exponent)
@@ -163,7 +166,11 @@ class _Evaluator:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             raise CalculatorError(f"{name}() takes positional arguments only")
         if not spec.min_args <= len(node.args) <= spec.max_args:
-            wanted = str(spec.min_args) if spec.min_args == spec.max_args else f"{spec.min_args} to {spec.max_args}"
+            wanted = (
+                str(spec.min_args)
+                if spec.min_args == spec.max_args
+                else f"{spec.min_args} to {spec.max_args}"
+            )
             raise CalculatorError(f"{name}() takes {wanted} argument(s), got {len(node.args)}")
         args = [self.eval(a) for a in node.args]
         return _checked(spec.fn(*args))
@@ -171,12 +178,25 @@ class _Evaluator:
 
 def _describe(node: ast.AST) -> str:
     names = {
-        ast.Attribute: "attribute access", ast.Subscript: "subscripts", ast.Compare: "comparisons",
-        ast.BoolOp: "boolean operators", ast.Lambda: "lambda", ast.IfExp: "conditional expressions",
-        ast.Tuple: "tuples (a comma outside a function call)", ast.List: "lists", ast.Dict: "dicts",
-        ast.Set: "sets", ast.ListComp: "comprehensions", ast.SetComp: "comprehensions",
-        ast.DictComp: "comprehensions", ast.GeneratorExp: "comprehensions", ast.JoinedStr: "strings",
-        ast.NamedExpr: "assignment", ast.Await: "await", ast.Yield: "yield", ast.Starred: "unpacking",
+        ast.Attribute: "attribute access",
+        ast.Subscript: "subscripts",
+        ast.Compare: "comparisons",
+        ast.BoolOp: "boolean operators",
+        ast.Lambda: "lambda",
+        ast.IfExp: "conditional expressions",
+        ast.Tuple: "tuples (a comma outside a function call)",
+        ast.List: "lists",
+        ast.Dict: "dicts",
+        ast.Set: "sets",
+        ast.ListComp: "comprehensions",
+        ast.SetComp: "comprehensions",
+        ast.DictComp: "comprehensions",
+        ast.GeneratorExp: "comprehensions",
+        ast.JoinedStr: "strings",
+        ast.NamedExpr: "assignment",
+        ast.Await: "await",
+        ast.Yield: "yield",
+        ast.Starred: "unpacking",
     }
     if isinstance(node, ast.UnaryOp):
         return "the operator " + {ast.Not: "not", ast.Invert: "~"}.get(type(node.op), type(node.op).__name__)
@@ -208,13 +228,18 @@ def evaluate(expression: str) -> Number:
     if not isinstance(expression, str):
         raise CalculatorError(f"the expression must be a string, got {type(expression).__name__}")
     if len(expression) > MAX_EXPRESSION_CHARS:
-        raise CalculatorError(f"the expression is too long ({len(expression)} characters; the limit is "
-                              f"{MAX_EXPRESSION_CHARS})")
+        raise CalculatorError(
+            f"the expression is too long ({len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS})"
+        )
     text = normalize(expression)
     if not text:
         raise CalculatorError("the expression is empty")
     try:
-        tree = ast.parse(text, mode="eval")
+        with (
+            warnings.catch_warnings()
+        ):  # "invalid decimal literal" and the like: the model reads errors, not warnings
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
         raise CalculatorError(f"invalid syntax: {exc.msg}") from None
     except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, huge literals, deep nesting

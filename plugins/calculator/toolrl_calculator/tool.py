@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
-
 from toolrl.schemas import ToolResponse
 from toolrl.tools import Tool
-from toolrl_calculator.evaluate import CONSTANTS, FUNCTIONS, MAX_EXPRESSION_CHARS, CalculatorError, evaluate, format_number
+
+from toolrl_calculator.evaluate import (
+    CONSTANTS,
+    FUNCTIONS,
+    MAX_EXPRESSION_CHARS,
+    CalculatorError,
+    evaluate,
+    format_number,
+)
 
 
 class CalculatorConfig(BaseModel):
@@ -24,8 +31,11 @@ class CalculatorTool(Tool):
             "name": "calculator",
             "description": (
                 "Evaluate an arithmetic expression. Integers are exact; other results are floats. Supports "
-                "+ - * / // % ** (or ^), parentheses, the constants " + ", ".join(CONSTANTS)
-                + " and the functions " + ", ".join(FUNCTIONS) + "."
+                "+ - * / // % ** (or ^), parentheses, the constants "
+                + ", ".join(CONSTANTS)
+                + " and the functions "
+                + ", ".join(FUNCTIONS)
+                + "."
             ),
             "parameters": {
                 "type": "object",

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
-from mcp_support import HTTPServer
+from mcp_support import SERVERS, HTTPServer
+
+# The served sample tools are imported by the tests too.
+sys.path.insert(0, str(SERVERS))
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.tools import Tool
-
 from toolrl_mcp.tool import MCPTool
 
 SERVERS = Path(__file__).parent / "servers"
@@ -60,6 +59,20 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def child_servers() -> set[int]:
+    """Live demo-server processes this process has spawned."""
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and DEMO.name.encode() in cmdline and alive(int(stat.parent.name)):
+            pids.add(int(stat.parent.name))
+    return pids
 
 
 def wait_until(predicate: Any, timeout: float, interval: float = 0.05) -> bool:

@@ -9,7 +9,6 @@ import mcp.types as types
 import pytest
 from toolrl.plugins import get_plugins
 from toolrl.tools import ToolConfigError
-
 from toolrl_mcp.config import ServerSpec, load_servers, parse_block
 from toolrl_mcp.tool import MCPTool, _select
 
@@ -132,10 +131,10 @@ def test_prefix_rename_and_per_server_selection_resolve_collisions() -> None:
     ]
 
 
-def test_tool_selected_list_matches_mcp_or_exposed_names() -> None:
+def test_tool_selected_list_names_exposed_tools() -> None:
     servers = _servers(alpha={"prefix": "a_"}, beta={})
-    chosen = _select(servers, [_listing("add", "sub"), _listing("add", "echo")], ["a_add", "echo", "add"])
-    assert _names(chosen) == [("alpha", "add", "a_add"), ("beta", "add", "add"), ("beta", "echo", "echo")]
+    chosen = _select(servers, [_listing("add", "sub"), _listing("add", "echo")], ["a_add", "echo"])
+    assert _names(chosen) == [("alpha", "add", "a_add"), ("beta", "echo", "echo")]
 
 
 def test_selections_naming_missing_tools_are_errors() -> None:

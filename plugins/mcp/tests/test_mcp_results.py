@@ -8,7 +8,6 @@ import io
 import mcp.types as types
 import pytest
 from toolrl.schemas import ToolResponse
-
 from toolrl_mcp.results import to_call_tool_result, to_tool_response
 
 PNG = base64.b64encode(b"\x89PNG fake").decode()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 
 import anyio
 import mcp.types as types
+import toolrl
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.types.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
 
@@ -33,7 +33,7 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 T = TypeVar("T")
-CLIENT_INFO = types.Implementation(name="toolrl", version="0.1.0")
+CLIENT_INFO = types.Implementation(name="toolrl", version=toolrl.__version__)
 
 
 class ServerUnavailable(ConnectionError):
@@ -224,12 +224,14 @@ class MCPConnection:
                                   timeout=spec.connect_timeout) as streams:
                 yield streams
         else:
+            import httpx2
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
             assert spec.url is not None
+            # No read timeout: a response may take as long as the call's own timeout, enforced above.
+            timeout = httpx2.Timeout(spec.connect_timeout, read=None)
             async with (
-                create_mcp_http_client(headers=spec.http_headers() or None) as http,
+                httpx2.AsyncClient(headers=spec.http_headers(), timeout=timeout) as http,
                 streamable_http_client(spec.url, http_client=http) as streams,
             ):
                 yield streams
@@ -276,13 +278,15 @@ class ConnectionPool:
     server; the last lease released closes it."""
 
     def __init__(self) -> None:
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, MCPConnection]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._by_loop: dict[asyncio.AbstractEventLoop, dict[str, MCPConnection]] = {}
         self._leases: Counter[str] = Counter()
 
     def get(self, name: str, spec: ServerSpec) -> MCPConnection:
-        connections = self._by_loop.setdefault(asyncio.get_running_loop(), {})
+        loop = asyncio.get_running_loop()
+        if loop not in self._by_loop:  # a new loop: forget the connections of loops that are gone
+            for closed in [other for other in self._by_loop if other.is_closed()]:
+                del self._by_loop[closed]
+        connections = self._by_loop.setdefault(loop, {})
         key = spec.connection_key(name)
         connection = connections.get(key)
         if connection is None or connection.closed:

@@ -10,8 +10,10 @@ and rewards.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import mcp.types as types
@@ -114,10 +116,31 @@ async def _serve(tools_config: str | None, transport: str, host: str, port: int)
 
             app = server.streamable_http_app(host=host)
             print(f"toolrl mcp serve: {len(tools)} tools at http://{host}:{port}/mcp: {names}", file=sys.stderr)
-            await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+            await _http_server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
     finally:
         for tool in tools.values():
             await tool.close()
+
+
+def _http_server(config: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, which would kill the process
+        before the tools are closed; here a signal only ends ``serve()``."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server(config)
 
 
 def serve_tools(tools_config: str | None, transport: str, host: str, port: int) -> None:

@@ -6,7 +6,7 @@ Tool-config entry (verl's layout)::
       config: {type: mcp, timeout: 30}
       mcp:
         mcp_servers_config_path: servers.json
-        tool_selected_list: [add]      # optional: MCP tool names (or their renamed names)
+        tool_selected_list: [add]      # optional: tool names as exposed (after rename/prefix)
 
 Tools are listed when the entry is built; every tool of one server shares that server's connection
 (see :mod:`toolrl_mcp.client`). ``close()`` on the last tool of a server shuts its session down.
@@ -143,10 +143,9 @@ def _select(
             if spec.tools is not None and mcp_tool.name not in spec.tools:
                 continue
             if selected is not None:
-                hits = {mcp_tool.name, exposed} & set(selected)
-                if not hits:
+                if exposed not in selected:
                     continue
-                matched |= hits
+                matched.add(exposed)
             if exposed in owners:
                 raise ToolConfigError(
                     f"MCP tool name {exposed!r} is provided by servers {owners[exposed]!r} and {name!r}; "

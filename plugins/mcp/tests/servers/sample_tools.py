@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from toolrl.schemas import ToolResponse
@@ -14,7 +15,8 @@ PIXEL_PNG = (
 
 class MultiplyTool(Tool):
     """Multiplies; its reward is the number of calls its instance has seen, so a served call that
-    runs create, execute and calc_reward on one instance reports reward 1."""
+    runs create, execute and calc_reward on one instance reports reward 1. ``close()`` appends a line
+    to the file named by ``SAMPLE_TOOLS_CLOSE_LOG``, so tests can see a server close its tools."""
 
     schema = {
         "type": "function",
@@ -41,6 +43,12 @@ class MultiplyTool(Tool):
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         return float(self.state(instance_id).get("calls", 0))
+
+    async def close(self) -> None:
+        log = os.environ.get("SAMPLE_TOOLS_CLOSE_LOG")
+        if log:
+            with open(log, "a") as file:
+                file.write("closed\n")
 
 
 class PixelTool(Tool):

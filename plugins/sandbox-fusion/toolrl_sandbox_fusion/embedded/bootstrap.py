@@ -4,13 +4,26 @@
 # itself (namespaces, read-only mounts, a private tmpfs, dropping to uid 65534); then it writes one
 # ready byte on the control fd and blocks on stdin. The launcher starts these processes ahead of
 # time, so interpreter start-up is off the hot path. Each process runs exactly one request, then
-# exits: the request (a 10-digit length, then JSON) carries the code, limits and files; whatever
-# follows on stdin is the program's stdin. Only the standard library may be used here, and nothing
-# from the host's Python environment: this file runs under the sandbox's interpreter.
+# exits: the request (a 10-digit length, then a marshal dump from the trusted launcher) carries the
+# code, limits and files; whatever
+# follows on stdin is the program's stdin. At the end the control fd carries frames (type byte,
+# 10-digit length, payload): "F" fetched files as JSON, then "X" the exit code, sent after stdout
+# and stderr are flushed. The program can write to the control fd too, but can only spoil its own
+# result that way. Only the standard library may be used here, and nothing from the host's Python
+# environment: this file runs under the sandbox's interpreter.
 #
 # argv: -c MODE CONTROL_FD WORKDIR_MB SHM_MB
-import json
+# ruff: noqa: SIM105 -- contextlib.suppress would cost an import in every sandbox process
+#
+# Imports cost CPU in every sandbox process, so only built-in modules are imported up front; what
+# only some runs need (tracebacks, JSON for fetched files, ctypes for the fallback) is imported then.
+import atexit
+import binascii
+import builtins
+import gc
+import marshal
 import os
+import resource
 import sys
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
@@ -35,15 +48,15 @@ def _isolate(workdir_mb, shm_mb):
     def check(ret, what):
         if ret != 0:
             err = ctypes.get_errno()
-            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+            raise OSError(err, f"{what}: {os.strerror(err)}")
 
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
     check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
                        | (0 if root else _CLONE_NEWUSER)), "unshare")
     if not root:
-        for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
-                           ("gid_map", "%d %d 1" % (gid, gid))):
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
             with open("/proc/self/" + name, "w") as f:
                 f.write(text)
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
@@ -59,10 +72,10 @@ def _isolate(workdir_mb, shm_mb):
         if point == b"/":
             check(ret, "remount / read-only")
     owner = _NOBODY if root else uid
-    opts = "size=%dm,mode=0700,uid=%d,gid=%d" % (workdir_mb, owner, _NOBODY if root else gid)
+    opts = f"size={workdir_mb}m,mode=0700,uid={owner},gid={_NOBODY if root else gid}"
     check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()), "mount /tmp")
     if os.path.isdir("/dev/shm"):
-        opts = "size=%dm,mode=1777" % shm_mb
+        opts = f"size={shm_mb}m,mode=1777"
         check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()), "mount /dev/shm")
     os.chdir("/tmp")
     if root:
@@ -95,24 +108,32 @@ def _read_exact(n):
 
 def _safe_path(path):
     if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
-        raise ValueError("file path %r must be relative and stay inside the working folder" % path)
+        raise ValueError(f"file path {path!r} must be relative and stay inside the working folder")
     return path
 
 
 def _write_files(files):
-    import base64
-
     for path, content in files.items():
         path = _safe_path(path)
         folder = os.path.dirname(path)
         if folder:
             os.makedirs(folder, exist_ok=True)
         with open(path, "wb") as f:
-            f.write(base64.b64decode(content or ""))
+            f.write(binascii.a2b_base64(content or ""))
+
+
+def _send(control_fd, kind, payload):
+    """One control frame: a type byte, a 10-digit length, the payload."""
+    data = kind + b"%010d" % len(payload) + payload
+    try:
+        while data:
+            data = data[os.write(control_fd, data):]
+    except OSError:
+        pass  # the program closed or broke the fd: the launcher falls back to the exit status
 
 
 def _fetch_files(paths, control_fd, max_bytes):
-    import base64
+    import json  # JSON, not marshal: the launcher must never unmarshal what the program could forge
 
     found, total = {}, 0
     for path in paths:
@@ -124,16 +145,36 @@ def _fetch_files(paths, control_fd, max_bytes):
         total += len(data)
         if total > max_bytes:
             break
-        found[path] = base64.b64encode(data).decode()
+        found[path] = binascii.b2a_base64(data, newline=False).decode()
+    _send(control_fd, b"F", json.dumps(found).encode())
+
+
+def _finish(code, control_fd):
+    """Report the exit code once all output is in the pipes, then exit without interpreter teardown:
+    the launcher answers as soon as it reads the report, and teardown (~10 ms) is off its path."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _send(control_fd, b"X", b"%d" % code)
+    os._exit(code)
+
+
+def _exit_code(exc):
+    """The status ``sys.exit(code)`` gives, as the interpreter computes it."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
     try:
-        os.write(control_fd, json.dumps(found).encode())
-    except OSError:
-        pass  # the program closed the fd: the launcher reports no files
+        print(exc.code, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+    return 1
 
 
 def _set_limits(limits):
-    import resource
-
     for name, (soft, hard) in limits.items():
         which = getattr(resource, "RLIMIT_" + name)
         cur_hard = resource.getrlimit(which)[1]
@@ -145,32 +186,57 @@ def _set_limits(limits):
 
 
 def _run_python(request, control_fd):
-    import atexit
-    import builtins
-    import linecache
-    import types
-
     source, filename = request["code"], "main.py"
-    # Registered in linecache so tracebacks show source lines without writing a file.
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    main = types.ModuleType("__main__")
+    main = type(sys)("__main__")
     main.__file__ = filename
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     sys.argv = [filename] + list(request["args"])
     sys.path.insert(0, os.getcwd())
     sys.stdout.reconfigure(line_buffering=True)  # output printed before a kill still arrives
-    if request["fetch_files"]:  # registered first, so it runs after the program's own exit hooks
-        atexit.register(_fetch_files, request["fetch_files"], control_fd, request["max_fetch_bytes"])
+    if request["fetch_files"]:
+        def fetch():
+            # Drop the program's objects first so files it left open are flushed and closed.
+            main.__dict__.clear()
+            gc.collect()
+            _fetch_files(request["fetch_files"], control_fd, request["max_fetch_bytes"])
+
+        atexit.register(fetch)  # registered first, so it runs after the program's own exit hooks
     _set_limits(request["limits"])
+    code = 0
     try:
         exec(compile(source, filename, "exec"), main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:  # noqa: B036 - print it the way the interpreter would, minus this frame
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:
+        # Print it the way the interpreter would, without this frame (a SyntaxError has no frame).
+        # The traceback module (unlike the built-in printer) reads source lines from linecache,
+        # where the source is registered so no file has to be written.
+        import linecache
+        import traceback
+
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         tb = exc.__traceback__
-        sys.excepthook(type(exc), exc, tb.tb_next if tb is not None else None)
-        sys.exit(1)
+        exc.__traceback__ = tb.tb_next if tb is not None else None
+        if sys.excepthook is sys.__excepthook__:
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        else:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        code = 1
+    # What the interpreter's shutdown would do that a program can observe: wait for its
+    # non-daemon threads, then run its exit hooks (and the file fetch, registered first).
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = code or 1
+    _finish(code, control_fd)
 
 
 def _run_bash(request, control_fd):
@@ -185,7 +251,7 @@ def _run_bash(request, control_fd):
     status = os.waitpid(pid, 0)[1]
     if request["fetch_files"]:
         _fetch_files(request["fetch_files"], control_fd, request["max_fetch_bytes"])
-    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+    _finish(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status), control_fd)
 
 
 def _main():
@@ -193,7 +259,7 @@ def _main():
     if mode == "unshare":
         _isolate(workdir_mb, shm_mb)
     os.write(control_fd, b"R")
-    request = json.loads(_read_exact(int(_read_exact(10))))
+    request = marshal.loads(_read_exact(int(_read_exact(10))))
     _write_files(request["files"])
     if request["language"] == "bash":
         _run_bash(request, control_fd)

@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from toolrl_calculator.evaluate import MAX_INT_BITS, CalculatorError, evaluate, format_number
 
 
@@ -186,13 +185,13 @@ def _bounded(expression: str) -> None:
     assert time.perf_counter() - start < 0.25, f"{expression!r} took {time.perf_counter() - start:.3f} s"
 
 
-@settings(max_examples=1500, deadline=timedelta(milliseconds=500))
+@settings(max_examples=600, deadline=timedelta(milliseconds=500))
 @given(expressions)
 def test_generated_expressions_never_raise_and_stay_fast(expression: str) -> None:
     _bounded(expression)
 
 
-@settings(max_examples=1500, deadline=timedelta(milliseconds=500))
+@settings(max_examples=800, deadline=timedelta(milliseconds=500))
 @given(st.text(alphabet=ALPHABET, max_size=120) | st.text(max_size=200))
 def test_arbitrary_text_never_raises_and_stays_fast(text: str) -> None:
     _bounded(text)
@@ -209,7 +208,7 @@ integer_expressions = st.recursive(
 )
 
 
-@settings(max_examples=1000, deadline=timedelta(milliseconds=500))
+@settings(max_examples=500, deadline=timedelta(milliseconds=500))
 @given(integer_expressions)
 def test_integer_arithmetic_matches_python(expression: str) -> None:
     try:

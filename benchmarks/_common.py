@@ -1,0 +1,58 @@
+"""Shared helpers for the benchmarks: single-threaded torch, summary tables, timing statistics.
+
+Import this module before torch: :func:`single_thread` must set ``OMP_NUM_THREADS`` before the
+OpenMP runtime starts, because multithreaded OpenMP stalls unpredictably on the shared 2-core VMs
+(``../shared/notes/cpu-grpo-baseline-trl.md`` §5) and timings would not be comparable.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def single_thread() -> None:
+    """One intra-op and one inter-op thread everywhere (call before and after importing torch)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    if "torch" in sys.modules:
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def machine() -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.machine()} · {os.cpu_count()} CPUs · load avg {load:.2f} · "
+            f"python {platform.python_version()} · OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (numbers right-aligned)."""
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(row[i]) for row in rows) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric)).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,256 @@
+"""GRPO step time: toolrl against TRL 1.16 ``GRPOTrainer``, side by side in one process.
+
+Both frameworks get the same tiny random Qwen3 (``toolrl.models.tiny_qwen3``, same weights), the
+real Qwen3 tokenizer and chat template, the same arithmetic prompts in the same order (no
+shuffling), the same reward (1 for the exact answer + 0.1 · the fraction of digits in the
+response), the same calculator (the ``toolrl-plugin-calculator`` evaluator; its schema in every
+prompt), 2 prompts × 4 completions per step, at most 64 completion tokens (tool output included),
+temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clipping 1.0, fp32, one
+CPU thread. Logging, saving and progress bars are off in both.
+
+toolrl's step is what ``toolrl train`` does per step (``toolrl.trainer.compose`` builds the parts
+from a config; ``run_rollouts`` then ``grpo_step`` then ``engine.update_weights``), minus writing
+traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
+loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
+(toolrl's runs in TRL's ``on_step_end`` callback, outside TRL's timing) — so load from other
+processes on the machine hits both alike. The first step of each is a warm-up and is not counted.
+
+A random model never writes a tool call, in either framework: this compares the step as-is, with
+the calculator schema in every prompt (prompts of ~300 tokens, responses of 64), and the tool-call
+counts are printed.
+
+    OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from _common import machine, median, single_thread, table
+
+single_thread()
+
+import torch  # noqa: E402
+
+single_thread()
+
+BATCH_PROMPTS, GROUP, MAX_COMPLETION, LR, SEED = 2, 4, 64, 1e-5, 0
+_INT = re.compile(r"-?\d+")
+
+
+def reward(text: str, ground_truth: str) -> float:
+    """1 if the last integer in the response is the answer, plus 0.1 · the share of digits in it."""
+    numbers = _INT.findall(text.replace(",", ""))
+    exact = 1.0 if numbers and numbers[-1] == str(ground_truth).strip() else 0.0
+    return exact + 0.1 * (sum(c.isdigit() for c in text) / len(text) if text else 0.0)
+
+
+def toolrl_config(steps: int) -> Any:
+    from toolrl.config import load_config
+
+    return load_config(None, data={
+        "model": {"source": "tiny-qwen3", "tokenizer": "qwen3"},
+        "data": {"synthetic": {"kind": "arithmetic", "num_samples": 64, "seed": SEED},
+                 "batch_size": BATCH_PROMPTS, "shuffle": False},
+        "engine": {"name": "transformers", "max_batch_size": 32},
+        "rollout": {"n": GROUP, "temperature": 1.0, "max_turns": 8, "max_new_tokens": MAX_COMPLETION,
+                    "max_response_tokens": MAX_COMPLETION, "parser": "hermes"},
+        "tools": {"entries": [{"class_name": "calculator", "config": {"type": "native", "timeout": 5}}]},
+        "algorithm": {"loss_agg": "token-mean", "kl_coef": 0.0},
+        "optim": {"lr": LR, "grad_clip": 1.0, "micro_batch_size": BATCH_PROMPTS * GROUP},
+        "trainer": {"total_steps": steps, "seed": SEED, "progress": False, "plot": False},
+    })
+
+
+class ToolrlRunner:
+    """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
+
+    def __init__(self, steps: int) -> None:
+        from toolrl.trainer import compose
+
+        self.loop = asyncio.new_event_loop()
+        self.config = toolrl_config(steps)
+        self.run = self.loop.run_until_complete(compose(self.config))
+        self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
+        self.optimizer = torch.optim.AdamW(self.run.model.parameters(), lr=LR, betas=self.config.optim.betas,
+                                           weight_decay=self.config.optim.weight_decay)
+        self.pad_id = self.run.tokenizer.pad_token_id
+        self.step_index = 0
+        self.records: list[dict[str, float]] = []
+
+    async def _step(self) -> dict[str, float]:
+        from toolrl.grpo import grpo_step
+        from toolrl.rollout import run_rollouts
+        from toolrl.trainer import batch_for_step
+
+        cfg, run, step = self.config, self.run, self.step_index
+        c0, t0 = time.process_time(), time.perf_counter()
+        prompts = batch_for_step(run.samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        run.model.eval()
+        trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
+                                   id_prefix=f"t{step + 1}-")
+        t1 = time.perf_counter()
+        await asyncio.to_thread(grpo_step, run.model, self.optimizer, trajs, cfg.algorithm, cfg.optim,
+                                pad_id=self.pad_id, temperature=cfg.rollout.temperature,
+                                max_response_tokens=cfg.rollout.max_response_tokens)
+        run.engine.update_weights(run.model.state_dict())
+        t2 = time.perf_counter()
+        return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, "cpu_s": time.process_time() - c0,
+                "tool_calls": sum(len(t.tool_results) for t in trajs),
+                "completion_len": sum(len(t.response_ids) for t in trajs) / len(trajs),
+                "prompt_len": sum(len(t.prompt_ids) for t in trajs) / len(trajs),
+                "reward": sum(t.reward for t in trajs) / len(trajs)}
+
+    def step(self) -> None:
+        self.records.append(self.loop.run_until_complete(self._step()))
+        self.step_index += 1
+
+    def close(self) -> None:
+        from toolrl.trainer import _close
+
+        self.loop.run_until_complete(_close(self.run))
+        self.loop.close()
+
+
+def calculator_function() -> Any:
+    """The calculator as TRL wants a tool: a typed function whose docstring becomes its schema. The
+    description is the toolrl tool's, so both prompts carry the same text."""
+    from toolrl_calculator.evaluate import CalculatorError, evaluate, format_number
+    from toolrl_calculator.tool import CalculatorTool
+
+    spec = CalculatorTool.schema["function"]
+
+    def calculator(expression: str) -> str:
+        try:
+            return format_number(evaluate(expression))
+        except CalculatorError as exc:
+            return f"Error in 'expression': {exc}"
+
+    calculator.__doc__ = (f"{spec['description']}\n\nArgs:\n    expression: "
+                          f"{spec['parameters']['properties']['expression']['description']}\n")
+    return calculator
+
+
+def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from toolrl.config import SyntheticData
+    from toolrl.data import arithmetic_samples
+    from toolrl.models import load_model, load_tokenizer
+
+    samples = arithmetic_samples(SyntheticData(num_samples=64, seed=SEED))
+    dataset = Dataset.from_list([{"prompt": [m.to_template() for m in s.prompt], "answer": s.ground_truth}
+                                 for s in samples])
+
+    def trl_reward(completions: list[list[dict[str, Any]]], answer: list[str], **_: Any) -> list[float]:
+        texts = [next((m.get("content") or "" for m in reversed(c) if m["role"] == "assistant"), "")
+                 for c in completions]
+        return [reward(t, a) for t, a in zip(texts, answer)]
+
+    args = GRPOConfig(
+        output_dir=out_dir, use_cpu=True, report_to=[], seed=SEED, bf16=False,
+        per_device_train_batch_size=BATCH_PROMPTS * GROUP, num_generations=GROUP, gradient_accumulation_steps=1,
+        max_completion_length=MAX_COMPLETION, temperature=1.0, beta=0.0, learning_rate=LR, max_grad_norm=1.0,
+        lr_scheduler_type="constant", warmup_steps=0, max_steps=steps, shuffle_dataset=False,
+        logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True, log_completions=False,
+        dataloader_num_workers=0,
+        # TRL turns gradient checkpointing on by default; toolrl does not. Off here, as for toolrl.
+        gradient_checkpointing=False,
+    )
+    return GRPOTrainer(model=load_model(model_dir), reward_funcs=trl_reward, args=args, train_dataset=dataset,
+                       processing_class=load_tokenizer(model_dir), tools=[calculator_function()],
+                       callbacks=[callback])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per framework (after one warm-up step)")
+    args = ap.parse_args(argv)
+    total = args.steps + 1
+    warnings.filterwarnings("ignore")
+    from transformers import PrinterCallback, TrainerCallback
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    print(f"machine: {machine()} · torch threads {torch.get_num_threads()}")
+
+    t_import = time.perf_counter()
+    toolrl = ToolrlRunner(total)
+    print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.model_dir} "
+          f"({sum(p.numel() for p in toolrl.run.model.parameters()) / 1e6:.2f} M params)")
+
+    class Interleave(TrainerCallback):
+        """Times TRL's steps end to end and runs one toolrl step after each, outside TRL's timing."""
+
+        def __init__(self) -> None:
+            self.trl_steps: list[float] = []
+            self.trl_cpu: list[float] = []
+            self.mark = self.cpu_mark = 0.0
+
+        def on_train_begin(self, *a: Any, **k: Any) -> None:
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            self.trl_steps.append(time.perf_counter() - self.mark)
+            self.trl_cpu.append(time.process_time() - self.cpu_mark)
+            toolrl.step()
+            single_thread()  # nothing may have changed it, but make sure both keep one thread
+            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+
+    interleave = Interleave()
+    with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as out:
+        t = time.perf_counter()
+        trainer = trl_trainer(toolrl.run.model_dir, total, out, interleave)
+        trainer.remove_callback(PrinterCallback)  # it prints the final metrics dict
+        print(f"TRL GRPOTrainer built in {time.perf_counter() - t:.1f} s")
+        trl_generate: list[float] = []
+        inner = trainer._generate_and_score_completions
+
+        def timed_generate(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                trl_generate.append(time.perf_counter() - t0)
+
+        trainer._generate_and_score_completions = timed_generate
+        trainer.train()
+        trl_metrics = trainer._metrics["train"]
+    toolrl.close()
+
+    tr, tt, tc = toolrl.records[1:], interleave.trl_steps[1:], interleave.trl_cpu[1:]
+    trl_gen = trl_generate[1:]
+    trl_calls = trl_metrics.get("tools/call_frequency", [])
+    trl_len = trl_metrics.get("completions/mean_length", [])
+    rows = [[i + 1, t["step_s"], t["cpu_s"], t["generate_s"], t["train_s"], t["tool_calls"], t["completion_len"],
+             s, c, g, s - g, trl_calls[i + 1] * BATCH_PROMPTS * GROUP if i + 1 < len(trl_calls) else "",
+             trl_len[i + 1] if i + 1 < len(trl_len) else ""]
+            for i, (t, s, c, g) in enumerate(zip(tr, tt, tc, trl_gen))]
+    print("\nper step (wall s unless marked cpu; 'gen' is rollout/generation incl. tools and rewards)")
+    print(table(["step", "toolrl", "cpu", "gen", "train", "calls", "resp len",
+                 "TRL", "cpu", "gen", "train", "calls", "resp len"], rows))
+    ours, theirs = median([t["step_s"] for t in tr]), median(tt)
+    print(f"\nprompt tokens: toolrl {tr[0]['prompt_len']:.0f}; warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "
+          f"TRL {interleave.trl_steps[0]:.2f} s")
+    ours_cpu, theirs_cpu = median([t["cpu_s"] for t in tr]), median(tc)
+    print(table(["framework", "median s/step", "median cpu s/step", "median gen s", "median train s", "steps"], [
+        ["toolrl", ours, ours_cpu, median([t["generate_s"] for t in tr]), median([t["train_s"] for t in tr]), len(tr)],
+        ["TRL 1.16 GRPOTrainer", theirs, theirs_cpu, median(trl_gen), median([s - g for s, g in zip(tt, trl_gen)]),
+         len(tt)],
+    ]))
+    ratio = ours / theirs
+    print(f"\ntoolrl / TRL step time = {ratio:.3f} wall, {ours_cpu / theirs_cpu:.3f} cpu  (goal <= 0.5: "
+          f"{'met' if ratio <= 0.5 else 'MISSED'}; TRL's anchor on these machines: 14.6 s/step, tool-primed model)")
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""The embedded sandbox: SandboxFusion result semantics, isolation properties, one process per run."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+
+import pytest
+from conftest import IS_ROOT, requires_bwrap
+from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig, SandboxLimits
+from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
+
+
+def run(sb: EmbeddedSandbox, code: str, **kw):
+    return sb.run(RunCodeRequest(code=code, language=kw.pop("language", "python"), **kw))
+
+
+def test_print_succeeds(sandbox):
+    r = run(sandbox, "print(1+1)")
+    assert r.status == RunStatus.Success and r.message == ""
+    assert r.run_result.status == CommandRunStatus.Finished
+    assert (r.run_result.stdout, r.run_result.stderr, r.run_result.return_code) == ("2\n", "", 0)
+    assert 0 < r.run_result.execution_time < 5
+
+
+def test_exit_codes_and_tracebacks(sandbox):
+    r = run(sandbox, "import sys\nprint('partial')\nsys.exit(3)")
+    assert (r.status, r.run_result.return_code, r.run_result.stdout) == (RunStatus.Failed, 3, "partial\n")
+    r = run(sandbox, "def f():\n    return 1/0\nf()")
+    assert r.status == RunStatus.Failed and r.run_result.return_code == 1
+    # The model sees its own frames with source lines, not the sandbox's bootstrap.
+    assert 'File "main.py", line 3, in <module>' in r.run_result.stderr
+    assert "return 1/0" in r.run_result.stderr and "ZeroDivisionError" in r.run_result.stderr
+    assert "bootstrap" not in r.run_result.stderr and "<string>" not in r.run_result.stderr
+    r = run(sandbox, "print(")
+    assert r.run_result.return_code == 1 and "SyntaxError" in r.run_result.stderr
+    assert r.run_result.stderr.lstrip().startswith('File "main.py", line 1')
+
+
+def test_interpreter_exit_semantics(sandbox):
+    # The sandbox exits without interpreter teardown; what a program can observe of it must remain.
+    r = run(sandbox, "import atexit\natexit.register(print, 'bye')\nprint('hi')")
+    assert r.run_result.stdout == "hi\nbye\n"
+    r = run(sandbox, "import threading, time\ndef work():\n    time.sleep(0.2)\n    print('thread done')\n"
+                     "threading.Thread(target=work).start()")
+    assert r.run_result.stdout == "thread done\n"
+    r = run(sandbox, "import sys\nsys.exit('fatal: bad input')")
+    assert (r.run_result.return_code, r.run_result.stderr) == (1, "fatal: bad input\n")
+    r = run(sandbox, "import os\nprint('unflushed', end='')\nos._exit(4)")  # no report: the exit status counts
+    assert r.run_result.return_code == 4 and r.status == RunStatus.Failed
+    r = run(sandbox, "import sys\nsys.stdout.write('x' * 300000)")  # more than a pipe holds, then exit
+    assert len(r.run_result.stdout) == 300000
+
+
+def test_main_module_semantics(sandbox):
+    code = "import sys\nprint(__name__, __file__, sys.argv)\nif __name__ == '__main__':\n    print('main')"
+    r = run(sandbox, code, args=["a", "b"])
+    assert r.run_result.stdout == "__main__ main.py ['main.py', 'a', 'b']\nmain\n"
+
+
+def test_stdin_files_and_fetch_files(sandbox):
+    code = ("import sys\ndata = open('in/data.txt').read()\nline = sys.stdin.readline().strip()\n"
+            "f = open('out.txt', 'w')\nf.write(data.upper() + line)\n")  # left open: flushed before fetch
+    r = run(sandbox, code, stdin="from-stdin\n", files={"in/data.txt": base64.b64encode(b"abc").decode()},
+            fetch_files=["out.txt", "absent.txt"])
+    assert r.status == RunStatus.Success, r.run_result.stderr
+    assert base64.b64decode(r.files["out.txt"]) == b"ABCfrom-stdin"
+    assert "absent.txt" not in r.files
+
+
+def test_bash_and_unsupported_languages(sandbox):
+    r = run(sandbox, "echo $((6*7)); echo err >&2; exit 5", language="bash")
+    assert (r.status, r.run_result.return_code, r.run_result.stdout, r.run_result.stderr) == (
+        RunStatus.Failed, 5, "42\n", "err\n")
+    r = run(sandbox, "int main(){}", language="cpp")
+    assert r.status == RunStatus.SandboxError and "not supported" in r.message and r.run_result is None
+
+
+def test_paths_escaping_the_working_folder_are_refused(sandbox):
+    for field in ({"files": {"../x": ""}}, {"fetch_files": ["/etc/passwd"]}):
+        r = run(sandbox, "print(1)", **field)
+        assert r.status == RunStatus.SandboxError and "relative" in r.message
+
+
+def test_wall_time_limit_is_reported_as_time_limit_exceeded(sandbox):
+    r = run(sandbox, "print('started', flush=True)\nwhile True: pass", run_timeout=1)
+    assert r.status == RunStatus.Failed
+    assert r.run_result.status == CommandRunStatus.TimeLimitExceeded and r.run_result.return_code is None
+    assert 0.9 < r.run_result.execution_time < 3
+    assert r.run_result.stdout == "started\n"  # output before the kill is kept
+    assert "time limit of 1 s exceeded" in r.message
+
+
+def test_sleeping_past_the_limit_is_killed_too(sandbox):
+    r = run(sandbox, "import time; time.sleep(30)", run_timeout=0.5)
+    assert r.run_result.status == CommandRunStatus.TimeLimitExceeded and r.run_result.execution_time < 3
+
+
+def test_memory_limit_from_the_request(sandbox):
+    code = "x = bytearray(300 * 1024 * 1024)\nprint(len(x))"
+    small = run(sandbox, code, memory_limit_MB=100)
+    assert small.status == RunStatus.Failed and "MemoryError" in small.run_result.stderr
+    assert "memory limit of 100 MB exceeded" in small.message
+    big = run(sandbox, code, memory_limit_MB=1000)
+    assert big.status == RunStatus.Success and big.run_result.stdout == f"{300 * 1024 * 1024}\n"
+
+
+def test_output_cap_kills_the_run():
+    config = SandboxConfig(pool_size=1, limits=SandboxLimits(max_output_bytes=100_000))
+    with EmbeddedSandbox(config) as sb:
+        r = run(sb, "while True: print('x' * 1000)", run_timeout=20)
+    assert r.status == RunStatus.Failed and "output limit of 100000 bytes exceeded" in r.message
+    assert r.run_result.execution_time < 5
+    assert len(r.run_result.stdout) == 100_000
+
+
+def test_a_process_is_never_reused(sandbox):
+    # A run that poisons its interpreter and its files; the next run must see none of it.
+    poison = ("import builtins, os, sys\nbuiltins.print = None\nsys.modules['json'] = None\n"
+              "os.environ['LEAK'] = '1'\nopen('leak.txt', 'w').write('x')\nopen('/tmp/leak', 'w').write('x')")
+    assert run(sandbox, poison).status == RunStatus.Success
+    r = run(sandbox, "import json, os\nprint(os.environ.get('LEAK'), os.path.exists('leak.txt'), "
+                     "os.path.exists('/tmp/leak'), json.dumps(1))")
+    assert r.run_result.stdout == "None False False 1\n"
+
+
+def test_sandbox_identity_and_environment(sandbox):
+    code = ("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\nprint(sorted(os.environ))\n"
+            "print(os.getcwd() == os.environ['HOME'])")
+    r = run(sandbox, code)
+    uid_line, env_line, home_line = r.run_result.stdout.splitlines()
+    assert uid_line == "65534 65534 []"
+    assert set(eval(env_line)) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PWD"}
+    assert home_line == "True"
+
+
+async def test_concurrent_runs(sandbox):
+    codes = [f"import time; time.sleep(0.2); print({i} * 2)" for i in range(8)]
+    results = await asyncio.gather(*(sandbox.arun(RunCodeRequest(code=c, language="python")) for c in codes))
+    assert [r.run_result.stdout for r in results] == [f"{i * 2}\n" for i in range(8)]
+
+
+def test_pool_reports_why_sandboxes_cannot_start(tmp_path):
+    missing = tmp_path / "python-that-does-not-start"
+    missing.write_text("#!/bin/sh\necho cannot start >&2\nexit 3\n")
+    missing.chmod(0o755)
+    config = SandboxConfig(isolation="unshare", pool_size=1, interpreter=str(missing), start_timeout=10)
+    with EmbeddedSandbox(config) as sb:
+        r = run(sb, "print(1)")
+    assert r.status == RunStatus.SandboxError
+    assert "sandbox unavailable" in r.message and "cannot start" in r.message
+
+
+def test_forked_child_gets_its_own_pool(sandbox):
+    assert run(sandbox, "print(1)").status == RunStatus.Success
+    pid = os.fork()
+    if pid == 0:  # the parent's pooled processes are not the child's children: it must start its own
+        try:
+            ok = run(sandbox, "print(7)").run_result.stdout == "7\n"
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert run(sandbox, "print(2)").run_result.stdout == "2\n"
+
+
+@requires_bwrap
+def test_bwrap_sees_only_usr_and_its_own_tmpfs(sandbox):
+    assert sandbox.mode == "bwrap"
+    r = run(sandbox, "import os\nprint(sorted(os.listdir('/')))\nprint(os.getcwd())\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    root, cwd, pids = r.run_result.stdout.splitlines()
+    assert set(eval(root)) <= {"bin", "dev", "lib", "lib64", "proc", "sandbox", "sbin", "tmp", "usr"}
+    assert cwd == "/sandbox"
+    assert pids == "[1, 2]"  # its own PID namespace: bubblewrap's init and the program
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the fallback drops to uid 65534 only when started as root")
+def test_unshare_fallback_runs_code():
+    with EmbeddedSandbox(SandboxConfig(isolation="unshare", pool_size=1)) as sb:
+        r = run(sb, "import os\nprint(os.getuid(), os.getcwd())")
+        assert sb.mode == "unshare"
+    assert r.run_result.stdout == "65534 /tmp\n"
+
+
+def test_auto_mode_without_bubblewrap_warns_and_falls_back(monkeypatch, tmp_path, caplog):
+    from toolrl_sandbox_fusion.embedded import launch
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    launch._probe_bwrap.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert launch.choose_mode("auto", "/usr/bin/python3") == "unshare"
+        with pytest.raises(RuntimeError, match="bubblewrap is not installed"):
+            launch.choose_mode("bwrap", "/usr/bin/python3")
+    finally:
+        launch._probe_bwrap.cache_clear()
+    assert "bubblewrap is not installed" in caplog.text and "weaker 'unshare' fallback" in caplog.text

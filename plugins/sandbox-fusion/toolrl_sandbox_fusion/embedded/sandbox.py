@@ -1,0 +1,354 @@
+"""The embedded sandbox: runs a :class:`RunCodeRequest` in a fresh isolated process, no server needed.
+
+Each run takes one pre-started process from the pool, sends it the request, collects stdout, stderr
+and fetched files (capped), and enforces the wall-clock limit with a process-group kill. Results
+use SandboxFusion's shapes and status rules, so the tool and ``toolrl sandbox serve`` treat this
+and a real SandboxFusion server alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import marshal
+import math
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Literal
+
+from toolrl_sandbox_fusion.embedded.launch import (
+    IsolationMode,
+    SandboxLimits,
+    build_command,
+    choose_mode,
+    find_interpreter,
+    sandbox_env,
+)
+from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess, SandboxStartError
+from toolrl_sandbox_fusion.models import (
+    CommandRunResult,
+    CommandRunStatus,
+    RunCodeRequest,
+    RunCodeResponse,
+    overall_status,
+)
+
+SUPPORTED_LANGUAGES = ("python", "bash")
+_SIGNAL_NOTES = {
+    signal.SIGXCPU: "CPU time limit exceeded (SIGXCPU)",
+    signal.SIGXFSZ: "file size limit exceeded (SIGXFSZ)",
+    signal.SIGKILL: "killed (SIGKILL)",
+    signal.SIGSEGV: "segmentation fault (SIGSEGV)",
+    signal.SIGABRT: "aborted (SIGABRT)",
+}
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    isolation: Literal["auto", "bwrap", "unshare"] = "auto"
+    max_concurrency: int = 8  # runs at once; more wait for a worker thread
+    pool_size: int = 4  # processes kept started and waiting
+    interpreter: str | None = None  # default: /usr/bin/python3, else this interpreter's real path
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    start_timeout: float = 30.0
+
+
+class _NotStarted(Exception):
+    """The pooled process was gone before it took the request; another one is tried."""
+
+
+class EmbeddedSandbox:
+    """Thread-safe; :meth:`run` blocks, :meth:`arun` runs it on the sandbox's worker threads. The
+    pool starts on first use and is rebuilt in a forked child (the parent's processes are not ours)."""
+
+    def __init__(self, config: SandboxConfig | None = None) -> None:
+        self.config = config or SandboxConfig()
+        self._lock = threading.Lock()
+        self._pool: ProcessPool | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._owner_pid = 0
+        self._mode: IsolationMode | None = None
+        self.interpreter = find_interpreter(self.config.interpreter)
+        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [None, None])
+
+    @property
+    def mode(self) -> IsolationMode:
+        if self._mode is None:
+            self._mode = choose_mode(self.config.isolation, self.interpreter)
+        return self._mode
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the pool now instead of on the first run."""
+        self._ensure_started()
+
+    def _ensure_started(self) -> tuple[ProcessPool, ThreadPoolExecutor]:
+        with self._lock:
+            if self._pool is None or self._owner_pid != os.getpid():
+                mode = self.mode
+                limits = self.config.limits
+
+                def spawn() -> SandboxProcess:
+                    read_fd, write_fd = os.pipe()
+                    try:
+                        proc = subprocess.Popen(
+                            build_command(mode, self.interpreter, limits, write_fd),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            pass_fds=(write_fd,), env=sandbox_env(mode), cwd="/", start_new_session=True,
+                        )
+                    except BaseException:
+                        os.close(read_fd)
+                        raise
+                    finally:
+                        os.close(write_fd)
+                    return SandboxProcess(proc, read_fd)
+
+                self._pool = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
+                self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
+                self._owner_pid = os.getpid()
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pool, self._executor])
+            assert self._executor is not None
+            return self._pool, self._executor
+
+    @staticmethod
+    def _shutdown(parts: list) -> None:
+        pool, executor = parts
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._owner_pid == os.getpid():
+                self._finalizer()
+            else:
+                self._finalizer.detach()
+            self._pool = self._executor = None
+
+    def __enter__(self) -> EmbeddedSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running ----------------------------------------------------------------------------------
+
+    async def arun(self, request: RunCodeRequest) -> RunCodeResponse:
+        _, executor = self._ensure_started()
+        return await asyncio.get_running_loop().run_in_executor(executor, self.run, request)
+
+    def run(self, request: RunCodeRequest) -> RunCodeResponse:
+        if request.language not in SUPPORTED_LANGUAGES:
+            return RunCodeResponse.sandbox_error(
+                f"language {request.language!r} is not supported by the embedded sandbox "
+                f"(supported: {', '.join(SUPPORTED_LANGUAGES)})"
+            )
+        for path in [*request.files, *request.fetch_files]:
+            if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
+                return RunCodeResponse.sandbox_error(f"file path {path!r} must be relative, without '..'")
+        try:
+            pool, _ = self._ensure_started()
+            for _ in range(3):
+                sp = pool.take(self.config.start_timeout)
+                try:
+                    return self._execute(sp, request)
+                except _NotStarted:
+                    continue
+                finally:
+                    pool.done(sp)
+        except (SandboxStartError, RuntimeError) as exc:
+            return RunCodeResponse.sandbox_error(f"sandbox unavailable: {exc}")
+        return RunCodeResponse.sandbox_error("sandbox processes kept dying before running the code")
+
+    def _limits(self, request: RunCodeRequest) -> dict[str, list[int]]:
+        lim = self.config.limits
+        memory_mb = lim.default_memory_mb if request.memory_limit_MB <= 0 else min(
+            request.memory_limit_MB, lim.max_memory_mb)
+        cpu = max(1, math.ceil(request.run_timeout))
+        return {
+            "AS": [memory_mb << 20] * 2,
+            # The wall-clock kill is the limit; the CPU limit backs it up if that kill were missed.
+            "CPU": [cpu + 1, cpu + 2],
+            "NPROC": [lim.max_processes] * 2,
+            "FSIZE": [lim.max_file_mb << 20] * 2,
+            "NOFILE": [lim.max_open_files] * 2,
+            "CORE": [0, 0],
+        }
+
+    def _execute(self, sp: SandboxProcess, request: RunCodeRequest) -> RunCodeResponse:
+        lim = self.config.limits
+        # marshal: the bootstrap reads it without importing anything (version 4: Python 3.4+).
+        header = marshal.dumps({
+            "code": request.code, "language": request.language, "args": list(request.args),
+            "files": dict(request.files), "fetch_files": list(request.fetch_files),
+            "limits": self._limits(request), "max_fetch_bytes": lim.max_fetch_bytes,
+        }, 4)
+        payload = b"%010d" % len(header) + header + (request.stdin or "").encode()
+        proc = sp.proc
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        fds = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "control": sp.control}
+        chunks: dict[str, list[bytes]] = {name: [] for name in fds}
+        by_fd = {fd: name for name, fd in fds.items()}
+        stdin_fd: int | None = proc.stdin.fileno()
+        for fd in [*fds.values(), stdin_fd]:
+            os.set_blocking(fd, False)
+        poller = select.poll()
+        for fd in fds.values():
+            poller.register(fd, select.POLLIN)
+        poller.register(stdin_fd, select.POLLOUT)
+        pidfd = os.pidfd_open(proc.pid)
+        poller.register(pidfd, select.POLLIN)
+        control = _ControlFrames()
+
+        def read(fd: int) -> bool:
+            """Read what is there; False at end of stream."""
+            nonlocal output, killed, drain_until
+            data = os.read(fd, 65536)
+            if not data:
+                poller.unregister(fd)
+                del by_fd[fd]
+                return False
+            name = by_fd[fd]
+            if name == "control":
+                control.feed(data)
+                if control.size > 2 * lim.max_fetch_bytes:
+                    poller.unregister(fd)
+                    del by_fd[fd]
+                return True
+            room = lim.max_output_bytes - output
+            if room > 0:  # beyond the cap, output is read (so the writer is not stuck) and dropped
+                chunks[name].append(data[:room])
+            output += len(data)
+            if output > lim.max_output_bytes and killed is None:
+                sp.kill()
+                killed, drain_until = "output", time.monotonic() + 1.0
+            return True
+
+        start = time.monotonic()
+        deadline = start + request.run_timeout
+        drain_until: float | None = None  # set once the process is gone or killed
+        sent = output = 0
+        killed: str | None = None
+        ended: float | None = None
+        try:
+            # Until the program reports its exit code (all its output is then in the pipes) or the
+            # process is gone and its pipes drained. A program that closes its stdout and keeps
+            # running is still running.
+            while control.exit_code is None and (by_fd or stdin_fd is not None or ended is None):
+                now = time.monotonic()
+                if drain_until is None and now >= deadline:
+                    sp.kill()
+                    killed, drain_until = "timeout", now + 1.0
+                if drain_until is not None and now >= drain_until:
+                    break  # a process outside our reach still holds a pipe: stop waiting for it
+                limit = (drain_until if drain_until is not None else deadline) - now
+                for fd, _ in poller.poll(max(1, int(limit * 1000) + 1)):
+                    if fd == pidfd:
+                        poller.unregister(pidfd)
+                        ended = time.monotonic()
+                        # Like the end of bubblewrap's PID namespace: nothing outlives the program.
+                        sp.kill()
+                        drain_until = min(drain_until or math.inf, ended + 0.5)
+                    elif fd == stdin_fd:
+                        try:
+                            sent += os.write(stdin_fd, payload[sent:sent + 65536])
+                        except (BrokenPipeError, ConnectionResetError):
+                            if sent == 0:
+                                raise _NotStarted from None
+                            sent = len(payload)  # the program stopped reading its stdin
+                        if sent >= len(payload):
+                            poller.unregister(stdin_fd)
+                            proc.stdin.close()
+                            stdin_fd = None
+                    elif fd in by_fd:
+                        read(fd)
+            if control.exit_code is not None:
+                ended = time.monotonic()
+                for fd in [fd for fd, name in by_fd.items() if name != "control"]:
+                    try:
+                        while read(fd):
+                            pass
+                    except BlockingIOError:
+                        pass  # drained: the program flushed before it reported
+            elif stdin_fd is not None and sent == 0 and proc.poll() is not None:
+                raise _NotStarted
+        finally:
+            os.close(pidfd)
+        returncode = control.exit_code
+        if returncode is None:
+            sp.kill()
+            returncode = proc.wait(timeout=5)
+            if returncode < 0:  # the fallback's direct child; bubblewrap already reports 128 + signal
+                returncode = 128 - returncode
+        elapsed = (ended or time.monotonic()) - start
+        return self._response(request, chunks, control.files, returncode, killed, elapsed)
+
+    def _response(self, request: RunCodeRequest, chunks: dict[str, list[bytes]], files: dict[str, str],
+                  returncode: int, killed: str | None, elapsed: float) -> RunCodeResponse:
+        lim = self.config.limits
+        stdout = b"".join(chunks["stdout"]).decode(errors="replace")
+        stderr = b"".join(chunks["stderr"]).decode(errors="replace")
+        message = ""
+        if killed == "timeout":
+            run = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed,
+                                   return_code=None, stdout=stdout, stderr=stderr)
+            message = f"time limit of {request.run_timeout:g} s exceeded; the process was killed"
+        else:
+            if killed == "output":
+                returncode = 128 + signal.SIGKILL
+                message = f"output limit of {lim.max_output_bytes} bytes exceeded; the process was killed"
+            elif returncode > 128 and (returncode - 128) in _SIGNAL_NOTES:
+                message = _SIGNAL_NOTES[signal.Signals(returncode - 128)]
+            elif returncode != 0 and "MemoryError" in stderr[-2000:]:
+                memory = self._limits(request)["AS"][0] >> 20
+                message = f"memory limit of {memory} MB exceeded (MemoryError)"
+            run = CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
+                                   return_code=returncode, stdout=stdout, stderr=stderr)
+        return RunCodeResponse(status=overall_status(run), message=message, run_result=run,
+                               files=files if request.fetch_files else {})
+
+
+class _ControlFrames:
+    """Parses the control stream after the ready byte: "F" fetched files (JSON), "X" the exit code.
+    The program could write here too; malformed frames end the parsing, never the launcher."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.size = 0
+        self.files: dict[str, str] = {}
+        self.exit_code: int | None = None
+        self._broken = False
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self._broken:
+            return
+        self.buffer += data
+        while len(self.buffer) >= 11:
+            kind, length = self.buffer[:1], self.buffer[1:11]
+            if not length.isdigit():
+                self._broken = True
+                return
+            end = 11 + int(length)
+            if len(self.buffer) < end:
+                return
+            body, self.buffer = self.buffer[11:end], self.buffer[end:]
+            try:
+                if kind == b"F":
+                    found = json.loads(body)
+                    self.files = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+                elif kind == b"X":
+                    self.exit_code = int(body)
+            except (ValueError, AttributeError):
+                self._broken = True
+                return
