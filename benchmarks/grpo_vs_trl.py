@@ -15,17 +15,19 @@ loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, too
 (toolrl's runs in TRL's ``on_step_end`` callback, outside TRL's timing) — so load from other
 processes on the machine hits both alike. The first step of each is a warm-up and is not counted.
 
-A random model never writes a tool call, in either framework: this compares the step as-is, with
-the calculator schema in every prompt (prompts of ~300 tokens, responses of 64), and the tool-call
-counts are printed.
+A random model never writes a tool call, in either framework. By default the step is compared
+as-is: the calculator schema in every prompt (~290 tokens), 64 sampled tokens per response, no
+calls. ``--prime K`` first teaches the model the call format with K SFT steps (cached on disk) so
+that both tool loops run; the per-step tool-call rate of each framework is printed.
 
-    OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps N]
+    OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps N] [--prime 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 import tempfile
@@ -46,6 +48,12 @@ BATCH_PROMPTS, GROUP, MAX_COMPLETION, LR, SEED = 2, 4, 64, 1e-5, 0
 _INT = re.compile(r"-?\d+")
 
 
+def cpu_since(start: os.times_result) -> dict[str, float]:
+    """Process CPU seconds (all threads) since ``start``: total and the kernel's share."""
+    now = os.times()
+    return {"cpu_s": (now.user - start.user) + (now.system - start.system), "sys_s": now.system - start.system}
+
+
 def reward(text: str, ground_truth: str) -> float:
     """1 if the last integer in the response is the answer, plus 0.1 · the share of digits in it."""
     numbers = _INT.findall(text.replace(",", ""))
@@ -53,11 +61,11 @@ def reward(text: str, ground_truth: str) -> float:
     return exact + 0.1 * (sum(c.isdigit() for c in text) / len(text) if text else 0.0)
 
 
-def toolrl_config(steps: int) -> Any:
+def toolrl_config(steps: int, model_dir: str) -> Any:
     from toolrl.config import load_config
 
     return load_config(None, data={
-        "model": {"source": "tiny-qwen3", "tokenizer": "qwen3"},
+        "model": {"source": model_dir},
         "data": {"synthetic": {"kind": "arithmetic", "num_samples": 64, "seed": SEED},
                  "batch_size": BATCH_PROMPTS, "shuffle": False},
         "engine": {"name": "transformers", "max_batch_size": 32},
@@ -73,11 +81,11 @@ def toolrl_config(steps: int) -> Any:
 class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, model_dir: str) -> None:
         from toolrl.trainer import compose
 
         self.loop = asyncio.new_event_loop()
-        self.config = toolrl_config(steps)
+        self.config = toolrl_config(steps, model_dir)
         self.run = self.loop.run_until_complete(compose(self.config))
         self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         self.optimizer = torch.optim.AdamW(self.run.model.parameters(), lr=LR, betas=self.config.optim.betas,
@@ -92,7 +100,7 @@ class ToolrlRunner:
         from toolrl.trainer import batch_for_step
 
         cfg, run, step = self.config, self.run, self.step_index
-        c0, t0 = time.process_time(), time.perf_counter()
+        c0, t0 = os.times(), time.perf_counter()
         prompts = batch_for_step(run.samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         run.model.eval()
         trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
@@ -103,8 +111,8 @@ class ToolrlRunner:
                                 max_response_tokens=cfg.rollout.max_response_tokens)
         run.engine.update_weights(run.model.state_dict())
         t2 = time.perf_counter()
-        return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, "cpu_s": time.process_time() - c0,
-                "tool_calls": sum(len(t.tool_results) for t in trajs),
+        return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, **cpu_since(c0),
+                "calls": sum(len(t.tool_results) for t in trajs) / len(trajs),
                 "completion_len": sum(len(t.response_ids) for t in trajs) / len(trajs),
                 "prompt_len": sum(len(t.prompt_ids) for t in trajs) / len(trajs),
                 "reward": sum(t.reward for t in trajs) / len(trajs)}
@@ -118,6 +126,67 @@ class ToolrlRunner:
 
         self.loop.run_until_complete(_close(self.run))
         self.loop.close()
+
+
+def primed_model(base_dir: str, steps: int, lr: float = 5e-3) -> str:
+    """The tiny model after a short SFT on calculator conversations (call, then ``The answer is N.``),
+    so that both frameworks run their tool loops. Built once and cached next to the base model.
+
+    The SFT sequences are what toolrl's rollout would produce (prompt, model tokens, the chat
+    template's tool-result delta, model tokens); TRL's tool loop appends the same template delta.
+    The loss is cross-entropy on the model tokens, computed with ``toolrl.grpo.response_logprobs``."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from toolrl.chat import ChatRenderer
+    from toolrl.config import SyntheticData
+    from toolrl.data import arithmetic_samples
+    from toolrl.grpo import build_batch, response_logprobs
+    from toolrl.models import load_model, load_tokenizer
+    from toolrl.rollout import Trajectory
+    from toolrl_calculator.evaluate import evaluate, format_number
+    from toolrl_calculator.tool import CalculatorTool
+
+    final = Path(base_dir).with_name(f"{Path(base_dir).name}-toolprimed-{steps}-{lr:g}")
+    if (final / "model.safetensors").exists():
+        return str(final)
+    print(f"priming the model for tool calls ({steps} SFT steps, cached in {final}) ...", flush=True)
+    t0 = time.perf_counter()
+    tokenizer, model = load_tokenizer(base_dir), load_model(base_dir)
+    renderer = ChatRenderer(tokenizer, [CalculatorTool.schema])
+    examples = []
+    for s in arithmetic_samples(SyntheticData(num_samples=256, seed=SEED + 1)):  # not the benchmark's prompts
+        expression = s.prompt[0].content.split("What is ", 1)[1].split("?", 1)[0]
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        first = renderer.text_ids(f"<tool_call>\n{call}\n</tool_call>") + [renderer.eos_id]
+        delta = renderer.tool_delta([renderer.tool_message(format_number(evaluate(expression)), "calculator")])
+        second = renderer.text_ids(f"The answer is {s.ground_truth}.") + [renderer.eos_id]
+        examples.append(Trajectory(
+            trajectory_id=str(s.index), sample_index=s.index or 0, group=0,
+            prompt_ids=renderer.prompt_ids([m.to_template() for m in s.prompt]), response_ids=first + delta + second,
+            response_mask=[1] * len(first) + [0] * len(delta) + [1] * len(second),
+            logprobs=[0.0] * (len(first) + len(delta) + len(second))))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    size = BATCH_PROMPTS * GROUP
+    for step in range(steps):
+        chunk = [examples[(step * size + i) % len(examples)] for i in range(size)]
+        batch = build_batch(chunk, [0.0] * size, tokenizer.pad_token_id)
+        loss = -(response_logprobs(model, batch) * batch.response_mask).sum() / batch.response_mask.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    tmp = final.with_name(f".{final.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    try:
+        os.rename(tmp, final)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"primed in {time.perf_counter() - t0:.0f} s (final SFT loss {float(loss):.3f})")
+    return str(final)
 
 
 def calculator_function() -> Any:
@@ -141,11 +210,10 @@ def calculator_function() -> Any:
 
 def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     from toolrl.config import SyntheticData
     from toolrl.data import arithmetic_samples
     from toolrl.models import load_model, load_tokenizer
+    from trl import GRPOConfig, GRPOTrainer
 
     samples = arithmetic_samples(SyntheticData(num_samples=64, seed=SEED))
     dataset = Dataset.from_list([{"prompt": [m.to_template() for m in s.prompt], "answer": s.ground_truth}
@@ -174,6 +242,8 @@ def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps per framework (after one warm-up step)")
+    ap.add_argument("--prime", type=int, default=0, metavar="SFT_STEPS",
+                    help="first prime the model for tool calls with this many SFT steps (cached; ~100 is enough)")
     args = ap.parse_args(argv)
     total = args.steps + 1
     warnings.filterwarnings("ignore")
@@ -183,8 +253,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     print(f"machine: {machine()} · torch threads {torch.get_num_threads()}")
 
+    from toolrl.models import tiny_qwen3
+
+    model_dir = tiny_qwen3()
+    if args.prime:
+        model_dir = primed_model(model_dir, args.prime)
     t_import = time.perf_counter()
-    toolrl = ToolrlRunner(total)
+    toolrl = ToolrlRunner(total, model_dir)
     print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.model_dir} "
           f"({sum(p.numel() for p in toolrl.run.model.parameters()) / 1e6:.2f} M params)")
 
@@ -193,18 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def __init__(self) -> None:
             self.trl_steps: list[float] = []
-            self.trl_cpu: list[float] = []
-            self.mark = self.cpu_mark = 0.0
+            self.trl_cpu: list[dict[str, float]] = []
+            self.mark, self.cpu_mark = 0.0, os.times()
 
         def on_train_begin(self, *a: Any, **k: Any) -> None:
-            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+            self.mark, self.cpu_mark = time.perf_counter(), os.times()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             self.trl_steps.append(time.perf_counter() - self.mark)
-            self.trl_cpu.append(time.process_time() - self.cpu_mark)
+            self.trl_cpu.append(cpu_since(self.cpu_mark))
             toolrl.step()
             single_thread()  # nothing may have changed it, but make sure both keep one thread
-            self.mark, self.cpu_mark = time.perf_counter(), time.process_time()
+            self.mark, self.cpu_mark = time.perf_counter(), os.times()
 
     interleave = Interleave()
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as out:
@@ -212,40 +287,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = trl_trainer(toolrl.run.model_dir, total, out, interleave)
         trainer.remove_callback(PrinterCallback)  # it prints the final metrics dict
         print(f"TRL GRPOTrainer built in {time.perf_counter() - t:.1f} s")
-        trl_generate: list[float] = []
+        trl_generate: list[dict[str, float]] = []
         inner = trainer._generate_and_score_completions
 
         def timed_generate(*a: Any, **k: Any) -> Any:
             t0 = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                trl_generate.append(time.perf_counter() - t0)
+            out = inner(*a, **k)
+            metrics = trainer._metrics["train"]  # appended to by the call above, cleared only when logging
+            trl_generate.append({"generate_s": time.perf_counter() - t0,
+                                 "calls": metrics["tools/call_frequency"][-1],
+                                 "completion_len": metrics["completions/mean_length"][-1]})
+            return out
 
         trainer._generate_and_score_completions = timed_generate
+        prompt = trainer.train_dataset[0]["prompt"]
+        trl_prompt_len = len(trainer.processing_class.apply_chat_template(
+            prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True, return_dict=False))
         trainer.train()
-        trl_metrics = trainer._metrics["train"]
     toolrl.close()
 
-    tr, tt, tc = toolrl.records[1:], interleave.trl_steps[1:], interleave.trl_cpu[1:]
-    trl_gen = trl_generate[1:]
-    trl_calls = trl_metrics.get("tools/call_frequency", [])
-    trl_len = trl_metrics.get("completions/mean_length", [])
-    rows = [[i + 1, t["step_s"], t["cpu_s"], t["generate_s"], t["train_s"], t["tool_calls"], t["completion_len"],
-             s, c, g, s - g, trl_calls[i + 1] * BATCH_PROMPTS * GROUP if i + 1 < len(trl_calls) else "",
-             trl_len[i + 1] if i + 1 < len(trl_len) else ""]
-            for i, (t, s, c, g) in enumerate(zip(tr, tt, tc, trl_gen))]
+    tr, tt, tc, tg = toolrl.records[1:], interleave.trl_steps[1:], interleave.trl_cpu[1:], trl_generate[1:]
+    trl_gen = [g["generate_s"] for g in tg]
+    rows = [[i + 1, t["step_s"], t["cpu_s"], t["generate_s"], t["train_s"], t["calls"], t["completion_len"],
+             s, c["cpu_s"], g["generate_s"], s - g["generate_s"], g["calls"], g["completion_len"]]
+            for i, (t, s, c, g) in enumerate(zip(tr, tt, tc, tg))]
     print("\nper step (wall s unless marked cpu; 'gen' is rollout/generation incl. tools and rewards)")
-    print(table(["step", "toolrl", "cpu", "gen", "train", "calls", "resp len",
-                 "TRL", "cpu", "gen", "train", "calls", "resp len"], rows))
+    print(table(["step", "toolrl", "cpu", "gen", "train", "calls/resp", "resp len",
+                 "TRL", "cpu", "gen", "train", "calls/resp", "resp len"], rows))
     ours, theirs = median([t["step_s"] for t in tr]), median(tt)
-    print(f"\nprompt tokens: toolrl {tr[0]['prompt_len']:.0f}; warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "
+    print(f"\nmodel: {model_dir}; prompt tokens: toolrl {tr[0]['prompt_len']:.0f}, TRL {trl_prompt_len}; warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "
           f"TRL {interleave.trl_steps[0]:.2f} s")
-    ours_cpu, theirs_cpu = median([t["cpu_s"] for t in tr]), median(tc)
-    print(table(["framework", "median s/step", "median cpu s/step", "median gen s", "median train s", "steps"], [
-        ["toolrl", ours, ours_cpu, median([t["generate_s"] for t in tr]), median([t["train_s"] for t in tr]), len(tr)],
-        ["TRL 1.16 GRPOTrainer", theirs, theirs_cpu, median(trl_gen), median([s - g for s, g in zip(tt, trl_gen)]),
-         len(tt)],
+    ours_cpu, theirs_cpu = median([t["cpu_s"] for t in tr]), median([c["cpu_s"] for c in tc])
+    print(table(["framework", "median s/step", "cpu s/step", "of which sys", "gen s", "train s", "steps"], [
+        ["toolrl", ours, ours_cpu, median([t["sys_s"] for t in tr]), median([t["generate_s"] for t in tr]),
+         median([t["train_s"] for t in tr]), len(tr)],
+        ["TRL 1.16 GRPOTrainer", theirs, theirs_cpu, median([c["sys_s"] for c in tc]), median(trl_gen),
+         median([s - g for s, g in zip(tt, trl_gen)]), len(tt)],
     ]))
     ratio = ours / theirs
     print(f"\ntoolrl / TRL step time = {ratio:.3f} wall, {ours_cpu / theirs_cpu:.3f} cpu  (goal <= 0.5: "

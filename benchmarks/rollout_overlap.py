@@ -46,7 +46,7 @@ from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParam
 from toolrl.models import qwen_tokenizer  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
 from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts  # noqa: E402
-from toolrl.schemas import Sample, ToolResponse  # noqa: E402
+from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
 
 PROMPTS, N, TURNS = 16, 4, 3

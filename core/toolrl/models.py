@@ -71,7 +71,7 @@ QWEN3_ADDED: tuple[tuple[str, bool], ...] = QWEN2_5_ADDED + (
 QWEN_MODEL_VOCAB = 151936  # Embedding rows of real Qwen2.5/3 checkpoints (padded past the tokenizer).
 
 # Bump when the way a cached artefact is built changes, so stale caches are not reused.
-_FORMAT = 1
+_FORMAT = 2
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -42,8 +42,8 @@ class TransformersEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "transformers"
-    device: Literal["cpu", "cuda", "auto"] = "auto"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="Ignored for a shared module.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Ignored for a shared module.")
     max_batch_size: int = Field(32, ge=1, description="Most rows (samples) decoded together.")
     max_model_len: int | None = Field(None, ge=1, description="Prompt + generation cap; default: the model's.")
     reuse_kv_cache: bool = Field(True, description="Keep a trajectory's KV between turns (session_id).")
@@ -200,7 +200,6 @@ class TransformersEngine(RolloutEngine):
             raise ValueError(f"the transformers engine supports full-attention models only, got {set(layer_types)}")
         self.num_layers = text_config.num_hidden_layers
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
-        self.pad_id = 0
         self._rng = random.Random(config.seed)
         self._pending: list[_Request] = []
         self._batch = _Batch()
@@ -317,7 +316,7 @@ class TransformersEngine(RolloutEngine):
                 finished = await asyncio.to_thread(self._step, admitted, cancelled)
             except asyncio.CancelledError:
                 raise
-            except BaseException as exc:  # a failed step fails its requests, not the engine
+            except Exception as exc:  # a failed step fails its requests, not the engine
                 self._fail_batch(admitted, exc)
                 continue
             for req in finished:
@@ -422,7 +421,7 @@ class TransformersEngine(RolloutEngine):
         capacity = tc + dm + 64  # headroom for the first decode steps
         group = _Batch()
         group.mask = torch.zeros(b, capacity, dtype=torch.bool, device=self.device)
-        ids = torch.full((b, dm), self.pad_id, dtype=torch.long, device=self.device)
+        ids = torch.zeros(b, dm, dtype=torch.long, device=self.device)  # padding ids are masked out
         pos = torch.zeros(b, dm, dtype=torch.long, device=self.device)
         for i, (delta, p) in enumerate(zip(deltas, prefix)):
             group.mask[i, tc - p : tc] = True

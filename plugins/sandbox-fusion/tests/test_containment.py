@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_BWRAP, IS_ROOT
+from sandbox_support import HAVE_BWRAP, IS_ROOT
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
 from toolrl_sandbox_fusion.tool import outcome, render

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import IS_ROOT, requires_bwrap
+from sandbox_support import IS_ROOT, requires_bwrap
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig, SandboxLimits
+from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess
 from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
 
 
@@ -130,7 +134,8 @@ def test_sandbox_identity_and_environment(sandbox):
             "print(os.getcwd() == os.environ['HOME'])")
     r = run(sandbox, code)
     uid_line, env_line, home_line = r.run_result.stdout.splitlines()
-    assert uid_line == "65534 65534 []"
+    if sandbox.mode == "bwrap" or IS_ROOT:  # the non-root fallback keeps the caller's uid
+        assert uid_line == "65534 65534 []"
     assert set(eval(env_line)) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PWD"}
     assert home_line == "True"
 
@@ -197,3 +202,31 @@ def test_auto_mode_without_bubblewrap_warns_and_falls_back(monkeypatch, tmp_path
     finally:
         launch._probe_bwrap.cache_clear()
     assert "bubblewrap is not installed" in caplog.text and "weaker 'unshare' fallback" in caplog.text
+
+
+def test_pool_keeps_one_process_until_used_then_fills():
+    spawned = []
+
+    def spawn() -> SandboxProcess:  # a real, trivial "sandbox": ready byte, then wait for stdin
+        read_fd, write_fd = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), b'R'); sys.stdin.read()", str(write_fd)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
+            start_new_session=True)
+        os.close(write_fd)
+        spawned.append(proc)
+        return SandboxProcess(proc, read_fd)
+
+    pool = ProcessPool(spawn, size=4, refill_delay=0.01)
+    try:
+        time.sleep(1.0)
+        assert len(spawned) == 1  # a one-off user starts one process, not four
+        sp = pool.take(30)
+        pool.done(sp)
+        deadline = time.monotonic() + 30
+        while len(pool._ready) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._ready) == 4 and len(spawned) == 5  # never reused: the used one was replaced
+    finally:
+        pool.close()
+    assert all(p.poll() is not None for p in spawned)  # closing the pool ends every process

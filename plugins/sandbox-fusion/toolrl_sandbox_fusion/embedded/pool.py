@@ -37,9 +37,11 @@ class SandboxProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole process group. Under bubblewrap that takes the PID namespace down too:
-        its init dies with bwrap (--die-with-parent) and the kernel kills every process inside."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        its init dies with bwrap (--die-with-parent) and the kernel kills every process inside.
+        Never after the leader was reaped: its pid (the group id) could then belong to another."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def discard(self) -> None:
         self.kill()
@@ -68,12 +70,14 @@ class ProcessPool:
 
     Starting a process costs more CPU than a short run, so refills wait for a quiet moment (no run
     active and none finished within ``refill_delay``) as long as at least half the pool is ready or
-    starting; below that they start at once."""
+    starting; below that they start at once. Until the first ``take`` (or ``warm``) only one process
+    is kept, so a one-off use (``toolrl tool call``) starts one sandbox, not a pool."""
 
     def __init__(self, spawn: Callable[[], SandboxProcess], size: int, start_timeout: float = 30.0,
                  refill_delay: float = 0.05) -> None:
         self._spawn = spawn
         self.size = max(1, size)
+        self._target = 1
         self.start_timeout = start_timeout
         self.refill_delay = refill_delay
         self._active = 0
@@ -107,10 +111,17 @@ class ProcessPool:
                     raise SandboxStartError(f"no sandbox process became ready within {timeout:g} s")
                 self._cond.wait(remaining)
             sp = self._ready.popleft()
+            self._target = self.size
             self._active += 1
             self._last_activity = time.monotonic()
         self._wake()
         return sp
+
+    def warm(self) -> None:
+        """Fill the whole pool now."""
+        with self._cond:
+            self._target = self.size
+        self._wake()
 
     def done(self, sp: SandboxProcess) -> None:
         """The run on ``sp`` is over: kill what is left of it now, reap it in the background (the
@@ -165,9 +176,9 @@ class ProcessPool:
                 with self._cond:
                     if self._closed:
                         return
-                    missing = self.size - len(self._ready) - len(starting)
+                    missing = self._target - len(self._ready) - len(starting)
                     retry_at = self._retry_at
-                    if 2 * (len(self._ready) + len(starting)) >= self.size:
+                    if 2 * (len(self._ready) + len(starting)) >= self._target:
                         # Busy: wait for the next done() (it wakes us) or a quiet moment.
                         quiet_at = self._last_activity + self.refill_delay
                         retry_at = max(retry_at, math.inf if self._active else quiet_at)

@@ -87,8 +87,8 @@ class EmbeddedSandbox:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the pool now instead of on the first run."""
-        self._ensure_started()
+        """Start the whole pool now instead of on the first run."""
+        self._ensure_started()[0].warm()
 
     def _ensure_started(self) -> tuple[ProcessPool, ThreadPoolExecutor]:
         with self._lock:

@@ -1,0 +1,107 @@
+"""Test sessions: the core, one per plugin (each in its own venv, installed non-editable), every plugin
+against the core tests, lint, and distributions.
+
+    nox -l                       # list sessions
+    nox -s "plugin(calculator)"  # one plugin
+    PLUGINS=mcp,geo3k nox -s plugin
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
+PLUGINS = [p.name for p in PLUGIN_DIRS]
+SELECTED = [p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")]
+TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls CUDA
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+# Plugins whose tests also run a model (a CLI rollout through the plugin's tool).
+NEEDS_TRAIN = {"mcp"}
+PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "tests", "plugin", "plugins_vs_core", "dist"]
+
+
+def install_core(session: nox.Session, extras: str = "dev") -> None:
+    if "train" in extras:
+        session.install(TORCH)  # first, so nothing else resolves torch from the index
+    session.install(*CONSTRAINTS, f".[{extras}]")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
+    install_core(session, "train,dev")
+    session.install(*CONSTRAINTS, "./plugins/calculator")
+    session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
+@nox.parametrize("plugin", SELECTED, ids=SELECTED)
+def plugin(session: nox.Session, plugin: str) -> None:
+    """One plugin, installed non-editable with the core into its own venv, then its tests."""
+    path = ROOT / "plugins" / plugin
+    if plugin == "sandbox-fusion" and shutil.which("bwrap") is None and hasattr(os, "geteuid") \
+            and os.geteuid() == 0 and shutil.which("apt-get"):
+        # The embedded sandbox isolates with bubblewrap when it is installed.
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "bubblewrap", external=True)
+    install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
+    session.install(*CONSTRAINTS, f"{path}[test]" if "test" in (path / "pyproject.toml").read_text() else str(path))
+    module = "toolrl_" + plugin.replace("-", "_")
+    session.run("python", "-c", f"import {module}")
+    session.run("toolrl", "list-plugins")
+    session.run(*PYTEST, str(path / "tests"), *session.posargs, env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
+def plugins_vs_core(session: nox.Session) -> None:
+    """Every plugin installed at once must not break the core (or each other's loading)."""
+    install_core(session, "train,dev")
+    session.install(*CONSTRAINTS, *[str(p) for p in PLUGIN_DIRS])
+    session.run("toolrl", "list-plugins", "--json", silent=True)
+    session.run(*PYTEST, "tests", "-m", "not slow", *session.posargs,
+                env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
+
+
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Wheels and sdists of the core and every plugin into dist/, then `pip install --find-links
+    dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
+    session.install("build")
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    for project in [ROOT, *PLUGIN_DIRS]:
+        session.run("python", "-m", "build", "--outdir", str(out), str(project))
+    check = Path(session.create_tmp()) / "fresh"
+    shutil.rmtree(check, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(check), external=True)
+    pip = str(check / "bin" / "pip")
+    # The plugin and the core come from dist/; the core's dependencies (pydantic, ...) from the index.
+    session.run(pip, "install", "-q", "--find-links", str(out), "toolrl-plugin-calculator", external=True)
+    session.run(str(check / "bin" / "toolrl"), "list-plugins", external=True)
+    session.run(str(check / "bin" / "toolrl"), "tool", "call", "calculator", '{"expression": "2+3*4"}',
+                external=True)
+
+
+@nox.session(default=False)
+def benchmarks(session: nox.Session) -> None:
+    """Every benchmark, printing its figures and ratios (minutes)."""
+    install_core(session, "train,dev")
+    session.install(*CONSTRAINTS, *[str(p) for p in PLUGIN_DIRS])
+    for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
+        session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})
