@@ -146,17 +146,18 @@ async def test_calls_per_second_paces_starts():
         async with limiter.slot():
             starts.append(time.monotonic())
 
+    begin = time.monotonic()
     await asyncio.gather(*(one() for _ in range(21)))
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
-    assert starts[-1] - starts[0] >= 0.49  # 20 intervals of 25 ms
-    assert min(gaps) >= 0.02
+    # Call i may start late (a loaded machine wakes sleepers late) but never before begin + i/40.
+    for i, start in enumerate(sorted(starts)):
+        assert start - begin >= i / 40 - 0.001, (i, start - begin)
 
 
 async def test_burst_lets_the_first_calls_through_together():
     limiter = LocalRateLimiter(calls_per_second=2, burst=5)
     admissions = await asyncio.gather(*(limiter.acquire() for _ in range(6)))
     waits = sorted(a.wait_s for a in admissions)
-    assert waits[4] < 0.1 and 0.4 < waits[5] < 1.0  # five at once, the sixth after 1/rate
+    assert waits[4] < 0.3 and 0.45 < waits[5] < 3.0  # five at once, the sixth after 1/rate
     for a in admissions:
         limiter.release(a)
 

@@ -88,7 +88,9 @@ class RolloutContext:
     def renderer(self, tools: Mapping[str, Tool]) -> ChatRenderer:
         key = tuple(sorted(tools))
         if key not in self._renderers:
-            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()]
+            # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
+            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] \
+                if self.parser.result_mode == "chat" else []
             self._renderers[key] = self.renderer_factory(schemas)
         return self._renderers[key]
 
