@@ -143,3 +143,11 @@ def test_bad_tool_configs():
         asyncio.run(build_tools(parse_tools_config({"tools": [{"class_name": "nope"}]})))
     with pytest.raises(ToolConfigError, match="not a toolrl.tools.Tool"):
         asyncio.run(build_tools(parse_tools_config({"tools": [{"class_name": "json.JSONDecoder"}]})))
+
+
+def test_verl_schema_dumps_with_null_keywords_load():
+    tool = Counter(tool_schema={"type": "function", "function": {
+        "name": "code_interpreter", "description": "Run code.", "parameters": {
+            "type": "object", "required": ["code"],
+            "properties": {"code": {"type": "string", "description": "The code.", "enum": None}}}}})
+    assert tool.tool_schema.function.parameters["properties"]["code"] == {"type": "string", "description": "The code."}

@@ -18,6 +18,21 @@ class FunctionSchema(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
 
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _drop_nulls(cls, value: Any) -> Any:
+        """verl dumps unset schema keywords as null (``"enum": null``); JSON Schema has no null
+        keywords, so they are dropped rather than rejected."""
+
+        def clean(node: Any) -> Any:
+            if isinstance(node, dict):
+                return {k: clean(v) for k, v in node.items() if v is not None}
+            if isinstance(node, list):
+                return [clean(v) for v in node]
+            return node
+
+        return clean(value)
+
     @field_validator("parameters")
     @classmethod
     def _valid_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
