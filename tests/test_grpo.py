@@ -2,7 +2,6 @@ import asyncio
 
 import pytest
 import torch
-
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.grpo import aggregate, build_batch, group_advantages, grpo_step, response_logprobs

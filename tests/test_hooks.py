@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 from _dists import make_dist, run_toolrl
-
 from toolrl import hookspecs
 
 ROOT = Path(__file__).resolve().parents[1]

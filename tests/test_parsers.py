@@ -3,7 +3,6 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
 from toolrl.schemas import ToolResponse

@@ -2,7 +2,6 @@ import json
 
 import pytest
 from _dists import GOOD_PLUGIN, GOOD_TOOL_IMPL, make_dist, run_toolrl
-
 from toolrl.plugins import PluginLoadError, Plugins
 from toolrl.registry import RegistryError
 

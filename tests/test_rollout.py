@@ -3,7 +3,6 @@ import json
 
 import pytest
 from scripted import ScriptedEngine
-
 from toolrl.chat import ChatRenderer
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.models import qwen_tokenizer

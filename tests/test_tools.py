@@ -1,7 +1,6 @@
 import asyncio
 
 import pytest
-
 from toolrl.schemas import ToolCall, ToolKwargs
 from toolrl.toolconfig import ToolConfigError, build_tools, parse_tools_config
 from toolrl.tools import Tool, ToolSet

@@ -5,7 +5,6 @@ from typing import Any, ClassVar
 
 import pytest
 from _dists import run_toolrl
-
 from toolrl.config import ConfigError, load_config
 from toolrl.plugins import get_plugins
 from toolrl.registry import Part
@@ -48,7 +47,6 @@ def test_resume_restores_identical_state(tmp_path):
     import asyncio
 
     import torch
-
     from toolrl.trainer import train_async
 
     def config(out, steps):
@@ -121,7 +119,6 @@ def peaked_tiny_model(tmp_path_factory, tiny_qwen3_path):
     import shutil
 
     import torch
-
     from toolrl.models import load_model
 
     out = tmp_path_factory.mktemp("peaked")

@@ -1,0 +1,350 @@
+"""Rollouts on a Ray cluster: engine replicas in rollout-worker actors, the trainer in the driver.
+
+Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, exactly what the trainer
+composes (tokenizer, model, engine, parser, tools, rewards) and runs the async agent loop on the
+samples it is sent. :class:`RolloutWorkerPool` places one worker per node where the cluster has
+several (node affinity), splits a step's GRPO groups over the workers (a group never straddles two),
+broadcasts new weights after each step through the object store (put once, read by every worker),
+and survives a worker that dies mid-step: the dead worker's groups run again on a live worker with
+the same seeds, so the step returns the same trajectories, and a replacement actor starts in the
+background for the next step.
+
+Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
+limiter (:class:`toolrl.ratelimit.RayRateLimiter`) are one instance for all of them.
+``ray`` is imported only when a pool is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolrl.config import Config
+from toolrl.rollout import Trajectory, run_rollouts
+from toolrl.schemas import Sample
+
+# run_rollouts gives group g of a batch the seeds ``seed + GROUP_SEED_STRIDE * g + ...`` and the ids
+# ``{prefix}s{index}-g{g}-{k}``; a worker running one group alone reproduces both (tests compare).
+GROUP_SEED_STRIDE = 1_000_003
+
+
+class RolloutWorker:
+    """One engine replica and the agent loop around it, in a Ray worker process.
+
+    Built with ``ray.remote(RolloutWorker)`` by the pool; the config travels as a plain mapping and is
+    validated again here. Samples come from the driver, so the worker never reads data files.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        data = dict(config)
+        data["data"] = {"synthetic": {"num_samples": 1}}  # samples are sent with each run
+        self.config = Config.model_validate(data)
+        self._run: Any = None  # toolrl.trainer.Run once set up
+        self._running = 0
+        self._finished = 0
+
+    async def setup(self, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
+        from toolrl.trainer import compose
+
+        t0 = time.perf_counter()
+        self._run = await compose(self.config)
+        self._run.model.eval()
+        if weights is not None:
+            self._run.engine.update_weights(weights)
+        return {**self.ping(), "setup_s": time.perf_counter() - t0}
+
+    def ping(self) -> dict[str, Any]:
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "host": socket.gethostname(), "running": self._running, "finished": self._finished}
+
+    async def run(self, samples: Sequence[Mapping[str, Any]], groups: Sequence[int], n: int, seed: int,
+                  id_prefix: str = "") -> list[dict[str, Any]]:
+        """``n`` trajectories for each sample; ``groups[i]`` is sample i's group number in the whole batch."""
+        if self._run is None:
+            raise RuntimeError("RolloutWorker.run before setup")
+        ctx = self._run.ctx
+        # run_rollouts bounds trajectories per call; bound the concurrent groups so the total holds.
+        limit = asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n))
+
+        async def one(sample: Sample, group: int) -> list[Trajectory]:
+            async with limit:
+                trajs = await run_rollouts(ctx, [sample], n, seed=seed + GROUP_SEED_STRIDE * group,
+                                           id_prefix=f"{id_prefix}g{group}:")
+            for k, t in enumerate(trajs):
+                t.group, t.trajectory_id = group, f"{id_prefix}s{sample.index}-g{group}-{k}"
+            return trajs
+
+        self._running += 1
+        try:
+            parsed = [Sample.model_validate(s) for s in samples]
+            out = await asyncio.gather(*(one(s, g) for s, g in zip(parsed, groups, strict=True)))
+        finally:
+            self._running -= 1
+        trajs = [t.model_dump() for group in out for t in group]
+        self._finished += len(trajs)
+        return trajs
+
+    async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        # In a thread: the engine waits for its running step, and the loop keeps serving pings.
+        await asyncio.to_thread(self._run.engine.update_weights, state_dict)
+
+    async def close(self) -> None:
+        if self._run is None:
+            return
+        for tool in self._run.tools.values():
+            await tool.close()
+        await self._run.engine.close()
+        self._run = None
+
+
+@dataclass
+class _Slot:
+    """A place for one worker; its actor is replaced when it dies."""
+
+    index: int
+    node_id: str | None  # where it was placed (None: anywhere)
+    actor: Any
+    setup_ref: Any  # ObjectRef of actor.setup(...)
+    info: dict[str, Any] | None = None  # setup's result once it is up
+    failures: int = 0  # consecutive deaths before being up
+
+
+class RolloutWorkerPool:
+    """``num_workers`` rollout workers on a Ray cluster, driven from this (the trainer's) process.
+
+    ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
+    ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
+    already initialised in this process, that connection is used and left open.
+    """
+
+    def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
+                 num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
+                 setup_timeout_s: float = 900.0, max_attempts: int = 3) -> None:
+        import ray
+
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.config = config
+        self.num_cpus_per_worker = num_cpus_per_worker
+        self.num_gpus_per_worker = num_gpus_per_worker
+        self.setup_timeout_s = setup_timeout_s
+        self.max_attempts = max_attempts
+        self.restarts = 0  # workers replaced after dying
+        self.rerun_groups = 0  # groups run again because their worker died mid-step
+        self._payload = config.model_dump()
+        self._weights: Any = None  # ObjectRef of the last broadcast state dict
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            if address is None:
+                raise ValueError("RolloutWorkerPool: give an address (local, auto or host:port) or call ray.init()")
+            options: dict[str, Any] = {"include_dashboard": False}
+            if address == "local":
+                # Logical CPUs: at least one per worker, so a laptop can run more workers than cores.
+                options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(num_workers * num_cpus_per_worker))
+            ray.init(address=address, **options)
+        try:
+            self._slots = [self._spawn(i, node) for i, node in enumerate(self._place(num_workers))]
+        except BaseException:
+            self._shutdown()
+            raise
+
+    # ----------------------------------------------------------------- placement
+
+    def _place(self, num_workers: int) -> list[str | None]:
+        """A node per worker: round-robin over alive nodes (this node first) within each one's
+        capacity, so several nodes get one worker each before any gets a second."""
+        import ray
+
+        here = ray.get_runtime_context().get_node_id()
+        capacity: dict[str, float] = {}
+        for node in ray.nodes():
+            if not node["Alive"]:
+                continue
+            res = node["Resources"]
+            fits = [res.get(k, 0.0) // need for k, need in (("CPU", self.num_cpus_per_worker),
+                                                               ("GPU", self.num_gpus_per_worker)) if need > 0]
+            capacity[node["NodeID"]] = min(fits) if fits else math.inf
+        order = sorted((n for n in capacity if capacity[n] > 0), key=lambda n: (n != here, n))
+        if sum(capacity[n] for n in order) < num_workers:
+            total = ray.cluster_resources()
+            raise ValueError(
+                f"ray.num_rollout_workers={num_workers} needs {num_workers * self.num_cpus_per_worker:g} CPUs and "
+                f"{num_workers * self.num_gpus_per_worker:g} GPUs on nodes that fit a worker; the cluster has "
+                f"{total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs")
+        placed: list[str | None] = []
+        while len(placed) < num_workers:
+            for node in order:
+                if len(placed) < num_workers and capacity[node] >= 1:
+                    capacity[node] -= 1
+                    placed.append(node)
+        return placed
+
+    def _spawn(self, index: int, node_id: str | None) -> _Slot:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_worker, "num_gpus": self.num_gpus_per_worker,
+                                   "max_restarts": 0}
+        if node_id in alive:
+            # Soft: if the node goes away, a replacement may start elsewhere instead of waiting.
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=True)
+        actor = ray.remote(RolloutWorker).options(**options).remote(self._payload)
+        return _Slot(index, node_id, actor, actor.setup.remote(self._weights))
+
+    def _replace(self, slot: _Slot, dead: Any) -> None:
+        """Start a new actor in ``slot`` unless that already happened for this dead actor."""
+        import ray
+
+        if slot.actor is not dead:
+            return
+        with contextlib.suppress(Exception):
+            ray.kill(dead, no_restart=True)
+        new = self._spawn(slot.index, slot.node_id)
+        slot.actor, slot.setup_ref, slot.info = new.actor, new.setup_ref, None
+        self.restarts += 1
+
+    async def _ensure(self, slot: _Slot) -> dict[str, Any]:
+        """Wait until the slot's worker is set up, replacing it if it dies on the way."""
+        from ray.exceptions import RayActorError
+
+        while slot.info is None:
+            actor = slot.actor
+            try:
+                slot.info = await asyncio.wait_for(_result(slot.setup_ref), self.setup_timeout_s)
+                slot.failures = 0
+            except RayActorError:
+                slot.failures += 1
+                if slot.failures >= self.max_attempts:
+                    raise
+                self._replace(slot, actor)
+            except TimeoutError:  # asyncio's, and Ray's GetTimeoutError
+                raise TimeoutError(f"rollout worker {slot.index} was not up after {self.setup_timeout_s:g} s "
+                                   "(not enough free resources on the cluster?)") from None
+        return slot.info
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def workers(self) -> list[Any]:
+        """The current actor handles, one per slot."""
+        return [s.actor for s in self._slots]
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
+        return list(await asyncio.gather(*(self._ensure(s) for s in self._slots)))
+
+    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        payload = [s.model_dump() for s in samples]
+        shares = [s for s in _split(len(samples), len(self._slots)) if s]
+        results: dict[int, list[Trajectory]] = {}
+        attempts = dict.fromkeys(range(len(shares)), 0)
+        in_flight: dict[asyncio.Task[Any], tuple[int, _Slot, Any, Any]] = {}
+
+        def submit(share: int, slot: _Slot) -> None:
+            groups = shares[share]
+            ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
+            in_flight[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
+
+        try:
+            await self.start()
+            for share, slot in enumerate(self._slots[: len(shares)]):
+                submit(share, slot)
+            while in_flight:
+                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    share, slot, actor, _ref = in_flight.pop(task)
+                    try:
+                        rows = task.result()
+                    except RayActorError:
+                        attempts[share] += 1
+                        if attempts[share] >= self.max_attempts:
+                            raise
+                        self._replace(slot, actor)  # the replacement starts now, for later steps
+                        self.rerun_groups += len(shares[share])
+                        target = self._rerun_target(in_flight.values())
+                        await self._ensure(target)
+                        submit(share, target)
+                        continue
+                    results[share] = [Trajectory.model_validate(r) for r in rows]
+        finally:
+            for task, (_, _, _, ref) in in_flight.items():
+                task.cancel()
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+        return [t for share in range(len(shares)) for t in results[share]]
+
+    def _rerun_target(self, busy: Any) -> _Slot:
+        """A worker that is up (fewest shares in flight), else a slot still starting."""
+        load = {s.index: 0 for s in self._slots}
+        for _, slot, _, _ in busy:
+            load[slot.index] += 1
+        up = [s for s in self._slots if s.info is not None]
+        return min(up or self._slots, key=lambda s: load[s.index])
+
+    async def broadcast(self, state_dict: Mapping[str, Any]) -> None:
+        """Send weights to every worker: one copy in the object store, read by each. Workers started
+        later (replacements) load the latest broadcast during their setup."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        self._weights = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
+        await self.start()
+        slots = list(self._slots)
+        calls = [(s, s.actor, s.actor.update_weights.remote(self._weights)) for s in slots]
+        outcomes = await asyncio.gather(*(_result(ref) for _, _, ref in calls), return_exceptions=True)
+        for (slot, actor, _), outcome in zip(calls, outcomes):
+            if isinstance(outcome, RayActorError):
+                self._replace(slot, actor)  # its replacement's setup reads the weights just put
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    def close(self) -> None:
+        """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        refs = [s.actor.close.remote() for s in self._slots]
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor, no_restart=True)
+        self._weights = None
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        import ray
+
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+async def _result(ref: Any) -> Any:
+    return await ref
+
+
+def _split(count: int, parts: int) -> list[list[int]]:
+    """``range(count)`` in ``parts`` contiguous, near-equal pieces (the first ones one longer)."""
+    size, extra = divmod(count, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(list(range(start, end)))
+        start = end
+    return out

@@ -1,0 +1,321 @@
+"""toolrl.distributed on real Ray: rollout workers match in-process rollouts, weights broadcast,
+workers spread over two Ray nodes on this machine, a worker killed mid-step loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dists import run_toolrl
+from toolrl.config import Config, load_config
+from toolrl.tools import Tool
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+SMALL = ["data.synthetic.num_samples=16", "data.batch_size=4", "rollout.n=2", "rollout.max_turns=2",
+         "trainer.progress=false", "trainer.plot=false"]
+LIMITER = "distributed-test"
+
+
+def small_config(*overrides: str) -> Config:
+    return load_config(TINY, [*SMALL, *overrides])
+
+
+def signature(trajs: list[Any]) -> list[tuple]:
+    return [(t.trajectory_id, t.group, t.sample_index, t.prompt_ids, t.response_ids, t.response_mask,
+             t.termination, t.reward, t.reward_terms) for t in trajs]
+
+
+def assert_same(got: list[Any], want: list[Any], tol: float = 1e-4) -> None:
+    """Same trajectories: ids, tokens, masks, rewards exactly; engine logprobs up to float rounding
+    (the rows batched together differ between processes, and with them the summation order)."""
+    assert signature(got) == signature(want)
+    for a, b in zip(got, want):
+        assert len(a.logprobs) == len(b.logprobs)
+        assert all(abs(x - y) <= tol for x, y in zip(a.logprobs, b.logprobs)), a.trajectory_id
+
+
+def prompts_for(run: Any, config: Config, step: int) -> list[Any]:
+    from toolrl.trainer import batch_for_step
+
+    return batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed, config.data.shuffle)
+
+
+def require_no_ray() -> None:
+    if ray.is_initialized():
+        pytest.fail("a Ray connection from an earlier test is still open")
+
+
+# -- one machine, a local Ray ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="class")
+def local(tiny_qwen3_path):
+    """The driver's composed run (model, engine, tools) and a pool of two workers on a local Ray."""
+    from toolrl.distributed import RolloutWorkerPool
+    from toolrl.trainer import compose
+
+    require_no_ray()
+    config = small_config("rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "optim.lr=0.05")
+    t0 = time.perf_counter()
+    pool = RolloutWorkerPool(config, num_workers=2, address="local")
+    try:
+        init_s = time.perf_counter() - t0
+        run = asyncio.run(compose(config))
+        t1 = time.perf_counter()
+        infos = asyncio.run(pool.start())
+        setups = ", ".join(f"{i['setup_s']:.1f}" for i in infos)
+        print(f"\nray init {init_s:.1f} s; 2 workers up in {time.perf_counter() - t1:.1f} s (setup {setups} s)")
+        yield config, run, pool, infos
+    finally:
+        pool.close()
+    assert not ray.is_initialized()  # the pool started Ray, so it shut it down
+
+
+class TestLocalPool:
+    def test_same_trajectories_as_in_process(self, local):
+        config, run, pool, infos = local
+        from toolrl.rollout import run_rollouts
+
+        assert len({i["pid"] for i in infos}) == 2 and os.getpid() not in {i["pid"] for i in infos}
+        prompts = prompts_for(run, config, 0)
+        finished = [ray.get(w.ping.remote())["finished"] for w in pool.workers]
+        t0 = time.perf_counter()
+        want = asyncio.run(run_rollouts(run.ctx, prompts, config.rollout.n, seed=11, id_prefix="t1-"))
+        t1 = time.perf_counter()
+        got = asyncio.run(pool.run(prompts, config.rollout.n, seed=11, id_prefix="t1-"))
+        print(f"\nstep rollouts: in-process {t1 - t0:.2f} s, 2 Ray workers {time.perf_counter() - t1:.2f} s")
+        assert len(got) == len(prompts) * config.rollout.n == 8
+        assert_same(got, want)
+        assert [t.group for t in got] == [0, 0, 1, 1, 2, 2, 3, 3]
+        # Both workers did half: groups are split, never a group across two workers.
+        assert [ray.get(w.ping.remote())["finished"] - f for w, f in zip(pool.workers, finished)] == [4, 4]
+
+    def test_broadcast_after_a_grpo_step(self, local):
+        """The trainer's loop: roll out on the workers, update in the driver, broadcast; the next
+        rollouts come from the updated weights."""
+        import torch
+        from toolrl.grpo import grpo_step
+        from toolrl.rollout import run_rollouts
+
+        config, run, pool, _ = local
+        prompts = prompts_for(run, config, 1)
+        before = asyncio.run(pool.run(prompts, config.rollout.n, seed=3, id_prefix="t2-"))
+        optimizer = torch.optim.AdamW(run.model.parameters(), lr=config.optim.lr)
+        stats = grpo_step(run.model, optimizer, before, config.algorithm, config.optim,
+                          pad_id=run.tokenizer.pad_token_id,
+                          temperature=config.rollout.temperature,
+                          max_response_tokens=config.rollout.max_response_tokens)
+        assert stats["trained_tokens"] > 0
+        run.model.eval()
+        t0 = time.perf_counter()
+        asyncio.run(pool.broadcast(run.model.state_dict()))
+        print(f"\nbroadcast of {sum(v.numel() for v in run.model.state_dict().values()) / 1e6:.1f} M params "
+              f"to 2 workers: {time.perf_counter() - t0:.2f} s")
+        after = asyncio.run(pool.run(prompts, config.rollout.n, seed=3, id_prefix="t2-"))
+        want = asyncio.run(run_rollouts(run.ctx, prompts, config.rollout.n, seed=3, id_prefix="t2-"))
+        assert_same(after, want)
+        moved = max(abs(x - y) for a, b in zip(after, before) for x, y in zip(a.logprobs, b.logprobs))
+        assert moved > 1e-2  # the workers sample from the new weights, not the old ones
+
+
+# -- two Ray nodes on this machine ----------------------------------------------------------------
+
+
+class GateTool(Tool):
+    """Passes every trajectory's ``create`` through the cluster-wide limiter ``LIMITER``: the
+    limiter's count then says whether all workers, on both nodes, share one limiter actor."""
+
+    schema = {"type": "function", "function": {
+        "name": "gate", "description": "Does nothing.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+
+    async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
+        from toolrl.ratelimit import make_rate_limiter
+
+        async with make_rate_limiter(max_in_flight=1, global_name=LIMITER).slot():
+            return await super().create(instance_id, **create_kwargs)
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any], **execute_kwargs: Any):
+        return "ok", 0.0, {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_processes(sid: int) -> list[int]:
+    """Processes in session ``sid``: everything a ``ray start`` we ran in its own session spawned."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                if int(fields[3]) == sid:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def stop_sessions(sids: list[int], grace_s: float = 10) -> None:
+    """End our Ray nodes by process id (``ray stop`` would end every Ray on this machine)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sid in sids:
+            for pid in session_processes(sid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(session_processes(s) for s in sids):
+            time.sleep(0.2)
+
+
+def ray_start(args: list[str], env: dict[str, str], log: Path) -> int:
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", *args,
+                                 "--disable-usage-stats"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        rc = proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        stop_sessions([proc.pid])
+        raise
+    if rc != 0:
+        stop_sessions([proc.pid])
+        raise RuntimeError(f"ray start failed ({rc}):\n{log.read_text()[-3000:]}")
+    return proc.pid
+
+
+@pytest.fixture(scope="class")
+def two_nodes(monkeypatch_class):
+    """A head node and a second node (custom resource ``node2``), one CPU each."""
+    require_no_ray()
+    temp = Path(tempfile.mkdtemp(prefix="toolrl-ray-", dir="/tmp"))  # short: Ray's socket paths
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1",
+           # Workers import GateTool from this file.
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+    monkeypatch_class.setenv("RAY_AUTH_MODE", "disabled")
+    sids: list[int] = []
+    try:
+        t0 = time.perf_counter()
+        sids.append(ray_start(["--head", "--num-cpus=1", f"--port={port}", "--include-dashboard=false",
+                               f"--temp-dir={temp}", "--object-store-memory=300000000"], env, temp / "head.log"))
+        sids.append(ray_start([f"--address=127.0.0.1:{port}", "--num-cpus=1", '--resources={"node2": 1}',
+                               "--object-store-memory=300000000"], env, temp / "node2.log"))
+        print(f"\ntwo Ray nodes up in {time.perf_counter() - t0:.1f} s")
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        stop_sessions(sids)
+        shutil.rmtree(temp, ignore_errors=True)
+    assert not any(session_processes(s) for s in sids)
+
+
+@pytest.fixture(scope="class")
+def monkeypatch_class():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -> None:
+    """Kill ``actor`` as soon as it reports a run in progress (from a thread, while ``run`` waits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ray.get(actor.ping.remote())["running"] > 0:
+            ray.kill(actor, no_restart=True)
+            found["killed_at"] = time.monotonic()
+            return
+        time.sleep(0.02)
+
+
+class TestTwoNodes:
+    def test_workers_on_both_nodes_and_a_killed_worker_loses_nothing(self, two_nodes, tiny_qwen3_path):
+        from toolrl.distributed import RolloutWorkerPool
+        from toolrl.ratelimit import RayRateLimiter
+        from toolrl.trainer import load_samples
+
+        config = small_config("rollout.max_new_tokens=24", "rollout.max_response_tokens=48",
+                              f"tools.entries=[{{class_name: {__name__}.GateTool}}]")
+        prompts = load_samples(config)[: config.data.batch_size]
+        ray.init(address=two_nodes)
+        nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+        assert len(nodes) == 2
+        node2 = next(n for n, res in nodes.items() if "node2" in res)
+        # Created here first, the limiter lives as long as this driver, whichever worker dies; the
+        # lease frees a slot the killed worker may hold.
+        limiter = RayRateLimiter(LIMITER, max_in_flight=1, lease_timeout_s=2)
+
+        pool = RolloutWorkerPool(config, num_workers=2, address=two_nodes)
+        try:
+            t0 = time.perf_counter()
+            infos = asyncio.run(pool.start())
+            print(f"\n2 workers on 2 nodes up in {time.perf_counter() - t0:.1f} s")
+            # One worker per node, as each says from inside its own process.
+            assert {i["node_id"] for i in infos} == set(nodes)
+            assert {ray.get(w.ping.remote())["node_id"] for w in pool.workers} == set(nodes)
+
+            t0 = time.perf_counter()
+            want = asyncio.run(pool.run(prompts, config.rollout.n, seed=7, id_prefix="t1-"))
+            healthy_s = time.perf_counter() - t0
+            assert len(want) == 8
+
+            victim = next(w for w, i in zip(pool.workers, infos) if i["node_id"] == node2)
+            found: dict[str, Any] = {}
+            killer = threading.Thread(target=kill_when_running, args=(victim, found), daemon=True)
+            t0 = time.monotonic()
+            killer.start()
+            got = asyncio.run(pool.run(prompts, config.rollout.n, seed=7, id_prefix="t1-"))
+            done = time.monotonic()
+            killer.join(timeout=5)
+            assert "killed_at" in found and t0 < found["killed_at"] < done  # killed mid-step
+            print(f"step: {healthy_s:.1f} s healthy, {done - t0:.1f} s with a worker killed "
+                  f"{found['killed_at'] - t0:.1f} s in")
+            assert pool.restarts == 1 and pool.rerun_groups == 2  # the victim's half, run again
+            assert_same(got, want)  # same seeds, same trajectories: nothing lost or changed
+
+            # The replacement comes up on the node of the worker it replaces.
+            t0 = time.perf_counter()
+            [_, replaced] = sorted(asyncio.run(pool.start()), key=lambda i: i["node_id"] == node2)
+            print(f"replacement up {time.perf_counter() - t0:.1f} s after the step")
+            assert replaced["node_id"] == node2 and replaced["pid"] not in {i["pid"] for i in infos}
+            # Every trajectory's create, on both nodes, went through the one limiter made here; the
+            # victim's admissions before it died count too.
+            stats = limiter.stats()
+            assert 16 <= stats["admitted"] <= 20 and stats["in_flight"] == 0
+        finally:
+            pool.close()
+        assert ray.is_initialized()  # the pool joined this connection, so it left it open
+        ray.shutdown()
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+
+
+def test_cli_train_on_a_local_ray_with_two_workers(tmp_path):
+    out = tmp_path / "run"
+    res = run_toolrl("train", TINY, "ray.address=local", "ray.num_rollout_workers=2", "trainer.total_steps=1",
+                     f"trainer.output_dir={out}", "trainer.progress=false", env={"OMP_NUM_THREADS": "1"},
+                     timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [metrics] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["step"] == 1 and metrics["trained_tokens"] > 0
+    traces = (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()
+    assert len(traces) == 8
+    assert (out / "checkpoints" / "step_000001" / "model.pt").exists()
