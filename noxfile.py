@@ -45,7 +45,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
-    install_core(session, "train,dev")
+    install_core(session, "train,ray,dev")
     session.install(*CONSTRAINTS, "./plugins/calculator")
     session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
@@ -71,7 +71,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
 @nox.session
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
-    install_core(session, "train,dev")
+    install_core(session, "train,ray,dev")
     session.install(*CONSTRAINTS, *[str(p) for p in PLUGIN_DIRS])
     session.run("toolrl", "list-plugins", "--json", silent=True)
     session.run(*PYTEST, "tests", "-m", "not slow", *session.posargs,

