@@ -6,7 +6,8 @@ shuffling), the same reward (1 for the exact answer + 0.1 · the fraction of dig
 response), the same calculator (the ``toolrl-plugin-calculator`` evaluator; its schema in every
 prompt), 2 prompts × 4 completions per step, at most 64 completion tokens (tool output included),
 temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clipping 1.0, fp32, one
-CPU thread. Logging, saving and progress bars are off in both.
+CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
+both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
 toolrl's step is what ``toolrl train`` does per step (``toolrl.trainer.compose`` builds the parts
 from a config; ``run_rollouts`` then ``grpo_step`` then ``engine.update_weights``), minus writing
@@ -16,7 +17,7 @@ loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, too
 processes on the machine hits both alike. The first step of each is a warm-up and is not counted.
 
 A random model never writes a tool call, in either framework. By default the step is compared
-as-is: the calculator schema in every prompt (~290 tokens), 64 sampled tokens per response, no
+as-is: the calculator schema in every prompt (282 tokens), 64 sampled tokens per response, no
 calls. ``--prime K`` first teaches the model the call format with K SFT steps (cached on disk) so
 that both tool loops run; the per-step tool-call rate of each framework is printed.
 
@@ -114,18 +115,21 @@ class ToolrlRunner:
         t2 = time.perf_counter()
         return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, **cpu_since(c0),
                 "calls": sum(len(t.tool_results) for t in trajs) / len(trajs),
-                "completion_len": sum(len(t.response_ids) for t in trajs) / len(trajs),
-                "prompt_len": sum(len(t.prompt_ids) for t in trajs) / len(trajs),
-                "reward": sum(t.reward for t in trajs) / len(trajs)}
+                # Model tokens only (tool results excluded), as TRL's completions/mean_length counts them.
+                "completion_len": sum(sum(t.response_mask) for t in trajs) / len(trajs),
+                "prompt_len": sum(len(t.prompt_ids) for t in trajs) / len(trajs)}
 
     def step(self) -> None:
         self.records.append(self.loop.run_until_complete(self._step()))
         self.step_index += 1
 
     def close(self) -> None:
-        from toolrl.trainer import _close
+        async def close() -> None:
+            for tool in self.run.tools.values():
+                await tool.close()
+            await self.run.engine.close()
 
-        self.loop.run_until_complete(_close(self.run))
+        self.loop.run_until_complete(close())
         self.loop.close()
 
 
@@ -319,8 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              s, c["cpu_s"], g["generate_s"], s - g["generate_s"], g["calls"], g["completion_len"]]
             for i, (t, s, c, g) in enumerate(zip(tr, tt, tc, tg))]
     print("\nper step (wall s unless marked cpu; 'gen' is rollout/generation incl. tools and rewards)")
-    print(table(["step", "toolrl", "cpu", "gen", "train", "calls/resp", "resp len",
-                 "TRL", "cpu", "gen", "train", "calls/resp", "resp len"], rows))
+    print(table(["step", "toolrl", "cpu", "gen", "train", "calls/resp", "model tok",
+                 "TRL", "cpu", "gen", "train", "calls/resp", "model tok"], rows))
     ours, theirs = median([t["step_s"] for t in tr]), median(tt)
     print(f"\nmodel: {model_dir}\nprompt tokens: toolrl {tr[0]['prompt_len']:.0f}, TRL {len(trl_prompt)} "
           f"(token-identical: {same_prompt}); warm-up step: toolrl {toolrl.records[0]['step_s']:.2f} s, "

@@ -57,6 +57,15 @@ def prompts_for(run: Any, config: Config, step: int) -> list[Any]:
     return batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed, config.data.shuffle)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _ray_without_auth():
+    """Every Ray in this module runs without token auth: the nodes started by ``ray start`` do, and
+    one process cannot switch auth modes between Ray sessions (Ray 2.60 keeps the first)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        yield
+
+
 def require_no_ray() -> None:
     if ray.is_initialized():
         pytest.fail("a Ray connection from an earlier test is still open")
@@ -175,7 +184,7 @@ def session_processes(sid: int) -> list[int]:
     return pids
 
 
-def stop_sessions(sids: list[int], grace_s: float = 10) -> None:
+def stop_sessions(sids: list[int], grace_s: float = 3) -> None:
     """End our Ray nodes by process id (``ray stop`` would end every Ray on this machine)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for sid in sids:
@@ -204,22 +213,25 @@ def ray_start(args: list[str], env: dict[str, str], log: Path) -> int:
 
 
 @pytest.fixture(scope="class")
-def two_nodes(monkeypatch_class):
-    """A head node and a second node (custom resource ``node2``), one CPU each."""
+def two_nodes():
+    """A head node and a second node (custom resource ``node2``). Four logical CPUs each: Ray's
+    default scheduling then packs two workers onto one node, so only the pool's placement spreads them."""
     require_no_ray()
     temp = Path(tempfile.mkdtemp(prefix="toolrl-ray-", dir="/tmp"))  # short: Ray's socket paths
     port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
            # Workers import GateTool from this file.
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
-    monkeypatch_class.setenv("RAY_AUTH_MODE", "disabled")
     sids: list[int] = []
     try:
         t0 = time.perf_counter()
-        sids.append(ray_start(["--head", "--num-cpus=1", f"--port={port}", "--include-dashboard=false",
-                               f"--temp-dir={temp}", "--object-store-memory=300000000"], env, temp / "head.log"))
-        sids.append(ray_start([f"--address=127.0.0.1:{port}", "--num-cpus=1", '--resources={"node2": 1}',
-                               "--object-store-memory=300000000"], env, temp / "node2.log"))
+        # Fixed default ports (dashboard, agents) could be taken by another Ray on this machine.
+        common = ["--num-cpus=4", "--object-store-memory=300000000"]
+        sids.append(ray_start(["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false",
+                               f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                               *common], env, temp / "head.log"))
+        sids.append(ray_start([f"--address=127.0.0.1:{port}", '--resources={"node2": 1}',
+                               f"--dashboard-agent-listen-port={free_port()}", *common], env, temp / "node2.log"))
         print(f"\ntwo Ray nodes up in {time.perf_counter() - t0:.1f} s")
         yield f"127.0.0.1:{port}"
     finally:
@@ -228,12 +240,6 @@ def two_nodes(monkeypatch_class):
         stop_sessions(sids)
         shutil.rmtree(temp, ignore_errors=True)
     assert not any(session_processes(s) for s in sids)
-
-
-@pytest.fixture(scope="class")
-def monkeypatch_class():
-    with pytest.MonkeyPatch.context() as mp:
-        yield mp
 
 
 def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -> None:
@@ -254,7 +260,7 @@ class TestTwoNodes:
         from toolrl.trainer import load_samples
 
         config = small_config("rollout.max_new_tokens=24", "rollout.max_response_tokens=48",
-                              f"tools.entries=[{{class_name: {__name__}.GateTool}}]")
+                              f"tools.entries=[{{class_name: {Path(__file__).stem}.GateTool}}]")
         prompts = load_samples(config)[: config.data.batch_size]
         ray.init(address=two_nodes)
         nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}

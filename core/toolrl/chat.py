@@ -43,6 +43,9 @@ class ChatRenderer:
             else tokenizer.eos_token_id
         self.native_tools = self._template_renders_tools()
         self._delta_cache: dict[str, list[int]] = {}
+        self._before_cache: dict[str, list[int]] = {}
+        self._working_assistant = _SYNTHETIC_ASSISTANTS[0]
+        self._prompt_cache: dict[str, list[int]] = {}
 
     # -- rendering --------------------------------------------------------------------------------
 
@@ -74,8 +77,14 @@ class ChatRenderer:
         return messages
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        tools = self.tool_schemas if self.native_tools else None
-        return self._render(self.prompt_messages(messages), True, tools)
+        """The rendered prompt; memoised, since every trajectory of a GRPO group renders the same one."""
+        key = json.dumps(list(messages), sort_keys=True, default=str)
+        if key not in self._prompt_cache:
+            if len(self._prompt_cache) > 8192:
+                self._prompt_cache.clear()
+            tools = self.tool_schemas if self.native_tools else None
+            self._prompt_cache[key] = self._render(self.prompt_messages(messages), True, tools)
+        return list(self._prompt_cache[key])
 
     def tool_message(self, text: str, name: str) -> dict[str, Any]:
         if self.native_tools:
@@ -90,15 +99,19 @@ class ChatRenderer:
         if key in self._delta_cache:
             return self._delta_cache[key]
         problems = []
-        for assistant in _SYNTHETIC_ASSISTANTS:
+        # Try the synthetic turn that worked last time first; its "before" rendering is cached.
+        for assistant in sorted(_SYNTHETIC_ASSISTANTS, key=lambda a: a != self._working_assistant):
             base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": assistant}]
-            before = self._render(base, False)
+            if assistant not in self._before_cache:
+                self._before_cache[assistant] = self._render(base, False)
+            before = self._before_cache[assistant]
             after = self._render(base + tool_messages, True)
             if after[: len(before)] != before:
                 problems.append(assistant)
                 continue
             if self.eos_id not in before:
                 raise TemplateError(f"the chat template does not end assistant turns with token {self.eos_id}")
+            self._working_assistant = assistant
             last_eos = len(before) - 1 - before[::-1].index(self.eos_id)
             delta = before[last_eos + 1:] + after[len(before):]
             if len(self._delta_cache) < 4096:

@@ -107,7 +107,7 @@ def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0) -> tor
     pos = pos.clamp(max=hidden.shape[1] - 1)
     h = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))
     logits = model.get_output_embeddings()(h).float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # skip a full copy of the logits at T = 1
         logits = logits / temperature
     targets = batch.response_ids.clamp(min=0)
     picked = logits.gather(-1, targets[..., None]).squeeze(-1)

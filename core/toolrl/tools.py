@@ -40,11 +40,13 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
     return "; ".join(parts)
 
 
-def describe_argument_errors(schema: dict[str, Any], arguments: Any) -> str | None:
-    """Check ``arguments`` against a JSON Schema; None when valid, else a message naming each field."""
+def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> str | None:
+    """Check ``arguments`` against a JSON Schema (or a compiled validator); None when valid, else a
+    message naming each field."""
     from jsonschema import Draft202012Validator
 
-    errors = sorted(Draft202012Validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    validator = Draft202012Validator(schema) if isinstance(schema, dict) else schema
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if not errors:
         return None
     messages = []
@@ -97,6 +99,7 @@ class Tool:
             ) from None
         self.name = self.tool_schema.function.name
         self._instances: dict[str, dict[str, Any]] = {}
+        self._validator: Any = None
 
     @classmethod
     async def from_config(
@@ -143,7 +146,11 @@ class Tool:
     def validate_arguments(self, arguments: Any) -> str | None:
         if not isinstance(arguments, dict):
             return f"arguments must be a JSON object, got {type(arguments).__name__}"
-        return describe_argument_errors(self.tool_schema.function.parameters, arguments)
+        if self._validator is None:
+            from jsonschema import Draft202012Validator
+
+            self._validator = Draft202012Validator(self.tool_schema.function.parameters)
+        return describe_argument_errors(self._validator, arguments)
 
     async def call(self, instance_id: str, arguments: Any, **execute_kwargs: Any) -> ToolResult:
         """Validate, execute with the per-call timeout, and never raise: failures become error

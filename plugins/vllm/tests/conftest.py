@@ -1,0 +1,37 @@
+"""Fixtures: the tiny random Qwen3 (head_dim 64, which vLLM's CPU attention accepts), its tokenizer,
+transformers references, and one vLLM engine shared by a test module (starting one takes ~1 min)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from toolrl import models
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> str:
+    return models.tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path: str) -> Any:
+    return models.load_tokenizer(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_path: str) -> Any:
+    return models.load_model(tiny_path)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path: str) -> Iterator[Any]:
+    from toolrl.engines import ModelSource
+    from toolrl_vllm.engine import VLLMEngine
+
+    # sleep_level 1 drives vLLM's sleep / wake-up calls (a no-op for memory on CPU, the GPU path's API).
+    eng = VLLMEngine.create(ModelSource(tiny_path), {"device": "cpu", "max_batch_size": 16, "sleep_level": 1})
+    yield eng
+    asyncio.run(eng.close())

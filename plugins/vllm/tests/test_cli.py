@@ -1,0 +1,101 @@
+"""`toolrl rollout` and `toolrl train` with ``engine.name=vllm`` on CPU, as a user runs them.
+
+Both start vLLM's spawned engine processes from the CLI's entry point (the console script for
+rollout, ``python -m toolrl`` for train), which is what the spawn guard must survive.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from toolrl import models
+from vllm_support import reference_logprobs
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "examples" / "tiny.yaml"
+# The random model never answers correctly; a reward that splits each group (about half the random
+# responses contain an "x") gives GRPO non-zero advantages, so the first step really moves the weights.
+SPLIT_REWARD = "reward.functions=[{name: format, options: {pattern: x}}]"
+
+
+def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def model_token_logprobs(model, row: dict, temperature: float) -> tuple[list[float], list[float]]:
+    """(engine, transformers) logprobs of a trace's model tokens (mask 1)."""
+    want, _ = reference_logprobs(model, row["prompt_ids"], row["response_ids"], temperature)
+    mask = row["response_mask"]
+    return ([lp for lp, m in zip(row["logprobs"], mask) if m], [lp for lp, m in zip(want, mask) if m])
+
+
+def mean_abs(pairs: list[tuple[list[float], list[float]]]) -> float:
+    diffs = [abs(a - b) for got, want in pairs for a, b in zip(got, want)]
+    return sum(diffs) / len(diffs)
+
+
+def test_rollout_writes_traces_with_engine_logprobs(tmp_path, hf_model):
+    out = tmp_path / "run"
+    toolrl = Path(sys.executable).with_name("toolrl")
+    run_cli([str(toolrl), "rollout", str(TINY), "engine.name=vllm", f"trainer.output_dir={out}"], REPO)
+    rows = read_jsonl(out / "rollouts" / "step_00001.jsonl")
+    assert len(rows) == 8  # batch_size 2 x n 4
+    for row in rows:
+        assert row["error"] is None
+        assert len(row["logprobs"]) == len(row["response_ids"]) == len(row["response_mask"]) > 0
+        for lp, m in zip(row["logprobs"], row["response_mask"]):
+            assert (lp < 0 and math.isfinite(lp)) if m else lp == 0.0
+    # The logprobs are the sampling distribution's: a transformers forward on the same weights agrees.
+    assert mean_abs([model_token_logprobs(hf_model, r, temperature=1.0) for r in rows]) < 1e-4
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["errors"] == 0 for m in metrics)
+
+
+def test_train_second_step_samples_from_updated_weights(tmp_path, tiny_path, hf_model):
+    out = tmp_path / "run"
+    run_cli([sys.executable, "-m", "toolrl", "train", str(TINY), "engine.name=vllm", "trainer.total_steps=2",
+             f"trainer.output_dir={out}", SPLIT_REWARD], REPO)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["reward_std"] > 0 and metrics[0]["grad_norm"] > 0, "step 1 must change the weights"
+    for m in metrics:  # engine logprobs vs the trainer's recomputation on the weights it sampled with
+        print(f"step {m['step']}: lp_mismatch {m['lp_mismatch']:.3e}")
+        assert m["lp_mismatch"] < 1e-4
+
+    # Step 2's rollouts were sampled by the weights after step 1 (checkpoint step_000001), not the
+    # initial ones: teacher-forced logprobs agree with the former and clearly not with the latter.
+    rows = read_jsonl(out / "rollouts" / "step_00002.jsonl")
+    updated = models.load_model(tiny_path)
+    updated.load_state_dict(torch.load(out / "checkpoints" / "step_000001" / "model.pt"))
+    on_updated = mean_abs([model_token_logprobs(updated, r, 1.0) for r in rows])
+    on_initial = mean_abs([model_token_logprobs(hf_model, r, 1.0) for r in rows])
+    print(f"step-2 traces: |engine - updated| {on_updated:.3e}, |engine - initial| {on_initial:.3e}")
+    assert on_updated < 1e-4
+    assert on_initial > 20 * on_updated and on_initial > 1e-4
+
+
+def test_plugin_registers_lazily():
+    """Loading the plugin (every toolrl command does) imports neither vLLM nor torch."""
+    code = ("import json, sys; from toolrl.plugins import get_plugins; get_plugins(); "
+            "print(json.dumps(sorted(m for m in ('vllm', 'torch') if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+    listed = subprocess.run([sys.executable, "-m", "toolrl", "list-plugins", "--json"], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    (info,) = [p for p in json.loads(listed.stdout) if p["name"] == "vllm"]
+    assert (info["status"], info["parts"]) == ("ok", {"rollout_engines": ["vllm"]})
