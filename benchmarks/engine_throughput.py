@@ -2,8 +2,8 @@
 transformers engine, on the same tiny random Qwen3 and the same 16 sequences, CPU, side by side.
 
 Each round sends 16 concurrent ``generate`` calls (distinct chat prompts, one sample each, seeded,
-temperature 1, no stop, so every sequence decodes exactly ``--tokens`` tokens) to one engine and
-times the whole batch; rounds alternate between the engines. Engine start-up and one warm-up batch
+temperature 1 unless ``--temperature``, no stop, so every sequence decodes exactly ``--tokens``
+tokens) to one engine and times the whole batch; rounds alternate between the engines. Engine start-up and one warm-up batch
 are excluded (and reported). Both engines return per-token logprobs, as in training.
 
 Threads: this process (the transformers engine) runs with OMP_NUM_THREADS=1. vLLM's CPU worker
@@ -43,11 +43,12 @@ def prompts(tokenizer: Any) -> list[list[int]]:
                                           return_dict=False) for q in QUESTIONS[:SEQUENCES]]
 
 
-async def batch(engine: RolloutEngine, batch_prompts: list[list[int]], tokens: int, seed: int) -> tuple[int, float]:
+async def batch(engine: RolloutEngine, batch_prompts: list[list[int]], tokens: int, seed: int,
+                temperature: float) -> tuple[int, float]:
     """(generated tokens, seconds) for one concurrent batch."""
     t0 = time.perf_counter()
     gens = await asyncio.gather(*(
-        engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=tokens, seed=seed + i))
+        engine.generate(p, SamplingParams(temperature=temperature, max_new_tokens=tokens, seed=seed + i))
         for i, p in enumerate(batch_prompts)))
     seconds = time.perf_counter() - t0
     generated = sum(len(g[0].token_ids) for g in gens)
@@ -69,14 +70,14 @@ def start(name: str, path: str) -> tuple[RolloutEngine, float]:
 
 
 async def measure(engines: dict[str, RolloutEngine], batch_prompts: list[list[int]], tokens: int,
-                  rounds: int) -> dict[str, dict[str, Any]]:
+                  rounds: int, temperature: float) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {name: {"tps": []} for name in engines}
     try:
         for name, engine in engines.items():
-            _, results[name]["warmup_s"] = await batch(engine, batch_prompts, 8, seed=10_000)
+            _, results[name]["warmup_s"] = await batch(engine, batch_prompts, 8, 10_000, temperature)
         for r in range(rounds):
             for name, engine in engines.items():
-                generated, seconds = await batch(engine, batch_prompts, tokens, seed=1_000 * r)
+                generated, seconds = await batch(engine, batch_prompts, tokens, 1_000 * r, temperature)
                 results[name]["tps"].append(generated / seconds)
                 print(f"round {r + 1} {name:12s} {generated} tokens in {seconds:6.2f} s = "
                       f"{generated / seconds:7.1f} tok/s", flush=True)
@@ -90,6 +91,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-qwen3",
                         help="tiny-qwen3: the tests' random model; smollm2-135m-instruct: a real small model")
     args = parser.parse_args()
@@ -99,12 +101,13 @@ def main() -> None:
     engines, startup = {}, {}
     for name in ("transformers", "vllm"):
         engines[name], startup[name] = start(name, path)
-    results = asyncio.run(measure(engines, batch_prompts, args.tokens, args.rounds))
+    results = asyncio.run(measure(engines, batch_prompts, args.tokens, args.rounds, args.temperature))
 
     print()
     print(machine())
     print(f"VLLM_CPU_OMP_THREADS_BIND={os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto (unset)')}; "
-          f"model {path}; {SEQUENCES} sequences x {args.tokens} tokens, temperature 1, logprobs on")
+          f"model {path}; {SEQUENCES} sequences x {args.tokens} tokens, "
+          f"temperature {args.temperature:g}, logprobs on")
     rows = []
     for name in engines:
         tps = results[name]["tps"]

@@ -313,6 +313,20 @@ class TestTwoNodes:
         ray.shutdown()
 
 
+def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
+    from toolrl.config import ConfigError
+    from toolrl.distributed import RolloutWorkerPool
+
+    require_no_ray()
+    ray.init(num_cpus=1, include_dashboard=False)
+    try:
+        with pytest.raises(ConfigError, match=r"ray.num_rollout_workers=2 needs 2 CPUs .* the cluster has 1 CPUs"):
+            RolloutWorkerPool(small_config(), num_workers=2, address=None)
+        assert ray.is_initialized()  # not the pool's Ray: left open
+    finally:
+        ray.shutdown()
+
+
 # -- the CLI ----------------------------------------------------------------------------------------
 
 

@@ -125,6 +125,15 @@ class TrainerConfig(Section):
     plot: bool = True
 
 
+class RayConfig(Section):
+    # None: rollouts run in the trainer's process. "local": start a Ray instance on this machine;
+    # "auto": join the cluster running on this machine; "host:port": join that cluster.
+    address: str | None = None
+    num_rollout_workers: int = Field(1, gt=0, description="engine replicas, one per node while nodes last")
+    num_cpus_per_worker: float = Field(1.0, ge=0)
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig
@@ -136,6 +145,7 @@ class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
     base_dir: str = Field(".", description="directory relative paths resolve against (the config's)")
 
 

@@ -303,6 +303,29 @@ def _prepare_output(config: Config, resume: bool) -> Path:
     return out
 
 
+async def _rollout_pool(config: Config) -> Any:
+    """Rollout workers on Ray, up and running, when ``ray.address`` is set; None: rollouts run here."""
+    if config.ray.address is None:
+        return None
+    from toolrl.distributed import RolloutWorkerPool
+
+    pool = RolloutWorkerPool(config, config.ray.num_rollout_workers, config.ray.address,
+                             num_cpus_per_worker=config.ray.num_cpus_per_worker,
+                             num_gpus_per_worker=config.ray.num_gpus_per_worker)
+    try:
+        await pool.start()
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+async def _rollouts(run: Run, pool: Any, prompts: list[Sample], seed: int, id_prefix: str) -> list[Trajectory]:
+    if pool is None:
+        return await run_rollouts(run.ctx, prompts, run.config.rollout.n, seed=seed, id_prefix=id_prefix)
+    return await pool.run(prompts, run.config.rollout.n, seed=seed, id_prefix=id_prefix)
+
+
 async def _close(run: Run) -> None:
     for tool in run.tools.values():
         await tool.close()
@@ -341,15 +364,19 @@ async def train_async(config: Config, resume: bool = False) -> Path:
         _truncate_metrics(out / "metrics.jsonl", start)
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
+    pool = None
     try:
+        pool = await _rollout_pool(config)
+        if pool is not None:
+            await pool.broadcast(model.state_dict())  # the workers start from the trainer's weights
         with progress:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
                 prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
                 model.eval()
-                trajs = await run_rollouts(run.ctx, prompts, config.rollout.n,
-                                           seed=config.rollout.seed + 7_777 * step, id_prefix=f"t{step + 1}-")
+                trajs = await _rollouts(run, pool, prompts, seed=config.rollout.seed + 7_777 * step,
+                                        id_prefix=f"t{step + 1}-")
                 rollout_s = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 train = await asyncio.to_thread(
@@ -357,6 +384,8 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_response_tokens,
                     ref_model=ref_model)
                 run.engine.update_weights(model.state_dict())
+                if pool is not None:
+                    await pool.broadcast(model.state_dict())
                 row = {"step": step + 1, **rollout_metrics(trajs, rollout_s), **train,
                        "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                 write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, run.tokenizer)
@@ -370,6 +399,8 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
                     f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s", highlight=False)
     finally:
+        if pool is not None:
+            pool.close()
         await _close(run)
     if config.trainer.plot:
         plot_curve(out)
@@ -381,20 +412,24 @@ async def evaluate_async(config: Config) -> Path:
     run = await compose(config)
     run.model.eval()
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, 0)
+    pool = None
     try:
+        pool = await _rollout_pool(config)
         with progress:
             for step in range(config.trainer.total_steps):
                 t0 = time.perf_counter()
                 prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
-                trajs = await run_rollouts(run.ctx, prompts, config.rollout.n,
-                                           seed=config.rollout.seed + 7_777 * step, id_prefix=f"e{step + 1}-")
+                trajs = await _rollouts(run, pool, prompts, seed=config.rollout.seed + 7_777 * step,
+                                        id_prefix=f"e{step + 1}-")
                 row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
                 write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, run.tokenizer)
                 append_metrics(out / "metrics.jsonl", row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
     finally:
+        if pool is not None:
+            pool.close()
         await _close(run)
     if config.trainer.plot:
         plot_curve(out)

