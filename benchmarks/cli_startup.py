@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 HEAVY = ("torch", "transformers", "ray", "vllm", "mcp", "httpx", "pydantic", "jsonschema", "math_verify")
 
@@ -25,7 +26,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=25)
     args = ap.parse_args()
     py = os.path.realpath(sys.executable)
-    toolrl = shutil.which("toolrl") or "toolrl"
+    # The console script of this interpreter's environment (the venv need not be activated).
+    toolrl = str(Path(sys.executable).parent / "toolrl")
+    if not os.path.exists(toolrl):
+        toolrl = shutil.which("toolrl") or "toolrl"
     commands = {
         "python -c pass": [py, "-c", "pass"],
         "bare entry-point scan": [py, "-c", "import importlib.metadata as m; m.entry_points(group='toolrl')"],
