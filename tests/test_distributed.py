@@ -24,6 +24,8 @@ from toolrl.config import Config, load_config
 from toolrl.tools import Tool
 
 ray = pytest.importorskip("ray")
+# Minutes of Ray start-up: run by the core session, left out of plugins_vs_core (-m "not slow").
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")

@@ -361,6 +361,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
         raise ConfigError(f"--resume: no checkpoint in {out / 'checkpoints'}")
     if ckpt is not None:
         start = load_checkpoint(ckpt, model, optimizer)
+        run.engine.update_weights(model.state_dict())  # engines that do not share the module
         _truncate_metrics(out / "metrics.jsonl", start)
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
