@@ -326,7 +326,9 @@ async def _rollouts(run: Run, pool: Any, prompts: list[Sample], seed: int, id_pr
     return await pool.run(prompts, run.config.rollout.n, seed=seed, id_prefix=id_prefix)
 
 
-async def _close(run: Run) -> None:
+async def _close(run: Run, pool: Any = None) -> None:
+    if pool is not None:
+        pool.close()
     for tool in run.tools.values():
         await tool.close()
     await run.engine.close()
@@ -400,9 +402,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
                     f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s", highlight=False)
     finally:
-        if pool is not None:
-            pool.close()
-        await _close(run)
+        await _close(run, pool)
     if config.trainer.plot:
         plot_curve(out)
     return out
@@ -429,9 +429,7 @@ async def evaluate_async(config: Config) -> Path:
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
     finally:
-        if pool is not None:
-            pool.close()
-        await _close(run)
+        await _close(run, pool)
     if config.trainer.plot:
         plot_curve(out)
     return out

@@ -45,6 +45,20 @@ class ModelSource:
     tokenizer: Any = None
 
 
+def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_model_len: int) -> list[Generation] | None:
+    """Validate a generate() request the same way in every engine: raises on bad input, returns the
+    (empty) result when nothing may be generated, else None."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if len(prompt_ids) >= max_model_len:
+        raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {max_model_len}")
+    if params.max_new_tokens <= 0:
+        return [Generation([], [], "length") for _ in range(n)]
+    return None
+
+
 class RolloutEngine(ABC):
     name: ClassVar[str] = ""
 

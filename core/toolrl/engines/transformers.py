@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers.cache_utils import Cache, DynamicLayer
 
-from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams
+from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
 from toolrl.models import load_model, load_tokenizer, resolve_device
 
 
@@ -239,14 +239,8 @@ class TransformersEngine(RolloutEngine):
                        session_id: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
-        if params.max_new_tokens <= 0:
-            return [Generation([], [], "length") for _ in range(n)]
+        if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
+            return empty
         if params.stop_strings:
             _ = self.tokenizer  # load it now, not inside a step
         loop = asyncio.get_running_loop()

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams
+from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
 
 from toolrl_vllm.loop import LoopThread
 from toolrl_vllm.weights import write_checkpoint
@@ -237,14 +237,8 @@ class VLLMEngine(RolloutEngine):
                        session_id: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if len(prompt_ids) >= self.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}")
-        if params.max_new_tokens <= 0:
-            return [Generation([], [], "length") for _ in range(n)]
+        if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
+            return empty
         if params.top_p < 1 and params.temperature > 0 and not self._top_p_warned:
             self._top_p_warned = True
             warnings.warn("vllm engine: with top_p < 1 the returned logprobs are over the top-p nucleus, "
