@@ -52,6 +52,12 @@ def test_malformed_calls_become_errors():
         assert len(out.errors) == 1 and expected in out.errors[0].message, (text, out.errors)
 
 
+def test_think_tags_inside_arguments_are_data():
+    out = hermes.parse(call("xml", text="<think>a</think>") + call("xml", text="<think>"))
+    assert [c.arguments["text"] for c in out.calls] == ["<think>a</think>", "<think>"]
+    assert hermes.parse("<think>" + call("x", text="</think>") + " still thinking").calls == []
+
+
 def test_string_encoded_arguments_and_close_tag_inside_string():
     out = hermes.parse('<tool_call>{"name": "c", "arguments": "{\\"expression\\": \\"1\\"}"}</tool_call>')
     assert out.calls[0].arguments == {"expression": "1"}

@@ -268,7 +268,8 @@ class RayRateLimiter(RateLimiter):
 
         ticket = uuid.uuid4().hex
         start = time.monotonic()
-        for attempt in (1, 2):
+        attempts = 5
+        for attempt in range(1, attempts + 1):
             actor = self._actor
             try:
                 delay = await actor.acquire.remote(ticket)
@@ -276,9 +277,12 @@ class RayRateLimiter(RateLimiter):
                     await asyncio.sleep(delay)
                 break
             except RayActorError:
-                if attempt == 2:
+                if attempt == attempts:
                     raise
-                self._actor = self._connect()  # its creator exited: find or create it again
+                # Its creator exited or it was killed: find or create it again. Right after a kill the
+                # dead actor's name can still resolve for a moment, so back off between tries.
+                await asyncio.sleep(0.1 * attempt)
+                self._actor = self._connect()
             except BaseException:
                 actor.release.remote(ticket)  # queued, granted or not yet arrived: the actor sorts it out
                 raise

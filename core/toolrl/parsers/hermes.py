@@ -17,17 +17,38 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _TAG = re.compile(re.escape(OPEN) + "|" + re.escape(CLOSE))
 
 
+def _call_spans(text: str) -> list[tuple[int, int]]:
+    """Where tool calls stand (``<tool_call>`` to its ``</tool_call>`` or the end)."""
+    spans, pos = [], 0
+    while (start := text.find(OPEN, pos)) != -1:
+        end = text.find(CLOSE, start)
+        end = len(text) if end == -1 else end + len(CLOSE)
+        spans.append((start, end))
+        pos = end
+    return spans
+
+
 def strip_thinking(text: str) -> tuple[str, list[tuple[int, int]]]:
     """Blank out reasoning so calls in it are ignored; returns the text with ``<think>`` regions
     replaced by spaces (offsets preserved) and the regions. A ``</think>`` with no opening tag closes
-    a reasoning block the prompt opened; an unclosed ``<think>`` runs to the end."""
+    a reasoning block the prompt opened; an unclosed ``<think>`` runs to the end. Think tags inside a
+    tool call's arguments (a string that happens to contain them) are data, not reasoning."""
+    calls = _call_spans(text)
+
+    def find(tag: str, pos: int) -> int:
+        while (at := text.find(tag, pos)) != -1:
+            if not any(a < at < b for a, b in calls):
+                return at
+            pos = at + 1
+        return -1
+
     regions: list[tuple[int, int]] = []
-    first_close = text.find(THINK_CLOSE)
-    first_open = text.find(THINK_OPEN)
+    first_close = find(THINK_CLOSE, 0)
+    first_open = find(THINK_OPEN, 0)
     if first_close != -1 and (first_open == -1 or first_close < first_open):
         regions.append((0, first_close + len(THINK_CLOSE)))
     pos = regions[-1][1] if regions else 0
-    while (start := text.find(THINK_OPEN, pos)) != -1:
+    while (start := find(THINK_OPEN, pos)) != -1:
         end = text.find(THINK_CLOSE, start)
         end = len(text) if end == -1 else end + len(THINK_CLOSE)
         regions.append((start, end))
