@@ -17,22 +17,24 @@ def _to_number(text: str) -> float | None:
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (braces balanced), or None."""
-    start = text.rfind("\\boxed")
+    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if there is
+    none or it is unclosed."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start == -1:
         return None
-    i = text.find("{", start)
-    if i == -1:
+    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i == len(text) or text[i] != "{":
         return None
-    depth, j = 0, i
-    while j < len(text):
+    depth, begin = 0, i + 1
+    for j in range(i, len(text)):
         if text[j] == "{":
             depth += 1
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j]
-        j += 1
+                return text[begin:j]
     return None
 
 

@@ -24,23 +24,6 @@ def _timeout() -> int | None:
     return GRADING_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
 
-def extract_last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if there is none."""
-    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth, begin = 1, i
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i]
-        i += 1
-    return None
-
 
 def _is_growth(node: Any) -> bool:
     """Nodes whose value can explode: powers above 1, exp, factorials."""

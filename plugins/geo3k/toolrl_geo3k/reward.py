@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolrl_geo3k.grading import extract_last_boxed, is_equivalent
+from toolrl.rewards.builtin import last_boxed
+
+from toolrl_geo3k.grading import is_equivalent
 
 # Reasoning in <think>...</think>, then a boxed final answer.
 _FORMAT = re.compile(r"\s*<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
@@ -22,7 +24,7 @@ def geo3k_score(
     """
     if not 0.0 <= format_score <= 1.0:
         raise ValueError(f"format_score must be between 0 and 1, got {format_score}")
-    answer = extract_last_boxed(solution_str) if use_boxed else solution_str
+    answer = last_boxed(solution_str) if use_boxed else solution_str
     accuracy = (
         1.0
         if answer is not None and ground_truth is not None and is_equivalent(answer, str(ground_truth))
