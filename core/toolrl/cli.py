@@ -210,12 +210,13 @@ def _load_config(path: str, overrides: tuple[str, ...]) -> Any:
 def _user_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Config problems found while composing parts (unknown names, bad tool configs) are user errors."""
     from toolrl.config import ConfigError
+    from toolrl.models import ModelUnavailable
     from toolrl.registry import RegistryError
     from toolrl.tools import ToolConfigError
 
     try:
         return fn(*args, **kwargs)
-    except (ConfigError, ToolConfigError, RegistryError) as exc:
+    except (ConfigError, ToolConfigError, RegistryError, ModelUnavailable) as exc:
         raise UsageFailure(str(exc).strip("'\"")) from None
 
 

