@@ -73,7 +73,7 @@ def main() -> None:
     tool_instance = loop.run_until_complete(tool.create())
 
     def bare() -> None:
-        out = subprocess.run([sandbox.interpreter, "-c", CODE], capture_output=True).stdout
+        out = subprocess.run([sandbox.interpreter.path, "-c", CODE], capture_output=True).stdout
         assert out == b"2\n"
 
     def embedded() -> None:
