@@ -140,6 +140,15 @@ async def test_sandbox_unreachable_is_reported_plainly():
     assert result.metrics["attempts"] == 4
 
 
+async def test_signals_and_limits_are_named_for_the_model(tool):
+    result = await call(tool, {"code": "import os\nos.kill(os.getpid(), 9)"})
+    assert result.response.text.startswith("Error: the code was killed by signal 9 (SIGKILL).")
+    assert result.metrics["return_code"] == -9 and result.metrics["status"] == "error"
+    result = await call(tool, {"code": "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, 2))\nwhile True: pass"})
+    assert result.response.text.startswith(
+        "Error: the code was killed by signal 24 (SIGXCPU).\n(CPU time limit exceeded)")
+
+
 def test_render_clips_long_output_naming_what_was_cut():
     run = CommandRunResult(status=CommandRunStatus.Finished, return_code=0, stdout="a" * 20000 + "END", stderr="")
     text = render(RunCodeResponse(status=RunStatus.Success, run_result=run), 10, 1024)

@@ -73,11 +73,12 @@ def outcome(response: RunCodeResponse) -> str:
     run = response.run_result or response.compile_result
     if response.status == RunStatus.SandboxError or run is None:
         return "sandbox_error"
-    if run.status == CommandRunStatus.TimeLimitExceeded or "time limit" in response.detail:
+    if run.status == CommandRunStatus.TimeLimitExceeded or response.detail.startswith("time limit"):
         return "timeout"
-    if "memory limit" in response.detail or (run.return_code not in (None, 0) and "MemoryError" in (run.stderr or "")):
+    if response.detail.startswith("memory limit") or (
+            run.return_code not in (None, 0) and "MemoryError" in (run.stderr or "")):
         return "memory"
-    if "output limit" in response.detail:
+    if response.detail.startswith("output limit"):
         return "output_limit"
     return "success" if response.status == RunStatus.Success else "error"
 

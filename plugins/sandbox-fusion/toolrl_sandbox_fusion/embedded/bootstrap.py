@@ -73,6 +73,7 @@ def _isolate(root_mb, tmp_mb, shm_mb, folders):
             kept |= _MS_RELATIME
         mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
 
+    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # PR_SET_PDEATHSIG SIGKILL: gone with the launcher
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
     check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
@@ -86,7 +87,7 @@ def _isolate(root_mb, tmp_mb, shm_mb, folders):
     if init:  # outside: stand for the sandbox until its init ends
         code = os.waitstatus_to_exitcode(os.waitpid(init, 0)[1])
         os._exit(code if code >= 0 else 128 - code)
-    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # PR_SET_PDEATHSIG SIGKILL: gone with the outside process
+    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # gone with the outside process
     mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     owner, group = (_NOBODY, _NOBODY) if root else (uid, gid)
     # Opened before the new root hides them (a folder may be under /tmp); bound through the fds.
