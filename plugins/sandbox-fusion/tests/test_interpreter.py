@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
-from sandbox_support import IS_ROOT, requires_bwrap
+from sandbox_support import IS_ROOT, requires_bwrap, start_server, stop_server
 from toolrl.tools import ToolConfigError
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 from toolrl_sandbox_fusion.embedded.launch import find_interpreter
@@ -73,6 +74,15 @@ def test_cli_tool_call_prints_sympy_result(venv):
         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "2*sqrt(2)"
+
+
+def test_serve_with_python_executable(venv):
+    srv = start_server("--python-executable", str(venv), "--pool-size", "1")
+    try:
+        body = httpx.post(f"{srv.url}/run_code", json={"code": CODE, "language": "python"}, timeout=60).json()
+    finally:
+        stop_server(srv)
+    assert body["status"] == "Success" and body["run_result"]["stdout"] == "2*sqrt(2)\n"
 
 
 def test_default_interpreter_has_no_sympy_and_says_so(sandbox):

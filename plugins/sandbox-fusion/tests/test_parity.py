@@ -9,7 +9,20 @@ import subprocess
 
 import httpx
 import pytest
+from sandbox_support import HAVE_BWRAP, IS_ROOT
+from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
+
+
+@pytest.fixture(scope="module", params=[
+    pytest.param("bwrap", marks=pytest.mark.skipif(not HAVE_BWRAP, reason="bubblewrap unusable here")),
+    pytest.param("unshare", marks=pytest.mark.skipif(not IS_ROOT, reason="the fallback isolates fully only as root")),
+])
+def sandbox(request):
+    """Both isolation modes: they reach the same answers by different means (bubblewrap's init, the
+    fallback's own)."""
+    with EmbeddedSandbox(SandboxConfig(isolation=request.param, pool_size=2)) as sb:
+        yield sb
 
 
 def b64(text: str) -> str:

@@ -16,7 +16,7 @@ def sandbox() -> None:
               help="Port to bind; 0 picks a free one (the address is printed).")
 @click.option("--isolation", type=click.Choice(["auto", "bwrap", "unshare"]), default="auto", show_default=True,
               help="auto: bubblewrap when it works here, else the unshare fallback (with a warning).")
-@click.option("--python-executable", default=None, metavar="PATH",
+@click.option("--python-executable", default=None, type=click.Path(exists=True, dir_okay=True),
               help="The Python the code runs on (an executable, or a venv/prefix folder), mounted "
                    "read-only in the sandbox. Default: /usr/bin/python3.")
 @click.option("--workers", default=8, show_default=True, type=click.IntRange(1), help="Runs at once.")
