@@ -33,8 +33,11 @@ _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
 _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 _MNT_DETACH = 2
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203, "s390x": 217}
+# The same view bubblewrap is given in launch.py (NOBODY, WORKDIR, ROOT_LINKS); this file cannot
+# import it.
 _NOBODY = 65534
 _WORKDIR = "/sandbox"
+_ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
@@ -92,7 +95,7 @@ def _isolate(root_mb, tmp_mb, shm_mb, folders):
     owner, group = (_NOBODY, _NOBODY) if root else (uid, gid)
     # Opened before the new root hides them (a folder may be under /tmp); bound through the fds.
     binds, links = {"/usr": os.open("/usr", os.O_PATH)}, {}
-    for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+    for name in _ROOT_LINKS:
         if os.path.islink(name):
             links[name] = os.readlink(name)
         elif os.path.isdir(name):
