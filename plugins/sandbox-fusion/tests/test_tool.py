@@ -65,6 +65,8 @@ def test_config_is_validated():
         CodeInterpreterTool({"rate_limit": 0})
     with pytest.raises(ToolConfigError, match="config.default_language"):
         CodeInterpreterTool({"default_language": "cobol"})
+    with pytest.raises(ToolConfigError, match="embedded sandbox"):
+        CodeInterpreterTool({"sandbox_fusion_url": "http://x", "isolation": "unshare"})
 
 
 async def test_embedded_call_and_metrics(tool):

@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from toolrl.ratelimit import RateLimiter, make_rate_limiter
 from toolrl.schemas import ToolResponse
 from toolrl.tools import Tool
@@ -59,6 +59,13 @@ class CodeInterpreterConfig(BaseModel):
         if value is not None and not os.path.exists(os.path.expanduser(value)):
             raise ValueError(f"no such file or folder: {value}")
         return value
+
+    @model_validator(mode="after")
+    def _embedded_only(self) -> CodeInterpreterConfig:
+        if self.sandbox_fusion_url and (self.python_executable or self.isolation != "auto"):
+            raise ValueError("python_executable and isolation configure the embedded sandbox; the server at "
+                             "sandbox_fusion_url runs code its own way")
+        return self
 
 
 def _clip(text: str, limit: int = MAX_STREAM_CHARS) -> str:
