@@ -109,6 +109,18 @@ def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
         lora.load_trainable_state_dict(fresh, dict(list(saved.items())[1:]))
 
 
+def test_saved_adapter_loads_in_peft(tiny_qwen3_path, tmp_path):
+    from peft import PeftModel
+
+    model = lora_model(tiny_qwen3_path, seed=2)
+    out = lora.save_adapter(model, tmp_path / "adapter", base_model=tiny_qwen3_path)
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == tiny_qwen3_path
+    loaded = PeftModel.from_pretrained(load_model(tiny_qwen3_path), str(out))
+    ids = torch.arange(100, 120)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits, rtol=0, atol=1e-5)
+
+
 class EvenTokens:
     """Share of even token ids in the response: different for almost every sample, so GRPO has
     non-zero advantages on a random model."""

@@ -17,8 +17,10 @@ which is a collective: every rank must iterate :func:`iter_engine_weights` toget
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -107,6 +109,28 @@ def load_trainable_state_dict(model: Any, state: Mapping[str, Any]) -> None:
         raise KeyError(f"adapter checkpoint does not match the model: missing {missing[:3]}, "
                        f"unexpected {unexpected[:3]}")
     model.load_state_dict(dict(state), strict=False)
+
+
+def save_adapter(model: Any, directory: str | os.PathLike[str], base_model: str | None = None) -> Path:
+    """Write the adapters in peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``),
+    which ``peft.PeftModel.from_pretrained`` and LoRA-serving engines (vLLM) load; ``base_model`` is
+    recorded as ``base_model_name_or_path``. Gathers sharded tensors (a collective, like
+    :func:`iter_engine_weights`). Returns the directory."""
+    import dataclasses
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    if not has_lora(model):
+        raise ValueError("save_adapter: the model has no LoRA adapters")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    # peft's files name tensors as seen from a PeftModel wrapper (prefix base_model.model.).
+    state = {f"base_model.model.{k}": _full(v).detach().cpu().contiguous()
+             for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    dataclasses.replace(model.peft_config[ADAPTER], base_model_name_or_path=base_model).save_pretrained(str(out))
+    return out
 
 
 def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
