@@ -57,6 +57,19 @@ def test_only_adapters_are_trainable(tiny_qwen3_path):
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+def test_adapters_get_gradients_under_gradient_checkpointing(tiny_qwen3_path):
+    # The classic peft pitfall: with reentrant checkpointing and frozen embeddings no input of a
+    # checkpointed layer requires grad, so its adapters get none. transformers 5 avoids it (non-reentrant
+    # by default); this guards the combination compose() builds.
+    model = lora_model(tiny_qwen3_path)
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.arange(100, 110)[None]
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = [p.grad for p in lora.trainable_parameters(model)]
+    assert all(g is not None and float(g.abs().sum()) > 0 for g in grads)
+
+
 @pytest.mark.parametrize("targets, message", [
     (["nope"], "model.lora.target_modules: Target modules {'nope'} not found"),
     (["lm_head"], "share a tied weight with another module: lm_head"),

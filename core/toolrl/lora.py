@@ -85,6 +85,7 @@ def lora_layers(model: Any) -> dict[str, Any]:
 
 
 def has_lora(model: Any) -> bool:
+    """Whether :func:`apply_lora` (or peft) put adapters into ``model``."""
     return bool(lora_layers(model))
 
 
@@ -159,9 +160,9 @@ def _merged(layer: Any, weight: torch.Tensor) -> torch.Tensor:
     done in float32 so bf16 weights lose no more than the final rounding."""
     import torch
 
-    if layer.merged:  # peft's own merge_adapter() already wrote the adapters into W
-        return weight
     w = _full(weight)
+    if layer.merged:  # peft's own merge_adapter() already wrote the adapters into W
+        return w
     out = None
     for name in layer.active_adapters:
         if name not in layer.lora_A:
