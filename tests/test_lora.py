@@ -197,11 +197,16 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         await _close(run)
 
 
-def test_cli_trains_two_steps_with_lora(tmp_path):
+@pytest.mark.parametrize("where", [
+    pytest.param([], id="in-process"),
+    # The Ray rollout worker's engine gets the merged weights through the object-store broadcast.
+    pytest.param(["ray.address=local", "ray.num_rollout_workers=1"], id="ray", marks=pytest.mark.slow),
+])
+def test_cli_trains_two_steps_with_lora(tmp_path, where):
     res = run_toolrl("train", TINY, "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}",
                      "trainer.total_steps=2", "optim.lr=0.05", f"trainer.output_dir={tmp_path}", "trainer.plot=false",
                      "reward.functions=[{name: format, options: {pattern: e}}]", "rollout.max_new_tokens=4",
-                     "rollout.max_response_tokens=4", env={"OMP_NUM_THREADS": "1"}, timeout=600)
+                     "rollout.max_response_tokens=4", *where, env={"OMP_NUM_THREADS": "1"}, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
