@@ -167,12 +167,12 @@ def _merged(layer: Any, weight: torch.Tensor) -> torch.Tensor:
     for name in layer.active_adapters:
         if name not in layer.lora_A:
             continue
-        a = _full(layer.lora_A[name].weight).to(torch.float32)
-        b = _full(layer.lora_B[name].weight).to(torch.float32)
-        delta = (b @ a) * layer.scaling[name]
-        if layer.fan_in_fan_out:
-            delta = delta.T
-        out = (w.to(torch.float32) if out is None else out) + delta.to(w.device)
+        a = _full(layer.lora_A[name].weight).to(device=w.device, dtype=torch.float32)
+        b = _full(layer.lora_B[name].weight).to(device=w.device, dtype=torch.float32)
+        if layer.fan_in_fan_out:  # W is stored transposed ([in, out], GPT-2's Conv1D)
+            a, b = b.T, a.T
+        # One fused pass (a new tensor; W itself is only read); a float32 W is not copied first.
+        out = torch.addmm(w.to(torch.float32) if out is None else out, b, a, alpha=layer.scaling[name])
     return w if out is None else out.to(w.dtype)
 
 
