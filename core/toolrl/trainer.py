@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolrl import lora
 from toolrl.config import Config, ConfigError, resolve_path
 from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts
 from toolrl.schemas import Message, Sample
@@ -29,17 +30,9 @@ from toolrl.tools import Tool
 
 
 def model_path(config: Config) -> str:
-    from toolrl import models
+    from toolrl.models import resolve_source
 
-    source = config.model.source
-    if source == "tiny-qwen3":
-        return models.tiny_qwen3(tokenizer_variant=config.model.tokenizer, **config.model.tiny)
-    if source == "smollm2-135m-instruct":
-        return models.smollm2_135m()
-    path = resolve_path(config, source)
-    if not path.is_dir():
-        raise ConfigError(f"model.source: {source!r} is neither a known model nor a directory")
-    return str(path)
+    return resolve_source(config.model, config.base_dir)
 
 
 def load_samples(config: Config) -> list[Sample]:
@@ -140,10 +133,13 @@ async def compose(config: Config) -> Run:
     tokenizer = models.load_tokenizer(path)
     device = models.resolve_device(config.model.device)
     model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.lora is not None:
+        lora.apply_lora(model, config.model.lora)
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     engine = engine_cls.create(
-        ModelSource(path=path, module=model, tokenizer=tokenizer),
+        # Under LoRA the engine keeps its own base model and gets merged weights (lora.engine_state_dict).
+        ModelSource(path=path, module=None if config.model.lora else model, tokenizer=tokenizer),
         {"max_batch_size": config.engine.max_batch_size, "device": device, "dtype": config.model.dtype,
          **config.engine.options},
     )
@@ -255,7 +251,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: Any, optimizer: Any, keep:
     tmp = ckpt_dir / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp / "model.pt")
+    torch.save({k: v.detach().cpu() for k, v in lora.checkpoint_state_dict(model).items()}, tmp / "model.pt")
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "python_rng": random.getstate(),
                 "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -273,7 +269,7 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, model: Any, optimizer: Any) -> int:
     import torch
 
-    model.load_state_dict(torch.load(path / "model.pt", map_location=next(model.parameters()).device))
+    lora.load_checkpoint_state_dict(model, torch.load(path / "model.pt", map_location=next(model.parameters()).device))
     state = torch.load(path / "trainer.pt", weights_only=False)
     optimizer.load_state_dict(state["optimizer"])
     random.setstate(state["python_rng"])
@@ -350,7 +346,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
     out = _prepare_output(config, resume)
     run = await compose(config)
     model = run.model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, betas=config.optim.betas,
+    optimizer = torch.optim.AdamW(lora.trainable_parameters(model), lr=config.optim.lr, betas=config.optim.betas,
                                   weight_decay=config.optim.weight_decay)
     ref_model = None
     if config.algorithm.kl_coef > 0:
@@ -363,7 +359,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
         raise ConfigError(f"--resume: no checkpoint in {out / 'checkpoints'}")
     if ckpt is not None:
         start = load_checkpoint(ckpt, model, optimizer)
-        run.engine.update_weights(model.state_dict())  # engines that do not share the module
+        run.engine.update_weights(lora.engine_state_dict(model))  # engines that do not share the module
         _truncate_metrics(out / "metrics.jsonl", start)
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
@@ -371,7 +367,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
     try:
         pool = await _rollout_pool(config)
         if pool is not None:
-            await pool.broadcast(model.state_dict())  # the workers start from the trainer's weights
+            await pool.broadcast(lora.engine_state_dict(model))  # the workers start from the trainer's weights
         with progress:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
@@ -386,9 +382,10 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     grpo_step, model, optimizer, trajs, config.algorithm, config.optim, pad_id=pad_id,
                     temperature=config.rollout.temperature, max_response_tokens=config.rollout.max_response_tokens,
                     ref_model=ref_model)
-                run.engine.update_weights(model.state_dict())
+                weights = lora.engine_state_dict(model)  # LoRA merged in, under the base model's names
+                run.engine.update_weights(weights)
                 if pool is not None:
-                    await pool.broadcast(model.state_dict())
+                    await pool.broadcast(weights)
                 row = {"step": step + 1, **rollout_metrics(trajs, rollout_s), **train,
                        "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                 write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, run.tokenizer)
