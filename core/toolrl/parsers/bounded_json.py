@@ -14,6 +14,7 @@ from typing import Any
 
 MAX_DEPTH = 64
 MAX_NUMBER_CHARS = 1000
+_WHITESPACE = " \t\n\r"  # JSON's whitespace
 
 # A JSON string (or one that runs to the end) or a bracket: depth counts brackets outside strings.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)|[\[\]{}]', re.S)
@@ -60,4 +61,9 @@ def loads(text: str, max_depth: int = MAX_DEPTH, max_number_chars: int = MAX_NUM
     if too_deep(text, max_depth):
         raise JSONLimitError(f"nested deeper than {max_depth} levels")
     decoder = _DEFAULT if max_number_chars == MAX_NUMBER_CHARS else _decoder(max_number_chars)
-    return decoder.decode(text)
+    # JSONDecoder.decode, minus its two whitespace regex matches (a third of the cost on small calls).
+    obj, end = decoder.raw_decode(text, len(text) - len(text.lstrip(_WHITESPACE)))
+    rest = text[end:].lstrip(_WHITESPACE)
+    if rest:
+        raise json.JSONDecodeError("Extra data", text, len(text) - len(rest))
+    return obj
