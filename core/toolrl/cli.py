@@ -47,9 +47,13 @@ def cli() -> None:
 
 @cli.command("list-plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_plugins(as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="Also import and check every registered part (slower).")
+def list_plugins(as_json: bool, check: bool) -> None:
     """List installed plugins: distribution, version, hooks, parts and load status."""
-    infos = [i.as_dict() for i in get_plugins().list()]
+    plugins = get_plugins()
+    if check:
+        plugins.check()
+    infos = [i.as_dict() for i in plugins.list()]
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
