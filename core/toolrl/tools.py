@@ -105,8 +105,9 @@ class Tool:
     async def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping | None, section: Mapping[str, Any]
     ) -> list[Tool]:
-        """Build the tools one tool-config entry stands for. ``section`` is the whole entry (MCP
-        tools read their sibling ``mcp:`` block from it). Most tools are one tool per entry."""
+        """Build the tools one tool-config entry stands for. ``section`` is the whole entry, a
+        :class:`toolrl.toolconfig.ToolSection` (a mapping with ``base_dir``): a tool reads its own
+        sibling blocks from it (the MCP plugin reads ``mcp:``). Most tools are one tool per entry."""
         return [cls(config, tool_schema)]
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -85,18 +85,14 @@ async def build_tool(
     :func:`check_registered` should check). Without a file, ``name`` is a registered tool name or alias
     built with ``config``. With a verl-format tools YAML, ``name`` is the function name of one of its
     tools; the other tools it builds are closed."""
-    from toolrl.toolconfig import build_default_tool, load_tools_file, resolve_tool_class
+    from toolrl.toolconfig import build_default_tool, build_entry, load_tools_file
 
     if tools_config_file is None:
         return await build_default_tool(name, config), name
     tools_file = load_tools_file(tools_config_file)
     found: tuple[Tool, str] | None = None
     for entry in tools_file.tools:
-        cls = resolve_tool_class(entry.class_name)
-        built = await cls.from_config(
-            entry.config.model_dump(), entry.tool_schema, entry.model_dump(exclude_none=True)
-        )
-        for tool in built:
+        for tool in await build_entry(entry, tools_file.base_dir):
             if tool.name == name and found is None:
                 found = (tool, entry.class_name)
             else:
