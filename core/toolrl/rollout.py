@@ -28,7 +28,7 @@ from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
-from toolrl.tools import Tool, ToolSet
+from toolrl.tools import Tool, ToolSet, coerce_reward
 
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error"]
 
@@ -54,6 +54,8 @@ class Trajectory(BaseModel):
     reward: float = 0.0
     reward_terms: dict[str, float] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
+    tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
+    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.guard)
     ground_truth: Any = None
     generation_s: float = 0.0
     tool_s: float = 0.0
@@ -185,6 +187,10 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
     finally:
         # calc_reward and release always run, also after errors, timeouts or cancellation.
         traj.tool_rewards = await asyncio.shield(toolset.finish())
+        traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
+        traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
+        if traj.tool_errors and traj.error is None:
+            traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
         ctx.engine.end_session(trajectory_id)
     score(ctx, traj, sample, step_rewards)
     return traj
@@ -203,8 +209,8 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
             "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
     for name, weight, fn in ctx.reward_functions:
-        try:
-            terms[name] = weight * float(fn(traj.final_response, sample.ground_truth, **info))
+        try:  # a reward that raises or is not a finite number scores 0 and is reported, never trained on
+            terms[name] = weight * coerce_reward(fn(traj.final_response, sample.ground_truth, **info), "reward")
         except Exception as exc:
             terms[name] = 0.0
             traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
