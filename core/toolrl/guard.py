@@ -92,6 +92,8 @@ def _timed(coro: Any, label: str, outcome: Guarded) -> Generator[Any, Any, Any]:
             yielded = coro.send(value) if error is None else coro.throw(error)
         except StopIteration as stop:
             return stop.value
+        except SystemExit as exc:  # would stop the whole event loop
+            raise ToolExited(exc) from None
         finally:
             held = time.perf_counter() - step[1]
             _steps.pop(key, None)
@@ -106,7 +108,14 @@ def _timed(coro: Any, label: str, outcome: Guarded) -> Generator[Any, Any, Any]:
 # -- running ------------------------------------------------------------------------------------------
 
 
-def _in_thread(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> asyncio.Future[Any]:
+class ToolExited(RuntimeError):
+    """Tool code called ``sys.exit()``, which would otherwise stop the whole event loop."""
+
+    def __init__(self, exc: SystemExit) -> None:
+        super().__init__(f"the tool called sys.exit({exc.code!r})")
+
+
+def in_thread(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> asyncio.Future[Any]:
     """Run a plain function in a daemon thread (a hung one never blocks interpreter exit, unlike a
     thread pool's workers); the future resolves on the calling loop."""
     loop = asyncio.get_running_loop()
@@ -120,6 +129,8 @@ def _in_thread(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str,
     def work() -> None:
         try:
             result: tuple[bool, Any] = (True, context.run(fn, *args, **kwargs))
+        except SystemExit as exc:
+            result = (False, ToolExited(exc))
         except BaseException as exc:  # reported to the caller, never raised in the thread
             result = (False, exc)
         with contextlib.suppress(RuntimeError):  # the loop is gone; nobody is waiting
@@ -144,7 +155,7 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
     async def body() -> Any:
         if inspect.iscoroutinefunction(fn):
             return await _timed(fn(*args, **kwargs), label, outcome)
-        value = await _in_thread(fn, args, kwargs)
+        value = await in_thread(fn, args, kwargs)
         if inspect.isawaitable(value):  # a plain def that hands back a coroutine
             value = await _timed(value.__await__(), label, outcome)
         return value

@@ -136,6 +136,7 @@ class Tool:
     schema: ClassVar[dict[str, Any] | None] = None
     config_model: ClassVar[type[BaseModel] | None] = None
     default_timeout: ClassVar[float] = 30.0
+    runs_isolated: ClassVar[bool] = False  # True for the parent's handle on an isolated tool
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: ToolSchema | Mapping | None = None):
         raw = dict(config or {})
@@ -144,6 +145,9 @@ class Tool:
         if self.isolation not in ("none", "process"):
             raise ToolConfigError(f"invalid config for tool {type(self).__name__}: config.isolation: "
                                   f"expected 'none' or 'process', got {self.isolation!r}")
+        if self.isolation == "process" and not self.runs_isolated:
+            raise ToolConfigError(f"config.isolation: process is not supported by {type(self).__name__}: only tools "
+                                  "built by the default Tool.from_config can run in a worker process")
         options = {k: v for k, v in raw.items() if k not in BASE_CONFIG_KEYS}
         if self.config_model is not None:
             try:
