@@ -52,6 +52,10 @@ class WorkerDied(RuntimeError):
     """The worker process ended (crashed or was killed) while a call was in flight."""
 
 
+class WorkerUnreachable(WorkerDied):
+    """A call could not be sent: the worker is going down. The call never ran, so it may be retried."""
+
+
 # -- framing: 4-byte length + pickle, over a socketpair ---------------------------------------------
 
 
@@ -117,7 +121,7 @@ class _Worker:
     def submit(self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Future[Any]:
         future: Future[Any] = Future()
         if self.death is not None:
-            future.set_exception(WorkerDied(self.death))
+            future.set_exception(WorkerUnreachable(self.death))
             return future
         req = next(self.ids) if op != "init" else 0
         future.request_id = req  # type: ignore[attr-defined]
@@ -129,7 +133,7 @@ class _Worker:
             future.set_exception(TypeError(f"cannot send the call to the worker process: {exc}"))
         except OSError as exc:  # the worker is gone; the reader reports why
             self.pending.pop(req, None)
-            future.set_exception(WorkerDied(f"cannot reach the worker process: {exc}"))
+            future.set_exception(WorkerUnreachable(f"cannot reach the worker process: {exc}"))
         return future
 
     def cancel(self, future: Future[Any], grace_s: float) -> None:
@@ -238,8 +242,7 @@ class ProcessTool(Tool):
         await asyncio.shield(ready)  # shared by every caller: never cancel it
         return worker
 
-    async def _request(self, op: str, *args: Any, **kwargs: Any) -> Any:
-        worker = await self._ready_worker()
+    async def _request(self, worker: _Worker, op: str, *args: Any, **kwargs: Any) -> Any:
         future = worker.submit(op, args, kwargs)
         try:
             return await asyncio.wrap_future(future)
@@ -247,19 +250,43 @@ class ProcessTool(Tool):
             worker.cancel(future, self.kill_grace_s)
             raise
 
+    async def _forward(self, op: str, instance_id: str, *args: Any, retry: type[BaseException] = WorkerUnreachable,
+                       **kwargs: Any) -> Any:
+        """``op`` on the instance in the current worker, creating the instance there first if the
+        worker is new. Tried once more on a fresh worker after a ``retry`` failure: a call that never
+        reached the worker always; a lifecycle step that another call's crash took down too, for
+        create and calc_reward (never execute: that call may be the one that crashes it)."""
+        if instance_id not in self._instances:
+            raise KeyError(f"tool {self.name!r} has no instance {instance_id!r}: call create() first")
+        for attempt in (1, 2):
+            worker = await self._ready_worker()
+            try:
+                if op != "create" and instance_id not in worker.live:  # a fresh worker: create it again
+                    await self._request(worker, "create", instance_id, **self._instances[instance_id])
+                    worker.live.add(instance_id)
+                value = await self._request(worker, op, instance_id, *args, **kwargs)
+                if op == "create":
+                    worker.live.add(instance_id)
+                return value
+            except retry:
+                if attempt == 2:
+                    raise
+                worker.kill("a call could not reach it")
+                await self._until_dead(worker)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    async def _until_dead(worker: _Worker) -> None:
+        for _ in range(500):  # its reader thread notices within milliseconds of the kill
+            if not worker.alive:
+                return
+            await asyncio.sleep(0.01)
+
     async def call(self, instance_id: str, arguments: Any, **execute_kwargs: Any) -> ToolResult:
         # A replacement worker's start-up is not the call's time: wait for it outside the deadline.
         with contextlib.suppress(Exception, asyncio.TimeoutError):
             await asyncio.wait_for(self._ready_worker(), START_TIMEOUT_S)
         return await super().call(instance_id, arguments, **execute_kwargs)
-
-    async def _ensure(self, instance_id: str) -> None:
-        if instance_id not in self._instances:
-            raise KeyError(f"tool {self.name!r} has no instance {instance_id!r}: call create() first")
-        worker = self._worker
-        if instance_id not in worker.live:  # a fresh worker: create the instance again
-            await self._request("create", instance_id, **self._instances[instance_id])
-            worker.live.add(instance_id)
 
     # -- the lifecycle, forwarded ---------------------------------------------------------------
 
@@ -267,30 +294,26 @@ class ProcessTool(Tool):
         instance_id = instance_id or uuid.uuid4().hex
         self._instances[instance_id] = dict(create_kwargs)
         try:
-            worker_id = await self._request("create", instance_id, **create_kwargs)
+            worker_id = await self._forward("create", instance_id, retry=WorkerDied, **create_kwargs)
         except BaseException:
             self._instances.pop(instance_id, None)
             raise
-        if worker_id != instance_id:
-            raise ToolConfigError(f"tool {self.name!r}: with isolation: process, create must use the instance id "
-                                  f"it is given (returned {worker_id!r} for {instance_id!r})")
-        self._worker.live.add(instance_id)
-        return instance_id
+        return worker_id
 
     async def execute(self, instance_id: str, arguments: dict[str, Any], **execute_kwargs: Any) -> Any:
-        await self._ensure(instance_id)
-        return await self._request("execute", instance_id, arguments, **execute_kwargs)
+        return await self._forward("execute", instance_id, arguments, **execute_kwargs)
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> Any:
-        await self._ensure(instance_id)
-        return await self._request("calc_reward", instance_id, **calc_reward_kwargs)
+        return await self._forward("calc_reward", instance_id, retry=WorkerDied, **calc_reward_kwargs)
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
+        """Idempotent; an instance whose worker died is already gone, so releasing it is done."""
         self._instances.pop(instance_id, None)
         worker = self._worker
         if instance_id in worker.live and worker.alive:
             worker.live.discard(instance_id)
-            await self._request("release", instance_id, **release_kwargs)
+            with contextlib.suppress(WorkerDied):
+                await self._request(worker, "release", instance_id, **release_kwargs)
 
     async def close(self) -> None:
         self._closed = True
@@ -298,7 +321,7 @@ class ProcessTool(Tool):
         ready = worker.ready.done() and worker.ready.exception() is None
         if worker.alive and ready:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._request("close"), 5.0)
+                await asyncio.wait_for(self._request(worker, "close"), 5.0)
         worker.kill("closed")
 
 
@@ -349,6 +372,9 @@ async def _serve(sock: socket.socket) -> None:
                     raise
                 if inspect.isawaitable(value):
                     value = await value
+            if op == "create" and value != args[0]:  # the parent names instances
+                raise ToolConfigError(f"with isolation: process, create must use the instance id it is given "
+                                      f"(returned {value!r} for {args[0]!r})")
             reply(req, True, value)
         except asyncio.CancelledError:
             reply(req, False, asyncio.CancelledError())

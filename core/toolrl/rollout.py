@@ -168,8 +168,10 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
             if last_turn:
                 traj.termination = "max_turns"
                 break
-            texts = [(r.name, renderer.truncate(r.response.text, cfg.tool_response_max_tokens,
-                                                cfg.tool_response_truncation)) for r in results]
+            texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
+                                                        cfg.tool_response_truncation),
+                                                cfg.tool_response_max_tokens, cfg.tool_response_truncation))
+                     for r in results]
             texts += [("error", f"Error: {e.message}") for e in errors]
             if inline:
                 delta = renderer.text_ids("".join(ctx.parser.format_inline_result(ToolResponse(text=t))
@@ -194,6 +196,20 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
         ctx.engine.end_session(trajectory_id)
     score(ctx, traj, sample, step_rewards)
     return traj
+
+
+def _precut(text: str, max_tokens: int, mode: str) -> str:
+    """Cut a huge tool response by characters before it is tokenized: tokenizing a megabyte would hold
+    the event loop (every trajectory) for seconds, only to keep ``max_tokens`` of it."""
+    limit = 32 * max_tokens  # characters: far more than max_tokens tokens of ordinary text
+    if len(text) <= limit:
+        return text
+    note = f"...[{len(text) - limit} characters truncated]..."
+    if mode == "keep_head":
+        return text[:limit] + "\n" + note
+    if mode == "keep_tail":
+        return note + "\n" + text[-limit:]
+    return text[: limit // 2] + "\n" + note + "\n" + text[-(limit // 2):]
 
 
 def _refused(call: ToolCall, limit: int) -> ToolResult:
