@@ -27,7 +27,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger("toolrl.tools")
@@ -47,6 +47,10 @@ class Guarded:
     timed_out: bool = False
     elapsed_s: float = 0.0
     blocked_s: float = 0.0
+    # The task running the code; still running after a timeout when the code has not honoured its
+    # cancellation yet (``abandoned``).
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)
+    abandoned: bool = False
 
 
 # -- the watchdog -----------------------------------------------------------------------------------
@@ -161,7 +165,7 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
         return value
 
     _ensure_watchdog()
-    task = loop.create_task(body(), name=f"toolrl:{label}")
+    task = outcome.task = loop.create_task(body(), name=f"toolrl:{label}")
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout)
     except asyncio.CancelledError:
@@ -169,7 +173,7 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
         raise
     outcome.elapsed_s = loop.time() - start
     if not done:
-        outcome.timed_out = True
+        outcome.timed_out = outcome.abandoned = True
         task.cancel()
         task.add_done_callback(lambda t: _report_late(t, label, timeout, start))
     elif task.cancelled():  # the code cancelled itself

@@ -284,6 +284,7 @@ class ToolSet:
         self.instances: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.finish_errors: dict[str, str] = {}
+        self.loop_blocked_s = 0.0  # seconds tool code held the event loop in this trajectory, all stages
 
     def _kwargs(self, name: str) -> ToolKwargs:
         return self.kwargs.get(name) or ToolKwargs()
@@ -293,8 +294,10 @@ class ToolSet:
 
     async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> Guarded:
         tool = self.tools[name]
-        return await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
-                                 self.lifecycle_timeout)
+        run = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
+                                self.lifecycle_timeout)
+        self.loop_blocked_s += run.blocked_s
+        return run
 
     @staticmethod
     def _failure(run: Guarded, timeout: float) -> str | None:
@@ -328,7 +331,9 @@ class ToolSet:
             why = self.create_errors.get(call.name, "not started")
             return ToolResult(name=call.name, arguments=call.arguments, status="error",
                               response=ToolResponse.error(f"Error: tool '{call.name}' is unavailable: {why}"))
-        return await tool.call(self.instances[call.name], call.arguments, **self._kwargs(call.name).execute_kwargs)
+        result = await tool.call(self.instances[call.name], call.arguments, **self._kwargs(call.name).execute_kwargs)
+        self.loop_blocked_s += result.loop_blocked_s
+        return result
 
     async def finish(self) -> dict[str, float]:
         """calc_reward then release for every created instance; never raises. A calc_reward that fails
