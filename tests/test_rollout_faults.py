@@ -104,3 +104,15 @@ async def test_a_rollout_with_every_faulty_tool_keeps_every_trajectory(qwen3_tok
     metrics = rollout_metrics(trajs, wall_s=1.0)  # used to die on a NaN step reward
     assert math.isfinite(metrics["reward_mean"]) and math.isfinite(metrics["reward_std"])
     assert metrics["errors"] >= 2
+
+
+def test_weighted_rewards_that_overflow_are_not_trained_on():
+    from types import SimpleNamespace
+
+    from toolrl.rollout import Trajectory, score
+
+    ctx = SimpleNamespace(reward_functions=[("huge", 10.0, lambda response, ground_truth, **info: 1e308)],
+                          reward_config=RewardConfig())
+    traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=[1])
+    score(ctx, traj, Sample(prompt=[{"role": "user", "content": "x"}]), [])
+    assert traj.reward == 0.0 and "reward is not finite" in traj.error

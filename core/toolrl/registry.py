@@ -110,6 +110,9 @@ class Part:
             return f"{self._label()} {problem}" if problem else None
         if not LAZY_REFERENCE.match(self.target):
             return f"{self._label()}: lazy reference {self.target!r} is not 'package.module:Attribute'"
+        module = sys.modules.get(self.target.partition(":")[0])
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return None  # still being imported (plugins loaded from inside it): checked when loaded
         try:
             obj = self._resolve(import_=False)
         except AttributeError as exc:

@@ -16,6 +16,7 @@ so one trajectory waiting on a slow tool does not hold up the others' generation
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -236,6 +237,9 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
         terms["steps"] = ctx.reward_config.step_reward_weight * sum(step_rewards)
     traj.reward_terms = terms
     traj.reward = sum(terms.values())
+    if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed
+        traj.error = traj.error or f"reward is not finite: {terms}"
+        traj.reward = 0.0
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
