@@ -153,3 +153,25 @@ async def test_toolset_contains_faulty_lifecycle_methods():
 def _renamed(name):
     schema = {**Echo.schema, "function": {**Echo.schema["function"], "name": name}}
     return schema
+
+
+def test_cli_tool_call_goes_through_the_same_driver(tmp_path):
+    import json
+    from pathlib import Path
+
+    from _dists import run_toolrl
+
+    (tmp_path / "tools.yaml").write_text(
+        "tools:\n"
+        "  - class_name: faulty_tools.NanReward\n"
+        "  - class_name: faulty_tools.IgnoresCancel\n"
+        "    config: {timeout: 0.3}\n")
+    here = Path(__file__).resolve().parent
+    nan = run_toolrl("tool", "call", "nan_reward", "{}", "--tools-config", str(tmp_path / "tools.yaml"), "--json",
+                     path=here)
+    out = json.loads(nan.stdout)
+    assert nan.returncode == 1 and out["status"] == "ok" and out["reward"] is None
+    assert out["error"] == "calc_reward: calc_reward must be finite, got nan"
+    stubborn = run_toolrl("tool", "call", "ignores_cancel", "{}", "--tools-config", str(tmp_path / "tools.yaml"),
+                          path=here)
+    assert stubborn.returncode == 1 and "timed out after 0.3 s" in stubborn.stderr

@@ -7,9 +7,9 @@ Lifecycle, per trajectory (``instance_id``)::
     calc_reward(instance_id, **calc_reward_kwargs) -> float                                 once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
 
-Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Nothing calls them
-directly: :class:`ToolSet` drives the lifecycle for rollouts, ``toolrl tool call`` and the
-conformance kit alike, and :meth:`Tool.call` wraps ``execute``. Both contain every fault a tool can
+Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
+``toolrl tool call`` and the conformance kit all drive the lifecycle through :class:`ToolSet`, and
+:meth:`Tool.call` wraps ``execute``. Both contain every fault a tool can
 have (see :mod:`toolrl.guard`): arguments are validated against the JSON Schema, each call has a hard
 deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
 that are not JSON) become error responses the model reads, and calc_reward/release always run.
