@@ -53,9 +53,13 @@ def cli() -> None:
 
 @cli.command("list-plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_plugins(as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="Also import and check every registered part (slower).")
+def list_plugins(as_json: bool, check: bool) -> None:
     """List installed plugins: distribution, version, hooks, parts and load status."""
-    infos = [i.as_dict() for i in get_plugins().list()]
+    plugins = get_plugins()
+    if check:
+        plugins.check()
+    infos = [i.as_dict() for i in plugins.list()]
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
@@ -144,7 +148,7 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 @click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
 @click.option("--config", "config_json", help="The tool's config mapping, as JSON.")
 @click.option("--create-kwargs", "create_json", help="create() kwargs, as JSON (e.g. ground_truth).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"text", "step_reward", "reward", "metrics"}.')
+@click.option("--json", "as_json", is_flag=True, help='Print {"text", "step_reward", "reward", "metrics", "status", "error"}.')
 def tool_call(name: str, arguments: str, tools_config: str | None, config_json: str | None,
               create_json: str | None, as_json: bool) -> None:
     """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
@@ -152,33 +156,38 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
     config = _mapping_option(config_json, "--config")
     create_kwargs = _mapping_option(create_json, "--create-kwargs")
 
-    async def lifecycle() -> tuple[Any, float]:
+    async def lifecycle() -> tuple[Any, Any]:
+        from toolrl.schemas import ToolCall
+        from toolrl.tools import ToolSet
+
         tools = await _load_tools(tools_config, name, config)
         try:
             if name not in tools:
                 raise UsageFailure(f"no tool {name!r} in {tools_config} (has: {', '.join(sorted(tools))})")
-            t = tools[name]
-            try:
-                iid = await t.create(None, **create_kwargs)
-            except Exception as exc:  # e.g. a missing ground_truth: the tool says what it needs
-                raise UsageFailure(f"tool {name!r} create() failed: {type(exc).__name__}: {exc}") from None
-            try:
-                result = await t.call(iid, args)
-                reward = await t.calc_reward(iid)
+            # The same lifecycle driver as rollouts: timeouts, checks of what the tool returns, and
+            # calc_reward/release that always run.
+            toolset = ToolSet({name: tools[name]}, {name: {"create_kwargs": create_kwargs}})
+            await toolset.start()
+            if name in toolset.create_errors:  # e.g. a missing ground_truth: the tool says what it needs
+                raise UsageFailure(f"tool {name!r} create() failed: {toolset.create_errors[name]}")
+            try:  # a non-object reaches the tool's argument check, as a model's would
+                result = await toolset.call(ToolCall.model_construct(name=name, arguments=args))
             finally:
-                await t.release(iid)
-            return result, reward
+                rewards = await toolset.finish()
+            return result, rewards.get(name), toolset.finish_errors.get(name)
         finally:
             await _close(tools)
 
-    result, reward = _run(lifecycle())
-    failed = result.status != "ok"
+    result, reward, finish_error = _run(lifecycle())
+    failed = result.status != "ok" or finish_error is not None
     if as_json:
         click.echo(json.dumps({"text": result.response.text, "step_reward": result.step_reward,
-                               "reward": reward, "metrics": result.metrics, "status": result.status},
-                              default=str))
+                               "reward": reward, "metrics": result.metrics, "status": result.status,
+                               "error": finish_error}, default=str))
     else:
-        click.echo(result.response.text, err=failed)
+        click.echo(result.response.text, err=result.status != "ok")
+        if finish_error is not None:
+            click.echo(f"error: {finish_error}", err=True)
     if failed:
         sys.exit(1)
 
