@@ -33,27 +33,33 @@ def tokenizer(tiny_path: str) -> Any:
 
 
 @pytest.fixture(scope="session")
-def scripted_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """``toolrl serve`` with the scripted chat engine (a tool call, then an answer); conversations
-    are recorded 3 s after their last request."""
-    tmp = tmp_path_factory.mktemp("scripted")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServeProcess]]:
+    """Two ``toolrl serve`` processes, started together: ``scripted`` (the scripted chat engine: a
+    tool call, then an answer) and ``tiny`` (examples/tiny.yaml: the tiny random Qwen3 on the
+    transformers engine). Both record conversations 3 s after their last request."""
+    tmp = tmp_path_factory.mktemp("serve")
     plugin = make_plugin_dist(tmp / "plugin", "toolrl-test-chat-script", "chat_script", SCRIPTED_ENGINE)
     config = write_config(tmp / "scripted.yaml", {"engine": {"name": "chat_script",
                                                              "options": {"script": [CALL, ANSWER]}}})
-    server = ServeProcess(config, "--record", str(tmp / "record"), "--idle-timeout", "3", log=tmp / "serve.log",
-                          env=env_with(plugin))
+    started = {
+        "scripted": ServeProcess(config, "--record", str(tmp / "scripted"), "--idle-timeout", "3",
+                                 log=tmp / "scripted.log", env=env_with(plugin)),
+        "tiny": ServeProcess(TINY_YAML, "--record", str(tmp / "tiny"), "--idle-timeout", "3", log=tmp / "tiny.log"),
+    }
     try:
-        yield server
+        yield {name: server.wait() for name, server in started.items()}
     finally:
-        server.stop()
+        for server in started.values():
+            server.interrupt()  # both shut down at once
+        for server in started.values():
+            server.stop()
 
 
 @pytest.fixture(scope="session")
-def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    """``toolrl serve examples/tiny.yaml``: the tiny random Qwen3 on the transformers engine."""
-    tmp = tmp_path_factory.mktemp("tiny")
-    server = ServeProcess(TINY_YAML, "--record", str(tmp / "record"), "--idle-timeout", "3", log=tmp / "serve.log")
-    try:
-        yield server
-    finally:
-        server.stop()
+def scripted_server(servers: dict[str, ServeProcess]) -> ServeProcess:
+    return servers["scripted"]
+
+
+@pytest.fixture(scope="session")
+def tiny_server(servers: dict[str, ServeProcess]) -> ServeProcess:
+    return servers["tiny"]

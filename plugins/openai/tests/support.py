@@ -100,7 +100,8 @@ def toolrl(*args: str) -> Any:
 
 
 class ServeProcess:
-    """``toolrl serve CONFIG --port 0 ...``; ``url`` is read from the line it prints once listening."""
+    """``toolrl serve CONFIG --port 0 ...`` started in the background; ``wait()`` reads its URL from
+    the line it prints once listening (start several, then wait: their start-ups overlap)."""
 
     def __init__(self, config: Path, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
@@ -108,25 +109,31 @@ class ServeProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "toolrl", "serve", str(config), "--port", "0", *args],
                                      stdout=self._log_file, stderr=subprocess.STDOUT, env=env or env_with(),
                                      cwd=REPO)
-        self.url = self._wait_url(timeout=120)
+        self.url = ""
         self.record = Path(args[args.index("--record") + 1]) if "--record" in args else None
 
-    def _wait_url(self, timeout: float) -> str:
+    def wait(self, timeout: float = 180) -> ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = re.search(r"serving \S+ at (http://\S+/v1)", self.log.read_text())
             if m:
-                return m.group(1)
+                self.url = m.group(1)
+                return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"toolrl serve exited {self.proc.returncode}:\n{self.log.read_text()}")
             time.sleep(0.2)
         self.stop()
         raise TimeoutError(f"toolrl serve did not start:\n{self.log.read_text()}")
 
-    def stop(self) -> int:
-        """Ctrl-C (a graceful shutdown: open conversations are recorded); killed if it hangs."""
+    def interrupt(self) -> None:
+        """Ctrl-C: a graceful shutdown (open conversations are recorded)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
+
+    def stop(self) -> int:
+        """Interrupt and wait; killed if it hangs."""
+        if self.proc.poll() is None:
+            self.interrupt()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -44,6 +44,24 @@ class Conversation:
 
 
 @dataclass
+class Match:
+    """An open conversation a prompt continues, and how many tokens it held when matched."""
+
+    conversation: Conversation
+    length: int
+
+
+def _history(traj: Trajectory, length: int) -> Trajectory:
+    """A copy of ``traj`` as it was when prompt + response held ``length`` tokens."""
+    keep = length - len(traj.prompt_ids)
+    mask = traj.response_mask[:keep]
+    turns = sum(1 for k, m in enumerate(mask) if m and (k == 0 or not mask[k - 1]))
+    return traj.model_copy(deep=True, update={
+        "response_ids": traj.response_ids[:keep], "response_mask": mask, "logprobs": traj.logprobs[:keep],
+        "turns": turns, "model_text": traj.model_text[:turns]})
+
+
+@dataclass
 class Turn:
     """One generated choice, as the endpoint understood it."""
 
@@ -55,7 +73,7 @@ class Turn:
 
 class Conversations:
     def __init__(self, tokenizer: Any, record_dir: Path | None = None, idle_s: float = 600.0,
-                 max_open: int = 1024, on_close: Callable[[str], None] | None = None) -> None:
+                 max_open: int = 4096, on_close: Callable[[str], None] | None = None) -> None:
         self.tokenizer = tokenizer
         self.record_file = None
         if record_dir is not None:
@@ -70,7 +88,7 @@ class Conversations:
     def __len__(self) -> int:
         return len(self._open)
 
-    def match(self, prompt_ids: Sequence[int]) -> Conversation | None:
+    def match(self, prompt_ids: Sequence[int]) -> Match | None:
         """The open conversation this prompt continues (the longest whose tokens it starts with)."""
         best: Conversation | None = None
         for conv in self._open.values():
@@ -79,34 +97,35 @@ class Conversations:
                     and conv.tokens[0] == prompt_ids[0] and conv.tokens[-1] == prompt_ids[n - 1] \
                     and list(prompt_ids[:n]) == conv.tokens:
                 best = conv
-        return best
+        return None if best is None else Match(best, len(best.tokens))
 
-    def session_for(self, base: Conversation | None, n: int) -> str | None:
+    def session_for(self, base: Match | None, n: int) -> str | None:
         """The session id to generate under: the continued conversation's, a fresh one for a new
         single-choice request, none for several choices (each becomes its own conversation)."""
         if n != 1:
             return None
-        return base.id if base is not None else f"conv-{uuid.uuid4().hex[:16]}"
+        return base.conversation.id if base is not None else f"conv-{uuid.uuid4().hex[:16]}"
 
-    def add(self, prompt_ids: Sequence[int], turns: Sequence[Turn], base: Conversation | None,
+    def add(self, prompt_ids: Sequence[int], turns: Sequence[Turn], base: Match | None,
             session_id: str | None) -> list[str]:
-        """Append each choice to its conversation: the first continues ``base`` when ``base`` still
-        ends where the prompt says (another request may have extended it meanwhile); the others fork."""
+        """Append each choice to its conversation. The first continues ``base`` unless another
+        request extended or closed it meanwhile; every other choice forks: a new conversation with
+        ``base``'s history as it was when matched."""
         request = next(self._requests)
         now = time.monotonic()
-        valid = base is not None and base.id in self._open and list(prompt_ids[: len(base.tokens)]) == base.tokens
-        history = base.trajectory.model_copy(deep=True) if valid and base is not None else None
+        history = None if base is None else _history(base.conversation.trajectory, base.length)
         ids = []
         for i, turn in enumerate(turns):
-            if i == 0 and valid and base is not None:
-                conv = base
+            if i == 0 and base is not None and base.conversation.id in self._open \
+                    and len(base.conversation.tokens) == base.length:
+                conv = base.conversation
             else:
                 fresh = i == 0 and session_id is not None and session_id not in self._open
                 tid = session_id if fresh and session_id is not None else f"conv-{uuid.uuid4().hex[:16]}"
                 if history is None:
                     traj = Trajectory(trajectory_id=tid, sample_index=request, group=request,
                                       prompt_ids=list(prompt_ids))
-                else:  # another choice of a continued conversation: a fork that shares its history
+                else:
                     traj = history.model_copy(deep=True, update={"trajectory_id": tid, "group": request})
                 conv = Conversation(traj, list(traj.prompt_ids) + list(traj.response_ids), now)
             self._extend(conv, prompt_ids, turn)

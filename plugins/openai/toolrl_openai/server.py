@@ -97,7 +97,8 @@ def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
     ], lifespan=lifespan)
 
 
-def build_service(config: Any, record_dir: Path | None, idle_s: float, model_name: str | None) -> Service:
+def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
+                  model_name: str | None) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
     from toolrl.config import ConfigError
@@ -121,7 +122,8 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, model_nam
         ModelSource(path=path, tokenizer=tokenizer),
         {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
          "dtype": config.model.dtype, **config.engine.options})
-    conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, on_close=engine.end_session)
+    conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
+                                  on_close=engine.end_session)
     return Service(engine, tokenizer, parser, model_name or config.model.source, conversations,
                    default_max_tokens=config.rollout.max_new_tokens)
 
@@ -141,12 +143,12 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def serve_async(config: Any, host: str, port: int, record_dir: Path | None = None, idle_s: float = 600.0,
-                      model_name: str | None = None, announce: Any = print) -> None:
+                      max_conversations: int = 4096, model_name: str | None = None, announce: Any = print) -> None:
     import uvicorn
 
     sock = bind(host, port)  # before loading the model: a taken port fails fast
     try:
-        service = build_service(config, record_dir, idle_s, model_name)
+        service = build_service(config, record_dir, idle_s, max_conversations, model_name)
         app = build_app(service, sweep_s=max(0.5, min(30.0, idle_s / 4)))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=10))
         bound = sock.getsockname()[1]

@@ -14,7 +14,7 @@ from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 
-from toolrl_openai.conversations import Conversations, Turn
+from toolrl_openai.conversations import Conversations, Match, Turn
 from toolrl_openai.protocol import ChatMessage, ChatRequest, CompletionRequest
 from toolrl_openai.tokens import token_id_string
 
@@ -57,8 +57,8 @@ class Service:
             raise RequestError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                                404, "model")
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int) -> tuple[list[Generation], Any,
-                                                                                                 str | None]:
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams,
+                        n: int) -> tuple[list[Generation], Match | None, str | None]:
         base = self.conversations.match(prompt_ids)
         session = self.conversations.session_for(base, n)
         try:
