@@ -91,9 +91,10 @@ def test_errors_are_openai_errors(client: openai.OpenAI) -> None:
 def test_completions_with_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     prompt = tokenizer.encode("2+3=", add_special_tokens=False)
     out = client.completions.create(model="tiny-qwen3", prompt=prompt, max_tokens=8, logprobs=0,
-                                    extra_body={"return_tokens_as_token_ids": True})
+                                    extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True})
     lp = out.choices[0].logprobs
     ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert out.choices[0].token_ids == ids and out.choices[0].prompt_token_ids == prompt
     assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")  # the script's turn end, kept
     assert out.choices[0].text == tokenizer.decode(ids[:-1])
     assert lp.token_logprobs == pytest.approx([-0.25 - 0.01 * i for i in range(len(ids))])

@@ -130,10 +130,11 @@ class OpenAIEngine(RolloutEngine):
         else:
             request["prompt"] = list(prompt_ids)
             request["logprobs"] = 0
-            # vLLM's extensions: exact ids back, stop only where the core engines stop (the listed
+            # vLLM's extensions: exact ids back (as logprob tokens, and listed), stop only where the core engines stop (the listed
             # ids, not the model's own EOS), stop strings kept in the output as the core engines do.
             request["extra_body"] = {
-                "return_tokens_as_token_ids": True, "stop_token_ids": list(params.stop_token_ids),
+                "return_tokens_as_token_ids": True, "return_token_ids": True,
+                "stop_token_ids": list(params.stop_token_ids),
                 "ignore_eos": True, "include_stop_str_in_output": True, "skip_special_tokens": False,
             }
         response = await self._request(request)
@@ -166,7 +167,13 @@ class OpenAIEngine(RolloutEngine):
 
     def _generation(self, choice: Any, params: SamplingParams, text_mode: bool) -> Generation:
         logprobs = getattr(choice, "logprobs", None)
-        ids = None if text_mode or logprobs is None else parse_token_ids(logprobs.tokens)
+        ids = None
+        if not text_mode and logprobs is not None:
+            # Newer vLLM also lists the ids themselves (return_token_ids); both must agree.
+            ids = parse_token_ids(logprobs.tokens)
+            listed = getattr(choice, "token_ids", None)
+            if ids is not None and listed is not None and list(listed) != ids:
+                raise OpenAIEngineError(f"{self.base_url} returned token_ids that differ from its logprob tokens")
         stop_reason = getattr(choice, "stop_reason", None)  # vLLM: the stop string or token id that ended it
         finish: FinishReason = choice.finish_reason if choice.finish_reason in ("stop", "length", "abort") \
             else "stop"

@@ -73,3 +73,4 @@ class CompletionRequest(_Sampling):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    return_token_ids: bool = False

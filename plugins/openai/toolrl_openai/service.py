@@ -147,6 +147,8 @@ class Service:
                 choice: dict[str, Any] = {"index": k * req.n + i, "text": c.text, "logprobs": None,
                                           "finish_reason": self._finish_reason(gen),
                                           "stop_reason": self._stop_reason(gen)}
+                if req.return_token_ids:
+                    choice |= {"prompt_token_ids": prompt, "token_ids": list(gen.token_ids)}
                 if req.logprobs is not None:
                     # Every generated token, stop token included: the client rebuilds the exact ids.
                     tokens = self._token_strings(gen.token_ids, req.return_tokens_as_token_ids)
