@@ -43,9 +43,13 @@ def register_commands(cli: click.Group) -> None:
                   show_default=True, help="Seconds after which a silent conversation is closed (and recorded).")
     @click.option("--max-conversations", type=click.IntRange(min=1), default=4096, show_default=True,
                   help="Open conversations kept; beyond it the least recently used is closed.")
+    @click.option("--token-history", is_flag=True,
+                  help="Continue a recognised chat conversation from the exact tokens served, adding only the "
+                       "template's rendering of the new messages (as training rollouts do); default: render "
+                       "every request from its messages.")
     @click.option("--served-model-name", help="The model id clients send (default: model.source).")
     def serve(config_path: str, overrides: tuple[str, ...], host: str, port: int, record_dir: str | None,
-              idle_s: float, max_conversations: int, served_model_name: str | None) -> None:
+              idle_s: float, max_conversations: int, token_history: bool, served_model_name: str | None) -> None:
         """Serve the configured model behind an OpenAI-compatible API (/v1/chat/completions,
         /v1/completions, /v1/models). OVERRIDES are dotted.key=value pairs."""
         import asyncio
@@ -61,7 +65,7 @@ def register_commands(cli: click.Group) -> None:
         try:
             config = load_config(config_path, list(overrides))
             asyncio.run(serve_async(config, host, port, Path(record_dir) if record_dir else None, idle_s,
-                                    max_conversations, served_model_name,
+                                    max_conversations, served_model_name, token_history,
                                     announce=lambda line: click.echo(line, err=True)))
         except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully and re-raised it
             return

@@ -37,6 +37,7 @@ class Conversation:
     trajectory: Trajectory
     tokens: list[int]  # prompt_ids + response_ids: what a continuing request's prompt starts with
     last_used: float
+    messages: list[Any] | None = None  # chat: the conversation so far, as message keys (see match_messages)
 
     @property
     def id(self) -> str:
@@ -69,6 +70,7 @@ class Turn:
     text: str  # the generation's text as returned to the client
     final_response: str  # content (chat: outside tool calls)
     parse_errors: Sequence[ParseError] = ()
+    messages: list[Any] | None = None  # chat: the conversation's message keys including this reply
 
 
 class Conversations:
@@ -90,6 +92,8 @@ class Conversations:
 
     def match(self, prompt_ids: Sequence[int]) -> Match | None:
         """The open conversation this prompt continues (the longest whose tokens it starts with)."""
+        if not prompt_ids:
+            return None
         best: Conversation | None = None
         for conv in self._open.values():
             n = len(conv.tokens)
@@ -98,6 +102,19 @@ class Conversations:
                     and list(prompt_ids[:n]) == conv.tokens:
                 best = conv
         return None if best is None else Match(best, len(best.tokens))
+
+    def match_messages(self, keys: Sequence[Any], is_assistant: Callable[[Any], bool]) -> tuple[Match, int] | None:
+        """The open chat conversation whose messages (including the replies served) begin ``keys``,
+        followed only by new non-assistant messages; and how many of ``keys`` it holds."""
+        best: Conversation | None = None
+        for conv in self._open.values():
+            n = len(conv.messages or ())
+            if n and n < len(keys) and (best is None or n > len(best.messages or ())) \
+                    and list(keys[:n]) == conv.messages and not any(is_assistant(k) for k in keys[n:]):
+                best = conv
+        if best is None or best.messages is None:
+            return None
+        return Match(best, len(best.tokens)), len(best.messages)
 
     def session_for(self, base: Match | None, n: int) -> str | None:
         """The session id to generate under: the continued conversation's, a fresh one for a new
@@ -150,6 +167,7 @@ class Conversations:
         traj.parse_errors += list(turn.parse_errors)
         traj.termination = "length" if gen.finish_reason == "length" else "answered"
         conv.tokens += delta + list(gen.token_ids)
+        conv.messages = list(turn.messages) if turn.messages is not None else None
 
     def expire(self, now: float | None = None) -> int:
         """Close conversations idle for ``idle_s``; returns how many."""

@@ -98,7 +98,7 @@ def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
 
 
 def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
-                  model_name: str | None) -> Service:
+                  model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
     from toolrl.config import ConfigError
@@ -125,7 +125,7 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
     conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
                                   on_close=engine.end_session)
     return Service(engine, tokenizer, parser, model_name or config.model.source, conversations,
-                   default_max_tokens=config.rollout.max_new_tokens)
+                   default_max_tokens=config.rollout.max_new_tokens, token_history=token_history)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -143,12 +143,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def serve_async(config: Any, host: str, port: int, record_dir: Path | None = None, idle_s: float = 600.0,
-                      max_conversations: int = 4096, model_name: str | None = None, announce: Any = print) -> None:
+                      max_conversations: int = 4096, model_name: str | None = None, token_history: bool = False,
+                      announce: Any = print) -> None:
     import uvicorn
 
     sock = bind(host, port)  # before loading the model: a taken port fails fast
     try:
-        service = build_service(config, record_dir, idle_s, max_conversations, model_name)
+        service = build_service(config, record_dir, idle_s, max_conversations, model_name, token_history)
         app = build_app(service, sweep_s=max(0.5, min(30.0, idle_s / 4)))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=10))
         bound = sock.getsockname()[1]

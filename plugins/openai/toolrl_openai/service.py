@@ -36,8 +36,11 @@ class _Choice:
 
 class Service:
     def __init__(self, engine: RolloutEngine, tokenizer: Any, parser: Any, model_name: str,
-                 conversations: Conversations, default_max_tokens: int = 256) -> None:
+                 conversations: Conversations, default_max_tokens: int = 256, token_history: bool = False) -> None:
         self.engine = engine
+        # Continue a recognised chat conversation from the exact tokens served (as training rollouts
+        # do) instead of re-rendering its earlier turns with the template.
+        self.token_history = token_history
         self.tokenizer = tokenizer
         self.parser = parser
         self.model_name = model_name
@@ -57,9 +60,9 @@ class Service:
             raise RequestError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                                404, "model")
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams,
-                        n: int) -> tuple[list[Generation], Match | None, str | None]:
-        base = self.conversations.match(prompt_ids)
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int,
+                        base: Match | None = None) -> tuple[list[Generation], Match | None, str | None]:
+        base = base or self.conversations.match(prompt_ids)
         session = self.conversations.session_for(base, n)
         try:
             gens = await self.engine.generate(prompt_ids, params, n, session_id=session)
@@ -245,10 +248,14 @@ class Service:
                                param="tool_choice")
         tools = self._tool_schemas(req)
         renderer = self._renderer(tools)
+        messages = self._template_messages(req, renderer)
+        keys = [json.dumps(tools, sort_keys=True), *(_key(m) for m in req.messages)]
+        found = self.conversations.match_messages(keys, _is_assistant) if self.token_history else None
         try:
-            prompt = renderer.prompt_ids(self._template_messages(req, renderer))
-        except RequestError:
-            raise
+            if found is not None:  # the served tokens, then the template's rendering of the new messages
+                prompt = found[0].conversation.tokens + renderer.tool_delta(messages[found[1] - 1:])
+            else:
+                prompt = renderer.prompt_ids(messages)
         except Exception as exc:  # the template's own checks (e.g. role order)
             raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
         stop_ids = [renderer.eos_id]
@@ -258,7 +265,7 @@ class Service:
                           self.default_max_tokens)
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_tokens,
                                 stop_token_ids=stop_ids, stop_strings=req.stop_strings(), seed=req.seed)
-        gens, base, session = await self._generate(prompt, params, req.n)
+        gens, base, session = await self._generate(prompt, params, req.n, found[0] if found else None)
         parse_calls = bool(tools) and req.tool_choice != "none"
         choices, turns, bodies = [], [], []
         for i, gen in enumerate(gens):
@@ -274,7 +281,8 @@ class Service:
                     {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                     for t, lp in zip(tokens, gen.logprobs)]}
             choices.append(choice)
-            turns.append(Turn(gen, c.text, message["content"] or "", errors))
+            reply = ChatMessage.model_validate(message)
+            turns.append(Turn(gen, c.text, message["content"] or "", errors, [*keys, _key(reply)]))
         self.conversations.add(prompt, turns, base, session)
         completion_tokens = sum(len(g.token_ids) for g in gens)
         body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
@@ -321,6 +329,26 @@ class Service:
         if req.stream_options is not None and req.stream_options.include_usage:
             yield _sse({**head, "choices": [], "usage": body["usage"]})
         yield "data: [DONE]\n\n"
+
+
+def _key(message: ChatMessage) -> Any:
+    """What identifies a message when a client sends it back: role, text and calls (names and
+    arguments as JSON values); not call ids or formatting."""
+    content = message.content if isinstance(message.content, str) or message.content is None \
+        else "".join(str(p.get("text", "")) for p in message.content)
+    calls = []
+    for call in message.tool_calls or []:
+        try:
+            arguments = json.dumps(json.loads(call.function.arguments or "{}"), sort_keys=True)
+        except json.JSONDecodeError:
+            arguments = call.function.arguments
+        calls.append([call.function.name, arguments])
+    role = "system" if message.role == "developer" else message.role
+    return json.dumps([role, (content or "").strip(), calls])
+
+
+def _is_assistant(key: Any) -> bool:
+    return key.startswith('["assistant"')
 
 
 def _sse(data: dict[str, Any]) -> str:
