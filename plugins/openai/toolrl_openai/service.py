@@ -81,16 +81,20 @@ class Service:
         return _Choice(gen, body, text)
 
     def _pieces(self, ids: Sequence[int]) -> list[str]:
-        """Each token's share of the decoded text (a token ending inside a multi-byte character gets
-        "" and the next one the whole character), so the pieces join to the decoded text."""
-        pieces, prev = [], ""
-        for k in range(1, len(ids) + 1):
-            cur = self.tokenizer.decode(list(ids[:k]), skip_special_tokens=False)
-            if cur.endswith("\ufffd") and k < len(ids):
+        """Each token's share of the decoded text, joining to the whole. Incremental, as streaming
+        detokenizers do: a token's text is the decoding of (previous token(s) + it) minus that of the
+        previous token(s), so a tokenizer that drops a leading space at the start of a decode is
+        handled; a token that ends inside a multi-byte character gets "" and the next one the rest."""
+        pieces: list[str] = []
+        prefix = read = 0  # the context starts at prefix; text up to read is already given out
+        for k in range(len(ids)):
+            text = self.tokenizer.decode(list(ids[prefix:k + 1]), skip_special_tokens=False)
+            if text.endswith("\ufffd") and k + 1 < len(ids):
                 pieces.append("")
                 continue
-            pieces.append(cur[len(prev):] if cur.startswith(prev) else cur)
-            prev = cur
+            before = self.tokenizer.decode(list(ids[prefix:read]), skip_special_tokens=False)
+            pieces.append(text[len(before):])
+            prefix, read = read, k + 1
         return pieces
 
     def _token_strings(self, ids: Sequence[int], as_ids: bool) -> list[str]:
