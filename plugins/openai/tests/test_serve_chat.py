@@ -77,6 +77,31 @@ def test_streaming(client: openai.OpenAI) -> None:
     assert "".join(pieces) == ANSWER
 
 
+def test_choices_logprobs_and_tool_choice_none(client: openai.OpenAI, tokenizer: Any) -> None:
+    out = client.chat.completions.create(model="tiny-qwen3", messages=QUESTION, tools=TOOLS, n=2, logprobs=True,
+                                         extra_body={"return_tokens_as_token_ids": True})
+    assert [c.index for c in out.choices] == [0, 1]
+    ids = {c.message.tool_calls[0].id for c in out.choices}
+    assert len(ids) == 2  # every call has its own id
+    expect = tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    for choice in out.choices:
+        assert [int(t.token.removeprefix("token_id:")) for t in choice.logprobs.content] == expect
+        assert [t.logprob for t in choice.logprobs.content] == pytest.approx([-0.25 - 0.01 * i for i in
+                                                                               range(len(expect))])
+    plain = client.chat.completions.create(model="tiny-qwen3", messages=QUESTION, tools=TOOLS, tool_choice="none")
+    assert plain.choices[0].message.content == CALL and plain.choices[0].message.tool_calls is None
+    assert plain.choices[0].finish_reason == "stop"
+
+
+def test_streamed_completion(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model="tiny-qwen3", prompt="2+3=", max_tokens=64, stream=True,
+                                            stream_options={"include_usage": True}))
+    # A raw prompt has no assistant turn: the script's turn index is -1, its last entry.
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ANSWER
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.prompt_tokens > 0
+
+
 def test_errors_are_openai_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-4o", messages=QUESTION)
