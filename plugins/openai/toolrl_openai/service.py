@@ -191,6 +191,14 @@ class Service:
             self._renderers[key] = ChatRenderer(self.tokenizer, tools)
         return self._renderers[key]
 
+    def _render(self, renderer: Any, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt as ``ChatRenderer.prompt_ids`` renders it, without its memo: a server sees
+        ever-new conversations, and keeping thousands of them would only cost memory."""
+        tools = renderer.tool_schemas if renderer.native_tools and renderer.tool_schemas else None
+        out = self.tokenizer.apply_chat_template(renderer.prompt_messages(messages), tools=tools,
+                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
     @staticmethod
     def _tool_schemas(req: ChatRequest) -> list[dict[str, Any]]:
         from pydantic import ValidationError
@@ -255,13 +263,18 @@ class Service:
         messages = self._template_messages(req, renderer)
         keys = [json.dumps(tools, sort_keys=True), *(_key(m) for m in req.messages)]
         found = self.conversations.match_messages(keys, _is_assistant) if self.token_history else None
-        try:
-            if found is not None:  # the served tokens, then the template's rendering of the new messages
+        prompt: list[int] | None = None
+        if found is not None:  # the served tokens, then the template's rendering of the new messages
+            try:
                 prompt = found[0].conversation.tokens + renderer.tool_delta(messages[found[1] - 1:])
-            else:
-                prompt = renderer.prompt_ids(messages)
-        except Exception as exc:  # the template's own checks (e.g. role order)
-            raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
+            except Exception:  # a template that is not append-only here: render the whole conversation
+                found = None
+        if prompt is None:
+            try:
+                prompt = self._render(renderer, messages)
+            except Exception as exc:  # the template's own checks (e.g. role order)
+                raise RequestError(f"the chat template cannot render these messages: {exc}",
+                                   param="messages") from None
         stop_ids = [renderer.eos_id]
         if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in stop_ids:
             stop_ids.append(self.tokenizer.eos_token_id)
