@@ -77,6 +77,11 @@ class RolloutEngine(ABC):
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights from the trainer (a no-op when the engine shares the trainer's module)."""
 
+    async def check_trainable(self) -> str | None:
+        """None when training may use this engine; else a one-line reason (an engine that cannot give
+        token ids and logprobs, say). May ask the backend once."""
+        return None
+
     def end_session(self, session_id: str) -> None:
         """Forget cached state of a finished trajectory."""
 
