@@ -186,3 +186,19 @@ def test_registered_objects_are_checked_in_process(tmp_path, monkeypatch):
     assert not plugins.registry.has("rollout_engines", "not-an-engine")
     with pytest.raises(PluginLoadError, match="not a toolrl.engines.RolloutEngine subclass"):
         Plugins(env={"TOOLRL_STRICT_PLUGINS": "1"})
+
+
+def test_a_part_that_fails_when_loaded_marks_its_plugin(tmp_path, monkeypatch):
+    from toolrl.registry import PartError
+
+    make_dist(tmp_path, "toolrl-plugin-far", "far", "far_plugin", LAZY_ELSEWHERE)
+    (tmp_path / "far_tool.py").write_text("import sys\nsys.exit(4)\n")  # even this is contained
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={})
+    assert by_name(plugins)["far"].status == "ok"
+    for _ in range(2):
+        with pytest.raises(PartError, match=r"tool 'far' \(plugin 'far'\): 'far_tool:Broken' does not import: "
+                                            r"SystemExit\(4\)"):
+            plugins.registry.load("tools", "far")
+    far = by_name(plugins)["far"]
+    assert far.status == "error" and far.error.count("SystemExit(4)") == 1

@@ -63,11 +63,11 @@ async def test_a_hanging_async_tool_times_out_on_time():
 
 async def test_ignoring_cancellation_is_still_a_timeout_on_time(caplog):
     start = time.perf_counter()
-    result = await one_call(IgnoresCancel(), sleep_s=1.0)
-    assert result.status == "timeout"  # not "ok", and not 2 s late
-    assert time.perf_counter() - start < 0.9
+    result = await one_call(IgnoresCancel(), sleep_s=2.0)
+    assert result.status == "timeout"  # not "ok", and not seconds late
+    assert time.perf_counter() - start < 1.5
     with caplog.at_level(logging.WARNING, logger="toolrl.tools"):
-        await asyncio.sleep(1.5)  # the tool carries on after cancellation and finishes
+        await asyncio.sleep(4.0)  # the tool carries on after cancellation and finishes
     assert any("ignored cancellation" in r.getMessage() and "ignores_cancel" in r.getMessage()
                for r in caplog.records)
 
@@ -99,7 +99,7 @@ async def test_plain_def_execute_runs_in_a_thread_under_the_timeout():
     )
     assert slow.status == "timeout" and time.perf_counter() - start < 1.5
     assert fast.status == "ok" and fast.response.text == "slept 0.05"
-    assert ticks >= 5, "the event loop was blocked while the thread slept"
+    assert ticks >= 3, "the event loop was blocked while the thread slept"
     assert (await tool.call("never-created", {})).status == "error"  # state() raising, from the thread
 
 

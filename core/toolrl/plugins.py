@@ -14,6 +14,7 @@ checked as described in :mod:`toolrl.registry`; :meth:`Plugins.check` loads and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class Plugins:
         self.pm = pluggy.PluginManager("toolrl")
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
-        self.registry = Registry()
+        self.registry = Registry(on_part_error=self._part_failed)
         self._load_builtins()
         self._load_entry_points()
         self._collect_parts()
@@ -183,10 +184,16 @@ class Plugins:
         marks its plugin as an error with the reason. Slower than listing: it imports every part."""
         for kind in KINDS:
             for part in self.registry.parts(kind):
-                try:
-                    part.load()
-                except PartError as exc:
-                    self._fail(self.info[part.plugin], str(exc))
+                with contextlib.suppress(PartError):  # recorded by _part_failed
+                    self.registry.load(kind, part.name)
+
+    def _part_failed(self, part: Part, message: str) -> None:
+        """A lazily referenced part failed when loaded: its plugin's status says so from now on
+        (once per message; never fatal here, the caller gets the PartError)."""
+        info = self.info[part.plugin]
+        if message not in (info.error or ""):
+            info.status = "error"
+            info.error = message if info.error is None else f"{info.error}; {message}"
 
     def add_commands(self, cli: Any) -> None:
         """Let every plugin add CLI commands, each in its own error boundary."""

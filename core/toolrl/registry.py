@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +141,9 @@ class Part:
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, on_part_error: Callable[[Part, str], None] | None = None) -> None:
+        # Told when a part fails to load, so its plugin's status can say so.
+        self.on_part_error = on_part_error
         self._parts: dict[str, dict[str, Part]] = {k: {} for k in KINDS}
         self._aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         # name -> plugins that all registered it; such names resolve to an error.
@@ -189,4 +192,10 @@ class Registry:
         return part
 
     def load(self, kind: str, name: str) -> Any:
-        return self.get(kind, name).load()
+        part = self.get(kind, name)
+        try:
+            return part.load()
+        except PartError as exc:
+            if self.on_part_error is not None:
+                self.on_part_error(part, str(exc))
+            raise
