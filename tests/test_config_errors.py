@@ -110,8 +110,6 @@ def test_output_dir_is_a_file(tmp_path):
                    f"trainer.output_dir: {tmp_path / 'taken'} exists and is not a directory")
 
 
-@pytest.mark.xfail(strict=True, reason="tools.py raises a bare ValueError for `timeout: abc`; the helper who owns "
-                                       "tools.py/toolconfig.py turns it into a ToolConfigError (then drop this mark)")
 def test_tools_config_with_a_bad_timeout(tmp_path):
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: calculator\n    config: {type: native, timeout: abc}\n")

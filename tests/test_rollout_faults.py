@@ -104,6 +104,7 @@ async def test_a_rollout_with_every_faulty_tool_keeps_every_trajectory(qwen3_tok
     metrics = rollout_metrics(trajs, wall_s=1.0)  # used to die on a NaN step reward
     assert math.isfinite(metrics["reward_mean"]) and math.isfinite(metrics["reward_std"])
     assert metrics["errors"] >= 2
+    assert metrics["tool_loop_blocked_s"] >= 1.0 and metrics["tool_lifecycle_errors"] >= 1
 
 
 def test_weighted_rewards_that_overflow_are_not_trained_on():

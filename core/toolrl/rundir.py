@@ -64,6 +64,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "turns_mean": sum(t.turns for t in trajs) / n,
         "terminations": dict(terminations),
         "errors": sum(t.error is not None for t in trajs),
+        # Tools that held the event loop (every trajectory stalls meanwhile) and lifecycle failures.
+        "tool_loop_blocked_s": sum(t.loop_blocked_s for t in trajs),
+        "tool_lifecycle_errors": sum(len(t.tool_errors) for t in trajs),
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
     }

@@ -127,6 +127,17 @@ def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> st
     return "; ".join(messages)
 
 
+def _seconds(value: Any, tool: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)) or isinstance(value, bool):
+        raise ToolConfigError(f"invalid config for tool {tool}: config.timeout: expected a positive number of "
+                              f"seconds, got {value!r}")
+    return seconds
+
+
 class Tool:
     """Base class for tools. Subclasses set ``schema`` (an OpenAI function schema) and implement
     ``execute``; they may set ``config_model`` (a pydantic model, validated with field names in
@@ -140,7 +151,7 @@ class Tool:
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: ToolSchema | Mapping | None = None):
         raw = dict(config or {})
-        self.timeout = float(raw.get("timeout", self.default_timeout))
+        self.timeout = _seconds(raw.get("timeout", self.default_timeout), type(self).__name__)
         self.isolation: Isolation = raw.get("isolation", "none")
         if self.isolation not in ("none", "process"):
             raise ToolConfigError(f"invalid config for tool {type(self).__name__}: config.isolation: "
