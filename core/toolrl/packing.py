@@ -118,7 +118,9 @@ def packed_hidden_states(model: Any, batch: Batch) -> torch.Tensor:
     device = batch.input_ids.device
     cu = torch.tensor([0] + [b - a for a, b in segments], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     longest = max(b - a for a, b in segments)
-    varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    # No KV cache: nothing is decoded after this forward (and a cache would disable packed detection).
+    varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
+              "use_cache": False}
     impl = config._attn_implementation
     if impl == "sdpa":
         _install_varlen_sdpa(base)
@@ -130,7 +132,7 @@ def packed_hidden_states(model: Any, batch: Batch) -> torch.Tensor:
     elif "flash" in (impl or ""):
         out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, **varlen)
     else:  # transformers detects the packing from position_ids and builds a block-diagonal mask
-        out = base(input_ids=batch.input_ids, position_ids=batch.position_ids)
+        out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
     return out.last_hidden_state[0]
 
 

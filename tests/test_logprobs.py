@@ -1,0 +1,67 @@
+import pytest
+import torch
+from toolrl.logprobs import token_logprobs
+
+
+def naive(h, head, targets, temperature):
+    """The full computation: every position's fp32 logits kept for backward."""
+    logits = head(h).float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, -1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets[:, None]).squeeze(-1), entropy
+
+
+def rel(a, b):
+    return float((a - b).detach().norm() / b.detach().norm().clamp(min=1e-30))
+
+
+@pytest.mark.parametrize("chunk, temperature, bias", [(7, 1.0, False), (16, 0.7, True), (1000, 1.3, False),
+                                                      (1, 0.0, False)])
+def test_chunked_equals_full_values_and_gradients(chunk, temperature, bias):
+    torch.manual_seed(0)
+    n, hidden, vocab = 37, 24, 1500
+    head = torch.nn.Linear(hidden, vocab, bias=bias)
+    h = torch.randn(n, hidden, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,))
+    upstream = torch.randn(n)  # a generic downstream loss: every position gets its own gradient
+
+    want_lp, want_ent = naive(h, head, targets, temperature)
+    want = torch.autograd.grad((want_lp * upstream).sum(), [h, *head.parameters()])
+    got_lp, got_ent = token_logprobs(h, head, targets, temperature, chunk_size=chunk, with_entropy=True)
+    got = torch.autograd.grad((got_lp * upstream).sum(), [h, *head.parameters()])
+
+    assert rel(got_lp, want_lp) <= 1e-6 and rel(got_ent, want_ent.detach()) <= 1e-6
+    for g, w in zip(got, want, strict=True):
+        assert rel(g, w) <= 1e-6
+
+
+def test_entropy_is_optional_and_carries_no_gradient():
+    head = torch.nn.Linear(8, 50, bias=False)
+    h = torch.randn(5, 8, requires_grad=True)
+    lp, ent = token_logprobs(h, head, torch.zeros(5, dtype=torch.long), chunk_size=2)
+    assert ent is None and lp.requires_grad
+    _, ent = token_logprobs(h, head, torch.zeros(5, dtype=torch.long), chunk_size=2, with_entropy=True)
+    assert not ent.requires_grad and (ent > 0).all()
+    with pytest.raises(ValueError, match="chunk_size"):
+        token_logprobs(h, head, torch.zeros(5, dtype=torch.long), chunk_size=0)
+
+
+def test_backward_keeps_one_chunk_of_logits_not_all():
+    """Memory the head holds for backward: the hidden states and one log-sum-exp per position, never
+    the (positions × vocabulary) logits."""
+    n, hidden, vocab = 256, 8, 4000
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    h = torch.randn(n, hidden, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _ = token_logprobs(h, head, torch.zeros(n, dtype=torch.long), chunk_size=32)
+    assert max(saved) < n * vocab / 8  # the largest saved tensor is the head weight, not logits
+    lp.sum().backward()
+    assert h.grad is not None and head.weight.grad is not None
