@@ -86,7 +86,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(model, mode):
     assert full["grad_norm"] > 0 and abs(budget["grad_norm"] - full["grad_norm"]) <= 1e-5 * full["grad_norm"]
     assert len(full_grads) == 2 and all(close(b, f) for b, f in zip(budget_grads, full_grads, strict=True))
     assert budget["padding_fraction"] == 0 and budget["trained_tokens"] == full["trained_tokens"] == 91
-    assert budget["trainer_tokens_per_s"] > 0 and budget["trainer_peak_mb"] > 0 and budget["entropy"] > 0
+    assert budget["trainer_tokens_per_s"] > 0 and budget["trainer_peak_mb"] > 0
 
 
 @pytest.mark.parametrize("mode", MODES)

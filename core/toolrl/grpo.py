@@ -55,20 +55,9 @@ def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
                       chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks."""
-    return response_logprobs_and_entropy(model, batch, temperature, chunk_size)[0]
-
-
-def response_logprobs_and_entropy(model: Any, batch: Batch, temperature: float = 1.0,
-                                  chunk_size: int = DEFAULT_LOGPROB_CHUNK, with_entropy: bool = False
-                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``response_logprobs`` and, with ``with_entropy``, the entropy of the sampling distribution at
-    each trained position (B, R), without gradient."""
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
-    lp, entropy = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size,
-                                 with_entropy)
-    grid = batch.response_mask.new_zeros(batch.response_mask.shape)
-    index = (batch.rows, batch.cols)
-    return grid.index_put(index, lp), None if entropy is None else grid.index_put(index, entropy)
+    lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
+    return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -109,8 +98,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
     the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
     ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
-    rank's: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``, ``kl``, ``lp_mismatch``,
-    ``entropy`` are means over its micro-batches, ``trainer_peak_mb`` its peak memory (see
+    rank's: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``, ``kl``, ``lp_mismatch`` are means over its micro-batches, ``trainer_peak_mb`` its peak memory (see
     :mod:`toolrl.peakmem`), ``trainer_tokens_per_s`` its tokens (prompt + response, no padding) run
     forward and backward per second of this call, ``padding_fraction`` the share of its forwarded
     tokens that were dummy steps; the caller reduces them across ranks. ``trained_tokens`` counts the
@@ -141,15 +129,14 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
               "max_len": float(max_response_tokens)} for mini in minis]
     single_update = algo.ppo_epochs == 1 and algo.mini_batches == 1
 
-    def logprobs(m: Any, batch: Batch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return response_logprobs_and_entropy(m, batch, temperature, optim.logprob_chunk_size, with_entropy)
+    def logprobs(m: Any, batch: Batch) -> torch.Tensor:
+        return response_logprobs(m, batch, temperature, optim.logprob_chunk_size)
 
     def forward_all(m: Any) -> list[list[torch.Tensor]]:
         with torch.no_grad():
-            return [[logprobs(m, batch)[0] for _, batch in mini] for mini in steps]
+            return [[logprobs(m, batch) for _, batch in mini] for mini in steps]
 
-    metrics: dict[str, list[float]] = {"loss": [], "grad_norm": [], "clip_frac": [], "kl": [], "lp_mismatch": [],
-                                       "entropy": []}
+    metrics: dict[str, list[float]] = {"loss": [], "grad_norm": [], "clip_frac": [], "kl": [], "lp_mismatch": []}
     real_tokens = dummy_tokens = 0
     with PeakMemory(device) as peak:
         # Old logprobs: with one update per batch the policy has not moved, so old == new.detach()
@@ -162,7 +149,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                 optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 for j, (micro, mbatch) in enumerate(mini):
-                    new_lp, entropy = logprobs(model, mbatch, with_entropy=micro is not None)
+                    new_lp = logprobs(model, mbatch)
                     old_lp = new_lp.detach() if old_all is None else old_all[k][j]
                     ref_lp = None if ref_all is None else ref_all[k][j]
                     loss, stats = policy_loss(new_lp, old_lp, mbatch, algo, norms[k], ref_lp)
@@ -177,7 +164,6 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                     count = m.sum().clamp(min=1)
                     metrics["lp_mismatch"].append(float(((new_lp.detach() - mbatch.engine_logprobs).abs() * m).sum()
                                                         / count))
-                    metrics["entropy"].append(float((entropy * m).sum() / count))
                     metrics["clip_frac"].append(stats["clip_frac"])
                     if "kl" in stats:
                         metrics["kl"].append(stats["kl"])

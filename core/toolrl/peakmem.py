@@ -19,7 +19,7 @@ from typing import Any
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _rss_bytes() -> int | None:
+def rss_bytes() -> int | None:
     try:
         with open("/proc/self/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -39,7 +39,7 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
-        rss = _rss_bytes()
+        rss = rss_bytes()
         if rss is not None:
             self.peak = rss if self.peak is None else max(self.peak, rss)
 
