@@ -6,7 +6,7 @@ One GRPO update (forward, backward, clipping, a stateless SGD step) on the tiny 
 token trained, two cases:
 
 - pair: 2 sequences × 2048 response tokens, one micro-batch of 2;
-- ragged: 8 response lengths evenly spread over [128, --ragged-max], micro-batches of
+- ragged: 8 response lengths evenly spread over [128, --ragged-max (2048)], micro-batches of
   ``--ragged-micro-batch`` sequences in a fixed shuffled order (the anchor pads each micro-batch to
   its longest sequence; toolrl packs it).
 
@@ -17,11 +17,13 @@ backward. Each variant runs in a fresh subprocess (``--child``), so the peak RSS
 step (model and interpreter excluded). Each child runs the step twice and reports the second
 (warm) time. ``tok/s`` counts real tokens (prompt + response, no padding) per second.
 
-    OMP_NUM_THREADS=1 python benchmarks/trainer_memory.py [--quick] [--ragged-max 4096] \\
+    OMP_NUM_THREADS=1 python benchmarks/trainer_memory.py [--quick] [--ragged-max 2048] \\
         [--ragged-micro-batch 2]
 
-The anchor needs about 2.4 MB per padded response position of a micro-batch (about 10 GB at
-2 × 2048; 20 GB for a micro-batch of 2 × 4096). ``--quick`` runs 2 × 512 and lengths up to 1024.
+The anchor needs about 2.4 MB per padded response position of a micro-batch: about 10 GB at
+2 × 2048, 20 GB for a micro-batch of 2 × 4096 — hence the defaults, which fit a 24 GiB machine
+(``--ragged-max 4096 --ragged-micro-batch 1`` also does, with an unpadded anchor).
+``--quick`` runs 2 × 512 and lengths up to 1024.
 The last line reads ``peak memory new/full: X.XX`` (step memory of the pair case).
 """
 
@@ -143,7 +145,7 @@ def run_child(variant: str, lengths: list[int], micro: int, chunk: int) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 × 512 and lengths up to 1024")
-    parser.add_argument("--ragged-max", type=int, default=None, help="longest ragged response (default 4096)")
+    parser.add_argument("--ragged-max", type=int, default=None, help="longest ragged response (default 2048)")
     parser.add_argument("--ragged-micro-batch", type=int, default=2)
     parser.add_argument("--chunk", type=int, default=None, help="optim.logprob_chunk_size (default: config's)")
     parser.add_argument("--child", choices=["new", "full"])
@@ -157,7 +159,7 @@ def main() -> None:
         child(args.child, [int(x) for x in args.lengths.split(",")], args.micro, chunk)
         return
     pair = 512 if args.quick else 2048
-    top = args.ragged_max or (1024 if args.quick else 4096)
+    top = args.ragged_max or (1024 if args.quick else 2048)
     ragged = [round(128 + i * (top - 128) / 7) for i in range(8)]
     random.Random(1).shuffle(ragged)
     cases = [(f"pair 2 × {pair}", [pair, pair], 2), (f"ragged 8 in [128, {top}]", ragged, args.ragged_micro_batch)]

@@ -98,11 +98,11 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
     the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
     ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
-    rank's: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``, ``kl``, ``lp_mismatch`` are means over its micro-batches, ``trainer_peak_mb`` its peak memory (see
-    :mod:`toolrl.peakmem`), ``trainer_tokens_per_s`` its tokens (prompt + response, no padding) run
-    forward and backward per second of this call, ``padding_fraction`` the share of its forwarded
-    tokens that were dummy steps; the caller reduces them across ranks. ``trained_tokens`` counts the
-    whole batch's trained tokens.
+    rank's, for the caller to reduce: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``,
+    ``kl``, ``lp_mismatch`` are means over its micro-batches; ``trainer_peak_mb`` is its peak memory
+    (:mod:`toolrl.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
+    forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
+    tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world_size {world_size}")
