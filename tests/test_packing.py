@@ -53,7 +53,7 @@ def padded_logprobs(model, trajs):
 
 
 def loss_and_grads(model, trajs, lp_fn):
-    batch = build_batch(trajs, [1.0, -0.5, 0.25, -1.0], pad_id=0)
+    batch = build_batch(trajs, [1.0, -0.5, 0.25, -1.0])
     model.zero_grad(set_to_none=True)
     lp = lp_fn(batch)
     norm = {"tokens": float(batch.response_mask.sum()), "seqs": 4.0, "max_len": 32.0}

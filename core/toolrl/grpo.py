@@ -1,5 +1,6 @@
-"""GRPO, top to bottom: group-normalised advantages, logprobs at response positions only, the
-clipped token-level loss over ``response_mask``, gradient accumulation, clipping, the optimizer step.
+"""GRPO, top to bottom: group-normalised advantages, logprobs at trained positions only (packed
+rows, chunked LM head), the clipped token-level loss over ``response_mask``, gradient accumulation,
+clipping, the optimizer step.
 
 Loss aggregation modes (``algorithm.loss_agg``), each normalised over the whole mini-batch so that
 gradient accumulation over micro-batches gives exactly the full-batch gradient:
@@ -120,8 +121,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     # This rank's micro-batches per mini-batch, None for a dummy step; built once, reused every epoch.
     dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[pad_id], response_ids=[pad_id],
                        response_mask=[1], logprobs=[0.0])
-    steps = [[(None, build_batch([dummy], [0.0], pad_id, device)) if micro is None else
-              (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], pad_id, device))
+    steps = [[(None, build_batch([dummy], [0.0], device)) if micro is None else
+              (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
               for micro in plan(mini, lengths, world_size, optim.micro_batch_size,
                                 optim.max_tokens_per_micro_batch)[rank]]
              for mini in minis]

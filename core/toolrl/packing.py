@@ -65,11 +65,9 @@ def input_length(t: Trajectory) -> int:
     return 0 if last is None else len(t.prompt_ids) + last
 
 
-def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_id: int = 0,
+def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
                 device: torch.device | str = "cpu") -> Batch:
-    """Pack ``trajectories`` into one row. ``pad_id`` is unused by the packed row itself; it is kept
-    so callers that build dummy sequences from it share this signature."""
-    del pad_id
+    """Pack ``trajectories`` into one row (no padding, so no pad id)."""
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
     ids: list[int] = []
