@@ -178,7 +178,7 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
     size = BATCH_PROMPTS * GROUP
     for step in range(steps):
         chunk = [examples[(step * size + i) % len(examples)] for i in range(size)]
-        batch = build_batch(chunk, [0.0] * size, tokenizer.pad_token_id)
+        batch = build_batch(chunk, [0.0] * size)
         loss = -(response_logprobs(model, batch) * batch.response_mask).sum() / batch.response_mask.sum()
         optimizer.zero_grad()
         loss.backward()

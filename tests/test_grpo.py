@@ -39,7 +39,7 @@ def traj(prompt, response, mask=None, reward=0.0, group=0, logprobs=None):
 
 def seq_logprob(model, t):
     with torch.no_grad():
-        lp = response_logprobs(model, build_batch([t], [0.0], pad_id=0))
+        lp = response_logprobs(model, build_batch([t], [0.0]))
     return float((lp[0] * torch.tensor(t.response_mask, dtype=torch.float32)).sum())
 
 
@@ -49,8 +49,9 @@ def test_logprobs_match_a_plain_full_forward(model):
         full = torch.log_softmax(model(torch.tensor([[11, 12, 13, 14, 21, 22, 23]])).logits[0].float(), -1)
     expected = [full[3 + j, tok] for j, tok in enumerate([21, 22, 23])]
     with torch.no_grad():
-        got = response_logprobs(model, build_batch([t, traj([5], [6])], [0.0, 0.0], pad_id=0))[0]
-    assert torch.allclose(got, torch.stack(expected), atol=1e-5)
+        got = response_logprobs(model, build_batch([t, traj([5], [6])], [0.0, 0.0]))[0]
+    # The head runs only where a token is trained: the tool-output position (mask 0) gets nothing.
+    assert torch.allclose(got[[0, 2]], torch.stack(expected)[[0, 2]], atol=1e-5) and got[1] == 0
 
 
 def test_one_step_moves_logprobs_the_way_advantages_say(model):
@@ -109,6 +110,6 @@ def test_trainer_logprobs_agree_with_engine_logprobs(model, tiny_qwen3_path):
 
     trajs = asyncio.run(sample())
     with torch.no_grad():
-        lp = response_logprobs(model, build_batch(trajs, [0.0] * len(trajs), pad_id=0), temperature=0.7)
+        lp = response_logprobs(model, build_batch(trajs, [0.0] * len(trajs)), temperature=0.7)
     diffs = [abs(float(lp[i, j]) - t.logprobs[j]) for i, t in enumerate(trajs) for j in range(len(t.response_ids))]
     assert sum(diffs) / len(diffs) < 1e-3, max(diffs)

@@ -192,12 +192,19 @@ class AlgorithmConfig(Section):
     tis_cap: float | None = Field(None, gt=0)
 
 
+# Positions per LM-head chunk: the head holds at most this many fp32 rows of vocabulary logits.
+DEFAULT_LOGPROB_CHUNK = 512
+
+
 class OptimConfig(Section):
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(4, gt=0)
+    # Fill micro-batches up to this many tokens (prompt + response) instead of micro_batch_size sequences.
+    max_tokens_per_micro_batch: int | None = Field(None, gt=0)
+    logprob_chunk_size: int = Field(DEFAULT_LOGPROB_CHUNK, gt=0)
 
 
 class TrainerConfig(Section):

@@ -1,5 +1,6 @@
-"""GRPO, top to bottom: group-normalised advantages, logprobs at response positions only, the
-clipped token-level loss over ``response_mask``, gradient accumulation, clipping, the optimizer step.
+"""GRPO, top to bottom: group-normalised advantages, logprobs at trained positions only (packed
+rows, chunked LM head), the clipped token-level loss over ``response_mask``, gradient accumulation,
+clipping, the optimizer step.
 
 Loss aggregation modes (``algorithm.loss_agg``), each normalised over the whole mini-batch so that
 gradient accumulation over micro-batches gives exactly the full-batch gradient:
@@ -14,14 +15,20 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from toolrl.config import AlgorithmConfig, OptimConfig
+from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
+from toolrl.logprobs import token_logprobs
+from toolrl.microbatch import plan
+from toolrl.packing import Batch, build_batch, input_length, packed_hidden_states
+from toolrl.peakmem import PeakMemory
 from toolrl.rollout import Trajectory
+
+__all__ = ["Batch", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss", "response_logprobs"]
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
@@ -45,73 +52,13 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
     return out
 
 
-@dataclass
-class Batch:
-    """Trajectories as tensors: ``input_ids`` is prompt + response, right-padded; response tensors
-    are (B, R) aligned to each sequence's response start."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    prompt_lens: torch.Tensor
-    response_ids: torch.Tensor
-    response_mask: torch.Tensor
-    engine_logprobs: torch.Tensor
-    advantages: torch.Tensor
-
-    def __len__(self) -> int:
-        return self.input_ids.shape[0]
-
-    def select(self, idx: slice | torch.Tensor) -> Batch:
-        sub = Batch(**{k: v[idx] for k, v in self.__dict__.items()})
-        # Trim padding columns the sub-batch does not need.
-        width = int(sub.attention_mask.sum(1).max())
-        rwidth = max(int(sub.response_ids.ne(-1).sum(1).max()), 1)
-        sub.input_ids, sub.attention_mask = sub.input_ids[:, :width], sub.attention_mask[:, :width]
-        for k in ("response_ids", "response_mask", "engine_logprobs"):
-            setattr(sub, k, getattr(sub, k)[:, :rwidth])
-        return sub
-
-
-def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float], pad_id: int,
-                device: torch.device | str = "cpu") -> Batch:
-    n = len(trajectories)
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
-    rwidth = max(len(t.response_ids) for t in trajectories)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    response_ids = torch.full((n, rwidth), -1, dtype=torch.long)
-    response_mask = torch.zeros((n, rwidth), dtype=torch.float32)
-    engine_lp = torch.zeros((n, rwidth), dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        seq = t.prompt_ids + t.response_ids
-        input_ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = 1
-        r = len(t.response_ids)
-        response_ids[i, :r] = torch.tensor(t.response_ids)
-        response_mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.float32)
-        engine_lp[i, :r] = torch.tensor(t.logprobs, dtype=torch.float32)
-    prompt_lens = torch.tensor([len(t.prompt_ids) for t in trajectories])
-    return Batch(input_ids.to(device), attention.to(device), prompt_lens.to(device), response_ids.to(device),
-                 response_mask.to(device), engine_lp.to(device),
-                 torch.tensor(list(advantages), dtype=torch.float32, device=device))
-
-
-def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-    """Logprobs of each response token, (B, R). The LM head runs only at response positions: on
-    tool-schema prompts that is most of the sequence, and the vocabulary projection dominates."""
-    base = getattr(model, model.base_model_prefix)
-    hidden = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-    rwidth = batch.response_ids.shape[1]
-    # Position p predicts token p + 1: response token j of row i is predicted at prompt_len + j - 1.
-    pos = batch.prompt_lens[:, None] - 1 + torch.arange(rwidth, device=hidden.device)[None, :]
-    pos = pos.clamp(max=hidden.shape[1] - 1)
-    h = hidden.gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))
-    logits = model.get_output_embeddings()(h).float()
-    if temperature > 0 and temperature != 1.0:  # skip a full copy of the logits at T = 1
-        logits = logits / temperature
-    targets = batch.response_ids.clamp(min=0)
-    picked = logits.gather(-1, targets[..., None]).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
+                      chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
+    """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
+    padding). The LM head runs only at the positions that predict trained tokens, in chunks."""
+    hidden = packed_hidden_states(model, batch)[batch.head_pos]
+    lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
+    return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -143,64 +90,95 @@ def policy_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, batch: Batch, cfg: A
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
               algo: AlgorithmConfig, optim: OptimConfig, *, pad_id: int, temperature: float,
-              max_response_tokens: int, ref_model: Any = None) -> dict[str, float]:
-    """One GRPO update on a rollout batch; returns metrics."""
+              max_response_tokens: int, ref_model: Any = None, rank: int = 0, world_size: int = 1
+              ) -> dict[str, float]:
+    """One GRPO update on a rollout batch; returns metrics.
+
+    Sharded training: every rank passes the whole batch and trains its ``rank``'s share of each
+    mini-batch (:mod:`toolrl.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
+    of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
+    the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
+    ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
+    rank's, for the caller to reduce: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``,
+    ``kl``, ``lp_mismatch`` are means over its micro-batches; ``trainer_peak_mb`` is its peak memory
+    (:mod:`toolrl.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
+    forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
+    tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    t_start = time.perf_counter()
     device = next(model.parameters()).device
     advantages = group_advantages([t.reward for t in trajectories], [t.group for t in trajectories],
                                   algo.norm_adv_by_std)
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0}
-    batch = build_batch([trajectories[i] for i in usable], [advantages[i] for i in usable], pad_id, device)
+    trajs = [trajectories[i] for i in usable]
+    advs = [advantages[i] for i in usable]
+    lengths = [input_length(t) for t in trajs]
+    minis = [m.tolist() for m in torch.arange(len(trajs)).chunk(algo.mini_batches)]
+    # This rank's micro-batches per mini-batch, None for a dummy step; built once, reused every epoch.
+    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[pad_id], response_ids=[pad_id],
+                       response_mask=[1], logprobs=[0.0])
+    steps = [[(None, build_batch([dummy], [0.0], device)) if micro is None else
+              (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
+              for micro in plan(mini, lengths, world_size, optim.micro_batch_size,
+                                optim.max_tokens_per_micro_batch)[rank]]
+             for mini in minis]
+    norms = [{"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
+              "max_len": float(max_response_tokens)} for mini in minis]
     single_update = algo.ppo_epochs == 1 and algo.mini_batches == 1
 
-    def forward_all(m: Any) -> torch.Tensor:
-        width = batch.response_ids.shape[1]
+    def logprobs(m: Any, batch: Batch) -> torch.Tensor:
+        return response_logprobs(m, batch, temperature, optim.logprob_chunk_size)
+
+    def forward_all(m: Any) -> list[list[torch.Tensor]]:
         with torch.no_grad():
-            return torch.cat([
-                _pad_cols(response_logprobs(m, batch.select(slice(i, i + optim.micro_batch_size)), temperature), width)
-                for i in range(0, len(batch), optim.micro_batch_size)
-            ])
+            return [[logprobs(m, batch) for _, batch in mini] for mini in steps]
 
-    # Old logprobs: with one update per batch the policy has not moved, so old == new.detach() exactly
-    # and a separate no-grad pass would be wasted; otherwise the trainer recomputes them first.
-    old_all = None if single_update else forward_all(model)
-    ref_all = forward_all(ref_model) if ref_model is not None and algo.kl_coef > 0 else None
-
-    model.train()
     metrics: dict[str, list[float]] = {"loss": [], "grad_norm": [], "clip_frac": [], "kl": [], "lp_mismatch": []}
-    order = torch.arange(len(batch))
-    for _ in range(algo.ppo_epochs):
-        for mb in order.chunk(algo.mini_batches):
-            sub = batch.select(mb)
-            norm = {"tokens": float(sub.response_mask.sum()), "seqs": float(len(sub)),
-                    "max_len": float(max_response_tokens)}
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for micro in mb.split(optim.micro_batch_size):
-                mbatch = batch.select(micro)
-                new_lp = response_logprobs(model, mbatch, temperature)
-                old_lp = new_lp.detach() if old_all is None else old_all[micro][:, : new_lp.shape[1]]
-                ref_lp = None if ref_all is None else ref_all[micro][:, : new_lp.shape[1]]
-                loss, stats = policy_loss(new_lp, old_lp, mbatch, algo, norm, ref_lp)
-                loss.backward()
-                total += float(loss.detach())
-                m = mbatch.response_mask
-                metrics["lp_mismatch"].append(
-                    float(((new_lp.detach() - mbatch.engine_logprobs).abs() * m).sum() / m.sum().clamp(min=1)))
-                metrics["clip_frac"].append(stats["clip_frac"])
-                if "kl" in stats:
-                    metrics["kl"].append(stats["kl"])
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
-            optimizer.step()
-            metrics["loss"].append(total)
-            metrics["grad_norm"].append(float(grad_norm))
-    optimizer.zero_grad(set_to_none=True)
+    real_tokens = dummy_tokens = 0
+    with PeakMemory(device) as peak:
+        # Old logprobs: with one update per batch the policy has not moved, so old == new.detach()
+        # exactly and a separate no-grad pass would be wasted; otherwise they are computed first.
+        old_all = None if single_update else forward_all(model)
+        ref_all = forward_all(ref_model) if ref_model is not None and algo.kl_coef > 0 else None
+        model.train()
+        for _ in range(algo.ppo_epochs):
+            for k, mini in enumerate(steps):
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for j, (micro, mbatch) in enumerate(mini):
+                    new_lp = logprobs(model, mbatch)
+                    old_lp = new_lp.detach() if old_all is None else old_all[k][j]
+                    ref_lp = None if ref_all is None else ref_all[k][j]
+                    loss, stats = policy_loss(new_lp, old_lp, mbatch, algo, norms[k], ref_lp)
+                    if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
+                        (loss * 0.0).backward()
+                        dummy_tokens += mbatch.tokens
+                        continue
+                    loss.backward()
+                    real_tokens += mbatch.tokens
+                    total += float(loss.detach())
+                    m = mbatch.response_mask
+                    count = m.sum().clamp(min=1)
+                    metrics["lp_mismatch"].append(float(((new_lp.detach() - mbatch.engine_logprobs).abs() * m).sum()
+                                                        / count))
+                    metrics["clip_frac"].append(stats["clip_frac"])
+                    if "kl" in stats:
+                        metrics["kl"].append(stats["kl"])
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+                optimizer.step()
+                metrics["loss"].append(total)
+                metrics["grad_norm"].append(float(grad_norm))
+        optimizer.zero_grad(set_to_none=True)
+    elapsed = time.perf_counter() - t_start
     out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
-    out["trained_tokens"] = float(batch.response_mask.sum())
-    out["advantage_abs_mean"] = float(batch.advantages.abs().mean())
+    out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
+    out["advantage_abs_mean"] = sum(abs(a) for a in advs) / len(advs)
+    out["padding_fraction"] = dummy_tokens / max(real_tokens + dummy_tokens, 1)
+    out["trainer_tokens_per_s"] = real_tokens / elapsed
+    if peak.mb is not None:
+        out["trainer_peak_mb"] = peak.mb
     return out
-
-
-def _pad_cols(t: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
