@@ -9,7 +9,7 @@ temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clippi
 CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
 both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
-toolrl's step is what ``toolrl train`` does per step (``toolrl.trainer.compose`` builds the parts
+toolrl's step is what ``toolrl train`` does per step (``toolrl.compose.compose_local`` builds the parts
 from a config; ``run_rollouts`` then ``grpo_step`` then ``engine.update_weights``), minus writing
 traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
 loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
@@ -84,11 +84,11 @@ class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
     def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
-        from toolrl.trainer import compose
+        from toolrl.compose import compose_local
 
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
-        self.run = self.loop.run_until_complete(compose(self.config))
+        self.run = self.loop.run_until_complete(compose_local(self.config))
         self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         self.optimizer = torch.optim.AdamW(self.run.model.parameters(), lr=LR, betas=self.config.optim.betas,
                                            weight_decay=self.config.optim.weight_decay)
@@ -124,12 +124,7 @@ class ToolrlRunner:
         self.step_index += 1
 
     def close(self) -> None:
-        async def close() -> None:
-            for tool in self.run.tools.values():
-                await tool.close()
-            await self.run.engine.close()
-
-        self.loop.run_until_complete(close())
+        self.loop.run_until_complete(self.run.rollouts.close())
         self.loop.close()
 
 
@@ -269,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir = primed_model(model_dir, args.prime, tool_schema)
     t_import = time.perf_counter()
     toolrl = ToolrlRunner(total, model_dir, tool_schema)
-    print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.model_dir} "
+    print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.path} "
           f"({sum(p.numel() for p in toolrl.run.model.parameters()) / 1e6:.2f} M params)")
 
     class Interleave(TrainerCallback):
@@ -293,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     interleave = Interleave()
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as out:
         t = time.perf_counter()
-        trainer = trl_trainer(toolrl.run.model_dir, total, out, interleave)
+        trainer = trl_trainer(toolrl.run.path, total, out, interleave)
         trainer.remove_callback(PrinterCallback)  # it prints the final metrics dict
         print(f"TRL GRPOTrainer built in {time.perf_counter() - t:.1f} s")
         trl_generate: list[dict[str, float]] = []
