@@ -53,9 +53,11 @@ def main() -> None:
     print(machine())
     path = model_path(config)
     model = build_policy(config, path, "cpu")  # the anchor's sender: a whole model in one process
-    model_mb = sum(v.numel() * v.element_size() for v in model.state_dict().values()) / 2**20
-    state_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    print(f"model {path}: {state_mb:.0f} MB of parameters")
+    # What the broadcast puts in the object store: each storage once (pickle keeps one copy of the
+    # tied embedding / LM head).
+    unique = {v.untyped_storage().data_ptr(): v for v in model.state_dict().values()}
+    model_mb = sum(v.numel() * v.element_size() for v in unique.values()) / 2**20
+    print(f"model {path}: {model_mb:.0f} MiB of weights")
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=4, include_dashboard=False,
@@ -65,7 +67,10 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     try:
         t0 = time.perf_counter()
-        loop.run_until_complete(asyncio.gather(pool.start(), group.start()))
+        async def start() -> None:
+            await asyncio.gather(pool.start(), group.start())
+
+        loop.run_until_complete(start())
         print(f"2 trainer ranks and 2 rollout workers up in {time.perf_counter() - t0:.1f} s")
         rows: dict[str, list[tuple[float, float]]] = {"bucketed": [], "broadcast": []}
         for r in range(args.rounds):
@@ -86,7 +91,7 @@ def main() -> None:
     sync = {k: median([s for s, _ in v]) for k, v in rows.items()}
     peak = {k: max(p for _, p in v) for k, v in rows.items()}
     print()
-    print(table(["method", "sync s (median)", "peak extra MB", "× broadcast time", "× broadcast memory"], [
+    print(table(["method", "sync s (median)", "peak extra MiB", "× broadcast time", "× broadcast memory"], [
         [f"bucketed ({args.bucket_mb:g} MB buckets, 2 FSDP ranks)", sync["bucketed"], peak["bucketed"],
          sync["bucketed"] / sync["broadcast"], peak["bucketed"] / peak["broadcast"]],
         ["full state_dict broadcast (1 process)", sync["broadcast"], peak["broadcast"], 1.0, 1.0],
