@@ -186,3 +186,35 @@ def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
     got = rank.model.state_dict()
     assert max(float((got[k].to(torch.float64) - want[k]).abs().max()) for k in want) == 0.0
     assert all(len(s) > 0 for s in rank.optimizer.state.values())  # Adam moments came back too
+
+
+def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
+    """A rollout worker that dies after a weight sync is replaced; before its first rollout the
+    trainer ranks send it their current weights, so it samples from the trained policy, not the
+    initial one (the trainer's recomputed logprobs match the engine's)."""
+    from toolrl.compose import load_samples
+    from toolrl.trainer import batch_for_step, compose_roles
+
+    cfg = config(tmp_path / "replaced", 1)
+    samples = load_samples(cfg)
+
+    async def scenario() -> tuple[list[dict[str, float]], int]:
+        roles = await compose_roles(cfg)
+        try:
+            stats = []
+            for step in range(2):
+                prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+                trajs = await roles.rollouts.run(prompts, cfg.rollout.n, seed=step)
+                stats.append(await roles.trainer.step(trajs, step + 1))
+                await roles.sync_weights()
+                if step == 0:
+                    ray.kill(roles.pool.workers[0], no_restart=True)
+            return stats, roles.pool.restarts
+        finally:
+            await roles.close()
+
+    (first, second), restarts = asyncio.run(scenario())
+    assert restarts == 1
+    assert first["lp_mismatch"] < 1e-5 and first["grad_norm"] > 0
+    # Sampled by the replacement after one update: same weights as the trainer's.
+    assert second["lp_mismatch"] < 1e-5, second["lp_mismatch"]
