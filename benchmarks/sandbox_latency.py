@@ -1,6 +1,7 @@
 """Latency and throughput of running ``print(1+1)``: the embedded sandbox, the HTTP path, bare ``python -c``.
 
     OMP_NUM_THREADS=1 python benchmarks/sandbox_latency.py [--n 100] [--concurrency 8] [--json out.json]
+        [--isolation auto|bwrap|unshare]
 
 Measured side by side in one run, interleaved in rounds so load drift hits every method alike:
 
@@ -37,9 +38,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
+def start_server(isolation: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolrl", "sandbox", "serve", "--port", "0", "--pool-size", "8", "--workers", "8"],
+        [sys.executable, "-m", "toolrl", "sandbox", "serve", "--port", "0", "--pool-size", "8", "--workers", "8",
+         "--isolation", isolation],
         stdout=subprocess.PIPE, text=True, start_new_session=True,
     )
     assert proc.stdout is not None
@@ -56,6 +58,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--concurrent-calls", type=int, default=160, help="calls per method at concurrency")
     parser.add_argument("--json", dest="json_out", help="also write the figures here")
+    parser.add_argument("--isolation", choices=["auto", "bwrap", "unshare"], default="auto",
+                        help="the embedded sandbox's mode (embedded, tool and http alike)")
     args = parser.parse_args()
 
     import httpx
@@ -64,16 +68,17 @@ def main() -> None:
     from toolrl_sandbox_fusion.tool import CodeInterpreterTool
 
     request = RunCodeRequest(code=CODE, language="python")
-    sandbox = EmbeddedSandbox(SandboxConfig(pool_size=args.concurrency, max_concurrency=args.concurrency))
+    sandbox = EmbeddedSandbox(SandboxConfig(isolation=args.isolation, pool_size=args.concurrency,
+                                            max_concurrency=args.concurrency))
     sandbox.start()
-    tool = CodeInterpreterTool({"num_workers": args.concurrency, "rate_limit": None})
-    server, url = start_server()
+    tool = CodeInterpreterTool({"num_workers": args.concurrency, "rate_limit": None, "isolation": args.isolation})
+    server, url = start_server(args.isolation)
     http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=args.concurrency))
     loop = asyncio.new_event_loop()
     tool_instance = loop.run_until_complete(tool.create())
 
     def bare() -> None:
-        out = subprocess.run([sandbox.interpreter, "-c", CODE], capture_output=True).stdout
+        out = subprocess.run([sandbox.interpreter.path, "-c", CODE], capture_output=True).stdout
         assert out == b"2\n"
 
     def embedded() -> None:

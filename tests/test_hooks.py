@@ -14,11 +14,11 @@ HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("register_") and callab
 PLUGIN = '''
 import click
 from toolrl import hookimpl
+from toolrl.engines import RolloutEngine
+from toolrl.parsers import ToolParser
 
-class Shout:
+class Shout(ToolParser):
     name = "shout"
-    result_mode = "chat"
-    stop_strings = []
     def parse(self, text):
         from toolrl.schemas import ParseResult, ToolCall
         return ParseResult(content="", calls=[ToolCall(name="shout", arguments={"text": text.upper()})])
@@ -28,8 +28,15 @@ class Exact:
     def __call__(self, response, ground_truth, **info):
         return float(response.strip() == str(ground_truth))
 
-class Echo:
+class Echo(RolloutEngine):
     name = "echo-engine"
+    @classmethod
+    def create(cls, source, config):
+        return cls()
+    async def generate(self, prompt_ids, params, n=1, session_id=None):
+        raise NotImplementedError
+    def update_weights(self, state_dict):
+        pass
 
 @hookimpl
 def register_tool_parsers(register):

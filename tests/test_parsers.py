@@ -1,8 +1,10 @@
 import json
+import os
 import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from toolrl.parsers.bounded_json import MAX_DEPTH, MAX_NUMBER_CHARS
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
 from toolrl.schemas import ToolResponse
@@ -95,25 +97,99 @@ def test_tags_parser_custom_routes_and_bad_options():
         raise AssertionError("missing argument accepted")
 
 
+def test_deep_nesting_is_an_error_for_the_model():
+    # ~1000 levels is ~500 Qwen tokens: the stdlib decoder raised RecursionError here.
+    out = hermes.parse("<tool_call>" + "[" * 1000 + "</tool_call>")
+    assert out.calls == [] and len(out.errors) == 1 and "deeper than 64" in out.errors[0].message
+    def nested(levels):  # the call object and its arguments are two levels
+        return call("f", x=json.loads("[" * (levels - 2) + "]" * (levels - 2)))
+
+    assert hermes.parse(nested(MAX_DEPTH)).calls[0].name == "f"
+    assert "deeper than 64" in hermes.parse(nested(MAX_DEPTH + 1)).errors[0].message
+    nested_string = json.dumps({"name": "f", "arguments": "[" * 5000})  # string-encoded arguments too
+    assert "must be a JSON object" in hermes.parse("<tool_call>" + nested_string + "</tool_call>").errors[0].message
+
+
+def test_huge_numbers_and_non_json_constants_are_errors():
+    for digits in (4301, 100_000):  # past Python's int-string limit the stdlib raised ValueError
+        out = hermes.parse('<tool_call>{"name": "f", "arguments": {"x": ' + "7" * digits + "}}</tool_call>")
+        assert out.calls == [] and "number longer than 1000" in out.errors[0].message
+    big = "9" * MAX_NUMBER_CHARS
+    assert hermes.parse(call("f", x=int(big))).calls[0].arguments == {"x": int(big)}
+    assert hermes.parse(call("f", x=float("1e308"))).calls[0].arguments == {"x": 1e308}
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        out = hermes.parse('<tool_call>{"name": "f", "arguments": {"x": ' + constant + "}}</tool_call>")
+        assert out.calls == [] and "is not a JSON value" in out.errors[0].message
+
+
+def test_tags_inside_json_strings_are_data():
+    code = 'a = "<tool_call>"; b = "</tool_call>"; c = "<think>"; d = "</think>"'
+    out = hermes.parse("Run it.\n" + call("python", code=code) + "\nok")
+    assert out.errors == [] and [c.arguments for c in out.calls] == [{"code": code}]
+    assert out.content == "Run it.\n\nok"
+    # A </think> in an argument inside a reasoning block does not end the block.
+    out = hermes.parse("<think>" + call("x", text="</think>") + " still thinking</think>" + call("y"))
+    assert [c.name for c in out.calls] == ["y"] and out.errors == []
+    # A prompt-opened block: the first </think> outside JSON strings closes it.
+    out = hermes.parse(call("x", text="</think>") + "</think>" + call("y"))
+    assert [c.name for c in out.calls] == ["y"]
+
+
+def test_broken_json_falls_back_to_the_tags_as_text():
+    # A string that never closes: the first </tool_call> ends the call, the rest is content.
+    out = hermes.parse('<tool_call>{"name": "f", "arguments": {"x": "oops}}</tool_call> after')
+    assert out.calls == [] and len(out.errors) == 1 and "invalid JSON" in out.errors[0].message
+    assert out.content == "after"
+    # A tag outside JSON strings ends an unterminated call, so reasoning after it stays reasoning.
+    out = hermes.parse('<tool_call>{"name": "f"<think>' + call("g") + "</think>done")
+    assert out.calls == [] and len(out.errors) == 1 and "unterminated" in out.errors[0].message
+    # Extra text after the JSON object.
+    out = hermes.parse('<tool_call>{"name": "f", "arguments": {}} trailing</tool_call>')
+    assert "Extra data" in out.errors[0].message
+
+
+def test_invalid_bytes_are_parsed_not_raised():
+    raw = b'<tool_call>{"name": "f", "arguments": {"x": "\xff\xfe"}}</tool_call>\xc3'
+    for errors in ("surrogateescape", "replace"):
+        out = hermes.parse(raw.decode("utf-8", errors))
+        assert [c.name for c in out.calls] == ["f"]
+    assert hermes.parse(call("f", x="\ud800")).calls[0].arguments == {"x": "\ud800"}  # a lone surrogate escape
+
+
 pieces = st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", "{", "}", '"name"', ":",
                           '"arguments"', "[", "]", ",", '"', "\\", "calculator", "1+1", "\n", " ",
-                          "<calculator>", "</calculator>", "```python\n", "```\n", "null", "{}"])
-fuzz_text = st.one_of(st.text(max_size=200), st.lists(pieces, max_size=40).map("".join))
+                          "<calculator>", "</calculator>", "```python\n", "```\n", "null", "{}", "NaN"])
+tag_text = st.lists(st.sampled_from(list('<>/"\\{}[] tkihnolc_:x\n') + [
+    "<tool_call>", "</tool_call>", "<think>", "</think>", "\\u00e9", "\\ud800", "\udcff"]), max_size=30).map("".join)
+deep = st.integers(MAX_DEPTH - 2, 3000).flatmap(lambda d: st.sampled_from(["[" * d, "{\"a\":" * d, "[" * d + "]" * d]))
+huge = st.integers(1, 6000).map(lambda k: "9" * k)
+well_formed = st.builds(lambda name, arg: call(name, arg=arg), st.sampled_from(["f", "python"]),
+                        st.one_of(tag_text, st.integers(), st.floats(allow_nan=False)))
+invalid_bytes = st.binary(max_size=60).map(lambda b: b.decode("utf-8", "surrogateescape"))
+fuzz_text = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.one_of(pieces, deep, huge, well_formed, invalid_bytes, tag_text), max_size=30).map("".join),
+)
+FUZZ_EXAMPLES = int(os.environ.get("TOOLRL_FUZZ_EXAMPLES", "1500"))  # 100000 for the full run
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fuzz_text)
 def test_parsers_never_raise(text):
     for parser in (hermes, TagParser()):
         out = parser.parse(text)
         for c in out.calls:
             assert isinstance(c.arguments, dict)
+            json.dumps(c.arguments, allow_nan=False)  # bounded, finite, serialisable
+        json.dumps(out.model_dump())
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=10)), max_size=3),
-                min_size=1, max_size=4))
+@given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=10), tag_text),
+                                max_size=3), min_size=1, max_size=4))
 def test_well_formed_calls_round_trip(argument_sets):
+    """Whatever the string arguments hold (tags, quotes, escapes), each call comes back whole."""
     text = "".join(call("f", **{"a": a}) for a in argument_sets)
     out = hermes.parse(text)
     assert [c.arguments for c in out.calls] == [{"a": a} for a in argument_sets]

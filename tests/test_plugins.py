@@ -95,3 +95,110 @@ def test_hook_errors_inside_register_are_isolated(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     info = by_name(Plugins(env={}))
     assert info["badhook"].status == "error" and "boom" in info["badhook"].error
+
+
+BAD_PARTS = {
+    # (entry, module code): each plugin does one wrong thing
+    "engine_object": "from toolrl import hookimpl\n@hookimpl\ndef register_rollout_engines(register):\n"
+                     "    register(object, name='not-an-engine')\n",
+    "exits": "import sys\nsys.exit()\n",
+    "exits_in_hook": "import sys\nfrom toolrl import hookimpl\n@hookimpl\ndef register_tools(register):\n"
+                     "    sys.exit(3)\n",
+    "bad_schema": """
+from toolrl import hookimpl
+from toolrl.tools import Tool
+
+class Broken(Tool):
+    schema = {"type": "function", "function": {"name": "broken", "description": "x",
+              "parameters": {"type": "object", "properties": {"n": {"type": "integr"}}}}}
+
+    async def execute(self, instance_id, arguments, **kw):
+        return "never", 0.0, {}
+
+@hookimpl
+def register_tools(register):
+    register("bad_schema:Broken", name="broken")   # lazy, but into this (already imported) module
+""",
+    "lazy_object": "from toolrl import hookimpl\n@hookimpl\ndef register_tool_parsers(register):\n"
+                   "    register('builtins:object', name='objparser')\n",
+    "bad_reward": "from toolrl import hookimpl\n@hookimpl\ndef register_reward_functions(register):\n"
+                  "    register(42, name='answer')\n",
+}
+
+
+@pytest.fixture
+def bad_dists(tmp_path):
+    for name, code in BAD_PARTS.items():
+        make_dist(tmp_path, f"toolrl-plugin-{name.replace('_', '-')}", name, name, code)
+    return tmp_path
+
+
+def test_wrong_parts_and_exits_are_listed_with_errors_and_the_rest_works(bad_dists):
+    lenient = {"TOOLRL_STRICT_PLUGINS": ""}
+    out = run_toolrl("list-plugins", "--json", path=bad_dists, env=lenient)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    errors = {name: rows[name]["error"] or "" for name in BAD_PARTS}
+    assert all(rows[name]["status"] == "error" for name in BAD_PARTS), errors
+    assert "not a toolrl.engines.RolloutEngine subclass" in errors["engine_object"]
+    assert "SystemExit(None)" in errors["exits"] and "SystemExit(3)" in errors["exits_in_hook"]
+    assert "invalid schema" in errors["bad_schema"] and "properties/n/type" in errors["bad_schema"]
+    assert "not a toolrl.parsers.ToolParser subclass" in errors["lazy_object"]
+    assert "not a reward function class" in errors["bad_reward"]
+    assert rows["calculator"]["status"] == "ok"
+    text = run_toolrl("list-plugins", path=bad_dists, env=lenient)
+    assert text.returncode == 0 and "error: rollout engine 'not-an-engine' (plugin 'engine_object')" in text.stdout
+    called = run_toolrl("tool", "call", "calculator", '{"expression": "1+1"}', path=bad_dists, env=lenient)
+    assert called.returncode == 0 and called.stdout.strip() == "2", called.stderr
+    # A rejected part is not registered: using it is a one-line error, not a traceback.
+    broken = run_toolrl("tool", "call", "broken", '{"n": 1}', path=bad_dists, env=lenient)
+    assert broken.returncode == 2 and "unknown tool 'broken'" in broken.stderr and "Traceback" not in broken.stderr
+
+
+LAZY_ELSEWHERE = """
+from toolrl import hookimpl
+
+@hookimpl
+def register_tools(register):
+    register("far_tool:Broken", name="far")
+"""
+
+
+def test_lazy_parts_are_checked_when_loaded_and_by_list_plugins_check(tmp_path):
+    make_dist(tmp_path, "toolrl-plugin-far", "far", "far_plugin", LAZY_ELSEWHERE)
+    (tmp_path / "far_tool.py").write_text(BAD_PARTS["bad_schema"].split("@hookimpl")[0])
+    lenient = {"TOOLRL_STRICT_PLUGINS": ""}
+    quick = {r["name"]: r for r in json.loads(run_toolrl("list-plugins", "--json", path=tmp_path,
+                                                           env=lenient).stdout)}
+    assert quick["far"]["status"] == "ok"  # listing imports no part's module
+    checked = run_toolrl("list-plugins", "--json", "--check", path=tmp_path, env=lenient)
+    far = {r["name"]: r for r in json.loads(checked.stdout)}["far"]
+    assert far["status"] == "error" and "tool 'far' (plugin 'far') has an invalid schema" in far["error"]
+    called = run_toolrl("tool", "call", "far", '{"n": 1}', path=tmp_path, env=lenient)
+    assert called.returncode == 2 and "invalid schema" in called.stderr and "Traceback" not in called.stderr
+
+
+def test_registered_objects_are_checked_in_process(tmp_path, monkeypatch):
+    make_dist(tmp_path, "toolrl-plugin-engine-object", "engine_object", "engine_object", BAD_PARTS["engine_object"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={})
+    assert by_name(plugins)["engine_object"].status == "error"
+    assert not plugins.registry.has("rollout_engines", "not-an-engine")
+    with pytest.raises(PluginLoadError, match="not a toolrl.engines.RolloutEngine subclass"):
+        Plugins(env={"TOOLRL_STRICT_PLUGINS": "1"})
+
+
+def test_a_part_that_fails_when_loaded_marks_its_plugin(tmp_path, monkeypatch):
+    from toolrl.registry import PartError
+
+    make_dist(tmp_path, "toolrl-plugin-far", "far", "far_plugin", LAZY_ELSEWHERE)
+    (tmp_path / "far_tool.py").write_text("import sys\nsys.exit(4)\n")  # even this is contained
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={})
+    assert by_name(plugins)["far"].status == "ok"
+    for _ in range(2):
+        with pytest.raises(PartError, match=r"tool 'far' \(plugin 'far'\): 'far_tool:Broken' does not import: "
+                                            r"SystemExit\(4\)"):
+            plugins.registry.load("tools", "far")
+    far = by_name(plugins)["far"]
+    assert far.status == "error" and far.error.count("SystemExit(4)") == 1

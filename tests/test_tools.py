@@ -150,3 +150,30 @@ def test_verl_schema_dumps_with_null_keywords_load():
             "type": "object", "required": ["code"],
             "properties": {"code": {"type": "string", "description": "The code.", "enum": None}}}}})
     assert tool.tool_schema.function.parameters["properties"]["code"] == {"type": "string", "description": "The code."}
+
+
+class Sibling(Tool):
+    """Reads its own sibling block (as the MCP plugin reads ``mcp:``): the core passes the whole entry."""
+
+    schema = Counter.schema
+    seen: dict = {}
+
+    @classmethod
+    async def from_config(cls, config, tool_schema, section):
+        block = section["weather"]
+        Sibling.seen = {"block": block, "file": section.path(block["stations"]), "type": config["type"]}
+        return [cls(config, tool_schema)]
+
+
+async def test_sibling_blocks_belong_to_the_tool_class(tmp_path):
+    import yaml
+    from toolrl.toolconfig import load_tools_file
+
+    (tmp_path / "stations.json").write_text("{}")
+    (tmp_path / "tools.yaml").write_text(yaml.safe_dump({"tools": [{
+        "class_name": "test_tools.Sibling", "config": {"type": "weather-api"},
+        "weather": {"stations": "stations.json", "units": "metric"}}]}))
+    tools = await build_tools(load_tools_file(tmp_path / "tools.yaml"))
+    assert list(tools) == ["count"]
+    assert Sibling.seen == {"block": {"stations": "stations.json", "units": "metric"},
+                            "file": tmp_path / "stations.json", "type": "weather-api"}

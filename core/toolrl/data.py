@@ -6,29 +6,59 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import PrivateAttr, ValidationError
 
-from toolrl.config import ConfigError, SyntheticData
+from toolrl.config import ConfigError, SyntheticData, format_errors, one_line, read_text
+from toolrl.parsers.bounded_json import JSONLimitError
+from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
 
+# Dataset rows nest a few levels (messages, multimodal parts); anything near the stdlib decoder's
+# recursion limit is a broken file. Integers up to Python's own int-string limit are data.
+ROW_MAX_DEPTH = 100
+ROW_MAX_NUMBER_CHARS = 4300
 
-def _rows(path: Path) -> list[dict[str, Any]]:
+
+class FileSample(Sample):
+    """A sample that remembers where it was read (``file:line`` or ``file row N``) for error messages."""
+
+    _origin: str = PrivateAttr(default="")
+
+    @property
+    def origin(self) -> str:
+        return self._origin
+
+
+def _rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(origin, row)`` for each row: ``file:line`` (1-based, blank lines skipped) for JSONL,
+    ``file row N`` (1-based) for parquet."""
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg}") from None
-        return rows
+        # Split on newlines only: str.splitlines() also splits on U+2028 etc., which JSON strings may hold.
+        for n, line in enumerate(read_text(path).split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}:{n}", bounded_loads(line, ROW_MAX_DEPTH, ROW_MAX_NUMBER_CHARS)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+            except JSONLimitError as exc:
+                raise ConfigError(f"{path}:{n}: invalid JSON: {exc}") from None
+        return
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise ConfigError(f"{path}: not a readable parquet file: {one_line(str(exc))}") from None
+        for n, row in enumerate(table.to_pylist(), 1):
+            yield f"{path} row {n}", row
+        return
     raise ConfigError(f"{path}: unsupported data file (use .jsonl or .parquet)")
 
 
@@ -37,17 +67,33 @@ def load_samples(paths: list[Path]) -> list[Sample]:
     for path in paths:
         if not path.exists():
             raise ConfigError(f"data.train_files: {path} does not exist")
-        for n, row in enumerate(_rows(path)):
+        for origin, row in _rows(path):
+            if not isinstance(row, dict):
+                raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             try:
-                sample = Sample.model_validate(row)
+                sample = FileSample.model_validate(row)
             except ValidationError as exc:
-                raise ConfigError(f"{path} row {n}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+                raise ConfigError(f"{origin}: {format_errors(exc)}") from None
+            sample._origin = origin
             if sample.index is None:
                 sample.index = len(samples)
             samples.append(sample)
     if not samples:
-        raise ConfigError("data.train_files: no rows")
+        raise ConfigError(f"data.train_files: no rows in {', '.join(map(str, paths))}")
     return samples
+
+
+def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collection[str], source: str) -> None:
+    """Every tool a row's ``tools_kwargs`` names must be configured: a misspelt name would otherwise
+    run the tool without its per-sample arguments (e.g. no ground truth). ``source`` names samples
+    that do not know their file (synthetic ones): ``"<source> sample N"``."""
+    for i, sample in enumerate(samples, 1):
+        unknown = sorted(set(sample.tools_kwargs) - set(tool_names))
+        if unknown:
+            origin = getattr(sample, "origin", "") or f"{source} sample {i}"
+            field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
+            configured = ", ".join(sorted(tool_names)) or "none"
+            raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")
 
 
 def arithmetic_samples(spec: SyntheticData) -> list[Sample]:

@@ -20,6 +20,11 @@ only when the part is first used; lazy references keep ``toolrl list-plugins`` f
 libraries a part needs. ``name`` is required for lazy references; for objects it defaults to the
 object's ``name`` attribute. ``aliases`` are extra names the part answers to (for example the verl
 class path a tool replaces, so verl tool configs load unchanged).
+
+Registered parts are checked (:mod:`toolrl.registry`): each kind's base class, a callable reward
+class, a tool's schema. An object, or a lazy reference into an already-imported module (the plugin's
+own), is checked at registration; other lazy references when first loaded (or by ``toolrl
+list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
 """
 
 from __future__ import annotations
@@ -66,10 +71,12 @@ def register_tools(register: Register) -> None:
 
 @hookspec
 def register_reward_functions(register: Register) -> None:
-    """Register reward functions: subclasses of :class:`toolrl.rewards.RewardFunction`.
+    """Register reward functions: classes whose instances are callable as below (the
+    :class:`toolrl.rewards.RewardFunction` protocol); constructed with the config's ``options``.
 
     A reward function scores one finished trajectory from its final answer text, the sample's
-    ground truth and the trajectory record (tool calls, turns), returning a float.
+    ground truth and the trajectory record (tool calls, turns), returning a float. A value that is
+    not a finite number (or an exception) scores 0 and is recorded as the trajectory's error.
     """
 
 

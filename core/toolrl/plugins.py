@@ -6,10 +6,15 @@ Environment:
   Set but empty loads none. Built-in plugins are not affected.
 - ``TOOLRL_DISABLE_PLUGINS``: comma-separated plugin or distribution names to skip (built-ins too).
 - ``TOOLRL_STRICT_PLUGINS=1``: a plugin that fails to load or register is fatal.
+
+The error boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at
+import is listed with that error); only ``KeyboardInterrupt`` goes through. Registered parts are
+checked as described in :mod:`toolrl.registry`; :meth:`Plugins.check` loads and checks every part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,7 +24,7 @@ from typing import Any, Literal
 import pluggy
 
 from toolrl import builtin_plugins, hookspecs
-from toolrl.registry import KINDS, Part, Registry
+from toolrl.registry import KINDS, Part, PartError, Registry, describe_exception
 
 Status = Literal["ok", "error", "disabled"]
 ENTRY_POINT_GROUP = "toolrl"
@@ -59,8 +64,10 @@ def _names(value: str | None) -> set[str] | None:
     return {v.strip() for v in value.split(",") if v.strip()}
 
 
-def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+def _contain(exc: BaseException) -> None:
+    """Let a user's Ctrl-C through; everything else a plugin raises stays inside its boundary."""
+    if isinstance(exc, (KeyboardInterrupt, PluginLoadError)):
+        raise exc
 
 
 class Plugins:
@@ -74,7 +81,7 @@ class Plugins:
         self.pm = pluggy.PluginManager("toolrl")
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
-        self.registry = Registry()
+        self.registry = Registry(on_part_error=self._part_failed)
         self._load_builtins()
         self._load_entry_points()
         self._collect_parts()
@@ -83,7 +90,7 @@ class Plugins:
 
     def _fail(self, info: PluginInfo, exc: BaseException | str) -> None:
         info.status = "error"
-        message = exc if isinstance(exc, str) else _error_text(exc)
+        message = exc if isinstance(exc, str) else describe_exception(exc)
         info.error = message if info.error is None else f"{info.error}; {message}"
         if self.strict:
             raise PluginLoadError(f"plugin {info.name!r} ({info.distribution}): {message}") from (
@@ -93,7 +100,8 @@ class Plugins:
     def _register(self, info: PluginInfo, plugin: object) -> None:
         try:
             self.pm.register(plugin, name=info.name)
-        except Exception as exc:  # pluggy validation errors, duplicate names
+        except BaseException as exc:  # pluggy validation errors, duplicate names
+            _contain(exc)
             self._fail(info, exc)
             return
         info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
@@ -127,7 +135,8 @@ class Plugins:
                 continue
             try:
                 plugin = ep.load()
-            except Exception as exc:  # the error boundary: a broken plugin never breaks the others
+            except BaseException as exc:  # the error boundary: a broken plugin never breaks the others
+                _contain(exc)
                 self._fail(info, exc)
                 continue
             self._register(info, plugin)
@@ -144,16 +153,22 @@ class Plugins:
                     part_name = name or getattr(obj, "name", None)
                     if not part_name or not isinstance(part_name, str):
                         raise ValueError(f"register({obj!r}) needs a name")
-                    conflict = self.registry.add(Part(_kind, part_name, _info.name, obj, tuple(aliases)))
+                    if isinstance(aliases, str) or not all(isinstance(a, str) for a in aliases):
+                        raise ValueError(f"register(..., name={part_name!r}): aliases must be a tuple of names")
+                    part = Part(_kind, part_name, _info.name, obj, tuple(aliases))
+                    problem = part.precheck()
+                    if problem:  # not registered: looking the name up says it is unknown
+                        self._fail(_info, problem)
+                        return
+                    conflict = self.registry.add(part)
                     _names.append(part_name)
                     if conflict:
                         self._fail(_info, conflict)
 
                 try:
                     impl.function(register=register)
-                except PluginLoadError:
-                    raise
-                except Exception as exc:
+                except BaseException as exc:
+                    _contain(exc)
                     self._fail(info, exc)
 
     # -- queries -------------------------------------------------------------------------------
@@ -164,13 +179,30 @@ class Plugins:
     def load_part(self, kind: str, name: str) -> Any:
         return self.registry.load(kind, name)
 
+    def check(self) -> None:
+        """Import and check every registered part (``toolrl list-plugins --check``); a part that fails
+        marks its plugin as an error with the reason. Slower than listing: it imports every part."""
+        for kind in KINDS:
+            for part in self.registry.parts(kind):
+                with contextlib.suppress(PartError):  # recorded by _part_failed
+                    self.registry.load(kind, part.name)
+
+    def _part_failed(self, part: Part, message: str) -> None:
+        """A lazily referenced part failed when loaded: its plugin's status says so from now on
+        (once per message; never fatal here, the caller gets the PartError)."""
+        info = self.info[part.plugin]
+        if message not in (info.error or ""):
+            info.status = "error"
+            info.error = message if info.error is None else f"{info.error}; {message}"
+
     def add_commands(self, cli: Any) -> None:
         """Let every plugin add CLI commands, each in its own error boundary."""
         for impl in self.pm.hook.register_commands.get_hookimpls():
             info = self.info[self.pm.get_name(impl.plugin)]
             try:
                 impl.function(cli=cli)
-            except Exception as exc:
+            except BaseException as exc:
+                _contain(exc)
                 self._fail(info, exc)
 
 

@@ -1,8 +1,19 @@
-"""Name -> part lookup. Every part remembers the plugin that registered it."""
+"""Name -> part lookup. Every part remembers the plugin that registered it.
+
+Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool or
+rollout engine must be a subclass of its base class, a reward function a class whose instances are
+callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object is checked as
+soon as it can be had without importing anything: when registered as an object, or as a lazy
+reference into a module that is already imported (typically the plugin's own module). Other lazy
+references are checked when first loaded; the error names the plugin.
+"""
 
 from __future__ import annotations
 
 import importlib
+import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +27,59 @@ KIND_WORDS = {
 }
 
 
+# The base class each kind's parts subclass. Looked up in sys.modules only: if the base's module was
+# never imported, nothing can subclass it, so checking imports nothing (list-plugins stays light).
+KIND_BASES = {
+    "tool_parsers": ("toolrl.parsers", "ToolParser"),
+    "tools": ("toolrl.tools", "Tool"),
+    "rollout_engines": ("toolrl.engines", "RolloutEngine"),
+}
+LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
 class RegistryError(LookupError):
     """A part name that cannot be resolved: unknown, or registered by two plugins."""
+
+
+class PartError(RegistryError):
+    """A registered part that does not import or is not what its kind requires."""
+
+
+def _raise_contained(exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+
+
+def describe_exception(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}): the code called sys.exit()"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def check_part(kind: str, obj: Any) -> str | None:
+    """Why ``obj`` cannot be a part of ``kind`` (a phrase completing "the part ..."), or None."""
+    if kind == "reward_functions":
+        # Constructed with the config's options, then called as reward(response, ground_truth, **info).
+        if not isinstance(obj, type) or not any("__call__" in vars(c) for c in obj.__mro__[:-1]):
+            return (f"is {obj!r}, which is not a reward function class (a class whose instances are called "
+                    "as reward(response, ground_truth, **info) -> float; see toolrl.rewards.RewardFunction)")
+        return None
+    module_name, base_name = KIND_BASES[kind]
+    module = sys.modules.get(module_name)
+    base = getattr(module, base_name, None) if module is not None else None
+    if not (isinstance(obj, type) and base is not None and issubclass(obj, base)):
+        return f"is {obj!r}, which is not a {module_name}.{base_name} subclass"
+    if kind == "tools" and obj.schema is not None:
+        from pydantic import ValidationError
+
+        from toolrl.schemas import ToolSchema
+
+        try:
+            ToolSchema.model_validate(obj.schema)
+        except ValidationError as exc:
+            detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(schema)'}: {e['msg']}" for e in exc.errors())
+            return f"has an invalid schema ({obj.__module__}.{obj.__qualname__}.schema): {detail}"
+    return None
 
 
 @dataclass
@@ -29,22 +91,59 @@ class Part:
     aliases: tuple[str, ...] = ()
     _loaded: Any = field(default=None, repr=False)
 
+    def _label(self) -> str:
+        return f"{KIND_WORDS[self.kind]} {self.name!r} (plugin {self.plugin!r})"
+
+    def _resolve(self, import_: bool) -> Any:
+        module_name, _, attr = self.target.partition(":")
+        obj: Any = importlib.import_module(module_name) if import_ else sys.modules.get(module_name)
+        if obj is None:
+            return None
+        for piece in attr.split("."):
+            obj = getattr(obj, piece)
+        return obj
+
+    def precheck(self) -> str | None:
+        """At registration: the reference's form, and the object itself if it is at hand without
+        importing anything. Returns the error, or None."""
+        if not isinstance(self.target, str):
+            problem = check_part(self.kind, self.target)
+            return f"{self._label()} {problem}" if problem else None
+        if not LAZY_REFERENCE.match(self.target):
+            return f"{self._label()}: lazy reference {self.target!r} is not 'package.module:Attribute'"
+        module = sys.modules.get(self.target.partition(":")[0])
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return None  # still being imported (plugins loaded from inside it): checked when loaded
+        try:
+            obj = self._resolve(import_=False)
+        except AttributeError as exc:
+            return f"{self._label()}: {self.target!r} does not resolve: {exc}"
+        problem = check_part(self.kind, obj) if obj is not None else None
+        return f"{self._label()} {problem}" if problem else None
+
     def load(self) -> Any:
-        """The part itself, importing a lazy reference on first use."""
+        """The part itself, importing a lazy reference on first use and checking it; raises
+        :class:`PartError` naming the plugin when it does not import or is the wrong kind of thing."""
         if self._loaded is None:
+            obj = self.target
             if isinstance(self.target, str):
-                module_name, _, attr = self.target.partition(":")
-                obj: Any = importlib.import_module(module_name)
-                for piece in attr.split("."):
-                    obj = getattr(obj, piece)
-                self._loaded = obj
-            else:
-                self._loaded = self.target
+                try:
+                    obj = self._resolve(import_=True)
+                except BaseException as exc:  # a module calling sys.exit() at import is contained too
+                    _raise_contained(exc)
+                    raise PartError(f"{self._label()}: {self.target!r} does not import: "
+                                    f"{describe_exception(exc)}") from None
+            problem = check_part(self.kind, obj)
+            if problem:
+                raise PartError(f"{self._label()} {problem}")
+            self._loaded = obj
         return self._loaded
 
 
 class Registry:
-    def __init__(self) -> None:
+    def __init__(self, on_part_error: Callable[[Part, str], None] | None = None) -> None:
+        # Told when a part fails to load, so its plugin's status can say so.
+        self.on_part_error = on_part_error
         self._parts: dict[str, dict[str, Part]] = {k: {} for k in KINDS}
         self._aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         # name -> plugins that all registered it; such names resolve to an error.
@@ -93,4 +192,10 @@ class Registry:
         return part
 
     def load(self, kind: str, name: str) -> Any:
-        return self.get(kind, name).load()
+        part = self.get(kind, name)
+        try:
+            return part.load()
+        except PartError as exc:
+            if self.on_part_error is not None:
+                self.on_part_error(part, str(exc))
+            raise

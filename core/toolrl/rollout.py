@@ -16,6 +16,7 @@ so one trajectory waiting on a slow tool does not hold up the others' generation
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
-from toolrl.tools import Tool, ToolSet
+from toolrl.tools import Tool, ToolSet, coerce_reward
 
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error"]
 
@@ -54,6 +55,8 @@ class Trajectory(BaseModel):
     reward: float = 0.0
     reward_terms: dict[str, float] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
+    tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
+    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.guard)
     ground_truth: Any = None
     generation_s: float = 0.0
     tool_s: float = 0.0
@@ -166,8 +169,10 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
             if last_turn:
                 traj.termination = "max_turns"
                 break
-            texts = [(r.name, renderer.truncate(r.response.text, cfg.tool_response_max_tokens,
-                                                cfg.tool_response_truncation)) for r in results]
+            texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
+                                                        cfg.tool_response_truncation),
+                                                cfg.tool_response_max_tokens, cfg.tool_response_truncation))
+                     for r in results]
             texts += [("error", f"Error: {e.message}") for e in errors]
             if inline:
                 delta = renderer.text_ids("".join(ctx.parser.format_inline_result(ToolResponse(text=t))
@@ -185,9 +190,27 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
     finally:
         # calc_reward and release always run, also after errors, timeouts or cancellation.
         traj.tool_rewards = await asyncio.shield(toolset.finish())
+        traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
+        traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
+        if traj.tool_errors and traj.error is None:
+            traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
         ctx.engine.end_session(trajectory_id)
     score(ctx, traj, sample, step_rewards)
     return traj
+
+
+def _precut(text: str, max_tokens: int, mode: str) -> str:
+    """Cut a huge tool response by characters before it is tokenized: tokenizing a megabyte would hold
+    the event loop (every trajectory) for seconds, only to keep ``max_tokens`` of it."""
+    limit = 32 * max_tokens  # characters: far more than max_tokens tokens of ordinary text
+    if len(text) <= limit:
+        return text
+    note = f"...[{len(text) - limit} characters truncated]..."
+    if mode == "keep_head":
+        return text[:limit] + "\n" + note
+    if mode == "keep_tail":
+        return note + "\n" + text[-limit:]
+    return text[: limit // 2] + "\n" + note + "\n" + text[-(limit // 2):]
 
 
 def _refused(call: ToolCall, limit: int) -> ToolResult:
@@ -203,8 +226,8 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
             "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
     for name, weight, fn in ctx.reward_functions:
-        try:
-            terms[name] = weight * float(fn(traj.final_response, sample.ground_truth, **info))
+        try:  # a reward that raises or is not a finite number scores 0 and is reported, never trained on
+            terms[name] = weight * coerce_reward(fn(traj.final_response, sample.ground_truth, **info), "reward")
         except Exception as exc:
             terms[name] = 0.0
             traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
@@ -214,6 +237,9 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
         terms["steps"] = ctx.reward_config.step_reward_weight * sum(step_rewards)
     traj.reward_terms = terms
     traj.reward = sum(terms.values())
+    if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed
+        traj.error = traj.error or f"reward is not finite: {terms}"
+        traj.reward = 0.0
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,

@@ -10,6 +10,11 @@
 
 ``class_name`` resolves, in order: a registered tool name, a registered alias (plugins alias the verl
 class they replace), then an importable ``module.Class`` that subclasses :class:`toolrl.tools.Tool`.
+
+The core reads only ``class_name``, ``config`` and ``tool_schema``. Everything else in an entry (the
+``mcp:`` block above, or any plugin's own sibling block) belongs to the tool class: its
+``from_config`` receives the whole entry as a :class:`ToolSection`, which also knows the directory the
+entry was written in, so the tool can resolve paths in its own block relative to it.
 """
 
 from __future__ import annotations
@@ -17,32 +22,54 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from toolrl.tools import Tool, ToolConfigError, format_validation_error
 
 
 class ToolEntryConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: Literal["native", "mcp"] = "native"
+    type: str = "native"  # verl's tool type; the tool class decides what its values mean
 
 
 class ToolEntry(BaseModel):
-    """One item of ``tools:``."""
+    """One item of ``tools:``. Keys besides these are the tool class's own (``extra``)."""
 
     model_config = ConfigDict(extra="allow")
 
     class_name: str
     config: ToolEntryConfig = Field(default_factory=ToolEntryConfig)
     tool_schema: dict[str, Any] | None = None
-    mcp: dict[str, Any] | None = None
+
+
+class ToolSection(dict[str, Any]):
+    """A whole tool-config entry as handed to :meth:`Tool.from_config`: a plain mapping of the entry's
+    keys, plus ``base_dir``, the directory of the file the entry came from (None when unknown)."""
+
+    def __init__(self, entry: Mapping[str, Any], base_dir: Path | None = None) -> None:
+        super().__init__(entry)
+        self.base_dir = base_dir
+
+    def path(self, value: str) -> Path:
+        """A path written in this entry: relative paths are taken relative to the entry's file when
+        the file exists there, else as given (relative to the working directory, as verl does)."""
+        path = Path(value)
+        if not path.is_absolute() and self.base_dir is not None and (self.base_dir / path).exists():
+            return self.base_dir / path
+        return path
 
 
 class ToolsFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tools: list[ToolEntry] = Field(default_factory=list)
+    _base_dir: Path | None = PrivateAttr(default=None)
+
+    @property
+    def base_dir(self) -> Path | None:
+        """The directory relative paths in the entries are relative to (the file's, when loaded)."""
+        return self._base_dir
 
 
 def load_tools_file(path: str | Path) -> ToolsFile:
@@ -61,17 +88,13 @@ def parse_tools_config(data: Mapping[str, Any], base_dir: Path | None = None) ->
         parsed = ToolsFile.model_validate(data)
     except ValidationError as exc:
         raise ToolConfigError(f"invalid tools config: {format_validation_error(exc)}") from None
-    if base_dir is not None:  # relative MCP server paths are relative to the tools file
-        for entry in parsed.tools:
-            path = (entry.mcp or {}).get("mcp_servers_config_path")
-            if path and not Path(path).is_absolute() and (base_dir / path).exists():
-                entry.mcp["mcp_servers_config_path"] = str(base_dir / path)
+    parsed._base_dir = base_dir
     return parsed
 
 
 def resolve_tool_class(class_name: str) -> type[Tool]:
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.registry import RegistryError, check_part
 
     registry = get_plugins().registry
     if registry.has("tools", class_name):
@@ -82,8 +105,9 @@ def resolve_tool_class(class_name: str) -> type[Tool]:
             cls = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({exc})") from None
-        if not (isinstance(cls, type) and issubclass(cls, Tool)):
-            raise ToolConfigError(f"tools[].class_name {class_name!r} is not a toolrl.tools.Tool subclass")
+        problem = check_part("tools", cls)
+        if problem:
+            raise ToolConfigError(f"tools[].class_name {class_name!r} {problem}")
         return cls
     try:
         registry.get("tools", class_name)
@@ -92,13 +116,18 @@ def resolve_tool_class(class_name: str) -> type[Tool]:
     raise AssertionError("unreachable")
 
 
+async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[Tool]:
+    """The tools one entry stands for (``Tool.from_config`` of its class)."""
+    cls = resolve_tool_class(entry.class_name)
+    section = ToolSection(entry.model_dump(exclude_none=True), base_dir)
+    return await cls.from_config(entry.config.model_dump(), entry.tool_schema, section)
+
+
 async def build_tools(tools_file: ToolsFile) -> dict[str, Tool]:
     """Instantiate every entry; names must be unique across entries."""
     tools: dict[str, Tool] = {}
     for entry in tools_file.tools:
-        cls = resolve_tool_class(entry.class_name)
-        section = entry.model_dump(exclude_none=True)
-        for tool in await cls.from_config(entry.config.model_dump(), entry.tool_schema, section):
+        for tool in await build_entry(entry, tools_file.base_dir):
             if tool.name in tools:
                 raise ToolConfigError(f"two tools are named {tool.name!r} (class_name {entry.class_name!r})")
             tools[tool.name] = tool
@@ -107,8 +136,7 @@ async def build_tools(tools_file: ToolsFile) -> dict[str, Tool]:
 
 async def build_default_tool(name: str, config: Mapping[str, Any] | None = None) -> Tool:
     """A single registered tool with its own schema, as ``toolrl tool call NAME`` uses without a file."""
-    cls = resolve_tool_class(name)
-    built = await cls.from_config(dict(config or {}), None, {"class_name": name, "config": dict(config or {})})
+    built = await build_entry(ToolEntry.model_validate({"class_name": name, "config": dict(config or {})}))
     for tool in built:
         if tool.name == name or len(built) == 1:
             return tool

@@ -7,29 +7,91 @@ Lifecycle, per trajectory (``instance_id``)::
     calc_reward(instance_id, **calc_reward_kwargs) -> float                                 once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
 
-Rollouts never call ``execute`` directly: they call :meth:`Tool.call`, which validates the arguments
-against the tool's JSON Schema, applies the per-call timeout and turns every failure into an error
-response for the model.
+Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
+``toolrl tool call`` and the conformance kit all drive the lifecycle through :class:`ToolSet`, and
+:meth:`Tool.call` wraps ``execute``. Both contain every fault a tool can
+have (see :mod:`toolrl.guard`): arguments are validated against the JSON Schema, each call has a hard
+deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
+that are not JSON) become error responses the model reads, and calc_reward/release always run.
+With ``isolation: process`` in its config the tool runs in a worker process (:mod:`toolrl.isolation`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
+import numbers
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from toolrl.guard import Guarded, run_guarded
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 
 # Keys every tool config may carry, handled here rather than by the tool's config model.
-BASE_CONFIG_KEYS = ("type", "timeout")
+BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
+Isolation = Literal["none", "process"]
 
 
 class ToolConfigError(ValueError):
     """A tool config that does not validate; the message names the field."""
+
+
+class ToolReturnError(TypeError):
+    """A lifecycle method returned something its contract does not allow."""
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def coerce_reward(value: Any, what: str) -> float:
+    """A reward as a finite float: None is 0.0, numbers (Python, numpy, 0-d tensors) convert; strings,
+    NaN and infinities are errors."""
+    if value is None:
+        return 0.0
+    if isinstance(value, (str, bytes)) or not (isinstance(value, numbers.Real) or hasattr(value, "__float__")):
+        raise ToolReturnError(f"{what} must be a number, got {_kind(value)} {value!r:.80}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise ToolReturnError(f"{what} must be a number, got {_kind(value)}: {exc}") from None
+    if not math.isfinite(number):
+        raise ToolReturnError(f"{what} must be finite, got {number}")
+    return number
+
+
+def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
+    """``execute``'s return value checked and normalised: (response, step_reward, metrics) where the
+    response is a ToolResponse, a str or a ToolResponse-shaped dict, the reward a finite number (or
+    None) and the metrics a JSON object of finite values (or None)."""
+    if not isinstance(value, (tuple, list)) or len(value) != 3:
+        got = f"a {len(value)}-tuple" if isinstance(value, (tuple, list)) else f"{_kind(value)} {value!r:.80}"
+        raise ToolReturnError(f"execute must return (response, step_reward, metrics), got {got}")
+    response, step_reward, metrics = value
+    if isinstance(response, str):
+        response = ToolResponse(text=response)
+    elif isinstance(response, Mapping):
+        try:
+            response = ToolResponse.model_validate(response)
+        except ValidationError as exc:
+            raise ToolReturnError(f"response: {format_validation_error(exc)}") from None
+    elif not isinstance(response, ToolResponse):
+        raise ToolReturnError(f"response must be a str or a ToolResponse, got {_kind(response)} {response!r:.80}")
+    reward = coerce_reward(step_reward, "step_reward")
+    if metrics is None:
+        metrics = {}
+    if not isinstance(metrics, Mapping) or not all(isinstance(k, str) for k in metrics):
+        raise ToolReturnError(f"metrics must be a dict with str keys, got {_kind(metrics)} {metrics!r:.80}")
+    try:
+        json.dumps(metrics, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ToolReturnError(f"metrics must hold JSON values and finite numbers: {exc}") from None
+    return response, reward, dict(metrics)
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
@@ -65,6 +127,17 @@ def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> st
     return "; ".join(messages)
 
 
+def _seconds(value: Any, tool: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)) or isinstance(value, bool):
+        raise ToolConfigError(f"invalid config for tool {tool}: config.timeout: expected a positive number of "
+                              f"seconds, got {value!r}")
+    return seconds
+
+
 class Tool:
     """Base class for tools. Subclasses set ``schema`` (an OpenAI function schema) and implement
     ``execute``; they may set ``config_model`` (a pydantic model, validated with field names in
@@ -74,10 +147,18 @@ class Tool:
     schema: ClassVar[dict[str, Any] | None] = None
     config_model: ClassVar[type[BaseModel] | None] = None
     default_timeout: ClassVar[float] = 30.0
+    runs_isolated: ClassVar[bool] = False  # True for the parent's handle on an isolated tool
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: ToolSchema | Mapping | None = None):
         raw = dict(config or {})
-        self.timeout = float(raw.get("timeout", self.default_timeout))
+        self.timeout = _seconds(raw.get("timeout", self.default_timeout), type(self).__name__)
+        self.isolation: Isolation = raw.get("isolation", "none")
+        if self.isolation not in ("none", "process"):
+            raise ToolConfigError(f"invalid config for tool {type(self).__name__}: config.isolation: "
+                                  f"expected 'none' or 'process', got {self.isolation!r}")
+        if self.isolation == "process" and not self.runs_isolated:
+            raise ToolConfigError(f"config.isolation: process is not supported by {type(self).__name__}: only tools "
+                                  "built by the default Tool.from_config can run in a worker process")
         options = {k: v for k, v in raw.items() if k not in BASE_CONFIG_KEYS}
         if self.config_model is not None:
             try:
@@ -105,8 +186,14 @@ class Tool:
     async def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping | None, section: Mapping[str, Any]
     ) -> list[Tool]:
-        """Build the tools one tool-config entry stands for. ``section`` is the whole entry (MCP
-        tools read their sibling ``mcp:`` block from it). Most tools are one tool per entry."""
+        """Build the tools one tool-config entry stands for. ``section`` is the whole entry, a
+        :class:`toolrl.toolconfig.ToolSection` (a mapping with ``base_dir``): a tool reads its own
+        sibling blocks from it (the MCP plugin reads ``mcp:``). Most tools are one tool per entry.
+        With ``isolation: process`` the tool is built in a worker process and driven from here."""
+        if dict(config or {}).get("isolation") == "process":
+            from toolrl.isolation import ProcessTool
+
+            return [await ProcessTool.start(cls, config, tool_schema)]
         return [cls(config, tool_schema)]
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -153,10 +240,11 @@ class Tool:
         return describe_argument_errors(self._validator, arguments)
 
     async def call(self, instance_id: str, arguments: Any, **execute_kwargs: Any) -> ToolResult:
-        """Validate, execute with the per-call timeout, and never raise: failures become error
-        responses the model can read."""
+        """Validate, execute under the per-call deadline and check the return value; never raises:
+        every failure becomes an error response the model can read."""
         start = time.perf_counter()
         args = arguments if isinstance(arguments, dict) else {}
+        run = Guarded()
 
         def result(response: ToolResponse, status: str, step_reward: float = 0.0, metrics=None) -> ToolResult:
             return ToolResult(
@@ -167,27 +255,26 @@ class Tool:
                 metrics=metrics or {},
                 status=status,  # type: ignore[arg-type]
                 latency_s=time.perf_counter() - start,
+                loop_blocked_s=run.blocked_s,
             )
 
         problem = self.validate_arguments(arguments)
         if problem is not None:
             return result(ToolResponse.error(f"Error: invalid arguments for tool '{self.name}': {problem}"),
                           "invalid_arguments")
-        try:
-            response, step_reward, metrics = await asyncio.wait_for(
-                self.execute(instance_id, args, **execute_kwargs), timeout=self.timeout
-            )
-        except asyncio.TimeoutError:
-            return result(ToolResponse.error(f"Error: tool '{self.name}' timed out after {self.timeout:g} s"),
+        run = await run_guarded(f"tool {self.name!r} execute", self.execute, (instance_id, args), execute_kwargs,
+                                self.timeout)
+        if run.timed_out:
+            held = f" (it held the event loop for {run.blocked_s:.1f} s)" if run.blocked_s else ""
+            return result(ToolResponse.error(f"Error: tool '{self.name}' timed out after {self.timeout:g} s{held}"),
                           "timeout")
-        except Exception as exc:
-            return result(ToolResponse.error(f"Error executing tool '{self.name}': {type(exc).__name__}: {exc}"),
-                          "error")
-        if isinstance(response, str):
-            response = ToolResponse(text=response)
-        elif not isinstance(response, ToolResponse):
-            response = ToolResponse.model_validate(response)
-        return result(response, "error" if response.is_error else "ok", float(step_reward or 0.0), metrics)
+        if run.error is not None:
+            return result(ToolResponse.error(f"Error executing tool '{self.name}': {run.error}"), "error")
+        try:
+            response, step_reward, metrics = coerce_execute_result(run.value)
+        except ToolReturnError as exc:
+            return result(ToolResponse.error(f"Error: tool '{self.name}' returned an invalid result: {exc}"), "error")
+        return result(response, "error" if response.is_error else "ok", step_reward, metrics)
 
 
 class ToolSet:
@@ -208,6 +295,7 @@ class ToolSet:
         self.instances: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.finish_errors: dict[str, str] = {}
+        self.loop_blocked_s = 0.0  # seconds tool code held the event loop in this trajectory, all stages
 
     def _kwargs(self, name: str) -> ToolKwargs:
         return self.kwargs.get(name) or ToolKwargs()
@@ -215,18 +303,32 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
 
-    async def start(self) -> None:
-        async def create(name: str, tool: Tool) -> None:
-            try:
-                iid = await asyncio.wait_for(
-                    tool.create(f"{self.trajectory_id}:{name}", **self._kwargs(name).create_kwargs),
-                    self.lifecycle_timeout,
-                )
-                self.instances[name] = iid
-            except Exception as exc:
-                self.create_errors[name] = f"{type(exc).__name__}: {exc}"
+    async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> Guarded:
+        tool = self.tools[name]
+        run = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
+                                self.lifecycle_timeout)
+        self.loop_blocked_s += run.blocked_s
+        return run
 
-        await asyncio.gather(*(create(n, t) for n, t in self.tools.items()))
+    @staticmethod
+    def _failure(run: Guarded, timeout: float) -> str | None:
+        if run.timed_out:
+            return f"timed out after {timeout:g} s"
+        return run.error
+
+    async def start(self) -> None:
+        async def create(name: str) -> None:
+            run = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
+                                    **self._kwargs(name).create_kwargs)
+            problem = self._failure(run, self.lifecycle_timeout)
+            if problem is None and not isinstance(run.value, str):
+                problem = f"create must return the instance id (a str), got {type(run.value).__name__}"
+            if problem is None:
+                self.instances[name] = run.value
+            else:
+                self.create_errors[name] = problem
+
+        await asyncio.gather(*(create(n) for n in self.tools))
 
     async def call(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)
@@ -240,26 +342,35 @@ class ToolSet:
             why = self.create_errors.get(call.name, "not started")
             return ToolResult(name=call.name, arguments=call.arguments, status="error",
                               response=ToolResponse.error(f"Error: tool '{call.name}' is unavailable: {why}"))
-        return await tool.call(self.instances[call.name], call.arguments, **self._kwargs(call.name).execute_kwargs)
+        result = await tool.call(self.instances[call.name], call.arguments, **self._kwargs(call.name).execute_kwargs)
+        self.loop_blocked_s += result.loop_blocked_s
+        return result
 
     async def finish(self) -> dict[str, float]:
-        """calc_reward then release for every created instance; never raises."""
+        """calc_reward then release for every created instance; never raises. A calc_reward that fails
+        or returns anything but a finite number is recorded in ``finish_errors`` and gives no reward."""
 
-        async def finish_one(name: str, iid: str) -> tuple[str, float]:
-            tool, kw = self.tools[name], self._kwargs(name)
-            reward = 0.0
+        async def finish_one(name: str, iid: str) -> tuple[str, float | None]:
+            kw = self._kwargs(name)
+            reward: float | None = None
             try:
-                reward = float(await asyncio.wait_for(tool.calc_reward(iid, **kw.calc_reward_kwargs),
-                                                      self.lifecycle_timeout))
-            except Exception as exc:
-                self.finish_errors[name] = f"calc_reward: {type(exc).__name__}: {exc}"
+                run = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
+                problem = self._failure(run, self.lifecycle_timeout)
+                if problem is None:
+                    try:
+                        reward = coerce_reward(run.value, "calc_reward")
+                    except ToolReturnError as exc:
+                        problem = str(exc)
+                if problem is not None:
+                    self.finish_errors[name] = f"calc_reward: {problem}"
             finally:
-                try:
-                    await asyncio.wait_for(tool.release(iid, **kw.release_kwargs), self.lifecycle_timeout)
-                except Exception as exc:
-                    self.finish_errors[name] = f"release: {type(exc).__name__}: {exc}"
+                run = await self._stage(name, "release", iid, **kw.release_kwargs)
+                problem = self._failure(run, self.lifecycle_timeout)
+                if problem is not None:
+                    self.finish_errors[name] = "; ".join(
+                        filter(None, [self.finish_errors.get(name), f"release: {problem}"]))
             return name, reward
 
         done = await asyncio.gather(*(finish_one(n, i) for n, i in self.instances.items()))
         self.instances.clear()
-        return dict(done)
+        return {name: reward for name, reward in done if reward is not None}

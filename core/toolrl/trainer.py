@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import statistics
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +28,14 @@ from typing import Any
 from toolrl import checkpoint
 from toolrl.config import Config, ConfigError
 from toolrl.rollout import Trajectory
+from toolrl.rundir import (
+    _prepare_output,
+    _truncate_metrics,
+    append_metrics,
+    plot_curve,
+    rollout_metrics,
+    write_traces,
+)
 from toolrl.schemas import Sample
 
 # -- data -----------------------------------------------------------------------------------------
@@ -45,85 +50,6 @@ def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: 
             random.Random(seed * 1_000_003 + epoch).shuffle(order)
         out.append(samples[order[pos]])
     return out
-
-
-# -- recording ------------------------------------------------------------------------------------
-
-
-def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any]:
-    rewards = [t.reward for t in trajs]
-    calls = [r for t in trajs for r in t.tool_results]
-    latency: dict[str, list[float]] = defaultdict(list)
-    for r in calls:
-        latency[r.name].append(r.latency_s)
-    model_tokens = sum(sum(t.response_mask) for t in trajs)
-    terminations: dict[str, int] = defaultdict(int)
-    for t in trajs:
-        terminations[t.termination] += 1
-    return {
-        "reward_mean": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "tool_call_count": len(calls),
-        "tool_success_count": sum(r.status == "ok" for r in calls),
-        "tool_call_rate": len(calls) / len(trajs),
-        "parse_error_count": sum(len(t.parse_errors) for t in trajs),
-        "tool_latency_s": {k: statistics.fmean(v) for k, v in sorted(latency.items())},
-        "response_length": statistics.fmean(len(t.response_ids) for t in trajs),
-        "model_tokens_mean": model_tokens / len(trajs),
-        "turns_mean": statistics.fmean(t.turns for t in trajs),
-        "terminations": dict(terminations),
-        "errors": sum(t.error is not None for t in trajs),
-        "rollout_s": wall_s,
-        "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
-    }
-
-
-def write_traces(path: Path, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for t in trajs:
-            row = t.model_dump(mode="json", exclude={"model_text"})
-            row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
-            row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
-def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def plot_curve(out_dir: Path) -> Path | None:
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["step"] for r in rows]
-    mean = [r["reward_mean"] for r in rows]
-    std = [r["reward_std"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, mean, marker="o", label="reward (mean)")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax2 = ax.twinx()
-    ax2.plot(steps, [r["tool_call_rate"] for r in rows], color="tab:orange", linestyle="--",
-             label="tool calls / trajectory")
-    ax2.set_ylabel("tool calls / trajectory")
-    fig.legend(loc="upper left")
-    fig.tight_layout()
-    out = out_dir / "reward_curve.png"
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
 
 
 # -- roles ----------------------------------------------------------------------------------------
@@ -270,32 +196,6 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
                                    "{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), disable=not enabled)
     task = progress.add_task("steps", total=total, completed=start, reward=0.0, tools=0.0, tps=0.0)
     return progress, task
-
-
-def _prepare_output(config: Config, resume: bool) -> Path:
-    out = Path(config.trainer.output_dir)
-    if not resume and (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
-    (out / "rollouts").mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(config.model_dump_json(indent=2))
-    return out
-
-
-def _prepare_output(config: Config, resume: bool) -> Path:
-    out = Path(config.trainer.output_dir)
-    if not resume and (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
-    (out / "rollouts").mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(config.model_dump_json(indent=2))
-    return out
-
-def _truncate_metrics(path: Path, keep_steps: int) -> None:
-    """After resuming from step k, drop metric lines of steps ≥ k written after that checkpoint."""
-    if not path.exists():
-        return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= keep_steps]
-    path.write_text("".join(ln + "\n" for ln in lines))
-
 
 
 async def train_async(config: Config, resume: bool = False) -> Path:

@@ -47,7 +47,7 @@ class TrainerRank:
         ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
         import torch
 
-        from toolrl import models
+        from toolrl import lora, models
         from toolrl.compose import build_policy, model_path, seed_everything
 
         cfg = self.config
@@ -75,8 +75,8 @@ class TrainerRank:
 
             mesh = init_device_mesh(self.device, (self.world_size,))
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                           weight_decay=cfg.optim.weight_decay)
+        self.optimizer = torch.optim.AdamW(lora.trainable_parameters(self.policy), lr=cfg.optim.lr,
+                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         if cfg.algorithm.kl_coef > 0:
             import copy
 
@@ -140,10 +140,15 @@ class TrainerRank:
     # ----------------------------------------------------------------- checkpoints
 
     def _state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        """What a checkpoint holds: the trained parameters (only the adapters under LoRA; the frozen
+        base comes from ``model.source`` again) and the optimizer state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(ignore_frozen_params=True))
+        # A frozen tensor under a second name (a tied LM head) slips through ignore_frozen_params.
+        frozen = {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return {"model": {k: v for k, v in model_sd.items() if k not in frozen}, "optim": optim_sd}
 
     def save(self, directory: str) -> None:
         """Write this rank's shards (and RNG) into ``directory``; all ranks call it together."""
@@ -158,11 +163,12 @@ class TrainerRank:
         """Load a checkpoint written by any number of ranks (DCP reshards to this world size)."""
         import torch
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         state = self._state()
         dcp.load(state, checkpoint_id=directory, no_dist=self.world_size == 1)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
         rng = Path(directory) / f"rng_rank{self.rank}.pt"
         torch.set_rng_state(torch.load(rng if rng.exists() else Path(directory) / "rng_rank0.pt"))
 

@@ -35,21 +35,26 @@ class SyncStats:
 
 def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
                  device: str = "cpu") -> Iterator[dict[str, Any]]:
-    """``model``'s state (parameters and persistent buffers) as buckets of at most ``bucket_bytes``
+    """``model``'s weights as engines load them (parameters and persistent buffers under the base
+    model's names, LoRA merged in) as buckets of at most ``bucket_bytes``
     (a larger tensor travels alone), on ``device``. With ``keep=False`` (ranks other than the
     sender) gathered tensors are dropped and nothing is yielded."""
+    from toolrl import lora
+
     bucket: dict[str, Any] = {}
     seen: set[int] = set()
+    tied = set()  # second names of one tensor (an LM head tied to the embeddings): sent once
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) in seen:
-            continue
+            tied.add(name)
         seen.add(id(value))
-        tensor = value.detach()
-        gathered = hasattr(tensor, "full_tensor")
-        if gathered:
-            tensor = tensor.full_tensor()
+    own = {v.data_ptr() for v in model.state_dict().values() if not hasattr(v, "full_tensor")}
+    # Base names, adapters merged in (lora); sharded tensors gathered one at a time (a collective).
+    for name, tensor in lora.iter_engine_weights(model):
+        if name in tied:
+            continue
         moved = tensor.to(device)
-        copied = gathered or moved.data_ptr() != tensor.data_ptr()
+        copied = moved.data_ptr() not in own
         nbytes = moved.numel() * moved.element_size()
         stats.peak_bytes = max(stats.peak_bytes, stats.held + (nbytes if copied else 0))
         if not keep:

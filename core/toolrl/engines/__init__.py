@@ -86,6 +86,10 @@ class RolloutEngine(ABC):
         self._weight_pieces: dict[str, Any] | None = None if last else pieces
         if last:
             self.update_weights(pieces)
+    async def check_trainable(self) -> str | None:
+        """None when training may use this engine; else a one-line reason (an engine that cannot give
+        token ids and logprobs, say). May ask the backend once."""
+        return None
 
     def end_session(self, session_id: str) -> None:
         """Forget cached state of a finished trajectory."""

@@ -21,7 +21,8 @@ Instead of ``tool_name``/``tool_config`` you can point ``tools_config_file`` at 
 (relative to the test file) and set ``tool_name`` to the function name of one of its tools. Other
 knobs: ``execute_kwargs``, ``other_create_kwargs`` (the second instance of the isolation check; make
 it differ, e.g. another ground truth), ``derive_invalid_arguments``, ``deterministic``,
-``concurrent_lifecycles``, ``check_timeout_s``. The tests are synchronous and need no asyncio plugin.
+``concurrent_lifecycles``, ``check_timeout_s``, ``blocking_threshold_s``, ``cancellation_grace_s``. The
+tests are synchronous and need no asyncio plugin.
 
 What each generated test checks (the same functions are importable, see below):
 
@@ -49,12 +50,26 @@ What each generated test checks (the same functions are importable, see below):
     before any call (models often never call the tool) and after one.
 ``test_many_concurrent_lifecycles_complete``
     ``concurrent_lifecycles`` trajectories at once, all succeed in time, no state left behind.
+``test_does_not_block_the_event_loop``
+    one lifecycle holds the event loop (blocking calls inside async methods) for less than
+    ``blocking_threshold_s`` in total.
+``test_stops_when_cancelled``
+    execute, cut off by deadlines of 1, 10 and 100 ms, ends by cancellation within
+    ``cancellation_grace_s`` (a tool faster than every deadline passes).
+``test_execute_returns_response_reward_metrics``
+    execute returns exactly ``(str | ToolResponse, float, dict of JSON values)``.
+
+Every lifecycle runs through :class:`toolrl.tools.ToolSet`, the driver rollouts and ``toolrl tool
+call`` use (validation, deadlines, checks of return values, calc_reward/release always), so the
+kit exercises the path training takes. Tools with ``isolation: process`` in ``tool_config`` are
+checked through their worker process.
 
 Helpers for your own tests (all async except where noted):
 
 - :func:`run_lifecycle` ``(tool, arguments, create_kwargs=..., execute_kwargs=...)`` runs one
-  lifecycle the way a rollout does and returns a :class:`LifecycleRun` (``result``: the
-  :class:`~toolrl.schemas.ToolResult`, ``reward``, ``calls``/``order``: the recorded lifecycle calls).
+  lifecycle the way a rollout does (through ``ToolSet``) and returns a :class:`LifecycleRun`
+  (``result``: the :class:`~toolrl.schemas.ToolResult`, ``reward``, ``calls``/``order``: the recorded
+  lifecycle calls, ``loop_blocked_s``).
 - :func:`instrument` (sync) records every lifecycle call on a tool object in a :class:`CallRecorder`.
 - :func:`build_tool` builds a registered tool (or one from a tools YAML).
 - ``check_*`` functions raise ``AssertionError`` with a message saying what to fix; use them in
@@ -90,14 +105,17 @@ _EXPORTS = {
         (
             "build_tool",
             "check_calc_reward",
+            "check_cancellation",
             "check_concurrency",
             "check_invalid_arguments",
             "check_isolation",
             "check_lifecycle",
+            "check_no_loop_blocking",
             "check_order",
             "check_registered",
             "check_release_idempotent",
             "check_released_and_unknown",
+            "check_return_types",
             "check_schema",
             "derive_invalid_arguments",
         ),
@@ -113,14 +131,17 @@ __all__ = [
     "ToolConformance",
     "build_tool",
     "check_calc_reward",
+    "check_cancellation",
     "check_concurrency",
     "check_invalid_arguments",
     "check_isolation",
     "check_lifecycle",
+    "check_no_loop_blocking",
     "check_order",
     "check_registered",
     "check_release_idempotent",
     "check_released_and_unknown",
+    "check_return_types",
     "check_schema",
     "derive_invalid_arguments",
     "instrument",
@@ -131,14 +152,17 @@ if TYPE_CHECKING:
     from toolrl.testing.checks import (
         build_tool,
         check_calc_reward,
+        check_cancellation,
         check_concurrency,
         check_invalid_arguments,
         check_isolation,
         check_lifecycle,
+        check_no_loop_blocking,
         check_order,
         check_registered,
         check_release_idempotent,
         check_released_and_unknown,
+        check_return_types,
         check_schema,
         derive_invalid_arguments,
     )

@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from toolrl.schemas import ToolResult, ToolSchema
+from toolrl.schemas import ToolCall, ToolKwargs, ToolResult, ToolSchema
 from toolrl.testing.lifecycle import LifecycleCall, LifecycleError, LifecycleRun, run_lifecycle
-from toolrl.tools import Tool
+from toolrl.tools import Tool, ToolSet
 
 if TYPE_CHECKING:
     from toolrl.plugins import Plugins
@@ -32,6 +32,35 @@ def _fail(message: str) -> NoReturn:
 
 def _describe(result: ToolResult) -> str:
     return f"status={result.status!r}, text={result.response.text!r}"
+
+
+def _call(tool: Tool, arguments: Any) -> ToolCall:
+    # model_construct: a non-object reaches the tool's argument check, as a model's would
+    return ToolCall.model_construct(name=tool.name, arguments=arguments)
+
+
+async def _trajectory(
+    tool: Tool,
+    create_kwargs: Mapping[str, Any] | None,
+    execute_kwargs: Mapping[str, Any] | None,
+    trajectory_id: str | None = None,
+) -> ToolSet:
+    """A started trajectory of ``tool``, driven by :class:`ToolSet` exactly as a rollout drives it."""
+    kwargs = ToolKwargs(create_kwargs=dict(create_kwargs or {}), execute_kwargs=dict(execute_kwargs or {}))
+    toolset = ToolSet({tool.name: tool}, {tool.name: kwargs}, trajectory_id)
+    await toolset.start()
+    if tool.name in toolset.create_errors:
+        _fail(f"tool {tool.name!r}: create failed: {toolset.create_errors[tool.name]} "
+              f"(create_kwargs={dict(create_kwargs or {})!r})")
+    return toolset
+
+
+async def _finish(toolset: ToolSet, tool: Tool, when: str) -> float:
+    """calc_reward and release through the ToolSet; their failures fail the check."""
+    rewards = await toolset.finish()
+    if tool.name in toolset.finish_errors:
+        _fail(f"tool {tool.name!r}: {when}: {toolset.finish_errors[tool.name]}")
+    return rewards[tool.name]
 
 
 # -- building and registration ------------------------------------------------------------------
@@ -85,18 +114,14 @@ async def build_tool(
     :func:`check_registered` should check). Without a file, ``name`` is a registered tool name or alias
     built with ``config``. With a verl-format tools YAML, ``name`` is the function name of one of its
     tools; the other tools it builds are closed."""
-    from toolrl.toolconfig import build_default_tool, load_tools_file, resolve_tool_class
+    from toolrl.toolconfig import build_default_tool, build_entry, load_tools_file
 
     if tools_config_file is None:
         return await build_default_tool(name, config), name
     tools_file = load_tools_file(tools_config_file)
     found: tuple[Tool, str] | None = None
     for entry in tools_file.tools:
-        cls = resolve_tool_class(entry.class_name)
-        built = await cls.from_config(
-            entry.config.model_dump(), entry.tool_schema, entry.model_dump(exclude_none=True)
-        )
-        for tool in built:
+        for tool in await build_entry(entry, tools_file.base_dir):
             if tool.name == name and found is None:
                 found = (tool, entry.class_name)
             else:
@@ -295,13 +320,13 @@ async def check_invalid_arguments(
     """Each invalid call returns an error result that names a field (one of the call's keys or the
     schema's properties) and never raises; afterwards the instance still serves a valid call."""
     properties = set((tool.tool_schema.function.parameters.get("properties") or {}).keys())
-    iid = await tool.create(None, **dict(create_kwargs or {}))
+    toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
     results = []
     try:
         for i, args in enumerate(invalid_arguments):
             label = f"invalid_arguments[{i}] = {args!r}"
             try:
-                result = await tool.call(iid, args, **dict(execute_kwargs or {}))
+                result = await toolset.call(_call(tool, args))
             except Exception as exc:
                 _fail(
                     f"tool {tool.name!r}: {label}: Tool.call raised {type(exc).__name__}: {exc}. Calls must never "
@@ -323,14 +348,14 @@ async def check_invalid_arguments(
                     "say which field is wrong, e.g. \"field 'expression': ...\"."
                 )
             results.append(result)
-        after = await tool.call(iid, dict(valid_arguments), **dict(execute_kwargs or {}))
+        after = await toolset.call(_call(tool, dict(valid_arguments)))
         if after.status != "ok":
             _fail(
                 f"tool {tool.name!r}: after the invalid calls, a valid call on the same instance failed "
                 f"({_describe(after)}); an invalid call must not break the instance"
             )
     finally:
-        await tool.release(iid)
+        await toolset.finish()
     return results
 
 
@@ -410,15 +435,13 @@ async def check_calc_reward(
 # -- concurrency --------------------------------------------------------------------------------
 
 
-async def _sequence(
-    tool: Tool, iid: str, arguments: Mapping[str, Any], execute_kwargs: Mapping[str, Any]
-) -> list:
-    """execute, calc_reward, execute, calc_reward on one created instance: the observable outcome."""
+async def _sequence(toolset: ToolSet, tool: Tool, arguments: Mapping[str, Any]) -> list:
+    """Two calls then calc_reward in one trajectory: the observable outcome."""
     outcome: list[Any] = []
     for _ in range(2):
-        result = await tool.call(iid, dict(arguments), **dict(execute_kwargs))
+        result = await toolset.call(_call(tool, dict(arguments)))
         outcome.append((result.status, result.response.text, result.step_reward))
-        outcome.append(("calc_reward", await tool.calc_reward(iid)))
+    outcome.append(("calc_reward", await _finish(toolset, tool, "finishing a trajectory")))
     return outcome
 
 
@@ -431,9 +454,9 @@ async def check_isolation(
     execute_kwargs: Mapping[str, Any] | None = None,
     deterministic: bool = True,
 ) -> None:
-    """Two instances on one tool object do not share state: instance A (created with
-    ``other_create_kwargs``) and instance B (``create_kwargs``) each give the same results side by side,
-    run concurrently, as alone on a fresh tool; and B keeps working after A is released.
+    """Two trajectories on one tool object do not share state: trajectory A (created with
+    ``other_create_kwargs``) and trajectory B (``create_kwargs``) each give the same results side by
+    side, run concurrently, as alone on a fresh tool; and B keeps working after A has finished.
     ``build`` makes a fresh tool each time. With ``deterministic=False`` only success is compared."""
     create_kwargs, execute_kwargs = dict(create_kwargs or {}), dict(execute_kwargs or {})
     other = dict(other_create_kwargs if other_create_kwargs is not None else create_kwargs)
@@ -441,56 +464,41 @@ async def check_isolation(
     async def alone(kwargs: dict[str, Any]) -> list:
         solo_tool = await build()
         try:
-            iid = await solo_tool.create(None, **kwargs)
-            outcome = await _sequence(solo_tool, iid, arguments, execute_kwargs)
-            await solo_tool.release(iid)
-            return outcome
+            return await _sequence(await _trajectory(solo_tool, kwargs, execute_kwargs), solo_tool, arguments)
         finally:
             await solo_tool.close()
 
     solo = {"A": await alone(other), "B": await alone(create_kwargs)}
     tool = await build()
     try:
-        a = await tool.create(None, **other)
-        b = await tool.create(None, **create_kwargs)
-        if a == b:
-            _fail(
-                f"tool {tool.name!r}: create(None) returned the same id {a!r} twice; generate a fresh id per "
-                "instance (the base class uses uuid4)"
-            )
-        together = dict(
-            zip(
-                "AB",
-                await asyncio.gather(
-                    _sequence(tool, a, arguments, execute_kwargs),
-                    _sequence(tool, b, arguments, execute_kwargs),
-                ),
-            )
-        )
+        a = await _trajectory(tool, other, execute_kwargs, "toolrl-testing-A")
+        b = await _trajectory(tool, create_kwargs, execute_kwargs, "toolrl-testing-B")
+        together = dict(zip("AB", await asyncio.gather(_sequence(a, tool, arguments), _sequence(b, tool, arguments))))
         for outcome in together.values():
             failed = [o for o in outcome if o[0] not in ("ok", "calc_reward")]
             if failed:
                 _fail(
-                    f"tool {tool.name!r}: a valid call failed while two instances ran concurrently: {failed[0]}"
+                    f"tool {tool.name!r}: a valid call failed while two trajectories ran concurrently: {failed[0]}"
                 )
         for label, kwargs in (("A", other), ("B", create_kwargs)):
             if deterministic and together[label] != solo[label]:
                 _fail(
-                    f"tool {tool.name!r}: instance {label} (create_kwargs={kwargs!r}) gave different results next "
-                    f"to the other instance than alone on a fresh tool.\n  alone:    {solo[label]}\n  together: "
+                    f"tool {tool.name!r}: trajectory {label} (create_kwargs={kwargs!r}) gave different results next "
+                    f"to the other trajectory than alone on a fresh tool.\n  alone:    {solo[label]}\n  together: "
                     f"{together[label]}\nKeep per-trajectory state in self.state(instance_id) (filled in create), "
                     "never on self or the class. (Set deterministic = False if the tool's output legitimately varies "
                     "between identical calls.)"
                 )
-        await tool.release(a)
-        result = await tool.call(b, dict(arguments), **execute_kwargs)
+        b = await _trajectory(tool, create_kwargs, execute_kwargs, "toolrl-testing-B2")
+        a = await _trajectory(tool, other, execute_kwargs, "toolrl-testing-A2")
+        await _finish(a, tool, "finishing trajectory A")
+        result = await b.call(_call(tool, dict(arguments)))
         if result.status != "ok":
             _fail(
-                f"tool {tool.name!r}: releasing instance A broke instance B ({_describe(result)}); release must "
+                f"tool {tool.name!r}: finishing trajectory A broke trajectory B ({_describe(result)}); release must "
                 "free only the released instance's state"
             )
-        check_reward_value(await tool.calc_reward(b), tool, "on instance B after A was released")
-        await tool.release(b)
+        await _finish(b, tool, "on trajectory B after A was released")
     finally:
         await tool.close()
 
@@ -508,12 +516,11 @@ async def check_concurrency(
     state is left behind."""
 
     async def one() -> ToolResult:
-        iid = await tool.create(None, **dict(create_kwargs or {}))
+        toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
         try:
-            result = await tool.call(iid, dict(arguments), **dict(execute_kwargs or {}))
-            check_reward_value(await tool.calc_reward(iid), tool, "under concurrency")
+            result = await toolset.call(_call(tool, dict(arguments)))
         finally:
-            await tool.release(iid)
+            await _finish(toolset, tool, "under concurrency")
         return result
 
     try:
@@ -536,6 +543,109 @@ async def check_concurrency(
             "released; release must drop the instance's state"
         )
     return results
+
+
+# -- runtime behaviour: the event loop, cancellation, return values ----------------------------------
+
+
+async def check_no_loop_blocking(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    *,
+    create_kwargs: Mapping[str, Any] | None = None,
+    execute_kwargs: Mapping[str, Any] | None = None,
+    threshold_s: float = 0.5,
+) -> LifecycleRun:
+    """One lifecycle holds the event loop (steps of toolrl.guard.LOOP_BLOCK_S or longer) for less than
+    ``threshold_s`` in total: async methods must not make blocking calls."""
+    try:
+        run = await run_lifecycle(tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs)
+    except LifecycleError as exc:
+        _fail(f"tool {tool.name!r}: {exc}")
+    if run.loop_blocked_s >= threshold_s:
+        _fail(
+            f"tool {tool.name!r}: one lifecycle held the event loop for {run.loop_blocked_s:.2f} s: an async method "
+            "makes a blocking call (time.sleep, a synchronous HTTP client, a long computation). Every other "
+            "trajectory waits meanwhile, and the call's own timeout cannot fire. Await async I/O, make the method "
+            "a plain def (toolrl runs it in a thread), or set isolation: process in the tool's config."
+        )
+    return run
+
+
+async def check_cancellation(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    *,
+    create_kwargs: Mapping[str, Any] | None = None,
+    execute_kwargs: Mapping[str, Any] | None = None,
+    deadlines_s: Sequence[float] = (0.001, 0.01, 0.1),
+    grace_s: float = 1.0,
+) -> None:
+    """``execute`` runs through the guard Tool.call uses, under deadlines too short to meet; when one
+    cuts it off, the call must end by cancellation within ``grace_s`` (not carry on, not return a
+    result). A tool fast enough to beat every deadline passes: there is nothing to cancel."""
+    from toolrl.guard import run_guarded
+
+    for deadline in deadlines_s:
+        toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
+        try:
+            iid = toolset.instances[tool.name]
+            run = await run_guarded(f"tool {tool.name!r} execute", tool.execute, (iid, dict(arguments)),
+                                    dict(execute_kwargs or {}), deadline)
+            if run.abandoned and run.task is not None:
+                done, _ = await asyncio.wait({run.task}, timeout=grace_s)
+                if not done:
+                    _fail(
+                        f"tool {tool.name!r}: execute was cancelled after {deadline:g} s and was still running "
+                        f"{grace_s:g} s later. Do not catch asyncio.CancelledError (or re-raise it after cleaning "
+                        "up); a plain def cannot be cancelled: keep it short or use isolation: process."
+                    )
+                task = run.task
+                if not task.cancelled():
+                    ended = f"raised {type(task.exception()).__name__}" if task.exception() else "returned"
+                    _fail(
+                        f"tool {tool.name!r}: execute ignored cancellation: cancelled after {deadline:g} s, it "
+                        f"{ended} instead of ending with asyncio.CancelledError. Re-raise CancelledError after any "
+                        "cleanup: a timed-out call's result is discarded anyway."
+                    )
+                return
+        finally:
+            await _finish(toolset, tool, "after a cancelled call")
+
+
+async def check_return_types(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    *,
+    create_kwargs: Mapping[str, Any] | None = None,
+    execute_kwargs: Mapping[str, Any] | None = None,
+) -> tuple[Any, Any, Any]:
+    """``execute`` returns exactly ``(response, step_reward, metrics)``: a str or ToolResponse, a finite
+    number, a dict of JSON values. (Rollouts turn anything else into an error result for the model.)"""
+    from toolrl.guard import run_guarded
+    from toolrl.tools import ToolReturnError, coerce_execute_result
+
+    toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
+    try:
+        iid = toolset.instances[tool.name]
+        run = await run_guarded(f"tool {tool.name!r} execute", tool.execute, (iid, dict(arguments)),
+                                dict(execute_kwargs or {}), tool.timeout)
+    finally:
+        await _finish(toolset, tool, "after checking execute's return value")
+    if run.timed_out or run.error is not None:
+        _fail(f"tool {tool.name!r}: execute with valid_arguments failed: {run.error or 'timed out'}")
+    value = run.value
+    try:
+        coerce_execute_result(value)
+    except ToolReturnError as exc:
+        _fail(f"tool {tool.name!r}: {exc}")
+    _, reward, metrics = value
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        _fail(f"tool {tool.name!r}: execute's step_reward is {reward!r} ({type(reward).__name__}); return a float "
+              "(0.0 when there is nothing to reward)")
+    if not isinstance(metrics, dict):
+        _fail(f"tool {tool.name!r}: execute's metrics are {metrics!r}; return a dict ({{}} when there are none)")
+    return value
 
 
 def resolve_path(path: str | os.PathLike, relative_to: str | os.PathLike) -> Path:

@@ -44,6 +44,10 @@ class ToolConformance:
     #: False when identical calls may legitimately give different text (times, random ids).
     deterministic: ClassVar[bool] = True
     concurrent_lifecycles: ClassVar[int] = 32
+    #: The most one lifecycle may hold the event loop, in seconds (blocking calls in async methods).
+    blocking_threshold_s: ClassVar[float] = 0.5
+    #: How long a cancelled execute may take to end.
+    cancellation_grace_s: ClassVar[float] = 1.0
     #: Limit for each check, in seconds.
     check_timeout_s: ClassVar[float] = 120.0
 
@@ -165,3 +169,20 @@ class ToolConformance:
                 **self._kwargs(),
             )
         )
+
+    def test_does_not_block_the_event_loop(self) -> None:
+        self._with_tool(
+            lambda tool: checks.check_no_loop_blocking(
+                tool, self.valid_arguments, threshold_s=self.blocking_threshold_s, **self._kwargs()
+            )
+        )
+
+    def test_stops_when_cancelled(self) -> None:
+        self._with_tool(
+            lambda tool: checks.check_cancellation(
+                tool, self.valid_arguments, grace_s=self.cancellation_grace_s, **self._kwargs()
+            )
+        )
+
+    def test_execute_returns_response_reward_metrics(self) -> None:
+        self._with_tool(lambda tool: checks.check_return_types(tool, self.valid_arguments, **self._kwargs()))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.schemas import ToolResult
-from toolrl.tools import Tool
+from toolrl.schemas import ToolCall, ToolKwargs, ToolResult
+from toolrl.tools import Tool, ToolSet
 
 LIFECYCLE = ("create", "execute", "calc_reward", "release")
 
@@ -51,21 +52,34 @@ def instrument(tool: Tool) -> CallRecorder:
     for method in LIFECYCLE:
         original = getattr(tool, method)
 
-        @functools.wraps(original)
-        async def recorded(
-            *args: Any, _method: str = method, _original: Any = original, **kwargs: Any
-        ) -> Any:
-            instance_id = args[0] if args else kwargs.get("instance_id")
-            call = LifecycleCall(_method, instance_id, _running.get())
+        def begin(args: tuple[Any, ...], kwargs: dict[str, Any], method: str) -> tuple[LifecycleCall, Any]:
+            call = LifecycleCall(method, args[0] if args else kwargs.get("instance_id"), _running.get())
             recorder.calls.append(call)
-            token = _running.set(_method)
-            try:
-                result = await _original(*args, **kwargs)
-            finally:
-                _running.reset(token)
-            if _method == "create" and call.instance_id is None and isinstance(result, str):
+            return call, _running.set(method)
+
+        def end(call: LifecycleCall, result: Any) -> Any:
+            if call.method == "create" and call.instance_id is None and isinstance(result, str):
                 call.instance_id = result
             return result
+
+        if inspect.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def recorded(*args: Any, _method: str = method, _original: Any = original, **kwargs: Any) -> Any:
+                call, token = begin(args, kwargs, _method)
+                try:
+                    result = await _original(*args, **kwargs)
+                finally:
+                    _running.reset(token)
+                return end(call, result)
+        else:  # a plain def stays one, so it still runs in a thread
+            @functools.wraps(original)
+            def recorded(*args: Any, _method: str = method, _original: Any = original, **kwargs: Any) -> Any:
+                call, token = begin(args, kwargs, _method)
+                try:
+                    result = _original(*args, **kwargs)
+                finally:
+                    _running.reset(token)
+                return end(call, result)
 
         setattr(tool, method, recorded)
     tool.__dict__["_toolrl_recorder"] = recorder
@@ -73,10 +87,12 @@ def instrument(tool: Tool) -> CallRecorder:
 
 
 class LifecycleError(RuntimeError):
-    """A lifecycle method raised. ``stage`` names it; the original exception is ``__cause__``."""
+    """A lifecycle stage failed. ``stage`` names it; ``detail`` says how (an exception, a timeout, a
+    return value its contract does not allow)."""
 
-    def __init__(self, stage: str, exc: BaseException):
-        super().__init__(f"{stage} raised {type(exc).__name__}: {exc}")
+    def __init__(self, stage: str, detail: BaseException | str):
+        text = detail if isinstance(detail, str) else f"raised {type(detail).__name__}: {detail}"
+        super().__init__(f"{stage} failed: {text}")
         self.stage = stage
 
 
@@ -86,8 +102,9 @@ class LifecycleRun:
 
     instance_id: str
     result: ToolResult
-    reward: Any  # what calc_reward returned (checked to be a float by the conformance checks)
+    reward: float  # calc_reward's value, checked to be a finite number
     calls: list[LifecycleCall]
+    loop_blocked_s: float = 0.0  # seconds the tool's code held the event loop, all stages
 
     @property
     def order(self) -> list[str]:
@@ -103,32 +120,29 @@ async def run_lifecycle(
     execute_kwargs: Mapping[str, Any] | None = None,
     calc_reward_kwargs: Mapping[str, Any] | None = None,
     release_kwargs: Mapping[str, Any] | None = None,
-    instance_id: str | None = None,
+    trajectory_id: str | None = None,
+    lifecycle_timeout: float = 60.0,
 ) -> LifecycleRun:
-    """Run ``create -> call(arguments) -> calc_reward -> release`` on ``tool`` as a rollout does (the call
-    goes through :meth:`Tool.call`: validation, timeout, errors as responses) and record every
-    lifecycle call. ``release`` runs even when ``calc_reward`` raises. A raising stage surfaces as
-    :class:`LifecycleError`."""
+    """Run ``create -> call(arguments) -> calc_reward -> release`` on ``tool`` exactly as a rollout does
+    (through :class:`toolrl.tools.ToolSet`: argument validation, deadlines, checks of return values,
+    calc_reward/release always) and record every lifecycle call. A failed stage (create, calc_reward
+    or release) surfaces as :class:`LifecycleError`; a failed call is the result's status."""
     recorder = instrument(tool)
     start = len(recorder.calls)
-    try:
-        iid = await tool.create(instance_id, **dict(create_kwargs or {}))
-    except Exception as exc:
-        raise LifecycleError("create", exc) from exc
-    try:
-        result = await tool.call(iid, arguments, **dict(execute_kwargs or {}))
-    except Exception as exc:  # Tool.call must never raise; report it as such
-        raise LifecycleError("call", exc) from exc
-    stage = "calc_reward"
-    try:
-        reward = await tool.calc_reward(iid, **dict(calc_reward_kwargs or {}))
-        stage = "release"
-    except Exception as exc:
-        raise LifecycleError(stage, exc) from exc
+    kwargs = ToolKwargs(create_kwargs=dict(create_kwargs or {}), execute_kwargs=dict(execute_kwargs or {}),
+                        calc_reward_kwargs=dict(calc_reward_kwargs or {}),
+                        release_kwargs=dict(release_kwargs or {}))
+    toolset = ToolSet({tool.name: tool}, {tool.name: kwargs}, trajectory_id, lifecycle_timeout=lifecycle_timeout)
+    await toolset.start()
+    if tool.name in toolset.create_errors:
+        raise LifecycleError("create", toolset.create_errors[tool.name])
+    iid = toolset.instances[tool.name]
+    try:  # model_construct: a non-object goes to the tool's argument check, as a model's would
+        result = await toolset.call(ToolCall.model_construct(name=tool.name, arguments=arguments))
     finally:
-        try:
-            await tool.release(iid, **dict(release_kwargs or {}))
-        except Exception as exc:
-            if stage == "release":
-                raise LifecycleError("release", exc) from exc
-    return LifecycleRun(instance_id=iid, result=result, reward=reward, calls=recorder.calls[start:])
+        rewards = await toolset.finish()
+    if tool.name in toolset.finish_errors:
+        stage, _, detail = toolset.finish_errors[tool.name].partition(": ")
+        raise LifecycleError(stage, detail)
+    return LifecycleRun(instance_id=iid, result=result, reward=rewards[tool.name], calls=recorder.calls[start:],
+                        loop_blocked_s=toolset.loop_blocked_s)

@@ -4,6 +4,9 @@ defect, and the kit must catch it with a message that names the defect."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -17,14 +20,17 @@ from toolrl.testing import (
     ToolConformance,
     build_tool,
     check_calc_reward,
+    check_cancellation,
     check_concurrency,
     check_invalid_arguments,
     check_isolation,
     check_lifecycle,
+    check_no_loop_blocking,
     check_order,
     check_registered,
     check_release_idempotent,
     check_released_and_unknown,
+    check_return_types,
     check_schema,
     derive_invalid_arguments,
     instrument,
@@ -170,6 +176,47 @@ class DottedNameTool(GoodTool):
     }
 
 
+class BlockingTool(GoodTool):
+    """Makes a blocking call inside async def."""
+
+    async def execute(self, instance_id, arguments, **kwargs):
+        time.sleep(0.6)
+        return await super().execute(instance_id, arguments, **kwargs)
+
+
+class StubbornTool(GoodTool):
+    """Swallows cancellation and returns anyway."""
+
+    async def execute(self, instance_id, arguments, **kwargs):
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.3)
+        return await super().execute(instance_id, arguments, **kwargs)
+
+
+class SlowButPoliteTool(GoodTool):
+    """Awaits (so the deadline cuts it off) and honours cancellation."""
+
+    async def execute(self, instance_id, arguments, **kwargs):
+        await asyncio.sleep(0.05)
+        return await super().execute(instance_id, arguments, **kwargs)
+
+
+class PlainDefTool(GoodTool):
+    """A plain def execute: runs in a thread."""
+
+    def execute(self, instance_id, arguments, **kwargs):
+        time.sleep(0.6)
+        state = self.state(instance_id)
+        return f"score={1.0 if arguments['answer'] == state.get('ground_truth') else 0.0}", 0.0, {}
+
+
+class WrongReturnTool(GoodTool):
+    returns: ClassVar[Any] = None
+
+    async def execute(self, instance_id, arguments, **kwargs):
+        return self.returns
+
+
 CREATE = {"ground_truth": "3"}
 
 
@@ -195,6 +242,40 @@ async def test_reference_tool_passes_every_check() -> None:
     await check_release_idempotent(GoodTool(), ARGS, create_kwargs=CREATE)
     assert await check_calc_reward(GoodTool(), ARGS, create_kwargs=CREATE) == (0.0, 1.0)
     await check_concurrency(GoodTool(), ARGS, create_kwargs=CREATE, n=50, timeout_s=10)
+    await check_no_loop_blocking(GoodTool(), ARGS, create_kwargs=CREATE)
+    await check_cancellation(GoodTool(), ARGS, create_kwargs=CREATE)
+    assert await check_return_types(GoodTool(), ARGS, create_kwargs=CREATE) == ("score=1.0", 0.0, {})
+
+
+# -- runtime behaviour ----------------------------------------------------------------------------
+
+
+async def test_kit_catches_blocking_the_event_loop() -> None:
+    with pytest.raises(AssertionError, match=r"held the event loop for 0\.\d+ s: an async method makes a blocking"):
+        await check_no_loop_blocking(BlockingTool(), ARGS, create_kwargs=CREATE)
+    await check_no_loop_blocking(PlainDefTool(), ARGS, create_kwargs=CREATE)  # a thread holds nothing
+
+
+async def test_kit_catches_ignored_cancellation() -> None:
+    with pytest.raises(AssertionError, match="execute ignored cancellation: cancelled after 0.001 s, it returned"):
+        await check_cancellation(StubbornTool(), ARGS, create_kwargs=CREATE)
+    await check_cancellation(SlowButPoliteTool(), ARGS, create_kwargs=CREATE)
+
+
+@pytest.mark.parametrize(("returns", "message"), [
+    ("score=1", "execute must return (response, step_reward, metrics), got str"),
+    ((b"x", 0.0, {}), "response must be a str or a ToolResponse, got bytes"),
+    (("x", "1", {}), "step_reward must be a number, got str"),
+    (("x", float("nan"), {}), "step_reward must be finite"),
+    (("x", None, {}), "step_reward is None"),
+    (("x", 0.0, [1]), "metrics must be a dict with str keys, got list"),
+    (("x", 0.0, None), "metrics are None"),
+])
+async def test_kit_catches_wrong_return_types(returns: Any, message: str) -> None:
+    tool = WrongReturnTool()
+    tool.returns = returns
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        await check_return_types(tool, ARGS, create_kwargs=CREATE)
 
 
 # -- lifecycle order ------------------------------------------------------------------------------
@@ -242,8 +323,8 @@ def test_check_order_rules() -> None:
 async def test_lifecycle_error_names_the_stage() -> None:
     with pytest.raises(LifecycleError) as info:
         await run_lifecycle(FailingCreateTool(), ARGS)
-    assert info.value.stage == "create" and isinstance(info.value.__cause__, RuntimeError)
-    with pytest.raises(AssertionError, match="create raised RuntimeError: no backend"):
+    assert info.value.stage == "create" and "RuntimeError: no backend" in str(info.value)
+    with pytest.raises(AssertionError, match="create failed: RuntimeError: no backend"):
         await check_lifecycle(FailingCreateTool(), ARGS)
 
 
@@ -315,7 +396,7 @@ async def test_kit_catches_state_shared_between_instances() -> None:
         return SharedStateTool()
 
     with pytest.raises(
-        AssertionError, match="instance A .* gave different results next to the other instance"
+        AssertionError, match="trajectory A .* gave different results next to the other trajectory"
     ) as info:
         await check_isolation(build, ARGS, create_kwargs=CREATE, other_create_kwargs={"ground_truth": "4"})
     assert "self.state(instance_id)" in str(info.value)
@@ -409,7 +490,7 @@ def test_mixin_passes_a_good_tool_and_fails_broken_ones(register_tool) -> None:
 
     shared = SharedStateConformance()
     shared.test_lifecycle_runs_in_order()  # alone it works...
-    with pytest.raises(AssertionError, match="gave different results next to the other instance"):
+    with pytest.raises(AssertionError, match="gave different results next to the other trajectory"):
         shared.test_instances_are_isolated()  # ...but not next to another trajectory
 
 

@@ -18,6 +18,7 @@ the shared session) and ``backoff_initial``/``backoff_max`` (reconnect delays af
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -126,7 +127,9 @@ def _describe(exc: ValidationError, prefix: str) -> str:
     return "; ".join(parts)
 
 
-def parse_block(section: dict[str, Any]) -> MCPBlock:
+def parse_block(section: Mapping[str, Any]) -> MCPBlock:
+    """The entry's ``mcp:`` block; with a :class:`toolrl.toolconfig.ToolSection`, a relative
+    ``mcp_servers_config_path`` is resolved against the tools file's directory."""
     block = section.get("mcp")
     if block is None:
         raise ToolConfigError(
@@ -134,9 +137,13 @@ def parse_block(section: dict[str, Any]) -> MCPBlock:
             "mcp_servers_config_path"
         )
     try:
-        return MCPBlock.model_validate(block)
+        parsed = MCPBlock.model_validate(block)
     except ValidationError as exc:
         raise ToolConfigError(f"invalid mcp block: {_describe(exc, 'mcp')}") from None
+    resolve = getattr(section, "path", None)  # a ToolSection: relative to the tools file
+    if resolve is not None:
+        parsed.mcp_servers_config_path = str(resolve(parsed.mcp_servers_config_path))
+    return parsed
 
 
 def load_servers(path: str | Path) -> dict[str, ServerSpec]:

@@ -63,7 +63,7 @@ class MCPTool(Tool):
     ) -> list[Tool]:
         if tool_schema is not None:
             raise ToolConfigError("tools[].tool_schema is not used with MCP tools: schemas come from the servers")
-        block = parse_block(dict(section))
+        block = parse_block(section)
         servers = load_servers(block.mcp_servers_config_path)
         keys = [spec.connection_key(name) for name, spec in servers.items()]
         tools: list[Tool] = []

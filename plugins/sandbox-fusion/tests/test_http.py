@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
+from sandbox_support import start_server, stop_server
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
@@ -70,6 +74,30 @@ def test_validation_errors_are_fastapi_shaped(server):
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "code"]
     response = httpx.post(f"{server.url}/run_code", content=b"{not json", timeout=10)
     assert response.status_code == 422
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the fallback drops to uid 65534 only when started as root")
+def test_unshare_server_hides_the_host_filesystem():
+    """``toolrl sandbox serve --isolation unshare``: world-readable host files are not there."""
+    folder = Path(f"/var/tmp/toolrl-test-{uuid.uuid4().hex}")
+    folder.mkdir(mode=0o755)
+    public = folder / "public.txt"
+    public.write_text("public-marker")
+    public.chmod(0o644)
+    checkout = Path(__file__).resolve().parents[3] / "pyproject.toml"  # the project's checkout
+    code = (f"import os\nfor path in ({str(public)!r}, {str(checkout)!r}, '/var/tmp', {str(checkout.parent)!r}):\n"
+            "    print(path, os.path.exists(path))\nprint(open(" + repr(str(public)) + ").read())")
+    srv = start_server("--isolation", "unshare", "--pool-size", "1")
+    try:
+        body = post(srv, {"code": code, "language": "python"}).json()
+    finally:
+        stop_server(srv)
+        public.unlink()
+        folder.rmdir()
+    assert checkout.stat().st_mode & 0o004
+    lines = body["run_result"]["stdout"].splitlines()
+    assert lines == [f"{public} False", f"{checkout} False", "/var/tmp False", f"{checkout.parent} False"]
+    assert body["status"] == "Failed" and "No such file or directory" in body["run_result"]["stderr"]
 
 
 def test_unsupported_language_is_a_sandbox_error(server):

@@ -65,6 +65,8 @@ def test_config_is_validated():
         CodeInterpreterTool({"rate_limit": 0})
     with pytest.raises(ToolConfigError, match="config.default_language"):
         CodeInterpreterTool({"default_language": "cobol"})
+    with pytest.raises(ToolConfigError, match="embedded sandbox"):
+        CodeInterpreterTool({"sandbox_fusion_url": "http://x", "isolation": "unshare"})
 
 
 async def test_embedded_call_and_metrics(tool):
@@ -138,6 +140,15 @@ async def test_sandbox_unreachable_is_reported_plainly():
     assert result.response.text.startswith("Sandbox error: the code could not be run.")
     assert "ConnectError" in result.response.text and result.metrics["status"] == "sandbox_error"
     assert result.metrics["attempts"] == 4
+
+
+async def test_signals_and_limits_are_named_for_the_model(tool):
+    result = await call(tool, {"code": "import os\nos.kill(os.getpid(), 9)"})
+    assert result.response.text.startswith("Error: the code was killed by signal 9 (SIGKILL).")
+    assert result.metrics["return_code"] == -9 and result.metrics["status"] == "error"
+    result = await call(tool, {"code": "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, 2))\nwhile True: pass"})
+    assert result.response.text.startswith(
+        "Error: the code was killed by signal 24 (SIGXCPU).\n(CPU time limit exceeded)")
 
 
 def test_render_clips_long_output_naming_what_was_cut():

@@ -15,17 +15,20 @@ def sandbox() -> None:
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="Port to bind; 0 picks a free one (the address is printed).")
 @click.option("--isolation", type=click.Choice(["auto", "bwrap", "unshare"]), default="auto", show_default=True,
-              help="auto: bubblewrap when it works here, else the weaker unshare fallback (with a warning).")
+              help="auto: bubblewrap when it works here, else the unshare fallback (with a warning).")
+@click.option("--python-executable", default=None, type=click.Path(exists=True, dir_okay=True),
+              help="The Python the code runs on (an executable, or a venv/prefix folder), mounted "
+                   "read-only in the sandbox. Default: /usr/bin/python3.")
 @click.option("--workers", default=8, show_default=True, type=click.IntRange(1), help="Runs at once.")
 @click.option("--pool-size", default=4, show_default=True, type=click.IntRange(1),
               help="Sandbox processes kept started and waiting.")
-def serve(host: str, port: int, isolation: str, workers: int, pool_size: int) -> None:
+def serve(host: str, port: int, isolation: str, python_executable: str | None, workers: int, pool_size: int) -> None:
     """Serve a SandboxFusion-compatible API (POST /run_code, GET /v1/ping) on the embedded sandbox."""
     from toolrl_sandbox_fusion.embedded import SandboxConfig
     from toolrl_sandbox_fusion.server import serve as run_server
 
     try:
         run_server(host, port, SandboxConfig(isolation=isolation, max_concurrency=workers,  # type: ignore[arg-type]
-                                             pool_size=pool_size))
+                                             pool_size=pool_size, interpreter=python_executable))
     except (OSError, RuntimeError) as exc:  # port in use, bwrap requested but unusable
         raise click.ClickException(str(exc)) from None

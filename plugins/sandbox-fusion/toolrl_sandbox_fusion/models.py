@@ -55,11 +55,14 @@ class RunCodeRequest(BaseModel):
 
 class RunCodeResponse(BaseModel):
     status: RunStatus
-    message: str = ""
+    message: str = ""  # as SandboxFusion: set only for a SandboxError
     compile_result: CommandRunResult | None = None
     run_result: CommandRunResult | None = None
     executor_pod_name: str | None = None
     files: dict[str, str] = Field(default_factory=dict)
+    # Not on the wire: why the embedded sandbox stopped the run (time, memory, output limit, a
+    # signal), for the text the model reads. Empty from an HTTP server.
+    detail: str = Field("", exclude=True)
 
     @classmethod
     def sandbox_error(cls, message: str) -> RunCodeResponse:

@@ -1,44 +1,80 @@
 """A SandboxFusion-compatible HTTP server on the embedded sandbox (``toolrl sandbox serve``).
 
 Same endpoints, request fields, response fields and status values as SandboxFusion's server:
-``POST /run_code`` and ``GET /v1/ping`` (-> ``"pong"``); invalid requests get FastAPI-shaped 422
-bodies. For clusters where SandboxFusion's container cannot run.
+``POST /run_code`` and ``GET /v1/ping`` (-> ``"pong"``). Errors come in FastAPI's shapes, as
+SandboxFusion (a FastAPI app) sends them: 404/405 as ``{"detail": "Not Found"}``, invalid requests
+as 422 ``{"detail": [...]}``. For clusters where SandboxFusion's container cannot run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.message
+import json
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 from toolrl_sandbox_fusion.models import RunCodeRequest, RunCodeResponse
 
+_REQUEST = TypeAdapter(RunCodeRequest)
+
 
 def _unprocessable(errors: list[dict[str, Any]]) -> JSONResponse:
-    return JSONResponse({"detail": errors}, status_code=422)
+    # As FastAPI's encoder: bytes decoded, anything else JSON cannot hold (exceptions in ctx) as text.
+    def text(value: object) -> str:
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+    return JSONResponse(json.loads(json.dumps({"detail": errors}, default=text)), status_code=422)
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return True
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+async def _parse(request: Request) -> RunCodeRequest | JSONResponse:
+    """The body as FastAPI reads a JSON body parameter, with its error shapes."""
+    raw = await request.body()
+    body: Any = None
+    if raw:
+        body = raw
+        if _is_json(request.headers.get("content-type")):
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                return _unprocessable([{"type": "json_invalid", "loc": ["body", exc.pos], "msg": "JSON decode error",
+                                        "input": {}, "ctx": {"error": exc.msg}}])
+    if body is None:
+        return _unprocessable([{"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}])
+    try:
+        return _REQUEST.validate_python(body, from_attributes=True)
+    except ValidationError as exc:
+        return _unprocessable([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors(include_url=False)])
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def create_app(sandbox: EmbeddedSandbox) -> Starlette:
     async def run_code(request: Request) -> JSONResponse:
-        try:
-            body = await request.json()
-        except ValueError as exc:
-            return _unprocessable([{"type": "json_invalid", "loc": ["body"], "msg": f"JSON decode error: {exc}"}])
-        try:
-            run = RunCodeRequest.model_validate(body)
-        except ValidationError as exc:
-            return _unprocessable([
-                {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"], "input": e.get("input")}
-                for e in exc.errors(include_url=False, include_context=False)
-            ])
+        run = await _parse(request)
+        if isinstance(run, JSONResponse):
+            return run
         try:
             response = await sandbox.arun(run)
         except Exception as exc:  # the server's contract: failures are SandboxError responses
@@ -56,8 +92,11 @@ def create_app(sandbox: EmbeddedSandbox) -> Starlette:
         finally:
             sandbox.close()
 
+    ping_route = Route("/v1/ping", ping, methods=["GET"])
+    ping_route.methods = {"GET"}  # as FastAPI: no implicit HEAD (a 405 names only GET)
     return Starlette(
-        routes=[Route("/run_code", run_code, methods=["POST"]), Route("/v1/ping", ping, methods=["GET"])],
+        routes=[Route("/run_code", run_code, methods=["POST"]), ping_route],
+        exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )
 

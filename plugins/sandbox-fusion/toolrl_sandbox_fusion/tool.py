@@ -9,10 +9,12 @@ response always shows stdout and stderr and names timeouts, memory kills and san
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from toolrl.ratelimit import RateLimiter, make_rate_limiter
 from toolrl.schemas import ToolResponse
 from toolrl.tools import Tool
@@ -45,6 +47,25 @@ class CodeInterpreterConfig(BaseModel):
     num_workers: int = Field(10, ge=1, le=256, description="concurrent runs of the embedded sandbox / HTTP connections")
     enable_global_rate_limit: bool = Field(
         False, description="share the limits across a Ray cluster (a named actor) instead of per process")
+    python_executable: str | None = Field(
+        None, description="embedded sandbox: the Python to run (an executable, or a venv/prefix folder), "
+                          "mounted read-only inside; default the system /usr/bin/python3")
+    isolation: Literal["auto", "bwrap", "unshare"] = Field(
+        "auto", description="embedded sandbox: bubblewrap when usable (auto), or the unshare fallback")
+
+    @field_validator("python_executable")
+    @classmethod
+    def _python_exists(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.exists(os.path.expanduser(value)):
+            raise ValueError(f"no such file or folder: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _embedded_only(self) -> CodeInterpreterConfig:
+        if self.sandbox_fusion_url and (self.python_executable or self.isolation != "auto"):
+            raise ValueError("python_executable and isolation configure the embedded sandbox; the server at "
+                             "sandbox_fusion_url runs code its own way")
+        return self
 
 
 def _clip(text: str, limit: int = MAX_STREAM_CHARS) -> str:
@@ -59,11 +80,12 @@ def outcome(response: RunCodeResponse) -> str:
     run = response.run_result or response.compile_result
     if response.status == RunStatus.SandboxError or run is None:
         return "sandbox_error"
-    if run.status == CommandRunStatus.TimeLimitExceeded or "time limit" in response.message:
+    if run.status == CommandRunStatus.TimeLimitExceeded or response.detail.startswith("time limit"):
         return "timeout"
-    if "memory limit" in response.message or (run.return_code not in (None, 0) and "MemoryError" in (run.stderr or "")):
+    if response.detail.startswith("memory limit") or (
+            run.return_code not in (None, 0) and "MemoryError" in (run.stderr or "")):
         return "memory"
-    if "output limit" in response.message:
+    if response.detail.startswith("output limit"):
         return "output_limit"
     return "success" if response.status == RunStatus.Success else "error"
 
@@ -86,15 +108,25 @@ def render(response: RunCodeResponse, timeout: float, memory_mb: int) -> str:
         "memory": f"Error: memory limit exceeded ({f'{memory_mb} MB' if memory_mb > 0 else 'the sandbox default'}): "
                   "the code ran out of memory.",
         "output_limit": "Error: output limit exceeded: the code printed too much and was stopped.",
-        "error": f"Error: the code exited with code {run.return_code}.",
+        "error": _exit_text(run.return_code),
         "success": "",
     }[kind]
-    note = response.message if kind == "error" and response.message else ""
+    note = response.detail if kind == "error" else ""
     parts = [p for p in (verdict, f"({note})" if note else "") if p]
     parts.append(f"stdout:\n{_clip(stdout.rstrip(chr(10)))}" if stdout else "stdout: (empty)")
     if stderr:
         parts.append(f"stderr:\n{_clip(stderr.rstrip(chr(10)))}")
     return "\n".join(parts)
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:  # SandboxFusion's -N: killed by signal N
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        return f"Error: the code was killed by signal {-code}{name}."
+    return f"Error: the code exited with code {code}."
 
 
 class CodeInterpreterTool(Tool):
@@ -130,8 +162,9 @@ class CodeInterpreterTool(Tool):
         self._client = (SandboxFusionClient(cfg.sandbox_fusion_url, max_connections=cfg.num_workers)
                         if cfg.sandbox_fusion_url else None)
         self._sandbox = (None if cfg.sandbox_fusion_url else
-                         EmbeddedSandbox(SandboxConfig(max_concurrency=cfg.num_workers,
-                                                       pool_size=min(cfg.num_workers, 8))))
+                         EmbeddedSandbox(SandboxConfig(isolation=cfg.isolation, max_concurrency=cfg.num_workers,
+                                                       pool_size=min(cfg.num_workers, 8),
+                                                       interpreter=cfg.python_executable)))
         self._limiter: RateLimiter | None = None
 
     @property

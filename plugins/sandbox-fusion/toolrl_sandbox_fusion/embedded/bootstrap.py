@@ -1,18 +1,18 @@
 # The trusted prelude of every sandbox process, passed to the interpreter with ``-c``.
 #
 # It runs before any untrusted input exists: in the "unshare" fallback it isolates the process
-# itself (namespaces, read-only mounts, a private tmpfs, dropping to uid 65534); then it writes one
-# ready byte on the control fd and blocks on stdin. The launcher starts these processes ahead of
-# time, so interpreter start-up is off the hot path. Each process runs exactly one request, then
-# exits: the request (a 10-digit length, then a marshal dump from the trusted launcher) carries the
-# code, limits and files; whatever
-# follows on stdin is the program's stdin. At the end the control fd carries frames (type byte,
-# 10-digit length, payload): "F" fetched files as JSON, then "X" the exit code, sent after stdout
-# and stderr are flushed. The program can write to the control fd too, but can only spoil its own
-# result that way. Only the standard library may be used here, and nothing from the host's Python
-# environment: this file runs under the sandbox's interpreter.
+# itself (see _isolate); then it writes one ready byte on the control fd and blocks on stdin. The
+# launcher starts these processes ahead of time, so interpreter start-up is off the hot path. Each
+# process runs exactly one request, then exits: the request (a 10-digit length, then a marshal dump
+# from the trusted launcher) carries the code, limits and files; whatever follows on stdin is the
+# program's stdin. At the end the control fd carries frames (type byte, 10-digit length, payload):
+# "E" the request's files could not be written (the message), "F" fetched files as JSON, then "X"
+# the exit code (negative: killed by that signal), sent after stdout and stderr are flushed. The
+# program can write to the control fd too, but can only spoil its own result that way. Only the
+# standard library may be used here, and nothing from the host's Python environment: this file runs
+# under the sandbox's interpreter.
 #
-# argv: -c MODE CONTROL_FD WORKDIR_MB SHM_MB
+# argv: -c MODE CONTROL_FD ROOT_MB TMP_MB SHM_MB [READ_ONLY_FOLDER...]
 # ruff: noqa: SIM105 -- contextlib.suppress would cost an import in every sandbox process
 #
 # Imports cost CPU in every sandbox process, so only built-in modules are imported up front; what
@@ -28,56 +28,120 @@ import sys
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
-_MS_REC, _MS_PRIVATE, _MS_RELATIME, _MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
-_KEPT_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-               "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+_MS_REC, _MS_PRIVATE, _MS_RELATIME = 16384, 1 << 18, 1 << 21
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+_MNT_DETACH = 2
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203, "s390x": 217}
+# The same view bubblewrap is given in launch.py (NOBODY, WORKDIR, ROOT_LINKS); this file cannot
+# import it.
 _NOBODY = 65534
+_WORKDIR = "/sandbox"
+_ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
 
 
-def _isolate(workdir_mb, shm_mb):
-    """The fallback without bubblewrap: own network, mount, IPC and UTS namespaces; every inherited
-    mount read-only; size-capped tmpfs on /tmp (the working folder) and /dev/shm; uid 65534 when
-    started as root, else a user namespace with all capabilities dropped."""
+def _isolate(root_mb, tmp_mb, shm_mb, folders):
+    """The fallback without bubblewrap, returning in the process that runs the code.
+
+    The process the launcher started stays outside and mirrors the exit status of an init process
+    (pid 1 of a new PID namespace: when it ends, everything in the sandbox ends). That init builds a
+    fresh root on a size-capped tmpfs: /usr, the root links and the interpreter's folders read-only
+    at their host paths, a private /proc, a minimal /dev, tmpfs on /tmp and /dev/shm, the working
+    folder; it switches to it with pivot_root and drops the old root. The code then runs in its
+    child, pid 2: uid 65534 when started as root (else the caller's uid in a user namespace), no
+    capabilities, no new privileges; new network, IPC and UTS namespaces too."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_char_p]
 
     def check(ret, what):
         if ret != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"{what}: {os.strerror(err)}")
 
+    def mount(source, target, fstype, flags, data=None):
+        check(libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags,
+                         data and data.encode()), f"mount {target}")
+
+    def ro_bind(fd, target):
+        mount(f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC)
+        # Keep the flags the host mount has (a user namespace may not clear them), add read-only.
+        flags = os.fstatvfs(fd).f_flag
+        kept = flags & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+        if flags & 4096:  # ST_RELATIME
+            kept |= _MS_RELATIME
+        mount(None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept)
+
+    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # PR_SET_PDEATHSIG SIGKILL: gone with the launcher
     root = os.geteuid() == 0
     uid, gid = os.getuid(), os.getgid()
-    check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+    check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
                        | (0 if root else _CLONE_NEWUSER)), "unshare")
     if not root:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                            ("gid_map", f"{gid} {gid} 1")):
             with open("/proc/self/" + name, "w") as f:
                 f.write(text)
-    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make mounts private")
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    for fields in mounts:
-        # \040 and friends escape spaces in mount points.
-        point = fields[4].encode().decode("unicode_escape").encode("latin-1")
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        for opt in fields[5].split(","):
-            flags |= _KEPT_FLAGS.get(opt, 0)
-        ret = libc.mount(None, point, None, flags, None)
-        if point == b"/":
-            check(ret, "remount / read-only")
-    owner = _NOBODY if root else uid
-    opts = f"size={workdir_mb}m,mode=0700,uid={owner},gid={_NOBODY if root else gid}"
-    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()), "mount /tmp")
-    if os.path.isdir("/dev/shm"):
-        opts = f"size={shm_mb}m,mode=1777"
-        check(libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()), "mount /dev/shm")
-    os.chdir("/tmp")
+    init = os.fork()
+    if init:  # outside: stand for the sandbox until its init ends
+        code = os.waitstatus_to_exitcode(os.waitpid(init, 0)[1])
+        os._exit(code if code >= 0 else 128 - code)
+    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # gone with the outside process
+    mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    owner, group = (_NOBODY, _NOBODY) if root else (uid, gid)
+    # Opened before the new root hides them (a folder may be under /tmp); bound through the fds.
+    binds, links = {"/usr": os.open("/usr", os.O_PATH)}, {}
+    for name in _ROOT_LINKS:
+        if os.path.islink(name):
+            links[name] = os.readlink(name)
+        elif os.path.isdir(name):
+            binds[name] = os.open(name, os.O_PATH)
+    for name in folders:
+        binds[name] = os.open(name, os.O_PATH)
+    new = "/tmp"  # any existing folder: the new root is mounted over it, in this namespace only
+    mount("sandbox", new, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={root_mb}m,mode=0755,uid={owner},gid={group}")
+    os.mkdir(new + "/proc")
+    mount("proc", new + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)  # this PID namespace only
+    os.mkdir(new + "/dev")
+    mount("dev", new + "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    for name in _DEVICES:
+        open(f"{new}/dev/{name}", "w").close()
+        mount("/dev/" + name, f"{new}/dev/{name}", None, _MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{new}/dev/{name}")
+    os.mkdir(new + "/dev/shm")
+    mount("shm", new + "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={shm_mb}m,mode=1777")
+    mount(None, new + "/dev", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
+    os.mkdir(new + "/tmp")
+    mount("tmp", new + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    os.mkdir(new + _WORKDIR, 0o755)
+    os.chown(new + _WORKDIR, owner, group)
+    for name, fd in binds.items():  # after /tmp: a venv may live under it
+        os.makedirs(new + name, exist_ok=True)
+        ro_bind(fd, new + name)
+        os.close(fd)
+    for name, target in links.items():
+        os.symlink(target, new + name)
+    number = _PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: unsupported machine {os.uname().machine}")
+    os.chdir(new)
+    check(libc.syscall(number, b".", b"."), "pivot_root")
+    check(libc.umount2(b".", _MNT_DETACH), "detach the old root")  # the host's root, stacked on ours
+    os.chdir("/")
+    worker = os.fork()
+    if worker:  # pid 1: reap orphans until the code's process ends, then end the sandbox
+        while True:
+            pid, status = os.wait()
+            if pid == worker:
+                code = os.waitstatus_to_exitcode(status)
+                os._exit(code if code >= 0 else 128 - code)
+    os.chdir(_WORKDIR)
     if root:
         os.setgroups([])
         os.setgid(_NOBODY)
@@ -92,7 +156,7 @@ def _isolate(workdir_mb, shm_mb):
 
         check(libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "drop capabilities")
     check(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")  # PR_SET_NO_NEW_PRIVS
-    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # PR_SET_PDEATHSIG SIGKILL; a uid change resets it
+    check(libc.prctl(1, 9, 0, 0, 0), "pdeathsig")  # a uid change resets it
 
 
 def _read_exact(n):
@@ -106,20 +170,21 @@ def _read_exact(n):
     return b"".join(chunks)
 
 
-def _safe_path(path):
-    if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
-        raise ValueError(f"file path {path!r} must be relative and stay inside the working folder")
-    return path
-
-
-def _write_files(files):
+def _write_files(files, control_fd):
+    """The request's files, relative to the working folder or absolute (anywhere in the sandbox's
+    own root). A file that cannot be written is the request's fault: reported, nothing runs."""
     for path, content in files.items():
-        path = _safe_path(path)
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(binascii.a2b_base64(content or ""))
+        try:
+            if not path:
+                raise ValueError("empty file path")
+            folder = os.path.dirname(path)
+            if folder:
+                os.makedirs(folder, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(content)
+        except (OSError, ValueError) as exc:
+            _send(control_fd, b"E", f"cannot write file {path!r}: {exc}".encode(errors="replace"))
+            os._exit(1)
 
 
 def _send(control_fd, kind, payload):
@@ -138,9 +203,9 @@ def _fetch_files(paths, control_fd, max_bytes):
     found, total = {}, 0
     for path in paths:
         try:
-            with open(_safe_path(path), "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read(max_bytes - total + 1)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # absent, a folder, a NUL in the name...
             continue
         total += len(data)
         if total > max_bytes:
@@ -215,7 +280,10 @@ def _run_python(request, control_fd):
         import linecache
         import traceback
 
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        # The traceback module places its carets on the source lines minus their newline: the last
+        # line needs one too.
+        lines = (source if source.endswith("\n") else source + "\n").splitlines(True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
         tb = exc.__traceback__
         exc.__traceback__ = tb.tb_next if tb is not None else None
         if sys.excepthook is sys.__excepthook__:
@@ -251,16 +319,16 @@ def _run_bash(request, control_fd):
     status = os.waitpid(pid, 0)[1]
     if request["fetch_files"]:
         _fetch_files(request["fetch_files"], control_fd, request["max_fetch_bytes"])
-    _finish(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status), control_fd)
+    _finish(os.waitstatus_to_exitcode(status), control_fd)  # -N when bash was killed by signal N
 
 
 def _main():
-    mode, control_fd, workdir_mb, shm_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    mode, control_fd = sys.argv[1], int(sys.argv[2])
     if mode == "unshare":
-        _isolate(workdir_mb, shm_mb)
+        _isolate(int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:])
     os.write(control_fd, b"R")
     request = marshal.loads(_read_exact(int(_read_exact(10))))
-    _write_files(request["files"])
+    _write_files(request["files"], control_fd)
     if request["language"] == "bash":
         _run_bash(request, control_fd)
     else:

@@ -9,6 +9,7 @@ and a real SandboxFusion server alike.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import json
 import marshal
 import math
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from toolrl_sandbox_fusion.embedded.launch import (
+    Interpreter,
     IsolationMode,
     SandboxLimits,
     build_command,
@@ -41,13 +43,12 @@ from toolrl_sandbox_fusion.models import (
 )
 
 SUPPORTED_LANGUAGES = ("python", "bash")
+# Signals the sandbox's own limits send; the tool names the signal itself.
 _SIGNAL_NOTES = {
-    signal.SIGXCPU: "CPU time limit exceeded (SIGXCPU)",
-    signal.SIGXFSZ: "file size limit exceeded (SIGXFSZ)",
-    signal.SIGKILL: "killed (SIGKILL)",
-    signal.SIGSEGV: "segmentation fault (SIGSEGV)",
-    signal.SIGABRT: "aborted (SIGABRT)",
+    signal.SIGXCPU: "CPU time limit exceeded",
+    signal.SIGXFSZ: "file size limit exceeded",
 }
+_MAX_SIGNAL = 64
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ class SandboxConfig:
     isolation: Literal["auto", "bwrap", "unshare"] = "auto"
     max_concurrency: int = 8  # runs at once; more wait for a worker thread
     pool_size: int = 4  # processes kept started and waiting
-    interpreter: str | None = None  # default: /usr/bin/python3, else this interpreter's real path
+    # A Python executable or a venv/prefix folder, mounted read-only in the sandbox. Default:
+    # /usr/bin/python3, else this interpreter's real path.
+    interpreter: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     start_timeout: float = 30.0
 
@@ -75,8 +78,15 @@ class EmbeddedSandbox:
         self._executor: ThreadPoolExecutor | None = None
         self._owner_pid = 0
         self._mode: IsolationMode | None = None
-        self.interpreter = find_interpreter(self.config.interpreter)
+        self._interpreter: Interpreter | None = None
         self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [None, None])
+
+    @property
+    def interpreter(self) -> Interpreter:
+        """Resolved on first use (a configured one is asked for its prefixes); RuntimeError if unusable."""
+        if self._interpreter is None:
+            self._interpreter = find_interpreter(self.config.interpreter)
+        return self._interpreter
 
     @property
     def mode(self) -> IsolationMode:
@@ -93,14 +103,14 @@ class EmbeddedSandbox:
     def _ensure_started(self) -> tuple[ProcessPool, ThreadPoolExecutor]:
         with self._lock:
             if self._pool is None or self._owner_pid != os.getpid():
-                mode = self.mode
+                mode, interpreter = self.mode, self.interpreter
                 limits = self.config.limits
 
                 def spawn() -> SandboxProcess:
                     read_fd, write_fd = os.pipe()
                     try:
                         proc = subprocess.Popen(
-                            build_command(mode, self.interpreter, limits, write_fd),
+                            build_command(mode, interpreter, limits, write_fd),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             pass_fds=(write_fd,), env=sandbox_env(mode), cwd="/", start_new_session=True,
                         )
@@ -153,15 +163,25 @@ class EmbeddedSandbox:
                 f"language {request.language!r} is not supported by the embedded sandbox "
                 f"(supported: {', '.join(SUPPORTED_LANGUAGES)})"
             )
-        for path in [*request.files, *request.fetch_files]:
-            if os.path.isabs(path) or ".." in path.replace("\\", "/").split("/"):
-                return RunCodeResponse.sandbox_error(f"file path {path!r} must be relative, without '..'")
+        # Paths are relative to the working folder or absolute in the sandbox's own root, as on a
+        # SandboxFusion server; content None means no file (as there). Bad input is the request's
+        # fault: a SandboxError, as SandboxFusion reports it, never the program failing.
+        files: dict[str, bytes] = {}
+        for path, content in request.files.items():
+            if not path or "\0" in path:
+                return RunCodeResponse.sandbox_error(f"exception on running code: invalid file path {path!r}")
+            if content is not None:
+                try:
+                    files[path] = binascii.a2b_base64(content)
+                except (binascii.Error, ValueError) as exc:
+                    return RunCodeResponse.sandbox_error(
+                        f"exception on running code: file {path!r} is not valid base64: {exc}")
         try:
             pool, _ = self._ensure_started()
             for _ in range(3):
                 sp = pool.take(self.config.start_timeout)
                 try:
-                    return self._execute(sp, request)
+                    return self._execute(sp, request, files)
                 except _NotStarted:
                     continue
                 finally:
@@ -185,12 +205,12 @@ class EmbeddedSandbox:
             "CORE": [0, 0],
         }
 
-    def _execute(self, sp: SandboxProcess, request: RunCodeRequest) -> RunCodeResponse:
+    def _execute(self, sp: SandboxProcess, request: RunCodeRequest, files: dict[str, bytes]) -> RunCodeResponse:
         lim = self.config.limits
         # marshal: the bootstrap reads it without importing anything (version 4: Python 3.4+).
         header = marshal.dumps({
             "code": request.code, "language": request.language, "args": list(request.args),
-            "files": dict(request.files), "fetch_files": list(request.fetch_files),
+            "files": files, "fetch_files": list(request.fetch_files),
             "limits": self._limits(request), "max_fetch_bytes": lim.max_fetch_bytes,
         }, 4)
         payload = b"%010d" % len(header) + header + (request.stdin or "").encode()
@@ -244,7 +264,8 @@ class EmbeddedSandbox:
             # Until the program reports its exit code (all its output is then in the pipes) or the
             # process is gone and its pipes drained. A program that closes its stdout and keeps
             # running is still running.
-            while control.exit_code is None and (by_fd or stdin_fd is not None or ended is None):
+            while control.exit_code is None and control.error is None and (
+                    by_fd or stdin_fd is not None or ended is None):
                 now = time.monotonic()
                 if drain_until is None and now >= deadline:
                     sp.kill()
@@ -284,11 +305,16 @@ class EmbeddedSandbox:
                 raise _NotStarted
         finally:
             os.close(pidfd)
+        if control.error is not None:
+            return RunCodeResponse.sandbox_error(f"exception on running code: {control.error}")
         returncode = control.exit_code
         if returncode is None:
             sp.kill()
             returncode = proc.wait(timeout=5)
-            if returncode < 0:  # the fallback's direct child; bubblewrap already reports 128 + signal
+            # The program was killed by a signal: bubblewrap's init and the fallback's report it as
+            # 128 + N; SandboxFusion reports -N. (An os._exit(129..192) that skipped the exit-code
+            # report reads the same: it cannot be told apart.)
+            if 128 < returncode <= 128 + _MAX_SIGNAL:
                 returncode = 128 - returncode
         elapsed = (ended or time.monotonic()) - start
         return self._response(request, chunks, control.files, returncode, killed, elapsed)
@@ -298,35 +324,37 @@ class EmbeddedSandbox:
         lim = self.config.limits
         stdout = b"".join(chunks["stdout"]).decode(errors="replace")
         stderr = b"".join(chunks["stderr"]).decode(errors="replace")
-        message = ""
+        detail = ""
         if killed == "timeout":
             run = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed,
                                    return_code=None, stdout=stdout, stderr=stderr)
-            message = f"time limit of {request.run_timeout:g} s exceeded; the process was killed"
+            detail = f"time limit of {request.run_timeout:g} s exceeded; the process was killed"
         else:
             if killed == "output":
-                returncode = 128 + signal.SIGKILL
-                message = f"output limit of {lim.max_output_bytes} bytes exceeded; the process was killed"
-            elif returncode > 128 and (returncode - 128) in _SIGNAL_NOTES:
-                message = _SIGNAL_NOTES[signal.Signals(returncode - 128)]
+                returncode = -signal.SIGKILL
+                detail = f"output limit of {lim.max_output_bytes} bytes exceeded; the process was killed"
+            elif returncode < 0 and -returncode in _SIGNAL_NOTES:
+                detail = _SIGNAL_NOTES[signal.Signals(-returncode)]
             elif returncode != 0 and "MemoryError" in stderr[-2000:]:
                 memory = self._limits(request)["AS"][0] >> 20
-                message = f"memory limit of {memory} MB exceeded (MemoryError)"
+                detail = f"memory limit of {memory} MB exceeded (MemoryError)"
             run = CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
                                    return_code=returncode, stdout=stdout, stderr=stderr)
-        return RunCodeResponse(status=overall_status(run), message=message, run_result=run,
+        return RunCodeResponse(status=overall_status(run), run_result=run, detail=detail,
                                files=files if request.fetch_files else {})
 
 
 class _ControlFrames:
-    """Parses the control stream after the ready byte: "F" fetched files (JSON), "X" the exit code.
-    The program could write here too; malformed frames end the parsing, never the launcher."""
+    """Parses the control stream after the ready byte: "E" the request's files could not be written,
+    "F" fetched files (JSON), "X" the exit code. The program could write here too (not before its
+    files are written, so not an "E"); malformed frames end the parsing, never the launcher."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.size = 0
         self.files: dict[str, str] = {}
         self.exit_code: int | None = None
+        self.error: str | None = None
         self._broken = False
 
     def feed(self, data: bytes) -> None:
@@ -349,6 +377,8 @@ class _ControlFrames:
                     self.files = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
                 elif kind == b"X":
                     self.exit_code = int(body)
+                elif kind == b"E" and self.exit_code is None:
+                    self.error = body.decode(errors="replace")
             except (ValueError, AttributeError):
                 self._broken = True
                 return

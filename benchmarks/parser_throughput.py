@@ -1,0 +1,108 @@
+"""Tool-call parser throughput: one response with N calls, side by side with ``json.loads`` of the
+same call bodies (the floor for any parser that decodes JSON) and, optionally, the parser at an
+older git revision (the quadratic one before issue 13).
+
+    OMP_NUM_THREADS=1 python benchmarks/parser_throughput.py [--runs 5] [--old-ref d424eb5]
+
+Prints the median seconds per response, calls per second and the ratios, then the time of hostile
+inputs (deep nesting, huge numbers, tags inside strings, thousands of broken calls), which must stay
+linear. Goal: 10,000 calls in under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, median, single_thread, table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def call_body(i: int) -> str:
+    return json.dumps({"name": "python", "arguments": {"code": f"print({i} * 2)  # step {i}", "timeout": 5}})
+
+
+def response(n: int) -> str:
+    return "Let me work through these.\n" + "\n".join(f"<tool_call>{call_body(i)}</tool_call>" for i in range(n))
+
+
+def old_parser(ref: str) -> Callable[[str], object]:
+    """The hermes parser as it was at ``ref``, loaded from git into a throwaway module."""
+    source = subprocess.run(["git", "show", f"{ref}:core/toolrl/parsers/hermes.py"], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout
+    module = types.ModuleType(f"hermes_{ref}")
+    exec(compile(source, f"hermes@{ref}", "exec"), module.__dict__)
+    return module.HermesParser().parse
+
+
+def timed(fn: Callable[[Any], object], arg: Any, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t)
+    return median(times)
+
+
+def main() -> None:
+    single_thread()
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 10000])
+    ap.add_argument("--old-ref", help="also time the hermes parser at this git revision")
+    ap.add_argument("--old-max", type=int, default=10000, help="skip the old parser above this many calls")
+    args = ap.parse_args()
+
+    from toolrl.parsers.hermes import HermesParser
+    from toolrl.parsers.tags import TagParser
+
+    hermes, tags = HermesParser().parse, TagParser().parse
+    old = old_parser(args.old_ref) if args.old_ref else None
+    print(machine())
+    rows = []
+    for n in args.sizes:
+        text = response(n)
+        bodies = [call_body(i) for i in range(n)]
+        inline = "".join(f"step {i}: <calculator>{i} * 2</calculator>\n" for i in range(n))
+        assert len(hermes(text).calls) == n and len(tags(inline).calls) == n  # type: ignore[attr-defined]
+        t_new = timed(hermes, text, args.runs)
+        t_json = timed(lambda bs: [json.loads(b) for b in bs], bodies, args.runs)
+        t_tags = timed(tags, inline, args.runs)
+        t_old = timed(old, text, 1) if old and n <= args.old_max else float("nan")
+        rows.append([n, len(text) // 1024, t_new, n / t_new, t_json, t_new / t_json, t_old, t_old / t_new, t_tags])
+    print(table(["calls", "KiB", "hermes s", "calls/s", "json.loads s", "hermes/json", "old s", "old/new",
+                 "tags s"], rows))
+    for r in rows:
+        if r[0] == 10_000:
+            print(f"goal: 10,000 calls in under 1 s -> {r[2]:.3f} s ({'met' if r[2] < 1 else 'NOT met'})")
+
+    hostile = {
+        "[ x 100k in a call": "<tool_call>" + "[" * 100_000 + "</tool_call>",
+        "number of 1M digits": '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 1_000_000 + "}}</tool_call>",
+        "10k calls, tags in strings": "".join(
+            "<tool_call>" + json.dumps({"name": "f", "arguments": {"s": "</tool_call><tool_call></think>"}})
+            + "</tool_call>" for _ in range(10_000)),
+        "50k unterminated calls": '<tool_call>{"name": "f"' * 50_000,
+        "20k calls, string to the end": '<tool_call>\\"' * 20_000,
+        "50k stray closes in think": "<think>" + "</tool_call>" * 50_000,
+    }
+    rows = []
+    for name, text in hostile.items():
+        out = hermes(text)
+        rows.append([name, len(text) // 1024, timed(hermes, text, args.runs),
+                     len(out.calls), len(out.errors)])  # type: ignore[attr-defined]
+    print(table(["hostile input", "KiB", "hermes s", "calls", "errors"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""LoRA fine-tuning through ``peft``: only the adapters train, engines get merged weights.
+
+:func:`apply_lora` injects the adapters into the Hugging Face model *in place* (no ``PeftModel``
+wrapper), so the model keeps its own class and attributes: the GRPO code, checkpoints and FSDP2
+wrapping per decoder layer see the same module tree as without LoRA, with the adapted Linears
+replaced by ``peft`` LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...)
+and every base parameter frozen.
+
+Engines never see adapters: :func:`engine_state_dict` gives the base model's state dict under the base
+model's parameter names with ``W + alpha / r * B @ A`` in place of each adapted weight, computed one
+tensor at a time from the trained model without changing it, so ``engine.update_weights`` and the Ray
+broadcast work unchanged. Sharded (FSDP2 ``DTensor``) parameters are gathered one tensor at a time,
+which is a collective: every rank must iterate :func:`iter_engine_weights` together.
+
+``peft`` and ``torch`` are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolrl.config import LoraConfig
+
+ADAPTER = "default"  # the adapter name peft gives a single adapter
+
+
+def apply_lora(model: Any, config: LoraConfig) -> Any:
+    """Inject LoRA adapters into ``model`` in place and freeze everything else; returns ``model``.
+
+    Raises :class:`~toolrl.config.ConfigError` naming ``model.lora.target_modules`` when no module
+    matches, a match is not a Linear layer, or a match shares its weight with another module (tied
+    embeddings: the engine copy has one tensor for both, so the merged weight could not reach it).
+    """
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import inject_adapter_in_model
+    from peft.tuners.lora import Linear as LoraLinear
+
+    from toolrl.config import ConfigError
+    from toolrl.models import first_line
+
+    targets = config.target_modules
+    tied = _tied_module_names(model)
+    try:
+        inject_adapter_in_model(
+            PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                           target_modules=targets, bias="none"),
+            model, adapter_name=ADAPTER)
+    except ValueError as exc:
+        raise ConfigError(f"model.lora.target_modules: {first_line(exc)}") from None
+    layers = lora_layers(model)
+    bad = [f"{name} ({type(m.get_base_layer()).__name__})" for name, m in layers.items()
+           if not isinstance(m, LoraLinear)]
+    shared = sorted(set(layers) & tied)
+    if bad or shared:
+        what = (f"are not Linear layers: {', '.join(bad[:3])}" if bad
+                else f"share a tied weight with another module: {', '.join(shared[:3])}")
+        raise ConfigError(f"model.lora.target_modules: {targets} matches modules that {what}")
+    return model
+
+
+def _tied_module_names(model: Any) -> set[str]:
+    """Modules whose ``weight`` is the same tensor as another module's (tied input/output embeddings)."""
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if weight is not None:
+            owners.setdefault(id(weight), []).append(name)
+    return {name for names in owners.values() if len(names) > 1 for name in names}
+
+
+def lora_layers(model: Any) -> dict[str, Any]:
+    """The model's peft LoRA layers by module name (empty without LoRA)."""
+    if "peft" not in sys.modules:  # no LoRA layer can exist; full fine-tuning never imports peft
+        return {}
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def has_lora(model: Any) -> bool:
+    """Whether :func:`apply_lora` (or peft) put adapters into ``model``."""
+    return bool(lora_layers(model))
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    """What the optimizer gets: parameters that require grad (only the adapters under LoRA)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def trainable_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The trained tensors under the model's own names: an adapter-only checkpoint under LoRA.
+
+    Sharded parameters stay sharded (``DTensor``), as torch.distributed.checkpoint expects.
+    """
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state_dict(model: Any, state: Mapping[str, Any]) -> None:
+    """Load what :func:`trainable_state_dict` saved; every trainable tensor must be there."""
+    wanted = {name for name, p in model.named_parameters() if p.requires_grad}
+    missing, unexpected = sorted(wanted - set(state)), sorted(set(state) - wanted)
+    if missing or unexpected:
+        raise KeyError(f"adapter checkpoint does not match the model: missing {missing[:3]}, "
+                       f"unexpected {unexpected[:3]}")
+    model.load_state_dict(dict(state), strict=False)
+
+
+def save_adapter(model: Any, directory: str | os.PathLike[str], base_model: str | None = None) -> Path:
+    """Write the adapters in peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``),
+    which ``peft.PeftModel.from_pretrained`` and LoRA-serving engines (vLLM) load; ``base_model`` is
+    recorded as ``base_model_name_or_path``. Gathers sharded tensors (a collective, like
+    :func:`iter_engine_weights`). Returns the directory."""
+    import dataclasses
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    if not has_lora(model):
+        raise ValueError("save_adapter: the model has no LoRA adapters")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    # peft's files name tensors as seen from a PeftModel wrapper (prefix base_model.model.).
+    state = {f"base_model.model.{k}": _full(v).detach().cpu().contiguous()
+             for k, v in get_peft_model_state_dict(model, adapter_name=ADAPTER).items()}
+    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    dataclasses.replace(model.peft_config[ADAPTER], base_model_name_or_path=base_model).save_pretrained(str(out))
+    return out
+
+
+def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps: the adapters under LoRA (the base comes from ``model.source``
+    again), else the whole state dict."""
+    return trainable_state_dict(model) if has_lora(model) else model.state_dict()
+
+
+def load_checkpoint_state_dict(model: Any, state: Mapping[str, Any]) -> None:
+    """Load what :func:`checkpoint_state_dict` returned into a model built the same way."""
+    if has_lora(model):
+        load_trainable_state_dict(model, state)
+    else:
+        model.load_state_dict(dict(state))
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: an FSDP2-sharded ``DTensor`` is gathered (a collective over its mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _merged(layer: Any, weight: torch.Tensor) -> torch.Tensor:
+    """``W + scale * B @ A`` for each active adapter, as a new tensor in ``W``'s dtype; the sum is
+    done in float32 so bf16 weights lose no more than the final rounding."""
+    import torch
+
+    w = _full(weight)
+    if layer.merged:  # peft's own merge_adapter() already wrote the adapters into W
+        return w
+    out = None
+    for name in layer.active_adapters:
+        if name not in layer.lora_A:
+            continue
+        a = _full(layer.lora_A[name].weight).to(device=w.device, dtype=torch.float32)
+        b = _full(layer.lora_B[name].weight).to(device=w.device, dtype=torch.float32)
+        if layer.fan_in_fan_out:  # W is stored transposed ([in, out], GPT-2's Conv1D)
+            a, b = b.T, a.T
+        # One fused pass (a new tensor; W itself is only read); a float32 W is not copied first.
+        out = torch.addmm(w.to(torch.float32) if out is None else out, b, a, alpha=layer.scaling[name])
+    return w if out is None else out.to(w.dtype)
+
+
+def iter_engine_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(base name, tensor)`` for every entry of the base model's state dict, LoRA merged in.
+
+    One merged tensor exists at a time unless the consumer keeps them; unadapted tensors are the
+    model's own (detached, not copied) unless they are sharded, then gathered one by one.
+    """
+    import torch
+
+    layers = lora_layers(model)
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            owner, rel = _split_lora_key(key, layers)
+            if owner is None:
+                yield key, _full(value).detach()
+            elif rel.startswith("base_layer."):  # adapter tensors (lora_A, lora_B, ...) are dropped
+                leaf = rel.removeprefix("base_layer.")
+                name = f"{owner}.{leaf}"
+                yield name, (_merged(layers[owner], value) if leaf == "weight" else _full(value)).detach()
+
+
+def engine_state_dict(model: Any) -> dict[str, torch.Tensor]:
+    """The state dict an engine loads: base names, adapters merged; ``model`` is left as it was.
+
+    Without LoRA this is the model's own state dict (gathered if sharded).
+    """
+    return dict(iter_engine_weights(model))
+
+
+def _split_lora_key(key: str, layers: Mapping[str, Any]) -> tuple[str | None, str]:
+    """``("model.layers.0.self_attn.q_proj", "base_layer.weight")`` for a key inside a LoRA layer."""
+    if layers:
+        parts = key.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            owner = ".".join(parts[:i])
+            if owner in layers:
+                return owner, ".".join(parts[i:])
+    return None, key

@@ -1,0 +1,161 @@
+"""``toolrl serve``: the configured engine, model, chat template and tool parser behind an
+OpenAI-compatible HTTP API (starlette on uvicorn).
+
+Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /health``.
+Engines return whole generations, so a streamed response sends its chunks once the generation is
+done (the SSE protocol is the same; only the first chunk comes later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from toolrl_openai.conversations import Conversations
+from toolrl_openai.protocol import ChatRequest, CompletionRequest
+from toolrl_openai.service import RequestError, Service
+
+log = logging.getLogger(__name__)
+
+
+def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
+
+
+async def _body(request: Request, model: Any) -> Any:
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not JSON: {exc}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise RequestError(f"{loc}: {first['msg']}" if loc else first["msg"], param=loc or None) from None
+
+
+def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
+    async def answer(request: Request, kind: Any, handler: Any) -> Response:
+        try:
+            result = await handler(await _body(request, kind))
+        except RequestError as exc:
+            return _error(str(exc), exc.status, exc.param)
+        except Exception as exc:  # one request's failure is its own, never the server's
+            log.exception("request failed")
+            return _error(f"{type(exc).__name__}: {exc}", 500)
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream")
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(service.models())
+
+    async def chat(request: Request) -> Response:
+        return await answer(request, ChatRequest, service.chat)
+
+    async def completions(request: Request) -> Response:
+        return await answer(request, CompletionRequest, service.complete)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "open_conversations": len(service.conversations)})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(sweep_s)
+                service.conversations.expire()
+
+        task = asyncio.create_task(sweep())
+        try:
+            yield
+        finally:
+            task.cancel()
+            service.conversations.close_all()
+            await service.engine.close()
+
+    return Starlette(routes=[
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ], lifespan=lifespan)
+
+
+def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
+                  model_name: str | None, token_history: bool = False) -> Service:
+    """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
+    from toolrl import models
+    from toolrl.config import ConfigError
+    from toolrl.engines import ModelSource
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    from toolrl_openai.source import model_path
+
+    plugins = get_plugins()
+    try:
+        engine_cls = plugins.load_part("rollout_engines", config.engine.name)
+        parser = plugins.load_part("tool_parsers", config.rollout.parser)(**config.rollout.parser_options)
+    except RegistryError as exc:
+        raise ConfigError(f"engine.name / rollout.parser: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"rollout.parser_options: {exc}") from None
+    path = model_path(config)
+    tokenizer = models.load_tokenizer(path)
+    engine = engine_cls.create(
+        ModelSource(path=path, tokenizer=tokenizer),
+        {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
+         "dtype": config.model.dtype, **config.engine.options})
+    conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
+                                  on_close=engine.end_session)
+    return Service(engine, tokenizer, parser, model_name or config.model.source, conversations,
+                   default_max_tokens=config.rollout.max_new_tokens, token_history=token_history)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)  # clients that connect before uvicorn accepts wait in the backlog
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_async(config: Any, host: str, port: int, record_dir: Path | None = None, idle_s: float = 600.0,
+                      max_conversations: int = 4096, model_name: str | None = None, token_history: bool = False,
+                      announce: Any = print) -> None:
+    import uvicorn
+
+    sock = bind(host, port)  # before loading the model: a taken port fails fast
+    try:
+        service = build_service(config, record_dir, idle_s, max_conversations, model_name, token_history)
+        app = build_app(service, sweep_s=max(0.5, min(30.0, idle_s / 4)))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=10))
+        bound = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"serving {service.model_name} at http://{shown}:{bound}/v1"
+                 + (f", recording to {record_dir}" if record_dir else ""))
+        await server.serve(sockets=[sock])
+    finally:
+        sock.close()

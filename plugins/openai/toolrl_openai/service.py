@@ -1,0 +1,372 @@
+"""What ``toolrl serve`` does per request, independent of HTTP: render chat messages with the
+model's chat template, generate with the configured engine, parse tool calls with the configured
+parser, and shape OpenAI responses (and their streamed chunks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
+
+from toolrl_openai.conversations import Conversations, Match, Turn
+from toolrl_openai.protocol import ChatMessage, ChatRequest, CompletionRequest
+from toolrl_openai.tokens import token_id_string
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+@dataclass
+class _Choice:
+    gen: Generation
+    body_ids: list[int]  # the tokens whose text the client sees (no stop token)
+    text: str
+
+
+class Service:
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, parser: Any, model_name: str,
+                 conversations: Conversations, default_max_tokens: int = 256, token_history: bool = False) -> None:
+        self.engine = engine
+        # Continue a recognised chat conversation from the exact tokens served (as training rollouts
+        # do) instead of re-rendering its earlier turns with the template.
+        self.token_history = token_history
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.model_name = model_name
+        self.conversations = conversations
+        self.default_max_tokens = default_max_tokens
+        self.created = int(time.time())
+        self._renderers: dict[str, Any] = {}
+
+    # ----------------------------------------------------------------- shared
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "toolrl"}]}
+
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise RequestError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                               404, "model")
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int,
+                        base: Match | None = None) -> tuple[list[Generation], Match | None, str | None]:
+        base = base or self.conversations.match(prompt_ids)
+        session = self.conversations.session_for(base, n)
+        try:
+            gens = await self.engine.generate(prompt_ids, params, n, session_id=session)
+        except ValueError as exc:  # the engine's request check: empty or over-long prompts
+            raise RequestError(str(exc)) from None
+        return gens, base, session
+
+    def _choice(self, gen: Generation, skip_special: bool, keep_stop: bool) -> _Choice:
+        ids = list(gen.token_ids)
+        stop_token = gen.finish_reason == "stop" and isinstance(gen.stop, int) and ids and ids[-1] == gen.stop
+        body = ids[:-1] if stop_token and not keep_stop else ids
+        text = self.tokenizer.decode(body, skip_special_tokens=skip_special)
+        if gen.finish_reason == "stop_string" and isinstance(gen.stop, str) and gen.stop in text:
+            cut = text.index(gen.stop)
+            text = text[: cut + len(gen.stop)] if keep_stop else text[:cut]
+        return _Choice(gen, body, text)
+
+    def _pieces(self, ids: Sequence[int]) -> list[str]:
+        """Each token's share of the decoded text, joining to the whole. Incremental, as streaming
+        detokenizers do: a token's text is the decoding of (previous token(s) + it) minus that of the
+        previous token(s), so a tokenizer that drops a leading space at the start of a decode is
+        handled; a token that ends inside a multi-byte character gets "" and the next one the rest."""
+        pieces: list[str] = []
+        prefix = read = 0  # the context starts at prefix; text up to read is already given out
+        for k in range(len(ids)):
+            text = self.tokenizer.decode(list(ids[prefix:k + 1]), skip_special_tokens=False)
+            if text.endswith("\ufffd") and k + 1 < len(ids):
+                pieces.append("")
+                continue
+            before = self.tokenizer.decode(list(ids[prefix:read]), skip_special_tokens=False)
+            pieces.append(text[len(before):])
+            prefix, read = read, k + 1
+        return pieces
+
+    def _token_strings(self, ids: Sequence[int], as_ids: bool) -> list[str]:
+        return [token_id_string(t) for t in ids] if as_ids else self._pieces(ids)
+
+    @staticmethod
+    def _finish_reason(gen: Generation) -> str:
+        return {"stop_string": "stop"}.get(gen.finish_reason, gen.finish_reason)
+
+    @staticmethod
+    def _stop_reason(gen: Generation) -> int | str | None:
+        return gen.stop if gen.finish_reason in ("stop", "stop_string") else None
+
+    # ----------------------------------------------------------------- /v1/completions
+
+    def _prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            texts: list[Any] = [p]
+        elif p and isinstance(p[0], int):
+            texts = [p]
+        else:
+            texts = list(p)
+        out = []
+        for item in texts:
+            ids = list(self.tokenizer.encode(item, add_special_tokens=False)) if isinstance(item, str) else list(item)
+            vocab = len(self.tokenizer)
+            if any(not 0 <= t < vocab for t in ids):
+                raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            out.append(ids)
+        if not out:
+            raise RequestError("prompt is empty", param="prompt")
+        return out
+
+    async def complete(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
+        self._check_model(req.model)
+        if req.echo:
+            raise RequestError("echo is not supported", param="echo")
+        if req.logprobs:
+            raise RequestError("this server returns the sampled token's logprob only: use logprobs=0",
+                               param="logprobs")
+        prompts = self._prompts(req)
+        stop_ids = list(req.stop_token_ids or [])
+        if not req.ignore_eos and self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in stop_ids:
+            stop_ids.append(self.tokenizer.eos_token_id)
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p,
+                                max_new_tokens=req.max_tokens if req.max_tokens is not None else 16,
+                                stop_token_ids=stop_ids, stop_strings=req.stop_strings(), seed=req.seed)
+        results = await asyncio.gather(*(self._generate(p, params, req.n) for p in prompts))
+        rid, choices, completion_tokens = f"cmpl-{uuid.uuid4().hex}", [], 0
+        for k, (prompt, (gens, base, session)) in enumerate(zip(prompts, results)):
+            turns = []
+            for i, gen in enumerate(gens):
+                c = self._choice(gen, req.skip_special_tokens, req.include_stop_str_in_output)
+                turns.append(Turn(gen, c.text, c.text))
+                completion_tokens += len(gen.token_ids)
+                choice: dict[str, Any] = {"index": k * req.n + i, "text": c.text, "logprobs": None,
+                                          "finish_reason": self._finish_reason(gen),
+                                          "stop_reason": self._stop_reason(gen)}
+                if req.return_token_ids:
+                    choice |= {"prompt_token_ids": prompt, "token_ids": list(gen.token_ids)}
+                if req.logprobs is not None:
+                    # Every generated token, stop token included: the client rebuilds the exact ids.
+                    tokens = self._token_strings(gen.token_ids, req.return_tokens_as_token_ids)
+                    pieces = tokens if not req.return_tokens_as_token_ids else self._pieces(gen.token_ids)
+                    offsets = [sum(len(p) for p in pieces[:j]) for j in range(len(pieces))]
+                    choice["logprobs"] = {"tokens": tokens, "token_logprobs": list(gen.logprobs),
+                                          "top_logprobs": None, "text_offset": offsets}
+                choices.append(choice)
+            self.conversations.add(prompt, turns, base, session)
+        usage = {"prompt_tokens": sum(len(p) for p in prompts), "completion_tokens": completion_tokens,
+                 "total_tokens": sum(len(p) for p in prompts) + completion_tokens}
+        body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": usage}
+        return self._stream_completion(body, req) if req.stream else body
+
+    async def _stream_completion(self, body: dict[str, Any], req: CompletionRequest) -> AsyncIterator[str]:
+        head = {k: body[k] for k in ("id", "object", "created", "model")}
+        for choice in body["choices"]:
+            yield _sse({**head, "choices": [choice]})
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield _sse({**head, "choices": [], "usage": body["usage"]})
+        yield "data: [DONE]\n\n"
+
+    # ----------------------------------------------------------------- /v1/chat/completions
+
+    def _renderer(self, tools: list[dict[str, Any]]) -> Any:
+        from toolrl.chat import ChatRenderer
+
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._renderers:
+            if len(self._renderers) > 256:
+                self._renderers.clear()
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools)
+        return self._renderers[key]
+
+    def _render(self, renderer: Any, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt as ``ChatRenderer.prompt_ids`` renders it, without its memo: a server sees
+        ever-new conversations, and keeping thousands of them would only cost memory."""
+        tools = renderer.tool_schemas if renderer.native_tools and renderer.tool_schemas else None
+        out = self.tokenizer.apply_chat_template(renderer.prompt_messages(messages), tools=tools,
+                                                 add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out["input_ids"] if isinstance(out, dict) else out)
+
+    @staticmethod
+    def _tool_schemas(req: ChatRequest) -> list[dict[str, Any]]:
+        from pydantic import ValidationError
+        from toolrl.schemas import ToolSchema
+
+        out = []
+        for i, tool in enumerate(req.tools or []):
+            try:
+                out.append(ToolSchema.model_validate(tool).model_dump(exclude_none=True))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(p) for p in first["loc"])
+                raise RequestError(f"tools.{i}.{loc}: {first['msg']}", param="tools") from None
+        return out
+
+    @staticmethod
+    def _text(message: ChatMessage, index: int) -> str:
+        content = message.content
+        if content is None or isinstance(content, str):
+            return content or ""
+        parts = []
+        for part in content:
+            if part.get("type") != "text":
+                raise RequestError(f"messages.{index}.content: only text parts are supported, got "
+                                   f"{part.get('type')!r}", param="messages")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+
+    def _template_messages(self, req: ChatRequest, renderer: Any) -> list[dict[str, Any]]:
+        names: dict[str, str] = {}  # tool_call id -> function name, for tool messages
+        out: list[dict[str, Any]] = []
+        for i, m in enumerate(req.messages):
+            text = self._text(m, i)
+            if m.role == "tool":
+                name = m.name or names.get(m.tool_call_id or "", "tool")
+                out.append(renderer.tool_message(text, name))
+            elif m.role == "assistant" and m.tool_calls:
+                calls = []
+                for call in m.tool_calls:
+                    if call.id:
+                        names[call.id] = call.function.name
+                    try:
+                        arguments: Any = json.loads(call.function.arguments or "{}")
+                    except json.JSONDecodeError:
+                        arguments = call.function.arguments
+                    calls.append({"type": "function", "function": {"name": call.function.name, "arguments": arguments}})
+                out.append({"role": "assistant", "content": text, "tool_calls": calls})
+            else:
+                out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
+        return out
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any] | AsyncIterator[str]:
+        self._check_model(req.model)
+        if req.top_logprobs:
+            raise RequestError("this server returns the sampled token's logprob only: use top_logprobs=0",
+                               param="top_logprobs")
+        if req.tool_choice not in (None, "auto", "none"):
+            raise RequestError("tool_choice must be 'auto' or 'none' (forced calls are not supported)",
+                               param="tool_choice")
+        tools = self._tool_schemas(req)
+        renderer = self._renderer(tools)
+        messages = self._template_messages(req, renderer)
+        keys = [json.dumps(tools, sort_keys=True), *(_key(m) for m in req.messages)]
+        found = self.conversations.match_messages(keys, _is_assistant) if self.token_history else None
+        prompt: list[int] | None = None
+        if found is not None:  # the served tokens, then the template's rendering of the new messages
+            try:
+                prompt = found[0].conversation.tokens + renderer.tool_delta(messages[found[1] - 1:])
+            except Exception:  # a template that is not append-only here: render the whole conversation
+                found = None
+        if prompt is None:
+            try:
+                prompt = self._render(renderer, messages)
+            except Exception as exc:  # the template's own checks (e.g. role order)
+                raise RequestError(f"the chat template cannot render these messages: {exc}",
+                                   param="messages") from None
+        stop_ids = [renderer.eos_id]
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in stop_ids:
+            stop_ids.append(self.tokenizer.eos_token_id)
+        max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None),
+                          self.default_max_tokens)
+        params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_tokens,
+                                stop_token_ids=stop_ids, stop_strings=req.stop_strings(), seed=req.seed)
+        gens, base, session = await self._generate(prompt, params, req.n, found[0] if found else None)
+        parse_calls = bool(tools) and req.tool_choice != "none"
+        choices, turns, bodies = [], [], []
+        for i, gen in enumerate(gens):
+            c = self._choice(gen, skip_special=False, keep_stop=False)
+            bodies.append(c.body_ids)
+            message, errors = self._message(c.text, parse_calls)
+            finish = "tool_calls" if message.get("tool_calls") else self._finish_reason(gen)
+            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None, "finish_reason": finish,
+                                      "stop_reason": self._stop_reason(gen)}
+            if req.logprobs:
+                tokens = self._token_strings(gen.token_ids, req.return_tokens_as_token_ids)
+                choice["logprobs"] = {"content": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                    for t, lp in zip(tokens, gen.logprobs)]}
+            choices.append(choice)
+            reply = ChatMessage.model_validate(message)
+            turns.append(Turn(gen, c.text, message["content"] or "", errors, [*keys, _key(reply)]))
+        self.conversations.add(prompt, turns, base, session)
+        completion_tokens = sum(len(g.token_ids) for g in gens)
+        body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
+                          "total_tokens": len(prompt) + completion_tokens}}
+        return self._stream_chat(body, req, bodies) if req.stream else body
+
+    def _message(self, text: str, parse_calls: bool) -> tuple[dict[str, Any], list[Any]]:
+        if not parse_calls:
+            return {"role": "assistant", "content": text}, []
+        parsed = self.parser.parse(text)
+        if not parsed.calls:
+            # Malformed calls stay visible: the client gets the model's text as it was.
+            return {"role": "assistant", "content": text if parsed.errors else parsed.content}, parsed.errors
+        calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                 for c in parsed.calls]
+        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, parsed.errors
+
+    async def _stream_chat(self, body: dict[str, Any], req: ChatRequest,
+                           body_ids: list[list[int]]) -> AsyncIterator[str]:
+        head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
+                "model": body["model"]}
+
+        def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+            return _sse({**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                              "finish_reason": finish}]})
+
+        for choice, ids in zip(body["choices"], body_ids):
+            i, message = choice["index"], choice["message"]
+            yield chunk(i, {"role": "assistant", "content": ""})
+            content = message["content"] or ""
+            # Content as the model produced it, token by token, when it is the whole text.
+            pieces = self._pieces(ids) if content else []
+            if "".join(pieces) != content:
+                pieces = [content]
+            for piece in pieces:
+                if piece:
+                    yield chunk(i, {"content": piece})
+            for k, call in enumerate(message.get("tool_calls") or []):
+                yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+            yield chunk(i, {}, choice["finish_reason"], choice["logprobs"])
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield _sse({**head, "choices": [], "usage": body["usage"]})
+        yield "data: [DONE]\n\n"
+
+
+def _key(message: ChatMessage) -> Any:
+    """What identifies a message when a client sends it back: role, text and calls (names and
+    arguments as JSON values); not call ids or formatting."""
+    content = message.content if isinstance(message.content, str) or message.content is None \
+        else "".join(str(p.get("text", "")) for p in message.content)
+    calls = []
+    for call in message.tool_calls or []:
+        try:
+            arguments = json.dumps(json.loads(call.function.arguments or "{}"), sort_keys=True)
+        except json.JSONDecodeError:
+            arguments = call.function.arguments
+        calls.append([call.function.name, arguments])
+    role = "system" if message.role == "developer" else message.role
+    return json.dumps([role, (content or "").strip(), calls])
+
+
+def _is_assistant(key: Any) -> bool:
+    return key.startswith('["assistant"')
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
