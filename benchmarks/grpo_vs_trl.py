@@ -9,8 +9,8 @@ temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clippi
 CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
 both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
-toolrl's step is what ``toolrl train`` does per step (``toolrl.trainer.compose`` builds the parts
-from a config; ``run_rollouts`` then ``grpo_step`` then ``engine.update_weights``), minus writing
+toolrl's step is what ``toolrl train`` does per step (``toolrl.compose.compose_local`` builds the parts
+from a config; ``run_rollouts``, then the trainer role's step and weight sync), minus writing
 traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
 loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
 (toolrl's runs in TRL's ``on_step_end`` callback, outside TRL's timing) — so load from other
@@ -84,20 +84,21 @@ class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
     def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
-        from toolrl.trainer import compose
+        from toolrl.compose import compose_local
+        from toolrl.trainer_group import LocalTrainer
+        from toolrl.trainer_rank import TrainerRank
 
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
-        self.run = self.loop.run_until_complete(compose(self.config))
+        self.run = self.loop.run_until_complete(compose_local(self.config))
         self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
-        self.optimizer = torch.optim.AdamW(self.run.model.parameters(), lr=LR, betas=self.config.optim.betas,
-                                           weight_decay=self.config.optim.weight_decay)
-        self.pad_id = self.run.tokenizer.pad_token_id
+        # The trainer role as `toolrl train` runs it without Ray: one rank sharing the engine's module.
+        self.trainer = LocalTrainer(TrainerRank(self.config), self.run.engine)
+        self.trainer.rank.setup(model=self.run.model, tokenizer=self.run.tokenizer)
         self.step_index = 0
         self.records: list[dict[str, float]] = []
 
     async def _step(self) -> dict[str, float]:
-        from toolrl.grpo import grpo_step
         from toolrl.rollout import run_rollouts
         from toolrl.trainer import batch_for_step
 
@@ -108,10 +109,8 @@ class ToolrlRunner:
         trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
                                    id_prefix=f"t{step + 1}-")
         t1 = time.perf_counter()
-        await asyncio.to_thread(grpo_step, run.model, self.optimizer, trajs, cfg.algorithm, cfg.optim,
-                                pad_id=self.pad_id, temperature=cfg.rollout.temperature,
-                                max_response_tokens=cfg.rollout.max_response_tokens)
-        run.engine.update_weights(run.model.state_dict())
+        await self.trainer.step(trajs, step + 1)
+        await self.trainer.sync()
         t2 = time.perf_counter()
         return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, **cpu_since(c0),
                 "calls": sum(len(t.tool_results) for t in trajs) / len(trajs),
@@ -124,12 +123,7 @@ class ToolrlRunner:
         self.step_index += 1
 
     def close(self) -> None:
-        async def close() -> None:
-            for tool in self.run.tools.values():
-                await tool.close()
-            await self.run.engine.close()
-
-        self.loop.run_until_complete(close())
+        self.loop.run_until_complete(self.run.rollouts.close())
         self.loop.close()
 
 
@@ -269,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_dir = primed_model(model_dir, args.prime, tool_schema)
     t_import = time.perf_counter()
     toolrl = ToolrlRunner(total, model_dir, tool_schema)
-    print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.model_dir} "
+    print(f"toolrl composed in {time.perf_counter() - t_import:.1f} s; model {toolrl.run.path} "
           f"({sum(p.numel() for p in toolrl.run.model.parameters()) / 1e6:.2f} M params)")
 
     class Interleave(TrainerCallback):
@@ -293,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     interleave = Interleave()
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as out:
         t = time.perf_counter()
-        trainer = trl_trainer(toolrl.run.model_dir, total, out, interleave)
+        trainer = trl_trainer(toolrl.run.path, total, out, interleave)
         trainer.remove_callback(PrinterCallback)  # it prints the final metrics dict
         print(f"TRL GRPOTrainer built in {time.perf_counter() - t:.1f} s")
         trl_generate: list[dict[str, float]] = []

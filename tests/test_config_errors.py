@@ -213,14 +213,16 @@ def test_metrics_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_
 def test_resume_with_a_truncated_metrics_line(tmp_path, tiny_qwen3_path):
     """``train --resume`` after a crash mid-append: the cut line goes, the run continues (exit 0);
     a corrupt line before the last is an error naming it (exit 2)."""
-    import torch
-    from toolrl.models import load_model
-    from toolrl.trainer import save_checkpoint
+    from toolrl import checkpoint
+    from toolrl.trainer_rank import TrainerRank
 
     path = write_config(tmp_path)
     out = tmp_path / "run"
-    model = load_model(tiny_qwen3_path)
-    save_checkpoint(out / "checkpoints", 1, model, torch.optim.AdamW(model.parameters()))
+    rank = TrainerRank(load_config(path))
+    rank.setup()
+    staged = checkpoint.staging_dir(out / "checkpoints", 1)
+    rank.save(str(staged))
+    checkpoint.finalize(out / "checkpoints", staged, 1, {}, keep=2)
     metrics = out / "metrics.jsonl"
     metrics.write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n{"step": 2, "rew')
     result = invoke("train", str(path), "--resume")

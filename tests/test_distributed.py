@@ -79,8 +79,8 @@ def require_no_ray() -> None:
 @pytest.fixture(scope="class")
 def local(tiny_qwen3_path):
     """The driver's composed run (model, engine, tools) and a pool of two workers on a local Ray."""
+    from toolrl.compose import compose_local
     from toolrl.distributed import RolloutWorkerPool
-    from toolrl.trainer import compose
 
     require_no_ray()
     config = small_config("rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "optim.lr=0.05")
@@ -88,7 +88,7 @@ def local(tiny_qwen3_path):
     pool = RolloutWorkerPool(config, num_workers=2, address="local")
     try:
         init_s = time.perf_counter() - t0
-        run = asyncio.run(compose(config))
+        run = asyncio.run(compose_local(config))
         t1 = time.perf_counter()
         infos = asyncio.run(pool.start())
         setups = ", ".join(f"{i['setup_s']:.1f}" for i in infos)
@@ -257,9 +257,9 @@ def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -
 
 class TestTwoNodes:
     def test_workers_on_both_nodes_and_a_killed_worker_loses_nothing(self, two_nodes, tiny_qwen3_path):
+        from toolrl.compose import load_samples
         from toolrl.distributed import RolloutWorkerPool
         from toolrl.ratelimit import RayRateLimiter
-        from toolrl.trainer import load_samples
 
         config = small_config("rollout.max_new_tokens=24", "rollout.max_response_tokens=48",
                               f"tools.entries=[{{class_name: {Path(__file__).stem}.GateTool}}]")
@@ -342,4 +342,4 @@ def test_cli_train_on_a_local_ray_with_two_workers(tmp_path):
     assert metrics["step"] == 1 and metrics["trained_tokens"] > 0
     traces = (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()
     assert len(traces) == 8
-    assert (out / "checkpoints" / "step_000001" / "model.pt").exists()
+    assert (out / "checkpoints" / "step_000001" / "meta.json").exists()

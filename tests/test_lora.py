@@ -107,19 +107,25 @@ def test_engine_state_dict_is_the_merge_under_base_names(tiny_qwen3_path, dtype)
 
 
 def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
-    from toolrl.trainer import load_checkpoint, save_checkpoint
+    from toolrl.models import load_tokenizer
+    from toolrl.trainer_rank import TrainerRank
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    model = lora_model(tiny_qwen3_path, seed=1)
-    opt = torch.optim.AdamW(lora.trainable_parameters(model))
-    path = save_checkpoint(tmp_path, 3, model, opt)
-    saved = torch.load(path / "model.pt")
-    assert saved and all("lora_" in k for k in saved)
-    fresh = lora.apply_lora(load_model(tiny_qwen3_path), QV)
-    assert load_checkpoint(path, fresh, torch.optim.AdamW(lora.trainable_parameters(fresh))) == 3
-    want, got = lora.engine_state_dict(model), lora.engine_state_dict(fresh)
+    cfg = load_config(TINY, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"])
+    tokenizer = load_tokenizer(tiny_qwen3_path)
+    rank = TrainerRank(cfg)
+    rank.setup(model=lora_model(tiny_qwen3_path, seed=1), tokenizer=tokenizer)
+    rank.save(str(tmp_path / "ckpt"))
+    dcp_to_torch_save(str(tmp_path / "ckpt"), str(tmp_path / "ckpt.pt"))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    assert saved and all("lora_" in k for k in saved)  # adapters only: the base comes from model.source
+    fresh = TrainerRank(cfg)
+    fresh.setup(model=lora.apply_lora(load_model(tiny_qwen3_path), QV), tokenizer=tokenizer)
+    fresh.load(str(tmp_path / "ckpt"))
+    want, got = lora.engine_state_dict(rank.model), lora.engine_state_dict(fresh.model)
     assert all(torch.equal(want[k], got[k]) for k in want)
     with pytest.raises(KeyError, match="missing"):
-        lora.load_trainable_state_dict(fresh, dict(list(saved.items())[1:]))
+        lora.load_trainable_state_dict(fresh.model, dict(list(saved.items())[1:]))
 
 
 def test_saved_adapter_loads_in_peft(tiny_qwen3_path, tmp_path):
@@ -146,10 +152,11 @@ class EvenTokens:
 
 
 async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
+    from toolrl.compose import compose_local
     from toolrl.engines import SamplingParams
     from toolrl.grpo import grpo_step
     from toolrl.rollout import run_rollouts
-    from toolrl.trainer import _close, batch_for_step, compose
+    from toolrl.trainer import batch_for_step
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_tokens"):
@@ -158,7 +165,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}", "optim.lr=0.05", "tools.entries=[]",
         "reward.functions=[{name: even_tokens}]", "rollout.max_new_tokens=6", "rollout.max_response_tokens=6",
         f"trainer.output_dir={tmp_path}"])
-    run = await compose(cfg)
+    run = await compose_local(cfg)
     try:
         model = run.model
         assert run.engine.model is not model  # the engine holds a plain base model of its own
@@ -194,7 +201,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         trainer_lp = [float(logp[len(probe) - 1 + i, t]) for i, t in enumerate(second.token_ids)]
         torch.testing.assert_close(torch.tensor(second.logprobs), torch.tensor(trainer_lp), rtol=0, atol=1e-4)
     finally:
-        await _close(run)
+        await run.rollouts.close()
 
 
 @pytest.mark.parametrize("where", [
@@ -212,7 +219,10 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["grad_norm"] > 0  # step 1 moved the adapters ...
     assert rows[1]["lp_mismatch"] < 1e-4  # ... and step 2's engine sampled with them, merged
-    saved = torch.load(tmp_path / "checkpoints" / "step_000002" / "model.pt")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
     assert len(saved) == 8 and all("lora_" in k for k in saved)
 
 

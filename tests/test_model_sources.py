@@ -113,17 +113,17 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
 
 
 async def test_trainer_composes_from_a_hub_id(hub_cache, offline, tmp_path):
-    from toolrl.trainer import _close, compose
+    from toolrl.compose import compose_local
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml", [
         "model.source=org/tiny", "model.revision=v2", f"model.cache_dir={hub_cache}", "tools.entries=[]",
         f"trainer.output_dir={tmp_path}"])
-    run = await compose(cfg)
+    run = await compose_local(cfg)
     try:
-        assert Path(run.model_dir) == hub_cache / "models--org--tiny" / "snapshots" / V2
+        assert Path(run.path) == hub_cache / "models--org--tiny" / "snapshots" / V2
         assert run.model.config.toolrl_marker == "v2"
     finally:
-        await _close(run)
+        await run.rollouts.close()
 
 
 def test_cli_reports_an_unresolvable_source_in_one_line(tmp_path):

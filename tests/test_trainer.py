@@ -33,7 +33,8 @@ def test_train_two_steps_then_resume_adds_exactly_one(tmp_path):
     t = traces[0]
     assert len(t["response_ids"]) == len(t["response_mask"]) == len(t["logprobs"])
     assert {"response_text", "prompt_text", "reward", "termination", "tool_results"} <= set(t)
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000001", "step_000002"]
+    assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    assert (out / "checkpoints" / "hf" / "config.json").exists()  # what export needs besides a checkpoint
     assert (out / "reward_curve.png").stat().st_size > 1000
 
     resumed = run_toolrl("train", TINY, "trainer.total_steps=3", f"trainer.output_dir={out}", "--resume",
@@ -57,14 +58,75 @@ def test_resume_restores_identical_state(tmp_path):
     asyncio.run(train_async(config(tmp_path / "a", 2)))
     asyncio.run(train_async(config(tmp_path / "b", 1)))
     asyncio.run(train_async(config(tmp_path / "b", 2), resume=True))
-    wa = torch.load(tmp_path / "a/checkpoints/step_000002/model.pt")
-    wb = torch.load(tmp_path / "b/checkpoints/step_000002/model.pt")
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    timing = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb"}  # measured, not computed: differ run to run
+    wa = checkpoint_state(tmp_path / "a/checkpoints/step_000002", tmp_path / "a.pt")
+    wb = checkpoint_state(tmp_path / "b/checkpoints/step_000002", tmp_path / "b.pt")
+    for part in ("model", "optim"):
+        assert all(torch.equal(wa[part][k], wb[part][k]) for k in wa[part] if isinstance(wa[part][k], torch.Tensor))
+    timing = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb", "weight_sync_peak_mb"}  # measured, not computed: differ run to run
     strip = [{k: v for k, v in m.items() if not k.endswith("_s") and k not in timing}
              for m in lines(tmp_path / "a/metrics.jsonl")]
     assert strip == [{k: v for k, v in m.items() if not k.endswith("_s") and k not in timing}
                      for m in lines(tmp_path / "b/metrics.jsonl")]
+
+
+def test_a_failed_step_is_recorded_and_resume_continues(tmp_path):
+    """A step that fails half-way (here: its checkpoint cannot be staged, a real OSError) leaves its
+    metrics and traces plus a line saying what failed; --resume then redoes it."""
+    import asyncio
+
+    from toolrl.trainer import train_async
+
+    out = tmp_path / "run"
+    blocker = out / "checkpoints" / ".tmp_step_000002"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the staging directory goes")
+    cfg = load_config(TINY, [f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.plot=false",
+                             "trainer.progress=false", "data.synthetic.num_samples=4", "rollout.n=2",
+                             "rollout.max_new_tokens=4", "rollout.max_response_tokens=4", "tools.entries=[]"])
+    with pytest.raises(FileExistsError):
+        asyncio.run(train_async(cfg))
+    rows = lines(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 2]
+    assert rows[2]["failed"].startswith("FileExistsError") and rows[2]["reward_mean"] == rows[1]["reward_mean"]
+    assert len(lines(out / "rollouts" / "step_00002.jsonl")) == 4
+    blocker.unlink()
+    asyncio.run(train_async(cfg, resume=True))
+    rows = lines(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and "failed" not in rows[1]
+
+
+def checkpoint_state(path, scratch):
+    """A sharded checkpoint read back whole, without a process group."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(scratch))
+    return torch.load(scratch, weights_only=False)
+
+
+def test_export_writes_a_hugging_face_model(tmp_path):
+    """`toolrl export` of a trained run loads with from_pretrained and AutoTokenizer and holds the
+    checkpoint's weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    res = run_toolrl("train", TINY, "trainer.total_steps=1", f"trainer.output_dir={out}", "trainer.plot=false",
+                     "trainer.progress=false", "data.synthetic.num_samples=4", "rollout.n=2",
+                     "rollout.max_new_tokens=4", "rollout.max_response_tokens=4", "tools.entries=[]",
+                     env=FAST, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    bad = run_toolrl("export", str(out), str(tmp_path / "hf"), "--step", "7", env=FAST)
+    assert bad.returncode == 2 and "no checkpoint for step 7 (have: 1)" in bad.stderr and "Traceback" not in bad.stderr
+    res = run_toolrl("export", str(out), str(tmp_path / "hf"), env=FAST, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tokenizer("2+3")["input_ids"]
+    want = checkpoint_state(out / "checkpoints/step_000001", tmp_path / "ckpt.pt")["model"]
+    got = model.state_dict()
+    assert set(want) == set(got)
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_rollout_command_evaluates_without_training(tmp_path):

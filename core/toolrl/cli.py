@@ -263,8 +263,13 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2)."""
     config = _load_config(config_path, overrides)
     from toolrl.trainer import run_training
+    from toolrl.trainer_group import TrainerFailed
 
-    _user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
+    try:
+        _user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
+    except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
+        click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
+        sys.exit(1)
 
 
 @cli.command("rollout", context_settings={"ignore_unknown_options": True})
@@ -276,6 +281,25 @@ def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     from toolrl.trainer import run_evaluation
 
     _user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
+
+
+@cli.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--step", type=int, default=None, help="Checkpoint step (default: the latest).")
+def export(run_dir: str, out_dir: str, step: int | None) -> None:
+    """Write a checkpoint of RUN_DIR as a Hugging Face model directory OUT_DIR (safetensors, config,
+    tokenizer), loadable with from_pretrained and by the vLLM engine."""
+    from pathlib import Path
+
+    from toolrl.checkpoint import ExportError
+    from toolrl.checkpoint import export as export_checkpoint
+
+    try:
+        written = export_checkpoint(Path(run_dir), Path(out_dir), step)
+    except ExportError as exc:
+        raise UsageFailure(str(exc)) from None
+    click.echo(str(written))
 
 
 def main() -> None:

@@ -214,6 +214,12 @@ class TrainerConfig(Section):
     seed: int = 0
     progress: bool = True
     plot: bool = True
+    # Trainer ranks (FSDP2 over a torch.distributed process group); more than one needs ray.address.
+    world_size: int = Field(1, gt=0, description="trainer ranks; >1 shards the model with FSDP2 on Ray actors")
+    cpu_offload: bool = Field(False, description="FSDP2 CPU offload of parameters, gradients, optimizer (GPU)")
+    collective_timeout_s: float = Field(600.0, gt=0, description="a collective waiting longer fails the run")
+    weight_sync_bucket_mb: float = Field(256.0, gt=0, description="weights travel to engines in buckets this big")
+    keep_checkpoints: int = Field(2, gt=0)
 
 
 class RayConfig(Section):
@@ -223,6 +229,8 @@ class RayConfig(Section):
     num_rollout_workers: int = Field(1, gt=0, description="engine replicas, one per node while nodes last")
     num_cpus_per_worker: float = Field(1.0, ge=0)
     num_gpus_per_worker: float = Field(0.0, ge=0)
+    num_cpus_per_trainer: float = Field(1.0, gt=0)
+    num_gpus_per_trainer: float = Field(0.0, ge=0, description="1: each trainer rank gets a GPU (NCCL)")
 
 
 class Config(Section):

@@ -1,13 +1,14 @@
-"""Rollouts on a Ray cluster: engine replicas in rollout-worker actors, the trainer in the driver.
+"""The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
-Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, exactly what the trainer
-composes (tokenizer, model, engine, parser, tools, rewards) and runs the async agent loop on the
-samples it is sent. :class:`RolloutWorkerPool` places one worker per node where the cluster has
-several (node affinity), splits a step's GRPO groups over the workers (a group never straddles two),
-broadcasts new weights after each step through the object store (put once, read by every worker),
-and survives a worker that dies mid-step: the dead worker's groups run again on a live worker with
-the same seeds, so the step returns the same trajectories, and a replacement actor starts in the
-background for the next step.
+Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
+(:func:`toolrl.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
+its own copy of the model, never the training model) and runs the async agent loop on the samples it
+is sent. :class:`RolloutWorkerPool` places one worker per node where the cluster has several (node
+affinity), splits a step's GRPO groups over the workers (a group never straddles two), takes new
+weights after each step (whole, through the object store, or in buckets from the trainer ranks:
+:mod:`toolrl.weight_sync`), and survives a worker that dies mid-step: the dead worker's groups run
+again on a live worker with the same seeds, so the step returns the same trajectories, and a
+replacement actor starts in the background for the next step.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
 limiter (:class:`toolrl.ratelimit.RayRateLimiter`) are one instance for all of them.
@@ -22,7 +23,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,19 +47,21 @@ class RolloutWorker:
         data = dict(config)
         data["data"] = {"synthetic": {"num_samples": 1}}  # samples are sent with each run
         self.config = Config.model_validate(data)
-        self._run: Any = None  # toolrl.trainer.Run once set up
+        self._rollouts: Any = None  # toolrl.compose.Rollouts once set up
         self._running = 0
         self._finished = 0
 
     async def setup(self, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
-        from toolrl.trainer import compose
+        from toolrl import models
+        from toolrl.compose import compose_rollouts, model_path, seed_everything
 
         t0 = time.perf_counter()
-        self._run = await compose(self.config)
-        self._run.model.eval()
+        seed_everything(self.config.trainer.seed)
+        path = model_path(self.config)
+        self._rollouts = await compose_rollouts(self.config, path, models.load_tokenizer(path))
         if weights is not None:
-            self._run.engine.update_weights(weights)
+            self._rollouts.engine.update_weights(weights)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}
 
     def ping(self) -> dict[str, Any]:
@@ -70,9 +73,9 @@ class RolloutWorker:
     async def run(self, samples: Sequence[Mapping[str, Any]], groups: Sequence[int], n: int, seed: int,
                   id_prefix: str = "") -> list[dict[str, Any]]:
         """``n`` trajectories for each sample; ``groups[i]`` is sample i's group number in the whole batch."""
-        if self._run is None:
+        if self._rollouts is None:
             raise RuntimeError("RolloutWorker.run before setup")
-        ctx = self._run.ctx
+        ctx = self._rollouts.ctx
         # run_rollouts bounds trajectories per call; bound the concurrent groups so the total holds.
         limit = asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n))
 
@@ -96,15 +99,16 @@ class RolloutWorker:
 
     async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         # In a thread: the engine waits for its running step, and the loop keeps serving pings.
-        await asyncio.to_thread(self._run.engine.update_weights, state_dict)
+        await asyncio.to_thread(self._rollouts.engine.update_weights, state_dict)
+
+    async def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
+        await asyncio.to_thread(self._rollouts.engine.update_weights_bucket, bucket, last)
 
     async def close(self) -> None:
-        if self._run is None:
+        if self._rollouts is None:
             return
-        for tool in self._run.tools.values():
-            await tool.close()
-        await self._run.engine.close()
-        self._run = None
+        await self._rollouts.close()
+        self._rollouts = None
 
 
 @dataclass
@@ -117,6 +121,7 @@ class _Slot:
     setup_ref: Any  # ObjectRef of actor.setup(...)
     info: dict[str, Any] | None = None  # setup's result once it is up
     failures: int = 0  # consecutive deaths before being up
+    needs_weights: bool = False  # a replacement: the trainer's current weights go to it once it is up
 
 
 class RolloutWorkerPool:
@@ -143,15 +148,14 @@ class RolloutWorkerPool:
         self.rerun_groups = 0  # groups run again because their worker died mid-step
         self._payload = config.model_dump()
         self._weights: Any = None  # ObjectRef of the last broadcast state dict
+        # Set by a trainer group that sends weights in buckets: called with a replacement worker's
+        # handle once it is up, before it runs anything.
+        self.weight_source: Callable[[Sequence[Any]], Awaitable[Any]] | None = None
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if address is None:
                 raise ConfigError("RolloutWorkerPool: give an address (local, auto or host:port) or call ray.init()")
-            options: dict[str, Any] = {"include_dashboard": False}
-            if address == "local":
-                # Logical CPUs: at least one per worker, so a laptop can run more workers than cores.
-                options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(num_workers * num_cpus_per_worker))
-            ray.init(address=address, **options)
+            init_ray(address, num_workers * num_cpus_per_worker)
         try:
             self._slots = [self._spawn(i, node) for i, node in enumerate(self._place(num_workers))]
         except BaseException:
@@ -212,6 +216,7 @@ class RolloutWorkerPool:
             ray.kill(dead, no_restart=True)
         new = self._spawn(slot.index, slot.node_id)
         slot.actor, slot.setup_ref, slot.info = new.actor, new.setup_ref, None
+        slot.needs_weights = self.weight_source is not None
         self.restarts += 1
 
     async def _ensure(self, slot: _Slot) -> dict[str, Any]:
@@ -221,8 +226,10 @@ class RolloutWorkerPool:
         while slot.info is None:
             actor = slot.actor
             try:
-                slot.info = await asyncio.wait_for(_result(slot.setup_ref), self.setup_timeout_s)
-                slot.failures = 0
+                info = await asyncio.wait_for(_result(slot.setup_ref), self.setup_timeout_s)
+                if slot.needs_weights and self.weight_source is not None:
+                    await self.weight_source([actor])
+                slot.info, slot.needs_weights, slot.failures = info, False, 0
             except RayActorError:
                 slot.failures += 1
                 if slot.failures >= self.max_attempts:
@@ -295,6 +302,10 @@ class RolloutWorkerPool:
                         self.rerun_groups += len(shares[share])
                 while pending and idle:
                     submit(pending.pop(0), idle.pop(0))
+        except Exception as exc:
+            # What did finish goes on record with the failure (the controller writes its traces).
+            exc.trajectories = [t for share in sorted(results) for t in results[share]]  # type: ignore[attr-defined]
+            raise
         finally:
             for fut in starting:
                 fut.cancel()  # the replacement keeps starting; the next start() waits for it
@@ -321,6 +332,12 @@ class RolloutWorkerPool:
             elif isinstance(outcome, BaseException):
                 raise outcome
 
+    def replace(self, indexes: Sequence[int]) -> None:
+        """Replace the workers at ``indexes`` (found dead by a caller); they come up on the next start."""
+        for i in indexes:
+            slot = self._slots[i]
+            self._replace(slot, slot.actor)
+
     def close(self) -> None:
         """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
         import ray
@@ -341,6 +358,17 @@ class RolloutWorkerPool:
 
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
+
+
+def init_ray(address: str, cpus_needed: float) -> None:
+    """Connect this process to Ray: ``"local"`` starts a private instance on this machine with at least
+    ``cpus_needed`` logical CPUs (so a laptop can run more actors than it has cores)."""
+    import ray
+
+    options: dict[str, Any] = {"include_dashboard": False}
+    if address == "local":
+        options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cpus_needed))
+    ray.init(address=address, **options)
 
 
 async def _result(ref: Any) -> Any:

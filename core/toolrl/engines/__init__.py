@@ -77,6 +77,15 @@ class RolloutEngine(ABC):
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load new weights from the trainer (a no-op when the engine shares the trainer's module)."""
 
+    def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
+        """One piece of a weight update sent in buckets (``last``: the final piece, possibly empty).
+        This default collects the pieces and calls :meth:`update_weights` once on the last; engines
+        that can load tensors in place override it and keep no copy."""
+        pieces: dict[str, Any] = getattr(self, "_weight_pieces", None) or {}
+        pieces.update(bucket)
+        self._weight_pieces: dict[str, Any] | None = None if last else pieces
+        if last:
+            self.update_weights(pieces)
     async def check_trainable(self) -> str | None:
         """None when training may use this engine; else a one-line reason (an engine that cannot give
         token ids and logprobs, say). May ask the backend once."""

@@ -265,6 +265,9 @@ class TransformersEngine(RolloutEngine):
                 target.copy_(value)
             self._invalidate_sessions()
 
+    def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
+        self.update_weights(bucket)  # copies in place: nothing is kept between buckets
+
     def end_session(self, session_id: str) -> None:
         with self._sessions_lock:
             self._sessions.pop(session_id, None)

@@ -7,6 +7,6 @@ from typing import Any
 
 def model_path(config: Any) -> str:
     """The model directory for ``config.model.source`` (tiny-qwen3, smollm2-135m-instruct or a path)."""
-    from toolrl.trainer import model_path as resolve
+    from toolrl.compose import model_path as resolve
 
     return resolve(config)

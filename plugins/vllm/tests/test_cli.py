@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
 from toolrl import models
 from vllm_support import reference_logprobs
 
@@ -78,8 +77,9 @@ def test_train_second_step_samples_from_updated_weights(tmp_path, tiny_path, hf_
     # Step 2's rollouts were sampled by the weights after step 1 (checkpoint step_000001), not the
     # initial ones: teacher-forced logprobs agree with the former and clearly not with the latter.
     rows = read_jsonl(out / "rollouts" / "step_00002.jsonl")
-    updated = models.load_model(tiny_path)
-    updated.load_state_dict(torch.load(out / "checkpoints" / "step_000001" / "model.pt"))
+    from toolrl.checkpoint import export
+
+    updated = models.load_model(export(out, tmp_path / "step1", step=1))  # the sharded checkpoint, as HF
     on_updated = mean_abs([model_token_logprobs(updated, r, 1.0) for r in rows])
     on_initial = mean_abs([model_token_logprobs(hf_model, r, 1.0) for r in rows])
     print(f"step-2 traces: |engine - updated| {on_updated:.3e}, |engine - initial| {on_initial:.3e}")

@@ -1,0 +1,83 @@
+"""FSDP2 for a trainer rank: each decoder layer is one sharded unit, everything else (embeddings, final
+norm, a tied or untied LM head) is the root unit.
+
+The root is :class:`Policy`, a module whose ``forward`` computes the response log-probabilities the
+loss needs. GRPO runs the base model and the LM head separately (logits only at response positions),
+so the root's forward must contain both calls: FSDP2 gathers a unit's parameters in that unit's
+forward hook, and a call that bypasses the root would meet sharded parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from toolrl.grpo import Batch, response_logprobs
+
+
+class Policy(torch.nn.Module):
+    """``forward(batch, temperature)`` -> response log-probs (B, R); ``lm`` is the causal LM."""
+
+    def __init__(self, lm: Any) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+        return response_logprobs(self.lm, batch, temperature)
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The repeated blocks, by the class names the model declares unsplittable."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} declares no decoder layer classes (_no_split_modules)")
+    return layers
+
+
+def shard(model: Any, mesh: Any, *, offload: bool = False) -> Policy:
+    """Shard ``model`` in place over ``mesh``; returns the root :class:`Policy` to run and optimise.
+
+    On GPU, compute in bf16 and reduce gradients in fp32; on CPU, parameters keep their dtype.
+    Gradients are summed over ranks, not averaged: each rank's loss is already normalised by the
+    whole batch (see :mod:`toolrl.grpo_sharded`), so the sum is the one-rank gradient.
+    """
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+
+    on_gpu = mesh.device_type == "cuda"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu \
+        else MixedPrecisionPolicy()
+    options: dict[str, Any] = {"mesh": mesh, "mp_policy": mp,
+                               "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **options)
+    policy = Policy(model)
+    fully_shard(policy, **options)
+    for module in policy.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+    return policy
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of ``tensor`` resident in this process (a DTensor's local shard)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def state_bytes(model: Any, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters + gradients + optimizer state held by this rank. Gradients are counted at the size
+    of the trainable parameters (they are resident during the step, freed after it)."""
+    params = {id(p): p for p in model.parameters()}.values()
+    total = sum(local_bytes(p) * (2 if p.requires_grad else 1) for p in params)
+    for state in optimizer.state.values():
+        total += sum(local_bytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return total

@@ -1,0 +1,179 @@
+"""One trainer rank: its shard of the model, its optimizer, the GRPO step, its part of checkpoints and
+of weight syncs.
+
+Rank ``r`` of ``world_size``: with one rank it holds the whole model (in the driver without Ray, or
+as one Ray actor); with more it joins a ``torch.distributed`` process group (gloo on CPU, NCCL on
+GPU) and shards the model with FSDP2 (:mod:`toolrl.sharding`). The same class is the Ray actor
+(:mod:`toolrl.trainer_group` wraps it with ``ray.remote``) and the in-process trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from toolrl.config import Config
+from toolrl.rollout import Trajectory
+
+
+class TrainerRank:
+    def __init__(self, config: Config | Mapping[str, Any], rank: int = 0, world_size: int = 1) -> None:
+        self.config = config if isinstance(config, Config) else Config.model_validate(dict(config))
+        self.rank, self.world_size = rank, world_size
+        self.model: Any = None  # the causal LM (its parameters are DTensors when sharded)
+        self.policy: Any = None  # what runs the loss: the model, or the FSDP root around it
+        self.optimizer: Any = None
+        self.ref_model: Any = None
+        self.pad_id = 0
+        self.device = "cpu"
+
+    # ----------------------------------------------------------------- set-up
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master: tuple[str, int] | None = None, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+        """Build this rank's model shard and optimizer. ``master``: rank 0's (host, port) when
+        ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
+        import torch
+
+        from toolrl import lora, models
+        from toolrl.compose import build_policy, model_path, seed_everything
+
+        cfg = self.config
+        on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
+        self.device = "cuda" if on_gpu else models.resolve_device(cfg.model.device)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            assert master is not None
+            dist.init_process_group("nccl" if self.device == "cuda" else "gloo",
+                                    init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                    world_size=self.world_size,
+                                    timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
+        if model is None:
+            seed_everything(cfg.trainer.seed)
+            path = model_path(cfg)
+            tokenizer = models.load_tokenizer(path)
+            model = build_policy(cfg, path, self.device)
+        self.model = self.policy = model
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if self.world_size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from toolrl.sharding import shard
+
+            mesh = init_device_mesh(self.device, (self.world_size,))
+            self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
+        self.optimizer = torch.optim.AdamW(lora.trainable_parameters(self.policy), lr=cfg.optim.lr,
+                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        if cfg.algorithm.kl_coef > 0:
+            import copy
+
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        return self.info()
+
+    def info(self) -> dict[str, Any]:
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            node = None
+        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node_id": node,
+                "device": self.device}
+
+    # ----------------------------------------------------------------- training
+
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
+        from toolrl.sharding import state_bytes
+
+        cfg = self.config
+        kwargs = {"pad_id": self.pad_id, "temperature": cfg.rollout.temperature,
+                  "max_response_tokens": cfg.rollout.max_response_tokens, "ref_model": self.ref_model}
+        if self.world_size == 1:
+            from toolrl.grpo import grpo_step
+
+            out = grpo_step(self.model, self.optimizer, trajectories, cfg.algorithm, cfg.optim, **kwargs)
+        else:
+            from toolrl.grpo_sharded import grpo_step as sharded_step
+
+            out = sharded_step(self.policy, self.optimizer, trajectories, cfg.algorithm, cfg.optim, **kwargs,
+                               rank=self.rank, world_size=self.world_size)
+        self.model.eval()
+        out["trainer_state_mb"] = state_bytes(self.model, self.optimizer) / 2**20
+        return out
+
+    # ----------------------------------------------------------------- weights out
+
+    def push_weights(self, workers: Sequence[Any], bucket_mb: float) -> dict[str, Any]:
+        """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers); returns the
+        sync's metrics and the indexes of workers found dead."""
+        from toolrl.weight_sync import push, ray_sink
+
+        dead: set[int] = set()
+        send = self.rank == 0
+        stats = push(self.model, [ray_sink(workers, dead)] if send else [], bucket_mb, send=send)
+        return {**stats.as_metrics(), "dead": sorted(dead)}
+
+    def push_to_engine(self, engine: Any, bucket_mb: float) -> dict[str, float]:
+        """Send the weights to an engine in this process (a no-op copy for an engine sharing the module)."""
+        from toolrl.weight_sync import push
+
+        def sink(bucket: Mapping[str, Any], last: bool) -> int:
+            engine.update_weights_bucket(bucket, last)
+            return 0
+
+        return push(self.model, [sink], bucket_mb).as_metrics()
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        """What a checkpoint holds: the trained parameters (only the adapters under LoRA; the frozen
+        base comes from ``model.source`` again) and the optimizer state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(ignore_frozen_params=True))
+        # A frozen tensor under a second name (a tied LM head) slips through ignore_frozen_params.
+        frozen = {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return {"model": {k: v for k, v in model_sd.items() if k not in frozen}, "optim": optim_sd}
+
+    def save(self, directory: str) -> None:
+        """Write this rank's shards (and RNG) into ``directory``; all ranks call it together."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        dcp.save(self._state(), checkpoint_id=directory, no_dist=self.world_size == 1)
+        torch.save(torch.get_rng_state(), Path(directory) / f"rng_rank{self.rank}.pt")
+
+    def load(self, directory: str) -> None:
+        """Load a checkpoint written by any number of ranks (DCP reshards to this world size)."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=directory, no_dist=self.world_size == 1)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        rng = Path(directory) / f"rng_rank{self.rank}.pt"
+        torch.set_rng_state(torch.load(rng if rng.exists() else Path(directory) / "rng_rank0.pt"))
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,109 @@
+"""Weights from the trainer to the engines, in buckets.
+
+Every rank walks the model's state in the same order; a sharded (DTensor) entry is gathered with
+``full_tensor()`` (a collective, so every rank takes part), rank 0 keeps it in the current bucket and
+the others drop it at once. A full bucket (``bucket_mb``) is handed to the sinks and freed before the
+next one fills, so no rank ever holds a second full copy of the model: the extra memory is one
+bucket plus the tensor being gathered. Tied tensors are sent once, under their first name.
+
+A sink is a callable ``(bucket, last)``: an engine's :meth:`~toolrl.engines.RolloutEngine.update_weights_bucket`
+in this process, or one that sends the bucket to rollout workers (:func:`ray_sink`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# (bucket, last) -> bytes the sink itself holds while the bucket is in flight (e.g. an object-store copy).
+Sink = Callable[[Mapping[str, Any], bool], int]
+
+
+@dataclass
+class SyncStats:
+    seconds: float = 0.0
+    peak_bytes: int = 0  # most bytes held at once for the sync (bucket + tensor being gathered)
+    buckets: int = 0
+    bytes_sent: int = 0
+    held: int = 0  # bytes of copies in the current bucket
+
+    def as_metrics(self) -> dict[str, float]:
+        return {"weight_sync_s": self.seconds, "weight_sync_peak_mb": self.peak_bytes / 2**20}
+
+
+def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
+                 device: str = "cpu") -> Iterator[dict[str, Any]]:
+    """``model``'s weights as engines load them (parameters and persistent buffers under the base
+    model's names, LoRA merged in) as buckets of at most ``bucket_bytes``
+    (a larger tensor travels alone), on ``device``. With ``keep=False`` (ranks other than the
+    sender) gathered tensors are dropped and nothing is yielded."""
+    from toolrl import lora
+
+    bucket: dict[str, Any] = {}
+    seen: set[int] = set()
+    tied = set()  # second names of one tensor (an LM head tied to the embeddings): sent once
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            tied.add(name)
+        seen.add(id(value))
+    own = {v.data_ptr() for v in model.state_dict().values() if not hasattr(v, "full_tensor")}
+    # Base names, adapters merged in (lora); sharded tensors gathered one at a time (a collective).
+    for name, tensor in lora.iter_engine_weights(model):
+        if name in tied:
+            continue
+        moved = tensor.to(device)
+        copied = moved.data_ptr() not in own
+        nbytes = moved.numel() * moved.element_size()
+        stats.peak_bytes = max(stats.peak_bytes, stats.held + (nbytes if copied else 0))
+        if not keep:
+            continue
+        if bucket and stats.held + nbytes > bucket_bytes:
+            yield bucket
+            bucket, stats.held = {}, 0
+        bucket[name] = moved
+        stats.held += nbytes if copied else 0
+        stats.bytes_sent += nbytes
+    if bucket:
+        yield bucket
+
+
+def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = True, device: str = "cpu") -> SyncStats:
+    """Send ``model``'s weights to every sink in buckets; ``send=False`` on ranks that only take part
+    in the gathers. Each sink gets ``last=True`` with a final (empty) bucket."""
+    stats = SyncStats()
+    t0 = time.perf_counter()
+    for bucket in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device):
+        for sink in sinks:
+            stats.peak_bytes = max(stats.peak_bytes, stats.held + sink(bucket, False))
+        stats.buckets += 1
+        del bucket
+    if send:
+        for sink in sinks:
+            sink({}, True)
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def ray_sink(workers: Sequence[Any], dead: set[int]) -> Sink:
+    """A sink that puts each bucket in Ray's object store once and loads it on every live worker,
+    waiting for all before the next bucket. A worker that dies is recorded in ``dead`` (by index) and
+    skipped from then on; the pool replaces it and its replacement is sent the weights on start."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    def sink(bucket: Mapping[str, Any], last: bool) -> int:
+        ref = ray.put(dict(bucket))
+        live = [i for i in range(len(workers)) if i not in dead]
+        calls = [workers[i].update_weights_bucket.remote(ref, last) for i in live]
+        for i, call in zip(live, calls):
+            try:
+                ray.get(call)
+            except RayActorError:
+                dead.add(i)
+        del ref
+        # The object store held one more copy of the bucket while it was in flight.
+        return sum(v.numel() * v.element_size() for v in bucket.values())
+
+    return sink

@@ -1,0 +1,220 @@
+"""The trainer group on real Ray (loopback) with real gloo process groups and FSDP2: two ranks train
+exactly like one, hold about half the state each, checkpoint and resume bit-for-bit, and a rank that
+dies stops the run with one clear error from which ``--resume`` continues."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dists import make_dist
+from toolrl.config import Config, load_config
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # Ray actors: minutes on two shared cores
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+
+EVEN_TOKENS = """
+from toolrl import hookimpl
+
+
+class EvenTokens:
+    # The share of even token ids in the response: differs between trajectories, so GRPO has a
+    # gradient even for a random model.
+    def __call__(self, response, ground_truth, **info):
+        ids = info["response_ids"]
+        return sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
+
+
+@hookimpl
+def register_reward_functions(register):
+    register(EvenTokens, name="even_tokens")
+"""
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A local Ray whose workers (and this process) see a plugin registering ``even_tokens``."""
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import Part
+
+    if ray.is_initialized():
+        pytest.fail("a Ray connection from an earlier test is still open")
+    plugin_dir = tmp_path_factory.mktemp("plugin")
+    make_dist(plugin_dir, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
+    sys.path.insert(0, str(plugin_dir))
+    registry = get_plugins().registry
+    if not registry.has("reward_functions", "even_tokens"):
+        registry.add(Part("reward_functions", "even_tokens", "tests", "even_tokens_plugin:EvenTokens"))
+    path = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        ray.init(address="local", num_cpus=4, include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+        try:
+            yield
+        finally:
+            ray.shutdown()
+            sys.path.remove(str(plugin_dir))
+
+
+def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True) -> Config:
+    return load_config(TINY, [
+        f"trainer.output_dir={out}", f"trainer.total_steps={steps}", f"trainer.world_size={world_size}",
+        "trainer.progress=false", "trainer.plot=false", "trainer.keep_checkpoints=3",
+        *(["ray.address=local"] if on_ray else []),
+        "reward.functions=[{name: even_tokens}]", "tools.entries=[]", "optim.lr=1e-3", "optim.micro_batch_size=2",
+        "data.synthetic.num_samples=16", "data.batch_size=2", "rollout.n=3", "rollout.max_new_tokens=6",
+        "rollout.max_response_tokens=6",
+        "trainer.weight_sync_bucket_mb=4",  # several buckets even for the tiny model
+    ])
+
+
+def train(cfg: Config, resume: bool = False) -> Path:
+    from toolrl.trainer import train_async
+
+    t0 = time.perf_counter()
+    out = asyncio.run(train_async(cfg, resume=resume))
+    print(f"\n{cfg.trainer.world_size} rank(s), {cfg.trainer.total_steps} steps{' (resumed)' if resume else ''}: "
+          f"{time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def weights(run: Path, step: int, scratch: Path) -> dict[str, Any]:
+    """The model of checkpoint ``step``, read whole in this process (DCP reshards the ranks' pieces)."""
+    import torch
+    from toolrl.checkpoint import export
+
+    out = export(run, scratch / f"{run.name}-{step}", step)
+    from safetensors.torch import load_file
+
+    return {k: v.to(torch.float64) for k, v in load_file(str(out / "model.safetensors")).items()}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(cluster, tmp_path_factory):
+    return train(config(tmp_path_factory.mktemp("w2") / "run", 2))
+
+
+def test_two_ranks_train_like_one(cluster, two_ranks, tmp_path):
+    one = train(config(tmp_path / "w1", 1))
+    m1, m2 = lines(one / "metrics.jsonl"), lines(two_ranks / "metrics.jsonl")
+    w1, w2 = weights(one, 3, tmp_path), weights(two_ranks, 3, tmp_path)
+    largest_mb = max(v.numel() for v in w1.values()) * 4 / 2**20
+    assert [m["step"] for m in m2] == [1, 2, 3]
+    for a, b in zip(m1, m2):
+        # Same rollouts: the engines sampled from the same weights.
+        assert [t["reward"] for t in lines(one / "rollouts" / f"step_{a['step']:05d}.jsonl")] == \
+            [t["reward"] for t in lines(two_ranks / "rollouts" / f"step_{b['step']:05d}.jsonl")]
+        assert a["reward_std"] > 0 and a["grad_norm"] > 0  # a real gradient, not zero
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-3 * a["grad_norm"], (a["grad_norm"], b["grad_norm"])
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * max(abs(a["loss"]), 1e-3)
+        # Each rank holds about half of parameters, gradients and optimizer state.
+        assert b["trainer_state_mb"] <= 0.6 * a["trainer_state_mb"], (a["trainer_state_mb"], b["trainer_state_mb"])
+        # A bucket (4 MB, or the one tensor larger than that: the 38 MB embedding) and its copy in
+        # the object store; never the whole model plus that.
+        assert b["weight_sync_peak_mb"] <= 2 * max(4, largest_mb) + 1
+    assert set(w1) == set(w2)
+    diff = sum(float((w1[k] - w2[k]).abs().sum()) for k in w1) / sum(v.numel() for v in w1.values())
+    assert diff <= 1e-6, diff
+    start = weights(one, 1, tmp_path)
+    assert max(float((w1[k] - start[k]).abs().max()) for k in w1) > 1e-4  # and training moved them
+
+
+def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str, Any], timeout: float = 600) -> None:
+    """SIGKILL trainer rank ``rank`` once checkpoint ``step`` is published (the next step is starting)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run / "checkpoints" / f"step_{step:06d}" / "meta.json").exists():
+            pid = json.loads((run / "roles.json").read_text())["trainer"][rank]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            found["pid"] = pid
+            return
+        time.sleep(0.05)
+
+
+def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster, two_ranks, tmp_path):
+    from toolrl.trainer_group import TrainerFailed
+
+    run = tmp_path / "killed"
+    found: dict[str, Any] = {}
+    killer = threading.Thread(target=kill_rank_after_checkpoint, args=(run, 1, 2, found), daemon=True)
+    killer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(TrainerFailed) as info:
+        train(config(run, 2))
+    killer.join(timeout=5)
+    print(f"failed after {time.perf_counter() - t0:.1f} s: {info.value}")
+    message = str(info.value)
+    assert f"trainer rank 1 (pid {found['pid']} on " in message and "died during step 3" in message
+    assert "\n" not in message
+    # The failed step is on record: its trajectories and a metrics line saying what failed.
+    rows = lines(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3] and "died during step 3" in rows[2]["failed"]
+    assert len(lines(run / "rollouts" / "step_00003.jsonl")) == 6
+
+    train(config(run, 2), resume=True)
+    assert [r["step"] for r in lines(run / "metrics.jsonl")] == [1, 2, 3]
+    assert "failed" not in lines(run / "metrics.jsonl")[2]
+    want, got = weights(two_ranks, 3, tmp_path), weights(run, 3, tmp_path)
+    assert max(float((want[k] - got[k]).abs().max()) for k in want) <= 1e-6
+
+
+def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
+    """DCP reshards on load: one rank (no process group) resumes what two ranks wrote."""
+    import torch
+    from toolrl.trainer_rank import TrainerRank
+
+    rank = TrainerRank(config(tmp_path / "w1", 1, on_ray=False))
+    rank.setup()
+    rank.load(str(two_ranks / "checkpoints" / "step_000002"))
+    want = weights(two_ranks, 2, tmp_path)
+    got = rank.model.state_dict()
+    assert max(float((got[k].to(torch.float64) - want[k]).abs().max()) for k in want) == 0.0
+    assert all(len(s) > 0 for s in rank.optimizer.state.values())  # Adam moments came back too
+
+
+def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
+    """A rollout worker that dies after a weight sync is replaced; before its first rollout the
+    trainer ranks send it their current weights, so it samples from the trained policy, not the
+    initial one (the trainer's recomputed logprobs match the engine's)."""
+    from toolrl.compose import load_samples
+    from toolrl.trainer import batch_for_step, compose_roles
+
+    cfg = config(tmp_path / "replaced", 1)
+    samples = load_samples(cfg)
+
+    async def scenario() -> tuple[list[dict[str, float]], int]:
+        roles = await compose_roles(cfg)
+        try:
+            stats = []
+            for step in range(2):
+                prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+                trajs = await roles.rollouts.run(prompts, cfg.rollout.n, seed=step)
+                stats.append(await roles.trainer.step(trajs, step + 1))
+                await roles.sync_weights()
+                if step == 0:
+                    ray.kill(roles.pool.workers[0], no_restart=True)
+            return stats, roles.pool.restarts
+        finally:
+            await roles.close()
+
+    (first, second), restarts = asyncio.run(scenario())
+    assert restarts == 1
+    assert first["lp_mismatch"] < 1e-5 and first["grad_norm"] > 0
+    # Sampled by the replacement after one update: same weights as the trainer's.
+    assert second["lp_mismatch"] < 1e-5, second["lp_mismatch"]
