@@ -124,9 +124,5 @@ async def test_config_errors_inside_the_worker_are_config_errors():
 
     with pytest.raises(ToolConfigError, match="config.no_such_option"):
         await ProcessTool.start(CalculatorTool, {**ISOLATED, "no_such_option": 1}, None)
-    from toolrl_mcp.tool import MCPTool
-
-    with pytest.raises(ToolConfigError, match="not supported by MCPTool"):
-        await ProcessTool.start(MCPTool, ISOLATED, None)
     with pytest.raises(ToolConfigError, match="not supported by Echo"):
         Echo(ISOLATED)  # a tool built in the parent (a custom from_config) cannot claim isolation

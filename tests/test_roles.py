@@ -26,7 +26,7 @@ def toolrl_imports(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["compose", "distributed", "trainer_rank", "trainer_group", "sharding",
-                                    "weight_sync", "checkpoint", "grpo_sharded"])
+                                    "weight_sync", "checkpoint"])
 def test_no_role_imports_the_controller(module):
     assert "toolrl.trainer" not in toolrl_imports(module), f"{module} imports the controller"
 

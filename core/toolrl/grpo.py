@@ -28,7 +28,8 @@ from toolrl.packing import Batch, build_batch, input_length, packed_hidden_state
 from toolrl.peakmem import PeakMemory
 from toolrl.rollout import Trajectory
 
-__all__ = ["Batch", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss", "response_logprobs"]
+__all__ = ["Batch", "Policy", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss",
+           "response_logprobs"]
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
@@ -59,6 +60,20 @@ def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
     lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
     return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
+
+
+class Policy(torch.nn.Module):
+    """The causal LM ``lm`` with the loss's forward: ``forward(batch, temperature, chunk_size)`` gives
+    :func:`response_logprobs`. Under FSDP2 it is the root unit (:mod:`toolrl.sharding`): the log-probs
+    read the base model and the LM head separately, and only a forward through the root gathers the
+    root's parameters (embeddings, final norm, head) for them."""
+
+    def __init__(self, lm: Any) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, batch: Batch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
+        return response_logprobs(self.lm, batch, temperature, chunk_size)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -131,6 +146,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     single_update = algo.ppo_epochs == 1 and algo.mini_batches == 1
 
     def logprobs(m: Any, batch: Batch) -> torch.Tensor:
+        if isinstance(m, Policy):
+            return m(batch, temperature, optim.logprob_chunk_size)
         return response_logprobs(m, batch, temperature, optim.logprob_chunk_size)
 
     def forward_all(m: Any) -> list[list[torch.Tensor]]:
@@ -169,6 +186,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                     if "kl" in stats:
                         metrics["kl"].append(stats["kl"])
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):  # DTensor parameters: the norm over every shard
+                    grad_norm = grad_norm.full_tensor()
                 optimizer.step()
                 metrics["loss"].append(total)
                 metrics["grad_norm"].append(float(grad_norm))

@@ -1,10 +1,10 @@
 """FSDP2 for a trainer rank: each decoder layer is one sharded unit, everything else (embeddings, final
 norm, a tied or untied LM head) is the root unit.
 
-The root is :class:`Policy`, a module whose ``forward`` computes the response log-probabilities the
-loss needs. GRPO runs the base model and the LM head separately (logits only at response positions),
-so the root's forward must contain both calls: FSDP2 gathers a unit's parameters in that unit's
-forward hook, and a call that bypasses the root would meet sharded parameters.
+The root is :class:`toolrl.grpo.Policy`, a module whose ``forward`` computes the response
+log-probabilities the loss needs. GRPO runs the base model and the LM head separately (logits only at
+trained positions), so the root's forward must contain both calls: FSDP2 gathers a unit's parameters
+in that unit's forward hook, and a call that bypasses the root would meet sharded parameters.
 """
 
 from __future__ import annotations
@@ -13,18 +13,7 @@ from typing import Any
 
 import torch
 
-from toolrl.grpo import Batch, response_logprobs
-
-
-class Policy(torch.nn.Module):
-    """``forward(batch, temperature)`` -> response log-probs (B, R); ``lm`` is the causal LM."""
-
-    def __init__(self, lm: Any) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
-        return response_logprobs(self.lm, batch, temperature)
+from toolrl.grpo import Policy
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -41,7 +30,7 @@ def shard(model: Any, mesh: Any, *, offload: bool = False) -> Policy:
 
     On GPU, compute in bf16 and reduce gradients in fp32; on CPU, parameters keep their dtype.
     Gradients are summed over ranks, not averaged: each rank's loss is already normalised by the
-    whole batch (see :mod:`toolrl.grpo_sharded`), so the sum is the one-rank gradient.
+    whole mini-batch (see :func:`toolrl.grpo.grpo_step`), so the sum is the one-rank gradient.
     """
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,

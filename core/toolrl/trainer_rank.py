@@ -68,6 +68,10 @@ class TrainerRank:
             model = build_policy(cfg, path, self.device)
         self.model = self.policy = model
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if cfg.algorithm.kl_coef > 0:  # copied before sharding: each rank runs the whole frozen reference
+            import copy
+
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         if self.world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
@@ -77,10 +81,6 @@ class TrainerRank:
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
         self.optimizer = torch.optim.AdamW(lora.trainable_parameters(self.policy), lr=cfg.optim.lr,
                                            betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
-        if cfg.algorithm.kl_coef > 0:
-            import copy
-
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         return self.info()
 
     def info(self) -> dict[str, Any]:
@@ -97,20 +97,15 @@ class TrainerRank:
 
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
+        from toolrl.grpo import grpo_step
         from toolrl.sharding import state_bytes
 
         cfg = self.config
-        kwargs = {"pad_id": self.pad_id, "temperature": cfg.rollout.temperature,
-                  "max_response_tokens": cfg.rollout.max_response_tokens, "ref_model": self.ref_model}
-        if self.world_size == 1:
-            from toolrl.grpo import grpo_step
-
-            out = grpo_step(self.model, self.optimizer, trajectories, cfg.algorithm, cfg.optim, **kwargs)
-        else:
-            from toolrl.grpo_sharded import grpo_step as sharded_step
-
-            out = sharded_step(self.policy, self.optimizer, trajectories, cfg.algorithm, cfg.optim, **kwargs,
-                               rank=self.rank, world_size=self.world_size)
+        out = grpo_step(self.policy, self.optimizer, trajectories, cfg.algorithm, cfg.optim, pad_id=self.pad_id,
+                        temperature=cfg.rollout.temperature, max_response_tokens=cfg.rollout.max_response_tokens,
+                        ref_model=self.ref_model, rank=self.rank, world_size=self.world_size)
+        if self.world_size > 1:
+            out = _group_metrics(out)
         self.model.eval()
         out["trainer_state_mb"] = state_bytes(self.model, self.optimizer) / 2**20
         return out
@@ -177,3 +172,33 @@ class TrainerRank:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+# Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
+_SUMMED = ("loss", "trainer_tokens_per_s")
+_AVERAGED = ("clip_frac", "kl", "lp_mismatch", "padding_fraction")
+
+
+def _group_metrics(out: dict[str, float]) -> dict[str, float]:
+    """The whole group's step metrics from every rank's (all ranks call this together): shares of the
+    loss and throughput add up, means are averaged over the ranks that have them, peak memory is the
+    largest rank's. ``grad_norm`` and ``trained_tokens`` are already global."""
+    import torch
+    import torch.distributed as dist
+
+    values = [out.get(k, 0.0) for k in _SUMMED]
+    for k in _AVERAGED:
+        values += [out.get(k, 0.0), float(k in out)]
+    summed = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(summed)
+    peak = torch.tensor([out.get("trainer_peak_mb", 0.0)], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    group = dict(out)
+    group.update(zip(_SUMMED, summed[:len(_SUMMED)].tolist()))
+    for i, k in enumerate(_AVERAGED):
+        total, ranks = summed[len(_SUMMED) + 2 * i: len(_SUMMED) + 2 * i + 2].tolist()
+        if ranks:
+            group[k] = total / ranks
+    if "trainer_peak_mb" in out:
+        group["trainer_peak_mb"] = float(peak)
+    return group

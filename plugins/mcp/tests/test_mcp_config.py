@@ -144,3 +144,11 @@ def test_selections_naming_missing_tools_are_errors() -> None:
         _select(_servers(a={"tools": ["mul"]}), [_listing("add")], None)
     with pytest.raises(ToolConfigError, match=r"mcpServers.a.rename names 'mul'"):
         _select(_servers(a={"rename": {"mul": "times"}}), [_listing("add")], None)
+
+
+async def test_mcp_tools_cannot_run_isolated():
+    """MCP tools build their own sessions (a custom from_config): `isolation: process` is refused."""
+    from toolrl.isolation import ProcessTool
+
+    with pytest.raises(ToolConfigError, match="not supported by MCPTool"):
+        await ProcessTool.start(MCPTool, {"isolation": "process"}, None)
