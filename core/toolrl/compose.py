@@ -140,6 +140,9 @@ class Rollouts:
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         return await run_rollouts(self.ctx, samples, n, seed=seed, id_prefix=id_prefix)
 
+    async def check_trainable(self) -> str | None:
+        return await self.engine.check_trainable()
+
     async def close(self) -> None:
         for tool in self.tools.values():
             await tool.close()

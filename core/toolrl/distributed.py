@@ -64,6 +64,9 @@ class RolloutWorker:
             self._rollouts.engine.update_weights(weights)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}
 
+    async def check_trainable(self) -> str | None:
+        return await self._rollouts.engine.check_trainable()
+
     def ping(self) -> dict[str, Any]:
         import ray
 
@@ -250,6 +253,11 @@ class RolloutWorkerPool:
     async def start(self) -> list[dict[str, Any]]:
         """Wait for every worker to be up; returns each one's node id, pid and setup time."""
         return list(await asyncio.gather(*(self._ensure(s) for s in self._slots)))
+
+    async def check_trainable(self) -> str | None:
+        """None when every worker's engine can be trained on, else the first reason given."""
+        reasons = await asyncio.gather(*(_result(w.check_trainable.remote()) for w in self.workers()))
+        return next((r for r in reasons if r is not None), None)
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.

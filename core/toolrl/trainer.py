@@ -205,6 +205,8 @@ async def train_async(config: Config, resume: bool = False) -> Path:
     samples = load_samples(config)
     roles = await compose_roles(config)
     try:
+        if (reason := await roles.rollouts.check_trainable()) is not None:
+            raise ConfigError(f"engine.name: {reason}")
         (out / "roles.json").write_text(json.dumps(roles.placement, indent=2, default=str))
         checkpoint.save_model_files(roles.model_dir, out / "checkpoints" / checkpoint.HF_FILES)
         start = 0

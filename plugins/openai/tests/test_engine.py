@@ -21,7 +21,7 @@ from support import (
     toolrl,
 )
 from toolrl.config import ConfigError
-from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
+from toolrl.engines import ModelSource, SamplingParams
 from toolrl_openai.engine import OpenAIEngine, OpenAIEngineError
 
 ROLLOUT = ("trainer.total_steps=1", "data.batch_size=1", "rollout.n=2", "trainer.progress=false",
@@ -248,8 +248,6 @@ def test_bad_options_are_config_errors(tiny_path: str) -> None:
         OpenAIEngine.create(ModelSource(tiny_path), {"base_url": "http://x/v1", "bogus": 1})
 
 
-@pytest.mark.skipif(not hasattr(RolloutEngine, "check_trainable"),
-                    reason="the core's trainer does not ask engines check_trainable() yet")
 def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
     async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return 200, text_completion("hi")
