@@ -17,7 +17,7 @@ def _serve(*args: str) -> subprocess.CompletedProcess[str]:
 def test_bad_config_is_one_line() -> None:
     result = _serve("engine.bogus=1")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: invalid config: engine.bogus: unknown key"
+    assert result.stderr.strip() == "error: override engine.bogus=1: engine.bogus: unknown key"
 
 
 def test_unknown_engine_is_one_line() -> None:

@@ -101,21 +101,10 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
                   model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
-    from toolrl.config import ConfigError
+    from toolrl.compose import check_parts, model_path
     from toolrl.engines import ModelSource
-    from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
 
-    from toolrl_openai.source import model_path
-
-    plugins = get_plugins()
-    try:
-        engine_cls = plugins.load_part("rollout_engines", config.engine.name)
-        parser = plugins.load_part("tool_parsers", config.rollout.parser)(**config.rollout.parser_options)
-    except RegistryError as exc:
-        raise ConfigError(f"engine.name / rollout.parser: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"rollout.parser_options: {exc}") from None
+    engine_cls, parser = check_parts(config)
     path = model_path(config)
     tokenizer = models.load_tokenizer(path)
     engine = engine_cls.create(
