@@ -224,6 +224,29 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     dcp_to_torch_save(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
     assert len(saved) == 8 and all("lora_" in k for k in saved)
+    if where:
+        return
+    # Export merges the adapters into the base weights: the exported plain model computes what the
+    # trained adapter model computes (peft's own, unmerged forward).
+    from transformers import AutoModelForCausalLM
+
+    res = run_toolrl("export", str(tmp_path), str(tmp_path / "hf"), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert not lora.has_lora(exported)
+    config = json.loads((tmp_path / "config.json").read_text())
+    from toolrl.compose import model_path
+    from toolrl.config import Config
+
+    trained = lora.apply_lora(load_model(model_path(Config.model_validate(config))), QV)
+    lora.load_trainable_state_dict(trained, saved)
+    base = load_model(model_path(Config.model_validate(config)))
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(exported.state_dict()[name], base.state_dict()[name])
+    ids = torch.tensor([[151644, 872, 198, 17, 10, 18, 28, 30, 151645]])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, trained.eval()(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
 
 
 def _fsdp_worker(rank: int, world: int, path: str, port: int, out: str) -> None:

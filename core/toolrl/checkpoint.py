@@ -76,7 +76,8 @@ class ExportError(ValueError):
 def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Write checkpoint ``step`` (default: the latest) of ``run_dir`` as a Hugging Face model directory:
     safetensors weights, config, generation config and tokenizer. Reads the sharded checkpoint in
-    this process, without a process group (DCP reshards every rank's pieces into whole tensors)."""
+    this process, without a process group (DCP reshards every rank's pieces into whole tensors). A
+    LoRA run is exported with its adapters merged into the base weights (a plain model)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -87,10 +88,6 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
         have = ", ".join(str(read_meta(p)["step"]) for p in sorted(ckpt_dir.glob("step_*")) if (p / META).is_file())
         raise ExportError(f"{run_dir}: no checkpoint{'' if step is None else f' for step {step}'}"
                           f" (have: {have or 'none'})")
-    run_config = run_dir / "config.json"
-    if run_config.is_file() and json.loads(run_config.read_text()).get("model", {}).get("lora"):
-        raise ExportError(f"{run_dir}: a LoRA run's checkpoints hold only the adapters; export them with "
-                          "toolrl.lora.save_adapter, or merge them into the base model first")
     files = ckpt_dir / HF_FILES
     if not (files / "config.json").is_file():
         raise ExportError(f"{files}: the model's config.json is missing")
@@ -99,9 +96,19 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
         model = AutoModelForCausalLM.from_config(config)
     model = model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gave tied parameters separate storage
-    state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    model.load_state_dict(state["model"])
+    run_config = run_dir / "config.json"
+    run = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    if run.get("model", {}).get("lora"):
+        merged = _merged_adapters(run, path)
+        missing, unexpected = model.load_state_dict(merged, strict=False)
+        tied = set(getattr(model, "_tied_weights_keys", None) or ())
+        if unexpected or set(missing) - tied:
+            raise ExportError(f"{path}: merged weights do not fit {files / 'config.json'}: "
+                              f"missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    else:
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
+        model.load_state_dict(state["model"])
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
@@ -112,3 +119,20 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
             shutil.copy2(f, tmp / f.name)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def _merged_adapters(run: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A LoRA run's checkpoint holds only the adapters: rebuild the trained model (base weights from
+    ``model.source``, adapters from the checkpoint) and merge them, under the base model's names."""
+    import torch.distributed.checkpoint as dcp
+
+    from toolrl import lora
+    from toolrl.compose import build_policy, model_path
+    from toolrl.config import Config
+
+    config = Config.model_validate(run)
+    model = build_policy(config, model_path(config), "cpu")
+    state = {"model": lora.trainable_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    lora.load_trainable_state_dict(model, state["model"])
+    return lora.engine_state_dict(model)
