@@ -112,19 +112,18 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
     gradient norm as the default micro-batching."""
     from pathlib import Path
 
+    from toolrl.compose import compose_local
     from toolrl.rollout import run_rollouts
-    from toolrl.trainer import batch_for_step, compose
+    from toolrl.trainer import batch_for_step
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
     config = load_config(tiny, [f"trainer.output_dir={tmp_path}", "rollout.max_new_tokens=16"])
 
     async def rollouts():
-        run = await compose(config)
+        run = await compose_local(config)
         prompts = batch_for_step(run.samples, 0, config.data.batch_size, config.trainer.seed, config.data.shuffle)
         trajs = await run_rollouts(run.ctx, prompts, config.rollout.n, seed=5, id_prefix="t1-")
-        for tool in run.tools.values():
-            await tool.close()
-        await run.engine.close()
+        await run.rollouts.close()
         return run.model, trajs
 
     model, trajs = asyncio.run(rollouts())

@@ -256,7 +256,7 @@ class RolloutWorkerPool:
 
     async def check_trainable(self) -> str | None:
         """None when every worker's engine can be trained on, else the first reason given."""
-        reasons = await asyncio.gather(*(_result(w.check_trainable.remote()) for w in self.workers()))
+        reasons = await asyncio.gather(*(_result(w.check_trainable.remote()) for w in self.workers))
         return next((r for r in reasons if r is not None), None)
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:

@@ -24,7 +24,8 @@ import re
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -88,6 +89,21 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(env) if env else Path.home() / ".cache" / "toolrl"
 
 
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """A cache build draws no progress bars: stderr belongs to the command that needed the model
+    (its errors are one line)."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _build_once(final: Path, build: Callable[[Path], None], marker: str) -> Path:
     """Run ``build(tmpdir)`` and rename the result to ``final`` unless ``final/marker`` already exists.
 
@@ -99,7 +115,8 @@ def _build_once(final: Path, build: Callable[[Path], None], marker: str) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; a cache entry is shareable.
     try:
-        build(tmp)
+        with _no_progress_bars():
+            build(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
