@@ -66,7 +66,7 @@ def test_config_is_validated():
     with pytest.raises(ToolConfigError, match="config.default_language"):
         CodeInterpreterTool({"default_language": "cobol"})
     with pytest.raises(ToolConfigError, match="embedded sandbox"):
-        CodeInterpreterTool({"sandbox_fusion_url": "http://x", "isolation": "unshare"})
+        CodeInterpreterTool({"sandbox_fusion_url": "http://x", "sandbox_isolation": "unshare"})
 
 
 async def test_embedded_call_and_metrics(tool):

@@ -50,7 +50,8 @@ class CodeInterpreterConfig(BaseModel):
     python_executable: str | None = Field(
         None, description="embedded sandbox: the Python to run (an executable, or a venv/prefix folder), "
                           "mounted read-only inside; default the system /usr/bin/python3")
-    isolation: Literal["auto", "bwrap", "unshare"] = Field(
+    # Not `isolation`: that key is the core's, for every tool (none | process).
+    sandbox_isolation: Literal["auto", "bwrap", "unshare"] = Field(
         "auto", description="embedded sandbox: bubblewrap when usable (auto), or the unshare fallback")
 
     @field_validator("python_executable")
@@ -62,8 +63,8 @@ class CodeInterpreterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _embedded_only(self) -> CodeInterpreterConfig:
-        if self.sandbox_fusion_url and (self.python_executable or self.isolation != "auto"):
-            raise ValueError("python_executable and isolation configure the embedded sandbox; the server at "
+        if self.sandbox_fusion_url and (self.python_executable or self.sandbox_isolation != "auto"):
+            raise ValueError("python_executable and sandbox_isolation configure the embedded sandbox; the server at "
                              "sandbox_fusion_url runs code its own way")
         return self
 
@@ -162,7 +163,7 @@ class CodeInterpreterTool(Tool):
         self._client = (SandboxFusionClient(cfg.sandbox_fusion_url, max_connections=cfg.num_workers)
                         if cfg.sandbox_fusion_url else None)
         self._sandbox = (None if cfg.sandbox_fusion_url else
-                         EmbeddedSandbox(SandboxConfig(isolation=cfg.isolation, max_concurrency=cfg.num_workers,
+                         EmbeddedSandbox(SandboxConfig(isolation=cfg.sandbox_isolation, max_concurrency=cfg.num_workers,
                                                        pool_size=min(cfg.num_workers, 8),
                                                        interpreter=cfg.python_executable)))
         self._limiter: RateLimiter | None = None

@@ -307,10 +307,23 @@ def _run_python(request, control_fd):
     _finish(code, control_fd)
 
 
+def _fork():
+    """``os.fork``, retried briefly on EAGAIN: under the unshare fallback RLIMIT_NPROC counts every
+    process of uid 65534 on the host, and other sandboxes' processes may be on their way out."""
+    for delay in (0.05, 0.1, 0.2, 0.4, 0.8):
+        try:
+            return os.fork()
+        except BlockingIOError:
+            import time
+
+            time.sleep(delay)
+    return os.fork()
+
+
 def _run_bash(request, control_fd):
     _set_limits(request["limits"])
     sys.stdout.flush()
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:
         try:
             os.execv("/bin/bash", ["bash", "-c", request["code"], "main.sh"] + list(request["args"]))
