@@ -2,13 +2,19 @@
 
 Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
 (:func:`toolrl.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
-its own copy of the model, never the training model) and runs the async agent loop on the samples it
-is sent. :class:`RolloutWorkerPool` places one worker per node where the cluster has several (node
-affinity), splits a step's GRPO groups over the workers (a group never straddles two), takes new
-weights after each step (whole, through the object store, or in buckets from the trainer ranks:
-:mod:`toolrl.weight_sync`), and survives a worker that dies mid-step: the dead worker's groups run
-again on a live worker with the same seeds, so the step returns the same trajectories, and a
-replacement actor starts in the background for the next step.
+its own copy of the model, never the training model) and runs the async agent loop on the groups it
+is sent, many at once (an async actor). :class:`RolloutWorkerPool` places one worker per node where
+the cluster has several (node affinity) and sends each GRPO group (:meth:`~RolloutWorkerPool.run_group`,
+the streaming API; :meth:`~RolloutWorkerPool.run` is a batch of them) to the live worker with the
+fewest groups in flight; a group never straddles two workers. A worker that dies mid-group is
+replaced in the background and its groups run again on a live worker with the same seeds, so they
+return the same trajectories.
+
+New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
+or in buckets from the trainer ranks (:mod:`toolrl.weight_sync`), also while they generate: a worker
+stages the buckets and loads them into its engine together on the last one, so a decode step runs on
+the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the version
+the last bucket carried.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
 limiter (:class:`toolrl.ratelimit.RayRateLimiter`) are one instance for all of them.
@@ -40,7 +46,10 @@ class RolloutWorker:
     """One engine replica and the agent loop around it, in a Ray worker process.
 
     Built with ``ray.remote(RolloutWorker)`` by the pool; the config travels as a plain mapping and is
-    validated again here. Samples come from the driver, so the worker never reads data files.
+    validated again here. Samples come from the driver, so the worker never reads data files. An
+    async actor: the groups it is sent run concurrently on its event loop (Ray allows 1000 calls in
+    flight by default), bounded by ``rollout.max_concurrent_trajectories``, and weight buckets
+    arrive between them.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
@@ -48,10 +57,12 @@ class RolloutWorker:
         data["data"] = {"synthetic": {"num_samples": 1}}  # samples are sent with each run
         self.config = Config.model_validate(data)
         self._rollouts: Any = None  # toolrl.compose.Rollouts once set up
+        self._limits: dict[int, asyncio.Semaphore] = {}  # concurrent groups, by group size
+        self._staged: dict[str, Any] = {}  # buckets of a weight update in flight
         self._running = 0
         self._finished = 0
 
-    async def setup(self, weights: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    async def setup(self, weights: Mapping[str, Any] | None = None, version: int | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
         from toolrl import models
         from toolrl.compose import compose_rollouts, model_path, seed_everything
@@ -61,7 +72,7 @@ class RolloutWorker:
         path = model_path(self.config)
         self._rollouts = await compose_rollouts(self.config, path, models.load_tokenizer(path))
         if weights is not None:
-            self._rollouts.engine.update_weights(weights)
+            self._load(weights, version)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}
 
     async def check_trainable(self) -> str | None:
@@ -71,41 +82,52 @@ class RolloutWorker:
         import ray
 
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "host": socket.gethostname(), "running": self._running, "finished": self._finished}
+                "host": socket.gethostname(), "running": self._running, "finished": self._finished,
+                "weight_version": getattr(self._rollouts.engine, "weight_version", 0) if self._rollouts else 0}
 
-    async def run(self, samples: Sequence[Mapping[str, Any]], groups: Sequence[int], n: int, seed: int,
-                  id_prefix: str = "") -> list[dict[str, Any]]:
-        """``n`` trajectories for each sample; ``groups[i]`` is sample i's group number in the whole batch."""
+    async def run_group(self, sample: Mapping[str, Any], group: int, n: int, seed: int,
+                        id_prefix: str = "") -> list[dict[str, Any]]:
+        """The ``n`` trajectories of group ``group``: what ``run_rollouts`` gives that group in a batch
+        (same seeds, same ids)."""
         if self._rollouts is None:
-            raise RuntimeError("RolloutWorker.run before setup")
+            raise RuntimeError("RolloutWorker.run_group before setup")
         ctx = self._rollouts.ctx
         # run_rollouts bounds trajectories per call; bound the concurrent groups so the total holds.
-        limit = asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n))
-
-        async def one(sample: Sample, group: int) -> list[Trajectory]:
-            async with limit:
-                trajs = await run_rollouts(ctx, [sample], n, seed=seed + GROUP_SEED_STRIDE * group,
-                                           id_prefix=f"{id_prefix}g{group}:")
-            for k, t in enumerate(trajs):
-                t.group, t.trajectory_id = group, f"{id_prefix}s{sample.index}-g{group}-{k}"
-            return trajs
-
+        limit = self._limits.setdefault(n, asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n)))
+        parsed = Sample.model_validate(sample)
         self._running += 1
         try:
-            parsed = [Sample.model_validate(s) for s in samples]
-            out = await asyncio.gather(*(one(s, g) for s, g in zip(parsed, groups, strict=True)))
+            async with limit:
+                trajs = await run_rollouts(ctx, [parsed], n, seed=seed + GROUP_SEED_STRIDE * group,
+                                           id_prefix=f"{id_prefix}g{group}:")
         finally:
             self._running -= 1
-        trajs = [t.model_dump() for group in out for t in group]
+        for k, t in enumerate(trajs):
+            t.group, t.trajectory_id = group, f"{id_prefix}s{parsed.index}-g{group}-{k}"
         self._finished += len(trajs)
-        return trajs
+        return [t.model_dump() for t in trajs]
 
-    async def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        # In a thread: the engine waits for its running step, and the loop keeps serving pings.
-        await asyncio.to_thread(self._rollouts.engine.update_weights, state_dict)
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
+        # In a thread: the engine waits for its running step, and the loop keeps serving the groups.
+        await asyncio.to_thread(self._load, state_dict, version)
 
-    async def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
-        await asyncio.to_thread(self._rollouts.engine.update_weights_bucket, bucket, last)
+    async def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool, version: int | None = None) -> None:
+        """Stage ``bucket``; on the last one load every staged tensor at once. Loading each bucket as
+        it comes would let the decode steps in between run on half-updated weights; staging costs
+        one copy of the weights while a push is in flight."""
+        self._staged.update(bucket)
+        if last:
+            staged, self._staged = self._staged, {}
+            await self.update_weights(staged, version)
+
+    def set_weight_version(self, version: int) -> None:
+        self._rollouts.engine.weight_version = version
+
+    def _load(self, state_dict: Mapping[str, Any], version: int | None) -> None:
+        engine = self._rollouts.engine
+        engine.update_weights(state_dict)
+        if version is not None:
+            engine.weight_version = version
 
     async def close(self) -> None:
         if self._rollouts is None:
@@ -125,6 +147,7 @@ class _Slot:
     info: dict[str, Any] | None = None  # setup's result once it is up
     failures: int = 0  # consecutive deaths before being up
     needs_weights: bool = False  # a replacement: the trainer's current weights go to it once it is up
+    inflight: int = 0  # groups sent to this slot's workers and not yet returned
 
 
 class RolloutWorkerPool:
@@ -151,9 +174,12 @@ class RolloutWorkerPool:
         self.rerun_groups = 0  # groups run again because their worker died mid-step
         self._payload = config.model_dump()
         self._weights: Any = None  # ObjectRef of the last broadcast state dict
-        # Set by a trainer group that sends weights in buckets: called with a replacement worker's
-        # handle once it is up, before it runs anything.
-        self.weight_source: Callable[[Sequence[Any]], Awaitable[Any]] | None = None
+        self.weight_version = 0  # the version of the weights last sent to the workers
+        # Set by a trainer group that sends weights in buckets (RayTrainerGroup.push): called with
+        # worker handles and ``version=``; by push_weights, and for a replacement worker once it is
+        # up, before it runs anything.
+        self.weight_source: Callable[..., Awaitable[dict[str, Any]]] | None = None
+        self._starts: dict[int, asyncio.Task[dict[str, Any]]] = {}  # slot index -> its _ensure
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if address is None:
@@ -207,7 +233,7 @@ class RolloutWorkerPool:
             # Soft: if the node goes away, a replacement may start elsewhere instead of waiting.
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=True)
         actor = ray.remote(RolloutWorker).options(**options).remote(self._payload)
-        return _Slot(index, node_id, actor, actor.setup.remote(self._weights))
+        return _Slot(index, node_id, actor, actor.setup.remote(self._weights, self.weight_version))
 
     def _replace(self, slot: _Slot, dead: Any) -> None:
         """Start a new actor in ``slot`` unless that already happened for this dead actor."""
@@ -231,7 +257,7 @@ class RolloutWorkerPool:
             try:
                 info = await asyncio.wait_for(_result(slot.setup_ref), self.setup_timeout_s)
                 if slot.needs_weights and self.weight_source is not None:
-                    await self.weight_source([actor])
+                    await self.weight_source([actor], version=self.weight_version)
                 slot.info, slot.needs_weights, slot.failures = info, False, 0
             except RayActorError:
                 slot.failures += 1
@@ -243,6 +269,29 @@ class RolloutWorkerPool:
                                    "(not enough free resources on the cluster?)") from None
         return slot.info
 
+    def _start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
+        """The one :meth:`_ensure` of ``slot`` on this event loop: a replacement comes up once, however
+        many calls wait for it. A start that failed stays failed (it ends every call that needs it)."""
+        loop = asyncio.get_running_loop()
+        task = self._starts.get(slot.index)
+        if (task is None or task.get_loop() is not loop or task.cancelled()
+                or (task.done() and task.exception() is None and slot.info is None)):
+            task = self._starts[slot.index] = loop.create_task(self._ensure(slot))
+        return task
+
+    async def _least_loaded(self) -> _Slot:
+        """The live worker with the fewest groups in flight (ties: the lowest index); starts the
+        slots that are down and, when none is up, waits for the first to come up."""
+        while True:
+            starting = [self._start_task(s) for s in self._slots if s.info is None]
+            for task in starting:
+                if task.done():
+                    task.result()  # a worker that cannot come up ends the call
+            up = [s for s in self._slots if s.info is not None]
+            if up:
+                return min(up, key=lambda s: (s.inflight, s.index))
+            await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
+
     # ----------------------------------------------------------------- public API
 
     @property
@@ -252,87 +301,106 @@ class RolloutWorkerPool:
 
     async def start(self) -> list[dict[str, Any]]:
         """Wait for every worker to be up; returns each one's node id, pid and setup time."""
-        return list(await asyncio.gather(*(self._ensure(s) for s in self._slots)))
+        return list(await asyncio.gather(*(self._start_task(s) for s in self._slots)))
 
     async def check_trainable(self) -> str | None:
         """None when every worker's engine can be trained on, else the first reason given."""
         reasons = await asyncio.gather(*(_result(w.check_trainable.remote()) for w in self.workers))
         return next((r for r in reasons if r is not None), None)
 
-    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.
+    async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """The ``n`` trajectories of group ``group`` (what ``run_rollouts`` gives that group in a batch
+        with ``seed`` and ``id_prefix``), from the live worker with the fewest groups in flight.
 
-        Each worker gets one contiguous share of the groups. The share of a worker that dies goes to
-        the first worker to be idle, a live one or the dead one's replacement, and runs there alone
-        as it would have on its own worker: same seeds, same batch, same trajectories.
+        If that worker dies before the group is done, it is replaced in the background and the group
+        runs again on the next least-loaded live worker (or the first to come up), with the same
+        seeds; ``max_attempts`` deaths in a row end the call.
         """
         import ray
         from ray.exceptions import RayActorError
 
-        payload = [s.model_dump() for s in samples]
-        shares = [s for s in _split(len(samples), len(self._slots)) if s]
-        results: dict[int, list[Trajectory]] = {}
-        attempts = dict.fromkeys(range(len(shares)), 0)
-        pending: list[int] = []  # shares waiting for an idle worker
-        idle: list[_Slot] = []
-        runs: dict[asyncio.Future[Any], tuple[int, _Slot, Any, Any]] = {}  # share, slot, actor, ref
-        starting: dict[asyncio.Future[Any], _Slot] = {}  # replacements being set up
-
-        def submit(share: int, slot: _Slot) -> None:
-            groups = shares[share]
-            ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
-            runs[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
-
-        try:
-            await self.start()
-            idle = list(self._slots[len(shares):])
-            for share, slot in enumerate(self._slots[: len(shares)]):
-                submit(share, slot)
-            while len(results) < len(shares):
-                done, _ = await asyncio.wait([*runs, *starting], return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    if fut in starting:
-                        slot = starting.pop(fut)
-                        fut.result()  # a replacement that cannot start ends the step
-                        idle.append(slot)
-                        continue
-                    share, slot, actor, _ = runs.pop(fut)
-                    try:
-                        results[share] = [Trajectory.model_validate(r) for r in fut.result()]
-                        idle.append(slot)
-                    except RayActorError:
-                        attempts[share] += 1
-                        if attempts[share] >= self.max_attempts:
-                            raise
-                        self._replace(slot, actor)
-                        starting[asyncio.ensure_future(self._ensure(slot))] = slot
-                        pending.append(share)
-                        self.rerun_groups += len(shares[share])
-                while pending and idle:
-                    submit(pending.pop(0), idle.pop(0))
-        except Exception as exc:
-            # What did finish goes on record with the failure (the controller writes its traces).
-            exc.trajectories = [t for share in sorted(results) for t in results[share]]  # type: ignore[attr-defined]
-            raise
-        finally:
-            for fut in starting:
-                fut.cancel()  # the replacement keeps starting; the next start() waits for it
-            for fut, (_, _, _, ref) in runs.items():
-                fut.cancel()
+        payload = sample.model_dump()
+        for attempt in range(1, self.max_attempts + 1):
+            slot = await self._least_loaded()
+            actor = slot.actor
+            ref = actor.run_group.remote(payload, group, n, seed, id_prefix)
+            slot.inflight += 1
+            try:
+                return [Trajectory.model_validate(t) for t in await _result(ref)]
+            except RayActorError:
+                if attempt == self.max_attempts:
+                    raise
+                self._replace(slot, actor)
+                self.rerun_groups += 1
+            except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     ray.cancel(ref)
-        return [t for share in range(len(shares)) for t in results[share]]
+                raise
+            finally:
+                slot.inflight -= 1
+        raise AssertionError("unreachable")
 
-    async def broadcast(self, state_dict: Mapping[str, Any]) -> None:
-        """Send weights to every worker: one copy in the object store, read by each. Workers started
-        later (replacements) load the latest broadcast during their setup."""
+    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers:
+        every group through :meth:`run_group`, all at once (sent in group order, so with every worker
+        up the groups deal out evenly). On failure the exception carries the trajectories of the
+        groups that finished as ``trajectories`` (the controller writes their traces)."""
+        await self.start()
+        tasks = [asyncio.ensure_future(self.run_group(s, g, n, seed, id_prefix)) for g, s in enumerate(samples)]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = next((t.exception() for t in tasks if t.done() and t.exception() is not None), None)
+            if failed is not None:
+                failed.trajectories = [  # type: ignore[attr-defined]
+                    tr for t in tasks if t.done() and t.exception() is None for tr in t.result()]
+                raise failed
+        finally:
+            for t in tasks:
+                t.cancel()
+        return [tr for t in tasks for tr in t.result()]
+
+    async def push_weights(self, version: int) -> dict[str, Any]:
+        """The trainer's current weights to every worker, in buckets through ``weight_source``, also
+        while they generate; each worker's engine takes ``version`` with the last bucket. Workers
+        found dead are replaced (their replacements get the weights once up). Returns the sync's
+        metrics (``weight_sync_s``, ``weight_sync_peak_mb``)."""
+        if self.weight_source is None:
+            raise RuntimeError("RolloutWorkerPool.push_weights needs a weight_source (a trainer group)")
+        self.weight_version = version  # before the push: a worker that comes up meanwhile asks for it
+        up = [s for s in self._slots if s.info is not None]
+        for slot in self._slots:
+            slot.needs_weights = slot.needs_weights or slot.info is None  # they get the weights once up
+        out = dict(await self.weight_source([s.actor for s in up], version=version))
+        for i in out.pop("dead", []):
+            self._replace(up[i], up[i].actor)
+        return out
+
+    async def set_weight_version(self, version: int) -> None:
+        """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
+        from ray.exceptions import RayActorError
+
+        self.weight_version = version
+        calls = [(s, s.actor, s.actor.set_weight_version.remote(version)) for s in self._slots if s.info is not None]
+        outcomes = await asyncio.gather(*(_result(ref) for _, _, ref in calls), return_exceptions=True)
+        for (slot, actor, _), outcome in zip(calls, outcomes):
+            if isinstance(outcome, RayActorError):
+                self._replace(slot, actor)  # its replacement's setup takes the version
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def broadcast(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
+        """Send weights to every worker: one copy in the object store, read by each; ``version``
+        labels them (None: the labels stay). Workers started later (replacements) load the latest
+        broadcast during their setup."""
         import ray
         from ray.exceptions import RayActorError
 
         self._weights = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
+        if version is not None:
+            self.weight_version = version
         await self.start()
         slots = list(self._slots)
-        calls = [(s, s.actor, s.actor.update_weights.remote(self._weights)) for s in slots]
+        calls = [(s, s.actor, s.actor.update_weights.remote(self._weights, version)) for s in slots]
         outcomes = await asyncio.gather(*(_result(ref) for _, _, ref in calls), return_exceptions=True)
         for (slot, actor, _), outcome in zip(calls, outcomes):
             if isinstance(outcome, RayActorError):

@@ -89,10 +89,12 @@ class RayTrainerGroup:
         results = await self._all([r.step.remote(ref) for r in self.ranks], f"step {step}")
         return {**results[0], "trainer_state_mb": max(r["trainer_state_mb"] for r in results)}
 
-    async def push(self, workers: Sequence[Any], what: str = "weight sync") -> dict[str, Any]:
-        """Weights to the rollout-worker actors ``workers``; dead ones are listed under ``dead``."""
+    async def push(self, workers: Sequence[Any], what: str = "weight sync", version: int | None = None) -> dict[str, Any]:
+        """Weights to the rollout-worker actors ``workers`` (also while they generate), labelled
+        ``version`` (None: the workers keep their label); dead ones are listed under ``dead``."""
         bucket_mb = self.config.trainer.weight_sync_bucket_mb
-        results = await self._all([r.push_weights.remote(list(workers), bucket_mb) for r in self.ranks], what)
+        results = await self._all([r.push_weights.remote(list(workers), bucket_mb, version) for r in self.ranks],
+                                  what)
         return {"weight_sync_s": results[0]["weight_sync_s"],
                 "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in results), "dead": results[0]["dead"]}
 

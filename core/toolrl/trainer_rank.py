@@ -112,14 +112,15 @@ class TrainerRank:
 
     # ----------------------------------------------------------------- weights out
 
-    def push_weights(self, workers: Sequence[Any], bucket_mb: float) -> dict[str, Any]:
-        """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers); returns the
-        sync's metrics and the indexes of workers found dead."""
+    def push_weights(self, workers: Sequence[Any], bucket_mb: float, version: int | None = None) -> dict[str, Any]:
+        """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers), labelled
+        ``version`` (None: the workers keep their label); returns the sync's metrics and the indexes
+        of workers found dead."""
         from toolrl.weight_sync import push, ray_sink
 
         dead: set[int] = set()
         send = self.rank == 0
-        stats = push(self.model, [ray_sink(workers, dead)] if send else [], bucket_mb, send=send)
+        stats = push(self.model, [ray_sink(workers, dead, version)] if send else [], bucket_mb, send=send)
         return {**stats.as_metrics(), "dead": sorted(dead)}
 
     def push_to_engine(self, engine: Any, bucket_mb: float) -> dict[str, float]:

@@ -7,7 +7,9 @@ next one fills, so no rank ever holds a second full copy of the model: the extra
 bucket plus the tensor being gathered. Tied tensors are sent once, under their first name.
 
 A sink is a callable ``(bucket, last)``: an engine's :meth:`~toolrl.engines.RolloutEngine.update_weights_bucket`
-in this process, or one that sends the bucket to rollout workers (:func:`ray_sink`).
+in this process, or one that sends the bucket to rollout workers (:func:`ray_sink`), which may be
+generating meanwhile: they stage the buckets and load them together on the last one, which carries
+the weights' version.
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = Tr
     return stats
 
 
-def ray_sink(workers: Sequence[Any], dead: set[int]) -> Sink:
-    """A sink that puts each bucket in Ray's object store once and loads it on every live worker,
-    waiting for all before the next bucket. A worker that dies is recorded in ``dead`` (by index) and
+def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None) -> Sink:
+    """A sink that puts each bucket in Ray's object store once and sends it to every live worker
+    (:meth:`toolrl.distributed.RolloutWorker.update_weights_bucket`), waiting for all before the next
+    bucket; the last one carries ``version``. A worker that dies is recorded in ``dead`` (by index) and
     skipped from then on; the pool replaces it and its replacement is sent the weights on start."""
     import ray
     from ray.exceptions import RayActorError
@@ -96,7 +99,7 @@ def ray_sink(workers: Sequence[Any], dead: set[int]) -> Sink:
     def sink(bucket: Mapping[str, Any], last: bool) -> int:
         ref = ray.put(dict(bucket))
         live = [i for i in range(len(workers)) if i not in dead]
-        calls = [workers[i].update_weights_bucket.remote(ref, last) for i in live]
+        calls = [workers[i].update_weights_bucket.remote(ref, last, version if last else None) for i in live]
         for i, call in zip(live, calls):
             try:
                 ray.get(call)
