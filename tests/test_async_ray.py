@@ -1,0 +1,229 @@
+"""Streaming rollouts on Ray workers (real Ray on loopback, the tiny model): groups go to the
+least-loaded live worker, a worker that dies mid-group is replaced and its group runs again, and new
+weights pushed in buckets while a trajectory is in flight reach its next turn, never half of them.
+
+The workers' model is set, through the weight pushes themselves, to a "chain" model that always
+emits one gate tool call (its layers add nothing, so each token's embedding alone picks the next
+token), greedily: every turn is the same text, and the scale of its logits, which each test's push
+sets, shows in the logprobs which weights produced a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from toolrl.config import load_config
+from toolrl.schemas import Sample
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+CALL = '<tool_call>{"name":"gate","arguments":{}}</tool_call>'
+
+
+def chain_weights(model: Any, tokenizer: Any, scale: float) -> dict[str, Any]:
+    """``model``'s state with every layer's output zeroed and embeddings that make the greedy
+    continuation of any text ``CALL`` then ``<|im_end|>``, with logit ``8 * scale`` for each token
+    (the final norm scales each one-hot embedding of 50 to sqrt(hidden) = 8)."""
+    ids = tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    emb, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
+    assert len(set(ids)) == len(ids) < emb.shape[1]  # one embedding direction per token of the chain
+    for name, value in state.items():
+        if name.startswith("model.layers.") and name.endswith("proj.weight"):
+            value.zero_()
+    emb.zero_()
+    head.zero_()
+    emb[:, 0] = 50.0  # any other token: start the call
+    head[ids[0], 0] = scale
+    for i, (tok, nxt) in enumerate(zip(ids, ids[1:]), start=1):
+        emb[tok, 0], emb[tok, i], head[nxt, i] = 0.0, 50.0, scale
+    state["model.norm.weight"].fill_(1.0)
+    return state
+
+
+def logprob_at(scale: float, vocab: int = 151936) -> float:
+    """The greedy token's logprob when its logit is ``8 * scale`` and every other one is 0."""
+    import math
+
+    return -math.log1p((vocab - 1) * math.exp(-8 * scale))
+
+
+def sample(gate: str, index: int = 0) -> Sample:
+    return Sample(prompt=[{"role": "user", "content": "Open the gate."}], index=index,
+                  tools_kwargs={"gate": {"execute_kwargs": {"gate": gate}}})
+
+
+def turn_logprobs(traj: Any) -> list[list[float]]:
+    """The engine logprobs of each turn's tokens."""
+    turns: list[list[float]] = []
+    previous = 0
+    for lp, m in zip(traj.logprobs, traj.response_mask):
+        if m and not previous:
+            turns.append([])
+        if m:
+            turns[-1].append(lp)
+        previous = m
+    return turns
+
+
+def wait_for(predicate: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := predicate():
+            return found
+        time.sleep(0.02)
+    raise TimeoutError("condition not met")
+
+
+def waiting_pid(gates: Path, gate: str, exclude: set[int] = frozenset()) -> int | None:
+    """The pid of the worker whose trajectory waits at ``gate`` (None while none does)."""
+    pids = {int(p.name.split(".")[1]) for p in gates.glob(f"{gate}.*.waiting")} - set(exclude)
+    return next(iter(pids), None)
+
+
+class Trainer:
+    """The trainer side of a push, in the driver: a model whose weights go to the workers in
+    buckets through :func:`toolrl.weight_sync.ray_sink`, as trainer rank 0 sends them."""
+
+    def __init__(self, path: str, tokenizer: Any, bucket_mb: float) -> None:
+        from toolrl import models
+
+        self.model = models.load_model(path)
+        self.tokenizer, self.bucket_mb = tokenizer, bucket_mb
+        self.scale = 0.0  # of the chain weights the model holds
+
+    def set_scale(self, scale: float) -> None:
+        self.model.load_state_dict(chain_weights(self.model, self.tokenizer, scale))
+        self.scale = scale
+
+    async def push(self, workers: Any, version: int | None = None) -> dict[str, Any]:
+        from toolrl.weight_sync import push, ray_sink
+
+        dead: set[int] = set()
+        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(workers), dead, version)], self.bucket_mb)
+        return {**stats.as_metrics(), "buckets": stats.buckets, "dead": sorted(dead)}
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory, tiny_qwen3_path):
+    """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
+    from toolrl import models
+    from toolrl.compose import model_path
+    from toolrl.distributed import RolloutWorkerPool
+
+    if ray.is_initialized():
+        pytest.fail("a Ray connection from an earlier test is still open")
+    gates = tmp_path_factory.mktemp("gates")
+    config = load_config(TINY, [
+        "model.tiny={tie_word_embeddings: false}", "rollout.temperature=0", "rollout.n=1", "rollout.max_turns=2",
+        f"tools.entries=[{{class_name: async_ray_tools.GateTool, config: {{dir: '{gates}', timeout: 120}}}}]",
+        "trainer.progress=false"])
+    with pytest.MonkeyPatch.context() as mp:
+        # The workers import the gate tool from tests/; one auth mode for every Ray in the session.
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        path = model_path(config)
+        trainer = Trainer(path, models.load_tokenizer(path), bucket_mb=1.0)
+        trainer.set_scale(3.0)
+        pool = RolloutWorkerPool(config, num_workers=2, address="local")
+        pool.weight_source = trainer.push
+        try:
+            asyncio.run(pool.start())
+            asyncio.run(pool.push_weights(0))
+            yield pool, trainer, gates
+        finally:
+            pool.close()
+    assert not ray.is_initialized()
+
+
+def versions(pool: Any) -> list[int]:
+    return [ray.get(w.ping.remote())["weight_version"] for w in pool.workers]
+
+
+def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
+    pool, trainer, gates = setting
+
+    async def scenario() -> tuple[Any, dict[str, Any]]:
+        task = asyncio.ensure_future(pool.run_group(sample("push"), 0, 1, seed=5, id_prefix="t1-"))
+        await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "push"))  # turn 1 done, on version 0
+        trainer.set_scale(1.5)
+        sync = await pool.push_weights(1)  # in flight: the trajectory is still running
+        assert not task.done()
+        (gates / "push").touch()
+        return await task, sync
+
+    [traj], sync = asyncio.run(scenario())
+    assert sync["weight_sync_s"] > 0 and versions(pool) == [1, 1] and pool.weight_version == 1
+    assert traj.turns == 2 and traj.termination == "max_turns"
+    assert [t.response.text for t in traj.tool_results] == ["open", "open"]
+    first, second = turn_logprobs(traj)
+    assert first == pytest.approx([logprob_at(3.0)] * len(first), abs=1e-4)  # the old weights
+    assert second == pytest.approx([logprob_at(1.5)] * len(second), abs=1e-3)  # the new ones
+
+
+def test_buckets_are_loaded_together_with_the_last_one(setting):
+    """A worker that has some buckets of an update but not the last still decodes on the old weights
+    only; the last bucket brings the whole update and its version."""
+    from toolrl.weight_sync import ray_sink
+
+    pool, trainer, gates = setting
+    (gates / "open").touch()
+    before = versions(pool)
+    dead: set[int] = set()
+    sink = ray_sink(pool.workers, dead, version=before[0] + 1)
+    new = chain_weights(trainer.model, trainer.tokenizer, 1.0)
+    sink({"lm_head.weight": new["lm_head.weight"]}, False)  # the logits' scale, not yet the last bucket
+
+    def run() -> list[list[float]]:
+        [traj] = asyncio.run(pool.run([sample("open")], 1, seed=1, id_prefix="b-"))
+        return turn_logprobs(traj)
+
+    staged = run()
+    assert versions(pool) == before
+    assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3) for turn in staged for lp in turn)
+    sink({}, True)
+    assert not dead and versions(pool) == [before[0] + 1] * 2
+    loaded = run()
+    assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in loaded for lp in turn)
+    trainer.set_scale(1.0)  # the trainer holds what the workers now hold
+    pool.weight_version = before[0] + 1
+
+
+def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
+    pool, trainer, gates = setting
+    pids = [ray.get(w.ping.remote())["pid"] for w in pool.workers]
+    version = pool.weight_version
+
+    async def scenario() -> tuple[list[Any], list[Any], int]:
+        first = asyncio.ensure_future(pool.run_group(sample("k1", 3), 3, 1, seed=9, id_prefix="t2-"))
+        holder = await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "k1"))
+        second = asyncio.ensure_future(pool.run_group(sample("k2", 4), 4, 1, seed=9, id_prefix="t2-"))
+        other = await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "k2"))
+        assert {holder, other} == set(pids)  # the idle worker took the second group
+        ray.kill(pool.workers[pids.index(holder)], no_restart=True)
+        # The first group runs again on the live worker, from the start.
+        assert await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "k1", {holder})) == other
+        (gates / "k1").touch()
+        (gates / "k2").touch()
+        return await first, await second, holder
+
+    first, second, killed = asyncio.run(scenario())
+    assert pool.restarts == 1 and pool.rerun_groups == 1
+    assert [t.trajectory_id for t in first + second] == ["t2-s3-g3-0", "t2-s4-g4-0"]
+    assert all(t.turns == 2 and t.error is None for t in first + second)
+
+    # The replacement came up in the killed worker's slot with the trainer's weights and version.
+    (gates / "open").touch()
+    infos = asyncio.run(pool.start())
+    assert killed not in {i["pid"] for i in infos} and versions(pool) == [version, version]
+    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=9, id_prefix="t3-"))
+    assert [t.turns for t in again] == [2, 2]  # one group on each worker
+    assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3)
+               for t in again for turn in turn_logprobs(t) for lp in turn)
