@@ -4,11 +4,11 @@ Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, th
 (:func:`toolrl.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
 is sent, many at once (an async actor). :class:`RolloutWorkerPool` places one worker per node where
-the cluster has several (node affinity) and sends each GRPO group (:meth:`~RolloutWorkerPool.run_group`,
-the streaming API; :meth:`~RolloutWorkerPool.run` is a batch of them) to the live worker with the
-fewest groups in flight; a group never straddles two workers. A worker that dies mid-group is
-replaced in the background and its groups run again on a live worker with the same seeds, so they
-return the same trajectories.
+the cluster has several (node affinity). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
+into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
+one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
+A worker that dies is replaced in the background and its groups run again on a live worker with the
+same seeds.
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
 or in buckets from the trainer ranks (:mod:`toolrl.weight_sync`), also while they generate: a worker
@@ -89,23 +89,32 @@ class RolloutWorker:
                         id_prefix: str = "") -> list[dict[str, Any]]:
         """The ``n`` trajectories of group ``group``: what ``run_rollouts`` gives that group in a batch
         (same seeds, same ids)."""
+        return [t.model_dump() for t in await self._group(Sample.model_validate(sample), group, n, seed, id_prefix)]
+
+    async def run(self, samples: Sequence[Mapping[str, Any]], groups: Sequence[int], n: int, seed: int,
+                  id_prefix: str = "") -> list[dict[str, Any]]:
+        """Several groups at once (a batch's share); ``groups[i]`` is sample i's group number."""
+        parsed = [Sample.model_validate(s) for s in samples]
+        out = await asyncio.gather(*(self._group(s, g, n, seed, id_prefix) for s, g in zip(parsed, groups, strict=True)))
+        return [t.model_dump() for trajs in out for t in trajs]
+
+    async def _group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str) -> list[Trajectory]:
         if self._rollouts is None:
-            raise RuntimeError("RolloutWorker.run_group before setup")
+            raise RuntimeError("RolloutWorker: a run before setup")
         ctx = self._rollouts.ctx
         # run_rollouts bounds trajectories per call; bound the concurrent groups so the total holds.
         limit = self._limits.setdefault(n, asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n)))
-        parsed = Sample.model_validate(sample)
         self._running += 1
         try:
             async with limit:
-                trajs = await run_rollouts(ctx, [parsed], n, seed=seed + GROUP_SEED_STRIDE * group,
+                trajs = await run_rollouts(ctx, [sample], n, seed=seed + GROUP_SEED_STRIDE * group,
                                            id_prefix=f"{id_prefix}g{group}:")
         finally:
             self._running -= 1
         for k, t in enumerate(trajs):
-            t.group, t.trajectory_id = group, f"{id_prefix}s{parsed.index}-g{group}-{k}"
+            t.group, t.trajectory_id = group, f"{id_prefix}s{sample.index}-g{group}-{k}"
         self._finished += len(trajs)
-        return [t.model_dump() for t in trajs]
+        return trajs
 
     async def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         # In a thread: the engine waits for its running step, and the loop keeps serving the groups.
@@ -341,23 +350,69 @@ class RolloutWorkerPool:
         raise AssertionError("unreachable")
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers:
-        every group through :meth:`run_group`, all at once (sent in group order, so with every worker
-        up the groups deal out evenly). On failure the exception carries the trajectories of the
-        groups that finished as ``trajectories`` (the controller writes their traces)."""
-        await self.start()
-        tasks = [asyncio.ensure_future(self.run_group(s, g, n, seed, id_prefix)) for g, s in enumerate(samples)]
+        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.
+
+        Each worker gets one contiguous share of the groups, started together. The share of a worker
+        that dies goes, whole, to the first worker to be idle, a live one or the dead one's
+        replacement, and runs there alone as it would have on its own worker: same seeds, same
+        batch, so the same trajectories bit for bit (:meth:`run_group` reruns a group on a worker
+        that may be decoding others, which changes float rounding and so, rarely, a sampled token).
+        """
+        import ray
+        from ray.exceptions import RayActorError
+
+        payload = [s.model_dump() for s in samples]
+        shares = [s for s in _split(len(samples), len(self._slots)) if s]
+        results: dict[int, list[Trajectory]] = {}
+        attempts = dict.fromkeys(range(len(shares)), 0)
+        pending: list[int] = []  # shares waiting for an idle worker
+        idle: list[_Slot] = []
+        runs: dict[asyncio.Future[Any], tuple[int, _Slot, Any, Any]] = {}  # share, slot, actor, ref
+        starting: dict[asyncio.Future[Any], _Slot] = {}  # replacements being set up
+
+        def submit(share: int, slot: _Slot) -> None:
+            groups = shares[share]
+            ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
+            runs[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
+
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = next((t.exception() for t in tasks if t.done() and t.exception() is not None), None)
-            if failed is not None:
-                failed.trajectories = [  # type: ignore[attr-defined]
-                    tr for t in tasks if t.done() and t.exception() is None for tr in t.result()]
-                raise failed
+            await self.start()
+            idle = list(self._slots[len(shares):])
+            for share, slot in enumerate(self._slots[: len(shares)]):
+                submit(share, slot)
+            while len(results) < len(shares):
+                done, _ = await asyncio.wait([*runs, *starting], return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    if fut in starting:
+                        slot = starting.pop(fut)
+                        fut.result()  # a replacement that cannot start ends the step
+                        idle.append(slot)
+                        continue
+                    share, slot, actor, _ = runs.pop(fut)
+                    try:
+                        results[share] = [Trajectory.model_validate(r) for r in fut.result()]
+                        idle.append(slot)
+                    except RayActorError:
+                        attempts[share] += 1
+                        if attempts[share] >= self.max_attempts:
+                            raise
+                        self._replace(slot, actor)
+                        starting[self._start_task(slot)] = slot
+                        pending.append(share)
+                        self.rerun_groups += len(shares[share])
+                while pending and idle:
+                    submit(pending.pop(0), idle.pop(0))
+        except Exception as exc:
+            # What did finish goes on record with the failure (the controller writes its traces).
+            exc.trajectories = [t for share in sorted(results) for t in results[share]]  # type: ignore[attr-defined]
+            raise
         finally:
-            for t in tasks:
-                t.cancel()
-        return [tr for t in tasks for tr in t.result()]
+            # A replacement keeps starting (its task is shared); the next start() waits for it.
+            for fut, (_, _, _, ref) in runs.items():
+                fut.cancel()
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+        return [t for share in range(len(shares)) for t in results[share]]
 
     async def push_weights(self, version: int) -> dict[str, Any]:
         """The trainer's current weights to every worker, in buckets through ``weight_source``, also
