@@ -110,7 +110,7 @@ class ToolrlRunner:
                                    id_prefix=f"t{step + 1}-")
         t1 = time.perf_counter()
         await self.trainer.step(trajs, step + 1)
-        await self.trainer.sync()
+        await self.trainer.sync(step + 1)
         t2 = time.perf_counter()
         return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, **cpu_since(c0),
                 "calls": sum(len(t.tool_results) for t in trajs) / len(trajs),

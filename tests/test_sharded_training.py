@@ -206,7 +206,7 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
                 prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, cfg.rollout.n, seed=step)
                 stats.append(await roles.trainer.step(trajs, step + 1))
-                await roles.sync_weights()
+                await roles.sync_weights(step + 1)
                 if step == 0:
                     ray.kill(roles.pool.workers[0], no_restart=True)
             return stats, roles.pool.restarts

@@ -13,14 +13,15 @@ the trainer's module, so weight updates cost nothing.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError, resolve_path
-from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts
+from toolrl.rollout import RolloutContext, Task, Trajectory, run_group, run_rollouts
 from toolrl.schemas import Message, Sample
 from toolrl.tools import Tool
 
@@ -136,9 +137,17 @@ class Rollouts:
     engine: Any
     ctx: RolloutContext
     tools: dict[str, Tool]
+    _limit: asyncio.Semaphore | None = field(default=None, repr=False)  # shared by all groups in flight
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         return await run_rollouts(self.ctx, samples, n, seed=seed, id_prefix=id_prefix)
+
+    async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """One group (streaming): its trajectories share the max_concurrent_trajectories bound with
+        every other group in flight."""
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self.ctx.config.max_concurrent_trajectories)
+        return await run_group(self.ctx, sample, group, n, seed, id_prefix, self._limit)
 
     async def check_trainable(self) -> str | None:
         return await self.engine.check_trainable()
@@ -214,8 +223,11 @@ async def compose_local(config: Config) -> LocalRun:
 
     def trained_model() -> Any:
         built.append(build_policy(config, path, models.resolve_device(config.model.device)))
-        # Under LoRA the engine keeps a plain base model of its own and gets merged weights.
-        return None if config.model.lora else built[0]
+        # Under LoRA the engine keeps a plain base model of its own and gets merged weights. So it
+        # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
+        # and optimizer steps then never touch the weights the engine decodes with; the engine gets
+        # each step's weights by push, between two decode steps.
+        return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
 
     rollouts = await compose_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples)
     return LocalRun(config, path, tokenizer, built[0], rollouts, samples)

@@ -190,6 +190,8 @@ class AlgorithmConfig(Section):
     mini_batches: int = Field(1, gt=0)
     # Truncated importance sampling against the engine's logprobs (None: off).
     tis_cap: float | None = Field(None, gt=0)
+    skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "
+                                            "dynamic sampling) and generate more until the batch is full")
 
 
 # Positions per LM-head chunk: the head holds at most this many fp32 rows of vocabulary logits.
@@ -220,6 +222,8 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(600.0, gt=0, description="a collective waiting longer fails the run")
     weight_sync_bucket_mb: float = Field(256.0, gt=0, description="weights travel to engines in buckets this big")
     keep_checkpoints: int = Field(2, gt=0)
+    max_staleness: int = Field(0, ge=0, description="0: synchronous steps; k: rollouts overlap training and "
+                               "start on weights at most k steps older than the step that trains them")
 
 
 class RayConfig(Section):

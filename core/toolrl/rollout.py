@@ -60,6 +60,9 @@ class Trajectory(BaseModel):
     ground_truth: Any = None
     generation_s: float = 0.0
     tool_s: float = 0.0
+    # The engine's weight version for each generation call (trainer steps applied to the weights
+    # that sampled its first token); more than one value: the weights changed mid-trajectory.
+    policy_versions: list[int] = Field(default_factory=list)
 
 
 @dataclass
@@ -126,6 +129,7 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
             gen = (await ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
                                              session_id=trajectory_id))[0]
             traj.generation_s += time.perf_counter() - t0
+            traj.policy_versions.append(gen.weight_version)
             traj.response_ids += gen.token_ids
             traj.response_mask += [1] * len(gen.token_ids)
             traj.logprobs += gen.logprobs
@@ -242,15 +246,32 @@ def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: S
         traj.reward = 0.0
 
 
+GROUP_SEED_STRIDE = 1_000_003
+
+
+def trajectory_seed(seed: int, group: int, k: int) -> int:
+    """The seed of trajectory ``k`` of group ``group``: the one formula every rollout path uses."""
+    return seed + GROUP_SEED_STRIDE * group + 10_007 * k
+
+
+async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
+                   id_prefix: str) -> Trajectory:
+    async with limit:
+        return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
+                                    trajectory_seed(seed, group, k))
+
+
+async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,
+                    limit: asyncio.Semaphore) -> list[Trajectory]:
+    """The ``n`` trajectories of one group, concurrent; ``limit`` bounds the trajectories running at
+    once across every group that shares it. Seeds and ids are those :func:`run_rollouts` gives."""
+    return list(await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix) for k in range(n))))
+
+
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
                        id_prefix: str = "") -> list[Trajectory]:
-    """``n`` trajectories per sample, all concurrent (bounded by max_concurrent_trajectories)."""
+    """``n`` trajectories per sample (group ``g`` is sample ``g``), all concurrent (bounded by
+    max_concurrent_trajectories)."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
-
-    async def one(group: int, sample: Sample, k: int) -> Trajectory:
-        async with limit:
-            tid = f"{id_prefix}s{sample.index}-g{group}-{k}"
-            return await run_trajectory(ctx, sample, group, tid, seed + 1_000_003 * group + 10_007 * k)
-
-    jobs = [one(g, s, k) for g, s in enumerate(samples) for k in range(n)]
+    jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix) for g, s in enumerate(samples) for k in range(n)]
     return list(await asyncio.gather(*jobs))

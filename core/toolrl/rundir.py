@@ -72,11 +72,32 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
     }
 
 
+def staleness_metrics(trajs: Sequence[Trajectory], step: int) -> dict[str, Any]:
+    """Staleness of the trajectories trained in ``step`` (1-based): ``(step - 1) - policy_versions[0]``,
+    the steps between the weights that sampled a trajectory's first token and those it trains."""
+    ages = [step - 1 - t.policy_versions[0] for t in trajs if t.policy_versions]
+    if not ages:
+        return {}
+    hist: dict[str, int] = defaultdict(int)
+    for a in sorted(ages):
+        hist[str(a)] += 1
+    return {"staleness_mean": statistics.fmean(ages), "staleness_max": max(ages), "staleness_hist": dict(hist)}
+
+
+def policy_version(t: Trajectory) -> int | list[int] | None:
+    """A trace's ``policy_version``: one int, or the list per generation call when weights changed
+    mid-trajectory (None: nothing was generated)."""
+    if not t.policy_versions:
+        return None
+    return t.policy_versions[0] if len(set(t.policy_versions)) == 1 else list(t.policy_versions)
+
+
 def write_traces(path: Path, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
     tmp = path.with_suffix(".tmp")
     with tmp.open("w") as f:
         for t in trajs:
-            row = t.model_dump(mode="json", exclude={"model_text"})
+            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
+            row["policy_version"] = policy_version(t)
             row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
             row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
             f.write(json.dumps(row) + "\n")

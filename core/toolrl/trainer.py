@@ -1,24 +1,32 @@
 """The controller: the step loop, top to bottom, over three roles.
 
-Each step: the prompts of the step (a pure function of the step number) go to the rollout group,
-which returns scored trajectories; the trainer group takes one GRPO step on them; the new weights go
-from the trainer ranks to the engines; the controller records metrics and traces, and every
-``save_every`` steps a checkpoint. Where the roles run is decided once, in :func:`compose_roles`: all
-in this process (no ``ray.address``; the engine shares the trainer's module), or the trainer ranks and
-the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
+Each step: the step's batch of scored trajectories comes from the rollout group; the trainer group
+takes one GRPO step on them; the new weights go from the trainer ranks to the engines (weight version
+= steps trained); the controller records metrics and traces, and every ``save_every`` steps a
+checkpoint. Where the batches come from (:mod:`toolrl.batches`): with ``trainer.max_staleness: 0``
+the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
+they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
+than the step that trains it. Where the roles run is decided once, in :func:`compose_roles`: all in
+this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
+own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
+and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
 records. See docs/architecture.md.
+
+A step's weights reach the engines only after the whole update (all ``ppo_epochs x mini_batches``
+optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
+by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
 
 ``output_dir`` receives ``metrics.jsonl`` (one line per step; a step that fails gets a line with
 ``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, logprobs,
-decoded text, reward, tool calls), ``checkpoints/`` (sharded, written atomically; ``--resume``
-restores model, optimizer, step and RNG), ``roles.json`` (where each role runs) and ``reward_curve.png``.
+decoded text, reward, tool calls, policy version), ``checkpoints/`` (sharded, written atomically;
+``--resume`` restores model, optimizer, step, RNG and the data position: groups in flight are
+generated again), ``roles.json`` (where each role runs) and ``reward_curve.png``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl import checkpoint
+from toolrl.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.config import Config, ConfigError
 from toolrl.rollout import Trajectory
 from toolrl.rundir import (
@@ -34,23 +43,9 @@ from toolrl.rundir import (
     append_metrics,
     plot_curve,
     rollout_metrics,
+    staleness_metrics,
     write_traces,
 )
-from toolrl.schemas import Sample
-
-# -- data -----------------------------------------------------------------------------------------
-
-def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: int, shuffle: bool) -> list[Sample]:
-    """The prompts of a step: a pure function of the step, so resuming replays the same data."""
-    out = []
-    for k in range(step * batch_size, (step + 1) * batch_size):
-        epoch, pos = divmod(k, len(samples))
-        order = list(range(len(samples)))
-        if shuffle:
-            random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        out.append(samples[order[pos]])
-    return out
-
 
 # -- roles ----------------------------------------------------------------------------------------
 
@@ -69,10 +64,11 @@ class Roles:
     owns_ray: bool = False
     placement: dict[str, Any] = field(default_factory=dict)
 
-    async def sync_weights(self) -> dict[str, float]:
-        """The trainer's weights to every engine; returns ``weight_sync_s`` and ``weight_sync_peak_mb``."""
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """The trainer's weights (``version``: steps trained) to every engine; returns
+        ``weight_sync_s`` and ``weight_sync_peak_mb``."""
         if self.pool is None:
-            return await self.trainer.sync()
+            return await self.trainer.sync(version)
         out = await self.trainer.push(self.pool.workers)
         self.pool.replace(out.pop("dead"))  # their replacements get the weights when they come up
         return out
@@ -152,26 +148,30 @@ async def compose_roles(config: Config, train: bool = True) -> Roles:
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-async def save_checkpoint(roles: Roles, out: Path, step: int) -> Path:
-    """Every rank writes its shards into a staging directory; then the controller publishes it."""
+async def save_checkpoint(roles: Roles, out: Path, step: int, data_position: int) -> Path:
+    """Every rank writes its shards into a staging directory; then the controller publishes it.
+    ``data_position``: the groups consumed so far (trained or skipped); later ones start again."""
     config = roles.config
     ckpt_dir = out / "checkpoints"
     staged = checkpoint.staging_dir(ckpt_dir, step)
     await roles.trainer.save(str(staged), step)
     return checkpoint.finalize(ckpt_dir, staged, step, {"world_size": config.trainer.world_size,
-                                                        "data_position": step * config.data.batch_size},
+                                                        "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
 
-async def restore(roles: Roles, out: Path) -> int:
-    """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the step."""
+async def restore(roles: Roles, out: Path) -> tuple[int, int]:
+    """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
+    step and the data position."""
     ckpt = checkpoint.latest(out / "checkpoints")
     if ckpt is None:
         raise ConfigError(f"--resume: no checkpoint in {out / 'checkpoints'}")
     await roles.trainer.load(str(ckpt))
     checkpoint.restore_controller(ckpt)
-    await roles.sync_weights()
-    return int(checkpoint.read_meta(ckpt)["step"])
+    meta = checkpoint.read_meta(ckpt)
+    step = int(meta["step"])
+    await roles.sync_weights(step)
+    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
 
 
 def record_failure(out: Path, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
@@ -204,37 +204,41 @@ async def train_async(config: Config, resume: bool = False) -> Path:
 
     samples = load_samples(config)
     roles = await compose_roles(config)
+    batches: StepBatches | GroupStream | None = None
     try:
         if (reason := await roles.rollouts.check_trainable()) is not None:
             raise ConfigError(f"engine.name: {reason}")
         (out / "roles.json").write_text(json.dumps(roles.placement, indent=2, default=str))
         checkpoint.save_model_files(roles.model_dir, out / "checkpoints" / checkpoint.HF_FILES)
-        start = 0
+        start = position = 0
         if resume:
-            start = await restore(roles, out)
+            start, position = await restore(roles, out)
             _truncate_metrics(out / "metrics.jsonl", start)
+        batches = open_batches(roles.rollouts, samples, config, position, version=start)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
-                trajs: list[Trajectory] = []
+                batch = Batch()
                 try:
-                    prompts = batch_for_step(samples, step, config.data.batch_size, config.trainer.seed,
-                                             config.data.shuffle)
-                    trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=config.rollout.seed + 7_777 * step,
-                                                     id_prefix=f"t{step + 1}-")
+                    # Synchronous: generates the step's groups now. Streaming: waits for the next
+                    # groups in order (most generated while earlier steps trained).
+                    batch = await batches.next(step)
                     rollout_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
-                    train = await roles.trainer.step(trajs, step + 1)
-                    sync = await roles.sync_weights()
-                    row = {"step": step + 1, **rollout_metrics(trajs, rollout_s), **train, **sync,
+                    # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
+                    train = await roles.trainer.step(batch.trajectories, step + 1) if batch.trajectories else {}
+                    sync = await roles.sync_weights(step + 1)
+                    batches.set_version(step + 1)  # groups waiting for these weights start now
+                    row = {"step": step + 1, **rollout_metrics(batch.generated, rollout_s), **batch.metrics(),
+                           **staleness_metrics(batch.trajectories, step + 1), **train, **sync,
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
-                    write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, roles.tokenizer)
+                    write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", batch.generated, roles.tokenizer)
                     append_metrics(out / "metrics.jsonl", row)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
-                        await save_checkpoint(roles, out, step + 1)
+                        await save_checkpoint(roles, out, step + 1, batch.end)
                 except Exception as exc:
-                    record_failure(out, step + 1, exc, trajs, roles.tokenizer, time.perf_counter() - t0)
+                    record_failure(out, step + 1, exc, batch.generated, roles.tokenizer, time.perf_counter() - t0)
                     raise
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
@@ -243,6 +247,8 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
                     f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s", highlight=False)
     finally:
+        if batches is not None:
+            await batches.close()  # groups still in flight: a resumed run generates them again
         await roles.close()
     if config.trainer.plot:
         plot_curve(out)
@@ -262,7 +268,7 @@ async def evaluate_async(config: Config) -> Path:
                 t0 = time.perf_counter()
                 prompts = batch_for_step(samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
-                trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=config.rollout.seed + 7_777 * step,
+                trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=f"e{step + 1}-")
                 row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
                 write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, roles.tokenizer)

@@ -30,8 +30,14 @@ class LocalTrainer:
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         return await asyncio.to_thread(self.rank.step, trajectories)
 
-    async def sync(self) -> dict[str, float]:
-        return self.rank.push_to_engine(self.engine, self.rank.config.trainer.weight_sync_bucket_mb)
+    async def sync(self, version: int) -> dict[str, float]:
+        """The weights to the engine as ``version``, all buckets between the same two decode steps
+        (in a thread: the push waits for the engine's running step)."""
+        def push() -> dict[str, float]:
+            with self.engine.updating_weights(version):
+                return self.rank.push_to_engine(self.engine, self.rank.config.trainer.weight_sync_bucket_mb)
+
+        return await asyncio.to_thread(push)
 
     async def save(self, directory: str, step: int) -> None:
         await asyncio.to_thread(self.rank.save, directory)

@@ -8,8 +8,9 @@ recomputes.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -33,6 +34,8 @@ class Generation:
     finish_reason: FinishReason
     # The stop token id or stop string that ended generation (kept in token_ids), if any.
     stop: int | str | None = None
+    # The engine's weight version (trainer steps applied to its weights) when the first token was sampled.
+    weight_version: int = 0
 
 
 @dataclass
@@ -61,6 +64,8 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
 
 class RolloutEngine(ABC):
     name: ClassVar[str] = ""
+    # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
+    weight_version: int = 0
 
     @classmethod
     @abstractmethod
@@ -86,6 +91,15 @@ class RolloutEngine(ABC):
         self._weight_pieces: dict[str, Any] | None = None if last else pieces
         if last:
             self.update_weights(pieces)
+
+    @contextlib.contextmanager
+    def updating_weights(self, version: int) -> Iterator[None]:
+        """Load new weights inside this context; on leaving it they are ``version``. Engines that
+        decode while weights load override it to hold decoding between two steps for the whole
+        update, so no token is sampled from a mix of old and new weights."""
+        yield
+        self.weight_version = version
+
     async def check_trainable(self) -> str | None:
         """None when training may use this engine; else a one-line reason (an engine that cannot give
         token ids and logprobs, say). May ask the backend once."""

@@ -15,6 +15,11 @@ layout never changes its attention result, only the floating-point summation ord
 With ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the next turn of the same
 trajectory prefills only the tokens after the longest common prefix. The kept state is dropped when
 the weights change (``update_weights`` or any in-place update of the module's parameters).
+
+Weights may change while requests are running (asynchronous training): an update made inside
+:meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
+running rows continue on the new weights (the KV already computed for their earlier tokens stays
+as it was), and each generation reports the version its first token was sampled with.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import contextlib
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -145,6 +150,7 @@ class _Request:
     future: asyncio.Future[list[Generation]]
     results: list[Generation | None] = field(default_factory=list)
     remaining: int = 0
+    weight_version: int = 0  # the engine's when the first token was sampled
 
 
 @dataclass
@@ -205,7 +211,9 @@ class TransformersEngine(RolloutEngine):
         self._batch = _Batch()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._sessions_lock = threading.Lock()
-        self._step_lock = threading.Lock()  # held while the model runs; weight updates wait for it
+        # Held while the model runs; weight updates wait for it (reentrant: updating_weights holds it
+        # around update_weights calls).
+        self._step_lock = threading.RLock()
         self._version = 0
         self.stats = EngineStats()
         self._param_versions = self._parameter_versions()
@@ -240,6 +248,8 @@ class TransformersEngine(RolloutEngine):
         if self._closed:
             raise RuntimeError("engine is closed")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
+            for gen in empty:
+                gen.weight_version = self.weight_version
             return empty
         if params.stop_strings:
             _ = self.tokenizer  # load it now, not inside a step
@@ -267,6 +277,13 @@ class TransformersEngine(RolloutEngine):
 
     def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
         self.update_weights(bucket)  # copies in place: nothing is kept between buckets
+
+    @contextlib.contextmanager
+    def updating_weights(self, version: int) -> Iterator[None]:
+        with self._step_lock:
+            yield
+            self._invalidate_sessions()  # also when the update wrote a shared module directly
+            self.weight_version = version
 
     def end_session(self, session_id: str) -> None:
         with self._sessions_lock:
@@ -360,6 +377,8 @@ class TransformersEngine(RolloutEngine):
                 logits = self._decode(batch)
                 self._advance(batch, batch.rows, logits, finished)
             if admitted:
+                for req in admitted:
+                    req.weight_version = self.weight_version
                 new, logits = self._prefill(admitted)
                 self._advance(new, new.rows, logits, finished)
                 self._merge(batch, new)
@@ -477,7 +496,8 @@ class TransformersEngine(RolloutEngine):
             if reason is None:
                 keep.append(i)
                 continue
-            row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop)
+            row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
+                                                    row.req.weight_version)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)

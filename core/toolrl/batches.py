@@ -1,0 +1,219 @@
+"""What each training step trains on: the groups, their prompts and seeds, and (asynchronous
+training) the groups generating ahead of the trainer.
+
+Groups are numbered globally from 0 in data order. Group ``g``'s prompt (:func:`prompt_for_group`)
+and trajectory seeds (:func:`group_seed` with :func:`toolrl.rollout.trajectory_seed`) are pure
+functions of ``g`` and the run's seeds, so a resumed run regenerates any group exactly where it left
+off. Steps take groups in group order; the checkpoint records the first group not yet consumed.
+
+- :class:`StepBatches` (``trainer.max_staleness: 0``, no dynamic sampling): the synchronous loop.
+  Step ``s`` runs groups ``s*B .. s*B+B-1`` as one rollout call after the weights of step ``s-1``
+  reached the engines, exactly as before asynchronous training existed.
+- :class:`GroupStream` (otherwise): groups start one by one (``run_group``) as soon as AReaL's bound
+  allows and finish in any order; they are assigned to steps in group order. With
+  ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
+  takes the next group instead, up to :data:`MAX_GROUPS_PER_STEP` batches' worth of groups.
+
+The staleness bound: a group trained in step ``s`` (1-based) must start on weights of version
+``v >= (s - 1) - k`` (a version counts trainer steps applied). When a group starts, the step it
+will be trained in is not known (groups before it may yet be skipped), but it is at most the step
+it would reach if every later group were kept; the stream starts a group only when that step is
+within ``k`` of the engines' version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.config import Config
+from toolrl.rollout import GROUP_SEED_STRIDE, Trajectory
+from toolrl.schemas import Sample
+
+# Dynamic sampling stops a step after this many batches' worth of groups and trains on what it kept.
+MAX_GROUPS_PER_STEP = 4
+
+
+@functools.lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
+    order = list(range(n))
+    if shuffle:
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
+def prompt_for_group(samples: Sequence[Sample], group: int, seed: int, shuffle: bool) -> Sample:
+    """Group ``group``'s prompt: position ``group`` of the data, reshuffled every epoch."""
+    epoch, pos = divmod(group, len(samples))
+    return samples[_epoch_order(len(samples), seed, epoch, shuffle)[pos]]
+
+
+def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: int, shuffle: bool) -> list[Sample]:
+    """The prompts of a synchronous step (0-based): groups ``step*batch_size`` onwards."""
+    return [prompt_for_group(samples, g, seed, shuffle) for g in range(step * batch_size, (step + 1) * batch_size)]
+
+
+def step_seed(rollout_seed: int, step: int) -> int:
+    """The ``seed`` a synchronous step (0-based) runs its batch with (group ``j`` of the batch)."""
+    return rollout_seed + 7_777 * step
+
+
+def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
+    """The ``seed`` for ``run_group`` of global group ``group``: ``trajectory_seed(seed, group, k)``
+    is then the seed the synchronous loop gives trajectory ``k`` of group ``group % batch_size`` in
+    step ``group // batch_size``, so both modes sample the same trajectories from the same weights."""
+    step = group // batch_size
+    return step_seed(rollout_seed, step) - GROUP_SEED_STRIDE * batch_size * step
+
+
+@dataclass
+class Batch:
+    """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also
+    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it."""
+
+    groups: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+    generated: list[Trajectory] = field(default_factory=list)
+    end: int = 0
+
+    def metrics(self) -> dict[str, Any]:
+        return {"groups": self.groups, "skipped_groups": self.skipped,
+                "groups_generated": len(self.groups) + len(self.skipped), "groups_skipped": len(self.skipped)}
+
+
+def zero_variance(trajs: Sequence[Trajectory]) -> bool:
+    """All rewards equal: GRPO's advantages are all zero, the group teaches nothing."""
+    return len({t.reward for t in trajs}) <= 1
+
+
+class StepBatches:
+    """The synchronous loop's data: one rollout call per step, started by :meth:`next`."""
+
+    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int) -> None:
+        self.rollouts, self.samples, self.config = rollouts, samples, config
+        self.position = position
+
+    async def next(self, step: int) -> Batch:
+        cfg, size = self.config, self.config.data.batch_size
+        first = self.position
+        assert first == step * size, "the synchronous loop's steps are aligned with the data"
+        prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
+        trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
+                                        id_prefix=f"t{step + 1}-")
+        self.position = first + size
+        return Batch(list(range(first, self.position)), [], trajs, trajs, self.position)
+
+    def set_version(self, version: int) -> None:
+        """Nothing runs between steps."""
+
+    async def close(self) -> None:
+        """Nothing is in flight between steps."""
+
+
+class GroupStream:
+    """Groups generating continuously within the staleness bound, handed to steps in group order."""
+
+    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int, version: int) -> None:
+        self.rollouts, self.samples, self.config = rollouts, samples, config
+        self.size = config.data.batch_size
+        self.max_staleness = config.trainer.max_staleness
+        self.skip = config.algorithm.skip_zero_variance_groups
+        self.version = version  # the engines' weight version
+        self.started = self.consumed = position  # next group to start / to assign to a step
+        self.filling_step = version + 1  # the step (1-based) the next assigned group goes to
+        self.filling = Batch(end=position)
+        self.running: dict[int, asyncio.Task[list[Trajectory]]] = {}
+        self.finished: dict[int, list[Trajectory]] = {}
+        self.ready: deque[Batch] = deque()
+        self.error: BaseException | None = None
+        self.changed = asyncio.Event()
+        self._admit()
+
+    async def next(self, step: int) -> Batch:
+        """Step ``step``'s (0-based) batch, once its groups have finished."""
+        while not self.ready:
+            if self.error is not None:
+                raise self.error
+            self.changed.clear()
+            await self.changed.wait()
+        return self.ready.popleft()
+
+    def set_version(self, version: int) -> None:
+        """The engines now sample with ``version``: more groups may start."""
+        self.version = version
+        self._admit()
+
+    async def close(self) -> None:
+        """Cancel the groups in flight (a resumed run regenerates them: same prompts, same seeds)."""
+        tasks = list(self.running.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _limit(self) -> int:
+        """The first group that may not start yet. The filling step still takes at least ``need``
+        groups and every later step at least a batch, so group ``g`` lands in a step no later than
+        if all of those were kept; the staleness bound (and the run's last step) allow ``slack`` steps
+        after the filling one."""
+        slack = min(self.version + self.max_staleness + 1, self.config.trainer.total_steps) - self.filling_step
+        if slack < 0:
+            return self.consumed
+        taken = len(self.filling.groups) + len(self.filling.skipped)
+        need = min(self.size - len(self.filling.groups), MAX_GROUPS_PER_STEP * self.size - taken)
+        return self.consumed + need + slack * self.size
+
+    def _admit(self) -> None:
+        cfg = self.config
+        while self.started < self._limit():
+            g = self.started
+            sample = prompt_for_group(self.samples, g, cfg.trainer.seed, cfg.data.shuffle)
+            task = asyncio.ensure_future(self.rollouts.run_group(
+                sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), ""))
+            task.add_done_callback(functools.partial(self._finished, g))
+            self.running[g] = task
+            self.started += 1
+
+    def _finished(self, group: int, task: asyncio.Task[list[Trajectory]]) -> None:
+        self.running.pop(group, None)
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            self.error = self.error or exc
+        else:
+            self.finished[group] = task.result()
+            self._assign()
+            self._admit()
+        self.changed.set()
+
+    def _assign(self) -> None:
+        """Finished groups, in group order, to the filling step; a full step is ready to train."""
+        while self.consumed in self.finished:
+            g, trajs = self.consumed, self.finished.pop(self.consumed)
+            batch = self.filling
+            if self.skip and zero_variance(trajs):
+                batch.skipped.append(g)
+            else:
+                batch.groups.append(g)
+                batch.trajectories += trajs
+            batch.generated += trajs
+            self.consumed = batch.end = g + 1
+            if len(batch.groups) == self.size or len(batch.groups) + len(batch.skipped) >= MAX_GROUPS_PER_STEP * self.size:
+                self.ready.append(batch)
+                self.filling = Batch(end=self.consumed)
+                self.filling_step += 1
+
+
+def open_batches(rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
+                 version: int) -> StepBatches | GroupStream:
+    """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), else
+    the stream."""
+    if config.trainer.max_staleness == 0 and not config.algorithm.skip_zero_variance_groups \
+            and position == version * config.data.batch_size:
+        return StepBatches(rollouts, samples, config, position)
+    return GroupStream(rollouts, samples, config, position, version)
