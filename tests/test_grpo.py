@@ -259,3 +259,14 @@ def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
     for key in ("clip_frac", "lp_mismatch", "is_weight_mean", "is_weight_max", "is_weight_min", "is_truncated_frac",
                 "loss_tokens"):
         assert group[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+
+
+def test_an_asynchronous_run_gets_a_default_cap():
+    from pathlib import Path
+
+    from toolrl.config import ASYNC_TIS_CAP, load_config
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    assert load_config(tiny).algorithm.tis_cap is None  # synchronous: on-policy, no weight
+    assert load_config(tiny, ["trainer.max_staleness=1"]).algorithm.tis_cap == ASYNC_TIS_CAP == 2.0
+    assert load_config(tiny, ["trainer.max_staleness=2", "algorithm.tis_cap=5"]).algorithm.tis_cap == 5.0
