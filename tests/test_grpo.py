@@ -113,3 +113,160 @@ def test_trainer_logprobs_agree_with_engine_logprobs(model, tiny_qwen3_path):
         lp = response_logprobs(model, build_batch(trajs, [0.0] * len(trajs)), temperature=0.7)
     diffs = [abs(float(lp[i, j]) - t.logprobs[j]) for i, t in enumerate(trajs) for j in range(len(t.response_ids))]
     assert sum(diffs) / len(diffs) < 1e-3, max(diffs)
+
+
+def hand_built():
+    """Two sequences, four trained tokens (the second has a tool token, mask 0, in the middle), with
+    behaviour (engine), proximal and new logprobs chosen so every case of the objective occurs."""
+    from toolrl.packing import build_batch as pack
+
+    trajs = [traj([1], [5, 6], logprobs=[-1.0, -2.0]), traj([1], [7, 8, 9], mask=[1, 0, 1], logprobs=[-0.5, -3.0, -1.0])]
+    batch = pack(trajs, [1.0, -1.0])
+    prox = torch.tensor([[-1.0, -1.5, 0.0], [-1.2, 0.0, -0.2]])
+    new = torch.tensor([[-0.9, -1.6, 0.0], [-1.2, 0.0, -0.6]], requires_grad=True)
+    return batch, prox, new
+
+
+def test_decoupled_objective_exact_values_and_gradient():
+    import math
+
+    from toolrl.grpo import policy_loss
+
+    batch, prox, new = hand_built()
+    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0)
+    loss, stats = policy_loss(new, prox, batch, cfg, {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
+    # Importance weights π_prox / π_behav at the trained tokens; the last is above the cap.
+    w = [math.exp(-1.0 + 1.0), math.exp(-1.5 + 2.0), math.exp(-1.2 + 0.5), math.exp(-0.2 + 1.0)]
+    r = [math.exp(0.1), math.exp(-0.1), 1.0, math.exp(-0.4)]  # π_θ / π_prox; the last is below 1 - 0.2
+    # A = +1: -r (inside the clip range). A = -1: max(r, clip(r)) = r, then the clipped 0.8.
+    per_token = [-r[0] * w[0], -r[1] * w[1], r[2] * w[2], 0.8 * min(w[3], 2.0)]
+    assert loss.item() == pytest.approx(sum(per_token) / 4, rel=1e-6)
+    assert stats["tokens"] == 4 and stats["clipped"] == 1 and stats["is_truncated"] == 1
+    assert stats["is_weight_sum"] == pytest.approx(sum(w), rel=1e-6)
+    assert stats["is_weight_max"] == pytest.approx(w[3], rel=1e-6) and stats["is_weight_min"] == pytest.approx(w[2], rel=1e-6)
+    loss.backward()
+    # d/dnew of -A·w·r is -A·w·r; the clipped token gets no gradient, nor the tool token.
+    expected = torch.tensor([[-w[0] * r[0], -w[1] * r[1], 0.0], [w[2] * r[2], 0.0, 0.0]]) / 4
+    assert torch.allclose(new.grad, expected, atol=1e-6)
+
+
+def test_tis_cap_none_leaves_the_weight_out_but_reports_it():
+    import math
+
+    from toolrl.grpo import policy_loss
+
+    batch, prox, new = hand_built()
+    loss, stats = policy_loss(new, prox, batch, AlgorithmConfig(tis_cap=None), {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
+    assert loss.item() == pytest.approx((-math.exp(0.1) - math.exp(-0.1) + 1.0 + 0.8) / 4, rel=1e-6)
+    assert stats["is_truncated"] == 0 and stats["is_weight_max"] == pytest.approx(math.exp(0.8), rel=1e-6)
+    # A lower cap truncates more: both weights above 1.2.
+    _, low = policy_loss(new, prox, batch, AlgorithmConfig(tis_cap=1.2), {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
+    assert low["is_truncated"] == 2
+
+
+def stale_batch(model, seed=0):
+    """Trajectories in two groups whose behaviour logprobs are the model's own plus noise (as if sampled
+    by older weights), and the model's own logprobs (the proximal ones of a one-update step)."""
+    g = torch.Generator().manual_seed(seed)
+    trajs = [traj([3 + i, 40 + i, 7], torch.randint(100, 5000, (3 + i % 3,), generator=g).tolist(),
+                  reward=float(i % 3), group=i // 4) for i in range(8)]
+    with torch.no_grad():
+        prox = response_logprobs(model, build_batch(trajs, [0.0] * 8))
+    for i, t in enumerate(trajs):
+        noise = (torch.rand(len(t.response_ids), generator=g) - 0.5) * 1.6  # log-weights in [-0.8, 0.8]
+        t.logprobs = (prox[i, :len(t.response_ids)] - noise).tolist()
+    return trajs, prox
+
+
+def test_stale_behaviour_logprobs_weight_the_gradient_as_the_formula_says(model):
+    import copy
+
+    from test_microbatch import Recorder
+
+    trajs, prox = stale_batch(model)
+    on_policy = copy.deepcopy(trajs)
+    for i, t in enumerate(on_policy):
+        t.logprobs = prox[i, :len(t.response_ids)].tolist()
+    algo, optim = AlgorithmConfig(tis_cap=1.5), OptimConfig(micro_batch_size=3, grad_clip=1e9)
+
+    def grads(ts):
+        m = copy.deepcopy(model)
+        opt = Recorder(m.parameters())
+        metrics = grpo_step(m, opt, ts, algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8)
+        return metrics, torch.cat([x.flatten() for x in opt.grads[0]])
+
+    stale_metrics, stale = grads(trajs)
+    on_metrics, on = grads(on_policy)
+    # One update: π_θ = π_prox, so the gradient is that of -Σ A·min(π_prox/π_behav, cap)·log π_θ / tokens.
+    m = copy.deepcopy(model)
+    adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs])
+    batch = build_batch(trajs, adv)
+    weight = torch.exp(prox - batch.engine_logprobs).clamp(max=1.5)
+    lp = response_logprobs(m, batch)
+    (-(batch.advantages[:, None] * weight * lp * batch.response_mask).sum() / batch.response_mask.sum()).backward()
+    formula = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in m.parameters()])
+    assert (stale - formula).norm() <= 1e-4 * formula.norm()
+    assert (stale - on).norm() > 0.1 * on.norm()  # staleness changed the update
+    assert on_metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-5) and on_metrics["is_truncated_frac"] == 0
+    w = torch.exp(prox - batch.engine_logprobs)[batch.response_mask.bool()]
+    assert stale_metrics["is_weight_mean"] == pytest.approx(float(w.mean()), rel=1e-5)
+    assert float(w.max()) > 1.5 and stale_metrics["is_weight_max"] == pytest.approx(float(w.max()), rel=1e-5)
+    assert stale_metrics["is_truncated_frac"] == pytest.approx(float((w > 1.5).float().mean()))
+    assert stale_metrics["loss_tokens"] == float(batch.response_mask.sum())
+
+
+def _reduce_on_rank(rank, port, outs, path):
+    import json
+
+    import torch.distributed as dist
+    from toolrl.trainer_rank import _group_metrics
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        group = _group_metrics(outs[rank])
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(group, f)
+
+
+def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
+    """Each rank's share of a stale batch, reduced over a real gloo group: the token means, extremes
+    and token counts are those of the whole batch on one rank."""
+    import copy
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    trajs, _ = stale_batch(model, seed=1)
+    algo, optim = AlgorithmConfig(tis_cap=1.5, ppo_epochs=2), OptimConfig(micro_batch_size=2, grad_clip=1e9)
+
+    def metrics(rank=0, world_size=1):
+        m = copy.deepcopy(model)
+        return grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs, algo, optim, pad_id=0, temperature=1.0,
+                         max_response_tokens=8, rank=rank, world_size=world_size)
+
+    one = metrics()
+    outs = [metrics(r, 2) for r in (0, 1)]
+    assert outs[0]["loss_tokens"] != outs[1]["loss_tokens"]  # uneven shares: a plain mean would be wrong
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_reduce_on_rank, args=(port, outs, str(tmp_path / "group.json")), nprocs=2)
+    group = json.loads((tmp_path / "group.json").read_text())
+    for key in ("clip_frac", "lp_mismatch", "is_weight_mean", "is_weight_max", "is_weight_min", "is_truncated_frac",
+                "loss_tokens"):
+        assert group[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+
+
+def test_an_asynchronous_run_gets_a_default_cap():
+    from pathlib import Path
+
+    from toolrl.config import ASYNC_TIS_CAP, load_config
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    assert load_config(tiny).algorithm.tis_cap is None  # synchronous: on-policy, no weight
+    assert load_config(tiny, ["trainer.max_staleness=1"]).algorithm.tis_cap == ASYNC_TIS_CAP == 2.0
+    assert load_config(tiny, ["trainer.max_staleness=2", "algorithm.tis_cap=5"]).algorithm.tis_cap == 5.0

@@ -180,6 +180,10 @@ class RewardConfig(Section):
     step_reward_weight: float = 1.0  # sum of step rewards
 
 
+# Samples up to k updates stale are trained with their importance weight capped at this by default.
+ASYNC_TIS_CAP = 2.0
+
+
 class AlgorithmConfig(Section):
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.28, ge=0)
@@ -188,7 +192,8 @@ class AlgorithmConfig(Section):
     norm_adv_by_std: bool = True
     ppo_epochs: int = Field(1, gt=0)
     mini_batches: int = Field(1, gt=0)
-    # Truncated importance sampling against the engine's logprobs (None: off).
+    # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.grpo).
+    # None: no weight (on-policy); an asynchronous run (trainer.max_staleness > 0) gets ASYNC_TIS_CAP.
     tis_cap: float | None = Field(None, gt=0)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "
                                             "dynamic sampling) and generate more until the batch is full")
@@ -250,6 +255,14 @@ class Config(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     base_dir: str = Field(".", description="directory relative paths resolve against (the config's)")
+
+    @model_validator(mode="after")
+    def _stale_samples_are_weighted(self) -> Config:
+        """Stale samples need the importance weight: an asynchronous run that sets no cap gets
+        ASYNC_TIS_CAP, written into the run's config like any other value."""
+        if self.trainer.max_staleness > 0 and self.algorithm.tis_cap is None:
+            self.algorithm.tis_cap = ASYNC_TIS_CAP
+        return self
 
 
 def _parse_value(text: str) -> Any:

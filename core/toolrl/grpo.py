@@ -10,6 +10,23 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
   (the original GRPO; long responses weigh less per token).
 - ``seq-mean-token-sum-norm``: per-sequence token sum / ``max_response_tokens``, mean over sequences
   (Dr. GRPO; no length bias).
+
+The objective is the decoupled PPO objective (Hilton et al. 2021; AReaL, Fu et al. 2025), per trained
+token, with three policies: the behaviour policy that sampled the token (the engine's logprob,
+``Batch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
+policy (the trainer's weights before this step's first update: recomputed without gradient, or simply
+``new.detach()`` when the step makes one update) and the policy being trained::
+
+    r = π_θ / π_prox                      (the PPO ratio, against the proximal policy, not the behaviour one)
+    w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient)
+    loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)
+
+so the trust region is centred on recent weights however stale the sample, and the weight corrects for
+the sample coming from another policy. ``algorithm.tis_cap`` None leaves ``w`` out (``w = 1``: the
+on-policy PPO loss); an asynchronous run gets a cap by default (:class:`toolrl.config.AlgorithmConfig`).
+Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip range),
+``is_weight_mean``/``_max``/``_min`` (of ``π_prox / π_behav`` before truncation) and
+``is_truncated_frac`` (share above the cap).
 """
 
 from __future__ import annotations
@@ -86,20 +103,34 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
     raise ValueError(f"unknown loss_agg {mode!r}")
 
 
-def policy_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, batch: Batch, cfg: AlgorithmConfig,
-                norm: dict[str, float], ref_lp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: Batch, cfg: AlgorithmConfig,
+                norm: dict[str, float], ref_lp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The decoupled PPO loss of one micro-batch (module docstring) and its figures over trained
+    tokens, for :func:`grpo_step` to turn into token means: ``tokens``, ``clipped``, ``is_weight_sum``,
+    ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf), ``is_truncated``, ``mismatch``
+    (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``."""
     mask, adv = batch.response_mask, batch.advantages[:, None]
-    ratio = torch.exp(new_lp - old_lp)
+    ratio = torch.exp(new_lp - prox_lp)
     clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
-    if cfg.tis_cap is not None:  # correct for the engine sampling from slightly different logprobs
-        per_token = per_token * torch.exp(old_lp - batch.engine_logprobs).clamp(max=cfg.tis_cap).detach()
-    stats = {"clip_frac": float(((ratio != clipped).float() * mask).sum() / mask.sum().clamp(min=1))}
+    weight = torch.exp(prox_lp.detach() - batch.engine_logprobs)  # π_prox / π_behav
+    if cfg.tis_cap is not None:
+        per_token = per_token * weight.clamp(max=cfg.tis_cap)
+    trained = mask.bool()
+    cap = math.inf if cfg.tis_cap is None else cfg.tis_cap
+    figures = {"tokens": mask.sum(), "clipped": ((ratio != clipped) & trained).sum(),
+               "is_weight_sum": (weight * mask).sum(),
+               "is_weight_max": torch.where(trained, weight, -math.inf).max(),
+               "is_weight_min": torch.where(trained, weight, math.inf).min(),
+               "is_truncated": ((weight > cap) & trained).sum(),
+               "mismatch": ((new_lp.detach() - batch.engine_logprobs).abs() * mask).sum()}
     if ref_lp is not None and cfg.kl_coef > 0:
         delta = ref_lp - new_lp
         kl = torch.exp(delta) - delta - 1  # k3: unbiased, non-negative
         per_token = per_token + cfg.kl_coef * kl
-        stats["kl"] = float((kl.detach() * mask).sum() / mask.sum().clamp(min=1))
+        figures["kl_sum"] = (kl.detach() * mask).sum()
+    # One device-to-host copy for all of them.
+    stats = dict(zip(figures, torch.stack([v.detach().float() for v in figures.values()]).tolist(), strict=True))
     return aggregate(per_token, mask, cfg.loss_agg, norm), stats
 
 
@@ -115,7 +146,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
     ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
     rank's, for the caller to reduce: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``,
-    ``kl``, ``lp_mismatch`` are means over its micro-batches; ``trainer_peak_mb`` is its peak memory
+    ``kl``, ``lp_mismatch``, ``is_weight_mean`` and ``is_truncated_frac`` are means over the trained
+    tokens its loss ran over, ``loss_tokens`` of them (every epoch counted: the weights of the group's
+    means); ``is_weight_max``/``_min`` its extremes; ``trainer_peak_mb`` is its peak memory
     (:mod:`toolrl.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
     forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
     tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
@@ -154,10 +187,12 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
         with torch.no_grad():
             return [[logprobs(m, batch) for _, batch in mini] for mini in steps]
 
-    metrics: dict[str, list[float]] = {"loss": [], "grad_norm": [], "clip_frac": [], "kl": [], "lp_mismatch": []}
+    metrics: dict[str, list[float]] = {"loss": [], "grad_norm": []}
+    sums = {"tokens": 0.0, "clipped": 0.0, "is_weight_sum": 0.0, "is_truncated": 0.0, "mismatch": 0.0}
+    w_max, w_min = -math.inf, math.inf
     real_tokens = dummy_tokens = 0
     with PeakMemory(device) as peak:
-        # Old logprobs: with one update per batch the policy has not moved, so old == new.detach()
+        # Proximal logprobs: with one update per batch the policy has not moved, so prox == new.detach()
         # exactly and a separate no-grad pass would be wasted; otherwise they are computed first.
         old_all = None if single_update else forward_all(model)
         ref_all = forward_all(ref_model) if ref_model is not None and algo.kl_coef > 0 else None
@@ -168,9 +203,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                 total = 0.0
                 for j, (micro, mbatch) in enumerate(mini):
                     new_lp = logprobs(model, mbatch)
-                    old_lp = new_lp.detach() if old_all is None else old_all[k][j]
+                    prox_lp = new_lp.detach() if old_all is None else old_all[k][j]
                     ref_lp = None if ref_all is None else ref_all[k][j]
-                    loss, stats = policy_loss(new_lp, old_lp, mbatch, algo, norms[k], ref_lp)
+                    loss, stats = policy_loss(new_lp, prox_lp, mbatch, algo, norms[k], ref_lp)
                     if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
                         (loss * 0.0).backward()
                         dummy_tokens += mbatch.tokens
@@ -178,13 +213,10 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
                     loss.backward()
                     real_tokens += mbatch.tokens
                     total += float(loss.detach())
-                    m = mbatch.response_mask
-                    count = m.sum().clamp(min=1)
-                    metrics["lp_mismatch"].append(float(((new_lp.detach() - mbatch.engine_logprobs).abs() * m).sum()
-                                                        / count))
-                    metrics["clip_frac"].append(stats["clip_frac"])
-                    if "kl" in stats:
-                        metrics["kl"].append(stats["kl"])
+                    for key in ("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch", "kl_sum"):
+                        if key in stats:
+                            sums[key] = sums.get(key, 0.0) + stats[key]
+                    w_max, w_min = max(w_max, stats["is_weight_max"]), min(w_min, stats["is_weight_min"])
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
                 if hasattr(grad_norm, "full_tensor"):  # DTensor parameters: the norm over every shard
                     grad_norm = grad_norm.full_tensor()
@@ -194,6 +226,13 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
         optimizer.zero_grad(set_to_none=True)
     elapsed = time.perf_counter() - t_start
     out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
+    if sums["tokens"]:
+        tokens = sums["tokens"]
+        out.update(loss_tokens=tokens, clip_frac=sums["clipped"] / tokens, lp_mismatch=sums["mismatch"] / tokens,
+                   is_weight_mean=sums["is_weight_sum"] / tokens, is_weight_max=w_max, is_weight_min=w_min,
+                   is_truncated_frac=sums["is_truncated"] / tokens)
+        if "kl_sum" in sums:
+            out["kl"] = sums["kl_sum"] / tokens
     out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
     out["advantage_abs_mean"] = sum(abs(a) for a in advs) / len(advs)
     out["padding_fraction"] = dummy_tokens / max(real_tokens + dummy_tokens, 1)

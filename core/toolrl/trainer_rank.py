@@ -176,30 +176,45 @@ class TrainerRank:
 
 
 # Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
-_SUMMED = ("loss", "trainer_tokens_per_s")
-_AVERAGED = ("clip_frac", "kl", "lp_mismatch", "padding_fraction")
+_SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens")
+_TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac")  # weighted by loss_tokens
+_AVERAGED = ("padding_fraction",)
+_LARGEST = ("trainer_peak_mb", "is_weight_max")
 
 
 def _group_metrics(out: dict[str, float]) -> dict[str, float]:
     """The whole group's step metrics from every rank's (all ranks call this together): shares of the
-    loss and throughput add up, means are averaged over the ranks that have them, peak memory is the
-    largest rank's. ``grad_norm`` and ``trained_tokens`` are already global."""
+    loss, throughput and loss tokens add up; token means are weighted by each rank's ``loss_tokens``
+    (so they are the means over the whole batch's tokens, as on one rank); other means are averaged
+    over the ranks that have them; extremes are the group's (peak memory is the largest rank's).
+    ``grad_norm`` and ``trained_tokens`` are already global."""
+    import math
+
     import torch
     import torch.distributed as dist
 
+    tokens = out.get("loss_tokens", 0.0)
     values = [out.get(k, 0.0) for k in _SUMMED]
+    for k in _TOKEN_MEANS:
+        values += [out.get(k, 0.0) * tokens, tokens if k in out else 0.0]
     for k in _AVERAGED:
         values += [out.get(k, 0.0), float(k in out)]
     summed = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(summed)
-    peak = torch.tensor([out.get("trainer_peak_mb", 0.0)], dtype=torch.float64)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    # The minimum is the negated maximum of the negated values: one MAX reduction for every extreme.
+    extremes = torch.tensor([out.get(k, -math.inf) for k in _LARGEST] + [-out.get("is_weight_min", math.inf)],
+                            dtype=torch.float64)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     group = dict(out)
-    group.update(zip(_SUMMED, summed[:len(_SUMMED)].tolist()))
-    for i, k in enumerate(_AVERAGED):
-        total, ranks = summed[len(_SUMMED) + 2 * i: len(_SUMMED) + 2 * i + 2].tolist()
-        if ranks:
-            group[k] = total / ranks
-    if "trainer_peak_mb" in out:
-        group["trainer_peak_mb"] = float(peak)
+    group.update(zip(_SUMMED, summed[:len(_SUMMED)].tolist(), strict=True))
+    pairs = summed[len(_SUMMED):].view(-1, 2).tolist()
+    for k, (total, weight) in zip(_TOKEN_MEANS + _AVERAGED, pairs, strict=True):
+        if weight:
+            group[k] = total / weight
+    largest = extremes.tolist()
+    for k, v in zip(_LARGEST, largest, strict=False):
+        if v > -math.inf:
+            group[k] = v
+    if largest[-1] > -math.inf:
+        group["is_weight_min"] = -largest[-1]
     return group
