@@ -38,12 +38,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_samples(config: Config) -> list[Sample]:
+def load_samples(config: Config, split: str = "train") -> list[Sample]:
+    """The samples of ``split``: ``"train"`` (training) or ``"test"`` (the held-out split, evaluation)."""
     from toolrl.data import arithmetic_samples
     from toolrl.data import load_samples as load_files
 
-    samples = load_files([resolve_path(config, f) for f in config.data.train_files]) if config.data.train_files \
-        else arithmetic_samples(config.data.synthetic)  # type: ignore[arg-type]
+    if split not in ("train", "test"):
+        raise ConfigError(f"unknown data split {split!r} (use train or test)")
+    files = config.data.train_files if split == "train" else config.data.test_files
+    if files:
+        samples = load_files([resolve_path(config, f) for f in files], f"data.{split}_files")
+    elif split == "train" and config.data.synthetic is not None:
+        samples = arithmetic_samples(config.data.synthetic)
+    else:
+        raise ConfigError(f"data.{split}_files: no {split} split configured")
     prefix = [Message.model_validate(m) for m in config.data.prompt_prefix]
     for s in samples:
         head = 1 if s.prompt and s.prompt[0].role == "system" else 0

@@ -122,6 +122,7 @@ class SyntheticData(Section):
 
 class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
+    test_files: list[str] = Field(default_factory=list, description="the held-out split (toolrl eval)")
     synthetic: SyntheticData | None = None
     batch_size: int = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
@@ -131,7 +132,7 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> DataConfig:
-        if not self.train_files and self.synthetic is None:
+        if not self.train_files and not self.test_files and self.synthetic is None:
             raise ValueError("set data.train_files or data.synthetic")
         return self
 

@@ -62,11 +62,12 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
     raise ConfigError(f"{path}: unsupported data file (use .jsonl or .parquet)")
 
 
-def load_samples(paths: list[Path]) -> list[Sample]:
+def load_samples(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
+    """Every row of ``paths``; ``field`` names the config key they came from in errors."""
     samples: list[Sample] = []
     for path in paths:
         if not path.exists():
-            raise ConfigError(f"data.train_files: {path} does not exist")
+            raise ConfigError(f"{field}: {path} does not exist")
         for origin, row in _rows(path):
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
@@ -79,7 +80,7 @@ def load_samples(paths: list[Path]) -> list[Sample]:
                 sample.index = len(samples)
             samples.append(sample)
     if not samples:
-        raise ConfigError(f"data.train_files: no rows in {', '.join(map(str, paths))}")
+        raise ConfigError(f"{field}: no rows in {', '.join(map(str, paths))}")
     return samples
 
 
