@@ -4,8 +4,8 @@ The rows are token-exact trajectories in the layout of ``rollouts/step_NNNNN.jso
 ``toolrl serve --record DIR`` writes to ``DIR/trajectories.jsonl`` for every served conversation
 (so agents written in other frameworks produce training data), or a run's own traces.
 
-- **Groups** (GRPO's baseline): rows with the same ``group`` value when rows carry one (rollout
-  traces), else rows with the same ``prompt_ids`` (served conversations that began alike).
+- **Groups** (GRPO's baseline): rows of one file with the same ``group`` value when rows carry one
+  (rollout traces), else rows with the same ``prompt_ids`` (served conversations that began alike).
 - **Rewards**: a row's ``reward`` when it has one (e.g. written by the agent framework); otherwise
   the configured ``reward.functions`` score the row's ``final_response`` against its
   ``ground_truth`` (null when absent), as the rollout loop scores a generated trajectory.
@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from toolrl.config import Config, ConfigError, format_errors, read_text, resolve_path
+from toolrl.config import Config, ConfigError, format_errors, resolve_path
 from toolrl.rollout import RolloutContext, Trajectory, score
 from toolrl.schemas import Sample
 
@@ -64,6 +64,7 @@ def _reward(traj: Trajectory, row: dict[str, Any], ctx: RolloutContext, origin: 
 def load_groups(config: Config) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored."""
     from toolrl.compose import build_rewards
+    from toolrl.data import _rows as rows
 
     # Scoring reads only the reward part of a rollout context; no engine, parser or tools take part.
     ctx = RolloutContext(engine=None, renderer_factory=None, parser=None, config=config.rollout,  # type: ignore[arg-type]
@@ -73,19 +74,13 @@ def load_groups(config: Config) -> list[Sample]:
         path = resolve_path(config, name)
         if not path.exists():
             raise ConfigError(f"data.trajectories: {path} does not exist")
-        for line_no, line in enumerate(read_text(path).split("\n"), 1):
-            if not line.strip():
-                continue
-            origin = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except (json.JSONDecodeError, RecursionError) as exc:
-                raise ConfigError(f"{origin}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        for origin, row in rows(path):  # the data files' reader: its limits and one-line errors
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             traj = _trajectory(row, origin)
             _reward(traj, row, ctx, origin)
-            key = ("group", json.dumps(row["group"])) if "group" in row else ("prompt", tuple(traj.prompt_ids))
+            # A group number means something within its own file only (each trace file numbers from 0).
+            key = ("group", str(path), json.dumps(row["group"])) if "group" in row else ("prompt", tuple(traj.prompt_ids))
             groups.setdefault(key, []).append(traj)
     if not groups:
         raise ConfigError(f"data.trajectories: no rows in {', '.join(config.data.trajectories)}")
