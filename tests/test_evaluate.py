@@ -148,3 +148,12 @@ def test_train_on_recorded_trajectories(tmp_path):
     result = toolrl("train", TINY, f"data.trajectories={recorded}", f"trainer.output_dir={out}")
     assert result.exit_code == 2
     assert result.stderr.strip().startswith(f"error: {recorded}:2: response_ids, response_mask and logprobs differ")
+
+
+def test_validation_on_ray_samples_as_training_does():
+    from toolrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"trainer.eval_every: rollout workers on Ray sample at rollout.temperature=1.0; "
+                                          "set eval.temperature to the same value"):
+        load_config(TINY, ["trainer.eval_every=1", "ray.address=local"])
+    assert load_config(TINY, ["trainer.eval_every=1", "ray.address=local", "eval.temperature=1.0"]).eval.temperature == 1
