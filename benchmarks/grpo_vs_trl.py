@@ -67,8 +67,8 @@ def toolrl_config(steps: int, model_dir: str, tool_schema: dict[str, Any]) -> An
 
     return load_config(None, data={
         "model": {"source": model_dir},
-        "data": {"synthetic": {"kind": "arithmetic", "num_samples": 64, "seed": SEED},
-                 "batch_size": BATCH_PROMPTS, "shuffle": False},
+        "env": "arithmetic", "env_options": {"train_size": 64, "seed": SEED},
+        "data": {"batch_size": BATCH_PROMPTS, "shuffle": False},
         "engine": {"name": "transformers", "max_batch_size": 32},
         "rollout": {"n": GROUP, "temperature": 1.0, "max_turns": 8, "max_new_tokens": MAX_COMPLETION,
                     "max_response_tokens": MAX_COMPLETION, "parser": "hermes"},
@@ -91,7 +91,7 @@ class ToolrlRunner:
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
         self.run = self.loop.run_until_complete(compose_local(self.config))
-        self.run.ctx.reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
+        self.run.ctx.routes[None].reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         # The trainer role as `toolrl train` runs it without Ray: one rank sharing the engine's module.
         self.trainer = LocalTrainer(TrainerRank(self.config), self.run.engine)
         self.trainer.rank.setup(model=self.run.model, tokenizer=self.run.tokenizer)
@@ -140,8 +140,8 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
     from pathlib import Path
 
     from toolrl.chat import ChatRenderer
-    from toolrl.config import SyntheticData
-    from toolrl.data import arithmetic_samples
+    from toolrl.compose import load_samples
+    from toolrl.config import load_config
     from toolrl.grpo import build_batch, response_logprobs
     from toolrl.models import load_model, load_tokenizer
     from toolrl.rollout import Trajectory
@@ -156,7 +156,8 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
     tokenizer, model = load_tokenizer(base_dir), load_model(base_dir)
     renderer = ChatRenderer(tokenizer, [tool_schema])
     examples = []
-    for s in arithmetic_samples(SyntheticData(num_samples=256, seed=SEED + 1)):  # not the benchmark's prompts
+    primer = load_config(None, data={"env": "arithmetic", "env_options": {"train_size": 256, "seed": SEED + 1}})
+    for s in load_samples(primer):  # not the benchmark's prompts
         expression = s.prompt[0].content.split("What is ", 1)[1].split("?", 1)[0]
         call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
         first = renderer.text_ids(f"<tool_call>\n{call}\n</tool_call>") + [renderer.eos_id]
@@ -211,12 +212,11 @@ def calculator_function() -> Any:
 
 def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
     from datasets import Dataset
-    from toolrl.config import SyntheticData
-    from toolrl.data import arithmetic_samples
+    from toolrl.compose import load_samples
     from toolrl.models import load_model, load_tokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    samples = arithmetic_samples(SyntheticData(num_samples=64, seed=SEED))
+    samples = load_samples(toolrl_config(1, model_dir, {}))  # the prompts toolrl trains on, in order
     dataset = Dataset.from_list([{"prompt": [m.to_template() for m in s.prompt], "answer": s.ground_truth}
                                  for s in samples])
 
@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trl_prompt = list(trainer.processing_class.apply_chat_template(
             prompt, tools=trainer.tools, add_generation_prompt=True, tokenize=True, return_dict=False))
         ctx = toolrl.run.ctx
-        same_prompt = trl_prompt == ctx.renderer(ctx.tasks[None].tools).prompt_ids(prompt)
+        same_prompt = trl_prompt == ctx.renderer(ctx.routes[None]).prompt_ids(prompt)
         trainer.train()
     toolrl.close()
 

@@ -45,7 +45,7 @@ from toolrl.config import RewardConfig, RolloutConfig  # noqa: E402
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams  # noqa: E402
 from toolrl.models import qwen_tokenizer  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
-from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts  # noqa: E402
+from toolrl.rollout import RolloutContext, Route, Trajectory, run_rollouts  # noqa: E402
 from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
 
@@ -218,9 +218,9 @@ def trajectory_ids(batch: Sequence[Sample], n: int = N) -> list[str]:
 def context(tokenizer: Any, engine: RolloutEngine, tool: Tool) -> RolloutContext:
     config = RolloutConfig(n=N, max_turns=TURNS, max_new_tokens=4096, max_response_tokens=16384,
                            max_concurrent_trajectories=PROMPTS * N)
+    route = Route({"search": tool}, TURNS, HermesParser(), [], RewardConfig())
     return RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
-                          parser=HermesParser(), config=config, tasks={None: Task({"search": tool}, TURNS)},
-                          reward_functions=[], reward_config=RewardConfig())
+                          config=config, routes={None: route})
 
 
 @dataclass
@@ -234,8 +234,8 @@ class _State:
 
 async def batch_synchronous(ctx: RolloutContext, batch: Sequence[Sample], n: int) -> dict[str, list[int]]:
     """The baseline: turn by turn, all generations, then all tool calls; returns response ids."""
-    cfg, task = ctx.config, ctx.tasks[None]
-    renderer = ctx.renderer(task.tools)
+    cfg, task = ctx.config, ctx.routes[None]
+    renderer = ctx.renderer(task)
     states = [_State(tid, ToolSet(task.tools, sample.tools_kwargs, tid),
                      renderer.prompt_ids([m.to_template() for m in sample.prompt]))
               for tid, sample in zip(trajectory_ids(batch, n), (s for s in batch for _ in range(n)))]
@@ -251,7 +251,7 @@ async def batch_synchronous(ctx: RolloutContext, batch: Sequence[Sample], n: int
         calls = []
         for s, gen in zip(live, gens):
             s.response_ids += gen[0].token_ids
-            parsed = ctx.parser.parse(renderer.decode(gen[0].token_ids))
+            parsed = task.parser.parse(renderer.decode(gen[0].token_ids))
             calls.append(parsed.calls[: cfg.max_parallel_calls])
             s.done = not parsed.calls or turn + 1 >= task.max_turns
         results = await asyncio.gather(*(asyncio.gather(*(s.toolset.call(c) for c in cs))
@@ -302,7 +302,7 @@ async def run_seed(tokenizer: Any, workload: Workload) -> Result:
     engine, tool = SimulatedEngine(tokenizer, workload), HeavyTailTool(workload)
     engine.prepare(trajectory_ids(batch))
     ctx = context(tokenizer, engine, tool)
-    ctx.renderer(ctx.tasks[None].tools)  # built once per run in practice (jinja compile), not per step
+    ctx.renderer(ctx.routes[None])  # built once per run in practice (jinja compile), not per step
     t0 = time.perf_counter()
     trajs: list[Trajectory] = await run_rollouts(ctx, batch, N, seed=workload.seed)
     continuous = time.perf_counter() - t0
@@ -319,7 +319,7 @@ async def run_seed(tokenizer: Any, workload: Workload) -> Result:
     engine2, tool2 = SimulatedEngine(tokenizer, workload), HeavyTailTool(workload)
     engine2.prepare(trajectory_ids(batch))
     ctx2 = context(tokenizer, engine2, tool2)
-    ctx2.renderer(ctx2.tasks[None].tools)
+    ctx2.renderer(ctx2.routes[None])
     t0 = time.perf_counter()
     responses = await batch_synchronous(ctx2, batch, N)
     batch_sync = time.perf_counter() - t0

@@ -35,7 +35,7 @@ def one_error_line(result, *fragments):
 
 
 def write_config(tmp_path, **sections):
-    config = {"model": {"source": "tiny-qwen3"}, "data": {"synthetic": {"num_samples": 4}},
+    config = {"model": {"source": "tiny-qwen3"}, "env": "arithmetic", "env_options": {"train_size": 4},
               "tools": {"entries": [{"class_name": "calculator"}]},
               "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "run"), "progress": False, "plot": False}}
     config.update(sections)
@@ -55,7 +55,7 @@ def jsonl(tmp_path, *lines, name="train.jsonl"):
 
 def test_yaml_syntax_error_is_one_line_with_line_and_column(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("model:\n  source: tiny-qwen3\ndata: {synthetic: {num_samples: 4}\nrollout: {n: 2}\n")
+    path.write_text("model:\n  source: tiny-qwen3\nenv_options: {train_size: 4\nrollout: {n: 2}\n")
     one_error_line(invoke("train", str(path)), f"{path}:4:", "invalid YAML")
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")
-SMALL = ["data.synthetic.num_samples=16", "data.batch_size=4", "rollout.n=2", "rollout.max_turns=2",
+SMALL = ["env_options.train_size=16", "data.batch_size=4", "rollout.n=2", "rollout.max_turns=2",
          "trainer.progress=false", "trainer.plot=false"]
 LIMITER = "distributed-test"
 

@@ -45,12 +45,17 @@ def test_pass_at_k_is_the_chance_that_k_of_the_n_samples_hold_a_success(n):
         pass_at_k(n, n + 1, 1)
 
 
-def test_eval_writes_results_and_summary_then_compares(tmp_path, test_split):
+def test_eval_writes_results_and_summary_then_compares(tmp_path):
+    """A config of a model and an environment: its test split, its metric."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("model: {source: tiny-qwen3}\nenv: arithmetic\n"
+                      "rollout: {max_new_tokens: 8, max_response_tokens: 24}\n")
     out = tmp_path / "eval"
-    result = toolrl("eval", TINY, test_split, *SMALL, "eval.num_samples=8", "--output", out)
+    result = toolrl("eval", config, "eval.num_samples=8", "--output", out)
     assert result.exit_code == 0, result.output[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_samples"] == 8 and summary["n"] == 1 and summary["num_trajectories"] == 8
+    assert summary["metric"] == "gsm8k"  # the environment's
     assert math.isfinite(summary["reward_mean"]) and 0 <= summary["pass@1"] == summary["pass@k"] <= 1
     assert sum(summary["terminations"].values()) == 8
     rows = lines(out / "results.jsonl")
@@ -58,7 +63,7 @@ def test_eval_writes_results_and_summary_then_compares(tmp_path, test_split):
     assert {r["k"] for r in rows} == {0}
     for r in rows:
         assert {"reward", "reward_terms", "success", "tool_calls", "termination", "response_text"} <= set(r)
-        assert r["success"] == (r["reward"] >= 1.0 and r["error"] is None)
+        assert r["success"] == (r["reward_terms"]["gsm8k"] >= 1.0 and r["error"] is None)
     assert "pass@1" in result.stdout and "reward_mean" in result.stdout
 
     # A second summary with other numbers, side by side with the first; nothing runs.
@@ -101,9 +106,9 @@ def test_eval_config_errors_are_one_line(tmp_path, test_split, args, message):
     assert result.stderr.strip() == message
 
 
-def test_eval_every_logs_val_metrics(tmp_path, test_split):
+def test_eval_every_logs_val_metrics(tmp_path):
     out = tmp_path / "run"
-    result = toolrl("train", TINY, test_split, *SMALL, "trainer.total_steps=2", "trainer.eval_every=2",
+    result = toolrl("train", TINY, *SMALL, "trainer.total_steps=2", "trainer.eval_every=2",
                     "eval.num_samples=3", "rollout.n=2", f"trainer.output_dir={out}")
     assert result.exit_code == 0, result.output[-3000:]
     first, second = lines(out / "metrics.jsonl")
@@ -141,8 +146,8 @@ def test_train_on_recorded_trajectories(tmp_path):
     recorded.write_text("".join(json.dumps(r) + "\n" for r in bare))
     result = toolrl("train", TINY, "reward.functions=[]", f"data.trajectories={recorded}", f"trainer.output_dir={out}")
     assert result.exit_code == 2
-    assert result.stderr.strip() == f"error: {recorded}:1: reward: the row has none and no reward.functions " \
-                                    "are configured to score it"
+    assert result.stderr.strip() == f"error: {recorded}:1: reward: the row has none, and no reward functions " \
+                                    "(reward.functions or the environment's) score it"
     bare[1]["logprobs"] = bare[1]["logprobs"][:-1]
     recorded.write_text("".join(json.dumps(r) + "\n" for r in bare))
     result = toolrl("train", TINY, f"data.trajectories={recorded}", f"trainer.output_dir={out}")

@@ -55,6 +55,10 @@ def register_rollout_engines(register):
     register(Echo)
 
 @hookimpl
+def register_environments(register):
+    register("hooks_env:SAY", name="say")
+
+@hookimpl
 def register_commands(cli):
     @cli.command("hello")
     @click.argument("who")
@@ -75,9 +79,26 @@ class Upper(Tool):
 '''
 
 
+ENV = '''
+from toolrl.environments import Environment
+
+def words(options, split):
+    return [{"prompt": f"Say {w}.", "reward_model": {"ground_truth": w}} for w in ("hi", "yo", "hey")[:options.count]]
+
+from pydantic import BaseModel
+
+class Options(BaseModel):
+    count: int = 3
+
+SAY = Environment(name="say", description="Say a word.", splits={"train": words}, rewards=[{"name": "exact"}],
+                  tools=[{"class_name": "upper"}], metric="exact", options=Options, max_turns=1)
+'''
+
+
 def plugin_dir(tmp_path):
     make_dist(tmp_path, "toolrl-plugin-hooks", "hooks", "hooks_plugin", PLUGIN)
     (tmp_path / "hooks_tool.py").write_text(TOOL)
+    (tmp_path / "hooks_env.py").write_text(ENV)
     return tmp_path
 
 
@@ -113,6 +134,15 @@ def test_hook_register_reward_functions(tmp_path):
 
 def test_hook_register_rollout_engines(tmp_path):
     assert listed(tmp_path)["parts"]["rollout_engines"] == ["echo-engine"]
+
+
+def test_hook_register_environments(tmp_path):
+    assert listed(tmp_path)["parts"]["environments"] == ["say"]
+    out = run_toolrl("env", "list", "--json", path=plugin_dir(tmp_path))
+    assert out.returncode == 0, out.stderr
+    [say] = [r for r in json.loads(out.stdout) if r["name"] == "say"]
+    assert say["plugin"] == "hooks" and say["splits"] == {"train": {"source": "generated", "size": 3}}
+    assert say["tools"] == ["upper"] and say["rewards"] == {"exact": 1.0} and say["metric"] == "exact"
 
 
 def test_hook_register_commands(tmp_path):

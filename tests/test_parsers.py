@@ -73,8 +73,13 @@ def test_unterminated_call_before_next_call():
     assert len(out.calls) == 1 and len(out.errors) == 1
 
 
+# The routes an environment using calculator and code_interpreter configures (the parser has none).
+ROUTES = {"tags": {"calculator": {"tool": "calculator", "argument": "expression"}},
+          "fences": {"python": {"tool": "code_interpreter", "argument": "code"}}}
+
+
 def test_tags_parser():
-    tags = TagParser()
+    tags = TagParser(**ROUTES)
     text = "Compute <calculator>2*3</calculator> then\n```python\nprint(1)\n```\nand <calculator>4"
     out = tags.parse(text)
     assert [(c.name, c.arguments) for c in out.calls] == [
@@ -95,6 +100,14 @@ def test_tags_parser_custom_routes_and_bad_options():
         assert "argument" in str(exc)
     else:
         raise AssertionError("missing argument accepted")
+
+
+def test_tags_parser_has_no_routes_by_default():
+    """The core names no plugin's tool: without routes nothing is a call."""
+    tags = TagParser()
+    assert tags.stop_strings == []
+    out = tags.parse("<calculator>2*3</calculator>\n```python\nprint(1)\n```\n")
+    assert out.calls == [] and out.errors == []
 
 
 def test_deep_nesting_is_an_error_for_the_model():
@@ -177,7 +190,7 @@ FUZZ_EXAMPLES = int(os.environ.get("TOOLRL_FUZZ_EXAMPLES", "1500"))  # 100000 fo
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(fuzz_text)
 def test_parsers_never_raise(text):
-    for parser in (hermes, TagParser()):
+    for parser in (hermes, TagParser(**ROUTES)):
         out = parser.parse(text)
         for c in out.calls:
             assert isinstance(c.arguments, dict)
@@ -203,7 +216,7 @@ def test_hundred_thousand_fuzzed_inputs_raise_nothing():
     fragments = [call(expression="1+1"), "<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "calculator", "arguments": ',
                  '{"expression": "1+1"}', "}", "{", '"', "\\", "<calculator>", "</calculator>", "```python\n",
                  "```\n", "[1]", "null", "\n", "é", "\x00"]
-    tags = TagParser()
+    tags = TagParser(**ROUTES)
     calls = errors = 0
     for _ in range(100_000):
         text = "".join(rng.choice(fragments) if rng.random() < 0.8 else chr(rng.randrange(1, 0x3000))

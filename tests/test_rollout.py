@@ -9,7 +9,7 @@ from toolrl.models import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
 from toolrl.rewards.builtin import GSM8KReward
-from toolrl.rollout import RolloutContext, Task, run_rollouts, run_trajectory
+from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
 
@@ -61,10 +61,8 @@ def tokenizer(request):
 
 def make_ctx(tokenizer, engine, tools, parser=None, rewards=(), **cfg):
     return RolloutContext(
-        engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
-        parser=parser or HermesParser(), config=RolloutConfig(**cfg),
-        tasks={None: Task(tools, cfg.get("max_turns", 4))},
-        reward_functions=list(rewards), reward_config=RewardConfig())
+        engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas), config=RolloutConfig(**cfg),
+        routes={None: Route(tools, cfg.get("max_turns", 4), parser or HermesParser(), list(rewards), RewardConfig())})
 
 
 SAMPLE = Sample(prompt=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3 and 4+5?"}],
@@ -187,20 +185,24 @@ async def test_slow_tool_does_not_hold_up_other_trajectories(tokenizer):
     assert sorted(engine.ended) == sorted({s for s, _, _ in engine.calls})
 
 
-async def test_per_task_routing(tokenizer):
+async def test_per_environment_routing(tokenizer):
     engine = ScriptedEngine(tokenizer, [call("calculator", expression="1+2"), call("add", a=1, b=2), "x"])
     ctx = make_ctx(tokenizer, engine, {"add": Add(), "calculator": Calc()})
-    ctx.tasks["math"] = Task({"calculator": ctx.tasks[None].tools["calculator"]}, max_turns=2)
-    sample = SAMPLE.model_copy(update={"task": "math"})
+    default = ctx.routes[None]
+    ctx.routes["math"] = Route({"calculator": default.tools["calculator"]}, 2, default.parser, [], RewardConfig())
+    sample = SAMPLE.model_copy(update={"env": "math"})
     traj = await run_trajectory(ctx, sample, 0, "t6", seed=0)
     assert [r.status for r in traj.tool_results] == ["ok", "unknown_tool"]
-    assert traj.termination == "max_turns"
+    assert traj.termination == "max_turns" and traj.env == "math"
     assert '"name": "add"' not in tokenizer.decode(traj.prompt_ids)
+    with pytest.raises(KeyError, match="environment 'ghost' is not configured"):  # load_samples checks first
+        await run_trajectory(ctx, SAMPLE.model_copy(update={"env": "ghost"}), 0, "t6b", seed=0)
 
 
 async def test_inline_tags_resume_inside_the_turn(tokenizer):
     engine = ScriptedEngine(tokenizer, ["Compute <calculator>2+3</calculator>", " so the answer is #### 14"])
-    ctx = make_ctx(tokenizer, engine, {"calculator": Calc()}, parser=TagParser(),
+    ctx = make_ctx(tokenizer, engine, {"calculator": Calc()},
+                   parser=TagParser(tags={"calculator": {"tool": "calculator", "argument": "expression"}}),
                    rewards=[("gsm8k", 1.0, GSM8KReward())])
     traj = await run_trajectory(ctx, SAMPLE, 0, "t7", seed=0)
     text = tokenizer.decode(traj.response_ids)

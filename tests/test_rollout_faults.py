@@ -21,7 +21,7 @@ from scripted import ScriptedEngine
 from toolrl.chat import ChatRenderer
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.parsers.hermes import HermesParser
-from toolrl.rollout import RolloutContext, Task, run_rollouts
+from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.schemas import Sample
 from toolrl.trainer import rollout_metrics
 
@@ -59,22 +59,23 @@ async def test_a_rollout_with_every_faulty_tool_keeps_every_trajectory(qwen3_tok
     tools = {"raises": Raises(), "hangs_async": HangsAsync(), "blocks_loop": BlocksLoop(),
              "ignores_cancel": IgnoresCancel(), "sync_sleeps": SyncSleeps(), "returns": Returns(),
              "floods": Floods(), "exits": exits, "echo": Echo()}
-    nan_task = Task({"nan_reward": NanReward()}, 4)  # its calc_reward is NaN in every trajectory it is in
+    rewards = [("nan_score", 1.0, NanScore())]
+    # Its calc_reward is NaN in every trajectory it is in.
+    nan_route = Route({"nan_reward": NanReward()}, 4, HermesParser(), rewards, RewardConfig())
     samples, scripts = [], {}
     cases = [*CASES.items(), ("nan_reward", ({}, None)), ("floods", ({}, None)), ("echo", ({}, None))]
     for i, (case, (kwargs, _)) in enumerate(cases):
         tool = case.split(":")[0]
         args = {"x": 1} if tool == "exits" else {}
         samples.append(Sample(prompt=[{"role": "user", "content": f"use {tool}"}], index=i,
-                              task="nan" if tool == "nan_reward" else None,
+                              env="nan" if tool == "nan_reward" else None,
                               tools_kwargs={tool: {"execute_kwargs": kwargs}},
                               extra_info={"nan_score": case == "echo"}))
         scripts[f"s{i}-"] = [call(tool, **args), "#### done"]
     ctx = RolloutContext(
-        engine=ScriptedEngine(tokenizer, scripts), parser=HermesParser(),
-        renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
-        config=RolloutConfig(max_turns=4, max_response_tokens=2048), tasks={None: Task(tools, 4), "nan": nan_task},
-        reward_functions=[("nan_score", 1.0, NanScore())], reward_config=RewardConfig())
+        engine=ScriptedEngine(tokenizer, scripts), renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+        config=RolloutConfig(max_turns=4, max_response_tokens=2048),
+        routes={None: Route(tools, 4, HermesParser(), rewards, RewardConfig()), "nan": nan_route})
     try:
         trajs = await run_rollouts(ctx, samples, n=1, seed=0)
     finally:
@@ -112,8 +113,8 @@ def test_weighted_rewards_that_overflow_are_not_trained_on():
 
     from toolrl.rollout import Trajectory, score
 
-    ctx = SimpleNamespace(reward_functions=[("huge", 10.0, lambda response, ground_truth, **info: 1e308)],
-                          reward_config=RewardConfig())
+    route = SimpleNamespace(reward_functions=[("huge", 10.0, lambda response, ground_truth, **info: 1e308)],
+                            reward_config=RewardConfig())
     traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=[1])
-    score(ctx, traj, Sample(prompt=[{"role": "user", "content": "x"}]), [])
+    score(route, traj, Sample(prompt=[{"role": "user", "content": "x"}]), [])
     assert traj.reward == 0.0 and "reward is not finite" in traj.error

@@ -78,7 +78,7 @@ def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True) -> C
         "trainer.progress=false", "trainer.plot=false", "trainer.keep_checkpoints=3",
         *(["ray.address=local"] if on_ray else []),
         "reward.functions=[{name: even_tokens}]", "tools.entries=[]", "optim.lr=1e-3", "optim.micro_batch_size=2",
-        "data.synthetic.num_samples=16", "data.batch_size=2", "rollout.n=3", "rollout.max_new_tokens=6",
+        "env_options.train_size=16", "data.batch_size=2", "rollout.n=3", "rollout.max_new_tokens=6",
         "rollout.max_response_tokens=6",
         "trainer.weight_sync_bucket_mb=4",  # several buckets even for the tiny model
     ])

@@ -52,7 +52,7 @@ def test_resume_restores_identical_state(tmp_path):
 
     def config(out, steps):
         return load_config(TINY, [f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.plot=false",
-                                  "trainer.progress=false", "data.synthetic.num_samples=8", "rollout.n=2",
+                                  "trainer.progress=false", "env_options.train_size=8", "rollout.n=2",
                                   "rollout.max_new_tokens=8", "rollout.max_response_tokens=8"])
 
     asyncio.run(train_async(config(tmp_path / "a", 2)))
@@ -81,7 +81,7 @@ def test_a_failed_step_is_recorded_and_resume_continues(tmp_path):
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the staging directory goes")
     cfg = load_config(TINY, [f"trainer.output_dir={out}", "trainer.total_steps=2", "trainer.plot=false",
-                             "trainer.progress=false", "data.synthetic.num_samples=4", "rollout.n=2",
+                             "trainer.progress=false", "env_options.train_size=4", "rollout.n=2",
                              "rollout.max_new_tokens=4", "rollout.max_response_tokens=4", "tools.entries=[]"])
     with pytest.raises(FileExistsError):
         asyncio.run(train_async(cfg))
@@ -112,7 +112,7 @@ def test_export_writes_a_hugging_face_model(tmp_path):
 
     out = tmp_path / "run"
     res = run_toolrl("train", TINY, "trainer.total_steps=1", f"trainer.output_dir={out}", "trainer.plot=false",
-                     "trainer.progress=false", "data.synthetic.num_samples=4", "rollout.n=2",
+                     "trainer.progress=false", "env_options.train_size=4", "rollout.n=2",
                      "rollout.max_new_tokens=4", "rollout.max_response_tokens=4", "tools.entries=[]",
                      env=FAST, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -144,7 +144,8 @@ def test_rollout_command_evaluates_without_training(tmp_path):
     ("rollout.parser=nope", "unknown tool parser 'nope'"),
     ("reward.functions=[{name: nope}]", "unknown reward function 'nope'"),
     ("tools.entries=[{class_name: nope}]", "unknown tool 'nope'"),
-    ("tasks={math: {tools: [ghost]}}", "tasks.math.tools: unknown tool 'ghost'"),
+    ("env=ghost", "env: unknown environment 'ghost' (available: arithmetic"),
+    ("env_options.digits=0", "env_options: digits: Input should be greater than or equal to 1"),
     ("trainer.total_steps", "must look like dotted.key=value"),
 ])
 def test_bad_config_names_the_field_without_traceback(tmp_path, override, message):
@@ -155,10 +156,12 @@ def test_bad_config_names_the_field_without_traceback(tmp_path, override, messag
 
 
 def test_config_from_mapping_and_errors():
-    cfg = load_config(None, ["rollout.n=8"], data={"data": {"synthetic": {"num_samples": 4}}})
+    cfg = load_config(None, ["rollout.n=8"], data={"env": "arithmetic"})
     assert cfg.rollout.n == 8 and cfg.engine.name == "transformers"
-    with pytest.raises(ConfigError, match="data.train_files or data.synthetic"):
+    with pytest.raises(ConfigError, match=r"set env \(toolrl env list\), envs or data.train_files"):
         load_config(None, data={"data": {}})
+    with pytest.raises(ConfigError, match="set env or envs, not both"):
+        load_config(None, data={"env": "arithmetic", "envs": {"arithmetic": {}}})
 
 
 class AlignedTokens:

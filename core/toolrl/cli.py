@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from toolrl.cli_env import env as env_group
 from toolrl.plugins import PluginLoadError, get_plugins
 
 
@@ -327,6 +328,9 @@ def export(run_dir: str, out_dir: str, step: int | None) -> None:
     except ExportError as exc:
         raise UsageFailure(str(exc)) from None
     click.echo(str(written))
+
+
+cli.add_command(env_group)
 
 
 def main() -> None:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config, ConfigError, resolve_path
-from toolrl.rollout import RolloutContext, Task, Trajectory, run_rollouts
-from toolrl.schemas import Message, Sample
+from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, resolve_path
+from toolrl.environments import Environment, decorate
+from toolrl.rollout import RolloutContext, Route, Trajectory, run_rollouts
+from toolrl.schemas import Sample
 from toolrl.tools import Tool
 
 
@@ -38,9 +39,37 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass(frozen=True)
+class ConfiguredEnv:
+    """An environment as a config uses it: adapted to its options, with its mixture weight and turn limit."""
+
+    env: Environment
+    options: Any
+    weight: float
+    max_turns: int | None
+    where: str  # the config key that selected it, for errors
+
+
+def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
+    """``env``/``envs`` resolved: each name looked up (unknown names list the installed ones) and its
+    options validated against the environment's options model."""
+    from toolrl.environments import get_environment
+
+    out = {}
+    for name, entry in config.env_entries().items():
+        where = "env" if config.env is not None else f"envs.{name}"
+        env, options = get_environment(name, where).resolve(
+            entry.options, "env_options" if config.env is not None else f"envs.{name}.options")
+        out[name] = ConfiguredEnv(env, options, entry.weight, entry.max_turns, where)
+    return out
+
+
 def load_samples(config: Config, split: str = "train") -> list[Sample]:
-    """The samples of ``split``: ``"train"`` (training) or ``"test"`` (the held-out split, evaluation)."""
-    from toolrl.data import arithmetic_samples
+    """The samples of ``split``: ``"train"`` (training) or ``"test"`` (the held-out split, evaluation).
+
+    ``data.<split>_files`` when set, else the configured environments' splits. A mixture's training
+    samples hold each environment's samples in proportion to its weight (repeated when its share
+    exceeds its split); its test split is every environment's test samples."""
     from toolrl.data import load_samples as load_files
 
     if split not in ("train", "test"):
@@ -49,23 +78,78 @@ def load_samples(config: Config, split: str = "train") -> list[Sample]:
         from toolrl.recorded import load_groups
 
         return load_groups(config)
+    envs = configured_envs(config)
     files = config.data.train_files if split == "train" else config.data.test_files
     if files:
         samples = load_files([resolve_path(config, f) for f in files], f"data.{split}_files")
-    elif split == "train" and config.data.synthetic is not None:
-        samples = arithmetic_samples(config.data.synthetic)
-    else:
-        raise ConfigError(f"data.{split}_files: no {split} split configured")
-    prefix = [Message.model_validate(m) for m in config.data.prompt_prefix]
-    for s in samples:
-        head = 1 if s.prompt and s.prompt[0].role == "system" else 0
-        s.prompt[head:head] = [m.model_copy() for m in prefix]
-        if config.data.system_prompt and not head:
-            s.prompt.insert(0, Message(role="system", content=config.data.system_prompt))
+        for s in samples:
+            _check_route(s, envs)
+            decorate(s, config.data.system_prompt, config.data.prompt_prefix or [])
+        return samples
+    if not envs:
+        raise ConfigError(f"data.{split}_files: no {split} split configured (set env or data.{split}_files)")
+    parts = {}
+    for name, c in envs.items():
+        parts[name] = c.env.load(split, c.options, config.base_dir)
+        system_prompt = config.data.system_prompt or c.env.system_prompt
+        prefix = c.env.prompt_prefix if config.data.prompt_prefix is None else config.data.prompt_prefix
+        for s in parts[name]:
+            decorate(s, system_prompt, prefix, c.env.instructions)
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    if split == "train":
+        return _mix(parts, {n: c.weight for n, c in envs.items()}, config.trainer.seed)
+    samples = [s for part in parts.values() for s in part]
+    for i, s in enumerate(samples):
+        s.index = i  # unique across the environments: trajectory ids and traces use it
     return samples
 
 
-async def build_tools(config: Config) -> dict[str, Tool]:
+def _check_route(sample: Sample, envs: dict[str, ConfiguredEnv]) -> None:
+    origin = getattr(sample, "origin", "") or "a sample"
+    if sample.env is not None and sample.env not in envs:
+        raise ConfigError(f"{origin}: extra_info.env: environment {sample.env!r} is not configured "
+                          f"(configured: {', '.join(envs) or 'none'})")
+    if sample.env is None and len(envs) > 1:
+        raise ConfigError(f"{origin}: extra_info.env: a mixture needs each sample's environment "
+                          f"(one of {', '.join(envs)})")
+
+
+def _mix(parts: dict[str, list[Sample]], weights: dict[str, float], seed: int) -> list[Sample]:
+    """As many samples as the parts hold together, each environment's share by weight, shuffled."""
+    rng = random.Random(seed)
+    total, weight_sum = sum(len(p) for p in parts.values()), sum(weights.values())
+    mixed: list[Sample] = []
+    for name, part in parts.items():
+        order = list(part)
+        rng.shuffle(order)
+        share = max(1, round(total * weights[name] / weight_sum))
+        mixed += [order[i % len(order)].model_copy(deep=True) for i in range(share)]
+    rng.shuffle(mixed)
+    for i, s in enumerate(mixed):
+        s.index = i
+    return mixed
+
+
+def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any]]:
+    """The parser name and options a route uses: ``rollout.parser`` when set, else the
+    environment's; options follow the parser (the environment's go with the environment's parser)."""
+    name = config.rollout.parser or (env.parser if env is not None else DEFAULT_PARSER)
+    options = config.rollout.parser_options
+    if options is None:
+        options = env.parser_options if env is not None and name == env.parser else {}
+    return name, options
+
+
+def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
+    """``envs.NAME.max_turns``, else ``rollout.max_turns``, else the environment's, else the default."""
+    if c is not None and c.max_turns is not None:
+        return c.max_turns
+    return config.rollout.max_turns or (c.env.max_turns if c is not None else None) or DEFAULT_MAX_TURNS
+
+
+async def build_tools(config: Config, env: Environment | None = None) -> dict[str, Tool]:
+    """The explicit ``tools`` section's tools when it is set, else ``env``'s tool entries."""
     from toolrl.toolconfig import ToolsFile, load_tools_file, parse_tools_config
     from toolrl.toolconfig import build_tools as build
 
@@ -74,6 +158,8 @@ async def build_tools(config: Config) -> dict[str, Tool]:
         files.append(load_tools_file(resolve_path(config, config.tools.config_path)))
     if config.tools.entries:
         files.append(parse_tools_config({"tools": config.tools.entries}, Path(config.base_dir)))
+    if not config.tools.explicit and env is not None and env.tools:
+        files.append(parse_tools_config({"tools": env.tools}, Path(config.base_dir)))
     tools: dict[str, Tool] = {}
     for f in files:
         for name, tool in (await build(f)).items():
@@ -83,47 +169,85 @@ async def build_tools(config: Config) -> dict[str, Tool]:
     return tools
 
 
-def build_tasks(config: Config, tools: dict[str, Tool]) -> dict[str | None, Task]:
-    tasks: dict[str | None, Task] = {None: Task(tools, config.rollout.max_turns)}
-    for name, task in config.tasks.items():
-        selected = tools if task.tools is None else {}
-        for tool_name in task.tools or []:
-            if tool_name not in tools:
-                raise ConfigError(f"tasks.{name}.tools: unknown tool {tool_name!r} (configured: {', '.join(tools)})")
-            selected[tool_name] = tools[tool_name]
-        tasks[name] = Task(selected, task.max_turns or config.rollout.max_turns)
-    return tasks
-
-
-def build_rewards(config: Config) -> list[tuple[str, float, Any]]:
+def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[str, float, Any]]:
+    """``reward.functions`` when set, else ``env``'s rewards."""
     from toolrl.plugins import get_plugins
     from toolrl.registry import RegistryError
 
+    explicit = config.reward.functions is not None
+    terms = config.reward.functions if explicit else (env.rewards if env is not None else [])
     out = []
-    for i, term in enumerate(config.reward.functions):
+    for i, term in enumerate(terms or []):
+        where = f"reward.functions.{i}" if explicit else f"environment {env.name!r} reward {term.name!r}"  # type: ignore[union-attr]
         try:
             cls = get_plugins().load_part("reward_functions", term.name)
             out.append((term.name, term.weight, cls(**term.options)))
         except (RegistryError, TypeError, ValueError) as exc:
-            raise ConfigError(f"reward.functions.{i}: {exc}") from None
+            raise ConfigError(f"{where}: {exc}") from None
     return out
 
 
-def check_parts(config: Config) -> tuple[Any, Any]:
-    """The engine class and a parser, resolved by name: a typo fails here, before anything loads."""
+def build_parser(config: Config, env: Environment | None = None) -> Any:
     from toolrl.plugins import get_plugins
     from toolrl.registry import RegistryError
 
-    plugins = get_plugins()
+    name, options = parser_spec(config, env)
     try:
-        engine_cls = plugins.load_part("rollout_engines", config.engine.name)
-        parser = plugins.load_part("tool_parsers", config.rollout.parser)(**config.rollout.parser_options)
+        return get_plugins().load_part("tool_parsers", name)(**options)
     except RegistryError as exc:
-        raise ConfigError(f"engine.name / rollout.parser: {exc}") from None
+        raise ConfigError(f"rollout.parser: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"rollout.parser_options: {exc}") from None
-    build_rewards(config)
-    return engine_cls, parser
+
+
+def check_parts(config: Config) -> tuple[Any, Any]:
+    """The engine class and the (first) route's parser, resolved by name, with every environment,
+    parser and reward checked: a typo fails here, before anything loads."""
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    try:
+        engine_cls = get_plugins().load_part("rollout_engines", config.engine.name)
+    except RegistryError as exc:
+        raise ConfigError(f"engine.name: {exc}") from None
+    envs = [c.env for c in configured_envs(config).values()] or [None]
+    parsers = [build_parser(config, env) for env in envs]
+    for env in envs:
+        build_rewards(config, env)
+    return engine_cls, parsers[0]
+
+
+async def build_routes(config: Config, samples: Sequence[Sample] = ()) -> tuple[dict[str | None, Route], list[Tool]]:
+    """One route per configured environment (and the ``None`` route for samples naming none, when
+    there is at most one environment), every tool built, and ``samples`` checked against their
+    route's tools. Returns the routes and every tool (to close)."""
+    from toolrl.data import check_samples_against_tools
+
+    envs: dict[str | None, ConfiguredEnv | None] = {**configured_envs(config)} or {None: None}
+    routes: dict[str | None, Route] = {}
+    built: list[Tool] = []
+    shared: dict[str, Tool] | None = None  # the explicit tools section: one set for every route
+    try:
+        for name, c in envs.items():
+            env = c.env if c is not None else None
+            if config.tools.explicit:
+                shared = shared if shared is not None else await build_tools(config)
+                tools = shared
+            else:
+                tools = await build_tools(config, env)
+            built += [t for t in tools.values() if t not in built]
+            routes[name] = Route(tools, max_turns(config, c), build_parser(config, env), build_rewards(config, env),
+                                 config.reward)
+        if len(routes) == 1 and None not in routes:
+            routes[None] = next(iter(routes.values()))
+        for name, route in routes.items():
+            mine = [s for s in samples if s.env == name or (s.env is None and name is None)]
+            check_samples_against_tools(mine, route.tools, f"environment {name!r}" if name else "data")
+    except BaseException:
+        for tool in built:
+            await tool.close()
+        raise
+    return routes, built
 
 
 def build_policy(config: Config, path: str, device: str) -> Any:
@@ -147,7 +271,7 @@ class Rollouts:
 
     engine: Any
     ctx: RolloutContext
-    tools: dict[str, Tool]
+    tools: list[Tool]
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         return await run_rollouts(self.ctx, samples, n, seed=seed, id_prefix=id_prefix)
@@ -156,7 +280,7 @@ class Rollouts:
         return await self.engine.check_trainable()
 
     async def close(self) -> None:
-        for tool in self.tools.values():
+        for tool in self.tools:
             await tool.close()
         await self.engine.close()
 
@@ -164,20 +288,17 @@ class Rollouts:
 async def compose_rollouts(config: Config, path: str, tokenizer: Any,
                            shared_module: Callable[[], Any] | None = None,
                            samples: Sequence[Sample] = ()) -> Rollouts:
-    """Engine, parser, tools and rewards. ``shared_module``: called once the tools are up, before the
-    engine loads; returns a live model for the engine to share (in-process only), or None: the engine
-    loads its own copy from ``path``. ``samples``: checked against the tools before any model loads."""
+    """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
+    tools are up, before the engine loads; returns a live model for the engine to share (in-process
+    only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
+    route's tools before any model loads."""
     from toolrl import models
     from toolrl.chat import ChatRenderer
-    from toolrl.data import check_samples_against_tools
     from toolrl.engines import ModelSource
 
-    engine_cls, parser = check_parts(config)
-    rewards = build_rewards(config)
-    tools = await build_tools(config)
+    engine_cls, _ = check_parts(config)
+    routes, tools = await build_routes(config, samples)
     try:
-        tasks = build_tasks(config, tools)
-        check_samples_against_tools(samples, tools, "data")
         module = shared_module() if shared_module is not None else None
         engine = engine_cls.create(
             ModelSource(path=path, module=module, tokenizer=tokenizer),
@@ -185,12 +306,11 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
              "dtype": config.model.dtype, **config.engine.options},
         )
     except BaseException:
-        for tool in tools.values():
+        for tool in tools:
             await tool.close()
         raise
     ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
-                         parser=parser, config=config.rollout, tasks=tasks, reward_functions=rewards,
-                         reward_config=config.reward)
+                         config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 
 

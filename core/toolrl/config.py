@@ -111,19 +111,12 @@ def _tiny_settings() -> type[BaseModel]:
     return create_model("TinyQwen3Settings", __config__=ConfigDict(extra="forbid"), **fields)
 
 
-class SyntheticData(Section):
-    kind: Literal["arithmetic"] = "arithmetic"
-    num_samples: int = Field(256, gt=0)
-    seed: int = 0
-    max_operand: int = Field(99, gt=1)
-    operators: list[Literal["+", "-", "*"]] = ["+", "-", "*"]
-    instruction: str = "Use the calculator tool, then give the final answer as: The answer is N."
-
-
 class DataConfig(Section):
+    """Explicit data; with an environment (``env``/``envs``) every key is optional and what is set
+    overrides the environment's."""
+
     train_files: list[str] = Field(default_factory=list)
     test_files: list[str] = Field(default_factory=list, description="the held-out split (toolrl eval)")
-    synthetic: SyntheticData | None = None
     # Recorded token-exact trajectories (`toolrl serve --record` rows, rollout traces) to train on
     # instead of generating; a batch is data.batch_size of their groups (toolrl.recorded).
     trajectories: list[str] = Field(default_factory=list, description="JSONL files of recorded trajectories")
@@ -131,13 +124,7 @@ class DataConfig(Section):
     shuffle: bool = True
     system_prompt: str | None = None
     # Messages put before every sample's own (after its system message): few-shot demonstrations.
-    prompt_prefix: list[dict[str, Any]] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DataConfig:
-        if not self.train_files and not self.test_files and self.synthetic is None and not self.trajectories:
-            raise ValueError("set data.train_files, data.synthetic or data.trajectories")
-        return self
+    prompt_prefix: list[dict[str, Any]] | None = None
 
     @field_validator("trajectories", mode="before")
     @classmethod
@@ -151,30 +138,43 @@ class EngineConfig(Section):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+# Defaults of the keys an environment may set; an explicit value in the config overrides the env's.
+DEFAULT_PARSER = "hermes"
+DEFAULT_MAX_TURNS = 4
+
+
 class RolloutConfig(Section):
     n: int = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_turns: int = Field(4, gt=0)
+    max_turns: int | None = Field(None, gt=0, description="None: the environment's, else 4")
     max_new_tokens: int = Field(128, gt=0, description="per generation call")
     max_response_tokens: int = Field(512, gt=0, description="whole response, tool tokens included")
     max_parallel_calls: int = Field(4, gt=0)
     tool_response_max_tokens: int = Field(256, gt=0)
     tool_response_truncation: Literal["keep_head", "keep_tail", "keep_head_and_tail"] = "keep_head_and_tail"
-    parser: str = "hermes"
-    parser_options: dict[str, Any] = Field(default_factory=dict)
+    parser: str | None = Field(None, description="None: the environment's, else hermes")
+    parser_options: dict[str, Any] | None = Field(None, description="None: the environment's (for its parser)")
     max_concurrent_trajectories: int = Field(64, gt=0)
     seed: int = 0
 
 
 class ToolsConfig(Section):
     config_path: str | None = None
-    entries: list[dict[str, Any]] = Field(default_factory=list, description="verl tool-config items")
+    # None: the environment's tools. Set (even to []), or a config_path: these tools instead.
+    entries: list[dict[str, Any]] | None = Field(None, description="verl tool-config items")
+
+    @property
+    def explicit(self) -> bool:
+        return self.config_path is not None or self.entries is not None
 
 
-class TaskConfig(Section):
-    tools: list[str] | None = None  # None: every configured tool
-    max_turns: int | None = Field(None, gt=0)
+class EnvEntry(Section):
+    """One environment of a mixture (``envs.NAME``)."""
+
+    weight: float = Field(1.0, gt=0, description="share of the training samples (relative)")
+    max_turns: int | None = Field(None, gt=0, description="default: rollout.max_turns if set, else the env's")
+    options: dict[str, Any] = Field(default_factory=dict, description="the environment's options")
 
 
 class RewardTerm(Section):
@@ -184,7 +184,7 @@ class RewardTerm(Section):
 
 
 class RewardConfig(Section):
-    functions: list[RewardTerm] = Field(default_factory=list)
+    functions: list[RewardTerm] | None = Field(None, description="None: the environment's rewards")
     tool_reward_weight: float = 1.0  # tools' calc_reward
     step_reward_weight: float = 1.0  # sum of step rewards
 
@@ -263,11 +263,13 @@ class RayConfig(Section):
 
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
-    data: DataConfig
+    env: str | None = Field(None, description="a registered environment (toolrl env list)")
+    env_options: dict[str, Any] = Field(default_factory=dict)
+    envs: dict[str, EnvEntry] = Field(default_factory=dict, description="a mixture of environments")
+    data: DataConfig = Field(default_factory=DataConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
-    tasks: dict[str, TaskConfig] = Field(default_factory=dict)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -277,12 +279,29 @@ class Config(Section):
     base_dir: str = Field(".", description="directory relative paths resolve against (the config's)")
 
     @model_validator(mode="after")
+    def _one_source(self) -> Config:
+        if self.env is not None and self.envs:
+            raise ValueError("set env or envs, not both")
+        if self.env_options and self.env is None:
+            raise ValueError("env_options: set env (a mixture takes envs.NAME.options)")
+        if self.env is None and not self.envs and not self.data.train_files and not self.data.test_files \
+                and not self.data.trajectories:
+            raise ValueError("set env (toolrl env list), envs or data.train_files")
+        return self
+
+    @model_validator(mode="after")
     def _validation_sampling(self) -> Config:
         # Rollout workers on Ray hold their own config, so validation there samples as training does.
         if self.trainer.eval_every and self.ray.address is not None and self.eval.temperature != self.rollout.temperature:
             raise ValueError(f"trainer.eval_every: rollout workers on Ray sample at rollout.temperature="
                              f"{self.rollout.temperature}; set eval.temperature to the same value")
         return self
+
+    def env_entries(self) -> dict[str, EnvEntry]:
+        """The configured environments: ``env`` as a one-entry mixture, or ``envs``."""
+        if self.env is not None:
+            return {self.env: EnvEntry(options=self.env_options)}
+        return dict(self.envs)
 
 
 def _parse_value(text: str) -> Any:

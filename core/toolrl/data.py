@@ -1,18 +1,17 @@
-"""Datasets in verl's format (JSONL or parquet rows with ``prompt`` messages,
-``reward_model.ground_truth``, ``extra_info.tools_kwargs``, ``data_source``) and a synthetic
-arithmetic task for demos and tests."""
+"""Datasets in verl's format: JSONL or parquet rows with ``prompt`` messages,
+``reward_model.ground_truth``, ``extra_info.tools_kwargs``, ``data_source`` and optionally
+``extra_info.env`` (the environment the row belongs to in a mixture)."""
 
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
-from toolrl.config import ConfigError, SyntheticData, format_errors, one_line, read_text
+from toolrl.config import ConfigError, format_errors, one_line, read_text
 from toolrl.parsers.bounded_json import JSONLimitError
 from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
@@ -87,7 +86,7 @@ def load_samples(paths: list[Path], field: str = "data.train_files") -> list[Sam
 def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collection[str], source: str) -> None:
     """Every tool a row's ``tools_kwargs`` names must be configured: a misspelt name would otherwise
     run the tool without its per-sample arguments (e.g. no ground truth). ``source`` names samples
-    that do not know their file (synthetic ones): ``"<source> sample N"``."""
+    that do not know their file (generated ones): ``"<source> sample N"``."""
     for i, sample in enumerate(samples, 1):
         unknown = sorted(set(sample.tools_kwargs) - set(tool_names))
         if unknown:
@@ -95,23 +94,6 @@ def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collectio
             field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
             configured = ", ".join(sorted(tool_names)) or "none"
             raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")
-
-
-def arithmetic_samples(spec: SyntheticData) -> list[Sample]:
-    """``What is 37 * 58?`` style questions whose ground truth is the integer result."""
-    rng = random.Random(spec.seed)
-    samples = []
-    for i in range(spec.num_samples):
-        a, b = rng.randint(2, spec.max_operand), rng.randint(2, spec.max_operand)
-        op = rng.choice(spec.operators)
-        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-        samples.append(Sample(
-            prompt=[{"role": "user", "content": f"What is {a} {op} {b}? {spec.instruction}".strip()}],
-            ground_truth=str(answer),
-            data_source="toolrl/arithmetic",
-            index=i,
-        ))
-    return samples
 
 
 def write_jsonl(samples: list[Sample], path: Path) -> None:

@@ -44,9 +44,7 @@ class RolloutWorker:
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
-        data = dict(config)
-        data["data"] = {"synthetic": {"num_samples": 1}}  # samples are sent with each run
-        self.config = Config.model_validate(data)
+        self.config = Config.model_validate(dict(config))  # samples are sent with each run
         self._rollouts: Any = None  # toolrl.compose.Rollouts once set up
         self._running = 0
         self._finished = 0

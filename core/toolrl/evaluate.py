@@ -50,11 +50,21 @@ def eval_samples(config: Config) -> list[Sample]:
     return load_samples(config, "test")[: config.eval.num_samples]
 
 
-def check_metric(config: Config) -> None:
-    """``eval.metric`` must name a reward term a trajectory can have."""
-    terms = [f.name for f in config.reward.functions] + ["tools", "steps"]
-    if config.eval.metric is not None and config.eval.metric not in terms:
-        raise ConfigError(f"eval.metric: no reward term {config.eval.metric!r} (terms: {', '.join(terms)})")
+def with_metric(config: Config) -> Config:
+    """``config`` with ``eval.metric`` filled from the environments' metric when unset (one metric
+    for all of them), and checked: it must name a reward term a trajectory can have."""
+    from toolrl.compose import configured_envs
+
+    envs = [c.env for c in configured_envs(config).values()]
+    metric = config.eval.metric
+    if metric is None and len({e.metric for e in envs}) == 1 and envs[0].metric is not None:
+        metric = envs[0].metric
+    functions = config.reward.functions if config.reward.functions is not None else [r for e in envs for r in e.rewards]
+    terms = list(dict.fromkeys(f.name for f in functions)) + ["tools", "steps"]
+    if metric is not None and metric not in terms:
+        source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {envs[0].name!r})"
+        raise ConfigError(f"{source}: no reward term {metric!r} (terms: {', '.join(terms)})")
+    return config.model_copy(update={"eval": config.eval.model_copy(update={"metric": metric})})
 
 
 def success(traj: Trajectory, config: Config) -> bool:
@@ -162,7 +172,7 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
 
     from toolrl.trainer import compose_roles
 
-    check_metric(config)
+    config = with_metric(config)
     samples = eval_samples(config)  # a missing split or bad file fails before any model loads
     if output.exists() and not output.is_dir():
         raise ConfigError(f"--output: {output} exists and is not a directory")
@@ -203,7 +213,7 @@ def run_evaluation(config: Config, output: Path, progress: bool | None = None) -
 async def validate(roles: Any, config: Config, step: int) -> dict[str, float]:
     """The eval split on the current weights: ``val/...`` numbers for the step's metrics row; the
     trajectories go to ``OUTPUT_DIR/eval/step_NNNNN.jsonl``."""
-    check_metric(config)
+    config = with_metric(config)
     t0 = time.perf_counter()
     results = await run_problems(_sampling(roles.rollouts, config), config, eval_samples(config))
     summary = summarize(results, config, time.perf_counter() - t0)

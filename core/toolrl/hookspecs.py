@@ -9,7 +9,7 @@ and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts 
 ``tags`` parsers, the built-in rewards, the ``transformers`` engine) are plugins registered through
 exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
 
-The four registration hooks receive a ``register`` callback rather than returning values, so every
+The five registration hooks receive a ``register`` callback rather than returning values, so every
 part is attributed to the plugin that registered it (``toolrl list-plugins`` shows the attribution,
 and two plugins registering one name is an error naming both)::
 
@@ -22,7 +22,7 @@ object's ``name`` attribute. ``aliases`` are extra names the part answers to (fo
 class path a tool replaces, so verl tool configs load unchanged).
 
 Registered parts are checked (:mod:`toolrl.registry`): each kind's base class, a callable reward
-class, a tool's schema. An object, or a lazy reference into an already-imported module (the plugin's
+class, a tool's schema, an environment's type. An object, or a lazy reference into an already-imported module (the plugin's
 own), is checked at registration; other lazy references when first loaded (or by ``toolrl
 list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
 """
@@ -87,6 +87,22 @@ def register_rollout_engines(register: Register) -> None:
     An engine takes prompt token ids and returns generated token ids, per-token logprobs and a
     finish reason; it batches concurrent requests itself and accepts weight updates from the
     trainer. ``engine.name`` in a training config selects one.
+    """
+
+
+@hookspec
+def register_environments(register: Register) -> None:
+    """Register environments: :class:`toolrl.environments.Environment` objects (pydantic models,
+    validated when built).
+
+    An environment bundles what one task needs: its dataset splits (local parquet/JSONL files, a
+    Hugging Face ``datasets`` id, or a generator), system prompt and instructions, tool config
+    entries (verl's layout; samples carry per-sample ``tools_kwargs``), reward functions with
+    weights, the parser, ``max_turns``, the reward term that decides success (``metric``, used by
+    ``toolrl eval``) and an options model for the config's ``env_options``. ``env: NAME`` in a
+    config selects one, ``envs: {NAME: {weight, max_turns, options}}`` mixes several, each sample
+    routed to its own environment's tools, rewards, parser and turn limit. Register a lazy
+    reference (``"package.module:ENVIRONMENT"``) so that listing plugins imports nothing.
     """
 
 

@@ -7,7 +7,7 @@ The rows are token-exact trajectories in the layout of ``rollouts/step_NNNNN.jso
 - **Groups** (GRPO's baseline): rows of one file with the same ``group`` value when rows carry one
   (rollout traces), else rows with the same ``prompt_ids`` (served conversations that began alike).
 - **Rewards**: a row's ``reward`` when it has one (e.g. written by the agent framework); otherwise
-  the configured ``reward.functions`` score the row's ``final_response`` against its
+  the configured reward functions (``reward.functions``, else the environment's) score the row's ``final_response`` against its
   ``ground_truth`` (null when absent), as the rollout loop scores a generated trajectory.
 
 Every group becomes one :class:`~toolrl.schemas.Sample` carrying its trajectories, so the controller
@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
-from toolrl.rollout import RolloutContext, Trajectory, score
+from toolrl.rollout import Route, Trajectory, score
 from toolrl.schemas import Sample
 
 
@@ -44,7 +44,7 @@ def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
     return traj
 
 
-def _reward(traj: Trajectory, row: dict[str, Any], ctx: RolloutContext, origin: str) -> None:
+def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) -> None:
     """The row's own reward, or the configured reward functions' score of its final response."""
     if row.get("reward") is not None:
         reward = row["reward"]
@@ -52,23 +52,28 @@ def _reward(traj: Trajectory, row: dict[str, Any], ctx: RolloutContext, origin: 
             raise ConfigError(f"{origin}: reward: must be a finite number, got {reward!r}")
         traj.reward = float(reward)
         return
-    if not ctx.reward_functions:
-        raise ConfigError(f"{origin}: reward: the row has none and no reward.functions are configured to score it")
+    if not route.reward_functions:
+        raise ConfigError(f"{origin}: reward: the row has none, and no reward functions (reward.functions "
+                          "or the environment's) score it")
     sample = Sample(prompt=[], ground_truth=row.get("ground_truth"), data_source=row.get("data_source") or "")
     traj.error = None
-    score(ctx, traj, sample, [r.step_reward for r in traj.tool_results])
+    score(route, traj, sample, [r.step_reward for r in traj.tool_results])
     if traj.error is not None:
         raise ConfigError(f"{origin}: reward: {traj.error}")
 
 
 def load_groups(config: Config) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored."""
-    from toolrl.compose import build_rewards
+    from toolrl.compose import build_rewards, configured_envs
     from toolrl.data import _rows as rows
 
-    # Scoring reads only the reward part of a rollout context; no engine, parser or tools take part.
-    ctx = RolloutContext(engine=None, renderer_factory=None, parser=None, config=config.rollout,  # type: ignore[arg-type]
-                         tasks={}, reward_functions=build_rewards(config), reward_config=config.reward)
+    # One environment's rewards (or the explicit reward.functions); a mixture's rows carry no route,
+    # so there only reward.functions (or the rows' own rewards) score them.
+    envs = list(configured_envs(config).values())
+    rewards = build_rewards(config, envs[0].env if len(envs) == 1 else None)
+    # Scoring reads only a route's rewards; no tools, parser or turn limit take part.
+    route = Route(tools={}, max_turns=1, parser=None, reward_functions=rewards,  # type: ignore[arg-type]
+                  reward_config=config.reward)
     groups: dict[Hashable, list[Trajectory]] = {}
     for name in config.data.trajectories:
         path = resolve_path(config, name)
@@ -78,7 +83,7 @@ def load_groups(config: Config) -> list[Sample]:
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             traj = _trajectory(row, origin)
-            _reward(traj, row, ctx, origin)
+            _reward(traj, row, route, origin)
             # A group number means something within its own file only (each trace file numbers from 0).
             key = ("group", str(path), json.dumps(row["group"])) if "group" in row else ("prompt", tuple(traj.prompt_ids))
             groups.setdefault(key, []).append(traj)

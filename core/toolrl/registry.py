@@ -1,8 +1,9 @@
 """Name -> part lookup. Every part remembers the plugin that registered it.
 
 Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool or
-rollout engine must be a subclass of its base class, a reward function a class whose instances are
-callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object is checked as
+rollout engine must be a subclass of its base class, an environment an instance of
+:class:`toolrl.environments.Environment` (validated when built), a reward function a class whose
+instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object is checked as
 soon as it can be had without importing anything: when registered as an object, or as a lazy
 reference into a module that is already imported (typically the plugin's own module). Other lazy
 references are checked when first loaded; the error names the plugin.
@@ -17,13 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines")
+KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
     "tools": "tool",
     "reward_functions": "reward function",
     "rollout_engines": "rollout engine",
+    "environments": "environment",
 }
 
 
@@ -33,6 +35,7 @@ KIND_BASES = {
     "tool_parsers": ("toolrl.parsers", "ToolParser"),
     "tools": ("toolrl.tools", "Tool"),
     "rollout_engines": ("toolrl.engines", "RolloutEngine"),
+    "environments": ("toolrl.environments", "Environment"),  # an instance, not a subclass
 }
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -67,6 +70,10 @@ def check_part(kind: str, obj: Any) -> str | None:
     module_name, base_name = KIND_BASES[kind]
     module = sys.modules.get(module_name)
     base = getattr(module, base_name, None) if module is not None else None
+    if kind == "environments":
+        if base is None or not isinstance(obj, base):
+            return f"is {obj!r}, which is not a {module_name}.{base_name} instance"
+        return None
     if not (isinstance(obj, type) and base is not None and issubclass(obj, base)):
         return f"is {obj!r}, which is not a {module_name}.{base_name} subclass"
     if kind == "tools" and obj.schema is not None:

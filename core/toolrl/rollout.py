@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,7 +40,7 @@ class Trajectory(BaseModel):
     trajectory_id: str
     sample_index: int
     group: int  # trajectories of one prompt share a group (GRPO)
-    task: str | None = None
+    env: str | None = None  # the sample's environment (its route)
     prompt_ids: list[int]
     response_ids: list[int] = Field(default_factory=list)
     response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
@@ -63,37 +63,43 @@ class Trajectory(BaseModel):
 
 
 @dataclass
-class Task:
-    """What a sample's task type selects (seed 003's task -> environment routing)."""
+class Route:
+    """What a sample's environment selects (seed 003's env map): its tools, parser, rewards and turn
+    limit. ``RolloutContext.routes`` maps environment names to routes; ``None`` is the route of
+    samples that name no environment."""
 
     tools: dict[str, Tool]
     max_turns: int
+    parser: ToolParser
+    reward_functions: list[tuple[str, float, Any]]  # (name, weight, callable)
+    reward_config: RewardConfig
 
 
 @dataclass
 class RolloutContext:
     engine: RolloutEngine
     renderer_factory: Any  # (tool schemas) -> ChatRenderer; renderers are cached per tool set
-    parser: ToolParser
     config: RolloutConfig
-    tasks: dict[str | None, Task]
-    reward_functions: list[tuple[str, float, Any]]  # (name, weight, callable)
-    reward_config: RewardConfig
-    _renderers: dict[tuple[str, ...], ChatRenderer] = field(default_factory=dict)
+    routes: dict[str | None, Route]
+    _renderers: dict[tuple[Any, ...], ChatRenderer] = field(default_factory=dict)
 
-    def task_for(self, sample: Sample) -> Task:
-        if sample.task in self.tasks:
-            return self.tasks[sample.task]
-        if sample.task is not None and None not in self.tasks:
-            raise KeyError(f"sample task {sample.task!r} has no tasks.{sample.task} config")
-        return self.tasks[None]
+    def route_for(self, sample: Sample) -> Route:
+        if sample.env in self.routes:
+            return self.routes[sample.env]
+        if sample.env is not None:
+            raise KeyError(f"sample's environment {sample.env!r} is not configured "
+                           f"(configured: {', '.join(str(n) for n in self.routes if n is not None) or 'none'})")
+        if None not in self.routes:
+            raise KeyError("the sample names no environment (extra_info.env) and the config mixes several")
+        return self.routes[None]
 
-    def renderer(self, tools: Mapping[str, Tool]) -> ChatRenderer:
-        key = tuple(sorted(tools))
+    def renderer(self, route: Route) -> ChatRenderer:
+        # Keyed by the tool objects: two environments may configure one tool name differently.
+        key = (route.parser.result_mode, *sorted((n, id(t)) for n, t in route.tools.items()))
         if key not in self._renderers:
             # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
-            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] \
-                if self.parser.result_mode == "chat" else []
+            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in route.tools.values()] \
+                if route.parser.result_mode == "chat" else []
             self._renderers[key] = self.renderer_factory(schemas)
         return self._renderers[key]
 
@@ -101,16 +107,17 @@ class RolloutContext:
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str,
                          seed: int) -> Trajectory:
     cfg = ctx.config
-    task = ctx.task_for(sample)
-    renderer = ctx.renderer(task.tools)
-    toolset = ToolSet(task.tools, sample.tools_kwargs, trajectory_id)
+    route = ctx.route_for(sample)
+    parser = route.parser
+    renderer = ctx.renderer(route)
+    toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
     messages = [m.to_template() for m in sample.prompt]
-    traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, task=sample.task,
+    traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, env=sample.env,
                       prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
     step_rewards: list[float] = []
     try:
         await toolset.start()
-        inline = ctx.parser.result_mode == "inline"
+        inline = parser.result_mode == "inline"
         while True:
             # 1. Generate, within the per-call and whole-response budgets.
             budget = cfg.max_response_tokens - len(traj.response_ids)
@@ -119,7 +126,7 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
                 break
             params = SamplingParams(
                 temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
-                stop_token_ids=[renderer.eos_id], stop_strings=ctx.parser.stop_strings,
+                stop_token_ids=[renderer.eos_id], stop_strings=parser.stop_strings,
                 seed=seed + 7919 * traj.turns,
             )
             t0 = time.perf_counter()
@@ -135,10 +142,10 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
 
             # 2. Parse. Inline tags resume inside the same assistant turn, so only a call closed by
             #    this generation's stop string runs; the final answer is the turn's model text.
-            parsed = ctx.parser.parse(text)
+            parsed = parser.parse(text)
             if inline:
                 model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
-                traj.final_response = ctx.parser.parse(renderer.decode(model_ids)).content
+                traj.final_response = parser.parse(renderer.decode(model_ids)).content
                 stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
                 calls = parsed.calls[-1:] if stopped_at_call else []
                 errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
@@ -163,7 +170,7 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
             results += [_refused(c, cfg.max_parallel_calls) for c in over]
             traj.tool_results += results
             step_rewards += [r.step_reward for r in results]
-            last_turn = traj.turns >= task.max_turns
+            last_turn = traj.turns >= route.max_turns
 
             # 4. Append the results (mask 0) unless no further generation would read them.
             if last_turn:
@@ -175,7 +182,7 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
                      for r in results]
             texts += [("error", f"Error: {e.message}") for e in errors]
             if inline:
-                delta = renderer.text_ids("".join(ctx.parser.format_inline_result(ToolResponse(text=t))
+                delta = renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t))
                                                   for _, t in texts))
             else:
                 delta = renderer.tool_delta([renderer.tool_message(t, name) for name, t in texts])
@@ -195,7 +202,7 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
         if traj.tool_errors and traj.error is None:
             traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
         ctx.engine.end_session(trajectory_id)
-    score(ctx, traj, sample, step_rewards)
+    score(route, traj, sample, step_rewards)
     return traj
 
 
@@ -219,22 +226,22 @@ def _refused(call: ToolCall, limit: int) -> ToolResult:
         "Make it in your next turn."))
 
 
-def score(ctx: RolloutContext, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
+def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
     """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps."""
     terms: dict[str, float] = {}
     info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
             "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
-    for name, weight, fn in ctx.reward_functions:
+    for name, weight, fn in route.reward_functions:
         try:  # a reward that raises or is not a finite number scores 0 and is reported, never trained on
             terms[name] = weight * coerce_reward(fn(traj.final_response, sample.ground_truth, **info), "reward")
         except Exception as exc:
             terms[name] = 0.0
             traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
     if traj.tool_rewards:
-        terms["tools"] = ctx.reward_config.tool_reward_weight * sum(traj.tool_rewards.values())
+        terms["tools"] = route.reward_config.tool_reward_weight * sum(traj.tool_rewards.values())
     if step_rewards:
-        terms["steps"] = ctx.reward_config.step_reward_weight * sum(step_rewards)
+        terms["steps"] = route.reward_config.step_reward_weight * sum(step_rewards)
     traj.reward_terms = terms
     traj.reward = sum(terms.values())
     if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed

@@ -153,7 +153,7 @@ class Sample(BaseModel):
     prompt: list[Message]
     ground_truth: Any = None
     data_source: str = ""
-    task: str | None = None
+    env: str | None = None  # the environment whose tools, rewards, parser and turn limit it gets
     tools_kwargs: dict[str, ToolKwargs] = Field(default_factory=dict)
     extra_info: dict[str, Any] = Field(default_factory=dict)
     index: int | None = None
@@ -162,7 +162,7 @@ class Sample(BaseModel):
     @classmethod
     def _from_verl(cls, data: Any) -> Any:
         """Accept verl rows: ``reward_model.ground_truth``, ``extra_info.tools_kwargs``, a plain
-        string prompt, ``extra_info.index`` and a task type under ``extra_info.task``."""
+        string prompt, ``extra_info.index`` and the environment it belongs to under ``extra_info.env``."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -174,8 +174,8 @@ class Sample(BaseModel):
         extra = data.get("extra_info") or {}
         if isinstance(extra, dict):
             data.setdefault("tools_kwargs", extra.get("tools_kwargs") or {})
-            if data.get("task") is None and extra.get("task") is not None:
-                data["task"] = extra["task"]
+            if data.get("env") is None and extra.get("env") is not None:
+                data["env"] = extra["env"]
             if data.get("index") is None and extra.get("index") is not None:
                 data["index"] = extra["index"]
             data["extra_info"] = extra

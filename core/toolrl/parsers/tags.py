@@ -2,7 +2,8 @@
 fenced ```` ```python ```` block. Generation stops at a closing marker, the call runs, its result is
 appended inline (```` ```output ... ``` ````) and generation continues.
 
-Options map markers to tools::
+Options map markers to tools; there are none by default (the environment that uses the parser
+configures the routes its tools need, as ``rollout.parser_options`` or its ``parser_options``)::
 
     tags:   {calculator: {tool: calculator, argument: expression}}
     fences: {python: {tool: code_interpreter, argument: code}}
@@ -27,8 +28,8 @@ class Route(BaseModel):
 
 class TagOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    tags: dict[str, Route] = {"calculator": Route(tool="calculator", argument="expression")}
-    fences: dict[str, Route] = {"python": Route(tool="code_interpreter", argument="code")}
+    tags: dict[str, Route] = {}
+    fences: dict[str, Route] = {}
 
 
 class TagParser(ToolParser):

@@ -70,8 +70,9 @@ async def test_unknown_config_keys_are_refused() -> None:
 
 async def test_inline_tag_reaches_the_tool() -> None:
     from toolrl.parsers.tags import TagParser
+    from toolrl_calculator.environment import TAG_ROUTES
 
-    parsed = TagParser().parse("First <calculator> 2+3*4 </calculator> then <calculator>7/2</calculator>.")
+    parsed = TagParser(**TAG_ROUTES).parse("First <calculator> 2+3*4 </calculator> then <calculator>7/2</calculator>.")
     assert [c.name for c in parsed.calls] == ["calculator", "calculator"]
     tool, _ = await build_tool("calculator")
     iid = await tool.create()

@@ -1,5 +1,6 @@
 """toolrl plugin for Geometry3K: the ``calc_geo3k_reward`` tool (also answering to verl's class path,
-so verl tool configs load unchanged), the ``geo3k`` reward function and ``toolrl geo3k preprocess``.
+so verl tool configs load unchanged), the ``geo3k`` reward function, the ``geo3k`` environment and
+``toolrl geo3k preprocess``.
 
 This module is the plugin's entry point: it registers lazy references only, so loading the plugin
 imports neither math-verify nor pyarrow.
@@ -27,6 +28,11 @@ def register_tools(register: Register) -> None:
 @hookimpl
 def register_reward_functions(register: Register) -> None:
     register("toolrl_geo3k.reward:Geo3kReward", name="geo3k")
+
+
+@hookimpl
+def register_environments(register: Register) -> None:
+    register("toolrl_geo3k.environment:GEO3K", name="geo3k")
 
 
 @hookimpl

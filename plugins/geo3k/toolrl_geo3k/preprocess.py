@@ -107,7 +107,7 @@ def image_bytes(value: Any, base_dir: Path) -> tuple[bytes, str | None]:
 
 
 def build_row(
-    problem: str, answer: str, images: list[dict[str, Any]], split: str, index: int
+    problem: str, answer: str, images: list[dict[str, Any]], split: str, index: int | None
 ) -> dict[str, Any]:
     """One verl row. ``problem`` gets one ``<image>`` placeholder per image (added in front when missing)."""
     missing = len(images) - problem.count(IMAGE_TOKEN)
@@ -170,27 +170,32 @@ def _schema() -> Any:
     )
 
 
+def convert_record(record: dict[str, Any], split: str, index: int | None, base_dir: Path) -> dict[str, Any]:
+    """One geometry3k record (``problem``, ``answer``, ``images``) as a verl row; image paths are
+    relative to ``base_dir``."""
+    try:
+        problem, answer = record["problem"], record["answer"]
+    except KeyError as exc:
+        raise Geo3kDataError(f"missing field {exc}") from None
+    if not isinstance(problem, str) or not problem.strip():
+        raise Geo3kDataError("'problem' must be a non-empty string")
+    if answer is None or str(answer).strip() == "":
+        raise Geo3kDataError("'answer' is empty")
+    raw_images = record.get("images") or []
+    if not isinstance(raw_images, list):
+        raw_images = [raw_images]
+    images = [dict(zip(("bytes", "path"), image_bytes(i, base_dir))) for i in raw_images]
+    return build_row(problem, str(answer).strip(), images, split, index)
+
+
 def convert(input_path: str | os.PathLike, split: str = "train") -> list[dict[str, Any]]:
     """The verl rows for ``split`` of the input (see the module docstring)."""
     rows = []
     for file, number, record in read_records(input_files(input_path, split)):
-        where = f"{file}, row {number}"
         try:
-            problem, answer = record["problem"], record["answer"]
-        except KeyError as exc:
-            raise Geo3kDataError(f"{where}: missing field {exc}") from None
-        if not isinstance(problem, str) or not problem.strip():
-            raise Geo3kDataError(f"{where}: 'problem' must be a non-empty string")
-        if answer is None or str(answer).strip() == "":
-            raise Geo3kDataError(f"{where}: 'answer' is empty")
-        raw_images = record.get("images") or []
-        if not isinstance(raw_images, list):
-            raw_images = [raw_images]
-        try:
-            images = [dict(zip(("bytes", "path"), image_bytes(i, file.parent))) for i in raw_images]
-            rows.append(build_row(problem, str(answer).strip(), images, split, len(rows)))
+            rows.append(convert_record(record, split, len(rows), file.parent))
         except Geo3kDataError as exc:
-            raise Geo3kDataError(f"{where}: {exc}") from None
+            raise Geo3kDataError(f"{file}, row {number}: {exc}") from None
     if not rows:
         raise Geo3kDataError(f"{input_path}: no rows for split {split!r}")
     return rows

@@ -23,7 +23,7 @@ def test_rollout_with_an_mcp_tool(tmp_path: Path) -> None:
         "mcp": {"mcp_servers_config_path": "servers.json", "tool_selected_list": ["add"]}}]}))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({
         "model": {"source": "tiny-qwen3"},
-        "data": {"synthetic": {"num_samples": 4}, "batch_size": 1},
+        "env": "arithmetic", "env_options": {"train_size": 4}, "data": {"batch_size": 1},
         "engine": {"name": "scripted", "options": {"script": [CALL, "The answer is 5."]}},
         "rollout": {"n": 2, "max_turns": 3},
         "tools": {"config_path": "tools.yaml"},

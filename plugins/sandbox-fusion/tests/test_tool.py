@@ -185,7 +185,7 @@ async def test_calls_per_second():
 
 
 async def test_inline_python_fence_runs_through_the_tags_parser(tool):
-    parser = TagParser()
+    parser = TagParser(fences={"python": {"tool": "code_interpreter", "argument": "code"}})
     parsed = parser.parse("Let me compute.\n```python\nprint(sum(range(10)))\n```\n")
     assert [c.name for c in parsed.calls] == ["code_interpreter"]
     result = await call(tool, parsed.calls[0].arguments)

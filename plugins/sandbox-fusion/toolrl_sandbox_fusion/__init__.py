@@ -1,4 +1,4 @@
-"""toolrl plugin: the ``code_interpreter`` tool and ``toolrl sandbox serve``.
+"""toolrl plugin: the ``code_interpreter`` tool, the ``python-math`` environment and ``toolrl sandbox serve``.
 
 This module is the plugin's entry point. It registers a lazy reference to the tool and adds the
 ``sandbox`` command group; pydantic, httpx, starlette and uvicorn are imported only when used.
@@ -23,6 +23,11 @@ def register_tools(register: Register) -> None:
         name="code_interpreter",
         aliases=("verl.tools.sandbox_fusion_tools.SandboxFusionTool", "sandbox_fusion"),
     )
+
+
+@hookimpl
+def register_environments(register: Register) -> None:
+    register("toolrl_sandbox_fusion.environment:PYTHON_MATH", name="python-math")
 
 
 @hookimpl

@@ -1,0 +1,230 @@
+"""Environments: a task's dataset splits with the prompt, tools, rewards, parser and turn limit that
+belong to it, registered by plugins through ``register_environments`` (so an environment ships as
+``pip install toolrl-plugin-x``) and selected in a config with ``env: NAME`` or mixed with ``envs:``.
+
+A split is loaded by one of three loaders:
+
+- :class:`FileSplit`: local verl-format ``.jsonl``/``.parquet`` files (:mod:`toolrl.data`);
+- :class:`HubSplit`: a Hugging Face ``datasets`` dataset (a Hub id, or a local dataset directory),
+  each row turned into a verl row by the environment's ``row`` function;
+- a generator ``callable(options, split) -> list[Sample | dict]``.
+
+An environment may declare an options model (the config's ``env_options`` are validated against
+it) and a ``configure(options) -> {field: value}`` function that adapts its fields to the options
+(a parser format, files given as options). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from toolrl.config import ConfigError, RewardTerm, format_errors, one_line
+from toolrl.schemas import Message, Sample
+
+
+class FileSplit(BaseModel):
+    """Local verl-format files; relative paths resolve against the config's directory."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["files"] = "files"
+    files: list[str] = Field(min_length=1)
+
+    def describe(self) -> str:
+        return ", ".join(self.files)
+
+
+class HubSplit(BaseModel):
+    """A Hugging Face ``datasets`` dataset: ``datasets.load_dataset(path, name, split=split,
+    revision=revision)``. ``path`` is a Hub id or a local dataset directory; offline runs read the
+    ``datasets`` cache (``HF_DATASETS_OFFLINE=1``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["hub"] = "hub"
+    path: str
+    name: str | None = None
+    split: str = "train"
+    revision: str | None = None
+
+    def describe(self) -> str:
+        config = f" ({self.name})" if self.name else ""
+        return f"hub {self.path}{config} split {self.split}"
+
+
+Generator = Callable[[Any, str], list[Any]]
+SplitSource = FileSplit | HubSplit | Generator
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class Environment(BaseModel):
+    """One environment. Every field but ``name`` and ``splits`` is optional; a config's explicit
+    ``data``, ``tools``, ``reward`` and ``rollout.parser``/``max_turns`` override the environment's."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str = ""
+    splits: dict[str, SplitSource] = Field(min_length=1, description="split name (train, test) -> loader")
+    # row(record, options, split) -> a verl row (``prompt``, ``reward_model.ground_truth``,
+    # ``extra_info.tools_kwargs``), for the records of Hub splits.
+    row: Callable[[dict[str, Any], Any, str], dict[str, Any]] | None = None
+    system_prompt: str | None = None
+    instructions: str | None = Field(None, description="appended to every prompt's first user message")
+    prompt_prefix: list[dict[str, Any]] = Field(default_factory=list, description="few-shot messages")
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="verl tool-config entries")
+    rewards: list[RewardTerm] = Field(default_factory=list)
+    parser: str = "hermes"
+    parser_options: dict[str, Any] = Field(default_factory=dict)
+    max_turns: int | None = Field(None, gt=0)
+    metric: str | None = Field(None, description="the reward term whose value > 0 counts as success")
+    options: type[BaseModel] | None = None
+    configure: Callable[[Any], dict[str, Any]] | None = None
+
+    @field_validator("prompt_prefix")
+    @classmethod
+    def _messages(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for message in value:
+            Message.model_validate(message)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Environment:
+        if self.metric is not None and self.metric not in {r.name for r in self.rewards}:
+            raise ValueError(f"metric {self.metric!r} is not one of its rewards "
+                             f"({', '.join(r.name for r in self.rewards) or 'none'})")
+        if any(isinstance(s, HubSplit) for s in self.splits.values()) and self.row is None:
+            raise ValueError("a HubSplit needs a row function (dataset row -> verl row)")
+        return self
+
+    # -- options ---------------------------------------------------------------------------------
+
+    def resolve(self, options: dict[str, Any], where: str = "env_options") -> tuple[Environment, Any]:
+        """This environment adapted to ``options`` (validated against its options model), and the
+        validated options. A bad option is a ConfigError naming ``where`` and the field."""
+        if self.options is None:
+            if options:
+                raise ConfigError(f"{where}: environment {self.name!r} takes no options (got {', '.join(options)})")
+            validated: Any = None
+        else:
+            try:
+                validated = self.options.model_validate(options)
+            except ValidationError as exc:
+                raise ConfigError(f"{where}: {format_errors(exc)}") from None
+        if self.configure is None:
+            return self, validated
+        try:
+            changes = self.configure(validated)
+            env = Environment.model_validate({**dict(self), **changes, "configure": None})
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: environment {self.name!r}: {format_errors(exc)}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{where}: environment {self.name!r}: {one_line(str(exc))}") from None
+        return env, validated
+
+    # -- data --------------------------------------------------------------------------------------
+
+    def load(self, split: str, options: Any = None, base_dir: str | Path = ".") -> list[Sample]:
+        """The samples of ``split``, each routed to this environment (``Sample.env``); prompts as the
+        split holds them (:func:`decorate` adds the system prompt, few-shot prefix and instructions)."""
+        if split not in self.splits:
+            raise ConfigError(f"environment {self.name!r} has no {split!r} split (splits: {', '.join(self.splits)})")
+        source = self.splits[split]
+        where = f"environment {self.name!r} split {split!r}"
+        if isinstance(source, FileSplit):
+            from toolrl.data import load_samples as load_files
+
+            base = Path(base_dir)
+            paths = [p if p.is_absolute() else base / p for p in (Path(f).expanduser() for f in source.files)]
+            samples = load_files(paths, where)
+        elif isinstance(source, HubSplit):
+            samples = self._load_hub(source, options, split, where)
+        else:
+            try:
+                produced = source(options, split)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{where}: {one_line(str(exc))}") from None
+            samples = [_sample(s, f"{where} sample {i}") for i, s in enumerate(produced, 1)]
+        if not samples:
+            raise ConfigError(f"{where}: no samples")
+        for i, s in enumerate(samples):
+            s.env = self.name
+            if s.index is None:
+                s.index = i
+        return samples
+
+    def _load_hub(self, source: HubSplit, options: Any, split: str, where: str) -> list[Sample]:
+        try:
+            import datasets
+        except ImportError:
+            raise ConfigError(f"{where}: reading {source.path} needs the datasets package "
+                              "(pip install 'toolrl[datasets]')") from None
+        try:
+            rows = datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
+        except Exception as exc:  # datasets raises many kinds (missing files, offline, bad config)
+            raise ConfigError(f"{where}: cannot load {source.describe()}: {one_line(str(exc))}") from None
+        assert self.row is not None  # checked by the model
+        samples = []
+        for n, record in enumerate(rows, 1):
+            origin = f"{source.path} {source.split} row {n}"
+            try:
+                mapped = self.row(dict(record), options, split)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ConfigError(f"{origin}: {one_line(str(exc))}") from None
+            samples.append(_sample(mapped, origin))
+        return samples
+
+    def summary(self) -> dict[str, Any]:
+        """Name, description, splits (with their sources), tools, rewards, parser, limits: for
+        ``toolrl env list/show``."""
+        return {
+            "name": self.name, "description": self.description,
+            "splits": {n: s.describe() if isinstance(s, (FileSplit, HubSplit)) else "generated"
+                       for n, s in self.splits.items()},
+            "tools": [str(t.get("class_name", "?")) for t in self.tools],
+            "rewards": {r.name: r.weight for r in self.rewards},
+            "parser": self.parser, "max_turns": self.max_turns, "metric": self.metric,
+            "options": self.options.model_json_schema() if self.options is not None else None,
+        }
+
+
+def decorate(sample: Sample, system_prompt: str | None, prefix: list[dict[str, Any]],
+             instructions: str | None = None) -> None:
+    """Put ``instructions`` at the end of the first user message, the few-shot ``prefix`` after the
+    system message, and ``system_prompt`` first unless the sample has its own."""
+    head = 1 if sample.prompt and sample.prompt[0].role == "system" else 0
+    if instructions:
+        user = next((m for m in sample.prompt[head:] if m.role == "user"), None)
+        if user is not None and isinstance(user.content, str):
+            user.content = f"{user.content} {instructions}".strip()
+    sample.prompt[head:head] = [Message.model_validate(m) for m in prefix]
+    if system_prompt and not head:
+        sample.prompt.insert(0, Message(role="system", content=system_prompt))
+
+
+def _sample(value: Any, origin: str) -> Sample:
+    from toolrl.data import FileSample
+
+    if isinstance(value, Sample):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{origin}: a sample must be a Sample or a mapping, got {type(value).__name__}")
+    try:
+        sample = FileSample.model_validate(value)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: {format_errors(exc)}") from None
+    sample._origin = origin
+    return sample
+
+
+def get_environment(name: str, where: str = "env") -> Environment:
+    """The registered environment ``name``; a ConfigError listing the installed ones otherwise."""
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    try:
+        return get_plugins().load_part("environments", name)
+    except RegistryError as exc:
+        raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,59 @@
+"""The ``geo3k`` environment: Geometry3K problems, the ``calc_geo3k_reward`` tool to check an answer
+mid-rollout, and the ``geo3k`` reward on the final ``\\boxed{}`` answer.
+
+Data comes from preprocessed verl-format parquet (``toolrl geo3k preprocess``; options
+``train_files``/``test_files``) or, by default, from the Hugging Face dataset ``hub_id`` through
+``datasets`` (each record converted as the preprocessor converts it; offline: the ``datasets``
+cache with ``HF_DATASETS_OFFLINE=1``, or a local dataset directory as ``hub_id``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from toolrl.environments import Environment, FileSplit, HubSplit
+
+from toolrl_geo3k.preprocess import DATA_SOURCE, TOOL_NAME, convert_record
+
+SPLITS = ("train", "test")
+
+
+class Geo3kOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train_files: list[str] = Field(default_factory=list, description="preprocessed parquet (toolrl geo3k preprocess)")
+    test_files: list[str] = Field(default_factory=list, description="preprocessed parquet (toolrl geo3k preprocess)")
+    hub_id: str = Field(DATA_SOURCE, description="Hugging Face dataset id or local dataset directory")
+    hub_config: str | None = None
+    revision: str | None = None
+
+
+def record_row(record: dict[str, Any], options: Geo3kOptions, split: str) -> dict[str, Any]:
+    """A Hub record (``problem``, ``answer``, ``images``) as the preprocessor's verl row."""
+    return convert_record(record, split, None, Path(options.hub_id))
+
+
+def configure(options: Geo3kOptions) -> dict[str, Any]:
+    splits: dict[str, Any] = {}
+    for split in SPLITS:
+        files = getattr(options, f"{split}_files")
+        splits[split] = FileSplit(files=files) if files else HubSplit(
+            path=options.hub_id, name=options.hub_config, split=split, revision=options.revision)
+    return {"splits": splits}
+
+
+GEO3K = Environment(
+    name="geo3k",
+    description="Geometry3K: answer in \\boxed{}, checking answers with calc_geo3k_reward on the way.",
+    splits={split: HubSplit(path=DATA_SOURCE, split=split) for split in SPLITS},
+    row=record_row,
+    tools=[{"class_name": TOOL_NAME, "config": {"type": "native"}}],
+    rewards=[{"name": "geo3k", "weight": 1.0}],
+    parser="hermes",
+    max_turns=5,
+    metric="geo3k",
+    options=Geo3kOptions,
+    configure=configure,
+)
