@@ -284,6 +284,33 @@ def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     _user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
 
 
+@cli.command("eval", context_settings={"ignore_unknown_options": True})
+@click.argument("config_path", metavar="CONFIG.yaml")
+@click.argument("overrides", nargs=-1)
+@click.option("--output", "output", type=click.Path(file_okay=False), help="Directory for results.jsonl and summary.json.")
+@click.option("--compare", "compare", type=click.Path(exists=True, file_okay=False),
+              help="Print this eval directory's summary beside --output's (or the first argument's); runs nothing.")
+def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, compare: str | None) -> None:
+    """Evaluate on the held-out split: eval.num_samples problems, eval.n samples each at
+    eval.temperature; writes OUTPUT/results.jsonl and OUTPUT/summary.json. OVERRIDES are
+    dotted.key=value pairs. With --compare DIR2, prints two summaries side by side instead."""
+    from pathlib import Path
+
+    from toolrl import evaluate as ev
+
+    if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
+        if overrides:
+            raise UsageFailure("--compare reads two eval output directories and takes no overrides")
+        columns = {d: _user_errors(ev.read_summary, Path(d)) for d in (output or config_path, compare)}
+        ev.print_table(columns)
+        return
+    if output is None:
+        raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")
+    config = _load_config(config_path, overrides)
+    summary = _user_errors(ev.run_evaluation, config, Path(output), tools_origin=_tools_origin(config_path, config))
+    ev.print_table({output: summary})
+
+
 @cli.command("export")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))

@@ -75,6 +75,10 @@ def load_samples(config: Config, split: str = "train") -> list[Sample]:
 
     if split not in ("train", "test"):
         raise ConfigError(f"unknown data split {split!r} (use train or test)")
+    if split == "train" and config.data.trajectories:  # recorded groups, trained on as they are
+        from toolrl.recorded import load_groups
+
+        return load_groups(config)
     envs = configured_envs(config)
     files = config.data.train_files if split == "train" else config.data.test_files
     if files:
@@ -339,12 +343,13 @@ class LocalRun:
         return self.rollouts.engine
 
 
-async def compose_local(config: Config) -> LocalRun:
+async def compose_local(config: Config, split: str = "train") -> LocalRun:
+    """``split``: the samples checked against the tools (those that will run)."""
     from toolrl import models
 
     seed_everything(config.trainer.seed)
     check_parts(config)
-    samples = load_samples(config)
+    samples = load_samples(config, split)
     path = model_path(config)
     tokenizer = models.load_tokenizer(path)
     built: list[Any] = []

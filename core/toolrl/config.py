@@ -117,11 +117,19 @@ class DataConfig(Section):
 
     train_files: list[str] = Field(default_factory=list)
     test_files: list[str] = Field(default_factory=list, description="the held-out split (toolrl eval)")
+    # Recorded token-exact trajectories (`toolrl serve --record` rows, rollout traces) to train on
+    # instead of generating; a batch is data.batch_size of their groups (toolrl.recorded).
+    trajectories: list[str] = Field(default_factory=list, description="JSONL files of recorded trajectories")
     batch_size: int = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
     system_prompt: str | None = None
     # Messages put before every sample's own (after its system message): few-shot demonstrations.
     prompt_prefix: list[dict[str, Any]] | None = None
+
+    @field_validator("trajectories", mode="before")
+    @classmethod
+    def _one_file(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
 
 class EngineConfig(Section):
@@ -230,6 +238,25 @@ class TrainerConfig(Section):
     keep_checkpoints: int = Field(2, gt=0)
     max_staleness: int = Field(0, ge=0, description="0: synchronous steps; k: rollouts overlap training and "
                                "start on weights at most k steps older than the step that trains them")
+    # Validation: every K steps the eval split runs (the ``eval`` section) and ``val/...`` joins the row.
+    eval_every: int | None = Field(None, ge=0, description="run the eval split every K steps (0/None: off)")
+
+
+class EvalConfig(Section):
+    """``toolrl eval`` and ``trainer.eval_every``: the held-out split, sampled and scored."""
+
+    num_samples: int | None = Field(None, gt=0, description="the first N problems of the test split (None: all)")
+    n: int = Field(1, gt=0, description="samples per problem (pass@k uses k = n)")
+    temperature: float = Field(0.0, ge=0, description="0: greedy (then n must be 1)")
+    metric: str | None = Field(None, description="reward term that decides success (None: the total reward)")
+    success_threshold: float = Field(1.0, description="success: the metric is at least this")
+
+    @model_validator(mode="after")
+    def _greedy_is_one_sample(self) -> EvalConfig:
+        if self.temperature == 0 and self.n > 1:
+            raise ValueError(f"n={self.n} with temperature 0: greedy samples are all the same; "
+                             "set eval.temperature > 0 for pass@k, or eval.n=1")
+        return self
 
 
 class RayConfig(Section):
@@ -256,6 +283,7 @@ class Config(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     base_dir: str = Field(".", description="directory relative paths resolve against (the config's)")
 
@@ -273,8 +301,17 @@ class Config(Section):
             raise ValueError("set env or envs, not both")
         if self.env_options and self.env is None:
             raise ValueError("env_options: set env (a mixture takes envs.NAME.options)")
-        if self.env is None and not self.envs and not self.data.train_files and not self.data.test_files:
+        if self.env is None and not self.envs and not self.data.train_files and not self.data.test_files \
+                and not self.data.trajectories:
             raise ValueError("set env (toolrl env list), envs or data.train_files")
+        return self
+
+    @model_validator(mode="after")
+    def _validation_sampling(self) -> Config:
+        # Rollout workers on Ray hold their own config, so validation there samples as training does.
+        if self.trainer.eval_every and self.ray.address is not None and self.eval.temperature != self.rollout.temperature:
+            raise ValueError(f"trainer.eval_every: rollout workers on Ray sample at rollout.temperature="
+                             f"{self.rollout.temperature}; set eval.temperature to the same value")
         return self
 
     def env_entries(self) -> dict[str, EnvEntry]:

@@ -98,10 +98,11 @@ def _check_placement(config: Config) -> None:
                           "(ray.num_gpus_per_trainer or model.device)")
 
 
-async def compose_roles(config: Config, train: bool = True) -> Roles:
+async def compose_roles(config: Config, train: bool = True, split: str = "train") -> Roles:
     """Build each role where it runs. Without Ray: one process, the engine sharing the trainer's
     module. With Ray: this process builds no model and no engine; the trainer ranks and the rollout
-    workers compose their own parts in their own processes."""
+    workers compose their own parts in their own processes. ``split``: the data the rollouts will
+    run (checked against the tools before the model loads)."""
     from toolrl import models
     from toolrl.compose import check_parts, compose_local, model_path
     from toolrl.trainer_group import LocalTrainer, RayTrainerGroup
@@ -110,7 +111,7 @@ async def compose_roles(config: Config, train: bool = True) -> Roles:
     _check_placement(config)
     check_parts(config)
     if config.ray.address is None:
-        run = await compose_local(config)
+        run = await compose_local(config, split)
         roles = Roles(config, run.tokenizer, run.path, run.rollouts)
         if train:
             rank = TrainerRank(config)
@@ -201,10 +202,17 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
 async def train_async(config: Config, resume: bool = False) -> Path:
     out = _prepare_output(config, resume)
     from toolrl.compose import load_samples
+    from toolrl.evaluate import eval_samples, validate
 
     samples = load_samples(config)
+    if config.trainer.eval_every:
+        eval_samples(config)  # a missing test split fails now, not at the first validation
     roles = await compose_roles(config)
     batches: StepBatches | GroupStream | None = None
+    if config.data.trajectories:  # train on the recorded groups instead of generating
+        from toolrl.recorded import Replay
+
+        roles.rollouts = Replay(roles.rollouts)
     try:
         if (reason := await roles.rollouts.check_trainable()) is not None:
             raise ConfigError(f"engine.name: {reason}")
@@ -233,6 +241,8 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     row = {"step": step + 1, **rollout_metrics(batch.generated, rollout_s), **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **train, **sync,
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
+                    if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
+                        row.update(await validate(roles, config, step + 1))
                     write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", batch.generated, roles.tokenizer)
                     append_metrics(out / "metrics.jsonl", row)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:

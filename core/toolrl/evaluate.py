@@ -1,0 +1,274 @@
+"""Evaluation on the held-out split: ``toolrl eval`` and validation during training.
+
+The first ``eval.num_samples`` problems of the test split (``compose.load_samples(config, "test")``,
+in file order, so every run sees the same ones) get ``eval.n`` trajectories each at
+``eval.temperature``, through the same roles and rollout loop as training. A trajectory succeeds
+when the reward term ``eval.metric`` (its weighted value; the total reward when unset) is at least
+``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
+
+``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
+``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and
+``summary.json``; ``trainer.eval_every`` logs the summary's numbers as ``val/...`` and keeps the
+rows in ``OUTPUT_DIR/eval/step_NNNNN.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from toolrl.config import Config, ConfigError, read_text
+from toolrl.rollout import Trajectory
+from toolrl.schemas import Sample
+
+SUMMARY_FILE = "summary.json"
+RESULTS_FILE = "results.jsonl"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` successes among ``n`` samples: 1 - C(n-c, k) / C(n, k),
+    as a product (no huge binomials)."""
+    if not 0 <= c <= n or not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 0 < k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def eval_samples(config: Config) -> list[Sample]:
+    """The problems evaluated: the first ``eval.num_samples`` of the test split."""
+    from toolrl.compose import load_samples
+
+    return load_samples(config, "test")[: config.eval.num_samples]
+
+
+def with_metric(config: Config) -> Config:
+    """``config`` with ``eval.metric`` filled from the environments' metric when unset (one metric
+    for all of them), and checked: it must name a reward term a trajectory can have."""
+    from toolrl.compose import configured_envs
+
+    envs = [c.env for c in configured_envs(config).values()]
+    metric = config.eval.metric
+    if metric is None and len({e.metric for e in envs}) == 1 and envs[0].metric is not None:
+        metric = envs[0].metric
+    functions = config.reward.functions if config.reward.functions is not None else [r for e in envs for r in e.rewards]
+    terms = list(dict.fromkeys(f.name for f in functions)) + ["tools", "steps"]
+    if metric is not None and metric not in terms:
+        source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {envs[0].name!r})"
+        raise ConfigError(f"{source}: no reward term {metric!r} (terms: {', '.join(terms)})")
+    return config.model_copy(update={"eval": config.eval.model_copy(update={"metric": metric})})
+
+
+def success(traj: Trajectory, config: Config) -> bool:
+    value = traj.reward if config.eval.metric is None else traj.reward_terms.get(config.eval.metric, 0.0)
+    return traj.error is None and value >= config.eval.success_threshold
+
+
+def _sampling(rollouts: Any, config: Config) -> Any:
+    """``rollouts`` sampling at ``eval.temperature``. In process: a view sharing the engine, tools and
+    renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
+    from toolrl.compose import Rollouts
+
+    rollouts = getattr(rollouts, "generating", rollouts)  # training on recorded groups: the real engine
+    if not isinstance(rollouts, Rollouts) or rollouts.ctx.config.temperature == config.eval.temperature:
+        return rollouts
+    ctx = replace(rollouts.ctx, config=rollouts.ctx.config.model_copy(update={"temperature": config.eval.temperature}))
+    return Rollouts(rollouts.engine, ctx, rollouts.tools)
+
+
+async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
+                       advance: Callable[[int], None] = lambda done: None) -> list[tuple[Sample, int, Trajectory]]:
+    """``eval.n`` trajectories per problem as ``(problem, k, trajectory)``. Problems go to the rollout
+    group in chunks that fill its concurrency (``advance`` is told after each); chunk c is seeded
+    ``rollout.seed + 7_777 * c``, as the controller seeds step c."""
+    n = config.eval.n
+    workers = config.ray.num_rollout_workers if config.ray.address is not None else 1
+    size = max(1, config.rollout.max_concurrent_trajectories * workers // n)
+    out: list[tuple[Sample, int, Trajectory]] = []
+    for c, start in enumerate(range(0, len(samples), size)):
+        chunk = samples[start:start + size]
+        trajs = await rollouts.run(chunk, n, seed=config.rollout.seed + 7_777 * c, id_prefix=f"eval{c}-")
+        seen: Counter[int] = Counter()
+        for t in trajs:
+            out.append((chunk[t.group], seen[t.group], t))
+            seen[t.group] += 1
+        advance(len(chunk))
+    return out
+
+
+def result_rows(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, tokenizer: Any) -> list[dict[str, Any]]:
+    rows = []
+    for sample, k, t in results:
+        row = {"problem": sample.index, "k": k, "success": success(t, config),
+               "tool_calls": [{"name": r.name, "arguments": r.arguments, "status": r.status, "latency_s": r.latency_s}
+                              for r in t.tool_results],
+               **t.model_dump(mode="json", exclude={"model_text"})}
+        row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
+        row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
+        rows.append(row)
+    return rows
+
+
+def summarize(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:
+    """The figures of ``summary.json``; a figure with nothing to average (no tool calls) is None."""
+    summary = _figures(results, config, wall_s)
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
+
+
+def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:
+    n = config.eval.n
+    per_problem: dict[int, list[bool]] = {}
+    for sample, _, t in results:
+        per_problem.setdefault(id(sample), []).append(success(t, config))
+    trajs = [t for _, _, t in results]
+    rewards = [t.reward for t in trajs]
+    calls = [r for t in trajs for r in t.tool_results]
+    count = max(len(trajs), 1)
+    return {
+        "num_samples": len(per_problem),
+        "n": n,
+        "num_trajectories": len(trajs),
+        "temperature": config.eval.temperature,
+        "metric": config.eval.metric or "reward",
+        "success_threshold": config.eval.success_threshold,
+        "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "pass@1": statistics.fmean(pass_at_k(len(s), sum(s), 1) for s in per_problem.values()) if per_problem else math.nan,
+        "k": n,
+        "pass@k": statistics.fmean(pass_at_k(len(s), sum(s), n) for s in per_problem.values()) if per_problem else math.nan,
+        "tool_calls_per_trajectory": len(calls) / count,
+        "tool_success_rate": sum(r.status == "ok" for r in calls) / len(calls) if calls else math.nan,
+        "tool_latency_s_mean": statistics.fmean(r.latency_s for r in calls) if calls else math.nan,
+        "generation_s_mean": statistics.fmean(t.generation_s for t in trajs) if trajs else math.nan,
+        "turns_mean": sum(t.turns for t in trajs) / count,
+        "response_tokens_mean": sum(len(t.response_ids) for t in trajs) / count,
+        "terminations": dict(Counter(t.termination for t in trajs)),
+        "errors": sum(t.error is not None for t in trajs),
+        "wall_s": wall_s,
+    }
+
+
+def _write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+# -- toolrl eval ----------------------------------------------------------------------------------
+
+
+async def evaluate_async(config: Config, output: Path, progress: bool | None = None) -> dict[str, Any]:
+    """``toolrl eval``: evaluate, write ``results.jsonl`` and ``summary.json`` under ``output``, return
+    the summary. ``progress``: a progress bar (default: when stderr is a terminal)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from toolrl.trainer import compose_roles
+
+    config = with_metric(config)
+    samples = eval_samples(config)  # a missing split or bad file fails before any model loads
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"--output: {output} exists and is not a directory")
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "config.json").write_text(config.model_dump_json(indent=2))
+    except OSError as exc:
+        raise ConfigError(f"--output: cannot write {exc.filename or output}: {exc.strerror or exc}") from None
+    # Every engine samples at eval.temperature (Ray workers get this config too).
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": config.eval.temperature})})
+    console = Console(stderr=True)
+    bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                   disable=not (console.is_terminal if progress is None else progress))
+    roles = await compose_roles(config, train=False, split="test")
+    try:
+        with bar:
+            task = bar.add_task("eval", total=len(samples))
+            t0 = time.perf_counter()
+            results = await run_problems(roles.rollouts, config, samples, lambda done: bar.advance(task, done))
+            wall_s = time.perf_counter() - t0
+    finally:
+        await roles.close()
+    summary = {"model": config.model.source, "engine": config.engine.name, **summarize(results, config, wall_s)}
+    _write_rows(output / RESULTS_FILE, result_rows(results, config, roles.tokenizer))
+    (output / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_evaluation(config: Config, output: Path, progress: bool | None = None) -> dict[str, Any]:
+    import asyncio
+
+    return asyncio.run(evaluate_async(config, output, progress))
+
+
+# -- validation during training -------------------------------------------------------------------
+
+
+async def validate(roles: Any, config: Config, step: int) -> dict[str, float]:
+    """The eval split on the current weights: ``val/...`` numbers for the step's metrics row; the
+    trajectories go to ``OUTPUT_DIR/eval/step_NNNNN.jsonl``."""
+    config = with_metric(config)
+    t0 = time.perf_counter()
+    results = await run_problems(_sampling(roles.rollouts, config), config, eval_samples(config))
+    summary = summarize(results, config, time.perf_counter() - t0)
+    _write_rows(Path(config.trainer.output_dir) / "eval" / f"step_{step:05d}.jsonl",
+                result_rows(results, config, roles.tokenizer))
+    return {f"val/{k}": float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)
+            and k not in ("n", "k", "temperature", "success_threshold")}
+
+
+# -- reading and printing summaries ---------------------------------------------------------------
+
+
+def read_summary(directory: Path) -> dict[str, Any]:
+    path = directory / SUMMARY_FILE
+    if not path.exists():
+        raise ConfigError(f"{path}: no such file (a `toolrl eval --output` directory has one)")
+    try:
+        summary = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{path}: a summary is a JSON object, got {type(summary).__name__}")
+    return summary
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in sorted(value.items())) or "-"
+    return "-" if value is None else str(value)
+
+
+ROWS = ("model", "engine", "num_samples", "n", "temperature", "metric", "reward_mean", "reward_std", "pass@1",
+        "pass@k", "tool_calls_per_trajectory", "tool_success_rate", "tool_latency_s_mean", "generation_s_mean",
+        "turns_mean", "response_tokens_mean", "terminations", "errors", "wall_s")
+
+
+def summary_table(columns: dict[str, dict[str, Any]]) -> Any:
+    """A rich table: one row per figure, one column per summary (``{title: summary}``)."""
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("")
+    for title in columns:
+        table.add_column(title, justify="right")
+    for key in ROWS:
+        if any(key in s for s in columns.values()):
+            table.add_row(key, *(_cell(s.get(key)) for s in columns.values()))
+    return table
+
+
+def print_table(columns: dict[str, dict[str, Any]], file: Any = None) -> None:
+    from rich.console import Console
+
+    file = file or sys.stdout
+    # Piped or captured output is not cut to 80 columns (directory names as headers are long).
+    Console(file=file, width=None if file.isatty() else 1000).print(summary_table(columns))

@@ -1,0 +1,164 @@
+"""``toolrl eval``, pass@k, validation during training (``trainer.eval_every``) and training on
+recorded trajectories (``data.trajectories``), on the tiny random Qwen3 of examples/tiny.yaml."""
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from toolrl.cli import cli
+from toolrl.evaluate import pass_at_k
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+# Small generations: the tiny random model never answers well, the test is about the plumbing.
+SMALL = ("rollout.max_new_tokens=8", "rollout.max_response_tokens=24", "trainer.progress=false", "trainer.plot=false")
+
+
+def toolrl(*args):
+    """The CLI in this process (no second torch import); click's result: exit_code, stdout, stderr."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture
+def test_split(tmp_path):
+    """A held-out split of ten arithmetic problems (the data.test_files layout)."""
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"What is {a} + {a + 1}? Use the calculator.",
+                                        "reward_model": {"ground_truth": str(2 * a + 1)}}) + "\n" for a in range(10)))
+    return f"data.test_files=[{path}]"
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_pass_at_k_is_the_chance_that_k_of_the_n_samples_hold_a_success(n):
+    for c, k in itertools.product(range(n + 1), range(1, n + 1)):
+        outcomes = [True] * c + [False] * (n - c)
+        subsets = list(itertools.combinations(outcomes, k))
+        assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(n, n + 1, 1)
+
+
+def test_eval_writes_results_and_summary_then_compares(tmp_path):
+    """A config of a model and an environment: its test split, its metric."""
+    config = tmp_path / "eval.yaml"
+    config.write_text("model: {source: tiny-qwen3}\nenv: arithmetic\n"
+                      "rollout: {max_new_tokens: 8, max_response_tokens: 24}\n")
+    out = tmp_path / "eval"
+    result = toolrl("eval", config, "eval.num_samples=8", "--output", out)
+    assert result.exit_code == 0, result.output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_samples"] == 8 and summary["n"] == 1 and summary["num_trajectories"] == 8
+    assert summary["metric"] == "gsm8k"  # the environment's
+    assert math.isfinite(summary["reward_mean"]) and 0 <= summary["pass@1"] == summary["pass@k"] <= 1
+    assert sum(summary["terminations"].values()) == 8
+    rows = lines(out / "results.jsonl")
+    assert sorted(r["problem"] for r in rows) == list(range(8))  # the first eight, in file order
+    assert {r["k"] for r in rows} == {0}
+    for r in rows:
+        assert {"reward", "reward_terms", "success", "tool_calls", "termination", "response_text"} <= set(r)
+        assert r["success"] == (r["reward_terms"]["gsm8k"] >= 1.0 and r["error"] is None)
+    assert "pass@1" in result.stdout and "reward_mean" in result.stdout
+
+    # A second summary with other numbers, side by side with the first; nothing runs.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({**summary, "reward_mean": 0.625, "pass@1": 0.5}))
+    compared = toolrl("eval", out, "--compare", other)
+    assert compared.exit_code == 0, compared.output
+    assert str(out) in compared.stdout and str(other) in compared.stdout
+    pass_row = next(line for line in compared.stdout.splitlines() if "pass@1" in line)
+    assert "0.5" in pass_row and f"{summary['pass@1']:.4g}" in pass_row
+
+    missing = toolrl("eval", out, "--compare", tmp_path)
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == f"error: {tmp_path / 'summary.json'}: no such file (a `toolrl eval --output` " \
+                                     "directory has one)"
+
+
+def test_eval_with_several_samples_per_problem(tmp_path, test_split):
+    out = tmp_path / "eval"
+    result = toolrl("eval", TINY, test_split, *SMALL, "eval.num_samples=2", "eval.n=3", "eval.temperature=1.0",
+                    "--output", out)
+    assert result.exit_code == 0, result.output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["num_samples"], summary["k"], summary["num_trajectories"]) == (2, 3, 6)
+    rows = lines(out / "results.jsonl")
+    assert sorted((r["problem"], r["k"]) for r in rows) == [(p, k) for p in range(2) for k in range(3)]
+    by_problem = [[r["success"] for r in rows if r["problem"] == p] for p in range(2)]
+    assert summary["pass@k"] == pytest.approx(sum(any(s) for s in by_problem) / 2)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("eval.n=4",), "error: override eval.n=4: eval: n=4 with temperature 0: greedy samples are all the same; "
+                    "set eval.temperature > 0 for pass@k, or eval.n=1"),
+    (("eval.metric=exact",), "error: eval.metric: no reward term 'exact' (terms: gsm8k, tools, steps)"),
+])
+def test_eval_config_errors_are_one_line(tmp_path, test_split, args, message):
+    result = toolrl("eval", TINY, test_split, *args, "--output", tmp_path / "out")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == message
+
+
+def test_eval_every_logs_val_metrics(tmp_path):
+    out = tmp_path / "run"
+    result = toolrl("train", TINY, *SMALL, "trainer.total_steps=2", "trainer.eval_every=2",
+                    "eval.num_samples=3", "rollout.n=2", f"trainer.output_dir={out}")
+    assert result.exit_code == 0, result.output[-3000:]
+    first, second = lines(out / "metrics.jsonl")
+    assert not any(k.startswith("val/") for k in first)
+    assert second["val/num_samples"] == 3 and math.isfinite(second["val/reward_mean"])
+    assert {"val/pass@1", "val/pass@k", "val/tool_calls_per_trajectory", "val/wall_s"} <= set(second)
+    assert len(lines(out / "eval" / "step_00002.jsonl")) == 3
+
+
+def test_train_on_recorded_trajectories(tmp_path):
+    """A run's own traces are recorded trajectories: one step on them trains (groups from their
+    ``group`` field, rewards from their ``reward``); rows without a usable reward are one-line errors."""
+    source = tmp_path / "source"
+    made = toolrl("train", TINY, *SMALL, "trainer.total_steps=1", "rollout.n=2",
+                  "rollout.temperature=1.0", f"trainer.output_dir={source}")
+    assert made.exit_code == 0, made.output[-3000:]
+    rows = lines(source / "rollouts" / "step_00001.jsonl")
+    for k, row in enumerate(rows):  # distinct rewards within each group, so the advantages are not all 0
+        row["reward"] = float(k % 2)
+    recorded = tmp_path / "recorded.jsonl"
+    recorded.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    out = tmp_path / "run"
+    result = toolrl("train", TINY, *SMALL, "trainer.total_steps=1", f"data.trajectories={recorded}",
+                    f"trainer.output_dir={out}")
+    assert result.exit_code == 0, result.output[-3000:]
+    (metrics,) = lines(out / "metrics.jsonl")
+    assert metrics["step"] == 1 and math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    trained = lines(out / "rollouts" / "step_00001.jsonl")
+    assert sorted(t["response_ids"] for t in trained) == sorted(r["response_ids"] for r in rows)
+    assert sorted(t["reward"] for t in trained) == sorted(r["reward"] for r in rows)
+
+    # No reward and no reward function to score it: the row's line is named.
+    bare = [{k: v for k, v in r.items() if k not in ("reward", "group")} for r in rows]
+    recorded.write_text("".join(json.dumps(r) + "\n" for r in bare))
+    result = toolrl("train", TINY, "reward.functions=[]", f"data.trajectories={recorded}", f"trainer.output_dir={out}")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {recorded}:1: reward: the row has none, and no reward functions " \
+                                    "(reward.functions or the environment's) score it"
+    bare[1]["logprobs"] = bare[1]["logprobs"][:-1]
+    recorded.write_text("".join(json.dumps(r) + "\n" for r in bare))
+    result = toolrl("train", TINY, f"data.trajectories={recorded}", f"trainer.output_dir={out}")
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(f"error: {recorded}:2: response_ids, response_mask and logprobs differ")
+
+
+def test_validation_on_ray_samples_as_training_does():
+    from toolrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"trainer.eval_every: rollout workers on Ray sample at rollout.temperature=1.0; "
+                                          "set eval.temperature to the same value"):
+        load_config(TINY, ["trainer.eval_every=1", "ray.address=local"])
+    assert load_config(TINY, ["trainer.eval_every=1", "ray.address=local", "eval.temperature=1.0"]).eval.temperature == 1
