@@ -220,6 +220,7 @@ class TrainerConfig(Section):
     collective_timeout_s: float = Field(600.0, gt=0, description="a collective waiting longer fails the run")
     weight_sync_bucket_mb: float = Field(256.0, gt=0, description="weights travel to engines in buckets this big")
     keep_checkpoints: int = Field(2, gt=0)
+    loggers: list[str] = Field(["jsonl"], description="metric loggers (register_loggers); jsonl is always on")
 
 
 class RayConfig(Section):

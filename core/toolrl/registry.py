@@ -1,9 +1,9 @@
 """Name -> part lookup. Every part remembers the plugin that registered it.
 
-Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool or
-rollout engine must be a subclass of its base class, a reward function a class whose instances are
-callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object is checked as
-soon as it can be had without importing anything: when registered as an object, or as a lazy
+Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool,
+rollout engine or logger must be a subclass of its base class, a reward function a class whose
+instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object
+is checked as soon as it can be had without importing anything: when registered as an object, or as a lazy
 reference into a module that is already imported (typically the plugin's own module). Other lazy
 references are checked when first loaded; the error names the plugin.
 """
@@ -17,13 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines")
+KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "loggers")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
     "tools": "tool",
     "reward_functions": "reward function",
     "rollout_engines": "rollout engine",
+    "loggers": "logger",
 }
 
 
@@ -33,6 +34,7 @@ KIND_BASES = {
     "tool_parsers": ("toolrl.parsers", "ToolParser"),
     "tools": ("toolrl.tools", "Tool"),
     "rollout_engines": ("toolrl.engines", "RolloutEngine"),
+    "loggers": ("toolrl.loggers", "Logger"),
 }
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from toolrl import checkpoint
 from toolrl.config import Config, ConfigError
+from toolrl.loggers import open_loggers
 from toolrl.rollout import Trajectory
 from toolrl.rundir import (
     _prepare_output,
@@ -214,7 +215,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
             start = await restore(roles, out)
             _truncate_metrics(out / "metrics.jsonl", start)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
-        with progress:
+        with progress, open_loggers(config, out, start) as loggers:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
                 trajs: list[Trajectory] = []
@@ -230,7 +231,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     row = {"step": step + 1, **rollout_metrics(trajs, rollout_s), **train, **sync,
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                     write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, roles.tokenizer)
-                    append_metrics(out / "metrics.jsonl", row)
+                    loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
                         await save_checkpoint(roles, out, step + 1)
                 except Exception as exc:
