@@ -127,3 +127,13 @@ def test_a_failing_logger_is_reported_once_and_the_run_completes(tmp_path):
                         "OSError: disk on fire"]
     assert sorted(jsonl(out)) == [1, 2]
     assert [s for s, _ in tensorboard_scalars(out)["reward_mean"]] == [1, 2]  # the others go on
+
+
+def test_listing_the_plugin_imports_none_of_the_logger_libraries():
+    out = subprocess.run([sys.executable, "-m", "toolrl", "list-plugins", "--json"], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = {r["name"]: r for r in json.loads(out.stdout)}["loggers"]
+    assert row["status"] == "ok" and row["parts"] == {"loggers": ["tensorboard", "wandb", "mlflow"]}
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "tensorboard", "wandb", "mlflow", "pydantic"}
