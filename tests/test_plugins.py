@@ -123,6 +123,8 @@ def register_tools(register):
                    "    register('builtins:object', name='objparser')\n",
     "bad_reward": "from toolrl import hookimpl\n@hookimpl\ndef register_reward_functions(register):\n"
                   "    register(42, name='answer')\n",
+    "logger_object": "from toolrl import hookimpl\n@hookimpl\ndef register_loggers(register):\n"
+                     "    register(dict, name='not-a-logger')\n",
 }
 
 
@@ -145,6 +147,7 @@ def test_wrong_parts_and_exits_are_listed_with_errors_and_the_rest_works(bad_dis
     assert "invalid schema" in errors["bad_schema"] and "properties/n/type" in errors["bad_schema"]
     assert "not a toolrl.parsers.ToolParser subclass" in errors["lazy_object"]
     assert "not a reward function class" in errors["bad_reward"]
+    assert "not a toolrl.loggers.Logger subclass" in errors["logger_object"]
     assert rows["calculator"]["status"] == "ok"
     text = run_toolrl("list-plugins", path=bad_dists, env=lenient)
     assert text.returncode == 0 and "error: rollout engine 'not-an-engine' (plugin 'engine_object')" in text.stdout

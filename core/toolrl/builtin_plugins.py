@@ -33,9 +33,16 @@ class TransformersEnginePlugin:
         register("toolrl.engines.transformers:TransformersEngine", name="transformers", aliases=("hf",))
 
 
+class JsonlLoggerPlugin:
+    @hookimpl
+    def register_loggers(self, register: Register) -> None:
+        register("toolrl.loggers:JsonlLogger", name="jsonl")
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
+    "jsonl": JsonlLoggerPlugin(),
 }

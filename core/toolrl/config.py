@@ -241,6 +241,8 @@ class TrainerConfig(Section):
     # Validation: every K steps the eval split runs (the ``eval`` section) and ``val/...`` joins the row.
     eval_every: int | None = Field(None, ge=0, description="run the eval split every K steps (0/None: off)")
 
+    loggers: list[str] = Field(["jsonl"], description="metric loggers (register_loggers); jsonl is always on")
+
 
 class EvalConfig(Section):
     """``toolrl eval`` and ``trainer.eval_every``: the held-out split, sampled and scored."""

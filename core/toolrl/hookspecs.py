@@ -6,10 +6,10 @@ A plugin is a module (or object) registered under the entry-point group ``toolrl
     calculator = "toolrl_calculator"
 
 and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts (the ``hermes`` and
-``tags`` parsers, the built-in rewards, the ``transformers`` engine) are plugins registered through
+``tags`` parsers, the built-in rewards, the ``transformers`` engine, the ``jsonl`` logger) are plugins registered through
 exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
 
-The five registration hooks receive a ``register`` callback rather than returning values, so every
+The registration hooks receive a ``register`` callback rather than returning values, so every
 part is attributed to the plugin that registered it (``toolrl list-plugins`` shows the attribution,
 and two plugins registering one name is an error naming both)::
 
@@ -103,6 +103,19 @@ def register_environments(register: Register) -> None:
     config selects one, ``envs: {NAME: {weight, max_turns, options}}`` mixes several, each sample
     routed to its own environment's tools, rewards, parser and turn limit. Register a lazy
     reference (``"package.module:ENVIRONMENT"``) so that listing plugins imports nothing.
+    """
+
+
+@hookspec
+def register_loggers(register: Register) -> None:
+    """Register metric loggers: subclasses of :class:`toolrl.loggers.Logger`.
+
+    A logger receives every training step's metrics row: ``open(run_dir, config, start_step)`` once
+    (``start_step`` > 0 when ``--resume`` continues a run; keep what continuing needs, such as a run
+    id, in ``run_dir``), ``log(row, step)`` per step (the row as written to ``metrics.jsonl``, nested
+    dicts included; :func:`toolrl.loggers.scalars` flattens it), ``close()`` at the end.
+    ``trainer.loggers`` names the loggers of a run; the built-in ``jsonl`` logger (``metrics.jsonl``)
+    is always on. A logger that raises is reported once and disabled; the run goes on.
     """
 
 

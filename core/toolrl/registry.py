@@ -1,10 +1,10 @@
 """Name -> part lookup. Every part remembers the plugin that registered it.
 
-Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool or
-rollout engine must be a subclass of its base class, an environment an instance of
+Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool,
+rollout engine or logger must be a subclass of its base class, an environment an instance of
 :class:`toolrl.environments.Environment` (validated when built), a reward function a class whose
-instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object is checked as
-soon as it can be had without importing anything: when registered as an object, or as a lazy
+instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object
+is checked as soon as it can be had without importing anything: when registered as an object, or as a lazy
 reference into a module that is already imported (typically the plugin's own module). Other lazy
 references are checked when first loaded; the error names the plugin.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments")
+KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -26,6 +26,7 @@ KIND_WORDS = {
     "reward_functions": "reward function",
     "rollout_engines": "rollout engine",
     "environments": "environment",
+    "loggers": "logger",
 }
 
 
@@ -36,6 +37,7 @@ KIND_BASES = {
     "tools": ("toolrl.tools", "Tool"),
     "rollout_engines": ("toolrl.engines", "RolloutEngine"),
     "environments": ("toolrl.environments", "Environment"),  # an instance, not a subclass
+    "loggers": ("toolrl.loggers", "Logger"),
 }
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

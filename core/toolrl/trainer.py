@@ -36,6 +36,7 @@ from typing import Any
 from toolrl import checkpoint
 from toolrl.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.config import Config, ConfigError
+from toolrl.loggers import open_loggers
 from toolrl.rollout import Trajectory
 from toolrl.rundir import (
     _prepare_output,
@@ -224,7 +225,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
             _truncate_metrics(out / "metrics.jsonl", start)
         batches = open_batches(roles.rollouts, samples, config, position, version=start)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
-        with progress:
+        with progress, open_loggers(config, out, start) as loggers:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
                 batch = Batch()
@@ -244,7 +245,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, config, step + 1))
                     write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", batch.generated, roles.tokenizer)
-                    append_metrics(out / "metrics.jsonl", row)
+                    loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
                         await save_checkpoint(roles, out, step + 1, batch.end)
                 except Exception as exc:

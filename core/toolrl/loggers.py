@@ -1,0 +1,138 @@
+"""Metric loggers: where each step's metrics row goes besides ``metrics.jsonl``.
+
+A logger is a :class:`Logger` subclass registered through the ``register_loggers`` hook and named in
+``trainer.loggers``. The controller holds one :class:`MetricLoggers`, which fans every row out to the
+configured loggers. ``jsonl`` (``metrics.jsonl`` in the run directory) is always on, whatever the list
+says: ``--resume``, the reward plot and failed-step records read that file, so it is the run's record
+rather than an optional sink, and a failure to write it fails the step. Any other logger that raises
+(opening, logging or closing) is reported once on stderr and disabled; the run goes on without it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from toolrl.config import Config
+
+JSONL = "jsonl"
+
+
+class Logger:
+    """A destination for per-step metrics.
+
+    ``open`` is called once before the first step; ``start_step`` is 0 for a fresh run and, on
+    ``--resume``, the step of the checkpoint the run continues from (rows for later steps may have been
+    logged before the crash and are logged again: a logger that can drop them, like TensorBoard's
+    ``purge_step``, should). State a logger needs to continue a run (a run id) belongs in ``run_dir``.
+    ``log`` receives each step's row (nested dicts, strings included; :func:`scalars` flattens it)
+    and the 1-based step. ``close`` is called once at the end, also when the run fails.
+    """
+
+    name: ClassVar[str] = ""
+
+    def open(self, run_dir: Path, config: Config, start_step: int = 0) -> None:
+        """Prepare to log the run in ``run_dir``."""
+
+    def log(self, row: Mapping[str, Any], step: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release what ``open`` acquired."""
+
+
+def scalars(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numbers of a metrics row, nested dicts flattened with ``/`` (``tool_latency_s/calculator``);
+    strings, lists and other non-numbers are left out, and so is the ``step`` key (the x axis)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(scalars(value, f"{name}/"))
+        elif isinstance(value, int | float) and not (name == "step" and not prefix):
+            out[name] = float(value)
+    return out
+
+
+class JsonlLogger(Logger):
+    """``metrics.jsonl``: one JSON line per step, fsynced (what ``--resume`` reads)."""
+
+    name = JSONL
+
+    def open(self, run_dir: Path, config: Config, start_step: int = 0) -> None:
+        self.path = run_dir / "metrics.jsonl"
+
+    def log(self, row: Mapping[str, Any], step: int) -> None:
+        from toolrl.rundir import append_metrics
+
+        append_metrics(self.path, dict(row))
+
+
+class MetricLoggers:
+    """Every configured logger behind one ``log(row, step)``. Built by :func:`open_loggers`."""
+
+    def __init__(self, loggers: Sequence[tuple[str, Logger]]) -> None:
+        self._loggers = list(loggers)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self._loggers]
+
+    def _disable(self, name: str, action: str, exc: BaseException) -> None:
+        if name == JSONL:
+            raise exc
+        from toolrl.registry import describe_exception
+
+        print(f"warning: logger {name!r} failed to {action} and is disabled for the rest of the run: "
+              f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
+        self._loggers = [(n, lg) for n, lg in self._loggers if n != name]
+
+    def log(self, row: Mapping[str, Any], step: int) -> None:
+        for name, logger in list(self._loggers):
+            try:
+                logger.log(row, step)
+            except Exception as exc:
+                self._disable(name, "log", exc)
+
+    def close(self) -> None:
+        for name, logger in list(self._loggers):
+            try:
+                logger.close()
+            except Exception as exc:
+                self._disable(name, "close", exc)
+        self._loggers = []
+
+
+@contextmanager
+def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator[MetricLoggers]:
+    """Open ``jsonl`` and every logger in ``trainer.loggers``; closed on exit, also after an error.
+    An unknown name is a :class:`~toolrl.config.ConfigError`; a logger that does not import or open
+    is reported and left out."""
+    from toolrl.config import ConfigError
+    from toolrl.plugins import get_plugins
+    from toolrl.registry import RegistryError
+
+    registry = get_plugins().registry
+    names = [JSONL, *(n for n in dict.fromkeys(config.trainer.loggers) if n != JSONL)]
+    for name in names:
+        try:
+            registry.get("loggers", name)
+        except RegistryError as exc:
+            raise ConfigError(f"trainer.loggers: {exc}") from None
+    fanout = MetricLoggers([])
+    for name in names:
+        try:
+            logger = registry.load("loggers", name)()
+            logger.open(run_dir, config, start_step)
+        except Exception as exc:
+            fanout._disable(name, "open", exc)
+            continue
+        fanout._loggers.append((name, logger))
+    try:
+        yield fanout
+    finally:
+        fanout.close()
