@@ -94,6 +94,12 @@ def test_eval_with_several_samples_per_problem(tmp_path, test_split):
     by_problem = [[r["success"] for r in rows if r["problem"] == p] for p in range(2)]
     assert summary["pass@k"] == pytest.approx(sum(any(s) for s in by_problem) / 2)
 
+    # Sampled, yet reproducible: the same config draws the same tokens again.
+    again = toolrl("eval", TINY, test_split, *SMALL, "eval.num_samples=2", "eval.n=3", "eval.temperature=1.0",
+                   "--output", tmp_path / "again")
+    assert again.exit_code == 0, again.output[-3000:]
+    assert [r["response_ids"] for r in lines(tmp_path / "again" / "results.jsonl")] == [r["response_ids"] for r in rows]
+
 
 @pytest.mark.parametrize(("args", "message"), [
     (("eval.n=4",), "error: override eval.n=4: eval: n=4 with temperature 0: greedy samples are all the same; "

@@ -1,9 +1,9 @@
 """Composition per role: each role builds only what it runs.
 
-- the controller (driver): data (:func:`load_samples`), the tokenizer (traces), no model, no engine
-  when the work is on Ray;
-- a rollout worker: its engine (which loads its own model from the path), parser, tools, rewards
-  (:func:`compose_rollouts`);
+- the controller (driver): data (:func:`load_samples`: files or the environments' splits), the
+  tokenizer (traces), no model, no engine when the work is on Ray;
+- a rollout worker: its engine (which loads its own model from the path) and one route per
+  environment — parser, tools, rewards, turn limit (:func:`compose_rollouts`, :func:`build_routes`);
 - a trainer rank: its model (:func:`build_policy`, the one place the trained model is built) and
   optimizer.
 
@@ -48,7 +48,6 @@ class ConfiguredEnv:
     options: Any
     weight: float
     max_turns: int | None
-    where: str  # the config key that selected it, for errors
 
 
 def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
@@ -61,7 +60,7 @@ def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
         where = "env" if config.env is not None else f"envs.{name}"
         env, options = get_environment(name, where).resolve(
             entry.options, "env_options" if config.env is not None else f"envs.{name}.options")
-        out[name] = ConfiguredEnv(env, options, entry.weight, entry.max_turns, where)
+        out[name] = ConfiguredEnv(env, options, entry.weight, entry.max_turns)
     return out
 
 

@@ -79,7 +79,7 @@ class Environment(BaseModel):
     parser: str = "hermes"
     parser_options: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(None, gt=0)
-    metric: str | None = Field(None, description="the reward term whose value > 0 counts as success")
+    metric: str | None = Field(None, description="the reward term that decides success (toolrl eval)")
     options: type[BaseModel] | None = None
     configure: Callable[[Any], dict[str, Any]] | None = None
 

@@ -3,8 +3,8 @@
 The first ``eval.num_samples`` problems of the test split (``compose.load_samples(config, "test")``,
 in file order, so every run sees the same ones) get ``eval.n`` trajectories each at
 ``eval.temperature``, through the same roles and rollout loop as training. A trajectory succeeds
-when the reward term ``eval.metric`` (its weighted value; the total reward when unset) is at least
-``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
+when it ended without error and the reward term ``eval.metric`` (its weighted value; unset: the
+environment's metric, else the total reward) is at least ``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
 
 ``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
 ``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and

@@ -115,5 +115,9 @@ class Replay:
     async def check_trainable(self) -> str | None:
         return None  # recorded rows carry token ids and the engine's logprobs
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (the engine, weight versions, ...) is the rollout group's it stands in for.
+        return getattr(self.generating, name)
+
     async def close(self) -> None:
         await self.generating.close()

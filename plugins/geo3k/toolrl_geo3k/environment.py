@@ -23,8 +23,8 @@ SPLITS = ("train", "test")
 class Geo3kOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    train_files: list[str] = Field(default_factory=list, description="preprocessed parquet (toolrl geo3k preprocess)")
-    test_files: list[str] = Field(default_factory=list, description="preprocessed parquet (toolrl geo3k preprocess)")
+    train_files: list[str] = Field([], description="preprocessed parquet (toolrl geo3k preprocess)")
+    test_files: list[str] = Field([], description="preprocessed parquet (toolrl geo3k preprocess)")
     hub_id: str = Field(DATA_SOURCE, description="Hugging Face dataset id or local dataset directory")
     hub_config: str | None = None
     revision: str | None = None
