@@ -195,7 +195,11 @@ def test_buckets_are_loaded_together_with_the_last_one(setting):
     assert loaded_versions == [before[0] + 1] * 2
     assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in loaded for lp in turn)
     trainer.set_scale(1.0)  # the trainer holds what the workers now hold
-    pool.weight_version = before[0] + 1
+    # A label alone (set_weight_version) moves no weights.
+    asyncio.run(pool.set_weight_version(9))
+    assert versions(pool) == [9, 9] and pool.weight_version == 9
+    asyncio.run(pool.set_weight_version(before[0] + 1))
+    assert versions(pool) == [before[0] + 1] * 2
 
 
 def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
