@@ -162,6 +162,7 @@ def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
     [traj], sync = asyncio.run(scenario())
     assert sync["weight_sync_s"] > 0 and versions(pool) == [1, 1] and pool.weight_version == 1
     assert traj.turns == 2 and traj.termination == "max_turns"
+    assert traj.policy_versions == [0, 1]  # the weights changed mid-trajectory, and it says so
     assert [t.response.text for t in traj.tool_results] == ["open", "open"]
     first, second = turn_logprobs(traj)
     assert first == pytest.approx([logprob_at(3.0)] * len(first), abs=1e-4)  # the old weights
@@ -181,19 +182,24 @@ def test_buckets_are_loaded_together_with_the_last_one(setting):
     new = chain_weights(trainer.model, trainer.tokenizer, 1.0)
     sink({"lm_head.weight": new["lm_head.weight"]}, False)  # the logits' scale, not yet the last bucket
 
-    def run() -> list[list[float]]:
+    def run() -> tuple[list[list[float]], list[int]]:
         [traj] = asyncio.run(pool.run([sample("open")], 1, seed=1, id_prefix="b-"))
-        return turn_logprobs(traj)
+        return turn_logprobs(traj), traj.policy_versions
 
-    staged = run()
-    assert versions(pool) == before
+    staged, staged_versions = run()
+    assert versions(pool) == before and staged_versions == [before[0]] * 2
     assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3) for turn in staged for lp in turn)
     sink({}, True)
     assert not dead and versions(pool) == [before[0] + 1] * 2
-    loaded = run()
+    loaded, loaded_versions = run()
+    assert loaded_versions == [before[0] + 1] * 2
     assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in loaded for lp in turn)
     trainer.set_scale(1.0)  # the trainer holds what the workers now hold
-    pool.weight_version = before[0] + 1
+    # A label alone (set_weight_version) moves no weights.
+    asyncio.run(pool.set_weight_version(9))
+    assert versions(pool) == [9, 9] and pool.weight_version == 9
+    asyncio.run(pool.set_weight_version(before[0] + 1))
+    assert versions(pool) == [before[0] + 1] * 2
 
 
 def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
@@ -225,5 +231,7 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     assert killed not in {i["pid"] for i in infos} and versions(pool) == [version, version]
     again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=9, id_prefix="t3-"))
     assert [t.turns for t in again] == [2, 2]  # one group on each worker
+    assert [t.policy_versions for t in again] == [[version, version]] * 2
     assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3)
                for t in again for turn in turn_logprobs(t) for lp in turn)
+

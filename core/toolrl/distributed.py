@@ -34,12 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl.config import Config, ConfigError
-from toolrl.rollout import Trajectory, run_rollouts
+from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
-
-# run_rollouts gives group g of a batch the seeds ``seed + GROUP_SEED_STRIDE * g + ...`` and the ids
-# ``{prefix}s{index}-g{g}-{k}``; a worker running one group alone reproduces both (tests compare).
-GROUP_SEED_STRIDE = 1_000_003
 
 
 class RolloutWorker:
@@ -55,7 +51,6 @@ class RolloutWorker:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
         self._rollouts: Any = None  # toolrl.compose.Rollouts once set up
-        self._limits: dict[int, asyncio.Semaphore] = {}  # concurrent groups, by group size
         self._staged: dict[str, Any] = {}  # buckets of a weight update in flight
         self._running = 0
         self._finished = 0
@@ -97,20 +92,15 @@ class RolloutWorker:
         return [t.model_dump() for trajs in out for t in trajs]
 
     async def _group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str) -> list[Trajectory]:
+        # compose.Rollouts.run_group: seeds and ids as run_rollouts gives them, and one bound
+        # (rollout.max_concurrent_trajectories) over every group in flight on this worker.
         if self._rollouts is None:
             raise RuntimeError("RolloutWorker: a run before setup")
-        ctx = self._rollouts.ctx
-        # run_rollouts bounds trajectories per call; bound the concurrent groups so the total holds.
-        limit = self._limits.setdefault(n, asyncio.Semaphore(max(1, ctx.config.max_concurrent_trajectories // n)))
         self._running += 1
         try:
-            async with limit:
-                trajs = await run_rollouts(ctx, [sample], n, seed=seed + GROUP_SEED_STRIDE * group,
-                                           id_prefix=f"{id_prefix}g{group}:")
+            trajs = await self._rollouts.run_group(sample, group, n, seed, id_prefix)
         finally:
             self._running -= 1
-        for k, t in enumerate(trajs):
-            t.group, t.trajectory_id = group, f"{id_prefix}s{sample.index}-g{group}-{k}"
         self._finished += len(trajs)
         return trajs
 
@@ -127,14 +117,17 @@ class RolloutWorker:
             staged, self._staged = self._staged, {}
             await self.update_weights(staged, version)
 
-    def set_weight_version(self, version: int) -> None:
-        self._rollouts.engine.weight_version = version
+    async def set_weight_version(self, version: int) -> None:
+        """Label the engine's weights ``version`` (an update that loads nothing)."""
+        await asyncio.to_thread(self._load, {}, version)
 
     def _load(self, state_dict: Mapping[str, Any], version: int | None) -> None:
+        # Inside updating_weights the engine holds decoding for the whole load and takes the version
+        # in the same pause (an engine whose weights cannot change, openai's, keeps its own).
         engine = self._rollouts.engine
-        engine.update_weights(state_dict)
-        if version is not None:
-            engine.weight_version = version
+        with engine.updating_weights(engine.weight_version if version is None else version):
+            if state_dict:
+                engine.update_weights(state_dict)
 
     async def close(self) -> None:
         if self._rollouts is None:

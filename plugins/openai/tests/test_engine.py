@@ -173,6 +173,24 @@ async def test_token_exact_true_refuses_text(tiny_path: str, tokenizer: Any) -> 
         server.close()
 
 
+async def test_generations_report_the_served_weights_version(tiny_path: str, tokenizer: Any) -> None:
+    async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return 200, text_completion(" 5")
+
+    server = FakeServer(handler)
+    engine = _engine(server, tiny_path, tokenizer, weight_version=3)
+    try:
+        (gen,) = await engine.generate([1, 2, 3], PARAMS)
+        assert gen.weight_version == 3
+        with engine.updating_weights(4):  # a trainer's push: no weights reach the server
+            engine.update_weights({})
+        (gen,) = await engine.generate([1, 2, 3], PARAMS)
+        assert gen.weight_version == engine.weight_version == 3
+    finally:
+        await engine.close()
+        server.close()
+
+
 async def test_client_errors_are_not_retried_and_retries_end(tiny_path: str, tokenizer: Any) -> None:
     async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if body["max_tokens"] == 1:

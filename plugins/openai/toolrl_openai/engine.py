@@ -7,6 +7,10 @@ sampling logprob of each: what the trainer needs. A server that answers with tex
 is usable for evaluation: the text is re-tokenized here, logprobs are unknown (0.0), and
 :meth:`OpenAIEngine.check_trainable` says why training must not use it.
 
+No weights reach the server through this API: every generation reports ``weight_version``, the
+version of the weights the server was given (``engine.options.weight_version``, e.g. the step of
+the checkpoint it serves), and weight updates leave it as it is.
+
 Requests share a concurrency cap; 408/409/429/5xx answers, timeouts and dropped connections are
 retried with exponential backoff and jitter (``Retry-After`` is honoured); anything else, or the
 last failure, is one line naming ``base_url``.
@@ -15,10 +19,12 @@ last failure, is one line naming ``base_url``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -50,6 +56,8 @@ class OpenAIEngineConfig(BaseModel):
     retry_base_s: float = Field(0.5, ge=0, description="First backoff; doubles per retry, with jitter.")
     retry_max_s: float = Field(30.0, ge=0)
     max_model_len: int | None = Field(None, ge=2, description="Checked here before sending; default: the server's.")
+    weight_version: int = Field(0, ge=0, description="Trainer steps in the weights the server serves; every "
+                                                     "generation reports it (no weights are sent to the server).")
     check_server: bool = Field(True, description="List the server's models when the engine is created.")
     # Passed by the trainer to every engine; the server owns batching, device and dtype.
     max_batch_size: int | None = None
@@ -78,6 +86,7 @@ class OpenAIEngine(RolloutEngine):
         self._limit = asyncio.Semaphore(config.max_concurrency)
         self._warned: set[str] = set()
         self.max_model_len = config.max_model_len or 1 << 30
+        self.weight_version = config.weight_version
         self.client = openai.AsyncOpenAI(
             base_url=self.base_url, api_key=_api_key(config), max_retries=0,
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s))
@@ -114,7 +123,7 @@ class OpenAIEngine(RolloutEngine):
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        session_id: str | None = None) -> list[Generation]:
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
-            return empty
+            return [replace(g, weight_version=self.weight_version) for g in empty]
         text_mode = self.config.token_exact is False
         request: dict[str, Any] = {
             "model": self.model, "max_tokens": params.max_new_tokens, "n": n,
@@ -141,12 +150,17 @@ class OpenAIEngine(RolloutEngine):
         choices = sorted(response.choices, key=lambda c: c.index)
         if len(choices) != n:
             raise OpenAIEngineError(f"{self.base_url} returned {len(choices)} choices for n={n}")
-        return [self._generation(c, params, text_mode) for c in choices]
+        return [replace(self._generation(c, params, text_mode), weight_version=self.weight_version) for c in choices]
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         # The served model is the server's: new weights cannot be pushed through the OpenAI API.
         self._warn_once("weights", f"the openai engine cannot send new weights to {self.base_url}: rollouts keep "
                                    "sampling the served model (off-policy; consider algorithm.tis_cap)")
+
+    @contextlib.contextmanager
+    def updating_weights(self, version: int) -> Iterator[None]:
+        # Nothing reaches the server, so the served weights keep their version.
+        yield
 
     async def check_trainable(self) -> str | None:
         """None when training may use this engine; else a one-line reason. Asks the server once (a

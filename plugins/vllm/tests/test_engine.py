@@ -161,6 +161,32 @@ async def test_update_weights_reaches_the_running_engine(engine, hf_model, tiny_
     assert engine.stats.weight_updates == updates + 2
 
 
+async def test_weights_updated_mid_request_carry_it_on(engine, hf_model, prompts):
+    """An update while a request decodes lands between two engine steps: the request keeps its
+    tokens, then continues on the new weights (greedy: the old model's argmax up to some token, the
+    new one's after it), and reports the version it started on; the engine takes the new version."""
+    from toolrl import models
+
+    other = models.load_model(models.tiny_qwen3(seed=2))
+    params = SamplingParams(temperature=0.0, max_new_tokens=2000)
+    version = engine.weight_version
+    pending = asyncio.ensure_future(engine.generate(prompts[1], params))
+    await asyncio.sleep(1.5)  # decoding
+    with engine.updating_weights(version + 1):
+        await asyncio.to_thread(engine.update_weights, other.state_dict())
+    assert not pending.done() and engine.weight_version == version + 1
+    (gen,) = await pending
+    assert gen.weight_version == version and len(gen.token_ids) == 2000
+    _, old = reference_logprobs(hf_model, prompts[1], gen.token_ids, temperature=0.0)
+    want, new = reference_logprobs(other, prompts[1], gen.token_ids, temperature=0.0)
+    switch = next(i for i, (t, o) in enumerate(zip(gen.token_ids, old)) if t != o)
+    assert switch > 0 and gen.token_ids[switch:] == new[switch:]
+    assert_close(gen.logprobs[switch:], want[switch:])
+    (after,) = await engine.generate(prompts[1], params)
+    assert after.weight_version == version + 1
+    engine.update_weights(hf_model.state_dict())  # the module's other tests expect the original weights
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="bogus"):
         VLLMEngineConfig.model_validate({"bogus": 1})

@@ -11,8 +11,13 @@
 - Multi-turn prompts reuse KV blocks through vLLM's automatic prefix caching (content-addressed, so
   ``session_id`` is not needed and ``end_session`` has nothing to forget).
 - ``update_weights`` writes the trainer's state dict to a safetensors file, then on the engine: pause
-  (requests in flight finish on the old weights), reload the weights in place in every worker,
-  reset the prefix cache, resume.
+  between two engine steps, keeping the requests in flight (vLLM's ``keep`` mode) and dropping their
+  KV, reload the weights in place in every worker, reset the prefix cache, resume: the requests in
+  flight continue on the new weights (recomputing their KV), as PipelineRL's in-flight updates.
+- ``weight_version``: an update made inside :meth:`VLLMEngine.updating_weights` takes the version
+  before generation resumes. Each generation reports the version current when vLLM took the request
+  (after any update in progress); a request that an update then overtakes before its first token
+  reports the older version.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 
@@ -23,12 +28,13 @@ must guard its entry point with ``if __name__ == "__main__":`` (the ``toolrl`` c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -93,6 +99,7 @@ class VLLMEngine(RolloutEngine):
         self._weights_dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-weights-"))
         self._thread = LoopThread("toolrl-vllm-engine")
         self._state_lock: asyncio.Lock | None = None  # created on the engine loop
+        self._next_version: int | None = None  # the version an update in progress brings
         try:
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
         except BaseException:
@@ -180,7 +187,8 @@ class VLLMEngine(RolloutEngine):
         request_id = f"toolrl-{next(self._ids)}"
         final = None
         try:
-            await self._wake()
+            await self._wake()  # waits for an update in progress
+            version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
                                                 request_id):
                 final = out
@@ -193,7 +201,7 @@ class VLLMEngine(RolloutEngine):
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
-        gens = [_generation(o) for o in sorted(final.outputs, key=lambda o: o.index)]
+        gens = [_generation(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
         self.stats.generated_tokens += sum(len(g.token_ids) for g in gens)
         return gens
 
@@ -203,11 +211,14 @@ class VLLMEngine(RolloutEngine):
             if self._asleep:
                 await self._llm.wake_up(tags=["weights"])  # the KV cache stays asleep until the next request
             else:
-                await self._llm.pause_generation(mode="wait", clear_cache=True)
+                # Between two engine steps; the requests in flight stay, their KV is dropped.
+                await self._llm.pause_generation(mode="keep", clear_cache=True)
             try:
                 await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
-                if not await self._llm.reset_prefix_cache():
+                if not await self._llm.reset_prefix_cache(reset_running_requests=True):
                     raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+                if self._next_version is not None:
+                    self.weight_version = self._next_version
             finally:
                 if not self._asleep:
                     await self._llm.resume_generation()
@@ -252,6 +263,15 @@ class VLLMEngine(RolloutEngine):
         self._thread.call(self._reload(str(self._weights_dir)))
         self.stats.weight_updates += 1
 
+    @contextlib.contextmanager
+    def updating_weights(self, version: int) -> Iterator[None]:
+        self._next_version = version
+        try:
+            yield
+        finally:
+            self._next_version = None
+        self.weight_version = version  # also when nothing was loaded inside
+
     async def sleep(self) -> None:
         if not self._closed:
             await self._thread.run(self._sleep())
@@ -267,7 +287,7 @@ class VLLMEngine(RolloutEngine):
             shutil.rmtree(self._weights_dir, ignore_errors=True)
 
 
-def _generation(out: Any) -> Generation:
+def _generation(out: Any, weight_version: int) -> Generation:
     """One vLLM ``CompletionOutput`` as a toolrl ``Generation``."""
     tokens = list(out.token_ids)
     flat = out.logprobs  # FlatLogprobs; logprobs=0: each position holds just the sampled token
@@ -286,4 +306,4 @@ def _generation(out: Any) -> Generation:
         stop = out.stop_reason if isinstance(out.stop_reason, int) else (tokens[-1] if tokens else None)
     else:
         reason = "abort"
-    return Generation(tokens, logprobs, reason, stop)
+    return Generation(tokens, logprobs, reason, stop, weight_version)
