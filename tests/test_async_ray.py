@@ -11,6 +11,7 @@ sets, shows in the logprobs which weights produced a turn.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -235,3 +236,37 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3)
                for t in again for turn in turn_logprobs(t) for lp in turn)
 
+
+# -- the controller on Ray ------------------------------------------------------------------------
+
+
+def staleness_of_run(out: Path, steps: int) -> list[int]:
+    """``(step - 1) - policy_version`` of every trajectory the run traced (the first version of one
+    whose weights changed mid-trajectory)."""
+    found = []
+    for step in range(1, steps + 1):
+        for line in (out / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines():
+            version = json.loads(line)["policy_version"]
+            found.append(step - 1 - (version if isinstance(version, int) else version[0]))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["ray.num_rollout_workers=2", "trainer.total_steps=5"],
+                                   ["ray.num_rollout_workers=1", "trainer.world_size=2", "trainer.total_steps=3"]],
+                         ids=["two-workers", "two-trainer-ranks"])
+def test_train_with_max_staleness_on_ray(tmp_path, extra):
+    """The issue's command (and its twin with two trainer ranks): every trajectory is at most one
+    update stale, and some are (the rollouts overlapped training)."""
+    from _dists import run_toolrl
+
+    out = tmp_path / "run"
+    res = run_toolrl("train", TINY, "trainer.max_staleness=1", "ray.address=local", *extra, f"trainer.output_dir={out}",
+                     "trainer.progress=false", "trainer.plot=false",
+                     env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = int(next(e for e in extra if e.startswith("trainer.total_steps=")).split("=")[1])
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    staleness = staleness_of_run(out, steps)
+    assert len(staleness) == steps * 8 and set(staleness) <= {0, 1} and 1 in staleness

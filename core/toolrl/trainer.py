@@ -70,9 +70,7 @@ class Roles:
         ``weight_sync_s`` and ``weight_sync_peak_mb``."""
         if self.pool is None:
             return await self.trainer.sync(version)
-        out = await self.trainer.push(self.pool.workers)
-        self.pool.replace(out.pop("dead"))  # their replacements get the weights when they come up
-        return out
+        return await self.pool.push_weights(version)
 
     async def close(self) -> None:
         try:
