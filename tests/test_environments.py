@@ -63,6 +63,8 @@ def test_environment_validation():
         Environment(name="x", splits={"train": "data.jsonl"})
     with pytest.raises(ValidationError, match="name"):
         Environment(name="two words", splits={"train": questions})
+    with pytest.raises(ValidationError, match="tools.*class_name"):
+        Environment(name="x", splits={"train": questions}, tools=[{"config": {"type": "native"}}])
     with pytest.raises(ValidationError, match="prompt_prefix"):
         Environment(name="x", splits={"train": questions}, prompt_prefix=[{"role": "robot", "content": "hi"}])
 

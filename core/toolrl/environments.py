@@ -90,6 +90,15 @@ class Environment(BaseModel):
             Message.model_validate(message)
         return value
 
+    @field_validator("tools")
+    @classmethod
+    def _tool_entries(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        from toolrl.toolconfig import ToolEntry
+
+        for entry in value:
+            ToolEntry.model_validate(entry)  # verl's layout: class_name, config, tool_schema, extras
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> Environment:
         if self.metric is not None and self.metric not in {r.name for r in self.rewards}:
