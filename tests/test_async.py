@@ -27,7 +27,7 @@ def lines(path):
 
 def small(out, *overrides):
     return load_config(TINY, [f"trainer.output_dir={out}", "trainer.plot=false", "trainer.progress=false",
-                              "data.synthetic.num_samples=16", "rollout.n=2", "rollout.max_new_tokens=8",
+                              "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
                               "rollout.max_response_tokens=16", *overrides])
 
 
@@ -212,7 +212,7 @@ def test_streaming_run_resumes_after_kill_without_losing_or_repeating_groups(tmp
     out = tmp_path / "run"
     args = [sys.executable, "-m", "toolrl", "train", TINY, "trainer.max_staleness=1", "trainer.total_steps=4",
             f"trainer.output_dir={out}", "trainer.plot=false", "trainer.progress=false",
-            "data.synthetic.num_samples=16", "rollout.n=2", "rollout.max_new_tokens=8",
+            "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
             "rollout.max_response_tokens=16"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
