@@ -178,19 +178,19 @@ def run_mode(staleness: int, args: argparse.Namespace, out: Path) -> dict[str, A
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps: a few minutes")
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--batch-size", type=int, default=4, help="prompts per step")
+    ap.add_argument("--batch-size", type=int, default=2, help="prompts per step")
     ap.add_argument("--n", type=int, default=4, help="trajectories per prompt")
-    ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--tool-median-ms", type=float, default=400.0)
     ap.add_argument("--tool-sigma", type=float, default=1.0)
     ap.add_argument("--tis-cap", type=float, default=2.0)
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps = min(args.steps, 8)
+        args.steps = min(args.steps, 6)
     if 0 not in args.staleness or 1 not in args.staleness:
         raise SystemExit("--staleness must include 0 and 1 (the reported ratio is k=1 against k=0)")
     LognormalSearch.median_s, LognormalSearch.sigma, LognormalSearch.seed = \
