@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import random
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,13 +76,22 @@ def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
 @dataclass
 class Batch:
     """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also
-    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it."""
+    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it;
+    ``began``/``ended``: when its first group started and its last one finished (perf_counter)."""
 
     groups: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     trajectories: list[Trajectory] = field(default_factory=list)
     generated: list[Trajectory] = field(default_factory=list)
     end: int = 0
+    began: float = math.inf
+    ended: float = 0.0
+
+    @property
+    def rollout_s(self) -> float:
+        """Wall time from its first group's start to its last group's end (other steps' groups may
+        have generated meanwhile)."""
+        return max(self.ended - self.began, 0.0)
 
     def metrics(self) -> dict[str, Any]:
         return {"groups": self.groups, "skipped_groups": self.skipped,
@@ -104,10 +115,11 @@ class StepBatches:
         first = self.position
         assert first == step * size, "the synchronous loop's steps are aligned with the data"
         prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
+        began = time.perf_counter()
         trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
                                         id_prefix=f"t{step + 1}-")
         self.position = first + size
-        return Batch(list(range(first, self.position)), [], trajs, trajs, self.position)
+        return Batch(list(range(first, self.position)), [], trajs, trajs, self.position, began, time.perf_counter())
 
     def set_version(self, version: int) -> None:
         """Nothing runs between steps."""
@@ -130,6 +142,7 @@ class GroupStream:
         self.filling = Batch(end=position)
         self.running: dict[int, asyncio.Task[list[Trajectory]]] = {}
         self.finished: dict[int, list[Trajectory]] = {}
+        self.times: dict[int, tuple[float, float]] = {}  # group -> (started, finished)
         self.ready: deque[Batch] = deque()
         self.error: BaseException | None = None
         self.changed = asyncio.Event()
@@ -175,11 +188,11 @@ class GroupStream:
             sample = prompt_for_group(self.samples, g, cfg.trainer.seed, cfg.data.shuffle)
             task = asyncio.ensure_future(self.rollouts.run_group(
                 sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), ""))
-            task.add_done_callback(functools.partial(self._finished, g))
+            task.add_done_callback(functools.partial(self._finished, g, time.perf_counter()))
             self.running[g] = task
             self.started += 1
 
-    def _finished(self, group: int, task: asyncio.Task[list[Trajectory]]) -> None:
+    def _finished(self, group: int, started: float, task: asyncio.Task[list[Trajectory]]) -> None:
         self.running.pop(group, None)
         if task.cancelled():
             return
@@ -187,6 +200,7 @@ class GroupStream:
             self.error = self.error or exc
         else:
             self.finished[group] = task.result()
+            self.times[group] = (started, time.perf_counter())
             self._assign()
             self._admit()
         self.changed.set()
@@ -202,6 +216,8 @@ class GroupStream:
                 batch.groups.append(g)
                 batch.trajectories += trajs
             batch.generated += trajs
+            began, ended = self.times.pop(g)
+            batch.began, batch.ended = min(batch.began, began), max(batch.ended, ended)
             self.consumed = batch.end = g + 1
             if len(batch.groups) == self.size or len(batch.groups) + len(batch.skipped) >= MAX_GROUPS_PER_STEP * self.size:
                 self.ready.append(batch)

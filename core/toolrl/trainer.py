@@ -224,13 +224,14 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     # Synchronous: generates the step's groups now. Streaming: waits for the next
                     # groups in order (most generated while earlier steps trained).
                     batch = await batches.next(step)
-                    rollout_s = time.perf_counter() - t0
+                    wait_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
                     train = await roles.trainer.step(batch.trajectories, step + 1) if batch.trajectories else {}
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
-                    row = {"step": step + 1, **rollout_metrics(batch.generated, rollout_s), **batch.metrics(),
+                    row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
+                           "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **train, **sync,
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                     write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", batch.generated, roles.tokenizer)
