@@ -23,7 +23,7 @@ policy (the trainer's weights before this step's first update: recomputed withou
 
 so the trust region is centred on recent weights however stale the sample, and the weight corrects for
 the sample coming from another policy. ``algorithm.tis_cap`` None leaves ``w`` out (``w = 1``: the
-on-policy PPO loss); an asynchronous run gets a cap by default (:class:`toolrl.config.AlgorithmConfig`).
+on-policy PPO loss); an asynchronous run gets ``toolrl.config.ASYNC_TIS_CAP`` when it sets none.
 Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip range),
 ``is_weight_mean``/``_max``/``_min`` (of ``π_prox / π_behav`` before truncation) and
 ``is_truncated_frac`` (share above the cap).
