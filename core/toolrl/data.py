@@ -61,6 +61,18 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
     raise ConfigError(f"{path}: unsupported data file (use .jsonl or .parquet)")
 
 
+def to_sample(row: Any, origin: str) -> FileSample:
+    """One data row as a sample that remembers ``origin``; anything else is a one-line ConfigError."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
+    try:
+        sample = FileSample.model_validate(row)
+    except ValidationError as exc:
+        raise ConfigError(f"{origin}: {format_errors(exc)}") from None
+    sample._origin = origin
+    return sample
+
+
 def load_samples(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
     """Every row of ``paths``; ``field`` names the config key they came from in errors."""
     samples: list[Sample] = []
@@ -68,13 +80,7 @@ def load_samples(paths: list[Path], field: str = "data.train_files") -> list[Sam
         if not path.exists():
             raise ConfigError(f"{field}: {path} does not exist")
         for origin, row in _rows(path):
-            if not isinstance(row, dict):
-                raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
-            try:
-                sample = FileSample.model_validate(row)
-            except ValidationError as exc:
-                raise ConfigError(f"{origin}: {format_errors(exc)}") from None
-            sample._origin = origin
+            sample = to_sample(row, origin)
             if sample.index is None:
                 sample.index = len(samples)
             samples.append(sample)

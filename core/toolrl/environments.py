@@ -214,18 +214,9 @@ def decorate(sample: Sample, system_prompt: str | None, prefix: list[dict[str, A
 
 
 def _sample(value: Any, origin: str) -> Sample:
-    from toolrl.data import FileSample
+    from toolrl.data import to_sample
 
-    if isinstance(value, Sample):
-        return value
-    if not isinstance(value, dict):
-        raise ConfigError(f"{origin}: a sample must be a Sample or a mapping, got {type(value).__name__}")
-    try:
-        sample = FileSample.model_validate(value)
-    except ValidationError as exc:
-        raise ConfigError(f"{origin}: {format_errors(exc)}") from None
-    sample._origin = origin
-    return sample
+    return value if isinstance(value, Sample) else to_sample(value, origin)
 
 
 def get_environment(name: str, where: str = "env") -> Environment:

@@ -3,15 +3,11 @@ call formats, and its listing (attributed to this plugin; absent when the plugin
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from toolrl.compose import load_samples
 from toolrl.config import ConfigError, load_config
 from toolrl.plugins import get_plugins
+from toolrl.testing.environments import listed_environments
 from toolrl_calculator.environment import ARITHMETIC, TAG_ROUTES, held_out
 
 
@@ -73,15 +69,8 @@ def test_bad_options_are_one_config_error() -> None:
         load_samples(load_config(None, data={"env": "arithmetic", "env_options": {"operators": ["/"]}}))
 
 
-def env_list(**env: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "toolrl", "env", "list", "--json"], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def test_listed_by_this_plugin_and_absent_without_it() -> None:
-    [row] = [r for r in env_list() if r["name"] == "arithmetic"]
+    [row] = [r for r in listed_environments() if r["name"] == "arithmetic"]
     assert row["plugin"] == "calculator" and row["tools"] == ["calculator"] and row["rewards"] == {"gsm8k": 1.0}
     assert row["splits"] == {"train": {"source": "generated", "size": 512}, "test": {"source": "generated", "size": 128}}
-    assert "arithmetic" not in {r["name"] for r in env_list(TOOLRL_DISABLE_PLUGINS="calculator")}
+    assert "arithmetic" not in {r["name"] for r in listed_environments(TOOLRL_DISABLE_PLUGINS="calculator")}

@@ -5,10 +5,6 @@ its route holds the calc_geo3k_reward tool and the geo3k reward."""
 from __future__ import annotations
 
 import io
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +13,7 @@ import pytest
 from PIL import Image
 from toolrl.compose import build_routes, configured_envs, load_samples
 from toolrl.config import ConfigError, load_config
+from toolrl.testing.environments import listed_environments
 from toolrl_geo3k.preprocess import convert, preprocess
 
 PROBLEMS = {"train": [("<image>Find x.", "16.5"), ("Find the area.", "2\\sqrt{3}")], "test": [("<image>Find y.", "60")]}
@@ -92,15 +89,8 @@ async def test_route_has_the_tool_and_reward(dataset_dir: Path, tmp_path: Path) 
             await tool.close()
 
 
-def env_list(**env: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "toolrl", "env", "list", "--json"], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def test_listed_by_this_plugin_and_absent_without_it() -> None:
-    [row] = [r for r in env_list() if r["name"] == "geo3k"]
+    [row] = [r for r in listed_environments() if r["name"] == "geo3k"]
     assert row["plugin"] == "geo3k" and row["tools"] == ["calc_geo3k_reward"] and row["rewards"] == {"geo3k": 1.0}
     assert row["splits"]["train"] == {"source": "hub hiyouga/geometry3k split train", "size": None}  # not downloaded
-    assert "geo3k" not in {r["name"] for r in env_list(TOOLRL_DISABLE_PLUGINS="geo3k")}
+    assert "geo3k" not in {r["name"] for r in listed_environments(TOOLRL_DISABLE_PLUGINS="geo3k")}

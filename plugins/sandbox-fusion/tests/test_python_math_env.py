@@ -4,15 +4,12 @@ scored by the ``math`` reward."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import subprocess
-import sys
 
 from toolrl.compose import build_routes, load_samples
 from toolrl.config import load_config
+from toolrl.testing.environments import listed_environments
 from toolrl_sandbox_fusion.environment import PYTHON_MATH, divisible_count, held_out
 
 # What a model would write for each family; run in the sandbox, it must print the ground truth.
@@ -80,15 +77,8 @@ async def test_the_route_computes_answers_in_the_sandbox() -> None:
             await tool.close()
 
 
-def env_list(**env: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "toolrl", "env", "list", "--json"], capture_output=True, text=True,
-                         env={**os.environ, **env}, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def test_listed_by_this_plugin_and_absent_without_it() -> None:
-    [row] = [r for r in env_list() if r["name"] == "python-math"]
+    [row] = [r for r in listed_environments() if r["name"] == "python-math"]
     assert row["plugin"] == "sandbox-fusion" and row["tools"] == ["code_interpreter"] and row["rewards"] == {"math": 1.0}
     assert row["splits"]["test"] == {"source": "generated", "size": 64}
-    assert "python-math" not in {r["name"] for r in env_list(TOOLRL_DISABLE_PLUGINS="sandbox-fusion")}
+    assert "python-math" not in {r["name"] for r in listed_environments(TOOLRL_DISABLE_PLUGINS="sandbox-fusion")}
