@@ -61,7 +61,8 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     import torch
     from toolrl.batches import GroupStream
     from toolrl.compose import load_samples
-    from toolrl.trainer import compose_roles, train_async
+    from toolrl.roles import compose_roles
+    from toolrl.trainer import train_async
 
     steps = 2
     cfg = small(tmp_path / "run", f"trainer.total_steps={steps}")

@@ -26,7 +26,7 @@ def toolrl_imports(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize("module", ["compose", "distributed", "trainer_rank", "trainer_group", "sharding",
-                                    "weight_sync", "checkpoint"])
+                                    "weight_sync", "checkpoint", "roles", "evaluate", "recorded"])
 def test_no_role_imports_the_controller(module):
     assert "toolrl.trainer" not in toolrl_imports(module), f"{module} imports the controller"
 
@@ -92,7 +92,7 @@ def test_world_size_without_ray_is_a_config_error():
     import asyncio
 
     from toolrl.config import ConfigError, load_config
-    from toolrl.trainer import compose_roles
+    from toolrl.roles import compose_roles
 
     cfg = load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), ["trainer.world_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs Ray: set ray.address"):

@@ -193,7 +193,8 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     trainer ranks send it their current weights, so it samples from the trained policy, not the
     initial one (the trainer's recomputed logprobs match the engine's)."""
     from toolrl.compose import load_samples
-    from toolrl.trainer import batch_for_step, compose_roles
+    from toolrl.roles import compose_roles
+    from toolrl.trainer import batch_for_step
 
     cfg = config(tmp_path / "replaced", 1)
     samples = load_samples(cfg)

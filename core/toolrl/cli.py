@@ -10,22 +10,8 @@ from typing import Any
 import click
 
 from toolrl.cli_env import env as env_group
+from toolrl.cli_errors import UsageFailure, error_text, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
-
-
-class UsageFailure(click.ClickException):
-    """A user error: one line on stderr, exit 2, no traceback."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {' '.join(self.message.split())}", err=True)  # always one line
-
-
-def _message(exc: Exception) -> str:
-    """An exception's text; KeyError subclasses quote theirs, so drop a pair of enclosing quotes."""
-    text = str(exc)
-    return text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def _json_option(value: str | None, what: str) -> Any:
@@ -210,7 +196,7 @@ def parse(parser_name: str, source: str) -> None:
         parser = get_plugins().load_part("tool_parsers", parser_name)()
         text = decode_utf8(sys.stdin.buffer.read(), "<stdin>") if source == "-" else read_text(Path(source))
     except (RegistryError, ConfigError) as exc:
-        raise UsageFailure(_message(exc)) from None
+        raise UsageFailure(error_text(exc)) from None
     result = parser.parse(text)
     click.echo(json.dumps(result.model_dump(exclude={"calls": {"__all__": {"id"}}}), indent=2))
 
@@ -221,7 +207,7 @@ def parse(parser_name: str, source: str) -> None:
 def _load_config(path: str, overrides: tuple[str, ...]) -> Any:
     from toolrl.config import load_config
 
-    return _user_errors(load_config, path, list(overrides))
+    return user_errors(load_config, path, list(overrides))
 
 
 def _tools_origin(config_path: str, config: Any) -> str:
@@ -236,26 +222,6 @@ def _tools_origin(config_path: str, config: Any) -> str:
     return " or ".join(origins)
 
 
-def _user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> Any:
-    """The one error path for what a user hands in: config, data and tool-config problems and
-    unknown part names become one line on stderr and exit 2. Tool-config errors that do not name
-    their file get ``tools_origin`` in front."""
-    from toolrl.config import ConfigError
-    from toolrl.models import ModelUnavailable
-    from toolrl.registry import RegistryError
-    from toolrl.tools import ToolConfigError
-
-    try:
-        return fn(*args, **kwargs)
-    except ToolConfigError as exc:
-        message = _message(exc)
-        if tools_origin and tools_origin.partition(":")[0] not in message:
-            message = f"{tools_origin}: {message}"
-        raise UsageFailure(message) from None
-    except (ConfigError, RegistryError, ModelUnavailable) as exc:
-        raise UsageFailure(_message(exc)) from None
-
-
 @cli.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
@@ -267,7 +233,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     from toolrl.trainer_group import TrainerFailed
 
     try:
-        _user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
+        user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
@@ -281,7 +247,7 @@ def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     config = _load_config(config_path, overrides)
     from toolrl.trainer import run_evaluation
 
-    _user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
+    user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
 
 
 @cli.command("eval", context_settings={"ignore_unknown_options": True})
@@ -301,13 +267,13 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, c
     if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
         if overrides:
             raise UsageFailure("--compare reads two eval output directories and takes no overrides")
-        columns = {d: _user_errors(ev.read_summary, Path(d)) for d in (output or config_path, compare)}
+        columns = {d: user_errors(ev.read_summary, Path(d)) for d in (output or config_path, compare)}
         ev.print_table(columns)
         return
     if output is None:
         raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")
     config = _load_config(config_path, overrides)
-    summary = _user_errors(ev.run_evaluation, config, Path(output), tools_origin=_tools_origin(config_path, config))
+    summary = user_errors(ev.run_evaluation, config, Path(output), tools_origin=_tools_origin(config_path, config))
     ev.print_table({output: summary})
 
 

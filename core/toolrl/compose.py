@@ -74,10 +74,6 @@ def load_samples(config: Config, split: str = "train") -> list[Sample]:
 
     if split not in ("train", "test"):
         raise ConfigError(f"unknown data split {split!r} (use train or test)")
-    if split == "train" and config.data.trajectories:  # recorded groups, trained on as they are
-        from toolrl.recorded import load_groups
-
-        return load_groups(config)
     envs = configured_envs(config)
     files = config.data.train_files if split == "train" else config.data.test_files
     if files:
@@ -348,7 +344,8 @@ async def compose_local(config: Config, split: str = "train") -> LocalRun:
 
     seed_everything(config.trainer.seed)
     check_parts(config)
-    samples = load_samples(config, split)
+    # Recorded groups (data.trajectories) are trained as recorded: no prompt runs against the tools.
+    samples = [] if split == "train" and config.data.trajectories else load_samples(config, split)
     path = model_path(config)
     tokenizer = models.load_tokenizer(path)
     built: list[Any] = []

@@ -170,7 +170,7 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from toolrl.trainer import compose_roles
+    from toolrl.roles import compose_roles
 
     config = with_metric(config)
     samples = eval_samples(config)  # a missing split or bad file fails before any model loads

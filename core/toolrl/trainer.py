@@ -6,7 +6,7 @@ takes one GRPO step on them; the new weights go from the trainer ranks to the en
 checkpoint. Where the batches come from (:mod:`toolrl.batches`): with ``trainer.max_staleness: 0``
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
-than the step that trains it. Where the roles run is decided once, in :func:`compose_roles`: all in
+than the step that trains it. Where the roles run is decided once, in :func:`toolrl.roles.compose_roles`: all in
 this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
 own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
 and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
@@ -29,7 +29,6 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from toolrl import checkpoint
 from toolrl.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.config import Config, ConfigError
 from toolrl.loggers import open_loggers
+from toolrl.roles import Roles, compose_roles
 from toolrl.rollout import Trajectory
 from toolrl.rundir import (
     _prepare_output,
@@ -47,103 +47,6 @@ from toolrl.rundir import (
     staleness_metrics,
     write_traces,
 )
-
-# -- roles ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Roles:
-    """What the controller drives. ``trainer``: a LocalTrainer or a RayTrainerGroup (None when only
-    evaluating); ``rollouts``: in-process Rollouts or a RolloutWorkerPool."""
-
-    config: Config
-    tokenizer: Any
-    model_dir: str
-    rollouts: Any
-    trainer: Any = None
-    pool: Any = None  # the RolloutWorkerPool when rollouts run on Ray
-    owns_ray: bool = False
-    placement: dict[str, Any] = field(default_factory=dict)
-
-    async def sync_weights(self, version: int) -> dict[str, float]:
-        """The trainer's weights (``version``: steps trained) to every engine; returns
-        ``weight_sync_s`` and ``weight_sync_peak_mb``."""
-        if self.pool is None:
-            return await self.trainer.sync(version)
-        return await self.pool.push_weights(version)
-
-    async def close(self) -> None:
-        try:
-            if self.trainer is not None:
-                self.trainer.close()
-            if self.pool is not None:
-                self.pool.close()
-            else:
-                await self.rollouts.close()
-        finally:
-            if self.owns_ray:
-                import ray
-
-                ray.shutdown()
-
-
-def _check_placement(config: Config) -> None:
-    if config.trainer.world_size > 1 and config.ray.address is None:
-        raise ConfigError(f"trainer.world_size={config.trainer.world_size} needs Ray: set ray.address "
-                          "(local, auto or host:port)")
-    on_gpu = config.ray.num_gpus_per_trainer > 0 if config.ray.address is not None else config.model.device != "cpu"
-    if config.trainer.cpu_offload and not on_gpu:
-        raise ConfigError("trainer.cpu_offload: offloading needs trainer ranks on GPUs "
-                          "(ray.num_gpus_per_trainer or model.device)")
-
-
-async def compose_roles(config: Config, train: bool = True, split: str = "train") -> Roles:
-    """Build each role where it runs. Without Ray: one process, the engine sharing the trainer's
-    module. With Ray: this process builds no model and no engine; the trainer ranks and the rollout
-    workers compose their own parts in their own processes. ``split``: the data the rollouts will
-    run (checked against the tools before the model loads)."""
-    from toolrl import models
-    from toolrl.compose import check_parts, compose_local, model_path
-    from toolrl.trainer_group import LocalTrainer, RayTrainerGroup
-    from toolrl.trainer_rank import TrainerRank
-
-    _check_placement(config)
-    check_parts(config)
-    if config.ray.address is None:
-        run = await compose_local(config, split)
-        roles = Roles(config, run.tokenizer, run.path, run.rollouts)
-        if train:
-            rank = TrainerRank(config)
-            roles.trainer = LocalTrainer(rank, run.engine)
-            roles.placement = {"trainer": [rank.setup(model=run.model, tokenizer=run.tokenizer)]}
-        return roles
-
-    import ray
-
-    from toolrl.distributed import RolloutWorkerPool, init_ray
-
-    path = model_path(config)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker
-                 + (config.trainer.world_size * config.ray.num_cpus_per_trainer if train else 0))
-    roles = Roles(config, models.load_tokenizer(path), path, None, owns_ray=owns_ray)
-    try:
-        roles.pool = roles.rollouts = RolloutWorkerPool(
-            config, config.ray.num_rollout_workers, config.ray.address,
-            num_cpus_per_worker=config.ray.num_cpus_per_worker, num_gpus_per_worker=config.ray.num_gpus_per_worker)
-        starts = [roles.pool.start()]
-        if train:
-            roles.trainer = RayTrainerGroup(config)
-            roles.pool.weight_source = roles.trainer.push
-            starts.append(roles.trainer.start())
-        placed = await asyncio.gather(*starts)
-        roles.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}
-    except BaseException:
-        await roles.close()
-        raise
-    return roles
-
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -202,15 +105,15 @@ async def train_async(config: Config, resume: bool = False) -> Path:
     out = _prepare_output(config, resume)
     from toolrl.compose import load_samples
     from toolrl.evaluate import eval_samples, validate
+    from toolrl.recorded import Replay, load_groups
 
-    samples = load_samples(config)
+    # Recorded groups (data.trajectories) are trained as they are instead of generated.
+    samples = load_groups(config) if config.data.trajectories else load_samples(config)
     if config.trainer.eval_every:
         eval_samples(config)  # a missing test split fails now, not at the first validation
     roles = await compose_roles(config)
     batches: StepBatches | GroupStream | None = None
-    if config.data.trajectories:  # train on the recorded groups instead of generating
-        from toolrl.recorded import Replay
-
+    if config.data.trajectories:
         roles.rollouts = Replay(roles.rollouts)
     try:
         if (reason := await roles.rollouts.check_trainable()) is not None:

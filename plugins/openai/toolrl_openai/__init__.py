@@ -55,7 +55,7 @@ def register_commands(cli: click.Group) -> None:
         import asyncio
         from pathlib import Path
 
-        from toolrl.cli import UsageFailure
+        from toolrl.cli_errors import UsageFailure
         from toolrl.config import ConfigError, load_config
         from toolrl.models import ModelUnavailable
         from toolrl.registry import RegistryError

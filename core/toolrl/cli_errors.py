@@ -1,0 +1,43 @@
+"""The command line's one error path: what a user hands in (config, data, tool configs, part names)
+that is wrong becomes one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+class UsageFailure(click.ClickException):
+    """A user error: one line on stderr, exit 2, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {' '.join(self.message.split())}", err=True)  # always one line
+
+
+def error_text(exc: Exception) -> str:
+    """An exception's text; KeyError subclasses quote theirs, so drop a pair of enclosing quotes."""
+    text = str(exc)
+    return text[1:-1] if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> Any:
+    """The one error path for what a user hands in: config, data and tool-config problems and
+    unknown part names become one line on stderr and exit 2. Tool-config errors that do not name
+    their file get ``tools_origin`` in front."""
+    from toolrl.config import ConfigError
+    from toolrl.models import ModelUnavailable
+    from toolrl.registry import RegistryError
+    from toolrl.tools import ToolConfigError
+
+    try:
+        return fn(*args, **kwargs)
+    except ToolConfigError as exc:
+        message = error_text(exc)
+        if tools_origin and tools_origin.partition(":")[0] not in message:
+            message = f"{tools_origin}: {message}"
+        raise UsageFailure(message) from None
+    except (ConfigError, RegistryError, ModelUnavailable) as exc:
+        raise UsageFailure(error_text(exc)) from None

@@ -1,0 +1,107 @@
+"""Where each role runs, decided once per run: :func:`compose_roles` builds the trainer group and the
+rollout group in this process (no ``ray.address``; the in-process engine shares the trainer's module,
+or keeps its own copy when rollouts overlap training) or as Ray actors, this process then keeping only
+the data, the tokenizer and the records. :class:`Roles` is what the controller (:mod:`toolrl.trainer`)
+and evaluation (:mod:`toolrl.evaluate`) drive."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.config import Config, ConfigError
+
+
+@dataclass
+class Roles:
+    """What the controller drives. ``trainer``: a LocalTrainer or a RayTrainerGroup (None when only
+    evaluating); ``rollouts``: in-process Rollouts or a RolloutWorkerPool."""
+
+    config: Config
+    tokenizer: Any
+    model_dir: str
+    rollouts: Any
+    trainer: Any = None
+    pool: Any = None  # the RolloutWorkerPool when rollouts run on Ray
+    owns_ray: bool = False
+    placement: dict[str, Any] = field(default_factory=dict)
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """The trainer's weights (``version``: steps trained) to every engine; returns
+        ``weight_sync_s`` and ``weight_sync_peak_mb``."""
+        if self.pool is None:
+            return await self.trainer.sync(version)
+        return await self.pool.push_weights(version)
+
+    async def close(self) -> None:
+        try:
+            if self.trainer is not None:
+                self.trainer.close()
+            if self.pool is not None:
+                self.pool.close()
+            else:
+                await self.rollouts.close()
+        finally:
+            if self.owns_ray:
+                import ray
+
+                ray.shutdown()
+
+
+def _check_placement(config: Config) -> None:
+    if config.trainer.world_size > 1 and config.ray.address is None:
+        raise ConfigError(f"trainer.world_size={config.trainer.world_size} needs Ray: set ray.address "
+                          "(local, auto or host:port)")
+    on_gpu = config.ray.num_gpus_per_trainer > 0 if config.ray.address is not None else config.model.device != "cpu"
+    if config.trainer.cpu_offload and not on_gpu:
+        raise ConfigError("trainer.cpu_offload: offloading needs trainer ranks on GPUs "
+                          "(ray.num_gpus_per_trainer or model.device)")
+
+
+async def compose_roles(config: Config, train: bool = True, split: str = "train") -> Roles:
+    """Build each role where it runs. Without Ray: one process, the engine sharing the trainer's
+    module. With Ray: this process builds no model and no engine; the trainer ranks and the rollout
+    workers compose their own parts in their own processes. ``split``: the data the rollouts will
+    run (checked against the tools before the model loads)."""
+    from toolrl import models
+    from toolrl.compose import check_parts, compose_local, model_path
+    from toolrl.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.trainer_rank import TrainerRank
+
+    _check_placement(config)
+    check_parts(config)
+    if config.ray.address is None:
+        run = await compose_local(config, split)
+        roles = Roles(config, run.tokenizer, run.path, run.rollouts)
+        if train:
+            rank = TrainerRank(config)
+            roles.trainer = LocalTrainer(rank, run.engine)
+            roles.placement = {"trainer": [rank.setup(model=run.model, tokenizer=run.tokenizer)]}
+        return roles
+
+    import ray
+
+    from toolrl.distributed import RolloutWorkerPool, init_ray
+
+    path = model_path(config)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker
+                 + (config.trainer.world_size * config.ray.num_cpus_per_trainer if train else 0))
+    roles = Roles(config, models.load_tokenizer(path), path, None, owns_ray=owns_ray)
+    try:
+        roles.pool = roles.rollouts = RolloutWorkerPool(
+            config, config.ray.num_rollout_workers, config.ray.address,
+            num_cpus_per_worker=config.ray.num_cpus_per_worker, num_gpus_per_worker=config.ray.num_gpus_per_worker)
+        starts = [roles.pool.start()]
+        if train:
+            roles.trainer = RayTrainerGroup(config)
+            roles.pool.weight_source = roles.trainer.push
+            starts.append(roles.trainer.start())
+        placed = await asyncio.gather(*starts)
+        roles.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}
+    except BaseException:
+        await roles.close()
+        raise
+    return roles
