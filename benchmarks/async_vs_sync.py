@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous training: trained samples per second, end to end.
 
-The real training loop (``toolrl.trainer.train_async``, in one process: the transformers engine and
+The real training loop (``toolrl.roles.controller.train_async``, in one process: the transformers engine and
 the trainer share the tiny random Qwen3) runs the same model, data, seeds and workload with
 ``trainer.max_staleness`` 0 (synchronous), 1 and 2, side by side in one invocation. Only the tool
 and the tool-call decision are stand-ins:
@@ -51,7 +51,7 @@ single_thread()
 from toolrl.config import load_config  # noqa: E402
 from toolrl.parsers import ToolParser  # noqa: E402
 from toolrl.plugins import get_plugins  # noqa: E402
-from toolrl.registry import Part  # noqa: E402
+from toolrl.plugins.registry import Part  # noqa: E402
 from toolrl.schemas import ParseResult, ToolCall  # noqa: E402
 from toolrl.tools import Tool  # noqa: E402
 
@@ -128,7 +128,7 @@ class LineClock(threading.Thread):
 
 
 def run_mode(staleness: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     overrides = [
         f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}", f"trainer.seed={args.seed}",

@@ -9,7 +9,7 @@ temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clippi
 CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
 both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
-toolrl's step is what ``toolrl train`` does per step (``toolrl.compose.compose_local`` builds the parts
+toolrl's step is what ``toolrl train`` does per step (``toolrl.roles.compose.compose_local`` builds the parts
 from a config; ``run_rollouts``, then the trainer role's step and weight sync), minus writing
 traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
 loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
@@ -84,9 +84,9 @@ class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
     def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
-        from toolrl.compose import compose_local
-        from toolrl.trainer_group import LocalTrainer
-        from toolrl.trainer_rank import TrainerRank
+        from toolrl.roles.compose import compose_local
+        from toolrl.roles.trainer_group import LocalTrainer
+        from toolrl.roles.trainer_rank import TrainerRank
 
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
@@ -99,8 +99,8 @@ class ToolrlRunner:
         self.records: list[dict[str, float]] = []
 
     async def _step(self) -> dict[str, float]:
+        from toolrl.roles.controller import batch_for_step
         from toolrl.rollout import run_rollouts
-        from toolrl.trainer import batch_for_step
 
         cfg, run, step = self.config, self.run, self.step_index
         c0, t0 = os.times(), time.perf_counter()
@@ -133,18 +133,18 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
 
     The SFT sequences are what toolrl's rollout would produce (prompt, model tokens, the chat
     template's tool-result delta, model tokens); TRL's tool loop appends the same template delta.
-    The loss is cross-entropy on the model tokens, computed with ``toolrl.grpo.response_logprobs``."""
+    The loss is cross-entropy on the model tokens, computed with ``toolrl.training.grpo.response_logprobs``."""
     import hashlib
     import json
     import shutil
     from pathlib import Path
 
-    from toolrl.chat import ChatRenderer
-    from toolrl.compose import load_samples
     from toolrl.config import load_config
-    from toolrl.grpo import build_batch, response_logprobs
     from toolrl.models import load_model, load_tokenizer
+    from toolrl.roles.compose import load_samples
     from toolrl.rollout import Trajectory
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.training.grpo import build_batch, response_logprobs
     from toolrl_calculator.evaluate import evaluate, format_number
 
     key = hashlib.sha256(json.dumps([tool_schema, steps, lr], sort_keys=True).encode()).hexdigest()[:10]
@@ -212,8 +212,8 @@ def calculator_function() -> Any:
 
 def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
     from datasets import Dataset
-    from toolrl.compose import load_samples
     from toolrl.models import load_model, load_tokenizer
+    from toolrl.roles.compose import load_samples
     from trl import GRPOConfig, GRPOTrainer
 
     samples = load_samples(toolrl_config(1, model_dir, {}))  # the prompts toolrl trains on, in order

@@ -40,12 +40,12 @@ from _common import machine, single_thread, table
 
 single_thread()
 
-from toolrl.chat import ChatRenderer  # noqa: E402
 from toolrl.config import RewardConfig, RolloutConfig  # noqa: E402
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams  # noqa: E402
 from toolrl.models import qwen_tokenizer  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
 from toolrl.rollout import RolloutContext, Route, Trajectory, run_rollouts  # noqa: E402
+from toolrl.rollout.chat import ChatRenderer  # noqa: E402
 from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Trainer memory and speed: ``toolrl.grpo.grpo_step`` (packed rows, chunked LM-head logprobs)
+"""Trainer memory and speed: ``toolrl.training.grpo.grpo_step`` (packed rows, chunked LM-head logprobs)
 against the full-logits padded computation that it replaced, kept here as the anchor.
 
 One GRPO update (forward, backward, clipping, a stateless SGD step) on the tiny Qwen3
@@ -63,7 +63,7 @@ def trajectories(lengths: list[int]) -> list[Any]:
 def anchor_step(model: Any, optimizer: Any, trajs: list[Any], algo: Any, micro: int, max_response: int) -> float:
     """The padded full-logits GRPO update (one epoch, one mini-batch); returns the padding fraction."""
     import torch
-    from toolrl.grpo import group_advantages, policy_loss
+    from toolrl.training.grpo import group_advantages, policy_loss
 
     adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs])
     norm = {"tokens": float(sum(len(t.response_ids) for t in trajs)), "seqs": float(len(trajs)),
@@ -106,9 +106,9 @@ def anchor_step(model: Any, optimizer: Any, trajs: list[Any], algo: Any, micro: 
 def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.grpo import grpo_step
     from toolrl.models import load_model, tiny_qwen3
-    from toolrl.peakmem import rss_bytes
+    from toolrl.training.grpo import grpo_step
+    from toolrl.training.peakmem import rss_bytes
 
     single_thread()
     model = load_model(tiny_qwen3()).train()

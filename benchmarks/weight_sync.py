@@ -42,10 +42,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import ray
-    from toolrl.compose import build_policy, model_path
     from toolrl.config import load_config
-    from toolrl.distributed import RolloutWorkerPool
-    from toolrl.trainer_group import RayTrainerGroup
+    from toolrl.roles.compose import build_policy, model_path
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.trainer_group import RayTrainerGroup
 
     config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
         f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from toolrl.config import load_config
 from toolrl.plugins import get_plugins
-from toolrl.registry import Part
+from toolrl.plugins.registry import Part
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")
@@ -59,10 +59,10 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     final weights), and so does the group stream held to staleness 0: its prompts and seeds per
     group are the synchronous loop's."""
     import torch
-    from toolrl.batches import GroupStream
-    from toolrl.compose import load_samples
+    from toolrl.data.batches import GroupStream
     from toolrl.roles import compose_roles
-    from toolrl.trainer import train_async
+    from toolrl.roles.compose import load_samples
+    from toolrl.roles.controller import train_async
 
     steps = 2
     cfg = small(tmp_path / "run", f"trainer.total_steps={steps}")
@@ -110,7 +110,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_streaming_staleness_stays_within_the_bound(tmp_path, k):
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     steps = 4
     asyncio.run(train_async(small(tmp_path, f"trainer.total_steps={steps}", f"trainer.max_staleness={k}",
@@ -139,7 +139,7 @@ class EvenIndexParity:
 
 @pytest.mark.parametrize("k", [0, 1])
 def test_dynamic_sampling_trains_only_groups_with_variance(tmp_path, k):
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_index_parity"):

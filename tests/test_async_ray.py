@@ -91,7 +91,7 @@ def waiting_pid(gates: Path, gate: str, exclude: set[int] = frozenset()) -> int 
 
 class Trainer:
     """The trainer side of a push, in the driver: a model whose weights go to the workers in
-    buckets through :func:`toolrl.weight_sync.ray_sink`, as trainer rank 0 sends them."""
+    buckets through :func:`toolrl.training.weight_sync.ray_sink`, as trainer rank 0 sends them."""
 
     def __init__(self, path: str, tokenizer: Any, bucket_mb: float) -> None:
         from toolrl import models
@@ -105,7 +105,7 @@ class Trainer:
         self.scale = scale
 
     async def push(self, workers: Any, version: int | None = None) -> dict[str, Any]:
-        from toolrl.weight_sync import push, ray_sink
+        from toolrl.training.weight_sync import push, ray_sink
 
         dead: set[int] = set()
         stats = await asyncio.to_thread(push, self.model, [ray_sink(list(workers), dead, version)], self.bucket_mb)
@@ -116,8 +116,8 @@ class Trainer:
 def setting(tmp_path_factory, tiny_qwen3_path):
     """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
     from toolrl import models
-    from toolrl.compose import model_path
-    from toolrl.distributed import RolloutWorkerPool
+    from toolrl.roles.compose import model_path
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
 
     if ray.is_initialized():
         pytest.fail("a Ray connection from an earlier test is still open")
@@ -173,7 +173,7 @@ def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
 def test_buckets_are_loaded_together_with_the_last_one(setting):
     """A worker that has some buckets of an update but not the last still decodes on the old weights
     only; the last bucket brings the whole update and its version."""
-    from toolrl.weight_sync import ray_sink
+    from toolrl.training.weight_sync import ray_sink
 
     pool, trainer, gates = setting
     (gates / "open").touch()

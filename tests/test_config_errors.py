@@ -12,8 +12,8 @@ import yaml
 from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
+from toolrl.roles.run_dir import _truncate_metrics, read_metrics, rollout_metrics
 from toolrl.rollout import Trajectory
-from toolrl.rundir import _truncate_metrics, read_metrics, rollout_metrics
 
 ROW = {"prompt": [{"role": "user", "content": "What is 2+3?"}], "reward_model": {"ground_truth": "5"},
        "extra_info": {"tools_kwargs": {"calculator": {"create_kwargs": {}}}}}
@@ -213,8 +213,8 @@ def test_metrics_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_
 def test_resume_with_a_truncated_metrics_line(tmp_path, tiny_qwen3_path):
     """``train --resume`` after a crash mid-append: the cut line goes, the run continues (exit 0);
     a corrupt line before the last is an error naming it (exit 2)."""
-    from toolrl import checkpoint
-    from toolrl.trainer_rank import TrainerRank
+    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.training import checkpoint
 
     path = write_config(tmp_path)
     out = tmp_path / "run"

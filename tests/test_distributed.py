@@ -1,4 +1,4 @@
-"""toolrl.distributed on real Ray: rollout workers match in-process rollouts, weights broadcast,
+"""toolrl.roles.rollout_workers on real Ray: rollout workers match in-process rollouts, weights broadcast,
 workers spread over two Ray nodes on this machine, a worker killed mid-step loses nothing."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def assert_same(got: list[Any], want: list[Any], tol: float = 1e-4) -> None:
 
 
 def prompts_for(run: Any, config: Config, step: int) -> list[Any]:
-    from toolrl.trainer import batch_for_step
+    from toolrl.roles.controller import batch_for_step
 
     return batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed, config.data.shuffle)
 
@@ -79,8 +79,8 @@ def require_no_ray() -> None:
 @pytest.fixture(scope="class")
 def local(tiny_qwen3_path):
     """The driver's composed run (model, engine, tools) and a pool of two workers on a local Ray."""
-    from toolrl.compose import compose_local
-    from toolrl.distributed import RolloutWorkerPool
+    from toolrl.roles.compose import compose_local
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
 
     require_no_ray()
     config = small_config("rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "optim.lr=0.05")
@@ -122,8 +122,8 @@ class TestLocalPool:
         """The trainer's loop: roll out on the workers, update in the driver, broadcast; the next
         rollouts come from the updated weights."""
         import torch
-        from toolrl.grpo import grpo_step
         from toolrl.rollout import run_rollouts
+        from toolrl.training.grpo import grpo_step
 
         config, run, pool, _ = local
         prompts = prompts_for(run, config, 1)
@@ -159,7 +159,7 @@ class GateTool(Tool):
         "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
-        from toolrl.ratelimit import make_rate_limiter
+        from toolrl.tools.ratelimit import make_rate_limiter
 
         async with make_rate_limiter(max_in_flight=1, global_name=LIMITER).slot():
             await super().release(instance_id, **release_kwargs)
@@ -257,9 +257,9 @@ def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -
 
 class TestTwoNodes:
     def test_workers_on_both_nodes_and_a_killed_worker_loses_nothing(self, two_nodes, tiny_qwen3_path):
-        from toolrl.compose import load_samples
-        from toolrl.distributed import RolloutWorkerPool
-        from toolrl.ratelimit import RayRateLimiter
+        from toolrl.roles.compose import load_samples
+        from toolrl.roles.rollout_workers import RolloutWorkerPool
+        from toolrl.tools.ratelimit import RayRateLimiter
 
         config = small_config("rollout.max_new_tokens=24", "rollout.max_response_tokens=48",
                               f"tools.entries=[{{class_name: {Path(__file__).stem}.GateTool}}]")
@@ -317,7 +317,7 @@ class TestTwoNodes:
 
 def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
     from toolrl.config import ConfigError
-    from toolrl.distributed import RolloutWorkerPool
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
 
     require_no_ray()
     ray.init(num_cpus=1, include_dashboard=False)

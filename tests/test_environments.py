@@ -9,10 +9,10 @@ import pytest
 import toolrl.plugins
 from _dists import make_dist, run_toolrl
 from pydantic import ValidationError
-from toolrl.compose import build_routes, compose_rollouts, load_samples, model_path
 from toolrl.config import ConfigError, load_config
 from toolrl.environments import Environment, FileSplit, HubSplit
 from toolrl.plugins import Plugins
+from toolrl.roles.compose import build_routes, compose_rollouts, load_samples, model_path
 
 
 def rows(path, *questions, env=None):
@@ -216,7 +216,7 @@ def test_two_plugins_registering_one_environment_name(tmp_path, monkeypatch):
 
 
 def test_explicit_sections_override_the_environment(mix_plugins, tmp_path):
-    from toolrl.compose import check_parts, configured_envs, max_turns, parser_spec
+    from toolrl.roles.compose import check_parts, configured_envs, max_turns, parser_spec
 
     config = load_config(None, data={"env": "echo", "base_dir": str(tmp_path)})
     echo = configured_envs(config)["echo"]

@@ -4,9 +4,9 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.grpo import aggregate, build_batch, group_advantages, grpo_step, response_logprobs
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
+from toolrl.training.grpo import aggregate, build_batch, group_advantages, grpo_step, response_logprobs
 
 
 def test_group_advantages():
@@ -118,7 +118,7 @@ def test_trainer_logprobs_agree_with_engine_logprobs(model, tiny_qwen3_path):
 def hand_built():
     """Two sequences, four trained tokens (the second has a tool token, mask 0, in the middle), with
     behaviour (engine), proximal and new logprobs chosen so every case of the objective occurs."""
-    from toolrl.packing import build_batch as pack
+    from toolrl.training.packing import build_batch as pack
 
     trajs = [traj([1], [5, 6], logprobs=[-1.0, -2.0]), traj([1], [7, 8, 9], mask=[1, 0, 1], logprobs=[-0.5, -3.0, -1.0])]
     batch = pack(trajs, [1.0, -1.0])
@@ -130,7 +130,7 @@ def hand_built():
 def test_decoupled_objective_exact_values_and_gradient():
     import math
 
-    from toolrl.grpo import policy_loss
+    from toolrl.training.grpo import policy_loss
 
     batch, prox, new = hand_built()
     cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0)
@@ -153,7 +153,7 @@ def test_decoupled_objective_exact_values_and_gradient():
 def test_tis_cap_none_leaves_the_weight_out_but_reports_it():
     import math
 
-    from toolrl.grpo import policy_loss
+    from toolrl.training.grpo import policy_loss
 
     batch, prox, new = hand_built()
     loss, stats = policy_loss(new, prox, batch, AlgorithmConfig(tis_cap=None), {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
@@ -219,7 +219,7 @@ def _reduce_on_rank(rank, port, outs, path):
     import json
 
     import torch.distributed as dist
-    from toolrl.trainer_rank import _group_metrics
+    from toolrl.roles.trainer_rank import _group_metrics
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -7,10 +7,10 @@ import time
 import pytest
 from _dists import run_toolrl
 from faulty_tools import BlocksLoop, Echo, Exits, Floods, IgnoresCancel, SyncSleeps
-from toolrl.isolation import ProcessTool
 from toolrl.schemas import ToolCall, ToolKwargs
-from toolrl.toolconfig import build_tools, parse_tools_config
 from toolrl.tools import ToolConfigError, ToolSet
+from toolrl.tools.isolation import ProcessTool
+from toolrl.tools.verl_config import build_tools, parse_tools_config
 
 ISOLATED = {"isolation": "process"}
 

@@ -10,7 +10,7 @@ import pytest
 from test_trainer import TINY, AlignedTokens, peaked_tiny_model  # noqa: F401  (a fixture, used by name)
 from toolrl.config import load_config
 from toolrl.plugins import get_plugins
-from toolrl.registry import Part
+from toolrl.plugins.registry import Part
 
 STEPS = 16
 # The final reward (mean of the last 4 steps' reward_mean; it starts near 0.53), measured over seeds:
@@ -21,7 +21,7 @@ NOISE = 0.12
 
 
 def run(tmp_path, model, staleness: int, seed: int = 0) -> list[float]:
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):

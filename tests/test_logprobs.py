@@ -1,6 +1,6 @@
 import pytest
 import torch
-from toolrl.logprobs import token_logprobs
+from toolrl.training.logprobs import token_logprobs
 
 
 def naive(h, head, targets, temperature):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from _dists import run_toolrl
-from toolrl import lora
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.models import load_model
 from toolrl.plugins import get_plugins
-from toolrl.registry import Part
+from toolrl.plugins.registry import Part
+from toolrl.training import lora
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")
@@ -108,7 +108,7 @@ def test_engine_state_dict_is_the_merge_under_base_names(tiny_qwen3_path, dtype)
 
 def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
     from toolrl.models import load_tokenizer
-    from toolrl.trainer_rank import TrainerRank
+    from toolrl.roles.trainer_rank import TrainerRank
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     cfg = load_config(TINY, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"])
@@ -152,11 +152,11 @@ class EvenTokens:
 
 
 async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
-    from toolrl.compose import compose_local
     from toolrl.engines import SamplingParams
-    from toolrl.grpo import grpo_step
+    from toolrl.roles.compose import compose_local
+    from toolrl.roles.controller import batch_for_step
     from toolrl.rollout import run_rollouts
-    from toolrl.trainer import batch_for_step
+    from toolrl.training.grpo import grpo_step
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_tokens"):
@@ -235,8 +235,8 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert not lora.has_lora(exported)
     config = json.loads((tmp_path / "config.json").read_text())
-    from toolrl.compose import model_path
     from toolrl.config import Config
+    from toolrl.roles.compose import model_path
 
     trained = lora.apply_lora(load_model(model_path(Config.model_validate(config))), QV)
     lora.load_trainable_state_dict(trained, saved)

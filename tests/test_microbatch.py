@@ -4,10 +4,10 @@ import copy
 import pytest
 import torch
 from toolrl.config import AlgorithmConfig, OptimConfig, load_config
-from toolrl.grpo import grpo_step
-from toolrl.microbatch import micro_batches, plan, split_across_ranks
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
+from toolrl.training.grpo import grpo_step
+from toolrl.training.microbatch import micro_batches, plan, split_across_ranks
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -112,9 +112,9 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
     gradient norm as the default micro-batching."""
     from pathlib import Path
 
-    from toolrl.compose import compose_local
+    from toolrl.roles.compose import compose_local
+    from toolrl.roles.controller import batch_for_step
     from toolrl.rollout import run_rollouts
-    from toolrl.trainer import batch_for_step
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
     config = load_config(tiny, [f"trainer.output_dir={tmp_path}", "rollout.max_new_tokens=16"])

@@ -113,7 +113,7 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
 
 
 async def test_trainer_composes_from_a_hub_id(hub_cache, offline, tmp_path):
-    from toolrl.compose import compose_local
+    from toolrl.roles.compose import compose_local
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml", [
         "model.source=org/tiny", "model.revision=v2", f"model.cache_dir={hub_cache}", "tools.entries=[]",

@@ -3,10 +3,10 @@ import copy
 import pytest
 import torch
 from toolrl.config import AlgorithmConfig
-from toolrl.grpo import policy_loss, response_logprobs
 from toolrl.models import load_model
-from toolrl.packing import VARLEN_SDPA, build_batch, input_length
 from toolrl.rollout import Trajectory
+from toolrl.training.grpo import policy_loss, response_logprobs
+from toolrl.training.packing import VARLEN_SDPA, build_batch, input_length
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import json
 import pytest
 from _dists import GOOD_PLUGIN, GOOD_TOOL_IMPL, make_dist, run_toolrl
 from toolrl.plugins import PluginLoadError, Plugins
-from toolrl.registry import RegistryError
+from toolrl.plugins.registry import RegistryError
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_registered_objects_are_checked_in_process(tmp_path, monkeypatch):
 
 
 def test_a_part_that_fails_when_loaded_marks_its_plugin(tmp_path, monkeypatch):
-    from toolrl.registry import PartError
+    from toolrl.plugins.registry import PartError
 
     make_dist(tmp_path, "toolrl-plugin-far", "far", "far_plugin", LAZY_ELSEWHERE)
     (tmp_path / "far_tool.py").write_text("import sys\nsys.exit(4)\n")  # even this is contained

@@ -1,4 +1,4 @@
-"""toolrl.ratelimit: in-flight cap, calls per second, FIFO, release on every path; local and on a real Ray."""
+"""toolrl.tools.ratelimit: in-flight cap, calls per second, FIFO, release on every path; local and on a real Ray."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from toolrl.ratelimit import Admission, LocalRateLimiter, make_rate_limiter
+from toolrl.tools.ratelimit import Admission, LocalRateLimiter, make_rate_limiter
 
 
 class Probe:
@@ -194,7 +194,7 @@ def test_limiter_needs_a_connected_ray():
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         pytest.skip("a Ray from another test is still connected")
-    from toolrl.ratelimit import RayRateLimiter
+    from toolrl.tools.ratelimit import RayRateLimiter
 
     with pytest.raises(RuntimeError, match="ray.init"):
         RayRateLimiter("nothing", max_in_flight=1)
@@ -221,7 +221,7 @@ class Worker:
     """One Ray worker process making calls through the cluster-wide limiter."""
 
     def __init__(self, name: str, max_in_flight: int | None, calls_per_second: float | None, probe) -> None:
-        from toolrl.ratelimit import RayRateLimiter
+        from toolrl.tools.ratelimit import RayRateLimiter
 
         self.limiter = RayRateLimiter(name, max_in_flight, calls_per_second)
         self.probe = probe
@@ -285,7 +285,7 @@ def test_global_rate_across_ray_workers(ray_cluster):
 
 
 def test_global_cancellation_and_dead_holders(ray_cluster):
-    from toolrl.ratelimit import RayRateLimiter
+    from toolrl.tools.ratelimit import RayRateLimiter
 
     async def scenario() -> list[RayRateLimiter]:
         limiter = RayRateLimiter("cancel", max_in_flight=1)
@@ -315,7 +315,7 @@ def test_global_cancellation_and_dead_holders(ray_cluster):
 
 
 def test_global_limiter_comes_back_after_its_actor_dies(ray_cluster):
-    from toolrl.ratelimit import RayRateLimiter
+    from toolrl.tools.ratelimit import RayRateLimiter
 
     async def scenario() -> dict:
         limiter = RayRateLimiter("phoenix", max_in_flight=2)

@@ -28,7 +28,7 @@ def toolrl_imports(module: str) -> set[str]:
 @pytest.mark.parametrize("module", ["compose", "distributed", "trainer_rank", "trainer_group", "sharding",
                                     "weight_sync", "checkpoint", "roles", "evaluate", "recorded"])
 def test_no_role_imports_the_controller(module):
-    assert "toolrl.trainer" not in toolrl_imports(module), f"{module} imports the controller"
+    assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
 
 
 def test_bucketed_sync_reaches_an_engine_with_its_own_model(tiny_qwen3_path):
@@ -38,7 +38,7 @@ def test_bucketed_sync_reaches_an_engine_with_its_own_model(tiny_qwen3_path):
     from toolrl.engines import ModelSource
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.models import load_model
-    from toolrl.weight_sync import push
+    from toolrl.training.weight_sync import push
 
     trainer = load_model(tiny_qwen3_path)
     engine = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu"})

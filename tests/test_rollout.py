@@ -3,13 +3,13 @@ import json
 
 import pytest
 from scripted import ScriptedEngine
-from toolrl.chat import ChatRenderer
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.models import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
 from toolrl.rewards.builtin import GSM8KReward
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
+from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
 

@@ -18,12 +18,12 @@ from faulty_tools import (
     SyncSleeps,
 )
 from scripted import ScriptedEngine
-from toolrl.chat import ChatRenderer
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.parsers.hermes import HermesParser
+from toolrl.roles.controller import rollout_metrics
 from toolrl.rollout import RolloutContext, Route, run_rollouts
+from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
-from toolrl.trainer import rollout_metrics
 
 
 def call(name, **args):

@@ -50,7 +50,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 def cluster(tmp_path_factory):
     """A local Ray whose workers (and this process) see a plugin registering ``even_tokens``."""
     from toolrl.plugins import get_plugins
-    from toolrl.registry import Part
+    from toolrl.plugins.registry import Part
 
     if ray.is_initialized():
         pytest.fail("a Ray connection from an earlier test is still open")
@@ -89,7 +89,7 @@ def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True) -> C
 
 
 def train(cfg: Config, resume: bool = False) -> Path:
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     t0 = time.perf_counter()
     out = asyncio.run(train_async(cfg, resume=resume))
@@ -101,7 +101,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
 def weights(run: Path, step: int, scratch: Path) -> dict[str, Any]:
     """The model of checkpoint ``step``, read whole in this process (DCP reshards the ranks' pieces)."""
     import torch
-    from toolrl.checkpoint import export
+    from toolrl.training.checkpoint import export
 
     out = export(run, scratch / f"{run.name}-{step}", step)
     from safetensors.torch import load_file
@@ -152,7 +152,7 @@ def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str,
 
 
 def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster, two_ranks, tmp_path):
-    from toolrl.trainer_group import TrainerFailed
+    from toolrl.roles.trainer_group import TrainerFailed
 
     run = tmp_path / "killed"
     found: dict[str, Any] = {}
@@ -181,7 +181,7 @@ def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster
 def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
     """DCP reshards on load: one rank (no process group) resumes what two ranks wrote."""
     import torch
-    from toolrl.trainer_rank import TrainerRank
+    from toolrl.roles.trainer_rank import TrainerRank
 
     rank = TrainerRank(config(tmp_path / "w1", 1, on_ray=False))
     rank.setup()
@@ -196,9 +196,9 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     """A rollout worker that dies after a weight sync is replaced; before its first rollout the
     trainer ranks send it their current weights, so it samples from the trained policy, not the
     initial one (the trainer's recomputed logprobs match the engine's)."""
-    from toolrl.compose import load_samples
     from toolrl.roles import compose_roles
-    from toolrl.trainer import batch_for_step
+    from toolrl.roles.compose import load_samples
+    from toolrl.roles.controller import batch_for_step
 
     cfg = config(tmp_path / "replaced", 1)
     samples = load_samples(cfg)

@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 from toolrl.schemas import ToolCall, ToolKwargs
-from toolrl.toolconfig import ToolConfigError, build_tools, parse_tools_config
 from toolrl.tools import Tool, ToolSet
+from toolrl.tools.verl_config import ToolConfigError, build_tools, parse_tools_config
 
 
 class Counter(Tool):
@@ -167,7 +167,7 @@ class Sibling(Tool):
 
 async def test_sibling_blocks_belong_to_the_tool_class(tmp_path):
     import yaml
-    from toolrl.toolconfig import load_tools_file
+    from toolrl.tools.verl_config import load_tools_file
 
     (tmp_path / "stations.json").write_text("{}")
     (tmp_path / "tools.yaml").write_text(yaml.safe_dump({"tools": [{

@@ -7,7 +7,7 @@ import pytest
 from _dists import run_toolrl
 from toolrl.config import ConfigError, load_config
 from toolrl.plugins import get_plugins
-from toolrl.registry import Part
+from toolrl.plugins.registry import Part
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")
@@ -48,7 +48,7 @@ def test_resume_restores_identical_state(tmp_path):
     import asyncio
 
     import torch
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     def config(out, steps):
         return load_config(TINY, [f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.plot=false",
@@ -74,7 +74,7 @@ def test_a_failed_step_is_recorded_and_resume_continues(tmp_path):
     metrics and traces plus a line saying what failed; --resume then redoes it."""
     import asyncio
 
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     out = tmp_path / "run"
     blocker = out / "checkpoints" / ".tmp_step_000002"
@@ -203,7 +203,7 @@ def peaked_tiny_model(tmp_path_factory, tiny_qwen3_path):
 def test_grpo_learns_a_learnable_task(tmp_path, peaked_tiny_model):
     import asyncio
 
-    from toolrl.trainer import train_async
+    from toolrl.roles.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):

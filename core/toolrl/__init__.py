@@ -2,10 +2,14 @@
 
 Public plugin API: :data:`hookimpl` (decorate hook implementations), :mod:`toolrl.tools` (the
 ``Tool`` base class), :mod:`toolrl.schemas` (pydantic models at the boundaries), :mod:`toolrl.parsers`,
-:mod:`toolrl.rewards`, :mod:`toolrl.engines`. Heavy libraries are imported only where used.
+:mod:`toolrl.rewards`, :mod:`toolrl.engines`, :mod:`toolrl.environments`, :mod:`toolrl.loggers`
+(docs/plugins.md lists them all). Heavy libraries are imported only where used.
 """
 
+from toolrl import moved
 from toolrl.hookspecs import hookimpl
+
+moved.install()
 
 __all__ = ["hookimpl"]
 __version__ = "0.1.0"

@@ -118,7 +118,7 @@ class DataConfig(Section):
     train_files: list[str] = Field(default_factory=list)
     test_files: list[str] = Field(default_factory=list, description="the held-out split (toolrl eval)")
     # Recorded token-exact trajectories (`toolrl serve --record` rows, rollout traces) to train on
-    # instead of generating; a batch is data.batch_size of their groups (toolrl.recorded).
+    # instead of generating; a batch is data.batch_size of their groups (toolrl.data.recorded).
     trajectories: list[str] = Field(default_factory=list, description="JSONL files of recorded trajectories")
     batch_size: int = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
@@ -201,7 +201,7 @@ class AlgorithmConfig(Section):
     norm_adv_by_std: bool = True
     ppo_epochs: int = Field(1, gt=0)
     mini_batches: int = Field(1, gt=0)
-    # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.grpo).
+    # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.grpo).
     # None: no weight (on-policy); an asynchronous run (trainer.max_staleness > 0) gets ASYNC_TIS_CAP.
     tis_cap: float | None = Field(None, gt=0)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "

@@ -93,7 +93,7 @@ class Environment(BaseModel):
     @field_validator("tools")
     @classmethod
     def _tool_entries(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from toolrl.toolconfig import ToolEntry
+        from toolrl.tools.verl_config import ToolEntry
 
         for entry in value:
             ToolEntry.model_validate(entry)  # verl's layout: class_name, config, tool_schema, extras
@@ -222,7 +222,7 @@ def _sample(value: Any, origin: str) -> Sample:
 def get_environment(name: str, where: str = "env") -> Environment:
     """The registered environment ``name``; a ConfigError listing the installed ones otherwise."""
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     try:
         return get_plugins().load_part("environments", name)

@@ -21,7 +21,7 @@ libraries a part needs. ``name`` is required for lazy references; for objects it
 object's ``name`` attribute. ``aliases`` are extra names the part answers to (for example the verl
 class path a tool replaces, so verl tool configs load unchanged).
 
-Registered parts are checked (:mod:`toolrl.registry`): each kind's base class, a callable reward
+Registered parts are checked (:mod:`toolrl.plugins.registry`): each kind's base class, a callable reward
 class, a tool's schema, an environment's type. An object, or a lazy reference into an already-imported module (the plugin's
 own), is checked at registration; other lazy references when first loaded (or by ``toolrl
 list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.

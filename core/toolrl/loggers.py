@@ -67,7 +67,7 @@ class JsonlLogger(Logger):
         self.path = run_dir / "metrics.jsonl"
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
-        from toolrl.rundir import append_metrics
+        from toolrl.roles.run_dir import append_metrics
 
         append_metrics(self.path, dict(row))
 
@@ -85,7 +85,7 @@ class MetricLoggers:
     def _disable(self, name: str, action: str, exc: BaseException) -> None:
         if name == JSONL:
             raise exc
-        from toolrl.registry import describe_exception
+        from toolrl.plugins.registry import describe_exception
 
         print(f"warning: logger {name!r} failed to {action} and is disabled for the rest of the run: "
               f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
@@ -114,7 +114,7 @@ def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator
     is reported and left out."""
     from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     registry = get_plugins().registry
     names = [JSONL, *(n for n in dict.fromkeys(config.trainer.loggers) if n != JSONL)]

@@ -106,7 +106,7 @@ class ToolResult(BaseModel):
     metrics: dict[str, Any] = Field(default_factory=dict)
     status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool"] = "ok"
     latency_s: float = 0.0
-    # Seconds the tool's code held the event loop (steps of toolrl.guard.LOOP_BLOCK_S or more): a
+    # Seconds the tool's code held the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or more): a
     # blocking call inside an async execute. Nonzero values deserve a metric and a fix.
     loop_blocked_s: float = 0.0
 

@@ -71,7 +71,7 @@ def check_registered(name: str, plugins: Plugins | None = None) -> None:
     to a :class:`toolrl.tools.Tool` subclass, registered by a plugin whose status is ok. ``plugins``
     defaults to the process-wide ones (what tool configs and the CLI use)."""
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     plugins = plugins if plugins is not None else get_plugins()
     troubled = [
@@ -114,7 +114,7 @@ async def build_tool(
     :func:`check_registered` should check). Without a file, ``name`` is a registered tool name or alias
     built with ``config``. With a verl-format tools YAML, ``name`` is the function name of one of its
     tools; the other tools it builds are closed."""
-    from toolrl.toolconfig import build_default_tool, build_entry, load_tools_file
+    from toolrl.tools.verl_config import build_default_tool, build_entry, load_tools_file
 
     if tools_config_file is None:
         return await build_default_tool(name, config), name
@@ -556,7 +556,7 @@ async def check_no_loop_blocking(
     execute_kwargs: Mapping[str, Any] | None = None,
     threshold_s: float = 0.5,
 ) -> LifecycleRun:
-    """One lifecycle holds the event loop (steps of toolrl.guard.LOOP_BLOCK_S or longer) for less than
+    """One lifecycle holds the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or longer) for less than
     ``threshold_s`` in total: async methods must not make blocking calls."""
     try:
         run = await run_lifecycle(tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs)
@@ -584,7 +584,7 @@ async def check_cancellation(
     """``execute`` runs through the guard Tool.call uses, under deadlines too short to meet; when one
     cuts it off, the call must end by cancellation within ``grace_s`` (not carry on, not return a
     result). A tool fast enough to beat every deadline passes: there is nothing to cancel."""
-    from toolrl.guard import run_guarded
+    from toolrl.tools.guard import run_guarded
 
     for deadline in deadlines_s:
         toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
@@ -622,8 +622,8 @@ async def check_return_types(
 ) -> tuple[Any, Any, Any]:
     """``execute`` returns exactly ``(response, step_reward, metrics)``: a str or ToolResponse, a finite
     number, a dict of JSON values. (Rollouts turn anything else into an error result for the model.)"""
-    from toolrl.guard import run_guarded
     from toolrl.tools import ToolReturnError, coerce_execute_result
+    from toolrl.tools.guard import run_guarded
 
     toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
     try:

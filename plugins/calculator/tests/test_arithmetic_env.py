@@ -4,9 +4,9 @@ call formats, and its listing (attributed to this plugin; absent when the plugin
 from __future__ import annotations
 
 import pytest
-from toolrl.compose import load_samples
 from toolrl.config import ConfigError, load_config
 from toolrl.plugins import get_plugins
+from toolrl.roles.compose import load_samples
 from toolrl.testing.environments import listed_environments
 from toolrl_calculator.environment import ARITHMETIC, TAG_ROUTES, held_out
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 from toolrl.plugins import PluginInfo, Plugins
-from toolrl.registry import Part
+from toolrl.plugins.registry import Part
 from toolrl.schemas import ToolResponse
 from toolrl.testing import (
     LifecycleCall,

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from toolrl.compose import build_routes, configured_envs, load_samples
 from toolrl.config import ConfigError, load_config
+from toolrl.roles.compose import build_routes, configured_envs, load_samples
 from toolrl.testing.environments import listed_environments
 from toolrl_geo3k.preprocess import convert, preprocess
 

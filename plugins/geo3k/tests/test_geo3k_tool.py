@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from toolrl.schemas import Sample, ToolCall
 from toolrl.testing import ToolConformance, build_tool, run_lifecycle
-from toolrl.toolconfig import build_tools, load_tools_file
 from toolrl.tools import ToolSet
+from toolrl.tools.verl_config import build_tools, load_tools_file
 
 HERE = Path(__file__).parent
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from mcp_support import call, close_all, stdio_server, write_servers
-from toolrl.toolconfig import build_tools, load_tools_file
+from toolrl.tools.verl_config import build_tools, load_tools_file
 
 TOOLS_YAML = """\
 tools:

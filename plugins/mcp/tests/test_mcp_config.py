@@ -148,7 +148,7 @@ def test_selections_naming_missing_tools_are_errors() -> None:
 
 async def test_mcp_tools_cannot_run_isolated():
     """MCP tools build their own sessions (a custom from_config): `isolation: process` is refused."""
-    from toolrl.isolation import ProcessTool
+    from toolrl.tools.isolation import ProcessTool
 
     with pytest.raises(ToolConfigError, match="not supported by MCPTool"):
         await ProcessTool.start(MCPTool, {"isolation": "process"}, None)

@@ -128,7 +128,7 @@ def _describe(exc: ValidationError, prefix: str) -> str:
 
 
 def parse_block(section: Mapping[str, Any]) -> MCPBlock:
-    """The entry's ``mcp:`` block; with a :class:`toolrl.toolconfig.ToolSection`, a relative
+    """The entry's ``mcp:`` block; with a :class:`toolrl.tools.verl_config.ToolSection`, a relative
     ``mcp_servers_config_path`` is resolved against the tools file's directory."""
     block = section.get("mcp")
     if block is None:

@@ -76,7 +76,7 @@ def build_server(tools: Mapping[str, Tool]) -> Server[Any]:
 
 async def load_tools(tools_config: str | None) -> dict[str, Tool]:
     """The tools of a tools file, or every registered tool that builds with its default config."""
-    from toolrl.toolconfig import build_default_tool, build_tools, load_tools_file
+    from toolrl.tools.verl_config import build_default_tool, build_tools, load_tools_file
 
     if tools_config is not None:
         return await build_tools(load_tools_file(tools_config))

@@ -55,10 +55,10 @@ def register_commands(cli: click.Group) -> None:
         import asyncio
         from pathlib import Path
 
-        from toolrl.cli_errors import UsageFailure
+        from toolrl.cli.errors import UsageFailure
         from toolrl.config import ConfigError, load_config
         from toolrl.models import ModelUnavailable
-        from toolrl.registry import RegistryError
+        from toolrl.plugins.registry import RegistryError
 
         from toolrl_openai.server import serve_async
 

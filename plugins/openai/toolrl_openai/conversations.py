@@ -192,7 +192,7 @@ class Conversations:
 
     def _write(self, traj: Trajectory) -> None:
         # The row layout of rollouts/step_NNNNN.jsonl, less what a served conversation does not have:
-        # a reward (nobody scored it) and a GRPO group (training groups rows by prompt; toolrl.recorded).
+        # a reward (nobody scored it) and a GRPO group (training groups rows by prompt; toolrl.data.recorded).
         row = traj.model_dump(mode="json", exclude={"model_text", "reward", "reward_terms", "tool_rewards", "group"})
         row["prompt_text"] = self.tokenizer.decode(traj.prompt_ids, skip_special_tokens=False)
         row["response_text"] = self.tokenizer.decode(traj.response_ids, skip_special_tokens=False)

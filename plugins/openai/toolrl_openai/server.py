@@ -101,8 +101,8 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
                   model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
-    from toolrl.compose import check_parts, model_path
     from toolrl.engines import ModelSource
+    from toolrl.roles.compose import check_parts, model_path
 
     engine_cls, parser = check_parts(config)
     path = model_path(config)

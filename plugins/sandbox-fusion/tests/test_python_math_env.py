@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 import random
 
-from toolrl.compose import build_routes, load_samples
 from toolrl.config import load_config
+from toolrl.roles.compose import build_routes, load_samples
 from toolrl.testing.environments import listed_environments
 from toolrl_sandbox_fusion.environment import PYTHON_MATH, divisible_count, held_out
 

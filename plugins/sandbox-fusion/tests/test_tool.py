@@ -10,8 +10,8 @@ import sys
 import pytest
 from toolrl.parsers.tags import TagParser
 from toolrl.plugins import get_plugins
-from toolrl.toolconfig import build_default_tool, build_tools, parse_tools_config
 from toolrl.tools import ToolConfigError
+from toolrl.tools.verl_config import build_default_tool, build_tools, parse_tools_config
 from toolrl_sandbox_fusion.models import CommandRunResult, CommandRunStatus, RunCodeResponse, RunStatus
 from toolrl_sandbox_fusion.tool import CodeInterpreterTool, render
 

@@ -15,9 +15,9 @@ import time
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from toolrl.ratelimit import RateLimiter, make_rate_limiter
 from toolrl.schemas import ToolResponse
 from toolrl.tools import Tool
+from toolrl.tools.ratelimit import RateLimiter, make_rate_limiter
 
 from toolrl_sandbox_fusion.client import SandboxFusionClient, SandboxRequestError
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig

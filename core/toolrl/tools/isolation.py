@@ -9,7 +9,7 @@ rollout holds is a :class:`ProcessTool` that forwards every lifecycle call to it
 - a call that overruns its timeout is cancelled in the worker, and if it has not stopped
   ``kill_grace_s`` later (it blocks the worker's event loop, ignores cancellation, or is a plain
   ``def`` still running in its thread) the worker is killed. This is the cure for tools that block
-  or hang, which in-process can only be detected (:mod:`toolrl.guard`);
+  or hang, which in-process can only be detected (:mod:`toolrl.tools.guard`);
 - the tool's prints go to the parent's stderr, never into a pipe that could fill up.
 
 Instances survive a replacement as far as they can: each instance remembers its ``create_kwargs`` and
@@ -40,9 +40,9 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
-from toolrl.guard import in_thread
 from toolrl.schemas import ToolResult
 from toolrl.tools import Tool, ToolConfigError
+from toolrl.tools.guard import in_thread
 
 _HEADER = struct.Struct("!I")
 START_TIMEOUT_S = 120.0  # importing a tool's dependencies in a fresh interpreter can take a while
@@ -100,7 +100,7 @@ class _Worker:
         parent, child = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolrl.isolation", str(child.fileno())],
+            [sys.executable, "-m", "toolrl.tools.isolation", str(child.fileno())],
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=sys.__stderr__ or subprocess.DEVNULL,
             env=env,
         )

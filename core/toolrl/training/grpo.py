@@ -39,11 +39,11 @@ from typing import Any
 import torch
 
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
-from toolrl.logprobs import token_logprobs
-from toolrl.microbatch import plan
-from toolrl.packing import Batch, build_batch, input_length, packed_hidden_states
-from toolrl.peakmem import PeakMemory
 from toolrl.rollout import Trajectory
+from toolrl.training.logprobs import token_logprobs
+from toolrl.training.microbatch import plan
+from toolrl.training.packing import Batch, build_batch, input_length, packed_hidden_states
+from toolrl.training.peakmem import PeakMemory
 
 __all__ = ["Batch", "Policy", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss",
            "response_logprobs"]
@@ -81,7 +81,7 @@ def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
 
 class Policy(torch.nn.Module):
     """The causal LM ``lm`` with the loss's forward: ``forward(batch, temperature, chunk_size)`` gives
-    :func:`response_logprobs`. Under FSDP2 it is the root unit (:mod:`toolrl.sharding`): the log-probs
+    :func:`response_logprobs`. Under FSDP2 it is the root unit (:mod:`toolrl.training.sharding`): the log-probs
     read the base model and the LM head separately, and only a forward through the root gathers the
     root's parameters (embeddings, final norm, head) for them."""
 
@@ -141,7 +141,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     """One GRPO update on a rollout batch; returns metrics.
 
     Sharded training: every rank passes the whole batch and trains its ``rank``'s share of each
-    mini-batch (:mod:`toolrl.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
+    mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
     of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
     the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
     ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
@@ -149,7 +149,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     ``kl``, ``lp_mismatch``, ``is_weight_mean`` and ``is_truncated_frac`` are means over the trained
     tokens its loss ran over, ``loss_tokens`` of them (every epoch counted: the weights of the group's
     means); ``is_weight_max``/``_min`` its extremes; ``trainer_peak_mb`` is its peak memory
-    (:mod:`toolrl.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
+    (:mod:`toolrl.training.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
     forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
     tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
     """

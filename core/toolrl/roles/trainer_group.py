@@ -1,6 +1,6 @@
 """The trainer group as the controller sees it: step, sync weights, save, load, close.
 
-:class:`LocalTrainer` is one :class:`~toolrl.trainer_rank.TrainerRank` in the controller's process
+:class:`LocalTrainer` is one :class:`~toolrl.roles.trainer_rank.TrainerRank` in the controller's process
 (no Ray; the in-process engine shares its module). :class:`RayTrainerGroup` is ``world_size`` ranks as
 Ray actors in one placement group, joined by a ``torch.distributed`` process group. Every call goes to
 all ranks at once; a rank that dies or fails ends the call with :class:`TrainerFailed`, which names the
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolrl.config import Config, ConfigError
+from toolrl.roles.trainer_rank import TrainerRank
 from toolrl.rollout import Trajectory
-from toolrl.trainer_rank import TrainerRank
 
 
 class TrainerFailed(RuntimeError):

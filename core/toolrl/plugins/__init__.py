@@ -9,7 +9,7 @@ Environment:
 
 The error boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at
 import is listed with that error); only ``KeyboardInterrupt`` goes through. Registered parts are
-checked as described in :mod:`toolrl.registry`; :meth:`Plugins.check` loads and checks every part.
+checked as described in :mod:`toolrl.plugins.registry`; :meth:`Plugins.check` loads and checks every part.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from typing import Any, Literal
 
 import pluggy
 
-from toolrl import builtin_plugins, hookspecs
-from toolrl.registry import KINDS, Part, PartError, Registry, describe_exception
+from toolrl import hookspecs
+from toolrl.plugins import builtin as builtin_plugins
+from toolrl.plugins.registry import KINDS, Part, PartError, Registry, describe_exception
 
 Status = Literal["ok", "error", "disabled"]
 ENTRY_POINT_GROUP = "toolrl"

@@ -41,7 +41,7 @@ def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool 
     model's names, LoRA merged in) as buckets of at most ``bucket_bytes``
     (a larger tensor travels alone), on ``device``. With ``keep=False`` (ranks other than the
     sender) gathered tensors are dropped and nothing is yielded."""
-    from toolrl import lora
+    from toolrl.training import lora
 
     bucket: dict[str, Any] = {}
     seen: set[int] = set()
@@ -90,7 +90,7 @@ def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = Tr
 
 def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None) -> Sink:
     """A sink that puts each bucket in Ray's object store once and sends it to every live worker
-    (:meth:`toolrl.distributed.RolloutWorker.update_weights_bucket`), waiting for all before the next
+    (:meth:`toolrl.roles.rollout_workers.RolloutWorker.update_weights_bucket`), waiting for all before the next
     bucket; the last one carries ``version``. A worker that dies is recorded in ``dead`` (by index) and
     skipped from then on; the pool replaces it and its replacement is sent the weights on start."""
     import ray

@@ -29,7 +29,7 @@ def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> A
     their file get ``tools_origin`` in front."""
     from toolrl.config import ConfigError
     from toolrl.models import ModelUnavailable
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
     from toolrl.tools import ToolConfigError
 
     try:

@@ -45,7 +45,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def eval_samples(config: Config) -> list[Sample]:
     """The problems evaluated: the first ``eval.num_samples`` of the test split."""
-    from toolrl.compose import load_samples
+    from toolrl.roles.compose import load_samples
 
     return load_samples(config, "test")[: config.eval.num_samples]
 
@@ -53,7 +53,7 @@ def eval_samples(config: Config) -> list[Sample]:
 def with_metric(config: Config) -> Config:
     """``config`` with ``eval.metric`` filled from the environments' metric when unset (one metric
     for all of them), and checked: it must name a reward term a trajectory can have."""
-    from toolrl.compose import configured_envs
+    from toolrl.roles.compose import configured_envs
 
     envs = [c.env for c in configured_envs(config).values()]
     metric = config.eval.metric
@@ -75,7 +75,7 @@ def success(traj: Trajectory, config: Config) -> bool:
 def _sampling(rollouts: Any, config: Config) -> Any:
     """``rollouts`` sampling at ``eval.temperature``. In process: a view sharing the engine, tools and
     renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
-    from toolrl.compose import Rollouts
+    from toolrl.roles.compose import Rollouts
 
     rollouts = getattr(rollouts, "generating", rollouts)  # training on recorded groups: the real engine
     if not isinstance(rollouts, Rollouts) or rollouts.ctx.config.temperature == config.eval.temperature:

@@ -146,8 +146,8 @@ def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
 
 async def build_tools(config: Config, env: Environment | None = None) -> dict[str, Tool]:
     """The explicit ``tools`` section's tools when it is set, else ``env``'s tool entries."""
-    from toolrl.toolconfig import ToolsFile, load_tools_file, parse_tools_config
-    from toolrl.toolconfig import build_tools as build
+    from toolrl.tools.verl_config import ToolsFile, load_tools_file, parse_tools_config
+    from toolrl.tools.verl_config import build_tools as build
 
     files: list[ToolsFile] = []
     if config.tools.config_path:
@@ -168,7 +168,7 @@ async def build_tools(config: Config, env: Environment | None = None) -> dict[st
 def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[str, float, Any]]:
     """``reward.functions`` when set, else ``env``'s rewards."""
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     explicit = config.reward.functions is not None
     terms = config.reward.functions if explicit else (env.rewards if env is not None else [])
@@ -185,7 +185,7 @@ def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[
 
 def build_parser(config: Config, env: Environment | None = None) -> Any:
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     name, options = parser_spec(config, env)
     try:
@@ -200,7 +200,7 @@ def check_parts(config: Config) -> tuple[Any, Any]:
     """The engine class and the (first) route's parser, resolved by name, with every environment,
     parser and reward checked: a typo fails here, before anything loads."""
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     try:
         engine_cls = get_plugins().load_part("rollout_engines", config.engine.name)
@@ -252,7 +252,7 @@ def build_policy(config: Config, path: str, device: str) -> Any:
 
     model = models.load_model(path, dtype=config.model.dtype, device=device)
     if config.model.lora is not None:
-        from toolrl import lora
+        from toolrl.training import lora
 
         lora.apply_lora(model, config.model.lora)
     if config.model.gradient_checkpointing:
@@ -297,8 +297,8 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads."""
     from toolrl import models
-    from toolrl.chat import ChatRenderer
     from toolrl.engines import ModelSource
+    from toolrl.rollout.chat import ChatRenderer
 
     engine_cls, _ = check_parts(config)
     routes, tools = await build_routes(config, samples)

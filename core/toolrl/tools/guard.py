@@ -12,7 +12,7 @@ its own timeout wait. So it is detected, attributed and reported instead:
 - a call that finishes after its deadline is a timeout, whatever it returned (a tool that ignores
   cancellation, or blocked the loop past the timer, does not come back ``ok`` late).
 
-The cure for such tools is ``isolation: process`` (:mod:`toolrl.isolation`), whose worker is killed
+The cure for such tools is ``isolation: process`` (:mod:`toolrl.tools.isolation`), whose worker is killed
 when a call overruns.
 """
 

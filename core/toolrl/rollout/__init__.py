@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from toolrl.chat import ChatRenderer
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
+from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.tools import Tool, ToolSet, coerce_reward
 
@@ -56,7 +56,7 @@ class Trajectory(BaseModel):
     reward_terms: dict[str, float] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
     tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
-    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.guard)
+    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
     ground_truth: Any = None
     generation_s: float = 0.0
     tool_s: float = 0.0

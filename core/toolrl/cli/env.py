@@ -50,7 +50,7 @@ def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
 
 def _rows() -> list[dict[str, Any]]:
     from toolrl.plugins import get_plugins
-    from toolrl.registry import PartError
+    from toolrl.plugins.registry import PartError
 
     rows = []
     for part in get_plugins().registry.parts("environments"):
@@ -84,7 +84,7 @@ def env_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env_show(name: str, as_json: bool) -> None:
     """One environment in full: splits, prompt, tools, rewards, parser, options and an example."""
-    from toolrl.cli_errors import UsageFailure
+    from toolrl.cli.errors import UsageFailure
     from toolrl.config import ConfigError
     from toolrl.environments import decorate, get_environment
     from toolrl.plugins import get_plugins

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from toolrl.cli_env import env as env_group
-from toolrl.cli_errors import UsageFailure, error_text, user_errors
+from toolrl.cli.env import env as env_group
+from toolrl.cli.errors import UsageFailure, error_text, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
 
 
@@ -67,7 +67,7 @@ def tool() -> None:
 
 
 async def _load_tools(tools_config: str | None, name: str | None, config: dict[str, Any]) -> dict[str, Any]:
-    from toolrl.toolconfig import build_default_tool, build_tools, load_tools_file
+    from toolrl.tools.verl_config import build_default_tool, build_tools, load_tools_file
 
     if tools_config:
         if config:
@@ -87,7 +87,7 @@ async def _close(tools: dict[str, Any]) -> None:
 def _run(coro: Any) -> Any:
     import asyncio
 
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
     from toolrl.tools import ToolConfigError
 
     try:
@@ -190,7 +190,7 @@ def parse(parser_name: str, source: str) -> None:
     from pathlib import Path
 
     from toolrl.config import ConfigError, decode_utf8, read_text
-    from toolrl.registry import RegistryError
+    from toolrl.plugins.registry import RegistryError
 
     try:
         parser = get_plugins().load_part("tool_parsers", parser_name)()
@@ -229,8 +229,8 @@ def _tools_origin(config_path: str, config: Any) -> str:
 def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
     """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2)."""
     config = _load_config(config_path, overrides)
-    from toolrl.trainer import run_training
-    from toolrl.trainer_group import TrainerFailed
+    from toolrl.roles.controller import run_training
+    from toolrl.roles.trainer_group import TrainerFailed
 
     try:
         user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
@@ -245,7 +245,7 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
 def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
     """Run rollouts and rewards without training (evaluation); same outputs as train."""
     config = _load_config(config_path, overrides)
-    from toolrl.trainer import run_evaluation
+    from toolrl.roles.controller import run_evaluation
 
     user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
 
@@ -262,7 +262,7 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, c
     dotted.key=value pairs. With --compare DIR2, prints two summaries side by side instead."""
     from pathlib import Path
 
-    from toolrl import evaluate as ev
+    from toolrl.roles import evaluate as ev
 
     if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
         if overrides:
@@ -286,8 +286,8 @@ def export(run_dir: str, out_dir: str, step: int | None) -> None:
     tokenizer), loadable with from_pretrained and by the vLLM engine."""
     from pathlib import Path
 
-    from toolrl.checkpoint import ExportError
-    from toolrl.checkpoint import export as export_checkpoint
+    from toolrl.training.checkpoint import ExportError
+    from toolrl.training.checkpoint import export as export_checkpoint
 
     try:
         written = export_checkpoint(Path(run_dir), Path(out_dir), step)

@@ -10,10 +10,10 @@ Lifecycle, per trajectory (``instance_id``)::
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
 ``toolrl tool call`` and the conformance kit all drive the lifecycle through :class:`ToolSet`, and
 :meth:`Tool.call` wraps ``execute``. Both contain every fault a tool can
-have (see :mod:`toolrl.guard`): arguments are validated against the JSON Schema, each call has a hard
+have (see :mod:`toolrl.tools.guard`): arguments are validated against the JSON Schema, each call has a hard
 deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
 that are not JSON) become error responses the model reads, and calc_reward/release always run.
-With ``isolation: process`` in its config the tool runs in a worker process (:mod:`toolrl.isolation`).
+With ``isolation: process`` in its config the tool runs in a worker process (:mod:`toolrl.tools.isolation`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from toolrl.guard import Guarded, run_guarded
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
+from toolrl.tools.guard import Guarded, run_guarded
 
 # Keys every tool config may carry, handled here rather than by the tool's config model.
 BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
@@ -187,11 +187,11 @@ class Tool:
         cls, config: Mapping[str, Any], tool_schema: Mapping | None, section: Mapping[str, Any]
     ) -> list[Tool]:
         """Build the tools one tool-config entry stands for. ``section`` is the whole entry, a
-        :class:`toolrl.toolconfig.ToolSection` (a mapping with ``base_dir``): a tool reads its own
+        :class:`toolrl.tools.verl_config.ToolSection` (a mapping with ``base_dir``): a tool reads its own
         sibling blocks from it (the MCP plugin reads ``mcp:``). Most tools are one tool per entry.
         With ``isolation: process`` the tool is built in a worker process and driven from here."""
         if dict(config or {}).get("isolation") == "process":
-            from toolrl.isolation import ProcessTool
+            from toolrl.tools.isolation import ProcessTool
 
             return [await ProcessTool.start(cls, config, tool_schema)]
         return [cls(config, tool_schema)]

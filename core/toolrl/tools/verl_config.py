@@ -94,7 +94,7 @@ def parse_tools_config(data: Mapping[str, Any], base_dir: Path | None = None) ->
 
 def resolve_tool_class(class_name: str) -> type[Tool]:
     from toolrl.plugins import get_plugins
-    from toolrl.registry import RegistryError, check_part
+    from toolrl.plugins.registry import RegistryError, check_part
 
     registry = get_plugins().registry
     if registry.has("tools", class_name):

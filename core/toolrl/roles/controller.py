@@ -3,7 +3,7 @@
 Each step: the step's batch of scored trajectories comes from the rollout group; the trainer group
 takes one GRPO step on them; the new weights go from the trainer ranks to the engines (weight version
 = steps trained); the controller records metrics and traces, and every ``save_every`` steps a
-checkpoint. Where the batches come from (:mod:`toolrl.batches`): with ``trainer.max_staleness: 0``
+checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``trainer.max_staleness: 0``
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
 than the step that trains it. Where the roles run is decided once, in :func:`toolrl.roles.compose_roles`: all in
@@ -32,13 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolrl import checkpoint
-from toolrl.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.config import Config, ConfigError
+from toolrl.data.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.loggers import open_loggers
 from toolrl.roles import Roles, compose_roles
-from toolrl.rollout import Trajectory
-from toolrl.rundir import (
+from toolrl.roles.run_dir import (
     _prepare_output,
     _truncate_metrics,
     append_metrics,
@@ -47,6 +45,8 @@ from toolrl.rundir import (
     staleness_metrics,
     write_traces,
 )
+from toolrl.rollout import Trajectory
+from toolrl.training import checkpoint
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -103,9 +103,9 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
 
 async def train_async(config: Config, resume: bool = False) -> Path:
     out = _prepare_output(config, resume)
-    from toolrl.compose import load_samples
-    from toolrl.evaluate import eval_samples, validate
-    from toolrl.recorded import Replay, load_groups
+    from toolrl.data.recorded import Replay, load_groups
+    from toolrl.roles.compose import load_samples
+    from toolrl.roles.evaluate import eval_samples, validate
 
     # Recorded groups (data.trajectories) are trained as they are instead of generated.
     samples = load_groups(config) if config.data.trajectories else load_samples(config)
@@ -170,7 +170,7 @@ async def train_async(config: Config, resume: bool = False) -> Path:
 
 async def evaluate_async(config: Config) -> Path:
     out = _prepare_output(config, resume=False)
-    from toolrl.compose import load_samples
+    from toolrl.roles.compose import load_samples
 
     samples = load_samples(config)
     roles = await compose_roles(config, train=False)

@@ -1,8 +1,8 @@
 """Where each role runs, decided once per run: :func:`compose_roles` builds the trainer group and the
 rollout group in this process (no ``ray.address``; the in-process engine shares the trainer's module,
 or keeps its own copy when rollouts overlap training) or as Ray actors, this process then keeping only
-the data, the tokenizer and the records. :class:`Roles` is what the controller (:mod:`toolrl.trainer`)
-and evaluation (:mod:`toolrl.evaluate`) drive."""
+the data, the tokenizer and the records. :class:`Roles` is what the controller (:mod:`toolrl.roles.controller`)
+and evaluation (:mod:`toolrl.roles.evaluate`) drive."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ async def compose_roles(config: Config, train: bool = True, split: str = "train"
     workers compose their own parts in their own processes. ``split``: the data the rollouts will
     run (checked against the tools before the model loads)."""
     from toolrl import models
-    from toolrl.compose import check_parts, compose_local, model_path
-    from toolrl.trainer_group import LocalTrainer, RayTrainerGroup
-    from toolrl.trainer_rank import TrainerRank
+    from toolrl.roles.compose import check_parts, compose_local, model_path
+    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.roles.trainer_rank import TrainerRank
 
     _check_placement(config)
     check_parts(config)
@@ -82,7 +82,7 @@ async def compose_roles(config: Config, train: bool = True, split: str = "train"
 
     import ray
 
-    from toolrl.distributed import RolloutWorkerPool, init_ray
+    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
     path = model_path(config)
     owns_ray = not ray.is_initialized()

@@ -1,7 +1,7 @@
 """The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
 Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
-(:func:`toolrl.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
+(:func:`toolrl.roles.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
 is sent, many at once (an async actor). :class:`RolloutWorkerPool` places one worker per node where
 the cluster has several (node affinity). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
@@ -11,13 +11,13 @@ A worker that dies is replaced in the background and its groups run again on a l
 same seeds.
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
-or in buckets from the trainer ranks (:mod:`toolrl.weight_sync`), also while they generate: a worker
+or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`), also while they generate: a worker
 stages the buckets and loads them into its engine together on the last one, so a decode step runs on
 the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the version
 the last bucket carried.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
-limiter (:class:`toolrl.ratelimit.RayRateLimiter`) are one instance for all of them.
+limiter (:class:`toolrl.tools.ratelimit.RayRateLimiter`) are one instance for all of them.
 ``ray`` is imported only when a pool is built.
 """
 
@@ -50,7 +50,7 @@ class RolloutWorker:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
-        self._rollouts: Any = None  # toolrl.compose.Rollouts once set up
+        self._rollouts: Any = None  # toolrl.roles.compose.Rollouts once set up
         self._staged: dict[str, Any] = {}  # buckets of a weight update in flight
         self._running = 0
         self._finished = 0
@@ -58,7 +58,7 @@ class RolloutWorker:
     async def setup(self, weights: Mapping[str, Any] | None = None, version: int | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
         from toolrl import models
-        from toolrl.compose import compose_rollouts, model_path, seed_everything
+        from toolrl.roles.compose import compose_rollouts, model_path, seed_everything
 
         t0 = time.perf_counter()
         seed_everything(self.config.trainer.seed)

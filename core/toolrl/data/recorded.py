@@ -64,8 +64,8 @@ def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) ->
 
 def load_groups(config: Config) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored."""
-    from toolrl.compose import build_rewards, configured_envs
     from toolrl.data import _rows as rows
+    from toolrl.roles.compose import build_rewards, configured_envs
 
     # One environment's rewards (or the explicit reward.functions); a mixture's rows carry no route,
     # so there only reward.functions (or the rows' own rewards) score them.

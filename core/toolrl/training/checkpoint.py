@@ -126,9 +126,9 @@ def _merged_adapters(run: dict[str, Any], path: Path) -> dict[str, Any]:
     ``model.source``, adapters from the checkpoint) and merge them, under the base model's names."""
     import torch.distributed.checkpoint as dcp
 
-    from toolrl import lora
-    from toolrl.compose import build_policy, model_path
     from toolrl.config import Config
+    from toolrl.roles.compose import build_policy, model_path
+    from toolrl.training import lora
 
     config = Config.model_validate(run)
     model = build_policy(config, model_path(config), "cpu")

@@ -3,8 +3,8 @@ of weight syncs.
 
 Rank ``r`` of ``world_size``: with one rank it holds the whole model (in the driver without Ray, or
 as one Ray actor); with more it joins a ``torch.distributed`` process group (gloo on CPU, NCCL on
-GPU) and shards the model with FSDP2 (:mod:`toolrl.sharding`). The same class is the Ray actor
-(:mod:`toolrl.trainer_group` wraps it with ``ray.remote``) and the in-process trainer.
+GPU) and shards the model with FSDP2 (:mod:`toolrl.training.sharding`). The same class is the Ray actor
+(:mod:`toolrl.roles.trainer_group` wraps it with ``ray.remote``) and the in-process trainer.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class TrainerRank:
         ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
         import torch
 
-        from toolrl import lora, models
-        from toolrl.compose import build_policy, model_path, seed_everything
+        from toolrl import models
+        from toolrl.roles.compose import build_policy, model_path, seed_everything
+        from toolrl.training import lora
 
         cfg = self.config
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
@@ -75,7 +76,7 @@ class TrainerRank:
         if self.world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
-            from toolrl.sharding import shard
+            from toolrl.training.sharding import shard
 
             mesh = init_device_mesh(self.device, (self.world_size,))
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
@@ -97,8 +98,8 @@ class TrainerRank:
 
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
-        from toolrl.grpo import grpo_step
-        from toolrl.sharding import state_bytes
+        from toolrl.training.grpo import grpo_step
+        from toolrl.training.sharding import state_bytes
 
         cfg = self.config
         out = grpo_step(self.policy, self.optimizer, trajectories, cfg.algorithm, cfg.optim, pad_id=self.pad_id,
@@ -116,7 +117,7 @@ class TrainerRank:
         """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers), labelled
         ``version`` (None: the workers keep their label); returns the sync's metrics and the indexes
         of workers found dead."""
-        from toolrl.weight_sync import push, ray_sink
+        from toolrl.training.weight_sync import push, ray_sink
 
         dead: set[int] = set()
         send = self.rank == 0
@@ -125,7 +126,7 @@ class TrainerRank:
 
     def push_to_engine(self, engine: Any, bucket_mb: float) -> dict[str, float]:
         """Send the weights to an engine in this process (a no-op copy for an engine sharing the module)."""
-        from toolrl.weight_sync import push
+        from toolrl.training.weight_sync import push
 
         def sink(bucket: Mapping[str, Any], last: bool) -> int:
             engine.update_weights_bucket(bucket, last)
