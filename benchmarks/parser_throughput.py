@@ -5,16 +5,23 @@ older git revision (the quadratic one before issue 13).
     OMP_NUM_THREADS=1 python benchmarks/parser_throughput.py [--runs 5] [--old-ref d424eb5]
 
 Prints the median seconds per response, calls per second and the ratios, then the time of hostile
-inputs (deep nesting, huge numbers, tags inside strings, thousands of broken calls), which must stay
-linear. Goal: 10,000 calls in under a second.
+inputs (deep nesting, huge numbers, tags inside strings, thousands of broken calls) at their size and
+at twice it (the ratio is ~2 when parsing is linear), then ``toolrl parse`` end to end on 10^5 empty
+calls (wall and the child's CPU seconds, which machine load inflates less). ``--old-ref`` adds the
+hermes parser at that revision to every table and ``toolrl parse`` with that revision's core/, run
+by turns with today's so load hits both alike. Goals: 10,000 calls in under a second; the 10^5 empty
+calls through the command line in under a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -41,6 +48,7 @@ def old_parser(ref: str) -> Callable[[str], object]:
     source = subprocess.run(["git", "show", f"{ref}:core/toolrl/parsers/hermes.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType(f"hermes_{ref}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
     exec(compile(source, f"hermes@{ref}", "exec"), module.__dict__)
     return module.HermesParser().parse
 
@@ -66,7 +74,9 @@ def main() -> None:
     from toolrl.parsers.hermes import HermesParser
     from toolrl.parsers.tags import TagParser
 
-    hermes, tags = HermesParser().parse, TagParser().parse
+    # The tags parser has no routes of its own: the calculator route its environments configure.
+    hermes = HermesParser().parse
+    tags = TagParser(tags={"calculator": {"tool": "calculator", "argument": "expression"}}).parse
     old = old_parser(args.old_ref) if args.old_ref else None
     print(machine())
     rows = []
@@ -86,22 +96,75 @@ def main() -> None:
         if r[0] == 10_000:
             print(f"goal: 10,000 calls in under 1 s -> {r[2]:.3f} s ({'met' if r[2] < 1 else 'NOT met'})")
 
-    hostile = {
-        "[ x 100k in a call": "<tool_call>" + "[" * 100_000 + "</tool_call>",
-        "number of 1M digits": '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 1_000_000 + "}}</tool_call>",
-        "10k calls, tags in strings": "".join(
-            "<tool_call>" + json.dumps({"name": "f", "arguments": {"s": "</tool_call><tool_call></think>"}})
-            + "</tool_call>" for _ in range(10_000)),
-        "50k unterminated calls": '<tool_call>{"name": "f"' * 50_000,
-        "20k calls, string to the end": '<tool_call>\\"' * 20_000,
-        "50k stray closes in think": "<think>" + "</tool_call>" * 50_000,
-    }
+    hostile(hermes, old, args.runs)
+    cli(args.old_ref, args.runs)
+
+
+def hostile(hermes: Callable[[str], Any], old: Callable[[str], Any] | None, runs: int) -> None:
+    """Each hostile input at its size and twice it, with the old parser's result and time beside."""
     rows = []
-    for name, text in hostile.items():
+    for name, make in HOSTILE.items():
+        text, double = make(1), make(2)
         out = hermes(text)
-        rows.append([name, len(text) // 1024, timed(hermes, text, args.runs),
-                     len(out.calls), len(out.errors)])  # type: ignore[attr-defined]
-    print(table(["hostile input", "KiB", "hermes s", "calls", "errors"], rows))
+        t1, t2 = timed(hermes, text, runs), timed(hermes, double, runs)
+        row = [name, len(text) // 1024, t1, len(out.calls), len(out.errors), t2 / t1]
+        if old is not None:
+            before = old(text)
+            row += [timed(old, text, runs), len(before.calls), len(before.errors)]
+        rows.append(row)
+    print(table(["hostile input", "KiB", "hermes s", "calls", "errors", "2x input / 1x"]
+                + (["old s", "old calls", "old errors"] if old is not None else []), rows))
+
+
+def cli(old_ref: str | None, runs: int) -> None:
+    """``toolrl parse`` on 10^5 empty calls, and at ``old_ref`` (its core/ from git) run by turns."""
+    text = HOSTILE["10^5 empty calls"](1)
+    cores = {"now": ""}
+    with tempfile.TemporaryDirectory() as tmp:
+        if old_ref:
+            archive = subprocess.run(["git", "archive", old_ref, "core"], cwd=ROOT, check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            cores[old_ref] = str(Path(tmp) / "core")
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in cores}
+        for _ in range(runs):
+            for name, core in cores.items():
+                times[name].append(cli_parse(text, core))
+    for name, ts in times.items():
+        wall, cpu = median([t[0] for t in ts]), median([t[1] for t in ts])
+        print(f"toolrl parse at {name}, 10^5 empty calls ({len(text) // 1024} KiB): wall {wall:.3f} s, "
+              f"child CPU {cpu:.3f} s (goal < 1 s: {'met' if wall < 1 else 'NOT met'} on wall, "
+              f"{'met' if cpu < 1 else 'NOT met'} on CPU)")
+
+BROKEN = '<tool_call>{"name": "f", "arguments": {"x": "oops}}</tool_call>'  # a string that never closes
+VALID = '<tool_call>{"name": "g", "arguments": {"y": 1}}</tool_call>'
+HOSTILE: dict[str, Callable[[int], str]] = {  # input at scale k (1 or 2)
+    "[ x 100k in a call": lambda k: "<tool_call>" + "[" * 100_000 * k + "</tool_call>",
+    "number of 1M digits": lambda k: '<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 1_000_000 * k + "}}</tool_call>",
+    "10k calls, tags in strings": lambda k: "".join(
+        "<tool_call>" + json.dumps({"name": "f", "arguments": {"s": "</tool_call><tool_call></think>"}})
+        + "</tool_call>" for _ in range(10_000 * k)),
+    "50k unterminated calls": lambda k: '<tool_call>{"name": "f"' * 50_000 * k,
+    "20k calls, string to the end": lambda k: '<tool_call>\\"' * 20_000 * k,
+    "50k stray closes in think": lambda k: "<think>" + "</tool_call>" * 50_000 * k,
+    "10^5 empty calls": lambda k: "<tool_call></tool_call>" * 100_000 * k,
+    "[broken, valid] x 25k": lambda k: (BROKEN + VALID) * 25_000 * k,
+    "[broken, valid] x 25k, odd quote after": lambda k: (BROKEN + VALID) * 25_000 * k + ' he said "so',
+}
+
+
+def cli_parse(text: str, core: str) -> tuple[float, float]:
+    """Wall and CPU seconds of ``python -m toolrl parse -`` reading ``text`` on stdin, with ``core``
+    (a checkout's core/ directory) first on the path when given."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if core:
+        env["PYTHONPATH"] = os.pathsep.join([core, env.get("PYTHONPATH", "")])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "toolrl", "parse", "-"], input=text.encode(), check=True,
+                   capture_output=True, env=env)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
 
 
 if __name__ == "__main__":

@@ -73,6 +73,51 @@ def test_unterminated_call_before_next_call():
     assert len(out.calls) == 1 and len(out.errors) == 1
 
 
+
+def test_each_call_is_parsed_on_its_own():
+    """A broken call reads its tags as plain text: it ends at its own </tool_call> (issue 24)."""
+    broken = '<tool_call>{"name": "f", "arguments": {"x": "oops}}</tool_call>'
+    out = hermes.parse((broken + call("g", y=1)) * 2 + ' and "an odd quote')
+    assert [c.name for c in out.calls] == ["g", "g"] and [e.raw for e in out.errors] == [broken, broken]
+    assert out.content == 'and "an odd quote'
+    # Even a </tool_call> inside the broken call's own string ends it; the rest is content and a stray.
+    out = hermes.parse('<tool_call>{"name": "p", "arguments": {"code": "print(\'</tool_call>\')"</tool_call>ok')
+    assert out.calls == [] and [e.raw for e in out.errors] == [
+        '<tool_call>{"name": "p", "arguments": {"code": "print(\'</tool_call>', "</tool_call>"]
+    assert "stray" in out.errors[1].message and out.content == "')\"ok"
+    # Valid JSON still reads tags inside its strings as data.
+    out = hermes.parse(call("p", code="print('</tool_call><tool_call>')") + "ok")
+    assert out.calls[0].arguments == {"code": "print('</tool_call><tool_call>')"} and out.content == "ok"
+
+
+broken_json = st.lists(st.sampled_from(['{', '}', '"', '\\', ':', ',', '[', ']', ' ', '\n', 'x', '1', '"name"',
+                                        '"f"', '"arguments"', '{}', '<', '>', '/']), max_size=25).map("".join)
+prose = st.lists(st.sampled_from(['"', "'", "\\", "{", "}", " ", "a", "<", ">", "\n"]), max_size=15).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(broken_json, st.booleans(), prose)
+def test_a_broken_call_never_takes_the_next_call_or_the_prose(body, terminated, after):
+    """Whatever the JSON of a call without tags in it, the valid call after it comes back whole and
+    the prose after that stays content."""
+    text = "<tool_call>" + body + ("</tool_call>" if terminated else "") + call("g", y=1) + after
+    out = hermes.parse(text)
+    assert out.calls[-1].name == "g" and out.calls[-1].arguments == {"y": 1}
+    assert len(out.calls) + len(out.errors) == 2
+    assert out.content == after.strip()
+
+
+def test_non_finite_numbers_are_errors():
+    for number in ("1e999", "-1e999", "1E+400", "[1, 2e308, 3e308]"):
+        out = hermes.parse('<tool_call>{"name": "f", "arguments": {"x": ' + number + "}}</tool_call>")
+        assert out.calls == [] and "out of range (not a finite number)" in out.errors[0].message, number
+    out = hermes.parse('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1e999}"}</tool_call>')
+    assert out.errors[0].message == ("invalid JSON in the arguments of tool call to 'f': "
+                                     "the number 1e999 is out of range (not a finite number)")
+    out = hermes.parse('<tool_call>{"name": "f", "arguments": {"x": 1e-400}}</tool_call>')
+    assert out.calls[0].arguments == {"x": 0.0}  # underflow is finite
+
+
 # The routes an environment using calculator and code_interpreter configures (the parser has none).
 ROUTES = {"tags": {"calculator": {"tool": "calculator", "argument": "expression"}},
           "fences": {"python": {"tool": "code_interpreter", "argument": "code"}}}
@@ -89,6 +134,21 @@ def test_tags_parser():
     assert "```python\n".find("```\n") == -1  # the fence stop string does not fire on the opening fence
     assert tags.format_inline_result(ToolResponse(text="6")) == "\n```output\n6\n```\n"
 
+
+
+def test_tags_parser_reads_crlf_fences():
+    tags = TagParser(**ROUTES)
+    out = tags.parse("Run:\r\n```python\r\nx = 2\r\nprint(x)\r\n```\r\nthen ```python \r\nprint(3)```")
+    assert [c.arguments for c in out.calls] == [{"code": "x = 2\nprint(x)"}, {"code": "print(3)"}]
+    assert out.errors == [] and out.content == "Run:\r\n\r\nthen"
+    assert "```\r\n" in tags.stop_strings and "```python\r\n".find("```\r\n") == -1
+
+
+def test_tags_parser_runs_calls_inside_think():
+    """Intended: inline calls belong to the reasoning (see tags.py); think tags stay in the content."""
+    out = TagParser(**ROUTES).parse("<think>so <calculator>6*7</calculator></think>42")
+    assert [c.arguments for c in out.calls] == [{"expression": "6*7"}]
+    assert out.content == "<think>so </think>42"
 
 def test_tags_parser_custom_routes_and_bad_options():
     tags = TagParser(tags={"search": {"tool": "web", "argument": "query"}}, fences={})
@@ -120,7 +180,8 @@ def test_deep_nesting_is_an_error_for_the_model():
     assert hermes.parse(nested(MAX_DEPTH)).calls[0].name == "f"
     assert "deeper than 64" in hermes.parse(nested(MAX_DEPTH + 1)).errors[0].message
     nested_string = json.dumps({"name": "f", "arguments": "[" * 5000})  # string-encoded arguments too
-    assert "must be a JSON object" in hermes.parse("<tool_call>" + nested_string + "</tool_call>").errors[0].message
+    message = hermes.parse("<tool_call>" + nested_string + "</tool_call>").errors[0].message
+    assert message == "invalid JSON in the arguments of tool call to 'f': nested deeper than 64 levels"
 
 
 def test_huge_numbers_and_non_json_constants_are_errors():

@@ -2,13 +2,15 @@
 
 The standard decoder recurses once per nesting level (``[[[...`` 1,000 deep raises RecursionError)
 and converts integers with Python's 4,300-digit limit (ValueError past it). :func:`loads` checks
-depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON), and raises
-only :class:`json.JSONDecodeError` or :class:`JSONLimitError`. Both take time linear in the text.
+depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON) and numbers
+that overflow a float (``1e999`` would decode to ``inf``, which no JSON encoder can write back), and
+raises only :class:`json.JSONDecodeError` or :class:`JSONLimitError`. Both take time linear in the text.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -21,7 +23,7 @@ _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)|[\[\]{}]', re.S)
 
 
 class JSONLimitError(ValueError):
-    """Valid-looking JSON beyond a bound (nesting depth, number length, a non-JSON constant)."""
+    """Valid-looking JSON beyond a bound (nesting depth, number length or range, a non-JSON constant)."""
 
 
 def too_deep(text: str, max_depth: int) -> bool:
@@ -41,17 +43,22 @@ def too_deep(text: str, max_depth: int) -> bool:
 
 
 def _decoder(max_number_chars: int) -> json.JSONDecoder:
-    def number(convert: type) -> Any:
-        def parse(s: str) -> Any:
-            if len(s) > max_number_chars:
-                raise JSONLimitError(f"a number longer than {max_number_chars} characters")
-            return convert(s)
-        return parse
+    def checked(s: str) -> str:
+        if len(s) > max_number_chars:
+            raise JSONLimitError(f"a number longer than {max_number_chars} characters")
+        return s
+
+    def parse_float(s: str) -> float:
+        value = float(checked(s))
+        if not math.isfinite(value):
+            shown = s if len(s) <= 24 else s[:20] + "..."
+            raise JSONLimitError(f"the number {shown} is out of range (not a finite number)")
+        return value
 
     def constant(name: str) -> Any:
         raise JSONLimitError(f"{name} is not a JSON value")
 
-    return json.JSONDecoder(parse_int=number(int), parse_float=number(float), parse_constant=constant)
+    return json.JSONDecoder(parse_int=lambda s: int(checked(s)), parse_float=parse_float, parse_constant=constant)
 
 
 _DEFAULT = _decoder(MAX_NUMBER_CHARS)

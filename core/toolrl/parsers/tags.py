@@ -7,6 +7,12 @@ configures the routes its tools need, as ``rollout.parser_options`` or its ``par
 
     tags:   {calculator: {tool: calculator, argument: expression}}
     fences: {python: {tool: code_interpreter, argument: code}}
+
+Calls inside ``<think>`` run, unlike hermes calls: tool-integrated reasoning puts them in the chain of
+thought, generation stops at their closing marker, and the rollout parses each generation on its own
+(after an appended result it cannot see the ``<think>`` that an earlier generation opened), so
+ignoring them would end the trajectory mid-thought with nothing run. A fence may be written with
+CRLF line ends; its code is passed on with LF line ends.
 """
 
 from __future__ import annotations
@@ -45,16 +51,15 @@ class TagParser(ToolParser):
         for tag in self.options.tags:
             alternatives.append(rf"<(?P<tag>{re.escape(tag)})>(?P<tag_body>.*?)(?:</{re.escape(tag)}>|(?P<tag_open>\Z))")
         for lang in self.options.fences:
-            alternatives.append(
-                rf"```(?P<fence>{re.escape(lang)})[ \t]*\n(?P<fence_body>.*?)(?:\n?```|(?P<fence_open>\Z))"
-            )
+            alternatives.append(rf"```(?P<fence>{re.escape(lang)})[ \t]*\r?\n(?P<fence_body>.*?)"
+                                rf"(?:(?:\r?\n)?```|(?P<fence_open>\Z))")
         # One pattern per route: named groups must be unique, so compile them separately.
         self._patterns = [re.compile(a, re.DOTALL) for a in alternatives]
 
     @property
     def stop_strings(self) -> list[str]:
-        # "```\n" ends a fence without matching the opening "```python\n".
-        return [f"</{tag}>" for tag in self.options.tags] + (["```\n"] if self.options.fences else [])
+        # "```\n" ends a fence without matching the opening "```python\n" (both also with CRLF).
+        return [f"</{tag}>" for tag in self.options.tags] + (["```\n", "```\r\n"] if self.options.fences else [])
 
     def _matches(self, text: str) -> list[re.Match[str]]:
         found = [m for p in self._patterns for m in p.finditer(text)]
@@ -76,14 +81,15 @@ class TagParser(ToolParser):
                 route, body, marker = self.options.tags[groups["tag"]], groups["tag_body"], groups["tag"]
                 unterminated = groups.get("tag_open") is not None
             else:
-                route, body, marker = self.options.fences[groups["fence"]], groups["fence_body"], groups["fence"]
+                route, marker = self.options.fences[groups["fence"]], groups["fence"]
+                body = groups["fence_body"].replace("\r\n", "\n")
                 unterminated = groups.get("fence_open") is not None
             if unterminated:
                 errors.append(ParseError(message=f"unterminated <{marker}> call", raw=m.group()))
             elif not body.strip():
                 errors.append(ParseError(message=f"empty <{marker}> call", raw=m.group()))
             else:
-                calls.append(ToolCall(name=route.tool, arguments={route.argument: body.strip("\n")}))
+                calls.append(ToolCall(name=route.tool, arguments={route.argument: body.strip("\r\n")}))
         content.append(text[pos:])
         return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
 
