@@ -42,10 +42,11 @@ async def sample(fn: Callable[[], Awaitable[Any]], calls: int) -> list[float]:
 
 
 async def main(calls: int) -> None:
+    from toolrl.tools.isolation import ProcessTool
     from toolrl_calculator.tool import CalculatorTool
 
     plain = CalculatorTool()
-    (isolated,) = await CalculatorTool.from_config({"isolation": "process"}, None, {})
+    isolated = await ProcessTool.start(CalculatorTool, {"isolation": "process"}, None)
     try:
         plain_iid, isolated_iid = await plain.create(), await isolated.create()
         direct = await sample(lambda: plain.execute(plain_iid, ARGS), calls)

@@ -107,7 +107,7 @@ def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
     from toolrl.models import load_model, tiny_qwen3
-    from toolrl.training.grpo import grpo_step
+    from toolrl.training.grpo import StepOptions, grpo_step
     from toolrl.training.peakmem import rss_bytes
 
     single_thread()
@@ -123,8 +123,8 @@ def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
         if variant == "full":
             extra["padding"] = anchor_step(model, optimizer, trajs, algo, micro, max(lengths))
         else:
-            m = grpo_step(model, optimizer, trajs, algo, optim, pad_id=0, temperature=1.0,
-                          max_response_tokens=max(lengths))
+            m = grpo_step(model, optimizer, trajs,
+                          StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=max(lengths)))
             extra = {"padding": m["padding_fraction"], "metric_peak_mb": m.get("trainer_peak_mb", float("nan"))}
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -6,7 +6,14 @@ from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
-from toolrl.training.grpo import aggregate, build_batch, group_advantages, grpo_step, response_logprobs
+from toolrl.training.grpo import (
+    StepOptions,
+    aggregate,
+    build_batch,
+    group_advantages,
+    grpo_step,
+    response_logprobs,
+)
 
 
 def test_group_advantages():
@@ -65,8 +72,8 @@ def test_one_step_moves_logprobs_the_way_advantages_say(model):
     before = [seq_logprob(m, t) for t in (good, bad)]
     masked_before = seq_logprob(m, traj([101, 102, 103, 201, 202], [999]))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    metrics = grpo_step(m, opt, [good, bad, tool_span], AlgorithmConfig(), OptimConfig(micro_batch_size=2),
-                        pad_id=0, temperature=1.0, max_response_tokens=8)
+    metrics = grpo_step(m, opt, [good, bad, tool_span], StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=2),
+                                                                    pad_id=0, temperature=1.0, max_response_tokens=8))
     after = [seq_logprob(m, t) for t in (good, bad)]
     assert after[0] > before[0] + 0.01 and after[1] < before[1] - 0.01, (before, after)
     assert metrics["grad_norm"] > 0 and metrics["trained_tokens"] == 11
@@ -84,9 +91,9 @@ def test_gradient_accumulation_equals_one_big_batch(model):
     for micro in (8, 3, 1):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
-        grpo_step(m, opt, trajs, AlgorithmConfig(loss_agg="seq-mean-token-mean"),
-                  OptimConfig(micro_batch_size=micro, grad_clip=1e9), pad_id=0, temperature=1.0,
-                  max_response_tokens=8)
+        grpo_step(m, opt, trajs, StepOptions(AlgorithmConfig(loss_agg="seq-mean-token-mean"),
+                                             OptimConfig(micro_batch_size=micro, grad_clip=1e9), pad_id=0,
+                                             temperature=1.0, max_response_tokens=8))
         params.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
     start = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert (params[0] - start).abs().max() > 1e-3  # the step did move the weights
@@ -192,7 +199,7 @@ def test_stale_behaviour_logprobs_weight_the_gradient_as_the_formula_says(model)
     def grads(ts):
         m = copy.deepcopy(model)
         opt = Recorder(m.parameters())
-        metrics = grpo_step(m, opt, ts, algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8)
+        metrics = grpo_step(m, opt, ts, StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8))
         return metrics, torch.cat([x.flatten() for x in opt.grads[0]])
 
     stale_metrics, stale = grads(trajs)
@@ -245,8 +252,9 @@ def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
 
     def metrics(rank=0, world_size=1):
         m = copy.deepcopy(model)
-        return grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs, algo, optim, pad_id=0, temperature=1.0,
-                         max_response_tokens=8, rank=rank, world_size=world_size)
+        return grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs,
+                         StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8, rank=rank,
+                                     world_size=world_size))
 
     one = metrics()
     outs = [metrics(r, 2) for r in (0, 1)]

@@ -16,9 +16,7 @@ ISOLATED = {"isolation": "process"}
 
 
 async def isolated(cls, **config):
-    (tool,) = await cls.from_config({**ISOLATED, **config}, None, {})
-    assert isinstance(tool, ProcessTool)
-    return tool
+    return await ProcessTool.start(cls, {**ISOLATED, **config}, None)
 
 
 async def test_a_tool_that_kills_its_process_is_survived():
@@ -126,3 +124,18 @@ async def test_config_errors_inside_the_worker_are_config_errors():
         await ProcessTool.start(CalculatorTool, {**ISOLATED, "no_such_option": 1}, None)
     with pytest.raises(ToolConfigError, match="not supported by Echo"):
         Echo(ISOLATED)  # a tool built in the parent (a custom from_config) cannot claim isolation
+
+
+async def test_the_tool_config_loader_chooses_isolation_not_the_tool_class():
+    """Tool.from_config builds in this process only; the loader (verl_config) starts the worker. So
+    toolrl.tools needs nothing of toolrl.tools.isolation, which imports it: no import cycle."""
+    import ast
+    import inspect
+
+    import toolrl.tools
+
+    with pytest.raises(ToolConfigError, match="a tool config .* builds it in a worker process"):
+        await Echo.from_config(ISOLATED, None, {})
+    imported = {n.module for n in ast.walk(ast.parse(inspect.getsource(toolrl.tools)))
+                if isinstance(n, ast.ImportFrom)}
+    assert "toolrl.tools.isolation" not in imported

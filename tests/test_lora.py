@@ -156,7 +156,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
     from toolrl.roles.compose import compose_local
     from toolrl.roles.controller import batch_for_step
     from toolrl.rollout import run_rollouts
-    from toolrl.training.grpo import grpo_step
+    from toolrl.training.grpo import StepOptions, grpo_step
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_tokens"):
@@ -183,8 +183,9 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
 
         prompts = batch_for_step(run.samples, 0, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed)
-        stats = grpo_step(model, optimizer, trajs, cfg.algorithm, cfg.optim, pad_id=run.tokenizer.pad_token_id,
-                          temperature=cfg.rollout.temperature, max_response_tokens=cfg.rollout.max_response_tokens)
+        options = StepOptions(cfg.algorithm, cfg.optim, pad_id=run.tokenizer.pad_token_id,
+                              temperature=cfg.rollout.temperature, max_response_tokens=cfg.rollout.max_response_tokens)
+        stats = grpo_step(model, optimizer, trajs, options)
         assert stats["grad_norm"] > 0
         assert all(torch.equal(base[k], v) for k, v in model.state_dict().items() if "lora_" not in k)
         assert all(not torch.equal(adapters[k], v) for k, v in lora.trainable_state_dict(model).items()

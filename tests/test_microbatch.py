@@ -6,7 +6,7 @@ import torch
 from toolrl.config import AlgorithmConfig, OptimConfig, load_config
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
-from toolrl.training.grpo import grpo_step
+from toolrl.training.grpo import StepOptions, grpo_step
 from toolrl.training.microbatch import micro_batches, plan, split_across_ranks
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -67,10 +67,11 @@ def batch():
     return out
 
 
-def step(model, trajs, algo, optim, **kw):
+def step(model, trajs, algo, optim, ref_model=None, **kw):
     m = copy.deepcopy(model)
     opt = Recorder(m.parameters())
-    metrics = grpo_step(m, opt, trajs, algo, optim, pad_id=0, temperature=0.9, max_response_tokens=32, **kw)
+    options = StepOptions(algo, optim, pad_id=0, temperature=0.9, max_response_tokens=32, **kw)
+    metrics = grpo_step(m, opt, trajs, options, ref_model=ref_model)
     return metrics, opt.grads
 
 
@@ -135,9 +136,9 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
     results = []
     for optim in (config.optim, config.optim.model_copy(update={"max_tokens_per_micro_batch": 128})):
         m = copy.deepcopy(model)
-        results.append(grpo_step(m, torch.optim.AdamW(m.parameters(), lr=optim.lr), trajs, config.algorithm, optim,
-                                 pad_id=0, temperature=config.rollout.temperature,
-                                 max_response_tokens=config.rollout.max_response_tokens))
+        options = StepOptions(config.algorithm, optim, pad_id=0, temperature=config.rollout.temperature,
+                              max_response_tokens=config.rollout.max_response_tokens)
+        results.append(grpo_step(m, torch.optim.AdamW(m.parameters(), lr=optim.lr), trajs, options))
     default, budget = results
     assert default["grad_norm"] > 0
     assert abs(budget["grad_norm"] - default["grad_norm"]) <= 1e-4 * default["grad_norm"]

@@ -24,6 +24,7 @@ from toolrl.roles.controller import rollout_metrics
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
+from toolrl.tools.isolation import ProcessTool
 
 
 def call(name, **args):
@@ -55,7 +56,7 @@ CASES = {
 
 async def test_a_rollout_with_every_faulty_tool_keeps_every_trajectory(qwen3_tokenizer):
     tokenizer = qwen3_tokenizer
-    exits = (await Exits.from_config({"isolation": "process", "timeout": 30}, None, {}))[0]
+    exits = await ProcessTool.start(Exits, {"isolation": "process", "timeout": 30}, None)
     tools = {"raises": Raises(), "hangs_async": HangsAsync(), "blocks_loop": BlocksLoop(),
              "ignores_cancel": IgnoresCancel(), "sync_sleeps": SyncSleeps(), "returns": Returns(),
              "floods": Floods(), "exits": exits, "echo": Echo()}

@@ -98,13 +98,14 @@ class TrainerRank:
 
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
         """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
-        from toolrl.training.grpo import grpo_step
+        from toolrl.training.grpo import StepOptions, grpo_step
         from toolrl.training.sharding import state_bytes
 
         cfg = self.config
-        out = grpo_step(self.policy, self.optimizer, trajectories, cfg.algorithm, cfg.optim, pad_id=self.pad_id,
-                        temperature=cfg.rollout.temperature, max_response_tokens=cfg.rollout.max_response_tokens,
-                        ref_model=self.ref_model, rank=self.rank, world_size=self.world_size)
+        options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
+                              max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
+                              world_size=self.world_size)
+        out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model)
         if self.world_size > 1:
             out = _group_metrics(out)
         self.model.eval()

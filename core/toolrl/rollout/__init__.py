@@ -2,12 +2,14 @@
 
 For each sample × n, concurrently::
 
-    create tools (sample's tools_kwargs) ─► render prompt (chat template, tools=)
-      ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)
-      │   parse ─► no calls and no errors: done
-      │   run calls concurrently (≤ max_parallel_calls; the rest are reported), parse errors too
-      └── append tool results as a chat-template token delta (mask 0, logprob 0)
-    score (reward functions + tools' calc_reward + step rewards) ─► calc_reward/release, always
+    create tools (sample's tools_kwargs) ─► render prompt (chat template, tools=)    run_trajectory
+      ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)           generate
+      │   parse ─► no calls and no errors: done                                      parse, ending_after_generation
+      │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
+      └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
+    calc_reward/release, always ─► score (reward fns + calc_reward + step rewards)   finish_tools, score
+
+``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
 
 Trajectories never wait for each other: the engine batches whatever generation requests are pending,
 so one trajectory waiting on a slow tool does not hold up the others' generation.
@@ -25,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from toolrl.config import RewardConfig, RolloutConfig
-from toolrl.engines import RolloutEngine, SamplingParams
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
@@ -109,105 +111,158 @@ class RolloutContext:
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str,
                          seed: int) -> Trajectory:
-    cfg = ctx.config
+    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score."""
     route = ctx.route_for(sample)
-    parser = route.parser
     renderer = ctx.renderer(route)
     toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
     messages = [m.to_template() for m in sample.prompt]
     traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, env=sample.env,
                       prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
-    step_rewards: list[float] = []
+    ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
     try:
         await toolset.start()
-        inline = parser.result_mode == "inline"
-        while True:
-            # 1. Generate, within the per-call and whole-response budgets.
-            budget = cfg.max_response_tokens - len(traj.response_ids)
-            if budget <= 0:
-                traj.termination = "max_response_tokens"
-                break
-            params = SamplingParams(
-                temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
-                stop_token_ids=[renderer.eos_id], stop_strings=parser.stop_strings,
-                seed=seed + 7919 * traj.turns,
-            )
-            t0 = time.perf_counter()
-            gen = (await ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                             session_id=trajectory_id))[0]
-            traj.generation_s += time.perf_counter() - t0
-            traj.policy_versions.append(gen.weight_version)
-            traj.response_ids += gen.token_ids
-            traj.response_mask += [1] * len(gen.token_ids)
-            traj.logprobs += gen.logprobs
-            traj.turns += 1
-            text = renderer.decode(gen.token_ids)
-            traj.model_text.append(text)
-
-            # 2. Parse. Inline tags resume inside the same assistant turn, so only a call closed by
-            #    this generation's stop string runs; the final answer is the turn's model text.
-            parsed = parser.parse(text)
-            if inline:
-                model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
-                traj.final_response = parser.parse(renderer.decode(model_ids)).content
-                stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
-                calls = parsed.calls[-1:] if stopped_at_call else []
-                errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
-                traj.parse_errors += parsed.errors if not stopped_at_call else []
-            else:
-                traj.final_response = parsed.content
-                calls, errors = parsed.calls, parsed.errors
-                traj.parse_errors += errors
-            if gen.finish_reason == "length":
-                traj.termination = "max_response_tokens" if len(traj.response_ids) >= cfg.max_response_tokens \
-                    else "length"
-                break
-            if not calls and not errors:
-                traj.termination = "answered"
-                break
-
-            # 3. Run the calls concurrently; calls over the per-turn limit are reported, not dropped.
-            run, over = calls[: cfg.max_parallel_calls], calls[cfg.max_parallel_calls:]
-            t0 = time.perf_counter()
-            results = list(await asyncio.gather(*(toolset.call(c) for c in run)))
-            traj.tool_s += time.perf_counter() - t0
-            results += [_refused(c, cfg.max_parallel_calls) for c in over]
-            traj.tool_results += results
-            step_rewards += [r.step_reward for r in results]
-            last_turn = traj.turns >= route.max_turns
-
-            # 4. Append the results (mask 0) unless no further generation would read them.
-            if last_turn:
-                traj.termination = "max_turns"
-                break
-            texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
-                                                        cfg.tool_response_truncation),
-                                                cfg.tool_response_max_tokens, cfg.tool_response_truncation))
-                     for r in results]
-            texts += [("error", f"Error: {e.message}") for e in errors]
-            if inline:
-                delta = renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t))
-                                                  for _, t in texts))
-            else:
-                delta = renderer.tool_delta([renderer.tool_message(t, name) for name, t in texts])
-            if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
-                traj.termination = "max_response_tokens"
-                break
-            traj.response_ids += delta
-            traj.response_mask += [0] * len(delta)
-            traj.logprobs += [0.0] * len(delta)
+        ending = None
+        while ending is None:
+            ending = await take_turn(ep)
+        traj.termination = ending
     except Exception as exc:  # a broken engine/tool must not take the other trajectories down
         traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
     finally:
-        # calc_reward and release always run, also after errors, timeouts or cancellation.
-        traj.tool_rewards = await asyncio.shield(toolset.finish())
-        traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
-        traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
-        if traj.tool_errors and traj.error is None:
-            traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
-        ctx.engine.end_session(trajectory_id)
-    score(route, traj, sample, step_rewards)
+        await finish_tools(ep)
+    score(route, traj, sample, ep.step_rewards)
     return traj
+
+
+@dataclass
+class _Episode:
+    """One trajectory in progress: what its turns read (config, engine, route, renderer, tools, seed)
+    and what they write (the trajectory, the tools' step rewards)."""
+
+    config: RolloutConfig
+    engine: RolloutEngine
+    route: Route
+    renderer: ChatRenderer
+    toolset: ToolSet
+    traj: Trajectory
+    seed: int
+    step_rewards: list[float] = field(default_factory=list)
+
+
+async def take_turn(ep: _Episode) -> Termination | None:
+    """One turn: generate, parse, run the calls, append their results. Returns why the trajectory
+    ends here, or None to take another turn."""
+    cfg, traj = ep.config, ep.traj
+    budget = cfg.max_response_tokens - len(traj.response_ids)
+    if budget <= 0:
+        return "max_response_tokens"
+    gen = await generate(ep, budget)
+    calls, errors = parse(ep, gen)
+    ending = ending_after_generation(ep, gen, calls, errors)
+    if ending is not None:
+        return ending
+    results = await execute(ep, calls)
+    if traj.turns >= ep.route.max_turns:  # no further generation would read the results
+        return "max_turns"
+    delta = tool_results_delta(ep, results, errors)
+    if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
+        return "max_response_tokens"
+    _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    return None
+
+
+async def generate(ep: _Episode, budget: int) -> Generation:
+    """Generate within the per-call and the whole-response budgets; the model's tokens join the
+    response (mask 1, with the engine's logprobs)."""
+    cfg, traj = ep.config, ep.traj
+    params = SamplingParams(
+        temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
+        stop_token_ids=[ep.renderer.eos_id], stop_strings=ep.route.parser.stop_strings,
+        seed=ep.seed + 7919 * traj.turns,
+    )
+    t0 = time.perf_counter()
+    gen = (await ep.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
+                                    session_id=traj.trajectory_id))[0]
+    traj.generation_s += time.perf_counter() - t0
+    traj.policy_versions.append(gen.weight_version)
+    _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
+    traj.turns += 1
+    traj.model_text.append(ep.renderer.decode(gen.token_ids))
+    return gen
+
+
+def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseError]]:
+    """The calls to run and the parse errors to report to the model; sets the final answer. Inline
+    tags resume inside the same assistant turn, so only a call closed by this generation's stop
+    string runs, and the final answer is the turn's model text."""
+    parser, traj = ep.route.parser, ep.traj
+    parsed = parser.parse(traj.model_text[-1])
+    if parser.result_mode != "inline":
+        traj.final_response = parsed.content
+        traj.parse_errors += parsed.errors
+        return parsed.calls, parsed.errors
+    model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
+    traj.final_response = parser.parse(ep.renderer.decode(model_ids)).content
+    stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
+    calls = parsed.calls[-1:] if stopped_at_call else []
+    errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
+    traj.parse_errors += parsed.errors if not stopped_at_call else []
+    return calls, errors
+
+
+def ending_after_generation(ep: _Episode, gen: Generation, calls: Sequence[ToolCall],
+                            errors: Sequence[ParseError]) -> Termination | None:
+    """Why the trajectory ends once the model has spoken: it ran out of tokens, or it made no call
+    and no malformed one (its answer). None: there are calls to run or errors to report."""
+    if gen.finish_reason == "length":
+        return "max_response_tokens" if len(ep.traj.response_ids) >= ep.config.max_response_tokens else "length"
+    if not calls and not errors:
+        return "answered"
+    return None
+
+
+async def execute(ep: _Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    """Run the calls concurrently; calls over the per-turn limit are reported, not dropped."""
+    limit, traj = ep.config.max_parallel_calls, ep.traj
+    run, over = calls[:limit], calls[limit:]
+    t0 = time.perf_counter()
+    results = list(await asyncio.gather(*(ep.toolset.call(c) for c in run)))
+    traj.tool_s += time.perf_counter() - t0
+    results += [_refused(c, limit) for c in over]
+    traj.tool_results += results
+    ep.step_rewards += [r.step_reward for r in results]
+    return results
+
+
+def tool_results_delta(ep: _Episode, results: Sequence[ToolResult], errors: Sequence[ParseError]) -> list[int]:
+    """The tokens that show the model its calls' results and its parse errors: a chat-template tool
+    turn, or inline result tags; each response cut to ``tool_response_max_tokens``."""
+    cfg, renderer, parser = ep.config, ep.renderer, ep.route.parser
+    texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
+                                                cfg.tool_response_truncation),
+                                        cfg.tool_response_max_tokens, cfg.tool_response_truncation))
+             for r in results]
+    texts += [("error", f"Error: {e.message}") for e in errors]
+    if parser.result_mode == "inline":
+        return renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t)) for _, t in texts))
+    return renderer.tool_delta([renderer.tool_message(t, name) for name, t in texts])
+
+
+def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:
+    traj.response_ids += ids
+    traj.response_mask += mask
+    traj.logprobs += logprobs
+
+
+async def finish_tools(ep: _Episode) -> None:
+    """calc_reward and release, always (also after errors, timeouts or cancellation); the tools'
+    rewards and errors go into the trajectory, and the engine forgets its session."""
+    traj, toolset = ep.traj, ep.toolset
+    traj.tool_rewards = await asyncio.shield(toolset.finish())
+    traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
+    traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
+    if traj.tool_errors and traj.error is None:
+        traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
+    ep.engine.end_session(traj.trajectory_id)
 
 
 def _precut(text: str, max_tokens: int, mode: str) -> str:

@@ -13,7 +13,8 @@ Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread
 have (see :mod:`toolrl.tools.guard`): arguments are validated against the JSON Schema, each call has a hard
 deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
 that are not JSON) become error responses the model reads, and calc_reward/release always run.
-With ``isolation: process`` in its config the tool runs in a worker process (:mod:`toolrl.tools.isolation`).
+With ``isolation: process`` in its tool config the tool runs in a worker process (:mod:`toolrl.tools.isolation`;
+the tool-config loader, :func:`toolrl.tools.verl_config.build_entry`, makes that choice).
 """
 
 from __future__ import annotations
@@ -157,8 +158,9 @@ class Tool:
             raise ToolConfigError(f"invalid config for tool {type(self).__name__}: config.isolation: "
                                   f"expected 'none' or 'process', got {self.isolation!r}")
         if self.isolation == "process" and not self.runs_isolated:
-            raise ToolConfigError(f"config.isolation: process is not supported by {type(self).__name__}: only tools "
-                                  "built by the default Tool.from_config can run in a worker process")
+            raise ToolConfigError(f"config.isolation: process is not supported by {type(self).__name__} built "
+                                  "in this process: a tool config (toolrl.tools.verl_config) builds it in a "
+                                  "worker process")
         options = {k: v for k, v in raw.items() if k not in BASE_CONFIG_KEYS}
         if self.config_model is not None:
             try:
@@ -189,11 +191,8 @@ class Tool:
         """Build the tools one tool-config entry stands for. ``section`` is the whole entry, a
         :class:`toolrl.tools.verl_config.ToolSection` (a mapping with ``base_dir``): a tool reads its own
         sibling blocks from it (the MCP plugin reads ``mcp:``). Most tools are one tool per entry.
-        With ``isolation: process`` the tool is built in a worker process and driven from here."""
-        if dict(config or {}).get("isolation") == "process":
-            from toolrl.tools.isolation import ProcessTool
-
-            return [await ProcessTool.start(cls, config, tool_schema)]
+        Not called for ``isolation: process``: the tool is then built in a worker process
+        (:meth:`toolrl.tools.isolation.ProcessTool.start`), which only this default allows."""
         return [cls(config, tool_schema)]
 
     # -- lifecycle ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``isolation: process``: a tool that runs in a worker process of its own.
 
 Set ``isolation: process`` in a tool's config (``config:`` of its tools-YAML entry, or ``--config``
-of ``toolrl tool call``) and the tool is built and run in a child Python process; the object the
+of ``toolrl tool call``) and the tool is built and run in a child Python process
+(:func:`toolrl.tools.verl_config.build_entry` calls :meth:`ProcessTool.start`); the object the
 rollout holds is a :class:`ProcessTool` that forwards every lifecycle call to it. What that buys:
 
 - a tool that crashes its process (``os._exit``, a segfault in a C extension, the OOM killer) fails
@@ -335,6 +336,40 @@ def _load_class(module: str, qualname: str) -> type[Tool]:
     return obj
 
 
+def _build_tool(module: str, qualname: str, config: Mapping[str, Any],
+                tool_schema: Mapping[str, Any] | None) -> tuple[Tool | None, bool, Any]:
+    """The ``init`` request: (the tool or None, ok, the reply: its schema, or the error as a ToolConfigError)."""
+    try:
+        tool = _load_class(module, qualname)(config, tool_schema)
+        return tool, True, tool.tool_schema.model_dump(exclude_none=True)
+    except ToolConfigError as exc:
+        return None, False, ToolConfigError(str(exc))
+    except BaseException as exc:
+        return None, False, ToolConfigError(f"cannot build {qualname} in the worker process: "
+                                            f"{type(exc).__name__}: {exc}")
+
+
+async def _call_tool(tool: Tool, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One lifecycle method of the worker's tool, ``async def`` or plain (in a thread)."""
+    fn = getattr(tool, op)
+    if inspect.iscoroutinefunction(fn):
+        value = await fn(*args, **kwargs)
+    else:
+        running = in_thread(fn, args, kwargs)
+        try:
+            value = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: answer only once it ends, so the parent kills us if it does not.
+            await asyncio.wait({running})
+            raise
+        if inspect.isawaitable(value):
+            value = await value
+    if op == "create" and value != args[0]:  # the parent names instances
+        raise ToolConfigError(f"with isolation: process, create must use the instance id it is given "
+                              f"(returned {value!r} for {args[0]!r})")
+    return value
+
+
 async def _serve(sock: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
@@ -359,23 +394,7 @@ async def _serve(sock: socket.socket) -> None:
     async def run(req: int, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             assert tool is not None
-            fn = getattr(tool, op)
-            if inspect.iscoroutinefunction(fn):
-                value = await fn(*args, **kwargs)
-            else:
-                running = in_thread(fn, args, kwargs)
-                try:
-                    value = await asyncio.shield(running)
-                except asyncio.CancelledError:
-                    # A thread cannot be stopped: answer only once it ends, so the parent kills us if it does not.
-                    await asyncio.wait({running})
-                    raise
-                if inspect.isawaitable(value):
-                    value = await value
-            if op == "create" and value != args[0]:  # the parent names instances
-                raise ToolConfigError(f"with isolation: process, create must use the instance id it is given "
-                                      f"(returned {value!r} for {args[0]!r})")
-            reply(req, True, value)
+            reply(req, True, await _call_tool(tool, op, args, kwargs))
         except asyncio.CancelledError:
             reply(req, False, asyncio.CancelledError())
         except BaseException as exc:  # everything goes back to the parent as the call's error
@@ -394,15 +413,8 @@ async def _serve(sock: socket.socket) -> None:
             continue
         _, req, op, args, kwargs = message
         if op == "init":
-            module, qualname, config, tool_schema = args
-            try:
-                tool = _load_class(module, qualname)(config, tool_schema)
-                reply(req, True, tool.tool_schema.model_dump(exclude_none=True))
-            except ToolConfigError as exc:
-                reply(req, False, ToolConfigError(str(exc)))
-            except BaseException as exc:
-                reply(req, False, ToolConfigError(f"cannot build {qualname} in the worker process: "
-                                                  f"{type(exc).__name__}: {exc}"))
+            tool, ok, value = _build_tool(*args)
+            reply(req, ok, value)
             continue
         tasks[req] = loop.create_task(run(req, op, args, kwargs))
 

@@ -117,10 +117,15 @@ def resolve_tool_class(class_name: str) -> type[Tool]:
 
 
 async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[Tool]:
-    """The tools one entry stands for (``Tool.from_config`` of its class)."""
+    """The tools one entry stands for: ``Tool.from_config`` of its class, or with ``isolation:
+    process`` the one tool built and run in a worker process of its own."""
     cls = resolve_tool_class(entry.class_name)
-    section = ToolSection(entry.model_dump(exclude_none=True), base_dir)
-    return await cls.from_config(entry.config.model_dump(), entry.tool_schema, section)
+    config = entry.config.model_dump()
+    if config.get("isolation") == "process":
+        from toolrl.tools.isolation import ProcessTool
+
+        return [await ProcessTool.start(cls, config, entry.tool_schema)]
+    return await cls.from_config(config, entry.tool_schema, ToolSection(entry.model_dump(exclude_none=True), base_dir))
 
 
 async def build_tools(tools_file: ToolsFile) -> dict[str, Tool]:

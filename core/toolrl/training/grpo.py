@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,8 +46,8 @@ from toolrl.training.microbatch import plan
 from toolrl.training.packing import Batch, build_batch, input_length, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
-__all__ = ["Batch", "Policy", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss",
-           "response_logprobs"]
+__all__ = ["Batch", "Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
+           "policy_loss", "response_logprobs"]
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
@@ -134,13 +135,42 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: Batch, cfg: 
     return aggregate(per_token, mask, cfg.loss_agg, norm), stats
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """What one GRPO update is run with, besides the model, the optimizer and the batch: the
+    algorithm and optimizer sections, the facts of the rollouts (pad id, sampling temperature, the
+    response budget that ``seq-mean-token-sum-norm`` divides by) and this rank's place among the
+    trainer ranks."""
+
+    algo: AlgorithmConfig
+    optim: OptimConfig
+    pad_id: int
+    temperature: float
+    max_response_tokens: int
+    rank: int = 0
+    world_size: int = 1
+
+
+MicroStep = tuple[list[int] | None, Batch]  # indexes into the usable trajectories (None: a dummy step), batch
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer update's share for this rank: its micro-steps, the whole mini-batch's loss
+    normalisers (:func:`aggregate`) and, per micro-step, the proximal and reference log-probs once
+    :func:`anchor_logprobs` has computed them (None: not needed)."""
+
+    micro_steps: list[MicroStep]
+    norm: dict[str, float]
+    prox: list[torch.Tensor] | None = None
+    ref: list[torch.Tensor] | None = None
+
+
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
-              algo: AlgorithmConfig, optim: OptimConfig, *, pad_id: int, temperature: float,
-              max_response_tokens: int, ref_model: Any = None, rank: int = 0, world_size: int = 1
-              ) -> dict[str, float]:
+              options: StepOptions, ref_model: Any = None) -> dict[str, float]:
     """One GRPO update on a rollout batch; returns metrics.
 
-    Sharded training: every rank passes the whole batch and trains its ``rank``'s share of each
+    Sharded training: every rank passes the whole batch and trains its ``options.rank``'s share of each
     mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
     of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
     the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
@@ -153,90 +183,138 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
     tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
     """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside world_size {world_size}")
+    if not 0 <= options.rank < options.world_size:
+        raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
     t_start = time.perf_counter()
     device = next(model.parameters()).device
     advantages = group_advantages([t.reward for t in trajectories], [t.group for t in trajectories],
-                                  algo.norm_adv_by_std)
+                                  options.algo.norm_adv_by_std)
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0}
     trajs = [trajectories[i] for i in usable]
     advs = [advantages[i] for i in usable]
-    lengths = [input_length(t) for t in trajs]
-    minis = [m.tolist() for m in torch.arange(len(trajs)).chunk(algo.mini_batches)]
-    # This rank's micro-batches per mini-batch, None for a dummy step; built once, reused every epoch.
-    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[pad_id], response_ids=[pad_id],
-                       response_mask=[1], logprobs=[0.0])
-    steps = [[(None, build_batch([dummy], [0.0], device)) if micro is None else
-              (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
-              for micro in plan(mini, lengths, world_size, optim.micro_batch_size,
-                                optim.max_tokens_per_micro_batch)[rank]]
-             for mini in minis]
-    norms = [{"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
-              "max_len": float(max_response_tokens)} for mini in minis]
-    single_update = algo.ppo_epochs == 1 and algo.mini_batches == 1
-
-    def logprobs(m: Any, batch: Batch) -> torch.Tensor:
-        if isinstance(m, Policy):
-            return m(batch, temperature, optim.logprob_chunk_size)
-        return response_logprobs(m, batch, temperature, optim.logprob_chunk_size)
-
-    def forward_all(m: Any) -> list[list[torch.Tensor]]:
-        with torch.no_grad():
-            return [[logprobs(m, batch) for _, batch in mini] for mini in steps]
-
-    metrics: dict[str, list[float]] = {"loss": [], "grad_norm": []}
-    sums = {"tokens": 0.0, "clipped": 0.0, "is_weight_sum": 0.0, "is_truncated": 0.0, "mismatch": 0.0}
-    w_max, w_min = -math.inf, math.inf
-    real_tokens = dummy_tokens = 0
+    minis = split_mini_batches(trajs, advs, options, device)
+    tally = StepTally()
     with PeakMemory(device) as peak:
-        # Proximal logprobs: with one update per batch the policy has not moved, so prox == new.detach()
-        # exactly and a separate no-grad pass would be wasted; otherwise they are computed first.
-        old_all = None if single_update else forward_all(model)
-        ref_all = forward_all(ref_model) if ref_model is not None and algo.kl_coef > 0 else None
+        anchor_logprobs(model, ref_model, minis, options)
         model.train()
-        for _ in range(algo.ppo_epochs):
-            for k, mini in enumerate(steps):
-                optimizer.zero_grad(set_to_none=True)
-                total = 0.0
-                for j, (micro, mbatch) in enumerate(mini):
-                    new_lp = logprobs(model, mbatch)
-                    prox_lp = new_lp.detach() if old_all is None else old_all[k][j]
-                    ref_lp = None if ref_all is None else ref_all[k][j]
-                    loss, stats = policy_loss(new_lp, prox_lp, mbatch, algo, norms[k], ref_lp)
-                    if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
-                        (loss * 0.0).backward()
-                        dummy_tokens += mbatch.tokens
-                        continue
-                    loss.backward()
-                    real_tokens += mbatch.tokens
-                    total += float(loss.detach())
-                    for key in ("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch", "kl_sum"):
-                        if key in stats:
-                            sums[key] = sums.get(key, 0.0) + stats[key]
-                    w_max, w_min = max(w_max, stats["is_weight_max"]), min(w_min, stats["is_weight_min"])
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
-                if hasattr(grad_norm, "full_tensor"):  # DTensor parameters: the norm over every shard
-                    grad_norm = grad_norm.full_tensor()
-                optimizer.step()
-                metrics["loss"].append(total)
-                metrics["grad_norm"].append(float(grad_norm))
+        for _ in range(options.algo.ppo_epochs):
+            for mini in minis:
+                mini_batch_update(model, optimizer, mini, options, tally)
         optimizer.zero_grad(set_to_none=True)
-    elapsed = time.perf_counter() - t_start
-    out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
-    if sums["tokens"]:
-        tokens = sums["tokens"]
-        out.update(loss_tokens=tokens, clip_frac=sums["clipped"] / tokens, lp_mismatch=sums["mismatch"] / tokens,
-                   is_weight_mean=sums["is_weight_sum"] / tokens, is_weight_max=w_max, is_weight_min=w_min,
-                   is_truncated_frac=sums["is_truncated"] / tokens)
-        if "kl_sum" in sums:
-            out["kl"] = sums["kl_sum"] / tokens
-    out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
-    out["advantage_abs_mean"] = sum(abs(a) for a in advs) / len(advs)
-    out["padding_fraction"] = dummy_tokens / max(real_tokens + dummy_tokens, 1)
-    out["trainer_tokens_per_s"] = real_tokens / elapsed
-    if peak.mb is not None:
-        out["trainer_peak_mb"] = peak.mb
-    return out
+    return tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+
+
+def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], options: StepOptions,
+                       device: torch.device) -> list[MiniBatch]:
+    """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
+    step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
+    lengths = [input_length(t) for t in trajs]
+    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
+                       response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
+    minis = []
+    for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
+        shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
+                      options.optim.max_tokens_per_micro_batch)
+        micro_steps: list[MicroStep] = [
+            (None, build_batch([dummy], [0.0], device)) if micro is None else
+            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
+            for micro in shares[options.rank]]
+        norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
+                "max_len": float(options.max_response_tokens)}
+        minis.append(MiniBatch(micro_steps, norm))
+    return minis
+
+
+def logprobs(model: Any, batch: Batch, options: StepOptions) -> torch.Tensor:
+    """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`."""
+    if isinstance(model, Policy):
+        return model(batch, options.temperature, options.optim.logprob_chunk_size)
+    return response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size)
+
+
+def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions) -> None:
+    """The log-probs the loss compares against, without gradient, before any update. Proximal: with
+    one update per batch the policy has not moved, so prox == new.detach() exactly and a separate pass
+    would be wasted (``prox`` stays None); otherwise these weights'. Reference: only for a KL term."""
+    with torch.no_grad():
+        if options.algo.ppo_epochs != 1 or options.algo.mini_batches != 1:
+            for mini in minis:
+                mini.prox = [logprobs(model, batch, options) for _, batch in mini.micro_steps]
+        if ref_model is not None and options.algo.kl_coef > 0:
+            for mini in minis:
+                mini.ref = [logprobs(ref_model, batch, options) for _, batch in mini.micro_steps]
+
+
+def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
+                      tally: StepTally) -> None:
+    """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
+    then clipping and the optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for j, (micro, batch) in enumerate(mini.micro_steps):
+        new_lp = logprobs(model, batch, options)
+        prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
+        ref_lp = None if mini.ref is None else mini.ref[j]
+        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp)
+        if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
+            (loss * 0.0).backward()
+            tally.add_dummy_step(batch.tokens)
+            continue
+        loss.backward()
+        loss_sum += float(loss.detach())
+        tally.add_micro_step(batch.tokens, stats)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), options.optim.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # DTensor parameters: the norm over every shard
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    tally.add_update(loss_sum, float(grad_norm))
+
+
+class StepTally:
+    """The step's figures as its updates run: per-update loss and gradient norm, sums of
+    :func:`policy_loss`'s figures over the micro-steps, the importance weight's extremes, and the tokens
+    forwarded by real and dummy micro-steps."""
+
+    SUMMED = ("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch", "kl_sum")
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        # kl_sum joins only when the loss has a KL term, which is how metrics() knows to report kl.
+        self.sums = dict.fromkeys(("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch"), 0.0)
+        self.w_max, self.w_min = -math.inf, math.inf
+        self.real_tokens = self.dummy_tokens = 0
+
+    def add_dummy_step(self, tokens: int) -> None:
+        self.dummy_tokens += tokens
+
+    def add_micro_step(self, tokens: int, stats: dict[str, float]) -> None:
+        self.real_tokens += tokens
+        for key in self.SUMMED:
+            if key in stats:
+                self.sums[key] = self.sums.get(key, 0.0) + stats[key]
+        self.w_max, self.w_min = max(self.w_max, stats["is_weight_max"]), min(self.w_min, stats["is_weight_min"])
+
+    def add_update(self, loss: float, grad_norm: float) -> None:
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+
+    def metrics(self, trajs: Sequence[Trajectory], advs: Sequence[float], elapsed: float,
+                peak_mb: float | None) -> dict[str, float]:
+        out = {k: sum(v) / len(v) for k, v in (("loss", self.losses), ("grad_norm", self.grad_norms)) if v}
+        sums, tokens = self.sums, self.sums["tokens"]
+        if tokens:
+            out.update(loss_tokens=tokens, clip_frac=sums["clipped"] / tokens, lp_mismatch=sums["mismatch"] / tokens,
+                       is_weight_mean=sums["is_weight_sum"] / tokens, is_weight_max=self.w_max,
+                       is_weight_min=self.w_min, is_truncated_frac=sums["is_truncated"] / tokens)
+            if "kl_sum" in sums:
+                out["kl"] = sums["kl_sum"] / tokens
+        out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
+        out["advantage_abs_mean"] = sum(abs(a) for a in advs) / len(advs)
+        out["padding_fraction"] = self.dummy_tokens / max(self.real_tokens + self.dummy_tokens, 1)
+        out["trainer_tokens_per_s"] = self.real_tokens / elapsed
+        if peak_mb is not None:
+            out["trainer_peak_mb"] = peak_mb
+        return out
