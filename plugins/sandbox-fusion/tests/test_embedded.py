@@ -208,6 +208,7 @@ print(json.dumps({
     "root": listing("/"), "dev": listing("/dev"), "etc": [n for n, _ in listing("/etc")], "bin": listing("/run/toolrl/bin"),
     "tmp": [stat.filemode(os.stat(p).st_mode) for p in ("/tmp", "/dev/shm", "/sandbox")],
     "ids": [os.getuid(), os.getgid(), os.getgroups()], "host": [socket.gethostname(), socket.if_nameindex()],
+    "owners": [(os.lstat(p).st_uid, os.lstat(p).st_gid) for p in ("/", "/usr", "/bin", "/proc", "/etc/hosts")],
     "env": dict(os.environ), "cwd": os.getcwd(),
     "caps": [status[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")],
     "limits": [resource.getrlimit(getattr(resource, "RLIMIT_" + n)) for n in ("AS", "CPU", "NOFILE", "FSIZE", "CORE")],

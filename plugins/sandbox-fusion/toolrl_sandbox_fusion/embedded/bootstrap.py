@@ -1,17 +1,18 @@
 # The trusted prelude of every sandbox process, passed to the interpreter with ``-c``.
 #
 # It runs before any untrusted input exists: in the "unshare" fallback it isolates the process
-# itself (see _isolate); then it writes one ready byte on the control fd and blocks on stdin. The
-# launcher starts these processes ahead of time, so interpreter start-up is off the hot path. Each
-# process runs exactly one request, then exits: the request (a 10-digit length, then a marshal dump
-# from the trusted launcher) carries the code, limits and files; whatever follows on stdin is the
-# program's stdin. At the end the control fd carries frames (type byte, 10-digit length, payload):
-# "E" the request's files could not be written (the message), "C" a compile step's result as JSON
-# (sent when it ends, before the program runs), "F" fetched files as JSON, then "X" the exit code
-# (negative: killed by that signal), sent after stdout and stderr are flushed. A program run in this
-# interpreter can write to the control fd too, but can only spoil its own result that way; commands
-# (compilers, other languages) never get it. Only the standard library may be used here, and nothing
-# from the host's Python environment: this file runs under the sandbox's interpreter.
+# itself (see _isolate); in both modes it furnishes the root alike (_furnish); then it writes one
+# ready byte on the control fd and blocks on stdin. The launcher starts these processes ahead of
+# time, so interpreter start-up is off the hot path. Each process runs exactly one request, then
+# exits: the request (a 10-digit length, then a marshal dump from the trusted launcher) carries the
+# code, limits and files; whatever follows on stdin is the program's stdin. At the end the control
+# fd carries frames (type byte, 10-digit length, payload): "E" the request's files could not be
+# written (the message), "C" a compile step's result as JSON (sent when it ends, before the program
+# runs), "F" fetched files as JSON, then "X" the exit code (negative: killed by that signal), sent
+# after stdout and stderr are flushed. A program run in this interpreter can write to the control fd
+# too, but can only spoil its own result that way; commands (compilers, other languages) never get
+# it. Only the standard library may be used here, and nothing from the host's Python environment:
+# this file runs under the sandbox's interpreter.
 #
 # argv: -c MODE CONTROL_FD ROOT_MB TMP_MB SHM_MB N [SOURCE TARGET]*N [NAME=EXECUTABLE...]
 #   N read-only mounts (host source -> path in the sandbox; the fallback makes them, bubblewrap
@@ -207,28 +208,46 @@ def _make_target(new, target, is_dir, owner):
 
 
 def _drop_privileges(libc, root):
-    """uid 65534 as root (setuid clears every capability), else every capability dropped in the user
-    namespace; the bounding set emptied as bubblewrap's --cap-drop ALL does; no new privileges."""
-    cap = 0
-    while libc.lib.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP until the kernel knows no more
-        cap += 1
+    """As root: uid 65534 (setuid clears every capability), then, where unprivileged user namespaces
+    are allowed, a user namespace of its own mapping just that uid, as bubblewrap's: the process limit
+    then counts per sandbox, not for every uid-65534 process of the host, and host files show the
+    owners bubblewrap shows. Not root: already in a user namespace. Then every capability dropped,
+    the bounding set emptied (bubblewrap's --cap-drop ALL), no new privileges."""
+    _empty_bounding_set(libc)
     if root:
         os.setgroups([])
         os.setgid(_NOBODY)
         os.setuid(_NOBODY)
-    else:
-        ctypes = libc.ctypes
+        try:
+            libc.check(libc.lib.unshare(_CLONE_NEWUSER), "unshare the user namespace")
+        except OSError:
+            pass  # not allowed here: the host-wide process limit it is
+        else:
+            # The uid change made this process non-dumpable, which makes /proc/self root's; an exec
+            # would undo it anyway.
+            libc.prctl(4, 1, "dumpable")  # PR_SET_DUMPABLE
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{_NOBODY} {_NOBODY} 1"),
+                               ("gid_map", f"{_NOBODY} {_NOBODY} 1")):
+                with open("/proc/self/" + name, "w") as f:
+                    f.write(text)
+            _empty_bounding_set(libc)  # a new user namespace starts with every capability
+    ctypes = libc.ctypes
 
-        class Header(ctypes.Structure):
-            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
-        class Data(ctypes.Structure):
-            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                        ("inheritable", ctypes.c_uint32)]
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
-        libc.check(libc.lib.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "drop capabilities")
+    libc.check(libc.lib.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)()), "drop capabilities")
     libc.prctl(38, 1, "no_new_privs")  # PR_SET_NO_NEW_PRIVS
     libc.prctl(1, 9, "pdeathsig")  # a uid change resets it
+
+
+def _empty_bounding_set(libc):
+    cap = 0
+    while libc.lib.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP until the kernel knows no more
+        cap += 1
 
 
 def _read_exact(n):

@@ -143,8 +143,9 @@ def _locate(name: str) -> tuple[str, str] | None:
 
 
 def _outside_links(home: str, limit: int = 20000) -> list[str]:
-    """Files that links in a toolchain folder under /usr point to outside /usr (a Debian JDK keeps its
-    configuration in /etc). Each file is mounted by itself, never its folder."""
+    """What links in a toolchain folder under /usr reach outside /usr: a Debian JDK keeps its
+    configuration in /etc/java-17-openjdk. The folder a file is in when it is a package's folder in
+    /etc (one mount, not one per file: each costs start-up time), else the file itself."""
     found: list[str] = []
     for count, (folder, dirs, files) in enumerate(os.walk(home)):
         if count > limit:
@@ -154,7 +155,8 @@ def _outside_links(home: str, limit: int = 20000) -> list[str]:
             if os.path.islink(path):
                 target = os.path.realpath(path)
                 if not _within(target, "/usr") and os.path.isfile(target):
-                    found.append(target)
+                    folder = os.path.dirname(target)
+                    found.append(folder if _within(folder, "/etc") and folder != "/etc" else target)
     return found
 
 
@@ -214,14 +216,18 @@ def pytest_mounts(python_version: str) -> tuple[list[tuple[str, str]], str | Non
     return [(source, f"{PYTEST_DIR}/{top}") for top, source in sorted(mounts.items())], None
 
 
+def base_toolchains() -> Toolchains:
+    """What every sandbox has, python's too: Debian's command links (cc, awk, java...) lead through
+    /etc/alternatives."""
+    return Toolchains(mounts=(("/etc/alternatives", "/etc/alternatives"),) if os.path.isdir("/etc/alternatives") else ())
+
+
 @functools.cache
 def discover(python_version: str, has_pytest: bool) -> Toolchains:
     """The toolchains of this host for a sandbox whose Python is ``python_version``."""
     commands: dict[str, str] = {}
-    mounts: dict[str, str] = {}
+    mounts: dict[str, str] = dict(base_toolchains().mounts)
     missing: dict[str, str] = {}
-    if os.path.isdir("/etc/alternatives"):  # Debian's command links (cc, awk, java...) lead through it
-        mounts["/etc/alternatives"] = "/etc/alternatives"
     if not has_pytest:
         found, why = pytest_mounts(python_version)
         mounts.update(found)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from toolrl_sandbox_fusion.embedded.languages import Program, Toolchains, discover
+from toolrl_sandbox_fusion.embedded.languages import Program, Toolchains, base_toolchains, discover
 from toolrl_sandbox_fusion.embedded.launch import (
     Interpreter,
     IsolationMode,
@@ -75,13 +75,13 @@ class EmbeddedSandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self._lock = threading.Lock()
-        self._pool: ProcessPool | None = None
+        self._pools: dict[bool, ProcessPool] = {}  # by whether the toolchains are mounted
         self._executor: ThreadPoolExecutor | None = None
         self._owner_pid = 0
         self._mode: IsolationMode | None = None
         self._interpreter: Interpreter | None = None
         self._toolchains: Toolchains | None = None
-        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [None, None])
+        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [{}, None])
 
     @property
     def interpreter(self) -> Interpreter:
@@ -107,13 +107,29 @@ class EmbeddedSandbox:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the whole pool now instead of on the first run."""
-        self._ensure_started()[0].warm()
+        """Start the python pool now instead of on the first run."""
+        self._pool(commands=False).warm()
 
-    def _ensure_started(self) -> tuple[ProcessPool, ThreadPoolExecutor]:
+    def _ensure_started(self) -> ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None or self._owner_pid != os.getpid():
-                mode, interpreter, toolchains = self.mode, self.interpreter, self.toolchains
+            if self._executor is None or self._owner_pid != os.getpid():
+                self._pools = {}
+                self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
+                self._owner_pid = os.getpid()
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pools, self._executor])
+            return self._executor
+
+    def _pool(self, commands: bool) -> ProcessPool:
+        """The pool for python runs, or (started on the first such run) the one for every other
+        language, whose sandboxes also have the toolchains. Python's do not: each mount costs its
+        start-up time (about 1 ms under bubblewrap), and python runs are the hot path."""
+        self._ensure_started()
+        with self._lock:
+            pool = self._pools.get(commands)
+            if pool is None:
+                mode, interpreter = self.mode, self.interpreter
+                toolchains = self.toolchains if commands else base_toolchains()
                 limits = self.config.limits
 
                 def spawn() -> SandboxProcess:
@@ -131,20 +147,15 @@ class EmbeddedSandbox:
                         os.close(write_fd)
                     return SandboxProcess(proc, read_fd)
 
-                self._pool = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
-                self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
-                self._owner_pid = os.getpid()
-                self._finalizer.detach()
-                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pool, self._executor])
-            assert self._executor is not None
-            return self._pool, self._executor
+                pool = self._pools[commands] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
+            return pool
 
     @staticmethod
     def _shutdown(parts: list) -> None:
-        pool, executor = parts
+        pools, executor = parts
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
-        if pool is not None:
+        for pool in list(pools.values()):
             pool.close()
 
     def close(self) -> None:
@@ -153,7 +164,7 @@ class EmbeddedSandbox:
                 self._finalizer()
             else:
                 self._finalizer.detach()
-            self._pool = self._executor = None
+            self._pools, self._executor = {}, None
 
     def __enter__(self) -> EmbeddedSandbox:
         return self
@@ -164,7 +175,7 @@ class EmbeddedSandbox:
     # -- running ----------------------------------------------------------------------------------
 
     async def arun(self, request: RunCodeRequest) -> RunCodeResponse:
-        _, executor = self._ensure_started()
+        executor = self._ensure_started()
         return await asyncio.get_running_loop().run_in_executor(executor, self.run, request)
 
     def run(self, request: RunCodeRequest) -> RunCodeResponse:
@@ -190,7 +201,7 @@ class EmbeddedSandbox:
                     return RunCodeResponse.sandbox_error(
                         f"exception on running code: file {path!r} is not valid base64: {exc}")
         try:
-            pool, _ = self._ensure_started()
+            pool = self._pool(commands=program is not None)
             for _ in range(3):
                 sp = pool.take(self.config.start_timeout)
                 try:
