@@ -71,7 +71,7 @@ def main() -> None:
     sandbox = EmbeddedSandbox(SandboxConfig(isolation=args.isolation, pool_size=args.concurrency,
                                             max_concurrency=args.concurrency))
     sandbox.start()
-    tool = CodeInterpreterTool({"num_workers": args.concurrency, "rate_limit": None, "isolation": args.isolation})
+    tool = CodeInterpreterTool({"num_workers": args.concurrency, "rate_limit": None, "sandbox_isolation": args.isolation})
     server, url = start_server(args.isolation)
     http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=args.concurrency))
     loop = asyncio.new_event_loop()

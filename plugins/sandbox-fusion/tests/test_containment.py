@@ -44,7 +44,8 @@ def box(request):
 
 
 def attack(sb: EmbeddedSandbox, code: str, timeout: float = 10):
-    response = sb.run(RunCodeRequest(code=code, language="python", run_timeout=timeout))
+    # The tool's default memory limit: what a model's code gets (-1, no limit, is SandboxFusion's default).
+    response = sb.run(RunCodeRequest(code=code, language="python", run_timeout=timeout, memory_limit_MB=1024))
     return response, render(response, timeout, 1024)
 
 

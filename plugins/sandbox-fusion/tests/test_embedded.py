@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import tempfile
 import time
 
 import pytest
-from sandbox_support import IS_ROOT, requires_bwrap
+from sandbox_support import HAVE_BWRAP, IS_ROOT, requires_bwrap
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig, SandboxLimits
 from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess
 from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
@@ -79,7 +80,7 @@ def test_bash_and_unsupported_languages(sandbox):
     r = run(sandbox, "echo $((6*7)); echo err >&2; exit 5", language="bash")
     assert (r.status, r.run_result.return_code, r.run_result.stdout, r.run_result.stderr) == (
         RunStatus.Failed, 5, "42\n", "err\n")
-    r = run(sandbox, "int main(){}", language="cpp")
+    r = run(sandbox, "__global__ void k(){}", language="cuda")
     assert r.status == RunStatus.SandboxError and "not supported" in r.message and r.run_result is None
 
 
@@ -179,12 +180,59 @@ def test_both_modes_see_only_usr_and_their_own_tmpfs(isolation):
     with EmbeddedSandbox(SandboxConfig(isolation=isolation, pool_size=1)) as sb:
         r = run(sb, code)
         assert sb.mode == isolation
+        mounted = {target.split("/")[1] for _, target in sb.toolchains.mounts}
+        mounted |= {folder.split("/")[1] for folder in sb.interpreter.mounts}
     root, pids, dev, urandom = r.run_result.stdout.splitlines()
     names, cwd, uid = root.rsplit(" ", 2)
-    assert set(eval(names)) <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "tmp", "usr"}
+    # /usr, the sandbox's own (empty) folders, and where the interpreter and the toolchains are mounted
+    assert set(eval(names)) <= {"bin", "dev", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "tmp",
+                                "usr", "etc", "home", "media", "mnt", "opt", "run", "srv", "var"} | mounted
     assert (cwd, uid) == ("/sandbox", "65534")
     assert pids == "[1, 2]"  # its own PID namespace: an init and the program
     assert {"null", "zero", "urandom", "shm"} <= set(eval(dev)) and urandom == "4"
+
+
+WORLD = r"""
+import json, os, resource, shutil, socket, stat
+def listing(folder):
+    return sorted((n, stat.filemode(os.lstat(os.path.join(folder, n)).st_mode)) for n in os.listdir(folder))
+def connect(host):
+    server = socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    try:
+        socket.create_connection((host, server.getsockname()[1]), timeout=2).close()
+        return "connected"
+    except OSError as exc:
+        return type(exc).__name__
+status = dict(line.split(":	") for line in open("/proc/self/status").read().splitlines() if ":	" in line)
+print(json.dumps({
+    "root": listing("/"), "dev": listing("/dev"), "etc": [n for n, _ in listing("/etc")], "bin": listing("/run/toolrl/bin"),
+    "tmp": [stat.filemode(os.stat(p).st_mode) for p in ("/tmp", "/dev/shm", "/sandbox")],
+    "ids": [os.getuid(), os.getgid(), os.getgroups()], "host": [socket.gethostname(), socket.if_nameindex()],
+    "owners": [(os.lstat(p).st_uid, os.lstat(p).st_gid) for p in ("/", "/usr", "/bin", "/proc", "/etc/hosts")],
+    "env": dict(os.environ), "cwd": os.getcwd(),
+    "caps": [status[k] for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs")],
+    "limits": [resource.getrlimit(getattr(resource, "RLIMIT_" + n)) for n in ("AS", "CPU", "NOFILE", "FSIZE", "CORE")],
+    "resolve": [socket.getaddrinfo(h, 80, socket.AF_INET)[0][4][0] for h in ("localhost", "sandbox")],
+    "loopback": [connect(h) for h in ("127.0.0.1", "::1", "localhost")],
+    "commands": {c: shutil.which(c) for c in ("python", "python3", "pytest", "bash", "sh", "cc", "awk", "env")},
+}, indent=1))
+"""
+
+
+@pytest.mark.skipif(not (HAVE_BWRAP and IS_ROOT), reason="needs both modes: bubblewrap and the fallback as root")
+def test_both_modes_give_code_the_same_world():
+    """What code can observe of its surroundings is the same under bubblewrap and the fallback:
+    folders, devices, /etc, names, identity, capabilities, limits, loopback, commands on PATH."""
+    worlds = {}
+    for isolation in ("bwrap", "unshare"):
+        with EmbeddedSandbox(SandboxConfig(isolation=isolation, pool_size=1)) as sb:
+            r = run(sb, WORLD, memory_limit_MB=512)
+            assert sb.mode == isolation and r.status == RunStatus.Success, r.run_result
+            worlds[isolation] = json.loads(r.run_result.stdout)
+    assert worlds["bwrap"] == worlds["unshare"]
+    world = worlds["bwrap"]
+    assert world["loopback"] == ["connected"] * 3 and world["resolve"] == ["127.0.0.1", "127.0.1.1"]
+    assert world["host"] == ["sandbox", [[1, "lo"]]] and world["caps"][3] == "0000000000000000"
 
 
 def test_auto_mode_without_bubblewrap_warns_and_falls_back(monkeypatch, tmp_path, caplog):
@@ -215,8 +263,9 @@ def test_bubblewrap_outside_the_default_path_starts(monkeypatch):
         monkeypatch.setenv("PATH", f"{folder}:{os.path.dirname(shutil.which('setpriv') or '/usr/bin/setpriv')}")
         launch._probe_bwrap.cache_clear()
         with EmbeddedSandbox(SandboxConfig(isolation="bwrap", pool_size=1)) as sb:
-            argv = launch.build_command("bwrap", sb.interpreter, sb.config.limits, 3)
-            assert argv[argv.index("--") + 1] == copy  # what setpriv runs: the resolved path
+            argv = launch.build_command("bwrap", sb.interpreter, sb.toolchains, sb.config.limits, 3)
+            setpriv = argv[next(i for i, a in enumerate(argv) if os.path.basename(a) == "setpriv"):]
+            assert setpriv[setpriv.index("--") + 1] == copy  # what setpriv runs: the resolved path
             assert run(sb, "print(6*7)").run_result.stdout == "42\n"
     finally:
         launch._probe_bwrap.cache_clear()

@@ -8,6 +8,7 @@ import os
 import subprocess
 
 import httpx
+import pydantic
 import pytest
 from sandbox_support import HAVE_BWRAP, IS_ROOT
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
@@ -91,8 +92,20 @@ def test_limits_leave_message_empty_over_http(server):
         assert "detail" not in answer
 
 
+def with_urls(body: object) -> object:
+    """A 422 body as SandboxFusion's pinned FastAPI 0.103 and pydantic 2.6 send it: each pydantic
+    error keeps its ``url`` (newer FastAPI drops it); the JSON decode error, made by FastAPI itself,
+    has none. (Checked against fastapi==0.103.2, pydantic==2.6.4 with the same request model.)"""
+    if not isinstance(body, dict) or not isinstance(body.get("detail"), list):
+        return body
+    version = ".".join(pydantic.VERSION.split(".")[:2])
+    return {"detail": [e if e["type"] == "json_invalid" else {**e, "url": f"https://errors.pydantic.dev/{version}/v/{e['type']}"}
+                       for e in body["detail"]]}
+
+
 def test_http_errors_have_fastapi_shapes(server):
-    """SandboxFusion is a FastAPI app: the same request model behind FastAPI must answer alike."""
+    """SandboxFusion is a FastAPI app: the same request model behind FastAPI must answer alike. (The
+    isolation mode plays no part: these requests never reach a sandbox.)"""
     fastapi = pytest.importorskip("fastapi", reason="the reference app needs fastapi (the test extra)")
     from fastapi.testclient import TestClient
 
@@ -120,5 +133,5 @@ def test_http_errors_have_fastapi_shapes(server):
         for method, path, kwargs in cases:
             want, got = ref.request(method, path, **kwargs), ours.request(method, path, **kwargs)
             assert got.status_code == want.status_code in (404, 405, 422), (method, path, kwargs)
-            assert got.json() == want.json(), (method, path, kwargs)
+            assert got.json() == with_urls(want.json()), (method, path, kwargs)
             assert got.headers.get("allow") == want.headers.get("allow")

@@ -126,8 +126,8 @@ async def test_languages(tool):
     assert result.response.text == "hi from bash"
     result = await call(tool, {"code": "print(1)", "language": "cobol"})
     assert result.response.is_error and "unknown language 'cobol'" in result.response.text
-    result = await call(tool, {"code": "fn main(){}", "language": "rust"})
-    assert result.response.text.startswith("Sandbox error:") and "not supported" in result.response.text
+    result = await call(tool, {"code": "__global__ void k(){}", "language": "cuda"})
+    assert result.response.text.startswith("Sandbox error:") and "needs a GPU" in result.response.text
 
 
 async def test_sandbox_unreachable_is_reported_plainly():

@@ -22,13 +22,18 @@ def sandbox() -> None:
 @click.option("--workers", default=8, show_default=True, type=click.IntRange(1), help="Runs at once.")
 @click.option("--pool-size", default=4, show_default=True, type=click.IntRange(1),
               help="Sandbox processes kept started and waiting.")
-def serve(host: str, port: int, isolation: str, python_executable: str | None, workers: int, pool_size: int) -> None:
+@click.option("--max-memory-mb", default=None, type=click.IntRange(1),
+              help="The most memory any run gets, also one whose request says memory_limit_MB -1. "
+                   "Default: as SandboxFusion, the request decides and -1 means no limit.")
+def serve(host: str, port: int, isolation: str, python_executable: str | None, workers: int, pool_size: int,
+          max_memory_mb: int | None) -> None:
     """Serve a SandboxFusion-compatible API (POST /run_code, GET /v1/ping) on the embedded sandbox."""
-    from toolrl_sandbox_fusion.embedded import SandboxConfig
+    from toolrl_sandbox_fusion.embedded import SandboxConfig, SandboxLimits
     from toolrl_sandbox_fusion.server import serve as run_server
 
     try:
         run_server(host, port, SandboxConfig(isolation=isolation, max_concurrency=workers,  # type: ignore[arg-type]
-                                             pool_size=pool_size, interpreter=python_executable))
+                                             pool_size=pool_size, interpreter=python_executable,
+                                             limits=SandboxLimits(max_memory_mb=max_memory_mb)))
     except (OSError, RuntimeError) as exc:  # port in use, bwrap requested but unusable
         raise click.ClickException(str(exc)) from None

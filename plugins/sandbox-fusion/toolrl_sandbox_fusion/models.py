@@ -12,7 +12,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-# SandboxFusion's language literal (sandbox/runners/types.py); the embedded sandbox runs a subset.
+# SandboxFusion's language literal (sandbox/runners/types.py); the embedded sandbox runs those in
+# embedded/languages.py whose toolchain the host has.
 Language = Literal[
     "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript", "sql",
     "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit",
@@ -44,7 +45,7 @@ class CommandRunResult(BaseModel):
 class RunCodeRequest(BaseModel):
     compile_timeout: float = Field(10, description="compile timeout for compiled languages (s)")
     run_timeout: float = Field(10, description="run timeout (s)")
-    memory_limit_MB: int = Field(-1, description="memory limit in MB; -1 for the server's default")
+    memory_limit_MB: int = Field(-1, description="memory limit in MB; -1 (or 0) for none")
     code: str
     stdin: str | None = None
     language: Language

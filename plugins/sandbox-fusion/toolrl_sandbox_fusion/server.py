@@ -3,7 +3,8 @@
 Same endpoints, request fields, response fields and status values as SandboxFusion's server:
 ``POST /run_code`` and ``GET /v1/ping`` (-> ``"pong"``). Errors come in FastAPI's shapes, as
 SandboxFusion (a FastAPI app) sends them: 404/405 as ``{"detail": "Not Found"}``, invalid requests
-as 422 ``{"detail": [...]}``. For clusters where SandboxFusion's container cannot run.
+as 422 ``{"detail": [...]}`` with each pydantic error's ``url``, as the FastAPI and pydantic that
+SandboxFusion pins (0.103, 2.6) include it. For clusters where SandboxFusion's container cannot run.
 """
 
 from __future__ import annotations
@@ -57,12 +58,14 @@ async def _parse(request: Request) -> RunCodeRequest | JSONResponse:
             except json.JSONDecodeError as exc:
                 return _unprocessable([{"type": "json_invalid", "loc": ["body", exc.pos], "msg": "JSON decode error",
                                         "input": {}, "ctx": {"error": exc.msg}}])
-    if body is None:
-        return _unprocessable([{"type": "missing", "loc": ["body"], "msg": "Field required", "input": None}])
+    if body is None:  # as FastAPI 0.103 makes it: pydantic's "missing" error (with its url), input None
+        missing = {"type": "missing", "loc": ("body",), "input": {}}
+        error = ValidationError.from_exception_data("Field required", [missing]).errors()[0]  # type: ignore[list-item]
+        return _unprocessable([{**error, "input": None}])
     try:
         return _REQUEST.validate_python(body, from_attributes=True)
     except ValidationError as exc:
-        return _unprocessable([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors(include_url=False)])
+        return _unprocessable([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()])
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

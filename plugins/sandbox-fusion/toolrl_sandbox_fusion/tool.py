@@ -42,7 +42,7 @@ class CodeInterpreterConfig(BaseModel):
     rate_limit: int | None = Field(10, ge=1, description="most calls in flight; null for no cap")
     calls_per_second: float | None = Field(None, gt=0, description="most calls started per second")
     default_timeout: float = Field(30.0, gt=0, le=3600, description="run time limit (s), also the most a call may ask for")
-    memory_limit_mb: int = Field(1024, description="memory limit per run (MB); -1 for the sandbox's default")
+    memory_limit_mb: int = Field(1024, description="memory limit per run (MB); -1 for none (as SandboxFusion)")
     default_language: Language = "python"
     num_workers: int = Field(10, ge=1, le=256, description="concurrent runs of the embedded sandbox / HTTP connections")
     enable_global_rate_limit: bool = Field(
@@ -106,8 +106,8 @@ def render(response: RunCodeResponse, timeout: float, memory_mb: int) -> str:
         return _clip(stdout.rstrip("\n")) if stdout.strip() else "(no output)"
     verdict = {
         "timeout": f"Error: time limit exceeded: the code ran longer than {timeout:g} s and was stopped.",
-        "memory": f"Error: memory limit exceeded ({f'{memory_mb} MB' if memory_mb > 0 else 'the sandbox default'}): "
-                  "the code ran out of memory.",
+        "memory": f"Error: memory limit exceeded ({memory_mb} MB): the code ran out of memory." if memory_mb > 0
+                  else "Error: out of memory: the code ran out of memory.",
         "output_limit": "Error: output limit exceeded: the code printed too much and was stopped.",
         "error": _exit_text(run.return_code),
         "success": "",

@@ -1,6 +1,6 @@
 """The embedded sandbox: isolated, pre-started interpreter processes, one per run."""
 
 from toolrl_sandbox_fusion.embedded.launch import SandboxLimits
-from toolrl_sandbox_fusion.embedded.sandbox import SUPPORTED_LANGUAGES, EmbeddedSandbox, SandboxConfig
+from toolrl_sandbox_fusion.embedded.sandbox import EmbeddedSandbox, SandboxConfig
 
-__all__ = ["SUPPORTED_LANGUAGES", "EmbeddedSandbox", "SandboxConfig", "SandboxLimits"]
+__all__ = ["EmbeddedSandbox", "SandboxConfig", "SandboxLimits"]

@@ -1,10 +1,12 @@
 """How a sandbox process is started: the isolation mode, the interpreter, its limits, the command line.
 
 Both modes give the code the same view: a fresh root that is a size-capped tmpfs (the working folder
-``/sandbox`` lives on it, and so do files a request places at absolute paths), ``/usr`` and the
-interpreter's own prefixes read-only, ``/lib``-style links as the host has them, a private ``/proc``,
-a minimal ``/dev``, size-capped tmpfs on ``/tmp`` and ``/dev/shm``, new PID, network, IPC, UTS and
-mount namespaces, an empty environment, uid 65534. Nothing else of the host's filesystem is there.
+``/sandbox`` lives on it, and so do files a request places at absolute paths), ``/usr``, the
+interpreter's own prefixes and the toolchains (``languages.py``) read-only, ``/lib``-style links as
+the host has them, a private ``/proc``, a minimal ``/dev``, size-capped tmpfs on ``/tmp`` and
+``/dev/shm``, new PID, network (loopback up), IPC, UTS and mount namespaces, a clean environment,
+uid 65534. The bootstrap then furnishes the root alike in both modes (the usual top-level folders, a
+minimal ``/etc``, ``/run/toolrl/bin``). Nothing else of the host's filesystem is there.
 
 ``bwrap`` (bubblewrap, ``apt-get install -y bubblewrap``) is the default when usable. When started as
 root, bubblewrap itself runs as uid 65534 (via ``setpriv``) because the kernel never applies
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from toolrl_sandbox_fusion.embedded.languages import BIN, Toolchains
+
 logger = logging.getLogger(__name__)
 
 IsolationMode = Literal["bwrap", "unshare"]
@@ -39,10 +43,10 @@ NOBODY = 65534
 WORKDIR = "/sandbox"
 BOOTSTRAP = (Path(__file__).with_name("bootstrap.py")).read_text()
 SANDBOX_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
     "HOME": WORKDIR,
+    "PWD": WORKDIR,
     "TMPDIR": "/tmp",
 }
 # Top-level entries the code may need besides /usr: links into /usr on merged-/usr systems, else
@@ -58,8 +62,9 @@ class SandboxLimits:
     """Per-run limits. Memory, CPU and file-size limits are rlimits set inside the sandbox after the
     request arrives; the tmpfs sizes are fixed when the process is started."""
 
-    default_memory_mb: int = 1024  # when a request says -1 (SandboxFusion's "no limit")
-    max_memory_mb: int = 8192  # the most a request may ask for
+    # The most memory any run gets, also one whose request says -1; None: as SandboxFusion, the
+    # request's memory_limit_MB decides and -1 (or 0) means no limit.
+    max_memory_mb: int | None = None
     max_processes: int = 32  # RLIMIT_NPROC (per sandbox under bubblewrap, its own user namespace)
     max_file_mb: int = 64  # RLIMIT_FSIZE
     max_open_files: int = 256
@@ -74,10 +79,12 @@ class SandboxLimits:
 class Interpreter:
     """The Python the sandbox runs: ``path`` as given (a venv's ``bin/python`` stays a link, so the
     venv is found through its ``pyvenv.cfg``) and the host folders it needs, mounted read-only at the
-    same paths (its prefixes outside ``/usr``)."""
+    same paths (its prefixes outside ``/usr``); its version and whether it has pytest."""
 
     path: str
     mounts: tuple[str, ...] = ()
+    version: str = ""
+    has_pytest: bool = False
 
 
 def _outside_usr(paths: list[str]) -> tuple[str, ...]:
@@ -94,16 +101,19 @@ def _outside_usr(paths: list[str]) -> tuple[str, ...]:
 
 
 @functools.cache
-def _probe_prefixes(path: str) -> list[str]:
-    """Ask the interpreter where it lives (a venv reports its own prefix and its base's)."""
-    code = "import json, sys; print(json.dumps([sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]))"
+def _probe(path: str) -> dict:
+    """Ask the interpreter where it lives (a venv reports its own prefix and its base's), its version
+    and whether it has pytest."""
+    code = ("import json, sys, platform, importlib.util as u; print(json.dumps({'prefixes': [sys.prefix, "
+            "sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix], 'version': platform.python_version(), "
+            "'pytest': u.find_spec('pytest') is not None}))")
     try:
         proc = subprocess.run([path, "-I", "-c", code], capture_output=True, text=True, timeout=60, env={})
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RuntimeError(f"python_executable {path!r} cannot be run: {exc}") from None
     if proc.returncode != 0:
         raise RuntimeError(f"python_executable {path!r} failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def find_interpreter(explicit: str | None = None) -> Interpreter:
@@ -118,7 +128,7 @@ def find_interpreter(explicit: str | None = None) -> Interpreter:
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise RuntimeError(f"python_executable {explicit!r}: no executable Python at {path}")
     elif os.access("/usr/bin/python3", os.X_OK):
-        return Interpreter(os.path.realpath("/usr/bin/python3"))
+        path = os.path.realpath("/usr/bin/python3")
     else:
         path = os.path.realpath(sys.executable)
     # Each hop of a symlink chain must resolve inside the sandbox; the prefixes hold the stdlib and
@@ -129,7 +139,22 @@ def find_interpreter(explicit: str | None = None) -> Interpreter:
         if not os.path.islink(hop):
             break
         hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
-    return Interpreter(path, _outside_usr(hops + _probe_prefixes(path)))
+    probe = _probe(path)
+    return Interpreter(path, _outside_usr(hops + probe["prefixes"]), probe["version"], probe["pytest"])
+
+
+def sandbox_env(interpreter: Interpreter) -> dict[str, str]:
+    """The code's whole environment. PATH starts with the sandbox's commands (python, pytest, the
+    toolchains), then the interpreter's own folder (a venv's scripts), as SandboxFusion's runtime
+    environment is first on its PATH."""
+    system = ["/usr/local/bin", "/usr/bin", "/bin"]
+    own = os.path.dirname(interpreter.path)
+    return {"PATH": ":".join([BIN, *([own] if own not in system else []), *system]), **SANDBOX_ENV}
+
+
+def _mounts(interpreter: Interpreter, toolchains: Toolchains) -> list[tuple[str, str]]:
+    """Every read-only mount beyond /usr: (host source, target in the sandbox)."""
+    return [(m, m) for m in interpreter.mounts] + list(toolchains.mounts)
 
 
 def resolve_bwrap() -> str | None:
@@ -151,9 +176,10 @@ def _reachable_by_nobody(path: str) -> bool:
     return True
 
 
-def _bwrap_argv(bwrap: str, interpreter: Interpreter, limits: SandboxLimits) -> list[str]:
+def _bwrap_argv(bwrap: str, interpreter: Interpreter, toolchains: Toolchains, limits: SandboxLimits) -> list[str]:
     as_root = os.geteuid() == 0
-    staged = [m for m in interpreter.mounts if as_root and not _reachable_by_nobody(m)]
+    mounts = _mounts(interpreter, toolchains)
+    staged = [source for source, _ in mounts if as_root and not _reachable_by_nobody(source)]
     argv = [
         bwrap, "--unshare-all", "--die-with-parent", "--new-session",
         # The root is a writable, size-capped tmpfs of its own (SandboxFusion's root is writable
@@ -173,11 +199,11 @@ def _bwrap_argv(bwrap: str, interpreter: Interpreter, limits: SandboxLimits) -> 
         "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp",
         "--remount-ro", "/dev", "--dir", WORKDIR,
     ]
-    stage = _stage_folder(interpreter.mounts) if staged else ""
-    for mount in interpreter.mounts:  # after /tmp: a venv may live under it
-        argv += ["--ro-bind", f"{stage}/{staged.index(mount)}" if mount in staged else mount, mount]
+    stage = _stage_folder([source for source, _ in mounts]) if staged else ""
+    for source, target in mounts:  # after /tmp: a venv may live under it
+        argv += ["--ro-bind", f"{stage}/{staged.index(source)}" if source in staged else source, target]
     argv += ["--chdir", WORKDIR, "--clearenv"]
-    for key, value in SANDBOX_ENV.items():
+    for key, value in sandbox_env(interpreter).items():
         argv += ["--setenv", key, value]
     argv += ["--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox", "--cap-drop", "ALL", "--"]
     if as_root:
@@ -192,41 +218,47 @@ def _bwrap_argv(bwrap: str, interpreter: Interpreter, limits: SandboxLimits) -> 
     return argv
 
 
-def _stage_folder(mounts: tuple[str, ...]) -> str:
+def _stage_folder(sources: list[str]) -> str:
     for stage in _STAGES:
-        if os.path.isdir(stage) and not any(m == stage or m.startswith(stage + "/") for m in mounts):
+        if os.path.isdir(stage) and not any(m == stage or m.startswith(stage + "/") for m in sources):
             return stage
     raise RuntimeError(f"no folder to stage the interpreter's folders in (tried {', '.join(_STAGES)})")
 
 
 def _staging_prefix(stage: str, staged: list[str]) -> list[str]:
     """As root, in a private mount namespace: a tmpfs on ``stage`` holding bind mounts of the
-    folders uid 65534 cannot reach, so bubblewrap (running as 65534) can bind them from there."""
+    folders (and files) uid 65534 cannot reach, so bubblewrap (running as 65534) can bind them from there."""
     unshare, sh = shutil.which("unshare"), shutil.which("sh")
     if unshare is None or sh is None:
         raise RuntimeError("mounting an interpreter under a private folder needs unshare (util-linux) and sh")
     script = f"mount -t tmpfs -o mode=0755,size=64k toolrl-stage {stage} || exit 125\n"
     for i in range(len(staged)):
-        script += f'mkdir {stage}/{i} && mount --bind -o ro "${{{i + 1}}}" {stage}/{i} || exit 125\n'
+        source, target = f'"${{{i + 1}}}"', f"{stage}/{i}"
+        script += (f"{{ if [ -d {source} ]; then mkdir {target}; else : > {target}; fi; }} && "
+                   f"mount --bind -o ro {source} {target} || exit 125\n")
     script += f'shift {len(staged)}\nexec "$@"\n'
     return [unshare, "--mount", "--propagation", "private", "--", sh, "-c", script, "stage", *staged]
 
 
-def build_command(mode: IsolationMode, interpreter: Interpreter, limits: SandboxLimits, control_fd: int) -> list[str]:
-    """The argv that starts one pooled sandbox process (which then waits for its request)."""
-    boot = [interpreter.path, "-I", "-c", BOOTSTRAP, mode, str(control_fd),
-            str(limits.workdir_mb), str(limits.tmp_mb), str(limits.shm_mb), *interpreter.mounts]
+def build_command(mode: IsolationMode, interpreter: Interpreter, toolchains: Toolchains, limits: SandboxLimits,
+                  control_fd: int) -> list[str]:
+    """The argv that starts one pooled sandbox process (which then waits for its request). The
+    bootstrap gets the mounts (the fallback makes them itself) and the commands to link in BIN."""
+    mounts = _mounts(interpreter, toolchains)
+    boot = [interpreter.path, "-I", "-c", BOOTSTRAP, mode, str(control_fd), str(limits.workdir_mb),
+            str(limits.tmp_mb), str(limits.shm_mb), str(len(mounts)), *(p for m in mounts for p in m),
+            *(f"{name}={target}" for name, target in toolchains.commands)]
     if mode == "bwrap":
         bwrap = resolve_bwrap()
         if bwrap is None:
             raise RuntimeError("bubblewrap is not installed (apt-get install -y bubblewrap)")
-        return _bwrap_argv(bwrap, interpreter, limits) + boot
+        return _bwrap_argv(bwrap, interpreter, toolchains, limits) + boot
     return boot
 
 
-def sandbox_env(mode: IsolationMode) -> dict[str, str]:
+def popen_env(mode: IsolationMode, interpreter: Interpreter) -> dict[str, str]:
     # bwrap clears and sets the environment itself; the fallback gets only these variables.
-    return {} if mode == "bwrap" else dict(SANDBOX_ENV)
+    return {} if mode == "bwrap" else sandbox_env(interpreter)
 
 
 @functools.cache
@@ -236,7 +268,7 @@ def _probe_bwrap(interpreter: Interpreter) -> str | None:
     if bwrap is None:
         return "bubblewrap is not installed (apt-get install -y bubblewrap)"
     try:
-        argv = _bwrap_argv(bwrap, interpreter, SandboxLimits()) + [interpreter.path, "-I", "-S", "-c", "pass"]
+        argv = _bwrap_argv(bwrap, interpreter, Toolchains(), SandboxLimits()) + [interpreter.path, "-I", "-S", "-c", "pass"]
         proc = subprocess.run(argv, capture_output=True, timeout=30, env={})
     except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap failed to start: {exc}"

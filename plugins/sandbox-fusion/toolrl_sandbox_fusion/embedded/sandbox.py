@@ -1,9 +1,10 @@
 """The embedded sandbox: runs a :class:`RunCodeRequest` in a fresh isolated process, no server needed.
 
 Each run takes one pre-started process from the pool, sends it the request, collects stdout, stderr
-and fetched files (capped), and enforces the wall-clock limit with a process-group kill. Results
-use SandboxFusion's shapes and status rules, so the tool and ``toolrl sandbox serve`` treat this
-and a real SandboxFusion server alike.
+and fetched files (capped), and enforces the compile and run time limits with a process-group kill.
+Results use SandboxFusion's shapes and status rules (a compile step's own ``compile_result``, output
+that is not UTF-8 reported as its decode error, ``memory_limit_MB`` -1 for no limit), so the tool and
+``toolrl sandbox serve`` treat this and a real SandboxFusion server alike.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
+from toolrl_sandbox_fusion.embedded.languages import Program, Toolchains, base_toolchains, discover
 from toolrl_sandbox_fusion.embedded.launch import (
     Interpreter,
     IsolationMode,
@@ -31,7 +33,7 @@ from toolrl_sandbox_fusion.embedded.launch import (
     build_command,
     choose_mode,
     find_interpreter,
-    sandbox_env,
+    popen_env,
 )
 from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess, SandboxStartError
 from toolrl_sandbox_fusion.models import (
@@ -42,7 +44,6 @@ from toolrl_sandbox_fusion.models import (
     overall_status,
 )
 
-SUPPORTED_LANGUAGES = ("python", "bash")
 # Signals the sandbox's own limits send; the tool names the signal itself.
 _SIGNAL_NOTES = {
     signal.SIGXCPU: "CPU time limit exceeded",
@@ -74,12 +75,13 @@ class EmbeddedSandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self._lock = threading.Lock()
-        self._pool: ProcessPool | None = None
+        self._pools: dict[bool, ProcessPool] = {}  # by whether the toolchains are mounted
         self._executor: ThreadPoolExecutor | None = None
         self._owner_pid = 0
         self._mode: IsolationMode | None = None
         self._interpreter: Interpreter | None = None
-        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [None, None])
+        self._toolchains: Toolchains | None = None
+        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [{}, None])
 
     @property
     def interpreter(self) -> Interpreter:
@@ -87,6 +89,14 @@ class EmbeddedSandbox:
         if self._interpreter is None:
             self._interpreter = find_interpreter(self.config.interpreter)
         return self._interpreter
+
+    @property
+    def toolchains(self) -> Toolchains:
+        """This host's toolchains for the languages other than python, found on first use."""
+        if self._toolchains is None:
+            interpreter = self.interpreter
+            self._toolchains = discover(interpreter.version, interpreter.has_pytest)
+        return self._toolchains
 
     @property
     def mode(self) -> IsolationMode:
@@ -97,22 +107,38 @@ class EmbeddedSandbox:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the whole pool now instead of on the first run."""
-        self._ensure_started()[0].warm()
+        """Start the python pool now instead of on the first run."""
+        self._pool(commands=False).warm()
 
-    def _ensure_started(self) -> tuple[ProcessPool, ThreadPoolExecutor]:
+    def _ensure_started(self) -> ThreadPoolExecutor:
         with self._lock:
-            if self._pool is None or self._owner_pid != os.getpid():
+            if self._executor is None or self._owner_pid != os.getpid():
+                self._pools = {}
+                self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
+                self._owner_pid = os.getpid()
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pools, self._executor])
+            return self._executor
+
+    def _pool(self, commands: bool) -> ProcessPool:
+        """The pool for python runs, or (started on the first such run) the one for every other
+        language, whose sandboxes also have the toolchains. Python's do not: each mount costs its
+        start-up time (about 1 ms under bubblewrap), and python runs are the hot path."""
+        self._ensure_started()
+        with self._lock:
+            pool = self._pools.get(commands)
+            if pool is None:
                 mode, interpreter = self.mode, self.interpreter
+                toolchains = self.toolchains if commands else base_toolchains()
                 limits = self.config.limits
 
                 def spawn() -> SandboxProcess:
                     read_fd, write_fd = os.pipe()
                     try:
                         proc = subprocess.Popen(
-                            build_command(mode, interpreter, limits, write_fd),
+                            build_command(mode, interpreter, toolchains, limits, write_fd),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            pass_fds=(write_fd,), env=sandbox_env(mode), cwd="/", start_new_session=True,
+                            pass_fds=(write_fd,), env=popen_env(mode, interpreter), cwd="/", start_new_session=True,
                         )
                     except BaseException:
                         os.close(read_fd)
@@ -121,20 +147,15 @@ class EmbeddedSandbox:
                         os.close(write_fd)
                     return SandboxProcess(proc, read_fd)
 
-                self._pool = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
-                self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
-                self._owner_pid = os.getpid()
-                self._finalizer.detach()
-                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pool, self._executor])
-            assert self._executor is not None
-            return self._pool, self._executor
+                pool = self._pools[commands] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
+            return pool
 
     @staticmethod
     def _shutdown(parts: list) -> None:
-        pool, executor = parts
+        pools, executor = parts
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
-        if pool is not None:
+        for pool in list(pools.values()):
             pool.close()
 
     def close(self) -> None:
@@ -143,7 +164,7 @@ class EmbeddedSandbox:
                 self._finalizer()
             else:
                 self._finalizer.detach()
-            self._pool = self._executor = None
+            self._pools, self._executor = {}, None
 
     def __enter__(self) -> EmbeddedSandbox:
         return self
@@ -154,15 +175,18 @@ class EmbeddedSandbox:
     # -- running ----------------------------------------------------------------------------------
 
     async def arun(self, request: RunCodeRequest) -> RunCodeResponse:
-        _, executor = self._ensure_started()
+        executor = self._ensure_started()
         return await asyncio.get_running_loop().run_in_executor(executor, self.run, request)
 
     def run(self, request: RunCodeRequest) -> RunCodeResponse:
-        if request.language not in SUPPORTED_LANGUAGES:
-            return RunCodeResponse.sandbox_error(
-                f"language {request.language!r} is not supported by the embedded sandbox "
-                f"(supported: {', '.join(SUPPORTED_LANGUAGES)})"
-            )
+        program = None  # python runs in the sandbox's interpreter itself
+        if request.language != "python":
+            try:
+                program = self.toolchains.program(request.language, request.code, request.files, request.args)
+            except ValueError as exc:
+                return RunCodeResponse.sandbox_error(str(exc))
+            except RuntimeError as exc:  # the interpreter cannot be run
+                return RunCodeResponse.sandbox_error(f"sandbox unavailable: {exc}")
         # Paths are relative to the working folder or absolute in the sandbox's own root, as on a
         # SandboxFusion server; content None means no file (as there). Bad input is the request's
         # fault: a SandboxError, as SandboxFusion reports it, never the program failing.
@@ -177,11 +201,11 @@ class EmbeddedSandbox:
                     return RunCodeResponse.sandbox_error(
                         f"exception on running code: file {path!r} is not valid base64: {exc}")
         try:
-            pool, _ = self._ensure_started()
+            pool = self._pool(commands=program is not None)
             for _ in range(3):
                 sp = pool.take(self.config.start_timeout)
                 try:
-                    return self._execute(sp, request, files)
+                    return self._execute(sp, request, program, files)
                 except _NotStarted:
                     continue
                 finally:
@@ -190,13 +214,22 @@ class EmbeddedSandbox:
             return RunCodeResponse.sandbox_error(f"sandbox unavailable: {exc}")
         return RunCodeResponse.sandbox_error("sandbox processes kept dying before running the code")
 
-    def _limits(self, request: RunCodeRequest) -> dict[str, list[int]]:
+    def memory_mb(self, request: RunCodeRequest) -> int | None:
+        """The run's memory limit: the request's (SandboxFusion: -1 or 0 is none), within the cap."""
+        cap = self.config.limits.max_memory_mb
+        asked = request.memory_limit_MB if request.memory_limit_MB > 0 else None
+        return cap if asked is None else asked if cap is None else min(asked, cap)
+
+    def _limits(self, request: RunCodeRequest, timeout: float) -> dict[str, list[int]]:
         lim = self.config.limits
-        memory_mb = lim.default_memory_mb if request.memory_limit_MB <= 0 else min(
-            request.memory_limit_MB, lim.max_memory_mb)
-        cpu = max(1, math.ceil(request.run_timeout))
+        memory_mb = self.memory_mb(request)
+        cpu = max(1, math.ceil(timeout))
+        # SandboxFusion sets RLIMIT_DATA and RLIMIT_STACK to the limit too. Not here: a stack limit
+        # that large is every new thread's stack size, so no thread can start under the address-space
+        # limit; the address-space limit alone bounds memory.
+        memory = {} if memory_mb is None else {"AS": [memory_mb << 20] * 2}
         return {
-            "AS": [memory_mb << 20] * 2,
+            **memory,
             # The wall-clock kill is the limit; the CPU limit backs it up if that kill were missed.
             "CPU": [cpu + 1, cpu + 2],
             "NPROC": [lim.max_processes] * 2,
@@ -205,14 +238,23 @@ class EmbeddedSandbox:
             "CORE": [0, 0],
         }
 
-    def _execute(self, sp: SandboxProcess, request: RunCodeRequest, files: dict[str, bytes]) -> RunCodeResponse:
+    def _header(self, request: RunCodeRequest, program: Program | None, files: dict[str, bytes]) -> bytes:
+        """The request as the bootstrap reads it: marshal, which it reads without importing anything
+        (version 4: Python 3.4+). ``run`` None: python, in the sandbox's interpreter."""
         lim = self.config.limits
-        # marshal: the bootstrap reads it without importing anything (version 4: Python 3.4+).
-        header = marshal.dumps({
-            "code": request.code, "language": request.language, "args": list(request.args),
-            "files": files, "fetch_files": list(request.fetch_files),
-            "limits": self._limits(request), "max_fetch_bytes": lim.max_fetch_bytes,
+        return marshal.dumps({
+            "code": program.code if program else request.code, "args": list(request.args), "files": files,
+            "fetch_files": list(request.fetch_files), "limits": self._limits(request, request.run_timeout),
+            "max_fetch_bytes": lim.max_fetch_bytes, "max_output_bytes": lim.max_output_bytes,
+            "source": program and program.source, "run": program and program.run,
+            "compile": program and program.compile, "env": program.env if program else {},
+            "compile_limits": self._limits(request, request.compile_timeout),
         }, 4)
+
+    def _execute(self, sp: SandboxProcess, request: RunCodeRequest, program: Program | None,
+                 files: dict[str, bytes]) -> RunCodeResponse:
+        lim = self.config.limits
+        header = self._header(request, program, files)
         payload = b"%010d" % len(header) + header + (request.stdin or "").encode()
         proc = sp.proc
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -232,7 +274,7 @@ class EmbeddedSandbox:
 
         def read(fd: int) -> bool:
             """Read what is there; False at end of stream."""
-            nonlocal output, killed, drain_until
+            nonlocal output, killed, drain_until, compiled_at, deadline
             data = os.read(fd, 65536)
             if not data:
                 poller.unregister(fd)
@@ -244,6 +286,9 @@ class EmbeddedSandbox:
                 if control.size > 2 * lim.max_fetch_bytes:
                     poller.unregister(fd)
                     del by_fd[fd]
+                if compiling and control.compiled is not None and compiled_at is None:  # the run's limit starts
+                    compiled_at = time.monotonic()
+                    deadline = compiled_at + request.run_timeout
                 return True
             room = lim.max_output_bytes - output
             if room > 0:  # beyond the cap, output is read (so the writer is not stuck) and dropped
@@ -255,7 +300,9 @@ class EmbeddedSandbox:
             return True
 
         start = time.monotonic()
-        deadline = start + request.run_timeout
+        compiling = program is not None and program.compile is not None
+        deadline = start + (request.compile_timeout if compiling else request.run_timeout)
+        compiled_at: float | None = None  # when the compile step reported
         drain_until: float | None = None  # set once the process is gone or killed
         sent = output = 0
         killed: str | None = None
@@ -269,7 +316,8 @@ class EmbeddedSandbox:
                 now = time.monotonic()
                 if drain_until is None and now >= deadline:
                     sp.kill()
-                    killed, drain_until = "timeout", now + 1.0
+                    killed = "compile_timeout" if compiling and compiled_at is None else "timeout"
+                    drain_until = now + 1.0
                 if drain_until is not None and now >= drain_until:
                     break  # a process outside our reach still holds a pipe: stop waiting for it
                 limit = (drain_until if drain_until is not None else deadline) - now
@@ -316,14 +364,25 @@ class EmbeddedSandbox:
             # report reads the same: it cannot be told apart.)
             if 128 < returncode <= 128 + _MAX_SIGNAL:
                 returncode = 128 - returncode
-        elapsed = (ended or time.monotonic()) - start
-        return self._response(request, chunks, control.files, returncode, killed, elapsed)
+        end = ended or time.monotonic()
+        files = control.files if request.fetch_files else {}
+        if compiling:
+            compile_result = _compile_result(control.compiled, killed, returncode, (compiled_at or end) - start, chunks)
+            if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
+                detail = (f"compile time limit of {request.compile_timeout:g} s exceeded; the compiler was killed"
+                          if killed == "compile_timeout" else "")
+                return RunCodeResponse(status=overall_status(None, compile_result), compile_result=compile_result,
+                                       detail=detail, files=files)
+            response = self._response(request, chunks, files, returncode, killed, end - (compiled_at or start))
+            response.compile_result = compile_result
+            response.status = overall_status(response.run_result, compile_result)
+            return response
+        return self._response(request, chunks, files, returncode, killed, end - start)
 
     def _response(self, request: RunCodeRequest, chunks: dict[str, list[bytes]], files: dict[str, str],
                   returncode: int, killed: str | None, elapsed: float) -> RunCodeResponse:
         lim = self.config.limits
-        stdout = b"".join(chunks["stdout"]).decode(errors="replace")
-        stderr = b"".join(chunks["stderr"]).decode(errors="replace")
+        stdout, stderr = _decode(b"".join(chunks["stdout"])), _decode(b"".join(chunks["stderr"]))
         detail = ""
         if killed == "timeout":
             run = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed,
@@ -336,23 +395,47 @@ class EmbeddedSandbox:
             elif returncode < 0 and -returncode in _SIGNAL_NOTES:
                 detail = _SIGNAL_NOTES[signal.Signals(-returncode)]
             elif returncode != 0 and "MemoryError" in stderr[-2000:]:
-                memory = self._limits(request)["AS"][0] >> 20
-                detail = f"memory limit of {memory} MB exceeded (MemoryError)"
+                memory = self.memory_mb(request)
+                detail = "out of memory (MemoryError)" if memory is None else (
+                    f"memory limit of {memory} MB exceeded (MemoryError)")
             run = CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
                                    return_code=returncode, stdout=stdout, stderr=stderr)
-        return RunCodeResponse(status=overall_status(run), run_result=run, detail=detail,
-                               files=files if request.fetch_files else {})
+        return RunCodeResponse(status=overall_status(run), run_result=run, detail=detail, files=files)
+
+
+def _decode(data: bytes) -> str:
+    """Output as SandboxFusion reports it: UTF-8, else the decode error in its place."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        return f"[DecodeError] {exc}"
+
+
+def _compile_result(report: dict | None, killed: str | None, returncode: int, elapsed: float,
+                    chunks: dict[str, list[bytes]]) -> CommandRunResult:
+    """The compile step's result: its report, or what stopped the sandbox before it reported."""
+    if report is not None:
+        return CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
+                                return_code=report["return_code"], stdout=_decode(report["stdout"]),
+                                stderr=_decode(report["stderr"]))
+    if killed == "compile_timeout":
+        return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed)
+    # The sandbox ended before the compiler reported (killed, out of memory): what it printed.
+    return CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed, return_code=returncode,
+                            stdout=_decode(b"".join(chunks["stdout"])), stderr=_decode(b"".join(chunks["stderr"])))
 
 
 class _ControlFrames:
     """Parses the control stream after the ready byte: "E" the request's files could not be written,
-    "F" fetched files (JSON), "X" the exit code. The program could write here too (not before its
-    files are written, so not an "E"); malformed frames end the parsing, never the launcher."""
+    "C" a compile step's result (JSON), "F" fetched files (JSON), "X" the exit code. A python program
+    could write here too (not before its files are written, so not an "E"; commands never get the
+    fd); malformed frames end the parsing, never the launcher."""
 
     def __init__(self) -> None:
         self.buffer = b""
         self.size = 0
         self.files: dict[str, str] = {}
+        self.compiled: dict | None = None
         self.exit_code: int | None = None
         self.error: str | None = None
         self._broken = False
@@ -377,8 +460,12 @@ class _ControlFrames:
                     self.files = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
                 elif kind == b"X":
                     self.exit_code = int(body)
+                elif kind == b"C" and self.compiled is None:
+                    report = json.loads(body)
+                    self.compiled = {"return_code": int(report["return_code"]),
+                                     **{k: binascii.a2b_base64(report[k]) for k in ("stdout", "stderr")}}
                 elif kind == b"E" and self.exit_code is None:
                     self.error = body.decode(errors="replace")
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, KeyError, TypeError, binascii.Error):
                 self._broken = True
                 return
