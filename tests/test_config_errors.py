@@ -3,6 +3,7 @@ the 1-based line or row and the dotted field, no traceback (issue 13)."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,7 +96,7 @@ def test_unknown_key_in_a_list_item_names_its_line(tmp_path):
 def test_model_tiny_unknown_key_from_an_override_and_from_the_file(tmp_path):
     path = write_config(tmp_path)
     one_error_line(invoke("train", str(path), "model.tiny={bogus: 1}"),
-                   "override model.tiny={bogus: 1}: model.tiny: unknown key 'bogus'")
+                   "override model.tiny={bogus: 1}: model.tiny: bogus: unknown key")
     path = write_config(tmp_path, model={"source": "tiny-qwen3", "tiny": {"hidden_size": "wide"}})
     line = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if "tiny:" in ln)
     one_error_line(invoke("rollout", str(path)), f"{path}:{line}: model.tiny: hidden_size: Input should be a valid integer")
@@ -249,3 +250,246 @@ def test_config_errors_are_one_line_in_python_too(tmp_path):
         load_config(write_config(tmp_path, rollout={"n": 0, "top_p": 2}))
     assert "\n" not in str(info.value) and "rollout.n" in str(info.value) and "rollout.top_p" in str(info.value)
     assert Path(str(info.value).split(":")[0]).name == "config.yaml"
+
+
+# -- sizes, non-finite numbers, YAML that repeats or expands, removed keys (issue 24) ---------------
+# Each case runs the real entry point (python -m toolrl train) in a process capped at 4 GiB of
+# address space: a check that regresses fails its test with a MemoryError, not the machine.
+
+BASE_YAML = """model: {source: tiny-qwen3}
+env: arithmetic
+env_options: {train_size: 4}
+tools: {entries: [{class_name: calculator}]}
+trainer: {total_steps: 1, output_dir: %s, progress: false, plot: false}
+"""
+
+
+def toolrl_process(*args, timeout=180):
+    def cap_memory():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    return subprocess.run([sys.executable, "-m", "toolrl", *args], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=cap_memory)
+
+
+def laughs(indent, levels=9):
+    """A 'billion laughs': each level lists the previous one nine times (9**levels strings)."""
+    lines = [f"{indent}l0: &l0 [{', '.join(['lol'] * 9)}]"]
+    lines += [f"{indent}l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def line_of(path, fragment):
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if fragment in ln)
+
+
+def case_group_size(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run"))
+    return ["rollout.n=99999999999999999999999999"], [
+        "override rollout.n=99999999999999999999999999: rollout.n: at most 4,096 ("]
+
+
+def case_trajectories_per_step(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + "data: {batch_size: 512}\nrollout: {n: 4096}\n")
+    return [], [f"{cfg}: data.batch_size × rollout.n = 2,097,152 trajectories per step; at most 65,536 ("]
+
+
+def case_empty_prompt(tmp_path, cfg):
+    data = jsonl(tmp_path, json.dumps(ROW), json.dumps({**ROW, "prompt": []}))
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + f"data: {{train_files: [{data}]}}\n")
+    return [], [f"{data}:2: prompt: no messages"]
+
+
+def case_laughs_in_engine_options(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + "engine:\n  options:\n" + laughs("    "))
+    # Past 100,000 repeated nodes at the second alias of l4 (66,430 nodes each).
+    return [], [f"{cfg}:{line_of(cfg, 'l4: &l4')}: YAML aliases of the value anchored here expand past 100,000 nodes"]
+
+
+def case_laughs_in_env_options(tmp_path, cfg):
+    cfg.write_text((BASE_YAML % (tmp_path / "run")).replace("env_options: {train_size: 4}\n",
+                                                            "env_options:\n" + laughs("  ")))
+    return [], [f"{cfg}:{line_of(cfg, 'l4: &l4')}: YAML aliases", "billion laughs"]
+
+
+def case_recursive_alias(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + "engine:\n  options: &loop {self: [*loop]}\n")
+    return [], [f"{cfg}:7: a YAML alias inside the value it refers to"]
+
+
+def case_50mb_system_prompt_in_a_data_row(tmp_path, cfg):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({**ROW, "prompt": [{"role": "system", "content": "x" * (50 << 20)},
+                                                  {"role": "user", "content": "2+3?"}]}) + "\n")
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + f"data: {{train_files: [{data}]}}\n")
+    return [], [f"{data}:1: prompt: 52,428,", " characters of prompt text; at most 1,000,000 ("]
+
+
+def case_50mb_config(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + f"data: {{system_prompt: {'x' * (50 << 20)}}}\n")
+    return [], [f"{cfg}: larger than 4,194,304 bytes (put long texts in data files)"]
+
+
+def case_long_system_prompt(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + f"data:\n  system_prompt: {'x' * 1_500_000}\n")
+    return [], [f"{cfg}:7: data.system_prompt: 1,500,000 characters of prompt text; at most 1,000,000 ("]
+
+
+def case_infinite_lr(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run"))
+    return ["optim.lr=.inf"], ["override optim.lr=.inf: optim.lr: Input should be a finite number"]
+
+
+def case_infinite_temperature(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run"))
+    return ["rollout.temperature=.inf"], ["rollout.temperature: Input should be a finite number"]
+
+
+def case_nan_in_the_file(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + "reward:\n  tool_reward_weight: .nan\n")
+    return [], [f"{cfg}:7: reward.tool_reward_weight: Input should be a finite number"]
+
+
+def case_duplicated_section(tmp_path, cfg):
+    cfg.write_text("rollout: {n: 2}\n" + BASE_YAML % (tmp_path / "run") + "rollout: {n: 8}\n")
+    return [], [f"{cfg}:7: duplicate key 'rollout' (first at line 1)"]
+
+
+def case_duplicated_nested_key(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run") + "rollout:\n  n: 2\n  max_new_tokens: 8\n  n: 8\n")
+    return [], [f"{cfg}:9: duplicate key 'n' (first at line 7)"]
+
+
+def case_removed_synthetic_data(tmp_path, cfg):
+    cfg.write_text("model: {source: tiny-qwen3}\ndata:\n  synthetic: {kind: arithmetic, num_samples: 8}\n")
+    return [], [f"{cfg}:3: data.synthetic was removed: use env: arithmetic", "docs/environments.md"]
+
+
+def case_removed_tasks(tmp_path, cfg):
+    cfg.write_text(BASE_YAML % (tmp_path / "run"))
+    return ["tasks={math: {max_turns: 2}}"], ["override tasks={math: {max_turns: 2}}: tasks was replaced by envs"]
+
+
+@pytest.mark.parametrize("case", [
+    case_group_size, case_trajectories_per_step, case_empty_prompt, case_laughs_in_engine_options,
+    case_laughs_in_env_options, case_recursive_alias, case_50mb_system_prompt_in_a_data_row, case_50mb_config,
+    case_long_system_prompt, case_infinite_lr, case_infinite_temperature, case_nan_in_the_file,
+    case_duplicated_section, case_duplicated_nested_key, case_removed_synthetic_data, case_removed_tasks,
+], ids=lambda case: case.__name__.removeprefix("case_"))
+def test_bad_sizes_and_values_are_one_line_before_anything_loads(tmp_path, case):
+    cfg = tmp_path / "config.yaml"
+    overrides, fragments = case(tmp_path, cfg)
+    res = toolrl_process("train", str(cfg), *overrides)
+    assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, (res.returncode, res.stderr[-3000:])
+    line = res.stderr.strip()
+    assert line.startswith("error: ") and all(f in line for f in fragments), (fragments, line[:500])
+    run = tmp_path / "run"  # data errors come after the run directory is prepared, before the model loads
+    written = sorted(p.relative_to(run).as_posix() for p in run.rglob("*")) if run.exists() else []
+    assert written in ([], ["config.json", "rollouts"]), written
+
+
+def test_prompt_longer_than_the_context_names_the_row_before_the_model_loads(tmp_path, monkeypatch):
+    """A prompt the model's context cannot hold fails once, naming its row, after the tokenizer and
+    before the model loads (today every trajectory of it fails in the engine and the run goes on)."""
+    from toolrl.roles import compose
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built before the prompts were checked")
+
+    monkeypatch.setattr(compose, "build_policy", no_model)
+    long_row = {**ROW, "prompt": [{"role": "user", "content": "7" * 40_000}]}  # Qwen: one token per digit
+    data = jsonl(tmp_path, json.dumps(ROW), json.dumps(long_row))
+    path = write_config(tmp_path, data={"train_files": [str(data)]})
+    one_error_line(invoke("rollout", str(path)), f"{data}:2: prompt: 40,00", " tokens with the chat template; "
+                   "the model's context is 32,768 (max_position_embeddings in ")
+
+
+def test_prompt_tokens_are_counted_only_for_prompts_that_may_not_fit(qwen3_tokenizer, tiny_qwen3_path, monkeypatch):
+    from toolrl.data import check_prompt_tokens, model_context
+    from toolrl.schemas import Sample
+
+    config_json = Path(tiny_qwen3_path) / "config.json"
+    assert model_context(qwen3_tokenizer, tiny_qwen3_path) == (32768, f"max_position_embeddings in {config_json}")
+    assert model_context(qwen3_tokenizer, "/nonexistent") == (131072, "the tokenizer's model_max_length")
+    rendered = []
+    render = qwen3_tokenizer.apply_chat_template
+
+    def counted(messages, *args, **kwargs):
+        rendered.append(messages)
+        return render(messages, *args, **kwargs)
+
+    monkeypatch.setattr(qwen3_tokenizer, "apply_chat_template", counted)
+    # 34,000 UTF-8 bytes may be 32,768 tokens, so it is rendered; it is far fewer and fits.
+    check_prompt_tokens([Sample(prompt="2+3?"), Sample(prompt="é" * 17_000)], qwen3_tokenizer, tiny_qwen3_path, "data")
+    assert [m[-1]["content"][:1] for m in rendered] == ["", "é"]  # the template's own tokens, then the long one
+    # One token per digit, and 8 for the template: one token too many.
+    with pytest.raises(ConfigError, match=r"^data sample 2: prompt: 32,768 tokens with the chat template; "
+                                          r"the model's context is 32,768 \(max_position_embeddings in "):
+        check_prompt_tokens([Sample(prompt="2+3?"), Sample(prompt="7" * 32_760)], qwen3_tokenizer, tiny_qwen3_path,
+                            "data")
+
+
+def test_renamed_keys_are_a_table_and_each_names_its_replacement(tmp_path):
+    from toolrl.config import MOVED_KEYS
+
+    path = write_config(tmp_path)
+    for keys, hint in MOVED_KEYS.items():
+        override = ".".join(keys) + "={}"
+        with pytest.raises(ConfigError) as info:
+            load_config(path, [override])
+        assert str(info.value) == f"override {override}: {'.'.join(keys)} {hint}"
+        assert "use " in hint or "replaced by " in hint
+
+
+def test_duplicate_keys_are_errors_but_merge_keys_and_small_aliases_load(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text((BASE_YAML % (tmp_path / "run")) + "eval: &sampling {n: 2, temperature: 0.7}\n"
+                    "rollout:\n  <<: *sampling\n  n: 4\nengine:\n  options: {a: &a [1, 2], b: [*a, *a]}\n")
+    config = load_config(path)
+    assert (config.rollout.n, config.rollout.temperature, config.eval.n) == (4, 0.7, 2)
+    assert config.engine.options == {"a": [1, 2], "b": [[1, 2], [1, 2]]}
+    path.write_text(path.read_text() + "eval: {n: 1}\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:12: duplicate key 'eval' \(first at line 6\)"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"^override engine.options={a: 1, a: 2}: duplicate key 'a'"):
+        load_config(write_config(tmp_path), ["engine.options={a: 1, a: 2}"])
+
+
+def test_limits_name_the_limit_and_why(tmp_path):
+    path = write_config(tmp_path)
+    for override, expected in [
+        ("eval.n=5000", "eval.n: at most 4,096 (a group's trajectories are generated and held together)"),
+        ("rollout.max_new_tokens=10000000", "rollout.max_new_tokens: at most 1,048,576 (tokens held at once"),
+        ("optim.micro_batch_size=100000", "optim.micro_batch_size: at most 65,536 (sequences held in memory"),
+        ("trainer.collective_timeout_s=1e300", "trainer.collective_timeout_s: at most 604,800 (a week"),
+        ("trainer.seed=4294967296", "trainer.seed: Input should be less than or equal to 4294967295"),
+        ("optim.betas=[0.9, 1.5]", "optim.betas.1: Input should be less than 1"),
+        ("model.tiny={hidden_size: 100000}", "model.tiny: hidden_size: Input should be less than or equal to 4096"),
+        ("model.tiny={num_attention_heads: 3, num_key_value_heads: 2}",
+         "model.tiny: num_attention_heads (3) must be a multiple of num_key_value_heads (2)"),
+    ]:
+        with pytest.raises(ConfigError, match="^" + re.escape(f"override {override}: {expected}")):
+            load_config(path, [override])
+
+
+def test_a_long_override_is_cut_in_the_message(tmp_path):
+    override = "data.system_prompt=" + "x" * 1_000_001
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(tmp_path), [override])
+    assert str(info.value).startswith(f"override {override[:77]}...: data.system_prompt: 1,000,001 characters")
+    assert len(str(info.value)) < 300
+
+
+def test_config_does_not_import_the_model_builders():
+    """config validates model.tiny against toolrl.tiny_settings, which models builds from: no cycle."""
+    import ast
+
+    imported = set()
+    for node in ast.walk(ast.parse(Path(load_config.__code__.co_filename).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    assert "toolrl.models" not in imported and "toolrl.tiny_settings" in imported

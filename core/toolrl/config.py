@@ -8,20 +8,24 @@ dotted field, and the CLI prints them with exit code 2.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import cache
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    create_model,
     field_validator,
     model_validator,
 )
+
+from toolrl.tiny_settings import MAX_SEED, TinyQwen3Settings
+
+if TYPE_CHECKING:
+    import yaml
 
 
 class ConfigError(ValueError):
@@ -42,26 +46,105 @@ def decode_utf8(data: bytes, name: str) -> str:
         raise ConfigError(f"{name}:{line}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {column})") from None
 
 
-def read_text(path: Path) -> str:
-    """A user's file as UTF-8 text; unreadable or undecodable files are ConfigErrors."""
+def read_text(path: Path, max_bytes: int | None = None, why: str = "") -> str:
+    """A user's file as UTF-8 text; unreadable or undecodable files, and files over ``max_bytes``
+    (``why`` says why there is a limit), are ConfigErrors."""
     try:
-        return decode_utf8(path.read_bytes(), str(path))
+        with path.open("rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ConfigError(f"{path}: larger than {max_bytes:,} bytes ({why})")
+    return decode_utf8(data, str(path))
 
 
 def dotted(loc: Sequence[Any]) -> str:
     return ".".join(str(p) for p in loc)
 
 
+# A model that fails on thousands of items (a long list of bad values) still gets a readable line.
+MAX_LISTED_ERRORS = 10
+
+
+def format_errors(exc: ValidationError, prefix: str = "") -> str:
+    """Pydantic errors as ``field: message; ...`` on one line: the one formatter for every boundary
+    model (config, data rows, tool configs and schemas, plugin parts). ``prefix``: the dotted place
+    the validated value sits at (``config``, ``mcpServers.calc``)."""
+    errors = exc.errors()
+    messages = []
+    for err in errors[:MAX_LISTED_ERRORS]:
+        loc = dotted([prefix, *err["loc"]] if prefix else err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        messages.append(one_line(f"{loc}: {msg}" if loc else msg))
+    if len(errors) > MAX_LISTED_ERRORS:
+        messages.append(f"and {len(errors) - MAX_LISTED_ERRORS:,} more errors")
+    return "; ".join(messages)
+
+
+# -- limits -------------------------------------------------------------------------------------------
+# Sizes a run holds in memory at once are bounded when the config loads, so a slip of the keyboard
+# (rollout.n=99999999999999999999) is one line instead of a MemoryError minutes later.
+
+MAX_GROUP = 4096  # trajectories per prompt
+MAX_TRAJECTORIES_PER_STEP = 65536  # data.batch_size * rollout.n, and any batch of sequences
+MAX_TOKENS = 1 << 20  # a generation call, a response, a tool result, a micro-batch
+MAX_PROMPT_CHARS = 1_000_000  # a prompt's text, counted before any tokenizer sees it
+MAX_CONFIG_BYTES = 4 << 20  # a config file; long texts belong in data files
+MAX_TIMEOUT_S = 7 * 24 * 3600
+MAX_BUCKET_MB = 65536
+
+
+def at_most(limit: int, why: str) -> AfterValidator:
+    """An upper bound whose error says the limit and why there is one."""
+
+    def check(value: Any) -> Any:
+        if value > limit:
+            raise ValueError(f"at most {limit:,} ({why})")
+        return value
+
+    return AfterValidator(check)
+
+
+def text_size(value: Any, measure: Callable[[str], int] = len) -> int:
+    """``measure`` summed over every string of a JSON-like value, keys included (chat templates
+    render tool-call arguments with their keys)."""
+    if isinstance(value, str):
+        return measure(value)
+    if isinstance(value, dict):
+        return sum(measure(str(k)) + text_size(v, measure) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(text_size(v, measure) for v in value)
+    return 0
+
+
+def check_prompt_chars(value: Any) -> Any:
+    """A prompt's text (a system prompt, few-shot messages, a data row's messages) within
+    MAX_PROMPT_CHARS: capped before tokenization, which is slow and can fail on huge inputs."""
+    chars = text_size(value)
+    if chars > MAX_PROMPT_CHARS:
+        raise ValueError(f"{chars:,} characters of prompt text; at most {MAX_PROMPT_CHARS:,} (longer prompts "
+                         "exceed the models' contexts and are slow to tokenize)")
+    return value
+
+
+GroupSize = Annotated[int, at_most(MAX_GROUP, "a group's trajectories are generated and held together")]
+BatchSize = Annotated[int, at_most(MAX_TRAJECTORIES_PER_STEP, "sequences held in memory at once")]
+Tokens = Annotated[int, at_most(MAX_TOKENS, "tokens held at once, each with its log-prob and mask")]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]  # torch, numpy and the engines take 32-bit seeds
+PromptText = Annotated[str, AfterValidator(check_prompt_chars)]
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinities are never meant (optim.lr=.inf parses as YAML's infinity).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LoraConfig(Section):
     """Low-rank adapters (peft): only these train; engines get ``W + alpha/r * B @ A``."""
 
-    r: int = Field(8, gt=0, description="adapter rank")
+    r: Annotated[int, at_most(4096, "an adapter of higher rank outgrows the layers it adapts")] = Field(
+        8, gt=0, description="adapter rank")
     alpha: float = Field(16.0, gt=0, description="scale numerator: the update is alpha / r * B @ A")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input while training")
     # Module names (suffixes such as q_proj) or "all-linear" (every Linear but the output head).
@@ -75,7 +158,7 @@ class ModelConfig(Section):
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
     cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
-    tiny: dict[str, Any] = Field(default_factory=dict)  # tiny_qwen3() keyword overrides
+    tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
@@ -84,31 +167,14 @@ class ModelConfig(Section):
     @field_validator("tiny")
     @classmethod
     def _tiny_keywords(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Check the overrides against ``tiny_qwen3``'s own keywords (names and types), so a typo
-        fails here in one line instead of deep in model building."""
+        """Check the overrides against tiny-qwen3's settings (names, types, bounds), so a typo fails
+        here in one line instead of deep in model building."""
         if not value:
             return value
         try:
-            return _tiny_settings().model_validate(value).model_dump(exclude_unset=True)
+            return TinyQwen3Settings.model_validate(value).model_dump(exclude_unset=True)
         except ValidationError as exc:
-            raise ValueError("; ".join(
-                f"unknown key {e['loc'][0]!r}" if e["type"] == "extra_forbidden" else f"{dotted(e['loc'])}: {e['msg']}"
-                for e in exc.errors())) from None
-
-
-@cache
-def _tiny_settings() -> type[BaseModel]:
-    """A model of ``tiny_qwen3``'s keyword arguments (``tokenizer_variant`` is ``model.tokenizer``)."""
-    import inspect
-    import typing
-
-    from toolrl.models import tiny_qwen3
-
-    hints = typing.get_type_hints(tiny_qwen3)
-    fields: dict[str, Any] = {
-        p.name: (hints.get(p.name, Any), p.default) for p in inspect.signature(tiny_qwen3).parameters.values()
-        if p.kind is p.KEYWORD_ONLY and p.name != "tokenizer_variant"}
-    return create_model("TinyQwen3Settings", __config__=ConfigDict(extra="forbid"), **fields)
+            raise ValueError(format_errors(exc)) from None
 
 
 class DataConfig(Section):
@@ -120,11 +186,11 @@ class DataConfig(Section):
     # Recorded token-exact trajectories (`toolrl serve --record` rows, rollout traces) to train on
     # instead of generating; a batch is data.batch_size of their groups (toolrl.data.recorded).
     trajectories: list[str] = Field(default_factory=list, description="JSONL files of recorded trajectories")
-    batch_size: int = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
+    batch_size: BatchSize = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
-    system_prompt: str | None = None
+    system_prompt: PromptText | None = None
     # Messages put before every sample's own (after its system message): few-shot demonstrations.
-    prompt_prefix: list[dict[str, Any]] | None = None
+    prompt_prefix: Annotated[list[dict[str, Any]], AfterValidator(check_prompt_chars)] | None = None
 
     @field_validator("trajectories", mode="before")
     @classmethod
@@ -134,7 +200,7 @@ class DataConfig(Section):
 
 class EngineConfig(Section):
     name: str = "transformers"
-    max_batch_size: int = Field(32, gt=0)
+    max_batch_size: BatchSize = Field(32, gt=0)
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -144,19 +210,19 @@ DEFAULT_MAX_TURNS = 4
 
 
 class RolloutConfig(Section):
-    n: int = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
+    n: GroupSize = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_turns: int | None = Field(None, gt=0, description="None: the environment's, else 4")
-    max_new_tokens: int = Field(128, gt=0, description="per generation call")
-    max_response_tokens: int = Field(512, gt=0, description="whole response, tool tokens included")
-    max_parallel_calls: int = Field(4, gt=0)
-    tool_response_max_tokens: int = Field(256, gt=0)
+    max_new_tokens: Tokens = Field(128, gt=0, description="per generation call")
+    max_response_tokens: Tokens = Field(512, gt=0, description="whole response, tool tokens included")
+    max_parallel_calls: Annotated[int, at_most(1024, "tool calls run at once in one turn")] = Field(4, gt=0)
+    tool_response_max_tokens: Tokens = Field(256, gt=0)
     tool_response_truncation: Literal["keep_head", "keep_tail", "keep_head_and_tail"] = "keep_head_and_tail"
     parser: str | None = Field(None, description="None: the environment's, else hermes")
     parser_options: dict[str, Any] | None = Field(None, description="None: the environment's (for its parser)")
-    max_concurrent_trajectories: int = Field(64, gt=0)
-    seed: int = 0
+    max_concurrent_trajectories: BatchSize = Field(64, gt=0)
+    seed: Seed = 0
 
 
 class ToolsConfig(Section):
@@ -200,7 +266,7 @@ class AlgorithmConfig(Section):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     norm_adv_by_std: bool = True
     ppo_epochs: int = Field(1, gt=0)
-    mini_batches: int = Field(1, gt=0)
+    mini_batches: BatchSize = Field(1, gt=0)
     # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.grpo).
     # None: no weight (on-policy); an asynchronous run (trainer.max_staleness > 0) gets ASYNC_TIS_CAP.
     tis_cap: float | None = Field(None, gt=0)
@@ -215,26 +281,28 @@ DEFAULT_LOGPROB_CHUNK = 512
 class OptimConfig(Section):
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
-    micro_batch_size: int = Field(4, gt=0)
+    micro_batch_size: BatchSize = Field(4, gt=0)
     # Fill micro-batches up to this many tokens (prompt + response) instead of micro_batch_size sequences.
-    max_tokens_per_micro_batch: int | None = Field(None, gt=0)
-    logprob_chunk_size: int = Field(DEFAULT_LOGPROB_CHUNK, gt=0)
+    max_tokens_per_micro_batch: Tokens | None = Field(None, gt=0)
+    logprob_chunk_size: Tokens = Field(DEFAULT_LOGPROB_CHUNK, gt=0)
 
 
 class TrainerConfig(Section):
     total_steps: int = Field(10, gt=0)
     output_dir: str = "runs/toolrl"
     save_every: int = Field(1, gt=0)
-    seed: int = 0
+    seed: Seed = 0
     progress: bool = True
     plot: bool = True
     # Trainer ranks (FSDP2 over a torch.distributed process group); more than one needs ray.address.
     world_size: int = Field(1, gt=0, description="trainer ranks; >1 shards the model with FSDP2 on Ray actors")
     cpu_offload: bool = Field(False, description="FSDP2 CPU offload of parameters, gradients, optimizer (GPU)")
-    collective_timeout_s: float = Field(600.0, gt=0, description="a collective waiting longer fails the run")
-    weight_sync_bucket_mb: float = Field(256.0, gt=0, description="weights travel to engines in buckets this big")
+    collective_timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week; a collective stuck longer is dead")] = \
+        Field(600.0, gt=0, description="a collective waiting longer fails the run")
+    weight_sync_bucket_mb: Annotated[float, at_most(MAX_BUCKET_MB, "a bucket is allocated whole on the device")] = \
+        Field(256.0, gt=0, description="weights travel to engines in buckets this big")
     keep_checkpoints: int = Field(2, gt=0)
     max_staleness: int = Field(0, ge=0, description="0: synchronous steps; k: rollouts overlap training and "
                                "start on weights at most k steps older than the step that trains them")
@@ -248,7 +316,7 @@ class EvalConfig(Section):
     """``toolrl eval`` and ``trainer.eval_every``: the held-out split, sampled and scored."""
 
     num_samples: int | None = Field(None, gt=0, description="the first N problems of the test split (None: all)")
-    n: int = Field(1, gt=0, description="samples per problem (pass@k uses k = n)")
+    n: GroupSize = Field(1, gt=0, description="samples per problem (pass@k uses k = n)")
     temperature: float = Field(0.0, ge=0, description="0: greedy (then n must be 1)")
     metric: str | None = Field(None, description="reward term that decides success (None: the total reward)")
     success_threshold: float = Field(1.0, description="success: the metric is at least this")
@@ -316,6 +384,14 @@ class Config(Section):
                              f"{self.rollout.temperature}; set eval.temperature to the same value")
         return self
 
+    @model_validator(mode="after")
+    def _step_fits(self) -> Config:
+        per_step = self.data.batch_size * self.rollout.n
+        if per_step > MAX_TRAJECTORIES_PER_STEP:
+            raise ValueError(f"data.batch_size × rollout.n = {per_step:,} trajectories per step; at most "
+                             f"{MAX_TRAJECTORIES_PER_STEP:,} (a step's trajectories are held in memory together)")
+        return self
+
     def env_entries(self) -> dict[str, EnvEntry]:
         """The configured environments: ``env`` as a one-entry mixture, or ``envs``."""
         if self.env is not None:
@@ -323,19 +399,122 @@ class Config(Section):
         return dict(self.envs)
 
 
-def _parse_value(text: str) -> Any:
+# Keys that were renamed or removed: a config still using one is told what replaces it instead of
+# "unknown key" (each entry stays for at least one release after the change).
+MOVED_KEYS: dict[tuple[str, ...], str] = {
+    ("data", "synthetic"): "was removed: use env: arithmetic, with env_options digits, operators, train_size, "
+                           "test_size, seed and instructions (docs/environments.md)",
+    ("tasks",): "was replaced by envs: {NAME: {weight, max_turns, options}}, one entry per environment "
+                "(docs/configuration.md)",
+}
+
+# Anchors and aliases may repeat values, but what the repetitions add once expanded (as config.json
+# and every consumer sees them) is bounded: nine nested aliases can stand for a billion nodes.
+MAX_ALIAS_NODES = 100_000
+MAX_ALIAS_CHARS = 10_000_000
+
+
+class _TreeCheck:
+    """One pass over a composed YAML document: duplicate keys and alias expansion. ``name``: the
+    file (errors add the line) or an override (one line already)."""
+
+    def __init__(self, name: str, lines: bool) -> None:
+        import yaml
+
+        self.name, self.lines = name, lines
+        self.scalar, self.mapping = yaml.ScalarNode, yaml.MappingNode
+        self.sizes: dict[int, tuple[int, int]] = {}  # node -> expanded (nodes, characters)
+        self.open: set[int] = set()
+        self.repeated = [0, 0]  # what aliases add: nodes, characters
+
+    def size(self, node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        if key in self.open:
+            raise ConfigError(f"{self.where(node)}: a YAML alias inside the value it refers to (a recursive value)")
+        if key in self.sizes:  # an alias: its whole expansion is repeated
+            nodes, chars = self.sizes[key]
+            self.repeated[0] += nodes
+            self.repeated[1] += chars
+            if self.repeated[0] > MAX_ALIAS_NODES or self.repeated[1] > MAX_ALIAS_CHARS:
+                raise ConfigError(f"{self.where(node)}: YAML aliases of the value anchored here expand past "
+                                  f"{MAX_ALIAS_NODES:,} nodes or {MAX_ALIAS_CHARS:,} characters (a 'billion "
+                                  "laughs'); write the values out or repeat them less")
+            return nodes, chars
+        if isinstance(node, self.scalar):
+            self.sizes[key] = (1, len(node.value))
+            return self.sizes[key]
+        children = node.value
+        if isinstance(node, self.mapping):
+            self.unique_keys(node)
+            children = [n for pair in node.value for n in pair]
+        self.open.add(key)
+        sizes = [self.size(child) for child in children]
+        self.open.discard(key)
+        self.sizes[key] = (1 + sum(n for n, _ in sizes), sum(c for _, c in sizes))
+        return self.sizes[key]
+
+    def unique_keys(self, node: yaml.MappingNode) -> None:
+        """A key given twice in one mapping is an error: YAML loaders keep the last, silently."""
+        seen: dict[tuple[str, str], int] = {}
+        for key, _ in node.value:
+            if not isinstance(key, self.scalar) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            if (key.tag, key.value) in seen:
+                raise ConfigError(f"{self.where(key)}: duplicate key {key.value!r} (first at line "
+                                  f"{seen[key.tag, key.value]}); a mapping takes each key once")
+            seen[key.tag, key.value] = key.start_mark.line + 1
+
+    def where(self, node: yaml.Node) -> str:
+        return f"{self.name}:{node.start_mark.line + 1}" if self.lines else self.name
+
+
+def parse_yaml(text: str, name: str, lines: bool = True) -> Any:
+    """YAML as plain data (safe types only). Duplicate keys and aliases that expand past the bounds
+    are ConfigErrors naming ``name`` (and the line, with ``lines``); syntax errors are raised as
+    ``yaml.YAMLError``."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _TreeCheck(name, lines).size(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: Path) -> tuple[str, Any]:
+    """A user's YAML file (at most MAX_CONFIG_BYTES): its text and its data; every problem is a
+    one-line ConfigError naming the file."""
+    import yaml
+
+    text = read_text(path, MAX_CONFIG_BYTES, "put long texts in data files")
+    try:
+        return text, parse_yaml(text, str(path))
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise _yaml_error(path, text, exc) from None
+
+
+def override_name(override: str) -> str:
+    """An override as error messages name it: a long value is cut (it may be a whole prompt)."""
+    return f"override {override if len(override) <= 80 else override[:77] + '...'}"
+
+
+def _parse_value(text: str, override: str) -> Any:
     import yaml
 
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return parse_yaml(text, override_name(override), lines=False)
+    except (yaml.YAMLError, RecursionError):
         return text
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, value = override.partition("=")
     if not sep or not key:
-        raise ConfigError(f"override {override!r} must look like dotted.key=value")
+        raise ConfigError(f"{override_name(repr(override))} must look like dotted.key=value")
     node = data
     parts = key.split(".")
     for part in parts[:-1]:
@@ -343,17 +522,7 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key}: {part} is not a section")
         node = child
-    node[parts[-1]] = _parse_value(value)
-
-
-def format_errors(exc: ValidationError) -> str:
-    """Pydantic errors as ``field: message; ...`` on one line."""
-    messages = []
-    for err in exc.errors():
-        loc = dotted(err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        messages.append(one_line(f"{loc}: {msg}" if loc else msg))
-    return "; ".join(messages)
+    node[parts[-1]] = _parse_value(value, override)
 
 
 def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:
@@ -390,44 +559,51 @@ def _yaml_line(text: str, loc: Sequence[Any]) -> int | None:
     return line
 
 
-def _locate(exc: ValidationError, path: Path | None, text: str, overrides: Sequence[str]) -> str:
-    """Where the first error comes from: an override, ``file:line``, or the file."""
-    loc = tuple(exc.errors()[0]["loc"])
-    for override in reversed(overrides):  # the last override of a key wins
+def _locate(loc: tuple[Any, ...], path: Path | None, text: str, overrides: Sequence[str]) -> str:
+    """Where the value at ``loc`` comes from: an override, ``file:line``, or the file. An empty
+    ``loc`` (a check across sections, whose message names the fields) is the file's."""
+    for override in reversed(overrides if loc else ()):  # the last override of a key wins
         key = tuple(override.partition("=")[0].split("."))
         if loc[:len(key)] == key or key[:len(loc)] == loc:
-            return f"override {override}"
+            return override_name(override)
     if path is None:
         return "config"
     line = _yaml_line(text, loc) if loc else None
     return f"{path}:{line}" if line else str(path)
 
 
+def _check_moved_keys(raw: dict[str, Any], path: Path | None, text: str, overrides: Sequence[str]) -> None:
+    """A renamed or removed key (MOVED_KEYS) names its replacement instead of being an unknown key."""
+    for keys, hint in MOVED_KEYS.items():
+        node: Any = raw
+        for part in keys[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and keys[-1] in node:
+            raise ConfigError(f"{_locate(keys, path, text, overrides)}: {dotted(keys)} {hint}")
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> Config:
     """Load a YAML config (or a mapping), apply overrides, validate."""
-    import yaml
-
     overrides = list(overrides or [])
     raw: dict[str, Any] = dict(data or {})
     text = ""
     if path is not None:
         path = Path(path)
-        text = read_text(path)
-        try:
-            loaded = yaml.safe_load(text) or {}
-        except (yaml.YAMLError, RecursionError) as exc:
-            raise _yaml_error(path, text, exc) from None
+        text, loaded = read_yaml(path)
+        loaded = loaded or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(loaded).__name__}")
         raw = {**loaded, **raw}
         raw.setdefault("base_dir", str(path.parent.resolve()))
     for override in overrides:
         apply_override(raw, override)
+    _check_moved_keys(raw, path, text, overrides)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{_locate(exc, path, text, overrides)}: {format_errors(exc)}") from None
+        where = _locate(tuple(exc.errors()[0]["loc"]), path, text, overrides)
+        raise ConfigError(f"{where}: {format_errors(exc)}") from None
 
 
 def resolve_path(config: Config, path: str) -> Path:

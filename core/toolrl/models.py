@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolrl.tiny_settings import TinyQwen3Settings
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -240,28 +242,18 @@ def tiny_qwen3(
     path: str | os.PathLike[str] | None = None,
     *,
     tokenizer_variant: QwenVariant = "qwen3",
-    seed: int = 0,
-    hidden_size: int = 64,
-    num_hidden_layers: int = 2,
-    num_attention_heads: int = 2,
-    num_key_value_heads: int = 1,
-    head_dim: int = 64,
-    intermediate_size: int = 256,
-    tie_word_embeddings: bool = True,
+    **overrides: Any,
 ) -> str:
     """A random ``Qwen3ForCausalLM`` saved with the Qwen tokenizer; returns its directory.
 
-    The vocab is 151936 rows like real Qwen checkpoints, so every tokenizer id is valid. ``head_dim``
-    defaults to 64 because vLLM's CPU attention rejects smaller heads. The weights depend only on the
-    settings and ``seed``. With ``path=None`` the model is cached under ``<cache root>/models/``
-    keyed by its settings; otherwise it is (re)built at ``path``.
+    ``overrides``: fields of :class:`toolrl.tiny_settings.TinyQwen3Settings` (``seed``,
+    ``hidden_size``, ``num_hidden_layers``, ...), validated there. The vocab is 151936 rows like real
+    Qwen checkpoints, so every tokenizer id is valid. The weights depend only on the settings and
+    ``seed``. With ``path=None`` the model is cached under ``<cache root>/models/`` keyed by its
+    settings; otherwise it is (re)built at ``path``.
     """
-    settings = dict(
-        tokenizer_variant=tokenizer_variant, seed=seed, hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, head_dim=head_dim,
-        intermediate_size=intermediate_size, tie_word_embeddings=tie_word_embeddings,
-    )
+    tiny = TinyQwen3Settings(**overrides)
+    settings = dict(tokenizer_variant=tokenizer_variant, **tiny.model_dump())
     tok_dir = qwen_tokenizer_path(tokenizer_variant)
 
     def build(out: Path) -> None:
@@ -272,14 +264,14 @@ def tiny_qwen3(
         eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
         config = Qwen3Config(
             vocab_size=QWEN_MODEL_VOCAB,
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size,
-            num_hidden_layers=num_hidden_layers,
-            num_attention_heads=num_attention_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
+            hidden_size=tiny.hidden_size,
+            intermediate_size=tiny.intermediate_size,
+            num_hidden_layers=tiny.num_hidden_layers,
+            num_attention_heads=tiny.num_attention_heads,
+            num_key_value_heads=tiny.num_key_value_heads,
+            head_dim=tiny.head_dim,
             max_position_embeddings=32768,
-            tie_word_embeddings=tie_word_embeddings,
+            tie_word_embeddings=tiny.tie_word_embeddings,
             bos_token_id=pad,
             eos_token_id=eos,
             pad_token_id=pad,
@@ -287,7 +279,7 @@ def tiny_qwen3(
         )
         # Fork the RNG so building a model does not perturb the caller's random stream.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.manual_seed(tiny.seed)
             model = Qwen3ForCausalLM(config)
         model.generation_config.eos_token_id = eos
         model.generation_config.pad_token_id = pad

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
-from toolrl.config import ConfigError, format_errors, one_line, read_text
+from toolrl.config import ConfigError, check_prompt_chars, format_errors, one_line, read_text, text_size
 from toolrl.parsers.bounded_json import JSONLimitError
 from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
@@ -69,6 +69,12 @@ def to_sample(row: Any, origin: str) -> FileSample:
         sample = FileSample.model_validate(row)
     except ValidationError as exc:
         raise ConfigError(f"{origin}: {format_errors(exc)}") from None
+    if not sample.prompt:
+        raise ConfigError(f"{origin}: prompt: no messages (a row needs at least one)")
+    try:
+        check_prompt_chars(row.get("prompt"))
+    except ValueError as exc:
+        raise ConfigError(f"{origin}: prompt: {exc}") from None
     sample._origin = origin
     return sample
 
@@ -100,6 +106,51 @@ def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collectio
             field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
             configured = ", ".join(sorted(tool_names)) or "none"
             raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")
+
+
+def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | None:
+    """The model's context in tokens, as the engines take it, and where it is stated:
+    ``max_position_embeddings`` in its ``config.json`` (the text model's, for a multimodal one),
+    or the tokenizer's ``model_max_length`` when that is smaller. None when neither says."""
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        config = {}
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    stated = [(text_config.get("max_position_embeddings"), f"max_position_embeddings in {path}"),
+              (getattr(tokenizer, "model_max_length", None), "the tokenizer's model_max_length")]
+    # transformers' "unset" model_max_length is 1e30.
+    known = [(n, where) for n, where in stated if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 40]
+    return min(known, key=lambda item: item[0]) if known else None
+
+
+def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: str | Path, source: str) -> None:
+    """Every prompt, rendered with the chat template, leaves room in the model's context for a
+    response: otherwise each of its trajectories fails in the engine, after the model has loaded.
+    Only prompts long enough to possibly not fit are rendered (a token covers at least one UTF-8
+    byte), so short prompts cost nothing. ``source`` names samples that do not know their file."""
+    from toolrl.rollout.chat import ChatRenderer
+
+    found = model_context(tokenizer, model_dir)
+    if found is None:
+        return
+    context, stated = found
+    renderer = ChatRenderer(tokenizer)
+    overhead = len(renderer.prompt_ids([{"role": "user", "content": ""}]))  # template tokens per message
+    for i, sample in enumerate(samples, 1):
+        messages = [m.to_template() for m in sample.prompt]
+        if text_size(messages, _utf8_bytes) + overhead * len(messages) < context:
+            continue
+        tokens = len(renderer.prompt_ids(messages))
+        if tokens >= context:
+            origin = getattr(sample, "origin", "") or f"{source} sample {i}"
+            raise ConfigError(f"{origin}: prompt: {tokens:,} tokens with the chat template; the model's context "
+                              f"is {context:,} ({stated}), so no response fits")
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def write_jsonl(samples: list[Sample], path: Path) -> None:

@@ -81,13 +81,13 @@ def check_part(kind: str, obj: Any) -> str | None:
     if kind == "tools" and obj.schema is not None:
         from pydantic import ValidationError
 
+        from toolrl.config import format_errors
         from toolrl.schemas import ToolSchema
 
         try:
             ToolSchema.model_validate(obj.schema)
         except ValidationError as exc:
-            detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(schema)'}: {e['msg']}" for e in exc.errors())
-            return f"has an invalid schema ({obj.__module__}.{obj.__qualname__}.schema): {detail}"
+            return f"has an invalid schema: {format_errors(exc, f'{obj.__module__}.{obj.__qualname__}.schema')}"
     return None
 
 

@@ -341,6 +341,7 @@ class LocalRun:
 async def compose_local(config: Config, split: str = "train") -> LocalRun:
     """``split``: the samples checked against the tools (those that will run)."""
     from toolrl import models
+    from toolrl.data import check_prompt_tokens
 
     seed_everything(config.trainer.seed)
     check_parts(config)
@@ -348,6 +349,7 @@ async def compose_local(config: Config, split: str = "train") -> LocalRun:
     samples = [] if split == "train" and config.data.trajectories else load_samples(config, split)
     path = model_path(config)
     tokenizer = models.load_tokenizer(path)
+    check_prompt_tokens(samples, tokenizer, path, f"the {split} split")
     built: list[Any] = []
 
     def trained_model() -> Any:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from toolrl.config import format_errors
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
 
@@ -80,7 +81,7 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
         try:
             response = ToolResponse.model_validate(response)
         except ValidationError as exc:
-            raise ToolReturnError(f"response: {format_validation_error(exc)}") from None
+            raise ToolReturnError(f"response: {format_errors(exc)}") from None
     elif not isinstance(response, ToolResponse):
         raise ToolReturnError(f"response must be a str or a ToolResponse, got {_kind(response)} {response!r:.80}")
     reward = coerce_reward(step_reward, "step_reward")
@@ -93,14 +94,6 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
     except (TypeError, ValueError) as exc:
         raise ToolReturnError(f"metrics must hold JSON values and finite numbers: {exc}") from None
     return response, reward, dict(metrics)
-
-
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{prefix}{loc}: {err['msg']}")
-    return "; ".join(parts)
 
 
 def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> str | None:
@@ -167,7 +160,7 @@ class Tool:
                 self.config: Any = self.config_model.model_validate(options)
             except ValidationError as exc:
                 raise ToolConfigError(
-                    f"invalid config for tool {type(self).__name__}: {format_validation_error(exc, 'config.')}"
+                    f"invalid config for tool {type(self).__name__}: {format_errors(exc, 'config')}"
                 ) from None
         else:
             self.config = options
@@ -178,7 +171,7 @@ class Tool:
             self.tool_schema = ToolSchema.model_validate(schema)
         except ValidationError as exc:
             raise ToolConfigError(
-                f"invalid tool_schema for {type(self).__name__}: {format_validation_error(exc, 'tool_schema.')}"
+                f"invalid tool_schema for {type(self).__name__}: {format_errors(exc, 'tool_schema')}"
             ) from None
         self.name = self.tool_schema.function.name
         self._instances: dict[str, dict[str, Any]] = {}

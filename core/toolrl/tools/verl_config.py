@@ -26,7 +26,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from toolrl.tools import Tool, ToolConfigError, format_validation_error
+from toolrl.config import ConfigError, format_errors, read_yaml
+from toolrl.tools import Tool, ToolConfigError
 
 
 class ToolEntryConfig(BaseModel):
@@ -73,21 +74,20 @@ class ToolsFile(BaseModel):
 
 
 def load_tools_file(path: str | Path) -> ToolsFile:
-    import yaml
-
+    """A tools YAML file, read as configs are (duplicate keys and runaway aliases are errors)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ToolConfigError(f"cannot read tools config {path}: {exc}") from None
-    return parse_tools_config(data, base_dir=path.parent)
+        _, data = read_yaml(path)
+    except ConfigError as exc:
+        raise ToolConfigError(f"tools config {exc}") from None
+    return parse_tools_config(data or {}, base_dir=path.parent)
 
 
 def parse_tools_config(data: Mapping[str, Any], base_dir: Path | None = None) -> ToolsFile:
     try:
         parsed = ToolsFile.model_validate(data)
     except ValidationError as exc:
-        raise ToolConfigError(f"invalid tools config: {format_validation_error(exc)}") from None
+        raise ToolConfigError(f"invalid tools config: {format_errors(exc)}") from None
     parsed._base_dir = base_dir
     return parsed
 

@@ -212,7 +212,7 @@ async def test_selection_keeps_unselected_servers_closed(tmp_path: Path) -> None
 
 
 async def test_misplaced_config_keys_are_reported(tmp_path: Path) -> None:
-    with pytest.raises(ToolConfigError, match="config.max_concurrency: Extra inputs are not permitted"):
+    with pytest.raises(ToolConfigError, match="config.max_concurrency: unknown key"):
         await build(tmp_path, {"demo": stdio_server(tools=["add"])}, config={"type": "mcp", "max_concurrency": 3})
 
 

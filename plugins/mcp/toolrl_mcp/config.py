@@ -31,6 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from toolrl.config import format_errors
 from toolrl.tools import ToolConfigError
 
 Transport = Literal["stdio", "http", "sse"]
@@ -119,14 +120,6 @@ class MCPBlock(BaseModel):
     tool_selected_list: list[str] | None = None
 
 
-def _describe(exc: ValidationError, prefix: str) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join([prefix, *(str(p) for p in err["loc"])])
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def parse_block(section: Mapping[str, Any]) -> MCPBlock:
     """The entry's ``mcp:`` block; with a :class:`toolrl.tools.verl_config.ToolSection`, a relative
     ``mcp_servers_config_path`` is resolved against the tools file's directory."""
@@ -139,7 +132,7 @@ def parse_block(section: Mapping[str, Any]) -> MCPBlock:
     try:
         parsed = MCPBlock.model_validate(block)
     except ValidationError as exc:
-        raise ToolConfigError(f"invalid mcp block: {_describe(exc, 'mcp')}") from None
+        raise ToolConfigError(f"invalid mcp block: {format_errors(exc, 'mcp')}") from None
     resolve = getattr(section, "path", None)  # a ToolSection: relative to the tools file
     if resolve is not None:
         parsed.mcp_servers_config_path = str(resolve(parsed.mcp_servers_config_path))
@@ -171,6 +164,6 @@ def load_servers(path: str | Path) -> dict[str, ServerSpec]:
             specs[name] = ServerSpec.model_validate(entry)
         except ValidationError as exc:
             raise ToolConfigError(
-                f"MCP servers file {path}: {_describe(exc, f'mcpServers.{name}')}"
+                f"MCP servers file {path}: {format_errors(exc, f'mcpServers.{name}')}"
             ) from None
     return specs

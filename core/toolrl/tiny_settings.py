@@ -1,0 +1,33 @@
+"""The settings of the ``tiny-qwen3`` test model, in one place: the config (``model.tiny``) validates
+against them and the builder (:func:`toolrl.models.tiny_qwen3`) builds from them, so neither module
+imports the other. Bounds keep a typo from building a model that does not fit in memory: tiny-qwen3
+is a random model for tests and demos, built on the CPU at first use."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Seeds go to torch, numpy and the engines; all of them take 32-bit seeds.
+MAX_SEED = 2**32 - 1
+
+
+class TinyQwen3Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="the random weights depend only on the settings and this")
+    hidden_size: int = Field(64, gt=0, le=4096)
+    num_hidden_layers: int = Field(2, gt=0, le=64)
+    num_attention_heads: int = Field(2, gt=0, le=64)
+    num_key_value_heads: int = Field(1, gt=0, le=64)
+    # 64 by default because vLLM's CPU attention rejects smaller heads.
+    head_dim: int = Field(64, gt=0, le=512)
+    intermediate_size: int = Field(256, gt=0, le=16384)
+    tie_word_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _grouped_heads(self) -> TinyQwen3Settings:
+        # Grouped-query attention shares each key/value head among a whole number of query heads.
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        return self
