@@ -29,7 +29,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, read_text
 from toolrl.data.batches import step_seed
 from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.run_dir import RunDir
+from toolrl.roles.run_dir import RunDir, open_mode
 from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
 
@@ -141,7 +141,7 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
     """``toolrl eval``: resolve and check the evaluation, then evaluate into ``output`` (a directory
     holding an earlier evaluation only with ``overwrite``) and return the summary."""
     run = resolve_run(config, "eval")
-    run_dir = RunDir.open(output, "overwrite" if overwrite else "new", field="--output", resumable=False)
+    run_dir = RunDir.open(output, open_mode(False, overwrite), field="--output", resumable=False)
     return await evaluate(run, run_dir, progress)
 
 
