@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
-from toolrl.roles.run_dir import _truncate_metrics, read_metrics, rollout_metrics
+from toolrl.roles.run_dir import RunDir, read_metrics, rollout_metrics
 from toolrl.rollout import Trajectory
 
 ROW = {"prompt": [{"role": "user", "content": "What is 2+3?"}], "reward_model": {"ground_truth": "5"},
@@ -204,11 +204,11 @@ def test_metrics_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "reward_mean": 0.5}\n{"step": 2, "reward_mean": 0.25}\n{"step": 3, "rew')
     assert [r["step"] for r in read_metrics(path)] == [1, 2]
-    _truncate_metrics(path, 1)
+    RunDir(tmp_path).truncate_metrics(1)
     assert path.read_text() == '{"step": 1, "reward_mean": 0.5}\n'
     path.write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
     with pytest.raises(ConfigError, match=rf"^{path}:2: not a metrics row"):
-        _truncate_metrics(path, 3)
+        RunDir(tmp_path).truncate_metrics(3)
 
 
 def test_resume_with_a_truncated_metrics_line(tmp_path, tiny_qwen3_path):

@@ -216,7 +216,7 @@ def test_two_plugins_registering_one_environment_name(tmp_path, monkeypatch):
 
 
 def test_explicit_sections_override_the_environment(mix_plugins, tmp_path):
-    from toolrl.roles.compose import check_parts, configured_envs, max_turns, parser_spec
+    from toolrl.roles.compose import configured_envs, max_turns, parser_spec, resolve_parts
 
     config = load_config(None, data={"env": "echo", "base_dir": str(tmp_path)})
     echo = configured_envs(config)["echo"]
@@ -226,7 +226,7 @@ def test_explicit_sections_override_the_environment(mix_plugins, tmp_path):
                                 "reward.functions=[{name: gsm8k}]"], data={"env": "echo", "base_dir": str(tmp_path)})
     assert parser_spec(config, echo.env) == ("hermes", {}) and max_turns(config, echo) == 1
     assert load_samples(config)[0].prompt[0].content == "Hi."
-    assert type(check_parts(config)[1]).__name__ == "HermesParser"
+    assert type(resolve_parts(config).parser).__name__ == "HermesParser"
     rows(tmp_path / "mine.jsonl", "own data")
     config = load_config(None, ["data.train_files=[mine.jsonl]"], data={"env": "echo", "base_dir": str(tmp_path)})
     [sample] = load_samples(config)

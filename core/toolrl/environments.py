@@ -143,7 +143,7 @@ class Environment(BaseModel):
         source = self.splits[split]
         where = f"environment {self.name!r} split {split!r}"
         if isinstance(source, FileSplit):
-            from toolrl.data import load_samples as load_files
+            from toolrl.data import load_files
 
             base = Path(base_dir)
             paths = [p if p.is_absolute() else base / p for p in (Path(f).expanduser() for f in source.files)]

@@ -64,12 +64,12 @@ class JsonlLogger(Logger):
     name = JSONL
 
     def open(self, run_dir: Path, config: Config, start_step: int = 0) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        from toolrl.roles.run_dir import RunDir
+
+        self.run_dir = RunDir(run_dir)
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
-        from toolrl.roles.run_dir import append_metrics
-
-        append_metrics(self.path, dict(row))
+        self.run_dir.append_metrics(dict(row))
 
 
 class MetricLoggers:
@@ -107,11 +107,9 @@ class MetricLoggers:
         self._loggers = []
 
 
-@contextmanager
-def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator[MetricLoggers]:
-    """Open ``jsonl`` and every logger in ``trainer.loggers``; closed on exit, also after an error.
-    An unknown name is a :class:`~toolrl.config.ConfigError`; a logger that does not import or open
-    is reported and left out."""
+def logger_names(config: Config) -> list[str]:
+    """``jsonl`` and every logger in ``trainer.loggers``, each checked to be registered (an unknown
+    name is a :class:`~toolrl.config.ConfigError`); nothing is imported or opened."""
     from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
     from toolrl.plugins.registry import RegistryError
@@ -123,8 +121,19 @@ def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator
             registry.get("loggers", name)
         except RegistryError as exc:
             raise ConfigError(f"trainer.loggers: {exc}") from None
+    return names
+
+
+@contextmanager
+def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator[MetricLoggers]:
+    """Open ``jsonl`` and every logger in ``trainer.loggers``; closed on exit, also after an error.
+    An unknown name is a :class:`~toolrl.config.ConfigError`; a logger that does not import or open
+    is reported and left out."""
+    from toolrl.plugins import get_plugins
+
+    registry = get_plugins().registry
     fanout = MetricLoggers([])
-    for name in names:
+    for name in logger_names(config):
         try:
             logger = registry.load("loggers", name)()
             logger.open(run_dir, config, start_step)

@@ -236,18 +236,25 @@ def _tools_origin(config_path: str, config: Any) -> str:
     return " or ".join(origins)
 
 
+OVERWRITE_HELP = "Replace the run already in the output directory (its metrics, traces and checkpoints)."
+
+
 @cli.command("train", context_settings={"ignore_unknown_options": True})
 @click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in trainer.output_dir.")
-def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
-    """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2)."""
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
+def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool) -> None:
+    """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole
+    run is checked before trainer.output_dir is written; a run already there is continued only with
+    --resume and replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
     from toolrl.roles.controller import run_training
     from toolrl.roles.trainer_group import TrainerFailed
 
     try:
-        user_errors(run_training, config, resume=resume, tools_origin=_tools_origin(config_path, config))
+        user_errors(run_training, config, resume=resume, overwrite=overwrite,
+                    tools_origin=_tools_origin(config_path, config))
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
@@ -256,24 +263,28 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool) -> None:
 @cli.command("rollout", context_settings={"ignore_unknown_options": True})
 @click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
-def rollout(config_path: str, overrides: tuple[str, ...]) -> None:
-    """Run rollouts and rewards without training (evaluation); same outputs as train."""
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
+def rollout(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> None:
+    """Run rollouts and rewards without training; same outputs as train."""
     config = _load_config(config_path, overrides)
-    from toolrl.roles.controller import run_evaluation
+    from toolrl.roles.controller import run_rollout
 
-    user_errors(run_evaluation, config, tools_origin=_tools_origin(config_path, config))
+    user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
 
 
 @cli.command("eval", context_settings={"ignore_unknown_options": True})
 @click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
 @click.option("--output", "output", type=click.Path(file_okay=False), help="Directory for results.jsonl and summary.json.")
+@click.option("--overwrite", is_flag=True, help="Replace the evaluation already in --output.")
 @click.option("--compare", "compare", type=click.Path(exists=True, file_okay=False),
               help="Print this eval directory's summary beside --output's (or the first argument's); runs nothing.")
-def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, compare: str | None) -> None:
+def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, overwrite: bool,
+             compare: str | None) -> None:
     """Evaluate on the held-out split: eval.num_samples problems, eval.n samples each at
-    eval.temperature; writes OUTPUT/results.jsonl and OUTPUT/summary.json. OVERRIDES are
-    dotted.key=value pairs. With --compare DIR2, prints two summaries side by side instead."""
+    eval.temperature; writes OUTPUT/results.jsonl and OUTPUT/summary.json (an earlier evaluation
+    there is replaced only with --overwrite). OVERRIDES are dotted.key=value pairs. With
+    --compare DIR2, prints two summaries side by side instead."""
     from pathlib import Path
 
     from toolrl.roles import evaluate as ev
@@ -287,7 +298,8 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, c
     if output is None:
         raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")
     config = _load_config(config_path, overrides)
-    summary = user_errors(ev.run_evaluation, config, Path(output), tools_origin=_tools_origin(config_path, config))
+    summary = user_errors(ev.run_evaluation, config, Path(output), overwrite=overwrite,
+                          tools_origin=_tools_origin(config_path, config))
     ev.print_table({output: summary})
 
 

@@ -79,7 +79,7 @@ def to_sample(row: Any, origin: str) -> FileSample:
     return sample
 
 
-def load_samples(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
+def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
     """Every row of ``paths``; ``field`` names the config key they came from in errors."""
     samples: list[Sample] = []
     for path in paths:

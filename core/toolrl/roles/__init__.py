@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from toolrl.config import Config, ConfigError
+from toolrl.config import Config
+
+if TYPE_CHECKING:
+    from toolrl.roles.resolve import ResolvedRun
 
 
 @dataclass
@@ -49,42 +52,34 @@ class Roles:
                 ray.shutdown()
 
 
-def _check_placement(config: Config) -> None:
-    if config.trainer.world_size > 1 and config.ray.address is None:
-        raise ConfigError(f"trainer.world_size={config.trainer.world_size} needs Ray: set ray.address "
-                          "(local, auto or host:port)")
-    on_gpu = config.ray.num_gpus_per_trainer > 0 if config.ray.address is not None else config.model.device != "cpu"
-    if config.trainer.cpu_offload and not on_gpu:
-        raise ConfigError("trainer.cpu_offload: offloading needs trainer ranks on GPUs "
-                          "(ray.num_gpus_per_trainer or model.device)")
-
-
-async def compose_roles(config: Config, train: bool = True, split: str = "train") -> Roles:
-    """Build each role where it runs. Without Ray: one process, the engine sharing the trainer's
-    module. With Ray: this process builds no model and no engine; the trainer ranks and the rollout
-    workers compose their own parts in their own processes. ``split``: the data the rollouts will
-    run (checked against the tools before the model loads)."""
+async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
+    """Build each role where it runs, from a resolved run (a bare config is resolved here first).
+    Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
+    no model and no engine; the trainer ranks and the rollout workers compose their own parts in
+    their own processes."""
     from toolrl import models
-    from toolrl.roles.compose import check_parts, compose_local, model_path
+    from toolrl.roles.compose import compose_local
+    from toolrl.roles.resolve import ResolvedRun, resolve_run
     from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
     from toolrl.roles.trainer_rank import TrainerRank
 
-    _check_placement(config)
-    check_parts(config)
+    if not isinstance(run, ResolvedRun):
+        run = resolve_run(run, "train" if train else "rollout")
+    config = run.config
     if config.ray.address is None:
-        run = await compose_local(config, split)
-        roles = Roles(config, run.tokenizer, run.path, run.rollouts)
+        local = await compose_local(config, run.parts, run.prompts, run.model_dir)
+        roles = Roles(config, local.tokenizer, local.path, local.rollouts)
         if train:
             rank = TrainerRank(config)
-            roles.trainer = LocalTrainer(rank, run.engine)
-            roles.placement = {"trainer": [rank.setup(model=run.model, tokenizer=run.tokenizer)]}
+            roles.trainer = LocalTrainer(rank, local.engine)
+            roles.placement = {"trainer": [rank.setup(model=local.model, tokenizer=local.tokenizer)]}
         return roles
 
     import ray
 
     from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
-    path = model_path(config)
+    path = run.model_dir
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker

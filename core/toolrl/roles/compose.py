@@ -1,9 +1,11 @@
-"""Composition per role: each role builds only what it runs.
+"""Composition per role: each role builds only what it runs, from parts resolved once.
 
+- every part is looked up by name once per process (:func:`resolve_parts`: the engine class and,
+  per environment, its parser, rewards, turn limit and tool configs) and handed down;
 - the controller (driver): data (:func:`load_samples`: files or the environments' splits), the
   tokenizer (traces), no model, no engine when the work is on Ray;
-- a rollout worker: its engine (which loads its own model from the path) and one route per
-  environment — parser, tools, rewards, turn limit (:func:`compose_rollouts`, :func:`build_routes`);
+- a rollout worker: its engine (:func:`build_engine`; it loads its own model from the path) and one
+  route per environment: parser, tools, rewards, turn limit (:func:`compose_rollouts`, :func:`build_routes`);
 - a trainer rank: its model (:func:`build_policy`, the one place the trained model is built) and
   optimizer.
 
@@ -25,6 +27,7 @@ from toolrl.environments import Environment, decorate
 from toolrl.rollout import RolloutContext, Route, Trajectory, run_group, run_rollouts
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
+from toolrl.tools.verl_config import ToolsFile
 
 
 def model_path(config: Config) -> str:
@@ -64,17 +67,18 @@ def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
     return out
 
 
-def load_samples(config: Config, split: str = "train") -> list[Sample]:
+def load_samples(config: Config, split: str = "train", envs: dict[str, ConfiguredEnv] | None = None) -> list[Sample]:
     """The samples of ``split``: ``"train"`` (training) or ``"test"`` (the held-out split, evaluation).
 
     ``data.<split>_files`` when set, else the configured environments' splits. A mixture's training
     samples hold each environment's samples in proportion to its weight (repeated when its share
-    exceeds its split); its test split is every environment's test samples."""
-    from toolrl.data import load_samples as load_files
+    exceeds its split); its test split is every environment's test samples. ``envs``: the
+    configured environments, when already resolved."""
+    from toolrl.data import load_files
 
     if split not in ("train", "test"):
         raise ConfigError(f"unknown data split {split!r} (use train or test)")
-    envs = configured_envs(config)
+    envs = configured_envs(config) if envs is None else envs
     files = config.data.train_files if split == "train" else config.data.test_files
     if files:
         samples = load_files([resolve_path(config, f) for f in files], f"data.{split}_files")
@@ -144,10 +148,10 @@ def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
     return config.rollout.max_turns or (c.env.max_turns if c is not None else None) or DEFAULT_MAX_TURNS
 
 
-async def build_tools(config: Config, env: Environment | None = None) -> dict[str, Tool]:
-    """The explicit ``tools`` section's tools when it is set, else ``env``'s tool entries."""
-    from toolrl.tools.verl_config import ToolsFile, load_tools_file, parse_tools_config
-    from toolrl.tools.verl_config import build_tools as build
+def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile]:
+    """The tool configs of a route, read and checked (every ``class_name`` resolved) without building
+    a tool: the explicit ``tools`` section when it is set, else ``env``'s tool entries."""
+    from toolrl.tools.verl_config import load_tools_file, parse_tools_config, resolve_tool_class
 
     files: list[ToolsFile] = []
     if config.tools.config_path:
@@ -156,12 +160,30 @@ async def build_tools(config: Config, env: Environment | None = None) -> dict[st
         files.append(parse_tools_config({"tools": config.tools.entries}, Path(config.base_dir)))
     if not config.tools.explicit and env is not None and env.tools:
         files.append(parse_tools_config({"tools": env.tools}, Path(config.base_dir)))
-    tools: dict[str, Tool] = {}
     for f in files:
-        for name, tool in (await build(f)).items():
-            if name in tools:
-                raise ConfigError(f"tools: two tools are named {name!r}")
-            tools[name] = tool
+        for entry in f.tools:
+            resolve_tool_class(entry.class_name)
+    return files
+
+
+async def build_route_tools(files: Sequence[ToolsFile]) -> dict[str, Tool]:
+    """The tools of a route's configs, built; names must be unique across the configs."""
+    from toolrl.tools.verl_config import build_tools
+
+    made: list[Tool] = []
+    tools: dict[str, Tool] = {}
+    try:
+        for f in files:
+            built = await build_tools(f)
+            made += built.values()
+            for name, tool in built.items():
+                if name in tools:
+                    raise ConfigError(f"tools: two tools are named {name!r}")
+                tools[name] = tool
+    except BaseException:
+        for tool in made:
+            await tool.close()
+        raise
     return tools
 
 
@@ -196,9 +218,34 @@ def build_parser(config: Config, env: Environment | None = None) -> Any:
         raise ConfigError(f"rollout.parser_options: {exc}") from None
 
 
-def check_parts(config: Config) -> tuple[Any, Any]:
-    """The engine class and the (first) route's parser, resolved by name, with every environment,
-    parser and reward checked: a typo fails here, before anything loads."""
+@dataclass(frozen=True)
+class RouteParts:
+    """One route's parts, resolved by name; nothing here holds a resource (tools are built per role)."""
+
+    max_turns: int
+    parser: Any
+    rewards: list[tuple[str, float, Any]]
+    tool_files: list[ToolsFile]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Every part a config names, resolved once: the engine class, the configured environments and
+    one route per environment (``None``: no environment)."""
+
+    engine_cls: Any
+    envs: dict[str, ConfiguredEnv]
+    routes: dict[str | None, RouteParts]
+
+    @property
+    def parser(self) -> Any:
+        """The (first) route's parser: what ``toolrl serve`` parses with."""
+        return next(iter(self.routes.values())).parser
+
+
+def resolve_parts(config: Config) -> Parts:
+    """The engine class and every environment, parser, reward and tool config, resolved by name and
+    checked: a typo fails here, before anything loads."""
     from toolrl.plugins import get_plugins
     from toolrl.plugins.registry import RegistryError
 
@@ -206,44 +253,64 @@ def check_parts(config: Config) -> tuple[Any, Any]:
         engine_cls = get_plugins().load_part("rollout_engines", config.engine.name)
     except RegistryError as exc:
         raise ConfigError(f"engine.name: {exc}") from None
-    envs = [c.env for c in configured_envs(config).values()] or [None]
-    parsers = [build_parser(config, env) for env in envs]
-    for env in envs:
-        build_rewards(config, env)
-    return engine_cls, parsers[0]
+    envs = configured_envs(config)
+    shared = tool_files(config) if config.tools.explicit else None  # one set of tools for every route
+    entries: dict[str | None, ConfiguredEnv | None] = {**envs} or {None: None}
+    routes = {}
+    for name, c in entries.items():
+        env = c.env if c is not None else None
+        routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
+                                  shared if shared is not None else tool_files(config, env))
+    return Parts(engine_cls, envs, routes)
 
 
-async def build_routes(config: Config, samples: Sequence[Sample] = ()) -> tuple[dict[str | None, Route], list[Tool]]:
+async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Parts | None = None,
+                       ) -> tuple[dict[str | None, Route], list[Tool]]:
     """One route per configured environment (and the ``None`` route for samples naming none, when
     there is at most one environment), every tool built, and ``samples`` checked against their
-    route's tools. Returns the routes and every tool (to close)."""
+    route's tools. ``parts``: resolved already (else resolved here). Returns the routes and every
+    tool (to close)."""
     from toolrl.data import check_samples_against_tools
 
-    envs: dict[str | None, ConfiguredEnv | None] = {**configured_envs(config)} or {None: None}
+    parts = parts if parts is not None else resolve_parts(config)
     routes: dict[str | None, Route] = {}
-    built: list[Tool] = []
-    shared: dict[str, Tool] | None = None  # the explicit tools section: one set for every route
+    built: dict[int, dict[str, Tool]] = {}  # by tool-config list: routes sharing the explicit section share its tools
     try:
-        for name, c in envs.items():
-            env = c.env if c is not None else None
-            if config.tools.explicit:
-                shared = shared if shared is not None else await build_tools(config)
-                tools = shared
-            else:
-                tools = await build_tools(config, env)
-            built += [t for t in tools.values() if t not in built]
-            routes[name] = Route(tools, max_turns(config, c), build_parser(config, env), build_rewards(config, env),
+        for name, route in parts.routes.items():
+            if id(route.tool_files) not in built:
+                built[id(route.tool_files)] = await build_route_tools(route.tool_files)
+            routes[name] = Route(built[id(route.tool_files)], route.max_turns, route.parser, route.rewards,
                                  config.reward)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
-        for name, route in routes.items():
+        for name, r in routes.items():
             mine = [s for s in samples if s.env == name or (s.env is None and name is None)]
-            check_samples_against_tools(mine, route.tools, f"environment {name!r}" if name else "data")
+            check_samples_against_tools(mine, r.tools, f"environment {name!r}" if name else "data")
     except BaseException:
-        for tool in built:
-            await tool.close()
+        for tools in built.values():
+            for tool in tools.values():
+                await tool.close()
         raise
-    return routes, built
+    return routes, [t for tools in built.values() for t in tools.values()]
+
+
+def build_engine(config: Config, engine_cls: Any, path: str, tokenizer: Any, module: Any = None) -> Any:
+    """The configured engine on the model in ``path`` (``module``: a live model to share, in process).
+    An engine that rejects its options with a pydantic error names ``engine.options``."""
+    from pydantic import ValidationError
+
+    from toolrl import models
+    from toolrl.config import format_errors
+    from toolrl.engines import ModelSource
+
+    try:
+        return engine_cls.create(
+            ModelSource(path=path, module=module, tokenizer=tokenizer),
+            {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
+             "dtype": config.model.dtype, **config.engine.options},
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"engine.options: {format_errors(exc)}") from None
 
 
 def build_policy(config: Config, path: str, device: str) -> Any:
@@ -291,24 +358,18 @@ class Rollouts:
 
 async def compose_rollouts(config: Config, path: str, tokenizer: Any,
                            shared_module: Callable[[], Any] | None = None,
-                           samples: Sequence[Sample] = ()) -> Rollouts:
+                           samples: Sequence[Sample] = (), parts: Parts | None = None) -> Rollouts:
     """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
     tools are up, before the engine loads; returns a live model for the engine to share (in-process
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
-    route's tools before any model loads."""
-    from toolrl import models
-    from toolrl.engines import ModelSource
+    route's tools before any model loads. ``parts``: resolved already (else resolved here)."""
     from toolrl.rollout.chat import ChatRenderer
 
-    engine_cls, _ = check_parts(config)
-    routes, tools = await build_routes(config, samples)
+    parts = parts if parts is not None else resolve_parts(config)
+    routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
-        engine = engine_cls.create(
-            ModelSource(path=path, module=module, tokenizer=tokenizer),
-            {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
-             "dtype": config.model.dtype, **config.engine.options},
-        )
+        engine = build_engine(config, parts.engine_cls, path, tokenizer, module)
     except BaseException:
         for tool in tools:
             await tool.close()
@@ -338,16 +399,19 @@ class LocalRun:
         return self.rollouts.engine
 
 
-async def compose_local(config: Config, split: str = "train") -> LocalRun:
-    """``split``: the samples checked against the tools (those that will run)."""
+async def compose_local(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
+                        path: str | None = None) -> LocalRun:
+    """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
+    prompts checked against the tools (default: the training split; recorded groups run none);
+    ``path``, the model's directory."""
     from toolrl import models
     from toolrl.data import check_prompt_tokens
 
+    parts = parts if parts is not None else resolve_parts(config)
+    if samples is None:
+        samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
+    path = path if path is not None else model_path(config)
     seed_everything(config.trainer.seed)
-    check_parts(config)
-    # Recorded groups (data.trajectories) are trained as recorded: no prompt runs against the tools.
-    samples = [] if split == "train" and config.data.trajectories else load_samples(config, split)
-    path = model_path(config)
     tokenizer = models.load_tokenizer(path)
     check_prompt_tokens(samples, tokenizer, path, f"the {split} split")
     built: list[Any] = []
@@ -360,5 +424,6 @@ async def compose_local(config: Config, split: str = "train") -> LocalRun:
         # each step's weights by push, between two decode steps.
         return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
 
-    rollouts = await compose_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples)
-    return LocalRun(config, path, tokenizer, built[0], rollouts, samples)
+    rollouts = await compose_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples,
+                                      parts=parts)
+    return LocalRun(config, path, tokenizer, built[0], rollouts, list(samples))

@@ -16,7 +16,12 @@ A step's weights reach the engines only after the whole update (all ``ppo_epochs
 optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
 by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
 
-``output_dir`` receives ``metrics.jsonl`` (one line per step; a step that fails gets a line with
+A run starts only when the whole of it has been resolved and checked (:func:`toolrl.roles.resolve.resolve_run`:
+parts, data, tools, loggers, placement) and its roles are up; only then is the run directory
+(:class:`toolrl.roles.run_dir.RunDir`) first written, and a directory holding an earlier run is
+continued only with ``--resume`` and replaced only with ``--overwrite``.
+
+``output_dir`` receives ``config.json``, ``metrics.jsonl`` (one line per step; a step that fails gets a line with
 ``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, logprobs,
 decoded text, reward, tool calls, policy version), ``checkpoints/`` (sharded, written atomically;
 ``--resume`` restores model, optimizer, step, RNG and the data position: groups in flight are
@@ -26,7 +31,6 @@ generated again), ``roles.json`` (where each role runs) and ``reward_curve.png``
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,39 +40,29 @@ from toolrl.config import Config, ConfigError
 from toolrl.data.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.loggers import open_loggers
 from toolrl.roles import Roles, compose_roles
-from toolrl.roles.run_dir import (
-    _prepare_output,
-    _truncate_metrics,
-    append_metrics,
-    plot_curve,
-    rollout_metrics,
-    staleness_metrics,
-    write_traces,
-)
+from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.run_dir import RunDir, open_mode, rollout_metrics, staleness_metrics
 from toolrl.rollout import Trajectory
 from toolrl.training import checkpoint
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-async def save_checkpoint(roles: Roles, out: Path, step: int, data_position: int) -> Path:
+async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_position: int) -> Path:
     """Every rank writes its shards into a staging directory; then the controller publishes it.
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again."""
     config = roles.config
-    ckpt_dir = out / "checkpoints"
-    staged = checkpoint.staging_dir(ckpt_dir, step)
+    staged = checkpoint.staging_dir(run_dir.checkpoints, step)
     await roles.trainer.save(str(staged), step)
-    return checkpoint.finalize(ckpt_dir, staged, step, {"world_size": config.trainer.world_size,
-                                                        "data_position": data_position},
+    return checkpoint.finalize(run_dir.checkpoints, staged, step, {"world_size": config.trainer.world_size,
+                                                                   "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
 
-async def restore(roles: Roles, out: Path) -> tuple[int, int]:
+async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
     step and the data position."""
-    ckpt = checkpoint.latest(out / "checkpoints")
-    if ckpt is None:
-        raise ConfigError(f"--resume: no checkpoint in {out / 'checkpoints'}")
+    ckpt = run_dir.latest_checkpoint()
     await roles.trainer.load(str(ckpt))
     checkpoint.restore_controller(ckpt)
     meta = checkpoint.read_meta(ckpt)
@@ -77,16 +71,16 @@ async def restore(roles: Roles, out: Path) -> tuple[int, int]:
     return step, int(meta.get("data_position", step * roles.config.data.batch_size))
 
 
-def record_failure(out: Path, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
+def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
                    wall_s: float) -> None:
     """A step that failed half-way still leaves its record: the trajectories that finished, and a
     metrics line saying what failed."""
     row: dict[str, Any] = {"step": step, "failed": f"{type(exc).__name__}: {exc}".strip()}
     trajs = trajs or getattr(exc, "trajectories", [])  # a rollout group that failed part-way
     if trajs:
-        write_traces(out / "rollouts" / f"step_{step:05d}.jsonl", trajs, tokenizer)
+        run_dir.write_traces(step, trajs, tokenizer)
         row.update(rollout_metrics(trajs, wall_s))
-    append_metrics(out / "metrics.jsonl", row)
+    run_dir.append_metrics(row)
 
 
 # -- the loops ------------------------------------------------------------------------------------
@@ -101,32 +95,37 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
     return progress, task
 
 
-async def train_async(config: Config, resume: bool = False) -> Path:
-    out = _prepare_output(config, resume)
-    from toolrl.data.recorded import Replay, load_groups
-    from toolrl.roles.compose import load_samples
-    from toolrl.roles.evaluate import eval_samples, validate
+async def train_async(config: Config, resume: bool = False, overwrite: bool = False) -> Path:
+    """``toolrl train``: resolve and check the whole run, then train in ``trainer.output_dir``
+    (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
+    run = resolve_run(config, "train")
+    run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
+    await train(run, run_dir)
+    return run_dir.path
 
-    # Recorded groups (data.trajectories) are trained as they are instead of generated.
-    samples = load_groups(config) if config.data.trajectories else load_samples(config)
-    if config.trainer.eval_every:
-        eval_samples(config)  # a missing test split fails now, not at the first validation
-    roles = await compose_roles(config)
+
+async def train(run: ResolvedRun, run_dir: RunDir) -> None:
+    from toolrl.data.recorded import Replay
+    from toolrl.roles.evaluate import validate
+
+    config = run.config
+    roles = await compose_roles(run)
     batches: StepBatches | GroupStream | None = None
     if config.data.trajectories:
         roles.rollouts = Replay(roles.rollouts)
     try:
         if (reason := await roles.rollouts.check_trainable()) is not None:
             raise ConfigError(f"engine.name: {reason}")
-        (out / "roles.json").write_text(json.dumps(roles.placement, indent=2, default=str))
-        checkpoint.save_model_files(roles.model_dir, out / "checkpoints" / checkpoint.HF_FILES)
         start = position = 0
-        if resume:
-            start, position = await restore(roles, out)
-            _truncate_metrics(out / "metrics.jsonl", start)
-        batches = open_batches(roles.rollouts, samples, config, position, version=start)
+        if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
+            start, position = await restore(roles, run_dir)
+        run_dir.start(config)  # the run starts: the first write to its directory
+        run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
+        run_dir.write_roles(roles.placement)
+        checkpoint.save_model_files(roles.model_dir, run_dir.checkpoints / checkpoint.HF_FILES)
+        batches = open_batches(roles.rollouts, run.samples, config, position, version=start)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
-        with progress, open_loggers(config, out, start) as loggers:
+        with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
                 batch = Batch()
@@ -137,21 +136,21 @@ async def train_async(config: Config, resume: bool = False) -> Path:
                     wait_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
-                    train = await roles.trainer.step(batch.trajectories, step + 1) if batch.trajectories else {}
+                    trained = await roles.trainer.step(batch.trajectories, step + 1) if batch.trajectories else {}
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
-                           **staleness_metrics(batch.trajectories, step + 1), **train, **sync,
+                           **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
-                        row.update(await validate(roles, config, step + 1))
-                    write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", batch.generated, roles.tokenizer)
+                        row.update(await validate(roles, run, run_dir, step + 1))
+                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
-                        await save_checkpoint(roles, out, step + 1, batch.end)
+                        await save_checkpoint(roles, run_dir, step + 1, batch.end)
                 except Exception as exc:
-                    record_failure(out, step + 1, exc, batch.generated, roles.tokenizer, time.perf_counter() - t0)
+                    record_failure(run_dir, step + 1, exc, batch.generated, roles.tokenizer, time.perf_counter() - t0)
                     raise
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
@@ -164,40 +163,40 @@ async def train_async(config: Config, resume: bool = False) -> Path:
             await batches.close()  # groups still in flight: a resumed run generates them again
         await roles.close()
     if config.trainer.plot:
-        plot_curve(out)
-    return out
+        run_dir.plot_curve()
 
 
-async def evaluate_async(config: Config) -> Path:
-    out = _prepare_output(config, resume=False)
-    from toolrl.roles.compose import load_samples
-
-    samples = load_samples(config)
-    roles = await compose_roles(config, train=False)
+async def rollout_async(config: Config, overwrite: bool = False) -> Path:
+    """``toolrl rollout``: the training steps' batches generated and scored, nothing trained; the same
+    records as training in ``trainer.output_dir`` (an earlier run there is replaced only with ``overwrite``)."""
+    run = resolve_run(config, "rollout")
+    run_dir = RunDir.open(config.trainer.output_dir, open_mode(False, overwrite), resumable=False)
+    roles = await compose_roles(run, train=False)
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, 0)
     try:
+        run_dir.start(config)
         with progress:
             for step in range(config.trainer.total_steps):
                 t0 = time.perf_counter()
-                prompts = batch_for_step(samples, step, config.data.batch_size, config.trainer.seed,
+                prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=f"e{step + 1}-")
                 row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
-                write_traces(out / "rollouts" / f"step_{step + 1:05d}.jsonl", trajs, roles.tokenizer)
-                append_metrics(out / "metrics.jsonl", row)
+                run_dir.write_traces(step + 1, trajs, roles.tokenizer)
+                run_dir.append_metrics(row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
     finally:
         await roles.close()
     if config.trainer.plot:
-        plot_curve(out)
-    return out
+        run_dir.plot_curve()
+    return run_dir.path
 
 
-def run_training(config: Config, resume: bool = False) -> Path:
-    return asyncio.run(train_async(config, resume))
+def run_training(config: Config, resume: bool = False, overwrite: bool = False) -> Path:
+    return asyncio.run(train_async(config, resume, overwrite))
 
 
-def run_evaluation(config: Config) -> Path:
-    return asyncio.run(evaluate_async(config))
+def run_rollout(config: Config, overwrite: bool = False) -> Path:
+    return asyncio.run(rollout_async(config, overwrite))

@@ -1,10 +1,11 @@
 """Evaluation on the held-out split: ``toolrl eval`` and validation during training.
 
-The first ``eval.num_samples`` problems of the test split (``compose.load_samples(config, "test")``,
-in file order, so every run sees the same ones) get ``eval.n`` trajectories each at
-``eval.temperature``, through the same roles and rollout loop as training. A trajectory succeeds
-when it ended without error and the reward term ``eval.metric`` (its weighted value; unset: the
-environment's metric, else the total reward) is at least ``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
+The first ``eval.num_samples`` problems of the test split (resolved once per run,
+:func:`toolrl.roles.resolve.resolve_run`, in file order, so every run sees the same ones) get
+``eval.n`` trajectories each at ``eval.temperature``, through the same roles and rollout loop as
+training. A trajectory succeeds when it ended without error and the reward term ``eval.metric`` (its
+weighted value; unset: the environment's metric, else the total reward) is at least
+``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
 
 ``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
 ``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError, read_text
+from toolrl.data.batches import step_seed
+from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.run_dir import RunDir, open_mode
 from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
-
-SUMMARY_FILE = "summary.json"
-RESULTS_FILE = "results.jsonl"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,30 +42,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
-def eval_samples(config: Config) -> list[Sample]:
-    """The problems evaluated: the first ``eval.num_samples`` of the test split."""
-    from toolrl.roles.compose import load_samples
-
-    return load_samples(config, "test")[: config.eval.num_samples]
-
-
-def with_metric(config: Config) -> Config:
-    """``config`` with ``eval.metric`` filled from the environments' metric when unset (one metric
-    for all of them), and checked: it must name a reward term a trajectory can have."""
-    from toolrl.roles.compose import configured_envs
-
-    envs = [c.env for c in configured_envs(config).values()]
-    metric = config.eval.metric
-    if metric is None and len({e.metric for e in envs}) == 1 and envs[0].metric is not None:
-        metric = envs[0].metric
-    functions = config.reward.functions if config.reward.functions is not None else [r for e in envs for r in e.rewards]
-    terms = list(dict.fromkeys(f.name for f in functions)) + ["tools", "steps"]
-    if metric is not None and metric not in terms:
-        source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {envs[0].name!r})"
-        raise ConfigError(f"{source}: no reward term {metric!r} (terms: {', '.join(terms)})")
-    return config.model_copy(update={"eval": config.eval.model_copy(update={"metric": metric})})
 
 
 def success(traj: Trajectory, config: Config) -> bool:
@@ -87,15 +64,15 @@ def _sampling(rollouts: Any, config: Config) -> Any:
 async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
                        advance: Callable[[int], None] = lambda done: None) -> list[tuple[Sample, int, Trajectory]]:
     """``eval.n`` trajectories per problem as ``(problem, k, trajectory)``. Problems go to the rollout
-    group in chunks that fill its concurrency (``advance`` is told after each); chunk c is seeded
-    ``rollout.seed + 7_777 * c``, as the controller seeds step c."""
+    group in chunks that fill its concurrency (``advance`` is told after each); chunk c is seeded as
+    the controller seeds step c (:func:`~toolrl.data.batches.step_seed`)."""
     n = config.eval.n
     workers = config.ray.num_rollout_workers if config.ray.address is not None else 1
     size = max(1, config.rollout.max_concurrent_trajectories * workers // n)
     out: list[tuple[Sample, int, Trajectory]] = []
     for c, start in enumerate(range(0, len(samples), size)):
         chunk = samples[start:start + size]
-        trajs = await rollouts.run(chunk, n, seed=config.rollout.seed + 7_777 * c, id_prefix=f"eval{c}-")
+        trajs = await rollouts.run(chunk, n, seed=step_seed(config.rollout.seed, c), id_prefix=f"eval{c}-")
         seen: Counter[int] = Counter()
         for t in trajs:
             out.append((chunk[t.group], seen[t.group], t))
@@ -156,38 +133,35 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
     }
 
 
-def _write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
 # -- toolrl eval ----------------------------------------------------------------------------------
 
 
-async def evaluate_async(config: Config, output: Path, progress: bool | None = None) -> dict[str, Any]:
-    """``toolrl eval``: evaluate, write ``results.jsonl`` and ``summary.json`` under ``output``, return
-    the summary. ``progress``: a progress bar (default: when stderr is a terminal)."""
+async def evaluate_async(config: Config, output: Path, progress: bool | None = None,
+                         overwrite: bool = False) -> dict[str, Any]:
+    """``toolrl eval``: resolve and check the evaluation, then evaluate into ``output`` (a directory
+    holding an earlier evaluation only with ``overwrite``) and return the summary."""
+    run = resolve_run(config, "eval")
+    run_dir = RunDir.open(output, open_mode(False, overwrite), field="--output", resumable=False)
+    return await evaluate(run, run_dir, progress)
+
+
+async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = None) -> dict[str, Any]:
+    """Write ``results.jsonl`` and ``summary.json`` into ``run_dir``, return the summary. ``progress``:
+    a progress bar (default: when stderr is a terminal)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from toolrl.roles import compose_roles
 
-    config = with_metric(config)
-    samples = eval_samples(config)  # a missing split or bad file fails before any model loads
-    if output.exists() and not output.is_dir():
-        raise ConfigError(f"--output: {output} exists and is not a directory")
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "config.json").write_text(config.model_dump_json(indent=2))
-    except OSError as exc:
-        raise ConfigError(f"--output: cannot write {exc.filename or output}: {exc.strerror or exc}") from None
+    config, samples = run.config, run.eval_samples
     # Every engine samples at eval.temperature (Ray workers get this config too).
-    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": config.eval.temperature})})
+    sampling = config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": config.eval.temperature})})
     console = Console(stderr=True)
     bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                    disable=not (console.is_terminal if progress is None else progress))
-    roles = await compose_roles(config, train=False, split="test")
+    roles = await compose_roles(replace(run, config=sampling), train=False)
     try:
+        run_dir.start(config)
         with bar:
             task = bar.add_task("eval", total=len(samples))
             t0 = time.perf_counter()
@@ -196,29 +170,28 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
     finally:
         await roles.close()
     summary = {"model": config.model.source, "engine": config.engine.name, **summarize(results, config, wall_s)}
-    _write_rows(output / RESULTS_FILE, result_rows(results, config, roles.tokenizer))
-    (output / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    run_dir.write_results(result_rows(results, config, roles.tokenizer), summary)
     return summary
 
 
-def run_evaluation(config: Config, output: Path, progress: bool | None = None) -> dict[str, Any]:
+def run_evaluation(config: Config, output: Path, progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
     import asyncio
 
-    return asyncio.run(evaluate_async(config, output, progress))
+    return asyncio.run(evaluate_async(config, output, progress, overwrite))
 
 
 # -- validation during training -------------------------------------------------------------------
 
 
-async def validate(roles: Any, config: Config, step: int) -> dict[str, float]:
+async def validate(roles: Any, run: ResolvedRun, run_dir: RunDir, step: int) -> dict[str, float]:
     """The eval split on the current weights: ``val/...`` numbers for the step's metrics row; the
-    trajectories go to ``OUTPUT_DIR/eval/step_NNNNN.jsonl``."""
-    config = with_metric(config)
+    trajectories go to ``eval/step_NNNNN.jsonl``."""
+    config = run.eval_config
+    assert config is not None, "resolve_run resolves the eval split of a run with trainer.eval_every"
     t0 = time.perf_counter()
-    results = await run_problems(_sampling(roles.rollouts, config), config, eval_samples(config))
+    results = await run_problems(_sampling(roles.rollouts, config), config, run.eval_samples)
     summary = summarize(results, config, time.perf_counter() - t0)
-    _write_rows(Path(config.trainer.output_dir) / "eval" / f"step_{step:05d}.jsonl",
-                result_rows(results, config, roles.tokenizer))
+    run_dir.write_validation(step, result_rows(results, config, roles.tokenizer))
     return {f"val/{k}": float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)
             and k not in ("n", "k", "temperature", "success_threshold")}
 
@@ -227,7 +200,7 @@ async def validate(roles: Any, config: Config, step: int) -> dict[str, float]:
 
 
 def read_summary(directory: Path) -> dict[str, Any]:
-    path = directory / SUMMARY_FILE
+    path = directory / RunDir.SUMMARY
     if not path.exists():
         raise ConfigError(f"{path}: no such file (a `toolrl eval --output` directory has one)")
     try:

@@ -1,36 +1,208 @@
-"""The run directory: ``config.json``, ``metrics.jsonl`` (one line per step), ``rollouts/step_NNNNN.jsonl``
-(every trajectory) and ``reward_curve.png``. Problems with the directory or its files are
-:class:`ConfigError` (one line naming the file and line), not tracebacks."""
+"""The run directory and everything written in it: :class:`RunDir` (``config.json``; ``metrics.jsonl``,
+one line per step; ``rollouts/step_NNNNN.jsonl``, every trajectory; ``roles.json``, ``checkpoints/``,
+``eval/``, ``reward_curve.png``; ``results.jsonl`` and ``summary.json`` for ``toolrl eval``) and the
+figures of a metrics row. Problems with the directory or its files are :class:`ConfigError` (one
+line naming the file and line), not tracebacks.
+
+A run directory is opened in one of three modes: ``new`` refuses a directory that already holds a
+run, ``resume`` continues the run there, ``overwrite`` replaces it. :meth:`RunDir.open` only checks;
+:meth:`RunDir.start` is the first write, made once the run is resolved and its roles are up, so a run
+that fails before it starts leaves the directory exactly as it found it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from toolrl.config import Config, ConfigError, read_text
 from toolrl.rollout import Trajectory
 
+Mode = Literal["new", "resume", "overwrite"]
 
-def _prepare_output(config: Config, resume: bool) -> Path:
-    out = Path(config.trainer.output_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"trainer.output_dir: {out} exists and is not a directory")
-    if resume:
-        read_metrics(out / "metrics.jsonl")  # a damaged file fails now, before the model loads
-    try:
-        if not resume and (out / "metrics.jsonl").exists():
-            (out / "metrics.jsonl").unlink()
-        (out / "rollouts").mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(config.model_dump_json(indent=2))
-    except OSError as exc:
-        raise ConfigError(f"trainer.output_dir: cannot write {exc.filename or out}: {exc.strerror or exc}") from None
-    return out
+
+def open_mode(resume: bool, overwrite: bool) -> Mode:
+    """The mode the ``--resume`` and ``--overwrite`` flags ask for."""
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in the output directory and --overwrite replaces it: "
+                          "pass one of them")
+    return "resume" if resume else "overwrite" if overwrite else "new"
+
+
+class RunDir:
+    """One run's directory, the one place its file names are spelled. ``field`` names the directory
+    in errors (``trainer.output_dir``, ``--output``); ``resumable``: whether ``--resume`` applies."""
+
+    CONFIG = "config.json"
+    METRICS = "metrics.jsonl"
+    ROLES = "roles.json"
+    CURVE = "reward_curve.png"
+    ROLLOUTS = "rollouts"
+    CHECKPOINTS = "checkpoints"
+    EVAL = "eval"
+    RESULTS = "results.jsonl"
+    SUMMARY = "summary.json"
+    # What a run writes here: any of it means the directory holds a run, and ``overwrite`` removes
+    # exactly these (what loggers or people keep beside them stays).
+    OWNED = (CONFIG, METRICS, ROLES, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY)
+
+    def __init__(self, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
+                 resumable: bool = True) -> None:
+        self.path = Path(path)
+        self.mode, self.field, self.resumable = mode, field, resumable
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
+             resumable: bool = True) -> RunDir:
+        """The run directory at ``path``, checked for ``mode``; nothing is written."""
+        run_dir = cls(path, mode, field, resumable)
+        run_dir.check()
+        return run_dir
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / self.METRICS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / self.CHECKPOINTS
+
+    def traces(self, step: int) -> Path:
+        """``rollouts/step_NNNNN.jsonl``: every trajectory of step ``step`` (1-based)."""
+        return self.path / self.ROLLOUTS / f"step_{step:05d}.jsonl"
+
+    # -- opening and starting ---------------------------------------------------------------------
+
+    def earlier_run(self) -> list[str]:
+        """The files of a run already here (``checkpoints/`` counts once it holds more than a
+        checkpoint being staged)."""
+        found = []
+        for name in self.OWNED:
+            path = self.path / name
+            if name == self.CHECKPOINTS:
+                if path.is_dir() and any(not p.name.startswith(".") for p in path.iterdir()):
+                    found.append(name)
+            elif path.exists() or path.is_symlink():
+                found.append(name)
+        return found
+
+    def check(self) -> None:
+        """What ``mode`` needs, read only: no earlier run in the way (``new``), a checkpoint and a
+        readable ``metrics.jsonl`` (``resume``), and a directory that can be written."""
+        # The directory, or the nearest existing directory it would be made in.
+        existing = next(p for p in (self.path, *self.path.absolute().parents) if p.exists())
+        if not existing.is_dir():
+            raise ConfigError(f"{self.field}: {existing} exists and is not a directory")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{self.field}: cannot write {existing}: permission denied")
+        if self.mode == "resume":
+            read_metrics(self.metrics)  # a damaged file fails now, before the model loads
+            self.latest_checkpoint()
+        elif self.mode == "new" and (earlier := self.earlier_run()):
+            hint = ("pass --resume to continue it or --overwrite to replace it" if self.resumable
+                    else "pass --overwrite to replace it")
+            raise ConfigError(f"{self.field}: {self.path} holds an earlier run ({', '.join(earlier)}); {hint}")
+
+    def latest_checkpoint(self) -> Path:
+        from toolrl.training import checkpoint
+
+        found = checkpoint.latest(self.checkpoints)
+        if found is None:
+            raise ConfigError(f"--resume: no checkpoint in {self.checkpoints}")
+        return found
+
+    def start(self, config: Config) -> None:
+        """The run's first write: checked again (another run may have started here meanwhile),
+        ``config.json`` written atomically, then the rest of the earlier run removed (``overwrite``)."""
+        self.check()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.config_file, config.model_dump_json(indent=2))
+            if self.mode == "overwrite":
+                for name in set(self.earlier_run()) - {self.CONFIG}:
+                    path = self.path / name
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+        except OSError as exc:
+            raise ConfigError(f"{self.field}: cannot write {exc.filename or self.path}: {exc.strerror or exc}") from None
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        with self.metrics.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return read_metrics(self.metrics)
+
+    def truncate_metrics(self, keep_steps: int) -> None:
+        """After resuming from step k, drop the lines of steps after k (written after that checkpoint)."""
+        if self.metrics.exists():
+            kept = [line for line, row in _metric_lines(self.metrics) if row["step"] <= keep_steps]
+            write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+
+    def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
+        rows = []
+        for t in trajs:
+            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
+            row["policy_version"] = policy_version(t)
+            row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
+            row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
+            rows.append(row)
+        write_jsonl(self.traces(step), rows)
+
+    def write_roles(self, placement: dict[str, Any]) -> None:
+        """``roles.json``: where each role runs."""
+        (self.path / self.ROLES).write_text(json.dumps(placement, indent=2, default=str))
+
+    def write_validation(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
+        """``eval/step_NNNNN.jsonl``: the validation after step ``step`` (1-based), one row per trajectory."""
+        write_jsonl(self.path / self.EVAL / f"step_{step:05d}.jsonl", rows)
+
+    def write_results(self, rows: Sequence[dict[str, Any]], summary: dict[str, Any]) -> None:
+        """``toolrl eval``'s ``results.jsonl`` (one row per trajectory) and ``summary.json``."""
+        write_jsonl(self.path / self.RESULTS, rows)
+        write_atomic(self.path / self.SUMMARY, json.dumps(summary, indent=2))
+
+    def plot_curve(self) -> Path | None:
+        """``reward_curve.png`` from ``metrics.jsonl`` (None: no rows)."""
+        rows = self.read_metrics()
+        return plot_rewards(rows, self.path / self.CURVE) if rows else None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path`` holds either its old content or all of ``text``, whatever happens meanwhile."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+# -- a metrics row ----------------------------------------------------------------------------------
 
 
 def _finite(values: Sequence[float]) -> list[float]:
@@ -92,25 +264,6 @@ def policy_version(t: Trajectory) -> int | list[int] | None:
     return t.policy_versions[0] if len(set(t.policy_versions)) == 1 else list(t.policy_versions)
 
 
-def write_traces(path: Path, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
-        for t in trajs:
-            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
-            row["policy_version"] = policy_version(t)
-            row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
-            row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
-
-
-def append_metrics(path: Path, row: dict[str, Any]) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _metric_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """``(line, row)`` for each row of ``metrics.jsonl``. A last line cut short (a crash mid-append)
     is dropped: its step was never checkpointed and runs again. Any other bad line is an error."""
@@ -136,17 +289,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in _metric_lines(path)]
 
 
-def _truncate_metrics(path: Path, keep_steps: int) -> None:
-    """After resuming from step k, drop metric lines of steps ≥ k written after that checkpoint."""
-    if not path.exists():
-        return
-    path.write_text("".join(line + "\n" for line, row in _metric_lines(path) if row["step"] <= keep_steps))
 
-
-def plot_curve(out_dir: Path) -> Path | None:
-    rows = read_metrics(out_dir / "metrics.jsonl")
-    if not rows:
-        return None
+def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
+    """The reward (mean ± std) and tool calls per trajectory by step, as a PNG at ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,7 +311,6 @@ def plot_curve(out_dir: Path) -> Path | None:
     ax2.set_ylabel("tool calls / trajectory")
     fig.legend(loc="upper left")
     fig.tight_layout()
-    out = out_dir / "reward_curve.png"
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

@@ -101,19 +101,15 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
                   model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
-    from toolrl.engines import ModelSource
-    from toolrl.roles.compose import check_parts, model_path
+    from toolrl.roles.compose import build_engine, model_path, resolve_parts
 
-    engine_cls, parser = check_parts(config)
+    parts = resolve_parts(config)
     path = model_path(config)
     tokenizer = models.load_tokenizer(path)
-    engine = engine_cls.create(
-        ModelSource(path=path, tokenizer=tokenizer),
-        {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
-         "dtype": config.model.dtype, **config.engine.options})
+    engine = build_engine(config, parts.engine_cls, path, tokenizer)
     conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
                                   on_close=engine.end_session)
-    return Service(engine, tokenizer, parser, model_name or config.model.source, conversations,
+    return Service(engine, tokenizer, parts.parser, model_name or config.model.source, conversations,
                    default_max_tokens=config.rollout.max_new_tokens, token_history=token_history)
 
 

@@ -1,0 +1,93 @@
+"""A run resolved before anything is written. :func:`resolve_run` turns a :class:`Config` into a
+:class:`ResolvedRun`: the placement checked (world size against Ray), every part looked up by name
+(engine, environments, parsers, rewards, tool configs, loggers), the data read (the training split or
+recorded groups; the held-out split when the run evaluates) and the model's directory found. Any
+problem is a one-line error and no file has been touched. The controller and evaluation take the
+resolved run, so nothing is resolved twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from toolrl.config import Config, ConfigError
+from toolrl.data.recorded import load_groups
+from toolrl.loggers import logger_names
+from toolrl.roles.compose import ConfiguredEnv, Parts, load_samples, model_path, resolve_parts
+from toolrl.schemas import Sample
+
+# train: `toolrl train`; rollout: `toolrl rollout` (the training batches, not trained); eval: `toolrl eval`.
+Purpose = Literal["train", "rollout", "eval"]
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """Everything a run needs that can be checked before a model loads.
+
+    ``config``: what the run records in ``config.json``; ``samples``: what its steps draw from (the
+    training split, or recorded groups; none for ``eval``); ``eval_config`` and ``eval_samples``: the
+    config with ``eval.metric`` resolved and the held-out problems, when the run evaluates
+    (``eval``, or ``trainer.eval_every``); ``loggers``: the metric loggers' names (``train``)."""
+
+    purpose: Purpose
+    config: Config
+    parts: Parts
+    model_dir: str
+    samples: list[Sample] = field(default_factory=list)
+    eval_config: Config | None = None
+    eval_samples: list[Sample] = field(default_factory=list)
+    loggers: list[str] = field(default_factory=list)
+
+    @property
+    def prompts(self) -> list[Sample]:
+        """Every prompt the run's rollouts will run, checked against their route's tools before the
+        model loads (recorded groups run none)."""
+        recorded = self.purpose == "train" and bool(self.config.data.trajectories)
+        return ([] if recorded else self.samples) + self.eval_samples
+
+
+def check_placement(config: Config) -> None:
+    """Where the roles can run: several trainer ranks need Ray; CPU offload needs GPU ranks."""
+    if config.trainer.world_size > 1 and config.ray.address is None:
+        raise ConfigError(f"trainer.world_size={config.trainer.world_size} needs Ray: set ray.address "
+                          "(local, auto or host:port)")
+    on_gpu = config.ray.num_gpus_per_trainer > 0 if config.ray.address is not None else config.model.device != "cpu"
+    if config.trainer.cpu_offload and not on_gpu:
+        raise ConfigError("trainer.cpu_offload: offloading needs trainer ranks on GPUs "
+                          "(ray.num_gpus_per_trainer or model.device)")
+
+
+def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
+    """``config`` with ``eval.metric`` filled from the environments' metric when unset (one metric
+    for all of them), and checked: it must name a reward term a trajectory can have."""
+    found = [c.env for c in envs.values()]
+    metric = config.eval.metric
+    if metric is None and len({e.metric for e in found}) == 1 and found[0].metric is not None:
+        metric = found[0].metric
+    functions = config.reward.functions if config.reward.functions is not None else [r for e in found for r in e.rewards]
+    terms = list(dict.fromkeys(f.name for f in functions)) + ["tools", "steps"]
+    if metric is not None and metric not in terms:
+        source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {found[0].name!r})"
+        raise ConfigError(f"{source}: no reward term {metric!r} (terms: {', '.join(terms)})")
+    return config.model_copy(update={"eval": config.eval.model_copy(update={"metric": metric})})
+
+
+def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
+    """``config`` resolved and checked for ``purpose``, in the order a user would fix things: where
+    the roles run, the parts, the loggers, the data, the held-out split, the model."""
+    check_placement(config)
+    parts = resolve_parts(config)
+    loggers = logger_names(config) if purpose == "train" else []
+    samples: list[Sample] = []
+    if purpose == "train" and config.data.trajectories:
+        samples = load_groups(config)  # trained as recorded instead of generated
+    elif purpose != "eval":
+        samples = load_samples(config, "train", parts.envs)
+    eval_config, eval_samples = None, []
+    if purpose == "eval" or (purpose == "train" and config.trainer.eval_every):
+        eval_config = with_metric(config, parts.envs)
+        # The first eval.num_samples problems in file order: every run sees the same ones.
+        eval_samples = load_samples(config, "test", parts.envs)[: config.eval.num_samples]
+    recorded = eval_config if purpose == "eval" and eval_config is not None else config
+    return ResolvedRun(purpose, recorded, parts, model_path(config), samples, eval_config, eval_samples, loggers)
