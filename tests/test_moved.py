@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from toolrl.moved import MOVED
 
 

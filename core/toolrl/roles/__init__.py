@@ -58,6 +58,7 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
     from toolrl import models
+    from toolrl.data import check_prompt_tokens
     from toolrl.roles.compose import compose_local
     from toolrl.roles.resolve import ResolvedRun, resolve_run
     from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
@@ -80,11 +81,13 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
     path = run.model_dir
+    tokenizer = models.load_tokenizer(path)
+    check_prompt_tokens(run.prompts or [], tokenizer, path, "the prompts")  # before any actor starts
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker
                  + (config.trainer.world_size * config.ray.num_cpus_per_trainer if train else 0))
-    roles = Roles(config, models.load_tokenizer(path), path, None, owns_ray=owns_ray)
+    roles = Roles(config, tokenizer, path, None, owns_ray=owns_ray)
     try:
         roles.pool = roles.rollouts = RolloutWorkerPool(
             config, config.ray.num_rollout_workers, config.ray.address,
