@@ -232,8 +232,9 @@ async def build_routes(config: Config, samples: Sequence[Sample] = ()) -> tuple[
             else:
                 tools = await build_tools(config, env)
             built += [t for t in tools.values() if t not in built]
-            routes[name] = Route(tools, max_turns(config, c), build_parser(config, env), build_rewards(config, env),
-                                 config.reward)
+            parser = build_parser(config, env)
+            parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
+            routes[name] = Route(tools, max_turns(config, c), parser, build_rewards(config, env), config.reward)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, route in routes.items():
