@@ -70,9 +70,9 @@ def json_end(text: str, start: int) -> int:
     return -1
 
 
-def schema_types(schema: Mapping[str, Any]) -> set[str]:
-    """The JSON types a schema admits: ``type``, the types of ``enum`` values, and its
-    ``anyOf``/``oneOf``/``allOf`` branches; a schema that names none admits a string."""
+def schema_types(schema: Mapping[str, Any]) -> tuple[str, ...]:
+    """The JSON types a schema admits, in :data:`TYPE_ORDER`: ``type``, the types of ``enum`` values,
+    and its ``anyOf``/``oneOf``/``allOf`` branches; a schema that names none admits a string."""
     types: set[str] = set()
     declared = schema.get("type")
     types.update([declared] if isinstance(declared, str) else [t for t in declared or () if isinstance(t, str)])
@@ -80,9 +80,9 @@ def schema_types(schema: Mapping[str, Any]) -> set[str]:
         types.add(_json_type(value))
     for key in ("anyOf", "oneOf", "allOf"):
         for branch in schema.get(key) or ():
-            if isinstance(branch, Mapping):
-                types |= schema_types(branch)
-    return types or {"string"}
+            if isinstance(branch, dict):
+                types.update(schema_types(branch))
+    return tuple(t for t in TYPE_ORDER if t in types) or ("string",)
 
 
 def _json_type(value: Any) -> str:
@@ -120,39 +120,40 @@ def _as_type(text: str, kind: str) -> tuple[bool, Any]:
 
 def typed_text(text: str, schema: Mapping[str, Any]) -> Any:
     """``text`` as the first of the schema's types it reads as; the text itself when none fits."""
-    types = schema_types(schema)
-    for kind in TYPE_ORDER:
-        if kind in types:
-            if kind == "string":
-                return text
-            ok, value = _as_type(text, kind)
-            if ok:
-                return value
+    return typed_as(text, schema_types(schema))
+
+
+def typed_as(text: str, types: tuple[str, ...]) -> Any:
+    for kind in types:
+        if kind == "string":
+            return text
+        ok, value = _as_type(text, kind)
+        if ok:
+            return value
     return text
 
 
 class ToolSchemas:
-    """The parameter schemas of a route's tools, by tool name."""
+    """The parameter schemas of a route's tools, by tool name (plain dicts, as tools' schemas dump)."""
 
     def __init__(self, schemas: Sequence[Mapping[str, Any]] = ()) -> None:
-        self._properties: dict[str, Mapping[str, Any]] = {}
+        self._properties: dict[str, dict[str, Any]] = {}
+        self._types: dict[tuple[str, str], tuple[str, ...]] = {}  # (tool, parameter): its types, worked out once
         for schema in schemas:
             function = schema.get("function", schema)
             parameters = function.get("parameters") or {}
-            properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            if isinstance(function.get("name"), str) and isinstance(properties, Mapping):
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
+            if isinstance(function.get("name"), str) and isinstance(properties, dict):
                 self._properties[function["name"]] = properties
+                for key, prop in properties.items():
+                    if isinstance(prop, dict):
+                        self._types[function["name"], key] = schema_types(prop)
 
-    def properties(self, tool: str) -> Mapping[str, Any]:
+    def properties(self, tool: str) -> dict[str, Any]:
         """``tool``'s parameter schemas by name (none for an unknown tool)."""
         return self._properties.get(tool, {})
 
-    def parameter(self, tool: str, key: str) -> Mapping[str, Any] | None:
-        """The schema of ``tool``'s parameter ``key``; None when the tool or parameter is unknown."""
-        schema = self._properties.get(tool, {}).get(key)
-        return schema if isinstance(schema, Mapping) else None
-
     def typed(self, tool: str, key: str, text: str) -> Any:
         """A text value typed from its parameter's schema; unknown parameters keep their text."""
-        schema = self.parameter(tool, key)
-        return typed_text(text, schema) if schema is not None else text
+        types = self._types.get((tool, key))
+        return typed_as(text, types) if types is not None else text

@@ -89,8 +89,8 @@ class _Reader:
                 self.pos += 1
                 self.skip_space()
             key = self.key()
-            child = properties.get(key) if isinstance(properties, Mapping) else None
-            out[key] = self.value(child if isinstance(child, Mapping) else None, depth + 1)
+            child = properties.get(key) if isinstance(properties, dict) else None
+            out[key] = self.value(child if isinstance(child, dict) else None, depth + 1)
 
     def key(self) -> str:
         text = self.text
@@ -119,7 +119,7 @@ class _Reader:
                 if not self.text.startswith(",", self.pos):
                     raise self.fail("expected ',' or ']'")
                 self.pos += 1
-            out.append(self.value(items if isinstance(items, Mapping) else None, depth + 1))
+            out.append(self.value(items if isinstance(items, dict) else None, depth + 1))
 
 
 class GemmaParser(ToolParser):

@@ -24,7 +24,7 @@ from toolrl.schemas import ParseError, ParseResult, ToolCall
 START, MESSAGE, CALL = "<|start|>", "<|message|>", "<|call|>"
 _TOKENS = re.compile(r"<\|(?:start|message|call|end|return)\|>")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
-_CONSTRAIN = re.compile(r"<\|constrain\|>\s*(\S+)|<\|channel\|>\s*\S+\s+(?!to=)([^\s<]+)\s*\Z")
+CONSTRAIN, CHANNEL = "<|constrain|>", "<|channel|>"
 NOT_FUNCTIONS = ("assistant", "browser", "python", "container")
 
 
@@ -98,11 +98,20 @@ class GptOssParser(ToolParser):
         return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
 
     @staticmethod
+    def content_type(header: str) -> str:
+        """``<|constrain|>TYPE``, else a word after the channel's name (``commentary json``), else JSON."""
+        if (at := header.rfind(CONSTRAIN)) != -1:
+            words = header[at + len(CONSTRAIN):].split()
+        else:
+            at = header.rfind(CHANNEL)
+            words = [w for w in header[at + len(CHANNEL):].split()[1:] if not w.startswith("to=")] if at != -1 else []
+        return words[0] if words else "json"
+
+    @staticmethod
     def decode(name: str, header: str, body: str, ending: str | None) -> ToolCall:
         if ending is None:
             raise ValueError(f"unterminated tool call to '{name}': missing {CALL}")
-        kind = _CONSTRAIN.search(header)
-        content_type = (kind.group(1) or kind.group(2)) if kind else "json"
+        content_type = GptOssParser.content_type(header)
         if "json" not in content_type:
             raise ValueError(f"tool call to '{name}' must send JSON arguments, got {content_type!r}")
         return ToolCall(name=name, arguments=json_object(body, f"arguments of tool call to '{name}'"))

@@ -229,6 +229,8 @@ def _glm45() -> list[Case]:
         Case(f, "unterminated", call[:-len("</tool_call>")], (), 1, well_formed=False, vllm_calls=(WEATHER,)),
         Case(f, "key_without_value", "<tool_call>get_weather\n<arg_key>city</arg_key>\n</tool_call>", (), 1,
              well_formed=False, vllm_calls=(("get_weather", {}),)),
+        Case(f, "unknown_tool", "<tool_call>get_stock\n<arg_key>ticker</arg_key>\n<arg_value>X</arg_value>\n"
+             "</tool_call>", (("get_stock", {"ticker": "X"}),), well_formed=False, vllm_calls=()),
     ]
 
 
