@@ -127,18 +127,24 @@ def family_response(family: str, n: int) -> str:
 
 
 def family_hostile(family: str) -> dict[str, str]:
-    """Inputs that would make a careless parser quadratic or raise, in ``family``'s markers."""
-    opener = {"qwen3_coder": "<tool_call>", "glm45": "<tool_call>", "gemma": "<|tool_call>",
-              "deepseek_v3": "<｜tool▁calls▁begin｜>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>",
-              "gpt_oss": "<|channel|>commentary to=functions.f<|message|>"}[family]
-    value = {"qwen3_coder": "<function=f>\n<parameter=x>\n", "glm45": "f<arg_key>x</arg_key><arg_value>",
-             "gemma": "call:f{x:", "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n",
-             "mistral": "f[ARGS]", "llama3_json": "", "gpt_oss": ""}[family]
+    """Inputs that would make a careless parser quadratic or raise, in ``family``'s markers: the call's
+    value is the ``search`` tool's ``filters`` object, so the XML formats decode it too."""
+    opener, value, closer = {
+        "qwen3_coder": ("<tool_call>", "<function=search>\n<parameter=filters>\n",
+                        "\n</parameter>\n</function>\n</tool_call>"),
+        "glm45": ("<tool_call>", "search<arg_key>filters</arg_key><arg_value>", "</arg_value></tool_call>"),
+        "gemma": ("<|tool_call>", "call:search{filters:", "}<tool_call|>"),
+        "deepseek_v3": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n",
+                        "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        "mistral": ("[TOOL_CALLS]", "search[ARGS]", ""),
+        "llama3_json": ("<|python_tag|>", "", ""),
+        "gpt_oss": ("<|channel|>commentary to=functions.search<|message|>", "", "<|call|>"),
+    }[family]
     return {
         "50k unterminated calls": (opener + value + '{"x": ') * 50_000,
-        "[ x 100k in a call": opener + value + "[" * 100_000,
-        "{ x 100k in a call": opener + value + "{" * 100_000,
-        "number of 1M digits": opener + value + '{"x": ' + "9" * 1_000_000 + "}",
+        "[ x 100k in a call": opener + value + "[" * 100_000 + closer,
+        "{ x 100k in a call": opener + value + '{"a":' * 100_000 + closer,
+        "number of 1M digits": opener + value + '{"x": ' + "9" * 1_000_000 + "}" + closer,
         "string to the end x 20k": (opener + value + '{"x": "\\') * 20_000,
     }
 

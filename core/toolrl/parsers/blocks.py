@@ -15,6 +15,7 @@ import re
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -39,11 +40,15 @@ class Block:
     terminated: bool = True
 
 
+@cache
+def _pattern(markers: Markers) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(m) for m in (markers.open, markers.close, markers.think_open,
+                                                      markers.think_close) if m))
+
+
 def find_blocks(text: str, markers: Markers) -> list[Block]:
     """Call blocks and stray closing markers outside reasoning, in order."""
-    pattern = re.compile("|".join(re.escape(m) for m in (markers.open, markers.close, markers.think_open,
-                                                          markers.think_close) if m))
-    found = [(m.start(), m.group()) for m in pattern.finditer(text)]
+    found = [(m.start(), m.group()) for m in _pattern(markers).finditer(text)]
     opens = [p for p, tag in found if tag == markers.open]
     spans: list[Block] = []
     cursor = 0
