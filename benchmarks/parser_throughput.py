@@ -2,7 +2,7 @@
 same call bodies (the floor for any parser that decodes JSON) and, optionally, the parser at an
 older git revision (the quadratic one before issue 13).
 
-    OMP_NUM_THREADS=1 python benchmarks/parser_throughput.py [--runs 5] [--old-ref d424eb5]
+    OMP_NUM_THREADS=1 python benchmarks/parser_throughput.py [--runs 5] [--old-ref d424eb5] [--families-only]
 
 Prints the median seconds per response, calls per second and the ratios, then the time of hostile
 inputs (deep nesting, huge numbers, tags inside strings, thousands of broken calls) at their size and
@@ -10,7 +10,8 @@ at twice it (the ratio is ~2 when parsing is linear), then ``toolrl parse`` end 
 calls (wall and the child's CPU seconds, which machine load inflates less). ``--old-ref`` adds the
 hermes parser at that revision to every table and ``toolrl parse`` with that revision's core/, run
 by turns with today's so load hits both alike. Goals: 10,000 calls in under a second; the 10^5 empty
-calls through the command line in under a second.
+calls through the command line in under a second. The model-family parsers (``families``) follow: the
+same sizes in each family's syntax, and hostile inputs written in its markers.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 4000, 10000])
     ap.add_argument("--old-ref", help="also time the hermes parser at this git revision")
     ap.add_argument("--old-max", type=int, default=10000, help="skip the old parser above this many calls")
+    ap.add_argument("--families-only", action="store_true", help="time only the model-family parsers")
     args = ap.parse_args()
+    if args.families_only:
+        print(machine())
+        families(args.runs, args.sizes)
+        return
 
     from toolrl.parsers.hermes import HermesParser
     from toolrl.parsers.tags import TagParser
@@ -98,6 +104,7 @@ def main() -> None:
 
     hostile(hermes, old, args.runs)
     cli(args.old_ref, args.runs)
+    families(args.runs, args.sizes)
 
 
 def hostile(hermes: Callable[[str], Any], old: Callable[[str], Any] | None, runs: int) -> None:
@@ -165,6 +172,67 @@ def cli_parse(text: str, core: str) -> tuple[float, float]:
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def family_response(family: str, n: int) -> str:
+    """One response with ``n`` calls in ``family``'s syntax (the corpus's renderers)."""
+    from toolrl.testing import parser_corpus as corpus
+
+    calls = [("python", {"code": f"print({i} * 2)  # step {i}", "timeout": 5}) for i in range(n)]
+    if family == "deepseek_v3":
+        return "Let me work through these.\n" + corpus.deepseek_v3(*calls)
+    if family == "mistral":
+        return "Let me work through these.\n" + "".join(corpus.mistral(*c) for c in calls)
+    if family == "llama3_json":
+        return "<|python_tag|>" + "; ".join(corpus.llama3_json(*c) for c in calls)
+    render = getattr(corpus, family)
+    return "Let me work through these.\n" + "\n".join(render(*c) for c in calls)
+
+
+def family_hostile(family: str) -> dict[str, str]:
+    """Inputs that would make a careless parser quadratic or raise, in ``family``'s markers: the call's
+    value is the ``search`` tool's ``filters`` object, so the XML formats decode it too."""
+    opener, value, closer = {
+        "qwen3_coder": ("<tool_call>", "<function=search>\n<parameter=filters>\n",
+                        "\n</parameter>\n</function>\n</tool_call>"),
+        "glm45": ("<tool_call>", "search<arg_key>filters</arg_key><arg_value>", "</arg_value></tool_call>"),
+        "gemma": ("<|tool_call>", "call:search{filters:", "}<tool_call|>"),
+        "deepseek_v3": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n",
+                        "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        "mistral": ("[TOOL_CALLS]", "search[ARGS]", ""),
+        "llama3_json": ("<|python_tag|>", "", ""),
+        "gpt_oss": ("<|channel|>commentary to=functions.search<|message|>", "", "<|call|>"),
+    }[family]
+    return {
+        "50k unterminated calls": (opener + value + '{"x": ') * 50_000,
+        "[ x 100k in a call": opener + value + "[" * 100_000 + closer,
+        "{ x 100k in a call": opener + value + '{"a":' * 100_000 + closer,
+        "number of 1M digits": opener + value + '{"x": ' + "9" * 1_000_000 + "}" + closer,
+        "string to the end x 20k": (opener + value + '{"x": "\\') * 20_000,
+    }
+
+
+def families(runs: int, sizes: list[int]) -> None:
+    """Every model-family parser: N calls per response, and hostile inputs (all must stay linear)."""
+    from toolrl.plugins import get_plugins
+    from toolrl.testing.parser_corpus import FAMILIES, TOOLS
+
+    rows, hostile_rows = [], []
+    for family in FAMILIES:
+        parser = get_plugins().load_part("tool_parsers", family)()
+        parser.bind_tools(TOOLS)
+        for n in sizes:
+            text = family_response(family, n)
+            out = parser.parse(text)
+            assert len(out.calls) == n and not out.errors, (family, n, out.errors[:1])
+            t = timed(parser.parse, text, runs)
+            rows.append([family, n, len(text) // 1024, t, n / t, "met" if n < 10_000 or t < 1 else "NOT met"])
+        for name, text in family_hostile(family).items():
+            out = parser.parse(text)
+            hostile_rows.append([family, name, len(text) // 1024, timed(parser.parse, text, runs),
+                                 len(out.calls), len(out.errors)])
+    print(table(["family", "calls", "KiB", "parse s", "calls/s", "10k < 1 s"], rows))
+    print(table(["family", "hostile input", "KiB", "parse s", "calls", "errors"], hostile_rows))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ that the rollout sends back to the model, so the model learns from it instead of
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from toolrl.schemas import ParseResult, ToolResponse
@@ -16,6 +17,9 @@ class ToolParser:
     # "chat": tool results go back as chat-template tool messages (hermes);
     # "inline": the result text is appended to the response and generation continues (inline tags).
     result_mode: ClassVar[Literal["chat", "inline"]] = "chat"
+    # Special tokens the model emits after its calls (the turn end included): generation stops at
+    # them so the calls can run. ``stop_strings`` holds those the chat template's end of turn misses.
+    end_of_call_tokens: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **options: Any) -> None:
         if options:
@@ -25,6 +29,10 @@ class ToolParser:
     def stop_strings(self) -> list[str]:
         """Strings at which generation should stop so calls can run mid-response."""
         return []
+
+    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        """The route's tool schemas (OpenAI function format). Formats whose argument values are
+        untyped text (``<parameter=n>5</parameter>``) type them from the schemas; the rest ignore them."""
 
     def parse(self, text: str) -> ParseResult:
         raise NotImplementedError

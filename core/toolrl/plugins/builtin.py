@@ -19,6 +19,28 @@ class TagsPlugin:
         register("toolrl.parsers.tags:TagParser", name="tags")
 
 
+class ParserPlugin:
+    """One model family's tool-call parser (:mod:`toolrl.parsers`), registered by lazy reference."""
+
+    def __init__(self, ref: str, name: str, aliases: tuple[str, ...] = ()) -> None:
+        self.ref, self.name, self.aliases = ref, name, aliases
+
+    @hookimpl
+    def register_tool_parsers(self, register: Register) -> None:
+        register(self.ref, name=self.name, aliases=self.aliases)
+
+
+FAMILY_PARSERS = {
+    "qwen3_coder": ParserPlugin("toolrl.parsers.qwen3_coder:Qwen3CoderParser", "qwen3_coder", ("qwen3_xml",)),
+    "llama3_json": ParserPlugin("toolrl.parsers.llama3_json:Llama3JsonParser", "llama3_json", ("llama3",)),
+    "mistral": ParserPlugin("toolrl.parsers.mistral:MistralParser", "mistral"),
+    "deepseek_v3": ParserPlugin("toolrl.parsers.deepseek_v3:DeepSeekV3Parser", "deepseek_v3"),
+    "glm45": ParserPlugin("toolrl.parsers.glm45:Glm45Parser", "glm45", ("glm47",)),
+    "gpt_oss": ParserPlugin("toolrl.parsers.gpt_oss:GptOssParser", "gpt_oss", ("harmony",)),
+    "gemma": ParserPlugin("toolrl.parsers.gemma:GemmaParser", "gemma", ("gemma4",)),
+}
+
+
 class RewardsPlugin:
     @hookimpl
     def register_reward_functions(self, register: Register) -> None:
@@ -42,6 +64,7 @@ class JsonlLoggerPlugin:
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
+    **FAMILY_PARSERS,
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),

@@ -279,8 +279,10 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
         for name, route in parts.routes.items():
             if id(route.tool_files) not in built:
                 built[id(route.tool_files)] = await build_route_tools(route.tool_files)
-            routes[name] = Route(built[id(route.tool_files)], route.max_turns, route.parser, route.rewards,
-                                 config.reward)
+            tools = built[id(route.tool_files)]
+            # Parsers of formats that write every value as text type them from the tools' schemas.
+            route.parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
+            routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, r in routes.items():

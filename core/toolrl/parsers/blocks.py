@@ -1,0 +1,124 @@
+"""Call blocks between an opening and a closing marker, and the reasoning regions around them, found in
+one pass for the model-family parsers.
+
+A block runs from its opening marker to the first closing marker before the next opening marker;
+without one it is unterminated and ends where the next block opens (or at the end). Markers inside a
+block are its data. Reasoning regions follow the hermes parser's rule: ``OPEN`` to its ``CLOSE`` or the
+end, and a ``CLOSE`` before any ``OPEN`` closes a block the prompt opened, so everything before it is
+reasoning. Blocks (and stray closing markers) that start inside reasoning are not calls: they stay in
+the content. Each search is bounded by the next opening marker, so the time is linear in the text.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+from toolrl.schemas import ParseError, ParseResult, ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Markers:
+    open: str
+    close: str
+    think_open: str = ""
+    think_close: str = ""
+
+
+@dataclass(slots=True)
+class Block:
+    """A call block (``kind == "call"``), a stray closing marker (``"stray"``) or a reasoning marker."""
+
+    start: int
+    end: int
+    kind: str
+    body_start: int = 0
+    body_end: int = 0
+    terminated: bool = True
+
+
+@cache
+def _pattern(markers: Markers) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(m) for m in (markers.open, markers.close, markers.think_open,
+                                                      markers.think_close) if m))
+
+
+def find_blocks(text: str, markers: Markers) -> list[Block]:
+    """Call blocks and stray closing markers outside reasoning, in order."""
+    found = [(m.start(), m.group()) for m in _pattern(markers).finditer(text)]
+    opens = [p for p, tag in found if tag == markers.open]
+    spans: list[Block] = []
+    cursor = 0
+    for pos, tag in found:
+        if pos < cursor:
+            continue
+        if tag == markers.open:
+            body = pos + len(tag)
+            k = bisect_right(opens, pos)
+            limit = opens[k] if k < len(opens) else len(text)
+            close = text.find(markers.close, body, limit)
+            if close == -1:
+                spans.append(Block(pos, limit, "call", body, limit, terminated=False))
+            else:
+                spans.append(Block(pos, close + len(markers.close), "call", body, close))
+        else:
+            spans.append(Block(pos, pos + len(tag), "stray" if tag == markers.close else tag))
+        cursor = spans[-1].end
+    if not markers.think_open:
+        return spans
+    regions = iter(reasoning_regions(spans, len(text), markers))
+    region = next(regions, None)
+    kept = []
+    for span in spans:
+        while region is not None and region[1] <= span.start:
+            region = next(regions, None)
+        if span.kind in ("call", "stray") and (region is None or span.start < region[0]):
+            kept.append(span)
+    return kept
+
+
+def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list[tuple[int, int]]:
+    """``(start, end)`` of each reasoning region among ``spans``' reasoning markers."""
+    tags = [s for s in spans if s.kind in (markers.think_open, markers.think_close)]
+    regions: list[tuple[int, int]] = []
+    k = 0
+    if tags and tags[0].kind == markers.think_close:
+        regions.append((0, tags[0].end))
+        k = 1
+    while k < len(tags):
+        if tags[k].kind == markers.think_open:
+            start = tags[k].start
+            while k < len(tags) and tags[k].kind != markers.think_close:
+                k += 1
+            regions.append((start, tags[k].end if k < len(tags) else length))
+        k += 1
+    return regions
+
+
+def assemble(text: str, blocks: list[Block], markers: Markers,
+             decode: Callable[[str], list[ToolCall]]) -> ParseResult:
+    """Content (the text outside the blocks), the calls ``decode`` reads from each terminated block's
+    body, and a parse error for each block it rejects (its :class:`ValueError`), each unterminated
+    block and each stray closing marker."""
+    calls: list[ToolCall] = []
+    errors: list[ParseError] = []
+    content: list[str] = []
+    pos = 0
+    for block in blocks:
+        content.append(text[pos:block.start])
+        pos = block.end
+        raw = text[block.start:block.end]
+        if block.kind == "stray":
+            errors.append(ParseError(message=f"stray {markers.close} without an opening {markers.open}", raw=raw))
+        elif not block.terminated:
+            errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
+        else:
+            try:
+                calls += decode(text[block.body_start:block.body_end])
+            except ValueError as exc:
+                errors.append(ParseError(message=str(exc), raw=raw))
+    content.append(text[pos:])
+    return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)

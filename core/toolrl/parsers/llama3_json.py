@@ -1,0 +1,116 @@
+"""Llama 3.1/3.2 JSON calls (their chat templates render ``{"name": "f", "parameters": {...}}`` as the
+whole assistant turn), with or without the ``<|python_tag|>`` that opens a call in ipython mode::
+
+    <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|eom_id|>
+    {"name": "f", "parameters": {...}}; {"name": "g", "parameters": {...}}
+
+After ``<|python_tag|>`` the JSON objects, separated by ``;`` or whitespace, are calls
+(``arguments`` may stand for ``parameters``) and any that is not a valid call is a parse error; text
+after them is content. Without the tag, as in vLLM's parser, a JSON object in the text is a call when
+it has ``name`` and ``parameters`` (or ``arguments``); other braces are content (prose, LaTeX, JSON
+answers), except JSON that opens ``{"name":`` and does not decode: a broken call, reported. The turn
+ends at ``<|eom_id|>`` in ipython mode, ``<|eot_id|>`` otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from toolrl.parsers import ToolParser
+from toolrl.parsers.arguments import call_arguments, decode_json, json_end
+from toolrl.schemas import ParseError, ParseResult, ToolCall
+
+PYTHON_TAG = "<|python_tag|>"
+_SEPARATOR = re.compile(r"[\s;]*")
+_CALL_START = re.compile(r'\{\s*"name"\s*:')  # JSON that sets out to be a call
+
+
+def decode_call(obj: Any) -> ToolCall:
+    if not isinstance(obj, dict):
+        raise ValueError(f"tool call must be a JSON object with 'name' and 'parameters', got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("tool call is missing 'name' (a non-empty string)")
+    key = "parameters" if "parameters" in obj else "arguments"
+    if key not in obj:
+        raise ValueError(f"tool call to '{name}' is missing 'parameters'")
+    return ToolCall(name=name, arguments=call_arguments(obj[key], name))
+
+
+class Llama3JsonParser(ToolParser):
+    name = "llama3_json"
+    end_of_call_tokens = ("<|eom_id|>", "<|eot_id|>")
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return ["<|eom_id|>"]  # ipython mode's end of a call turn; <|eot_id|> ends every turn
+
+    def parse(self, text: str) -> ParseResult:
+        tag = text.find(PYTHON_TAG)
+        if tag != -1:
+            return self._call_turn(text, tag, tag + len(PYTHON_TAG))
+        return self._prose(text)
+
+    def _call_turn(self, text: str, cut: int, pos: int) -> ParseResult:
+        """Calls from ``pos`` on (separated by ``;``, whitespace or more python tags); the text before
+        ``cut`` and after the last call is content."""
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        while True:
+            pos = _SEPARATOR.match(text, pos).end()  # type: ignore[union-attr]
+            if text.startswith(PYTHON_TAG, pos):
+                pos += len(PYTHON_TAG)
+                continue
+            if not text.startswith("{", pos):
+                break
+            end = json_end(text, pos)
+            raw = text[pos:end if end != -1 else len(text)]
+            if end == -1:
+                errors.append(ParseError(message="unterminated tool call: its JSON never closes", raw=raw))
+                pos = len(text)
+                break
+            try:
+                calls.append(decode_call(decode_json(raw, "tool call")))
+            except ValueError as exc:
+                errors.append(ParseError(message=str(exc), raw=raw))
+            pos = end
+        if not calls and not errors:
+            errors.append(ParseError(message=f"{PYTHON_TAG} must be followed by a JSON tool call "
+                                             '{"name": ..., "parameters": {...}}', raw=text[cut:pos + 80]))
+        return ParseResult(content=(text[:cut] + text[pos:]).strip(), calls=calls, errors=errors)
+
+    def _prose(self, text: str) -> ParseResult:
+        """Calls among the JSON objects of ``text``; other braces are content."""
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        content: list[str] = []
+        pos = 0
+        while (start := text.find("{", pos)) != -1:
+            end = json_end(text, start)
+            attempt = _CALL_START.match(text, start) is not None
+            if end == -1:
+                if attempt:  # a call cut short (a length stop): say so rather than leave it as text
+                    content.append(text[pos:start])
+                    errors.append(ParseError(message="unterminated tool call: its JSON never closes",
+                                             raw=text[start:]))
+                    pos = len(text)
+                break
+            try:
+                obj = decode_json(text[start:end], "tool call")
+            except ValueError as exc:
+                obj, problem = None, str(exc)
+            if isinstance(obj, dict) and "name" in obj and ("parameters" in obj or "arguments" in obj):
+                content.append(text[pos:start])
+                try:
+                    calls.append(decode_call(obj))
+                except ValueError as exc:
+                    errors.append(ParseError(message=str(exc), raw=text[start:end]))
+            elif obj is None and attempt:
+                content.append(text[pos:start])
+                errors.append(ParseError(message=problem, raw=text[start:end]))
+            else:
+                content.append(text[pos:end])
+            pos = end
+        content.append(text[pos:])
+        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)

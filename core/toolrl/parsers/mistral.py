@@ -1,0 +1,97 @@
+"""Mistral's ``[TOOL_CALLS]`` call formats, both read by one parser:
+
+- tokenizers before v11: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`` (one JSON list, or
+  one object, holds the turn's calls);
+- v11 and later: ``[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}`` (the name, then its JSON
+  arguments; ``f{...}`` without ``[ARGS]`` too).
+
+A call's JSON ends where its brackets balance, so text after it is content. Reasoning
+(``[THINK]...[/THINK]``) holds no calls, as in the hermes parser. The turn ends with ``</s>``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from toolrl.parsers import ToolParser
+from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json_object
+from toolrl.parsers.blocks import Block, Markers, reasoning_regions
+from toolrl.schemas import ParseError, ParseResult, ToolCall
+
+TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+THINK = Markers(TOOL_CALLS, "", "[THINK]", "[/THINK]")
+_MARKERS = re.compile(r"\[TOOL_CALLS\]|\[/?THINK\]")
+_NAME = re.compile(r"[^\s\[{]*")
+_SPACE = re.compile(r"\s*")
+
+
+def _json_calls(value: object) -> list[ToolCall]:
+    """Pre-v11 calls: one call object or a list of them."""
+    items = value if isinstance(value, list) else [value]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise ValueError(f"each tool call must be a JSON object with 'name' and 'arguments', "
+                             f"got {type(item).__name__}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError("tool call is missing 'name' (a non-empty string)")
+        if "arguments" not in item:
+            raise ValueError(f"tool call to '{name}' is missing 'arguments'")
+        calls.append(ToolCall(name=name, arguments=call_arguments(item["arguments"], name),
+                              id=item["id"] if isinstance(item.get("id"), str) else None))
+    return calls
+
+
+class MistralParser(ToolParser):
+    name = "mistral"
+    end_of_call_tokens = ("</s>",)
+
+    def parse(self, text: str) -> ParseResult:
+        spans = [Block(m.start(), m.end(), m.group()) for m in _MARKERS.finditer(text)]
+        regions = reasoning_regions(spans, len(text), THINK)
+        k = 0
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        content: list[str] = []
+        pos = 0
+        for span in spans:
+            while k < len(regions) and regions[k][1] <= span.start:
+                k += 1
+            if span.kind != TOOL_CALLS or span.start < pos or (k < len(regions) and regions[k][0] <= span.start):
+                continue  # reasoning markers, and calls in reasoning or inside an earlier call's JSON
+            content.append(text[pos:span.start])
+            end, found = self._call(text, span.end)
+            if isinstance(found, str):
+                errors.append(ParseError(message=found, raw=text[span.start:end]))
+            else:
+                calls += found
+            pos = end
+        content.append(text[pos:])
+        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+
+    def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall] | str]:
+        """The calls after a ``[TOOL_CALLS]`` ending at ``pos``, and where they end; or the error."""
+        start = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+        if start < len(text) and text[start] in "[{":  # pre-v11: JSON
+            end = json_end(text, start)
+            if end == -1:
+                return len(text), f"unterminated tool call: the JSON after {TOOL_CALLS} never closes"
+            try:
+                return end, _json_calls(decode_json(text[start:end], "tool call"))
+            except ValueError as exc:
+                return end, str(exc)
+        name_end = _NAME.match(text, pos).end()  # type: ignore[union-attr]
+        name = text[pos:name_end]
+        args = name_end + len(ARGS) if text.startswith(ARGS, name_end) else name_end
+        if not name or not text.startswith("{", args):
+            stop = text.find(TOOL_CALLS, pos)
+            end = stop if stop != -1 else len(text)
+            return end, f"tool call must read {TOOL_CALLS}NAME{ARGS}{{...}} or {TOOL_CALLS}[{{...}}]"
+        end = json_end(text, args)
+        if end == -1:
+            return len(text), f"unterminated tool call to '{name}': its JSON arguments never close"
+        try:
+            return end, [ToolCall(name=name, arguments=json_object(text[args:end], f"arguments of tool call to '{name}'"))]
+        except ValueError as exc:
+            return end, str(exc)
