@@ -109,8 +109,10 @@ def _as_type(text: str, kind: str) -> tuple[bool, Any]:
         pattern = _INTEGER if kind == "integer" else _NUMBER
         if len(stripped) > MAX_NUMBER_CHARS or not pattern.fullmatch(stripped):
             return False, None
-        number = loads(stripped)
-        return number == number and abs(number) != float("inf"), number
+        try:
+            return True, loads(stripped)
+        except JSONLimitError:  # out of a float's range (1e999): left as text, for the tool to reject
+            return False, None
     try:
         value = loads(stripped)
     except (json.JSONDecodeError, JSONLimitError):
