@@ -13,7 +13,7 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
 
 The objective is the decoupled PPO objective (Hilton et al. 2021; AReaL, Fu et al. 2025), per trained
 token, with three policies: the behaviour policy that sampled the token (the engine's logprob,
-``Batch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
+``PackedBatch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
 policy (the trainer's weights before this step's first update: recomputed without gradient, or simply
 ``new.detach()`` when the step makes one update) and the policy being trained::
 
@@ -42,10 +42,10 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import Batch, build_batch, input_length, packed_hidden_states
+from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
-__all__ = ["Batch", "Policy", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss",
+__all__ = ["Policy", "aggregate", "build_batch", "group_advantages", "grpo_step", "policy_loss",
            "response_logprobs"]
 
 
@@ -70,7 +70,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
     return out
 
 
-def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
+def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
                       chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks."""
@@ -89,7 +89,7 @@ class Policy(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, batch: Batch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
         return response_logprobs(self.lm, batch, temperature, chunk_size)
 
 
@@ -103,7 +103,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
     raise ValueError(f"unknown loss_agg {mode!r}")
 
 
-def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: Batch, cfg: AlgorithmConfig,
+def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch, cfg: AlgorithmConfig,
                 norm: dict[str, float], ref_lp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled PPO loss of one micro-batch (module docstring) and its figures over trained
     tokens, for :func:`grpo_step` to turn into token means: ``tokens``, ``clipped``, ``is_weight_sum``,
@@ -178,7 +178,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
               "max_len": float(max_response_tokens)} for mini in minis]
     single_update = algo.ppo_epochs == 1 and algo.mini_batches == 1
 
-    def logprobs(m: Any, batch: Batch) -> torch.Tensor:
+    def logprobs(m: Any, batch: PackedBatch) -> torch.Tensor:
         if isinstance(m, Policy):
             return m(batch, temperature, optim.logprob_chunk_size)
         return response_logprobs(m, batch, temperature, optim.logprob_chunk_size)
