@@ -144,10 +144,9 @@ def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
     return config.rollout.max_turns or (c.env.max_turns if c is not None else None) or DEFAULT_MAX_TURNS
 
 
-async def build_tools(config: Config, env: Environment | None = None) -> dict[str, Tool]:
+async def configured_tools(config: Config, env: Environment | None = None) -> dict[str, Tool]:
     """The explicit ``tools`` section's tools when it is set, else ``env``'s tool entries."""
-    from toolrl.tools.verl_config import ToolsFile, load_tools_file, parse_tools_config
-    from toolrl.tools.verl_config import build_tools as build
+    from toolrl.tools.verl_config import ToolsFile, build_tools, load_tools_file, parse_tools_config
 
     files: list[ToolsFile] = []
     if config.tools.config_path:
@@ -158,7 +157,7 @@ async def build_tools(config: Config, env: Environment | None = None) -> dict[st
         files.append(parse_tools_config({"tools": env.tools}, Path(config.base_dir)))
     tools: dict[str, Tool] = {}
     for f in files:
-        for name, tool in (await build(f)).items():
+        for name, tool in (await build_tools(f)).items():
             if name in tools:
                 raise ConfigError(f"tools: two tools are named {name!r}")
             tools[name] = tool
@@ -227,10 +226,10 @@ async def build_routes(config: Config, samples: Sequence[Sample] = ()) -> tuple[
         for name, c in envs.items():
             env = c.env if c is not None else None
             if config.tools.explicit:
-                shared = shared if shared is not None else await build_tools(config)
+                shared = shared if shared is not None else await configured_tools(config)
                 tools = shared
             else:
-                tools = await build_tools(config, env)
+                tools = await configured_tools(config, env)
             built += [t for t in tools.values() if t not in built]
             routes[name] = Route(tools, max_turns(config, c), build_parser(config, env), build_rewards(config, env),
                                  config.reward)
@@ -282,6 +281,18 @@ class Rollouts:
 
     async def check_trainable(self) -> str | None:
         return await self.engine.check_trainable()
+
+    @property
+    def generating(self) -> Rollouts:
+        return self
+
+    def weight_targets(self, version: int) -> list[Any]:
+        """The engine: the trainer pushes weights into it between two decode steps."""
+        return [self.engine]
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        if dead:  # the engine lives in this process: no weight push finds it dead
+            raise ValueError("Rollouts.replace: an engine in this process cannot be replaced")
 
     async def close(self) -> None:
         for tool in self.tools:
