@@ -93,12 +93,13 @@ class ToolrlRunner:
         self.run = self.loop.run_until_complete(compose_local(self.config))
         self.run.ctx.routes[None].reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         # The trainer role as `toolrl train` runs it without Ray: one rank sharing the engine's module.
-        self.trainer = LocalTrainer(TrainerRank(self.config), self.run.engine)
+        self.trainer = LocalTrainer(TrainerRank(self.config))
         self.trainer.rank.setup(model=self.run.model, tokenizer=self.run.tokenizer)
         self.step_index = 0
         self.records: list[dict[str, float]] = []
 
     async def _step(self) -> dict[str, float]:
+        from toolrl.roles import sync_weights
         from toolrl.roles.controller import batch_for_step
         from toolrl.rollout import run_rollouts
 
@@ -110,7 +111,7 @@ class ToolrlRunner:
                                    id_prefix=f"t{step + 1}-")
         t1 = time.perf_counter()
         await self.trainer.step(trajs, step + 1)
-        await self.trainer.sync(step + 1)
+        await sync_weights(self.trainer, self.run.rollouts, step + 1)
         t2 = time.perf_counter()
         return {"step_s": t2 - t0, "generate_s": t1 - t0, "train_s": t2 - t1, **cpu_since(c0),
                 "calls": sum(len(t.tool_results) for t in trajs) / len(trajs),

@@ -75,8 +75,8 @@ def main() -> None:
         rows: dict[str, list[tuple[float, float]]] = {"bucketed": [], "broadcast": []}
         for r in range(args.rounds):
             out = loop.run_until_complete(group.push(pool.workers))
-            assert not out["dead"]
-            rows["bucketed"].append((out["weight_sync_s"], out["weight_sync_peak_mb"]))
+            assert not out.dead
+            rows["bucketed"].append((out.metrics["weight_sync_s"], out.metrics["weight_sync_peak_mb"]))
             t0 = time.perf_counter()
             loop.run_until_complete(pool.broadcast(model.state_dict()))
             rows["broadcast"].append((time.perf_counter() - t0, model_mb))
@@ -84,7 +84,7 @@ def main() -> None:
                   flush=True)
     finally:
         group.close()
-        pool.close()
+        loop.run_until_complete(pool.close())
         loop.close()
         ray.shutdown()
 

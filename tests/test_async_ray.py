@@ -91,7 +91,8 @@ def waiting_pid(gates: Path, gate: str, exclude: set[int] = frozenset()) -> int 
 
 class Trainer:
     """The trainer side of a push, in the driver: a model whose weights go to the workers in
-    buckets through :func:`toolrl.training.weight_sync.ray_sink`, as trainer rank 0 sends them."""
+    buckets through :func:`toolrl.training.weight_sync.ray_sink`, as trainer rank 0 sends them
+    (:meth:`toolrl.roles.TrainerGroup.push`)."""
 
     def __init__(self, path: str, tokenizer: Any, bucket_mb: float) -> None:
         from toolrl import models
@@ -104,18 +105,20 @@ class Trainer:
         self.model.load_state_dict(chain_weights(self.model, self.tokenizer, scale))
         self.scale = scale
 
-    async def push(self, workers: Any, version: int | None = None) -> dict[str, Any]:
+    async def push(self, targets: Any, version: int | None = None) -> Any:
+        from toolrl.roles import WeightPush
         from toolrl.training.weight_sync import push, ray_sink
 
         dead: set[int] = set()
-        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(workers), dead, version)], self.bucket_mb)
-        return {**stats.as_metrics(), "buckets": stats.buckets, "dead": sorted(dead)}
+        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(targets), dead, version)], self.bucket_mb)
+        return WeightPush(stats.as_metrics(), [targets[i] for i in sorted(dead)])
 
 
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, tiny_qwen3_path):
     """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
     from toolrl import models
+    from toolrl.roles import sync_weights
     from toolrl.roles.compose import model_path
     from toolrl.roles.rollout_workers import RolloutWorkerPool
 
@@ -134,13 +137,13 @@ def setting(tmp_path_factory, tiny_qwen3_path):
         trainer = Trainer(path, models.load_tokenizer(path), bucket_mb=1.0)
         trainer.set_scale(3.0)
         pool = RolloutWorkerPool(config, num_workers=2, address="local")
-        pool.weight_source = trainer.push
+        pool.weights_from = trainer
         try:
             asyncio.run(pool.start())
-            asyncio.run(pool.push_weights(0))
+            asyncio.run(sync_weights(trainer, pool, 0))
             yield pool, trainer, gates
         finally:
-            pool.close()
+            asyncio.run(pool.close())
     assert not ray.is_initialized()
 
 
@@ -149,13 +152,15 @@ def versions(pool: Any) -> list[int]:
 
 
 def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
+    from toolrl.roles import sync_weights
+
     pool, trainer, gates = setting
 
     async def scenario() -> tuple[Any, dict[str, Any]]:
         task = asyncio.ensure_future(pool.run_group(sample("push"), 0, 1, seed=5, id_prefix="t1-"))
         await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "push"))  # turn 1 done, on version 0
         trainer.set_scale(1.5)
-        sync = await pool.push_weights(1)  # in flight: the trajectory is still running
+        sync = await sync_weights(trainer, pool, 1)  # in flight: the trajectory is still running
         assert not task.done()
         (gates / "push").touch()
         return await task, sync
@@ -234,6 +239,39 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     assert [t.turns for t in again] == [2, 2]  # one group on each worker
     assert [t.policy_versions for t in again] == [[version, version]] * 2
     assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3)
+               for t in again for turn in turn_logprobs(t) for lp in turn)
+
+
+def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(setting):
+    """The controller's weight sync: the trainer pushes to the live workers, the one found dead is
+    replaced (``RolloutWorkerPool.replace``), and its replacement gets the pushed weights and their
+    version before it runs anything."""
+    from ray.exceptions import RayActorError
+    from toolrl.roles import RolloutGroup, sync_weights
+
+    pool, trainer, gates = setting
+    assert isinstance(pool, RolloutGroup)
+    victim = pool.workers[1]
+    ray.kill(victim, no_restart=True)
+
+    def gone() -> bool:
+        try:
+            ray.get(victim.ping.remote())
+        except RayActorError:
+            return True
+        return False
+
+    wait_for(gone)
+    restarts, version = pool.restarts, pool.weight_version + 1
+    trainer.set_scale(2.0)
+    sync = asyncio.run(sync_weights(trainer, pool, version))
+    assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
+    (gates / "open").touch()
+    asyncio.run(pool.start())
+    assert versions(pool) == [version, version]
+    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=4, id_prefix="t4-"))
+    assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
+    assert all(lp == pytest.approx(logprob_at(2.0), abs=1e-3)
                for t in again for turn in turn_logprobs(t) for lp in turn)
 
 

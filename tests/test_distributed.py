@@ -95,7 +95,7 @@ def local(tiny_qwen3_path):
         print(f"\nray init {init_s:.1f} s; 2 workers up in {time.perf_counter() - t1:.1f} s (setup {setups} s)")
         yield config, run, pool, infos
     finally:
-        pool.close()
+        asyncio.run(pool.close())
     assert not ray.is_initialized()  # the pool started Ray, so it shut it down
 
 
@@ -310,7 +310,7 @@ class TestTwoNodes:
             stats = limiter.stats()
             assert 16 <= stats["admitted"] <= 20 and stats["in_flight"] == 0
         finally:
-            pool.close()
+            asyncio.run(pool.close())
         assert ray.is_initialized()  # the pool joined this connection, so it left it open
         ray.shutdown()
 

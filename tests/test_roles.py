@@ -14,7 +14,7 @@ CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 
 
 def toolrl_imports(module: str) -> set[str]:
-    tree = ast.parse((CORE / module).read_text())
+    tree = ast.parse((CORE / f"{module}.py").read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolrl"):
@@ -25,10 +25,10 @@ def toolrl_imports(module: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["roles/compose.py", "roles/rollout_workers.py", "roles/trainer_rank.py",
-                                    "roles/trainer_group.py", "training/sharding.py", "training/weight_sync.py",
-                                    "training/checkpoint.py", "roles/__init__.py", "roles/evaluate.py",
-                                    "data/recorded.py"])
+@pytest.mark.parametrize("module", ["roles/compose", "roles/rollout_workers", "roles/trainer_rank",
+                                    "roles/trainer_group", "roles/ray_actors", "training/sharding",
+                                    "training/weight_sync", "training/checkpoint", "roles/__init__",
+                                    "roles/evaluate", "data/recorded"])
 def test_no_role_imports_the_controller(module):
     assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
 
@@ -99,3 +99,64 @@ def test_world_size_without_ray_is_a_config_error():
     cfg = load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), ["trainer.world_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs Ray: set ray.address"):
         asyncio.run(compose_roles(cfg))
+
+
+# -- the roles' interfaces --------------------------------------------------------------------------
+
+IMPLEMENTATIONS = [("TrainerGroup", "toolrl.roles.trainer_group", "LocalTrainer"),
+                   ("TrainerGroup", "toolrl.roles.trainer_group", "RayTrainerGroup"),
+                   ("RolloutGroup", "toolrl.roles.compose", "Rollouts"),
+                   ("RolloutGroup", "toolrl.roles.rollout_workers", "RolloutWorkerPool"),
+                   ("RolloutGroup", "toolrl.data.recorded", "Replay")]
+
+
+@pytest.mark.parametrize(("protocol", "module", "name"), IMPLEMENTATIONS, ids=[i[2] for i in IMPLEMENTATIONS])
+def test_each_implementation_has_its_protocols_signatures(protocol, module, name):
+    """Every method of the role's protocol, on the class, with the same parameters (names, kinds,
+    defaults, annotations), return annotation and async-ness; every property as a property or
+    (checked on instances below) an attribute."""
+    import importlib
+    import inspect
+
+    import toolrl.roles
+    from typing_extensions import get_protocol_members
+
+    proto = getattr(toolrl.roles, protocol)
+    cls = getattr(importlib.import_module(module), name)
+    members = get_protocol_members(proto)
+    assert {"close", "run" if protocol == "RolloutGroup" else "step"} <= members
+    for member in sorted(members):
+        want, got = inspect.getattr_static(proto, member), inspect.getattr_static(cls, member, None)
+        if isinstance(want, property):
+            assert got is None or isinstance(got, property), f"{name}.{member}"
+            continue
+        assert callable(got), f"{name} has no method {member}"
+        assert inspect.iscoroutinefunction(got) == inspect.iscoroutinefunction(want), f"{name}.{member}: async-ness"
+        assert inspect.signature(got) == inspect.signature(want), f"{name}.{member}{inspect.signature(got)}"
+
+
+def test_in_process_roles_satisfy_the_protocols(tiny_qwen3_path):
+    import asyncio
+
+    from toolrl.config import load_config
+    from toolrl.data.recorded import Replay
+    from toolrl.roles import RolloutGroup, TrainerGroup, compose_roles
+
+    async def scenario() -> None:
+        roles = await compose_roles(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))
+        try:
+            replay = Replay(roles.rollouts)
+            assert isinstance(roles.trainer, TrainerGroup)
+            assert isinstance(roles.rollouts, RolloutGroup) and isinstance(replay, RolloutGroup)
+            assert roles.rollouts.generating is roles.rollouts and replay.generating is roles.rollouts
+            engine = roles.rollouts.weight_targets(1)[0]
+            assert replay.weight_targets(1) == [engine] and engine.weight_version == 0
+            # The controller's sync: into the engine sharing the trainer's module, labelled 1.
+            sync = await roles.sync_weights(1)
+            assert engine.weight_version == 1 and set(sync) == {"weight_sync_s", "weight_sync_peak_mb"}
+            with pytest.raises(ValueError, match="cannot be replaced"):
+                replay.replace([engine])
+        finally:
+            await roles.close()
+
+    asyncio.run(scenario())

@@ -196,7 +196,7 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     """A rollout worker that dies after a weight sync is replaced; before its first rollout the
     trainer ranks send it their current weights, so it samples from the trained policy, not the
     initial one (the trainer's recomputed logprobs match the engine's)."""
-    from toolrl.roles import compose_roles
+    from toolrl.roles import RolloutGroup, TrainerGroup, compose_roles
     from toolrl.roles.compose import load_samples
     from toolrl.roles.controller import batch_for_step
 
@@ -206,6 +206,8 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     async def scenario() -> tuple[list[dict[str, float]], int]:
         roles = await compose_roles(cfg)
         try:
+            # The Ray implementations of the role interfaces the controller drives.
+            assert isinstance(roles.trainer, TrainerGroup) and isinstance(roles.rollouts, RolloutGroup)
             stats = []
             for step in range(2):
                 prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)

@@ -74,7 +74,7 @@ def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
 
 
 @dataclass
-class Batch:
+class StepBatch:
     """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also
     the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it;
     ``began``/``ended``: when its first group started and its last one finished (perf_counter)."""
@@ -110,7 +110,7 @@ class StepBatches:
         self.rollouts, self.samples, self.config = rollouts, samples, config
         self.position = position
 
-    async def next(self, step: int) -> Batch:
+    async def next(self, step: int) -> StepBatch:
         cfg, size = self.config, self.config.data.batch_size
         first = self.position
         assert first == step * size, "the synchronous loop's steps are aligned with the data"
@@ -119,7 +119,7 @@ class StepBatches:
         trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
                                         id_prefix=f"t{step + 1}-")
         self.position = first + size
-        return Batch(list(range(first, self.position)), [], trajs, trajs, self.position, began, time.perf_counter())
+        return StepBatch(list(range(first, self.position)), [], trajs, trajs, self.position, began, time.perf_counter())
 
     def set_version(self, version: int) -> None:
         """Nothing runs between steps."""
@@ -139,16 +139,16 @@ class GroupStream:
         self.version = version  # the engines' weight version
         self.started = self.consumed = position  # next group to start / to assign to a step
         self.filling_step = version + 1  # the step (1-based) the next assigned group goes to
-        self.filling = Batch(end=position)
+        self.filling = StepBatch(end=position)
         self.running: dict[int, asyncio.Task[list[Trajectory]]] = {}
         self.finished: dict[int, list[Trajectory]] = {}
         self.times: dict[int, tuple[float, float]] = {}  # group -> (started, finished)
-        self.ready: deque[Batch] = deque()
+        self.ready: deque[StepBatch] = deque()
         self.error: BaseException | None = None
         self.changed = asyncio.Event()
         self._admit()
 
-    async def next(self, step: int) -> Batch:
+    async def next(self, step: int) -> StepBatch:
         """Step ``step``'s (0-based) batch, once its groups have finished."""
         while not self.ready:
             if self.error is not None:
@@ -221,7 +221,7 @@ class GroupStream:
             self.consumed = batch.end = g + 1
             if len(batch.groups) == self.size or len(batch.groups) + len(batch.skipped) >= MAX_GROUPS_PER_STEP * self.size:
                 self.ready.append(batch)
-                self.filling = Batch(end=self.consumed)
+                self.filling = StepBatch(end=self.consumed)
                 self.filling_step += 1
 
 

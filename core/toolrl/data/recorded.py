@@ -21,13 +21,16 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
 from toolrl.rollout import Route, Trajectory, score
 from toolrl.schemas import Sample
+
+if TYPE_CHECKING:
+    from toolrl.roles import RolloutGroup
 
 
 def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
@@ -94,11 +97,12 @@ def load_groups(config: Config) -> list[Sample]:
 
 
 class Replay:
-    """The rollout group's interface, answered from recorded groups: a batch of group samples gives
-    their trajectories, numbered by their place in the batch as generated groups are. The rollout
-    group it stands in for stays up (the trainer's weights still reach its engines) and closes with it."""
+    """A rollout group (:class:`toolrl.roles.RolloutGroup`) answered from recorded groups: a batch of
+    group samples gives their trajectories, numbered by their place in the batch as generated groups
+    are. The rollout group it stands in for (``generating``) stays up: the trainer's weights still
+    reach its engines, evaluation samples from them, and it closes with this one."""
 
-    def __init__(self, generating: Any) -> None:
+    def __init__(self, generating: RolloutGroup) -> None:
         self.generating = generating
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
@@ -115,9 +119,11 @@ class Replay:
     async def check_trainable(self) -> str | None:
         return None  # recorded rows carry token ids and the engine's logprobs
 
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (the engine, weight versions, ...) is the rollout group's it stands in for.
-        return getattr(self.generating, name)
+    def weight_targets(self, version: int) -> list[Any]:
+        return self.generating.weight_targets(version)
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        self.generating.replace(dead)
 
     async def close(self) -> None:
         await self.generating.close()

@@ -9,10 +9,14 @@ recomputes.
 from __future__ import annotations
 
 import contextlib
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from toolrl.training.weight_sync import BucketStager
 
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
@@ -84,13 +88,16 @@ class RolloutEngine(ABC):
 
     def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
         """One piece of a weight update sent in buckets (``last``: the final piece, possibly empty).
-        This default collects the pieces and calls :meth:`update_weights` once on the last; engines
+        This default stages the pieces and calls :meth:`update_weights` once on the last; engines
         that can load tensors in place override it and keep no copy."""
-        pieces: dict[str, Any] = getattr(self, "_weight_pieces", None) or {}
-        pieces.update(bucket)
-        self._weight_pieces: dict[str, Any] | None = None if last else pieces
-        if last:
-            self.update_weights(pieces)
+        if (staged := self._bucket_stager.add(bucket, last)) is not None:
+            self.update_weights(staged)
+
+    @functools.cached_property
+    def _bucket_stager(self) -> BucketStager:
+        from toolrl.training.weight_sync import BucketStager
+
+        return BucketStager()
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:

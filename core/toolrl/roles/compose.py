@@ -352,6 +352,18 @@ class Rollouts:
     async def check_trainable(self) -> str | None:
         return await self.engine.check_trainable()
 
+    @property
+    def generating(self) -> Rollouts:
+        return self
+
+    def weight_targets(self, version: int) -> list[Any]:
+        """The engine: the trainer pushes weights into it between two decode steps."""
+        return [self.engine]
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        if dead:  # the engine lives in this process: no weight push finds it dead
+            raise ValueError("Rollouts.replace: an engine in this process cannot be replaced")
+
     async def close(self) -> None:
         for tool in self.tools:
             await tool.close()

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError
-from toolrl.data.batches import Batch, GroupStream, StepBatches, batch_for_step, open_batches, step_seed
+from toolrl.data.batches import GroupStream, StepBatch, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.loggers import open_loggers
 from toolrl.roles import Roles, compose_roles
 from toolrl.roles.resolve import ResolvedRun, resolve_run
@@ -128,7 +128,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
         with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):
                 t0 = time.perf_counter()
-                batch = Batch()
+                batch = StepBatch()
                 try:
                     # Synchronous: generates the step's groups now. Streaming: waits for the next
                     # groups in order (most generated while earlier steps trained).

@@ -54,7 +54,7 @@ def _sampling(rollouts: Any, config: Config) -> Any:
     renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
     from toolrl.roles.compose import Rollouts
 
-    rollouts = getattr(rollouts, "generating", rollouts)  # training on recorded groups: the real engine
+    rollouts = rollouts.generating  # training on recorded groups: the engine they stand in for
     if not isinstance(rollouts, Rollouts) or rollouts.ctx.config.temperature == config.eval.temperature:
         return rollouts
     ctx = replace(rollouts.ctx, config=rollouts.ctx.config.model_copy(update={"temperature": config.eval.temperature}))

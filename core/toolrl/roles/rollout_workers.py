@@ -3,18 +3,20 @@
 Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
 (:func:`toolrl.roles.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
-is sent, many at once (an async actor). :class:`RolloutWorkerPool` places one worker per node where
-the cluster has several (node affinity). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
+is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.roles.RolloutGroup`)
+places one worker per node where the cluster has several (a ``SPREAD`` placement group:
+:mod:`toolrl.roles.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
 into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
 one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
-A worker that dies is replaced in the background and its groups run again on a live worker with the
-same seeds.
+A worker that dies is replaced in its bundle, in the background, and its groups run again on a live
+worker with the same seeds.
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
-or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`), also while they generate: a worker
-stages the buckets and loads them into its engine together on the last one, so a decode step runs on
-the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the version
-the last bucket carried.
+or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`; the controller sends them to
+:meth:`~RolloutWorkerPool.weight_targets` and has the dead ones replaced), also while they generate: a
+worker stages the buckets and loads them into its engine together on the last one, so a decode step
+runs on the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the
+version the last bucket carried. A replacement gets the trainer's weights (``weights_from``) once up.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
 limiter (:class:`toolrl.tools.ratelimit.RayRateLimiter`) are one instance for all of them.
@@ -29,13 +31,18 @@ import math
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrl.config import Config, ConfigError
+from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
+from toolrl.training.weight_sync import BucketStager
+
+if TYPE_CHECKING:
+    from toolrl.roles import TrainerGroup
 
 
 class RolloutWorker:
@@ -51,7 +58,7 @@ class RolloutWorker:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
         self._rollouts: Any = None  # toolrl.roles.compose.Rollouts once set up
-        self._staged: dict[str, Any] = {}  # buckets of a weight update in flight
+        self._staged = BucketStager()  # buckets of a weight update in flight
         self._running = 0
         self._finished = 0
 
@@ -109,12 +116,8 @@ class RolloutWorker:
         await asyncio.to_thread(self._load, state_dict, version)
 
     async def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool, version: int | None = None) -> None:
-        """Stage ``bucket``; on the last one load every staged tensor at once. Loading each bucket as
-        it comes would let the decode steps in between run on half-updated weights; staging costs
-        one copy of the weights while a push is in flight."""
-        self._staged.update(bucket)
-        if last:
-            staged, self._staged = self._staged, {}
+        """Stage ``bucket``; on the last one load every staged tensor at once, as ``version``."""
+        if (staged := self._staged.add(bucket, last)) is not None:
             await self.update_weights(staged, version)
 
     async def set_weight_version(self, version: int) -> None:
@@ -138,20 +141,19 @@ class RolloutWorker:
 
 @dataclass
 class _Slot:
-    """A place for one worker; its actor is replaced when it dies."""
+    """A place for one worker (bundle ``index`` of the pool's placement group); its actor is replaced
+    when it dies."""
 
     index: int
-    node_id: str | None  # where it was placed (None: anywhere)
     actor: Any
     setup_ref: Any  # ObjectRef of actor.setup(...)
     info: dict[str, Any] | None = None  # setup's result once it is up
-    failures: int = 0  # consecutive deaths before being up
-    needs_weights: bool = False  # a replacement: the trainer's current weights go to it once it is up
+    needs_weights: bool = False  # the trainer's current weights go to it once it is up
     inflight: int = 0  # groups sent to this slot's workers and not yet returned
 
 
 class RolloutWorkerPool:
-    """``num_workers`` rollout workers on a Ray cluster, driven from this (the trainer's) process.
+    """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process.
 
     ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
     ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
@@ -166,8 +168,6 @@ class RolloutWorkerPool:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.config = config
-        self.num_cpus_per_worker = num_cpus_per_worker
-        self.num_gpus_per_worker = num_gpus_per_worker
         self.setup_timeout_s = setup_timeout_s
         self.max_attempts = max_attempts
         self.restarts = 0  # workers replaced after dying
@@ -175,65 +175,32 @@ class RolloutWorkerPool:
         self._payload = config.model_dump()
         self._weights: Any = None  # ObjectRef of the last broadcast state dict
         self.weight_version = 0  # the version of the weights last sent to the workers
-        # Set by a trainer group that sends weights in buckets (RayTrainerGroup.push): called with
-        # worker handles and ``version=``; by push_weights, and for a replacement worker once it is
-        # up, before it runs anything.
-        self.weight_source: Callable[..., Awaitable[dict[str, Any]]] | None = None
+        # The trainer group, when training: a worker that comes up after a weight sync began (a
+        # replacement) is sent its current weights, labelled weight_version, before it runs anything.
+        self.weights_from: TrainerGroup | None = None
         self._starts: dict[int, asyncio.Task[dict[str, Any]]] = {}  # slot index -> its _ensure
+        self._placement: Placement | None = None
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if address is None:
                 raise ConfigError("RolloutWorkerPool: give an address (local, auto or host:port) or call ray.init()")
             init_ray(address, num_workers * num_cpus_per_worker)
         try:
-            self._slots = [self._spawn(i, node) for i, node in enumerate(self._place(num_workers))]
+            self._placement = Placement.reserve(f"ray.num_rollout_workers={num_workers}", "worker", num_workers,
+                                                num_cpus_per_worker, num_gpus_per_worker, "SPREAD")
+            self._slots = [self._spawn(i) for i in range(num_workers)]
         except BaseException:
             self._shutdown()
             raise
 
-    # ----------------------------------------------------------------- placement
+    # ----------------------------------------------------------------- workers
 
-    def _place(self, num_workers: int) -> list[str | None]:
-        """A node per worker: round-robin over alive nodes (this node first) within each one's
-        capacity, so several nodes get one worker each before any gets a second."""
+    def _spawn(self, index: int) -> _Slot:
         import ray
 
-        here = ray.get_runtime_context().get_node_id()
-        capacity: dict[str, float] = {}
-        for node in ray.nodes():
-            if not node["Alive"]:
-                continue
-            res = node["Resources"]
-            fits = [res.get(k, 0.0) // need for k, need in (("CPU", self.num_cpus_per_worker),
-                                                               ("GPU", self.num_gpus_per_worker)) if need > 0]
-            capacity[node["NodeID"]] = min(fits) if fits else math.inf
-        order = sorted((n for n in capacity if capacity[n] > 0), key=lambda n: (n != here, n))
-        if sum(capacity[n] for n in order) < num_workers:
-            total = ray.cluster_resources()
-            raise ConfigError(
-                f"ray.num_rollout_workers={num_workers} needs {num_workers * self.num_cpus_per_worker:g} CPUs and "
-                f"{num_workers * self.num_gpus_per_worker:g} GPUs on nodes that fit a worker; the cluster has "
-                f"{total.get('CPU', 0):g} CPUs and {total.get('GPU', 0):g} GPUs")
-        placed: list[str | None] = []
-        while len(placed) < num_workers:
-            for node in order:
-                if len(placed) < num_workers and capacity[node] >= 1:
-                    capacity[node] -= 1
-                    placed.append(node)
-        return placed
-
-    def _spawn(self, index: int, node_id: str | None) -> _Slot:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_worker, "num_gpus": self.num_gpus_per_worker,
-                                   "max_restarts": 0}
-        if node_id in alive:
-            # Soft: if the node goes away, a replacement may start elsewhere instead of waiting.
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=True)
-        actor = ray.remote(RolloutWorker).options(**options).remote(self._payload)
-        return _Slot(index, node_id, actor, actor.setup.remote(self._weights, self.weight_version))
+        assert self._placement is not None
+        actor: Any = ray.remote(RolloutWorker).options(**self._placement.options(index)).remote(self._payload)
+        return _Slot(index, actor, actor.setup.remote(self._weights, self.weight_version))
 
     def _replace(self, slot: _Slot, dead: Any) -> None:
         """Start a new actor in ``slot`` unless that already happened for this dead actor."""
@@ -243,31 +210,31 @@ class RolloutWorkerPool:
             return
         with contextlib.suppress(Exception):
             ray.kill(dead, no_restart=True)
-        new = self._spawn(slot.index, slot.node_id)
+        new = self._spawn(slot.index)
         slot.actor, slot.setup_ref, slot.info = new.actor, new.setup_ref, None
-        slot.needs_weights = self.weight_source is not None
+        slot.needs_weights = self.weights_from is not None
         self.restarts += 1
 
     async def _ensure(self, slot: _Slot) -> dict[str, Any]:
-        """Wait until the slot's worker is set up, replacing it if it dies on the way."""
-        from ray.exceptions import RayActorError
+        """Wait until the slot's worker is set up (with the trainer's weights if it needs them),
+        replacing it each time it dies on the way, ``max_attempts`` times at most."""
 
-        while slot.info is None:
+        async def attempt() -> dict[str, Any]:
             actor = slot.actor
             try:
-                info = await asyncio.wait_for(_result(slot.setup_ref), self.setup_timeout_s)
-                if slot.needs_weights and self.weight_source is not None:
-                    await self.weight_source([actor], version=self.weight_version)
-                slot.info, slot.needs_weights, slot.failures = info, False, 0
-            except RayActorError:
-                slot.failures += 1
-                if slot.failures >= self.max_attempts:
-                    raise
-                self._replace(slot, actor)
+                info = await asyncio.wait_for(result(slot.setup_ref, actor), self.setup_timeout_s)
             except TimeoutError:  # asyncio's, and Ray's GetTimeoutError
                 raise TimeoutError(f"rollout worker {slot.index} was not up after {self.setup_timeout_s:g} s "
                                    "(not enough free resources on the cluster?)") from None
-        return slot.info
+            if (slot.needs_weights and self.weights_from is not None
+                    and (await self.weights_from.push([actor], self.weight_version)).dead):
+                raise ActorDied(actor, f"rollout worker {slot.index} died while receiving weights")
+            slot.info, slot.needs_weights = info, False
+            return info
+
+        if slot.info is not None:
+            return slot.info
+        return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor))
 
     def _start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
         """The one :meth:`_ensure` of ``slot`` on this event loop: a replacement comes up once, however
@@ -292,7 +259,34 @@ class RolloutWorkerPool:
                 return min(up, key=lambda s: (s.inflight, s.index))
             await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
 
-    # ----------------------------------------------------------------- public API
+    @staticmethod
+    async def _call(ref: Any, actor: Any) -> Any:
+        """``ref``'s result; cancelled, the call is cancelled on the worker too."""
+        import ray
+
+        try:
+            return await result(ref, actor)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref)
+            raise
+
+    async def _each(self, slots: Sequence[_Slot], call: Callable[[Any], Any]) -> None:
+        """``call(actor)`` (a remote call) on every slot's worker at once; a dead one is replaced (its
+        replacement's setup reads the latest broadcast and version)."""
+        calls = [(s, s.actor) for s in slots]
+        outcomes = await asyncio.gather(*(result(call(actor), actor) for _, actor in calls), return_exceptions=True)
+        for (slot, actor), outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, ActorDied):
+                self._replace(slot, actor)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    # ----------------------------------------------------------------- the rollout group
+
+    @property
+    def generating(self) -> RolloutWorkerPool:
+        return self
 
     @property
     def workers(self) -> list[Any]:
@@ -305,7 +299,7 @@ class RolloutWorkerPool:
 
     async def check_trainable(self) -> str | None:
         """None when every worker's engine can be trained on, else the first reason given."""
-        reasons = await asyncio.gather(*(_result(w.check_trainable.remote()) for w in self.workers))
+        reasons = await asyncio.gather(*(result(w.check_trainable.remote(), w) for w in self.workers))
         return next((r for r in reasons if r is not None), None)
 
     async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
@@ -316,29 +310,25 @@ class RolloutWorkerPool:
         runs again on the next least-loaded live worker (or the first to come up), with the same
         seeds; ``max_attempts`` deaths in a row end the call.
         """
-        import ray
-        from ray.exceptions import RayActorError
-
         payload = sample.model_dump()
-        for attempt in range(1, self.max_attempts + 1):
+        slot: _Slot | None = None
+
+        async def attempt() -> list[Trajectory]:
+            nonlocal slot
             slot = await self._least_loaded()
-            actor = slot.actor
-            ref = actor.run_group.remote(payload, group, n, seed, id_prefix)
             slot.inflight += 1
             try:
-                return [Trajectory.model_validate(t) for t in await _result(ref)]
-            except RayActorError:
-                if attempt == self.max_attempts:
-                    raise
-                self._replace(slot, actor)
-                self.rerun_groups += 1
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
-                raise
+                ref = slot.actor.run_group.remote(payload, group, n, seed, id_prefix)
+                return [Trajectory.model_validate(t) for t in await self._call(ref, slot.actor)]
             finally:
                 slot.inflight -= 1
-        raise AssertionError("unreachable")
+
+        def died(exc: ActorDied) -> None:
+            assert slot is not None
+            self._replace(slot, exc.actor)
+            self.rerun_groups += 1
+
+        return await retry(attempt, self.max_attempts, died)
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.
@@ -349,126 +339,113 @@ class RolloutWorkerPool:
         batch, so the same trajectories bit for bit (:meth:`run_group` reruns a group on a worker
         that may be decoding others, which changes float rounding and so, rarely, a sampled token).
         """
-        import ray
-        from ray.exceptions import RayActorError
-
         payload = [s.model_dump() for s in samples]
         shares = [s for s in _split(len(samples), len(self._slots)) if s]
         results: dict[int, list[Trajectory]] = {}
-        attempts = dict.fromkeys(range(len(shares)), 0)
-        pending: list[int] = []  # shares waiting for an idle worker
-        idle: list[_Slot] = []
-        runs: dict[asyncio.Future[Any], tuple[int, _Slot, Any, Any]] = {}  # share, slot, actor, ref
-        starting: dict[asyncio.Future[Any], _Slot] = {}  # replacements being set up
+        idle: asyncio.Queue[_Slot] = asyncio.Queue()  # filled in slot order: share i starts on slot i
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # a replacement that cannot start
 
-        def submit(share: int, slot: _Slot) -> None:
+        def rejoin(slot: _Slot) -> None:
+            """``slot`` back among the idle once its replacement is up (its start is shared: it goes
+            on if this step ends first)."""
+            def up(start: asyncio.Task[dict[str, Any]]) -> None:
+                if lost.done():
+                    return
+                if start.cancelled():
+                    lost.cancel()
+                elif (exc := start.exception()) is not None:
+                    lost.set_exception(exc)
+                else:
+                    idle.put_nowait(slot)
+
+            self._start_task(slot).add_done_callback(up)
+
+        async def run_share(share: int) -> None:
             groups = shares[share]
-            ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
-            runs[asyncio.ensure_future(_result(ref))] = (share, slot, slot.actor, ref)
+            slot: _Slot | None = None
 
+            async def attempt() -> None:
+                nonlocal slot
+                slot = await idle.get()
+                ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
+                results[share] = [Trajectory.model_validate(r) for r in await self._call(ref, slot.actor)]
+                idle.put_nowait(slot)
+
+            def died(exc: ActorDied) -> None:
+                assert slot is not None
+                self._replace(slot, exc.actor)
+                self.rerun_groups += len(groups)
+                rejoin(slot)
+
+            await retry(attempt, self.max_attempts, died)
+
+        runs: list[asyncio.Future[None]] = []
         try:
             await self.start()
-            idle = list(self._slots[len(shares):])
-            for share, slot in enumerate(self._slots[: len(shares)]):
-                submit(share, slot)
-            while len(results) < len(shares):
-                done, _ = await asyncio.wait([*runs, *starting], return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    if fut in starting:
-                        slot = starting.pop(fut)
-                        fut.result()  # a replacement that cannot start ends the step
-                        idle.append(slot)
-                        continue
-                    share, slot, actor, _ = runs.pop(fut)
-                    try:
-                        results[share] = [Trajectory.model_validate(r) for r in fut.result()]
-                        idle.append(slot)
-                    except RayActorError:
-                        attempts[share] += 1
-                        if attempts[share] >= self.max_attempts:
-                            raise
-                        self._replace(slot, actor)
-                        starting[self._start_task(slot)] = slot
-                        pending.append(share)
-                        self.rerun_groups += len(shares[share])
-                while pending and idle:
-                    submit(pending.pop(0), idle.pop(0))
+            for slot in self._slots:
+                idle.put_nowait(slot)
+            runs = [asyncio.ensure_future(run_share(i)) for i in range(len(shares))]
+            while not all(r.done() for r in runs):
+                await asyncio.wait([*runs, lost], return_when=asyncio.FIRST_COMPLETED)
+                for fut in (*runs, lost):
+                    if fut.done():
+                        fut.result()  # a share out of attempts, or a replacement that cannot start, ends the step
         except Exception as exc:
             # What did finish goes on record with the failure (the controller writes its traces).
             exc.trajectories = [t for share in sorted(results) for t in results[share]]  # type: ignore[attr-defined]
             raise
         finally:
-            # A replacement keeps starting (its task is shared); the next start() waits for it.
-            for fut, (_, _, _, ref) in runs.items():
-                fut.cancel()
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
+            for fut in runs:
+                fut.cancel()  # a share in flight: cancelled on its worker too
+            if not lost.done():
+                lost.cancel()
         return [t for share in range(len(shares)) for t in results[share]]
 
-    async def push_weights(self, version: int) -> dict[str, Any]:
-        """The trainer's current weights to every worker, in buckets through ``weight_source``, also
-        while they generate; each worker's engine takes ``version`` with the last bucket. Workers
-        found dead are replaced (their replacements get the weights once up). Returns the sync's
-        metrics (``weight_sync_s``, ``weight_sync_peak_mb``)."""
-        if self.weight_source is None:
-            raise RuntimeError("RolloutWorkerPool.push_weights needs a weight_source (a trainer group)")
-        self.weight_version = version  # before the push: a worker that comes up meanwhile asks for it
-        up = [s for s in self._slots if s.info is not None]
+    # ----------------------------------------------------------------- weights
+
+    def weight_targets(self, version: int) -> list[Any]:
+        """The workers that are up, for the trainer to send weights ``version`` to (also while they
+        generate). ``version`` is recorded first: the workers not up yet get these weights, so
+        labelled, once they are up and before they run anything."""
+        self.weight_version = version
         for slot in self._slots:
-            slot.needs_weights = slot.needs_weights or slot.info is None  # they get the weights once up
-        out = dict(await self.weight_source([s.actor for s in up], version=version))
-        for i in out.pop("dead", []):
-            self._replace(up[i], up[i].actor)
-        return out
+            slot.needs_weights = slot.needs_weights or slot.info is None
+        return [s.actor for s in self._slots if s.info is not None]
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        """Replace the workers ``dead`` (handles found dead by a weight push); each replacement gets the
+        trainer's weights once up."""
+        for slot in self._slots:
+            if any(slot.actor is d for d in dead):
+                self._replace(slot, slot.actor)
 
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
-        from ray.exceptions import RayActorError
-
         self.weight_version = version
-        calls = [(s, s.actor, s.actor.set_weight_version.remote(version)) for s in self._slots if s.info is not None]
-        outcomes = await asyncio.gather(*(_result(ref) for _, _, ref in calls), return_exceptions=True)
-        for (slot, actor, _), outcome in zip(calls, outcomes):
-            if isinstance(outcome, RayActorError):
-                self._replace(slot, actor)  # its replacement's setup takes the version
-            elif isinstance(outcome, BaseException):
-                raise outcome
+        await self._each([s for s in self._slots if s.info is not None],
+                         lambda actor: actor.set_weight_version.remote(version))
 
     async def broadcast(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Send weights to every worker: one copy in the object store, read by each; ``version``
         labels them (None: the labels stay). Workers started later (replacements) load the latest
         broadcast during their setup."""
         import ray
-        from ray.exceptions import RayActorError
 
         self._weights = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
         if version is not None:
             self.weight_version = version
         await self.start()
-        slots = list(self._slots)
-        calls = [(s, s.actor, s.actor.update_weights.remote(self._weights, version)) for s in slots]
-        outcomes = await asyncio.gather(*(_result(ref) for _, _, ref in calls), return_exceptions=True)
-        for (slot, actor, _), outcome in zip(calls, outcomes):
-            if isinstance(outcome, RayActorError):
-                self._replace(slot, actor)  # its replacement's setup reads the weights just put
-            elif isinstance(outcome, BaseException):
-                raise outcome
+        await self._each(list(self._slots), lambda actor: actor.update_weights.remote(self._weights, version))
 
-    def replace(self, indexes: Sequence[int]) -> None:
-        """Replace the workers at ``indexes`` (found dead by a caller); they come up on the next start."""
-        for i in indexes:
-            slot = self._slots[i]
-            self._replace(slot, slot.actor)
-
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
         import ray
 
         if not ray.is_initialized():
             return
-        refs = [s.actor.close.remote() for s in self._slots]
+        closing = [result(s.actor.close.remote(), s.actor) for s in self._slots]
         with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=30)
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 30)
         for slot in self._slots:
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor, no_restart=True)
@@ -478,6 +455,9 @@ class RolloutWorkerPool:
     def _shutdown(self) -> None:
         import ray
 
+        if self._placement is not None:
+            with contextlib.suppress(Exception):
+                self._placement.remove()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
@@ -491,10 +471,6 @@ def init_ray(address: str, cpus_needed: float) -> None:
     if address == "local":
         options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cpus_needed))
     ray.init(address=address, **options)
-
-
-async def _result(ref: Any) -> Any:
-    return await ref
 
 
 def _split(count: int, parts: int) -> list[list[int]]:

@@ -125,15 +125,11 @@ class TrainerRank:
         stats = push(self.model, [ray_sink(workers, dead, version)] if send else [], bucket_mb, send=send)
         return {**stats.as_metrics(), "dead": sorted(dead)}
 
-    def push_to_engine(self, engine: Any, bucket_mb: float) -> dict[str, float]:
-        """Send the weights to an engine in this process (a no-op copy for an engine sharing the module)."""
-        from toolrl.training.weight_sync import push
+    def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
+        """Send the weights to engines in this process (a no-op copy for an engine sharing the module)."""
+        from toolrl.training.weight_sync import engine_sink, push
 
-        def sink(bucket: Mapping[str, Any], last: bool) -> int:
-            engine.update_weights_bucket(bucket, last)
-            return 0
-
-        return push(self.model, [sink], bucket_mb).as_metrics()
+        return push(self.model, [engine_sink(e) for e in engines], bucket_mb).as_metrics()
 
     # ----------------------------------------------------------------- checkpoints
 

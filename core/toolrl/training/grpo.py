@@ -13,7 +13,7 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
 
 The objective is the decoupled PPO objective (Hilton et al. 2021; AReaL, Fu et al. 2025), per trained
 token, with three policies: the behaviour policy that sampled the token (the engine's logprob,
-``Batch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
+``PackedBatch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
 policy (the trainer's weights before this step's first update: recomputed without gradient, or simply
 ``new.detach()`` when the step makes one update) and the policy being trained::
 
@@ -43,10 +43,10 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import Batch, build_batch, input_length, packed_hidden_states
+from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
-__all__ = ["Batch", "Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
+__all__ = ["Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
            "policy_loss", "response_logprobs"]
 
 
@@ -71,7 +71,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
     return out
 
 
-def response_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
+def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
                       chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks."""
@@ -90,7 +90,7 @@ class Policy(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, batch: Batch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
+    def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
         return response_logprobs(self.lm, batch, temperature, chunk_size)
 
 
@@ -104,7 +104,7 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
     raise ValueError(f"unknown loss_agg {mode!r}")
 
 
-def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: Batch, cfg: AlgorithmConfig,
+def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch, cfg: AlgorithmConfig,
                 norm: dict[str, float], ref_lp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled PPO loss of one micro-batch (module docstring) and its figures over trained
     tokens, for :func:`grpo_step` to turn into token means: ``tokens``, ``clipped``, ``is_weight_sum``,
@@ -151,7 +151,7 @@ class StepOptions:
     world_size: int = 1
 
 
-MicroStep = tuple[list[int] | None, Batch]  # indexes into the usable trajectories (None: a dummy step), batch
+MicroStep = tuple[list[int] | None, PackedBatch]  # indexes into the usable trajectories (None: a dummy step), batch
 
 
 @dataclass
@@ -227,7 +227,7 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], optio
     return minis
 
 
-def logprobs(model: Any, batch: Batch, options: StepOptions) -> torch.Tensor:
+def logprobs(model: Any, batch: PackedBatch, options: StepOptions) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`."""
     if isinstance(model, Policy):
         return model(batch, options.temperature, options.optim.logprob_chunk_size)

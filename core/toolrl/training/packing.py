@@ -33,7 +33,7 @@ VARLEN_SDPA = "toolrl_varlen_sdpa"
 
 
 @dataclass
-class Batch:
+class PackedBatch:
     """A packed micro-batch. ``input_ids``/``position_ids`` are (1, T); sequence ``i`` occupies
     ``bounds[i]:bounds[i + 1]`` of the row (empty for a sequence with nothing to train). The LM head
     runs at the N positions ``head_pos``, predicting ``targets``, which land at ``(rows, cols)`` of the
@@ -66,7 +66,7 @@ def input_length(t: Trajectory) -> int:
 
 
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
-                device: torch.device | str = "cpu") -> Batch:
+                device: torch.device | str = "cpu") -> PackedBatch:
     """Pack ``trajectories`` into one row (no padding, so no pad id)."""
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
@@ -101,12 +101,12 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     def long(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    return Batch(long(ids)[None], long(positions)[None], bounds, long(head_pos), long(targets), long(rows),
+    return PackedBatch(long(ids)[None], long(positions)[None], bounds, long(head_pos), long(targets), long(rows),
                  long(cols), response_mask.to(device), engine_lp.to(device),
                  torch.tensor(list(advantages), dtype=torch.float32, device=device))
 
 
-def packed_hidden_states(model: Any, batch: Batch) -> torch.Tensor:
+def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     """The base model's last hidden states over the packed row, (T, H)."""
     base = getattr(model, model.base_model_prefix)
     config = base.config

@@ -6,10 +6,10 @@ the others drop it at once. A full bucket (``bucket_mb``) is handed to the sinks
 next one fills, so no rank ever holds a second full copy of the model: the extra memory is one
 bucket plus the tensor being gathered. Tied tensors are sent once, under their first name.
 
-A sink is a callable ``(bucket, last)``: an engine's :meth:`~toolrl.engines.RolloutEngine.update_weights_bucket`
-in this process, or one that sends the bucket to rollout workers (:func:`ray_sink`), which may be
-generating meanwhile: they stage the buckets and load them together on the last one, which carries
-the weights' version.
+A sink is a callable ``(bucket, last)``: an engine in this process (:func:`engine_sink`), or one that
+sends the bucket to rollout workers (:func:`ray_sink`), which may be generating meanwhile: they stage
+the buckets (:class:`BucketStager`) and load them together on the last one, which carries the
+weights' version.
 """
 
 from __future__ import annotations
@@ -88,11 +88,40 @@ def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = Tr
     return stats
 
 
+class BucketStager:
+    """The buckets of one weight update, held until the last one arrives: loading each bucket as it
+    comes would let the decode steps in between run on half-updated weights. Holds one copy of the
+    weights while an update is in flight."""
+
+    def __init__(self) -> None:
+        self._staged: dict[str, Any] = {}
+
+    def add(self, bucket: Mapping[str, Any], last: bool) -> dict[str, Any] | None:
+        """Stage ``bucket``; with the last one, every staged tensor (and the stage starts empty again)."""
+        self._staged.update(bucket)
+        if not last:
+            return None
+        staged, self._staged = self._staged, {}
+        return staged
+
+
+def engine_sink(engine: Any) -> Sink:
+    """A sink into an engine in this process (:meth:`~toolrl.engines.RolloutEngine.update_weights_bucket`:
+    a no-op copy for an engine sharing the trainer's module)."""
+
+    def sink(bucket: Mapping[str, Any], last: bool) -> int:
+        engine.update_weights_bucket(bucket, last)
+        return 0
+
+    return sink
+
+
 def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None) -> Sink:
     """A sink that puts each bucket in Ray's object store once and sends it to every live worker
     (:meth:`toolrl.roles.rollout_workers.RolloutWorker.update_weights_bucket`), waiting for all before the next
     bucket; the last one carries ``version``. A worker that dies is recorded in ``dead`` (by index) and
-    skipped from then on; the pool replaces it and its replacement is sent the weights on start."""
+    skipped from then on; the controller has the rollout group replace it, and the replacement is sent
+    the weights once up."""
     import ray
     from ray.exceptions import RayActorError
 

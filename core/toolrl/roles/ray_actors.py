@@ -1,0 +1,127 @@
+"""The Ray machinery the trainer group and the rollout group share: where their actors go, awaiting
+an actor's result with its death as :class:`ActorDied`, and calling again after a death.
+
+Placement: each group reserves one placement group, one bundle per actor (``PACK`` for trainer
+ranks, which want to share nodes; ``SPREAD`` for rollout workers, one per node while nodes last);
+actor ``i`` and every replacement of it run in bundle ``i``, so a replacement comes up where the
+actor it replaces ran. A group the alive nodes cannot hold is a config error at once.
+
+``ray`` is imported only inside the functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from toolrl.config import ConfigError
+
+T = TypeVar("T")
+
+
+class ActorDied(RuntimeError):
+    """The actor computing a result died (its process or its node) before giving it; ``actor`` is
+    its handle, as the caller gave it."""
+
+    def __init__(self, actor: Any, detail: str) -> None:
+        super().__init__(detail)
+        self.actor = actor
+
+
+async def result(ref: Any, actor: Any = None) -> Any:
+    """The value of ``ref``, a call made on ``actor``. The actor's death raises :class:`ActorDied`;
+    an exception raised inside the call comes as Ray gives it (a ``RayTaskError`` that is also an
+    instance of the cause's class, the cause under ``.cause``)."""
+    from ray.exceptions import RayActorError
+
+    try:
+        return await ref
+    except RayActorError as exc:
+        lines = str(exc).strip().splitlines()
+        raise ActorDied(actor, lines[0] if lines else type(exc).__name__) from exc
+
+
+async def retry(attempt: Callable[[], Awaitable[T]], attempts: int, died: Callable[[ActorDied], None]) -> T:
+    """``attempt()``, again after each :class:`ActorDied` it raises (``died`` is told first, to start a
+    replacement), ``attempts`` times in all; the last death is raised."""
+    for _ in range(attempts - 1):
+        try:
+            return await attempt()
+        except ActorDied as exc:
+            died(exc)
+    return await attempt()
+
+
+@dataclass
+class Placement:
+    """``count`` actors of ``cpus`` CPUs and ``gpus`` GPUs each, actor ``i`` in bundle ``i`` of
+    ``group`` (None when an actor needs no resources: it may run anywhere). ``what``: the setting
+    that asked for them, for errors (``trainer.world_size=2``); ``unit``: one of them (``rank``)."""
+
+    what: str
+    unit: str
+    count: int
+    cpus: float
+    gpus: float
+    group: Any = None
+
+    @classmethod
+    def reserve(cls, what: str, unit: str, count: int, cpus: float, gpus: float,
+                strategy: Literal["PACK", "SPREAD"]) -> Placement:
+        """Reserve the bundles; raises :class:`ConfigError` now when the alive nodes cannot hold them
+        (each node holds as many whole bundles as its CPUs and GPUs fit)."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        placement = cls(what, unit, count, cpus, gpus)
+        bundle = placement.bundle()
+        fits = 0.0
+        for node in ray.nodes():
+            if node["Alive"]:
+                fits += min((node["Resources"].get(k, 0.0) // v for k, v in bundle.items()), default=math.inf)
+        if fits < count:
+            raise ConfigError(placement.shortfall())
+        if bundle:
+            placement.group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+        return placement
+
+    def bundle(self) -> dict[str, float]:
+        return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
+
+    def shortfall(self, after: str = "") -> str:
+        import ray
+
+        total = ray.cluster_resources()
+        return (f"{self.what} needs {self.count * self.cpus:g} CPUs and {self.count * self.gpus:g} GPUs on nodes "
+                f"that fit a {self.unit}{after}; the cluster has {total.get('CPU', 0):g} CPUs and "
+                f"{total.get('GPU', 0):g} GPUs")
+
+    def options(self, index: int) -> dict[str, Any]:
+        """``ray.remote(...).options`` for actor ``index`` (or a replacement of it): never restarted by
+        Ray, the group replaces it."""
+        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus, "max_restarts": 0}
+        if self.group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=index)
+        return options
+
+    async def ready(self, timeout_s: float) -> None:
+        """Wait until every bundle is reserved (all actors can start together)."""
+        if self.group is None:
+            return
+        try:
+            await asyncio.wait_for(self.group.ready(), timeout_s)
+        except TimeoutError:
+            raise ConfigError(self.shortfall(f" (not placed after {timeout_s:g} s)")) from None
+
+    def remove(self) -> None:
+        if self.group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.group)
+            self.group = None
