@@ -12,9 +12,19 @@ from toolrl.plugins import Plugins
 # Every plugin module notes its import in $PLUGIN_LOG, so a test sees where and how often it ran.
 LOGGED = "import os\nwith open(os.environ['PLUGIN_LOG'], 'a') as _log:\n    _log.write({name!r} + '\\n')\n"
 EXITS = LOGGED.format(name="exits") + "os._exit(1)\n"
-HANGS = LOGGED.format(name="hangs") + "import time\ntime.sleep(60)\n"
+# It also starts a helper process, which must not outlive the screening.
+HANGS = LOGGED.format(name="hangs") + """
+import subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open(os.environ["PLUGIN_LOG"] + ".pid", "w") as _pid:
+    _pid.write(str(helper.pid))
+time.sleep(60)
+"""
 SEGFAULTS = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
 EXITS_IN_HOOK = "import os\nfrom toolrl import hookimpl\n@hookimpl\ndef register_tools(register):\n    os._exit(3)\n"
+CALLS_THE_LOADER = ("from toolrl import hookimpl\nfrom toolrl.plugins import get_plugins\n"
+                    "PARSER = get_plugins().load_part('tool_parsers', 'hermes')\n"
+                    "@hookimpl\ndef register_tools(register):\n    register('good_tool_impl:EchoTool', name='echo2')\n")
 HANGS_IN_COMMANDS = ("import time\nfrom toolrl import hookimpl\n@hookimpl\ndef register_commands(cli):\n"
                      "    time.sleep(60)\n")
 
@@ -27,6 +37,14 @@ def add_good(root: Path) -> None:
 def imports(root: Path) -> list[str]:
     log = root / "imports.log"
     return log.read_text().split() if log.exists() else []
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie has ended; only its exit status waits to be collected
 
 
 def env_for(root: Path, **extra: str) -> dict[str, str]:
@@ -62,6 +80,7 @@ def test_a_plugin_that_hangs_at_import_is_listed_after_the_time_limit(tmp_path):
     assert rows["hangs"]["error"] == "import took longer than 2 s (TOOLRL_PLUGIN_IMPORT_TIMEOUT_S); not loaded"
     assert rows["good"]["status"] == "ok"
     assert imports(tmp_path).count("hangs") == 1
+    assert not running(int((tmp_path / "imports.log.pid").read_text()))  # killed with the child
     listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2")
     assert imports(tmp_path).count("hangs") == 1  # cached: not even the child waits for it again
     rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="3")  # a new limit: screened again
@@ -79,6 +98,15 @@ def test_signals_and_hooks_that_end_or_hang_the_process_are_named(tmp_path):
     assert rows["slow_commands"]["error"] == ("register_commands took longer than 2 s "
                                               "(TOOLRL_PLUGIN_IMPORT_TIMEOUT_S); not loaded")
     assert rows["good"]["status"] == "ok" and rows["good"]["parts"] == {"tools": ["echo"]}
+
+
+def test_a_plugin_that_uses_the_loader_at_import_is_screened_once(tmp_path):
+    # Loading plugins inside the screening child must not screen again (a child per level, forever).
+    add_good(tmp_path)
+    make_dist(tmp_path, "toolrl-plugin-loader-user", "loader_user", "loader_user", CALLS_THE_LOADER)
+    rows = listing(tmp_path)
+    assert rows["loader_user"]["status"] == "ok" and rows["loader_user"]["parts"] == {"tools": ["echo2"]}
+    assert rows["good"]["status"] == "ok"
 
 
 def test_editing_a_plugin_screens_it_again(tmp_path):

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from toolrl.plugins.screening import CHILD_ENV
 from toolrl.plugins.verdicts import file_state
 
 
@@ -65,6 +66,7 @@ class Reporter:
 def main() -> None:
     request = json.loads(sys.stdin.read())
     sys.path[:] = request["path"]
+    os.environ[CHILD_ENV] = "1"  # for this process and any it starts
     from toolrl.cli import cli
     from toolrl.plugins import Plugins
 
