@@ -180,7 +180,7 @@ class Plugins:
         failures = self._screened
         if failures is None:
             entries = [Entry(info.name, ep.module, (ep.value, info.distribution, info.version,
-                                                    str(ep.dist.locate_file("")) if ep.dist else "?"))
+                                                    os.path.abspath(ep.dist.locate_file("")) if ep.dist else "?"))
                        for ep, info in enabled]
             failures = screen(entries, self.env, self.import_timeout_s)
         for ep, info in enabled:
