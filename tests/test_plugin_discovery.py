@@ -22,6 +22,7 @@ time.sleep(60)
 """
 SEGFAULTS = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
 EXITS_IN_HOOK = "import os\nfrom toolrl import hookimpl\n@hookimpl\ndef register_tools(register):\n    os._exit(3)\n"
+CLOSES_FDS_AND_HANGS = "import os, time\nos.closerange(3, 4096)\ntime.sleep(60)\n"
 CALLS_THE_LOADER = ("from toolrl import hookimpl\nfrom toolrl.plugins import get_plugins\n"
                     "PARSER = get_plugins().load_part('tool_parsers', 'hermes')\n"
                     "@hookimpl\ndef register_tools(register):\n    register('good_tool_impl:EchoTool', name='echo2')\n")
@@ -92,7 +93,9 @@ def test_signals_and_hooks_that_end_or_hang_the_process_are_named(tmp_path):
     make_dist(tmp_path, "toolrl-plugin-segfaults", "segfaults", "segfaults_plugin", SEGFAULTS)
     make_dist(tmp_path, "toolrl-plugin-hook-exits", "hook_exits", "hook_exits_plugin", EXITS_IN_HOOK)
     make_dist(tmp_path, "toolrl-plugin-slow-commands", "slow_commands", "slow_commands", HANGS_IN_COMMANDS)
+    make_dist(tmp_path, "toolrl-plugin-closes-fds", "closes_fds", "closes_fds", CLOSES_FDS_AND_HANGS)
     rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2")
+    assert rows["closes_fds"]["error"] == "import took longer than 2 s (TOOLRL_PLUGIN_IMPORT_TIMEOUT_S); not loaded"
     assert rows["segfaults"]["error"] == "killed by SIGSEGV during import; not loaded"
     assert rows["hook_exits"]["error"] == "exited with status 3 during register_tools; not loaded"
     assert rows["slow_commands"]["error"] == ("register_commands took longer than 2 s "

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -39,8 +41,6 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
     """One child run, loading what ``selection`` (the plugin-selection variables) allows, less ``skip``.
     True when it finished; a :class:`Stopped` when a plugin ended or hung it; False when it failed
     outside any plugin's code. ``files`` gains every file the child reported loading."""
-    import subprocess
-
     read_fd, write_fd = os.pipe()
     path = [str(p) for p in sys.path if isinstance(p, str | os.PathLike)]
     request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
@@ -68,6 +68,7 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
         os.close(read_fd)
         with contextlib.suppress(ProcessLookupError, PermissionError):  # none left: all ended already
             os.killpg(child.pid, signal.SIGKILL)
+        child.kill()  # in case it left its session
         child.wait()
 
 
@@ -76,10 +77,15 @@ def _supervise(child: Any, fd: int, timeout_s: float, files: dict[str, list[int]
     current: tuple[str, str] | None = None  # (plugin, phase) whose code is running in the child
     while True:
         event = events.next(timeout_s if current else CORE_LIMIT_S)
-        if isinstance(event, str):  # "timeout" or "eof"
-            if current is None:
-                return False
-            return Stopped(*current, None if event == "timeout" else child.wait())
+        if event == "eof":  # the child ended, or just closed the pipe: it gets what time remains
+            try:
+                code: int | None = child.wait(timeout=events.remaining)
+            except subprocess.TimeoutExpired:
+                code = None
+            return Stopped(*current, code) if current else False
+        if event == "timeout":
+            return Stopped(*current, None) if current else False
+        assert isinstance(event, dict)
         files.update(event.get("files", {}))
         if event.get("done"):
             return True
@@ -91,18 +97,21 @@ class _Events:
 
     def __init__(self, fd: int, child: Any) -> None:
         self.fd, self.child, self.buffer = fd, child, b""
+        self.deadline = time.monotonic()
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left of the current wait."""
+        return max(self.deadline - time.monotonic(), 0.0)
 
     def next(self, limit_s: float) -> dict[str, Any] | str:
-        import select
-
-        deadline = time.monotonic() + limit_s
+        self.deadline = time.monotonic() + limit_s
         while True:
             while b"\n" not in self.buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if self.remaining <= 0:
                     return "timeout"
                 # Short waits, so a child that died while a process it started holds the pipe open is seen.
-                if not select.select([self.fd], [], [], min(remaining, 0.2))[0]:
+                if not select.select([self.fd], [], [], min(self.remaining, 0.2))[0]:
                     if self.child.poll() is not None:
                         return "eof"
                     continue
