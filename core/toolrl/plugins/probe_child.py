@@ -1,11 +1,11 @@
-"""The screening child (``python -m toolrl.plugins.probe_child``), started by
-:mod:`toolrl.plugins.screening`; not for use by hand.
+"""The screening child, started by :mod:`toolrl.plugins.supervisor` (``python -c BOOTSTRAP``, which
+reads the request and takes the parent's ``sys.path`` first); not for use by hand.
 
-It reads a JSON request on stdin (the parent's ``sys.path``, plugin selection and the plugins to
-skip), then loads plugins exactly as the parent will — :class:`toolrl.plugins.Plugins`, then the
-``register_commands`` hooks on the real command group — and writes one JSON line to the pipe ``fd``
-when each plugin's import or hook starts and ends, with the files loaded since the last line. It ends
-with ``os._exit`` so a thread a plugin left behind cannot hold it open.
+Given the request (plugin selection, the plugins to skip, the pipe ``fd``), it loads plugins exactly
+as the parent will — :class:`toolrl.plugins.Plugins`, then the ``register_commands`` hooks on the
+real command group — and writes one JSON line to the pipe when each plugin's import or hook starts
+and ends, with the files loaded since the last line. It ends with ``os._exit`` so a thread a plugin
+left behind cannot hold it open.
 """
 
 from __future__ import annotations
@@ -63,9 +63,7 @@ class Reporter:
             self.send(end=plugin)
 
 
-def main() -> None:
-    request = json.loads(sys.stdin.read())
-    sys.path[:] = request["path"]
+def main(request: dict[str, Any]) -> None:
     os.environ[CHILD_ENV] = "1"  # for this process and any it starts
     from toolrl.cli import cli
     from toolrl.plugins import Plugins
@@ -76,6 +74,3 @@ def main() -> None:
     reporter.send(done=True)
     os._exit(0)
 
-
-if __name__ == "__main__":
-    main()

@@ -17,13 +17,15 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from toolrl.plugins.verdicts import file_state
 
 # Time allowed outside any plugin's code: the child's start-up and the core's work between plugins.
 CORE_LIMIT_S = 60.0
+# The child takes the parent's sys.path before importing anything of toolrl's or a plugin's.
+BOOTSTRAP = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
+             "from toolrl.plugins.probe_child import main; main(request)")
 
 
 @dataclass(frozen=True)
@@ -44,14 +46,11 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
     read_fd, write_fd = os.pipe()
     path = [str(p) for p in sys.path if isinstance(p, str | os.PathLike)]
     request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
-    core_root = str(Path(__file__).resolve().parents[2])  # this toolrl, whatever the child's sys.path
-    child_env = {**os.environ,
-                 "PYTHONPATH": os.pathsep.join(filter(None, [core_root, os.environ.get("PYTHONPATH")]))}
     try:
         # A session of its own: whatever the plugins start is killed with the child.
-        child = subprocess.Popen([sys.executable, "-m", "toolrl.plugins.probe_child"], stdin=subprocess.PIPE,
+        child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
-                                 env=child_env, start_new_session=True)
+                                 start_new_session=True)
     except OSError:
         os.close(read_fd)
         return False
@@ -59,7 +58,7 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
         os.close(write_fd)
     try:
         try:
-            child.stdin.write(json.dumps(request).encode())  # type: ignore[union-attr]
+            child.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
             child.stdin.close()  # type: ignore[union-attr]
         except OSError:  # the child is already gone: its exit status tells why
             pass
