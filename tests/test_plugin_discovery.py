@@ -76,15 +76,17 @@ def test_a_plugin_calling_os_exit_at_import_is_listed_and_the_rest_work(tmp_path
 def test_a_plugin_that_hangs_at_import_is_listed_after_the_time_limit(tmp_path):
     add_good(tmp_path)
     make_dist(tmp_path, "toolrl-plugin-hangs", "hangs", "hangs_plugin", HANGS)
-    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2")
+    # Short limits: only the test's plugins load, so a busy machine cannot push a real one past them.
+    only = "toolrl-plugin-good,toolrl-plugin-hangs"
+    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2", TOOLRL_LOAD_PLUGINS=only)
     assert rows["hangs"]["status"] == "error"
     assert rows["hangs"]["error"] == "import took longer than 2 s (TOOLRL_PLUGIN_IMPORT_TIMEOUT_S); not loaded"
     assert rows["good"]["status"] == "ok"
     assert imports(tmp_path).count("hangs") == 1
     assert not running(int((tmp_path / "imports.log.pid").read_text()))  # killed with the child
-    listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2")
+    listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2", TOOLRL_LOAD_PLUGINS=only)
     assert imports(tmp_path).count("hangs") == 1  # cached: not even the child waits for it again
-    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="3")  # a new limit: screened again
+    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="3", TOOLRL_LOAD_PLUGINS=only)  # a new limit: again
     assert imports(tmp_path).count("hangs") == 2 and "longer than 3 s" in rows["hangs"]["error"]
 
 
@@ -94,7 +96,9 @@ def test_signals_and_hooks_that_end_or_hang_the_process_are_named(tmp_path):
     make_dist(tmp_path, "toolrl-plugin-hook-exits", "hook_exits", "hook_exits_plugin", EXITS_IN_HOOK)
     make_dist(tmp_path, "toolrl-plugin-slow-commands", "slow_commands", "slow_commands", HANGS_IN_COMMANDS)
     make_dist(tmp_path, "toolrl-plugin-closes-fds", "closes_fds", "closes_fds", CLOSES_FDS_AND_HANGS)
-    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2")
+    only = ",".join(f"toolrl-plugin-{name}" for name in ("good", "segfaults", "hook-exits", "slow-commands",
+                                                          "closes-fds"))
+    rows = listing(tmp_path, TOOLRL_PLUGIN_IMPORT_TIMEOUT_S="2", TOOLRL_LOAD_PLUGINS=only)
     assert rows["closes_fds"]["error"] == "import took longer than 2 s (TOOLRL_PLUGIN_IMPORT_TIMEOUT_S); not loaded"
     assert rows["segfaults"]["error"] == "killed by SIGSEGV during import; not loaded"
     assert rows["hook_exits"]["error"] == "exited with status 3 during register_tools; not loaded"
