@@ -18,17 +18,15 @@ import contextlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 FILE_NAME = "plugin-verdicts.json"
 FORMAT = 1
 KEEP = 16  # records kept, newest first (environments and plugin selections a user switches between)
 
 
-@dataclass
-class Verdict:
+class Verdict(NamedTuple):  # not a dataclass: creating one costs a millisecond of every command's start-up
     failures: dict[str, str]  # plugin name -> why it was not loaded
     files: dict[str, list[int]]  # path -> [mtime_ns, size] when the child loaded it
     timeout_s: float
