@@ -6,17 +6,24 @@ Environment:
   Set but empty loads none. Built-in plugins are not affected.
 - ``TOOLRL_DISABLE_PLUGINS``: comma-separated plugin or distribution names to skip (built-ins too).
 - ``TOOLRL_STRICT_PLUGINS=1``: a plugin that fails to load or register is fatal.
+- ``TOOLRL_PLUGIN_IMPORT_TIMEOUT_S`` (default 5): the time each external plugin's import and each of
+  its registration hooks may take in the screening child.
+- ``TOOLRL_CACHE`` (else ``$XDG_CACHE_HOME/toolrl``, else ``~/.cache/toolrl``): where the screening's
+  verdicts are cached.
 
 The error boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at
-import is listed with that error); only ``KeyboardInterrupt`` goes through. Registered parts are
-checked as described in :mod:`toolrl.plugins.registry`; :meth:`Plugins.check` loads and checks every part.
+import is listed with that error); only ``KeyboardInterrupt`` goes through. What no boundary in the
+process can hold — a plugin that ends the process or never returns — is caught by screening external
+plugins in a supervised child first (:mod:`toolrl.plugins.screening`): such a plugin is listed with
+its error and not loaded. Registered parts are checked as described in :mod:`toolrl.plugins.registry`;
+:meth:`Plugins.check` loads and checks every part.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Literal
@@ -26,13 +33,16 @@ import pluggy
 from toolrl import hookspecs
 from toolrl.plugins import builtin as builtin_plugins
 from toolrl.plugins.registry import KINDS, Part, PartError, Registry, describe_exception
+from toolrl.plugins.screening import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Entry, screen
 
 Status = Literal["ok", "error", "disabled"]
 ENTRY_POINT_GROUP = "toolrl"
+# Around each piece of a plugin's code the loader runs: (plugin name, phase) -> a context manager.
+Watch = Callable[[str, str], contextlib.AbstractContextManager[None]]
 
 
 class PluginLoadError(RuntimeError):
-    """Raised in strict mode when a plugin fails to load or register."""
+    """Raised in strict mode when a plugin fails to load or register, and for an invalid plugin setting."""
 
 
 @dataclass
@@ -65,6 +75,23 @@ def _names(value: str | None) -> set[str] | None:
     return {v.strip() for v in value.split(",") if v.strip()}
 
 
+def _timeout(env: Mapping[str, str]) -> float:
+    value = env.get(TIMEOUT_ENV, "")
+    if not value.strip():
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise PluginLoadError(f"{TIMEOUT_ENV} must be a positive number of seconds, not {value!r}")
+    return seconds
+
+
+def _unwatched(plugin: str, phase: str) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 def _contain(exc: BaseException) -> None:
     """Let a user's Ctrl-C through; everything else a plugin raises stays inside its boundary."""
     if isinstance(exc, (KeyboardInterrupt, PluginLoadError)):
@@ -72,13 +99,21 @@ def _contain(exc: BaseException) -> None:
 
 
 class Plugins:
-    """The loaded plugins: a pluggy manager, a status per plugin, and the part registry."""
+    """The loaded plugins: a pluggy manager, a status per plugin, and the part registry.
 
-    def __init__(self, env: Mapping[str, str] | None = None, strict: bool | None = None) -> None:
+    ``screened`` and ``watch`` are for the screening child (:mod:`toolrl.plugins.probe_child`): the
+    verdicts found so far, instead of screening again, and a reporter around each plugin's code."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, strict: bool | None = None, *,
+                 screened: Mapping[str, str] | None = None, watch: Watch = _unwatched) -> None:
         env = os.environ if env is None else env
+        self.env = env
         self.strict = env.get("TOOLRL_STRICT_PLUGINS", "") not in ("", "0") if strict is None else strict
         self.allow = _names(env.get("TOOLRL_LOAD_PLUGINS"))
         self.deny = _names(env.get("TOOLRL_DISABLE_PLUGINS")) or set()
+        self.import_timeout_s = _timeout(env)
+        self._screened = screened
+        self._watch = watch
         self.pm = pluggy.PluginManager("toolrl")
         self.pm.add_hookspecs(hookspecs)
         self.info: dict[str, PluginInfo] = {}
@@ -100,7 +135,8 @@ class Plugins:
 
     def _register(self, info: PluginInfo, plugin: object) -> None:
         try:
-            self.pm.register(plugin, name=info.name)
+            with self._watch(info.name, "registration"):  # pluggy reads the plugin's attributes
+                self.pm.register(plugin, name=info.name)
         except BaseException as exc:  # pluggy validation errors, duplicate names
             _contain(exc)
             self._fail(info, exc)
@@ -117,7 +153,9 @@ class Plugins:
                 continue
             self._register(info, plugin)
 
-    def _load_entry_points(self) -> None:
+    def _enabled_entry_points(self) -> list[tuple[metadata.EntryPoint, PluginInfo]]:
+        """An info for every entry point; the ones to load, in loading order."""
+        enabled = []
         for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = ep.dist
             dist_name = dist.name if dist is not None else "?"
@@ -134,8 +172,24 @@ class Plugins:
             ):
                 info.status = "disabled"
                 continue
+            enabled.append((ep, info))
+        return enabled
+
+    def _load_entry_points(self) -> None:
+        enabled = self._enabled_entry_points()
+        failures = self._screened
+        if failures is None:
+            entries = [Entry(info.name, ep.module, (ep.value, info.distribution, info.version,
+                                                    os.path.abspath(ep.dist.locate_file("")) if ep.dist else "?"))
+                       for ep, info in enabled]
+            failures = screen(entries, self.env, self.import_timeout_s)
+        for ep, info in enabled:
+            if info.name in failures:  # it ended or hung the screening child: never run here
+                self._fail(info, failures[info.name])
+                continue
             try:
-                plugin = ep.load()
+                with self._watch(info.name, "import"):
+                    plugin = ep.load()
             except BaseException as exc:  # the error boundary: a broken plugin never breaks the others
                 _contain(exc)
                 self._fail(info, exc)
@@ -167,7 +221,8 @@ class Plugins:
                         self._fail(_info, conflict)
 
                 try:
-                    impl.function(register=register)
+                    with self._watch(info.name, f"register_{kind}"):
+                        impl.function(register=register)
                 except BaseException as exc:
                     _contain(exc)
                     self._fail(info, exc)
@@ -201,7 +256,8 @@ class Plugins:
         for impl in self.pm.hook.register_commands.get_hookimpls():
             info = self.info[self.pm.get_name(impl.plugin)]
             try:
-                impl.function(cli=cli)
+                with self._watch(info.name, "register_commands"):
+                    impl.function(cli=cli)
             except BaseException as exc:
                 _contain(exc)
                 self._fail(info, exc)

@@ -1,0 +1,76 @@
+"""The screening child, started by :mod:`toolrl.plugins.supervisor` (``python -c BOOTSTRAP``, which
+reads the request and takes the parent's ``sys.path`` first); not for use by hand.
+
+Given the request (plugin selection, the plugins to skip, the pipe ``fd``), it loads plugins exactly
+as the parent will — :class:`toolrl.plugins.Plugins`, then the ``register_commands`` hooks on the
+real command group — and writes one JSON line to the pipe when each plugin's import or hook starts
+and ends, with the files loaded since the last line. It ends with ``os._exit`` so a thread a plugin
+left behind cannot hold it open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from toolrl.plugins.screening import CHILD_ENV
+from toolrl.plugins.verdicts import file_state
+
+
+def _interpreter_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The standard library's directories, and site-packages (which may lie beneath them)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return (tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib")),
+            tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib")))
+
+
+class Reporter:
+    """Writes the child's events; each carries the files of the modules loaded since the last one."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.stdlib, self.site = _interpreter_dirs()
+        self.seen = set(sys.modules)
+
+    def _listed(self, path: str) -> bool:
+        """Standard-library files change only with the interpreter: verdicts need not list them."""
+        return not path.startswith(self.stdlib) or path.startswith(self.site)
+
+    def send(self, **event: Any) -> None:
+        modules = sys.modules.copy()  # a plugin's thread may be importing meanwhile
+        files = {}
+        for name in modules.keys() - self.seen:
+            path = getattr(modules[name], "__file__", None)
+            if isinstance(path, str) and self._listed(path) and (state := file_state(path)):
+                files[path] = state
+        self.seen.update(modules)
+        data = (json.dumps({**event, "files": files}) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    @contextlib.contextmanager
+    def watch(self, plugin: str, phase: str) -> Iterator[None]:
+        self.send(start=plugin, phase=phase)
+        try:
+            yield
+        finally:
+            self.send(end=plugin)
+
+
+def main(request: dict[str, Any]) -> None:
+    os.environ[CHILD_ENV] = "1"  # for this process and any it starts
+    from toolrl.cli import cli
+    from toolrl.plugins import Plugins
+
+    reporter = Reporter(request["fd"])
+    plugins = Plugins(env=request["env"], strict=False, screened=request["skip"], watch=reporter.watch)
+    plugins.add_commands(cli)
+    reporter.send(done=True)
+    os._exit(0)
+

@@ -1,0 +1,150 @@
+"""The parent's side of a screening child (:mod:`toolrl.plugins.probe_child`): start it, feed it the
+request, read its events with a time limit for each plugin's code, and kill it when that runs out.
+
+Imported only when the verdict cache misses (:mod:`toolrl.plugins.screening`), so a warm
+``toolrl list-plugins`` never loads ``subprocess`` or this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from toolrl.plugins.verdicts import file_state
+
+# Time allowed outside any plugin's code: the child's start-up and the core's work between plugins.
+CORE_LIMIT_S = 60.0
+# The child takes the parent's sys.path before importing anything of toolrl's or a plugin's.
+BOOTSTRAP = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.path[:] = request['path']; "
+             "from toolrl.plugins.probe_child import main; main(request)")
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A plugin's code ended the child (``code``: its exit status, negative for a signal) or ran past
+    the time limit (``code`` None) during ``phase`` (``import``, ``registration``, a hook's name)."""
+
+    plugin: str
+    phase: str
+    code: int | None
+
+
+def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: float,
+              files: dict[str, list[int]]) -> Stopped | bool:
+    """One child run, loading what ``selection`` (the plugin-selection variables) allows, less ``skip``.
+    True when it finished; a :class:`Stopped` when a plugin ended or hung it; False when it failed
+    outside any plugin's code. ``files`` gains every file the child reported loading."""
+    read_fd, write_fd = os.pipe()
+    path = [str(p) for p in sys.path if isinstance(p, str | os.PathLike)]
+    request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
+    try:
+        # A session of its own: whatever the plugins start is killed with the child.
+        child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
+                                 start_new_session=True)
+    except OSError:
+        os.close(read_fd)
+        return False
+    finally:
+        os.close(write_fd)
+    try:
+        try:
+            child.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
+            child.stdin.close()  # type: ignore[union-attr]
+        except OSError:  # the child is already gone: its exit status tells why
+            pass
+        return _supervise(child, read_fd, timeout_s, files)
+    finally:
+        os.close(read_fd)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # none left: all ended already
+            os.killpg(child.pid, signal.SIGKILL)
+        child.kill()  # in case it left its session
+        child.wait()
+
+
+def _supervise(child: Any, fd: int, timeout_s: float, files: dict[str, list[int]]) -> Stopped | bool:
+    events = _Events(fd, child)
+    current: tuple[str, str] | None = None  # (plugin, phase) whose code is running in the child
+    while True:
+        event = events.next(timeout_s if current else CORE_LIMIT_S)
+        if event == "eof":  # the child ended, or just closed the pipe: it gets what time remains
+            try:
+                code: int | None = child.wait(timeout=events.remaining)
+            except subprocess.TimeoutExpired:
+                code = None
+            return Stopped(*current, code) if current else False
+        if event == "timeout":
+            return Stopped(*current, None) if current else False
+        assert isinstance(event, dict)
+        files.update(event.get("files", {}))
+        if event.get("done"):
+            return True
+        current = (event["start"], event["phase"]) if "start" in event else None
+
+
+class _Events:
+    """JSON lines from the child's pipe, each awaited with a time limit."""
+
+    def __init__(self, fd: int, child: Any) -> None:
+        self.fd, self.child, self.buffer = fd, child, b""
+        self.deadline = time.monotonic()
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left of the current wait."""
+        return max(self.deadline - time.monotonic(), 0.0)
+
+    def next(self, limit_s: float) -> dict[str, Any] | str:
+        self.deadline = time.monotonic() + limit_s
+        while True:
+            while b"\n" not in self.buffer:
+                if self.remaining <= 0:
+                    return "timeout"
+                # Short waits, so a child that died while a process it started holds the pipe open is seen.
+                if not select.select([self.fd], [], [], min(self.remaining, 0.2))[0]:
+                    if self.child.poll() is not None:
+                        return "eof"
+                    continue
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return "eof"
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            try:
+                event = json.loads(line)
+            except ValueError:  # not ours: only the child's reporter writes here
+                continue
+            if isinstance(event, dict):
+                return event
+
+
+def module_files(module: str) -> dict[str, list[int]]:
+    """The files of an entry module and its packages, found without running any of them: a plugin that
+    ended or hung the child cannot report what it loaded, but editing its entry module screens again."""
+    import importlib.machinery
+    import importlib.util
+
+    files: dict[str, list[int]] = {}
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: no module code runs
+        for depth in range(1, len(parts) + 1):
+            if spec is None:
+                break
+            if spec.has_location and spec.origin and (state := file_state(spec.origin)):
+                files[spec.origin] = state
+            if depth < len(parts):
+                spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]),
+                                                                spec.submodule_search_locations)
+    except (ImportError, ValueError):
+        pass
+    return files

@@ -1,0 +1,93 @@
+"""The verdict cache of plugin screening (:mod:`toolrl.plugins.screening`).
+
+A verdict says which plugins must not load in-process (they killed or hung the screening child) and
+lists every file the child loaded, each with its modification time and size. It is kept in
+``<cache root>/plugin-verdicts.json`` (root: ``$TOOLRL_CACHE``, else ``$XDG_CACHE_HOME/toolrl``, else
+``~/.cache/toolrl``), keyed by the entry points about to load with their distributions (name, version,
+location). A verdict holds while its key matches and none of its files changed, so installing,
+removing, upgrading or editing a plugin (an editable install too) screens again; a verdict that
+includes a time-out also ends when the time limit changes.
+
+The file is only a cache: unreadable or corrupt, it is a miss; unwritable, each command screens again.
+Writes replace the file atomically, so concurrent processes never read half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+FILE_NAME = "plugin-verdicts.json"
+FORMAT = 1
+KEEP = 16  # records kept, newest first (environments and plugin selections a user switches between)
+
+
+class Verdict(NamedTuple):  # not a dataclass: creating one costs a millisecond of every command's start-up
+    failures: dict[str, str]  # plugin name -> why it was not loaded
+    files: dict[str, list[int]]  # path -> [mtime_ns, size] when the child loaded it
+    timeout_s: float
+    timed_out: bool
+
+
+def cache_file(env: Mapping[str, str]) -> Path:
+    if env.get("TOOLRL_CACHE"):
+        root = Path(env["TOOLRL_CACHE"])
+    elif env.get("XDG_CACHE_HOME"):
+        root = Path(env["XDG_CACHE_HOME"]) / "toolrl"
+    else:
+        root = Path.home() / ".cache" / "toolrl"
+    return root / FILE_NAME
+
+
+def file_state(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_size]
+
+
+def _records(file: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("records"), list):
+        return []
+    return [r for r in data["records"] if isinstance(r, dict)]
+
+
+def _holds(record: dict[str, Any], timeout_s: float) -> bool:
+    if record["timed_out"] and record["timeout_s"] != timeout_s:
+        return False
+    return all(file_state(path) == state for path, state in record["files"].items())
+
+
+def lookup(file: Path, key: list[Any], timeout_s: float) -> dict[str, str] | None:
+    """The cached failures for ``key``, or None when there is no verdict that still holds."""
+    for record in _records(file):
+        if record.get("key") != key:
+            continue
+        try:
+            return dict(record["failures"]) if _holds(record, timeout_s) else None
+        except (KeyError, TypeError, AttributeError, ValueError):  # a damaged record is a miss
+            return None
+    return None
+
+
+def store(file: Path, key: list[Any], verdict: Verdict) -> None:
+    record = {"key": key, "failures": verdict.failures, "files": verdict.files,
+              "timeout_s": verdict.timeout_s, "timed_out": verdict.timed_out}
+    records = [record] + [r for r in _records(file) if r.get("key") != key][: KEEP - 1]
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"format": FORMAT, "records": records}), encoding="utf-8")
+        os.replace(tmp, file)
+    except OSError:  # a read-only cache costs a screening per command, nothing else
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
