@@ -28,7 +28,7 @@ def toolrl_imports(module: str) -> set[str]:
 @pytest.mark.parametrize("module", ["roles/compose", "roles/rollout_workers", "roles/trainer_rank",
                                     "roles/trainer_group", "roles/ray_actors", "training/sharding",
                                     "training/weight_sync", "training/checkpoint", "roles/__init__",
-                                    "roles/evaluate", "data/recorded"])
+                                    "roles/evaluate", "roles/replay", "data/recorded"])
 def test_no_role_imports_the_controller(module):
     assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
 
@@ -107,7 +107,7 @@ IMPLEMENTATIONS = [("TrainerGroup", "toolrl.roles.trainer_group", "LocalTrainer"
                    ("TrainerGroup", "toolrl.roles.trainer_group", "RayTrainerGroup"),
                    ("RolloutGroup", "toolrl.roles.compose", "Rollouts"),
                    ("RolloutGroup", "toolrl.roles.rollout_workers", "RolloutWorkerPool"),
-                   ("RolloutGroup", "toolrl.data.recorded", "Replay")]
+                   ("RolloutGroup", "toolrl.roles.replay", "Replay")]
 
 
 @pytest.mark.parametrize(("protocol", "module", "name"), IMPLEMENTATIONS, ids=[i[2] for i in IMPLEMENTATIONS])
@@ -139,8 +139,8 @@ def test_in_process_roles_satisfy_the_protocols(tiny_qwen3_path):
     import asyncio
 
     from toolrl.config import load_config
-    from toolrl.data.recorded import Replay
     from toolrl.roles import RolloutGroup, TrainerGroup, compose_roles
+    from toolrl.roles.replay import Replay
 
     async def scenario() -> None:
         roles = await compose_roles(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))

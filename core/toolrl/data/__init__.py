@@ -32,7 +32,7 @@ class FileSample(Sample):
         return self._origin
 
 
-def _rows(path: Path) -> Iterator[tuple[str, Any]]:
+def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """``(origin, row)`` for each row: ``file:line`` (1-based, blank lines skipped) for JSONL,
     ``file row N`` (1-based) for parquet."""
     if path.suffix in (".jsonl", ".json"):
@@ -85,7 +85,7 @@ def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sampl
     for path in paths:
         if not path.exists():
             raise ConfigError(f"{field}: {path} does not exist")
-        for origin, row in _rows(path):
+        for origin, row in read_rows(path):
             sample = to_sample(row, origin)
             if sample.index is None:
                 sample.index = len(samples)

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Any, ClassVar
 
+from toolrl.parsers import ToolParser
+from toolrl.parsers.arguments import ToolSchemas
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 
@@ -122,3 +125,24 @@ def assemble(text: str, blocks: list[Block], markers: Markers,
                 errors.append(ParseError(message=str(exc), raw=raw))
     content.append(text[pos:])
     return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+
+
+class BlockParser(ToolParser):
+    """A format whose calls sit in ``markers`` blocks, each decoded on its own by :meth:`decode`.
+    Formats that write argument values as text type them from the bound tools' ``schemas``."""
+
+    markers: ClassVar[Markers]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.schemas = ToolSchemas()
+
+    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        self.schemas = ToolSchemas(schemas)
+
+    def parse(self, text: str) -> ParseResult:
+        return assemble(text, find_blocks(text, self.markers), self.markers, self.decode)
+
+    def decode(self, body: str) -> list[ToolCall]:
+        """The calls in one block's body; a ValueError is that block's parse error."""
+        raise NotImplementedError

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import re
 
-from toolrl.parsers import ToolParser
 from toolrl.parsers.arguments import json_object
-from toolrl.parsers.blocks import Markers, assemble, find_blocks
-from toolrl.schemas import ParseResult, ToolCall
+from toolrl.parsers.blocks import BlockParser, Markers
+from toolrl.schemas import ToolCall
 
 MARKERS = Markers("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<think>", "</think>")
 CALL, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -36,12 +35,10 @@ def decode_call(body: str) -> ToolCall:
     return ToolCall(name=name, arguments=json_object(m["args"], f"arguments of tool call to '{name}'"))
 
 
-class DeepSeekV3Parser(ToolParser):
+class DeepSeekV3Parser(BlockParser):
+    markers = MARKERS
     name = "deepseek_v3"
     end_of_call_tokens = ("<｜end▁of▁sentence｜>",)
-
-    def parse(self, text: str) -> ParseResult:
-        return assemble(text, find_blocks(text, MARKERS), MARKERS, self.decode)
 
     def decode(self, body: str) -> list[ToolCall]:
         """Every call in a calls block: ``<｜tool▁call▁begin｜>...<｜tool▁call▁end｜>`` separated by whitespace."""

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from toolrl.parsers import ToolParser
-from toolrl.parsers.arguments import ToolSchemas, typed_text
-from toolrl.parsers.blocks import Markers, assemble, find_blocks
+from toolrl.parsers.arguments import typed_text
+from toolrl.parsers.blocks import BlockParser, Markers
 from toolrl.parsers.bounded_json import MAX_DEPTH, JSONLimitError, loads
-from toolrl.schemas import ParseResult, ToolCall
+from toolrl.schemas import ToolCall
 
 MARKERS = Markers("<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>")
 QUOTE = '<|"|>'
@@ -122,23 +121,14 @@ class _Reader:
             out.append(self.value(items if isinstance(items, dict) else None, depth + 1))
 
 
-class GemmaParser(ToolParser):
+class GemmaParser(BlockParser):
+    markers = MARKERS
     name = "gemma"
     end_of_call_tokens = ("<|tool_response>",)
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.schemas = ToolSchemas()
 
     @property
     def stop_strings(self) -> list[str]:
         return list(self.end_of_call_tokens)
-
-    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        self.schemas = ToolSchemas(schemas)
-
-    def parse(self, text: str) -> ParseResult:
-        return assemble(text, find_blocks(text, MARKERS), MARKERS, self.decode)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<|tool_call>`` block's body: ``call:NAME{...}``."""

@@ -16,35 +16,23 @@ Calls inside ``<think>`` are reasoning, as in the hermes parser. GLM ends a turn
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolrl.parsers import ToolParser
-from toolrl.parsers.arguments import ToolSchemas
-from toolrl.parsers.blocks import Markers, assemble, find_blocks
-from toolrl.schemas import ParseResult, ToolCall
+from toolrl.parsers.blocks import BlockParser, Markers
+from toolrl.schemas import ToolCall
 
 MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>")
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
 
 
-class Glm45Parser(ToolParser):
+class Glm45Parser(BlockParser):
+    markers = MARKERS
     name = "glm45"
     end_of_call_tokens = ("<|observation|>",)
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.schemas = ToolSchemas()
 
     @property
     def stop_strings(self) -> list[str]:
         return list(self.end_of_call_tokens)
-
-    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        self.schemas = ToolSchemas(schemas)
-
-    def parse(self, text: str) -> ParseResult:
-        return assemble(text, find_blocks(text, MARKERS), MARKERS, self.decode)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""

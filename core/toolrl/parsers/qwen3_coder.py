@@ -19,13 +19,10 @@ Calls inside ``<think>`` are reasoning, as in the hermes parser.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolrl.parsers import ToolParser
-from toolrl.parsers.arguments import ToolSchemas
-from toolrl.parsers.blocks import Markers, assemble, find_blocks
-from toolrl.schemas import ParseResult, ToolCall
+from toolrl.parsers.blocks import BlockParser, Markers
+from toolrl.schemas import ToolCall
 
 MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>")
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -37,19 +34,10 @@ def _trim_newlines(value: str) -> str:
     return value[:-1] if value.endswith("\n") else value
 
 
-class Qwen3CoderParser(ToolParser):
+class Qwen3CoderParser(BlockParser):
+    markers = MARKERS
     name = "qwen3_coder"
     end_of_call_tokens = ("<|im_end|>",)
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.schemas = ToolSchemas()
-
-    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        self.schemas = ToolSchemas(schemas)
-
-    def parse(self, text: str) -> ParseResult:
-        return assemble(text, find_blocks(text, MARKERS), MARKERS, self.decode)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""

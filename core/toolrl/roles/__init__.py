@@ -62,7 +62,7 @@ class RolloutGroup(Protocol):
     """The engines and the agent loop around them: in this process
     (:class:`~toolrl.roles.compose.Rollouts`), as Ray actors
     (:class:`~toolrl.roles.rollout_workers.RolloutWorkerPool`), or recorded groups standing in for
-    them (:class:`~toolrl.data.recorded.Replay`)."""
+    them (:class:`~toolrl.roles.replay.Replay`)."""
 
     @property
     def generating(self) -> RolloutGroup:

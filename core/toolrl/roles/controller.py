@@ -105,8 +105,8 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
 
 
 async def train(run: ResolvedRun, run_dir: RunDir) -> None:
-    from toolrl.data.recorded import Replay
     from toolrl.roles.evaluate import validate
+    from toolrl.roles.replay import Replay
 
     config = run.config
     roles = await compose_roles(run)

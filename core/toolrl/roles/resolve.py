@@ -14,7 +14,7 @@ from typing import Literal
 from toolrl.config import Config, ConfigError
 from toolrl.data.recorded import load_groups
 from toolrl.loggers import logger_names
-from toolrl.roles.compose import ConfiguredEnv, Parts, load_samples, model_path, resolve_parts
+from toolrl.roles.compose import ConfiguredEnv, Parts, build_rewards, load_samples, model_path, resolve_parts
 from toolrl.schemas import Sample
 
 # train: `toolrl train`; rollout: `toolrl rollout` (the training batches, not trained); eval: `toolrl eval`.
@@ -81,7 +81,10 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     loggers = logger_names(config) if purpose == "train" else []
     samples: list[Sample] = []
     if purpose == "train" and config.data.trajectories:
-        samples = load_groups(config)  # trained as recorded instead of generated
+        # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit
+        # reward.functions); a mixture's rows carry no route, so there only reward.functions score them.
+        envs = list(parts.envs.values())
+        samples = load_groups(config, build_rewards(config, envs[0].env if len(envs) == 1 else None))
     elif purpose != "eval":
         samples = load_samples(config, "train", parts.envs)
     eval_config, eval_samples = None, []
