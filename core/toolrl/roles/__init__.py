@@ -118,11 +118,16 @@ class Roles:
     owns_ray: bool = False
     placement: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def training(self) -> TrainerGroup:
+        """The trainer group, for the controller's training steps, saves and loads."""
+        if self.trainer is None:
+            raise RuntimeError("roles composed without a trainer group (train=False)")
+        return self.trainer
+
     async def sync_weights(self, version: int) -> dict[str, float]:
         """The trainer's weights (``version``: steps trained) to every engine (:func:`sync_weights`)."""
-        if self.trainer is None:
-            raise RuntimeError("Roles.sync_weights: composed without a trainer group (train=False)")
-        return await sync_weights(self.trainer, self.rollouts, version)
+        return await sync_weights(self.training, self.rollouts, version)
 
     async def close(self) -> None:
         try:

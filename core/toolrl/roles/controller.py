@@ -53,7 +53,7 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again."""
     config = roles.config
     staged = checkpoint.staging_dir(run_dir.checkpoints, step)
-    await roles.trainer.save(str(staged), step)
+    await roles.training.save(str(staged), step)
     return checkpoint.finalize(run_dir.checkpoints, staged, step, {"world_size": config.trainer.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
@@ -63,7 +63,7 @@ async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
     step and the data position."""
     ckpt = run_dir.latest_checkpoint()
-    await roles.trainer.load(str(ckpt))
+    await roles.training.load(str(ckpt))
     checkpoint.restore_controller(ckpt)
     meta = checkpoint.read_meta(ckpt)
     step = int(meta["step"])
@@ -136,7 +136,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     wait_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
-                    trained = await roles.trainer.step(batch.trajectories, step + 1) if batch.trajectories else {}
+                    trained = await roles.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
