@@ -254,6 +254,11 @@ def resolve_parts(config: Config) -> Parts:
     except RegistryError as exc:
         raise ConfigError(f"engine.name: {exc}") from None
     envs = configured_envs(config)
+    return Parts(engine_cls, envs, resolve_routes(config, envs))
+
+
+def resolve_routes(config: Config, envs: dict[str, ConfiguredEnv]) -> dict[str | None, RouteParts]:
+    """One route's parts per configured environment (``None``: no environment); no engine needed."""
     shared = tool_files(config) if config.tools.explicit else None  # one set of tools for every route
     entries: dict[str | None, ConfiguredEnv | None] = {**envs} or {None: None}
     routes = {}
@@ -261,22 +266,22 @@ def resolve_parts(config: Config) -> Parts:
         env = c.env if c is not None else None
         routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
                                   shared if shared is not None else tool_files(config, env))
-    return Parts(engine_cls, envs, routes)
+    return routes
 
 
 async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Parts | None = None,
                        ) -> tuple[dict[str | None, Route], list[Tool]]:
     """One route per configured environment (and the ``None`` route for samples naming none, when
     there is at most one environment), every tool built, and ``samples`` checked against their
-    route's tools. ``parts``: resolved already (else resolved here). Returns the routes and every
-    tool (to close)."""
+    route's tools. ``parts``: resolved already (else the routes are resolved here; building routes
+    needs no engine). Returns the routes and every tool (to close)."""
     from toolrl.data import check_samples_against_tools
 
-    parts = parts if parts is not None else resolve_parts(config)
+    route_parts = parts.routes if parts is not None else resolve_routes(config, configured_envs(config))
     routes: dict[str | None, Route] = {}
     built: dict[int, dict[str, Tool]] = {}  # by tool-config list: routes sharing the explicit section share its tools
     try:
-        for name, route in parts.routes.items():
+        for name, route in route_parts.items():
             if id(route.tool_files) not in built:
                 built[id(route.tool_files)] = await build_route_tools(route.tool_files)
             tools = built[id(route.tool_files)]
