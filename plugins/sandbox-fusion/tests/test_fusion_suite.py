@@ -162,9 +162,17 @@ def test_pytest_args_select_tests_and_write_a_fetched_report(server):
 
 # -- other languages: present toolchains run, absent ones say so ----------------------------------------
 
+def runs(command: str) -> bool:
+    """On the PATH and answering ``--version``: a rustup shim with no toolchain for this HOME is not."""
+    path = shutil.which(command)
+    try:
+        return path is not None and subprocess.run([path, "--version"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def needs(*commands: str):
-    return pytest.mark.skipif(any(shutil.which(c) is None for c in commands),
-                              reason=f"{', '.join(commands)} not installed here")
+    return pytest.mark.skipif(not all(runs(c) for c in commands), reason=f"{', '.join(commands)} not usable here")
 
 
 CPP_ECHO = "#include <iostream>\nint main() { int n; std::cin >> n; std::cout << n << std::endl; return 0; }"
