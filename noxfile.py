@@ -91,7 +91,9 @@ def plugins_vs_core(session: nox.Session) -> None:
     # which no plugin's presence changes, and they are most of its time.
     mechanics = ["test_async.py", "test_async_ray.py", "test_distributed.py", "test_grpo.py", "test_logprobs.py",
                  "test_lora.py", "test_microbatch.py", "test_models.py", "test_model_sources.py", "test_packing.py",
-                 "test_sharded_training.py", "test_transformers_engine.py"]
+                 "test_sharded_training.py", "test_transformers_engine.py",
+                 # parsers called directly and source-text rules: no plugin takes part
+                 "test_parser_families.py", "test_parser_robustness.py", "test_code_rules.py", "test_moved.py"]
     session.run(*PYTEST, "tests", "-m", "not slow", *[f"--ignore=tests/{f}" for f in mechanics], *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
 
