@@ -8,7 +8,6 @@ public import paths a plugin should use.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import warnings
@@ -45,8 +44,9 @@ MOVED = {
 }
 
 
-class _OldPath(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds an old path and loads it as the module at its new path."""
+class _OldPath:
+    """Finds an old path and loads it as the module at its new path (a meta path finder and its loader;
+    the importlib.abc base classes would cost every command their import)."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
