@@ -32,6 +32,12 @@ class FileSample(Sample):
         return self._origin
 
 
+def origin_of(sample: Sample, fallback: str) -> str:
+    """Where ``sample`` was read (``file:line``) for an error message; ``fallback`` for a sample that
+    no file holds (generated splits)."""
+    return (sample.origin if isinstance(sample, FileSample) else "") or fallback
+
+
 def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """``(origin, row)`` for each row: ``file:line`` (1-based, blank lines skipped) for JSONL,
     ``file row N`` (1-based) for parquet."""
@@ -102,7 +108,7 @@ def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collectio
     for i, sample in enumerate(samples, 1):
         unknown = sorted(set(sample.tools_kwargs) - set(tool_names))
         if unknown:
-            origin = getattr(sample, "origin", "") or f"{source} sample {i}"
+            origin = origin_of(sample, f"{source} sample {i}")
             field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
             configured = ", ".join(sorted(tool_names)) or "none"
             raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")
@@ -144,7 +150,7 @@ def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: st
             continue
         tokens = len(renderer.prompt_ids(messages))
         if tokens >= context:
-            origin = getattr(sample, "origin", "") or f"{source} sample {i}"
+            origin = origin_of(sample, f"{source} sample {i}")
             raise ConfigError(f"{origin}: prompt: {tokens:,} tokens with the chat template; the model's context "
                               f"is {context:,} ({stated}), so no response fits")
 

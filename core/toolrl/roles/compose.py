@@ -106,7 +106,9 @@ def load_samples(config: Config, split: str = "train", envs: dict[str, Configure
 
 
 def _check_route(sample: Sample, envs: dict[str, ConfiguredEnv]) -> None:
-    origin = getattr(sample, "origin", "") or "a sample"
+    from toolrl.data import origin_of
+
+    origin = origin_of(sample, "a sample")
     if sample.env is not None and sample.env not in envs:
         raise ConfigError(f"{origin}: extra_info.env: environment {sample.env!r} is not configured "
                           f"(configured: {', '.join(envs) or 'none'})")

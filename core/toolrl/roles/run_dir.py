@@ -289,7 +289,6 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in _metric_lines(path)]
 
 
-
 def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     """The reward (mean ± std) and tool calls per trajectory by step, as a PNG at ``out``."""
     import matplotlib
