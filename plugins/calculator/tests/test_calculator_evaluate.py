@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -136,10 +135,10 @@ def test_refusals(expression: str, reason: str) -> None:
 
 
 def test_tower_of_powers_fails_at_once() -> None:
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(CalculatorError, match="too large"):
         evaluate("9**9**9**9")
-    assert time.perf_counter() - start < 0.05
+    assert time.process_time() - start < 0.05
 
 
 def test_non_string_is_refused() -> None:
@@ -174,7 +173,9 @@ expressions = st.recursive(numbers, _combine, max_leaves=12)
 
 
 def _bounded(expression: str) -> None:
-    start = time.perf_counter()
+    # CPU time, not wall time: the bound is on the work the evaluator does (an unbounded power or
+    # factorial would take seconds), which a loaded machine does not change.
+    start = time.process_time()
     try:
         result = evaluate(expression)
     except CalculatorError:
@@ -182,16 +183,16 @@ def _bounded(expression: str) -> None:
     else:
         assert isinstance(result, (int, float)) and not isinstance(result, bool)
         assert format_number(result)
-    assert time.perf_counter() - start < 0.25, f"{expression!r} took {time.perf_counter() - start:.3f} s"
+    assert time.process_time() - start < 0.25, f"{expression!r} took {time.process_time() - start:.3f} s of CPU"
 
 
-@settings(max_examples=600, deadline=timedelta(milliseconds=500))
+@settings(max_examples=600, deadline=None)
 @given(expressions)
 def test_generated_expressions_never_raise_and_stay_fast(expression: str) -> None:
     _bounded(expression)
 
 
-@settings(max_examples=800, deadline=timedelta(milliseconds=500))
+@settings(max_examples=800, deadline=None)
 @given(st.text(alphabet=ALPHABET, max_size=120) | st.text(max_size=200))
 def test_arbitrary_text_never_raises_and_stays_fast(text: str) -> None:
     _bounded(text)
@@ -208,7 +209,7 @@ integer_expressions = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=timedelta(milliseconds=500))
+@settings(max_examples=500, deadline=None)
 @given(integer_expressions)
 def test_integer_arithmetic_matches_python(expression: str) -> None:
     try:
