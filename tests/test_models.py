@@ -151,6 +151,9 @@ def test_cache_root_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLRL_CACHE", str(tmp_path))
     assert models.cache_root() == tmp_path
     monkeypatch.delenv("TOOLRL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.cache_root() == tmp_path / "xdg" / "toolrl"  # the same root as the plugin verdicts
+    monkeypatch.delenv("XDG_CACHE_HOME")
     assert models.cache_root() == Path.home() / ".cache" / "toolrl"
 
 

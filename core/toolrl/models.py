@@ -9,7 +9,7 @@
   a Hugging Face Hub id fetched through ``huggingface_hub``), for the trainer and anything else that
   loads the weights.
 
-Everything is built once and cached under ``$TOOLRL_CACHE`` (default ``~/.cache/toolrl``). Each
+Everything is built once and cached under the cache root (:func:`toolrl.cache.cache_root`). Each
 cache entry is written to a temporary directory and renamed into place, so concurrent processes
 (parallel test workers) never see a half-written entry. torch and transformers are imported inside
 the functions so importing this module stays cheap.
@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolrl import cache
 from toolrl.tiny_settings import TinyQwen3Settings
 
 if TYPE_CHECKING:
@@ -84,11 +85,8 @@ _FORMAT = 2
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache root: ``cache_dir``, else ``$TOOLRL_CACHE``, else ``~/.cache/toolrl``."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("TOOLRL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "toolrl"
+    """The cache root: ``cache_dir``, else :func:`toolrl.cache.cache_root`."""
+    return Path(cache_dir) if cache_dir is not None else cache.cache_root()
 
 
 @contextmanager
@@ -215,7 +213,7 @@ def _check_qwen_tokenizer(tok: PreTrainedTokenizerBase, variant: QwenVariant) ->
 def qwen_tokenizer(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[str] | None = None) -> Any:
     """The real Qwen3 (or Qwen2.5) tokenizer with its chat template, built offline and cached.
 
-    ``cache_dir`` is the cache root (default ``$TOOLRL_CACHE`` or ``~/.cache/toolrl``); the tokenizer
+    ``cache_dir`` is the cache root (default :func:`toolrl.cache.cache_root`); the tokenizer
     lives in ``<root>/tokenizers/<variant>``. The first call takes a few seconds.
     Returns a ``transformers`` fast tokenizer (``PreTrainedTokenizerFast``).
     """

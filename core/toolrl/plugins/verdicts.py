@@ -2,8 +2,7 @@
 
 A verdict says which plugins must not load in-process (they killed or hung the screening child) and
 lists every file the child loaded, each with its modification time and size. It is kept in
-``<cache root>/plugin-verdicts.json`` (root: ``$TOOLRL_CACHE``, else ``$XDG_CACHE_HOME/toolrl``, else
-``~/.cache/toolrl``), keyed by the entry points about to load with their distributions (name, version,
+``<cache root>/plugin-verdicts.json`` (:func:`toolrl.cache.cache_root`), keyed by the entry points about to load with their distributions (name, version,
 location). A verdict holds while its key matches and none of its files changed, so installing,
 removing, upgrading or editing a plugin (an editable install too) screens again; a verdict that
 includes a time-out also ends when the time limit changes.
@@ -21,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from toolrl.cache import cache_root
+
 FILE_NAME = "plugin-verdicts.json"
 FORMAT = 1
 KEEP = 16  # records kept, newest first (environments and plugin selections a user switches between)
@@ -34,13 +35,7 @@ class Verdict(NamedTuple):  # not a dataclass: creating one costs a millisecond 
 
 
 def cache_file(env: Mapping[str, str]) -> Path:
-    if env.get("TOOLRL_CACHE"):
-        root = Path(env["TOOLRL_CACHE"])
-    elif env.get("XDG_CACHE_HOME"):
-        root = Path(env["XDG_CACHE_HOME"]) / "toolrl"
-    else:
-        root = Path.home() / ".cache" / "toolrl"
-    return root / FILE_NAME
+    return cache_root(env) / FILE_NAME
 
 
 def file_state(path: str) -> list[int] | None:
