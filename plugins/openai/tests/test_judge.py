@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,7 +151,7 @@ def test_a_judge_served_by_toolrl_serve_scores_the_rollouts(judge_server: ServeP
                    for a in asked), question
 
 
-@pytest.mark.parametrize("judge", ["down", "garbage", "broken"])
+@pytest.mark.parametrize("judge", ["down", "garbage"])
 def test_a_failed_judgement_is_an_error_term_and_the_run_completes(judge: str, tmp_path: Path) -> None:
     server = None if judge == "down" else JudgeServer(judge)
     try:
@@ -160,7 +161,7 @@ def test_a_failed_judgement_is_an_error_term_and_the_run_completes(judge: str, t
     finally:
         if server is not None:
             server.close()
-    why = {"down": "Connect", "garbage": "unreadable verdict (no <score>", "broken": "answered 500"}[judge]
+    why = {"down": "Connect", "garbage": "unreadable verdict (no <score>"}[judge]
     assert summary["errors"] == 2 and len(rows) == 2
     for row in rows:
         assert "no verdict after 2 tries" in row["reward_errors"]["judge"] and why in row["reward_errors"]["judge"]
@@ -194,3 +195,40 @@ async def test_concurrency_caps_judgements_in_flight() -> None:
     finally:
         server.close()
     assert scores == [1.0] * 9 and server.max_in_flight == 3  # three at a time: each gate of three opened
+
+
+async def test_a_judge_answering_errors_raises_one_line_after_its_retries() -> None:
+    from toolrl_openai.judge import JudgeError, JudgeReward
+
+    server = JudgeServer("broken")
+    try:
+        judge = JudgeReward(base_url=server.url, model="judge", retries=2, retry_backoff_s=0.0)
+        with pytest.raises(JudgeError, match=r"^judge judge at http\S+: no verdict after 3 tries; last: answered 500$"):
+            await judge("5", "5")
+    finally:
+        server.close()
+    assert len(server.prompts) == 3
+
+
+def test_verdict_parsers_and_option_errors() -> None:
+    from toolrl_openai.judge import JudgeReward, VerdictError
+
+    def verdict(**options: Any) -> Any:
+        return JudgeReward(base_url="http://127.0.0.1:1/v1", model="m", verdict=options).options.verdict
+
+    ten = verdict(type="tag", tag="grade", min=1, max=10)
+    assert ten.parse("<grade>1</grade> no: <grade> 7 </grade>") == pytest.approx(6 / 9)
+    yes_no = verdict(type="yes_no", yes=["yes", "correct"], no=["no", "incorrect"])
+    assert yes_no.parse("Not 'no' at first... Verdict: Correct.") == 1.0 and yes_no.parse("YES, then no") == 0.0
+    assert verdict(type="regex", pattern=r"Grade: ([A-C])", values={"A": 1, "B": 0.5, "C": 0}).parse("Grade: B") == 0.5
+    assert verdict(type="regex", pattern=r"(?P<score>[\d.]+)/10").parse("7/10, I mean 8.5/10") == 8.5
+    for parser, text in [(ten, "<grade>11</grade>"), (ten, "<grade>high</grade>"), (yes_no, "maybe"),
+                         (verdict(type="regex", pattern=r"Grade: (\w)", values={"A": 1}), "Grade: Z")]:
+        with pytest.raises(VerdictError):
+            parser.parse(text)
+    for options, message in [({"prompt": "Grade {answer}"}, "prompt: unknown placeholder {answer}"),
+                             ({"verdict": {"type": "regex", "pattern": "no group"}}, "verdict.regex.pattern: "),
+                             ({"retries": -1}, "retries: "), ({"modle": "x"}, "modle: unknown key")]:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}") as caught:
+            JudgeReward(**{"base_url": "http://127.0.0.1:1/v1", "model": "m", **options})
+        assert "\n" not in str(caught.value)
