@@ -108,17 +108,18 @@ def _chat_answer(text: str) -> dict[str, Any]:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
-@pytest.fixture(scope="module")
-def judge_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+@pytest.fixture(scope="module", autouse=True)
+def judge_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """``toolrl serve`` on the tiny config (tiny Qwen3's tokenizer and chat template, qwen3 parser)
-    with a scripted engine that always gives VERDICT; records what it was asked."""
+    with a scripted engine that always gives VERDICT; records what it was asked. Started with the
+    module, so that its start-up overlaps the other tests (the test that uses it runs last)."""
     tmp = tmp_path_factory.mktemp("judge")
     plugin = make_plugin_dist(tmp / "plugin", "toolrl-test-constant-judge", "constant_judge", JUDGE_ENGINE)
     config = write_config(tmp / "judge.yaml", {"engine": {"name": "constant_judge", "options": {"text": VERDICT}}})
     server = ServeProcess(config, "--record", str(tmp / "record"), "--idle-timeout", "1", log=tmp / "judge.log",
                           env=env_with(plugin))
     try:
-        yield server.wait()
+        yield server
     finally:
         server.stop()
 
@@ -133,22 +134,6 @@ def _eval(tmp_path: Path, judge: dict[str, Any], num_samples: int = 2) -> tuple[
     assert result.exit_code == 0, result.output[-3000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return json.loads((out / "summary.json").read_text()), rows
-
-
-def test_a_judge_served_by_toolrl_serve_scores_the_rollouts(judge_server: ServeProcess, tmp_path: Path) -> None:
-    summary, rows = _eval(tmp_path, {"base_url": judge_server.url, "model": "tiny-qwen3"})
-    assert summary["errors"] == 0 and len(rows) == 2
-    for row in rows:
-        # 0.75 (its reasoning's <score>0</score> does not count), weighted 2, beside gsm8k's own term.
-        assert row["reward_terms"]["judge"] == pytest.approx(1.5) and "gsm8k" in row["reward_terms"]
-        assert row["reward_errors"] == {} and row["error"] is None
-    # The rubric the judge read holds each problem's question, reference answer and final answer.
-    asked = recorded(judge_server, 2, lambda r: "grading an assistant's answer" in r["prompt_text"])
-    assert len(asked) == 2
-    for row in rows:
-        question = row["prompt_text"].split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
-        assert any(question in a["prompt_text"] and f"Reference answer:\n{row['ground_truth']}\n" in a["prompt_text"]
-                   for a in asked), question
 
 
 @pytest.mark.parametrize("judge", ["down", "garbage"])
@@ -232,3 +217,20 @@ def test_verdict_parsers_and_option_errors() -> None:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}") as caught:
             JudgeReward(**{"base_url": "http://127.0.0.1:1/v1", "model": "m", **options})
         assert "\n" not in str(caught.value)
+
+
+def test_a_judge_served_by_toolrl_serve_scores_the_rollouts(judge_process: ServeProcess, tmp_path: Path) -> None:
+    judge_server = judge_process.wait()
+    summary, rows = _eval(tmp_path, {"base_url": judge_server.url, "model": "tiny-qwen3"})
+    assert summary["errors"] == 0 and len(rows) == 2
+    for row in rows:
+        # 0.75 (its reasoning's <score>0</score> does not count), weighted 2, beside gsm8k's own term.
+        assert row["reward_terms"]["judge"] == pytest.approx(1.5) and "gsm8k" in row["reward_terms"]
+        assert row["reward_errors"] == {} and row["error"] is None
+    # The rubric the judge read holds each problem's question, reference answer and final answer.
+    asked = recorded(judge_server, 2, lambda r: "grading an assistant's answer" in r["prompt_text"])
+    assert len(asked) == 2
+    for row in rows:
+        question = row["prompt_text"].split("<|im_start|>user\n")[-1].split("<|im_end|>")[0]
+        assert any(question in a["prompt_text"] and f"Reference answer:\n{row['ground_truth']}\n" in a["prompt_text"]
+                   for a in asked), question
