@@ -32,7 +32,10 @@ class Gate:
         self.most = max(self.most, self.waiting)
         if self.waiting >= self.n:
             self.opened.set()
-        await asyncio.wait_for(self.opened.wait(), 10)
+        try:
+            await asyncio.wait_for(self.opened.wait(), 10)
+        finally:
+            self.waiting -= 1
         return 0.5 if str(ground_truth) in response else 0.25
 
 
@@ -51,7 +54,8 @@ async def test_async_rewards_are_awaited_off_the_loop_and_failures_are_error_ter
     ctx = RolloutContext(
         engine=ScriptedEngine(qwen3_tokenizer, scripts, delay=0.05),
         renderer_factory=lambda schemas: ChatRenderer(qwen3_tokenizer, schemas),
-        config=RolloutConfig(max_turns=8, max_response_tokens=2048),
+        # Two run at once: a trajectory gives up its slot before it is scored, or the gate never opens.
+        config=RolloutConfig(max_turns=8, max_response_tokens=2048, max_concurrent_trajectories=2),
         routes={None: Route({}, 8, HermesParser(), rewards, RewardConfig())})
     sample = Sample(prompt=[{"role": "user", "content": "What is 2+3?"}], ground_truth="5", index=0)
     trajs = await run_rollouts(ctx, [sample], n=4, seed=0)

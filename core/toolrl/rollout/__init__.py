@@ -8,6 +8,7 @@ For each sample × n, concurrently::
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
       └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
     calc_reward/release, always ─► score (reward fns + calc_reward + step rewards)   finish_tools, score
+    (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
 
@@ -18,10 +19,12 @@ so one trajectory waiting on a slow tool does not hold up the others' generation
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,26 +115,29 @@ class RolloutContext:
         return self._renderers[key]
 
 
-async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str,
-                         seed: int) -> Trajectory:
-    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score."""
-    route = ctx.route_for(sample)
-    renderer = ctx.renderer(route)
-    toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
-    messages = [m.to_template() for m in sample.prompt]
-    traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, env=sample.env,
-                      prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
-    ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
-    try:
-        await toolset.start()
-        ending = None
-        while ending is None:
-            ending = await take_turn(ep)
-        traj.termination = ending
-    except Exception as exc:  # a broken engine/tool must not take the other trajectories down
-        traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
-    finally:
-        await finish_tools(ep)
+async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
+                         slot: AbstractAsyncContextManager[Any] | None = None) -> Trajectory:
+    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score.
+    ``slot`` (a semaphore bounding the trajectories that run at once) is held until the tools are
+    finished, not while the trajectory is scored: a slow reward (a judge) keeps no other from starting."""
+    async with slot or contextlib.nullcontext():
+        route = ctx.route_for(sample)
+        renderer = ctx.renderer(route)
+        toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
+        messages = [m.to_template() for m in sample.prompt]
+        traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
+                          env=sample.env, prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
+        ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
+        try:
+            await toolset.start()
+            ending = None
+            while ending is None:
+                ending = await take_turn(ep)
+            traj.termination = ending
+        except Exception as exc:  # a broken engine/tool must not take the other trajectories down
+            traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            await finish_tools(ep)
     await score(route, traj, sample, ep.step_rewards)
     return traj
 
@@ -358,9 +364,8 @@ def trajectory_seed(seed: int, group: int, k: int) -> int:
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
                    id_prefix: str) -> Trajectory:
-    async with limit:
-        return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
-                                    trajectory_seed(seed, group, k))
+    return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
+                                trajectory_seed(seed, group, k), slot=limit)
 
 
 async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,
