@@ -58,7 +58,7 @@ class JudgeServer:
         import uvicorn
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
         from toolrl_openai.server import bind
 
@@ -66,7 +66,7 @@ class JudgeServer:
         self.in_flight = self.max_in_flight = 0
         opened: list[asyncio.Event] = []
 
-        async def chat(request: Request) -> JSONResponse:
+        async def chat(request: Request) -> Response:
             body = json.loads(await request.body())
             self.prompts.append(body["messages"][-1]["content"])
             self.in_flight += 1
@@ -76,6 +76,8 @@ class JudgeServer:
                     return JSONResponse({"error": {"message": "judge crashed"}}, status_code=500)
                 if mode == "garbage":
                     return JSONResponse(_chat_answer("banana " * 5))
+                if mode == "not_json":
+                    return Response("{'choices': [", media_type="application/json")
                 if not opened:
                     opened.append(asyncio.Event())
                 if self.in_flight >= gate:
@@ -182,13 +184,14 @@ async def test_concurrency_caps_judgements_in_flight() -> None:
     assert scores == [1.0] * 9 and server.max_in_flight == 3  # three at a time: each gate of three opened
 
 
-async def test_a_judge_answering_errors_raises_one_line_after_its_retries() -> None:
+@pytest.mark.parametrize(("mode", "last"), [("broken", "answered 500"), ("not_json", "malformed answer (JSONDecodeError")])
+async def test_a_judge_answering_errors_raises_one_line_after_its_retries(mode: str, last: str) -> None:
     from toolrl_openai.judge import JudgeError, JudgeReward
 
-    server = JudgeServer("broken")
+    server = JudgeServer(mode)
     try:
         judge = JudgeReward(base_url=server.url, model="judge", retries=2, retry_backoff_s=0.0)
-        with pytest.raises(JudgeError, match=r"^judge judge at http\S+: no verdict after 3 tries; last: answered 500$"):
+        with pytest.raises(JudgeError, match=rf"^judge judge at http\S+: no verdict after 3 tries; last: {re.escape(last)}"):
             await judge("5", "5")
     finally:
         server.close()

@@ -211,6 +211,8 @@ class JudgeReward:
                     return opts.verdict.parse(_verdict_text(answer))
                 except VerdictError as exc:
                     last = f"unreadable verdict ({exc})"
+                except ValueError as exc:  # a body that is not JSON
+                    last = f"malformed answer ({_one_line(exc)})"
                 except asyncio.TimeoutError:
                     last = f"timed out after {opts.timeout_s:g} s"
                 except openai.APIStatusError as exc:
@@ -257,10 +259,12 @@ def _content(content: Any) -> str:
 
 def _verdict_text(answer: Any) -> str:
     """The judge's answer without its reasoning block (a verdict format quoted there is not the verdict)."""
-    choices = getattr(answer, "choices", None)
-    if not choices:
-        raise VerdictError("the answer has no choices")
-    text = choices[0].message.content or ""
+    try:
+        text = answer.choices[0].message.content or ""
+    except (AttributeError, IndexError, TypeError):
+        raise VerdictError("the answer is not a chat completion with a message") from None
+    if not isinstance(text, str):
+        raise VerdictError("the message's content is not text")
     return text.rsplit("</think>", 1)[-1]
 
 
