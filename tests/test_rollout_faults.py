@@ -2,6 +2,7 @@
 of faulty tool: every trajectory is kept, every fault reaches the model as a tool error, and nothing
 non-finite reaches rewards or metrics."""
 
+import asyncio
 import json
 import math
 
@@ -101,6 +102,7 @@ async def test_a_rollout_with_every_faulty_tool_keeps_every_trajectory(qwen3_tok
     assert flood.generation_s + flood.tool_s < 10  # the megabyte was cut before tokenizing
     scored = by_case["echo"]
     assert scored.reward_terms["nan_score"] == 0.0 and "reward nan_score" in scored.error
+    assert "nan_score" in scored.reward_errors and not by_case["floods"].reward_errors
 
     assert all(math.isfinite(t.reward) for t in trajs)
     metrics = rollout_metrics(trajs, wall_s=1.0)  # used to die on a NaN step reward
@@ -117,5 +119,5 @@ def test_weighted_rewards_that_overflow_are_not_trained_on():
     route = SimpleNamespace(reward_functions=[("huge", 10.0, lambda response, ground_truth, **info: 1e308)],
                             reward_config=RewardConfig())
     traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=[1])
-    score(route, traj, Sample(prompt=[{"role": "user", "content": "x"}]), [])
+    asyncio.run(score(route, traj, Sample(prompt=[{"role": "user", "content": "x"}]), []))
     assert traj.reward == 0.0 and "reward is not finite" in traj.error

@@ -75,8 +75,10 @@ def register_reward_functions(register: Register) -> None:
     :class:`toolrl.rewards.RewardFunction` protocol); constructed with the config's ``options``.
 
     A reward function scores one finished trajectory from its final answer text, the sample's
-    ground truth and the trajectory record (tool calls, turns), returning a float. A value that is
-    not a finite number (or an exception) scores 0 and is recorded as the trajectory's error.
+    ground truth and the trajectory record (tool calls, turns), returning a float; ``async def
+    __call__`` for one that waits (a judge model), awaited without holding the rollout loop. A value
+    that is not a finite number (or an exception) scores 0 and is recorded as the trajectory's error
+    and in its ``reward_errors``.
     """
 
 

@@ -18,15 +18,18 @@ line naming the file, the row's line and the field.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import math
 from collections.abc import Hashable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import ValidationError
 
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
-from toolrl.rollout import Route, Trajectory, score
+from toolrl.rollout import Route, Trajectory, combine_rewards, settle, start_rewards
 from toolrl.schemas import Sample
 
 
@@ -44,22 +47,36 @@ def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
     return traj
 
 
-def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) -> None:
-    """The row's own reward, or the configured reward functions' score of its final response."""
+def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) -> list[Any] | None:
+    """Sets the row's own reward; else starts the configured reward functions on its final response
+    and returns their values (awaitables from async functions: :func:`_score_all` settles them)."""
     if row.get("reward") is not None:
         reward = row["reward"]
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise ConfigError(f"{origin}: reward: must be a finite number, got {reward!r}")
         traj.reward = float(reward)
-        return
+        return None
     if not route.reward_functions:
         raise ConfigError(f"{origin}: reward: the row has none, and no reward functions (reward.functions "
                           "or the environment's) score it")
     sample = Sample(prompt=[], ground_truth=row.get("ground_truth"), data_source=row.get("data_source") or "")
-    traj.error = None
-    score(route, traj, sample, [r.step_reward for r in traj.tool_results])
-    if traj.error is not None:
-        raise ConfigError(f"{origin}: reward: {traj.error}")
+    traj.error, traj.reward_errors = None, {}
+    return start_rewards(route, traj, sample)
+
+
+def _score_all(route: Route, scoring: list[tuple[Trajectory, list[Any], str]]) -> None:
+    """Every row's reward from its functions' values; async ones (a judge) are awaited together, on a
+    loop of their own in a worker thread (this runs while a run is being resolved, maybe inside a loop)."""
+    values = [v for _, vs, _ in scoring for v in vs]
+    if any(inspect.isawaitable(v) for v in values):
+        with ThreadPoolExecutor(1) as pool:
+            values = pool.submit(asyncio.run, settle(values)).result()
+    at = 0
+    for traj, vs, origin in scoring:
+        combine_rewards(route, traj, values[at:at + len(vs)], [r.step_reward for r in traj.tool_results])
+        at += len(vs)
+        if traj.error is not None:
+            raise ConfigError(f"{origin}: reward: {traj.error}")
 
 
 def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[Sample]:
@@ -71,6 +88,7 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[S
     route = Route(tools={}, max_turns=1, parser=None, reward_functions=rewards,  # type: ignore[arg-type]
                   reward_config=config.reward)
     groups: dict[Hashable, list[Trajectory]] = {}
+    scoring: list[tuple[Trajectory, list[Any], str]] = []
     for name in config.data.trajectories:
         path = resolve_path(config, name)
         if not path.exists():
@@ -79,11 +97,13 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[S
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             traj = _trajectory(row, origin)
-            _reward(traj, row, route, origin)
+            if (values := _reward(traj, row, route, origin)) is not None:
+                scoring.append((traj, values, origin))
             # A group number means something within its own file only (each trace file numbers from 0).
             key = ("group", str(path), json.dumps(row["group"])) if "group" in row else ("prompt", tuple(traj.prompt_ids))
             groups.setdefault(key, []).append(traj)
     if not groups:
         raise ConfigError(f"data.trajectories: no rows in {', '.join(config.data.trajectories)}")
+    _score_all(route, scoring)
     return [Sample(prompt=[], index=g, ground_truth=trajs[0].ground_truth, trajectories=trajs)
             for g, trajs in enumerate(groups.values())]

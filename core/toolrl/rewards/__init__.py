@@ -5,6 +5,11 @@ its ``options`` from the config and called once per trajectory::
 
     reward(response, ground_truth, **info) -> float
 
+or, for a reward that waits on something (a judge model, a scoring service), ``async def __call__``:
+the rollout loop awaits it concurrently with the other trajectories, so it never holds the loop. A
+sync reward is called on the loop's thread and must be quick. A reward that raises (or gives no
+finite number) scores 0 and is recorded in the trajectory's ``reward_errors`` under its name.
+
 ``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
 leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``sample``
 (the :class:`toolrl.schemas.Sample`), ``tool_results`` (every :class:`toolrl.schemas.ToolResult`),
@@ -14,6 +19,7 @@ length- or token-level rewards).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -21,4 +27,4 @@ from typing import Any, Protocol, runtime_checkable
 class RewardFunction(Protocol):
     name: str
 
-    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float: ...
+    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float | Awaitable[float]: ...

@@ -8,6 +8,7 @@ For each sample × n, concurrently::
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
       └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
     calc_reward/release, always ─► score (reward fns + calc_reward + step rewards)   finish_tools, score
+    (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
 
@@ -18,9 +19,12 @@ so one trajectory waiting on a slow tool does not hold up the others' generation
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import math
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +60,8 @@ class Trajectory(BaseModel):
     error: str | None = None
     reward: float = 0.0
     reward_terms: dict[str, float] = Field(default_factory=dict)
+    # Reward functions that failed (raised, timed out, gave no number), by name: their term is 0, not a score.
+    reward_errors: dict[str, str] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
     tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
     loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
@@ -109,27 +115,30 @@ class RolloutContext:
         return self._renderers[key]
 
 
-async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str,
-                         seed: int) -> Trajectory:
-    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score."""
-    route = ctx.route_for(sample)
-    renderer = ctx.renderer(route)
-    toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
-    messages = [m.to_template() for m in sample.prompt]
-    traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group, env=sample.env,
-                      prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
-    ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
-    try:
-        await toolset.start()
-        ending = None
-        while ending is None:
-            ending = await take_turn(ep)
-        traj.termination = ending
-    except Exception as exc:  # a broken engine/tool must not take the other trajectories down
-        traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
-    finally:
-        await finish_tools(ep)
-    score(route, traj, sample, ep.step_rewards)
+async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
+                         slot: AbstractAsyncContextManager[Any] | None = None) -> Trajectory:
+    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score.
+    ``slot`` (a semaphore bounding the trajectories that run at once) is held until the tools are
+    finished, not while the trajectory is scored: a slow reward (a judge) keeps no other from starting."""
+    async with slot or contextlib.nullcontext():
+        route = ctx.route_for(sample)
+        renderer = ctx.renderer(route)
+        toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
+        messages = [m.to_template() for m in sample.prompt]
+        traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
+                          env=sample.env, prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
+        ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
+        try:
+            await toolset.start()
+            ending = None
+            while ending is None:
+                ending = await take_turn(ep)
+            traj.termination = ending
+        except Exception as exc:  # a broken engine/tool must not take the other trajectories down
+            traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            await finish_tools(ep)
+    await score(route, traj, sample, ep.step_rewards)
     return traj
 
 
@@ -285,18 +294,55 @@ def _refused(call: ToolCall, limit: int) -> ToolResult:
         "Make it in your next turn."))
 
 
-def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
-    """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps."""
-    terms: dict[str, float] = {}
+def start_rewards(route: Route, traj: Trajectory, sample: Sample) -> list[Any]:
+    """Each reward function called on the finished trajectory: its value, the exception it raised, or,
+    from an async reward function, the awaitable that gives its value. Sync functions run here, on the
+    caller's thread: they are CPU work (no gain from a thread under the GIL), and math-verify's timeout
+    needs the main thread; a reward that waits (a judge model, a service) is async, so it never holds
+    the loop."""
     info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
             "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
-    for name, weight, fn in route.reward_functions:
-        try:  # a reward that raises or is not a finite number scores 0 and is reported, never trained on
-            terms[name] = weight * coerce_reward(fn(traj.final_response, sample.ground_truth, **info), "reward")
+    values: list[Any] = []
+    for _, _, fn in route.reward_functions:
+        try:
+            values.append(fn(traj.final_response, sample.ground_truth, **info))
         except Exception as exc:
+            values.append(exc)
+    return values
+
+
+async def settle(values: Sequence[Any]) -> list[Any]:
+    """``values`` with every awaitable awaited, concurrently; one that raises gives its exception."""
+    waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
+    done = await asyncio.gather(*(values[i] for i in waiting), return_exceptions=True)
+    settled = list(values)
+    for i, value in zip(waiting, done):
+        settled[i] = value
+    return settled
+
+
+async def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
+    """Score a finished trajectory; async reward functions are awaited concurrently with the other
+    trajectories (the loop keeps generating for them meanwhile)."""
+    combine_rewards(route, traj, await settle(start_rewards(route, traj, sample)), step_rewards)
+
+
+def combine_rewards(route: Route, traj: Trajectory, values: Sequence[Any], step_rewards: Sequence[float]) -> None:
+    """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps.
+    ``values``: the reward functions' settled values (:func:`start_rewards`, :func:`settle`)."""
+    terms: dict[str, float] = {}
+    for (name, weight, _), value in zip(route.reward_functions, values):
+        failure = value if isinstance(value, BaseException) else None
+        if failure is None:
+            try:
+                terms[name] = weight * coerce_reward(value, "reward")
+            except Exception as exc:
+                failure = exc
+        if failure is not None:  # scores 0, and the trace's reward_errors says this 0 is no score
             terms[name] = 0.0
-            traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
+            traj.reward_errors[name] = f"{type(failure).__name__}: {failure}"
+            traj.error = traj.error or f"reward {name}: {traj.reward_errors[name]}"
     if traj.tool_rewards:
         terms["tools"] = route.reward_config.tool_reward_weight * sum(traj.tool_rewards.values())
     if step_rewards:
@@ -318,9 +364,8 @@ def trajectory_seed(seed: int, group: int, k: int) -> int:
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
                    id_prefix: str) -> Trajectory:
-    async with limit:
-        return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
-                                    trajectory_seed(seed, group, k))
+    return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
+                                trajectory_seed(seed, group, k), slot=limit)
 
 
 async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,

@@ -2,6 +2,8 @@
 
 - The ``openai`` rollout engine: rollouts on any OpenAI-compatible server (vLLM, SGLang,
   ``toolrl serve``, hosted APIs), token-exact where the server returns token ids.
+- The ``judge`` reward function: a model behind an OpenAI-compatible endpoint grades each
+  finished trajectory against a rubric (``toolrl_openai.judge``).
 - ``toolrl serve CONFIG``: the configured engine and model behind an OpenAI-compatible API, with
   tool calls parsed by the configured parser and, with ``--record DIR``, every served conversation
   written as a token-exact trajectory.
@@ -25,6 +27,11 @@ __version__ = "0.1.0"
 @hookimpl
 def register_rollout_engines(register: Register) -> None:
     register("toolrl_openai.engine:OpenAIEngine", name="openai")
+
+
+@hookimpl
+def register_reward_functions(register: Register) -> None:
+    register("toolrl_openai.judge:JudgeReward", name="judge")
 
 
 @hookimpl
