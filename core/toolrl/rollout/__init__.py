@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -288,12 +288,13 @@ def _refused(call: ToolCall, limit: int) -> ToolResult:
 def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
     """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps."""
     terms: dict[str, float] = {}
-    info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
-            "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
+    info = {"full_response": "".join(traj.model_text), "model_text": list(traj.model_text), "sample": sample,
+            "tool_results": traj.tool_results, "parse_errors": len(traj.parse_errors),
+            "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
     for name, weight, fn in route.reward_functions:
         try:  # a reward that raises or is not a finite number scores 0 and is reported, never trained on
-            terms[name] = weight * coerce_reward(fn(traj.final_response, sample.ground_truth, **info), "reward")
+            terms.update(_reward_terms(name, weight, fn(traj.final_response, sample.ground_truth, **info)))
         except Exception as exc:
             terms[name] = 0.0
             traj.error = traj.error or f"reward {name}: {type(exc).__name__}: {exc}"
@@ -306,6 +307,14 @@ def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence
     if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed
         traj.error = traj.error or f"reward is not finite: {terms}"
         traj.reward = 0.0
+
+
+def _reward_terms(name: str, weight: float, value: Any) -> dict[str, float]:
+    """One reward function's terms: ``name`` for a number; ``name.part`` for each part of a mapping
+    (a function scoring several named parts, such as a rubric; the parts sum to its reward)."""
+    if isinstance(value, Mapping):
+        return {f"{name}.{part}": weight * coerce_reward(v, f"reward part {part!r}") for part, v in value.items()}
+    return {name: weight * coerce_reward(value, "reward")}
 
 
 GROUP_SEED_STRIDE = 1_000_003
