@@ -66,7 +66,7 @@ def test_tasks_become_samples() -> None:
     assert [s.prompt[1].content for s in samples] == ["What is 2 + 3?", "What is 10 + 32?", "What is 7 + 8?"]
     assert all(s.prompt[0].role == "system" and "calc_add" in s.prompt[0].content for s in samples)
     assert [s.ground_truth for s in samples] == ["5", "42", "15"] and {s.env for s in samples} == {"verifiers"}
-    assert set(samples[1].tools_kwargs) == {"calc_add", "calc_calls"}
+    assert set(samples[1].tools_kwargs) == {"calc_add", "calc_calls", "define"}
     assert samples[1].tools_kwargs["calc_add"].create_kwargs["task"]["idx"] == 1
     limited = load_samples(load_config(None, data={**ADDER, "env_options": {
         "module": "vf_adder_env", "select": {"include": {"idx": ["1:3"]}}, "test_select": {"limit": 1}}}))
@@ -77,13 +77,13 @@ async def test_scripted_rollout_calls_the_tools_and_the_rubric_is_the_reward(qwe
     config = load_config(None, data={**ADDER, "rollout": {"max_turns": 4}})
     samples = load_samples(config)
     routes, tools = await build_routes(config, samples)
-    assert sorted(t.name for t in tools) == ["calc_add", "calc_calls"]
+    assert sorted(t.name for t in tools) == ["calc_add", "calc_calls", "define"]
     add = next(t for t in tools if t.name == "calc_add").tool_schema.function
     assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
     scripts = {  # task 0 answers right with two calls; task 1 calls twice in one turn, answers wrong;
         # task 2 answers right after a call with bad arguments
         "s0-": [call("calc_add", a=2, b=3), call("calc_add", a=1, b=1) + call("calc_calls"), "The answer is 5"],
-        "s1-": [call("calc_add", a=10, b=32) + call("calc_calls"), "The answer is 41"],
+        "s1-": [call("calc_add", a=10, b=32) + call("calc_calls") + call("define", word="sum"), "The answer is 41"],
         "s2-": [call("calc_add", a="seven"), "The answer is 15"],
     }
     ctx = RolloutContext(engine=ScriptedEngine(qwen3_tokenizer, scripts), config=config.rollout, routes=routes,
@@ -97,7 +97,7 @@ async def test_scripted_rollout_calls_the_tools_and_the_rubric_is_the_reward(qwe
     assert [(r.name, r.status, r.response.text) for r in first.tool_results] == [
         ("calc_add", "ok", "5"), ("calc_add", "ok", "2"), ("calc_calls", "ok", "task 0: 2 calls")]
     # The state is the trajectory's own: task 1's toolset counts its own call only.
-    assert [r.response.text for r in second.tool_results] == ["42", "task 1: 1 calls"]
+    assert [r.response.text for r in second.tool_results] == ["42", "task 1: 1 calls", "the result of adding numbers"]
     assert third.tool_results[0].status == "invalid_arguments"
     assert first.error is None, first.error
     assert rubric(first.reward_terms) == {"verifiers.correct": 0.75, "verifiers.used_tool": 0.25} and first.reward == 1.0

@@ -29,7 +29,7 @@ from toolrl_verifiers.loading import Loaded, ToolsetSpec, VerifiersOptions, load
 
 @dataclass
 class _Session:
-    server: Any  # the MCPServer serving one toolset instance
+    server: asyncio.Future[Any]  # the MCPServer serving one toolset instance, once set up
     users: int = 0
 
 
@@ -41,7 +41,6 @@ class ToolsetHost:
     index: int  # among the loaded toolsets of its scope
     spec: ToolsetSpec
     sessions: dict[str, _Session] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def serve(self, task: Any = None) -> Any:
         """A new toolset instance, set up (for ``task`` when task-scoped), behind an MCP server."""
@@ -58,28 +57,30 @@ class ToolsetHost:
         return server
 
     async def open(self, key: str, task_data: Mapping[str, Any] | None) -> Any:
-        async with self.lock:
-            if self.spec.shared:
-                key = ""
-            if key not in self.sessions:
-                if not self.spec.shared and task_data is None:
-                    raise ValueError("create_kwargs.task is missing: the sample is not one of the "
-                                     "verifiers environment's tasks")
-                task = None if self.spec.shared else self.loaded.task(dict(task_data or {}))
-                self.sessions[key] = _Session(await self.serve(task))
-            session = self.sessions[key]
-            session.users += 1
-            return session.server
+        """The trajectory's server (the shared one for a shared toolset); the first of the toolset's
+        tools to open it sets it up, the others await that same setup."""
+        key = "" if self.spec.shared else key
+        session = self.sessions.get(key)
+        if session is None:
+            if not self.spec.shared and task_data is None:
+                raise ValueError("create_kwargs.task is missing: the sample is not one of the verifiers "
+                                 "environment's tasks")
+            task = None if self.spec.shared else self.loaded.task(dict(task_data or {}))
+            session = self.sessions[key] = _Session(asyncio.ensure_future(self.serve(task)))
+        session.users += 1
+        try:
+            return await asyncio.shield(session.server)
+        except BaseException:
+            await self.close(key)
+            raise
 
     async def close(self, key: str) -> None:
-        if self.spec.shared:
+        session = self.sessions.get(key)
+        if session is None or self.spec.shared:
             return
-        async with self.lock:
-            session = self.sessions.get(key)
-            if session is not None:
-                session.users -= 1
-                if session.users <= 0:
-                    del self.sessions[key]
+        session.users -= 1
+        if session.users <= 0:
+            del self.sessions[key]
 
 
 class VerifiersTool(Tool):
@@ -133,4 +134,7 @@ class VerifiersTool(Tool):
         if key is not None:
             await self.host.close(key)
         await super().release(instance_id)
+
+    async def close(self) -> None:
+        self.host.sessions.clear()
 

@@ -1,6 +1,7 @@
-"""A verifiers tool environment for the tests: three addition problems, a task-scoped toolset with two
-tools (``calc_add`` and ``calc_calls``, which reads the per-rollout state) and a rubric of two weighted
-rewards and a metric (verifiers awaits them: they must be async). ``load_environment`` is the environment-package entry."""
+"""A verifiers tool environment for the tests: three addition problems; a task-scoped toolset of two
+tools (``calc_add``, and ``calc_calls``, which reads the per-rollout state) and a taskset-scoped one
+(``define``, shared); a rubric of two weighted rewards and a metric (verifiers awaits them: they must
+be async). ``load_environment`` is the environment-package entry."""
 
 from __future__ import annotations
 
@@ -36,6 +37,20 @@ class Calc(vf.Toolset[vf.ToolsetConfig, AdderState]):
         return f"task {self.task_idx}: {self.state.calls} calls"
 
 
+class Glossary(vf.Toolset[vf.ToolsetConfig]):
+    """Taskset-scoped: one instance for every rollout, its tool advertised bare (no prefix)."""
+
+    TOOL_PREFIX = None
+
+    async def setup(self) -> None:
+        self.words = {"sum": "the result of adding numbers"}
+
+    @vf.tool
+    def define(self, word: str) -> str:
+        """Look a word up."""
+        return self.words.get(word, "unknown word")
+
+
 class AdderTask(vf.Task[AdderData, AdderState, vf.TaskConfig]):
     @classmethod
     def toolsets(cls, config: vf.TaskConfig) -> list[vf.Toolset]:
@@ -55,6 +70,10 @@ class AdderTask(vf.Task[AdderData, AdderState, vf.TaskConfig]):
 
 
 class AdderTaskset(vf.Taskset[AdderTask, vf.TasksetConfig]):
+    @classmethod
+    def toolsets(cls, config: vf.TasksetConfig) -> list[vf.Toolset]:
+        return [Glossary(vf.ToolsetConfig())]
+
     def load(self):
         for a, b in ROWS:
             yield AdderTask(AdderData(prompt=f"What is {a} + {b}?", answer=str(a + b), system_prompt=SYSTEM_PROMPT),
