@@ -61,6 +61,15 @@ class ScriptedEngine(RolloutEngine):
         raise NotImplementedError
 
 
+def test_a_taskset_id_with_its_config(tmp_path: Path) -> None:
+    prompt = tmp_path / "system.txt"
+    prompt.write_text("Add, then answer.")
+    samples = load_samples(load_config(None, data={"env": "verifiers", "env_options": {
+        "module": "vf_adder_taskset", "args": {"system_prompt": str(prompt)}}}))
+    assert [s.prompt[0].content for s in samples] == ["Add, then answer."] * 3
+    assert samples[2].extra_info["verifiers"]["system_prompt"] == "Add, then answer."
+
+
 def test_tasks_become_samples() -> None:
     samples = load_samples(load_config(None, data=ADDER))
     assert [s.prompt[1].content for s in samples] == ["What is 2 + 3?", "What is 10 + 32?", "What is 7 + 8?"]
