@@ -88,7 +88,6 @@ class VerifiersTool(Tool):
     builds every tool of the taskset it names (the ``verifiers`` environment writes that entry)."""
 
     host: ToolsetHost
-    method_name: str
 
     @classmethod
     async def from_config(cls, config: Mapping[str, Any], tool_schema: Mapping | None,
@@ -106,7 +105,7 @@ class VerifiersTool(Tool):
                         "name": listed.name, "description": listed.description or "",
                         "parameters": listed.input_schema}}
                     tool = cls(config, schema)
-                    tool.host, tool.method_name = host, spec.tools[listed.name]
+                    tool.host = host
                     tools.append(tool)
         return tools
 
@@ -116,8 +115,12 @@ class VerifiersTool(Tool):
         # The tools of one trajectory share its toolset instance: the core names each tool's instance
         # "<trajectory id>:<tool name>", so the trajectory is the id without this tool's suffix.
         key = instance_id.removesuffix(f":{self.name}")
-        self.state(instance_id)["server"] = await self.host.open(key, task)
-        self.state(instance_id)["key"] = key
+        try:
+            server = await self.host.open(key, task)
+        except BaseException:
+            await super().release(instance_id)  # the core releases only what was created
+            raise
+        self.state(instance_id).update(server=server, key=key)
         return instance_id
 
     async def execute(self, instance_id: str, arguments: dict[str, Any],
