@@ -11,15 +11,20 @@ sync reward is called on the loop's thread and must be quick. A reward that rais
 finite number) scores 0 and is recorded in the trajectory's ``reward_errors`` under its name.
 
 ``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
-leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``sample``
+leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``model_text``
+(each generation's text, in order), ``sample``
 (the :class:`toolrl.schemas.Sample`), ``tool_results`` (every :class:`toolrl.schemas.ToolResult`),
 ``parse_errors`` (count), ``data_source`` and ``response_ids`` (the model's own tokens, for
 length- or token-level rewards).
+
+A function that scores several named parts (a rubric) may return a mapping ``{part: value}``
+instead of a number: each part becomes the reward term ``NAME.part`` (times the term's weight), and
+the parts add up to its share of the reward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -27,4 +32,5 @@ from typing import Any, Protocol, runtime_checkable
 class RewardFunction(Protocol):
     name: str
 
-    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float | Awaitable[float]: ...
+    def __call__(self, response: str, ground_truth: Any, **info: Any
+                 ) -> float | Mapping[str, float] | Awaitable[float | Mapping[str, float]]: ...

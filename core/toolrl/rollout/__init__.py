@@ -23,7 +23,7 @@ import contextlib
 import inspect
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -300,8 +300,9 @@ def start_rewards(route: Route, traj: Trajectory, sample: Sample) -> list[Any]:
     caller's thread: they are CPU work (no gain from a thread under the GIL), and math-verify's timeout
     needs the main thread; a reward that waits (a judge model, a service) is async, so it never holds
     the loop."""
-    info = {"full_response": "".join(traj.model_text), "sample": sample, "tool_results": traj.tool_results,
-            "parse_errors": len(traj.parse_errors), "data_source": sample.data_source,
+    info = {"full_response": "".join(traj.model_text), "model_text": list(traj.model_text), "sample": sample,
+            "tool_results": traj.tool_results, "parse_errors": len(traj.parse_errors),
+            "data_source": sample.data_source,
             "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
     values: list[Any] = []
     for _, _, fn in route.reward_functions:
@@ -336,7 +337,7 @@ def combine_rewards(route: Route, traj: Trajectory, values: Sequence[Any], step_
         failure = value if isinstance(value, BaseException) else None
         if failure is None:
             try:
-                terms[name] = weight * coerce_reward(value, "reward")
+                terms.update(_reward_terms(name, weight, value))
             except Exception as exc:
                 failure = exc
         if failure is not None:  # scores 0, and the trace's reward_errors says this 0 is no score
@@ -352,6 +353,14 @@ def combine_rewards(route: Route, traj: Trajectory, values: Sequence[Any], step_
     if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed
         traj.error = traj.error or f"reward is not finite: {terms}"
         traj.reward = 0.0
+
+
+def _reward_terms(name: str, weight: float, value: Any) -> dict[str, float]:
+    """One reward function's terms: ``name`` for a number; ``name.part`` for each part of a mapping
+    (a function scoring several named parts, such as a rubric; the parts sum to its reward)."""
+    if isinstance(value, Mapping):
+        return {f"{name}.{part}": weight * coerce_reward(v, f"reward part {part!r}") for part, v in value.items()}
+    return {name: weight * coerce_reward(value, "reward")}
 
 
 GROUP_SEED_STRIDE = 1_000_003
