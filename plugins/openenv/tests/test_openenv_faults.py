@@ -8,6 +8,8 @@ import signal
 import time
 
 from support import ENVS, build, close_all, trajectory
+from toolrl.schemas import ToolCall
+from toolrl.tools import ToolSet
 
 
 async def test_hung_then_killed_server_gives_errors_and_the_run_completes() -> None:
@@ -21,9 +23,6 @@ async def test_hung_then_killed_server_gives_errors_and_the_run_completes() -> N
         assert all(r[0][0].status == "ok" for r in before)
 
         # Sessions open, then the server hangs (SIGSTOP): calls time out as error results.
-        from toolrl.tools import ToolSet
-        from toolrl.schemas import ToolCall
-
         toolsets = [ToolSet(tools, None, f"b{i}", lifecycle_timeout=10) for i in range(8)]
         await asyncio.gather(*(t.start() for t in toolsets))
         os.kill(process.pid, signal.SIGSTOP)

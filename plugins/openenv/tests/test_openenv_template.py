@@ -3,6 +3,7 @@ directory (app from its openenv.yaml), driven over the wire, and stopped when th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -30,8 +31,6 @@ async def test_template_environment_started_by_the_plugin(tmp_path: Path) -> Non
         assert results[0].metrics == {"done": False, "reward": 0.5}
         assert rewards == {"step": 0.5}  # the template's reward: 0.1 per character, at most 1
         two = [trajectory(tools, [("step", {"message": m})]) for m in ("ab", "abcd")]
-        import asyncio
-
         got = await asyncio.gather(*two)
         assert [g[1] for g in got] == [{"step": 0.2}, {"step": 0.4}]
     finally:

@@ -33,7 +33,8 @@ class LocalServer:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.users = 0
         self.process: subprocess.Popen | None = None
-        self.log = tempfile.TemporaryFile()  # a file, not a pipe: a chatty server never blocks on it
+        # A file, not a pipe: a chatty server never blocks on it. Closed with the object.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115
         self.ready: asyncio.Future[None] | None = None
 
     def spawn(self) -> None:

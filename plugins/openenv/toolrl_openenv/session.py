@@ -9,6 +9,7 @@ gives an error, never a stalled rollout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +61,8 @@ class Session:
         return step
 
     async def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # a dead server's socket: nothing left to close
             await asyncio.wait_for(self.client.close(), self.timeout_s)
-        except Exception:  # a dead server's socket: nothing left to close
-            pass
 
 
 def _reward(value: Any) -> float | None:
