@@ -1,4 +1,6 @@
-"""A ledger server (a real OpenEnv MCP tool environment) shared by the base_url tests."""
+"""A ledger server (a real OpenEnv MCP tool environment) shared by the base_url tests. It is spawned
+when the session starts, so its slow start (openenv imports gradio) overlaps the tests that start
+their own servers."""
 
 from __future__ import annotations
 
@@ -12,12 +14,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from support import LedgerServer  # noqa: E402
 
+_LEDGER: list[LedgerServer] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _LEDGER.append(LedgerServer())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for server in _LEDGER:
+        server.stop()
+
 
 @pytest.fixture(scope="session")
 def ledger() -> Iterator[LedgerServer]:
-    server = LedgerServer()
-    try:
-        server.wait()
-        yield server
-    finally:
-        server.stop()
+    server = _LEDGER[0]
+    server.wait()
+    yield server

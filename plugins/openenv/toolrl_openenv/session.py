@@ -129,9 +129,9 @@ class Sessions:
                 if self.slots is not None:
                     self.slots.release()
 
-    async def list_tools(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """The tools a fresh session offers after reset (MCP environments), and the server's
-        ``/schema`` (the action model of other environments)."""
+    async def list_tools(self) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
+        """The tools a fresh session offers after reset (None: not an MCP environment), and the
+        server's ``/schema`` (the action model of other environments)."""
         import httpx
 
         async with httpx.AsyncClient(timeout=self.message_timeout_s) as http:
@@ -139,7 +139,7 @@ class Sessions:
             response.raise_for_status()
             schema = response.json()
         if not is_mcp(schema):
-            return [], schema
+            return None, schema
         session = Session(self.client(), self.message_timeout_s + self.connect_timeout_s, {})
         try:
             await session.send("reset")

@@ -78,6 +78,8 @@ class OpenEnvTool(Tool):
                 listed, schema = await binding.sessions.list_tools()
             except Exception as exc:
                 raise ToolConfigError(f"OpenEnv server {base_url}: cannot list its tools: {describe(exc)}") from None
+            if listed == []:
+                raise ToolConfigError(f"OpenEnv server {base_url}: its MCP environment lists no tools")
             if listed:
                 specs = [(t["name"], t.get("description") or "", t.get("input_schema") or {"type": "object"})
                          for t in listed]
