@@ -40,14 +40,17 @@ async def test_calls_go_over_the_wire_and_the_reward_is_the_last_observations(le
 
 
 async def test_64_concurrent_sessions_stay_isolated(ledger) -> None:
-    tools = await build({"base_url": ledger.base_url})
+    # Generous deadlines: 64 WebSocket handshakes at once on a loaded 2-core machine are slow.
+    tools = await build({"base_url": ledger.base_url, "connect_timeout_s": 120, "message_timeout_s": 120},
+                        timeout=240)
     try:
         async def one(i: int):
             # reached at the last call for even i (reward 1), one short for odd i (reward 0)
             target = 2 * (i + 1) + i % 2
             return await trajectory(tools, [("deposit", {"amount": i + 1}), ("balance", {}),
                                             ("deposit", {"amount": i + 1})],
-                                    create_kwargs={"target": target}, trajectory_id=f"t{i}")
+                                    create_kwargs={"target": target}, trajectory_id=f"t{i}",
+                                    lifecycle_timeout=240)
 
         runs = await asyncio.gather(*(one(i) for i in range(64)))
         for i, (results, rewards, toolset) in enumerate(runs):

@@ -21,7 +21,7 @@ class OpenEnvBlock(BaseModel):
     app_dir: str | None = Field(None, description="directory to import app from; with an openenv.yaml "
                                                   "and no app, that file's app")
     startup_timeout_s: float = Field(180.0, gt=0, description="a started server must answer /health by then")
-    connect_timeout_s: float = Field(10.0, gt=0)
+    connect_timeout_s: float = Field(30.0, gt=0, description="opening a session's WebSocket")
     message_timeout_s: float = Field(30.0, gt=0, description="each reset/step/list/close round trip")
     max_sessions: int | None = Field(None, gt=0, description="sessions open at once (the server's capacity); "
                                                              "trajectories beyond it wait")
