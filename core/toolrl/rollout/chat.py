@@ -36,11 +36,18 @@ class TemplateError(RuntimeError):
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer: Any, tool_schemas: Sequence[dict[str, Any]] = ()) -> None:
+    """``chat_template``: rendered instead of the tokenizer's own (a family's training template);
+    ``end_of_turn``: the token that closes an assistant turn (a family's), else ``<|im_end|>`` where the
+    vocabulary has it, else the tokenizer's eos."""
+
+    def __init__(self, tokenizer: Any, tool_schemas: Sequence[dict[str, Any]] = (),
+                 chat_template: str | None = None, end_of_turn: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.tool_schemas = list(tool_schemas)
-        self.eos_id: int = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() \
-            else tokenizer.eos_token_id
+        self.chat_template = chat_template
+        end_of_turn = end_of_turn or ("<|im_end|>" if "<|im_end|>" in tokenizer.get_vocab() else None)
+        self.end_of_turn: str | None = end_of_turn
+        self.eos_id: int = tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else tokenizer.eos_token_id
         self.native_tools = self._template_renders_tools()
         self._delta_cache: dict[str, list[int]] = {}
         self._before_cache: dict[str, list[int]] = {}
@@ -53,7 +60,7 @@ class ChatRenderer:
                 tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         out = self.tokenizer.apply_chat_template(
             messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
-            tokenize=True, return_dict=False,
+            tokenize=True, return_dict=False, chat_template=self.chat_template,
         )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
@@ -85,6 +92,19 @@ class ChatRenderer:
             tools = self.tool_schemas if self.native_tools else None
             self._prompt_cache[key] = self._render(self.prompt_messages(messages), True, tools)
         return list(self._prompt_cache[key])
+
+    def conversation_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The template's rendering of a whole conversation so far (its prompt as
+        :meth:`prompt_messages` gives it), ending in the next assistant generation prompt."""
+        return self._render(list(messages), True, self.tool_schemas if self.native_tools else None)
+
+    def assistant_message(self, ids: Sequence[int]) -> dict[str, Any]:
+        """A generated turn as the conversation holds it: its text, without the end-of-turn token
+        the template adds itself (reasoning and calls stay in the text, as the model wrote them)."""
+        ids = list(ids)
+        if ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        return {"role": "assistant", "content": self.decode(ids)}
 
     def tool_message(self, text: str, name: str) -> dict[str, Any]:
         if self.native_tools:
