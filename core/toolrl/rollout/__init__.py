@@ -244,7 +244,7 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     cfg, traj = ep.config, ep.traj
     params = SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
-        stop_token_ids=[ep.renderer.eos_id], stop_strings=ep.route.parser.stop_strings,
+        stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.route.parser.stop_strings,
         seed=ep.seed + 7919 * traj.turns,
     )
     t0 = time.perf_counter()

@@ -33,13 +33,19 @@ class Family:
     templates: tuple[str, ...] = ()  # TRL's copies of the family's templates (identity comparison)
     training_template: str | None = None  # TRL's history-preserving twin
     special_tokens: tuple[str, ...] = ()  # tokens a tokenizer of this family holds besides its vocabulary
+    stop_tokens: tuple[str, ...] = ()  # tokens besides end_of_turn that end a generation
 
+
+_QWEN_TOKENS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                "<tool_response>", "</tool_response>")
 
 FAMILIES: tuple[Family, ...] = (
+    # Qwen3.5/3.6 and Qwen3-Coder: XML calls (<function=…><parameter=…>).
+    Family("qwen3_5", "qwen3_coder", "<|im_end|>", ("<|im_start|>", "<function="),
+           ("qwen3_5_think.jinja", "qwen3_5_nothink.jinja", "qwen3_6.jinja"), "qwen3_5_think_training.jinja",
+           _QWEN_TOKENS),
     Family("qwen3", "hermes", "<|im_end|>", ("<|im_start|>", "<tool_call>", "<think>"),
-           ("qwen3.jinja",), "qwen3_training.jinja",
-           ("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
-            "<tool_response>", "</tool_response>")),
+           ("qwen3.jinja",), "qwen3_training.jinja", _QWEN_TOKENS),
     Family("qwen2_5", "hermes", "<|im_end|>", ("<|im_start|>", "<tool_call>"),
            ("qwen2_5.jinja",), "qwen2_5_training.jinja",
            ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")),
@@ -48,7 +54,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("llama3", "llama3_json", "<|eot_id|>", ("<|start_header_id|>", "<|eot_id|>"),
            ("llama3_1.jinja", "llama3_2.jinja", "llama3.jinja"), "llama3_training.jinja",
            ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-            "<|python_tag|>")),
+            "<|python_tag|>"), ("<|eom_id|>",)),
     Family("deepseek_v3", "deepseek_v3", "<｜end▁of▁sentence｜>", ("<｜tool▁calls▁begin｜>", "<｜Assistant｜>"),
            ("deepseekv3.jinja",), "deepseekv3_training.jinja",
            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
@@ -57,14 +63,18 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁output▁end｜>")),
     Family("gpt_oss", "gpt_oss", "<|call|>", ("<|channel|>", "<|message|>"), ("gptoss.jinja",),
            "gptoss_training.jinja",
-           ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>")),
+           ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"),
+           ("<|return|>",)),
     Family("glm45", "glm45", "<|observation|>", ("<|observation|>", "<arg_key>"), ("glm4moe.jinja",),
            "glm4moe_training.jinja",
            ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>",
             "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-            "<tool_response>", "</tool_response>")),
-    Family("gemma", "gemma", "<end_of_turn>", ("<start_of_turn>",), ("gemma3.jinja", "gemma.jinja"),
-           "gemma3_training.jinja", ("<start_of_turn>", "<end_of_turn>")),
+            "<tool_response>", "</tool_response>", "<|endoftext|>"), ("<|user|>", "<|endoftext|>")),
+    # Gemma 4 (Gemma 3 and earlier templates have no tool calls); TRL has no training twin.
+    Family("gemma", "gemma", "<turn|>", ("<|turn>", "<turn|>"),
+           ("gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja", "gemma4_v5.jinja"), None,
+           ("<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+            "<|channel>", "<channel|>", "<|tool>", "<tool|>", "<|think|>", '<|"|>')),
 )
 
 BY_NAME = {f.name: f for f in FAMILIES}
@@ -138,4 +148,5 @@ def renderer_factory(tokenizer: Any, chat_format: str | None = None,
         family = None
     template = training_template(family) if family is not None and rule == "training_template" else None
     end_of_turn = family.end_of_turn if family is not None else None
-    return lambda schemas: ChatRenderer(tokenizer, schemas, template, end_of_turn)
+    stops = family.stop_tokens if family is not None else ()
+    return lambda schemas: ChatRenderer(tokenizer, schemas, template, end_of_turn, stops)
