@@ -3,6 +3,7 @@ special tokens, with the family's chat template from the installed ``trl`` packa
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 from typing import Any
 
@@ -13,12 +14,17 @@ BOS = {"llama3": "<|begin_of_text|>", "deepseek_v3": "<｜begin▁of▁sentence�
 
 
 @cache
-def family_tokenizer(name: str, template: str | None = None) -> Any:
-    """``template``: a TRL template file (default: the family's first)."""
+def _qwen_base() -> Any:
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_path("qwen3"))
+
+
+@cache
+def family_tokenizer(name: str, template: str | None = None) -> Any:
+    """``template``: a TRL template file (default: the family's first)."""
     family = BY_NAME[name]
-    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_path("qwen3"))
+    tok = copy.deepcopy(_qwen_base())  # loading takes seconds; every family gets its own copy
     tok.add_tokens([t for t in family.special_tokens if t not in tok.get_vocab()], special_tokens=True)
     if name in BOS:
         tok.bos_token = BOS[name]

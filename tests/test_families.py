@@ -240,3 +240,23 @@ def test_families_without_a_renderer_or_training_template_say_so():
 
     with pytest.raises(TemplateError, match="not append-only"):
         renderer.tool_delta([renderer.tool_message("5", "add")])
+
+
+async def test_gpt_oss_keeps_its_tokens_and_cannot_fork_from_raw_harmony_text():
+    """gpt-oss: tool results go in as the template's harmony messages; its template refuses a turn
+    given as raw harmony text, so the history cannot be re-rendered: ``keep`` counts it, ``fork``
+    ends the trajectory with a one-line error naming the turn."""
+    from toolrl.parsers.gpt_oss import GptOssParser
+
+    tok = family_tokenizer("gpt_oss")
+    analysis = "<|channel|>analysis<|message|>step<|end|>"
+    texts = [analysis + pc.gpt_oss("add", {"a": 2, "b": 3}), analysis + pc.gpt_oss("add", {"a": 5, "b": 9}),
+             "<|channel|>final<|message|>The answer is 14<|return|>"]
+    ctx = context(tok, "gpt_oss", texts, "keep", GptOssParser())
+    (traj,) = await run_trajectory_pieces(ctx, SAMPLE, 0, "t", 0)
+    assert traj.termination == "answered" and traj.template_rewrites == 2
+    assert [r.response.text for r in traj.tool_results] == ["5", "14"]
+    assert '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant' \
+        in tok.decode(traj.response_ids)
+    (traj,) = await run_trajectory_pieces(context(tok, "gpt_oss", texts, "fork", GptOssParser()), SAMPLE, 0, "f", 0)
+    assert traj.termination == "error" and traj.error.startswith("TemplateError: turn 1: the chat template cannot")

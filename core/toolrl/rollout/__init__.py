@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.tools import Tool, ToolSet, coerce_reward
@@ -211,9 +211,16 @@ def check_history(ep: _Episode) -> None:
     traj = ep.traj
     if ep.route.parser.result_mode == "inline":  # one assistant turn: nothing is re-rendered
         return
-    rendered = ep.renderer.conversation_ids(ep.messages)
-    live = traj.prompt_ids + traj.response_ids
     traj.template_checks += 1
+    try:  # gpt-oss's template refuses turns written as raw harmony text
+        rendered = ep.renderer.conversation_ids(ep.messages)
+    except Exception as exc:
+        traj.template_rewrites += 1
+        if ep.config.template_rewrite == "keep":
+            return
+        raise TemplateError(f"turn {traj.turns}: the chat template cannot re-render the conversation "
+                            f"({type(exc).__name__}: {exc})") from None
+    live = traj.prompt_ids + traj.response_ids
     position = first_difference(rendered, live)
     if position is None:
         return
