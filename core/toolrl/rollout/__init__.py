@@ -43,7 +43,7 @@ class Trajectory(BaseModel):
 
     trajectory_id: str
     # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
-    # (toolrl.rollout.rewrite); empty: the trajectory_id (a trajectory in one piece).
+    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
     trajectory_key: str = ""
     piece: int = 0
     sample_index: int

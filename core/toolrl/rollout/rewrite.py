@@ -61,10 +61,12 @@ def model_tokens_end(mask: Sequence[int]) -> int:
 def once_per_trajectory(keys: Sequence[str], rewards: Sequence[float], groups: Sequence[int],
                         advantages: Callable[[list[float], list[int]], list[float]]) -> list[float]:
     """``advantages(rewards, groups)`` over one entry per trajectory key (a forked trajectory's
-    pieces share its key and its reward), each piece given its trajectory's value."""
-    first: dict[str, int] = {}
-    for i, key in enumerate(keys):
+    pieces share its key and its reward; an empty key is a trajectory of its own), each piece given
+    its trajectory's value."""
+    ids: list[str | int] = [key or i for i, key in enumerate(keys)]
+    first: dict[str | int, int] = {}
+    for i, key in enumerate(ids):
         first.setdefault(key, i)
     index = {key: n for n, key in enumerate(first)}
     values = advantages([rewards[i] for i in first.values()], [groups[i] for i in first.values()])
-    return [values[index[key]] for key in keys]
+    return [values[index[key]] for key in ids]

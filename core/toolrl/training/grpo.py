@@ -189,7 +189,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     t_start = time.perf_counter()
     device = next(model.parameters()).device
     # A forked trajectory's pieces share its key: its group statistics count it once.
-    advantages = once_per_trajectory([t.key for t in trajectories], [t.reward for t in trajectories],
+    advantages = once_per_trajectory([t.trajectory_key for t in trajectories], [t.reward for t in trajectories],
                                      [t.group for t in trajectories],
                                      lambda r, g: group_advantages(r, g, options.algo.norm_adv_by_std))
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
