@@ -158,11 +158,20 @@ class ModelConfig(Section):
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
     cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
+    chat_format: str | None = Field(None, description="model family (toolrl.rollout.families); None: "
+                                    "detected from the chat template")
     tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None  # None: full fine-tuning
+
+    @field_validator("chat_format")
+    @classmethod
+    def _known_family(cls, value: str | None) -> str | None:
+        from toolrl.rollout.families import family_named
+
+        return value if value is None else family_named(value).name
 
     @field_validator("tiny")
     @classmethod
@@ -223,6 +232,9 @@ class RolloutConfig(Section):
     parser_options: dict[str, Any] | None = Field(None, description="None: the environment's (for its parser)")
     max_concurrent_trajectories: BatchSize = Field(64, gt=0)
     seed: Seed = 0
+    # What to do when the chat template re-renders the conversation differently from the trajectory's
+    # tokens (toolrl.rollout.rewrite): keep | training_template | fork | refuse.
+    template_rewrite: Literal["keep", "training_template", "fork", "refuse"] = "keep"
 
 
 class ToolsConfig(Section):

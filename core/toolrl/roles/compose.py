@@ -384,7 +384,7 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
     tools are up, before the engine loads; returns a live model for the engine to share (in-process
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads. ``parts``: resolved already (else resolved here)."""
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.families import renderer_factory
 
     parts = parts if parts is not None else resolve_parts(config)
     routes, tools = await build_routes(config, samples, parts)
@@ -395,8 +395,8 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
-                         config=config.rollout, routes=routes)
+    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite)
+    ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 
 

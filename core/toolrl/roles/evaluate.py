@@ -75,6 +75,8 @@ async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
         trajs = await rollouts.run(chunk, n, seed=step_seed(config.rollout.seed, c), id_prefix=f"eval{c}-")
         seen: Counter[int] = Counter()
         for t in trajs:
+            if t.termination == "forked":  # a closed piece; its trajectory is scored on its last piece
+                continue
             out.append((chunk[t.group], seen[t.group], t))
             seen[t.group] += 1
         advance(len(chunk))

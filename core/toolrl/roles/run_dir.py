@@ -212,20 +212,22 @@ def _finite(values: Sequence[float]) -> list[float]:
 def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any]:
     """Per-step figures. Non-finite rewards (a broken reward function or tool) are left out of the
     mean and std and counted in ``reward_nonfinite``; the mean is NaN only if no reward is finite."""
-    n = max(len(trajs), 1)
-    rewards = _finite([t.reward for t in trajs])
+    whole = [t for t in trajs if t.termination != "forked"]  # a forked trajectory's last piece
+    n = max(len(whole), 1)
+    rewards = _finite([t.reward for t in whole])
     calls = [r for t in trajs for r in t.tool_results]
     latency: dict[str, list[float]] = defaultdict(list)
     for r in calls:
         latency[r.name].append(r.latency_s)
     model_tokens = sum(sum(t.response_mask) for t in trajs)
+    forks, checks = sum(t.template_forks for t in trajs), sum(t.template_checks for t in trajs)
     terminations: dict[str, int] = defaultdict(int)
     for t in trajs:
         terminations[t.termination] += 1
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "reward_nonfinite": len(trajs) - len(rewards),
+        "reward_nonfinite": len(whole) - len(rewards),
         "tool_call_count": len(calls),
         "tool_success_count": sum(r.status == "ok" for r in calls),
         "tool_call_rate": len(calls) / n,
@@ -235,6 +237,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "model_tokens_mean": model_tokens / n,
         "turns_mean": sum(t.turns for t in trajs) / n,
         "terminations": dict(terminations),
+        # Templates that rewrote history (toolrl.rollout.rewrite): forks per round of tool results.
+        "template_forks": forks,
+        "template_fork_rate": forks / checks if checks else 0.0,
         "errors": sum(t.error is not None for t in trajs),
         # Tools that held the event loop (every trajectory stalls meanwhile) and lifecycle failures.
         "tool_loop_blocked_s": sum(t.loop_blocked_s for t in trajs),

@@ -33,17 +33,23 @@ from pydantic import BaseModel, Field
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.parsers import ToolParser
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.chat import ChatRenderer, TemplateError
+from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.tools import Tool, ToolSet, coerce_reward
 
-Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error"]
+# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
+Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked"]
 
 
 class Trajectory(BaseModel):
     """Everything one trajectory produced; the trainer reads nothing else."""
 
     trajectory_id: str
+    # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
+    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
+    trajectory_key: str = ""
+    piece: int = 0
     sample_index: int
     group: int  # trajectories of one prompt share a group (GRPO)
     env: str | None = None  # the sample's environment (its route)
@@ -71,6 +77,15 @@ class Trajectory(BaseModel):
     # The engine's weight version for each generation call (trainer steps applied to the weights
     # that sampled its first token); more than one value: the weights changed mid-trajectory.
     policy_versions: list[int] = Field(default_factory=list)
+    # Template history checks (one per round of tool results), rewrites found, and forks made; whole
+    # trajectory counts, kept on its last piece.
+    template_checks: int = 0
+    template_rewrites: int = 0
+    template_forks: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.trajectory_key or self.trajectory_id
 
 
 @dataclass
@@ -117,9 +132,16 @@ class RolloutContext:
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
                          slot: AbstractAsyncContextManager[Any] | None = None) -> Trajectory:
+    """One trajectory of ``sample`` in one piece (its last piece if it forked)."""
+    return (await run_trajectory_pieces(ctx, sample, group, trajectory_id, seed, slot))[-1]
+
+
+async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
+                                slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
     """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score.
-    ``slot`` (a semaphore bounding the trajectories that run at once) is held until the tools are
-    finished, not while the trajectory is scored: a slow reward (a judge) keeps no other from starting."""
+    Its pieces in order: one, unless the template rewrite rule forked it. ``slot`` (a semaphore bounding
+    the trajectories that run at once) is held until the tools are finished, not while the trajectory is
+    scored: a slow reward (a judge) keeps no other from starting."""
     async with slot or contextlib.nullcontext():
         route = ctx.route_for(sample)
         renderer = ctx.renderer(route)
@@ -127,19 +149,25 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
         messages = [m.to_template() for m in sample.prompt]
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
-        ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed)
+        ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed,
+                      messages=renderer.prompt_messages(messages))
         try:
             await toolset.start()
             ending = None
             while ending is None:
                 ending = await take_turn(ep)
             traj.termination = ending
+        except TemplateRewriteError:
+            raise  # template_rewrite: refuse stops the run
         except Exception as exc:  # a broken engine/tool must not take the other trajectories down
             traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             await finish_tools(ep)
     await score(route, traj, sample, ep.step_rewards)
-    return traj
+    for piece in ep.closed:  # every piece is trained with the trajectory's reward
+        piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
+        piece.reward_errors = dict(traj.reward_errors)
+    return [*ep.closed, traj]
 
 
 @dataclass
@@ -154,14 +182,21 @@ class _Episode:
     toolset: ToolSet
     traj: Trajectory
     seed: int
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
+    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks
+
+    @property
+    def response_tokens(self) -> int:
+        """Response tokens of the whole trajectory (every piece's)."""
+        return sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
 
 
 async def take_turn(ep: _Episode) -> Termination | None:
     """One turn: generate, parse, run the calls, append their results. Returns why the trajectory
     ends here, or None to take another turn."""
     cfg, traj = ep.config, ep.traj
-    budget = cfg.max_response_tokens - len(traj.response_ids)
+    budget = cfg.max_response_tokens - ep.response_tokens
     if budget <= 0:
         return "max_response_tokens"
     gen = await generate(ep, budget)
@@ -173,10 +208,51 @@ async def take_turn(ep: _Episode) -> Termination | None:
     if traj.turns >= ep.route.max_turns:  # no further generation would read the results
         return "max_turns"
     delta = tool_results_delta(ep, results, errors)
-    if len(traj.response_ids) + len(delta) >= cfg.max_response_tokens:
+    if ep.response_tokens + len(delta) >= cfg.max_response_tokens:
         return "max_response_tokens"
     _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    check_history(ep)
     return None
+
+
+def check_history(ep: _Episode) -> None:
+    """Compare the template's rendering of the conversation so far with the trajectory's tokens and
+    apply ``rollout.template_rewrite`` (toolrl.rollout.rewrite) when they differ."""
+    traj = ep.traj
+    if ep.route.parser.result_mode == "inline":  # one assistant turn: nothing is re-rendered
+        return
+    traj.template_checks += 1
+    try:  # gpt-oss's template refuses turns written as raw harmony text
+        rendered = ep.renderer.conversation_ids(ep.messages)
+    except Exception as exc:
+        traj.template_rewrites += 1
+        if ep.config.template_rewrite == "keep":
+            return
+        raise TemplateError(f"turn {traj.turns}: the chat template cannot re-render the conversation "
+                            f"({type(exc).__name__}: {exc})") from None
+    live = traj.prompt_ids + traj.response_ids
+    position = first_difference(rendered, live)
+    if position is None:
+        return
+    traj.template_rewrites += 1
+    if ep.config.template_rewrite == "refuse":
+        raise refusal(traj.turns, position, rendered, live, ep.renderer.decode)
+    if ep.config.template_rewrite != "keep":
+        fork(ep, rendered)
+
+
+def fork(ep: _Episode, rendered: list[int]) -> None:
+    """Close the live piece after its last model token; the next piece's prompt is ``rendered``."""
+    traj = ep.traj
+    end = model_tokens_end(traj.response_mask)
+    ep.closed.append(Trajectory(
+        trajectory_id=f"{traj.key}~{traj.piece}", trajectory_key=traj.key, piece=traj.piece,
+        sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
+        response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
+        termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions))
+    traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
+    traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
+    traj.policy_versions = []
 
 
 async def generate(ep: _Episode, budget: int) -> Generation:
@@ -185,17 +261,18 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     cfg, traj = ep.config, ep.traj
     params = SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
-        stop_token_ids=[ep.renderer.eos_id], stop_strings=ep.route.parser.stop_strings,
+        stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.route.parser.stop_strings,
         seed=ep.seed + 7919 * traj.turns,
     )
     t0 = time.perf_counter()
     gen = (await ep.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                    session_id=traj.trajectory_id))[0]
+                                    session_id=traj.key))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))
+    ep.messages.append(ep.renderer.assistant_message(gen.token_ids))
     return gen
 
 
@@ -253,7 +330,9 @@ def tool_results_delta(ep: _Episode, results: Sequence[ToolResult], errors: Sequ
     texts += [("error", f"Error: {e.message}") for e in errors]
     if parser.result_mode == "inline":
         return renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t)) for _, t in texts))
-    return renderer.tool_delta([renderer.tool_message(t, name) for name, t in texts])
+    messages = [renderer.tool_message(t, name) for name, t in texts]
+    ep.messages += messages
+    return renderer.tool_delta(messages)
 
 
 def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:
@@ -271,7 +350,7 @@ async def finish_tools(ep: _Episode) -> None:
     traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
     if traj.tool_errors and traj.error is None:
         traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
-    ep.engine.end_session(traj.trajectory_id)
+    ep.engine.end_session(traj.key)
 
 
 def _precut(text: str, max_tokens: int, mode: str) -> str:
@@ -372,16 +451,17 @@ def trajectory_seed(seed: int, group: int, k: int) -> int:
 
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
-                   id_prefix: str) -> Trajectory:
-    return await run_trajectory(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
-                                trajectory_seed(seed, group, k), slot=limit)
+                   id_prefix: str) -> list[Trajectory]:
+    return await run_trajectory_pieces(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
+                                       trajectory_seed(seed, group, k), slot=limit)
 
 
 async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,
                     limit: asyncio.Semaphore) -> list[Trajectory]:
     """The ``n`` trajectories of one group, concurrent; ``limit`` bounds the trajectories running at
     once across every group that shares it. Seeds and ids are those :func:`run_rollouts` gives."""
-    return list(await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix) for k in range(n))))
+    return [p for pieces in await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix)
+                                                   for k in range(n))) for p in pieces]
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
@@ -390,4 +470,4 @@ async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, s
     max_concurrent_trajectories)."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
     jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix) for g, s in enumerate(samples) for k in range(n)]
-    return list(await asyncio.gather(*jobs))
+    return [p for pieces in await asyncio.gather(*jobs) for p in pieces]

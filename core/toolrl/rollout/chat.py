@@ -31,16 +31,38 @@ FALLBACK_TOOL_PROMPT = (
 _SYNTHETIC_ASSISTANTS = ("<think>\nx\n</think>\n\ny", "y")
 
 
+def _synthetic_turns(tool_messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The synthetic assistant turns, then one with structured calls to the tools that answered
+    (gpt-oss, Gemma 4 and GLM's training template render tool results only after those)."""
+    turns: list[dict[str, Any]] = [{"role": "assistant", "content": a} for a in _SYNTHETIC_ASSISTANTS]
+    calls = [{"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}}}
+             for m in tool_messages if m["role"] == "tool"]
+    if calls:
+        turns.append({"role": "assistant", "content": "", "tool_calls": calls})
+    return turns
+
+
 class TemplateError(RuntimeError):
     """The chat template is not append-only for tool messages, so deltas cannot be exact."""
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer: Any, tool_schemas: Sequence[dict[str, Any]] = ()) -> None:
+    """``chat_template``: rendered instead of the tokenizer's own (a family's training template);
+    ``end_of_turn``: the token that closes an assistant turn (a family's), else ``<|im_end|>`` where the
+    vocabulary has it, else the tokenizer's eos; ``stop_tokens``: other tokens that end a generation."""
+
+    def __init__(self, tokenizer: Any, tool_schemas: Sequence[dict[str, Any]] = (),
+                 chat_template: str | None = None, end_of_turn: str | None = None,
+                 stop_tokens: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.tool_schemas = list(tool_schemas)
-        self.eos_id: int = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() \
-            else tokenizer.eos_token_id
+        self.chat_template = chat_template
+        end_of_turn = end_of_turn or ("<|im_end|>" if "<|im_end|>" in tokenizer.get_vocab() else None)
+        self.end_of_turn: str | None = end_of_turn
+        self.eos_id: int = tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else tokenizer.eos_token_id
+        # Every token that ends a generation: the end of turn first, then the family's other ones.
+        vocab = tokenizer.get_vocab()
+        self.stop_ids: list[int] = [self.eos_id, *(vocab[t] for t in stop_tokens if t in vocab and vocab[t] != self.eos_id)]
         self.native_tools = self._template_renders_tools()
         self._delta_cache: dict[str, list[int]] = {}
         self._before_cache: dict[str, list[int]] = {}
@@ -53,7 +75,7 @@ class ChatRenderer:
                 tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
         out = self.tokenizer.apply_chat_template(
             messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
-            tokenize=True, return_dict=False,
+            tokenize=True, return_dict=False, chat_template=self.chat_template,
         )
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
@@ -86,6 +108,19 @@ class ChatRenderer:
             self._prompt_cache[key] = self._render(self.prompt_messages(messages), True, tools)
         return list(self._prompt_cache[key])
 
+    def conversation_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The template's rendering of a whole conversation so far (its prompt as
+        :meth:`prompt_messages` gives it), ending in the next assistant generation prompt."""
+        return self._render(list(messages), True, self.tool_schemas if self.native_tools else None)
+
+    def assistant_message(self, ids: Sequence[int]) -> dict[str, Any]:
+        """A generated turn as the conversation holds it: its text, without the end-of-turn token
+        the template adds itself (reasoning and calls stay in the text, as the model wrote them)."""
+        ids = list(ids)
+        if ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        return {"role": "assistant", "content": self.decode(ids)}
+
     def tool_message(self, text: str, name: str) -> dict[str, Any]:
         if self.native_tools:
             return {"role": "tool", "name": name, "content": text}
@@ -100,25 +135,48 @@ class ChatRenderer:
             return self._delta_cache[key]
         problems = []
         # Try the synthetic turn that worked last time first; its "before" rendering is cached.
-        for assistant in sorted(_SYNTHETIC_ASSISTANTS, key=lambda a: a != self._working_assistant):
-            base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": assistant}]
-            if assistant not in self._before_cache:
-                self._before_cache[assistant] = self._render(base, False)
-            before = self._before_cache[assistant]
-            after = self._render(base + tool_messages, True)
-            if after[: len(before)] != before:
-                problems.append(assistant)
+        turns = sorted(_synthetic_turns(tool_messages), key=lambda t: t["content"] != self._working_assistant)
+        for turn in turns:
+            base = [{"role": "user", "content": "q"}, turn]
+            try:  # gpt-oss's template raises on tool results that follow no structured tool call
+                before_key = json.dumps(turn, sort_keys=True)
+                if before_key not in self._before_cache:
+                    self._before_cache[before_key] = self._render(base, False)
+                before = self._before_cache[before_key]
+                after = self._render(base + tool_messages, True)
+            except Exception as exc:
+                problems.append(f"{turn['content']!r}: {type(exc).__name__}: {exc}")
                 continue
-            if self.eos_id not in before:
-                raise TemplateError(f"the chat template does not end assistant turns with token {self.eos_id}")
-            self._working_assistant = assistant
-            last_eos = len(before) - 1 - before[::-1].index(self.eos_id)
-            delta = before[last_eos + 1:] + after[len(before):]
+            if after[: len(before)] != before:
+                problems.append(f"{turn['content']!r}: not a prefix")
+                continue
+            delta = self._after_end_of_turn(before, after)
+            if delta is None:
+                problems.append(f"{turn['content']!r}: the turn does not end with token {self.eos_id}")
+                continue
+            # Gemma 4 renders tool results only after a structured call: a delta without them is wrong.
+            if not all(str(m["content"]) in self.decode(delta) for m in tool_messages):
+                problems.append(f"{turn['content']!r}: the tool results are not rendered")
+                continue
+            self._working_assistant = turn["content"]
             if len(self._delta_cache) < 4096:
                 self._delta_cache[key] = delta
             return delta
         raise TemplateError("the chat template is not append-only for tool messages "
-                            f"(tried synthetic assistant turns {problems!r})")
+                            f"(tried synthetic assistant turns: {'; '.join(problems)})")
+
+    def _after_end_of_turn(self, before: list[int], after: list[int]) -> list[int] | None:
+        """The delta after a generated turn that ended with the end-of-turn token: what the template
+        renders after that token (only a separator may follow it in ``before``). GLM's template writes
+        the token (``<|observation|>``) as the start of the tool turn instead of the end of the
+        assistant's, so there it is dropped from the delta. None: the turn has no such ending."""
+        if self.eos_id in before:
+            last_eos = len(before) - 1 - before[::-1].index(self.eos_id)
+            tail = before[last_eos + 1:]
+            return tail + after[len(before):] if not self.decode(tail).strip() else None
+        if after[len(before):len(before) + 1] == [self.eos_id]:
+            return after[len(before) + 1:]
+        return None
 
     def text_ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -41,6 +41,7 @@ import torch
 
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
+from toolrl.rollout.rewrite import once_per_trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
@@ -187,8 +188,10 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
         raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
     t_start = time.perf_counter()
     device = next(model.parameters()).device
-    advantages = group_advantages([t.reward for t in trajectories], [t.group for t in trajectories],
-                                  options.algo.norm_adv_by_std)
+    # A forked trajectory's pieces share its key: its group statistics count it once.
+    advantages = once_per_trajectory([t.trajectory_key for t in trajectories], [t.reward for t in trajectories],
+                                     [t.group for t in trajectories],
+                                     lambda r, g: group_advantages(r, g, options.algo.norm_adv_by_std))
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0}

@@ -1,0 +1,72 @@
+"""Templates that rewrite history: detecting them on every turn, and the rules for what to do.
+
+A trajectory's tokens are the prompt, the model's tokens and the template's tool-result deltas. A
+template *rewrites history* when its rendering of the conversation so far is not those tokens:
+Qwen3 re-formats or drops earlier ``<think>`` blocks, gpt-oss drops the analysis channel, and any
+generated text the tokenizer would split differently re-tokenizes to other ids. The model then
+continues from a context that serving the same conversation would never give it. After each round
+of tool results the conversation is re-rendered and compared (``rollout.template_rewrite``):
+
+- ``keep``: count the rewrite, keep the generated tokens (the model sees exactly what it wrote);
+- ``training_template``: render with the family's history-preserving template (TRL's
+  ``*_training.jinja``); a rewrite that remains (re-tokenization) is forked;
+- ``fork``: close the sample after the model's last token and continue from the re-rendered
+  conversation as a new sample (*piece*) of the same trajectory: every generated token is in exactly
+  one piece, and every piece gets the trajectory's reward;
+- ``refuse``: stop with a one-line error naming the turn.
+
+Pieces share ``trajectory_key``. Group statistics must count a trajectory once:
+:func:`once_per_trajectory` computes advantages over one entry per key and gives each piece its
+trajectory's advantage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+RewriteRule = Literal["keep", "training_template", "fork", "refuse"]
+
+
+class TemplateRewriteError(RuntimeError):
+    """``template_rewrite: refuse`` and the template rewrote the conversation's history."""
+
+
+def first_difference(rendered: Sequence[int], live: Sequence[int]) -> int | None:
+    """The first position where the re-rendered conversation and the trajectory's tokens differ;
+    None when they are the same."""
+    for i, (a, b) in enumerate(zip(rendered, live)):
+        if a != b:
+            return i
+    return None if len(rendered) == len(live) else min(len(rendered), len(live))
+
+
+def refusal(turn: int, position: int, rendered: Sequence[int], live: Sequence[int],
+            decode: Callable[[Sequence[int]], str]) -> TemplateRewriteError:
+    start = max(0, position - 8)
+    return TemplateRewriteError(
+        f"turn {turn}: the chat template re-renders the conversation differently from the trajectory's "
+        f"tokens at token {position} (template {decode(rendered[start:position + 8])!r}, trajectory "
+        f"{decode(live[start:position + 8])!r}); set rollout.template_rewrite to fork or training_template")
+
+
+def model_tokens_end(mask: Sequence[int]) -> int:
+    """The end of a piece's last model token: what follows (a tool-result delta) trains nothing."""
+    for i in range(len(mask) - 1, -1, -1):
+        if mask[i]:
+            return i + 1
+    return 0
+
+
+def once_per_trajectory(keys: Sequence[str], rewards: Sequence[float], groups: Sequence[int],
+                        advantages: Callable[[list[float], list[int]], list[float]]) -> list[float]:
+    """``advantages(rewards, groups)`` over one entry per trajectory key (a forked trajectory's
+    pieces share its key and its reward; an empty key is a trajectory of its own), each piece given
+    its trajectory's value."""
+    ids: list[str | int] = [key or i for i, key in enumerate(keys)]
+    first: dict[str | int, int] = {}
+    for i, key in enumerate(ids):
+        first.setdefault(key, i)
+    index = {key: n for n, key in enumerate(first)}
+    values = advantages([rewards[i] for i in first.values()], [groups[i] for i in first.values()])
+    return [values[index[key]] for key in ids]

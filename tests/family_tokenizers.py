@@ -1,0 +1,32 @@
+"""Tokenizers for model families without one offline: Qwen's real BPE vocabulary plus the family's
+special tokens, with the family's chat template from the installed ``trl`` package."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from typing import Any
+
+from toolrl.models import qwen_tokenizer_path
+from toolrl.rollout.families import BY_NAME, trl_template
+
+BOS = {"llama3": "<|begin_of_text|>", "deepseek_v3": "<｜begin▁of▁sentence｜>", "gemma": "<bos>"}
+
+
+@cache
+def _qwen_base() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_path("qwen3"))
+
+
+@cache
+def family_tokenizer(name: str, template: str | None = None) -> Any:
+    """``template``: a TRL template file (default: the family's first)."""
+    family = BY_NAME[name]
+    tok = copy.deepcopy(_qwen_base())  # loading takes seconds; every family gets its own copy
+    tok.add_tokens([t for t in family.special_tokens if t not in tok.get_vocab()], special_tokens=True)
+    if name in BOS:
+        tok.bos_token = BOS[name]
+    tok.chat_template = trl_template(template or family.templates[0])
+    return tok
