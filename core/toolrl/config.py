@@ -608,8 +608,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
             raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(loaded).__name__}")
         raw = {**loaded, **raw}
         raw.setdefault("base_dir", str(path.parent.resolve()))
+    file_env = raw.get("env")
     for override in overrides:
         apply_override(raw, override)
+    # The file's env_options were written for its env: an override naming another env drops them
+    # (``toolrl train examples/tiny.yaml env=OTHER``) unless overrides set options of their own.
+    if raw.get("env") != file_env and not any(o.startswith("env_options") for o in overrides):
+        raw.pop("env_options", None)
     _check_moved_keys(raw, path, text, overrides)
     try:
         return Config.model_validate(raw)

@@ -4,7 +4,8 @@ For each sample × n, concurrently::
 
     create tools (sample's tools_kwargs) ─► render prompt (chat template, tools=)    run_trajectory
       ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)           generate
-      │   parse ─► no calls and no errors: done                                      parse, ending_after_generation
+      │   parse ─► no calls and no errors: the tools' user turn (mask 0), else done  parse, ending_after_generation,
+      │                                                                               user_turn
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
       └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
     calc_reward/release, always ─► score (reward fns + calc_reward + step rewards)   finish_tools, score
@@ -70,6 +71,8 @@ class Trajectory(BaseModel):
     reward_errors: dict[str, str] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
     tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
+    reward_parts: dict[str, float] = Field(default_factory=dict)  # "tool.part": what a calc_reward was made of
+    user_turns: list[str] = Field(default_factory=list)  # user turns the tools gave (Tool.respond), in order
     loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
     ground_truth: Any = None
     generation_s: float = 0.0
@@ -202,6 +205,8 @@ async def take_turn(ep: _Episode) -> Termination | None:
     gen = await generate(ep, budget)
     calls, errors = parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
+    if ending == "answered":
+        return await user_turn(ep)
     if ending is not None:
         return ending
     results = await execute(ep, calls)
@@ -253,6 +258,26 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
     traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
     traj.policy_versions = []
+
+
+async def user_turn(ep: _Episode) -> Termination | None:
+    """After an answer: the tools' next user turn (a simulated user) joins the response as environment
+    tokens (mask 0) and the model takes another turn; no user turn: the answer ends the trajectory."""
+    traj = ep.traj
+    reply = await ep.toolset.respond(traj.final_response)
+    if reply is None:
+        return "answered"
+    traj.user_turns.append(reply)
+    if traj.turns >= ep.route.max_turns:
+        return "max_turns"
+    message = {"role": "user", "content": reply}
+    delta = ep.renderer.tool_delta([message])
+    if ep.response_tokens + len(delta) >= ep.config.max_response_tokens:
+        return "max_response_tokens"
+    ep.messages.append(message)
+    _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    check_history(ep)
+    return None
 
 
 async def generate(ep: _Episode, budget: int) -> Generation:
@@ -347,6 +372,7 @@ async def finish_tools(ep: _Episode) -> None:
     traj, toolset = ep.traj, ep.toolset
     traj.tool_rewards = await asyncio.shield(toolset.finish())
     traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
+    traj.reward_parts = dict(toolset.reward_parts)
     traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
     if traj.tool_errors and traj.error is None:
         traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))

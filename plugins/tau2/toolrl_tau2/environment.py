@@ -1,0 +1,104 @@
+"""The τ²-bench environments ``tau2-airline``, ``tau2-retail``, ``tau2-telecom`` and ``tau2-mock``:
+the domain's tasks (split as the package's ``split_tasks.json`` splits them) as samples, its policy as
+the system prompt, its tools through the ``tau2`` tool, and τ²'s evaluation as the reward.
+
+Options (``env_options``): ``user: {base_url, model}`` simulates the user with a model behind an
+OpenAI-compatible endpoint; ``solo`` (mock, telecom: the package's solo policy; default: on for telecom
+when no user is configured) gives the agent the ticket and no user; ``judge: {base_url, model}`` judges τ²'s
+natural-language assertions (skipped, and recorded as skipped, without one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from toolrl.environments import Environment
+
+from toolrl_tau2 import domain
+from toolrl_tau2.session import USER_OPENING, Endpoint
+
+
+class Tau2Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    domain: str = Field("", description="set by the environment")
+    user: Endpoint | None = Field(None, description="the simulated user's OpenAI-compatible endpoint")
+    judge: Endpoint | None = Field(None, description="the NL-assertion judge's OpenAI-compatible endpoint")
+    solo: bool | None = Field(None, description="no user, the ticket first (default: where the domain has it)")
+    max_user_turns: int = Field(30, gt=0)
+
+    def solo_mode(self) -> bool:
+        return self.solo if self.solo is not None else self.user is None and self.domain in domain.SOLO_BY_DEFAULT
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Tau2Options:
+        if self.solo and self.user is not None:
+            raise ValueError("solo: true has no user: drop user or solo")
+        if self.solo and self.domain and self.domain not in domain.SOLO_DOMAINS:
+            raise ValueError(f"τ² domain {self.domain!r} has no solo policy "
+                             f"(solo domains: {', '.join(sorted(domain.SOLO_DOMAINS))})")
+        return self
+
+
+def options_for(name: str) -> type[Tau2Options]:
+    """The options model of one domain (its ``domain`` fixed, so checks can name it)."""
+    return create_model(f"Tau2{name.title()}Options", __base__=Tau2Options,
+                        domain=(str, Field(name, description="the τ² domain (fixed)")))
+
+
+def loader(name: str) -> Any:
+    model = options_for(name)
+
+    def load(options: Tau2Options | None, split: str) -> list[dict[str, Any]]:
+        return samples(options if options is not None else model(), split)
+
+    return load
+
+
+def samples(options: Tau2Options, split: str) -> list[dict[str, Any]]:
+    """The split's tasks as verl rows: the task's conversation so far and the opening user message,
+    the task id as ground truth and as every domain tool's ``create_kwargs.task_id``. In solo mode the
+    tasks whose history holds user turns are left out (τ² cannot run them solo)."""
+    solo = options.solo_mode()
+    names = [s["function"]["name"] for s in domain.tool_schemas(options.domain, solo)]
+    rows = []
+    for task in domain.tasks(options.domain, split):
+        if solo and domain.user_in_history(task):
+            continue
+        opening = USER_OPENING if options.user is not None else domain.opening(task, solo)
+        rows.append({
+            "data_source": f"tau2/{options.domain}",
+            "prompt": [*domain.chat_messages(domain.history(task)), {"role": "user", "content": opening}],
+            "reward_model": {"style": "rule", "ground_truth": task.id},
+            "extra_info": {"index": len(rows), "tools_kwargs": {n: {"create_kwargs": {"task_id": task.id}} for n in names}},
+        })
+    return rows
+
+
+def configure(options: Tau2Options) -> dict[str, Any]:
+    solo = options.solo_mode()
+    block = {"domain": options.domain, "solo": solo, "max_user_turns": options.max_user_turns,
+             "user": options.user.model_dump() if options.user else None,
+             "judge": options.judge.model_dump() if options.judge else None}
+    return {"system_prompt": domain.policy(options.domain, solo),
+            "tools": [{"class_name": "tau2", "config": {"type": "native"}, "tau2": block}]}
+
+
+def make(name: str, description: str) -> Environment:
+    return Environment(
+        name=f"tau2-{name}",
+        description=description,
+        splits={"train": loader(name), "test": loader(name)},
+        tools=[{"class_name": "tau2", "config": {"type": "native"}, "tau2": {"domain": name}}],
+        parser="hermes",
+        max_turns=30,
+        options=options_for(name),
+        configure=configure,
+    )
+
+
+AIRLINE = make("airline", "τ²-bench airline: bookings, changes, cancellations under the airline policy.")
+RETAIL = make("retail", "τ²-bench retail: orders, returns, exchanges under the retail policy.")
+TELECOM = make("telecom", "τ²-bench telecom: technical support (solo: the agent also runs the user's device).")
+MOCK = make("mock", "τ²-bench mock: a small task-list domain (9 tasks, solo by default).")
