@@ -259,7 +259,22 @@ class RewardConfig(Section):
 ASYNC_TIS_CAP = 2.0
 
 
+class OverlongConfig(Section):
+    """DAPO's overlong reward shaping (:mod:`toolrl.algorithms.overlong`): the last ``buffer`` tokens of
+    ``rollout.max_response_tokens`` cost up to ``penalty`` reward, linearly."""
+
+    buffer: Tokens = Field(gt=0, description="tokens before the response budget where the penalty starts")
+    penalty: float = Field(1.0, ge=0, description="the reward lost by a response that reaches the budget")
+
+
 class AlgorithmConfig(Section):
+    # The RL algorithm by parts (toolrl.algorithms, docs/algorithms.md): an advantage estimator and a
+    # policy loss, by registered name, each with its own options (checked by toolrl.algorithms.rules).
+    advantage: str = Field("grpo", description="advantage estimator (toolrl list-plugins)")
+    advantage_options: dict[str, Any] = Field(default_factory=dict)
+    loss: str = Field("ppo_clip", description="policy loss (toolrl list-plugins)")
+    loss_options: dict[str, Any] = Field(default_factory=dict)
+    overlong: OverlongConfig | None = None
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.28, ge=0)
     kl_coef: float = Field(0.0, ge=0)

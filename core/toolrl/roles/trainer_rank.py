@@ -96,8 +96,9 @@ class TrainerRank:
 
     # ----------------------------------------------------------------- training
 
-    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0, and
+        ``advantages`` (per trajectory, for the traces)."""
         from toolrl.training.grpo import StepOptions, grpo_step
         from toolrl.training.sharding import state_bytes
 
