@@ -289,6 +289,18 @@ class AlgorithmConfig(Section):
                                             "dynamic sampling) and generate more until the batch is full")
 
 
+class CriticConfig(Section):
+    """PPO's value model (toolrl.training.critic), trained beside the policy when the advantage
+    estimator reads values (``gae``); such a run without this section gets these defaults."""
+
+    model: str | None = Field(None, description="a separate value model's source (as model.source); "
+                              "None: a copy of the policy's backbone")
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    value_clip: float | None = Field(0.5, gt=0, description="ε of the clipped value loss (None: unclipped)")
+    grad_clip: float = Field(1.0, gt=0)
+
+
 # Positions per LM-head chunk: the head holds at most this many fp32 rows of vocabulary logits.
 DEFAULT_LOGPROB_CHUNK = 512
 
@@ -366,6 +378,7 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic: CriticConfig | None = Field(None, description="the value model (gae); None: no critic")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -11,8 +11,12 @@ and values ``V`` (the critic's estimate before the token is sampled)::
     R_{t_k} = A_{t_k} + V_{t_k}                      (the critic's regression target)
 
 With ``γ = λ = 1``, ``A_t = Σ_{k ≥ t} r_k − V_t``: the return minus the value. Rewards on untrained
-positions are not read; the outcome reward sits on the last trained token (:func:`token_rewards`),
-optionally with a per-token KL penalty on every trained token.
+positions are not read; the outcome reward sits on the last trained token (:func:`token_rewards`).
+KL is not folded into the rewards: it stays in the loss (``algorithm.kl_coef``), one KL path for every
+estimator (:mod:`toolrl.algorithms.rules`).
+
+The ``gae`` estimator (:class:`Gae`) gives these advantages, whitened over the batch's trained tokens
+by default (PPO's normalisation), and the returns as the critic's targets (``value_targets``).
 """
 
 from __future__ import annotations
@@ -20,15 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["gae", "token_rewards", "whiten"]
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+
+__all__ = ["Gae", "gae", "token_rewards", "whiten"]
 
 
-def token_rewards(outcome: Sequence[float], mask: torch.Tensor, kl: torch.Tensor | None = None,
-                  kl_coef: float = 0.0) -> torch.Tensor:
-    """Per-token rewards (B, R): each row's outcome reward on its last trained token, minus
-    ``kl_coef · kl`` on every trained token (with ``kl`` given); 0 on untrained positions and on a
-    row with no trained token."""
+def token_rewards(outcome: Sequence[float], mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards (B, R): each row's outcome reward on its last trained token; 0 on untrained
+    positions and on a row with no trained token."""
     if len(outcome) != mask.shape[0]:
         raise ValueError(f"{len(outcome)} outcome rewards for {mask.shape[0]} rows")
     trained = mask > 0
@@ -38,8 +43,6 @@ def token_rewards(outcome: Sequence[float], mask: torch.Tensor, kl: torch.Tensor
     rows = torch.nonzero(last >= 0).flatten()
     values = torch.tensor(list(outcome), dtype=torch.float32, device=mask.device)
     rewards[rows, last[rows]] = values[rows]
-    if kl is not None and kl_coef:
-        rewards = rewards - kl_coef * kl.float() * trained
     return rewards
 
 
@@ -80,3 +83,39 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     if count > 1:
         centred = centred / (picked.std() + eps)
     return torch.where(trained, centred, 0.0)
+
+
+class GaeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount per trained token")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE's λ: 0 one-step TD, 1 Monte-Carlo return minus value")
+    whiten: bool = Field(True, description="normalise the advantages over the batch's trained tokens")
+
+
+class Gae(AdvantageEstimator):
+    """GAE (Schulman et al. 2016) with a critic, over each trajectory's trained tokens (module
+    docstring)::
+
+        δ_t = r_t + γ V_{t'} − V_t,   A_t = δ_t + γλ A_{t'}      (t': the next trained token)
+
+    then ``(A − mean) / std`` over the batch's trained tokens (``whiten``). ``value_targets`` gives
+    the critic's regression targets ``R_t = A_t + V_t`` (before whitening)."""
+
+    name = "gae"
+    Options = GaeOptions
+    outcome = False
+    needs_values = True
+
+    def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if inputs.values is None:
+            raise ValueError("gae reads per-token values: the run needs a critic")
+        mask = inputs.response_mask
+        rewards = token_rewards(inputs.rewards.tolist(), mask)
+        return gae(rewards, inputs.values.to(mask.device), mask, self.options.gamma, self.options.lam)
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        advantages, _ = self.advantages_and_returns(inputs)
+        return whiten(advantages, inputs.response_mask) if self.options.whiten else advantages
+
+    def value_targets(self, inputs: AdvantageInputs) -> torch.Tensor:
+        return self.advantages_and_returns(inputs)[1]

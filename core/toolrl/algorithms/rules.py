@@ -3,7 +3,10 @@ resolved (before anything starts), each broken rule one config line naming what 
 
 - A sequence-level loss (``gspo``: one ratio per sequence) needs one advantage per sequence: a
   per-token estimator (``gae``, ``outcome = False``) with it is an error naming both.
-- An estimator that reads values (``needs_values``) needs a critic.
+- An estimator that reads values (``needs_values``) needs a critic: a run without a ``critic`` section
+  gets the default one (:func:`with_critic`, recorded in ``config.json``); the estimator must also
+  give the critic's targets (``value_targets``). A ``critic`` section with an estimator that reads no
+  values is an error (it would train nothing).
 - ``dr_grpo`` with ``loss_agg: seq-mean-token-mean`` would put back the per-response length
   normalisation Dr. GRPO removes: an error naming both.
 - ``algorithm.overlong.buffer`` must be shorter than ``rollout.max_response_tokens``.
@@ -26,6 +29,29 @@ from toolrl.config import ConfigError
 if TYPE_CHECKING:
     from toolrl.algorithms import AdvantageEstimator, PolicyLoss
     from toolrl.config import Config
+
+
+def with_critic(config: Config) -> Config:
+    """``config`` with the default ``critic`` section when its estimator reads values and it sets
+    none; a ConfigError for a critic nothing would read. An estimator that cannot be loaded is left
+    for :func:`check_algorithm` to report."""
+    from toolrl.config import CriticConfig
+    from toolrl.plugins import get_plugins
+
+    name = config.algorithm.advantage
+    try:
+        estimator = get_plugins().load_part("advantage_estimators", name)
+    except Exception:  # noqa: BLE001  (check_algorithm turns it into the config error)
+        return config
+    if not estimator.needs_values:
+        if config.critic is not None:
+            raise ConfigError(f"critic: set, but algorithm.advantage={name} reads no values; drop the critic "
+                              "section or pick an estimator that reads them (gae)")
+        return config
+    if not callable(getattr(estimator, "value_targets", None)):
+        raise ConfigError(f"algorithm.advantage={name}: reads values but gives the critic no targets "
+                          "(value_targets)")
+    return config if config.critic is not None else config.model_copy(update={"critic": CriticConfig()})
 
 
 def check_algorithm(config: Config, has_critic: bool = False) -> tuple[AdvantageEstimator, PolicyLoss]:

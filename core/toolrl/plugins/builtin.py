@@ -69,6 +69,7 @@ class AlgorithmsPlugin:
         for name, cls in (("grpo", "Grpo"), ("dr_grpo", "DrGrpo"), ("rloo", "Rloo"), ("reinforce_pp", "ReinforcePP"),
                           ("reinforce_pp_baseline", "ReinforcePPBaseline")):
             register(f"toolrl.algorithms.advantages:{cls}", name=name)
+        register("toolrl.algorithms.gae:Gae", name="gae")
 
     @hookimpl
     def register_policy_losses(self, register: Register) -> None:

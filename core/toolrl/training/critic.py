@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
+from toolrl.config import Config
 from toolrl.rollout import Trajectory
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
 
-__all__ = ["CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
+__all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
            "shard_critic", "state", "value_loss", "value_metrics"]
 
 
@@ -227,3 +228,58 @@ def load_state(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, loaded
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(critic, optimizer, model_state_dict=loaded["critic"], optim_state_dict=loaded["critic_optim"])
+
+
+class Critic:
+    """A trainer rank's critic: the value model (sharded like the policy), its optimizer and options;
+    what the rank asks of it each step (values before advantages, the update after) and its part of
+    checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: CriticOptions) -> None:
+        self.model, self.optimizer, self.options = model, optimizer, options
+
+    @classmethod
+    def build(cls, config: Config, policy_lm: Any, device: str, pad_id: int, rank: int = 0, world_size: int = 1,
+              mesh: Any = None) -> Critic:
+        """From ``config.critic``: a copy of ``policy_lm``'s backbone (before sharding, and without
+        adapters: a LoRA run's critic starts from ``model.source`` again), or ``critic.model``."""
+        import copy
+
+        from toolrl import models
+        from toolrl.roles.compose import model_path
+
+        cfg = config.critic
+        if cfg.model is None and config.model.lora is None:
+            backbone = copy.deepcopy(getattr(policy_lm, policy_lm.base_model_prefix))
+        else:
+            source = model_path(config) if cfg.model is None else models.resolve_source(
+                config.model.model_copy(update={"source": cfg.model}), config.base_dir)
+            lm = models.load_model(source, dtype=config.model.dtype, device=device)
+            if config.model.gradient_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            backbone = getattr(lm, lm.base_model_prefix)
+        model: torch.nn.Module = ValueModel(backbone.requires_grad_(True))
+        if mesh is not None:
+            model = shard_critic(model, mesh, offload=config.trainer.cpu_offload)
+        optimizer = make_optimizer(model, cfg.lr, config.optim.betas, cfg.weight_decay)
+        algo, optim = config.algorithm, config.optim
+        options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
+                                mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,
+                                max_tokens_per_micro_batch=optim.max_tokens_per_micro_batch, pad_id=pad_id,
+                                rank=rank, world_size=world_size)
+        return cls(model, optimizer, options)
+
+    def values(self, trajs: Sequence[Trajectory]) -> torch.Tensor:
+        return batch_values(self.model, trajs, self.options)
+
+    def update(self, trajs: Sequence[Trajectory], values: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor) -> dict[str, float]:
+        """The update, and the value metrics of the batch (the values before it against the returns)."""
+        return {**critic_update(self.model, self.optimizer, trajs, values, returns, self.options),
+                **value_metrics(values, returns, mask)}
+
+    def state(self) -> dict[str, Any]:
+        return state(self.model, self.optimizer)
+
+    def load(self, loaded: dict[str, Any]) -> None:
+        load_state(self.model, self.optimizer, loaded)

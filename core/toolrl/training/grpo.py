@@ -63,15 +63,14 @@ from toolrl.training.microbatch import plan
 from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
-__all__ = ["Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
+__all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "grpo_step",
            "policy_loss", "response_logprobs", "token_advantages"]
 
 
-def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
-                     max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None) -> torch.Tensor:
-    """The step's advantages, (B, R) over its response grid (R: the longest response), from the
-    rewards shaped by ``algorithm.overlong``."""
+def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
+                     values: torch.Tensor | None = None) -> AdvantageInputs:
+    """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
+    the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
@@ -79,7 +78,14 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     rewards = shape_rewards([t.reward for t in trajectories], [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
     groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
-    return estimator(AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values))
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values)
+
+
+def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
+                     max_response_tokens: int, algo: AlgorithmConfig,
+                     values: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`)."""
+    return estimator(advantage_inputs(trajectories, max_response_tokens, algo, values))
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
@@ -192,8 +198,9 @@ class MiniBatch:
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
-              options: StepOptions, ref_model: Any = None) -> dict[str, float]:
-    """One GRPO update on a rollout batch; returns metrics.
+              options: StepOptions, ref_model: Any = None, values: torch.Tensor | None = None) -> dict[str, Any]:
+    """One GRPO update on a rollout batch; returns metrics. ``values``: the critic's (B, R) per-token
+    values, for an estimator that reads them (``gae``).
 
     Sharded training: every rank passes the whole batch and trains its ``options.rank``'s share of each
     mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
@@ -216,7 +223,7 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     t_start = time.perf_counter()
     device = next(model.parameters()).device
     estimator, loss_fn = build_estimator(options.algo), build_loss(options.algo)
-    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo)
+    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
