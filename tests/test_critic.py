@@ -204,3 +204,42 @@ def test_two_ranks_update_like_one(lm, tiny_qwen3_path):
     assert norm2 == pytest.approx(out["critic_grad_norm"], rel=1e-4)
     assert torch.allclose(after2, after, atol=1e-5)
     assert not torch.allclose(after, old, atol=1e-3)  # the update moved the values
+
+
+def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path, tmp_path):
+    """The trainer role with ``algorithm.advantage=gae``: values before the advantages (per-token,
+    recorded for the traces), the critic's update and metrics; a checkpoint holds the critic, and a
+    rank loading it takes the next step exactly as the one that wrote it."""
+    from pathlib import Path
+
+    from toolrl.algorithms.rules import with_critic
+    from toolrl.config import load_config
+    from toolrl.models import load_model, load_tokenizer
+    from toolrl.roles.trainer_rank import TrainerRank
+
+    tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
+    cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "critic.lr=0.01", "optim.micro_batch_size=2"]))
+
+    def rank() -> TrainerRank:
+        r = TrainerRank(cfg)
+        r.setup(model=load_model(tiny_qwen3_path), tokenizer=load_tokenizer(tiny_qwen3_path))
+        return r
+
+    a = rank()
+    first = a.step(TRAJS)
+    assert first["value_loss"] == pytest.approx(float((returns_of(TRAJS, 5) ** 2).sum() / 11), rel=1e-5)
+    assert first["value_mean"] == 0.0 and first["value_tokens"] == 11.0
+    assert [len(x) for x in first["advantages"]] == [len(t.response_ids) for t in TRAJS]  # per token
+    assert not torch.equal(a.critic.model.head.weight, torch.zeros_like(a.critic.model.head.weight))
+    a.save(str(tmp_path))
+    second = a.step(TRAJS)
+    assert second["value_mean"] != 0.0 and "explained_variance" in second
+
+    b = rank()
+    b.load(str(tmp_path))
+    again = b.step(TRAJS)
+    def steady(m):
+        return {k: v for k, v in m.items() if not k.endswith("_per_s") and k != "trainer_peak_mb"}
+    assert steady(again) == steady(second)
+    for (name, x), (_, y) in zip(a.critic.model.state_dict().items(), b.critic.model.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name

@@ -72,3 +72,67 @@ def test_bad_shapes_and_discounts_are_refused():
         gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
     with pytest.raises(ValueError, match="gamma 1.5"):
         gae(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), gamma=1.5)
+
+
+# -- the gae estimator and the critic's composition rules ----------------------------------------------
+
+
+def config(*overrides):
+    from toolrl.config import load_config
+
+    return load_config(None, [*overrides], data={"env": "arithmetic"})
+
+
+def test_the_gae_estimator_is_built_in_and_whitens_gae():
+    from toolrl.algorithms import AdvantageInputs, build_estimator
+
+    estimator = build_estimator(config("algorithm.advantage=gae", "algorithm.advantage_options={gamma: 0.9, lam: 0.5}").algorithm)
+    assert (estimator.name, estimator.outcome, estimator.needs_values) == ("gae", False, True)
+    values = torch.tensor([[0.5, 0.6, 9.0, 0.8], [0.2, -0.4, 0.0, 0.0]])
+    inputs = AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK, values)
+    raw, returns = gae(token_rewards([1.0, -1.0], MASK), values, MASK, 0.9, 0.5)
+    assert torch.allclose(estimator(inputs), whiten(raw, MASK))
+    assert torch.allclose(estimator.value_targets(inputs), returns)
+    plain = build_estimator(config("algorithm.advantage=gae", "algorithm.advantage_options={whiten: false}").algorithm)
+    assert torch.equal(plain(inputs), gae(token_rewards([1.0, -1.0], MASK), values, MASK)[0])
+    with pytest.raises(ValueError, match="needs a critic"):
+        estimator(AdvantageInputs(inputs.rewards, inputs.groups, MASK))
+
+
+def test_gae_gets_the_default_critic_and_a_critic_nothing_reads_is_an_error():
+    from toolrl.algorithms.rules import check_algorithm, with_critic
+    from toolrl.config import ConfigError, CriticConfig
+
+    assert config("algorithm.advantage=gae").critic is None
+    filled = with_critic(config("algorithm.advantage=gae"))
+    assert filled.critic == CriticConfig()
+    check_algorithm(filled, has_critic=True)
+    assert with_critic(config("algorithm.advantage=gae", "critic.lr=0.001")).critic.lr == 0.001
+    assert with_critic(config()).critic is None
+    with pytest.raises(ConfigError, match=r"^critic: set, but algorithm.advantage=grpo reads no values"):
+        with_critic(config("critic.lr=0.001"))
+    with pytest.raises(ConfigError, match=r"^algorithm.advantage=gae with algorithm.loss=gspo: a sequence-level"):
+        check_algorithm(with_critic(config("algorithm.advantage=gae", "algorithm.loss=gspo")), has_critic=True)
+
+
+def test_a_value_reading_estimator_must_give_the_critic_targets():
+    from toolrl.algorithms import AdvantageEstimator
+    from toolrl.algorithms.rules import with_critic
+    from toolrl.config import ConfigError
+    from toolrl.plugins import get_plugins
+    from toolrl.plugins.registry import Part
+
+    class ValuesOnly(AdvantageEstimator):
+        name = "values_only_test"
+        outcome = False
+        needs_values = True
+
+        def __call__(self, inputs):
+            return -inputs.values
+
+    registry = get_plugins().registry
+    if not registry.has("advantage_estimators", "values_only_test"):
+        registry.add(Part("advantage_estimators", "values_only_test", "tests", ValuesOnly))
+    with pytest.raises(ConfigError, match=r"^algorithm.advantage=values_only_test: reads values but gives the "
+                                          r"critic no targets"):
+        with_critic(config("algorithm.advantage=values_only_test"))
