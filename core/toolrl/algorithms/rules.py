@@ -41,7 +41,7 @@ def with_critic(config: Config) -> Config:
     name = config.algorithm.advantage
     try:
         estimator = get_plugins().load_part("advantage_estimators", name)
-    except Exception:  # noqa: BLE001  (check_algorithm turns it into the config error)
+    except Exception:  # check_algorithm turns it into the one-line config error
         return config
     if not estimator.needs_values:
         if config.critic is not None:
