@@ -129,7 +129,7 @@ def register_advantage_estimators(register: Register) -> None:
     per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
     broadcast over its tokens. Its ``Options`` pydantic model types ``algorithm.advantage_options``.
     ``algorithm.advantage: NAME`` selects one; the built-ins are ``grpo`` (the default), ``dr_grpo``,
-    ``rloo``, ``reinforce_pp`` and ``reinforce_pp_baseline`` (``docs/algorithms.md``).
+    ``rloo``, ``reinforce_pp``, ``reinforce_pp_baseline`` and ``gae`` (with a critic; ``docs/algorithms.md``).
     """
 
 
