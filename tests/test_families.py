@@ -24,7 +24,7 @@ from toolrl.rollout.families import (
     renderer_factory,
     trl_template,
 )
-from toolrl.rollout.rewrite import TemplateRewriteError, once_per_trajectory
+from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.schemas import Sample
 from toolrl.testing import parser_corpus as pc
 from toolrl.tools import Tool
@@ -199,18 +199,24 @@ async def test_qwen3_with_reasoning_trains_a_step_under_fork_and_training_templa
 
 
 def test_group_statistics_count_a_forked_trajectory_once():
-    from toolrl.training.grpo import group_advantages
+    import torch
+    from toolrl.algorithms.advantages import Grpo
+    from toolrl.config import AlgorithmConfig
+    from toolrl.training.grpo import token_advantages
 
     def piece(key, n, reward):
         return Trajectory(trajectory_id=f"{key}~{n}", trajectory_key=key, piece=n, sample_index=0, group=0,
-                          prompt_ids=[1], reward=reward)
+                          prompt_ids=[1], response_ids=[5, 6], response_mask=[1, 1], reward=reward)
 
     pieces = [piece("a", 0, 1.0), piece("a", 1, 1.0), piece("a", 2, 1.0), piece("b", 0, 0.0)]
-    adv = once_per_trajectory([p.key for p in pieces], [p.reward for p in pieces], [p.group for p in pieces],
-                              lambda r, g: group_advantages(r, g))
+    algo = AlgorithmConfig()
+    grid = token_advantages(pieces, Grpo(Grpo.Options(), algo), 2048, algo)
+    adv = grid[:, 0].tolist()
     assert adv[:3] == [adv[0]] * 3 and adv[0] == pytest.approx(0.7071, abs=1e-3) and adv[3] == pytest.approx(-adv[0])
+    assert torch.equal(grid[:, 1], grid[:, 0])  # each piece's number over all its tokens
     # Counted per piece, a's three pieces would outweigh b: the mean would be 0.75, not 0.5.
-    assert group_advantages([p.reward for p in pieces], [0] * 4)[3] != pytest.approx(adv[3])
+    unkeyed = [p.model_copy(update={"trajectory_key": ""}) for p in pieces]
+    assert token_advantages(unkeyed, Grpo(Grpo.Options(), algo), 2048, algo)[3, 0] != pytest.approx(adv[3])
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f.templates])

@@ -2,9 +2,13 @@
 every hook is documented in docs/plugins.md and has a test here named test_hook_<name>."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from _dists import make_dist, run_toolrl
 from toolrl import hookspecs
 
@@ -70,6 +74,31 @@ def register_loggers(register):
 @hookimpl
 def register_environments(register):
     register("hooks_env:SAY", name="say")
+
+from toolrl.algorithms import AdvantageEstimator, LossTerms, PolicyLoss
+
+class MedianBaseline(AdvantageEstimator):
+    name = "median_baseline"
+    def __call__(self, inputs):
+        import torch
+        rewards, groups = inputs.rewards, inputs.groups
+        adv = torch.stack([r - rewards[groups == g].median() for r, g in zip(rewards, groups)]).float()
+        return adv[:, None].expand(inputs.response_mask.shape)
+
+class PlainPG(PolicyLoss):
+    name = "plain_pg"
+    def __call__(self, inputs):
+        import torch
+        loss = -inputs.advantages * inputs.new_logprobs
+        return LossTerms(loss, torch.zeros_like(loss, dtype=torch.bool))
+
+@hookimpl
+def register_advantage_estimators(register):
+    register(MedianBaseline)
+
+@hookimpl
+def register_policy_losses(register):
+    register(PlainPG)
 
 @hookimpl
 def register_commands(cli):
@@ -167,6 +196,33 @@ def test_hook_register_loggers(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     row = json.loads((out / "metrics.jsonl").read_text())  # jsonl stays on beside the named logger
     assert (out / "note.txt").read_text() == f"1 {row['reward_mean']}\n"
+
+
+def test_hook_register_advantage_estimators(tmp_path):
+    """A plugin's estimator (and loss) train a run by name; the traces record what it computed."""
+    assert listed(tmp_path)["parts"]["advantage_estimators"] == ["median_baseline"]
+    out = tmp_path / "run"
+    done = run_toolrl("train", str(ROOT / "examples" / "tiny.yaml"), "trainer.total_steps=1", "trainer.plot=false",
+                      "trainer.progress=false", f"trainer.output_dir={out}", "algorithm.advantage=median_baseline",
+                      "algorithm.loss=plain_pg", path=plugin_dir(tmp_path), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    traces = [json.loads(x) for x in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    for t in traces:
+        group = sorted(u["reward"] for u in traces if u["group"] == t["group"])
+        assert t["advantage"] == pytest.approx(t["reward"] - group[(len(group) - 1) // 2], abs=1e-6)
+    row = json.loads((out / "metrics.jsonl").read_text())
+    assert row["clip_frac"] == 0 and "advantage_mean" in row and "advantages" not in row
+
+
+def test_hook_register_policy_losses(tmp_path):
+    assert listed(tmp_path)["parts"]["policy_losses"] == ["plain_pg"]
+    code = ("import torch; from toolrl.config import AlgorithmConfig; from toolrl.algorithms import LossInputs, build_loss; "
+            "lp = torch.tensor([[-1.0, -2.0]]); loss = build_loss(AlgorithmConfig(loss='plain_pg')); "
+            "print(loss(LossInputs(lp, lp, lp, torch.tensor([[0.5, 0.5]]), torch.ones(1, 2))).per_token.tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
+                                                                            os.environ.get("PYTHONPATH", "")])})
+    assert out.stdout.strip() == "[[0.5, 1.0]]", out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

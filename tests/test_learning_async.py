@@ -20,7 +20,7 @@ STEPS = 16
 NOISE = 0.12
 
 
-def run(tmp_path, model, staleness: int, seed: int = 0) -> list[float]:
+def run(tmp_path, model, staleness: int, seed: int = 0, extra: tuple[str, ...] = ()) -> list[dict]:
     from toolrl.roles.controller import train_async
 
     registry = get_plugins().registry
@@ -32,7 +32,7 @@ def run(tmp_path, model, staleness: int, seed: int = 0) -> list[float]:
         "trainer.plot=false", "trainer.progress=false", "trainer.save_every=100", f"trainer.seed={seed}",
         f"rollout.seed={seed}", f"trainer.max_staleness={staleness}", "rollout.n=8", "rollout.max_new_tokens=12",
         "rollout.max_response_tokens=12", "rollout.temperature=1.0", "reward.functions=[{name: aligned_tokens}]",
-        "optim.lr=5.0e-3", "optim.micro_batch_size=16", "tools.entries=[]",
+        "optim.lr=5.0e-3", "optim.micro_batch_size=16", "tools.entries=[]", *extra,
     ])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     asyncio.run(train_async(cfg))

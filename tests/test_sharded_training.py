@@ -72,7 +72,7 @@ def cluster(tmp_path_factory):
             sys.path.remove(str(plugin_dir))
 
 
-def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True) -> Config:
+def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True, extra: tuple[str, ...] = ()) -> Config:
     # Sampling is a step function of the weights: 1 and 2 ranks agree to ~1e-7 after a step, which
     # moves a draw to the neighbouring token only when it lies that close to a CDF boundary (the tiny
     # random model's 150k near-uniform probabilities make such boundaries dense). The prompts of
@@ -85,6 +85,7 @@ def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True) -> C
         "env_options.train_size=16", "env_options.seed=1", "data.batch_size=2", "rollout.n=3", "rollout.max_new_tokens=6",
         "rollout.max_response_tokens=6",
         "trainer.weight_sync_bucket_mb=4",  # several buckets even for the tiny model
+        *extra,
     ])
 
 
@@ -149,6 +150,21 @@ def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str,
             found["pid"] = pid
             return
         time.sleep(0.05)
+
+
+def test_two_ranks_train_like_one_with_rloo_and_gspo(cluster, tmp_path):
+    """Another estimator and loss (a sequence-level one) shard like the default: same rewards, and
+    grad_norm within 1e-3, on one rank and two, with the same advantages traced."""
+    algo = ("algorithm.advantage=rloo", "algorithm.loss=gspo")
+    one = train(config(tmp_path / "w1", 1, steps=2, extra=algo))
+    two = train(config(tmp_path / "w2", 2, steps=2, extra=algo))
+    for a, b in zip(lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl"), strict=True):
+        t1 = lines(one / "rollouts" / f"step_{a['step']:05d}.jsonl")
+        t2 = lines(two / "rollouts" / f"step_{b['step']:05d}.jsonl")
+        assert [t["reward"] for t in t1] == [t["reward"] for t in t2]
+        assert [t["advantage"] for t in t1] == pytest.approx([t["advantage"] for t in t2], abs=1e-6)
+        assert a["grad_norm"] > 0 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-3 * a["grad_norm"]
+        assert abs(a["reward_mean"] - b["reward_mean"]) <= 1e-3
 
 
 def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster, two_ranks, tmp_path):

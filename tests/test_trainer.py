@@ -137,6 +137,23 @@ def test_rollout_command_evaluates_without_training(tmp_path):
     assert not (out / "checkpoints").exists()
 
 
+def test_train_with_rloo_and_gspo_by_name(tmp_path):
+    """The issue's command: another estimator and loss, by name, train two steps; the traces record
+    each trajectory's RLOO advantage (its reward less the mean of its group's others)."""
+    out = tmp_path / "run"
+    res = run_toolrl("train", TINY, "algorithm.advantage=rloo", "algorithm.loss=gspo", "trainer.total_steps=2",
+                     "trainer.plot=false", f"trainer.output_dir={out}", env=FAST, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = lines(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all("grad_norm" in m and "advantage_std" in m for m in metrics)
+    for step in (1, 2):
+        traces = lines(out / "rollouts" / f"step_{step:05d}.jsonl")
+        for t in traces:
+            others = [u["reward"] for u in traces if u["group"] == t["group"] and u is not t]
+            assert t["advantage"] == pytest.approx(t["reward"] - sum(others) / len(others), abs=1e-6)
+    assert metrics[0]["advantage_mean"] == pytest.approx(0.0, abs=1e-6)  # RLOO's advantages sum to 0 per group
+
+
 @pytest.mark.parametrize("override, message", [
     ("trainer.total_stepz=3", "trainer.total_stepz: unknown key"),
     ("trainer.total_steps=-1", "trainer.total_steps: Input should be greater than 0"),
@@ -147,6 +164,8 @@ def test_rollout_command_evaluates_without_training(tmp_path):
     ("env=ghost", "env: unknown environment 'ghost' (available: arithmetic"),
     ("env_options.digits=0", "env_options: digits: Input should be greater than or equal to 1"),
     ("trainer.total_steps", "must look like dotted.key=value"),
+    ("algorithm.loss=nope", "algorithm.loss: unknown policy loss 'nope'"),
+    ("algorithm.loss_options.max_weight=2", "algorithm.loss_options.max_weight: unknown key"),
 ])
 def test_bad_config_names_the_field_without_traceback(tmp_path, override, message):
     res = run_toolrl("train", TINY, override, f"trainer.output_dir={tmp_path}", env=FAST, timeout=300)

@@ -271,7 +271,22 @@ class RewardConfig(Section):
 ASYNC_TIS_CAP = 2.0
 
 
+class OverlongConfig(Section):
+    """DAPO's overlong reward shaping (:mod:`toolrl.algorithms.overlong`): the last ``buffer`` tokens of
+    ``rollout.max_response_tokens`` cost up to ``penalty`` reward, linearly."""
+
+    buffer: Tokens = Field(gt=0, description="tokens before the response budget where the penalty starts")
+    penalty: float = Field(1.0, ge=0, description="the reward lost by a response that reaches the budget")
+
+
 class AlgorithmConfig(Section):
+    # The RL algorithm by parts (toolrl.algorithms, docs/algorithms.md): an advantage estimator and a
+    # policy loss, by registered name, each with its own options (checked by toolrl.algorithms.rules).
+    advantage: str = Field("grpo", description="advantage estimator (toolrl list-plugins)")
+    advantage_options: dict[str, Any] = Field(default_factory=dict)
+    loss: str = Field("ppo_clip", description="policy loss (toolrl list-plugins)")
+    loss_options: dict[str, Any] = Field(default_factory=dict)
+    overlong: OverlongConfig | None = None
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.28, ge=0)
     kl_coef: float = Field(0.0, ge=0)
@@ -284,6 +299,18 @@ class AlgorithmConfig(Section):
     tis_cap: float | None = Field(None, gt=0)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "
                                             "dynamic sampling) and generate more until the batch is full")
+
+
+class CriticConfig(Section):
+    """PPO's value model (toolrl.training.critic), trained beside the policy when the advantage
+    estimator reads values (``gae``); such a run without this section gets these defaults."""
+
+    model: str | None = Field(None, description="a separate value model's source (as model.source); "
+                              "None: a copy of the policy's backbone")
+    lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    value_clip: float | None = Field(0.5, gt=0, description="ε of the clipped value loss (None: unclipped)")
+    grad_clip: float = Field(1.0, gt=0)
 
 
 # Positions per LM-head chunk: the head holds at most this many fp32 rows of vocabulary logits.
@@ -363,6 +390,7 @@ class Config(Section):
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic: CriticConfig | None = Field(None, description="the value model (gae); None: no critic")
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)

@@ -6,7 +6,8 @@ A plugin is a module (or object) registered under the entry-point group ``toolrl
     calculator = "toolrl_calculator"
 
 and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts (the ``hermes`` and
-``tags`` parsers, the built-in rewards, the ``transformers`` engine, the ``jsonl`` logger) are plugins registered through
+``tags`` parsers, the built-in rewards, the ``transformers`` engine, the ``jsonl`` logger, the RL
+algorithms' estimators and losses) are plugins registered through
 exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
 
 The registration hooks receive a ``register`` callback rather than returning values, so every
@@ -118,6 +119,33 @@ def register_loggers(register: Register) -> None:
     dicts included; :func:`toolrl.loggers.scalars` flattens it), ``close()`` at the end.
     ``trainer.loggers`` names the loggers of a run; the built-in ``jsonl`` logger (``metrics.jsonl``)
     is always on. A logger that raises is reported once and disabled; the run goes on.
+    """
+
+
+@hookspec
+def register_advantage_estimators(register: Register) -> None:
+    """Register advantage estimators: subclasses of :class:`toolrl.algorithms.AdvantageEstimator`.
+
+    An estimator turns one step's batch (:class:`toolrl.algorithms.AdvantageInputs`: rewards (B,),
+    group ids, the (B, R) response mask, per-token values when the run has a critic) into (B, R)
+    per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
+    broadcast over its tokens. Its ``Options`` pydantic model types ``algorithm.advantage_options``.
+    ``algorithm.advantage: NAME`` selects one; the built-ins are ``grpo`` (the default), ``dr_grpo``,
+    ``rloo``, ``reinforce_pp``, ``reinforce_pp_baseline`` and ``gae`` (with a critic; ``docs/algorithms.md``).
+    """
+
+
+@hookspec
+def register_policy_losses(register: Register) -> None:
+    """Register policy losses: subclasses of :class:`toolrl.algorithms.PolicyLoss`.
+
+    A loss turns one micro-batch's log-probs (new, proximal, behaviour), advantages and mask
+    (:class:`toolrl.algorithms.LossInputs`) into a per-token loss and where its ratio was clipped
+    (:class:`toolrl.algorithms.LossTerms`); the trainer applies the truncated importance weight, the KL
+    term and ``algorithm.loss_agg`` to every loss alike. Its ``Options`` pydantic model types
+    ``algorithm.loss_options``; ``algorithm.loss: NAME`` selects one; the built-ins are ``ppo_clip``
+    (the default), ``gspo`` and ``cispo``. Which estimator/loss pairs compose:
+    :mod:`toolrl.algorithms.rules`.
     """
 
 

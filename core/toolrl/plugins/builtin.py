@@ -61,6 +61,22 @@ class JsonlLoggerPlugin:
         register("toolrl.loggers:JsonlLogger", name="jsonl")
 
 
+class AlgorithmsPlugin:
+    """The built-in advantage estimators and policy losses (:mod:`toolrl.algorithms`)."""
+
+    @hookimpl
+    def register_advantage_estimators(self, register: Register) -> None:
+        for name, cls in (("grpo", "Grpo"), ("dr_grpo", "DrGrpo"), ("rloo", "Rloo"), ("reinforce_pp", "ReinforcePP"),
+                          ("reinforce_pp_baseline", "ReinforcePPBaseline")):
+            register(f"toolrl.algorithms.advantages:{cls}", name=name)
+        register("toolrl.algorithms.gae:Gae", name="gae")
+
+    @hookimpl
+    def register_policy_losses(self, register: Register) -> None:
+        for name, cls in (("ppo_clip", "PpoClip"), ("gspo", "Gspo"), ("cispo", "Cispo")):
+            register(f"toolrl.algorithms.losses:{cls}", name=name)
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
@@ -68,4 +84,5 @@ BUILTINS = {
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),
+    "algorithms": AlgorithmsPlugin(),
 }

@@ -1,7 +1,7 @@
 """Name -> part lookup. Every part remembers the plugin that registered it.
 
 Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool,
-rollout engine or logger must be a subclass of its base class, an environment an instance of
+rollout engine, logger, advantage estimator or policy loss must be a subclass of its base class, an environment an instance of
 :class:`toolrl.environments.Environment` (validated when built), a reward function a class whose
 instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object
 is checked as soon as it can be had without importing anything: when registered as an object, or as a lazy
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers")
+KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
+         "advantage_estimators", "policy_losses")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -27,6 +28,8 @@ KIND_WORDS = {
     "rollout_engines": "rollout engine",
     "environments": "environment",
     "loggers": "logger",
+    "advantage_estimators": "advantage estimator",
+    "policy_losses": "policy loss",
 }
 
 
@@ -38,6 +41,8 @@ KIND_BASES = {
     "rollout_engines": ("toolrl.engines", "RolloutEngine"),
     "environments": ("toolrl.environments", "Environment"),  # an instance, not a subclass
     "loggers": ("toolrl.loggers", "Logger"),
+    "advantage_estimators": ("toolrl.algorithms", "AdvantageEstimator"),
+    "policy_losses": ("toolrl.algorithms", "PolicyLoss"),
 }
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

@@ -137,6 +137,9 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
                     trained = await roles.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
+                    # Each trained trajectory's advantage, for its trace (not a metric).
+                    advantages = dict(zip((t.trajectory_id for t in batch.trajectories), trained.pop("advantages", []),
+                                          strict=False))
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
@@ -145,7 +148,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                            "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
-                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer)
+                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
                         await save_checkpoint(roles, run_dir, step + 1, batch.end)

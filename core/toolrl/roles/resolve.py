@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from toolrl.algorithms.rules import check_algorithm, with_critic
 from toolrl.config import Config, ConfigError
 from toolrl.data.recorded import load_groups
 from toolrl.loggers import logger_names
@@ -77,6 +78,9 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     """``config`` resolved and checked for ``purpose``, in the order a user would fix things: where
     the roles run, the parts, the loggers, the data, the held-out split, the model."""
     check_placement(config)
+    if purpose == "train":
+        config = with_critic(config)
+        check_algorithm(config, has_critic=config.critic is not None)
     parts = resolve_parts(config)
     loggers = logger_names(config) if purpose == "train" else []
     samples: list[Sample] = []

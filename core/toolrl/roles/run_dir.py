@@ -158,10 +158,15 @@ class RunDir:
             kept = [line for line, row in _metric_lines(self.metrics) if row["step"] <= keep_steps]
             write_atomic(self.metrics, "".join(line + "\n" for line in kept))
 
-    def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any) -> None:
+    def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any,
+                     advantages: dict[str, Any] | None = None) -> None:
+        """``traces/step_NNNNN.jsonl``, a row per trajectory (its ``group`` among its fields) with, from
+        ``advantages`` (by trajectory id), the advantage it was trained with: a number, or a per-token
+        list from a per-token estimator; None where it was not trained (a skipped group, rollout only)."""
         rows = []
         for t in trajs:
             row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
+            row["advantage"] = (advantages or {}).get(t.trajectory_id)
             row["policy_version"] = policy_version(t)
             row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
             row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)

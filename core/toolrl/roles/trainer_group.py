@@ -31,7 +31,7 @@ class LocalTrainer:
     def __init__(self, rank: TrainerRank) -> None:
         self.rank = rank
 
-    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         return await asyncio.to_thread(self.rank.step, trajectories)
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
@@ -78,7 +78,7 @@ class RayTrainerGroup:
         self.infos = await self._all([r.setup.remote(master[0]) for r in self.ranks], "start-up")
         return self.infos
 
-    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
+    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         import ray
 
         ref = ray.put(list(trajectories))

@@ -28,6 +28,7 @@ class TrainerRank:
         self.policy: Any = None  # what runs the loss: the model, or the FSDP root around it
         self.optimizer: Any = None
         self.ref_model: Any = None
+        self.critic: Any = None  # toolrl.training.critic.Critic, when config.critic is set
         self.pad_id = 0
         self.device = "cpu"
 
@@ -73,12 +74,18 @@ class TrainerRank:
             import copy
 
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        mesh = None
         if self.world_size > 1:
             from torch.distributed.device_mesh import init_device_mesh
 
+            mesh = init_device_mesh(self.device, (self.world_size,))
+        if cfg.critic is not None:  # its backbone copied before sharding; sharded like the policy
+            from toolrl.training.critic import Critic
+
+            self.critic = Critic.build(cfg, model, self.device, self.pad_id, self.rank, self.world_size, mesh)
+        if mesh is not None:
             from toolrl.training.sharding import shard
 
-            mesh = init_device_mesh(self.device, (self.world_size,))
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
         self.optimizer = torch.optim.AdamW(lora.trainable_parameters(self.policy), lr=cfg.optim.lr,
                                            betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
@@ -96,8 +103,9 @@ class TrainerRank:
 
     # ----------------------------------------------------------------- training
 
-    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0."""
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0, and
+        ``advantages`` (per trajectory, for the traces)."""
         from toolrl.training.grpo import StepOptions, grpo_step
         from toolrl.training.sharding import state_bytes
 
@@ -105,12 +113,28 @@ class TrainerRank:
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
                               world_size=self.world_size)
-        out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model)
+        values = None if self.critic is None else self.critic.values(trajectories)
+        out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
+        if self.critic is not None:
+            out.update(self._update_critic(trajectories, values))
         if self.world_size > 1:
             out = _group_metrics(out)
         self.model.eval()
-        out["trainer_state_mb"] = state_bytes(self.model, self.optimizer) / 2**20
+        state = state_bytes(self.model, self.optimizer)
+        if self.critic is not None:
+            state += state_bytes(self.critic.model, self.critic.optimizer)
+        out["trainer_state_mb"] = state / 2**20
         return out
+
+    def _update_critic(self, trajectories: Sequence[Trajectory], values: Any) -> dict[str, float]:
+        """The critic regressed on the estimator's targets for the values it gave before the step."""
+        from toolrl.algorithms import build_estimator
+        from toolrl.training.grpo import advantage_inputs
+
+        cfg = self.config
+        inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, values)
+        returns = build_estimator(cfg.algorithm).value_targets(inputs)
+        return self.critic.update(trajectories, values, returns, inputs.response_mask)
 
     # ----------------------------------------------------------------- weights out
 
@@ -142,7 +166,10 @@ class TrainerRank:
                                             options=StateDictOptions(ignore_frozen_params=True))
         # A frozen tensor under a second name (a tied LM head) slips through ignore_frozen_params.
         frozen = {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        return {"model": {k: v for k, v in model_sd.items() if k not in frozen}, "optim": optim_sd}
+        state = {"model": {k: v for k, v in model_sd.items() if k not in frozen}, "optim": optim_sd}
+        if self.critic is not None:
+            state.update(self.critic.state())
+        return state
 
     def save(self, directory: str) -> None:
         """Write this rank's shards (and RNG) into ``directory``; all ranks call it together."""
@@ -163,6 +190,8 @@ class TrainerRank:
         dcp.load(state, checkpoint_id=directory, no_dist=self.world_size == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        if self.critic is not None:
+            self.critic.load(state)
         rng = Path(directory) / f"rng_rank{self.rank}.pt"
         torch.set_rng_state(torch.load(rng if rng.exists() else Path(directory) / "rng_rank0.pt"))
 
@@ -174,8 +203,10 @@ class TrainerRank:
 
 
 # Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
-_SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens")
-_TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac")  # weighted by loss_tokens
+# The critic trains over the same shares as the policy, so its value_tokens equal loss_tokens.
+_SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens", "value_loss", "value_tokens")
+_TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac",
+                "value_clip_frac")  # weighted by loss_tokens
 _AVERAGED = ("padding_fraction",)
 _LARGEST = ("trainer_peak_mb", "is_weight_max")
 
@@ -204,7 +235,7 @@ def _group_metrics(out: dict[str, float]) -> dict[str, float]:
                             dtype=torch.float64)
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     group = dict(out)
-    group.update(zip(_SUMMED, summed[:len(_SUMMED)].tolist(), strict=True))
+    group.update((k, v) for k, v in zip(_SUMMED, summed[:len(_SUMMED)].tolist(), strict=True) if k in out)
     pairs = summed[len(_SUMMED):].view(-1, 2).tolist()
     for k, (total, weight) in zip(_TOKEN_MEANS + _AVERAGED, pairs, strict=True):
         if weight:

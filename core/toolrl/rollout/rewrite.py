@@ -15,9 +15,8 @@ of tool results the conversation is re-rendered and compared (``rollout.template
   one piece, and every piece gets the trajectory's reward;
 - ``refuse``: stop with a one-line error naming the turn.
 
-Pieces share ``trajectory_key``. Group statistics must count a trajectory once:
-:func:`once_per_trajectory` computes advantages over one entry per key and gives each piece its
-trajectory's advantage.
+Pieces share ``trajectory_key``; the step's advantages count a trajectory once
+(:func:`toolrl.training.grpo.token_advantages`).
 """
 
 from __future__ import annotations
@@ -56,17 +55,3 @@ def model_tokens_end(mask: Sequence[int]) -> int:
         if mask[i]:
             return i + 1
     return 0
-
-
-def once_per_trajectory(keys: Sequence[str], rewards: Sequence[float], groups: Sequence[int],
-                        advantages: Callable[[list[float], list[int]], list[float]]) -> list[float]:
-    """``advantages(rewards, groups)`` over one entry per trajectory key (a forked trajectory's
-    pieces share its key and its reward; an empty key is a trajectory of its own), each piece given
-    its trajectory's value."""
-    ids: list[str | int] = [key or i for i, key in enumerate(keys)]
-    first: dict[str | int, int] = {}
-    for i, key in enumerate(ids):
-        first.setdefault(key, i)
-    index = {key: n for n, key in enumerate(first)}
-    values = advantages([rewards[i] for i in first.values()], [groups[i] for i in first.values()])
-    return [values[index[key]] for key in ids]

@@ -1,6 +1,10 @@
-"""GRPO, top to bottom: group-normalised advantages, logprobs at trained positions only (packed
-rows, chunked LM head), the clipped token-level loss over ``response_mask``, gradient accumulation,
-clipping, the optimizer step.
+"""GRPO, top to bottom: advantages from the configured estimator, logprobs at trained positions only
+(packed rows, chunked LM head), the configured policy loss over ``response_mask`` with the shared
+importance weight, KL and aggregation, gradient accumulation, clipping, the optimizer step.
+
+The estimator (``algorithm.advantage``, default ``grpo``: group-normalised) and the per-token loss
+(``algorithm.loss``, default ``ppo_clip``) are parts (:mod:`toolrl.algorithms`, ``docs/algorithms.md``);
+this module applies what every loss shares.
 
 Loss aggregation modes (``algorithm.loss_agg``), each normalised over the whole mini-batch so that
 gradient accumulation over micro-batches gives exactly the full-batch gradient:
@@ -15,22 +19,25 @@ The objective is the decoupled PPO objective (Hilton et al. 2021; AReaL, Fu et a
 token, with three policies: the behaviour policy that sampled the token (the engine's logprob,
 ``PackedBatch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
 policy (the trainer's weights before this step's first update: recomputed without gradient, or simply
-``new.detach()`` when the step makes one update) and the policy being trained::
+``new.detach()`` when the step makes one update) and the policy being trained. With the default
+``ppo_clip`` loss::
 
     r = π_θ / π_prox                      (the PPO ratio, against the proximal policy, not the behaviour one)
     w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient)
     loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)
 
 so the trust region is centred on recent weights however stale the sample, and the weight corrects for
-the sample coming from another policy. ``algorithm.tis_cap`` None leaves ``w`` out (``w = 1``: the
+the sample coming from another policy; every other loss replaces the ``min(...)`` term and keeps ``w``.
+``algorithm.tis_cap`` None leaves ``w`` out (``w = 1``: the
 on-policy PPO loss); an asynchronous run gets ``toolrl.config.ASYNC_TIS_CAP`` when it sets none.
 Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip range),
 ``is_weight_mean``/``_max``/``_min`` (of ``π_prox / π_behav`` before truncation) and
-``is_truncated_frac`` (share above the cap).
+``is_truncated_frac`` (share above the cap); over trajectories: ``advantage_mean``/``_std``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -39,37 +46,69 @@ from typing import Any
 
 import torch
 
+from toolrl.algorithms import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    LossInputs,
+    PolicyLoss,
+    build_estimator,
+    build_loss,
+)
+from toolrl.algorithms.advantages import Grpo
+from toolrl.algorithms.overlong import shape_rewards
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
-from toolrl.rollout.rewrite import once_per_trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
-__all__ = ["Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
-           "policy_loss", "response_logprobs"]
+__all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "grpo_step",
+           "policy_loss", "response_logprobs", "token_advantages"]
+
+
+def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
+                     values: torch.Tensor | None = None) -> AdvantageInputs:
+    """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
+    the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``."""
+    width = max(1, max(len(t.response_ids) for t in trajectories))
+    mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
+    rewards = shape_rewards([t.reward for t in trajectories], [len(t.response_ids) for t in trajectories],
+                            max_response_tokens, algo.overlong)
+    groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values)
+
+
+def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
+                     max_response_tokens: int, algo: AlgorithmConfig,
+                     values: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
+    forked trajectory (:mod:`toolrl.rollout.rewrite`) share its key and reward: an outcome estimator sees
+    the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
+    estimator runs over each piece as a sequence of its own."""
+    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values)
+    keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
+    if not estimator.outcome or len(set(keys)) == len(keys):
+        return estimator(inputs)
+    first: dict[str | int, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    rows = list(first.values())
+    once = estimator(AdvantageInputs(inputs.rewards[rows], inputs.groups[rows], inputs.response_mask[rows]))[:, 0]
+    index = {key: n for n, key in enumerate(first)}
+    return once[[index[key] for key in keys]][:, None].expand(inputs.response_mask.shape).contiguous()
 
 
 def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
                      eps: float = 1e-6) -> list[float]:
-    """(r - mean of its group) / (std of its group + eps); a group of one gets 0."""
-    by_group: dict[int, list[float]] = {}
-    for r, g in zip(rewards, groups, strict=True):
-        by_group.setdefault(g, []).append(r)
-    stats = {}
-    for g, rs in by_group.items():
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) if len(rs) > 1 else 0.0
-        stats[g] = (mean, std)
-    out = []
-    for r, g in zip(rewards, groups, strict=True):
-        mean, std = stats[g]
-        if len(by_group[g]) == 1:
-            out.append(0.0)
-        else:
-            out.append((r - mean) / (std + eps) if norm_by_std else r - mean)
-    return out
+    """The ``grpo`` estimator's one number per trajectory: (r - mean of its group) / (std of its group
+    + eps), or r - mean without ``norm_by_std``; a group of one gets 0."""
+    estimator = Grpo(Grpo.Options(eps=eps), AlgorithmConfig(norm_adv_by_std=norm_by_std))
+    mask = torch.ones((len(rewards), 1))
+    inputs = AdvantageInputs(torch.tensor(list(rewards), dtype=torch.float64), torch.tensor(list(groups)), mask)
+    return estimator(inputs)[:, 0].tolist()
 
 
 def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
@@ -106,21 +145,25 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
 
 
 def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch, cfg: AlgorithmConfig,
-                norm: dict[str, float], ref_lp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The decoupled PPO loss of one micro-batch (module docstring) and its figures over trained
-    tokens, for :func:`grpo_step` to turn into token means: ``tokens``, ``clipped``, ``is_weight_sum``,
-    ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf), ``is_truncated``, ``mismatch``
-    (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``."""
-    mask, adv = batch.response_mask, batch.advantages[:, None]
-    ratio = torch.exp(new_lp - prox_lp)
-    clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
-    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+                norm: dict[str, float], ref_lp: torch.Tensor | None = None,
+                loss_fn: PolicyLoss | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The decoupled loss of one micro-batch (module docstring): ``loss_fn``'s per-token term (None:
+    ``algorithm.loss`` built here), times the truncated importance weight, plus KL, aggregated; and
+    its figures over trained tokens, for :func:`grpo_step` to turn into token means: ``tokens``,
+    ``clipped``, ``is_weight_sum``, ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf),
+    ``is_truncated``, ``mismatch`` (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``.
+    ``batch.advantages``: (B, R) per token, or (B,) one per sequence."""
+    mask = batch.response_mask
+    adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand(mask.shape)
+    loss_fn = build_loss(cfg) if loss_fn is None else loss_fn
+    terms = loss_fn(LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask))
+    per_token = terms.per_token
     weight = torch.exp(prox_lp.detach() - batch.engine_logprobs)  # π_prox / π_behav
     if cfg.tis_cap is not None:
         per_token = per_token * weight.clamp(max=cfg.tis_cap)
     trained = mask.bool()
     cap = math.inf if cfg.tis_cap is None else cfg.tis_cap
-    figures = {"tokens": mask.sum(), "clipped": ((ratio != clipped) & trained).sum(),
+    figures = {"tokens": mask.sum(), "clipped": (terms.clipped & trained).sum(),
                "is_weight_sum": (weight * mask).sum(),
                "is_weight_max": torch.where(trained, weight, -math.inf).max(),
                "is_weight_min": torch.where(trained, weight, math.inf).min(),
@@ -168,8 +211,9 @@ class MiniBatch:
 
 
 def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
-              options: StepOptions, ref_model: Any = None) -> dict[str, float]:
-    """One GRPO update on a rollout batch; returns metrics.
+              options: StepOptions, ref_model: Any = None, values: torch.Tensor | None = None) -> dict[str, Any]:
+    """One GRPO update on a rollout batch; returns metrics. ``values``: the critic's (B, R) per-token
+    values, for an estimator that reads them (``gae``).
 
     Sharded training: every rank passes the whole batch and trains its ``options.rank``'s share of each
     mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
@@ -183,20 +227,23 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     (:mod:`toolrl.training.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
     forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
     tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
+    ``advantage_mean``/``_std`` are over the trained trajectories (each its mean over trained tokens).
+    ``advantages`` is no metric but each trajectory's advantage, for the traces: a number from an
+    outcome estimator, else the per-token list.
     """
     if not 0 <= options.rank < options.world_size:
         raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
     t_start = time.perf_counter()
     device = next(model.parameters()).device
-    # A forked trajectory's pieces share its key: its group statistics count it once.
-    advantages = once_per_trajectory([t.trajectory_key for t in trajectories], [t.reward for t in trajectories],
-                                     [t.group for t in trajectories],
-                                     lambda r, g: group_advantages(r, g, options.algo.norm_adv_by_std))
+    estimator, loss_fn = build_estimator(options.algo), build_loss(options.algo)
+    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
+    recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
+                for i, t in enumerate(trajectories)]
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
     if not usable:
-        return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0}
+        return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded}
     trajs = [trajectories[i] for i in usable]
-    advs = [advantages[i] for i in usable]
+    advs = [grid[i, :max(1, len(trajectories[i].response_ids))] for i in usable]
     minis = split_mini_batches(trajs, advs, options, device)
     tally = StepTally()
     with PeakMemory(device) as peak:
@@ -204,25 +251,38 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
         model.train()
         for _ in range(options.algo.ppo_epochs):
             for mini in minis:
-                mini_batch_update(model, optimizer, mini, options, tally)
+                mini_batch_update(model, optimizer, mini, options, tally, loss_fn)
         optimizer.zero_grad(set_to_none=True)
-    return tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+    return {**tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb), "advantages": recorded}
 
 
-def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], options: StepOptions,
+def advantage_grid(rows: Sequence[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
+    """Trajectories' advantage rows, (B, width), zero-padded (the padding is never trained)."""
+    grid = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        grid[i, :len(row)] = row[:width]
+    return grid.to(device)
+
+
+def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], options: StepOptions,
                        device: torch.device) -> list[MiniBatch]:
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
     dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
                        response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
+
+    def packed(micro: list[int]) -> PackedBatch:
+        batch = build_batch([trajs[i] for i in micro], [0.0] * len(micro), device)
+        width = batch.response_mask.shape[1]
+        return dataclasses.replace(batch, advantages=advantage_grid([advs[i] for i in micro], width, device))
+
     minis = []
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
                       options.optim.max_tokens_per_micro_batch)
         micro_steps: list[MicroStep] = [
-            (None, build_batch([dummy], [0.0], device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
+            (None, build_batch([dummy], [0.0], device)) if micro is None else (micro, packed(micro))
             for micro in shares[options.rank]]
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
@@ -251,7 +311,7 @@ def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], opti
 
 
 def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
-                      tally: StepTally) -> None:
+                      tally: StepTally, loss_fn: PolicyLoss) -> None:
     """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
     then clipping and the optimizer step."""
     optimizer.zero_grad(set_to_none=True)
@@ -260,7 +320,7 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
         new_lp = logprobs(model, batch, options)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
         ref_lp = None if mini.ref is None else mini.ref[j]
-        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp)
+        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn)
         if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
             (loss * 0.0).backward()
             tally.add_dummy_step(batch.tokens)
@@ -304,7 +364,7 @@ class StepTally:
         self.losses.append(loss)
         self.grad_norms.append(grad_norm)
 
-    def metrics(self, trajs: Sequence[Trajectory], advs: Sequence[float], elapsed: float,
+    def metrics(self, trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], elapsed: float,
                 peak_mb: float | None) -> dict[str, float]:
         out = {k: sum(v) / len(v) for k, v in (("loss", self.losses), ("grad_norm", self.grad_norms)) if v}
         sums, tokens = self.sums, self.sums["tokens"]
@@ -315,7 +375,11 @@ class StepTally:
             if "kl_sum" in sums:
                 out["kl"] = sums["kl_sum"] / tokens
         out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
-        out["advantage_abs_mean"] = sum(abs(a) for a in advs) / len(advs)
+        per_traj = torch.stack([(row * mask).sum() / mask.sum() for row, mask in
+                                zip(advs, (torch.tensor(t.response_mask, dtype=torch.float32) for t in trajs), strict=True)])
+        out["advantage_mean"] = float(per_traj.mean())
+        out["advantage_std"] = float(per_traj.std(unbiased=False))
+        out["advantage_abs_mean"] = float(per_traj.abs().mean())
         out["padding_fraction"] = self.dummy_tokens / max(self.real_tokens + self.dummy_tokens, 1)
         out["trainer_tokens_per_s"] = self.real_tokens / elapsed
         if peak_mb is not None:

@@ -26,7 +26,13 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
 
 
 def shard(model: Any, mesh: Any, *, offload: bool = False) -> Policy:
-    """Shard ``model`` in place over ``mesh``; returns the root :class:`Policy` to run and optimise.
+    """Shard ``model`` in place over ``mesh``; returns the root :class:`Policy` to run and optimise."""
+    return shard_root(Policy(model), model, mesh, offload=offload)
+
+
+def shard_root(root: torch.nn.Module, model: Any, mesh: Any, *, offload: bool = False) -> Any:
+    """Shard each decoder layer of ``model`` (a submodule of ``root``), then ``root`` as the root unit;
+    returns ``root``. The policy and the critic (:mod:`toolrl.training.critic`) are sharded alike.
 
     On GPU, compute in bf16 and reduce gradients in fp32; on CPU, parameters keep their dtype.
     Gradients are summed over ranks, not averaged: each rank's loss is already normalised by the
@@ -47,13 +53,12 @@ def shard(model: Any, mesh: Any, *, offload: bool = False) -> Policy:
                                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
-    policy = Policy(model)
-    fully_shard(policy, **options)
-    for module in policy.modules():
+    fully_shard(root, **options)
+    for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
-    return policy
+    return root
 
 
 def local_bytes(tensor: torch.Tensor) -> int:

@@ -1,0 +1,129 @@
+"""RL algorithms as parts: **advantage estimators** and **policy losses**, chosen by name
+(``algorithm.advantage``, ``algorithm.loss``) and registered through the ``register_advantage_estimators``
+and ``register_policy_losses`` hooks like every other part (:mod:`toolrl.hookspecs`).
+
+An estimator turns a step's rewards into per-token advantages, (B, R) over the step's response grid
+(outcome estimators broadcast one number per trajectory); a loss turns a micro-batch's log-probs and
+advantages into a per-token loss. What every loss shares stays in :mod:`toolrl.training.grpo`: the
+truncated importance weight of the decoupled objective, the KL term, the aggregation over the
+mini-batch (``algorithm.loss_agg``, so that gradient accumulation gives the full-batch gradient).
+
+Each part is a class with a pydantic ``Options`` model (its typed options: ``algorithm.advantage_options``
+/ ``algorithm.loss_options``), constructed as ``cls(options, algo)`` with ``algo`` the
+:class:`toolrl.config.AlgorithmConfig`. The built-in ones live one idea per module
+(:mod:`.advantages`, :mod:`.losses`, :mod:`.overlong`); which pairs combine is in :mod:`.rules`;
+``docs/algorithms.md`` has every formula.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolrl.config import AlgorithmConfig
+
+__all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossTerms", "NoOptions", "PolicyLoss",
+           "build_estimator", "build_loss"]
+
+
+class NoOptions(BaseModel):
+    """The options of a part that takes none (an unknown key is an error)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """One step's batch, every trajectory a row. ``rewards`` (B,) float64; ``groups`` (B,) long (the
+    trajectories of one prompt share a group); ``response_mask`` (B, R) float, 1 at trained tokens;
+    ``values`` (B, R) per-token value estimates, None unless the run has a critic."""
+
+    rewards: torch.Tensor
+    groups: torch.Tensor
+    response_mask: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+class AdvantageEstimator(ABC):
+    """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages.
+
+    ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
+    False for per-token estimators (traces record the list). ``needs_values``: it reads
+    ``inputs.values`` (a critic must exist)."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    outcome: ClassVar[bool] = True
+    needs_values: ClassVar[bool] = False
+
+    def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
+        self.options = options
+        self.algo = algo
+
+    @abstractmethod
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch, (B, R) each: ``new_logprobs`` (with gradient), ``prox_logprobs`` (the
+    proximal policy's, no gradient: the PPO ratio's denominator), ``behaviour_logprobs`` (the
+    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens)."""
+
+    new_logprobs: torch.Tensor
+    prox_logprobs: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """A loss's answer: ``per_token`` loss, (B, R) or (B, 1) for a sequence-level loss (it broadcasts
+    over the sequence's tokens); ``clipped`` (bool, same shape) marks where the ratio was clipped,
+    for ``clip_frac``."""
+
+    per_token: torch.Tensor
+    clipped: torch.Tensor
+
+
+class PolicyLoss(ABC):
+    """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the truncated importance
+    weight ``min(π_prox / π_behav, tis_cap)`` (when ``algorithm.tis_cap`` is set), adds the KL term
+    and aggregates (:func:`toolrl.training.grpo.policy_loss`). ``sequence_level``: its ratio is one
+    number per sequence, which needs one advantage per sequence (an outcome estimator)."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    sequence_level: ClassVar[bool] = False
+
+    def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
+        self.options = options
+        self.algo = algo
+
+    @abstractmethod
+    def __call__(self, inputs: LossInputs) -> LossTerms: ...
+
+
+def _build(kind: str, name: str, options: dict[str, Any], algo: AlgorithmConfig) -> Any:
+    from toolrl.plugins import get_plugins
+
+    cls = get_plugins().load_part(kind, name)
+    return cls(cls.Options.model_validate(options), algo)
+
+
+def build_estimator(algo: AlgorithmConfig) -> AdvantageEstimator:
+    """``algorithm.advantage`` with its options; raises RegistryError / ValidationError
+    (:func:`toolrl.algorithms.rules.check_algorithm` turns them into one-line config errors)."""
+    return _build("advantage_estimators", algo.advantage, algo.advantage_options, algo)
+
+
+def build_loss(algo: AlgorithmConfig) -> PolicyLoss:
+    """``algorithm.loss`` with its options (errors as :func:`build_estimator`)."""
+    return _build("policy_losses", algo.loss, algo.loss_options, algo)

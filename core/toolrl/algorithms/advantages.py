@@ -1,0 +1,151 @@
+"""The built-in advantage estimators (``docs/algorithms.md``). Each gives a (B, R) float32 grid;
+the outcome ones broadcast one number per trajectory over its row. ``r_i`` is trajectory ``i``'s
+reward, ``G(i)`` its group (the ``n`` samples of one prompt)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+
+
+class GroupStats:
+    """Mean, unbiased std and size of each group's rewards, summed in Python floats in batch order
+    (the arithmetic of toolrl's original GRPO, kept so the default run stays bit-identical)."""
+
+    def __init__(self, rewards: Sequence[float], groups: Sequence[int]) -> None:
+        by_group: dict[int, list[float]] = {}
+        for r, g in zip(rewards, groups, strict=True):
+            by_group.setdefault(g, []).append(r)
+        self.stats: dict[int, tuple[float, float, int]] = {}
+        for g, rs in by_group.items():
+            mean = sum(rs) / len(rs)
+            std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) if len(rs) > 1 else 0.0
+            self.stats[g] = (mean, std, len(rs))
+
+
+def broadcast(per_trajectory: Sequence[float], mask: torch.Tensor) -> torch.Tensor:
+    """One advantage per trajectory over its whole row, (B, R) float32."""
+    adv = torch.tensor(list(per_trajectory), dtype=torch.float32, device=mask.device)
+    return adv[:, None].expand(mask.shape).contiguous()
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with the mean and unbiased variance over the trained tokens."""
+    count = mask.sum()
+    mean = (values * mask).sum() / count
+    var = (((values - mean) ** 2) * mask).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps)
+
+
+class GrpoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eps: float = Field(1e-6, gt=0, description="added to the group's std before dividing")
+
+
+class Grpo(AdvantageEstimator):
+    """GRPO (Shao et al. 2024)::
+
+        A_i = (r_i - mean_G(i) r) / (std_G(i) r + eps)      (std unbiased; a group of one: A_i = 0)
+
+    ``algorithm.norm_adv_by_std: false`` leaves the division out (then equal to ``dr_grpo``)."""
+
+    name = "grpo"
+    Options = GrpoOptions
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+        stats = GroupStats(rewards, groups).stats
+        out = []
+        for r, g in zip(rewards, groups, strict=True):
+            mean, std, size = stats[g]
+            if size == 1:
+                out.append(0.0)
+            else:
+                out.append((r - mean) / (std + self.options.eps) if self.algo.norm_adv_by_std else r - mean)
+        return broadcast(out, inputs.response_mask)
+
+
+class DrGrpo(AdvantageEstimator):
+    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training")::
+
+        A_i = r_i - mean_G(i) r                              (a group of one: A_i = 0)
+
+    No division by the group's std (it up-weights prompts that are nearly always right or wrong). The
+    paper's other half, a constant length normaliser instead of each response's length, is
+    ``algorithm.loss_agg: seq-mean-token-sum-norm`` (or ``token-mean``); :mod:`toolrl.algorithms.rules`
+    rejects ``seq-mean-token-mean`` with it."""
+
+    name = "dr_grpo"
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+        stats = GroupStats(rewards, groups).stats
+        out = [0.0 if stats[g][2] == 1 else r - stats[g][0] for r, g in zip(rewards, groups, strict=True)]
+        return broadcast(out, inputs.response_mask)
+
+
+class Rloo(AdvantageEstimator):
+    """RLOO (Ahmadian et al. 2024, "Back to basics"): the leave-one-out baseline, the mean of the
+    other ``n - 1`` rewards of the group::
+
+        A_i = r_i - (sum_G(i) r - r_i) / (n - 1) = n / (n - 1) · (r_i - mean_G(i) r)   (n = 1: A_i = 0)
+    """
+
+    name = "rloo"
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+        stats = GroupStats(rewards, groups).stats
+        out = []
+        for r, g in zip(rewards, groups, strict=True):
+            mean, _, n = stats[g]
+            out.append(0.0 if n == 1 else r - (mean * n - r) / (n - 1))
+        return broadcast(out, inputs.response_mask)
+
+
+class WhitenOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eps: float = Field(1e-8, gt=0, description="added to the batch variance before the square root")
+
+
+class ReinforcePP(AdvantageEstimator):
+    """REINFORCE++ (Hu 2025): the return of each token (the outcome reward, γ = 1) normalised over
+    every trained token of the batch, no per-prompt baseline::
+
+        A_it = (r_i - μ) / sqrt(σ² + eps)     μ, σ²: mean and unbiased variance of r_i over the batch's
+                                              trained tokens (a long response weighs more)
+
+    The paper folds a per-token KL penalty into the return; toolrl keeps KL in the loss
+    (``algorithm.kl_coef``, k3), as for every estimator."""
+
+    name = "reinforce_pp"
+    Options = WhitenOptions
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        mask = inputs.response_mask
+        returns = inputs.rewards.to(torch.float64)[:, None].expand(mask.shape)
+        return masked_whiten(returns, mask.to(torch.float64), self.options.eps).float()
+
+
+class ReinforcePPBaseline(AdvantageEstimator):
+    """REINFORCE++ with a group baseline (Hu 2025, verl's ``reinforce_plus_plus_baseline``): each
+    reward less its group's mean, then normalised over the batch's trained tokens::
+
+        A_it = (a_i - μ) / sqrt(σ² + eps)     a_i = r_i - mean_G(i) r;  μ, σ² of a_i over trained tokens
+    """
+
+    name = "reinforce_pp_baseline"
+    Options = WhitenOptions
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        mask = inputs.response_mask
+        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+        stats = GroupStats(rewards, groups).stats
+        centred = torch.tensor([r - stats[g][0] for r, g in zip(rewards, groups, strict=True)], dtype=torch.float64,
+                               device=mask.device)
+        return masked_whiten(centred[:, None].expand(mask.shape), mask.to(torch.float64), self.options.eps).float()

@@ -1,0 +1,121 @@
+"""Generalised advantage estimation (Schulman et al. 2016) over the trained tokens of each trajectory.
+
+A trajectory's response interleaves the model's tokens (``response_mask`` 1, trained) with tool
+output and template tokens (mask 0): those were not actions of the policy, so the recursion skips
+them and runs over the trained tokens only, each one's successor being the next *trained* token of
+the same trajectory. With ``t_1 < … < t_n`` the trained positions of a row, per-token rewards ``r``
+and values ``V`` (the critic's estimate before the token is sampled)::
+
+    δ_k = r_{t_k} + γ · V_{t_{k+1}} − V_{t_k}        (V_{t_{n+1}} = 0: the trajectory ends)
+    A_{t_k} = δ_k + γλ · A_{t_{k+1}}                 (A_{t_{n+1}} = 0)
+    R_{t_k} = A_{t_k} + V_{t_k}                      (the critic's regression target)
+
+With ``γ = λ = 1``, ``A_t = Σ_{k ≥ t} r_k − V_t``: the return minus the value. Rewards on untrained
+positions are not read; the outcome reward sits on the last trained token (:func:`token_rewards`).
+KL is not folded into the rewards: it stays in the loss (``algorithm.kl_coef``), one KL path for every
+estimator (:mod:`toolrl.algorithms.rules`).
+
+The ``gae`` estimator (:class:`Gae`) gives these advantages, whitened over the batch's trained tokens
+by default (PPO's normalisation), and the returns as the critic's targets (``value_targets``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+
+__all__ = ["Gae", "gae", "token_rewards", "whiten"]
+
+
+def token_rewards(outcome: Sequence[float], mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards (B, R): each row's outcome reward on its last trained token; 0 on untrained
+    positions and on a row with no trained token."""
+    if len(outcome) != mask.shape[0]:
+        raise ValueError(f"{len(outcome)} outcome rewards for {mask.shape[0]} rows")
+    trained = mask > 0
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(trained, positions, -1).max(dim=1).values  # -1: nothing trained
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rows = torch.nonzero(last >= 0).flatten()
+    values = torch.tensor(list(outcome), dtype=torch.float32, device=mask.device)
+    rewards[rows, last[rows]] = values[rows]
+    return rewards
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advantages and returns (B, R) by the recursion of the module docstring, 0 on untrained
+    positions. No gradient flows into ``values`` (they are the critic's old estimates)."""
+    if not rewards.shape == values.shape == mask.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)} and mask "
+                         f"{tuple(mask.shape)} must have one shape")
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gamma {gamma} and lam {lam} must lie in [0, 1]")
+    rewards, values, trained = rewards.float(), values.detach().float(), mask > 0
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros(rewards.shape[0], device=rewards.device)
+    next_adv = torch.zeros_like(next_value)
+    # Right to left; an untrained column leaves each row's carried successor as it was.
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        on = trained[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        advantages[:, t] = torch.where(on, adv, 0.0)
+        next_value = torch.where(on, values[:, t], next_value)
+        next_adv = torch.where(on, adv, next_adv)
+    returns = torch.where(trained, advantages + values, 0.0)
+    return advantages, returns
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x − mean) / std`` over the trained tokens of the whole batch (PPO's advantage
+    normalisation); 0 on untrained positions. Fewer than two trained tokens: centred only."""
+    trained = mask > 0
+    count = int(trained.sum())
+    if count == 0:
+        return torch.zeros_like(x)
+    picked = x[trained]
+    centred = x - picked.mean()
+    if count > 1:
+        centred = centred / (picked.std() + eps)
+    return torch.where(trained, centred, 0.0)
+
+
+class GaeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gamma: float = Field(1.0, ge=0, le=1, description="discount per trained token")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE's λ: 0 one-step TD, 1 Monte-Carlo return minus value")
+    whiten: bool = Field(True, description="normalise the advantages over the batch's trained tokens")
+
+
+class Gae(AdvantageEstimator):
+    """GAE (Schulman et al. 2016) with a critic, over each trajectory's trained tokens (module
+    docstring)::
+
+        δ_t = r_t + γ V_{t'} − V_t,   A_t = δ_t + γλ A_{t'}      (t': the next trained token)
+
+    then ``(A − mean) / std`` over the batch's trained tokens (``whiten``). ``value_targets`` gives
+    the critic's regression targets ``R_t = A_t + V_t`` (before whitening)."""
+
+    name = "gae"
+    Options = GaeOptions
+    outcome = False
+    needs_values = True
+
+    def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if inputs.values is None:
+            raise ValueError("gae reads per-token values: the run needs a critic")
+        mask = inputs.response_mask
+        rewards = token_rewards(inputs.rewards.tolist(), mask)
+        return gae(rewards, inputs.values.to(mask.device), mask, self.options.gamma, self.options.lam)
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        advantages, _ = self.advantages_and_returns(inputs)
+        return whiten(advantages, inputs.response_mask) if self.options.whiten else advantages
+
+    def value_targets(self, inputs: AdvantageInputs) -> torch.Tensor:
+        return self.advantages_and_returns(inputs)[1]

@@ -1,0 +1,84 @@
+"""The built-in policy losses (``docs/algorithms.md``). Notation, per trained token t of sequence i:
+``r_it = π_θ / π_prox = exp(new - prox)`` the PPO ratio against the proximal policy, ``A_it`` the
+advantage. Each returns the per-token loss before the importance weight, KL and aggregation, which
+:func:`toolrl.training.grpo.policy_loss` applies to every loss alike."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.algorithms import LossInputs, LossTerms, PolicyLoss
+
+
+class PpoClip(PolicyLoss):
+    """PPO's clipped surrogate (Schulman et al. 2017) with DAPO's asymmetric range (Yu et al. 2025)::
+
+        loss_it = -min(r_it · A_it, clip(r_it, 1 - clip_eps_low, 1 + clip_eps_high) · A_it)
+
+    The range is ``algorithm.clip_eps_low`` / ``algorithm.clip_eps_high``. With ``loss_agg`` this is
+    TRL's ``grpo`` (seq-mean-token-mean), ``bnpo`` and ``dapo`` (token-mean) and ``dr_grpo``
+    (seq-mean-token-sum-norm)."""
+
+    name = "ppo_clip"
+
+    def __call__(self, inputs: LossInputs) -> LossTerms:
+        adv = inputs.advantages
+        ratio = torch.exp(inputs.new_logprobs - inputs.prox_logprobs)
+        clipped = torch.clamp(ratio, 1 - self.algo.clip_eps_low, 1 + self.algo.clip_eps_high)
+        per_token = torch.maximum(-adv * ratio, -adv * clipped)
+        return LossTerms(per_token, ratio != clipped)
+
+
+class GspoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    clip_low: float = Field(3e-4, ge=0, description="the sequence ratio's lower clip, 1 - clip_low")
+    clip_high: float = Field(4e-4, ge=0, description="the sequence ratio's upper clip, 1 + clip_high")
+
+
+class Gspo(PolicyLoss):
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"): one ratio per sequence, the
+    geometric mean of its tokens' ratios, clipped at the sequence level::
+
+        s_i = exp( (1 / |y_i|) · sum_t (new_it - prox_it) )       (over trained tokens)
+        loss_i = -min(s_i · A_i, clip(s_i, 1 - clip_low, 1 + clip_high) · A_i)
+
+    The range is far narrower than a token ratio's (the paper: 3e-4, 4e-4). ``loss_i`` counts once per
+    trained token under ``loss_agg``; ``seq-mean-token-mean`` gives the paper's mean over sequences.
+    TRL: ``importance_sampling_level="sequence"``."""
+
+    name = "gspo"
+    Options = GspoOptions
+    sequence_level = True
+
+    def __call__(self, inputs: LossInputs) -> LossTerms:
+        mask = inputs.mask
+        log_ratio = ((inputs.new_logprobs - inputs.prox_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        ratio = torch.exp(log_ratio)[:, None]
+        adv = inputs.advantages[:, :1]
+        clipped = torch.clamp(ratio, 1 - self.options.clip_low, 1 + self.options.clip_high)
+        per_seq = torch.maximum(-adv * ratio, -adv * clipped)
+        return LossTerms(per_seq, ratio != clipped)
+
+
+class CispoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_weight: float = Field(5.0, gt=0, description="the cap on the token's importance weight r_it")
+
+
+class Cispo(PolicyLoss):
+    """CISPO (MiniMax-M1, 2025): REINFORCE weighted by the clipped ratio with its gradient stopped, so
+    that no token's gradient is dropped (PPO's clip zeroes it), only its weight bounded::
+
+        loss_it = -sg(min(r_it, max_weight)) · A_it · new_it
+
+    The paper writes the cap as ``1 + eps_high``; ``max_weight`` is the cap itself, as TRL's
+    ``epsilon_high`` for ``loss_type="cispo"``."""
+
+    name = "cispo"
+    Options = CispoOptions
+
+    def __call__(self, inputs: LossInputs) -> LossTerms:
+        ratio = torch.exp(inputs.new_logprobs - inputs.prox_logprobs)
+        weight = torch.clamp(ratio, max=self.options.max_weight).detach()
+        return LossTerms(-weight * inputs.advantages * inputs.new_logprobs, ratio > self.options.max_weight)

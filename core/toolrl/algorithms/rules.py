@@ -1,0 +1,88 @@
+"""Which estimators, losses and settings compose: every rule in one place, checked when a run is
+resolved (before anything starts), each broken rule one config line naming what clashes.
+
+- A sequence-level loss (``gspo``: one ratio per sequence) needs one advantage per sequence: a
+  per-token estimator (``gae``, ``outcome = False``) with it is an error naming both.
+- An estimator that reads values (``needs_values``) needs a critic: a run without a ``critic`` section
+  gets the default one (:func:`with_critic`, recorded in ``config.json``); the estimator must also
+  give the critic's targets (``value_targets``). A ``critic`` section with an estimator that reads no
+  values is an error (it would train nothing).
+- ``dr_grpo`` with ``loss_agg: seq-mean-token-mean`` would put back the per-response length
+  normalisation Dr. GRPO removes: an error naming both.
+- ``algorithm.overlong.buffer`` must be shorter than ``rollout.max_response_tokens``.
+
+The decoupled asynchronous objective (``trainer.max_staleness >= 1``) composes with every loss: the
+caller multiplies each loss's per-token term by the truncated weight ``min(π_prox / π_behav,
+tis_cap)`` and every loss's ratio is against the proximal policy, so staleness changes the weight,
+never the loss. For ``gspo`` the weight stays per token (the sequence ratio is the trust region, the
+weight corrects the sampling); for ``cispo`` the two weights multiply (both without gradient). KL
+(``algorithm.kl_coef``, k3 against the reference model) is added per token after the weight, for
+every pair; REINFORCE++'s in-reward KL is not used (one KL path for every estimator).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolrl.config import ConfigError
+
+if TYPE_CHECKING:
+    from toolrl.algorithms import AdvantageEstimator, PolicyLoss
+    from toolrl.config import Config
+
+
+def with_critic(config: Config) -> Config:
+    """``config`` with the default ``critic`` section when its estimator reads values and it sets
+    none; a ConfigError for a critic nothing would read. An estimator that cannot be loaded is left
+    for :func:`check_algorithm` to report."""
+    from toolrl.config import CriticConfig
+    from toolrl.plugins import get_plugins
+
+    name = config.algorithm.advantage
+    try:
+        estimator = get_plugins().load_part("advantage_estimators", name)
+    except Exception:  # check_algorithm turns it into the one-line config error
+        return config
+    if not estimator.needs_values:
+        if config.critic is not None:
+            raise ConfigError(f"critic: set, but algorithm.advantage={name} reads no values; drop the critic "
+                              "section or pick an estimator that reads them (gae)")
+        return config
+    if not callable(getattr(estimator, "value_targets", None)):
+        raise ConfigError(f"algorithm.advantage={name}: reads values but gives the critic no targets "
+                          "(value_targets)")
+    return config if config.critic is not None else config.model_copy(update={"critic": CriticConfig()})
+
+
+def check_algorithm(config: Config, has_critic: bool = False) -> tuple[AdvantageEstimator, PolicyLoss]:
+    """The run's estimator and loss, built (names resolved, options validated) and checked against
+    the rules above; a ConfigError (one line naming the fields) otherwise."""
+    from pydantic import ValidationError
+
+    from toolrl.algorithms import build_estimator, build_loss
+    from toolrl.config import format_errors
+    from toolrl.plugins.registry import RegistryError
+
+    algo = config.algorithm
+    parts = []
+    for field, build in (("advantage", build_estimator), ("loss", build_loss)):
+        try:
+            parts.append(build(algo))
+        except RegistryError as exc:
+            raise ConfigError(f"algorithm.{field}: {exc}") from None
+        except ValidationError as exc:
+            raise ConfigError(format_errors(exc, f"algorithm.{field}_options")) from None
+    estimator, loss = parts
+    pair = f"algorithm.advantage={algo.advantage} with algorithm.loss={algo.loss}"
+    if loss.sequence_level and not estimator.outcome:
+        raise ConfigError(f"{pair}: a sequence-level loss needs one advantage per sequence, and "
+                          f"{algo.advantage!r} gives one per token; pick an outcome estimator (grpo, rloo, ...)")
+    if estimator.needs_values and not has_critic:
+        raise ConfigError(f"algorithm.advantage={algo.advantage}: reads per-token values, which need a critic")
+    if algo.advantage == "dr_grpo" and algo.loss_agg == "seq-mean-token-mean":
+        raise ConfigError("algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes "
+                          "the per-response length normaliser; use seq-mean-token-sum-norm or token-mean")
+    if algo.overlong is not None and algo.overlong.buffer >= config.rollout.max_response_tokens:
+        raise ConfigError(f"algorithm.overlong.buffer={algo.overlong.buffer}: must be below "
+                          f"rollout.max_response_tokens={config.rollout.max_response_tokens}")
+    return estimator, loss

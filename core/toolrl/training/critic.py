@@ -1,0 +1,285 @@
+"""The critic of PPO: a value model, its per-token values on packed batches, the clipped value loss and
+its update, sharded and checkpointed like the policy.
+
+The value model is a value head (``Linear(hidden, 1)``) on a causal LM's backbone: a copy of the
+policy's, or a separate model's (``critic.model``). The value of response token ``t`` is read where
+the policy reads its log-prob: at the hidden state that predicts ``t`` (the state before ``t`` is
+sampled), so values exist exactly at trained tokens and tool output gets none. The update regresses
+the values on the returns of :func:`toolrl.algorithms.gae.gae` with PPO's clipped value loss, per
+trained token::
+
+    V_clip = V_old + clip(V − V_old, −ε, ε)
+    loss   = max((V − R)², (V_clip − R)²)
+
+aggregated as a token mean over the mini-batch (normalised by the whole mini-batch's trained tokens,
+so the sum of the ranks' gradients is the one-rank gradient, as for the policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolrl.config import Config
+from toolrl.rollout import Trajectory
+from toolrl.training.microbatch import plan
+from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
+
+__all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
+           "shard_critic", "state", "value_loss", "value_metrics"]
+
+
+class ValueModel(torch.nn.Module):
+    """A value head on ``backbone`` (a causal LM's base model, e.g. ``Qwen3Model``). ``forward(batch)``
+    gives the values (B, R) of a :class:`~toolrl.training.packing.PackedBatch`'s trained tokens, 0
+    elsewhere. Under FSDP2 it is the root unit: its forward runs the backbone and the head."""
+
+    # packed_hidden_states reads the backbone under this name, as it reads a causal LM's base model.
+    base_model_prefix = "backbone"
+
+    def __init__(self, backbone: Any) -> None:
+        super().__init__()
+        self.backbone = backbone
+        param = next(backbone.parameters())
+        self.head = torch.nn.Linear(backbone.config.hidden_size, 1, dtype=param.dtype, device=param.device)
+        # Zero: every value starts at 0, the same on every rank without a shared random draw.
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_causal_lm(cls, lm: Any) -> ValueModel:
+        """A value model on ``lm``'s backbone (taken, not copied: pass a copy to keep ``lm`` intact);
+        every parameter trains."""
+        return cls(getattr(lm, lm.base_model_prefix)).requires_grad_(True)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        hidden = packed_hidden_states(self, batch)[batch.head_pos]
+        values = self.head(hidden).squeeze(-1).float()
+        return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), values)
+
+
+@dataclass(frozen=True)
+class CriticOptions:
+    """What a critic update runs with: the value clip ``ε`` (None: the plain squared error), gradient
+    clipping, epochs and mini-batches over the batch, micro-batching (as the policy's) and this rank's
+    place among the trainer ranks."""
+
+    value_clip: float | None = 0.2
+    grad_clip: float = 1.0
+    epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None
+    pad_id: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+
+def make_optimizer(critic: torch.nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=lr, betas=betas,
+                             weight_decay=weight_decay)
+
+
+def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> ValueModel:
+    """FSDP2 over ``mesh`` as for the policy: each backbone layer a unit, the rest (embeddings, final
+    norm, value head) the root."""
+    from toolrl.training.sharding import shard_root
+
+    return shard_root(critic, critic.backbone, mesh, offload=offload)
+
+
+def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: CriticOptions,
+                 device: torch.device) -> list[tuple[list[int] | None, PackedBatch]]:
+    """This rank's packed micro-steps over ``indices`` (:mod:`toolrl.training.microbatch`); a dummy
+    step (one pad token) where a busier rank still has work, to keep FSDP's collectives in step."""
+    lengths = [input_length(t) for t in trajs]
+    shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch)
+    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
+                       response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
+    return [(None, build_batch([dummy], [0.0], device)) if micro is None else
+            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device))
+            for micro in shares[options.rank]]
+
+
+def _trainable(trajs: Sequence[Trajectory]) -> list[int]:
+    # A micro-batch without trained tokens would skip the backbone (and its collectives) altogether.
+    return [i for i, t in enumerate(trajs) if any(t.response_mask)]
+
+
+def _device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters()).device
+
+
+def batch_values(critic: torch.nn.Module, trajs: Sequence[Trajectory], options: CriticOptions) -> torch.Tensor:
+    """The critic's values (N, R) of the whole batch (R: its longest response), 0 at untrained tokens,
+    without gradient. Sharded: each rank runs its share and one sum over ranks gives every rank all."""
+    device = _device(critic)
+    width = max(1, max((len(t.response_ids) for t in trajs), default=1))
+    values = torch.zeros((len(trajs), width), dtype=torch.float32, device=device)
+    usable = _trainable(trajs)
+    if usable:
+        critic.eval()
+        with torch.no_grad():
+            for micro, batch in _micro_steps(trajs, usable, options, device):
+                v = critic(batch)
+                if micro is not None:
+                    values[micro, :v.shape[1]] = v
+    if options.world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(values)
+    return values.cpu()
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float | None, tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped value loss (module docstring) of one micro-batch, summed over its trained tokens
+    and divided by ``tokens`` (the mini-batch's); and its figures: ``tokens`` and ``clipped`` (trained
+    tokens where the clipped error was the larger)."""
+    error = (values - returns) ** 2
+    trained = mask > 0
+    clipped = torch.zeros_like(trained)
+    if clip is not None:
+        clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+        clipped_error = (clipped_values - returns) ** 2
+        clipped = (clipped_error > error) & trained
+        error = torch.maximum(error, clipped_error)
+    loss = (error * mask).sum() / max(tokens, 1.0)
+    counts = torch.stack([mask.sum(), clipped.sum().to(mask.dtype)]).tolist()
+    return loss, {"tokens": counts[0], "clipped": counts[1]}
+
+
+def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, trajs: Sequence[Trajectory],
+                  old_values: torch.Tensor, returns: torch.Tensor, options: CriticOptions) -> dict[str, float]:
+    """Regress the critic's values on ``returns`` (N, R), ``options.epochs`` × ``options.mini_batches``
+    optimizer updates; ``old_values`` are :func:`batch_values` before the first. Every rank passes the
+    whole batch and trains its share. Metrics, this rank's: ``value_loss`` (its part of the mean
+    update's loss: sum over ranks), ``value_tokens`` and ``value_clip_frac`` over them (every epoch
+    counted), ``critic_grad_norm`` (global)."""
+    usable = _trainable(trajs)
+    if not usable:
+        return {}
+    device = _device(critic)
+    old_values, returns = old_values.to(device), returns.to(device)
+    minis = []
+    for mini in (m.tolist() for m in torch.tensor(usable).chunk(options.mini_batches)):
+        tokens = float(sum(sum(trajs[i].response_mask) for i in mini))
+        minis.append((tokens, _micro_steps(trajs, mini, options, device)))
+    losses, norms, counted, clipped = [], [], 0.0, 0.0
+    critic.train()
+    for _ in range(options.epochs):
+        for tokens, steps in minis:
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            for micro, batch in steps:
+                v = critic(batch)
+                rows = [0] if micro is None else micro
+                width = v.shape[1]
+                loss, figures = value_loss(v, old_values[rows, :width], returns[rows, :width], batch.response_mask,
+                                           options.value_clip, tokens)
+                if micro is None:  # in step with busier ranks' collectives, no gradient
+                    (loss * 0.0).backward()
+                    continue
+                loss.backward()
+                loss_sum += float(loss.detach())
+                counted, clipped = counted + figures["tokens"], clipped + figures["clipped"]
+            norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), options.grad_clip)
+            if hasattr(norm, "full_tensor"):  # DTensor parameters: the norm over every shard
+                norm = norm.full_tensor()
+            optimizer.step()
+            losses.append(loss_sum)
+            norms.append(float(norm))
+    optimizer.zero_grad(set_to_none=True)
+    critic.eval()
+    return {"value_loss": sum(losses) / len(losses), "critic_grad_norm": sum(norms) / len(norms),
+            "value_tokens": counted, "value_clip_frac": clipped / max(counted, 1.0)}
+
+
+def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Over the batch's trained tokens: ``value_mean`` and ``explained_variance``
+    (``1 − Var(R − V) / Var(R)``: 1 for a perfect critic, 0 for one no better than the mean return;
+    left out when the returns do not vary)."""
+    trained = mask > 0
+    if not trained.any():
+        return {}
+    v, r = values[trained].double(), returns[trained].double()
+    out = {"value_mean": float(v.mean()), "return_mean": float(r.mean())}
+    var = float(r.var(unbiased=False))
+    if var > 0:
+        out["explained_variance"] = 1.0 - float((r - v).var(unbiased=False)) / var
+    return out
+
+
+def state(critic: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The critic's part of a checkpoint (``torch.distributed.checkpoint`` state: sharded tensors stay
+    sharded, so any world size can load it)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(critic, optimizer)
+    return {"critic": model_sd, "critic_optim": optim_sd}
+
+
+def load_state(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, loaded: dict[str, Any]) -> None:
+    """Put :func:`state`'s tensors, once filled by ``dcp.load``, back into the critic and its optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(critic, optimizer, model_state_dict=loaded["critic"], optim_state_dict=loaded["critic_optim"])
+
+
+class Critic:
+    """A trainer rank's critic: the value model (sharded like the policy), its optimizer and options;
+    what the rank asks of it each step (values before advantages, the update after) and its part of
+    checkpoints."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: CriticOptions) -> None:
+        self.model, self.optimizer, self.options = model, optimizer, options
+
+    @classmethod
+    def build(cls, config: Config, policy_lm: Any, device: str, pad_id: int, rank: int = 0, world_size: int = 1,
+              mesh: Any = None) -> Critic:
+        """From ``config.critic``: a copy of ``policy_lm``'s backbone (before sharding, and without
+        adapters: a LoRA run's critic starts from ``model.source`` again), or ``critic.model``."""
+        import copy
+
+        from toolrl import models
+        from toolrl.roles.compose import model_path
+
+        cfg = config.critic
+        if cfg.model is None and config.model.lora is None:
+            backbone = copy.deepcopy(getattr(policy_lm, policy_lm.base_model_prefix))
+        else:
+            source = model_path(config) if cfg.model is None else models.resolve_source(
+                config.model.model_copy(update={"source": cfg.model}), config.base_dir)
+            lm = models.load_model(source, dtype=config.model.dtype, device=device)
+            if config.model.gradient_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            backbone = getattr(lm, lm.base_model_prefix)
+        model: torch.nn.Module = ValueModel(backbone.requires_grad_(True))
+        if mesh is not None:
+            model = shard_critic(model, mesh, offload=config.trainer.cpu_offload)
+        optimizer = make_optimizer(model, cfg.lr, config.optim.betas, cfg.weight_decay)
+        algo, optim = config.algorithm, config.optim
+        options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
+                                mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,
+                                max_tokens_per_micro_batch=optim.max_tokens_per_micro_batch, pad_id=pad_id,
+                                rank=rank, world_size=world_size)
+        return cls(model, optimizer, options)
+
+    def values(self, trajs: Sequence[Trajectory]) -> torch.Tensor:
+        return batch_values(self.model, trajs, self.options)
+
+    def update(self, trajs: Sequence[Trajectory], values: torch.Tensor, returns: torch.Tensor,
+               mask: torch.Tensor) -> dict[str, float]:
+        """The update, and the value metrics of the batch (the values before it against the returns)."""
+        return {**critic_update(self.model, self.optimizer, trajs, values, returns, self.options),
+                **value_metrics(values, returns, mask)}
+
+    def state(self) -> dict[str, Any]:
+        return state(self.model, self.optimizer)
+
+    def load(self, loaded: dict[str, Any]) -> None:
+        load_state(self.model, self.optimizer, loaded)

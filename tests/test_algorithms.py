@@ -1,0 +1,220 @@
+"""Advantage estimators and policy losses as parts (toolrl.algorithms): the default is today's GRPO
+bit for bit, each estimator on hand-worked numbers, the composition rules, DAPO's overlong shaping."""
+
+import math
+
+import pytest
+import torch
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs, build_estimator, build_loss
+from toolrl.algorithms.overlong import length_penalty, shape_rewards
+from toolrl.algorithms.rules import check_algorithm
+from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, OverlongConfig, load_config
+from toolrl.plugins import get_plugins
+from toolrl.plugins.registry import Part
+from toolrl.rollout import Trajectory
+from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, token_advantages
+from toolrl.training.packing import build_batch
+
+# -- today's GRPO, as it was before the estimators and losses became parts (copied from main) ---------
+
+
+def main_group_advantages(rewards, groups, norm_by_std=True, eps=1e-6):
+    by_group = {}
+    for r, g in zip(rewards, groups, strict=True):
+        by_group.setdefault(g, []).append(r)
+    stats = {}
+    for g, rs in by_group.items():
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) if len(rs) > 1 else 0.0
+        stats[g] = (mean, std)
+    out = []
+    for r, g in zip(rewards, groups, strict=True):
+        mean, std = stats[g]
+        if len(by_group[g]) == 1:
+            out.append(0.0)
+        else:
+            out.append((r - mean) / (std + eps) if norm_by_std else r - mean)
+    return out
+
+
+def main_per_token_loss(new_lp, prox_lp, batch, cfg, ref_lp=None):
+    adv = batch.advantages[:, None]
+    ratio = torch.exp(new_lp - prox_lp)
+    clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    per_token = torch.maximum(-adv * ratio, -adv * clipped)
+    weight = torch.exp(prox_lp.detach() - batch.engine_logprobs)
+    if cfg.tis_cap is not None:
+        per_token = per_token * weight.clamp(max=cfg.tis_cap)
+    if ref_lp is not None and cfg.kl_coef > 0:
+        delta = ref_lp - new_lp
+        per_token = per_token + cfg.kl_coef * (torch.exp(delta) - delta - 1)
+    return per_token
+
+
+def traj(response, mask=None, reward=0.0, group=0, logprobs=None, prompt=(5, 6, 7)):
+    mask = mask or [1] * len(response)
+    return Trajectory(trajectory_id=f"t{reward}-{len(response)}", sample_index=0, group=group, prompt_ids=list(prompt),
+                      response_ids=response, response_mask=mask,
+                      logprobs=logprobs or [-0.5 - 0.1 * j for j in range(len(response))], reward=reward)
+
+
+def ragged_batch():
+    """Five trajectories in two groups (and ragged lengths, a tool span), as the step records them."""
+    return [traj([21, 22, 23, 24], reward=1.0), traj([31, 32], reward=0.0),
+            traj([41, 42, 43, 44, 45], mask=[1, 1, 0, 0, 1], reward=0.5),
+            traj([51, 52, 53], reward=0.2, group=1, prompt=(8, 9)), traj([61], reward=0.9, group=1, prompt=(8, 9))]
+
+
+@pytest.mark.parametrize("cfg", [AlgorithmConfig(), AlgorithmConfig(norm_adv_by_std=False, tis_cap=1.3, kl_coef=0.1),
+                                 AlgorithmConfig(loss_agg="seq-mean-token-mean", clip_eps_low=0.1, clip_eps_high=0.1),
+                                 AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", tis_cap=2.0)])
+def test_the_default_parts_are_todays_grpo_bit_for_bit(cfg):
+    trajs = ragged_batch()
+    advs = main_group_advantages([t.reward for t in trajs], [t.group for t in trajs], cfg.norm_adv_by_std)
+    grid = token_advantages(trajs, build_estimator(cfg), 8, cfg)
+    assert torch.equal(grid, torch.tensor(advs, dtype=torch.float32)[:, None].expand(grid.shape))
+    old_batch = build_batch(trajs, advs)
+    g = torch.Generator().manual_seed(1)
+    prox = -torch.rand(old_batch.response_mask.shape, generator=g) * 3
+    ref = -torch.rand(old_batch.response_mask.shape, generator=g) * 3
+    new_old = (prox + (torch.rand(prox.shape, generator=g) - 0.5)).requires_grad_()
+    new_new = new_old.detach().clone().requires_grad_()
+    norm = {"tokens": 11.0, "seqs": 5.0, "max_len": 8.0}
+    from toolrl.training.grpo import aggregate
+
+    expected = aggregate(main_per_token_loss(new_old, prox, old_batch, cfg, ref), old_batch.response_mask,
+                         cfg.loss_agg, norm)
+    new_batch = build_batch(trajs, [0.0] * 5)
+    new_batch.advantages = grid[:, :new_batch.response_mask.shape[1]]
+    got, _ = policy_loss(new_new, prox, new_batch, cfg, norm, ref, build_loss(cfg))
+    expected.backward()
+    got.backward()
+    assert torch.equal(got.detach(), expected.detach()) and torch.equal(new_new.grad, new_old.grad)
+
+
+# grpo_step on the tiny model, recorded with main (ca7a184) before the change: loss, grad_norm, the
+# sum of the weights after the update (float64).
+RECORDED = {
+    "default": (AlgorithmConfig(), -0.045060403645038605, 4.406066417694092, 513.307230835363),
+    "multi": (AlgorithmConfig(mini_batches=2, ppo_epochs=2, tis_cap=2.0, loss_agg="seq-mean-token-mean",
+                              norm_adv_by_std=False), -1.3764727810894328e-06, 2.812701859511435e-05, 465.8354181234851),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORDED))
+def test_grpo_step_matches_the_recorded_main(case, tiny_qwen3_path):
+    from toolrl.models import load_model
+
+    algo, loss, grad_norm, param_sum = RECORDED[case]
+    torch.manual_seed(0)
+    model = load_model(tiny_qwen3_path)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    metrics = grpo_step(model, opt, ragged_batch(), StepOptions(algo, OptimConfig(micro_batch_size=2), pad_id=0,
+                                                                temperature=1.0, max_response_tokens=8))
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-12)
+    assert metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-6)
+    assert float(sum(p.detach().double().sum() for p in model.parameters())) == pytest.approx(param_sum, rel=1e-12)
+    assert len(metrics["advantages"]) == 5 and all(isinstance(a, float) for a in metrics["advantages"])
+
+
+# -- estimators on hand-worked numbers ------------------------------------------------------------
+
+
+def estimate(name, rewards, groups, lengths, **options):
+    algo = AlgorithmConfig(advantage=name, advantage_options=options)
+    width = max(lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+    return build_estimator(algo)(AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups), mask))
+
+
+def test_rloo_subtracts_the_mean_of_the_others():
+    adv = estimate("rloo", [1.0, 0.0, 0.5, 2.0], [0, 0, 0, 1], [2, 1, 3, 1])
+    # 1 - (0 + 0.5)/2 = 0.75; 0 - (1 + 0.5)/2 = -0.75; 0.5 - (1 + 0)/2 = 0; alone in its group: 0.
+    assert adv.shape == (4, 3) and torch.allclose(adv[:, 0], torch.tensor([0.75, -0.75, 0.0, 0.0]))
+    assert torch.equal(adv, adv[:, :1].expand(4, 3))  # an outcome estimator: one number per row
+
+
+def test_dr_grpo_does_not_divide_by_the_std():
+    adv = estimate("dr_grpo", [1.0, 0.0, 0.5, 4.0, 2.0], [0, 0, 0, 1, 1], [1] * 5)
+    assert torch.allclose(adv[:, 0], torch.tensor([0.5, -0.5, 0.0, 1.0, -1.0]))
+    grpo = estimate("grpo", [1.0, 0.0, 0.5, 4.0, 2.0], [0, 0, 0, 1, 1], [1] * 5)
+    assert grpo[0, 0] == pytest.approx(0.5 / (0.5 + 1e-6)) and grpo[3, 0] == pytest.approx(1 / (math.sqrt(2) + 1e-6))
+
+
+def test_reinforce_pp_normalises_over_the_batchs_tokens():
+    adv = estimate("reinforce_pp", [1.0, 0.0], [0, 1], [2, 1])
+    # Token returns 1, 1, 0: mean 2/3, unbiased variance ((1/3)² · 2 + (2/3)²) / 2 = 1/3.
+    std = math.sqrt(1 / 3)
+    assert adv[0, 0] == pytest.approx((1 / 3) / std, rel=1e-6) and adv[1, 0] == pytest.approx((-2 / 3) / std, rel=1e-6)
+    assert adv[0, 1] == adv[0, 0]
+
+
+def test_reinforce_pp_baseline_centres_in_the_group_then_normalises():
+    adv = estimate("reinforce_pp_baseline", [1.0, 0.0, 3.0, 3.0], [0, 0, 1, 1], [1, 1, 2, 2])
+    # Centred: 0.5, -0.5, 0, 0 over tokens 0.5, -0.5, 0, 0, 0, 0: mean 0, unbiased variance 0.5 / 5.
+    assert torch.allclose(adv[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]) / math.sqrt(0.1), atol=1e-6)
+
+
+def test_overlong_penalty_ramps_over_the_buffer():
+    assert [length_penalty(n, 10, 4) for n in (5, 6, 8, 10, 11)] == [0.0, 0.0, -0.5, -1.0, -1.0]
+    assert shape_rewards([1.0, 1.0], [6, 9], 10, OverlongConfig(buffer=4, penalty=0.5)) == [1.0, 1.0 - 0.5 * 0.75]
+    assert shape_rewards([1.0], [11], 10, None) == [1.0]
+    # Equal rewards carry no signal until the long response pays for its length.
+    trajs = [traj([1] * 3, reward=1.0), traj([1] * 8, reward=1.0)]
+    plain = AlgorithmConfig(advantage="dr_grpo")
+    shaped = AlgorithmConfig(advantage="dr_grpo", overlong=OverlongConfig(buffer=4, penalty=1.0))
+    assert token_advantages(trajs, build_estimator(plain), 8, plain).abs().max() == 0
+    adv = token_advantages(trajs, build_estimator(shaped), 8, shaped)
+    assert adv[0, 0] == pytest.approx(0.5) and adv[1, 0] == pytest.approx(-0.5)
+
+
+# -- composition rules ----------------------------------------------------------------------------
+
+
+class PerTokenEstimator(AdvantageEstimator):
+    """A per-token estimator (as gae is): each token's reward-to-go from a reward at the last token."""
+
+    name = "per_token_test"
+    outcome = False
+
+    def __call__(self, inputs):
+        return inputs.rewards.float()[:, None] * inputs.response_mask.flip(-1).cumsum(-1).flip(-1)
+
+
+def config(*overrides):
+    return load_config(None, [*overrides], data={"env": "arithmetic"})
+
+
+def test_rules_reject_a_sequence_level_loss_with_per_token_advantages():
+    registry = get_plugins().registry
+    if not registry.has("advantage_estimators", "per_token_test"):
+        registry.add(Part("advantage_estimators", "per_token_test", "tests", PerTokenEstimator))
+    with pytest.raises(ConfigError, match=r"^algorithm.advantage=per_token_test with algorithm.loss=gspo: "
+                                          "a sequence-level loss"):
+        check_algorithm(config("algorithm.advantage=per_token_test", "algorithm.loss=gspo"))
+    estimator, loss = check_algorithm(config("algorithm.advantage=per_token_test", "algorithm.loss=cispo"))
+    assert not estimator.outcome and loss.name == "cispo"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm.advantage=dr_grpo", "algorithm.loss_agg=seq-mean-token-mean"],
+     "algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes"),
+    (["algorithm.loss=nope"], "algorithm.loss: unknown policy loss 'nope' (available: cispo, gspo, ppo_clip"),
+    (["algorithm.advantage=nope"], "algorithm.advantage: unknown advantage estimator 'nope' (available: dr_grpo"),
+    (["algorithm.loss=cispo", "algorithm.loss_options.max_weight=-1"],
+     "algorithm.loss_options.max_weight: Input should be greater than 0"),
+    (["algorithm.loss_options.clip=0.2"], "algorithm.loss_options.clip: unknown key"),
+    (["algorithm.overlong={buffer: 600}"], "algorithm.overlong.buffer=600: must be below rollout.max_response_tokens=512"),
+])
+def test_rules_and_options_are_one_line_config_errors(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        check_algorithm(config(*overrides))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_every_builtin_pair_composes_by_default():
+    for advantage in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+        for loss in ("ppo_clip", "gspo", "cispo"):
+            agg = ["algorithm.loss_agg=token-mean"] if advantage == "dr_grpo" else []
+            estimator, built = check_algorithm(config(f"algorithm.advantage={advantage}", f"algorithm.loss={loss}", *agg))
+            assert (estimator.name, built.name) == (advantage, loss)
