@@ -219,7 +219,8 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], optio
                       options.optim.max_tokens_per_micro_batch)
         micro_steps: list[MicroStep] = [
             (None, build_batch([dummy], [0.0], device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device))
+            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,
+                                options.optim.share_prefixes))
             for micro in shares[options.rank]]
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
