@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-from toolrl.config import AlgorithmConfig
+from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
 from toolrl.training import packing
-from toolrl.training.grpo import policy_loss, response_logprobs
+from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, response_logprobs
+from toolrl.training.microbatch import plan, tree_pieces
 from toolrl.training.packing import build_batch, input_tokens
 from toolrl.training.prefix_tree import MIN_SHARED_TOKENS, layout
 
@@ -143,3 +144,60 @@ def test_a_common_start_shorter_than_the_minimum_is_not_shared():
     assert not layout(seqs).shared and len(layout(seqs).ids) == 2 * (MIN_SHARED_TOKENS + 9)
     assert layout(seqs, min_shared=MIN_SHARED_TOKENS - 1).shared
     assert not layout([head + [5], head + [5]], share=False).shared
+
+
+def test_tree_pieces_count_shared_tokens_once_and_cut_between_continuations():
+    rng = random.Random(5)
+    prompt = ids(rng, 40)
+    seqs = [prompt + ids(rng, 10) for _ in range(4)] + [ids(rng, 50)]
+    # 40 + 3 × 10 fills a 70-token budget; the fourth continuation starts a piece of its own (50)
+    assert tree_pieces(range(5), seqs, micro_batch_size=8, max_tokens=70) == [([0, 1, 2], 70), ([3], 50),
+                                                                              ([4], 50)]
+    assert tree_pieces(range(5), seqs, micro_batch_size=8) == [([0, 1, 2, 3], 80), ([4], 50)]
+    assert tree_pieces(range(5), seqs, micro_batch_size=2) == [([0, 1], 60), ([2, 3], 60), ([4], 50)]
+    # whole pieces go to micro-batches: 80 | 50 under a 100-token budget, never a group split
+    assert plan(range(5), [50] * 5, 1, 8, max_tokens=100, seqs=seqs) == [[[0, 1, 2, 3], [4]]]
+    # two ranks balanced by computed tokens (80 against 50), not by sequences
+    assert plan(range(5), [50] * 5, 2, 8, seqs=seqs) == [[[0, 1, 2, 3]], [[4]]]
+
+
+class Recorder(torch.optim.Optimizer):
+    """Keeps each step's gradients instead of applying them."""
+
+    def __init__(self, params):
+        super().__init__(params, {})
+        self.grads = []
+
+    def step(self, closure=None):
+        self.grads.append([p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                           for g in self.param_groups for p in g["params"]])
+
+
+def grpo_batch():
+    """Two groups of four: shared prompts, one group with a common first turn; rewards vary."""
+    out = shared_prompt()[:3] + common_first_turn()[:4]
+    for i, t in enumerate(out):
+        t.group, t.reward = i // 4, float(i % 3)
+    return [*out, traj(out[0].prompt_ids, [7, 8, 9], group=1)]
+
+
+@pytest.mark.parametrize("optim", [{"max_tokens_per_micro_batch": 80}, {"micro_batch_size": 3}])
+def test_grpo_step_with_shared_prefixes_gives_the_unshared_gradients(model, optim):
+    def step(share, **kw):
+        m = copy.deepcopy(model)
+        opt = Recorder(m.parameters())
+        options = StepOptions(AlgorithmConfig(mini_batches=2, ppo_epochs=2), OptimConfig(
+            share_prefixes=share, grad_clip=1e9, **optim), pad_id=0, temperature=0.9, max_response_tokens=32, **kw)
+        return grpo_step(m, opt, grpo_batch(), options), opt.grads
+
+    (want, want_grads), (got, got_grads) = step(False), step(True)
+    ranks = [step(True, rank=r, world_size=2) for r in (0, 1)]
+    # The plans group the micro-batches differently, so their losses are summed in another order: the
+    # positive and negative parts cancel to a smaller total (hence 1e-5, as in test_microbatch).
+    assert abs(got["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"])
+    assert len(got_grads) == len(want_grads) == 4
+    for update in range(4):
+        summed = [a + b for a, b in zip(ranks[0][1][update], ranks[1][1][update], strict=True)]
+        for w, g, s in zip(want_grads[update], got_grads[update], summed, strict=True):
+            assert float((g - w).norm()) <= 1e-6 * float(w.norm()) + 1e-12
+            assert float((s - w).norm()) <= 1e-6 * float(w.norm()) + 1e-12

@@ -43,7 +43,7 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
+from toolrl.training.packing import PackedBatch, build_batch, input_length, input_tokens, packed_hidden_states
 from toolrl.training.peakmem import PeakMemory
 
 __all__ = ["Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
@@ -211,12 +211,13 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], optio
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
+    seqs = [input_tokens(t) for t in trajs] if options.optim.share_prefixes else None
     dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
                        response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
     minis = []
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
-                      options.optim.max_tokens_per_micro_batch)
+                      options.optim.max_tokens_per_micro_batch, seqs)
         micro_steps: list[MicroStep] = [
             (None, build_batch([dummy], [0.0], device)) if micro is None else
             (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,

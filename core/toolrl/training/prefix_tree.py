@@ -77,6 +77,13 @@ def common_length(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) ->
     return max(common, 0)
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens ``a`` and ``b`` have in common."""
+    x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else len(x)
+
+
 def split_by_token(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) -> list[list[int]]:
     """``idx`` grouped by the token at ``depth`` (first-seen order); a sequence that ends at ``depth``
     is a group of its own."""
