@@ -131,7 +131,7 @@ def main() -> None:
         child(args.child, bool(args.share), args.groups, args.prompt, args.repeats)
         return
     print(machine())
-    rows, ratios = [], {}
+    rows, ratios, cpu = [], {}, {}
     for workload in ("group", "tau2"):
         res = {share: run_child(workload, share, args) for share in (False, True)}
         for share in (False, True):
@@ -139,7 +139,9 @@ def main() -> None:
             rows.append([workload, "shared" if share else "unshared", r["step_s"], r["cpu_s"], r["step_mb"],
                          r["computed"], r["total"], 1 - r["computed"] / r["total"]])
         ratios[workload] = res[True]["step_s"] / res[False]["step_s"]
+        cpu[workload] = res[True]["cpu_s"] / res[False]["cpu_s"]
     print(table(["workload", "packing", "step s", "cpu s", "step MB", "computed", "total", "prefix_share"], rows))
+    print(f"trainer step cpu shared/unshared: group {cpu['group']:.2f}, tau2-like {cpu['tau2']:.2f}")
     print(f"tau2-like trainer step shared/unshared: {ratios['tau2']:.2f}")
     print(f"trainer step shared/unshared: {ratios['group']:.2f}")
 

@@ -196,6 +196,9 @@ def test_grpo_step_with_shared_prefixes_gives_the_unshared_gradients(model, opti
     # positive and negative parts cancel to a smaller total (hence 1e-5, as in test_microbatch).
     assert abs(got["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"])
     assert len(got_grads) == len(want_grads) == 4
+    assert want["prefix_share"] == 0 and want["trainer_tokens_total"] == got["trainer_tokens_total"]
+    assert got["trainer_tokens_computed"] == sum(r[0]["trainer_tokens_computed"] for r in ranks)
+    assert got["prefix_share"] == 1 - got["trainer_tokens_computed"] / got["trainer_tokens_total"] > 0.3
     for update in range(4):
         summed = [a + b for a, b in zip(ranks[0][1][update], ranks[1][1][update], strict=True)]
         for w, g, s in zip(want_grads[update], got_grads[update], summed, strict=True):

@@ -174,7 +174,7 @@ class TrainerRank:
 
 
 # Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
-_SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens")
+_SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens", "trainer_tokens_computed", "trainer_tokens_total")
 _TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac")  # weighted by loss_tokens
 _AVERAGED = ("padding_fraction",)
 _LARGEST = ("trainer_peak_mb", "is_weight_max")
@@ -215,4 +215,6 @@ def _group_metrics(out: dict[str, float]) -> dict[str, float]:
             group[k] = v
     if largest[-1] > -math.inf:
         group["is_weight_min"] = -largest[-1]
+    if group.get("trainer_tokens_total"):
+        group["prefix_share"] = 1.0 - group["trainer_tokens_computed"] / group["trainer_tokens_total"]
     return group

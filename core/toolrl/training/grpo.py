@@ -43,7 +43,14 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import PackedBatch, build_batch, input_length, input_tokens, packed_hidden_states
+from toolrl.training.packing import (
+    PackedBatch,
+    build_batch,
+    input_length,
+    input_tokens,
+    packed_hidden_states,
+    sharing_metrics,
+)
 from toolrl.training.peakmem import PeakMemory
 
 __all__ = ["Policy", "StepOptions", "aggregate", "build_batch", "group_advantages", "grpo_step",
@@ -203,7 +210,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
             for mini in minis:
                 mini_batch_update(model, optimizer, mini, options, tally)
         optimizer.zero_grad(set_to_none=True)
-    return tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+    metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+    metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps if micro is not None]))
+    return metrics
 
 
 def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[float], options: StepOptions,

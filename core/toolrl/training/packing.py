@@ -158,6 +158,15 @@ def add_tree(batch: PackedBatch, tree: prefix_tree.TreeLayout, device: torch.dev
     batch.first_copy = first.scatter_reduce(0, expand, torch.arange(expand.numel(), device=device), "amin")
 
 
+def sharing_metrics(batches: Sequence[PackedBatch]) -> dict[str, float]:
+    """Per step: ``trainer_tokens_computed`` (tokens the model ran on), ``trainer_tokens_total`` (those
+    the unshared packing runs on) and ``prefix_share`` (1 - computed / total)."""
+    computed = float(sum(b.tokens for b in batches))
+    total = float(sum(b.total_tokens for b in batches))
+    return {"trainer_tokens_computed": computed, "trainer_tokens_total": total,
+            "prefix_share": 1.0 - computed / total if total else 0.0}
+
+
 def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     """The base model's last hidden states over the packed row, (T, H)."""
     base = getattr(model, model.base_model_prefix)
