@@ -109,6 +109,39 @@ def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) ->
                       "computed": sum(b.tokens for b in batches), "total": sum(b.total_tokens for b in batches)}))
 
 
+def engine_child(share: bool, prompt: int, repeats: int) -> None:
+    """A group's 8 trajectories as the agent loop sends them: 8 requests with one prompt, each its own
+    session and seed, one new token each (the group's prefill and first sample); seconds until all
+    are done."""
+    import asyncio
+
+    from toolrl.engines import ModelSource, SamplingParams
+    from toolrl.engines.transformers import TransformersEngine
+    from toolrl.models import load_model, load_tokenizer, tiny_qwen3
+
+    single_thread()
+    path = tiny_qwen3()
+    rng = random.Random(2)
+
+    async def group(engine: Any, run: int) -> float:
+        ids = [rng.randrange(100, 150_000) for _ in range(prompt)]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(engine.generate(ids, SamplingParams(max_new_tokens=1, seed=s),
+                                               session_id=f"{run}-{s}") for s in range(GROUP)))
+        return time.perf_counter() - t0
+
+    async def main() -> list[float]:
+        engine = TransformersEngine.create(ModelSource(path=path, module=load_model(path), tokenizer=load_tokenizer(path)),
+                                           {"device": "cpu", "share_prompts": share})
+        times = [await group(engine, run) for run in range(repeats + 1)]
+        await engine.close()
+        return times, engine.stats
+
+    times, stats = asyncio.run(main())
+    print(json.dumps({"group_s": statistics.median(times[1:]), "prefilled": stats.prefilled_tokens,
+                      "saved": stats.prefill_tokens_saved}))
+
+
 def run_child(workload: str, share: bool, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
            "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
@@ -122,11 +155,14 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a 512-token prompt, one timed step")
-    parser.add_argument("--child", choices=["group", "tau2"])
+    parser.add_argument("--child", choices=["group", "tau2", "engine"])
     parser.add_argument("--share", type=int, default=1)
     args = parser.parse_args()
     if args.quick:
         args.prompt, args.repeats = 512, 1
+    if args.child == "engine":
+        engine_child(bool(args.share), args.prompt, args.repeats)
+        return
     if args.child:
         child(args.child, bool(args.share), args.groups, args.prompt, args.repeats)
         return
@@ -141,8 +177,13 @@ def main() -> None:
         ratios[workload] = res[True]["step_s"] / res[False]["step_s"]
         cpu[workload] = res[True]["cpu_s"] / res[False]["cpu_s"]
     print(table(["workload", "packing", "step s", "cpu s", "step MB", "computed", "total", "prefix_share"], rows))
+    engine = {share: run_child("engine", share, args) for share in (False, True)}
+    print(f"engine group of {GROUP}, {args.prompt}-token prompt, first token each: "
+          f"{engine[False]['group_s']:.3f} s unshared, {engine[True]['group_s']:.3f} s shared "
+          f"({engine[True]['saved']} prompt tokens not prefilled)")
     print(f"trainer step cpu shared/unshared: group {cpu['group']:.2f}, tau2-like {cpu['tau2']:.2f}")
     print(f"tau2-like trainer step shared/unshared: {ratios['tau2']:.2f}")
+    print(f"engine group prefill shared/unshared: {engine[True]['group_s'] / engine[False]['group_s']:.2f}")
     print(f"trainer step shared/unshared: {ratios['group']:.2f}")
 
 
