@@ -421,3 +421,24 @@ async def test_cuda_matches_cpu(tiny_qwen3_path, prompts):
         assert_close(x.logprobs, y.logprobs, 1e-3)
     await cpu.close()
     await gpu.close()
+
+
+async def test_a_groups_shared_prompt_is_prefilled_once(tiny_qwen3_path, model, qwen3_tokenizer, prompts):
+    """A group's trajectories arrive as n separate requests (own sessions, own seeds) with one prompt:
+    it is prefilled once and its KV forked, with the samples of prefilling it for each."""
+    runs = {}
+    for share in (True, False):
+        eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, share_prompts=share)
+        requests = [eng.generate(prompts[5], SamplingParams(temperature=1.0, max_new_tokens=8, seed=s),
+                                 session_id=f"t{s}") for s in range(4)]
+        out = await asyncio.gather(*requests, eng.generate(prompts[1], GREEDY, session_id="other"))
+        runs[share] = ([g for [g] in out], eng.stats)
+        await eng.close()
+    (shared, stats), (unshared, plain) = runs[True], runs[False]
+    assert [g.token_ids for g in shared] == [g.token_ids for g in unshared]
+    assert len({tuple(g.token_ids) for g in shared[:4]}) == 4  # four different samples of one prefill
+    for a, b in zip(shared, unshared):
+        assert_close(a.logprobs, b.logprobs, 1e-5)
+    assert stats.prefilled_tokens == len(prompts[5]) + len(prompts[1])
+    assert stats.prefill_tokens_saved == 3 * len(prompts[5])
+    assert plain.prefilled_tokens == 4 * len(prompts[5]) + len(prompts[1]) and plain.prefill_tokens_saved == 0

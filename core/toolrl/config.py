@@ -326,6 +326,8 @@ class OptimConfig(Section):
     # Fill micro-batches up to this many tokens (prompt + response) instead of micro_batch_size sequences.
     max_tokens_per_micro_batch: Tokens | None = Field(None, gt=0)
     logprob_chunk_size: Tokens = Field(DEFAULT_LOGPROB_CHUNK, gt=0)
+    share_prefixes: bool = Field(True, description="run a micro-batch's common prefixes (a group's prompt, a "
+                                 "common first turn) once, as a tree (toolrl.training.prefix_tree)")
 
 
 class TrainerConfig(Section):

@@ -54,6 +54,8 @@ class TransformersEngineConfig(BaseModel):
     reuse_kv_cache: bool = Field(True, description="Keep a trajectory's KV between turns (session_id).")
     max_sessions: int = Field(1024, ge=0, description="Kept session caches (least recently used dropped).")
     seed: int | None = Field(None, description="Seeds requests whose SamplingParams.seed is None.")
+    share_prompts: bool = Field(True, description="Prefill a prompt that several admitted requests share (a "
+                                "group's n trajectories) once and fork its KV to them.")
 
 
 def _sample_seed(seed: int, index: int) -> int:
@@ -136,6 +138,7 @@ class EngineStats:
     """Running totals since the engine started (read them between rollout phases)."""
 
     prefilled_tokens: int = 0  # prompt tokens run through the model
+    prefill_tokens_saved: int = 0  # prompt tokens not run because an identical admitted prompt was
     reused_tokens: int = 0  # prompt tokens whose KV came from the trajectory's previous turn
     generated_tokens: int = 0
     steps: int = 0  # model forward passes
@@ -429,8 +432,44 @@ class TransformersEngine(RolloutEngine):
 
     def _prefill(self, admitted: list[_Request]) -> tuple[_Batch, torch.Tensor]:
         """Prefill the admitted prompts together (left-padded), each on top of its kept session KV if
-        any; returns a batch with one row per sample (prompts with n > 1 are prefilled once)."""
+        any; returns a batch with one row per sample. A prompt is prefilled once for all its samples:
+        those of a request with n > 1 and (``share_prompts``) those of admitted requests with the same
+        prompt and no kept session, which is how a group's trajectories arrive."""
         reused = [self._take_session(req) for req in admitted]
+        source, unique = self._prompt_sources(admitted, reused)
+        group, logits = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
+        self.stats.prefill_tokens_saved += sum(len(req.prompt) for i, req in enumerate(admitted)
+                                               if unique[source[i]] != i)
+        # One row per sample: each sample reads its prompt's prefilled row.
+        expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
+        group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
+        if expand != list(range(len(unique))):
+            order = torch.tensor(expand, device=self.device)
+            group.keys = [k.index_select(0, order) for k in group.keys]
+            group.values = [v.index_select(0, order) for v in group.values]
+            group.mask = group.mask.index_select(0, order)
+            logits = logits.index_select(0, order)
+        group.positions = group.mask.sum(1)
+        return group, logits
+
+    def _prompt_sources(self, admitted: list[_Request], reused: list[_Session | None]) -> tuple[list[int], list[int]]:
+        """Per admitted request, the prefill row it reads; and per row, the request prefilled there."""
+        first: dict[tuple[int, ...], int] = {}
+        source: list[int] = []
+        unique: list[int] = []
+        for i, (req, kept) in enumerate(zip(admitted, reused)):
+            key = tuple(req.prompt) if self.config.share_prompts and kept is None else None
+            if key is not None and key in first:
+                source.append(first[key])
+                continue
+            if key is not None:
+                first[key] = len(unique)
+            source.append(len(unique))
+            unique.append(i)
+        return source, unique
+
+    def _prefill_rows(self, admitted: list[_Request], reused: list[_Session | None]) -> tuple[_Batch, torch.Tensor]:
+        """One prefilled row per request (left-padded, on its kept session KV if any): KV and logits."""
         prefix = [len(s.tokens) if s else 0 for s in reused]
         deltas = [req.prompt[p:] for req, p in zip(admitted, prefix)]
         tc, dm, b = max(prefix), max(map(len, deltas)), len(admitted)
@@ -453,15 +492,6 @@ class TransformersEngine(RolloutEngine):
         logits = self._forward(group, ids, pos)
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
-        # One row per sample: repeat each prompt's row n times.
-        expand = torch.tensor([i for i, req in enumerate(admitted) for _ in range(req.n)], device=self.device)
-        group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
-        if len(group.rows) != b:
-            group.keys = [k.index_select(0, expand) for k in group.keys]
-            group.values = [v.index_select(0, expand) for v in group.values]
-            group.mask = group.mask.index_select(0, expand)
-            logits = logits.index_select(0, expand)
-        group.positions = group.mask.sum(1)
         return group, logits
 
     @staticmethod

@@ -60,7 +60,14 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
+from toolrl.training.packing import (
+    PackedBatch,
+    build_batch,
+    input_length,
+    input_tokens,
+    packed_hidden_states,
+    sharing_metrics,
+)
 from toolrl.training.peakmem import PeakMemory
 
 __all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "grpo_step",
@@ -253,7 +260,9 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
             for mini in minis:
                 mini_batch_update(model, optimizer, mini, options, tally, loss_fn)
         optimizer.zero_grad(set_to_none=True)
-    return {**tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb), "advantages": recorded}
+    metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+    metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps if micro is not None]))
+    return {**metrics, "advantages": recorded}
 
 
 def advantage_grid(rows: Sequence[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
@@ -269,18 +278,19 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
+    seqs = [input_tokens(t) for t in trajs] if options.optim.share_prefixes else None
     dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
                        response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
 
     def packed(micro: list[int]) -> PackedBatch:
-        batch = build_batch([trajs[i] for i in micro], [0.0] * len(micro), device)
+        batch = build_batch([trajs[i] for i in micro], [0.0] * len(micro), device, options.optim.share_prefixes)
         width = batch.response_mask.shape[1]
         return dataclasses.replace(batch, advantages=advantage_grid([advs[i] for i in micro], width, device))
 
     minis = []
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
-                      options.optim.max_tokens_per_micro_batch)
+                      options.optim.max_tokens_per_micro_batch, seqs)
         micro_steps: list[MicroStep] = [
             (None, build_batch([dummy], [0.0], device)) if micro is None else (micro, packed(micro))
             for micro in shares[options.rank]]

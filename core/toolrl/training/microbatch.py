@@ -6,11 +6,19 @@ micro-batches (``micro_batch_size`` sequences, or filled up to ``max_tokens_per_
 tokens), and a rank with fewer micro-batches than the busiest gets ``None`` steps, which the trainer
 runs as zero-weight dummy steps: FSDP issues collectives in every forward and backward, so all ranks
 must run the same number of them.
+
+With shared prefixes (``seqs`` given, :mod:`toolrl.training.prefix_tree`) the units are not
+trajectories but pieces of prefix trees: each tree (a group's samples, say) is cut only between
+continuations, into pieces of at most ``micro_batch_size`` sequences or ``max_tokens`` tokens with the
+shared tokens counted once, and ranks and micro-batches receive whole pieces, balanced by the tokens
+they compute.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from toolrl.training import prefix_tree
 
 
 def split_across_ranks(indices: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
@@ -46,10 +54,46 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], micro_batch_si
     return [sorted(b) for b in bins]
 
 
+def tree_pieces(indices: Sequence[int], seqs: Sequence[Sequence[int]], micro_batch_size: int,
+                max_tokens: int | None = None) -> list[tuple[list[int], int]]:
+    """``indices`` as pieces of prefix trees, each with the tokens it computes: a tree's sequences in
+    depth-first order, a new piece started where the next one would pass ``micro_batch_size``
+    sequences (no ``max_tokens``) or ``max_tokens`` tokens."""
+    tree = prefix_tree.layout([seqs[i] for i in indices])
+    members: dict[int, list[int]] = {}
+    for k, path in enumerate(tree.paths):
+        members.setdefault(path[0] if path else -1 - k, []).append(k)
+    pieces: list[tuple[list[int], int]] = []
+    for ks in members.values():
+        ks.sort(key=lambda k: tree.paths[k][-1] if tree.paths[k] else -1)
+        piece: list[int] = []
+        cost = 0
+        for k in ks:
+            seq = seqs[indices[k]]
+            added = len(seq) - (prefix_tree.common_prefix(seqs[indices[piece[-1]]], seq) if piece else 0)
+            full = len(piece) >= micro_batch_size if max_tokens is None else cost + added > max_tokens
+            if piece and full:
+                pieces.append((piece, cost))
+                piece, cost, added = [], 0, len(seq)
+            piece.append(k)
+            cost += added
+        pieces.append((piece, cost))
+    return [([indices[k] for k in piece], cost) for piece, cost in pieces]
+
+
 def plan(indices: Sequence[int], lengths: Sequence[int], world_size: int, micro_batch_size: int,
-         max_tokens: int | None = None) -> list[list[list[int] | None]]:
-    """Per rank, the micro-batches of one mini-batch, padded with ``None`` (a dummy step) to the same count."""
-    per_rank = [micro_batches(share, lengths, micro_batch_size, max_tokens)
-                for share in split_across_ranks(indices, lengths, world_size)]
+         max_tokens: int | None = None, seqs: Sequence[Sequence[int]] | None = None) -> list[list[list[int] | None]]:
+    """Per rank, the micro-batches of one mini-batch, padded with ``None`` (a dummy step) to the same
+    count; with ``seqs`` (each trajectory's input tokens), of whole prefix-tree pieces."""
+    if seqs is None:
+        per_rank = [micro_batches(share, lengths, micro_batch_size, max_tokens)
+                    for share in split_across_ranks(indices, lengths, world_size)]
+    else:
+        pieces = tree_pieces(indices, seqs, micro_batch_size, max_tokens)
+        costs = [cost for _, cost in pieces]
+        sizes = costs if max_tokens is not None else [len(p) for p, _ in pieces]
+        capacity = max_tokens if max_tokens is not None else micro_batch_size
+        per_rank = [[sorted(i for b in bin_ for i in pieces[b][0]) for bin_ in micro_batches(share, sizes, 1, capacity)]
+                    for share in split_across_ranks(range(len(pieces)), costs, world_size)]
     steps = max(1, max(len(m) for m in per_rank))
     return [[*m, *([None] * (steps - len(m)))] for m in per_rank]

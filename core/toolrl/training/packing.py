@@ -17,10 +17,19 @@ Attention over the packed row:
   forward inside backward, takes the same path.
 - anything else (eager, flex): transformers' own packed-sequence detection from ``position_ids``
   (a block-diagonal mask).
+
+Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
+once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
+keys are its ancestors' rows and its own (a boolean mask: context fully, itself causally), so
+attention costs each continuation what it cost unshared and the prefix once. Other attention
+implementations run the unshared row rebuilt from the tree (``expand``) and read the tree's hidden
+states back from it, with a warning once per implementation: the same values and gradients, no saving.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,16 +37,26 @@ from typing import Any
 import torch
 
 from toolrl.rollout import Trajectory
+from toolrl.training import prefix_tree
 
 VARLEN_SDPA = "toolrl_varlen_sdpa"
+# The keyword that carries a tree batch's per-span attention through the model to _varlen_sdpa.
+TREE_KWARG = "toolrl_tree"
+log = logging.getLogger(__name__)
+_FALLBACK_LOGGED: set[str] = set()  # attention implementations already said to fall back
 
 
 @dataclass
 class PackedBatch:
-    """A packed micro-batch. ``input_ids``/``position_ids`` are (1, T); sequence ``i`` occupies
-    ``bounds[i]:bounds[i + 1]`` of the row (empty for a sequence with nothing to train). The LM head
-    runs at the N positions ``head_pos``, predicting ``targets``, which land at ``(rows, cols)`` of the
-    (B, R) response grid that the loss reads (``response_mask``, ``engine_logprobs``, B ``advantages``)."""
+    """A packed micro-batch. ``input_ids``/``position_ids`` are (1, T). The row is cut into ``spans``
+    (:mod:`toolrl.training.prefix_tree`): without shared prefixes one per sequence (``bounds`` are their
+    edges, ``attention`` None); with them ``attention`` holds, per span, None (causal over itself) or
+    the rows it attends to (its context, then itself) and the (n, keys) boolean mask. The LM head runs
+    at the N positions ``head_pos``, predicting ``targets``, which land at ``(rows, cols)`` of the
+    (B, R) response grid that the loss reads (``response_mask``, ``engine_logprobs``, B ``advantages``).
+    ``expand`` lists, sequence after sequence, the row of each token of the unshared packing (edges
+    ``path_bounds``); ``first_copy`` the first place of each row in it: the way back to the unshared
+    layout for models whose attention cannot take the tree."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -49,14 +68,23 @@ class PackedBatch:
     response_mask: torch.Tensor
     engine_logprobs: torch.Tensor
     advantages: torch.Tensor
+    attention: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    expand: torch.Tensor | None = None
+    path_bounds: list[int] | None = None
+    first_copy: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]
 
     @property
     def tokens(self) -> int:
-        """Tokens the model runs on (no padding)."""
+        """Tokens the model runs on (no padding; shared prefixes once)."""
         return self.input_ids.shape[1]
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens the unshared packing would run on."""
+        return self.tokens if self.path_bounds is None else self.path_bounds[-1]
 
 
 def input_length(t: Trajectory) -> int:
@@ -65,14 +93,22 @@ def input_length(t: Trajectory) -> int:
     return 0 if last is None else len(t.prompt_ids) + last
 
 
+def input_tokens(t: Trajectory) -> list[int]:
+    """The tokens of ``t`` a forward needs (:func:`input_length` of them)."""
+    length = input_length(t)
+    if length and not t.prompt_ids:
+        raise ValueError(f"trajectory {t.trajectory_id!r} has an empty prompt: its first response token "
+                         "has no position to be predicted from")
+    return (t.prompt_ids + t.response_ids)[:length]
+
+
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
-                device: torch.device | str = "cpu") -> PackedBatch:
-    """Pack ``trajectories`` into one row (no padding, so no pad id)."""
+                device: torch.device | str = "cpu", share_prefixes: bool = False) -> PackedBatch:
+    """Pack ``trajectories`` into one row (no padding, so no pad id); with ``share_prefixes``, common
+    prefixes once (:mod:`toolrl.training.prefix_tree`)."""
+    tree = prefix_tree.layout([input_tokens(t) for t in trajectories], share_prefixes)
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
-    ids: list[int] = []
-    positions: list[int] = []
-    bounds = [0]
     head_pos: list[int] = []
     targets: list[int] = []
     rows: list[int] = []
@@ -80,17 +116,10 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     response_mask = torch.zeros((n, rwidth), dtype=torch.float32)
     engine_lp = torch.zeros((n, rwidth), dtype=torch.float32)
     for i, t in enumerate(trajectories):
-        length = input_length(t)
-        if length and not t.prompt_ids:
-            raise ValueError(f"trajectory {t.trajectory_id!r} has an empty prompt: its first response token "
-                             "has no position to be predicted from")
-        start, p = bounds[-1], len(t.prompt_ids)
-        ids.extend((t.prompt_ids + t.response_ids)[:length])
-        positions.extend(range(length))
-        bounds.append(start + length)
+        path, p = tree.paths[i], len(t.prompt_ids)
         for j, m in enumerate(t.response_mask):
             if m:  # response token j sits at p + j and is predicted by the hidden state at p + j - 1
-                head_pos.append(start + p + j - 1)
+                head_pos.append(path[p + j - 1])
                 targets.append(t.response_ids[j])
                 rows.append(i)
                 cols.append(j)
@@ -101,41 +130,92 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     def long(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
-    return PackedBatch(long(ids)[None], long(positions)[None], bounds, long(head_pos), long(targets), long(rows),
-                 long(cols), response_mask.to(device), engine_lp.to(device),
-                 torch.tensor(list(advantages), dtype=torch.float32, device=device))
+    batch = PackedBatch(long(tree.ids)[None], long(tree.positions)[None], [0] + [s.end for s in tree.spans],
+                        long(head_pos), long(targets), long(rows), long(cols), response_mask.to(device),
+                        engine_lp.to(device), torch.tensor(list(advantages), dtype=torch.float32, device=device))
+    if tree.shared:
+        add_tree(batch, tree, device)
+    return batch
+
+
+def add_tree(batch: PackedBatch, tree: prefix_tree.TreeLayout, device: torch.device | str) -> None:
+    """The tree's attention (per span: keys and mask) and the way back to the unshared layout."""
+    attention: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for s in tree.spans:
+        if not s.context:
+            attention.append(None)
+            continue
+        n = s.end - s.start
+        keys = torch.tensor(s.context + list(range(s.start, s.end)), dtype=torch.long, device=device)
+        own = torch.ones((n, n), dtype=torch.bool, device=device).tril()
+        mask = torch.cat([torch.ones((n, len(s.context)), dtype=torch.bool, device=device), own], dim=1)
+        attention.append((keys, mask))
+    expand = torch.tensor([r for path in tree.paths for r in path], dtype=torch.long, device=device)
+    first = torch.full((batch.tokens,), expand.numel(), dtype=torch.long, device=device)
+    batch.attention = attention
+    batch.expand = expand
+    batch.path_bounds = [0, *itertools.accumulate(len(path) for path in tree.paths)]
+    batch.first_copy = first.scatter_reduce(0, expand, torch.arange(expand.numel(), device=device), "amin")
+
+
+def sharing_metrics(batches: Sequence[PackedBatch]) -> dict[str, float]:
+    """Per step: ``trainer_tokens_computed`` (tokens the model ran on), ``trainer_tokens_total`` (those
+    the unshared packing runs on) and ``prefix_share`` (1 - computed / total)."""
+    computed = float(sum(b.tokens for b in batches))
+    total = float(sum(b.total_tokens for b in batches))
+    return {"trainer_tokens_computed": computed, "trainer_tokens_total": total,
+            "prefix_share": 1.0 - computed / total if total else 0.0}
 
 
 def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     """The base model's last hidden states over the packed row, (T, H)."""
     base = getattr(model, model.base_model_prefix)
+    impl = base.config._attn_implementation
+    if impl == "sdpa":
+        _install_varlen_sdpa(base)
+        impl = VARLEN_SDPA
+    if batch.attention is None:
+        return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds)
+    if impl == VARLEN_SDPA:
+        return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds, batch.attention)
+    if impl not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(impl)
+        log.warning("attention %r cannot take a prefix-shared (tree) batch: each sequence runs its shared "
+                    "prefix again, as without optim.share_prefixes", impl)
+    ids, positions = batch.input_ids[:, batch.expand], batch.position_ids[:, batch.expand]
+    return run_packed(base, ids, positions, batch.path_bounds)[batch.first_copy]
+
+
+def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bounds: list[int],
+               tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None) -> torch.Tensor:
+    """``base`` over a packed row cut at ``bounds`` (each piece causal over itself, or per ``tree``)."""
     config = base.config
-    segments = [(a, b) for a, b in zip(batch.bounds, batch.bounds[1:], strict=False) if b > a]
+    segments = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
-        return batch.input_ids.new_zeros((0, config.hidden_size), dtype=base.dtype)
-    device = batch.input_ids.device
+        return input_ids.new_zeros((0, config.hidden_size), dtype=base.dtype)
+    device = input_ids.device
     cu = torch.tensor([0] + [b - a for a, b in segments], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     longest = max(b - a for a, b in segments)
     # No KV cache: nothing is decoded after this forward (and a cache would disable packed detection).
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
               "use_cache": False}
     impl = config._attn_implementation
-    if impl == "sdpa":
-        _install_varlen_sdpa(base)
-        impl = VARLEN_SDPA
     if impl == VARLEN_SDPA:
+        if tree is not None:
+            varlen[TREE_KWARG] = tree
         # An all-ones mask: sdpa's mask function turns it into "no mask" and skips packed detection.
-        out = base(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                   attention_mask=torch.ones_like(batch.input_ids), **varlen)
+        out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=torch.ones_like(input_ids),
+                   **varlen)
     elif "flash" in (impl or ""):
-        out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, **varlen)
+        out = base(input_ids=input_ids, position_ids=position_ids, **varlen)
     else:  # transformers detects the packing from position_ids and builds a block-diagonal mask
-        out = base(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
     return out.last_hidden_state[0]
 
 
 def _varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
+                 toolrl_tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -144,9 +224,17 @@ def _varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
         kwargs.pop(k, None)
     bounds = cu_seq_lens_q.tolist()
-    outs = [sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
-                                   is_causal=True, **kwargs)[0]
-            for a, b in zip(bounds, bounds[1:], strict=False)]
+    spans = list(zip(bounds, bounds[1:], strict=False))
+    outs = []
+    for s, (a, b) in enumerate(spans):
+        span = None if toolrl_tree is None else toolrl_tree[s]
+        if span is None:
+            outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
+                                               is_causal=True, **kwargs)[0])
+        else:  # the span's context (its ancestors' rows) fully, itself causally
+            keys, mask = span
+            outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[:, :, keys], value[:, :, keys],
+                                               mask[None, None], is_causal=False, **kwargs)[0])
     return torch.cat(outs, dim=1), None
 
 

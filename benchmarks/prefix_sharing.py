@@ -1,0 +1,191 @@
+"""Prefix-shared (tree) training against today's packing: one GRPO trainer step
+(``toolrl.training.grpo.grpo_step``: forward, backward, clipping, a stateless SGD step) with
+``optim.share_prefixes`` on and off, side by side.
+
+Tiny Qwen3 (``toolrl.models.tiny_qwen3``: hidden 64, 2 layers, 152k vocabulary, fp32), groups of 8
+samples, one micro-batch per group, every assistant token trained, two workloads:
+
+- group: a 2,048-token prompt, responses of 64–256 tokens (evenly spread over the 8 samples);
+- tau2-like: a 2,048-token prompt and 4 turns, each an assistant message of 24–64 tokens (trained)
+  and a tool result of 48–128 tokens (not trained); half the samples make the same first call and
+  get the same result (a common first turn), the others diverge from the first generated token.
+
+Each variant runs in a fresh subprocess (``--child``): ``step s`` is the median of ``--repeats``
+steps after one warm-up step; ``step MB`` the step's peak RSS (``trainer_peak_mb``) minus the RSS
+just before it; ``computed``/``total`` the tokens the model ran on and those the unshared packing
+runs on; ``cpu s`` the step's process CPU time (the same figure on a quiet machine, steadier on a busy
+one). The last line reads ``trainer step shared/unshared: X.XX`` (group workload, median step
+seconds).
+
+    OMP_NUM_THREADS=1 python benchmarks/prefix_sharing.py [--groups 1] [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+from _common import machine, single_thread, table
+
+single_thread()
+
+GROUP = 8
+
+
+def group_workload(groups: int, prompt: int) -> list[Any]:
+    from toolrl.rollout import Trajectory
+
+    rng = random.Random(0)
+    out = []
+    for g in range(groups):
+        p = [rng.randrange(100, 150_000) for _ in range(prompt)]
+        for s in range(GROUP):
+            n = 64 + (256 - 64) * s // (GROUP - 1)
+            out.append(Trajectory(trajectory_id=f"{g}-{s}", sample_index=s, group=g, prompt_ids=p,
+                                  response_ids=[rng.randrange(100, 150_000) for _ in range(n)],
+                                  response_mask=[1] * n, logprobs=[-1.0] * n, reward=float(s % 2)))
+    return out
+
+
+def tau2_workload(groups: int, prompt: int) -> list[Any]:
+    from toolrl.rollout import Trajectory
+
+    rng = random.Random(1)
+
+    def tokens(lo: int, hi: int) -> list[int]:
+        return [rng.randrange(100, 150_000) for _ in range(rng.randint(lo, hi))]
+
+    out = []
+    for g in range(groups):
+        p = tokens(prompt, prompt)
+        first = (tokens(24, 64), tokens(48, 128))
+        for s in range(GROUP):
+            ids: list[int] = []
+            mask: list[int] = []
+            for turn in range(4):
+                call, result = first if turn == 0 and s < GROUP // 2 else (tokens(24, 64), tokens(48, 128))
+                ids += call + result
+                mask += [1] * len(call) + [0] * len(result)
+            out.append(Trajectory(trajectory_id=f"{g}-{s}", sample_index=s, group=g, prompt_ids=p,
+                                  response_ids=ids, response_mask=mask, logprobs=[-1.0] * len(ids),
+                                  reward=float(s % 2)))
+    return out
+
+
+def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) -> None:
+    import torch
+    from toolrl.config import AlgorithmConfig, OptimConfig
+    from toolrl.models import load_model, tiny_qwen3
+    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.training.packing import build_batch
+    from toolrl.training.peakmem import rss_bytes
+
+    single_thread()
+    torch.manual_seed(0)
+    model = load_model(tiny_qwen3())
+    trajs = (group_workload if workload == "group" else tau2_workload)(groups, prompt)
+    optim = OptimConfig(micro_batch_size=GROUP, share_prefixes=share)
+    options = StepOptions(AlgorithmConfig(), optim, pad_id=0, temperature=1.0,
+                          max_response_tokens=max(len(t.response_ids) for t in trajs))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+    batches = [build_batch(trajs[a:a + GROUP], [0.0] * GROUP, share_prefixes=share)
+               for a in range(0, len(trajs), GROUP)]
+    times, cpu, step_mb = [], [], []
+    for _ in range(repeats + 1):
+        before = rss_bytes() / 2**20
+        t0, c0 = time.perf_counter(), time.process_time()
+        metrics = grpo_step(model, optimizer, trajs, options)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        step_mb.append(metrics.get("trainer_peak_mb", float("nan")) - before)
+    print(json.dumps({"step_s": statistics.median(times[1:]), "cpu_s": statistics.median(cpu[1:]),
+                      "step_mb": max(step_mb[1:]),
+                      "computed": sum(b.tokens for b in batches), "total": sum(b.total_tokens for b in batches)}))
+
+
+def engine_child(share: bool, prompt: int, repeats: int) -> None:
+    """A group's 8 trajectories as the agent loop sends them: 8 requests with one prompt, each its own
+    session and seed, one new token each (the group's prefill and first sample); seconds until all
+    are done."""
+    import asyncio
+
+    from toolrl.engines import ModelSource, SamplingParams
+    from toolrl.engines.transformers import TransformersEngine
+    from toolrl.models import load_model, load_tokenizer, tiny_qwen3
+
+    single_thread()
+    path = tiny_qwen3()
+    rng = random.Random(2)
+
+    async def group(engine: Any, run: int) -> float:
+        ids = [rng.randrange(100, 150_000) for _ in range(prompt)]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(engine.generate(ids, SamplingParams(max_new_tokens=1, seed=s),
+                                               session_id=f"{run}-{s}") for s in range(GROUP)))
+        return time.perf_counter() - t0
+
+    async def main() -> list[float]:
+        engine = TransformersEngine.create(ModelSource(path=path, module=load_model(path), tokenizer=load_tokenizer(path)),
+                                           {"device": "cpu", "share_prompts": share})
+        times = [await group(engine, run) for run in range(repeats + 1)]
+        await engine.close()
+        return times, engine.stats
+
+    times, stats = asyncio.run(main())
+    print(json.dumps({"group_s": statistics.median(times[1:]), "prefilled": stats.prefilled_tokens,
+                      "saved": stats.prefill_tokens_saved}))
+
+
+def run_child(workload: str, share: bool, args: argparse.Namespace) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
+           "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a 512-token prompt, one timed step")
+    parser.add_argument("--child", choices=["group", "tau2", "engine"])
+    parser.add_argument("--share", type=int, default=1)
+    args = parser.parse_args()
+    if args.quick:
+        args.prompt, args.repeats = 512, 1
+    if args.child == "engine":
+        engine_child(bool(args.share), args.prompt, args.repeats)
+        return
+    if args.child:
+        child(args.child, bool(args.share), args.groups, args.prompt, args.repeats)
+        return
+    print(machine())
+    rows, ratios, cpu = [], {}, {}
+    for workload in ("group", "tau2"):
+        res = {share: run_child(workload, share, args) for share in (False, True)}
+        for share in (False, True):
+            r = res[share]
+            rows.append([workload, "shared" if share else "unshared", r["step_s"], r["cpu_s"], r["step_mb"],
+                         r["computed"], r["total"], 1 - r["computed"] / r["total"]])
+        ratios[workload] = res[True]["step_s"] / res[False]["step_s"]
+        cpu[workload] = res[True]["cpu_s"] / res[False]["cpu_s"]
+    print(table(["workload", "packing", "step s", "cpu s", "step MB", "computed", "total", "prefix_share"], rows))
+    engine = {share: run_child("engine", share, args) for share in (False, True)}
+    print(f"engine group of {GROUP}, {args.prompt}-token prompt, first token each: "
+          f"{engine[False]['group_s']:.3f} s unshared, {engine[True]['group_s']:.3f} s shared "
+          f"({engine[True]['saved']} prompt tokens not prefilled)")
+    print(f"trainer step cpu shared/unshared: group {cpu['group']:.2f}, tau2-like {cpu['tau2']:.2f}")
+    print(f"tau2-like trainer step shared/unshared: {ratios['tau2']:.2f}")
+    print(f"engine group prefill shared/unshared: {engine[True]['group_s'] / engine[False]['group_s']:.2f}")
+    print(f"trainer step shared/unshared: {ratios['group']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
