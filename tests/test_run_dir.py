@@ -211,7 +211,10 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     config = load_config(None, [f"trainer.output_dir={tmp_path / 'run'}", "trainer.total_steps=2",
                                 "trainer.eval_every=1", "eval.num_samples=2"], data=BASE)
     asyncio.run(train_async(config))
-    assert parts == {"environments": 1, "rollout_engines": 1, "tool_parsers": 1, "reward_functions": 1}, parts
+    # The algorithm's parts: looked up by the controller's checks (the estimator twice: does it need a
+    # critic, then the pair rules) and built once by the trainer rank (on Ray, another process); never per step.
+    assert parts == {"environments": 1, "rollout_engines": 1, "tool_parsers": 1, "reward_functions": 1,
+                     "advantage_estimators": 3, "policy_losses": 2}, parts
     assert splits == {"train": 1, "test": 1}
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["val/num_samples"] for r in rows] == [2, 2]

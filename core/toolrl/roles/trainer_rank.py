@@ -29,6 +29,10 @@ class TrainerRank:
         self.optimizer: Any = None
         self.ref_model: Any = None
         self.critic: Any = None  # toolrl.training.critic.Critic, when config.critic is set
+        # The algorithm's parts, built once for the run (the controller checked them already).
+        from toolrl.algorithms import build_estimator, build_loss
+
+        self.estimator, self.loss = build_estimator(self.config.algorithm), build_loss(self.config.algorithm)
         self.pad_id = 0
         self.device = "cpu"
 
@@ -112,7 +116,7 @@ class TrainerRank:
         cfg = self.config
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
-                              world_size=self.world_size)
+                              world_size=self.world_size, estimator=self.estimator, loss=self.loss)
         values = None if self.critic is None else self.critic.values(trajectories)
         out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:
@@ -128,12 +132,11 @@ class TrainerRank:
 
     def _update_critic(self, trajectories: Sequence[Trajectory], values: Any) -> dict[str, float]:
         """The critic regressed on the estimator's targets for the values it gave before the step."""
-        from toolrl.algorithms import build_estimator
         from toolrl.training.grpo import advantage_inputs
 
         cfg = self.config
         inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, values)
-        returns = build_estimator(cfg.algorithm).value_targets(inputs)
+        returns = self.estimator.value_targets(inputs)
         return self.critic.update(trajectories, values, returns, inputs.response_mask)
 
     # ----------------------------------------------------------------- weights out

@@ -276,6 +276,13 @@ class Tool:
         return result(response, "error" if response.is_error else "ok", step_reward, metrics)
 
 
+def trajectory_of(instance_id: str) -> str:
+    """The trajectory an instance belongs to. :class:`ToolSet` names each instance
+    ``"<trajectory id>:<tool name>"`` (tool names hold no colon), so that tools sharing per-trajectory
+    state (one environment session, one database copy) find it from their own instance ids."""
+    return instance_id.rsplit(":", 1)[0]
+
+
 class ToolSet:
     """The tools of one trajectory: creates every instance at the start, routes calls by name, and
     always finishes with calc_reward and release."""

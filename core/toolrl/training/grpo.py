@@ -190,8 +190,9 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch,
 class StepOptions:
     """What one GRPO update is run with, besides the model, the optimizer and the batch: the
     algorithm and optimizer sections, the facts of the rollouts (pad id, sampling temperature, the
-    response budget that ``seq-mean-token-sum-norm`` divides by) and this rank's place among the
-    trainer ranks."""
+    response budget that ``seq-mean-token-sum-norm`` divides by), this rank's place among the
+    trainer ranks, and the algorithm's parts when the caller built them once for the run (None: built
+    from ``algo`` for this step)."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -200,6 +201,8 @@ class StepOptions:
     max_response_tokens: int
     rank: int = 0
     world_size: int = 1
+    estimator: AdvantageEstimator | None = None
+    loss: PolicyLoss | None = None
 
 
 MicroStep = tuple[list[int] | None, PackedBatch]  # indexes into the usable trajectories (None: a dummy step), batch
@@ -242,7 +245,8 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
         raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
     t_start = time.perf_counter()
     device = next(model.parameters()).device
-    estimator, loss_fn = build_estimator(options.algo), build_loss(options.algo)
+    estimator = options.estimator or build_estimator(options.algo)
+    loss_fn = options.loss or build_loss(options.algo)
     grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]

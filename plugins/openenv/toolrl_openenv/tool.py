@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 from toolrl.schemas import ToolResponse
-from toolrl.tools import Tool, ToolConfigError
+from toolrl.tools import Tool, ToolConfigError, trajectory_of
 
 from toolrl_openenv import server as servers
 from toolrl_openenv.config import parse_block
@@ -95,8 +95,7 @@ class OpenEnvTool(Tool):
             binding.close()
 
     def _key(self, instance_id: str) -> str:
-        # The trajectory's tools get ids "<trajectory>:<tool>" (toolrl.tools.ToolSet): one session for all.
-        return instance_id.removesuffix(f":{self.name}")
+        return trajectory_of(instance_id)  # one session for all the trajectory's tools
 
     async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
         instance_id = await super().create(instance_id)

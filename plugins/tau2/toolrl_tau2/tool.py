@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolrl.config import format_errors
-from toolrl.tools import Tool, ToolConfigError
+from toolrl.tools import Tool, ToolConfigError, trajectory_of
 
 from toolrl_tau2.session import Endpoint, Session
 
@@ -65,11 +65,6 @@ class Sessions:
         if not holders:
             self.holders.pop(trajectory, None)
             self.live.pop(trajectory, None)
-
-
-def trajectory_of(instance_id: str) -> str:
-    # ToolSet names an instance "<trajectory id>:<tool name>": the tools of one trajectory share it.
-    return instance_id.rsplit(":", 1)[0]
 
 
 class Tau2Tool(Tool):

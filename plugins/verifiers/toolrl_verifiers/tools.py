@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.schemas import ToolResponse
-from toolrl.tools import Tool
+from toolrl.tools import Tool, trajectory_of
 
 from toolrl_verifiers.loading import Loaded, ToolsetSpec, VerifiersOptions, load
 
@@ -114,7 +114,7 @@ class VerifiersTool(Tool):
         instance_id = await super().create(instance_id)
         # The tools of one trajectory share its toolset instance: the core names each tool's instance
         # "<trajectory id>:<tool name>", so the trajectory is the id without this tool's suffix.
-        key = instance_id.removesuffix(f":{self.name}")
+        key = trajectory_of(instance_id)
         try:
             server = await self.host.open(key, task)
         except BaseException:
