@@ -36,8 +36,9 @@ class TrainerGroup(Protocol):
     (:class:`~toolrl.roles.trainer_group.LocalTrainer`) or ``trainer.world_size`` Ray actors
     (:class:`~toolrl.roles.trainer_group.RayTrainerGroup`)."""
 
-    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
-        """One GRPO step on the whole batch (``step``: 1-based, for errors); the group's metrics."""
+    async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
+        """One GRPO step on the whole batch (``step``: 1-based, for errors); the group's metrics, and
+        under ``advantages`` each trajectory's advantage for the traces."""
         ...
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
