@@ -25,8 +25,9 @@ import torch
 
 from toolrl.config import Config
 from toolrl.rollout import Trajectory
+from toolrl.training.grpo import clip_grad_norm
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import PackedBatch, build_batch, input_length, packed_hidden_states
+from toolrl.training.packing import PackedBatch, build_batch, dummy_batch, input_length, packed_hidden_states
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
            "shard_critic", "state", "value_loss", "value_metrics"]
@@ -98,9 +99,7 @@ def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: C
     step (one pad token) where a busier rank still has work, to keep FSDP's collectives in step."""
     lengths = [input_length(t) for t in trajs]
     shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch)
-    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
-                       response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
-    return [(None, build_batch([dummy], [0.0], device)) if micro is None else
+    return [(None, dummy_batch(options.pad_id, device)) if micro is None else
             (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device))
             for micro in shares[options.rank]]
 
@@ -187,12 +186,10 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
                 loss.backward()
                 loss_sum += float(loss.detach())
                 counted, clipped = counted + figures["tokens"], clipped + figures["clipped"]
-            norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), options.grad_clip)
-            if hasattr(norm, "full_tensor"):  # DTensor parameters: the norm over every shard
-                norm = norm.full_tensor()
+            norm = clip_grad_norm(critic.parameters(), options.grad_clip)
             optimizer.step()
             losses.append(loss_sum)
-            norms.append(float(norm))
+            norms.append(norm)
     optimizer.zero_grad(set_to_none=True)
     critic.eval()
     return {"value_loss": sum(losses) / len(losses), "critic_grad_norm": sum(norms) / len(norms),

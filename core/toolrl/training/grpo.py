@@ -37,7 +37,6 @@ Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -63,6 +62,7 @@ from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
     PackedBatch,
     build_batch,
+    dummy_batch,
     input_length,
     input_tokens,
     packed_hidden_states,
@@ -269,34 +269,20 @@ def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequen
     return {**metrics, "advantages": recorded}
 
 
-def advantage_grid(rows: Sequence[torch.Tensor], width: int, device: torch.device) -> torch.Tensor:
-    """Trajectories' advantage rows, (B, width), zero-padded (the padding is never trained)."""
-    grid = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        grid[i, :len(row)] = row[:width]
-    return grid.to(device)
-
-
 def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], options: StepOptions,
                        device: torch.device) -> list[MiniBatch]:
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
     seqs = [input_tokens(t) for t in trajs] if options.optim.share_prefixes else None
-    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[options.pad_id],
-                       response_ids=[options.pad_id], response_mask=[1], logprobs=[0.0])
-
-    def packed(micro: list[int]) -> PackedBatch:
-        batch = build_batch([trajs[i] for i in micro], [0.0] * len(micro), device, options.optim.share_prefixes)
-        width = batch.response_mask.shape[1]
-        return dataclasses.replace(batch, advantages=advantage_grid([advs[i] for i in micro], width, device))
-
     minis = []
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
                       options.optim.max_tokens_per_micro_batch, seqs)
         micro_steps: list[MicroStep] = [
-            (None, build_batch([dummy], [0.0], device)) if micro is None else (micro, packed(micro))
+            (None, dummy_batch(options.pad_id, device)) if micro is None else
+            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,
+                                options.optim.share_prefixes))
             for micro in shares[options.rank]]
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
@@ -342,11 +328,15 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
         loss.backward()
         loss_sum += float(loss.detach())
         tally.add_micro_step(batch.tokens, stats)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), options.optim.grad_clip)
-    if hasattr(grad_norm, "full_tensor"):  # DTensor parameters: the norm over every shard
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_grad_norm(model.parameters(), options.optim.grad_clip)
     optimizer.step()
-    tally.add_update(loss_sum, float(grad_norm))
+    tally.add_update(loss_sum, grad_norm)
+
+
+def clip_grad_norm(parameters: Any, max_norm: float) -> float:
+    """``clip_grad_norm_``'s total norm before clipping; over every shard for DTensor parameters."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class StepTally:

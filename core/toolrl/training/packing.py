@@ -102,10 +102,11 @@ def input_tokens(t: Trajectory) -> list[int]:
     return (t.prompt_ids + t.response_ids)[:length]
 
 
-def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
+def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | Sequence[torch.Tensor],
                 device: torch.device | str = "cpu", share_prefixes: bool = False) -> PackedBatch:
     """Pack ``trajectories`` into one row (no padding, so no pad id); with ``share_prefixes``, common
-    prefixes once (:mod:`toolrl.training.prefix_tree`)."""
+    prefixes once (:mod:`toolrl.training.prefix_tree`). ``advantages``: one number per trajectory (B,),
+    or one row per trajectory (each a tensor over its response tokens), zero-padded to (B, R)."""
     tree = prefix_tree.layout([input_tokens(t) for t in trajectories], share_prefixes)
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
@@ -130,12 +131,26 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float],
     def long(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=device)
 
+    if advantages and isinstance(advantages[0], torch.Tensor):
+        adv = torch.zeros((n, rwidth), dtype=torch.float32)  # the padding is never trained
+        for i, row in enumerate(advantages):
+            adv[i, :len(row)] = row[:rwidth]
+    else:
+        adv = torch.tensor(list(advantages), dtype=torch.float32)
     batch = PackedBatch(long(tree.ids)[None], long(tree.positions)[None], [0] + [s.end for s in tree.spans],
                         long(head_pos), long(targets), long(rows), long(cols), response_mask.to(device),
-                        engine_lp.to(device), torch.tensor(list(advantages), dtype=torch.float32, device=device))
+                        engine_lp.to(device), adv.to(device))
     if tree.shared:
         add_tree(batch, tree, device)
     return batch
+
+
+def dummy_batch(pad_id: int, device: torch.device | str = "cpu") -> PackedBatch:
+    """One pad token, trained: the zero-weight step a rank runs while a busier rank still has a
+    micro-batch, so that every rank issues FSDP's collectives the same number of times."""
+    dummy = Trajectory(trajectory_id="dummy", sample_index=0, group=-1, prompt_ids=[pad_id], response_ids=[pad_id],
+                       response_mask=[1], logprobs=[0.0])
+    return build_batch([dummy], [0.0], device)
 
 
 def add_tree(batch: PackedBatch, tree: prefix_tree.TreeLayout, device: torch.device | str) -> None:
