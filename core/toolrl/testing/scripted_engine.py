@@ -1,8 +1,10 @@
-"""A rollout engine that replays scripted model turns, for CLI rollouts in tests.
+"""A rollout engine that replays scripted model turns (``engine.options.script``: one text per
+generation call of a trajectory), for plugin tests that run ``toolrl rollout`` in a subprocess.
 
 It stands in for a model primed to call a tool; the CLI, config, tokenizer, chat template, agent loop
-and MCP server around it are all real. Registered through a real entry point (the dist-info next to
-this file) so `toolrl rollout ... engine.name=scripted` finds it.
+and the plugin's tools around it are real. The core does not register it: a test puts a distribution
+on ``PYTHONPATH`` whose ``toolrl`` entry point names this module (``scripted =
+toolrl.testing.scripted_engine``), so that ``engine.name=scripted`` finds it.
 """
 
 from __future__ import annotations
