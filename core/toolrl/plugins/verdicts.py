@@ -2,10 +2,10 @@
 
 A verdict says which plugins must not load in-process (they killed or hung the screening child) and
 lists every file the child loaded, each with its modification time and size. It is kept in
-``<cache root>/plugin-verdicts.json`` (:func:`toolrl.cache.cache_root`), keyed by the entry points about to load with their distributions (name, version,
-location). A verdict holds while its key matches and none of its files changed, so installing,
-removing, upgrading or editing a plugin (an editable install too) screens again; a verdict that
-includes a time-out also ends when the time limit changes.
+``<cache root>/plugin-verdicts.json`` (:func:`toolrl.cache.cache_root`), keyed by the entry points about
+to load with their distributions (name, version, location). A verdict holds while its key matches and
+none of its files changed, so installing, removing, upgrading or editing a plugin (an editable install
+too) screens again; a verdict that includes a time-out also ends when the time limit changes.
 
 The file is only a cache: unreadable or corrupt, it is a miss; unwritable, each command screens again.
 Writes replace the file atomically, so concurrent processes never read half of one.

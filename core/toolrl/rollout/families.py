@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from toolrl.rollout.chat import ChatRenderer
 
+
 @dataclass(frozen=True)
 class Family:
     name: str

@@ -22,9 +22,6 @@ Pieces share ``trajectory_key``; the step's advantages count a trajectory once
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
-
-RewriteRule = Literal["keep", "training_template", "fork", "refuse"]
 
 
 class TemplateRewriteError(RuntimeError):
