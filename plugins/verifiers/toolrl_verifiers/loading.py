@@ -17,12 +17,9 @@ turns it into the config error that names ``env_options``).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import importlib
 import json
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,17 +82,6 @@ class Loaded:
     @property
     def tool_names(self) -> list[str]:
         return [name for spec in self.toolsets for name in spec.tools]
-
-
-def run_sync(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run ``coroutine`` to completion from synchronous code, also when this thread already runs an
-    event loop (then on a private loop in a worker thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="verifiers") as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def load(options: VerifiersOptions) -> Loaded:

@@ -2,8 +2,8 @@
 
 The trajectory becomes a verifiers ``Trace`` (the prompt, then each turn as an assistant message with
 its tool calls, read back with the rollout's parser, and each call's result as a tool message), and
-``Task.score(trace)`` runs the task's ``@vf.metric`` and ``@vf.reward`` functions and its judges
-(async ones awaited, on a private event loop). Each reward is one part of the result, its score times
+``Task.score(trace)`` runs the task's ``@vf.metric`` and ``@vf.reward`` functions and its judges;
+the reward is async, so the rollout loop awaits that scoring while it goes on with other trajectories. Each reward is one part of the result, its score times
 its weight, so the reward terms in the trace are ``verifiers.<reward>`` and their sum is
 ``trace.reward``, the rubric's own total.
 """
@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from toolrl_verifiers.loading import TASK_KEY, VerifiersOptions, load, run_sync
+from toolrl_verifiers.loading import TASK_KEY, VerifiersOptions, load
 
 # The end-of-turn token the model stopped on stays in toolrl's turn texts (``<|im_end|>``, ``<|eot_id|>``,
 # ``<end_of_turn>``, ``</s>``); verifiers reads messages as an OpenAI API returns them, without it.
@@ -38,7 +38,7 @@ class VerifiersRubric:
         self.loaded = load(VerifiersOptions(module=module, args=args or {}))
         self.parser = get_plugins().load_part("tool_parsers", parser)(**(parser_options or {}))
 
-    def __call__(self, response: str, ground_truth: Any, **info: Any) -> dict[str, float]:
+    async def __call__(self, response: str, ground_truth: Any, **info: Any) -> dict[str, float]:
         sample = info["sample"]
         data = sample.extra_info.get(TASK_KEY)
         if data is None:
@@ -46,7 +46,7 @@ class VerifiersRubric:
         task = self.loaded.task(data)
         trace = build_trace(task, sample.prompt, info.get("model_text", []), response, info.get("tool_results", []),
                             self.parser)
-        run_sync(task.score(trace))
+        await task.score(trace)
         unscored = sorted(name for name, reward in trace.rewards.items() if reward is None)
         if unscored:
             raise ValueError(f"unscored: {', '.join(unscored)}")
