@@ -29,7 +29,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
@@ -41,6 +41,16 @@ from toolrl.tools import Tool, ToolSet, coerce_reward
 
 # "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked"]
+
+
+class TrajectoryImage(BaseModel):
+    """One image in a trajectory's tokens (from the prompt or a tool result), held once: the trainer
+    derives its pixel values with the model's processor, so trajectories stay small on their way to it."""
+
+    model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    png: bytes  # the image as the model saw it (after the configured size limits), PNG-encoded
+    grid_thw: tuple[int, int, int]  # the processor's patch grid: its placeholder run has t*h*w / merge**2 tokens
 
 
 class Trajectory(BaseModel):
@@ -55,6 +65,8 @@ class Trajectory(BaseModel):
     group: int  # trajectories of one prompt share a group (GRPO)
     env: str | None = None  # the sample's environment (its route)
     prompt_ids: list[int]
+    # Images in the order of their placeholder runs in prompt_ids + response_ids (never trained).
+    images: list[TrajectoryImage] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
     logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
