@@ -18,6 +18,10 @@ one). The last line reads ``trainer step shared/unshared: X.XX`` (group workload
 seconds).
 
     OMP_NUM_THREADS=1 python benchmarks/prefix_sharing.py [--groups 1] [--repeats 3] [--quick]
+
+On a GPU: ``--device cuda`` (bf16 weights there; ``step MB`` is then the CUDA peak above the memory
+allocated before the step) and ``--shape 0.6b`` (Qwen3-0.6B's shape — hidden 1024, 28 layers, 16/8
+heads — random weights) for a model whose layers, not its LM head, are most of the work.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ from _common import machine, single_thread, table
 single_thread()
 
 GROUP = 8
+# model.tiny overrides: Qwen3-0.6B's shape (its vocabulary is tiny-qwen3's already).
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 128, "intermediate_size": 3072},
+}
 
 
 def group_workload(groups: int, prompt: int) -> list[Any]:
@@ -78,7 +88,7 @@ def tau2_workload(groups: int, prompt: int) -> list[Any]:
     return out
 
 
-def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) -> None:
+def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
     from toolrl.models import load_model, tiny_qwen3
@@ -88,8 +98,9 @@ def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) ->
 
     single_thread()
     torch.manual_seed(0)
-    model = load_model(tiny_qwen3())
-    trajs = (group_workload if workload == "group" else tau2_workload)(groups, prompt)
+    cuda = args.device == "cuda"
+    model = load_model(tiny_qwen3(**SHAPES[args.shape]), dtype="bfloat16" if cuda else "float32", device=args.device)
+    trajs = (group_workload if workload == "group" else tau2_workload)(args.groups, args.prompt)
     optim = OptimConfig(micro_batch_size=GROUP, share_prefixes=share)
     options = StepOptions(AlgorithmConfig(), optim, pad_id=0, temperature=1.0,
                           max_response_tokens=max(len(t.response_ids) for t in trajs))
@@ -97,8 +108,8 @@ def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) ->
     batches = [build_batch(trajs[a:a + GROUP], [0.0] * GROUP, share_prefixes=share)
                for a in range(0, len(trajs), GROUP)]
     times, cpu, step_mb = [], [], []
-    for _ in range(repeats + 1):
-        before = rss_bytes() / 2**20
+    for _ in range(args.repeats + 1):
+        before = (torch.cuda.memory_allocated() if cuda else rss_bytes()) / 2**20
         t0, c0 = time.perf_counter(), time.process_time()
         metrics = grpo_step(model, optimizer, trajs, options)
         times.append(time.perf_counter() - t0)
@@ -109,7 +120,7 @@ def child(workload: str, share: bool, groups: int, prompt: int, repeats: int) ->
                       "computed": sum(b.tokens for b in batches), "total": sum(b.total_tokens for b in batches)}))
 
 
-def engine_child(share: bool, prompt: int, repeats: int) -> None:
+def engine_child(share: bool, args: argparse.Namespace) -> None:
     """A group's 8 trajectories as the agent loop sends them: 8 requests with one prompt, each its own
     session and seed, one new token each (the group's prefill and first sample); seconds until all
     are done."""
@@ -120,7 +131,8 @@ def engine_child(share: bool, prompt: int, repeats: int) -> None:
     from toolrl.models import load_model, load_tokenizer, tiny_qwen3
 
     single_thread()
-    path = tiny_qwen3()
+    path = tiny_qwen3(**SHAPES[args.shape])
+    prompt, repeats = args.prompt, args.repeats
     rng = random.Random(2)
 
     async def group(engine: Any, run: int) -> float:
@@ -131,8 +143,10 @@ def engine_child(share: bool, prompt: int, repeats: int) -> None:
         return time.perf_counter() - t0
 
     async def main() -> list[float]:
-        engine = TransformersEngine.create(ModelSource(path=path, module=load_model(path), tokenizer=load_tokenizer(path)),
-                                           {"device": "cpu", "share_prompts": share})
+        dtype = "bfloat16" if args.device == "cuda" else "float32"
+        module = load_model(path, dtype=dtype, device=args.device)
+        engine = TransformersEngine.create(ModelSource(path=path, module=module, tokenizer=load_tokenizer(path)),
+                                           {"device": args.device, "share_prompts": share})
         times = [await group(engine, run) for run in range(repeats + 1)]
         await engine.close()
         return times, engine.stats
@@ -144,7 +158,8 @@ def engine_child(share: bool, prompt: int, repeats: int) -> None:
 
 def run_child(workload: str, share: bool, args: argparse.Namespace) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
-           "--prompt", str(args.prompt), "--repeats", str(args.repeats)]
+           "--prompt", str(args.prompt), "--repeats", str(args.repeats), "--device", args.device,
+           "--shape", args.shape]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -157,16 +172,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 512-token prompt, one timed step")
     parser.add_argument("--child", choices=["group", "tau2", "engine"])
     parser.add_argument("--share", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     args = parser.parse_args()
     if args.quick:
         args.prompt, args.repeats = 512, 1
     if args.child == "engine":
-        engine_child(bool(args.share), args.prompt, args.repeats)
+        engine_child(bool(args.share), args)
         return
     if args.child:
-        child(args.child, bool(args.share), args.groups, args.prompt, args.repeats)
+        child(args.child, bool(args.share), args)
         return
     print(machine())
+    print(f"device {args.device}, model shape {args.shape}")
     rows, ratios, cpu = [], {}, {}
     for workload in ("group", "tau2"):
         res = {share: run_child(workload, share, args) for share in (False, True)}

@@ -46,3 +46,23 @@ class EchoTool(Tool):
     async def execute(self, instance_id, arguments, **kw):
         return arguments["text"], 0.0, {}
 """
+
+
+# A reward plugin for training tests: it differs between trajectories, so GRPO has a gradient even for a
+# random model.
+EVEN_TOKENS = """
+from toolrl import hookimpl
+
+
+class EvenTokens:
+    # The share of even token ids in the response: differs between trajectories, so GRPO has a
+    # gradient even for a random model.
+    def __call__(self, response, ground_truth, **info):
+        ids = info["response_ids"]
+        return sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
+
+
+@hookimpl
+def register_reward_functions(register):
+    register(EvenTokens, name="even_tokens")
+"""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dists import make_dist
+from _dists import EVEN_TOKENS, make_dist
 from toolrl.config import Config, load_config
 
 ray = pytest.importorskip("ray")
@@ -24,22 +24,6 @@ pytestmark = pytest.mark.slow  # Ray actors: minutes on two shared cores
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")
 
-EVEN_TOKENS = """
-from toolrl import hookimpl
-
-
-class EvenTokens:
-    # The share of even token ids in the response: differs between trajectories, so GRPO has a
-    # gradient even for a random model.
-    def __call__(self, response, ground_truth, **info):
-        ids = info["response_ids"]
-        return sum(t % 2 == 0 for t in ids) / max(len(ids), 1)
-
-
-@hookimpl
-def register_reward_functions(register):
-    register(EvenTokens, name="even_tokens")
-"""
 
 
 def lines(path: Path) -> list[dict[str, Any]]:

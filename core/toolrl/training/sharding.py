@@ -9,6 +9,7 @@ in that unit's forward hook, and a call that bypasses the root would meet sharde
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -49,11 +50,12 @@ def shard_root(root: torch.nn.Module, model: Any, mesh: Any, *, offload: bool = 
     on_gpu = mesh.device_type == "cuda"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if on_gpu \
         else MixedPrecisionPolicy()
-    options: dict[str, Any] = {"mesh": mesh, "mp_policy": mp,
-                               "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+    options: dict[str, Any] = {"mesh": mesh, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     for layer in decoder_layers(model):
-        fully_shard(layer, **options)
-    fully_shard(root, **options)
+        fully_shard(layer, mp_policy=mp, **options)
+    # The root's inputs are the batch: its engine log-probs, advantages and masks must stay fp32 (FSDP
+    # would cast every floating tensor in them to bf16); the layers' inputs are activations.
+    fully_shard(root, mp_policy=dataclasses.replace(mp, cast_forward_inputs=False), **options)
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
