@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from toolrl.config import format_errors
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
+from toolrl.tools.shared import SharedResources as SharedResources  # re-exported: one resource per trajectory
 
 # Keys every tool config may carry, handled here rather than by the tool's config model.
 BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
