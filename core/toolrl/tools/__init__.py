@@ -280,7 +280,8 @@ class Tool:
 def trajectory_of(instance_id: str) -> str:
     """The trajectory an instance belongs to. :class:`ToolSet` names each instance
     ``"<trajectory id>:<tool name>"`` (tool names hold no colon), so that tools sharing per-trajectory
-    state (one environment session, one database copy) find it from their own instance ids."""
+    state (one environment session, one database copy) find it from their own instance ids, e.g. in a
+    :class:`SharedResources`."""
     return instance_id.rsplit(":", 1)[0]
 
 

@@ -29,12 +29,14 @@ class SharedResources(Generic[R]):
     """Resources by key (a trajectory, :func:`toolrl.tools.trajectory_of`), each created once and
     reference-counted by holder (a tool's instance id, so a repeated acquire or release by the same
     holder counts once). ``close`` frees a resource once its last holder has released it, or once
-    its creation finishes when every waiting holder was cancelled meanwhile."""
+    its creation finishes when every waiting holder was cancelled meanwhile. ``what`` names the
+    resource in errors."""
 
-    def __init__(self, close: Callable[[R], Awaitable[None]] | None = None) -> None:
-        self._close = close
+    def __init__(self, close: Callable[[R], Awaitable[None]] | None = None, what: str = "shared resource") -> None:
+        self._close, self.what = close, what
         self._entries: dict[str, _Entry[R]] = {}
-        self._reaping: set[asyncio.Task[None]] = set()  # closings nobody awaits; kept referenced
+        # abandoned creations' closers (kept referenced) -> the creations they wait for
+        self._reaping: dict[asyncio.Task[None], asyncio.Future[R]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,7 +64,7 @@ class SharedResources(Generic[R]):
         """``key``'s created resource; KeyError when there is none (yet)."""
         entry = self._entries.get(key)
         if entry is None or not entry.task.done() or entry.task.cancelled() or entry.task.exception():
-            raise KeyError(f"no shared resource for {key!r}: create() first")
+            raise KeyError(f"no {self.what} for trajectory {key!r}: create() first")
         return entry.task.result()
 
     async def release(self, key: str, holder: str) -> None:
@@ -82,8 +84,8 @@ class SharedResources(Generic[R]):
         await self._close_done(entry.task)
 
     async def close_all(self) -> None:
-        """Forget every resource (held or still being created: cancelled) and close those that were
-        created, and wait for abandoned creations to be closed; a failing close is logged."""
+        """Forget every resource and close those that were created; creations still running (also
+        abandoned ones) are cancelled. A failing close is logged."""
         for key, entry in list(self._entries.items()):
             entry.holders.clear()
             if not entry.task.done():
@@ -94,6 +96,8 @@ class SharedResources(Generic[R]):
                 await self._close_done(entry.task)
             except Exception:
                 log.exception("closing the shared resource of %r failed", key)
+        for creation in self._reaping.values():
+            creation.cancel()
         if self._reaping:
             await asyncio.gather(*self._reaping)
 
@@ -109,8 +113,8 @@ class SharedResources(Generic[R]):
         if cancel:
             entry.task.cancel()
         reaper = asyncio.ensure_future(self._close_when_done(key, entry.task))
-        self._reaping.add(reaper)
-        reaper.add_done_callback(self._reaping.discard)
+        self._reaping[reaper] = entry.task
+        reaper.add_done_callback(lambda done: self._reaping.pop(done, None))
 
     async def _close_when_done(self, key: str, task: asyncio.Future[R]) -> None:
         await asyncio.wait({task})
