@@ -74,6 +74,35 @@ async def test_a_failed_creation_reaches_every_waiter_and_is_not_kept():
     assert resource.n == 0 and len(factory.created) == 1
 
 
+async def test_an_acquire_after_a_failure_creates_afresh_before_the_failed_waiters_wake():
+    shared = SharedResources()
+    late: list[asyncio.Future] = []
+
+    async def fail() -> Resource:
+        await asyncio.sleep(0.01)
+        # Runs after the creation has failed, ahead of its waiter's wake-up.
+        asyncio.get_running_loop().call_soon(
+            lambda: late.append(asyncio.ensure_future(shared.acquire("t", "t:late", Factory(delay=0).create))))
+        raise RuntimeError("no environment")
+
+    with pytest.raises(RuntimeError, match="no environment"):
+        await shared.acquire("t", "t:a", fail)
+    resource = await late[0]
+    assert resource.n == 0 and shared.get("t") is resource and len(shared) == 1
+
+
+async def test_a_release_while_the_creation_runs_lets_go_of_it():
+    factory = Factory(delay=0.05)
+    shared = SharedResources(close=factory.close)
+    waiting = asyncio.ensure_future(shared.acquire("t", "t:a", factory.create))
+    await asyncio.sleep(0)
+    await shared.release("t", "t:a")
+    assert len(shared) == 0
+    resource = await waiting  # what it was waiting for, no longer held: closed as it arrives
+    await until(lambda: resource.closed)
+    assert factory.closed == [0]
+
+
 async def test_a_creation_that_raises_at_once_fails_only_its_caller():
     factory = Factory(delay=0.1)
     shared = SharedResources(close=factory.close)

@@ -47,10 +47,8 @@ class SharedResources(Generic[R]):
         the same creation. A failed creation raises in every waiting holder and is not kept: the next
         acquire creates afresh."""
         entry = self._entries.get(key)
-        if entry is None:
-            entry = _Entry(asyncio.ensure_future(create()))
-            self._entries[key] = entry
-            entry.task.add_done_callback(lambda task: self._forget_failed(key, entry))
+        if entry is None or _failed(entry.task):  # a failed one's waiters may not have woken up yet
+            entry = self._entries[key] = _Entry(asyncio.ensure_future(create()))
         entry.holders.add(holder)
         try:
             return await asyncio.shield(entry.task)
@@ -63,7 +61,7 @@ class SharedResources(Generic[R]):
     def get(self, key: str) -> R:
         """``key``'s created resource; KeyError when there is none (yet)."""
         entry = self._entries.get(key)
-        if entry is None or not entry.task.done() or entry.task.cancelled() or entry.task.exception():
+        if entry is None or not entry.task.done() or _failed(entry.task):
             raise KeyError(f"no {self.what} for trajectory {key!r}: create() first")
         return entry.task.result()
 
@@ -101,10 +99,6 @@ class SharedResources(Generic[R]):
         if self._reaping:
             await asyncio.gather(*self._reaping)
 
-    def _forget_failed(self, key: str, entry: _Entry[R]) -> None:
-        if (entry.task.cancelled() or entry.task.exception() is not None) and self._entries.get(key) is entry:
-            del self._entries[key]
-
     def _abandon(self, key: str, entry: _Entry[R], cancel: bool) -> None:
         """Nobody waits for ``key``'s creation any more: forget it and close what it makes. It is let
         finish (cancelling a creation in a thread would lose what the thread makes), except at
@@ -124,5 +118,9 @@ class SharedResources(Generic[R]):
             log.exception("closing the abandoned shared resource of %r failed", key)
 
     async def _close_done(self, task: asyncio.Future[R]) -> None:
-        if self._close is not None and not task.cancelled() and task.exception() is None:
+        if self._close is not None and not _failed(task):
             await self._close(task.result())
+
+
+def _failed(task: asyncio.Future[R]) -> bool:
+    return task.done() and (task.cancelled() or task.exception() is not None)
