@@ -28,13 +28,22 @@ class TemplateRewriteError(RuntimeError):
     """``template_rewrite: refuse`` and the template rewrote the conversation's history."""
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens ``a`` and ``b`` have in common (lists, arrays or CPU tensors of ids).
+    The one comparison of token sequences: rollouts find template rewrites with it, the prefix-shared
+    micro-batch layout (:mod:`toolrl.training.prefix_tree`) its shared prefixes."""
+    import numpy as np  # vectorised: sequences run to tens of thousands of tokens; lazy, as rollout is
+
+    x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else len(x)
+
+
 def first_difference(rendered: Sequence[int], live: Sequence[int]) -> int | None:
     """The first position where the re-rendered conversation and the trajectory's tokens differ;
     None when they are the same."""
-    for i, (a, b) in enumerate(zip(rendered, live)):
-        if a != b:
-            return i
-    return None if len(rendered) == len(live) else min(len(rendered), len(live))
+    common = common_prefix(rendered, live)
+    return None if common == len(rendered) == len(live) else common
 
 
 def refusal(turn: int, position: int, rendered: Sequence[int], live: Sequence[int],

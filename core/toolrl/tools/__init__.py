@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 from toolrl.config import format_errors
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
+from toolrl.tools.shared import SharedResources as SharedResources  # re-exported: one resource per trajectory
 
 # Keys every tool config may carry, handled here rather than by the tool's config model.
 BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
@@ -279,7 +280,8 @@ class Tool:
 def trajectory_of(instance_id: str) -> str:
     """The trajectory an instance belongs to. :class:`ToolSet` names each instance
     ``"<trajectory id>:<tool name>"`` (tool names hold no colon), so that tools sharing per-trajectory
-    state (one environment session, one database copy) find it from their own instance ids."""
+    state (one environment session, one database copy) find it from their own instance ids, e.g. in a
+    :class:`SharedResources`."""
     return instance_id.rsplit(":", 1)[0]
 
 

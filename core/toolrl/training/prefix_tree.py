@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from toolrl.rollout.rewrite import common_prefix as common_prefix  # re-exported for microbatch
+
 # Fewest tokens a tree's root must hold; below this, sequences are packed one after another.
 MIN_SHARED_TOKENS = 32
 
@@ -75,13 +77,6 @@ def common_length(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) ->
         if diff.size:
             common = int(diff[0])
     return max(common, 0)
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many first tokens ``a`` and ``b`` have in common."""
-    x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else len(x)
 
 
 def split_by_token(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) -> list[list[int]]:

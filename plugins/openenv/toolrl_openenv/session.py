@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openenv.core.generic_client import GenericEnvClient
+from toolrl.tools import SharedResources
 
 
 class SessionError(RuntimeError):
@@ -43,7 +44,6 @@ class Session:
     reset_kwargs: dict[str, Any]
     last: Step | None = None
     broken: str | None = None  # why the session failed; the trajectory's reward is then an error
-    refs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one message in flight per WebSocket
 
     async def send(self, kind: str, action: dict[str, Any] | None = None, **kwargs: Any) -> Step:
@@ -77,29 +77,21 @@ class Sessions:
         self.base_url = base_url
         self.connect_timeout_s, self.message_timeout_s = connect_timeout_s, message_timeout_s
         self.slots = asyncio.Semaphore(max_sessions) if max_sessions else None
-        self.open: dict[str, asyncio.Task[Session]] = {}
+        self.open: SharedResources[Session] = SharedResources(close=self._close, what="OpenEnv session")
 
     def client(self) -> GenericEnvClient:
         return GenericEnvClient(base_url=self.base_url, connect_timeout_s=self.connect_timeout_s,
                                 message_timeout_s=self.message_timeout_s)
 
-    async def acquire(self, key: str, reset_kwargs: dict[str, Any]) -> Session:
-        """The trajectory ``key``'s session, reset with ``reset_kwargs`` by its first tool; the others
-        give the same kwargs or none."""
-        task = self.open.get(key)
-        if task is None:
-            task = self.open[key] = asyncio.ensure_future(self._start(reset_kwargs))
-        try:
-            session = await asyncio.shield(task)
-        except BaseException:
-            if self.open.get(key) is task and task.done():
-                del self.open[key]
-            raise
+    async def acquire(self, key: str, holder: str, reset_kwargs: dict[str, Any]) -> Session:
+        """The trajectory ``key``'s session, now held by ``holder``, reset with ``reset_kwargs`` by its
+        first tool; the others give the same kwargs or none."""
+        session = await self.open.acquire(key, holder, lambda: self._start(reset_kwargs))
         if reset_kwargs and session.reset_kwargs != reset_kwargs:
+            await self.open.release(key, holder)
             raise ValueError(f"create_kwargs {json.dumps(reset_kwargs, default=str)} differ from those another "
                              f"tool of this trajectory reset the session with "
                              f"({json.dumps(session.reset_kwargs, default=str)})")
-        session.refs += 1
         return session
 
     async def _start(self, reset_kwargs: dict[str, Any]) -> Session:
@@ -109,25 +101,19 @@ class Sessions:
         try:
             await session.send("reset", **reset_kwargs)
         except BaseException:
-            await session.close()
-            if self.slots is not None:
-                self.slots.release()
+            await self._close(session)
             raise
         return session
 
-    async def release(self, key: str) -> None:
-        task = self.open.get(key)
-        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
-            return
-        session = task.result()
-        session.refs -= 1
-        if session.refs <= 0:
-            del self.open[key]
-            try:
-                await session.close()
-            finally:
-                if self.slots is not None:
-                    self.slots.release()
+    async def release(self, key: str, holder: str) -> None:
+        await self.open.release(key, holder)
+
+    async def _close(self, session: Session) -> None:
+        try:
+            await session.close()
+        finally:
+            if self.slots is not None:
+                self.slots.release()
 
     async def list_tools(self) -> tuple[list[dict[str, Any]] | None, dict[str, Any]]:
         """The tools a fresh session offers after reset (None: not an MCP environment), and the

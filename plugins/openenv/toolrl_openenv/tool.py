@@ -101,7 +101,7 @@ class OpenEnvTool(Tool):
         instance_id = await super().create(instance_id)
         key = self._key(instance_id)
         try:
-            session = await self.binding.sessions.acquire(key, create_kwargs)
+            session = await self.binding.sessions.acquire(key, instance_id, create_kwargs)
         except BaseException:
             self._instances.pop(instance_id, None)
             raise
@@ -136,7 +136,7 @@ class OpenEnvTool(Tool):
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
         state = self._instances.pop(instance_id, None)
         if state is not None and "key" in state:
-            await self.binding.sessions.release(state["key"])
+            await self.binding.sessions.release(state["key"], instance_id)
 
     async def close(self) -> None:
         if not self._closed:

@@ -15,12 +15,12 @@ reward with its parts (``calc_reward``); the other tools only run calls.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolrl.config import format_errors
-from toolrl.tools import Tool, ToolConfigError, trajectory_of
+from toolrl.tools import SharedResources, Tool, ToolConfigError, trajectory_of
 
 from toolrl_tau2.session import Endpoint, Session
 
@@ -36,35 +36,17 @@ class Tau2Section(BaseModel):
     max_user_turns: int = Field(30, gt=0)
 
 
-class Sessions:
+class Sessions(SharedResources[Session]):
     """The live sessions of one domain's tools, by trajectory; shared by the tools of one entry."""
 
     def __init__(self, section: Tau2Section, lead: str) -> None:
+        super().__init__(what="τ² session")
         self.section, self.lead = section, lead
-        self.live: dict[str, asyncio.Future[Session]] = {}
-        self.holders: dict[str, set[str]] = {}
 
-    async def open(self, trajectory: str, tool: str, task_id: str) -> None:
-        """The trajectory's session, built once (in a thread: loading a domain's database takes a
-        while) by whichever of its tools is created first; the others wait for it."""
-        if trajectory not in self.live:
-            s = self.section
-            self.live[trajectory] = asyncio.ensure_future(asyncio.to_thread(
-                Session, s.domain, task_id, s.solo, s.user, s.judge, s.max_user_turns))
-        self.holders.setdefault(trajectory, set()).add(tool)
-        await asyncio.shield(self.live[trajectory])
-
-    def get(self, trajectory: str) -> Session:
-        if trajectory not in self.live or not self.live[trajectory].done():
-            raise KeyError(f"no τ² session for trajectory {trajectory!r}: create() first")
-        return self.live[trajectory].result()
-
-    def close(self, trajectory: str, tool: str) -> None:
-        holders = self.holders.get(trajectory, set())
-        holders.discard(tool)
-        if not holders:
-            self.holders.pop(trajectory, None)
-            self.live.pop(trajectory, None)
+    def start(self, task_id: str) -> Awaitable[Session]:
+        """A new session for ``task_id``, built in a thread (loading a domain's database takes a while)."""
+        s = self.section
+        return asyncio.to_thread(Session, s.domain, task_id, s.solo, s.user, s.judge, s.max_user_turns)
 
 
 class Tau2Tool(Tool):
@@ -95,8 +77,10 @@ class Tau2Tool(Tool):
     async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
         if "task_id" not in create_kwargs:
             raise ValueError("tau2 tools need create_kwargs.task_id (the sample's τ² task)")
-        instance_id = instance_id or f"{create_kwargs['task_id']}:{self.name}"
-        await self.sessions.open(trajectory_of(instance_id), self.name, str(create_kwargs["task_id"]))
+        task_id = str(create_kwargs["task_id"])
+        instance_id = instance_id or f"{task_id}:{self.name}"
+        # The trajectory's first tool builds its session; the others wait for that same one.
+        await self.sessions.acquire(trajectory_of(instance_id), instance_id, lambda: self.sessions.start(task_id))
         return instance_id
 
     async def execute(self, instance_id: str, arguments: dict[str, Any], **execute_kwargs: Any) -> tuple[str, float, dict]:
@@ -116,4 +100,4 @@ class Tau2Tool(Tool):
         return await asyncio.to_thread(session.evaluate)
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
-        self.sessions.close(trajectory_of(instance_id), self.name)
+        await self.sessions.release(trajectory_of(instance_id), instance_id)

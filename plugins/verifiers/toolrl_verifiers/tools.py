@@ -16,21 +16,14 @@ Tool names are verifiers' own: ``<server>_<tool>`` (or the bare name under ``TOO
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.schemas import ToolResponse
-from toolrl.tools import Tool, trajectory_of
+from toolrl.tools import SharedResources, Tool, trajectory_of
 
 from toolrl_verifiers.loading import Loaded, ToolsetSpec, VerifiersOptions, load
-
-
-@dataclass
-class _Session:
-    server: asyncio.Future[Any]  # the MCPServer serving one toolset instance, once set up
-    users: int = 0
 
 
 @dataclass
@@ -40,7 +33,7 @@ class ToolsetHost:
     loaded: Loaded
     index: int  # among the loaded toolsets of its scope
     spec: ToolsetSpec
-    sessions: dict[str, _Session] = field(default_factory=dict)
+    servers: SharedResources[Any] = field(default_factory=lambda: SharedResources(what="verifiers toolset"))
 
     async def serve(self, task: Any = None) -> Any:
         """A new toolset instance, set up (for ``task`` when task-scoped), behind an MCP server."""
@@ -56,31 +49,23 @@ class ToolsetHost:
             server.add_tool(fn, name=advertised, description=(fn.__doc__ or "").strip() or None)
         return server
 
-    async def open(self, key: str, task_data: Mapping[str, Any] | None) -> Any:
+    async def open(self, key: str, holder: str, task_data: Mapping[str, Any] | None) -> Any:
         """The trajectory's server (the shared one for a shared toolset); the first of the toolset's
         tools to open it sets it up, the others await that same setup."""
-        key = "" if self.spec.shared else key
-        session = self.sessions.get(key)
-        if session is None:
-            if not self.spec.shared and task_data is None:
+        if self.spec.shared:  # set up once, held for every trajectory until the tools close
+            return await self.servers.acquire("", "taskset", self.serve)
+
+        def start() -> Awaitable[Any]:
+            if task_data is None:
                 raise ValueError("create_kwargs.task is missing: the sample is not one of the verifiers "
                                  "environment's tasks")
-            task = None if self.spec.shared else self.loaded.task(dict(task_data or {}))
-            session = self.sessions[key] = _Session(asyncio.ensure_future(self.serve(task)))
-        session.users += 1
-        try:
-            return await asyncio.shield(session.server)
-        except BaseException:
-            await self.close(key)
-            raise
+            return self.serve(self.loaded.task(dict(task_data)))
 
-    async def close(self, key: str) -> None:
-        session = self.sessions.get(key)
-        if session is None or self.spec.shared:
-            return
-        session.users -= 1
-        if session.users <= 0:
-            del self.sessions[key]
+        return await self.servers.acquire(key, holder, start)
+
+    async def close(self, key: str, holder: str) -> None:
+        if not self.spec.shared:
+            await self.servers.release(key, holder)
 
 
 class VerifiersTool(Tool):
@@ -116,7 +101,7 @@ class VerifiersTool(Tool):
         # "<trajectory id>:<tool name>", so the trajectory is the id without this tool's suffix.
         key = trajectory_of(instance_id)
         try:
-            server = await self.host.open(key, task)
+            server = await self.host.open(key, instance_id, task)
         except BaseException:
             await super().release(instance_id)  # the core releases only what was created
             raise
@@ -135,9 +120,9 @@ class VerifiersTool(Tool):
         except KeyError:  # released already
             key = None
         if key is not None:
-            await self.host.close(key)
+            await self.host.close(key, instance_id)
         await super().release(instance_id)
 
     async def close(self) -> None:
-        self.host.sessions.clear()
+        await self.host.servers.close_all()
 
