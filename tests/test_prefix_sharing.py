@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from test_microbatch import Recorder
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.models import load_model
 from toolrl.rollout import Trajectory
@@ -161,18 +162,6 @@ def test_tree_pieces_count_shared_tokens_once_and_cut_between_continuations():
     assert plan(range(5), [50] * 5, 2, 8, seqs=seqs) == [[[0, 1, 2, 3]], [[4]]]
 
 
-class Recorder(torch.optim.Optimizer):
-    """Keeps each step's gradients instead of applying them."""
-
-    def __init__(self, params):
-        super().__init__(params, {})
-        self.grads = []
-
-    def step(self, closure=None):
-        self.grads.append([p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-                           for g in self.param_groups for p in g["params"]])
-
-
 def grpo_batch():
     """Two groups of four: shared prompts, one group with a common first turn; rewards vary."""
     out = shared_prompt()[:3] + common_first_turn()[:4]
@@ -204,3 +193,39 @@ def test_grpo_step_with_shared_prefixes_gives_the_unshared_gradients(model, opti
         for w, g, s in zip(want_grads[update], got_grads[update], summed, strict=True):
             assert float((g - w).norm()) <= 1e-6 * float(w.norm()) + 1e-12
             assert float((s - w).norm()) <= 1e-6 * float(w.norm()) + 1e-12
+
+
+@pytest.mark.parametrize("setting", ["lora", "stale"])
+def test_shared_prefixes_under_lora_and_the_decoupled_objective(model, setting):
+    """With adapters (only they train) and with behaviour log-probs from older weights (importance
+    weights ≠ 1, some truncated), the tree gives the unshared loss and gradients."""
+    from toolrl.config import LoraConfig
+    from toolrl.training.lora import apply_lora, trainable_parameters
+
+    trajs = grpo_batch()
+    if setting == "stale":
+        g = torch.Generator().manual_seed(3)
+        for t in trajs:
+            t.logprobs = (-11.9 + (torch.rand(len(t.response_ids), generator=g) - 0.5) * 1.6).tolist()
+
+    def step(share):
+        m = copy.deepcopy(model)
+        if setting == "lora":
+            apply_lora(m, LoraConfig(r=4))
+            torch.manual_seed(0)
+            for p in trainable_parameters(m):  # peft starts B at zero: give every adapter a gradient
+                torch.nn.init.normal_(p, std=0.02)
+        opt = Recorder(trainable_parameters(m))
+        options = StepOptions(AlgorithmConfig(mini_batches=2, tis_cap=1.2),
+                              OptimConfig(share_prefixes=share, grad_clip=1e9, micro_batch_size=3),
+                              pad_id=0, temperature=1.0, max_response_tokens=32)
+        return grpo_step(m, opt, copy.deepcopy(trajs), options), opt.grads
+
+    (want, want_grads), (got, got_grads) = step(False), step(True)
+    assert got["prefix_share"] > 0.3 and abs(got["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"])
+    if setting == "stale":
+        assert got["is_truncated_frac"] == want["is_truncated_frac"] > 0
+    assert len(want_grads) == len(got_grads) == 2
+    for w_step, g_step in zip(want_grads, got_grads, strict=True):
+        for w, g in zip(w_step, g_step, strict=True):
+            assert float((g - w).norm()) <= 1e-6 * float(w.norm()) + 1e-12
