@@ -5,13 +5,12 @@ import asyncio
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from _processes import kill_after_checkpoint
 from toolrl.config import load_config
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part
@@ -216,17 +215,7 @@ def test_streaming_run_resumes_after_kill_without_losing_or_repeating_groups(tmp
             "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
             "rollout.max_response_tokens=16"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step_000002" / "meta.json").exists():
-            assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    kill_after_checkpoint(args, env, out / "checkpoints" / "step_000002")
     assert len(lines(out / "metrics.jsonl")) < 4
     resumed = subprocess.run([*args, "--resume"], env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

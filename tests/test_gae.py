@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from toolrl.algorithms.gae import gae, token_rewards, whiten
+from toolrl.algorithms.advantages import masked_whiten
+from toolrl.algorithms.gae import gae, token_rewards
 
 MASK = torch.tensor([[1, 1, 0, 1], [1, 1, 0, 0]], dtype=torch.float32)
 
@@ -62,9 +63,11 @@ def test_token_rewards_put_the_outcome_on_the_last_trained_token():
 def test_whiten_over_trained_tokens():
     x = torch.tensor([[1.0, 2.0, 50.0], [3.0, -9.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    # trained values 1, 2, 3: mean 2, sample std 1
-    assert torch.allclose(whiten(x, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
-    assert torch.equal(whiten(x, torch.zeros(2, 3)), torch.zeros(2, 3))
+    # trained values 1, 2, 3: mean 2, unbiased variance 1; untrained positions take the same numbers
+    want = torch.tensor([[-1.0, 0.0, 48.0], [1.0, -11.0, -2.0]]) / (1 + 1e-8) ** 0.5
+    assert torch.allclose(masked_whiten(x, mask), want, atol=1e-6)
+    assert torch.equal(masked_whiten(x, torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]]))[1, 1], torch.tensor(0.0))
+    assert torch.isfinite(masked_whiten(x, torch.zeros(2, 3))).all()  # nothing trained: no NaN
 
 
 def test_bad_shapes_and_discounts_are_refused():
@@ -91,7 +94,8 @@ def test_the_gae_estimator_is_built_in_and_whitens_gae():
     values = torch.tensor([[0.5, 0.6, 9.0, 0.8], [0.2, -0.4, 0.0, 0.0]])
     inputs = AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK, values)
     raw, returns = gae(token_rewards([1.0, -1.0], MASK), values, MASK, 0.9, 0.5)
-    assert torch.allclose(estimator(inputs), whiten(raw, MASK))
+    assert torch.allclose(estimator(inputs), torch.where(MASK > 0, masked_whiten(raw, MASK), 0.0))
+    assert torch.equal(estimator(inputs) * (1 - MASK), torch.zeros(2, 4))  # 0 on untrained positions
     assert torch.allclose(estimator.value_targets(inputs), returns)
     plain = build_estimator(config("algorithm.advantage=gae", "algorithm.advantage_options={whiten: false}").algorithm)
     assert torch.equal(plain(inputs), gae(token_rewards([1.0, -1.0], MASK), values, MASK)[0])
@@ -136,3 +140,24 @@ def test_a_value_reading_estimator_must_give_the_critic_targets():
     with pytest.raises(ConfigError, match=r"^algorithm.advantage=values_only_test: reads values but gives the "
                                           r"critic no targets"):
         with_critic(config("algorithm.advantage=values_only_test"))
+
+
+def test_gae_runs_its_recursion_once_for_advantages_and_targets(monkeypatch):
+    from toolrl.algorithms import AdvantageInputs, build_estimator
+    from toolrl.algorithms import gae as module
+
+    calls = []
+    monkeypatch.setattr(module, "gae", lambda *a: calls.append(1) or gae(*a))
+    estimator = build_estimator(config("algorithm.advantage=gae").algorithm)
+    values = torch.tensor([[0.5, 0.6, 9.0, 0.8], [0.2, -0.4, 0.0, 0.0]])
+
+    def inputs(v):  # built afresh for each call, as the trainer does
+        return AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK.clone(),
+                               v.clone())
+
+    estimator(inputs(values))
+    assert torch.equal(estimator.value_targets(inputs(values)), gae(token_rewards([1.0, -1.0], MASK), values, MASK)[1])
+    assert len(calls) == 1
+    other = values + 1.0  # the next step's batch: a pass of its own
+    assert torch.equal(estimator.value_targets(inputs(other)), gae(token_rewards([1.0, -1.0], MASK), other, MASK)[1])
+    assert len(calls) == 2

@@ -25,11 +25,14 @@ PAIRS = list(itertools.product(ESTIMATORS, LOSSES)) if os.environ.get("TOOLRL_AL
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("advantage", "loss"), PAIRS)
-def test_every_builtin_pair_raises_the_mean_reward(tmp_path, peaked_tiny_model, advantage, loss):  # noqa: F811
+def test_every_builtin_pair_raises_the_mean_reward(tmp_path, peaked_tiny_model, advantage, loss,  # noqa: F811
+                                                   record_property):
     lr = "5.0e-2" if advantage in UNNORMALISED else "5.0e-3"
     rows = run(tmp_path, peaked_tiny_model, 0, extra=[f"algorithm.advantage={advantage}", f"algorithm.loss={loss}",
                                                       f"optim.lr={lr}"])
     rewards = [r["reward_mean"] for r in rows]
     first, last = sum(rewards[:2]) / 2, sum(rewards[-4:]) / 4
+    record_property("first_2", first)  # for the table of docs/algorithms.md (--junitxml)
+    record_property("last_4", last)
     assert last > first + 0.1, (advantage, loss, rewards)
     assert all("advantage_mean" in r and "advantage_std" in r for r in rows)

@@ -34,10 +34,14 @@ def broadcast(per_trajectory: Sequence[float], mask: torch.Tensor) -> torch.Tens
     return adv[:, None].expand(mask.shape).contiguous()
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x - mean) / sqrt(var + eps) with the mean and unbiased variance over the trained tokens."""
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` with the mean and the unbiased variance over the trained tokens
+    (``mask`` 1) of the whole batch: TRL's and verl's ``masked_whiten``, the normalisation of PPO's
+    advantages and of REINFORCE++'s returns. Untrained positions are whitened with the same numbers,
+    not zeroed (an outcome estimator broadcasts over its whole row); one trained token gives 0 there,
+    none leaves the values uncentred rather than NaN."""
     count = mask.sum()
-    mean = (values * mask).sum() / count
+    mean = (values * mask).sum() / count.clamp(min=1)
     var = (((values - mean) ** 2) * mask).sum() / (count - 1).clamp(min=1)
     return (values - mean) * torch.rsqrt(var + eps)
 

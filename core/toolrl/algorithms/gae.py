@@ -22,13 +22,18 @@ by default (PPO's normalisation), and the returns as the critic's targets (``val
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+from toolrl.algorithms.advantages import masked_whiten
 
-__all__ = ["Gae", "gae", "token_rewards", "whiten"]
+if TYPE_CHECKING:
+    from toolrl.config import AlgorithmConfig
+
+__all__ = ["Gae", "gae", "token_rewards"]
 
 
 def token_rewards(outcome: Sequence[float], mask: torch.Tensor) -> torch.Tensor:
@@ -71,20 +76,6 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     return advantages, returns
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``(x − mean) / std`` over the trained tokens of the whole batch (PPO's advantage
-    normalisation); 0 on untrained positions. Fewer than two trained tokens: centred only."""
-    trained = mask > 0
-    count = int(trained.sum())
-    if count == 0:
-        return torch.zeros_like(x)
-    picked = x[trained]
-    centred = x - picked.mean()
-    if count > 1:
-        centred = centred / (picked.std() + eps)
-    return torch.where(trained, centred, 0.0)
-
-
 class GaeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gamma: float = Field(1.0, ge=0, le=1, description="discount per trained token")
@@ -98,24 +89,49 @@ class Gae(AdvantageEstimator):
 
         δ_t = r_t + γ V_{t'} − V_t,   A_t = δ_t + γλ A_{t'}      (t': the next trained token)
 
-    then ``(A − mean) / std`` over the batch's trained tokens (``whiten``). ``value_targets`` gives
-    the critic's regression targets ``R_t = A_t + V_t`` (before whitening)."""
+    then ``(A − mean) / sqrt(var + 1e-8)`` over the batch's trained tokens (``whiten``,
+    :func:`toolrl.algorithms.advantages.masked_whiten`), 0 on untrained positions. ``value_targets``
+    gives the critic's regression targets ``R_t = A_t + V_t`` (before whitening).
+
+    The trainer asks for the advantages, then for the targets of the same batch: the recursion runs
+    once, and its returns are kept for the second call."""
 
     name = "gae"
     Options = GaeOptions
     outcome = False
     needs_values = True
 
+    def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
+        super().__init__(options, algo)
+        self.kept: tuple[AdvantageInputs, torch.Tensor, torch.Tensor] | None = None
+
     def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The raw advantages and the returns of ``inputs``, from the last batch's pass when
+        ``inputs`` holds the same rewards, mask and values."""
         if inputs.values is None:
             raise ValueError("gae reads per-token values: the run needs a critic")
+        if self.kept is not None and same_batch(self.kept[0], inputs):
+            return self.kept[1], self.kept[2]
         mask = inputs.response_mask
         rewards = token_rewards(inputs.rewards.tolist(), mask)
-        return gae(rewards, inputs.values.to(mask.device), mask, self.options.gamma, self.options.lam)
+        advantages, returns = gae(rewards, inputs.values.to(mask.device), mask, self.options.gamma, self.options.lam)
+        self.kept = (inputs, advantages, returns)
+        return advantages, returns
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         advantages, _ = self.advantages_and_returns(inputs)
-        return whiten(advantages, inputs.response_mask) if self.options.whiten else advantages
+        if not self.options.whiten:
+            return advantages
+        mask = inputs.response_mask
+        return torch.where(mask > 0, masked_whiten(advantages, mask), 0.0)
 
     def value_targets(self, inputs: AdvantageInputs) -> torch.Tensor:
         return self.advantages_and_returns(inputs)[1]
+
+
+def same_batch(a: AdvantageInputs, b: AdvantageInputs) -> bool:
+    """Equal rewards, response masks and values (what GAE reads), compared by content: the trainer
+    builds the inputs afresh for each call."""
+    pairs = ((a.rewards, b.rewards), (a.response_mask, b.response_mask), (a.values, b.values))
+    return all(x is y or (x is not None and y is not None and x.shape == y.shape and x.device == y.device
+                          and torch.equal(x, y)) for x, y in pairs)
