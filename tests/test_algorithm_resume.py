@@ -6,9 +6,8 @@ import os
 import sys
 
 import pytest
-from _dists import make_dist, run_toolrl
+from _dists import EVEN_TOKENS, make_dist, run_toolrl
 from _processes import kill_after_checkpoint
-from test_sharded_training import EVEN_TOKENS
 from test_trainer import TINY, lines
 
 STEPS = 4
