@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from toolrl.images import ImageLimits
 from toolrl.tiny_settings import MAX_SEED, TinyQwen3Settings
 
 if TYPE_CHECKING:
@@ -235,6 +236,8 @@ class RolloutConfig(Section):
     # What to do when the chat template re-renders the conversation differently from the trajectory's
     # tokens (toolrl.rollout.rewrite): keep | training_template | fork | refuse.
     template_rewrite: Literal["keep", "training_template", "fork", "refuse"] = "keep"
+    # Images in prompts and tool results (toolrl.images): pixel limits and counts.
+    images: ImageLimits = Field(default_factory=ImageLimits)
 
 
 class ToolsConfig(Section):
