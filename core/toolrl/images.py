@@ -57,7 +57,7 @@ def _encoded(value: Any, base_dir: Path | None) -> bytes:
         path = Path(value).expanduser() if len(value) <= 4096 else None
         path = path if path is None or path.is_absolute() or base_dir is None else base_dir / path
         # Base64 has no ".": text without one that names no file is base64 data.
-        if path is None or ("." not in value and not path.is_file()):
+        if path is None or ("." not in value and not _is_file(path)):
             return _b64(value)
         try:
             return path.read_bytes()
@@ -66,9 +66,17 @@ def _encoded(value: Any, base_dir: Path | None) -> bytes:
     raise ImageError(f"unsupported image value of type {type(value).__name__}")
 
 
-def _b64(text: str) -> bytes:
+def _is_file(path: Path) -> bool:
     try:
-        return base64.b64decode("".join(text.split()), validate=True)
+        return path.is_file()
+    except OSError:  # a name too long for a file: data
+        return False
+
+
+def _b64(text: str) -> bytes:
+    text = "".join(text.split())
+    try:  # standard or URL-safe (pydantic's JSON bytes) alphabet
+        return base64.b64decode(text, altchars=b"-_" if "-" in text or "_" in text else None, validate=True)
     except (binascii.Error, ValueError):
         raise ImageError("neither a file path nor valid base64") from None
 
@@ -83,14 +91,17 @@ def load(value: Any, limits: ImageLimits, base_dir: str | os.PathLike[str] | Non
         data = _encoded(value, Path(base_dir) if base_dir is not None else None)
         try:
             image = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError:  # PIL's own cap, far above any limit toolrl allows
+            raise ImageError(f"its size is over the limit of {limits.hard_max_pixels:,} pixels "
+                             "(rollout.images.hard_max_pixels)") from None
         except Exception as exc:
             raise ImageError(f"does not decode as an image ({type(exc).__name__})") from None
     width, height = image.size
     if width <= 0 or height <= 0:
         raise ImageError(f"has no pixels ({width}x{height})")
     if width * height > limits.hard_max_pixels:
-        raise ImageError(f"{width}x{height} is {width * height:,} pixels, over the limit of "
-                         f"{limits.hard_max_pixels:,} (rollout.images.hard_max_pixels)")
+        raise ImageError(f"{width}x{height} is {width * height:,} pixels: over the limit of "
+                         f"{limits.hard_max_pixels:,} pixels (rollout.images.hard_max_pixels)")
     try:
         image = image.convert("RGB")  # decodes the pixels: a truncated file fails here
     except Exception as exc:
