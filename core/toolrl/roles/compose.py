@@ -395,7 +395,10 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite)
+    from toolrl.models import load_processor
+
+    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite,
+                               load_processor(path))
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 
