@@ -37,7 +37,7 @@ from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
 from toolrl.parsers import ToolParser
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
-from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
+from toolrl.schemas import ParseError, Sample, ToolCall, ToolKwargs, ToolResponse, ToolResult
 from toolrl.tools import Tool, ToolSet, coerce_reward
 
 # "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
@@ -161,7 +161,7 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
     async with slot or contextlib.nullcontext():
         route = ctx.route_for(sample)
         renderer = ctx.renderer(route)
-        toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
+        toolset = ToolSet(route.tools, tools_kwargs(route, sample), trajectory_id)
         messages = [m.to_template() for m in sample.prompt]
         images: list[TrajectoryImage] = []
         if sample.images and renderer.processor is not None:  # a text model reads the prompt's text only
@@ -189,6 +189,19 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
         piece.reward_errors = dict(traj.reward_errors)
     return [*ep.closed, traj]
+
+
+def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
+    """The sample's per-tool arguments; a tool that reads the prompt's images (a class attribute
+    ``takes_sample_images = True``, e.g. one that crops a figure) gets them as ``create_kwargs.images``
+    (PNG bytes, toolrl.images), so datasets need not copy them into every row's tools_kwargs."""
+    out = dict(sample.tools_kwargs)
+    for name, tool in route.tools.items():
+        if getattr(tool, "takes_sample_images", False):
+            kwargs = out.get(name) or ToolKwargs()
+            out[name] = kwargs.model_copy(update={"create_kwargs": {"images": list(sample.images),
+                                                                    **kwargs.create_kwargs}})
+    return out
 
 
 @dataclass
