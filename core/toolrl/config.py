@@ -166,6 +166,9 @@ class ModelConfig(Section):
     device: str = "cpu"
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None  # None: full fine-tuning
+    # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
+    # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
+    freeze_vision: bool = False
 
     @field_validator("chat_format")
     @classmethod

@@ -327,6 +327,13 @@ def build_policy(config: Config, path: str, device: str) -> Any:
     from toolrl import models
 
     model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.freeze_vision:
+        from toolrl.config import ConfigError
+        from toolrl.training import vision
+
+        if not vision.is_vision_model(model):
+            raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
+        vision.freeze_vision(model)
     if config.model.lora is not None:
         from toolrl.training import lora
 
