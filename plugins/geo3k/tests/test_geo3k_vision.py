@@ -117,6 +117,6 @@ def test_train_on_the_tiny_vlm_with_figures(verl_parquet: Path, tmp_path: Path) 
     metrics = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "grad_norm" in m]
     assert len(steps) == 2 and all(m["grad_norm"] > 0 for m in steps), steps
-    traces = [json.loads(line) for line in (tmp_path / "out/traces/step_00001.jsonl").read_text().splitlines()]
+    traces = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4 and all(len(t["images"]) == 1 for t in traces)
     assert all("<|vision_start|><|image_pad|>" in t["prompt_text"] for t in traces)
