@@ -174,3 +174,12 @@ def test_jsonl_image_parts_become_sample_images(tmp_path):
     assert sample.prompt[0].content == [{"type": "image"}, {"type": "text", "text": "?"}]
     assert from_png(sample.images[0]).size == (30, 20)
     assert to_sample(json.loads(sample.model_dump_json()), "again").images == sample.images
+
+
+def test_samples_written_back_keep_their_images(tmp_path):
+    from toolrl.data import load_files, write_jsonl
+
+    sample = to_sample(SAMPLE_ROW, "geo.parquet row 1")
+    write_jsonl([sample], tmp_path / "out.jsonl")
+    [again] = load_files([tmp_path / "out.jsonl"])
+    assert again.images == sample.images and again.prompt == sample.prompt

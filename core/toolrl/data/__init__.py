@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -235,4 +236,6 @@ def write_jsonl(samples: list[Sample], path: Path) -> None:
                 "extra_info": {**s.extra_info, "index": s.index,
                                "tools_kwargs": {k: v.model_dump() for k, v in s.tools_kwargs.items()}},
             }
+            if s.images:  # base64, in the order the prompt refers to them (read back by with_images)
+                row["images"] = [base64.b64encode(png).decode() for png in s.images]
             f.write(json.dumps(row) + "\n")
