@@ -1,7 +1,9 @@
 """The trainer on a vision-language model (tiny Qwen2.5-VL): packed forwards with images agree with
 the model's own forward, GRPO steps train (never on image tokens), micro-batches count image tokens,
 the vision tower trains or stays frozen by config, LoRA adapts the language model only, two FSDP2
-ranks on Ray train like one, and export writes a directory transformers loads whole."""
+ranks on Ray train like one, export writes a directory transformers loads whole, and the trainer's
+log-probs of trajectories the transformers engine sampled (images in the prompt and a tool result)
+are the engine's."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 from toolrl import models
 from toolrl.config import Config, ConfigError, load_config
+from toolrl.rollout import Trajectory
 from toolrl.training import packing
 from toolrl.training.grpo import Policy, StepOptions, grpo_step, response_logprobs
 from toolrl.training.microbatch import plan
@@ -250,3 +253,54 @@ def test_two_ranks_train_like_one(processor, trajectories, tmp_path):
     assert m1["grad_norm"] > 0
     assert abs(m1["grad_norm"] - m2["grad_norm"]) <= 1e-3 * m1["grad_norm"], (m1["grad_norm"], m2["grad_norm"])
     assert abs(m1["loss"] - m2["loss"]) <= 1e-4 * max(abs(m1["loss"]), 1e-3)
+
+
+async def engine_trajectory(engine, renderer, name: str, seeds: tuple[int, int], seed: int) -> Trajectory:
+    """A two-turn trajectory sampled by the transformers engine: a prompt with a figure, a sampled
+    turn, a tool result with a second image, a second sampled turn; the engine's own log-probs."""
+    from toolrl.engines import SamplingParams
+    from toolrl.rollout import TrajectoryImage
+
+    def img(s: int, size: tuple[int, int]) -> TrajectoryImage:
+        from vision_fixtures import png
+
+        data = png(image(*size, seed=s))
+        return TrajectoryImage(png=data, grid_thw=renderer.image_grid(data))
+
+    a, b = img(seeds[0], (100, 60)), img(seeds[1], (40, 70))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find x."}]}]
+    first = renderer.prompt_ids(messages, [a.grid_thw])
+    [gen] = await engine.generate(first, sampling, session_id=name, images=[a])
+    tool = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "the crop"}]}
+    delta = renderer.tool_delta([tool], [b.grid_thw])
+    [gen2] = await engine.generate(first + gen.token_ids + delta, sampling, session_id=name, images=[a, b])
+    response = gen.token_ids + delta + gen2.token_ids
+    return Trajectory(trajectory_id=name, sample_index=0, group=0, prompt_ids=first, images=[a, b],
+                      response_ids=response, response_mask=[1] * len(gen.token_ids) + [0] * len(delta) +
+                      [1] * len(gen2.token_ids), logprobs=gen.logprobs + [0.0] * len(delta) + gen2.logprobs)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+async def test_trainer_logprobs_match_the_engines(vlm_path, processor, packed):
+    from toolrl.engines import ModelSource
+    from toolrl.engines.transformers import TransformersEngine
+    from toolrl.rollout.chat import ChatRenderer
+
+    model = models.load_model(vlm_path)
+    renderer = ChatRenderer(processor.tokenizer, chat_template=processor.chat_template, processor=processor)
+    engine = TransformersEngine.create(ModelSource(path=vlm_path, module=model, tokenizer=processor.tokenizer),
+                                       {"device": "cpu"})
+    try:
+        trajs = [await engine_trajectory(engine, renderer, f"t{i}", (2 * i, 2 * i + 1), i) for i in range(3)]
+    finally:
+        await engine.close()
+    batches = [trajs] if packed else [[t] for t in trajs]
+    with torch.no_grad():
+        for batch in batches:
+            lp = response_logprobs(model, build_batch(batch, [0.0] * len(batch), processor=processor))
+            for i, t in enumerate(batch):
+                mask = torch.tensor(t.response_mask, dtype=torch.float32)
+                got, want = lp[i, :len(t.response_ids)], torch.tensor(t.logprobs) * mask
+                assert int(mask.sum()) > len(t.response_ids) // 4
+                assert (got - want).abs().max() <= 1e-3, (t.trajectory_id, (got - want).abs().max())
