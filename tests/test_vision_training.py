@@ -304,3 +304,24 @@ async def test_trainer_logprobs_match_the_engines(vlm_path, processor, packed):
                 got, want = lp[i, :len(t.response_ids)], torch.tensor(t.logprobs) * mask
                 assert int(mask.sum()) > len(t.response_ids) // 4
                 assert (got - want).abs().max() <= 1e-3, (t.trajectory_id, (got - want).abs().max())
+
+
+def test_critic_values_see_the_images(vlm, processor, trajectories):
+    import copy
+
+    from toolrl.training.critic import CriticOptions, ValueModel, batch_values
+
+    critic = ValueModel.from_causal_lm(copy.deepcopy(vlm))
+    torch.nn.init.normal_(critic.head.weight)  # the head starts at zero: every value would be 0
+    with pytest.raises(ValueError, match="no processor"):
+        batch_values(critic, trajectories, CriticOptions())
+    options = CriticOptions(processor=processor)
+    values = batch_values(critic, trajectories, options)
+    assert torch.isfinite(values).all() and values.abs().sum() > 0
+    # Another figure of the same size changes the values after it.
+    from vision_fixtures import png
+
+    other = trajectories[2].images[0].model_copy(update={"png": png(image(60, 90, 9))})
+    changed = trajectories[2].model_copy(update={"images": [other]})
+    again = batch_values(critic, [changed], options)[0]
+    assert not torch.allclose(again, values[2, :again.shape[0]])

@@ -91,7 +91,8 @@ class TrainerRank:
         if cfg.critic is not None:  # its backbone copied before sharding; sharded like the policy
             from toolrl.training.critic import Critic
 
-            self.critic = Critic.build(cfg, model, self.device, self.pad_id, self.rank, self.world_size, mesh)
+            self.critic = Critic.build(cfg, model, self.device, self.pad_id, self.rank, self.world_size, mesh,
+                                       self.processor)
         if mesh is not None:
             from toolrl.training.sharding import shard
 

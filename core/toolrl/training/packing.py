@@ -118,6 +118,8 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     (``pixel_cache``: images already processed this step)."""
     seqs = [input_tokens(t) for t in trajectories]
     pixels = None
+    if processor is None and any(t.images for t in trajectories):
+        raise ValueError("trajectories hold images but no processor was given (a text-only model?)")
     if processor is not None:
         image_id = vision.image_token_id(processor)
         for t in trajectories:
