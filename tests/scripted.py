@@ -19,6 +19,7 @@ class ScriptedEngine(RolloutEngine):
         self.scripts = scripts
         self.delay = delay
         self.calls: list[tuple[str, list[int], float]] = []  # (session, prompt ids, time)
+        self.images: list[list[Any]] = []  # the images each call was given
         self.ended: list[str] = []
         self._turn: dict[str, int] = {}
 
@@ -35,9 +36,10 @@ class ScriptedEngine(RolloutEngine):
         raise KeyError(session)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+                       session_id: str | None = None, images: Any = ()) -> list[Generation]:
         session = session_id or ""
         self.calls.append((session, list(prompt_ids), asyncio.get_running_loop().time()))
+        self.images.append(list(images))
         if self.delay:
             await asyncio.sleep(self.delay)
         turn = self._turn.get(session, 0)

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from toolrl.images import ImageLimits
 from toolrl.tiny_settings import MAX_SEED, TinyQwen3Settings
 
 if TYPE_CHECKING:
@@ -165,6 +166,9 @@ class ModelConfig(Section):
     device: str = "cpu"
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None  # None: full fine-tuning
+    # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
+    # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
+    freeze_vision: bool = False
 
     @field_validator("chat_format")
     @classmethod
@@ -235,6 +239,8 @@ class RolloutConfig(Section):
     # What to do when the chat template re-renders the conversation differently from the trajectory's
     # tokens (toolrl.rollout.rewrite): keep | training_template | fork | refuse.
     template_rewrite: Literal["keep", "training_template", "fork", "refuse"] = "keep"
+    # Images in prompts and tool results (toolrl.images): pixel limits and counts.
+    images: ImageLimits = Field(default_factory=ImageLimits)
 
 
 class ToolsConfig(Section):

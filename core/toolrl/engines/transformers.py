@@ -29,7 +29,7 @@ import contextlib
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers.cache_utils import Cache, DynamicLayer
 
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
-from toolrl.models import load_model, load_tokenizer, resolve_device
+from toolrl.models import load_model, load_processor, load_tokenizer, resolve_device
 
 
 class TransformersEngineConfig(BaseModel):
@@ -154,6 +154,7 @@ class _Request:
     results: list[Generation | None] = field(default_factory=list)
     remaining: int = 0
     weight_version: int = 0  # the engine's when the first token was sampled
+    images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.rollout.TrajectoryImage)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class _Batch:
         self.values: list[torch.Tensor] = []
         self.mask: torch.Tensor | None = None  # [rows, capacity] bool
         self.positions: torch.Tensor | None = None  # [rows] next position id per row
+        self.rope_deltas: torch.Tensor | None = None  # [rows] a VLM's text position offset (engines.vision)
         self.length = 0  # used columns
 
     @property
@@ -196,8 +198,12 @@ class TransformersEngine(RolloutEngine):
     name = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
-                 tokenizer_path: str | None = None) -> None:
+                 tokenizer_path: str | None = None, processor: Any = None) -> None:
+        from toolrl.engines.vision import VisionInputs
+
         self.model = model
+        # A vision-language model's prompt inputs (images, 3-D positions); None: a text model.
+        self.vision = VisionInputs(model, processor) if processor is not None else None
         self.config = config
         self._tokenizer = tokenizer
         self._tokenizer_path = tokenizer_path
@@ -234,7 +240,7 @@ class TransformersEngine(RolloutEngine):
             model = source.module  # shared with the trainer: its device and dtype win
         else:
             model = load_model(source.path, dtype=cfg.dtype, device=resolve_device(cfg.device))
-        return cls(model, source.tokenizer, cfg, tokenizer_path=source.path)
+        return cls(model, source.tokenizer, cfg, tokenizer_path=source.path, processor=load_processor(source.path))
 
     @property
     def tokenizer(self) -> Any:
@@ -247,9 +253,11 @@ class TransformersEngine(RolloutEngine):
     # ----------------------------------------------------------------- public API
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+                       session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
+        if images and self.vision is None:
+            raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
             for gen in empty:
                 gen.weight_version = self.weight_version
@@ -259,7 +267,7 @@ class TransformersEngine(RolloutEngine):
         loop = asyncio.get_running_loop()
         self._ensure_scheduler(loop)
         req = _Request(list(prompt_ids), params, n, session_id, loop.create_future(),
-                       results=[None] * n, remaining=n)
+                       results=[None] * n, remaining=n, images=list(images))
         self._pending.append(req)
         assert self._wake is not None
         self._wake.set()
@@ -387,9 +395,10 @@ class TransformersEngine(RolloutEngine):
                 self._merge(batch, new)
         return finished
 
-    def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor,
+                 **images: torch.Tensor) -> torch.Tensor:
         """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
-        last position's logits [rows, vocab] in float32."""
+        last position's logits [rows, vocab] in float32. ``images``: a VLM's pixel inputs for them."""
         q = input_ids.shape[1]
         self._reserve(batch, batch.length + q)
         layers = [_BufferLayer(batch.keys[i] if batch.keys else None, batch.values[i] if batch.values else None,
@@ -402,6 +411,7 @@ class TransformersEngine(RolloutEngine):
             past_key_values=Cache(layers=layers),
             use_cache=True,
             logits_to_keep=1,
+            **images,
         )
         self.stats.steps += 1
         batch.keys = [layer.kbuf for layer in layers]
@@ -449,7 +459,9 @@ class TransformersEngine(RolloutEngine):
             group.values = [v.index_select(0, order) for v in group.values]
             group.mask = group.mask.index_select(0, order)
             logits = logits.index_select(0, order)
-        group.positions = group.mask.sum(1)
+            if group.rope_deltas is not None:
+                group.rope_deltas = group.rope_deltas.index_select(0, order)
+        group.positions = group.mask.sum(1) + (group.rope_deltas if group.rope_deltas is not None else 0)
         return group, logits
 
     def _prompt_sources(self, admitted: list[_Request], reused: list[_Session | None]) -> tuple[list[int], list[int]]:
@@ -458,7 +470,9 @@ class TransformersEngine(RolloutEngine):
         source: list[int] = []
         unique: list[int] = []
         for i, (req, kept) in enumerate(zip(admitted, reused)):
-            key = tuple(req.prompt) if self.config.share_prompts and kept is None else None
+            # Image tokens are alike whatever the image: a prompt with images is keyed by them too.
+            key = (tuple(req.prompt), tuple(i.png for i in req.images)) \
+                if self.config.share_prompts and kept is None else None
             if key is not None and key in first:
                 source.append(first[key])
                 continue
@@ -489,10 +503,29 @@ class TransformersEngine(RolloutEngine):
             group.values = [self._place_prefixes([s.values[li] if s else None for s in reused], prefix, tc, capacity)
                             for li in range(self.num_layers)]
             group.length = tc
-        logits = self._forward(group, ids, pos)
+        images: dict[str, torch.Tensor] = {}
+        if any(req.images for req in admitted):
+            pos, images = self._vision_prefill(group, admitted, prefix, dm)
+        logits = self._forward(group, ids, pos, **images)
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
         return group, logits
+
+    def _vision_prefill(self, group: _Batch, admitted: list[_Request], prefix: list[int],
+                        dm: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A VLM prefill's 3-D positions [3, rows, dm] (each row's new tokens, left-padded) and the pixel
+        inputs of the images among the new tokens, in row order (the order the model fills them in);
+        sets the rows' rope deltas."""
+        assert self.vision is not None
+        pos = torch.zeros(3, len(admitted), dm, dtype=torch.long, device=self.device)
+        deltas, shown = [], []
+        for i, (req, p) in enumerate(zip(admitted, prefix)):
+            full, delta = self.vision.positions(req.prompt, req.images, self.device)
+            pos[:, i, dm - (len(req.prompt) - p):] = full[:, p:]
+            deltas.append(delta)
+            shown += self.vision.images_from(req.prompt, req.images, p)
+        group.rope_deltas = torch.tensor(deltas, device=self.device)
+        return pos, self.vision.pixels(shown, self.device, self.dtype) if shown else {}
 
     @staticmethod
     def _place_prefixes(parts: list[torch.Tensor | None], prefix: list[int], tc: int, capacity: int) -> torch.Tensor:

@@ -327,6 +327,13 @@ def build_policy(config: Config, path: str, device: str) -> Any:
     from toolrl import models
 
     model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.freeze_vision:
+        from toolrl.config import ConfigError
+        from toolrl.training import vision
+
+        if not vision.is_vision_model(model):
+            raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
+        vision.freeze_vision(model)
     if config.model.lora is not None:
         from toolrl.training import lora
 
@@ -395,7 +402,10 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite)
+    from toolrl.models import load_processor
+
+    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite,
+                               load_processor(path))
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 

@@ -34,6 +34,7 @@ class TrainerRank:
 
         self.estimator, self.loss = build_estimator(self.config.algorithm), build_loss(self.config.algorithm)
         self.pad_id = 0
+        self.processor: Any = None  # a vision-language model's (its images' pixel values)
         self.device = "cpu"
 
     # ----------------------------------------------------------------- set-up
@@ -73,6 +74,10 @@ class TrainerRank:
             tokenizer = models.load_tokenizer(path)
             model = build_policy(cfg, path, self.device)
         self.model = self.policy = model
+        from toolrl.training.vision import is_vision_model
+
+        if is_vision_model(model):
+            self.processor = models.load_processor(model_path(cfg))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if cfg.algorithm.kl_coef > 0:  # copied before sharding: each rank runs the whole frozen reference
             import copy
@@ -86,7 +91,8 @@ class TrainerRank:
         if cfg.critic is not None:  # its backbone copied before sharding; sharded like the policy
             from toolrl.training.critic import Critic
 
-            self.critic = Critic.build(cfg, model, self.device, self.pad_id, self.rank, self.world_size, mesh)
+            self.critic = Critic.build(cfg, model, self.device, self.pad_id, self.rank, self.world_size, mesh,
+                                       self.processor)
         if mesh is not None:
             from toolrl.training.sharding import shard
 
@@ -116,7 +122,8 @@ class TrainerRank:
         cfg = self.config
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
-                              world_size=self.world_size, estimator=self.estimator, loss=self.loss)
+                              world_size=self.world_size, estimator=self.estimator, loss=self.loss,
+                              processor=self.processor)
         values = None if self.critic is None else self.critic.values(trajectories)
         out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:

@@ -33,10 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
 from toolrl.parsers import ToolParser
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
-from toolrl.schemas import ParseError, Sample, ToolCall, ToolResponse, ToolResult
+from toolrl.schemas import ParseError, Sample, ToolCall, ToolKwargs, ToolResponse, ToolResult
 from toolrl.tools import Tool, ToolSet, coerce_reward
 
 # "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
@@ -160,10 +161,15 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
     async with slot or contextlib.nullcontext():
         route = ctx.route_for(sample)
         renderer = ctx.renderer(route)
-        toolset = ToolSet(route.tools, sample.tools_kwargs, trajectory_id)
+        toolset = ToolSet(route.tools, tools_kwargs(route, sample), trajectory_id)
         messages = [m.to_template() for m in sample.prompt]
+        images: list[TrajectoryImage] = []
+        if sample.images and renderer.processor is not None:  # a text model reads the prompt's text only
+            messages = renderer.with_image_parts(messages, IMAGE_PLACEHOLDER)
+            images = [image_for(renderer, png, ctx.config.images) for png in sample.images]
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
-                          env=sample.env, prompt_ids=renderer.prompt_ids(messages), ground_truth=sample.ground_truth)
+                          env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
+                          images=images, ground_truth=sample.ground_truth)
         ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed,
                       messages=renderer.prompt_messages(messages))
         try:
@@ -183,6 +189,19 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
         piece.reward_errors = dict(traj.reward_errors)
     return [*ep.closed, traj]
+
+
+def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
+    """The sample's per-tool arguments; a tool that reads the prompt's images (a class attribute
+    ``takes_sample_images = True``, e.g. one that crops a figure) gets them as ``create_kwargs.images``
+    (PNG bytes, toolrl.images), so datasets need not copy them into every row's tools_kwargs."""
+    out = dict(sample.tools_kwargs)
+    for name, tool in route.tools.items():
+        if getattr(tool, "takes_sample_images", False):
+            kwargs = out.get(name) or ToolKwargs()
+            out[name] = kwargs.model_copy(update={"create_kwargs": {"images": list(sample.images),
+                                                                    **kwargs.create_kwargs}})
+    return out
 
 
 @dataclass
@@ -224,10 +243,11 @@ async def take_turn(ep: _Episode) -> Termination | None:
     results = await execute(ep, calls)
     if traj.turns >= ep.route.max_turns:  # no further generation would read the results
         return "max_turns"
-    delta = tool_results_delta(ep, results, errors)
+    delta, images = tool_results_delta(ep, results, errors)
     if ep.response_tokens + len(delta) >= cfg.max_response_tokens:
         return "max_response_tokens"
     _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    traj.images += images
     check_history(ep)
     return None
 
@@ -240,7 +260,7 @@ def check_history(ep: _Episode) -> None:
         return
     traj.template_checks += 1
     try:  # gpt-oss's template refuses turns written as raw harmony text
-        rendered = ep.renderer.conversation_ids(ep.messages)
+        rendered = ep.renderer.conversation_ids(ep.messages, [i.grid_thw for i in traj.images])
     except Exception as exc:
         traj.template_rewrites += 1
         if ep.config.template_rewrite == "keep":
@@ -265,6 +285,7 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
     ep.closed.append(Trajectory(
         trajectory_id=f"{traj.key}~{traj.piece}", trajectory_key=traj.key, piece=traj.piece,
         sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
+        images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
         termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions))
     traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
@@ -302,8 +323,10 @@ async def generate(ep: _Episode, budget: int) -> Generation:
         seed=ep.seed + 7919 * traj.turns,
     )
     t0 = time.perf_counter()
+    # Images go to the engine only when there are some: text-only engines keep their signature.
+    images = {"images": list(traj.images)} if traj.images else {}
     gen = (await ep.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                    session_id=traj.key))[0]
+                                    session_id=traj.key, **images))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
@@ -356,20 +379,75 @@ async def execute(ep: _Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     return results
 
 
-def tool_results_delta(ep: _Episode, results: Sequence[ToolResult], errors: Sequence[ParseError]) -> list[int]:
+def tool_results_delta(ep: _Episode, results: Sequence[ToolResult],
+                       errors: Sequence[ParseError]) -> tuple[list[int], list[TrajectoryImage]]:
     """The tokens that show the model its calls' results and its parse errors: a chat-template tool
-    turn, or inline result tags; each response cut to ``tool_response_max_tokens``."""
+    turn, or inline result tags; each response cut to ``tool_response_max_tokens``. With a processor,
+    the images the results hold come with them (the second value, in token order)."""
     cfg, renderer, parser = ep.config, ep.renderer, ep.route.parser
+    shown = tool_images(ep, results) if renderer.processor is not None and parser.result_mode == "chat" else []
     texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
                                                 cfg.tool_response_truncation),
                                         cfg.tool_response_max_tokens, cfg.tool_response_truncation))
              for r in results]
     texts += [("error", f"Error: {e.message}") for e in errors]
     if parser.result_mode == "inline":
-        return renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t)) for _, t in texts))
-    messages = [renderer.tool_message(t, name) for name, t in texts]
+        return renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t)) for _, t in texts)), []
+    counts = [len(s) for s in shown] + [0] * (len(texts) - len(shown))
+    messages = [renderer.tool_message(t, name, n) for (name, t), n in zip(texts, counts)]
     ep.messages += messages
-    return renderer.tool_delta(messages)
+    images = [image for s in shown for image in s]
+    return renderer.tool_delta(messages, [i.grid_thw for i in images]), images
+
+
+def tool_images(ep: _Episode, results: Sequence[ToolResult]) -> list[list[TrajectoryImage]]:
+    """The images each result shows, within ``rollout.images``. A result whose image cannot be shown
+    (corrupt, over the pixel cap, over the trajectory's image count) becomes an error result saying
+    so, which the model sees instead of its images."""
+    limits, held = ep.config.images, len(ep.traj.images)
+    shown: list[list[TrajectoryImage]] = []
+    for result in results:
+        images: list[TrajectoryImage] = []
+        try:
+            if held + len(result.response.images) > limits.max_per_trajectory:
+                raise ImageError(f"{len(result.response.images)} more would exceed the trajectory's limit of "
+                                 f"{limits.max_per_trajectory} images (rollout.images.max_per_trajectory)")
+            for n, value in enumerate(result.response.images):
+                try:
+                    images.append(image_for(ep.renderer, value, limits))
+                except ImageError as exc:
+                    raise ImageError(f"image {n}: {exc}") from None
+        except ImageError as exc:
+            images = []
+            result.status = "error"
+            result.response = ToolResponse.error(f"{result.response.text}\nError: the tool's images cannot be "
+                                                 f"shown: {exc}".lstrip("\n"))
+        else:  # the trajectory holds them once (Trajectory.images), not its tool results too
+            result.response = result.response.model_copy(update={"images": []})
+        held += len(images)
+        shown.append(images)
+    return shown
+
+
+def image_for(renderer: ChatRenderer, value: Any, limits: ImageLimits) -> TrajectoryImage:
+    """An image (any form toolrl.images reads) as a trajectory holds it: PNG within ``limits``, and its
+    patch grid."""
+    png = prepare(value, limits)
+    return TrajectoryImage(png=png, grid_thw=renderer.image_grid(png))
+
+
+def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Sequence[int]) -> list[TrajectoryImage]:
+    """The first of ``images`` whose runs the token list ``ids`` (a prefix of a trajectory) holds."""
+    if renderer.image_token_id is None:
+        return []
+    tokens, kept = ids.count(renderer.image_token_id), []
+    for image in images:
+        run = math.prod(image.grid_thw) // renderer.merge**2
+        if run > tokens:
+            break
+        kept.append(image)
+        tokens -= run
+    return kept
 
 
 def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:

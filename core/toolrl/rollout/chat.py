@@ -7,10 +7,16 @@ without the new messages and asserting the shorter rendering is a token prefix o
 (append-only). The template text that follows the assistant's end-of-turn token (Qwen's ``\\n``
 after ``<|im_end|>``), which the model never generates, is prepended to the delta, so the training
 sequence is exactly what the template would render (verl's mismatch, fixed there in #6779).
+
+With a processor (a vision-language model), image parts render as the template's one image token
+each, which is then expanded to the image's run of tokens (its patch grid / merge²), as the processor
+expands its text: the template's rendering and its deltas hold no pixels, so they are cached as for
+text, and each image's grid is applied to the rendering it is in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -42,6 +48,14 @@ def _synthetic_turns(tool_messages: list[dict[str, Any]]) -> list[dict[str, Any]
     return turns
 
 
+def _text_of(content: Any) -> str:
+    """A message's text: its content, or its text parts' last one (each rendered as written)."""
+    if isinstance(content, list):
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return texts[-1] if texts else ""
+    return str(content)
+
+
 class TemplateError(RuntimeError):
     """The chat template is not append-only for tool messages, so deltas cannot be exact."""
 
@@ -53,8 +67,14 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: Any, tool_schemas: Sequence[dict[str, Any]] = (),
                  chat_template: str | None = None, end_of_turn: str | None = None,
-                 stop_tokens: Sequence[str] = ()) -> None:
+                 stop_tokens: Sequence[str] = (), processor: Any = None) -> None:
         self.tokenizer = tokenizer
+        self.processor = processor
+        self.image_token_id: int | None = None
+        if processor is not None:
+            self.image_token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+            self.merge: int = processor.image_processor.merge_size
+            self._grids: dict[bytes, tuple[int, int, int]] = {}
         self.tool_schemas = list(tool_schemas)
         self.chat_template = chat_template
         end_of_turn = end_of_turn or ("<|im_end|>" if "<|im_end|>" in tokenizer.get_vocab() else None)
@@ -98,20 +118,74 @@ class ChatRenderer:
             messages.insert(0, {"role": "system", "content": block})
         return messages
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """The rendered prompt; memoised, since every trajectory of a GRPO group renders the same one."""
+    def prompt_ids(self, messages: Sequence[dict[str, Any]], grids: Sequence[tuple[int, int, int]] = ()) -> list[int]:
+        """The rendered prompt; memoised, since every trajectory of a GRPO group renders the same one.
+        ``grids``: the patch grids of its images, in order (:meth:`image_grid`)."""
         key = json.dumps(list(messages), sort_keys=True, default=str)
         if key not in self._prompt_cache:
             if len(self._prompt_cache) > 8192:
                 self._prompt_cache.clear()
             tools = self.tool_schemas if self.native_tools else None
             self._prompt_cache[key] = self._render(self.prompt_messages(messages), True, tools)
-        return list(self._prompt_cache[key])
+        return self.expand_images(self._prompt_cache[key], grids)
 
-    def conversation_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def conversation_ids(self, messages: Sequence[dict[str, Any]],
+                         grids: Sequence[tuple[int, int, int]] = ()) -> list[int]:
         """The template's rendering of a whole conversation so far (its prompt as
         :meth:`prompt_messages` gives it), ending in the next assistant generation prompt."""
-        return self._render(list(messages), True, self.tool_schemas if self.native_tools else None)
+        ids = self._render(list(messages), True, self.tool_schemas if self.native_tools else None)
+        return self.expand_images(ids, grids)
+
+    # -- images ---------------------------------------------------------------------------------
+
+    def image_grid(self, png: bytes) -> tuple[int, int, int]:
+        """The processor's patch grid (t, h, w) for an image (toolrl.images PNG bytes)."""
+        if self.processor is None:
+            raise TemplateError("images need a model with a processor (a vision-language model)")
+        key = hashlib.sha256(png).digest()
+        if key not in self._grids:
+            from toolrl.images import from_png
+
+            out = self.processor.image_processor(images=[from_png(png)], return_tensors="np")
+            if len(self._grids) > 4096:
+                self._grids.clear()
+            self._grids[key] = tuple(int(v) for v in out["image_grid_thw"][0])  # type: ignore[assignment]
+        return self._grids[key]
+
+    def expand_images(self, ids: Sequence[int], grids: Sequence[tuple[int, int, int]]) -> list[int]:
+        """``ids`` with each image token the template wrote replaced by its image's run of
+        ``t*h*w / merge²`` tokens (``grids`` in order), as the processor expands its text."""
+        if self.image_token_id is None or (not grids and self.image_token_id not in ids):
+            return list(ids)
+        out: list[int] = []
+        runs = iter(grids)
+        for token in ids:
+            if token != self.image_token_id:
+                out.append(token)
+                continue
+            grid = next(runs, None)
+            if grid is None:
+                raise TemplateError(f"the rendering holds more images than the {len(grids)} given")
+            out += [token] * (grid[0] * grid[1] * grid[2] // self.merge**2)
+        if next(runs, None) is not None:
+            raise TemplateError(f"{len(grids)} images given for {ids.count(self.image_token_id)} in the rendering")
+        return out
+
+    def with_image_parts(self, messages: Sequence[dict[str, Any]], placeholder: str) -> list[dict[str, Any]]:
+        """``messages`` with each ``placeholder`` in their text made an image part (verl's ``<image>``),
+        the layout a processor's chat template renders images from."""
+        out = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str) and placeholder in content:
+                pieces = content.split(placeholder)
+                parts: list[dict[str, Any]] = [{"type": "text", "text": pieces[0]}] if pieces[0] else []
+                for piece in pieces[1:]:
+                    parts.append({"type": "image"})
+                    parts += [{"type": "text", "text": piece}] if piece else []
+                message = {**message, "content": parts}
+            out.append(message)
+        return out
 
     def assistant_message(self, ids: Sequence[int]) -> dict[str, Any]:
         """A generated turn as the conversation holds it: its text, without the end-of-turn token
@@ -121,19 +195,31 @@ class ChatRenderer:
             ids = ids[:-1]
         return {"role": "assistant", "content": self.decode(ids)}
 
-    def tool_message(self, text: str, name: str) -> dict[str, Any]:
+    def tool_message(self, text: str, name: str, images: int = 0) -> dict[str, Any]:
+        """A tool result as the template renders it; ``images``: how many images it shows, before its
+        text (an image part each; rendering them needs a processor)."""
+        parts: list[dict[str, Any]] = [{"type": "image"}] * images
         if self.native_tools:
-            return {"role": "tool", "name": name, "content": text}
+            return {"role": "tool", "name": name, "content": [*parts, {"type": "text", "text": text}] if images else text}
         # Templates without tool support get results as a user turn in the hermes wrapping.
+        if images:
+            return {"role": "user", "content": [{"type": "text", "text": "<tool_response>\n"}, *parts,
+                                                {"type": "text", "text": f"{text}\n</tool_response>"}]}
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
 
-    def tool_delta(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+    def tool_delta(self, tool_messages: list[dict[str, Any]], grids: Sequence[tuple[int, int, int]] = ()) -> list[int]:
         """Tokens that follow a finished assistant turn (ending in the end-of-turn token) when
         ``tool_messages`` (tool results, or a user turn) are added, up to and including the next
-        assistant generation prompt."""
+        assistant generation prompt. ``grids``: the patch grids of the images they show, in order."""
         key = json.dumps(tool_messages, sort_keys=True, default=str)
-        if key in self._delta_cache:
-            return self._delta_cache[key]
+        if key not in self._delta_cache:
+            delta = self._find_delta(tool_messages)
+            if len(self._delta_cache) >= 4096:
+                return self.expand_images(delta, grids)
+            self._delta_cache[key] = delta
+        return self.expand_images(self._delta_cache[key], grids)
+
+    def _find_delta(self, tool_messages: list[dict[str, Any]]) -> list[int]:
         problems = []
         # Try the synthetic turn that worked last time first; its "before" rendering is cached.
         turns = sorted(_synthetic_turns(tool_messages), key=lambda t: t["content"] != self._working_assistant)
@@ -156,12 +242,10 @@ class ChatRenderer:
                 problems.append(f"{turn['content']!r}: the turn does not end with token {self.eos_id}")
                 continue
             # Gemma 4 renders tool results only after a structured call: a delta without them is wrong.
-            if not all(str(m["content"]) in self.decode(delta) for m in tool_messages):
+            if not all(_text_of(m["content"]) in self.decode(delta) for m in tool_messages):
                 problems.append(f"{turn['content']!r}: the tool results are not rendered")
                 continue
             self._working_assistant = turn["content"]
-            if len(self._delta_cache) < 4096:
-                self._delta_cache[key] = delta
             return delta
         raise TemplateError("the chat template is not append-only for tool messages "
                             f"(tried synthetic assistant turns: {'; '.join(problems)})")

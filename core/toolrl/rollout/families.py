@@ -134,11 +134,12 @@ def training_template(family: Family) -> str:
     return trl_template(family.training_template)
 
 
-def renderer_factory(tokenizer: Any, chat_format: str | None = None,
-                     rule: str = "keep") -> Callable[[Sequence[dict[str, Any]]], ChatRenderer]:
+def renderer_factory(tokenizer: Any, chat_format: str | None = None, rule: str = "keep",
+                     processor: Any = None) -> Callable[[Sequence[dict[str, Any]]], ChatRenderer]:
     """(tool schemas) -> the renderer a rollout uses: the family's end-of-turn token and, under
     ``template_rewrite: training_template``, its training template. A template no family matches
-    keeps the generic rendering unless the config needs its family."""
+    keeps the generic rendering unless the config needs its family. ``processor``: a vision-language
+    model's (toolrl.models.load_processor), which renders images."""
     from toolrl.rollout.chat import ChatRenderer
 
     try:
@@ -150,4 +151,4 @@ def renderer_factory(tokenizer: Any, chat_format: str | None = None,
     template = training_template(family) if family is not None and rule == "training_template" else None
     end_of_turn = family.end_of_turn if family is not None else None
     stops = family.stop_tokens if family is not None else ()
-    return lambda schemas: ChatRenderer(tokenizer, schemas, template, end_of_turn, stops)
+    return lambda schemas: ChatRenderer(tokenizer, schemas, template, end_of_turn, stops, processor)

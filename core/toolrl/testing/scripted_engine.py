@@ -23,7 +23,7 @@ class ScriptedEngine(RolloutEngine):
     def create(cls, source, config):
         return cls(source.tokenizer, config["script"])
 
-    async def generate(self, prompt_ids, params, n=1, session_id=None):
+    async def generate(self, prompt_ids, params, n=1, session_id=None, images=()):
         turn = self.turns.get(session_id, 0)
         self.turns[session_id] = turn + 1
         ids = self.tokenizer.encode(self.script[min(turn, len(self.script) - 1)], add_special_tokens=False)

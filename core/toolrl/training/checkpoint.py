@@ -77,10 +77,11 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Write checkpoint ``step`` (default: the latest) of ``run_dir`` as a Hugging Face model directory:
     safetensors weights, config, generation config and tokenizer. Reads the sharded checkpoint in
     this process, without a process group (DCP reshards every rank's pieces into whole tensors). A
-    LoRA run is exported with its adapters merged into the base weights (a plain model)."""
+    LoRA run is exported with its adapters merged into the base weights (a plain model). A
+    vision-language model is exported whole (towers and processor files)."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     ckpt_dir = run_dir / "checkpoints"
     path = latest(ckpt_dir) if step is None else ckpt_dir / f"step_{step:06d}"
@@ -92,14 +93,15 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     if not (files / "config.json").is_file():
         raise ExportError(f"{files}: the model's config.json is missing")
     config = AutoConfig.from_pretrained(str(files))
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = auto.from_config(config)
     model = model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gave tied parameters separate storage
     run_config = run_dir / "config.json"
     run = json.loads(run_config.read_text()) if run_config.is_file() else {}
-    if run.get("model", {}).get("lora"):
-        merged = _merged_adapters(run, path)
+    if run.get("model", {}).get("lora") or run.get("model", {}).get("freeze_vision"):
+        merged = _rebuilt_from_source(run, path)
         missing, unexpected = model.load_state_dict(merged, strict=False)
         tied = set(getattr(model, "_tied_weights_keys", None) or ())
         if unexpected or set(missing) - tied:
@@ -121,9 +123,10 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     return out_dir
 
 
-def _merged_adapters(run: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A LoRA run's checkpoint holds only the adapters: rebuild the trained model (base weights from
-    ``model.source``, adapters from the checkpoint) and merge them, under the base model's names."""
+def _rebuilt_from_source(run: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A LoRA run's checkpoint holds only the adapters, a frozen-vision run's no vision tower: rebuild
+    the trained model (frozen weights from ``model.source``, trained ones from the checkpoint) and merge
+    any adapters, under the base model's names."""
     import torch.distributed.checkpoint as dcp
 
     from toolrl.config import Config

@@ -45,7 +45,7 @@ class ValueModel(torch.nn.Module):
         super().__init__()
         self.backbone = backbone
         param = next(backbone.parameters())
-        self.head = torch.nn.Linear(backbone.config.hidden_size, 1, dtype=param.dtype, device=param.device)
+        self.head = torch.nn.Linear(backbone.config.get_text_config().hidden_size, 1, dtype=param.dtype, device=param.device)
         # Zero: every value starts at 0, the same on every rank without a shared random draw.
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
@@ -66,7 +66,7 @@ class ValueModel(torch.nn.Module):
 class CriticOptions:
     """What a critic update runs with: the value clip ``ε`` (None: the plain squared error), gradient
     clipping, epochs and mini-batches over the batch, micro-batching (as the policy's) and this rank's
-    place among the trainer ranks."""
+    place among the trainer ranks, and a vision-language backbone's processor (its images' pixel values)."""
 
     value_clip: float | None = 0.2
     grad_clip: float = 1.0
@@ -77,6 +77,7 @@ class CriticOptions:
     pad_id: int = 0
     rank: int = 0
     world_size: int = 1
+    processor: Any = None
 
 
 def make_optimizer(critic: torch.nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.999),
@@ -99,8 +100,10 @@ def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: C
     step (one pad token) where a busier rank still has work, to keep FSDP's collectives in step."""
     lengths = [input_length(t) for t in trajs]
     shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch)
+    cache: dict[bytes, Any] = {}
     return [(None, dummy_batch(options.pad_id, device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device))
+            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device,
+                                processor=options.processor, pixel_cache=cache))
             for micro in shares[options.rank]]
 
 
@@ -237,7 +240,7 @@ class Critic:
 
     @classmethod
     def build(cls, config: Config, policy_lm: Any, device: str, pad_id: int, rank: int = 0, world_size: int = 1,
-              mesh: Any = None) -> Critic:
+              mesh: Any = None, processor: Any = None) -> Critic:
         """From ``config.critic``: a copy of ``policy_lm``'s backbone (before sharding, and without
         adapters: a LoRA run's critic starts from ``model.source`` again), or ``critic.model``."""
         import copy
@@ -263,7 +266,7 @@ class Critic:
         options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
                                 mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,
                                 max_tokens_per_micro_batch=optim.max_tokens_per_micro_batch, pad_id=pad_id,
-                                rank=rank, world_size=world_size)
+                                rank=rank, world_size=world_size, processor=processor)
         return cls(model, optimizer, options)
 
     def values(self, trajs: Sequence[Trajectory]) -> torch.Tensor:

@@ -191,8 +191,9 @@ class StepOptions:
     """What one GRPO update is run with, besides the model, the optimizer and the batch: the
     algorithm and optimizer sections, the facts of the rollouts (pad id, sampling temperature, the
     response budget that ``seq-mean-token-sum-norm`` divides by), this rank's place among the
-    trainer ranks, and the algorithm's parts when the caller built them once for the run (None: built
-    from ``algo`` for this step)."""
+    trainer ranks, the algorithm's parts when the caller built them once for the run (None: built
+    from ``algo`` for this step), and a vision-language model's processor (None for a text model),
+    which turns the trajectories' images into pixel values."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -203,6 +204,7 @@ class StepOptions:
     world_size: int = 1
     estimator: AdvantageEstimator | None = None
     loss: PolicyLoss | None = None
+    processor: Any = None
 
 
 MicroStep = tuple[list[int] | None, PackedBatch]  # indexes into the usable trajectories (None: a dummy step), batch
@@ -276,13 +278,14 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     lengths = [input_length(t) for t in trajs]
     seqs = [input_tokens(t) for t in trajs] if options.optim.share_prefixes else None
     minis = []
+    pixel_cache: dict[bytes, Any] = {}  # an image shared by a group's trajectories is processed once
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
                       options.optim.max_tokens_per_micro_batch, seqs)
         micro_steps: list[MicroStep] = [
             (None, dummy_batch(options.pad_id, device)) if micro is None else
             (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,
-                                options.optim.share_prefixes))
+                                options.optim.share_prefixes, options.processor, pixel_cache))
             for micro in shares[options.rank]]
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}

@@ -44,13 +44,16 @@ def apply_lora(model: Any, config: LoraConfig) -> Any:
 
     from toolrl.config import ConfigError
     from toolrl.models import first_line
+    from toolrl.training.vision import is_vision_model
 
     targets = config.target_modules
     tied = _tied_module_names(model)
+    # A vision-language model's adapters go on its language model only (the vision tower stays frozen).
+    exclude = r".*\bvisual\b.*" if is_vision_model(model) else None
     try:
         inject_adapter_in_model(
             PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                           target_modules=targets, bias="none"),
+                           target_modules=targets, exclude_modules=exclude, bias="none"),
             model, adapter_name=ADAPTER)
     except ValueError as exc:
         raise ConfigError(f"model.lora.target_modules: {first_line(exc)}") from None

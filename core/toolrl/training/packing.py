@@ -24,6 +24,11 @@ keys are its ancestors' rows and its own (a boolean mask: context fully, itself 
 attention costs each continuation what it cost unshared and the prefix once. Other attention
 implementations run the unshared row rebuilt from the tree (``expand``) and read the tree's hidden
 states back from it, with a warning once per implementation: the same values and gradients, no saving.
+
+Vision-language models (:mod:`toolrl.training.vision`): a batch whose trajectories hold images carries
+their pixel values (``vision``); the vision tower runs once over them and the language model gets
+per-sequence 3-D rotary positions, with attention confined per sequence as above. Such a batch is
+packed unshared (its prefix trees are not built; said once in the log).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Any
 import torch
 
 from toolrl.rollout import Trajectory
-from toolrl.training import prefix_tree
+from toolrl.training import prefix_tree, vision
 
 VARLEN_SDPA = "toolrl_varlen_sdpa"
 # The keyword that carries a tree batch's per-span attention through the model to _varlen_sdpa.
@@ -72,6 +77,7 @@ class PackedBatch:
     expand: torch.Tensor | None = None
     path_bounds: list[int] | None = None
     first_copy: torch.Tensor | None = None
+    vision: vision.VisionInputs | None = None  # the images of a vision-language model's sequences
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]
@@ -103,11 +109,27 @@ def input_tokens(t: Trajectory) -> list[int]:
 
 
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | Sequence[torch.Tensor],
-                device: torch.device | str = "cpu", share_prefixes: bool = False) -> PackedBatch:
+                device: torch.device | str = "cpu", share_prefixes: bool = False, processor: Any = None,
+                pixel_cache: vision.PixelCache | None = None) -> PackedBatch:
     """Pack ``trajectories`` into one row (no padding, so no pad id); with ``share_prefixes``, common
     prefixes once (:mod:`toolrl.training.prefix_tree`). ``advantages``: one number per trajectory (B,),
-    or one row per trajectory (each a tensor over its response tokens), zero-padded to (B, R)."""
-    tree = prefix_tree.layout([input_tokens(t) for t in trajectories], share_prefixes)
+    or one row per trajectory (each a tensor over its response tokens), zero-padded to (B, R).
+    ``processor``: a vision-language model's, which turns the trajectories' images into pixel values
+    (``pixel_cache``: images already processed this step)."""
+    seqs = [input_tokens(t) for t in trajectories]
+    pixels = None
+    if processor is None and any(t.images for t in trajectories):
+        raise ValueError("trajectories hold images but no processor was given (a text-only model?)")
+    if processor is not None:
+        image_id = vision.image_token_id(processor)
+        for t in trajectories:
+            vision.check_untrained(t, image_id)
+        kept = [vision.images_kept(t, seq, image_id) for t, seq in zip(trajectories, seqs, strict=True)]
+        pixels = vision.pixel_inputs(kept, processor, pixel_cache)
+        if pixels is not None and share_prefixes:
+            _log_once("images", "batches with images are packed without shared prefixes (optim.share_prefixes)")
+            share_prefixes = False
+    tree = prefix_tree.layout(seqs, share_prefixes)
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
     head_pos: list[int] = []
@@ -139,7 +161,8 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
         adv = torch.tensor(list(advantages), dtype=torch.float32)
     batch = PackedBatch(long(tree.ids)[None], long(tree.positions)[None], [0] + [s.end for s in tree.spans],
                         long(head_pos), long(targets), long(rows), long(cols), response_mask.to(device),
-                        engine_lp.to(device), adv.to(device))
+                        engine_lp.to(device), adv.to(device),
+                        vision=None if pixels is None else pixels.to(device))
     if tree.shared:
         add_tree(batch, tree, device)
     return batch
@@ -189,31 +212,41 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     if impl == "sdpa":
         _install_varlen_sdpa(base)
         impl = VARLEN_SDPA
+    if batch.vision is not None:
+        positions, encoded = vision.forward_inputs(base, batch.input_ids, batch.position_ids, batch.bounds,
+                                                   batch.vision)
+        return run_packed(base, batch.input_ids, positions, batch.bounds, extra=encoded)
     if batch.attention is None:
         return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds)
     if impl == VARLEN_SDPA:
         return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds, batch.attention)
-    if impl not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(impl)
-        log.warning("attention %r cannot take a prefix-shared (tree) batch: each sequence runs its shared "
-                    "prefix again, as without optim.share_prefixes", impl)
+    _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
+              "shared prefix again, as without optim.share_prefixes")
     ids, positions = batch.input_ids[:, batch.expand], batch.position_ids[:, batch.expand]
     return run_packed(base, ids, positions, batch.path_bounds)[batch.first_copy]
 
 
+def _log_once(key: str, message: str) -> None:
+    if key not in _FALLBACK_LOGGED:
+        _FALLBACK_LOGGED.add(key)
+        log.warning("%s", message)
+
+
 def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bounds: list[int],
-               tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None) -> torch.Tensor:
-    """``base`` over a packed row cut at ``bounds`` (each piece causal over itself, or per ``tree``)."""
+               tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+               extra: dict[str, Any] | None = None) -> torch.Tensor:
+    """``base`` over a packed row cut at ``bounds`` (each piece causal over itself, or per ``tree``);
+    ``extra``: more keyword arguments for ``base`` (a vision model's encoder outputs)."""
     config = base.config
     segments = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
-        return input_ids.new_zeros((0, config.hidden_size), dtype=base.dtype)
+        return input_ids.new_zeros((0, config.get_text_config().hidden_size), dtype=base.dtype)
     device = input_ids.device
     cu = torch.tensor([0] + [b - a for a, b in segments], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     longest = max(b - a for a, b in segments)
     # No KV cache: nothing is decoded after this forward (and a cache would disable packed detection).
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
-              "use_cache": False}
+              "use_cache": False, **(extra or {})}
     impl = config._attn_implementation
     if impl == VARLEN_SDPA:
         if tree is not None:
@@ -224,7 +257,7 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     elif "flash" in (impl or ""):
         out = base(input_ids=input_ids, position_ids=position_ids, **varlen)
     else:  # transformers detects the packing from position_ids and builds a block-diagonal mask
-        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **(extra or {}))
     return out.last_hidden_state[0]
 
 

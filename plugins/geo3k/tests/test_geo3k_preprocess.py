@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from PIL import Image
-from toolrl.schemas import Sample
+from toolrl.data import to_sample
 from toolrl.testing import build_tool, run_lifecycle
 from toolrl_geo3k.cli import geo3k, preprocess_command
 from toolrl_geo3k.preprocess import Geo3kDataError, convert, image_bytes, preprocess
@@ -77,9 +77,10 @@ def test_rows_have_verl_fields(hf_parquet: Path, tmp_path: Path) -> None:
 async def test_rows_validate_as_samples_and_drive_the_tool(hf_parquet: Path, tmp_path: Path) -> None:
     rows = read(preprocess(hf_parquet, tmp_path, "train"))
     tool, _ = await build_tool("calc_geo3k_reward")
-    for row, (_, answer) in zip(rows, SAMPLES):
-        sample = Sample.model_validate(row)
+    for n, (row, (_, answer)) in enumerate(zip(rows, SAMPLES), 1):
+        sample = to_sample(row, f"train.parquet row {n}")
         assert sample.ground_truth == answer
+        assert [Image.open(io.BytesIO(i)).size for i in sample.images] == [(8, 6)]
         create_kwargs = sample.tools_kwargs["calc_geo3k_reward"].create_kwargs
         assert create_kwargs == {"ground_truth": answer}
         run = await run_lifecycle(tool, {"answer": answer}, create_kwargs=create_kwargs)

@@ -1,5 +1,6 @@
 """toolrl plugin for Geometry3K: the ``calc_geo3k_reward`` tool (also answering to verl's class path,
-so verl tool configs load unchanged), the ``geo3k`` reward function, the ``geo3k`` environment and
+so verl tool configs load unchanged), the ``crop_image`` tool (a zoom into the figure, returning an
+image), the ``geo3k`` reward function, the ``geo3k`` environment and
 ``toolrl geo3k preprocess``.
 
 This module is the plugin's entry point: it registers lazy references only, so loading the plugin
@@ -23,6 +24,7 @@ def register_tools(register: Register) -> None:
     register(
         "toolrl_geo3k.tool:Geo3kTool", name="calc_geo3k_reward", aliases=("verl.tools.geo3k_tool.Geo3kTool",)
     )
+    register("toolrl_geo3k.crop:CropImageTool", name="crop_image")
 
 
 @hookimpl

@@ -5,6 +5,10 @@ Data comes from preprocessed verl-format parquet (``toolrl geo3k preprocess``; o
 ``train_files``/``test_files``) or, by default, from the Hugging Face dataset ``hub_id`` through
 ``datasets`` (each record converted as the preprocessor converts it; offline: the ``datasets``
 cache with ``HF_DATASETS_OFFLINE=1``, or a local dataset directory as ``hub_id``).
+
+Each problem's figure stays with its sample (``Sample.images``): a vision-language policy (a model
+with a processor) sees it where the prompt says ``<image>``; a text model reads the prompt's text.
+``crop_tool: true`` adds ``crop_image``, which shows the model a zoomed region of the figure.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class Geo3kOptions(BaseModel):
     hub_id: str = Field(DATA_SOURCE, description="Hugging Face dataset id or local dataset directory")
     hub_config: str | None = None
     revision: str | None = None
+    crop_tool: bool = Field(False, description="add crop_image: zoom into the figure by a box (for a VLM policy)")
 
 
 def record_row(record: dict[str, Any], options: Geo3kOptions, split: str) -> dict[str, Any]:
@@ -41,15 +46,19 @@ def configure(options: Geo3kOptions) -> dict[str, Any]:
         files = getattr(options, f"{split}_files")
         splits[split] = FileSplit(files=files) if files else HubSplit(
             path=options.hub_id, name=options.hub_config, split=split, revision=options.revision)
-    return {"splits": splits}
+    tools = [*GEO3K_TOOLS, *([CROP_TOOL] if options.crop_tool else [])]
+    return {"splits": splits, "tools": tools}
 
+
+GEO3K_TOOLS = [{"class_name": TOOL_NAME, "config": {"type": "native"}}]
+CROP_TOOL = {"class_name": "crop_image", "config": {"type": "native"}}
 
 GEO3K = Environment(
     name="geo3k",
     description="Geometry3K: answer in \\boxed{}, checking answers with calc_geo3k_reward on the way.",
     splits={split: HubSplit(path=DATA_SOURCE, split=split) for split in SPLITS},
     row=record_row,
-    tools=[{"class_name": TOOL_NAME, "config": {"type": "native"}}],
+    tools=GEO3K_TOOLS,
     rewards=[{"name": "geo3k", "weight": 1.0}],
     parser="hermes",
     max_turns=5,

@@ -124,10 +124,11 @@ class Conversations:
         return base.conversation.id if base is not None else f"conv-{uuid.uuid4().hex[:16]}"
 
     def add(self, prompt_ids: Sequence[int], turns: Sequence[Turn], base: Match | None,
-            session_id: str | None) -> list[str]:
+            session_id: str | None, images: Sequence[Any] = ()) -> list[str]:
         """Append each choice to its conversation. The first continues ``base`` unless another
         request extended or closed it meanwhile; every other choice forks: a new conversation with
-        ``base``'s history as it was when matched."""
+        ``base``'s history as it was when matched. ``images``: a new conversation's prompt images
+        (toolrl.rollout.TrajectoryImage; a prompt with images continues none)."""
         request = next(self._requests)
         now = time.monotonic()
         history = None if base is None else _history(base.conversation.trajectory, base.length)
@@ -141,7 +142,7 @@ class Conversations:
                 tid = session_id if fresh and session_id is not None else f"conv-{uuid.uuid4().hex[:16]}"
                 if history is None:
                     traj = Trajectory(trajectory_id=tid, sample_index=request, group=request,
-                                      prompt_ids=list(prompt_ids))
+                                      prompt_ids=list(prompt_ids), images=list(images))
                 else:
                     traj = history.model_copy(deep=True, update={"trajectory_id": tid, "group": request})
                 conv = Conversation(traj, list(traj.prompt_ids) + list(traj.response_ids), now)

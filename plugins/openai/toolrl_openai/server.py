@@ -110,7 +110,8 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
     conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
                                   on_close=engine.end_session)
     return Service(engine, tokenizer, parts.parser, model_name or config.model.source, conversations,
-                   default_max_tokens=config.rollout.max_new_tokens, token_history=token_history)
+                   default_max_tokens=config.rollout.max_new_tokens, token_history=token_history,
+                   processor=models.load_processor(path), image_limits=config.rollout.images)
 
 
 def bind(host: str, port: int) -> socket.socket:

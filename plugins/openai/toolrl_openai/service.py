@@ -5,6 +5,7 @@ parser, and shape OpenAI responses (and their streamed chunks)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import uuid
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.rollout import TrajectoryImage
 
 from toolrl_openai.conversations import Conversations, Match, Turn
 from toolrl_openai.protocol import ChatMessage, ChatRequest, CompletionRequest
@@ -36,8 +38,13 @@ class _Choice:
 
 class Service:
     def __init__(self, engine: RolloutEngine, tokenizer: Any, parser: Any, model_name: str,
-                 conversations: Conversations, default_max_tokens: int = 256, token_history: bool = False) -> None:
+                 conversations: Conversations, default_max_tokens: int = 256, token_history: bool = False,
+                 processor: Any = None, image_limits: Any = None) -> None:
+        from toolrl.images import ImageLimits
+
         self.engine = engine
+        self.processor = processor  # a vision-language model's: image parts are rendered with it
+        self.image_limits = image_limits if image_limits is not None else ImageLimits()
         # Continue a recognised chat conversation from the exact tokens served (as training rollouts
         # do) instead of re-rendering its earlier turns with the template.
         self.token_history = token_history
@@ -60,12 +67,14 @@ class Service:
             raise RequestError(f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                                404, "model")
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int,
-                        base: Match | None = None) -> tuple[list[Generation], Match | None, str | None]:
-        base = base or self.conversations.match(prompt_ids)
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, n: int, base: Match | None = None,
+                        images: Sequence[Any] = ()) -> tuple[list[Generation], Match | None, str | None]:
+        # Image tokens are alike whatever the image: a prompt with images continues no conversation.
+        base = base or (None if images else self.conversations.match(prompt_ids))
         session = self.conversations.session_for(base, n)
+        extra = {"images": list(images)} if images else {}
         try:
-            gens = await self.engine.generate(prompt_ids, params, n, session_id=session)
+            gens = await self.engine.generate(prompt_ids, params, n, session_id=session, **extra)
         except ValueError as exc:  # the engine's request check: empty or over-long prompts
             raise RequestError(str(exc)) from None
         return gens, base, session
@@ -188,7 +197,7 @@ class Service:
         if key not in self._renderers:
             if len(self._renderers) > 256:
                 self._renderers.clear()
-            self._renderers[key] = ChatRenderer(self.tokenizer, tools)
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, processor=self.processor)
         return self._renderers[key]
 
     def _render(self, renderer: Any, messages: list[dict[str, Any]]) -> list[int]:
@@ -214,27 +223,51 @@ class Service:
                 raise RequestError(f"tools.{i}.{loc}: {first['msg']}", param="tools") from None
         return out
 
-    @staticmethod
-    def _text(message: ChatMessage, index: int) -> str:
+    def _content(self, message: ChatMessage, index: int, images: list[bytes]) -> tuple[str, int]:
+        """A message's text and how many images it shows (their PNG appended to ``images``, within
+        ``rollout.images``); text and image parts (``image_url`` data URLs, base64)."""
+        from toolrl.images import ImageError, is_image_part, part_image, prepare
+
         content = message.content
         if content is None or isinstance(content, str):
-            return content or ""
-        parts = []
-        for part in content:
-            if part.get("type") != "text":
-                raise RequestError(f"messages.{index}.content: only text parts are supported, got "
+            return content or "", 0
+        parts, shown = [], 0
+        for j, part in enumerate(content):
+            where = f"messages.{index}.content.{j}"
+            if is_image_part(part) and self.processor is None:
+                raise RequestError(f"{where}: this model takes no images (it is not a vision-language model)",
+                                   param="messages")
+            if is_image_part(part):
+                try:
+                    images.append(prepare(part_image(part), self.image_limits))
+                except ImageError as exc:
+                    raise RequestError(f"{where}: {exc}", param="messages") from None
+                shown += 1
+            elif part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            else:
+                raise RequestError(f"{where}: only text and image parts are supported, got "
                                    f"{part.get('type')!r}", param="messages")
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
+        if shown and len(parts) > 1:
+            raise RequestError(f"messages.{index}.content: images with several text parts are not supported "
+                               "(one text part, after the images)", param="messages")
+        return "".join(parts), shown
 
-    def _template_messages(self, req: ChatRequest, renderer: Any) -> list[dict[str, Any]]:
+    def _template_messages(self, req: ChatRequest, renderer: Any,
+                           images: list[bytes]) -> list[dict[str, Any]]:
+        """The messages as the template takes them; their images' PNG go to ``images``, in order."""
         names: dict[str, str] = {}  # tool_call id -> function name, for tool messages
         out: list[dict[str, Any]] = []
         for i, m in enumerate(req.messages):
-            text = self._text(m, i)
-            if m.role == "tool":
+            text, shown = self._content(m, i, images)
+            if shown and m.role == "assistant":
+                raise RequestError(f"messages.{i}.content: an assistant message cannot hold images", param="messages")
+            if shown and m.role != "tool":
+                out.append({"role": "system" if m.role == "developer" else m.role,
+                            "content": [{"type": "image"}] * shown + [{"type": "text", "text": text}]})
+            elif m.role == "tool":
                 name = m.name or names.get(m.tool_call_id or "", "tool")
-                out.append(renderer.tool_message(text, name))
+                out.append(renderer.tool_message(text, name, shown))
             elif m.role == "assistant" and m.tool_calls:
                 calls = []
                 for call in m.tool_calls:
@@ -260,9 +293,13 @@ class Service:
                                param="tool_choice")
         tools = self._tool_schemas(req)
         renderer = self._renderer(tools)
-        messages = self._template_messages(req, renderer)
+        pngs: list[bytes] = []
+        messages = self._template_messages(req, renderer, pngs)
+        images = [TrajectoryImage(png=p, grid_thw=renderer.image_grid(p)) for p in pngs]
         keys = [json.dumps(tools, sort_keys=True), *(_key(m) for m in req.messages)]
-        found = self.conversations.match_messages(keys, _is_assistant) if self.token_history else None
+        # A conversation with images is rendered whole: its image tokens say nothing of its images.
+        found = self.conversations.match_messages(keys, _is_assistant) if self.token_history and not images \
+            else None
         prompt: list[int] | None = None
         if found is not None:  # the served tokens, then the template's rendering of the new messages
             try:
@@ -271,7 +308,7 @@ class Service:
                 found = None
         if prompt is None:
             try:
-                prompt = self._render(renderer, messages)
+                prompt = renderer.expand_images(self._render(renderer, messages), [i.grid_thw for i in images])
             except Exception as exc:  # the template's own checks (e.g. role order)
                 raise RequestError(f"the chat template cannot render these messages: {exc}",
                                    param="messages") from None
@@ -282,7 +319,7 @@ class Service:
                           self.default_max_tokens)
         params = SamplingParams(temperature=req.temperature, top_p=req.top_p, max_new_tokens=max_tokens,
                                 stop_token_ids=stop_ids, stop_strings=req.stop_strings(), seed=req.seed)
-        gens, base, session = await self._generate(prompt, params, req.n, found[0] if found else None)
+        gens, base, session = await self._generate(prompt, params, req.n, found[0] if found else None, images)
         parse_calls = bool(tools) and req.tool_choice != "none"
         choices, turns, bodies = [], [], []
         for i, gen in enumerate(gens):
@@ -300,7 +337,7 @@ class Service:
             choices.append(choice)
             reply = ChatMessage.model_validate(message)
             turns.append(Turn(gen, c.text, message["content"] or "", errors, [*keys, _key(reply)]))
-        self.conversations.add(prompt, turns, base, session)
+        self.conversations.add(prompt, turns, base, session, images)
         completion_tokens = sum(len(g.token_ids) for g in gens)
         body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
@@ -351,8 +388,11 @@ class Service:
 def _key(message: ChatMessage) -> Any:
     """What identifies a message when a client sends it back: role, text and calls (names and
     arguments as JSON values); not call ids or formatting."""
+    # An image part counts by its data, so a message keeps its key only with the same image.
     content = message.content if isinstance(message.content, str) or message.content is None \
-        else "".join(str(p.get("text", "")) for p in message.content)
+        else "".join(str(p.get("text", "")) if p.get("type") == "text"
+                     else f"<{hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest()}>"
+                     for p in message.content)
     calls = []
     for call in message.tool_calls or []:
         try:

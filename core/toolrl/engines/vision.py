@@ -1,0 +1,61 @@
+"""What the transformers engine needs to prefill a vision-language model's prompt (Qwen2-VL family):
+the multimodal rotary positions of its tokens and the pixel values of the images in a span of them.
+
+Image tokens take 3-D (temporal, height, width) positions; text after an image continues from the
+largest position before it, so a row's text positions are its token index plus a constant *rope delta*
+(<= 0) that decoding adds to the plain position count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class VisionInputs:
+    """A vision-language model's prompt inputs, from its processor and its ``get_rope_index``."""
+
+    def __init__(self, model: Any, processor: Any) -> None:
+        self.processor = processor
+        self.image_token_id: int = model.config.image_token_id
+        self.merge: int = processor.image_processor.merge_size
+        inner = getattr(model, "model", model)  # *ForConditionalGeneration wraps the model that has it
+        self._rope_index = inner.get_rope_index
+
+    def positions(self, ids: Sequence[int], images: Sequence[Any], device: torch.device) -> tuple[torch.Tensor, int]:
+        """The 3-D positions [3, len(ids)] of a whole prompt and its rope delta."""
+        if not images:
+            return torch.arange(len(ids), device=device).expand(3, -1), 0
+        input_ids = torch.tensor([list(ids)], device=device)
+        grid = torch.tensor([list(i.grid_thw) for i in images], device=device)
+        types = (input_ids == self.image_token_id).int()
+        pos, delta = self._rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid)
+        return pos[:, 0], int(delta.view(-1)[0])
+
+    def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
+        """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
+        before = list(ids[:start]).count(self.image_token_id)
+        kept = []
+        for image in images:
+            run = math.prod(image.grid_thw) // self.merge**2
+            if before >= run:
+                before -= run
+                continue
+            if before:
+                raise ValueError("a prompt's reused prefix ends inside an image's tokens")
+            kept.append(image)
+        return kept
+
+    def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""
+        from toolrl.images import from_png
+
+        out = self.processor.image_processor(images=[from_png(i.png) for i in images], return_tensors="pt")
+        grid = out["image_grid_thw"]
+        expected = torch.tensor([list(i.grid_thw) for i in images])
+        if not torch.equal(grid.cpu(), expected):
+            raise ValueError(f"the engine's processor gives image grids {grid.tolist()}, the rollout's {expected.tolist()}")
+        return {"pixel_values": out["pixel_values"].to(device, dtype), "image_grid_thw": grid.to(device)}

@@ -1,0 +1,327 @@
+"""The trainer on a vision-language model (tiny Qwen2.5-VL): packed forwards with images agree with
+the model's own forward, GRPO steps train (never on image tokens), micro-batches count image tokens,
+the vision tower trains or stays frozen by config, LoRA adapts the language model only, two FSDP2
+ranks on Ray train like one, export writes a directory transformers loads whole, and the trainer's
+log-probs of trajectories the transformers engine sampled (images in the prompt and a tool result)
+are the engine's."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from toolrl import models
+from toolrl.config import Config, ConfigError, load_config
+from toolrl.rollout import Trajectory
+from toolrl.training import packing
+from toolrl.training.grpo import Policy, StepOptions, grpo_step, response_logprobs
+from toolrl.training.microbatch import plan
+from toolrl.training.packing import build_batch, input_length
+from vision_fixtures import image, vision_trajectory
+
+pytest.importorskip("PIL")
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def vlm_path() -> str:
+    return models.tiny_qwen2_5_vl()
+
+
+@pytest.fixture(scope="module")
+def processor(vlm_path):
+    return models.load_processor(vlm_path)
+
+
+@pytest.fixture
+def vlm(vlm_path):
+    return models.load_model(vlm_path)
+
+
+@pytest.fixture(scope="module")
+def trajectories(processor):
+    """Two groups; the first group's trajectories share the figure (processed once)."""
+    figure = image(100, 60)
+    return [vision_trajectory(processor, "a", figure, image(40, 40, 1), "x = 4", group=0, reward=1.0),
+            vision_trajectory(processor, "b", figure, image(30, 50, 3), "x is 12", group=0, reward=0.0),
+            vision_trajectory(processor, "c", image(60, 90, 2), None, "no", group=1, reward=0.5, tool_image=False),
+            vision_trajectory(processor, "d", image(70, 50, 4), image(50, 30, 5), "x = 7", group=1, reward=0.0)]
+
+
+def reference_logprobs(model, processor, t) -> torch.Tensor:
+    """The model's own forward on one sequence: input ids, pixel values, grids and its token types
+    (from which the model computes its 3-D positions), log-softmax at the response positions."""
+    from PIL import Image
+
+    ids = torch.tensor([t.prompt_ids + t.response_ids])
+    pixels = processor.image_processor(images=[Image.open(io.BytesIO(i.png)) for i in t.images], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                       mm_token_type_ids=(ids == processor.image_token_id).int()).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)
+    p = len(t.prompt_ids)
+    return torch.tensor([lp[p + j - 1, tok].item() if m else 0.0
+                         for j, (tok, m) in enumerate(zip(t.response_ids, t.response_mask, strict=True))])
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_logprobs_match_the_models_forward(vlm, processor, trajectories, packed):
+    batches = [trajectories] if packed else [[t] for t in trajectories]
+    got = []
+    with torch.no_grad():
+        for batch in batches:
+            lp = response_logprobs(vlm, build_batch(batch, [0.0] * len(batch), processor=processor))
+            got += [lp[i, :len(t.response_ids)] for i, t in enumerate(batch)]
+    for t, lp in zip(trajectories, got, strict=True):
+        want = reference_logprobs(vlm, processor, t)
+        assert (lp - want).abs().max() <= 1e-3, (t.trajectory_id, (lp - want).abs().max())
+        assert (lp != 0).sum() == sum(t.response_mask)
+
+
+def test_image_tokens_are_never_trained(processor, trajectories):
+    pad = processor.image_token_id
+    batch = build_batch(trajectories, [0.0] * len(trajectories), processor=processor)
+    assert pad not in batch.targets.tolist()
+    assert int(batch.vision.image_grid_thw.prod(-1).sum()) // 4 == int((batch.input_ids == pad).sum())
+    bad = trajectories[0].model_copy(update={"response_mask": [1] * len(trajectories[0].response_ids)})
+    with pytest.raises(ValueError, match="trains an image token"):
+        build_batch([bad], [0.0], processor=processor)
+
+
+def test_images_are_processed_once_and_checked(processor, trajectories):
+    cache: dict = {}
+    build_batch(trajectories, [0.0] * len(trajectories), processor=processor, pixel_cache=cache)
+    assert len(cache) == len({i.png for t in trajectories for i in t.images}) == 6
+    wrong = trajectories[2].model_copy(update={"images": [trajectories[2].images[0].model_copy(
+        update={"grid_thw": (1, 2, 2)})]})
+    with pytest.raises(ValueError, match="patch grid"):
+        build_batch([wrong], [0.0], processor=processor)
+    with pytest.raises(ValueError, match="no processor"):
+        packing.vision.pixel_inputs([trajectories[0].images], None)
+
+
+def test_images_after_the_last_trained_token_are_left_out(vlm, processor, trajectories):
+    t = trajectories[0]
+    # Without the answer, the tool result (with its image) follows the last trained token.
+    cut = len(t.response_mask) - t.response_mask[::-1].index(0)
+    assert t.response_ids[:cut].count(processor.image_token_id) > 0
+    short = t.model_copy(update={"response_ids": t.response_ids[:cut], "response_mask": t.response_mask[:cut],
+                                 "logprobs": t.logprobs[:cut]})
+    batch = build_batch([short], [0.0], processor=processor)
+    assert batch.vision.per_sequence == [1]
+    with torch.no_grad():
+        lp = response_logprobs(vlm, batch)[0, :len(short.response_ids)]
+    want = reference_logprobs(vlm, processor, t)[:len(short.response_ids)]
+    assert (lp - want * torch.tensor(short.response_mask)).abs().max() <= 1e-3
+
+
+def test_prefix_sharing_falls_back_for_images(vlm, processor, trajectories, caplog, monkeypatch):
+    monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
+    with caplog.at_level(logging.WARNING, logger="toolrl.training.packing"):
+        shared = build_batch(trajectories, [0.0] * 4, processor=processor, share_prefixes=True)
+        build_batch(trajectories, [0.0] * 4, processor=processor, share_prefixes=True)
+    assert shared.attention is None and shared.tokens == shared.total_tokens
+    assert sum("without shared prefixes" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_micro_batches_count_image_tokens(processor, trajectories):
+    lengths = [input_length(t) for t in trajectories]
+    images = [(t.prompt_ids + t.response_ids).count(processor.image_token_id) for t in trajectories]
+    assert all(n >= i > 0 for n, i in zip(lengths, images, strict=True))
+    budget = max(lengths)
+    micro = plan(list(range(4)), lengths, 1, 8, budget)[0]
+    assert all(sum(lengths[i] for i in m) <= budget for m in micro) and len(micro) > 1
+
+
+def options(processor, **kw) -> StepOptions:
+    cfg = load_config(TINY)
+    return StepOptions(cfg.algorithm, cfg.optim.model_copy(update={"lr": 1e-3, **kw}), pad_id=0, temperature=1.0,
+                       max_response_tokens=128, processor=processor)
+
+
+def test_grpo_step_trains_language_and_vision(vlm, processor, trajectories):
+    opt = torch.optim.AdamW(vlm.parameters(), lr=1e-3)
+    before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
+    out = grpo_step(vlm, opt, trajectories, options(processor))
+    assert out["grad_norm"] > 0 and out["trained_tokens"] == sum(sum(t.response_mask) for t in trajectories)
+    moved = {n for n, p in vlm.named_parameters() if not torch.equal(p, before[n])}
+    assert any(".visual." in n for n in moved) and any(".language_model." in n for n in moved)
+
+
+def test_frozen_vision_tower(vlm_path, processor, trajectories):
+    from toolrl.roles.compose import build_policy
+
+    cfg = load_config(TINY, ["model.source=tiny-qwen2.5-vl", "model.freeze_vision=true"])
+    model = build_policy(cfg, vlm_path, "cpu")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert grpo_step(model, opt, trajectories, options(processor))["grad_norm"] > 0
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and not any(".visual." in n for n in moved)
+    with pytest.raises(ConfigError, match="no vision tower"):
+        build_policy(load_config(TINY, ["model.freeze_vision=true"]), models.tiny_qwen3(), "cpu")
+
+
+def test_lora_adapts_the_language_model_only(vlm_path, processor, trajectories):
+    from toolrl.roles.compose import build_policy
+    from toolrl.training import lora
+
+    cfg = load_config(TINY, ["model.source=tiny-qwen2.5-vl", "model.lora={r: 4, alpha: 8}"])
+    model = build_policy(cfg, vlm_path, "cpu")
+    layers = lora.lora_layers(model)
+    assert layers and all(".language_model." in n for n in layers)
+    opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=1e-2)
+    assert grpo_step(Policy(model), opt, trajectories, options(processor))["grad_norm"] > 0
+    merged = lora.engine_state_dict(model)
+    assert set(merged) == set(models.load_model(vlm_path).state_dict())
+
+
+def rank_config(out: Path, world_size: int, *extra: str) -> Config:
+    return load_config(TINY, [f"trainer.output_dir={out}", f"trainer.world_size={world_size}",
+                              "model.source=tiny-qwen2.5-vl", "optim.lr=1e-3", "optim.micro_batch_size=2",
+                              "rollout.max_response_tokens=128", "trainer.progress=false", *extra])
+
+
+@pytest.mark.slow  # two trainer set-ups and an export: ~40 s
+@pytest.mark.parametrize("frozen", [False, True])
+def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, frozen):
+    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.training.checkpoint import HF_FILES, export, save_model_files
+    from transformers import AutoModelForImageTextToText
+
+    cfg = rank_config(tmp_path / "run", 1, f"model.freeze_vision={str(frozen).lower()}")
+    rank = TrainerRank(cfg)
+    rank.setup()
+    assert rank.processor is not None
+    assert rank.step(trajectories)["grad_norm"] > 0
+    ckpt = tmp_path / "run" / "checkpoints"
+    rank.save(str(ckpt / "step_000001"))
+    (ckpt / "step_000001" / "meta.json").write_text(json.dumps({"step": 1}))
+    save_model_files(models.tiny_qwen2_5_vl(), ckpt / HF_FILES)
+    (tmp_path / "run" / "config.json").write_text(cfg.model_dump_json())
+    out = export(tmp_path / "run", tmp_path / "export")
+    loaded = AutoModelForImageTextToText.from_pretrained(str(out))
+    trained = rank.model.state_dict()
+    assert all(torch.equal(v, trained[k]) for k, v in loaded.state_dict().items())
+    again = models.load_processor(out)
+    assert again.image_processor.size == processor.image_processor.size
+    # The exported model gives the trained model's log-probs.
+    batch = build_batch(trajectories, [0.0] * 4, processor=again)
+    with torch.no_grad():
+        assert torch.equal(response_logprobs(loaded.eval(), batch), response_logprobs(rank.model.eval(), batch))
+    # Resume: a fresh rank that loads the checkpoint holds the same weights.
+    other = TrainerRank(cfg)
+    other.setup()
+    other.load(str(ckpt / "step_000001"))
+    assert all(torch.equal(v, trained[k]) for k, v in other.model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_two_ranks_train_like_one(processor, trajectories, tmp_path):
+    ray = pytest.importorskip("ray")
+    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.roles.trainer_rank import TrainerRank
+
+    one = TrainerRank(rank_config(tmp_path / "one", 1))
+    one.setup()
+    m1 = asyncio.run(LocalTrainer(one).step(trajectories, 1))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        import os
+
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}})
+        try:
+            group = RayTrainerGroup(rank_config(tmp_path / "two", 2, "ray.address=local"))
+
+            async def run() -> dict:
+                await group.start()
+                try:
+                    return await group.step(trajectories, 1)
+                finally:
+                    group.close()
+
+            m2 = asyncio.run(run())
+        finally:
+            ray.shutdown()
+    assert m1["grad_norm"] > 0
+    assert abs(m1["grad_norm"] - m2["grad_norm"]) <= 1e-3 * m1["grad_norm"], (m1["grad_norm"], m2["grad_norm"])
+    assert abs(m1["loss"] - m2["loss"]) <= 1e-4 * max(abs(m1["loss"]), 1e-3)
+
+
+async def engine_trajectory(engine, renderer, name: str, seeds: tuple[int, int], seed: int) -> Trajectory:
+    """A two-turn trajectory sampled by the transformers engine: a prompt with a figure, a sampled
+    turn, a tool result with a second image, a second sampled turn; the engine's own log-probs."""
+    from toolrl.engines import SamplingParams
+    from toolrl.rollout import TrajectoryImage
+
+    def img(s: int, size: tuple[int, int]) -> TrajectoryImage:
+        from vision_fixtures import png
+
+        data = png(image(*size, seed=s))
+        return TrajectoryImage(png=data, grid_thw=renderer.image_grid(data))
+
+    a, b = img(seeds[0], (100, 60)), img(seeds[1], (40, 70))
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find x."}]}]
+    first = renderer.prompt_ids(messages, [a.grid_thw])
+    [gen] = await engine.generate(first, sampling, session_id=name, images=[a])
+    tool = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "the crop"}]}
+    delta = renderer.tool_delta([tool], [b.grid_thw])
+    [gen2] = await engine.generate(first + gen.token_ids + delta, sampling, session_id=name, images=[a, b])
+    response = gen.token_ids + delta + gen2.token_ids
+    return Trajectory(trajectory_id=name, sample_index=0, group=0, prompt_ids=first, images=[a, b],
+                      response_ids=response, response_mask=[1] * len(gen.token_ids) + [0] * len(delta) +
+                      [1] * len(gen2.token_ids), logprobs=gen.logprobs + [0.0] * len(delta) + gen2.logprobs)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+async def test_trainer_logprobs_match_the_engines(vlm_path, processor, packed):
+    from toolrl.engines import ModelSource
+    from toolrl.engines.transformers import TransformersEngine
+    from toolrl.rollout.chat import ChatRenderer
+
+    model = models.load_model(vlm_path)
+    renderer = ChatRenderer(processor.tokenizer, chat_template=processor.chat_template, processor=processor)
+    engine = TransformersEngine.create(ModelSource(path=vlm_path, module=model, tokenizer=processor.tokenizer),
+                                       {"device": "cpu"})
+    try:
+        trajs = [await engine_trajectory(engine, renderer, f"t{i}", (2 * i, 2 * i + 1), i) for i in range(3)]
+    finally:
+        await engine.close()
+    batches = [trajs] if packed else [[t] for t in trajs]
+    with torch.no_grad():
+        for batch in batches:
+            lp = response_logprobs(model, build_batch(batch, [0.0] * len(batch), processor=processor))
+            for i, t in enumerate(batch):
+                mask = torch.tensor(t.response_mask, dtype=torch.float32)
+                got, want = lp[i, :len(t.response_ids)], torch.tensor(t.logprobs) * mask
+                assert int(mask.sum()) > len(t.response_ids) // 4
+                assert (got - want).abs().max() <= 1e-3, (t.trajectory_id, (got - want).abs().max())
+
+
+def test_critic_values_see_the_images(vlm, processor, trajectories):
+    import copy
+
+    from toolrl.training.critic import CriticOptions, ValueModel, batch_values
+
+    critic = ValueModel.from_causal_lm(copy.deepcopy(vlm))
+    torch.nn.init.normal_(critic.head.weight)  # the head starts at zero: every value would be 0
+    with pytest.raises(ValueError, match="no processor"):
+        batch_values(critic, trajectories, CriticOptions())
+    options = CriticOptions(processor=processor)
+    values = batch_values(critic, trajectories, options)
+    assert torch.isfinite(values).all() and values.abs().sum() > 0
+    # Another figure of the same size changes the values after it.
+    from vision_fixtures import png
+
+    other = trajectories[2].images[0].model_copy(update={"png": png(image(60, 90, 9))})
+    changed = trajectories[2].model_copy(update={"images": [other]})
+    again = batch_values(critic, [changed], options)[0]
+    assert not torch.allclose(again, values[2, :again.shape[0]])
