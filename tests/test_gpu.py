@@ -1,7 +1,7 @@
 """The GPU path, on a CUDA machine (skipped where there is none: CI has no GPU): `toolrl train` on the
 device in float32 and in bfloat16, with resume; FSDP2 with the GPU mixed-precision policy (bf16 compute,
 fp32 parameters and gradient reduction) over an NCCL process group; a sharded checkpoint written and read
-back on the device."""
+back on the device; the tiny vision-language model's packed forward with images and a bf16 GRPO step."""
 
 from __future__ import annotations
 
@@ -138,3 +138,34 @@ def test_fsdp2_over_nccl_computes_in_bf16_and_matches_fp32(tiny_qwen3_path, tmp_
     assert got["checkpoint_round_trip"]
     assert got["loss"] == pytest.approx(reference["loss"], rel=3e-2, abs=1e-3)
     assert got["grad_norm"] == pytest.approx(reference["grad_norm"], rel=3e-2)
+
+
+def test_a_vision_language_model_on_the_gpu():
+    from test_vision_training import reference_logprobs
+    from toolrl import models
+    from toolrl.training.grpo import StepOptions, grpo_step, response_logprobs
+    from toolrl.training.packing import build_batch
+    from vision_fixtures import image, vision_trajectory
+
+    path = models.tiny_qwen2_5_vl()
+    processor = models.load_processor(path)
+    figure = image(100, 60)
+    trajs = [vision_trajectory(processor, "a", figure, image(40, 40, 1), "x = 4", group=0, reward=1.0),
+             vision_trajectory(processor, "b", figure, image(30, 50, 3), "x is 12", group=0, reward=0.0)]
+    model = models.load_model(path, device="cuda")
+    with torch.no_grad():
+        packed = response_logprobs(model, build_batch(trajs, [0.0, 0.0], "cuda", processor=processor)).cpu()
+    worst = max(float((packed[i, :len(t.response_ids)] - reference_logprobs(model, processor, t)).abs().max())
+                for i, t in enumerate(trajs))
+    print(f"vision fp32 packed vs the model's forward: {worst:.2e}")
+    assert worst <= 1e-3
+
+    model = models.load_model(path, dtype="bfloat16", device="cuda")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    options = StepOptions(_options().algo, _options().optim, pad_id=0, temperature=1.0, max_response_tokens=128,
+                          processor=processor)
+    out = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), trajs, options)
+    print(f"vision bf16 step: loss {out['loss']:.4f} grad_norm {out['grad_norm']:.4f}")
+    assert math.isfinite(out["loss"]) and out["grad_norm"] > 0
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert any(".visual." in n for n in moved) and any(".language_model." in n for n in moved)

@@ -59,10 +59,11 @@ def reference_logprobs(model, processor, t) -> torch.Tensor:
     (from which the model computes its 3-D positions), log-softmax at the response positions."""
     from PIL import Image
 
-    ids = torch.tensor([t.prompt_ids + t.response_ids])
+    ids = torch.tensor([t.prompt_ids + t.response_ids], device=model.device)
     pixels = processor.image_processor(images=[Image.open(io.BytesIO(i.png)) for i in t.images], return_tensors="pt")
     with torch.no_grad():
-        logits = model(input_ids=ids, pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+        logits = model(input_ids=ids, pixel_values=pixels["pixel_values"].to(model.device, model.dtype),
+                       image_grid_thw=pixels["image_grid_thw"].to(model.device),
                        mm_token_type_ids=(ids == processor.image_token_id).int()).logits[0]
     lp = torch.log_softmax(logits.float(), -1)
     p = len(t.prompt_ids)
