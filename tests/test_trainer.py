@@ -25,7 +25,7 @@ def test_train_two_steps_then_resume_adds_exactly_one(tmp_path):
     metrics = lines(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for key in ("reward_mean", "reward_std", "tool_call_count", "tool_success_count", "tool_latency_s",
-                "response_length", "loss", "grad_norm", "lp_mismatch", "tokens_per_s"):
+                "response_length", "loss", "grad_norm", "lp_mismatch", "tokens_per_s", "prefill_tokens_saved"):
         assert key in metrics[0], key
     assert metrics[0]["lp_mismatch"] < 1e-3  # engine and trainer agree (fp32, same weights)
     traces = lines(out / "rollouts" / "step_00001.jsonl")

@@ -316,6 +316,8 @@ async def test_session_kv_reuse_is_exact(tiny_qwen3_path, model, qwen3_tokenizer
     assert_close(a2.logprobs, logprob_reference(model, p2, a2.token_ids))
     kept = len(prompts[1]) - 3 if diverge else len(prompts[1]) + len(a1.token_ids) - 1
     assert reuse.stats.reused_tokens == kept and fresh.stats.reused_tokens == 0
+    # Each generation says what its request did not prefill: the second turn, the kept KV.
+    assert (a1.prefill_tokens_saved, a2.prefill_tokens_saved, b2.prefill_tokens_saved) == (0, kept, 0)
     assert reuse.stats.prefilled_tokens == len(prompts[1]) + len(p2) - kept
     await reuse.close()
     await fresh.close()
@@ -442,3 +444,6 @@ async def test_a_groups_shared_prompt_is_prefilled_once(tiny_qwen3_path, model, 
     assert stats.prefilled_tokens == len(prompts[5]) + len(prompts[1])
     assert stats.prefill_tokens_saved == 3 * len(prompts[5])
     assert plain.prefilled_tokens == 4 * len(prompts[5]) + len(prompts[1]) and plain.prefill_tokens_saved == 0
+    # Per generation: three of the group read the first one's prefill.
+    assert sorted(g.prefill_tokens_saved for g in shared) == [0, 0, *[len(prompts[5])] * 3]
+    assert [g.prefill_tokens_saved for g in unshared] == [0] * 5

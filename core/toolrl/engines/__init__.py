@@ -40,6 +40,9 @@ class Generation:
     stop: int | str | None = None
     # The engine's weight version (trainer steps applied to its weights) when the first token was sampled.
     weight_version: int = 0
+    # Prompt tokens the engine did not prefill for this request (KV it kept from the trajectory's last
+    # turn, a prompt prefilled once for a group, a prefix cache); on the request's first sample only.
+    prefill_tokens_saved: int = 0
 
 
 @dataclass

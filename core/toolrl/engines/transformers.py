@@ -155,6 +155,7 @@ class _Request:
     remaining: int = 0
     weight_version: int = 0  # the engine's when the first token was sampled
     images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.rollout.TrajectoryImage)
+    prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
 
 
 @dataclass
@@ -448,8 +449,10 @@ class TransformersEngine(RolloutEngine):
         reused = [self._take_session(req) for req in admitted]
         source, unique = self._prompt_sources(admitted, reused)
         group, logits = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
-        self.stats.prefill_tokens_saved += sum(len(req.prompt) for i, req in enumerate(admitted)
-                                               if unique[source[i]] != i)
+        for i, req in enumerate(admitted):
+            shared = unique[source[i]] != i
+            req.prefill_tokens_saved = len(req.prompt) if shared else len(reused[i].tokens) if reused[i] else 0
+            self.stats.prefill_tokens_saved += len(req.prompt) if shared else 0
         # One row per sample: each sample reads its prompt's prefilled row.
         expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
         group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
@@ -560,7 +563,8 @@ class TransformersEngine(RolloutEngine):
                 keep.append(i)
                 continue
             row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
-                                                    row.req.weight_version)
+                                                    row.req.weight_version,
+                                                    row.req.prefill_tokens_saved if row.index == 0 else 0)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)

@@ -249,6 +249,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         # Tools that held the event loop (every trajectory stalls meanwhile) and lifecycle failures.
         "tool_loop_blocked_s": sum(t.loop_blocked_s for t in trajs),
         "tool_lifecycle_errors": sum(len(t.tool_errors) for t in trajs),
+        # Prompt tokens the engines did not prefill: kept KV, a group's prompt prefilled once, prefix caches.
+        "prefill_tokens_saved": sum(t.prefill_tokens_saved for t in trajs),
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
     }

@@ -93,6 +93,8 @@ class Trajectory(BaseModel):
     # The engine's weight version for each generation call (trainer steps applied to the weights
     # that sampled its first token); more than one value: the weights changed mid-trajectory.
     policy_versions: list[int] = Field(default_factory=list)
+    # Prompt tokens the engine did not prefill for this piece's generations (Generation.prefill_tokens_saved).
+    prefill_tokens_saved: int = 0
     # Template history checks (one per round of tool results), rewrites found, and forks made; whole
     # trajectory counts, kept on its last piece.
     template_checks: int = 0
@@ -287,10 +289,11 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
         sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
-        termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions))
+        termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions,
+        prefill_tokens_saved=traj.prefill_tokens_saved))
     traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
-    traj.policy_versions = []
+    traj.policy_versions, traj.prefill_tokens_saved = [], 0
 
 
 async def user_turn(ep: _Episode) -> Termination | None:
@@ -329,6 +332,7 @@ async def generate(ep: _Episode, budget: int) -> Generation:
                                     session_id=traj.key, **images))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
+    traj.prefill_tokens_saved += gen.prefill_tokens_saved
     _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))

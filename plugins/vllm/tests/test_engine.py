@@ -122,6 +122,7 @@ async def test_prefix_cache_serves_the_next_turn(engine, hf_model, tokenizer, to
     (turn2,) = await engine.generate(prompt2, params, session_id="traj-1")
     engine.end_session("traj-1")
     assert engine.stats.cached_prompt_tokens - before >= 128 * (len(tool_prompt) // 128)
+    assert turn2.prefill_tokens_saved == engine.stats.cached_prompt_tokens - before  # what the rollout counts
     want, _ = reference_logprobs(hf_model, prompt2, turn2.token_ids)
     assert_close(turn2.logprobs, want)
 

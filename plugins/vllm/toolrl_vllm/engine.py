@@ -202,6 +202,8 @@ class VLLMEngine(RolloutEngine):
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
         gens = [_generation(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
+        if gens:  # vLLM's prefix-cache hits: the prompt tokens it did not prefill
+            gens[0].prefill_tokens_saved = final.num_cached_tokens or 0
         self.stats.generated_tokens += sum(len(g.token_ids) for g in gens)
         return gens
 
