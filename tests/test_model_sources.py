@@ -107,8 +107,9 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
     assert resolve_source(ModelConfig(source="models/mine"), tmp_path) == str(tmp_path / "models" / "mine")
     assert resolve_source(ModelConfig(source=tiny_qwen3_path), "/nonexistent") == tiny_qwen3_path
     assert resolve_source(ModelConfig(source="tiny-qwen3")) == tiny_qwen3()
-    with pytest.raises(ConfigError, match=r"model.source: './nope' is not tiny-qwen3 or smollm2-135m-instruct, "
-                                          r"not a directory \(no .*nope\) and not a Hub id org/name"):
+    with pytest.raises(ConfigError, match=r"model.source: './nope' is not a built-in model \(tiny-qwen3, "
+                                          r"tiny-qwen2.5-vl, smollm2-135m-instruct\), not a directory \(no .*nope\) "
+                                          r"and not a Hub id org/name"):
         resolve_source(ModelConfig(source="./nope"), tmp_path)
 
 

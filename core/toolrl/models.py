@@ -500,8 +500,8 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     if path.is_dir():
         return str(path)
     if not _HUB_ID.fullmatch(source):
-        raise ConfigError(f"model.source: {source!r} is not {' or '.join(BUILTIN_SOURCES)}, not a directory "
-                          f"(no {path}) and not a Hub id org/name")
+        raise ConfigError(f"model.source: {source!r} is not a built-in model ({', '.join(BUILTIN_SOURCES)}), "
+                          f"not a directory (no {path}) and not a Hub id org/name")
     return _from_hub(model, base_dir, f"no directory {path}")
 
 
