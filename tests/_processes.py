@@ -1,9 +1,18 @@
 """Killing a training run mid-way, as a crash would: the one way the resume tests do it."""
 
+import json
+import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from _dists import EVEN_TOKENS, make_dist, run_toolrl
+
+# Measured, not computed: they differ from run to run (as in test_trainer's resume test).
+TIMING = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb", "weight_sync_peak_mb"}
 
 
 def kill_after_checkpoint(args: list[str], env: dict[str, str], checkpoint: Path, timeout: float = 300) -> None:
@@ -20,3 +29,33 @@ def kill_after_checkpoint(args: list[str], env: dict[str, str], checkpoint: Path
     finally:
         proc.kill()
         proc.wait()
+
+
+def computed(rows: list[dict]) -> list[dict]:
+    """Metrics rows without the measured figures."""
+    return [{k: v for k, v in r.items() if not k.endswith("_s") and k not in TIMING} for r in rows]
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def straight_and_resumed(args: Callable[[Path], list[str]], tmp_path: Path, steps: int) -> tuple[list[dict], list[dict]]:
+    """The computed metrics of ``toolrl <args(out)>`` left alone, and of the same run SIGKILLed after
+    checkpoint 2 and resumed with ``--resume``. The runs see the ``even_tokens`` reward plugin: a random
+    model's task rewards are all 0, and a reward that differs between samples gives every step a gradient."""
+    (tmp_path / "plugin").mkdir()
+    make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"), os.environ.get("PYTHONPATH")]))}
+    straight = run_toolrl(*args(tmp_path / "straight"), env=env, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    out = tmp_path / "killed"
+    kill_after_checkpoint([sys.executable, "-m", "toolrl", *args(out)], env, out / "checkpoints" / "step_000002")
+    assert len(metrics(out)) < steps  # it died mid-run
+    resumed = run_toolrl(*args(out), "--resume", env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    want = computed(metrics(tmp_path / "straight"))
+    assert [r["step"] for r in want] == list(range(1, steps + 1))
+    assert all(r["reward_std"] > 0 and r["grad_norm"] > 0 for r in want)  # every step had a gradient
+    return want, computed(metrics(out))
