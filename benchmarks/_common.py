@@ -7,9 +7,11 @@ OpenMP runtime starts, because multithreaded OpenMP stalls unpredictably on the 
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -56,3 +58,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
     return str(value)
+
+
+def run_child(script: str, args: Sequence[str], label: str) -> dict[str, Any]:
+    """``script`` (a benchmark, in its ``--child`` mode) run in a fresh single-threaded process, so its
+    peak memory and timings are its own; the JSON object on its last line of output."""
+    res = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if res.returncode != 0:
+        raise SystemExit(f"{label} failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])

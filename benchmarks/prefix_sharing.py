@@ -30,12 +30,10 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
-import sys
 import time
 from typing import Any
 
-from _common import machine, single_thread, table
+from _common import machine, run_child, single_thread, table
 
 single_thread()
 
@@ -156,12 +154,10 @@ def engine_child(share: bool, args: argparse.Namespace) -> None:
                       "saved": stats.prefill_tokens_saved}))
 
 
-def run_child(workload: str, share: bool, args: argparse.Namespace) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
-           "--prompt", str(args.prompt), "--repeats", str(args.repeats), "--device", args.device,
-           "--shape", args.shape]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def run_workload(workload: str, share: bool, args: argparse.Namespace) -> dict[str, Any]:
+    return run_child(__file__, ["--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
+                                "--prompt", str(args.prompt), "--repeats", str(args.repeats), "--device", args.device,
+                                "--shape", args.shape], f"{workload} share={share}")
 
 
 def main() -> None:
@@ -187,7 +183,7 @@ def main() -> None:
     print(f"device {args.device}, model shape {args.shape}")
     rows, ratios, cpu = [], {}, {}
     for workload in ("group", "tau2"):
-        res = {share: run_child(workload, share, args) for share in (False, True)}
+        res = {share: run_workload(workload, share, args) for share in (False, True)}
         for share in (False, True):
             r = res[share]
             rows.append([workload, "shared" if share else "unshared", r["step_s"], r["cpu_s"], r["step_mb"],
@@ -195,7 +191,7 @@ def main() -> None:
         ratios[workload] = res[True]["step_s"] / res[False]["step_s"]
         cpu[workload] = res[True]["cpu_s"] / res[False]["cpu_s"]
     print(table(["workload", "packing", "step s", "cpu s", "step MB", "computed", "total", "prefix_share"], rows))
-    engine = {share: run_child("engine", share, args) for share in (False, True)}
+    engine = {share: run_workload("engine", share, args) for share in (False, True)}
     print(f"engine group of {GROUP}, {args.prompt}-token prompt, first token each: "
           f"{engine[False]['group_s']:.3f} s unshared, {engine[True]['group_s']:.3f} s shared "
           f"({engine[True]['saved']} prompt tokens not prefilled)")

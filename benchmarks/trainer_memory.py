@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import resource
-import subprocess
-import sys
 import time
 from types import SimpleNamespace
 from typing import Any
 
-from _common import machine, single_thread, table
+from _common import machine, run_child, single_thread, table
 
 single_thread()
 
@@ -133,13 +130,9 @@ def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
                       "tokens": tokens, **extra}))
 
 
-def run_child(variant: str, lengths: list[int], micro: int, chunk: int) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", variant, "--lengths", ",".join(map(str, lengths)),
-           "--micro", str(micro), "--chunk", str(chunk)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if res.returncode != 0:
-        raise SystemExit(f"{variant} {lengths} failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def run_variant(variant: str, lengths: list[int], micro: int, chunk: int) -> dict[str, Any]:
+    return run_child(__file__, ["--child", variant, "--lengths", ",".join(map(str, lengths)), "--micro", str(micro),
+                                "--chunk", str(chunk)], f"{variant} {lengths}")
 
 
 def main() -> None:
@@ -168,7 +161,7 @@ def main() -> None:
           f"ragged response lengths in order {ragged}")
     rows, ratios = [], {}
     for name, lengths, micro in cases:
-        got = {v: run_child(v, lengths, micro, chunk) for v in ("new", "full")}
+        got = {v: run_variant(v, lengths, micro, chunk) for v in ("new", "full")}
         for v in ("full", "new"):
             r = got[v]
             rows.append([name, "toolrl" if v == "new" else "anchor (padded, full logits)", micro, r["padding"],

@@ -19,15 +19,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import random
 import resource
-import subprocess
-import sys
 import time
 from typing import Any
 
-from _common import machine, single_thread, table
+from _common import machine, run_child, single_thread, table
 
 single_thread()
 
@@ -122,12 +119,8 @@ def child(variant: str, response: int) -> None:
                       "image_tokens": images}))
 
 
-def run_child(variant: str, response: int) -> dict[str, float]:
-    cmd = [sys.executable, __file__, "--child", variant, "--response", str(response)]
-    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if res.returncode != 0:
-        raise SystemExit(f"{variant} failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def run_variant(variant: str, response: int) -> dict[str, Any]:
+    return run_child(__file__, ["--child", variant, "--response", str(response)], variant)
 
 
 def main() -> None:
@@ -139,7 +132,7 @@ def main() -> None:
         child(args.child, args.response)
         return
     print(machine())
-    got = {v: run_child(v, args.response) for v in ("new", "full")}
+    got = {v: run_variant(v, args.response) for v in ("new", "full")}
     rows = [[v, got[v]["tokens"], got[v]["image_tokens"], got[v]["peak_mb"], got[v]["peak_mb"] - got[v]["before_mb"],
              got[v]["step_s"]] for v in ("full", "new")]
     print(f"tiny Qwen2.5-VL (hidden 64, vocab 151936), fp32, 2 sequences × {args.response} trained tokens, "
