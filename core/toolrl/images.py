@@ -14,6 +14,7 @@ import binascii
 import io
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +143,18 @@ def part_image(part: dict[str, Any]) -> Any:
         if value is not None:
             return value.get("url") if isinstance(value, dict) and "url" in value else value
     return None
+
+
+def images_held(images: Sequence[Any], ids: Sequence[int], image_token_id: int, merge: int) -> int:
+    """How many of ``images`` (in token order, each with its ``grid_thw``) have their placeholder runs in
+    ``ids``, a prefix of the tokens that hold them: an image's run is ``t*h*w / merge**2`` tokens. A
+    prefix that ends inside a run is an error."""
+    tokens = list(ids).count(image_token_id)
+    for held, image in enumerate(images):
+        run = math.prod(image.grid_thw) // merge**2
+        if tokens < run:
+            if tokens:
+                raise ValueError("the tokens end inside an image's placeholder run")
+            return held
+        tokens -= run
+    return len(images)

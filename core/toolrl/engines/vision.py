@@ -8,7 +8,6 @@ largest position before it, so a row's text positions are its token index plus a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,17 +36,9 @@ class VisionInputs:
 
     def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
         """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
-        before = list(ids[:start]).count(self.image_token_id)
-        kept = []
-        for image in images:
-            run = math.prod(image.grid_thw) // self.merge**2
-            if before >= run:
-                before -= run
-                continue
-            if before:
-                raise ValueError("a prompt's reused prefix ends inside an image's tokens")
-            kept.append(image)
-        return kept
+        from toolrl.images import images_held
+
+        return list(images[images_held(images, ids[:start], self.image_token_id, self.merge):])
 
     def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""

@@ -444,14 +444,9 @@ def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Se
     """The first of ``images`` whose runs the token list ``ids`` (a prefix of a trajectory) holds."""
     if renderer.image_token_id is None:
         return []
-    tokens, kept = ids.count(renderer.image_token_id), []
-    for image in images:
-        run = math.prod(image.grid_thw) // renderer.merge**2
-        if run > tokens:
-            break
-        kept.append(image)
-        tokens -= run
-    return kept
+    from toolrl.images import images_held
+
+    return list(images[:images_held(images, ids, renderer.image_token_id, renderer.merge)])
 
 
 def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:

@@ -20,7 +20,6 @@ covers one.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,10 +71,9 @@ def check_untrained(t: Trajectory, image_id: int) -> None:
 
 def _pixels(image: TrajectoryImage, processor: Any, cache: PixelCache) -> tuple[torch.Tensor, torch.Tensor]:
     if image.png not in cache:
-        from PIL import Image
+        from toolrl.images import from_png
 
-        with Image.open(io.BytesIO(image.png)) as img:
-            out = processor.image_processor(images=[img.convert("RGB")], return_tensors="pt")
+        out = processor.image_processor(images=[from_png(image.png)], return_tensors="pt")
         grid = out["image_grid_thw"][0]
         if tuple(grid.tolist()) != tuple(image.grid_thw):
             raise ValueError(f"the trainer's processor gives an image the patch grid {tuple(grid.tolist())}, "
