@@ -83,6 +83,23 @@ def test_generator_and_file_splits_and_prompt_decoration(tmp_path):
         env.load("dev")
 
 
+def test_an_environment_without_images_gives_their_text(tmp_path):
+    from PIL import Image
+
+    png = tmp_path / "figure.png"
+    Image.new("RGB", (8, 8), "white").save(png)
+    row = {"prompt": [{"role": "user", "content": [{"type": "text", "text": "Find x in "},
+                                                   {"type": "image", "image": str(png)}, {"type": "text", "text": "."}]},
+                      {"role": "user", "content": "and <image>?"}],
+           "images": [str(png)], "reward_model": {"ground_truth": "1"}}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    split = {"train": FileSplit(files=["rows.jsonl"])}
+    [seen] = Environment(name="vision", splits=split).load("train", None, tmp_path)
+    assert len(seen.images) == 2 and seen.prompt[0].content[1] == {"type": "image"}
+    [text] = Environment(name="text", splits=split, images=False).load("train", None, tmp_path)
+    assert text.images == [] and [m.content for m in text.prompt] == ["Find x in <image>.", "and <image>?"]
+
+
 def test_options_are_validated_and_configure_adapts_the_environment():
     from pydantic import BaseModel
 

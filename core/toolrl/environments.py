@@ -80,6 +80,8 @@ class Environment(BaseModel):
     parser_options: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(None, gt=0)
     metric: str | None = Field(None, description="the reward term that decides success (toolrl eval)")
+    images: bool = Field(True, description="a vision-language policy sees the samples' images; false: every "
+                         "policy reads their text, each image as <image>")
     options: type[BaseModel] | None = None
     configure: Callable[[Any], dict[str, Any]] | None = None
 
@@ -162,6 +164,8 @@ class Environment(BaseModel):
             s.env = self.name
             if s.index is None:
                 s.index = i
+            if not self.images:
+                text_only(s)
         return samples
 
     def _load_hub(self, source: HubSplit, options: Any, split: str, where: str) -> list[Sample]:
@@ -194,9 +198,21 @@ class Environment(BaseModel):
                        for n, s in self.splits.items()},
             "tools": [str(t.get("class_name", "?")) for t in self.tools],
             "rewards": {r.name: r.weight for r in self.rewards},
-            "parser": self.parser, "max_turns": self.max_turns, "metric": self.metric,
+            "parser": self.parser, "max_turns": self.max_turns, "metric": self.metric, "images": self.images,
             "options": self.options.model_json_schema() if self.options is not None else None,
         }
+
+
+def text_only(sample: Sample) -> None:
+    """Drop ``sample``'s images: each image part of its prompt becomes ``<image>`` in its text, as verl's
+    rows write it and a text model reads it."""
+    from toolrl.images import IMAGE_PLACEHOLDER, is_image_part
+
+    sample.images = []
+    for message in sample.prompt:
+        if isinstance(message.content, list):
+            message.content = "".join(IMAGE_PLACEHOLDER if is_image_part(p) else str(p.get("text", ""))
+                                      for p in message.content)
 
 
 def decorate(sample: Sample, system_prompt: str | None, prefix: list[dict[str, Any]],

@@ -120,3 +120,32 @@ def test_train_on_the_tiny_vlm_with_figures(verl_parquet: Path, tmp_path: Path) 
     traces = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4 and all(len(t["images"]) == 1 for t in traces)
     assert all("<|vision_start|><|image_pad|>" in t["prompt_text"] for t in traces)
+
+
+def test_images_false_gives_a_vlm_the_text_only(verl_parquet: Path, tmp_path: Path) -> None:
+    """``env_options.images: false``: the tiny VLM reads the problem as a text model does (``<image>`` as
+    text, no image tokens, no images in the trajectory); with ``crop_tool`` it is a one-line config error."""
+    config = {
+        "model": {"source": "tiny-qwen2.5-vl"},
+        "env": "geo3k", "env_options": {"train_files": [str(verl_parquet)], "images": False},
+        "data": {"batch_size": 1},
+        "engine": {"name": "scripted", "options": {"script": ["x = \\boxed{16.5}"]}},
+        "rollout": {"n": 1, "max_turns": 5, "max_response_tokens": 256},
+        "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "out"), "progress": False},
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTED), os.environ.get("PYTHONPATH", "")])}
+
+    def rollout(cfg: dict) -> subprocess.CompletedProcess:
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return subprocess.run([sys.executable, "-m", "toolrl", "rollout", str(tmp_path / "config.yaml")],
+                              capture_output=True, text=True, env=env, timeout=600)
+
+    done = rollout(config)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [trace] = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
+    assert not trace.get("images") and "<image>" in trace["prompt_text"]
+    assert "<|vision_start|>" not in trace["prompt_text"] and trace["reward"] > 0
+    config["env_options"]["crop_tool"] = True
+    bad = rollout(config)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "crop_tool: crop_image shows parts of the figures, which images: false leaves out" in bad.stderr

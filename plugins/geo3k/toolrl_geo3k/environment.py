@@ -7,7 +7,8 @@ Data comes from preprocessed verl-format parquet (``toolrl geo3k preprocess``; o
 cache with ``HF_DATASETS_OFFLINE=1``, or a local dataset directory as ``hub_id``).
 
 Each problem's figure stays with its sample (``Sample.images``): a vision-language policy (a model
-with a processor) sees it where the prompt says ``<image>``; a text model reads the prompt's text.
+with a processor) sees it where the prompt says ``<image>``; a text model reads the prompt's text, and so
+does a vision-language one with ``images: false``.
 ``crop_tool: true`` adds ``crop_image``, which shows the model a zoomed region of the figure.
 """
 
@@ -33,6 +34,8 @@ class Geo3kOptions(BaseModel):
     hub_config: str | None = None
     revision: str | None = None
     crop_tool: bool = Field(False, description="add crop_image: zoom into the figure by a box (for a VLM policy)")
+    images: bool = Field(True, description="give the figures to a vision-language policy; false: it reads the "
+                         "problem's text only, as a text model does")
 
 
 def record_row(record: dict[str, Any], options: Geo3kOptions, split: str) -> dict[str, Any]:
@@ -46,8 +49,10 @@ def configure(options: Geo3kOptions) -> dict[str, Any]:
         files = getattr(options, f"{split}_files")
         splits[split] = FileSplit(files=files) if files else HubSplit(
             path=options.hub_id, name=options.hub_config, split=split, revision=options.revision)
+    if options.crop_tool and not options.images:
+        raise ValueError("crop_tool: crop_image shows parts of the figures, which images: false leaves out")
     tools = [*GEO3K_TOOLS, *([CROP_TOOL] if options.crop_tool else [])]
-    return {"splits": splits, "tools": tools}
+    return {"splits": splits, "tools": tools, "images": options.images}
 
 
 GEO3K_TOOLS = [{"class_name": TOOL_NAME, "config": {"type": "native"}}]
