@@ -431,6 +431,43 @@ def test_prompt_tokens_are_counted_only_for_prompts_that_may_not_fit(qwen3_token
                             "data")
 
 
+def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
+    """A vision-language model's prompt holds each image as its run of image tokens: a prompt whose text
+    fits but whose figures do not is refused before the model loads."""
+    import shutil
+
+    from PIL import Image
+    from toolrl import models
+    from toolrl.data import check_prompt_tokens, image_token_bound
+    from toolrl.images import ImageLimits, to_png
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.schemas import Sample
+
+    model = tmp_path / "vlm"
+    shutil.copytree(models.tiny_qwen2_5_vl(), model)
+    config = json.loads((model / "config.json").read_text())
+    processor, tokenizer = models.load_processor(model), models.load_tokenizer(model)
+    figure = to_png(Image.new("RGB", (112, 112), "white"))
+    sample = Sample(prompt=[{"role": "user", "content": "Find x. <image>"}], images=[figure])
+    renderer = ChatRenderer(tokenizer, processor=processor)
+    grid = renderer.image_grid(figure)
+    run = grid[0] * grid[1] * grid[2] // 4
+    assert run > 1 and run <= image_token_bound(processor, ImageLimits())
+    tokens = len(renderer.prompt_ids(renderer.with_image_parts([m.to_template() for m in sample.prompt], "<image>"),
+                                     [grid]))
+
+    def context(n: int) -> None:
+        config["text_config"]["max_position_embeddings"] = n
+        (model / "config.json").write_text(json.dumps(config))
+
+    context(tokens + 1)
+    check_prompt_tokens([sample], tokenizer, model, "data")
+    context(tokens)  # the text alone would still fit: the image's run is what does not
+    with pytest.raises(ConfigError, match=rf"^data sample 1: prompt: {tokens} tokens with the chat template, 1 image "
+                                          rf"included; the model's context is {tokens} "):
+        check_prompt_tokens([sample], tokenizer, model, "data")
+
+
 def test_renamed_keys_are_a_table_and_each_names_its_replacement(tmp_path):
     from toolrl.config import MOVED_KEYS
 

@@ -172,7 +172,7 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
 
     path = run.model_dir
     tokenizer = models.load_tokenizer(path)
-    check_prompt_tokens(run.prompts or [], tokenizer, path, "the prompts")  # before any actor starts
+    check_prompt_tokens(run.prompts or [], tokenizer, path, "the prompts", config.rollout.images)  # before any actor starts
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker

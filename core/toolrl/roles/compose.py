@@ -444,7 +444,7 @@ async def compose_local(config: Config, parts: Parts | None = None, samples: Seq
     path = path if path is not None else model_path(config)
     seed_everything(config.trainer.seed)
     tokenizer = models.load_tokenizer(path)
-    check_prompt_tokens(samples, tokenizer, path, "the prompts")
+    check_prompt_tokens(samples, tokenizer, path, "the prompts", config.rollout.images)
     built: list[Any] = []
 
     def trained_model() -> Any:

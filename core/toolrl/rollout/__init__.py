@@ -164,11 +164,7 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         route = ctx.route_for(sample)
         renderer = ctx.renderer(route)
         toolset = ToolSet(route.tools, tools_kwargs(route, sample), trajectory_id)
-        messages = [m.to_template() for m in sample.prompt]
-        images: list[TrajectoryImage] = []
-        if sample.images and renderer.processor is not None:  # a text model reads the prompt's text only
-            messages = renderer.with_image_parts(messages, IMAGE_PLACEHOLDER)
-            images = [image_for(renderer, png, ctx.config.images) for png in sample.images]
+        messages, images = prompt_of(renderer, sample, ctx.config.images)
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
                           images=images, ground_truth=sample.ground_truth)
@@ -431,6 +427,18 @@ def tool_images(ep: _Episode, results: Sequence[ToolResult]) -> list[list[Trajec
         held += len(images)
         shown.append(images)
     return shown
+
+
+def prompt_of(renderer: ChatRenderer, sample: Sample,
+              limits: ImageLimits) -> tuple[list[dict[str, Any]], list[TrajectoryImage]]:
+    """``sample``'s prompt messages as the renderer renders them, and the images they show: with a
+    processor, each ``<image>`` an image part and each image within ``limits``; a text model reads the
+    prompt's text only."""
+    messages = [m.to_template() for m in sample.prompt]
+    if not sample.images or renderer.processor is None:
+        return messages, []
+    images = [image_for(renderer, png, limits) for png in sample.images]
+    return renderer.with_image_parts(messages, IMAGE_PLACEHOLDER), images
 
 
 def image_for(renderer: ChatRenderer, value: Any, limits: ImageLimits) -> TrajectoryImage:
