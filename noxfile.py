@@ -29,8 +29,10 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
-PYTEST = ("pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
+# Through the venv's python: pytest itself may live in the linked training base (install_core).
+PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
+TRAIN_BASE = ROOT / ".nox" / "train-base.pth"  # train_base writes the path of its site-packages here
 # Plugins whose pins exclude another plugin's requirements (verifiers==0.4.0 pins mcp==2.0.0; openenv 0.10.0
 # needs fastmcp 3, which pins mcp<2; the mcp plugin needs mcp>=2.3): tested in their own session only, never
 # installed beside every other plugin.
@@ -42,7 +44,7 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.parallel = 2
 nox.options.allow_parallel = True
 # The longest session first, so that the other lane works through the plugins beside it.
-nox.options.sessions = ["wheels", "tests", "plugin", "plugins_vs_core", "lint", "dist"]
+nox.options.sessions = ["wheels", "train_base", "tests", "plugin", "plugins_vs_core", "lint", "dist"]
 
 
 def wheel(project: Path, extras: str = "") -> str:
@@ -55,9 +57,18 @@ def wheel(project: Path, extras: str = "") -> str:
 
 
 def install_core(session: nox.Session, extras: str = "dev") -> None:
+    """The core from its wheel with ``extras``; with ``train``, its training dependencies are linked from
+    train_base's venv rather than installed again (pip sees them as installed and adds only what is missing
+    or pinned otherwise, into this venv, in front of them)."""
     if "train" in extras:
+        (Path(site_packages(session)) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
         session.install(TORCH)  # first, so nothing else resolves torch from the index
     session.install(*CONSTRAINTS, wheel(ROOT, extras))
+
+
+def site_packages(session: nox.Session) -> str:
+    out = session.run("python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True)
+    return str(out).strip()
 
 
 @nox.session
@@ -69,13 +80,25 @@ def wheels(session: nox.Session) -> None:
                 str(ROOT), *[str(p) for p in PLUGIN_DIRS])
 
 
+@nox.session(requires=["wheels"])
+def train_base(session: nox.Session) -> None:
+    """The core's training dependencies (torch, transformers, ...: ``toolrl[train,dev]`` less toolrl) in one
+    venv, installed once: each session that trains links them (install_core) instead of installing its own
+    copy, which is most of a cold run's install time. Each still installs the core and its plugins from
+    their wheels into its own venv."""
+    session.install(TORCH)
+    session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"))
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "toolrl")
+    TRAIN_BASE.write_text(site_packages(session) + "\n")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
 
 
-@nox.session(requires=["wheels"])
+@nox.session(requires=["wheels", "train_base"])
 def tests(session: nox.Session) -> None:
     """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
     install_core(session, "train,demo,ray,dev")
@@ -84,7 +107,7 @@ def tests(session: nox.Session) -> None:
     session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
-@nox.session(requires=["wheels"])
+@nox.session(requires=["wheels", "train_base"])
 @nox.parametrize("plugin", SELECTED, ids=SELECTED)
 def plugin(session: nox.Session, plugin: str) -> None:
     """One plugin, installed from its wheel with the core's into its own venv, then its tests."""
@@ -112,7 +135,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
     session.run(*PYTEST, str(path / "tests"), *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
-@nox.session(requires=["wheels"])
+@nox.session(requires=["wheels", "train_base"])
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev")
@@ -154,7 +177,7 @@ def dist(session: nox.Session) -> None:
                 external=True)
 
 
-@nox.session(default=False)
+@nox.session(default=False, requires=["wheels", "train_base"])
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
     install_core(session, "train,dev")
