@@ -8,7 +8,13 @@ samples, one micro-batch per group, every assistant token trained, two workloads
 - group: a 2,048-token prompt, responses of 64–256 tokens (evenly spread over the 8 samples);
 - tau2-like: a 2,048-token prompt and 4 turns, each an assistant message of 24–64 tokens (trained)
   and a tool result of 48–128 tokens (not trained); half the samples make the same first call and
-  get the same result (a common first turn), the others diverge from the first generated token.
+  get the same result (a common first turn), the others diverge from the first generated token;
+- geo3k (``--images``, instead of the two above and the engine): the tiny Qwen2.5-VL
+  (``toolrl.models.tiny_qwen2_5_vl``), a prompt with a 112×112 figure (16 image tokens: the tiny
+  model's processor caps images at 12,544 pixels) and the ``--prompt`` text tokens; each sample a
+  call of 24–64 tokens (trained), a tool result holding a 112×112 crop of its own (16 image tokens,
+  not trained) and an answer of 64–256 tokens (trained); the vision tower trains. Last line
+  ``geo3k trainer step shared/unshared: X.XX``.
 
 Each variant runs in a fresh subprocess (``--child``): ``step s`` is the median of ``--repeats``
 steps after one warm-up step; ``step MB`` the step's peak RSS (``trainer_peak_mb``) minus the RSS
@@ -17,7 +23,7 @@ runs on; ``cpu s`` the step's process CPU time (the same figure on a quiet machi
 one). The last line reads ``trainer step shared/unshared: X.XX`` (group workload, median step
 seconds).
 
-    OMP_NUM_THREADS=1 python benchmarks/prefix_sharing.py [--groups 1] [--repeats 3] [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/prefix_sharing.py [--groups 1] [--repeats 3] [--quick] [--images]
 
 On a GPU: ``--device cuda`` (bf16 weights there; ``step MB`` is then the CUDA peak above the memory
 allocated before the step) and ``--shape 0.6b`` (Qwen3-0.6B's shape — hidden 1024, 28 layers, 16/8
@@ -86,10 +92,56 @@ def tau2_workload(groups: int, prompt: int) -> list[Any]:
     return out
 
 
+def picture(size: int, seed: int) -> Any:
+    from PIL import Image
+
+    img = Image.new("RGB", (size, size))
+    img.putdata([((x * 7 + seed * 31) % 256, (y * 5 + seed) % 256, (x * y + seed) % 256)
+                 for y in range(size) for x in range(size)])
+    return img
+
+
+def geo3k_workload(groups: int, prompt: int, processor: Any) -> list[Any]:
+    import io
+
+    from toolrl.rollout import Trajectory, TrajectoryImage
+
+    def held(img: Any) -> tuple[list[int], TrajectoryImage]:
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        grid = tuple(processor.image_processor(images=[img], return_tensors="pt")["image_grid_thw"][0].tolist())
+        pad = processor.image_token_id
+        return [pad] * (grid[0] * grid[1] * grid[2] // 4), TrajectoryImage(png=buf.getvalue(), grid_thw=grid)
+
+    rng = random.Random(3)
+    start, end = (processor.tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>"))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Find x."}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def tokens(lo: int, hi: int) -> list[int]:
+        return [rng.randrange(100, 150_000) for _ in range(rng.randint(lo, hi))]
+
+    out = []
+    for g in range(groups):
+        fig = picture(112, g)
+        rendered = processor(text=[text], images=[fig], return_tensors="pt")
+        p = rendered["input_ids"][0].tolist() + tokens(prompt, prompt)
+        shown = held(fig)[1]
+        for s in range(GROUP):
+            run, crop = held(picture(112, 100 * g + s + 1))
+            call, result, answer = tokens(24, 64), [start, *run, end], tokens(64, 256)
+            ids = call + result + answer
+            out.append(Trajectory(trajectory_id=f"{g}-{s}", sample_index=s, group=g, prompt_ids=p,
+                                  images=[shown, crop], response_ids=ids,
+                                  response_mask=[1] * len(call) + [0] * len(result) + [1] * len(answer),
+                                  logprobs=[-1.0] * len(ids), reward=float(s % 2)))
+    return out
+
+
 def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.models import load_model, tiny_qwen3
+    from toolrl.models import load_model, load_processor, tiny_qwen2_5_vl, tiny_qwen3
     from toolrl.training.grpo import StepOptions, grpo_step
     from toolrl.training.packing import build_batch
     from toolrl.training.peakmem import rss_bytes
@@ -97,13 +149,20 @@ def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     single_thread()
     torch.manual_seed(0)
     cuda = args.device == "cuda"
-    model = load_model(tiny_qwen3(**SHAPES[args.shape]), dtype="bfloat16" if cuda else "float32", device=args.device)
-    trajs = (group_workload if workload == "group" else tau2_workload)(args.groups, args.prompt)
+    dtype = "bfloat16" if cuda else "float32"
+    processor = None
+    if workload == "geo3k":
+        path = tiny_qwen2_5_vl()
+        model, processor = load_model(path, dtype=dtype, device=args.device), load_processor(path)
+        trajs = geo3k_workload(args.groups, args.prompt, processor)
+    else:
+        model = load_model(tiny_qwen3(**SHAPES[args.shape]), dtype=dtype, device=args.device)
+        trajs = (group_workload if workload == "group" else tau2_workload)(args.groups, args.prompt)
     optim = OptimConfig(micro_batch_size=GROUP, share_prefixes=share)
     options = StepOptions(AlgorithmConfig(), optim, pad_id=0, temperature=1.0,
-                          max_response_tokens=max(len(t.response_ids) for t in trajs))
+                          max_response_tokens=max(len(t.response_ids) for t in trajs), processor=processor)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
-    batches = [build_batch(trajs[a:a + GROUP], [0.0] * GROUP, share_prefixes=share)
+    batches = [build_batch(trajs[a:a + GROUP], [0.0] * GROUP, share_prefixes=share, processor=processor)
                for a in range(0, len(trajs), GROUP)]
     times, cpu, step_mb = [], [], []
     for _ in range(args.repeats + 1):
@@ -160,13 +219,23 @@ def run_workload(workload: str, share: bool, args: argparse.Namespace) -> dict[s
                                 "--shape", args.shape], f"{workload} share={share}")
 
 
+def images(args: argparse.Namespace) -> None:
+    print(f"device {args.device}, tiny Qwen2.5-VL, geo3k workload")
+    res = {share: run_workload("geo3k", share, args) for share in (False, True)}
+    print(table(["workload", "packing", "step s", "cpu s", "step MB", "computed", "total", "prefix_share"],
+                [["geo3k", "shared" if share else "unshared", r["step_s"], r["cpu_s"], r["step_mb"], r["computed"],
+                  r["total"], 1 - r["computed"] / r["total"]] for share, r in res.items()]))
+    print(f"geo3k trainer step shared/unshared: {res[True]['step_s'] / res[False]['step_s']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a 512-token prompt, one timed step")
-    parser.add_argument("--child", choices=["group", "tau2", "engine"])
+    parser.add_argument("--images", action="store_true", help="the geo3k workload on the tiny Qwen2.5-VL only")
+    parser.add_argument("--child", choices=["group", "tau2", "geo3k", "engine"])
     parser.add_argument("--share", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -180,6 +249,9 @@ def main() -> None:
         child(args.child, bool(args.share), args)
         return
     print(machine())
+    if args.images:
+        images(args)
+        return
     print(f"device {args.device}, model shape {args.shape}")
     rows, ratios, cpu = [], {}, {}
     for workload in ("group", "tau2"):

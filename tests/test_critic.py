@@ -127,6 +127,54 @@ def test_updates_lower_the_value_loss(lm):
     assert value_metrics(batch_values(critic, TRAJS, options), returns, mask)["explained_variance"] > 0.4
 
 
+def shared_group() -> list[Trajectory]:
+    """A group of four on one 40-token prompt (ragged responses, one with a tool span, two with a common
+    first turn) and a trajectory of another prompt."""
+    import random
+
+    rng = random.Random(7)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, 150_000) for _ in range(n)]
+
+    prompt, turn = ids(40), ids(6)
+    return [traj(0, prompt, turn + ids(5), [1] * 3 + [0] * 3 + [1] * 5, 1.0),
+            traj(1, prompt, turn + ids(3), [1] * 3 + [0] * 3 + [1] * 3, 0.0),
+            traj(2, prompt, ids(9), [1] * 9, 0.5),
+            traj(3, prompt, ids(4), [1, 1, 0, 1], 1.0),
+            traj(4, ids(35), ids(6), [1] * 6, 0.0)]
+
+
+@pytest.mark.parametrize("micro", [{"micro_batch_size": 8}, {"micro_batch_size": 2},
+                                   {"max_tokens_per_micro_batch": 70}])
+def test_shared_prefixes_give_the_unshared_values_and_gradients(lm, micro):
+    from test_microbatch import Recorder
+
+    trajs = shared_group()
+    returns = returns_of(trajs, 11) + torch.linspace(-1, 1, 11)
+
+    def run(share: bool):
+        critic = critic_of(lm, seed=3)
+        options = CriticOptions(value_clip=0.2, grad_clip=1e9, mini_batches=1, share_prefixes=share, **micro)
+        values = batch_values(critic, trajs, options)
+        optimizer = Recorder(critic.parameters())
+        # Old values off the current ones, so that some tokens are clipped and some are not.
+        old = values + 0.3 * torch.sin(torch.arange(values.numel(), dtype=torch.float32)).view_as(values)
+        out = critic_update(critic, optimizer, trajs, old, returns, options)
+        return values, out, dict(zip([n for n, _ in critic.named_parameters()], optimizer.grads[0], strict=True))
+
+    (want_v, want, want_grads), (got_v, got, got_grads) = run(False), run(True)
+    assert want_v.abs().sum() > 0 and torch.allclose(got_v, want_v, rtol=1e-6, atol=1e-6)
+    assert 0 < want["value_clip_frac"] < 1 and got["value_clip_frac"] == want["value_clip_frac"]
+    assert got["value_loss"] == pytest.approx(want["value_loss"], rel=1e-6)
+    for name, w in want_grads.items():
+        assert float(w.norm()) > 0 and float((got_grads[name] - w).norm()) <= 1e-6 * float(w.norm()), name
+    # The group's prompt runs once per micro-batch holding its trajectories, not once per trajectory.
+    assert want["critic_prefix_share"] == 0 and want["critic_tokens_total"] == got["critic_tokens_total"]
+    assert got["critic_tokens_computed"] < got["critic_tokens_total"] - 40
+    assert got["critic_prefix_share"] == 1 - got["critic_tokens_computed"] / got["critic_tokens_total"]
+
+
 def test_checkpoint_round_trip(lm, tmp_path):
     import torch.distributed.checkpoint as dcp
 
@@ -243,3 +291,27 @@ def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path
     assert steady(again) == steady(second)
     for (name, x), (_, y) in zip(a.critic.model.state_dict().items(), b.critic.model.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
+
+
+def test_a_gae_step_reports_the_critics_saving(tiny_qwen3_path):
+    """With ``optim.share_prefixes`` a GAE step's critic packs the group's prompt once, like the policy,
+    and says so in the step's metrics."""
+    from pathlib import Path
+
+    from toolrl.algorithms.rules import with_critic
+    from toolrl.config import load_config
+    from toolrl.models import load_model, load_tokenizer
+    from toolrl.roles.trainer_rank import TrainerRank
+
+    tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
+    cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "optim.micro_batch_size=8",
+                                         "optim.share_prefixes=true"]))
+    rank = TrainerRank(cfg)
+    rank.setup(model=load_model(tiny_qwen3_path), tokenizer=load_tokenizer(tiny_qwen3_path))
+    trajs = shared_group()
+    out = rank.step(trajs)
+    total = sum(len(t.prompt_ids) + len(t.response_ids) - t.response_mask[::-1].index(1) - 1 for t in trajs)
+    assert out["critic_tokens_total"] == out["trainer_tokens_total"] == total
+    # The 40-token prompt once instead of four times, and the common first turn once instead of twice.
+    assert out["critic_tokens_computed"] == out["trainer_tokens_computed"] == total - 3 * 40 - 6
+    assert out["critic_prefix_share"] == out["prefix_share"] == pytest.approx(1 - (total - 126) / total)

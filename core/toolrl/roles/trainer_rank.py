@@ -215,7 +215,7 @@ class TrainerRank:
 # Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
 # The critic trains over the same shares as the policy, so its value_tokens equal loss_tokens.
 _SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens", "value_loss", "value_tokens", "trainer_tokens_computed",
-           "trainer_tokens_total")
+           "trainer_tokens_total", "critic_tokens_computed", "critic_tokens_total")
 _TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac",
                 "value_clip_frac")  # weighted by loss_tokens
 _AVERAGED = ("padding_fraction",)
@@ -257,6 +257,7 @@ def _group_metrics(out: dict[str, float]) -> dict[str, float]:
             group[k] = v
     if largest[-1] > -math.inf:
         group["is_weight_min"] = -largest[-1]
-    if group.get("trainer_tokens_total"):
-        group["prefix_share"] = 1.0 - group["trainer_tokens_computed"] / group["trainer_tokens_total"]
+    for share, prefix in (("prefix_share", "trainer"), ("critic_prefix_share", "critic")):
+        if group.get(f"{prefix}_tokens_total"):
+            group[share] = 1.0 - group[f"{prefix}_tokens_computed"] / group[f"{prefix}_tokens_total"]
     return group

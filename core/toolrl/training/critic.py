@@ -27,7 +27,15 @@ from toolrl.config import Config
 from toolrl.rollout import Trajectory
 from toolrl.training.grpo import clip_grad_norm
 from toolrl.training.microbatch import plan
-from toolrl.training.packing import PackedBatch, build_batch, dummy_batch, input_length, packed_hidden_states
+from toolrl.training.packing import (
+    PackedBatch,
+    build_batch,
+    dummy_batch,
+    input_length,
+    packed_hidden_states,
+    sharing_metrics,
+    tree_keys,
+)
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
            "shard_critic", "state", "value_loss", "value_metrics"]
@@ -66,7 +74,9 @@ class ValueModel(torch.nn.Module):
 class CriticOptions:
     """What a critic update runs with: the value clip ``ε`` (None: the plain squared error), gradient
     clipping, epochs and mini-batches over the batch, micro-batching (as the policy's) and this rank's
-    place among the trainer ranks, and a vision-language backbone's processor (its images' pixel values)."""
+    place among the trainer ranks, and a vision-language backbone's processor (its images' pixel values);
+    ``share_prefixes``: micro-steps planned and packed as prefix trees, as the policy's
+    (``optim.share_prefixes``)."""
 
     value_clip: float | None = 0.2
     grad_clip: float = 1.0
@@ -78,6 +88,7 @@ class CriticOptions:
     rank: int = 0
     world_size: int = 1
     processor: Any = None
+    share_prefixes: bool = False
 
 
 def make_optimizer(critic: torch.nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.999),
@@ -96,14 +107,17 @@ def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> Val
 
 def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: CriticOptions,
                  device: torch.device) -> list[tuple[list[int] | None, PackedBatch]]:
-    """This rank's packed micro-steps over ``indices`` (:mod:`toolrl.training.microbatch`); a dummy
-    step (one pad token) where a busier rank still has work, to keep FSDP's collectives in step."""
+    """This rank's packed micro-steps over ``indices`` (:mod:`toolrl.training.microbatch`), as prefix
+    trees with ``options.share_prefixes``; a dummy step (one pad token) where a busier rank still has
+    work, to keep FSDP's collectives in step."""
     lengths = [input_length(t) for t in trajs]
-    shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch)
+    seqs = tree_keys(trajs, options.processor) if options.share_prefixes else None
+    shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch,
+                  seqs)
     cache: dict[bytes, Any] = {}
     return [(None, dummy_batch(options.pad_id, device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device,
-                                processor=options.processor, pixel_cache=cache))
+            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device, options.share_prefixes,
+                                options.processor, cache))
             for micro in shares[options.rank]]
 
 
@@ -161,7 +175,8 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
     optimizer updates; ``old_values`` are :func:`batch_values` before the first. Every rank passes the
     whole batch and trains its share. Metrics, this rank's: ``value_loss`` (its part of the mean
     update's loss: sum over ranks), ``value_tokens`` and ``value_clip_frac`` over them (every epoch
-    counted), ``critic_grad_norm`` (global)."""
+    counted), ``critic_grad_norm`` (global); ``critic_tokens_computed``/``critic_tokens_total``/
+    ``critic_prefix_share``: :func:`~toolrl.training.packing.sharing_metrics` of its micro-steps."""
     usable = _trainable(trajs)
     if not usable:
         return {}
@@ -195,8 +210,11 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
             norms.append(norm)
     optimizer.zero_grad(set_to_none=True)
     critic.eval()
+    shared = sharing_metrics([batch for _, steps in minis for micro, batch in steps if micro is not None])
     return {"value_loss": sum(losses) / len(losses), "critic_grad_norm": sum(norms) / len(norms),
-            "value_tokens": counted, "value_clip_frac": clipped / max(counted, 1.0)}
+            "value_tokens": counted, "value_clip_frac": clipped / max(counted, 1.0),
+            "critic_tokens_computed": shared["trainer_tokens_computed"],
+            "critic_tokens_total": shared["trainer_tokens_total"], "critic_prefix_share": shared["prefix_share"]}
 
 
 def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -266,7 +284,8 @@ class Critic:
         options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
                                 mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,
                                 max_tokens_per_micro_batch=optim.max_tokens_per_micro_batch, pad_id=pad_id,
-                                rank=rank, world_size=world_size, processor=processor)
+                                rank=rank, world_size=world_size, processor=processor,
+                                share_prefixes=optim.share_prefixes)
         return cls(model, optimizer, options)
 
     def values(self, trajs: Sequence[Trajectory]) -> torch.Tensor:

@@ -64,9 +64,9 @@ from toolrl.training.packing import (
     build_batch,
     dummy_batch,
     input_length,
-    input_tokens,
     packed_hidden_states,
     sharing_metrics,
+    tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
 
@@ -276,7 +276,7 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
-    seqs = [input_tokens(t) for t in trajs] if options.optim.share_prefixes else None
+    seqs = tree_keys(trajs, options.processor) if options.optim.share_prefixes else None
     minis = []
     pixel_cache: dict[bytes, Any] = {}  # an image shared by a group's trajectories is processed once
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):

@@ -26,13 +26,16 @@ implementations run the unshared row rebuilt from the tree (``expand``) and read
 states back from it, with a warning once per implementation: the same values and gradients, no saving.
 
 Vision-language models (:mod:`toolrl.training.vision`): a batch whose trajectories hold images carries
-their pixel values (``vision``); the vision tower runs once over them and the language model gets
-per-sequence 3-D rotary positions, with attention confined per sequence as above. Such a batch is
-packed unshared (its prefix trees are not built; said once in the log).
+their pixel values (``vision``); the vision tower runs once over its distinct images and the language
+model gets per-sequence 3-D rotary positions, with attention as above. Prefix trees are built on the
+tokens with each image placeholder run keyed by its image (:func:`tree_keys`), so a shared prefix
+holding an image holds it once, and sequences showing different images at the same tokens share
+nothing from there on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
@@ -108,6 +111,18 @@ def input_tokens(t: Trajectory) -> list[int]:
     return (t.prompt_ids + t.response_ids)[:length]
 
 
+def tree_keys(trajectories: Sequence[Trajectory], processor: Any = None) -> list[list[int]]:
+    """Each trajectory's input tokens as prefix trees see them (what micro-batch plans group by): with
+    a vision model's ``processor``, each image placeholder run keyed by its image
+    (:func:`toolrl.training.vision.image_keys`)."""
+    seqs = [input_tokens(t) for t in trajectories]
+    if processor is None:
+        return seqs
+    image_id = vision.image_token_id(processor)
+    images = vision.distinct([vision.images_kept(t, seq, image_id) for t, seq in zip(trajectories, seqs, strict=True)])
+    return [vision.image_keys(seq, owners, image_id) for seq, owners in zip(seqs, images, strict=True)]
+
+
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | Sequence[torch.Tensor],
                 device: torch.device | str = "cpu", share_prefixes: bool = False, processor: Any = None,
                 pixel_cache: vision.PixelCache | None = None) -> PackedBatch:
@@ -117,19 +132,23 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     ``processor``: a vision-language model's, which turns the trajectories' images into pixel values
     (``pixel_cache``: images already processed this step)."""
     seqs = [input_tokens(t) for t in trajectories]
-    pixels = None
+    keys, pixels = seqs, None
     if processor is None and any(t.images for t in trajectories):
         raise ValueError("trajectories hold images but no processor was given (a text-only model?)")
     if processor is not None:
         image_id = vision.image_token_id(processor)
         for t in trajectories:
             vision.check_untrained(t, image_id)
-        kept = [vision.images_kept(t, seq, image_id) for t, seq in zip(trajectories, seqs, strict=True)]
-        pixels = vision.pixel_inputs(kept, processor, pixel_cache)
-        if pixels is not None and share_prefixes:
-            _log_once("images", "batches with images are packed without shared prefixes (optim.share_prefixes)")
-            share_prefixes = False
-    tree = prefix_tree.layout(seqs, share_prefixes)
+        pixels = vision.pixel_inputs([vision.images_kept(t, seq, image_id)
+                                      for t, seq in zip(trajectories, seqs, strict=True) if seq],
+                                     processor, pixel_cache)
+    if pixels is not None:
+        owners = iter(pixels.per_sequence)
+        keys = [vision.image_keys(seq, next(owners), image_id) if seq else seq for seq in seqs]
+    tree = prefix_tree.layout(keys, share_prefixes)
+    if pixels is not None:  # the keys back to the placeholder token; each run's image in row order
+        tree.ids = [image_id if k < 0 else k for k in tree.ids]
+        pixels = dataclasses.replace(pixels, runs=vision.row_runs(seqs, tree.paths, pixels.per_sequence, image_id))
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
     head_pos: list[int] = []
@@ -212,18 +231,32 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     if impl == "sdpa":
         _install_varlen_sdpa(base)
         impl = VARLEN_SDPA
-    if batch.vision is not None:
-        positions, encoded = vision.forward_inputs(base, batch.input_ids, batch.position_ids, batch.bounds,
-                                                   batch.vision)
-        return run_packed(base, batch.input_ids, positions, batch.bounds, extra=encoded)
-    if batch.attention is None:
-        return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds)
-    if impl == VARLEN_SDPA:
-        return run_packed(base, batch.input_ids, batch.position_ids, batch.bounds, batch.attention)
+    if batch.attention is None or impl == VARLEN_SDPA:
+        positions, extra = _model_inputs(base, batch, tree=True)
+        return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
     _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
               "shared prefix again, as without optim.share_prefixes")
-    ids, positions = batch.input_ids[:, batch.expand], batch.position_ids[:, batch.expand]
-    return run_packed(base, ids, positions, batch.path_bounds)[batch.first_copy]
+    positions, extra = _model_inputs(base, batch, tree=False)
+    return run_packed(base, batch.input_ids[:, batch.expand], positions, batch.path_bounds, extra=extra)[batch.first_copy]
+
+
+def _model_inputs(base: Any, batch: PackedBatch, tree: bool) -> tuple[torch.Tensor, dict[str, Any] | None]:
+    """Position ids and further keyword arguments (a vision model's encoder outputs) for ``batch``'s
+    row (``tree``) or the unshared row rebuilt from it. Images: the 3-D rotary positions are computed
+    per sequence on the unshared layout; a tree row takes those of its first copy there (every copy
+    has the same ones: sequences share a row only where they agree on tokens and images before it)."""
+    unshared = batch.expand is None
+    positions = batch.position_ids if tree or unshared else batch.position_ids[:, batch.expand]
+    if batch.vision is None:
+        return positions, None
+    v = batch.vision
+    if unshared:
+        rope = vision.rope_positions(base, batch.input_ids, batch.bounds, v)
+    else:
+        rope = vision.rope_positions(base, batch.input_ids[:, batch.expand], batch.path_bounds, v)
+        rope = rope[:, :, batch.first_copy] if tree else rope
+    runs = v.runs if tree or unshared else [i for owners in v.per_sequence for i in owners]
+    return torch.cat([positions[None], rope]), vision.encoder_outputs(base, v, runs)
 
 
 def _log_once(key: str, message: str) -> None:

@@ -4,15 +4,18 @@ A trajectory carries its images once (:class:`toolrl.rollout.TrajectoryImage`: P
 processor's patch grid), in the order of their placeholder runs in its tokens. Per packed micro-batch
 the trainer:
 
-- turns the images of the kept part of each sequence into pixel values with the model's image
-  processor (:func:`pixel_inputs`; one PNG shared by several trajectories of a group is processed
-  once per step) and checks each grid against the one the rollout recorded;
-- runs the vision tower once over all of them (the model's ``get_image_features``: each image
-  attends only within itself) and hands the features to the model's own forward, which scatters them
-  over the image placeholders;
+- turns the distinct images (by PNG) of the kept part of its sequences into pixel values with the
+  model's image processor (:func:`pixel_inputs`; one PNG shared by several trajectories of a group is
+  processed once per step) and checks each grid against the one the rollout recorded;
+- runs the vision tower once over them (the model's ``get_image_features``: each image attends only
+  within itself) and hands the model's own forward one feature block per placeholder run of the
+  packed row (:func:`encoder_outputs`), which it scatters over the image placeholders: an image that
+  several sequences hold, or that a shared prefix holds once, is encoded once;
 - gives the language model Qwen2-VL's 3-D rotary positions computed **per sequence** with the model's
-  ``get_rope_index`` and concatenated along the packed row, after the 1-D text positions that cut
-  the row into sequences (the ``(4, 1, T)`` layout transformers reads for packed VLM rows).
+  ``get_rope_index`` on the unshared layout (:func:`rope_positions`), after the 1-D text positions
+  (the ``(4, 1, T)`` layout transformers reads for packed VLM rows). A prefix-shared row takes each
+  row's positions from its sequence: sequences share a row only where they hold the same tokens and
+  images before it (:func:`image_keys`), so their positions agree there.
 
 Image tokens are never trained: :func:`check_untrained` rejects a trajectory whose response mask
 covers one.
@@ -34,15 +37,19 @@ PixelCache = dict[bytes, tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass
 class VisionInputs:
-    """A packed micro-batch's images: ``pixel_values`` (patches, D) and ``image_grid_thw`` (n, 3) of
-    all its sequences' images in row order; ``per_sequence[s]`` images belong to sequence ``s``."""
+    """A packed micro-batch's images: ``pixel_values`` (patches, D) and ``image_grid_thw`` (n, 3) of its
+    n distinct images (by PNG); ``per_sequence[s]`` the images (indexes into those n, in order) of its
+    ``s``-th sequence with tokens; ``runs`` the image of each placeholder run of the packed row, in row
+    order (sequence after sequence unshared; a prefix tree holds a shared run once)."""
 
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
-    per_sequence: list[int]
+    per_sequence: list[list[int]]
+    runs: list[int]
 
     def to(self, device: torch.device | str) -> VisionInputs:
-        return VisionInputs(self.pixel_values.to(device), self.image_grid_thw.to(device), self.per_sequence)
+        return VisionInputs(self.pixel_values.to(device), self.image_grid_thw.to(device), self.per_sequence,
+                            self.runs)
 
 
 def image_token_id(processor: Any) -> int:
@@ -50,16 +57,46 @@ def image_token_id(processor: Any) -> int:
     return int(processor.image_token_id)
 
 
+def run_starts(tokens: Sequence[int], image_id: int) -> list[int]:
+    """Where each image placeholder run of ``tokens`` begins."""
+    return [j for j, tok in enumerate(tokens) if tok == image_id and (j == 0 or tokens[j - 1] != image_id)]
+
+
 def images_kept(t: Trajectory, kept: Sequence[int], image_id: int) -> list[TrajectoryImage]:
     """The images whose placeholder runs lie in ``kept`` (a prefix of ``t``'s tokens). A run is never
     cut: the prefix ends before a trained token, and image tokens are never trained."""
-    runs = sum(1 for j, tok in enumerate(kept) if tok == image_id and (j == 0 or kept[j - 1] != image_id))
-    total = sum(1 for j, tok in enumerate(t.prompt_ids + t.response_ids)
-                if tok == image_id and (j == 0 or (t.prompt_ids + t.response_ids)[j - 1] != image_id))
+    total = len(run_starts(t.prompt_ids + t.response_ids, image_id))
     if total != len(t.images):
         raise ValueError(f"trajectory {t.trajectory_id!r} has {total} image placeholder runs but "
                          f"{len(t.images)} images")
-    return list(t.images[:runs])
+    return list(t.images[:len(run_starts(kept, image_id))])
+
+
+def image_keys(tokens: Sequence[int], images: Sequence[int], image_id: int) -> list[int]:
+    """``tokens`` with the placeholders of their ``k``-th run replaced by ``-1 - images[k]`` (its
+    distinct image's key): sequences whose keys agree hold the same tokens and the same images, so a
+    prefix tree built on keys shares a placeholder run only between sequences that show the same image."""
+    out = list(tokens)
+    for start, image in zip(run_starts(tokens, image_id), images, strict=True):
+        j = start
+        while j < len(out) and out[j] == image_id:
+            out[j] = -1 - image
+            j += 1
+    return out
+
+
+def row_runs(seqs: Sequence[Sequence[int]], paths: Sequence[Sequence[int]], per_sequence: Sequence[Sequence[int]],
+             image_id: int) -> list[int]:
+    """The image of each placeholder run of a packed row, in row order: ``paths[s]`` the row of each
+    token of ``seqs[s]``; ``per_sequence`` the images of the sequences with tokens. A run that several
+    sequences share sits at one row and counts once."""
+    owners = iter(per_sequence)
+    starts: dict[int, int] = {}
+    for seq, path in zip(seqs, paths, strict=True):
+        if len(seq):
+            for j, image in zip(run_starts(seq, image_id), next(owners), strict=True):
+                starts[path[j]] = image
+    return [starts[r] for r in sorted(starts)]
 
 
 def check_untrained(t: Trajectory, image_id: int) -> None:
@@ -74,50 +111,63 @@ def _pixels(image: TrajectoryImage, processor: Any, cache: PixelCache) -> tuple[
         from toolrl.images import from_png
 
         out = processor.image_processor(images=[from_png(image.png)], return_tensors="pt")
-        grid = out["image_grid_thw"][0]
-        if tuple(grid.tolist()) != tuple(image.grid_thw):
-            raise ValueError(f"the trainer's processor gives an image the patch grid {tuple(grid.tolist())}, "
-                             f"the rollout recorded {tuple(image.grid_thw)}: the two use different processors")
-        cache[image.png] = (out["pixel_values"], grid)
-    return cache[image.png]
+        cache[image.png] = (out["pixel_values"], out["image_grid_thw"][0])
+    pixels, grid = cache[image.png]
+    if tuple(grid.tolist()) != tuple(image.grid_thw):
+        raise ValueError(f"the trainer's processor gives an image the patch grid {tuple(grid.tolist())}, "
+                         f"the rollout recorded {tuple(image.grid_thw)}: the two use different processors")
+    return pixels, grid
+
+
+def distinct(images: Sequence[Sequence[TrajectoryImage]]) -> list[list[int]]:
+    """Each sequence's ``images`` as indexes into the distinct ones (by PNG, first seen first)."""
+    index: dict[bytes, int] = {}
+    return [[index.setdefault(image.png, len(index)) for image in seq] for seq in images]
 
 
 def pixel_inputs(images: Sequence[Sequence[TrajectoryImage]], processor: Any,
                  cache: PixelCache | None = None) -> VisionInputs | None:
-    """Pixel values and grids of each sequence's ``images``, concatenated in order; None without images."""
+    """Pixel values and grids of the :func:`distinct` images among the sequences' ``images`` (one list
+    per sequence with tokens), and the runs of their unshared packing; None without images. Every
+    image's recorded grid is checked."""
     if not any(images):
         return None
     if processor is None:
         raise ValueError("trajectories hold images but the model has no processor (a text-only model?)")
     cache = {} if cache is None else cache
-    done = [_pixels(image, processor, cache) for seq in images for image in seq]
-    return VisionInputs(torch.cat([p for p, _ in done]), torch.stack([g for _, g in done]),
-                        [len(seq) for seq in images])
+    per_sequence = distinct(images)
+    done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for seq, owners in zip(images, per_sequence, strict=True):
+        for image, i in zip(seq, owners, strict=True):
+            done[i] = _pixels(image, processor, cache)
+    return VisionInputs(torch.cat([done[i][0] for i in range(len(done))]),
+                        torch.stack([done[i][1] for i in range(len(done))]), per_sequence,
+                        [i for owners in per_sequence for i in owners])
 
 
 def rope_positions(base: Any, input_ids: torch.Tensor, bounds: Sequence[int], vision: VisionInputs) -> torch.Tensor:
-    """Qwen2-VL's 3-D rotary positions of a packed row, (3, 1, T): the model's ``get_rope_index`` on
-    each sequence (its own images' grids), concatenated."""
+    """Qwen2-VL's 3-D rotary positions of an unshared packed row cut at ``bounds`` (empty pieces
+    skipped; the others are ``vision``'s sequences with tokens), (3, 1, T): the model's ``get_rope_index`` on each
+    sequence (its own images' grids), concatenated."""
     image_id = base.config.image_token_id
+    segments = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     out = []
-    first = 0
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+    for (a, b), images in zip(segments, vision.per_sequence, strict=True):
         ids = input_ids[:, a:b]
-        n = vision.per_sequence[s]
-        grids = vision.image_grid_thw[first:first + n] if n else None
-        first += n
+        grids = vision.image_grid_thw[images] if images else None
         positions, _ = base.get_rope_index(ids, mm_token_type_ids=(ids == image_id).int(), image_grid_thw=grids)
         out.append(positions)
     return torch.cat(out, dim=2)
 
 
-def forward_inputs(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bounds: Sequence[int],
-                   vision: VisionInputs) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The packed row's ``(4, 1, T)`` positions (1-D text positions, then the 3-D ones) and the
-    encoder outputs for the model's forward (``mm_encoder_outputs``: the vision tower already run)."""
-    positions = torch.cat([position_ids[None], rope_positions(base, input_ids, bounds, vision)])
-    encoded = base.get_image_features(vision.pixel_values, vision.image_grid_thw, return_dict=True)
-    return positions, {"mm_encoder_outputs": {"image": encoded}}
+def encoder_outputs(base: Any, vision: VisionInputs, runs: Sequence[int]) -> dict[str, Any]:
+    """The vision tower run once over the distinct images, and the keyword argument that hands the
+    model's forward one feature block per placeholder run (``runs``: the image of each, in row order;
+    an image held by several runs is encoded once and its gradient is their sum)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    features = base.get_image_features(vision.pixel_values, vision.image_grid_thw, return_dict=True).pooler_output
+    return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features[i] for i in runs))}}
 
 
 def is_vision_model(model: Any) -> bool:
