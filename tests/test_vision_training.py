@@ -103,7 +103,8 @@ def test_images_are_processed_once_and_checked(processor, trajectories):
     assert len(cache) == len({i.png for t in trajectories for i in t.images}) == 6
     wrong = trajectories[2].model_copy(update={"images": [trajectories[2].images[0].model_copy(
         update={"grid_thw": (1, 2, 2)})]})
-    with pytest.raises(ValueError, match="patch grid"):
+    with pytest.raises(ValueError, match=r"^the trainer.s processor gives image grids \[\(1, \d+, \d+\)\], "
+                                         r"the rollout recorded \[\(1, 2, 2\)\]"):
         build_batch([wrong], [0.0], processor=processor)
     with pytest.raises(ValueError, match="no processor"):
         packing.vision.pixel_inputs([trajectories[0].images], None)

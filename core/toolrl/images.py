@@ -158,3 +158,17 @@ def images_held(images: Sequence[Any], ids: Sequence[int], image_token_id: int, 
             return held
         tokens -= run
     return len(images)
+
+
+def pixel_values(processor: Any, images: Sequence[Any], where: str) -> tuple[Any, Any]:
+    """``pixel_values`` and ``image_grid_thw`` (torch tensors, as a Qwen2-VL forward takes them) of
+    ``images`` (each with its ``png`` and the ``grid_thw`` the rollout recorded), through ``processor``'s
+    image processor. A grid other than the recorded one means ``where`` (the engine, the trainer) and the
+    rollout use different processors: a ValueError, since the image's tokens would not match its pixels."""
+    out = processor.image_processor(images=[from_png(i.png) for i in images], return_tensors="pt")
+    grids = [tuple(int(v) for v in grid) for grid in out["image_grid_thw"].tolist()]
+    recorded = [tuple(i.grid_thw) for i in images]
+    if grids != recorded:
+        raise ValueError(f"{where}'s processor gives image grids {grids}, the rollout recorded {recorded}: "
+                         "the two use different processors")
+    return out["pixel_values"], out["image_grid_thw"]

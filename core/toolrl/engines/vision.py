@@ -42,11 +42,7 @@ class VisionInputs:
 
     def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""
-        from toolrl.images import from_png
+        from toolrl.images import pixel_values
 
-        out = self.processor.image_processor(images=[from_png(i.png) for i in images], return_tensors="pt")
-        grid = out["image_grid_thw"]
-        expected = torch.tensor([list(i.grid_thw) for i in images])
-        if not torch.equal(grid.cpu(), expected):
-            raise ValueError(f"the engine's processor gives image grids {grid.tolist()}, the rollout's {expected.tolist()}")
-        return {"pixel_values": out["pixel_values"].to(device, dtype), "image_grid_thw": grid.to(device)}
+        pixels, grid = pixel_values(self.processor, images, "the engine")
+        return {"pixel_values": pixels.to(device, dtype), "image_grid_thw": grid.to(device)}

@@ -108,15 +108,11 @@ def check_untrained(t: Trajectory, image_id: int) -> None:
 
 def _pixels(image: TrajectoryImage, processor: Any, cache: PixelCache) -> tuple[torch.Tensor, torch.Tensor]:
     if image.png not in cache:
-        from toolrl.images import from_png
+        from toolrl.images import pixel_values
 
-        out = processor.image_processor(images=[from_png(image.png)], return_tensors="pt")
-        cache[image.png] = (out["pixel_values"], out["image_grid_thw"][0])
-    pixels, grid = cache[image.png]
-    if tuple(grid.tolist()) != tuple(image.grid_thw):
-        raise ValueError(f"the trainer's processor gives an image the patch grid {tuple(grid.tolist())}, "
-                         f"the rollout recorded {tuple(image.grid_thw)}: the two use different processors")
-    return pixels, grid
+        pixels, grids = pixel_values(processor, [image], "the trainer")
+        cache[image.png] = (pixels, grids[0])
+    return cache[image.png]
 
 
 def distinct(images: Sequence[Sequence[TrajectoryImage]]) -> list[list[int]]:
