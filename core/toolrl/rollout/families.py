@@ -76,7 +76,11 @@ FAMILIES: tuple[Family, ...] = (
            ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>",
             "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
             "<tool_response>", "</tool_response>", "<|endoftext|>"), ("<|user|>", "<|endoftext|>")),
-    # Gemma 4 (Gemma 3 and earlier templates have no tool calls); TRL has no training twin.
+    # Gemma 3: no tool syntax in its template (it ignores tools=, and a tool-role message breaks its
+    # user/model alternation), so tools go in the system prompt and results as hermes-wrapped user turns.
+    Family("gemma3", "hermes", "<end_of_turn>", ("<start_of_turn>", "<end_of_turn>"), ("gemma3.jinja",),
+           "gemma3_training.jinja", ("<bos>", "<start_of_turn>", "<end_of_turn>")),
+    # Gemma 4; TRL has no training twin.
     Family("gemma", "gemma", "<turn|>", ("<|turn>", "<turn|>"),
            ("gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja", "gemma4_v5.jinja"), None,
            ("<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
