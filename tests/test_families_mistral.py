@@ -150,3 +150,14 @@ def test_the_parser_keeps_the_call_id_the_model_wrote():
     parsed = MistralParser().parse(v11("add", {"a": 1}, "a1b2c3d4e") + v11("add", {"a": 2}))
     assert [(c.id, c.arguments) for c in parsed.calls] == [("a1b2c3d4e", {"a": 1}), (None, {"a": 2})]
     assert MistralParser().parse(pre_v11("add", {"a": 1}, "zzzzzzzz9")).calls[0].id == "zzzzzzzz9"
+
+
+@pytest.mark.parametrize("version", ["v3", "v11"])
+def test_results_of_any_text_get_a_delta(version, tmp_path):
+    """Before v11 a result is written as JSON: multi-line or quoted text escaped, numbers re-written."""
+    tok = mistral_tokenizer(version, tmp_path)
+    renderer = renderer_factory(tok, None, "keep")([Add.schema])
+    for text, v3 in (('line 1\nline "2"', '"line 1\\nline \\"2\\""'), ("3.50", "3.5"), ("é", '"é"')):
+        delta = tok.decode(renderer.tool_delta([renderer.tool_message(text, "add", 0, "a1b2c3d4e")]))
+        assert delta == ('[TOOL_RESULTS]{"content": ' + v3 + ', "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]' if version == "v3"
+                         else f"[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]{text}[/TOOL_RESULTS]")

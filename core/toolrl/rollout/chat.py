@@ -258,13 +258,17 @@ class ChatRenderer:
                 problems.append(f"{turn['content']!r}: the turn does not end with token {self.eos_id}")
                 continue
             # Gemma 4 renders tool results only after a structured call: a delta without them is wrong.
-            if not all(_text_of(m["content"]) in self.decode(delta) for m in tool_messages):
+            if not all(self._shows(_text_of(m["content"]), self.decode(delta)) for m in tool_messages):
                 problems.append(f"{turn['content']!r}: the tool results are not rendered")
                 continue
             self._working_assistant = turn["content"]
             return delta
         raise TemplateError("the chat template is not append-only for tool messages "
                             f"(tried synthetic assistant turns: {'; '.join(problems)})")
+
+    def _shows(self, text: str, rendered: str) -> bool:
+        """Whether a rendering holds a message's text (as the template writes it)."""
+        return text in rendered
 
     def _render_closed_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         """A conversation whose last message is a finished assistant turn."""

@@ -42,6 +42,15 @@ class MistralRenderer(ChatRenderer):
                                                  return_dict=False)
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
+    def _shows(self, text: str, rendered: str) -> bool:
+        # Before v11 a result is written as JSON ({"content": …}): text that decodes as JSON as that
+        # value (3.50 -> 3.5), other text as a JSON string (quotes and newlines escaped).
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        return text in rendered or json.dumps(value, ensure_ascii=False) in rendered
+
     def with_call_ids(self, calls: list[ToolCall], seed: str) -> list[ToolCall]:
         return [c if c.id else c.model_copy(update={"id": call_id(f"{seed}:{i}")}) for i, c in enumerate(calls)]
 
