@@ -161,3 +161,16 @@ def test_results_of_any_text_get_a_delta(version, tmp_path):
         delta = tok.decode(renderer.tool_delta([renderer.tool_message(text, "add", 0, "a1b2c3d4e")]))
         assert delta == ('[TOOL_RESULTS]{"content": ' + v3 + ', "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]' if version == "v3"
                          else f"[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]{text}[/TOOL_RESULTS]")
+
+
+async def test_a_parse_error_goes_back_as_a_user_turn(tmp_path):
+    """A malformed call answers no call, and mistral-common pairs every tool result with one: the
+    error is a user turn ([INST]…[/INST]) and the model goes on from it."""
+    tok = mistral_tokenizer("v11", tmp_path)
+    texts = ["[TOOL_CALLS]add[ARGS]{\"a\": 2,", v11("add", {"a": 2, "b": 3}, "a1b2c3d4e"), "The answer is 5"]
+    pieces = await run_trajectory_pieces(context(tok, texts, "keep"), SAMPLE, 0, "t", 0)
+    traj = pieces[-1]
+    assert traj.termination == "answered" and len(traj.parse_errors) == 1, traj.error
+    text = tok.decode(traj.response_ids, skip_special_tokens=False)
+    assert "</s>[INST]Error: unterminated tool call to 'add'" in text
+    assert "[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]5[/TOOL_RESULTS]" in text
