@@ -23,20 +23,21 @@ CONTROLS = ("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "</s>")
 
 
 def mistral_tokenizer(version: str, tmp_path: Path):
-    """The tekken vocabulary mistral-common ships (``tekken_240911.json``, a v3 file); ``v11``: the
-    same file declared v11 with the control tokens v11 reads (``[ARGS]``, ``[CALL_ID]``), which the
-    shipped files lack, the other ranks up to 1,000 filled as v11 files fill them (``<SPECIAL_n>``)."""
+    """The tekken vocabulary mistral-common ships (``tekken_240911.json``, a v3 file); ``v11``/``v13``:
+    the same file declared that version, with the control tokens v11 reads (``[ARGS]``, ``[CALL_ID]``),
+    which the shipped files lack, the other ranks up to 1,000 filled as v11 files fill them
+    (``<SPECIAL_n>``)."""
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
     path = DATA / "tekken_240911.json"
-    if version == "v11":
+    if version != "v3":
         data = json.loads(path.read_text(encoding="utf-8"))
-        data["config"]["version"] = "v11"
+        data["config"]["version"] = version
         named = {32: "[ARGS]", 33: "[CALL_ID]"}
         data["special_tokens"] = [{**t, "token_str": str(t["token_str"])} for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS] + [
             {"rank": r, "token_str": named.get(r, f"<SPECIAL_{r}>"), "is_control": True} for r in range(20, 1000)]
-        path = tmp_path / "tekken_v11.json"
+        path = tmp_path / f"tekken_{version}.json"
         path.write_text(json.dumps(data), encoding="utf-8")
     return MistralCommonBackend(tokenizer_path=str(path))
 
@@ -93,15 +94,18 @@ def trained(pieces):
 CALLS = [[("a1b2c3d4e", {"a": 2, "b": 3})], [("f5g6h7i8j", {"a": 5, "b": 9})]]
 
 
-@pytest.mark.parametrize("version", ["v3", "v11"])
+@pytest.mark.parametrize("version", ["v3", "v11", "v13"])
 async def test_three_turns_on_mistrals_tokenizer_are_its_encoding_of_the_conversation(version, tmp_path):
-    """Calls with the ids the model wrote (pre-v11 ``"id"``, v11 ``[CALL_ID]``): each result names its
-    call, nothing is rewritten, and the trajectory is exactly mistral-common's encoding of the final
+    """Calls with the ids the model wrote (pre-v11 ``"id"``, v11 ``[CALL_ID]``; v13 writes none, its
+    calls get generated ids the encoding checks but does not write): each result names its call,
+    nothing is rewritten, and the trajectory is exactly mistral-common's encoding of the final
     conversation (the last turn's ``</s>`` is the model's)."""
     tok = mistral_tokenizer(version, tmp_path)
     assert tokenizer_family(tok).name == "mistral"
-    fmt = v11 if version == "v11" else pre_v11
-    texts = [fmt("add", args, id_) for ((id_, args),) in CALLS] + ["The answer is 14"]
+    calls = [[(call_id(f"t:{turn}:0"), args)] for turn, ((_, args),) in zip((1, 2), CALLS)] if version == "v13" \
+        else CALLS
+    fmt = {"v3": pre_v11, "v11": v11, "v13": lambda name, args, _: v11(name, args)}[version]
+    texts = [fmt("add", args, id_) for ((id_, args),) in calls] + ["The answer is 14"]
     ctx = context(tok, texts, "fork")
     pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t", 0)
     traj = pieces[-1]
@@ -111,14 +115,14 @@ async def test_three_turns_on_mistrals_tokenizer_are_its_encoding_of_the_convers
     eos = tok.convert_tokens_to_ids("</s>")
     # Masks: exactly the model's tokens are trained (the results and the prompt are not).
     assert trained(pieces) == [t for text in texts for t in ModelText(tok).encode(text) + [eos]]
-    rendered = tok.apply_chat_template(conversation(CALLS, texts), tools=[Add.schema], continue_final_message=True,
+    rendered = tok.apply_chat_template(conversation(calls, texts), tools=[Add.schema], continue_final_message=True,
                                        return_dict=False)
     assert traj.prompt_ids + traj.response_ids == rendered + [eos]
     # The results name their calls as the tokenizer writes them.
     text = tok.decode(traj.response_ids, skip_special_tokens=False)
-    result = "[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]5[/TOOL_RESULTS]" if version == "v11" \
-        else '[TOOL_RESULTS]{"content": 5, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]'
-    assert result in text
+    result = {"v3": '[TOOL_RESULTS]{"content": 5, "call_id": "a1b2c3d4e"}[/TOOL_RESULTS]',
+              "v11": "[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]5[/TOOL_RESULTS]", "v13": "[TOOL_RESULTS]5[/TOOL_RESULTS]"}
+    assert result[version] in text
 
 
 async def test_calls_without_ids_get_generated_ones_and_the_rewrite_forks(tmp_path):
@@ -142,6 +146,14 @@ async def test_calls_without_ids_get_generated_ones_and_the_rewrite_forks(tmp_pa
     assert pieces[-1].prompt_ids + pieces[-1].response_ids == rendered + [eos]
     kept = await run_trajectory_pieces(context(tok, texts, "keep"), SAMPLE, 0, "k", 0)
     assert len(kept) == 1 and kept[0].template_rewrites == 2
+
+
+def test_mistral_is_detected_from_a_jinja_template_and_named_by_chat_format():
+    from toolrl.config import ModelConfig
+    from toolrl.rollout.families import detect_family
+
+    assert detect_family("{{ '[INST]' + m + '[/INST]' }}{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert ModelConfig(chat_format="mistral").chat_format == "mistral"
 
 
 def test_the_parser_keeps_the_call_id_the_model_wrote():
