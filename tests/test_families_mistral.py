@@ -19,14 +19,14 @@ mistral_common = pytest.importorskip("mistral_common")
 pytest.importorskip("transformers.tokenization_mistral_common")
 
 DATA = Path(mistral_common.__file__).parent / "data"
-CONTROLS = ("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "</s>")
+CONTROLS = ("[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "[THINK]", "[/THINK]", "</s>")
 
 
 def mistral_tokenizer(version: str, tmp_path: Path):
     """The tekken vocabulary mistral-common ships (``tekken_240911.json``, a v3 file); ``v11``/``v13``:
-    the same file declared that version, with the control tokens v11 reads (``[ARGS]``, ``[CALL_ID]``),
-    which the shipped files lack, the other ranks up to 1,000 filled as v11 files fill them
-    (``<SPECIAL_n>``)."""
+    the same file declared that version, with the control tokens v11 and v13 read (``[ARGS]``,
+    ``[CALL_ID]``, ``[THINK]``, ``[/THINK]``), which the shipped files lack, the other ranks up to
+    1,000 filled as v11 files fill them (``<SPECIAL_n>``)."""
     from mistral_common.tokens.tokenizers.tekken import Tekkenizer
     from transformers.tokenization_mistral_common import MistralCommonBackend
 
@@ -34,7 +34,7 @@ def mistral_tokenizer(version: str, tmp_path: Path):
     if version != "v3":
         data = json.loads(path.read_text(encoding="utf-8"))
         data["config"]["version"] = version
-        named = {32: "[ARGS]", 33: "[CALL_ID]"}
+        named = {32: "[ARGS]", 33: "[CALL_ID]", 34: "[THINK]", 35: "[/THINK]"}
         data["special_tokens"] = [{**t, "token_str": str(t["token_str"])} for t in Tekkenizer.DEPRECATED_SPECIAL_TOKENS] + [
             {"rank": r, "token_str": named.get(r, f"<SPECIAL_{r}>"), "is_control": True} for r in range(20, 1000)]
         path = tmp_path / f"tekken_{version}.json"
@@ -184,3 +184,18 @@ async def test_a_parse_error_goes_back_as_a_user_turn(tmp_path):
     text = tok.decode(traj.response_ids, skip_special_tokens=False)
     assert "</s>[INST]Error: unterminated tool call to 'add'" in text
     assert "[TOOL_RESULTS]a1b2c3d4e[TOOL_CONTENT]5[/TOOL_RESULTS]" in text
+
+
+async def test_reasoning_stays_in_the_history_on_v13(tmp_path):
+    """Magistral-style turns (``[THINK]…[/THINK]`` before the calls): the reasoning goes into the
+    request as the turn's reasoning, which v13 encodes in every turn: exact, no rewrite."""
+    tok = mistral_tokenizer("v13", tmp_path)
+    texts = [f"[THINK]step {i}[/THINK]" + v11("add", args) for i, ((_, args),) in enumerate(CALLS)]
+    texts.append("[THINK]done[/THINK]The answer is 14")
+    pieces = await run_trajectory_pieces(context(tok, texts, "fork"), SAMPLE, 0, "t", 0)
+    traj = pieces[-1]
+    assert len(pieces) == 1 and traj.termination == "answered" and traj.template_rewrites == 0, traj.error
+    eos = tok.convert_tokens_to_ids("</s>")
+    assert trained(pieces) == [t for text in texts for t in ModelText(tok).encode(text) + [eos]]
+    assert "[/INST][THINK]step 0[/THINK][TOOL_CALLS]add[ARGS]" in tok.decode(traj.prompt_ids + traj.response_ids,
+                                                                           skip_special_tokens=False)

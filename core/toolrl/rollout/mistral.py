@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import string
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import ParseResult, ToolCall
 
 _ALPHABET = string.ascii_letters + string.digits
+# Reasoning at the start of a turn (Magistral's [THINK]…[/THINK]); the request holds it apart from the text.
+_THINK = re.compile(r"\s*\[THINK\](.*?)\[/THINK\]", re.DOTALL)
 
 
 def call_id(seed: str) -> str:
@@ -55,14 +58,21 @@ class MistralRenderer(ChatRenderer):
         return [c if c.id else c.model_copy(update={"id": call_id(f"{seed}:{i}")}) for i, c in enumerate(calls)]
 
     def assistant_message(self, ids: Sequence[int], parsed: ParseResult | None = None) -> dict[str, Any]:
-        if parsed is None or not parsed.calls:
-            return super().assistant_message(ids)
-        # The parser read the turn with its "</s>", which the encoding adds itself.
-        content = parsed.content.removesuffix(self.end_of_turn or "").rstrip()
-        return {"role": "assistant", "content": content,
-                "tool_calls": [{"id": c.id, "type": "function",
-                                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                               for c in parsed.calls]}
+        calls = parsed.calls if parsed is not None else []
+        # A turn with calls: its text less the calls (the parser read it with its "</s>", which the
+        # encoding adds itself); else the text as written.
+        content = parsed.content.removesuffix(self.end_of_turn or "").strip() if calls else self.turn_text(ids)
+        message: dict[str, Any] = {"role": "assistant"}
+        think = _THINK.match(content)
+        if think:
+            message["reasoning_content"], content = think.group(1), content[think.end():]
+        message["content"] = content
+        if calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                for c in calls]
+        return message
 
     def tool_message(self, text: str, name: str, images: int = 0, call_id: str | None = None) -> dict[str, Any]:
         if call_id is None:  # a parse error answers no call, and mistral-common needs one: a user turn
