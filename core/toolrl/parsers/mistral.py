@@ -3,7 +3,10 @@
 - tokenizers before v11: ``[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`` (one JSON list, or
   one object, holds the turn's calls);
 - v11 and later: ``[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}`` (the name, then its JSON
-  arguments; ``f{...}`` without ``[ARGS]`` too).
+  arguments; ``f{...}`` without ``[ARGS]`` too), the call's id after ``[CALL_ID]`` when the model
+  writes one (``f[CALL_ID]a1b2c3d4e[ARGS]{...}``).
+
+A call keeps the id the model wrote (pre-v11 ``"id"``, v11 ``[CALL_ID]``): its result must name it.
 
 A call's JSON ends where its brackets balance, so text after it is content. Reasoning
 (``[THINK]...[/THINK]``) holds no calls, as in the hermes parser. The turn ends with ``</s>``.
@@ -18,7 +21,7 @@ from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json
 from toolrl.parsers.blocks import Block, Markers, reasoning_regions
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
-TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
+TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 THINK = Markers(TOOL_CALLS, "", "[THINK]", "[/THINK]")
 _MARKERS = re.compile(r"\[TOOL_CALLS\]|\[/?THINK\]")
 _NAME = re.compile(r"[^\s\[{]*")
@@ -83,15 +86,22 @@ class MistralParser(ToolParser):
                 return end, str(exc)
         name_end = _NAME.match(text, pos).end()  # type: ignore[union-attr]
         name = text[pos:name_end]
+        call_id = None
+        if text.startswith(CALL_ID, name_end):
+            id_start = name_end + len(CALL_ID)
+            name_end = _NAME.match(text, id_start).end()  # type: ignore[union-attr]
+            call_id = text[id_start:name_end] or None
         args = name_end + len(ARGS) if text.startswith(ARGS, name_end) else name_end
         if not name or not text.startswith("{", args):
             stop = text.find(TOOL_CALLS, pos)
             end = stop if stop != -1 else len(text)
-            return end, f"tool call must read {TOOL_CALLS}NAME{ARGS}{{...}} or {TOOL_CALLS}[{{...}}]"
+            return end, (f"tool call must read {TOOL_CALLS}NAME{ARGS}{{...}}, {TOOL_CALLS}NAME{CALL_ID}ID{ARGS}{{...}} "
+                         f"or {TOOL_CALLS}[{{...}}]")
         end = json_end(text, args)
         if end == -1:
             return len(text), f"unterminated tool call to '{name}': its JSON arguments never close"
         try:
-            return end, [ToolCall(name=name, arguments=json_object(text[args:end], f"arguments of tool call to '{name}'"))]
+            arguments = json_object(text[args:end], f"arguments of tool call to '{name}'")
+            return end, [ToolCall(name=name, arguments=arguments, id=call_id)]
         except ValueError as exc:
             return end, str(exc)

@@ -241,7 +241,7 @@ async def take_turn(ep: _Episode) -> Termination | None:
     results = await execute(ep, calls)
     if traj.turns >= ep.route.max_turns:  # no further generation would read the results
         return "max_turns"
-    delta, images = tool_results_delta(ep, results, errors)
+    delta, images = tool_results_delta(ep, results, errors, [c.id for c in calls])
     if ep.response_tokens + len(delta) >= cfg.max_response_tokens:
         return "max_response_tokens"
     _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
@@ -332,7 +332,6 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))
-    ep.messages.append(ep.renderer.assistant_message(gen.token_ids))
     return gen
 
 
@@ -340,12 +339,15 @@ def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseErro
     """The calls to run and the parse errors to report to the model; sets the final answer. Inline
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
-    parser, traj = ep.route.parser, ep.traj
+    parser, traj, renderer = ep.route.parser, ep.traj, ep.renderer
     parsed = parser.parse(traj.model_text[-1])
     if parser.result_mode != "inline":
         traj.final_response = parsed.content
         traj.parse_errors += parsed.errors
-        return parsed.calls, parsed.errors
+        calls = renderer.with_call_ids(parsed.calls, f"{traj.trajectory_id}:{traj.turns}")
+        ep.messages.append(renderer.assistant_message(gen.token_ids, parsed.model_copy(update={"calls": calls})))
+        return calls, parsed.errors
+    ep.messages.append(renderer.assistant_message(gen.token_ids))
     model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
     traj.final_response = parser.parse(ep.renderer.decode(model_ids)).content
     stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
@@ -379,11 +381,12 @@ async def execute(ep: _Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     return results
 
 
-def tool_results_delta(ep: _Episode, results: Sequence[ToolResult],
-                       errors: Sequence[ParseError]) -> tuple[list[int], list[TrajectoryImage]]:
+def tool_results_delta(ep: _Episode, results: Sequence[ToolResult], errors: Sequence[ParseError],
+                       call_ids: Sequence[str | None] = ()) -> tuple[list[int], list[TrajectoryImage]]:
     """The tokens that show the model its calls' results and its parse errors: a chat-template tool
     turn, or inline result tags; each response cut to ``tool_response_max_tokens``. With a processor,
-    the images the results hold come with them (the second value, in token order)."""
+    the images the results hold come with them (the second value, in token order). ``call_ids``: the
+    results' calls' ids, in order (for templates that pair a result with its call)."""
     cfg, renderer, parser = ep.config, ep.renderer, ep.route.parser
     shown = tool_images(ep, results) if renderer.processor is not None and parser.result_mode == "chat" else []
     texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
@@ -394,7 +397,8 @@ def tool_results_delta(ep: _Episode, results: Sequence[ToolResult],
     if parser.result_mode == "inline":
         return renderer.text_ids("".join(parser.format_inline_result(ToolResponse(text=t)) for _, t in texts)), []
     counts = [len(s) for s in shown] + [0] * (len(texts) - len(shown))
-    messages = [renderer.tool_message(t, name, n) for (name, t), n in zip(texts, counts)]
+    ids = [*call_ids, *[None] * (len(texts) - len(call_ids))]
+    messages = [renderer.tool_message(t, name, n, i) for (name, t), n, i in zip(texts, counts, ids)]
     ep.messages += messages
     images = [image for s in shown for image in s]
     return renderer.tool_delta(messages, [i.grid_thw for i in images]), images

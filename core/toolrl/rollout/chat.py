@@ -19,7 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from toolrl.schemas import ParseResult, ToolCall
 
 Truncation = Literal["keep_head", "keep_tail", "keep_head_and_tail"]
 
@@ -41,7 +44,9 @@ def _synthetic_turns(tool_messages: list[dict[str, Any]]) -> list[dict[str, Any]
     """The synthetic assistant turns, then one with structured calls to the tools that answered
     (gpt-oss, Gemma 4 and GLM's training template render tool results only after those)."""
     turns: list[dict[str, Any]] = [{"role": "assistant", "content": a} for a in _SYNTHETIC_ASSISTANTS]
-    calls = [{"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}}}
+    # A result that names its call (Mistral's tool_call_id) answers a call with that id.
+    calls = [{"type": "function", "function": {"name": m.get("name", "tool"), "arguments": {}},
+              **({"id": m["tool_call_id"]} if "tool_call_id" in m else {})}
              for m in tool_messages if m["role"] == "tool"]
     if calls:
         turns.append({"role": "assistant", "content": "", "tool_calls": calls})
@@ -187,17 +192,28 @@ class ChatRenderer:
             out.append(message)
         return out
 
-    def assistant_message(self, ids: Sequence[int]) -> dict[str, Any]:
-        """A generated turn as the conversation holds it: its text, without the end-of-turn token
-        the template adds itself (reasoning and calls stay in the text, as the model wrote them)."""
+    def turn_text(self, ids: Sequence[int]) -> str:
+        """A generated turn's text, without the end-of-turn token the template adds itself."""
         ids = list(ids)
         if ids and ids[-1] == self.eos_id:
             ids = ids[:-1]
-        return {"role": "assistant", "content": self.decode(ids)}
+        return self.decode(ids)
 
-    def tool_message(self, text: str, name: str, images: int = 0) -> dict[str, Any]:
+    def assistant_message(self, ids: Sequence[int], parsed: ParseResult | None = None) -> dict[str, Any]:
+        """A generated turn as the conversation holds it: its text (reasoning and calls stay in it, as
+        the model wrote them). ``parsed``: the turn's calls with their ids (:meth:`with_call_ids`),
+        for renderers whose templates read structured calls instead."""
+        return {"role": "assistant", "content": self.turn_text(ids)}
+
+    def with_call_ids(self, calls: list[ToolCall], seed: str) -> list[ToolCall]:
+        """The calls with the ids their results must name; ``seed`` makes generated ids unique per
+        turn. Only formats whose results name their call (Mistral's) need ids: here they stay as read."""
+        return calls
+
+    def tool_message(self, text: str, name: str, images: int = 0, call_id: str | None = None) -> dict[str, Any]:
         """A tool result as the template renders it; ``images``: how many images it shows, before its
-        text (an image part each; rendering them needs a processor)."""
+        text (an image part each; rendering them needs a processor); ``call_id``: the id of the call
+        it answers (None: a parse error's report), for templates that pair results with calls."""
         parts: list[dict[str, Any]] = [{"type": "image"}] * images
         if self.native_tools:
             return {"role": "tool", "name": name, "content": [*parts, {"type": "text", "text": text}] if images else text}
@@ -228,7 +244,7 @@ class ChatRenderer:
             try:  # gpt-oss's template raises on tool results that follow no structured tool call
                 before_key = json.dumps(turn, sort_keys=True)
                 if before_key not in self._before_cache:
-                    self._before_cache[before_key] = self._render(base, False)
+                    self._before_cache[before_key] = self._render_closed_turn(base)
                 before = self._before_cache[before_key]
                 after = self._render(base + tool_messages, True)
             except Exception as exc:
@@ -242,13 +258,21 @@ class ChatRenderer:
                 problems.append(f"{turn['content']!r}: the turn does not end with token {self.eos_id}")
                 continue
             # Gemma 4 renders tool results only after a structured call: a delta without them is wrong.
-            if not all(_text_of(m["content"]) in self.decode(delta) for m in tool_messages):
+            if not all(self._shows(_text_of(m["content"]), self.decode(delta)) for m in tool_messages):
                 problems.append(f"{turn['content']!r}: the tool results are not rendered")
                 continue
             self._working_assistant = turn["content"]
             return delta
         raise TemplateError("the chat template is not append-only for tool messages "
                             f"(tried synthetic assistant turns: {'; '.join(problems)})")
+
+    def _shows(self, text: str, rendered: str) -> bool:
+        """Whether a rendering holds a message's text (as the template writes it)."""
+        return text in rendered
+
+    def _render_closed_turn(self, messages: list[dict[str, Any]]) -> list[int]:
+        """A conversation whose last message is a finished assistant turn."""
+        return self._render(messages, False)
 
     def _after_end_of_turn(self, before: list[int], after: list[int]) -> list[int] | None:
         """The delta after a generated turn that ended with the end-of-turn token: what the template

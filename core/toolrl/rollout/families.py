@@ -62,6 +62,11 @@ FAMILIES: tuple[Family, ...] = (
             "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
             "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>",
             "<｜tool▁output▁end｜>")),
+    # Mistral: mistral-common encodes the request (transformers' MistralCommonBackend), no jinja;
+    # detected from that tokenizer, or from an HF jinja template's markers.
+    Family("mistral", "mistral", "</s>", ("[INST]", "[TOOL_CALLS]"), (), None,
+           ("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]", "[/TOOL_RESULTS]")),
     Family("gpt_oss", "gpt_oss", "<|call|>", ("<|channel|>", "<|message|>"), ("gptoss.jinja",),
            "gptoss_training.jinja",
            ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"),
@@ -71,7 +76,11 @@ FAMILIES: tuple[Family, ...] = (
            ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<think>", "</think>",
             "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
             "<tool_response>", "</tool_response>", "<|endoftext|>"), ("<|user|>", "<|endoftext|>")),
-    # Gemma 4 (Gemma 3 and earlier templates have no tool calls); TRL has no training twin.
+    # Gemma 3: no tool syntax in its template (it ignores tools=, and a tool-role message breaks its
+    # user/model alternation), so tools go in the system prompt and results as hermes-wrapped user turns.
+    Family("gemma3", "hermes", "<end_of_turn>", ("<start_of_turn>", "<end_of_turn>"), ("gemma3.jinja",),
+           "gemma3_training.jinja", ("<bos>", "<start_of_turn>", "<end_of_turn>")),
+    # Gemma 4; TRL has no training twin.
     Family("gemma", "gemma", "<turn|>", ("<|turn>", "<turn|>"),
            ("gemma4.jinja", "gemma4_v2.jinja", "gemma4_v3.jinja", "gemma4_v4.jinja", "gemma4_v5.jinja"), None,
            ("<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
@@ -120,6 +129,8 @@ def tokenizer_family(tokenizer: Any, chat_format: str | None = None) -> Family:
     """The family named by ``chat_format``, else the one the tokenizer's template belongs to."""
     if chat_format is not None:
         return family_named(chat_format)
+    if type(tokenizer).__name__ == "MistralCommonBackend":  # no template: mistral-common encodes requests
+        return BY_NAME["mistral"]
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         raise FamilyError("the tokenizer has no chat template; set model.chat_format")
@@ -140,8 +151,6 @@ def renderer_factory(tokenizer: Any, chat_format: str | None = None, rule: str =
     ``template_rewrite: training_template``, its training template. A template no family matches
     keeps the generic rendering unless the config needs its family. ``processor``: a vision-language
     model's (toolrl.models.load_processor), which renders images."""
-    from toolrl.rollout.chat import ChatRenderer
-
     try:
         family: Family | None = tokenizer_family(tokenizer, chat_format)
     except FamilyError:
@@ -151,4 +160,22 @@ def renderer_factory(tokenizer: Any, chat_format: str | None = None, rule: str =
     template = training_template(family) if family is not None and rule == "training_template" else None
     end_of_turn = family.end_of_turn if family is not None else None
     stops = family.stop_tokens if family is not None else ()
-    return lambda schemas: ChatRenderer(tokenizer, schemas, template, end_of_turn, stops, processor)
+    renderer = renderer_class(family)
+    return lambda schemas: renderer(tokenizer, schemas, template, end_of_turn, stops, processor)
+
+
+def renderer_class(family: Family | None) -> type[ChatRenderer]:
+    """The family's renderer: Mistral's and gpt-oss's rebuild the model's turns as structured
+    messages for re-rendering (their templates read calls, not the text the model wrote)."""
+    from toolrl.rollout.chat import ChatRenderer
+
+    name = family.name if family is not None else None
+    if name == "mistral":
+        from toolrl.rollout.mistral import MistralRenderer
+
+        return MistralRenderer
+    if name == "gpt_oss":
+        from toolrl.rollout.harmony import HarmonyRenderer
+
+        return HarmonyRenderer
+    return ChatRenderer

