@@ -183,3 +183,30 @@ def test_samples_written_back_keep_their_images(tmp_path):
     write_jsonl([sample], tmp_path / "out.jsonl")
     [again] = load_files([tmp_path / "out.jsonl"])
     assert again.images == sample.images and again.prompt == sample.prompt
+
+
+class _TextOnlyEngine:  # an engine whose generate takes no images (an OpenAI-compatible server, say)
+    async def generate(self, prompt_ids, params, n=1, session_id=None):
+        raise AssertionError("not called")
+
+
+def test_an_engine_without_images_gets_text_or_a_config_error(caplog):
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.models import tiny_qwen3
+    from toolrl.roles.compose import engine_processor
+    from toolrl.schemas import Sample
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml", ["model.source=tiny-qwen2.5-vl", "engine.name=openai"])
+    figure = Sample(prompt=[{"role": "user", "content": "Find x. <image>"}], images=[png(56, 56)])
+    text = Sample(prompt="2+3?")
+    assert engine_processor(config, ScriptedEngine, tiny_qwen2_5_vl(), [figure]) is not None
+    assert engine_processor(config, _TextOnlyEngine, tiny_qwen3(), [text]) is None  # a text model
+    with pytest.raises(ConfigError, match=r"^engine.name: the openai engine takes no images, and the prompts of the "
+                                          r"vision-language model tiny-qwen2.5-vl hold some: "):
+        engine_processor(config, _TextOnlyEngine, tiny_qwen2_5_vl(), [text, figure])
+    with caplog.at_level("WARNING"):
+        assert engine_processor(config, _TextOnlyEngine, tiny_qwen2_5_vl(), [text]) is None
+    assert "the openai engine takes no images: the vision-language model tiny-qwen2.5-vl reads the prompts' " \
+           "text only" in caplog.text

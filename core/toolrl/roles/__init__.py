@@ -149,7 +149,7 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     their own processes."""
     from toolrl import models
     from toolrl.data import check_prompt_tokens
-    from toolrl.roles.compose import compose_local
+    from toolrl.roles.compose import compose_local, engine_processor
     from toolrl.roles.resolve import ResolvedRun, resolve_run
     from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
     from toolrl.roles.trainer_rank import TrainerRank
@@ -173,6 +173,7 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     path = run.model_dir
     tokenizer = models.load_tokenizer(path)
     check_prompt_tokens(run.prompts or [], tokenizer, path, "the prompts", config.rollout.images)  # before any actor starts
+    engine_processor(config, run.parts.engine_cls, path, run.prompts or [])  # images need an engine that takes them
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker

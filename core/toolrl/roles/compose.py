@@ -16,6 +16,7 @@ the trainer's module, so weight updates cost nothing.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from toolrl.rollout import RolloutContext, Route, Trajectory, run_group, run_rol
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
 from toolrl.tools.verl_config import ToolsFile
+
+log = logging.getLogger(__name__)
 
 
 def model_path(config: Config) -> str:
@@ -303,6 +306,26 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
     return routes, [t for tools in built.values() for t in tools.values()]
 
 
+def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequence[Sample] = ()) -> Any:
+    """The processor the rollout renders with: the model's (None for a text model), unless the engine's
+    ``generate`` takes no images. Then a vision-language model reads text only (said once in the log;
+    tool results' images are left out), and samples that hold images are a one-line config error."""
+    import inspect
+
+    from toolrl.models import load_processor
+
+    processor = load_processor(path)
+    if processor is None or "images" in inspect.signature(engine_cls.generate).parameters:
+        return processor
+    if any(s.images for s in samples):
+        raise ConfigError(f"engine.name: the {config.engine.name} engine takes no images, and the prompts of "
+                          f"the vision-language model {config.model.source} hold some: use an engine that takes "
+                          "them (transformers), or leave them out (an environment's images: false)")
+    log.warning("the %s engine takes no images: the vision-language model %s reads the prompts' text only",
+                config.engine.name, config.model.source)
+    return None
+
+
 def build_engine(config: Config, engine_cls: Any, path: str, tokenizer: Any, module: Any = None) -> Any:
     """The configured engine on the model in ``path`` (``module``: a live model to share, in process).
     An engine that rejects its options with a pydantic error names ``engine.options``."""
@@ -394,6 +417,7 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
     from toolrl.rollout.families import renderer_factory
 
     parts = parts if parts is not None else resolve_parts(config)
+    processor = engine_processor(config, parts.engine_cls, path, samples)
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
@@ -402,10 +426,7 @@ async def compose_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    from toolrl.models import load_processor
-
-    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite,
-                               load_processor(path))
+    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite, processor)
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 
