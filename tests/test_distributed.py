@@ -343,3 +343,42 @@ def test_cli_train_on_a_local_ray_with_two_workers(tmp_path):
     traces = (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()
     assert len(traces) == 8
     assert (out / "checkpoints" / "step_000001" / "meta.json").exists()
+
+
+def test_a_local_ray_that_times_out_starting_is_started_once_more(monkeypatch, caplog):
+    """Ray gives a starting node 30 s to register, which a loaded machine can miss. That timeout cannot be
+    produced on demand, so ``ray.init`` is replaced here by one that raises Ray's own message first."""
+    import ray
+    from toolrl.roles.rollout_workers import init_ray
+
+    calls, shutdowns = [], []
+    timed_out = Exception("The current node timed out during startup. This could happen because some of the "
+                          "raylet failed to startup or the GCS has become overloaded.")
+
+    def init(**options):
+        calls.append(options)
+        if len(calls) == 1:
+            raise timed_out
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    with caplog.at_level("WARNING"):
+        init_ray("local", 3, runtime_env={"env_vars": {"A": "1"}})
+    assert len(calls) == 2 and shutdowns == [1] and calls[0] == calls[1]
+    assert calls[1]["num_cpus"] == max(os.cpu_count() or 1, 3) and calls[1]["runtime_env"] == {"env_vars": {"A": "1"}}
+    assert "Ray's local node timed out starting (a busy machine); starting it once more" in caplog.text
+    calls.clear()
+    with pytest.raises(Exception, match="timed out during startup"):  # a cluster toolrl did not start
+        init_ray("auto", 3)
+    assert len(calls) == 1
+
+
+    def never(**options):
+        calls.append(options)
+        raise timed_out
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", never)
+    with pytest.raises(Exception, match="timed out during startup"):  # once more, not forever
+        init_ray("local", 1)
+    assert len(calls) == 2

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from _dists import EVEN_TOKENS, make_dist
 from toolrl.config import Config, load_config
+from toolrl.roles.rollout_workers import init_ray
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray actors: minutes on two shared cores
@@ -47,8 +48,7 @@ def cluster(tmp_path_factory):
     path = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")
-        ray.init(address="local", num_cpus=4, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+        init_ray("local", 4, runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
         try:
             yield
         finally:

@@ -400,6 +400,7 @@ def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, fro
 @pytest.mark.slow
 def test_two_ranks_train_like_one(processor, trajectories, tmp_path):
     ray = pytest.importorskip("ray")
+    from toolrl.roles.rollout_workers import init_ray
     from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
     from toolrl.roles.trainer_rank import TrainerRank
 
@@ -410,8 +411,8 @@ def test_two_ranks_train_like_one(processor, trajectories, tmp_path):
         mp.setenv("RAY_AUTH_MODE", "disabled")
         import os
 
-        ray.init(address="local", num_cpus=2, include_dashboard=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}})
+        init_ray("local", 2, runtime_env={"env_vars": {"PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                                                        "OMP_NUM_THREADS": "1"}})
         try:
             group = RayTrainerGroup(rank_config(tmp_path / "two", 2, "ray.address=local"))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import socket
@@ -43,6 +44,8 @@ from toolrl.training.weight_sync import BucketStager
 
 if TYPE_CHECKING:
     from toolrl.roles import TrainerGroup
+
+log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
@@ -462,15 +465,25 @@ class RolloutWorkerPool:
             ray.shutdown()
 
 
-def init_ray(address: str, cpus_needed: float) -> None:
-    """Connect this process to Ray: ``"local"`` starts a private instance on this machine with at least
-    ``cpus_needed`` logical CPUs (so a laptop can run more actors than it has cores)."""
+def init_ray(address: str, cpus_needed: float, **options: Any) -> None:
+    """Connect this process to Ray (``options``: more of ``ray.init``'s): ``"local"`` starts a private
+    instance on this machine with at least ``cpus_needed`` logical CPUs (so a laptop can run more actors
+    than it has cores). Ray gives a starting node 30 s to register; on a machine busy enough that it
+    misses that, the local instance is started once more (said in the log)."""
     import ray
 
-    options: dict[str, Any] = {"include_dashboard": False}
+    options = {"include_dashboard": False, **options}
     if address == "local":
         options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cpus_needed))
-    ray.init(address=address, **options)
+    for attempt in (1, 2):
+        try:
+            ray.init(address=address, **options)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for a node that timed out starting
+            if address != "local" or attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            log.warning("Ray's local node timed out starting (a busy machine); starting it once more")
+            ray.shutdown()
 
 
 def _split(count: int, parts: int) -> list[list[int]]:
