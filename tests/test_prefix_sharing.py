@@ -63,11 +63,13 @@ def nothing_shared():
     return [traj(head + ids(rng, 30), ids(rng, 6), group=g) for g in range(3)]
 
 
-def loss_and_grads(model, trajs, share):
-    batch = build_batch(trajs, [0.5 - 0.3 * i for i in range(len(trajs))], share_prefixes=share)
+def loss_and_grads(model, trajs, share, processor=None, max_len=32.0):
+    """One policy-loss backward over ``trajs`` packed with or without shared prefixes: the batch, the
+    log-probs, the loss and every parameter's gradient (``processor``: a vision model's)."""
+    batch = build_batch(trajs, [0.5 - 0.3 * i for i in range(len(trajs))], share_prefixes=share, processor=processor)
     model.zero_grad(set_to_none=True)
     lp = response_logprobs(model, batch, chunk_size=7)
-    norm = {"tokens": float(batch.response_mask.sum()), "seqs": float(len(trajs)), "max_len": 32.0}
+    norm = {"tokens": float(batch.response_mask.sum()), "seqs": float(len(trajs)), "max_len": max_len}
     loss, _ = policy_loss(lp, lp.detach() + 0.01, batch, AlgorithmConfig(tis_cap=2.0), norm)
     loss.backward()
     return batch, lp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}

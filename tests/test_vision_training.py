@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_prefix_sharing import loss_and_grads
 from toolrl import models
 from toolrl.config import Config, ConfigError, load_config
 from toolrl.rollout import Trajectory
@@ -137,17 +138,8 @@ def geo3k_group(processor) -> list[Trajectory]:
 
 
 def vision_loss_and_grads(model, processor, trajs, share: bool, attn: str = "sdpa"):
-    from toolrl.config import AlgorithmConfig
-    from toolrl.training.grpo import policy_loss
-
     model.config._attn_implementation = attn
-    batch = build_batch(trajs, [0.5 - 0.3 * i for i in range(len(trajs))], share_prefixes=share, processor=processor)
-    model.zero_grad(set_to_none=True)
-    lp = response_logprobs(model, batch, chunk_size=7)
-    norm = {"tokens": float(batch.response_mask.sum()), "seqs": float(len(trajs)), "max_len": 128.0}
-    loss, _ = policy_loss(lp, lp.detach() + 0.01, batch, AlgorithmConfig(tis_cap=2.0), norm)
-    loss.backward()
-    return batch, lp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss_and_grads(model, trajs, share, processor, max_len=128.0)
 
 
 def assert_same_grads(want: dict, got: dict, rtol: float = 1e-6) -> None:
