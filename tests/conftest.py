@@ -1,6 +1,7 @@
-"""Shared session fixtures: the real Qwen3 tokenizer and a tiny random Qwen3 model.
+"""Shared session fixtures: the real Qwen3 tokenizer, a tiny random Qwen3 model and a tiny random Gemma 3
+with a sliding-window layer.
 
-Both are built once and cached on disk (``$TOOLRL_CACHE`` or ``~/.cache/toolrl``), so later test
+The tokenizer and the Qwen3 are built once and cached on disk (``$TOOLRL_CACHE`` or ``~/.cache/toolrl``), so later test
 sessions only load them.
 """
 
@@ -23,3 +24,16 @@ def tiny_qwen3_path() -> str:
     from toolrl.models import tiny_qwen3
 
     return tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def windowed() -> Any:
+    """A tiny Gemma 3 whose first layer sees only the 6 positions before each token."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=151_936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+                              layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa")
+    return Gemma3ForCausalLM(config)

@@ -52,8 +52,8 @@ def padded_logprobs(model, trajs):
     return torch.stack(out)
 
 
-def loss_and_grads(model, trajs, lp_fn):
-    batch = build_batch(trajs, [1.0, -0.5, 0.25, -1.0])
+def loss_and_grads(model, trajs, lp_fn, share=False):
+    batch = build_batch(trajs, [1.0, -0.5, 0.25, -1.0], share_prefixes=share)
     model.zero_grad(set_to_none=True)
     lp = lp_fn(batch)
     norm = {"tokens": float(batch.response_mask.sum()), "seqs": 4.0, "max_len": 32.0}
@@ -73,6 +73,33 @@ def test_packed_batch_gives_the_padded_loss_and_gradients(model, variant):
     want_lp, want_loss, want = loss_and_grads(m, trajs, lambda b: padded_logprobs(m, trajs))
     got_lp, got_loss, got = loss_and_grads(m, trajs, lambda b: response_logprobs(m, b, chunk_size=5))
     assert (m.config._attn_implementation == VARLEN_SDPA) == (variant != "eager")
+    assert torch.allclose(got_lp, want_lp, atol=1e-5, rtol=0)
+    assert abs(float(got_loss - want_loss)) <= 1e-6 * max(1.0, abs(float(want_loss)))
+    for name, g in want.items():
+        assert float((got[name] - g).norm()) <= 1e-5 * float(g.norm()) + 1e-9, name
+
+
+def with_shared_prompt():
+    """Three samples of one 40-token prompt, two of them with a common first turn, and a fourth prompt."""
+    g = torch.Generator().manual_seed(2)
+
+    def ids(n):
+        return torch.randint(100, 150_000, (n,), generator=g).tolist()
+
+    prompt, turn = ids(40), ids(10)
+    return [traj(prompt, turn + ids(6), [1] * 4 + [0] * 6 + [1] * 6), traj(prompt, turn + ids(3), [1] * 4 + [0] * 6 + [1] * 3),
+            traj(prompt, ids(12), [1] * 12), traj(ids(20), ids(5), [1] * 5)]
+
+
+@pytest.mark.parametrize("variant", ["sdpa", "eager", "shared prefixes"])
+def test_sliding_window_layers_keep_their_window_in_a_packed_row(windowed, variant):
+    m = copy.deepcopy(windowed).train()
+    if variant == "eager":
+        m.config._attn_implementation = "eager"
+    share = variant == "shared prefixes"
+    trajs = with_shared_prompt() if share else ragged()
+    want_lp, want_loss, want = loss_and_grads(m, trajs, lambda b: padded_logprobs(m, trajs))
+    got_lp, got_loss, got = loss_and_grads(m, trajs, lambda b: response_logprobs(m, b, chunk_size=5), share)
     assert torch.allclose(got_lp, want_lp, atol=1e-5, rtol=0)
     assert abs(float(got_loss - want_loss)) <= 1e-6 * max(1.0, abs(float(want_loss)))
     for name, g in want.items():

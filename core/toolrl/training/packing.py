@@ -18,10 +18,14 @@ Attention over the packed row:
 - anything else (eager, flex): transformers' own packed-sequence detection from ``position_ids``
   (a block-diagonal mask).
 
+Sliding-window layers (Gemma 3, gpt-oss, Mistral and Qwen models that set one) keep their window
+under sdpa: a sequence's tokens see only the ``sliding_window`` positions before them, as unpacked.
+
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
 once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
-keys are its ancestors' rows and its own (a boolean mask: context fully, itself causally), so
-attention costs each continuation what it cost unshared and the prefix once. Other attention
+keys are its ancestors' rows and its own (context fully, itself causally: sdpa's lower-right causal
+bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
+costs each continuation what it cost unshared and the prefix once. Other attention
 implementations run the unshared row rebuilt from the tree (``expand``) and read the tree's hidden
 states back from it, with a warning once per implementation: the same values and gradients, no saving.
 
@@ -59,7 +63,7 @@ class PackedBatch:
     """A packed micro-batch. ``input_ids``/``position_ids`` are (1, T). The row is cut into ``spans``
     (:mod:`toolrl.training.prefix_tree`): without shared prefixes one per sequence (``bounds`` are their
     edges, ``attention`` None); with them ``attention`` holds, per span, None (causal over itself) or
-    the rows it attends to (its context, then itself) and the (n, keys) boolean mask. The LM head runs
+    the rows it attends to (its context, then itself: the sequence's positions from 0). The LM head runs
     at the N positions ``head_pos``, predicting ``targets``, which land at ``(rows, cols)`` of the
     (B, R) response grid that the loss reads (``response_mask``, ``engine_logprobs``, B ``advantages``).
     ``expand`` lists, sequence after sequence, the row of each token of the unshared packing (edges
@@ -76,7 +80,7 @@ class PackedBatch:
     response_mask: torch.Tensor
     engine_logprobs: torch.Tensor
     advantages: torch.Tensor
-    attention: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None
+    attention: list[torch.Tensor | None] | None = None
     expand: torch.Tensor | None = None
     path_bounds: list[int] | None = None
     first_copy: torch.Tensor | None = None
@@ -196,17 +200,9 @@ def dummy_batch(pad_id: int, device: torch.device | str = "cpu") -> PackedBatch:
 
 
 def add_tree(batch: PackedBatch, tree: prefix_tree.TreeLayout, device: torch.device | str) -> None:
-    """The tree's attention (per span: keys and mask) and the way back to the unshared layout."""
-    attention: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-    for s in tree.spans:
-        if not s.context:
-            attention.append(None)
-            continue
-        n = s.end - s.start
-        keys = torch.tensor(s.context + list(range(s.start, s.end)), dtype=torch.long, device=device)
-        own = torch.ones((n, n), dtype=torch.bool, device=device).tril()
-        mask = torch.cat([torch.ones((n, len(s.context)), dtype=torch.bool, device=device), own], dim=1)
-        attention.append((keys, mask))
+    """The tree's attention (per span: the rows it attends to) and the way back to the unshared layout."""
+    attention = [torch.tensor(s.context + list(range(s.start, s.end)), dtype=torch.long, device=device)
+                 if s.context else None for s in tree.spans]
     expand = torch.tensor([r for path in tree.paths for r in path], dtype=torch.long, device=device)
     first = torch.full((batch.tokens,), expand.numel(), dtype=torch.long, device=device)
     batch.attention = attention
@@ -266,7 +262,7 @@ def _log_once(key: str, message: str) -> None:
 
 
 def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bounds: list[int],
-               tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+               tree: list[torch.Tensor | None] | None = None,
                extra: dict[str, Any] | None = None) -> torch.Tensor:
     """``base`` over a packed row cut at ``bounds`` (each piece causal over itself, or per ``tree``);
     ``extra``: more keyword arguments for ``base`` (a vision model's encoder outputs)."""
@@ -296,27 +292,52 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
 
 def _varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
-                 toolrl_tree: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+                 toolrl_tree: list[torch.Tensor | None] | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
+    if cu_seq_lens_q is None or query.shape[0] != 1:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    # A packed row: ``attention_mask`` is the model's causal (or sliding-window) mask over the whole row,
+    # blind to where sequences start; each span's is built here instead.
     for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
         kwargs.pop(k, None)
+    window = kwargs.pop("sliding_window", None)
     bounds = cu_seq_lens_q.tolist()
-    spans = list(zip(bounds, bounds[1:], strict=False))
     outs = []
-    for s, (a, b) in enumerate(spans):
-        span = None if toolrl_tree is None else toolrl_tree[s]
-        if span is None:
-            outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None,
-                                               is_causal=True, **kwargs)[0])
-        else:  # the span's context (its ancestors' rows) fully, itself causally
-            keys, mask = span
-            outs.append(sdpa_attention_forward(module, query[:, :, a:b], key[:, :, keys], value[:, :, keys],
-                                               mask[None, None], is_causal=False, **kwargs)[0])
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        rows = None if toolrl_tree is None else toolrl_tree[s]
+        if rows is None:
+            outs.append(_span_attention(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], window, kwargs))
+        else:  # the span's context (its ancestors' rows), then itself
+            outs.append(_span_attention(module, query[:, :, a:b], key[:, :, rows], value[:, :, rows], window, kwargs))
     return torch.cat(outs, dim=1), None
+
+
+def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
+                    kwargs: dict[str, Any]) -> torch.Tensor:
+    """Attention of a span's n queries over ``key``: the sequence's positions from 0, the span's own
+    last. Query i (position c + i, c the context's length) sees key j for j <= c + i and, under a
+    sliding ``window`` w, j > c + i - w (transformers' window)."""
+    from torch.nn.attention.bias import causal_lower_right
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    n, context = query.shape[2], key.shape[2] - query.shape[2]
+    if window is not None:
+        drop = max(0, context - window + 1)  # keys out of every query's window
+        key, value, context = key[:, :, drop:], value[:, :, drop:], context - drop
+        if window < context + n:
+            q = torch.arange(context, context + n, device=query.device)[:, None]
+            k = torch.arange(context + n, device=query.device)[None]
+            band = (k <= q) & (k > q - window)
+            return sdpa_attention_forward(module, query, key, value, band[None, None], is_causal=False, **kwargs)[0]
+    if context == 0:
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)[0]
+    groups = getattr(module, "num_key_value_groups", 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=causal_lower_right(n, context + n),
+        dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"))
+    return out.transpose(1, 2).contiguous()
 
 
 def _install_varlen_sdpa(base: Any) -> None:
