@@ -422,13 +422,13 @@ def test_prompt_tokens_are_counted_only_for_prompts_that_may_not_fit(qwen3_token
 
     monkeypatch.setattr(qwen3_tokenizer, "apply_chat_template", counted)
     # 34,000 UTF-8 bytes may be 32,768 tokens, so it is rendered; it is far fewer and fits.
-    check_prompt_tokens([Sample(prompt="2+3?"), Sample(prompt="é" * 17_000)], qwen3_tokenizer, tiny_qwen3_path, "data")
+    check_prompt_tokens([Sample(prompt="2+3?"), Sample(prompt="é" * 17_000)], qwen3_tokenizer, tiny_qwen3_path, None, "data")
     assert [m[-1]["content"][:1] for m in rendered] == ["", "é"]  # the template's own tokens, then the long one
     # One token per digit, and 8 for the template: one token too many.
     with pytest.raises(ConfigError, match=r"^data sample 2: prompt: 32,768 tokens with the chat template; "
                                           r"the model's context is 32,768 \(max_position_embeddings in "):
         check_prompt_tokens([Sample(prompt="2+3?"), Sample(prompt="7" * 32_760)], qwen3_tokenizer, tiny_qwen3_path,
-                            "data")
+                            None, "data")
 
 
 def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
@@ -461,11 +461,11 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
         (model / "config.json").write_text(json.dumps(config))
 
     context(tokens + 1)
-    check_prompt_tokens([sample], tokenizer, model, "data")
+    check_prompt_tokens([sample], tokenizer, model, processor, "data")
     context(tokens)  # the text alone would still fit: the image's run is what does not
     with pytest.raises(ConfigError, match=rf"^data sample 1: prompt: {tokens} tokens with the chat template, 1 image "
                                           rf"included; the model's context is {tokens} "):
-        check_prompt_tokens([sample], tokenizer, model, "data")
+        check_prompt_tokens([sample], tokenizer, model, processor, "data")
 
 
 def test_renamed_keys_are_a_table_and_each_names_its_replacement(tmp_path):

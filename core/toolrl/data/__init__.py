@@ -201,16 +201,15 @@ def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | No
     return min(known, key=lambda item: item[0]) if known else None
 
 
-def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: str | Path, source: str,
-                        limits: ImageLimits | None = None) -> None:
-    """Every prompt, rendered with the chat template (its images as the model's processor expands them,
-    within ``limits``), leaves room in the model's context for a response: otherwise each of its
+def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: str | Path, processor: Any,
+                        source: str, limits: ImageLimits | None = None) -> None:
+    """Every prompt, rendered with the chat template (its images as ``processor`` expands them, within
+    ``limits``; None: text only, as for the rollout), leaves room in the model's context for a response: otherwise each of its
     trajectories fails in the engine, after the model has loaded. Only prompts long enough to possibly
     not fit are rendered (a token covers at least one UTF-8 byte; an image at most
     :func:`image_token_bound` tokens), so short prompts cost nothing. ``source`` names samples that do
     not know their file."""
     from toolrl.images import ImageLimits
-    from toolrl.models import load_processor
     from toolrl.rollout import prompt_of
     from toolrl.rollout.chat import ChatRenderer
 
@@ -219,7 +218,6 @@ def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: st
         return
     context, stated = found
     limits = limits or ImageLimits()
-    processor = load_processor(model_dir)
     renderer = ChatRenderer(tokenizer, processor=processor)
     per_image = image_token_bound(processor, limits) if processor is not None else 0
     overhead = len(renderer.prompt_ids([{"role": "user", "content": ""}]))  # template tokens per message

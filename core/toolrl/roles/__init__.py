@@ -172,8 +172,9 @@ async def compose_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
 
     path = run.model_dir
     tokenizer = models.load_tokenizer(path)
-    check_prompt_tokens(run.prompts or [], tokenizer, path, "the prompts", config.rollout.images)  # before any actor starts
-    engine_processor(config, run.parts.engine_cls, path, run.prompts or [])  # images need an engine that takes them
+    # Before any actor starts: images need an engine that takes them, and every prompt must fit.
+    processor = engine_processor(config, run.parts.engine_cls, path, run.prompts or [])
+    check_prompt_tokens(run.prompts or [], tokenizer, path, processor, "the prompts", config.rollout.images)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker

@@ -409,15 +409,18 @@ class Rollouts:
 
 async def compose_rollouts(config: Config, path: str, tokenizer: Any,
                            shared_module: Callable[[], Any] | None = None,
-                           samples: Sequence[Sample] = (), parts: Parts | None = None) -> Rollouts:
+                           samples: Sequence[Sample] = (), parts: Parts | None = None,
+                           processor: Any = ...) -> Rollouts:
     """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
     tools are up, before the engine loads; returns a live model for the engine to share (in-process
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
-    route's tools before any model loads. ``parts``: resolved already (else resolved here)."""
+    route's tools before any model loads. ``parts``: resolved already (else resolved here);
+    ``processor``: :func:`engine_processor`'s, if the caller has it already."""
     from toolrl.rollout.families import renderer_factory
 
     parts = parts if parts is not None else resolve_parts(config)
-    processor = engine_processor(config, parts.engine_cls, path, samples)
+    if processor is ...:
+        processor = engine_processor(config, parts.engine_cls, path, samples)
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
@@ -465,7 +468,8 @@ async def compose_local(config: Config, parts: Parts | None = None, samples: Seq
     path = path if path is not None else model_path(config)
     seed_everything(config.trainer.seed)
     tokenizer = models.load_tokenizer(path)
-    check_prompt_tokens(samples, tokenizer, path, "the prompts", config.rollout.images)
+    processor = engine_processor(config, parts.engine_cls, path, samples)
+    check_prompt_tokens(samples, tokenizer, path, processor, "the prompts", config.rollout.images)
     built: list[Any] = []
 
     def trained_model() -> Any:
