@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 import torch
@@ -292,9 +293,9 @@ async def test_shared_module_sees_trainer_updates(tiny_qwen3_path, qwen3_tokeniz
     await eng.close()
 
 
-async def _two_turns(eng, prompt, tokenizer, session_id, diverge=False):
+async def _two_turns(eng, prompt, tokenizer, session_id, diverge=False, result="391"):
     [first] = await eng.generate(prompt, GREEDY, session_id=session_id)
-    tool_turn = tokenizer.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n391\n</tool_response><|im_end|>\n"
+    tool_turn = tokenizer.encode(f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
                                  "<|im_start|>assistant\n", add_special_tokens=False)
     history = prompt + first.token_ids
     if diverge:  # the next prompt re-renders part of the history differently
@@ -321,6 +322,24 @@ async def test_session_kv_reuse_is_exact(tiny_qwen3_path, model, qwen3_tokenizer
     assert reuse.stats.prefilled_tokens == len(prompts[1]) + len(p2) - kept
     await reuse.close()
     await fresh.close()
+
+
+async def test_sliding_window_layers_see_their_window_by_position(tiny_qwen3_path, windowed, qwen3_tokenizer,
+                                                                   prompts):
+    """A model whose first layer sees only the 6 positions before each token decodes as full forwards
+    do while sessions of different lengths continue together: their rows hold the kept KV, then a gap,
+    then the new tokens."""
+    module = copy.deepcopy(windowed).eval()
+    eng = make_engine(tiny_qwen3_path, module, qwen3_tokenizer)
+    results = {0: "391", 1: "the sum of the first forty primes is 4, 1, 0, 9 and more", 3: "7"}
+    runs = await asyncio.gather(*(_two_turns(eng, prompts[i], qwen3_tokenizer, f"s{i}", result=results[i])
+                                  for i in (0, 1, 3)))
+    for prompt, (first, second, p2) in zip((prompts[0], prompts[1], prompts[3]), runs):
+        assert first.token_ids == greedy_reference(module, prompt, 12)
+        assert second.token_ids == greedy_reference(module, p2, 12)
+        assert_close(second.logprobs, logprob_reference(module, p2, second.token_ids))
+    assert eng.stats.reused_tokens > 0
+    await eng.close()
 
 
 async def test_session_dropped_on_weight_change_and_end(tiny_qwen3_path, qwen3_tokenizer, prompts):

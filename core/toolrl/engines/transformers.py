@@ -10,7 +10,9 @@ The KV cache is a per-layer buffer ``[rows, kv_heads, capacity, head_dim]`` that
 rows can be added and removed between steps. Columns are token slots; a boolean mask marks each
 row's real tokens (padding sits on the left of a row, and between a reused session prefix and the
 new tokens). Keys are stored after RoPE with each token's true position id, so a row's padding
-layout never changes its attention result, only the floating-point summation order.
+layout never changes its attention result, only the floating-point summation order. Sliding-window
+layers (Gemma 3, gpt-oss, Mistral) get masks built from each column's position, not its column
+distance: a token sees the ``sliding_window`` positions before it, whatever gaps its row has.
 
 With ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the next turn of the same
 trajectory prefills only the tokens after the longest common prefix. The kept state is dropped when
@@ -212,8 +214,12 @@ class TransformersEngine(RolloutEngine):
         self.device, self.dtype = param.device, param.dtype
         text_config = model.config.get_text_config()
         layer_types = getattr(text_config, "layer_types", None) or ()
-        if any(t != "full_attention" for t in layer_types):
-            raise ValueError(f"the transformers engine supports full-attention models only, got {set(layer_types)}")
+        if other := set(layer_types) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
+        window = getattr(text_config, "sliding_window", None)
+        # A model with layer types takes one mask per type; one without (Mistral) windows every layer.
+        self.window: int | None = window if "sliding_attention" in layer_types or not layer_types else None
+        self.masks_by_type = bool(layer_types)
         self.num_layers = text_config.num_hidden_layers
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
         self._rng = random.Random(config.seed)
@@ -405,9 +411,10 @@ class TransformersEngine(RolloutEngine):
         layers = [_BufferLayer(batch.keys[i] if batch.keys else None, batch.values[i] if batch.values else None,
                                batch.length, batch.capacity) for i in range(self.num_layers)]
         assert batch.mask is not None
+        mask = batch.mask[:, : batch.length + q]
         out = self.model(
             input_ids=input_ids,
-            attention_mask=batch.mask[:, : batch.length + q],
+            attention_mask=mask if self.window is None else self._window_masks(mask, q),
             position_ids=positions,
             past_key_values=Cache(layers=layers),
             use_cache=True,
@@ -419,6 +426,21 @@ class TransformersEngine(RolloutEngine):
         batch.values = [layer.vbuf for layer in layers]
         batch.length += q
         return out.logits[:, -1].float()
+
+    def _window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive [rows, 1, q, columns] masks for the last ``q`` columns of ``mask``: causal, and
+        for sliding-window layers also within the window, both by position (a row's real columns hold
+        its positions 0, 1, ... in order)."""
+        assert self.window is not None
+        pos = mask.cumsum(1) - 1
+        keys, queries = pos[:, None, None, :], pos[:, None, -q:, None]
+        causal = mask[:, None, None, :] & (keys <= queries)
+        masks = {"full_attention": causal, "sliding_attention": causal & (keys > queries - self.window)}
+        for name, allowed in masks.items():
+            allowed |= ~allowed.any(-1, keepdim=True)  # a padding query that sees nothing would give NaN
+            masks[name] = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(
+                ~allowed, torch.finfo(self.dtype).min)
+        return masks if self.masks_by_type else masks["sliding_attention"]
 
     def _reserve(self, batch: _Batch, needed: int) -> None:
         """Grow the buffers (doubling) so that ``needed`` columns fit."""
