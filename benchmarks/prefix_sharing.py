@@ -29,6 +29,8 @@ On a GPU: ``--device cuda`` (bf16 weights there; ``step MB`` is then the CUDA pe
 allocated before the step) and ``--shape 0.6b`` (Qwen3-0.6B's shape — hidden 1024, 28 layers, 16/8
 heads — random weights) for a model whose layers, not its LM head, are most of the work. On a CPU,
 ``--shape body`` (hidden 128, 8 layers, MLPs of 4,096) is such a model at a size one core can step.
+``--attention eager``: the model's eager attention (gpt-oss's kind), which takes the tree as one dense
+mask over the row; its scores are quadratic in the row, so pair it with ``--quick`` on a CPU.
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ def child(workload: str, share: bool, args: argparse.Namespace) -> None:
         trajs = geo3k_workload(args.groups, args.prompt, processor)
     else:
         model = load_model(tiny_qwen3(**SHAPES[args.shape]), dtype=dtype, device=args.device)
+        model.config._attn_implementation = args.attention
         trajs = (group_workload if workload == "group" else tau2_workload)(args.groups, args.prompt)
     optim = OptimConfig(micro_batch_size=GROUP, share_prefixes=share)
     options = StepOptions(AlgorithmConfig(), optim, pad_id=0, temperature=1.0,
@@ -221,7 +224,7 @@ def engine_child(share: bool, args: argparse.Namespace) -> None:
 def run_workload(workload: str, share: bool, args: argparse.Namespace) -> dict[str, Any]:
     return run_child(__file__, ["--child", workload, "--share", str(int(share)), "--groups", str(args.groups),
                                 "--prompt", str(args.prompt), "--repeats", str(args.repeats), "--device", args.device,
-                                "--shape", args.shape], f"{workload} share={share}")
+                                "--shape", args.shape, "--attention", args.attention], f"{workload} share={share}")
 
 
 def images(args: argparse.Namespace) -> None:
@@ -244,6 +247,8 @@ def main() -> None:
     parser.add_argument("--share", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                        help="the text model's attention (eager: the tree as one dense mask)")
     args = parser.parse_args()
     if args.quick:
         args.prompt, args.repeats = 512, 1
@@ -257,7 +262,7 @@ def main() -> None:
     if args.images:
         images(args)
         return
-    print(f"device {args.device}, model shape {args.shape}")
+    print(f"device {args.device}, model shape {args.shape}, attention {args.attention}")
     rows, ratios, cpu = [], {}, {}
     for workload in ("group", "tau2"):
         res = {share: run_workload(workload, share, args) for share in (False, True)}

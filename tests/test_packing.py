@@ -91,12 +91,12 @@ def with_shared_prompt():
             traj(prompt, ids(12), [1] * 12), traj(ids(20), ids(5), [1] * 5)]
 
 
-@pytest.mark.parametrize("variant", ["sdpa", "eager", "shared prefixes"])
+@pytest.mark.parametrize("variant", ["sdpa", "eager", "shared prefixes", "eager shared prefixes"])
 def test_sliding_window_layers_keep_their_window_in_a_packed_row(windowed, variant):
     m = copy.deepcopy(windowed).train()
-    if variant == "eager":
+    if variant.startswith("eager"):
         m.config._attn_implementation = "eager"
-    share = variant == "shared prefixes"
+    share = variant.endswith("shared prefixes")
     trajs = with_shared_prompt() if share else ragged()
     want_lp, want_loss, want = loss_and_grads(m, trajs, lambda b: padded_logprobs(m, trajs))
     got_lp, got_loss, got = loss_and_grads(m, trajs, lambda b: response_logprobs(m, b, chunk_size=5), share)

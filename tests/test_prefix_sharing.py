@@ -85,11 +85,13 @@ def assert_same(want, got):
 
 
 @pytest.mark.parametrize("case", [shared_prompt, common_first_turn, nothing_shared])
-@pytest.mark.parametrize("variant", ["sdpa", "gradient-checkpointing"])
+@pytest.mark.parametrize("variant", ["sdpa", "gradient-checkpointing", "eager"])
 def test_tree_gives_the_unshared_loss_and_gradients(model, case, variant):
     m = copy.deepcopy(model).train()
     if variant == "gradient-checkpointing":
         m.gradient_checkpointing_enable()
+    if variant == "eager":  # the tree as one dense mask
+        m.config._attn_implementation = "eager"
     trajs = case()
     unshared = loss_and_grads(m, trajs, share=False)
     shared = loss_and_grads(m, trajs, share=True)
@@ -106,18 +108,26 @@ def test_tree_gives_the_unshared_loss_and_gradients(model, case, variant):
 
 
 def test_attention_without_tree_support_runs_unshared_and_says_so_once(model, caplog, monkeypatch):
+    """An attention implementation toolrl does not know (registered with transformers, as a kernel
+    package's is) gets the unshared row."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register("test_kernel", sdpa_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("test_kernel", sdpa_mask)
     monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
     m = copy.deepcopy(model).train()
     trajs = common_first_turn()
     want = loss_and_grads(m, trajs, share=False)
-    m.config._attn_implementation = "eager"
+    m.config._attn_implementation = "test_kernel"
     with caplog.at_level(logging.WARNING, logger="toolrl.training.packing"):
         got = loss_and_grads(m, trajs, share=True)
         loss_and_grads(m, trajs, share=True)
     assert [r.getMessage() for r in caplog.records if "cannot take a prefix-shared" in r.getMessage()] == [
-        "attention 'eager' cannot take a prefix-shared (tree) batch: each sequence runs its shared prefix "
+        "attention 'test_kernel' cannot take a prefix-shared (tree) batch: each sequence runs its shared prefix "
         "again, as without optim.share_prefixes"]
-    # eager against sdpa: the same computation up to kernel rounding
+    # the kernel against toolrl's own sdpa path: the same computation up to kernel rounding
     _, want_lp, want_loss, want_grads = want
     _, got_lp, got_loss, got_grads = got
     assert torch.allclose(got_lp, want_lp, atol=1e-5, rtol=0)

@@ -25,9 +25,12 @@ Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) h
 once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
 keys are its ancestors' rows and its own (context fully, itself causally: sdpa's lower-right causal
 bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
-costs each continuation what it cost unshared and the prefix once. Other attention
-implementations run the unshared row rebuilt from the tree (``expand``) and read the tree's hidden
-states back from it, with a warning once per implementation: the same values and gradients, no saving.
+costs each continuation what it cost unshared and the prefix once. Eager attention (gpt-oss's, for
+its sinks) gets the tree as one additive mask over the row (each token sees its own sequence's
+earlier tokens, within its window), so its quadratic cost is over the tree's tokens, not the unshared
+ones. Other attention implementations (flash, flex: no dense mask) run the unshared row rebuilt from
+the tree (``expand``) and read the tree's hidden states back from it, with a warning once per
+implementation: the same values and gradients, no saving.
 
 Vision-language models (:mod:`toolrl.training.vision`): a batch whose trajectories hold images carries
 their pixel values (``vision``); the vision tower runs once over its distinct images and the language
@@ -230,10 +233,38 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     if batch.attention is None or impl == VARLEN_SDPA:
         positions, extra = _model_inputs(base, batch, tree=True)
         return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
+    if impl == "eager":
+        positions, extra = _model_inputs(base, batch, tree=True)
+        out = base(input_ids=batch.input_ids, position_ids=positions, attention_mask=tree_masks(base, batch),
+                   use_cache=False, **(extra or {}))
+        return out.last_hidden_state[0]
     _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
               "shared prefix again, as without optim.share_prefixes")
     positions, extra = _model_inputs(base, batch, tree=False)
     return run_packed(base, batch.input_ids[:, batch.expand], positions, batch.path_bounds, extra=extra)[batch.first_copy]
+
+
+def tree_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Additive (1, 1, T, T) masks over a tree row: each span sees its context and, causally, itself;
+    sliding-window layers also only the positions within their window. One mask per layer type for a
+    model with layer types, else the one its layers use."""
+    config = base.config.get_text_config()
+    device, dtype, t = batch.input_ids.device, base.dtype, batch.tokens
+    allowed = torch.zeros((t, t), dtype=torch.bool, device=device)
+    assert batch.attention is not None
+    for (a, b), keys in zip(itertools.pairwise(batch.bounds), batch.attention, strict=True):
+        allowed[a:b, a:b] = torch.ones((b - a, b - a), dtype=torch.bool, device=device).tril()
+        if keys is not None:
+            allowed[a:b, keys[: keys.numel() - (b - a)]] = True
+    layer_types = getattr(config, "layer_types", None) or ()
+    window = getattr(config, "sliding_window", None)
+    masks = {"full_attention": allowed}
+    if window is not None and ("sliding_attention" in layer_types or not layer_types):
+        pos = batch.position_ids[0]
+        masks["sliding_attention"] = allowed & (pos[None, :] > pos[:, None] - window)
+    additive = {name: torch.zeros((1, 1, t, t), dtype=dtype, device=device).masked_fill_(~m, torch.finfo(dtype).min)
+                for name, m in masks.items()}
+    return additive if layer_types else additive.get("sliding_attention", additive["full_attention"])
 
 
 def _model_inputs(base: Any, batch: PackedBatch, tree: bool) -> tuple[torch.Tensor, dict[str, Any] | None]:
