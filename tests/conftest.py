@@ -1,5 +1,5 @@
-"""Shared session fixtures: the real Qwen3 tokenizer, a tiny random Qwen3 model and a tiny random Gemma 3
-with a sliding-window layer.
+"""Shared session fixtures: the real Qwen3 tokenizer, a tiny random Qwen3 model, and tiny random Gemma 3
+and gpt-oss models with a sliding-window layer.
 
 The tokenizer and the Qwen3 are built once and cached on disk (``$TOOLRL_CACHE`` or ``~/.cache/toolrl``), so later test
 sessions only load them.
@@ -37,3 +37,35 @@ def windowed() -> Any:
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
                               layer_types=["sliding_attention", "full_attention"], attn_implementation="sdpa")
     return Gemma3ForCausalLM(config)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss() -> Any:
+    """A tiny gpt-oss: attention sinks (eager attention only), a 6-position sliding window in its first
+    layer, 4 experts; weights drawn wide enough that the sinks and the router matter."""
+    import torch
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(0)
+    config = GptOssConfig(vocab_size=151_936, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+                          layer_types=["sliding_attention", "full_attention"], num_local_experts=4,
+                          num_experts_per_tok=2, attn_implementation="eager")
+    model = GptOssForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="session")
+def unknown_kernel() -> str:
+    """An attention implementation toolrl does not know, registered with transformers as a kernel
+    package's would be (sdpa underneath): its name."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register("test_kernel", sdpa_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("test_kernel", sdpa_mask)
+    return "test_kernel"

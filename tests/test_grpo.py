@@ -101,16 +101,17 @@ def test_gradient_accumulation_equals_one_big_batch(model):
     assert (params[0] - params[1]).abs().max() < 1e-5 and (params[0] - params[2]).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("which", ["qwen3", "sliding window"])
-def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_qwen3_path, which):
-    """fp32, same weights: the engine's sampling logprobs vs the trainer's recomputation (also for a
-    model whose sliding window is shorter than the sequences)."""
+@pytest.mark.parametrize("which", ["qwen3", "gemma3", "gpt-oss"])
+def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_gpt_oss, tiny_qwen3_path, which):
+    """fp32, same weights: the engine's sampling logprobs vs the trainer's recomputation (also for
+    models whose sliding window is shorter than the sequences; gpt-oss with its sinks, eager)."""
     import copy
 
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.models import load_tokenizer
 
-    model = model if which == "qwen3" else copy.deepcopy(windowed).eval()
+    model = {"qwen3": model, "gemma3": windowed, "gpt-oss": tiny_gpt_oss}[which]
+    model = model if which == "qwen3" else copy.deepcopy(model).eval()
     tok = load_tokenizer(tiny_qwen3_path)
     engine = TransformersEngine.create(ModelSource(tiny_qwen3_path, module=model, tokenizer=tok), {})
 

@@ -107,20 +107,13 @@ def test_tree_gives_the_unshared_loss_and_gradients(model, case, variant):
         assert batch.tokens == batch.total_tokens - 4 * 36 - 3 * 12 - 4 - 7
 
 
-def test_attention_without_tree_support_runs_unshared_and_says_so_once(model, caplog, monkeypatch):
-    """An attention implementation toolrl does not know (registered with transformers, as a kernel
-    package's is) gets the unshared row."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register("test_kernel", sdpa_attention_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register("test_kernel", sdpa_mask)
+def test_attention_without_tree_support_runs_unshared_and_says_so_once(model, caplog, monkeypatch, unknown_kernel):
+    """An attention implementation toolrl does not know gets the unshared row."""
     monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
     m = copy.deepcopy(model).train()
     trajs = common_first_turn()
     want = loss_and_grads(m, trajs, share=False)
-    m.config._attn_implementation = "test_kernel"
+    m.config._attn_implementation = unknown_kernel
     with caplog.at_level(logging.WARNING, logger="toolrl.training.packing"):
         got = loss_and_grads(m, trajs, share=True)
         loss_and_grads(m, trajs, share=True)

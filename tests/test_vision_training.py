@@ -223,14 +223,17 @@ def test_equal_tokens_with_different_figures_share_nothing_after_them(vlm, proce
     assert len(shared[0].vision.image_grid_thw) == 3 and len(shared[0].vision.runs) == 4
 
 
-def test_attention_without_tree_support_runs_images_unshared(vlm, processor, caplog, monkeypatch):
+@pytest.mark.parametrize("attn", ["eager", "test_kernel"])
+def test_images_under_other_attention(vlm, processor, caplog, monkeypatch, unknown_kernel, attn):
+    """Eager attention takes the tree as one dense mask; a kernel toolrl does not know runs the unshared
+    row, said once. Both give the unshared step."""
     monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
     trajs = geo3k_group(processor)[:4]
     want = vision_loss_and_grads(vlm, processor, trajs, share=False, attn="eager")
     with caplog.at_level(logging.WARNING, logger="toolrl.training.packing"):
-        got = vision_loss_and_grads(vlm, processor, trajs, share=True, attn="eager")
+        got = vision_loss_and_grads(vlm, processor, trajs, share=True, attn=attn)
     assert got[0].attention is not None
-    assert sum("cannot take a prefix-shared" in r.getMessage() for r in caplog.records) == 1
+    assert sum("cannot take a prefix-shared" in r.getMessage() for r in caplog.records) == (attn == "test_kernel")
     # A shared row's hidden state is read from its first copy only: the same gradients up to rounding.
     assert_same_step(want, got, rtol=1e-5)
 

@@ -15,20 +15,22 @@ Attention over the packed row:
   kernel) and runs one causal sdpa per sequence when it is given ``cu_seq_lens``. The switch is
   permanent rather than scoped to the forward so that gradient checkpointing, which re-runs the
   forward inside backward, takes the same path.
-- anything else (eager, flex): transformers' own packed-sequence detection from ``position_ids``
-  (a block-diagonal mask).
+- eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
+  detection needs the model to hand ``position_ids`` to its mask functions, and gpt-oss does not.
+- anything else (flex, kernel packages): transformers' own packed-sequence detection from
+  ``position_ids`` (a block-diagonal mask).
 
 Sliding-window layers (Gemma 3, gpt-oss, Mistral and Qwen models that set one) keep their window
-under sdpa: a sequence's tokens see only the ``sliding_window`` positions before them, as unpacked.
+under sdpa and eager: a sequence's tokens see only the ``sliding_window`` positions before them, as
+unpacked.
 
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
 once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
 keys are its ancestors' rows and its own (context fully, itself causally: sdpa's lower-right causal
 bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
-costs each continuation what it cost unshared and the prefix once. Eager attention (gpt-oss's, for
-its sinks) gets the tree as one additive mask over the row (each token sees its own sequence's
-earlier tokens, within its window), so its quadratic cost is over the tree's tokens, not the unshared
-ones. Other attention implementations (flash, flex: no dense mask) run the unshared row rebuilt from
+costs each continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's,
+for its sinks) the row's mask is the tree's (each token sees its own sequence's earlier tokens), so
+its quadratic cost is over the tree's tokens, not the unshared ones. Other attention implementations (flash, flex: no dense mask) run the unshared row rebuilt from
 the tree (``expand``) and read the tree's hidden states back from it, with a warning once per
 implementation: the same values and gradients, no saving.
 
@@ -230,29 +232,29 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     if impl == "sdpa":
         _install_varlen_sdpa(base)
         impl = VARLEN_SDPA
+    if impl == "eager":
+        positions, extra = _model_inputs(base, batch, tree=True)
+        out = base(input_ids=batch.input_ids, position_ids=positions, attention_mask=row_masks(base, batch),
+                   use_cache=False, **(extra or {}))
+        return out.last_hidden_state[0]
     if batch.attention is None or impl == VARLEN_SDPA:
         positions, extra = _model_inputs(base, batch, tree=True)
         return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
-    if impl == "eager":
-        positions, extra = _model_inputs(base, batch, tree=True)
-        out = base(input_ids=batch.input_ids, position_ids=positions, attention_mask=tree_masks(base, batch),
-                   use_cache=False, **(extra or {}))
-        return out.last_hidden_state[0]
     _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
               "shared prefix again, as without optim.share_prefixes")
     positions, extra = _model_inputs(base, batch, tree=False)
     return run_packed(base, batch.input_ids[:, batch.expand], positions, batch.path_bounds, extra=extra)[batch.first_copy]
 
 
-def tree_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Additive (1, 1, T, T) masks over a tree row: each span sees its context and, causally, itself;
-    sliding-window layers also only the positions within their window. One mask per layer type for a
-    model with layer types, else the one its layers use."""
+def row_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Additive (1, 1, T, T) masks over a packed row: each span sees its context (if it is in a tree)
+    and, causally, itself; sliding-window layers also only the positions within their window. One mask
+    per layer type for a model with layer types, else the one its layers use."""
     config = base.config.get_text_config()
     device, dtype, t = batch.input_ids.device, base.dtype, batch.tokens
     allowed = torch.zeros((t, t), dtype=torch.bool, device=device)
-    assert batch.attention is not None
-    for (a, b), keys in zip(itertools.pairwise(batch.bounds), batch.attention, strict=True):
+    spans = batch.attention or [None] * (len(batch.bounds) - 1)
+    for (a, b), keys in zip(itertools.pairwise(batch.bounds), spans, strict=True):
         allowed[a:b, a:b] = torch.ones((b - a, b - a), dtype=torch.bool, device=device).tril()
         if keys is not None:
             allowed[a:b, keys[: keys.numel() - (b - a)]] = True
