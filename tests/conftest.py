@@ -1,5 +1,5 @@
-"""Shared session fixtures: the real Qwen3 tokenizer, a tiny random Qwen3 model, and tiny random Gemma 3
-and gpt-oss models with a sliding-window layer.
+"""Shared session fixtures: the real Qwen3 tokenizer, a tiny random Qwen3 model, and tiny random Gemma 3,
+gpt-oss and Mistral models with sliding-window layers.
 
 The tokenizer and the Qwen3 are built once and cached on disk (``$TOOLRL_CACHE`` or ``~/.cache/toolrl``), so later test
 sessions only load them.
@@ -56,6 +56,19 @@ def tiny_gpt_oss() -> Any:
         for p in model.parameters():
             p.normal_(0, 0.2)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral() -> Any:
+    """A tiny Mistral: no layer types, every layer sees the 6 positions before each token."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=151_936, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=6,
+                           attn_implementation="sdpa")
+    return MistralForCausalLM(config)
 
 
 @pytest.fixture(scope="session")

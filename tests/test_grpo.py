@@ -101,8 +101,9 @@ def test_gradient_accumulation_equals_one_big_batch(model):
     assert (params[0] - params[1]).abs().max() < 1e-5 and (params[0] - params[2]).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("which", ["qwen3", "gemma3", "gpt-oss"])
-def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_gpt_oss, tiny_qwen3_path, which):
+@pytest.mark.parametrize("which", ["qwen3", "gemma3", "gpt-oss", "mistral"])
+def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_gpt_oss, tiny_mistral, tiny_qwen3_path,
+                                                     which):
     """fp32, same weights: the engine's sampling logprobs vs the trainer's recomputation (also for
     models whose sliding window is shorter than the sequences; gpt-oss with its sinks, eager)."""
     import copy
@@ -110,7 +111,7 @@ def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_gpt_o
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.models import load_tokenizer
 
-    model = {"qwen3": model, "gemma3": windowed, "gpt-oss": tiny_gpt_oss}[which]
+    model = {"qwen3": model, "gemma3": windowed, "gpt-oss": tiny_gpt_oss, "mistral": tiny_mistral}[which]
     model = model if which == "qwen3" else copy.deepcopy(model).eval()
     tok = load_tokenizer(tiny_qwen3_path)
     engine = TransformersEngine.create(ModelSource(tiny_qwen3_path, module=model, tokenizer=tok), {})

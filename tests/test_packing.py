@@ -93,11 +93,15 @@ def with_shared_prompt():
 
 @pytest.mark.parametrize(("which", "variant"), [("gemma3", "sdpa"), ("gemma3", "eager"), ("gemma3", "shared prefixes"),
                                               ("gemma3", "eager shared prefixes"), ("gpt-oss", "eager"),
-                                              ("gpt-oss", "eager shared prefixes")])
-def test_sliding_window_layers_keep_their_window_in_a_packed_row(windowed, tiny_gpt_oss, which, variant):
-    """Gemma 3 and gpt-oss (attention sinks, eager only; its mask functions never see position ids, so
-    transformers cannot tell packed sequences apart for it) with a 6-position window."""
-    m = copy.deepcopy(windowed if which == "gemma3" else tiny_gpt_oss).train()
+                                              ("gpt-oss", "eager shared prefixes"), ("mistral", "shared prefixes"),
+                                              ("mistral", "eager shared prefixes")])
+def test_sliding_window_layers_keep_their_window_in_a_packed_row(windowed, tiny_gpt_oss, tiny_mistral, which,
+                                                                 variant):
+    """Gemma 3, gpt-oss (attention sinks, eager only; its mask functions never see position ids, so
+    transformers cannot tell packed sequences apart for it) and Mistral (one window for every layer)
+    with a 6-position window."""
+    model = {"gemma3": windowed, "gpt-oss": tiny_gpt_oss, "mistral": tiny_mistral}[which]
+    m = copy.deepcopy(model).train()
     if variant.startswith("eager"):
         m.config._attn_implementation = "eager"
     share = variant.endswith("shared prefixes")
