@@ -30,9 +30,10 @@ keys are its ancestors' rows and its own (context fully, itself causally: sdpa's
 bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
 costs each continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's,
 for its sinks) the row's mask is the tree's (each token sees its own sequence's earlier tokens), so
-its quadratic cost is over the tree's tokens, not the unshared ones. Other attention implementations (flash, flex: no dense mask) run the unshared row rebuilt from
-the tree (``expand``) and read the tree's hidden states back from it, with a warning once per
-implementation: the same values and gradients, no saving.
+its quadratic cost is over the tree's tokens, not the unshared ones. Other attention implementations
+(flash, flex: no dense mask) run the unshared row rebuilt from the tree (``expand``) and read the
+tree's hidden states back from it, with a warning once per implementation: the same values and
+gradients, no saving.
 
 Vision-language models (:mod:`toolrl.training.vision`): a batch whose trajectories hold images carries
 their pixel values (``vision``); the vision tower runs once over its distinct images and the language
@@ -339,11 +340,9 @@ def _varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: tor
     bounds = cu_seq_lens_q.tolist()
     outs = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        rows = None if toolrl_tree is None else toolrl_tree[s]
-        if rows is None:
-            outs.append(_span_attention(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], window, kwargs))
-        else:  # the span's context (its ancestors' rows), then itself
-            outs.append(_span_attention(module, query[:, :, a:b], key[:, :, rows], value[:, :, rows], window, kwargs))
+        # A tree's span sees its context (its ancestors' rows), then itself; any other span itself only.
+        rows = toolrl_tree[s] if toolrl_tree is not None and toolrl_tree[s] is not None else slice(a, b)
+        outs.append(_span_attention(module, query[:, :, a:b], key[:, :, rows], value[:, :, rows], window, kwargs))
     return torch.cat(outs, dim=1), None
 
 
