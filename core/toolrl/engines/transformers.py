@@ -39,6 +39,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers.cache_utils import Cache, DynamicLayer
 
+from toolrl import masks
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
 from toolrl.models import load_model, load_processor, load_tokenizer, resolve_device
 
@@ -216,10 +217,7 @@ class TransformersEngine(RolloutEngine):
         layer_types = getattr(text_config, "layer_types", None) or ()
         if other := set(layer_types) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
-        window = getattr(text_config, "sliding_window", None)
-        # A model with layer types takes one mask per type; one without (Mistral) windows every layer.
-        self.window: int | None = window if "sliding_attention" in layer_types or not layer_types else None
-        self.masks_by_type = bool(layer_types)
+        self.window, _ = masks.sliding_window(model.config)
         self.num_layers = text_config.num_hidden_layers
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
         self._rng = random.Random(config.seed)
@@ -431,16 +429,10 @@ class TransformersEngine(RolloutEngine):
         """Additive [rows, 1, q, columns] masks for the last ``q`` columns of ``mask``: causal, and
         for sliding-window layers also within the window, both by position (a row's real columns hold
         its positions 0, 1, ... in order)."""
-        assert self.window is not None
         pos = mask.cumsum(1) - 1
         keys, queries = pos[:, None, None, :], pos[:, None, -q:, None]
-        causal = mask[:, None, None, :] & (keys <= queries)
-        masks = {"full_attention": causal, "sliding_attention": causal & (keys > queries - self.window)}
-        for name, allowed in masks.items():
-            allowed |= ~allowed.any(-1, keepdim=True)  # a padding query that sees nothing would give NaN
-            masks[name] = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device).masked_fill_(
-                ~allowed, torch.finfo(self.dtype).min)
-        return masks if self.masks_by_type else masks["sliding_attention"]
+        return masks.by_layer_type(mask[:, None, None, :] & (keys <= queries), queries, keys, self.model.config,
+                                   self.dtype)
 
     def _reserve(self, batch: _Batch, needed: int) -> None:
         """Grow the buffers (doubling) so that ``needed`` columns fit."""

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from toolrl import masks
 from toolrl.rollout import Trajectory
 from toolrl.training import prefix_tree, vision
 
@@ -251,23 +252,15 @@ def row_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.T
     """Additive (1, 1, T, T) masks over a packed row: each span sees its context (if it is in a tree)
     and, causally, itself; sliding-window layers also only the positions within their window. One mask
     per layer type for a model with layer types, else the one its layers use."""
-    config = base.config.get_text_config()
-    device, dtype, t = batch.input_ids.device, base.dtype, batch.tokens
+    device, t = batch.input_ids.device, batch.tokens
     allowed = torch.zeros((t, t), dtype=torch.bool, device=device)
     spans = batch.attention or [None] * (len(batch.bounds) - 1)
     for (a, b), keys in zip(itertools.pairwise(batch.bounds), spans, strict=True):
         allowed[a:b, a:b] = torch.ones((b - a, b - a), dtype=torch.bool, device=device).tril()
         if keys is not None:
             allowed[a:b, keys[: keys.numel() - (b - a)]] = True
-    layer_types = getattr(config, "layer_types", None) or ()
-    window = getattr(config, "sliding_window", None)
-    masks = {"full_attention": allowed}
-    if window is not None and ("sliding_attention" in layer_types or not layer_types):
-        pos = batch.position_ids[0]
-        masks["sliding_attention"] = allowed & (pos[None, :] > pos[:, None] - window)
-    additive = {name: torch.zeros((1, 1, t, t), dtype=dtype, device=device).masked_fill_(~m, torch.finfo(dtype).min)
-                for name, m in masks.items()}
-    return additive if layer_types else additive.get("sliding_attention", additive["full_attention"])
+    pos = batch.position_ids[0]
+    return masks.by_layer_type(allowed[None, None], pos[:, None], pos[None, :], base.config, base.dtype)
 
 
 def _model_inputs(base: Any, batch: PackedBatch, tree: bool) -> tuple[torch.Tensor, dict[str, Any] | None]:
