@@ -9,7 +9,7 @@ temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clippi
 CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
 both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
-toolrl's step is what ``toolrl train`` does per step (``toolrl.roles.compose.compose_local`` builds the parts
+toolrl's step is what ``toolrl train`` does per step (``toolrl.roles.in_process.build_local_run`` builds the parts
 from a config; ``run_rollouts``, then the trainer role's step and weight sync), minus writing
 traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
 loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
@@ -84,13 +84,13 @@ class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
     def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
-        from toolrl.roles.compose import compose_local
+        from toolrl.roles.in_process import build_local_run
         from toolrl.roles.trainer_group import LocalTrainer
         from toolrl.roles.trainer_rank import TrainerRank
 
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
-        self.run = self.loop.run_until_complete(compose_local(self.config))
+        self.run = self.loop.run_until_complete(build_local_run(self.config))
         self.run.ctx.routes[None].reward_functions = [("exact+digits", 1.0, lambda text, gt, **_: reward(text, gt))]
         # The trainer role as `toolrl train` runs it without Ray: one rank sharing the engine's module.
         self.trainer = LocalTrainer(TrainerRank(self.config))
@@ -141,11 +141,11 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
     from pathlib import Path
 
     from toolrl.config import load_config
+    from toolrl.data.sources import load_samples
     from toolrl.models import load_model, load_tokenizer
-    from toolrl.roles.compose import load_samples
-    from toolrl.rollout import Trajectory
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.training.grpo import build_batch, response_logprobs
+    from toolrl.trajectory import Trajectory
     from toolrl_calculator.evaluate import evaluate, format_number
 
     key = hashlib.sha256(json.dumps([tool_schema, steps, lr], sort_keys=True).encode()).hexdigest()[:10]
@@ -213,8 +213,8 @@ def calculator_function() -> Any:
 
 def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
     from datasets import Dataset
+    from toolrl.data.sources import load_samples
     from toolrl.models import load_model, load_tokenizer
-    from toolrl.roles.compose import load_samples
     from trl import GRPOConfig, GRPOTrainer
 
     samples = load_samples(toolrl_config(1, model_dir, {}))  # the prompts toolrl trains on, in order

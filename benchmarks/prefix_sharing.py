@@ -60,7 +60,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def group_workload(groups: int, prompt: int) -> list[Any]:
-    from toolrl.rollout import Trajectory
+    from toolrl.trajectory import Trajectory
 
     rng = random.Random(0)
     out = []
@@ -75,7 +75,7 @@ def group_workload(groups: int, prompt: int) -> list[Any]:
 
 
 def tau2_workload(groups: int, prompt: int) -> list[Any]:
-    from toolrl.rollout import Trajectory
+    from toolrl.trajectory import Trajectory
 
     rng = random.Random(1)
 
@@ -111,7 +111,7 @@ def picture(size: int, seed: int) -> Any:
 def geo3k_workload(groups: int, prompt: int, processor: Any) -> list[Any]:
     import io
 
-    from toolrl.rollout import Trajectory, TrajectoryImage
+    from toolrl.trajectory import Trajectory, TrajectoryImage
 
     def held(img: Any) -> tuple[list[int], TrajectoryImage]:
         buf = io.BytesIO()

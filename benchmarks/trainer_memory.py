@@ -45,7 +45,7 @@ PROMPT = 64
 
 
 def trajectories(lengths: list[int]) -> list[Any]:
-    from toolrl.rollout import Trajectory
+    from toolrl.trajectory import Trajectory
 
     rng = random.Random(0)
     out = []

@@ -38,7 +38,7 @@ def figure(seed: int) -> Any:
 
 
 def trajectories(processor: Any, response: int) -> list[Any]:
-    from toolrl.rollout import Trajectory, TrajectoryImage
+    from toolrl.trajectory import Trajectory, TrajectoryImage
 
     rng = random.Random(0)
     out = []

@@ -43,9 +43,10 @@ def main() -> None:
 
     import ray
     from toolrl.config import load_config
-    from toolrl.roles.compose import build_policy, model_path
+    from toolrl.models import model_path
     from toolrl.roles.rollout_workers import RolloutWorkerPool
     from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.training.policy import build_policy
 
     config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
         f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",

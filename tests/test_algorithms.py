@@ -11,9 +11,9 @@ from toolrl.algorithms.rules import check_algorithm
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, OverlongConfig, load_config
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, token_advantages
 from toolrl.training.packing import build_batch
+from toolrl.trajectory import Trajectory
 
 # -- today's GRPO, as it was before the estimators and losses became parts (copied from main) ---------
 

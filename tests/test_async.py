@@ -59,9 +59,9 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     group are the synchronous loop's."""
     import torch
     from toolrl.data.batches import GroupStream
-    from toolrl.roles import compose_roles
-    from toolrl.roles.compose import load_samples
+    from toolrl.data.sources import load_samples
     from toolrl.roles.controller import train_async
+    from toolrl.roles.start import start_roles
 
     steps = 2
     cfg = small(tmp_path / "run", f"trainer.total_steps={steps}")
@@ -70,7 +70,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
 
     async def reference(stream: bool):
         samples = load_samples(cfg)
-        roles = await compose_roles(cfg)
+        roles = await start_roles(cfg)
         groups = GroupStream(roles.rollouts, samples, cfg, 0, 0) if stream else None
         rows = []
         try:

@@ -118,8 +118,8 @@ class Trainer:
 def setting(tmp_path_factory, tiny_qwen3_path):
     """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
     from toolrl import models
+    from toolrl.models import model_path
     from toolrl.roles import sync_weights
-    from toolrl.roles.compose import model_path
     from toolrl.roles.rollout_workers import RolloutWorkerPool
 
     if ray.is_initialized():

@@ -13,8 +13,8 @@ import yaml
 from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
-from toolrl.roles.run_dir import RunDir, read_metrics, rollout_metrics
-from toolrl.rollout import Trajectory
+from toolrl.run_dir import RunDir, read_metrics, rollout_metrics
+from toolrl.trajectory import Trajectory
 
 ROW = {"prompt": [{"role": "user", "content": "What is 2+3?"}], "reward_model": {"ground_truth": "5"},
        "extra_info": {"tools_kwargs": {"calculator": {"create_kwargs": {}}}}}
@@ -174,7 +174,7 @@ def test_unknown_tool_in_tools_kwargs_names_the_row(tmp_path):
 
 
 def test_check_samples_against_tools_names_samples_without_a_file():
-    from toolrl.data import check_samples_against_tools
+    from toolrl.rollout.routes import check_samples_against_tools
     from toolrl.schemas import Sample
 
     samples = [Sample(prompt="a"), Sample(prompt="b", tools_kwargs={"ghost": {}})]
@@ -214,8 +214,8 @@ def test_metrics_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_
 def test_resume_with_a_truncated_metrics_line(tmp_path, tiny_qwen3_path):
     """``train --resume`` after a crash mid-append: the cut line goes, the run continues (exit 0);
     a corrupt line before the last is an error naming it (exit 2)."""
+    from toolrl import run_dir as checkpoint
     from toolrl.roles.trainer_rank import TrainerRank
-    from toolrl.training import checkpoint
 
     path = write_config(tmp_path)
     out = tmp_path / "run"
@@ -393,12 +393,12 @@ def test_bad_sizes_and_values_are_one_line_before_anything_loads(tmp_path, case)
 def test_prompt_longer_than_the_context_names_the_row_before_the_model_loads(tmp_path, monkeypatch):
     """A prompt the model's context cannot hold fails once, naming its row, after the tokenizer and
     before the model loads (today every trajectory of it fails in the engine and the run goes on)."""
-    from toolrl.roles import compose
+    from toolrl.roles import in_process
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built before the prompts were checked")
 
-    monkeypatch.setattr(compose, "build_policy", no_model)
+    monkeypatch.setattr(in_process, "build_policy", no_model)
     long_row = {**ROW, "prompt": [{"role": "user", "content": "7" * 40_000}]}  # Qwen: one token per digit
     data = jsonl(tmp_path, json.dumps(ROW), json.dumps(long_row))
     path = write_config(tmp_path, data={"train_files": [str(data)]})
@@ -407,7 +407,7 @@ def test_prompt_longer_than_the_context_names_the_row_before_the_model_loads(tmp
 
 
 def test_prompt_tokens_are_counted_only_for_prompts_that_may_not_fit(qwen3_tokenizer, tiny_qwen3_path, monkeypatch):
-    from toolrl.data import check_prompt_tokens, model_context
+    from toolrl.rollout.context_check import check_prompt_tokens, model_context
     from toolrl.schemas import Sample
 
     config_json = Path(tiny_qwen3_path) / "config.json"
@@ -438,9 +438,9 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
 
     from PIL import Image
     from toolrl import models
-    from toolrl.data import check_prompt_tokens, image_token_bound
     from toolrl.images import ImageLimits, to_png
     from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.context_check import check_prompt_tokens, image_token_bound
     from toolrl.schemas import Sample
 
     model = tmp_path / "vlm"

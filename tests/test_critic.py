@@ -9,7 +9,6 @@ import socket
 
 import pytest
 import torch
-from toolrl.rollout import Trajectory
 from toolrl.training.critic import (
     CriticOptions,
     ValueModel,
@@ -23,6 +22,7 @@ from toolrl.training.critic import (
     value_metrics,
 )
 from toolrl.training.packing import build_batch
+from toolrl.trajectory import Trajectory
 
 
 def traj(i: int, prompt: list[int], response: list[int], mask: list[int], reward: float = 0.0) -> Trajectory:

@@ -79,7 +79,7 @@ def require_no_ray() -> None:
 @pytest.fixture(scope="class")
 def local(tiny_qwen3_path):
     """The driver's composed run (model, engine, tools) and a pool of two workers on a local Ray."""
-    from toolrl.roles.compose import compose_local
+    from toolrl.roles.in_process import build_local_run
     from toolrl.roles.rollout_workers import RolloutWorkerPool
 
     require_no_ray()
@@ -88,7 +88,7 @@ def local(tiny_qwen3_path):
     pool = RolloutWorkerPool(config, num_workers=2, address="local")
     try:
         init_s = time.perf_counter() - t0
-        run = asyncio.run(compose_local(config))
+        run = asyncio.run(build_local_run(config))
         t1 = time.perf_counter()
         infos = asyncio.run(pool.start())
         setups = ", ".join(f"{i['setup_s']:.1f}" for i in infos)
@@ -257,7 +257,7 @@ def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -
 
 class TestTwoNodes:
     def test_workers_on_both_nodes_and_a_killed_worker_loses_nothing(self, two_nodes, tiny_qwen3_path):
-        from toolrl.roles.compose import load_samples
+        from toolrl.data.sources import load_samples
         from toolrl.roles.rollout_workers import RolloutWorkerPool
         from toolrl.tools.ratelimit import RayRateLimiter
 

@@ -10,9 +10,12 @@ import toolrl.plugins
 from _dists import make_dist, run_toolrl
 from pydantic import ValidationError
 from toolrl.config import ConfigError, load_config
+from toolrl.data.sources import load_samples, load_split
 from toolrl.environments import Environment, FileSplit, HubSplit
+from toolrl.models import model_path
 from toolrl.plugins import Plugins
-from toolrl.roles.compose import build_routes, compose_rollouts, load_samples, model_path
+from toolrl.roles.in_process import build_rollouts
+from toolrl.rollout.routes import build_routes
 
 
 def rows(path, *questions, env=None):
@@ -74,13 +77,13 @@ def test_generator_and_file_splits_and_prompt_decoration(tmp_path):
     env = Environment(name="qa", splits={"train": questions, "test": FileSplit(files=["held_out.jsonl"])},
                       system_prompt="Be exact.", instructions="Answer with a number.",
                       prompt_prefix=[{"role": "user", "content": "1?"}, {"role": "assistant", "content": "1"}])
-    train = env.load("train", None, tmp_path)
+    train = load_split(env, "train", None, tmp_path)
     assert [s.prompt[0].content for s in train] == ["train 0?", "train 1?", "train 2?"]
     assert all(s.env == "qa" for s in train) and [s.index for s in train] == [0, 1, 2]
-    [test] = env.load("test", None, tmp_path)
+    [test] = load_split(env, "test", None, tmp_path)
     assert test.origin == f"{tmp_path / 'held_out.jsonl'}:1" and test.env == "qa"
     with pytest.raises(ConfigError, match="environment 'qa' has no 'dev' split \\(splits: train, test\\)"):
-        env.load("dev")
+        load_split(env, "dev")
 
 
 def test_an_environment_without_images_gives_their_text(tmp_path):
@@ -94,9 +97,9 @@ def test_an_environment_without_images_gives_their_text(tmp_path):
            "images": [str(png)], "reward_model": {"ground_truth": "1"}}
     (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
     split = {"train": FileSplit(files=["rows.jsonl"])}
-    [seen] = Environment(name="vision", splits=split).load("train", None, tmp_path)
+    [seen] = load_split(Environment(name="vision", splits=split), "train", None, tmp_path)
     assert len(seen.images) == 2 and seen.prompt[0].content[1] == {"type": "image"}
-    [text] = Environment(name="text", splits=split, images=False).load("train", None, tmp_path)
+    [text] = load_split(Environment(name="text", splits=split, images=False), "train", None, tmp_path)
     assert text.images == [] and [m.content for m in text.prompt] == ["Find x in <image>.", "and <image>?"]
 
 
@@ -138,16 +141,16 @@ def test_hub_split_from_a_local_dataset_directory(tmp_path):
 
     path = str(tmp_path / "dataset")
     env = Environment(name="sums", splits={s: HubSplit(path=path, split=s) for s in ("train", "test")}, row=row)
-    train = env.load("train")
+    train = load_split(env, "train")
     assert [(s.prompt[0].content, s.ground_truth) for s in train] == [("What is 2+2?", "4"), ("What is 3+3?", "6")]
-    [test] = env.load("test")
+    [test] = load_split(env, "test")
     assert test.ground_truth == "10" and test.extra_info["split"] == "test" and test.env == "sums"
     broken = Environment(name="b", splits={"train": HubSplit(path=path)}, row=lambda r, o, s: {"prompt": 3})
     with pytest.raises(ConfigError, match=r"dataset train row 1: prompt: Input should be a valid list"):
-        broken.load("train")
+        load_split(broken, "train")
     missing = Environment(name="m", splits={"train": HubSplit(path=str(tmp_path / "nowhere"))}, row=row)
     with pytest.raises(ConfigError, match="environment 'm' split 'train': cannot load hub .*nowhere"):
-        missing.load("train")
+        load_split(missing, "train")
 
 
 # -- plugins: registration checks ------------------------------------------------------------------
@@ -233,7 +236,8 @@ def test_two_plugins_registering_one_environment_name(tmp_path, monkeypatch):
 
 
 def test_explicit_sections_override_the_environment(mix_plugins, tmp_path):
-    from toolrl.roles.compose import configured_envs, max_turns, parser_spec, resolve_parts
+    from toolrl.environments import configured_envs
+    from toolrl.rollout.routes import max_turns, parser_spec, resolve_parts
 
     config = load_config(None, data={"env": "echo", "base_dir": str(tmp_path)})
     echo = configured_envs(config)["echo"]
@@ -299,7 +303,7 @@ async def test_a_mixture_routes_each_sample_to_its_own_tools_turn_limit_and_pars
                          data={"envs": {"ping": {}, "echo": {"max_turns": 1}}, "base_dir": str(tmp_path)})
     samples = load_samples(config)
     path = model_path(config)
-    rollouts = await compose_rollouts(config, path, load_tokenizer(path), samples=samples)
+    rollouts = await build_rollouts(config, path, load_tokenizer(path), samples=samples)
     try:
         trajs = await rollouts.run(samples, n=1, seed=0)
     finally:

@@ -15,7 +15,7 @@ from toolrl.parsers.glm45 import Glm45Parser
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.llama3_json import Llama3JsonParser
 from toolrl.parsers.qwen3_coder import Qwen3CoderParser
-from toolrl.rollout import RolloutContext, Route, Trajectory, run_rollouts, run_trajectory_pieces
+from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory_pieces
 from toolrl.rollout.families import (
     BY_NAME,
     FAMILIES,
@@ -28,6 +28,7 @@ from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.schemas import Sample
 from toolrl.testing import parser_corpus as pc
 from toolrl.tools import Tool
+from toolrl.trajectory import Trajectory
 
 
 class Add(Tool):
@@ -206,7 +207,7 @@ async def test_qwen3_with_reasoning_trains_a_step_under_fork_and_training_templa
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
     from toolrl.models import load_model
-    from toolrl.roles.run_dir import rollout_metrics
+    from toolrl.run_dir import rollout_metrics
     from toolrl.training.grpo import StepOptions, grpo_step
 
     torch.manual_seed(0)

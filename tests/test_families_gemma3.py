@@ -62,8 +62,8 @@ async def test_gemma3_270m_trainer_logprobs_equal_the_engine_beyond_its_sliding_
     from toolrl import models
     from toolrl.engines import ModelSource, SamplingParams
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.rollout import Trajectory
     from toolrl.training.grpo import build_batch, response_logprobs
+    from toolrl.trajectory import Trajectory
 
     path = models.gemma3_270m()
     model, tok = models.load_model(path).eval(), models.load_tokenizer(path)

@@ -55,7 +55,7 @@ def test_cli_trains_and_resumes_on_the_gpu(tmp_path, even_tokens, dtype):
 
 
 def _batch(vocab: int):
-    from toolrl.rollout import Trajectory
+    from toolrl.trajectory import Trajectory
 
     g = torch.Generator().manual_seed(0)
     trajs = []

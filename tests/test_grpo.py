@@ -5,7 +5,6 @@ import torch
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.models import load_model
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import (
     StepOptions,
     aggregate,
@@ -14,6 +13,7 @@ from toolrl.training.grpo import (
     grpo_step,
     response_logprobs,
 )
+from toolrl.trajectory import Trajectory
 
 
 def test_group_advantages():

@@ -153,8 +153,8 @@ class EvenTokens:
 
 async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
     from toolrl.engines import SamplingParams
-    from toolrl.roles.compose import compose_local
     from toolrl.roles.controller import batch_for_step
+    from toolrl.roles.in_process import build_local_run
     from toolrl.rollout import run_rollouts
     from toolrl.training.grpo import StepOptions, grpo_step
 
@@ -165,7 +165,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}", "optim.lr=0.05", "tools.entries=[]",
         "reward.functions=[{name: even_tokens}]", "rollout.max_new_tokens=6", "rollout.max_response_tokens=6",
         f"trainer.output_dir={tmp_path}"])
-    run = await compose_local(cfg)
+    run = await build_local_run(cfg)
     try:
         model = run.model
         assert run.engine.model is not model  # the engine holds a plain base model of its own
@@ -237,7 +237,7 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     assert not lora.has_lora(exported)
     config = json.loads((tmp_path / "config.json").read_text())
     from toolrl.config import Config
-    from toolrl.roles.compose import model_path
+    from toolrl.models import model_path
 
     trained = lora.apply_lora(load_model(model_path(Config.model_validate(config))), QV)
     lora.load_trainable_state_dict(trained, saved)

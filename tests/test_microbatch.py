@@ -5,9 +5,9 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig, OptimConfig, load_config
 from toolrl.models import load_model
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import StepOptions, grpo_step
 from toolrl.training.microbatch import micro_batches, plan, split_across_ranks
+from toolrl.trajectory import Trajectory
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -113,15 +113,15 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
     gradient norm as the default micro-batching."""
     from pathlib import Path
 
-    from toolrl.roles.compose import compose_local
     from toolrl.roles.controller import batch_for_step
+    from toolrl.roles.in_process import build_local_run
     from toolrl.rollout import run_rollouts
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
     config = load_config(tiny, [f"trainer.output_dir={tmp_path}", "rollout.max_new_tokens=16"])
 
     async def rollouts():
-        run = await compose_local(config)
+        run = await build_local_run(config)
         prompts = batch_for_step(run.samples, 0, config.data.batch_size, config.trainer.seed, config.data.shuffle)
         trajs = await run_rollouts(run.ctx, prompts, config.rollout.n, seed=5, id_prefix="t1-")
         await run.rollouts.close()

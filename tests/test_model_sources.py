@@ -114,12 +114,12 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
 
 
 async def test_trainer_composes_from_a_hub_id(hub_cache, offline, tmp_path):
-    from toolrl.roles.compose import compose_local
+    from toolrl.roles.in_process import build_local_run
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml", [
         "model.source=org/tiny", "model.revision=v2", f"model.cache_dir={hub_cache}", "tools.entries=[]",
         f"trainer.output_dir={tmp_path}"])
-    run = await compose_local(cfg)
+    run = await build_local_run(cfg)
     try:
         assert Path(run.path) == hub_cache / "models--org--tiny" / "snapshots" / V2
         assert run.model.config.toolrl_marker == "v2"

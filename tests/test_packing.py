@@ -4,9 +4,9 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig
 from toolrl.models import load_model
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import policy_loss, response_logprobs
 from toolrl.training.packing import VARLEN_SDPA, build_batch, input_length
+from toolrl.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")

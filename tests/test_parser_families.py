@@ -18,7 +18,7 @@ from toolrl import models
 from toolrl.config import load_config
 from toolrl.parsers import ToolParser
 from toolrl.plugins import get_plugins
-from toolrl.roles.compose import build_routes
+from toolrl.rollout.routes import build_routes
 from toolrl.testing import parser_corpus as corpus
 from toolrl.testing.parser_corpus import CASES, FAMILIES, SEARCH, TOOLS, TYPED, UNICODE, WEATHER, Case
 

@@ -9,12 +9,12 @@ import torch
 from test_microbatch import Recorder
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.models import load_model
-from toolrl.rollout import Trajectory
 from toolrl.training import packing
 from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, response_logprobs
 from toolrl.training.microbatch import plan, tree_pieces
 from toolrl.training.packing import build_batch, input_tokens
 from toolrl.training.prefix_tree import MIN_SHARED_TOKENS, layout
+from toolrl.trajectory import Trajectory
 
 
 @pytest.fixture(scope="module")

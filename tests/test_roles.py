@@ -25,9 +25,9 @@ def toolrl_imports(module: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["roles/compose", "roles/rollout_workers", "roles/trainer_rank",
+@pytest.mark.parametrize("module", ["roles/in_process", "roles/rollout_workers", "roles/trainer_rank",
                                     "roles/trainer_group", "roles/ray_actors", "training/sharding",
-                                    "training/weight_sync", "training/checkpoint", "roles/__init__",
+                                    "training/weight_sync", "training/export", "roles/__init__",
                                     "roles/evaluate", "roles/replay", "data/recorded"])
 def test_no_role_imports_the_controller(module):
     assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
@@ -94,18 +94,18 @@ def test_world_size_without_ray_is_a_config_error():
     import asyncio
 
     from toolrl.config import ConfigError, load_config
-    from toolrl.roles import compose_roles
+    from toolrl.roles.start import start_roles
 
     cfg = load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), ["trainer.world_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs Ray: set ray.address"):
-        asyncio.run(compose_roles(cfg))
+        asyncio.run(start_roles(cfg))
 
 
 # -- the roles' interfaces --------------------------------------------------------------------------
 
 IMPLEMENTATIONS = [("TrainerGroup", "toolrl.roles.trainer_group", "LocalTrainer"),
                    ("TrainerGroup", "toolrl.roles.trainer_group", "RayTrainerGroup"),
-                   ("RolloutGroup", "toolrl.roles.compose", "Rollouts"),
+                   ("RolloutGroup", "toolrl.roles.in_process", "Rollouts"),
                    ("RolloutGroup", "toolrl.roles.rollout_workers", "RolloutWorkerPool"),
                    ("RolloutGroup", "toolrl.roles.replay", "Replay")]
 
@@ -139,11 +139,12 @@ def test_in_process_roles_satisfy_the_protocols(tiny_qwen3_path):
     import asyncio
 
     from toolrl.config import load_config
-    from toolrl.roles import RolloutGroup, TrainerGroup, compose_roles
+    from toolrl.roles import RolloutGroup, TrainerGroup
     from toolrl.roles.replay import Replay
+    from toolrl.roles.start import start_roles
 
     async def scenario() -> None:
-        roles = await compose_roles(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))
+        roles = await start_roles(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))
         try:
             replay = Replay(roles.rollouts)
             assert isinstance(roles.trainer, TrainerGroup)

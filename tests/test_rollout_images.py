@@ -194,8 +194,8 @@ def test_an_engine_without_images_gets_text_or_a_config_error(caplog):
     from pathlib import Path
 
     from toolrl.config import load_config
+    from toolrl.engines.build import engine_processor
     from toolrl.models import tiny_qwen3
-    from toolrl.roles.compose import engine_processor
     from toolrl.schemas import Sample
 
     config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml", ["model.source=tiny-qwen2.5-vl", "engine.name=openai"])

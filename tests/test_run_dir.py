@@ -168,7 +168,7 @@ def test_config_json_is_written_atomically(tmp_path):
     """A write that fails half-way leaves the earlier run whole (config.json included, also when
     overwriting); one that succeeds leaves no temporary file behind."""
     from toolrl.config import ConfigError, load_config
-    from toolrl.roles.run_dir import RunDir
+    from toolrl.run_dir import RunDir
 
     config = load_config(None, [f"trainer.output_dir={tmp_path}"], data={"env": "arithmetic"})
     before = write_earlier_run(tmp_path)
@@ -191,23 +191,23 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     from collections import Counter
 
     from toolrl.config import load_config
-    from toolrl.environments import Environment
+    from toolrl.data import sources
     from toolrl.plugins import Plugins
     from toolrl.roles.controller import train_async
 
     parts, splits = Counter(), Counter()
-    load_part, load = Plugins.load_part, Environment.load
+    load_part, load = Plugins.load_part, sources.load_split
 
     def counted_part(self, kind, name):
         parts[kind] += 1
         return load_part(self, kind, name)
 
-    def counted_load(self, split, *args, **kwargs):
+    def counted_load(env, split, *args, **kwargs):
         splits[split] += 1
-        return load(self, split, *args, **kwargs)
+        return load(env, split, *args, **kwargs)
 
     monkeypatch.setattr(Plugins, "load_part", counted_part)
-    monkeypatch.setattr(Environment, "load", counted_load)
+    monkeypatch.setattr(sources, "load_split", counted_load)
     config = load_config(None, [f"trainer.output_dir={tmp_path / 'run'}", "trainer.total_steps=2",
                                 "trainer.eval_every=1", "eval.num_samples=2"], data=BASE)
     asyncio.run(train_async(config))

@@ -86,7 +86,7 @@ def train(cfg: Config, resume: bool = False) -> Path:
 def weights(run: Path, step: int, scratch: Path) -> dict[str, Any]:
     """The model of checkpoint ``step``, read whole in this process (DCP reshards the ranks' pieces)."""
     import torch
-    from toolrl.training.checkpoint import export
+    from toolrl.training.export import export
 
     out = export(run, scratch / f"{run.name}-{step}", step)
     from safetensors.torch import load_file
@@ -196,15 +196,16 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     """A rollout worker that dies after a weight sync is replaced; before its first rollout the
     trainer ranks send it their current weights, so it samples from the trained policy, not the
     initial one (the trainer's recomputed logprobs match the engine's)."""
-    from toolrl.roles import RolloutGroup, TrainerGroup, compose_roles
-    from toolrl.roles.compose import load_samples
+    from toolrl.data.sources import load_samples
+    from toolrl.roles import RolloutGroup, TrainerGroup
     from toolrl.roles.controller import batch_for_step
+    from toolrl.roles.start import start_roles
 
     cfg = config(tmp_path / "replaced", 1)
     samples = load_samples(cfg)
 
     async def scenario() -> tuple[list[dict[str, float]], int]:
-        roles = await compose_roles(cfg)
+        roles = await start_roles(cfg)
         try:
             # The Ray implementations of the role interfaces the controller drives.
             assert isinstance(roles.trainer, TrainerGroup) and isinstance(roles.rollouts, RolloutGroup)

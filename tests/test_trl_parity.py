@@ -9,9 +9,9 @@ import pytest
 import torch
 from toolrl.algorithms import build_loss
 from toolrl.config import AlgorithmConfig
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import policy_loss
 from toolrl.training.packing import build_batch
+from toolrl.trajectory import Trajectory
 
 trl = pytest.importorskip("trl")
 LENGTHS = [4, 1, 3, 6, 2]  # ragged responses

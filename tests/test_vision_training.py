@@ -18,11 +18,11 @@ import torch
 from test_prefix_sharing import loss_and_grads
 from toolrl import models
 from toolrl.config import Config, ConfigError, load_config
-from toolrl.rollout import Trajectory
 from toolrl.training import packing, prefix_tree
 from toolrl.training.grpo import Policy, StepOptions, grpo_step, response_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import build_batch, input_length
+from toolrl.trajectory import Trajectory
 from vision_fixtures import image, vision_trajectory
 
 pytest.importorskip("PIL")
@@ -325,7 +325,7 @@ def test_grpo_step_trains_language_and_vision(vlm, processor, trajectories):
 
 
 def test_frozen_vision_tower(vlm_path, processor, trajectories):
-    from toolrl.roles.compose import build_policy
+    from toolrl.training.policy import build_policy
 
     cfg = load_config(TINY, ["model.source=tiny-qwen2.5-vl", "model.freeze_vision=true"])
     model = build_policy(cfg, vlm_path, "cpu")
@@ -339,8 +339,8 @@ def test_frozen_vision_tower(vlm_path, processor, trajectories):
 
 
 def test_lora_adapts_the_language_model_only(vlm_path, processor, trajectories):
-    from toolrl.roles.compose import build_policy
     from toolrl.training import lora
+    from toolrl.training.policy import build_policy
 
     cfg = load_config(TINY, ["model.source=tiny-qwen2.5-vl", "model.lora={r: 4, alpha: 8}"])
     model = build_policy(cfg, vlm_path, "cpu")
@@ -362,7 +362,8 @@ def rank_config(out: Path, world_size: int, *extra: str) -> Config:
 @pytest.mark.parametrize("frozen", [False, True])
 def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, frozen):
     from toolrl.roles.trainer_rank import TrainerRank
-    from toolrl.training.checkpoint import HF_FILES, export, save_model_files
+    from toolrl.run_dir import HF_FILES
+    from toolrl.training.export import export, save_model_files
     from transformers import AutoModelForImageTextToText
 
     cfg = rank_config(tmp_path / "run", 1, f"model.freeze_vision={str(frozen).lower()}")
@@ -430,7 +431,7 @@ async def engine_trajectory(engine, renderer, name: str, seeds: tuple[int, int],
     """A two-turn trajectory sampled by the transformers engine: a prompt with a figure, a sampled
     turn, a tool result with a second image, a second sampled turn; the engine's own log-probs."""
     from toolrl.engines import SamplingParams
-    from toolrl.rollout import TrajectoryImage
+    from toolrl.trajectory import TrajectoryImage
 
     def img(s: int, size: tuple[int, int]) -> TrajectoryImage:
         from vision_fixtures import png

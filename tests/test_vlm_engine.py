@@ -14,8 +14,8 @@ from PIL import Image
 from toolrl import models
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.rollout import TrajectoryImage
 from toolrl.rollout.chat import ChatRenderer
+from toolrl.trajectory import TrajectoryImage
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from toolrl.rollout import Trajectory, TrajectoryImage
+from toolrl.trajectory import Trajectory, TrajectoryImage
 
 
 def image(width: int, height: int, seed: int = 0):

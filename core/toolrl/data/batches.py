@@ -2,7 +2,7 @@
 training) the groups generating ahead of the trainer.
 
 Groups are numbered globally from 0 in data order. Group ``g``'s prompt (:func:`prompt_for_group`)
-and trajectory seeds (:func:`group_seed` with :func:`toolrl.rollout.trajectory_seed`) are pure
+and trajectory seeds (:func:`group_seed` with :func:`toolrl.trajectory.trajectory_seed`) are pure
 functions of ``g`` and the run's seeds, so a resumed run regenerates any group exactly where it left
 off. Steps take groups in group order; the checkpoint records the first group not yet consumed.
 
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import Config
-from toolrl.rollout import GROUP_SEED_STRIDE, Trajectory
 from toolrl.schemas import Sample
+from toolrl.trajectory import GROUP_SEED_STRIDE, Trajectory
 
 # Dynamic sampling stops a step after this many batches' worth of groups and trains on what it kept.
 MAX_GROUPS_PER_STEP = 4

@@ -29,8 +29,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
-from toolrl.rollout import Route, Trajectory, combine_rewards, settle, start_rewards
+from toolrl.rewards import scoring
+from toolrl.rewards.scoring import RewardFunctions
 from toolrl.schemas import Sample
+from toolrl.trajectory import Trajectory
 
 
 def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
@@ -47,7 +49,7 @@ def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
     return traj
 
 
-def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) -> list[Any] | None:
+def _reward(traj: Trajectory, row: dict[str, Any], rewards: RewardFunctions, origin: str) -> list[Any] | None:
     """Sets the row's own reward; else starts the configured reward functions on its final response
     and returns their values (awaitables from async functions: :func:`_score_all` settles them)."""
     if row.get("reward") is not None:
@@ -56,24 +58,24 @@ def _reward(traj: Trajectory, row: dict[str, Any], route: Route, origin: str) ->
             raise ConfigError(f"{origin}: reward: must be a finite number, got {reward!r}")
         traj.reward = float(reward)
         return None
-    if not route.reward_functions:
+    if not rewards:
         raise ConfigError(f"{origin}: reward: the row has none, and no reward functions (reward.functions "
                           "or the environment's) score it")
     sample = Sample(prompt=[], ground_truth=row.get("ground_truth"), data_source=row.get("data_source") or "")
     traj.error, traj.reward_errors = None, {}
-    return start_rewards(route, traj, sample)
+    return scoring.start_rewards(rewards, traj, sample)
 
 
-def _score_all(route: Route, scoring: list[tuple[Trajectory, list[Any], str]]) -> None:
+def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Trajectory, list[Any], str]]) -> None:
     """Every row's reward from its functions' values; async ones (a judge) are awaited together, on a
     loop of their own in a worker thread (this runs while a run is being resolved, maybe inside a loop)."""
-    values = [v for _, vs, _ in scoring for v in vs]
+    values = [v for _, vs, _ in pending for v in vs]
     if any(inspect.isawaitable(v) for v in values):
         with ThreadPoolExecutor(1) as pool:
-            values = pool.submit(asyncio.run, settle(values)).result()
+            values = pool.submit(asyncio.run, scoring.settle(values)).result()
     at = 0
-    for traj, vs, origin in scoring:
-        combine_rewards(route, traj, values[at:at + len(vs)], [r.step_reward for r in traj.tool_results])
+    for traj, vs, origin in pending:
+        scoring.combine(rewards, config.reward, traj, values[at:at + len(vs)], [r.step_reward for r in traj.tool_results])
         at += len(vs)
         if traj.error is not None:
             raise ConfigError(f"{origin}: reward: {traj.error}")
@@ -84,11 +86,8 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[S
     with ``rewards`` (the resolved reward functions) where a row carries no reward."""
     from toolrl.data import read_rows
 
-    # Scoring reads only a route's rewards; no tools, parser or turn limit take part.
-    route = Route(tools={}, max_turns=1, parser=None, reward_functions=rewards,  # type: ignore[arg-type]
-                  reward_config=config.reward)
     groups: dict[Hashable, list[Trajectory]] = {}
-    scoring: list[tuple[Trajectory, list[Any], str]] = []
+    pending: list[tuple[Trajectory, list[Any], str]] = []
     for name in config.data.trajectories:
         path = resolve_path(config, name)
         if not path.exists():
@@ -97,13 +96,13 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[S
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             traj = _trajectory(row, origin)
-            if (values := _reward(traj, row, route, origin)) is not None:
-                scoring.append((traj, values, origin))
+            if (values := _reward(traj, row, rewards, origin)) is not None:
+                pending.append((traj, values, origin))
             # A group number means something within its own file only (each trace file numbers from 0).
             key = ("group", str(path), json.dumps(row["group"])) if "group" in row else ("prompt", tuple(traj.prompt_ids))
             groups.setdefault(key, []).append(traj)
     if not groups:
         raise ConfigError(f"data.trajectories: no rows in {', '.join(config.data.trajectories)}")
-    _score_all(route, scoring)
+    _score_all(config, rewards, pending)
     return [Sample(prompt=[], index=g, ground_truth=trajs[0].ground_truth, trajectories=trajs)
             for g, trajs in enumerate(groups.values())]

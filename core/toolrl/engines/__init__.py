@@ -13,10 +13,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-if TYPE_CHECKING:
-    from toolrl.training.weight_sync import BucketStager
+from typing import Any, ClassVar, Literal
 
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
@@ -69,6 +66,23 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
     return None
 
 
+class BucketStager:
+    """The buckets of one weight update, held until the last one arrives: loading each bucket as it
+    comes would let the decode steps in between run on half-updated weights. Holds one copy of the
+    weights while an update is in flight."""
+
+    def __init__(self) -> None:
+        self._staged: dict[str, Any] = {}
+
+    def add(self, bucket: Mapping[str, Any], last: bool) -> dict[str, Any] | None:
+        """Stage ``bucket``; with the last one, every staged tensor (and the stage starts empty again)."""
+        self._staged.update(bucket)
+        if not last:
+            return None
+        staged, self._staged = self._staged, {}
+        return staged
+
+
 class RolloutEngine(ABC):
     name: ClassVar[str] = ""
     # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
@@ -100,8 +114,6 @@ class RolloutEngine(ABC):
 
     @functools.cached_property
     def _bucket_stager(self) -> BucketStager:
-        from toolrl.training.weight_sync import BucketStager
-
         return BucketStager()
 
     @contextlib.contextmanager

@@ -65,12 +65,15 @@ class Reporter:
 
 def main(request: dict[str, Any]) -> None:
     os.environ[CHILD_ENV] = "1"  # for this process and any it starts
-    from toolrl.cli import cli
+    import click
+
     from toolrl.plugins import Plugins
 
     reporter = Reporter(request["fd"])
     plugins = Plugins(env=request["env"], strict=False, screened=request["skip"], watch=reporter.watch)
-    plugins.add_commands(cli)
+    # A group of its own: the plugin's register_commands runs as it would on the real CLI, and the
+    # plugins layer never imports the CLI above it.
+    plugins.add_commands(click.Group("toolrl"))
     reporter.send(done=True)
     os._exit(0)
 

@@ -6,7 +6,7 @@ takes one GRPO step on them; the new weights go from the trainer ranks to the en
 checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``trainer.max_staleness: 0``
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
-than the step that trains it. Where the roles run is decided once, in :func:`toolrl.roles.compose_roles`: all in
+than the step that trains it. Where the roles run is decided once, in :func:`toolrl.roles.start_roles`: all in
 this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
 own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
 and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
@@ -18,7 +18,7 @@ by the engine while the trainer trains (synchronous), and an engine's own copy c
 
 A run starts only when the whole of it has been resolved and checked (:func:`toolrl.roles.resolve.resolve_run`:
 parts, data, tools, loggers, placement) and its roles are up; only then is the run directory
-(:class:`toolrl.roles.run_dir.RunDir`) first written, and a directory holding an earlier run is
+(:class:`toolrl.run_dir.RunDir`) first written, and a directory holding an earlier run is
 continued only with ``--resume`` and replaced only with ``--overwrite``.
 
 ``output_dir`` receives ``config.json``, ``metrics.jsonl`` (one line per step; a step that fails gets a line with
@@ -39,11 +39,21 @@ from typing import Any
 from toolrl.config import Config, ConfigError
 from toolrl.data.batches import GroupStream, StepBatch, StepBatches, batch_for_step, open_batches, step_seed
 from toolrl.loggers import open_loggers
-from toolrl.roles import Roles, compose_roles
 from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.run_dir import RunDir, open_mode, rollout_metrics, staleness_metrics
-from toolrl.rollout import Trajectory
-from toolrl.training import checkpoint
+from toolrl.roles.start import Roles, start_roles
+from toolrl.run_dir import (
+    HF_FILES,
+    RunDir,
+    finalize,
+    open_mode,
+    read_meta,
+    restore_controller,
+    rollout_metrics,
+    staging_dir,
+    staleness_metrics,
+)
+from toolrl.training.export import save_model_files
+from toolrl.trajectory import Trajectory
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -52,9 +62,9 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
     """Every rank writes its shards into a staging directory; then the controller publishes it.
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again."""
     config = roles.config
-    staged = checkpoint.staging_dir(run_dir.checkpoints, step)
+    staged = staging_dir(run_dir.checkpoints, step)
     await roles.training.save(str(staged), step)
-    return checkpoint.finalize(run_dir.checkpoints, staged, step, {"world_size": config.trainer.world_size,
+    return finalize(run_dir.checkpoints, staged, step, {"world_size": config.trainer.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
@@ -64,8 +74,8 @@ async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     step and the data position."""
     ckpt = run_dir.latest_checkpoint()
     await roles.training.load(str(ckpt))
-    checkpoint.restore_controller(ckpt)
-    meta = checkpoint.read_meta(ckpt)
+    restore_controller(ckpt)
+    meta = read_meta(ckpt)
     step = int(meta["step"])
     await roles.sync_weights(step)
     return step, int(meta.get("data_position", step * roles.config.data.batch_size))
@@ -109,7 +119,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
     from toolrl.roles.replay import Replay
 
     config = run.config
-    roles = await compose_roles(run)
+    roles = await start_roles(run)
     batches: StepBatches | GroupStream | None = None
     if config.data.trajectories:
         roles.rollouts = Replay(roles.rollouts)
@@ -122,7 +132,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
         run_dir.start(config)  # the run starts: the first write to its directory
         run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
         run_dir.write_roles(roles.placement)
-        checkpoint.save_model_files(roles.model_dir, run_dir.checkpoints / checkpoint.HF_FILES)
+        save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
         batches = open_batches(roles.rollouts, run.samples, config, position, version=start)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
@@ -174,7 +184,7 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
     records as training in ``trainer.output_dir`` (an earlier run there is replaced only with ``overwrite``)."""
     run = resolve_run(config, "rollout")
     run_dir = RunDir.open(config.trainer.output_dir, open_mode(False, overwrite), resumable=False)
-    roles = await compose_roles(run, train=False)
+    roles = await start_roles(run, train=False)
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, 0)
     try:
         run_dir.start(config)

@@ -29,9 +29,9 @@ from typing import Any
 from toolrl.config import Config, ConfigError, read_text
 from toolrl.data.batches import step_seed
 from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.run_dir import RunDir, open_mode
-from toolrl.rollout import Trajectory
+from toolrl.run_dir import RunDir, open_mode
 from toolrl.schemas import Sample
+from toolrl.trajectory import Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -52,7 +52,7 @@ def success(traj: Trajectory, config: Config) -> bool:
 def _sampling(rollouts: Any, config: Config) -> Any:
     """``rollouts`` sampling at ``eval.temperature``. In process: a view sharing the engine, tools and
     renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
-    from toolrl.roles.compose import Rollouts
+    from toolrl.roles.in_process import Rollouts
 
     rollouts = rollouts.generating  # training on recorded groups: the engine they stand in for
     if not isinstance(rollouts, Rollouts) or rollouts.ctx.config.temperature == config.eval.temperature:
@@ -153,7 +153,7 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from toolrl.roles import compose_roles
+    from toolrl.roles.start import start_roles
 
     config, samples = run.config, run.eval_samples
     # Every engine samples at eval.temperature (Ray workers get this config too).
@@ -161,7 +161,7 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
     console = Console(stderr=True)
     bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                    disable=not (console.is_terminal if progress is None else progress))
-    roles = await compose_roles(replace(run, config=sampling), train=False)
+    roles = await start_roles(replace(run, config=sampling), train=False)
     try:
         run_dir.start(config)
         with bar:

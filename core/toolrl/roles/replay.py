@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
+from toolrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from toolrl.roles import RolloutGroup

@@ -14,8 +14,11 @@ from typing import Literal
 from toolrl.algorithms.rules import check_algorithm, with_critic
 from toolrl.config import Config, ConfigError
 from toolrl.data.recorded import load_groups
+from toolrl.data.sources import load_samples
+from toolrl.environments import ConfiguredEnv
 from toolrl.loggers import logger_names
-from toolrl.roles.compose import ConfiguredEnv, Parts, build_rewards, load_samples, model_path, resolve_parts
+from toolrl.models import model_path
+from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
 
 # train: `toolrl train`; rollout: `toolrl rollout` (the training batches, not trained); eval: `toolrl eval`.

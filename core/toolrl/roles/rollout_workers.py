@@ -1,7 +1,7 @@
 """The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
 Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
-(:func:`toolrl.roles.compose.compose_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
+(:func:`toolrl.roles.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
 is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.roles.RolloutGroup`)
 places one worker per node where the cluster has several (a ``SPREAD`` placement group:
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import Config, ConfigError
+from toolrl.engines import BucketStager
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
-from toolrl.rollout import Trajectory
 from toolrl.schemas import Sample
-from toolrl.training.weight_sync import BucketStager
+from toolrl.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from toolrl.roles import TrainerGroup
@@ -60,7 +60,7 @@ class RolloutWorker:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
-        self._rollouts: Any = None  # toolrl.roles.compose.Rollouts once set up
+        self._rollouts: Any = None  # toolrl.roles.in_process.Rollouts once set up
         self._staged = BucketStager()  # buckets of a weight update in flight
         self._running = 0
         self._finished = 0
@@ -68,12 +68,13 @@ class RolloutWorker:
     async def setup(self, weights: Mapping[str, Any] | None = None, version: int | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
         from toolrl import models
-        from toolrl.roles.compose import compose_rollouts, model_path, seed_everything
+        from toolrl.models import model_path
+        from toolrl.roles.in_process import build_rollouts, seed_everything
 
         t0 = time.perf_counter()
         seed_everything(self.config.trainer.seed)
         path = model_path(self.config)
-        self._rollouts = await compose_rollouts(self.config, path, models.load_tokenizer(path))
+        self._rollouts = await build_rollouts(self.config, path, models.load_tokenizer(path))
         if weights is not None:
             self._load(weights, version)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}

@@ -20,7 +20,7 @@ from toolrl.config import Config, ConfigError
 from toolrl.roles import WeightPush
 from toolrl.roles.ray_actors import ActorDied, Placement, result
 from toolrl.roles.trainer_rank import TrainerRank
-from toolrl.rollout import Trajectory
+from toolrl.trajectory import Trajectory
 
 
 class TrainerFailed(RuntimeError):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config
-from toolrl.rollout import Trajectory
+from toolrl.trajectory import Trajectory
 
 
 class TrainerRank:
@@ -54,8 +54,10 @@ class TrainerRank:
         import torch
 
         from toolrl import models
-        from toolrl.roles.compose import build_policy, model_path, seed_everything
+        from toolrl.models import model_path
+        from toolrl.roles.in_process import seed_everything
         from toolrl.training import lora
+        from toolrl.training.policy import build_policy
 
         cfg = self.config
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False

@@ -8,7 +8,7 @@ For each sample × n, concurrently::
       │                                                                               user_turn
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
       └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
-    calc_reward/release, always ─► score (reward fns + calc_reward + step rewards)   finish_tools, score
+    calc_reward/release, always ─► score (toolrl.rewards.scoring)                    finish_tools, score
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
@@ -21,89 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
 from toolrl.parsers import ToolParser
+from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolKwargs, ToolResponse, ToolResult
-from toolrl.tools import Tool, ToolSet, coerce_reward
-
-# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
-Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked"]
-
-
-class TrajectoryImage(BaseModel):
-    """One image in a trajectory's tokens (from the prompt or a tool result), held once: the trainer
-    derives its pixel values with the model's processor, so trajectories stay small on their way to it."""
-
-    model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
-
-    png: bytes  # the image as the model saw it (after the configured size limits), PNG-encoded
-    grid_thw: tuple[int, int, int]  # the processor's patch grid: its placeholder run has t*h*w / merge**2 tokens
-
-
-class Trajectory(BaseModel):
-    """Everything one trajectory produced; the trainer reads nothing else."""
-
-    trajectory_id: str
-    # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
-    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
-    trajectory_key: str = ""
-    piece: int = 0
-    sample_index: int
-    group: int  # trajectories of one prompt share a group (GRPO)
-    env: str | None = None  # the sample's environment (its route)
-    prompt_ids: list[int]
-    # Images in the order of their placeholder runs in prompt_ids + response_ids (never trained).
-    images: list[TrajectoryImage] = Field(default_factory=list)
-    response_ids: list[int] = Field(default_factory=list)
-    response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
-    logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
-    turns: int = 0
-    final_response: str = ""
-    model_text: list[str] = Field(default_factory=list)  # each generation's text
-    tool_results: list[ToolResult] = Field(default_factory=list)
-    parse_errors: list[ParseError] = Field(default_factory=list)
-    termination: Termination = "answered"
-    error: str | None = None
-    reward: float = 0.0
-    reward_terms: dict[str, float] = Field(default_factory=dict)
-    # Reward functions that failed (raised, timed out, gave no number), by name: their term is 0, not a score.
-    reward_errors: dict[str, str] = Field(default_factory=dict)
-    tool_rewards: dict[str, float] = Field(default_factory=dict)
-    tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
-    reward_parts: dict[str, float] = Field(default_factory=dict)  # "tool.part": what a calc_reward was made of
-    user_turns: list[str] = Field(default_factory=list)  # user turns the tools gave (Tool.respond), in order
-    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
-    ground_truth: Any = None
-    generation_s: float = 0.0
-    tool_s: float = 0.0
-    # The engine's weight version for each generation call (trainer steps applied to the weights
-    # that sampled its first token); more than one value: the weights changed mid-trajectory.
-    policy_versions: list[int] = Field(default_factory=list)
-    # Prompt tokens the engine did not prefill for this piece's generations (Generation.prefill_tokens_saved).
-    prefill_tokens_saved: int = 0
-    # Template history checks (one per round of tool results), rewrites found, and forks made; whole
-    # trajectory counts, kept on its last piece.
-    template_checks: int = 0
-    template_rewrites: int = 0
-    template_forks: int = 0
-
-    @property
-    def key(self) -> str:
-        return self.trajectory_key or self.trajectory_id
+from toolrl.tools import Tool, ToolSet
+from toolrl.trajectory import Termination, Trajectory, TrajectoryImage, trajectory_seed
 
 
 @dataclass
@@ -182,7 +115,7 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
             traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             await finish_tools(ep)
-    await score(route, traj, sample, ep.step_rewards)
+    await scoring.score(route.reward_functions, route.reward_config, traj, sample, ep.step_rewards)
     for piece in ep.closed:  # every piece is trained with the trajectory's reward
         piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
         piece.reward_errors = dict(traj.reward_errors)
@@ -498,83 +431,6 @@ def _refused(call: ToolCall, limit: int) -> ToolResult:
     return ToolResult(name=call.name, arguments=call.arguments, status="error", response=ToolResponse.error(
         f"Error: at most {limit} tool calls run per turn; this call to '{call.name}' was not run. "
         "Make it in your next turn."))
-
-
-def start_rewards(route: Route, traj: Trajectory, sample: Sample) -> list[Any]:
-    """Each reward function called on the finished trajectory: its value, the exception it raised, or,
-    from an async reward function, the awaitable that gives its value. Sync functions run here, on the
-    caller's thread: they are CPU work (no gain from a thread under the GIL), and math-verify's timeout
-    needs the main thread; a reward that waits (a judge model, a service) is async, so it never holds
-    the loop."""
-    info = {"full_response": "".join(traj.model_text), "model_text": list(traj.model_text), "sample": sample,
-            "tool_results": traj.tool_results, "parse_errors": len(traj.parse_errors),
-            "data_source": sample.data_source,
-            "response_ids": [t for t, m in zip(traj.response_ids, traj.response_mask) if m]}
-    values: list[Any] = []
-    for _, _, fn in route.reward_functions:
-        try:
-            values.append(fn(traj.final_response, sample.ground_truth, **info))
-        except Exception as exc:
-            values.append(exc)
-    return values
-
-
-async def settle(values: Sequence[Any]) -> list[Any]:
-    """``values`` with every awaitable awaited, concurrently; one that raises gives its exception."""
-    waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
-    done = await asyncio.gather(*(values[i] for i in waiting), return_exceptions=True)
-    settled = list(values)
-    for i, value in zip(waiting, done):
-        settled[i] = value
-    return settled
-
-
-async def score(route: Route, traj: Trajectory, sample: Sample, step_rewards: Sequence[float]) -> None:
-    """Score a finished trajectory; async reward functions are awaited concurrently with the other
-    trajectories (the loop keeps generating for them meanwhile)."""
-    combine_rewards(route, traj, await settle(start_rewards(route, traj, sample)), step_rewards)
-
-
-def combine_rewards(route: Route, traj: Trajectory, values: Sequence[Any], step_rewards: Sequence[float]) -> None:
-    """Total reward = Σ weight·reward_fn + tool_reward_weight·Σ calc_reward + step_reward_weight·Σ steps.
-    ``values``: the reward functions' settled values (:func:`start_rewards`, :func:`settle`)."""
-    terms: dict[str, float] = {}
-    for (name, weight, _), value in zip(route.reward_functions, values):
-        failure = value if isinstance(value, BaseException) else None
-        if failure is None:
-            try:
-                terms.update(_reward_terms(name, weight, value))
-            except Exception as exc:
-                failure = exc
-        if failure is not None:  # scores 0, and the trace's reward_errors says this 0 is no score
-            terms[name] = 0.0
-            traj.reward_errors[name] = f"{type(failure).__name__}: {failure}"
-            traj.error = traj.error or f"reward {name}: {traj.reward_errors[name]}"
-    if traj.tool_rewards:
-        terms["tools"] = route.reward_config.tool_reward_weight * sum(traj.tool_rewards.values())
-    if step_rewards:
-        terms["steps"] = route.reward_config.step_reward_weight * sum(step_rewards)
-    traj.reward_terms = terms
-    traj.reward = sum(terms.values())
-    if not math.isfinite(traj.reward):  # finite terms can still overflow once weighted and summed
-        traj.error = traj.error or f"reward is not finite: {terms}"
-        traj.reward = 0.0
-
-
-def _reward_terms(name: str, weight: float, value: Any) -> dict[str, float]:
-    """One reward function's terms: ``name`` for a number; ``name.part`` for each part of a mapping
-    (a function scoring several named parts, such as a rubric; the parts sum to its reward)."""
-    if isinstance(value, Mapping):
-        return {f"{name}.{part}": weight * coerce_reward(v, f"reward part {part!r}") for part, v in value.items()}
-    return {name: weight * coerce_reward(value, "reward")}
-
-
-GROUP_SEED_STRIDE = 1_000_003
-
-
-def trajectory_seed(seed: int, group: int, k: int) -> int:
-    """The seed of trajectory ``k`` of group ``group``: the one formula every rollout path uses."""
-    return seed + GROUP_SEED_STRIDE * group + 10_007 * k
 
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,

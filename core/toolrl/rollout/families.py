@@ -11,11 +11,10 @@ never fetched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import ConfigError
+from toolrl.templates import trl_template
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -98,12 +97,6 @@ def family_named(name: str) -> Family:
     if name not in BY_NAME:
         raise FamilyError(f"model.chat_format: unknown family {name!r} (known: {', '.join(BY_NAME)})")
     return BY_NAME[name]
-
-
-@cache
-def trl_template(file: str) -> str:
-    """One of the chat templates the installed ``trl`` package ships."""
-    return resources.files("trl").joinpath("chat_templates", file).read_text(encoding="utf-8")
 
 
 def detect_family(template: str) -> Family:

@@ -23,20 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from toolrl.trajectory import common_prefix
+
 
 class TemplateRewriteError(RuntimeError):
     """``template_rewrite: refuse`` and the template rewrote the conversation's history."""
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many first tokens ``a`` and ``b`` have in common (lists, arrays or CPU tensors of ids).
-    The one comparison of token sequences: rollouts find template rewrites with it, the prefix-shared
-    micro-batch layout (:mod:`toolrl.training.prefix_tree`) its shared prefixes."""
-    import numpy as np  # vectorised: sequences run to tens of thousands of tokens; lazy, as rollout is
-
-    x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else len(x)
 
 
 def first_difference(rendered: Sequence[int], live: Sequence[int]) -> int | None:

@@ -5,7 +5,7 @@ Lifecycle, per trajectory (``instance_id``)::
     create(instance_id, **create_kwargs)            once, at trajectory start
     execute(instance_id, arguments, **execute_kwargs) -> (response, step_reward, metrics)   0..n
     respond(instance_id, message) -> str | None      after each model answer without calls    0..n
-    calc_reward(instance_id, **calc_reward_kwargs) -> float | {"reward": float, part: float}  once
+    calc_reward(instance_id, **calc_reward_kwargs) -> float | {part: float, ...}       once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
 
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import numbers
 import time
 import uuid
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ValidationError
 
 from toolrl.config import format_errors
+from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_parts
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
 from toolrl.tools.shared import SharedResources as SharedResources  # re-exported: one resource per trajectory
@@ -53,22 +53,6 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def coerce_reward(value: Any, what: str) -> float:
-    """A reward as a finite float: None is 0.0, numbers (Python, numpy, 0-d tensors) convert; strings,
-    NaN and infinities are errors."""
-    if value is None:
-        return 0.0
-    if isinstance(value, (str, bytes)) or not (isinstance(value, numbers.Real) or hasattr(value, "__float__")):
-        raise ToolReturnError(f"{what} must be a number, got {_kind(value)} {value!r:.80}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ToolReturnError(f"{what} must be a number, got {_kind(value)}: {exc}") from None
-    if not math.isfinite(number):
-        raise ToolReturnError(f"{what} must be finite, got {number}")
-    return number
-
-
 def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
     """``execute``'s return value checked and normalised: (response, step_reward, metrics) where the
     response is a ToolResponse, a str or a ToolResponse-shaped dict, the reward a finite number (or
@@ -86,7 +70,10 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
             raise ToolReturnError(f"response: {format_errors(exc)}") from None
     elif not isinstance(response, ToolResponse):
         raise ToolReturnError(f"response must be a str or a ToolResponse, got {_kind(response)} {response!r:.80}")
-    reward = coerce_reward(step_reward, "step_reward")
+    try:
+        reward = coerce_reward(step_reward, "step_reward")
+    except RewardValueError as exc:
+        raise ToolReturnError(str(exc)) from None
     if metrics is None:
         metrics = {}
     if not isinstance(metrics, Mapping) or not all(isinstance(k, str) for k in metrics):
@@ -211,8 +198,9 @@ class Tool:
         return None
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float | Mapping[str, float]:
-        """The tool's final reward for the trajectory: a number, or a mapping with the reward under
-        ``"reward"`` and the parts it was computed from beside it (reported, not summed)."""
+        """The tool's final reward for the trajectory: a number, or named parts
+        (:func:`toolrl.rewards.scoring.named_parts`: with ``"reward"``, the parts beside it are reported;
+        without it, the parts sum to the reward)."""
         return 0.0
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
@@ -373,13 +361,8 @@ class ToolSet:
         return None
 
     def _reward(self, name: str, value: Any) -> float:
-        if not isinstance(value, Mapping):
-            return coerce_reward(value, "calc_reward")
-        if "reward" not in value:
-            raise ToolReturnError("calc_reward's mapping has no 'reward'")
-        parts = {f"{name}.{k}": coerce_reward(v, f"calc_reward[{k!r}]") for k, v in value.items() if k != "reward"}
-        reward = coerce_reward(value["reward"], "calc_reward['reward']")
-        self.reward_parts.update(parts)
+        reward, parts, _ = named_parts(value, "calc_reward")
+        self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
         return reward
 
     async def finish(self) -> dict[str, float]:
@@ -395,7 +378,7 @@ class ToolSet:
                 if problem is None:
                     try:
                         reward = self._reward(name, run.value)
-                    except ToolReturnError as exc:
+                    except RewardValueError as exc:
                         problem = str(exc)
                 if problem is not None:
                     self.finish_errors[name] = f"calc_reward: {problem}"

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from toolrl.config import Config
-from toolrl.rollout import Trajectory
 from toolrl.training.grpo import clip_grad_norm
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
@@ -36,6 +35,7 @@ from toolrl.training.packing import (
     sharing_metrics,
     tree_keys,
 )
+from toolrl.trajectory import Trajectory
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
            "shard_critic", "state", "value_loss", "value_metrics"]
@@ -264,7 +264,7 @@ class Critic:
         import copy
 
         from toolrl import models
-        from toolrl.roles.compose import model_path
+        from toolrl.models import model_path
 
         cfg = config.critic
         if cfg.model is None and config.model.lora is None:

@@ -56,7 +56,6 @@ from toolrl.algorithms import (
 from toolrl.algorithms.advantages import Grpo
 from toolrl.algorithms.overlong import shape_rewards
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
-from toolrl.rollout import Trajectory
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
@@ -69,6 +68,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
+from toolrl.trajectory import Trajectory
 
 __all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "grpo_step",
            "policy_loss", "response_logprobs", "token_advantages"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolrl.training import prefix_tree
+from toolrl.trajectory import common_prefix
 
 
 def split_across_ranks(indices: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
@@ -70,7 +71,7 @@ def tree_pieces(indices: Sequence[int], seqs: Sequence[Sequence[int]], micro_bat
         cost = 0
         for k in ks:
             seq = seqs[indices[k]]
-            added = len(seq) - (prefix_tree.common_prefix(seqs[indices[piece[-1]]], seq) if piece else 0)
+            added = len(seq) - (common_prefix(seqs[indices[piece[-1]]], seq) if piece else 0)
             full = len(piece) >= micro_batch_size if max_tokens is None else cost + added > max_tokens
             if piece and full:
                 pieces.append((piece, cost))

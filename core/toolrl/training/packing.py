@@ -55,8 +55,8 @@ from typing import Any
 import torch
 
 from toolrl import masks
-from toolrl.rollout import Trajectory
 from toolrl.training import prefix_tree, vision
+from toolrl.trajectory import Trajectory
 
 VARLEN_SDPA = "toolrl_varlen_sdpa"
 # The keyword that carries a tree batch's per-span attention through the model to _varlen_sdpa.

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from toolrl.rollout.rewrite import common_prefix as common_prefix  # re-exported for microbatch
-
 # Fewest tokens a tree's root must hold; below this, sequences are packed one after another.
 MIN_SHARED_TOKENS = 32
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from toolrl.rollout import Trajectory, TrajectoryImage
+from toolrl.trajectory import Trajectory, TrajectoryImage
 
 # A step's cache of processed images: PNG bytes -> (pixel rows, grid).
 PixelCache = dict[bytes, tuple[torch.Tensor, torch.Tensor]]

@@ -8,7 +8,7 @@ bucket plus the tensor being gathered. Tied tensors are sent once, under their f
 
 A sink is a callable ``(bucket, last)``: an engine in this process (:func:`engine_sink`), or one that
 sends the bucket to rollout workers (:func:`ray_sink`), which may be generating meanwhile: they stage
-the buckets (:class:`BucketStager`) and load them together on the last one, which carries the
+the buckets (:class:`toolrl.engines.BucketStager`) and load them together on the last one, which carries the
 weights' version.
 """
 
@@ -86,23 +86,6 @@ def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = Tr
             sink({}, True)
     stats.seconds = time.perf_counter() - t0
     return stats
-
-
-class BucketStager:
-    """The buckets of one weight update, held until the last one arrives: loading each bucket as it
-    comes would let the decode steps in between run on half-updated weights. Holds one copy of the
-    weights while an update is in flight."""
-
-    def __init__(self) -> None:
-        self._staged: dict[str, Any] = {}
-
-    def add(self, bucket: Mapping[str, Any], last: bool) -> dict[str, Any] | None:
-        """Stage ``bucket``; with the last one, every staged tensor (and the stage starts empty again)."""
-        self._staged.update(bucket)
-        if not last:
-            return None
-        staged, self._staged = self._staged, {}
-        return staged
 
 
 def engine_sink(engine: Any) -> Sink:

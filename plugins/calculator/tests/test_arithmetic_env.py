@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 from toolrl.config import ConfigError, load_config
+from toolrl.data.sources import load_samples, load_split
 from toolrl.plugins import get_plugins
-from toolrl.roles.compose import load_samples
 from toolrl.testing.environments import listed_environments
 from toolrl_calculator.environment import ARITHMETIC, TAG_ROUTES, held_out
 
 
 def split(options: dict, name: str) -> list:
     env, validated = ARITHMETIC.resolve(options)
-    return env.load(name, validated)
+    return load_split(env, name, validated)
 
 
 def problem(sample) -> tuple[int, str, int]:

@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 from toolrl.config import ConfigError, load_config
-from toolrl.roles.compose import build_routes, configured_envs, load_samples
+from toolrl.data.sources import load_samples
+from toolrl.environments import configured_envs
+from toolrl.rollout.routes import build_routes
 from toolrl.testing.environments import listed_environments
 from toolrl_geo3k.preprocess import convert, preprocess
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.engines import Generation
-from toolrl.rollout import Trajectory
 from toolrl.schemas import ParseError
+from toolrl.trajectory import Trajectory
 
 RECORD_FILE = "trajectories.jsonl"
 

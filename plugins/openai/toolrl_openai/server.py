@@ -101,7 +101,9 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
                   model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
     from toolrl import models
-    from toolrl.roles.compose import build_engine, model_path, resolve_parts
+    from toolrl.engines.build import build_engine
+    from toolrl.models import model_path
+    from toolrl.rollout.routes import resolve_parts
 
     parts = resolve_parts(config)
     path = model_path(config)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.rollout import TrajectoryImage
+from toolrl.trajectory import TrajectoryImage
 
 from toolrl_openai.conversations import Conversations, Match, Turn
 from toolrl_openai.protocol import ChatMessage, ChatRequest, CompletionRequest

@@ -8,7 +8,8 @@ import math
 import random
 
 from toolrl.config import load_config
-from toolrl.roles.compose import build_routes, load_samples
+from toolrl.data.sources import load_samples, load_split
+from toolrl.rollout.routes import build_routes
 from toolrl.testing.environments import listed_environments
 from toolrl_sandbox_fusion.environment import PYTHON_MATH, divisible_count, held_out
 
@@ -22,7 +23,7 @@ SOLUTIONS = {
 
 def split(options: dict, name: str) -> list:
     env, validated = PYTHON_MATH.resolve(options)
-    return env.load(name, validated)
+    return load_split(env, name, validated)
 
 
 def test_splits_are_disjoint_distinct_and_cover_the_families() -> None:

@@ -24,9 +24,10 @@ async def rollout(env: str, engine: Any, tokenizer: Any, split: str = "train", e
     """Every sample of ``env``'s ``split`` (the first ``limit``; only the tasks ``only`` names) rolled
     out once by ``engine``."""
     from toolrl.config import load_config
-    from toolrl.roles.compose import build_routes, load_samples
+    from toolrl.data.sources import load_samples
     from toolrl.rollout import RolloutContext, run_rollouts
     from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.routes import build_routes
 
     config = load_config(None, data={"env": env, "env_options": env_options or {},
                                      "rollout": {"max_new_tokens": 2048, "max_response_tokens": 32768, **rollout}})

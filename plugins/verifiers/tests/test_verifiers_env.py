@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import yaml
 from toolrl.config import ConfigError, load_config
+from toolrl.data.sources import load_samples
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
-from toolrl.roles.compose import build_routes, load_samples
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.routes import build_routes
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_YAML = REPO / "examples" / "tiny.yaml"

@@ -77,7 +77,7 @@ def test_train_second_step_samples_from_updated_weights(tmp_path, tiny_path, hf_
     # Step 2's rollouts were sampled by the weights after step 1 (checkpoint step_000001), not the
     # initial ones: teacher-forced logprobs agree with the former and clearly not with the latter.
     rows = read_jsonl(out / "rollouts" / "step_00002.jsonl")
-    from toolrl.training.checkpoint import export
+    from toolrl.training.export import export
 
     updated = models.load_model(export(out, tmp_path / "step1", step=1))  # the sharded checkpoint, as HF
     on_updated = mean_abs([model_token_logprobs(updated, r, 1.0) for r in rows])

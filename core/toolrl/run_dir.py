@@ -8,6 +8,14 @@ A run directory is opened in one of three modes: ``new`` refuses a directory tha
 run, ``resume`` continues the run there, ``overwrite`` replaces it. :meth:`RunDir.open` only checks;
 :meth:`RunDir.start` is the first write, made once the run is resolved and its roles are up, so a run
 that fails before it starts leaves the directory exactly as it found it.
+
+A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
+(``torch.distributed.checkpoint``, so any world size can load it), one RNG file per rank, the
+controller's RNG (``controller.pt``) and ``meta.json`` (step, data position, world size). Ranks write
+into ``.tmp_step_NNNNNN/``; the controller adds its files once every rank has finished and renames the
+directory (:func:`finalize`), so a crash never leaves a checkpoint that looks complete. ``hf/`` beside
+the checkpoints holds the model's config and tokenizer (no weights), which export needs besides a
+checkpoint (:mod:`toolrl.training.export`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 import statistics
 from collections import defaultdict
@@ -23,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolrl.config import Config, ConfigError, read_text
-from toolrl.rollout import Trajectory
+from toolrl.trajectory import Trajectory
 
 Mode = Literal["new", "resume", "overwrite"]
 
@@ -117,9 +126,7 @@ class RunDir:
             raise ConfigError(f"{self.field}: {self.path} holds an earlier run ({', '.join(earlier)}); {hint}")
 
     def latest_checkpoint(self) -> Path:
-        from toolrl.training import checkpoint
-
-        found = checkpoint.latest(self.checkpoints)
+        found = latest(self.checkpoints)
         if found is None:
             raise ConfigError(f"--resume: no checkpoint in {self.checkpoints}")
         return found
@@ -325,3 +332,48 @@ def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+META = "meta.json"
+
+
+HF_FILES = "hf"
+
+
+def staging_dir(ckpt_dir: Path, step: int) -> Path:
+    """An empty directory for the ranks to write step ``step`` into."""
+    tmp = ckpt_dir / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finalize(ckpt_dir: Path, staged: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
+    """Add the controller's state to ``staged`` and publish it as ``step_NNNNNN`` (atomic rename)."""
+    import torch
+
+    torch.save({"python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}, staged / "controller.pt")
+    (staged / META).write_text(json.dumps({"step": step, **meta}, indent=2))
+    final = ckpt_dir / f"step_{step:06d}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staged, final)
+    for old in sorted(ckpt_dir.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(ckpt_dir: Path) -> Path | None:
+    found = sorted(p for p in ckpt_dir.glob("step_*") if (p / META).is_file())
+    return found[-1] if found else None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    return json.loads((path / META).read_text())
+
+
+def restore_controller(path: Path) -> None:
+    import torch
+
+    state = torch.load(path / "controller.pt", weights_only=False)
+    random.setstate(state["python_rng"])
+    torch.set_rng_state(state["torch_rng"])

@@ -1,64 +1,18 @@
-"""The checkpoint index, and export to a Hugging Face model directory.
-
-A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
-(``torch.distributed.checkpoint``, so any world size can load it), one RNG file per rank, the
-controller's RNG (``controller.pt``) and ``meta.json`` (step, data position, world size). Ranks write
-into ``.tmp_step_NNNNNN/``; the controller adds its files once every rank has finished and renames the
-directory, so a crash never leaves a checkpoint that looks complete. ``hf/`` beside the checkpoints
-holds the model's config and tokenizer (no weights), which is what export needs besides a checkpoint.
-"""
+"""Export a checkpoint to a Hugging Face model directory (``toolrl export``): the policy rebuilt from
+the run's model files (``hf/`` beside the checkpoints, no weights), its shards loaded whatever world
+size wrote them, adapters merged. The checkpoint layout itself is :mod:`toolrl.run_dir`'s."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-META = "meta.json"
-HF_FILES = "hf"
+from toolrl.run_dir import HF_FILES, META, latest, read_meta
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-
-
-def staging_dir(ckpt_dir: Path, step: int) -> Path:
-    """An empty directory for the ranks to write step ``step`` into."""
-    tmp = ckpt_dir / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def finalize(ckpt_dir: Path, staged: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
-    """Add the controller's state to ``staged`` and publish it as ``step_NNNNNN`` (atomic rename)."""
-    import torch
-
-    torch.save({"python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}, staged / "controller.pt")
-    (staged / META).write_text(json.dumps({"step": step, **meta}, indent=2))
-    final = ckpt_dir / f"step_{step:06d}"
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(staged, final)
-    for old in sorted(ckpt_dir.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def latest(ckpt_dir: Path) -> Path | None:
-    found = sorted(p for p in ckpt_dir.glob("step_*") if (p / META).is_file())
-    return found[-1] if found else None
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    return json.loads((path / META).read_text())
-
-
-def restore_controller(path: Path) -> None:
-    import torch
-
-    state = torch.load(path / "controller.pt", weights_only=False)
-    random.setstate(state["python_rng"])
-    torch.set_rng_state(state["torch_rng"])
 
 
 def save_model_files(model_dir: str, out: Path) -> None:
@@ -130,8 +84,9 @@ def _rebuilt_from_source(run: dict[str, Any], path: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     from toolrl.config import Config
-    from toolrl.roles.compose import build_policy, model_path
+    from toolrl.models import model_path
     from toolrl.training import lora
+    from toolrl.training.policy import build_policy
 
     config = Config.model_validate(run)
     model = build_policy(config, model_path(config), "cpu")

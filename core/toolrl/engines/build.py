@@ -1,0 +1,52 @@
+"""The configured engine, built where the rollout role runs: its class looked up by name
+(:func:`toolrl.rollout.routes.resolve_parts`), its options from ``engine:``, and the processor a
+vision-language model renders prompts with."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from toolrl.config import Config, ConfigError
+from toolrl.schemas import Sample
+
+log = logging.getLogger(__name__)
+
+def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequence[Sample] = ()) -> Any:
+    """The processor the rollout renders with: the model's (None for a text model), unless the engine's
+    ``generate`` takes no images. Then a vision-language model reads text only (said once in the log;
+    tool results' images are left out), and samples that hold images are a one-line config error."""
+    import inspect
+
+    from toolrl.models import load_processor
+
+    processor = load_processor(path)
+    if processor is None or "images" in inspect.signature(engine_cls.generate).parameters:
+        return processor
+    if any(s.images for s in samples):
+        raise ConfigError(f"engine.name: the {config.engine.name} engine takes no images, and the prompts of "
+                          f"the vision-language model {config.model.source} hold some: use an engine that takes "
+                          "them (transformers), or leave them out (an environment's images: false)")
+    log.warning("the %s engine takes no images: the vision-language model %s reads the prompts' text only",
+                config.engine.name, config.model.source)
+    return None
+
+
+def build_engine(config: Config, engine_cls: Any, path: str, tokenizer: Any, module: Any = None) -> Any:
+    """The configured engine on the model in ``path`` (``module``: a live model to share, in process).
+    An engine that rejects its options with a pydantic error names ``engine.options``."""
+    from pydantic import ValidationError
+
+    from toolrl import models
+    from toolrl.config import format_errors
+    from toolrl.engines import ModelSource
+
+    try:
+        return engine_cls.create(
+            ModelSource(path=path, module=module, tokenizer=tokenizer),
+            {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
+             "dtype": config.model.dtype, **config.engine.options},
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"engine.options: {format_errors(exc)}") from None

@@ -1,0 +1,157 @@
+"""The rollout role and the local run: what each role builds, wired from parts resolved once.
+
+- the parts (engine class, per environment its parser, rewards, turn limit and tool configs) are
+  looked up by name once per process (:func:`toolrl.rollout.routes.resolve_parts`) and handed down;
+- a rollout worker builds its engine (:func:`toolrl.engines.build.build_engine`; it loads its own
+  model from the path) and one route per environment (:func:`build_rollouts`);
+- a trainer rank builds its model (:func:`toolrl.training.policy.build_policy`, the one place the
+  trained model is built) and optimizer;
+- the controller reads the data (:func:`toolrl.data.sources.load_samples`) and builds no model.
+
+Without Ray every role runs in one process (:func:`build_local_run`): the in-process engine then shares
+the trainer's module, so weight updates cost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.config import Config
+from toolrl.data.sources import load_samples
+from toolrl.engines.build import build_engine, engine_processor
+from toolrl.models import model_path
+from toolrl.rollout import RolloutContext, run_group, run_rollouts
+from toolrl.rollout.routes import Parts, build_routes, resolve_parts
+from toolrl.schemas import Sample
+from toolrl.tools import Tool
+from toolrl.training.policy import build_policy
+from toolrl.trajectory import Trajectory
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Rollouts:
+    """The rollout role: an engine, the agent loop's context and the tools it owns."""
+
+    engine: Any
+    ctx: RolloutContext
+    tools: list[Tool]
+    _limit: asyncio.Semaphore | None = field(default=None, repr=False)  # shared by all groups in flight
+
+    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        return await run_rollouts(self.ctx, samples, n, seed=seed, id_prefix=id_prefix)
+
+    async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """One group (streaming): its trajectories share the max_concurrent_trajectories bound with
+        every other group in flight."""
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self.ctx.config.max_concurrent_trajectories)
+        return await run_group(self.ctx, sample, group, n, seed, id_prefix, self._limit)
+
+    async def check_trainable(self) -> str | None:
+        return await self.engine.check_trainable()
+
+    @property
+    def generating(self) -> Rollouts:
+        return self
+
+    def weight_targets(self, version: int) -> list[Any]:
+        """The engine: the trainer pushes weights into it between two decode steps."""
+        return [self.engine]
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        if dead:  # the engine lives in this process: no weight push finds it dead
+            raise ValueError("Rollouts.replace: an engine in this process cannot be replaced")
+
+    async def close(self) -> None:
+        for tool in self.tools:
+            await tool.close()
+        await self.engine.close()
+
+
+async def build_rollouts(config: Config, path: str, tokenizer: Any,
+                           shared_module: Callable[[], Any] | None = None,
+                           samples: Sequence[Sample] = (), parts: Parts | None = None,
+                           processor: Any = ...) -> Rollouts:
+    """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
+    tools are up, before the engine loads; returns a live model for the engine to share (in-process
+    only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
+    route's tools before any model loads. ``parts``: resolved already (else resolved here);
+    ``processor``: :func:`engine_processor`'s, if the caller has it already."""
+    from toolrl.rollout.families import renderer_factory
+
+    parts = parts if parts is not None else resolve_parts(config)
+    if processor is ...:
+        processor = engine_processor(config, parts.engine_cls, path, samples)
+    routes, tools = await build_routes(config, samples, parts)
+    try:
+        module = shared_module() if shared_module is not None else None
+        engine = build_engine(config, parts.engine_cls, path, tokenizer, module)
+    except BaseException:
+        for tool in tools:
+            await tool.close()
+        raise
+    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite, processor)
+    ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
+    return Rollouts(engine, ctx, tools)
+
+
+@dataclass
+class LocalRun:
+    """Every role in this process: the trained model and an engine that shares it."""
+
+    config: Config
+    path: str
+    tokenizer: Any
+    model: Any
+    rollouts: Rollouts
+    samples: list[Sample]
+
+    @property
+    def ctx(self) -> RolloutContext:
+        return self.rollouts.ctx
+
+    @property
+    def engine(self) -> Any:
+        return self.rollouts.engine
+
+
+async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
+                        path: str | None = None) -> LocalRun:
+    """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
+    prompts checked against the tools (default: the training split; recorded groups run none);
+    ``path``, the model's directory."""
+    from toolrl import models
+    from toolrl.rollout.context_check import check_prompt_tokens
+
+    parts = parts if parts is not None else resolve_parts(config)
+    if samples is None:
+        samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
+    path = path if path is not None else model_path(config)
+    seed_everything(config.trainer.seed)
+    tokenizer = models.load_tokenizer(path)
+    processor = engine_processor(config, parts.engine_cls, path, samples)
+    check_prompt_tokens(samples, tokenizer, path, processor, "the prompts", config.rollout.images)
+    built: list[Any] = []
+
+    def trained_model() -> Any:
+        built.append(build_policy(config, path, models.resolve_device(config.model.device)))
+        # Under LoRA the engine keeps a plain base model of its own and gets merged weights. So it
+        # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
+        # and optimizer steps then never touch the weights the engine decodes with; the engine gets
+        # each step's weights by push, between two decode steps.
+        return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
+
+    rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples,
+                                      parts=parts)
+    return LocalRun(config, path, tokenizer, built[0], rollouts, list(samples))

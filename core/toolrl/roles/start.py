@@ -1,0 +1,116 @@
+"""Where each role runs, decided once per run: :func:`start_roles` builds the trainer group and the
+rollout group in this process (no ``ray.address``; the in-process engine shares the trainer's module,
+or keeps its own copy when rollouts overlap training) or as Ray actors, this process then keeping only
+the data, the tokenizer and the records. :class:`Roles` is what the controller
+(:mod:`toolrl.roles.controller`) and evaluation (:mod:`toolrl.roles.evaluate`) drive."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from toolrl.config import Config
+from toolrl.roles import RolloutGroup, TrainerGroup, sync_weights
+
+if TYPE_CHECKING:
+    from toolrl.roles.resolve import ResolvedRun
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
+
+
+@dataclass
+class Roles:
+    """What the controller drives. ``trainer``: None when only evaluating; ``pool``: the rollout group
+    when it runs on Ray (``rollouts`` may be a stand-in for it)."""
+
+    config: Config
+    tokenizer: Any
+    model_dir: str
+    rollouts: RolloutGroup
+    trainer: TrainerGroup | None = None
+    pool: RolloutWorkerPool | None = None
+    owns_ray: bool = False
+    placement: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def training(self) -> TrainerGroup:
+        """The trainer group, for the controller's training steps, saves and loads."""
+        if self.trainer is None:
+            raise RuntimeError("roles composed without a trainer group (train=False)")
+        return self.trainer
+
+    async def sync_weights(self, version: int) -> dict[str, float]:
+        """The trainer's weights (``version``: steps trained) to every engine (:func:`sync_weights`)."""
+        return await sync_weights(self.training, self.rollouts, version)
+
+    async def close(self) -> None:
+        try:
+            if self.trainer is not None:
+                self.trainer.close()
+            await self.rollouts.close()
+        finally:
+            if self.owns_ray:
+                import ray
+
+                ray.shutdown()
+
+
+async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
+    """Build each role where it runs, from a resolved run (a bare config is resolved here first).
+    Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
+    no model and no engine; the trainer ranks and the rollout workers compose their own parts in
+    their own processes."""
+    from toolrl import models
+    from toolrl.engines.build import engine_processor
+    from toolrl.roles.in_process import build_local_run
+    from toolrl.roles.resolve import ResolvedRun, resolve_run
+    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.rollout.context_check import check_prompt_tokens
+
+    if not isinstance(run, ResolvedRun):
+        run = resolve_run(run, "train" if train else "rollout")
+    config = run.config
+    if config.ray.address is None:
+        local = await build_local_run(config, run.parts, run.prompts, run.model_dir)
+        roles = Roles(config, local.tokenizer, local.path, local.rollouts)
+        if train:
+            rank = TrainerRank(config)
+            roles.trainer = LocalTrainer(rank)
+            roles.placement = {"trainer": [rank.setup(model=local.model, tokenizer=local.tokenizer)]}
+        return roles
+
+    import ray
+
+    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
+
+    path = run.model_dir
+    tokenizer = models.load_tokenizer(path)
+    # Before any actor starts: images need an engine that takes them, and every prompt must fit.
+    processor = engine_processor(config, run.parts.engine_cls, path, run.prompts or [])
+    check_prompt_tokens(run.prompts or [], tokenizer, path, processor, "the prompts", config.rollout.images)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker
+                 + (config.trainer.world_size * config.ray.num_cpus_per_trainer if train else 0))
+    try:
+        pool = RolloutWorkerPool(
+            config, config.ray.num_rollout_workers, config.ray.address,
+            num_cpus_per_worker=config.ray.num_cpus_per_worker, num_gpus_per_worker=config.ray.num_gpus_per_worker)
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
+    roles = Roles(config, tokenizer, path, pool, pool=pool, owns_ray=owns_ray)
+    try:
+        starts = [pool.start()]
+        if train:
+            trainer = RayTrainerGroup(config)
+            roles.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
+            starts.append(trainer.start())
+        placed = await asyncio.gather(*starts)
+        roles.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}
+    except BaseException:
+        await roles.close()
+        raise
+    return roles

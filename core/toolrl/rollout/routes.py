@@ -1,0 +1,204 @@
+"""Routes: what each configured environment's samples run with (parser, tools, rewards, turn limit),
+resolved by name once (:func:`resolve_parts`: a typo fails before anything loads) and built where the
+rollout role runs (:func:`build_routes`: the tools started, samples checked against them). ``None``
+is the route of samples that name no environment."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, resolve_path
+from toolrl.data import origin_of
+from toolrl.environments import ConfiguredEnv, Environment, configured_envs
+from toolrl.rollout import Route
+from toolrl.schemas import Sample
+from toolrl.tools import Tool
+from toolrl.tools.verl_config import ToolsFile
+
+
+def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any]]:
+    """The parser name and options a route uses: ``rollout.parser`` when set, else the
+    environment's; options follow the parser (the environment's go with the environment's parser)."""
+    name = config.rollout.parser or (env.parser if env is not None else DEFAULT_PARSER)
+    options = config.rollout.parser_options
+    if options is None:
+        options = env.parser_options if env is not None and name == env.parser else {}
+    return name, options
+
+
+def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
+    """``envs.NAME.max_turns``, else ``rollout.max_turns``, else the environment's, else the default."""
+    if c is not None and c.max_turns is not None:
+        return c.max_turns
+    return config.rollout.max_turns or (c.env.max_turns if c is not None else None) or DEFAULT_MAX_TURNS
+
+
+def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile]:
+    """The tool configs of a route, read and checked (every ``class_name`` resolved) without building
+    a tool: the explicit ``tools`` section when it is set, else ``env``'s tool entries."""
+    from toolrl.tools.verl_config import load_tools_file, parse_tools_config, resolve_tool_class
+
+    files: list[ToolsFile] = []
+    if config.tools.config_path:
+        files.append(load_tools_file(resolve_path(config, config.tools.config_path)))
+    if config.tools.entries:
+        files.append(parse_tools_config({"tools": config.tools.entries}, Path(config.base_dir)))
+    if not config.tools.explicit and env is not None and env.tools:
+        files.append(parse_tools_config({"tools": env.tools}, Path(config.base_dir)))
+    for f in files:
+        for entry in f.tools:
+            resolve_tool_class(entry.class_name)
+    return files
+
+
+async def build_route_tools(files: Sequence[ToolsFile]) -> dict[str, Tool]:
+    """The tools of a route's configs, built; names must be unique across the configs."""
+    from toolrl.tools.verl_config import build_tools
+
+    made: list[Tool] = []
+    tools: dict[str, Tool] = {}
+    try:
+        for f in files:
+            built = await build_tools(f)
+            made += built.values()
+            for name, tool in built.items():
+                if name in tools:
+                    raise ConfigError(f"tools: two tools are named {name!r}")
+                tools[name] = tool
+    except BaseException:
+        for tool in made:
+            await tool.close()
+        raise
+    return tools
+
+
+def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[str, float, Any]]:
+    """``reward.functions`` when set, else ``env``'s rewards."""
+    from toolrl.plugins import get_plugins
+    from toolrl.plugins.registry import RegistryError
+
+    explicit = config.reward.functions is not None
+    terms = config.reward.functions if explicit else (env.rewards if env is not None else [])
+    out = []
+    for i, term in enumerate(terms or []):
+        where = f"reward.functions.{i}" if explicit else f"environment {env.name!r} reward {term.name!r}"  # type: ignore[union-attr]
+        try:
+            cls = get_plugins().load_part("reward_functions", term.name)
+            out.append((term.name, term.weight, cls(**term.options)))
+        except (RegistryError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    return out
+
+
+def build_parser(config: Config, env: Environment | None = None) -> Any:
+    from toolrl.plugins import get_plugins
+    from toolrl.plugins.registry import RegistryError
+
+    name, options = parser_spec(config, env)
+    try:
+        return get_plugins().load_part("tool_parsers", name)(**options)
+    except RegistryError as exc:
+        raise ConfigError(f"rollout.parser: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"rollout.parser_options: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RouteParts:
+    """One route's parts, resolved by name; nothing here holds a resource (tools are built per role)."""
+
+    max_turns: int
+    parser: Any
+    rewards: list[tuple[str, float, Any]]
+    tool_files: list[ToolsFile]
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Every part a config names, resolved once: the engine class, the configured environments and
+    one route per environment (``None``: no environment)."""
+
+    engine_cls: Any
+    envs: dict[str, ConfiguredEnv]
+    routes: dict[str | None, RouteParts]
+
+    @property
+    def parser(self) -> Any:
+        """The (first) route's parser: what ``toolrl serve`` parses with."""
+        return next(iter(self.routes.values())).parser
+
+
+def resolve_parts(config: Config) -> Parts:
+    """The engine class and every environment, parser, reward and tool config, resolved by name and
+    checked: a typo fails here, before anything loads."""
+    from toolrl.plugins import get_plugins
+    from toolrl.plugins.registry import RegistryError
+
+    try:
+        engine_cls = get_plugins().load_part("rollout_engines", config.engine.name)
+    except RegistryError as exc:
+        raise ConfigError(f"engine.name: {exc}") from None
+    if config.model.chat_format is not None:
+        from toolrl.rollout.families import family_named
+
+        family_named(config.model.chat_format)
+    envs = configured_envs(config)
+    return Parts(engine_cls, envs, resolve_routes(config, envs))
+
+
+def resolve_routes(config: Config, envs: dict[str, ConfiguredEnv]) -> dict[str | None, RouteParts]:
+    """One route's parts per configured environment (``None``: no environment); no engine needed."""
+    shared = tool_files(config) if config.tools.explicit else None  # one set of tools for every route
+    entries: dict[str | None, ConfiguredEnv | None] = {**envs} or {None: None}
+    routes = {}
+    for name, c in entries.items():
+        env = c.env if c is not None else None
+        routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
+                                  shared if shared is not None else tool_files(config, env))
+    return routes
+
+
+async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Parts | None = None,
+                       ) -> tuple[dict[str | None, Route], list[Tool]]:
+    """One route per configured environment (and the ``None`` route for samples naming none, when
+    there is at most one environment), every tool built, and ``samples`` checked against their
+    route's tools. ``parts``: resolved already (else the routes are resolved here; building routes
+    needs no engine). Returns the routes and every tool (to close)."""
+    route_parts = parts.routes if parts is not None else resolve_routes(config, configured_envs(config))
+    routes: dict[str | None, Route] = {}
+    built: dict[int, dict[str, Tool]] = {}  # by tool-config list: routes sharing the explicit section share its tools
+    try:
+        for name, route in route_parts.items():
+            if id(route.tool_files) not in built:
+                built[id(route.tool_files)] = await build_route_tools(route.tool_files)
+            tools = built[id(route.tool_files)]
+            # Parsers of formats that write every value as text type them from the tools' schemas.
+            route.parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
+            routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward)
+        if len(routes) == 1 and None not in routes:
+            routes[None] = next(iter(routes.values()))
+        for name, r in routes.items():
+            mine = [s for s in samples if s.env == name or (s.env is None and name is None)]
+            check_samples_against_tools(mine, r.tools, f"environment {name!r}" if name else "data")
+    except BaseException:
+        for tools in built.values():
+            for tool in tools.values():
+                await tool.close()
+        raise
+    return routes, [t for tools in built.values() for t in tools.values()]
+
+
+def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collection[str], source: str) -> None:
+    """Every tool a row's ``tools_kwargs`` names must be configured: a misspelt name would otherwise
+    run the tool without its per-sample arguments (e.g. no ground truth). ``source`` names samples
+    that do not know their file (generated ones): ``"<source> sample N"``."""
+    for i, sample in enumerate(samples, 1):
+        unknown = sorted(set(sample.tools_kwargs) - set(tool_names))
+        if unknown:
+            origin = origin_of(sample, f"{source} sample {i}")
+            field = "extra_info.tools_kwargs" if "tools_kwargs" in sample.extra_info else "tools_kwargs"
+            configured = ", ".join(sorted(tool_names)) or "none"
+            raise ConfigError(f"{origin}: {field}.{unknown[0]}: unknown tool (configured tools: {configured})")

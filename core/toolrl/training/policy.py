@@ -1,0 +1,30 @@
+"""The model a trainer rank optimises, built in one place (the local run, trainer ranks, checkpoint
+export and the critic's initialisation all call it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolrl.config import Config
+
+
+def build_policy(config: Config, path: str, device: str) -> Any:
+    """The model a trainer rank optimises: the one place it is built (adapters wrap it here)."""
+    from toolrl import models
+
+    model = models.load_model(path, dtype=config.model.dtype, device=device)
+    if config.model.freeze_vision:
+        from toolrl.config import ConfigError
+        from toolrl.training import vision
+
+        if not vision.is_vision_model(model):
+            raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
+        vision.freeze_vision(model)
+    if config.model.lora is not None:
+        from toolrl.training import lora
+
+        lora.apply_lora(model, config.model.lora)
+    if config.model.gradient_checkpointing:
+        # Non-reentrant: the form FSDP2 and torch.compile support.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model

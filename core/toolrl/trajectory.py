@@ -1,0 +1,100 @@
+"""The trajectory record: everything one trajectory produced, as the rollout loop writes it and the
+trainer, packing, the critic, recorded data and traces read it. A data module: it imports no part of
+the agent loop, so the training side never imports the loop to read its output.
+
+The seed formula lives here too (:func:`trajectory_seed`): every path that names a trajectory (the
+loop, streamed groups, recorded groups, resumed runs) derives its seed from the same three numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.schemas import ParseError, ToolResult
+
+# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
+Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked"]
+
+
+class TrajectoryImage(BaseModel):
+    """One image in a trajectory's tokens (from the prompt or a tool result), held once: the trainer
+    derives its pixel values with the model's processor, so trajectories stay small on their way to it."""
+
+    model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    png: bytes  # the image as the model saw it (after the configured size limits), PNG-encoded
+    grid_thw: tuple[int, int, int]  # the processor's patch grid: its placeholder run has t*h*w / merge**2 tokens
+
+
+class Trajectory(BaseModel):
+    """Everything one trajectory produced; the trainer reads nothing else."""
+
+    trajectory_id: str
+    # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
+    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
+    trajectory_key: str = ""
+    piece: int = 0
+    sample_index: int
+    group: int  # trajectories of one prompt share a group (GRPO)
+    env: str | None = None  # the sample's environment (its route)
+    prompt_ids: list[int]
+    # Images in the order of their placeholder runs in prompt_ids + response_ids (never trained).
+    images: list[TrajectoryImage] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
+    logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
+    turns: int = 0
+    final_response: str = ""
+    model_text: list[str] = Field(default_factory=list)  # each generation's text
+    tool_results: list[ToolResult] = Field(default_factory=list)
+    parse_errors: list[ParseError] = Field(default_factory=list)
+    termination: Termination = "answered"
+    error: str | None = None
+    reward: float = 0.0
+    reward_terms: dict[str, float] = Field(default_factory=dict)
+    # Reward functions that failed (raised, timed out, gave no number), by name: their term is 0, not a score.
+    reward_errors: dict[str, str] = Field(default_factory=dict)
+    tool_rewards: dict[str, float] = Field(default_factory=dict)
+    tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
+    reward_parts: dict[str, float] = Field(default_factory=dict)  # "tool.part": what a calc_reward was made of
+    user_turns: list[str] = Field(default_factory=list)  # user turns the tools gave (Tool.respond), in order
+    loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
+    ground_truth: Any = None
+    generation_s: float = 0.0
+    tool_s: float = 0.0
+    # The engine's weight version for each generation call (trainer steps applied to the weights
+    # that sampled its first token); more than one value: the weights changed mid-trajectory.
+    policy_versions: list[int] = Field(default_factory=list)
+    # Prompt tokens the engine did not prefill for this piece's generations (Generation.prefill_tokens_saved).
+    prefill_tokens_saved: int = 0
+    # Template history checks (one per round of tool results), rewrites found, and forks made; whole
+    # trajectory counts, kept on its last piece.
+    template_checks: int = 0
+    template_rewrites: int = 0
+    template_forks: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.trajectory_key or self.trajectory_id
+
+
+GROUP_SEED_STRIDE = 1_000_003
+
+
+def trajectory_seed(seed: int, group: int, k: int) -> int:
+    """The seed of trajectory ``k`` of group ``group``: the one formula every rollout path uses."""
+    return seed + GROUP_SEED_STRIDE * group + 10_007 * k
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens ``a`` and ``b`` have in common (lists, arrays or CPU tensors of ids).
+    The one comparison of token sequences: rollouts find template rewrites with it, the prefix-shared
+    micro-batch layout (:mod:`toolrl.training.prefix_tree`) its shared prefixes."""
+    import numpy as np  # vectorised: sequences run to tens of thousands of tokens; lazy, as rollout is
+
+    x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else len(x)
