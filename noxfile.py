@@ -153,7 +153,7 @@ def plugins_vs_core(session: nox.Session) -> None:
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # The tests session already runs these files; they exercise torch, Ray and the trainer's numerics,
     # which no plugin's presence changes, and they are most of its time.
-    mechanics = ["test_async.py", "test_async_ray.py", "test_distributed.py", "test_grpo.py", "test_logprobs.py",
+    mechanics = ["test_async.py", "test_async_ray.py", "test_distributed.py", "test_step.py", "test_logprobs.py",
                  "test_lora.py", "test_microbatch.py", "test_models.py", "test_model_sources.py", "test_packing.py",
                  "test_sharded_training.py", "test_transformers_engine.py", "test_prefix_sharing.py",
                  "test_critic.py", "test_trl_parity.py", "test_vision_training.py", "test_vlm_engine.py",

@@ -37,12 +37,12 @@ from _common import machine, single_thread, table
 
 single_thread()
 
-from toolrl import models  # noqa: E402
+from toolrl import model_sources  # noqa: E402
 from toolrl.engines import ModelSource, RolloutEngine, SamplingParams  # noqa: E402
 from toolrl.engines.transformers import TransformersEngine  # noqa: E402
 
 SEQUENCES = 16
-MODELS = {"tiny-qwen3": models.tiny_qwen3, "smollm2-135m-instruct": models.smollm2_135m}
+MODELS = {"tiny-qwen3": model_sources.tiny_qwen3, "smollm2-135m-instruct": model_sources.smollm2_135m}
 QUESTIONS = [f"What is {a} * {b}? Answer with the number only." for a, b in zip(range(11, 99, 5), range(7, 99, 6))]
 
 
@@ -108,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
 
     path = MODELS[args.model]()
-    batch_prompts = prompts(models.load_tokenizer(path))
+    batch_prompts = prompts(model_sources.load_tokenizer(path))
     engines, startup = {}, {}
     for name in ("transformers", "vllm"):
         engines[name], startup[name] = start(name, path)

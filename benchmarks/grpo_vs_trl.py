@@ -1,6 +1,6 @@
 """GRPO step time: toolrl against TRL 1.16 ``GRPOTrainer``, side by side in one process.
 
-Both frameworks get the same tiny random Qwen3 (``toolrl.models.tiny_qwen3``, same weights), the
+Both frameworks get the same tiny random Qwen3 (``toolrl.model_sources.tiny_qwen3``, same weights), the
 real Qwen3 tokenizer and chat template, the same arithmetic prompts in the same order (no
 shuffling), the same reward (1 for the exact answer + 0.1 · the fraction of digits in the
 response), the same calculator (the ``toolrl-plugin-calculator`` evaluator; its schema in every
@@ -134,7 +134,7 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
 
     The SFT sequences are what toolrl's rollout would produce (prompt, model tokens, the chat
     template's tool-result delta, model tokens); TRL's tool loop appends the same template delta.
-    The loss is cross-entropy on the model tokens, computed with ``toolrl.training.grpo.response_logprobs``."""
+    The loss is cross-entropy on the model tokens, computed with ``toolrl.training.step.response_logprobs``."""
     import hashlib
     import json
     import shutil
@@ -142,9 +142,9 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
 
     from toolrl.config import load_config
     from toolrl.data.sources import load_samples
-    from toolrl.models import load_model, load_tokenizer
+    from toolrl.model_sources import load_model, load_tokenizer
     from toolrl.rollout.chat import ChatRenderer
-    from toolrl.training.grpo import build_batch, response_logprobs
+    from toolrl.training.step import build_batch, response_logprobs
     from toolrl.trajectory import Trajectory
     from toolrl_calculator.evaluate import evaluate, format_number
 
@@ -214,7 +214,7 @@ def calculator_function() -> Any:
 def trl_trainer(model_dir: str, steps: int, out_dir: str, callback: Any) -> Any:
     from datasets import Dataset
     from toolrl.data.sources import load_samples
-    from toolrl.models import load_model, load_tokenizer
+    from toolrl.model_sources import load_model, load_tokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     samples = load_samples(toolrl_config(1, model_dir, {}))  # the prompts toolrl trains on, in order
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     print(f"machine: {machine()} · torch threads {torch.get_num_threads()}")
 
-    from toolrl.models import tiny_qwen3
+    from toolrl.model_sources import tiny_qwen3
     from transformers.utils import get_json_schema
 
     tool_schema = get_json_schema(calculator_function())

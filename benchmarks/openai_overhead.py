@@ -47,13 +47,13 @@ async def run(engine: object, prompts: list[list[int]], params: object) -> tuple
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.engines import ModelSource, SamplingParams
     from toolrl.engines.transformers import TransformersEngine
     from toolrl_openai.engine import OpenAIEngine
 
-    path = models.tiny_qwen3()
-    tokenizer = models.load_tokenizer(path)
+    path = model_sources.tiny_qwen3()
+    tokenizer = model_sources.load_tokenizer(path)
     prompts = [tokenizer.encode(f"Question {i}: what is {i} + {i}?", add_special_tokens=False)
                for i in range(args.requests)]
     params = SamplingParams(temperature=0.0, max_new_tokens=args.tokens)  # no stop: every request runs full

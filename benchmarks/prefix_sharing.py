@@ -1,8 +1,8 @@
 """Prefix-shared (tree) training against today's packing: one GRPO trainer step
-(``toolrl.training.grpo.grpo_step``: forward, backward, clipping, a stateless SGD step) with
+(``toolrl.training.step.train_step``: forward, backward, clipping, a stateless SGD step) with
 ``optim.share_prefixes`` on and off, side by side.
 
-Tiny Qwen3 (``toolrl.models.tiny_qwen3``: hidden 64, 2 layers, 152k vocabulary, fp32), groups of 8
+Tiny Qwen3 (``toolrl.model_sources.tiny_qwen3``: hidden 64, 2 layers, 152k vocabulary, fp32), groups of 8
 samples, one micro-batch per group, every assistant token trained, two workloads:
 
 - group: a 2,048-token prompt, responses of 64–256 tokens (evenly spread over the 8 samples);
@@ -10,7 +10,7 @@ samples, one micro-batch per group, every assistant token trained, two workloads
   and a tool result of 48–128 tokens (not trained); half the samples make the same first call and
   get the same result (a common first turn), the others diverge from the first generated token;
 - geo3k (``--images``, instead of the two above and the engine): the tiny Qwen2.5-VL
-  (``toolrl.models.tiny_qwen2_5_vl``), a prompt with a 112×112 figure (16 image tokens: the tiny
+  (``toolrl.model_sources.tiny_qwen2_5_vl``), a prompt with a 112×112 figure (16 image tokens: the tiny
   model's processor caps images at 12,544 pixels) and the ``--prompt`` text tokens; each sample a
   call of 24–64 tokens (trained), a tool result holding a 112×112 crop of its own (16 image tokens,
   not trained) and an answer of 64–256 tokens (trained); the vision tower trains. Last line
@@ -148,10 +148,10 @@ def geo3k_workload(groups: int, prompt: int, processor: Any) -> list[Any]:
 def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.models import load_model, load_processor, tiny_qwen2_5_vl, tiny_qwen3
-    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.model_sources import load_model, load_processor, tiny_qwen2_5_vl, tiny_qwen3
     from toolrl.training.packing import build_batch
     from toolrl.training.peakmem import rss_bytes
+    from toolrl.training.step import StepOptions, train_step
 
     single_thread()
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     for _ in range(args.repeats + 1):
         before = (torch.cuda.memory_allocated() if cuda else rss_bytes()) / 2**20
         t0, c0 = time.perf_counter(), time.process_time()
-        metrics = grpo_step(model, optimizer, trajs, options)
+        metrics = train_step(model, optimizer, trajs, options)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         step_mb.append(metrics.get("trainer_peak_mb", float("nan")) - before)
@@ -193,7 +193,7 @@ def engine_child(share: bool, args: argparse.Namespace) -> None:
 
     from toolrl.engines import ModelSource, SamplingParams
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.models import load_model, load_tokenizer, tiny_qwen3
+    from toolrl.model_sources import load_model, load_tokenizer, tiny_qwen3
 
     single_thread()
     path = tiny_qwen3(**SHAPES[args.shape])

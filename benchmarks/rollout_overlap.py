@@ -42,7 +42,7 @@ single_thread()
 
 from toolrl.config import RewardConfig, RolloutConfig  # noqa: E402
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams  # noqa: E402
-from toolrl.models import qwen_tokenizer  # noqa: E402
+from toolrl.model_sources import qwen_tokenizer  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
 from toolrl.rollout import RolloutContext, Route, run_rollouts  # noqa: E402
 from toolrl.rollout.chat import ChatRenderer  # noqa: E402

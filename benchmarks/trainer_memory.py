@@ -1,8 +1,8 @@
-"""Trainer memory and speed: ``toolrl.training.grpo.grpo_step`` (packed rows, chunked LM-head logprobs)
+"""Trainer memory and speed: ``toolrl.training.step.train_step`` (packed rows, chunked LM-head logprobs)
 against the full-logits padded computation that it replaced, kept here as the anchor.
 
 One GRPO update (forward, backward, clipping, a stateless SGD step) on the tiny Qwen3
-(``toolrl.models.tiny_qwen3``: hidden 64, 152k vocabulary, fp32), 64-token prompts, every response
+(``toolrl.model_sources.tiny_qwen3``: hidden 64, 152k vocabulary, fp32), 64-token prompts, every response
 token trained, two cases:
 
 - pair: 2 sequences × 2048 response tokens, one micro-batch of 2;
@@ -10,7 +10,7 @@ token trained, two cases:
   ``--ragged-micro-batch`` sequences in a fixed shuffled order (the anchor pads each micro-batch to
   its longest sequence; toolrl packs it).
 
-The anchor is the previous ``grpo_step``: right-padded rows with an attention mask, fp32 logits of
+The anchor is the previous ``train_step``: right-padded rows with an attention mask, fp32 logits of
 every response position of a micro-batch (``lm_head(h).float()``, log-sum-exp, gather) kept for
 backward. Each variant runs in a fresh subprocess (``--child``), so the peak RSS
 (``ru_maxrss``) is that variant's alone; ``step MB`` is that peak minus the RSS just before the
@@ -60,7 +60,7 @@ def trajectories(lengths: list[int]) -> list[Any]:
 def anchor_step(model: Any, optimizer: Any, trajs: list[Any], algo: Any, micro: int, max_response: int) -> float:
     """The padded full-logits GRPO update (one epoch, one mini-batch); returns the padding fraction."""
     import torch
-    from toolrl.training.grpo import group_advantages, policy_loss
+    from toolrl.training.step import group_advantages, policy_loss
 
     adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs])
     norm = {"tokens": float(sum(len(t.response_ids) for t in trajs)), "seqs": float(len(trajs)),
@@ -103,9 +103,9 @@ def anchor_step(model: Any, optimizer: Any, trajs: list[Any], algo: Any, micro: 
 def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.models import load_model, tiny_qwen3
-    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.model_sources import load_model, tiny_qwen3
     from toolrl.training.peakmem import rss_bytes
+    from toolrl.training.step import StepOptions, train_step
 
     single_thread()
     model = load_model(tiny_qwen3()).train()
@@ -120,7 +120,7 @@ def child(variant: str, lengths: list[int], micro: int, chunk: int) -> None:
         if variant == "full":
             extra["padding"] = anchor_step(model, optimizer, trajs, algo, micro, max(lengths))
         else:
-            m = grpo_step(model, optimizer, trajs,
+            m = train_step(model, optimizer, trajs,
                           StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=max(lengths)))
             extra = {"padding": m["padding_fraction"], "metric_peak_mb": m.get("trainer_peak_mb", float("nan"))}
         times.append(time.perf_counter() - t0)

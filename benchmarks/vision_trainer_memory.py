@@ -1,7 +1,7 @@
-"""Trainer memory with images: ``grpo_step`` on the tiny Qwen2.5-VL (packed rows, the vision tower once
+"""Trainer memory with images: ``train_step`` on the tiny Qwen2.5-VL (packed rows, the vision tower once
 per micro-batch, chunked LM-head log-probs) against the full-logits computation, the anchor.
 
-One GRPO update (forward, backward, clipping, a stateless SGD step) on ``toolrl.models.tiny_qwen2_5_vl``
+One GRPO update (forward, backward, clipping, a stateless SGD step) on ``toolrl.model_sources.tiny_qwen2_5_vl``
 (hidden 64, 152k vocabulary, fp32, vision tower trained), two sequences in one micro-batch, each a
 prompt with a figure (16 image tokens), then ``--response`` trained tokens. The anchor runs the
 model's own forward per sequence (``model(input_ids, pixel_values, image_grid_thw, mm_token_type_ids)``:
@@ -64,7 +64,7 @@ def anchor_step(model: Any, optimizer: Any, processor: Any, trajs: list[Any], al
 
     import torch
     from PIL import Image
-    from toolrl.training.grpo import group_advantages, policy_loss
+    from toolrl.training.step import group_advantages, policy_loss
 
     adv = group_advantages([t.reward for t in trajs], [t.group for t in trajs])
     norm = {"tokens": float(sum(len(t.response_ids) for t in trajs)), "seqs": float(len(trajs)),
@@ -91,9 +91,9 @@ def anchor_step(model: Any, optimizer: Any, processor: Any, trajs: list[Any], al
 def child(variant: str, response: int) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.models import load_model, load_processor, tiny_qwen2_5_vl
-    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.model_sources import load_model, load_processor, tiny_qwen2_5_vl
     from toolrl.training.peakmem import rss_bytes
+    from toolrl.training.step import StepOptions, train_step
 
     single_thread()
     path = tiny_qwen2_5_vl()
@@ -110,7 +110,7 @@ def child(variant: str, response: int) -> None:
         if variant == "full":
             anchor_step(model, optimizer, processor, trajs, algo)
         else:
-            grpo_step(model, optimizer, trajs, options)
+            train_step(model, optimizer, trajs, options)
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     tokens = sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs)

@@ -43,7 +43,7 @@ def main() -> None:
 
     import ray
     from toolrl.config import load_config
-    from toolrl.models import model_path
+    from toolrl.model_sources import model_path
     from toolrl.roles.rollout_workers import RolloutWorkerPool
     from toolrl.roles.trainer_group import RayTrainerGroup
     from toolrl.training.policy import build_policy

@@ -14,14 +14,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> Any:
-    from toolrl.models import qwen_tokenizer
+    from toolrl.model_sources import qwen_tokenizer
 
     return qwen_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_path() -> str:
-    from toolrl.models import tiny_qwen3
+    from toolrl.model_sources import tiny_qwen3
 
     return tiny_qwen3()
 

@@ -7,7 +7,7 @@ import copy
 from functools import cache
 from typing import Any
 
-from toolrl.models import qwen_tokenizer_path
+from toolrl.model_sources import qwen_tokenizer_path
 from toolrl.rollout.families import BY_NAME, trl_template
 
 BOS = {"llama3": "<|begin_of_text|>", "deepseek_v3": "<｜begin▁of▁sentence｜>", "gemma": "<bos>"}

@@ -11,8 +11,8 @@ from toolrl.algorithms.rules import check_algorithm
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, OverlongConfig, load_config
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part
-from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, token_advantages
 from toolrl.training.packing import build_batch
+from toolrl.training.step import StepOptions, policy_loss, token_advantages, train_step
 from toolrl.trajectory import Trajectory
 
 # -- today's GRPO, as it was before the estimators and losses became parts (copied from main) ---------
@@ -80,7 +80,7 @@ def test_the_default_parts_are_todays_grpo_bit_for_bit(cfg):
     new_old = (prox + (torch.rand(prox.shape, generator=g) - 0.5)).requires_grad_()
     new_new = new_old.detach().clone().requires_grad_()
     norm = {"tokens": 11.0, "seqs": 5.0, "max_len": 8.0}
-    from toolrl.training.grpo import aggregate
+    from toolrl.training.step import aggregate
 
     expected = aggregate(main_per_token_loss(new_old, prox, old_batch, cfg, ref), old_batch.response_mask,
                          cfg.loss_agg, norm)
@@ -92,7 +92,7 @@ def test_the_default_parts_are_todays_grpo_bit_for_bit(cfg):
     assert torch.equal(got.detach(), expected.detach()) and torch.equal(new_new.grad, new_old.grad)
 
 
-# grpo_step on the tiny model, recorded with main (ca7a184) before the change: loss, grad_norm, the
+# train_step on the tiny model, recorded with main (ca7a184) before the change: loss, grad_norm, the
 # sum of the weights after the update (float64).
 RECORDED = {
     "default": (AlgorithmConfig(), -0.045060403645038605, 4.406066417694092, 513.307230835363),
@@ -103,13 +103,13 @@ RECORDED = {
 
 @pytest.mark.parametrize("case", sorted(RECORDED))
 def test_grpo_step_matches_the_recorded_main(case, tiny_qwen3_path):
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
 
     algo, loss, grad_norm, param_sum = RECORDED[case]
     torch.manual_seed(0)
     model = load_model(tiny_qwen3_path)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    metrics = grpo_step(model, opt, ragged_batch(), StepOptions(algo, OptimConfig(micro_batch_size=2), pad_id=0,
+    metrics = train_step(model, opt, ragged_batch(), StepOptions(algo, OptimConfig(micro_batch_size=2), pad_id=0,
                                                                 temperature=1.0, max_response_tokens=8))
     assert metrics["loss"] == pytest.approx(loss, rel=1e-6, abs=1e-12)
     assert metrics["grad_norm"] == pytest.approx(grad_norm, rel=1e-6)

@@ -95,9 +95,9 @@ class Trainer:
     (:meth:`toolrl.roles.TrainerGroup.push`)."""
 
     def __init__(self, path: str, tokenizer: Any, bucket_mb: float) -> None:
-        from toolrl import models
+        from toolrl import model_sources
 
-        self.model = models.load_model(path)
+        self.model = model_sources.load_model(path)
         self.tokenizer, self.bucket_mb = tokenizer, bucket_mb
         self.scale = 0.0  # of the chain weights the model holds
 
@@ -117,8 +117,8 @@ class Trainer:
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory, tiny_qwen3_path):
     """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
-    from toolrl import models
-    from toolrl.models import model_path
+    from toolrl import model_sources
+    from toolrl.model_sources import model_path
     from toolrl.roles import sync_weights
     from toolrl.roles.rollout_workers import RolloutWorkerPool
 
@@ -134,7 +134,7 @@ def setting(tmp_path_factory, tiny_qwen3_path):
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])))
         mp.setenv("RAY_AUTH_MODE", "disabled")
         path = model_path(config)
-        trainer = Trainer(path, models.load_tokenizer(path), bucket_mb=1.0)
+        trainer = Trainer(path, model_sources.load_tokenizer(path), bucket_mb=1.0)
         trainer.set_scale(3.0)
         pool = RolloutWorkerPool(config, num_workers=2, address="local")
         pool.weights_from = trainer

@@ -437,16 +437,16 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
     import shutil
 
     from PIL import Image
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.images import ImageLimits, to_png
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.rollout.context_check import check_prompt_tokens, image_token_bound
     from toolrl.schemas import Sample
 
     model = tmp_path / "vlm"
-    shutil.copytree(models.tiny_qwen2_5_vl(), model)
+    shutil.copytree(model_sources.tiny_qwen2_5_vl(), model)
     config = json.loads((model / "config.json").read_text())
-    processor, tokenizer = models.load_processor(model), models.load_tokenizer(model)
+    processor, tokenizer = model_sources.load_processor(model), model_sources.load_tokenizer(model)
     figure = to_png(Image.new("RGB", (112, 112), "white"))
     sample = Sample(prompt=[{"role": "user", "content": "Find x. <image>"}], images=[figure])
     renderer = ChatRenderer(tokenizer, processor=processor)
@@ -529,4 +529,4 @@ def test_config_does_not_import_the_model_builders():
             imported.add(node.module)
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
-    assert "toolrl.models" not in imported and "toolrl.tiny_settings" in imported
+    assert "toolrl.model_sources" not in imported and "toolrl.tiny_settings" in imported

@@ -40,7 +40,7 @@ TRAJS = [traj(0, [11, 12, 13], [21, 22, 90, 91, 23], [1, 1, 0, 0, 1], 1.0),
 
 @pytest.fixture(scope="module")
 def lm(tiny_qwen3_path):
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
 
     return load_model(tiny_qwen3_path)
 
@@ -202,7 +202,7 @@ def test_checkpoint_round_trip(lm, tmp_path):
 
 def _rank(rank: int, world: int, port: int, path: str, queue) -> None:
     import torch.distributed as dist
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)
@@ -262,7 +262,7 @@ def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path
 
     from toolrl.algorithms.rules import with_critic
     from toolrl.config import load_config
-    from toolrl.models import load_model, load_tokenizer
+    from toolrl.model_sources import load_model, load_tokenizer
     from toolrl.roles.trainer_rank import TrainerRank
 
     tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
@@ -300,7 +300,7 @@ def test_a_gae_step_reports_the_critics_saving(tiny_qwen3_path):
 
     from toolrl.algorithms.rules import with_critic
     from toolrl.config import load_config
-    from toolrl.models import load_model, load_tokenizer
+    from toolrl.model_sources import load_model, load_tokenizer
     from toolrl.roles.trainer_rank import TrainerRank
 
     tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")

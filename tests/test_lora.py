@@ -11,7 +11,7 @@ import pytest
 import torch
 from _dists import run_toolrl
 from toolrl.config import ConfigError, LoraConfig, load_config
-from toolrl.models import load_model
+from toolrl.model_sources import load_model
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part
 from toolrl.training import lora
@@ -107,7 +107,7 @@ def test_engine_state_dict_is_the_merge_under_base_names(tiny_qwen3_path, dtype)
 
 
 def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
-    from toolrl.models import load_tokenizer
+    from toolrl.model_sources import load_tokenizer
     from toolrl.roles.trainer_rank import TrainerRank
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -156,7 +156,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
     from toolrl.roles.controller import batch_for_step
     from toolrl.roles.in_process import build_local_run
     from toolrl.rollout import run_rollouts
-    from toolrl.training.grpo import StepOptions, grpo_step
+    from toolrl.training.step import StepOptions, train_step
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_tokens"):
@@ -185,7 +185,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed)
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=run.tokenizer.pad_token_id,
                               temperature=cfg.rollout.temperature, max_response_tokens=cfg.rollout.max_response_tokens)
-        stats = grpo_step(model, optimizer, trajs, options)
+        stats = train_step(model, optimizer, trajs, options)
         assert stats["grad_norm"] > 0
         assert all(torch.equal(base[k], v) for k, v in model.state_dict().items() if "lora_" not in k)
         assert all(not torch.equal(adapters[k], v) for k, v in lora.trainable_state_dict(model).items()
@@ -237,7 +237,7 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     assert not lora.has_lora(exported)
     config = json.loads((tmp_path / "config.json").read_text())
     from toolrl.config import Config
-    from toolrl.models import model_path
+    from toolrl.model_sources import model_path
 
     trained = lora.apply_lora(load_model(model_path(Config.model_validate(config))), QV)
     lora.load_trainable_state_dict(trained, saved)

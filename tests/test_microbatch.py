@@ -4,9 +4,9 @@ import copy
 import pytest
 import torch
 from toolrl.config import AlgorithmConfig, OptimConfig, load_config
-from toolrl.models import load_model
-from toolrl.training.grpo import StepOptions, grpo_step
+from toolrl.model_sources import load_model
 from toolrl.training.microbatch import micro_batches, plan, split_across_ranks
+from toolrl.training.step import StepOptions, train_step
 from toolrl.trajectory import Trajectory
 
 MODES = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -71,7 +71,7 @@ def step(model, trajs, algo, optim, ref_model=None, **kw):
     m = copy.deepcopy(model)
     opt = Recorder(m.parameters())
     options = StepOptions(algo, optim, pad_id=0, temperature=0.9, max_response_tokens=32, **kw)
-    metrics = grpo_step(m, opt, trajs, options, ref_model=ref_model)
+    metrics = train_step(m, opt, trajs, options, ref_model=ref_model)
     return metrics, opt.grads
 
 
@@ -138,7 +138,7 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
         m = copy.deepcopy(model)
         options = StepOptions(config.algorithm, optim, pad_id=0, temperature=config.rollout.temperature,
                               max_response_tokens=config.rollout.max_response_tokens)
-        results.append(grpo_step(m, torch.optim.AdamW(m.parameters(), lr=optim.lr), trajs, options))
+        results.append(train_step(m, torch.optim.AdamW(m.parameters(), lr=optim.lr), trajs, options))
     default, budget = results
     assert default["grad_norm"] > 0
     assert abs(budget["grad_norm"] - default["grad_norm"]) <= 1e-4 * default["grad_norm"]

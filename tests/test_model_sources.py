@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from _dists import run_toolrl
 from toolrl.config import ConfigError, ModelConfig, load_config
-from toolrl.models import resolve_source, tiny_qwen3
+from toolrl.model_sources import resolve_source, tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = "a" * 40
@@ -64,7 +64,7 @@ def offline(monkeypatch):
 
 
 def test_hub_id_resolves_from_the_cache_at_a_revision(hub_cache, offline):
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
 
     main = resolve_source(ModelConfig(source="org/tiny", cache_dir=str(hub_cache)))
     assert Path(main) == hub_cache / "models--org--tiny" / "snapshots" / MAIN
@@ -78,7 +78,7 @@ def test_hub_id_resolves_from_the_cache_at_a_revision(hub_cache, offline):
 
 def test_environment_picks_cache_and_offline_mode(hub_cache):
     # A fresh process, as `toolrl train` runs: HF_HUB_CACHE and HF_HUB_OFFLINE come from the environment.
-    code = ("from toolrl.config import ModelConfig; from toolrl.models import resolve_source; "
+    code = ("from toolrl.config import ModelConfig; from toolrl.model_sources import resolve_source; "
             "print(resolve_source(ModelConfig(source='org/tiny', revision='v2')))")
     env = {**os.environ, "HF_HUB_CACHE": str(hub_cache), "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_unused"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

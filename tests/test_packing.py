@@ -3,9 +3,9 @@ import copy
 import pytest
 import torch
 from toolrl.config import AlgorithmConfig
-from toolrl.models import load_model
-from toolrl.training.grpo import policy_loss, response_logprobs
+from toolrl.model_sources import load_model
 from toolrl.training.packing import VARLEN_SDPA, build_batch, input_length
+from toolrl.training.step import policy_loss, response_logprobs
 from toolrl.trajectory import Trajectory
 
 

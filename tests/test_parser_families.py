@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from toolrl import models
+from toolrl import model_sources
 from toolrl.config import load_config
 from toolrl.parsers import ToolParser
 from toolrl.plugins import get_plugins
@@ -70,7 +70,7 @@ TEMPLATES = {  # family: (trl template, the calls one assistant turn carries, ar
 
 @cache
 def tokenizer() -> Any:
-    return models.qwen_tokenizer()
+    return model_sources.qwen_tokenizer()
 
 
 def rendered_turn(template: str, calls: list[corpus.Call], as_string: bool) -> str:

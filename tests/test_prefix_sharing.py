@@ -8,12 +8,12 @@ import pytest
 import torch
 from test_microbatch import Recorder
 from toolrl.config import AlgorithmConfig, OptimConfig
-from toolrl.models import load_model
+from toolrl.model_sources import load_model
 from toolrl.training import packing
-from toolrl.training.grpo import StepOptions, grpo_step, policy_loss, response_logprobs
 from toolrl.training.microbatch import plan, tree_pieces
 from toolrl.training.packing import build_batch, input_tokens
 from toolrl.training.prefix_tree import MIN_SHARED_TOKENS, layout
+from toolrl.training.step import StepOptions, policy_loss, response_logprobs, train_step
 from toolrl.trajectory import Trajectory
 
 
@@ -182,7 +182,7 @@ def test_grpo_step_with_shared_prefixes_gives_the_unshared_gradients(model, opti
         opt = Recorder(m.parameters())
         options = StepOptions(AlgorithmConfig(mini_batches=2, ppo_epochs=2), OptimConfig(
             share_prefixes=share, grad_clip=1e9, **optim), pad_id=0, temperature=0.9, max_response_tokens=32, **kw)
-        return grpo_step(m, opt, grpo_batch(), options), opt.grads
+        return train_step(m, opt, grpo_batch(), options), opt.grads
 
     (want, want_grads), (got, got_grads) = step(False), step(True)
     ranks = [step(True, rank=r, world_size=2) for r in (0, 1)]
@@ -224,7 +224,7 @@ def test_shared_prefixes_under_lora_and_the_decoupled_objective(model, setting):
         options = StepOptions(AlgorithmConfig(mini_batches=2, tis_cap=1.2),
                               OptimConfig(share_prefixes=share, grad_clip=1e9, micro_batch_size=3),
                               pad_id=0, temperature=1.0, max_response_tokens=32)
-        return grpo_step(m, opt, copy.deepcopy(trajs), options), opt.grads
+        return train_step(m, opt, copy.deepcopy(trajs), options), opt.grads
 
     (want, want_grads), (got, got_grads) = step(False), step(True)
     assert got["prefix_share"] > 0.3 and abs(got["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"])

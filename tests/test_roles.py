@@ -39,7 +39,7 @@ def test_bucketed_sync_reaches_an_engine_with_its_own_model(tiny_qwen3_path):
     import torch
     from toolrl.engines import ModelSource
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
     from toolrl.training.weight_sync import push
 
     trainer = load_model(tiny_qwen3_path)

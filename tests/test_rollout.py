@@ -4,7 +4,7 @@ import json
 import pytest
 from scripted import ScriptedEngine
 from toolrl.config import RewardConfig, RolloutConfig
-from toolrl.models import qwen_tokenizer
+from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
 from toolrl.rewards.builtin import GSM8KReward

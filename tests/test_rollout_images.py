@@ -11,7 +11,7 @@ from scripted import ScriptedEngine
 from toolrl.config import ConfigError, RewardConfig, RolloutConfig
 from toolrl.data import to_sample
 from toolrl.images import from_png
-from toolrl.models import load_processor, tiny_qwen2_5_vl
+from toolrl.model_sources import load_processor, tiny_qwen2_5_vl
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory
 from toolrl.rollout.chat import ChatRenderer
@@ -195,7 +195,7 @@ def test_an_engine_without_images_gets_text_or_a_config_error(caplog):
 
     from toolrl.config import load_config
     from toolrl.engines.build import engine_processor
-    from toolrl.models import tiny_qwen3
+    from toolrl.model_sources import tiny_qwen3
     from toolrl.schemas import Sample
 
     config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml", ["model.source=tiny-qwen2.5-vl", "engine.name=openai"])

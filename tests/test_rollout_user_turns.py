@@ -4,7 +4,7 @@ response as mask-0 tokens, exactly the chat template's rendering; the parts reac
 import pytest
 from scripted import ScriptedEngine
 from toolrl.config import RewardConfig, RolloutConfig
-from toolrl.models import qwen_tokenizer
+from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory
 from toolrl.rollout.chat import ChatRenderer

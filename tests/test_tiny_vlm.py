@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from toolrl import models
+from toolrl import model_sources
 from toolrl.config import ModelConfig
 
 pytest.importorskip("PIL")
@@ -17,7 +17,7 @@ pytest.importorskip("PIL")
 
 @pytest.fixture(scope="module")
 def vlm() -> str:
-    return models.tiny_qwen2_5_vl()
+    return model_sources.tiny_qwen2_5_vl()
 
 
 def _image(width: int, height: int):
@@ -34,15 +34,15 @@ def test_model_loads_as_image_text_to_text(vlm):
 
     model = AutoModelForImageTextToText.from_pretrained(vlm, dtype=torch.float32)
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    tok = models.qwen_tokenizer("qwen2_5")
-    ids = models.qwen_added_tokens("qwen2_5")
+    tok = model_sources.qwen_tokenizer("qwen2_5")
+    ids = model_sources.qwen_added_tokens("qwen2_5")
     assert model.config.image_token_id == ids["<|image_pad|>"] == tok.convert_tokens_to_ids("<|image_pad|>")
     assert model.config.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
     assert model.config.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
     assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
-    assert type(models.load_model(vlm)).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    assert models.is_vision_model(vlm) and not models.is_vision_model(models.tiny_qwen3())
-    assert models.load_processor(models.tiny_qwen3()) is None
+    assert type(model_sources.load_model(vlm)).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert model_sources.is_vision_model(vlm) and not model_sources.is_vision_model(model_sources.tiny_qwen3())
+    assert model_sources.load_processor(model_sources.tiny_qwen3()) is None
 
 
 def test_saved_processor_layout(vlm):
@@ -50,7 +50,7 @@ def test_saved_processor_layout(vlm):
     assert json.loads((folder / "processor_config.json").read_text())["processor_class"] == "Qwen2_5_VLProcessor"
     pre = json.loads((folder / "preprocessor_config.json").read_text())
     assert pre["image_processor_type"].startswith("Qwen2VLImageProcessor")
-    assert (folder / "chat_template.jinja").read_text() == models.qwen_chat_template("qwen2_5_vl")
+    assert (folder / "chat_template.jinja").read_text() == model_sources.qwen_chat_template("qwen2_5_vl")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
@@ -64,22 +64,22 @@ def test_auto_processor_loads(vlm):
 def test_processor_expands_image_placeholder(vlm):
     import torch
 
-    proc = models.load_processor(vlm)
+    proc = model_sources.load_processor(vlm)
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is x?"}]}]
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text.count("<|image_pad|>") == 1
     out = proc(text=[text], images=[_image(100, 60)], return_tensors="pt")
     t, h, w = out["image_grid_thw"][0].tolist()
     merge = proc.image_processor.merge_size
-    pad = models.qwen_added_tokens("qwen2_5")["<|image_pad|>"]
+    pad = model_sources.qwen_added_tokens("qwen2_5")["<|image_pad|>"]
     ids = out["input_ids"][0].tolist()
     assert ids.count(pad) == t * h * w // merge**2 > 1
     assert out["pixel_values"].shape[0] == t * h * w
     # The run of image tokens sits between vision_start and vision_end.
     start = ids.index(pad)
-    assert ids[start - 1] == models.qwen_added_tokens("qwen2_5")["<|vision_start|>"]
-    assert ids[start + t * h * w // merge**2] == models.qwen_added_tokens("qwen2_5")["<|vision_end|>"]
-    model = models.load_model(vlm)
+    assert ids[start - 1] == model_sources.qwen_added_tokens("qwen2_5")["<|vision_start|>"]
+    assert ids[start + t * h * w // merge**2] == model_sources.qwen_added_tokens("qwen2_5")["<|vision_end|>"]
+    model = model_sources.load_model(vlm)
     with torch.no_grad():
         logits = model(input_ids=out["input_ids"], pixel_values=out["pixel_values"],
                        image_grid_thw=out["image_grid_thw"]).logits
@@ -87,7 +87,7 @@ def test_processor_expands_image_placeholder(vlm):
 
 
 def test_pixel_bounds_keep_images_small(vlm):
-    proc = models.load_processor(vlm)
+    proc = model_sources.load_processor(vlm)
     big = proc.image_processor(images=[_image(640, 480)], return_tensors="pt")["image_grid_thw"][0]
     assert int(big.prod()) // 4 <= 16
 
@@ -96,14 +96,14 @@ def test_deterministic_and_resolved_from_config(tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    a = models.tiny_qwen2_5_vl(tmp_path / "a", seed=3)
-    b = models.tiny_qwen2_5_vl(tmp_path / "b", seed=3)
+    a = model_sources.tiny_qwen2_5_vl(tmp_path / "a", seed=3)
+    b = model_sources.tiny_qwen2_5_vl(tmp_path / "b", seed=3)
     wa, wb = load_file(Path(a) / "model.safetensors"), load_file(Path(b) / "model.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     assert any("visual" in k for k in wa)
-    assert models.resolve_source(ModelConfig(source="tiny-qwen2.5-vl")) == models.tiny_qwen2_5_vl()
+    assert model_sources.resolve_source(ModelConfig(source="tiny-qwen2.5-vl")) == model_sources.tiny_qwen2_5_vl()
 
 
 def test_bad_settings_fail_in_one_line():
     with pytest.raises(ValueError, match="head_dim"):
-        models.tiny_qwen2_5_vl(hidden_size=96, num_attention_heads=2)
+        model_sources.tiny_qwen2_5_vl(hidden_size=96, num_attention_heads=2)

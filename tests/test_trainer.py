@@ -204,7 +204,7 @@ def peaked_tiny_model(tmp_path_factory, tiny_qwen3_path):
     import shutil
 
     import torch
-    from toolrl.models import load_model
+    from toolrl.model_sources import load_model
 
     out = tmp_path_factory.mktemp("peaked")
     model = load_model(tiny_qwen3_path)

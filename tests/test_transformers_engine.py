@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from toolrl import models
+from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine, inverse_cdf
 
@@ -19,7 +19,7 @@ USER_TEXTS = ["hi", "What is 17 * 23? Think step by step.", "Summarise: " + "the
 
 @pytest.fixture(scope="module")
 def model(tiny_qwen3_path):
-    return models.load_model(tiny_qwen3_path)
+    return model_sources.load_model(tiny_qwen3_path)
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +261,8 @@ def test_inverse_cdf_frequencies():
 
 
 async def test_update_weights(tiny_qwen3_path, qwen3_tokenizer, prompts):
-    own = models.load_model(tiny_qwen3_path)
-    other = models.load_model(models.tiny_qwen3(seed=1))
+    own = model_sources.load_model(tiny_qwen3_path)
+    other = model_sources.load_model(model_sources.tiny_qwen3(seed=1))
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu", "dtype": "float32"})
     try:
         [before] = await eng.generate(prompts[1], SAMPLED)
@@ -281,7 +281,7 @@ async def test_update_weights(tiny_qwen3_path, qwen3_tokenizer, prompts):
 
 
 async def test_shared_module_sees_trainer_updates(tiny_qwen3_path, qwen3_tokenizer, prompts):
-    module = models.load_model(tiny_qwen3_path)
+    module = model_sources.load_model(tiny_qwen3_path)
     eng = make_engine(tiny_qwen3_path, module, qwen3_tokenizer)
     [before] = await eng.generate(prompts[0], SAMPLED)
     with torch.no_grad():
@@ -343,7 +343,7 @@ async def test_sliding_window_layers_see_their_window_by_position(tiny_qwen3_pat
 
 
 async def test_session_dropped_on_weight_change_and_end(tiny_qwen3_path, qwen3_tokenizer, prompts):
-    module = models.load_model(tiny_qwen3_path)
+    module = model_sources.load_model(tiny_qwen3_path)
     eng = make_engine(tiny_qwen3_path, module, qwen3_tokenizer)
     await eng.generate(prompts[0], GREEDY, session_id="a")
     with torch.no_grad():

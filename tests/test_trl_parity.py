@@ -9,8 +9,8 @@ import pytest
 import torch
 from toolrl.algorithms import build_loss
 from toolrl.config import AlgorithmConfig
-from toolrl.training.grpo import policy_loss
 from toolrl.training.packing import build_batch
+from toolrl.training.step import policy_loss
 from toolrl.trajectory import Trajectory
 
 trl = pytest.importorskip("trl")

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from test_prefix_sharing import loss_and_grads
-from toolrl import models
+from toolrl import model_sources
 from toolrl.config import Config, ConfigError, load_config
 from toolrl.training import packing, prefix_tree
-from toolrl.training.grpo import Policy, StepOptions, grpo_step, response_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import build_batch, input_length
+from toolrl.training.step import Policy, StepOptions, response_logprobs, train_step
 from toolrl.trajectory import Trajectory
 from vision_fixtures import image, vision_trajectory
 
@@ -32,17 +32,17 @@ TINY = str(ROOT / "examples" / "tiny.yaml")
 
 @pytest.fixture(scope="module")
 def vlm_path() -> str:
-    return models.tiny_qwen2_5_vl()
+    return model_sources.tiny_qwen2_5_vl()
 
 
 @pytest.fixture(scope="module")
 def processor(vlm_path):
-    return models.load_processor(vlm_path)
+    return model_sources.load_processor(vlm_path)
 
 
 @pytest.fixture
 def vlm(vlm_path):
-    return models.load_model(vlm_path)
+    return model_sources.load_model(vlm_path)
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_tree_rows_with_images_are_the_unshared_rows_in_float64(vlm_path, proces
     the last bit (the rotary positions gathered from the sequences and the features scattered per run
     are exact), and a loss on them gives both towers the unshared gradients (to the float32 rounding of
     the norms' backward, which runs in float32)."""
-    model = models.load_model(vlm_path).double()
+    model = model_sources.load_model(vlm_path).double()
     trajs = geo3k_group(processor) + [vision_trajectory(processor, "q", image(100, 60, 5), image(40, 40, 1), "x = 4")]
     weight = torch.randn(model.config.text_config.hidden_size, dtype=torch.float64,
                          generator=torch.Generator().manual_seed(0))
@@ -243,7 +243,7 @@ def test_token_budget_micro_batches_with_images_give_the_unshared_gradients(vlm,
     """The trees' token-budget plan (shared tokens counted once, trees cut between continuations), each
     micro-batch's loss and gradients accumulated, against the same micro-batches packed unshared."""
     from toolrl.config import AlgorithmConfig
-    from toolrl.training.grpo import policy_loss
+    from toolrl.training.step import policy_loss
 
     trajs = geo3k_group(processor) + [vision_trajectory(processor, "o", image(60, 90, 2), image(50, 30, 5), "x = 1")]
     lengths = [input_length(t) for t in trajs]
@@ -283,13 +283,13 @@ def test_grpo_step_with_images_and_shared_prefixes(vlm_path, processor, optim):
 
     trajs = geo3k_group(processor) + [vision_trajectory(processor, "o", image(60, 90, 2), image(50, 30, 5), "x = 1",
                                                         group=1, reward=1.0)]
-    model = models.load_model(vlm_path)
+    model = model_sources.load_model(vlm_path)
     names = [n for n, _ in model.named_parameters()]
 
     def step(share):
         m = copy.deepcopy(model)
         opt = Recorder(m.parameters())
-        out = grpo_step(m, opt, copy.deepcopy(trajs), options(processor, share_prefixes=share, grad_clip=1e9, **optim))
+        out = train_step(m, opt, copy.deepcopy(trajs), options(processor, share_prefixes=share, grad_clip=1e9, **optim))
         assert len(opt.grads) == 1
         return out, dict(zip(names, opt.grads[0], strict=True))
 
@@ -318,7 +318,7 @@ def options(processor, **kw) -> StepOptions:
 def test_grpo_step_trains_language_and_vision(vlm, processor, trajectories):
     opt = torch.optim.AdamW(vlm.parameters(), lr=1e-3)
     before = {n: p.detach().clone() for n, p in vlm.named_parameters()}
-    out = grpo_step(vlm, opt, trajectories, options(processor))
+    out = train_step(vlm, opt, trajectories, options(processor))
     assert out["grad_norm"] > 0 and out["trained_tokens"] == sum(sum(t.response_mask) for t in trajectories)
     moved = {n for n, p in vlm.named_parameters() if not torch.equal(p, before[n])}
     assert any(".visual." in n for n in moved) and any(".language_model." in n for n in moved)
@@ -331,11 +331,11 @@ def test_frozen_vision_tower(vlm_path, processor, trajectories):
     model = build_policy(cfg, vlm_path, "cpu")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    assert grpo_step(model, opt, trajectories, options(processor))["grad_norm"] > 0
+    assert train_step(model, opt, trajectories, options(processor))["grad_norm"] > 0
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and not any(".visual." in n for n in moved)
     with pytest.raises(ConfigError, match="no vision tower"):
-        build_policy(load_config(TINY, ["model.freeze_vision=true"]), models.tiny_qwen3(), "cpu")
+        build_policy(load_config(TINY, ["model.freeze_vision=true"]), model_sources.tiny_qwen3(), "cpu")
 
 
 def test_lora_adapts_the_language_model_only(vlm_path, processor, trajectories):
@@ -347,9 +347,9 @@ def test_lora_adapts_the_language_model_only(vlm_path, processor, trajectories):
     layers = lora.lora_layers(model)
     assert layers and all(".language_model." in n for n in layers)
     opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=1e-2)
-    assert grpo_step(Policy(model), opt, trajectories, options(processor))["grad_norm"] > 0
+    assert train_step(Policy(model), opt, trajectories, options(processor))["grad_norm"] > 0
     merged = lora.engine_state_dict(model)
-    assert set(merged) == set(models.load_model(vlm_path).state_dict())
+    assert set(merged) == set(model_sources.load_model(vlm_path).state_dict())
 
 
 def rank_config(out: Path, world_size: int, *extra: str) -> Config:
@@ -374,13 +374,13 @@ def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, fro
     ckpt = tmp_path / "run" / "checkpoints"
     rank.save(str(ckpt / "step_000001"))
     (ckpt / "step_000001" / "meta.json").write_text(json.dumps({"step": 1}))
-    save_model_files(models.tiny_qwen2_5_vl(), ckpt / HF_FILES)
+    save_model_files(model_sources.tiny_qwen2_5_vl(), ckpt / HF_FILES)
     (tmp_path / "run" / "config.json").write_text(cfg.model_dump_json())
     out = export(tmp_path / "run", tmp_path / "export")
     loaded = AutoModelForImageTextToText.from_pretrained(str(out))
     trained = rank.model.state_dict()
     assert all(torch.equal(v, trained[k]) for k, v in loaded.state_dict().items())
-    again = models.load_processor(out)
+    again = model_sources.load_processor(out)
     assert again.image_processor.size == processor.image_processor.size
     # The exported model gives the trained model's log-probs.
     batch = build_batch(trajectories, [0.0] * 4, processor=again)
@@ -459,7 +459,7 @@ async def test_trainer_logprobs_match_the_engines(vlm_path, processor, packed):
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.rollout.chat import ChatRenderer
 
-    model = models.load_model(vlm_path)
+    model = model_sources.load_model(vlm_path)
     renderer = ChatRenderer(processor.tokenizer, chat_template=processor.chat_template, processor=processor)
     engine = TransformersEngine.create(ModelSource(path=vlm_path, module=model, tokenizer=processor.tokenizer),
                                        {"device": "cpu"})

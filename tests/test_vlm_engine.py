@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from toolrl import models
+from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.rollout.chat import ChatRenderer
@@ -29,10 +29,10 @@ def png(width, height, seed):
 
 @pytest.fixture(scope="module")
 def vlm():
-    path = models.tiny_qwen2_5_vl()
-    processor = models.load_processor(path)
+    path = model_sources.tiny_qwen2_5_vl()
+    processor = model_sources.load_processor(path)
     renderer = ChatRenderer(processor.tokenizer, chat_template=processor.chat_template, processor=processor)
-    return path, models.load_model(path), processor, renderer
+    return path, model_sources.load_model(path), processor, renderer
 
 
 def image(renderer, seed, size=(60, 40)):
@@ -116,8 +116,8 @@ async def test_engine_logprobs_agree_with_the_trainers(vlm):
     from toolrl.parsers.hermes import HermesParser
     from toolrl.rollout import RolloutContext, Route, run_rollouts
     from toolrl.schemas import Sample
-    from toolrl.training.grpo import response_logprobs
     from toolrl.training.packing import build_batch
+    from toolrl.training.step import response_logprobs
 
     path, model, processor, renderer = vlm
     engine = TransformersEngine.create(ModelSource(path=path, module=model, tokenizer=processor.tokenizer), {"device": "cpu"})

@@ -1,5 +1,5 @@
 """Where toolrl keeps what it builds or learns once and reuses: offline models and tokenizers
-(:mod:`toolrl.models`) and the plugin-screening verdicts (:mod:`toolrl.plugins.verdicts`)."""
+(:mod:`toolrl.model_sources`) and the plugin-screening verdicts (:mod:`toolrl.plugins.verdicts`)."""
 
 from __future__ import annotations
 

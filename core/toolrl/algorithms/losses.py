@@ -1,7 +1,7 @@
 """The built-in policy losses (``docs/algorithms.md``). Notation, per trained token t of sequence i:
 ``r_it = π_θ / π_prox = exp(new - prox)`` the PPO ratio against the proximal policy, ``A_it`` the
 advantage. Each returns the per-token loss before the importance weight, KL and aggregation, which
-:func:`toolrl.training.grpo.policy_loss` applies to every loss alike."""
+:func:`toolrl.training.step.policy_loss` applies to every loss alike."""
 
 from __future__ import annotations
 

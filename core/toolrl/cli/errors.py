@@ -28,7 +28,7 @@ def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> A
     unknown part names become one line on stderr and exit 2. Tool-config errors that do not name
     their file get ``tools_origin`` in front."""
     from toolrl.config import ConfigError
-    from toolrl.models import ModelUnavailable
+    from toolrl.model_sources import ModelUnavailable
     from toolrl.plugins.registry import RegistryError
     from toolrl.tools import ToolConfigError
 

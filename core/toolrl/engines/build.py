@@ -19,7 +19,7 @@ def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequen
     tool results' images are left out), and samples that hold images are a one-line config error."""
     import inspect
 
-    from toolrl.models import load_processor
+    from toolrl.model_sources import load_processor
 
     processor = load_processor(path)
     if processor is None or "images" in inspect.signature(engine_cls.generate).parameters:
@@ -38,14 +38,14 @@ def build_engine(config: Config, engine_cls: Any, path: str, tokenizer: Any, mod
     An engine that rejects its options with a pydantic error names ``engine.options``."""
     from pydantic import ValidationError
 
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.config import format_errors
     from toolrl.engines import ModelSource
 
     try:
         return engine_cls.create(
             ModelSource(path=path, module=module, tokenizer=tokenizer),
-            {"max_batch_size": config.engine.max_batch_size, "device": models.resolve_device(config.model.device),
+            {"max_batch_size": config.engine.max_batch_size, "device": model_sources.resolve_device(config.model.device),
              "dtype": config.model.dtype, **config.engine.options},
         )
     except ValidationError as exc:

@@ -41,7 +41,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from toolrl import masks
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
-from toolrl.models import load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
 
 
 class TransformersEngineConfig(BaseModel):

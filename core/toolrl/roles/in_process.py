@@ -23,7 +23,7 @@ from typing import Any
 from toolrl.config import Config
 from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
-from toolrl.models import model_path
+from toolrl.model_sources import model_path
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
@@ -131,7 +131,7 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
     """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
     ``path``, the model's directory."""
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.rollout.context_check import check_prompt_tokens
 
     parts = parts if parts is not None else resolve_parts(config)
@@ -139,13 +139,13 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
     path = path if path is not None else model_path(config)
     seed_everything(config.trainer.seed)
-    tokenizer = models.load_tokenizer(path)
+    tokenizer = model_sources.load_tokenizer(path)
     processor = engine_processor(config, parts.engine_cls, path, samples)
     check_prompt_tokens(samples, tokenizer, path, processor, "the prompts", config.rollout.images)
     built: list[Any] = []
 
     def trained_model() -> Any:
-        built.append(build_policy(config, path, models.resolve_device(config.model.device)))
+        built.append(build_policy(config, path, model_sources.resolve_device(config.model.device)))
         # Under LoRA the engine keeps a plain base model of its own and gets merged weights. So it
         # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
         # and optimizer steps then never touch the weights the engine decodes with; the engine gets

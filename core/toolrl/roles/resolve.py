@@ -17,7 +17,7 @@ from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
 from toolrl.environments import ConfiguredEnv
 from toolrl.loggers import logger_names
-from toolrl.models import model_path
+from toolrl.model_sources import model_path
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
 

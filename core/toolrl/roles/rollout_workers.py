@@ -67,14 +67,14 @@ class RolloutWorker:
 
     async def setup(self, weights: Mapping[str, Any] | None = None, version: int | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
-        from toolrl import models
-        from toolrl.models import model_path
+        from toolrl import model_sources
+        from toolrl.model_sources import model_path
         from toolrl.roles.in_process import build_rollouts, seed_everything
 
         t0 = time.perf_counter()
         seed_everything(self.config.trainer.seed)
         path = model_path(self.config)
-        self._rollouts = await build_rollouts(self.config, path, models.load_tokenizer(path))
+        self._rollouts = await build_rollouts(self.config, path, model_sources.load_tokenizer(path))
         if weights is not None:
             self._load(weights, version)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}

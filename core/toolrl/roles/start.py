@@ -60,7 +60,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
-    from toolrl import models
+    from toolrl import model_sources
     from toolrl.engines.build import engine_processor
     from toolrl.roles.in_process import build_local_run
     from toolrl.roles.resolve import ResolvedRun, resolve_run
@@ -85,7 +85,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
     path = run.model_dir
-    tokenizer = models.load_tokenizer(path)
+    tokenizer = model_sources.load_tokenizer(path)
     # Before any actor starts: images need an engine that takes them, and every prompt must fit.
     processor = engine_processor(config, run.parts.engine_cls, path, run.prompts or [])
     check_prompt_tokens(run.prompts or [], tokenizer, path, processor, "the prompts", config.rollout.images)

@@ -53,15 +53,15 @@ class TrainerRank:
         ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
         import torch
 
-        from toolrl import models
-        from toolrl.models import model_path
+        from toolrl import model_sources
+        from toolrl.model_sources import model_path
         from toolrl.roles.in_process import seed_everything
         from toolrl.training import lora
         from toolrl.training.policy import build_policy
 
         cfg = self.config
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
-        self.device = "cuda" if on_gpu else models.resolve_device(cfg.model.device)
+        self.device = "cuda" if on_gpu else model_sources.resolve_device(cfg.model.device)
         if self.world_size > 1:
             import torch.distributed as dist
 
@@ -73,13 +73,13 @@ class TrainerRank:
         if model is None:
             seed_everything(cfg.trainer.seed)
             path = model_path(cfg)
-            tokenizer = models.load_tokenizer(path)
+            tokenizer = model_sources.load_tokenizer(path)
             model = build_policy(cfg, path, self.device)
         self.model = self.policy = model
         from toolrl.training.vision import is_vision_model
 
         if is_vision_model(model):
-            self.processor = models.load_processor(model_path(cfg))
+            self.processor = model_sources.load_processor(model_path(cfg))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         if cfg.algorithm.kl_coef > 0:  # copied before sharding: each rank runs the whole frozen reference
             import copy
@@ -118,8 +118,8 @@ class TrainerRank:
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
         """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0, and
         ``advantages`` (per trajectory, for the traces)."""
-        from toolrl.training.grpo import StepOptions, grpo_step
         from toolrl.training.sharding import state_bytes
+        from toolrl.training.step import StepOptions, train_step
 
         cfg = self.config
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
@@ -127,7 +127,7 @@ class TrainerRank:
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
                               processor=self.processor)
         values = None if self.critic is None else self.critic.values(trajectories)
-        out = grpo_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
+        out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:
             out.update(self._update_critic(trajectories, values))
         if self.world_size > 1:
@@ -141,7 +141,7 @@ class TrainerRank:
 
     def _update_critic(self, trajectories: Sequence[Trajectory], values: Any) -> dict[str, float]:
         """The critic regressed on the estimator's targets for the values it gave before the step."""
-        from toolrl.training.grpo import advantage_inputs
+        from toolrl.training.step import advantage_inputs
 
         cfg = self.config
         inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, values)
@@ -214,7 +214,7 @@ class TrainerRank:
             dist.destroy_process_group()
 
 
-# Metrics that grpo_step reports for this rank's share, and how the group's figure is made of them.
+# Metrics that train_step reports for this rank's share, and how the group's figure is made of them.
 # The critic trains over the same shares as the policy, so its value_tokens equal loss_tokens.
 _SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens", "value_loss", "value_tokens", "trainer_tokens_computed",
            "trainer_tokens_total", "critic_tokens_computed", "critic_tokens_total")

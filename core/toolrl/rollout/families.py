@@ -143,7 +143,7 @@ def renderer_factory(tokenizer: Any, chat_format: str | None = None, rule: str =
     """(tool schemas) -> the renderer a rollout uses: the family's end-of-turn token and, under
     ``template_rewrite: training_template``, its training template. A template no family matches
     keeps the generic rendering unless the config needs its family. ``processor``: a vision-language
-    model's (toolrl.models.load_processor), which renders images."""
+    model's (toolrl.model_sources.load_processor), which renders images."""
     try:
         family: Family | None = tokenizer_family(tokenizer, chat_format)
     except FamilyError:

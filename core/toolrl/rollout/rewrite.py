@@ -16,7 +16,7 @@ of tool results the conversation is re-rendered and compared (``rollout.template
 - ``refuse``: stop with a one-line error naming the turn.
 
 Pieces share ``trajectory_key``; the step's advantages count a trajectory once
-(:func:`toolrl.training.grpo.token_advantages`).
+(:func:`toolrl.training.step.token_advantages`).
 """
 
 from __future__ import annotations

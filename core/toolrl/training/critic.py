@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from toolrl.config import Config
-from toolrl.training.grpo import clip_grad_norm
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
     PackedBatch,
@@ -35,6 +34,7 @@ from toolrl.training.packing import (
     sharing_metrics,
     tree_keys,
 )
+from toolrl.training.step import clip_grad_norm
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
@@ -263,16 +263,16 @@ class Critic:
         adapters: a LoRA run's critic starts from ``model.source`` again), or ``critic.model``."""
         import copy
 
-        from toolrl import models
-        from toolrl.models import model_path
+        from toolrl import model_sources
+        from toolrl.model_sources import model_path
 
         cfg = config.critic
         if cfg.model is None and config.model.lora is None:
             backbone = copy.deepcopy(getattr(policy_lm, policy_lm.base_model_prefix))
         else:
-            source = model_path(config) if cfg.model is None else models.resolve_source(
+            source = model_path(config) if cfg.model is None else model_sources.resolve_source(
                 config.model.model_copy(update={"source": cfg.model}), config.base_dir)
-            lm = models.load_model(source, dtype=config.model.dtype, device=device)
+            lm = model_sources.load_model(source, dtype=config.model.dtype, device=device)
             if config.model.gradient_checkpointing:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             backbone = getattr(lm, lm.base_model_prefix)

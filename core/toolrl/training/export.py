@@ -84,7 +84,7 @@ def _rebuilt_from_source(run: dict[str, Any], path: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
 
     from toolrl.config import Config
-    from toolrl.models import model_path
+    from toolrl.model_sources import model_path
     from toolrl.training import lora
     from toolrl.training.policy import build_policy
 

@@ -43,7 +43,7 @@ def apply_lora(model: Any, config: LoraConfig) -> Any:
     from peft.tuners.lora import Linear as LoraLinear
 
     from toolrl.config import ConfigError
-    from toolrl.models import first_line
+    from toolrl.model_sources import first_line
     from toolrl.training.vision import is_vision_model
 
     targets = config.target_modules

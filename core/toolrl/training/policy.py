@@ -10,9 +10,9 @@ from toolrl.config import Config
 
 def build_policy(config: Config, path: str, device: str) -> Any:
     """The model a trainer rank optimises: the one place it is built (adapters wrap it here)."""
-    from toolrl import models
+    from toolrl import model_sources
 
-    model = models.load_model(path, dtype=config.model.dtype, device=device)
+    model = model_sources.load_model(path, dtype=config.model.dtype, device=device)
     if config.model.freeze_vision:
         from toolrl.config import ConfigError
         from toolrl.training import vision

@@ -1,7 +1,7 @@
 """FSDP2 for a trainer rank: each decoder layer is one sharded unit, everything else (embeddings, final
 norm, a tied or untied LM head) is the root unit.
 
-The root is :class:`toolrl.training.grpo.Policy`, a module whose ``forward`` computes the response
+The root is :class:`toolrl.training.step.Policy`, a module whose ``forward`` computes the response
 log-probabilities the loss needs. GRPO runs the base model and the LM head separately (logits only at
 trained positions), so the root's forward must contain both calls: FSDP2 gathers a unit's parameters
 in that unit's forward hook, and a call that bypasses the root would meet sharded parameters.
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from toolrl.training.grpo import Policy
+from toolrl.training.step import Policy
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -37,7 +37,7 @@ def shard_root(root: torch.nn.Module, model: Any, mesh: Any, *, offload: bool = 
 
     On GPU, compute in bf16 and reduce gradients in fp32; on CPU, parameters keep their dtype.
     Gradients are summed over ranks, not averaged: each rank's loss is already normalised by the
-    whole mini-batch (see :func:`toolrl.training.grpo.grpo_step`), so the sum is the one-rank gradient.
+    whole mini-batch (see :func:`toolrl.training.step.train_step`), so the sum is the one-rank gradient.
     """
     from torch.distributed.fsdp import (
         CPUOffloadPolicy,

@@ -20,16 +20,16 @@ from support import (
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
-    from toolrl import models
+    from toolrl import model_sources
 
-    return models.tiny_qwen3()
+    return model_sources.tiny_qwen3()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_path: str) -> Any:
-    from toolrl import models
+    from toolrl import model_sources
 
-    return models.load_tokenizer(tiny_path)
+    return model_sources.load_tokenizer(tiny_path)
 
 
 @pytest.fixture(scope="session")

@@ -49,10 +49,10 @@ def _served_twins(server: ServeProcess, row: dict[str, Any]) -> list[dict[str, A
 def test_rollout_through_toolrl_serve_is_token_exact(tiny_server: ServeProcess, tmp_path: Path,
                                                      tiny_path: str) -> None:
     import torch
-    from toolrl import models
+    from toolrl import model_sources
 
     rows = _rollout(tiny_server, tmp_path / "run")
-    model = models.load_model(tiny_path)
+    model = model_sources.load_model(tiny_path)
     for row in rows:
         # The client's trajectory is the served engine's, id for id and logprob for logprob.
         for twin in _served_twins(tiny_server, row):

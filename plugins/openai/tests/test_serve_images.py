@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from toolrl import models
+from toolrl import model_sources
 from toolrl.engines import ModelSource
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.plugins import get_plugins
@@ -37,12 +37,12 @@ def question(url: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def vlm_path() -> str:
-    return models.tiny_qwen2_5_vl()
+    return model_sources.tiny_qwen2_5_vl()
 
 
 def service(path: str, record: Path | None, with_processor: bool = True) -> Service:
-    processor = models.load_processor(path) if with_processor else None
-    tokenizer = models.load_tokenizer(path)
+    processor = model_sources.load_processor(path) if with_processor else None
+    tokenizer = model_sources.load_tokenizer(path)
     engine = TransformersEngine.create(ModelSource(path=path, tokenizer=tokenizer), {"device": "cpu"})
     parser = get_plugins().load_part("tool_parsers", "hermes")()
     return Service(engine, tokenizer, parser, "vlm", Conversations(tokenizer, record), processor=processor)
@@ -56,7 +56,7 @@ async def test_image_parts_are_rendered_generated_and_recorded(vlm_path: str, tm
         served.conversations.close_all()
     finally:
         await served.engine.close()
-    processor = models.load_processor(vlm_path)
+    processor = model_sources.load_processor(vlm_path)
     template = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the figure?"}]}]
     text = processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
     image = Image.open(io.BytesIO(base64.b64decode(url.partition(",")[2])))

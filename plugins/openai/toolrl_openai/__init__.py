@@ -64,7 +64,7 @@ def register_commands(cli: click.Group) -> None:
 
         from toolrl.cli.errors import UsageFailure
         from toolrl.config import ConfigError, load_config
-        from toolrl.models import ModelUnavailable
+        from toolrl.model_sources import ModelUnavailable
         from toolrl.plugins.registry import RegistryError
 
         from toolrl_openai.server import serve_async

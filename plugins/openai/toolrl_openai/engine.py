@@ -111,7 +111,7 @@ class OpenAIEngine(RolloutEngine):
     @property
     def tokenizer(self) -> Any:
         if self._tokenizer is None:
-            from toolrl.models import load_tokenizer
+            from toolrl.model_sources import load_tokenizer
 
             if self._tokenizer_path is None:
                 raise OpenAIEngineError("text-only generation needs the model's tokenizer (ModelSource.path)")

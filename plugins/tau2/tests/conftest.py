@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    from toolrl import models
+    from toolrl import model_sources
 
-    return models.qwen_tokenizer("qwen3")
+    return model_sources.qwen_tokenizer("qwen3")
 
 
 async def rollout(env: str, engine: Any, tokenizer: Any, split: str = "train", env_options: dict | None = None,

@@ -65,9 +65,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 def qwen25() -> Any:
     """The agent's tokenizer: Qwen2.5's template is append-only at user turns (Qwen3's drops earlier
     turns' reasoning when the user speaks again, so no user turn can be appended token-exactly)."""
-    from toolrl import models
+    from toolrl import model_sources
 
-    return models.qwen_tokenizer("qwen2_5")
+    return model_sources.qwen_tokenizer("qwen2_5")
 
 
 async def test_a_served_user_talks_until_its_turns_run_out(served, qwen25) -> None:

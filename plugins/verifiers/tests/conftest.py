@@ -9,6 +9,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> Any:
-    from toolrl.models import qwen_tokenizer
+    from toolrl.model_sources import qwen_tokenizer
 
     return qwen_tokenizer("qwen3")

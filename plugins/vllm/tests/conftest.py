@@ -8,22 +8,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from toolrl import models
+from toolrl import model_sources
 
 
 @pytest.fixture(scope="session")
 def tiny_path() -> str:
-    return models.tiny_qwen3()
+    return model_sources.tiny_qwen3()
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tiny_path: str) -> Any:
-    return models.load_tokenizer(tiny_path)
+    return model_sources.load_tokenizer(tiny_path)
 
 
 @pytest.fixture(scope="session")
 def hf_model(tiny_path: str) -> Any:
-    return models.load_model(tiny_path)
+    return model_sources.load_model(tiny_path)
 
 
 @pytest.fixture(scope="module")

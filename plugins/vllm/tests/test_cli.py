@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolrl import models
+from toolrl import model_sources
 from vllm_support import reference_logprobs
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,7 +79,7 @@ def test_train_second_step_samples_from_updated_weights(tmp_path, tiny_path, hf_
     rows = read_jsonl(out / "rollouts" / "step_00002.jsonl")
     from toolrl.training.export import export
 
-    updated = models.load_model(export(out, tmp_path / "step1", step=1))  # the sharded checkpoint, as HF
+    updated = model_sources.load_model(export(out, tmp_path / "step1", step=1))  # the sharded checkpoint, as HF
     on_updated = mean_abs([model_token_logprobs(updated, r, 1.0) for r in rows])
     on_initial = mean_abs([model_token_logprobs(hf_model, r, 1.0) for r in rows])
     print(f"step-2 traces: |engine - updated| {on_updated:.3e}, |engine - initial| {on_initial:.3e}")

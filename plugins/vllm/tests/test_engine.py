@@ -141,9 +141,9 @@ async def test_update_weights_reaches_the_running_engine(engine, hf_model, tiny_
     """New weights (another seed of the same architecture) change greedy outputs and logprobs to
     those of a transformers forward on the new weights; sleeping and restoring the originals brings
     the first results back."""
-    from toolrl import models
+    from toolrl import model_sources
 
-    other = models.load_model(models.tiny_qwen3(seed=1))
+    other = model_sources.load_model(model_sources.tiny_qwen3(seed=1))
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     (old,) = await engine.generate(prompts[1], params)
     updates = engine.stats.weight_updates
@@ -166,9 +166,9 @@ async def test_weights_updated_mid_request_carry_it_on(engine, hf_model, prompts
     """An update while a request decodes lands between two engine steps: the request keeps its
     tokens, then continues on the new weights (greedy: the old model's argmax up to some token, the
     new one's after it), and reports the version it started on; the engine takes the new version."""
-    from toolrl import models
+    from toolrl import model_sources
 
-    other = models.load_model(models.tiny_qwen3(seed=2))
+    other = model_sources.load_model(model_sources.tiny_qwen3(seed=2))
     params = SamplingParams(temperature=0.0, max_new_tokens=2000)
     version = engine.weight_version
     pending = asyncio.ensure_future(engine.generate(prompts[1], params))

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from toolrl import models  # noqa: E402
+from toolrl import model_sources  # noqa: E402
 from toolrl.plugins import get_plugins  # noqa: E402
 from toolrl.testing.parser_corpus import CASES, FAMILIES, TOOLS, Case  # noqa: E402
 
@@ -51,7 +51,7 @@ SPECIAL_TOKENS: dict[str, list[str]] = {
 
 @cache
 def tokenizer(vocabulary: str) -> Any:
-    tok = models.qwen_tokenizer()
+    tok = model_sources.qwen_tokenizer()
     tok.add_tokens(SPECIAL_TOKENS[vocabulary], special_tokens=True)
     return tok
 

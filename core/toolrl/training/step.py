@@ -1,4 +1,4 @@
-"""GRPO, top to bottom: advantages from the configured estimator, logprobs at trained positions only
+"""One policy step, top to bottom (GRPO and every other estimator and loss): advantages from the configured estimator, logprobs at trained positions only
 (packed rows, chunked LM head), the configured policy loss over ``response_mask`` with the shared
 importance weight, KL and aggregation, gradient accumulation, clipping, the optimizer step.
 
@@ -70,7 +70,7 @@ from toolrl.training.packing import (
 from toolrl.training.peakmem import PeakMemory
 from toolrl.trajectory import Trajectory
 
-__all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "grpo_step",
+__all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "train_step",
            "policy_loss", "response_logprobs", "token_advantages"]
 
 
@@ -156,7 +156,7 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch,
                 loss_fn: PolicyLoss | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled loss of one micro-batch (module docstring): ``loss_fn``'s per-token term (None:
     ``algorithm.loss`` built here), times the truncated importance weight, plus KL, aggregated; and
-    its figures over trained tokens, for :func:`grpo_step` to turn into token means: ``tokens``,
+    its figures over trained tokens, for :func:`train_step` to turn into token means: ``tokens``,
     ``clipped``, ``is_weight_sum``, ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf),
     ``is_truncated``, ``mismatch`` (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``.
     ``batch.advantages``: (B, R) per token, or (B,) one per sequence."""
@@ -222,7 +222,7 @@ class MiniBatch:
     ref: list[torch.Tensor] | None = None
 
 
-def grpo_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
+def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
               options: StepOptions, ref_model: Any = None, values: torch.Tensor | None = None) -> dict[str, Any]:
     """One GRPO update on a rollout batch; returns metrics. ``values``: the critic's (B, R) per-token
     values, for an estimator that reads them (``gae``).

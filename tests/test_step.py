@@ -4,14 +4,14 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.models import load_model
-from toolrl.training.grpo import (
+from toolrl.model_sources import load_model
+from toolrl.training.step import (
     StepOptions,
     aggregate,
     build_batch,
     group_advantages,
-    grpo_step,
     response_logprobs,
+    train_step,
 )
 from toolrl.trajectory import Trajectory
 
@@ -72,7 +72,7 @@ def test_one_step_moves_logprobs_the_way_advantages_say(model):
     before = [seq_logprob(m, t) for t in (good, bad)]
     masked_before = seq_logprob(m, traj([101, 102, 103, 201, 202], [999]))
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    metrics = grpo_step(m, opt, [good, bad, tool_span], StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=2),
+    metrics = train_step(m, opt, [good, bad, tool_span], StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=2),
                                                                     pad_id=0, temperature=1.0, max_response_tokens=8))
     after = [seq_logprob(m, t) for t in (good, bad)]
     assert after[0] > before[0] + 0.01 and after[1] < before[1] - 0.01, (before, after)
@@ -91,7 +91,7 @@ def test_gradient_accumulation_equals_one_big_batch(model):
     for micro in (8, 3, 1):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
-        grpo_step(m, opt, trajs, StepOptions(AlgorithmConfig(loss_agg="seq-mean-token-mean"),
+        train_step(m, opt, trajs, StepOptions(AlgorithmConfig(loss_agg="seq-mean-token-mean"),
                                              OptimConfig(micro_batch_size=micro, grad_clip=1e9), pad_id=0,
                                              temperature=1.0, max_response_tokens=8))
         params.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
@@ -109,7 +109,7 @@ def test_trainer_logprobs_agree_with_engine_logprobs(model, windowed, tiny_gpt_o
     import copy
 
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.models import load_tokenizer
+    from toolrl.model_sources import load_tokenizer
 
     model = {"qwen3": model, "gemma3": windowed, "gpt-oss": tiny_gpt_oss, "mistral": tiny_mistral}[which]
     model = model if which == "qwen3" else copy.deepcopy(model).eval()
@@ -144,7 +144,7 @@ def hand_built():
 def test_decoupled_objective_exact_values_and_gradient():
     import math
 
-    from toolrl.training.grpo import policy_loss
+    from toolrl.training.step import policy_loss
 
     batch, prox, new = hand_built()
     cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0)
@@ -167,7 +167,7 @@ def test_decoupled_objective_exact_values_and_gradient():
 def test_tis_cap_none_leaves_the_weight_out_but_reports_it():
     import math
 
-    from toolrl.training.grpo import policy_loss
+    from toolrl.training.step import policy_loss
 
     batch, prox, new = hand_built()
     loss, stats = policy_loss(new, prox, batch, AlgorithmConfig(tis_cap=None), {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
@@ -206,7 +206,7 @@ def test_stale_behaviour_logprobs_weight_the_gradient_as_the_formula_says(model)
     def grads(ts):
         m = copy.deepcopy(model)
         opt = Recorder(m.parameters())
-        metrics = grpo_step(m, opt, ts, StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8))
+        metrics = train_step(m, opt, ts, StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8))
         return metrics, torch.cat([x.flatten() for x in opt.grads[0]])
 
     stale_metrics, stale = grads(trajs)
@@ -259,7 +259,7 @@ def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
 
     def metrics(rank=0, world_size=1):
         m = copy.deepcopy(model)
-        return grpo_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs,
+        return train_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs,
                          StepOptions(algo, optim, pad_id=0, temperature=1.0, max_response_tokens=8, rank=rank,
                                      world_size=world_size))
 
