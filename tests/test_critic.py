@@ -164,11 +164,14 @@ def test_shared_prefixes_give_the_unshared_values_and_gradients(lm, micro):
         return values, out, dict(zip([n for n, _ in critic.named_parameters()], optimizer.grads[0], strict=True))
 
     (want_v, want, want_grads), (got_v, got, got_grads) = run(False), run(True)
-    assert want_v.abs().sum() > 0 and torch.allclose(got_v, want_v, rtol=1e-6, atol=1e-6)
+    # float32 through kernels of other shapes (a tree row against separate rows): equal up to rounding,
+    # which differs by CPU (AVX-512 machines sum in another order), so the bounds are a few ulps of
+    # the sums involved, not one.
+    assert want_v.abs().sum() > 0 and torch.allclose(got_v, want_v, rtol=1e-5, atol=1e-5)
     assert 0 < want["value_clip_frac"] < 1 and got["value_clip_frac"] == want["value_clip_frac"]
-    assert got["value_loss"] == pytest.approx(want["value_loss"], rel=1e-6)
+    assert got["value_loss"] == pytest.approx(want["value_loss"], rel=1e-5)
     for name, w in want_grads.items():
-        assert float(w.norm()) > 0 and float((got_grads[name] - w).norm()) <= 1e-6 * float(w.norm()), name
+        assert float(w.norm()) > 0 and float((got_grads[name] - w).norm()) <= 1e-4 * float(w.norm()), name
     # The group's prompt runs once per micro-batch holding its trajectories, not once per trajectory.
     assert want["critic_prefix_share"] == 0 and want["critic_tokens_total"] == got["critic_tokens_total"]
     assert got["critic_tokens_computed"] < got["critic_tokens_total"] - 40
