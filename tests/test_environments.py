@@ -216,7 +216,7 @@ def test_registered_environments_are_checked(mix_plugins):
     assert info.status == "error" and "not a toolrl.environments.Environment instance" in info.error
     assert {"echo", "ping"} <= set(mix_plugins.registry.names("environments"))
     assert not mix_plugins.registry.has("environments", "not-an-env")
-    with pytest.raises(ConfigError, match=r"env: unknown environment 'pong' \(available: .*echo.*ping"):
+    with pytest.raises(ConfigError, match=r"env: unknown environment 'pong' \(did you mean 'ping'\? available: .*echo.*ping"):
         load_samples(load_config(None, data={"env": "pong"}))
 
 

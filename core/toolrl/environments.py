@@ -59,6 +59,10 @@ SplitSource = FileSplit | HubSplit | Generator
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
+class _PassOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
 class Environment(BaseModel):
     """One environment. Every field but ``name`` and ``splits`` is optional; a config's explicit
     ``data``, ``tools``, ``reward`` and ``rollout.parser``/``max_turns`` override the environment's."""
@@ -135,6 +139,19 @@ class Environment(BaseModel):
             raise ConfigError(f"{where}: environment {self.name!r}: {one_line(str(exc))}") from None
         return env, validated
 
+    # -- the build contract (toolrl.plugins.parts) -----------------------------------------------
+
+    @property
+    def Options(self) -> type[BaseModel]:  # noqa: N802 (the contract's name)
+        """Options pass to :meth:`resolve`, which checks them against ``options`` and names the field."""
+        return _PassOptions
+
+    def build(self, options: BaseModel, context: Any) -> ConfiguredEnv:
+        """This environment as a run uses it: adapted to its options (:meth:`resolve`), with the mixture
+        weight and turn limit ``context.inputs`` give (1 and None by default)."""
+        env, validated = self.resolve(options.model_dump(), context.options_where or "env_options")
+        return ConfiguredEnv(env, validated, context.inputs.get("weight", 1.0), context.inputs.get("max_turns"))
+
     def summary(self) -> dict[str, Any]:
         """Name, description, splits (with their sources), tools, rewards, parser, limits: for
         ``toolrl env list/show``."""
@@ -151,13 +168,9 @@ class Environment(BaseModel):
 
 def get_environment(name: str, where: str = "env") -> Environment:
     """The registered environment ``name``; a ConfigError listing the installed ones otherwise."""
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.plugins.parts import lookup_part
 
-    try:
-        return get_plugins().load_part("environments", name)
-    except RegistryError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+    return lookup_part("environments", name, where)
 
 
 @dataclass(frozen=True)
@@ -173,10 +186,12 @@ class ConfiguredEnv:
 def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
     """``env``/``envs`` resolved: each name looked up (unknown names list the installed ones) and its
     options validated against the environment's options model."""
+    from toolrl.plugins.parts import BuildContext, build_part
+
     out = {}
     for name, entry in config.env_entries().items():
-        where = "env" if config.env is not None else f"envs.{name}"
-        env, options = get_environment(name, where).resolve(
-            entry.options, "env_options" if config.env is not None else f"envs.{name}.options")
-        out[name] = ConfiguredEnv(env, options, entry.weight, entry.max_turns)
+        single = config.env is not None
+        context = BuildContext("env" if single else f"envs.{name}", "env_options" if single else f"envs.{name}.options",
+                               config, {"weight": entry.weight, "max_turns": entry.max_turns})
+        out[name] = build_part("environments", name, entry.options, context)
     return out

@@ -129,13 +129,12 @@ def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator
     """Open ``jsonl`` and every logger in ``trainer.loggers``; closed on exit, also after an error.
     An unknown name is a :class:`~toolrl.config.ConfigError`; a logger that does not import or open
     is reported and left out."""
-    from toolrl.plugins import get_plugins
+    from toolrl.plugins.parts import BuildContext, build_part
 
-    registry = get_plugins().registry
     fanout = MetricLoggers([])
     for name in logger_names(config):
         try:
-            logger = registry.load("loggers", name)()
+            logger = build_part("loggers", name, {}, BuildContext("trainer.loggers", config=config))
             logger.open(run_dir, config, start_step)
         except Exception as exc:
             fanout._disable(name, "open", exc)

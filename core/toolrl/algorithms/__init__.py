@@ -66,6 +66,11 @@ class AdvantageEstimator(ABC):
         self.options = options
         self.algo = algo
 
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> Any:
+        """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
+        return cls(options, context.input("algorithm"))
+
     @abstractmethod
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...
 
@@ -107,23 +112,27 @@ class PolicyLoss(ABC):
         self.options = options
         self.algo = algo
 
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> Any:
+        """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
+        return cls(options, context.input("algorithm"))
+
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> LossTerms: ...
 
 
-def _build(kind: str, name: str, options: dict[str, Any], algo: AlgorithmConfig) -> Any:
-    from toolrl.plugins import get_plugins
+def _build(kind: str, field: str, name: str, options: dict[str, Any], algo: AlgorithmConfig) -> Any:
+    from toolrl.plugins.parts import BuildContext, build_part
 
-    cls = get_plugins().load_part(kind, name)
-    return cls(cls.Options.model_validate(options), algo)
+    context = BuildContext(f"algorithm.{field}", f"algorithm.{field}_options", inputs={"algorithm": algo})
+    return build_part(kind, name, options, context)
 
 
 def build_estimator(algo: AlgorithmConfig) -> AdvantageEstimator:
-    """``algorithm.advantage`` with its options; raises RegistryError / ValidationError
-    (:func:`toolrl.algorithms.rules.check_algorithm` turns them into one-line config errors)."""
-    return _build("advantage_estimators", algo.advantage, algo.advantage_options, algo)
+    """``algorithm.advantage`` with its options; a one-line ConfigError naming the field otherwise."""
+    return _build("advantage_estimators", "advantage", algo.advantage, algo.advantage_options, algo)
 
 
 def build_loss(algo: AlgorithmConfig) -> PolicyLoss:
     """``algorithm.loss`` with its options (errors as :func:`build_estimator`)."""
-    return _build("policy_losses", algo.loss, algo.loss_options, algo)
+    return _build("policy_losses", "loss", algo.loss, algo.loss_options, algo)

@@ -36,12 +36,12 @@ def with_critic(config: Config) -> Config:
     none; a ConfigError for a critic nothing would read. An estimator that cannot be loaded is left
     for :func:`check_algorithm` to report."""
     from toolrl.config import CriticConfig
-    from toolrl.plugins import get_plugins
+    from toolrl.plugins.parts import lookup_part
 
     name = config.algorithm.advantage
     try:
-        estimator = get_plugins().load_part("advantage_estimators", name)
-    except Exception:  # check_algorithm turns it into the one-line config error
+        estimator = lookup_part("advantage_estimators", name, "algorithm.advantage")
+    except ConfigError:  # check_algorithm reports it
         return config
     if not estimator.needs_values:
         if config.critic is not None:
@@ -57,21 +57,10 @@ def with_critic(config: Config) -> Config:
 def check_algorithm(config: Config, has_critic: bool = False) -> tuple[AdvantageEstimator, PolicyLoss]:
     """The run's estimator and loss, built (names resolved, options validated) and checked against
     the rules above; a ConfigError (one line naming the fields) otherwise."""
-    from pydantic import ValidationError
-
     from toolrl.algorithms import build_estimator, build_loss
-    from toolrl.config import format_errors
-    from toolrl.plugins.registry import RegistryError
 
     algo = config.algorithm
-    parts = []
-    for field, build in (("advantage", build_estimator), ("loss", build_loss)):
-        try:
-            parts.append(build(algo))
-        except RegistryError as exc:
-            raise ConfigError(f"algorithm.{field}: {exc}") from None
-        except ValidationError as exc:
-            raise ConfigError(format_errors(exc, f"algorithm.{field}_options")) from None
+    parts = [build_estimator(algo), build_loss(algo)]
     estimator, loss = parts
     pair = f"algorithm.advantage={algo.advantage} with algorithm.loss={algo.loss}"
     if loss.sequence_level and not estimator.outcome:

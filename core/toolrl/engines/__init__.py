@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
 
@@ -66,6 +68,12 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
     return None
 
 
+class EngineOptions(BaseModel):
+    """The options of an engine that declares none: passed through for its ``create`` to check."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 class BucketStager:
     """The buckets of one weight update, held until the last one arrives: loading each bucket as it
     comes would let the decode steps in between run on half-updated weights. Holds one copy of the
@@ -88,10 +96,19 @@ class RolloutEngine(ABC):
     # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
     weight_version: int = 0
 
+    # The engine's options (``engine:`` besides ``name``, with the model's device and dtype); an engine
+    # that declares its own model has them checked, field by field, before anything loads.
+    Options: ClassVar[type[BaseModel]] = EngineOptions
+
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> RolloutEngine:
+        """The build contract (:mod:`toolrl.plugins.parts`): the engine on ``context.inputs["source"]``."""
+        return cls.create(context.input("source"), options.model_dump())
+
     @classmethod
     @abstractmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> RolloutEngine:
-        """Build the engine from a model source and the ``engine:`` config mapping."""
+        """Build the engine from a model source and its validated options (as a mapping)."""
 
     @abstractmethod
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,

@@ -33,20 +33,17 @@ def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequen
     return None
 
 
-def build_engine(config: Config, engine_cls: Any, path: str, tokenizer: Any, module: Any = None) -> Any:
-    """The configured engine on the model in ``path`` (``module``: a live model to share, in process).
-    An engine that rejects its options with a pydantic error names ``engine.options``."""
-    from pydantic import ValidationError
-
+def build_engine(config: Config, path: str, tokenizer: Any, module: Any = None) -> Any:
+    """The configured engine on the model in ``path`` (``module``: a live model to share, in process);
+    its options (``engine:``, with the model's device and dtype) checked against the engine's
+    ``Options``: a bad one is a one-line error naming ``engine.options``."""
     from toolrl import model_sources
-    from toolrl.config import format_errors
     from toolrl.engines import ModelSource
+    from toolrl.plugins.parts import BuildContext, build_part
 
-    try:
-        return engine_cls.create(
-            ModelSource(path=path, module=module, tokenizer=tokenizer),
-            {"max_batch_size": config.engine.max_batch_size, "device": model_sources.resolve_device(config.model.device),
-             "dtype": config.model.dtype, **config.engine.options},
-        )
-    except ValidationError as exc:
-        raise ConfigError(f"engine.options: {format_errors(exc)}") from None
+    options = {"max_batch_size": config.engine.max_batch_size,
+               "device": model_sources.resolve_device(config.model.device), "dtype": config.model.dtype,
+               **config.engine.options}
+    source = ModelSource(path=path, module=module, tokenizer=tokenizer)
+    return build_part("rollout_engines", config.engine.name, options,
+                      BuildContext("engine.name", "engine.options", config, {"source": source}))

@@ -200,6 +200,7 @@ class _Batch:
 
 class TransformersEngine(RolloutEngine):
     name = "transformers"
+    Options = TransformersEngineConfig
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:

@@ -201,9 +201,17 @@ class Registry:
             raise RegistryError(self._conflict_message(kind, name))
         part = self._parts[kind].get(name) or self._parts[kind].get(self._aliases[kind].get(name, ""))
         if part is None:
-            choices = ", ".join(self.names(kind)) or "none installed"
-            raise RegistryError(f"unknown {KIND_WORDS[kind]} {name!r} (available: {choices})")
+            raise RegistryError(f"unknown {KIND_WORDS[kind]} {name!r}{self._suggestion(kind, name)}")
         return part
+
+    def _suggestion(self, kind: str, name: str) -> str:
+        """" (did you mean 'x'? available: ...)": the closest registered names or aliases first."""
+        import difflib
+
+        names = self.names(kind)
+        close = difflib.get_close_matches(name, [*names, *self._aliases[kind]], n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f" ({hint}available: {', '.join(names) or 'none installed'})"
 
     def load(self, kind: str, name: str) -> Any:
         part = self.get(kind, name)

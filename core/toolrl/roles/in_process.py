@@ -96,7 +96,7 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
-        engine = build_engine(config, parts.engine_cls, path, tokenizer, module)
+        engine = build_engine(config, path, tokenizer, module)
     except BaseException:
         for tool in tools:
             await tool.close()

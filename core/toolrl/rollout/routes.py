@@ -13,6 +13,7 @@ from typing import Any
 from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, resolve_path
 from toolrl.data import origin_of
 from toolrl.environments import ConfiguredEnv, Environment, configured_envs
+from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.rollout import Route
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
@@ -77,33 +78,19 @@ async def build_route_tools(files: Sequence[ToolsFile]) -> dict[str, Tool]:
 
 def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[str, float, Any]]:
     """``reward.functions`` when set, else ``env``'s rewards."""
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
-
     explicit = config.reward.functions is not None
     terms = config.reward.functions if explicit else (env.rewards if env is not None else [])
     out = []
     for i, term in enumerate(terms or []):
         where = f"reward.functions.{i}" if explicit else f"environment {env.name!r} reward {term.name!r}"  # type: ignore[union-attr]
-        try:
-            cls = get_plugins().load_part("reward_functions", term.name)
-            out.append((term.name, term.weight, cls(**term.options)))
-        except (RegistryError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+        context = BuildContext(where, f"{where}.options" if explicit else where, config)
+        out.append((term.name, term.weight, build_part("reward_functions", term.name, term.options, context)))
     return out
 
 
 def build_parser(config: Config, env: Environment | None = None) -> Any:
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
-
     name, options = parser_spec(config, env)
-    try:
-        return get_plugins().load_part("tool_parsers", name)(**options)
-    except RegistryError as exc:
-        raise ConfigError(f"rollout.parser: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"rollout.parser_options: {exc}") from None
+    return build_part("tool_parsers", name, options, BuildContext("rollout.parser", "rollout.parser_options", config))
 
 
 @dataclass(frozen=True)
@@ -134,13 +121,7 @@ class Parts:
 def resolve_parts(config: Config) -> Parts:
     """The engine class and every environment, parser, reward and tool config, resolved by name and
     checked: a typo fails here, before anything loads."""
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
-
-    try:
-        engine_cls = get_plugins().load_part("rollout_engines", config.engine.name)
-    except RegistryError as exc:
-        raise ConfigError(f"engine.name: {exc}") from None
+    engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
     if config.model.chat_format is not None:
         from toolrl.rollout.families import family_named
 

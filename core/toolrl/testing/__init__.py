@@ -89,6 +89,7 @@ from typing import TYPE_CHECKING, Any
 # in every pytest run) costs nothing until a test uses the kit.
 _EXPORTS = {
     "ToolConformance": "conformance",
+    "check_build_contract": "contract",
     **dict.fromkeys(
         (
             "LIFECYCLE",
@@ -130,6 +131,7 @@ __all__ = [
     "LifecycleRun",
     "ToolConformance",
     "build_tool",
+    "check_build_contract",
     "check_calc_reward",
     "check_cancellation",
     "check_concurrency",
@@ -167,6 +169,7 @@ if TYPE_CHECKING:
         derive_invalid_arguments,
     )
     from toolrl.testing.conformance import ToolConformance
+    from toolrl.testing.contract import check_build_contract
     from toolrl.testing.lifecycle import (
         LIFECYCLE,
         CallRecorder,

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.config import format_errors
 from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_parts
@@ -39,6 +39,12 @@ from toolrl.tools.shared import SharedResources as SharedResources  # re-exporte
 # Keys every tool config may carry, handled here rather than by the tool's config model.
 BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
 Isolation = Literal["none", "process"]
+
+
+class ToolOptions(BaseModel):
+    """A tool config as given; the tool's own ``config_model`` checks it (see :class:`Tool`)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class ToolConfigError(ValueError):
@@ -165,6 +171,16 @@ class Tool:
         self.name = self.tool_schema.function.name
         self._instances: dict[str, dict[str, Any]] = {}
         self._validator: Any = None
+
+    # The build contract (toolrl.plugins.parts): a tool's config passes whole to the tool, which checks
+    # it against its ``config_model`` field by field.
+    Options: ClassVar[type[BaseModel]] = ToolOptions
+
+    @classmethod
+    async def build(cls, options: BaseModel, context: Any) -> list[Tool]:
+        """The tools one config entry stands for (:meth:`from_config`), from its config (``options``),
+        its ``tool_schema`` and the whole entry (``section``) in ``context.inputs``."""
+        return await cls.from_config(options.model_dump(), context.input("tool_schema"), context.input("section"))
 
     @classmethod
     async def from_config(

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from toolrl.config import ConfigError, format_errors, read_yaml
+from toolrl.plugins.parts import BuildContext
 from toolrl.tools import Tool, ToolConfigError
 
 
@@ -93,27 +94,27 @@ def parse_tools_config(data: Mapping[str, Any], base_dir: Path | None = None) ->
 
 
 def resolve_tool_class(class_name: str) -> type[Tool]:
+    """The tool class a config entry names: a registered name or alias (verl's class paths are aliases
+    of the tools that replace them), else an importable ``package.module.Class``."""
+    from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError, check_part
+    from toolrl.plugins.parts import lookup_part
+    from toolrl.plugins.registry import check_part
 
-    registry = get_plugins().registry
-    if registry.has("tools", class_name):
-        return registry.load("tools", class_name)
-    if "." in class_name:
-        module_name, _, attr = class_name.rpartition(".")
+    if get_plugins().registry.has("tools", class_name) or "." not in class_name:
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({exc})") from None
-        problem = check_part("tools", cls)
-        if problem:
-            raise ToolConfigError(f"tools[].class_name {class_name!r} {problem}")
-        return cls
+            return lookup_part("tools", class_name, "tools[].class_name")
+        except ConfigError as exc:
+            raise ToolConfigError(str(exc)) from None
+    module_name, _, attr = class_name.rpartition(".")
     try:
-        registry.get("tools", class_name)
-    except RegistryError as exc:
-        raise ToolConfigError(f"tools[].class_name: {exc}") from None
-    raise AssertionError("unreachable")
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({exc})") from None
+    problem = check_part("tools", cls)
+    if problem:
+        raise ToolConfigError(f"tools[].class_name {class_name!r} {problem}")
+    return cls
 
 
 async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[Tool]:
@@ -125,7 +126,10 @@ async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[To
         from toolrl.tools.isolation import ProcessTool
 
         return [await ProcessTool.start(cls, config, entry.tool_schema)]
-    return await cls.from_config(config, entry.tool_schema, ToolSection(entry.model_dump(exclude_none=True), base_dir))
+    section = ToolSection(entry.model_dump(exclude_none=True), base_dir)
+    return await cls.build(cls.Options.model_validate(config), BuildContext(
+        f"tools[].class_name {entry.class_name!r}", "tools[].config", inputs={"tool_schema": entry.tool_schema,
+                                                                               "section": section}))
 
 
 async def build_tools(tools_file: ToolsFile) -> dict[str, Tool]:

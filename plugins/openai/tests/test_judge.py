@@ -104,6 +104,13 @@ class JudgeServer:
         self._sock.close()
 
 
+def built_judge(**options: Any) -> Any:
+    """The judge as a run builds it (toolrl.plugins.parts.build_part): its options checked first."""
+    from toolrl.plugins.parts import BuildContext, build_part
+
+    return build_part("reward_functions", "judge", options, BuildContext(""))
+
+
 def _chat_answer(text: str) -> dict[str, Any]:
     return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "judge",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
@@ -172,11 +179,10 @@ def test_judgements_overlap_the_rollout_loop_and_each_other(tmp_path: Path) -> N
 
 async def test_concurrency_caps_judgements_in_flight() -> None:
     from toolrl.schemas import Sample
-    from toolrl_openai.judge import JudgeReward
 
     server = JudgeServer("gate", gate=3, hold_s=5.0)
     try:
-        judge = JudgeReward(base_url=server.url, model="judge", concurrency=3, retries=0)
+        judge = built_judge(base_url=server.url, model="judge", concurrency=3, retries=0)
         sample = Sample(prompt=[{"role": "user", "content": "What is 2+3?"}], ground_truth="5")
         scores = await asyncio.gather(*(judge(f"It is {k}.", "5", sample=sample) for k in range(9)))
     finally:
@@ -186,11 +192,11 @@ async def test_concurrency_caps_judgements_in_flight() -> None:
 
 @pytest.mark.parametrize(("mode", "last"), [("broken", "answered 500"), ("not_json", "malformed answer (JSONDecodeError")])
 async def test_a_judge_answering_errors_raises_one_line_after_its_retries(mode: str, last: str) -> None:
-    from toolrl_openai.judge import JudgeError, JudgeReward
+    from toolrl_openai.judge import JudgeError
 
     server = JudgeServer(mode)
     try:
-        judge = JudgeReward(base_url=server.url, model="judge", retries=2, retry_backoff_s=0.0)
+        judge = built_judge(base_url=server.url, model="judge", retries=2, retry_backoff_s=0.0)
         with pytest.raises(JudgeError, match=rf"^judge judge at http\S+: no verdict after 3 tries; last: {re.escape(last)}"):
             await judge("5", "5")
     finally:
@@ -199,10 +205,10 @@ async def test_a_judge_answering_errors_raises_one_line_after_its_retries(mode: 
 
 
 def test_verdict_parsers_and_option_errors() -> None:
-    from toolrl_openai.judge import JudgeReward, VerdictError
+    from toolrl_openai.judge import VerdictError
 
     def verdict(**options: Any) -> Any:
-        return JudgeReward(base_url="http://127.0.0.1:1/v1", model="m", verdict=options).options.verdict
+        return built_judge(base_url="http://127.0.0.1:1/v1", model="m", verdict=options).options.verdict
 
     ten = verdict(type="tag", tag="grade", min=1, max=10)
     assert ten.parse("<grade>1</grade> no: <grade> 7 </grade>") == pytest.approx(6 / 9)
@@ -218,7 +224,7 @@ def test_verdict_parsers_and_option_errors() -> None:
                              ({"verdict": {"type": "regex", "pattern": "no group"}}, "verdict.regex.pattern: "),
                              ({"retries": -1}, "retries: "), ({"modle": "x"}, "modle: unknown key")]:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}") as caught:
-            JudgeReward(**{"base_url": "http://127.0.0.1:1/v1", "model": "m", **options})
+            built_judge(**{"base_url": "http://127.0.0.1:1/v1", "model": "m", **options})
         assert "\n" not in str(caught.value)
 
 

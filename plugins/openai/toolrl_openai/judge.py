@@ -21,7 +21,7 @@ import re
 import string
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PLACEHOLDERS = ("question", "response", "ground_truth", "conversation", "full_response")
 
@@ -176,15 +176,16 @@ class JudgeReward:
     """``reward: {functions: [{name: judge, options: {base_url, model, ...}}]}``: a model's grade."""
 
     name = "judge"
+    Options = JudgeOptions
 
-    def __init__(self, **options: Any) -> None:
-        from toolrl.config import format_errors
-
-        try:
-            self.options = JudgeOptions.model_validate(options)
-        except ValidationError as exc:
-            raise ValueError(format_errors(exc)) from None
+    def __init__(self, options: JudgeOptions) -> None:
+        self.options = options
         self._state: tuple[Any, Any, asyncio.Semaphore] | None = None  # (loop, client, limit)
+
+    @classmethod
+    def build(cls, options: JudgeOptions, context: Any) -> JudgeReward:
+        """The build contract (toolrl.plugins.parts): options checked against :class:`JudgeOptions`."""
+        return cls(options)
 
     async def __call__(self, response: str, ground_truth: Any, **info: Any) -> float:
         fields = render_fields(response, ground_truth, info)

@@ -108,7 +108,7 @@ def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conve
     parts = resolve_parts(config)
     path = model_path(config)
     tokenizer = model_sources.load_tokenizer(path)
-    engine = build_engine(config, parts.engine_cls, path, tokenizer)
+    engine = build_engine(config, path, tokenizer)
     conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
                                   on_close=engine.end_session)
     return Service(engine, tokenizer, parts.parser, model_name or config.model.source, conversations,

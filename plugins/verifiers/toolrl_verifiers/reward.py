@@ -33,10 +33,11 @@ class VerifiersRubric:
 
     def __init__(self, module: str, args: dict[str, Any] | None = None, parser: str = "hermes",
                  parser_options: dict[str, Any] | None = None) -> None:
-        from toolrl.plugins import get_plugins
+        from toolrl.plugins.parts import BuildContext, build_part
 
         self.loaded = load(VerifiersOptions(module=module, args=args or {}))
-        self.parser = get_plugins().load_part("tool_parsers", parser)(**(parser_options or {}))
+        self.parser = build_part("tool_parsers", parser, parser_options,
+                                 BuildContext("reward verifiers: parser", "reward verifiers: parser_options"))
 
     async def __call__(self, response: str, ground_truth: Any, **info: Any) -> dict[str, float]:
         sample = info["sample"]

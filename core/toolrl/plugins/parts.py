@@ -1,0 +1,103 @@
+"""One way to build a part of any kind: :func:`build_part` (and :func:`lookup_part`, the one lookup).
+
+The contract every kind follows: a registered part (a class, or an instance such as an environment)
+has an ``Options`` pydantic model and ``build(options, context)``. Each kind's base class gives both
+defaults (a part that takes no options needs neither); a part with neither (a reward function is any
+class whose instances are callable) takes the options its constructor names and is built by calling
+it with them. :func:`build_part` looks the name up, validates the options and builds, and every
+failure on the way is one :class:`~toolrl.config.ConfigError` naming the config field: an unknown
+name lists the available ones with a "did you mean", a bad option names its field.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from toolrl.config import ConfigError, format_errors, one_line
+from toolrl.plugins.registry import RegistryError
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a part is built in: the config field that named it (``where``) and the one that holds its
+    options (``options_where``), the run's config when there is one, and what the kind builds from
+    besides options (``inputs``: an engine's model source, an estimator's algorithm section, a tool's
+    config entry...)."""
+
+    where: str
+    options_where: str = ""
+    config: Any = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    def input(self, name: str) -> Any:
+        if name not in self.inputs:
+            raise TypeError(f"{self.where}: building this part needs context.inputs[{name!r}]")
+        return self.inputs[name]
+
+
+def lookup_part(kind: str, name: str, where: str) -> Any:
+    """The registered part ``name`` of ``kind`` (imported on first use); a ConfigError naming ``where``
+    when it is unknown, registered twice or broken."""
+    from toolrl.plugins import get_plugins
+
+    try:
+        return get_plugins().load_part(kind, name)
+    except RegistryError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def options_model(part: Any) -> type[BaseModel]:
+    """The part's ``Options``, or for a class without one, a model of its constructor's keyword
+    parameters (``**kwargs`` lets unknown keys through; none at all: no options)."""
+    declared = getattr(part, "Options", None)
+    if isinstance(declared, type) and issubclass(declared, BaseModel):
+        return declared
+    if not isinstance(part, type):
+        return _NoOptions
+    return _signature_options(part)
+
+
+class _NoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _signature_options(cls: type) -> type[BaseModel]:
+    try:  # string annotations (``from __future__ import annotations``) resolved where they can be
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:
+        hints = {}
+    fields: dict[str, Any] = {}
+    extra = "forbid"
+    for p in list(inspect.signature(cls).parameters.values()):
+        if p.kind is p.VAR_KEYWORD:
+            extra = "allow"
+        elif p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD):
+            fields[p.name] = (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
+    config = ConfigDict(extra=extra, arbitrary_types_allowed=True)  # type: ignore[typeddict-item]
+    return create_model(f"{cls.__name__}Options", __config__=config, **fields)
+
+
+def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context: BuildContext) -> Any:
+    """The part ``name`` of ``kind`` built with ``options``: looked up, options validated against its
+    ``Options``, then ``build(options, context)`` (or the constructor). What a part's ``build`` returns
+    is the kind's to define (tools build asynchronously: an awaitable)."""
+    part = lookup_part(kind, name, context.where)
+    where = context.options_where or context.where
+    try:
+        validated = options_model(part).model_validate(dict(options or {}))
+        build = getattr(part, "build", None)
+        if callable(build):
+            return build(validated, context)
+        return part(**validated.model_dump(exclude_unset=True))
+    except ValidationError as exc:  # the options model's, or a part's that checks its options in build
+        raise ConfigError(format_errors(exc, where)) from None
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # a constructor refusing its options says which part it is
+        raise ConfigError(f"{where}: {one_line(str(exc))}") from None
