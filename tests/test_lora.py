@@ -51,7 +51,6 @@ def test_only_adapters_are_trainable(tiny_qwen3_path):
     assert all("lora_" in n for n in names), names
     assert len(lora.trainable_parameters(model)) == len(names)
     assert list(lora.trainable_state_dict(model)) == names
-    assert lora.checkpoint_state_dict(model).keys() == set(names)
     everything = lora.apply_lora(load_model(tiny_qwen3_path), LoraConfig())  # all-linear
     kinds = {n.split(".")[-1] for n in lora.lora_layers(everything)}
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

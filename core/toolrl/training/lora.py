@@ -137,20 +137,6 @@ def save_adapter(model: Any, directory: str | os.PathLike[str], base_model: str 
     return out
 
 
-def checkpoint_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """What a checkpoint keeps: the adapters under LoRA (the base comes from ``model.source``
-    again), else the whole state dict."""
-    return trainable_state_dict(model) if has_lora(model) else model.state_dict()
-
-
-def load_checkpoint_state_dict(model: Any, state: Mapping[str, Any]) -> None:
-    """Load what :func:`checkpoint_state_dict` returned into a model built the same way."""
-    if has_lora(model):
-        load_trainable_state_dict(model, state)
-    else:
-        model.load_state_dict(dict(state))
-
-
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor: an FSDP2-sharded ``DTensor`` is gathered (a collective over its mesh)."""
     from torch.distributed.tensor import DTensor
