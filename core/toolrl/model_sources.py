@@ -561,12 +561,32 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     if source == "gemma3-270m":
         return gemma3_270m()
     path = _under(base_dir, source)
-    if path.is_dir():
-        return str(path)
+    try:
+        if path.is_dir():
+            return _checked_model_dir(path)
+    except OSError as exc:  # a name past the file system's limit, a directory it may not read
+        raise ConfigError(f"model.source: {source[:80]!r}{'...' if len(source) > 80 else ''}: "
+                          f"{exc.strerror or exc}") from None
     if not _HUB_ID.fullmatch(source):
         raise ConfigError(f"model.source: {source!r} is not a built-in model ({', '.join(BUILTIN_SOURCES)}), "
                           f"not a directory (no {path}) and not a Hub id org/name")
     return _from_hub(model, base_dir, f"no directory {path}")
+
+
+def _checked_model_dir(path: Path) -> str:
+    """``path``, once its ``config.json`` (when it has one) is a JSON object: a damaged one would
+    otherwise fail deep inside transformers, after the run directory was written."""
+    from toolrl.config import ConfigError, read_text
+
+    config = path / "config.json"
+    if config.exists():
+        try:
+            value = json.loads(read_text(config))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"model.source: {config}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"model.source: {config}: a model config must be a JSON object")
+    return str(path)
 
 
 def _under(base_dir: str | os.PathLike[str], path: str) -> Path:

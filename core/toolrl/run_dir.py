@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from toolrl.config import Config, ConfigError, read_text
+from toolrl.config import Config, ConfigError, one_line, read_text
 from toolrl.trajectory import Trajectory
 
 Mode = Literal["new", "resume", "overwrite"]
@@ -119,7 +119,9 @@ class RunDir:
             raise ConfigError(f"{self.field}: cannot write {existing}: permission denied")
         if self.mode == "resume":
             read_metrics(self.metrics)  # a damaged file fails now, before the model loads
-            self.latest_checkpoint()
+            checkpoint = self.latest_checkpoint()
+            read_meta(checkpoint)
+            controller_state(checkpoint)
         elif self.mode == "new" and (earlier := self.earlier_run()):
             hint = ("pass --resume to continue it or --overwrite to replace it" if self.resumable
                     else "pass --overwrite to replace it")
@@ -368,12 +370,34 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    return json.loads((path / META).read_text())
+    """A checkpoint's ``meta.json``; a damaged one is a ConfigError naming it."""
+    file = path / META
+    try:
+        meta = json.loads(read_text(file))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--resume: {file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or isinstance(meta["step"], bool):
+        raise ConfigError(f"--resume: {file}: not a checkpoint's meta (an object with an integer step)")
+    return meta
+
+
+def controller_state(path: Path) -> dict[str, Any]:
+    """The controller's RNG states saved with a checkpoint; a damaged file is a ConfigError naming it."""
+    import torch
+
+    file = path / "controller.pt"
+    try:
+        state = torch.load(file, weights_only=False)
+        if not isinstance(state, dict) or not {"python_rng", "torch_rng"} <= state.keys():
+            raise ValueError("not the controller's RNG states")
+    except Exception as exc:  # unpickling garbage raises anything
+        raise ConfigError(f"--resume: {file}: cannot be read ({one_line(str(exc))[:200]})") from None
+    return state
 
 
 def restore_controller(path: Path) -> None:
     import torch
 
-    state = torch.load(path / "controller.pt", weights_only=False)
+    state = controller_state(path)
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])

@@ -5,10 +5,26 @@ is a random model for tests and demos, built on the CPU at first use."""
 
 from __future__ import annotations
 
+import os
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Seeds go to torch, numpy and the engines; all of them take 32-bit seeds.
 MAX_SEED = 2**32 - 1
+
+
+# The Qwen tokenizers' vocabulary: the embedding rows of every tiny model.
+QWEN_VOCAB = 151_936
+
+
+def max_tiny_parameters() -> int:
+    """The largest model tiny settings may describe here: its random float32 weights are built in
+    memory and written out, so twice their size must fit in this machine's memory."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf: assume a small machine
+        memory = 8 * 2**30
+    return memory // 8
 
 
 class TinyQwen3Settings(BaseModel):
@@ -31,6 +47,22 @@ class TinyQwen3Settings(BaseModel):
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
         return self
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> TinyQwen3Settings:
+        # Each field within its bound can still multiply into a model no machine allocates: a run that
+        # would fail in torch's allocator fails here, in one line.
+        if (n := self.parameter_count()) > (most := max_tiny_parameters()):
+            raise ValueError(f"these settings make a model of about {n / 1e6:,.0f}M parameters, more than this "
+                             f"machine's memory builds ({most / 1e6:,.0f}M)")
+        return self
+
+    def parameter_count(self) -> int:
+        """About how many parameters the model has (the Qwen vocabulary's embeddings included)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        layer = attention + 3 * h * self.intermediate_size
+        return QWEN_VOCAB * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer
 
 
 class TinyQwen2_5VLSettings(TinyQwen3Settings):

@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config
+from toolrl.config import Config, ConfigError, one_line
 from toolrl.trajectory import Trajectory
 
 
@@ -196,12 +196,20 @@ class TrainerRank:
         """Load a checkpoint written by any number of ranks (DCP reshards to this world size)."""
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         state = self._state()
-        dcp.load(state, checkpoint_id=directory, no_dist=self.world_size == 1)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        try:  # a truncated shard, or a checkpoint of a model of another shape
+            dcp.load(state, checkpoint_id=directory, no_dist=self.world_size == 1)
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"],
+                           options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        except (Exception, CheckpointException) as exc:  # DCP's exception is no Exception subclass
+            # DCP's message holds each rank's traceback: say what went wrong on the first, in one line.
+            cause = next(iter(exc.failures.values()))[0] if isinstance(exc, CheckpointException) else exc
+            raise ConfigError(f"--resume: {directory}: the trainer's state cannot be loaded into this model "
+                              f"({type(cause).__name__}: {one_line(str(cause))[:300]})") from None
         if self.critic is not None:
             self.critic.load(state)
         rng = Path(directory) / f"rng_rank{self.rank}.pt"

@@ -19,7 +19,9 @@ entry was written in, so the tool can resolve paths in its own block relative to
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -99,7 +101,7 @@ def resolve_tool_class(class_name: str) -> type[Tool]:
     from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
     from toolrl.plugins.parts import lookup_part
-    from toolrl.plugins.registry import check_part
+    from toolrl.plugins.registry import check_part, describe_exception
 
     if get_plugins().registry.has("tools", class_name) or "." not in class_name:
         try:
@@ -108,9 +110,13 @@ def resolve_tool_class(class_name: str) -> type[Tool]:
             raise ToolConfigError(str(exc)) from None
     module_name, _, attr = class_name.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({exc})") from None
+        # What the module prints at import is no output of ours; exiting at import is a failed import.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cls = getattr(importlib.import_module(module_name), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit from a module calling sys.exit() at import too
+        raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({describe_exception(exc)})") from None
     problem = check_part("tools", cls)
     if problem:
         raise ToolConfigError(f"tools[].class_name {class_name!r} {problem}")
