@@ -142,7 +142,7 @@ def resolve_parts(config: Config) -> Parts:
     except RegistryError as exc:
         raise ConfigError(f"engine.name: {exc}") from None
     if config.model.chat_format is not None:
-        from toolrl.rollout.families import family_named
+        from toolrl.families import family_named
 
         family_named(config.model.chat_format)
     envs = configured_envs(config)
