@@ -1,6 +1,7 @@
 """Day-0 support for a model without a core release: a separate distribution (tests/dists/tick: the
 made-up Tick family, with its own call format, chat template, training twin and parser), installed
-with pip into a throwaway venv, trains a step on the tiny model carrying Tick's template."""
+with pip into a throwaway venv, trains a step on the tiny model carrying Tick's template. And broken
+family registrations: each reported against its plugin, none fatal to the other families."""
 
 import json
 import os
@@ -9,7 +10,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _dists import make_wheel, venv_over_this_one
+import toolrl.plugins
+from _dists import make_dist, make_wheel, venv_over_this_one
+from toolrl.families import FamilyError, detect_family, family_named
+from toolrl.plugins import Plugins
+from toolrl.rollout.families import renderer_factory
+from toolrl.templates import trl_template
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = ROOT / "tests" / "dists" / "tick" / "toolrl_tick"
@@ -74,3 +80,47 @@ def test_a_step_trains_with_the_installed_family(tick_venv, tmp_path):
         assert prompt.startswith("<|quad_start|>system\n") and "CALL <name> <JSON arguments>" in prompt
         assert "<|quad_start|>assistant\n<think>one and one</think>2<|quad_end|>" in prompt
         assert prompt.endswith("<|quad_start|>assistant\n")
+
+
+BROKEN = '''
+from toolrl import hookimpl
+from toolrl.families import Detection, ModelFamily
+
+BOX = ModelFamily(name="box", parser="hermes", end_of_turn="<|box_end|>", detection=Detection(markers=("<|box_start|>",)))
+
+@hookimpl
+def register_model_families(register):
+    register(BOX)
+    # Each of these is wrong; each is reported against this plugin and the others stay usable.
+    register(BOX.model_copy(update={"name": "orphan", "parser": "no_such_parser",
+                                    "detection": Detection(markers=("<|box_start|>",), priority=99)}))
+    register("broken_families:BOX", name="renamed")
+    register("broken_families:hookimpl", name="not_a_family")
+    register(BOX.model_copy(update={"name": "drawn", "renderer": "broken_families:BOX",
+                                    "detection": Detection(markers=("<|box_start|>", "draw"), priority=50)}))
+'''
+
+
+def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path, monkeypatch):
+    make_dist(tmp_path, "toolrl-plugin-broken-families", "broken", "broken_families", BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={"TOOLRL_STRICT_PLUGINS": ""})
+    monkeypatch.setattr(toolrl.plugins, "_plugins", plugins)
+    assert "not a toolrl.families.ModelFamily instance" in plugins.info["broken"].error  # at registration
+    assert detect_family("<|box_start|>hi").name == "box"  # not orphan, whose parser is missing
+    assert detect_family(trl_template("qwen3.jinja")).name == "qwen3"
+    with pytest.raises(FamilyError, match=r"^model.chat_format: model family 'orphan' \(plugin 'broken'\) names "
+                                          r"tool parser 'no_such_parser', which no plugin registers$"):
+        family_named("orphan")
+    with pytest.raises(FamilyError, match=r"^model.chat_format: model family 'renamed' \(plugin 'broken'\) is "
+                                          r"registered as 'renamed' but named 'box'$"):
+        family_named("renamed")
+    with pytest.raises(FamilyError, match=r"^model.chat_format: unknown model family 'nope' \(available: box, "):
+        family_named("nope")
+    info = plugins.info["broken"]
+    assert info.status == "error" and "'orphan'" in info.error and "'renamed'" in info.error
+    # A renderer reference is resolved when a run uses the family.
+    assert detect_family("<|box_start|>draw").name == "drawn"
+    with pytest.raises(FamilyError, match=r"^model family 'drawn' \(plugin 'broken'\): renderer 'broken_families:BOX' "
+                                          r"is not a toolrl.rollout.chat.ChatRenderer subclass$"):
+        renderer_factory(None, "drawn")

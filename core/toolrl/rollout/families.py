@@ -61,5 +61,5 @@ def renderer_class(family: ModelFamily | None) -> type[ChatRenderer]:
     except Exception as exc:  # the plugin's code: its error becomes the family's, one line
         raise FamilyError(f"{where} does not import: {describe_exception(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, ChatRenderer)):
-        raise FamilyError(f"{where} is {cls!r}, not a toolrl.rollout.chat.ChatRenderer subclass")
+        raise FamilyError(f"{where} is not a toolrl.rollout.chat.ChatRenderer subclass")
     return cls
