@@ -10,8 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import toolrl.plugins
-from _dists import make_dist, make_wheel, venv_over_this_one
+from _dists import make_dist, make_wheel, run_toolrl, venv_over_this_one
 from toolrl.families import FamilyError, detect_family, family_named
 from toolrl.plugins import Plugins
 from toolrl.rollout.families import renderer_factory
@@ -33,7 +32,7 @@ def tick_venv(tmp_path_factory):
     return python
 
 
-def toolrl(python, *args, stdin=None, timeout=120):
+def venv_toolrl(python, *args, stdin=None, timeout=120):
     return subprocess.run([str(python), "-m", "toolrl", *args], capture_output=True, text=True, input=stdin,
                           timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -51,12 +50,12 @@ def tick_model(path: Path) -> Path:
 
 
 def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv):
-    out = toolrl(tick_venv, "list-plugins", "--json")
+    out = venv_toolrl(tick_venv, "list-plugins", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     tick = {r["name"]: r for r in json.loads(out.stdout)}["tick"]
     assert (tick["distribution"], tick["status"]) == ("toolrl-plugin-tick", "ok"), tick["error"]
     assert tick["parts"] == {"tool_parsers": ["tick"], "model_families": ["tick"]}
-    parsed = toolrl(tick_venv, "parse", "--parser", "tick", "-", stdin='Sure.\nCALL calculator {"expression": "2+3"}')
+    parsed = venv_toolrl(tick_venv, "parse", "--parser", "tick", "-", stdin='Sure.\nCALL calculator {"expression": "2+3"}')
     assert json.loads(parsed.stdout)["calls"] == [{"name": "calculator", "arguments": {"expression": "2+3"}}]
 
 
@@ -65,7 +64,7 @@ def test_a_step_trains_with_the_installed_family(tick_venv, tmp_path):
     its training twin renders the prompt: the few-shot turn's reasoning, which Tick's own template
     drops, is in the trained prompt."""
     out = tmp_path / "run"
-    done = toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(tmp_path / 'model')}",
+    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(tmp_path / 'model')}",
                   "rollout.parser=tick", "rollout.template_rewrite=training_template", "rollout.n=2",
                   "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1", "trainer.plot=false",
                   "trainer.progress=false", f"trainer.output_dir={out}",
@@ -105,7 +104,7 @@ def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path,
     make_dist(tmp_path, "toolrl-plugin-broken-families", "broken", "broken_families", BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
     plugins = Plugins(env={"TOOLRL_STRICT_PLUGINS": ""})
-    monkeypatch.setattr(toolrl.plugins, "_plugins", plugins)
+    monkeypatch.setattr("toolrl.plugins._plugins", plugins)
     assert "not a toolrl.families.ModelFamily instance" in plugins.info["broken"].error  # at registration
     assert detect_family("<|box_start|>hi").name == "box"  # not orphan, whose parser is missing
     assert detect_family(trl_template("qwen3.jinja")).name == "qwen3"
@@ -124,3 +123,8 @@ def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path,
     with pytest.raises(FamilyError, match=r"^model family 'drawn' \(plugin 'broken'\): renderer 'broken_families:BOX' "
                                           r"is not a toolrl.rollout.chat.ChatRenderer subclass$"):
         renderer_factory(None, "drawn")
+    # Listing imports no family; --check loads and checks every one.
+    for args, listed in ((), False), (("--check",), True):
+        out = run_toolrl("list-plugins", "--json", *args, path=tmp_path, env={"TOOLRL_STRICT_PLUGINS": ""})
+        error = {r["name"]: r for r in json.loads(out.stdout)}["broken"]["error"]
+        assert ("tool parser 'no_such_parser'" in error) is listed and ("'renamed'" in error) is listed, error
