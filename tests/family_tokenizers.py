@@ -7,8 +7,9 @@ import copy
 from functools import cache
 from typing import Any
 
+from toolrl.families import family_named
 from toolrl.model_sources import qwen_tokenizer_path
-from toolrl.rollout.families import BY_NAME, trl_template
+from toolrl.templates import trl_template
 
 BOS = {"llama3": "<|begin_of_text|>", "deepseek_v3": "<｜begin▁of▁sentence｜>", "gemma": "<bos>"}
 
@@ -23,10 +24,10 @@ def _qwen_base() -> Any:
 @cache
 def family_tokenizer(name: str, template: str | None = None) -> Any:
     """``template``: a TRL template file (default: the family's first)."""
-    family = BY_NAME[name]
+    family = family_named(name)
     tok = copy.deepcopy(_qwen_base())  # loading takes seconds; every family gets its own copy
     tok.add_tokens([t for t in family.special_tokens if t not in tok.get_vocab()], special_tokens=True)
     if name in BOS:
         tok.bos_token = BOS[name]
-    tok.chat_template = trl_template(template or family.templates[0])
+    tok.chat_template = trl_template(template) if template else family.detection.templates[0].text()
     return tok

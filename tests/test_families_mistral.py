@@ -10,9 +10,10 @@ import pytest
 from scripted import ScriptedEngine
 from test_families import SAMPLE, Add
 from toolrl.config import RewardConfig, RolloutConfig
+from toolrl.families import tokenizer_family
 from toolrl.parsers.mistral import MistralParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory, tokenizer_family
+from toolrl.rollout.families import renderer_factory
 from toolrl.rollout.mistral import call_id
 
 mistral_common = pytest.importorskip("mistral_common")
@@ -150,7 +151,7 @@ async def test_calls_without_ids_get_generated_ones_and_the_rewrite_forks(tmp_pa
 
 def test_mistral_is_detected_from_a_jinja_template_and_named_by_chat_format():
     from toolrl.config import ModelConfig
-    from toolrl.rollout.families import detect_family
+    from toolrl.families import detect_family
 
     assert detect_family("{{ '[INST]' + m + '[/INST]' }}{{ '[TOOL_CALLS]' }}").name == "mistral"
     assert ModelConfig(chat_format="mistral").chat_format == "mistral"

@@ -101,6 +101,10 @@ def register_policy_losses(register):
     register(PlainPG)
 
 @hookimpl
+def register_model_families(register):
+    register("hooks_family:SHOUTY", name="shouty")
+
+@hookimpl
 def register_commands(cli):
     @cli.command("hello")
     @click.argument("who")
@@ -137,10 +141,22 @@ SAY = Environment(name="say", description="Say a word.", splits={"train": words}
 '''
 
 
+# Turns framed by Qwen's <|box_start|>/<|box_end|> tokens; calls written the way the shout parser reads them.
+FAMILY = """
+from toolrl.families import Detection, ModelFamily, Template
+
+TEMPLATE = ("{% for m in messages %}<|box_start|>{{ m.role }}: {{ m.content }}<|box_end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|box_start|>assistant: {% endif %}")
+SHOUTY = ModelFamily(name="shouty", parser="shout", end_of_turn="<|box_end|>",
+                     detection=Detection(templates=(Template(jinja=TEMPLATE),), markers=("<|box_start|>", "assistant: ")))
+"""
+
+
 def plugin_dir(tmp_path):
     make_dist(tmp_path, "toolrl-plugin-hooks", "hooks", "hooks_plugin", PLUGIN)
     (tmp_path / "hooks_tool.py").write_text(TOOL)
     (tmp_path / "hooks_env.py").write_text(ENV)
+    (tmp_path / "hooks_family.py").write_text(FAMILY)
     return tmp_path
 
 
@@ -223,6 +239,21 @@ def test_hook_register_policy_losses(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
                                                                             os.environ.get("PYTHONPATH", "")])})
     assert out.stdout.strip() == "[[0.5, 1.0]]", out.stderr[-2000:]
+
+
+def test_hook_register_model_families(tmp_path):
+    """The plugin's family is detected from its template (and from its markers), named by
+    model.chat_format, and rendered with its end-of-turn token."""
+    assert listed(tmp_path)["parts"]["model_families"] == ["shouty"]
+    code = ("from hooks_family import TEMPLATE; from toolrl.families import detect_family, family_named; "
+            "from toolrl.model_sources import qwen_tokenizer; from toolrl.rollout.families import renderer_factory; "
+            "tok = qwen_tokenizer(); tok.chat_template = TEMPLATE; "
+            "print(detect_family(TEMPLATE).name, detect_family(TEMPLATE.replace(': ', ':  ')).name, "
+            "family_named('shouty').parser, tok.convert_ids_to_tokens(renderer_factory(tok)([]).eos_id))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
+                                                                            os.environ.get("PYTHONPATH", "")])})
+    assert out.stdout.split() == ["shouty", "shouty", "shout", "<|box_end|>"], out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

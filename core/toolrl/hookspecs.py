@@ -7,7 +7,7 @@ A plugin is a module (or object) registered under the entry-point group ``toolrl
 
 and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts (the ``hermes`` and
 ``tags`` parsers, the built-in rewards, the ``transformers`` engine, the ``jsonl`` logger, the RL
-algorithms' estimators and losses) are plugins registered through
+algorithms' estimators and losses, the model families) are plugins registered through
 exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
 
 The registration hooks receive a ``register`` callback rather than returning values, so every
@@ -23,7 +23,7 @@ object's ``name`` attribute. ``aliases`` are extra names the part answers to (fo
 class path a tool replaces, so verl tool configs load unchanged).
 
 Registered parts are checked (:mod:`toolrl.plugins.registry`): each kind's base class, a callable reward
-class, a tool's schema, an environment's type. An object, or a lazy reference into an already-imported module (the plugin's
+class, a tool's schema, an environment's or model family's type. An object, or a lazy reference into an already-imported module (the plugin's
 own), is checked at registration; other lazy references when first loaded (or by ``toolrl
 list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
 """
@@ -146,6 +146,22 @@ def register_policy_losses(register: Register) -> None:
     ``algorithm.loss_options``; ``algorithm.loss: NAME`` selects one; the built-ins are ``ppo_clip``
     (the default), ``gspo`` and ``cispo``. Which estimator/loss pairs compose:
     :mod:`toolrl.algorithms.rules`.
+    """
+
+
+@hookspec
+def register_model_families(register: Register) -> None:
+    """Register model families: :class:`toolrl.families.ModelFamily` objects (frozen pydantic models).
+
+    A family is what the rollout needs to know about a model's chat template: the tool parser its
+    outputs need (a registered parser name), the token that ends an assistant turn and other stop
+    tokens, its special tokens, how its tokenizers are recognised (tokenizer classes, templates matched
+    byte for byte, from the installed ``trl`` package or inline, else markers, tried in ``priority``
+    order), the history-preserving ``training_template`` and, where the built-in renderer cannot
+    re-render its turns, a lazy reference to a :class:`toolrl.rollout.chat.ChatRenderer` subclass.
+    ``model.chat_format: NAME`` selects one; unset, it is detected from the tokenizer. The built-ins
+    (``qwen3``, ``llama3``, ``mistral``, ...) are registered the same way. Register a lazy reference
+    (``"package.module:FAMILY"``) so that listing plugins imports nothing.
     """
 
 

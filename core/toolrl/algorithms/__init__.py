@@ -21,7 +21,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
+
+from toolrl.plugins.parts import NoOptions
 
 if TYPE_CHECKING:
     import torch
@@ -30,12 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossTerms", "NoOptions", "PolicyLoss",
            "build_estimator", "build_loss"]
-
-
-class NoOptions(BaseModel):
-    """The options of a part that takes none (an unknown key is an error)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ def list_plugins(as_json: bool, check: bool) -> None:
     plugins = get_plugins()
     if check:
         plugins.check()
+        from toolrl.families import registered_families
+
+        registered_families()  # a family naming a parser no plugin registers marks its plugin too
     infos = [i.as_dict() for i in plugins.list()]
     if as_json:
         click.echo(json.dumps(infos, indent=2))

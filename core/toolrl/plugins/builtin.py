@@ -41,6 +41,22 @@ FAMILY_PARSERS = {
 }
 
 
+class FamilyPlugin:
+    """One built-in model family (:mod:`toolrl.families.builtin`), registered by lazy reference."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def register_model_families(self, register: Register) -> None:
+        register(f"toolrl.families.builtin:{self.name.upper()}", name=self.name)
+
+
+# Named family-<name>: a parser plugin may already have the family's name.
+MODEL_FAMILIES = {f"family-{name}": FamilyPlugin(name) for name in (
+    "qwen3_5", "qwen3", "qwen2_5", "chatml", "llama3", "deepseek_v3", "mistral", "gpt_oss", "glm45", "gemma3", "gemma")}
+
+
 class RewardsPlugin:
     @hookimpl
     def register_reward_functions(self, register: Register) -> None:
@@ -81,6 +97,7 @@ BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
     **FAMILY_PARSERS,
+    **MODEL_FAMILIES,
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),

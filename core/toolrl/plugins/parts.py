@@ -59,11 +59,13 @@ def options_model(part: Any) -> type[BaseModel]:
     if isinstance(declared, type) and issubclass(declared, BaseModel):
         return declared
     if not isinstance(part, type):
-        return _NoOptions
+        return NoOptions
     return _signature_options(part)
 
 
-class _NoOptions(BaseModel):
+class NoOptions(BaseModel):
+    """The options of a part that takes none (an unknown key is an error)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

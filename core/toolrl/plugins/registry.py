@@ -2,7 +2,8 @@
 
 Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool,
 rollout engine, logger, advantage estimator or policy loss must be a subclass of its base class, an environment an instance of
-:class:`toolrl.environments.Environment` (validated when built), a reward function a class whose
+:class:`toolrl.environments.Environment` (validated when built), a model family an instance of
+:class:`toolrl.families.ModelFamily`, a reward function a class whose
 instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object
 is checked as soon as it can be had without importing anything: when registered as an object, or as a lazy
 reference into a module that is already imported (typically the plugin's own module). Other lazy
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
-         "advantage_estimators", "policy_losses")
+         "advantage_estimators", "policy_losses", "model_families")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -30,6 +31,7 @@ KIND_WORDS = {
     "loggers": "logger",
     "advantage_estimators": "advantage estimator",
     "policy_losses": "policy loss",
+    "model_families": "model family",
 }
 
 
@@ -43,7 +45,9 @@ KIND_BASES = {
     "loggers": ("toolrl.loggers", "Logger"),
     "advantage_estimators": ("toolrl.algorithms", "AdvantageEstimator"),
     "policy_losses": ("toolrl.algorithms", "PolicyLoss"),
+    "model_families": ("toolrl.families", "ModelFamily"),  # an instance
 }
+INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
@@ -77,7 +81,7 @@ def check_part(kind: str, obj: Any) -> str | None:
     module_name, base_name = KIND_BASES[kind]
     module = sys.modules.get(module_name)
     base = getattr(module, base_name, None) if module is not None else None
-    if kind == "environments":
+    if kind in INSTANCE_KINDS:
         if base is None or not isinstance(obj, base):
             return f"is {obj!r}, which is not a {module_name}.{base_name} instance"
         return None
@@ -218,6 +222,11 @@ class Registry:
         try:
             return part.load()
         except PartError as exc:
-            if self.on_part_error is not None:
-                self.on_part_error(part, str(exc))
+            self.report(part, str(exc))
             raise
+
+    def report(self, part: Part, message: str) -> None:
+        """A part that loaded but cannot be used (a model family naming a parser no plugin registers):
+        its plugin's status says so, as for a part that fails to load."""
+        if self.on_part_error is not None:
+            self.on_part_error(part, message)

@@ -123,7 +123,7 @@ def resolve_parts(config: Config) -> Parts:
     checked: a typo fails here, before anything loads."""
     engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
     if config.model.chat_format is not None:
-        from toolrl.rollout.families import family_named
+        from toolrl.families import family_named
 
         family_named(config.model.chat_format)
     envs = configured_envs(config)

@@ -1,0 +1,165 @@
+"""The model family part kind: what the rollout needs to know about a chat template it did not write.
+
+A family names the tool parser its model's outputs need, the token that ends an assistant turn (the
+stop token, and where a tool-result delta starts), its other stop tokens, how to recognise its chat
+template (byte for byte, else by markers), the history-preserving template ``rollout.template_rewrite:
+training_template`` renders with, and the renderer class when the built-in one cannot render it.
+Families are registered by plugins through ``register_model_families`` (the built-in ones too:
+:mod:`toolrl.families.builtin`) and looked up here through the registry: by ``model.chat_format``, or
+detected from a tokenizer. Templates are read from the tokenizer, the installed ``trl`` package or the
+family itself, never fetched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from toolrl.config import ConfigError
+from toolrl.plugins import get_plugins
+from toolrl.plugins.parts import NoOptions
+from toolrl.plugins.registry import LAZY_REFERENCE, Part, Registry, RegistryError
+from toolrl.templates import trl_template
+
+KIND = "model_families"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class FamilyError(ConfigError):
+    """A family that is not known, or a template that no family matches."""
+
+
+class Template(BaseModel):
+    """A chat template: one of those the installed ``trl`` package ships (``trl``: its file name in
+    ``trl/chat_templates``) or jinja given inline (``jinja``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trl: str | None = Field(None, pattern=r"^[\w.\-]+\.jinja$")
+    jinja: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Template:
+        if (self.trl is None) == (self.jinja is None):
+            raise ValueError("a template is either trl (a file name) or jinja (the template), not both or neither")
+        return self
+
+    def text(self) -> str:
+        return self.jinja if self.jinja is not None else trl_template(self.trl)  # type: ignore[arg-type]
+
+
+class Detection(BaseModel):
+    """How a tokenizer is recognised as the family's when ``model.chat_format`` is unset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokenizer_classes: tuple[str, ...] = Field((), description="tokenizer class names that hold no template "
+                                               "and belong to the family (MistralCommonBackend)")
+    templates: tuple[Template, ...] = Field((), description="the family's templates, matched byte for byte")
+    # Substrings all present in a template of this family that is no copy of one of its templates.
+    markers: tuple[str, ...] = ()
+    # Families are tried highest first (then by name), templates before markers: a family whose
+    # markers include another's must come first (Qwen3.5's XML calls before Qwen3's, before ChatML).
+    priority: int = 0
+
+
+class ModelFamily(BaseModel):
+    """One model family, registered as this object or as a lazy reference ``"package.module:FAMILY"``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    name: str = Field(pattern=NAME_PATTERN, description="what model.chat_format names it by")
+    parser: str = Field(min_length=1, description="the registered tool parser for the family's outputs")
+    end_of_turn: str = Field(min_length=1, description="the token that closes an assistant turn")
+    stop_tokens: tuple[str, ...] = Field((), description="tokens besides end_of_turn that end a generation")
+    special_tokens: tuple[str, ...] = Field((), description="tokens its tokenizers hold besides the vocabulary")
+    detection: Detection = Detection()
+    training_template: Template | None = Field(None, description="the history-preserving twin of its template")
+    renderer: str | None = Field(None, pattern=LAZY_REFERENCE.pattern, description=(
+        "'package.module:Class', a toolrl.rollout.chat.ChatRenderer subclass, for a family whose turns the "
+        "built-in renderer cannot re-render (Mistral's request encoding, gpt-oss's channels); None: built-in"))
+
+    def build(self, options: BaseModel, context: Any = None) -> ModelFamily:
+        """A family is data: built, it is itself."""
+        return self
+
+
+def _load(registry: Registry, part: Part) -> ModelFamily | str:
+    """The family a part holds, or why it cannot be used (a part that does not load or names what is
+    not there; its plugin's status says so too, and the other families stay usable)."""
+    try:
+        family: ModelFamily = registry.load(KIND, part.name)
+    except RegistryError as exc:
+        return str(exc)
+    problem = None
+    if family.name != part.name:
+        problem = f"is registered as {part.name!r} but named {family.name!r}"
+    elif not registry.has("tool_parsers", family.parser):
+        problem = f"names tool parser {family.parser!r}, which no plugin registers"
+    if problem is None:
+        return family
+    message = f"model family {part.name!r} (plugin {part.plugin!r}) {problem}"
+    registry.report(part, message)
+    return message
+
+
+def registered_families() -> list[ModelFamily]:
+    """Every usable family, in detection order."""
+    registry = get_plugins().registry
+    loaded = [_load(registry, p) for p in registry.parts(KIND)]
+    return sorted((f for f in loaded if isinstance(f, ModelFamily)), key=lambda f: (-f.detection.priority, f.name))
+
+
+def family_named(name: str) -> ModelFamily:
+    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting and the choices."""
+    registry = get_plugins().registry
+    try:
+        family = _load(registry, registry.get(KIND, name))
+    except RegistryError as exc:
+        family = str(exc)
+    if isinstance(family, str):
+        raise FamilyError(f"model.chat_format: {family}")
+    return family
+
+
+def plugin_of(family: ModelFamily) -> str | None:
+    """The plugin that registered ``family`` (for messages), if it is registered."""
+    registry = get_plugins().registry
+    return registry.get(KIND, family.name).plugin if registry.has(KIND, family.name) else None
+
+
+def detect_family(template: str) -> ModelFamily:
+    """The family of a chat template: one whose template it is byte for byte, else one whose markers
+    it holds."""
+    families = registered_families()
+    for family in families:
+        if any(_same_template(template, t) for t in family.detection.templates):
+            return family
+    for family in families:
+        markers = family.detection.markers
+        if markers and all(marker in template for marker in markers):
+            return family
+    raise FamilyError("the chat template matches no known model family; set model.chat_format "
+                      f"(one of {', '.join(f.name for f in families)})")
+
+
+def _same_template(template: str, source: Template) -> bool:
+    try:
+        return template.strip() == source.text().strip()
+    except (FileNotFoundError, ModuleNotFoundError):  # TRL missing, or an older one without the file
+        return False
+
+
+def tokenizer_family(tokenizer: Any, chat_format: str | None = None) -> ModelFamily:
+    """The family named by ``chat_format``, else the one the tokenizer belongs to."""
+    if chat_format is not None:
+        return family_named(chat_format)
+    for family in registered_families():
+        if type(tokenizer).__name__ in family.detection.tokenizer_classes:  # no template to read
+            return family
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        raise FamilyError("the tokenizer has no chat template; set model.chat_format")
+    return detect_family(template)

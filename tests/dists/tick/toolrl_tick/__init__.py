@@ -1,0 +1,16 @@
+"""A model family the core does not know: Tick, whose turns are framed by <|quad_start|>/<|quad_end|>
+and whose model writes a call as a line ``CALL name {json arguments}``. Its parser and its family are
+registered by lazy reference, as a plugin shipped for a new model on its release day would."""
+
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
+
+
+@hookimpl
+def register_tool_parsers(register: Register) -> None:
+    register("toolrl_tick.parser:TickParser", name="tick")
+
+
+@hookimpl
+def register_model_families(register: Register) -> None:
+    register("toolrl_tick.family:TICK", name="tick")

@@ -1,0 +1,130 @@
+"""Day-0 support for a model without a core release: a separate distribution (tests/dists/tick: the
+made-up Tick family, with its own call format, chat template, training twin and parser), installed
+with pip into a throwaway venv, trains a step on the tiny model carrying Tick's template. And broken
+family registrations: each reported against its plugin, none fatal to the other families."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from _dists import make_dist, make_wheel, run_toolrl, venv_over_this_one
+from toolrl.families import FamilyError, detect_family, family_named
+from toolrl.plugins import Plugins
+from toolrl.rollout.families import renderer_factory
+from toolrl.templates import trl_template
+
+ROOT = Path(__file__).resolve().parents[1]
+TICK = ROOT / "tests" / "dists" / "tick" / "toolrl_tick"
+
+
+@pytest.fixture(scope="module")
+def tick_venv(tmp_path_factory):
+    """A venv with toolrl-plugin-tick installed by pip (from its wheel, no index)."""
+    root = tmp_path_factory.mktemp("tick")
+    wheel = make_wheel(TICK, root, "toolrl-plugin-tick", {"tick": "toolrl_tick"})
+    python = venv_over_this_one(root / "venv")
+    done = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-cache-dir",
+                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return python
+
+
+def venv_toolrl(python, *args, stdin=None, timeout=120):
+    return subprocess.run([str(python), "-m", "toolrl", *args], capture_output=True, text=True, input=stdin,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def tick_model(path: Path) -> Path:
+    """The tiny random Qwen3 with Tick's chat template (the weights linked, not copied)."""
+    from toolrl.model_sources import tiny_qwen3
+
+    path.mkdir()
+    for f in Path(tiny_qwen3()).iterdir():
+        if f.name != "chat_template.jinja":
+            (path / f.name).symlink_to(f)
+    shutil.copy(TICK / "tick.jinja", path / "chat_template.jinja")
+    return path
+
+
+def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv):
+    out = venv_toolrl(tick_venv, "list-plugins", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    tick = {r["name"]: r for r in json.loads(out.stdout)}["tick"]
+    assert (tick["distribution"], tick["status"]) == ("toolrl-plugin-tick", "ok"), tick["error"]
+    assert tick["parts"] == {"tool_parsers": ["tick"], "model_families": ["tick"]}
+    parsed = venv_toolrl(tick_venv, "parse", "--parser", "tick", "-", stdin='Sure.\nCALL calculator {"expression": "2+3"}')
+    assert json.loads(parsed.stdout)["calls"] == [{"name": "calculator", "arguments": {"expression": "2+3"}}]
+
+
+def test_a_step_trains_with_the_installed_family(tick_venv, tmp_path):
+    """Tick is detected from the tokenizer's template (byte for byte), its parser reads the turns and
+    its training twin renders the prompt: the few-shot turn's reasoning, which Tick's own template
+    drops, is in the trained prompt."""
+    out = tmp_path / "run"
+    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(tmp_path / 'model')}",
+                  "rollout.parser=tick", "rollout.template_rewrite=training_template", "rollout.n=2",
+                  "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1", "trainer.plot=false",
+                  "trainer.progress=false", f"trainer.output_dir={out}",
+                  'data.prompt_prefix=[{role: user, content: "What is 1 + 1?"}, '
+                  '{role: assistant, content: "<think>one and one</think>2"}]', timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "metrics.jsonl").read_text())["step"] == 1
+    traces = [json.loads(line) for line in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for t in traces:
+        prompt = t["prompt_text"]
+        assert prompt.startswith("<|quad_start|>system\n") and "CALL <name> <JSON arguments>" in prompt
+        assert "<|quad_start|>assistant\n<think>one and one</think>2<|quad_end|>" in prompt
+        assert prompt.endswith("<|quad_start|>assistant\n")
+
+
+BROKEN = '''
+from toolrl import hookimpl
+from toolrl.families import Detection, ModelFamily
+
+BOX = ModelFamily(name="box", parser="hermes", end_of_turn="<|box_end|>", detection=Detection(markers=("<|box_start|>",)))
+
+@hookimpl
+def register_model_families(register):
+    register(BOX)
+    # Each of these is wrong; each is reported against this plugin and the others stay usable.
+    register(BOX.model_copy(update={"name": "orphan", "parser": "no_such_parser",
+                                    "detection": Detection(markers=("<|box_start|>",), priority=99)}))
+    register("broken_families:BOX", name="renamed")
+    register("broken_families:hookimpl", name="not_a_family")
+    register(BOX.model_copy(update={"name": "drawn", "renderer": "broken_families:BOX",
+                                    "detection": Detection(markers=("<|box_start|>", "draw"), priority=50)}))
+'''
+
+
+def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path, monkeypatch):
+    make_dist(tmp_path, "toolrl-plugin-broken-families", "broken", "broken_families", BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins = Plugins(env={"TOOLRL_STRICT_PLUGINS": ""})
+    monkeypatch.setattr("toolrl.plugins._plugins", plugins)
+    assert "not a toolrl.families.ModelFamily instance" in plugins.info["broken"].error  # at registration
+    assert detect_family("<|box_start|>hi").name == "box"  # not orphan, whose parser is missing
+    assert detect_family(trl_template("qwen3.jinja")).name == "qwen3"
+    with pytest.raises(FamilyError, match=r"^model.chat_format: model family 'orphan' \(plugin 'broken'\) names "
+                                          r"tool parser 'no_such_parser', which no plugin registers$"):
+        family_named("orphan")
+    with pytest.raises(FamilyError, match=r"^model.chat_format: model family 'renamed' \(plugin 'broken'\) is "
+                                          r"registered as 'renamed' but named 'box'$"):
+        family_named("renamed")
+    with pytest.raises(FamilyError, match=r"^model.chat_format: unknown model family 'nope' \(available: box, "):
+        family_named("nope")
+    info = plugins.info["broken"]
+    assert info.status == "error" and "'orphan'" in info.error and "'renamed'" in info.error
+    # A renderer reference is resolved when a run uses the family.
+    assert detect_family("<|box_start|>draw").name == "drawn"
+    with pytest.raises(FamilyError, match=r"^model family 'drawn' \(plugin 'broken'\): renderer 'broken_families:BOX' "
+                                          r"is not a toolrl.rollout.chat.ChatRenderer subclass$"):
+        renderer_factory(None, "drawn")
+    # Listing imports no family; --check loads and checks every one.
+    for args, listed in ((), False), (("--check",), True):
+        out = run_toolrl("list-plugins", "--json", *args, path=tmp_path, env={"TOOLRL_STRICT_PLUGINS": ""})
+        error = {r["name"]: r for r in json.loads(out.stdout)}["broken"]["error"]
+        assert ("tool parser 'no_such_parser'" in error) is listed and ("'renamed'" in error) is listed, error
