@@ -2,9 +2,11 @@
 
 The standard decoder recurses once per nesting level (``[[[...`` 1,000 deep raises RecursionError)
 and converts integers with Python's 4,300-digit limit (ValueError past it). :func:`loads` checks
-depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON) and numbers
-that overflow a float (``1e999`` would decode to ``inf``, which no JSON encoder can write back), and
-raises only :class:`json.JSONDecodeError` or :class:`JSONLimitError`. Both take time linear in the text.
+depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON), numbers
+that overflow a float (``1e999`` would decode to ``inf``, which no JSON encoder can write back) and
+lone surrogate escapes (``"\\ud800"`` decodes to a string UTF-8 cannot encode: the tokenizer and the
+JSON traces would fail on it later), and raises only :class:`json.JSONDecodeError` or
+:class:`JSONLimitError`. Both take time linear in the text.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ _WHITESPACE = " \t\n\r"  # JSON's whitespace
 
 # A JSON string (or one that runs to the end) or a bracket: depth counts brackets outside strings.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)|[\[\]{}]', re.S)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff: half of a pair, or a lone one
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JSONLimitError(ValueError):
-    """Valid-looking JSON beyond a bound (nesting depth, number length or range, a non-JSON constant)."""
+    """Valid-looking JSON beyond a bound (nesting depth, number length or range, a non-JSON constant)
+    or holding a string no UTF-8 text can (a lone surrogate)."""
 
 
 def too_deep(text: str, max_depth: int) -> bool:
@@ -73,4 +78,17 @@ def loads(text: str, max_depth: int = MAX_DEPTH, max_number_chars: int = MAX_NUM
     rest = text[end:].lstrip(_WHITESPACE)
     if rest:
         raise json.JSONDecodeError("Extra data", text, len(text) - len(rest))
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(obj):  # pairs decode to one character
+        raise JSONLimitError("a lone surrogate escape (\\ud800-\\udfff without its pair): not encodable as UTF-8")
     return obj
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (keys included) holds a surrogate; nesting is already bounded."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
