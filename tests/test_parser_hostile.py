@@ -55,3 +55,73 @@ def test_a_lone_surrogate_escape_is_that_calls_error(where: str) -> None:
 def test_deeply_nested_options_are_one_error_line() -> None:
     deep = "[" * 20_000 + "]" * 20_000
     one_error_line(run_toolrl("parse", "--options", deep, "-", stdin=""), 2, "--options", "nested deeper")
+
+
+def test_a_hermes_call_whose_json_decodes_keeps_its_tags_as_data() -> None:
+    """JSON that decodes but is no valid call (no name, a lone surrogate) still ends where its strings
+    say: a ``<think>`` in one of them opens no reasoning that would hide the next call."""
+    valid = '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    for bad in ('{"nam": "<tool_call><think>", "arguments": {}}',
+                '{"name": "f", "arguments": {"a": "<tool_call><think>' + LONE[1:-1] + '"}}'):
+        out = parser("hermes").parse(f"<tool_call>{bad}</tool_call>{valid}")
+        assert [c.name for c in out.calls] == ["g"] and len(out.errors) == 1, out
+        assert out.errors[0].raw == f"<tool_call>{bad}</tool_call>"
+
+
+# -- one bad call among good ones -------------------------------------------------------------------
+
+
+def calls_and_errors(family: str, text: str) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
+    out = parser(family).parse(text)
+    return [(c.name, c.arguments) for c in out.calls], [e.raw for e in out.errors]
+
+
+def deepseek_call(name: str, arguments: str) -> str:
+    return f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{arguments}\n```<｜tool▁call▁end｜>"
+
+
+def test_deepseek_reads_each_call_of_a_block_on_its_own() -> None:
+    bad = deepseek_call("get_weather", '{"city": Paris}')
+    text = ("<｜tool▁calls▁begin｜>" + deepseek_call("get_time", "{}") + "\n" + bad + "\nstray\n"
+            + deepseek_call("get_weather", '{"city": "Oslo"}') + "<｜tool▁calls▁end｜>")
+    calls, errors = calls_and_errors("deepseek_v3", text)
+    assert calls == [("get_time", {}), ("get_weather", {"city": "Oslo"})]
+    assert errors == [bad, "stray"]
+
+
+# A format's own markers written inside an argument: data, not the end of the call.
+MARKER_IN_VALUE = {
+    "qwen3_coder": "<tool_call>\n<function=python>\n<parameter=code>\nprint('<tool_call>', '</tool_call>')\n"
+                   "</parameter>\n</function>\n</tool_call>",
+    "glm45": "<tool_call>python\n<arg_key>code</arg_key>\n<arg_value>print('<tool_call>', '</tool_call>')"
+             "</arg_value>\n</tool_call>",
+    "deepseek_v3": "<｜tool▁calls▁begin｜>" + deepseek_call(
+        "python", json.dumps({"code": "print('<｜tool▁call▁end｜>', '<｜tool▁calls▁end｜>')"}, ensure_ascii=False))
+        + "<｜tool▁calls▁end｜>",
+    "llama3_json": '<|python_tag|>{"name": "python", "parameters": {"code": "print(\'<|python_tag|>\')"}}',
+}
+CODE_IN_VALUE = {"qwen3_coder": "print('<tool_call>', '</tool_call>')", "glm45": "print('<tool_call>', '</tool_call>')",
+                 "deepseek_v3": "print('<｜tool▁call▁end｜>', '<｜tool▁calls▁end｜>')",
+                 "llama3_json": "print('<|python_tag|>')"}
+
+
+@pytest.mark.parametrize("family", sorted(MARKER_IN_VALUE))
+def test_a_marker_inside_an_argument_is_data(family: str) -> None:
+    call = MARKER_IN_VALUE[family]
+    calls, errors = calls_and_errors(family, "Running it.\n" + call + "\n" + call)
+    assert calls == [("python", {"code": CODE_IN_VALUE[family]})] * 2 and errors == []
+    if family != "llama3_json":  # without the tag, llama reads JSON objects out of prose
+        assert parser(family).parse("Running it.\n" + call).content == "Running it."
+
+
+UNCLOSED_VALUE = {"qwen3_coder": "<tool_call>\n<function=python>\n<parameter=code>\nx = 1\n</function>\n</tool_call>",
+                  "glm45": "<tool_call>python\n<arg_key>code</arg_key>\n<arg_value>x = 1\n</tool_call>"}
+
+
+@pytest.mark.parametrize("family", sorted(UNCLOSED_VALUE))
+def test_an_unclosed_value_does_not_swallow_the_next_call(family: str) -> None:
+    """A value that never closes is no data region: the block ends at its closing marker."""
+    valid = MARKER_IN_VALUE[family]
+    calls, errors = calls_and_errors(family, UNCLOSED_VALUE[family] + valid + UNCLOSED_VALUE[family] + valid)
+    assert calls == [("python", {"code": CODE_IN_VALUE[family]})] * 2
+    assert errors == [UNCLOSED_VALUE[family]] * 2
