@@ -125,3 +125,23 @@ def test_an_unclosed_value_does_not_swallow_the_next_call(family: str) -> None:
     calls, errors = calls_and_errors(family, UNCLOSED_VALUE[family] + valid + UNCLOSED_VALUE[family] + valid)
     assert calls == [("python", {"code": CODE_IN_VALUE[family]})] * 2
     assert errors == [UNCLOSED_VALUE[family]] * 2
+
+
+def test_mistral_reads_each_item_of_a_pre_v11_list_on_its_own() -> None:
+    text = ('[TOOL_CALLS][{"name": "get_time", "arguments": {}}, {"name": 5}, '
+            '{"name": "get_weather", "arguments": {"city": "Oslo"}}]')
+    calls, errors = calls_and_errors("mistral", text)
+    assert calls == [("get_time", {}), ("get_weather", {"city": "Oslo"})] and errors == ['{"name": 5}']
+
+
+def test_mistral_v13_writes_a_space_after_args() -> None:
+    text = '[TOOL_CALLS]get_weather[ARGS] {"city": "Oslo"}[TOOL_CALLS]get_time[ARGS]\n{}'
+    assert calls_and_errors("mistral", text) == ([("get_weather", {"city": "Oslo"}), ("get_time", {})], [])
+
+
+@pytest.mark.parametrize("recipient", ["to=functions.", "to="])
+def test_gpt_oss_call_without_a_function_name_is_an_error(recipient: str) -> None:
+    bad = f"<|start|>assistant<|channel|>commentary {recipient} <|message|>{{}}<|call|>"
+    good = '<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>'
+    calls, errors = calls_and_errors("gpt_oss", bad + good)
+    assert calls == [("get_time", {})] and errors == [bad]
