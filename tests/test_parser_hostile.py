@@ -145,3 +145,39 @@ def test_gpt_oss_call_without_a_function_name_is_an_error(recipient: str) -> Non
     good = '<|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}<|call|>'
     calls, errors = calls_and_errors("gpt_oss", bad + good)
     assert calls == [("get_time", {})] and errors == [bad]
+
+
+# -- llama: the tag in a string, separators, end tokens ---------------------------------------------
+
+
+def test_llama_python_tag_inside_a_json_string_is_data() -> None:
+    call = '{"name": "python", "parameters": {"code": "print(\'<|python_tag|>\')"}}'
+    calls, errors = calls_and_errors("llama3_json", "Let me run it. " + call)
+    assert calls == [("python", {"code": "print('<|python_tag|>')"})] and errors == []
+    # A real tag after it still opens the call turn; one in JSON that does not decode is a tag.
+    out = parser("llama3_json").parse(call + ' <|python_tag|>{"name": "get_time", "parameters": {}}')
+    assert [c.name for c in out.calls] == ["python", "get_time"] and out.errors == []
+    out = parser("llama3_json").parse('{"x": <|python_tag|>{"name": "get_time", "parameters": {}}')
+    assert [c.name for c in out.calls] == ["get_time"] and out.content == '{"x":'
+
+
+def test_llama_separators_and_end_tokens_are_not_content() -> None:
+    weather = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+    time = '{"name": "get_time", "parameters": {}}'
+    for text in (f"{weather}; {time}<|eot_id|>", f"<|python_tag|>{weather}; {time}<|eom_id|>"):
+        out = parser("llama3_json").parse(text)
+        assert [c.name for c in out.calls] == ["get_weather", "get_time"] and out.content == "", text
+
+
+END_TOKENS = {"llama3_json": "<|eom_id|>", "deepseek_v3": "<｜end▁of▁sentence｜>", "glm45": "<|observation|>",
+              "gemma": "<|tool_response>", "qwen3_coder": "<|im_end|>", "mistral": "</s>"}
+
+
+@pytest.mark.parametrize("family", sorted(END_TOKENS))
+def test_a_familys_end_token_is_not_content(family: str) -> None:
+    from toolrl.testing import parser_corpus as corpus
+
+    render = getattr(corpus, family)
+    call = render(("get_time", {})) if family == "deepseek_v3" else render("get_time", {})
+    out = parser(family).parse("Checking." + call + END_TOKENS[family])
+    assert [c.name for c in out.calls] == ["get_time"] and out.content == "Checking."

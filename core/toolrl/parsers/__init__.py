@@ -1,7 +1,13 @@
 """Tool-call parsers: one model response (text) -> content, calls and parse errors.
 
-Parsers never raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError`
-that the rollout sends back to the model, so the model learns from it instead of the call vanishing.
+The rule: **a parser's failure is one call's error and never another call's loss.** Parsers never
+raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError` that the
+rollout sends back to the model, so the model learns from it instead of the call vanishing, and the
+calls around it (in the same block, list or message) still run. A format's own markers written inside
+an argument (a JSON string, a parameter value) are data, not the end of the call; the special tokens
+that end a family's turn are not content. A parser that raises anyway, like a tool that does, is that
+turn's parse error in the rollout and a one-line error from ``toolrl parse``, which also stops one
+that runs past a time limit.
 """
 
 from __future__ import annotations
@@ -40,3 +46,11 @@ class ToolParser:
     def format_inline_result(self, response: ToolResponse) -> str:
         """The text appended after an inline call (``result_mode == "inline"``)."""
         raise NotImplementedError(f"parser {self.name!r} renders results through the chat template")
+
+
+def without_tokens(content: str, tokens: Sequence[str]) -> str:
+    """``content`` less a family's end-of-turn and end-of-call tokens (markup, not the model's words)."""
+    for token in tokens:
+        if token in content:
+            content = content.replace(token, "")
+    return content

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import ToolSchemas
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -133,10 +133,10 @@ def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list
 
 
 def assemble(text: str, blocks: list[Block], markers: Markers,
-             decode: Callable[[str], Sequence[ToolCall | ParseError]]) -> ParseResult:
-    """Content (the text outside the blocks), the calls and call errors ``decode`` reads from each
-    terminated block's body, and a parse error for each block it rejects (its :class:`ValueError`),
-    each unterminated block and each stray closing marker."""
+             decode: Callable[[str], Sequence[ToolCall | ParseError]], end_tokens: Sequence[str] = ()) -> ParseResult:
+    """Content (the text outside the blocks, less ``end_tokens``), the calls and call errors ``decode``
+    reads from each terminated block's body, and a parse error for each block it rejects (its
+    :class:`ValueError`), each unterminated block and each stray closing marker."""
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
     content: list[str] = []
@@ -156,7 +156,7 @@ def assemble(text: str, blocks: list[Block], markers: Markers,
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=raw))
     content.append(text[pos:])
-    return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+    return ParseResult(content=without_tokens("".join(content), end_tokens).strip(), calls=calls, errors=errors)
 
 
 class BlockParser(ToolParser):
@@ -174,7 +174,8 @@ class BlockParser(ToolParser):
 
     def parse(self, text: str) -> ParseResult:
         data_end = self.data_end if self.markers.data else None
-        return assemble(text, find_blocks(text, self.markers, data_end), self.markers, self.decode)
+        return assemble(text, find_blocks(text, self.markers, data_end), self.markers, self.decode,
+                        self.end_of_call_tokens)
 
     def data_end(self, text: str, pos: int) -> int:
         """Where the data region opening at ``pos`` (``markers.data``) ends as the format's grammar says,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import json_object
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -97,7 +97,8 @@ class GptOssParser(ToolParser):
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=text[message.start:message.end]))
         content.append(text[kept:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
+                           calls=calls, errors=errors)
 
     @staticmethod
     def content_type(header: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json_object
 from toolrl.parsers.blocks import Block, Markers, reasoning_regions
 from toolrl.schemas import ParseError, ParseResult, ToolCall
@@ -80,7 +80,8 @@ class MistralParser(ToolParser):
                     (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
             pos = end
         content.append(text[pos:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
+                           calls=calls, errors=errors)
 
     def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall | ParseError] | str]:
         """The calls (and errors of pre-v11 list items) after a ``[TOOL_CALLS]`` ending at ``pos``, and
