@@ -181,3 +181,94 @@ def test_a_familys_end_token_is_not_content(family: str) -> None:
     call = render(("get_time", {})) if family == "deepseek_v3" else render("get_time", {})
     out = parser(family).parse("Checking." + call + END_TOKENS[family])
     assert [c.name for c in out.calls] == ["get_time"] and out.content == "Checking."
+
+
+# -- a parser that raises or loops ------------------------------------------------------------------
+
+FAULTY_PARSERS = """
+from toolrl import hookimpl
+from toolrl.parsers import ToolParser
+
+
+class Raises(ToolParser):
+    name = "raises"
+
+    def parse(self, text):
+        raise RuntimeError("the plugin broke\\non two lines")
+
+
+class Loops(ToolParser):
+    name = "loops"
+
+    def parse(self, text):
+        while True:
+            pass
+
+
+class ReturnsText(ToolParser):
+    name = "returns_text"
+
+    def parse(self, text):
+        return text
+
+
+@hookimpl
+def register_tool_parsers(register):
+    register(Raises)
+    register(Loops)
+    register(ReturnsText)
+"""
+
+
+@pytest.fixture(scope="module")
+def faulty_plugin(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from _dists import make_dist
+
+    path = tmp_path_factory.mktemp("faulty")
+    make_dist(path, "toolrl-plugin-faulty-parsers", "faulty", "faulty_parsers_plugin", FAULTY_PARSERS)
+    return path
+
+
+def test_a_parser_that_raises_is_one_error_line(faulty_plugin: Any) -> None:
+    out = run_toolrl("parse", "--parser", "raises", "-", stdin="hi", path=faulty_plugin)
+    one_error_line(out, 1, "parser 'raises' failed: RuntimeError: the plugin broke on two lines")
+    out = run_toolrl("parse", "--parser", "returns_text", "-", stdin="hi", path=faulty_plugin)
+    one_error_line(out, 1, "parser 'returns_text' returned str, not a ParseResult")
+
+
+def test_a_parser_that_loops_is_stopped_by_the_time_limit(faulty_plugin: Any) -> None:
+    import time
+
+    start = time.monotonic()
+    out = run_toolrl("parse", "--parser", "loops", "--timeout", "1", "-", stdin="hi", path=faulty_plugin, timeout=60)
+    one_error_line(out, 1, "parser 'loops' did not finish within 1 s")
+    assert time.monotonic() - start < 30 and out.stdout == ""
+
+
+async def test_a_parser_that_raises_in_the_rollout_is_that_turns_parse_error() -> None:
+    """The trajectory goes on: the model reads the error, and the next turn parses as usual."""
+    from scripted import ScriptedEngine
+    from toolrl.config import RewardConfig, RolloutConfig
+    from toolrl.model_sources import qwen_tokenizer
+    from toolrl.parsers.hermes import HermesParser
+    from toolrl.rollout import RolloutContext, Route, run_trajectory
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.schemas import Sample
+
+    class Fragile(HermesParser):
+        name = "fragile"
+
+        def parse(self, text: str) -> Any:
+            if "boom" in text:
+                raise RuntimeError("cannot read boom")
+            return super().parse(text)
+
+    tokenizer = qwen_tokenizer("qwen2_5")
+    engine = ScriptedEngine(tokenizer, ["boom", "The answer is 4."])
+    ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                         config=RolloutConfig(), routes={None: Route({}, 4, Fragile(), [], RewardConfig())})
+    sample = Sample(prompt=[{"role": "user", "content": "2+2?"}], ground_truth="4")
+    traj = await run_trajectory(ctx, sample, 0, "t1", seed=0)
+    assert traj.termination == "answered" and traj.final_response.startswith("The answer is 4.")
+    assert [e.message for e in traj.parse_errors] == ["the tool-call parser 'fragile' failed: RuntimeError: cannot read boom"]
+    assert "cannot read boom" in tokenizer.decode(engine.calls[1][1])  # the model was told

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from toolrl.schemas import ParseResult, ToolResponse
+from toolrl.schemas import ParseError, ParseResult, ToolResponse
 
 
 class ToolParser:
@@ -54,3 +54,22 @@ def without_tokens(content: str, tokens: Sequence[str]) -> str:
         if token in content:
             content = content.replace(token, "")
     return content
+
+
+def parse_or_error(parser: ToolParser, text: str) -> ParseResult:
+    """``parser.parse(text)``, where a parser that raises (or returns no :class:`ParseResult`) makes
+    the whole text one parse error, as a tool that raises is its call's error: a third-party parser's
+    bug costs a turn, never the run."""
+    try:
+        result = parser.parse(text)
+    except Exception as exc:
+        return _failed(parser, f"{type(exc).__name__}: {exc}", text)
+    if not isinstance(result, ParseResult):
+        return _failed(parser, f"it returned {type(result).__name__}, not a ParseResult", text)
+    return result
+
+
+def _failed(parser: ToolParser, why: str, text: str) -> ParseResult:
+    name = parser.name or type(parser).__name__
+    return ParseResult(content=text, errors=[ParseError(message=f"the tool-call parser {name!r} failed: {why}",
+                                                        raw=text)])
