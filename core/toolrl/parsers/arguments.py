@@ -55,11 +55,11 @@ def call_arguments(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def json_end(text: str, start: int, stop: int | None = None) -> int:
+def json_end(text: str, start: int) -> int:
     """Where the JSON object or array opening at ``start`` ends (brackets outside strings balance),
-    or -1 when it runs to the end of the text (or to ``stop``). Linear in the length scanned."""
+    or -1 when it runs to the end of the text. Linear in the length scanned."""
     depth = 0
-    for m in _TOKEN.finditer(text, start, len(text) if stop is None else stop):
+    for m in _TOKEN.finditer(text, start):
         c = text[m.start()]
         if c in "[{":
             depth += 1

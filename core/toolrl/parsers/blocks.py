@@ -88,6 +88,9 @@ def _block(text: str, pos: int, markers: Markers, opens: list[int], data_end: Da
     next opening marker outside them."""
     body = i = pos + len(markers.open)
     limit = _next(opens, pos, len(text))
+    close = text.find(markers.close, body, limit)
+    if close != -1 and not (data_end and _in_data(text, body, close, markers.data, data_end)):
+        return Block(pos, close + len(markers.close), "call", body, close)  # the common case: no scan of the data
     while True:
         data = text.find(markers.data, i, limit) if markers.data and data_end else -1
         close = text.find(markers.close, i, data if data != -1 else limit)
@@ -98,6 +101,13 @@ def _block(text: str, pos: int, markers: Markers, opens: list[int], data_end: Da
         end = data_end(text, data)  # type: ignore[misc]
         i = end if end != -1 else data + len(markers.data)
         limit = max(limit, _next(opens, i - 1, len(text)))  # an opening marker in the data is data
+
+
+def _in_data(text: str, body: int, pos: int, data: str, data_end: DataEnd) -> bool:
+    """Whether ``pos`` lies in a data region of the block whose body starts at ``body``. A region ends
+    before the next one opens, so only the last one opened before ``pos`` can hold it."""
+    last = text.rfind(data, body, pos)
+    return last != -1 and data_end(text, last) > pos
 
 
 def _next(positions: list[int], pos: int, default: int) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from toolrl.parsers.arguments import json_end, json_object
+from toolrl.parsers.arguments import json_object
 from toolrl.parsers.blocks import BlockParser, Markers
 from toolrl.schemas import ParseError, ToolCall
 
@@ -25,20 +25,24 @@ CALL, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
 MARKERS = Markers("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<think>", "</think>", data=CALL)
 # One call: its type, the name line, and the arguments in a ```json fence.
 _CALL = re.compile(r"(?P<type>[^\n<]*)<｜tool▁sep｜>(?P<name>[^\n]*)\n```json\n(?P<args>.*)\n```\s*\Z", re.S)
-# The same call read as it is written, from its opening marker up to its JSON, and after its JSON.
+# The same call read as it is written, from its opening marker up to its JSON.
 _HEAD = re.compile(r"<｜tool▁call▁begin｜>[^\n<]*<｜tool▁sep｜>[^\n]*\n```json\n\s*")
-_TAIL = re.compile(r"\s*```\s*<｜tool▁call▁end｜>")
+# Arguments up to the first marker outside their strings: plain characters, whole strings, and "<"
+# that opens no marker. It stops before a marker or a quote that never closes; it always matches, so
+# it never backtracks.
+_ARGUMENTS = re.compile(r'(?:[^"<]+|"[^"\\]*(?:\\.[^"\\]*)*"|<(?!｜))*')
 
 
 def call_end(text: str, start: int, stop: int) -> int:
     """Past the ``<｜tool▁call▁end｜>`` of the call opening at ``start`` when, before ``stop``, it reads
-    as the format writes it with its JSON arguments' brackets balanced outside strings; else -1."""
+    as the format writes it, its end marker the first outside the JSON strings of its arguments; else -1."""
     head = _HEAD.match(text, start, stop)
-    if head is None or not text.startswith("{", head.end()):
+    if head is None:
         return -1
-    arguments_end = json_end(text, head.end(), stop)
-    tail = _TAIL.match(text, arguments_end, stop) if arguments_end != -1 else None
-    return tail.end() if tail is not None else -1
+    end = _ARGUMENTS.match(text, head.end(), stop).end()  # type: ignore[union-attr]
+    if not text.startswith(CALL_END, end) or not text[head.end():end].rstrip().endswith("```"):
+        return -1
+    return end + len(CALL_END)
 
 
 def decode_call(body: str) -> ToolCall:
