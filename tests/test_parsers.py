@@ -223,11 +223,13 @@ def test_broken_json_falls_back_to_the_tags_as_text():
 
 
 def test_invalid_bytes_are_parsed_not_raised():
+    """A call whose arguments hold a lone surrogate (bytes decoded with ``surrogateescape``, or the
+    escape) is a parse error: UTF-8 cannot encode it. Replaced bytes are text."""
     raw = b'<tool_call>{"name": "f", "arguments": {"x": "\xff\xfe"}}</tool_call>\xc3'
-    for errors in ("surrogateescape", "replace"):
-        out = hermes.parse(raw.decode("utf-8", errors))
-        assert [c.name for c in out.calls] == ["f"]
-    assert hermes.parse(call("f", x="\ud800")).calls[0].arguments == {"x": "\ud800"}  # a lone surrogate escape
+    assert [c.name for c in hermes.parse(raw.decode("utf-8", "replace")).calls] == ["f"]
+    for text in (raw.decode("utf-8", "surrogateescape"), call("f", x="\ud800")):
+        out = hermes.parse(text)
+        assert out.calls == [] and ["lone surrogate" in e.message for e in out.errors] == [True]
 
 
 pieces = st.sampled_from(["<tool_call>", "</tool_call>", "<think>", "</think>", "{", "}", '"name"', ":",
@@ -263,11 +265,21 @@ def test_parsers_never_raise(text):
 @given(st.lists(st.dictionaries(st.text(max_size=5), st.one_of(st.integers(), st.text(max_size=10), tag_text),
                                 max_size=3), min_size=1, max_size=4))
 def test_well_formed_calls_round_trip(argument_sets):
-    """Whatever the string arguments hold (tags, quotes, escapes), each call comes back whole."""
+    """Whatever the string arguments hold (tags, quotes, escapes), each call comes back whole; one
+    holding a lone surrogate, which UTF-8 cannot encode, is its own parse error."""
     text = "".join(call("f", **{"a": a}) for a in argument_sets)
     out = hermes.parse(text)
-    assert [c.arguments for c in out.calls] == [{"a": a} for a in argument_sets]
-    assert out.errors == []
+    encodable = [a for a in argument_sets if _utf8(json.dumps(a, ensure_ascii=False))]
+    assert [c.arguments for c in out.calls] == [{"a": a} for a in encodable]
+    assert len(out.errors) == len(argument_sets) - len(encodable)
+
+
+def _utf8(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def test_hundred_thousand_fuzzed_inputs_raise_nothing():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -15,12 +15,17 @@ from toolrl.plugins import PluginLoadError, get_plugins
 
 
 def _json_option(value: str | None, what: str) -> Any:
+    """An option's JSON, decoded within bounds (20,000 nested brackets are one error line, not a RecursionError)."""
+    from toolrl.parsers.bounded_json import JSONLimitError, loads
+
     if value is None:
         return None
     try:
-        return json.loads(value)
+        return loads(value)
     except json.JSONDecodeError as exc:
         raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except JSONLimitError as exc:
+        raise UsageFailure(f"{what} is not usable JSON: {exc}") from None
 
 
 def _mapping_option(value: str | None, what: str) -> dict[str, Any]:
@@ -185,11 +190,51 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
 # -- parsing --------------------------------------------------------------------------------------
 
 
+def _fail(message: str) -> NoReturn:
+    """A failure of the parser rather than of the user's input: one line on stderr, exit 1."""
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(1)
+
+
+def _parse_in_time(parser: Any, parser_name: str, text: str, seconds: float) -> Any:
+    """``parser.parse(text)`` in a worker thread, as a tool runs under a time limit: a parser that raises
+    or returns no ParseResult is one error line, one still running after ``seconds`` ends the process
+    (a thread cannot be stopped) with one."""
+    import os
+    import threading
+
+    from toolrl.schemas import ParseResult
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = parser.parse(text)
+        except BaseException as exc:  # whatever a plugin raises is reported, never shown as a traceback
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="toolrl-parse", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        click.echo(f"error: parser {parser_name!r} did not finish within {seconds:g} s (--timeout)", err=True)
+        sys.stderr.flush()
+        os._exit(1)
+    if "error" in outcome:
+        exc = outcome["error"]
+        _fail(f"parser {parser_name!r} failed: {type(exc).__name__}: {exc}")
+    if not isinstance(outcome["result"], ParseResult):
+        _fail(f"parser {parser_name!r} returned {type(outcome['result']).__name__}, not a ParseResult")
+    return outcome["result"]
+
+
 @cli.command("parse")
 @click.option("--parser", "parser_name", default="hermes", show_default=True, help="Registered parser name.")
 @click.option("--options", "options_json", help="Parser options, a JSON object (the tags parser's routes).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Seconds the parser may take; past them the command stops with an error.")
 @click.argument("source", default="-")
-def parse(parser_name: str, options_json: str | None, source: str) -> None:
+def parse(parser_name: str, options_json: str | None, timeout: float, source: str) -> None:
     """Parse a model output (FILE or - for stdin, UTF-8) into content, calls and errors, as JSON."""
     import gc
     from pathlib import Path
@@ -204,13 +249,12 @@ def parse(parser_name: str, options_json: str | None, source: str) -> None:
     except ConfigError as exc:
         raise UsageFailure(error_text(exc)) from None
     gc.freeze()  # the imported modules stay out of the collections that 10^5 result objects set off
-    fields = parser.parse(text).model_dump(exclude={"calls": {"__all__": {"id"}}})
+    fields = _parse_in_time(parser, parser_name, text, timeout).model_dump(exclude={"calls": {"__all__": {"id"}}})
     # One line per field: json.dumps with indent runs the pure-Python encoder (0.6 s for 10^5 calls).
     try:  # NaN or Infinity would print as non-JSON: only a broken parser plugin returns them
         lines = [f"{json.dumps(key)}: {json.dumps(value, allow_nan=False)}" for key, value in fields.items()]
     except ValueError as exc:
-        click.echo(f"error: parser {parser_name!r} returned a value that is not JSON: {exc}", err=True)
-        sys.exit(1)
+        _fail(f"parser {parser_name!r} returned a value that is not JSON: {exc}")
     click.echo("{" + ",\n ".join(lines) + "}")
 
 

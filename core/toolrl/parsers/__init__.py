@@ -1,7 +1,13 @@
 """Tool-call parsers: one model response (text) -> content, calls and parse errors.
 
-Parsers never raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError`
-that the rollout sends back to the model, so the model learns from it instead of the call vanishing.
+The rule: **a parser's failure is one call's error and never another call's loss.** Parsers never
+raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError` that the
+rollout sends back to the model, so the model learns from it instead of the call vanishing, and the
+calls around it (in the same block, list or message) still run. A format's own markers written inside
+an argument (a JSON string, a parameter value) are data, not the end of the call; the special tokens
+that end a family's turn are not content. A parser that raises anyway, like a tool that does, is that
+turn's parse error in the rollout and a one-line error from ``toolrl parse``, which also stops one
+that runs past a time limit.
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
-from toolrl.schemas import ParseResult, ToolResponse
+from toolrl.schemas import ParseError, ParseResult, ToolResponse
 
 
 class ToolParser:
@@ -40,3 +46,30 @@ class ToolParser:
     def format_inline_result(self, response: ToolResponse) -> str:
         """The text appended after an inline call (``result_mode == "inline"``)."""
         raise NotImplementedError(f"parser {self.name!r} renders results through the chat template")
+
+
+def without_tokens(content: str, tokens: Sequence[str]) -> str:
+    """``content`` less a family's end-of-turn and end-of-call tokens (markup, not the model's words)."""
+    for token in tokens:
+        if token in content:
+            content = content.replace(token, "")
+    return content
+
+
+def parse_or_error(parser: ToolParser, text: str) -> ParseResult:
+    """``parser.parse(text)``, where a parser that raises (or returns no :class:`ParseResult`) makes
+    the whole text one parse error, as a tool that raises is its call's error: a third-party parser's
+    bug costs a turn, never the run."""
+    try:
+        result = parser.parse(text)
+    except Exception as exc:
+        return _failed(parser, f"{type(exc).__name__}: {exc}", text)
+    if not isinstance(result, ParseResult):
+        return _failed(parser, f"it returned {type(result).__name__}, not a ParseResult", text)
+    return result
+
+
+def _failed(parser: ToolParser, why: str, text: str) -> ParseResult:
+    name = parser.name or type(parser).__name__
+    return ParseResult(content=text, errors=[ParseError(message=f"the tool-call parser {name!r} failed: {why}",
+                                                        raw=text)])

@@ -2,11 +2,14 @@
 one pass for the model-family parsers.
 
 A block runs from its opening marker to the first closing marker before the next opening marker;
-without one it is unterminated and ends where the next block opens (or at the end). Markers inside a
-block are its data. Reasoning regions follow the hermes parser's rule: ``OPEN`` to its ``CLOSE`` or the
-end, and a ``CLOSE`` before any ``OPEN`` closes a block the prompt opened, so everything before it is
-reasoning. Blocks (and stray closing markers) that start inside reasoning are not calls: they stay in
-the content. Each search is bounded by the next opening marker, so the time is linear in the text.
+without one it is unterminated and ends where the next block opens (or at the end). A format's data
+regions inside a block (``Markers.data`` to where the parser's ``data_end`` says: a parameter value, a
+call's JSON) are data, so a marker written inside an argument neither ends the block nor opens one; a
+data region that does not end as its grammar says is not one, and its markers count. Reasoning
+regions follow the hermes parser's rule: ``OPEN`` to its ``CLOSE`` or the end, and a ``CLOSE`` before
+any ``OPEN`` closes a block the prompt opened, so everything before it is reasoning. Blocks (and stray
+closing markers) that start inside reasoning are not calls: they stay in the content. Each search is
+bounded by the next opening marker (or data region), so the time is linear in the text.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import ToolSchemas
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -29,6 +32,7 @@ class Markers:
     close: str
     think_open: str = ""
     think_close: str = ""
+    data: str = ""  # opens a data region inside a block
 
 
 @dataclass(slots=True)
@@ -49,7 +53,10 @@ def _pattern(markers: Markers) -> re.Pattern[str]:
                                                       markers.think_close) if m))
 
 
-def find_blocks(text: str, markers: Markers) -> list[Block]:
+DataEnd = Callable[[str, int], int]  # (text, where a data region opens) -> where it ends, or -1
+
+
+def find_blocks(text: str, markers: Markers, data_end: DataEnd | None = None) -> list[Block]:
     """Call blocks and stray closing markers outside reasoning, in order."""
     found = [(m.start(), m.group()) for m in _pattern(markers).finditer(text)]
     opens = [p for p, tag in found if tag == markers.open]
@@ -59,14 +66,7 @@ def find_blocks(text: str, markers: Markers) -> list[Block]:
         if pos < cursor:
             continue
         if tag == markers.open:
-            body = pos + len(tag)
-            k = bisect_right(opens, pos)
-            limit = opens[k] if k < len(opens) else len(text)
-            close = text.find(markers.close, body, limit)
-            if close == -1:
-                spans.append(Block(pos, limit, "call", body, limit, terminated=False))
-            else:
-                spans.append(Block(pos, close + len(markers.close), "call", body, close))
+            spans.append(_block(text, pos, markers, opens, data_end))
         else:
             spans.append(Block(pos, pos + len(tag), "stray" if tag == markers.close else tag))
         cursor = spans[-1].end
@@ -81,6 +81,47 @@ def find_blocks(text: str, markers: Markers) -> list[Block]:
         if span.kind in ("call", "stray") and (region is None or span.start < region[0]):
             kept.append(span)
     return kept
+
+
+def _block(text: str, pos: int, markers: Markers, opens: list[int], data_end: DataEnd | None) -> Block:
+    """The block opened at ``pos``: to its closing marker outside data regions, else unterminated at the
+    next opening marker outside them."""
+    body = i = pos + len(markers.open)
+    limit = _next(opens, pos, len(text))
+    close = text.find(markers.close, body, limit)
+    if close != -1 and not (data_end and _in_data(text, body, close, markers.data, data_end)):
+        return Block(pos, close + len(markers.close), "call", body, close)  # the common case: no scan of the data
+    while True:
+        data = text.find(markers.data, i, limit) if markers.data and data_end else -1
+        close = text.find(markers.close, i, data if data != -1 else limit)
+        if close != -1:
+            return Block(pos, close + len(markers.close), "call", body, close)
+        if data == -1:
+            return Block(pos, limit, "call", body, limit, terminated=False)
+        end = data_end(text, data)  # type: ignore[misc]
+        i = end if end != -1 else data + len(markers.data)
+        limit = max(limit, _next(opens, i - 1, len(text)))  # an opening marker in the data is data
+
+
+def _in_data(text: str, body: int, pos: int, data: str, data_end: DataEnd) -> bool:
+    """Whether ``pos`` lies in a data region of the block whose body starts at ``body``. A region ends
+    before the next one opens, so only the last one opened before ``pos`` can hold it."""
+    last = text.rfind(data, body, pos)
+    return last != -1 and data_end(text, last) > pos
+
+
+def _next(positions: list[int], pos: int, default: int) -> int:
+    """The first of the sorted ``positions`` after ``pos``."""
+    k = bisect_right(positions, pos)
+    return positions[k] if k < len(positions) else default
+
+
+def value_end(text: str, pos: int, opening: str, closing: str) -> int:
+    """Past the first ``closing`` after the ``opening`` at ``pos`` and before the next ``opening``, or -1."""
+    after = pos + len(opening)
+    following = text.find(opening, after)
+    end = text.find(closing, after, following if following != -1 else len(text))
+    return end + len(closing) if end != -1 else -1
 
 
 def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list[tuple[int, int]]:
@@ -102,10 +143,10 @@ def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list
 
 
 def assemble(text: str, blocks: list[Block], markers: Markers,
-             decode: Callable[[str], list[ToolCall]]) -> ParseResult:
-    """Content (the text outside the blocks), the calls ``decode`` reads from each terminated block's
-    body, and a parse error for each block it rejects (its :class:`ValueError`), each unterminated
-    block and each stray closing marker."""
+             decode: Callable[[str], Sequence[ToolCall | ParseError]], end_tokens: Sequence[str] = ()) -> ParseResult:
+    """Content (the text outside the blocks, less ``end_tokens``), the calls and call errors ``decode``
+    reads from each terminated block's body, and a parse error for each block it rejects (its
+    :class:`ValueError`), each unterminated block and each stray closing marker."""
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
     content: list[str] = []
@@ -120,11 +161,12 @@ def assemble(text: str, blocks: list[Block], markers: Markers,
             errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
         else:
             try:
-                calls += decode(text[block.body_start:block.body_end])
+                for item in decode(text[block.body_start:block.body_end]):
+                    (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=raw))
     content.append(text[pos:])
-    return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+    return ParseResult(content=without_tokens("".join(content), end_tokens).strip(), calls=calls, errors=errors)
 
 
 class BlockParser(ToolParser):
@@ -141,8 +183,16 @@ class BlockParser(ToolParser):
         self.schemas = ToolSchemas(schemas)
 
     def parse(self, text: str) -> ParseResult:
-        return assemble(text, find_blocks(text, self.markers), self.markers, self.decode)
+        data_end = self.data_end if self.markers.data else None
+        return assemble(text, find_blocks(text, self.markers, data_end), self.markers, self.decode,
+                        self.end_of_call_tokens)
 
-    def decode(self, body: str) -> list[ToolCall]:
-        """The calls in one block's body; a ValueError is that block's parse error."""
+    def data_end(self, text: str, pos: int) -> int:
+        """Where the data region opening at ``pos`` (``markers.data``) ends as the format's grammar says,
+        or -1 when it does not."""
+        raise NotImplementedError
+
+    def decode(self, body: str) -> Sequence[ToolCall | ParseError]:
+        """The calls in one block's body, a malformed one as its own ParseError; a ValueError is the
+        whole block's parse error."""
         raise NotImplementedError

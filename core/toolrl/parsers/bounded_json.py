@@ -2,9 +2,11 @@
 
 The standard decoder recurses once per nesting level (``[[[...`` 1,000 deep raises RecursionError)
 and converts integers with Python's 4,300-digit limit (ValueError past it). :func:`loads` checks
-depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON) and numbers
-that overflow a float (``1e999`` would decode to ``inf``, which no JSON encoder can write back), and
-raises only :class:`json.JSONDecodeError` or :class:`JSONLimitError`. Both take time linear in the text.
+depth before decoding and length while decoding, rejects ``NaN``/``Infinity`` (not JSON), numbers
+that overflow a float (``1e999`` would decode to ``inf``, which no JSON encoder can write back) and
+lone surrogates (the escape ``"\\ud800"``, or the character in text decoded with ``surrogateescape``:
+UTF-8 cannot encode it, so the tokenizer and the JSON traces would fail on it later), and raises only
+:class:`json.JSONDecodeError` or :class:`JSONLimitError`. Both take time linear in the text.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ _WHITESPACE = " \t\n\r"  # JSON's whitespace
 
 # A JSON string (or one that runs to the end) or a bracket: depth counts brackets outside strings.
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)|[\[\]{}]', re.S)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff: half of a pair, or a lone one
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JSONLimitError(ValueError):
     """Valid-looking JSON beyond a bound (nesting depth, number length or range, a non-JSON constant)."""
+
+
+class UnencodableJSON(JSONLimitError):
+    """JSON that decodes whole to a string UTF-8 cannot encode (a lone surrogate)."""
 
 
 def too_deep(text: str, max_depth: int) -> bool:
@@ -73,4 +81,25 @@ def loads(text: str, max_depth: int = MAX_DEPTH, max_number_chars: int = MAX_NUM
     rest = text[end:].lstrip(_WHITESPACE)
     if rest:
         raise json.JSONDecodeError("Extra data", text, len(text) - len(rest))
+    if _may_hold_surrogates(text) and _has_lone_surrogate(obj):
+        raise UnencodableJSON("a lone surrogate (\\ud800-\\udfff without its pair): not encodable as UTF-8")
     return obj
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    """Whether ``text`` escapes a surrogate (a pair's half, or a lone one) or holds one: quick checks
+    first, so text without either costs next to nothing."""
+    return ("\\u" in text and _SURROGATE_ESCAPE.search(text) is not None) or (
+        not text.isascii() and _SURROGATE.search(text) is not None)
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (keys included) holds a surrogate (a decoded pair is one character
+    outside the range); nesting is already bounded."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False

@@ -10,7 +10,8 @@
 The name is the text before the first ``<arg_key>``; a value is the text between its tags, as is.
 Values are untyped text (the template writes strings bare and everything else as JSON):
 :meth:`bind_tools` gives the tools' schemas, which type them; without a schema a value stays text.
-Calls inside ``<think>`` are reasoning, as in the hermes parser. GLM ends a turn with calls at
+Calls inside ``<think>`` are reasoning, as in the hermes parser; markers inside an ``<arg_value>``
+(to its first ``</arg_value>`` before the next ``<arg_value>``) are data. GLM ends a turn with calls at
 ``<|observation|>`` (where the tool results go), which is not the end of its assistant turn.
 """
 
@@ -18,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolrl.parsers.blocks import BlockParser, Markers
+from toolrl.parsers.blocks import BlockParser, Markers, value_end
 from toolrl.schemas import ToolCall
 
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>")
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=VALUE)
 
 
 class Glm45Parser(BlockParser):
@@ -33,6 +34,9 @@ class Glm45Parser(BlockParser):
     @property
     def stop_strings(self) -> list[str]:
         return list(self.end_of_call_tokens)
+
+    def data_end(self, text: str, pos: int) -> int:
+        return value_end(text, pos, VALUE, VALUE_END)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""

@@ -9,7 +9,8 @@ writes it after::
 A message's header runs to ``<|message|>`` and its body to ``<|call|>``, ``<|end|>`` or
 ``<|return|>``. A recipient ``functions.NAME`` (or a bare ``NAME``, as vLLM accepts) makes the message
 a call on any channel; ``assistant`` and the built-in tools (``browser``, ``python``, ``container``)
-do not. The arguments are the body's JSON object. Content is the response less its call messages.
+do not, and an empty one (``to=functions.``, ``to=``) is a call without a name: a parse error. The
+arguments are the body's JSON object. Content is the response less its call messages.
 """
 
 from __future__ import annotations
@@ -17,21 +18,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import json_object
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 START, MESSAGE, CALL = "<|start|>", "<|message|>", "<|call|>"
 _TOKENS = re.compile(r"<\|(?:start|message|call|end|return)\|>")
-_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+_RECIPIENT = re.compile(r"\bto=([^\s<]*)")
 CONSTRAIN, CHANNEL = "<|constrain|>", "<|channel|>"
 NOT_FUNCTIONS = ("assistant", "browser", "python", "container")
 
 
 def function_name(recipient: str) -> str | None:
-    """The function a recipient names, or None for the assistant and the built-in tools."""
+    """The function a recipient names ("" when it names none), or None for the assistant and the
+    built-in tools."""
     if recipient.startswith("functions."):
-        return recipient[len("functions."):] or None
+        return recipient[len("functions."):]
     return None if recipient.split(".", 1)[0] in NOT_FUNCTIONS else recipient
 
 
@@ -95,7 +97,8 @@ class GptOssParser(ToolParser):
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=text[message.start:message.end]))
         content.append(text[kept:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
+                           calls=calls, errors=errors)
 
     @staticmethod
     def content_type(header: str) -> str:
@@ -109,6 +112,9 @@ class GptOssParser(ToolParser):
 
     @staticmethod
     def decode(name: str, header: str, body: str, ending: str | None) -> ToolCall:
+        if not name:
+            raise ValueError(f"tool call without a function name: the recipient must read to=functions.NAME, "
+                             f"got {_RECIPIENT.search(header).group()!r}")  # type: ignore[union-attr]
         if ending is None:
             raise ValueError(f"unterminated tool call to '{name}': missing {CALL}")
         content_type = GptOssParser.content_type(header)

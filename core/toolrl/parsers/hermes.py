@@ -3,7 +3,7 @@
 Unlike verl's parser: calls inside ``<think>`` are ignored, each call is parsed on its own, and an
 unterminated or malformed call becomes a parse error instead of being dropped.
 
-A call whose JSON decodes ends at the first tag that stands outside its JSON strings, so
+A call whose JSON decodes (a valid call or not) ends at the first tag that stands outside its JSON strings, so
 ``<tool_call>``, ``</tool_call>``, ``<think>`` or ``</think>`` inside a string argument (code, XML) is
 data. A call whose JSON does not decode reads the tags as plain text: it ends at its first
 ``</tool_call>`` (or, unterminated, before the next ``<tool_call>``), so a string that never closes
@@ -18,7 +18,7 @@ import json
 import re
 
 from toolrl.parsers import ToolParser
-from toolrl.parsers.bounded_json import JSONLimitError, loads
+from toolrl.parsers.bounded_json import JSONLimitError, UnencodableJSON, loads
 from toolrl.schemas import ParseResult, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -54,16 +54,22 @@ class _ToolTags:
         return found if found >= 0 else len(self.text)
 
 
-def decode_call(body: str) -> ToolCall | str:
-    """A call from the JSON between the tags, or the reason it is malformed."""
+def decode_call(body: str) -> tuple[ToolCall | str, bool]:
+    """A call from the JSON between the tags, or the reason it is malformed; and whether the JSON
+    decoded whole (then its strings are certain, and so is where it ends)."""
     if not body.strip():
-        return 'empty tool call: expected {"name": ..., "arguments": {...}}'
+        return 'empty tool call: expected {"name": ..., "arguments": {...}}', False
     try:
         obj = loads(body)
     except json.JSONDecodeError as exc:
-        return f"invalid JSON in tool call: {exc.msg} (character {exc.pos})"
+        return f"invalid JSON in tool call: {exc.msg} (character {exc.pos})", False
     except JSONLimitError as exc:
-        return f"invalid JSON in tool call: {exc}"
+        return f"invalid JSON in tool call: {exc}", isinstance(exc, UnencodableJSON)
+    return _as_call(obj), True
+
+
+def _as_call(obj: object) -> ToolCall | str:
+    """The call a decoded JSON value holds, or why it holds none."""
     if not isinstance(obj, dict):
         return f"tool call must be a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
     name = obj.get("name")
@@ -90,16 +96,16 @@ def _call(text: str, start: int, stop: int, tool_tags: _ToolTags) -> tuple[int, 
     body = start + len(OPEN)
     if text.startswith(CLOSE, stop):
         json_text = text[body:stop]
-        outcome = decode_call(json_text)
-        # Valid JSON, or no tool-call tag inside (read as plain text it ends here too): done.
-        if isinstance(outcome, ToolCall) or "<" not in json_text or tool_tags.after(body) == stop:
+        outcome, decoded = decode_call(json_text)
+        # JSON that decodes, or no tool-call tag inside (read as plain text it ends here too): done.
+        if decoded or "<" not in json_text or tool_tags.after(body) == stop:
             return stop + len(CLOSE), outcome
     plain = tool_tags.after(body)  # where the call ends read as plain text
     if stop < plain and stop < len(text) and text[stop] == "<":  # a think tag outside JSON strings
         return stop, UNTERMINATED
     # Broken JSON: tags in it are plain text, so the call cannot reach past the next tool-call tag.
     if text.startswith(CLOSE, plain):
-        return plain + len(CLOSE), decode_call(text[body:plain])
+        return plain + len(CLOSE), decode_call(text[body:plain])[0]
     return plain, UNTERMINATED
 
 

@@ -6,10 +6,12 @@ whole assistant turn), with or without the ``<|python_tag|>`` that opens a call 
 
 After ``<|python_tag|>`` the JSON objects, separated by ``;`` or whitespace, are calls
 (``arguments`` may stand for ``parameters``) and any that is not a valid call is a parse error; text
-after them is content. Without the tag, as in vLLM's parser, a JSON object in the text is a call when
-it has ``name`` and ``parameters`` (or ``arguments``); other braces are content (prose, LaTeX, JSON
-answers), except JSON that opens ``{"name":`` and does not decode: a broken call, reported. The turn
-ends at ``<|eom_id|>`` in ipython mode, ``<|eot_id|>`` otherwise.
+after them is content. Before it (or without it), as in vLLM's parser, a JSON object in the text is a
+call when it has ``name`` and ``parameters`` (or ``arguments``), and a ``;`` after a call separates it
+from the next; other braces are content (prose, LaTeX, JSON answers), except JSON that opens
+``{"name":`` and does not decode: a broken call, reported. A ``<|python_tag|>`` inside a JSON object
+that decodes is data (code that prints it). The turn ends at ``<|eom_id|>`` in ipython mode,
+``<|eot_id|>`` otherwise; neither is content.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATOR = re.compile(r"[\s;]*")
 _CALL_START = re.compile(r'\{\s*"name"\s*:')  # JSON that sets out to be a call
+_AFTER_CALL = re.compile(r"(?:\s*;)?")  # the separator after a call, which is not content
 
 
 def decode_call(obj: Any) -> ToolCall:
@@ -47,16 +50,20 @@ class Llama3JsonParser(ToolParser):
         return ["<|eom_id|>"]  # ipython mode's end of a call turn; <|eot_id|> ends every turn
 
     def parse(self, text: str) -> ParseResult:
-        tag = text.find(PYTHON_TAG)
-        if tag != -1:
-            return self._call_turn(text, tag, tag + len(PYTHON_TAG))
-        return self._prose(text)
-
-    def _call_turn(self, text: str, cut: int, pos: int) -> ParseResult:
-        """Calls from ``pos`` on (separated by ``;``, whitespace or more python tags); the text before
-        ``cut`` and after the last call is content."""
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
+        content: list[str] = []
+        tag = self._prose(text, calls, errors, content)
+        if tag != -1:
+            content.append(text[self._call_turn(text, tag, calls, errors):])
+        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
+                           calls=calls, errors=errors)
+
+    def _call_turn(self, text: str, tag: int, calls: list[ToolCall], errors: list[ParseError]) -> int:
+        """Calls after the ``<|python_tag|>`` at ``tag`` (separated by ``;``, whitespace or more python
+        tags); returns where they end (the rest is content)."""
+        found = len(calls) + len(errors)
+        pos = tag + len(PYTHON_TAG)
         while True:
             pos = _SEPARATOR.match(text, pos).end()  # type: ignore[union-attr]
             if text.startswith(PYTHON_TAG, pos):
@@ -68,29 +75,28 @@ class Llama3JsonParser(ToolParser):
             raw = text[pos:end if end != -1 else len(text)]
             if end == -1:
                 errors.append(ParseError(message="unterminated tool call: its JSON never closes", raw=raw))
-                pos = len(text)
-                break
+                return len(text)
             try:
                 calls.append(decode_call(decode_json(raw, "tool call")))
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=raw))
             pos = end
-        if not calls and not errors:
+        if len(calls) + len(errors) == found:
             errors.append(ParseError(message=f"{PYTHON_TAG} must be followed by a JSON tool call "
-                                             '{"name": ..., "parameters": {...}}', raw=text[cut:pos + 80]))
-        return ParseResult(content=(text[:cut] + text[pos:]).strip(), calls=calls, errors=errors)
+                                             '{"name": ..., "parameters": {...}}', raw=text[tag:pos + 80]))
+        return pos
 
-    def _prose(self, text: str) -> ParseResult:
-        """Calls among the JSON objects of ``text``; other braces are content."""
-        calls: list[ToolCall] = []
-        errors: list[ParseError] = []
-        content: list[str] = []
+    def _prose(self, text: str, calls: list[ToolCall], errors: list[ParseError], content: list[str]) -> int:
+        """Calls among the JSON objects of ``text`` up to the ``<|python_tag|>`` that opens the call turn
+        (one inside a JSON object that decodes is data); other braces are content. Returns where that
+        tag is, or -1."""
         pos = 0
-        while (start := text.find("{", pos)) != -1:
+        tag = text.find(PYTHON_TAG)
+        while (start := text.find("{", pos)) != -1 and not 0 <= tag < start:
             end = json_end(text, start)
             attempt = _CALL_START.match(text, start) is not None
             if end == -1:
-                if attempt:  # a call cut short (a length stop): say so rather than leave it as text
+                if attempt and tag == -1:  # a call cut short (a length stop): say so rather than leave it as text
                     content.append(text[pos:start])
                     errors.append(ParseError(message="unterminated tool call: its JSON never closes",
                                              raw=text[start:]))
@@ -100,17 +106,22 @@ class Llama3JsonParser(ToolParser):
                 obj = decode_json(text[start:end], "tool call")
             except ValueError as exc:
                 obj, problem = None, str(exc)
+            if start < tag < end:
+                if obj is None:  # the tag in JSON that does not decode is a tag
+                    break
+                tag = text.find(PYTHON_TAG, end)
             if isinstance(obj, dict) and "name" in obj and ("parameters" in obj or "arguments" in obj):
                 content.append(text[pos:start])
                 try:
                     calls.append(decode_call(obj))
                 except ValueError as exc:
                     errors.append(ParseError(message=str(exc), raw=text[start:end]))
+                end = _AFTER_CALL.match(text, end).end()  # type: ignore[union-attr]
             elif obj is None and attempt:
                 content.append(text[pos:start])
                 errors.append(ParseError(message=problem, raw=text[start:end]))
             else:
                 content.append(text[pos:end])
             pos = end
-        content.append(text[pos:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        content.append(text[pos:tag if tag != -1 else len(text)])
+        return tag

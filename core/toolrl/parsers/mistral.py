@@ -4,8 +4,9 @@
   one object, holds the turn's calls);
 - v11 and later: ``[TOOL_CALLS]f[ARGS]{...}[TOOL_CALLS]g[ARGS]{...}`` (the name, then its JSON
   arguments; ``f{...}`` without ``[ARGS]`` too), the call's id after ``[CALL_ID]`` when the model
-  writes one (``f[CALL_ID]a1b2c3d4e[ARGS]{...}``).
+  writes one (``f[CALL_ID]a1b2c3d4e[ARGS]{...}``); v13 writes a space after ``[ARGS]``.
 
+Each call is read on its own: a bad item of a pre-v11 list is its own error, the others still run.
 A call keeps the id the model wrote (pre-v11 ``"id"``, v11 ``[CALL_ID]``): its result must name it.
 
 A call's JSON ends where its brackets balance, so text after it is content. Reasoning
@@ -14,9 +15,10 @@ A call's JSON ends where its brackets balance, so text after it is content. Reas
 
 from __future__ import annotations
 
+import json
 import re
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, without_tokens
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json_object
 from toolrl.parsers.blocks import Block, Markers, reasoning_regions
 from toolrl.schemas import ParseError, ParseResult, ToolCall
@@ -28,22 +30,28 @@ _NAME = re.compile(r"[^\s\[{]*")
 _SPACE = re.compile(r"\s*")
 
 
-def _json_calls(value: object) -> list[ToolCall]:
-    """Pre-v11 calls: one call object or a list of them."""
-    items = value if isinstance(value, list) else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict):
-            raise ValueError(f"each tool call must be a JSON object with 'name' and 'arguments', "
-                             f"got {type(item).__name__}")
-        name = item.get("name")
-        if not isinstance(name, str) or not name:
-            raise ValueError("tool call is missing 'name' (a non-empty string)")
-        if "arguments" not in item:
-            raise ValueError(f"tool call to '{name}' is missing 'arguments'")
-        calls.append(ToolCall(name=name, arguments=call_arguments(item["arguments"], name),
-                              id=item["id"] if isinstance(item.get("id"), str) else None))
-    return calls
+def _json_calls(value: object, raw: str) -> list[ToolCall | ParseError]:
+    """Pre-v11 calls: one call object or a list of them, each read on its own (a bad item is its own
+    error, its raw text the item as JSON)."""
+    if not isinstance(value, list):
+        return [_json_call(value, raw)]
+    return [_json_call(item, json.dumps(item, ensure_ascii=False)) for item in value]
+
+
+def _json_call(item: object, raw: str) -> ToolCall | ParseError:
+    if not isinstance(item, dict):
+        return ParseError(message=f"each tool call must be a JSON object with 'name' and 'arguments', "
+                                  f"got {type(item).__name__}", raw=raw)
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        return ParseError(message="tool call is missing 'name' (a non-empty string)", raw=raw)
+    if "arguments" not in item:
+        return ParseError(message=f"tool call to '{name}' is missing 'arguments'", raw=raw)
+    try:
+        arguments = call_arguments(item["arguments"], name)
+    except ValueError as exc:
+        return ParseError(message=str(exc), raw=raw)
+    return ToolCall(name=name, arguments=arguments, id=item["id"] if isinstance(item.get("id"), str) else None)
 
 
 class MistralParser(ToolParser):
@@ -68,20 +76,23 @@ class MistralParser(ToolParser):
             if isinstance(found, str):
                 errors.append(ParseError(message=found, raw=text[span.start:end]))
             else:
-                calls += found
+                for item in found:
+                    (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
             pos = end
         content.append(text[pos:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
+                           calls=calls, errors=errors)
 
-    def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall] | str]:
-        """The calls after a ``[TOOL_CALLS]`` ending at ``pos``, and where they end; or the error."""
+    def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall | ParseError] | str]:
+        """The calls (and errors of pre-v11 list items) after a ``[TOOL_CALLS]`` ending at ``pos``, and
+        where they end; or the error."""
         start = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
         if start < len(text) and text[start] in "[{":  # pre-v11: JSON
             end = json_end(text, start)
             if end == -1:
                 return len(text), f"unterminated tool call: the JSON after {TOOL_CALLS} never closes"
             try:
-                return end, _json_calls(decode_json(text[start:end], "tool call"))
+                return end, _json_calls(decode_json(text[start:end], "tool call"), text[pos - len(TOOL_CALLS):end])
             except ValueError as exc:
                 return end, str(exc)
         name_end = _NAME.match(text, pos).end()  # type: ignore[union-attr]
@@ -91,7 +102,8 @@ class MistralParser(ToolParser):
             id_start = name_end + len(CALL_ID)
             name_end = _NAME.match(text, id_start).end()  # type: ignore[union-attr]
             call_id = text[id_start:name_end] or None
-        args = name_end + len(ARGS) if text.startswith(ARGS, name_end) else name_end
+        after_args = name_end + len(ARGS) if text.startswith(ARGS, name_end) else name_end
+        args = _SPACE.match(text, after_args).end()  # type: ignore[union-attr]  # v13: "[ARGS] {"
         if not name or not text.startswith("{", args):
             stop = text.find(TOOL_CALLS, pos)
             end = stop if stop != -1 else len(text)

@@ -14,19 +14,21 @@
 A value is the text between its tags, less one leading and one trailing newline (the template's
 markup). Values are untyped text: :meth:`bind_tools` gives the tools' schemas, which type them
 (``3`` for an integer parameter; a string parameter keeps ``"3"``); without a schema a value stays text.
-Calls inside ``<think>`` are reasoning, as in the hermes parser.
+Calls inside ``<think>`` are reasoning, as in the hermes parser. A parameter's value runs from its
+``<parameter=NAME>`` to the first ``</parameter>`` before the next ``<parameter=``: markers inside it
+(``<tool_call>`` in code) are data.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from toolrl.parsers.blocks import BlockParser, Markers
+from toolrl.parsers.blocks import BlockParser, Markers, value_end
 from toolrl.schemas import ToolCall
 
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>")
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=PARAMETER)
 
 
 def _trim_newlines(value: str) -> str:
@@ -38,6 +40,9 @@ class Qwen3CoderParser(BlockParser):
     markers = MARKERS
     name = "qwen3_coder"
     end_of_call_tokens = ("<|im_end|>",)
+
+    def data_end(self, text: str, pos: int) -> int:
+        return value_end(text, pos, PARAMETER, PARAMETER_END)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""

@@ -30,7 +30,7 @@ from typing import Any
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, parse_or_error
 from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
@@ -273,7 +273,7 @@ def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseErro
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
     parser, traj, renderer = ep.route.parser, ep.traj, ep.renderer
-    parsed = parser.parse(traj.model_text[-1])
+    parsed = parse_or_error(parser, traj.model_text[-1])  # a parser that raises: this turn's parse error
     if parser.result_mode != "inline":
         traj.final_response = parsed.content
         traj.parse_errors += parsed.errors
@@ -282,7 +282,7 @@ def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseErro
         return calls, parsed.errors
     ep.messages.append(renderer.assistant_message(gen.token_ids))
     model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
-    traj.final_response = parser.parse(ep.renderer.decode(model_ids)).content
+    traj.final_response = parse_or_error(parser, ep.renderer.decode(model_ids)).content
     stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
     calls = parsed.calls[-1:] if stopped_at_call else []
     errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
