@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
-         "advantage_estimators", "policy_losses")
+         "advantage_estimators", "policy_losses", "environment_sessions")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -30,6 +30,7 @@ KIND_WORDS = {
     "loggers": "logger",
     "advantage_estimators": "advantage estimator",
     "policy_losses": "policy loss",
+    "environment_sessions": "environment session",
 }
 
 
@@ -43,6 +44,7 @@ KIND_BASES = {
     "loggers": ("toolrl.loggers", "Logger"),
     "advantage_estimators": ("toolrl.algorithms", "AdvantageEstimator"),
     "policy_losses": ("toolrl.algorithms", "PolicyLoss"),
+    "environment_sessions": ("toolrl.sessions", "EnvironmentSession"),
 }
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
