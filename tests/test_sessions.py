@@ -36,6 +36,7 @@ def call(name, **arguments):
 
 
 CLOSED: list[str] = []
+HEARD: list[str] = []
 
 
 class Customer(EnvironmentSession):
@@ -49,6 +50,7 @@ class Customer(EnvironmentSession):
 
     async def respond(self, message):
         self.heard.append(message)
+        HEARD.append(message)
         return self.replies[len(self.heard) - 1] if len(self.heard) <= len(self.replies) else None
 
     def score(self, trajectory):  # a plain def runs in a thread
@@ -74,6 +76,7 @@ def tokenizer():
 @pytest.fixture(autouse=True)
 def _closed():
     CLOSED.clear()
+    HEARD.clear()
 
 
 async def test_user_turns_are_environment_tokens_and_the_score_is_a_term(tokenizer):
@@ -90,6 +93,7 @@ async def test_user_turns_are_environment_tokens_and_the_score_is_a_term(tokeniz
     assert tokenizer.decode(user_ids).count("My order is 42.") == 1 and "Glad" not in tokenizer.decode(user_ids)
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.response_mask) if not m)
     assert traj.reward_terms == {"customer": 0.5} and traj.reward == 0.5
+    assert HEARD == TEXTS  # the answers' content, without the end-of-turn token
     assert traj.reward_parts == {"customer.db": 1.0, "customer.heard": 3.0}
     assert CLOSED == ["t0"]
 
@@ -219,3 +223,11 @@ def test_a_session_kind_is_named_by_the_config_and_its_options_are_checked():
     with pytest.raises(ConfigError, match="session.name: unknown environment session 'nope'"):
         session_kind(load_config(None, data={"data": {"train_files": ["x.jsonl"]}, "session": {"name": "nope"}}),
                      None)
+
+
+async def test_a_template_that_cannot_append_a_user_turn_says_so(qwen3_tokenizer):
+    # Qwen3's template drops earlier turns' reasoning once the user speaks again.
+    traj = await run_trajectory(ctx(qwen3_tokenizer, [THINK.replace("\n\n</think>", "\nhm\n</think>") + "Hi."],
+                                    Customer), SAMPLE, 0, "t0", seed=0)
+    assert traj.termination == "error" and "not append-only for a user turn" in traj.error, traj.error
+    assert CLOSED == ["t0"]

@@ -203,7 +203,7 @@ async def take_turn(ep: _Episode) -> Termination | None:
     calls, errors = parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        return await user_turn(ep)
+        return await user_turn(ep, gen)
     if ending is not None:
         return ending
     results = await execute(ep, calls)
@@ -262,12 +262,12 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
     traj.policy_versions, traj.prefill_tokens_saved = [], 0
 
 
-async def user_turn(ep: _Episode) -> Termination | None:
+async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     """After an answer: the session's next user turn (a simulated user) joins the response as
     environment tokens (mask 0) and the model takes another turn; no user turn: the answer ends the
-    trajectory."""
+    trajectory. The session reads the answer as its parsed content, without the end-of-turn token."""
     traj = ep.traj
-    reply = await ep.session.respond(traj.final_response)
+    reply = await ep.session.respond(ep.route.parser.parse(ep.renderer.turn_text(gen.token_ids)).content)
     if reply is None:
         return "answered"
     traj.user_turns.append(reply)
