@@ -4,6 +4,8 @@ environment (``Environment.session``) or a config (``session.name``).
 
 Contract, per trajectory (every method may be ``async def`` or a plain ``def``, which runs in a thread)::
 
+    prepare(options, context)                     classmethod, once per route when the routes are built
+                                                  (start a server, check it answers): a failure is a config error
     build(options, context) -> session           classmethod, once: options validated against ``Options``
     reset(sample) -> Reset                        once: the tools this trajectory offers, first messages
     step(call) -> StepResult                      per call of a tool the reset handed out as a schema
@@ -134,6 +136,11 @@ class EnvironmentSession:
         self.options, self.context = options, context
 
     @classmethod
+    async def prepare(cls, options: Any, context: SessionContext) -> None:
+        """What every session of a route needs, made once when the routes are built (kept in
+        ``context.shared``); raise to refuse the configuration. ``context.trajectory_id`` is empty."""
+
+    @classmethod
     def build(cls, options: Any, context: SessionContext) -> EnvironmentSession:
         """One trajectory's session (may be async)."""
         return cls(options, context)
@@ -164,6 +171,15 @@ class SessionKind:
     options: BaseModel
     base_dir: Path
     shared: SharedParts = field(default_factory=SharedParts)
+
+    async def prepare(self) -> None:
+        """The kind's ``prepare``, once per route; its failure (or hang) is a ValueError."""
+        context = SessionContext(self.name, "", self.base_dir, self.shared)
+        run = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
+                                self.cls.timeout)
+        if run.timed_out or run.error is not None:
+            raise ValueError(f"session {self.name!r}: " + (f"prepare timed out after {self.cls.timeout:g} s"
+                                                          if run.timed_out else str(run.error)))
 
     async def close(self) -> None:
         await self.shared.close()

@@ -209,6 +209,10 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
             route.parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
             if route.session is not None:  # what one build's sessions share is theirs alone
                 kinds.append(replace(route.session, shared=SharedParts()))
+                try:
+                    await kinds[-1].prepare()
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
             routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward,
                                  kinds[-1] if route.session is not None else None)
         if len(routes) == 1 and None not in routes:
@@ -220,6 +224,8 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
         for tools in built.values():
             for tool in tools.values():
                 await tool.close()
+        for kind in kinds:
+            await kind.close()
         raise
     return routes, [*(t for tools in built.values() for t in tools.values()), *kinds]
 
