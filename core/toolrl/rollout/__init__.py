@@ -80,8 +80,9 @@ class RolloutContext:
     def renderer(self, route: Route, tools: dict[str, Tool] | None = None) -> ChatRenderer:
         """The renderer of ``tools`` (default: the route's; a session may hand out others per
         trajectory), cached by their schemas: what the template renders."""
+        tools = route.tools if tools is None else tools
         # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
-        schemas = [t.tool_schema.model_dump(exclude_none=True) for t in (route.tools if tools is None else tools).values()] \
+        schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] \
             if route.parser.result_mode == "chat" else []
         key = json.dumps(schemas, sort_keys=True)
         if key not in self._renderers:
