@@ -100,6 +100,22 @@ def register_advantage_estimators(register):
 def register_policy_losses(register):
     register(PlainPG)
 
+from pydantic import BaseModel, ConfigDict
+from toolrl.sessions import EnvironmentSession
+
+class GreeterOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    greeting: str = "Hello."
+
+class Greeter(EnvironmentSession):
+    Options = GreeterOptions
+    async def respond(self, message):
+        return self.options.greeting if message != self.options.greeting else None
+
+@hookimpl
+def register_environment_sessions(register):
+    register(Greeter, name="greeter")
+
 @hookimpl
 def register_model_families(register):
     register("hooks_family:SHOUTY", name="shouty")
@@ -254,6 +270,18 @@ def test_hook_register_model_families(tmp_path):
                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
                                                                             os.environ.get("PYTHONPATH", "")])})
     assert out.stdout.split() == ["shouty", "shouty", "shout", "<|box_end|>"], out.stderr[-2000:]
+def test_hook_register_environment_sessions(tmp_path):
+    assert listed(tmp_path)["parts"]["environment_sessions"] == ["greeter"]
+    code = ("from toolrl.config import load_config, ConfigError; from toolrl.rollout.routes import session_kind\n"
+            "def kind(options):\n"
+            "    data = {'data': {'train_files': ['x.jsonl']}, 'session': {'name': 'greeter', 'options': options}}\n"
+            "    return session_kind(load_config(None, data=data), None)\n"
+            "print(kind({'greeting': 'Hi.'}).options.greeting)\n"
+            "try:\n    kind({'greet': 'Hi.'})\nexcept ConfigError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
+                                                                            os.environ.get("PYTHONPATH", "")])})
+    assert out.stdout.splitlines() == ["Hi.", "session.options.greet: unknown key"], out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

@@ -260,6 +260,13 @@ class ToolsConfig(Section):
         return self.config_path is not None or self.entries is not None
 
 
+class SessionConfig(Section):
+    """Overrides an environment's session kind (toolrl.sessions) for every route."""
+
+    name: str | None = Field(None, description="a registered environment session kind; None: the environment's")
+    options: dict[str, Any] | None = Field(None, description="None: the environment's (for its kind)")
+
+
 class EnvEntry(Section):
     """One environment of a mixture (``envs.NAME``)."""
 
@@ -403,6 +410,7 @@ class Config(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     critic: CriticConfig | None = Field(None, description="the value model (gae); None: no critic")

@@ -9,6 +9,10 @@ A split is one of three sources (loaded by :func:`toolrl.data.sources.load_split
   each row turned into a verl row by the environment's ``row`` function;
 - a generator ``callable(options, split) -> list[Sample | dict]``.
 
+Per-trajectory environment state (a simulated user, a server-side episode whose ``done`` ends the
+trajectory, tools handed out at reset, the environment's own score) is an environment session
+(:mod:`toolrl.sessions`): the environment names its kind in ``session`` with ``session_options``.
+
 An environment may declare an options model (the config's ``env_options`` are validated against
 it) and a ``configure(options) -> {field: value}`` function that adapts its fields to the options
 (a parser format, files given as options). Nothing here imports torch.
@@ -79,6 +83,9 @@ class Environment(BaseModel):
     instructions: str | None = Field(None, description="appended to every prompt's first user message")
     prompt_prefix: list[dict[str, Any]] = Field(default_factory=list, description="few-shot messages")
     tools: list[dict[str, Any]] = Field(default_factory=list, description="verl tool-config entries")
+    session: str | None = Field(None, description="the environment session kind (toolrl.sessions) each "
+                                "trajectory runs with: its tools, user turns, done and score")
+    session_options: dict[str, Any] = Field(default_factory=dict, description="the session kind's options")
     rewards: list[RewardTerm] = Field(default_factory=list)
     parser: str = "hermes"
     parser_options: dict[str, Any] = Field(default_factory=dict)
@@ -160,6 +167,7 @@ class Environment(BaseModel):
             "splits": {n: s.describe() if isinstance(s, (FileSplit, HubSplit)) else "generated"
                        for n, s in self.splits.items()},
             "tools": [str(t.get("class_name", "?")) for t in self.tools],
+            "session": self.session,
             "rewards": {r.name: r.weight for r in self.rewards},
             "parser": self.parser, "max_turns": self.max_turns, "metric": self.metric, "images": self.images,
             "options": self.options.model_json_schema() if self.options is not None else None,

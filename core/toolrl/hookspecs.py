@@ -166,6 +166,22 @@ def register_model_families(register: Register) -> None:
 
 
 @hookspec
+def register_environment_sessions(register: Register) -> None:
+    """Register environment session kinds: subclasses of :class:`toolrl.sessions.EnvironmentSession`.
+
+    A session holds one trajectory's environment state (a simulated user, a server-side episode, a
+    database copy). The class declares ``Options`` (a pydantic model, ``extra="forbid"``: typed
+    ``session_options``) and ``build(options, context)``, which makes one session per trajectory; the
+    rollout loop then calls ``reset(sample)`` (the trajectory's tools and first messages),
+    ``step(call)`` per call of a tool the reset handed out (its result, reward and ``done``, which
+    ends the trajectory), ``respond(message)`` after an answer without calls (the next user turn, or
+    None to end), ``score(trajectory)`` (reward terms, named parts allowed) and ``close()``, always.
+    An environment names its kind (``Environment.session``); ``session.name`` in a config overrides it.
+    A session that fails ends its own trajectory with an error, never another one.
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``toolrl`` command-line interface.
 

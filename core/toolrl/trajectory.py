@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.schemas import ParseError, ToolResult
 
-# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite).
-Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked"]
+# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite); "done": the
+# environment session ended the episode (toolrl.sessions).
+Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done"]
 
 
 class TrajectoryImage(BaseModel):
@@ -60,7 +61,7 @@ class Trajectory(BaseModel):
     tool_rewards: dict[str, float] = Field(default_factory=dict)
     tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
     reward_parts: dict[str, float] = Field(default_factory=dict)  # "tool.part": what a calc_reward was made of
-    user_turns: list[str] = Field(default_factory=list)  # user turns the tools gave (Tool.respond), in order
+    user_turns: list[str] = Field(default_factory=list)  # the session's user turns (respond), in order
     loop_blocked_s: float = 0.0  # seconds tool code held the event loop (see toolrl.tools.guard)
     ground_truth: Any = None
     generation_s: float = 0.0

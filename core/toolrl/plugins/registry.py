@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
-         "advantage_estimators", "policy_losses", "model_families")
+         "advantage_estimators", "policy_losses", "model_families", "environment_sessions")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -32,6 +32,7 @@ KIND_WORDS = {
     "advantage_estimators": "advantage estimator",
     "policy_losses": "policy loss",
     "model_families": "model family",
+    "environment_sessions": "environment session",
 }
 
 
@@ -46,6 +47,7 @@ KIND_BASES = {
     "advantage_estimators": ("toolrl.algorithms", "AdvantageEstimator"),
     "policy_losses": ("toolrl.algorithms", "PolicyLoss"),
     "model_families": ("toolrl.families", "ModelFamily"),  # an instance
+    "environment_sessions": ("toolrl.sessions", "EnvironmentSession"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -2,13 +2,15 @@
 
 For each sample × n, concurrently::
 
-    create tools (sample's tools_kwargs) ─► render prompt (chat template, tools=)    run_trajectory
+    session reset (its tools, first messages) ─► render prompt (tools=)              start_episode
+    create tools (sample's tools_kwargs)                                              run_trajectory
       ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)           generate
-      │   parse ─► no calls and no errors: the tools' user turn (mask 0), else done  parse, ending_after_generation,
-      │                                                                               user_turn
-      │   run calls concurrently (≤ max_parallel_calls; the rest are reported)       execute
+      │   parse ─► no calls and no errors: the session's user turn (mask 0), else    parse, ending_after_generation,
+      │            the answer ends it                                                 user_turn
+      │   run calls concurrently (≤ max_parallel_calls; the rest are reported);      execute
+      │   a session step that says done ends it
       └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
-    calc_reward/release, always ─► score (toolrl.rewards.scoring)                    finish_tools, score
+    calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -35,21 +38,25 @@ from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
 from toolrl.schemas import ParseError, Sample, ToolCall, ToolKwargs, ToolResponse, ToolResult
+from toolrl.sessions import SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool, ToolSet
 from toolrl.trajectory import Termination, Trajectory, TrajectoryImage, trajectory_seed
+
+MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
 
 @dataclass
 class Route:
-    """What a sample's environment selects (seed 003's env map): its tools, parser, rewards and turn
-    limit. ``RolloutContext.routes`` maps environment names to routes; ``None`` is the route of
-    samples that name no environment."""
+    """What a sample's environment selects (seed 003's env map): its tools, parser, rewards, turn
+    limit and environment session kind. ``RolloutContext.routes`` maps environment names to routes;
+    ``None`` is the route of samples that name no environment."""
 
     tools: dict[str, Tool]
     max_turns: int
     parser: ToolParser
     reward_functions: list[tuple[str, float, Any]]  # (name, weight, callable)
     reward_config: RewardConfig
+    session: SessionKind | None = None
 
 
 @dataclass
@@ -58,7 +65,7 @@ class RolloutContext:
     renderer_factory: Any  # (tool schemas) -> ChatRenderer; renderers are cached per tool set
     config: RolloutConfig
     routes: dict[str | None, Route]
-    _renderers: dict[tuple[Any, ...], ChatRenderer] = field(default_factory=dict)
+    _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
 
     def route_for(self, sample: Sample) -> Route:
         if sample.env in self.routes:
@@ -70,13 +77,17 @@ class RolloutContext:
             raise KeyError("the sample names no environment (extra_info.env) and the config mixes several")
         return self.routes[None]
 
-    def renderer(self, route: Route) -> ChatRenderer:
-        # Keyed by the tool objects: two environments may configure one tool name differently.
-        key = (route.parser.result_mode, *sorted((n, id(t)) for n, t in route.tools.items()))
+    def renderer(self, route: Route, tools: dict[str, Tool] | None = None) -> ChatRenderer:
+        """The renderer of ``tools`` (default: the route's; a session may hand out others per
+        trajectory), cached by their schemas: what the template renders."""
+        tools = route.tools if tools is None else tools
+        # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
+        schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] \
+            if route.parser.result_mode == "chat" else []
+        key = json.dumps(schemas, sort_keys=True)
         if key not in self._renderers:
-            # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
-            schemas = [t.tool_schema.model_dump(exclude_none=True) for t in route.tools.values()] \
-                if route.parser.result_mode == "chat" else []
+            if len(self._renderers) >= MAX_RENDERERS:  # tools that change per episode: keep the newest
+                del self._renderers[next(iter(self._renderers))]
             self._renderers[key] = self.renderer_factory(schemas)
         return self._renderers[key]
 
@@ -89,37 +100,60 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
 
 async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
                                 slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
-    """One trajectory of ``sample``: turns until one ends it, the tools' finish (always), the score.
-    Its pieces in order: one, unless the template rewrite rule forked it. ``slot`` (a semaphore bounding
-    the trajectories that run at once) is held until the tools are finished, not while the trajectory is
-    scored: a slow reward (a judge) keeps no other from starting."""
+    """One trajectory of ``sample``: its session's reset, turns until one ends it, the tools' and the
+    session's finish (always), the score. Its pieces in order: one, unless the template rewrite rule
+    forked it. ``slot`` (a semaphore bounding the trajectories that run at once) is held until the
+    tools and the session are finished, not while the trajectory is scored: a slow reward (a judge)
+    keeps no other from starting."""
     async with slot or contextlib.nullcontext():
         route = ctx.route_for(sample)
-        renderer = ctx.renderer(route)
-        toolset = ToolSet(route.tools, tools_kwargs(route, sample), trajectory_id)
-        messages, images = prompt_of(renderer, sample, ctx.config.images)
-        traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
-                          env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
-                          images=images, ground_truth=sample.ground_truth)
-        ep = _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed,
-                      messages=renderer.prompt_messages(messages))
+        ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
+        traj = ep.traj
         try:
-            await toolset.start()
+            if ep.session.error is not None:
+                raise SessionError(ep.session.error)
+            await ep.toolset.start()
             ending = None
             while ending is None:
                 ending = await take_turn(ep)
             traj.termination = ending
         except TemplateRewriteError:
             raise  # template_rewrite: refuse stops the run
-        except Exception as exc:  # a broken engine/tool must not take the other trajectories down
+        except Exception as exc:  # a broken engine/tool/session must not take the other trajectories down
             traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             await finish_tools(ep)
-    await scoring.score(route.reward_functions, route.reward_config, traj, sample, ep.step_rewards)
+    await scoring.score(route.reward_functions, route.reward_config, traj, sample, ep.step_rewards,
+                        extra=ep.session_terms)
     for piece in ep.closed:  # every piece is trained with the trajectory's reward
         piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
         piece.reward_errors = dict(traj.reward_errors)
     return [*ep.closed, traj]
+
+
+async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
+                        seed: int) -> _Episode:
+    """The session reset (a failed one is kept as the session's error), the trajectory's tools (the
+    route's with the session's), its renderer and its prompt. The session is closed if the prompt
+    cannot be rendered."""
+    session = SessionRun(route.session, trajectory_id)
+    try:
+        reset = await session.reset(sample)
+        try:
+            tools = session.tools(reset, route.tools)
+        except SessionError as exc:
+            session.error, tools = str(exc), route.tools
+        renderer = ctx.renderer(route, tools)
+        messages, images = prompt_of(renderer, sample, ctx.config.images, reset.messages)
+        traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
+                          env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
+                          images=images, ground_truth=sample.ground_truth)
+    except BaseException:
+        await asyncio.shield(session.close())
+        raise
+    toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
+    return _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed, session,
+                    messages=renderer.prompt_messages(messages))
 
 
 def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
@@ -137,8 +171,8 @@ def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
 
 @dataclass
 class _Episode:
-    """One trajectory in progress: what its turns read (config, engine, route, renderer, tools, seed)
-    and what they write (the trajectory, the tools' step rewards)."""
+    """One trajectory in progress: what its turns read (config, engine, route, renderer, tools, seed,
+    session) and what they write (the trajectory, the tools' step rewards, the session's terms)."""
 
     config: RolloutConfig
     engine: RolloutEngine
@@ -147,8 +181,10 @@ class _Episode:
     toolset: ToolSet
     traj: Trajectory
     seed: int
+    session: SessionRun
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
+    session_terms: dict[str, float] = field(default_factory=dict)  # the session's score, as reward terms
     closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks
 
     @property
@@ -168,10 +204,12 @@ async def take_turn(ep: _Episode) -> Termination | None:
     calls, errors = parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        return await user_turn(ep)
+        return await user_turn(ep, gen)
     if ending is not None:
         return ending
     results = await execute(ep, calls)
+    if ep.session.done:  # the environment ended the episode
+        return "done"
     if traj.turns >= ep.route.max_turns:  # no further generation would read the results
         return "max_turns"
     delta, images = tool_results_delta(ep, results, errors, [c.id for c in calls])
@@ -225,11 +263,12 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
     traj.policy_versions, traj.prefill_tokens_saved = [], 0
 
 
-async def user_turn(ep: _Episode) -> Termination | None:
-    """After an answer: the tools' next user turn (a simulated user) joins the response as environment
-    tokens (mask 0) and the model takes another turn; no user turn: the answer ends the trajectory."""
+async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
+    """After an answer: the session's next user turn (a simulated user) joins the response as
+    environment tokens (mask 0) and the model takes another turn; no user turn: the answer ends the
+    trajectory. The session reads the answer as its parsed content, without the end-of-turn token."""
     traj = ep.traj
-    reply = await ep.toolset.respond(traj.final_response)
+    reply = await ep.session.respond(ep.route.parser.parse(ep.renderer.turn_text(gen.token_ids)).content)
     if reply is None:
         return "answered"
     traj.user_turns.append(reply)
@@ -366,12 +405,12 @@ def tool_images(ep: _Episode, results: Sequence[ToolResult]) -> list[list[Trajec
     return shown
 
 
-def prompt_of(renderer: ChatRenderer, sample: Sample,
-              limits: ImageLimits) -> tuple[list[dict[str, Any]], list[TrajectoryImage]]:
-    """``sample``'s prompt messages as the renderer renders them, and the images they show: with a
-    processor, each ``<image>`` an image part and each image within ``limits``; a text model reads the
-    prompt's text only."""
-    messages = [m.to_template() for m in sample.prompt]
+def prompt_of(renderer: ChatRenderer, sample: Sample, limits: ImageLimits,
+              opening: Sequence[dict[str, Any]] = ()) -> tuple[list[dict[str, Any]], list[TrajectoryImage]]:
+    """``sample``'s prompt messages (then ``opening``, the session's first messages) as the renderer
+    renders them, and the images they show: with a processor, each ``<image>`` an image part and each
+    image within ``limits``; a text model reads the prompt's text only."""
+    messages = [m.to_template() for m in sample.prompt] + [dict(m) for m in opening]
     if not sample.images or renderer.processor is None:
         return messages, []
     images = [image_for(renderer, png, limits) for png in sample.images]
@@ -401,8 +440,9 @@ def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs:
 
 
 async def finish_tools(ep: _Episode) -> None:
-    """calc_reward and release, always (also after errors, timeouts or cancellation); the tools'
-    rewards and errors go into the trajectory, and the engine forgets its session."""
+    """calc_reward and release, then the session's score and close, always (also after errors,
+    timeouts or cancellation); the tools' rewards and errors go into the trajectory, the session's
+    score into ``session_terms``, and the engine forgets its session."""
     traj, toolset = ep.traj, ep.toolset
     traj.tool_rewards = await asyncio.shield(toolset.finish())
     traj.tool_errors = {**toolset.create_errors, **toolset.finish_errors}
@@ -410,6 +450,7 @@ async def finish_tools(ep: _Episode) -> None:
     traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
     if traj.tool_errors and traj.error is None:
         traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
+    ep.session_terms = await asyncio.shield(ep.session.finish(traj))
     ep.engine.end_session(traj.key)
 
 

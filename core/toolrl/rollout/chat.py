@@ -263,7 +263,8 @@ class ChatRenderer:
                 continue
             self._working_assistant = turn["content"]
             return delta
-        raise TemplateError("the chat template is not append-only for tool messages "
+        what = "a user turn" if all(m.get("role") == "user" for m in tool_messages) else "tool messages"
+        raise TemplateError(f"the chat template is not append-only for {what} "
                             f"(tried synthetic assistant turns: {'; '.join(problems)})")
 
     def _shows(self, text: str, rendered: str) -> bool:

@@ -1,4 +1,4 @@
-"""Routes: what each configured environment's samples run with (parser, tools, rewards, turn limit),
+"""Routes: what each configured environment's samples run with (parser, tools, session, rewards, turn limit),
 resolved by name once (:func:`resolve_parts`: a typo fails before anything loads) and built where the
 rollout role runs (:func:`build_routes`: the tools started, samples checked against them). ``None``
 is the route of samples that name no environment."""
@@ -6,7 +6,7 @@ is the route of samples that name no environment."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from toolrl.environments import ConfiguredEnv, Environment, configured_envs
 from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.rollout import Route
 from toolrl.schemas import Sample
+from toolrl.sessions import SessionKind, SharedParts, validate_options
 from toolrl.tools import Tool
 from toolrl.tools.verl_config import ToolsFile
 
@@ -93,6 +94,25 @@ def build_parser(config: Config, env: Environment | None = None) -> Any:
     return build_part("tool_parsers", name, options, BuildContext("rollout.parser", "rollout.parser_options", config))
 
 
+def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
+    """The route's environment session kind: ``session.name`` when set, else the environment's; options
+    follow the kind (the environment's go with the environment's kind). None: no session."""
+    name = config.session.name or (env.session if env is not None else None)
+    if name is None:
+        return None
+    options = config.session.options
+    if options is None:
+        options = env.session_options if env is not None and name == env.session else {}
+    named_by = "session.name" if config.session.name or env is None else f"environment {env.name!r} session"
+    where = "session.options" if config.session.options is not None or env is None \
+        else f"environment {env.name!r} session_options"
+    cls = lookup_part("environment_sessions", name, named_by)
+    try:
+        return SessionKind(name, cls, validate_options(cls, options, where), Path(config.base_dir))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class RouteParts:
     """One route's parts, resolved by name; nothing here holds a resource (tools are built per role)."""
@@ -101,6 +121,7 @@ class RouteParts:
     parser: Any
     rewards: list[tuple[str, float, Any]]
     tool_files: list[ToolsFile]
+    session: SessionKind | None = None
 
 
 @dataclass(frozen=True)
@@ -138,19 +159,22 @@ def resolve_routes(config: Config, envs: dict[str, ConfiguredEnv]) -> dict[str |
     for name, c in entries.items():
         env = c.env if c is not None else None
         routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
-                                  shared if shared is not None else tool_files(config, env))
+                                  shared if shared is not None else tool_files(config, env),
+                                  session_kind(config, env))
     return routes
 
 
 async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Parts | None = None,
-                       ) -> tuple[dict[str | None, Route], list[Tool]]:
+                       ) -> tuple[dict[str | None, Route], list[Tool | SessionKind]]:
     """One route per configured environment (and the ``None`` route for samples naming none, when
     there is at most one environment), every tool built, and ``samples`` checked against their
     route's tools. ``parts``: resolved already (else the routes are resolved here; building routes
-    needs no engine). Returns the routes and every tool (to close)."""
+    needs no engine). Returns the routes and what to close: every tool, every session kind (what
+    its sessions share)."""
     route_parts = parts.routes if parts is not None else resolve_routes(config, configured_envs(config))
     routes: dict[str | None, Route] = {}
     built: dict[int, dict[str, Tool]] = {}  # by tool-config list: routes sharing the explicit section share its tools
+    kinds: list[SessionKind] = []
     try:
         for name, route in route_parts.items():
             if id(route.tool_files) not in built:
@@ -158,7 +182,14 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
             tools = built[id(route.tool_files)]
             # Parsers of formats that write every value as text type them from the tools' schemas.
             route.parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
-            routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward)
+            if route.session is not None:  # what one build's sessions share is theirs alone
+                kinds.append(replace(route.session, shared=SharedParts()))
+                try:
+                    await kinds[-1].prepare()
+                except ValueError as exc:
+                    raise ConfigError(str(exc)) from None
+            routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward,
+                                 kinds[-1] if route.session is not None else None)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, r in routes.items():
@@ -168,8 +199,10 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
         for tools in built.values():
             for tool in tools.values():
                 await tool.close()
+        for kind in kinds:
+            await kind.close()
         raise
-    return routes, [t for tools in built.values() for t in tools.values()]
+    return routes, [*(t for tools in built.values() for t in tools.values()), *kinds]
 
 
 def check_samples_against_tools(samples: Sequence[Sample], tool_names: Collection[str], source: str) -> None:

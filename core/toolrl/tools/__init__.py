@@ -4,8 +4,7 @@ Lifecycle, per trajectory (``instance_id``)::
 
     create(instance_id, **create_kwargs)            once, at trajectory start
     execute(instance_id, arguments, **execute_kwargs) -> (response, step_reward, metrics)   0..n
-    respond(instance_id, message) -> str | None      after each model answer without calls    0..n
-    calc_reward(instance_id, **calc_reward_kwargs) -> float | {part: float, ...}       once
+    calc_reward(instance_id, **calc_reward_kwargs) -> float | {part: float, ...} | None  once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
 
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
@@ -208,15 +207,10 @@ class Tool:
         """Run one call: returns (response, step reward, metrics)."""
         raise NotImplementedError
 
-    async def respond(self, instance_id: str, message: str) -> str | None:
-        """The environment's next user turn, after the model answered ``message`` without a tool call
-        (a simulated user, say); None, the default, lets the answer end the trajectory."""
-        return None
-
-    async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float | Mapping[str, float]:
+    async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float | Mapping[str, float] | None:
         """The tool's final reward for the trajectory: a number, or named parts
         (:func:`toolrl.rewards.scoring.named_parts`: with ``"reward"``, the parts beside it are reported;
-        without it, the parts sum to the reward)."""
+        without it, the parts sum to the reward); None: no reward (not a 0)."""
         return 0.0
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
@@ -359,23 +353,6 @@ class ToolSet:
         self.loop_blocked_s += result.loop_blocked_s
         return result
 
-    async def respond(self, message: str) -> str | None:
-        """The first user turn a tool gives in reply to the model's answer (tools asked in name order,
-        only those that override :meth:`Tool.respond`); None when none does. A tool whose respond
-        fails raises RuntimeError: the trajectory ends with that error."""
-        for name in sorted(self.instances):
-            if type(self.tools[name]).respond is Tool.respond:
-                continue
-            run = await self._stage(name, "respond", self.instances[name], message)
-            problem = self._failure(run, self.lifecycle_timeout)
-            if problem is None and run.value is not None and not isinstance(run.value, str):
-                problem = f"respond must return a str or None, got {type(run.value).__name__}"
-            if problem is not None:
-                raise RuntimeError(f"tool {name!r} respond: {problem}")
-            if run.value is not None:
-                return run.value
-        return None
-
     def _reward(self, name: str, value: Any) -> float:
         reward, parts, _ = named_parts(value, "calc_reward")
         self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
@@ -391,7 +368,7 @@ class ToolSet:
             try:
                 run = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
                 problem = self._failure(run, self.lifecycle_timeout)
-                if problem is None:
+                if problem is None and run.value is not None:  # None: the tool gives no reward
                     try:
                         reward = self._reward(name, run.value)
                     except RewardValueError as exc:

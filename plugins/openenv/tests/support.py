@@ -1,18 +1,19 @@
-"""Test helpers: the ledger server (tests/envs/ledger_env.py) in a subprocess, and trajectories driven
-through toolrl's own ToolSet (the driver rollouts use)."""
+"""Test helpers: the ledger server (tests/envs/ledger_env.py) in a subprocess, and trajectories run by
+toolrl's own rollout loop (routes built from the ``openenv`` environment, as ``toolrl train`` builds
+them) with a scripted engine standing in for the model."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
-from toolrl.schemas import ToolCall
-from toolrl.tools import Tool, ToolSet
-from toolrl.tools.verl_config import build_tools, parse_tools_config
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
 
 HERE = Path(__file__).parent
 ENVS = HERE / "envs"
@@ -53,24 +54,83 @@ class LedgerServer:
         self.process.wait()
 
 
-async def build(block: dict[str, Any], base_dir: Path | None = None, timeout: float = 30.0) -> dict[str, Tool]:
-    return await build_tools(parse_tools_config(
-        {"tools": [{"class_name": "openenv", "config": {"type": "native", "timeout": timeout}, "openenv": block}]},
-        base_dir))
+def call(name: str, **arguments: Any) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
 
-async def trajectory(tools: dict[str, Tool], calls: list[tuple[str, dict[str, Any]]],
-                     create_kwargs: dict[str, Any] | None = None, trajectory_id: str | None = None,
-                     lifecycle_timeout: float = 60.0) -> tuple[list, dict[str, float], ToolSet]:
-    """One trajectory: create every tool (reset), the calls in order, then calc_reward/release."""
-    kwargs = {name: {"create_kwargs": create_kwargs} for name in tools} if create_kwargs else None
-    toolset = ToolSet(tools, kwargs, trajectory_id, lifecycle_timeout=lifecycle_timeout)
-    await toolset.start()
-    results = [await toolset.call(ToolCall(name=n, arguments=a)) for n, a in calls]
-    rewards = await toolset.finish()
-    return results, rewards, toolset
+class Scripted(RolloutEngine):
+    """Replays one script per trajectory (the first key its id contains), one text per generation."""
+
+    name = "scripted"
+
+    def __init__(self, tokenizer: Any, scripts: Mapping[str, list[str]]) -> None:
+        self.tokenizer, self.scripts, self.turns = tokenizer, scripts, {}
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
+                       session_id: str | None = None) -> list[Generation]:
+        session = session_id or ""
+        turn = self.turns[session] = self.turns.get(session, -1) + 1
+        script = next(s for k, s in self.scripts.items() if k in session)
+        ids = self.tokenizer.encode(script[min(turn, len(script) - 1)], add_special_tokens=False)
+        ids.append(params.stop_token_ids[0])
+        return [Generation(ids, [-0.5] * len(ids), "stop", params.stop_token_ids[0])]
+
+    @classmethod
+    def create(cls, source: Any, config: Any) -> Scripted:
+        raise NotImplementedError("built by the test itself")
+
+    def update_weights(self, state_dict: Any) -> None:
+        raise NotImplementedError("a script has no weights")
 
 
-async def close_all(tools: dict[str, Tool]) -> None:
-    for tool in tools.values():
-        await tool.close()
+def tokenizer() -> Any:
+    from toolrl import model_sources
+
+    return model_sources.qwen_tokenizer("qwen3")
+
+
+def samples(rows: list[dict[str, Any]]) -> list[Any]:
+    from toolrl.schemas import Sample
+
+    return [Sample.model_validate({"prompt": "Reach the target.", **row, "index": i, "env": "openenv"})
+            for i, row in enumerate(rows)]
+
+
+async def routes(options: dict[str, Any], base_dir: Path | None = None) -> tuple[dict, list]:
+    """The ``openenv`` environment's routes (its session kind prepared: the server started or reached)."""
+    from toolrl.config import load_config
+    from toolrl.rollout.routes import build_routes
+
+    data = {"env": "openenv", "env_options": options, **({"base_dir": str(base_dir)} if base_dir else {})}
+    return await build_routes(load_config(None, data=data))
+
+
+async def rollout(options: dict[str, Any], rows: list[dict[str, Any]], scripts: Mapping[str, list[str]],
+                  base_dir: Path | None = None, max_turns: int = 6, built: tuple[dict, list] | None = None,
+                  engine: Scripted | None = None) -> list[Any]:
+    """Each row (``extra_info.reset_kwargs``: the reset's kwargs) rolled out once with ``scripts`` (by
+    ``s<row index>-``; or by ``engine``), through toolrl's loop; the routes are closed afterwards
+    unless ``built`` (routes already built, and kept)."""
+    from toolrl.config import RolloutConfig
+    from toolrl.rollout import RolloutContext, run_rollouts
+    from toolrl.rollout.chat import ChatRenderer
+
+    tok = tokenizer()
+    routes_, parts = built if built is not None else await routes(options, base_dir)
+    for route in routes_.values():
+        route.max_turns = max_turns
+    try:
+        if engine is not None:
+            engine.scripts = scripts
+        ctx = RolloutContext(engine=engine or Scripted(tok, scripts), renderer_factory=lambda s: ChatRenderer(tok, s),
+                             config=RolloutConfig(max_response_tokens=8192, max_concurrent_trajectories=256),
+                             routes=routes_)
+        return await run_rollouts(ctx, samples(rows), 1, seed=0)
+    finally:
+        if built is None:
+            await close(parts)
+
+
+async def close(parts: list[Any]) -> None:
+    for part in parts:
+        await part.close()

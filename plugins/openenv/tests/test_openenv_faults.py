@@ -1,4 +1,5 @@
-"""A server that hangs or dies mid-run gives error results and error rewards; the run completes."""
+"""A server that hangs or dies mid-run gives error results and no reward (an error, never a made-up 0);
+the trajectories end, the run completes, and every episode is closed."""
 
 from __future__ import annotations
 
@@ -7,43 +8,53 @@ import os
 import signal
 import time
 
-from support import ENVS, build, close_all, trajectory
-from toolrl.schemas import ToolCall
-from toolrl.tools import ToolSet
+from support import ENVS, Scripted, call, close, rollout, routes, tokenizer
+
+
+class Gate(Scripted):
+    """Holds every trajectory's first generation until all have reset, then stops the server."""
+
+    def __init__(self, count: int, pid: int) -> None:
+        super().__init__(tokenizer(), {})
+        self.count, self.pid, self.all_reset = count, pid, asyncio.Event()
+
+    async def generate(self, prompt_ids, params, n=1, session_id=None):
+        if session_id not in self.turns:
+            self.count -= 1
+            if self.count == 0:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.all_reset.set()
+            await self.all_reset.wait()
+        return await super().generate(prompt_ids, params, n, session_id)
 
 
 async def test_hung_then_killed_server_gives_errors_and_the_run_completes() -> None:
-    tools = await build({"app": "ledger_env:app", "app_dir": str(ENVS), "message_timeout_s": 2,
-                         "connect_timeout_s": 2}, timeout=10)
-    process = tools["deposit"].binding.local.process
+    options = {"app": "ledger_env:app", "app_dir": str(ENVS), "message_timeout_s": 2, "connect_timeout_s": 2}
+    built = await routes(options)
+    [kind] = [p for p in built[1] if hasattr(p, "shared")]
+    _, local = await kind.shared.get("server", None)
     try:
-        started = [trajectory(tools, [("deposit", {"amount": 1})], create_kwargs={"target": 100},
-                              trajectory_id=f"a{i}", lifecycle_timeout=10) for i in range(8)]
-        before = await asyncio.gather(*started)
-        assert all(r[0][0].status == "ok" for r in before)
+        rows = [{"extra_info": {"reset_kwargs": {"target": 100}}} for _ in range(8)]
+        before = await rollout(options, rows, {"s": [call("deposit", amount=1), "Done."]}, built=built)
+        assert all(t.tool_results[0].status == "ok" and t.reward == 0.0 for t in before)
 
-        # Sessions open, then the server hangs (SIGSTOP): calls time out as error results.
-        toolsets = [ToolSet(tools, None, f"b{i}", lifecycle_timeout=10) for i in range(8)]
-        await asyncio.gather(*(t.start() for t in toolsets))
-        os.kill(process.pid, signal.SIGSTOP)
+        # Every episode open, then the server hangs (SIGSTOP): their calls time out as error results.
+        hung = {"s": [call("deposit", amount=1), call("deposit", amount=1), "Done."]}
         t0 = time.monotonic()
-        hung = await asyncio.gather(*(t.call(ToolCall(name="deposit", arguments={"amount": 1})) for t in toolsets))
-        assert time.monotonic() - t0 < 15
-        assert all(r.status == "error" and "timed out" in r.response.text for r in hung), hung
-        # ...then dies: the later calls and the rewards are errors, never a hang.
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-        rewards = await asyncio.gather(*(t.finish() for t in toolsets))
-        assert all(r == {"balance": 0.0} for r in rewards)  # no reward from the failed sessions
-        assert all("no reward" in t.finish_errors["deposit"] for t in toolsets)
+        during = await rollout(options, rows, hung, built=built, engine=Gate(len(rows), local.process.pid))
+        assert time.monotonic() - t0 < 60
+        for t in during:
+            assert [r.status for r in t.tool_results] == ["error", "error"], t.tool_results
+            assert "timed out" in t.tool_results[0].response.text
+            assert "no reward" in t.reward_errors["openenv"] and t.reward_terms["openenv"] == 0.0
 
-        t0 = time.monotonic()
-        after = await asyncio.gather(*(trajectory(tools, [("deposit", {"amount": 1})], trajectory_id=f"c{i}",
-                                                  lifecycle_timeout=10) for i in range(8)))
-        assert time.monotonic() - t0 < 30
-        for results, rewards, toolset in after:
-            assert results[0].status == "error" and "unavailable" in results[0].response.text
-            assert toolset.create_errors and rewards == {}
-        assert len(tools["deposit"].binding.sessions.open) == 0
+        # ...then dies: a new trajectory's reset fails, an error with nothing run, never a hang.
+        os.kill(local.process.pid, signal.SIGKILL)
+        local.process.wait()
+        after = await rollout(options, rows, hung, built=built)
+        for t in after:  # the reset fails: the trajectory is an error, with nothing run
+            assert t.termination == "error" and "reset" in t.error and not t.tool_results
+        slots = await kind.shared.get("slots", None)
+        assert slots.held == 0  # every episode closed
     finally:
-        await close_all(tools)
+        await close(built[1])

@@ -1,9 +1,10 @@
 """toolrl plugin for OpenEnv environment servers (the ``openenv`` package).
 
-- The ``openenv`` tool: one tool-config entry stands for every tool an OpenEnv server offers (its MCP
-  tools, or its action), one OpenEnv session per trajectory.
-- The ``openenv`` environment: that tool, the server's reward, prompts from data files or a fixed
-  prompt; ``env_options: {base_url}`` or ``{app: "module:app"}`` (the plugin starts the server).
+- The ``openenv`` environment session: one OpenEnv episode per trajectory, its tools what the episode
+  offers at reset (its MCP tools, or its action), each call a step, ``done`` ending the trajectory,
+  the last observation's reward as the score.
+- The ``openenv`` environment: that session, prompts from data files or a fixed prompt;
+  ``env_options: {base_url}`` or ``{app: "module:app"}`` (the plugin starts the server).
 
 This module is the entry point: it registers lazy references only, so loading the plugin imports
 neither ``openenv`` nor ``pydantic``.
@@ -17,8 +18,8 @@ __version__ = "0.1.0"
 
 
 @hookimpl
-def register_tools(register: Register) -> None:
-    register("toolrl_openenv.tool:OpenEnvTool", name="openenv")
+def register_environment_sessions(register: Register) -> None:
+    register("toolrl_openenv.session:OpenEnvSession", name="openenv")
 
 
 @hookimpl

@@ -1,13 +1,12 @@
-"""The ``openenv:`` block of a tool-config entry: where the OpenEnv server is, and the timeouts."""
+"""The ``openenv`` session's options (``session_options``): where the OpenEnv server is, its capacity,
+and the timeouts."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from toolrl.config import format_errors
-from toolrl.tools import ToolConfigError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class OpenEnvBlock(BaseModel):
@@ -23,8 +22,10 @@ class OpenEnvBlock(BaseModel):
     startup_timeout_s: float = Field(180.0, gt=0, description="a started server must answer /health by then")
     connect_timeout_s: float = Field(30.0, gt=0, description="opening a session's WebSocket")
     message_timeout_s: float = Field(30.0, gt=0, description="each reset/step/list/close round trip")
-    max_sessions: int | None = Field(None, gt=0, description="sessions open at once (the server's capacity); "
-                                                             "trajectories beyond it wait")
+    max_sessions: int | None = Field(None, gt=0, description="sessions open at once (the server's capacity, "
+                                     "create_app's max_concurrent_envs); default: what the server says "
+                                     "when it first refuses one. Trajectories beyond it wait")
+    queue_timeout_s: float = Field(3600.0, gt=0, description="how long a trajectory waits for a session")
     action_tool: str = Field("step", pattern=r"^[A-Za-z0-9_-]{1,64}$",
                              description="tool name for a non-MCP environment's action")
 
@@ -35,23 +36,23 @@ class OpenEnvBlock(BaseModel):
         return self
 
 
-def parse_block(section: dict, base: Path | None) -> tuple[OpenEnvBlock, str | None, Path | None]:
-    """The validated block, the app to start (None with base_url) and the directory to start it in."""
-    try:
-        block = OpenEnvBlock.model_validate(section.get("openenv") or {})
-    except ValidationError as exc:
-        raise ToolConfigError(f"openenv: {format_errors(exc)}") from None
+class ServerConfigError(ValueError):
+    """The options name a server that cannot be started or reached."""
+
+
+def app_to_start(block: OpenEnvBlock, base: Path | None) -> tuple[str | None, Path | None]:
+    """The app to start (None with base_url) and the directory to start it in."""
     if block.base_url is not None:
-        return block, None, None
+        return None, None
     app_dir = Path(block.app_dir).expanduser() if block.app_dir else None
     if app_dir is not None and not app_dir.is_absolute() and base is not None:
         app_dir = base / app_dir
     if app_dir is not None and not app_dir.is_dir():
-        raise ToolConfigError(f"openenv.app_dir: {app_dir} is not a directory")
+        raise ServerConfigError(f"openenv.app_dir: {app_dir} is not a directory")
     app = block.app or _manifest_app(app_dir)
     if ":" not in app:
-        raise ToolConfigError(f"openenv.app: expected 'module:attr', got {app!r}")
-    return block, app, app_dir
+        raise ServerConfigError(f"openenv.app: expected 'module:attr', got {app!r}")
+    return app, app_dir
 
 
 def _manifest_app(app_dir: Path | None) -> str:
@@ -59,7 +60,7 @@ def _manifest_app(app_dir: Path | None) -> str:
     try:
         app = yaml.safe_load(manifest.read_text()).get("app")
     except (OSError, yaml.YAMLError, AttributeError) as exc:
-        raise ToolConfigError(f"openenv.app is not set and {manifest} gives none: {exc}") from None
+        raise ServerConfigError(f"openenv.app is not set and {manifest} gives none: {exc}") from None
     if not isinstance(app, str):
-        raise ToolConfigError(f"openenv.app is not set and {manifest} has no 'app: module:attr'")
+        raise ServerConfigError(f"openenv.app is not set and {manifest} has no 'app: module:attr'")
     return app

@@ -2,9 +2,8 @@
 
 ``env_options``: the server (``base_url``, or ``app``/``app_dir`` to start it; see
 :class:`toolrl_openenv.config.OpenEnvBlock`), and the prompts: verl-format ``train_files``/``test_files``
-(their ``extra_info.tools_kwargs.<tool>.create_kwargs`` are the ``reset`` kwargs), or else ``size``
-copies of ``prompt`` (reset without kwargs). The model never sees the reset
-observation: the prompt is rendered before the session opens (see the plugin's README).
+(their ``extra_info.reset_kwargs`` are the ``reset`` kwargs), or else ``size`` copies of ``prompt``
+(reset without kwargs). Each trajectory runs one ``openenv`` session (:mod:`toolrl_openenv.session`).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ class OpenEnvOptions(OpenEnvBlock):
     test_files: list[str] = Field([])
     prompt: str = Field(DEFAULT_PROMPT, description="the user message of generated samples")
     size: int = Field(64, gt=0, description="generated samples per split")
-    timeout: float = Field(30.0, gt=0, description="per tool call deadline (seconds)")
 
 
 def generated(options: OpenEnvOptions, split: str) -> list[dict[str, Any]]:
@@ -39,15 +37,13 @@ def configure(options: OpenEnvOptions) -> dict[str, Any]:
     for split in SPLITS:
         files = getattr(options, f"{split}_files")
         splits[split] = FileSplit(files=files) if files else generated
-    return {"splits": splits,
-            "tools": [{"class_name": "openenv", "config": {"type": "native", "timeout": options.timeout},
-                       "openenv": block}]}
+    return {"splits": splits, "session": "openenv", "session_options": block}
 
 
 OPENENV = Environment(
     name="openenv",
     description="An OpenEnv environment server (env_options: base_url, or app to start one): its tools at "
-                "reset, tool calls as steps, the last observation's reward.",
+                "reset, tool calls as steps, done ends the trajectory, the last observation's reward.",
     splits={split: generated for split in SPLITS},
     rewards=[],
     parser="hermes",

@@ -1,5 +1,5 @@
 """OpenEnv servers the plugin starts itself (``openenv.app``): one subprocess per (app, directory),
-shared by every tool that names it, on a free loopback port, stopped when its last tool closes and at
+shared by every route that names it, on a free loopback port, stopped when its last user closes and at
 interpreter exit; the child also exits by itself when this process dies (see :mod:`toolrl_openenv.serve`)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import httpx
-from toolrl.tools import ToolConfigError
+
+from toolrl_openenv.config import ServerConfigError
 
 
 def _free_port() -> int:
@@ -25,7 +26,7 @@ def _free_port() -> int:
 
 
 class LocalServer:
-    """One started server process and the tools that use it."""
+    """One started server process and the routes that use it."""
 
     def __init__(self, app: str, app_dir: Path | None) -> None:
         self.app, self.app_dir = app, app_dir
@@ -56,7 +57,7 @@ class LocalServer:
                     self.log.seek(0)
                     err = self.log.read().decode(errors="replace")
                     tail = " | ".join(err.strip().splitlines()[-3:]) or "no output"
-                    raise ToolConfigError(f"OpenEnv server {self.app!r} exited with code "
+                    raise ServerConfigError(f"OpenEnv server {self.app!r} exited with code "
                                           f"{self.process.returncode} while starting: {tail}")
                 try:
                     if (await client.get(f"{self.base_url}/health")).status_code == 200:
@@ -65,7 +66,7 @@ class LocalServer:
                     pass
                 await asyncio.sleep(0.25)
         self.stop()
-        raise ToolConfigError(f"OpenEnv server {self.app!r} did not answer {self.base_url}/health within "
+        raise ServerConfigError(f"OpenEnv server {self.app!r} did not answer {self.base_url}/health within "
                               f"{timeout_s:g} s (openenv.startup_timeout_s)")
 
     def stop(self) -> None:

@@ -24,11 +24,10 @@ def test_eval_writes_tau2_reward(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert summary["num_samples"] == 4 and len(rows) == 4 * summary["n"]
-    # The reward is τ²'s: the lead tool's calc_reward, with its parts beside it in every row.
+    # The reward is τ²'s: the session's score, with its parts beside it in every row.
     for row in rows:
-        assert row["reward"] == row["reward_terms"]["tools"]
-        lead = {k.split(".", 1)[0] for k in row["reward_parts"]}
-        assert len(lead) == 1 and f"{lead.pop()}.nl_assertions_skipped" in row["reward_parts"]
+        assert row["reward"] == row["reward_terms"]["tau2"] and set(row["reward_terms"]) == {"tau2"}
+        assert "tau2.nl_assertions_skipped" in row["reward_parts"]
     assert summary["reward_mean"] == statistics.fmean(r["reward"] for r in rows)
 
 

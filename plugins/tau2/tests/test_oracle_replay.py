@@ -1,25 +1,30 @@
 """Oracle replay: each task's ground-truth actions, played as tool calls through toolrl's rollout
-loop, score 1.0 under τ²'s evaluator; one altered action scores less."""
+loop and the ``tau2`` session, score what τ² itself gives the same play (1.0 for every task but the
+mock domain's one whose criteria hold no action: τ²'s gold actions do not meet its env assertion);
+one altered action scores less, and τ²'s error answers are error results."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import rollout
-from oracle import OracleEngine, answer, call, ground_truth
+from oracle import OracleEngine, answer, call, ground_truth, reference
 from toolrl_tau2 import domain
 
 READS = ("get_", "search_", "list_", "calculate", "transfer_")
 
 
-async def test_every_mock_task_scores_one(tokenizer) -> None:
+async def test_every_mock_task_scores_as_tau2_does(tokenizer) -> None:
     tasks = domain.tasks("mock", "train")
     trajs = await rollout("tau2-mock", OracleEngine(tokenizer, tasks), tokenizer)
     assert len(trajs) == len(tasks) == 9
     by_id = {t.id: t for t in tasks}
+    expected = {t.id: reference("mock", t) for t in tasks}
+    assert [i for i, r in expected.items() if r != 1.0] == ["update_task_with_history_and_env_assertions"]
     for t in trajs:
         assert t.error is None and t.termination == "answered", (t.ground_truth, t.error)
-        assert t.reward == t.reward_terms["tools"] == 1.0, (t.ground_truth, t.reward_parts)
+        assert t.reward == t.reward_terms["tau2"] == expected[t.ground_truth], (t.ground_truth, t.reward_parts)
         assert [r.name for r in t.tool_results] == [n for n, _ in ground_truth(by_id[t.ground_truth])]
+        assert all(r.status == "ok" for r in t.tool_results)
     # τ²'s parts are in the trace, named by the task's reward basis.
     assert {k.split(".", 1)[1] for t in trajs for k in t.reward_parts} >= {"DB", "ENV_ASSERTION", "ACTION"}
     # The two tasks that start from a conversation have it in their prompt, before the opening.
@@ -31,11 +36,24 @@ async def test_solo_mock_leaves_out_tasks_that_start_with_a_user(tokenizer) -> N
     tasks = [t for t in domain.tasks("mock", "train") if not domain.user_in_history(t)]
     trajs = await rollout("tau2-mock", OracleEngine(tokenizer, tasks), tokenizer, env_options={"solo": True})
     assert len(trajs) == len(tasks) == 7
-    assert all(t.error is None and t.reward == 1.0 for t in trajs), [(t.ground_truth, t.reward_parts) for t in trajs]
+    expected = {t.id: reference("mock", t, solo=True) for t in tasks}
+    assert all(t.error is None and t.reward == expected[t.ground_truth] for t in trajs), \
+        [(t.ground_truth, t.reward_parts) for t in trajs]
+
+
+async def test_a_tau2_error_answer_is_an_error_result(tokenizer) -> None:
+    tasks = domain.tasks("mock", "train")
+    task = next(t for t in tasks if any(n == "update_task_status" for n, _ in ground_truth(t)))
+    script = [call("update_task_status", {"task_id": "no_such_task", "status": "completed"}), answer(task)]
+    [t] = await rollout("tau2-mock", OracleEngine(tokenizer, tasks, altered={task.id: script}), tokenizer,
+                        only={task.id})
+    [result] = t.tool_results
+    assert result.status == "error" and result.response.text.startswith("Error:"), result
+    assert t.error is None and t.reward == 0.0
 
 
 @pytest.mark.timeout(600)  # 262 s measured on the shared 2-core machine (load average ~27)
-async def test_twenty_airline_tasks_score_one_and_an_altered_action_does_not(tokenizer) -> None:
+async def test_twenty_airline_tasks_score_as_tau2_does_and_an_altered_action_less(tokenizer) -> None:
     tasks = domain.tasks("airline", "train")
     twenty = [t.id for t in tasks if t.evaluation_criteria.actions][:20]
     # Four at a time: each τ² evaluation loads the 7 MB airline database twice (its gold and predicted
@@ -43,8 +61,10 @@ async def test_twenty_airline_tasks_score_one_and_an_altered_action_does_not(tok
     trajs = await rollout("tau2-airline", OracleEngine(tokenizer, tasks), tokenizer, only=set(twenty),
                           max_concurrent_trajectories=4)
     assert sorted(t.ground_truth for t in trajs) == sorted(twenty)
+    index = domain.task_index("airline")
     for t in trajs:
-        assert t.error is None and t.reward == 1.0, (t.ground_truth, t.error, t.reward_parts)
+        assert t.error is None and t.reward == reference("airline", index[t.ground_truth]) == 1.0, \
+            (t.ground_truth, t.error, t.reward_parts)
         assert {k.split(".", 1)[1] for k in t.reward_parts} >= {"DB", "COMMUNICATE"}
 
     # The same run with one action altered: a string argument of the first write that has one.

@@ -1,6 +1,7 @@
 """The user simulated by a model under ``toolrl serve`` (the tiny random Qwen3 of examples/tiny.yaml,
-on loopback, called through τ²'s UserSimulator and litellm): the trajectory runs to its end and every
-user turn is in the response as environment tokens (mask 0), exactly the chat template's tokens."""
+on loopback, called through τ²'s UserSimulator and litellm): the conversation opens as τ²'s does (the
+agent's greeting, the user's first message, in the prompt), the trajectory runs to its end and every
+later user turn is in the response as environment tokens (mask 0), exactly the chat template's tokens."""
 
 from __future__ import annotations
 
@@ -73,11 +74,16 @@ def qwen25() -> Any:
 async def test_a_served_user_talks_until_its_turns_run_out(served, qwen25) -> None:
     tokenizer = qwen25
     base_url, model = served
-    options = {"user": {"base_url": base_url, "model": model}, "max_user_turns": 2}
+    options = {"user": {"base_url": base_url, "model": model}, "max_user_turns": 3}
     [t] = await rollout("tau2-airline", Greeter(tokenizer), tokenizer, env_options=options, limit=1,
                         max_new_tokens=64)
     assert t.error is None and t.termination == "answered" and t.turns == 3
     assert len(t.user_turns) == 2 and all(isinstance(u, str) for u in t.user_turns)
+    # τ²'s opening: the agent greets, the simulated user writes the first user message.
+    prompt = tokenizer.decode(t.prompt_ids)
+    greeting = "<|im_start|>assistant\nHi! How can I help you today?<|im_end|>\n<|im_start|>user\n"
+    assert greeting in prompt and prompt.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    assert "Hi!<|im_end|>" not in prompt.split(greeting)[0]  # no scripted user opening before it
     # The response is answer, user turn, answer, user turn, answer; the user turns are mask 0 and are
     # exactly what the chat template adds for them.
     renderer = ChatRenderer(tokenizer)

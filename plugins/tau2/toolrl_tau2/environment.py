@@ -1,11 +1,13 @@
 """The τ²-bench environments ``tau2-airline``, ``tau2-retail``, ``tau2-telecom`` and ``tau2-mock``:
 the domain's tasks (split as the package's ``split_tasks.json`` splits them) as samples, its policy as
-the system prompt, its tools through the ``tau2`` tool, and τ²'s evaluation as the reward.
+the system prompt, and one ``tau2`` environment session per trajectory (:mod:`toolrl_tau2.session`:
+the domain's tools, the simulated user, τ²'s evaluation as the reward term ``tau2``).
 
 Options (``env_options``): ``user: {base_url, model}`` simulates the user with a model behind an
 OpenAI-compatible endpoint; ``solo`` (mock, telecom: the package's solo policy; default: on for telecom
-when no user is configured) gives the agent the ticket and no user; ``judge: {base_url, model}`` judges τ²'s
-natural-language assertions (skipped, and recorded as skipped, without one).
+when no user is configured, off for every other domain) gives the agent the ticket and no user;
+``judge: {base_url, model}`` judges τ²'s natural-language assertions (skipped, and recorded as
+skipped, without one).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from toolrl.environments import Environment
 
 from toolrl_tau2 import domain
-from toolrl_tau2.session import USER_OPENING, Endpoint
+from toolrl_tau2.session import Endpoint
 
 
 class Tau2Options(BaseModel):
@@ -57,32 +59,34 @@ def loader(name: str) -> Any:
 
 
 def samples(options: Tau2Options, split: str) -> list[dict[str, Any]]:
-    """The split's tasks as verl rows: the task's conversation so far and the opening user message,
-    the task id as ground truth and as every domain tool's ``create_kwargs.task_id``. In solo mode the
-    tasks whose history holds user turns are left out (τ² cannot run them solo)."""
+    """The split's tasks as verl rows: the task's conversation so far, then (without a simulated
+    user) the opening user message; the task id as ground truth, which the session reads. With a user,
+    the session opens the conversation as τ² does. In solo mode the tasks whose history holds user
+    turns are left out (τ² cannot run them solo)."""
     solo = options.solo_mode()
-    names = [s["function"]["name"] for s in domain.tool_schemas(options.domain, solo)]
     rows = []
     for task in domain.tasks(options.domain, split):
         if solo and domain.user_in_history(task):
             continue
-        opening = USER_OPENING if options.user is not None else domain.opening(task, solo)
+        opening = [] if options.user is not None else [{"role": "user", "content": domain.opening(task, solo)}]
+        # A row needs a message: with a user and no history, the policy (the system prompt) is all it holds.
+        prompt = [*domain.chat_messages(domain.history(task)), *opening] or \
+            [{"role": "system", "content": domain.policy(options.domain, solo)}]
         rows.append({
             "data_source": f"tau2/{options.domain}",
-            "prompt": [*domain.chat_messages(domain.history(task)), {"role": "user", "content": opening}],
+            "prompt": prompt,
             "reward_model": {"style": "rule", "ground_truth": task.id},
-            "extra_info": {"index": len(rows), "tools_kwargs": {n: {"create_kwargs": {"task_id": task.id}} for n in names}},
+            "extra_info": {"index": len(rows)},
         })
     return rows
 
 
 def configure(options: Tau2Options) -> dict[str, Any]:
     solo = options.solo_mode()
-    block = {"domain": options.domain, "solo": solo, "max_user_turns": options.max_user_turns,
-             "user": options.user.model_dump() if options.user else None,
-             "judge": options.judge.model_dump() if options.judge else None}
-    return {"system_prompt": domain.policy(options.domain, solo),
-            "tools": [{"class_name": "tau2", "config": {"type": "native"}, "tau2": block}]}
+    session = {"domain": options.domain, "solo": solo, "max_user_turns": options.max_user_turns,
+               "user": options.user.model_dump() if options.user else None,
+               "judge": options.judge.model_dump() if options.judge else None}
+    return {"system_prompt": domain.policy(options.domain, solo), "session_options": session}
 
 
 def make(name: str, description: str) -> Environment:
@@ -90,7 +94,8 @@ def make(name: str, description: str) -> Environment:
         name=f"tau2-{name}",
         description=description,
         splits={"train": loader(name), "test": loader(name)},
-        tools=[{"class_name": "tau2", "config": {"type": "native"}, "tau2": {"domain": name}}],
+        session="tau2",
+        session_options={"domain": name},
         parser="hermes",
         max_turns=30,
         options=options_for(name),
@@ -101,4 +106,4 @@ def make(name: str, description: str) -> Environment:
 AIRLINE = make("airline", "τ²-bench airline: bookings, changes, cancellations under the airline policy.")
 RETAIL = make("retail", "τ²-bench retail: orders, returns, exchanges under the retail policy.")
 TELECOM = make("telecom", "τ²-bench telecom: technical support (solo: the agent also runs the user's device).")
-MOCK = make("mock", "τ²-bench mock: a small task-list domain (9 tasks, solo by default).")
+MOCK = make("mock", "τ²-bench mock: a small task-list domain (9 tasks; solo on request).")

@@ -1,8 +1,9 @@
 """The ``verifiers`` environment on a verifiers tool environment written for the tests
 (``envs/vf_adder_env.py``: three tasks, a task-scoped toolset of two tools, a rubric of two weighted
 rewards): its tasks as samples, a scripted rollout calling its tools through the core's tool
-lifecycle, its rubric as the reward, a training step through ``toolrl train``, and a broken
-``load_environment`` as the one-line config error."""
+lifecycle and the ``verifiers`` session, its rubric as the reward, a training step through
+``toolrl train``, a broken ``load_environment`` as the one-line config error, and an evaluation
+without a test split naming ``env_options.test_select``."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ ADDER = {"env": "verifiers", "env_options": {"module": "vf_adder_env"}}
 
 
 def rubric(terms: Mapping[str, float]) -> dict[str, float]:
-    """The rubric's terms (the tools' calc_reward and step rewards, all 0 here, are terms too)."""
+    """The rubric's terms (the step rewards, all 0 here, are a term too)."""
     return {k: v for k, v in terms.items() if k.startswith("verifiers.")}
 
 
@@ -76,8 +77,7 @@ def test_tasks_become_samples() -> None:
     assert [s.prompt[1].content for s in samples] == ["What is 2 + 3?", "What is 10 + 32?", "What is 7 + 8?"]
     assert all(s.prompt[0].role == "system" and "calc_add" in s.prompt[0].content for s in samples)
     assert [s.ground_truth for s in samples] == ["5", "42", "15"] and {s.env for s in samples} == {"verifiers"}
-    assert set(samples[1].tools_kwargs) == {"calc_add", "calc_calls", "define"}
-    assert samples[1].tools_kwargs["calc_add"].create_kwargs["task"]["idx"] == 1
+    assert samples[1].extra_info["verifiers"]["idx"] == 1 and samples[1].tools_kwargs == {}
     limited = load_samples(load_config(None, data={**ADDER, "env_options": {
         "module": "vf_adder_env", "select": {"include": {"idx": ["1:3"]}}, "test_select": {"limit": 1}}}))
     assert [s.ground_truth for s in limited] == ["42", "15"]
@@ -86,10 +86,8 @@ def test_tasks_become_samples() -> None:
 async def test_scripted_rollout_calls_the_tools_and_the_rubric_is_the_reward(qwen3_tokenizer: Any) -> None:
     config = load_config(None, data={**ADDER, "rollout": {"max_turns": 4}})
     samples = load_samples(config)
-    routes, tools = await build_routes(config, samples)
-    assert sorted(t.name for t in tools) == ["calc_add", "calc_calls", "define"]
-    add = next(t for t in tools if t.name == "calc_add").tool_schema.function
-    assert add.description == "Add two integers." and add.parameters["required"] == ["a", "b"]
+    routes, parts = await build_routes(config, samples)
+    assert routes["verifiers"].tools == {} and routes["verifiers"].session.name == "verifiers"
     scripts = {  # task 0 answers right with two calls; task 1 calls twice in one turn, answers wrong;
         # task 2 answers right after a call with bad arguments
         "s0-": [call("calc_add", a=2, b=3), call("calc_add", a=1, b=1) + call("calc_calls"), "The answer is 5"],
@@ -101,8 +99,14 @@ async def test_scripted_rollout_calls_the_tools_and_the_rubric_is_the_reward(qwe
     try:
         first, second, third = await run_rollouts(ctx, samples, n=1, seed=0)
     finally:
-        for tool in tools:
-            await tool.close()
+        for part in parts:
+            await part.close()
+
+    # The session hands out the toolsets' tools with verifiers' names and schemas; the prompt shows them.
+    prompt = qwen3_tokenizer.decode(first.prompt_ids)
+    for name in ("calc_add", "calc_calls", "define"):
+        assert f'"name": "{name}"' in prompt
+    assert '"description": "Add two integers."' in prompt and '"required": ["a", "b"]' in prompt
 
     assert [(r.name, r.status, r.response.text) for r in first.tool_results] == [
         ("calc_add", "ok", "5"), ("calc_add", "ok", "2"), ("calc_calls", "ok", "task 0: 2 calls")]
@@ -161,3 +165,14 @@ def test_a_broken_load_environment_is_one_config_error(tmp_path: Path) -> None:
     assert len(lines) == 1 and "load_environment failed: FileNotFoundError" in lines[0], result.stderr
     missing = CliRunner().invoke(cli, ["train", str(path), "env_options.module=vf_no_such_env"])
     assert missing.exit_code == 2 and "vf_no_such_env" in missing.stderr and len(missing.stderr.splitlines()) == 1
+
+
+def test_eval_without_a_test_split_names_test_select(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from toolrl.cli import cli
+
+    path = tmp_path / "adder.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(TINY_YAML.read_text()), **ADDER}))
+    result = CliRunner().invoke(cli, ["eval", str(path), "--output", str(tmp_path / "eval")])
+    assert result.exit_code == 2 and "env_options.test_select" in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1

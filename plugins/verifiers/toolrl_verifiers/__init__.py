@@ -1,6 +1,6 @@
 """toolrl plugin for verifiers environments (``verifiers==0.4.0``, ``verifiers.v1``): the ``verifiers``
-environment (a verifiers taskset's tasks as samples), the ``verifiers`` tool (its toolsets' tools) and
-the ``verifiers`` reward function (its tasks' ``@vf.reward`` functions and judges, one term each).
+environment (a verifiers taskset's tasks as samples) and the ``verifiers`` environment session (per
+trajectory its toolsets' tools and its tasks' ``@vf.reward`` functions and judges, one term each).
 
 This module is the plugin's entry point: it registers lazy references only, so loading the plugin
 imports neither verifiers nor mcp.
@@ -19,10 +19,5 @@ def register_environments(register: Register) -> None:
 
 
 @hookimpl
-def register_tools(register: Register) -> None:
-    register("toolrl_verifiers.tools:VerifiersTool", name="verifiers")
-
-
-@hookimpl
-def register_reward_functions(register: Register) -> None:
-    register("toolrl_verifiers.reward:VerifiersRubric", name="verifiers")
+def register_environment_sessions(register: Register) -> None:
+    register("toolrl_verifiers.session:VerifiersSession", name="verifiers")

@@ -1,7 +1,7 @@
-"""The ``verifiers`` environment: a verifiers taskset (``env_options.module``) as toolrl data, tools and
-reward. Its tasks are the samples (``select`` / ``test_select`` pick the train and test splits), its
-toolsets' ``@vf.tool`` methods the tools (the ``verifiers`` tool), and its tasks' rewards and judges
-the reward (the ``verifiers`` reward function: one term per reward, their weighted sum the reward).
+"""The ``verifiers`` environment: a verifiers taskset (``env_options.module``) as toolrl data and one
+``verifiers`` environment session per trajectory. Its tasks are the samples (``select`` /
+``test_select`` pick the train and test splits); the session hands out its toolsets' tools and scores
+with its tasks' rewards and judges (one term per reward, their weighted sum the reward).
 """
 
 from __future__ import annotations
@@ -15,16 +15,11 @@ from toolrl_verifiers.loading import VerifiersOptions, load, task_rows
 
 def configure(options: VerifiersOptions) -> dict[str, Any]:
     loaded = load(options)  # a broken environment fails here, as the config error naming env_options
-    splits: dict[str, Any] = {"train": task_rows}
-    if options.test_select is not None:
-        splits["test"] = task_rows
-    entry = options.model_dump(include={"module", "args"})
-    tools = [{"class_name": "verifiers", "config": {"type": "native"}, "verifiers": entry}] if loaded.toolsets else []
     return {
         "description": f"verifiers taskset {type(loaded.taskset).__name__} ({options.module})",
-        "splits": splits,
-        "tools": tools,
-        "rewards": [{"name": "verifiers", "options": {**entry, "parser": options.parser}}],
+        "splits": {"train": task_rows, "test": task_rows},  # test: test_select's tasks (none: an error naming it)
+        "session": "verifiers",
+        "session_options": {**options.model_dump(include={"module", "args"}), "parser": options.parser},
         "parser": options.parser,
         "max_turns": options.max_turns,
     }

@@ -79,10 +79,6 @@ class Loaded:
             return list(type(self.taskset).toolsets(self.taskset.config))
         return list(self.task_cls.toolsets(self.task_config))
 
-    @property
-    def tool_names(self) -> list[str]:
-        return [name for spec in self.toolsets for name in spec.tools]
-
 
 def load(options: VerifiersOptions) -> Loaded:
     """The taskset ``options`` name, loaded once per process."""
@@ -155,6 +151,9 @@ def task_rows(options: VerifiersOptions, split: str) -> list[dict[str, Any]]:
     import verifiers.v1 as vf
 
     loaded = load(options)
+    if split != "train" and options.test_select is None:
+        raise ValueError(f"verifiers {options.module!r} has no test split: choose its tasks with "
+                         "env_options.test_select (a vf.SelectConfig: include, exclude, shuffle, seed, skip, limit)")
     chosen = options.select if split == "train" else options.test_select
     try:
         view = loaded.taskset.select(vf.SelectConfig.model_validate(chosen or {}))
@@ -163,12 +162,12 @@ def task_rows(options: VerifiersOptions, split: str) -> list[dict[str, Any]]:
         tasks = list(view)
     except ValueError as exc:
         raise ValueError(f"verifiers {options.module!r} {split}: {one_line(str(exc))}") from None
-    return [task_row(task, loaded.tool_names) for task in tasks]
+    return [task_row(task) for task in tasks]
 
 
-def task_row(task: Any, tool_names: list[str]) -> dict[str, Any]:
+def task_row(task: Any) -> dict[str, Any]:
     """One task as a verl row: its system prompt and prompt, its wire data (``extra_info.verifiers``,
-    which the tools' per-rollout setup and the rubric rebuild the task from), ``answer`` as the
+    which the session rebuilds the task from), ``answer`` as the
     ground truth where the task data has one."""
     data = task.data
     where = f"task {data.idx}" + (f" ({data.name})" if data.name else "")
@@ -183,8 +182,7 @@ def task_row(task: Any, tool_names: list[str]) -> dict[str, Any]:
         "prompt": prompt + messages,
         "reward_model": {"ground_truth": getattr(data, "answer", None)},
         "data_source": "verifiers",
-        "extra_info": {"index": data.idx, TASK_KEY: wire,
-                       "tools_kwargs": {name: {"create_kwargs": {"task": wire}} for name in tool_names}},
+        "extra_info": {"index": data.idx, TASK_KEY: wire},
     }
 
 

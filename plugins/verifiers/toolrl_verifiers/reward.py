@@ -1,11 +1,9 @@
-"""The ``verifiers`` reward function: a finished toolrl trajectory scored by its verifiers task.
-
-The trajectory becomes a verifiers ``Trace`` (the prompt, then each turn as an assistant message with
-its tool calls, read back with the rollout's parser, and each call's result as a tool message), and
-``Task.score(trace)`` runs the task's ``@vf.metric`` and ``@vf.reward`` functions and its judges;
-the reward is async, so the rollout loop awaits that scoring while it goes on with other trajectories. Each reward is one part of the result, its score times
-its weight, so the reward terms in the trace are ``verifiers.<reward>`` and their sum is
-``trace.reward``, the rubric's own total.
+"""A finished toolrl trajectory as a verifiers ``Trace`` (the prompt, then each turn as an assistant
+message with its tool calls, read back with the rollout's parser, and each call's result as a tool
+message), for ``Task.score(trace)``, which runs the task's ``@vf.metric`` and ``@vf.reward`` functions
+and its judges (the ``verifiers`` session's score: one part per reward, its score times its weight,
+so the reward terms are ``verifiers.<reward>`` and their sum is ``trace.reward``, the rubric's own
+total).
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
-
-from toolrl_verifiers.loading import TASK_KEY, VerifiersOptions, load
 
 # The end-of-turn token the model stopped on stays in toolrl's turn texts (``<|im_end|>``, ``<|eot_id|>``,
 # ``<end_of_turn>``, ``</s>``); verifiers reads messages as an OpenAI API returns them, without it.
@@ -25,40 +21,11 @@ def _content(text: str) -> str:
     return _END_OF_TURN.sub("", text).rstrip()
 
 
-class VerifiersRubric:
-    """Reward function ``verifiers``. Options: ``module`` and ``args`` (the environment, as in
-    ``env_options``) and ``parser`` (the rollout's tool-call parser, to read the turns' calls)."""
-
-    name = "verifiers"
-
-    def __init__(self, module: str, args: dict[str, Any] | None = None, parser: str = "hermes",
-                 parser_options: dict[str, Any] | None = None) -> None:
-        from toolrl.plugins.parts import BuildContext, build_part
-
-        self.loaded = load(VerifiersOptions(module=module, args=args or {}))
-        self.parser = build_part("tool_parsers", parser, parser_options,
-                                 BuildContext("reward verifiers: parser", "reward verifiers: parser_options"))
-
-    async def __call__(self, response: str, ground_truth: Any, **info: Any) -> dict[str, float]:
-        sample = info["sample"]
-        data = sample.extra_info.get(TASK_KEY)
-        if data is None:
-            raise ValueError("the sample carries no verifiers task (extra_info.verifiers)")
-        task = self.loaded.task(data)
-        trace = build_trace(task, sample.prompt, info.get("model_text", []), response, info.get("tool_results", []),
-                            self.parser)
-        await task.score(trace)
-        unscored = sorted(name for name, reward in trace.rewards.items() if reward is None)
-        if unscored:
-            raise ValueError(f"unscored: {', '.join(unscored)}")
-        return {name: reward.value for name, reward in trace.rewards.items()}
-
-
 def build_trace(task: Any, prompt: list[Any], model_text: list[str], response: str, tool_results: list[Any],
-                parser: Any) -> Any:
-    """A verifiers Trace of one trajectory: one branch of message nodes, the model's turns sampled."""
+                parser: Any, state: Any) -> Any:
+    """A verifiers Trace of one trajectory holding its ``state``: one branch of message nodes, the
+    model's turns sampled."""
     import verifiers.v1 as vf
-    from verifiers.v1.state import state_cls
 
     messages: list[tuple[Any, bool]] = [(_vf_message(m.to_template()), False) for m in prompt]
     results = iter(tool_results)
@@ -76,7 +43,7 @@ def build_trace(task: Any, prompt: list[Any], model_text: list[str], response: s
             messages.append((vf.ToolMessage(tool_call_id=call.id, name=result.name,
                                             content=result.response.text), False))
     trace = vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-                     agent=vf.AgentInfo(config=vf.AgentConfig()), state=state_cls(type(task))())
+                     agent=vf.AgentInfo(config=vf.AgentConfig()), state=state)
     trace.nodes = [vf.MessageNode(parent=i - 1 if i else None, message=m, sampled=sampled)
                    for i, (m, sampled) in enumerate(messages)]
     trace.stop("completed")

@@ -1,8 +1,10 @@
 """A real OpenEnv MCP tool environment for the tests, built with the ``openenv`` package: a ledger
-with two tools (``deposit``, ``balance``) whose state is per session; the reward is 1.0 once the
-balance reaches the reset's ``target`` (the episode is then done), else 0.0.
+with two tools (``deposit``, ``balance``) whose state is per session, and a third (``bonus``) in the
+episodes reset with ``bonus=True``; the reward is 1.0 once the balance reaches the reset's ``target``
+(the episode is then done), else 0.0.
 
-Serve it with ``uvicorn ledger_env:app``.
+Serve it with ``uvicorn ledger_env:app`` (128 sessions) or ``ledger_env:single`` (OpenEnv's default
+capacity: one session).
 """
 
 from __future__ import annotations
@@ -38,14 +40,22 @@ class LedgerEnvironment(MCPEnvironment):
             """This session's balance."""
             return self.balance_value
 
+        def bonus() -> int:
+            """Double this session's balance; returns the new balance."""
+            self.balance_value *= 2
+            return self.balance_value
+
+        self.bonus_tool = bonus
         super().__init__(mcp)
         self._state = State(episode_id=str(uuid4()), step_count=0)
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, target: int = 10,
+    def reset(self, seed: int | None = None, episode_id: str | None = None, target: int = 10, bonus: bool = False,
               **kwargs: Any) -> Observation:
         self.balance_value, self.target = 0, int(target)
+        if bonus:  # this episode offers one more tool
+            self.mcp_server.add_tool(self.bonus_tool)
         self._state = State(episode_id=episode_id or str(uuid4()), step_count=0)
-        return Observation(done=False, reward=0.0, metadata={"target": self.target})
+        return Observation(done=False, reward=None, metadata={"target": self.target})
 
     def _score(self, observation: Observation) -> Observation:
         reached = self.balance_value >= self.target
@@ -70,3 +80,4 @@ class LedgerEnvironment(MCPEnvironment):
 
 app = create_app(LedgerEnvironment, CallToolAction, CallToolObservation, env_name="ledger",
                  max_concurrent_envs=MAX_SESSIONS)
+single = create_app(LedgerEnvironment, CallToolAction, CallToolObservation, env_name="ledger")

@@ -22,8 +22,8 @@ class AdderState(vf.State):
 class Calc(vf.Toolset[vf.ToolsetConfig, AdderState]):
     TOOL_PREFIX = "calc"
 
-    async def setup_task(self, task) -> None:
-        self.task_idx = task.data.idx
+    async def setup_task(self, task) -> None:  # verifiers hands a toolset the task's data
+        self.task_idx = task.idx
 
     @vf.tool
     async def add(self, a: int, b: int) -> int:

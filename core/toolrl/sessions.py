@@ -1,0 +1,342 @@
+"""Environment sessions: the per-trajectory state of an environment (a simulated user, a server-side
+episode, a database copy), registered through ``register_environment_sessions`` and named by an
+environment (``Environment.session``) or a config (``session.name``).
+
+Contract, per trajectory (every method may be ``async def`` or a plain ``def``, which runs in a thread)::
+
+    prepare(options, context)                     classmethod, once per route when the routes are built
+                                                  (start a server, check it answers): a failure is a config error
+    build(options, context) -> session           classmethod, once: options validated against ``Options``
+    reset(sample) -> Reset                        once: the tools this trajectory offers, first messages
+    step(call) -> StepResult                      per call of a tool the reset handed out as a schema
+    respond(message) -> str | None                after each answer without calls: the next user turn
+    score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
+    close()                                       always: also after errors, timeouts, cancellation
+
+The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session
+that raises, hangs (each call has a deadline, ``EnvironmentSession.timeout``) or returns something its
+contract does not allow ends that trajectory with an error, never another one. The tools a reset hands
+out run through :class:`toolrl.tools.ToolSet` like every other tool (a schema becomes a
+:class:`SessionTool`, whose ``execute`` is the session's ``step``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolrl.config import format_errors
+from toolrl.rewards.scoring import RewardValueError, named_parts
+from toolrl.schemas import Sample, ToolCall, ToolResponse, ToolSchema
+from toolrl.tools import Tool, ToolReturnError
+from toolrl.tools.guard import in_thread, run_guarded
+from toolrl.trajectory import Trajectory
+
+log = logging.getLogger("toolrl.sessions")
+
+
+class NoOptions(BaseModel):
+    """The options of a session kind that takes none (an unknown key is an error)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Reset(BaseModel):
+    """What a trajectory starts with. ``tools``: :class:`toolrl.tools.Tool` objects (run through their
+    own lifecycle; the session owns them) or OpenAI function schemas (each call is the session's
+    ``step``); they join the route's tools, or replace them (``replace_tools``). ``messages``: chat
+    messages appended to the sample's prompt (the first observation)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    tools: list[Any] = Field(default_factory=list)
+    replace_tools: bool = False
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class StepResult(BaseModel):
+    """One call's outcome: what the model reads, the step's reward (None: no reward), whether the
+    episode is over (``done`` ends the trajectory after this turn's calls) and metrics for the trace."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    response: ToolResponse | str
+    reward: float | None = None
+    done: bool = False
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class SessionError(RuntimeError):
+    """A session call failed (raised, timed out, or returned what its contract does not allow)."""
+
+
+class SharedParts:
+    """What a route's sessions share (a server they talk to, a limit on open episodes): each object
+    created once, on first use, and closed when the route closes."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, asyncio.Future[Any]] = {}
+        self._closers: dict[str, Callable[[Any], Awaitable[None]]] = {}
+
+    async def get(self, key: str, create: Callable[[], Awaitable[Any]],
+                  close: Callable[[Any], Awaitable[None]] | None = None) -> Any:
+        """``key``'s object; the first caller creates it, the others wait for that same creation. A
+        failed creation raises in every waiter and is not kept."""
+        made = self._made.get(key)
+        if made is None or (made.done() and (made.cancelled() or made.exception() is not None)):
+            made = self._made[key] = asyncio.ensure_future(create())
+            if close is not None:
+                self._closers[key] = close
+        return await asyncio.shield(made)
+
+    async def close(self) -> None:
+        """Close every created object; a failing close is logged."""
+        made, self._made = self._made, {}
+        for key, future in made.items():
+            if not future.done():
+                future.cancel()
+                continue
+            closer = self._closers.get(key)
+            if closer is None or future.cancelled() or future.exception() is not None:
+                continue
+            try:
+                await closer(future.result())
+            except Exception:
+                log.exception("closing the sessions' shared %r failed", key)
+        self._closers.clear()
+
+
+@dataclass
+class SessionContext:
+    """What a session is built with besides its options: its kind's name (its reward term), the
+    trajectory, the config's directory (relative paths) and what the route's sessions share."""
+
+    name: str
+    trajectory_id: str
+    base_dir: Path
+    shared: SharedParts
+
+
+class EnvironmentSession:
+    """Base class of environment sessions (see the module's contract). Subclasses set ``Options`` (a
+    pydantic model, ``extra="forbid"``) and override the methods they need; the defaults hand out no
+    tools, give no user turn and no score."""
+
+    Options: ClassVar[type[BaseModel]] = NoOptions
+    timeout: ClassVar[float] = 60.0  # each call's deadline (seconds)
+
+    def __init__(self, options: Any, context: SessionContext) -> None:
+        self.options, self.context = options, context
+
+    @classmethod
+    async def prepare(cls, options: Any, context: SessionContext) -> None:
+        """What every session of a route needs, made once when the routes are built (kept in
+        ``context.shared``); raise to refuse the configuration. ``context.trajectory_id`` is empty."""
+
+    @classmethod
+    def build(cls, options: Any, context: SessionContext) -> EnvironmentSession:
+        """One trajectory's session (may be async)."""
+        return cls(options, context)
+
+    async def reset(self, sample: Sample) -> Reset:
+        return Reset()
+
+    async def step(self, call: ToolCall) -> StepResult:
+        raise NotImplementedError(f"{type(self).__name__} hands out tools as schemas but implements no step()")
+
+    async def respond(self, message: str) -> str | None:
+        return None
+
+    async def score(self, trajectory: Trajectory) -> float | Mapping[str, float] | None:
+        """None: no reward term."""
+        return None
+
+    async def close(self) -> None:
+        """Free the trajectory's resources."""
+
+
+@dataclass
+class SessionKind:
+    """A route's session kind: the class, its validated options, what its sessions share."""
+
+    name: str
+    cls: type[EnvironmentSession]
+    options: BaseModel
+    base_dir: Path
+    shared: SharedParts = field(default_factory=SharedParts)
+
+    async def prepare(self) -> None:
+        """The kind's ``prepare``, once per route; its failure (or hang) is a ValueError."""
+        context = SessionContext(self.name, "", self.base_dir, self.shared)
+        run = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
+                                self.cls.timeout)
+        if run.timed_out or run.error is not None:
+            raise ValueError(f"session {self.name!r}: " + (f"prepare timed out after {self.cls.timeout:g} s"
+                                                          if run.timed_out else str(run.error)))
+
+    async def close(self) -> None:
+        await self.shared.close()
+
+
+def validate_options(cls: type[EnvironmentSession], options: Mapping[str, Any], where: str) -> BaseModel:
+    """``options`` validated against the kind's ``Options``; a ValueError naming ``where`` and the field."""
+    try:
+        return cls.Options.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ValueError(format_errors(exc, where)) from None
+
+
+class SessionRun:
+    """One trajectory's session, every call guarded. Without a kind (``kind=None``) it is inert: no
+    tools, no user, no score. Failures of ``reset`` are kept in ``error`` (the loop ends the
+    trajectory with it); ``respond`` and ``score`` raise :class:`SessionError`."""
+
+    def __init__(self, kind: SessionKind | None, trajectory_id: str) -> None:
+        self.kind, self.trajectory_id = kind, trajectory_id
+        self.session: EnvironmentSession | None = None
+        self.error: str | None = None
+        self.done = False  # a step reported the episode over
+        self.timeout = EnvironmentSession.timeout  # the built session's, once built
+
+    @property
+    def name(self) -> str:
+        return self.kind.name if self.kind is not None else "session"
+
+    async def _run(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+        run = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
+        if run.timed_out:
+            raise SessionError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
+        if run.error is not None:
+            raise SessionError(f"session {self.name!r} {method}: {run.error}")
+        return run.value
+
+    async def reset(self, sample: Sample) -> Reset:
+        """Build the session and reset it; on failure, an empty reset and ``error`` set."""
+        if self.kind is None:
+            return Reset()
+        kind = self.kind
+        context = SessionContext(kind.name, self.trajectory_id, kind.base_dir, kind.shared)
+        try:
+            session = await self._run("build", kind.cls.build, kind.options, context)
+            if not isinstance(session, EnvironmentSession):
+                raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
+                                   "not an EnvironmentSession")
+            self.session, self.timeout = session, session.timeout
+            value = await self._run("reset", session.reset, sample)
+            return self._checked_reset(value)
+        except SessionError as exc:
+            self.error = str(exc)
+            return Reset()
+
+    def _checked_reset(self, value: Any) -> Reset:
+        try:
+            reset = value if isinstance(value, Reset) else Reset.model_validate(value)
+            for tool in reset.tools:
+                if not isinstance(tool, Tool):
+                    ToolSchema.model_validate(tool)
+        except ValidationError as exc:
+            raise SessionError(f"session {self.name!r} reset returned an invalid Reset: {format_errors(exc)}") \
+                from None
+        return reset
+
+    def tools(self, reset: Reset, route_tools: Mapping[str, Tool]) -> dict[str, Tool]:
+        """The trajectory's tools: the route's (unless replaced) and the reset's, schemas as
+        :class:`SessionTool`. Two tools of one name: :class:`SessionError`."""
+        tools = {} if reset.replace_tools else dict(route_tools)
+        for item in reset.tools:
+            tool = item if isinstance(item, Tool) else SessionTool(self, item)
+            if tool.name in tools:
+                raise SessionError(f"session {self.name!r} reset hands out tool {tool.name!r}, which the route "
+                                   "has already (set replace_tools to offer only the session's)")
+            tools[tool.name] = tool
+        return tools
+
+    async def step(self, call: ToolCall) -> StepResult:
+        """The session's step, unguarded (its tool's call guards it); the result checked."""
+        assert self.session is not None
+        fn = self.session.step
+        value = await fn(call) if inspect.iscoroutinefunction(fn) else await in_thread(fn, (call,), {})
+        if inspect.isawaitable(value):
+            value = await value
+        if isinstance(value, (str, ToolResponse)):
+            value = StepResult(response=value)
+        try:
+            result = value if isinstance(value, StepResult) else StepResult.model_validate(value)
+        except ValidationError as exc:
+            raise ToolReturnError(f"step must return a StepResult: {format_errors(exc)}") from None
+        self.done = self.done or result.done
+        return result
+
+    async def respond(self, message: str) -> str | None:
+        if self.session is None:
+            return None
+        value = await self._run("respond", self.session.respond, message)
+        if value is not None and not isinstance(value, str):
+            raise SessionError(f"session {self.name!r} respond must return a str or None, "
+                               f"got {type(value).__name__}")
+        return value
+
+    async def finish(self, traj: Trajectory) -> dict[str, float]:
+        """Score (when the session started) then close, always; returns the reward terms. A score that
+        fails is the term 0 with its error in ``reward_errors``; its reported parts go to
+        ``reward_parts``."""
+        if self.session is None:
+            return {}
+        try:
+            if self.error is not None:  # its reset failed: nothing to score
+                return {}
+            return self._terms(await self._run("score", self.session.score, traj), traj)
+        except (SessionError, RewardValueError) as exc:
+            traj.reward_errors[self.name] = str(exc)
+            traj.error = traj.error or str(exc)
+            return {self.name: 0.0}
+        finally:
+            await self.close(traj)
+
+    def _terms(self, value: Any, traj: Trajectory) -> dict[str, float]:
+        if value is None:
+            return {}
+        reward, parts, summed = named_parts(value, f"session {self.name!r} score")
+        if summed:
+            return {f"{self.name}.{part}": v for part, v in parts.items()}
+        traj.reward_parts.update({f"{self.name}.{part}": v for part, v in parts.items()})
+        return {self.name: reward}
+
+    async def close(self, traj: Trajectory | None = None) -> None:
+        """Close the session once; a failing close is the trajectory's error (or logged without one)."""
+        session, self.session = self.session, None
+        if session is None:
+            return
+        try:
+            await self._run("close", session.close)
+        except SessionError as exc:
+            if traj is None:
+                log.warning("%s", exc)
+            else:
+                traj.error = traj.error or str(exc)
+
+
+class SessionTool(Tool):
+    """A tool a session handed out as a schema: each call is the session's ``step``, under the
+    session's deadline, checked like any tool's ``execute``."""
+
+    def __init__(self, run: SessionRun, schema: Mapping[str, Any]) -> None:
+        super().__init__({"timeout": run.timeout}, schema)
+        self.run = run
+
+    async def execute(self, instance_id: str, arguments: dict[str, Any],
+                      **execute_kwargs: Any) -> tuple[ToolResponse | str, float | None, dict[str, Any]]:
+        result = await self.run.step(ToolCall(name=self.name, arguments=arguments))
+        metrics = {**result.metrics, **({"done": True} if result.done else {})}
+        return result.response, result.reward, metrics
+
+    async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> None:
+        """None: the session scores the trajectory (``score``), not its tools."""
+        return None
