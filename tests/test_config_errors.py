@@ -45,6 +45,23 @@ def write_config(tmp_path, **sections):
     return path
 
 
+def saved_checkpoint(tmp_path):
+    """A config and the run directory it names, holding one real checkpoint (the trainer's shards, RNG
+    files, meta.json) and its metrics line: what ``--resume`` continues from."""
+    from toolrl import run_dir
+    from toolrl.roles.trainer_rank import TrainerRank
+
+    path = write_config(tmp_path)
+    out = tmp_path / "run"
+    rank = TrainerRank(load_config(path))
+    rank.setup()
+    staged = run_dir.staging_dir(out / "checkpoints", 1)
+    rank.save(str(staged))
+    final = run_dir.finalize(out / "checkpoints", staged, 1, {"world_size": 1, "data_position": 4}, keep=2)
+    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n')
+    return path, final
+
+
 def jsonl(tmp_path, *lines, name="train.jsonl"):
     path = tmp_path / name
     path.write_bytes(b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines) + b"\n")
@@ -214,17 +231,8 @@ def test_metrics_truncated_last_line_is_dropped_and_a_corrupt_line_is_named(tmp_
 def test_resume_with_a_truncated_metrics_line(tmp_path, tiny_qwen3_path):
     """``train --resume`` after a crash mid-append: the cut line goes, the run continues (exit 0);
     a corrupt line before the last is an error naming it (exit 2)."""
-    from toolrl import run_dir as checkpoint
-    from toolrl.roles.trainer_rank import TrainerRank
-
-    path = write_config(tmp_path)
-    out = tmp_path / "run"
-    rank = TrainerRank(load_config(path))
-    rank.setup()
-    staged = checkpoint.staging_dir(out / "checkpoints", 1)
-    rank.save(str(staged))
-    checkpoint.finalize(out / "checkpoints", staged, 1, {}, keep=2)
-    metrics = out / "metrics.jsonl"
+    path, _ = saved_checkpoint(tmp_path)
+    metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n{"step": 2, "rew')
     result = invoke("train", str(path), "--resume")
     assert result.exit_code == 0, result.stderr

@@ -9,7 +9,7 @@ import os
 import sys
 
 import pytest
-from test_config_errors import ROW, invoke, jsonl, one_error_line, write_config
+from test_config_errors import ROW, invoke, jsonl, one_error_line, saved_checkpoint, write_config
 from toolrl.config import ConfigError, load_config
 from toolrl.tools import ToolConfigError
 
@@ -118,19 +118,7 @@ def test_train_with_a_tool_module_that_exits_at_import_fails_with_exit_2(tmp_pat
 
 @pytest.fixture
 def saved_run(tmp_path):
-    """A run directory holding one real checkpoint (the trainer's shards, RNG files, meta.json)."""
-    from toolrl import run_dir
-    from toolrl.roles.trainer_rank import TrainerRank
-
-    path = write_config(tmp_path)
-    out = tmp_path / "run"
-    rank = TrainerRank(load_config(path))
-    rank.setup()
-    staged = run_dir.staging_dir(out / "checkpoints", 1)
-    rank.save(str(staged))
-    final = run_dir.finalize(out / "checkpoints", staged, 1, {"world_size": 1, "data_position": 4}, keep=2)
-    (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n')
-    return path, final
+    return saved_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize(("damage", "expected"), [
