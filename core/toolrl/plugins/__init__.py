@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -43,6 +44,41 @@ Watch = Callable[[str, str], contextlib.AbstractContextManager[None]]
 
 class PluginLoadError(RuntimeError):
     """Raised in strict mode when a plugin fails to load or register, and for an invalid plugin setting."""
+
+
+# A line that opens the toolrl group, well formed or not ("[toolrl", "[ toolrl ]").
+_GROUP_HEADER = re.compile(r"^\s*\[\s*" + ENTRY_POINT_GROUP + r"\b", re.MULTILINE)
+
+
+def toolrl_entry_points() -> tuple[list[metadata.EntryPoint], list[tuple[str, str, str]]]:
+    """The ``toolrl`` entry points of the installed distributions (the first of each name on the path,
+    as ``importlib.metadata.entry_points`` takes them), and (distribution, version, why) for each whose
+    ``entry_points.txt`` is broken where it opens the group: importlib.metadata either raises on such a
+    file, for every distribution, or silently drops the group."""
+    found: list[metadata.EntryPoint] = []
+    malformed: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for dist in metadata.distributions():
+        # The name from the dist-info directory's, as importlib.metadata dedups: no METADATA file read.
+        key = getattr(dist, "_normalized_name", None) or re.sub(r"[-_.]+", "_", dist.metadata["Name"] or "?").lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            group = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+        except Exception as exc:  # a line without "=": the parser raises
+            group, problem = [], f"entry_points.txt cannot be read ({describe_exception(exc)})"
+        else:
+            problem = "entry_points.txt opens the toolrl group with a malformed line; no entry point read"
+        if group:
+            found += group
+        elif _GROUP_HEADER.search(dist.read_text("entry_points.txt") or ""):
+            malformed.append((dist.metadata["Name"] or key, dist.version or "?", problem))
+    return found, malformed
+
+
+# How much of one failure a plugin's listing shows.
+MAX_ERROR_CHARS = 500
 
 
 @dataclass
@@ -127,6 +163,10 @@ class Plugins:
     def _fail(self, info: PluginInfo, exc: BaseException | str) -> None:
         info.status = "error"
         message = exc if isinstance(exc, str) else describe_exception(exc)
+        if len(message) > MAX_ERROR_CHARS:  # a hook's junk (a 100 KB repr) stays readable in a listing
+            message = f"{message[:MAX_ERROR_CHARS]}... ({len(message) - MAX_ERROR_CHARS:,} more characters)"
+        if info.error is not None and len(info.error) > 2 * MAX_ERROR_CHARS:
+            return  # already said enough about this plugin
         info.error = message if info.error is None else f"{info.error}; {message}"
         if self.strict:
             raise PluginLoadError(f"plugin {info.name!r} ({info.distribution}): {message}") from (
@@ -156,7 +196,12 @@ class Plugins:
     def _enabled_entry_points(self) -> list[tuple[metadata.EntryPoint, PluginInfo]]:
         """An info for every entry point; the ones to load, in loading order."""
         enabled = []
-        for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        entry_points, malformed = toolrl_entry_points()
+        for dist_name, version, problem in malformed:
+            info = PluginInfo(name=dist_name, distribution=dist_name, version=version)
+            self.info[dist_name] = info
+            self._fail(info, problem)
+        for ep in sorted(entry_points, key=lambda e: e.name):
             dist = ep.dist
             dist_name = dist.name if dist is not None else "?"
             info = PluginInfo(

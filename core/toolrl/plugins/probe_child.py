@@ -4,8 +4,9 @@ reads the request and takes the parent's ``sys.path`` first); not for use by han
 Given the request (plugin selection, the plugins to skip, the pipe ``fd``), it loads plugins exactly
 as the parent will — :class:`toolrl.plugins.Plugins`, then the ``register_commands`` hooks on the
 real command group — and writes one JSON line to the pipe when each plugin's import or hook starts
-and ends, with the files loaded since the last line. It ends with ``os._exit`` so a thread a plugin
-left behind cannot hold it open.
+and ends, with the files loaded since the last line. A plugin that changes the process
+(:mod:`toolrl.plugins.process_state`) or raises KeyboardInterrupt ends the child with a line saying
+so. It ends with ``os._exit`` so a thread a plugin left behind cannot hold it open.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from toolrl.plugins.process_state import ProcessState
 from toolrl.plugins.screening import CHILD_ENV
 from toolrl.plugins.verdicts import file_state
 
@@ -56,15 +58,33 @@ class Reporter:
 
     @contextlib.contextmanager
     def watch(self, plugin: str, phase: str) -> Iterator[None]:
+        """Around one piece of a plugin's code: a change to the process, or a Ctrl-C it raises (which the
+        loader lets through), ends the child naming the plugin; the parent goes on without it."""
+        before = ProcessState.take()
         self.send(start=plugin, phase=phase)
         try:
             yield
-        finally:
-            self.send(end=plugin)
+        except KeyboardInterrupt:
+            self.fail(plugin, phase, "raised KeyboardInterrupt")
+        if (limit := sys.getrecursionlimit()) != before.recursion_limit:  # first: a low one breaks the rest
+            self.fail(plugin, phase, f"set the recursion limit to {limit}")
+        changes = ProcessState.take().changes_since(before)
+        if changes:
+            self.fail(plugin, phase, "; ".join(changes))
+        self.send(end=plugin)
+
+    def fail(self, plugin: str, phase: str, why: str) -> None:
+        self.send(failed=plugin, phase=phase, why=why)
+        os._exit(3)
 
 
 def main(request: dict[str, Any]) -> None:
     os.environ[CHILD_ENV] = "1"  # for this process and any it starts
+    # Standard modules that register exit handlers when first imported: imported now, so that a plugin
+    # importing them is not taken for one that registers its own (toolrl.plugins.process_state).
+    import logging  # noqa: F401
+    import multiprocessing.util  # noqa: F401
+
     import click
 
     from toolrl.plugins import Plugins

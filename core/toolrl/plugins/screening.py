@@ -68,7 +68,9 @@ def _probe(entries: list[Entry], selection: Mapping[str, str],
         if isinstance(outcome, bool) or outcome.plugin in failures or outcome.plugin not in modules:
             # finished, failed outside any plugin's code, or stopped in a plugin it was not to load
             return verdicts.Verdict(failures, files, timeout_s, timed_out), outcome is True
-        if outcome.code is None:
+        if outcome.why is not None:
+            failures[outcome.plugin] = f"{outcome.why} during {outcome.phase}; not loaded"
+        elif outcome.code is None:
             failures[outcome.plugin] = f"{outcome.phase} took longer than {timeout_s:g} s ({TIMEOUT_ENV}); not loaded"
             timed_out = True
         else:

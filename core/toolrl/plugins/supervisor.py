@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ BOOTSTRAP = ("import json, sys; request = json.loads(sys.stdin.readline()); sys.
 
 @dataclass(frozen=True)
 class Stopped:
-    """A plugin's code ended the child (``code``: its exit status, negative for a signal) or ran past
-    the time limit (``code`` None) during ``phase`` (``import``, ``registration``, a hook's name)."""
+    """A plugin's code ended the child (``code``: its exit status, negative for a signal), ran past
+    the time limit (``code`` None), or did what the child refuses (``why``: it changed the process)
+    during ``phase`` (``import``, ``registration``, a hook's name)."""
 
     plugin: str
     phase: str
     code: int | None
+    why: str | None = None
 
 
 def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: float,
@@ -48,9 +51,10 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
     request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
     try:
         # A session of its own: whatever the plugins start is killed with the child.
-        child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
-                                 start_new_session=True)
+        # Files, not /dev/null: the child measures what each plugin prints.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=out,
+                                     stderr=err, pass_fds=(write_fd,), start_new_session=True)
     except OSError:
         os.close(read_fd)
         return False
@@ -88,6 +92,8 @@ def _supervise(child: Any, fd: int, timeout_s: float, files: dict[str, list[int]
         files.update(event.get("files", {}))
         if event.get("done"):
             return True
+        if "failed" in event:
+            return Stopped(str(event["failed"]), str(event.get("phase", "?")), None, str(event.get("why", "?")))
         current = (event["start"], event["phase"]) if "start" in event else None
 
 
