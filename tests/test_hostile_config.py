@@ -80,7 +80,7 @@ def test_a_lone_surrogate_in_a_prompt_is_refused_before_the_run_starts(tmp_path)
     row = json.dumps(ROW).replace("What is 2+3?", "What is \\ud800?")
     data = jsonl(tmp_path, json.dumps(ROW), row)
     path = write_config(tmp_path, data={"train_files": [str(data)]})
-    one_error_line(invoke("train", str(path)), f"{data}:2: prompt.0.content: a lone surrogate escape")
+    one_error_line(invoke("train", str(path)), f"{data}:2: invalid JSON: a lone surrogate")
     assert not (tmp_path / "run").exists()
     emoji = json.dumps(ROW).replace("What is 2+3?", "\\ud83d\\ude00 2+3?")  # a pair is one character
     from toolrl.data import load_files

@@ -48,8 +48,14 @@ def write_earlier_run(out, *, checkpoint=True):
     (out / "roles.json").write_text("{}\n")
     (out / "notes.txt").write_text("the user's own file\n")
     if checkpoint:
+        import random
+
+        import torch
+
         (out / "checkpoints" / "step_000002").mkdir(parents=True)
         (out / "checkpoints" / "step_000002" / "meta.json").write_text('{"step": 2}')
+        torch.save({"python_rng": random.getstate(), "torch_rng": torch.get_rng_state()},
+                   out / "checkpoints" / "step_000002" / "controller.pt")
     return snapshot(out)
 
 
@@ -72,11 +78,12 @@ INVALID = {
     "unknown env": (["env=nope"], "env: unknown environment 'nope'"),
     "bad env option": (["env_options.train_size=0"], "env_options: train_size"),
     "unknown engine": (["engine.name=nope"], "engine.name: unknown rollout engine 'nope'"),
-    "bad engine option": (["engine.options={bogus: 1}"], "engine.options: bogus: unknown key"),
+    "bad engine option": (["engine.options={bogus: 1}"], "engine.options.bogus: unknown key"),
     "unknown parser": (["rollout.parser=nope"], "rollout.parser: unknown tool parser 'nope'"),
     "bad parser option": (["rollout.parser_options={bogus: 1}"], "rollout.parser_options:"),
     "unknown reward": (["reward.functions=[{name: nosuch}]"], "reward.functions.0: unknown reward function 'nosuch'"),
-    "bad reward option": (["reward.functions=[{name: gsm8k, options: {bogus: 1}}]"], "reward.functions.0:"),
+    "bad reward option": (["reward.functions=[{name: gsm8k, options: {bogus: 1}}]"],
+                          "reward.functions.0.options.bogus: unknown key"),
     "unknown tool": (["tools.entries=[{class_name: nope}]"], "unknown tool 'nope'"),
     "tool class not importable": (["tools.entries=[{class_name: no_such_module.Tool}]"], "cannot import"),
     "missing tools file": (["tools.config_path=missing-tools.yaml"], "missing-tools.yaml"),
@@ -213,8 +220,10 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     asyncio.run(train_async(config))
     # The algorithm's parts: looked up by the controller's checks (the estimator twice: does it need a
     # critic, then the pair rules) and built once by the trainer rank (on Ray, another process); never per step.
-    assert parts == {"environments": 1, "rollout_engines": 1, "tool_parsers": 1, "reward_functions": 1,
-                     "advantage_estimators": 3, "policy_losses": 2}, parts
+    # The engine and the tools are looked up again where they are built (the registry hands back the part
+    # it loaded); the logger once, when the run opens its loggers.
+    assert parts == {"environments": 1, "rollout_engines": 2, "tool_parsers": 1, "reward_functions": 1, "tools": 2,
+                     "loggers": 1, "advantage_estimators": 3, "policy_losses": 2}, parts
     assert splits == {"train": 1, "test": 1}
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["val/num_samples"] for r in rows] == [2, 2]

@@ -39,20 +39,6 @@ def origin_of(sample: Sample, fallback: str) -> str:
     return (sample.origin if isinstance(sample, FileSample) else "") or fallback
 
 
-def surrogate_at(value: Any, where: str = "") -> str | None:
-    """The dotted place of the first string in ``value`` (keys too) holding a lone surrogate, or None."""
-    if isinstance(value, str):
-        return where if any("\ud800" <= c <= "\udfff" for c in value) else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        place = f"{where}.{key}" if where else str(key)
-        if isinstance(key, str) and surrogate_at(key) is not None:
-            return place
-        if (found := surrogate_at(item, place)) is not None:
-            return found
-    return None
-
-
 def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
     """``(origin, row)`` for each row: ``file:line`` (1-based, blank lines skipped) for JSONL,
     ``file row N`` (1-based) for parquet."""
@@ -67,9 +53,6 @@ def read_rows(path: Path) -> Iterator[tuple[str, Any]]:
                 raise ConfigError(f"{path}:{n}: invalid JSON: {exc.msg} (column {exc.colno})") from None
             except JSONLimitError as exc:
                 raise ConfigError(f"{path}:{n}: invalid JSON: {exc}") from None
-            # Only a \u escape makes a lone surrogate (UTF-8 cannot): no tokenizer or JSON trace takes one.
-            if "\\u" in line and (field := surrogate_at(row)) is not None:
-                raise ConfigError(f"{path}:{n}: {field or 'row'}: a lone surrogate escape (\\ud800-\\udfff) is no text")
             yield f"{path}:{n}", row
         return
     if path.suffix == ".parquet":
