@@ -42,15 +42,10 @@ class CommandRunResult(BaseModel):
     stderr: str | None = None
 
 
-DEFAULT_MEMORY_LIMIT_MB = 1024
-
-
 class RunCodeRequest(BaseModel):
     compile_timeout: float = Field(10, description="compile timeout for compiled languages (s)")
     run_timeout: float = Field(10, description="run timeout (s)")
-    # A request that names no limit gets one: a runaway program in one of thousands of RL rollouts must
-    # not take the host's memory. -1 (or 0), asked for, is SandboxFusion's "none".
-    memory_limit_MB: int = Field(DEFAULT_MEMORY_LIMIT_MB, description="memory limit in MB; -1 (or 0) for none")
+    memory_limit_MB: int = Field(-1, description="memory limit in MB; -1 (or 0) for none")
     code: str
     stdin: str | None = None
     language: Language
