@@ -182,6 +182,13 @@ def listed(tmp_path):
     return {r["name"]: r for r in json.loads(out.stdout)}["hooks"]
 
 
+def python_with_plugin(tmp_path, code):
+    """``python -c code`` with the hooks plugin importable (and what this process imports)."""
+    path = os.pathsep.join([str(plugin_dir(tmp_path)), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path})
+
+
 def test_hook_register_tool_parsers(tmp_path):
     assert listed(tmp_path)["parts"]["tool_parsers"] == ["shout"]
     out = run_toolrl("parse", "--parser", "shout", "-", stdin="hi", path=plugin_dir(tmp_path))
@@ -251,9 +258,7 @@ def test_hook_register_policy_losses(tmp_path):
     code = ("import torch; from toolrl.config import AlgorithmConfig; from toolrl.algorithms import LossInputs, build_loss; "
             "lp = torch.tensor([[-1.0, -2.0]]); loss = build_loss(AlgorithmConfig(loss='plain_pg')); "
             "print(loss(LossInputs(lp, lp, lp, torch.tensor([[0.5, 0.5]]), torch.ones(1, 2))).per_token.tolist())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
-                                                                            os.environ.get("PYTHONPATH", "")])})
+    out = python_with_plugin(tmp_path, code)
     assert out.stdout.strip() == "[[0.5, 1.0]]", out.stderr[-2000:]
 
 
@@ -266,9 +271,7 @@ def test_hook_register_model_families(tmp_path):
             "tok = qwen_tokenizer(); tok.chat_template = TEMPLATE; "
             "print(detect_family(TEMPLATE).name, detect_family(TEMPLATE.replace(': ', ':  ')).name, "
             "family_named('shouty').parser, tok.convert_ids_to_tokens(renderer_factory(tok)([]).eos_id))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
-                                                                            os.environ.get("PYTHONPATH", "")])})
+    out = python_with_plugin(tmp_path, code)
     assert out.stdout.split() == ["shouty", "shouty", "shout", "<|box_end|>"], out.stderr[-2000:]
 def test_hook_register_environment_sessions(tmp_path):
     assert listed(tmp_path)["parts"]["environment_sessions"] == ["greeter"]
@@ -278,9 +281,7 @@ def test_hook_register_environment_sessions(tmp_path):
             "    return session_kind(load_config(None, data=data), None)\n"
             "print(kind({'greeting': 'Hi.'}).options.greeting)\n"
             "try:\n    kind({'greet': 'Hi.'})\nexcept ConfigError as exc:\n    print(exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir(tmp_path)),
-                                                                            os.environ.get("PYTHONPATH", "")])})
+    out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["Hi.", "session.options.greet: unknown key"], out.stderr[-2000:]
 
 

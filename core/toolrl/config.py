@@ -64,6 +64,17 @@ def read_text(path: Path, max_bytes: int | None = None, why: str = "") -> str:
     return decode_utf8(data, str(path))
 
 
+def read_json(path: Path, where: str = "") -> Any:
+    """A user's JSON file (read as :func:`read_text` reads); invalid JSON is a ConfigError naming the file
+    and line, after ``where`` (the field or flag the file came through) when given."""
+    import json
+
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where + ': ' if where else ''}{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+
+
 def dotted(loc: Sequence[Any]) -> str:
     return ".".join(str(p) for p in loc)
 

@@ -576,14 +576,11 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
 def _checked_model_dir(path: Path) -> str:
     """``path``, once its ``config.json`` (when it has one) is a JSON object: a damaged one would
     otherwise fail deep inside transformers, after the run directory was written."""
-    from toolrl.config import ConfigError, read_text
+    from toolrl.config import ConfigError, read_json
 
     config = path / "config.json"
     if config.exists():
-        try:
-            value = json.loads(read_text(config))
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"model.source: {config}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        value = read_json(config, "model.source")
         if not isinstance(value, dict):
             raise ConfigError(f"model.source: {config}: a model config must be a JSON object")
     return str(path)

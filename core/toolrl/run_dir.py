@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from toolrl.config import Config, ConfigError, one_line, read_text
+from toolrl.config import Config, ConfigError, one_line, read_json, read_text
 from toolrl.trajectory import Trajectory
 
 Mode = Literal["new", "resume", "overwrite"]
@@ -372,10 +372,7 @@ def latest(ckpt_dir: Path) -> Path | None:
 def read_meta(path: Path) -> dict[str, Any]:
     """A checkpoint's ``meta.json``; a damaged one is a ConfigError naming it."""
     file = path / META
-    try:
-        meta = json.loads(read_text(file))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume: {file}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    meta = read_json(file, "--resume")
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or isinstance(meta["step"], bool):
         raise ConfigError(f"--resume: {file}: not a checkpoint's meta (an object with an integer step)")
     return meta

@@ -33,19 +33,14 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrl.config import format_errors
-from toolrl.rewards.scoring import RewardValueError, named_parts
+from toolrl.plugins.parts import NoOptions
+from toolrl.rewards.scoring import RewardValueError, named_terms
 from toolrl.schemas import Sample, ToolCall, ToolResponse, ToolSchema
 from toolrl.tools import Tool, ToolReturnError
 from toolrl.tools.guard import in_thread, run_guarded
 from toolrl.trajectory import Trajectory
 
 log = logging.getLogger("toolrl.sessions")
-
-
-class NoOptions(BaseModel):
-    """The options of a session kind that takes none (an unknown key is an error)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Reset(BaseModel):
@@ -185,14 +180,6 @@ class SessionKind:
         await self.shared.close()
 
 
-def validate_options(cls: type[EnvironmentSession], options: Mapping[str, Any], where: str) -> BaseModel:
-    """``options`` validated against the kind's ``Options``; a ValueError naming ``where`` and the field."""
-    try:
-        return cls.Options.model_validate(dict(options))
-    except ValidationError as exc:
-        raise ValueError(format_errors(exc, where)) from None
-
-
 class SessionRun:
     """One trajectory's session, every call guarded. Without a kind (``kind=None``) it is inert: no
     tools, no user, no score. Failures of ``reset`` are kept in ``error`` (the loop ends the
@@ -292,7 +279,8 @@ class SessionRun:
         try:
             if self.error is not None:  # its reset failed: nothing to score
                 return {}
-            return self._terms(await self._run("score", self.session.score, traj), traj)
+            value = await self._run("score", self.session.score, traj)
+            return {} if value is None else named_terms(self.name, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
             traj.reward_errors[self.name] = str(exc)
             traj.error = traj.error or str(exc)
@@ -300,14 +288,6 @@ class SessionRun:
         finally:
             await self.close(traj)
 
-    def _terms(self, value: Any, traj: Trajectory) -> dict[str, float]:
-        if value is None:
-            return {}
-        reward, parts, summed = named_parts(value, f"session {self.name!r} score")
-        if summed:
-            return {f"{self.name}.{part}": v for part, v in parts.items()}
-        traj.reward_parts.update({f"{self.name}.{part}": v for part, v in parts.items()})
-        return {self.name: reward}
 
     async def close(self, traj: Trajectory | None = None) -> None:
         """Close the session once; a failing close is the trajectory's error (or logged without one)."""

@@ -85,6 +85,15 @@ def _signature_options(cls: type) -> type[BaseModel]:
     return create_model(f"{cls.__name__}Options", __config__=config, **fields)
 
 
+def checked_options(part: Any, options: Mapping[str, Any] | None, where: str) -> BaseModel:
+    """``options`` validated against the part's :func:`options_model`; a ConfigError naming ``where``
+    and the field otherwise."""
+    try:
+        return options_model(part).model_validate(dict(options or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, where)) from None
+
+
 def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context: BuildContext) -> Any:
     """The part ``name`` of ``kind`` built with ``options``: looked up, options validated against its
     ``Options``, then ``build(options, context)`` (or the constructor). What a part's ``build`` returns
@@ -92,12 +101,12 @@ def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context:
     part = lookup_part(kind, name, context.where)
     where = context.options_where or context.where
     try:
-        validated = options_model(part).model_validate(dict(options or {}))
+        validated = checked_options(part, options, where)
         build = getattr(part, "build", None)
         if callable(build):
             return build(validated, context)
         return part(**validated.model_dump(exclude_unset=True))
-    except ValidationError as exc:  # the options model's, or a part's that checks its options in build
+    except ValidationError as exc:  # a part that checks its options itself, inside build
         raise ConfigError(format_errors(exc, where)) from None
     except ConfigError:
         raise

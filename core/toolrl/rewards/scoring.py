@@ -61,6 +61,17 @@ def named_parts(value: Any, what: str) -> tuple[float, dict[str, float], bool]:
     return sum(parts.values()), parts, True
 
 
+def named_terms(name: str, value: Any, what: str, traj: Trajectory, weight: float = 1.0) -> dict[str, float]:
+    """One scorer's reward terms (a reward function's, a session's): ``name`` for a number or a mapping
+    with ``"reward"`` (its other parts reported in ``traj.reward_parts``), ``name.part`` for each part
+    of a mapping without it; each term times ``weight``."""
+    reward, parts, summed = named_parts(value, what)
+    if summed:
+        return {f"{name}.{part}": weight * v for part, v in parts.items()}
+    traj.reward_parts.update({f"{name}.{part}": v for part, v in parts.items()})
+    return {name: weight * reward}
+
+
 def start_rewards(functions: RewardFunctions, traj: Trajectory, sample: Sample) -> list[Any]:
     """Each reward function called on the finished trajectory: its value, the exception it raised, or,
     from an async reward function, the awaitable that gives its value. Sync functions run here, on the
@@ -108,15 +119,9 @@ def combine(functions: RewardFunctions, weights: RewardConfig, traj: Trajectory,
         failure = value if isinstance(value, BaseException) else None
         if failure is None:
             try:
-                reward, parts, summed = named_parts(value, "reward")
+                terms.update(named_terms(name, value, "reward", traj, weight))
             except RewardValueError as exc:
                 failure = exc
-            else:
-                if summed:
-                    terms.update({f"{name}.{part}": weight * v for part, v in parts.items()})
-                else:
-                    terms[name] = weight * reward
-                    traj.reward_parts.update({f"{name}.{part}": v for part, v in parts.items()})
         if failure is not None:  # scores 0, and the trace's reward_errors says this 0 is no score
             terms[name] = 0.0
             traj.reward_errors[name] = f"{type(failure).__name__}: {failure}"

@@ -15,7 +15,6 @@ rows in ``OUTPUT_DIR/eval/step_NNNNN.jsonl``.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -26,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config, ConfigError, read_text
+from toolrl.config import Config, ConfigError, read_json
 from toolrl.data.batches import step_seed
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.run_dir import RunDir, open_mode
@@ -205,10 +204,7 @@ def read_summary(directory: Path) -> dict[str, Any]:
     path = directory / RunDir.SUMMARY
     if not path.exists():
         raise ConfigError(f"{path}: no such file (a `toolrl eval --output` directory has one)")
-    try:
-        summary = json.loads(read_text(path))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    summary = read_json(path)
     if not isinstance(summary, dict):
         raise ConfigError(f"{path}: a summary is a JSON object, got {type(summary).__name__}")
     return summary

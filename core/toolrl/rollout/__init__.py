@@ -268,7 +268,7 @@ async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     environment tokens (mask 0) and the model takes another turn; no user turn: the answer ends the
     trajectory. The session reads the answer as its parsed content, without the end-of-turn token."""
     traj = ep.traj
-    reply = await ep.session.respond(ep.route.parser.parse(ep.renderer.turn_text(gen.token_ids)).content)
+    reply = await ep.session.respond(parse_or_error(ep.route.parser, ep.renderer.turn_text(gen.token_ids)).content)
     if reply is None:
         return "answered"
     traj.user_turns.append(reply)

@@ -13,10 +13,10 @@ from typing import Any
 from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, resolve_path
 from toolrl.data import origin_of
 from toolrl.environments import ConfiguredEnv, Environment, configured_envs
-from toolrl.plugins.parts import BuildContext, build_part, lookup_part
+from toolrl.plugins.parts import BuildContext, build_part, checked_options, lookup_part
 from toolrl.rollout import Route
 from toolrl.schemas import Sample
-from toolrl.sessions import SessionKind, SharedParts, validate_options
+from toolrl.sessions import SessionKind, SharedParts
 from toolrl.tools import Tool
 from toolrl.tools.verl_config import ToolsFile
 
@@ -107,10 +107,7 @@ def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
     where = "session.options" if config.session.options is not None or env is None \
         else f"environment {env.name!r} session_options"
     cls = lookup_part("environment_sessions", name, named_by)
-    try:
-        return SessionKind(name, cls, validate_options(cls, options, where), Path(config.base_dir))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return SessionKind(name, cls, checked_options(cls, options, where), Path(config.base_dir))
 
 
 @dataclass(frozen=True)
