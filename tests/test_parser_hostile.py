@@ -272,3 +272,64 @@ async def test_a_parser_that_raises_in_the_rollout_is_that_turns_parse_error() -
     assert traj.termination == "answered" and traj.final_response.startswith("The answer is 4.")
     assert [e.message for e in traj.parse_errors] == ["the tool-call parser 'fragile' failed: RuntimeError: cannot read boom"]
     assert "cannot read boom" in tokenizer.decode(engine.calls[1][1])  # the model was told
+
+
+async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_the_run() -> None:
+    """A parser past rollout.parser_timeout_s is that turn's error and is handed no more text (its thread
+    cannot be stopped); SystemExit from a parser is an error like any other exception."""
+    import threading
+    import time
+
+    from scripted import ScriptedEngine
+    from toolrl.config import RewardConfig, RolloutConfig
+    from toolrl.model_sources import qwen_tokenizer
+    from toolrl.parsers.hermes import HermesParser
+    from toolrl.rollout import RolloutContext, Route, run_trajectory
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.schemas import Sample
+
+    release = threading.Event()
+
+    class Hangs(HermesParser):
+        name = "hangs"
+        texts: list[str] = []
+
+        def parse(self, text: str) -> Any:
+            self.texts.append(text)
+            if "hang" in text:
+                release.wait(60)
+            return super().parse(text)
+
+    class Exits(HermesParser):
+        name = "exits"
+
+        def parse(self, text: str) -> Any:
+            if "exit" in text:
+                raise SystemExit(3)
+            return super().parse(text)
+
+    tokenizer = qwen_tokenizer("qwen2_5")
+    sample = Sample(prompt=[{"role": "user", "content": "2+2?"}], ground_truth="4")
+
+    async def run(parser: HermesParser, script: list[str]) -> Any:
+        engine = ScriptedEngine(tokenizer, script)
+        ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                             config=RolloutConfig(parser_timeout_s=0.5),
+                             routes={None: Route({}, 4, parser, [], RewardConfig())})
+        return await run_trajectory(ctx, sample, 0, "t1", seed=0), engine
+
+    try:
+        hangs = Hangs()
+        start = time.monotonic()
+        traj, engine = await run(hangs, ["hang", "The answer is 4."])
+        assert time.monotonic() - start < 10
+        assert [e.message for e in traj.parse_errors] == [
+            "the tool-call parser 'hangs' failed: it did not finish within 0.5 s (rollout.parser_timeout_s)",
+            "the tool-call parser 'hangs' failed: it ran past its 0.5 s limit earlier in this run and still runs"]
+        assert "did not finish within 0.5 s" in tokenizer.decode(engine.calls[1][1])  # the model was told
+        assert len(hangs.texts) == 1  # the second turn was not handed to the stuck parser
+    finally:
+        release.set()
+    traj, _ = await run(Exits(), ["exit", "The answer is 4."])
+    assert traj.termination == "answered" and traj.final_response.startswith("The answer is 4.")
+    assert [e.message for e in traj.parse_errors] == ["the tool-call parser 'exits' failed: SystemExit: 3"]

@@ -252,6 +252,8 @@ class RolloutConfig(Section):
     tool_response_truncation: Literal["keep_head", "keep_tail", "keep_head_and_tail"] = "keep_head_and_tail"
     parser: str | None = Field(None, description="None: the environment's, else hermes")
     parser_options: dict[str, Any] | None = Field(None, description="None: the environment's (for its parser)")
+    # A parser past it makes its turn one parse error and parses nothing more in the run (toolrl.parsers).
+    parser_timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week")] = Field(10.0, gt=0)
     max_concurrent_trajectories: BatchSize = Field(64, gt=0)
     seed: Seed = 0
     # What to do when the chat template re-renders the conversation differently from the trajectory's

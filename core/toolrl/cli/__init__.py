@@ -197,35 +197,27 @@ def _fail(message: str) -> NoReturn:
 
 
 def _parse_in_time(parser: Any, parser_name: str, text: str, seconds: float) -> Any:
-    """``parser.parse(text)`` in a worker thread, as a tool runs under a time limit: a parser that raises
-    or returns no ParseResult is one error line, one still running after ``seconds`` ends the process
-    (a thread cannot be stopped) with one."""
+    """``parser.parse(text)`` under the time limit a rollout gives it (toolrl.parsers.parse_on_thread): a
+    parser that raises or returns no ParseResult is one error line; one still running after ``seconds``
+    ends the process (a thread cannot be stopped) with one."""
     import os
-    import threading
+    from concurrent.futures import TimeoutError as Late
 
+    from toolrl.parsers import parse_on_thread
     from toolrl.schemas import ParseResult
 
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = parser.parse(text)
-        except BaseException as exc:  # whatever a plugin raises is reported, never shown as a traceback
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=run, name="toolrl-parse", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if worker.is_alive():
+    future = parse_on_thread(parser, text)
+    try:
+        result = future.result(seconds)
+    except Late:
         click.echo(f"error: parser {parser_name!r} did not finish within {seconds:g} s (--timeout)", err=True)
         sys.stderr.flush()
         os._exit(1)
-    if "error" in outcome:
-        exc = outcome["error"]
+    except BaseException as exc:  # whatever a plugin raises is reported, never shown as a traceback
         _fail(f"parser {parser_name!r} failed: {type(exc).__name__}: {exc}")
-    if not isinstance(outcome["result"], ParseResult):
-        _fail(f"parser {parser_name!r} returned {type(outcome['result']).__name__}, not a ParseResult")
-    return outcome["result"]
+    if not isinstance(result, ParseResult):
+        _fail(f"parser {parser_name!r} returned {type(result).__name__}, not a ParseResult")
+    return result
 
 
 @cli.command("parse")

@@ -6,13 +6,18 @@ rollout sends back to the model, so the model learns from it instead of the call
 calls around it (in the same block, list or message) still run. A format's own markers written inside
 an argument (a JSON string, a parameter value) are data, not the end of the call; the special tokens
 that end a family's turn are not content. A parser that raises anyway, like a tool that does, is that
-turn's parse error in the rollout and a one-line error from ``toolrl parse``, which also stops one
-that runs past a time limit.
+turn's parse error in the rollout and a one-line error from ``toolrl parse``. Like a tool, a parser
+runs under a time limit (``rollout.parser_timeout_s``): one still running then is that turn's parse
+error, and the rollout stops handing it text (a thread cannot be stopped; each stuck call would hold
+one for good).
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, ClassVar, Literal
 
 from toolrl.schemas import ParseError, ParseResult, ToolResponse
@@ -56,13 +61,43 @@ def without_tokens(content: str, tokens: Sequence[str]) -> str:
     return content
 
 
-def parse_or_error(parser: ToolParser, text: str) -> ParseResult:
-    """``parser.parse(text)``, where a parser that raises (or returns no :class:`ParseResult`) makes
-    the whole text one parse error, as a tool that raises is its call's error: a third-party parser's
-    bug costs a turn, never the run."""
+def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:
+    """``parser.parse(text)`` on a daemon thread; the caller waits for it with a time limit. A daemon,
+    since a parser that never returns cannot be stopped and must not hold the process open at exit;
+    BaseException too, since a plugin's SystemExit would otherwise end the thread silently."""
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()  # a waiter that gives up cannot cancel it under the thread
+
+    def run() -> None:
+        try:
+            future.set_result(parser.parse(text))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=f"toolrl-parser-{parser.name}", daemon=True).start()
+    return future
+
+
+# Parsers that ran past their time limit in this process, by id (the object is held, so the id stays
+# its own): their thread still runs, and they are handed no more text.
+_STUCK: dict[int, ToolParser] = {}
+
+
+async def parse_within(parser: ToolParser, text: str, seconds: float) -> ParseResult:
+    """``parser.parse(text)`` under a time and exception boundary, as a tool call runs: a parser that
+    raises, returns no :class:`ParseResult` or runs past ``seconds`` makes the whole text one parse
+    error, so a third-party parser's bug costs a turn, never the run."""
+    if id(parser) in _STUCK:
+        return _failed(parser, f"it ran past its {seconds:g} s limit earlier in this run and still runs", text)
+    future = parse_on_thread(parser, text)
     try:
-        result = parser.parse(text)
-    except Exception as exc:
+        result = await asyncio.wait_for(asyncio.wrap_future(future), seconds)
+    except TimeoutError:
+        _STUCK[id(parser)] = parser
+        return _failed(parser, f"it did not finish within {seconds:g} s (rollout.parser_timeout_s)", text)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # whatever a plugin raises (SystemExit too) is this turn's error
         return _failed(parser, f"{type(exc).__name__}: {exc}", text)
     if not isinstance(result, ParseResult):
         return _failed(parser, f"it returned {type(result).__name__}, not a ParseResult", text)

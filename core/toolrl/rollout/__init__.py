@@ -33,7 +33,7 @@ from typing import Any
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
-from toolrl.parsers import ToolParser, parse_or_error
+from toolrl.parsers import ToolParser, parse_within
 from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
@@ -201,7 +201,7 @@ async def take_turn(ep: _Episode) -> Termination | None:
     if budget <= 0:
         return "max_response_tokens"
     gen = await generate(ep, budget)
-    calls, errors = parse(ep, gen)
+    calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
         return await user_turn(ep, gen)
@@ -268,7 +268,8 @@ async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     environment tokens (mask 0) and the model takes another turn; no user turn: the answer ends the
     trajectory. The session reads the answer as its parsed content, without the end-of-turn token."""
     traj = ep.traj
-    reply = await ep.session.respond(parse_or_error(ep.route.parser, ep.renderer.turn_text(gen.token_ids)).content)
+    answer = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids), ep.config.parser_timeout_s)
+    reply = await ep.session.respond(answer.content)
     if reply is None:
         return "answered"
     traj.user_turns.append(reply)
@@ -307,12 +308,13 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     return gen
 
 
-def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseError]]:
+async def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseError]]:
     """The calls to run and the parse errors to report to the model; sets the final answer. Inline
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
     parser, traj, renderer = ep.route.parser, ep.traj, ep.renderer
-    parsed = parse_or_error(parser, traj.model_text[-1])  # a parser that raises: this turn's parse error
+    seconds = ep.config.parser_timeout_s
+    parsed = await parse_within(parser, traj.model_text[-1], seconds)  # a parser that fails: this turn's error
     if parser.result_mode != "inline":
         traj.final_response = parsed.content
         traj.parse_errors += parsed.errors
@@ -321,7 +323,7 @@ def parse(ep: _Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseErro
         return calls, parsed.errors
     ep.messages.append(renderer.assistant_message(gen.token_ids))
     model_ids = [t for t, m in zip(traj.response_ids, traj.response_mask) if m]
-    traj.final_response = parse_or_error(parser, ep.renderer.decode(model_ids)).content
+    traj.final_response = (await parse_within(parser, ep.renderer.decode(model_ids), seconds)).content
     stopped_at_call = gen.finish_reason == "stop_string" and bool(parsed.calls)
     calls = parsed.calls[-1:] if stopped_at_call else []
     errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
