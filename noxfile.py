@@ -4,6 +4,16 @@ against the core tests, lint, and distributions.
     nox -l                       # list sessions
     nox -s "plugin(calculator)"  # one plugin
     PLUGINS=mcp,geo3k nox -s plugin
+
+What runs where (scripts/test.sh runs every default session, two at a time, for a cold run of about 40
+minutes on 2 cores):
+- ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
+  multi-process and Ray tests, real models: minutes each) so the two halves run side by side;
+- ``plugin(NAME)``: each plugin's own tests in its own venv;
+- ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
+  plugin can change (discovery, hooks, the build contract of every registered part, config errors that
+  list registered names) -- not the numerics, which no plugin takes part in;
+- ``wheels``, ``train_base`` (the shared training dependencies), ``lint``, ``dist``.
 """
 
 from __future__ import annotations
@@ -57,7 +67,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.parallel = 2
 nox.options.allow_parallel = True
-# The longest session first, so that the other lane works through the plugins beside it.
+# The two halves of the core tests first, side by side; the plugins fill the lanes after them.
 nox.options.sessions = ["wheels", "train_base", "tests", "plugin", "plugins_vs_core", "lint", "dist"]
 
 
@@ -113,14 +123,17 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(requires=["wheels", "train_base"])
-def tests(session: nox.Session) -> None:
-    """The core tests. The calculator plugin comes along because examples/tiny.yaml uses it."""
+@nox.parametrize("part", ["slow", "fast"], ids=["slow", "fast"])
+def tests(session: nox.Session, part: str) -> None:
+    """The core tests marked ``slow``, or the others. The calculator plugin comes along because
+    examples/tiny.yaml uses it."""
     install_core(session, "train,demo,ray,dev")
     session.install(*CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
     session.install(*SMOLLM2)
     session.install(*MISTRAL)
     session.install(*GEMMA3)
-    session.run(*PYTEST, "tests", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    marker = "slow" if part == "slow" else "not slow"
+    session.run(*PYTEST, "tests", "-m", marker, *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session(requires=["wheels", "train_base"])
@@ -157,17 +170,13 @@ def plugins_vs_core(session: nox.Session) -> None:
     install_core(session, "train,ray,dev")
     session.install(*CONSTRAINTS, *[wheel(p) for p in TOGETHER])
     session.run("toolrl", "list-plugins", "--json", silent=True)
-    # The tests session already runs these files; they exercise torch, Ray and the trainer's numerics,
-    # which no plugin's presence changes, and they are most of its time.
-    mechanics = ["test_async.py", "test_async_ray.py", "test_distributed.py", "test_step.py", "test_logprobs.py",
-                 "test_lora.py", "test_microbatch.py", "test_models.py", "test_model_sources.py", "test_packing.py",
-                 "test_sharded_training.py", "test_transformers_engine.py", "test_prefix_sharing.py",
-                 "test_critic.py", "test_trl_parity.py", "test_vision_training.py", "test_vlm_engine.py",
-                 "test_tiny_vlm.py",
-                 # parsers called directly and source-text rules: no plugin takes part
-                 "test_parser_families.py", "test_parser_robustness.py", "test_code_rules.py",
-                 "test_layers.py"]
-    session.run(*PYTEST, "tests", "-m", "not slow", *[f"--ignore=tests/{f}" for f in mechanics], *session.posargs,
+    # Where an installed plugin can change the outcome: discovery and loading, the hooks, every registered
+    # part's build contract, the parts a config may name. The numerics and the rollout loop run only parts
+    # named in the test, so the tests sessions cover them.
+    plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py", "test_hooks.py",
+                     "test_build_contract.py", "test_environments.py", "test_family_plugin.py", "test_tools.py",
+                     "test_config_errors.py", "test_sessions.py"]
+    session.run(*PYTEST, *[f"tests/{f}" for f in plugin_facing], "-m", "not slow", *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
 
 
