@@ -67,6 +67,24 @@ async def test_async_rewards_are_awaited_off_the_loop_and_failures_are_error_ter
         assert t.error == "reward refuses: ConnectionError: the judge is down"
 
 
+class Hangs:
+    async def __call__(self, response: str, ground_truth: Any, **info: Any) -> float:
+        await asyncio.Event().wait()  # a judge that never answers
+        return 1.0
+
+
+async def test_an_async_reward_past_its_deadline_scores_zero_and_says_so(qwen3_tokenizer: Any) -> None:
+    rewards = [("gsm8k", 1.0, GSM8KReward()), ("hangs", 1.0, Hangs())]
+    ctx = RolloutContext(
+        engine=ScriptedEngine(qwen3_tokenizer, ["#### 5"]),
+        renderer_factory=lambda schemas: ChatRenderer(qwen3_tokenizer, schemas), config=RolloutConfig(),
+        routes={None: Route({}, 4, HermesParser(), rewards, RewardConfig(timeout_s=0.2))})
+    sample = Sample(prompt=[{"role": "user", "content": "What is 2+3?"}], ground_truth="5", index=0)
+    [traj] = await asyncio.wait_for(run_rollouts(ctx, [sample], n=1, seed=0), 30)
+    assert traj.reward_terms == {"gsm8k": 1.0, "hangs": 0.0} and traj.reward == 1.0
+    assert traj.reward_errors == {"hangs": "TimeoutError: no value within 0.2 s (reward.timeout_s)"}
+
+
 async def test_recorded_rows_are_scored_by_async_rewards_inside_a_running_loop(tmp_path: Path) -> None:
     rows = [{"trajectory_id": f"r{answer}", "prompt_ids": [1, 2], "response_ids": [3, 4], "response_mask": [1, 1], "logprobs": [-1.0, -1.0],
              "final_response": f"#### {answer}", "ground_truth": "5"} for answer in (5, 6)]

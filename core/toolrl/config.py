@@ -298,6 +298,8 @@ class RewardConfig(Section):
     functions: list[RewardTerm] | None = Field(None, description="None: the environment's rewards")
     tool_reward_weight: float = 1.0  # tools' calc_reward
     step_reward_weight: float = 1.0  # sum of step rewards
+    # An async reward function (a judge) past it scores 0 with a TimeoutError in reward_errors.
+    timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week")] = Field(300.0, gt=0)
 
 
 # Samples up to k updates stale are trained with their importance weight capped at this by default.

@@ -72,7 +72,7 @@ def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Tra
     values = [v for _, vs, _ in pending for v in vs]
     if any(inspect.isawaitable(v) for v in values):
         with ThreadPoolExecutor(1) as pool:
-            values = pool.submit(asyncio.run, scoring.settle(values)).result()
+            values = pool.submit(asyncio.run, scoring.settle(values, config.reward.timeout_s)).result()
     at = 0
     for traj, vs, origin in pending:
         scoring.combine(rewards, config.reward, traj, values[at:at + len(vs)], [r.step_reward for r in traj.tool_results])

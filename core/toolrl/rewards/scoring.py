@@ -76,8 +76,8 @@ def start_rewards(functions: RewardFunctions, traj: Trajectory, sample: Sample) 
     """Each reward function called on the finished trajectory: its value, the exception it raised, or,
     from an async reward function, the awaitable that gives its value. Sync functions run here, on the
     caller's thread: they are CPU work (no gain from a thread under the GIL), and math-verify's timeout
-    needs the main thread; a reward that waits (a judge model, a service) is async, so it never holds
-    the loop."""
+    needs the main thread, so they have no time limit of toolrl's; a reward that waits (a judge model, a
+    service) is async, so it never holds the loop, and :func:`settle` gives it a deadline."""
     info = {"full_response": "".join(traj.model_text), "model_text": list(traj.model_text), "sample": sample,
             "tool_results": traj.tool_results, "parse_errors": len(traj.parse_errors),
             "data_source": sample.data_source,
@@ -91,10 +91,17 @@ def start_rewards(functions: RewardFunctions, traj: Trajectory, sample: Sample) 
     return values
 
 
-async def settle(values: Sequence[Any]) -> list[Any]:
-    """``values`` with every awaitable awaited, concurrently; one that raises gives its exception."""
+async def settle(values: Sequence[Any], seconds: float) -> list[Any]:
+    """``values`` with every awaitable awaited, concurrently; one that raises gives its exception, one
+    still waiting after ``seconds`` (``reward.timeout_s``) is cancelled and gives a TimeoutError."""
+    async def within(value: Any) -> Any:
+        try:
+            return await asyncio.wait_for(value, seconds)
+        except TimeoutError:
+            raise TimeoutError(f"no value within {seconds:g} s (reward.timeout_s)") from None
+
     waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
-    done = await asyncio.gather(*(values[i] for i in waiting), return_exceptions=True)
+    done = await asyncio.gather(*(within(values[i]) for i in waiting), return_exceptions=True)
     settled = list(values)
     for i, value in zip(waiting, done):
         settled[i] = value
@@ -105,7 +112,8 @@ async def score(functions: RewardFunctions, weights: RewardConfig, traj: Traject
                 step_rewards: Sequence[float], extra: Mapping[str, float] | None = None) -> None:
     """Score a finished trajectory; async reward functions are awaited concurrently with the other
     trajectories (the loop keeps generating for them meanwhile)."""
-    combine(functions, weights, traj, await settle(start_rewards(functions, traj, sample)), step_rewards, extra)
+    values = await settle(start_rewards(functions, traj, sample), weights.timeout_s)
+    combine(functions, weights, traj, values, step_rewards, extra)
 
 
 def combine(functions: RewardFunctions, weights: RewardConfig, traj: Trajectory, values: Sequence[Any],
