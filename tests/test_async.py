@@ -53,6 +53,7 @@ def old_batch_for_step(samples, step, batch_size, seed, shuffle):
     return out
 
 
+@pytest.mark.slow
 def test_staleness_zero_is_the_synchronous_run(tmp_path):
     """max_staleness=0 trains what the synchronous loop trained (same rewards, losses, gradient norms,
     final weights), and so does the group stream held to staleness 0: its prompts and seeds per
@@ -108,6 +109,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
 
 
 @pytest.mark.parametrize("k", [1, 2])
+@pytest.mark.slow
 def test_streaming_staleness_stays_within_the_bound(tmp_path, k):
     from toolrl.roles.controller import train_async
 
@@ -137,6 +139,7 @@ class EvenIndexParity:
 
 
 @pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_groups_with_variance(tmp_path, k):
     from toolrl.roles.controller import train_async
 
@@ -208,6 +211,7 @@ def test_weights_change_between_decode_steps(tiny_qwen3_path, qwen3_tokenizer):
     assert all(abs(lp - uniform) > 1e-3 for lp in first.logprobs[:switch])
 
 
+@pytest.mark.slow
 def test_streaming_run_resumes_after_kill_without_losing_or_repeating_groups(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "toolrl", "train", TINY, "trainer.max_staleness=1", "trainer.total_steps=4",

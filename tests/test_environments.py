@@ -357,6 +357,7 @@ def test_unknown_env_is_one_line_listing_the_installed_ones(tmp_path):
     assert out.stderr.startswith("error: env: unknown environment 'nope' (available: ")
 
 
+@pytest.mark.slow
 def test_a_config_of_only_model_and_env_runs_toolrl_rollout(tmp_path):
     """``model: {source: tiny-qwen3}`` + ``env: arithmetic`` (+ small rollout limits) is a whole config:
     the environment brings the data, calculator tool, hermes parser, reward and turn limit."""

@@ -112,6 +112,7 @@ def test_eval_config_errors_are_one_line(tmp_path, test_split, args, message):
     assert result.stderr.strip() == message
 
 
+@pytest.mark.slow
 def test_eval_every_logs_val_metrics(tmp_path):
     out = tmp_path / "run"
     result = toolrl("train", TINY, *SMALL, "trainer.total_steps=2", "trainer.eval_every=2",
@@ -124,6 +125,7 @@ def test_eval_every_logs_val_metrics(tmp_path):
     assert len(lines(out / "eval" / "step_00002.jsonl")) == 3
 
 
+@pytest.mark.slow
 def test_train_on_recorded_trajectories(tmp_path):
     """A run's own traces are recorded trajectories: one step on them trains (groups from their
     ``group`` field, rewards from their ``reward``); rows without a usable reward are one-line errors."""

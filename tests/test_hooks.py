@@ -226,6 +226,7 @@ def test_hook_register_environments(tmp_path):
     assert say["tools"] == ["upper"] and say["rewards"] == {"exact": 1.0} and say["metric"] == "exact"
 
 
+@pytest.mark.slow
 def test_hook_register_loggers(tmp_path):
     assert listed(tmp_path)["parts"]["loggers"] == ["note"]
     out = tmp_path / "run"
@@ -237,6 +238,7 @@ def test_hook_register_loggers(tmp_path):
     assert (out / "note.txt").read_text() == f"1 {row['reward_mean']}\n"
 
 
+@pytest.mark.slow
 def test_hook_register_advantage_estimators(tmp_path):
     """A plugin's estimator (and loss) train a run by name; the traces record what it computed."""
     assert listed(tmp_path)["parts"]["advantage_estimators"] == ["median_baseline"]

@@ -257,6 +257,7 @@ def wait_until_idle(ray, limiter_name: str, timeout: float = 20) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_global_cap_holds_across_four_ray_workers(ray_cluster):
     ray = ray_cluster
     probe = ray.remote(Probe).options(num_cpus=0).remote()
@@ -273,6 +274,7 @@ def test_global_cap_holds_across_four_ray_workers(ray_cluster):
     assert elapsed >= 100 / 3 * 0.02  # serialised to 3 at a time
 
 
+@pytest.mark.slow
 def test_global_rate_across_ray_workers(ray_cluster):
     ray = ray_cluster
     probe = ray.remote(Probe).options(num_cpus=0).remote()
@@ -284,6 +286,7 @@ def test_global_rate_across_ray_workers(ray_cluster):
     assert wait_until_idle(ray, "rate")["admitted"] == 40
 
 
+@pytest.mark.slow
 def test_global_cancellation_and_dead_holders(ray_cluster):
     from toolrl.tools.ratelimit import RayRateLimiter
 
@@ -314,6 +317,7 @@ def test_global_cancellation_and_dead_holders(ray_cluster):
     del limiters
 
 
+@pytest.mark.slow
 def test_global_limiter_comes_back_after_its_actor_dies(ray_cluster):
     from toolrl.tools.ratelimit import RayRateLimiter
 

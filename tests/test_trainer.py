@@ -18,6 +18,7 @@ def lines(path):
     return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.slow
 def test_train_two_steps_then_resume_adds_exactly_one(tmp_path):
     out = tmp_path / "run"
     first = run_toolrl("train", TINY, "trainer.total_steps=2", f"trainer.output_dir={out}", env=FAST, timeout=600)
@@ -43,6 +44,7 @@ def test_train_two_steps_then_resume_adds_exactly_one(tmp_path):
     assert [m["step"] for m in lines(out / "metrics.jsonl")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_resume_restores_identical_state(tmp_path):
     """Two steps straight through equal one step, stop, and resume: same weights, same metrics."""
     import asyncio
@@ -69,6 +71,7 @@ def test_resume_restores_identical_state(tmp_path):
                      for m in lines(tmp_path / "b/metrics.jsonl")]
 
 
+@pytest.mark.slow
 def test_a_failed_step_is_recorded_and_resume_continues(tmp_path):
     """A step that fails half-way (here: its checkpoint cannot be staged, a real OSError) leaves its
     metrics and traces plus a line saying what failed; --resume then redoes it."""
@@ -104,6 +107,7 @@ def checkpoint_state(path, scratch):
     return torch.load(scratch, weights_only=False)
 
 
+@pytest.mark.slow
 def test_export_writes_a_hugging_face_model(tmp_path):
     """`toolrl export` of a trained run loads with from_pretrained and AutoTokenizer and holds the
     checkpoint's weights."""
@@ -129,6 +133,7 @@ def test_export_writes_a_hugging_face_model(tmp_path):
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
+@pytest.mark.slow
 def test_rollout_command_evaluates_without_training(tmp_path):
     out = tmp_path / "eval"
     res = run_toolrl("rollout", TINY, "trainer.total_steps=1", f"trainer.output_dir={out}", env=FAST, timeout=600)
@@ -137,6 +142,7 @@ def test_rollout_command_evaluates_without_training(tmp_path):
     assert not (out / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_train_with_rloo_and_gspo_by_name(tmp_path):
     """The issue's command: another estimator and loss, by name, train two steps; the traces record
     each trajectory's RLOO advantage (its reward less the mean of its group's others)."""
