@@ -163,6 +163,10 @@ def test_the_default_memory_limit_stops_a_runaway_allocation_and_lets_java_run(s
     code = "data = bytearray(2 << 30)\ndata[::4096] = b'x' * len(data[::4096])\nprint('allocated')"
     stopped = run_code(server, language="python", code=code)  # names no limit: the 1024 MB default
     assert stopped.status == RunStatus.Failed and "MemoryError" in stopped.run_result.stderr
+    # Shared anonymous memory escapes RLIMIT_DATA: the address-space backstop (limit + 4 GB) refuses it.
+    shared = run_code(server, language="python", code="import mmap\ntry:\n    mmap.mmap(-1, 6 << 30)\n"
+                      "    print('mapped')\nexcept OSError as exc:\n    print(exc.errno)")
+    assert shared.run_result.stdout == "12\n", shared.run_result  # ENOMEM
     unlimited = run_code(server, language="python", code="import resource\n"
                          "print(resource.getrlimit(resource.RLIMIT_DATA)[0] == resource.RLIM_INFINITY)",
                          memory_limit_MB=-1)
