@@ -254,7 +254,7 @@ def test_absent_toolchains_are_a_clear_sandbox_error(server, language, command):
                               "(not found on the PATH of the process running the sandbox)")
 
 
-@pytest.mark.parametrize(("language", "why"), [("junit", "JUnit console launcher"), ("cuda", "needs a GPU"),
+@pytest.mark.parametrize(("language", "why"), [("jest", "only from npm"), ("cuda", "needs a GPU"),
                                                ("lean", "Lean project")])
 def test_languages_needing_sandboxfusions_image_say_why(server, language, why):
     result = run_code(server, language=language, code="x")
@@ -276,7 +276,7 @@ def test_output_that_is_not_utf8_is_a_decode_error(server):
 
 @pytest.mark.parametrize("memory_limit_mb", [-1, 0])
 def test_memory_limit_minus_one_means_no_limit(server, memory_limit_mb):
-    code = ("import resource\nprint(resource.getrlimit(resource.RLIMIT_AS) == (resource.RLIM_INFINITY,) * 2)\n"
+    code = ("import resource\nprint(resource.getrlimit(resource.RLIMIT_DATA) == (resource.RLIM_INFINITY,) * 2)\n"
             "data = bytearray(1536 * 1024 * 1024)  # zero pages: address space, hardly any memory\nprint(len(data) >> 20)")
     result = run_code(server, language="python", code=code, memory_limit_MB=memory_limit_mb)
     assert result.status == RunStatus.Success, result.run_result

@@ -24,7 +24,7 @@ def sandbox() -> None:
               help="Sandbox processes kept started and waiting.")
 @click.option("--max-memory-mb", default=None, type=click.IntRange(1),
               help="The most memory any run gets, also one whose request says memory_limit_MB -1. "
-                   "Default: as SandboxFusion, the request decides and -1 means no limit.")
+                   "Default: the request decides (-1: no limit, as SandboxFusion; none named: 1024 MB).")
 def serve(host: str, port: int, isolation: str, python_executable: str | None, workers: int, pool_size: int,
           max_memory_mb: int | None) -> None:
     """Serve a SandboxFusion-compatible API (POST /run_code, GET /v1/ping) on the embedded sandbox."""

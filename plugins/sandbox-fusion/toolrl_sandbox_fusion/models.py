@@ -8,7 +8,7 @@ against any of the three.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -42,10 +42,15 @@ class CommandRunResult(BaseModel):
     stderr: str | None = None
 
 
+# A request that names no memory limit gets this one (SandboxFusion's default is none): one runaway
+# program among thousands of RL rollouts must not take the host's memory. -1 (or 0), asked for, is none.
+DEFAULT_MEMORY_LIMIT_MB = 1024
+
+
 class RunCodeRequest(BaseModel):
     compile_timeout: float = Field(10, description="compile timeout for compiled languages (s)")
     run_timeout: float = Field(10, description="run timeout (s)")
-    memory_limit_MB: int = Field(-1, description="memory limit in MB; -1 (or 0) for none")
+    memory_limit_MB: int = Field(DEFAULT_MEMORY_LIMIT_MB, description="memory limit in MB; -1 (or 0) for none")
     code: str
     stdin: str | None = None
     language: Language
@@ -80,3 +85,31 @@ def overall_status(run: CommandRunResult | None, compile_: CommandRunResult | No
     if any(r.return_code not in (None, 0) for r in results):
         return RunStatus.Failed
     return RunStatus.Success
+
+
+class RunJupyterRequest(BaseModel):
+    """SandboxFusion's ``/run_jupyter`` request: cells run in order in one kernel, sharing its state."""
+
+    cells: list[str] = Field(..., description="code cells, run in order in one kernel")
+    cell_timeout: float = Field(0, description="most run time of each cell (s); 0: only the total limit")
+    total_timeout: float = Field(45, description="most run time of all the cells (s)")
+    memory_limit_MB: int = Field(DEFAULT_MEMORY_LIMIT_MB, description="memory limit in MB; -1 (or 0) for none")
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str] = Field(default_factory=dict, description="path -> base64 content")
+    fetch_files: list[str] = Field(default_factory=list, description="paths to return after the run")
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]  # each display_data / execute_result's data, by MIME type
+    error: list[dict[str, Any]]  # each error's content: ename, evalue, traceback
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: CommandRunResult | None = None  # the process that ran the kernel
+    cells: list[CellRunResult] = Field(default_factory=list)
+    executor_pod_name: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)

@@ -1,7 +1,7 @@
 """A SandboxFusion-compatible HTTP server on the embedded sandbox (``toolrl sandbox serve``).
 
 Same endpoints, request fields, response fields and status values as SandboxFusion's server:
-``POST /run_code`` and ``GET /v1/ping`` (-> ``"pong"``). Errors come in FastAPI's shapes, as
+``POST /run_code``, ``POST /run_jupyter`` and ``GET /v1/ping`` (-> ``"pong"``). Errors come in FastAPI's shapes, as
 SandboxFusion (a FastAPI app) sends them: 404/405 as ``{"detail": "Not Found"}``, invalid requests
 as 422 ``{"detail": [...]}`` with each pydantic error's ``url``, as the FastAPI and pydantic that
 SandboxFusion pins (0.103, 2.6) include it. For clusters where SandboxFusion's container cannot run.
@@ -24,9 +24,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
-from toolrl_sandbox_fusion.models import RunCodeRequest, RunCodeResponse
+from toolrl_sandbox_fusion.models import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    RunStatus,
+)
 
 _REQUEST = TypeAdapter(RunCodeRequest)
+_JUPYTER_REQUEST = TypeAdapter(RunJupyterRequest)
 
 
 def _unprocessable(errors: list[dict[str, Any]]) -> JSONResponse:
@@ -46,7 +53,7 @@ def _is_json(content_type: str | None) -> bool:
     return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
-async def _parse(request: Request) -> RunCodeRequest | JSONResponse:
+async def _parse(request: Request, adapter: TypeAdapter[Any] = _REQUEST) -> Any:
     """The body as FastAPI reads a JSON body parameter, with its error shapes."""
     raw = await request.body()
     body: Any = None
@@ -63,7 +70,7 @@ async def _parse(request: Request) -> RunCodeRequest | JSONResponse:
         error = ValidationError.from_exception_data("Field required", [missing]).errors()[0]  # type: ignore[list-item]
         return _unprocessable([{**error, "input": None}])
     try:
-        return _REQUEST.validate_python(body, from_attributes=True)
+        return adapter.validate_python(body, from_attributes=True)
     except ValidationError as exc:
         return _unprocessable([{**e, "loc": ["body", *e["loc"]]} for e in exc.errors()])
 
@@ -84,6 +91,17 @@ def create_app(sandbox: EmbeddedSandbox) -> Starlette:
             response = RunCodeResponse.sandbox_error(f"exception on running code: {type(exc).__name__}: {exc}")
         return JSONResponse(response.model_dump(mode="json"))
 
+    async def run_jupyter(request: Request) -> JSONResponse:
+        run = await _parse(request, _JUPYTER_REQUEST)
+        if isinstance(run, JSONResponse):
+            return run
+        try:
+            response = await sandbox.arun_jupyter(run)
+        except Exception as exc:  # as /run_code: failures are SandboxError responses
+            response = RunJupyterResponse(status=RunStatus.SandboxError,
+                                          message=f"exception on running jupyter: {type(exc).__name__}: {exc}")
+        return JSONResponse(response.model_dump(mode="json"))
+
     async def ping(request: Request) -> JSONResponse:
         return JSONResponse("pong")
 
@@ -98,7 +116,8 @@ def create_app(sandbox: EmbeddedSandbox) -> Starlette:
     ping_route = Route("/v1/ping", ping, methods=["GET"])
     ping_route.methods = {"GET"}  # as FastAPI: no implicit HEAD (a 405 names only GET)
     return Starlette(
-        routes=[Route("/run_code", run_code, methods=["POST"]), ping_route],
+        routes=[Route("/run_code", run_code, methods=["POST"]), Route("/run_jupyter", run_jupyter, methods=["POST"]),
+                ping_route],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 # Where the bootstrap puts the commands (links) and where the fallback pytest is mounted.
 BIN = "/run/toolrl/bin"
 PYTEST_DIR = "/run/toolrl/pytest"
+JUPYTER_DIR = "/run/toolrl/jupyter"  # jupyter_client and ipykernel, when the sandbox's Python lacks them
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,14 @@ class Language:
     env: tuple[tuple[str, str], ...] = ()
 
 
-_GO_ENV = (("GOCACHE", "/tmp/go-build"), ("GOPATH", "/tmp/go"), ("GOTOOLCHAIN", "local"))
+# Go's build cache is the pool's, warmed once and read-only here (gocache.py): a run reads what the
+# warm-up compiled (the standard library: half a minute on two cores) and cannot change it for others.
+GO_CACHE = "/run/toolrl/go-build"
+_GO_ENV = (("GOCACHE", GO_CACHE), ("GOPATH", "/tmp/go"), ("GOTOOLCHAIN", "local"))
+# JVM commands size their heap as if the machine had the run's memory limit (as the JVM does in a
+# container with that limit); without it a JVM commits 1/64 of the host's memory at start, which on a
+# large host is beyond a limit that Java programs fit in. "{javac_jvm}": the same, passed through javac.
+JUNIT_LAUNCHERS = ("/usr/share/java/junit-platform-console-standalone.jar",)  # Debian's junit5
 # SandboxFusion's runners (sandbox/runners/major.py, minor.py), each a file in the working folder.
 LANGUAGES: dict[str, Language] = {
     "bash": Language("main.sh", ("/bin/bash", "main.sh")),
@@ -39,8 +47,12 @@ LANGUAGES: dict[str, Language] = {
     "cpp": Language("main.cpp", ("./test",), ("g++", "-std=c++17", "main.cpp", "-o", "test"), ("g++",)),
     "go": Language("main.go", ("./out",), ("go", "build", "-o", "out", "main.go"), ("go",), _GO_ENV),
     "go_test": Language("main_test.go", ("go", "test", "main_test.go"), (), ("go",), _GO_ENV),
-    "java": Language("Main.java", ("java", "-cp", "{classpath}", "-ea", "Main"),
-                     ("javac", "-cp", "{classpath}", "Main.java"), ("javac", "java")),
+    "java": Language("Main.java", ("java", "{jvm}", "-cp", "{classpath}", "-ea", "Main"),
+                     ("javac", "{javac_jvm}", "-cp", "{classpath}", "Main.java"), ("javac", "java")),
+    # The file is named after the code's public class; javac compiles it with the request's .java files.
+    "junit": Language("{class}.java", ("java", "{jvm}", "-jar", "{junit}", "--class-path", "{classpath}",
+                                       "--scan-class-path", "--disable-banner"),
+                      ("javac", "{javac_jvm}", "-cp", "{classpath}", "{sources}"), ("javac", "java")),
     "nodejs": Language("main.js", ("node", "main.js"), (), ("node",)),
     "typescript": Language("main.ts", ("tsx", "main.ts"), (), ("tsx",)),
     "php": Language("main.php", ("php", "-f", "main.php"), (), ("php",)),
@@ -60,8 +72,9 @@ LANGUAGES: dict[str, Language] = {
 }
 # SandboxFusion's other languages need what its image ships besides a toolchain.
 UNSUPPORTED: dict[str, str] = {
-    "junit": "it needs SandboxFusion's JUnit console launcher and jars",
-    "jest": "it needs SandboxFusion's node_modules, package.json and babel config",
+    "jest": ("it needs jest with TypeScript through babel (jest, babel-jest, @babel/preset-env, "
+             "@babel/preset-typescript, @jest/globals: SandboxFusion's node_modules), which come only from npm; "
+             "Debian's jest package needs Debian's own nodejs"),
     "lean": "it needs SandboxFusion's Lean project (lakefile, mathlib packages)",
     "csharp": "it needs a dotnet project template from SandboxFusion's image",
     "scala": "it needs SandboxFusion's Scala runtime setup",
@@ -95,24 +108,55 @@ class Toolchains:
     mounts: tuple[tuple[str, str], ...] = ()
     missing: tuple[tuple[str, str], ...] = ()
     cpp_flags: tuple[str, ...] = ()
+    junit: str = ""  # the JUnit console launcher jar
 
-    def program(self, language: str, code: str, files: dict[str, str | None], args: list[str]) -> Program:
-        """The commands for one request; ValueError (the message says why) when it cannot run here."""
+    def program(self, language: str, code: str, files: dict[str, str | None], args: list[str],
+                memory_mb: int | None = None) -> Program:
+        """The commands for one request (``memory_mb``: its memory limit); ValueError (the message says
+        why) when it cannot run here."""
         if language in UNSUPPORTED:
             raise ValueError(f"language {language!r} is not supported by the embedded sandbox: {UNSUPPORTED[language]}")
         why = dict(self.missing).get(language)
         if why:
             raise ValueError(f"language {language!r} cannot run here: {why}")
         spec = LANGUAGES[language]
-        # As SandboxFusion: the jars a request brings are on the class path, PHP gets its opening tag.
-        classpath = ":".join(["."] + [name for name in files if name.endswith(".jar")])
-        compile_ = [a.replace("{classpath}", classpath) for a in spec.compile] or None
+        # As SandboxFusion: the jars a request brings are on the class path (junit's after its
+        # launcher), PHP gets its opening tag, a junit file is named after its public class.
+        jars = [name for name in files if name.endswith(".jar")]
+        junit = self.junit
+        source = spec.source.replace("{class}", _public_class(code) or "Main")
+        values = {
+            "{classpath}": ":".join(["."] + ([junit] if language == "junit" else []) + jars),
+            "{jvm}": f"-XX:MaxRAM={memory_mb}m" if memory_mb else "",
+            "{javac_jvm}": f"-J-XX:MaxRAM={memory_mb}m" if memory_mb else "",
+            "{junit}": junit,
+        }
+        sources = [source] + [name for name in files if name.endswith(".java") and "/" not in name and name != source]
+
+        def expand(argv: tuple[str, ...]) -> list[str]:
+            out: list[str] = []
+            for arg in argv:
+                if arg == "{sources}":
+                    out += sources
+                elif arg in values and not values[arg]:
+                    continue  # an option that does not apply (no memory limit)
+                else:
+                    out.append(values.get(arg, arg.replace("{classpath}", values["{classpath}"])))
+            return out
+
+        compile_ = expand(spec.compile) or None
         if language == "cpp":
             compile_ = [*spec.compile, *self.cpp_flags]
         if language == "php" and not code.lstrip().startswith("<?php"):
             code = "<?php\n" + code.lstrip()
-        run = [a.replace("{classpath}", classpath) for a in spec.run] + list(args)
-        return Program(spec.source, code, run, compile_, dict(spec.env))
+        return Program(source, code, expand(spec.run) + list(args), compile_, dict(spec.env))
+
+
+def _public_class(code: str) -> str | None:
+    """The name of a Java file's public top-level class, which javac wants as its file name."""
+    found = re.search(r"^\s*public\s+(?:(?:final|abstract|strictfp)\s+)*(?:class|interface|enum|record)\s+(\w+)",
+                      code, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def _within(path: str, folder: str) -> bool:
@@ -177,20 +221,41 @@ def _cpp_flags(gxx: str) -> tuple[str, ...]:
 
 
 def pytest_mounts(python_version: str) -> tuple[list[tuple[str, str]], str | None]:
-    """This process's pytest and what it requires for ``python_version`` (the sandbox's), mounted in
-    PYTEST_DIR for an interpreter without pytest; or why it cannot be."""
+    """This process's pytest and what it requires, mounted in PYTEST_DIR for a sandbox interpreter
+    without pytest; or why it cannot be."""
+    return package_mounts(("pytest",), python_version, PYTEST_DIR)
+
+
+def jupyter_mounts(python_version: str) -> tuple[list[tuple[str, str]], str | None]:
+    """This process's jupyter_client and ipykernel and what they require, mounted in JUPYTER_DIR for a
+    sandbox interpreter without them; or why they cannot be. They hold compiled modules (pyzmq,
+    psutil...), so the sandbox's Python must be this process's major.minor version."""
+    import sys
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if ".".join(python_version.split(".")[:2]) != here:
+        return [], (f"the sandbox's Python {python_version} has no jupyter_client and ipykernel, and this "
+                    f"process's (Python {here}) hold compiled modules for another version: give the sandbox "
+                    "a Python that has them (python_executable)")
+    return package_mounts(("jupyter_client", "ipykernel"), python_version, JUPYTER_DIR)
+
+
+def package_mounts(names: tuple[str, ...], python_version: str, folder: str) -> tuple[list[tuple[str, str]], str | None]:
+    """The distributions ``names`` of this process and everything they require for ``python_version``
+    (the sandbox's), as read-only mounts in ``folder``; or why they cannot be."""
     from importlib import metadata
 
+    wanted = " and ".join(names)
     try:
         from packaging.markers import default_environment
         from packaging.requirements import Requirement
         from packaging.specifiers import SpecifierSet
-    except ImportError:  # pytest requires packaging: no packaging, no pytest
-        return [], "neither the sandbox's Python nor this process has pytest"
+    except ImportError:  # pytest and ipykernel require packaging
+        return [], f"neither the sandbox's Python nor this process has {wanted}"
     environment = {**default_environment(), "python_version": ".".join(python_version.split(".")[:2]),
                    "python_full_version": python_version, "extra": ""}
     mounts: dict[str, str] = {}
-    pending, seen = ["pytest"], set()
+    pending, seen = list(names), set()
     while pending:
         name = pending.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
@@ -200,9 +265,9 @@ def pytest_mounts(python_version: str) -> tuple[list[tuple[str, str]], str | Non
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            return [], f"the sandbox's Python has no pytest, and this process's pytest lacks {name}"
-        if name == "pytest" and not SpecifierSet(dist.metadata.get("Requires-Python") or "").contains(python_version):
-            return [], (f"the sandbox's Python {python_version} has no pytest, and this process's pytest "
+            return [], f"the sandbox's Python has no {wanted}, and this process's {names[0]} lacks {name}"
+        if name in names and not SpecifierSet(dist.metadata.get("Requires-Python") or "").contains(python_version):
+            return [], (f"the sandbox's Python {python_version} has no {wanted}, and this process's {name} "
                         f"{dist.version} needs Python {dist.metadata['Requires-Python']}")
         for entry in dist.files or ():
             top = entry.parts[0]
@@ -213,7 +278,7 @@ def pytest_mounts(python_version: str) -> tuple[list[tuple[str, str]], str | Non
             requirement = Requirement(text)
             if requirement.marker is None or requirement.marker.evaluate(environment):
                 pending.append(requirement.name)
-    return [(source, f"{PYTEST_DIR}/{top}") for top, source in sorted(mounts.items())], None
+    return [(source, f"{folder}/{top}") for top, source in sorted(mounts.items())], None
 
 
 def base_toolchains() -> Toolchains:
@@ -252,6 +317,14 @@ def discover(python_version: str, has_pytest: bool) -> Toolchains:
         if absent:
             missing[language] = (f"{', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not installed "
                                  "(not found on the PATH of the process running the sandbox)")
+    launcher = None
+    if "junit" not in missing:
+        # Not a command: the console launcher jar, found where the distribution puts it (under /usr).
+        launcher = next((jar for jar in JUNIT_LAUNCHERS if os.path.isfile(jar)), None)
+        if launcher is None:
+            missing["junit"] = ("the JUnit console launcher is not installed (junit-platform-console-standalone.jar: "
+                                "apt-get install junit5)")
     flags = _cpp_flags(commands["g++"]) if "g++" in commands else ()
     kept = [(s, t) for s, t in mounts.items() if not any(t != o and _within(t, o) for o in mounts.values())]
-    return Toolchains(tuple(sorted(commands.items())), tuple(kept), tuple(sorted(missing.items())), flags)
+    return Toolchains(tuple(sorted(commands.items())), tuple(kept), tuple(sorted(missing.items())), flags,
+                      launcher or "")

@@ -85,6 +85,7 @@ class Interpreter:
     mounts: tuple[str, ...] = ()
     version: str = ""
     has_pytest: bool = False
+    has_jupyter: bool = False  # jupyter_client and ipykernel (for /run_jupyter)
 
 
 def _outside_usr(paths: list[str]) -> tuple[str, ...]:
@@ -103,10 +104,11 @@ def _outside_usr(paths: list[str]) -> tuple[str, ...]:
 @functools.cache
 def _probe(path: str) -> dict:
     """Ask the interpreter where it lives (a venv reports its own prefix and its base's), its version
-    and whether it has pytest."""
+    and whether it has pytest, jupyter_client and ipykernel."""
     code = ("import json, sys, platform, importlib.util as u; print(json.dumps({'prefixes': [sys.prefix, "
             "sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix], 'version': platform.python_version(), "
-            "'pytest': u.find_spec('pytest') is not None}))")
+            "'pytest': u.find_spec('pytest') is not None, "
+            "'jupyter': all(u.find_spec(m) is not None for m in ('jupyter_client', 'ipykernel'))}))")
     try:
         proc = subprocess.run([path, "-I", "-c", code], capture_output=True, text=True, timeout=60, env={})
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -140,7 +142,8 @@ def find_interpreter(explicit: str | None = None) -> Interpreter:
             break
         hop = os.path.join(os.path.dirname(hop), os.readlink(hop))
     probe = _probe(path)
-    return Interpreter(path, _outside_usr(hops + probe["prefixes"]), probe["version"], probe["pytest"])
+    return Interpreter(path, _outside_usr(hops + probe["prefixes"]), probe["version"], probe["pytest"],
+                       probe["jupyter"])
 
 
 def sandbox_env(interpreter: Interpreter) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import dataclasses
 import json
 import marshal
 import math
@@ -25,7 +26,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from toolrl_sandbox_fusion.embedded.languages import Program, Toolchains, base_toolchains, discover
+from toolrl_sandbox_fusion.embedded import jupyter
+from toolrl_sandbox_fusion.embedded.gocache import GoBuildCache
+from toolrl_sandbox_fusion.embedded.languages import (
+    GO_CACHE,
+    JUPYTER_DIR,
+    LANGUAGES,
+    Program,
+    Toolchains,
+    base_toolchains,
+    discover,
+    jupyter_mounts,
+)
 from toolrl_sandbox_fusion.embedded.launch import (
     Interpreter,
     IsolationMode,
@@ -34,6 +46,7 @@ from toolrl_sandbox_fusion.embedded.launch import (
     choose_mode,
     find_interpreter,
     popen_env,
+    sandbox_env,
 )
 from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess, SandboxStartError
 from toolrl_sandbox_fusion.models import (
@@ -41,8 +54,13 @@ from toolrl_sandbox_fusion.models import (
     CommandRunStatus,
     RunCodeRequest,
     RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    RunStatus,
     overall_status,
 )
+
+PoolKind = Literal["python", "commands", "jupyter"]
 
 # Signals the sandbox's own limits send; the tool names the signal itself.
 _SIGNAL_NOTES = {
@@ -50,6 +68,8 @@ _SIGNAL_NOTES = {
     signal.SIGXFSZ: "file size limit exceeded",
 }
 _MAX_SIGNAL = 64
+# Address space a run may reserve beyond its memory limit (a JVM's class space and code cache: ~1.3 GB).
+ADDRESS_SPACE_HEADROOM_MB = 4096
 
 
 @dataclass(frozen=True)
@@ -75,13 +95,14 @@ class EmbeddedSandbox:
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
         self._lock = threading.Lock()
-        self._pools: dict[bool, ProcessPool] = {}  # by whether the toolchains are mounted
+        self._pools: dict[PoolKind, ProcessPool] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._owner_pid = 0
         self._mode: IsolationMode | None = None
         self._interpreter: Interpreter | None = None
         self._toolchains: Toolchains | None = None
-        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [{}, None])
+        self._go_cache: GoBuildCache | None = None
+        self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [{}, None, None])
 
     @property
     def interpreter(self) -> Interpreter:
@@ -108,7 +129,7 @@ class EmbeddedSandbox:
 
     def start(self) -> None:
         """Start the python pool now instead of on the first run."""
-        self._pool(commands=False).warm()
+        self._pool("python").warm()
 
     def _ensure_started(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -117,19 +138,40 @@ class EmbeddedSandbox:
                 self._executor = ThreadPoolExecutor(self.config.max_concurrency, thread_name_prefix="toolrl-sandbox")
                 self._owner_pid = os.getpid()
                 self._finalizer.detach()
-                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pools, self._executor])
+                self._go_cache = None
+                self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown, [self._pools, self._executor, None])
             return self._executor
 
-    def _pool(self, commands: bool) -> ProcessPool:
-        """The pool for python runs, or (started on the first such run) the one for every other
-        language, whose sandboxes also have the toolchains. Python's do not: each mount costs its
-        start-up time (about 1 ms under bubblewrap), and python runs are the hot path."""
+    def _pool_toolchains(self, kind: PoolKind) -> Toolchains:
+        """What a pool's sandboxes have mounted: python's only the base (each mount costs start-up
+        time, about 1 ms under bubblewrap, and python runs are the hot path); the other languages'
+        the toolchains and the pool's Go build cache; jupyter's the kernel's packages when the
+        sandbox's Python lacks them. Called with the lock held."""
+        if kind == "python":
+            return base_toolchains()
+        if kind == "jupyter":
+            found, why = ([], None) if self.interpreter.has_jupyter else jupyter_mounts(self.interpreter.version)
+            if why:
+                raise ValueError(f"/run_jupyter cannot run here: {why}")
+            base = base_toolchains()
+            return dataclasses.replace(base, mounts=base.mounts + tuple(found))
+        toolchains = self.toolchains
+        if "go" in dict(toolchains.commands):
+            self._go_cache = GoBuildCache()
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, EmbeddedSandbox._shutdown,
+                                               [self._pools, self._executor, self._go_cache])
+            toolchains = dataclasses.replace(toolchains, mounts=toolchains.mounts + ((self._go_cache.path, GO_CACHE),))
+        return toolchains
+
+    def _pool(self, kind: PoolKind) -> ProcessPool:
+        """The pool of ``kind``'s sandboxes, started on its first run (see _pool_toolchains)."""
         self._ensure_started()
         with self._lock:
-            pool = self._pools.get(commands)
+            pool = self._pools.get(kind)
             if pool is None:
                 mode, interpreter = self.mode, self.interpreter
-                toolchains = self.toolchains if commands else base_toolchains()
+                toolchains = self._pool_toolchains(kind)
                 limits = self.config.limits
 
                 def spawn() -> SandboxProcess:
@@ -147,16 +189,18 @@ class EmbeddedSandbox:
                         os.close(write_fd)
                     return SandboxProcess(proc, read_fd)
 
-                pool = self._pools[commands] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
+                pool = self._pools[kind] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
             return pool
 
     @staticmethod
     def _shutdown(parts: list) -> None:
-        pools, executor = parts
+        pools, executor, go_cache = parts
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
         for pool in list(pools.values()):
             pool.close()
+        if go_cache is not None:
+            go_cache.close()
 
     def close(self) -> None:
         with self._lock:
@@ -164,7 +208,7 @@ class EmbeddedSandbox:
                 self._finalizer()
             else:
                 self._finalizer.detach()
-            self._pools, self._executor = {}, None
+            self._pools, self._executor, self._go_cache = {}, None, None
 
     def __enter__(self) -> EmbeddedSandbox:
         return self
@@ -178,11 +222,25 @@ class EmbeddedSandbox:
         executor = self._ensure_started()
         return await asyncio.get_running_loop().run_in_executor(executor, self.run, request)
 
-    def run(self, request: RunCodeRequest) -> RunCodeResponse:
+    async def arun_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        executor = self._ensure_started()
+        return await asyncio.get_running_loop().run_in_executor(executor, self.run_jupyter, request)
+
+    def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        """SandboxFusion's /run_jupyter: the cells in one Jupyter kernel inside a sandbox (jupyter.py)."""
+        try:
+            packages = "" if self.interpreter.has_jupyter else JUPYTER_DIR
+        except RuntimeError as exc:  # the interpreter cannot be run
+            return RunJupyterResponse(status=RunStatus.SandboxError, message=f"sandbox unavailable: {exc}")
+        return jupyter.jupyter_response(self.run(jupyter.driver_request(request, packages), pool="jupyter"))
+
+    def run(self, request: RunCodeRequest, pool: PoolKind | None = None) -> RunCodeResponse:
+        """One request; ``pool`` picks the sandboxes it runs in (default: by its language)."""
         program = None  # python runs in the sandbox's interpreter itself
         if request.language != "python":
             try:
-                program = self.toolchains.program(request.language, request.code, request.files, request.args)
+                program = self.toolchains.program(request.language, request.code, request.files, request.args,
+                                                  self.memory_mb(request))
             except ValueError as exc:
                 return RunCodeResponse.sandbox_error(str(exc))
             except RuntimeError as exc:  # the interpreter cannot be run
@@ -201,7 +259,11 @@ class EmbeddedSandbox:
                     return RunCodeResponse.sandbox_error(
                         f"exception on running code: file {path!r} is not valid base64: {exc}")
         try:
-            pool = self._pool(commands=program is not None)
+            pool = self._pool(pool or ("python" if program is None else "commands"))
+            if request.language in ("go", "go_test") and self._go_cache is not None:
+                # Once per sandbox object, before the first Go run (outside its time limits).
+                self._go_cache.warm(dict(self.toolchains.commands)["go"],
+                                    {**sandbox_env(self.interpreter), **dict(LANGUAGES["go"].env)})
             for _ in range(3):
                 sp = pool.take(self.config.start_timeout)
                 try:
@@ -212,6 +274,8 @@ class EmbeddedSandbox:
                     pool.done(sp)
         except (SandboxStartError, RuntimeError) as exc:
             return RunCodeResponse.sandbox_error(f"sandbox unavailable: {exc}")
+        except ValueError as exc:  # a pool that cannot be had here (no Jupyter kernel)
+            return RunCodeResponse.sandbox_error(str(exc))
         return RunCodeResponse.sandbox_error("sandbox processes kept dying before running the code")
 
     def memory_mb(self, request: RunCodeRequest) -> int | None:
@@ -224,10 +288,13 @@ class EmbeddedSandbox:
         lim = self.config.limits
         memory_mb = self.memory_mb(request)
         cpu = max(1, math.ceil(timeout))
-        # SandboxFusion sets RLIMIT_DATA and RLIMIT_STACK to the limit too. Not here: a stack limit
-        # that large is every new thread's stack size, so no thread can start under the address-space
-        # limit; the address-space limit alone bounds memory.
-        memory = {} if memory_mb is None else {"AS": [memory_mb << 20] * 2}
+        # RLIMIT_DATA counts what a process commits (its private writable mappings: heap, malloc,
+        # arrays), not what it only reserves: a JVM reserves more than 1 GB of address space before it
+        # runs anything, which a 1 GB RLIMIT_AS (tried before) refused. Shared anonymous mappings escape
+        # RLIMIT_DATA, so the address space gets a backstop that every runtime's reservations fit in.
+        # Not RLIMIT_STACK, which SandboxFusion sets too: that large, it is every new thread's stack.
+        memory = {} if memory_mb is None else {
+            "DATA": [memory_mb << 20] * 2, "AS": [(memory_mb + ADDRESS_SPACE_HEADROOM_MB) << 20] * 2}
         return {
             **memory,
             # The wall-clock kill is the limit; the CPU limit backs it up if that kill were missed.
