@@ -54,7 +54,6 @@ def mlflow_client(out: Path):
     return MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
 
 
-@pytest.mark.slow  # three short training runs: about a minute on 2 cores
 def test_every_logger_records_the_run_and_resume_continues_it(tmp_path):
     out = tmp_path / "run"
     done = train(out, "trainer.total_steps=2", "trainer.save_every=1", "trainer.keep_checkpoints=3",
