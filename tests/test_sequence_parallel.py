@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_sharded_training import cluster  # noqa: F401  (the fixture: a local Ray seeing the even_tokens reward)
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
 from toolrl.model_sources import load_model
 from toolrl.trajectory import Trajectory
@@ -169,3 +170,19 @@ def test_what_sequence_parallelism_refuses_is_one_line(tiny_qwen3_path):
     odd = load_config(TINY, ["ray.address=local", "trainer.world_size=3", "trainer.sequence_parallel=3"])
     with pytest.raises(ConfigError, match=r"trainer.sequence_parallel=3 must divide the model's attention heads \(2"):
         check_run(odd, tiny_qwen3_path)
+
+
+@pytest.mark.slow  # Ray actors: minutes on two shared cores
+def test_a_grpo_run_with_two_sequence_parallel_ranks_trains_like_one_rank(cluster, tmp_path):  # noqa: F811
+    """The run `toolrl train examples/tiny.yaml trainer.world_size=2 trainer.sequence_parallel=2` makes
+    (ray.address=local): the same rewards, loss and grad_norm as one rank, step after step."""
+    from test_sharded_training import config, lines, train
+
+    one = train(config(tmp_path / "w1", 1, steps=2))
+    two = train(config(tmp_path / "sp2", 2, steps=2, extra=("trainer.sequence_parallel=2",)))
+    for a, b in zip(lines(one / "metrics.jsonl"), lines(two / "metrics.jsonl"), strict=True):
+        rewards = [[t["reward"] for t in lines(run / "rollouts" / f"step_{a['step']:05d}.jsonl")] for run in (one, two)]
+        assert rewards[0] == rewards[1]
+        assert a["grad_norm"] > 0 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * max(abs(a["loss"]), 1e-3)
+        assert a["loss_tokens"] == b["loss_tokens"] and a["clip_frac"] == pytest.approx(b["clip_frac"], abs=1e-6)
