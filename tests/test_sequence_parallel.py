@@ -62,14 +62,26 @@ def long_row():
             traj(rng, ids(rng, 8), 7, 1), traj(rng, ids(rng, 11), 4, 1)]
 
 
-# name, trajectories, algorithm, optimizer: together they cover the three aggregations and a
-# sequence-level loss (gspo), two updates per step, micro-batches by tokens and by sequences.
+# name, trajectories, algorithm, optimizer: together they cover the three aggregations, a
+# sequence-level loss (gspo), the decoupled objective's importance weights (the engine's log-probs
+# are not the model's) over two updates, a KL term against a reference model, and micro-batches by
+# tokens and by sequences.
 CASES = {
-    "packed": (packed, {"mini_batches": 2}, {"micro_batch_size": 4}),
+    "packed": (packed, {"mini_batches": 2, "tis_cap": 2.0}, {"micro_batch_size": 4}),
     "shared": (shared, {"loss_agg": "seq-mean-token-sum-norm"}, {"share_prefixes": True,
                                                             "max_tokens_per_micro_batch": 60}),
-    "long": (long_row, {"loss": "gspo", "loss_agg": "seq-mean-token-mean"}, {"micro_batch_size": 2}),
+    "long": (long_row, {"loss": "gspo", "loss_agg": "seq-mean-token-mean", "kl_coef": 0.1}, {"micro_batch_size": 2}),
 }
+
+
+def reference(model):
+    """A frozen reference model a little away from ``model`` (the same in every process), so that the
+    KL term has a gradient."""
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    noise = torch.Generator().manual_seed(0)
+    for p in ref.parameters():
+        p.add_(0.02 * torch.randn(p.shape, generator=noise))
+    return ref
 
 
 class Recorder(torch.optim.Optimizer):
@@ -87,14 +99,14 @@ class Recorder(torch.optim.Optimizer):
         self.grads.append(grads)
 
 
-def run_case(model, name, rank=0, world_size=1, sp=None):
+def run_case(model, name, rank=0, world_size=1, sp=None, ref_model=None):
     from toolrl.training.step import StepOptions, train_step
 
     make, algo, optim = CASES[name]
     opt = Recorder(model.parameters())
     options = StepOptions(AlgorithmConfig(**algo), OptimConfig(grad_clip=1e9, **optim), pad_id=0, temperature=0.9,
                           max_response_tokens=64, rank=rank, world_size=world_size, sp=sp)
-    out = train_step(model, opt, make(), options)
+    out = train_step(model, opt, make(), options, ref_model=ref_model if algo.get("kl_coef") else None)
     return out, opt.grads
 
 
@@ -112,7 +124,7 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
         model = load_model(path)
         for name in CASES:
             policy = shard(copy.deepcopy(model), init_device_mesh("cpu", (2,)))
-            metrics, grads = run_case(policy, name, rank, 2, sp)
+            metrics, grads = run_case(policy, name, rank, 2, sp, ref_model=reference(model))
             loss = torch.tensor([metrics["loss"], metrics.get("loss_tokens", 0.0)], dtype=torch.float64)
             dist.all_reduce(loss)  # each rank holds 1/2 of the loss; the group's first counts the tokens
             results[name] = (loss.tolist(), grads)
@@ -128,7 +140,7 @@ def test_two_sequence_parallel_ranks_give_the_one_rank_loss_and_gradients(tiny_q
 
     model = load_model(tiny_qwen3_path)
     assert model.config.num_key_value_heads == 1 < 2 == model.config.num_attention_heads  # GQA, repeated
-    want = {name: run_case(copy.deepcopy(model), name) for name in CASES}
+    want = {name: run_case(copy.deepcopy(model), name, ref_model=reference(model)) for name in CASES}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -140,6 +152,8 @@ def test_two_sequence_parallel_ranks_give_the_one_rank_loss_and_gradients(tiny_q
         # (gspo's seq-mean of group-normalised advantages is 0 up to rounding: an absolute floor)
         assert abs(loss - metrics["loss"]) <= 1e-5 * max(abs(metrics["loss"]), 1e-3), (name, loss, metrics["loss"])
         assert tokens == metrics["loss_tokens"], name
+        if "kl" in metrics:  # the reference's KL term, counted once over the group
+            assert metrics["kl"] > 1e-4
         assert len(sp_grads) == len(grads) >= 1
         for update, (w_update, g_update) in enumerate(zip(grads, sp_grads, strict=True)):
             assert len(w_update) == len(g_update)
