@@ -200,3 +200,32 @@ def test_a_grpo_run_with_two_sequence_parallel_ranks_trains_like_one_rank(cluste
         assert a["grad_norm"] > 0 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * a["grad_norm"]
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * max(abs(a["loss"]), 1e-3)
         assert a["loss_tokens"] == b["loss_tokens"] and a["clip_frac"] == pytest.approx(b["clip_frac"], abs=1e-6)
+
+
+def test_four_ranks_in_two_sequence_parallel_groups_share_the_batch_by_group():
+    """world_size 4, sequence_parallel 2: the two ranks of a group build the same micro-batches, the two
+    groups split the batch between them, and the token budget counts tokens per rank."""
+    from toolrl.training.sequence_parallel import SequenceParallel
+    from toolrl.training.step import StepOptions, split_mini_batches
+
+    trajs = packed()
+    advs = [torch.zeros(len(t.response_ids)) for t in trajs]
+
+    def micro_steps(rank, max_tokens):
+        sp = SequenceParallel(None, rank % 2, 2, rank // 2, 2)
+        options = StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=8, max_tokens_per_micro_batch=max_tokens),
+                              pad_id=0, temperature=1.0, max_response_tokens=64, rank=rank, world_size=4, sp=sp)
+        [mini] = split_mini_batches(trajs, advs, options, torch.device("cpu"))
+        return [micro for micro, _ in mini.micro_steps]
+
+    shares = [micro_steps(r, 30) for r in range(4)]
+    assert shares[0] == shares[1] and shares[2] == shares[3]
+    trained = [i for steps in (shares[0], shares[2]) for micro in steps if micro for i in micro]
+    assert sorted(trained) == list(range(len(trajs)))
+    # 30 tokens per rank is 60 per row of the group: rows past 30 tokens, none past 60.
+    from toolrl.training.packing import input_length
+
+    lengths = [input_length(t) for t in trajs]
+    assert max(lengths) <= 60
+    rows = [(len(micro), sum(lengths[i] for i in micro)) for share in (shares[0], shares[2]) for micro in share if micro]
+    assert all(n <= 60 for _, n in rows) and any(k > 1 and n > 30 for k, n in rows), rows  # not a 30-token row
