@@ -65,7 +65,7 @@ def long_row():
 # name, trajectories, algorithm, optimizer: together they cover the three aggregations, a
 # sequence-level loss (gspo), the decoupled objective's importance weights (the engine's log-probs
 # are not the model's) over two updates, a KL term against a reference model, and micro-batches by
-# tokens and by sequences.
+# tokens and by sequences; the long row's ranks also checkpoint activations.
 CASES = {
     "packed": (packed, {"mini_batches": 2, "tis_cap": 2.0}, {"micro_batch_size": 4}),
     "shared": (shared, {"loss_agg": "seq-mean-token-sum-norm"}, {"share_prefixes": True,
@@ -123,7 +123,10 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
         results = {}
         model = load_model(path)
         for name in CASES:
-            policy = shard(copy.deepcopy(model), init_device_mesh("cpu", (2,)))
+            local = copy.deepcopy(model)
+            if name == "long":  # activation checkpointing re-runs the all-to-alls inside backward
+                local.gradient_checkpointing_enable()
+            policy = shard(local, init_device_mesh("cpu", (2,)))
             metrics, grads = run_case(policy, name, rank, 2, sp, ref_model=reference(model))
             loss = torch.tensor([metrics["loss"], metrics.get("loss_tokens", 0.0)], dtype=torch.float64)
             dist.all_reduce(loss)  # each rank holds 1/2 of the loss; the group's first counts the tokens
