@@ -380,12 +380,21 @@ class TrainerConfig(Section):
     weight_sync_bucket_mb: Annotated[float, at_most(MAX_BUCKET_MB, "a bucket is allocated whole on the device")] = \
         Field(256.0, gt=0, description="weights travel to engines in buckets this big")
     keep_checkpoints: int = Field(2, gt=0)
+    sequence_parallel: int = Field(1, gt=0, le=64, description="N: each packed row's tokens split over N trainer "
+                                   "ranks (Ulysses all-to-all over attention heads; docs/long_context.md)")
     max_staleness: int = Field(0, ge=0, description="0: synchronous steps; k: rollouts overlap training and "
                                "start on weights at most k steps older than the step that trains them")
     # Validation: every K steps the eval split runs (the ``eval`` section) and ``val/...`` joins the row.
     eval_every: int | None = Field(None, ge=0, description="run the eval split every K steps (0/None: off)")
 
     loggers: list[str] = Field(["jsonl"], description="metric loggers (register_loggers); jsonl is always on")
+
+    @model_validator(mode="after")
+    def _sequence_groups(self) -> TrainerConfig:
+        if self.world_size % self.sequence_parallel:
+            raise ValueError(f"sequence_parallel={self.sequence_parallel} must divide world_size={self.world_size} "
+                             "(each row is split over that many ranks)")
+        return self
 
 
 class EvalConfig(Section):

@@ -54,6 +54,13 @@ class ModelSource:
     tokenizer: Any = None
 
 
+def context_overflow(tokens: int, context: int, stated: str, detail: str = "") -> str:
+    """The one wording of a prompt that leaves a model no room for a response, in the data check before
+    the run (:mod:`toolrl.rollout.context_check`) and in every engine during it: ``tokens`` (``detail``:
+    what they include), the ``context`` and where it is ``stated``."""
+    return f"prompt: {tokens:,} tokens{detail}; the model's context is {context:,} ({stated}), so no response fits"
+
+
 def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_model_len: int) -> list[Generation] | None:
     """Validate a generate() request the same way in every engine: raises on bad input, returns the
     (empty) result when nothing may be generated, else None."""
@@ -62,7 +69,7 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if len(prompt_ids) >= max_model_len:
-        raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is {max_model_len}")
+        raise ValueError(context_overflow(len(prompt_ids), max_model_len, "the engine's max_model_len"))
     if params.max_new_tokens <= 0:
         return [Generation([], [], "length") for _ in range(n)]
     return None

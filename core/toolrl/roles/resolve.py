@@ -100,4 +100,9 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
         # The first eval.num_samples problems in file order: every run sees the same ones.
         eval_samples = load_samples(config, "test", parts.envs)[: config.eval.num_samples]
     recorded = eval_config if purpose == "eval" and eval_config is not None else config
-    return ResolvedRun(purpose, recorded, parts, model_path(config), samples, eval_config, eval_samples, loggers)
+    model_dir = model_path(config)
+    if purpose == "train" and config.trainer.sequence_parallel > 1:  # torch loads only for it
+        from toolrl.training.sequence_parallel import check_run
+
+        check_run(config, model_dir)
+    return ResolvedRun(purpose, recorded, parts, model_dir, samples, eval_config, eval_samples, loggers)

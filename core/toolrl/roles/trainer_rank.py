@@ -35,6 +35,7 @@ class TrainerRank:
         self.estimator, self.loss = build_estimator(self.config.algorithm), build_loss(self.config.algorithm)
         self.pad_id = 0
         self.processor: Any = None  # a vision-language model's (its images' pixel values)
+        self.sp: Any = None  # this rank's sequence-parallel group (toolrl.training.sequence_parallel)
         self.device = "cpu"
 
     # ----------------------------------------------------------------- set-up
@@ -90,6 +91,9 @@ class TrainerRank:
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(self.device, (self.world_size,))
+            from toolrl.training.sequence_parallel import new_groups
+
+            self.sp = new_groups(self.rank, self.world_size, cfg.trainer.sequence_parallel)
         if cfg.critic is not None:  # its backbone copied before sharding; sharded like the policy
             from toolrl.training.critic import Critic
 
@@ -125,7 +129,7 @@ class TrainerRank:
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
-                              processor=self.processor)
+                              processor=self.processor, sp=self.sp)
         values = None if self.critic is None else self.critic.values(trajectories)
         out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl.config import ConfigError, text_size
 from toolrl.data import origin_of
+from toolrl.engines import context_overflow
 from toolrl.schemas import Sample
 
 if TYPE_CHECKING:
@@ -64,8 +65,7 @@ def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: st
         if tokens >= context:
             origin = origin_of(sample, f"{source} sample {i}")
             shown = f", {len(images)} image{'s' * (len(images) != 1)} included" if images else ""
-            raise ConfigError(f"{origin}: prompt: {tokens:,} tokens with the chat template{shown}; the model's "
-                              f"context is {context:,} ({stated}), so no response fits")
+            raise ConfigError(f"{origin}: {context_overflow(tokens, context, stated, ' with the chat template' + shown)}")
 
 
 def image_token_bound(processor: Any, limits: ImageLimits) -> int:

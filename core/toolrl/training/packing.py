@@ -59,7 +59,9 @@ from toolrl.training import prefix_tree, vision
 from toolrl.trajectory import Trajectory
 
 VARLEN_SDPA = "toolrl_varlen_sdpa"
-# The keyword that carries a tree batch's per-span attention through the model to _varlen_sdpa.
+# varlen_sdpa between the all-to-alls of sequence parallelism (toolrl.training.sequence_parallel).
+ULYSSES_SDPA = "toolrl_ulysses_sdpa"
+# The keyword that carries a tree batch's per-span attention through the model to varlen_sdpa.
 TREE_KWARG = "toolrl_tree"
 log = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set[str] = set()  # attention implementations already said to fall back
@@ -239,7 +241,7 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
         out = base(input_ids=batch.input_ids, position_ids=positions, attention_mask=row_masks(base, batch),
                    use_cache=False, **(extra or {}))
         return out.last_hidden_state[0]
-    if batch.attention is None or impl == VARLEN_SDPA:
+    if batch.attention is None or impl in (VARLEN_SDPA, ULYSSES_SDPA):
         positions, extra = _model_inputs(base, batch, tree=True)
         return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
     _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
@@ -304,7 +306,7 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
               "use_cache": False, **(extra or {})}
     impl = config._attn_implementation
-    if impl == VARLEN_SDPA:
+    if impl in (VARLEN_SDPA, ULYSSES_SDPA):
         if tree is not None:
             varlen[TREE_KWARG] = tree
         # An all-ones mask: sdpa's mask function turns it into "no mask" and skips packed detection.
@@ -317,10 +319,10 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     return out.last_hidden_state[0]
 
 
-def _varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
-                 toolrl_tree: list[torch.Tensor | None] | None = None,
-                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
+                toolrl_tree: list[torch.Tensor | None] | None = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None or query.shape[0] != 1:
@@ -370,6 +372,6 @@ def _install_varlen_sdpa(base: Any) -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     if VARLEN_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(VARLEN_SDPA, _varlen_sdpa)
+        AttentionInterface.register(VARLEN_SDPA, varlen_sdpa)
         ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, sdpa_mask)
     base.config._attn_implementation = VARLEN_SDPA

@@ -68,6 +68,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
+from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "train_step",
@@ -119,9 +120,15 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
 
 
 def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
-                      chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
+                      chunk_size: int = DEFAULT_LOGPROB_CHUNK, sp: SequenceParallel | None = None) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
-    padding). The LM head runs only at the positions that predict trained tokens, in chunks."""
+    padding). The LM head runs only at the positions that predict trained tokens, in chunks. With
+    ``sp`` the row is split over its ranks (:mod:`toolrl.training.sequence_parallel`); every rank gets
+    the whole grid."""
+    if sp is not None:
+        from toolrl.training import sequence_parallel
+
+        return sequence_parallel.response_logprobs(model, batch, sp, temperature, chunk_size)
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
     lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
     return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
@@ -137,8 +144,9 @@ class Policy(torch.nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK) -> torch.Tensor:
-        return response_logprobs(self.lm, batch, temperature, chunk_size)
+    def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK,
+                sp: SequenceParallel | None = None) -> torch.Tensor:
+        return response_logprobs(self.lm, batch, temperature, chunk_size, sp)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -192,8 +200,9 @@ class StepOptions:
     algorithm and optimizer sections, the facts of the rollouts (pad id, sampling temperature, the
     response budget that ``seq-mean-token-sum-norm`` divides by), this rank's place among the
     trainer ranks, the algorithm's parts when the caller built them once for the run (None: built
-    from ``algo`` for this step), and a vision-language model's processor (None for a text model),
-    which turns the trajectories' images into pixel values."""
+    from ``algo`` for this step), a vision-language model's processor (None for a text model),
+    which turns the trajectories' images into pixel values, and this rank's sequence-parallel group
+    (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`)."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -205,6 +214,13 @@ class StepOptions:
     estimator: AdvantageEstimator | None = None
     loss: PolicyLoss | None = None
     processor: Any = None
+    sp: SequenceParallel | None = None
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """This rank's place among the groups that train different trajectories, and their number:
+        the ranks of a sequence-parallel group train the same ones."""
+        return (self.rank, self.world_size) if self.sp is None else (self.sp.dp_rank, self.sp.dp_size)
 
 
 MicroStep = tuple[list[int] | None, PackedBatch]  # indexes into the usable trajectories (None: a dummy step), batch
@@ -267,7 +283,9 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
                 mini_batch_update(model, optimizer, mini, options, tally, loss_fn)
         optimizer.zero_grad(set_to_none=True)
     metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
-    metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps if micro is not None]))
+    lead = options.sp is None or options.sp.lead  # a sequence-parallel group's batches counted once
+    metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps
+                                    if micro is not None and lead]))
     return {**metrics, "advantages": recorded}
 
 
@@ -278,15 +296,19 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     lengths = [input_length(t) for t in trajs]
     seqs = tree_keys(trajs, options.processor) if options.optim.share_prefixes else None
     minis = []
+    dp_rank, dp_size = options.data_parallel
+    # A sequence-parallel group splits each row over its ranks: the token budget is per rank.
+    max_tokens = options.optim.max_tokens_per_micro_batch
+    if max_tokens is not None and options.sp is not None:
+        max_tokens *= options.sp.size
     pixel_cache: dict[bytes, Any] = {}  # an image shared by a group's trajectories is processed once
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
-        shares = plan(mini, lengths, options.world_size, options.optim.micro_batch_size,
-                      options.optim.max_tokens_per_micro_batch, seqs)
+        shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs)
         micro_steps: list[MicroStep] = [
             (None, dummy_batch(options.pad_id, device)) if micro is None else
             (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,
                                 options.optim.share_prefixes, options.processor, pixel_cache))
-            for micro in shares[options.rank]]
+            for micro in shares[dp_rank]]
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
         minis.append(MiniBatch(micro_steps, norm))
@@ -296,8 +318,8 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
 def logprobs(model: Any, batch: PackedBatch, options: StepOptions) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`."""
     if isinstance(model, Policy):
-        return model(batch, options.temperature, options.optim.logprob_chunk_size)
-    return response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size)
+        return model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+    return response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
 
 
 def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions) -> None:
@@ -316,21 +338,26 @@ def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], opti
 def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
                       tally: StepTally, loss_fn: PolicyLoss) -> None:
     """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
-    then clipping and the optimizer step."""
+    then clipping and the optimizer step. In a sequence-parallel group every rank computes the whole
+    micro-batch's loss from the group's log-probs and backpropagates 1/N of it (the group's gradients
+    add up to the one-rank gradient); its first rank alone counts the loss's figures."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
+    sp = options.sp
+    scale = 1.0 if sp is None else 1.0 / sp.size
     for j, (micro, batch) in enumerate(mini.micro_steps):
         new_lp = logprobs(model, batch, options)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
         ref_lp = None if mini.ref is None else mini.ref[j]
         loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn)
+        tokens = batch.tokens if sp is None else -(-batch.tokens // sp.size)  # forwarded by this rank
         if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
             (loss * 0.0).backward()
-            tally.add_dummy_step(batch.tokens)
+            tally.add_dummy_step(tokens)
             continue
-        loss.backward()
-        loss_sum += float(loss.detach())
-        tally.add_micro_step(batch.tokens, stats)
+        (loss * scale).backward()
+        loss_sum += float(loss.detach()) * scale
+        tally.add_micro_step(tokens, stats if sp is None or sp.lead else None)
     grad_norm = clip_grad_norm(model.parameters(), options.optim.grad_clip)
     optimizer.step()
     tally.add_update(loss_sum, grad_norm)
@@ -360,8 +387,11 @@ class StepTally:
     def add_dummy_step(self, tokens: int) -> None:
         self.dummy_tokens += tokens
 
-    def add_micro_step(self, tokens: int, stats: dict[str, float]) -> None:
+    def add_micro_step(self, tokens: int, stats: dict[str, float] | None) -> None:
+        """``stats`` None: the tokens were forwarded here, the loss's figures are counted elsewhere."""
         self.real_tokens += tokens
+        if stats is None:
+            return
         for key in self.SUMMED:
             if key in stats:
                 self.sums[key] = self.sums.get(key, 0.0) + stats[key]

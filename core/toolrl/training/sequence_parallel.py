@@ -1,0 +1,263 @@
+"""Sequence parallelism (DeepSpeed-Ulysses) across trainer ranks: ``trainer.sequence_parallel: N``.
+
+The trainer ranks form groups of N consecutive ranks (``world_size / N`` data-parallel groups). Every
+rank of a group builds the same packed row (:mod:`toolrl.training.packing`; prefix trees included),
+padded at its end to a multiple of N, and runs the model over its own contiguous N-th of it, with the
+row's global position ids. Embeddings, norms, MLPs and rotary positions are per token; attention is
+not, so each attention layer is wrapped in two all-to-alls (:func:`ulysses_attention`): the rank's
+queries, keys and values for all heads over its tokens become those of H/N heads over the whole row,
+the packed row's attention runs as without sequence parallelism (one causal sdpa per span, a prefix
+tree's spans with their context), and the output goes back to the rank's tokens for all heads. Key/
+value heads fewer than N (grouped-query attention) are repeated to the query heads first, so each
+rank's query heads see their own key/value heads; N must divide the query heads.
+
+Each rank runs the LM head at the trained positions in its own tokens only (chunked,
+:mod:`toolrl.training.logprobs`) and puts them in the micro-batch's (B, R) log-prob grid; one sum over
+the group (differentiable: its backward sums the group's gradients) gives every rank the whole grid,
+so any loss, token-level or sequence-level (GSPO), is computed as on one rank. Each rank backpropagates
+1/N of it: the group's gradients add up to the one-rank gradient, and FSDP2's sum over all ranks does
+the rest (:mod:`toolrl.training.sharding`). The loss's figures (tokens, clip fraction, ...) are counted
+by the group's first rank only.
+
+Refused at start-up (:func:`check_run`): images (the vision tower's 3-D positions are not split),
+the critic and LoRA (their forwards are not wrapped yet), eager and flash attention (the wrapper is
+around sdpa), and N not dividing ``trainer.world_size`` or the attention heads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from toolrl.config import ConfigError, read_json
+from toolrl.training.logprobs import token_logprobs
+from toolrl.training.packing import (
+    ULYSSES_SDPA,
+    VARLEN_SDPA,
+    PackedBatch,
+    run_packed,
+    varlen_sdpa,
+)
+
+if TYPE_CHECKING:
+    from toolrl.config import Config
+
+SP_KWARG = "toolrl_sp"  # the keyword that carries the group through the model to ulysses_attention
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """This rank's sequence-parallel group: ``group`` (a process group of ``size`` ranks; None with one
+    rank), this rank's place in it, and the data-parallel group it belongs to."""
+
+    group: Any
+    rank: int
+    size: int
+    dp_rank: int
+    dp_size: int
+
+    @property
+    def lead(self) -> bool:
+        """The group's first rank: the one that counts the loss's figures."""
+        return self.rank == 0
+
+
+def new_groups(rank: int, world_size: int, size: int) -> SequenceParallel | None:
+    """The sequence-parallel groups of ``world_size`` ranks, ``size`` consecutive ranks each (every
+    rank creates every group, as ``torch.distributed.new_group`` requires); this rank's, or None for
+    ``size`` 1."""
+    import torch.distributed as dist
+
+    if size == 1:
+        return None
+    if world_size % size:
+        raise ValueError(f"sequence_parallel {size} does not divide world_size {world_size}")
+    mine = None
+    for first in range(0, world_size, size):
+        group = dist.new_group(list(range(first, first + size)))
+        if first <= rank < first + size:
+            mine = group
+    return SequenceParallel(mine, rank % size, size, rank // size, world_size // size)
+
+
+def check_run(config: Config, model_dir: str | Path) -> None:
+    """What sequence parallelism cannot run with, refused before anything starts (one line each)."""
+    n = config.trainer.sequence_parallel
+    if n == 1:
+        return
+    field = f"trainer.sequence_parallel={n}"
+    if config.critic is not None:
+        raise ConfigError(f"{field}: not supported with a critic (critic.*): its value model is not split yet")
+    if config.model.lora is not None:
+        raise ConfigError(f"{field}: not supported with model.lora yet (the adapters' forward is not wrapped)")
+    path = Path(model_dir) / "config.json"
+    model = read_json(path, "model.source") if path.exists() else {}
+    if "vision_config" in model:
+        raise ConfigError(f"{field}: not supported for a vision-language model ({path}): the images' 3-D "
+                          "positions and vision tower are not split across ranks")
+    text = model.get("text_config", model)
+    heads = text.get("num_attention_heads")
+    if isinstance(heads, int) and heads % n:
+        raise ConfigError(f"{field} must divide the model's attention heads ({heads}, num_attention_heads in {path})")
+    impl = text.get("attn_implementation") or text.get("_attn_implementation")
+    if impl not in (None, "sdpa"):
+        raise ConfigError(f"{field}: needs sdpa attention; {path} asks for {impl!r}")
+
+
+def check_model(base: Any, size: int) -> None:
+    """The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible."""
+    config = base.config
+    impl = config._attn_implementation
+    if impl not in ("sdpa", VARLEN_SDPA, ULYSSES_SDPA):
+        raise ValueError(f"trainer.sequence_parallel={size}: needs sdpa attention; the model runs {impl!r}")
+    heads = config.num_attention_heads
+    if heads % size:
+        raise ValueError(f"trainer.sequence_parallel={size} must divide the model's attention heads ({heads})")
+
+
+# ----------------------------------------------------------------- collectives with gradients
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` over equal chunks of dim 0: chunk j goes to rank j. It is its own adjoint,
+    so the backward is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # noqa: ANN001
+        import torch.distributed as dist
+
+        ctx.group = group
+        x = x.contiguous()  # (empty_like keeps a view's strides; the exchange writes contiguously)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        return _AllToAll.apply(grad.contiguous(), ctx.group), None
+
+
+class _AllReduce(torch.autograd.Function):
+    """A sum over the group; each rank's input feeds every rank's output, so its gradient is the sum
+    of every rank's output gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # noqa: ANN001
+        import torch.distributed as dist
+
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        return _AllReduce.apply(grad.contiguous(), ctx.group), None
+
+
+def seq_to_heads(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+    """(1, H, t, D) for this rank's t tokens → (1, H/N, N·t, D) for its heads over the whole row."""
+    _, h, t, d = x.shape
+    n = sp.size
+    out = _AllToAll.apply(x.reshape(n, h // n, t, d), sp.group)  # chunk j: rank j's tokens, my heads
+    return out.permute(1, 0, 2, 3).reshape(1, h // n, n * t, d)
+
+
+def heads_to_seq(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+    """(1, N·t, H/N, D), attention's output for this rank's heads → (1, t, H, D) for its own tokens."""
+    _, length, h, d = x.shape
+    n = sp.size
+    t = length // n
+    out = _AllToAll.apply(x.reshape(n, t, h, d), sp.group)  # chunk i: head group i over my tokens
+    return out.permute(1, 0, 2, 3).reshape(1, t, n * h, d)
+
+
+class _HeadGroups:
+    """``module`` as attention sees it after key/value heads were repeated: one query head per key
+    head (``num_key_value_groups`` 1), everything else the module's own."""
+
+    def __init__(self, module: Any, groups: int) -> None:
+        self._module = module
+        self.num_key_value_groups = groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, *, toolrl_sp: SequenceParallel | None = None,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The packed row's attention (:func:`toolrl.training.packing.varlen_sdpa`) for H/N heads over the
+    whole row, between the two all-to-alls; without a group, that function itself."""
+    if toolrl_sp is None:
+        return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
+    n, heads, kv_heads = toolrl_sp.size, query.shape[1], key.shape[1]
+    groups = heads // kv_heads
+    if kv_heads % n:  # too few key/value heads to split: each query head gets its own copy
+        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+        groups = 1
+    q, k, v = (seq_to_heads(x, toolrl_sp) for x in (query, key, value))
+    out, _ = varlen_sdpa(_HeadGroups(module, groups), q, k, v, None, **kwargs)
+    return heads_to_seq(out, toolrl_sp), None
+
+
+def _install(base: Any) -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if ULYSSES_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(ULYSSES_SDPA, ulysses_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ULYSSES_SDPA, sdpa_mask)
+    base.config._attn_implementation = ULYSSES_SDPA
+
+
+# ----------------------------------------------------------------- the split forward
+
+
+def local_span(tokens: int, sp: SequenceParallel) -> tuple[int, int]:
+    """This rank's positions [lo, hi) of a row of ``tokens`` padded to a multiple of N."""
+    per_rank = math.ceil(tokens / sp.size)
+    return sp.rank * per_rank, (sp.rank + 1) * per_rank
+
+
+def local_hidden_states(model: Any, batch: PackedBatch, sp: SequenceParallel) -> torch.Tensor:
+    """The base model's last hidden states at this rank's positions of the row, (hi - lo, H). The
+    padding is one more span of its own (positions from 0) whose states nobody reads."""
+    if batch.vision is not None:
+        raise ValueError("trainer.sequence_parallel: a batch with images cannot be split across ranks")
+    base = getattr(model, model.base_model_prefix)
+    check_model(base, sp.size)
+    _install(base)
+    lo, hi = local_span(batch.tokens, sp)
+    pad = sp.size * (hi - lo) - batch.tokens
+    ids, positions, bounds, tree = batch.input_ids, batch.position_ids, list(batch.bounds), batch.attention
+    if pad:
+        ids = torch.cat([ids, ids.new_zeros((1, pad))], dim=1)
+        positions = torch.cat([positions, torch.arange(pad, device=ids.device)[None]], dim=1)
+        bounds.append(batch.tokens + pad)
+        tree = None if tree is None else [*tree, None]
+    # Every rank passes the whole row's span edges (attention runs over the whole row) and its own tokens.
+    return run_packed(base, ids[:, lo:hi], positions[:, lo:hi], bounds, tree, {SP_KWARG: sp})
+
+
+def response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel, temperature: float,
+                      chunk_size: int) -> torch.Tensor:
+    """:func:`toolrl.training.step.response_logprobs` with the row split over ``sp``'s ranks: each rank
+    runs the LM head at its own trained positions; the sum over the group gives every rank the (B, R)
+    grid of the whole micro-batch."""
+    hidden = local_hidden_states(model, batch, sp)
+    lo, hi = local_span(batch.tokens, sp)
+    mine = (batch.head_pos >= lo) & (batch.head_pos < hi)
+    lp = token_logprobs(hidden[batch.head_pos[mine] - lo], model.get_output_embeddings(), batch.targets[mine],
+                        temperature, chunk_size)
+    grid = batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows[mine], batch.cols[mine]), lp)
+    return _AllReduce.apply(grid, sp.group)
+
+
+__all__ = ["SP_KWARG", "SequenceParallel", "check_model", "check_run", "heads_to_seq",
+           "local_hidden_states", "local_span", "new_groups", "response_logprobs", "seq_to_heads",
+           "ulysses_attention"]
