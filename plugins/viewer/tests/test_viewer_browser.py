@@ -150,7 +150,8 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         assert failing, "the scripted model's 1/0 must fail"
         page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(failing)} of {len(rows)}')")
         page.click("#t-table tbody tr")
-        page.until("return document.querySelector('#trajectory .tool.error')")
+        # The first trajectory opened waits for the tokenizer, loading since the server started.
+        page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
         first = failing[0]
         tool = page.js("return [...document.querySelectorAll('#trajectory .tool')].map(t => t.textContent)")
         assert any("calculator" in t and "1/0" in t and "division by zero" in t and "error" in t for t in tool), tool

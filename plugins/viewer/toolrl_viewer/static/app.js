@@ -193,6 +193,10 @@ function heat(tok, mode, scale) {
   return "transparent";
 }
 function message(role, text, extra = "") {
+  if (role === "system" && text.length > 300) {  // tool schemas: folded, one click away
+    return el("details", {class: `msg ${role} ${extra}`}, el("summary", {class: "role"}, `${role} (${text.length} characters)`),
+      el("pre", {}, text));
+  }
   return el("div", {class: `msg ${role} ${extra}`}, el("div", {class: "role"}, role), el("pre", {}, text));
 }
 function renderTrajectory(t) {
