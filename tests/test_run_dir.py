@@ -252,3 +252,22 @@ def test_the_reward_curve_has_integer_steps_a_labelled_band_a_title_and_its_lege
         plt.close(fig)
     out = plot_rewards(rows, tmp_path / "reward_curve.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_step_whose_groups_all_had_equal_rewards_says_so():
+    from toolrl.run_dir import rollout_metrics, step_line
+    from toolrl.trajectory import Trajectory
+
+    def trajs(rewards_by_group):
+        return [Trajectory(trajectory_id=f"{g}-{k}", sample_index=g, group=g, prompt_ids=[1], reward=r)
+                for g, rewards in enumerate(rewards_by_group) for k, r in enumerate(rewards)]
+
+    def line(rewards_by_group):
+        row = {"step": 3, **rollout_metrics(trajs(rewards_by_group), 1.0), "groups_generated": len(rewards_by_group),
+               "loss": 0.0, "step_s": 1.0}
+        return row["equal_reward_groups"], step_line(row)
+
+    count, text = line([[0.0, 0.0], [1.0, 1.0]])
+    assert count == 2 and text.endswith("loss 0.0000 1.0s (all 2 groups had equal rewards: zero advantage, nothing learned)")
+    count, text = line([[0.0, 1.0], [1.0, 1.0]])
+    assert count == 1 and text.endswith("loss 0.0000 1.0s")

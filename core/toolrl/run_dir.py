@@ -238,6 +238,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
     terminations: dict[str, int] = defaultdict(int)
     for t in trajs:
         terminations[t.termination] += 1
+    by_group: dict[int, set[float]] = defaultdict(set)
+    for t in whole:
+        by_group[t.group].add(t.reward)
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -251,6 +254,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "model_tokens_mean": model_tokens / n,
         "turns_mean": sum(t.turns for t in trajs) / n,
         "terminations": dict(terminations),
+        # Groups of more than one trajectory whose rewards were all equal: zero group-relative advantage.
+        "equal_reward_groups": sum(len(r) == 1 for g, r in by_group.items()
+                                   if sum(t.group == g for t in whole) > 1),
         # Templates that rewrote history (toolrl.rollout.rewrite): forks per round of tool results.
         "template_forks": forks,
         "template_fork_rate": forks / checks if checks else 0.0,
@@ -263,6 +269,18 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
     }
+
+
+def step_line(row: dict[str, Any]) -> str:
+    """The line printed after a step; it says when every group had equal rewards (GRPO's advantages are
+    then all zero, so ``loss 0.0000`` is no mystery)."""
+    line = (f"step {row['step']}: reward {row['reward_mean']:.3f}±{row['reward_std']:.3f} "
+            f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
+            f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s")
+    groups = row.get("groups_generated")
+    if groups and row.get("equal_reward_groups") == groups:
+        line += f" (all {groups} groups had equal rewards: zero advantage, nothing learned)"
+    return line
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], step: int) -> dict[str, Any]:
