@@ -163,6 +163,7 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         assert trained == sum(first["response_mask"])
         generated = page.js("return [...document.querySelectorAll('#trajectory .msg.generated')].map(m => m.textContent)")
         assert any('"1/0"' in g for g in generated) and any("The answer is 42." in g for g in generated)
+        page.js("document.getElementById('trajectory').scrollIntoView()")
         page.shot("trajectory.png")
 
         # The trained run has no failing call: the same filter empties its table.

@@ -208,7 +208,7 @@ function renderTrajectory(t) {
     : t.advantage};
   for (const [k, v] of Object.entries(shown)) {
     if (v === null || v === undefined || (typeof v === "object" && !Object.keys(v).length)) continue;
-    meta.append(el("b", {}, k), el("span", {class: k === "error" || k === "reward_errors" ? "bad" : ""}, fmt(v)));
+    meta.append(el("span", {}, el("b", {}, k), el("span", {class: k === "error" || k === "reward_errors" ? "bad" : ""}, fmt(v))));
   }
   let scale = 0;
   for (const s of t.segments) for (const tok of s.tokens || []) if (typeof tok.adv === "number") scale = Math.max(scale, Math.abs(tok.adv));
