@@ -271,3 +271,4 @@ def test_a_step_whose_groups_all_had_equal_rewards_says_so():
     assert count == 2 and text.endswith("loss 0.0000 1.0s (all 2 groups had equal rewards: zero advantage, nothing learned)")
     count, text = line([[0.0, 1.0], [1.0, 1.0]])
     assert count == 1 and text.endswith("loss 0.0000 1.0s")
+
