@@ -35,11 +35,17 @@ def test_index_filters_sorts_pages_and_reads_rows_by_offset(tmp_path):
     rows[4] = _row(4, tool_results=[{"name": "calculator", "status": "error", "response": {"text": "bad"}}])
     rows[5] = _row(5, termination="max_turns", reward=float("nan"))
     rows[6] = _row(6, termination="forked", piece=1, parse_errors=[{"message": "unterminated"}])
+    # A per-token advantage (GAE) is summarised over trained tokens; a tool argument named like a token
+    # list does not confuse the fast path.
+    rows[7] = _row(7, response_mask=[1] * 8 + [0] * 9, advantage=[2.0] * 8 + [9.0] * 9,
+                   tool_results=[{"name": "t", "status": "ok", "arguments": {"logprobs": ["]"]}, "response": {}}])
     path = tmp_path / "rollouts" / "step_00001.jsonl"
     _write(path, rows, tail='{"trajectory_id": "half-writ')  # a line still being written is not a row
     index = TraceIndex(path)
     page = lambda **q: index.page(TraceQuery(**q))  # noqa: E731
     assert page()["total"] == 12 and page()["envs"] == ["arithmetic", "code"]
+    assert [r["response_tokens"] for r in page()["rows"]] == [10 + i for i in range(12)]
+    assert page()["rows"][7]["advantage"] == 2.0 and page()["rows"][7]["tool_calls"] == 1
     assert [r["row"] for r in page(errors=True)["rows"]] == [3]
     assert [r["row"] for r in page(tool_failures=True)["rows"]] == [4, 6]
     assert [r["row"] for r in page(truncated=True)["rows"]] == [5]
@@ -48,8 +54,8 @@ def test_index_filters_sorts_pages_and_reads_rows_by_offset(tmp_path):
     assert all(r["env"] == "code" for r in page(env="code")["rows"]) and page(env="code")["matched"] == 6
     by_reward = page(sort="reward", desc=True)["rows"]
     assert [r["row"] for r in by_reward][:2] == [11, 10] and by_reward[-1]["row"] == 5  # non-finite last
-    window = page(sort="advantage", offset=4, limit=3)
-    assert [r["row"] for r in window["rows"]] == [4, 5, 6] and window["matched"] == 12
+    window = page(sort="advantage", offset=3, limit=4)
+    assert [r["row"] for r in window["rows"]] == [3, 4, 5, 6] and window["matched"] == 12
     for k in (0, 6, 11):
         assert index.read(k) == json.loads(json.dumps(rows[k]))
     with pytest.raises(KeyError):

@@ -58,9 +58,6 @@ class Viewer:
     def __init__(self, paths: Sequence[Path]) -> None:
         self.runs = [Run(i, p) for i, p in enumerate(paths)]
         self.tokenizers = Tokenizers()
-        for run in self.runs:
-            if run.sources():
-                self.tokenizers.preload(run.path)
 
     def run(self, query: dict[str, str], key: str = "run") -> Run:
         try:
@@ -74,8 +71,12 @@ class Viewer:
         if route == "/api/metrics":
             return self.run(query).metrics(int(query.get("since", 0) or 0))
         if route == "/api/traces":
+            run = self.run(query)
+            # The tokenizer (seconds to import) loads once the trajectories are asked for, while a row is
+            # picked: loading it at start-up would hold the interpreter while the first page is served.
+            self.tokenizers.preload(run.path)
             fields = {k: v for k, v in query.items() if k not in ("run", "source") and v != ""}
-            return self.run(query).traces(query.get("source", "")).page(TraceQuery.model_validate(fields))
+            return run.traces(query.get("source", "")).page(TraceQuery.model_validate(fields))
         if route == "/api/trajectory":
             run = self.run(query)
             row = run.traces(query.get("source", "")).read(int(query.get("row", "-1")))

@@ -48,8 +48,8 @@ def split_messages(text: str) -> list[dict[str, str]]:
 
 
 class Tokenizers:
-    """The tokenizer of each run, loaded once per source in a background thread started when the
-    server starts (transformers takes seconds to import), so the first opened trajectory rarely waits."""
+    """The tokenizer of each run, loaded once per source in a background thread started when the run's
+    trajectories are first listed (transformers takes seconds to import), so opening one rarely waits."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -9,7 +9,7 @@ const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_
   "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors"];
 const POLL_MS = 2000;
 
-const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstPaint: null, openedAt: null, opening: 0};
+const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstPaint: null, openedAt: null, opening: 0, tableFor: null, marks: {}};
 const $ = (id) => document.getElementById(id);
 const el = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);
@@ -35,6 +35,8 @@ function showTab(name) {
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
   for (const p of document.querySelectorAll(".pane")) p.classList.toggle("hidden", p.id !== name);
   if (name === "metrics") for (const key of Object.keys(viewer.charts)) Plotly.Plots.resize(viewer.charts[key]);
+  // A step's table is first read when the tab is opened: indexing it must not delay the first charts.
+  if (name === "traces" && viewer.tableFor === null) loadTraces();
 }
 for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
 
@@ -72,11 +74,24 @@ function drawChart(div) {
       const p = ev.points[0];
       openStep(p.customdata, String(p.x));
     });
-    done.then(() => { if (viewer.firstPaint === null) viewer.firstPaint = performance.now(); });
+    if (viewer.firstPaint === null) viewer.marks.drawn = performance.now();
+    // The frame holding the chart has been painted once a task queued from its animation frame runs.
+    done.then(() => requestAnimationFrame(() => setTimeout(() => {
+      if (viewer.firstPaint === null) viewer.firstPaint = performance.now();
+    }, 0)));
   }
 }
+// Charts scrolled into view are drawn one per frame, so the first shows before the others are built.
+const pending = [];
+function drawNext() {
+  const div = pending.shift();
+  if (div && !viewer.charts[div.dataset.key] && div.isConnected) drawChart(div);
+  if (pending.length) requestAnimationFrame(() => setTimeout(drawNext, 0));  // a paint between two charts
+}
 const observer = new IntersectionObserver((entries) => {
-  for (const e of entries) if (e.isIntersecting && !viewer.charts[e.target.dataset.key]) drawChart(e.target);
+  const idle = !pending.length;
+  for (const e of entries) if (e.isIntersecting && !viewer.charts[e.target.dataset.key]) pending.push(e.target);
+  if (idle && pending.length) requestAnimationFrame(drawNext);
 }, {rootMargin: "200px"});
 
 function renderCharts() {
@@ -156,6 +171,7 @@ async function loadTraces() {
   const seq = ++query.seq;
   const page = await api("/api/traces?" + params);
   if (seq !== query.seq) return;
+  viewer.tableFor = `${params.get("run")}:${params.get("source")}`;
   const envKeep = $("t-env").value;
   $("t-env").replaceChildren(el("option", {value: ""}, "any environment"),
     ...page.envs.map((e) => el("option", {value: e}, e)));
@@ -286,21 +302,19 @@ async function tick() {
   if ($("live").checked) {
     try {
       await pollMetrics();
-      const before = $("t-source").options.length;
       await loadRuns();
-      if ($("t-source").options.length !== before && !$("t-source").value) loadTraces();
     } catch (e) { console.error(e); }
   }
   setTimeout(tick, POLL_MS);
 }
 
 (async () => {
+  viewer.marks.start = performance.now();  // plotly.js parsed by now (a blocking script before this one)
   await loadRuns();
+  viewer.marks.runs = performance.now();
   await pollMetrics();
+  viewer.marks.metrics = performance.now();
   renderCharts();
-  if ($("t-source").options.length) {
-    $("t-source").value = $("t-source").options[$("t-source").options.length - 1].value;
-    loadTraces();
-  }
+  if ($("t-source").options.length) $("t-source").value = $("t-source").options[$("t-source").options.length - 1].value;
   setTimeout(tick, POLL_MS);
 })();
