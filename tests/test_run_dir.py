@@ -227,3 +227,48 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     assert splits == {"train": 1, "test": 1}
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["val/num_samples"] for r in rows] == [2, 2]
+
+
+@pytest.mark.parametrize("steps", [1, 3, 40])
+def test_the_reward_curve_has_integer_steps_a_labelled_band_a_title_and_its_legend_off_the_data(tmp_path, steps):
+    import matplotlib.pyplot as plt
+    from toolrl.run_dir import plot_rewards, reward_figure
+
+    rows = [{"step": s, "reward_mean": s / steps, "reward_std": 0.1, "tool_call_rate": 1.0} for s in range(1, steps + 1)]
+    fig = reward_figure(rows, "run: reward by training step")
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+        assert ax.get_title() == "run: reward by training step"
+        legend = fig.legends[0]
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert "reward ± 1 std (across trajectories)" in labels and "tool calls / trajectory" in labels
+        renderer = fig.canvas.get_renderer()
+        box, data = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert box.y1 < data.y0, "the legend overlaps the axes"
+    finally:
+        plt.close(fig)
+    out = plot_rewards(rows, tmp_path / "reward_curve.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_step_whose_groups_all_had_equal_rewards_says_so():
+    from toolrl.run_dir import rollout_metrics, step_line
+    from toolrl.trajectory import Trajectory
+
+    def trajs(rewards_by_group):
+        return [Trajectory(trajectory_id=f"{g}-{k}", sample_index=g, group=g, prompt_ids=[1], reward=r)
+                for g, rewards in enumerate(rewards_by_group) for k, r in enumerate(rewards)]
+
+    def line(rewards_by_group):
+        row = {"step": 3, **rollout_metrics(trajs(rewards_by_group), 1.0), "groups_generated": len(rewards_by_group),
+               "loss": 0.0, "step_s": 1.0}
+        return row["equal_reward_groups"], step_line(row)
+
+    count, text = line([[0.0, 0.0], [1.0, 1.0]])
+    assert count == 2 and text.endswith("loss 0.0000 1.0s (all 2 groups had equal rewards: zero advantage, nothing learned)")
+    count, text = line([[0.0, 1.0], [1.0, 1.0]])
+    assert count == 1 and text.endswith("loss 0.0000 1.0s")
+

@@ -238,6 +238,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
     terminations: dict[str, int] = defaultdict(int)
     for t in trajs:
         terminations[t.termination] += 1
+    by_group: dict[int, set[float]] = defaultdict(set)
+    for t in whole:
+        by_group[t.group].add(t.reward)
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -251,6 +254,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "model_tokens_mean": model_tokens / n,
         "turns_mean": sum(t.turns for t in trajs) / n,
         "terminations": dict(terminations),
+        # Groups of more than one trajectory whose rewards were all equal: zero group-relative advantage.
+        "equal_reward_groups": sum(len(r) == 1 for g, r in by_group.items()
+                                   if sum(t.group == g for t in whole) > 1),
         # Templates that rewrote history (toolrl.rollout.rewrite): forks per round of tool results.
         "template_forks": forks,
         "template_fork_rate": forks / checks if checks else 0.0,
@@ -263,6 +269,18 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
     }
+
+
+def step_line(row: dict[str, Any]) -> str:
+    """The line printed after a step; it says when every group had equal rewards (GRPO's advantages are
+    then all zero, so ``loss 0.0000`` is no mystery)."""
+    line = (f"step {row['step']}: reward {row['reward_mean']:.3f}±{row['reward_std']:.3f} "
+            f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
+            f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s")
+    groups = row.get("groups_generated")
+    if groups and row.get("equal_reward_groups") == groups:
+        line += f" (all {groups} groups had equal rewards: zero advantage, nothing learned)"
+    return line
 
 
 def staleness_metrics(trajs: Sequence[Trajectory], step: int) -> dict[str, Any]:
@@ -310,27 +328,46 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [row for _, row in _metric_lines(path)]
 
 
-def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
-    """The reward (mean ± std) and tool calls per trajectory by step, as a PNG at ``out``."""
+def reward_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
+    """The figure of ``reward_curve.png``: the mean reward by step with a band of ± one standard deviation
+    across the step's trajectories, and tool calls per trajectory on a second axis; integer step ticks,
+    the legend below the axes (never over the data)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     steps = [r["step"] for r in rows]
     mean = [r["reward_mean"] for r in rows]
     std = [r["reward_std"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, mean, marker="o", label="reward (mean)")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(steps, mean, marker="o", label="reward (mean over the step's trajectories)")
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2,
+                    label="reward ± 1 std (across trajectories)")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
+    if len(set(steps)) <= 12:
+        ax.set_xticks(sorted(set(steps)))  # each step (a single step too: the locator would subdivide it)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.plot(steps, [r["tool_call_rate"] for r in rows], color="tab:orange", linestyle="--",
-             label="tool calls / trajectory")
+    ax2.plot(steps, [r.get("tool_call_rate", math.nan) for r in rows], color="tab:orange", linestyle="--",
+             marker=".", label="tool calls / trajectory")
     ax2.set_ylabel("tool calls / trajectory")
-    fig.legend(loc="upper left")
-    fig.tight_layout()
+    ax.set_title(title or "Reward by training step")
+    handles = [h for a in (ax, ax2) for h in a.get_legend_handles_labels()[0]]
+    fig.legend(handles, [h.get_label() for h in handles], loc="lower center", ncol=2, frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    return fig
+
+
+def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
+    """``reward_curve.png`` at ``out`` (:func:`reward_figure`, titled with the run directory's name)."""
+    import matplotlib.pyplot as plt
+
+    fig = reward_figure(rows, f"{out.parent.name}: reward by training step")
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

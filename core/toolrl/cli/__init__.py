@@ -293,6 +293,21 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite:
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying how to go on, no traceback
+        click.echo(interrupted_line(config, ["toolrl", "train", config_path, *overrides]), err=True)
+        sys.exit(130)
+
+
+def interrupted_line(config: Any, argv: list[str]) -> str:
+    """What an interrupted run says last: the command that continues it from its last checkpoint."""
+    import shlex
+
+    from toolrl.run_dir import RunDir, latest
+
+    checkpoint = latest(RunDir(config.trainer.output_dir).checkpoints)
+    if checkpoint is None:
+        return f"interrupted before the first checkpoint: run again with --overwrite to start over ({shlex.join(argv)} --overwrite)"
+    return f"interrupted: {shlex.join(argv)} --resume continues from {checkpoint.name}"
 
 
 @cli.command("rollout", context_settings={"ignore_unknown_options": True})

@@ -51,6 +51,7 @@ from toolrl.run_dir import (
     rollout_metrics,
     staging_dir,
     staleness_metrics,
+    step_line,
 )
 from toolrl.training.export import save_model_files
 from toolrl.trajectory import Trajectory
@@ -167,10 +168,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     raise
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
-                progress.console.print(
-                    f"step {step + 1}: reward {row['reward_mean']:.3f}±{row['reward_std']:.3f} "
-                    f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
-                    f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s", highlight=False)
+                progress.console.print(step_line(row), highlight=False, soft_wrap=True)  # a log file gets whole lines
     finally:
         if batches is not None:
             await batches.close()  # groups still in flight: a resumed run generates them again

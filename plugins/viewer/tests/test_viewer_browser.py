@@ -1,0 +1,211 @@
+"""``toolrl view`` in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by
+selenium): runs made by the real CLI from ``examples/tiny.yaml`` — two training steps of the tiny model,
+two rollout steps whose (scripted) model calls the calculator with ``1/0`` and then ``6*7``, and two
+evaluations — opened, filtered, compared, and one growing while the page is open. Screenshots of each
+view are saved in the test's tmp directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from toolrl_viewer.server import serve
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "examples" / "tiny.yaml"
+SCRIPTED = Path(__file__).parent / "scripted"  # a distribution whose entry point registers the scripted engine
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+
+
+def _script(*turns: str) -> str:
+    return "engine.options.script=" + json.dumps(list(turns))
+
+
+def _toolrl(*args: str, scripted: bool = False) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if scripted:
+        env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTED), env.get("PYTHONPATH", "")])
+    return subprocess.Popen([sys.executable, "-m", "toolrl", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The run directories, made concurrently by the CLI."""
+    tmp = tmp_path_factory.mktemp("runs")
+    out = {name: tmp / name for name in ("trained", "scripted", "eval-a", "eval-b")}
+    scripted = ("engine.name=scripted",)
+    jobs = [
+        _toolrl("train", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['trained']}"),
+        _toolrl("rollout", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['scripted']}", *scripted,
+                _script(CALL.format("1/0"), CALL.format("6*7"), "The answer is 42."), scripted=True),
+        _toolrl("eval", str(TINY), "eval.num_samples=6", "--output", str(out["eval-a"]), *scripted,
+                _script("The answer is 27."), scripted=True),
+        _toolrl("eval", str(TINY), "eval.num_samples=6", "--output", str(out["eval-b"]), *scripted,
+                _script(CALL.format("2+2"), "The answer is 4."), scripted=True),
+    ]
+    for job in jobs:
+        log, _ = job.communicate(timeout=600)
+        assert job.returncode == 0, log[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and DRIVER):
+        if os.environ.get("CI"):
+            pytest.fail("the browser tests need Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+        pytest.skip("chromium and chromium-driver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000", "--no-first-run", "--disable-background-networking"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    yield driver
+    driver.quit()
+
+
+class Page:
+    """A viewer server on a free port and the browser on its page."""
+
+    def __init__(self, driver, paths: list[Path], shots: Path) -> None:
+        self.server = serve(paths, port=0)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.driver, self.shots = driver, shots
+        driver.get(f"http://127.0.0.1:{self.server.server_address[1]}/")
+
+    def js(self, script: str):
+        return self.driver.execute_script(script)
+
+    def until(self, script: str, timeout: float = 30.0):
+        """The value of ``script`` once it is truthy."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if value := self.js(script):
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"never true within {timeout}s: {script}")
+
+    def points(self, key: str) -> list[int]:
+        """Markers drawn per curve in chart ``key`` (read from the SVG plotly rendered)."""
+        return self.js(f"""const d = document.getElementById('chart-{key}');
+            return d ? [...d.querySelectorAll('.scatterlayer .trace')].map(t => t.querySelectorAll('.points path').length) : null;""")
+
+    def click(self, css: str) -> None:
+        self.js(f"document.querySelector({json.dumps(css)}).click()")
+
+    def select(self, css: str, value: str) -> None:
+        self.js(f"""const s = document.querySelector({json.dumps(css)}); s.value = {json.dumps(value)};
+            s.dispatchEvent(new Event('change'));""")
+
+    def shot(self, name: str) -> None:
+        self.driver.save_screenshot(str(self.shots / name))
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path):
+    page = Page(browser, [runs["trained"], runs["scripted"]], tmp_path)
+    try:
+        # Both runs' reward curves, one point per step; the trained run's loss too.
+        page.until("return window.viewer.firstPaint !== null")
+        assert page.until("const p = document.querySelectorAll('#chart-reward_mean .scatterlayer .trace');"
+                          "return p.length === 2 && [...p].every(t => t.querySelectorAll('.points path').length === 2)")
+        assert page.points("reward_mean") == [2, 2]
+        assert page.points("tool_call_rate") == [2, 2]
+        page.js("document.getElementById('chart-loss').scrollIntoView()")
+        page.until("return document.querySelectorAll('#chart-loss .scatterlayer .points path').length === 2")
+        page.js("window.scrollTo(0, 0)")
+        page.shot("metrics.png")
+
+        # Step 1 of the scripted run, filtered to trajectories with a failed tool call.
+        page.click("#tab-traces")
+        page.select("#t-run", "1")
+        page.select("#t-source", "1")
+        rows = _rows(runs["scripted"] / "rollouts" / "step_00001.jsonl")
+        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        page.click("#t-tool_failures")
+        failing = [r for r in rows if any(t["status"] != "ok" for t in r["tool_results"])]
+        assert failing, "the scripted model's 1/0 must fail"
+        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(failing)} of {len(rows)}')")
+        page.click("#t-table tbody tr")
+        # The first trajectory opened waits for the tokenizer, loading since the server started.
+        page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
+        first = failing[0]
+        tool = page.js("return [...document.querySelectorAll('#trajectory .tool')].map(t => t.textContent)")
+        assert any("calculator" in t and "1/0" in t and "division by zero" in t and "error" in t for t in tool), tool
+        assert any("6*7" in t and "42" in t and "ok" in t for t in tool), tool
+        # The tool's result in the turns as the model saw it, marked as an error; the trained tokens marked.
+        turns = page.js("return [...document.querySelectorAll('#trajectory .msg.tool.error')].map(m => m.textContent)")
+        assert any("division by zero" in t for t in turns), turns
+        trained = page.until("return document.querySelectorAll('#trajectory .tok.trained').length")
+        assert trained == sum(first["response_mask"])
+        generated = page.js("return [...document.querySelectorAll('#trajectory .msg.generated')].map(m => m.textContent)")
+        assert any('"1/0"' in g for g in generated) and any("The answer is 42." in g for g in generated)
+        page.js("document.getElementById('trajectory').scrollIntoView()")
+        page.shot("trajectory.png")
+
+        # The trained run has no failing call: the same filter empties its table.
+        page.select("#t-run", "0")
+        page.select("#t-source", "2")
+        page.until("return document.getElementById('t-count').textContent.startsWith('0 of 8')")
+    finally:
+        page.close()
+
+
+def test_two_evaluations_side_by_side(runs, browser, tmp_path):
+    page = Page(browser, [runs["eval-a"], runs["eval-b"]], tmp_path)
+    try:
+        page.until("return !document.getElementById('tab-compare').classList.contains('hidden')")
+        page.click("#tab-compare")
+        page.until("return document.querySelectorAll('#c-problems tbody tr').length === 6")
+        summary = page.js("return [...document.querySelectorAll('#c-summary tr')].map(r => r.textContent)")
+        assert "A: eval-a" in summary[0] and "B: eval-b" in summary[0]
+        calls = next(s for s in summary if s.startswith("tool_calls_per_trajectory"))
+        assert calls.endswith("+1"), calls  # B called the calculator once per trajectory, A never
+        page.shot("compare.png")
+    finally:
+        page.close()
+
+
+def test_a_run_being_written_gains_a_step(runs, browser, tmp_path):
+    done = runs["scripted"]
+    live = tmp_path / "live"
+    (live / "rollouts").mkdir(parents=True)
+    shutil.copy(done / "config.json", live)
+    first, second = (done / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (live / "metrics.jsonl").write_text(first)
+    shutil.copy(done / "rollouts" / "step_00001.jsonl", live / "rollouts")
+    page = Page(browser, [live], tmp_path)
+    try:
+        page.until("const p = document.querySelectorAll('#chart-reward_mean .scatterlayer .points path');"
+                   "return p.length === 1")
+        # The run writes its next step as training does: the step's trajectories, then its metrics line.
+        shutil.copy(done / "rollouts" / "step_00002.jsonl", live / "rollouts")
+        with (live / "metrics.jsonl").open("a") as f:
+            f.write(second)
+        page.until("return document.querySelectorAll('#chart-reward_mean .scatterlayer .points path').length === 2",
+                   timeout=15)
+        page.until("return [...document.getElementById('t-source').options].map(o => o.value).join() === '1,2'")
+        page.shot("live.png")
+    finally:
+        page.close()

@@ -1,0 +1,144 @@
+"""What the page is served, without a browser: the byte-offset index of a trajectory file (filters, order,
+pages, rows read by offset, files still being written), metrics read as a run appends them, two
+evaluations compared, a trajectory split into turns with the real Qwen3 tokenizer, and the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from toolrl_viewer.runs import Run, compare
+from toolrl_viewer.traces import TraceIndex, TraceQuery
+from toolrl_viewer.turns import split_messages, view
+
+
+def _row(i: int, **over) -> dict:
+    row = {"trajectory_id": f"t{i}", "sample_index": i // 4, "group": i // 4, "env": "arithmetic" if i % 2 else "code",
+           "prompt_ids": [1] * 50, "response_ids": [2] * (10 + i), "response_mask": [1] * (10 + i),
+           "logprobs": [-0.5] * (10 + i), "turns": 1 + i % 3, "termination": "answered", "error": None,
+           "reward": i / 10, "reward_errors": {}, "tool_errors": {}, "parse_errors": [], "advantage": i - 5.0,
+           "tool_results": [{"name": "calculator", "status": "ok", "response": {"text": "3"}}]}
+    return {**row, **over}
+
+
+def _write(path: Path, rows: list[dict], tail: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+
+
+def test_index_filters_sorts_pages_and_reads_rows_by_offset(tmp_path):
+    rows = [_row(i) for i in range(12)]
+    rows[3] = _row(3, error="engine failed")
+    rows[4] = _row(4, tool_results=[{"name": "calculator", "status": "error", "response": {"text": "bad"}}])
+    rows[5] = _row(5, termination="max_turns", reward=float("nan"))
+    rows[6] = _row(6, termination="forked", piece=1, parse_errors=[{"message": "unterminated"}])
+    # A per-token advantage (GAE) is summarised over trained tokens; a tool argument named like a token
+    # list does not confuse the fast path.
+    rows[7] = _row(7, response_mask=[1] * 8 + [0] * 9, advantage=[2.0] * 8 + [9.0] * 9,
+                   tool_results=[{"name": "t", "status": "ok", "arguments": {"logprobs": ["]"]}, "response": {}}])
+    path = tmp_path / "rollouts" / "step_00001.jsonl"
+    _write(path, rows, tail='{"trajectory_id": "half-writ')  # a line still being written is not a row
+    index = TraceIndex(path)
+    page = lambda **q: index.page(TraceQuery(**q))  # noqa: E731
+    assert page()["total"] == 12 and page()["envs"] == ["arithmetic", "code"]
+    assert [r["response_tokens"] for r in page()["rows"]] == [10 + i for i in range(12)]
+    assert page()["rows"][7]["advantage"] == 2.0 and page()["rows"][7]["tool_calls"] == 1
+    assert [r["row"] for r in page(errors=True)["rows"]] == [3]
+    assert [r["row"] for r in page(tool_failures=True)["rows"]] == [4, 6]
+    assert [r["row"] for r in page(truncated=True)["rows"]] == [5]
+    assert [r["row"] for r in page(forked=True)["rows"]] == [6]
+    assert [r["row"] for r in page(min_reward=0.45, max_reward=0.8)["rows"]] == [6, 7, 8]  # NaN matches no range
+    assert all(r["env"] == "code" for r in page(env="code")["rows"]) and page(env="code")["matched"] == 6
+    by_reward = page(sort="reward", desc=True)["rows"]
+    assert [r["row"] for r in by_reward][:2] == [11, 10] and by_reward[-1]["row"] == 5  # non-finite last
+    window = page(sort="advantage", offset=3, limit=4)
+    assert [r["row"] for r in window["rows"]] == [3, 4, 5, 6] and window["matched"] == 12
+    for k in (0, 6, 11):
+        assert index.read(k) == json.loads(json.dumps(rows[k]))
+    with pytest.raises(KeyError):
+        index.read(12)
+    _write(path, rows[:2])  # the file replaced (a step rewritten): the index follows
+    assert index.page(TraceQuery())["total"] == 2
+
+
+def test_metrics_are_read_as_the_run_appends_them(tmp_path):
+    run = Run(0, tmp_path)
+    line = lambda step: json.dumps({"step": step, "reward_mean": step / 2, "groups": [0, 1],  # noqa: E731
+                                    "tool_latency_s": {"calculator": 0.1}, "reward_std": float("nan")}) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(line(1) + line(2)[:10])
+    assert run.metrics() == [{"step": 1, "reward_mean": 0.5, "tool_latency_s/calculator": 0.1}]
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write(line(2)[10:] + line(3))
+    assert [r["step"] for r in run.metrics(since=1)] == [2, 3]
+    assert [r["step"] for r in run.metrics()] == [1, 2, 3]
+    (tmp_path / "metrics.jsonl").write_text(line(1))  # a resumed run truncated it
+    assert [r["step"] for r in run.metrics()] == [1]
+
+
+def test_two_evaluations_compared_by_problem(tmp_path):
+    def evaluation(name: str, successes: list[list[bool]], summary: dict) -> Run:
+        rows = [_row(p * 10 + k, problem=p, k=k, success=ok, reward=float(ok))
+                for p, oks in enumerate(successes) for k, ok in enumerate(oks)]
+        _write(tmp_path / name / "results.jsonl", rows)
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        return Run(0, tmp_path / name)
+
+    a = evaluation("base", [[True, False], [False, False]], {"pass@1": 0.25, "model": "x"})
+    b = evaluation("trained", [[True, True], [False, False], [True, True]], {"pass@1": 0.75, "model": "y"})
+    assert a.is_eval and a.sources() == ["results"]
+    c = compare(a, b)
+    assert c["summary"] == [{"key": "pass@1", "a": 0.25, "b": 0.75, "diff": 0.5},
+                            {"key": "model", "a": "x", "b": "y", "diff": None}]
+    p0, p1, p2 = c["problems"]
+    assert (p0["a"]["successes"], p0["b"]["successes"], p0["diff"]) == (1, 2, 0.5)
+    assert p1["diff"] == 0 and p2["a"] is None and p2["diff"] is None and p2["b"]["reward"] == 1.0
+
+
+def test_prompts_split_at_their_chat_format_markers():
+    chatml = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert split_messages(chatml) == [{"role": "system", "text": "Be brief."}, {"role": "user", "text": "Hi"}]
+    tool = "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert split_messages(tool) == [{"role": "text", "text": "<|im_end|>"},
+                                    {"role": "tool", "text": "<tool_response>\n3\n</tool_response>"}]
+    llama = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+    assert split_messages(llama)[-1] == {"role": "user", "text": "Hi"}
+    assert split_messages("plain text") == [{"role": "text", "text": "plain text"}]
+
+
+def test_a_trajectory_in_turns_with_its_trained_tokens():
+    from toolrl.model_sources import qwen_tokenizer
+
+    tok = qwen_tokenizer("qwen3")
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1/0"}}\n</tool_call><|im_end|>'
+    result = "\n<|im_start|>user\n<tool_response>\nError in 'expression': division by zero\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    answer = "The answer is 4.<|im_end|>"
+    parts = [tok.encode(t, add_special_tokens=False) for t in (call, result, answer)]
+    ids = [i for p in parts for i in p]
+    mask = [1] * len(parts[0]) + [0] * len(parts[1]) + [1] * len(parts[2])
+    row = _row(0, response_ids=ids, response_mask=mask, logprobs=[-0.25 if m else 0.0 for m in mask],
+               advantage=[0.5 if m else 0.0 for m in mask], prompt_text="<|im_start|>user\nWhat is 2+2?<|im_end|>\n",
+               tool_results=[{"name": "calculator", "arguments": {"expression": "1/0"}, "status": "error",
+                              "response": {"text": "Error in 'expression': division by zero"}}])
+    shown = view(row, tok)
+    first, tool, last = shown["segments"]
+    assert first["trained"] and last["trained"] and tool["trained"] is False
+    assert "".join(t["t"] for t in first["tokens"]) == call and "".join(t["t"] for t in last["tokens"]) == answer
+    assert len(first["tokens"]) + len(last["tokens"]) == sum(mask)
+    assert all(t["lp"] == -0.25 and t["adv"] == 0.5 for t in first["tokens"] + last["tokens"])
+    assert tool["error"] and tool["messages"][-1]["role"] == "tool"
+    assert shown["prompt"] == [{"role": "user", "text": "What is 2+2?"}]
+    assert shown["advantage"] == {"per_token": True, "mean": 0.5}
+    assert shown["tool_results"][0]["status"] == "error"
+    # Without a tokenizer the decoded text is shown whole, with the reason.
+    whole = view({**row, "response_text": "abc"}, None, "no tokenizer")
+    assert whole["segments"] == [{"trained": None, "text": "abc", "error": False}]
+    assert whole["tokens_note"] == "no tokenizer"
+
+
+def test_the_command_refuses_a_directory_without_a_run(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "toolrl", "view", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "holds no run" in out.stderr and str(tmp_path) in out.stderr

@@ -1,0 +1,320 @@
+// toolrl view: the page. Plain JavaScript over the JSON API of toolrl_viewer.server; plots by plotly.js
+// (served from the plotly package on 127.0.0.1). window.viewer exposes state the browser tests read.
+"use strict";
+
+const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+// Shown first, in this order; every other numeric figure follows alphabetically.
+const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_count", "parse_error_count",
+  "response_length", "loss", "grad_norm", "kl", "lp_mismatch", "staleness_mean", "prefix_share",
+  "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors"];
+const POLL_MS = 2000;
+
+const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstPaint: null, openedAt: null, opening: 0, tableFor: null, marks: {}};
+const $ = (id) => document.getElementById(id);
+const el = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v; else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(c ?? ""));
+  return node;
+};
+const api = async (path) => {
+  const r = await fetch(path);
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error || r.statusText);
+  return body;
+};
+const fmt = (v) => v === null || v === undefined ? "–" : typeof v === "number"
+  ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : typeof v === "object" ? JSON.stringify(v) : String(v);
+const color = (i) => COLORS[i % COLORS.length];
+
+// -- tabs --------------------------------------------------------------------------------------------
+function showTab(name) {
+  for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
+  for (const p of document.querySelectorAll(".pane")) p.classList.toggle("hidden", p.id !== name);
+  if (name === "metrics") for (const key of Object.keys(viewer.charts)) Plotly.Plots.resize(viewer.charts[key]);
+  // A step's table is first read when the tab is opened: indexing it must not delay the first charts.
+  if (name === "traces" && viewer.tableFor === null) loadTraces();
+}
+for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
+
+// -- metrics -----------------------------------------------------------------------------------------
+function metricKeys() {
+  const keys = new Set();
+  for (const rows of Object.values(viewer.rows)) for (const r of rows) for (const k of Object.keys(r)) keys.add(k);
+  keys.delete("step");
+  const first = PREFERRED.filter((k) => keys.has(k));
+  return first.concat([...keys].filter((k) => !first.includes(k)).sort());
+}
+const chartId = (key) => "chart-" + key.replace(/[^A-Za-z0-9_-]/g, "_");
+
+function traces(key) {
+  return viewer.runs.filter((r) => !r.eval || (viewer.rows[r.index] || []).length).map((run) => {
+    const rows = (viewer.rows[run.index] || []).filter((r) => r[key] !== undefined);
+    return {x: rows.map((r) => r.step), y: rows.map((r) => r[key]), name: run.name, type: "scatter",
+      mode: "lines+markers", line: {color: color(run.index)}, marker: {size: 6}, customdata: rows.map(() => run.index)};
+  });
+}
+function layout(key) {
+  let maxStep = 0;
+  for (const rows of Object.values(viewer.rows)) for (const r of rows) maxStep = Math.max(maxStep, r.step);
+  return {title: {text: key, font: {size: 13}, x: 0.01, xanchor: "left"}, margin: {l: 50, r: 10, t: 30, b: 35}, hovermode: "x unified",
+    showlegend: viewer.runs.length > 1, legend: {orientation: "h", y: -0.25},
+    xaxis: {title: {text: "step"}, tickformat: "d", dtick: maxStep <= 12 ? 1 : undefined}};
+}
+function drawChart(div) {
+  const key = div.dataset.key;
+  const first = !viewer.charts[key];
+  const done = Plotly.react(div, traces(key), layout(key), {displaylogo: false, responsive: true});
+  if (first) {
+    viewer.charts[key] = div;
+    div.on("plotly_click", (ev) => {
+      const p = ev.points[0];
+      openStep(p.customdata, String(p.x));
+    });
+    if (viewer.firstPaint === null) viewer.marks.drawn = performance.now();
+    // The frame holding the chart has been painted once a task queued from its animation frame runs.
+    done.then(() => requestAnimationFrame(() => setTimeout(() => {
+      if (viewer.firstPaint === null) viewer.firstPaint = performance.now();
+    }, 0)));
+  }
+}
+// Charts scrolled into view are drawn one per frame, so the first shows before the others are built.
+const pending = [];
+function drawNext() {
+  const div = pending.shift();
+  if (div && !viewer.charts[div.dataset.key] && div.isConnected) drawChart(div);
+  if (pending.length) requestAnimationFrame(() => setTimeout(drawNext, 0));  // a paint between two charts
+}
+const observer = new IntersectionObserver((entries) => {
+  const idle = !pending.length;
+  for (const e of entries) if (e.isIntersecting && !viewer.charts[e.target.dataset.key]) pending.push(e.target);
+  if (idle && pending.length) requestAnimationFrame(drawNext);
+}, {rootMargin: "200px"});
+
+function renderCharts() {
+  const box = $("charts");
+  const filter = $("metric-filter").value.trim().toLowerCase();
+  const keys = metricKeys().filter((k) => !filter || k.toLowerCase().includes(filter));
+  const wanted = new Set(keys.map(chartId));
+  for (const div of [...box.children]) if (!wanted.has(div.id)) { box.removeChild(div); delete viewer.charts[div.dataset.key]; }
+  keys.forEach((key, i) => {
+    let div = $(chartId(key));
+    if (!div) {
+      div = el("div", {id: chartId(key), class: "chart"});
+      div.dataset.key = key;
+      observer.observe(div);
+    }
+    if (box.children[i] !== div) box.insertBefore(div, box.children[i] || null);
+    if (viewer.charts[key]) drawChart(div);
+  });
+  $("metric-count").textContent = `${keys.length} metrics`;
+}
+$("metric-filter").addEventListener("input", renderCharts);
+
+async function pollMetrics() {
+  let changed = false;
+  for (const run of viewer.runs) {
+    const rows = await api(`/api/metrics?run=${run.index}&since=${viewer.last[run.index] || 0}`);
+    if (rows.length) {
+      viewer.rows[run.index] = (viewer.rows[run.index] || []).concat(rows);
+      viewer.last[run.index] = rows[rows.length - 1].step;
+      changed = true;
+    }
+  }
+  if (changed) renderCharts();
+}
+
+// -- runs ---------------------------------------------------------------------------------------------
+async function loadRuns() {
+  viewer.runs = await api("/api/runs");
+  $("runs").replaceChildren(...viewer.runs.map((r) => el("span", {style: `color:${color(r.index)}`, title: r.path},
+    r.name + (r.eval ? " (eval)" : ""))));
+  const keep = $("t-run").value;
+  $("t-run").replaceChildren(...viewer.runs.filter((r) => r.sources.length).map((r) =>
+    el("option", {value: r.index}, r.name)));
+  if (keep) $("t-run").value = keep;
+  fillSources();
+  const evals = viewer.runs.filter((r) => r.eval);
+  for (const [id, pick] of [["c-a", 0], ["c-b", 1]]) {
+    const old = $(id).value;
+    $(id).replaceChildren(...evals.map((r) => el("option", {value: r.index}, r.name)));
+    $(id).value = old || (evals[pick] ? evals[pick].index : "");
+  }
+  $("tab-compare").classList.toggle("hidden", evals.length < 2);
+}
+function fillSources() {
+  const run = viewer.runs.find((r) => String(r.index) === $("t-run").value);
+  const keep = $("t-source").value;
+  $("t-source").replaceChildren(...(run ? run.sources : []).map((s) => el("option", {value: s}, s)));
+  if (keep && run && run.sources.includes(keep)) $("t-source").value = keep;
+}
+
+// -- trajectories -------------------------------------------------------------------------------------
+const query = {offset: 0, seq: 0};  // seq: a reply to an older request is dropped
+function openStep(run, source) {
+  $("t-run").value = run;
+  fillSources();
+  $("t-source").value = source;
+  query.offset = 0;
+  showTab("traces");
+  loadTraces();
+}
+async function loadTraces() {
+  const params = new URLSearchParams({run: $("t-run").value, source: $("t-source").value, offset: query.offset,
+    limit: 50, sort: $("t-sort").value, desc: $("t-desc").checked, env: $("t-env").value,
+    min_reward: $("t-min").value, max_reward: $("t-max").value});
+  for (const f of ["errors", "tool_failures", "truncated", "forked"]) params.set(f, $("t-" + f).checked);
+  if (!$("t-source").value) return;
+  const seq = ++query.seq;
+  const page = await api("/api/traces?" + params);
+  if (seq !== query.seq) return;
+  viewer.tableFor = `${params.get("run")}:${params.get("source")}`;
+  const envKeep = $("t-env").value;
+  $("t-env").replaceChildren(el("option", {value: ""}, "any environment"),
+    ...page.envs.map((e) => el("option", {value: e}, e)));
+  $("t-env").value = envKeep;
+  const end = Math.min(page.offset + page.rows.length, page.matched);
+  $("t-count").textContent = `${page.matched} of ${page.total} trajectories` +
+    (page.matched ? ` (showing ${page.offset + 1}–${end})` : "");
+  $("t-prev").disabled = page.offset === 0;
+  $("t-next").disabled = end >= page.matched;
+  $("t-table").tBodies[0].replaceChildren(...page.rows.map((r) => {
+    const tr = el("tr", {class: r.error || r.tool_failures ? "bad" : "", "data-row": r.row},
+      el("td", {}, r.row), el("td", {}, r.trajectory_id), el("td", {}, r.group), el("td", {}, r.env),
+      el("td", {}, fmt(r.reward)), el("td", {}, fmt(r.advantage)), el("td", {}, r.turns),
+      el("td", {}, r.tool_calls), el("td", {class: r.tool_failures ? "bad" : ""}, r.tool_failures),
+      el("td", {}, r.termination), el("td", {}, r.response_tokens));
+    tr.addEventListener("click", () => openTrajectory(r.row, tr));
+    return tr;
+  }));
+}
+for (const id of ["t-min", "t-max", "t-errors", "t-tool_failures", "t-truncated", "t-forked", "t-env", "t-sort",
+  "t-desc", "t-source"]) $(id).addEventListener("change", () => { query.offset = 0; loadTraces(); });
+$("t-run").addEventListener("change", () => { fillSources(); query.offset = 0; loadTraces(); });
+$("t-prev").addEventListener("click", () => { query.offset = Math.max(0, query.offset - 50); loadTraces(); });
+$("t-next").addEventListener("click", () => { query.offset += 50; loadTraces(); });
+
+function heat(tok, mode, scale) {
+  if (mode === "logprob" && typeof tok.lp === "number") {
+    const surprise = 1 - Math.exp(tok.lp);  // 0: the engine was sure of this token
+    return `rgba(255, 110, 0, ${(0.65 * surprise).toFixed(3)})`;
+  }
+  if (mode === "advantage" && typeof tok.adv === "number" && scale > 0) {
+    const a = Math.min(1, Math.abs(tok.adv) / scale);
+    return tok.adv >= 0 ? `rgba(20, 160, 60, ${(0.6 * a).toFixed(3)})` : `rgba(220, 30, 50, ${(0.6 * a).toFixed(3)})`;
+  }
+  return "transparent";
+}
+function message(role, text, extra = "") {
+  if (role === "system" && text.length > 300) {  // tool schemas: folded, one click away
+    return el("details", {class: `msg ${role} ${extra}`}, el("summary", {class: "role"}, `${role} (${text.length} characters)`),
+      el("pre", {}, text));
+  }
+  return el("div", {class: `msg ${role} ${extra}`}, el("div", {class: "role"}, role), el("pre", {}, text));
+}
+function renderTrajectory(t) {
+  const box = $("trajectory");
+  const mode = $("heat") ? $("heat").value : "logprob";
+  const m = t.meta;
+  const meta = el("div", {class: "meta"});
+  const shown = {...m, advantage: t.advantage && t.advantage.per_token ? `per token (mean ${fmt(t.advantage.mean)})`
+    : t.advantage};
+  for (const [k, v] of Object.entries(shown)) {
+    if (v === null || v === undefined || (typeof v === "object" && !Object.keys(v).length)) continue;
+    meta.append(el("span", {}, el("b", {}, k), el("span", {class: k === "error" || k === "reward_errors" ? "bad" : ""}, fmt(v))));
+  }
+  let scale = 0;
+  for (const s of t.segments) for (const tok of s.tokens || []) if (typeof tok.adv === "number") scale = Math.max(scale, Math.abs(tok.adv));
+  const heatSel = el("select", {id: "heat"}, el("option", {value: "logprob"}, "colour: engine surprise (1 − p)"),
+    ...(scale > 0 ? [el("option", {value: "advantage"}, "colour: advantage per token")] : []),
+    el("option", {value: "none"}, "no colour"));
+  heatSel.value = mode;
+  heatSel.addEventListener("change", () => renderTrajectory(t));
+  const parts = [el("h3", {}, `trajectory ${m.trajectory_id ?? ""}`), meta,
+    el("div", {class: "bar legend"}, heatSel,
+      "Underlined: trained tokens (response_mask 1). Hover a token for its id and engine log-prob. " +
+      "Trace rows record the engine's log-probs only: the engine–trainer difference is the step's lp_mismatch.")];
+  if (t.tokens_note) parts.push(el("div", {class: "legend"}, `Whole texts shown: ${t.tokens_note}`));
+  if (t.images.length) parts.push(el("div", {class: "images"}, ...t.images.map((png) => el("img", {src: "data:image/png;base64," + png}))));
+  for (const msg of t.prompt) parts.push(message(msg.role, msg.text));
+  for (const s of t.segments) {
+    if (s.trained === true) {
+      const line = el("div", {class: "tokens"});
+      for (const tok of s.tokens) {
+        const span = el("span", {class: "tok trained", title: `id ${tok.id}  log p ${fmt(tok.lp)}` +
+          (typeof tok.adv === "number" ? `  advantage ${fmt(tok.adv)}` : "")}, tok.t);
+        span.style.background = heat(tok, mode, scale);
+        line.append(span);
+      }
+      parts.push(el("div", {class: "msg generated"}, el("div", {class: "role"}, "assistant · generated, trained"), line));
+    } else if (s.trained === false) {
+      for (const msg of s.messages) if (msg.text.trim()) parts.push(message(msg.role, msg.text, s.error ? "error" : ""));
+    } else {
+      parts.push(message("response", s.text));
+    }
+  }
+  if (t.tool_results.length) parts.push(el("h4", {}, "tool calls"));
+  for (const r of t.tool_results) {
+    parts.push(el("div", {class: `tool ${r.status !== "ok" ? "error" : ""}`},
+      el("div", {}, el("b", {}, `${r.name}(${JSON.stringify(r.arguments)})`), " → ",
+        el("span", {class: "status"}, r.status), ` ${fmt(r.latency_s)} s`),
+      el("pre", {}, r.text)));
+  }
+  for (const e of m.parse_errors || []) parts.push(el("div", {class: "tool error"}, el("span", {class: "status"}, "malformed call"), el("pre", {}, e.message)));
+  box.replaceChildren(...parts);
+}
+async function openTrajectory(row, tr) {
+  const started = performance.now();
+  const seq = ++viewer.opening;
+  for (const other of $("t-table").querySelectorAll("tr.selected")) other.classList.remove("selected");
+  if (tr) tr.classList.add("selected");
+  const t = await api(`/api/trajectory?run=${$("t-run").value}&source=${$("t-source").value}&row=${row}`);
+  if (seq !== viewer.opening) return;
+  renderTrajectory(t);
+  viewer.openedAt = {row, ms: performance.now() - started};
+}
+
+// -- compare -------------------------------------------------------------------------------------------
+async function loadCompare() {
+  if ($("c-a").value === "" || $("c-b").value === "") return;
+  const c = await api(`/api/compare?a=${$("c-a").value}&b=${$("c-b").value}`);
+  const diffCell = (d) => el("td", {class: d > 0 ? "up" : d < 0 ? "down" : ""}, d === null ? "" : (d > 0 ? "+" : "") + fmt(d));
+  const summary = el("table", {class: "grid", id: "c-summary"}, el("thead", {}, el("tr", {},
+    el("th", {}, "figure"), el("th", {}, `A: ${c.a}`), el("th", {}, `B: ${c.b}`), el("th", {}, "B − A"))),
+  el("tbody", {}, ...c.summary.map((s) => el("tr", {}, el("td", {}, s.key), el("td", {}, fmt(s.a)), el("td", {}, fmt(s.b)), diffCell(s.diff)))));
+  const side = (x) => x ? `${x.successes}/${x.n}` : "–";
+  const rows = c.problems.filter((p) => !$("c-changed").checked || p.diff);
+  const problems = el("table", {class: "grid", id: "c-problems"}, el("thead", {}, el("tr", {},
+    el("th", {}, "problem"), el("th", {}, "A right"), el("th", {}, "B right"), el("th", {}, "A reward"),
+    el("th", {}, "B reward"), el("th", {}, "B − A (right)"))),
+  el("tbody", {}, ...rows.map((p) => el("tr", {}, el("td", {}, p.problem), el("td", {}, side(p.a)), el("td", {}, side(p.b)),
+    el("td", {}, fmt(p.a && p.a.reward)), el("td", {}, fmt(p.b && p.b.reward)), diffCell(p.diff)))));
+  $("c-out").replaceChildren(el("h3", {}, "summary"), summary, el("h3", {}, `problems (${rows.length})`), problems);
+}
+for (const id of ["c-a", "c-b", "c-changed"]) $(id).addEventListener("change", loadCompare);
+$("tab-compare").addEventListener("click", loadCompare);
+
+// -- live ----------------------------------------------------------------------------------------------
+async function tick() {
+  if ($("live").checked) {
+    try {
+      await pollMetrics();
+      await loadRuns();
+    } catch (e) { console.error(e); }
+  }
+  setTimeout(tick, POLL_MS);
+}
+
+(async () => {
+  viewer.marks.start = performance.now();  // plotly.js parsed by now (a blocking script before this one)
+  await loadRuns();
+  viewer.marks.runs = performance.now();
+  await pollMetrics();
+  viewer.marks.metrics = performance.now();
+  renderCharts();
+  if ($("t-source").options.length) $("t-source").value = $("t-source").options[$("t-source").options.length - 1].value;
+  setTimeout(tick, POLL_MS);
+})();
