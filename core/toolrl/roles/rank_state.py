@@ -1,0 +1,110 @@
+"""A trainer rank's state as an in-memory copy: taken after every step (:func:`snapshot`), kept by the
+controller in Ray's object store, and put back into a freshly built rank (:func:`restore`) when a
+rank of its group died, so the group re-forms without going back to a checkpoint.
+
+The copy holds what a checkpoint holds (the rank's ``_state()``: its shards of the trained
+parameters, its optimizer state, a critic's) and its torch RNG. A sharded tensor (a ``DTensor``) is
+kept as its local piece and the dimension it is split on, so the copies of all ranks together are
+the whole state: a group of the same size loads each rank's own piece unchanged (bit for bit); a
+group of another size (``shrink``) cuts its pieces out of the whole tensors, as DCP does on load.
+
+``torch`` is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Piece:
+    """A sharded tensor's local piece: ``dim`` the dimension the whole tensor is split on (None: every
+    rank holds all of it)."""
+
+    local: Any
+    dim: int | None
+
+
+def snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` (a rank's ``_state()``) that lives apart from the model: plain CPU tensors
+    and :class:`Piece` s, and the rank's RNG under ``"rng"``."""
+    import torch
+
+    return {"state": _copy(state), "rng": torch.get_rng_state()}
+
+
+def _copy(value: Any) -> Any:
+    import torch
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(value, DTensor):
+        placement = value.placements[0]
+        dim = placement.dim if isinstance(placement, Shard) else None
+        return Piece(value.to_local().detach().to("cpu", copy=True), dim)
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copy(v) for v in value)
+    return value
+
+
+def restore(state: dict[str, Any], copies: Sequence[dict[str, Any]], rank: int) -> None:
+    """Fill ``state`` (this rank's live ``_state()``) in place from ``copies`` (every rank's
+    :func:`snapshot` of the old group, in rank order), and set this rank's RNG. Same group size:
+    this rank's own pieces; another size: each piece cut from the whole tensor."""
+    import torch
+
+    _fill(state, [c["state"] for c in copies], rank, "")
+    torch.set_rng_state(copies[min(rank, len(copies) - 1)]["rng"])
+
+
+def _fill(live: Any, old: Sequence[Any], rank: int, where: str) -> Any:
+    """``live`` with the value of ``old`` (one per old rank) put into it: tensors are copied into in
+    place; anything else is returned (rank 0's, the same on every rank) for the caller to set."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(live, dict):
+        for k in live:
+            if k not in old[0]:
+                raise KeyError(f"the in-memory copy has no {where}{k}")
+            live[k] = _fill(live[k], [o[k] for o in old], rank, f"{where}{k}.")
+        return live
+    if isinstance(live, list | tuple):
+        return type(live)(_fill(v, [o[i] for o in old], rank, f"{where}{i}.") for i, v in enumerate(live))
+    if not isinstance(live, torch.Tensor):
+        return old[0]
+    with torch.no_grad():
+        if isinstance(live, DTensor):
+            target = live.to_local()
+            if len(old) == live.device_mesh.size() and isinstance(old[rank], Piece):
+                target.copy_(old[rank].local)  # the same group size: this rank's own piece, unchanged
+            else:
+                target.copy_(_local_piece(_whole(old), live))
+        else:
+            live.copy_(_whole(old))
+    return live
+
+
+def _whole(old: Sequence[Any]) -> Any:
+    """The whole tensor from every old rank's piece (a plain tensor: every rank held all of it)."""
+    import torch
+
+    first = old[0]
+    if not isinstance(first, Piece):
+        return first
+    if first.dim is None:
+        return first.local
+    return torch.cat([p.local for p in old], dim=first.dim)
+
+
+def _local_piece(whole: Any, live: Any) -> Any:
+    """The part of ``whole`` that ``live`` (a DTensor of this group) holds on this rank."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(whole.shape, live.device_mesh, live.placements)
+    return whole[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
