@@ -189,7 +189,9 @@ def _computed(row: dict[str, Any]) -> dict[str, Any]:
                                                  or k == "tool_latency_s")}
 
 
-RECOVERY_BOUND_S = 60  # a re-formed group (2 new ranks: model built, state restored) on two shared cores
+# A re-formed group (every rank a new process: started, model built, state restored). Measured on two
+# cores shared with four other sessions' Ray tests (load average 14): 56-80 s.
+RECOVERY_BOUND_S = 120
 
 
 def kill_ranks(run: Path, kills: list[tuple[str, int, int]], found: list[dict[str, Any]], timeout: float = 600) -> None:
@@ -212,6 +214,7 @@ def kill_ranks(run: Path, kills: list[tuple[str, int, int]], found: list[dict[st
             time.sleep(0.05)
 
 
+@pytest.mark.timeout(1500)
 def test_a_killed_rank_is_replaced_and_the_run_equals_an_uninterrupted_one(cluster, two_ranks, tmp_path):
     """trainer.on_rank_failure=replace (the default): rank 1 is killed -9 after step 1 (the death is
     seen by step 2), then rank 0 of the re-formed group while step 2's checkpoint is written. Each time the group re-forms from the in-memory copies of the
@@ -243,6 +246,7 @@ def test_a_killed_rank_is_replaced_and_the_run_equals_an_uninterrupted_one(clust
     assert max(float((w_want[k] - w_got[k]).abs().max()) for k in w_want) == 0.0
 
 
+@pytest.mark.timeout(1200)
 def test_a_killed_rank_in_shrink_mode_goes_on_with_one_rank(cluster, one_rank, tmp_path):
     """trainer.on_rank_failure=shrink: rank 1 killed -9 after step 1; steps 2 and 3 train on the one
     rank left, from the two ranks' in-memory copies resharded (each piece cut from the whole
