@@ -52,39 +52,56 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def restore(state: dict[str, Any], copies: Sequence[dict[str, Any]], rank: int) -> None:
-    """Fill ``state`` (this rank's live ``_state()``) in place from ``copies`` (every rank's
-    :func:`snapshot` of the old group, in rank order), and set this rank's RNG. Same group size:
-    this rank's own pieces; another size: each piece cut from the whole tensor."""
+def needed(old_world_size: int, world_size: int, rank: int) -> list[int]:
+    """The old ranks whose copies rank ``rank`` of a group of ``world_size`` needs: its own in a group
+    of the same size, every one in another."""
+    return [rank] if old_world_size == world_size else list(range(old_world_size))
+
+
+def restore(state: dict[str, Any], copies: Sequence[dict[str, Any] | None], rank: int) -> None:
+    """Fill ``state`` (this rank's live ``_state()``) in place from ``copies`` (the old group's
+    :func:`snapshot` s in rank order; None where :func:`needed` leaves one out), and set this rank's
+    RNG. Same group size: this rank's own pieces, unchanged; another: each piece cut from the whole
+    tensor."""
     import torch
 
-    _fill(state, [c["state"] for c in copies], rank, "")
-    torch.set_rng_state(copies[min(rank, len(copies) - 1)]["rng"])
+    same = len(copies) > 1 and sum(c is not None for c in copies) == 1
+    _fill(state, [_MISSING if c is None else c["state"] for c in copies], rank, "", same)
+    rng = copies[rank] if rank < len(copies) and copies[rank] is not None else _first(copies)
+    torch.set_rng_state(rng["rng"])
 
 
-def _fill(live: Any, old: Sequence[Any], rank: int, where: str) -> Any:
-    """``live`` with the value of ``old`` (one per old rank) put into it: tensors are copied into in
-    place; anything else is returned (rank 0's, the same on every rank) for the caller to set."""
+_MISSING = object()  # an old rank's copy that was not fetched (a value may be None itself)
+
+
+def _first(old: Sequence[Any]) -> Any:
+    return next(o for o in old if o is not _MISSING and o is not None)
+
+
+def _fill(live: Any, old: Sequence[Any], rank: int, where: str, same: bool) -> Any:
+    """``live`` with the value of ``old`` (one per old rank; ``_MISSING``: not fetched) put into it: tensors
+    are copied into in place; anything else (the same on every rank) is returned for the caller to
+    set. ``same``: the old group had this group's size, and only this rank's copy is here."""
     import torch
     from torch.distributed.tensor import DTensor
 
     if isinstance(live, dict):
         for k in live:
-            if k not in old[0]:
+            if k not in _first(old):
                 raise KeyError(f"the in-memory copy has no {where}{k}")
-            live[k] = _fill(live[k], [o[k] for o in old], rank, f"{where}{k}.")
+            live[k] = _fill(live[k], [o if o is _MISSING else o[k] for o in old], rank, f"{where}{k}.", same)
         return live
     if isinstance(live, list | tuple):
-        return type(live)(_fill(v, [o[i] for o in old], rank, f"{where}{i}.") for i, v in enumerate(live))
+        return type(live)(_fill(v, [o if o is _MISSING else o[i] for o in old], rank, f"{where}{i}.", same)
+                          for i, v in enumerate(live))
     if not isinstance(live, torch.Tensor):
-        return old[0]
+        return next(o for o in old if o is not _MISSING)
     with torch.no_grad():
-        if isinstance(live, DTensor):
-            target = live.to_local()
-            if len(old) == live.device_mesh.size() and isinstance(old[rank], Piece):
-                target.copy_(old[rank].local)  # the same group size: this rank's own piece, unchanged
-            else:
-                target.copy_(_local_piece(_whole(old), live))
+        if same:  # this rank's own piece (or the whole tensor every rank holds), unchanged
+            own = old[rank]
+            (live.to_local() if isinstance(live, DTensor) else live).copy_(own.local if isinstance(own, Piece) else own)
+        elif isinstance(live, DTensor):
+            live.to_local().copy_(_local_piece(_whole(old), live))
         else:
             live.copy_(_whole(old))
     return live

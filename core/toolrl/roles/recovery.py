@@ -91,6 +91,10 @@ class ReformingGroup:
         self.copies_world_size = self.world_size
         self.loaded: str | None = None  # the checkpoint the run resumed from, before any step
         self.recoveries: list[Recovery] = []  # not yet taken by the controller
+        # Calls may overlap (a replaced rollout worker's weights while the controller steps): the
+        # first to see a death re-forms the group; the others wait for it and run again on it.
+        self._reforming = asyncio.Lock()
+        self._generation = 0
 
     # -- recovery -------------------------------------------------------------------------------
 
@@ -103,13 +107,17 @@ class ReformingGroup:
         """``call()``, made again on a re-formed group after each rank death (``stop``: none)."""
         deaths = 0
         while True:
+            generation = self._generation
             try:
                 return await call()
             except RankDied as exc:
                 deaths += 1
                 if self.config.trainer.on_rank_failure == "stop" or deaths > MAX_DEATHS_PER_CALL:
                     raise
-                await self._reform(exc, what)
+                async with self._reforming:
+                    if generation == self._generation:  # not re-formed meanwhile by another call
+                        await self._reform(exc, what)
+                        self._generation += 1
 
     async def _reform(self, died: RankDied, what: str) -> None:
         seen = time.time()

@@ -236,7 +236,9 @@ class TrainerRank:
         from toolrl.roles import rank_state
 
         state = self._state()
-        rank_state.restore(state, ray.get(list(copies)), self.rank)
+        wanted = rank_state.needed(len(copies), self.world_size, self.rank)
+        fetched = dict(zip(wanted, ray.get([copies[i] for i in wanted]), strict=True))
+        rank_state.restore(state, [fetched.get(i) for i in range(len(copies))], self.rank)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=StateDictOptions(ignore_frozen_params=True, strict=False))
         if self.critic is not None:
