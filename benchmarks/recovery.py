@@ -2,7 +2,7 @@
 person's ``--resume``, side by side in one run, and what keeping the copies costs each step.
 
 A local Ray, two trainer ranks (FSDP2 over gloo), the model of ``--model`` (default: SmolLM2-135M,
-fp32), AdamW, GRPO steps on a fixed batch of 8 sequences of 64 prompt + 192 response tokens.
+fp32), AdamW, GRPO steps on a fixed batch of 8 sequences of 64 prompt + 128 response tokens.
 
 - **memory**: a rank is killed (SIGKILL) after a step; the group re-forms (all ranks killed, two new
   ones started) and takes the state from the copies every rank made after the step
@@ -63,12 +63,12 @@ async def main_async(args: argparse.Namespace) -> None:
     config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
         f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=1",
         "tools.entries=[]", "trainer.progress=false", f"trainer.output_dir={work / 'run'}",
-        "optim.micro_batch_size=8", "rollout.max_response_tokens=192"])
+        "optim.micro_batch_size=8", "rollout.max_response_tokens=128"])
     print(machine())
     init_ray("local", 3)
     group = RayTrainerGroup(config)
     await group.start()
-    batch = trajectories([192] * 8)
+    batch = trajectories([128] * 8)
     step_s, snapshot_s = [], []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
