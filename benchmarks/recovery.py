@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import tempfile
@@ -31,11 +32,26 @@ import time
 from pathlib import Path
 
 from _common import machine, median, single_thread, table
-from trainer_memory import trajectories
 
 single_thread()
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def trajectories(count: int, prompt: int, response: int, vocab: int) -> list[object]:
+    """A fixed GRPO batch: random token ids below ``vocab``, rewards 0 and 1 in each group of two."""
+    import random
+
+    from toolrl.trajectory import Trajectory
+
+    rng = random.Random(0)
+    out = []
+    for i in range(count):
+        ids = [rng.randrange(100, vocab) for _ in range(prompt + response)]
+        out.append(Trajectory(trajectory_id=str(i), sample_index=i // 2, group=i // 2, prompt_ids=ids[:prompt],
+                              response_ids=ids[prompt:], response_mask=[1] * response, logprobs=[0.0] * response,
+                              reward=float(i % 2)))
+    return out
 
 
 async def kill_and_recover(group: object, source: str, directory: str) -> float:
@@ -68,7 +84,10 @@ async def main_async(args: argparse.Namespace) -> None:
     init_ray("local", 3)
     group = RayTrainerGroup(config)
     await group.start()
-    batch = trajectories([128] * 8)
+    from toolrl.model_sources import model_path
+
+    vocab = json.loads((Path(model_path(config)) / "config.json").read_text())["vocab_size"]
+    batch = trajectories(8, 64, 128, vocab)
     step_s, snapshot_s = [], []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
