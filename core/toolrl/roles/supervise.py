@@ -53,7 +53,7 @@ def supervise(args: Sequence[str], output_dir: Path, max_restarts: int) -> int:
     env = dict(os.environ)
     while True:
         child = subprocess.Popen([sys.executable, "-m", "toolrl", "train", *argv], env=env, start_new_session=True)
-        code = child.wait()
+        code = _wait(child)
         _kill_group(child.pid)  # what it started (Ray's processes, tools) goes with it
         if code in (0, CONFIG_ERROR) or restarts >= max_restarts:
             if code not in (0, CONFIG_ERROR):
@@ -68,6 +68,27 @@ def supervise(args: Sequence[str], output_dir: Path, max_restarts: int) -> int:
         log.warning("controller (pid %d) died (%s): restarting it from %s (restart %d of %d)", child.pid,
                     _how(code), step, restarts, max_restarts)
         env[RESTART_ENV] = json.dumps({"died": f"controller (pid {child.pid}, {_how(code)})", "time": time.time()})
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The child's exit status. The child runs in its own session (so that all it starts can be
+    killed with it), so a Ctrl-C or SIGTERM sent to the supervisor is passed on to it, and the
+    supervisor stops once the child has."""
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGINT)
+        child.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _how(code: int) -> str:
