@@ -2,7 +2,8 @@
 person's ``--resume``, side by side in one run, and what keeping the copies costs each step.
 
 A local Ray, two trainer ranks (FSDP2 over gloo), the model of ``--model`` (default: SmolLM2-135M,
-fp32), AdamW, GRPO steps on a fixed batch of 8 sequences of 64 prompt + 128 response tokens.
+fp32), AdamW, GRPO steps on a fixed batch (``--batch`` sequences of 32 prompt + ``--response``
+tokens; default 4 x 64).
 
 - **memory**: a rank is killed (SIGKILL) after a step; the group re-forms (all ranks killed, two new
   ones started) and takes the state from the copies every rank made after the step
@@ -14,8 +15,8 @@ fp32), AdamW, GRPO steps on a fixed batch of 8 sequences of 64 prompt + 128 resp
   start the roles (two trainer ranks, one rollout worker) and load the checkpoint into them, then
   push the weights to the worker. It loses every step since the checkpoint, and waits for a person.
 
-The per-step cost is the slowest rank's time to copy its state (``snapshot_s``) against the step's
-time without it. Recoveries alternate between memory and checkpoint for ``--rounds`` rounds.
+The per-step cost is the time a step waits for the copies (``snapshot_s``: made, serialized and
+stored by every rank) against the step's time without it. Recoveries alternate between memory and checkpoint for ``--rounds`` rounds.
 
     OMP_NUM_THREADS=1 python benchmarks/recovery.py [--rounds 2] [--model smollm2-135m-instruct]
 """
@@ -79,7 +80,7 @@ async def main_async(args: argparse.Namespace) -> None:
     config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
         f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=1",
         "tools.entries=[]", "trainer.progress=false", f"trainer.output_dir={work / 'run'}",
-        "optim.micro_batch_size=8", "rollout.max_response_tokens=128"])
+        f"optim.micro_batch_size={args.batch}", f"rollout.max_response_tokens={args.response}"])
     print(machine())
     init_ray("local", 3)
     group = RayTrainerGroup(config)
@@ -87,13 +88,14 @@ async def main_async(args: argparse.Namespace) -> None:
     from toolrl.model_sources import model_path
 
     vocab = json.loads((Path(model_path(config)) / "config.json").read_text())["vocab_size"]
-    batch = trajectories(8, 64, 128, vocab)
+    batch = trajectories(args.batch, 32, args.response, vocab)
     step_s, snapshot_s = [], []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         out = await group.step(batch, step)
         step_s.append(time.perf_counter() - t0 - out["snapshot_s"])
         snapshot_s.append(out["snapshot_s"])
+        print(f"step {step}: {step_s[-1]:.1f} s + copy {snapshot_s[-1]:.2f} s", flush=True)
     run_dir = RunDir(work / "run")
     staged = staging_dir(run_dir.checkpoints, args.steps)
     await group.save(str(staged), args.steps)
@@ -104,6 +106,7 @@ async def main_async(args: argparse.Namespace) -> None:
             if source == "memory":
                 await group.step(batch, args.steps + 1)  # fresh copies of the group now running
             times[source].append(await kill_and_recover(group, source, str(checkpoint)))
+            print(f"recovered from {source} in {times[source][-1]:.1f} s", flush=True)
     group.close()
 
     # The anchor: a new controller's start-up and restore, as `--resume` does them.
@@ -115,6 +118,7 @@ async def main_async(args: argparse.Namespace) -> None:
         try:
             await restore(roles, RunDir.open(work / "run", "resume"))
             resumed.append(time.perf_counter() - t0)
+            print(f"--resume start-up and restore: {resumed[-1]:.1f} s", flush=True)
         finally:
             roles.trainer.close()
             await roles.rollouts.close()
@@ -136,6 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--response", type=int, default=64)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     asyncio.run(main_async(parser.parse_args()))
 

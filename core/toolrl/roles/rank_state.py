@@ -28,8 +28,9 @@ class Piece:
 
 
 def snapshot(state: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``state`` (a rank's ``_state()``) that lives apart from the model: plain CPU tensors
-    and :class:`Piece` s, and the rank's RNG under ``"rng"``."""
+    """``state`` (a rank's ``_state()``) as plain CPU tensors and :class:`Piece` s, and the rank's RNG
+    under ``"rng"``: to be serialized at once (a call's result) or copied, since tensors that own
+    their storage are not copied here."""
     import torch
 
     return {"state": _copy(state), "rng": torch.get_rng_state()}
@@ -42,9 +43,9 @@ def _copy(value: Any) -> Any:
     if isinstance(value, DTensor):
         placement = value.placements[0]
         dim = placement.dim if isinstance(placement, Shard) else None
-        return Piece(value.to_local().detach().to("cpu", copy=True), dim)
+        return Piece(_own(value.to_local()), dim)
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return _own(value)
     if isinstance(value, dict):
         return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -56,6 +57,18 @@ def needed(old_world_size: int, world_size: int, rank: int) -> list[int]:
     """The old ranks whose copies rank ``rank`` of a group of ``world_size`` needs: its own in a group
     of the same size, every one in another."""
     return [rank] if old_world_size == world_size else list(range(old_world_size))
+
+
+def _own(tensor: Any) -> Any:
+    """``tensor`` on the CPU, copied only where that is needed: a GPU tensor, or a view of a larger
+    storage (pickling one writes the whole storage). Otherwise the tensor itself: the copy is made
+    once, when Ray serializes the call's result into its object store, before the rank runs anything
+    else (a rank's calls run one at a time)."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        return tensor.to("cpu")
+    whole = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    return tensor if whole else tensor.clone()
 
 
 def restore(state: dict[str, Any], copies: Sequence[dict[str, Any] | None], rank: int) -> None:
