@@ -59,16 +59,45 @@ def needed(old_world_size: int, world_size: int, rank: int) -> list[int]:
     return [rank] if old_world_size == world_size else list(range(old_world_size))
 
 
-def _own(tensor: Any) -> Any:
-    """``tensor`` on the CPU, copied only where that is needed: a GPU tensor, or a view of a larger
-    storage (pickling one writes the whole storage). Otherwise the tensor itself: the copy is made
-    once, when Ray serializes the call's result into its object store, before the rank runs anything
-    else (a rank's calls run one at a time)."""
-    tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        return tensor.to("cpu")
+@dataclass
+class Stored:
+    """A tensor as a numpy array (bf16 and other dtypes numpy lacks as same-size integers), which
+    Ray writes into its object store with one copy and reads back without one."""
+
+    array: Any
+    dtype: str
+
+
+def _own(tensor: Any) -> Stored:
+    """``tensor`` on the CPU as :class:`Stored`, copied here only where that is needed: a GPU tensor,
+    or a view of a larger storage. Otherwise the tensor's own memory: the copy is made once, when Ray
+    serializes the call's result into its object store, before the rank runs anything else (a
+    rank's calls run one at a time)."""
+    import torch
+
+    tensor = tensor.detach().to("cpu")
     whole = tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-    return tensor if whole else tensor.clone()
+    if not whole:
+        tensor = tensor.clone()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+        tensor = tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int8)
+    return Stored(tensor.numpy(), dtype)
+
+
+def _tensor(value: Any) -> Any:
+    """A :class:`Stored` as a tensor again (sharing the array's memory); anything else as it is."""
+    import warnings
+
+    import torch
+
+    if not isinstance(value, Stored):
+        return value
+    with warnings.catch_warnings():  # arrays read from the object store are read-only: only read here
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(value.array)
+    dtype = getattr(torch, value.dtype)
+    return tensor if tensor.dtype == dtype else tensor.view(dtype)
 
 
 def restore(state: dict[str, Any], copies: Sequence[dict[str, Any] | None], rank: int) -> None:
@@ -112,7 +141,8 @@ def _fill(live: Any, old: Sequence[Any], rank: int, where: str, same: bool) -> A
     with torch.no_grad():
         if same:  # this rank's own piece (or the whole tensor every rank holds), unchanged
             own = old[rank]
-            (live.to_local() if isinstance(live, DTensor) else live).copy_(own.local if isinstance(own, Piece) else own)
+            (live.to_local() if isinstance(live, DTensor) else live).copy_(
+                _tensor(own.local if isinstance(own, Piece) else own))
         elif isinstance(live, DTensor):
             live.to_local().copy_(_local_piece(_whole(old), live))
         else:
@@ -126,10 +156,10 @@ def _whole(old: Sequence[Any]) -> Any:
 
     first = old[0]
     if not isinstance(first, Piece):
-        return first
+        return _tensor(first)
     if first.dim is None:
-        return first.local
-    return torch.cat([p.local for p in old], dim=first.dim)
+        return _tensor(first.local)
+    return torch.cat([_tensor(p.local) for p in old], dim=first.dim)
 
 
 def _local_piece(whole: Any, live: Any) -> Any:
