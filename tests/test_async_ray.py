@@ -11,6 +11,7 @@ sets, shows in the logprobs which weights produced a turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -100,6 +101,7 @@ class Trainer:
         self.model = model_sources.load_model(path)
         self.tokenizer, self.bucket_mb = tokenizer, bucket_mb
         self.scale = 0.0  # of the chain weights the model holds
+        self.timeout_s: float | None = None  # trainer.weight_push_timeout_s
 
     def set_scale(self, scale: float) -> None:
         self.model.load_state_dict(chain_weights(self.model, self.tokenizer, scale))
@@ -110,7 +112,8 @@ class Trainer:
         from toolrl.training.weight_sync import push, ray_sink
 
         dead: set[int] = set()
-        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(targets), dead, version)], self.bucket_mb)
+        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(targets), dead, version, self.timeout_s)],
+                                        self.bucket_mb)
         return WeightPush(stats.as_metrics(), [targets[i] for i in sorted(dead)])
 
 
@@ -272,6 +275,41 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
     again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=4, id_prefix="t4-"))
     assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
     assert all(lp == pytest.approx(logprob_at(2.0), abs=1e-3)
+               for t in again for turn in turn_logprobs(t) for lp in turn)
+
+
+def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weights(setting):
+    """A worker that hangs (its process stopped, as behind a lost network link) during a weight push:
+    after trainer.weight_push_timeout_s over a bucket it counts as dead, the push completes to the
+    live worker, and the hung worker's replacement gets the pushed weights and version. No hang."""
+    import signal
+
+    from toolrl.roles import sync_weights
+
+    pool, trainer, gates = setting
+    hung = pool.workers[1]
+    pid = ray.get(hung.ping.remote())["pid"]
+    restarts, version = pool.restarts, pool.weight_version + 1
+    trainer.set_scale(1.5)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        trainer.timeout_s = 3.0
+        t0 = time.monotonic()
+        asyncio.run(sync_weights(trainer, pool, version))
+        took = time.monotonic() - t0
+    finally:
+        trainer.timeout_s = None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert took < 3.0 + 30, took  # the time limit once, then the live worker's buckets
+    assert pool.restarts == restarts + 1 and pool.workers[1] is not hung
+    assert ray.get(pool.workers[0].ping.remote())["weight_version"] == version  # the push reached the live one
+    (gates / "open").touch()
+    asyncio.run(pool.start())
+    assert versions(pool) == [version, version]
+    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=5, id_prefix="t5-"))
+    assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
+    assert all(lp == pytest.approx(logprob_at(1.5), abs=1e-3)
                for t in again for turn in turn_logprobs(t) for lp in turn)
 
 

@@ -18,10 +18,10 @@ STEPS = 2
 VALUE_FIGURES = ("value_loss", "value_mean", "return_mean", "critic_grad_norm")
 
 
-def gae_config(out: Path, world_size: int):
+def gae_config(out: Path, world_size: int, extra: tuple[str, ...] = ()):
     from toolrl.algorithms.rules import with_critic
 
-    cfg = config(out, world_size, STEPS)
+    cfg = config(out, world_size, STEPS, extra=extra)
     algorithm = cfg.algorithm.model_copy(update={"advantage": "gae"})
     return with_critic(cfg.model_copy(update={"algorithm": algorithm}))
 
@@ -57,10 +57,11 @@ def test_resume_after_a_killed_rank_restores_the_critic(cluster, two_ranks, tmp_
     found: dict[str, Any] = {}
     killer = threading.Thread(target=kill_rank_after_checkpoint, args=(run, 1, 1, found), daemon=True)
     killer.start()
+    stop = ("trainer.on_rank_failure=stop",)  # the run stops; a person resumes it
     with pytest.raises(TrainerFailed, match="died during step 2"):
-        train(gae_config(run, 2))
+        train(gae_config(run, 2, stop))
     killer.join(timeout=5)
-    train(gae_config(run, 2), resume=True)
+    train(gae_config(run, 2, stop), resume=True)
     resumed, want = lines(run / "metrics.jsonl"), lines(two_ranks / "metrics.jsonl")
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1)) and "failed" not in resumed[-1]
     for k in ("grad_norm", *VALUE_FIGURES):  # step 2 reads the critic the checkpoint restored

@@ -377,6 +377,13 @@ class TrainerConfig(Section):
     cpu_offload: bool = Field(False, description="FSDP2 CPU offload of parameters, gradients, optimizer (GPU)")
     collective_timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week; a collective stuck longer is dead")] = \
         Field(600.0, gt=0, description="a collective waiting longer fails the run")
+    on_rank_failure: Literal["replace", "shrink", "stop"] = Field(
+        "replace", description="a trainer rank that dies: replace it (same world size), shrink (go on without it) "
+        "or stop the run (docs/recovery.md)")
+    recovery_timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week")] = \
+        Field(300.0, gt=0, description="a trainer group not re-formed and restored within this fails the run")
+    weight_push_timeout_s: Annotated[float, at_most(MAX_TIMEOUT_S, "a week")] = \
+        Field(300.0, gt=0, description="a rollout worker taking longer over a weight bucket is treated as dead")
     weight_sync_bucket_mb: Annotated[float, at_most(MAX_BUCKET_MB, "a bucket is allocated whole on the device")] = \
         Field(256.0, gt=0, description="weights travel to engines in buckets this big")
     keep_checkpoints: int = Field(2, gt=0)

@@ -58,9 +58,10 @@ class RunDir:
     EVAL = "eval"
     RESULTS = "results.jsonl"
     SUMMARY = "summary.json"
+    RECOVERIES = "recoveries.jsonl"  # one row per recovery: what died, when, from what, what was lost
     # What a run writes here: any of it means the directory holds a run, and ``overwrite`` removes
     # exactly these (what loggers or people keep beside them stays).
-    OWNED = (CONFIG, METRICS, ROLES, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY)
+    OWNED = (CONFIG, METRICS, ROLES, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY, RECOVERIES)
 
     def __init__(self, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
                  resumable: bool = True) -> None:
@@ -158,14 +159,29 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
+    def append_recovery(self, row: dict[str, Any]) -> None:
+        """A line of ``recoveries.jsonl`` (kept across resumes: the run's history of failures)."""
+        with (self.path / self.RECOVERIES).open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_recoveries(self) -> list[dict[str, Any]]:
+        path = self.path / self.RECOVERIES
+        return [json.loads(x) for x in read_text(path).splitlines() if x.strip()] if path.exists() else []
+
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics)
 
-    def truncate_metrics(self, keep_steps: int) -> None:
-        """After resuming from step k, drop the lines of steps after k (written after that checkpoint)."""
-        if self.metrics.exists():
-            kept = [line for line, row in _metric_lines(self.metrics) if row["step"] <= keep_steps]
-            write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+    def truncate_metrics(self, keep_steps: int) -> int:
+        """After resuming from step k, drop the lines of steps after k (written after that checkpoint);
+        how many trained steps were dropped (lines of failed steps are not counted)."""
+        if not self.metrics.exists():
+            return 0
+        rows = _metric_lines(self.metrics)
+        kept = [line for line, row in rows if row["step"] <= keep_steps]
+        write_atomic(self.metrics, "".join(line + "\n" for line in kept))
+        return sum(row["step"] > keep_steps and "failed" not in row for _, row in rows)
 
     def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any,
                      advantages: dict[str, Any] | None = None) -> None:

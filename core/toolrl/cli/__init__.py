@@ -279,11 +279,23 @@ OVERWRITE_HELP = "Replace the run already in the output directory (its metrics, 
 @click.argument("overrides", nargs=-1)
 @click.option("--resume", is_flag=True, help="Continue from the last checkpoint in trainer.output_dir.")
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
-def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool) -> None:
+@click.option("--supervise", is_flag=True, help="Run the controller as a child process and start it again "
+              "(with --resume) whenever it dies; see docs/recovery.md.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=10, show_default=True,
+              help="With --supervise: restarts of the controller before giving up.")
+def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool, supervise: bool,
+          max_restarts: int) -> None:
     """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole
     run is checked before trainer.output_dir is written; a run already there is continued only with
     --resume and replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
+    if supervise:
+        from pathlib import Path
+
+        from toolrl.roles.supervise import supervise as run_supervised
+
+        flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
+        sys.exit(run_supervised([config_path, *overrides, *flags], Path(config.trainer.output_dir), max_restarts))
     from toolrl.roles.controller import run_training
     from toolrl.roles.trainer_group import TrainerFailed
 

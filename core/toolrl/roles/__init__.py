@@ -28,6 +28,16 @@ class TrainerGroup(Protocol):
     (:class:`~toolrl.roles.trainer_group.LocalTrainer`) or ``trainer.world_size`` Ray actors
     (:class:`~toolrl.roles.trainer_group.RayTrainerGroup`)."""
 
+    @property
+    def world_size(self) -> int:
+        """The ranks the group has now (fewer than ``trainer.world_size`` after a shrink)."""
+        ...
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The group's recoveries from dead ranks since the last call, one row each for
+        ``recoveries.jsonl`` (:class:`toolrl.roles.recovery.Recovery`)."""
+        ...
+
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         """One GRPO step on the whole batch (``step``: 1-based, for errors); the group's metrics, and
         under ``advantages`` each trajectory's advantage for the traces."""

@@ -41,6 +41,7 @@ from toolrl.data.batches import GroupStream, StepBatch, StepBatches, batch_for_s
 from toolrl.loggers import open_loggers
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import Roles, start_roles
+from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import (
     HF_FILES,
     RunDir,
@@ -65,7 +66,7 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
     config = roles.config
     staged = staging_dir(run_dir.checkpoints, step)
     await roles.training.save(str(staged), step)
-    return finalize(run_dir.checkpoints, staged, step, {"world_size": config.trainer.world_size,
+    return finalize(run_dir.checkpoints, staged, step, {"world_size": roles.training.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
@@ -80,6 +81,25 @@ async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     step = int(meta["step"])
     await roles.sync_weights(step)
     return step, int(meta.get("data_position", step * roles.config.data.batch_size))
+
+
+def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
+    """The trainer group's recoveries from dead ranks since the last call, written to
+    ``recoveries.jsonl`` (``step``: the step in progress); their rows, for the metrics."""
+    rows = roles.training.take_recoveries()
+    for row in rows:
+        run_dir.append_recovery({"step": step, **row})
+        if row.get("ranks"):  # a re-formed trainer group runs elsewhere now
+            roles.placement["trainer"] = row["ranks"]
+            run_dir.write_roles(roles.placement)
+    return rows
+
+
+def recovery_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A step's figures of the recoveries since the last row: how many, the seconds they took, the
+    trained steps they lost."""
+    return {"recoveries": len(rows), "recovery_s": sum(r["recovery_s"] for r in rows),
+            "steps_lost": sum(r["steps_lost"] for r in rows)}
 
 
 def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
@@ -131,7 +151,11 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
         if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
             start, position = await restore(roles, run_dir)
         run_dir.start(config)  # the run starts: the first write to its directory
-        run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
+        lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
+        # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
+        recovered = controller_restart(start, lost)
+        for row in recovered:
+            run_dir.append_recovery({"step": start + 1, **row})
         run_dir.write_roles(roles.placement)
         save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
         batches = open_batches(roles.rollouts, run.samples, config, position, version=start)
@@ -156,14 +180,18 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
-                           "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0}
+                           "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
+                           **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
+                    recovered = []
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
                         await save_checkpoint(roles, run_dir, step + 1, batch.end)
+                        recovered = record_recoveries(roles, run_dir, step + 1)  # in the next row
                 except Exception as exc:
+                    record_recoveries(roles, run_dir, step + 1)
                     record_failure(run_dir, step + 1, exc, batch.generated, roles.tokenizer, time.perf_counter() - t0)
                     raise
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],

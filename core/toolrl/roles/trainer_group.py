@@ -6,7 +6,9 @@ save, load, close.
 ``world_size`` ranks as Ray actors in one placement group (:mod:`toolrl.roles.ray_actors`), joined by a
 ``torch.distributed`` process group. Every call goes to all ranks at once; a rank that dies or fails
 ends the call with :class:`TrainerFailed`, which names the rank and what it was doing, and the other
-ranks are killed rather than left waiting in a collective.
+ranks are killed rather than left waiting in a collective. A rank that dies (rather than raises) is
+:class:`~toolrl.roles.recovery.RankDied`, after which the group re-forms itself and makes the call
+again (:mod:`toolrl.roles.recovery`, ``trainer.on_rank_failure``).
 """
 
 from __future__ import annotations
@@ -18,18 +20,25 @@ from typing import Any
 
 from toolrl.config import Config, ConfigError
 from toolrl.roles import WeightPush
-from toolrl.roles.ray_actors import ActorDied, Placement, result
+from toolrl.roles.ray_actors import ActorDied, result
+from toolrl.roles.recovery import RankDied, ReformingGroup, TrainerFailed
 from toolrl.roles.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
 
-
-class TrainerFailed(RuntimeError):
-    """A trainer rank died or raised; the message is one line naming the rank and the step."""
+__all__ = ["LocalTrainer", "RayTrainerGroup", "TrainerFailed"]
 
 
 class LocalTrainer:
     def __init__(self, rank: TrainerRank) -> None:
         self.rank = rank
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """None ever: the one rank is this process (its death is the controller's, for --supervise)."""
+        return []
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         return await asyncio.to_thread(self.rank.step, trajectories)
@@ -56,50 +65,73 @@ class LocalTrainer:
         self.rank.close()
 
 
-class RayTrainerGroup:
+class RayTrainerGroup(ReformingGroup):
     """``config.trainer.world_size`` ranks on the Ray cluster this process is connected to, packed onto
-    as few nodes as hold them."""
+    as few nodes as hold them (``world_size``: fewer after a ``shrink`` recovery)."""
 
     def __init__(self, config: Config) -> None:
+        self.config = config
+        self.world_size = config.trainer.world_size
+        self.placement = self._reserve(self.world_size)
+        self.ranks: list[Any] = self._spawn(self.world_size)
+        self.infos: list[dict[str, Any]] = []
+        self._init_recovery()
+
+    def _spawn(self, world_size: int) -> list[Any]:
         import ray
 
-        self.config = config
-        n = config.trainer.world_size
-        self.placement = Placement.reserve(f"trainer.world_size={n}", "rank", n, config.ray.num_cpus_per_trainer,
-                                           config.ray.num_gpus_per_trainer, "PACK")
-        payload = config.model_dump()
-        self.ranks: list[Any] = [
-            ray.remote(TrainerRank).options(**self.placement.options(r)).remote(payload, r, n) for r in range(n)]
-        self.infos: list[dict[str, Any]] = []
+        payload = self.config.model_dump()
+        return [ray.remote(TrainerRank).options(**self.placement.options(r)).remote(payload, r, world_size)
+                for r in range(world_size)]
 
     async def start(self, timeout_s: float = 900.0) -> list[dict[str, Any]]:
+        self.infos = []
         await self.placement.ready(timeout_s)
         master = await self._all([self.ranks[0].address.remote()], "start-up") if len(self.ranks) > 1 else [None]
         self.infos = await self._all([r.setup.remote(master[0]) for r in self.ranks], "start-up")
         return self.infos
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
+        """The step on every rank, then every rank's in-memory copy of its new state; a rank that dies
+        on the way: the group re-forms from the copies of the step before and runs it again."""
         import ray
 
         ref = ray.put(list(trajectories))
-        results = await self._all([r.step.remote(ref) for r in self.ranks], f"step {step}")
-        return {**results[0], "trainer_state_mb": max(r["trainer_state_mb"] for r in results)}
+
+        async def attempt() -> dict[str, Any]:
+            results = await self._all([r.step.remote(ref) for r in self.ranks], f"step {step}")
+            snapshot_s = await self._keep_copies(step)
+            return {**results[0], "trainer_state_mb": max(r["trainer_state_mb"] for r in results),
+                    "snapshot_s": snapshot_s}
+
+        return await self._recovering(f"step {step}", attempt)
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
         """Weights to the rollout-worker actors ``targets`` (also while they generate), labelled
-        ``version`` (None: the workers keep their label); rank 0 sends, every rank gathers."""
+        ``version`` (None: the workers keep their label); rank 0 sends, every rank gathers. A worker
+        that takes longer than ``trainer.weight_push_timeout_s`` over a bucket counts as dead."""
         bucket_mb = self.config.trainer.weight_sync_bucket_mb
-        results = await self._all([r.push_weights.remote(list(targets), bucket_mb, version) for r in self.ranks],
-                                  "weight sync")
+        timeout_s = self.config.trainer.weight_push_timeout_s
+
+        async def attempt() -> list[Any]:
+            return await self._all([r.push_weights.remote(list(targets), bucket_mb, version, timeout_s)
+                                    for r in self.ranks], "weight sync")
+
+        results = await self._recovering("weight sync", attempt)
         return WeightPush({"weight_sync_s": results[0]["weight_sync_s"],
                            "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in results)},
                           [targets[i] for i in results[0]["dead"]])
 
     async def save(self, directory: str, step: int) -> None:
-        await self._all([r.save.remote(directory) for r in self.ranks], f"checkpoint of step {step}")
+        async def attempt() -> None:
+            _empty(directory)  # a re-formed group writes the whole checkpoint again
+            await self._all([r.save.remote(directory) for r in self.ranks], f"checkpoint of step {step}")
+
+        await self._recovering(f"checkpoint of step {step}", attempt)
 
     async def load(self, directory: str) -> None:
         await self._all([r.load.remote(directory) for r in self.ranks], "resume")
+        self.copies, self.loaded = None, directory  # a re-formed group starts from this checkpoint
 
     def close(self) -> None:
         import ray
@@ -126,7 +158,7 @@ class RayTrainerGroup:
                     exc = fut.exception()
                     where = self._where(rank)
                     if isinstance(exc, ActorDied):
-                        raise TrainerFailed(f"trainer rank {rank}{where} died during {what}") from None
+                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank) from None
                     cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
                     if isinstance(cause, ConfigError):
                         raise cause
@@ -143,3 +175,12 @@ class RayTrainerGroup:
             info = self.infos[rank]
             return f" (pid {info['pid']} on {info['host']})"
         return ""
+
+
+def _empty(directory: str) -> None:
+    """``directory`` there and empty."""
+    import shutil
+    from pathlib import Path
+
+    shutil.rmtree(directory, ignore_errors=True)
+    Path(directory).mkdir(parents=True)

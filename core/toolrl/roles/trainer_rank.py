@@ -154,15 +154,16 @@ class TrainerRank:
 
     # ----------------------------------------------------------------- weights out
 
-    def push_weights(self, workers: Sequence[Any], bucket_mb: float, version: int | None = None) -> dict[str, Any]:
+    def push_weights(self, workers: Sequence[Any], bucket_mb: float, version: int | None = None,
+                     timeout_s: float | None = None) -> dict[str, Any]:
         """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers), labelled
         ``version`` (None: the workers keep their label); returns the sync's metrics and the indexes
-        of workers found dead."""
+        of workers found dead (or taking longer than ``timeout_s`` over a bucket: hung)."""
         from toolrl.training.weight_sync import push, ray_sink
 
         dead: set[int] = set()
         send = self.rank == 0
-        stats = push(self.model, [ray_sink(workers, dead, version)] if send else [], bucket_mb, send=send)
+        stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send)
         return {**stats.as_metrics(), "dead": sorted(dead)}
 
     def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
@@ -218,6 +219,34 @@ class TrainerRank:
             self.critic.load(state)
         rng = Path(directory) / f"rng_rank{self.rank}.pt"
         torch.set_rng_state(torch.load(rng if rng.exists() else Path(directory) / "rng_rank0.pt"))
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
+        """This rank's in-memory copy after a step (:mod:`toolrl.roles.rank_state`), and what it cost:
+        the group keeps the copy in Ray's object store to re-form without a checkpoint."""
+        import time
+
+        from toolrl.roles import rank_state
+
+        t0 = time.perf_counter()
+        copy = rank_state.snapshot(self._state())
+        return {"snapshot_s": time.perf_counter() - t0}, copy
+
+    def restore(self, copies: Sequence[Any]) -> None:
+        """Take the state of the old group's in-memory copies (object refs, one per old rank, in rank
+        order; another number of ranks is resharded)."""
+        import ray
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        from toolrl.roles import rank_state
+
+        state = self._state()
+        wanted = rank_state.needed(len(copies), self.world_size, self.rank)
+        fetched = dict(zip(wanted, ray.get([copies[i] for i in wanted]), strict=True))
+        rank_state.restore(state, [fetched.get(i) for i in range(len(copies))], self.rank)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        if self.critic is not None:
+            self.critic.load(state)
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -99,23 +99,25 @@ def engine_sink(engine: Any) -> Sink:
     return sink
 
 
-def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None) -> Sink:
+def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None,
+             timeout_s: float | None = None) -> Sink:
     """A sink that puts each bucket in Ray's object store once and sends it to every live worker
     (:meth:`toolrl.roles.rollout_workers.RolloutWorker.update_weights_bucket`), waiting for all before the next
-    bucket; the last one carries ``version``. A worker that dies is recorded in ``dead`` (by index) and
-    skipped from then on; the controller has the rollout group replace it, and the replacement is sent
-    the weights once up."""
+    bucket (``timeout_s`` at most: a worker still busy with it then is hung); the last one carries
+    ``version``. A worker that dies or hangs is recorded in ``dead`` (by index) and skipped from then on;
+    the controller has the rollout group replace it, and the replacement is sent the weights once up."""
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import GetTimeoutError, RayActorError
 
     def sink(bucket: Mapping[str, Any], last: bool) -> int:
         ref = ray.put(dict(bucket))
         live = [i for i in range(len(workers)) if i not in dead]
         calls = [workers[i].update_weights_bucket.remote(ref, last, version if last else None) for i in live]
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for i, call in zip(live, calls):
             try:
-                ray.get(call)
-            except RayActorError:
+                ray.get(call, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except (RayActorError, GetTimeoutError):
                 dead.add(i)
         del ref
         # The object store held one more copy of the bucket while it was in flight.

@@ -1,0 +1,150 @@
+"""Recovering from a lost trainer rank: from the in-memory copies vs from the last checkpoint vs a
+person's ``--resume``, side by side in one run, and what keeping the copies costs each step.
+
+A local Ray, two trainer ranks (FSDP2 over gloo), the model of ``--model`` (default: SmolLM2-135M,
+fp32), AdamW, GRPO steps on a fixed batch (``--batch`` sequences of 32 prompt + ``--response``
+tokens; default 4 x 64).
+
+- **memory**: a rank is killed (SIGKILL) after a step; the group re-forms (all ranks killed, two new
+  ones started) and takes the state from the copies every rank made after the step
+  (``trainer.on_rank_failure: replace``, :mod:`toolrl.roles.recovery`).
+- **checkpoint**: the same, with the state from the last checkpoint (DCP shards on disk) instead:
+  what the group does when it has no copies (before its first step after a resume), and what
+  recovering from a checkpoint costs without counting the steps it loses.
+- **--resume** (the anchor): what a person's ``toolrl train ... --resume`` does before its first step:
+  start the roles (two trainer ranks, one rollout worker) and load the checkpoint into them, then
+  push the weights to the worker. It loses every step since the checkpoint, and waits for a person.
+
+The per-step cost is the time a step waits for the copies (``snapshot_s``: made, serialized and
+stored by every rank) against the step's time without it. Recoveries alternate between memory and checkpoint for ``--rounds`` rounds.
+
+    OMP_NUM_THREADS=1 python benchmarks/recovery.py [--rounds 2] [--model smollm2-135m-instruct]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from _common import machine, median, single_thread, table
+
+single_thread()
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def trajectories(count: int, prompt: int, response: int, vocab: int) -> list[object]:
+    """A fixed GRPO batch: random token ids below ``vocab``, rewards 0 and 1 in each group of two."""
+    import random
+
+    from toolrl.trajectory import Trajectory
+
+    rng = random.Random(0)
+    out = []
+    for i in range(count):
+        ids = [rng.randrange(100, vocab) for _ in range(prompt + response)]
+        out.append(Trajectory(trajectory_id=str(i), sample_index=i // 2, group=i // 2, prompt_ids=ids[:prompt],
+                              response_ids=ids[prompt:], response_mask=[1] * response, logprobs=[0.0] * response,
+                              reward=float(i % 2)))
+    return out
+
+
+async def kill_and_recover(group: object, source: str, directory: str) -> float:
+    """Kill rank 1, then a call (a checkpoint save) that finds it dead; the recovery's seconds."""
+    if source == "checkpoint":
+        group.copies, group.loaded = None, directory  # as just after a resume: no copies yet
+    os.kill(group.infos[1]["pid"], signal.SIGKILL)
+    await group.save(tempfile.mkdtemp(prefix="recovery-bench-"), 0)
+    (record,) = group.take_recoveries()
+    assert record["source"].startswith(source), record
+    return record["recovery_s"]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    import ray
+    from toolrl.config import load_config
+    from toolrl.roles.controller import restore
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.rollout_workers import init_ray
+    from toolrl.roles.start import start_roles
+    from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.run_dir import RunDir, finalize, staging_dir
+
+    work = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+    config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
+        f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=1",
+        "tools.entries=[]", "trainer.progress=false", f"trainer.output_dir={work / 'run'}",
+        f"optim.micro_batch_size={args.batch}", f"rollout.max_response_tokens={args.response}"])
+    print(machine())
+    init_ray("local", 3)
+    group = RayTrainerGroup(config)
+    await group.start()
+    from toolrl.model_sources import model_path
+
+    vocab = json.loads((Path(model_path(config)) / "config.json").read_text())["vocab_size"]
+    batch = trajectories(args.batch, 32, args.response, vocab)
+    step_s, snapshot_s = [], []
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        out = await group.step(batch, step)
+        step_s.append(time.perf_counter() - t0 - out["snapshot_s"])
+        snapshot_s.append(out["snapshot_s"])
+        print(f"step {step}: {step_s[-1]:.1f} s + copy {snapshot_s[-1]:.2f} s", flush=True)
+    run_dir = RunDir(work / "run")
+    staged = staging_dir(run_dir.checkpoints, args.steps)
+    await group.save(str(staged), args.steps)
+    checkpoint = finalize(run_dir.checkpoints, staged, args.steps, {"world_size": 2, "data_position": 0}, keep=1)
+    times: dict[str, list[float]] = {"memory": [], "checkpoint": []}
+    for _ in range(args.rounds):
+        for source in ("memory", "checkpoint"):
+            if source == "memory":
+                await group.step(batch, args.steps + 1)  # fresh copies of the group now running
+            times[source].append(await kill_and_recover(group, source, str(checkpoint)))
+            print(f"recovered from {source} in {times[source][-1]:.1f} s", flush=True)
+    group.close()
+
+    # The anchor: a new controller's start-up and restore, as `--resume` does them.
+    resumed = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        run = resolve_run(config, "train")
+        roles = await start_roles(run)
+        try:
+            await restore(roles, RunDir.open(work / "run", "resume"))
+            resumed.append(time.perf_counter() - t0)
+            print(f"--resume start-up and restore: {resumed[-1]:.1f} s", flush=True)
+        finally:
+            roles.trainer.close()
+            await roles.rollouts.close()
+    ray.shutdown()
+
+    anchor = median(resumed)
+    rows = [["in-memory copies (replace)", median(times["memory"]), median(times["memory"]) / anchor, "none"],
+            ["last checkpoint", median(times["checkpoint"]), median(times["checkpoint"]) / anchor,
+             "steps since the checkpoint"],
+            ["a person's --resume (anchor)", anchor, 1.0, "steps since the checkpoint + the person's delay"]]
+    print(table(["recovery from", f"seconds (median of {args.rounds})", "x --resume", "steps lost"], rows))
+    cost = median(snapshot_s) / median(step_s)
+    print(table(["per step", "seconds (median)"], [["step (without the copy)", median(step_s)],
+                                                   ["keeping the copy (snapshot_s)", median(snapshot_s)]]))
+    print(f"copy cost / step: {cost:.3f} (goal <= 0.05)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--response", type=int, default=64)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""A trainer group that re-forms itself when a rank dies (``trainer.on_rank_failure``).
+
+A rank's death (its process killed, its node lost) ends the group's call in flight at once (the
+controller awaits every rank's result; Ray reports a dead actor within seconds) with
+:class:`RankDied`. Unless the mode is ``stop``, the group is then re-formed and the call made again:
+
+1. every rank is killed: the survivors may be waiting in a gloo/NCCL collective with the dead one,
+   and a fresh process group is the only way out of it that never hangs;
+2. ``replace`` starts as many ranks as before (a new one where the cluster has room; no room:
+   the group shrinks instead), ``shrink`` one fewer;
+3. the new ranks take the newest state: the in-memory copies every rank made after the last step
+   (:mod:`toolrl.roles.rank_state`, kept by the controller in Ray's object store, so a rank's
+   death does not lose its copy), else the checkpoint the run resumed from, else (no step trained
+   yet) the initial weights they were built with;
+4. the interrupted call runs again: a step with the same batch (the same seeds: they are the
+   batch's), a weight push, a save.
+
+Each recovery is one log line naming what died and one :class:`Recovery` record, which the
+controller writes to ``recoveries.jsonl`` and adds up in the step's metrics. A recovery that does
+not finish in ``trainer.recovery_timeout_s`` fails the run, as does a fourth death in one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from toolrl.config import Config, ConfigError
+from toolrl.roles.ray_actors import Placement
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_DEATHS_PER_CALL = 3
+
+
+class TrainerFailed(RuntimeError):
+    """A trainer rank died or raised; the message is one line naming the rank and the step."""
+
+
+class RankDied(TrainerFailed):
+    """Trainer rank ``rank``'s actor died (its process or its node): the group can be re-formed."""
+
+    def __init__(self, message: str, rank: int) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class Recovery:
+    """One re-formed trainer group, as ``recoveries.jsonl`` records it."""
+
+    died: str  # "trainer rank 1 (pid 123 on host)"
+    during: str  # "step 3", "weight sync", "checkpoint of step 4"
+    mode: str  # replace | shrink
+    world_size_before: int
+    world_size: int
+    source: str  # "memory (step 2)", "checkpoint <dir>", "initial weights"
+    recovery_s: float
+    steps_lost: int = 0
+    time: float = 0.0  # unix time the death was seen
+    what: str = "trainer_rank"
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # the new group: where each rank runs
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ReformingGroup:
+    """What :class:`toolrl.roles.trainer_group.RayTrainerGroup` does when a rank dies. The group keeps
+    ``config``, ``world_size``, ``placement``, ``ranks`` and starts and calls its ranks (``_spawn``,
+    ``start``, ``_all``); this part keeps where a new group's state comes from."""
+
+    config: Config
+    world_size: int
+    placement: Placement
+    ranks: list[Any]
+    infos: list[dict[str, Any]]
+    start: Callable[..., Awaitable[list[dict[str, Any]]]]
+    _spawn: Callable[[int], list[Any]]
+    _all: Callable[..., Awaitable[list[Any]]]
+
+    def _init_recovery(self) -> None:
+        self.copies: list[Any] | None = None  # object refs of every rank's copy after the last step
+        self.copies_step: int | None = None
+        self.copies_world_size = self.world_size
+        self.loaded: str | None = None  # the checkpoint the run resumed from, before any step
+        self.recoveries: list[Recovery] = []  # not yet taken by the controller
+        # Calls may overlap (a replaced rollout worker's weights while the controller steps): the
+        # first to see a death re-forms the group; the others wait for it and run again on it.
+        self._reforming = asyncio.Lock()
+        self._generation = 0
+
+    # -- recovery -------------------------------------------------------------------------------
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The recoveries since the last call, as rows (for the controller's records)."""
+        taken, self.recoveries = self.recoveries, []
+        return [r.as_row() for r in taken]
+
+    async def _recovering(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, made again on a re-formed group after each rank death (``stop``: none)."""
+        deaths = 0
+        while True:
+            generation = self._generation
+            try:
+                return await call()
+            except RankDied as exc:
+                deaths += 1
+                if self.config.trainer.on_rank_failure == "stop" or deaths > MAX_DEATHS_PER_CALL:
+                    raise
+                async with self._reforming:
+                    if generation == self._generation:  # not re-formed meanwhile by another call
+                        await self._reform(exc, what)
+                        self._generation += 1
+
+    async def _reform(self, died: RankDied, what: str) -> None:
+        seen = time.time()
+        t0 = time.perf_counter()
+        who = str(died).split(" died during ")[0]
+        mode = self.config.trainer.on_rank_failure
+        log.warning("%s died during %s: re-forming the trainer group (%s)", who, what, mode)
+        before = self.world_size
+        timeout = self.config.trainer.recovery_timeout_s
+        try:
+            source = await asyncio.wait_for(self._new_group(mode), timeout)
+        except TimeoutError:
+            raise TrainerFailed(f"{who} died during {what}; the trainer group was not re-formed within "
+                                f"trainer.recovery_timeout_s={timeout:g} s") from None
+        record = Recovery(who, what, mode if self.world_size == before else "shrink", before, self.world_size,
+                          source, time.perf_counter() - t0, time=seen,
+                          ranks=[{k: i.get(k) for k in ("rank", "pid", "host", "node_id")} for i in self.infos])
+        self.recoveries.append(record)
+        log.warning("trainer group re-formed after %s died: %d rank(s) from %s in %.1f s", who, self.world_size,
+                    source, record.recovery_s)
+
+    async def _new_group(self, mode: str) -> str:
+        """Kill every rank, start the new group and load the newest state into it; where it came from."""
+        t0 = time.perf_counter()
+        self._kill_ranks()
+        size = self.world_size if mode == "replace" else max(1, self.world_size - 1)
+        with contextlib.suppress(Exception):
+            self.placement.remove()
+        try:
+            self.placement = self._reserve(size)
+        except ConfigError:
+            if size == 1:
+                raise
+            log.warning("no room for %d trainer ranks: continuing with %d", size, size - 1)
+            size -= 1
+            self.placement = self._reserve(size)
+        self.world_size = size
+        self.ranks = self._spawn(size)
+        t1 = time.perf_counter()
+        await self.start(self.config.trainer.recovery_timeout_s)
+        log.info("trainer group of %d: placed in %.1f s, started in %.1f s", size, t1 - t0, time.perf_counter() - t1)
+        if self.copies is not None:
+            await self._all([r.restore.remote(self.copies) for r in self.ranks], "recovery")
+            return f"memory (step {self.copies_step})"
+        if self.loaded is not None:
+            await self._all([r.load.remote(self.loaded) for r in self.ranks], "recovery")
+            return f"checkpoint {self.loaded}"
+        return "initial weights"
+
+    def _reserve(self, size: int) -> Placement:
+        ray = self.config.ray
+        return Placement.reserve(f"trainer.world_size={size}", "rank", size, ray.num_cpus_per_trainer,
+                                 ray.num_gpus_per_trainer, "PACK")
+
+    def _kill_ranks(self) -> None:
+        import ray
+
+        for r in self.ranks:
+            with contextlib.suppress(Exception):
+                ray.kill(r, no_restart=True)
+
+    async def _keep_copies(self, step: int) -> float:
+        """Every rank's in-memory copy of its state after ``step`` (a 1-based step number), kept in
+        the object store (owned by this process, so a rank's death does not take it); the seconds
+        the step waited for it (the copies made and stored)."""
+        t0 = time.perf_counter()
+        calls = [r.snapshot.options(num_returns=2).remote() for r in self.ranks]
+        await self._all([c[0] for c in calls], f"step {step}")
+        self.copies = [c[1] for c in calls]  # the previous step's copies are freed
+        self.copies_step, self.copies_world_size, self.loaded = step, self.world_size, None
+        return time.perf_counter() - t0

@@ -1,0 +1,104 @@
+"""``toolrl train ... --supervise``: the controller runs as a child process, and when it dies (killed,
+crashed, its node lost: anything but finishing or a config error) it is started again on the same
+run directory with ``--resume`` (``--overwrite`` when no checkpoint was written yet), ``max_restarts``
+times at most. Everything the dead controller started goes with it (its process group is killed:
+a local Ray instance and its actors included), and the new controller starts the roles afresh and
+continues from the newest checkpoint: the steps after it are trained again with the same batches and
+seeds (resuming is exact), and their count is the restart's ``steps_lost``.
+
+The new controller records the restart (:func:`controller_restart`) in ``recoveries.jsonl`` and in
+its first step's ``recoveries``/``recovery_s``/``steps_lost``; the supervisor tells it what died
+through the environment variable :data:`RESTART_ENV`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+RESTART_ENV = "TOOLRL_CONTROLLER_RESTART"
+CONFIG_ERROR = 2  # the CLI's exit status for a bad config: starting again would fail again
+
+
+def controller_restart(start: int, lost: int) -> list[dict[str, Any]]:
+    """The restart this controller is (a row for ``recoveries.jsonl``), when a supervisor started it
+    in place of one that died; ``start``: the checkpoint's step, ``lost``: trained steps after it."""
+    note = os.environ.pop(RESTART_ENV, None)
+    if not note:
+        return []
+    died = json.loads(note)
+    return [{"what": "controller", "died": died["died"], "during": died.get("during", ""), "mode": "restart",
+             "source": f"checkpoint (step {start})" if start else "initial weights", "time": died["time"],
+             "recovery_s": time.time() - died["time"], "steps_lost": lost}]
+
+
+def supervise(args: Sequence[str], output_dir: Path, max_restarts: int) -> int:
+    """Run ``toolrl train ARGS`` (without ``--supervise``) until it finishes, restarting it after each
+    death; the exit status of the last run."""
+    from toolrl.run_dir import RunDir, latest
+
+    argv = list(args)
+    restarts = 0
+    env = dict(os.environ)
+    while True:
+        child = subprocess.Popen([sys.executable, "-m", "toolrl", "train", *argv], env=env, start_new_session=True)
+        code = _wait(child)
+        _kill_group(child.pid)  # what it started (Ray's processes, tools) goes with it
+        if code in (0, CONFIG_ERROR) or restarts >= max_restarts:
+            if code not in (0, CONFIG_ERROR):
+                log.error("controller (pid %d) died (%s); %d restart(s) used, giving up", child.pid, _how(code),
+                          restarts)
+            return code if code >= 0 else 128 - code
+        restarts += 1
+        checkpoint = latest(output_dir / RunDir.CHECKPOINTS)
+        argv = [a for a in argv if a not in ("--resume", "--overwrite")] + \
+            ["--resume" if checkpoint is not None else "--overwrite"]
+        step = checkpoint.name if checkpoint is not None else "the start"
+        log.warning("controller (pid %d) died (%s): restarting it from %s (restart %d of %d)", child.pid,
+                    _how(code), step, restarts, max_restarts)
+        env[RESTART_ENV] = json.dumps({"died": f"controller (pid {child.pid}, {_how(code)})", "time": time.time()})
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The child's exit status. The child runs in its own session (so that all it starts can be
+    killed with it), so a Ctrl-C or SIGTERM sent to the supervisor is passed on to it, and the
+    supervisor stops once the child has."""
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGINT)
+        child.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+        return f"signal {-code}"
+    return f"exit status {code}"
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
