@@ -232,3 +232,9 @@ def test_four_ranks_in_two_sequence_parallel_groups_share_the_batch_by_group():
     assert max(lengths) <= 60
     rows = [(len(micro), sum(lengths[i] for i in micro)) for share in (shares[0], shares[2]) for micro in share if micro]
     assert all(n <= 60 for _, n in rows) and any(k > 1 and n > 30 for k, n in rows), rows  # not a 30-token row
+
+
+def test_shrinking_a_sequence_parallel_group_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="on_rank_failure=shrink with sequence_parallel=2"):
+        load_config(TINY, ["ray.address=local", "trainer.world_size=2", "trainer.sequence_parallel=2",
+                           "trainer.on_rank_failure=shrink"])

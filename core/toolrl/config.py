@@ -401,6 +401,9 @@ class TrainerConfig(Section):
         if self.world_size % self.sequence_parallel:
             raise ValueError(f"sequence_parallel={self.sequence_parallel} must divide world_size={self.world_size} "
                              "(each row is split over that many ranks)")
+        if self.sequence_parallel > 1 and self.on_rank_failure == "shrink":
+            raise ValueError(f"on_rank_failure=shrink with sequence_parallel={self.sequence_parallel}: the group "
+                             "would lose one rank and no longer split rows evenly; use replace or stop")
         return self
 
 
