@@ -154,6 +154,18 @@ def versions(pool: Any) -> list[int]:
     return [ray.get(w.ping.remote())["weight_version"] for w in pool.workers]
 
 
+def both_workers_serve(pool: Any, gates: Path, version: int, scale: float, seed: int) -> None:
+    """After a worker was replaced: both workers hold ``version`` and sample one group each from the
+    weights pushed at ``scale``."""
+    (gates / "open").touch()
+    asyncio.run(pool.start())
+    assert versions(pool) == [version, version]
+    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=seed, id_prefix=f"t{seed}-"))
+    assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
+    assert all(lp == pytest.approx(logprob_at(scale), abs=1e-3)
+               for t in again for turn in turn_logprobs(t) for lp in turn)
+
+
 def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
     from toolrl.roles import sync_weights
 
@@ -269,13 +281,7 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
     trainer.set_scale(2.0)
     sync = asyncio.run(sync_weights(trainer, pool, version))
     assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
-    (gates / "open").touch()
-    asyncio.run(pool.start())
-    assert versions(pool) == [version, version]
-    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=4, id_prefix="t4-"))
-    assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
-    assert all(lp == pytest.approx(logprob_at(2.0), abs=1e-3)
-               for t in again for turn in turn_logprobs(t) for lp in turn)
+    both_workers_serve(pool, gates, version, 2.0, seed=4)
 
 
 def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weights(setting):
@@ -304,13 +310,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     assert took < 3.0 + 30, took  # the time limit once, then the live worker's buckets
     assert pool.restarts == restarts + 1 and pool.workers[1] is not hung
     assert ray.get(pool.workers[0].ping.remote())["weight_version"] == version  # the push reached the live one
-    (gates / "open").touch()
-    asyncio.run(pool.start())
-    assert versions(pool) == [version, version]
-    again = asyncio.run(pool.run([sample("open", 0), sample("open", 1)], 1, seed=5, id_prefix="t5-"))
-    assert [t.policy_versions for t in again] == [[version, version]] * 2  # one group on each worker
-    assert all(lp == pytest.approx(logprob_at(1.5), abs=1e-3)
-               for t in again for turn in turn_logprobs(t) for lp in turn)
+    both_workers_serve(pool, gates, version, 1.5, seed=5)
 
 
 # -- the controller on Ray ------------------------------------------------------------------------

@@ -107,7 +107,19 @@ def test_validation_error_names_the_line_in_the_file(tmp_path):
 def test_unknown_key_in_a_list_item_names_its_line(tmp_path):
     path = write_config(tmp_path, reward={"functions": [{"name": "gsm8k"}, {"name": "format", "wieght": 1}]})
     line = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if "wieght" in ln)
-    one_error_line(invoke("train", str(path)), f"{path}:{line}: reward.functions.1.wieght: unknown key")
+    one_error_line(invoke("train", str(path)),
+                   f"{path}:{line}: reward.functions.1.wieght: unknown key (did you mean 'weight'?)")
+
+
+def test_an_unknown_key_names_the_closest_field_of_its_section(tmp_path):
+    path = write_config(tmp_path)
+    one_error_line(invoke("train", str(path), "trainr.total_steps=1"), "trainr: unknown key (did you mean 'trainer'?)")
+    one_error_line(invoke("train", str(path), "rollout.temprature=1"),
+                   "rollout.temprature: unknown key (did you mean 'temperature'?)")
+    one_error_line(invoke("train", str(path), "algorithm.loss=cispo", "algorithm.loss_options.max_weigth=2"),
+                   "algorithm.loss_options.max_weigth: unknown key (did you mean 'max_weight'?)")
+    line = one_error_line(invoke("train", str(path), "rollout.zzz=1"), "rollout.zzz: unknown key")
+    assert "did you mean" not in line  # nothing close
 
 
 def test_model_tiny_unknown_key_from_an_override_and_from_the_file(tmp_path):

@@ -284,7 +284,8 @@ def test_hook_register_environment_sessions(tmp_path):
             "print(kind({'greeting': 'Hi.'}).options.greeting)\n"
             "try:\n    kind({'greet': 'Hi.'})\nexcept ConfigError as exc:\n    print(exc)\n")
     out = python_with_plugin(tmp_path, code)
-    assert out.stdout.splitlines() == ["Hi.", "session.options.greet: unknown key"], out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["Hi.", "session.options.greet: unknown key (did you mean 'greeting'?)"], \
+        out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

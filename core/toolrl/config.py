@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -83,19 +83,44 @@ def dotted(loc: Sequence[Any]) -> str:
 MAX_LISTED_ERRORS = 10
 
 
-def format_errors(exc: ValidationError, prefix: str = "") -> str:
+def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
     """Pydantic errors as ``field: message; ...`` on one line: the one formatter for every boundary
     model (config, data rows, tool configs and schemas, plugin parts). ``prefix``: the dotted place
-    the validated value sits at (``config``, ``mcpServers.calc``)."""
+    the validated value sits at (``config``, ``mcpServers.calc``); ``model``: the model validated, whose
+    fields an unknown key is matched against (``did you mean 'total_steps'?``)."""
     errors = exc.errors()
     messages = []
     for err in errors[:MAX_LISTED_ERRORS]:
         loc = dotted([prefix, *err["loc"]] if prefix else err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _did_you_mean(model, err["loc"])
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
         messages.append(one_line(f"{loc}: {msg}" if loc else msg))
     if len(errors) > MAX_LISTED_ERRORS:
         messages.append(f"and {len(errors) - MAX_LISTED_ERRORS:,} more errors")
     return "; ".join(messages)
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
+    """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model``: the closest field of the
+    section it sits in; nothing where no field is close or the section is not a model."""
+    import difflib
+
+    def sections(annotation: Any) -> list[type[BaseModel]]:  # ``X``, ``X | None``, ``list[X]``, ...
+        found = [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+        return found + [m for arg in get_args(annotation) for m in sections(arg)]
+
+    for part in loc[:-1]:
+        if isinstance(part, int):  # an item of a list: its model is the list's
+            continue
+        field = model.model_fields.get(str(part)) if model is not None else None
+        found = sections(field.annotation) if field is not None else []
+        model = found[0] if found else None
+    if model is None or not loc:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # -- limits -------------------------------------------------------------------------------------------
@@ -708,7 +733,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         return Config.model_validate(raw)
     except ValidationError as exc:
         where = _locate(tuple(exc.errors()[0]["loc"]), path, text, overrides)
-        raise ConfigError(f"{where}: {format_errors(exc)}") from None
+        raise ConfigError(f"{where}: {format_errors(exc, model=Config)}") from None
 
 
 def resolve_path(config: Config, path: str) -> Path:

@@ -88,10 +88,11 @@ def _signature_options(cls: type) -> type[BaseModel]:
 def checked_options(part: Any, options: Mapping[str, Any] | None, where: str) -> BaseModel:
     """``options`` validated against the part's :func:`options_model`; a ConfigError naming ``where``
     and the field otherwise."""
+    model = options_model(part)
     try:
-        return options_model(part).model_validate(dict(options or {}))
+        return model.model_validate(dict(options or {}))
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, where)) from None
+        raise ConfigError(format_errors(exc, where, model)) from None
 
 
 def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context: BuildContext) -> Any:
