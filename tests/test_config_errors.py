@@ -550,3 +550,14 @@ def test_config_does_not_import_the_model_builders():
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names)
     assert "toolrl.model_sources" not in imported and "toolrl.tiny_settings" in imported
+
+
+@pytest.mark.parametrize("override", ["data.train_files=[missing.jsonl]", "model.source=/no/such/model"])
+def test_a_missing_data_file_or_model_is_found_before_torch_loads(tmp_path, override):
+    """Checked first, so the one line comes in a second rather than after torch and the parts load."""
+    code = ("import sys\nfrom toolrl.cli import cli\ntry:\n    cli.main(sys.argv[1:])\n"
+            "except SystemExit as exc:\n    print(exc.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code, "train", str(write_config(tmp_path)), override],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.stdout.split() == ["2", "False"], out.stderr[-2000:]
+    assert out.stderr.strip().startswith(("error: data.train_files: ", "error: model.source: ")), out.stderr

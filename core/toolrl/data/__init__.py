@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
-from toolrl.config import ConfigError, check_prompt_chars, format_errors, one_line, read_text
+from toolrl.config import (
+    Config,
+    ConfigError,
+    check_prompt_chars,
+    format_errors,
+    one_line,
+    read_text,
+    resolve_path,
+)
 from toolrl.parsers.bounded_json import JSONLimitError
 from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
@@ -152,13 +160,25 @@ def _has_inline_images(prompt: Any) -> bool:
         for m in prompt)
 
 
+def existing(path: Path, field: str) -> Path:
+    """``path``, or the one-line error naming the config key ``field`` it came from."""
+    if not path.exists():
+        raise ConfigError(f"{field}: {path} does not exist")
+    return path
+
+
+def check_data_files(config: Config) -> None:
+    """Every data file the config names exists: checked first, before a part or a model loads."""
+    for field in ("train_files", "test_files", "trajectories"):
+        for name in getattr(config.data, field):
+            existing(resolve_path(config, name), f"data.{field}")
+
+
 def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sample]:
     """Every row of ``paths``; ``field`` names the config key they came from in errors."""
     samples: list[Sample] = []
     for path in paths:
-        if not path.exists():
-            raise ConfigError(f"{field}: {path} does not exist")
-        for origin, row in read_rows(path):
+        for origin, row in read_rows(existing(path, field)):
             sample = to_sample(row, origin, path.parent)
             if sample.index is None:
                 sample.index = len(samples)

@@ -84,14 +84,12 @@ def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Tra
 def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored
     with ``rewards`` (the resolved reward functions) where a row carries no reward."""
-    from toolrl.data import read_rows
+    from toolrl.data import existing, read_rows
 
     groups: dict[Hashable, list[Trajectory]] = {}
     pending: list[tuple[Trajectory, list[Any], str]] = []
     for name in config.data.trajectories:
-        path = resolve_path(config, name)
-        if not path.exists():
-            raise ConfigError(f"data.trajectories: {path} does not exist")
+        path = existing(resolve_path(config, name), "data.trajectories")
         for origin, row in read_rows(path):  # the data files' reader: its limits and one-line errors
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")

@@ -13,6 +13,7 @@ from typing import Literal
 
 from toolrl.algorithms.rules import check_algorithm, with_critic
 from toolrl.config import Config, ConfigError
+from toolrl.data import check_data_files
 from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
 from toolrl.environments import ConfiguredEnv
@@ -79,8 +80,11 @@ def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
 
 def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     """``config`` resolved and checked for ``purpose``, in the order a user would fix things: where
-    the roles run, the parts, the loggers, the data, the held-out split, the model."""
+    the roles run, the files it names (data, model: found in a second, before parts import torch), the
+    parts, the loggers, the data's rows, the held-out split."""
     check_placement(config)
+    check_data_files(config)
+    model_dir = model_path(config)
     if purpose == "train":
         config = with_critic(config)
         check_algorithm(config, has_critic=config.critic is not None)
@@ -100,7 +104,6 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
         # The first eval.num_samples problems in file order: every run sees the same ones.
         eval_samples = load_samples(config, "test", parts.envs)[: config.eval.num_samples]
     recorded = eval_config if purpose == "eval" and eval_config is not None else config
-    model_dir = model_path(config)
     if purpose == "train" and config.trainer.sequence_parallel > 1:  # torch loads only for it
         from toolrl.training.sequence_parallel import check_run
 
