@@ -66,15 +66,23 @@ def test_eval_writes_results_and_summary_then_compares(tmp_path):
         assert r["success"] == (r["reward_terms"]["gsm8k"] >= 1.0 and r["error"] is None)
     assert "pass@1" in result.stdout and "reward_mean" in result.stdout
 
-    # A second summary with other numbers, side by side with the first; nothing runs.
+    # A second evaluation with other numbers, side by side with the first as A and B; nothing runs.
     other = tmp_path / "other"
     other.mkdir()
     (other / "summary.json").write_text(json.dumps({**summary, "reward_mean": 0.625, "pass@1": 0.5}))
+    flipped = [{**r, "success": r["problem"] in (0, 1)} for r in rows]  # B solves problems 0 and 1 only
+    (other / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in flipped))
     compared = toolrl("eval", out, "--compare", other)
     assert compared.exit_code == 0, compared.output
-    assert str(out) in compared.stdout and str(other) in compared.stdout
+    assert f"A: {out}" in compared.stdout and f"B: {other}" in compared.stdout and "B − A" in compared.stdout
     pass_row = next(line for line in compared.stdout.splitlines() if "pass@1" in line)
-    assert "0.5" in pass_row and f"{summary['pass@1']:.4g}" in pass_row
+    assert pass_row.replace("│", " ").split()[1:] == [f"{summary['pass@1']:.4g}", "0.5", f"{0.5 - summary['pass@1']:.4g}"]
+    solved_a = sorted(r["problem"] for r in rows if r["success"])
+    only_a, only_b = [p for p in solved_a if p not in (0, 1)], [p for p in (0, 1) if p not in solved_a]
+    listed = lambda ps: f"{len(ps)}" + (f" ({', '.join(map(str, ps))})" if ps else "")  # noqa: E731
+    assert compared.stdout.splitlines()[-1] == (
+        f"problems in both: 8; solved by A {len(solved_a)}, by B 2; only by A: {listed(only_a)}; "
+        f"only by B: {listed(only_b)}")
 
     missing = toolrl("eval", out, "--compare", tmp_path)
     assert missing.exit_code == 2

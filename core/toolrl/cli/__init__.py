@@ -346,7 +346,8 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, o
     """Evaluate on the held-out split: eval.num_samples problems, eval.n samples each at
     eval.temperature; writes OUTPUT/results.jsonl and OUTPUT/summary.json (an earlier evaluation
     there is replaced only with --overwrite). OVERRIDES are dotted.key=value pairs. With
-    --compare DIR2, prints two summaries side by side instead."""
+    --compare DIR2, prints two evaluations instead: their summaries as A and B with B − A, and the
+    problems only one of them solved."""
     from pathlib import Path
 
     from toolrl.roles import evaluate as ev
@@ -354,8 +355,7 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, o
     if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
         if overrides:
             raise UsageFailure("--compare reads two eval output directories and takes no overrides")
-        columns = {d: user_errors(ev.read_summary, Path(d)) for d in (output or config_path, compare)}
-        ev.print_table(columns)
+        user_errors(ev.print_comparison, Path(output or config_path), Path(compare))
         return
     if output is None:
         raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")

@@ -223,18 +223,67 @@ ROWS = ("model", "engine", "num_samples", "n", "temperature", "metric", "reward_
         "turns_mean", "response_tokens_mean", "terminations", "errors", "wall_s")
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def summary_table(columns: dict[str, dict[str, Any]]) -> Any:
-    """A rich table: one row per figure, one column per summary (``{title: summary}``)."""
+    """A rich table: one row per figure, one column per summary (``{title: summary}``); two summaries
+    get a ``B − A`` column."""
     from rich.table import Table
 
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     for title in columns:
         table.add_column(title, justify="right")
+    pair = len(columns) == 2
+    if pair:
+        table.add_column("B − A", justify="right")
     for key in ROWS:
+        values = [s.get(key) for s in columns.values()]
         if any(key in s for s in columns.values()):
-            table.add_row(key, *(_cell(s.get(key)) for s in columns.values()))
+            diff = [_cell(values[1] - values[0]) if all(map(_number, values)) else ""] if pair else []
+            table.add_row(key, *map(_cell, values), *diff)
     return table
+
+
+def solved_problems(directory: Path) -> dict[Any, bool] | None:
+    """Each problem of an evaluation's ``results.jsonl``: whether any of its samples succeeded (None:
+    no results file)."""
+    from toolrl.data import read_rows
+
+    path = directory / RunDir.RESULTS
+    if not path.exists():
+        return None
+    solved: dict[Any, bool] = {}
+    for origin, row in read_rows(path):
+        if not isinstance(row, dict) or "problem" not in row:
+            raise ConfigError(f"{origin}: a results row names its problem")
+        solved[row["problem"]] = solved.get(row["problem"], False) or row.get("success") is True
+    return solved
+
+
+def problem_differences(a: dict[Any, bool], b: dict[Any, bool]) -> str:
+    """One line: how many problems each evaluation solved, and which only one of them did."""
+    both = [p for p in a if p in b]
+
+    def listed(problems: list[Any]) -> str:
+        shown = ", ".join(map(str, problems[:20])) + (", ..." if len(problems) > 20 else "")
+        return f"{len(problems)}" + (f" ({shown})" if problems else "")
+
+    only_a = [p for p in both if a[p] and not b[p]]
+    only_b = [p for p in both if b[p] and not a[p]]
+    return (f"problems in both: {len(both)}; solved by A {sum(a[p] for p in both)}, by B {sum(b[p] for p in both)}; "
+            f"only by A: {listed(only_a)}; only by B: {listed(only_b)}")
+
+
+def print_comparison(a: Path, b: Path, file: Any = None) -> None:
+    """``toolrl eval A --compare B``: the two summaries labelled A and B with their difference, then the
+    problems only one of them solved (when both hold ``results.jsonl``)."""
+    print_table({f"A: {a}": read_summary(a), f"B: {b}": read_summary(b)}, file)
+    solved = solved_problems(a), solved_problems(b)
+    if solved[0] is not None and solved[1] is not None:
+        print(problem_differences(*solved), file=file or sys.stdout)
 
 
 def print_table(columns: dict[str, dict[str, Any]], file: Any = None) -> None:
