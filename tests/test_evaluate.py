@@ -65,6 +65,9 @@ def test_eval_writes_results_and_summary_then_compares(tmp_path):
         assert {"reward", "reward_terms", "success", "tool_calls", "termination", "response_text"} <= set(r)
         assert r["success"] == (r["reward_terms"]["gsm8k"] >= 1.0 and r["error"] is None)
     assert "pass@1" in result.stdout and "reward_mean" in result.stdout
+    # Not a terminal: progress as plain lines (at each tenth of the problems that finish), the last at 8/8.
+    progress = [line.split(",")[0] for line in result.stderr.splitlines() if line.startswith("eval: ")]
+    assert progress and progress[-1] == "eval: 8/8 problems", result.stderr
 
     # A second evaluation with other numbers, side by side with the first as A and B; nothing runs.
     other = tmp_path / "other"

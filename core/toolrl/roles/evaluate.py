@@ -158,15 +158,28 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
     # Every engine samples at eval.temperature (Ray workers get this config too).
     sampling = config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": config.eval.temperature})})
     console = Console(stderr=True)
+    shown = console.is_terminal if progress is None else progress
     bar = Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                   disable=not (console.is_terminal if progress is None else progress))
+                   disable=not shown)
+    # Into a log file (stderr not a terminal): a plain line at each tenth of the problems instead.
+    lines_every = max(1, len(samples) // 10) if progress is None and not shown else 0
+    finished = 0
+
+    def advance(done: int) -> None:
+        nonlocal finished
+        bar.advance(task, done)
+        before, finished = finished, finished + done
+        if lines_every and (finished // lines_every > before // lines_every or finished == len(samples)):
+            print(f"eval: {finished}/{len(samples)} problems, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
+
     roles = await start_roles(replace(run, config=sampling), train=False)
     try:
         run_dir.start(config)
         with bar:
             task = bar.add_task("eval", total=len(samples))
             t0 = time.perf_counter()
-            results = await run_problems(roles.rollouts, config, samples, lambda done: bar.advance(task, done))
+            results = await run_problems(roles.rollouts, config, samples, advance)
             wall_s = time.perf_counter() - t0
     finally:
         await roles.close()
