@@ -19,8 +19,11 @@ def test_ctrl_c_ends_with_one_line_naming_resume(tmp_path):
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "toolrl", "train", str(ROOT / "examples" / "tiny.yaml"), "trainer.total_steps=50",
             "trainer.save_every=1", f"trainer.output_dir={out}"]
+    # Ctrl-C as in a terminal: a parallel test runner (nox --parallel) may start us with SIGINT ignored,
+    # which a child inherits, and a Python started so never raises KeyboardInterrupt.
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         for line in proc.stdout:

@@ -106,9 +106,11 @@ class ServeProcess:
     def __init__(self, config: Path, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         self._log_file = log.open("w")
+        # Ctrl-C (interrupt) as in a terminal: a parallel test runner (nox --parallel) may start us with
+        # SIGINT ignored, which a child inherits, and a Python started so never raises KeyboardInterrupt.
         self.proc = subprocess.Popen([sys.executable, "-m", "toolrl", "serve", str(config), "--port", "0", *args],
                                      stdout=self._log_file, stderr=subprocess.STDOUT, env=env or env_with(),
-                                     cwd=REPO)
+                                     cwd=REPO, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.url = ""
         self.record = Path(args[args.index("--record") + 1]) if "--record" in args else None
 

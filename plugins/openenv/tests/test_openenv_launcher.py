@@ -14,10 +14,13 @@ import httpx
 import pytest
 from support import ENVS
 
+# Ctrl-C as in a terminal: a parallel test runner (nox --parallel) may start its sessions with SIGINT
+# ignored, and a Python started so never raises KeyboardInterrupt.
 PARENT = textwrap.dedent(f"""
-    import asyncio, sys, time
+    import asyncio, signal, sys, time
     from pathlib import Path
     from toolrl_openenv import server
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     async def main():
         local = await server.acquire("tiny_app:app", Path({str(ENVS)!r}), 120)
