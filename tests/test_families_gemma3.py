@@ -55,6 +55,7 @@ async def test_gemma3_renders_three_tool_turns_exactly_with_results_as_user_turn
 
 
 @pytest.mark.slow  # builds Gemma 3 270M from its GGUF file once (about a minute; cached for later runs)
+@pytest.mark.long
 async def test_gemma3_270m_trainer_logprobs_equal_the_engine_beyond_its_sliding_window():
     """Gemma 3 270M's real weights, five of whose six layers see 512 positions: on a prompt longer than
     that, the engine's sampling log-probs for a group of two, the trainer's over the prefix-shared row

@@ -190,6 +190,7 @@ def test_what_sequence_parallelism_refuses_is_one_line(tiny_qwen3_path):
 
 
 @pytest.mark.slow  # Ray actors: minutes on two shared cores
+@pytest.mark.long
 def test_a_grpo_run_with_two_sequence_parallel_ranks_trains_like_one_rank(cluster, tmp_path):  # noqa: F811
     """The run `toolrl train examples/tiny.yaml trainer.world_size=2 trainer.sequence_parallel=2` makes
     (ray.address=local): the same rewards, loss and grad_norm as one rank, step after step."""

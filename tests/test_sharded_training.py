@@ -247,6 +247,7 @@ def test_a_killed_rank_is_replaced_and_the_run_equals_an_uninterrupted_one(clust
 
 
 @pytest.mark.timeout(1200)
+@pytest.mark.long
 def test_a_killed_rank_in_shrink_mode_goes_on_with_one_rank(cluster, one_rank, tmp_path):
     """trainer.on_rank_failure=shrink: rank 1 killed -9 after step 1; steps 2 and 3 train on the one
     rank left, from the two ranks' in-memory copies resharded (each piece cut from the whole

@@ -19,6 +19,7 @@ STEPS = 4
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_controller_is_restarted_and_the_run_finishes_as_if_left_alone(tmp_path):
     (tmp_path / "plugin").mkdir()
     make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)

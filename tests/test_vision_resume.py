@@ -31,6 +31,7 @@ def write_samples(path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_vlm_run_resumes_to_the_uninterrupted_figures(tmp_path):
     # The random model's answers are never right: a reward that differs between a group's samples
     # gives every step a gradient, so the optimiser state has something to carry over.
