@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +167,10 @@ def existing(path: Path, field: str) -> Path:
     return path
 
 
-def check_data_files(config: Config) -> None:
-    """Every data file the config names exists: checked first, before a part or a model loads."""
-    for field in ("train_files", "test_files", "trajectories"):
+def check_data_files(config: Config, fields: Sequence[str]) -> None:
+    """Every file of the ``data`` keys ``fields`` (those the run reads) exists: checked first, before a
+    part or a model loads."""
+    for field in fields:
         for name in getattr(config.data, field):
             existing(resolve_path(config, name), f"data.{field}")
 

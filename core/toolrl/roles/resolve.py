@@ -83,7 +83,12 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     the roles run, the files it names (data, model: found in a second, before parts import torch), the
     parts, the loggers, the data's rows, the held-out split."""
     check_placement(config)
-    check_data_files(config)
+    # What the run reads: recorded groups, or the training split (none for eval); the held-out split.
+    recorded_groups = purpose == "train" and bool(config.data.trajectories)
+    training_split = not recorded_groups and purpose != "eval"
+    held_out = purpose == "eval" or (purpose == "train" and bool(config.trainer.eval_every))
+    check_data_files(config, [field for field, read in (("trajectories", recorded_groups), ("train_files", training_split),
+                                                        ("test_files", held_out)) if read])
     model_dir = model_path(config)
     if purpose == "train":
         config = with_critic(config)
@@ -91,15 +96,15 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     parts = resolve_parts(config)
     loggers = logger_names(config) if purpose == "train" else []
     samples: list[Sample] = []
-    if purpose == "train" and config.data.trajectories:
+    if recorded_groups:
         # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit
         # reward.functions); a mixture's rows carry no route, so there only reward.functions score them.
         envs = list(parts.envs.values())
         samples = load_groups(config, build_rewards(config, envs[0].env if len(envs) == 1 else None))
-    elif purpose != "eval":
+    elif training_split:
         samples = load_samples(config, "train", parts.envs)
     eval_config, eval_samples = None, []
-    if purpose == "eval" or (purpose == "train" and config.trainer.eval_every):
+    if held_out:
         eval_config = with_metric(config, parts.envs)
         # The first eval.num_samples problems in file order: every run sees the same ones.
         eval_samples = load_samples(config, "test", parts.envs)[: config.eval.num_samples]
