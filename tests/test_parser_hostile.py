@@ -333,3 +333,33 @@ async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_t
     traj, _ = await run(Exits(), ["exit", "The answer is 4."])
     assert traj.termination == "answered" and traj.final_response.startswith("The answer is 4.")
     assert [e.message for e in traj.parse_errors] == ["the tool-call parser 'exits' failed: SystemExit: 3"]
+
+
+async def test_a_cancel_that_arrives_as_the_parse_finishes_still_cancels() -> None:
+    """The parse has finished on its thread and its result is queued for the loop when the trajectory is
+    cancelled: the cancellation wins (Python 3.11's wait_for returned the result and dropped it)."""
+    import asyncio
+    import threading
+    import time
+
+    from toolrl.parsers import parse_within
+    from toolrl.parsers.hermes import HermesParser
+
+    parsed = threading.Event()
+
+    class Quick(HermesParser):
+        name = "quick"
+
+        def parse(self, text: str) -> Any:
+            try:
+                return super().parse(text)
+            finally:
+                parsed.set()
+
+    task = asyncio.ensure_future(parse_within(Quick(), "plain text", 10))
+    await asyncio.sleep(0)  # the task starts the parse and waits for it
+    assert parsed.wait(10)
+    time.sleep(0.2)  # holding the loop: the thread's result is queued behind the cancel
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -91,7 +91,10 @@ async def parse_within(parser: ToolParser, text: str, seconds: float) -> ParseRe
         return _failed(parser, f"it ran past its {seconds:g} s limit earlier in this run and still runs", text)
     future = parse_on_thread(parser, text)
     try:
-        result = await asyncio.wait_for(asyncio.wrap_future(future), seconds)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for drops a cancellation that arrives as the
+        # parse finishes, and a cancelled trajectory would then run on.
+        async with asyncio.timeout(seconds):
+            result = await asyncio.wrap_future(future)
     except TimeoutError:
         _STUCK[id(parser)] = parser
         return _failed(parser, f"it did not finish within {seconds:g} s (rollout.parser_timeout_s)", text)

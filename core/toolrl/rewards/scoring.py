@@ -96,7 +96,8 @@ async def settle(values: Sequence[Any], seconds: float) -> list[Any]:
     still waiting after ``seconds`` (``reward.timeout_s``) is cancelled and gives a TimeoutError."""
     async def within(value: Any) -> Any:
         try:
-            return await asyncio.wait_for(value, seconds)
+            async with asyncio.timeout(seconds):  # not wait_for, which can drop a cancellation on 3.11
+                return await value
         except TimeoutError:
             raise TimeoutError(f"no value within {seconds:g} s (reward.timeout_s)") from None
 

@@ -207,8 +207,8 @@ class JudgeReward:
                 if attempt:
                     await asyncio.sleep(opts.retry_backoff_s * 2 ** (attempt - 1))
                 try:
-                    answer = await asyncio.wait_for(
-                        client.chat.completions.create(**request, extra_body=opts.extra_body or None), opts.timeout_s)
+                    async with asyncio.timeout(opts.timeout_s):  # not wait_for: on 3.11 it can drop a cancellation
+                        answer = await client.chat.completions.create(**request, extra_body=opts.extra_body or None)
                     return opts.verdict.parse(_verdict_text(answer))
                 except VerdictError as exc:
                     last = f"unreadable verdict ({exc})"

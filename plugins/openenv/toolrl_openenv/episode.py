@@ -66,7 +66,8 @@ class Episode:
         async with self.lock:
             try:
                 call = self.client.reset(**kwargs) if kind == "reset" else self.client.step(action)
-                result = await asyncio.wait_for(call, self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can drop a cancellation
+                    result = await call
             except Exception as exc:
                 if "CAPACITY_REACHED" in str(exc):
                     found = CAPACITY.search(str(exc))
