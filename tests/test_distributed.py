@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dists import run_toolrl
 from toolrl.config import Config, load_config
 from toolrl.tools import Tool
 
@@ -330,19 +328,6 @@ def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
 
 
 # -- the CLI ----------------------------------------------------------------------------------------
-
-
-def test_cli_train_on_a_local_ray_with_two_workers(tmp_path):
-    out = tmp_path / "run"
-    res = run_toolrl("train", TINY, "ray.address=local", "ray.num_rollout_workers=2", "trainer.total_steps=1",
-                     f"trainer.output_dir={out}", "trainer.progress=false", env={"OMP_NUM_THREADS": "1"},
-                     timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    [metrics] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert metrics["step"] == 1 and metrics["trained_tokens"] > 0
-    traces = (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()
-    assert len(traces) == 8
-    assert (out / "checkpoints" / "step_000001" / "meta.json").exists()
 
 
 def test_a_local_ray_that_times_out_starting_is_started_once_more(monkeypatch, caplog):

@@ -35,7 +35,10 @@ def two_ranks(cluster, tmp_path_factory):  # noqa: F811
     return train(gae_config(tmp_path_factory.mktemp("gae2") / "run", 2))
 
 
+# A third Ray run; the critic's two-rank update equals one rank's in test_critic.py (a gloo group, no Ray),
+# so this one is in the long session.
 @pytest.mark.timeout(900)
+@pytest.mark.long
 def test_two_ranks_with_a_critic_train_like_one(cluster, two_ranks, tmp_path):  # noqa: F811
     one = train(gae_config(tmp_path / "w1", 1))
     m1, m2 = lines(one / "metrics.jsonl"), lines(two_ranks / "metrics.jsonl")

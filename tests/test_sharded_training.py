@@ -156,6 +156,9 @@ def test_two_ranks_train_like_one_with_rloo_and_gspo(cluster, tmp_path):
         assert abs(a["reward_mean"] - b["reward_mean"]) <= 1e-3
 
 
+# on_rank_failure=stop then --resume on two ranks: test_sharded_critic's resume test runs the same path by
+# default (with a critic besides), so this one is in the long session.
+@pytest.mark.long
 def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster, two_ranks, tmp_path):
     from toolrl.roles.trainer_group import TrainerFailed
 
