@@ -184,14 +184,20 @@ class RunDir:
         return sum(row["step"] > keep_steps and "failed" not in row for _, row in rows)
 
     def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any,
-                     advantages: dict[str, Any] | None = None) -> None:
+                     advantages: dict[str, Any] | None = None,
+                     trainer_logprobs: dict[str, list[float | None]] | None = None) -> None:
         """``traces/step_NNNNN.jsonl``, a row per trajectory (its ``group`` among its fields) with, from
         ``advantages`` (by trajectory id), the advantage it was trained with: a number, or a per-token
-        list from a per-token estimator; None where it was not trained (a skipped group, rollout only)."""
+        list from a per-token estimator; and from ``trainer_logprobs`` (by trajectory id) the trainer's
+        log-prob of each response token under the weights the step started from, aligned with
+        ``logprobs`` (the engine's), None at untrained tokens. Either is None where the trajectory was
+        not trained (a skipped group, rollout only). The controller writes the file once the step has
+        trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
         rows = []
         for t in trajs:
             row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
+            row["trainer_logprobs"] = (trainer_logprobs or {}).get(t.trajectory_id)
             row["policy_version"] = policy_version(t)
             row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
             row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
