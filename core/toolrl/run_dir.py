@@ -27,7 +27,8 @@ import random
 import shutil
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -236,6 +237,48 @@ def write_atomic(path: Path, text: str) -> None:
 def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+# -- an evaluation's results, by problem ------------------------------------------------------------
+
+
+@dataclass
+class ProblemResult:
+    """One problem of an evaluation (``results.jsonl``): its samples, their successes and the sum and
+    count of their finite rewards."""
+
+    n: int = 0
+    successes: int = 0
+    reward_sum: float = 0.0
+    rewards: int = 0
+
+    @property
+    def solved(self) -> bool:
+        return self.successes > 0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.n if self.n else 0.0
+
+    @property
+    def reward(self) -> float | None:
+        """The mean of its finite rewards (None: none)."""
+        return self.reward_sum / self.rewards if self.rewards else None
+
+
+def problem_results(samples: Iterable[tuple[Hashable, bool, Any]]) -> dict[Hashable, ProblemResult]:
+    """Each problem's :class:`ProblemResult` from ``(problem, success, reward)``, one per results row, in
+    the order problems first appear: the one per-problem tally of ``toolrl eval --compare`` and
+    ``toolrl view``'s comparison. A reward that is no finite number counts as a sample, not a reward."""
+    out: dict[Hashable, ProblemResult] = {}
+    for problem, success, reward in samples:
+        found = out.setdefault(problem, ProblemResult())
+        found.n += 1
+        found.successes += success is True
+        if isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward):
+            found.reward_sum += reward
+            found.rewards += 1
+    return out
 
 
 # -- a metrics row ----------------------------------------------------------------------------------
