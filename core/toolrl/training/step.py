@@ -71,8 +71,8 @@ from toolrl.training.peakmem import PeakMemory
 from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
-__all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "train_step",
-           "policy_loss", "response_logprobs", "token_advantages"]
+__all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch",
+           "group_advantages", "train_step", "policy_loss", "response_logprobs", "token_advantages"]
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
