@@ -181,3 +181,15 @@ def test_validation_on_ray_samples_as_training_does():
                                           "set eval.temperature to the same value"):
         load_config(TINY, ["trainer.eval_every=1", "ray.address=local"])
     assert load_config(TINY, ["trainer.eval_every=1", "ray.address=local", "eval.temperature=1.0"]).eval.temperature == 1
+
+
+def test_problem_results_tally_each_problems_samples_successes_and_finite_rewards():
+    from toolrl.run_dir import problem_results
+
+    got = problem_results([(3, True, 1.0), (1, False, float("nan")), (3, False, 0.5), (1, "yes", None),
+                           (3, True, True)])
+    assert list(got) == [3, 1]  # in the order problems first appear
+    three, one = got[3], got[1]
+    assert (three.n, three.successes, three.solved, three.reward) == (3, 2, True, 0.75)  # a bool is no reward
+    assert three.success_rate == 2 / 3
+    assert (one.n, one.successes, one.solved, one.reward, one.success_rate) == (2, 0, False, None, 0.0)

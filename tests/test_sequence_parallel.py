@@ -130,7 +130,10 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
             metrics, grads = run_case(policy, name, rank, 2, sp, ref_model=reference(model))
             loss = torch.tensor([metrics["loss"], metrics.get("loss_tokens", 0.0)], dtype=torch.float64)
             dist.all_reduce(loss)  # each rank holds 1/2 of the loss; the group's first counts the tokens
-            results[name] = (loss.tolist(), grads)
+            kept = torch.zeros(2)  # trajectories whose trainer log-probs each rank returned
+            kept[rank] = len(metrics["trainer_logprobs"])
+            dist.all_reduce(kept)
+            results[name] = (loss.tolist(), grads, metrics["trainer_logprobs"], kept.tolist())
         if rank == 0:
             torch.save(results, out)
     finally:
@@ -151,7 +154,11 @@ def test_two_sequence_parallel_ranks_give_the_one_rank_loss_and_gradients(tiny_q
     mp.spawn(_rank, args=(port, tiny_qwen3_path, str(out)), nprocs=2)
     got = torch.load(out)
     for name, (metrics, grads) in want.items():
-        (loss, tokens), sp_grads = got[name]
+        (loss, tokens), sp_grads, sp_logprobs, kept = got[name]
+        # The group's first rank alone returns the trainer log-probs (for every trajectory), as one rank's.
+        assert kept == [len(metrics["trainer_logprobs"]), 0] and set(sp_logprobs) == set(metrics["trainer_logprobs"])
+        for key, want_lp in metrics["trainer_logprobs"].items():
+            assert sp_logprobs[key] == pytest.approx(want_lp, abs=1e-5), (name, key)
         # (gspo's seq-mean of group-normalised advantages is 0 up to rounding: an absolute floor)
         assert abs(loss - metrics["loss"]) <= 1e-5 * max(abs(metrics["loss"]), 1e-3), (name, loss, metrics["loss"])
         assert tokens == metrics["loss_tokens"], name

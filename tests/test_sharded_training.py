@@ -112,8 +112,13 @@ def test_two_ranks_train_like_one(cluster, two_ranks, one_rank, tmp_path):
     assert [m["step"] for m in m2] == [1, 2, 3]
     for a, b in zip(m1, m2):
         # Same rollouts: the engines sampled from the same weights.
-        assert [t["reward"] for t in lines(one / "rollouts" / f"step_{a['step']:05d}.jsonl")] == \
-            [t["reward"] for t in lines(two_ranks / "rollouts" / f"step_{b['step']:05d}.jsonl")]
+        rows1 = lines(one / "rollouts" / f"step_{a['step']:05d}.jsonl")
+        rows2 = lines(two_ranks / "rollouts" / f"step_{b['step']:05d}.jsonl")
+        assert [t["reward"] for t in rows1] == [t["reward"] for t in rows2]
+        # Each rank returned the trainer log-probs of its share: together every row's, as one rank's.
+        for r1, r2 in zip(rows1, rows2, strict=True):
+            assert [v is not None for v in r2["trainer_logprobs"]] == [bool(m) for m in r2["response_mask"]]
+            assert r2["trainer_logprobs"] == pytest.approx(r1["trainer_logprobs"], abs=1e-4)
         assert a["reward_std"] > 0 and a["grad_norm"] > 0  # a real gradient, not zero
         assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-3 * a["grad_norm"], (a["grad_norm"], b["grad_norm"])
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * max(abs(a["loss"]), 1e-3)

@@ -27,7 +27,8 @@ import random
 import shutil
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -184,14 +185,20 @@ class RunDir:
         return sum(row["step"] > keep_steps and "failed" not in row for _, row in rows)
 
     def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any,
-                     advantages: dict[str, Any] | None = None) -> None:
+                     advantages: dict[str, Any] | None = None,
+                     trainer_logprobs: dict[str, list[float | None]] | None = None) -> None:
         """``traces/step_NNNNN.jsonl``, a row per trajectory (its ``group`` among its fields) with, from
         ``advantages`` (by trajectory id), the advantage it was trained with: a number, or a per-token
-        list from a per-token estimator; None where it was not trained (a skipped group, rollout only)."""
+        list from a per-token estimator; and from ``trainer_logprobs`` (by trajectory id) the trainer's
+        log-prob of each response token under the weights the step started from, aligned with
+        ``logprobs`` (the engine's), None at untrained tokens. Either is None where the trajectory was
+        not trained (a skipped group, rollout only). The controller writes the file once the step has
+        trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
         rows = []
         for t in trajs:
             row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
+            row["trainer_logprobs"] = (trainer_logprobs or {}).get(t.trajectory_id)
             row["policy_version"] = policy_version(t)
             row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
             row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
@@ -230,6 +237,48 @@ def write_atomic(path: Path, text: str) -> None:
 def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+# -- an evaluation's results, by problem ------------------------------------------------------------
+
+
+@dataclass
+class ProblemResult:
+    """One problem of an evaluation (``results.jsonl``): its samples, their successes and the sum and
+    count of their finite rewards."""
+
+    n: int = 0
+    successes: int = 0
+    reward_sum: float = 0.0
+    rewards: int = 0
+
+    @property
+    def solved(self) -> bool:
+        return self.successes > 0
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / self.n if self.n else 0.0
+
+    @property
+    def reward(self) -> float | None:
+        """The mean of its finite rewards (None: none)."""
+        return self.reward_sum / self.rewards if self.rewards else None
+
+
+def problem_results(samples: Iterable[tuple[Hashable, bool, Any]]) -> dict[Hashable, ProblemResult]:
+    """Each problem's :class:`ProblemResult` from ``(problem, success, reward)``, one per results row, in
+    the order problems first appear: the one per-problem tally of ``toolrl eval --compare`` and
+    ``toolrl view``'s comparison. A reward that is no finite number counts as a sample, not a reward."""
+    out: dict[Hashable, ProblemResult] = {}
+    for problem, success, reward in samples:
+        found = out.setdefault(problem, ProblemResult())
+        found.n += 1
+        found.successes += success is True
+        if isinstance(reward, int | float) and not isinstance(reward, bool) and math.isfinite(reward):
+            found.reward_sum += reward
+            found.rewards += 1
+    return out
 
 
 # -- a metrics row ----------------------------------------------------------------------------------

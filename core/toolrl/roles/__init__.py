@@ -40,7 +40,8 @@ class TrainerGroup(Protocol):
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         """One GRPO step on the whole batch (``step``: 1-based, for errors); the group's metrics, and
-        under ``advantages`` each trajectory's advantage for the traces."""
+        for the traces: under ``advantages`` each trajectory's advantage, under ``trainer_logprobs``
+        (by trajectory id) each trained trajectory's log-probs under the weights the step started from."""
         ...
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:

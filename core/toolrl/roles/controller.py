@@ -22,8 +22,8 @@ parts, data, tools, loggers, placement) and its roles are up; only then is the r
 continued only with ``--resume`` and replaced only with ``--overwrite``.
 
 ``output_dir`` receives ``config.json``, ``metrics.jsonl`` (one line per step; a step that fails gets a line with
-``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, logprobs,
-decoded text, reward, tool calls, policy version), ``checkpoints/`` (sharded, written atomically;
+``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, the engine's
+logprobs and the trainer's, decoded text, reward, tool calls, policy version), ``checkpoints/`` (sharded, written atomically;
 ``--resume`` restores model, optimizer, step, RNG and the data position: groups in flight are
 generated again), ``roles.json`` (where each role runs) and ``reward_curve.png``.
 """
@@ -175,6 +175,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     # Each trained trajectory's advantage, for its trace (not a metric).
                     advantages = dict(zip((t.trajectory_id for t in batch.trajectories), trained.pop("advantages", []),
                                           strict=False))
+                    trainer_lp = trained.pop("trainer_logprobs", {})
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
@@ -185,7 +186,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     recovered = []
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
-                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages)
+                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
                         await save_checkpoint(roles, run_dir, step + 1, batch.end)

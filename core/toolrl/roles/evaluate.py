@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, read_json
 from toolrl.data.batches import step_seed
 from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.run_dir import RunDir, open_mode
+from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
 
@@ -268,12 +268,14 @@ def solved_problems(directory: Path) -> dict[Any, bool] | None:
     path = directory / RunDir.RESULTS
     if not path.exists():
         return None
-    solved: dict[Any, bool] = {}
-    for origin, row in read_rows(path):
-        if not isinstance(row, dict) or "problem" not in row:
-            raise ConfigError(f"{origin}: a results row names its problem")
-        solved[row["problem"]] = solved.get(row["problem"], False) or row.get("success") is True
-    return solved
+
+    def samples() -> Iterator[tuple[Any, bool, Any]]:
+        for origin, row in read_rows(path):
+            if not isinstance(row, dict) or "problem" not in row:
+                raise ConfigError(f"{origin}: a results row names its problem")
+            yield row["problem"], row.get("success") is True, row.get("reward")
+
+    return {problem: found.solved for problem, found in problem_results(samples()).items()}
 
 
 def problem_differences(a: dict[Any, bool], b: dict[Any, bool]) -> str:

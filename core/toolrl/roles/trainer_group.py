@@ -101,8 +101,11 @@ class RayTrainerGroup(ReformingGroup):
         async def attempt() -> dict[str, Any]:
             results = await self._all([r.step.remote(ref) for r in self.ranks], f"step {step}")
             snapshot_s = await self._keep_copies(step)
+            # Each rank kept the trainer log-probs of the trajectories it trained (one rank of a
+            # sequence-parallel group): together, the batch's.
+            logprobs = {k: v for r in results for k, v in r.get("trainer_logprobs", {}).items()}
             return {**results[0], "trainer_state_mb": max(r["trainer_state_mb"] for r in results),
-                    "snapshot_s": snapshot_s}
+                    "snapshot_s": snapshot_s, "trainer_logprobs": logprobs}
 
         return await self._recovering(f"step {step}", attempt)
 

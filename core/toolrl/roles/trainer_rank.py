@@ -120,8 +120,9 @@ class TrainerRank:
     # ----------------------------------------------------------------- training
 
     def step(self, trajectories: Sequence[Trajectory]) -> dict[str, Any]:
-        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0, and
-        ``advantages`` (per trajectory, for the traces)."""
+        """One GRPO update on the whole batch (this rank trains its share); metrics, as on rank 0,
+        ``advantages`` (per trajectory, for the traces) and ``trainer_logprobs`` (by trajectory id, of
+        the trajectories this rank trained: :func:`toolrl.training.step.train_step`)."""
         from toolrl.training.sharding import state_bytes
         from toolrl.training.step import StepOptions, train_step
 

@@ -71,8 +71,8 @@ from toolrl.training.peakmem import PeakMemory
 from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
-__all__ = ["Policy", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "group_advantages", "train_step",
-           "policy_loss", "response_logprobs", "token_advantages"]
+__all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch",
+           "group_advantages", "train_step", "policy_loss", "response_logprobs", "token_advantages"]
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
@@ -257,7 +257,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
     ``advantage_mean``/``_std`` are over the trained trajectories (each its mean over trained tokens).
     ``advantages`` is no metric but each trajectory's advantage, for the traces: a number from an
-    outcome estimator, else the per-token list.
+    outcome estimator, else the per-token list. Nor is ``trainer_logprobs``: by trajectory id, the
+    proximal log-probs (:class:`ProximalLogprobs`) of the trajectories this rank computed.
     """
     if not 0 <= options.rank < options.world_size:
         raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
@@ -270,23 +271,25 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
                 for i, t in enumerate(trajectories)]
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
     if not usable:
-        return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded}
+        return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]
     advs = [grid[i, :max(1, len(trajectories[i].response_ids))] for i in usable]
     minis = split_mini_batches(trajs, advs, options, device)
     tally = StepTally()
+    proximal = ProximalLogprobs(trajs)
     with PeakMemory(device) as peak:
         anchor_logprobs(model, ref_model, minis, options)
         model.train()
-        for _ in range(options.algo.ppo_epochs):
+        for epoch in range(options.algo.ppo_epochs):
             for mini in minis:
-                mini_batch_update(model, optimizer, mini, options, tally, loss_fn)
+                # Every epoch compares against the same proximal log-probs: kept from the first.
+                mini_batch_update(model, optimizer, mini, options, tally, loss_fn, proximal if epoch == 0 else None)
         optimizer.zero_grad(set_to_none=True)
     metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
     lead = options.sp is None or options.sp.lead  # a sequence-parallel group's batches counted once
     metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps
                                     if micro is not None and lead]))
-    return {**metrics, "advantages": recorded}
+    return {**metrics, "advantages": recorded, "trainer_logprobs": proximal.rows}
 
 
 def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], options: StepOptions,
@@ -336,11 +339,12 @@ def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], opti
 
 
 def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
-                      tally: StepTally, loss_fn: PolicyLoss) -> None:
+                      tally: StepTally, loss_fn: PolicyLoss, proximal: ProximalLogprobs | None = None) -> None:
     """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
     then clipping and the optimizer step. In a sequence-parallel group every rank computes the whole
     micro-batch's loss from the group's log-probs and backpropagates 1/N of it (the group's gradients
-    add up to the one-rank gradient); its first rank alone counts the loss's figures."""
+    add up to the one-rank gradient); its first rank alone counts the loss's figures and keeps the
+    proximal log-probs in ``proximal`` (None: not kept)."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = 0.0
     sp = options.sp
@@ -355,6 +359,8 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
             (loss * 0.0).backward()
             tally.add_dummy_step(tokens)
             continue
+        if proximal is not None and (sp is None or sp.lead):
+            proximal.add(micro, prox_lp)
         (loss * scale).backward()
         loss_sum += float(loss.detach()) * scale
         tally.add_micro_step(tokens, stats if sp is None or sp.lead else None)
@@ -367,6 +373,25 @@ def clip_grad_norm(parameters: Any, max_norm: float) -> float:
     """``clip_grad_norm_``'s total norm before clipping; over every shard for DTensor parameters."""
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+class ProximalLogprobs:
+    """Each trained trajectory's log-probs under the weights the step started from (the proximal
+    policy: what the importance weight divides by, and what ``lp_mismatch`` compares with the engine's
+    on the step's first update), for its trace row: by trajectory id, one value per response token,
+    None at untrained ones. Kept as the loss runs, so they cost no forward, only one copy to the host
+    per micro-batch."""
+
+    def __init__(self, trajs: Sequence[Trajectory]) -> None:
+        self.trajs = trajs
+        self.rows: dict[str, list[float | None]] = {}
+
+    def add(self, micro: Sequence[int], prox_lp: torch.Tensor) -> None:
+        """``prox_lp``: the micro-batch's (B, R) grid, row i the trajectory ``micro[i]``."""
+        grid = prox_lp.detach().float().cpu().tolist()
+        for i, k in enumerate(micro):
+            t = self.trajs[k]
+            self.rows[t.trajectory_id] = [lp if m else None for lp, m in zip(grid[i], t.response_mask, strict=False)]
 
 
 class StepTally:

@@ -161,6 +161,7 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         assert trained == sum(first["response_mask"])
         generated = page.js("return [...document.querySelectorAll('#trajectory .msg.generated')].map(m => m.textContent)")
         assert any('"1/0"' in g for g in generated) and any("The answer is 42." in g for g in generated)
+        assert page.js("return document.querySelector('#heat option[value=diff]')") is None  # nothing trained
         page.js("document.getElementById('trajectory').scrollIntoView()")
         page.shot("trajectory.png")
 
@@ -168,6 +169,17 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         page.select("#t-run", "0")
         page.select("#t-source", "2")
         page.until("return document.getElementById('t-count').textContent.startsWith('0 of 8')")
+        # Its trace rows record the trainer's log-probs: the colouring toggles to trainer − engine, each
+        # trained token's tooltip holding the difference.
+        page.click("#t-tool_failures")
+        page.until("return document.getElementById('t-count').textContent.startsWith('8 of 8')")
+        page.click("#t-table tbody tr")
+        page.until("return document.querySelector('#heat option[value=diff]')")
+        page.select("#heat", "diff")
+        heat = page.until("""const t = [...document.querySelectorAll('#trajectory .tok.trained')];
+            return t.length && t.every(s => /trainer − engine -?[0-9]/.test(s.title)
+                && /^rgba\((30, 90, 230|220, 30, 50), /.test(s.style.background)) && t.length""")
+        assert heat == sum(_rows(runs["trained"] / "rollouts" / "step_00002.jsonl")[0]["response_mask"])
     finally:
         page.close()
 

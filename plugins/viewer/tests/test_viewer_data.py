@@ -138,6 +138,52 @@ def test_a_trajectory_in_turns_with_its_trained_tokens():
     assert whole["tokens_note"] == "no tokenizer"
 
 
+def test_the_trajectory_endpoint_gives_each_tokens_trainer_minus_engine_log_prob(tmp_path):
+    """Over HTTP, as the page asks: a row recording the trainer's log-probs gives each trained token the
+    engine's, the trainer's and their difference; a row of an older run (no field) or of an untrained
+    trajectory (null) says there are none."""
+    import threading
+    import urllib.request
+
+    from toolrl.model_sources import qwen_tokenizer
+    from toolrl_viewer.server import serve
+
+    tok = qwen_tokenizer("qwen3")
+    tok.save_pretrained(tmp_path / "checkpoints" / "hf")  # the run's tokenizer, as training saves it
+    ids = tok.encode("Sure: 4<|im_end|>\n<|im_start|>user\n3<|im_end|>\nok", add_special_tokens=False)
+    mask = [1] * 4 + [0] * (len(ids) - 6) + [1] * 2
+    engine = [-0.5 - 0.1 * j if m else 0.0 for j, m in enumerate(mask)]
+    trainer = [lp + 0.25 * (-1) ** j if m else None for j, (lp, m) in enumerate(zip(engine, mask))]
+    rows = [_row(0, response_ids=ids, response_mask=mask, logprobs=engine, trainer_logprobs=trainer),
+            _row(1), _row(2, trainer_logprobs=None)]
+    _write(tmp_path / "rollouts" / "step_00001.jsonl", rows)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "lp_mismatch": 0.25}) + "\n")
+    server = serve([tmp_path], port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        def get(path: str) -> dict:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}{path}", timeout=60) as r:
+                return json.loads(r.read())
+
+        assert [r["response_tokens"] for r in get("/api/traces?run=0&source=1")["rows"]] == [len(ids), 11, 12]
+        shown = get("/api/trajectory?run=0&source=1&row=0")
+        assert shown["trainer_logprobs"] is True and shown["tokens_note"] == ""
+        tokens = [t for s in shown["segments"] if s["trained"] for t in s["tokens"]]
+        trained = [j for j, m in enumerate(mask) if m]
+        assert [t["id"] for t in tokens] == [ids[j] for j in trained]
+        assert [t["lp"] for t in tokens] == [engine[j] for j in trained]
+        assert [t["tlp"] for t in tokens] == [trainer[j] for j in trained]
+        assert [t["dlp"] for t in tokens] == pytest.approx([0.25 * (-1) ** j for j in trained])
+        for row in (1, 2):
+            old = get(f"/api/trajectory?run=0&source=1&row={row}")
+            assert old["trainer_logprobs"] is False
+            assert all(t["tlp"] is None and t["dlp"] is None and t["lp"] == -0.5
+                       for s in old["segments"] if s["trained"] for t in s["tokens"])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_command_refuses_a_directory_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "toolrl", "view", str(tmp_path)], capture_output=True, text=True,
                          timeout=120)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import ConfigError, read_json
+from toolrl.run_dir import ProblemResult, problem_results
 
 from toolrl_viewer.traces import TraceIndex
 
@@ -108,17 +109,9 @@ class Run:
                 "sources": self.sources()}
 
 
-def per_problem(index: TraceIndex) -> dict[int, dict[str, Any]]:
-    """An evaluation's results by problem: samples, successes and mean reward."""
-    out: dict[int, dict[str, Any]] = {}
-    for s in index.rows():
-        p = out.setdefault(s.problem, {"n": 0, "successes": 0, "reward_sum": 0.0, "rewards": 0})
-        p["n"] += 1
-        p["successes"] += bool(s.success)
-        if s.reward is not None:
-            p["reward_sum"] += s.reward
-            p["rewards"] += 1
-    return out
+def per_problem(index: TraceIndex) -> dict[Any, ProblemResult]:
+    """An evaluation's results by problem (the core's tally, over the index's rows)."""
+    return problem_results((s.problem, s.success is True, s.reward) for s in index.rows())
 
 
 def compare(a: Run, b: Run) -> dict[str, Any]:
@@ -134,10 +127,9 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
     for problem in sorted(set(pa) | set(pb)):
         row: dict[str, Any] = {"problem": problem}
         for side, found in (("a", pa.get(problem)), ("b", pb.get(problem))):
-            row[side] = None if found is None else {
-                "n": found["n"], "successes": found["successes"],
-                "reward": found["reward_sum"] / found["rewards"] if found["rewards"] else None}
-        ra, rb = row["a"], row["b"]
-        row["diff"] = (rb["successes"] / rb["n"] - ra["successes"] / ra["n"]) if ra and rb else None
+            row[side] = None if found is None else {"n": found.n, "successes": found.successes,
+                                                    "reward": found.reward}
+        ra, rb = pa.get(problem), pb.get(problem)
+        row["diff"] = rb.success_rate - ra.success_rate if ra is not None and rb is not None else None
         problems.append(row)
     return {"a": a.name, "b": b.name, "summary": summary, "problems": problems}

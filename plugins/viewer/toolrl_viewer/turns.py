@@ -1,7 +1,8 @@
 """One trajectory as the page shows it: the prompt's messages, then the response in runs of trained
 (model) and untrained (tool results, template, simulated user) tokens. Trained runs are split into
-tokens carrying the engine's log-prob and, from a per-token estimator, their advantage, so the page can
-mark what was trained and colour it.
+tokens carrying the engine's log-prob, the trainer's and their difference (where the row records the
+trainer's) and, from a per-token estimator, their advantage, so the page can mark what was trained and
+colour it.
 
 Token texts need the run's tokenizer: ``checkpoints/hf`` (saved by training), else the model the run's
 ``config.json`` names (built-in models are built offline; a Hub id is read from the local cache only).
@@ -125,6 +126,9 @@ def view(row: dict[str, Any], tokenizer: Any, why_not: str = "") -> dict[str, An
     ids = list(row.get("response_ids") or [])
     mask = list(row.get("response_mask") or [0] * len(ids))
     logprobs = list(row.get("logprobs") or [])
+    # The trainer's log-probs under the step's starting weights (trace rows since they were recorded;
+    # null in rows never trained, absent in older runs).
+    trainer = row.get("trainer_logprobs") if isinstance(row.get("trainer_logprobs"), list) else None
     advantage = row.get("advantage")
     per_token_adv = advantage if isinstance(advantage, list) else None
     failed = _failed_texts(row)
@@ -136,9 +140,7 @@ def view(row: dict[str, Any], tokenizer: Any, why_not: str = "") -> dict[str, An
             if m:
                 pieces = tokenizer.batch_decode([[t] for t in ids[start:end]], skip_special_tokens=False)
                 segments.append({"trained": True, "tokens": [
-                    {"t": piece, "id": ids[i],
-                     "lp": logprobs[i] if i < len(logprobs) else None,
-                     "adv": per_token_adv[i] if per_token_adv and i < len(per_token_adv) else None}
+                    _token(piece, ids[i], _at(logprobs, i), _at(trainer, i), _at(per_token_adv, i))
                     for i, piece in zip(range(start, end), pieces)]})
             else:
                 text = tokenizer.decode(ids[start:end], skip_special_tokens=False)
@@ -160,4 +162,17 @@ def view(row: dict[str, Any], tokenizer: Any, why_not: str = "") -> dict[str, An
         "tool_results": results,
         "images": [img.get("png") for img in row.get("images") or [] if isinstance(img, dict)],
         "tokens_note": why_not,
+        "trainer_logprobs": trainer is not None,
     }
+
+
+def _at(values: list[Any] | None, i: int) -> Any:
+    return values[i] if values is not None and i < len(values) else None
+
+
+def _token(text: str, token_id: int, lp: Any, trainer_lp: Any, adv: Any) -> dict[str, Any]:
+    """One trained token: its text and id, the engine's log-prob (``lp``), the trainer's (``tlp``) and
+    their difference, trainer − engine (``dlp``; None unless both are numbers), and its advantage."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lp, trainer_lp))
+    return {"t": text, "id": token_id, "lp": lp, "tlp": trainer_lp, "dlp": trainer_lp - lp if numbers else None,
+            "adv": adv}

@@ -197,7 +197,12 @@ $("t-run").addEventListener("change", () => { fillSources(); query.offset = 0; l
 $("t-prev").addEventListener("click", () => { query.offset = Math.max(0, query.offset - 50); loadTraces(); });
 $("t-next").addEventListener("click", () => { query.offset += 50; loadTraces(); });
 
-function heat(tok, mode, scale) {
+const DIFF_FLOOR = 0.1;  // nats: the |trainer − engine| that full colour means at least (fp32 agrees to ~1e-6)
+function heat(tok, mode, scale, diffScale) {
+  if (mode === "diff" && typeof tok.dlp === "number") {
+    const d = Math.min(1, Math.abs(tok.dlp) / diffScale);  // blue: the trainer finds the token likelier
+    return tok.dlp >= 0 ? `rgba(30, 90, 230, ${(0.65 * d).toFixed(3)})` : `rgba(220, 30, 50, ${(0.65 * d).toFixed(3)})`;
+  }
   if (mode === "logprob" && typeof tok.lp === "number") {
     const surprise = 1 - Math.exp(tok.lp);  // 0: the engine was sure of this token
     return `rgba(255, 110, 0, ${(0.65 * surprise).toFixed(3)})`;
@@ -226,17 +231,23 @@ function renderTrajectory(t) {
     if (v === null || v === undefined || (typeof v === "object" && !Object.keys(v).length)) continue;
     meta.append(el("span", {}, el("b", {}, k), el("span", {class: k === "error" || k === "reward_errors" ? "bad" : ""}, fmt(v))));
   }
-  let scale = 0;
-  for (const s of t.segments) for (const tok of s.tokens || []) if (typeof tok.adv === "number") scale = Math.max(scale, Math.abs(tok.adv));
+  let scale = 0, diffScale = DIFF_FLOOR;
+  for (const s of t.segments) for (const tok of s.tokens || []) {
+    if (typeof tok.adv === "number") scale = Math.max(scale, Math.abs(tok.adv));
+    if (typeof tok.dlp === "number") diffScale = Math.max(diffScale, Math.abs(tok.dlp));
+  }
   const heatSel = el("select", {id: "heat"}, el("option", {value: "logprob"}, "colour: engine surprise (1 − p)"),
+    ...(t.trainer_logprobs ? [el("option", {value: "diff"}, "colour: trainer − engine log-prob")] : []),
     ...(scale > 0 ? [el("option", {value: "advantage"}, "colour: advantage per token")] : []),
     el("option", {value: "none"}, "no colour"));
-  heatSel.value = mode;
+  heatSel.value = [...heatSel.options].some((o) => o.value === mode) ? mode : "logprob";
   heatSel.addEventListener("change", () => renderTrajectory(t));
   const parts = [el("h3", {}, `trajectory ${m.trajectory_id ?? ""}`), meta,
-    el("div", {class: "bar legend"}, heatSel,
-      "Underlined: trained tokens (response_mask 1). Hover a token for its id and engine log-prob. " +
-      "Trace rows record the engine's log-probs only: the engine–trainer difference is the step's lp_mismatch.")];
+    el("div", {class: "bar legend"}, heatSel, "Underlined: trained tokens (response_mask 1). " + (t.trainer_logprobs
+      ? "Hover a token for its id, the engine's and the trainer's log-probs (weights the step started from) and " +
+        `trainer − engine; blue: the trainer finds it likelier, red: less likely, full colour at ${fmt(diffScale)} nats.`
+      : "Hover a token for its id and engine log-prob. " +
+        "This run's trace rows record the engine's log-probs only: the engine–trainer difference is the step's lp_mismatch."))];
   if (t.tokens_note) parts.push(el("div", {class: "legend"}, `Whole texts shown: ${t.tokens_note}`));
   if (t.images.length) parts.push(el("div", {class: "images"}, ...t.images.map((png) => el("img", {src: "data:image/png;base64," + png}))));
   for (const msg of t.prompt) parts.push(message(msg.role, msg.text));
@@ -245,8 +256,9 @@ function renderTrajectory(t) {
       const line = el("div", {class: "tokens"});
       for (const tok of s.tokens) {
         const span = el("span", {class: "tok trained", title: `id ${tok.id}  log p ${fmt(tok.lp)}` +
+          (typeof tok.tlp === "number" ? `  trainer ${fmt(tok.tlp)}  trainer − engine ${fmt(tok.dlp)}` : "") +
           (typeof tok.adv === "number" ? `  advantage ${fmt(tok.adv)}` : "")}, tok.t);
-        span.style.background = heat(tok, mode, scale);
+        span.style.background = heat(tok, heatSel.value, scale, diffScale);
         line.append(span);
       }
       parts.push(el("div", {class: "msg generated"}, el("div", {class: "role"}, "assistant · generated, trained"), line));
