@@ -4,7 +4,9 @@ an actor's result with its death as :class:`ActorDied`, and calling again after 
 Placement: each group reserves one placement group, one bundle per actor (``PACK`` for trainer
 ranks, which want to share nodes; ``SPREAD`` for rollout workers, one per node while nodes last);
 actor ``i`` and every replacement of it run in bundle ``i``, so a replacement comes up where the
-actor it replaces ran. A group the alive nodes cannot hold is a config error at once.
+actor it replaces ran. A bundle may name its own resources (``ray.trainer_rank_resources``: a custom
+resource pins a rank to the node that has it). A group the alive nodes cannot hold is a config
+error at once.
 
 ``ray`` is imported only inside the functions.
 """
@@ -12,8 +14,7 @@ actor it replaces ran. A group the alive nodes cannot hold is a config error at 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -67,28 +68,33 @@ class Placement:
     cpus: float
     gpus: float
     group: Any = None
+    custom: Sequence[Mapping[str, float]] = ()  # bundle i's own resources, for i < len(custom)
 
     @classmethod
     def reserve(cls, what: str, unit: str, count: int, cpus: float, gpus: float,
-                strategy: Literal["PACK", "SPREAD"]) -> Placement:
+                strategy: Literal["PACK", "SPREAD"], custom: Sequence[Mapping[str, float]] = ()) -> Placement:
         """Reserve the bundles; raises :class:`ConfigError` now when the alive nodes cannot hold them
-        (each node holds as many whole bundles as its CPUs and GPUs fit)."""
+        (each bundle, in turn, taken from the first alive node that still has room for it)."""
         import ray
         from ray.util.placement_group import placement_group
 
-        placement = cls(what, unit, count, cpus, gpus)
-        bundle = placement.bundle()
-        fits = 0.0
-        for node in ray.nodes():
-            if node["Alive"]:
-                fits += min((node["Resources"].get(k, 0.0) // v for k, v in bundle.items()), default=math.inf)
-        if fits < count:
-            raise ConfigError(placement.shortfall())
-        if bundle:
-            placement.group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+        placement = cls(what, unit, count, cpus, gpus, custom=custom)
+        bundles = [placement.bundle(i) for i in range(count)]
+        free = [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
+        for bundle in bundles:
+            node = next((n for n in free if all(n.get(k, 0.0) >= v for k, v in bundle.items())), None)
+            if node is None:
+                raise ConfigError(placement.shortfall())
+            for k, v in bundle.items():
+                node[k] = node.get(k, 0.0) - v
+        if any(bundles):
+            placement.group = placement_group([dict(b) for b in bundles], strategy=strategy)
         return placement
 
-    def bundle(self) -> dict[str, float]:
+    def bundle(self, index: int = 0) -> dict[str, float]:
+        """Bundle ``index``'s resources (none: the actor may run anywhere)."""
+        if index < len(self.custom):
+            return {k: float(v) for k, v in self.custom[index].items() if v > 0}
         return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
 
     def shortfall(self, after: str = "") -> str:
@@ -102,7 +108,9 @@ class Placement:
     def options(self, index: int) -> dict[str, Any]:
         """``ray.remote(...).options`` for actor ``index`` (or a replacement of it): never restarted by
         Ray, the group replaces it."""
-        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus, "max_restarts": 0}
+        bundle = self.bundle(index)
+        options: dict[str, Any] = {"num_cpus": bundle.pop("CPU", 0.0), "num_gpus": bundle.pop("GPU", 0.0),
+                                   "max_restarts": 0, **({"resources": bundle} if bundle else {})}
         if self.group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -66,6 +66,7 @@ class Recovery:
     time: float = 0.0  # unix time the death was seen
     what: str = "trainer_rank"
     ranks: list[dict[str, Any]] = field(default_factory=list)  # the new group: where each rank runs
+    node: str | None = None  # the Ray node id the dead rank ran on (a lost node: every rank it held)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +127,7 @@ class ReformingGroup:
         mode = self.config.trainer.on_rank_failure
         log.warning("%s died during %s: re-forming the trainer group (%s)", who, what, mode)
         before = self.world_size
+        node = self.infos[died.rank].get("node_id") if died.rank < len(self.infos) else None
         timeout = self.config.trainer.recovery_timeout_s
         try:
             source = await asyncio.wait_for(self._new_group(mode), timeout)
@@ -134,7 +136,8 @@ class ReformingGroup:
                                 f"trainer.recovery_timeout_s={timeout:g} s") from None
         record = Recovery(who, what, mode if self.world_size == before else "shrink", before, self.world_size,
                           source, time.perf_counter() - t0, time=seen,
-                          ranks=[{k: i.get(k) for k in ("rank", "pid", "host", "node_id")} for i in self.infos])
+                          ranks=[{k: i.get(k) for k in ("rank", "pid", "host", "node_id")} for i in self.infos],
+                          node=node)
         self.recoveries.append(record)
         log.warning("trainer group re-formed after %s died: %d rank(s) from %s in %.1f s", who, self.world_size,
                     source, record.recovery_s)
@@ -170,7 +173,7 @@ class ReformingGroup:
     def _reserve(self, size: int) -> Placement:
         ray = self.config.ray
         return Placement.reserve(f"trainer.world_size={size}", "rank", size, ray.num_cpus_per_trainer,
-                                 ray.num_gpus_per_trainer, "PACK")
+                                 ray.num_gpus_per_trainer, "PACK", ray.trainer_rank_resources)
 
     def _kill_ranks(self) -> None:
         import ray
@@ -181,11 +184,36 @@ class ReformingGroup:
 
     async def _keep_copies(self, step: int) -> float:
         """Every rank's in-memory copy of its state after ``step`` (a 1-based step number), kept in
-        the object store (owned by this process, so a rank's death does not take it); the seconds
-        the step waited for it (the copies made and stored)."""
+        the object store (owned by this process, so a rank's death does not take it) and, when the
+        ranks span nodes, pulled by a rank on another node (:func:`peer_holders`), so a lost node
+        does not take it either; the seconds the step waited for it (made, stored and pulled)."""
         t0 = time.perf_counter()
         calls = [r.snapshot.options(num_returns=2).remote() for r in self.ranks]
         await self._all([c[0] for c in calls], f"step {step}")
-        self.copies = [c[1] for c in calls]  # the previous step's copies are freed
+        copies = [c[1] for c in calls]
+        holders = peer_holders([info.get("node_id") for info in self.infos])
+        if holders:  # the refs go inside a list: the holder pulls them itself and keeps what it got
+            await self._all([r.hold_copies.remote(step, [copies[j] for j in holders.get(i, [])])
+                             for i, r in enumerate(self.ranks)], f"step {step}")
+        self.copies = copies  # the previous step's copies are freed
         self.copies_step, self.copies_world_size, self.loaded = step, self.world_size, None
+        for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
+            self.ranks[i].release_copies.remote(step)  # runs before the rank's next call
         return time.perf_counter() - t0
+
+
+def peer_holders(node_ids: Sequence[str | None]) -> dict[int, list[int]]:
+    """Which rank pulls which ranks' copies after a step, so each copy is also on a second node:
+    rank ``j``'s copy goes to the next rank after it (cyclically) on another node than ``j``'s.
+    ``node_ids``: each rank's node, in rank order (None: unknown). On one node: none (the copies
+    already are where the ranks are, and nothing changes)."""
+    holders: dict[int, list[int]] = {}
+    size = len(node_ids)
+    for j, node in enumerate(node_ids):
+        if node is None:
+            continue
+        peer = next((i for i in ((j + k) % size for k in range(1, size))
+                     if node_ids[i] is not None and node_ids[i] != node), None)
+        if peer is not None:
+            holders.setdefault(peer, []).append(j)
+    return holders
