@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_sharded_training import RECOVERY_BOUND_S, config, even_tokens_plugin, lines, train, weights
+from test_sharded_training import (
+    RECOVERY_BOUND_S,
+    _computed,
+    config,
+    even_tokens_plugin,
+    lines,
+    train,
+    weights,
+)
 from toolrl.roles.rollout_workers import init_ray
 
 ray = pytest.importorskip("ray")
@@ -128,12 +136,10 @@ def kill_node_after(cluster: Cluster, run: Path, step: int, found: dict[str, Any
         time.sleep(0.05)
 
 
-@pytest.mark.timeout(1800)
-def test_a_lost_node_loses_no_step_in_shrink_mode(tmp_path):
-    """trainer.on_rank_failure=shrink: the node of rank 1 is lost after step 1. Its copy of step 1
-    was in that node's object store, and also in the head's (rank 0 pulled it); the group goes on
-    with rank 0 alone from both copies: every step once, no step lost, the lost node named, and
-    the run equals one trained on one rank throughout to fp32 reduction-order noise."""
+@contextmanager
+def on_two_nodes(tmp_path: Path) -> Iterator[tuple[Cluster, str, tuple[str, ...]]]:
+    """The two nodes, this process connected; the cluster, the head's node id, and the overrides
+    that run on it with rank 0 on the head and rank 1 on the second node."""
     (tmp_path / "plugin").mkdir()
     pythonpath = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "core"),
                                   even_tokens_plugin(tmp_path / "plugin")])
@@ -142,38 +148,75 @@ def test_a_lost_node_loses_no_step_in_shrink_mode(tmp_path):
         cluster.node2_id = next(n["NodeID"] for n in ray.nodes() if "node2" in n["Resources"])
         head_id = next(n["NodeID"] for n in ray.nodes() if "head" in n["Resources"])
         assert any(p.name() == "raylet" for pid, p in cluster.processes().items() if pid in cluster.node2_pids)
-        on = (f"ray.address={cluster.address}",)
-        run = tmp_path / "lost-node"
-        found: dict[str, Any] = {}
-        killer = threading.Thread(target=kill_node_after, args=(cluster, run, 1, found), daemon=True)
-        killer.start()
-        train(config(run, 2, extra=(*on, "trainer.on_rank_failure=shrink",
-                                    "ray.trainer_rank_resources=[{CPU: 1, head: 1}, {node2: 1}]")))
-        killer.join(timeout=5)
-        print("killed the second node's processes:", found)
-        assert found["rank_pid"] in found["killed"]
-        roles = json.loads((run / "roles.json").read_text())
-        one = train(config(tmp_path / "one", 1, extra=on))
-        assert not next(n["Alive"] for n in ray.nodes() if n["NodeID"] == cluster.node2_id)
+        yield cluster, head_id, (f"ray.address={cluster.address}",
+                                 "ray.trainer_rank_resources=[{CPU: 1, head: 1}, {node2: 1}]")
 
-    rows, want = lines(run / "metrics.jsonl"), lines(one / "metrics.jsonl")
-    print("snapshot_s:", [round(r["snapshot_s"], 3) for r in rows], "one rank:", [round(r["snapshot_s"], 3) for r in want])
+
+def lose_node2(cluster: Cluster, run: Path, extra: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train 3 steps on two ranks, the second node killed after step 1; what was killed, and the
+    recovery's row (checked: one, naming the lost node, from memory, nothing lost, in the bound)."""
+    found: dict[str, Any] = {}
+    killer = threading.Thread(target=kill_node_after, args=(cluster, run, 1, found), daemon=True)
+    killer.start()
+    train(config(run, 2, extra=extra))
+    killer.join(timeout=5)
+    print("killed the second node's processes:", found)
+    assert found["rank_pid"] in found["killed"]
+    rows = lines(run / "metrics.jsonl")
+    print("snapshot_s:", [round(r["snapshot_s"], 3) for r in rows])
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["recoveries"] for r in rows] == [0, 1, 0]
     assert all(r["steps_lost"] == 0 and "failed" not in r for r in rows)
     (recovery,) = lines(run / "recoveries.jsonl")
-    print("recovery:", {k: recovery[k] for k in ("died", "during", "node", "source", "recovery_s")})
-    assert (recovery["mode"], recovery["world_size_before"], recovery["world_size"], recovery["source"],
-            recovery["steps_lost"]) == ("shrink", 2, 1, "memory (step 1)", 0)
+    print("recovery:", {k: recovery[k] for k in ("died", "during", "mode", "node", "source", "recovery_s")})
+    assert (recovery["world_size_before"], recovery["source"], recovery["steps_lost"]) == (2, "memory (step 1)", 0)
     assert recovery["died"].startswith(f"trainer rank 1 (pid {found['rank_pid']} ") and recovery["during"] == "step 2"
     assert recovery["node"] == cluster.node2_id  # the lost node, by its Ray id
     assert recovery["recovery_s"] < RECOVERY_BOUND_S
     assert recovery["time"] - found["at"] < RECOVERY_BOUND_S  # seen soon after the node went
+    assert not next(n["Alive"] for n in ray.nodes() if n["NodeID"] == cluster.node2_id)
+    return found, recovery
+
+
+@pytest.mark.timeout(1800)
+def test_a_lost_node_loses_no_step_in_shrink_mode(tmp_path):
+    """trainer.on_rank_failure=shrink: the node of rank 1 is lost after step 1. Its copy of step 1
+    was in that node's object store, and also in the head's (rank 0 pulled it); the group goes on
+    with rank 0 alone from both copies: every step once, no step lost, the lost node named, and
+    the run equals one trained on one rank throughout to fp32 reduction-order noise."""
+    with on_two_nodes(tmp_path) as (cluster, head_id, extra):
+        run = tmp_path / "lost-node"
+        _, recovery = lose_node2(cluster, run, (*extra, "trainer.on_rank_failure=shrink"))
+        one = train(config(tmp_path / "one", 1, extra=extra[:1]))
+
+    assert (recovery["mode"], recovery["world_size"]) == ("shrink", 1)
+    roles = json.loads((run / "roles.json").read_text())
     assert [(r["rank"], r["node_id"]) for r in roles["trainer"]] == [(0, head_id)]  # the new group: on the head
     assert json.loads((run / "checkpoints" / "step_000003" / "meta.json").read_text())["world_size"] == 1
-    for got, expected in zip(rows, want, strict=True):
+    for got, expected in zip(lines(run / "metrics.jsonl"), lines(one / "metrics.jsonl"), strict=True):
         assert [t["reward"] for t in lines(run / "rollouts" / f"step_{got['step']:05d}.jsonl")] == \
             [t["reward"] for t in lines(one / "rollouts" / f"step_{got['step']:05d}.jsonl")]
         assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
         assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
     w_want, w_got = weights(one, 3, tmp_path), weights(run, 3, tmp_path)
     assert max(float((w_want[k] - w_got[k]).abs().max()) for k in w_want) <= 1e-5
+
+
+@pytest.mark.timeout(1800)
+def test_a_lost_node_in_replace_mode_is_replaced_on_the_head_and_the_run_is_exact(tmp_path):
+    """trainer.on_rank_failure=replace (the default): the node of rank 1 is lost after step 1; the
+    re-formed group waits for Ray to declare the node lost, then starts two ranks on the head (rank 1's
+    pinning resource is gone with its node) from the two copies of step 1 (rank 1's from the head's
+    object store). Every step's figures and the final weights equal an uninterrupted run's on the
+    two nodes bit for bit."""
+    with on_two_nodes(tmp_path) as (cluster, head_id, extra):
+        whole = train(config(tmp_path / "whole", 2, extra=extra))
+        run = tmp_path / "lost-node"
+        _, recovery = lose_node2(cluster, run, extra)
+
+    assert (recovery["mode"], recovery["world_size"]) == ("replace", 2)
+    roles = json.loads((run / "roles.json").read_text())
+    assert [(r["rank"], r["node_id"]) for r in roles["trainer"]] == [(0, head_id), (1, head_id)]
+    for got, expected in zip(lines(run / "metrics.jsonl"), lines(whole / "metrics.jsonl"), strict=True):
+        assert _computed(got) == _computed(expected), got["step"]
+    w_want, w_got = weights(whole, 3, tmp_path), weights(run, 3, tmp_path)
+    assert max(float((w_want[k] - w_got[k]).abs().max()) for k in w_want) == 0.0

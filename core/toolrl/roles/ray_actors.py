@@ -25,24 +25,27 @@ T = TypeVar("T")
 
 class ActorDied(RuntimeError):
     """The actor computing a result died (its process or its node) before giving it; ``actor`` is
-    its handle, as the caller gave it."""
+    its handle, as the caller gave it. ``unavailable``: Ray could not reach it but has not (yet)
+    declared it dead, as when its node stopped answering and is not yet known to be lost."""
 
-    def __init__(self, actor: Any, detail: str) -> None:
+    def __init__(self, actor: Any, detail: str, unavailable: bool = False) -> None:
         super().__init__(detail)
         self.actor = actor
+        self.unavailable = unavailable
 
 
 async def result(ref: Any, actor: Any = None) -> Any:
     """The value of ``ref``, a call made on ``actor``. The actor's death raises :class:`ActorDied`;
     an exception raised inside the call comes as Ray gives it (a ``RayTaskError`` that is also an
     instance of the cause's class, the cause under ``.cause``)."""
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorUnavailableError, RayActorError
 
     try:
         return await ref
     except RayActorError as exc:
         lines = str(exc).strip().splitlines()
-        raise ActorDied(actor, lines[0] if lines else type(exc).__name__) from exc
+        raise ActorDied(actor, lines[0] if lines else type(exc).__name__,
+                        isinstance(exc, ActorUnavailableError)) from exc
 
 
 async def retry(attempt: Callable[[], Awaitable[T]], attempts: int, died: Callable[[ActorDied], None]) -> T:
@@ -68,7 +71,7 @@ class Placement:
     cpus: float
     gpus: float
     group: Any = None
-    custom: Sequence[Mapping[str, float]] = ()  # bundle i's own resources, for i < len(custom)
+    custom: Sequence[Mapping[str, float]] = ()  # bundle i's own resources, for i < len(custom) (empty: the default)
 
     @classmethod
     def reserve(cls, what: str, unit: str, count: int, cpus: float, gpus: float,
@@ -93,7 +96,7 @@ class Placement:
 
     def bundle(self, index: int = 0) -> dict[str, float]:
         """Bundle ``index``'s resources (none: the actor may run anywhere)."""
-        if index < len(self.custom):
+        if index < len(self.custom) and self.custom[index]:  # an empty one: the default
             return {k: float(v) for k, v in self.custom[index].items() if v > 0}
         return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
 

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_DEATHS_PER_CALL = 3
+# How long a re-forming group waits for Ray's verdict on the node of a rank it could not reach (Ray
+# declares a silent node dead after missed health checks: 10-20 s with its defaults).
+NODE_VERDICT_S = 60.0
 
 
 class TrainerFailed(RuntimeError):
@@ -46,9 +49,10 @@ class TrainerFailed(RuntimeError):
 class RankDied(TrainerFailed):
     """Trainer rank ``rank``'s actor died (its process or its node): the group can be re-formed."""
 
-    def __init__(self, message: str, rank: int) -> None:
+    def __init__(self, message: str, rank: int, unavailable: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        self.unavailable = unavailable  # not reachable, not yet declared dead: its node may be lost
 
 
 @dataclass
@@ -130,7 +134,7 @@ class ReformingGroup:
         node = self.infos[died.rank].get("node_id") if died.rank < len(self.infos) else None
         timeout = self.config.trainer.recovery_timeout_s
         try:
-            source = await asyncio.wait_for(self._new_group(mode), timeout)
+            source = await asyncio.wait_for(self._new_group(mode, node if died.unavailable else None), timeout)
         except TimeoutError:
             raise TrainerFailed(f"{who} died during {what}; the trainer group was not re-formed within "
                                 f"trainer.recovery_timeout_s={timeout:g} s") from None
@@ -142,21 +146,25 @@ class ReformingGroup:
         log.warning("trainer group re-formed after %s died: %d rank(s) from %s in %.1f s", who, self.world_size,
                     source, record.recovery_s)
 
-    async def _new_group(self, mode: str) -> str:
-        """Kill every rank, start the new group and load the newest state into it; where it came from."""
+    async def _new_group(self, mode: str, unreachable: str | None = None) -> str:
+        """Kill every rank, start the new group and load the newest state into it; where it came from.
+        ``unreachable``: the node of a rank Ray could not reach, waited for first (see
+        :meth:`_node_verdict`)."""
         t0 = time.perf_counter()
         self._kill_ranks()
+        if unreachable is not None:
+            await self._node_verdict(unreachable)
         size = self.world_size if mode == "replace" else max(1, self.world_size - 1)
         with contextlib.suppress(Exception):
             self.placement.remove()
         try:
-            self.placement = self._reserve(size)
+            self.placement = self._reserve(size, reforming=True)
         except ConfigError:
             if size == 1:
                 raise
             log.warning("no room for %d trainer ranks: continuing with %d", size, size - 1)
             size -= 1
-            self.placement = self._reserve(size)
+            self.placement = self._reserve(size, reforming=True)
         self.world_size = size
         self.ranks = self._spawn(size)
         t1 = time.perf_counter()
@@ -170,10 +178,35 @@ class ReformingGroup:
             return f"checkpoint {self.loaded}"
         return "initial weights"
 
-    def _reserve(self, size: int) -> Placement:
+    @staticmethod
+    async def _node_verdict(node: str) -> None:
+        """Wait (at most :data:`NODE_VERDICT_S`) until Ray declares ``node`` dead, or it answers again:
+        a rank that could not be reached may have gone with its node, which Ray still counts as alive
+        until its heartbeats are missed; a group placed before that would wait on the lost node."""
+        import ray
+
+        deadline = time.monotonic() + NODE_VERDICT_S
+        log.warning("node %s does not answer: waiting for Ray to declare it lost (at most %g s)", node, NODE_VERDICT_S)
+        while time.monotonic() < deadline:
+            alive = await asyncio.to_thread(lambda: [n["Alive"] for n in ray.nodes() if n["NodeID"] == node])
+            if not alive or not alive[0]:
+                log.warning("node %s is lost", node)
+                return
+            await asyncio.sleep(0.5)
+
+    def _reserve(self, size: int, reforming: bool = False) -> Placement:
+        """Bundles for ``size`` ranks. ``reforming``: a rank whose ``ray.trainer_rank_resources`` no
+        alive node has any longer (its node was lost) asks for the default instead, so it can start
+        where there is room."""
         ray = self.config.ray
+        custom: list[dict[str, float]] = list(ray.trainer_rank_resources)
+        if reforming and custom:
+            custom = [c if _some_node_has(c) else {} for c in custom]
+            for i, (asked, got) in enumerate(zip(ray.trainer_rank_resources, custom, strict=True)):
+                if i < size and asked and not got:
+                    log.warning("trainer rank %d: no alive node has %s: it starts where there is room", i, asked)
         return Placement.reserve(f"trainer.world_size={size}", "rank", size, ray.num_cpus_per_trainer,
-                                 ray.num_gpus_per_trainer, "PACK", ray.trainer_rank_resources)
+                                 ray.num_gpus_per_trainer, "PACK", custom)
 
     def _kill_ranks(self) -> None:
         import ray
@@ -200,6 +233,14 @@ class ReformingGroup:
         for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
             self.ranks[i].release_copies.remote(step)  # runs before the rank's next call
         return time.perf_counter() - t0
+
+
+def _some_node_has(resources: dict[str, float]) -> bool:
+    """Whether an alive node has ``resources`` (in all, used or not)."""
+    import ray
+
+    return any(n["Alive"] and all(n["Resources"].get(k, 0.0) >= v for k, v in resources.items())
+               for n in ray.nodes())
 
 
 def peer_holders(node_ids: Sequence[str | None]) -> dict[int, list[int]]:

@@ -159,7 +159,7 @@ class RayTrainerGroup(ReformingGroup):
                     exc = fut.exception()
                     where = self._where(rank)
                     if isinstance(exc, ActorDied):
-                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank) from None
+                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
                     cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
                     if isinstance(cause, ConfigError):
                         raise cause
