@@ -244,17 +244,21 @@ def _some_node_has(resources: dict[str, float]) -> bool:
 
 
 def peer_holders(node_ids: Sequence[str | None]) -> dict[int, list[int]]:
-    """Which rank pulls which ranks' copies after a step, so each copy is also on a second node:
-    rank ``j``'s copy goes to the next rank after it (cyclically) on another node than ``j``'s.
-    ``node_ids``: each rank's node, in rank order (None: unknown). On one node: none (the copies
-    already are where the ranks are, and nothing changes)."""
+    """Which rank pulls which ranks' copies after a step, so each copy is also on a second node: the
+    ``p``-th rank of a node sends its copy to the ``p``-th rank (cyclically) of the next node (in
+    the order the nodes first appear), which spreads the copies evenly over the ranks.
+    ``node_ids``: each rank's node, in rank order (None: unknown, neither sends nor holds). On one
+    node: none (the copies already are where the ranks are, and nothing changes)."""
+    on: dict[str, list[int]] = {}
+    for rank, node in enumerate(node_ids):
+        if node is not None:
+            on.setdefault(node, []).append(rank)
+    nodes = list(on)
     holders: dict[int, list[int]] = {}
-    size = len(node_ids)
-    for j, node in enumerate(node_ids):
-        if node is None:
-            continue
-        peer = next((i for i in ((j + k) % size for k in range(1, size))
-                     if node_ids[i] is not None and node_ids[i] != node), None)
-        if peer is not None:
-            holders.setdefault(peer, []).append(j)
-    return holders
+    if len(nodes) < 2:
+        return holders
+    for n, node in enumerate(nodes):
+        peers = on[nodes[(n + 1) % len(nodes)]]
+        for p, rank in enumerate(on[node]):
+            holders.setdefault(peers[p % len(peers)], []).append(rank)
+    return {h: sorted(holders[h]) for h in sorted(holders)}
