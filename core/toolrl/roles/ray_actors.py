@@ -104,6 +104,10 @@ class Placement:
         import ray
 
         total = ray.cluster_resources()
+        if any(self.custom[:self.count]):  # the bundles are not all alike: name each
+            asked = ", ".join(f"{self.unit} {i}: {self.bundle(i)}" for i in range(self.count))
+            return (f"{self.what} needs {asked}{after}; the alive nodes cannot hold them; the cluster has "
+                    f"{ {k: v for k, v in total.items() if not k.startswith(('node:', 'memory', 'object_store'))} }")
         return (f"{self.what} needs {self.count * self.cpus:g} CPUs and {self.count * self.gpus:g} GPUs on nodes "
                 f"that fit a {self.unit}{after}; the cluster has {total.get('CPU', 0):g} CPUs and "
                 f"{total.get('GPU', 0):g} GPUs")

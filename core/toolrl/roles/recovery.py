@@ -180,9 +180,10 @@ class ReformingGroup:
 
     @staticmethod
     async def _node_verdict(node: str) -> None:
-        """Wait (at most :data:`NODE_VERDICT_S`) until Ray declares ``node`` dead, or it answers again:
-        a rank that could not be reached may have gone with its node, which Ray still counts as alive
-        until its heartbeats are missed; a group placed before that would wait on the lost node."""
+        """Wait until Ray declares ``node`` dead (at most :data:`NODE_VERDICT_S`; a node still alive
+        then is taken as alive): a rank that could not be reached may have gone with its node, which
+        Ray counts as alive until it misses its health checks, and a group placed before that could be
+        placed on the lost node."""
         import ray
 
         deadline = time.monotonic() + NODE_VERDICT_S
