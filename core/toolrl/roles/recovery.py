@@ -10,7 +10,8 @@ controller awaits every rank's result; Ray reports a dead actor within seconds) 
    the group shrinks instead), ``shrink`` one fewer;
 3. the new ranks take the newest state: the in-memory copies every rank made after the last step
    (:mod:`toolrl.roles.rank_state`, kept by the controller in Ray's object store, so a rank's
-   death does not lose its copy), else the checkpoint the run resumed from, else (no step trained
+   death does not lose its copy; pulled by a rank on another node too, so a node's loss does not
+   either: :func:`peer_holders`), else the checkpoint the run resumed from, else (no step trained
    yet) the initial weights they were built with;
 4. the interrupted call runs again: a step with the same batch (the same seeds: they are the
    batch's), a weight push, a save.
