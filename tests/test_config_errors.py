@@ -133,6 +133,12 @@ def test_model_tiny_unknown_key_from_an_override_and_from_the_file(tmp_path):
         "hidden_size": 32, "num_hidden_layers": 1}
 
 
+def test_a_trainer_rank_that_asks_for_no_resource(tmp_path):
+    path = write_config(tmp_path)
+    one_error_line(invoke("train", str(path), "ray.trainer_rank_resources=[{CPU: 1}, {node2: 0}]"),
+                   "ray.trainer_rank_resources", "rank 1: name at least one resource")
+
+
 def test_output_dir_is_a_file(tmp_path):
     (tmp_path / "taken").write_text("x")
     path = write_config(tmp_path)

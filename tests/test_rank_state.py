@@ -116,3 +116,20 @@ def test_copies_restore_a_group_of_the_same_size_exactly_and_reshard_to_one_rank
     moments = [optimizer.state[p]["exp_avg"] for p in model.parameters()]
     assert all(m.abs().sum() > 0 for m in moments)  # Adam's state came back, whole
     assert torch.equal(torch.get_rng_state(), saved[0]["copy"]["rng"])
+
+
+def test_each_copy_is_held_on_another_node_and_on_one_node_none_is():
+    """Who pulls whose copy after a step (toolrl.roles.recovery.peer_holders): a rank of the next
+    node, the copies spread evenly; nobody when every rank shares a node (nothing changes there)."""
+    from toolrl.roles.recovery import peer_holders
+
+    assert peer_holders(["a", "a"]) == {} and peer_holders(["a"]) == {} and peer_holders([]) == {}
+    assert peer_holders(["a", "b"]) == {0: [1], 1: [0]}
+    assert peer_holders(["a", "a", "b", "b"]) == {0: [2], 1: [3], 2: [0], 3: [1]}
+    assert peer_holders(["a", "b", "a", "b"]) == {0: [1], 1: [0], 2: [3], 3: [2]}
+    assert peer_holders(["a", "b", "c"]) == {0: [2], 1: [0], 2: [1]}
+    assert peer_holders(["a", "a", "a", "b"]) == {0: [3], 3: [0, 1, 2]}  # the lone rank of b holds all of a's
+    assert peer_holders(["a", None, "b"]) == {0: [2], 2: [0]}  # a rank of unknown node: neither sends nor holds
+    for nodes in (["a", "b", "c"], ["a", "a", "b", "b", "c"], ["x", "y", "x", "z"]):  # each copy on another node
+        held = {src: h for h, srcs in peer_holders(nodes).items() for src in srcs}
+        assert sorted(held) == list(range(len(nodes))) and all(nodes[h] != nodes[s] for s, h in held.items())

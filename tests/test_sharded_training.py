@@ -31,21 +31,27 @@ def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A local Ray whose workers (and this process) see a plugin registering ``even_tokens``."""
+def even_tokens_plugin(plugin_dir: Path) -> str:
+    """Register a plugin's ``even_tokens`` reward in this process (built in ``plugin_dir``, put on
+    sys.path); the PYTHONPATH Ray's workers need to import it."""
     from toolrl.plugins import get_plugins
     from toolrl.plugins.registry import Part
 
-    if ray.is_initialized():
-        pytest.fail("a Ray connection from an earlier test is still open")
-    plugin_dir = tmp_path_factory.mktemp("plugin")
     make_dist(plugin_dir, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     sys.path.insert(0, str(plugin_dir))
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_tokens"):
         registry.add(Part("reward_functions", "even_tokens", "tests", "even_tokens_plugin:EvenTokens"))
-    path = os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
+    return os.pathsep.join(filter(None, [str(plugin_dir), os.environ.get("PYTHONPATH")]))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A local Ray whose workers (and this process) see a plugin registering ``even_tokens``."""
+    if ray.is_initialized():
+        pytest.fail("a Ray connection from an earlier test is still open")
+    plugin_dir = tmp_path_factory.mktemp("plugin")
+    path = even_tokens_plugin(plugin_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")
         init_ray("local", 4, runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})

@@ -458,6 +458,19 @@ class RayConfig(Section):
     num_gpus_per_worker: float = Field(0.0, ge=0)
     num_cpus_per_trainer: float = Field(1.0, gt=0)
     num_gpus_per_trainer: float = Field(0.0, ge=0, description="1: each trainer rank gets a GPU (NCCL)")
+    # Where a rank must run: rank i asks for these Ray resources in place of num_cpus_per_trainer and
+    # num_gpus_per_trainer (ranks past the list ask for those), e.g. [{CPU: 1}, {node2: 1}] puts rank 1
+    # on the node started with --resources='{"node2": 1}'. A re-formed group asks the same, but for a
+    # rank whose resources no alive node has any longer (its node was lost): it asks for the defaults.
+    trainer_rank_resources: list[dict[str, Annotated[float, Field(ge=0)]]] = Field(default_factory=list)
+
+    @field_validator("trainer_rank_resources")
+    @classmethod
+    def _each_rank_asks_for_something(cls, v: list[dict[str, float]]) -> list[dict[str, float]]:
+        for i, resources in enumerate(v):
+            if not any(amount > 0 for amount in resources.values()):
+                raise ValueError(f"rank {i}: name at least one resource, e.g. {{CPU: 1}}")
+        return v
 
 
 class Config(Section):

@@ -4,7 +4,9 @@ an actor's result with its death as :class:`ActorDied`, and calling again after 
 Placement: each group reserves one placement group, one bundle per actor (``PACK`` for trainer
 ranks, which want to share nodes; ``SPREAD`` for rollout workers, one per node while nodes last);
 actor ``i`` and every replacement of it run in bundle ``i``, so a replacement comes up where the
-actor it replaces ran. A group the alive nodes cannot hold is a config error at once.
+actor it replaces ran. A bundle may name its own resources (``ray.trainer_rank_resources``: a custom
+resource pins a rank to the node that has it). A group the alive nodes cannot hold is a config
+error at once.
 
 ``ray`` is imported only inside the functions.
 """
@@ -12,8 +14,7 @@ actor it replaces ran. A group the alive nodes cannot hold is a config error at 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -24,24 +25,27 @@ T = TypeVar("T")
 
 class ActorDied(RuntimeError):
     """The actor computing a result died (its process or its node) before giving it; ``actor`` is
-    its handle, as the caller gave it."""
+    its handle, as the caller gave it. ``unavailable``: Ray could not reach it but has not (yet)
+    declared it dead, as when its node stopped answering and is not yet known to be lost."""
 
-    def __init__(self, actor: Any, detail: str) -> None:
+    def __init__(self, actor: Any, detail: str, unavailable: bool = False) -> None:
         super().__init__(detail)
         self.actor = actor
+        self.unavailable = unavailable
 
 
 async def result(ref: Any, actor: Any = None) -> Any:
     """The value of ``ref``, a call made on ``actor``. The actor's death raises :class:`ActorDied`;
     an exception raised inside the call comes as Ray gives it (a ``RayTaskError`` that is also an
     instance of the cause's class, the cause under ``.cause``)."""
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorUnavailableError, RayActorError
 
     try:
         return await ref
     except RayActorError as exc:
         lines = str(exc).strip().splitlines()
-        raise ActorDied(actor, lines[0] if lines else type(exc).__name__) from exc
+        raise ActorDied(actor, lines[0] if lines else type(exc).__name__,
+                        isinstance(exc, ActorUnavailableError)) from exc
 
 
 async def retry(attempt: Callable[[], Awaitable[T]], attempts: int, died: Callable[[ActorDied], None]) -> T:
@@ -67,34 +71,43 @@ class Placement:
     cpus: float
     gpus: float
     group: Any = None
+    custom: Sequence[Mapping[str, float]] = ()  # bundle i's own resources, for i < len(custom) (empty: the default)
 
     @classmethod
     def reserve(cls, what: str, unit: str, count: int, cpus: float, gpus: float,
-                strategy: Literal["PACK", "SPREAD"]) -> Placement:
+                strategy: Literal["PACK", "SPREAD"], custom: Sequence[Mapping[str, float]] = ()) -> Placement:
         """Reserve the bundles; raises :class:`ConfigError` now when the alive nodes cannot hold them
-        (each node holds as many whole bundles as its CPUs and GPUs fit)."""
+        (each bundle, in turn, taken from the first alive node that still has room for it)."""
         import ray
         from ray.util.placement_group import placement_group
 
-        placement = cls(what, unit, count, cpus, gpus)
-        bundle = placement.bundle()
-        fits = 0.0
-        for node in ray.nodes():
-            if node["Alive"]:
-                fits += min((node["Resources"].get(k, 0.0) // v for k, v in bundle.items()), default=math.inf)
-        if fits < count:
-            raise ConfigError(placement.shortfall())
-        if bundle:
-            placement.group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+        placement = cls(what, unit, count, cpus, gpus, custom=custom)
+        bundles = [placement.bundle(i) for i in range(count)]
+        free = [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
+        for bundle in bundles:
+            node = next((n for n in free if all(n.get(k, 0.0) >= v for k, v in bundle.items())), None)
+            if node is None:
+                raise ConfigError(placement.shortfall())
+            for k, v in bundle.items():
+                node[k] = node.get(k, 0.0) - v
+        if any(bundles):
+            placement.group = placement_group([dict(b) for b in bundles], strategy=strategy)
         return placement
 
-    def bundle(self) -> dict[str, float]:
+    def bundle(self, index: int = 0) -> dict[str, float]:
+        """Bundle ``index``'s resources (none: the actor may run anywhere)."""
+        if index < len(self.custom) and self.custom[index]:  # an empty one: the default
+            return {k: float(v) for k, v in self.custom[index].items() if v > 0}
         return {k: v for k, v in (("CPU", self.cpus), ("GPU", self.gpus)) if v > 0}
 
     def shortfall(self, after: str = "") -> str:
         import ray
 
         total = ray.cluster_resources()
+        if any(self.custom[:self.count]):  # the bundles are not all alike: name each
+            asked = ", ".join(f"{self.unit} {i}: {self.bundle(i)}" for i in range(self.count))
+            return (f"{self.what} needs {asked}{after}; the alive nodes cannot hold them; the cluster has "
+                    f"{ {k: v for k, v in total.items() if not k.startswith(('node:', 'memory', 'object_store'))} }")
         return (f"{self.what} needs {self.count * self.cpus:g} CPUs and {self.count * self.gpus:g} GPUs on nodes "
                 f"that fit a {self.unit}{after}; the cluster has {total.get('CPU', 0):g} CPUs and "
                 f"{total.get('GPU', 0):g} GPUs")
@@ -102,7 +115,9 @@ class Placement:
     def options(self, index: int) -> dict[str, Any]:
         """``ray.remote(...).options`` for actor ``index`` (or a replacement of it): never restarted by
         Ray, the group replaces it."""
-        options: dict[str, Any] = {"num_cpus": self.cpus, "num_gpus": self.gpus, "max_restarts": 0}
+        bundle = self.bundle(index)
+        options: dict[str, Any] = {"num_cpus": bundle.pop("CPU", 0.0), "num_gpus": bundle.pop("GPU", 0.0),
+                                   "max_restarts": 0, **({"resources": bundle} if bundle else {})}
         if self.group is not None:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -10,7 +10,8 @@ controller awaits every rank's result; Ray reports a dead actor within seconds) 
    the group shrinks instead), ``shrink`` one fewer;
 3. the new ranks take the newest state: the in-memory copies every rank made after the last step
    (:mod:`toolrl.roles.rank_state`, kept by the controller in Ray's object store, so a rank's
-   death does not lose its copy), else the checkpoint the run resumed from, else (no step trained
+   death does not lose its copy; pulled by a rank on another node too, so a node's loss does not
+   either: :func:`peer_holders`), else the checkpoint the run resumed from, else (no step trained
    yet) the initial weights they were built with;
 4. the interrupted call runs again: a step with the same batch (the same seeds: they are the
    batch's), a weight push, a save.
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_DEATHS_PER_CALL = 3
+# How long a re-forming group waits for Ray's verdict on the node of a rank it could not reach (Ray
+# declares a silent node dead after missed health checks: 10-20 s with its defaults).
+NODE_VERDICT_S = 60.0
 
 
 class TrainerFailed(RuntimeError):
@@ -46,9 +50,10 @@ class TrainerFailed(RuntimeError):
 class RankDied(TrainerFailed):
     """Trainer rank ``rank``'s actor died (its process or its node): the group can be re-formed."""
 
-    def __init__(self, message: str, rank: int) -> None:
+    def __init__(self, message: str, rank: int, unavailable: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        self.unavailable = unavailable  # not reachable, not yet declared dead: its node may be lost
 
 
 @dataclass
@@ -66,6 +71,7 @@ class Recovery:
     time: float = 0.0  # unix time the death was seen
     what: str = "trainer_rank"
     ranks: list[dict[str, Any]] = field(default_factory=list)  # the new group: where each rank runs
+    node: str | None = None  # the Ray node id the dead rank ran on (a lost node: every rank it held)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,34 +132,40 @@ class ReformingGroup:
         mode = self.config.trainer.on_rank_failure
         log.warning("%s died during %s: re-forming the trainer group (%s)", who, what, mode)
         before = self.world_size
+        node = self.infos[died.rank].get("node_id") if died.rank < len(self.infos) else None
         timeout = self.config.trainer.recovery_timeout_s
         try:
-            source = await asyncio.wait_for(self._new_group(mode), timeout)
+            source = await asyncio.wait_for(self._new_group(mode, node if died.unavailable else None), timeout)
         except TimeoutError:
             raise TrainerFailed(f"{who} died during {what}; the trainer group was not re-formed within "
                                 f"trainer.recovery_timeout_s={timeout:g} s") from None
         record = Recovery(who, what, mode if self.world_size == before else "shrink", before, self.world_size,
                           source, time.perf_counter() - t0, time=seen,
-                          ranks=[{k: i.get(k) for k in ("rank", "pid", "host", "node_id")} for i in self.infos])
+                          ranks=[{k: i.get(k) for k in ("rank", "pid", "host", "node_id")} for i in self.infos],
+                          node=node)
         self.recoveries.append(record)
         log.warning("trainer group re-formed after %s died: %d rank(s) from %s in %.1f s", who, self.world_size,
                     source, record.recovery_s)
 
-    async def _new_group(self, mode: str) -> str:
-        """Kill every rank, start the new group and load the newest state into it; where it came from."""
+    async def _new_group(self, mode: str, unreachable: str | None = None) -> str:
+        """Kill every rank, start the new group and load the newest state into it; where it came from.
+        ``unreachable``: the node of a rank Ray could not reach, waited for first (see
+        :meth:`_node_verdict`)."""
         t0 = time.perf_counter()
         self._kill_ranks()
+        if unreachable is not None:
+            await self._node_verdict(unreachable)
         size = self.world_size if mode == "replace" else max(1, self.world_size - 1)
         with contextlib.suppress(Exception):
             self.placement.remove()
         try:
-            self.placement = self._reserve(size)
+            self.placement = self._reserve(size, reforming=True)
         except ConfigError:
             if size == 1:
                 raise
             log.warning("no room for %d trainer ranks: continuing with %d", size, size - 1)
             size -= 1
-            self.placement = self._reserve(size)
+            self.placement = self._reserve(size, reforming=True)
         self.world_size = size
         self.ranks = self._spawn(size)
         t1 = time.perf_counter()
@@ -167,10 +179,36 @@ class ReformingGroup:
             return f"checkpoint {self.loaded}"
         return "initial weights"
 
-    def _reserve(self, size: int) -> Placement:
+    @staticmethod
+    async def _node_verdict(node: str) -> None:
+        """Wait until Ray declares ``node`` dead (at most :data:`NODE_VERDICT_S`; a node still alive
+        then is taken as alive): a rank that could not be reached may have gone with its node, which
+        Ray counts as alive until it misses its health checks, and a group placed before that could be
+        placed on the lost node."""
+        import ray
+
+        deadline = time.monotonic() + NODE_VERDICT_S
+        log.warning("node %s does not answer: waiting for Ray to declare it lost (at most %g s)", node, NODE_VERDICT_S)
+        while time.monotonic() < deadline:
+            alive = await asyncio.to_thread(lambda: [n["Alive"] for n in ray.nodes() if n["NodeID"] == node])
+            if not alive or not alive[0]:
+                log.warning("node %s is lost", node)
+                return
+            await asyncio.sleep(0.5)
+
+    def _reserve(self, size: int, reforming: bool = False) -> Placement:
+        """Bundles for ``size`` ranks. ``reforming``: a rank whose ``ray.trainer_rank_resources`` no
+        alive node has any longer (its node was lost) asks for the default instead, so it can start
+        where there is room."""
         ray = self.config.ray
+        custom: list[dict[str, float]] = list(ray.trainer_rank_resources)
+        if reforming and custom:
+            custom = [c if _some_node_has(c) else {} for c in custom]
+            for i, (asked, got) in enumerate(zip(ray.trainer_rank_resources, custom, strict=True)):
+                if i < size and asked and not got:
+                    log.warning("trainer rank %d: no alive node has %s: it starts where there is room", i, asked)
         return Placement.reserve(f"trainer.world_size={size}", "rank", size, ray.num_cpus_per_trainer,
-                                 ray.num_gpus_per_trainer, "PACK")
+                                 ray.num_gpus_per_trainer, "PACK", custom)
 
     def _kill_ranks(self) -> None:
         import ray
@@ -181,11 +219,48 @@ class ReformingGroup:
 
     async def _keep_copies(self, step: int) -> float:
         """Every rank's in-memory copy of its state after ``step`` (a 1-based step number), kept in
-        the object store (owned by this process, so a rank's death does not take it); the seconds
-        the step waited for it (the copies made and stored)."""
+        the object store (owned by this process, so a rank's death does not take it) and, when the
+        ranks span nodes, pulled by a rank on another node (:func:`peer_holders`), so a lost node
+        does not take it either; the seconds the step waited for it (made, stored and pulled)."""
         t0 = time.perf_counter()
         calls = [r.snapshot.options(num_returns=2).remote() for r in self.ranks]
         await self._all([c[0] for c in calls], f"step {step}")
-        self.copies = [c[1] for c in calls]  # the previous step's copies are freed
+        copies = [c[1] for c in calls]
+        holders = peer_holders([info.get("node_id") for info in self.infos])
+        if holders:  # the refs go inside a list: the holder pulls them itself and keeps what it got
+            await self._all([r.hold_copies.remote(step, [copies[j] for j in holders.get(i, [])])
+                             for i, r in enumerate(self.ranks)], f"step {step}")
+        self.copies = copies  # the previous step's copies are freed
         self.copies_step, self.copies_world_size, self.loaded = step, self.world_size, None
+        for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
+            self.ranks[i].release_copies.remote(step)  # runs before the rank's next call
         return time.perf_counter() - t0
+
+
+def _some_node_has(resources: dict[str, float]) -> bool:
+    """Whether an alive node has ``resources`` (in all, used or not)."""
+    import ray
+
+    return any(n["Alive"] and all(n["Resources"].get(k, 0.0) >= v for k, v in resources.items())
+               for n in ray.nodes())
+
+
+def peer_holders(node_ids: Sequence[str | None]) -> dict[int, list[int]]:
+    """Which rank pulls which ranks' copies after a step, so each copy is also on a second node: the
+    ``p``-th rank of a node sends its copy to the ``p``-th rank (cyclically) of the next node (in
+    the order the nodes first appear), which spreads the copies evenly over the ranks.
+    ``node_ids``: each rank's node, in rank order (None: unknown, neither sends nor holds). On one
+    node: none (the copies already are where the ranks are, and nothing changes)."""
+    on: dict[str, list[int]] = {}
+    for rank, node in enumerate(node_ids):
+        if node is not None:
+            on.setdefault(node, []).append(rank)
+    nodes = list(on)
+    holders: dict[int, list[int]] = {}
+    if len(nodes) < 2:
+        return holders
+    for n, node in enumerate(nodes):
+        peers = on[nodes[(n + 1) % len(nodes)]]
+        for p, rank in enumerate(on[node]):
+            holders.setdefault(peers[p % len(peers)], []).append(rank)
+    return {h: sorted(holders[h]) for h in sorted(holders)}

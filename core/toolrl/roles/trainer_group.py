@@ -156,12 +156,13 @@ class RayTrainerGroup(ReformingGroup):
         futures = [asyncio.ensure_future(result(ref)) for ref in refs]
         try:
             await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
-            for rank, fut in enumerate(futures):
+            await _peer_death(futures)
+            for rank, fut in sorted(enumerate(futures), key=lambda f: not _died(f[1])):  # a death first
                 if fut.done() and fut.exception() is not None:
                     exc = fut.exception()
                     where = self._where(rank)
                     if isinstance(exc, ActorDied):
-                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank) from None
+                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
                     cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
                     if isinstance(cause, ConfigError):
                         raise cause
@@ -178,6 +179,29 @@ class RayTrainerGroup(ReformingGroup):
             info = self.infos[rank]
             return f" (pid {info['pid']} on {info['host']})"
         return ""
+
+
+# A rank whose peer died raises from its collective ("Connection closed by peer") before Ray reports
+# the death, which comes later when the peer's node is lost (the controller learns it from the
+# node, not from a process exit): the failure waits this long for a death that explains it.
+PEER_DEATH_GRACE_S = 30.0
+
+
+def _died(fut: asyncio.Future[Any]) -> bool:
+    return fut.done() and not fut.cancelled() and isinstance(fut.exception(), ActorDied)
+
+
+async def _peer_death(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """After the first failure among ``futures``: when it is an exception a rank raised, wait up to
+    :data:`PEER_DEATH_GRACE_S` for another rank's death (a re-formable failure) to be reported."""
+    failed = any(f.done() and f.exception() is not None for f in futures)
+    deadline = asyncio.get_running_loop().time() + PEER_DEATH_GRACE_S
+    while failed and not any(_died(f) for f in futures):
+        pending = [f for f in futures if not f.done()]
+        left = deadline - asyncio.get_running_loop().time()
+        if not pending or left <= 0:
+            return
+        await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_EXCEPTION)
 
 
 def _empty(directory: str) -> None:

@@ -37,6 +37,7 @@ class TrainerRank:
         self.processor: Any = None  # a vision-language model's (its images' pixel values)
         self.sp: Any = None  # this rank's sequence-parallel group (toolrl.training.sequence_parallel)
         self.device = "cpu"
+        self.held: dict[int, list[Any]] = {}  # step -> other ranks' copies kept on this node (hold_copies)
 
     # ----------------------------------------------------------------- set-up
 
@@ -231,6 +232,18 @@ class TrainerRank:
         t0 = time.perf_counter()
         copy = rank_state.snapshot(self._state())
         return {"snapshot_s": time.perf_counter() - t0}, copy
+
+    def hold_copies(self, step: int, copies: Sequence[Any]) -> None:
+        """Pull other ranks' copies after ``step`` (object refs owned by the controller) into this
+        node's object store and keep them, so they outlive the node they were made on: Ray finds a
+        lost object's other copies and pins one (:func:`toolrl.roles.recovery.peer_holders`)."""
+        import ray
+
+        self.held[step] = ray.get(list(copies))  # arrays read in place: the store keeps them while held
+
+    def release_copies(self, keep: int) -> None:
+        """Drop the copies held from the steps before ``keep`` (the controller uses newer ones now)."""
+        self.held = {s: c for s, c in self.held.items() if s >= keep}
 
     def restore(self, copies: Sequence[Any]) -> None:
         """Take the state of the old group's in-memory copies (object refs, one per old rank, in rank
