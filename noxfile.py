@@ -13,8 +13,9 @@ minutes on 2 cores):
   the second test of what a default test already covers (a controller restarted under ``--supervise``,
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
-  and resumed by hand, two critic ranks against one on Ray), and a Ray node lost mid-run
-  (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes);
+  and resumed by hand, two critic ranks against one on Ray), a Ray node lost mid-run
+  (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes) and a 16k-token run on
+  two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
