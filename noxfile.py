@@ -5,9 +5,8 @@ against the core tests, lint, and distributions.
     nox -s "plugin(calculator)"  # one plugin
     PLUGINS=mcp,geo3k nox -s plugin
 
-What runs where (scripts/test.sh runs every default session, two at a time: a cold run took 47 minutes on
-2 cores, both busy throughout, against a goal of 40; about a fifth of it is pip installing, and compiling
-.pyc files is most of an install: transformers, sympy and pyarrow take 18.6 s, 3.7 s with --no-compile):
+What runs where (scripts/test.sh runs every default session, two at a time: a cold run took 43 minutes on
+2 cores, both busy throughout, against a goal of 40; 47 before installs skipped compiling .pyc files):
 - ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
   multi-process and Ray tests, real models: up to two minutes each) so the two halves run side by side;
 - ``long`` (not a default session; run it before a release): the slow tests of two minutes or more, each
