@@ -1,4 +1,5 @@
-"""The project's code rules that a machine can check: no function in ``core/`` over 80 lines."""
+"""The project's code rules that a machine can check: no function in ``core/`` over 80 lines; no
+``asyncio.wait_for`` in library code."""
 
 from __future__ import annotations
 
@@ -18,3 +19,16 @@ def test_no_core_function_is_over_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "split these along their own comments: " + "; ".join(long)
+
+
+def test_no_library_code_bounds_an_await_with_wait_for():
+    """On Python 3.11 ``asyncio.wait_for`` returns a result that is ready when a cancellation arrives and
+    drops the cancellation (a Ctrl-C or a cancelled trajectory then runs on): time limits use
+    ``asyncio.timeout``, which does not."""
+    root = CORE.parents[1]
+    found = [f"{path.relative_to(root)}:{node.lineno}"
+             for path in sorted([*CORE.rglob("*.py"), *root.glob("plugins/*/toolrl_*/**/*.py")])
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr == "wait_for"
+             and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]
+    assert not found, "use `async with asyncio.timeout(...)`: " + "; ".join(found)

@@ -130,7 +130,8 @@ class Placement:
         if self.group is None:
             return
         try:
-            await asyncio.wait_for(self.group.ready(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.group.ready()
         except TimeoutError:
             raise ConfigError(self.shortfall(f" (not placed after {timeout_s:g} s)")) from None
 

@@ -135,7 +135,8 @@ class ReformingGroup:
         node = self.infos[died.rank].get("node_id") if died.rank < len(self.infos) else None
         timeout = self.config.trainer.recovery_timeout_s
         try:
-            source = await asyncio.wait_for(self._new_group(mode, node if died.unavailable else None), timeout)
+            async with asyncio.timeout(timeout):
+                source = await self._new_group(mode, node if died.unavailable else None)
         except TimeoutError:
             raise TrainerFailed(f"{who} died during {what}; the trainer group was not re-formed within "
                                 f"trainer.recovery_timeout_s={timeout:g} s") from None

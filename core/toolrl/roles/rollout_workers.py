@@ -226,7 +226,8 @@ class RolloutWorkerPool:
         async def attempt() -> dict[str, Any]:
             actor = slot.actor
             try:
-                info = await asyncio.wait_for(result(slot.setup_ref, actor), self.setup_timeout_s)
+                async with asyncio.timeout(self.setup_timeout_s):
+                    info = await result(slot.setup_ref, actor)
             except TimeoutError:  # asyncio's, and Ray's GetTimeoutError
                 raise TimeoutError(f"rollout worker {slot.index} was not up after {self.setup_timeout_s:g} s "
                                    "(not enough free resources on the cluster?)") from None
@@ -449,7 +450,8 @@ class RolloutWorkerPool:
             return
         closing = [result(s.actor.close.remote(), s.actor) for s in self._slots]
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 30)
+            async with asyncio.timeout(30):
+                await asyncio.gather(*closing, return_exceptions=True)
         for slot in self._slots:
             with contextlib.suppress(Exception):
                 ray.kill(slot.actor, no_restart=True)

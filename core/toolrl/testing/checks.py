@@ -524,8 +524,9 @@ async def check_concurrency(
         return result
 
     try:
-        results = await asyncio.wait_for(asyncio.gather(*(one() for _ in range(n))), timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):
+            results = await asyncio.gather(*(one() for _ in range(n)))
+    except TimeoutError:
         _fail(
             f"tool {tool.name!r}: {n} concurrent lifecycles did not finish within {timeout_s:g} s: a lifecycle "
             "method hangs (an await that never completes, a lock held across calls) or blocks the event loop "

@@ -69,8 +69,9 @@ class ToolConformance:
     def _run(self, check: Callable[[], Awaitable[T]]) -> T:
         async def bounded() -> T:
             try:
-                return await asyncio.wait_for(check(), self.check_timeout_s)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(self.check_timeout_s):
+                    return await check()
+            except TimeoutError:
                 raise AssertionError(
                     f"tool {self.tool_name!r}: the check did not finish within {self.check_timeout_s:g} s "
                     "(a lifecycle method hangs or blocks the event loop)"

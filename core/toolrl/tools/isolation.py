@@ -215,7 +215,8 @@ class ProcessTool(Tool):
         init = (tool_cls.__module__, tool_cls.__qualname__, worker_config, tool_schema)
         worker = _Worker(tool_cls.__qualname__, init)
         try:
-            schema = await asyncio.wait_for(asyncio.wrap_future(worker.ready), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                schema = await asyncio.wrap_future(worker.ready)
         except ToolConfigError:
             worker.kill("its tool did not build")
             raise
@@ -285,8 +286,9 @@ class ProcessTool(Tool):
 
     async def call(self, instance_id: str, arguments: Any, **execute_kwargs: Any) -> ToolResult:
         # A replacement worker's start-up is not the call's time: wait for it outside the deadline.
-        with contextlib.suppress(Exception, asyncio.TimeoutError):
-            await asyncio.wait_for(self._ready_worker(), START_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await self._ready_worker()
         return await super().call(instance_id, arguments, **execute_kwargs)
 
     # -- the lifecycle, forwarded ---------------------------------------------------------------
@@ -322,7 +324,8 @@ class ProcessTool(Tool):
         ready = worker.ready.done() and worker.ready.exception() is None
         if worker.alive and ready:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._request(worker, "close"), 5.0)
+                async with asyncio.timeout(5.0):
+                    await self._request(worker, "close")
         worker.kill("closed")
 
 

@@ -172,8 +172,9 @@ class MCPConnection:
                 )
             generation = self._current = self._start()
         try:
-            session = await asyncio.wait_for(asyncio.shield(generation.ready), self.spec.connect_timeout)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.spec.connect_timeout):
+                session = await asyncio.shield(generation.ready)
+        except TimeoutError:
             self._fail(generation, f"no session within connect_timeout={self.spec.connect_timeout:g} s")
             raise ServerUnavailable(f"MCP server {self.name!r}: {generation.error}") from None
         return generation, session

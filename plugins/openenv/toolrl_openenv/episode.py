@@ -81,7 +81,8 @@ class Episode:
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):  # a dead server's socket: nothing left to close
-            await asyncio.wait_for(self.client.close(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self.client.close()
 
 
 class Slots:
@@ -93,8 +94,8 @@ class Slots:
 
     async def acquire(self, deadline: float) -> None:
         async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(lambda: self.limit is None or self.held < self.limit),
-                                   max(deadline - time.monotonic(), 0.0))
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                await self.changed.wait_for(lambda: self.limit is None or self.held < self.limit)
             self.held += 1
 
     async def release(self) -> None:
