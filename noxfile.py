@@ -9,18 +9,20 @@ What runs where (scripts/test.sh runs every default session, two at a time: a co
 2 cores, both busy throughout, against a goal of 40; 47 before installs skipped compiling .pyc files):
 - ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
   multi-process and Ray tests, real models: up to two minutes each) so the two halves run side by side;
-- ``long`` (not a default session; run it before a release): the slow tests of two minutes or more, each
-  the second test of what a default test already covers (a controller restarted under ``--supervise``,
+- ``long`` (not a default session; run it before a release): slow tests (most of two minutes or more) that
+  are each the second test of what a default test already covers (a controller restarted under ``--supervise``,
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
-  and resumed by hand, two critic ranks against one on Ray), a Ray node lost mid-run
+  and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
+  replaced rollout worker fed by real trainer ranks), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes) and a 16k-token run on
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
   plugin can change (discovery, hooks, the build contract of every registered part, config errors that
-  list registered names) -- not the numerics, which no plugin takes part in;
+  list registered names: test_trainer's bad-config cases) -- not the numerics, which no plugin takes part
+  in;
 - ``wheels``, ``train_base`` (the shared training dependencies), ``lint``, ``dist``.
 """
 
@@ -214,7 +216,7 @@ def plugins_vs_core(session: nox.Session) -> None:
     # named in the test, so the tests sessions cover them.
     plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py", "test_hooks.py",
                      "test_build_contract.py", "test_environments.py", "test_family_plugin.py", "test_tools.py",
-                     "test_config_errors.py", "test_sessions.py"]
+                     "test_sessions.py", "test_trainer.py::test_bad_config_names_the_field_without_traceback"]
     session.run(*PYTEST, *[f"tests/{f}" for f in plugin_facing], "-m", "not slow", *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
 

@@ -152,6 +152,9 @@ def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str,
         time.sleep(0.05)
 
 
+# The sequence-level loss's sharding is checked on two ranks by test_microbatch (its gspo case), and RLOO's
+# advantages are the controller's, computed once for every rank: this whole-run twin is in the long session.
+@pytest.mark.long
 def test_two_ranks_train_like_one_with_rloo_and_gspo(cluster, tmp_path):
     """Another estimator and loss (a sequence-level one) shard like the default: same rewards, and
     grad_norm within 1e-3, on one rank and two, with the same advantages traced."""
@@ -308,6 +311,10 @@ def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
     assert all(len(s) > 0 for s in rank.optimizer.state.values())  # Adam moments came back too
 
 
+# tests/test_async_ray.py replaces a worker that died during rollouts, and one found dead by a weight push,
+# each getting the current weights and version (a scripted trainer, real Ray actors): this twin with real
+# trainer ranks is in the long session.
+@pytest.mark.long
 def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     """A rollout worker that dies after a weight sync is replaced; before its first rollout the
     trainer ranks send it their current weights, so it samples from the trained policy, not the

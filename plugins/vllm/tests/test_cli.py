@@ -1,7 +1,10 @@
-"""`toolrl rollout` and `toolrl train` with ``engine.name=vllm`` on CPU, as a user runs them.
+"""`toolrl train` with ``engine.name=vllm`` on CPU, as a user runs it.
 
-Both start vLLM's spawned engine processes from the CLI's entry point (the console script for
-rollout, ``python -m toolrl`` for train), which is what the spawn guard must survive.
+Through ``python -m toolrl``: vLLM's spawned engine processes re-import the entry point's module,
+which is what the spawn guard must survive (the console script's own guard is pip's). One two-step run
+checks both what a rollout writes (step 1, sampled by the initial weights) and what training changes
+(step 2, sampled by the weights after step 1); the `rollout` command shares the engine and the loop,
+and runs with the transformers engine in the core tests.
 """
 
 from __future__ import annotations
@@ -46,10 +49,19 @@ def mean_abs(pairs: list[tuple[list[float], list[float]]]) -> float:
     return sum(diffs) / len(diffs)
 
 
-def test_rollout_writes_traces_with_engine_logprobs(tmp_path, hf_model):
+def test_train_samples_each_step_from_the_weights_it_trained(tmp_path, hf_model):
     out = tmp_path / "run"
-    toolrl = Path(sys.executable).with_name("toolrl")
-    run_cli([str(toolrl), "rollout", str(TINY), "engine.name=vllm", f"trainer.output_dir={out}"], REPO)
+    run_cli([sys.executable, "-m", "toolrl", "train", str(TINY), "engine.name=vllm", "trainer.total_steps=2",
+             f"trainer.output_dir={out}", SPLIT_REWARD], REPO)
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["errors"] == 0 for m in metrics)
+    assert metrics[0]["reward_std"] > 0 and metrics[0]["grad_norm"] > 0, "step 1 must change the weights"
+    for m in metrics:  # engine logprobs vs the trainer's recomputation on the weights it sampled with
+        print(f"step {m['step']}: lp_mismatch {m['lp_mismatch']:.3e}")
+        assert m["lp_mismatch"] < 1e-4
+
+    # Step 1's traces: one row per sample, the engine's logprob at every model token and 0 elsewhere,
+    # and they are the sampling distribution's: a transformers forward on the initial weights agrees.
     rows = read_jsonl(out / "rollouts" / "step_00001.jsonl")
     assert len(rows) == 8  # batch_size 2 x n 4
     for row in rows:
@@ -57,22 +69,7 @@ def test_rollout_writes_traces_with_engine_logprobs(tmp_path, hf_model):
         assert len(row["logprobs"]) == len(row["response_ids"]) == len(row["response_mask"]) > 0
         for lp, m in zip(row["logprobs"], row["response_mask"]):
             assert (lp < 0 and math.isfinite(lp)) if m else lp == 0.0
-    # The logprobs are the sampling distribution's: a transformers forward on the same weights agrees.
     assert mean_abs([model_token_logprobs(hf_model, r, temperature=1.0) for r in rows]) < 1e-4
-    metrics = read_jsonl(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2] and all(m["errors"] == 0 for m in metrics)
-
-
-def test_train_second_step_samples_from_updated_weights(tmp_path, tiny_path, hf_model):
-    out = tmp_path / "run"
-    run_cli([sys.executable, "-m", "toolrl", "train", str(TINY), "engine.name=vllm", "trainer.total_steps=2",
-             f"trainer.output_dir={out}", SPLIT_REWARD], REPO)
-    metrics = read_jsonl(out / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [1, 2]
-    assert metrics[0]["reward_std"] > 0 and metrics[0]["grad_norm"] > 0, "step 1 must change the weights"
-    for m in metrics:  # engine logprobs vs the trainer's recomputation on the weights it sampled with
-        print(f"step {m['step']}: lp_mismatch {m['lp_mismatch']:.3e}")
-        assert m["lp_mismatch"] < 1e-4
 
     # Step 2's rollouts were sampled by the weights after step 1 (checkpoint step_000001), not the
     # initial ones: teacher-forced logprobs agree with the former and clearly not with the latter.
