@@ -59,8 +59,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-@pytest.fixture(scope="module")
-def browser():
+def _chromium(page_load_strategy: str = "normal"):
     if not (CHROMIUM and DRIVER):
         if os.environ.get("CI"):
             pytest.fail("the browser tests need Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
@@ -70,10 +69,16 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.page_load_strategy = page_load_strategy
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,1000", "--no-first-run", "--disable-background-networking"):
         options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    return webdriver.Chrome(options=options, service=Service(DRIVER))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = _chromium()
     yield driver
     driver.quit()
 
@@ -81,8 +86,10 @@ def browser():
 class Page:
     """A viewer server on a free port and the browser on its page."""
 
-    def __init__(self, driver, paths: list[Path], shots: Path) -> None:
+    def __init__(self, driver, paths: list[Path], shots: Path, plotly_until: threading.Event | None = None) -> None:
         self.server = serve(paths, port=0)
+        if plotly_until is not None:
+            self.server.RequestHandlerClass = _holding_plotly(self.server.RequestHandlerClass, plotly_until)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.driver, self.shots = driver, shots
         driver.get(f"http://127.0.0.1:{self.server.server_address[1]}/")
@@ -119,6 +126,18 @@ class Page:
         self.server.server_close()
 
 
+def _holding_plotly(handler: type, released: threading.Event) -> type:
+    """``handler``, but answering plotly.min.js's request only once ``released`` is set: a slow link."""
+
+    class Holding(handler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.startswith("/plotly.min.js"):
+                released.wait(120)
+            super().do_GET()
+
+    return Holding
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -127,7 +146,7 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
     page = Page(browser, [runs["trained"], runs["scripted"]], tmp_path)
     try:
         # Both runs' reward curves, one point per step; the trained run's loss too.
-        page.until("return window.viewer.firstPaint !== null")
+        page.until("return window.viewer.firstChart !== null")
         assert page.until("const p = document.querySelectorAll('#chart-reward_mean .scatterlayer .trace');"
                           "return p.length === 2 && [...p].every(t => t.querySelectorAll('.points path').length === 2)")
         assert page.points("reward_mean") == [2, 2]
@@ -176,12 +195,58 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         page.click("#t-table tbody tr")
         page.until("return document.querySelector('#heat option[value=diff]')")
         page.select("#heat", "diff")
-        heat = page.until("""const t = [...document.querySelectorAll('#trajectory .tok.trained')];
+        heat = page.until(r"""const t = [...document.querySelectorAll('#trajectory .tok.trained')];
             return t.length && t.every(s => /trainer − engine -?[0-9]/.test(s.title)
                 && /^rgba\((30, 90, 230|220, 30, 50), /.test(s.style.background)) && t.length""")
         assert heat == sum(_rows(runs["trained"] / "rollouts" / "step_00002.jsonl")[0]["response_mask"])
     finally:
         page.close()
+
+
+def test_the_page_works_before_plotly_arrives(runs, tmp_path):
+    # A fresh browser (plotly.js not cached) that, like a person, does not wait for the page's load event,
+    # which waits for plotly.js.
+    driver = _chromium("eager")
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """window.errors = [];
+        addEventListener('error', (e) => errors.push(String(e.message)));
+        addEventListener('unhandledrejection', (e) => errors.push(String(e.reason)));"""})
+    released = threading.Event()
+    page = Page(driver, [runs["trained"], runs["scripted"]], tmp_path, plotly_until=released)
+    try:
+        # The runs and the metrics' count shown, every chart a placeholder, while plotly.js is held.
+        page.until("return window.viewer && typeof window.viewer.firstContent === 'number'")
+        assert page.js("return typeof window.Plotly") == "undefined"
+        assert page.js("return [...document.querySelectorAll('#runs span')].map(s => s.textContent)") == [
+            "trained", "scripted"]
+        metrics = page.js("return document.getElementById('metric-count').textContent")
+        charts = page.js("return [...document.querySelectorAll('#charts .chart')].map(c => c.textContent)")
+        assert metrics == f"{len(charts)} metrics" and len(charts) > 10, (metrics, charts)
+        assert set(charts) == {"loading charts…"}
+        page.shot("before-plotly.png")
+
+        # A step's table and a trajectory, before plotly.js.
+        page.click("#tab-traces")
+        page.select("#t-run", "1")
+        page.select("#t-source", "1")
+        rows = _rows(runs["scripted"] / "rollouts" / "step_00001.jsonl")
+        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        assert page.js("return document.querySelectorAll('#t-table tbody tr').length") == len(rows)
+        page.click("#t-table tbody tr")
+        page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
+        page.click("#tab-metrics")
+        assert page.js("return typeof window.Plotly") == "undefined"
+
+        # plotly.js arrives: the charts are drawn in place of their placeholders.
+        released.set()
+        page.until("const p = document.querySelectorAll('#chart-reward_mean .scatterlayer .trace');"
+                   "return p.length === 2 && [...p].every(t => t.querySelectorAll('.points path').length === 2)")
+        assert page.until("return window.viewer.firstChart") > page.js("return window.viewer.firstContent")
+        assert page.js("return document.querySelector('#chart-reward_mean .placeholder')") is None
+        assert page.js("return window.errors") == []
+    finally:
+        released.set()
+        page.close()
+        driver.quit()
 
 
 def test_two_evaluations_side_by_side(runs, browser, tmp_path):

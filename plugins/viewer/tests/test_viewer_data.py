@@ -188,3 +188,31 @@ def test_the_command_refuses_a_directory_without_a_run(tmp_path):
     out = subprocess.run([sys.executable, "-m", "toolrl", "view", str(tmp_path)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "holds no run" in out.stderr and str(tmp_path) in out.stderr
+
+
+def test_plotly_js_is_revalidated_not_sent_again(tmp_path):
+    """A browser whose cached plotly.min.js has expired asks with its ETag and is answered 304 (it keeps
+    its copy and the code compiled from it); another tag, or none, gets the whole file."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from toolrl_viewer.server import plotly_js, serve
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    server = serve([tmp_path], port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/plotly.min.js"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            tag, body = r.headers["ETag"], r.read()
+            assert r.headers["Cache-Control"] == "max-age=3600"
+        assert body == plotly_js() and tag.startswith('"') and len(tag) > 10
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(urllib.request.Request(url, headers={"If-None-Match": tag}), timeout=60)
+        assert answer.value.code == 304 and answer.value.headers["ETag"] == tag and answer.value.read() == b""
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"If-None-Match": '"other"'}), timeout=60) as r:
+            assert r.status == 200 and r.read() == body
+    finally:
+        server.shutdown()
+        server.server_close()

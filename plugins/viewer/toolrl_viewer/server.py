@@ -11,6 +11,7 @@ small JSON API over :mod:`toolrl_viewer.runs`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -39,6 +40,13 @@ def plotly_js() -> bytes:
     import plotly
 
     return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+
+
+@cache
+def plotly_etag() -> str:
+    """plotly.min.js's validator: a browser whose copy has expired asks with it, and a 304 keeps its copy
+    and the code it compiled from it (a full answer would have it compiled again)."""
+    return '"' + hashlib.sha256(plotly_js()).hexdigest()[:32] + '"'
 
 
 def _clean(value: Any) -> Any:
@@ -95,7 +103,10 @@ def handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
                 name, kind = STATIC[url.path]
                 return self._send(files("toolrl_viewer").joinpath("static", name).read_bytes(), kind)
             if url.path == "/plotly.min.js":
-                return self._send(plotly_js(), "text/javascript; charset=utf-8", cache=True)
+                tag, kind = plotly_etag(), "text/javascript; charset=utf-8"
+                if self.headers.get("If-None-Match") == tag:
+                    return self._send(b"", kind, HTTPStatus.NOT_MODIFIED, etag=tag)
+                return self._send(plotly_js(), kind, etag=tag)
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             try:
                 body = viewer.answer(url.path, query)
@@ -105,11 +116,14 @@ def handler(viewer: Viewer) -> type[BaseHTTPRequestHandler]:
                                   status=HTTPStatus.NOT_FOUND if isinstance(exc, KeyError) else HTTPStatus.BAD_REQUEST)
             self._send(json.dumps(_clean(body)).encode(), "application/json")
 
-        def _send(self, body: bytes, kind: str, status: HTTPStatus = HTTPStatus.OK, cache: bool = False) -> None:
+        def _send(self, body: bytes, kind: str, status: HTTPStatus = HTTPStatus.OK, etag: str | None = None) -> None:
+            """``body``; with an ``etag``, cached by the browser for an hour, then revalidated."""
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
+            self.send_header("Cache-Control", "max-age=3600" if etag else "no-store")
+            if etag:
+                self.send_header("ETag", etag)
             self.end_headers()
             self.wfile.write(body)
 

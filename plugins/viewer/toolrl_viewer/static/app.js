@@ -1,5 +1,6 @@
 // toolrl view: the page. Plain JavaScript over the JSON API of toolrl_viewer.server; plots by plotly.js
-// (served from the plotly package on 127.0.0.1). window.viewer exposes state the browser tests read.
+// (served from the plotly package on 127.0.0.1, loaded async: everything but the charts works before it
+// has arrived). window.viewer exposes state the browser tests read.
 "use strict";
 
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -9,7 +10,8 @@ const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_
   "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors"];
 const POLL_MS = 2000;
 
-const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstPaint: null, openedAt: null, opening: 0, tableFor: null, marks: {}};
+const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstContent: null, firstChart: null,
+  openedAt: null, opening: 0, tableFor: null, marks: {}};
 const $ = (id) => document.getElementById(id);
 const el = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);
@@ -29,11 +31,28 @@ const api = async (path) => {
 const fmt = (v) => v === null || v === undefined ? "–" : typeof v === "number"
   ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : typeof v === "object" ? JSON.stringify(v) : String(v);
 const color = (i) => COLORS[i % COLORS.length];
+// performance.now() once the frame holding what was just rendered has been painted: a task queued from
+// its animation frame runs after the paint.
+const painted = () => new Promise((resolve) => requestAnimationFrame(() => setTimeout(() => resolve(performance.now()), 0)));
+
+// Settles once plotly.js has run (the async script in index.html may finish before or after this one).
+const plotly = new Promise((resolve, reject) => {
+  const failed = () => reject(new Error("plotly.min.js did not load"));
+  if (window.Plotly) resolve();
+  else if (window.plotlyFailed) failed();
+  else { $("plotly").addEventListener("load", () => resolve()); $("plotly").addEventListener("error", failed); }
+});
+let chartNote = "loading charts…";  // what a chart shows until it is drawn
+plotly.then(() => { viewer.marks.plotly = performance.now(); }, (e) => {
+  chartNote = `charts unavailable: ${e.message}`;
+  for (const p of document.querySelectorAll("#charts .placeholder")) p.textContent = chartNote;
+});
 
 // -- tabs --------------------------------------------------------------------------------------------
 function showTab(name) {
   for (const b of document.querySelectorAll(".tab")) b.classList.toggle("active", b.dataset.tab === name);
   for (const p of document.querySelectorAll(".pane")) p.classList.toggle("hidden", p.id !== name);
+  // Charts exist only once plotly.js has run.
   if (name === "metrics") for (const key of Object.keys(viewer.charts)) Plotly.Plots.resize(viewer.charts[key]);
   // A step's table is first read when the tab is opened: indexing it must not delay the first charts.
   if (name === "traces" && viewer.tableFor === null) loadTraces();
@@ -67,6 +86,7 @@ function layout(key) {
 function drawChart(div) {
   const key = div.dataset.key;
   const first = !viewer.charts[key];
+  if (first) div.replaceChildren();  // the "loading charts…" placeholder
   const done = Plotly.react(div, traces(key), layout(key), {displaylogo: false, responsive: true});
   if (first) {
     viewer.charts[key] = div;
@@ -74,14 +94,12 @@ function drawChart(div) {
       const p = ev.points[0];
       openStep(p.customdata, String(p.x));
     });
-    if (viewer.firstPaint === null) viewer.marks.drawn = performance.now();
-    // The frame holding the chart has been painted once a task queued from its animation frame runs.
-    done.then(() => requestAnimationFrame(() => setTimeout(() => {
-      if (viewer.firstPaint === null) viewer.firstPaint = performance.now();
-    }, 0)));
+    if (viewer.firstChart === null && viewer.marks.drawn === undefined) viewer.marks.drawn = performance.now();
+    done.then(painted).then((t) => { if (viewer.firstChart === null) viewer.firstChart = t; });
   }
 }
-// Charts scrolled into view are drawn one per frame, so the first shows before the others are built.
+// Charts scrolled into view are drawn one per frame, so the first shows before the others are built, and
+// only once plotly.js has run.
 const pending = [];
 function drawNext() {
   const div = pending.shift();
@@ -91,7 +109,7 @@ function drawNext() {
 const observer = new IntersectionObserver((entries) => {
   const idle = !pending.length;
   for (const e of entries) if (e.isIntersecting && !viewer.charts[e.target.dataset.key]) pending.push(e.target);
-  if (idle && pending.length) requestAnimationFrame(drawNext);
+  if (idle && pending.length) plotly.then(() => requestAnimationFrame(drawNext), () => {});
 }, {rootMargin: "200px"});
 
 function renderCharts() {
@@ -103,7 +121,7 @@ function renderCharts() {
   keys.forEach((key, i) => {
     let div = $(chartId(key));
     if (!div) {
-      div = el("div", {id: chartId(key), class: "chart"});
+      div = el("div", {id: chartId(key), class: "chart"}, el("div", {class: "placeholder"}, chartNote));
       div.dataset.key = key;
       observer.observe(div);
     }
@@ -321,12 +339,13 @@ async function tick() {
 }
 
 (async () => {
-  viewer.marks.start = performance.now();  // plotly.js parsed by now (a blocking script before this one)
+  viewer.marks.start = performance.now();
   await loadRuns();
   viewer.marks.runs = performance.now();
   await pollMetrics();
   viewer.marks.metrics = performance.now();
   renderCharts();
   if ($("t-source").options.length) $("t-source").value = $("t-source").options[$("t-source").options.length - 1].value;
+  painted().then((t) => { viewer.firstContent = t; });
   setTimeout(tick, POLL_MS);
 })();
