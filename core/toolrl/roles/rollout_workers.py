@@ -214,10 +214,13 @@ class RolloutWorkerPool:
             return
         with contextlib.suppress(Exception):
             ray.kill(dead, no_restart=True)
+        where = f" (pid {slot.info['pid']} on {slot.info['host']})" if slot.info else ""
         new = self._spawn(slot.index)
         slot.actor, slot.setup_ref, slot.info = new.actor, new.setup_ref, None
         slot.needs_weights = self.weights_from is not None
         self.restarts += 1
+        log.warning("rollout worker %d%s died: a new one takes its place%s", slot.index, where,
+                    " with the trainer's current weights" if slot.needs_weights else "")
 
     async def _ensure(self, slot: _Slot) -> dict[str, Any]:
         """Wait until the slot's worker is set up (with the trainer's weights if it needs them),

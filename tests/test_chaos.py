@@ -1,0 +1,115 @@
+"""Chaos on Ray on loopback: an asynchronous run (two trainer ranks on gloo, two rollout workers,
+``max_staleness: 1``, ten steps, under ``--supervise``) whose trainer ranks, rollout workers and
+controller are killed with SIGKILL on a seeded schedule, twice each in one run. The run must finish
+by itself, with every step once, nothing lost, each recovery recorded and each under a bound.
+
+Asynchronous sampling depends on timing (which weights a group starts on), so two asynchronous runs,
+killed or not, never give the same figures: exactness after a kill is what the synchronous tests show
+(test_sharded_training's replaced rank, test_node_loss, test_supervise, bit for bit). Here the figures
+are checked for being whole (finite, every trained step with a gradient)."""
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _dists import EVEN_TOKENS, make_dist
+from _processes import metrics
+from test_trainer import TINY
+
+STEPS = 10
+SEED = int(os.environ.get("TOOLRL_CHAOS_SEED", "20261124"))  # another schedule: TOOLRL_CHAOS_SEED=N
+RECOVERY_BOUND_S = 120.0  # each recovery, on two shared cores
+
+
+def schedule(seed: int) -> list[tuple[int, str, int]]:
+    """(after checkpoint k, what to kill, which one): each role twice, in a seeded order, spread over
+    the run and ending two steps before its end (a dead worker is noticed when next used). A kill
+    waits for a checkpoint the previous recovery has already written roles.json before."""
+    rng = random.Random(seed)
+    kinds = ["trainer", "rollout_workers", "controller"] * 2
+    rng.shuffle(kinds)
+    return [(1 + i * (STEPS - 3) // (len(kinds) - 1), kind, rng.randrange(2)) for i, kind in enumerate(kinds)]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.timeout(1800)
+def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(tmp_path):
+    (tmp_path / "plugin").mkdir()
+    make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"), os.environ.get("PYTHONPATH")]))}
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "toolrl", "train", TINY, "--supervise", "ray.address=local",
+            "trainer.world_size=2", "ray.num_rollout_workers=2", "trainer.max_staleness=1",
+            f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
+            "trainer.progress=false", "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
+            "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]"]
+    plan = schedule(SEED)
+    killed: list[tuple[int, str, int]] = []
+    supervisor = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 1500
+        for after, kind, index in plan:
+            meta = out / "checkpoints" / f"step_{after:06d}" / "meta.json"
+            while not meta.exists():
+                assert supervisor.poll() is None, supervisor.stderr.read()[-3000:] if supervisor.stderr else ""
+                assert time.monotonic() < deadline, f"no checkpoint {after} in time"
+                time.sleep(0.05)
+            if kind == "controller":
+                (pid,) = children(supervisor.pid)
+            else:
+                pid = json.loads((out / "roles.json").read_text())[kind][index]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed.append((after, kind, pid))
+        _, stderr = supervisor.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        supervisor.kill()
+    print("\n".join(line for line in stderr.splitlines() if "died" in line or "re-formed" in line))
+    assert supervisor.returncode == 0, stderr[-3000:]
+
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and not any("failed" in r for r in rows)
+    for r in rows:  # whole figures: a gradient wherever a group's rewards differ; at most one update stale
+        traces = [json.loads(x) for x in (out / "rollouts" / f"step_{r['step']:05d}.jsonl").read_text().splitlines()]
+        groups = len({t["group"] for t in traces})
+        assert math.isfinite(r["loss"]) and (r["grad_norm"] > 0) == (r["equal_reward_groups"] < groups), r
+        versions = {t["policy_version"] if isinstance(t["policy_version"], int) else t["policy_version"][0]
+                    for t in traces}
+        assert versions <= {r["step"] - 1, r["step"] - 2}, (r["step"], versions)  # also across restarts
+    recoveries = [json.loads(x) for x in (out / "recoveries.jsonl").read_text().splitlines()]
+    assert sum(r["steps_lost"] for r in recoveries) == 0 and sum(r["steps_lost"] for r in rows) == 0
+    assert all(r["recovery_s"] < RECOVERY_BOUND_S for r in recoveries), recoveries
+    assert sum(r["recoveries"] for r in rows) == len(recoveries)
+    for after, kind, pid in killed:
+        if kind == "trainer":  # a replaced rank, the group as large as before, from the last step's copies
+            (row,) = [r for r in recoveries if r["what"] == "trainer_rank" and f"pid {pid} " in r["died"]]
+            assert (row["mode"], row["world_size_before"], row["world_size"]) == ("replace", 2, 2), row
+            assert row["source"].startswith("memory"), row
+        elif kind == "controller":  # restarted from the checkpoint it was killed after: nothing to train again
+            (row,) = [r for r in recoveries if r["what"] == "controller" and f"pid {pid}," in r["died"]]
+            assert (row["mode"], row["step"], row["steps_lost"]) == ("restart", after + 1, 0), row
+        else:  # one log line names the dead worker; its replacement got the weights
+            assert any(line.startswith("rollout worker") and f"(pid {pid} on " in line and "died" in line
+                       for line in stderr.splitlines()), (pid, stderr[-3000:])
