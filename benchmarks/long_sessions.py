@@ -10,18 +10,23 @@ happen, by wrapping the engine's own functions from here (the library is not cha
 - load: ``_place_prefixes``, the kept KV copied into the next turn's prefill buffer;
 - grow: ``_reserve``, a buffer that runs out of columns re-allocated at twice its size (the prefill
   buffer has 64 columns of headroom, so a turn of more than 63 new tokens grows it once);
-- batch: ``_keep`` (rows dropped), ``_merge`` (a turn's new row joins running rows: the whole batch's
-  cache re-allocated) and ``_compact``; only with ``--sessions`` > 1 (rows finishing at different steps).
+- merge: ``_merge``, a turn's new row joining running rows (the whole batch's cache re-allocated);
+- keep: ``_keep``, finished rows dropped while others run (the remaining rows' cache gathered anew);
+- compact: ``_compact``, padding columns dropped once they are a quarter of the cache (after the two above).
+
+merge, keep and compact copy only with ``--sessions`` > 1, whose rows finish at different steps, so a
+turn joins, and leaves, a running batch.
 
 Times are exclusive (a nested wrapped call is counted once, in its own column); ``MB`` is the KV the
 copies allocate. The anchor is the turn itself, measured in the same run: each ``generate`` call's wall
-time (with ``--sessions`` > 1, the whole run's wall time against all copies of the run). Last line:
-``session copy / turn: X.XXX`` (the copies' share of the turns' time, all turns after the first, the
-ones a slot pool would change). Then the refusal of a prompt past the model's context is checked (one
-line).
+time; with ``--sessions`` > 1 (turns overlap) a round's wall time against all the round's copies (they
+run on the engine's one worker thread, between model steps). The whole run is repeated ``--rounds``
+times on one engine (fresh sessions; medians). The refusal of a prompt past the model's context is
+checked (one line). Last line: ``session copy / turn: X.XXX``, the median over rounds of the copies'
+share of the turns after the first (one session), or of the round (several).
 
     OMP_NUM_THREADS=1 python benchmarks/long_sessions.py [--prompt 8192] [--turns 3] [--new 64] [--tool 240]
-                                                          [--sessions 1] [--shape tiny]
+                                                          [--sessions 1] [--shape tiny] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from _common import machine, median, single_thread, table
 
 single_thread()
 
-KINDS = ("save", "load", "grow", "batch")
+KINDS = ("save", "load", "grow", "merge", "keep", "compact")
 # model.tiny overrides: the tests' tiny Qwen3 (hidden 64, 2 layers, one 64-wide KV head), and a model
 # whose layers outweigh its 152k-vocabulary head (benchmarks/prefix_sharing.py's ``body``).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -63,12 +68,12 @@ class CopyMeter:
         self._wrap(e, "_place_prefixes", "load", lambda a, r: r.nbytes)
         self._wrap(e, "_reserve", "grow", _batch_bytes_if_new)
         # Both end in a _compact (counted on its own): their own copy is the batch re-allocated before it.
-        self._wrap(e, "_keep", "batch",
+        self._wrap(e, "_keep", "keep",
                    lambda a, r: len(a[1]) * a[-1] * token_bytes if 0 < len(a[1]) < a[-2] else 0)
-        self._wrap(e, "_merge", "batch",
+        self._wrap(e, "_merge", "merge",
                    lambda a, r: (a[-2] + len(a[1].rows)) * (max(a[-1], a[1].length) + 64) * token_bytes
                    if a[-2] and a[1].rows else 0)
-        self._wrap(e, "_compact", "batch", _batch_bytes_if_new)
+        self._wrap(e, "_compact", "compact", _batch_bytes_if_new)
 
     def _wrap(self, engine: Any, name: str, kind: str, size: Callable[[tuple[Any, ...], Any], int]) -> None:
         inner = getattr(engine, name)
