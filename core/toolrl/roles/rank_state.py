@@ -71,8 +71,8 @@ class Stored:
 def _own(tensor: Any) -> Stored:
     """``tensor`` on the CPU as :class:`Stored`, copied here only where that is needed: a GPU tensor,
     or a view of a larger storage. Otherwise the tensor's own memory: the copy is made once, when Ray
-    serializes the call's result into its object store, before the rank runs anything else (a
-    rank's calls run one at a time)."""
+    serializes the call's result into its object store, before anything writes the tensor again
+    (the group waits for the copies before its next step or load; a weight push meanwhile only reads)."""
     import torch
 
     tensor = tensor.detach().to("cpu")

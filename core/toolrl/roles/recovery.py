@@ -8,13 +8,22 @@ controller awaits every rank's result; Ray reports a dead actor within seconds) 
    and a fresh process group is the only way out of it that never hangs;
 2. ``replace`` starts as many ranks as before (a new one where the cluster has room; no room:
    the group shrinks instead), ``shrink`` one fewer;
-3. the new ranks take the newest state: the in-memory copies every rank made after the last step
-   (:mod:`toolrl.roles.rank_state`, kept by the controller in Ray's object store, so a rank's
-   death does not lose its copy; pulled by a rank on another node too, so a node's loss does not
-   either: :func:`peer_holders`), else the checkpoint the run resumed from, else (no step trained
-   yet) the initial weights they were built with;
-4. the interrupted call runs again: a step with the same batch (the same seeds: they are the
-   batch's), a weight push, a save.
+3. the new ranks take the newest complete state: the in-memory copies every rank made after the
+   last step whose copies all finished (:mod:`toolrl.roles.rank_state`, kept by the controller in
+   Ray's object store, so a rank's death does not lose its copy; pulled by a rank on another node
+   too, so a node's loss does not either: :func:`peer_holders`), else the checkpoint the run
+   resumed from, else (no step trained yet) the initial weights they were built with;
+4. a step whose copies were still being made (they are made while the controller goes on: see
+   below) is trained again on that state, with the same batch (the same seeds: they are the
+   batch's), and copied;
+5. the interrupted call runs again: a step with the same batch, a weight push, a save.
+
+The copies of step N are made off the step's critical path: the step starts them (on each rank's
+``copy`` concurrency group, beside the weight push, which only reads the same tensors) and
+returns; the next call that changes the state or writes it (the next step, a save) first waits for
+them. Until all of step N's copies are complete, N-1's stay the recovery source and the group
+keeps step N's batch, so a death meanwhile costs a step trained again, never a step lost.
+``on_rank_failure: stop`` makes no copies.
 
 Each recovery is one log line naming what died and one :class:`Recovery` record, which the
 controller writes to ``recoveries.jsonl`` and adds up in the step's metrics. A recovery that does
@@ -97,6 +106,12 @@ class ReformingGroup:
         self.copies_world_size = self.world_size
         self.loaded: str | None = None  # the checkpoint the run resumed from, before any step
         self.recoveries: list[Recovery] = []  # not yet taken by the controller
+        # The step whose copies are not all complete yet, and its batch (an object ref): trained
+        # again on a group re-formed from the copies before it.
+        self.pending: tuple[int, Any] | None = None
+        self._copying: asyncio.Task[None] | None = None  # the copies of ``pending`` being made
+        self.copy_s = 0.0  # how long the last complete copies took to make, store and pull
+        self.copy_wait_s = 0.0  # how long calls waited for copies in flight, since the last step's figures
         # Calls may overlap (a replaced rollout worker's weights while the controller steps): the
         # first to see a death re-forms the group; the others wait for it and run again on it.
         self._reforming = asyncio.Lock()
@@ -153,6 +168,7 @@ class ReformingGroup:
         ``unreachable``: the node of a rank Ray could not reach, waited for first (see
         :meth:`_node_verdict`)."""
         t0 = time.perf_counter()
+        self._discard_copies()
         self._kill_ranks()
         if unreachable is not None:
             await self._node_verdict(unreachable)
@@ -174,11 +190,18 @@ class ReformingGroup:
         log.info("trainer group of %d: placed in %.1f s, started in %.1f s", size, t1 - t0, time.perf_counter() - t1)
         if self.copies is not None:
             await self._all([r.restore.remote(self.copies) for r in self.ranks], "recovery")
-            return f"memory (step {self.copies_step})"
-        if self.loaded is not None:
+            source = f"memory (step {self.copies_step})"
+        elif self.loaded is not None:
             await self._all([r.load.remote(self.loaded) for r in self.ranks], "recovery")
-            return f"checkpoint {self.loaded}"
-        return "initial weights"
+            source = f"checkpoint {self.loaded}"
+        else:
+            source = "initial weights"
+        if self.pending is not None:  # its copies were not complete: trained again from the state before it
+            step, batch = self.pending
+            await self._train(batch, step)
+            await self._keep_copies(step)
+            source += f", step {step} run again"
+        return source
 
     @staticmethod
     async def _node_verdict(node: str) -> None:
@@ -218,25 +241,61 @@ class ReformingGroup:
             with contextlib.suppress(Exception):
                 ray.kill(r, no_restart=True)
 
-    async def _keep_copies(self, step: int) -> float:
+    async def _train(self, batch: Any, step: int) -> list[dict[str, Any]]:
+        """Every rank's step on ``batch`` (an object ref of the step's trajectories); their results."""
+        return await self._all([r.step.remote(batch) for r in self.ranks], f"step {step}")
+
+    def _start_copies(self, step: int, batch: Any) -> None:
+        """Start every rank's copy of its state after ``step`` without waiting for it (none with
+        ``on_rank_failure: stop``: nothing would recover from it); ``batch`` is kept until the copies
+        are complete, to train the step again should a rank die before."""
+        if self.config.trainer.on_rank_failure == "stop":
+            return
+        self.pending = (step, batch)
+        self._copying = asyncio.ensure_future(self._keep_copies(step))
+        # A failure is raised to the call that waits for the copies; one discarded is not reported.
+        self._copying.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _copied(self) -> None:
+        """Wait for the copies in flight (before the state changes or is written): a rank that died
+        meanwhile raises :class:`RankDied` here."""
+        if self._copying is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            await self._copying
+        finally:
+            self._copying = None
+            self.copy_wait_s += time.perf_counter() - t0
+
+    def _discard_copies(self) -> None:
+        """Stop waiting for the copies in flight (a load, a close, a re-form: they are not needed)."""
+        if self._copying is not None:
+            self._copying.cancel()
+            self._copying = None
+
+    async def _keep_copies(self, step: int) -> None:
         """Every rank's in-memory copy of its state after ``step`` (a 1-based step number), kept in
         the object store (owned by this process, so a rank's death does not take it) and, when the
         ranks span nodes, pulled by a rank on another node (:func:`peer_holders`), so a lost node
-        does not take it either; the seconds the step waited for it (made, stored and pulled)."""
+        does not take it either. Only when all of them are there do they replace the previous
+        step's (``copy_s``: how long that took). On each rank's ``copy`` concurrency group: other
+        calls (a weight push) run meanwhile."""
         t0 = time.perf_counter()
-        calls = [r.snapshot.options(num_returns=2).remote() for r in self.ranks]
-        await self._all([c[0] for c in calls], f"step {step}")
+        what = f"the copy of step {step}"
+        calls = [r.snapshot.options(num_returns=2, concurrency_group="copy").remote() for r in self.ranks]
+        await self._all([c[0] for c in calls], what)
         copies = [c[1] for c in calls]
         holders = peer_holders([info.get("node_id") for info in self.infos])
         if holders:  # the refs go inside a list: the holder pulls them itself and keeps what it got
-            await self._all([r.hold_copies.remote(step, [copies[j] for j in holders.get(i, [])])
-                             for i, r in enumerate(self.ranks)], f"step {step}")
+            await self._all([r.hold_copies.options(concurrency_group="copy").remote(
+                step, [copies[j] for j in holders.get(i, [])]) for i, r in enumerate(self.ranks)], what)
         self.copies = copies  # the previous step's copies are freed
         self.copies_step, self.copies_world_size, self.loaded = step, self.world_size, None
+        self.pending = None
         for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
-            self.ranks[i].release_copies.remote(step)  # runs before the rank's next call
-        return time.perf_counter() - t0
-
+            self.ranks[i].release_copies.options(concurrency_group="copy").remote(step)
+        self.copy_s = time.perf_counter() - t0
 
 def _some_node_has(resources: dict[str, float]) -> bool:
     """Whether an alive node has ``resources`` (in all, used or not)."""

@@ -81,8 +81,10 @@ class RayTrainerGroup(ReformingGroup):
         import ray
 
         payload = self.config.model_dump()
-        return [ray.remote(TrainerRank).options(**self.placement.options(r)).remote(payload, r, world_size)
-                for r in range(world_size)]
+        # "copy": one thread of its own for the in-memory copies (snapshot, hold_copies), which run
+        # beside the calls on the step's path (a weight push reads the same tensors; nothing writes them).
+        actor = ray.remote(concurrency_groups={"copy": 1})(TrainerRank)
+        return [actor.options(**self.placement.options(r)).remote(payload, r, world_size) for r in range(world_size)]
 
     async def start(self, timeout_s: float = 900.0) -> list[dict[str, Any]]:
         self.infos = []
@@ -92,22 +94,29 @@ class RayTrainerGroup(ReformingGroup):
         return self.infos
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
-        """The step on every rank, then every rank's in-memory copy of its new state; a rank that dies
-        on the way: the group re-forms from the copies of the step before and runs it again."""
+        """The step on every rank, once the copies of the step before are complete; the copies of
+        the new state are started, not waited for (:mod:`toolrl.roles.recovery`). A rank that dies on
+        the way: the group re-forms from the newest complete copies and runs the step again.
+        ``snapshot_s``: how long the last complete copies took; ``snapshot_wait_s``: how long calls
+        waited for copies since the last step's figures (the copies' cost to the run)."""
         import ray
 
         ref = ray.put(list(trajectories))
 
         async def attempt() -> dict[str, Any]:
-            results = await self._all([r.step.remote(ref) for r in self.ranks], f"step {step}")
-            snapshot_s = await self._keep_copies(step)
+            await self._copied()
+            results = await self._train(ref, step)
+            self._start_copies(step, ref)
             # Each rank kept the trainer log-probs of the trajectories it trained (one rank of a
             # sequence-parallel group): together, the batch's.
             logprobs = {k: v for r in results for k, v in r.get("trainer_logprobs", {}).items()}
             return {**results[0], "trainer_state_mb": max(r["trainer_state_mb"] for r in results),
-                    "snapshot_s": snapshot_s, "trainer_logprobs": logprobs}
+                    "trainer_logprobs": logprobs}
 
-        return await self._recovering(f"step {step}", attempt)
+        out = await self._recovering(f"step {step}", attempt)
+        out.update(snapshot_s=self.copy_s, snapshot_wait_s=self.copy_wait_s)
+        self.copy_wait_s = 0.0
+        return out
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
         """Weights to the rollout-worker actors ``targets`` (also while they generate), labelled
@@ -127,18 +136,21 @@ class RayTrainerGroup(ReformingGroup):
 
     async def save(self, directory: str, step: int) -> None:
         async def attempt() -> None:
+            await self._copied()  # a rank that dies now is recovered from before the checkpoint is started
             _empty(directory)  # a re-formed group writes the whole checkpoint again
             await self._all([r.save.remote(directory) for r in self.ranks], f"checkpoint of step {step}")
 
         await self._recovering(f"checkpoint of step {step}", attempt)
 
     async def load(self, directory: str) -> None:
+        self._discard_copies()
         await self._all([r.load.remote(directory) for r in self.ranks], "resume")
-        self.copies, self.loaded = None, directory  # a re-formed group starts from this checkpoint
+        self.copies, self.loaded, self.pending = None, directory, None  # a re-formed group starts from here
 
     def close(self) -> None:
         import ray
 
+        self._discard_copies()
         refs = [r.close.remote() for r in self.ranks]
         with contextlib.suppress(Exception):
             ray.wait(refs, num_returns=len(refs), timeout=10)

@@ -224,7 +224,8 @@ class TrainerRank:
 
     def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
         """This rank's in-memory copy after a step (:mod:`toolrl.roles.rank_state`), and what it cost:
-        the group keeps the copy in Ray's object store to re-form without a checkpoint."""
+        the group keeps the copy in Ray's object store to re-form without a checkpoint. Called on the
+        actor's ``copy`` concurrency group, beside the group's other calls (which only read meanwhile)."""
         import time
 
         from toolrl.roles import rank_state
