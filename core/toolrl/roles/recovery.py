@@ -297,6 +297,7 @@ class ReformingGroup:
             self.ranks[i].release_copies.options(concurrency_group="copy").remote(step)
         self.copy_s = time.perf_counter() - t0
 
+
 def _some_node_has(resources: dict[str, float]) -> bool:
     """Whether an alive node has ``resources`` (in all, used or not)."""
     import ray
