@@ -118,6 +118,16 @@ class Page:
         self.js(f"""const s = document.querySelector({json.dumps(css)}); s.value = {json.dumps(value)};
             s.dispatchEvent(new Event('change'));""")
 
+    def step_table(self, run: Path, run_index: int, step: int) -> list[dict]:
+        """The Trajectories tab showing step ``step`` of the ``run_index``-th run (``run``), every row
+        listed; that step's rows as written."""
+        self.click("#tab-traces")
+        self.select("#t-run", str(run_index))
+        self.select("#t-source", str(step))
+        rows = _rows(run / "rollouts" / f"step_{step:05d}.jsonl")
+        self.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        return rows
+
     def shot(self, name: str) -> None:
         self.driver.save_screenshot(str(self.shots / name))
 
@@ -157,11 +167,7 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         page.shot("metrics.png")
 
         # Step 1 of the scripted run, filtered to trajectories with a failed tool call.
-        page.click("#tab-traces")
-        page.select("#t-run", "1")
-        page.select("#t-source", "1")
-        rows = _rows(runs["scripted"] / "rollouts" / "step_00001.jsonl")
-        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        rows = page.step_table(runs["scripted"], run_index=1, step=1)
         page.click("#t-tool_failures")
         failing = [r for r in rows if any(t["status"] != "ok" for t in r["tool_results"])]
         assert failing, "the scripted model's 1/0 must fail"
@@ -225,11 +231,7 @@ def test_the_page_works_before_plotly_arrives(runs, tmp_path):
         page.shot("before-plotly.png")
 
         # A step's table and a trajectory, before plotly.js.
-        page.click("#tab-traces")
-        page.select("#t-run", "1")
-        page.select("#t-source", "1")
-        rows = _rows(runs["scripted"] / "rollouts" / "step_00001.jsonl")
-        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        rows = page.step_table(runs["scripted"], run_index=1, step=1)
         assert page.js("return document.querySelectorAll('#t-table tbody tr').length") == len(rows)
         page.click("#t-table tbody tr")
         page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
