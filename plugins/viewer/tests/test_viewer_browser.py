@@ -199,12 +199,20 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         page.click("#t-tool_failures")
         page.until("return document.getElementById('t-count').textContent.startsWith('8 of 8')")
         page.click("#t-table tbody tr")
-        page.until("return document.querySelector('#heat option[value=diff]')")
+        opened = _rows(runs["trained"] / "rollouts" / "step_00002.jsonl")[0]
+        page.until(f"return document.querySelector('#trajectory h3')?.textContent === "
+                   f"'trajectory {opened['trajectory_id']}' && document.querySelector('#heat option[value=diff]')")
         page.select("#heat", "diff")
-        heat = page.until(r"""const t = [...document.querySelectorAll('#trajectory .tok.trained')];
-            return t.length && t.every(s => /trainer − engine -?[0-9]/.test(s.title)
-                && /^rgba\((30, 90, 230|220, 30, 50), /.test(s.style.background)) && t.length""")
-        assert heat == sum(_rows(runs["trained"] / "rollouts" / "step_00002.jsonl")[0]["response_mask"])
+        state = r"""const t = [...document.querySelectorAll('#trajectory .tok.trained')];
+            const off = t.filter(s => !(/trainer − engine -?[0-9]/.test(s.title)
+                && /^rgba\((30, 90, 230|220, 30, 50), /.test(s.style.background)));
+            return {heat: document.getElementById('heat').value, title: document.querySelector('#trajectory h3').textContent,
+                    trained: t.length, off: off.slice(0, 3).map(s => [s.title, s.style.background])};"""
+        try:
+            page.until(f"const s = (() => {{{state}}})(); return s.trained && !s.off.length")
+        except AssertionError:
+            raise AssertionError(f"trained tokens not coloured by trainer − engine: {page.js(state)}") from None
+        assert page.js(state)["trained"] == sum(opened["response_mask"])
     finally:
         page.close()
 
