@@ -207,7 +207,8 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
             const off = t.filter(s => !(/trainer − engine -?[0-9]/.test(s.title)
                 && /^rgba\((30, 90, 230|220, 30, 50), /.test(s.style.background)));
             return {heat: document.getElementById('heat').value, title: document.querySelector('#trajectory h3').textContent,
-                    trained: t.length, off: off.slice(0, 3).map(s => [s.title, s.style.background])};"""
+                    trained: t.length, off: off.slice(0, 3).map(s => [s.title, s.style.background]),
+                    notes: [...document.querySelectorAll('#trajectory .legend')].map(n => n.textContent)};"""
         try:
             page.until(f"const s = (() => {{{state}}})(); return s.trained && !s.off.length")
         except AssertionError:
