@@ -95,6 +95,9 @@ def group(rank: int, world: int, store: str, out: str) -> None:
     train_once(model, optimizer)
     train_once(fresh, fresh_opt)
     assert all(torch.equal(a.to_local(), b.to_local()) for a, b in zip(model.parameters(), fresh.parameters()))
+    # Both ranks done with every collective before either tears gloo down: a rank that destroyed its group
+    # while the other still had traffic in flight once took that one down with SIGABRT (a cold CI run).
+    dist.barrier()
     dist.destroy_process_group()
 
 
