@@ -54,6 +54,7 @@ class Tokenizers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._one_at_a_time = threading.Lock()
         self._loading: dict[str, threading.Thread] = {}
         self._loaded: dict[str, Any] = {}  # source -> tokenizer, or the reason there is none (str)
 
@@ -81,7 +82,10 @@ class Tokenizers:
 
     def _load(self, key: str) -> None:
         try:
-            self._loaded[key] = _load_tokenizer(Path(key))
+            # One load at a time: two runs' first loads would import transformers' lazy modules from two
+            # threads at once, which is not safe (a cold import can see a module half-initialised).
+            with self._one_at_a_time:
+                self._loaded[key] = _load_tokenizer(Path(key))
         except Exception as exc:  # any failure leaves the texts readable, whole
             self._loaded[key] = f"no tokenizer ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})"
 
