@@ -5,8 +5,8 @@ against the core tests, lint, and distributions.
     nox -s "plugin(calculator)"  # one plugin
     PLUGINS=mcp,geo3k nox -s plugin
 
-What runs where (scripts/test.sh runs every default session, two at a time: a cold run took 18 minutes on
-2 cores of this machine, 43 on an older, slower one, against a goal of 40):
+What runs where (scripts/test.sh runs every default session, two at a time: a cold run took 21 minutes on
+2 cores of a fresh machine, apt packages included, 43 on an older, slower one, against a goal of 40):
 - ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
   multi-process and Ray tests, real models: up to two minutes each) so the two halves run side by side;
 - ``long`` (not a default session; run it before a release): slow tests (most of two minutes or more) that

@@ -6,10 +6,11 @@ keep running meanwhile): decode one token for every running row, then prefill th
 arrived since the last step and merge them into the running batch. A request therefore waits at
 most one step before it starts, never for a whole batch to finish.
 
-The KV cache is a per-layer buffer ``[rows, kv_heads, capacity, head_dim]`` that the engine owns:
-rows can be added and removed between steps. Columns are token slots; a boolean mask marks each
-row's real tokens (padding sits on the left of a row, and between a reused session prefix and the
-new tokens). Keys are stored after RoPE with each token's true position id, so a row's padding
+The KV cache is a per-layer buffer ``[slots, kv_heads, capacity, head_dim]`` that the engine owns:
+rows are added and removed between steps, each by copying its own KV into or within the buffer (the
+live rows are the first slots; see ``_Batch``). Columns are token positions in the buffer; a boolean
+mask marks each row's real tokens (padding sits on the left of a row, between a reused session
+prefix and the new tokens, and where a longer row joined after it). Keys are stored after RoPE with each token's true position id, so a row's padding
 layout never changes its attention result, only the floating-point summation order. Sliding-window
 layers (Gemma 3, gpt-oss, Mistral) get masks built from each column's position, not its column
 distance: a token sees the ``sliding_window`` positions before it, whatever gaps its row has.
