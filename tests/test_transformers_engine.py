@@ -189,6 +189,27 @@ async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model
     assert in_place["_keep"] and in_place["_merge"], in_place
 
 
+async def test_a_long_turn_is_prefilled_into_a_buffer_that_holds_its_generation(engine, model, prompts):
+    """The prefill buffer has room for the turn's max_new_tokens (a long context's turn is never copied
+    to grow), but a short prompt with a large limit reserves at most its own length again."""
+    grew = []
+    reserve = engine._reserve
+
+    def watching(batch, needed, *args):
+        before = batch.capacity
+        reserve(batch, needed, *args)
+        if batch.capacity != before:
+            grew.append((before, batch.capacity))
+
+    engine._reserve = watching
+    long_prompt = prompts[5]  # ~200 tokens
+    [gen] = await engine.generate(long_prompt, SamplingParams(temperature=0.0, max_new_tokens=150))
+    assert len(gen.token_ids) == 150 and grew == []
+    assert gen.token_ids == greedy_reference(model, long_prompt, 150)
+    [gen] = await engine.generate(prompts[4], SamplingParams(temperature=0.0, max_new_tokens=150))
+    assert len(gen.token_ids) == 150 and grew and grew[0][0] == len(prompts[4]) + 64
+
+
 async def test_bfloat16(tiny_qwen3_path, model, prompts):
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu", "dtype": "bfloat16"})
     assert eng.dtype == torch.bfloat16
