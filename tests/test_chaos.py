@@ -1,7 +1,9 @@
 """Chaos on Ray on loopback: an asynchronous run (two trainer ranks on gloo, two rollout workers,
 ``max_staleness: 1``, ten steps, under ``--supervise``) whose trainer ranks, rollout workers and
-controller are killed with SIGKILL on a seeded schedule, twice each in one run. The run must finish
-by itself, with every step once, nothing lost, each recovery recorded and each under a bound.
+controller are killed with SIGKILL on a seeded schedule, twice each in one run, with the trainer group
+re-formed at its size (``replace``) or one rank smaller (``shrink``; a restarted controller starts the
+configured two again). The run must finish by itself, with every step once, nothing lost, each
+recovery recorded and each under a bound.
 
 Asynchronous sampling depends on timing (which weights a group starts on), so two asynchronous runs,
 killed or not, never give the same figures: exactness after a kill is what the synchronous tests show
@@ -55,19 +57,21 @@ def children(pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.timeout(1800)
-def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(tmp_path):
+@pytest.mark.parametrize("mode", ["replace", "shrink"])
+def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(tmp_path, mode):
     (tmp_path / "plugin").mkdir()
     make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"), os.environ.get("PYTHONPATH")]))}
     out = tmp_path / "run"
     args = [sys.executable, "-m", "toolrl", "train", TINY, "--supervise", "ray.address=local",
-            "trainer.world_size=2", "ray.num_rollout_workers=2", "trainer.max_staleness=1",
+            "trainer.world_size=2", f"trainer.on_rank_failure={mode}", "ray.num_rollout_workers=2",
+            "trainer.max_staleness=1",
             f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
             "trainer.progress=false", "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
             "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]"]
     plan = schedule(SEED)
-    killed: list[tuple[int, str, int]] = []
+    killed: list[tuple[int, str, int, int]] = []  # (after, kind, pid, the group's size then)
     supervisor = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 1500
@@ -77,12 +81,13 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
                 assert supervisor.poll() is None, supervisor.stderr.read()[-3000:] if supervisor.stderr else ""
                 assert time.monotonic() < deadline, f"no checkpoint {after} in time"
                 time.sleep(0.05)
+            roles = json.loads((out / "roles.json").read_text())
             if kind == "controller":
                 (pid,) = children(supervisor.pid)
             else:
-                pid = json.loads((out / "roles.json").read_text())[kind][index]["pid"]
+                pid = roles[kind][index % len(roles[kind])]["pid"]  # a shrunk group has one rank
             os.kill(pid, signal.SIGKILL)
-            killed.append((after, kind, pid))
+            killed.append((after, kind, pid, len(roles["trainer"])))
         _, stderr = supervisor.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         supervisor.kill()
@@ -102,10 +107,11 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     assert sum(r["steps_lost"] for r in recoveries) == 0 and sum(r["steps_lost"] for r in rows) == 0
     assert all(r["recovery_s"] < RECOVERY_BOUND_S for r in recoveries), recoveries
     assert sum(r["recoveries"] for r in rows) == len(recoveries)
-    for after, kind, pid in killed:
-        if kind == "trainer":  # a replaced rank, the group as large as before, from the last step's copies
+    for after, kind, pid, size in killed:
+        if kind == "trainer":  # replaced (or one rank fewer, never none), from the last step's copies
             (row,) = [r for r in recoveries if r["what"] == "trainer_rank" and f"pid {pid} " in r["died"]]
-            assert (row["mode"], row["world_size_before"], row["world_size"]) == ("replace", 2, 2), row
+            expected = size if mode == "replace" else max(1, size - 1)
+            assert (row["mode"], row["world_size_before"], row["world_size"]) == (mode, size, expected), row
             assert row["source"].startswith("memory"), row
         elif kind == "controller":  # restarted from the checkpoint it was killed after: nothing to train again
             (row,) = [r for r in recoveries if r["what"] == "controller" and f"pid {pid}," in r["died"]]
