@@ -10,10 +10,11 @@ The KV cache is a per-layer buffer ``[slots, kv_heads, capacity, head_dim]`` tha
 rows are added and removed between steps, each by copying its own KV into or within the buffer (the
 live rows are the first slots; see ``_Batch``). Columns are token positions in the buffer; a boolean
 mask marks each row's real tokens (padding sits on the left of a row, between a reused session
-prefix and the new tokens, and where a longer row joined after it). Keys are stored after RoPE with each token's true position id, so a row's padding
-layout never changes its attention result, only the floating-point summation order. Sliding-window
-layers (Gemma 3, gpt-oss, Mistral) get masks built from each column's position, not its column
-distance: a token sees the ``sliding_window`` positions before it, whatever gaps its row has.
+prefix and the new tokens, and where a longer row joined after it). Keys are stored after RoPE with
+each token's true position id, so a row's padding layout never changes its attention result, only the
+floating-point summation order. Sliding-window layers (Gemma 3, gpt-oss, Mistral) get masks built
+from each column's position, not its column distance: a token sees the ``sliding_window`` positions
+before it, whatever gaps its row has.
 
 With ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the next turn of the same
 trajectory prefills only the tokens after the longest common prefix. The kept state is dropped when
@@ -729,9 +730,9 @@ class TransformersEngine(RolloutEngine):
             return
         assert batch.mask is not None and new.mask is not None and batch.positions is not None
         b1, b2, length = len(batch.rows), len(new.rows), max(batch.length, new.length)
-        # Spare slots up to max_batch_size, so the next joiner finds its slot free.
-        slots = b1 + b2 if b1 + b2 <= batch.slots else max(b1 + b2, min(2 * batch.slots, self.config.max_batch_size))
-        self._reserve(batch, length, slots)
+        # Out of slots: double them (up to max_batch_size), so the next joiner finds its slot free.
+        spare = min(2 * batch.slots, self.config.max_batch_size)
+        self._reserve(batch, length, b1 + b2 if b1 + b2 <= batch.slots else max(b1 + b2, spare))
         start = length - new.length
         # Masked columns keep what a former row left there: finite KV that gets exactly zero weight.
         for dst, src in zip(batch.keys + batch.values, new.keys + new.values):
