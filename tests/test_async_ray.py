@@ -166,6 +166,16 @@ def both_workers_serve(pool: Any, gates: Path, version: int, scale: float, seed:
                for t in again for turn in turn_logprobs(t) for lp in turn)
 
 
+def the_recovery(pool: Any, pid: int) -> dict[str, Any]:
+    """The one row the pool recorded (for ``recoveries.jsonl``) since it was last asked: the worker
+    ``pid``'s death, and where its replacement, up now, runs."""
+    (row,) = pool.take_recoveries()
+    assert (row["what"], row["mode"], row["steps_lost"]) == ("rollout_worker", "replace", 0), row
+    assert f"(pid {pid} on " in row["died"] and row["worker"]["pid"] != pid and 0 < row["recovery_s"] < 120, row
+    assert ray.get(pool.workers[row["index"]].ping.remote())["pid"] == row["worker"]["pid"], row
+    return row
+
+
 def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
     from toolrl.roles import sync_weights
 
@@ -227,6 +237,7 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     pool, trainer, gates = setting
     pids = [ray.get(w.ping.remote())["pid"] for w in pool.workers]
     version = pool.weight_version
+    pool.take_recoveries()  # an earlier test's
 
     async def scenario() -> tuple[list[Any], list[Any], int]:
         first = asyncio.ensure_future(pool.run_group(sample("k1", 3), 3, 1, seed=9, id_prefix="t2-"))
@@ -255,6 +266,7 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     assert [t.policy_versions for t in again] == [[version, version]] * 2
     assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3)
                for t in again for turn in turn_logprobs(t) for lp in turn)
+    assert the_recovery(pool, killed)["during"] == "group 3"
 
 
 def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(setting):
@@ -267,6 +279,8 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
     pool, trainer, gates = setting
     assert isinstance(pool, RolloutGroup)
     victim = pool.workers[1]
+    pid = ray.get(victim.ping.remote())["pid"]
+    pool.take_recoveries()  # an earlier test's
     ray.kill(victim, no_restart=True)
 
     def gone() -> bool:
@@ -282,6 +296,8 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
     sync = asyncio.run(sync_weights(trainer, pool, version))
     assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
     both_workers_serve(pool, gates, version, 2.0, seed=4)
+    row = the_recovery(pool, pid)
+    assert (row["during"], row["source"]) == (f"weight push {version}", f"trainer weights (version {version})"), row
 
 
 def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weights(setting):
@@ -296,6 +312,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     hung = pool.workers[1]
     pid = ray.get(hung.ping.remote())["pid"]
     restarts, version = pool.restarts, pool.weight_version + 1
+    pool.take_recoveries()  # an earlier test's
     trainer.set_scale(1.5)
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -311,6 +328,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     assert pool.restarts == restarts + 1 and pool.workers[1] is not hung
     assert ray.get(pool.workers[0].ping.remote())["weight_version"] == version  # the push reached the live one
     both_workers_serve(pool, gates, version, 1.5, seed=5)
+    assert the_recovery(pool, pid)["during"] == f"weight push {version}"
 
 
 # -- the controller on Ray ------------------------------------------------------------------------

@@ -94,6 +94,11 @@ class RolloutGroup(Protocol):
         """Replace the targets ``dead`` (found dead by a weight push)."""
         ...
 
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The replaced workers that came up since the last call, one row each for ``recoveries.jsonl``
+        (``index`` and ``worker``: which one, and where its replacement runs)."""
+        ...
+
     async def close(self) -> None:
         ...
 

@@ -84,14 +84,18 @@ async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
 
 
 def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
-    """The trainer group's recoveries from dead ranks since the last call, written to
-    ``recoveries.jsonl`` (``step``: the step in progress); their rows, for the metrics."""
-    rows = roles.training.take_recoveries()
+    """The recoveries since the last call (trainer ranks, rollout workers), written to
+    ``recoveries.jsonl`` (``step``: the step in progress), with ``roles.json`` kept current; their
+    rows, for the metrics."""
+    rows = roles.training.take_recoveries() + roles.rollouts.take_recoveries()
     for row in rows:
         run_dir.append_recovery({"step": step, **row})
         if row.get("ranks"):  # a re-formed trainer group runs elsewhere now
             roles.placement["trainer"] = row["ranks"]
-            run_dir.write_roles(roles.placement)
+        elif row.get("worker"):  # so does a replaced rollout worker
+            roles.placement["rollout_workers"][row["index"]] = row["worker"]
+    if rows:
+        run_dir.write_roles(roles.placement)
     return rows
 
 

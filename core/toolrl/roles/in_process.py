@@ -73,6 +73,10 @@ class Rollouts:
         if dead:  # the engine lives in this process: no weight push finds it dead
             raise ValueError("Rollouts.replace: an engine in this process cannot be replaced")
 
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """None ever: the engine is this process (its death is the controller's, for --supervise)."""
+        return []
+
     async def close(self) -> None:
         for tool in self.tools:
             await tool.close()

@@ -42,5 +42,8 @@ class Replay:
     def replace(self, dead: Sequence[Any]) -> None:
         self.generating.replace(dead)
 
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        return self.generating.take_recoveries()
+
     async def close(self) -> None:
         await self.generating.close()

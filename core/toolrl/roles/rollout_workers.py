@@ -9,7 +9,9 @@ places one worker per node where the cluster has several (a ``SPREAD`` placement
 into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
 one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
 A worker that dies is replaced in its bundle, in the background, and its groups run again on a live
-worker with the same seeds.
+worker with the same seeds. Each replacement that comes up is one row for ``recoveries.jsonl``
+(:meth:`~RolloutWorkerPool.take_recoveries`: what died, during what, how long until its replacement
+served, where that runs).
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
 or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`; the controller sends them to
@@ -33,7 +35,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import Config, ConfigError
@@ -154,6 +156,7 @@ class _Slot:
     info: dict[str, Any] | None = None  # setup's result once it is up
     needs_weights: bool = False  # the trainer's current weights go to it once it is up
     inflight: int = 0  # groups sent to this slot's workers and not yet returned
+    deaths: list[tuple[str, str, float]] = field(default_factory=list)  # (who, during, unix time), until up
 
 
 class RolloutWorkerPool:
@@ -176,6 +179,7 @@ class RolloutWorkerPool:
         self.max_attempts = max_attempts
         self.restarts = 0  # workers replaced after dying
         self.rerun_groups = 0  # groups run again because their worker died mid-step
+        self.recoveries: list[dict[str, Any]] = []  # replacements that came up, not yet taken by the controller
         self._payload = config.model_dump()
         self._weights: Any = None  # ObjectRef of the last broadcast state dict
         self.weight_version = 0  # the version of the weights last sent to the workers
@@ -206,8 +210,9 @@ class RolloutWorkerPool:
         actor: Any = ray.remote(RolloutWorker).options(**self._placement.options(index)).remote(self._payload)
         return _Slot(index, actor, actor.setup.remote(self._weights, self.weight_version))
 
-    def _replace(self, slot: _Slot, dead: Any) -> None:
-        """Start a new actor in ``slot`` unless that already happened for this dead actor."""
+    def _replace(self, slot: _Slot, dead: Any, during: str) -> None:
+        """Start a new actor in ``slot`` unless that already happened for this dead actor (``during``:
+        what it was found dead in, for the record)."""
         import ray
 
         if slot.actor is not dead:
@@ -215,6 +220,7 @@ class RolloutWorkerPool:
         with contextlib.suppress(Exception):
             ray.kill(dead, no_restart=True)
         where = f" (pid {slot.info['pid']} on {slot.info['host']})" if slot.info else ""
+        slot.deaths.append((f"rollout worker {slot.index}{where}", during, time.time()))
         new = self._spawn(slot.index)
         slot.actor, slot.setup_ref, slot.info = new.actor, new.setup_ref, None
         slot.needs_weights = self.weights_from is not None
@@ -234,15 +240,35 @@ class RolloutWorkerPool:
             except TimeoutError:  # asyncio's, and Ray's GetTimeoutError
                 raise TimeoutError(f"rollout worker {slot.index} was not up after {self.setup_timeout_s:g} s "
                                    "(not enough free resources on the cluster?)") from None
-            if (slot.needs_weights and self.weights_from is not None
-                    and (await self.weights_from.push([actor], self.weight_version)).dead):
+            pushed = slot.needs_weights and self.weights_from is not None
+            if pushed and (await self.weights_from.push([actor], self.weight_version)).dead:
                 raise ActorDied(actor, f"rollout worker {slot.index} died while receiving weights")
             slot.info, slot.needs_weights = info, False
+            self._record_recovery(slot, f"trainer weights (version {self.weight_version})" if pushed
+                                  else "the latest broadcast" if self._weights is not None else "initial weights")
             return info
 
         if slot.info is not None:
             return slot.info
-        return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor))
+        return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor, "setup"))
+
+    def _record_recovery(self, slot: _Slot, source: str) -> None:
+        """A row for each death ``slot``'s worker, now up, replaced (none for a first start)."""
+        assert slot.info is not None
+        for who, during, seen in slot.deaths:
+            took = time.time() - seen
+            self.recoveries.append({"what": "rollout_worker", "died": who, "during": during, "mode": "replace",
+                                    "source": source, "recovery_s": took, "steps_lost": 0, "time": seen,
+                                    "index": slot.index, "worker": slot.info})
+            log.warning("rollout worker %d is back (pid %s on %s) %.1f s after it died, with %s", slot.index,
+                        slot.info["pid"], slot.info["host"], took, source)
+        slot.deaths.clear()
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The replacements that came up since the last call, one row each for ``recoveries.jsonl``
+        (``worker``: where the replacement runs)."""
+        taken, self.recoveries = self.recoveries, []
+        return taken
 
     def _start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
         """The one :meth:`_ensure` of ``slot`` on this event loop: a replacement comes up once, however
@@ -286,7 +312,7 @@ class RolloutWorkerPool:
         outcomes = await asyncio.gather(*(result(call(actor), actor) for _, actor in calls), return_exceptions=True)
         for (slot, actor), outcome in zip(calls, outcomes, strict=True):
             if isinstance(outcome, ActorDied):
-                self._replace(slot, actor)
+                self._replace(slot, actor, "a weight update")
             elif isinstance(outcome, BaseException):
                 raise outcome
 
@@ -333,7 +359,7 @@ class RolloutWorkerPool:
 
         def died(exc: ActorDied) -> None:
             assert slot is not None
-            self._replace(slot, exc.actor)
+            self._replace(slot, exc.actor, f"group {group}")
             self.rerun_groups += 1
 
         return await retry(attempt, self.max_attempts, died)
@@ -381,7 +407,7 @@ class RolloutWorkerPool:
 
             def died(exc: ActorDied) -> None:
                 assert slot is not None
-                self._replace(slot, exc.actor)
+                self._replace(slot, exc.actor, f"a share of {len(groups)} groups")
                 self.rerun_groups += len(groups)
                 rejoin(slot)
 
@@ -425,7 +451,7 @@ class RolloutWorkerPool:
         trainer's weights once up."""
         for slot in self._slots:
             if any(slot.actor is d for d in dead):
-                self._replace(slot, slot.actor)
+                self._replace(slot, slot.actor, f"weight push {self.weight_version}")
 
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
