@@ -23,7 +23,8 @@ def test_a_wheel_folder_pip_reads_is_used_else_pytorchs_cpu_index(tmp_path: Path
     (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
     no_config = tmp_path / "none.conf"
     no_config.write_text("")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # Neither pip's settings nor a mirror of the machine running the test (TOOLRL_TORCH_INDEX).
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "TOOLRL_TORCH_INDEX"}
     base |= {"PIP_CONFIG_FILE": str(no_config), "HOME": str(tmp_path)}
     index = ["torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"]
     assert cpu_torch.pip_args(base) == index
