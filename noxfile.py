@@ -15,7 +15,8 @@ What runs where (scripts/test.sh runs every default session, two at a time: a co
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
   replaced rollout worker fed by real trainer ranks), an asynchronous Ray run whose trainer ranks, rollout
-  workers and controller are each killed twice, with the trainer group replaced and with it shrunk
+  workers (once inside a weight push) and controller are each killed twice, with the trainer group replaced
+  and with it shrunk
   (``tests/test_chaos.py``, about 90 s each), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes) and a 16k-token run on
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes);
