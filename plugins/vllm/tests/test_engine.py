@@ -200,11 +200,14 @@ def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
         VLLMEngine.create(ModelSource(tiny_path), {"device": "cuda"})
 
 
-async def test_close_fails_requests_in_flight(engine, prompts):
+async def test_close_fails_requests_in_flight_and_leaves_no_files(engine, prompts):
     """Last in the module: it closes the shared engine (the fixture's close is then a no-op)."""
     pending = asyncio.ensure_future(engine.generate(prompts[0], SamplingParams(max_new_tokens=4000)))
     await asyncio.sleep(1.0)
+    # vLLM's IPC sockets live in the engine's own directory, which close removes with them.
+    assert [f for f in engine._dir.iterdir() if f.is_socket()]
     await engine.close()
+    assert not engine._dir.exists()
     with pytest.raises(RuntimeError, match="closed"):
         await pending
     with pytest.raises(RuntimeError, match="closed"):

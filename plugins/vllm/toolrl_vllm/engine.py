@@ -96,7 +96,10 @@ class VLLMEngine(RolloutEngine):
         self._asleep = False
         self._closed = False
         self._top_p_warned = False
-        self._weights_dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-weights-"))
+        # The engine's files: the weights that updates write, and (unless VLLM_RPC_BASE_PATH is set)
+        # vLLM's ZeroMQ IPC sockets, which its shutdown leaves in the temporary directory otherwise.
+        self._dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-"))
+        self._weights_dir = self._dir / "weights"
         self._thread = LoopThread("toolrl-vllm-engine")
         self._state_lock: asyncio.Lock | None = None  # created on the engine loop
         self._next_version: int | None = None  # the version an update in progress brings
@@ -104,7 +107,7 @@ class VLLMEngine(RolloutEngine):
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
         except BaseException:
             self._thread.stop()
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            shutil.rmtree(self._dir, ignore_errors=True)
             raise
         self.max_model_len: int = self._llm.model_config.max_model_len
 
@@ -148,7 +151,12 @@ class VLLMEngine(RolloutEngine):
         # is up; the trainer and the tools' subprocesses get their own environment back.
         saved = dict(os.environ)
         try:
+            from vllm import envs
             from vllm.v1.engine.async_llm import AsyncLLM
+
+            if "VLLM_RPC_BASE_PATH" not in os.environ:
+                os.environ["VLLM_RPC_BASE_PATH"] = str(self._dir)
+                envs.disable_envs_cache()  # a running in-process engine core may have cached its own
 
             if self.config.device.startswith("cuda") and not self._on_gpu():
                 raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
@@ -286,7 +294,7 @@ class VLLMEngine(RolloutEngine):
             await self._thread.run(self._shutdown())
         finally:
             self._thread.stop()
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _generation(out: Any, weight_version: int) -> Generation:
