@@ -97,7 +97,8 @@ def build(root: Path, steps: int, trajectories: int) -> Path:
     return first
 
 
-def browser():
+def browser(tmp: Path):
+    """Headless Chromium, its temporary files (the singleton socket's directory ``quit`` leaves) under ``tmp``."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -105,7 +106,8 @@ def browser():
     options.binary_location = shutil.which("chromium")
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
         options.add_argument(arg)
-    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver"),
+                                                             env={**os.environ, "TMPDIR": str(tmp)}))
 
 
 def visit(driver, url: str) -> tuple[float, float]:
@@ -143,6 +145,7 @@ def main() -> None:
     from toolrl_viewer.server import serve
 
     root = Path(tempfile.mkdtemp(prefix="toolrl-viewer-bench-"))
+    scratch = Path(tempfile.mkdtemp(prefix="toolrl-viewer-bench-chromium-"))
     try:
         t0 = time.perf_counter()
         step_file = build(root, args.steps, args.trajectories)
@@ -154,12 +157,12 @@ def main() -> None:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         cold = []
         for _ in range(args.cold):
-            driver = browser()
+            driver = browser(scratch)
             try:
                 cold.append(visit(driver, url))
             finally:
                 driver.quit()
-        driver = browser()
+        driver = browser(scratch)
         warm, table_ms, first_open, opens, full = [], [], None, [], []
         try:
             visit(driver, url)  # cold, in this browser: not counted
@@ -212,6 +215,7 @@ def main() -> None:
             print(f"{name}: {ms:.0f} ms, goal ≤ {goal} ms: {'met' if ms <= goal else 'NOT MET'}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-def _chromium(page_load_strategy: str = "normal"):
+def _chromium(tmp: Path, page_load_strategy: str = "normal"):
+    """A headless Chromium whose temporary files (its singleton socket's directory, left behind by
+    ``quit``) go under ``tmp``, not /tmp."""
     if not (CHROMIUM and DRIVER):
         if os.environ.get("CI"):
             pytest.fail("the browser tests need Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
@@ -73,12 +75,12 @@ def _chromium(page_load_strategy: str = "normal"):
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,1000", "--no-first-run", "--disable-background-networking"):
         options.add_argument(arg)
-    return webdriver.Chrome(options=options, service=Service(DRIVER))
+    return webdriver.Chrome(options=options, service=Service(DRIVER, env={**os.environ, "TMPDIR": str(tmp)}))
 
 
 @pytest.fixture(scope="module")
-def browser():
-    driver = _chromium()
+def browser(tmp_path_factory: pytest.TempPathFactory):
+    driver = _chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
 
@@ -221,7 +223,7 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
 def test_the_page_works_before_plotly_arrives(runs, tmp_path):
     # A fresh browser (plotly.js not cached) that, like a person, does not wait for the page's load event,
     # which waits for plotly.js.
-    driver = _chromium("eager")
+    driver = _chromium(tmp_path, "eager")
     driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """window.errors = [];
         addEventListener('error', (e) => errors.push(String(e.message)));
         addEventListener('unhandledrejection', (e) => errors.push(String(e.reason)));"""})
