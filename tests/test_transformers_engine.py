@@ -189,6 +189,46 @@ async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model
     assert in_place["_keep"] and in_place["_merge"], in_place
 
 
+async def test_a_joining_row_that_finishes_at_once_leaves_the_others_exact(tiny_qwen3_path, model, qwen3_tokenizer,
+                                                                          prompts):
+    """Two requests prefilled together while another decodes, one done at its first token (a stop at
+    once, or a budget of one token): the other joins the batch from the prefill's buffers, which keep a
+    slot for the finished one. Every request completes, each equal to its greedy reference (joining
+    copied the spare slot too and failed the step, and the finished request's answer was lost with it:
+    its trajectory waited forever)."""
+    eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
+
+    async def request(prompt, tokens, delay=0.0):
+        await asyncio.sleep(delay)
+        return (await eng.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=tokens)))[0]
+
+    running = asyncio.ensure_future(request(prompts[0], 40))
+    while not eng._batch.rows:  # decoding
+        await asyncio.sleep(0.001)
+    # Created together: admitted together, into one prefill.
+    gens = await asyncio.wait_for(asyncio.gather(running, request(prompts[1], 1), request(prompts[2], 12)), 120)
+    await eng.close()
+    for prompt, tokens, gen in zip(prompts[:3], (40, 1, 12), gens, strict=True):
+        assert gen.token_ids == greedy_reference(model, prompt, tokens)
+
+
+async def test_a_step_that_fails_late_still_answers_what_it_completed(tiny_qwen3_path, model, qwen3_tokenizer, prompts):
+    """A step that raises after some requests completed in it: those get their results, the rest the
+    error; none is left waiting."""
+    eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
+
+    def broken(batch, new):
+        raise RuntimeError("merge broke")
+
+    eng._merge = broken
+    done, failing = await asyncio.wait_for(asyncio.gather(
+        eng.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=1)),
+        eng.generate(prompts[2], SamplingParams(temperature=0.0, max_new_tokens=5)), return_exceptions=True), 60)
+    await eng.close()
+    assert done[0].token_ids == greedy_reference(model, prompts[1], 1)
+    assert isinstance(failing, RuntimeError) and "merge broke" in str(failing)
+
+
 async def test_a_long_turn_is_prefilled_into_a_buffer_that_holds_its_generation(engine, model, prompts):
     """The prefill buffer has room for the turn's max_new_tokens (a long context's turn is never copied
     to grow), but a short prompt with a large limit reserves at most its own length again."""

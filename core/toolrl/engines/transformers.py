@@ -353,16 +353,21 @@ class TransformersEngine(RolloutEngine):
                 continue
             admitted = self._admit()
             cancelled = {id(r.req) for r in self._batch.rows if r.req.future.done()}
+            finished: list[_Request] = []
+            failed: Exception | None = None
             try:
-                finished = await asyncio.to_thread(self._step, admitted, cancelled)
+                await asyncio.to_thread(self._step, admitted, cancelled, finished)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a failed step fails its requests, not the engine
-                self._fail_batch(admitted, exc)
-                continue
+                failed = exc
+            # Requests completed before a failure later in the step have their whole results: they get
+            # them (they have left the batch, so failing the batch would never reach them).
             for req in finished:
                 if not req.future.done():
                     req.future.set_result(list(req.results))  # type: ignore[arg-type]
+            if failed is not None:
+                self._fail_batch(admitted, failed)
 
     def _admit(self) -> list[_Request]:
         admitted: list[_Request] = []
@@ -394,8 +399,9 @@ class TransformersEngine(RolloutEngine):
 
     # ----------------------------------------------------------------- one step (worker thread)
 
-    def _step(self, admitted: list[_Request], cancelled: set[int]) -> list[_Request]:
-        finished: list[_Request] = []
+    def _step(self, admitted: list[_Request], cancelled: set[int], finished: list[_Request]) -> None:
+        """One decode step of the batch and the prefill of the admitted requests; the requests they
+        complete go into ``finished`` as they do."""
         with self._step_lock, torch.no_grad():
             batch = self._batch
             if cancelled:
@@ -409,7 +415,6 @@ class TransformersEngine(RolloutEngine):
                 new, logits = self._prefill(admitted)
                 self._advance(new, new.rows, logits, finished)
                 self._merge(batch, new)
-        return finished
 
     def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor,
                  **images: torch.Tensor) -> torch.Tensor:
@@ -736,7 +741,7 @@ class TransformersEngine(RolloutEngine):
         start = length - new.length
         # Masked columns keep what a former row left there: finite KV that gets exactly zero weight.
         for dst, src in zip(batch.keys + batch.values, new.keys + new.values):
-            dst[b1 : b1 + b2, :, start:length] = src[:, :, : new.length]
+            dst[b1 : b1 + b2, :, start:length] = src[:b2, :, : new.length]  # its live rows, not its spare slots
         mask = batch.mask.new_zeros(b1 + b2, batch.capacity)
         mask[:b1] = batch.mask
         mask[b1:, start:length] = new.mask[:, : new.length]
