@@ -16,8 +16,8 @@ What runs where (scripts/test.sh runs every default session, two at a time: a co
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
   replaced rollout worker fed by real trainer ranks), an asynchronous Ray run whose trainer ranks, rollout
   workers (once inside a weight push) and controller are each killed twice, with the trainer group replaced
-  and with it shrunk
-  (``tests/test_chaos.py``, about 90 s each), a Ray node lost mid-run
+  (``one_step_off``: every figure and weight equal to an uninterrupted run's) and with it shrunk
+  (``tests/test_chaos.py``, about 2 minutes each), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes) and a 16k-token run on
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go

@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,6 +128,88 @@ def test_streaming_staleness_stays_within_the_bound(tmp_path, k):
         assert m["staleness_max"] <= k and sum(m["staleness_hist"].values()) == 4
         assert m["staleness_max"] == max(ages[m["step"]])
         assert all(t["group"] in m["groups"] for t in lines(tmp_path / "rollouts" / f"step_{m['step']:05d}.jsonl"))
+
+
+def test_what_one_step_off_refuses_is_one_line():
+    from toolrl.config import ConfigError
+
+    for overrides, message in [(["trainer.max_staleness=2"], "set trainer.max_staleness=1 (not 2)"),
+                               ([], "set trainer.max_staleness=1 (not 0)"),
+                               (["trainer.max_staleness=1", "algorithm.skip_zero_variance_groups=true"],
+                                "algorithm.skip_zero_variance_groups needs async_schedule=stream")]:
+        with pytest.raises(ConfigError, match=r"trainer.async_schedule=one_step_off .*" + re.escape(message)) as err:
+            load_config(TINY, ["trainer.async_schedule=one_step_off", *overrides])
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_generated(tmp_path):
+    """async_schedule=one_step_off: step s trains the synchronous loop's batch s (same prompts and seeds)
+    generated on the weights step s-1 started from, while step s-1 trained. Its figures and final weights
+    are those of the same schedule run one call after another, with nothing overlapping."""
+    import torch
+    from toolrl.data.batches import batch_for_step, step_seed
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.controller import train_async
+    from toolrl.roles.start import start_roles
+
+    steps = 3
+    cfg = small(tmp_path / "run", f"trainer.total_steps={steps}", "trainer.max_staleness=1",
+                "trainer.async_schedule=one_step_off")
+    asyncio.run(train_async(cfg))
+    m = lines(tmp_path / "run/metrics.jsonl")
+    got = [{k: r[k] for k in ("reward_mean", "loss", "grad_norm")} for r in m]
+
+    async def one_after_another():
+        samples = load_samples(cfg)
+        roles = await start_roles(cfg)
+
+        async def generate(step):
+            prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
+            return await roles.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
+                                            id_prefix=f"t{step + 1}-")
+
+        rows = []
+        try:
+            batch = await generate(0)
+            for step in range(steps):
+                ahead = await generate(step + 1) if step + 1 < steps else None  # on the weights step `step` starts from
+                train = await roles.trainer.step(batch, step + 1)
+                await roles.sync_weights(step + 1)
+                rows.append({"reward_mean": sum(t.reward for t in batch) / len(batch), "loss": train["loss"],
+                             "grad_norm": train["grad_norm"]})
+                batch = ahead
+            return rows, {k: v.detach().clone() for k, v in roles.trainer.rank.model.state_dict().items()}
+        finally:
+            await roles.close()
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(tmp_path / f"run/checkpoints/step_{steps:06d}"), str(tmp_path / "w.pt"))
+    trained = torch.load(tmp_path / "w.pt", weights_only=False)["model"]
+    rows, weights = asyncio.run(one_after_another())
+    assert rows == got and all(torch.equal(trained[k], weights[k]) for k in trained)
+    assert {s: set(a) for s, a in staleness(tmp_path / "run", steps).items()} == {1: {0}, 2: {1}, 3: {1}}
+    assert [r["groups"] for r in m] == [[0, 1], [2, 3], [4, 5]]
+
+
+@pytest.mark.slow
+def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_figures(tmp_path):
+    """The checkpoint keeps the batch generated ahead (on weights no checkpoint holds), so a run killed
+    after its second checkpoint and resumed gives every step the figures of the run left alone."""
+    from _processes import straight_and_resumed
+
+    def args(out):
+        return ["train", TINY, "trainer.total_steps=4", f"trainer.output_dir={out}", "trainer.plot=false",
+                "trainer.progress=false", "env_options.train_size=8", "rollout.n=2", "rollout.max_new_tokens=8",
+                "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]",
+                "trainer.max_staleness=1", "trainer.async_schedule=one_step_off"]
+
+    want, got = straight_and_resumed(args, tmp_path, 4)
+    assert got == want
+    assert [r["staleness_max"] for r in want] == [0, 1, 1, 1]
+    ckpts = tmp_path / "straight" / "checkpoints"
+    assert (ckpts / "step_000003" / "ahead.pt").is_file() and not (ckpts / "step_000004" / "ahead.pt").exists()
 
 
 class EvenIndexParity:

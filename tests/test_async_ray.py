@@ -331,6 +331,47 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     assert the_recovery(pool, pid)["during"] == f"weight push {version}"
 
 
+def test_beside_training_a_dead_workers_share_runs_again_on_the_weights_the_batch_started_on(setting):
+    """one_step_off: the trainer trains while a batch generates, so a replacement gets newer weights
+    than the batch's. A worker killed mid-batch: its share waits for the live worker, though the
+    replacement is up and idle first, and its trajectory has the batch's weights (scale 1.5), not the
+    trainer's newer ones (scale 4) that the replacement holds. Without the hold it would run there."""
+    import signal
+
+    from toolrl.roles import sync_weights
+
+    pool, trainer, gates = setting
+    version, old_scale = pool.weight_version, trainer.scale
+    pool.take_recoveries()  # an earlier test's
+    pool.trains_beside_batches = True
+    try:
+        async def scenario() -> tuple[list[Any], int, Any]:
+            batch = asyncio.ensure_future(pool.run([sample("h0", 0), sample("h1", 1)], 1, seed=11, id_prefix="t4-"))
+            first = await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h0"))
+            await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h1"))
+            slot = next(s for s in pool._slots if s.info["pid"] == first)
+            trainer.set_scale(4.0)  # a step trained meanwhile
+            os.kill(first, signal.SIGKILL)
+            await asyncio.to_thread(wait_for, lambda: slot.info is not None and slot.info["pid"] != first, 120)
+            await asyncio.sleep(1.0)  # the replacement, up and idle, is not sent the dead share
+            assert waiting_pid(gates, "h0", {first}) is None
+            (gates / "h0").touch()
+            (gates / "h1").touch()
+            return await batch, first, slot
+
+        trajs, killed, slot = asyncio.run(scenario())
+    finally:
+        pool.trains_beside_batches = False
+    assert pool.rerun_groups >= 1 and all(t.turns == 2 and t.error is None for t in trajs)
+    assert [t.policy_versions for t in trajs] == [[version, version]] * 2
+    assert all(lp == pytest.approx(logprob_at(old_scale), abs=1e-3)
+               for t in trajs for turn in turn_logprobs(t) for lp in turn)
+    assert ray.get(slot.actor.ping.remote())["finished"] == 0  # the replacement ran nothing
+    assert the_recovery(pool, killed)["during"] == "a share of 1 groups"
+    asyncio.run(sync_weights(trainer, pool, version + 1))  # both on the trainer's weights again
+    both_workers_serve(pool, gates, version + 1, 4.0, seed=12)
+
+
 # -- the controller on Ray ------------------------------------------------------------------------
 
 

@@ -5,10 +5,12 @@ while that worker is loading a weight push), with the trainer group re-formed at
 one rank smaller (``shrink``; a restarted controller starts the configured two again). The run must
 finish by itself, with every step once, nothing lost, each recovery recorded and each under a bound.
 
-Asynchronous sampling depends on timing (which weights a group starts on), so two asynchronous runs,
-killed or not, never give the same figures: exactness after a kill is what the synchronous tests show
-(test_sharded_training's replaced rank, test_node_loss, test_supervise, bit for bit). Here the figures
-are checked for being whole (finite, every trained step with a gradient)."""
+``replace`` runs the ``one_step_off`` schedule (each step's batch generated whole, on the weights before
+the last step, while that step trains): nothing in it depends on timing, so every step's figures and the
+final weights must equal an uninterrupted run's, bit for bit. ``shrink`` runs the ``stream`` schedule
+(groups start as the staleness bound allows; the weights change under them), whose figures depend on
+timing even without a kill: they are checked for being whole (finite, a gradient in every step whose
+groups' rewards differ)."""
 
 import json
 import math
@@ -21,8 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from _dists import EVEN_TOKENS, make_dist
 from _processes import metrics
+from test_sharded_training import _computed, weights
 from test_trainer import TINY
 
 STEPS = 10
@@ -101,16 +105,24 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     chaos.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "TOOLRL_CHAOS_DIR": str(chaos),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"), os.environ.get("PYTHONPATH")]))}
+    async_schedule = "one_step_off" if mode == "replace" else "stream"
+
+    def args(out: Path) -> list[str]:
+        return [sys.executable, "-m", "toolrl", "train", TINY, "ray.address=local",
+                "trainer.world_size=2", f"trainer.on_rank_failure={mode}", "ray.num_rollout_workers=2",
+                "trainer.max_staleness=1", f"trainer.async_schedule={async_schedule}", "engine.name=pausing",
+                f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
+                "trainer.progress=false", "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
+                "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]"]
+
+    if mode == "replace":  # the uninterrupted run to equal
+        whole = subprocess.run(args(tmp_path / "whole"), env=env, capture_output=True, text=True, timeout=900)
+        assert whole.returncode == 0, whole.stderr[-3000:]
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "toolrl", "train", TINY, "--supervise", "ray.address=local",
-            "trainer.world_size=2", f"trainer.on_rank_failure={mode}", "ray.num_rollout_workers=2",
-            "trainer.max_staleness=1", "engine.name=pausing",
-            f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
-            "trainer.progress=false", "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
-            "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]"]
     plan = schedule(SEED)
     killed: list[tuple[int, str, int, int]] = []  # (after, kind, pid, the group's size then)
-    supervisor = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    supervisor = subprocess.Popen([*args(out), "--supervise"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 1500
 
     def wait_until(done, what: str):
@@ -181,3 +193,7 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     if pushed or not any(kind == "controller" and after > push_at for after, kind, _, _ in killed):
         (row,) = pushed
         assert row["during"].startswith("weight push") and row["source"].startswith("trainer weights"), row
+    if mode == "replace":  # nothing depended on timing: the kills changed no figure and no weight
+        assert [_computed(r) for r in rows] == [_computed(r) for r in metrics(tmp_path / "whole")]
+        w_want, w_got = weights(tmp_path / "whole", STEPS, tmp_path), weights(out, STEPS, tmp_path)
+        assert all(torch.equal(w_want[k], w_got[k]) for k in w_want)

@@ -416,6 +416,10 @@ class TrainerConfig(Section):
                                    "ranks (Ulysses all-to-all over attention heads; docs/long_context.md)")
     max_staleness: int = Field(0, ge=0, description="0: synchronous steps; k: rollouts overlap training and "
                                "start on weights at most k steps older than the step that trains them")
+    async_schedule: Literal["stream", "one_step_off"] = Field(
+        "stream", description="with max_staleness > 0: stream (groups start as soon as the bound allows, weights "
+        "change under them: docs/async.md) or one_step_off (max_staleness 1: each step's batch is generated whole "
+        "on the weights before the last step while that step trains; a run, killed or not, gives the same figures)")
     # Validation: every K steps the eval split runs (the ``eval`` section) and ``val/...`` joins the row.
     eval_every: int | None = Field(None, ge=0, description="run the eval split every K steps (0/None: off)")
 
@@ -498,6 +502,17 @@ class Config(Section):
         ASYNC_TIS_CAP, written into the run's config like any other value."""
         if self.trainer.max_staleness > 0 and self.algorithm.tis_cap is None:
             self.algorithm.tis_cap = ASYNC_TIS_CAP
+        return self
+
+    @model_validator(mode="after")
+    def _one_step_off(self) -> Config:
+        if self.trainer.async_schedule == "one_step_off":
+            if self.trainer.max_staleness != 1:
+                raise ValueError(f"trainer.async_schedule=one_step_off generates each batch exactly one step ahead: "
+                                 f"set trainer.max_staleness=1 (not {self.trainer.max_staleness})")
+            if self.algorithm.skip_zero_variance_groups:
+                raise ValueError("trainer.async_schedule=one_step_off generates whole batches ahead: "
+                                 "algorithm.skip_zero_variance_groups needs async_schedule=stream")
         return self
 
     @model_validator(mode="after")

@@ -11,7 +11,8 @@ that fails before it starts leaves the directory exactly as it found it.
 
 A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
 (``torch.distributed.checkpoint``, so any world size can load it), one RNG file per rank, the
-controller's RNG (``controller.pt``) and ``meta.json`` (step, data position, world size). Ranks write
+controller's RNG (``controller.pt``), ``meta.json`` (step, data position, world size) and, for
+``one_step_off``, the next step's batch, generated already (``ahead.pt``). Ranks write
 into ``.tmp_step_NNNNNN/``; the controller adds its files once every rank has finished and renames the
 directory (:func:`finalize`), so a crash never leaves a checkpoint that looks complete. ``hf/`` beside
 the checkpoints holds the model's config and tokenizer (no weights), which export needs besides a

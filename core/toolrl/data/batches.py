@@ -9,6 +9,11 @@ off. Steps take groups in group order; the checkpoint records the first group no
 - :class:`StepBatches` (``trainer.max_staleness: 0``, no dynamic sampling): the synchronous loop.
   Step ``s`` runs groups ``s*B .. s*B+B-1`` as one rollout call after the weights of step ``s-1``
   reached the engines, exactly as before asynchronous training existed.
+- :class:`OneStepOff` (``trainer.async_schedule: one_step_off``): step ``s``'s batch is the synchronous
+  loop's (same groups, seeds, one rollout call), generated while step ``s-1`` trains, on the weights
+  step ``s-1`` started from; new weights reach the engines only once it is whole. Nothing depends on
+  timing, so a run gives the same figures every time, killed and recovered or not; the checkpoint keeps
+  the batch generated ahead (:func:`toolrl.run_dir.write_ahead`).
 - :class:`GroupStream` (otherwise): groups start one by one (``run_group``) as soon as AReaL's bound
   allows and finish in any order; they are assigned to steps in group order. With
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
@@ -31,11 +36,15 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config
+from toolrl.config import Config, ConfigError
 from toolrl.schemas import Sample
 from toolrl.trajectory import GROUP_SEED_STRIDE, Trajectory
+
+# A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
+AHEAD = "ahead.pt"
 
 # Dynamic sampling stops a step after this many batches' worth of groups and trains on what it kept.
 MAX_GROUPS_PER_STEP = 4
@@ -97,6 +106,27 @@ class StepBatch:
         return {"groups": self.groups, "skipped_groups": self.skipped,
                 "groups_generated": len(self.groups) + len(self.skipped), "groups_skipped": len(self.skipped)}
 
+    def save(self, file: Path) -> None:
+        """Into a checkpoint: a batch generated ahead of its step (:class:`OneStepOff`: no group
+        skipped), every float as it is."""
+        import torch
+
+        assert not self.skipped
+        torch.save({"groups": self.groups, "end": self.end, "rollout_s": self.rollout_s,
+                    "trajectories": [t.model_dump() for t in self.trajectories]}, file)
+
+    @classmethod
+    def load(cls, file: Path) -> StepBatch:
+        """What :meth:`save` wrote; a damaged file is a ConfigError naming it."""
+        import torch
+
+        try:
+            state = torch.load(file, weights_only=False)
+            trajs = [Trajectory.model_validate(t) for t in state["trajectories"]]
+            return cls(list(state["groups"]), [], trajs, trajs, int(state["end"]), 0.0, float(state["rollout_s"]))
+        except Exception as exc:  # unpickling garbage raises anything
+            raise ConfigError(f"--resume: {file}: not a batch generated ahead ({str(exc).strip()[:200]})") from None
+
 
 def zero_variance(trajs: Sequence[Trajectory]) -> bool:
     """All rewards equal: GRPO's advantages are all zero, the group teaches nothing."""
@@ -124,8 +154,57 @@ class StepBatches:
     def set_version(self, version: int) -> None:
         """Nothing runs between steps."""
 
+    async def settle(self) -> StepBatch | None:
+        """Nothing generates while the trainer trains."""
+        return None
+
     async def close(self) -> None:
         """Nothing is in flight between steps."""
+
+
+class OneStepOff:
+    """The synchronous loop's batches, each generated one step ahead: :meth:`next` hands over step
+    ``s``'s batch and starts step ``s+1``'s on the engines' weights (those step ``s`` starts from);
+    :meth:`settle` waits for it to be whole before the weights change. ``ahead``: step ``position``'s
+    batch, generated before a restart (from the checkpoint)."""
+
+    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
+                 ahead: StepBatch | None = None) -> None:
+        self.rollouts, self.total_steps = rollouts, config.trainer.total_steps
+        self.steps = StepBatches(rollouts, samples, config, position)
+        self.pending: asyncio.Future[StepBatch] | None = None
+        if ahead is not None:
+            self.steps.position = ahead.end
+            self.pending = asyncio.get_running_loop().create_future()
+            self.pending.set_result(ahead)
+
+    async def next(self, step: int) -> StepBatch:
+        if self.pending is None:  # the run's first step: nothing was generated ahead of it
+            self.pending = asyncio.ensure_future(self.steps.next(step))
+        batch = await self.pending
+        self.pending = None
+        if step + 1 < self.total_steps:
+            # A worker replaced since the last batch gets the weights now, while the trainer waits:
+            # once the step trains, the trainer's weights are no longer the ones the batch is for.
+            await self.rollouts.ready()
+            self.pending = asyncio.ensure_future(self.steps.next(step + 1))
+        return batch
+
+    def set_version(self, version: int) -> None:
+        """The next batch starts in :meth:`next`, on whatever weights the engines then have."""
+
+    async def settle(self) -> StepBatch | None:
+        """The batch generating ahead, once whole (None: the last step has none, or it failed: the
+        next step, which needs it, fails then)."""
+        if self.pending is None:
+            return None
+        await asyncio.wait([self.pending])
+        return None if self.pending.cancelled() or self.pending.exception() is not None else self.pending.result()
+
+    async def close(self) -> None:
+        if self.pending is not None and not self.pending.done():
+            self.pending.cancel()
+            await asyncio.gather(self.pending, return_exceptions=True)
 
 
 class GroupStream:
@@ -161,6 +240,10 @@ class GroupStream:
         """The engines now sample with ``version``: more groups may start."""
         self.version = version
         self._admit()
+
+    async def settle(self) -> StepBatch | None:
+        """Groups in flight go on while the weights change under them."""
+        return None
 
     async def close(self) -> None:
         """Cancel the groups in flight (a resumed run regenerates them: same prompts, same seeds)."""
@@ -226,9 +309,11 @@ class GroupStream:
 
 
 def open_batches(rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
-                 version: int) -> StepBatches | GroupStream:
-    """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), else
-    the stream."""
+                 version: int, ahead: StepBatch | None = None) -> StepBatches | OneStepOff | GroupStream:
+    """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), one step
+    off it where asked (``ahead``: a batch already generated for the next step), else the stream."""
+    if config.trainer.async_schedule == "one_step_off":
+        return OneStepOff(rollouts, samples, config, position, ahead)
     if config.trainer.max_staleness == 0 and not config.algorithm.skip_zero_variance_groups \
             and position == version * config.data.batch_size:
         return StepBatches(rollouts, samples, config, position)

@@ -85,6 +85,11 @@ class RolloutGroup(Protocol):
         """None when training may use the engines, else a one-line reason."""
         ...
 
+    async def ready(self) -> None:
+        """Every engine up and holding the weights last sent (a replaced worker gets the trainer's now):
+        what a batch that must not start on other weights waits for (``one_step_off``)."""
+        ...
+
     def weight_targets(self, version: int) -> list[Any]:
         """Where weights ``version`` go now (engines, or worker actors that are up); the group
         records ``version`` first, for workers that come up later."""

@@ -6,7 +6,8 @@ takes one GRPO step on them; the new weights go from the trainer ranks to the en
 checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``trainer.max_staleness: 0``
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
-than the step that trains it. Where the roles run is decided once, in :func:`toolrl.roles.start_roles`: all in
+than the step that trains it; with ``async_schedule: one_step_off`` each step's batch is generated whole
+while the step before trains, and the weights change only once it is (``settle``). Where the roles run is decided once, in :func:`toolrl.roles.start_roles`: all in
 this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
 own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
 and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
@@ -37,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError
-from toolrl.data.batches import GroupStream, StepBatch, StepBatches, batch_for_step, open_batches, step_seed
+from toolrl.data.batches import (
+    AHEAD,
+    GroupStream,
+    OneStepOff,
+    StepBatch,
+    StepBatches,
+    batch_for_step,
+    open_batches,
+    step_seed,
+)
 from toolrl.loggers import open_loggers
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import Roles, start_roles
@@ -60,27 +70,32 @@ from toolrl.trajectory import Trajectory
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_position: int) -> Path:
+async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_position: int,
+                          ahead: StepBatch | None = None) -> Path:
     """Every rank writes its shards into a staging directory; then the controller publishes it.
-    ``data_position``: the groups consumed so far (trained or skipped); later ones start again."""
+    ``data_position``: the groups consumed so far (trained or skipped); later ones start again, except
+    ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole."""
     config = roles.config
     staged = staging_dir(run_dir.checkpoints, step)
     await roles.training.save(str(staged), step)
+    if ahead is not None:
+        ahead.save(staged / AHEAD)
     return finalize(run_dir.checkpoints, staged, step, {"world_size": roles.training.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
 
-async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
+async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int, StepBatch | None]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
-    step and the data position."""
+    step, the data position and the batch generated ahead, if the checkpoint kept one."""
     ckpt = run_dir.latest_checkpoint()
+    meta = read_meta(ckpt)
+    ahead = StepBatch.load(ckpt / AHEAD) if (ckpt / AHEAD).exists() else None
     await roles.training.load(str(ckpt))
     restore_controller(ckpt)
-    meta = read_meta(ckpt)
     step = int(meta["step"])
     await roles.sync_weights(step)
-    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
+    return step, int(meta.get("data_position", step * roles.config.data.batch_size)), ahead
 
 
 def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
@@ -145,15 +160,16 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
 
     config = run.config
     roles = await start_roles(run)
-    batches: StepBatches | GroupStream | None = None
+    batches: StepBatches | OneStepOff | GroupStream | None = None
     if config.data.trajectories:
         roles.rollouts = Replay(roles.rollouts)
     try:
         if (reason := await roles.rollouts.check_trainable()) is not None:
             raise ConfigError(f"engine.name: {reason}")
         start = position = 0
+        ahead: StepBatch | None = None
         if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-            start, position = await restore(roles, run_dir)
+            start, position, ahead = await restore(roles, run_dir)
         run_dir.start(config)  # the run starts: the first write to its directory
         lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
         # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
@@ -162,7 +178,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
             run_dir.append_recovery({"step": start + 1, **row})
         run_dir.write_roles(roles.placement)
         save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
-        batches = open_batches(roles.rollouts, run.samples, config, position, version=start)
+        batches = open_batches(roles.rollouts, run.samples, config, position, version=start, ahead=ahead)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):
@@ -180,6 +196,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     advantages = dict(zip((t.trajectory_id for t in batch.trajectories), trained.pop("advantages", []),
                                           strict=False))
                     trainer_lp = trained.pop("trainer_logprobs", {})
+                    ahead = await batches.settle()  # one_step_off: the next batch is whole before the weights change
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
@@ -193,7 +210,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
-                        await save_checkpoint(roles, run_dir, step + 1, batch.end)
+                        await save_checkpoint(roles, run_dir, step + 1, batch.end, ahead)
                         recovered = record_recoveries(roles, run_dir, step + 1)  # in the next row
                 except Exception as exc:
                     record_recoveries(roles, run_dir, step + 1)

@@ -61,6 +61,9 @@ class Rollouts:
     async def check_trainable(self) -> str | None:
         return await self.engine.check_trainable()
 
+    async def ready(self) -> None:
+        """The engine is this process's: up, with every weight push loaded."""
+
     @property
     def generating(self) -> Rollouts:
         return self

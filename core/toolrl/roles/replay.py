@@ -36,6 +36,9 @@ class Replay:
     async def check_trainable(self) -> str | None:
         return None  # recorded rows carry token ids and the engine's logprobs
 
+    async def ready(self) -> None:
+        """Recorded groups need no engine."""
+
     def weight_targets(self, version: int) -> list[Any]:
         return self.generating.weight_targets(version)
 

@@ -177,6 +177,8 @@ class RolloutWorkerPool:
         self.config = config
         self.setup_timeout_s = setup_timeout_s
         self.max_attempts = max_attempts
+        # one_step_off: the trainer trains while a batch generates (see run).
+        self.trains_beside_batches = config.trainer.async_schedule == "one_step_off"
         self.restarts = 0  # workers replaced after dying
         self.rerun_groups = 0  # groups run again because their worker died mid-step
         self.recoveries: list[dict[str, Any]] = []  # replacements that came up, not yet taken by the controller
@@ -331,6 +333,10 @@ class RolloutWorkerPool:
         """Wait for every worker to be up; returns each one's node id, pid and setup time."""
         return list(await asyncio.gather(*(self._start_task(s) for s in self._slots)))
 
+    async def ready(self) -> None:
+        """Every worker up; a replacement starting now gets the trainer's weights before it counts."""
+        await self.start()
+
     async def check_trainable(self) -> str | None:
         """None when every worker's engine can be trained on, else the first reason given."""
         reasons = await asyncio.gather(*(result(w.check_trainable.remote(), w) for w in self.workers))
@@ -372,16 +378,25 @@ class RolloutWorkerPool:
         replacement, and runs there alone as it would have on its own worker: same seeds, same
         batch, so the same trajectories bit for bit (:meth:`run_group` reruns a group on a worker
         that may be decoding others, which changes float rounding and so, rarely, a sampled token).
+        While the trainer trains beside the batch (``one_step_off``), a replacement would get newer
+        weights than the batch's: it takes no share while a worker the batch started on lives.
         """
         payload = [s.model_dump() for s in samples]
         shares = [s for s in _split(len(samples), len(self._slots)) if s]
         results: dict[int, list[Trajectory]] = {}
         idle: asyncio.Queue[_Slot] = asyncio.Queue()  # filled in slot order: share i starts on slot i
         lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # a replacement that cannot start
+        died_here: set[int] = set()  # slots whose worker died during this batch
+        held: list[_Slot] = []  # replacements kept out of the batch (one_step_off)
+
+        def hold() -> bool:
+            """Replacements wait: their weights would be newer than the batch's, and a worker the batch
+            started on is still alive to run the dead one's share."""
+            return self.trains_beside_batches and len(died_here) < len(self._slots)
 
         def rejoin(slot: _Slot) -> None:
             """``slot`` back among the idle once its replacement is up (its start is shared: it goes
-            on if this step ends first)."""
+            on if this step ends first), or held back (:func:`hold`)."""
             def up(start: asyncio.Task[dict[str, Any]]) -> None:
                 if lost.done():
                     return
@@ -389,6 +404,8 @@ class RolloutWorkerPool:
                     lost.cancel()
                 elif (exc := start.exception()) is not None:
                     lost.set_exception(exc)
+                elif hold():
+                    held.append(slot)
                 else:
                     idle.put_nowait(slot)
 
@@ -409,6 +426,10 @@ class RolloutWorkerPool:
                 assert slot is not None
                 self._replace(slot, exc.actor, f"a share of {len(groups)} groups")
                 self.rerun_groups += len(groups)
+                died_here.add(slot.index)
+                if not hold():  # no worker the batch started on is left: the replacements take the shares
+                    while held:
+                        idle.put_nowait(held.pop())
                 rejoin(slot)
 
             await retry(attempt, self.max_attempts, died)
