@@ -196,13 +196,16 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
                     advantages = dict(zip((t.trajectory_id for t in batch.trajectories), trained.pop("advantages", []),
                                           strict=False))
                     trainer_lp = trained.pop("trainer_logprobs", {})
+                    settling = time.perf_counter()
                     ahead = await batches.settle()  # one_step_off: the next batch is whole before the weights change
+                    settled = time.perf_counter() - settling  # waiting for rollouts, not training
+                    wait_s += settled
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
-                           "train_s": time.perf_counter() - t1, "step_s": time.perf_counter() - t0,
+                           "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
