@@ -159,6 +159,45 @@ class _Slot:
     deaths: list[tuple[str, str, float]] = field(default_factory=list)  # (who, during, unix time), until up
 
 
+class _IdleWorkers:
+    """The workers free to take a share of one batch (:meth:`RolloutWorkerPool.run`): all of them, in slot
+    order, at first; a slot whose worker died comes back once its replacement is up (that start is
+    shared: it goes on if the batch ends first). ``exact`` (``one_step_off``: the trainer trains beside
+    the batch, so a replacement gets newer weights than the batch's): a replacement waits while a worker
+    the batch started on lives, which then runs the dead one's share."""
+
+    def __init__(self, slots: int, start: Callable[[_Slot], asyncio.Task[dict[str, Any]]], exact: bool) -> None:
+        self.slots, self.start, self.exact = slots, start, exact
+        self.queue: asyncio.Queue[_Slot] = asyncio.Queue()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # a replacement that cannot start
+        self.died: set[int] = set()  # slots whose worker died during the batch
+        self.held: list[_Slot] = []  # replacements up and kept out of it
+
+    def _holding(self) -> bool:
+        return self.exact and len(self.died) < self.slots
+
+    def dead(self, slot: _Slot) -> None:
+        """``slot``'s worker died (its replacement is starting)."""
+        self.died.add(slot.index)
+        if not self._holding():  # no worker the batch started on is left: the replacements take the shares
+            while self.held:
+                self.queue.put_nowait(self.held.pop())
+
+        def up(start: asyncio.Task[dict[str, Any]]) -> None:
+            if self.lost.done():
+                return
+            if start.cancelled():
+                self.lost.cancel()
+            elif (exc := start.exception()) is not None:
+                self.lost.set_exception(exc)
+            elif self._holding():
+                self.held.append(slot)
+            else:
+                self.queue.put_nowait(slot)
+
+        self.start(slot).add_done_callback(up)
+
+
 class RolloutWorkerPool:
     """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process.
 
@@ -384,32 +423,7 @@ class RolloutWorkerPool:
         payload = [s.model_dump() for s in samples]
         shares = [s for s in _split(len(samples), len(self._slots)) if s]
         results: dict[int, list[Trajectory]] = {}
-        idle: asyncio.Queue[_Slot] = asyncio.Queue()  # filled in slot order: share i starts on slot i
-        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # a replacement that cannot start
-        died_here: set[int] = set()  # slots whose worker died during this batch
-        held: list[_Slot] = []  # replacements kept out of the batch (one_step_off)
-
-        def hold() -> bool:
-            """Replacements wait: their weights would be newer than the batch's, and a worker the batch
-            started on is still alive to run the dead one's share."""
-            return self.trains_beside_batches and len(died_here) < len(self._slots)
-
-        def rejoin(slot: _Slot) -> None:
-            """``slot`` back among the idle once its replacement is up (its start is shared: it goes
-            on if this step ends first), or held back (:func:`hold`)."""
-            def up(start: asyncio.Task[dict[str, Any]]) -> None:
-                if lost.done():
-                    return
-                if start.cancelled():
-                    lost.cancel()
-                elif (exc := start.exception()) is not None:
-                    lost.set_exception(exc)
-                elif hold():
-                    held.append(slot)
-                else:
-                    idle.put_nowait(slot)
-
-            self._start_task(slot).add_done_callback(up)
+        idle = _IdleWorkers(len(self._slots), self._start_task, exact=self.trains_beside_batches)
 
         async def run_share(share: int) -> None:
             groups = shares[share]
@@ -417,20 +431,16 @@ class RolloutWorkerPool:
 
             async def attempt() -> None:
                 nonlocal slot
-                slot = await idle.get()
+                slot = await idle.queue.get()
                 ref = slot.actor.run.remote([payload[g] for g in groups], groups, n, seed, id_prefix)
                 results[share] = [Trajectory.model_validate(r) for r in await self._call(ref, slot.actor)]
-                idle.put_nowait(slot)
+                idle.queue.put_nowait(slot)
 
             def died(exc: ActorDied) -> None:
                 assert slot is not None
                 self._replace(slot, exc.actor, f"a share of {len(groups)} groups")
                 self.rerun_groups += len(groups)
-                died_here.add(slot.index)
-                if not hold():  # no worker the batch started on is left: the replacements take the shares
-                    while held:
-                        idle.put_nowait(held.pop())
-                rejoin(slot)
+                idle.dead(slot)
 
             await retry(attempt, self.max_attempts, died)
 
@@ -438,11 +448,11 @@ class RolloutWorkerPool:
         try:
             await self.start()
             for slot in self._slots:
-                idle.put_nowait(slot)
+                idle.queue.put_nowait(slot)
             runs = [asyncio.ensure_future(run_share(i)) for i in range(len(shares))]
             while not all(r.done() for r in runs):
-                await asyncio.wait([*runs, lost], return_when=asyncio.FIRST_COMPLETED)
-                for fut in (*runs, lost):
+                await asyncio.wait([*runs, idle.lost], return_when=asyncio.FIRST_COMPLETED)
+                for fut in (*runs, idle.lost):
                     if fut.done():
                         fut.result()  # a share out of attempts, or a replacement that cannot start, ends the step
         except Exception as exc:
@@ -452,8 +462,8 @@ class RolloutWorkerPool:
         finally:
             for fut in runs:
                 fut.cancel()  # a share in flight: cancelled on its worker too
-            if not lost.done():
-                lost.cancel()
+            if not idle.lost.done():
+                idle.lost.cancel()
         return [t for share in range(len(shares)) for t in results[share]]
 
     # ----------------------------------------------------------------- weights
