@@ -125,6 +125,7 @@ def saved_run(tmp_path):
     (lambda ckpt: (ckpt / "meta.json").write_text('{"step": '), "meta.json:1: not valid JSON"),
     (lambda ckpt: (ckpt / "meta.json").write_text('{"step": "one"}'), "meta.json: not a checkpoint's meta"),
     (lambda ckpt: (ckpt / "controller.pt").write_bytes(b"garbage"), "controller.pt: cannot be read"),
+    (lambda ckpt: (ckpt / "ahead.pt").write_bytes(b"garbage"), "ahead.pt: not a batch generated ahead"),
 ])
 def test_resume_over_damaged_controller_files_names_the_file(saved_run, damage, expected):
     path, ckpt = saved_run

@@ -13,7 +13,7 @@ off. Steps take groups in group order; the checkpoint records the first group no
   loop's (same groups, seeds, one rollout call), generated while step ``s-1`` trains, on the weights
   step ``s-1`` started from; new weights reach the engines only once it is whole. Nothing depends on
   timing, so a run gives the same figures every time, killed and recovered or not; the checkpoint keeps
-  the batch generated ahead (:func:`toolrl.run_dir.write_ahead`).
+  the batch generated ahead (:meth:`StepBatch.save`).
 - :class:`GroupStream` (otherwise): groups start one by one (``run_group``) as soon as AReaL's bound
   allows and finish in any order; they are assigned to steps in group order. With
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config, ConfigError
+from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
 from toolrl.trajectory import GROUP_SEED_STRIDE, Trajectory
 
@@ -125,7 +125,7 @@ class StepBatch:
             trajs = [Trajectory.model_validate(t) for t in state["trajectories"]]
             return cls(list(state["groups"]), [], trajs, trajs, int(state["end"]), 0.0, float(state["rollout_s"]))
         except Exception as exc:  # unpickling garbage raises anything
-            raise ConfigError(f"--resume: {file}: not a batch generated ahead ({str(exc).strip()[:200]})") from None
+            raise ConfigError(f"--resume: {file}: not a batch generated ahead ({one_line(str(exc))[:200]})") from None
 
 
 def zero_variance(trajs: Sequence[Trajectory]) -> bool:

@@ -7,8 +7,8 @@ checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``tra
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
 than the step that trains it; with ``async_schedule: one_step_off`` each step's batch is generated whole
-while the step before trains, and the weights change only once it is (``settle``). Where the roles run is decided once, in :func:`toolrl.roles.start_roles`: all in
-this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
+while the step before trains, and the weights change only once it is (``settle``). Where the roles run
+is decided once, in :func:`toolrl.roles.start_roles`: all in this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
 own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
 and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
 records. See docs/architecture.md.
