@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from toolrl.config import Config, ConfigError, one_line, read_json, read_text
-from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.trajectory import Trajectory
 
 Mode = Literal["new", "resume", "overwrite"]
@@ -126,8 +125,6 @@ class RunDir:
             checkpoint = self.latest_checkpoint()
             read_meta(checkpoint)
             controller_state(checkpoint)
-            if (checkpoint / AHEAD).exists():  # one_step_off's next batch
-                StepBatch.load(checkpoint / AHEAD)
         elif self.mode == "new" and (earlier := self.earlier_run()):
             hint = ("pass --resume to continue it or --overwrite to replace it" if self.resumable
                     else "pass --overwrite to replace it")

@@ -85,17 +85,16 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
                                keep=config.trainer.keep_checkpoints)
 
 
-async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int, StepBatch | None]:
+async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
-    step, the data position and the batch generated ahead, if the checkpoint kept one."""
+    step and the data position."""
     ckpt = run_dir.latest_checkpoint()
     meta = read_meta(ckpt)
-    ahead = StepBatch.load(ckpt / AHEAD) if (ckpt / AHEAD).exists() else None
     await roles.training.load(str(ckpt))
     restore_controller(ckpt)
     step = int(meta["step"])
     await roles.sync_weights(step)
-    return step, int(meta.get("data_position", step * roles.config.data.batch_size)), ahead
+    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
 
 
 def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
@@ -159,6 +158,9 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
     from toolrl.roles.replay import Replay
 
     config = run.config
+    ahead: StepBatch | None = None  # one_step_off: the next batch, generated before the run stopped
+    if run_dir.mode == "resume" and (kept := run_dir.latest_checkpoint() / AHEAD).exists():
+        ahead = StepBatch.load(kept)  # before the model loads: a damaged file is one line, nothing loaded
     roles = await start_roles(run)
     batches: StepBatches | OneStepOff | GroupStream | None = None
     if config.data.trajectories:
@@ -167,9 +169,8 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
         if (reason := await roles.rollouts.check_trainable()) is not None:
             raise ConfigError(f"engine.name: {reason}")
         start = position = 0
-        ahead: StepBatch | None = None
         if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-            start, position, ahead = await restore(roles, run_dir)
+            start, position = await restore(roles, run_dir)
         run_dir.start(config)  # the run starts: the first write to its directory
         lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
         # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
