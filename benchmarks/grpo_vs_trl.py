@@ -74,7 +74,7 @@ def toolrl_config(steps: int, model_dir: str, tool_schema: dict[str, Any]) -> An
                     "max_response_tokens": MAX_COMPLETION, "parser": "hermes"},
         "tools": {"entries": [{"class_name": "calculator", "config": {"type": "native", "timeout": 5},
                                "tool_schema": tool_schema}]},
-        "algorithm": {"loss_agg": "token-mean", "kl_coef": 0.0},
+        "algorithm": {"loss_agg": "token-mean", "loss_options": {"kl_coef": 0.0}},
         "optim": {"lr": LR, "grad_clip": 1.0, "micro_batch_size": BATCH_PROMPTS * GROUP},
         "trainer": {"total_steps": steps, "seed": SEED, "progress": False, "plot": False},
     })

@@ -40,14 +40,15 @@ def main_group_advantages(rewards, groups, norm_by_std=True, eps=1e-6):
 def main_per_token_loss(new_lp, prox_lp, batch, cfg, ref_lp=None):
     adv = batch.advantages[:, None]
     ratio = torch.exp(new_lp - prox_lp)
-    clipped = torch.clamp(ratio, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high)
+    opts = build_loss(cfg).options
+    clipped = torch.clamp(ratio, 1 - opts.clip_eps_low, 1 + opts.clip_eps_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
     weight = torch.exp(prox_lp.detach() - batch.engine_logprobs)
     if cfg.tis_cap is not None:
         per_token = per_token * weight.clamp(max=cfg.tis_cap)
-    if ref_lp is not None and cfg.kl_coef > 0:
+    if ref_lp is not None and opts.kl_coef > 0:
         delta = ref_lp - new_lp
-        per_token = per_token + cfg.kl_coef * (torch.exp(delta) - delta - 1)
+        per_token = per_token + opts.kl_coef * (torch.exp(delta) - delta - 1)
     return per_token
 
 
@@ -65,12 +66,15 @@ def ragged_batch():
             traj([51, 52, 53], reward=0.2, group=1, prompt=(8, 9)), traj([61], reward=0.9, group=1, prompt=(8, 9))]
 
 
-@pytest.mark.parametrize("cfg", [AlgorithmConfig(), AlgorithmConfig(norm_adv_by_std=False, tis_cap=1.3, kl_coef=0.1),
-                                 AlgorithmConfig(loss_agg="seq-mean-token-mean", clip_eps_low=0.1, clip_eps_high=0.1),
+@pytest.mark.parametrize("cfg", [AlgorithmConfig(), AlgorithmConfig(advantage_options={"norm_by_std": False}, tis_cap=1.3,
+                                                                 loss_options={"kl_coef": 0.1}),
+                                 AlgorithmConfig(loss_agg="seq-mean-token-mean",
+                                                 loss_options={"clip_eps_low": 0.1, "clip_eps_high": 0.1}),
                                  AlgorithmConfig(loss_agg="seq-mean-token-sum-norm", tis_cap=2.0)])
 def test_the_default_parts_are_todays_grpo_bit_for_bit(cfg):
     trajs = ragged_batch()
-    advs = main_group_advantages([t.reward for t in trajs], [t.group for t in trajs], cfg.norm_adv_by_std)
+    advs = main_group_advantages([t.reward for t in trajs], [t.group for t in trajs],
+                                 build_estimator(cfg).options.norm_by_std)
     grid = token_advantages(trajs, build_estimator(cfg), 8, cfg)
     assert torch.equal(grid, torch.tensor(advs, dtype=torch.float32)[:, None].expand(grid.shape))
     old_batch = build_batch(trajs, advs)
@@ -154,7 +158,7 @@ def test_micro_batching_does_not_change_the_update(tiny_qwen3_path):
     """Two mini-batches, two epochs, a TIS cap and seq-mean-token-mean: one sequence per micro-step
     gives the update two per micro-step gives (gradient accumulation is exact)."""
     algo = AlgorithmConfig(mini_batches=2, ppo_epochs=2, tis_cap=2.0, loss_agg="seq-mean-token-mean",
-                           norm_adv_by_std=False)
+                           advantage_options={"norm_by_std": False})
     # Its gradients are ~1e-5 (advantages not divided by the std): a large step makes the moves measurable.
     one, m1 = step_on_a_fresh_model(tiny_qwen3_path, algo, micro_batch_size=1, lr=100.0)
     two, m2 = step_on_a_fresh_model(tiny_qwen3_path, algo, micro_batch_size=2, lr=100.0)
@@ -264,3 +268,32 @@ def test_every_builtin_pair_composes_by_default():
             agg = ["algorithm.loss_agg=token-mean"] if advantage == "dr_grpo" else []
             estimator, built = check_algorithm(config(f"algorithm.advantage={advantage}", f"algorithm.loss={loss}", *agg))
             assert (estimator.name, built.name) == (advantage, loss)
+
+
+@pytest.mark.parametrize("key, value, new_place", [
+    ("clip_eps_low", "0.1", "algorithm.loss_options.clip_eps_low"),
+    ("clip_eps_high", "0.3", "algorithm.loss_options.clip_eps_high"),
+    ("kl_coef", "0.1", "algorithm.loss_options.kl_coef"),
+    ("norm_adv_by_std", "false", "algorithm.advantage_options.norm_by_std"),
+])
+def test_moved_algorithm_keys_name_their_new_place(tmp_path, key, value, new_place):
+    path = tmp_path / "run.yaml"
+    path.write_text(f"model: {{tiny: {{}}}}\nalgorithm:\n  loss_agg: token-mean\n  {key}: {value}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"{path}:4: algorithm.{key} moved: use {new_place} (an option of ")
+    assert "\n" not in str(err.value)
+
+
+def test_moved_knobs_act_from_their_parts_options():
+    """The knobs read from their part's options: a narrower clip range clips more, no std division
+    gives the plain centred reward."""
+    grpo = build_estimator(AlgorithmConfig(advantage_options={"norm_by_std": False}))
+    inputs = AdvantageInputs(torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0, 0]), torch.ones(2, 1))
+    assert grpo(inputs)[:, 0].tolist() == [0.5, -0.5]
+    loss = build_loss(AlgorithmConfig(loss_options={"clip_eps_low": 0.0, "clip_eps_high": 0.0, "kl_coef": 0.2}))
+    from toolrl.algorithms import LossInputs
+
+    new = torch.tensor([[0.1, -0.1]])
+    terms = loss(LossInputs(new, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2)))
+    assert terms.clipped.tolist() == [[True, True]] and loss.kl_coef == 0.2

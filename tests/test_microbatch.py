@@ -93,7 +93,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(model, mode):
 # Each aggregation with the token-level loss, and the sequence-level one (gspo: one ratio per sequence).
 @pytest.mark.parametrize("mode, loss", [(m, "ppo_clip") for m in MODES] + [("seq-mean-token-mean", "gspo")])
 def test_two_ranks_sum_to_the_one_rank_gradient(model, mode, loss):
-    algo = AlgorithmConfig(loss=loss, loss_agg=mode, kl_coef=0.1, ppo_epochs=2)
+    algo = AlgorithmConfig(loss=loss, loss_agg=mode, loss_options={"kl_coef": 0.1}, ppo_epochs=2)
     optim = OptimConfig(micro_batch_size=2, grad_clip=1e9)
     ref = copy.deepcopy(model)
     with torch.no_grad():  # a reference policy that differs, so the KL term has a gradient

@@ -70,7 +70,8 @@ CASES = {
     "packed": (packed, {"mini_batches": 2, "tis_cap": 2.0}, {"micro_batch_size": 4}),
     "shared": (shared, {"loss_agg": "seq-mean-token-sum-norm"}, {"share_prefixes": True,
                                                             "max_tokens_per_micro_batch": 60}),
-    "long": (long_row, {"loss": "gspo", "loss_agg": "seq-mean-token-mean", "kl_coef": 0.1}, {"micro_batch_size": 2}),
+    "long": (long_row, {"loss": "gspo", "loss_agg": "seq-mean-token-mean",
+                                  "loss_options": {"kl_coef": 0.1}}, {"micro_batch_size": 2}),
 }
 
 
@@ -106,7 +107,7 @@ def run_case(model, name, rank=0, world_size=1, sp=None, ref_model=None):
     opt = Recorder(model.parameters())
     options = StepOptions(AlgorithmConfig(**algo), OptimConfig(grad_clip=1e9, **optim), pad_id=0, temperature=0.9,
                           max_response_tokens=64, rank=rank, world_size=world_size, sp=sp)
-    out = train_step(model, opt, make(), options, ref_model=ref_model if algo.get("kl_coef") else None)
+    out = train_step(model, opt, make(), options, ref_model=ref_model if algo.get("loss_options") else None)
     return out, opt.grads
 
 

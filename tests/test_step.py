@@ -147,7 +147,7 @@ def test_decoupled_objective_exact_values_and_gradient():
     from toolrl.training.step import policy_loss
 
     batch, prox, new = hand_built()
-    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.28, tis_cap=2.0)
+    cfg = AlgorithmConfig(loss_options={"clip_eps_low": 0.2, "clip_eps_high": 0.28}, tis_cap=2.0)
     loss, stats = policy_loss(new, prox, batch, cfg, {"tokens": 4.0, "seqs": 2.0, "max_len": 8.0})
     # Importance weights π_prox / π_behav at the trained tokens; the last is above the cap.
     w = [math.exp(-1.0 + 1.0), math.exp(-1.5 + 2.0), math.exp(-1.2 + 0.5), math.exp(-0.2 + 1.0)]

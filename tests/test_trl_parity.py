@@ -92,11 +92,11 @@ CASES = {
 def test_loss_and_gradient_equal_trls(tmp_path, case, kl):
     trl_args, algo = CASES[case]
     if kl:
-        algo = algo.model_copy(update={"kl_coef": 0.04})
+        algo = algo.model_copy(update={"loss_options": {**algo.loss_options, "kl_coef": 0.04}})
     trl_args = dict(trl_args)
     level = trl_args.pop("importance_sampling_level", "token")
-    trl_args.setdefault("epsilon", algo.clip_eps_low)
-    trl_args.setdefault("epsilon_high", algo.clip_eps_high)
+    trl_args.setdefault("epsilon", algo.loss_options.get("clip_eps_low", 0.2))
+    trl_args.setdefault("epsilon_high", algo.loss_options.get("clip_eps_high", 0.28))
     new, old, ref, adv, mask = hand_built()
     new_trl, new_ours = new.clone().requires_grad_(), new.clone().requires_grad_()
     # TRL 1.16 multiplies the KL term by the ratio by default (use_bias_correction_kl); toolrl's KL is
@@ -151,7 +151,7 @@ def test_trls_bias_corrected_kl_is_a_different_objective(tmp_path):
     """TRL's default KL (k3 times the ratio π_θ / π_old, DeepSeek-V3.2) against toolrl's k3: equal
     without the correction (above), different with it wherever the policy moved off the old one."""
     new, old, ref, adv, mask = hand_built()
-    algo = AlgorithmConfig(loss_agg="token-mean", kl_coef=0.04)
+    algo = AlgorithmConfig(loss_agg="token-mean", loss_options={"kl_coef": 0.04})
     ours = toolrl_loss(algo, new, old, adv[:, None].expand(mask.shape), mask, ref)
     corrected = trl_loss(tmp_path, "bnpo", new, old, adv, mask, ref=ref, epsilon=0.2, epsilon_high=0.28)
     plain = trl_loss(tmp_path, "bnpo", new, old, adv, mask, ref=ref, epsilon=0.2, epsilon_high=0.28,

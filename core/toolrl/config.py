@@ -347,11 +347,7 @@ class AlgorithmConfig(Section):
     loss: str = Field("ppo_clip", description="policy loss (toolrl list-plugins)")
     loss_options: dict[str, Any] = Field(default_factory=dict)
     overlong: OverlongConfig | None = None
-    clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    norm_adv_by_std: bool = True
     ppo_epochs: int = Field(1, gt=0)
     mini_batches: BatchSize = Field(1, gt=0)
     # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.step).
@@ -556,6 +552,11 @@ MOVED_KEYS: dict[tuple[str, ...], str] = {
                            "test_size, seed and instructions (docs/environments.md)",
     ("tasks",): "was replaced by envs: {NAME: {weight, max_turns, options}}, one entry per environment "
                 "(docs/configuration.md)",
+    # Each algorithm part's knobs live on its own options (toolrl.algorithms).
+    ("algorithm", "clip_eps_low"): "moved: use algorithm.loss_options.clip_eps_low (an option of ppo_clip)",
+    ("algorithm", "clip_eps_high"): "moved: use algorithm.loss_options.clip_eps_high (an option of ppo_clip)",
+    ("algorithm", "kl_coef"): "moved: use algorithm.loss_options.kl_coef (an option of every built-in loss)",
+    ("algorithm", "norm_adv_by_std"): "moved: use algorithm.advantage_options.norm_by_std (an option of grpo)",
 }
 
 # Anchors and aliases may repeat values, but what the repetitions add once expanded (as config.json

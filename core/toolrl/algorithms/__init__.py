@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.plugins.parts import NoOptions
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from toolrl.config import AlgorithmConfig
 
-__all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossTerms", "NoOptions", "PolicyLoss",
+__all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions", "LossTerms", "NoOptions", "PolicyLoss",
            "build_estimator", "build_loss"]
 
 
@@ -94,19 +94,32 @@ class LossTerms:
     clipped: torch.Tensor
 
 
+class LossOptions(BaseModel):
+    """What every loss's options hold (a loss's own ``Options`` subclass this): the KL term the
+    caller adds per token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to a frozen copy of the initial policy")
+
+
 class PolicyLoss(ABC):
-    """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the truncated importance
-    weight ``min(π_prox / π_behav, tis_cap)`` (when ``algorithm.tis_cap`` is set), adds the KL term
-    and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio is one
-    number per sequence, which needs one advantage per sequence (an outcome estimator)."""
+    """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the rollout correction's
+    importance weight (:mod:`toolrl.algorithms.correction`), adds the KL term (``kl_coef`` of its
+    options) and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio
+    is one number per sequence, which needs one advantage per sequence (an outcome estimator)."""
 
     name: ClassVar[str]
-    Options: ClassVar[type[BaseModel]] = NoOptions
+    Options: ClassVar[type[BaseModel]] = LossOptions
     sequence_level: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         self.options = options
         self.algo = algo
+
+    @property
+    def kl_coef(self) -> float:
+        """The KL term's weight: 0 for a loss whose options do not extend :class:`LossOptions`."""
+        return float(getattr(self.options, "kl_coef", 0.0))
 
     @classmethod
     def build(cls, options: BaseModel, context: Any) -> Any:

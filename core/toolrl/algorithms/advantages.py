@@ -49,6 +49,7 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
 class GrpoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     eps: float = Field(1e-6, gt=0, description="added to the group's std before dividing")
+    norm_by_std: bool = Field(True, description="divide by the group's std (false: then equal to dr_grpo)")
 
 
 class Grpo(AdvantageEstimator):
@@ -56,7 +57,7 @@ class Grpo(AdvantageEstimator):
 
         A_i = (r_i - mean_G(i) r) / (std_G(i) r + eps)      (std unbiased; a group of one: A_i = 0)
 
-    ``algorithm.norm_adv_by_std: false`` leaves the division out (then equal to ``dr_grpo``)."""
+    ``norm_by_std: false`` leaves the division out (then equal to ``dr_grpo``)."""
 
     name = "grpo"
     Options = GrpoOptions
@@ -70,7 +71,7 @@ class Grpo(AdvantageEstimator):
             if size == 1:
                 out.append(0.0)
             else:
-                out.append((r - mean) / (std + self.options.eps) if self.algo.norm_adv_by_std else r - mean)
+                out.append((r - mean) / (std + self.options.eps) if self.options.norm_by_std else r - mean)
         return broadcast(out, inputs.response_mask)
 
 

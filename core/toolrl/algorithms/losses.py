@@ -6,9 +6,14 @@ advantage. Each returns the per-token loss before the importance weight, KL and 
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from toolrl.algorithms import LossInputs, LossTerms, PolicyLoss
+from toolrl.algorithms import LossInputs, LossOptions, LossTerms, PolicyLoss
+
+
+class PpoClipOptions(LossOptions):
+    clip_eps_low: float = Field(0.2, ge=0, description="the ratio's lower clip, 1 - clip_eps_low")
+    clip_eps_high: float = Field(0.28, ge=0, description="the ratio's upper clip, 1 + clip_eps_high")
 
 
 class PpoClip(PolicyLoss):
@@ -16,22 +21,22 @@ class PpoClip(PolicyLoss):
 
         loss_it = -min(r_it · A_it, clip(r_it, 1 - clip_eps_low, 1 + clip_eps_high) · A_it)
 
-    The range is ``algorithm.clip_eps_low`` / ``algorithm.clip_eps_high``. With ``loss_agg`` this is
+    The range is ``algorithm.loss_options.clip_eps_low`` / ``clip_eps_high``. With ``loss_agg`` this is
     TRL's ``grpo`` (seq-mean-token-mean), ``bnpo`` and ``dapo`` (token-mean) and ``dr_grpo``
     (seq-mean-token-sum-norm)."""
 
     name = "ppo_clip"
+    Options = PpoClipOptions
 
     def __call__(self, inputs: LossInputs) -> LossTerms:
         adv = inputs.advantages
         ratio = torch.exp(inputs.new_logprobs - inputs.prox_logprobs)
-        clipped = torch.clamp(ratio, 1 - self.algo.clip_eps_low, 1 + self.algo.clip_eps_high)
+        clipped = torch.clamp(ratio, 1 - self.options.clip_eps_low, 1 + self.options.clip_eps_high)
         per_token = torch.maximum(-adv * ratio, -adv * clipped)
         return LossTerms(per_token, ratio != clipped)
 
 
-class GspoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class GspoOptions(LossOptions):
     clip_low: float = Field(3e-4, ge=0, description="the sequence ratio's lower clip, 1 - clip_low")
     clip_high: float = Field(4e-4, ge=0, description="the sequence ratio's upper clip, 1 + clip_high")
 
@@ -61,8 +66,7 @@ class Gspo(PolicyLoss):
         return LossTerms(per_seq, ratio != clipped)
 
 
-class CispoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class CispoOptions(LossOptions):
     max_weight: float = Field(5.0, gt=0, description="the cap on the token's importance weight r_it")
 
 

@@ -83,7 +83,7 @@ class TrainerRank:
         if is_vision_model(model):
             self.processor = model_sources.load_processor(model_path(cfg))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        if cfg.algorithm.kl_coef > 0:  # copied before sharding: each rank runs the whole frozen reference
+        if self.loss.kl_coef > 0:  # copied before sharding: each rank runs the whole frozen reference
             import copy
 
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)

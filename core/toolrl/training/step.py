@@ -24,7 +24,7 @@ policy (the trainer's weights before this step's first update: recomputed withou
 
     r = π_θ / π_prox                      (the PPO ratio, against the proximal policy, not the behaviour one)
     w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient)
-    loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)
+    loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)   (ppo_clip's loss_options)
 
 so the trust region is centred on recent weights however stale the sample, and the weight corrects for
 the sample coming from another policy; every other loss replaces the ``min(...)`` term and keeps ``w``.
@@ -113,7 +113,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
                      eps: float = 1e-6) -> list[float]:
     """The ``grpo`` estimator's one number per trajectory: (r - mean of its group) / (std of its group
     + eps), or r - mean without ``norm_by_std``; a group of one gets 0."""
-    estimator = Grpo(Grpo.Options(eps=eps), AlgorithmConfig(norm_adv_by_std=norm_by_std))
+    estimator = Grpo(Grpo.Options(eps=eps, norm_by_std=norm_by_std), AlgorithmConfig())
     mask = torch.ones((len(rewards), 1))
     inputs = AdvantageInputs(torch.tensor(list(rewards), dtype=torch.float64), torch.tensor(list(groups)), mask)
     return estimator(inputs)[:, 0].tolist()
@@ -184,10 +184,10 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch,
                "is_weight_min": torch.where(trained, weight, math.inf).min(),
                "is_truncated": ((weight > cap) & trained).sum(),
                "mismatch": ((new_lp.detach() - batch.engine_logprobs).abs() * mask).sum()}
-    if ref_lp is not None and cfg.kl_coef > 0:
+    if ref_lp is not None and loss_fn.kl_coef > 0:
         delta = ref_lp - new_lp
         kl = torch.exp(delta) - delta - 1  # k3: unbiased, non-negative
-        per_token = per_token + cfg.kl_coef * kl
+        per_token = per_token + loss_fn.kl_coef * kl
         figures["kl_sum"] = (kl.detach() * mask).sum()
     # One device-to-host copy for all of them.
     stats = dict(zip(figures, torch.stack([v.detach().float() for v in figures.values()]).tolist(), strict=True))
@@ -278,7 +278,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     tally = StepTally()
     proximal = ProximalLogprobs(trajs)
     with PeakMemory(device) as peak:
-        anchor_logprobs(model, ref_model, minis, options)
+        anchor_logprobs(model, ref_model if loss_fn.kl_coef > 0 else None, minis, options)
         model.train()
         for epoch in range(options.algo.ppo_epochs):
             for mini in minis:
@@ -328,12 +328,13 @@ def logprobs(model: Any, batch: PackedBatch, options: StepOptions) -> torch.Tens
 def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions) -> None:
     """The log-probs the loss compares against, without gradient, before any update. Proximal: with
     one update per batch the policy has not moved, so prox == new.detach() exactly and a separate pass
-    would be wasted (``prox`` stays None); otherwise these weights'. Reference: only for a KL term."""
+    would be wasted (``prox`` stays None); otherwise these weights'. Reference: when ``ref_model`` is
+    given (the caller passes it only for a KL term)."""
     with torch.no_grad():
         if options.algo.ppo_epochs != 1 or options.algo.mini_batches != 1:
             for mini in minis:
                 mini.prox = [logprobs(model, batch, options) for _, batch in mini.micro_steps]
-        if ref_model is not None and options.algo.kl_coef > 0:
+        if ref_model is not None:
             for mini in minis:
                 mini.ref = [logprobs(ref_model, batch, options) for _, batch in mini.micro_steps]
 
