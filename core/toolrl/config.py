@@ -18,12 +18,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from toolrl.images import ImageLimits
-from toolrl.tiny_settings import MAX_SEED, TinyQwen3Settings
+from toolrl.tiny_settings import MAX_SEED, TinyMoeSettings, TinyQwen3Settings
 
 if TYPE_CHECKING:
     import yaml
@@ -211,7 +212,7 @@ class ModelConfig(Section):
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
     chat_format: str | None = Field(None, description="model family (a registered model family, checked when "
                                     "the run's parts are resolved); None: detected from the chat template")
-    tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides
+    tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides (tiny-moe: TinyMoeSettings)
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
@@ -222,13 +223,14 @@ class ModelConfig(Section):
 
     @field_validator("tiny")
     @classmethod
-    def _tiny_keywords(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """Check the overrides against tiny-qwen3's settings (names, types, bounds), so a typo fails
+    def _tiny_keywords(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """Check the overrides against the tiny model's settings (names, types, bounds), so a typo fails
         here in one line instead of deep in model building."""
         if not value:
             return value
+        settings = TinyMoeSettings if info.data.get("source") == "tiny-moe" else TinyQwen3Settings
         try:
-            return TinyQwen3Settings.model_validate(value).model_dump(exclude_unset=True)
+            return settings.model_validate(value).model_dump(exclude_unset=True)
         except ValidationError as exc:
             raise ValueError(format_errors(exc)) from None
 

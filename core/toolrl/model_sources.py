@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl import cache
-from toolrl.tiny_settings import TinyQwen2_5VLSettings, TinyQwen3Settings
+from toolrl.tiny_settings import TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -292,6 +292,57 @@ def tiny_qwen3(
     return _build_model(path, f"tiny_qwen3-{_settings_key(settings)}", build)
 
 
+def tiny_moe(path: str | os.PathLike[str] | None = None, **overrides: Any) -> str:
+    """A random mixture-of-experts causal LM saved with the Qwen3 tokenizer; returns its directory.
+
+    ``overrides``: fields of :class:`toolrl.tiny_settings.TinyMoeSettings` (``architecture``:
+    ``qwen3_moe``, ``olmoe`` or ``mixtral``; ``num_experts``, ``num_experts_per_tok``, ...). Cached and
+    seeded as :func:`tiny_qwen3`."""
+    tiny = TinyMoeSettings(**overrides)
+    settings = tiny.model_dump()
+    tok_dir = qwen_tokenizer_path("qwen3")
+
+    def build(out: Path) -> None:
+        import torch
+
+        specials = qwen_added_tokens("qwen3")
+        eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
+        config_class, model_class, keys = _moe_classes(tiny)
+        config = config_class(
+            vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers,
+            num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+            num_experts_per_tok=tiny.num_experts_per_tok, max_position_embeddings=32768,
+            tie_word_embeddings=tiny.tie_word_embeddings, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
+            dtype="float32", **keys)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(tiny.seed)
+            model = model_class(config)
+        model.generation_config.eos_token_id = eos
+        model.generation_config.pad_token_id = pad
+        model.save_pretrained(str(out))
+        for f in Path(tok_dir).iterdir():
+            shutil.copy2(f, out / f.name)
+        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
+
+    return _build_model(path, f"tiny_moe-{_settings_key(settings)}", build)
+
+
+def _moe_classes(tiny: TinyMoeSettings) -> tuple[Any, Any, dict[str, Any]]:
+    """The config and model classes of ``tiny.architecture`` and the config keys that differ between
+    them (each names its expert count and width its own way)."""
+    import transformers
+
+    if tiny.architecture == "qwen3_moe":
+        return transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, dict(
+            head_dim=tiny.head_dim, num_experts=tiny.num_experts, moe_intermediate_size=tiny.moe_intermediate_size,
+            intermediate_size=tiny.intermediate_size, norm_topk_prob=True, decoder_sparse_step=1)
+    if tiny.architecture == "olmoe":
+        return transformers.OlmoeConfig, transformers.OlmoeForCausalLM, dict(
+            num_experts=tiny.num_experts, intermediate_size=tiny.moe_intermediate_size, norm_topk_prob=True)
+    return transformers.MixtralConfig, transformers.MixtralForCausalLM, dict(
+        head_dim=tiny.head_dim, num_local_experts=tiny.num_experts, intermediate_size=tiny.moe_intermediate_size)
+
+
 def _build_model(path: str | os.PathLike[str] | None, cache_name: str, build: Callable[[Path], None]) -> str:
     """Build at ``path`` (replacing what is there), or once into the cache entry ``cache_name``."""
     if path is not None:
@@ -535,13 +586,13 @@ def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
 
 # A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-BUILTIN_SOURCES = ("tiny-qwen3", "tiny-qwen2.5-vl", "smollm2-135m-instruct", "gemma3-270m")
+BUILTIN_SOURCES = ("tiny-qwen3", "tiny-moe", "tiny-qwen2.5-vl", "smollm2-135m-instruct", "gemma3-270m")
 
 
 def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -> str:
     """The local directory holding ``model.source``'s weights and tokenizer.
 
-    In order: a built-in name (``tiny-qwen3``, ``tiny-qwen2.5-vl``, ``smollm2-135m-instruct``,
+    In order: a built-in name (``tiny-qwen3``, ``tiny-moe``, ``tiny-qwen2.5-vl``, ``smollm2-135m-instruct``,
     ``gemma3-270m``, built and cached offline);
     a directory (relative to ``base_dir``); a Hub id ``org/name`` through
     ``huggingface_hub.snapshot_download`` at ``model.revision`` into ``model.cache_dir`` (default:
@@ -554,6 +605,8 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     source = model.source
     if source == "tiny-qwen3":
         return tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny)
+    if source == "tiny-moe":
+        return tiny_moe(**model.tiny)
     if source == "tiny-qwen2.5-vl":
         return tiny_qwen2_5_vl(**model.tiny)
     if source == "smollm2-135m-instruct":

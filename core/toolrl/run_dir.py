@@ -197,7 +197,7 @@ class RunDir:
         trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
         rows = []
         for t in trajs:
-            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
+            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routes"})
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
             row["trainer_logprobs"] = (trainer_logprobs or {}).get(t.trajectory_id)
             row["policy_version"] = policy_version(t)

@@ -1,11 +1,13 @@
-"""The settings of the ``tiny-qwen3`` test model, in one place: the config (``model.tiny``) validates
-against them and the builder (:func:`toolrl.model_sources.tiny_qwen3`) builds from them, so neither module
-imports the other. Bounds keep a typo from building a model that does not fit in memory: tiny-qwen3
-is a random model for tests and demos, built on the CPU at first use."""
+"""The settings of the tiny test models (``tiny-qwen3``, ``tiny-moe``, ``tiny-qwen2.5-vl``), in one
+place: the config (``model.tiny``) validates against them and the builders (:func:`toolrl.model_sources.tiny_qwen3`,
+:func:`~toolrl.model_sources.tiny_moe`) build from them, so neither module imports the other. Bounds keep a
+typo from building a model that does not fit in memory: the tiny models are random models for tests and
+demos, built on the CPU at first use."""
 
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -92,3 +94,33 @@ class TinyQwen2_5VLSettings(TinyQwen3Settings):
         if self.min_pixels > self.max_pixels:
             raise ValueError(f"min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})")
         return self
+
+
+MoeArchitecture = Literal["qwen3_moe", "olmoe", "mixtral"]
+
+
+class TinyMoeSettings(TinyQwen3Settings):
+    """``tiny-moe``: a random mixture-of-experts model of one of transformers' MoE architectures
+    (Qwen3-MoE, OLMoE, Mixtral), every layer sparse, with :class:`TinyQwen3Settings`' attention fields
+    (the head size must be ``hidden_size / num_attention_heads``: OLMoE derives it so)."""
+
+    architecture: MoeArchitecture = "qwen3_moe"
+    head_dim: int = Field(32, gt=0, le=512)
+    num_experts: int = Field(8, ge=2, le=256, description="experts per layer (ids fit a byte in the routes record)")
+    num_experts_per_tok: int = Field(2, ge=1, le=64, description="top-k: experts each token is routed to")
+    moe_intermediate_size: int = Field(64, gt=0, le=16384, description="each expert's hidden width")
+
+    @model_validator(mode="after")
+    def _moe_shapes(self) -> TinyMoeSettings:
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds num_experts ({self.num_experts})")
+        if self.hidden_size != self.head_dim * self.num_attention_heads:
+            raise ValueError(f"head_dim ({self.head_dim}) must be hidden_size ({self.hidden_size}) / "
+                             f"num_attention_heads ({self.num_attention_heads}) in a tiny MoE model")
+        return self
+
+    def parameter_count(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        layer = attention + self.num_experts * (3 * h * self.moe_intermediate_size + h)
+        return QWEN_VOCAB * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer

@@ -30,6 +30,39 @@ class TrajectoryImage(BaseModel):
     grid_thw: tuple[int, int, int]  # the processor's patch grid: its placeholder run has t*h*w / merge**2 tokens
 
 
+class RoutedExperts(BaseModel):
+    """The experts a mixture-of-experts engine routed each token to: ``tokens × layers × top_k`` expert
+    ids, one byte each (at most 256 experts a layer), row-major in ``ids``. Token ``k`` is the ``k``-th
+    token the model was run on: prompt and response tokens alike, up to the last one fed to the model
+    (the last sampled token never is). Replayed by the trainer under ``algorithm.routing_replay: r3``."""
+
+    model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+    layers: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    ids: bytes
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids) // (self.layers * self.top_k)
+
+    def array(self) -> Any:
+        """The ids as a ``(tokens, layers, top_k)`` uint8 numpy array (a view of ``ids``)."""
+        import numpy as np  # lazy, as in common_prefix
+
+        return np.frombuffer(self.ids, dtype=np.uint8).reshape(self.tokens, self.layers, self.top_k)
+
+    @classmethod
+    def of(cls, ids: Any) -> RoutedExperts:
+        """From a ``(tokens, layers, top_k)`` array or CPU tensor of expert ids below 256."""
+        import numpy as np
+
+        a = np.asarray(ids)
+        if a.ndim != 3 or (a.size and (a.min() < 0 or a.max() > 255)):
+            raise ValueError(f"routed experts must be (tokens, layers, top_k) ids in [0, 255], got shape {a.shape}")
+        return cls(layers=a.shape[1], top_k=a.shape[2], ids=a.astype(np.uint8).tobytes())
+
+
 class Trajectory(BaseModel):
     """Everything one trajectory produced; the trainer reads nothing else."""
 
@@ -69,6 +102,9 @@ class Trajectory(BaseModel):
     # The engine's weight version for each generation call (trainer steps applied to the weights
     # that sampled its first token); more than one value: the weights changed mid-trajectory.
     policy_versions: list[int] = Field(default_factory=list)
+    # The engine's expert choice for each token it ran (a mixture-of-experts model whose engine records
+    # routes: engine.options.record_routes); None otherwise.
+    routes: RoutedExperts | None = None
     # Prompt tokens the engine did not prefill for this piece's generations (Generation.prefill_tokens_saved).
     prefill_tokens_saved: int = 0
     # Template history checks (one per round of tool results), rewrites found, and forks made; whole

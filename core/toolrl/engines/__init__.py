@@ -42,6 +42,9 @@ class Generation:
     # Prompt tokens the engine did not prefill for this request (KV it kept from the trajectory's last
     # turn, a prompt prefilled once for a group, a prefix cache); on the request's first sample only.
     prefill_tokens_saved: int = 0
+    # A mixture-of-experts engine recording routes: the experts of every token it ran for this sample
+    # (the prompt, then each generated token but the last), a toolrl.trajectory.RoutedExperts.
+    routes: Any = None
 
 
 @dataclass

@@ -43,7 +43,9 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from toolrl import masks
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.engines.routing import Routing
 from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.trajectory import RoutedExperts
 
 
 class TransformersEngineConfig(BaseModel):
@@ -61,6 +63,8 @@ class TransformersEngineConfig(BaseModel):
     seed: int | None = Field(None, description="Seeds requests whose SamplingParams.seed is None.")
     share_prompts: bool = Field(True, description="Prefill a prompt that several admitted requests share (a "
                                 "group's n trajectories) once and fork its KV to them.")
+    record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
+                                "was routed to (Generation.routes), for algorithm.routing_replay: r3.")
 
 
 def _sample_seed(seed: int, index: int) -> int:
@@ -173,6 +177,7 @@ class _Row:
     next_token: int = -1  # sampled but not yet fed to the model
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    routes: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
 
 
 @dataclass
@@ -181,6 +186,7 @@ class _Session:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
     values: list[torch.Tensor]
     version: int
+    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 (record_routes)
 
 
 class _Batch:
@@ -197,6 +203,7 @@ class _Batch:
         self.mask: torch.Tensor | None = None  # [live rows, capacity] bool
         self.positions: torch.Tensor | None = None  # [rows] next position id per row
         self.rope_deltas: torch.Tensor | None = None  # [rows] a VLM's text position offset (engines.vision)
+        self.prompt_routes: list[torch.Tensor] = []  # a prefill's: per prefilled row (record_routes)
         self.length = 0  # used columns
 
     @property
@@ -232,6 +239,9 @@ class TransformersEngine(RolloutEngine):
         self.num_layers = text_config.num_hidden_layers
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
         self._rng = random.Random(config.seed)
+        # record_routes: the routers' hooks, and the expert ids of the last forward [rows, q, layers, top_k].
+        self._routing = Routing(model) if config.record_routes else None
+        self._routes: torch.Tensor | None = None
         self._pending: list[_Request] = []
         self._batch = _Batch()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -427,6 +437,8 @@ class TransformersEngine(RolloutEngine):
                                batch.length, batch.capacity) for i in range(self.num_layers)]
         assert batch.mask is not None
         mask = batch.mask[:, : batch.length + q]
+        if self._routing is not None:
+            self._routing.replay(None)
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask if self.window is None else self._window_masks(mask, q),
@@ -437,6 +449,8 @@ class TransformersEngine(RolloutEngine):
             **images,
         )
         self.stats.steps += 1
+        if self._routing is not None:
+            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to("cpu", torch.uint8)
         if not batch.keys:  # the layers allocated them (a prefill without kept KV)
             batch.keys = [layer.kbuf for layer in layers]
             batch.values = [layer.vbuf for layer in layers]
@@ -481,6 +495,9 @@ class TransformersEngine(RolloutEngine):
         batch.mask[:, batch.length] = True
         logits = self._forward(batch, ids, batch.positions[:, None])
         batch.positions += 1
+        if self._routes is not None:
+            for row, fed in zip(batch.rows, self._routes):
+                row.routes.append(fed)
         return logits
 
     def _prefill(self, admitted: list[_Request]) -> tuple[_Batch, torch.Tensor]:
@@ -498,6 +515,9 @@ class TransformersEngine(RolloutEngine):
         # One row per sample: each sample reads its prompt's prefilled row.
         expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
         group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
+        if self._routing is not None:
+            for row, i in zip(group.rows, expand):
+                row.routes = [group.prompt_routes[i]]
         if expand != list(range(len(unique))):
             order = torch.tensor(expand, device=self.device)
             group.keys = [k.index_select(0, order) for k in group.keys]
@@ -555,6 +575,10 @@ class TransformersEngine(RolloutEngine):
         if any(req.images for req in admitted):
             pos, images = self._vision_prefill(group, admitted, prefix, dm)
         logits = self._forward(group, ids, pos, **images)
+        if self._routes is not None:  # each prompt's: its kept session's, then its new tokens'
+            group.prompt_routes = [torch.cat(([s.routes[:p]] if s is not None and s.routes is not None else [])
+                                             + [self._routes[i, dm - len(d):]])
+                                   for i, (s, p, d) in enumerate(zip(reused, prefix, deltas))]
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
         return group, logits
@@ -609,7 +633,8 @@ class TransformersEngine(RolloutEngine):
                 continue
             row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
                                                     row.req.weight_version,
-                                                    row.req.prefill_tokens_saved if row.index == 0 else 0)
+                                                    row.req.prefill_tokens_saved if row.index == 0 else 0,
+                                                    RoutedExperts.of(torch.cat(row.routes)) if row.routes else None)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)
@@ -771,7 +796,8 @@ class TransformersEngine(RolloutEngine):
             return  # cannot happen unless the batch bookkeeping is broken; never store a wrong cache
         # Indexing with a tensor copies, so the kept KV does not pin the batch buffers.
         session = _Session(tokens, [k[i : i + 1, :, cols] for k in batch.keys],
-                           [v[i : i + 1, :, cols] for v in batch.values], self._version)
+                           [v[i : i + 1, :, cols] for v in batch.values], self._version,
+                           torch.cat(row.routes) if row.routes else None)
         with self._sessions_lock:
             self._sessions[row.req.session_id] = session  # type: ignore[index]
             self._sessions.move_to_end(row.req.session_id)  # type: ignore[arg-type]
@@ -796,6 +822,7 @@ class TransformersEngine(RolloutEngine):
         if common == 0:
             return None
         return _Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],
-                        [v[:, :, :common] for v in session.values], session.version)
+                        [v[:, :, :common] for v in session.values], session.version,
+                        None if session.routes is None else session.routes[:common])
 
 

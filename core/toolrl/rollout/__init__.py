@@ -257,10 +257,10 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
         termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions,
-        prefill_tokens_saved=traj.prefill_tokens_saved))
+        prefill_tokens_saved=traj.prefill_tokens_saved, routes=traj.routes))
     traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
-    traj.policy_versions, traj.prefill_tokens_saved = [], 0
+    traj.policy_versions, traj.prefill_tokens_saved, traj.routes = [], 0, None
 
 
 async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
@@ -302,6 +302,8 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
+    if gen.routes is not None:  # they cover the whole context the engine ran: this call's replace the last's
+        traj.routes = gen.routes
     _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))

@@ -1,0 +1,84 @@
+"""Mixture-of-experts routing, recorded and replayed through the router modules of transformers' MoE
+models (Qwen3-MoE, OLMoE, Mixtral and the other ``*TopKRouter`` classes: a forward from the
+flattened hidden states ``(N, H)`` to ``(router_logits, top-k weights, top-k expert ids)``).
+
+:class:`Routing` hooks every router of a model once. Each forward either **records** the expert ids
+each router chose, ``(N, layers, top_k)`` in the order of the routers in the model, or **replays**
+given ids: the router still computes its logits and its softmax, the given experts' probabilities are
+gathered (renormalised where the router renormalises its top-k), so the router keeps its gradient and
+only the selection is forced. That is R3 (routing replay from the engine's record, arXiv 2510.11370)
+when the ids come from the rollout engine, and R2 when they come from the trainer's own first pass.
+
+The hooks are forward hooks on the router modules, so they hold under FSDP2 (which wraps the
+decoder layers) and under activation checkpointing (whose recomputation in backward runs the same
+hooks: replay ids stay set until the next forward's are given).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def routers(model: Any) -> list[torch.nn.Module]:
+    """The top-k router modules of ``model`` in module order (one per sparse layer); [] for a dense
+    model."""
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+def is_moe(model: Any) -> bool:
+    return bool(routers(model))
+
+
+class Routing:
+    """Record or replay the expert selection of every router of ``model`` (module docstring).
+
+    ``replay(ids)`` before a forward makes it use ``ids`` (``(N, layers, top_k)``, N the tokens the
+    forward runs on, in its flattened order); ``replay(None)`` makes it record, after which
+    :meth:`recorded` gives the ids its routers chose."""
+
+    def __init__(self, model: Any) -> None:
+        self.routers = routers(model)
+        if not self.routers:
+            raise ValueError(f"{type(model).__name__} has no mixture-of-experts router to record or replay")
+        self.top_k = int(self.routers[0].top_k)
+        self.num_experts = int(self.routers[0].num_experts)
+        self.ids: torch.Tensor | None = None
+        self.chosen: list[torch.Tensor | None] = [None] * len(self.routers)
+        self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
+
+    @property
+    def layers(self) -> int:
+        return len(self.routers)
+
+    def replay(self, ids: torch.Tensor | None) -> None:
+        self.ids = ids
+        self.chosen = [None] * len(self.routers)
+
+    def recorded(self) -> torch.Tensor:
+        """The ids the last recording forward chose, ``(N, layers, top_k)`` long."""
+        if any(c is None for c in self.chosen):
+            raise RuntimeError("no recorded forward reached every router")
+        return torch.stack([c for c in self.chosen if c is not None], dim=1)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def _hook(self, layer: int) -> Any:
+        def hook(module: torch.nn.Module, args: Any, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> Any:
+            logits, weights, chosen = out
+            if self.ids is None:
+                self.chosen[layer] = chosen.detach()
+                return None
+            forced = self.ids[:, layer].to(device=chosen.device, dtype=chosen.dtype)
+            if forced.shape != chosen.shape:
+                raise ValueError(f"routing replay: {tuple(forced.shape)} expert ids for a router that chose "
+                                 f"{tuple(chosen.shape)}")
+            probs = torch.softmax(logits.float(), dim=-1).gather(-1, forced)
+            if getattr(module, "norm_topk_prob", True):  # Mixtral's router always renormalises
+                probs = probs / probs.sum(dim=-1, keepdim=True)
+            return logits, probs.to(weights.dtype), forced
+
+        return hook
