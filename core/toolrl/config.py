@@ -357,6 +357,9 @@ class AlgorithmConfig(Section):
     tis_cap: float | None = Field(None, gt=0)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "
                                             "dynamic sampling) and generate more until the batch is full")
+    routing_replay: Literal["off", "r3", "r2"] = Field(
+        "off", description="a mixture-of-experts model: the trainer routes each token to the experts the engine "
+        "chose (r3: engine.options.record_routes), to those of its own first pass over the batch (r2), or its own")
 
 
 class CriticConfig(Section):

@@ -10,6 +10,8 @@ resolved (before anything starts), each broken rule one config line naming what 
 - ``dr_grpo`` with ``loss_agg: seq-mean-token-mean`` would put back the per-response length
   normalisation Dr. GRPO removes: an error naming both.
 - ``algorithm.overlong.buffer`` must be shorter than ``rollout.max_response_tokens``.
+- ``algorithm.routing_replay: r3`` replays the experts the engine recorded: the engine must record
+  them (the transformers engine with ``engine.options.record_routes: true``; no other engine here).
 
 The decoupled asynchronous objective (``trainer.max_staleness >= 1``) composes with every loss: the
 caller multiplies each loss's per-token term by the truncated weight ``min(π_prox / π_behav,
@@ -71,7 +73,21 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     if algo.advantage == "dr_grpo" and algo.loss_agg == "seq-mean-token-mean":
         raise ConfigError("algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes "
                           "the per-response length normaliser; use seq-mean-token-sum-norm or token-mean")
+    check_routing_replay(config)
     if algo.overlong is not None and algo.overlong.buffer >= config.rollout.max_response_tokens:
         raise ConfigError(f"algorithm.overlong.buffer={algo.overlong.buffer}: must be below "
                           f"rollout.max_response_tokens={config.rollout.max_response_tokens}")
     return estimator, loss
+
+
+def check_routing_replay(config: Config) -> None:
+    """``r3`` needs an engine that records each token's routed experts (module docstring)."""
+    if config.algorithm.routing_replay != "r3":
+        return
+    engine = config.engine.name
+    if engine != "transformers":
+        raise ConfigError(f"algorithm.routing_replay=r3 with engine.name={engine}: this engine does not return the "
+                          "experts it routed each token to; use the transformers engine or routing_replay: r2")
+    if not config.engine.options.get("record_routes"):
+        raise ConfigError("algorithm.routing_replay=r3: the engine must record the experts it routes each token to; "
+                          "set engine.options.record_routes: true")

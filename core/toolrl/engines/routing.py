@@ -35,8 +35,9 @@ class Routing:
     """Record or replay the expert selection of every router of ``model`` (module docstring).
 
     ``replay(ids)`` before a forward makes it use ``ids`` (``(N, layers, top_k)``, N the tokens the
-    forward runs on, in its flattened order); ``replay(None)`` makes it record, after which
-    :meth:`recorded` gives the ids its routers chose."""
+    forward runs on, in its flattened order; with ``expand``, the forward runs on ``ids[expand]``
+    instead when its token count says so: a prefix-shared row run unshared); ``replay(None)`` makes it
+    record, after which :meth:`recorded` gives the ids its routers chose."""
 
     def __init__(self, model: Any) -> None:
         self.routers = routers(model)
@@ -45,6 +46,7 @@ class Routing:
         self.top_k = int(self.routers[0].top_k)
         self.num_experts = int(self.routers[0].num_experts)
         self.ids: torch.Tensor | None = None
+        self.expand: torch.Tensor | None = None
         self.chosen: list[torch.Tensor | None] = [None] * len(self.routers)
         self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
@@ -52,8 +54,8 @@ class Routing:
     def layers(self) -> int:
         return len(self.routers)
 
-    def replay(self, ids: torch.Tensor | None) -> None:
-        self.ids = ids
+    def replay(self, ids: torch.Tensor | None, expand: torch.Tensor | None = None) -> None:
+        self.ids, self.expand = ids, expand
         self.chosen = [None] * len(self.routers)
 
     def recorded(self) -> torch.Tensor:
@@ -73,6 +75,8 @@ class Routing:
                 self.chosen[layer] = chosen.detach()
                 return None
             forced = self.ids[:, layer].to(device=chosen.device, dtype=chosen.dtype)
+            if self.expand is not None and forced.shape[0] != chosen.shape[0] == self.expand.numel():
+                forced = forced[self.expand.to(forced.device)]
             if forced.shape != chosen.shape:
                 raise ValueError(f"routing replay: {tuple(forced.shape)} expert ids for a router that chose "
                                  f"{tuple(chosen.shape)}")

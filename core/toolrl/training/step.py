@@ -68,6 +68,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
+from toolrl.training.route_replay import RouteReplay
 from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
@@ -277,13 +278,19 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     minis = split_mini_batches(trajs, advs, options, device)
     tally = StepTally()
     proximal = ProximalLogprobs(trajs)
+    replay = None if options.algo.routing_replay == "off" else RouteReplay(model, options.algo.routing_replay, options.sp)
     with PeakMemory(device) as peak:
-        anchor_logprobs(model, ref_model if loss_fn.kl_coef > 0 else None, minis, options)
-        model.train()
-        for epoch in range(options.algo.ppo_epochs):
-            for mini in minis:
-                # Every epoch compares against the same proximal log-probs: kept from the first.
-                mini_batch_update(model, optimizer, mini, options, tally, loss_fn, proximal if epoch == 0 else None)
+        try:
+            anchor_logprobs(model, ref_model if loss_fn.kl_coef > 0 else None, minis, options, replay)
+            model.train()
+            for epoch in range(options.algo.ppo_epochs):
+                for mini in minis:
+                    # Every epoch compares against the same proximal log-probs: kept from the first.
+                    mini_batch_update(model, optimizer, mini, options, tally, loss_fn, proximal if epoch == 0 else None,
+                                      replay)
+        finally:
+            if replay is not None:
+                replay.close()
         optimizer.zero_grad(set_to_none=True)
     metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
     lead = options.sp is None or options.sp.lead  # a sequence-parallel group's batches counted once
@@ -318,14 +325,23 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     return minis
 
 
-def logprobs(model: Any, batch: PackedBatch, options: StepOptions) -> torch.Tensor:
-    """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`."""
+def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: RouteReplay | None = None,
+             dummy: bool = False) -> torch.Tensor:
+    """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
+    routed by ``replay`` (``algorithm.routing_replay``) when given."""
+    if replay is not None:
+        replay.before(batch, dummy)
     if isinstance(model, Policy):
-        return model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
-    return response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+        lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+    else:
+        lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+    if replay is not None:
+        replay.after(batch)
+    return lp
 
 
-def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions) -> None:
+def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions,
+                    replay: RouteReplay | None = None) -> None:
     """The log-probs the loss compares against, without gradient, before any update. Proximal: with
     one update per batch the policy has not moved, so prox == new.detach() exactly and a separate pass
     would be wasted (``prox`` stays None); otherwise these weights'. Reference: when ``ref_model`` is
@@ -333,14 +349,15 @@ def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], opti
     with torch.no_grad():
         if options.algo.ppo_epochs != 1 or options.algo.mini_batches != 1:
             for mini in minis:
-                mini.prox = [logprobs(model, batch, options) for _, batch in mini.micro_steps]
+                mini.prox = [logprobs(model, batch, options, replay, micro is None) for micro, batch in mini.micro_steps]
         if ref_model is not None:
             for mini in minis:
                 mini.ref = [logprobs(ref_model, batch, options) for _, batch in mini.micro_steps]
 
 
 def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
-                      tally: StepTally, loss_fn: PolicyLoss, proximal: ProximalLogprobs | None = None) -> None:
+                      tally: StepTally, loss_fn: PolicyLoss, proximal: ProximalLogprobs | None = None,
+                      replay: RouteReplay | None = None) -> None:
     """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
     then clipping and the optimizer step. In a sequence-parallel group every rank computes the whole
     micro-batch's loss from the group's log-probs and backpropagates 1/N of it (the group's gradients
@@ -351,7 +368,7 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
     sp = options.sp
     scale = 1.0 if sp is None else 1.0 / sp.size
     for j, (micro, batch) in enumerate(mini.micro_steps):
-        new_lp = logprobs(model, batch, options)
+        new_lp = logprobs(model, batch, options, replay, micro is None)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
         ref_lp = None if mini.ref is None else mini.ref[j]
         loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn)

@@ -1,0 +1,175 @@
+"""Routing replay on a tiny random mixture-of-experts model (Qwen3-MoE shapes: 4 layers, 16 experts,
+top-4): the transformers engine records every token's experts, and the trainer replays them (r3) or
+its own first pass's (r2). The engine runs in bfloat16 and the trainer in float32, as users run them,
+so their routes differ without replay. What the experts ran on is read from the experts modules'
+inputs, not from the replay code."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
+from toolrl.engines import SamplingParams
+from toolrl.engines.routing import Routing
+from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
+from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
+from toolrl.training.packing import build_batch, packed_hidden_states
+from toolrl.training.step import StepOptions, train_step
+from toolrl.trajectory import Trajectory
+
+PROMPTS = [list(range(100 + 50 * g, 140 + 50 * g)) for g in range(2)]  # 40 tokens: a shared prefix
+
+
+@pytest.fixture(scope="module")
+def moe_path():
+    return tiny_moe(num_hidden_layers=4, num_experts=16, num_experts_per_tok=4)
+
+
+def generate(engine, prompts, n, max_new_tokens=16, **kwargs):
+    async def run():
+        return await asyncio.gather(*[engine.generate(p, SamplingParams(max_new_tokens=max_new_tokens, seed=g), n,
+                                                      **kwargs) for g, p in enumerate(prompts)])
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def engine_trajectories(moe_path):
+    """Two groups of four, sampled by a bfloat16 engine recording routes; rewards that differ in each group."""
+    engine = TransformersEngine(load_model(moe_path, dtype="bfloat16"), load_tokenizer(moe_path),
+                                TransformersEngineConfig(record_routes=True, seed=0))
+    trajs = []
+    for g, gens in enumerate(generate(engine, PROMPTS, 4)):
+        for k, gen in enumerate(gens):
+            trajs.append(Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
+                                    response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids),
+                                    logprobs=gen.logprobs, reward=float(k % 2), routes=gen.routes))
+    return trajs
+
+
+class ExpertInputs:
+    """The expert ids each forward's experts modules were given, (tokens, layers, top_k) per forward."""
+
+    def __init__(self, model):
+        self.layers = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+        self.calls: list[torch.Tensor] = []
+        self.pending: list[torch.Tensor] = []
+        for m in self.layers:
+            m.register_forward_pre_hook(self.hook)
+
+    def hook(self, module, args):
+        self.pending.append(args[1].detach().clone())
+        if len(self.pending) == len(self.layers):
+            self.calls.append(torch.stack(self.pending, dim=1))
+            self.pending = []
+
+
+def differ(a, b):
+    """Per token: True where any layer's set of experts differs."""
+    return (a.sort(-1).values != b.sort(-1).values).any(-1).any(-1)
+
+
+def test_the_engine_records_every_token_it_runs(moe_path):
+    """Prompt tokens (shared by a group's samples, or kept from a session's last turn) and every fed
+    generated token: the ids a plain float32 forward of the same tokens chooses."""
+    model = load_model(moe_path)
+    engine = TransformersEngine(model, load_tokenizer(moe_path), TransformersEngineConfig(record_routes=True, seed=0))
+    first = generate(engine, PROMPTS[:1], 2, 6)[0] + generate(engine, [PROMPTS[1]], 1, 6, session_id="s")[0]
+    follow = PROMPTS[1] + first[2].token_ids + [7, 8]
+    second = generate(engine, [follow], 1, 5, session_id="s")[0][0]
+    assert second.prefill_tokens_saved > 0  # the session's KV, and so its routes, were reused
+    plain = Routing(model)
+    for tokens, gen in [(PROMPTS[0], first[0]), (PROMPTS[0], first[1]), (PROMPTS[1], first[2]), (follow, second)]:
+        run = tokens + gen.token_ids[:-1]
+        plain.replay(None)
+        with torch.no_grad():
+            model(torch.tensor([run]))
+        assert gen.routes.tokens == len(run) and (gen.routes.layers, gen.routes.top_k) == (4, 4)
+        assert (gen.routes.array() == plain.recorded().numpy()).all()
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["packed", "prefix-tree"])
+def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_trajectories, share):
+    model = load_model(moe_path)
+    seen = ExpertInputs(model)
+    batch = build_batch(engine_trajectories, [0.0] * len(engine_trajectories), share_prefixes=share)
+    assert (batch.tokens < batch.total_tokens) == share
+    with torch.no_grad():
+        packed_hidden_states(model, batch)
+    assert differ(seen.calls[-1], batch.routes).any()  # bf16 engine, fp32 trainer: routes differ
+    algo = AlgorithmConfig(routing_replay="r3")
+    options = StepOptions(algo, OptimConfig(micro_batch_size=8, share_prefixes=share), pad_id=0, temperature=1.0,
+                          max_response_tokens=16)
+    seen.calls.clear()
+    metrics = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), engine_trajectories, options)
+    assert len(seen.calls) == 1 and torch.equal(seen.calls[0], batch.routes)  # the gradient pass, every token
+    assert metrics["loss_tokens"] == sum(len(t.response_ids) for t in engine_trajectories)
+
+
+class Recorder(torch.optim.Optimizer):
+    """Keeps each update's gradients by parameter name instead of applying them."""
+
+    def __init__(self, model):
+        self.names = {p: n for n, p in model.named_parameters()}
+        super().__init__(model.parameters(), {})
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def step(self, closure=None):
+        self.grads.append({self.names[p]: p.grad.clone() for g in self.param_groups for p in g["params"]
+                           if p.grad is not None})
+
+
+def test_gradients_reach_the_router_with_r3(moe_path, engine_trajectories):
+    model = load_model(moe_path)
+    opt = Recorder(model)
+    options = StepOptions(AlgorithmConfig(routing_replay="r3"), OptimConfig(micro_batch_size=4), pad_id=0,
+                          temperature=1.0, max_response_tokens=16)
+    metrics = train_step(model, opt, engine_trajectories, options)
+    routers = {n: g for n, g in opt.grads[0].items() if n.endswith("gate.weight")}
+    assert len(routers) == 4 and all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in routers.values())
+    assert metrics["grad_norm"] > 0 and torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+@pytest.mark.parametrize("mode", ["off", "r2"])
+def test_r2_routes_every_forward_as_the_first(moe_path, engine_trajectories, mode):
+    """Two epochs with a large step: the weights move between them, and so does the routing unless r2
+    replays the first (proximal) pass's."""
+    model = load_model(moe_path)
+    seen = ExpertInputs(model)
+    options = StepOptions(AlgorithmConfig(routing_replay=mode, ppo_epochs=2), OptimConfig(micro_batch_size=8),
+                          pad_id=0, temperature=1.0, max_response_tokens=16)
+    train_step(model, torch.optim.Adam(model.parameters(), lr=0.05), engine_trajectories, options)
+    first, *later = seen.calls  # the proximal pass, then one gradient pass an epoch
+    assert len(later) == 2
+    assert torch.equal(later[0], first)  # the weights have not moved yet
+    assert torch.equal(later[1], first) == (mode == "r2")
+
+
+def test_routing_replay_needs_a_recording_engine_and_an_moe_model(tiny_qwen3_path, engine_trajectories):
+    from toolrl.algorithms.rules import check_algorithm
+
+    def config(*overrides):
+        return load_config(None, ["algorithm.routing_replay=r3", *overrides], data={"env": "arithmetic"})
+
+    cases = {(): "set engine.options.record_routes: true",
+             ("engine.name=vllm",): "engine.name=vllm: this engine does not return the experts"}
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message) as info:
+            check_algorithm(config(*overrides))
+        assert "\n" not in str(info.value)
+    check_algorithm(config("engine.options.record_routes=true"))
+    dense = load_model(tiny_qwen3_path)
+    options = StepOptions(AlgorithmConfig(routing_replay="r2"), OptimConfig(), pad_id=0, temperature=1.0,
+                          max_response_tokens=16)
+    with pytest.raises(ConfigError, match="^algorithm.routing_replay: Qwen3ForCausalLM has no mixture-of-experts"):
+        train_step(dense, torch.optim.SGD(dense.parameters(), lr=0.0), engine_trajectories, options)
+
+
+def test_r3_refuses_trajectories_without_routes(moe_path, engine_trajectories):
+    model = load_model(moe_path)
+    bare = [t.model_copy(update={"routes": None}) for t in engine_trajectories]
+    options = StepOptions(AlgorithmConfig(routing_replay="r3"), OptimConfig(), pad_id=0, temperature=1.0,
+                          max_response_tokens=16)
+    with pytest.raises(ValueError, match="a trajectory of the batch has no recorded routes"):
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), bare, options)
