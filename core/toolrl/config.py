@@ -341,6 +341,26 @@ class OverlongConfig(Section):
     penalty: float = Field(1.0, ge=0, description="the reward lost by a response that reaches the budget")
 
 
+class CorrectionConfig(Section):
+    """Rollout correction: the importance weight that corrects each trained token for having been
+    sampled by the engine, not by the trainer's weights (toolrl.algorithms.correction, docs/algorithms.md)."""
+
+    level: Literal["token", "sequence"] = Field("token", description="the ratio π_prox / π_behav per token, or per "
+                                                "sequence (the geometric mean of its tokens')")
+    mode: Literal["truncate", "mask"] = Field("truncate", description="truncate: min(ratio, algorithm.tis_cap); "
+                                              "mask: the ratio inside [lo, hi], 0 outside")
+    lo: float = Field(0.5, ge=0, description="mask: the lowest ratio kept")
+    hi: float = Field(2.0, gt=0, description="mask: the highest ratio kept")
+    veto: float | None = Field(None, gt=0, description="a sequence with a token ratio below this is left out "
+                               "whole (weight 0), in every mode")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CorrectionConfig:
+        if self.lo >= self.hi:
+            raise ValueError(f"lo ({self.lo}) must be below hi ({self.hi})")
+        return self
+
+
 class AlgorithmConfig(Section):
     # The RL algorithm by parts (toolrl.algorithms, docs/algorithms.md): an advantage estimator and a
     # policy loss, by registered name, each with its own options (checked by toolrl.algorithms.rules).
@@ -355,6 +375,7 @@ class AlgorithmConfig(Section):
     # The cap on the importance weight π_prox / π_behav of the decoupled PPO loss (toolrl.training.step).
     # None: no weight (on-policy); an asynchronous run (trainer.max_staleness > 0) gets ASYNC_TIS_CAP.
     tis_cap: float | None = Field(None, gt=0)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
     skip_zero_variance_groups: bool = Field(False, description="drop groups whose rewards are all equal (DAPO "
                                             "dynamic sampling) and generate more until the batch is full")
     routing_replay: Literal["off", "r3", "r2"] = Field(

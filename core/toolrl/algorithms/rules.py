@@ -10,6 +10,7 @@ resolved (before anything starts), each broken rule one config line naming what 
 - ``dr_grpo`` with ``loss_agg: seq-mean-token-mean`` would put back the per-response length
   normalisation Dr. GRPO removes: an error naming both.
 - ``algorithm.overlong.buffer`` must be shorter than ``rollout.max_response_tokens``.
+- ``algorithm.correction`` at sequence level truncates at ``algorithm.tis_cap``: it needs one.
 - ``algorithm.routing_replay: r3`` replays the experts the engine recorded: the engine must record
   them (the transformers engine with ``engine.options.record_routes: true``; no other engine here).
 
@@ -74,6 +75,10 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
         raise ConfigError("algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes "
                           "the per-response length normaliser; use seq-mean-token-sum-norm or token-mean")
     check_routing_replay(config)
+    correction = algo.correction
+    if correction.mode == "truncate" and correction.level == "sequence" and algo.tis_cap is None:
+        raise ConfigError("algorithm.correction.level=sequence truncates the sequence ratio at algorithm.tis_cap, "
+                          "which is unset; set tis_cap or use correction.mode: mask")
     if algo.overlong is not None and algo.overlong.buffer >= config.rollout.max_response_tokens:
         raise ConfigError(f"algorithm.overlong.buffer={algo.overlong.buffer}: must be below "
                           f"rollout.max_response_tokens={config.rollout.max_response_tokens}")

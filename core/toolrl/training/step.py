@@ -23,7 +23,8 @@ policy (the trainer's weights before this step's first update: recomputed withou
 ``ppo_clip`` loss::
 
     r = π_θ / π_prox                      (the PPO ratio, against the proximal policy, not the behaviour one)
-    w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient)
+    w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient; algorithm.correction
+                                           chooses others: toolrl.algorithms.correction)
     loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)   (ppo_clip's loss_options)
 
 so the trust region is centred on recent weights however stale the sample, and the weight corrects for
@@ -32,7 +33,10 @@ the sample coming from another policy; every other loss replaces the ``min(...)`
 on-policy PPO loss); an asynchronous run gets ``toolrl.config.ASYNC_TIS_CAP`` when it sets none.
 Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip range),
 ``is_weight_mean``/``_max``/``_min`` (of ``π_prox / π_behav`` before truncation) and
-``is_truncated_frac`` (share above the cap); over trajectories: ``advantage_mean``/``_std``.
+``is_truncated_frac`` (share above the cap), ``is_masked_frac`` (share the correction's mask or veto
+left out), ``mismatch_kl`` (k3 estimate of KL(engine ‖ trainer)) and on the first update
+``is_ratio_p05``/``_p50``/``_p95`` (quantiles of ``π_prox / π_behav``); over trajectories:
+``advantage_mean``/``_std``.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from toolrl.algorithms import (
     build_loss,
 )
 from toolrl.algorithms.advantages import Grpo
+from toolrl.algorithms.correction import correction
 from toolrl.algorithms.overlong import shape_rewards
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.training.logprobs import token_logprobs
@@ -174,16 +179,20 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch,
     loss_fn = build_loss(cfg) if loss_fn is None else loss_fn
     terms = loss_fn(LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask))
     per_token = terms.per_token
-    weight = torch.exp(prox_lp.detach() - batch.engine_logprobs)  # π_prox / π_behav
-    if cfg.tis_cap is not None:
-        per_token = per_token * weight.clamp(max=cfg.tis_cap)
+    corr = correction(prox_lp, batch.engine_logprobs, mask, cfg)
+    if corr.weight is not None:
+        per_token = per_token * corr.weight
     trained = mask.bool()
-    cap = math.inf if cfg.tis_cap is None else cfg.tis_cap
+    weight = corr.ratio  # π_prox / π_behav, per token
+    cap = math.inf if cfg.tis_cap is None or cfg.correction.mode == "mask" else cfg.tis_cap
     figures = {"tokens": mask.sum(), "clipped": (terms.clipped & trained).sum(),
                "is_weight_sum": (weight * mask).sum(),
                "is_weight_max": torch.where(trained, weight, -math.inf).max(),
                "is_weight_min": torch.where(trained, weight, math.inf).min(),
                "is_truncated": ((weight > cap) & trained).sum(),
+               "is_masked": (corr.dropped & trained).sum(),
+               # k3 of KL(engine || trainer) over the engine's samples: ρ - 1 - log ρ
+               "mismatch_kl_sum": ((weight - 1 - (prox_lp.detach() - batch.engine_logprobs)) * mask).sum(),
                "mismatch": ((new_lp.detach() - batch.engine_logprobs).abs() * mask).sum()}
     if ref_lp is not None and loss_fn.kl_coef > 0:
         delta = ref_lp - new_lp
@@ -381,7 +390,9 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
             proximal.add(micro, prox_lp)
         (loss * scale).backward()
         loss_sum += float(loss.detach()) * scale
-        tally.add_micro_step(tokens, stats if sp is None or sp.lead else None)
+        first = proximal is not None  # the step's first update: the ratios against the proximal weights
+        ratios = torch.exp(prox_lp.detach() - batch.engine_logprobs)[batch.response_mask.bool()] if first else None
+        tally.add_micro_step(tokens, stats if sp is None or sp.lead else None, ratios)
     grad_norm = clip_grad_norm(model.parameters(), options.optim.grad_clip)
     optimizer.step()
     tally.add_update(loss_sum, grad_norm)
@@ -417,24 +428,30 @@ class StepTally:
     :func:`policy_loss`'s figures over the micro-steps, the importance weight's extremes, and the tokens
     forwarded by real and dummy micro-steps."""
 
-    SUMMED = ("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch", "kl_sum")
+    SUMMED = ("tokens", "clipped", "is_weight_sum", "is_truncated", "is_masked", "mismatch_kl_sum", "mismatch",
+              "kl_sum")
 
     def __init__(self) -> None:
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         # kl_sum joins only when the loss has a KL term, which is how metrics() knows to report kl.
-        self.sums = dict.fromkeys(("tokens", "clipped", "is_weight_sum", "is_truncated", "mismatch"), 0.0)
+        self.sums = dict.fromkeys(("tokens", "clipped", "is_weight_sum", "is_truncated", "is_masked",
+                                   "mismatch_kl_sum", "mismatch"), 0.0)
+        self.ratios: list[torch.Tensor] = []  # the trained tokens' π_prox / π_behav, for their quantiles
         self.w_max, self.w_min = -math.inf, math.inf
         self.real_tokens = self.dummy_tokens = 0
 
     def add_dummy_step(self, tokens: int) -> None:
         self.dummy_tokens += tokens
 
-    def add_micro_step(self, tokens: int, stats: dict[str, float] | None) -> None:
-        """``stats`` None: the tokens were forwarded here, the loss's figures are counted elsewhere."""
+    def add_micro_step(self, tokens: int, stats: dict[str, float] | None, ratios: torch.Tensor | None = None) -> None:
+        """``stats`` None: the tokens were forwarded here, the loss's figures are counted elsewhere.
+        ``ratios``: the micro-step's trained tokens' importance ratios (on the first update only)."""
         self.real_tokens += tokens
         if stats is None:
             return
+        if ratios is not None:
+            self.ratios.append(ratios.detach().float().cpu())
         for key in self.SUMMED:
             if key in stats:
                 self.sums[key] = self.sums.get(key, 0.0) + stats[key]
@@ -452,8 +469,12 @@ class StepTally:
             out.update(loss_tokens=tokens, clip_frac=sums["clipped"] / tokens, lp_mismatch=sums["mismatch"] / tokens,
                        is_weight_mean=sums["is_weight_sum"] / tokens, is_weight_max=self.w_max,
                        is_weight_min=self.w_min, is_truncated_frac=sums["is_truncated"] / tokens)
+            out.update(is_masked_frac=sums["is_masked"] / tokens, mismatch_kl=sums["mismatch_kl_sum"] / tokens)
             if "kl_sum" in sums:
                 out["kl"] = sums["kl_sum"] / tokens
+        if self.ratios and (ratios := torch.cat(self.ratios)).numel():
+            low, mid, high = torch.quantile(ratios, torch.tensor([0.05, 0.5, 0.95])).tolist()
+            out.update(is_ratio_p05=low, is_ratio_p50=mid, is_ratio_p95=high)
         out["trained_tokens"] = float(sum(sum(t.response_mask) for t in trajs))
         per_traj = torch.stack([(row * mask).sum() / mask.sum() for row, mask in
                                 zip(advs, (torch.tensor(t.response_mask, dtype=torch.float32) for t in trajs), strict=True)])
