@@ -108,7 +108,7 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
     assert resolve_source(ModelConfig(source=tiny_qwen3_path), "/nonexistent") == tiny_qwen3_path
     assert resolve_source(ModelConfig(source="tiny-qwen3")) == tiny_qwen3()
     with pytest.raises(ConfigError, match=r"model.source: './nope' is not a built-in model \(tiny-qwen3, "
-                                          r"tiny-qwen2.5-vl, smollm2-135m-instruct, gemma3-270m\), not a directory \(no .*nope\) "
+                                          r"tiny-moe, tiny-qwen2.5-vl, smollm2-135m-instruct, gemma3-270m\), not a directory \(no .*nope\) "
                                           r"and not a Hub id org/name"):
         resolve_source(ModelConfig(source="./nope"), tmp_path)
 
