@@ -49,14 +49,19 @@ def engine_trajectories(moe_path):
 
 
 class ExpertInputs:
-    """The expert ids each forward's experts modules were given, (tokens, layers, top_k) per forward."""
+    """The expert ids each forward's experts modules were given, (tokens, layers, top_k) per forward;
+    ``routers=True``: the ids the routers chose themselves (hooked before any replay is)."""
 
-    def __init__(self, model):
-        self.layers = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
+    def __init__(self, model, routers=False):
+        suffix = "TopKRouter" if routers else "Experts"
+        self.layers = [m for m in model.modules() if type(m).__name__.endswith(suffix)]
         self.calls: list[torch.Tensor] = []
         self.pending: list[torch.Tensor] = []
         for m in self.layers:
-            m.register_forward_pre_hook(self.hook)
+            if routers:
+                m.register_forward_hook(lambda module, args, out: self.hook(module, (None, out[2])))
+            else:
+                m.register_forward_pre_hook(self.hook)
 
     def hook(self, module, args):
         self.pending.append(args[1].detach().clone())
@@ -92,7 +97,7 @@ def test_the_engine_records_every_token_it_runs(moe_path):
 @pytest.mark.parametrize("share", [False, True], ids=["packed", "prefix-tree"])
 def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_trajectories, share):
     model = load_model(moe_path)
-    seen = ExpertInputs(model)
+    seen, chose = ExpertInputs(model), ExpertInputs(model, routers=True)
     batch = build_batch(engine_trajectories, [0.0] * len(engine_trajectories), share_prefixes=share)
     assert (batch.tokens < batch.total_tokens) == share
     with torch.no_grad():
@@ -102,8 +107,12 @@ def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_tra
     options = StepOptions(algo, OptimConfig(micro_batch_size=8, share_prefixes=share), pad_id=0, temperature=1.0,
                           max_response_tokens=16)
     seen.calls.clear()
+    chose.calls.clear()
     metrics = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), engine_trajectories, options)
     assert len(seen.calls) == 1 and torch.equal(seen.calls[0], batch.routes)  # the gradient pass, every token
+    # The routers' own choice at each layer of the replayed forward: the tokens where it was overruled.
+    assert metrics["routing_mismatch_frac"] == pytest.approx(float(differ(chose.calls[0], batch.routes).float().mean()))
+    assert metrics["routing_mismatch_frac"] > 0
     assert metrics["loss_tokens"] == sum(len(t.response_ids) for t in engine_trajectories)
 
 

@@ -37,7 +37,8 @@ class Routing:
     ``replay(ids)`` before a forward makes it use ``ids`` (``(N, layers, top_k)``, N the tokens the
     forward runs on, in its flattened order; with ``expand``, the forward runs on ``ids[expand]``
     instead when its token count says so: a prefix-shared row run unshared); ``replay(None)`` makes it
-    record, after which :meth:`recorded` gives the ids its routers chose."""
+    record, after which :meth:`recorded` gives the ids its routers chose. A replaying forward keeps in
+    ``flips`` (N,) which tokens its routers would have sent elsewhere in at least one layer."""
 
     def __init__(self, model: Any) -> None:
         self.routers = routers(model)
@@ -47,6 +48,7 @@ class Routing:
         self.num_experts = int(self.routers[0].num_experts)
         self.ids: torch.Tensor | None = None
         self.expand: torch.Tensor | None = None
+        self.flips: torch.Tensor | None = None
         self.chosen: list[torch.Tensor | None] = [None] * len(self.routers)
         self.handles = [r.register_forward_hook(self._hook(i)) for i, r in enumerate(self.routers)]
 
@@ -55,7 +57,7 @@ class Routing:
         return len(self.routers)
 
     def replay(self, ids: torch.Tensor | None, expand: torch.Tensor | None = None) -> None:
-        self.ids, self.expand = ids, expand
+        self.ids, self.expand, self.flips = ids, expand, None
         self.chosen = [None] * len(self.routers)
 
     def recorded(self) -> torch.Tensor:
@@ -80,6 +82,8 @@ class Routing:
             if forced.shape != chosen.shape:
                 raise ValueError(f"routing replay: {tuple(forced.shape)} expert ids for a router that chose "
                                  f"{tuple(chosen.shape)}")
+            flips = (chosen.sort(-1).values != forced.sort(-1).values).any(-1)
+            self.flips = flips if self.flips is None else self.flips | flips
             probs = torch.softmax(logits.float(), dim=-1).gather(-1, forced)
             if getattr(module, "norm_topk_prob", True):  # Mixtral's router always renormalises
                 probs = probs / probs.sum(dim=-1, keepdim=True)

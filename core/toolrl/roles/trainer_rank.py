@@ -276,7 +276,7 @@ _SUMMED = ("loss", "trainer_tokens_per_s", "loss_tokens", "value_loss", "value_t
            "trainer_tokens_total", "critic_tokens_computed", "critic_tokens_total")
 _TOKEN_MEANS = ("clip_frac", "kl", "lp_mismatch", "is_weight_mean", "is_truncated_frac",
                 "value_clip_frac", "is_masked_frac", "mismatch_kl")  # weighted by loss_tokens
-_AVERAGED = ("padding_fraction", "is_ratio_p05", "is_ratio_p50", "is_ratio_p95")  # quantiles: the ranks' mean
+_AVERAGED = ("padding_fraction", "is_ratio_p05", "is_ratio_p50", "is_ratio_p95", "routing_mismatch_frac")  # quantiles: the ranks' mean
 _LARGEST = ("trainer_peak_mb", "is_weight_max")
 
 

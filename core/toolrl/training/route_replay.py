@@ -43,6 +43,8 @@ class RouteReplay:
         self.routing = model_routing(model)
         self.mode, self.sp = mode, sp
         self.first: dict[int, torch.Tensor] = {}  # r2: by id(batch), the routes of its first forward
+        self.counted: set[int] = set()  # r3: batches whose routing flips are counted (on their first forward)
+        self.flipped = self.tokens = 0
 
     def before(self, batch: PackedBatch, dummy: bool = False) -> None:
         if self.mode == "r2":
@@ -56,6 +58,11 @@ class RouteReplay:
             self.routing.replay(self.local(batch.routes), batch.expand if self.sp is None else None)
 
     def after(self, batch: PackedBatch) -> None:
+        flips = self.routing.flips
+        if self.mode == "r3" and flips is not None and id(batch) not in self.counted:
+            self.counted.add(id(batch))
+            self.flipped += int(flips.sum())
+            self.tokens += flips.numel()
         if self.mode == "r2" and id(batch) not in self.first:
             self.first[id(batch)] = self.routing.recorded()
             self.routing.replay(self.first[id(batch)])  # a recomputation in backward routes as this pass did
@@ -68,6 +75,11 @@ class RouteReplay:
         pad = max(0, hi - routes.shape[0])
         filler = torch.arange(routes.shape[2], device=routes.device).expand(pad, *routes.shape[1:])
         return torch.cat([routes, filler])[lo:hi]
+
+    def metrics(self) -> dict[str, float]:
+        """r3: ``routing_mismatch_frac``, the share of the tokens this rank ran whose experts, chosen by
+        the trainer's own router, would differ from the engine's in at least one layer."""
+        return {"routing_mismatch_frac": self.flipped / self.tokens} if self.tokens else {}
 
     def close(self) -> None:
         self.routing.replay(None)

@@ -302,6 +302,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
                 replay.close()
         optimizer.zero_grad(set_to_none=True)
     metrics = tally.metrics(trajs, advs, time.perf_counter() - t_start, peak.mb)
+    if replay is not None:
+        metrics.update(replay.metrics())
     lead = options.sp is None or options.sp.lead  # a sequence-parallel group's batches counted once
     metrics.update(sharing_metrics([batch for mini in minis for micro, batch in mini.micro_steps
                                     if micro is not None and lead]))
