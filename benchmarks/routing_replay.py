@@ -9,7 +9,8 @@ weights) computes the sampled tokens' log-probs over the packed, prefix-shared b
 routing and with the engine's replayed. Per trained token: the share whose experts differ from the
 engine's in at least one layer (read from the experts modules' inputs), the mean |trainer - engine|
 log-prob and the k3 estimate of KL(engine ‖ trainer). Engine overhead: the same generations with
-and without recording, alternating, ``--repeats`` times each (median).
+and without recording, alternating, ``--repeats`` times each (median; the fastest runs' ratio too, the
+least disturbed by other load on the machine).
 
 Last lines: ``lp mismatch with/without R3: X.XX`` (the ratio of the mean |trainer - engine| log-probs)
 and ``route recording overhead: X.XX`` (the fraction of the engine's time recording adds).
@@ -131,10 +132,11 @@ def main() -> None:
     print(table(["trainer routing", "tokens with a routing difference", "mean |lp trainer - engine|",
                  "k3 KL(engine || trainer)"],
                 [["own (no replay)", *figures(without)], ["engine's (R3)", *figures(with_r3)]]))
-    print(table(["engine", "median s", "runs"], [["without recording", median(off), len(off)],
-                                                 ["recording routes", median(on), len(on)]]))
+    print(table(["engine", "median s", "min s", "runs"], [["without recording", median(off), min(off), len(off)],
+                                                          ["recording routes", median(on), min(on), len(on)]]))
     print(f"k3 KL with/without R3: {with_r3['k3_kl'] / without['k3_kl']:.2f}")
     print(f"lp mismatch with/without R3: {with_r3['lp_mismatch'] / without['lp_mismatch']:.2f}")
+    print(f"route recording overhead (fastest runs): {min(on) / min(off) - 1:.2f}")
     print(f"route recording overhead: {overhead:.2f}")
 
 
