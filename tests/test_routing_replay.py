@@ -182,3 +182,14 @@ def test_r3_refuses_trajectories_without_routes(moe_path, engine_trajectories):
                           max_response_tokens=16)
     with pytest.raises(ValueError, match="a trajectory of the batch has no recorded routes"):
         train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), bare, options)
+
+
+def test_routes_are_one_byte_an_expert_and_survive_json(engine_trajectories):
+    t = engine_trajectories[0]
+    assert len(t.routes.ids) == t.routes.tokens * 4 * 4  # tokens × layers × top_k, one byte each
+    back = Trajectory.model_validate_json(t.model_dump_json())
+    assert back.routes == t.routes and (back.routes.array() == t.routes.array()).all()
+    from toolrl.trajectory import RoutedExperts
+
+    with pytest.raises(ValueError, match=r"ids in \[0, 255\]"):
+        RoutedExperts.of(torch.full((2, 1, 2), 300))
