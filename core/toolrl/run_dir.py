@@ -327,6 +327,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "template_forks": forks,
         "template_fork_rate": forks / checks if checks else 0.0,
         "errors": sum(t.error is not None for t in trajs),
+        # Trajectories the infrastructure failed (toolrl.schemas.InfrastructureError): never trained.
+        "infra_failures": sum(t.termination == "infra_error" for t in trajs),
         # Tools that held the event loop (every trajectory stalls meanwhile) and lifecycle failures.
         "tool_loop_blocked_s": sum(t.loop_blocked_s for t in trajs),
         "tool_lifecycle_errors": sum(len(t.tool_errors) for t in trajs),

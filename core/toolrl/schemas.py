@@ -96,15 +96,25 @@ class ToolResponse(BaseModel):
         return cls(text=text, is_error=True)
 
 
+class InfrastructureError(RuntimeError):
+    """A failure of the infrastructure, not of the model: a sandbox or environment server that cannot
+    be reached or died, a connection lost, the environment's own deadline. Raise it (or a subclass)
+    from a tool's lifecycle methods or an environment session's methods; the trajectory then ends with
+    termination ``infra_error`` and is left out of the loss and out of its group's baseline
+    (:mod:`toolrl.data.batches`), never scored as a wrong answer. The model's own errors (a bad call,
+    code that raises or runs past its time limit) are ordinary errors: the model reads them."""
+
+
 class ToolResult(BaseModel):
-    """The outcome of one call as recorded in a trajectory."""
+    """The outcome of one call as recorded in a trajectory. ``infra_error``: the tool raised
+    :class:`InfrastructureError` (the trajectory ends there, untrained)."""
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     response: ToolResponse
     step_reward: float = 0.0
     metrics: dict[str, Any] = Field(default_factory=dict)
-    status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool"] = "ok"
+    status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool", "infra_error"] = "ok"
     latency_s: float = 0.0
     # Seconds the tool's code held the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or more): a
     # blocking call inside an async execute. Nonzero values deserve a metric and a fix.
