@@ -76,3 +76,58 @@ def test_a_training_step_leaves_infrastructure_failures_out(tmp_path):
     assert a1 < 0 < a2 and a1 == pytest.approx(-a2)
     assert all(traces[i]["error"] and "unreachable" in traces[i]["error"] for i in traces if i not in trained
                and traces[i]["termination"] == "infra_error")
+
+
+def test_the_failure_summary_counts_trajectories_not_pieces_and_quotes_the_first_errors():
+    from toolrl.run_dir import EveryTrajectoryFailed, FailureTally
+
+    tally = FailureTally()
+    tally.add([traj(0, 0, "forked", key="g0-0"), traj(0, 0, "answered", key="g0-0", piece=1), traj(0, 1)])
+    tally.check()  # none failed
+    failed = [traj(1, k, "infra_error" if k else "error") for k in range(5)]
+    for t in failed:
+        t.error = f"ConnectionError: server {t.trajectory_id} gone\nsecond line"
+    tally.add(failed)
+    assert tally.headline() == "5 of 7 trajectories ended in errors (4 of them infrastructure failures: not trained)"
+    assert tally.first == ["g1-0 [error]: ConnectionError: server g1-0 gone second line",
+                           "g1-1 [infra_error]: ConnectionError: server g1-1 gone second line",
+                           "g1-2 [infra_error]: ConnectionError: server g1-2 gone second line"]
+    tally.check()
+    alone = FailureTally()
+    alone.add(failed)
+    with pytest.raises(EveryTrajectoryFailed, match="^5 of 5 trajectories"):
+        alone.check()
+
+
+class DeadServer(EnvironmentSession):
+    """An environment server that is never reachable."""
+
+    async def reset(self, sample):
+        raise InfrastructureError("environment server unreachable: connection refused")
+
+
+@pytest.mark.parametrize("session", [pytest.param("flaky_server", marks=pytest.mark.slow), "dead_server"])
+def test_rollout_tells_what_failed_on_stderr_and_fails_only_when_everything_did(tmp_path, session):
+    from click.testing import CliRunner
+    from toolrl.cli import cli
+
+    registry = get_plugins().registry
+    for name, cls in (("flaky_server", FlakyServer), ("dead_server", DeadServer)):
+        if not registry.has("environment_sessions", name):
+            registry.add(Part("environment_sessions", name, "tests", cls))
+    result = CliRunner().invoke(cli, [
+        "rollout", str(ROOT / "examples" / "tiny.yaml"), f"trainer.output_dir={tmp_path}", "trainer.plot=false",
+        "trainer.progress=false", "trainer.total_steps=1", "env_options.train_size=4", "rollout.n=3",
+        "rollout.max_new_tokens=4", "rollout.max_response_tokens=8", f"session.name={session}",
+        "reward.functions=[]", "tools.entries=[]"])
+    lines = result.stderr.splitlines()
+    if session == "flaky_server":
+        assert result.exit_code == 0, result.output
+        assert "3 of 6 trajectories ended in errors (3 of them infrastructure failures: not trained), first:" in lines
+    else:
+        assert result.exit_code == 1
+        assert lines[-1] == ("error: 6 of 6 trajectories ended in errors (6 of them infrastructure failures: "
+                             "not trained): every trajectory failed")
+    quoted = [line for line in lines if line.startswith("  e1-")]
+    assert len(quoted) == 3 and all("[infra_error]: SessionInfrastructureError: session" in q and "unreachable" in q
+                                    for q in quoted), lines

@@ -27,11 +27,12 @@ import os
 import random
 import shutil
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from toolrl.config import Config, ConfigError, one_line, read_json, read_text
 from toolrl.trajectory import Trajectory
@@ -69,6 +70,7 @@ class RunDir:
                  resumable: bool = True) -> None:
         self.path = Path(path)
         self.mode, self.field, self.resumable = mode, field, resumable
+        self.failures = FailureTally()  # the trajectories written here that ended in errors
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
@@ -196,6 +198,7 @@ class RunDir:
         not trained (a skipped group, rollout only). The controller writes the file once the step has
         trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
         rows = []
+        self.failures.add(trajs)
         for t in trajs:
             row = t.model_dump(mode="json", exclude={"model_text", "policy_versions"})
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
@@ -223,6 +226,58 @@ class RunDir:
         """``reward_curve.png`` from ``metrics.jsonl`` (None: no rows)."""
         rows = self.read_metrics()
         return plot_rewards(rows, self.path / self.CURVE) if rows else None
+
+
+# -- the trajectories that ended in errors --------------------------------------------------------
+#
+# ``toolrl rollout``, ``eval`` and ``train`` record every trajectory, errors included; a failed trajectory
+# does not stop the command. So that failures are not found only by reading the records, the command
+# ends with a summary on stderr when any trajectory ended in an error: how many of how many, how many
+# were the infrastructure's (``infra_error``: not trained), the first few error lines. The exit code
+# stays 0 when some succeeded, and is 1 when every one failed (an environment that never worked).
+
+FAILURES_SHOWN = 3  # error lines quoted in the summary
+FAILURE_WIDTH = 200  # characters of each
+
+
+class EveryTrajectoryFailed(RuntimeError):
+    """Every trajectory of the command ended in an error; the message is the summary's first line."""
+
+
+class FailureTally:
+    """Trajectories seen, those that ended in an error, and the first error lines."""
+
+    def __init__(self) -> None:
+        self.total = self.failed = self.infrastructure = 0
+        self.first: list[str] = []
+
+    def add(self, trajs: Iterable[Trajectory]) -> None:
+        for t in trajs:
+            if t.termination == "forked":  # a piece: its trajectory is counted by its last piece
+                continue
+            self.total += 1
+            if t.termination not in ("error", "infra_error"):
+                continue
+            self.failed += 1
+            self.infrastructure += t.termination == "infra_error"
+            if len(self.first) < FAILURES_SHOWN:
+                self.first.append(f"{t.key} [{t.termination}]: {one_line(t.error or 'no error recorded')[:FAILURE_WIDTH]}")
+
+    def headline(self) -> str:
+        infra = f" ({self.infrastructure} of them infrastructure failures: not trained)" if self.infrastructure else ""
+        return f"{self.failed} of {self.total} trajectories ended in errors{infra}"
+
+    def report(self, file: TextIO | None = None) -> None:
+        """The summary on ``file`` (stderr), when any trajectory failed."""
+        if not self.failed:
+            return
+        lines = [self.headline() + (", first:" if self.first else "")] + [f"  {line}" for line in self.first]
+        print("\n".join(lines), file=file or sys.stderr, flush=True)
+
+    def check(self) -> None:
+        """Raise :class:`EveryTrajectoryFailed` when there were trajectories and none succeeded."""
+        if self.total and self.failed == self.total:
+            raise EveryTrajectoryFailed(self.headline())
 
 
 def write_atomic(path: Path, text: str) -> None:

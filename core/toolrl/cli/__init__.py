@@ -3,8 +3,10 @@ transformers, ray or vllm, so every heavy import sits inside the command that ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -12,6 +14,7 @@ import click
 from toolrl.cli.env import env as env_group
 from toolrl.cli.errors import UsageFailure, error_text, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
+from toolrl.run_dir import EveryTrajectoryFailed
 
 
 def _json_option(value: str | None, what: str) -> Any:
@@ -300,8 +303,9 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite:
     from toolrl.roles.trainer_group import TrainerFailed
 
     try:
-        user_errors(run_training, config, resume=resume, overwrite=overwrite,
-                    tools_origin=_tools_origin(config_path, config))
+        with every_trajectory_failed_exits_1():
+            user_errors(run_training, config, resume=resume, overwrite=overwrite,
+                        tools_origin=_tools_origin(config_path, config))
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
@@ -331,7 +335,20 @@ def rollout(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> No
     config = _load_config(config_path, overrides)
     from toolrl.roles.controller import run_rollout
 
-    user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
+    with every_trajectory_failed_exits_1():
+        user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
+
+
+@contextlib.contextmanager
+def every_trajectory_failed_exits_1() -> Iterator[None]:
+    """The exit code of rollout, eval and train: 0 when the command ran, even with trajectories that
+    ended in errors (recorded, and summarized on stderr: :class:`toolrl.run_dir.FailureTally`); 1,
+    after one line, when every trajectory failed."""
+    try:
+        yield
+    except EveryTrajectoryFailed as exc:
+        click.echo(f"error: {exc}: every trajectory failed", err=True)
+        sys.exit(1)
 
 
 @cli.command("eval", context_settings={"ignore_unknown_options": True})
@@ -360,8 +377,9 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, o
     if output is None:
         raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")
     config = _load_config(config_path, overrides)
-    summary = user_errors(ev.run_evaluation, config, Path(output), overwrite=overwrite,
-                          tools_origin=_tools_origin(config_path, config))
+    with every_trajectory_failed_exits_1():
+        summary = user_errors(ev.run_evaluation, config, Path(output), overwrite=overwrite,
+                              tools_origin=_tools_origin(config_path, config))
     ev.print_table({output: summary})
 
 

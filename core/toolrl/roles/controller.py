@@ -149,7 +149,11 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
     (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
     run = resolve_run(config, "train")
     run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
-    await train(run, run_dir)
+    try:
+        await train(run, run_dir)
+    finally:  # the trajectories that ended in errors, also when the run stops on an error of its own
+        run_dir.failures.report()
+    run_dir.failures.check()
     return run_dir.path
 
 
@@ -254,8 +258,10 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                                 tps=row["tokens_per_s"])
     finally:
         await roles.close()
+        run_dir.failures.report()
     if config.trainer.plot:
         run_dir.plot_curve()
+    run_dir.failures.check()
     return run_dir.path
 
 
