@@ -502,6 +502,29 @@ META = "meta.json"
 HF_FILES = "hf"
 
 
+def checkpoint_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of the model tensors a checkpoint holds (its DCP ``.metadata``, by the model's own
+    names), once every shard file the metadata names is there and long enough: a damaged checkpoint is
+    one ConfigError, read from its files before any model loads."""
+    from torch.distributed.checkpoint import FileSystemReader  # torch: only a resumed run reads shards
+
+    try:
+        metadata = FileSystemReader(str(checkpoint)).read_metadata()
+    except Exception as exc:  # unpickling a damaged file raises anything
+        raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be read "
+                          f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = (checkpoint / name).stat().st_size if (checkpoint / name).is_file() else None
+        if size is None or size < end:
+            raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded: {name} is "
+                              + ("missing" if size is None else f"cut short ({size} of {end} bytes)"))
+    return {key.removeprefix("model."): tuple(item.size) for key, item in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and hasattr(item, "size")}
+
+
 def staging_dir(ckpt_dir: Path, step: int) -> Path:
     """An empty directory for the ranks to write step ``step`` into."""
     tmp = ckpt_dir / f".tmp_step_{step:06d}"
