@@ -105,7 +105,7 @@ def check_resume(checkpoint: Path, model_dir: str) -> None:
                               f"{model_dir}")
 
 
-async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
+async def restore_checkpoint(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
     step and the data position."""
     ckpt = run_dir.latest_checkpoint()
@@ -196,7 +196,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
             raise ConfigError(f"engine.name: {reason}")
         start = position = 0
         if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-            start, position = await restore(roles, run_dir)
+            start, position = await restore_checkpoint(roles, run_dir)
         run_dir.start(config)  # the run starts: the first write to its directory
         lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
         # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
