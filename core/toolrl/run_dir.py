@@ -455,7 +455,7 @@ def reward_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """The figure of ``reward_curve.png``: the mean reward by step with a band of ± one standard deviation
     across the step's trajectories, and tool calls per trajectory on a second axis; integer step ticks,
     the legend below the axes (never over the data)."""
-    import matplotlib
+    import matplotlib  # lazy: a heavy import only the plot needs (every CLI command imports this module)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -488,7 +488,7 @@ def reward_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
 
 def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     """``reward_curve.png`` at ``out`` (:func:`reward_figure`, titled with the run directory's name)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as in reward_figure
 
     fig = reward_figure(rows, f"{out.parent.name}: reward by training step")
     fig.savefig(out, dpi=100)

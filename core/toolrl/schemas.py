@@ -36,7 +36,7 @@ class FunctionSchema(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _valid_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from jsonschema import Draft202012Validator
+        from jsonschema import Draft202012Validator  # lazy: about 1 s to import, and list-plugins needs none
         from jsonschema.exceptions import SchemaError
 
         try:
