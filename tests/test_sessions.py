@@ -289,3 +289,14 @@ async def test_a_tool_infrastructure_failure_ends_the_trajectory_and_a_model_err
         traj = await run_trajectory(context, SAMPLE, 0, f"t{x}", seed=0)
         assert traj.termination == termination and traj.turns == turns, (x, traj.termination, traj.error)
     assert traj.tool_results[0].status == "error" and "x must be even" in traj.tool_results[0].response.text
+
+
+class Gone(Customer):
+    async def respond(self, message):
+        raise InfrastructureError("user simulator endpoint: connection refused")
+
+
+async def test_a_user_simulator_that_is_gone_is_an_infrastructure_failure_with_no_score(tokenizer):
+    traj = await run_trajectory(ctx(tokenizer, TEXTS, Gone), SAMPLE, 0, "t0", seed=0)
+    assert traj.termination == "infra_error" and "connection refused" in traj.error and traj.turns == 1
+    assert traj.reward_terms == {} and CLOSED == ["t0"]

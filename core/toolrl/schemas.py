@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from toolrl import InfrastructureError as InfrastructureError  # re-exported beside ToolResult
+
 
 class FunctionSchema(BaseModel):
     """An OpenAI function declaration. ``parameters`` is a full JSON Schema (nested objects, arrays,
@@ -94,15 +96,6 @@ class ToolResponse(BaseModel):
     @classmethod
     def error(cls, text: str) -> ToolResponse:
         return cls(text=text, is_error=True)
-
-
-class InfrastructureError(RuntimeError):
-    """A failure of the infrastructure, not of the model: a sandbox or environment server that cannot
-    be reached or died, a connection lost, the environment's own deadline. Raise it (or a subclass)
-    from a tool's lifecycle methods or an environment session's methods; the trajectory then ends with
-    termination ``infra_error`` and is left out of the loss and out of its group's baseline
-    (:mod:`toolrl.data.batches`), never scored as a wrong answer. The model's own errors (a bad call,
-    code that raises or runs past its time limit) are ordinary errors: the model reads them."""
 
 
 class ToolResult(BaseModel):

@@ -307,7 +307,11 @@ class SessionRun:
     async def respond(self, message: str) -> str | None:
         if self.session is None:
             return None
-        value = await self._run("respond", self.session.respond, message)
+        try:
+            value = await self._run("respond", self.session.respond, message)
+        except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
+            self.fail(str(exc), isinstance(exc, InfrastructureError))
+            raise
         if value is not None and not isinstance(value, str):
             raise SessionError(f"session {self.name!r} respond must return a str or None, "
                                f"got {type(value).__name__}")

@@ -14,7 +14,6 @@ import click
 from toolrl.cli.env import env as env_group
 from toolrl.cli.errors import UsageFailure, error_text, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
-from toolrl.run_dir import EveryTrajectoryFailed
 
 
 def _json_option(value: str | None, what: str) -> Any:
@@ -344,6 +343,8 @@ def every_trajectory_failed_exits_1() -> Iterator[None]:
     """The exit code of rollout, eval and train: 0 when the command ran, even with trajectories that
     ended in errors (recorded, and summarized on stderr: :class:`toolrl.run_dir.FailureTally`); 1,
     after one line, when every trajectory failed."""
+    from toolrl.run_dir import EveryTrajectoryFailed  # lazy: run_dir imports pydantic, list-plugins must not
+
     try:
         yield
     except EveryTrajectoryFailed as exc:
