@@ -131,3 +131,29 @@ def test_rollout_tells_what_failed_on_stderr_and_fails_only_when_everything_did(
     quoted = [line for line in lines if line.startswith("  e1-")]
     assert len(quoted) == 3 and all("[infra_error]: SessionInfrastructureError: session" in q and "unreachable" in q
                                     for q in quoted), lines
+
+
+async def test_a_reward_whose_service_is_gone_is_an_infrastructure_failure_and_a_wrong_answer_is_not():
+    from scripted import ScriptedEngine
+    from toolrl.config import RewardConfig, RolloutConfig
+    from toolrl.model_sources import qwen_tokenizer
+    from toolrl.parsers.hermes import HermesParser
+    from toolrl.rollout import RolloutContext, Route, run_trajectory
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.schemas import Sample
+
+    def judge(response, ground_truth, **info):
+        if ground_truth == "judge down":
+            raise InfrastructureError("judge endpoint unreachable: connection refused")
+        return float(response.strip().endswith(ground_truth))
+
+    tokenizer = qwen_tokenizer("qwen2_5")
+    ctx = RolloutContext(engine=ScriptedEngine(tokenizer, ["<think>\n\n</think>\n\nThe answer is 5."]),
+                         renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                         config=RolloutConfig(max_response_tokens=256),
+                         routes={None: Route({}, 4, HermesParser(), [("judge", 1.0, judge)], RewardConfig())})
+    down, wrong = [await run_trajectory(ctx, Sample(prompt=[{"role": "user", "content": "2 + 2?"}], ground_truth=g),
+                                        0, g, seed=0) for g in ("judge down", "4.")]
+    assert down.termination == "infra_error" and "judge endpoint unreachable" in down.reward_errors["judge"]
+    assert wrong.termination == "answered" and wrong.reward == 0.0 and not wrong.reward_errors
+    assert trainable([down, wrong]) == []  # one left of its group: no baseline, dropped too
