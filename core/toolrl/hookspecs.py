@@ -81,7 +81,8 @@ def register_reward_functions(register: Register) -> None:
     ground truth and the trajectory record (tool calls, turns), returning a float; ``async def
     __call__`` for one that waits (a judge model), awaited without holding the rollout loop. A value
     that is not a finite number (or an exception) scores 0 and is recorded as the trajectory's error
-    and in its ``reward_errors``.
+    and in its ``reward_errors``; :class:`toolrl.InfrastructureError` (its service unreachable) makes
+    the trajectory ``infra_error``, not trained.
     """
 
 
