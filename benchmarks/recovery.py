@@ -73,7 +73,7 @@ async def kill_and_recover(group: object, source: str, directory: str) -> float:
 async def main_async(args: argparse.Namespace) -> None:
     import ray
     from toolrl.config import load_config
-    from toolrl.roles.controller import restore
+    from toolrl.roles.controller import restore_checkpoint
     from toolrl.roles.resolve import resolve_run
     from toolrl.roles.rollout_workers import init_ray
     from toolrl.roles.start import start_roles
@@ -127,7 +127,7 @@ async def main_async(args: argparse.Namespace) -> None:
         run = resolve_run(config, "train")
         roles = await start_roles(run)
         try:
-            await restore(roles, RunDir.open(work / "run", "resume"))
+            await restore_checkpoint(roles, RunDir.open(work / "run", "resume"))
             resumed.append(time.perf_counter() - t0)
             print(f"--resume start-up and restore: {resumed[-1]:.1f} s", flush=True)
         finally:

@@ -133,21 +133,18 @@ def test_resume_over_damaged_controller_files_names_the_file(saved_run, damage, 
     one_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2"), "--resume: ", expected)
 
 
-def last_error_line(result, *fragments):
-    """Past the model's loading (its progress on stderr), the run ends with one error line, exit 2."""
-    assert result.exit_code == 2, (result.exit_code, result.stderr)
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
-    for fragment in fragments:
-        assert fragment in last, (fragment, last)
-
-
 def test_resume_over_a_truncated_shard_or_another_model_names_the_checkpoint(saved_run):
+    """Found from the checkpoint's files and the model's config before any weight loads: one line, no
+    loading progress or torch warning before it."""
     path, ckpt = saved_run
-    last_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2",
-                           "model.tiny={hidden_size: 32, head_dim: 32}"),
-                    f"--resume: {ckpt}: the trainer's state cannot be loaded into this model (ValueError: Size mismatch")
+    one_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2",
+                          "model.tiny={hidden_size: 32, head_dim: 32}"),
+                   f"--resume: {ckpt}: the trainer's state cannot be loaded into this model: ",
+                   "model.embed_tokens.weight is [")
     shard = max((p for p in ckpt.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    last_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2"),
-                    f"--resume: {ckpt}: the trainer's state cannot be loaded")
+    one_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2"),
+                   f"--resume: {ckpt}: the trainer's state cannot be loaded: {shard.name} is cut short (")
+    (ckpt / ".metadata").write_bytes(b"garbage")
+    one_error_line(invoke("train", str(path), "--resume", "trainer.total_steps=2"),
+                   f"--resume: {ckpt}: the trainer's state cannot be read (")

@@ -149,12 +149,12 @@ def test_tokenizer_cache_is_reused(tmp_path):
 
 def test_cache_root_follows_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLRL_CACHE", str(tmp_path))
-    assert model_sources.cache_root() == tmp_path
+    assert model_sources.cache_dir_root() == tmp_path
     monkeypatch.delenv("TOOLRL_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert model_sources.cache_root() == tmp_path / "xdg" / "toolrl"  # the same root as the plugin verdicts
+    assert model_sources.cache_dir_root() == tmp_path / "xdg" / "toolrl"  # the same root as the plugin verdicts
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert model_sources.cache_root() == Path.home() / ".cache" / "toolrl"
+    assert model_sources.cache_dir_root() == Path.home() / ".cache" / "toolrl"
 
 
 def test_concurrent_builders_publish_one_complete_entry(tmp_path):
@@ -202,7 +202,7 @@ def test_tiny_qwen3_cached_and_runs(tiny_qwen3_path, qwen3_tokenizer):
     import torch
 
     assert model_sources.tiny_qwen3() == tiny_qwen3_path
-    assert Path(tiny_qwen3_path).parent == model_sources.cache_root() / "models"
+    assert Path(tiny_qwen3_path).parent == model_sources.cache_dir_root() / "models"
     model = model_sources.load_model(tiny_qwen3_path)
     assert not model.training
     ids = qwen3_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[CALCULATOR],

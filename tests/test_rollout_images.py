@@ -177,10 +177,10 @@ def test_jsonl_image_parts_become_sample_images(tmp_path):
 
 
 def test_samples_written_back_keep_their_images(tmp_path):
-    from toolrl.data import load_files, write_jsonl
+    from toolrl.data import load_files, write_samples
 
     sample = to_sample(SAMPLE_ROW, "geo.parquet row 1")
-    write_jsonl([sample], tmp_path / "out.jsonl")
+    write_samples([sample], tmp_path / "out.jsonl")
     [again] = load_files([tmp_path / "out.jsonl"])
     assert again.images == sample.images and again.prompt == sample.prompt
 

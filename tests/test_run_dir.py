@@ -110,7 +110,10 @@ def test_an_invalid_config_leaves_an_earlier_run_untouched(project, case):
     before = write_earlier_run(project / "run")
     for flags in ([], ["--resume"], ["--overwrite"]):
         line = error_line(invoke("train", project / "config.yaml", *overrides, *flags))
-        if flags or case not in AFTER_THE_CHECK:
+        if flags == ["--resume"] and case in AFTER_THE_CHECK:
+            # Its checkpoint holds no trainer shards: found from the files, before the engine's model loads.
+            assert "the trainer's state cannot be read" in line, line
+        elif flags or case not in AFTER_THE_CHECK:
             assert fragment in line, (flags, line)
         else:
             assert "holds an earlier run" in line, line

@@ -13,7 +13,7 @@ from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
 from toolrl.rollout.chat import ChatRenderer
-from toolrl.schemas import Sample
+from toolrl.schemas import InfrastructureError, Sample
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
 from toolrl.tools import Tool
 
@@ -195,8 +195,12 @@ async def test_faults_stay_in_their_trajectory_and_close_always_runs(tokenizer):
     reset, hang, junk, score, fine = await run_rollouts(context, samples, n=1, seed=0)
     assert reset.termination == "error" and "reset: RuntimeError: no episode" in reset.error
     assert reset.reward_terms == {} and not reset.tool_results
-    assert hang.tool_results[0].status == "timeout" and hang.termination == "answered"
+    # A failed step ends the trajectory at once (no more generations): a hang is the environment's
+    # failure (infra_error, not trained), junk the session's (error).
+    assert hang.tool_results[0].status == "timeout" and hang.termination == "infra_error" and hang.turns == 1
+    assert "step timed out after 0.5 s" in hang.error
     assert junk.tool_results[0].status == "error" and "StepResult" in junk.tool_results[0].response.text
+    assert junk.termination == "error" and junk.turns == 1 and "step: ToolReturnError" in junk.error
     assert score.termination == "answered" and score.reward_terms["faulty"] == 0.0
     assert "must be a number" in score.reward_errors["faulty"] and score.error
     assert fine.error is None and fine.reward_terms == {"steps": 0.0, "faulty": 1.0}
@@ -231,3 +235,68 @@ async def test_a_template_that_cannot_append_a_user_turn_says_so(qwen3_tokenizer
                                     Customer), SAMPLE, 0, "t0", seed=0)
     assert traj.termination == "error" and "not append-only for a user turn" in traj.error, traj.error
     assert CLOSED == ["t0"]
+
+
+class Dying(Counter):
+    """An episode whose server dies at the second step (raised as the infrastructure's failure), or
+    whose step raises an ordinary error at the first: either ends the trajectory then."""
+
+    async def reset(self, sample):
+        self.fault = sample.extra_info["fault"]
+        return Reset(tools=[schema("add")])
+
+    async def step(self, call):
+        self.count += 1
+        if self.fault == "dead" and self.count == 2:
+            raise InfrastructureError("connection to the environment server lost")
+        if self.fault == "bug":
+            raise KeyError("episode state")
+        return StepResult(response=f"add: {self.count}")
+
+
+async def test_a_failed_session_ends_its_trajectory_at_once(tokenizer):
+    samples = [Sample(prompt=[{"role": "user", "content": "Go."}], extra_info={"fault": f}, index=i)
+               for i, f in enumerate(["dead", "bug"])]
+    engine_calls = [call("add", x=1)] * 6
+    dead, bug = await run_rollouts(ctx(tokenizer, engine_calls, Dying, max_turns=6), samples, n=1, seed=0)
+    assert dead.termination == "infra_error" and dead.turns == 2, (dead.termination, dead.turns)
+    assert [r.status for r in dead.tool_results] == ["ok", "infra_error"]
+    assert "connection to the environment server lost" in dead.error
+    assert dead.reward_terms.get("dying") is None  # no score for what is not trained
+    assert bug.termination == "error" and bug.turns == 1 and "KeyError" in bug.error
+    assert bug.reward_terms["dying"] == 1.0  # the session's own bug: scored as before, the model trains on it
+    assert sorted(CLOSED) == sorted([dead.trajectory_id, bug.trajectory_id])
+
+
+class Unreachable(Tool):
+    """A tool whose server is unreachable (the infrastructure's failure) when the argument says so,
+    and whose ordinary errors are the model's."""
+
+    schema = schema("fetch")
+
+    async def execute(self, instance_id, arguments, **kwargs):
+        if arguments.get("x") == 0:
+            raise InfrastructureError("sandbox unreachable: connection refused")
+        if arguments.get("x") == 1:
+            raise ValueError("x must be even")
+        return "fetched", 0.0, {}
+
+
+async def test_a_tool_infrastructure_failure_ends_the_trajectory_and_a_model_error_does_not(tokenizer):
+    tools = {"fetch": Unreachable()}
+    for x, termination, turns in ((0, "infra_error", 1), (1, "answered", 2)):
+        context = ctx(tokenizer, [call("fetch", x=x), THINK + "Done."], tools=tools)
+        traj = await run_trajectory(context, SAMPLE, 0, f"t{x}", seed=0)
+        assert traj.termination == termination and traj.turns == turns, (x, traj.termination, traj.error)
+    assert traj.tool_results[0].status == "error" and "x must be even" in traj.tool_results[0].response.text
+
+
+class Gone(Customer):
+    async def respond(self, message):
+        raise InfrastructureError("user simulator endpoint: connection refused")
+
+
+async def test_a_user_simulator_that_is_gone_is_an_infrastructure_failure_with_no_score(tokenizer):
+    traj = await run_trajectory(ctx(tokenizer, TEXTS, Gone), SAMPLE, 0, "t0", seed=0)
+    assert traj.termination == "infra_error" and "connection refused" in traj.error and traj.turns == 1
+    assert traj.reward_terms == {} and CLOSED == ["t0"]

@@ -41,7 +41,7 @@ def test_model_loads_as_image_text_to_text(vlm):
     assert model.config.vision_end_token_id == tok.convert_tokens_to_ids("<|vision_end|>")
     assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
     assert type(model_sources.load_model(vlm)).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    assert model_sources.is_vision_model(vlm) and not model_sources.is_vision_model(model_sources.tiny_qwen3())
+    assert model_sources.is_vision_model_dir(vlm) and not model_sources.is_vision_model_dir(model_sources.tiny_qwen3())
     assert model_sources.load_processor(model_sources.tiny_qwen3()) is None
 
 

@@ -3,10 +3,22 @@
 Public plugin API: :data:`hookimpl` (decorate hook implementations), :mod:`toolrl.tools` (the
 ``Tool`` base class), :mod:`toolrl.schemas` (pydantic models at the boundaries), :mod:`toolrl.parsers`,
 :mod:`toolrl.rewards`, :mod:`toolrl.engines`, :mod:`toolrl.environments`, :mod:`toolrl.loggers`
-(docs/plugins.md lists them all). Heavy libraries are imported only where used.
+(docs/plugins.md lists them all), and :class:`InfrastructureError` (a failure of the environment,
+not of the model: never a reward). Heavy libraries are imported only where used.
 """
 
 from toolrl.hookspecs import hookimpl
 
-__all__ = ["hookimpl"]
+
+class InfrastructureError(RuntimeError):
+    """A failure of the infrastructure, not of the model: a sandbox or environment server that cannot
+    be reached or died, a connection lost, the environment's own deadline. Raise it (or a subclass)
+    from a tool's lifecycle methods or an environment session's methods; the trajectory then ends with
+    termination ``infra_error`` and is left out of the loss and out of its group's baseline
+    (:mod:`toolrl.data.batches`), never scored as a wrong answer. The model's own errors (a bad call,
+    code that raises or runs past its time limit) are ordinary errors: the model reads them. Defined
+    here, beside ``hookimpl``, so that raising it imports nothing (``toolrl.schemas`` re-exports it)."""
+
+
+__all__ = ["InfrastructureError", "hookimpl"]
 __version__ = "0.1.0"

@@ -66,7 +66,9 @@ def register_tools(register: Register) -> None:
     A tool declares its OpenAI function schema and implements the per-trajectory lifecycle
     ``create -> execute* -> calc_reward -> release``. Tool configs (``tools:`` YAML, verl's layout)
     name a tool by its registered name or an alias; ``Tool.from_config`` may expand one config entry
-    into several tools (the ``mcp`` tool does, one per server tool).
+    into several tools (the ``mcp`` tool does, one per server tool). A tool whose server cannot be
+    reached (connection lost, the server gone) raises :class:`toolrl.InfrastructureError`: the
+    trajectory ends with ``infra_error`` and is not trained; every other failure is the model's to read.
     """
 
 
@@ -79,7 +81,8 @@ def register_reward_functions(register: Register) -> None:
     ground truth and the trajectory record (tool calls, turns), returning a float; ``async def
     __call__`` for one that waits (a judge model), awaited without holding the rollout loop. A value
     that is not a finite number (or an exception) scores 0 and is recorded as the trajectory's error
-    and in its ``reward_errors``.
+    and in its ``reward_errors``; :class:`toolrl.InfrastructureError` (its service unreachable) makes
+    the trajectory ``infra_error``, not trained.
     """
 
 
@@ -177,7 +180,9 @@ def register_environment_sessions(register: Register) -> None:
     ends the trajectory), ``respond(message)`` after an answer without calls (the next user turn, or
     None to end), ``score(trajectory)`` (reward terms, named parts allowed) and ``close()``, always.
     An environment names its kind (``Environment.session``); ``session.name`` in a config overrides it.
-    A session that fails ends its own trajectory with an error, never another one.
+    A session that fails (raises, hangs, returns junk; ``step`` included) ends its own trajectory at
+    once with an error, never another one; one that raises :class:`toolrl.InfrastructureError` (its
+    server gone) or misses its deadline ends it with ``infra_error``, and the trajectory is not trained.
     """
 
 

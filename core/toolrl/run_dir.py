@@ -27,11 +27,12 @@ import os
 import random
 import shutil
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from toolrl.config import Config, ConfigError, one_line, read_json, read_text
 from toolrl.trajectory import Trajectory
@@ -69,6 +70,7 @@ class RunDir:
                  resumable: bool = True) -> None:
         self.path = Path(path)
         self.mode, self.field, self.resumable = mode, field, resumable
+        self.failures = FailureTally()  # the trajectories written here that ended in errors
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
@@ -196,6 +198,7 @@ class RunDir:
         not trained (a skipped group, rollout only). The controller writes the file once the step has
         trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
         rows = []
+        self.failures.add(trajs)
         for t in trajs:
             row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routes"})
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
@@ -223,6 +226,58 @@ class RunDir:
         """``reward_curve.png`` from ``metrics.jsonl`` (None: no rows)."""
         rows = self.read_metrics()
         return plot_rewards(rows, self.path / self.CURVE) if rows else None
+
+
+# -- the trajectories that ended in errors --------------------------------------------------------
+#
+# ``toolrl rollout``, ``eval`` and ``train`` record every trajectory, errors included; a failed trajectory
+# does not stop the command. So that failures are not found only by reading the records, the command
+# ends with a summary on stderr when any trajectory ended in an error: how many of how many, how many
+# were the infrastructure's (``infra_error``: not trained), the first few error lines. The exit code
+# stays 0 when some succeeded, and is 1 when every one failed (an environment that never worked).
+
+FAILURES_SHOWN = 3  # error lines quoted in the summary
+FAILURE_WIDTH = 200  # characters of each
+
+
+class EveryTrajectoryFailed(RuntimeError):
+    """Every trajectory of the command ended in an error; the message is the summary's first line."""
+
+
+class FailureTally:
+    """Trajectories seen, those that ended in an error, and the first error lines."""
+
+    def __init__(self) -> None:
+        self.total = self.failed = self.infrastructure = 0
+        self.first: list[str] = []
+
+    def add(self, trajs: Iterable[Trajectory]) -> None:
+        for t in trajs:
+            if t.termination == "forked":  # a piece: its trajectory is counted by its last piece
+                continue
+            self.total += 1
+            if t.termination not in ("error", "infra_error"):
+                continue
+            self.failed += 1
+            self.infrastructure += t.termination == "infra_error"
+            if len(self.first) < FAILURES_SHOWN:
+                self.first.append(f"{t.key} [{t.termination}]: {one_line(t.error or 'no error recorded')[:FAILURE_WIDTH]}")
+
+    def headline(self) -> str:
+        infra = f" ({self.infrastructure} of them infrastructure failures: not trained)" if self.infrastructure else ""
+        return f"{self.failed} of {self.total} trajectories ended in errors{infra}"
+
+    def report(self, file: TextIO | None = None) -> None:
+        """The summary on ``file`` (stderr), when any trajectory failed."""
+        if not self.failed:
+            return
+        lines = [self.headline() + (", first:" if self.first else "")] + [f"  {line}" for line in self.first]
+        print("\n".join(lines), file=file or sys.stderr, flush=True)
+
+    def check(self) -> None:
+        """Raise :class:`EveryTrajectoryFailed` when there were trajectories and none succeeded."""
+        if self.total and self.failed == self.total:
+            raise EveryTrajectoryFailed(self.headline())
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -327,6 +382,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "template_forks": forks,
         "template_fork_rate": forks / checks if checks else 0.0,
         "errors": sum(t.error is not None for t in trajs),
+        # Trajectories the infrastructure failed (toolrl.schemas.InfrastructureError): never trained.
+        "infra_failures": sum(t.termination == "infra_error" for t in trajs),
         # Tools that held the event loop (every trajectory stalls meanwhile) and lifecycle failures.
         "tool_loop_blocked_s": sum(t.loop_blocked_s for t in trajs),
         "tool_lifecycle_errors": sum(len(t.tool_errors) for t in trajs),
@@ -398,7 +455,7 @@ def reward_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
     """The figure of ``reward_curve.png``: the mean reward by step with a band of ± one standard deviation
     across the step's trajectories, and tool calls per trajectory on a second axis; integer step ticks,
     the legend below the axes (never over the data)."""
-    import matplotlib
+    import matplotlib  # lazy: a heavy import only the plot needs (every CLI command imports this module)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -431,7 +488,7 @@ def reward_figure(rows: Sequence[dict[str, Any]], title: str = "") -> Any:
 
 def plot_rewards(rows: Sequence[dict[str, Any]], out: Path) -> Path:
     """``reward_curve.png`` at ``out`` (:func:`reward_figure`, titled with the run directory's name)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as in reward_figure
 
     fig = reward_figure(rows, f"{out.parent.name}: reward by training step")
     fig.savefig(out, dpi=100)
@@ -443,6 +500,29 @@ META = "meta.json"
 
 
 HF_FILES = "hf"
+
+
+def checkpoint_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of the model tensors a checkpoint holds (its DCP ``.metadata``, by the model's own
+    names), once every shard file the metadata names is there and long enough: a damaged checkpoint is
+    one ConfigError, read from its files before any model loads."""
+    from torch.distributed.checkpoint import FileSystemReader  # torch: only a resumed run reads shards
+
+    try:
+        metadata = FileSystemReader(str(checkpoint)).read_metadata()
+    except Exception as exc:  # unpickling a damaged file raises anything
+        raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be read "
+                          f"({type(exc).__name__}: {one_line(str(exc))[:200]})") from None
+    ends: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        size = (checkpoint / name).stat().st_size if (checkpoint / name).is_file() else None
+        if size is None or size < end:
+            raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded: {name} is "
+                              + ("missing" if size is None else f"cut short ({size} of {end} bytes)"))
+    return {key.removeprefix("model."): tuple(item.size) for key, item in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and hasattr(item, "size")}
 
 
 def staging_dir(ckpt_dir: Path, step: int) -> Path:

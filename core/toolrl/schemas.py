@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from toolrl import InfrastructureError as InfrastructureError  # re-exported beside ToolResult
+
 
 class FunctionSchema(BaseModel):
     """An OpenAI function declaration. ``parameters`` is a full JSON Schema (nested objects, arrays,
@@ -36,7 +38,7 @@ class FunctionSchema(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _valid_json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
-        from jsonschema import Draft202012Validator
+        from jsonschema import Draft202012Validator  # lazy: about 1 s to import, and list-plugins needs none
         from jsonschema.exceptions import SchemaError
 
         try:
@@ -97,14 +99,15 @@ class ToolResponse(BaseModel):
 
 
 class ToolResult(BaseModel):
-    """The outcome of one call as recorded in a trajectory."""
+    """The outcome of one call as recorded in a trajectory. ``infra_error``: the tool raised
+    :class:`InfrastructureError` (the trajectory ends there, untrained)."""
 
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
     response: ToolResponse
     step_reward: float = 0.0
     metrics: dict[str, Any] = Field(default_factory=dict)
-    status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool"] = "ok"
+    status: Literal["ok", "error", "invalid_arguments", "timeout", "unknown_tool", "infra_error"] = "ok"
     latency_s: float = 0.0
     # Seconds the tool's code held the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or more): a
     # blocking call inside an async execute. Nonzero values deserve a metric and a fix.

@@ -15,7 +15,13 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
 
 The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session
 that raises, hangs (each call has a deadline, ``EnvironmentSession.timeout``) or returns something its
-contract does not allow ends that trajectory with an error, never another one. The tools a reset hands
+contract does not allow ends that trajectory at once with an error (termination ``error``), never
+another one; ``step`` included (a mistake of the model, such as an unknown id, is a ``StepResult``
+whose response is :meth:`ToolResponse.error`, which the model reads; a step that raises is the
+session failing). A failure of the environment rather than of the session's code (the session's
+server unreachable or gone, raised as :class:`toolrl.schemas.InfrastructureError`, or a deadline the
+environment missed) ends it with termination ``infra_error``: not trained, not in its group's
+baseline (:mod:`toolrl.data.batches`). The tools a reset hands
 out run through :class:`toolrl.tools.ToolSet` like every other tool (a schema becomes a
 :class:`SessionTool`, whose ``execute`` is the session's ``step``).
 """
@@ -25,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,9 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolrl.config import format_errors
 from toolrl.plugins.parts import NoOptions
 from toolrl.rewards.scoring import RewardValueError, named_terms
-from toolrl.schemas import Sample, ToolCall, ToolResponse, ToolSchema
+from toolrl.schemas import InfrastructureError, Sample, ToolCall, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools import Tool, ToolReturnError
-from toolrl.tools.guard import in_thread, run_guarded
+from toolrl.tools.guard import describe, in_thread, run_guarded
 from toolrl.trajectory import Trajectory
 
 log = logging.getLogger("toolrl.sessions")
@@ -70,6 +76,20 @@ class StepResult(BaseModel):
 
 class SessionError(RuntimeError):
     """A session call failed (raised, timed out, or returned what its contract does not allow)."""
+
+
+class SessionInfrastructureError(SessionError, InfrastructureError):
+    """A session call failed because the environment did: it raised InfrastructureError, or missed
+    its deadline."""
+
+
+def failure_after_calls(session: SessionRun, results: Sequence[ToolResult]) -> SessionError | InfrastructureError | None:
+    """Why a trajectory ends after its calls ran, although the model may go on: its session failed
+    (in a step), or a call failed for the infrastructure (``infra_error``). None: it goes on."""
+    if session.error is not None:
+        return session.failed()
+    broken = next((r for r in results if r.status == "infra_error"), None)
+    return None if broken is None else InfrastructureError(broken.response.text)
 
 
 class SharedParts:
@@ -189,19 +209,32 @@ class SessionRun:
         self.kind, self.trajectory_id = kind, trajectory_id
         self.session: EnvironmentSession | None = None
         self.error: str | None = None
+        self.infrastructure = False  # ``error`` is the environment's failure (SessionInfrastructureError)
         self.done = False  # a step reported the episode over
+        self.started = False  # reset and its tools were fine: the trajectory ran
         self.timeout = EnvironmentSession.timeout  # the built session's, once built
 
     @property
     def name(self) -> str:
         return self.kind.name if self.kind is not None else "session"
 
+    def fail(self, error: str, infrastructure: bool = False) -> None:
+        """Record the session's first failure: the loop ends the trajectory with it."""
+        if self.error is None:
+            self.error, self.infrastructure = error, infrastructure
+
+    def failed(self) -> SessionError:
+        """The recorded failure as the exception that ends the trajectory."""
+        assert self.error is not None
+        return (SessionInfrastructureError if self.infrastructure else SessionError)(self.error)
+
     async def _run(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
         run = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
-        if run.timed_out:
-            raise SessionError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
+        if run.timed_out:  # the environment's deadline, not the model's
+            raise SessionInfrastructureError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
         if run.error is not None:
-            raise SessionError(f"session {self.name!r} {method}: {run.error}")
+            raise (SessionInfrastructureError if run.infrastructure else SessionError)(
+                f"session {self.name!r} {method}: {run.error}")
         return run.value
 
     async def reset(self, sample: Sample) -> Reset:
@@ -219,7 +252,7 @@ class SessionRun:
             value = await self._run("reset", session.reset, sample)
             return self._checked_reset(value)
         except SessionError as exc:
-            self.error = str(exc)
+            self.fail(str(exc), isinstance(exc, InfrastructureError))
             return Reset()
 
     def _checked_reset(self, value: Any) -> Reset:
@@ -243,28 +276,42 @@ class SessionRun:
                 raise SessionError(f"session {self.name!r} reset hands out tool {tool.name!r}, which the route "
                                    "has already (set replace_tools to offer only the session's)")
             tools[tool.name] = tool
+        self.started = self.error is None
         return tools
 
     async def step(self, call: ToolCall) -> StepResult:
-        """The session's step, unguarded (its tool's call guards it); the result checked."""
+        """The session's step, unguarded (its tool's call guards it); the result checked. A step that
+        raises or returns junk fails the session (:meth:`fail`): the loop ends the trajectory."""
         assert self.session is not None
-        fn = self.session.step
+        try:
+            result = await self._step(self.session, call)
+        except Exception as exc:
+            self.fail(f"session {self.name!r} step: {describe(exc)}", isinstance(exc, InfrastructureError))
+            raise
+        self.done = self.done or result.done
+        return result
+
+    @staticmethod
+    async def _step(session: EnvironmentSession, call: ToolCall) -> StepResult:
+        fn = session.step
         value = await fn(call) if inspect.iscoroutinefunction(fn) else await in_thread(fn, (call,), {})
         if inspect.isawaitable(value):
             value = await value
         if isinstance(value, (str, ToolResponse)):
             value = StepResult(response=value)
         try:
-            result = value if isinstance(value, StepResult) else StepResult.model_validate(value)
+            return value if isinstance(value, StepResult) else StepResult.model_validate(value)
         except ValidationError as exc:
             raise ToolReturnError(f"step must return a StepResult: {format_errors(exc)}") from None
-        self.done = self.done or result.done
-        return result
 
     async def respond(self, message: str) -> str | None:
         if self.session is None:
             return None
-        value = await self._run("respond", self.session.respond, message)
+        try:
+            value = await self._run("respond", self.session.respond, message)
+        except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
+            self.fail(str(exc), isinstance(exc, InfrastructureError))
+            raise
         if value is not None and not isinstance(value, str):
             raise SessionError(f"session {self.name!r} respond must return a str or None, "
                                f"got {type(value).__name__}")
@@ -277,13 +324,15 @@ class SessionRun:
         if self.session is None:
             return {}
         try:
-            if self.error is not None:  # its reset failed: nothing to score
+            if not self.started or self.infrastructure:  # nothing to score (it is not trained)
                 return {}
             value = await self._run("score", self.session.score, traj)
             return {} if value is None else named_terms(self.name, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
             traj.reward_errors[self.name] = str(exc)
             traj.error = traj.error or str(exc)
+            if isinstance(exc, InfrastructureError):  # no score to give: the trajectory is not trained
+                traj.termination = "infra_error"
             return {self.name: 0.0}
         finally:
             await self.close(traj)
@@ -316,6 +365,14 @@ class SessionTool(Tool):
         result = await self.run.step(ToolCall(name=self.name, arguments=arguments))
         metrics = {**result.metrics, **({"done": True} if result.done else {})}
         return result.response, result.reward, metrics
+
+    async def call(self, instance_id: str, arguments: Any, **execute_kwargs: Any) -> ToolResult:
+        """The guarded call; a step past the session's deadline fails the session (the environment's
+        deadline: infrastructure)."""
+        result = await super().call(instance_id, arguments, **execute_kwargs)
+        if result.status == "timeout":
+            self.run.fail(f"session {self.run.name!r} step timed out after {self.timeout:g} s", infrastructure=True)
+        return result
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> None:
         """None: the session scores the trajectory (``score``), not its tools."""

@@ -16,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from toolrl.schemas import ParseError, ToolResult
 
 # "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite); "done": the
-# environment session ended the episode (toolrl.sessions).
-Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done"]
+# environment session ended the episode (toolrl.sessions); "infra_error": the infrastructure failed
+# (toolrl.schemas.InfrastructureError), so the trajectory is not trained and not in its group's baseline.
+Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done",
+                      "infra_error"]
 
 
 class TrajectoryImage(BaseModel):

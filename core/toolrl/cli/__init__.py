@@ -3,8 +3,10 @@ transformers, ray or vllm, so every heavy import sits inside the command that ne
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 import click
@@ -226,7 +228,7 @@ def _parse_in_time(parser: Any, parser_name: str, text: str, seconds: float) -> 
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds the parser may take; past them the command stops with an error.")
 @click.argument("source", default="-")
-def parse(parser_name: str, options_json: str | None, timeout: float, source: str) -> None:
+def parse_command(parser_name: str, options_json: str | None, timeout: float, source: str) -> None:
     """Parse a model output (FILE or - for stdin, UTF-8) into content, calls and errors, as JSON."""
     import gc
     from pathlib import Path
@@ -283,7 +285,7 @@ OVERWRITE_HELP = "Replace the run already in the output directory (its metrics, 
               "(with --resume) whenever it dies; see docs/recovery.md.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=10, show_default=True,
               help="With --supervise: restarts of the controller before giving up.")
-def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool, supervise: bool,
+def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool, supervise: bool,
           max_restarts: int) -> None:
     """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole
     run is checked before trainer.output_dir is written; a run already there is continued only with
@@ -300,8 +302,9 @@ def train(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite:
     from toolrl.roles.trainer_group import TrainerFailed
 
     try:
-        user_errors(run_training, config, resume=resume, overwrite=overwrite,
-                    tools_origin=_tools_origin(config_path, config))
+        with every_trajectory_failed_exits_1():
+            user_errors(run_training, config, resume=resume, overwrite=overwrite,
+                        tools_origin=_tools_origin(config_path, config))
     except TrainerFailed as exc:  # a dead rank: one line, then `--resume` continues from the checkpoint
         click.echo(f"error: {exc}; resume from the last checkpoint with --resume", err=True)
         sys.exit(1)
@@ -326,12 +329,27 @@ def interrupted_line(config: Any, argv: list[str]) -> str:
 @click.argument("config_path", metavar="CONFIG.yaml")
 @click.argument("overrides", nargs=-1)
 @click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
-def rollout(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> None:
+def rollout_command(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> None:
     """Run rollouts and rewards without training; same outputs as train."""
     config = _load_config(config_path, overrides)
     from toolrl.roles.controller import run_rollout
 
-    user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
+    with every_trajectory_failed_exits_1():
+        user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
+
+
+@contextlib.contextmanager
+def every_trajectory_failed_exits_1() -> Iterator[None]:
+    """The exit code of rollout, eval and train: 0 when the command ran, even with trajectories that
+    ended in errors (recorded, and summarized on stderr: :class:`toolrl.run_dir.FailureTally`); 1,
+    after one line, when every trajectory failed."""
+    from toolrl.run_dir import EveryTrajectoryFailed  # lazy: run_dir imports pydantic, list-plugins must not
+
+    try:
+        yield
+    except EveryTrajectoryFailed as exc:
+        click.echo(f"error: {exc}: every trajectory failed", err=True)
+        sys.exit(1)
 
 
 @cli.command("eval", context_settings={"ignore_unknown_options": True})
@@ -341,7 +359,7 @@ def rollout(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> No
 @click.option("--overwrite", is_flag=True, help="Replace the evaluation already in --output.")
 @click.option("--compare", "compare", type=click.Path(exists=True, file_okay=False),
               help="Print this eval directory's summary beside --output's (or the first argument's); runs nothing.")
-def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, overwrite: bool,
+def eval_command(config_path: str, overrides: tuple[str, ...], output: str | None, overwrite: bool,
              compare: str | None) -> None:
     """Evaluate on the held-out split: eval.num_samples problems, eval.n samples each at
     eval.temperature; writes OUTPUT/results.jsonl and OUTPUT/summary.json (an earlier evaluation
@@ -360,8 +378,9 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, o
     if output is None:
         raise UsageFailure("--output DIR is required (where results.jsonl and summary.json go)")
     config = _load_config(config_path, overrides)
-    summary = user_errors(ev.run_evaluation, config, Path(output), overwrite=overwrite,
-                          tools_origin=_tools_origin(config_path, config))
+    with every_trajectory_failed_exits_1():
+        summary = user_errors(ev.run_evaluation, config, Path(output), overwrite=overwrite,
+                              tools_origin=_tools_origin(config_path, config))
     ev.print_table({output: summary})
 
 
@@ -369,7 +388,7 @@ def evaluate(config_path: str, overrides: tuple[str, ...], output: str | None, o
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--step", type=int, default=None, help="Checkpoint step (default: the latest).")
-def export(run_dir: str, out_dir: str, step: int | None) -> None:
+def export_command(run_dir: str, out_dir: str, step: int | None) -> None:
     """Write a checkpoint of RUN_DIR as a Hugging Face model directory OUT_DIR (safetensors, config,
     tokenizer), loadable with from_pretrained and by the vLLM engine."""
     from pathlib import Path

@@ -189,7 +189,7 @@ def load_files(paths: list[Path], field: str = "data.train_files") -> list[Sampl
     return samples
 
 
-def write_jsonl(samples: list[Sample], path: Path) -> None:
+def write_samples(samples: list[Sample], path: Path) -> None:
     """Write samples back in verl's row layout."""
     with path.open("w") as f:
         for s in samples:

@@ -19,6 +19,12 @@ off. Steps take groups in group order; the checkpoint records the first group no
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
   takes the next group instead, up to :data:`MAX_GROUPS_PER_STEP` batches' worth of groups.
 
+Infrastructure failures are never rewards: whichever the schedule, a trajectory that ended with
+``infra_error`` (:class:`toolrl.schemas.InfrastructureError`: a sandbox unreachable, an environment
+server gone) is left out of the step's loss and out of its group's baseline (:func:`trainable`), and a
+group it leaves with fewer than two trajectories is dropped whole; the step's ``infra_failures`` counts
+them (:func:`toolrl.run_dir.rollout_metrics`). They stay in ``generated`` (traces, rollout metrics).
+
 The staleness bound: a group trained in step ``s`` (1-based) must start on weights of version
 ``v >= (s - 1) - k`` (a version counts trainer steps applied). When a group starts, the step it
 will be trained in is not known (groups before it may yet be skipped), but it is at most the step
@@ -107,13 +113,13 @@ class StepBatch:
                 "groups_generated": len(self.groups) + len(self.skipped), "groups_skipped": len(self.skipped)}
 
     def save(self, file: Path) -> None:
-        """Into a checkpoint: a batch generated ahead of its step (:class:`OneStepOff`: no group
-        skipped), every float as it is."""
+        """Into a checkpoint: a batch generated ahead of its step (:class:`OneStepOff`), every
+        trajectory generated (those its infrastructure failures leave out are left out again on
+        :meth:`load`), every float as it is."""
         import torch
 
-        assert not self.skipped
-        torch.save({"groups": self.groups, "end": self.end, "rollout_s": self.rollout_s,
-                    "trajectories": [t.model_dump() for t in self.trajectories]}, file)
+        torch.save({"groups": self.groups, "skipped": self.skipped, "end": self.end, "rollout_s": self.rollout_s,
+                    "trajectories": [t.model_dump() for t in self.generated]}, file)
 
     @classmethod
     def load(cls, file: Path) -> StepBatch:
@@ -123,9 +129,26 @@ class StepBatch:
         try:
             state = torch.load(file, weights_only=False)
             trajs = [Trajectory.model_validate(t) for t in state["trajectories"]]
-            return cls(list(state["groups"]), [], trajs, trajs, int(state["end"]), 0.0, float(state["rollout_s"]))
+            return cls(list(state["groups"]), list(state.get("skipped", [])), trainable(trajs), trajs,
+                       int(state["end"]), 0.0, float(state["rollout_s"]))
         except Exception as exc:  # unpickling garbage raises anything
             raise ConfigError(f"--resume: {file}: not a batch generated ahead ({one_line(str(exc))[:200]})") from None
+
+
+def trainable(trajs: Sequence[Trajectory]) -> list[Trajectory]:
+    """What of ``trajs`` (one group or several, told apart by ``Trajectory.group``) may be trained:
+    trajectories that ended with ``infra_error`` are left out (every piece of a forked one),
+    and so is every trajectory of a group they leave with fewer than two: it has no baseline left. A
+    group that lost none is kept whatever its size (``rollout.n: 1``)."""
+    failed = {t.key for t in trajs if t.termination == "infra_error"}
+    if not failed:
+        return list(trajs)
+    lost = {t.group for t in trajs if t.key in failed}
+    left: dict[int, set[str]] = {}
+    for t in trajs:
+        if t.key not in failed:
+            left.setdefault(t.group, set()).add(t.key)
+    return [t for t in trajs if t.key not in failed and (t.group not in lost or len(left[t.group]) >= 2)]
 
 
 def zero_variance(trajs: Sequence[Trajectory]) -> bool:
@@ -149,7 +172,11 @@ class StepBatches:
         trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
                                         id_prefix=f"t{step + 1}-")
         self.position = first + size
-        return StepBatch(list(range(first, self.position)), [], trajs, trajs, self.position, began, time.perf_counter())
+        kept = trainable(trajs)
+        # A group its infrastructure failures dropped whole counts as skipped.
+        skipped = [first + g for g in sorted({t.group for t in trajs} - {t.group for t in kept})]
+        groups = [g for g in range(first, self.position) if g not in skipped]
+        return StepBatch(groups, skipped, kept, trajs, self.position, began, time.perf_counter())
 
     def set_version(self, version: int) -> None:
         """Nothing runs between steps."""
@@ -291,14 +318,15 @@ class GroupStream:
     def _assign(self) -> None:
         """Finished groups, in group order, to the filling step; a full step is ready to train."""
         while self.consumed in self.finished:
-            g, trajs = self.consumed, self.finished.pop(self.consumed)
+            g, generated = self.consumed, self.finished.pop(self.consumed)
             batch = self.filling
-            if self.skip and zero_variance(trajs):
+            trajs = trainable(generated)
+            if not trajs or (self.skip and zero_variance(trajs)):
                 batch.skipped.append(g)
             else:
                 batch.groups.append(g)
                 batch.trajectories += trajs
-            batch.generated += trajs
+            batch.generated += generated
             began, ended = self.times.pop(g)
             batch.began, batch.ended = min(batch.began, began), max(batch.ended, ended)
             self.consumed = batch.end = g + 1

@@ -221,11 +221,11 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
-        from toolrl.engines.vision import VisionInputs
+        from toolrl.engines.vision import PromptVision
 
         self.model = model
         # A vision-language model's prompt inputs (images, 3-D positions); None: a text model.
-        self.vision = VisionInputs(model, processor) if processor is not None else None
+        self.vision = PromptVision(model, processor) if processor is not None else None
         self.config = config
         self._tokenizer = tokenizer
         self._tokenizer_path = tokenizer_path

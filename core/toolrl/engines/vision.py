@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 
-class VisionInputs:
+class PromptVision:
     """A vision-language model's prompt inputs, from its processor and its ``get_rope_index``."""
 
     def __init__(self, model: Any, processor: Any) -> None:

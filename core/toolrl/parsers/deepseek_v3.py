@@ -45,7 +45,7 @@ def call_end(text: str, start: int, stop: int) -> int:
     return end + len(CALL_END)
 
 
-def decode_call(body: str) -> ToolCall:
+def decode_deepseek_call(body: str) -> ToolCall:
     """One call from the text between ``<｜tool▁call▁begin｜>`` and ``<｜tool▁call▁end｜>``."""
     m = _CALL.match(body)
     if m is None:
@@ -61,7 +61,7 @@ def decoded(raw: str) -> ToolCall | ParseError:
     if not raw.endswith(CALL_END):
         return ParseError(message=f"unterminated tool call: missing {CALL_END}", raw=raw)
     try:
-        return decode_call(raw[len(CALL):-len(CALL_END)])
+        return decode_deepseek_call(raw[len(CALL):-len(CALL_END)])
     except ValueError as exc:
         return ParseError(message=str(exc), raw=raw)
 

@@ -38,7 +38,7 @@ def function_name(recipient: str) -> str | None:
 
 
 @dataclass(slots=True)
-class Message:
+class HarmonyMessage:
     """One message: its header is ``text[start:header_end]``, its body runs to ``body_end``, and
     ``end`` is past its closing token (``ending``; None when the text or the next message cuts it)."""
 
@@ -49,9 +49,9 @@ class Message:
     ending: str | None
 
 
-def messages(text: str) -> list[Message]:
+def messages(text: str) -> list[HarmonyMessage]:
     """The messages of a response, in one pass over its harmony tokens."""
-    found: list[Message] = []
+    found: list[HarmonyMessage] = []
     start, header_end = 0, -1
     for m in _TOKENS.finditer(text):
         token = m.group()
@@ -59,14 +59,14 @@ def messages(text: str) -> list[Message]:
             header_end = m.start() if header_end == -1 else header_end
         elif token != START:
             if header_end != -1:
-                found.append(Message(start, header_end, m.start(), m.end(), token))
+                found.append(HarmonyMessage(start, header_end, m.start(), m.end(), token))
             start, header_end = m.end(), -1
         else:
             if header_end != -1:
-                found.append(Message(start, header_end, m.start(), m.start(), None))
+                found.append(HarmonyMessage(start, header_end, m.start(), m.start(), None))
             start, header_end = m.start(), -1
     if header_end != -1:
-        found.append(Message(start, header_end, len(text), len(text), None))
+        found.append(HarmonyMessage(start, header_end, len(text), len(text), None))
     return found
 
 

@@ -54,7 +54,7 @@ class _ToolTags:
         return found if found >= 0 else len(self.text)
 
 
-def decode_call(body: str) -> tuple[ToolCall | str, bool]:
+def decode_hermes_call(body: str) -> tuple[ToolCall | str, bool]:
     """A call from the JSON between the tags, or the reason it is malformed; and whether the JSON
     decoded whole (then its strings are certain, and so is where it ends)."""
     if not body.strip():
@@ -96,7 +96,7 @@ def _call(text: str, start: int, stop: int, tool_tags: _ToolTags) -> tuple[int, 
     body = start + len(OPEN)
     if text.startswith(CLOSE, stop):
         json_text = text[body:stop]
-        outcome, decoded = decode_call(json_text)
+        outcome, decoded = decode_hermes_call(json_text)
         # JSON that decodes, or no tool-call tag inside (read as plain text it ends here too): done.
         if decoded or "<" not in json_text or tool_tags.after(body) == stop:
             return stop + len(CLOSE), outcome
@@ -105,7 +105,7 @@ def _call(text: str, start: int, stop: int, tool_tags: _ToolTags) -> tuple[int, 
         return stop, UNTERMINATED
     # Broken JSON: tags in it are plain text, so the call cannot reach past the next tool-call tag.
     if text.startswith(CLOSE, plain):
-        return plain + len(CLOSE), decode_call(text[body:plain])[0]
+        return plain + len(CLOSE), decode_hermes_call(text[body:plain])[0]
     return plain, UNTERMINATED
 
 

@@ -29,7 +29,7 @@ _CALL_START = re.compile(r'\{\s*"name"\s*:')  # JSON that sets out to be a call
 _AFTER_CALL = re.compile(r"(?:\s*;)?")  # the separator after a call, which is not content
 
 
-def decode_call(obj: Any) -> ToolCall:
+def decode_llama3_call(obj: Any) -> ToolCall:
     if not isinstance(obj, dict):
         raise ValueError(f"tool call must be a JSON object with 'name' and 'parameters', got {type(obj).__name__}")
     name = obj.get("name")
@@ -77,7 +77,7 @@ class Llama3JsonParser(ToolParser):
                 errors.append(ParseError(message="unterminated tool call: its JSON never closes", raw=raw))
                 return len(text)
             try:
-                calls.append(decode_call(decode_json(raw, "tool call")))
+                calls.append(decode_llama3_call(decode_json(raw, "tool call")))
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=raw))
             pos = end
@@ -113,7 +113,7 @@ class Llama3JsonParser(ToolParser):
             if isinstance(obj, dict) and "name" in obj and ("parameters" in obj or "arguments" in obj):
                 content.append(text[pos:start])
                 try:
-                    calls.append(decode_call(obj))
+                    calls.append(decode_llama3_call(obj))
                 except ValueError as exc:
                     errors.append(ParseError(message=str(exc), raw=text[start:end]))
                 end = _AFTER_CALL.match(text, end).end()  # type: ignore[union-attr]

@@ -26,7 +26,7 @@ from toolrl.parsers import ToolParser
 from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
 
 
-class Route(BaseModel):
+class TagRoute(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tool: str
     argument: str
@@ -34,8 +34,8 @@ class Route(BaseModel):
 
 class TagOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    tags: dict[str, Route] = {}
-    fences: dict[str, Route] = {}
+    tags: dict[str, TagRoute] = {}
+    fences: dict[str, TagRoute] = {}
 
 
 class TagParser(ToolParser):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrl.config import RewardConfig
-from toolrl.schemas import Sample
+from toolrl.schemas import InfrastructureError, Sample
 from toolrl.trajectory import Trajectory
 
 # (name, weight, callable): one configured reward function.
@@ -135,6 +135,8 @@ def combine(functions: RewardFunctions, weights: RewardConfig, traj: Trajectory,
             terms[name] = 0.0
             traj.reward_errors[name] = f"{type(failure).__name__}: {failure}"
             traj.error = traj.error or f"reward {name}: {traj.reward_errors[name]}"
+            if isinstance(failure, InfrastructureError):  # e.g. a judge's endpoint gone: no score, not trained
+                traj.termination = "infra_error"
     if traj.tool_rewards:
         terms["tools"] = weights.tool_reward_weight * sum(traj.tool_rewards.values())
     if step_rewards:

@@ -55,6 +55,7 @@ from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import (
     HF_FILES,
     RunDir,
+    checkpoint_shapes,
     finalize,
     open_mode,
     read_meta,
@@ -85,7 +86,26 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
                                keep=config.trainer.keep_checkpoints)
 
 
-async def restore(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
+def check_resume(checkpoint: Path, model_dir: str) -> None:
+    """Before the model loads: the checkpoint's files whole (:func:`toolrl.run_dir.checkpoint_shapes`)
+    and its model tensors the shapes of this run's model (built on the meta device: no weights read),
+    so that a damaged checkpoint, or one of another model, is one line with nothing loaded."""
+    import torch  # lazy, as every model-building import of the controller: only a resumed run builds one here
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    saved = checkpoint_shapes(checkpoint)
+    config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    for name, tensor in model.state_dict().items():
+        if name in saved and tuple(tensor.shape) != saved[name]:
+            raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded into this model: "
+                              f"{name} is {list(saved[name])} in the checkpoint, {list(tensor.shape)} in "
+                              f"{model_dir}")
+
+
+async def restore_checkpoint(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
     step and the data position."""
     ckpt = run_dir.latest_checkpoint()
@@ -149,7 +169,13 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
     (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
     run = resolve_run(config, "train")
     run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
-    await train(run, run_dir)
+    if run_dir.mode == "resume":  # a damaged checkpoint, or another model's: one line before the model loads
+        check_resume(run_dir.latest_checkpoint(), run.model_dir)
+    try:
+        await train(run, run_dir)
+    finally:  # the trajectories that ended in errors, also when the run stops on an error of its own
+        run_dir.failures.report()
+    run_dir.failures.check()
     return run_dir.path
 
 
@@ -170,7 +196,7 @@ async def train(run: ResolvedRun, run_dir: RunDir) -> None:
             raise ConfigError(f"engine.name: {reason}")
         start = position = 0
         if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-            start, position = await restore(roles, run_dir)
+            start, position = await restore_checkpoint(roles, run_dir)
         run_dir.start(config)  # the run starts: the first write to its directory
         lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
         # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
@@ -254,8 +280,10 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                                 tps=row["tokens_per_s"])
     finally:
         await roles.close()
+        run_dir.failures.report()
     if config.trainer.plot:
         run_dir.plot_curve()
+    run_dir.failures.check()
     return run_dir.path
 
 

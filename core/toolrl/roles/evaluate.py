@@ -143,7 +143,12 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
     holding an earlier evaluation only with ``overwrite``) and return the summary."""
     run = resolve_run(config, "eval")
     run_dir = RunDir.open(output, open_mode(False, overwrite), field="--output", resumable=False)
-    return await evaluate(run, run_dir, progress)
+    try:
+        summary = await evaluate(run, run_dir, progress)
+    finally:
+        run_dir.failures.report()
+    run_dir.failures.check()
+    return summary
 
 
 async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = None) -> dict[str, Any]:
@@ -184,6 +189,7 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
     finally:
         await roles.close()
     summary = {"model": config.model.source, "engine": config.engine.name, **summarize(results, config, wall_s)}
+    run_dir.failures.add(t for *_, t in results)
     run_dir.write_results(result_rows(results, config, roles.tokenizer), summary)
     return summary
 

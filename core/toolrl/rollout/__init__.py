@@ -37,8 +37,16 @@ from toolrl.parsers import ToolParser, parse_within
 from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
 from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
-from toolrl.schemas import ParseError, Sample, ToolCall, ToolKwargs, ToolResponse, ToolResult
-from toolrl.sessions import SessionError, SessionKind, SessionRun
+from toolrl.schemas import (
+    InfrastructureError,
+    ParseError,
+    Sample,
+    ToolCall,
+    ToolKwargs,
+    ToolResponse,
+    ToolResult,
+)
+from toolrl.sessions import SessionError, SessionKind, SessionRun, failure_after_calls
 from toolrl.tools import Tool, ToolSet
 from toolrl.trajectory import Termination, Trajectory, TrajectoryImage, trajectory_seed
 
@@ -111,8 +119,9 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         traj = ep.traj
         try:
             if ep.session.error is not None:
-                raise SessionError(ep.session.error)
+                raise ep.session.failed()
             await ep.toolset.start()
+            ep.toolset.check_infrastructure()  # a tool whose server is down: nothing to train on
             ending = None
             while ending is None:
                 ending = await take_turn(ep)
@@ -120,7 +129,9 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         except TemplateRewriteError:
             raise  # template_rewrite: refuse stops the run
         except Exception as exc:  # a broken engine/tool/session must not take the other trajectories down
-            traj.termination, traj.error = "error", f"{type(exc).__name__}: {exc}"
+            # toolrl.schemas.InfrastructureError: the environment failed, not the model (not trained).
+            traj.termination = "infra_error" if isinstance(exc, InfrastructureError) else "error"
+            traj.error = f"{type(exc).__name__}: {exc}"
         finally:
             await finish_tools(ep)
     await scoring.score(route.reward_functions, route.reward_config, traj, sample, ep.step_rewards,
@@ -208,6 +219,8 @@ async def take_turn(ep: _Episode) -> Termination | None:
     if ending is not None:
         return ending
     results = await execute(ep, calls)
+    if (failure := failure_after_calls(ep.session, results)) is not None:  # a failed session ends it at once
+        raise failure
     if ep.session.done:  # the environment ended the episode
         return "done"
     if traj.turns >= ep.route.max_turns:  # no further generation would read the results
@@ -454,6 +467,8 @@ async def finish_tools(ep: _Episode) -> None:
     traj.loop_blocked_s = sum(r.loop_blocked_s for r in traj.tool_results)
     if traj.tool_errors and traj.error is None:
         traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
+    if toolset.infrastructure is not None:  # e.g. calc_reward could not reach its server: no reward to train on
+        traj.termination, traj.error = "infra_error", traj.error or toolset.infrastructure
     ep.session_terms = await asyncio.shield(ep.session.finish(traj))
     ep.engine.end_session(traj.key)
 

@@ -649,7 +649,7 @@ async def check_return_types(
     return value
 
 
-def resolve_path(path: str | os.PathLike, relative_to: str | os.PathLike) -> Path:
+def path_beside(path: str | os.PathLike, relative_to: str | os.PathLike) -> Path:
     """``path`` as given when absolute, else relative to the directory ``relative_to`` (a test file)."""
     p = Path(path)
     return p if p.is_absolute() else Path(relative_to).resolve().parent / p

@@ -56,7 +56,7 @@ class ToolConformance:
     def _config_file(self) -> str | None:
         if self.tools_config_file is None:
             return None
-        return str(checks.resolve_path(self.tools_config_file, inspect.getfile(type(self))))
+        return str(checks.path_beside(self.tools_config_file, inspect.getfile(type(self))))
 
     async def _build_tool(self) -> Tool:
         if not self.tool_name:

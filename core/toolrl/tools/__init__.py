@@ -13,6 +13,9 @@ Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread
 have (see :mod:`toolrl.tools.guard`): arguments are validated against the JSON Schema, each call has a hard
 deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
 that are not JSON) become error responses the model reads, and calc_reward/release always run.
+A tool that raises :class:`toolrl.schemas.InfrastructureError` (its server is unreachable, its
+connection dropped) gives the status ``infra_error`` instead: the rollout loop ends that trajectory and
+training leaves it out, rather than score the model for the infrastructure's failure.
 With ``isolation: process`` in its tool config the tool runs in a worker process (:mod:`toolrl.tools.isolation`;
 the tool-config loader, :func:`toolrl.tools.verl_config.build_entry`, makes that choice).
 """
@@ -31,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolrl.config import format_errors
 from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_parts
-from toolrl.schemas import ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
+from toolrl.schemas import InfrastructureError, ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
 from toolrl.tools.shared import SharedResources as SharedResources  # re-exported: one resource per trajectory
 
@@ -93,7 +96,7 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
 def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> str | None:
     """Check ``arguments`` against a JSON Schema (or a compiled validator); None when valid, else a
     message naming each field."""
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator  # lazy: about 1 s to import; only calls need it
 
     validator = Draft202012Validator(schema) if isinstance(schema, dict) else schema
     errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
@@ -232,7 +235,7 @@ class Tool:
         if not isinstance(arguments, dict):
             return f"arguments must be a JSON object, got {type(arguments).__name__}"
         if self._validator is None:
-            from jsonschema import Draft202012Validator
+            from jsonschema import Draft202012Validator  # lazy: as above
 
             self._validator = Draft202012Validator(self.tool_schema.function.parameters)
         return describe_argument_errors(self._validator, arguments)
@@ -267,7 +270,8 @@ class Tool:
             return result(ToolResponse.error(f"Error: tool '{self.name}' timed out after {self.timeout:g} s{held}"),
                           "timeout")
         if run.error is not None:
-            return result(ToolResponse.error(f"Error executing tool '{self.name}': {run.error}"), "error")
+            return result(ToolResponse.error(f"Error executing tool '{self.name}': {run.error}"),
+                          "infra_error" if run.infrastructure else "error")
         try:
             response, step_reward, metrics = coerce_execute_result(run.value)
         except ToolReturnError as exc:
@@ -301,6 +305,8 @@ class ToolSet:
         self.instances: dict[str, str] = {}
         self.create_errors: dict[str, str] = {}
         self.finish_errors: dict[str, str] = {}
+        # The first lifecycle stage that failed with InfrastructureError ("tool 'x' create: ..."), if any.
+        self.infrastructure: str | None = None
         self.reward_parts: dict[str, float] = {}  # "tool.part" -> value, from calc_reward mappings
         self.loop_blocked_s = 0.0  # seconds tool code held the event loop in this trajectory, all stages
 
@@ -315,6 +321,8 @@ class ToolSet:
         run = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
                                 self.lifecycle_timeout)
         self.loop_blocked_s += run.blocked_s
+        if run.infrastructure and self.infrastructure is None:
+            self.infrastructure = f"tool {name!r} {method}: {run.error}"
         return run
 
     @staticmethod
@@ -336,6 +344,11 @@ class ToolSet:
                 self.create_errors[name] = problem
 
         await asyncio.gather(*(create(n) for n in self.tools))
+
+    def check_infrastructure(self) -> None:
+        """Raise :class:`InfrastructureError` when a lifecycle stage failed with one."""
+        if self.infrastructure is not None:
+            raise InfrastructureError(self.infrastructure)
 
     async def call(self, call: ToolCall) -> ToolResult:
         tool = self.tools.get(call.name)

@@ -30,6 +30,8 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.schemas import InfrastructureError
+
 log = logging.getLogger("toolrl.tools")
 
 LOOP_BLOCK_S = 0.1  # a coroutine step this long is the tool holding the event loop
@@ -40,11 +42,13 @@ _WATCHDOG_POLL_S = 0.25
 @dataclass
 class Guarded:
     """The outcome of :func:`run_guarded`. ``error`` is set for exceptions (``TypeName: message``);
-    ``timed_out`` when the deadline passed, however the code behaved."""
+    ``timed_out`` when the deadline passed, however the code behaved; ``infrastructure`` when the
+    exception was a :class:`toolrl.schemas.InfrastructureError`."""
 
     value: Any = None
     error: str | None = None
     timed_out: bool = False
+    infrastructure: bool = False
     elapsed_s: float = 0.0
     blocked_s: float = 0.0
     # The task running the code; still running after a timeout when the code has not honoured its
@@ -178,8 +182,8 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
         task.add_done_callback(lambda t: _report_late(t, label, timeout, start))
     elif task.cancelled():  # the code cancelled itself
         outcome.error = "CancelledError: the call was cancelled"
-    elif task.exception() is not None:
-        outcome.error = describe(task.exception())  # type: ignore[arg-type]
+    elif (exc := task.exception()) is not None:
+        outcome.error, outcome.infrastructure = describe(exc), isinstance(exc, InfrastructureError)
     elif outcome.elapsed_s > timeout and outcome.blocked_s:  # it held the loop past its own deadline
         outcome.timed_out = True
     else:

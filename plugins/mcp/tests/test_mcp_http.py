@@ -68,10 +68,10 @@ async def test_http_server_killed_then_back(tmp_path: Path, http_server: HTTPSer
         http_server.kill()
         start = time.perf_counter()
         lost = await in_flight
-        assert lost.status == "error" and time.perf_counter() - start < 3
+        assert lost.status == "infra_error" and time.perf_counter() - start < 3
 
         down = [await call(tools["add"], {"a": 1, "b": 1}) for _ in range(3)]
-        assert all(r.status == "error" for r in down), [r.response.text for r in down]
+        assert all(r.status == "infra_error" for r in down), [r.response.text for r in down]
         assert any("unavailable" in r.response.text or "cannot connect" in r.response.text for r in down)
 
         http_server.start()

@@ -123,7 +123,7 @@ async def test_killed_server_gives_errors_then_is_restarted(tmp_path: Path) -> N
         os.kill(pid, signal.SIGKILL)
         start = time.perf_counter()
         lost = await in_flight
-        assert lost.status == "error" and "connection lost" in lost.response.text
+        assert lost.status == "infra_error" and "connection lost" in lost.response.text
         assert time.perf_counter() - start < 2, "the in-flight call waited for its timeout"
 
         statuses = []

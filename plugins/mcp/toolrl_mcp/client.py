@@ -26,6 +26,7 @@ import mcp.types as types
 import toolrl
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.types.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
+from toolrl.schemas import InfrastructureError
 
 from toolrl_mcp.config import ServerSpec
 
@@ -36,8 +37,9 @@ T = TypeVar("T")
 CLIENT_INFO = types.Implementation(name="toolrl", version=toolrl.__version__)
 
 
-class ServerUnavailable(ConnectionError):
-    """The server cannot be reached now; the message says why and when the next attempt is."""
+class ServerUnavailable(ConnectionError, InfrastructureError):
+    """The server cannot be reached now; the message says why and when the next attempt is. An
+    infrastructure failure (toolrl.schemas.InfrastructureError): the trajectory it hits is not trained."""
 
 
 def describe_error(exc: BaseException) -> str:

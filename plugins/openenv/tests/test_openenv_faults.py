@@ -1,5 +1,6 @@
-"""A server that hangs or dies mid-run gives error results and no reward (an error, never a made-up 0);
-the trajectories end, the run completes, and every episode is closed."""
+"""A server that hangs or dies mid-run ends the trajectories it serves at once as infrastructure
+failures (``infra_error``: no reward, not trained, never a made-up 0); the run completes, and every
+episode is closed."""
 
 from __future__ import annotations
 
@@ -38,22 +39,22 @@ async def test_hung_then_killed_server_gives_errors_and_the_run_completes() -> N
         before = await rollout(options, rows, {"s": [call("deposit", amount=1), "Done."]}, built=built)
         assert all(t.tool_results[0].status == "ok" and t.reward == 0.0 for t in before)
 
-        # Every episode open, then the server hangs (SIGSTOP): their calls time out as error results.
+        # Every episode open, then the server hangs (SIGSTOP): the first call times out and ends each one.
         hung = {"s": [call("deposit", amount=1), call("deposit", amount=1), "Done."]}
         t0 = time.monotonic()
         during = await rollout(options, rows, hung, built=built, engine=Gate(len(rows), local.process.pid))
         assert time.monotonic() - t0 < 60
         for t in during:
-            assert [r.status for r in t.tool_results] == ["error", "error"], t.tool_results
-            assert "timed out" in t.tool_results[0].response.text
-            assert "no reward" in t.reward_errors["openenv"] and t.reward_terms["openenv"] == 0.0
+            assert [r.status for r in t.tool_results] == ["infra_error"], t.tool_results
+            assert "timed out" in t.tool_results[0].response.text and t.termination == "infra_error"
+            assert t.turns == 1 and "openenv" not in t.reward_terms
 
         # ...then dies: a new trajectory's reset fails, an error with nothing run, never a hang.
         os.kill(local.process.pid, signal.SIGKILL)
         local.process.wait()
         after = await rollout(options, rows, hung, built=built)
-        for t in after:  # the reset fails: the trajectory is an error, with nothing run
-            assert t.termination == "error" and "reset" in t.error and not t.tool_results
+        for t in after:  # the reset fails: an infrastructure failure, with nothing run
+            assert t.termination == "infra_error" and "reset" in t.error and not t.tool_results
         slots = await kind.shared.get("slots", None)
         assert slots.held == 0  # every episode closed
     finally:

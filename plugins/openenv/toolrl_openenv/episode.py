@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openenv.core.generic_client import GenericEnvClient
+from toolrl.schemas import InfrastructureError
 
 CAPACITY = re.compile(r"(\d+)\s*/\s*(\d+) sessions active")
 RETRY_S = 0.5  # a refusal while the run holds fewer sessions than the capacity: another client holds some
 
 
-class EpisodeError(RuntimeError):
-    """The server failed a round trip (gone, timed out, or answered an error)."""
+class EpisodeError(InfrastructureError):
+    """The server failed a round trip (gone, timed out, or answered an error): the environment's
+    failure, not the model's (the model's mistakes come back as observations), so the trajectory ends
+    with ``infra_error`` and is not trained."""
 
 
 class CapacityReached(EpisodeError):

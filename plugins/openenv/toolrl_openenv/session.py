@@ -63,10 +63,7 @@ class OpenEnvSession(EnvironmentSession):
         assert self.episode is not None
         action = ({"type": "call_tool", "tool_name": call.name, "arguments": call.arguments} if self.mcp
                   else dict(call.arguments))
-        try:
-            observed = await self.episode.send("step", action)
-        except EpisodeError as exc:
-            return StepResult(response=ToolResponse.error(f"Error: {exc}"))
+        observed = await self.episode.send("step", action)  # EpisodeError: the trajectory ends (infra_error)
         metrics = {"reward": observed.reward} if observed.reward is not None else {}
         return StepResult(response=_response(observed, self.mcp), done=observed.done, metrics=metrics)
 

@@ -130,16 +130,18 @@ async def test_languages(tool):
     assert result.response.text.startswith("Sandbox error:") and "needs a GPU" in result.response.text
 
 
-async def test_sandbox_unreachable_is_reported_plainly():
+async def test_sandbox_unreachable_is_an_infrastructure_failure_not_the_models():
     tool = CodeInterpreterTool({"sandbox_fusion_url": "http://127.0.0.1:9"})  # discard port: refused
     tool._client.backoff_s = 0.001
     try:
         result = await call(tool, {"code": "print(1)"})
+        wrong = await call(tool, {"code": "print(1)", "language": "cobol"})  # the model's mistake
     finally:
         await tool.close()
-    assert result.response.text.startswith("Sandbox error: the code could not be run.")
-    assert "ConnectError" in result.response.text and result.metrics["status"] == "sandbox_error"
-    assert result.metrics["attempts"] == 4
+    # infra_error: the rollout loop ends the trajectory and training leaves it out (toolrl.data.batches).
+    assert result.status == "infra_error" and "SandboxRequestError" in result.response.text
+    assert "failed after 4 attempts: ConnectError" in result.response.text
+    assert wrong.status == "error" and "unknown language" in wrong.response.text
 
 
 async def test_signals_and_limits_are_named_for_the_model(tool):

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 from pydantic import ValidationError
+from toolrl.schemas import InfrastructureError
 
 from toolrl_sandbox_fusion.models import RunCodeRequest, RunCodeResponse
 
@@ -23,8 +24,9 @@ RETRY_STATUS = frozenset({429, 502, 503, 504})
 RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
 
 
-class SandboxRequestError(RuntimeError):
-    """The server could not be reached or answered with an error after every allowed attempt."""
+class SandboxRequestError(InfrastructureError):
+    """The server could not be reached or answered with an error after every allowed attempt: the
+    infrastructure's failure, not the code's (a trajectory it hits ends with ``infra_error``, untrained)."""
 
     def __init__(self, message: str, attempts: int) -> None:
         super().__init__(message)

@@ -19,7 +19,7 @@ from toolrl.schemas import ToolResponse
 from toolrl.tools import Tool
 from toolrl.tools.ratelimit import RateLimiter, make_rate_limiter
 
-from toolrl_sandbox_fusion.client import SandboxFusionClient, SandboxRequestError
+from toolrl_sandbox_fusion.client import SandboxFusionClient
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 from toolrl_sandbox_fusion.models import (
     LANGUAGES,
@@ -196,15 +196,13 @@ class CodeInterpreterTool(Tool):
         attempts = 1
         async with self.limiter.slot() as admission:
             admitted = time.perf_counter()
-            try:
-                if self._client is not None:
-                    response, attempts = await self._client.run_code(request)
-                else:
-                    assert self._sandbox is not None
-                    response = await self._sandbox.arun(request)
-            except SandboxRequestError as exc:
-                attempts = exc.attempts
-                response = RunCodeResponse.sandbox_error(str(exc))
+            # A server out of reach raises SandboxRequestError (an InfrastructureError): the call's status is
+            # infra_error and the trajectory ends, untrained, rather than show the model a failure not its own.
+            if self._client is not None:
+                response, attempts = await self._client.run_code(request)
+            else:
+                assert self._sandbox is not None
+                response = await self._sandbox.arun(request)
         run = response.run_result
         kind = outcome(response)
         metrics.update(

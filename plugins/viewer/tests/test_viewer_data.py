@@ -35,6 +35,8 @@ def test_index_filters_sorts_pages_and_reads_rows_by_offset(tmp_path):
     rows[4] = _row(4, tool_results=[{"name": "calculator", "status": "error", "response": {"text": "bad"}}])
     rows[5] = _row(5, termination="max_turns", reward=float("nan"))
     rows[6] = _row(6, termination="forked", piece=1, parse_errors=[{"message": "unterminated"}])
+    rows[8] = _row(8, termination="infra_error", error="InfrastructureError: sandbox unreachable",
+                   tool_results=[{"name": "calculator", "status": "infra_error", "response": {"text": "gone"}}])
     # A per-token advantage (GAE) is summarised over trained tokens; a tool argument named like a token
     # list does not confuse the fast path.
     rows[7] = _row(7, response_mask=[1] * 8 + [0] * 9, advantage=[2.0] * 8 + [9.0] * 9,
@@ -46,8 +48,9 @@ def test_index_filters_sorts_pages_and_reads_rows_by_offset(tmp_path):
     assert page()["total"] == 12 and page()["envs"] == ["arithmetic", "code"]
     assert [r["response_tokens"] for r in page()["rows"]] == [10 + i for i in range(12)]
     assert page()["rows"][7]["advantage"] == 2.0 and page()["rows"][7]["tool_calls"] == 1
-    assert [r["row"] for r in page(errors=True)["rows"]] == [3]
-    assert [r["row"] for r in page(tool_failures=True)["rows"]] == [4, 6]
+    assert [r["row"] for r in page(errors=True)["rows"]] == [3, 8]
+    assert [r["row"] for r in page(infra_failures=True)["rows"]] == [8] and page()["rows"][8]["infra_failure"]
+    assert [r["row"] for r in page(tool_failures=True)["rows"]] == [4, 6, 8]
     assert [r["row"] for r in page(truncated=True)["rows"]] == [5]
     assert [r["row"] for r in page(forked=True)["rows"]] == [6]
     assert [r["row"] for r in page(min_reward=0.45, max_reward=0.8)["rows"]] == [6, 7, 8]  # NaN matches no range

@@ -35,6 +35,7 @@ class RowSummary:
     turns: int
     termination: str
     error: bool  # the trajectory or one of its reward functions failed
+    infra_failure: bool  # the infrastructure failed (termination infra_error): not trained
     tool_calls: int
     tool_failures: int  # failed calls, malformed calls and lifecycle errors
     forked: bool
@@ -90,6 +91,7 @@ def summarize(row: dict[str, Any], index: int, offset: int) -> RowSummary:
         reward=_number(row.get("reward")), advantage=_advantage(row.get("advantage"), row.get("response_mask") or []),
         turns=int(row.get("turns") or 0), termination=str(row.get("termination") or ""),
         error=row.get("error") is not None or bool(row.get("reward_errors")),
+        infra_failure=row.get("termination") == "infra_error",
         tool_calls=len(results),
         tool_failures=failed + len(row.get("parse_errors") or []) + len(row.get("tool_errors") or {}),
         forked=row.get("termination") == "forked" or bool(row.get("piece")),
@@ -104,6 +106,7 @@ class TraceQuery(BaseModel):
     min_reward: float | None = None
     max_reward: float | None = None
     errors: bool = False
+    infra_failures: bool = False
     tool_failures: bool = False
     truncated: bool = False
     forked: bool = False
@@ -119,7 +122,8 @@ class TraceQuery(BaseModel):
             return False
         if self.max_reward is not None and (s.reward is None or s.reward > self.max_reward):
             return False
-        return ((not self.errors or s.error) and (not self.tool_failures or s.tool_failures > 0)
+        return ((not self.errors or s.error) and (not self.infra_failures or s.infra_failure)
+                and (not self.tool_failures or s.tool_failures > 0)
                 and (not self.truncated or s.termination in TRUNCATED) and (not self.forked or s.forked)
                 and (not self.env or s.env == self.env))
 

@@ -7,7 +7,8 @@ const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"
 // Shown first, in this order; every other numeric figure follows alphabetically.
 const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_count", "parse_error_count",
   "response_length", "loss", "grad_norm", "kl", "lp_mismatch", "staleness_mean", "prefix_share",
-  "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors"];
+  "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors",
+  "infra_failures"];
 const POLL_MS = 2000;
 
 const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstContent: null, firstChart: null,
@@ -184,7 +185,7 @@ async function loadTraces() {
   const params = new URLSearchParams({run: $("t-run").value, source: $("t-source").value, offset: query.offset,
     limit: 50, sort: $("t-sort").value, desc: $("t-desc").checked, env: $("t-env").value,
     min_reward: $("t-min").value, max_reward: $("t-max").value});
-  for (const f of ["errors", "tool_failures", "truncated", "forked"]) params.set(f, $("t-" + f).checked);
+  for (const f of ["errors", "infra_failures", "tool_failures", "truncated", "forked"]) params.set(f, $("t-" + f).checked);
   if (!$("t-source").value) return;
   const seq = ++query.seq;
   const page = await api("/api/traces?" + params);
@@ -200,16 +201,18 @@ async function loadTraces() {
   $("t-prev").disabled = page.offset === 0;
   $("t-next").disabled = end >= page.matched;
   $("t-table").tBodies[0].replaceChildren(...page.rows.map((r) => {
-    const tr = el("tr", {class: r.error || r.tool_failures ? "bad" : "", "data-row": r.row},
+    // An infrastructure failure is not the model's: shown apart from its errors, as not trained.
+    const tr = el("tr", {class: r.infra_failure ? "infra" : r.error || r.tool_failures ? "bad" : "", "data-row": r.row},
       el("td", {}, r.row), el("td", {}, r.trajectory_id), el("td", {}, r.group), el("td", {}, r.env),
       el("td", {}, fmt(r.reward)), el("td", {}, fmt(r.advantage)), el("td", {}, r.turns),
       el("td", {}, r.tool_calls), el("td", {class: r.tool_failures ? "bad" : ""}, r.tool_failures),
-      el("td", {}, r.termination), el("td", {}, r.response_tokens));
+      el("td", {title: r.infra_failure ? "the infrastructure failed: not trained" : ""},
+        r.infra_failure ? "infra_error (not trained)" : r.termination), el("td", {}, r.response_tokens));
     tr.addEventListener("click", () => openTrajectory(r.row, tr));
     return tr;
   }));
 }
-for (const id of ["t-min", "t-max", "t-errors", "t-tool_failures", "t-truncated", "t-forked", "t-env", "t-sort",
+for (const id of ["t-min", "t-max", "t-errors", "t-infra_failures", "t-tool_failures", "t-truncated", "t-forked", "t-env", "t-sort",
   "t-desc", "t-source"]) $(id).addEventListener("change", () => { query.offset = 0; loadTraces(); });
 $("t-run").addEventListener("change", () => { fillSources(); query.offset = 0; loadTraces(); });
 $("t-prev").addEventListener("click", () => { query.offset = Math.max(0, query.offset - 50); loadTraces(); });
