@@ -110,17 +110,11 @@ class MetricLoggers:
 def logger_names(config: Config) -> list[str]:
     """``jsonl`` and every logger in ``trainer.loggers``, each checked to be registered (an unknown
     name is a :class:`~toolrl.config.ConfigError`); nothing is imported or opened."""
-    from toolrl.config import ConfigError
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.plugins.parts import registered_part
 
-    registry = get_plugins().registry
     names = [JSONL, *(n for n in dict.fromkeys(config.trainer.loggers) if n != JSONL)]
     for name in names:
-        try:
-            registry.get("loggers", name)
-        except RegistryError as exc:
-            raise ConfigError(f"trainer.loggers: {exc}") from None
+        registered_part("loggers", name, "trainer.loggers")
     return names
 
 

@@ -95,12 +95,12 @@ async def _close(tools: dict[str, Any]) -> None:
 def _run(coro: Any) -> Any:
     import asyncio
 
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.config import ConfigError
     from toolrl.tools import ToolConfigError
 
     try:
         return asyncio.run(coro)
-    except (ToolConfigError, RegistryError) as exc:
+    except (ToolConfigError, ConfigError) as exc:
         raise UsageFailure(str(exc).strip("'\"")) from None
 
 
@@ -120,12 +120,14 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 
         _run(build())
     else:
-        registry = get_plugins().registry
-        for part in registry.parts("tools"):
+        from toolrl.config import ConfigError
+        from toolrl.plugins.parts import lookup_part, registered_parts
+
+        for part in registered_parts("tools"):
             try:
-                schema = getattr(part.load(), "schema", None)
-            except Exception as exc:  # a broken part is listed, not fatal
-                schema = {"error": f"{type(exc).__name__}: {exc}"}
+                schema = getattr(lookup_part("tools", part.name, "tool"), "schema", None)
+            except ConfigError as exc:  # a broken part is listed, not fatal
+                schema = {"error": str(exc).removeprefix("tool: ")}
             rows.append({"name": part.name, "plugin": part.plugin, "schema": schema})
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))

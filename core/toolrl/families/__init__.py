@@ -17,9 +17,17 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolrl.config import ConfigError
-from toolrl.plugins import get_plugins
-from toolrl.plugins.parts import NoOptions
-from toolrl.plugins.registry import LAZY_REFERENCE, Part, Registry, RegistryError
+from toolrl.plugins.parts import (
+    BuildContext,
+    NoOptions,
+    build_part,
+    has_part,
+    part_plugin,
+    registered_part,
+    registered_parts,
+    report_part,
+)
+from toolrl.plugins.registry import LAZY_REFERENCE
 from toolrl.templates import trl_template
 
 KIND = "model_families"
@@ -86,48 +94,47 @@ class ModelFamily(BaseModel):
         return self
 
 
-def _load(registry: Registry, part: Part) -> ModelFamily | str:
-    """The family a part holds, or why it cannot be used (a part that does not load or names what is
-    not there; its plugin's status says so too, and the other families stay usable)."""
+def _load(name: str, where: str) -> ModelFamily:
+    """The family registered as ``name``, built through :func:`~toolrl.plugins.parts.build_part`; a
+    FamilyError naming ``where`` when it is unknown, does not load or names what is not there (its
+    plugin's status says so too, and the other families stay usable)."""
     try:
-        family: ModelFamily = registry.load(KIND, part.name)
-    except RegistryError as exc:
-        return str(exc)
+        part = registered_part(KIND, name, where)
+        family: ModelFamily = build_part(KIND, part.name, None, BuildContext(where))
+    except ConfigError as exc:
+        raise FamilyError(str(exc)) from None
     problem = None
     if family.name != part.name:
         problem = f"is registered as {part.name!r} but named {family.name!r}"
-    elif not registry.has("tool_parsers", family.parser):
+    elif not has_part("tool_parsers", family.parser):
         problem = f"names tool parser {family.parser!r}, which no plugin registers"
     if problem is None:
         return family
     message = f"model family {part.name!r} (plugin {part.plugin!r}) {problem}"
-    registry.report(part, message)
-    return message
+    report_part(KIND, part.name, message)
+    raise FamilyError(f"{where}: {message}")
 
 
 def registered_families() -> list[ModelFamily]:
     """Every usable family, in detection order."""
-    registry = get_plugins().registry
-    loaded = [_load(registry, p) for p in registry.parts(KIND)]
-    return sorted((f for f in loaded if isinstance(f, ModelFamily)), key=lambda f: (-f.detection.priority, f.name))
+    loaded = []
+    for part in registered_parts(KIND):
+        try:
+            loaded.append(_load(part.name, KIND))
+        except FamilyError:  # reported against its plugin; the others stay usable
+            continue
+    return sorted(loaded, key=lambda f: (-f.detection.priority, f.name))
 
 
-def family_named(name: str) -> ModelFamily:
-    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting and the choices."""
-    registry = get_plugins().registry
-    try:
-        family = _load(registry, registry.get(KIND, name))
-    except RegistryError as exc:
-        family = str(exc)
-    if isinstance(family, str):
-        raise FamilyError(f"model.chat_format: {family}")
-    return family
+def family_named(name: str, where: str = "model.chat_format") -> ModelFamily:
+    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting (``where``:
+    the field, with the file and line it was set in) and the choices."""
+    return _load(name, where)
 
 
 def plugin_of(family: ModelFamily) -> str | None:
     """The plugin that registered ``family`` (for messages), if it is registered."""
-    registry = get_plugins().registry
-    return registry.get(KIND, family.name).plugin if registry.has(KIND, family.name) else None
+    return part_plugin(KIND, family.name)
 
 
 def detect_family(template: str) -> ModelFamily:
