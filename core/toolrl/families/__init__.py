@@ -12,6 +12,7 @@ family itself, never fetched.
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,20 +41,26 @@ class FamilyError(ConfigError):
 
 class Template(BaseModel):
     """A chat template: one of those the installed ``trl`` package ships (``trl``: its file name in
-    ``trl/chat_templates``) or jinja given inline (``jinja``)."""
+    ``trl/chat_templates``), a file shipped as package data (``resource``: ``"package:path/in/it.jinja"``,
+    read when first rendered) or jinja given inline (``jinja``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     trl: str | None = Field(None, pattern=r"^[\w.\-]+\.jinja$")
+    resource: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[\w.\-/]+$")
     jinja: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Template:
-        if (self.trl is None) == (self.jinja is None):
-            raise ValueError("a template is either trl (a file name) or jinja (the template), not both or neither")
+        if sum(v is not None for v in (self.trl, self.resource, self.jinja)) != 1:
+            raise ValueError("a template is one of trl (a file name), resource ('package:file') or jinja "
+                             "(the template)")
         return self
 
     def text(self) -> str:
+        if self.resource is not None:
+            package, _, file = self.resource.partition(":")
+            return resources.files(package).joinpath(file).read_text(encoding="utf-8")
         return self.jinja if self.jinja is not None else trl_template(self.trl)  # type: ignore[arg-type]
 
 
@@ -84,6 +91,9 @@ class ModelFamily(BaseModel):
     stop_tokens: tuple[str, ...] = Field((), description="tokens besides end_of_turn that end a generation")
     special_tokens: tuple[str, ...] = Field((), description="tokens its tokenizers hold besides the vocabulary")
     detection: Detection = Detection()
+    template: Template | None = Field(None, description="the chat template the family's models ship with "
+                                      "(default: its first detection template); model.chat_format renders "
+                                      "with it when the tokenizer's template is not the family's")
     training_template: Template | None = Field(None, description="the history-preserving twin of its template")
     renderer: str | None = Field(None, pattern=LAZY_REFERENCE.pattern, description=(
         "'package.module:Class', a toolrl.rollout.chat.ChatRenderer subclass, for a family whose turns the "
@@ -92,6 +102,15 @@ class ModelFamily(BaseModel):
     def build(self, options: BaseModel, context: Any = None) -> ModelFamily:
         """A family is data: built, it is itself."""
         return self
+
+    def own_template(self) -> Template | None:
+        """The template its models ship with: ``template``, else its first detection template."""
+        return self.template or next(iter(self.detection.templates), None)
+
+    def tokens(self) -> list[tuple[str, str]]:
+        """(what it is, token) for every token the family needs its tokenizers to hold."""
+        return [("end-of-turn token", self.end_of_turn), *(("stop token", t) for t in self.stop_tokens),
+                *(("special token", t) for t in self.special_tokens)]
 
 
 def _load(name: str, where: str) -> ModelFamily:
@@ -159,10 +178,12 @@ def _same_template(template: str, source: Template) -> bool:
         return False
 
 
-def tokenizer_family(tokenizer: Any, chat_format: str | None = None) -> ModelFamily:
-    """The family named by ``chat_format``, else the one the tokenizer belongs to."""
+def tokenizer_family(tokenizer: Any, chat_format: str | None = None,
+                     where: str = "model.chat_format") -> ModelFamily:
+    """The family named by ``chat_format`` (an error names ``where``), else the one the tokenizer
+    belongs to."""
     if chat_format is not None:
-        return family_named(chat_format)
+        return family_named(chat_format, where)
     for family in registered_families():
         if type(tokenizer).__name__ in family.detection.tokenizer_classes:  # no template to read
             return family
@@ -170,3 +191,20 @@ def tokenizer_family(tokenizer: Any, chat_format: str | None = None) -> ModelFam
     if not isinstance(template, str):
         raise FamilyError("the tokenizer has no chat template; set model.chat_format")
     return detect_family(template)
+
+
+def missing_token(family: ModelFamily, tokenizer: Any) -> str | None:
+    """The first of the family's tokens (:meth:`ModelFamily.tokens`) that the tokenizer does not hold
+    as one token, in words; None when it holds all (or cannot be asked: no ``convert_tokens_to_ids``)."""
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is None:
+        return None
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for what, token in family.tokens():
+        try:
+            token_id = convert(token)
+        except (KeyError, ValueError, TypeError):
+            token_id = None
+        if token_id is None or (token_id == unknown and token != getattr(tokenizer, "unk_token", None)):
+            return f"{what} {token!r}"
+    return None
