@@ -64,7 +64,7 @@ def _probe(entries: list[Entry], selection: Mapping[str, str],
     found = Found({}, {})
     timed_out = False
     while True:  # each round either ends or fails one more plugin, so this ends
-        outcome = run_child(selection, failures, timeout_s, found)
+        outcome = run_child(selection, failures, timeout_s, found, CHILD_ENV)
         if isinstance(outcome, bool) or outcome.plugin in failures or outcome.plugin not in modules:
             # finished, failed outside any plugin's code, or stopped in a plugin it was not to load
             return verdicts.Verdict(failures, found.files, timeout_s, timed_out, found.provided), outcome is True

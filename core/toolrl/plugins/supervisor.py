@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolrl.plugins.screening import CHILD_ENV
 from toolrl.plugins.verdicts import file_state
 
 # Time allowed outside any plugin's code: the child's start-up and the core's work between plugins.
@@ -53,10 +52,11 @@ class Found:
 
 
 def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: float,
-              found: Found) -> Stopped | bool:
+              found: Found, marker_env: str) -> Stopped | bool:
     """One child run, loading what ``selection`` (the plugin-selection variables) allows, less ``skip``.
     True when it finished; a :class:`Stopped` when a plugin ended or hung it; False when it failed
-    outside any plugin's code. ``found`` gains what the child reported."""
+    outside any plugin's code. ``found`` gains what the child reported. ``marker_env``: the variable
+    that tells the child it is one (:data:`toolrl.plugins.screening.CHILD_ENV`)."""
     read_fd, write_fd = os.pipe()
     path = [str(p) for p in sys.path if isinstance(p, str | os.PathLike)]
     request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
@@ -69,7 +69,7 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=out,
                                      stderr=err, pass_fds=(write_fd,), start_new_session=True,
-                                     env={**os.environ, CHILD_ENV: marker})
+                                     env={**os.environ, marker_env: marker})
     except OSError:
         os.close(read_fd)
         return False
@@ -88,7 +88,7 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
             os.killpg(child.pid, signal.SIGKILL)
         child.kill()
         child.wait()
-        kill_marked(f"{CHILD_ENV}={marker}".encode())  # what left the session
+        kill_marked(f"{marker_env}={marker}".encode())  # what left the session
 
 
 def kill_marked(entry: bytes) -> list[int]:
