@@ -58,12 +58,14 @@ def list_plugins(as_json: bool, check: bool) -> None:
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
-    for info in infos:
-        parts = "; ".join(f"{k}: {', '.join(v)}" for k, v in info["parts"].items()) or "-"
-        origin = "builtin" if info["builtin"] else info["distribution"]
-        click.echo(f"{info['name']:<16} {origin} {info['version']:<10} {info['status']:<8} {parts}")
+    rows = [(i["name"], "builtin" if i["builtin"] else i["distribution"], i["version"], i["status"],
+             "; ".join(f"{k}: {', '.join(v)}" for k, v in i["parts"].items()) or "-") for i in infos]
+    # Each column as wide as its longest entry: a long distribution name shifts the columns, not one row.
+    widths = [max((len(r[c]) for r in rows), default=0) for c in range(4)]
+    for row, info in zip(rows, infos, strict=True):
+        click.echo(" ".join(f"{cell:<{w}}" for cell, w in zip(row[:4], widths, strict=True)) + f" {row[4]}")
         if info["error"]:
-            click.echo(f"{'':<16} error: {info['error']}")
+            click.echo(f"{'':<{widths[0]}} error: {info['error']}")
 
 
 # -- tools ----------------------------------------------------------------------------------------
