@@ -22,23 +22,29 @@ from toolrl.tools import Tool
 from toolrl.tools.verl_config import ToolsFile
 
 
-def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any], str]:
-    """The parser name and options a route uses, and the setting that named it: ``rollout.parser``
-    when set, else the parser of the family ``model.chat_format`` names (its model writes calls that
-    way, whatever the environment's default), else the environment's; options follow the parser (the
-    environment's go with the environment's parser)."""
-    if config.rollout.parser:
-        name, where = config.rollout.parser, field_where(config, "rollout.parser")
-    elif config.model.chat_format is not None:
-        family = family_named(config.model.chat_format, field_where(config, "model.chat_format"))
-        name, where = family.parser, f"{field_where(config, 'model.chat_format')} (family {family.name!r})"
-    else:
-        name = env.parser if env is not None else DEFAULT_PARSER
-        where = f"environment {env.name!r} parser" if env is not None else "rollout.parser"
+def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any]]:
+    """The parser name and options a route uses (:func:`parser_source`); options follow the parser
+    (the environment's go with the environment's parser)."""
+    name, _ = parser_source(config, env)
     options = config.rollout.parser_options
     if options is None:
         options = env.parser_options if env is not None and name == env.parser else {}
-    return name, options, where
+    return name, options
+
+
+def parser_source(config: Config, env: Environment | None) -> tuple[str, str]:
+    """The parser a route uses and the setting that names it: ``rollout.parser`` when set, else the
+    parser of the family ``model.chat_format`` names (its model writes calls that way, whatever the
+    environment's default), else the environment's."""
+    if config.rollout.parser:
+        return config.rollout.parser, field_where(config, "rollout.parser")
+    if config.model.chat_format is not None:
+        where = field_where(config, "model.chat_format")
+        family = family_named(config.model.chat_format, where)
+        return family.parser, f"{where} (family {family.name!r})"
+    if env is not None:
+        return env.parser, f"environment {env.name!r} parser"
+    return DEFAULT_PARSER, "rollout.parser"
 
 
 def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
@@ -101,7 +107,8 @@ def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[
 
 
 def build_parser(config: Config, env: Environment | None = None) -> Any:
-    name, options, where = parser_spec(config, env)
+    name, options = parser_spec(config, env)
+    where = parser_source(config, env)[1]
     options_where = field_where(config, "rollout.parser_options")
     return build_part("tool_parsers", name, options, BuildContext(where, options_where, config))
 
