@@ -156,10 +156,10 @@ def plugin_of(family: ModelFamily) -> str | None:
     return part_plugin(KIND, family.name)
 
 
-def detect_family(template: str) -> ModelFamily:
+def detect_family(template: str, families: list[ModelFamily] | None = None) -> ModelFamily:
     """The family of a chat template: one whose template it is byte for byte, else one whose markers
-    it holds."""
-    families = registered_families()
+    it holds (among ``families``, default: every registered one)."""
+    families = families if families is not None else registered_families()
     for family in families:
         if any(_same_template(template, t) for t in family.detection.templates):
             return family
@@ -184,13 +184,14 @@ def tokenizer_family(tokenizer: Any, chat_format: str | None = None,
     belongs to."""
     if chat_format is not None:
         return family_named(chat_format, where)
-    for family in registered_families():
+    families = registered_families()
+    for family in families:
         if type(tokenizer).__name__ in family.detection.tokenizer_classes:  # no template to read
             return family
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         raise FamilyError("the tokenizer has no chat template; set model.chat_format")
-    return detect_family(template)
+    return detect_family(template, families)
 
 
 def missing_token(family: ModelFamily, tokenizer: Any) -> str | None:
