@@ -21,7 +21,7 @@ from toolrl.families import (
     registered_families,
     tokenizer_family,
 )
-from toolrl.plugins.parts import describe_exception
+from toolrl.plugins.parts import describe_exception, has_part
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -104,8 +104,10 @@ def chat_template_text(config: Config, spec: str) -> str:
     path = resolve_path(config, spec)
     if path.is_file():
         return read_text(path)
-    if "/" in spec or Path(spec).suffix:
-        raise ConfigError(f"{where}: no template file {str(path)!r}")
+    if "/" in spec or Path(spec).suffix or not has_part("model_families", spec):
+        names = ", ".join(f.name for f in registered_families() if f.own_template() is not None)
+        raise ConfigError(f"{where}: {spec!r} is neither a template file (no {path}) nor a model family "
+                          f"(families with a template: {names})")
     family = family_named(spec, where)
     own = family.own_template()
     if own is None:

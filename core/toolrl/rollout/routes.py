@@ -16,6 +16,7 @@ from toolrl.environments import ConfiguredEnv, Environment, configured_envs
 from toolrl.families import family_named
 from toolrl.plugins.parts import BuildContext, build_part, checked_options, lookup_part
 from toolrl.rollout import Route
+from toolrl.rollout.families import chat_template_text
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind, SharedParts
 from toolrl.tools import Tool
@@ -162,6 +163,8 @@ def resolve_parts(config: Config) -> Parts:
     engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
     if config.model.chat_format is not None:
         family_named(config.model.chat_format, field_where(config, "model.chat_format"))
+    if config.model.chat_template is not None:
+        chat_template_text(config, config.model.chat_template)
     envs = configured_envs(config)
     return Parts(engine_cls, envs, resolve_routes(config, envs))
 
