@@ -5,9 +5,9 @@ stop token, and where a tool-result delta starts), its other stop tokens, how to
 template (byte for byte, else by markers), the history-preserving template ``rollout.template_rewrite:
 training_template`` renders with, and the renderer class when the built-in one cannot render it.
 Families are registered by plugins through ``register_model_families`` (the built-in ones too:
-:mod:`toolrl.families.builtin`) and looked up here through the registry: by ``model.chat_format``, or
-detected from a tokenizer. Templates are read from the tokenizer, the installed ``trl`` package or the
-family itself, never fetched.
+:mod:`toolrl.families.builtin`) and built here as every part is (:func:`toolrl.plugins.parts.build_part`):
+by ``model.chat_format``, or detected from a tokenizer. Templates are read from the tokenizer, the
+installed ``trl`` package or the family's package data, never fetched.
 """
 
 from __future__ import annotations
