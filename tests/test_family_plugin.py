@@ -128,3 +128,88 @@ def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path,
         out = run_toolrl("list-plugins", "--json", *args, path=tmp_path, env={"TOOLRL_STRICT_PLUGINS": ""})
         error = {r["name"]: r for r in json.loads(out.stdout)}["broken"]["error"]
         assert ("tool parser 'no_such_parser'" in error) is listed and ("'renamed'" in error) is listed, error
+
+
+# -- Acme: a family that selects itself -------------------------------------------------------------
+
+ACME = ROOT / "tests" / "dists" / "acme" / "toolrl_acme"
+
+
+def acme_install(root: Path) -> Path:
+    """A venv with toolrl-plugin-acme installed by pip from its wheel (no index, not editable), with a
+    plugin cache of its own; returns its python."""
+    wheel = make_wheel(ACME, root, "toolrl-plugin-acme", {"acme": "toolrl_acme"})
+    python = venv_over_this_one(root / "venv")
+    done = subprocess.run([str(python), "-m", "pip", "install", "--no-index", "--no-cache-dir",
+                           "--disable-pip-version-check", "-q", str(wheel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return python
+
+
+@pytest.fixture(scope="module")
+def acme_venv(tmp_path_factory):
+    return acme_install(tmp_path_factory.mktemp("acme"))
+
+
+def acme_run(python, *args, timeout=120):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOOLRL_CACHE": str(Path(python).parents[2] / "cache")}
+    return subprocess.run([str(python), *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+SELECTED = """
+import sys
+from toolrl.config import load_config
+from toolrl.rollout.routes import resolve_parts
+parser = resolve_parts(load_config(sys.argv[1], sys.argv[2:])).parser
+result = parser.parse('Sure. <<call name="calculator">>{"expression": "2+3"}<</call>>')
+print(type(parser).__name__, [(c.name, c.arguments) for c in result.calls], repr(result.content))
+"""
+
+
+def test_chat_format_selects_the_familys_parser_unless_rollout_parser_is_set(acme_venv):
+    tiny = str(ROOT / "examples" / "tiny.yaml")
+    chosen = acme_run(acme_venv, "-c", SELECTED, tiny, "model.chat_format=acme")
+    assert chosen.stdout.strip() == "AcmeParser [('calculator', {'expression': '2+3'})] 'Sure.'", chosen.stderr[-2000:]
+    explicit = acme_run(acme_venv, "-c", SELECTED, tiny, "model.chat_format=acme", "rollout.parser=hermes")
+    assert explicit.stdout.startswith("HermesParser []"), explicit.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_chat_format_alone_trains_with_the_familys_template(acme_venv, tmp_path):
+    """The tiny model's tokenizer carries Qwen3's template; ``model.chat_format: acme`` renders the
+    prompts with the template the plugin ships as package data."""
+    out = tmp_path / "run"
+    done = acme_run(acme_venv, "-m", "toolrl", "train", str(ROOT / "examples" / "tiny.yaml"), "model.chat_format=acme",
+                    "rollout.n=2", "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1",
+                    "trainer.plot=false", "trainer.progress=false", f"trainer.output_dir={out}", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "metrics.jsonl").read_text())["step"] == 1
+    traces = [json.loads(line) for line in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for t in traces:
+        prompt = t["prompt_text"]
+        assert prompt.startswith("<|box_start|>system\n") and 'Call one as <<call name="NAME">>' in prompt
+        assert prompt.endswith("<|box_start|>assistant\n") and "<|im_start|>" not in prompt
+
+
+def test_a_family_token_the_tokenizer_lacks_is_one_line_at_start_and_a_removed_plugin_is_named(tmp_path):
+    python = acme_install(tmp_path)
+    config = tmp_path / "next.yaml"
+    config.write_text((ROOT / "examples" / "tiny.yaml").read_text().replace(
+        "  tokenizer: qwen3\n", "  tokenizer: qwen3\n  chat_format: acme_next\n"))
+    line = config.read_text().splitlines().index("  chat_format: acme_next") + 1
+    args = ("-m", "toolrl", "train", str(config), f"trainer.output_dir={tmp_path / 'run'}")
+    done = acme_run(python, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr == (f"error: {config}:{line}: model.chat_format: model family 'acme_next' (plugin 'acme') needs "
+                           "its end-of-turn token '<|acme_turn_end|>', which the tokenizer does not hold as one token\n")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    # Uninstalled, the family's name says which distribution provided it.
+    removed = subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "toolrl-plugin-acme"],
+                             capture_output=True, text=True)
+    assert removed.returncode == 0, removed.stderr
+    gone = acme_run(python, *args)
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1, gone.stderr[-3000:]
+    assert gone.stderr.startswith(f"error: {config}:{line}: model.chat_format: unknown model family 'acme_next' (")
+    assert gone.stderr.endswith("; distribution 'toolrl-plugin-acme' provided it and is not installed "
+                                "(pip install toolrl-plugin-acme)\n")

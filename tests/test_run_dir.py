@@ -203,6 +203,7 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     from toolrl.config import load_config
     from toolrl.data import sources
     from toolrl.plugins import Plugins
+    from toolrl.plugins.parts import registered_parts
     from toolrl.roles.controller import train_async
 
     parts, splits = Counter(), Counter()
@@ -225,6 +226,8 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     # critic, then the pair rules) and built once by the trainer rank (on Ray, another process); never per step.
     # The engine and the tools are looked up again where they are built (the registry hands back the part
     # it loaded); the logger once, when the run opens its loggers.
+    # Every model family is built once, when the tokenizer's family is detected.
+    assert parts.pop("model_families") == len(registered_parts("model_families"))
     assert parts == {"environments": 1, "rollout_engines": 2, "tool_parsers": 1, "reward_functions": 1, "tools": 2,
                      "loggers": 1, "advantage_estimators": 3, "policy_losses": 2}, parts
     assert splits == {"train": 1, "test": 1}

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -211,7 +212,11 @@ class ModelConfig(Section):
     cache_dir: PathText | None = Field(None, description="Hugging Face cache (default: HF_HUB_CACHE)")
     tokenizer: Literal["qwen3", "qwen2_5"] = "qwen3"  # for tiny-qwen3 only
     chat_format: str | None = Field(None, description="model family (a registered model family, checked when "
-                                    "the run's parts are resolved); None: detected from the chat template")
+                                    "the run's parts are resolved): its parser, unless rollout.parser is set, "
+                                    "and its template; None: detected from the chat template")
+    chat_template: PathText | None = Field(None, description="the template prompts render with: a jinja file "
+                                           "(relative to the config), or a model family's name (its bundled "
+                                           "template); None: the family's, else the tokenizer's")
     tiny: dict[str, Any] = Field(default_factory=dict)  # TinyQwen3Settings overrides (tiny-moe: TinyMoeSettings)
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
@@ -517,6 +522,8 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     base_dir: str = Field(".", description="directory relative paths resolve against (the config's)")
+    # Where the values came from (file, its text, the overrides), for errors found after validation.
+    _origin: tuple[str | None, str, tuple[str, ...]] = PrivateAttr(default=(None, "", ()))
 
     @model_validator(mode="after")
     def _stale_samples_are_weighted(self) -> Config:
@@ -720,8 +727,9 @@ def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:
     return ConfigError(f"{path}: invalid YAML: {one_line(str(exc))}")
 
 
-def _yaml_line(text: str, loc: Sequence[Any]) -> int | None:
-    """The 1-based line of the deepest YAML node along ``loc`` (a key's line for mapping entries)."""
+def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None:
+    """The 1-based line of the deepest YAML node along ``loc`` (a key's line for mapping entries);
+    ``exact``: of the node at ``loc`` itself, None when the file does not hold it."""
     import yaml
 
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
@@ -729,13 +737,13 @@ def _yaml_line(text: str, loc: Sequence[Any]) -> int | None:
         if isinstance(node, yaml.MappingNode):
             match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
             if match is None:
-                break
+                return None if exact else line
             line, node = match[0].start_mark.line + 1, match[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
         else:
-            break
+            return None if exact else line
     return line
 
 
@@ -785,10 +793,26 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         raw.pop("env_options", None)
     _check_moved_keys(raw, path, text, overrides)
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
         where = _locate(tuple(exc.errors()[0]["loc"]), path, text, overrides)
         raise ConfigError(f"{where}: {format_errors(exc, model=Config)}") from None
+    config._origin = (str(path) if path is not None else None, text, tuple(overrides))
+    return config
+
+
+def field_where(config: Config, field: str) -> str:
+    """``field`` (dotted) as errors name it: after the file and line it was written on when the config
+    was loaded from a file (errors found after validation: a part name no plugin registers). A value
+    an override set is named by the field alone, as the command line wrote it."""
+    path, text, overrides = config._origin
+    loc = tuple(field.split("."))
+    for override in overrides:
+        key = tuple(override.partition("=")[0].split("."))
+        if loc[:len(key)] == key or key[:len(loc)] == loc:
+            return field
+    line = _yaml_line(text, loc, exact=True) if path is not None and text else None
+    return f"{path}:{line}: {field}" if line else field
 
 
 def resolve_path(config: Config, path: str) -> Path:

@@ -85,7 +85,7 @@ class MetricLoggers:
     def _disable(self, name: str, action: str, exc: BaseException) -> None:
         if name == JSONL:
             raise exc
-        from toolrl.plugins.registry import describe_exception
+        from toolrl.plugins.parts import describe_exception
 
         print(f"warning: logger {name!r} failed to {action} and is disabled for the rest of the run: "
               f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
@@ -110,17 +110,12 @@ class MetricLoggers:
 def logger_names(config: Config) -> list[str]:
     """``jsonl`` and every logger in ``trainer.loggers``, each checked to be registered (an unknown
     name is a :class:`~toolrl.config.ConfigError`); nothing is imported or opened."""
-    from toolrl.config import ConfigError
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.config import field_where
+    from toolrl.plugins.parts import registered_part
 
-    registry = get_plugins().registry
     names = [JSONL, *(n for n in dict.fromkeys(config.trainer.loggers) if n != JSONL)]
     for name in names:
-        try:
-            registry.get("loggers", name)
-        except RegistryError as exc:
-            raise ConfigError(f"trainer.loggers: {exc}") from None
+        registered_part("loggers", name, field_where(config, "trainer.loggers"))
     return names
 
 

@@ -60,12 +60,14 @@ def list_plugins(as_json: bool, check: bool) -> None:
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
-    for info in infos:
-        parts = "; ".join(f"{k}: {', '.join(v)}" for k, v in info["parts"].items()) or "-"
-        origin = "builtin" if info["builtin"] else info["distribution"]
-        click.echo(f"{info['name']:<16} {origin} {info['version']:<10} {info['status']:<8} {parts}")
+    rows = [(i["name"], "builtin" if i["builtin"] else i["distribution"], i["version"], i["status"],
+             "; ".join(f"{k}: {', '.join(v)}" for k, v in i["parts"].items()) or "-") for i in infos]
+    # Each column as wide as its longest entry: a long distribution name shifts the columns, not one row.
+    widths = [max((len(r[c]) for r in rows), default=0) for c in range(4)]
+    for row, info in zip(rows, infos, strict=True):
+        click.echo(" ".join(f"{cell:<{w}}" for cell, w in zip(row[:4], widths, strict=True)) + f" {row[4]}")
         if info["error"]:
-            click.echo(f"{'':<16} error: {info['error']}")
+            click.echo(f"{'':<{widths[0]}} error: {info['error']}")
 
 
 # -- tools ----------------------------------------------------------------------------------------
@@ -97,12 +99,12 @@ async def _close(tools: dict[str, Any]) -> None:
 def _run(coro: Any) -> Any:
     import asyncio
 
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.config import ConfigError
     from toolrl.tools import ToolConfigError
 
     try:
         return asyncio.run(coro)
-    except (ToolConfigError, RegistryError) as exc:
+    except (ToolConfigError, ConfigError) as exc:
         raise UsageFailure(str(exc).strip("'\"")) from None
 
 
@@ -122,12 +124,14 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 
         _run(build())
     else:
-        registry = get_plugins().registry
-        for part in registry.parts("tools"):
+        from toolrl.config import ConfigError
+        from toolrl.plugins.parts import lookup_part, registered_parts
+
+        for part in registered_parts("tools"):
             try:
-                schema = getattr(part.load(), "schema", None)
-            except Exception as exc:  # a broken part is listed, not fatal
-                schema = {"error": f"{type(exc).__name__}: {exc}"}
+                schema = getattr(lookup_part("tools", part.name, "tool"), "schema", None)
+            except ConfigError as exc:  # a broken part is listed, not fatal
+                schema = {"error": str(exc).removeprefix("tool: ")}
             rows.append({"name": part.name, "plugin": part.plugin, "schema": schema})
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))

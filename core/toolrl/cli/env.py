@@ -50,15 +50,15 @@ def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
 
 
 def _rows() -> list[dict[str, Any]]:
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import PartError
+    from toolrl.config import ConfigError
+    from toolrl.plugins.parts import lookup_part, registered_parts
 
     rows = []
-    for part in get_plugins().registry.parts("environments"):
+    for part in registered_parts("environments"):
         try:
-            rows.append(_describe(part.name, part.plugin, part.load()))
-        except PartError as exc:  # a broken environment is listed with its error, not fatal
-            rows.append({"name": part.name, "plugin": part.plugin, "error": str(exc)})
+            rows.append(_describe(part.name, part.plugin, lookup_part("environments", part.name, "env")))
+        except ConfigError as exc:  # a broken environment is listed with its error, not fatal
+            rows.append({"name": part.name, "plugin": part.plugin, "error": str(exc).removeprefix("env: ")})
     return rows
 
 
@@ -89,13 +89,13 @@ def env_show(name: str, as_json: bool) -> None:
     from toolrl.config import ConfigError
     from toolrl.data.sources import decorate, load_split
     from toolrl.environments import get_environment
-    from toolrl.plugins import get_plugins
+    from toolrl.plugins.parts import part_plugin
 
     try:
         environment = get_environment(name, "env")
     except ConfigError as exc:
         raise UsageFailure(str(exc)) from None
-    row = _describe(name, get_plugins().registry.get("environments", name).plugin, environment)
+    row = _describe(name, part_plugin("environments", name), environment)
     resolved, options, _ = _with_defaults(environment)
     row.update(system_prompt=resolved.system_prompt, instructions=resolved.instructions,
                prompt_prefix=resolved.prompt_prefix, tool_entries=resolved.tools,

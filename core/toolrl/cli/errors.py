@@ -29,7 +29,6 @@ def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> A
     their file get ``tools_origin`` in front."""
     from toolrl.config import ConfigError
     from toolrl.model_sources import ModelUnavailable
-    from toolrl.plugins.registry import RegistryError
     from toolrl.tools import ToolConfigError
 
     try:
@@ -39,5 +38,5 @@ def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> A
         if tools_origin and tools_origin.partition(":")[0] not in message:
             message = f"{tools_origin}: {message}"
         raise UsageFailure(message) from None
-    except (ConfigError, RegistryError, ModelUnavailable) as exc:
+    except (ConfigError, ModelUnavailable) as exc:
         raise UsageFailure(error_text(exc)) from None

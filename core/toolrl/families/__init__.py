@@ -5,21 +5,30 @@ stop token, and where a tool-result delta starts), its other stop tokens, how to
 template (byte for byte, else by markers), the history-preserving template ``rollout.template_rewrite:
 training_template`` renders with, and the renderer class when the built-in one cannot render it.
 Families are registered by plugins through ``register_model_families`` (the built-in ones too:
-:mod:`toolrl.families.builtin`) and looked up here through the registry: by ``model.chat_format``, or
-detected from a tokenizer. Templates are read from the tokenizer, the installed ``trl`` package or the
-family itself, never fetched.
+:mod:`toolrl.families.builtin`) and built here as every part is (:func:`toolrl.plugins.parts.build_part`):
+by ``model.chat_format``, or detected from a tokenizer. Templates are read from the tokenizer, the
+installed ``trl`` package or the family's package data, never fetched.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolrl.config import ConfigError
-from toolrl.plugins import get_plugins
-from toolrl.plugins.parts import NoOptions
-from toolrl.plugins.registry import LAZY_REFERENCE, Part, Registry, RegistryError
+from toolrl.plugins.parts import (
+    BuildContext,
+    NoOptions,
+    build_part,
+    has_part,
+    part_plugin,
+    registered_part,
+    registered_parts,
+    report_part,
+)
+from toolrl.plugins.registry import LAZY_REFERENCE
 from toolrl.templates import trl_template
 
 KIND = "model_families"
@@ -32,20 +41,26 @@ class FamilyError(ConfigError):
 
 class Template(BaseModel):
     """A chat template: one of those the installed ``trl`` package ships (``trl``: its file name in
-    ``trl/chat_templates``) or jinja given inline (``jinja``)."""
+    ``trl/chat_templates``), a file shipped as package data (``resource``: ``"package:path/in/it.jinja"``,
+    read when first rendered) or jinja given inline (``jinja``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     trl: str | None = Field(None, pattern=r"^[\w.\-]+\.jinja$")
+    resource: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[\w.\-/]+$")
     jinja: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Template:
-        if (self.trl is None) == (self.jinja is None):
-            raise ValueError("a template is either trl (a file name) or jinja (the template), not both or neither")
+        if sum(v is not None for v in (self.trl, self.resource, self.jinja)) != 1:
+            raise ValueError("a template is one of trl (a file name), resource ('package:file') or jinja "
+                             "(the template)")
         return self
 
     def text(self) -> str:
+        if self.resource is not None:
+            package, _, file = self.resource.partition(":")
+            return resources.files(package).joinpath(file).read_text(encoding="utf-8")
         return self.jinja if self.jinja is not None else trl_template(self.trl)  # type: ignore[arg-type]
 
 
@@ -76,6 +91,9 @@ class ModelFamily(BaseModel):
     stop_tokens: tuple[str, ...] = Field((), description="tokens besides end_of_turn that end a generation")
     special_tokens: tuple[str, ...] = Field((), description="tokens its tokenizers hold besides the vocabulary")
     detection: Detection = Detection()
+    template: Template | None = Field(None, description="the chat template the family's models ship with "
+                                      "(default: its first detection template); model.chat_format renders "
+                                      "with it when the tokenizer's template is not the family's")
     training_template: Template | None = Field(None, description="the history-preserving twin of its template")
     renderer: str | None = Field(None, pattern=LAZY_REFERENCE.pattern, description=(
         "'package.module:Class', a toolrl.rollout.chat.ChatRenderer subclass, for a family whose turns the "
@@ -85,55 +103,63 @@ class ModelFamily(BaseModel):
         """A family is data: built, it is itself."""
         return self
 
+    def own_template(self) -> Template | None:
+        """The template its models ship with: ``template``, else its first detection template."""
+        return self.template or next(iter(self.detection.templates), None)
 
-def _load(registry: Registry, part: Part) -> ModelFamily | str:
-    """The family a part holds, or why it cannot be used (a part that does not load or names what is
-    not there; its plugin's status says so too, and the other families stay usable)."""
+    def tokens(self) -> list[tuple[str, str]]:
+        """(what it is, token) for every token the family needs its tokenizers to hold."""
+        return [("end-of-turn token", self.end_of_turn), *(("stop token", t) for t in self.stop_tokens),
+                *(("special token", t) for t in self.special_tokens)]
+
+
+def _load(name: str, where: str) -> ModelFamily:
+    """The family registered as ``name``, built through :func:`~toolrl.plugins.parts.build_part`; a
+    FamilyError naming ``where`` when it is unknown, does not load or names what is not there (its
+    plugin's status says so too, and the other families stay usable)."""
     try:
-        family: ModelFamily = registry.load(KIND, part.name)
-    except RegistryError as exc:
-        return str(exc)
+        part = registered_part(KIND, name, where)
+        family: ModelFamily = build_part(KIND, part.name, None, BuildContext(where))
+    except ConfigError as exc:
+        raise FamilyError(str(exc)) from None
     problem = None
     if family.name != part.name:
         problem = f"is registered as {part.name!r} but named {family.name!r}"
-    elif not registry.has("tool_parsers", family.parser):
+    elif not has_part("tool_parsers", family.parser):
         problem = f"names tool parser {family.parser!r}, which no plugin registers"
     if problem is None:
         return family
     message = f"model family {part.name!r} (plugin {part.plugin!r}) {problem}"
-    registry.report(part, message)
-    return message
+    report_part(KIND, part.name, message)
+    raise FamilyError(f"{where}: {message}")
 
 
 def registered_families() -> list[ModelFamily]:
     """Every usable family, in detection order."""
-    registry = get_plugins().registry
-    loaded = [_load(registry, p) for p in registry.parts(KIND)]
-    return sorted((f for f in loaded if isinstance(f, ModelFamily)), key=lambda f: (-f.detection.priority, f.name))
+    loaded = []
+    for part in registered_parts(KIND):
+        try:
+            loaded.append(_load(part.name, KIND))
+        except FamilyError:  # reported against its plugin; the others stay usable
+            continue
+    return sorted(loaded, key=lambda f: (-f.detection.priority, f.name))
 
 
-def family_named(name: str) -> ModelFamily:
-    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting and the choices."""
-    registry = get_plugins().registry
-    try:
-        family = _load(registry, registry.get(KIND, name))
-    except RegistryError as exc:
-        family = str(exc)
-    if isinstance(family, str):
-        raise FamilyError(f"model.chat_format: {family}")
-    return family
+def family_named(name: str, where: str = "model.chat_format") -> ModelFamily:
+    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting (``where``:
+    the field, with the file and line it was set in) and the choices."""
+    return _load(name, where)
 
 
 def plugin_of(family: ModelFamily) -> str | None:
     """The plugin that registered ``family`` (for messages), if it is registered."""
-    registry = get_plugins().registry
-    return registry.get(KIND, family.name).plugin if registry.has(KIND, family.name) else None
+    return part_plugin(KIND, family.name)
 
 
-def detect_family(template: str) -> ModelFamily:
+def detect_family(template: str, families: list[ModelFamily] | None = None) -> ModelFamily:
     """The family of a chat template: one whose template it is byte for byte, else one whose markers
-    it holds."""
-    families = registered_families()
+    it holds (among ``families``, default: every registered one)."""
+    families = families if families is not None else registered_families()
     for family in families:
         if any(_same_template(template, t) for t in family.detection.templates):
             return family
@@ -152,14 +178,34 @@ def _same_template(template: str, source: Template) -> bool:
         return False
 
 
-def tokenizer_family(tokenizer: Any, chat_format: str | None = None) -> ModelFamily:
-    """The family named by ``chat_format``, else the one the tokenizer belongs to."""
+def tokenizer_family(tokenizer: Any, chat_format: str | None = None,
+                     where: str = "model.chat_format") -> ModelFamily:
+    """The family named by ``chat_format`` (an error names ``where``), else the one the tokenizer
+    belongs to."""
     if chat_format is not None:
-        return family_named(chat_format)
-    for family in registered_families():
+        return family_named(chat_format, where)
+    families = registered_families()
+    for family in families:
         if type(tokenizer).__name__ in family.detection.tokenizer_classes:  # no template to read
             return family
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         raise FamilyError("the tokenizer has no chat template; set model.chat_format")
-    return detect_family(template)
+    return detect_family(template, families)
+
+
+def missing_token(family: ModelFamily, tokenizer: Any) -> str | None:
+    """The first of the family's tokens (:meth:`ModelFamily.tokens`) that the tokenizer does not hold
+    as one token, in words; None when it holds all (or cannot be asked: no ``convert_tokens_to_ids``)."""
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    if convert is None:
+        return None
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    for what, token in family.tokens():
+        try:
+            token_id = convert(token)
+        except (KeyError, ValueError, TypeError):
+            token_id = None
+        if token_id is None or (token_id == unknown and token != getattr(tokenizer, "unk_token", None)):
+            return f"{what} {token!r}"
+    return None

@@ -280,6 +280,35 @@ class Plugins:
     def load_part(self, kind: str, name: str) -> Any:
         return self.registry.load(kind, name)
 
+    def provided(self) -> dict[str, dict[str, list[str]]]:
+        """Distribution -> kind -> the names and aliases its loaded external plugins registered (what
+        the screening verdict remembers, for :meth:`removed_provider`)."""
+        out: dict[str, dict[str, list[str]]] = {}
+        for info in self.info.values():
+            if info.builtin or not info.parts:
+                continue
+            kinds = out.setdefault(info.distribution, {})
+            for kind, names in info.parts.items():
+                aliases = [a for n in names if self.registry.has(kind, n) for a in self.registry.aliases(kind, n)]
+                kinds.setdefault(kind, []).extend([*names, *aliases])
+        return out
+
+    def removed_provider(self, kind: str, name: str) -> str:
+        """For a name no plugin registers now: "; ..." saying which distribution provided it when
+        screened and is gone (or disabled, or broken) now; "" when none is known."""
+        import toolrl.plugins.verdicts as verdicts
+
+        for dist in verdicts.providers(verdicts.cache_file(self.env), kind, name):
+            here = [i for i in self.info.values() if _dist_key(i.distribution) == _dist_key(dist)]
+            if not here:
+                return f"; distribution {dist!r} provided it and is not installed (pip install {dist})"
+            info = here[0]
+            if info.status == "disabled":
+                return f"; its plugin {info.name!r} ({dist}) is disabled (TOOLRL_LOAD_PLUGINS/TOOLRL_DISABLE_PLUGINS)"
+            if info.status == "error":
+                return f"; its plugin {info.name!r} ({dist}) failed to load: {info.error}"
+        return ""
+
     def check(self) -> None:
         """Import and check every registered part (``toolrl list-plugins --check``); a part that fails
         marks its plugin as an error with the reason. Slower than listing: it imports every part."""
@@ -306,6 +335,11 @@ class Plugins:
             except BaseException as exc:
                 _contain(exc)
                 self._fail(info, exc)
+
+
+def _dist_key(name: str) -> str:
+    """A distribution name as pip compares them (``toolrl_plugin_x`` is ``toolrl-plugin-x``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 _plugins: Plugins | None = None

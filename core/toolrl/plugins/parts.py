@@ -6,7 +6,11 @@ defaults (a part that takes no options needs neither); a part with neither (a re
 class whose instances are callable) takes the options its constructor names and is built by calling
 it with them. :func:`build_part` looks the name up, validates the options and builds, and every
 failure on the way is one :class:`~toolrl.config.ConfigError` naming the config field: an unknown
-name lists the available ones with a "did you mean", a bad option names its field.
+name lists the available ones (aliases too) with a "did you mean" and, when a distribution that
+provided it is gone, which one; a bad option names its field.
+
+Nothing outside :mod:`toolrl.plugins` reads the registry: what the rest of toolrl needs of it
+(:func:`registered_parts`, :func:`part_plugin`, :func:`report_part`) is here.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from toolrl.config import ConfigError, format_errors, one_line
-from toolrl.plugins.registry import RegistryError
+from toolrl.plugins.registry import Part, RegistryError, UnknownPart, check_part, describe_exception
+
+if typing.TYPE_CHECKING:
+    from toolrl.plugins import Plugins
+
+# Kinds whose config may name an importable ``package.module.Class`` that no plugin registers (verl's
+# tool configs name tool classes by import path).
+IMPORTABLE_KINDS = ("tools",)
 
 
 @dataclass(frozen=True)
@@ -41,15 +52,80 @@ class BuildContext:
         return self.inputs[name]
 
 
-def lookup_part(kind: str, name: str, where: str) -> Any:
-    """The registered part ``name`` of ``kind`` (imported on first use); a ConfigError naming ``where``
-    when it is unknown, registered twice or broken."""
+def _plugins(plugins: Plugins | None) -> Plugins:
     from toolrl.plugins import get_plugins
 
+    return plugins if plugins is not None else get_plugins()
+
+
+def registered_part(kind: str, name: str, where: str, plugins: Plugins | None = None) -> Part:
+    """The registration of ``name`` (a name or an alias), not imported; a one-line ConfigError naming
+    ``where`` when it is unknown or registered twice."""
+    loaded = _plugins(plugins)
     try:
-        return get_plugins().load_part(kind, name)
+        return loaded.registry.get(kind, name)
+    except UnknownPart as exc:
+        raise ConfigError(f"{where}: {exc}{loaded.removed_provider(kind, name)}") from None
     except RegistryError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def lookup_part(kind: str, name: str, where: str, plugins: Plugins | None = None) -> Any:
+    """The registered part ``name`` of ``kind`` (imported on first use); a ConfigError naming ``where``
+    when it is unknown, registered twice or broken. A kind in :data:`IMPORTABLE_KINDS` also takes an
+    importable ``package.module.Class`` that no plugin registers."""
+    loaded = _plugins(plugins)
+    if kind in IMPORTABLE_KINDS and "." in name and not loaded.registry.has(kind, name):
+        return _imported(kind, name, where)
+    registered_part(kind, name, where, loaded)
+    try:
+        return loaded.load_part(kind, name)
+    except RegistryError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _imported(kind: str, path: str, where: str) -> Any:
+    """The class at import path ``module.Class``, checked as ``kind``'s parts are."""
+    import contextlib
+    import importlib
+    import io
+
+    module_name, _, attr = path.rpartition(".")
+    try:
+        # What the module prints at import is no output of ours; exiting at import is a failed import.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            obj = getattr(importlib.import_module(module_name), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit from a module calling sys.exit() at import too
+        raise ConfigError(f"{where} {path!r}: cannot import ({describe_exception(exc)})") from None
+    problem = check_part(kind, obj)
+    if problem:
+        raise ConfigError(f"{where} {path!r} {problem}")
+    return obj
+
+
+def registered_parts(kind: str, plugins: Plugins | None = None) -> list[Part]:
+    """Every registration of ``kind``, by name, none imported (listings: ``toolrl tool list``...)."""
+    return _plugins(plugins).registry.parts(kind)
+
+
+def part_plugin(kind: str, name: str, plugins: Plugins | None = None) -> str | None:
+    """The plugin that registered ``name`` of ``kind`` (for messages); None when none did."""
+    registry = _plugins(plugins).registry
+    return registry.get(kind, name).plugin if registry.has(kind, name) else None
+
+
+def has_part(kind: str, name: str, plugins: Plugins | None = None) -> bool:
+    """Whether ``name`` (or an alias) of ``kind`` is registered, without importing it."""
+    return _plugins(plugins).registry.has(kind, name)
+
+
+def report_part(kind: str, name: str, message: str, plugins: Plugins | None = None) -> None:
+    """A part that loaded but cannot be used (a model family naming a parser no plugin registers):
+    its plugin's status says so, as for a part that fails to load."""
+    registry = _plugins(plugins).registry
+    registry.report(registry.get(kind, name), message)
 
 
 def options_model(part: Any) -> type[BaseModel]:

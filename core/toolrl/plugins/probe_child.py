@@ -5,8 +5,9 @@ Given the request (plugin selection, the plugins to skip, the pipe ``fd``), it l
 as the parent will — :class:`toolrl.plugins.Plugins`, then the ``register_commands`` hooks on the
 real command group — and writes one JSON line to the pipe when each plugin's import or hook starts
 and ends, with the files loaded since the last line. A plugin that changes the process
-(:mod:`toolrl.plugins.process_state`) or raises KeyboardInterrupt ends the child with a line saying
-so. It ends with ``os._exit`` so a thread a plugin left behind cannot hold it open.
+(:mod:`toolrl.plugins.process_state`), forks it, or raises KeyboardInterrupt ends the child with a line
+saying so. It ends with ``os._exit`` so a thread a plugin left behind cannot hold it open. Its last line
+lists the parts each distribution provided (the verdict remembers them).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from toolrl.plugins.process_state import ProcessState
-from toolrl.plugins.screening import CHILD_ENV
 from toolrl.plugins.verdicts import file_state
 
 
@@ -39,6 +39,7 @@ class Reporter:
         self.fd = fd
         self.stdlib, self.site = _interpreter_dirs()
         self.seen = set(sys.modules)
+        self.current: tuple[str, str] | None = None  # (plugin, phase) whose code runs now
 
     def _listed(self, path: str) -> bool:
         """Standard-library files change only with the interpreter: verdicts need not list them."""
@@ -52,7 +53,8 @@ class Reporter:
             if isinstance(path, str) and self._listed(path) and (state := file_state(path)):
                 files[path] = state
         self.seen.update(modules)
-        data = (json.dumps({**event, "files": files}) + "\n").encode()
+        # The pid: a copy of this process that a plugin forked at C level writes here too.
+        data = (json.dumps({**event, "files": files, "pid": os.getpid()}) + "\n").encode()
         while data:
             data = data[os.write(self.fd, data):]
 
@@ -62,10 +64,12 @@ class Reporter:
         loader lets through), ends the child naming the plugin; the parent goes on without it."""
         before = ProcessState.take()
         self.send(start=plugin, phase=phase)
+        self.current = (plugin, phase)
         try:
             yield
         except KeyboardInterrupt:
             self.fail(plugin, phase, "raised KeyboardInterrupt")
+        self.current = None
         if (limit := sys.getrecursionlimit()) != before.recursion_limit:  # first: a low one breaks the rest
             self.fail(plugin, phase, f"set the recursion limit to {limit}")
         changes = ProcessState.take().changes_since(before)
@@ -73,13 +77,18 @@ class Reporter:
             self.fail(plugin, phase, "; ".join(changes))
         self.send(end=plugin)
 
+    def forked(self) -> None:
+        """In the copy a plugin's ``os.fork()`` made (an at-fork hook): a copy of the process would
+        outlive every command that loads the plugin, so this one names it and ends at once."""
+        plugin, phase = self.current or ("?", "?")
+        self.fail(plugin, phase, "forked the process (its copy would outlive every command)")
+
     def fail(self, plugin: str, phase: str, why: str) -> None:
         self.send(failed=plugin, phase=phase, why=why)
         os._exit(3)
 
 
 def main(request: dict[str, Any]) -> None:
-    os.environ[CHILD_ENV] = "1"  # for this process and any it starts
     # Standard modules that register exit handlers when first imported: imported now, so that a plugin
     # importing them is not taken for one that registers its own (toolrl.plugins.process_state).
     import logging  # noqa: F401
@@ -90,10 +99,11 @@ def main(request: dict[str, Any]) -> None:
     from toolrl.plugins import Plugins
 
     reporter = Reporter(request["fd"])
+    os.register_at_fork(after_in_child=reporter.forked)
     plugins = Plugins(env=request["env"], strict=False, screened=request["skip"], watch=reporter.watch)
     # A group of its own: the plugin's register_commands runs as it would on the real CLI, and the
     # plugins layer never imports the CLI above it.
     plugins.add_commands(click.Group("toolrl"))
-    reporter.send(done=True)
+    reporter.send(done=True, provided=plugins.provided())
     os._exit(0)
 

@@ -57,6 +57,10 @@ class RegistryError(LookupError):
     """A part name that cannot be resolved: unknown, or registered by two plugins."""
 
 
+class UnknownPart(RegistryError):
+    """A name no plugin registers (nor as an alias)."""
+
+
 class PartError(RegistryError):
     """A registered part that does not import or is not what its kind requires."""
 
@@ -199,6 +203,10 @@ class Registry:
     def parts(self, kind: str) -> list[Part]:
         return [self._parts[kind][n] for n in self.names(kind)]
 
+    def aliases(self, kind: str, name: str) -> list[str]:
+        """The aliases that resolve to ``name``."""
+        return sorted(a for a, n in self._aliases[kind].items() if n == name)
+
     def has(self, kind: str, name: str) -> bool:
         return name in self._parts[kind] or name in self._aliases[kind]
 
@@ -207,17 +215,20 @@ class Registry:
             raise RegistryError(self._conflict_message(kind, name))
         part = self._parts[kind].get(name) or self._parts[kind].get(self._aliases[kind].get(name, ""))
         if part is None:
-            raise RegistryError(f"unknown {KIND_WORDS[kind]} {name!r}{self._suggestion(kind, name)}")
+            raise UnknownPart(f"unknown {KIND_WORDS[kind]} {name!r}{self._suggestion(kind, name)}")
         return part
 
     def _suggestion(self, kind: str, name: str) -> str:
-        """" (did you mean 'x'? available: ...)": the closest registered names or aliases first."""
+        """" (did you mean 'x'? available: ...)": the closest registered name or alias, then every name
+        and every alias (as ``alias (= name)``)."""
         import difflib
 
         names = self.names(kind)
-        close = difflib.get_close_matches(name, [*names, *self._aliases[kind]], n=1, cutoff=0.6)
+        aliases = self._aliases[kind]
+        close = difflib.get_close_matches(name, [*names, *aliases], n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        return f" ({hint}available: {', '.join(names) or 'none installed'})"
+        listed = [*names, *(f"{a} (= {aliases[a]})" for a in sorted(aliases) if aliases[a] in self._parts[kind])]
+        return f" ({hint}available: {', '.join(listed) or 'none installed'})"
 
     def load(self, kind: str, name: str) -> Any:
         part = self.get(kind, name)

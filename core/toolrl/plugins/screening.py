@@ -57,17 +57,17 @@ def screen(entries: list[Entry], env: Mapping[str, str], timeout_s: float) -> di
 
 def _probe(entries: list[Entry], selection: Mapping[str, str],
            timeout_s: float) -> tuple[verdicts.Verdict, bool]:
-    from toolrl.plugins.supervisor import module_files, run_child
+    from toolrl.plugins.supervisor import Found, module_files, run_child
 
     modules = {e.name: e.module for e in entries}
     failures: dict[str, str] = {}
-    files: dict[str, list[int]] = {}
+    found = Found({}, {})
     timed_out = False
     while True:  # each round either ends or fails one more plugin, so this ends
-        outcome = run_child(selection, failures, timeout_s, files)
+        outcome = run_child(selection, failures, timeout_s, found, CHILD_ENV)
         if isinstance(outcome, bool) or outcome.plugin in failures or outcome.plugin not in modules:
             # finished, failed outside any plugin's code, or stopped in a plugin it was not to load
-            return verdicts.Verdict(failures, files, timeout_s, timed_out), outcome is True
+            return verdicts.Verdict(failures, found.files, timeout_s, timed_out, found.provided), outcome is True
         if outcome.why is not None:
             failures[outcome.plugin] = f"{outcome.why} during {outcome.phase}; not loaded"
         elif outcome.code is None:
@@ -75,7 +75,7 @@ def _probe(entries: list[Entry], selection: Mapping[str, str],
             timed_out = True
         else:
             failures[outcome.plugin] = f"{_ending(outcome.code)} during {outcome.phase}; not loaded"
-        files.update(module_files(modules[outcome.plugin]))
+        found.files.update(module_files(modules[outcome.plugin]))
 
 
 def _ending(code: int) -> str:

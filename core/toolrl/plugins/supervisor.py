@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from toolrl.plugins.verdicts import file_state
@@ -41,20 +43,33 @@ class Stopped:
     why: str | None = None
 
 
+@dataclass
+class Found:
+    """What the child runs reported: every file loaded, and the parts each distribution provided."""
+
+    files: dict[str, list[int]]
+    provided: dict[str, dict[str, list[str]]]
+
+
 def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: float,
-              files: dict[str, list[int]]) -> Stopped | bool:
+              found: Found, marker_env: str) -> Stopped | bool:
     """One child run, loading what ``selection`` (the plugin-selection variables) allows, less ``skip``.
     True when it finished; a :class:`Stopped` when a plugin ended or hung it; False when it failed
-    outside any plugin's code. ``files`` gains every file the child reported loading."""
+    outside any plugin's code. ``found`` gains what the child reported. ``marker_env``: the variable
+    that tells the child it is one (:data:`toolrl.plugins.screening.CHILD_ENV`)."""
     read_fd, write_fd = os.pipe()
     path = [str(p) for p in sys.path if isinstance(p, str | os.PathLike)]
     request = {"path": path, "env": dict(selection), "skip": dict(skip), "fd": write_fd}
+    # In the environment every process the child starts inherits (forked or spawned, in its session or
+    # not): afterwards, whatever carries this marker is killed.
+    marker = secrets.token_hex(8)
     try:
         # A session of its own: whatever the plugins start is killed with the child.
         # Files, not /dev/null: the child measures what each plugin prints.
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             child = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=out,
-                                     stderr=err, pass_fds=(write_fd,), start_new_session=True)
+                                     stderr=err, pass_fds=(write_fd,), start_new_session=True,
+                                     env={**os.environ, marker_env: marker})
     except OSError:
         os.close(read_fd)
         return False
@@ -66,16 +81,33 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
             child.stdin.close()  # type: ignore[union-attr]
         except OSError:  # the child is already gone: its exit status tells why
             pass
-        return _supervise(child, read_fd, timeout_s, files)
+        return _supervise(child, read_fd, timeout_s, found)
     finally:
         os.close(read_fd)
         with contextlib.suppress(ProcessLookupError, PermissionError):  # none left: all ended already
             os.killpg(child.pid, signal.SIGKILL)
-        child.kill()  # in case it left its session
+        child.kill()
         child.wait()
+        kill_marked(f"{marker_env}={marker}".encode())  # what left the session
 
 
-def _supervise(child: Any, fd: int, timeout_s: float, files: dict[str, list[int]]) -> Stopped | bool:
+def kill_marked(entry: bytes) -> list[int]:
+    """Kill every process of ours whose environment holds ``entry`` (``NAME=value``), found in Linux's
+    /proc (elsewhere none are); returns their pids."""
+    killed = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry not in environ.read_bytes().split(b"\0"):
+                continue
+            pid = int(environ.parent.name)
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):  # another user's, or already gone
+            continue
+        killed.append(pid)
+    return killed
+
+
+def _supervise(child: Any, fd: int, timeout_s: float, found: Found) -> Stopped | bool:
     events = _Events(fd, child)
     current: tuple[str, str] | None = None  # (plugin, phase) whose code is running in the child
     while True:
@@ -89,8 +121,12 @@ def _supervise(child: Any, fd: int, timeout_s: float, files: dict[str, list[int]
         if event == "timeout":
             return Stopped(*current, None) if current else False
         assert isinstance(event, dict)
-        files.update(event.get("files", {}))
+        found.files.update(event.get("files", {}))
+        if event.get("pid", child.pid) != child.pid and "failed" not in event:  # a copy forked at C level
+            named = current or (str(event.get("start") or event.get("end") or "?"), "?")
+            return Stopped(*named, None, "forked the process (its copy would outlive every command)")
         if event.get("done"):
+            found.provided.update(event.get("provided", {}))
             return True
         if "failed" in event:
             return Stopped(str(event["failed"]), str(event.get("phase", "?")), None, str(event.get("why", "?")))

@@ -7,6 +7,9 @@ to load with their distributions (name, version, location). A verdict holds whil
 none of its files changed, so installing, removing, upgrading or editing a plugin (an editable install
 too) screens again; a verdict that includes a time-out also ends when the time limit changes.
 
+A record also keeps the parts each screened distribution provided (:func:`providers`): after the
+distribution is removed, a config naming one of its parts is told which distribution is missing.
+
 The file is only a cache: unreadable or corrupt, it is a miss; unwritable, each command screens again.
 Writes replace the file atomically, so concurrent processes never read half of one.
 """
@@ -32,6 +35,7 @@ class Verdict(NamedTuple):  # not a dataclass: creating one costs a millisecond 
     files: dict[str, list[int]]  # path -> [mtime_ns, size] when the child loaded it
     timeout_s: float
     timed_out: bool
+    provided: dict[str, dict[str, list[str]]] = {}  # distribution -> kind -> part names and aliases
 
 
 def cache_file(env: Mapping[str, str]) -> Path:
@@ -76,7 +80,7 @@ def lookup(file: Path, key: list[Any], timeout_s: float) -> dict[str, str] | Non
 
 def store(file: Path, key: list[Any], verdict: Verdict) -> None:
     record = {"key": key, "failures": verdict.failures, "files": verdict.files,
-              "timeout_s": verdict.timeout_s, "timed_out": verdict.timed_out}
+              "timeout_s": verdict.timeout_s, "timed_out": verdict.timed_out, "provided": verdict.provided}
     records = [record] + [r for r in _records(file) if r.get("key") != key][: KEEP - 1]
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
@@ -86,3 +90,16 @@ def store(file: Path, key: list[Any], verdict: Verdict) -> None:
     except OSError:  # a read-only cache costs a screening per command, nothing else
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def providers(file: Path, kind: str, name: str) -> list[str]:
+    """The distributions that provided the part ``name`` (or an alias) of ``kind`` when they were
+    screened, newest record first."""
+    found: list[str] = []
+    for record in _records(file):
+        provided = record.get("provided")
+        for dist, kinds in (provided.items() if isinstance(provided, dict) else ()):
+            names = kinds.get(kind) if isinstance(kinds, dict) else None
+            if isinstance(names, list) and name in names and dist not in found:
+                found.append(dist)
+    return found

@@ -95,11 +95,12 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads. ``parts``: resolved already (else resolved here);
     ``processor``: :func:`engine_processor`'s, if the caller has it already."""
-    from toolrl.rollout.families import renderer_factory
+    from toolrl.rollout.families import config_renderer_factory
 
     parts = parts if parts is not None else resolve_parts(config)
     if processor is ...:
         processor = engine_processor(config, parts.engine_cls, path, samples)
+    factory = config_renderer_factory(config, tokenizer, processor)  # the family's checks: before any model
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
@@ -108,7 +109,6 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    factory = renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite, processor)
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
     return Rollouts(engine, ctx, tools)
 

@@ -67,6 +67,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
     from toolrl.roles.trainer_rank import TrainerRank
     from toolrl.rollout.context_check import check_prompt_tokens
+    from toolrl.rollout.families import config_renderer_factory
 
     if not isinstance(run, ResolvedRun):
         run = resolve_run(run, "train" if train else "rollout")
@@ -88,6 +89,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     tokenizer = model_sources.load_tokenizer(path)
     # Before any actor starts: images need an engine that takes them, and every prompt must fit.
     processor = engine_processor(config, run.parts.engine_cls, path, run.prompts or [])
+    config_renderer_factory(config, tokenizer, processor)  # the model family's checks, before any actor starts
     check_prompt_tokens(run.prompts or [], tokenizer, path, processor, "the prompts", config.rollout.images)
     owns_ray = not ray.is_initialized()
     if owns_ray:

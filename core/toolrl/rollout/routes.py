@@ -10,11 +10,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, resolve_path
+from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError, field_where, resolve_path
 from toolrl.data import origin_of
 from toolrl.environments import ConfiguredEnv, Environment, configured_envs
+from toolrl.families import family_named
 from toolrl.plugins.parts import BuildContext, build_part, checked_options, lookup_part
 from toolrl.rollout import Route
+from toolrl.rollout.families import chat_template_text
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind, SharedParts
 from toolrl.tools import Tool
@@ -22,13 +24,28 @@ from toolrl.tools.verl_config import ToolsFile
 
 
 def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any]]:
-    """The parser name and options a route uses: ``rollout.parser`` when set, else the
-    environment's; options follow the parser (the environment's go with the environment's parser)."""
-    name = config.rollout.parser or (env.parser if env is not None else DEFAULT_PARSER)
+    """The parser name and options a route uses (:func:`parser_source`); options follow the parser
+    (the environment's go with the environment's parser)."""
+    name, _ = parser_source(config, env)
     options = config.rollout.parser_options
     if options is None:
         options = env.parser_options if env is not None and name == env.parser else {}
     return name, options
+
+
+def parser_source(config: Config, env: Environment | None) -> tuple[str, str]:
+    """The parser a route uses and the setting that names it: ``rollout.parser`` when set, else the
+    parser of the family ``model.chat_format`` names (its model writes calls that way, whatever the
+    environment's default), else the environment's."""
+    if config.rollout.parser:
+        return config.rollout.parser, field_where(config, "rollout.parser")
+    if config.model.chat_format is not None:
+        where = field_where(config, "model.chat_format")
+        family = family_named(config.model.chat_format, where)
+        return family.parser, f"{where} (family {family.name!r})"
+    if env is not None:
+        return env.parser, f"environment {env.name!r} parser"
+    return DEFAULT_PARSER, "rollout.parser"
 
 
 def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
@@ -84,14 +101,17 @@ def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[
     out = []
     for i, term in enumerate(terms or []):
         where = f"reward.functions.{i}" if explicit else f"environment {env.name!r} reward {term.name!r}"  # type: ignore[union-attr]
-        context = BuildContext(where, f"{where}.options" if explicit else where, config)
+        context = BuildContext(field_where(config, where) if explicit else where,
+                               f"{where}.options" if explicit else where, config)
         out.append((term.name, term.weight, build_part("reward_functions", term.name, term.options, context)))
     return out
 
 
 def build_parser(config: Config, env: Environment | None = None) -> Any:
     name, options = parser_spec(config, env)
-    return build_part("tool_parsers", name, options, BuildContext("rollout.parser", "rollout.parser_options", config))
+    where = parser_source(config, env)[1]
+    options_where = field_where(config, "rollout.parser_options")
+    return build_part("tool_parsers", name, options, BuildContext(where, options_where, config))
 
 
 def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
@@ -103,7 +123,8 @@ def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
     options = config.session.options
     if options is None:
         options = env.session_options if env is not None and name == env.session else {}
-    named_by = "session.name" if config.session.name or env is None else f"environment {env.name!r} session"
+    named_by = field_where(config, "session.name") if config.session.name or env is None \
+        else f"environment {env.name!r} session"
     where = "session.options" if config.session.options is not None or env is None \
         else f"environment {env.name!r} session_options"
     cls = lookup_part("environment_sessions", name, named_by)
@@ -139,11 +160,11 @@ class Parts:
 def resolve_parts(config: Config) -> Parts:
     """The engine class and every environment, parser, reward and tool config, resolved by name and
     checked: a typo fails here, before anything loads."""
-    engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
+    engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
     if config.model.chat_format is not None:
-        from toolrl.families import family_named
-
-        family_named(config.model.chat_format)
+        family_named(config.model.chat_format, field_where(config, "model.chat_format"))
+    if config.model.chat_template is not None:
+        chat_template_text(config, config.model.chat_template)
     envs = configured_envs(config)
     return Parts(engine_cls, envs, resolve_routes(config, envs))
 

@@ -70,16 +70,17 @@ def check_registered(name: str, plugins: Plugins | None = None) -> None:
     """``name`` (a tool name, alias or tools-config ``class_name``) resolves through the plugin registry
     to a :class:`toolrl.tools.Tool` subclass, registered by a plugin whose status is ok. ``plugins``
     defaults to the process-wide ones (what tool configs and the CLI use)."""
+    from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
-    from toolrl.plugins.registry import RegistryError
+    from toolrl.plugins.parts import lookup_part, registered_part
 
     plugins = plugins if plugins is not None else get_plugins()
     troubled = [
         f"{i.name} ({i.distribution}): {i.status}: {i.error}" for i in plugins.list() if i.status == "error"
     ]
     try:
-        part = plugins.registry.get("tools", name)
-    except RegistryError as exc:
+        part = registered_part("tools", name, "tool", plugins)
+    except ConfigError as exc:
         hint = (
             f"{exc}. Check that your plugin is installed (pip install -e plugins/<name>), that its "
             "[project.entry-points.toolrl] entry names a module with a register_tools hook, and that "
@@ -95,11 +96,11 @@ def check_registered(name: str, plugins: Plugins | None = None) -> None:
             f"{info.status!r}: {info.error}. Fix that error: a plugin with errors is not conformant."
         )
     try:
-        cls = part.load()
-    except Exception as exc:
+        cls = lookup_part("tools", name, "tool", plugins)
+    except ConfigError as exc:
         _fail(
             f"tool {name!r} (plugin {info.name!r}) is registered as {part.target!r}, which does not import: "
-            f"{type(exc).__name__}: {exc}. A lazy reference must be 'package.module:Attribute'."
+            f"{exc}. A lazy reference must be 'package.module:Attribute'."
         )
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         _fail(

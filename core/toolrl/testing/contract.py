@@ -19,11 +19,9 @@ SELF_CONTAINED = ("tool_parsers", "reward_functions", "loggers", "model_families
 def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -> None:
     """Raise AssertionError saying what the part ``name`` of ``kind`` lacks."""
     from toolrl.config import ConfigError
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.parts import BuildContext, build_part, options_model
+    from toolrl.plugins.parts import BuildContext, build_part, lookup_part, options_model
 
-    plugins = plugins if plugins is not None else get_plugins()
-    part: Any = plugins.load_part(kind, name)
+    part: Any = lookup_part(kind, name, f"{kind} {name!r}", plugins)
     model = options_model(part)
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise AssertionError(f"{kind} {name!r}: Options is {model!r}, not a pydantic model")

@@ -9,7 +9,8 @@
         mcp: {mcp_servers_config_path: servers.json, tool_selected_list: [add]}
 
 ``class_name`` resolves, in order: a registered tool name, a registered alias (plugins alias the verl
-class they replace), then an importable ``module.Class`` that subclasses :class:`toolrl.tools.Tool`.
+class they replace), then an importable ``module.Class`` that subclasses :class:`toolrl.tools.Tool`;
+the tool is built as every part is (:func:`toolrl.plugins.parts.build_part`).
 
 The core reads only ``class_name``, ``config`` and ``tool_schema``. Everything else in an entry (the
 ``mcp:`` block above, or any plugin's own sibling block) belongs to the tool class: its
@@ -19,9 +20,6 @@ entry was written in, so the tool can resolve paths in its own block relative to
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from toolrl.config import ConfigError, format_errors, read_yaml
-from toolrl.plugins.parts import BuildContext
+from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.tools import Tool, ToolConfigError
 
 
@@ -98,44 +96,27 @@ def parse_tools_config(data: Mapping[str, Any], base_dir: Path | None = None) ->
 def resolve_tool_class(class_name: str) -> type[Tool]:
     """The tool class a config entry names: a registered name or alias (verl's class paths are aliases
     of the tools that replace them), else an importable ``package.module.Class``."""
-    from toolrl.config import ConfigError
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.parts import lookup_part
-    from toolrl.plugins.registry import check_part, describe_exception
-
-    if get_plugins().registry.has("tools", class_name) or "." not in class_name:
-        try:
-            return lookup_part("tools", class_name, "tools[].class_name")
-        except ConfigError as exc:
-            raise ToolConfigError(str(exc)) from None
-    module_name, _, attr = class_name.rpartition(".")
     try:
-        # What the module prints at import is no output of ours; exiting at import is a failed import.
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cls = getattr(importlib.import_module(module_name), attr)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # SystemExit from a module calling sys.exit() at import too
-        raise ToolConfigError(f"tools[].class_name {class_name!r}: cannot import ({describe_exception(exc)})") from None
-    problem = check_part("tools", cls)
-    if problem:
-        raise ToolConfigError(f"tools[].class_name {class_name!r} {problem}")
-    return cls
+        return lookup_part("tools", class_name, "tools[].class_name")
+    except ConfigError as exc:
+        raise ToolConfigError(str(exc)) from None
 
 
 async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[Tool]:
     """The tools one entry stands for: ``Tool.from_config`` of its class, or with ``isolation:
     process`` the one tool built and run in a worker process of its own."""
-    cls = resolve_tool_class(entry.class_name)
     config = entry.config.model_dump()
     if config.get("isolation") == "process":
         from toolrl.tools.isolation import ProcessTool
 
-        return [await ProcessTool.start(cls, config, entry.tool_schema)]
+        return [await ProcessTool.start(resolve_tool_class(entry.class_name), config, entry.tool_schema)]
     section = ToolSection(entry.model_dump(exclude_none=True), base_dir)
-    return await cls.build(cls.Options.model_validate(config), BuildContext(
-        f"tools[].class_name {entry.class_name!r}", "tools[].config", inputs={"tool_schema": entry.tool_schema,
-                                                                               "section": section}))
+    context = BuildContext(f"tools[].class_name {entry.class_name!r}", "tools[].config",
+                           inputs={"tool_schema": entry.tool_schema, "section": section})
+    try:
+        return await build_part("tools", entry.class_name, config, context)
+    except ConfigError as exc:
+        raise ToolConfigError(str(exc)) from None
 
 
 async def build_tools(tools_file: ToolsFile) -> dict[str, Tool]:

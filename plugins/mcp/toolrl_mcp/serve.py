@@ -80,10 +80,10 @@ async def load_tools(tools_config: str | None) -> dict[str, Tool]:
 
     if tools_config is not None:
         return await build_tools(load_tools_file(tools_config))
-    from toolrl.plugins import get_plugins
+    from toolrl.plugins.parts import registered_parts
 
     tools: dict[str, Tool] = {}
-    for part in get_plugins().registry.parts("tools"):
+    for part in registered_parts("tools"):
         if part.name in _NOT_SERVED_BY_DEFAULT:
             continue
         try:

@@ -65,7 +65,6 @@ def register_commands(cli: click.Group) -> None:
         from toolrl.cli.errors import UsageFailure
         from toolrl.config import ConfigError, load_config
         from toolrl.model_sources import ModelUnavailable
-        from toolrl.plugins.registry import RegistryError
 
         from toolrl_openai.server import serve_async
 
@@ -76,7 +75,7 @@ def register_commands(cli: click.Group) -> None:
                                     announce=lambda line: click.echo(line, err=True)))
         except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully and re-raised it
             return
-        except (ConfigError, RegistryError, ModelUnavailable) as exc:
+        except (ConfigError, ModelUnavailable) as exc:
             raise UsageFailure(str(exc).strip("'\"")) from None
         except OSError as exc:
             if exc.errno is None:

@@ -99,7 +99,7 @@ def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
 
 def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
                   model_name: str | None, token_history: bool = False) -> Service:
-    """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
+    """Compose the configured parts the way training does; a ConfigError on bad config."""
     from toolrl import model_sources
     from toolrl.engines.build import build_engine
     from toolrl.model_sources import model_path
