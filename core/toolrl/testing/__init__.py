@@ -90,6 +90,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ToolConformance": "conformance",
     "check_build_contract": "contract",
+    "PUBLIC_API": "public_api",
+    "check_public_imports": "public_api",
     **dict.fromkeys(
         (
             "LIFECYCLE",
@@ -129,6 +131,7 @@ __all__ = [
     "LifecycleCall",
     "LifecycleError",
     "LifecycleRun",
+    "PUBLIC_API",
     "ToolConformance",
     "build_tool",
     "check_build_contract",
@@ -140,6 +143,7 @@ __all__ = [
     "check_lifecycle",
     "check_no_loop_blocking",
     "check_order",
+    "check_public_imports",
     "check_registered",
     "check_release_idempotent",
     "check_released_and_unknown",
@@ -179,6 +183,7 @@ if TYPE_CHECKING:
         instrument,
         run_lifecycle,
     )
+    from toolrl.testing.public_api import PUBLIC_API, check_public_imports
 
 
 def __getattr__(name: str) -> Any:
