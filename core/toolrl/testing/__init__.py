@@ -1,4 +1,5 @@
-"""toolrl.testing: the conformance kit for tool authors.
+"""toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
+(:mod:`toolrl.testing.parsers`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
 
 Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
 valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
@@ -91,6 +92,12 @@ _EXPORTS = {
     "ToolConformance": "conformance",
     "check_build_contract": "contract",
     "PUBLIC_API": "public_api",
+    "ParserConformance": "parsers",
+    "check_parser_corpus": "parsers",
+    "check_parser_hostile": "parsers",
+    "check_parser_fuzz": "parsers",
+    "check_parser_linear_time": "parsers",
+    "hostile_parser_inputs": "parsers",
     "check_public_imports": "public_api",
     **dict.fromkeys(
         (
@@ -126,12 +133,13 @@ _EXPORTS = {
     ),
 }
 __all__ = [
-    "LIFECYCLE",
     "CallRecorder",
+    "LIFECYCLE",
     "LifecycleCall",
     "LifecycleError",
     "LifecycleRun",
     "PUBLIC_API",
+    "ParserConformance",
     "ToolConformance",
     "build_tool",
     "check_build_contract",
@@ -143,6 +151,10 @@ __all__ = [
     "check_lifecycle",
     "check_no_loop_blocking",
     "check_order",
+    "check_parser_corpus",
+    "check_parser_fuzz",
+    "check_parser_hostile",
+    "check_parser_linear_time",
     "check_public_imports",
     "check_registered",
     "check_release_idempotent",
@@ -150,6 +162,7 @@ __all__ = [
     "check_return_types",
     "check_schema",
     "derive_invalid_arguments",
+    "hostile_parser_inputs",
     "instrument",
     "run_lifecycle",
 ]
@@ -182,6 +195,14 @@ if TYPE_CHECKING:
         LifecycleRun,
         instrument,
         run_lifecycle,
+    )
+    from toolrl.testing.parsers import (
+        ParserConformance,
+        check_parser_corpus,
+        check_parser_fuzz,
+        check_parser_hostile,
+        check_parser_linear_time,
+        hostile_parser_inputs,
     )
     from toolrl.testing.public_api import PUBLIC_API, check_public_imports
 

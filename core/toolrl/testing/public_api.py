@@ -46,7 +46,9 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                        "check_concurrency", "check_invalid_arguments", "check_isolation", "check_lifecycle",
                        "check_no_loop_blocking", "check_order", "check_registered", "check_release_idempotent",
                        "check_released_and_unknown", "check_return_types", "check_schema",
-                       "derive_invalid_arguments"),
+                       "derive_invalid_arguments", "ParserConformance", "check_parser_corpus",
+                       "check_parser_hostile", "check_parser_fuzz", "check_parser_linear_time",
+                       "hostile_parser_inputs"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
