@@ -98,6 +98,14 @@ _EXPORTS = {
     "check_parser_fuzz": "parsers",
     "check_parser_linear_time": "parsers",
     "hostile_parser_inputs": "parsers",
+    "SessionConformance": "sessions",
+    "SessionPlay": "sessions",
+    "PlayedSession": "sessions",
+    "prepared_session_kind": "sessions",
+    "play_session": "sessions",
+    "check_session_play": "sessions",
+    "check_session_isolation": "sessions",
+    "check_dead_session": "sessions",
     "check_public_imports": "public_api",
     **dict.fromkeys(
         (
@@ -140,12 +148,16 @@ __all__ = [
     "LifecycleRun",
     "PUBLIC_API",
     "ParserConformance",
+    "PlayedSession",
+    "SessionConformance",
+    "SessionPlay",
     "ToolConformance",
     "build_tool",
     "check_build_contract",
     "check_calc_reward",
     "check_cancellation",
     "check_concurrency",
+    "check_dead_session",
     "check_invalid_arguments",
     "check_isolation",
     "check_lifecycle",
@@ -161,9 +173,13 @@ __all__ = [
     "check_released_and_unknown",
     "check_return_types",
     "check_schema",
+    "check_session_isolation",
+    "check_session_play",
     "derive_invalid_arguments",
     "hostile_parser_inputs",
     "instrument",
+    "play_session",
+    "prepared_session_kind",
     "run_lifecycle",
 ]
 
@@ -205,6 +221,16 @@ if TYPE_CHECKING:
         hostile_parser_inputs,
     )
     from toolrl.testing.public_api import PUBLIC_API, check_public_imports
+    from toolrl.testing.sessions import (
+        PlayedSession,
+        SessionConformance,
+        SessionPlay,
+        check_dead_session,
+        check_session_isolation,
+        check_session_play,
+        play_session,
+        prepared_session_kind,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -48,7 +48,9 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                        "check_released_and_unknown", "check_return_types", "check_schema",
                        "derive_invalid_arguments", "ParserConformance", "check_parser_corpus",
                        "check_parser_hostile", "check_parser_fuzz", "check_parser_linear_time",
-                       "hostile_parser_inputs"),
+                       "hostile_parser_inputs", "SessionConformance", "SessionPlay", "PlayedSession",
+                       "prepared_session_kind", "play_session", "check_session_play", "check_session_isolation",
+                       "check_dead_session"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
