@@ -1,5 +1,6 @@
 """toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
-(:mod:`toolrl.testing.parsers`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
+(:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), model families
+(:mod:`toolrl.testing.families`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
 
 Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
 valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
@@ -98,6 +99,12 @@ _EXPORTS = {
     "check_parser_fuzz": "parsers",
     "check_parser_linear_time": "parsers",
     "hostile_parser_inputs": "parsers",
+    "FamilyConformance": "families",
+    "registered_family": "families",
+    "check_family_tokens": "families",
+    "check_family_parser": "families",
+    "check_family_end_of_turn": "families",
+    "check_family_detected": "families",
     "SessionConformance": "sessions",
     "SessionPlay": "sessions",
     "PlayedSession": "sessions",
@@ -142,6 +149,7 @@ _EXPORTS = {
 }
 __all__ = [
     "CallRecorder",
+    "FamilyConformance",
     "LIFECYCLE",
     "LifecycleCall",
     "LifecycleError",
@@ -158,6 +166,10 @@ __all__ = [
     "check_cancellation",
     "check_concurrency",
     "check_dead_session",
+    "check_family_detected",
+    "check_family_end_of_turn",
+    "check_family_parser",
+    "check_family_tokens",
     "check_invalid_arguments",
     "check_isolation",
     "check_lifecycle",
@@ -180,6 +192,7 @@ __all__ = [
     "instrument",
     "play_session",
     "prepared_session_kind",
+    "registered_family",
     "run_lifecycle",
 ]
 
@@ -203,6 +216,14 @@ if TYPE_CHECKING:
     )
     from toolrl.testing.conformance import ToolConformance
     from toolrl.testing.contract import check_build_contract
+    from toolrl.testing.families import (
+        FamilyConformance,
+        check_family_detected,
+        check_family_end_of_turn,
+        check_family_parser,
+        check_family_tokens,
+        registered_family,
+    )
     from toolrl.testing.lifecycle import (
         LIFECYCLE,
         CallRecorder,

@@ -50,7 +50,8 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                        "check_parser_hostile", "check_parser_fuzz", "check_parser_linear_time",
                        "hostile_parser_inputs", "SessionConformance", "SessionPlay", "PlayedSession",
                        "prepared_session_kind", "play_session", "check_session_play", "check_session_isolation",
-                       "check_dead_session"),
+                       "check_dead_session", "FamilyConformance", "registered_family", "check_family_tokens",
+                       "check_family_parser", "check_family_end_of_turn", "check_family_detected"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
