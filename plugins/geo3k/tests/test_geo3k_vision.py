@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,8 @@ import yaml
 from PIL import Image
 from toolrl_geo3k.crop import CropImageTool
 from toolrl_geo3k.preprocess import preprocess
+
+PARITY = Path(__file__).parent / "parity"  # a distribution registering the `parity` reward
 
 
 def figure(width: int = 112, height: int = 84) -> bytes:
@@ -106,8 +109,9 @@ def test_train_on_the_tiny_vlm_with_figures(verl_parquet: Path, tmp_path: Path) 
         "optim": {"lr": 1.0e-3, "micro_batch_size": 4},
         "trainer": {"total_steps": 2, "output_dir": str(tmp_path / "out"), "progress": False, "plot": False},
     }))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PARITY), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "toolrl", "train", str(tmp_path / "config.yaml")],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
     steps = [m for m in metrics if "grad_norm" in m]
