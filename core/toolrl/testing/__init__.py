@@ -1,6 +1,6 @@
 """toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
 (:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), model families
-(:mod:`toolrl.testing.families`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
+(:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
 
 Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
 valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
@@ -99,6 +99,10 @@ _EXPORTS = {
     "check_parser_fuzz": "parsers",
     "check_parser_linear_time": "parsers",
     "hostile_parser_inputs": "parsers",
+    "check_engine_logprobs": "engines",
+    "check_engine_cancellation": "engines",
+    "check_engine_weight_update": "engines",
+    "reference_greedy": "engines",
     "FamilyConformance": "families",
     "registered_family": "families",
     "check_family_tokens": "families",
@@ -166,6 +170,9 @@ __all__ = [
     "check_cancellation",
     "check_concurrency",
     "check_dead_session",
+    "check_engine_cancellation",
+    "check_engine_logprobs",
+    "check_engine_weight_update",
     "check_family_detected",
     "check_family_end_of_turn",
     "check_family_parser",
@@ -192,6 +199,7 @@ __all__ = [
     "instrument",
     "play_session",
     "prepared_session_kind",
+    "reference_greedy",
     "registered_family",
     "run_lifecycle",
 ]
@@ -216,6 +224,12 @@ if TYPE_CHECKING:
     )
     from toolrl.testing.conformance import ToolConformance
     from toolrl.testing.contract import check_build_contract
+    from toolrl.testing.engines import (
+        check_engine_cancellation,
+        check_engine_logprobs,
+        check_engine_weight_update,
+        reference_greedy,
+    )
     from toolrl.testing.families import (
         FamilyConformance,
         check_family_detected,

@@ -51,7 +51,9 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                        "hostile_parser_inputs", "SessionConformance", "SessionPlay", "PlayedSession",
                        "prepared_session_kind", "play_session", "check_session_play", "check_session_isolation",
                        "check_dead_session", "FamilyConformance", "registered_family", "check_family_tokens",
-                       "check_family_parser", "check_family_end_of_turn", "check_family_detected"),
+                       "check_family_parser", "check_family_end_of_turn", "check_family_detected",
+                       "check_engine_logprobs", "check_engine_cancellation", "check_engine_weight_update",
+                       "reference_greedy"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
