@@ -77,3 +77,4 @@ async def test_a_script_ends_as_a_model_would() -> None:
     assert (first.finish_reason, second.finish_reason, third.finish_reason) == ("stop", "stop_string", "length")
     assert len(third.token_ids) == 16 and fourth.token_ids == third.token_ids  # the last text repeats
     assert (await engine.generate([1], params, session_id="b"))[0].token_ids == first.token_ids  # per trajectory
+    assert "no weights" in await engine.check_trainable()  # training refuses it in one line
