@@ -193,16 +193,12 @@ def register_environments(register):
     register("mix_envs:PING", name="ping")
     register("mix_envs:ECHO", name="echo")
     register(object(), name="not-an-env")
-
-@hookimpl
-def register_rollout_engines(register):
-    register("scripted:ScriptedEngine", name="scripted")
 '''
 
 
 @pytest.fixture
 def mix_plugins(tmp_path, monkeypatch):
-    """Plugins with two environments (and the scripted engine), as the process-wide plugins."""
+    """Plugins with two environments, as the process-wide plugins."""
     make_dist(tmp_path, "toolrl-plugin-mix", "mix", "mix_envs", ENVS)
     (tmp_path / "ping_tools.py").write_text(TOOLS)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -299,7 +295,7 @@ async def test_a_mixture_routes_each_sample_to_its_own_tools_turn_limit_and_pars
 
     both = call("ping") + call("echo") + "<echo>1</echo>"
     config = load_config(None, ["model.source=tiny-qwen3", "engine.name=scripted",
-                                f"engine.options={{scripts: [{json.dumps(both)}, {json.dumps(both)}, done]}}"],
+                                f"engine.options={{script: [{json.dumps(both)}, {json.dumps(both)}, done]}}"],
                          data={"envs": {"ping": {}, "echo": {"max_turns": 1}}, "base_dir": str(tmp_path)})
     samples = load_samples(config)
     path = model_path(config)

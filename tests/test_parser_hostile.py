@@ -363,3 +363,30 @@ async def test_a_cancel_that_arrives_as_the_parse_finishes_still_cancels() -> No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_flood_of_malformed_calls_reaches_the_model_as_a_few_errors_and_a_count() -> None:
+    """20 000 unterminated <tool_call> tags in one turn are 5 error messages and one count for the model
+    (and the trace), not 20 000 tool messages: the cap is in parse_within, so it holds for every parser."""
+    from scripted import ScriptedEngine
+    from toolrl.config import RewardConfig, RolloutConfig
+    from toolrl.model_sources import qwen_tokenizer
+    from toolrl.parsers import MAX_REPORTED_ERRORS
+    from toolrl.parsers.hermes import HermesParser
+    from toolrl.rollout import RolloutContext, Route, run_trajectory
+    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.schemas import Sample
+
+    tokenizer = qwen_tokenizer("qwen2_5")
+    engine = ScriptedEngine(tokenizer, ["<tool_call>" * 20_000, "The answer is 4."])
+    ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                         config=RolloutConfig(max_new_tokens=50_000, max_response_tokens=100_000),
+                         routes={None: Route({}, 4, HermesParser(), [], RewardConfig())})
+    sample = Sample(prompt=[{"role": "user", "content": "2+2?"}], ground_truth="4")
+    traj = await run_trajectory(ctx, sample, 0, "t1", seed=0)
+    assert traj.termination == "answered"
+    messages = [e.message for e in traj.parse_errors]
+    assert messages == ["unterminated tool call: missing </tool_call>"] * MAX_REPORTED_ERRORS + [
+        f"{20_000 - MAX_REPORTED_ERRORS} more malformed tool calls not shown"]
+    told = tokenizer.decode(engine.calls[1][1][len(engine.calls[0][1]):])
+    assert told.count("missing </tool_call>") == MAX_REPORTED_ERRORS and "19995 more malformed" in told

@@ -9,7 +9,8 @@ that end a family's turn are not content. A parser that raises anyway, like a to
 turn's parse error in the rollout and a one-line error from ``toolrl parse``. Like a tool, a parser
 runs under a time limit (``rollout.parser_timeout_s``): one still running then is that turn's parse
 error, and the rollout stops handing it text (a thread cannot be stopped; each stuck call would hold
-one for good).
+one for good). What goes back to the model of one turn's malformed calls is capped
+(:data:`MAX_REPORTED_ERRORS` and a count of the rest), for every parser, in :func:`parse_within`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,20 @@ def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:
     return future
 
 
+# Malformed calls of one turn shown to the model (and kept in the trace); the rest become one count. A
+# 20 MB output of unterminated tags is otherwise millions of tool messages.
+MAX_REPORTED_ERRORS = 5
+
+
+def capped(result: ParseResult, keep: int = MAX_REPORTED_ERRORS) -> ParseResult:
+    """``result`` with its first ``keep`` errors, and one more error counting the ones left out."""
+    if len(result.errors) <= keep:
+        return result
+    rest = len(result.errors) - keep
+    more = ParseError(message=f"{rest} more malformed tool call{'s' if rest != 1 else ''} not shown")
+    return result.model_copy(update={"errors": [*result.errors[:keep], more]})
+
+
 # Parsers that ran past their time limit in this process, by id (the object is held, so the id stays
 # its own): their thread still runs, and they are handed no more text.
 _STUCK: dict[int, ToolParser] = {}
@@ -86,7 +101,7 @@ _STUCK: dict[int, ToolParser] = {}
 async def parse_within(parser: ToolParser, text: str, seconds: float) -> ParseResult:
     """``parser.parse(text)`` under a time and exception boundary, as a tool call runs: a parser that
     raises, returns no :class:`ParseResult` or runs past ``seconds`` makes the whole text one parse
-    error, so a third-party parser's bug costs a turn, never the run."""
+    error, so a third-party parser's bug costs a turn, never the run. Its errors are :func:`capped`."""
     if id(parser) in _STUCK:
         return _failed(parser, f"it ran past its {seconds:g} s limit earlier in this run and still runs", text)
     future = parse_on_thread(parser, text)
@@ -104,7 +119,7 @@ async def parse_within(parser: ToolParser, text: str, seconds: float) -> ParseRe
         return _failed(parser, f"{type(exc).__name__}: {exc}", text)
     if not isinstance(result, ParseResult):
         return _failed(parser, f"it returned {type(result).__name__}, not a ParseResult", text)
-    return result
+    return capped(result)
 
 
 def _failed(parser: ToolParser, why: str, text: str) -> ParseResult:

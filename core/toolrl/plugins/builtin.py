@@ -71,6 +71,14 @@ class TransformersEnginePlugin:
         register("toolrl.engines.transformers:TransformersEngine", name="transformers", aliases=("hf",))
 
 
+class ScriptedEnginePlugin:
+    """Fixed model turns for environment and tool authors (:mod:`toolrl.testing.scripted_engine`)."""
+
+    @hookimpl
+    def register_rollout_engines(self, register: Register) -> None:
+        register("toolrl.testing.scripted_engine:ScriptedEngine", name="scripted")
+
+
 class JsonlLoggerPlugin:
     @hookimpl
     def register_loggers(self, register: Register) -> None:
@@ -100,6 +108,7 @@ BUILTINS = {
     **MODEL_FAMILIES,
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
+    "scripted": ScriptedEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),
     "algorithms": AlgorithmsPlugin(),
 }

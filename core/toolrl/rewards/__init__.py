@@ -27,6 +27,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+# Public: the answer the math reward reads, for plugins' rewards that read it the same way.
+from toolrl.rewards.builtin import last_boxed
+
+__all__ = ["RewardFunction", "last_boxed"]
+
 
 @runtime_checkable
 class RewardFunction(Protocol):

@@ -1,4 +1,6 @@
-"""toolrl.testing: the conformance kit for tool authors.
+"""toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
+(:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), model families
+(:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
 
 Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
 valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
@@ -90,6 +92,32 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ToolConformance": "conformance",
     "check_build_contract": "contract",
+    "PUBLIC_API": "public_api",
+    "ParserConformance": "parsers",
+    "check_parser_corpus": "parsers",
+    "check_parser_hostile": "parsers",
+    "check_parser_fuzz": "parsers",
+    "check_parser_linear_time": "parsers",
+    "hostile_parser_inputs": "parsers",
+    "check_engine_logprobs": "engines",
+    "check_engine_cancellation": "engines",
+    "check_engine_weight_update": "engines",
+    "reference_greedy": "engines",
+    "FamilyConformance": "families",
+    "registered_family": "families",
+    "check_family_tokens": "families",
+    "check_family_parser": "families",
+    "check_family_end_of_turn": "families",
+    "check_family_detected": "families",
+    "SessionConformance": "sessions",
+    "SessionPlay": "sessions",
+    "PlayedSession": "sessions",
+    "prepared_session_kind": "sessions",
+    "play_session": "sessions",
+    "check_session_play": "sessions",
+    "check_session_isolation": "sessions",
+    "check_dead_session": "sessions",
+    "check_public_imports": "public_api",
     **dict.fromkeys(
         (
             "LIFECYCLE",
@@ -124,29 +152,55 @@ _EXPORTS = {
     ),
 }
 __all__ = [
-    "LIFECYCLE",
     "CallRecorder",
+    "FamilyConformance",
+    "LIFECYCLE",
     "LifecycleCall",
     "LifecycleError",
     "LifecycleRun",
+    "PUBLIC_API",
+    "ParserConformance",
+    "PlayedSession",
+    "SessionConformance",
+    "SessionPlay",
     "ToolConformance",
     "build_tool",
     "check_build_contract",
     "check_calc_reward",
     "check_cancellation",
     "check_concurrency",
+    "check_dead_session",
+    "check_engine_cancellation",
+    "check_engine_logprobs",
+    "check_engine_weight_update",
+    "check_family_detected",
+    "check_family_end_of_turn",
+    "check_family_parser",
+    "check_family_tokens",
     "check_invalid_arguments",
     "check_isolation",
     "check_lifecycle",
     "check_no_loop_blocking",
     "check_order",
+    "check_parser_corpus",
+    "check_parser_fuzz",
+    "check_parser_hostile",
+    "check_parser_linear_time",
+    "check_public_imports",
     "check_registered",
     "check_release_idempotent",
     "check_released_and_unknown",
     "check_return_types",
     "check_schema",
+    "check_session_isolation",
+    "check_session_play",
     "derive_invalid_arguments",
+    "hostile_parser_inputs",
     "instrument",
+    "play_session",
+    "prepared_session_kind",
+    "reference_greedy",
+    "registered_family",
     "run_lifecycle",
 ]
 
@@ -170,6 +224,20 @@ if TYPE_CHECKING:
     )
     from toolrl.testing.conformance import ToolConformance
     from toolrl.testing.contract import check_build_contract
+    from toolrl.testing.engines import (
+        check_engine_cancellation,
+        check_engine_logprobs,
+        check_engine_weight_update,
+        reference_greedy,
+    )
+    from toolrl.testing.families import (
+        FamilyConformance,
+        check_family_detected,
+        check_family_end_of_turn,
+        check_family_parser,
+        check_family_tokens,
+        registered_family,
+    )
     from toolrl.testing.lifecycle import (
         LIFECYCLE,
         CallRecorder,
@@ -178,6 +246,25 @@ if TYPE_CHECKING:
         LifecycleRun,
         instrument,
         run_lifecycle,
+    )
+    from toolrl.testing.parsers import (
+        ParserConformance,
+        check_parser_corpus,
+        check_parser_fuzz,
+        check_parser_hostile,
+        check_parser_linear_time,
+        hostile_parser_inputs,
+    )
+    from toolrl.testing.public_api import PUBLIC_API, check_public_imports
+    from toolrl.testing.sessions import (
+        PlayedSession,
+        SessionConformance,
+        SessionPlay,
+        check_dead_session,
+        check_session_isolation,
+        check_session_play,
+        play_session,
+        prepared_session_kind,
     )
 
 

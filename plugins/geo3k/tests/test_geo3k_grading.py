@@ -8,7 +8,7 @@ import time
 import pytest
 from toolrl.plugins import get_plugins
 from toolrl.rewards import RewardFunction
-from toolrl.rewards.builtin import last_boxed as extract_last_boxed
+from toolrl.rewards import last_boxed as extract_last_boxed
 from toolrl_geo3k.grading import is_equivalent, parse_answer
 from toolrl_geo3k.reward import Geo3kReward, geo3k_score
 

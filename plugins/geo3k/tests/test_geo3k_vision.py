@@ -20,7 +20,7 @@ from PIL import Image
 from toolrl_geo3k.crop import CropImageTool
 from toolrl_geo3k.preprocess import preprocess
 
-SCRIPTED = Path(__file__).parent / "scripted"
+PARITY = Path(__file__).parent / "parity"  # a distribution registering the `parity` reward
 
 
 def figure(width: int = 112, height: int = 84) -> bytes:
@@ -78,9 +78,8 @@ def test_rollout_shows_the_figure_and_the_crop_to_a_vlm(verl_parquet: Path, tmp_
         "rollout": {"n": 1, "max_turns": 5, "max_response_tokens": 2048},
         "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "out"), "progress": False},
     }))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTED), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "toolrl", "rollout", str(tmp_path / "config.yaml")],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     [trace] = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     first, second = trace["tool_results"][:2]
@@ -110,7 +109,7 @@ def test_train_on_the_tiny_vlm_with_figures(verl_parquet: Path, tmp_path: Path) 
         "optim": {"lr": 1.0e-3, "micro_batch_size": 4},
         "trainer": {"total_steps": 2, "output_dir": str(tmp_path / "out"), "progress": False, "plot": False},
     }))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTED), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PARITY), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "toolrl", "train", str(tmp_path / "config.yaml")],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -133,12 +132,11 @@ def test_images_false_gives_a_vlm_the_text_only(verl_parquet: Path, tmp_path: Pa
         "rollout": {"n": 1, "max_turns": 5, "max_response_tokens": 256},
         "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "out"), "progress": False},
     }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTED), os.environ.get("PYTHONPATH", "")])}
 
     def rollout(cfg: dict) -> subprocess.CompletedProcess:
         (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
         return subprocess.run([sys.executable, "-m", "toolrl", "rollout", str(tmp_path / "config.yaml")],
-                              capture_output=True, text=True, env=env, timeout=600)
+                              capture_output=True, text=True, timeout=600)
 
     done = rollout(config)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolrl.rewards.builtin import last_boxed
+from toolrl.rewards import last_boxed
 
 from toolrl_geo3k.grading import is_equivalent
 

@@ -4,7 +4,6 @@ MCP server and the traces show the server's answer, masked out of the loss."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +28,8 @@ def test_rollout_with_an_mcp_tool(tmp_path: Path) -> None:
         "tools": {"config_path": "tools.yaml"},
         "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "out"), "progress": False},
     }))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SERVERS / "scripted"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "toolrl", "rollout", str(tmp_path / "config.yaml")],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     traces = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 2

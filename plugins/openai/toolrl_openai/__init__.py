@@ -62,21 +62,21 @@ def register_commands(cli: click.Group) -> None:
         import asyncio
         from pathlib import Path
 
-        from toolrl.cli.errors import UsageFailure
-        from toolrl.config import ConfigError, load_config
-        from toolrl.model_sources import ModelUnavailable
+        from toolrl.cli import UsageFailure, user_errors
+        from toolrl.config import load_config
 
         from toolrl_openai.server import serve_async
 
-        try:
+        def run() -> None:
             config = load_config(config_path, list(overrides))
             asyncio.run(serve_async(config, host, port, Path(record_dir) if record_dir else None, idle_s,
                                     max_conversations, served_model_name, token_history,
                                     announce=lambda line: click.echo(line, err=True)))
+
+        try:
+            user_errors(run)  # config, part-name and model-source errors: one line, exit 2
         except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully and re-raised it
             return
-        except (ConfigError, ModelUnavailable) as exc:
-            raise UsageFailure(str(exc).strip("'\"")) from None
         except OSError as exc:
             if exc.errno is None:
                 raise

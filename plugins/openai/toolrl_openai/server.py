@@ -99,21 +99,15 @@ def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
 
 def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
                   model_name: str | None, token_history: bool = False) -> Service:
-    """Compose the configured parts the way training does; a ConfigError on bad config."""
-    from toolrl import model_sources
-    from toolrl.engines.build import build_engine
-    from toolrl.model_sources import model_path
-    from toolrl.rollout.routes import resolve_parts
+    """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
+    from toolrl.roles.serving import build_served_model
 
-    parts = resolve_parts(config)
-    path = model_path(config)
-    tokenizer = model_sources.load_tokenizer(path)
-    engine = build_engine(config, path, tokenizer)
-    conversations = Conversations(tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
-                                  on_close=engine.end_session)
-    return Service(engine, tokenizer, parts.parser, model_name or config.model.source, conversations,
+    served = build_served_model(config)
+    conversations = Conversations(served.tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,
+                                  on_close=served.engine.end_session)
+    return Service(served.engine, served.tokenizer, served.parser, model_name or config.model.source, conversations,
                    default_max_tokens=config.rollout.max_new_tokens, token_history=token_history,
-                   processor=model_sources.load_processor(path), image_limits=config.rollout.images)
+                   processor=served.processor, image_limits=config.rollout.images)
 
 
 def bind(host: str, port: int) -> socket.socket:

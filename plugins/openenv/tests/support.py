@@ -17,7 +17,6 @@ from toolrl.engines import Generation, RolloutEngine, SamplingParams
 
 HERE = Path(__file__).parent
 ENVS = HERE / "envs"
-SCRIPTED = HERE / "scripted"
 
 
 def free_port() -> int:

@@ -4,13 +4,11 @@ wire, the episode's done ends each trajectory, and the server's reward reaches t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
-from support import SCRIPTED
 
 
 def call(name: str, arguments: dict) -> str:
@@ -27,9 +25,8 @@ def test_cli_rollout_reward_reaches_the_trace(ledger, tmp_path: Path) -> None:
         "rollout": {"n": 2, "max_turns": 5},
         "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "out"), "progress": False},
     }))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPTED), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "toolrl", "rollout", str(tmp_path / "config.yaml")],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     traces = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4

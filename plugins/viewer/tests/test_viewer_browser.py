@@ -21,7 +21,6 @@ from toolrl_viewer.server import serve
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny.yaml"
-SCRIPTED = Path(__file__).parent / "scripted"  # a distribution whose entry point registers the scripted engine
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 CALL = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
 
@@ -30,10 +29,8 @@ def _script(*turns: str) -> str:
     return "engine.options.script=" + json.dumps(list(turns))
 
 
-def _toolrl(*args: str, scripted: bool = False) -> subprocess.Popen:
+def _toolrl(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if scripted:
-        env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTED), env.get("PYTHONPATH", "")])
     return subprocess.Popen([sys.executable, "-m", "toolrl", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -47,11 +44,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     jobs = [
         _toolrl("train", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['trained']}"),
         _toolrl("rollout", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['scripted']}", *scripted,
-                _script(CALL.format("1/0"), CALL.format("6*7"), "The answer is 42."), scripted=True),
+                _script(CALL.format("1/0"), CALL.format("6*7"), "The answer is 42.")),
         _toolrl("eval", str(TINY), "eval.num_samples=6", "--output", str(out["eval-a"]), *scripted,
-                _script("The answer is 27."), scripted=True),
+                _script("The answer is 27.")),
         _toolrl("eval", str(TINY), "eval.num_samples=6", "--output", str(out["eval-b"]), *scripted,
-                _script(CALL.format("2+2"), "The answer is 4."), scripted=True),
+                _script(CALL.format("2+2"), "The answer is 4.")),
     ]
     for job in jobs:
         log, _ = job.communicate(timeout=600)

@@ -1,0 +1,97 @@
+"""The conformance kit for rollout engines: the engine contract checked against the model itself
+(a Hugging Face causal LM on the same weights, full forwards without a KV cache), as ``check_engine_*``
+functions that raise ``AssertionError`` saying what to fix (async: await them in your tests).
+
+- :func:`check_engine_logprobs`: greedy generations are token-exact against the reference, and the
+  logprob the engine reports for each token is the reference's log-softmax at that position.
+- :func:`check_engine_cancellation`: a request cancelled mid-generation leaves the engine serving the
+  others, which give what they give alone.
+- :func:`check_engine_weight_update`: after ``update_weights`` with changed weights, generations
+  follow the new weights (token-exact against the reference on them).
+
+torch is imported when a check runs, never when the kit is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+BESIDE = SamplingParams(temperature=0.0, max_new_tokens=64)  # requests running beside a cancelled one
+CANCELLED = SamplingParams(temperature=0.0, max_new_tokens=400)  # long enough to be cut mid-generation
+
+
+def reference_greedy(model: Any, prompt: Sequence[int], steps: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding by full forwards over the whole sequence (no cache): the tokens and each one's
+    log-probability."""
+    import torch
+
+    ids, tokens, logprobs = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            token = int(logits.argmax())
+            tokens.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids.append(token)
+    return tokens, logprobs
+
+
+async def check_engine_logprobs(engine: RolloutEngine, model: Any, prompts: Sequence[Sequence[int]],
+                                params: SamplingParams = GREEDY, atol: float = 1e-3) -> None:
+    """Each prompt's greedy generation (all prompts at once, as rollouts send them) equals the
+    reference token for token, with logprobs within ``atol``."""
+    got: list[Generation] = [g[0] for g in await asyncio.gather(*(engine.generate(list(p), params, 1) for p in prompts))]
+    for i, (prompt, generation) in enumerate(zip(prompts, got)):
+        tokens, logprobs = reference_greedy(model, prompt, len(generation.token_ids))
+        assert generation.token_ids == tokens, f"prompt {i}: generated {generation.token_ids}, the model gives {tokens}"
+        assert len(generation.logprobs) == len(tokens), f"prompt {i}: {len(generation.logprobs)} logprobs for " \
+                                                        f"{len(tokens)} tokens"
+        worst = max((abs(a - b) for a, b in zip(generation.logprobs, logprobs)), default=0.0)
+        assert worst <= atol, f"prompt {i}: logprobs differ from the model's by up to {worst:.2e} (> {atol:g})"
+
+
+async def check_engine_cancellation(engine: RolloutEngine, prompts: Sequence[Sequence[int]],
+                                    params: SamplingParams = BESIDE) -> None:
+    """The first prompt's request is cancelled while it generates; the others, running beside it,
+    give what they give alone, and the engine serves a request afterwards."""
+    alone = [(await engine.generate(list(p), params, 1))[0].token_ids for p in prompts[1:]]
+    doomed = asyncio.ensure_future(engine.generate(list(prompts[0]), CANCELLED, 1))
+    others = [asyncio.ensure_future(engine.generate(list(p), params, 1)) for p in prompts[1:]]
+    await asyncio.sleep(0.05)  # generating
+    doomed.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await doomed
+    beside = [(await o)[0].token_ids for o in others]
+    assert beside == alone, "requests running beside a cancelled one gave other tokens than alone"
+    after = (await engine.generate(list(prompts[0]), params, 1))[0]
+    assert after.token_ids, "the engine gave nothing after a cancellation"
+
+
+async def check_engine_weight_update(engine: RolloutEngine, model: Any, prompts: Sequence[Sequence[int]],
+                                     change: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    """``update_weights`` with changed weights (default: noise on every MLP down-projection) makes the
+    engine generate what the model with those weights generates. ``model`` is changed in place to be
+    that reference: give the engine its own copy of the weights (not a shared module)."""
+    import torch
+
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    new = change(state) if change is not None else _perturbed(state)
+    with torch.no_grad():
+        model.load_state_dict(new, strict=False)
+    with engine.updating_weights(engine.weight_version + 1):
+        engine.update_weights(new)
+    await check_engine_logprobs(engine, model, prompts)
+
+
+def _perturbed(state: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return {k: v + 0.5 * torch.randn(v.shape, generator=generator, dtype=v.dtype)
+            for k, v in state.items() if v.is_floating_point() and k.endswith("mlp.down_proj.weight")}

@@ -1,0 +1,129 @@
+"""The public plugin API: the only names a plugin imports from toolrl, and a check that it does.
+
+:data:`PUBLIC_API` maps each public module to the names a plugin may take from it; they keep their
+paths across releases, and everything else is internal and may move. docs/plugins.md ("Public import
+paths") lists exactly this table (a test compares them), and every in-tree plugin's package
+(``plugins/*/toolrl_*``) imports nothing else (``tests/test_public_api.py``). Run
+:func:`check_public_imports` over your own package in its tests to hold it to the same contract.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module, names in {
+    "toolrl": ("hookimpl", "__version__"),
+    "toolrl.hookspecs": ("hookimpl", "Register"),
+    "toolrl.schemas": ("ToolSchema", "ToolCall", "ToolResult", "ToolResponse", "Message", "Sample",
+                       "ParseResult", "ParseError"),
+    "toolrl.tools": ("Tool", "ToolSet", "ToolConfigError", "SharedResources", "trajectory_of"),
+    "toolrl.tools.verl_config": ("ToolSection", "load_tools_file", "parse_tools_config", "build_tools",
+                                 "build_default_tool"),
+    "toolrl.tools.ratelimit": ("RateLimiter", "make_rate_limiter"),
+    "toolrl.parsers": ("ToolParser", "MAX_REPORTED_ERRORS"),
+    "toolrl.rewards": ("RewardFunction", "last_boxed"),
+    "toolrl.engines": ("RolloutEngine", "SamplingParams", "Generation", "FinishReason", "ModelSource",
+                       "check_request"),
+    "toolrl.environments": ("Environment", "FileSplit", "HubSplit"),
+    "toolrl.sessions": ("EnvironmentSession", "Reset", "StepResult", "SessionContext"),
+    "toolrl.trajectory": ("Trajectory", "TrajectoryImage"),
+    "toolrl.families": ("ModelFamily", "Detection", "Template", "FamilyError"),
+    "toolrl.rollout.chat": ("ChatRenderer",),
+    "toolrl.loggers": ("Logger", "scalars"),
+    "toolrl.images": ("ImageError", "ImageLimits", "load", "is_image_part", "part_image", "prepare"),
+    "toolrl.config": ("Config", "ConfigError", "load_config", "read_json", "format_errors", "one_line"),
+    "toolrl.model_sources": ("load_tokenizer", "load_processor", "model_path", "ModelUnavailable"),
+    "toolrl.plugins": ("get_plugins",),
+    "toolrl.plugins.parts": ("build_part", "BuildContext"),
+    "toolrl.roles.serving": ("build_served_model", "ServedModel"),
+    "toolrl.run_dir": ("problem_results", "ProblemResult"),
+    "toolrl.cli": ("cli", "UsageFailure", "user_errors"),
+    "toolrl.testing": ("ToolConformance", "check_build_contract", "check_public_imports", "PUBLIC_API",
+                       "run_lifecycle", "instrument", "build_tool", "LifecycleRun", "LifecycleCall",
+                       "LifecycleError", "CallRecorder", "LIFECYCLE", "check_calc_reward", "check_cancellation",
+                       "check_concurrency", "check_invalid_arguments", "check_isolation", "check_lifecycle",
+                       "check_no_loop_blocking", "check_order", "check_registered", "check_release_idempotent",
+                       "check_released_and_unknown", "check_return_types", "check_schema",
+                       "derive_invalid_arguments", "ParserConformance", "check_parser_corpus",
+                       "check_parser_hostile", "check_parser_fuzz", "check_parser_linear_time",
+                       "hostile_parser_inputs", "SessionConformance", "SessionPlay", "PlayedSession",
+                       "prepared_session_kind", "play_session", "check_session_play", "check_session_isolation",
+                       "check_dead_session", "FamilyConformance", "registered_family", "check_family_tokens",
+                       "check_family_parser", "check_family_end_of_turn", "check_family_detected",
+                       "check_engine_logprobs", "check_engine_cancellation", "check_engine_weight_update",
+                       "reference_greedy"),
+    "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
+}.items()}
+
+
+def check_public_imports(paths: Iterable[Path], api: Mapping[str, frozenset[str]] = PUBLIC_API) -> list[str]:
+    """Every use of toolrl outside ``api`` in the Python files under ``paths`` (files or directories),
+    as ``file:line: what``: ``from M import n`` needs M public and n one of its names (or a public
+    module M.n); ``import M`` needs M public; ``M.n`` on an imported module needs n public too.
+    Imports inside functions and under ``TYPE_CHECKING`` count alike."""
+    files = sorted(f for p in paths for f in ([p] if p.is_file() else Path(p).rglob("*.py")))
+    return [problem for f in files for problem in _problems(f, api)]
+
+
+def _problems(path: Path, api: Mapping[str, frozenset[str]]) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    modules: dict[str, str] = {}  # local name -> the toolrl module it is bound to
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and _ours(node.module or ""):
+            for alias in node.names:
+                found += [(node.lineno, w) for w in _name_problems(node.module or "", alias.name, api)]
+                if f"{node.module}.{alias.name}" in api:
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _ours(alias.name):
+                    if alias.name not in api:
+                        found.append((node.lineno, f"import {alias.name}: not a public module"))
+                    # `import toolrl.x` binds `toolrl`; `import toolrl.x as y` binds y to toolrl.x
+                    modules[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else "toolrl"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (dotted := _dotted(node)) is not None:
+            root, _, rest = dotted.partition(".")
+            if root in modules and not isinstance(getattr(node, "ctx", None), ast.Del):
+                found += [(node.lineno, w) for w in _attribute_problems(f"{modules[root]}.{rest}", api)]
+    return [f"{path}:{line}: {what}" for line, what in sorted(set(found))]
+
+
+def _ours(module: str) -> bool:
+    return module == "toolrl" or module.startswith("toolrl.")
+
+
+def _name_problems(module: str, name: str, api: Mapping[str, frozenset[str]]) -> list[str]:
+    if f"{module}.{name}" in api or name in api.get(module, ()):
+        return []
+    if module not in api:
+        return [f"from {module} import {name}: {module} is not a public module"]
+    return [f"from {module} import {name}: {name} is not public in {module}"]
+
+
+def _attribute_problems(dotted: str, api: Mapping[str, frozenset[str]]) -> list[str]:
+    """``toolrl.a.b.c`` used as an attribute chain: the longest public module it starts with, then a
+    public name of it."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        module = ".".join(parts[:end])
+        if module in api:
+            if end == len(parts) or parts[end] in api[module]:
+                return []
+            return [f"{module}.{parts[end]}: {parts[end]} is not public in {module}"]
+    return [f"{dotted}: not public"]
+
+
+def _dotted(node: ast.Attribute) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name, the outermost chain only."""
+    pieces: list[str] = []
+    current: ast.expr = node
+    while isinstance(current, ast.Attribute):
+        pieces.append(current.attr)
+        current = current.value
+    if not isinstance(current, ast.Name):
+        return None
+    return ".".join([current.id, *reversed(pieces)])

@@ -1,0 +1,184 @@
+"""The conformance kit for environment sessions: a registered session kind played through
+:class:`toolrl.sessions.SessionRun`, the driver the rollout loop uses (every call guarded by the
+session's deadline, ``close`` always), with fixed calls instead of a model.
+
+A :class:`SessionPlay` is one trajectory: its sample, the calls the model makes (each to a tool that
+trajectory's ``reset`` handed out) and the answers it gives without calls. The checks: a play runs
+``reset → step* → respond* → score → close`` within the deadlines and gives a well-formed result
+(:func:`check_session_play`); plays run side by side give what each gives alone
+(:func:`check_session_isolation`); and, with a ``kill`` that takes the session's backend away (stop
+its server), a dead session ends in errors within its deadlines instead of hanging
+(:func:`check_dead_session`). :class:`SessionConformance` runs them as pytest tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from toolrl.plugins.parts import checked_options, lookup_part
+from toolrl.schemas import Sample, ToolCall
+from toolrl.sessions import SessionError, SessionKind, SessionRun
+from toolrl.tools import Tool
+from toolrl.trajectory import Trajectory
+
+
+@dataclass
+class SessionPlay:
+    sample: Sample
+    calls: Sequence[ToolCall] = ()
+    answers: Sequence[str] = ()  # answers without calls, each handed to respond
+
+
+@dataclass
+class PlayedSession:
+    """What one play saw: the reset's tool names, each step's response text (an error's too) and how
+    many steps failed, whether a step said done, the user turns, the reward terms, the errors."""
+
+    tools: list[str]
+    responses: list[str] = field(default_factory=list)
+    failed_steps: int = 0
+    done: bool = False
+    user_turns: list[str | None] = field(default_factory=list)
+    terms: dict[str, float] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+
+async def prepared_session_kind(name: str, options: Mapping[str, Any] | None = None, base_dir: Path | str = ".") -> SessionKind:
+    """The registered session kind ``name`` with ``options``, prepared as the routes prepare it."""
+    cls = lookup_part("environment_sessions", name, "session.name")
+    kind = SessionKind(name, cls, checked_options(cls, options, "session.options"), Path(base_dir))
+    await kind.prepare()
+    return kind
+
+
+async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str = "kit-0") -> PlayedSession:
+    """One trajectory's session driven as the rollout loop drives it; every call must end within
+    the session's deadline (plus a second for the guard), or AssertionError."""
+    run = SessionRun(kind, trajectory_id)
+    traj = Trajectory(trajectory_id=trajectory_id, sample_index=0, group=0, prompt_ids=[])
+    try:
+        reset = await _within(run, "reset", run.reset(play.sample))
+        played = PlayedSession(tools=[t.name if isinstance(t, Tool) else t["function"]["name"] for t in reset.tools])
+        if run.error is not None:
+            played.errors.append(run.error)
+            return played
+        for call in play.calls:
+            if played.done:
+                break
+            assert call.name in played.tools, f"the play calls {call.name!r}, which reset did not hand out"
+            try:
+                result = await _within(run, f"step {call.name}", run.step(call))
+            except AssertionError:
+                raise
+            except Exception as exc:  # what the tool driver makes an error result
+                played.responses.append(f"{type(exc).__name__}: {exc}")
+                played.failed_steps += 1
+                continue
+            response = result.response
+            played.responses.append(response if isinstance(response, str) else response.text)
+            played.failed_steps += not isinstance(response, str) and response.is_error
+            played.done = run.done
+        for answer in play.answers:
+            try:
+                played.user_turns.append(await _within(run, "respond", run.respond(answer)))
+            except SessionError as exc:
+                played.errors.append(str(exc))
+        played.terms = await _within(run, "score and close", run.finish(traj))
+        played.errors += list(traj.reward_errors.values())
+        for name, value in played.terms.items():
+            assert math.isfinite(value), f"reward term {name!r} is {value}"
+        return played
+    finally:
+        await _within(run, "close", run.close())
+
+
+async def _within(run: SessionRun, what: str, awaitable: Awaitable[Any]) -> Any:
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(run.timeout + 1.0):
+            return await awaitable
+    except TimeoutError:
+        raise AssertionError(f"session {run.name!r} {what} ran past its {run.timeout:g} s deadline "
+                             f"({time.monotonic() - start:.1f} s)") from None
+
+
+async def check_session_play(kind: SessionKind, play: SessionPlay) -> PlayedSession:
+    """The play runs without errors; a step that said done ends it."""
+    played = await play_session(kind, play)
+    assert not played.errors, f"session {kind.name!r}: {played.errors}"
+    return played
+
+
+async def check_session_isolation(kind: SessionKind, plays: Sequence[SessionPlay], concurrency: int = 8) -> None:
+    """``concurrency`` trajectories at once, cycling through ``plays``, each see what its play sees
+    alone: no state leaks between a kind's sessions."""
+    alone = [await play_session(kind, p, f"kit-alone-{i}") for i, p in enumerate(plays)]
+    together = await asyncio.gather(*(play_session(kind, plays[i % len(plays)], f"kit-{i}") for i in range(concurrency)))
+    for i, played in enumerate(together):
+        expected = alone[i % len(plays)]
+        assert played == expected, (f"session {kind.name!r}: play {i % len(plays)} run beside others gave "
+                                    f"{played}, alone {expected}")
+
+
+async def check_dead_session(kind: SessionKind, play: SessionPlay, kill: Callable[[], Awaitable[None]]) -> PlayedSession:
+    """After ``kill`` (the session's backend gone), the play ends with errors within its deadlines —
+    a failed reset, error responses or a failed score — never a hang, a made-up success or a score."""
+    await kill()
+    played = await play_session(kind, play, "kit-dead")
+    assert played.errors or played.failed_steps, f"session {kind.name!r} reported no error with its backend gone: {played}"
+    assert not any(v for n, v in played.terms.items()), f"a dead session scored {played.terms}"
+    return played
+
+
+class SessionConformance:
+    """Subclass in your plugin's tests (plain pytest, no asyncio plugin needed)::
+
+        class TestCounter(SessionConformance):
+            session_name = "counter"
+            session_options = {"goal": 5}
+            plays = [SessionPlay(Sample(prompt="count"), [ToolCall(name="add", arguments={"x": 5})])]
+
+    Set ``kill`` (an async method taking the prepared kind) to stop the session's backend for the
+    dead-session test; without it that test is skipped.
+    """
+
+    session_name: ClassVar[str] = ""
+    session_options: ClassVar[Mapping[str, Any]] = {}
+    plays: ClassVar[Sequence[SessionPlay]] = ()
+    base_dir: ClassVar[Path | str] = "."
+    concurrency: ClassVar[int] = 8
+    kill: ClassVar[Callable[..., Awaitable[None]] | None] = None
+
+    def _run(self, check: Callable[[SessionKind], Awaitable[Any]]) -> None:
+        async def main() -> None:
+            kind = await prepared_session_kind(self.session_name, self.session_options, self.base_dir)
+            try:
+                await check(kind)
+            finally:
+                await kind.close()
+
+        assert self.session_name and self.plays, "set session_name and plays"
+        asyncio.run(main())
+
+    def test_plays_within_deadlines(self) -> None:
+        async def check(kind: SessionKind) -> None:
+            for play in self.plays:
+                await check_session_play(kind, play)
+
+        self._run(check)
+
+    def test_sessions_are_isolated(self) -> None:
+        self._run(lambda kind: check_session_isolation(kind, self.plays, self.concurrency))
+
+    def test_a_dead_session_ends_in_errors(self) -> None:
+        import pytest
+
+        if type(self).kill is None:
+            pytest.skip("no kill: the session has no backend to take away")
+        self._run(lambda kind: check_dead_session(kind, self.plays[0], lambda: self.kill(kind)))  # type: ignore[misc]

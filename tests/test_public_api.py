@@ -1,0 +1,69 @@
+"""The public plugin API is a tested contract: ``toolrl.testing.PUBLIC_API`` is what docs/plugins.md
+lists, every name in it exists, and every in-tree plugin's package imports nothing else from toolrl
+(the plugins are the proof that an outside author can do everything through it)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from toolrl.testing import PUBLIC_API, check_public_imports
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p for p in ROOT.glob("plugins/*/toolrl_*") if p.is_dir())
+
+
+def documented_api() -> dict[str, set[str]]:
+    text = (ROOT / "docs/plugins.md").read_text()
+    section = text[text.index("## Public import paths"):text.index("## Loading, attribution and failures")]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+    return {row[0].strip("| `"): set(re.findall(r"`([^`]+)`", row[1])) for row in rows}
+
+
+def test_every_in_tree_plugin_package_imports_only_the_public_api() -> None:
+    assert len(PACKAGES) >= 11  # every plugin: none slipped out of the glob
+    assert check_public_imports(PACKAGES) == []
+
+
+def test_the_docs_list_exactly_the_public_api() -> None:
+    assert documented_api() == {module: set(names) for module, names in PUBLIC_API.items()}
+
+
+def test_the_whole_testing_kit_is_public() -> None:
+    import toolrl.testing
+
+    assert PUBLIC_API["toolrl.testing"] == set(toolrl.testing.__all__)
+
+
+def test_every_public_name_exists() -> None:
+    missing = [f"{module}.{name}" for module, names in PUBLIC_API.items()
+               for name in sorted(names) if not hasattr(importlib.import_module(module), name)]
+    assert missing == []
+
+
+def test_internal_imports_are_found_with_their_line(tmp_path: Path) -> None:
+    """Every way of reaching past the table: a private module, a private name of a public module, a
+    module import, attribute access on an imported module, an import inside a function."""
+    (tmp_path / "plugin.py").write_text(
+        "import toolrl\n"
+        "import toolrl.rollout.routes\n"
+        "from toolrl import model_sources\n"
+        "from toolrl.tools import Tool, ToolOptions\n"
+        "from toolrl.engines.build import build_engine\n"
+        "from toolrl_other.x import y\n"
+        "version = toolrl.__version__\n"
+        "tokenizer = model_sources.qwen_tokenizer('qwen3')\n"
+        "path = model_sources.model_path\n"
+        "def later():\n"
+        "    from toolrl.cli.errors import UsageFailure\n"
+        "    return toolrl.config.DEFAULT_PARSER\n")
+    where = tmp_path / "plugin.py"
+    assert check_public_imports([tmp_path]) == [
+        f"{where}:2: import toolrl.rollout.routes: not a public module",
+        f"{where}:4: from toolrl.tools import ToolOptions: ToolOptions is not public in toolrl.tools",
+        f"{where}:5: from toolrl.engines.build import build_engine: toolrl.engines.build is not a public module",
+        f"{where}:8: toolrl.model_sources.qwen_tokenizer: qwen_tokenizer is not public in toolrl.model_sources",
+        f"{where}:11: from toolrl.cli.errors import UsageFailure: toolrl.cli.errors is not a public module",
+        f"{where}:12: toolrl.config.DEFAULT_PARSER: DEFAULT_PARSER is not public in toolrl.config",
+    ]

@@ -1,0 +1,80 @@
+"""The built-in ``scripted`` engine drives an environment session with fixed calls, from the YAML file
+in docs/environments.md and the ``counter`` session in docs/plugins.md, both read from the markdown
+(so the docs and this test cannot drift apart), through the real ``toolrl rollout`` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _dists import make_dist
+from toolrl.config import ConfigError
+from toolrl.plugins import get_plugins
+from toolrl.plugins.parts import checked_options, lookup_part
+from toolrl.testing.scripted_engine import ScriptedEngine
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def fenced(markdown: str, language: str, holding: str) -> str:
+    """The one ``language`` code block of ``markdown`` that holds ``holding``."""
+    blocks = [b for b in re.findall(rf"^```{language}\n(.*?)^```$", markdown, re.S | re.M) if holding in b]
+    assert len(blocks) == 1, f"{len(blocks)} {language} blocks hold {holding!r}"
+    return blocks[0]
+
+
+def test_scripted_is_a_registered_engine() -> None:
+    assert lookup_part("rollout_engines", "scripted", "engine.name") is ScriptedEngine
+    info = {i.name: i for i in get_plugins().list()}["scripted"]
+    assert info.builtin and info.hooks == ["register_rollout_engines"]
+
+
+@pytest.mark.slow  # a toolrl rollout process: ~35 s under load
+def test_the_docs_yaml_drives_the_counter_session_with_fixed_calls(tmp_path: Path) -> None:
+    config = fenced((DOCS / "environments.md").read_text(), "yaml", "name: scripted")
+    session = fenced((DOCS / "plugins.md").read_text(), "python", "class Counter(EnvironmentSession)")
+    make_dist(tmp_path, "toolrl-plugin-counter", "counter", "toolrl_counter", session)
+    (tmp_path / "counter-scripted.yaml").write_text(config)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "toolrl", "rollout", "counter-scripted.yaml"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traces = [json.loads(line) for line in
+              (tmp_path / "runs/counter-scripted/rollouts/step_00001.jsonl").read_text().splitlines()]
+    assert len(traces) == 2
+    for trace in traces:
+        assert trace["termination"] == "done", trace.get("error")
+        assert [(r["name"], r["response"]["text"]) for r in trace["tool_results"]] == [("add", "2"), ("add", "5")]
+        assert trace["reward_terms"]["counter"] == 1.0
+        assert "The count is 5." not in trace["response_text"]  # the session ended the trajectory first
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({}, "engine.options.script: Field required"), ({"script": []}, "engine.options.script"),
+    ({"script": ["hi"], "temperature": 1.0}, "engine.options.temperature: unknown key")])
+def test_bad_scripted_options_are_one_config_error(options: dict, error: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        checked_options(ScriptedEngine, options, "engine.options")
+    assert str(caught.value).startswith(error) and "\n" not in str(caught.value)
+
+
+async def test_a_script_ends_as_a_model_would() -> None:
+    """At the end-of-turn token; at a parser's stop string (an inline call runs); cut at max_new_tokens."""
+    from toolrl.engines import SamplingParams
+    from toolrl.model_sources import qwen_tokenizer
+
+    tokenizer = qwen_tokenizer("qwen3")
+    engine = ScriptedEngine(tokenizer, ["hello", "<calculator>1+2</calculator>", "word " * 40])
+    params = SamplingParams(max_new_tokens=16, stop_token_ids=[7], stop_strings=["</calculator>"])
+    first, second, third, fourth = [(await engine.generate([1], params, session_id="a"))[0] for _ in range(4)]
+    assert first.token_ids == [*tokenizer.encode("hello", add_special_tokens=False), 7]
+    assert (first.finish_reason, second.finish_reason, third.finish_reason) == ("stop", "stop_string", "length")
+    assert len(third.token_ids) == 16 and fourth.token_ids == third.token_ids  # the last text repeats
+    assert (await engine.generate([1], params, session_id="b"))[0].token_ids == first.token_ids  # per trajectory
+    assert "no weights" in await engine.check_trainable()  # training refuses it in one line
