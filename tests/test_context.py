@@ -140,7 +140,8 @@ def test_none_ends_the_trajectory_where_its_context_is_full(tokenizer):
     pieces, engine, _ = run(tokenizer, None)
     (traj,) = pieces
     assert traj.termination == "length" and traj.edit is None
-    assert len(traj.prompt_ids) + len(traj.response_ids) >= 1024 > len(engine.calls[-1][1])
+    assert len(traj.prompt_ids) + len(traj.response_ids) <= 1024 and traj.response_mask[-1] == 1
+    assert len(engine.calls[-1][1]) + 300 > 1024  # the next result would not have fitted
 
 
 def test_window_keeps_the_task_and_the_last_turns_each_segment_token_exact(tokenizer):

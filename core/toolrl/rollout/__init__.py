@@ -241,16 +241,22 @@ async def take_turn(ep: _Episode) -> Termination | None:
 
 async def fit_context(ep: _Episode) -> Termination | None:
     """Show the context policy the live conversation and make its edit, if any. The trajectory ends
-    (``length``) when its context leaves no room for the next generation."""
-    policy = ep.route.context
+    (``length``) when its context leaves no room for the next generation; the tokens after its last
+    model token, which no generation read, are cut so that it holds at most ``model.max_context``."""
+    policy, traj = ep.route.context, ep.traj
     if policy is None:
         return None
-    plan = policy.plan(ContextView(list(ep.messages), ep.task, ep.context_tokens, ep.traj.turns))
+    plan = policy.plan(ContextView(list(ep.messages), ep.task, ep.context_tokens, traj.turns))
     if plan is not None:
         ending = await edit_context(ep, policy, plan)
         if ending is not None:
             return ending
-    return "length" if ep.context_room <= 0 else None
+    if ep.context_room > 0:
+        return None
+    end = model_tokens_end(traj.response_mask)
+    del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+    traj.images = images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids)
+    return "length"
 
 
 async def edit_context(ep: _Episode, policy: ContextPolicy, plan: ContextPlan) -> Termination | None:
