@@ -210,3 +210,15 @@ def test_segments_share_the_trajectory_advantage_counted_once(tokenizer):
     adv = token_advantages(batch, Grpo(Grpo.Options(), algo), 20_000, algo)
     assert torch.allclose(adv[:len(long), 0], adv[0, 0]) and adv[0, 0] > 0 > adv[-1, 0]
     assert torch.isclose(adv[0, 0], -adv[-1, 0])  # two trajectories, not len(long) + 1
+
+
+def test_an_environment_sets_its_own_policy_and_the_config_overrides_it():
+    from toolrl.environments import Environment
+
+    env = Environment(name="long", splits={"train": lambda options, split: []},
+                      context={"name": "window", "keep_turns": 1})
+    assert build_context_policy(config(None), env).options.keep_turns == 1
+    assert build_context_policy(config({"name": "summarise"}), env).name == "summarise"
+    bad = env.model_copy(update={"context": {"name": "window", "keep_turn": 1}})
+    with pytest.raises(ConfigError, match=r"^environment 'long' context.keep_turn: unknown key"):
+        build_context_policy(config(None), bad)
