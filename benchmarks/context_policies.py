@@ -9,8 +9,8 @@
    ``correct``: with the audit key (what it still knew).
 2. **Trainer.** One GRPO update (``train_step``, micro-batches of one sequence) on the tiny Qwen3 over
    one trajectory's segments, in a fresh process each (``--child``): ``none`` (one segment, cut at the
-   limit) against ``summarise`` (every segment of the whole task): tokens trained per second and the
-   peak trainer memory (``trainer_peak_mb``; RSS peak beside it).
+   limit) against ``summarise`` (every segment of the whole task): tokens (prompt + response) and
+   trained tokens (mask 1) per second, and the peak trainer memory (``trainer_peak_mb``; RSS peak beside it).
 3. **Prefill.** Every generation call of a trajectory replayed, in order, through the transformers
    engine with the tiny Qwen3 (its prompt, one new token, the trajectory's session): the share of prompt
    tokens the kept session KV saved, per policy (an edit keeps the KV of the prefix it keeps).
@@ -124,8 +124,8 @@ def trainer_row(policy: str, segments: list[Any], workdir: Path) -> list[Any]:
     path = workdir / f"{policy}.jsonl"
     path.write_text("".join(s.model_dump_json() + "\n" for s in segments))
     r = run_child(__file__, ["--child", str(path)], f"train {policy}")
-    return [policy, len(segments), r["tokens"], r["trained"], r["step_s"], r["trained"] / r["step_s"],
-            r["trainer_peak_mb"], r["rss_peak_mb"]]
+    return [policy, len(segments), r["tokens"], r["trained"], r["step_s"], r["tokens"] / r["step_s"],
+            r["trained"] / r["step_s"], r["trainer_peak_mb"], r["rss_peak_mb"]]
 
 
 def completion(results: dict[str, list[list[Any]]], n: int) -> None:
@@ -165,10 +165,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [trainer_row(p, results[p][0], Path(tmp)) for p in ("none", "summarise")]
     print("\none GRPO update over one trajectory's segments (tiny Qwen3, micro-batches of 1 sequence):")
-    print(table(["policy", "segments", "tokens", "trained", "step s", "trained tok/s", "trainer_peak_mb",
+    print(table(["policy", "segments", "tokens", "trained", "step s", "tok/s", "trained tok/s", "trainer_peak_mb",
                  "RSS peak MB"], rows))
-    print(f"summarise/none: trained tok/s {rows[1][5] / rows[0][5]:.2f}, trainer peak {rows[1][6] / rows[0][6]:.2f}, "
-          f"trained tokens {rows[1][3] / rows[0][3]:.2f}")
+    print(f"summarise/none: tok/s {rows[1][5] / rows[0][5]:.2f}, trained tok/s {rows[1][6] / rows[0][6]:.2f}, "
+          f"trainer peak {rows[1][7] / rows[0][7]:.2f}, trained tokens {rows[1][3] / rows[0][3]:.2f}")
 
     engine = TransformersEngine(load_model(tiny_qwen3(tokenizer_variant="qwen2_5")), tokenizer,
                                 TransformersEngineConfig())
