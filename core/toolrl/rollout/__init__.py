@@ -264,14 +264,15 @@ async def edit_context(ep: _Episode, policy: ContextPolicy, plan: ContextPlan) -
     a new segment. A plan that asks the model first (a summary) gets the request as a user turn
     (mask 0) and the reply as a generated turn (mask 1, trained in the segment it closes)."""
     traj, messages, summary = ep.traj, plan.messages, None
-    if traj.images:
-        raise ContextError("context policies do not edit trajectories that hold images")
+    if traj.images or ep.route.parser.result_mode == "inline":
+        raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
+                           + ("holds images" if traj.images else "calls tools inline"))
     if plan.ask is not None and plan.then is not None:
         ask_model(ep, plan.ask)
-        budget = min(ep.config.max_response_tokens - ep.response_tokens, ep.context_room,
-                     plan.max_reply_tokens or ep.config.max_new_tokens)
-        if budget <= 0:
-            return "length"
+        left = ep.config.max_response_tokens - ep.response_tokens
+        if left <= 0 or ep.context_room <= 0:
+            return "max_response_tokens" if left <= 0 else "length"
+        budget = min(left, ep.context_room, plan.max_reply_tokens or ep.config.max_new_tokens)
         gen = await generate(ep, budget)
         summary = ep.renderer.turn_text(gen.token_ids)
         ep.messages.append(ep.renderer.assistant_message(gen.token_ids))
