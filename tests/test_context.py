@@ -222,3 +222,16 @@ def test_an_environment_sets_its_own_policy_and_the_config_overrides_it():
     bad = env.model_copy(update={"context": {"name": "window", "keep_turn": 1}})
     with pytest.raises(ConfigError, match=r"^environment 'long' context.keep_turn: unknown key"):
         build_context_policy(config(None), bad)
+
+
+def test_segments_pack_as_a_prefix_tree_training_each_generated_token_once(tokenizer):
+    """The trainer's packed row of a trajectory's segments: the task they share is held once, and the
+    tokens the loss trains are exactly the generated ones, each once, in order."""
+    from toolrl.training.packing import build_batch, input_length
+
+    pieces, engine, _ = run(tokenizer, {"name": "summarise"})
+    batch = build_batch(pieces, [1.0] * len(pieces), share_prefixes=True)
+    assert batch.tokens < batch.total_tokens == sum(input_length(p) for p in pieces)
+    assert int(batch.response_mask.sum()) == generated(tokenizer, engine)
+    trained = batch.response_mask[batch.rows, batch.cols] > 0
+    assert batch.targets[trained].tolist() == [t for p in pieces for t, m in zip(p.response_ids, p.response_mask) if m]
