@@ -235,3 +235,17 @@ def test_segments_pack_as_a_prefix_tree_training_each_generated_token_once(token
     assert int(batch.response_mask.sum()) == generated(tokenizer, engine)
     trained = batch.response_mask[batch.rows, batch.cols] > 0
     assert batch.targets[trained].tolist() == [t for p in pieces for t, m in zip(p.response_ids, p.response_mask) if m]
+
+
+def test_a_misnamed_policy_is_one_error_line_from_the_command(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+    from toolrl.cli import cli
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"model": {"source": "tiny-qwen3", "max_context": 2048}, "env": "arithmetic",
+                                    "env_options": {"train_size": 4}, "rollout": {"context": {"name": "windw"}}}))
+    result = CliRunner().invoke(cli, ["rollout", str(path)])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
+        "error: rollout.context.name: unknown context policy 'windw' (did you mean 'window'? available: "
+        "drop_tool_outputs, none, summarise, window)"], result.stderr
