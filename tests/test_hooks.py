@@ -120,6 +120,21 @@ def register_environment_sessions(register):
 def register_model_families(register):
     register("hooks_family:SHOUTY", name="shouty")
 
+from toolrl.context import ContextPlan, ContextPolicy
+
+class ForgetAll(ContextPolicy):
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        after_turns: int = 8
+    def plan(self, view):
+        if view.turn < self.options.after_turns:
+            return None
+        return ContextPlan("forget", list(range(view.task, len(view.messages))), messages=view.messages[:view.task])
+
+@hookimpl
+def register_context_policies(register):
+    register(ForgetAll, name="forget_all")
+
 @hookimpl
 def register_commands(cli):
     @cli.command("hello")
@@ -286,6 +301,20 @@ def test_hook_register_environment_sessions(tmp_path):
     out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["Hi.", "session.options.greet: unknown key (did you mean 'greeting'?)"], \
         out.stderr[-2000:]
+
+
+def test_hook_register_context_policies(tmp_path):
+    assert listed(tmp_path)["parts"]["context_policies"] == ["forget_all"]
+    code = ("from toolrl.config import load_config, ConfigError; from toolrl.rollout.routes import build_context_policy\n"
+            "def policy(context):\n"
+            "    data = {'data': {'train_files': ['x.jsonl']}, 'rollout': {'context': context}}\n"
+            "    return build_context_policy(load_config(None, data=data))\n"
+            "print(type(policy({'name': 'forget_all', 'after_turns': 3})).__name__, "
+            "policy({'name': 'forget_all', 'after_turns': 3}).options.after_turns)\n"
+            "try:\n    policy({'name': 'forget_all', 'after_turn': 3})\nexcept ConfigError as exc:\n    print(exc)\n")
+    out = python_with_plugin(tmp_path, code)
+    assert out.stdout.splitlines() == ["ForgetAll 3", "rollout.context.after_turn: unknown key (did you mean "
+                                       "'after_turns'?)"], out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

@@ -225,6 +225,9 @@ class ModelConfig(Section):
     # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
     # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
     freeze_vision: bool = False
+    # The live context's cap (a segment's prompt + response): a trajectory whose context is full ends
+    # (`length`) unless the context policy (rollout.context) shortens it. None: no cap but the engine's.
+    max_context: Tokens | None = Field(None, gt=0, description="tokens of context a trajectory may use")
 
     @field_validator("tiny")
     @classmethod
@@ -272,6 +275,18 @@ DEFAULT_PARSER = "hermes"
 DEFAULT_MAX_TURNS = 4
 
 
+class ContextConfig(BaseModel):
+    """``rollout.context``: the context policy (toolrl.context) by ``name``, its options beside it."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    name: str = Field("none", description="a registered context policy: none, drop_tool_outputs, window, summarise")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class RolloutConfig(Section):
     n: GroupSize = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
     temperature: float = Field(1.0, ge=0)
@@ -293,6 +308,8 @@ class RolloutConfig(Section):
     template_rewrite: Literal["keep", "training_template", "fork", "refuse"] = "keep"
     # Images in prompts and tool results (toolrl.images): pixel limits and counts.
     images: ImageLimits = Field(default_factory=ImageLimits)
+    # What the context becomes when it grows (toolrl.context). None: the environment's, else none.
+    context: ContextConfig | None = None
 
 
 class ToolsConfig(Section):

@@ -90,6 +90,8 @@ class Environment(BaseModel):
     parser: str = "hermes"
     parser_options: dict[str, Any] = Field(default_factory=dict)
     max_turns: int | None = Field(None, gt=0)
+    context: dict[str, Any] | None = Field(None, description="the context policy ({name, ...options}, "
+                                           "toolrl.context) when rollout.context is unset")
     metric: str | None = Field(None, description="the reward term that decides success (toolrl eval)")
     images: bool = Field(True, description="a vision-language policy sees the samples' images; false: every "
                          "policy reads their text, each image as <image>")

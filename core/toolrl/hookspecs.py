@@ -187,6 +187,21 @@ def register_environment_sessions(register: Register) -> None:
 
 
 @hookspec
+def register_context_policies(register: Register) -> None:
+    """Register context policies: subclasses of :class:`toolrl.context.ContextPolicy`.
+
+    A policy decides what an agent's context becomes as it grows: after every round of tool results
+    (and every user turn) it sees the live conversation (:class:`toolrl.context.ContextView`) and
+    returns an edit (:class:`toolrl.context.ContextPlan`: the edited conversation, or a request whose
+    generated reply makes it, such as a summary) or None. Each edit starts a new segment of the
+    trajectory, trained token-exact (docs/rollouts.md). ``Options`` (a pydantic model) types the keys
+    of ``rollout.context: {name, ...options}`` (or an environment's ``context``) besides ``name``;
+    ``build(options, context)`` gets ``model.max_context`` as ``context.inputs["max_context"]``. The
+    built-ins are ``none``, ``drop_tool_outputs``, ``window`` and ``summarise``.
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``toolrl`` command-line interface.
 

@@ -15,11 +15,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.schemas import ParseError, ToolResult
 
-# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite); "done": the
+# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite) or the context
+# policy edited the context (toolrl.context: the next piece's ``edit`` says how); "done": the
 # environment session ended the episode (toolrl.sessions); "infra_error": the infrastructure failed
 # (toolrl.schemas.InfrastructureError), so the trajectory is not trained and not in its group's baseline.
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done",
                       "infra_error"]
+
+
+class ContextEdit(BaseModel):
+    """An edit of the context by the context policy (toolrl.context), recorded on the segment it opens."""
+
+    policy: str
+    action: str  # what the policy did: drop_tool_outputs, window, summarise, ...
+    turn: int  # the trajectory's turns when it was made
+    removed: list[int] = Field(default_factory=list)  # indices of the messages dropped or replaced
+    tokens_before: int  # the live context's tokens before the edit (the summary turn included)
+    tokens_after: int  # the new segment's prompt tokens
+    summary: str | None = None  # the generated summary (summarise), trained in the segment before
 
 
 class TrajectoryImage(BaseModel):
@@ -114,6 +127,8 @@ class Trajectory(BaseModel):
     template_checks: int = 0
     template_rewrites: int = 0
     template_forks: int = 0
+    # The context edit that opened this segment (None: the trajectory's first segment, or a fork).
+    edit: ContextEdit | None = None
 
     @property
     def key(self) -> str:

@@ -101,6 +101,16 @@ class AlgorithmsPlugin:
             register(f"toolrl.algorithms.losses:{cls}", name=name)
 
 
+class ContextPoliciesPlugin:
+    """The built-in context policies (:mod:`toolrl.context`)."""
+
+    @hookimpl
+    def register_context_policies(self, register: Register) -> None:
+        for name, cls in (("none", "ContextPolicy"), ("drop_tool_outputs", "DropToolOutputs"),
+                          ("window", "Window"), ("summarise", "Summarise")):
+            register(f"toolrl.context:{cls}", name=name, aliases=("summarize",) if name == "summarise" else ())
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
@@ -111,4 +121,5 @@ BUILTINS = {
     "scripted": ScriptedEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),
     "algorithms": AlgorithmsPlugin(),
+    "context": ContextPoliciesPlugin(),
 }

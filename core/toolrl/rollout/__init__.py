@@ -9,7 +9,8 @@ For each sample × n, concurrently::
       │            the answer ends it                                                 user_turn
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported);      execute
       │   a session step that says done ends it
-      └── append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
+      │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
+      └── the context policy may edit the context: a new segment (toolrl.context)    fit_context, edit_context
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import RewardConfig, RolloutConfig
+from toolrl.context import ContextPlan, ContextPolicy, ContextView
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
 from toolrl.parsers import ToolParser, parse_within
@@ -48,7 +50,7 @@ from toolrl.schemas import (
 )
 from toolrl.sessions import SessionError, SessionKind, SessionRun, failure_after_calls
 from toolrl.tools import Tool, ToolSet
-from toolrl.trajectory import Termination, Trajectory, TrajectoryImage, trajectory_seed
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage, trajectory_seed
 
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
@@ -65,6 +67,7 @@ class Route:
     reward_functions: list[tuple[str, float, Any]]  # (name, weight, callable)
     reward_config: RewardConfig
     session: SessionKind | None = None
+    context: ContextPolicy | None = None  # None: no edits and no cap but the engine's
 
 
 @dataclass
@@ -163,8 +166,9 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         await asyncio.shield(session.close())
         raise
     toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
+    messages = renderer.prompt_messages(messages)
     return _Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed, session,
-                    messages=renderer.prompt_messages(messages))
+                    messages=messages, task=len(messages))
 
 
 def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
@@ -196,12 +200,24 @@ class _Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
     session_terms: dict[str, float] = field(default_factory=dict)  # the session's score, as reward terms
-    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks
+    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks and context edits
+    task: int = 0  # the first messages, the task: every context policy keeps them
 
     @property
     def response_tokens(self) -> int:
         """Response tokens of the whole trajectory (every piece's)."""
         return sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
+
+    @property
+    def context_tokens(self) -> int:
+        """The live segment's tokens: what the next generation reads."""
+        return len(self.traj.prompt_ids) + len(self.traj.response_ids)
+
+    @property
+    def context_room(self) -> int:
+        """Tokens the live context may still take under ``model.max_context`` (the route's policy's)."""
+        cap = self.route.context.max_context if self.route.context is not None else None
+        return cap - self.context_tokens if cap is not None else 1 << 62
 
 
 async def take_turn(ep: _Episode) -> Termination | None:
@@ -211,11 +227,13 @@ async def take_turn(ep: _Episode) -> Termination | None:
     budget = cfg.max_response_tokens - ep.response_tokens
     if budget <= 0:
         return "max_response_tokens"
-    gen = await generate(ep, budget)
+    if ep.context_room <= 0:
+        return "length"
+    gen = await generate(ep, min(budget, ep.context_room))
     calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        return await user_turn(ep, gen)
+        return await user_turn(ep, gen) or await fit_context(ep)
     if ending is not None:
         return ending
     results = await execute(ep, calls)
@@ -231,7 +249,75 @@ async def take_turn(ep: _Episode) -> Termination | None:
     _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
     traj.images += images
     check_history(ep)
+    return await fit_context(ep)
+
+
+async def fit_context(ep: _Episode) -> Termination | None:
+    """Show the context policy the live conversation and make its edit, if any. The trajectory ends
+    (``length``) when its context leaves no room for the next generation; the tokens after its last
+    model token, which no generation read, are cut so that it holds at most ``model.max_context``."""
+    policy, traj = ep.route.context, ep.traj
+    if policy is None:
+        return None
+    plan = policy.plan(ContextView(list(ep.messages), ep.task, ep.context_tokens, traj.turns))
+    if plan is not None:
+        ending = await edit_context(ep, policy, plan)
+        if ending is not None:
+            return ending
+    if ep.context_room > 0:
+        return None
+    end = model_tokens_end(traj.response_mask)
+    del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+    traj.images = images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids)
+    return "length"
+
+
+async def edit_context(ep: _Episode, policy: ContextPolicy, plan: ContextPlan) -> Termination | None:
+    """Close the live segment and continue from the edited conversation, rendered by the template, as
+    a new segment. A plan that asks the model first (a summary) gets the request as a user turn
+    (mask 0) and the reply as a generated turn (mask 1, trained in the segment it closes)."""
+    traj, messages, summary = ep.traj, plan.messages, None
+    if traj.images or ep.route.parser.result_mode == "inline":
+        raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
+                           + ("holds images" if traj.images else "calls tools inline"))
+    if plan.ask is not None and plan.then is not None:
+        ask_model(ep, plan.ask)
+        left = ep.config.max_response_tokens - ep.response_tokens
+        if left <= 0 or ep.context_room <= 0:
+            return "max_response_tokens" if left <= 0 else "length"
+        budget = min(left, ep.context_room, plan.max_reply_tokens or ep.config.max_new_tokens)
+        gen = await generate(ep, budget)
+        summary = ep.renderer.turn_text(gen.token_ids)
+        ep.messages.append(ep.renderer.assistant_message(gen.token_ids))
+        messages = plan.then(summary)
+    if messages is None:
+        raise ContextError(f"context policy {policy.name!r}: its plan holds no messages and no request")
+    rendered = ep.renderer.conversation_ids(messages)
+    record = ContextEdit(policy=policy.name, action=plan.action, turn=traj.turns, removed=plan.removed,
+                         tokens_before=ep.context_tokens, tokens_after=len(rendered), summary=summary)
+    close_segment(ep, rendered)
+    ep.messages, traj.edit = list(messages), record
     return None
+
+
+def ask_model(ep: _Episode, request: str) -> None:
+    """Append ``request`` as a user turn. The live tokens end in the generation prompt the last
+    delta opened, so what follows the last model token is replaced by the template's rendering of
+    the conversation with the request (mask 0)."""
+    traj = ep.traj
+    ep.messages.append({"role": "user", "content": request})
+    rendered = ep.renderer.conversation_ids(ep.messages)
+    keep = model_tokens_end(traj.response_mask)
+    if first_difference(rendered[:len(traj.prompt_ids) + keep], traj.prompt_ids + traj.response_ids[:keep]) is not None:
+        raise ContextError("the chat template re-renders the conversation differently from the trajectory's "
+                           "tokens, so a request cannot be appended (set rollout.template_rewrite to fork)")
+    del traj.response_ids[keep:], traj.response_mask[keep:], traj.logprobs[keep:]
+    tail = rendered[len(traj.prompt_ids) + keep:]
+    _append(traj, tail, [0] * len(tail), [0.0] * len(tail))
+
+
+class ContextError(RuntimeError):
+    """A context edit that cannot be made; it ends its trajectory with an error."""
 
 
 def check_history(ep: _Episode) -> None:
@@ -257,11 +343,13 @@ def check_history(ep: _Episode) -> None:
     if ep.config.template_rewrite == "refuse":
         raise refusal(traj.turns, position, rendered, live, ep.renderer.decode)
     if ep.config.template_rewrite != "keep":
-        fork(ep, rendered)
+        close_segment(ep, rendered)
+        traj.template_forks += 1
 
 
-def fork(ep: _Episode, rendered: list[int]) -> None:
-    """Close the live piece after its last model token; the next piece's prompt is ``rendered``."""
+def close_segment(ep: _Episode, rendered: list[int]) -> None:
+    """Close the live piece after its last model token; the next piece's prompt is ``rendered`` (a
+    template fork's re-rendering, or a context edit's)."""
     traj = ep.traj
     end = model_tokens_end(traj.response_mask)
     ep.closed.append(Trajectory(
@@ -270,10 +358,10 @@ def fork(ep: _Episode, rendered: list[int]) -> None:
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
         termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions,
-        prefill_tokens_saved=traj.prefill_tokens_saved, routes=traj.routes))
-    traj.trajectory_key, traj.piece, traj.template_forks = traj.key, traj.piece + 1, traj.template_forks + 1
+        prefill_tokens_saved=traj.prefill_tokens_saved, routes=traj.routes, edit=traj.edit))
+    traj.trajectory_key, traj.piece = traj.key, traj.piece + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
-    traj.policy_versions, traj.prefill_tokens_saved, traj.routes = [], 0, None
+    traj.policy_versions, traj.prefill_tokens_saved, traj.routes, traj.edit = [], 0, None, None
 
 
 async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:

@@ -131,6 +131,20 @@ def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
     return SessionKind(name, cls, checked_options(cls, options, where), Path(config.base_dir))
 
 
+def build_context_policy(config: Config, env: Environment | None = None) -> Any:
+    """The route's context policy (toolrl.context): ``rollout.context`` when set, else the
+    environment's ``context``, else ``none``; built with ``model.max_context``."""
+    if config.rollout.context is not None:
+        name, options, where = config.rollout.context.name, config.rollout.context.options, "rollout.context"
+    elif env is not None and env.context is not None:
+        options = dict(env.context)
+        name, where = str(options.pop("name", "none")), f"environment {env.name!r} context"
+    else:
+        name, options, where = "none", {}, "rollout.context"
+    context = BuildContext(f"{where}.name", where, config, {"max_context": config.model.max_context})
+    return build_part("context_policies", name, options, context)
+
+
 @dataclass(frozen=True)
 class RouteParts:
     """One route's parts, resolved by name; nothing here holds a resource (tools are built per role)."""
@@ -140,6 +154,7 @@ class RouteParts:
     rewards: list[tuple[str, float, Any]]
     tool_files: list[ToolsFile]
     session: SessionKind | None = None
+    context: Any = None  # the context policy (toolrl.context)
 
 
 @dataclass(frozen=True)
@@ -178,7 +193,7 @@ def resolve_routes(config: Config, envs: dict[str, ConfiguredEnv]) -> dict[str |
         env = c.env if c is not None else None
         routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
                                   shared if shared is not None else tool_files(config, env),
-                                  session_kind(config, env))
+                                  session_kind(config, env), build_context_policy(config, env))
     return routes
 
 
@@ -207,7 +222,7 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
             routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward,
-                                 kinds[-1] if route.session is not None else None)
+                                 kinds[-1] if route.session is not None else None, route.context)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, r in routes.items():

@@ -219,3 +219,31 @@ def test_plotly_js_is_revalidated_not_sent_again(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_trajectory_in_segments_lists_them_in_order_with_their_edits(tmp_path):
+    """Context edits (toolrl.context) cut a trajectory into segments, each a trace row: the index finds
+    a trajectory's segments in order, with the edit that opened each, wherever its rows are."""
+    from toolrl.trajectory import ContextEdit, Trajectory
+
+    def segment(piece: int, edit: ContextEdit | None, termination: str) -> dict:
+        t = Trajectory(trajectory_id=f"s0-g0-0~{piece}", trajectory_key="s0-g0-0", piece=piece, sample_index=0,
+                       group=0, prompt_ids=[1, 2], response_ids=[3] * (piece + 1), response_mask=[1] * (piece + 1),
+                       logprobs=[-0.5] * (piece + 1), termination=termination, edit=edit)
+        return t.model_dump(mode="json")
+
+    summarised = ContextEdit(policy="summarise", action="summarise", turn=5, removed=[2, 3, 4], tokens_before=3100,
+                             tokens_after=260, summary="Audit key: 123456.")
+    windowed = ContextEdit(policy="window", action="window", turn=9, removed=[2], tokens_before=3000, tokens_after=900)
+    rows = [_row(0), segment(2, windowed, "answered"), segment(0, None, "forked"), segment(1, summarised, "forked")]
+    path = tmp_path / "traces" / "step_00001.jsonl"
+    _write(path, rows)
+    index = TraceIndex(path)
+    segments = index.segments_of("s0-g0-0")
+    assert [(s["row"], s["piece"], s["termination"]) for s in segments] == [(2, 0, "forked"), (3, 1, "forked"),
+                                                                            (1, 2, "answered")]
+    assert segments[0]["edit"] == ""
+    assert segments[1]["edit"] == ("summarise: summarise at turn 5, 3 messages removed or replaced, context 3100 → 260 "
+                                   "tokens; summary: Audit key: 123456.")
+    assert segments[2]["edit"].startswith("window: window at turn 9, 1 messages")
+    assert [s["row"] for s in index.segments_of("t0")] == [0]  # a trajectory in one piece

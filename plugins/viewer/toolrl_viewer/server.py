@@ -87,9 +87,12 @@ class Viewer:
             return run.traces(query.get("source", "")).page(TraceQuery.model_validate(fields))
         if route == "/api/trajectory":
             run = self.run(query)
-            row = run.traces(query.get("source", "")).read(int(query.get("row", "-1")))
+            index = run.traces(query.get("source", ""))
+            row = index.read(int(query.get("row", "-1")))
             tokenizer, why_not = self.tokenizers.get(run.path)
-            return view(row, tokenizer, why_not)
+            # A trajectory cut into segments (context edits, template forks): all of them, in order.
+            return {**view(row, tokenizer, why_not),
+                    "context_segments": index.segments_of(str(row.get("trajectory_key") or row.get("trajectory_id")))}
         if route == "/api/compare":
             return compare(self.run(query, "a"), self.run(query, "b"))
         raise KeyError(f"no route {route}")

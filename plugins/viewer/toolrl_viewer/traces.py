@@ -41,6 +41,19 @@ class RowSummary:
     forked: bool
     response_tokens: int
     success: bool | None  # an evaluation's verdict (results.jsonl); None in training traces
+    key: str = ""  # the whole trajectory's id, shared by its segments (pieces)
+    piece: int = 0
+    edit: str = ""  # the context edit that opened this segment (toolrl.context), in words
+
+
+def edit_note(edit: Any) -> str:
+    """A context edit (a trace row's ``edit``) in words: what the policy did, at which turn."""
+    if not isinstance(edit, dict):
+        return ""
+    removed = len(edit.get("removed") or [])
+    note = (f"{edit.get('policy')}: {edit.get('action')} at turn {edit.get('turn')}, {removed} messages removed or "
+            f"replaced, context {edit.get('tokens_before')} → {edit.get('tokens_after')} tokens")
+    return note + (f"; summary: {edit['summary']}" if edit.get("summary") else "")
 
 
 def _number(value: Any) -> float | None:
@@ -97,6 +110,8 @@ def summarize(row: dict[str, Any], index: int, offset: int) -> RowSummary:
         forked=row.get("termination") == "forked" or bool(row.get("piece")),
         response_tokens=row.get("response_tokens", len(row.get("response_ids") or [])),
         success=row.get("success") if isinstance(row.get("success"), bool) else None,
+        key=str(row.get("trajectory_key") or row.get("trajectory_id", index)), piece=int(row.get("piece") or 0),
+        edit=edit_note(row.get("edit")),
     )
 
 
@@ -177,6 +192,13 @@ class TraceIndex:
         return {"total": len(rows), "matched": len(kept), "offset": query.offset,
                 "envs": sorted({s.env for s in rows if s.env}),
                 "rows": [{k: v for k, v in asdict(s).items() if k != "offset"} for s in window]}
+
+    def segments_of(self, key: str) -> list[dict[str, Any]]:
+        """The segments (pieces) of trajectory ``key`` in order: row, piece, the edit that opened it,
+        how it ended, its response tokens."""
+        return [{"row": s.row, "piece": s.piece, "edit": s.edit, "termination": s.termination,
+                 "response_tokens": s.response_tokens}
+                for s in sorted((s for s in self.rows() if s.key == key), key=lambda s: s.piece)]
 
     def read(self, row: int) -> dict[str, Any]:
         """Row ``row`` in full, read at its offset."""

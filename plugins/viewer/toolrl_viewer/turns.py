@@ -156,7 +156,7 @@ def view(row: dict[str, Any], tokenizer: Any, why_not: str = "") -> dict[str, An
                for r in row.get("tool_results") or []]
     keep = ("trajectory_id", "sample_index", "problem", "k", "success", "group", "env", "reward", "reward_terms",
             "reward_errors", "tool_rewards", "tool_errors", "reward_parts", "termination", "error", "turns",
-            "policy_version", "ground_truth", "user_turns", "parse_errors", "final_response")
+            "policy_version", "ground_truth", "user_turns", "parse_errors", "final_response", "piece")
     return {
         "meta": {k: row[k] for k in keep if k in row},
         "advantage": advantage if per_token_adv is None else {

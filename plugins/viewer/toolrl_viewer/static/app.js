@@ -270,6 +270,16 @@ function renderTrajectory(t) {
       : "Hover a token for its id and engine log-prob. " +
         "This run's trace rows record the engine's log-probs only: the engine–trainer difference is the step's lp_mismatch."))];
   if (t.tokens_note) parts.push(el("div", {class: "legend"}, `Whole texts shown: ${t.tokens_note}`));
+  if ((t.context_segments || []).length > 1) {  // a trajectory in segments: each one a click away, with its edit
+    const list = el("ol", {class: "segments", start: 0});
+    for (const s of t.context_segments) {
+      const label = `segment ${s.piece} · ${s.response_tokens} response tokens · ${s.termination}` + (s.edit ? ` · opened by ${s.edit}` : "");
+      const item = el("li", {class: s.piece === (m.piece ?? 0) ? "current" : ""}, el("a", {href: "#"}, label));
+      item.firstChild.addEventListener("click", (e) => { e.preventDefault(); openTrajectory(s.row, null); });
+      list.append(item);
+    }
+    parts.push(el("h4", {}, `segments of this trajectory (${t.context_segments.length})`), list);
+  }
   if (t.images.length) parts.push(el("div", {class: "images"}, ...t.images.map((png) => el("img", {src: "data:image/png;base64," + png}))));
   for (const msg of t.prompt) parts.push(message(msg.role, msg.text));
   for (const s of t.segments) {

@@ -1,0 +1,190 @@
+"""The context policy part kind: what an agent's context becomes when it grows past a budget.
+
+A policy is a :class:`ContextPolicy` subclass registered through ``register_context_policies`` and
+named by ``rollout.context: {name, ...options}`` (or an environment's ``context``). After every round
+of tool results (and every user turn) the agent loop shows the policy the live conversation
+(:class:`ContextView`); the policy answers with a :class:`ContextPlan` — the edited conversation, or a
+request to the model whose reply (a generated, trained turn) makes it — or None to keep it. The loop
+turns every edit into a new *segment* of the trajectory (:mod:`toolrl.rollout`): the segment's prompt is
+the template's rendering of the edited conversation, so each generated token is trained exactly once.
+
+Built-ins: ``none`` (no edit; the trajectory ends where its context is full), ``drop_tool_outputs``
+(older tool results replaced by a short stub), ``window`` (the task and the last turns) and
+``summarise`` (the model is asked for a summary, and the conversation goes on from the task and it).
+Every policy keeps the task: the system prompt, the sample's prompt and a session's opening messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Messages = list[dict[str, Any]]
+
+
+
+@dataclass
+class ContextView:
+    """The live conversation as a policy sees it: ``messages`` (the first ``task`` of them are the
+    task, which every policy keeps), its length in tokens (the live segment's) and the turn."""
+
+    messages: Messages
+    task: int
+    tokens: int
+    turn: int
+
+
+@dataclass
+class ContextPlan:
+    """An edit: ``messages`` (the edited conversation) or, for an edit the model writes, ``ask`` (a
+    user turn appended to the live context) and ``then`` (its reply's text -> the edited
+    conversation). ``action`` and ``removed`` (indices of the messages dropped or replaced) are
+    recorded in the trajectory (:class:`toolrl.trajectory.ContextEdit`)."""
+
+    action: str
+    removed: list[int] = field(default_factory=list)
+    messages: Messages | None = None
+    ask: str | None = None
+    then: Callable[[str], Messages] | None = None
+    max_reply_tokens: int | None = None
+
+
+class ContextPolicy:
+    """The base of every context policy; itself the ``none`` policy (it never edits).
+
+    ``Options`` (a pydantic model) types ``rollout.context``'s keys besides ``name``; ``build(options,
+    context)`` makes one policy per route, with the run's ``model.max_context``
+    (``context.inputs["max_context"]``, None when unset)."""
+
+    name: ClassVar[str] = "none"
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __init__(self, options: BaseModel, max_context: int | None) -> None:
+        self.options = options
+        self.max_context = max_context
+
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> ContextPolicy:
+        return cls(options, context.input("max_context"))
+
+    def plan(self, view: ContextView) -> ContextPlan | None:
+        """The edit to make now, or None to keep the context as it is."""
+        return None
+
+
+class TriggeredOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trigger_tokens: int | None = Field(None, gt=0, description="edit when the live context passes this many "
+                                       "tokens; None: the policy's share of model.max_context")
+
+
+class TriggeredPolicy(ContextPolicy):
+    """A policy that edits once the live context passes ``trigger_tokens`` (default: ``trigger_share``
+    of ``model.max_context``)."""
+
+    trigger_share: ClassVar[float] = 0.75
+
+    def __init__(self, options: TriggeredOptions, max_context: int | None) -> None:
+        super().__init__(options, max_context)
+        trigger = options.trigger_tokens
+        if trigger is None and max_context is None:
+            raise ValueError(f"{self.name} needs trigger_tokens or model.max_context")
+        if trigger is not None and max_context is not None and trigger >= max_context:
+            raise ValueError(f"trigger_tokens: {trigger} leaves no room below model.max_context ({max_context})")
+        self.trigger: int = trigger if trigger is not None else int(self.trigger_share * (max_context or 0))
+
+    def plan(self, view: ContextView) -> ContextPlan | None:
+        return self.edit(view) if view.tokens > self.trigger else None
+
+    def edit(self, view: ContextView) -> ContextPlan | None:
+        raise NotImplementedError
+
+
+def turn_starts(messages: Sequence[dict[str, Any]], task: int) -> list[int]:
+    """Where each turn after the task starts: its assistant message (its tool results follow it)."""
+    return [i for i in range(task, len(messages)) if messages[i].get("role") == "assistant"]
+
+
+class DropToolOutputs(TriggeredPolicy):
+    """Past the trigger, every tool result but the last ``keep_last`` becomes ``stub``; the calls
+    and the model's turns stay."""
+
+    name = "drop_tool_outputs"
+
+    class Options(TriggeredOptions):
+        keep_last: int = Field(1, ge=0, description="the newest tool results kept whole")
+        stub: str = Field("[tool output dropped to save context]", min_length=1)
+
+    options: Options
+
+    def edit(self, view: ContextView) -> ContextPlan | None:
+        tools = [i for i in range(view.task, len(view.messages)) if view.messages[i].get("role") == "tool"]
+        old = tools[:len(tools) - self.options.keep_last] if self.options.keep_last else tools
+        removed = [i for i in old if view.messages[i].get("content") != self.options.stub]
+        if not removed:
+            return None
+        messages = [dict(m, content=self.options.stub) if i in removed else m
+                    for i, m in enumerate(view.messages)]
+        return ContextPlan("drop_tool_outputs", removed, messages=messages)
+
+
+class Window(TriggeredPolicy):
+    """Past the trigger, the context becomes the task and the last ``keep_turns`` turns (an assistant
+    turn with its tool results)."""
+
+    name = "window"
+
+    class Options(TriggeredOptions):
+        keep_turns: int = Field(2, ge=1, description="the newest turns kept")
+
+    options: Options
+
+    def edit(self, view: ContextView) -> ContextPlan | None:
+        starts = turn_starts(view.messages, view.task)
+        if len(starts) <= self.options.keep_turns:
+            return None
+        cut = starts[-self.options.keep_turns]
+        return ContextPlan("window", list(range(view.task, cut)),
+                           messages=view.messages[:view.task] + view.messages[cut:])
+
+
+SUMMARY_REQUEST = ("Your context is almost full. Write a summary of everything you will still need: the task, "
+                   "every value you found that matters and what remains to do. Make no tool call.")
+SUMMARY_HEADER = "Summary of your work so far (the earlier turns were removed to save context):\n"
+
+
+class Summarise(TriggeredPolicy):
+    """Past the trigger, the model is asked for a summary (``request``, a user turn); its reply is
+    generated and trained like any turn, and the conversation goes on from the task and a user turn
+    holding the summary (``header`` + the reply)."""
+
+    name = "summarise"
+
+    class Options(TriggeredOptions):
+        request: str = Field(SUMMARY_REQUEST, min_length=1)
+        header: str = SUMMARY_HEADER
+        max_summary_tokens: int = Field(256, gt=0, description="the summary turn's generation limit")
+
+    options: Options
+    trigger_share = 0.5  # the request and the summary are generated on top of the context that passed it
+
+    def __init__(self, options: Options, max_context: int | None) -> None:
+        super().__init__(options, max_context)
+        if max_context is not None and self.trigger + options.max_summary_tokens >= max_context:
+            raise ValueError(f"trigger_tokens ({self.trigger}) + max_summary_tokens ({options.max_summary_tokens}) "
+                             f"leave no room for the summary below model.max_context ({max_context})")
+
+    def edit(self, view: ContextView) -> ContextPlan | None:
+        task = view.messages[:view.task]
+
+        def then(reply: str) -> Messages:
+            return [*task, {"role": "user", "content": self.options.header + reply.strip()}]
+
+        return ContextPlan("summarise", list(range(view.task, len(view.messages))), ask=self.options.request,
+                           then=then, max_reply_tokens=self.options.max_summary_tokens)
