@@ -93,6 +93,17 @@ class AlgorithmsPlugin:
             register(f"toolrl.algorithms.losses:{cls}", name=name)
 
 
+class WeightTransportsPlugin:
+    """The built-in weight transports (:mod:`toolrl.transports`)."""
+
+    @hookimpl
+    def register_weight_transports(self, register: Register) -> None:
+        register("toolrl.transports:ObjectStoreTransport", name="object_store")
+        register("toolrl.transports.broadcast:BroadcastTransport", name="broadcast")
+        register("toolrl.transports.shared_memory:SharedMemoryTransport", name="shared_memory")
+        register("toolrl.transports.disk:DiskTransport", name="disk")
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
@@ -102,4 +113,5 @@ BUILTINS = {
     "transformers": TransformersEnginePlugin(),
     "jsonl": JsonlLoggerPlugin(),
     "algorithms": AlgorithmsPlugin(),
+    "weight_transports": WeightTransportsPlugin(),
 }

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
-         "advantage_estimators", "policy_losses", "model_families", "environment_sessions")
+         "advantage_estimators", "policy_losses", "model_families", "environment_sessions",
+         "weight_transports")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -33,6 +34,7 @@ KIND_WORDS = {
     "policy_losses": "policy loss",
     "model_families": "model family",
     "environment_sessions": "environment session",
+    "weight_transports": "weight transport",
 }
 
 
@@ -48,6 +50,7 @@ KIND_BASES = {
     "policy_losses": ("toolrl.algorithms", "PolicyLoss"),
     "model_families": ("toolrl.families", "ModelFamily"),  # an instance
     "environment_sessions": ("toolrl.sessions", "EnvironmentSession"),
+    "weight_transports": ("toolrl.transports", "WeightTransport"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
