@@ -17,10 +17,11 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from toolrl.transports import Bucket, BucketHeader, Load, WeightSender
+from toolrl.transports import Bucket, BucketHeader, Load, WeightReceiver, WeightSender
 
 # (bucket, last) -> bytes the sink itself holds while the bucket is in flight (e.g. an object-store copy).
 Sink = Callable[[Mapping[str, Any], bool], int]
@@ -232,3 +233,16 @@ def engine_loader(engine: Any) -> Load:
             engine.load_weight_rows(piece.name, piece.shape, piece.start, piece.view(data))
 
     return load
+
+
+def receive_into(engine: Any, receivers: Sequence[WeightReceiver], version: int) -> int:
+    """One weight update into ``engine`` from every sender's link at once (a thread each), held
+    between two decode steps (:meth:`~toolrl.engines.RolloutEngine.updating_weights`) and labelled
+    ``version``; returns the bytes received. A transport error in any link is raised once all have
+    ended (each within its link's timeout)."""
+    load = engine_loader(engine)
+    with engine.updating_weights(version), ThreadPoolExecutor(max(1, len(receivers))) as pool:
+        futures = [pool.submit(r.receive, load) for r in receivers]
+        received = sum(f.result() for f in futures)
+        engine.finish_weight_rows()
+    return received
