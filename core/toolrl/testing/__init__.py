@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "ToolConformance": "conformance",
     "check_build_contract": "contract",
+    "check_weight_transport": "transports",
     **dict.fromkeys(
         (
             "LIFECYCLE",
