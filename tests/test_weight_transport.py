@@ -22,7 +22,8 @@ LINKED = ("broadcast", "shared_memory", "disk")
 
 
 def transport(name: str, tmp_path: Path) -> LinkedTransport:
-    options = {"path": str(tmp_path / "weights")} if name == "disk" else {}
+    # Files under the test's directory: a sender the dead-peer check kills leaves its segments behind.
+    options = {"disk": {"path": str(tmp_path / "weights")}, "shared_memory": {"directory": str(tmp_path)}}.get(name, {})
     built = build_transport(TrainerConfig(weight_transport=name, weight_transport_options=options))
     assert isinstance(built, LinkedTransport)
     return built
@@ -94,9 +95,9 @@ async def test_engines_after_a_sync_equal_the_exported_checkpoint(name, load, tr
             e.load_weight_rows = RolloutEngine.load_weight_rows.__get__(e)
             e.finish_weight_rows = RolloutEngine.finish_weight_rows.__get__(e)
     reference = TransformersEngine.create(ModelSource(path=exported), {"device": "cpu"})
+    senders = [kind.open_sender(f"t-{name}-{load}-{r}", r, 2, 30.0) for r in range(2)]
     try:
         before = await logprobs(engines[0], PROMPTS)
-        senders = [kind.open_sender(f"t-{name}-{load}-{r}", r, 2, 30.0) for r in range(2)]
         errors: list[BaseException] = []
 
         def run(fn):
@@ -120,6 +121,8 @@ async def test_engines_after_a_sync_equal_the_exported_checkpoint(name, load, tr
             assert e.weight_version == 1
             assert await logprobs(e, PROMPTS) == want
     finally:
+        for s in senders:
+            s.close()
         for e in [*engines, reference]:
             await e.close()
 
