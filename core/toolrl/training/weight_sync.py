@@ -10,6 +10,10 @@ A sink is a callable ``(bucket, last)``: an engine in this process (:func:`engin
 sends the bucket to rollout workers (:func:`ray_sink`), which may be generating meanwhile: they stage
 the buckets (:class:`toolrl.engines.BucketStager`) and load them together on the last one, which carries the
 weights' version.
+
+Over a linked transport (:mod:`toolrl.transports`) no rank gathers: each sends what it owns
+(:func:`owned_buckets`, :func:`send_owned`) and each engine takes every rank's link at once
+(:func:`receive_into`), writing the rows in place.
 """
 
 from __future__ import annotations
