@@ -1,22 +1,27 @@
-"""Weight sync, trainer to engines: bucketed from a sharded trainer against a full state-dict broadcast.
+"""Weight sync, trainer to engines, over every weight transport side by side, and the memcpy floor.
 
-SmolLM2-135M-Instruct (fp32, 540 MB), CPU, a local Ray: two trainer ranks (FSDP2 over gloo) and two
-rollout workers (transformers engine, each with its own copy of the model).
+Two trainer ranks (FSDP2 over gloo) and two rollout workers (transformers engine, each with its own copy
+of the model) on a local Ray, CPU, fp32; per model, rounds alternate between the transports on the same
+actors (``RayTrainerGroup.transport`` switched between pushes):
 
-- **bucketed** (``toolrl``'s sync, ``trainer.weight_sync_bucket_mb``): every rank walks the parameters,
-  gathers each shard with ``full_tensor()``, rank 0 sends a bucket at a time through the object store
-  to both workers, which copy it into their engines in place.
-- **broadcast** (the anchor: how weights travelled before the trainer was sharded): the full
-  ``state_dict`` of a whole model in one process, put in the object store once and loaded by both
-  workers (``RolloutWorkerPool.broadcast``).
+- **object_store** (the default; the anchor): every rank gathers each shard with ``full_tensor()``,
+  rank 0 sends a bucket at a time through Ray's object store to both workers, which stage the buckets
+  and load them together with the last.
+- **broadcast**: each rank sends the rows it owns over its own gloo group to both workers, packed
+  buckets, the next packed while one travels; workers write them into the engine in place.
+- **shared_memory**: the same, through two ``/dev/shm`` segments per rank the workers map.
+- **disk**: the same, one safetensors file per bucket under a temporary directory.
+- **memcpy floor**: the same bytes copied once with ``Tensor.copy_`` in this process, one thread.
 
-Peak extra memory is the bytes a sync holds on top of the model: for bucketed, the largest
-(bucket + tensor being gathered + the bucket's object-store copy) on any rank; for broadcast, the
-object-store copy of the whole state dict (the model itself is not copied in the sending process on
-CPU). Both are counted from the tensors, not from RSS, which the object store's shared memory and the
-allocator make unreadable. Rounds alternate between the two methods.
+Sync seconds: the slowest rank's, as the controller's ``weight_sync_s``. Peak extra MiB: the most a
+rank holds for the sync beyond its shard (object_store: the bucket, the tensor being gathered and the
+bucket's object-store copy; linked transports: their two bucket buffers), counted from the tensors.
+Models: SmolLM2-135M-Instruct (``smollm2``) and a random model shaped like Qwen2.5-0.5B (``qwen0.5b``:
+hidden 896, 24 layers, 14/2 heads, MLP 4864, tied 151936-row vocab; built once into the cache).
+The last lines are the first model's ``broadcast/object_store`` and ``shared_memory/object_store``
+(medians of the rounds).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/weight_sync.py [--rounds 3] [--bucket-mb 64]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/weight_sync.py [--rounds 3] [--bucket-mb 64] [--models smollm2,qwen0.5b]
 """
 
 from __future__ import annotations
@@ -24,79 +29,122 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import machine, median, single_thread, table
 
 single_thread()
 
 ROOT = Path(__file__).resolve().parents[1]
+TRANSPORTS = ("object_store", "broadcast", "shared_memory", "disk")
+QWEN_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+                intermediate_size=4864)
+
+
+def source(name: str) -> str:
+    if name == "smollm2":
+        return "smollm2-135m-instruct"
+    from toolrl.model_sources import tiny_qwen3
+
+    return tiny_qwen3(**QWEN_05B)
+
+
+def memcpy_s(nbytes: int, rounds: int) -> float:
+    """The floor: ``nbytes`` copied once, one thread (median of ``rounds``)."""
+    import torch
+
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def measure(model: str, rounds: int, bucket_mb: float, scratch: str) -> dict[str, Any]:
+    from toolrl.config import load_config
+    from toolrl.model_sources import load_model, model_path
+    from toolrl.plugins.parts import BuildContext, build_part
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.trainer_group import RayTrainerGroup
+
+    config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
+        f"model.source={source(model)}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",
+        f"trainer.weight_sync_bucket_mb={bucket_mb}", "tools.entries=[]", "trainer.progress=false"])
+    path = model_path(config)
+    weights = load_model(path)
+    unique = {v.untyped_storage().data_ptr(): v for v in weights.state_dict().values()}  # tied: once
+    nbytes = sum(v.numel() * v.element_size() for v in unique.values())
+    del weights, unique
+    print(f"model {path}: {nbytes / 2**20:.0f} MiB of weights", flush=True)
+    options = {"disk": {"path": scratch}}
+    transports = {name: build_part("weight_transports", name, options.get(name), BuildContext(name))
+                  for name in TRANSPORTS}
+
+    pool = RolloutWorkerPool(config, num_workers=2)
+    group = RayTrainerGroup(config)
+    loop = asyncio.new_event_loop()
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in TRANSPORTS}
+    try:
+        t0 = time.perf_counter()
+
+        async def start() -> None:
+            await asyncio.gather(pool.start(), group.start())
+
+        loop.run_until_complete(start())
+        print(f"2 trainer ranks and 2 rollout workers up in {time.perf_counter() - t0:.1f} s", flush=True)
+        for r in range(rounds):
+            for name, transport in transports.items():
+                group.transport = transport
+                out = loop.run_until_complete(group.push(pool.workers, r + 1))
+                assert not out.dead, f"{name}: workers lost"
+                rows[name].append((out.metrics["weight_sync_s"], out.metrics["weight_sync_peak_mb"]))
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1][0]:.2f} s" for k, v in rows.items()), flush=True)
+    finally:
+        group.close()
+        loop.run_until_complete(pool.close())
+        loop.close()
+    return {"sync": {k: median([s for s, _ in v]) for k, v in rows.items()},
+            "peak": {k: max(p for _, p in v) for k, v in rows.items()},
+            "floor": memcpy_s(nbytes, max(3, rounds)), "mib": nbytes / 2**20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=64.0)
-    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--models", default="smollm2,qwen0.5b")
     args = parser.parse_args()
 
     import ray
-    from toolrl.config import load_config
-    from toolrl.model_sources import model_path
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
-    from toolrl.roles.trainer_group import RayTrainerGroup
-    from toolrl.training.policy import build_policy
 
-    config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
-        f"model.source={args.model}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",
-        f"trainer.weight_sync_bucket_mb={args.bucket_mb}", "tools.entries=[]", "trainer.progress=false"])
     print(machine())
-    path = model_path(config)
-    model = build_policy(config, path, "cpu")  # the anchor's sender: a whole model in one process
-    # What the broadcast puts in the object store: each storage once (pickle keeps one copy of the
-    # tied embedding / LM head).
-    unique = {v.untyped_storage().data_ptr(): v for v in model.state_dict().values()}
-    model_mb = sum(v.numel() * v.element_size() for v in unique.values()) / 2**20
-    print(f"model {path}: {model_mb:.0f} MiB of weights")
-
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=4, include_dashboard=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    pool = RolloutWorkerPool(config, num_workers=2)
-    group = RayTrainerGroup(config)
-    loop = asyncio.new_event_loop()
+    results = {}
     try:
-        t0 = time.perf_counter()
-        async def start() -> None:
-            await asyncio.gather(pool.start(), group.start())
-
-        loop.run_until_complete(start())
-        print(f"2 trainer ranks and 2 rollout workers up in {time.perf_counter() - t0:.1f} s")
-        rows: dict[str, list[tuple[float, float]]] = {"bucketed": [], "broadcast": []}
-        for r in range(args.rounds):
-            out = loop.run_until_complete(group.push(pool.workers))
-            assert not out.dead
-            rows["bucketed"].append((out.metrics["weight_sync_s"], out.metrics["weight_sync_peak_mb"]))
-            t0 = time.perf_counter()
-            loop.run_until_complete(pool.broadcast(model.state_dict()))
-            rows["broadcast"].append((time.perf_counter() - t0, model_mb))
-            print(f"round {r + 1}: bucketed {rows['bucketed'][-1][0]:.2f} s, broadcast {rows['broadcast'][-1][0]:.2f} s",
-                  flush=True)
+        with tempfile.TemporaryDirectory(prefix="toolrl-weights-") as scratch:
+            for model in args.models.split(","):
+                results[model] = measure(model, args.rounds, args.bucket_mb, scratch)
     finally:
-        group.close()
-        loop.run_until_complete(pool.close())
-        loop.close()
         ray.shutdown()
 
-    sync = {k: median([s for s, _ in v]) for k, v in rows.items()}
-    peak = {k: max(p for _, p in v) for k, v in rows.items()}
-    print()
-    print(table(["method", "sync s (median)", "peak extra MiB", "× broadcast time", "× broadcast memory"], [
-        [f"bucketed ({args.bucket_mb:g} MB buckets, 2 FSDP ranks)", sync["bucketed"], peak["bucketed"],
-         sync["bucketed"] / sync["broadcast"], peak["bucketed"] / peak["broadcast"]],
-        ["full state_dict broadcast (1 process)", sync["broadcast"], peak["broadcast"], 1.0, 1.0],
-    ]))
+    for model, res in results.items():
+        sync, peak, floor = res["sync"], res["peak"], res["floor"]
+        print(f"\n{model} ({res['mib']:.0f} MiB fp32, {args.bucket_mb:g} MB buckets, 2 FSDP ranks -> 2 workers)")
+        print(table(["transport", "sync s (median)", "peak extra MiB", "× object_store", "× memcpy floor"], [
+            *[[name, sync[name], peak[name], sync[name] / sync["object_store"], sync[name] / floor]
+              for name in TRANSPORTS],
+            ["memcpy floor (1 copy, 1 thread)", floor, res["mib"], floor / sync["object_store"], 1.0],
+        ]))
+    first = results[args.models.split(",")[0]]["sync"]
+    print(f"\nbroadcast/object_store: {first['broadcast'] / first['object_store']:.2f}")
+    print(f"shared_memory/object_store: {first['shared_memory'] / first['object_store']:.2f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "vision_processor", "templates", "trajectory", "run_dir")),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
-               "families", "sessions", "context")),
+               "families", "sessions", "context", "transports")),
     ("loop and step", ("data", "rollout", "training")),
     ("roles", ("roles",)),
     ("entry points", ("cli", "__main__", "testing")),

@@ -455,6 +455,10 @@ class TrainerConfig(Section):
         Field(300.0, gt=0, description="a rollout worker taking longer over a weight bucket is treated as dead")
     weight_sync_bucket_mb: Annotated[float, at_most(MAX_BUCKET_MB, "a bucket is allocated whole on the device")] = \
         Field(256.0, gt=0, description="weights travel to engines in buckets this big")
+    weight_transport: str = Field("object_store", description="how weights travel to rollout workers "
+                                  "(register_weight_transports): object_store, broadcast, shared_memory, disk")
+    weight_transport_options: dict[str, Any] = Field(default_factory=dict,
+                                                     description="the weight transport's options (docs/weights.md)")
     keep_checkpoints: int = Field(2, gt=0)
     sequence_parallel: int = Field(1, gt=0, le=64, description="N: each packed row's tokens split over N trainer "
                                    "ranks (Ulysses all-to-all over attention heads; docs/long_context.md)")

@@ -202,6 +202,20 @@ def register_context_policies(register: Register) -> None:
 
 
 @hookspec
+def register_weight_transports(register: Register) -> None:
+    """Register weight transports: subclasses of :class:`toolrl.transports.WeightTransport`.
+
+    A transport moves a weight sync's bytes from the trainer ranks to the engines. A
+    :class:`~toolrl.transports.LinkedTransport` opens one link per trainer rank to every engine's
+    receiver (``open_sender`` on the rank, ``open_receiver`` on each engine's side) and streams
+    packed buckets over it: each rank sends the shards it owns. ``trainer.weight_transport: NAME``
+    selects one, its ``Options`` pydantic model types ``trainer.weight_transport_options``; the
+    built-ins are ``object_store`` (the default), ``broadcast``, ``shared_memory`` and ``disk``
+    (``docs/weights.md``). :func:`toolrl.testing.transports.check_weight_transport` checks one.
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``toolrl`` command-line interface.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,33 @@ class RolloutEngine(ABC):
     @functools.cached_property
     def _bucket_stager(self) -> BucketStager:
         return BucketStager()
+
+    def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
+        """Rows ``start ..`` (dim 0) of weight ``name`` (whole: ``shape``) from a weight transport
+        (:mod:`toolrl.transports`), inside :meth:`updating_weights`; several senders may call it at
+        once, for different rows. ``rows`` is valid only during the call. This default assembles whole
+        tensors and loads them all in :meth:`finish_weight_rows`; engines that can write their weights
+        in place override both and keep no copy."""
+        with self._rows_staged[0]:
+            staged = self._rows_staged[1]
+            if name not in staged:
+                staged[name] = rows.new_empty(tuple(shape))
+            self.rows_of(staged[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
+
+    @staticmethod
+    def rows_of(tensor: Any, start: int, rows: int) -> Any:
+        """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
+        return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
+
+    def finish_weight_rows(self) -> None:
+        """Every row of the update is in: load what :meth:`load_weight_rows` assembled."""
+        with self._rows_staged[0]:
+            staged, self._rows_staged[1] = self._rows_staged[1], {}
+        self.update_weights(staged)
+
+    @functools.cached_property
+    def _rows_staged(self) -> list[Any]:
+        return [threading.Lock(), {}]
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import threading
 from collections import OrderedDict
@@ -314,6 +315,23 @@ class TransformersEngine(RolloutEngine):
 
     def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
         self.update_weights(bucket)  # copies in place: nothing is kept between buckets
+
+    def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
+        # In place, straight from the transport's buffer; updating_weights holds decoding meanwhile.
+        own = self._weights_by_name
+        if name not in own:
+            raise KeyError(f"a weight transport sent {name!r}, which the model does not have")
+        if tuple(own[name].shape) != tuple(shape):
+            raise ValueError(f"a weight transport sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
+        with torch.no_grad():
+            self.rows_of(own[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
+
+    def finish_weight_rows(self) -> None:
+        """Nothing is staged: the rows were written in place (sessions are dropped by updating_weights)."""
+
+    @functools.cached_property
+    def _weights_by_name(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict(keep_vars=True)
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:

@@ -109,6 +109,15 @@ class ContextPoliciesPlugin:
         for name, cls in (("none", "ContextPolicy"), ("drop_tool_outputs", "DropToolOutputs"),
                           ("window", "Window"), ("summarise", "Summarise")):
             register(f"toolrl.context:{cls}", name=name, aliases=("summarize",) if name == "summarise" else ())
+class WeightTransportsPlugin:
+    """The built-in weight transports (:mod:`toolrl.transports`)."""
+
+    @hookimpl
+    def register_weight_transports(self, register: Register) -> None:
+        register("toolrl.transports:ObjectStoreTransport", name="object_store")
+        register("toolrl.transports.broadcast:BroadcastTransport", name="broadcast")
+        register("toolrl.transports.shared_memory:SharedMemoryTransport", name="shared_memory")
+        register("toolrl.transports.disk:DiskTransport", name="disk")
 
 
 BUILTINS = {
@@ -122,4 +131,5 @@ BUILTINS = {
     "jsonl": JsonlLoggerPlugin(),
     "algorithms": AlgorithmsPlugin(),
     "context": ContextPoliciesPlugin(),
+    "weight_transports": WeightTransportsPlugin(),
 }

@@ -21,7 +21,7 @@ from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
          "advantage_estimators", "policy_losses", "model_families", "environment_sessions",
-         "context_policies")
+         "context_policies", "weight_transports")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -35,6 +35,7 @@ KIND_WORDS = {
     "model_families": "model family",
     "environment_sessions": "environment session",
     "context_policies": "context policy",
+    "weight_transports": "weight transport",
 }
 
 
@@ -51,6 +52,7 @@ KIND_BASES = {
     "model_families": ("toolrl.families", "ModelFamily"),  # an instance
     "environment_sessions": ("toolrl.sessions", "EnvironmentSession"),
     "context_policies": ("toolrl.context", "ContextPolicy"),
+    "weight_transports": ("toolrl.transports", "WeightTransport"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -43,6 +43,7 @@ from toolrl.engines import BucketStager
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
+from toolrl.transports import Link, LinkedTransport, TransportError
 
 if TYPE_CHECKING:
     from toolrl.roles import TrainerGroup
@@ -64,6 +65,8 @@ class RolloutWorker:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
         self._rollouts: Any = None  # toolrl.roles.in_process.Rollouts once set up
         self._staged = BucketStager()  # buckets of a weight update in flight
+        self._links: list[Link] = []  # a linked weight transport's links, joined by _receivers
+        self._receivers: list[Any] = []
         self._running = 0
         self._finished = 0
 
@@ -126,6 +129,32 @@ class RolloutWorker:
         if (staged := self._staged.add(bucket, last)) is not None:
             await self.update_weights(staged, version)
 
+    async def receive_weights(self, transport: LinkedTransport, links: Sequence[Link], index: int,
+                              version: int | None = None) -> int:
+        """One weight update over ``transport``: from every trainer rank's link at once, as receiver
+        ``index``, loaded in place while the engine holds decoding; returns the bytes received. Raises
+        TransportError within the links' timeout when a sender fails."""
+        return await asyncio.to_thread(self._receive, transport, list(links), index, version)
+
+    def _receive(self, transport: LinkedTransport, links: list[Link], index: int, version: int | None) -> int:
+        from toolrl.training.weight_sync import receive_into
+
+        if [link.key for link in links] != [link.key for link in self._links]:  # new links: join them
+            self._close_receivers()
+            self._receivers = [transport.open_receiver(link, index) for link in links]
+            self._links = links
+        engine = self._rollouts.engine
+        try:
+            return receive_into(engine, self._receivers, engine.weight_version if version is None else version)
+        except TransportError:
+            self._close_receivers()  # the controller makes new links
+            raise
+
+    def _close_receivers(self) -> None:
+        for receiver in self._receivers:
+            receiver.close()
+        self._receivers, self._links = [], []
+
     async def set_weight_version(self, version: int) -> None:
         """Label the engine's weights ``version`` (an update that loads nothing)."""
         await asyncio.to_thread(self._load, {}, version)
@@ -139,6 +168,7 @@ class RolloutWorker:
                 engine.update_weights(state_dict)
 
     async def close(self) -> None:
+        self._close_receivers()
         if self._rollouts is None:
             return
         await self._rollouts.close()
@@ -483,6 +513,32 @@ class RolloutWorkerPool:
         for slot in self._slots:
             if any(slot.actor is d for d in dead):
                 self._replace(slot, slot.actor, f"weight push {self.weight_version}")
+
+    async def receive_weights(self, transport: LinkedTransport, links: Sequence[Link], index: int,
+                              version: int | None = None) -> int:
+        """One weight update over ``transport``: from every trainer rank's link at once, as receiver
+        ``index``, loaded in place while the engine holds decoding; returns the bytes received. Raises
+        TransportError within the links' timeout when a sender fails."""
+        return await asyncio.to_thread(self._receive, transport, list(links), index, version)
+
+    def _receive(self, transport: LinkedTransport, links: list[Link], index: int, version: int | None) -> int:
+        from toolrl.training.weight_sync import receive_into
+
+        if [link.key for link in links] != [link.key for link in self._links]:  # new links: join them
+            self._close_receivers()
+            self._receivers = [transport.open_receiver(link, index) for link in links]
+            self._links = links
+        engine = self._rollouts.engine
+        try:
+            return receive_into(engine, self._receivers, engine.weight_version if version is None else version)
+        except TransportError:
+            self._close_receivers()  # the controller makes new links
+            raise
+
+    def _close_receivers(self) -> None:
+        for receiver in self._receivers:
+            receiver.close()
+        self._receivers, self._links = [], []
 
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""

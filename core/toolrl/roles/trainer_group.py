@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from toolrl.roles.ray_actors import ActorDied, result
 from toolrl.roles.recovery import RankDied, ReformingGroup, TrainerFailed
 from toolrl.roles.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
+from toolrl.transports import Link, LinkedTransport, build_transport
 
 __all__ = ["LocalTrainer", "RayTrainerGroup", "TrainerFailed"]
 
@@ -76,6 +78,8 @@ class RayTrainerGroup(ReformingGroup):
         self.ranks: list[Any] = self._spawn(self.world_size)
         self.infos: list[dict[str, Any]] = []
         self._init_recovery()
+        self.transport = build_transport(config.trainer)  # travels with each sync's calls (picklable)
+        self._links: tuple[Any, list[Link]] | None = None  # (who they join, the ranks' links) while valid
 
     def _spawn(self, world_size: int) -> list[Any]:
         import ray
@@ -121,7 +125,10 @@ class RayTrainerGroup(ReformingGroup):
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
         """Weights to the rollout-worker actors ``targets`` (also while they generate), labelled
         ``version`` (None: the workers keep their label); rank 0 sends, every rank gathers. A worker
-        that takes longer than ``trainer.weight_push_timeout_s`` over a bucket counts as dead."""
+        that takes longer than ``trainer.weight_push_timeout_s`` over a bucket counts as dead. Over a
+        linked transport (``trainer.weight_transport``): :meth:`_push_linked`."""
+        if isinstance(self.transport, LinkedTransport):
+            return await self._push_linked(list(targets), version)
         bucket_mb = self.config.trainer.weight_sync_bucket_mb
         timeout_s = self.config.trainer.weight_push_timeout_s
 
@@ -133,6 +140,52 @@ class RayTrainerGroup(ReformingGroup):
         return WeightPush({"weight_sync_s": results[0]["weight_sync_s"],
                            "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in results)},
                           [targets[i] for i in results[0]["dead"]])
+
+    async def _push_linked(self, targets: list[Any], version: int | None) -> WeightPush:
+        """Every rank sends the shards it owns over its own link to all ``targets`` at once. A
+        transfer that fails (a worker died or stalled past ``trainer.weight_push_timeout_s``; every
+        link ends within it) is made once more, on new links, to the workers still alive."""
+        dead: list[Any] = []
+        failure = ""
+        for _ in range(2):
+            live = [t for t in targets if not any(t is d for d in dead)]
+            if not live:
+                break
+            metrics, lost, failure = await self._recovering("weight sync", lambda live=live: self._transfer(live, version))
+            dead += lost
+            if not failure:
+                return WeightPush(metrics, dead)
+            self._links = None
+        if not failure:
+            return WeightPush({"weight_sync_s": 0.0, "weight_sync_peak_mb": 0.0}, dead)
+        raise TrainerFailed(f"weight sync over {self.transport.name} failed twice: {failure}")
+
+    async def _transfer(self, targets: list[Any], version: int | None) -> tuple[dict[str, float], list[Any], str]:
+        """One transfer over the ranks' links (opened anew when the ranks or the targets changed):
+        the sync's metrics, the targets found dead, and why it failed ("" when it did not)."""
+        timeout_s = self.config.trainer.weight_push_timeout_s
+        joined = (self._generation, tuple(id(t) for t in targets))
+        if self._links is None or self._links[0] != joined:
+            key = uuid.uuid4().hex[:12]
+            self._links = joined, await self._all([r.open_weight_link.remote(self.transport, key, len(targets), timeout_s)
+                                                   for r in self.ranks], "weight sync")
+        links = self._links[1]
+        receives = [asyncio.ensure_future(result(t.receive_weights.remote(self.transport, links, i, version), t))
+                    for i, t in enumerate(targets)]
+        try:
+            sent = await self._all([r.send_weights.remote(self.config.trainer.weight_sync_bucket_mb)
+                                    for r in self.ranks], "weight sync")
+            done, _ = await asyncio.wait(receives, timeout=timeout_s)
+        finally:
+            for fut in receives:
+                fut.cancel()
+        dead = [t for t, fut in zip(targets, receives, strict=True)
+                if fut not in done or isinstance(fut.exception(), ActorDied)]
+        errors = [r["error"] for r in sent if r.get("error")]
+        errors += [str(f.exception()) for f in receives if f in done and f.exception() is not None]
+        return ({"weight_sync_s": max(r["weight_sync_s"] for r in sent),
+                 "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in sent)},
+                dead, errors[0].splitlines()[0] if errors else ("a worker did not finish" if dead else ""))
 
     async def save(self, directory: str, step: int) -> None:
         async def attempt() -> None:

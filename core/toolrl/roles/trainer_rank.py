@@ -38,6 +38,7 @@ class TrainerRank:
         self.sp: Any = None  # this rank's sequence-parallel group (toolrl.training.sequence_parallel)
         self.device = "cpu"
         self.held: dict[int, list[Any]] = {}  # step -> other ranks' copies kept on this node (hold_copies)
+        self.link: Any = None  # this rank's sending end of a weight transport's link
 
     # ----------------------------------------------------------------- set-up
 
@@ -168,6 +169,26 @@ class TrainerRank:
         stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send)
         return {**stats.as_metrics(), "dead": sorted(dead)}
 
+    def open_weight_link(self, transport: Any, key: str, receivers: int, timeout_s: float) -> Any:
+        """This rank's end of a new link over ``transport`` (a :class:`toolrl.transports.LinkedTransport`)
+        to ``receivers`` engines (the link before closed); what the receivers need to join it."""
+        if self.link is not None:
+            self.link.close()
+        self.link = transport.open_sender(f"{key}-{self.rank}", self.rank, receivers, timeout_s)
+        return self.link.link
+
+    def send_weights(self, bucket_mb: float) -> dict[str, Any]:
+        """The shards this rank owns over its link (:meth:`open_weight_link`); the sync's metrics, and
+        under ``error`` why the transfer failed (a receiver died or stalled)."""
+        from toolrl.training.weight_sync import send_owned
+        from toolrl.transports import TransportError
+
+        try:
+            stats = send_owned(self.model, self.link, self.rank, self.world_size, bucket_mb)
+        except TransportError as exc:
+            return {"weight_sync_s": 0.0, "weight_sync_peak_mb": 0.0, "error": str(exc)}
+        return stats.as_metrics()
+
     def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
         """Send the weights to engines in this process (a no-op copy for an engine sharing the module)."""
         from toolrl.training.weight_sync import engine_sink, push
@@ -266,6 +287,8 @@ class TrainerRank:
     def close(self) -> None:
         import torch.distributed as dist
 
+        if self.link is not None:
+            self.link.close()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 

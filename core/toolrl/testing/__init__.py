@@ -118,6 +118,7 @@ _EXPORTS = {
     "check_session_isolation": "sessions",
     "check_dead_session": "sessions",
     "check_public_imports": "public_api",
+    "check_weight_transport": "transports",
     **dict.fromkeys(
         (
             "LIFECYCLE",

@@ -10,14 +10,22 @@ A sink is a callable ``(bucket, last)``: an engine in this process (:func:`engin
 sends the bucket to rollout workers (:func:`ray_sink`), which may be generating meanwhile: they stage
 the buckets (:class:`toolrl.engines.BucketStager`) and load them together on the last one, which carries the
 weights' version.
+
+Over a linked transport (:mod:`toolrl.transports`) no rank gathers: each sends what it owns
+(:func:`owned_buckets`, :func:`send_owned`) and each engine takes every rank's link at once
+(:func:`receive_into`), writing the rows in place.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from toolrl.transports import Bucket, BucketHeader, Load, WeightReceiver, WeightSender
 
 # (bucket, last) -> bytes the sink itself holds while the bucket is in flight (e.g. an object-store copy).
 Sink = Callable[[Mapping[str, Any], bool], int]
@@ -124,3 +132,121 @@ def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None,
         return sum(v.numel() * v.element_size() for v in bucket.values())
 
     return sink
+
+
+# ----------------------------------------------------------------- over a linked transport
+
+
+def _owned_weights(model: Any, rank: int, world_size: int) -> Iterator[tuple[str, tuple[int, ...], int, Any]]:
+    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends over its link:
+    of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it holds, read in place; any other
+    (replicated, or under LoRA merged with its adapters: gathered by every rank, a collective) whole
+    by one rank, round-robin. Tied tensors are sent once."""
+    from toolrl.training import lora
+
+    seen: set[int] = set()
+    tied: set[str] = set()
+    for name, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            tied.add(name)
+        seen.add(id(value))
+    merged = bool(lora.lora_layers(model))
+    entries = lora.iter_engine_weights(model) if merged else model.state_dict().items()
+    whole = 0
+    for name, tensor in entries:
+        if name in tied:
+            continue
+        if not merged and _row_sharded(tensor):
+            local = tensor.to_local()
+            if local.numel():
+                per = -(-tensor.shape[0] // tensor.device_mesh.size())
+                yield name, tuple(tensor.shape), tensor.device_mesh.get_local_rank() * per, local.detach()
+            continue
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()  # every rank takes part, in the same order
+        if whole % world_size == rank:
+            yield name, tuple(tensor.shape), 0, tensor.detach()
+        whole += 1
+
+
+def _row_sharded(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
+
+
+def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, stats: SyncStats) -> Iterator[Bucket]:
+    """The weights rank ``rank`` sends (:func:`_owned_weights`) as packed buckets of at most
+    ``bucket_bytes`` (a larger piece travels alone); each bucket's ``fill`` copies its pieces into the
+    transport's buffer."""
+    from toolrl.transports import ALIGN, BucketHeader, Piece
+
+    pieces: list[Piece] = []
+    tensors: list[Any] = []
+    size = 0
+
+    def bucket() -> Bucket:
+        return Bucket(BucketHeader(pieces=list(pieces), nbytes=size), functools.partial(_pack, list(pieces), list(tensors)))
+
+    for name, shape, start, rows in _owned_weights(model, rank, world_size):
+        nbytes = rows.numel() * rows.element_size()
+        if pieces and size + nbytes > bucket_bytes:
+            yield bucket()
+            pieces, tensors, size = [], [], 0
+        pieces.append(Piece(name=name, shape=shape, dtype=str(rows.dtype).removeprefix("torch."), start=start,
+                            rows=rows.shape[0] if rows.dim() else 1, offset=size, nbytes=nbytes))
+        tensors.append(rows)
+        size = -(-(size + nbytes) // ALIGN) * ALIGN
+        stats.bytes_sent += nbytes
+    if pieces:
+        yield bucket()
+
+
+def _pack(pieces: Sequence[Any], tensors: Sequence[Any], buffer: Any) -> None:
+    for piece, tensor in zip(pieces, tensors, strict=True):
+        import torch
+
+        buffer[piece.offset:piece.offset + piece.nbytes].copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
+
+
+def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, bucket_mb: float) -> SyncStats:
+    """This rank's share of the weights over ``sender``'s link. Peak memory: the transport's two
+    bucket buffers (plus gathered tensors, under LoRA)."""
+    stats = SyncStats()
+    t0 = time.perf_counter()
+    largest = 0
+
+    def counted(buckets: Iterator[Bucket]) -> Iterator[Bucket]:
+        nonlocal largest
+        for b in buckets:
+            largest = max(largest, b.header.nbytes)
+            stats.buckets += 1
+            yield b
+
+    sender.send(counted(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats)))
+    stats.peak_bytes = 2 * largest
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def engine_loader(engine: Any) -> Load:
+    """A receiver's ``load``: each piece written into ``engine`` (:meth:`~toolrl.engines.RolloutEngine.load_weight_rows`)."""
+
+    def load(header: BucketHeader, data: Any) -> None:
+        for piece in header.pieces:
+            engine.load_weight_rows(piece.name, piece.shape, piece.start, piece.view(data))
+
+    return load
+
+
+def receive_into(engine: Any, receivers: Sequence[WeightReceiver], version: int) -> int:
+    """One weight update into ``engine`` from every sender's link at once (a thread each), held
+    between two decode steps (:meth:`~toolrl.engines.RolloutEngine.updating_weights`) and labelled
+    ``version``; returns the bytes received. A transport error in any link is raised once all have
+    ended (each within its link's timeout)."""
+    load = engine_loader(engine)
+    with engine.updating_weights(version), ThreadPoolExecutor(max(1, len(receivers))) as pool:
+        futures = [pool.submit(r.receive, load) for r in receivers]
+        received = sum(f.result() for f in futures)
+        engine.finish_weight_rows()
+    return received

@@ -1,0 +1,148 @@
+"""Weight transports: how a weight sync's bytes travel from the trainer ranks to the engines.
+
+A transport is a kind of part (``register_weight_transports``), chosen by ``trainer.weight_transport``
+with options in ``trainer.weight_transport_options``. :class:`ObjectStoreTransport` (``object_store``,
+the default) is the path that needs nothing besides Ray: rank 0 sends buckets as Ray calls
+(:func:`toolrl.training.weight_sync.ray_sink`). Every other transport is a :class:`LinkedTransport`:
+each trainer rank opens one link to all the engines' receivers and sends the shards it owns over it,
+so there is no single sender and no full gather.
+
+A link moves a stream of buckets. A :class:`Bucket` is a header (:class:`BucketHeader`: which rows of
+which weights the bytes hold, and where) and a ``fill`` that packs its bytes into a flat ``uint8``
+buffer the transport hands it, so a transport that owns shared buffers gets them packed in place. A
+sender takes the next bucket from the stream while the one before travels (two buffers); a receiver
+hands each bucket to its ``load`` callback, whose tensors are views valid only during the call.
+Within ``Link.timeout_s`` of a peer dying (or stalling), ``send``/``receive`` raise
+:class:`TransportError`: a transfer never hangs. The contract is checked by
+:func:`toolrl.testing.transports.check_weight_transport`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Pieces start on 64-byte boundaries of a bucket: a view of any dtype can start there.
+ALIGN = 64
+
+
+class TransportError(RuntimeError):
+    """A transfer that cannot finish: a peer died, stalled past the link's timeout, or sent garbage."""
+
+
+class Piece(BaseModel):
+    """Rows ``start .. start + rows`` (along dim 0) of weight ``name`` (whole: ``shape``), at byte
+    ``offset`` of its bucket. A 0-d tensor is one piece with ``rows`` 1."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without "torch.", e.g. "float32"
+    start: int = 0
+    rows: int
+    offset: int
+    nbytes: int
+
+    def view(self, data: Any) -> Any:
+        """This piece's tensor, a view into the bucket's bytes ``data``."""
+        import torch
+
+        rows = (self.rows, *self.shape[1:]) if self.shape else ()
+        return data[self.offset:self.offset + self.nbytes].view(getattr(torch, self.dtype)).view(rows)
+
+
+class BucketHeader(BaseModel):
+    pieces: list[Piece]
+    nbytes: int = Field(ge=0)
+
+
+@dataclass
+class Bucket:
+    header: BucketHeader
+    fill: Callable[[Any], None]  # packs the pieces into a flat uint8 tensor of header.nbytes
+
+
+Load = Callable[[BucketHeader, Any], None]
+
+
+class Link(BaseModel):
+    """One sender's link to its receivers, the same on every side: ``key`` names it (a new key: a new
+    link), ``address`` is where receivers find the sender (host:port, or a directory)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    sender: int  # the trainer rank
+    receivers: int = Field(gt=0)
+    address: str
+    timeout_s: float = Field(gt=0)
+
+
+class WeightSender(ABC):
+    link: Link
+
+    @abstractmethod
+    def send(self, buckets: Iterable[Bucket]) -> int:
+        """Every bucket to every receiver; returns the bytes sent. Raises TransportError."""
+
+    def close(self) -> None:
+        """Release what the link holds (connections, shared buffers, files)."""
+
+
+class WeightReceiver(ABC):
+    @abstractmethod
+    def receive(self, load: Load) -> int:
+        """One stream of buckets (one ``send``), each handed to ``load``; returns the bytes received."""
+
+    def close(self) -> None:
+        """Release what the link holds."""
+
+
+class TransportOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WeightTransport:
+    """The kind's base (``register_weight_transports``): a part with ``Options`` and ``build``."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = TransportOptions
+
+    def __init__(self, options: BaseModel | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> WeightTransport:
+        return cls(options)
+
+
+class LinkedTransport(WeightTransport, ABC):
+    """A transport whose bytes travel over links of their own (not Ray calls)."""
+
+    @abstractmethod
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+        """The sending end of a new link; its ``link`` is what receivers need to join."""
+
+    @abstractmethod
+    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+        """Receiver ``index`` (0-based, of ``link.receivers``) of ``link``."""
+
+
+class ObjectStoreTransport(WeightTransport):
+    """Buckets as Ray calls from rank 0 through Ray's object store (sharded tensors gathered first):
+    needs nothing but Ray, and works across nodes."""
+
+    name = "object_store"
+
+
+def build_transport(trainer: Any) -> WeightTransport:
+    """The transport ``trainer`` (a :class:`toolrl.config.TrainerConfig`) names; ConfigError otherwise."""
+    from toolrl.plugins.parts import BuildContext, build_part
+
+    return build_part("weight_transports", trainer.weight_transport, trainer.weight_transport_options,
+                      BuildContext("trainer.weight_transport", "trainer.weight_transport_options"))

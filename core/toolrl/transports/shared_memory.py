@@ -1,0 +1,139 @@
+"""``shared_memory``: sender and receivers on one node; the sender packs each bucket straight into one of
+two POSIX shared-memory segments (files under ``/dev/shm`` mapped with ``torch.from_file``), the
+receivers map the same segments and load from them, and the link's store carries the headers and the
+receivers' "done" marks. The sender packs the next bucket into the other segment while receivers read
+one, and reuses a segment only when every receiver is done with it.
+
+CPU tensors only: CUDA tensors are packed through host memory (CUDA IPC is not built here). A peer that
+dies or stalls fails the waits on the store within ``Link.timeout_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from toolrl.transports import (
+    Bucket,
+    BucketHeader,
+    Link,
+    LinkedTransport,
+    Load,
+    TransportError,
+    WeightReceiver,
+    WeightSender,
+)
+from toolrl.transports.rendezvous import host_store, join_store
+
+
+class SharedMemoryOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    directory: str = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # a tmpfs
+
+
+def _map(path: str, nbytes: int) -> Any:
+    import torch
+
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+class SharedMemorySender(WeightSender):
+    def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, directory: str) -> None:
+        self.store, address = host_store(receivers, timeout_s)
+        self.link = Link(key=key, sender=sender, receivers=receivers, address=address, timeout_s=timeout_s)
+        self.prefix = str(Path(directory) / f"toolrl-weights-{key}")
+        self.segments: list[tuple[str, Any] | None] = [None, None]  # (path, mapped tensor) per slot
+        self.made = 0  # segments made so far: each gets a new path
+        self.rounds = 0
+
+    def _segment(self, slot: int, nbytes: int) -> tuple[str, Any]:
+        held = self.segments[slot]
+        if held is None or held[1].numel() < nbytes:
+            if held is not None:
+                os.unlink(held[0])  # receivers map the new path
+            path = f"{self.prefix}-{self.made}"
+            self.made += 1
+            held = self.segments[slot] = (path, _map(path, max(nbytes, 1)))
+        return held
+
+    def _wait_done(self, round_: int, seq: int) -> None:
+        keys = [f"{round_}/d{seq}/{i}" for i in range(self.link.receivers)]
+        try:
+            self.store.wait(keys, timedelta(seconds=self.link.timeout_s))
+        except RuntimeError as exc:
+            raise TransportError(f"weight link {self.link.key}: a receiver did not take bucket {seq} within "
+                                 f"{self.link.timeout_s:g} s: {exc}") from None
+
+    def send(self, buckets: Iterable[Bucket]) -> int:
+        round_, self.rounds, sent, end = self.rounds, self.rounds + 1, 0, 0
+        for seq, bucket in enumerate(buckets):
+            if seq >= 2:  # this segment's bucket of two sends ago must be read by all
+                self._wait_done(round_, seq - 2)
+            path, data = self._segment(seq % 2, bucket.header.nbytes)
+            bucket.fill(data[:bucket.header.nbytes])
+            self.store.set(f"{round_}/b{seq}", json.dumps({"segment": path, "header": bucket.header.model_dump()}))
+            sent, end = sent + bucket.header.nbytes, seq + 1
+        self.store.set(f"{round_}/b{end}", "")
+        for done in range(max(0, end - 2), end):
+            self._wait_done(round_, done)
+        return sent
+
+    def close(self) -> None:
+        for held in self.segments:
+            if held is not None and os.path.exists(held[0]):
+                os.unlink(held[0])
+        self.segments = [None, None]
+        self.store = None
+
+
+class SharedMemoryReceiver(WeightReceiver):
+    def __init__(self, link: Link, index: int) -> None:
+        self.link, self.index = link, index
+        self.store: Any = None
+        self.maps: dict[str, Any] = {}
+        self.rounds = 0
+
+    def receive(self, load: Load) -> int:
+        if self.store is None:
+            self.store = join_store(self.link)
+        round_, self.rounds, received, seq = self.rounds, self.rounds + 1, 0, 0
+        while True:
+            try:
+                raw = self.store.get(f"{round_}/b{seq}")
+            except RuntimeError as exc:
+                raise TransportError(f"weight link {self.link.key}: no bucket {seq} from the sender: {exc}") from None
+            if not raw:
+                return received
+            record = json.loads(raw)
+            header = BucketHeader.model_validate(record["header"])
+            segment = record["segment"]
+            if segment not in self.maps:
+                self.maps = {p: m for p, m in self.maps.items() if os.path.exists(p)}  # replaced segments
+                self.maps[segment] = _map(segment, os.path.getsize(segment))
+            load(header, self.maps[segment][:header.nbytes])
+            self.store.set(f"{round_}/d{seq}/{self.index}", "1")
+            received += header.nbytes
+            seq += 1
+
+    def close(self) -> None:
+        self.maps = {}
+        self.store = None
+
+
+class SharedMemoryTransport(LinkedTransport):
+    name = "shared_memory"
+    Options = SharedMemoryOptions
+
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+        return SharedMemorySender(key, sender, receivers, timeout_s, self.options.directory)
+
+    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+        return SharedMemoryReceiver(link, index)

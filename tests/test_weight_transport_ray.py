@@ -1,0 +1,98 @@
+"""Weight transports in a training run on Ray: two trainer ranks (FSDP2) and two rollout workers train
+three steps to the same figures with ``trainer.weight_transport=broadcast`` (each rank sends its own
+shards over its own gloo group) as with the object store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # two 3-step Ray runs: minutes on a loaded machine
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+
+
+def train(out: Path, plugin: Path, *overrides: str) -> list[dict]:
+    from _dists import run_toolrl
+
+    res = run_toolrl("train", TINY, "reward.functions=[{name: even_tokens}]", "ray.address=local", "ray.num_rollout_workers=2", "trainer.world_size=2",
+                     "trainer.total_steps=3", f"trainer.output_dir={out}", "trainer.progress=false",
+                     "trainer.plot=false", "trainer.weight_sync_bucket_mb=1", "rollout.max_new_tokens=16", *overrides,
+                     path=plugin, env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_broadcast_trains_to_the_same_figures_as_the_object_store(tmp_path):
+    """With the even_tokens reward (a random model's task rewards are all 0) every step has a gradient,
+    so the weights each sync carries differ from the last."""
+    from _dists import EVEN_TOKENS, make_dist
+
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    make_dist(plugin, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
+    want = train(tmp_path / "object_store", plugin)
+    got = train(tmp_path / "broadcast", plugin, "trainer.weight_transport=broadcast")
+    assert [m["step"] for m in got] == [1, 2, 3]
+    assert all(m["reward_std"] > 0 and m["grad_norm"] > 0 for m in want)
+    for a, b in zip(got, want, strict=True):
+        assert (a["reward_mean"], a["grad_norm"]) == (b["reward_mean"], b["grad_norm"]), (a["step"], a, b)
+        assert a["weight_sync_s"] > 0
+
+
+def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(monkeypatch):
+    """A rollout worker dead when a broadcast sync starts: its links fail within
+    ``trainer.weight_push_timeout_s`` (no hang), the sync goes again to the live worker on new links,
+    the dead one is replaced, and the replacement gets the weights and their version over the transport."""
+    import asyncio
+    import time
+
+    import ray
+    from ray.exceptions import RayActorError
+    from toolrl.config import load_config
+    from toolrl.roles import sync_weights
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.trainer_group import RayTrainerGroup
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    config = load_config(TINY, ["ray.address=local", "ray.num_rollout_workers=2", "trainer.world_size=1",
+                                "trainer.weight_transport=broadcast", "trainer.weight_push_timeout_s=10",
+                                "tools.entries=[]", "trainer.progress=false"])
+    # CPUs for two workers and a trainer rank (the pool alone would start Ray with what it needs).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    pool = RolloutWorkerPool(config, num_workers=2)
+    loop = asyncio.new_event_loop()
+    group = None
+    try:
+        loop.run_until_complete(pool.start())
+        group = RayTrainerGroup(config)
+        loop.run_until_complete(group.start())
+        pool.weights_from = group
+        loop.run_until_complete(sync_weights(group, pool, 1))
+        assert [ray.get(w.ping.remote())["weight_version"] for w in pool.workers] == [1, 1]
+
+        victim = pool.workers[1]
+        ray.kill(victim, no_restart=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                ray.get(victim.ping.remote())
+            except RayActorError:
+                break
+            time.sleep(0.2)
+        restarts, t0 = pool.restarts, time.monotonic()
+        sync = loop.run_until_complete(sync_weights(group, pool, 2))
+        assert time.monotonic() - t0 < 10 + 60, "the failed transfer was not ended by its timeout"
+        assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
+        loop.run_until_complete(pool.ready())  # the replacement up, with the trainer's weights
+        assert [ray.get(w.ping.remote())["weight_version"] for w in pool.workers] == [2, 2]
+    finally:
+        if group is not None:
+            group.close()
+        loop.run_until_complete(pool.close())
+        loop.close()
+        ray.shutdown()
