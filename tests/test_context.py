@@ -247,5 +247,5 @@ def test_a_misnamed_policy_is_one_error_line_from_the_command(tmp_path):
                                     "env_options": {"train_size": 4}, "rollout": {"context": {"name": "windw"}}}))
     result = CliRunner().invoke(cli, ["rollout", str(path)])
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
-        "error: rollout.context.name: unknown context policy 'windw' (did you mean 'window'? available: "
-        "drop_tool_outputs, none, summarise, window)"], result.stderr
+        f"error: {path}:9: rollout.context.name: unknown context policy 'windw' (did you mean 'window'? "
+        "available: drop_tool_outputs, none, summarise, window, summarize (= summarise))"], result.stderr

@@ -15,9 +15,6 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 ENTRY_POINT = "main"
-# Left to the owner of toolrl/training/step.py, which calls sequence_parallel.response_logprobs by that
-# name: the rename lands with that file's next change.
-PENDING = {"response_logprobs"}
 
 
 def _hookimpl(node: ast.AST) -> bool:
@@ -50,7 +47,6 @@ def test_the_check_finds_a_name_defined_twice_and_spares_hooks_and_entry_points(
 
 def test_no_public_name_is_defined_in_two_core_modules():
     sources = {str(p.relative_to(CORE.parent)): p.read_text() for p in CORE.rglob("*.py")}
-    found = {name: places for name, places in duplicates(sources).items() if name not in PENDING}
+    found = duplicates(sources)
     assert not found, "one definition per name; import it, or rename what is not the same thing: " + "; ".join(
         f"{name} in {', '.join(places)}" for name, places in sorted(found.items()))
-    assert set(duplicates(sources)) >= PENDING, "a pending rename landed: drop it from PENDING"

@@ -141,7 +141,9 @@ def build_context_policy(config: Config, env: Environment | None = None) -> Any:
         name, where = str(options.pop("name", "none")), f"environment {env.name!r} context"
     else:
         name, options, where = "none", {}, "rollout.context"
-    context = BuildContext(f"{where}.name", where, config, {"max_context": config.model.max_context})
+    named = (field_where(config, f"{where}.name"), field_where(config, where)) if where == "rollout.context" \
+        else (f"{where}.name", where)
+    context = BuildContext(*named, config, {"max_context": config.model.max_context})
     return build_part("context_policies", name, options, context)
 
 

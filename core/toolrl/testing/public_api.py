@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module, names in {
-    "toolrl": ("hookimpl", "__version__"),
+    "toolrl": ("hookimpl", "__version__", "InfrastructureError"),
     "toolrl.hookspecs": ("hookimpl", "Register"),
     "toolrl.schemas": ("ToolSchema", "ToolCall", "ToolResult", "ToolResponse", "Message", "Sample",
-                       "ParseResult", "ParseError"),
+                       "ParseResult", "ParseError", "InfrastructureError"),
     "toolrl.tools": ("Tool", "ToolSet", "ToolConfigError", "SharedResources", "trajectory_of"),
     "toolrl.tools.verl_config": ("ToolSection", "load_tools_file", "parse_tools_config", "build_tools",
                                  "build_default_tool"),
@@ -36,7 +36,7 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.config": ("Config", "ConfigError", "load_config", "read_json", "format_errors", "one_line"),
     "toolrl.model_sources": ("load_tokenizer", "load_processor", "model_path", "ModelUnavailable"),
     "toolrl.plugins": ("get_plugins",),
-    "toolrl.plugins.parts": ("build_part", "BuildContext"),
+    "toolrl.plugins.parts": ("build_part", "BuildContext", "registered_parts"),
     "toolrl.roles.serving": ("build_served_model", "ServedModel"),
     "toolrl.run_dir": ("problem_results", "ProblemResult"),
     "toolrl.cli": ("cli", "UsageFailure", "user_errors"),

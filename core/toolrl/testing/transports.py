@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from toolrl.transports import ALIGN, Bucket, BucketHeader, LinkedTransport, Piece, TransportError
+from toolrl.transports import ALIGN, Bucket, BucketHeader, LinkedTransport, RowPiece, TransportError
 
 GRACE_S = 5.0  # beyond the link's timeout: process start-up and scheduling on a loaded machine
 
@@ -46,7 +46,7 @@ def _weights(seed: int) -> dict[str, Any]:
 
 def _buckets(weights: dict[str, Any], sender: int, senders: int, bucket_bytes: int) -> Iterator[Bucket]:
     """Sender ``sender``'s rows (a contiguous block of each tensor's dim 0) in packed buckets."""
-    pieces: list[Piece] = []
+    pieces: list[RowPiece] = []
     rows: list[Any] = []
     size = 0
 
@@ -72,7 +72,7 @@ def _buckets(weights: dict[str, Any], sender: int, senders: int, bucket_bytes: i
         if pieces and size + nbytes > bucket_bytes:
             yield bucket()
             pieces, rows, size = [], [], 0
-        pieces.append(Piece(name=name, shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."), start=start,
+        pieces.append(RowPiece(name=name, shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."), start=start,
                             rows=stop - start, offset=size, nbytes=nbytes))
         rows.append(part)
         size = -(-(size + nbytes) // ALIGN) * ALIGN

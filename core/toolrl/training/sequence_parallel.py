@@ -244,8 +244,8 @@ def local_hidden_states(model: Any, batch: PackedBatch, sp: SequenceParallel) ->
     return run_packed(base, ids[:, lo:hi], positions[:, lo:hi], bounds, tree, {SP_KWARG: sp})
 
 
-def response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel, temperature: float,
-                      chunk_size: int) -> torch.Tensor:
+def split_response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel,
+                            temperature: float, chunk_size: int) -> torch.Tensor:
     """:func:`toolrl.training.step.response_logprobs` with the row split over ``sp``'s ranks: each rank
     runs the LM head at its own trained positions; the sum over the group gives every rank the (B, R)
     grid of the whole micro-batch."""
@@ -259,5 +259,5 @@ def response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel, temp
 
 
 __all__ = ["SP_KWARG", "SequenceParallel", "check_model", "check_run", "heads_to_seq",
-           "local_hidden_states", "local_span", "new_groups", "response_logprobs", "seq_to_heads",
+           "local_hidden_states", "local_span", "new_groups", "split_response_logprobs", "seq_to_heads",
            "ulysses_attention"]

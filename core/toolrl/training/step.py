@@ -134,7 +134,7 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     if sp is not None:
         from toolrl.training import sequence_parallel
 
-        return sequence_parallel.response_logprobs(model, batch, sp, temperature, chunk_size)
+        return sequence_parallel.split_response_logprobs(model, batch, sp, temperature, chunk_size)
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
     lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
     return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)

@@ -179,9 +179,9 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     """The weights rank ``rank`` sends (:func:`_owned_weights`) as packed buckets of at most
     ``bucket_bytes`` (a larger piece travels alone); each bucket's ``fill`` copies its pieces into the
     transport's buffer."""
-    from toolrl.transports import ALIGN, BucketHeader, Piece
+    from toolrl.transports import ALIGN, BucketHeader, RowPiece
 
-    pieces: list[Piece] = []
+    pieces: list[RowPiece] = []
     tensors: list[Any] = []
     size = 0
 
@@ -193,7 +193,7 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
         if pieces and size + nbytes > bucket_bytes:
             yield bucket()
             pieces, tensors, size = [], [], 0
-        pieces.append(Piece(name=name, shape=shape, dtype=str(rows.dtype).removeprefix("torch."), start=start,
+        pieces.append(RowPiece(name=name, shape=shape, dtype=str(rows.dtype).removeprefix("torch."), start=start,
                             rows=rows.shape[0] if rows.dim() else 1, offset=size, nbytes=nbytes))
         tensors.append(rows)
         size = -(-(size + nbytes) // ALIGN) * ALIGN

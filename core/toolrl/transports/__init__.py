@@ -34,7 +34,7 @@ class TransportError(RuntimeError):
     """A transfer that cannot finish: a peer died, stalled past the link's timeout, or sent garbage."""
 
 
-class Piece(BaseModel):
+class RowPiece(BaseModel):
     """Rows ``start .. start + rows`` (along dim 0) of weight ``name`` (whole: ``shape``), at byte
     ``offset`` of its bucket. A 0-d tensor is one piece with ``rows`` 1."""
 
@@ -57,7 +57,7 @@ class Piece(BaseModel):
 
 
 class BucketHeader(BaseModel):
-    pieces: list[Piece]
+    pieces: list[RowPiece]
     nbytes: int = Field(ge=0)
 
 
