@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
+from toolrl.testing.scripted_engine import scripted_generation
 
 
 class ScriptedEngine(RolloutEngine):
@@ -44,16 +45,7 @@ class ScriptedEngine(RolloutEngine):
             await asyncio.sleep(self.delay)
         turn = self._turn.get(session, 0)
         self._turn[session] = turn + 1
-        text = self._script(session)[turn]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        stop = next((s for s in params.stop_strings if text.endswith(s)), None)
-        if stop is not None:
-            finish, stopped = "stop_string", stop
-        elif len(ids) >= params.max_new_tokens:
-            ids, finish, stopped = ids[: params.max_new_tokens], "length", None
-        else:
-            ids, finish, stopped = ids + [params.stop_token_ids[0]], "stop", params.stop_token_ids[0]
-        return [Generation(ids, [-0.5] * len(ids), finish, stopped)]  # type: ignore[arg-type]
+        return [scripted_generation(self.tokenizer, self._script(session)[turn], params, logprob=-0.5)]
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         raise NotImplementedError("scripted engines have no weights")

@@ -258,7 +258,6 @@ def tiny_qwen3(
     tok_dir = qwen_tokenizer_path(tokenizer_variant)
 
     def build(out: Path) -> None:
-        import torch
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         specials = qwen_added_tokens(tokenizer_variant)
@@ -278,16 +277,7 @@ def tiny_qwen3(
             pad_token_id=pad,
             dtype="float32",
         )
-        # Fork the RNG so building a model does not perturb the caller's random stream.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(tiny.seed)
-            model = Qwen3ForCausalLM(config)
-        model.generation_config.eos_token_id = eos
-        model.generation_config.pad_token_id = pad
-        model.save_pretrained(str(out))
-        for f in Path(tok_dir).iterdir():
-            shutil.copy2(f, out / f.name)
-        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
+        _save_random_model(out, Qwen3ForCausalLM, config, tiny.seed, (eos, pad), tok_dir, settings)
 
     return _build_model(path, f"tiny_qwen3-{_settings_key(settings)}", build)
 
@@ -303,8 +293,6 @@ def tiny_moe(path: str | os.PathLike[str] | None = None, **overrides: Any) -> st
     tok_dir = qwen_tokenizer_path("qwen3")
 
     def build(out: Path) -> None:
-        import torch
-
         specials = qwen_added_tokens("qwen3")
         eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
         config_class, model_class, keys = _moe_classes(tiny)
@@ -314,17 +302,26 @@ def tiny_moe(path: str | os.PathLike[str] | None = None, **overrides: Any) -> st
             num_experts_per_tok=tiny.num_experts_per_tok, max_position_embeddings=32768,
             tie_word_embeddings=tiny.tie_word_embeddings, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
             dtype="float32", **keys)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(tiny.seed)
-            model = model_class(config)
-        model.generation_config.eos_token_id = eos
-        model.generation_config.pad_token_id = pad
-        model.save_pretrained(str(out))
-        for f in Path(tok_dir).iterdir():
-            shutil.copy2(f, out / f.name)
-        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
+        _save_random_model(out, model_class, config, tiny.seed, (eos, pad), tok_dir, settings)
 
     return _build_model(path, f"tiny_moe-{_settings_key(settings)}", build)
+
+
+def _save_random_model(out: Path, model_class: Any, config: Any, seed: int, eos_pad: tuple[int, int],
+                       tok_dir: str | os.PathLike[str], settings: dict[str, Any]) -> None:
+    """``model_class(config)`` with weights drawn from ``seed``, saved to ``out`` with the tokenizer's
+    files and the settings it was built from."""
+    import torch
+
+    # Fork the RNG so building a model does not perturb the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = eos_pad
+    model.save_pretrained(str(out))
+    for f in Path(tok_dir).iterdir():
+        shutil.copy2(f, out / f.name)
+    (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
 
 
 def _moe_classes(tiny: TinyMoeSettings) -> tuple[Any, Any, dict[str, Any]]:

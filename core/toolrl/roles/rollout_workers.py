@@ -514,32 +514,6 @@ class RolloutWorkerPool:
             if any(slot.actor is d for d in dead):
                 self._replace(slot, slot.actor, f"weight push {self.weight_version}")
 
-    async def receive_weights(self, transport: LinkedTransport, links: Sequence[Link], index: int,
-                              version: int | None = None) -> int:
-        """One weight update over ``transport``: from every trainer rank's link at once, as receiver
-        ``index``, loaded in place while the engine holds decoding; returns the bytes received. Raises
-        TransportError within the links' timeout when a sender fails."""
-        return await asyncio.to_thread(self._receive, transport, list(links), index, version)
-
-    def _receive(self, transport: LinkedTransport, links: list[Link], index: int, version: int | None) -> int:
-        from toolrl.training.weight_sync import receive_into
-
-        if [link.key for link in links] != [link.key for link in self._links]:  # new links: join them
-            self._close_receivers()
-            self._receivers = [transport.open_receiver(link, index) for link in links]
-            self._links = links
-        engine = self._rollouts.engine
-        try:
-            return receive_into(engine, self._receivers, engine.weight_version if version is None else version)
-        except TransportError:
-            self._close_receivers()  # the controller makes new links
-            raise
-
-    def _close_receivers(self) -> None:
-        for receiver in self._receivers:
-            receiver.close()
-        self._receivers, self._links = [], []
-
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
         self.weight_version = version

@@ -48,17 +48,7 @@ class ScriptedEngine(RolloutEngine):
         turn = self.turns.get(session_id, 0)
         self.turns[session_id] = turn + 1
         text = self.script[min(turn, len(self.script) - 1)]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        # As a model would: a text ending at one of the parser's stop strings stops there (an inline call
-        # runs), one past max_new_tokens is cut, and the rest end with the end-of-turn token.
-        stop = next((s for s in params.stop_strings if text.endswith(s)), None)
-        if stop is not None:
-            finish, stopped = "stop_string", stop
-        elif len(ids) >= params.max_new_tokens:
-            ids, finish, stopped = ids[: params.max_new_tokens], "length", None
-        else:
-            ids, finish, stopped = ids + [params.stop_token_ids[0]], "stop", params.stop_token_ids[0]
-        return [Generation(ids, [-1.0] * len(ids), finish, stopped) for _ in range(n)]  # type: ignore[arg-type]
+        return [scripted_generation(self.tokenizer, text, params) for _ in range(n)]
 
     async def check_trainable(self) -> str | None:
         return "the scripted engine replays fixed text: it has no weights or logprobs to train"
@@ -68,3 +58,18 @@ class ScriptedEngine(RolloutEngine):
 
     def end_session(self, session_id: str) -> None:
         self.turns.pop(session_id, None)
+
+
+def scripted_generation(tokenizer: Any, text: str, params: SamplingParams, logprob: float = -1.0) -> Generation:
+    """``text`` as a model would have generated it under ``params``: a text ending at one of the parser's
+    stop strings stops there (an inline call runs), one past ``max_new_tokens`` is cut, and the rest end
+    with the end-of-turn token; every token gets ``logprob``."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stop = next((s for s in params.stop_strings if text.endswith(s)), None)
+    if stop is not None:
+        finish, stopped = "stop_string", stop
+    elif len(ids) >= params.max_new_tokens:
+        ids, finish, stopped = ids[: params.max_new_tokens], "length", None
+    else:
+        ids, finish, stopped = ids + [params.stop_token_ids[0]], "stop", params.stop_token_ids[0]
+    return Generation(ids, [logprob] * len(ids), finish, stopped)  # type: ignore[arg-type]
