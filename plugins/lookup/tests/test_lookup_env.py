@@ -48,7 +48,7 @@ def test_configured_prompt_parser_and_listing() -> None:
     assert example.count("<lookup>") == 3 and example.endswith("<answer>731</answer>")
     assert "```output\n23: the value is 731\n```" in example  # rendered as the tags parser inserts results
     env, _ = LOOKUP_CHAIN.resolve({"hops": 3, "max_failures": 0})
-    assert env.max_turns == 5 and env.session_options == {"max_failures": 0} and env.parser_options == TAG_ROUTES
+    assert env.max_turns == 5 and env.session_options == {"max_failures": 0, "progress": 0.2} and env.parser_options == TAG_ROUTES
     parser = get_plugins().load_part("tool_parsers", "tags")(**env.parser_options)
     assert [c.arguments for c in parser.parse("<lookup>owl</lookup> <answer>7</answer>").calls] == [
         {"key": "owl"}, {"value": "7"}]

@@ -41,6 +41,8 @@ class ChainOptions(BaseModel):
     test_size: int = Field(64, gt=0)
     seed: int = 0
     max_failures: int = Field(2, ge=0, description="lookups of unknown keys allowed; one more loses the episode")
+    progress: float = Field(0.2, ge=0, lt=1, description="reward of an unsolved episode per share of hops looked "
+                            "up (0: solved or not)")
     example_hops: int | None = Field(None, ge=1, le=4, description="lookups in the worked example; default "
                                      "hops + 1 (SmolLM2-135M answers after one lookup when it shows hops)")
 
@@ -100,7 +102,7 @@ def configure(options: ChainOptions) -> dict[str, Any]:
     # first key it reads (0 of 16 solved); with a 3-hop example it looks up again (5 of 16).
     example = options.example_hops or options.hops + 1
     return {"prompt_prefix": worked_example(example), "max_turns": options.hops + 2,
-            "session_options": {"max_failures": options.max_failures}}
+            "session_options": {"max_failures": options.max_failures, "progress": options.progress}}
 
 
 LOOKUP_CHAIN = Environment(

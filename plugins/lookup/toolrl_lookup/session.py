@@ -4,8 +4,8 @@ State per trajectory: the keys revealed so far (at first only the question's sta
 along the chain the model got, how many lookups failed. ``lookup`` of a revealed key shows its entry
 and reveals the next key; of any other key it is an error the model reads (after ``max_failures``
 of them, one more ends the episode, lost). ``answer`` ends the episode: solved when the value is
-the chain's and every hop was looked up. Score: 1 when solved, else ``PROGRESS`` times the share of
-hops looked up (a partial signal for GRPO that never reaches a solved episode's).
+the chain's and every hop was looked up. Score: 1 when solved, else ``progress`` (an option, below 1)
+times the share of hops looked up: a partial signal that never reaches a solved episode's.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from toolrl.sessions import EnvironmentSession, Reset, StepResult
 from toolrl.trajectory import Trajectory
 
 from toolrl_lookup.environment import entry
-
-PROGRESS = 0.2
 
 
 def _schema(name: str, argument: str, description: str) -> dict:
@@ -34,6 +32,7 @@ class LookupOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_failures: int = Field(2, ge=0)
+    progress: float = Field(0.2, ge=0, lt=1)
 
 
 class LookupSession(EnvironmentSession):
@@ -67,4 +66,4 @@ class LookupSession(EnvironmentSession):
 
     async def score(self, trajectory: Trajectory) -> float:
         hops = len(self.chain) - 1
-        return 1.0 if self.solved else PROGRESS * self.reached / hops
+        return 1.0 if self.solved else self.options.progress * self.reached / hops
