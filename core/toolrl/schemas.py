@@ -112,6 +112,7 @@ class ToolResult(BaseModel):
     # Seconds the tool's code held the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or more): a
     # blocking call inside an async execute. Nonzero values deserve a metric and a fix.
     loop_blocked_s: float = 0.0
+    turn: int = 0  # the model turn (1-based) whose generation made the call; 0: not made by a turn
 
 
 class Message(BaseModel):

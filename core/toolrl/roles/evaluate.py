@@ -5,7 +5,8 @@ The first ``eval.num_samples`` problems of the test split (resolved once per run
 ``eval.n`` trajectories each at ``eval.temperature``, through the same roles and rollout loop as
 training. A trajectory succeeds when it ended without error and the reward term ``eval.metric`` (its
 weighted value; unset: the environment's metric, else the total reward) is at least
-``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n.
+``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n;
+``pass^k`` (Yao et al., τ-bench, 2024) the chance that all k tries succeed, unbiased from n >= k.
 
 ``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
 ``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and
@@ -41,6 +42,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass^k of one problem with ``c`` successes among ``n`` tries (τ-bench): the chance that
+    k tries drawn without replacement all succeed, C(c, k) / C(n, k), as a product."""
+    if not 0 <= c <= n or not 0 < k <= n:
+        raise ValueError(f"pass^k needs 0 <= c <= n and 0 < k <= n, got n={n} c={c} k={k}")
+    return math.prod((c - i) / (n - i) for i in range(k))
+
+
+def turn_outcomes(traj: Trajectory) -> list[bool]:
+    """One entry per model turn that made tool calls: whether every call it made returned ``ok``."""
+    turns: dict[int, bool] = {}
+    for r in traj.tool_results:
+        turns[r.turn] = turns.get(r.turn, True) and r.status == "ok"
+    return list(turns.values())
 
 
 def success(traj: Trajectory, config: Config) -> bool:
@@ -109,6 +126,8 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
     trajs = [t for _, _, t in results]
     rewards = [t.reward for t in trajs]
     calls = [r for t in trajs for r in t.tool_results]
+    call_turns = [ok for t in trajs for ok in turn_outcomes(t)]
+    solved = [t for t in trajs if success(t, config)]
     count = max(len(trajs), 1)
     return {
         "num_samples": len(per_problem),
@@ -122,11 +141,15 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
         "pass@1": statistics.fmean(pass_at_k(len(s), sum(s), 1) for s in per_problem.values()) if per_problem else math.nan,
         "k": n,
         "pass@k": statistics.fmean(pass_at_k(len(s), sum(s), n) for s in per_problem.values()) if per_problem else math.nan,
+        "pass^k": statistics.fmean(pass_hat_k(len(s), sum(s), n) for s in per_problem.values()) if per_problem else math.nan,
         "tool_calls_per_trajectory": len(calls) / count,
         "tool_success_rate": sum(r.status == "ok" for r in calls) / len(calls) if calls else math.nan,
+        "turn_success_rate": statistics.fmean(call_turns) if call_turns else math.nan,
         "tool_latency_s_mean": statistics.fmean(r.latency_s for r in calls) if calls else math.nan,
         "generation_s_mean": statistics.fmean(t.generation_s for t in trajs) if trajs else math.nan,
         "turns_mean": sum(t.turns for t in trajs) / count,
+        "solved_turns_mean": statistics.fmean(t.turns for t in solved) if solved else math.nan,
+        "solved_tool_calls_mean": statistics.fmean(len(t.tool_results) for t in solved) if solved else math.nan,
         "response_tokens_mean": sum(len(t.response_ids) for t in trajs) / count,
         "terminations": dict(Counter(t.termination for t in trajs)),
         "errors": sum(t.error is not None for t in trajs),
@@ -238,8 +261,9 @@ def _cell(value: Any) -> str:
 
 
 ROWS = ("model", "engine", "num_samples", "n", "temperature", "metric", "reward_mean", "reward_std", "pass@1",
-        "pass@k", "tool_calls_per_trajectory", "tool_success_rate", "tool_latency_s_mean", "generation_s_mean",
-        "turns_mean", "response_tokens_mean", "terminations", "errors", "wall_s")
+        "pass@k", "pass^k", "tool_calls_per_trajectory", "tool_success_rate", "turn_success_rate", "tool_latency_s_mean",
+        "generation_s_mean", "turns_mean", "solved_turns_mean", "solved_tool_calls_mean", "response_tokens_mean",
+        "terminations", "errors", "wall_s")
 
 
 def _number(value: Any) -> bool:

