@@ -200,7 +200,10 @@ class RunDir:
         rows = []
         self.failures.add(trajs)
         for t in trajs:
-            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routes"})
+            # A segment's context edit only where there is one: a run without a context policy writes the
+            # rows it wrote before policies existed.
+            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routes"}
+                               | (set() if t.edit else {"edit"}))
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
             row["trainer_logprobs"] = (trainer_logprobs or {}).get(t.trajectory_id)
             row["policy_version"] = policy_version(t)
