@@ -135,6 +135,15 @@ class ForgetAll(ContextPolicy):
 def register_context_policies(register):
     register(ForgetAll, name="forget_all")
 
+from toolrl.transports.disk import DiskTransport
+
+class Spool(DiskTransport):
+    """The disk transport under another name: a plugin's transport, its options checked as every part's."""
+
+@hookimpl
+def register_weight_transports(register):
+    register(Spool, name="spool")
+
 @hookimpl
 def register_commands(cli):
     @cli.command("hello")
@@ -315,6 +324,21 @@ def test_hook_register_context_policies(tmp_path):
     out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["ForgetAll 3", "rollout.context.after_turn: unknown key (did you mean "
                                        "'after_turns'?)"], out.stderr[-2000:]
+
+
+def test_hook_register_weight_transports(tmp_path):
+    assert listed(tmp_path)["parts"]["weight_transports"] == ["spool"]
+    code = ("from toolrl.config import load_config, ConfigError; from toolrl.transports import build_transport\n"
+            "def transport(options):\n"
+            "    data = {'data': {'train_files': ['x.jsonl']},\n"
+            "            'trainer': {'weight_transport': 'spool', 'weight_transport_options': options}}\n"
+            "    return build_transport(load_config(None, data=data).trainer)\n"
+            "print(type(transport({'path': '/srv/w'})).__name__, transport({'path': '/srv/w'}).options.path)\n"
+            "try:\n    transport({'pth': '/srv/w'})\nexcept ConfigError as exc:\n    print(exc)\n")
+    out = python_with_plugin(tmp_path, code)
+    assert out.stdout.splitlines() == ["Spool /srv/w", "trainer.weight_transport_options.path: Field required; "
+                                       "trainer.weight_transport_options.pth: unknown key (did you mean 'path'?)"], \
+        out.stderr[-2000:]
 
 
 def test_hook_register_commands(tmp_path):

@@ -211,7 +211,7 @@ class SessionRun:
         self.error: str | None = None
         self.infrastructure = False  # ``error`` is the environment's failure (SessionInfrastructureError)
         self.done = False  # a step reported the episode over
-        self.started = False  # reset and its tools were fine: the trajectory ran
+        self.started = False  # reset was fine: the trajectory ran, so it is scored
         self.timeout = EnvironmentSession.timeout  # the built session's, once built
 
     @property
@@ -249,8 +249,9 @@ class SessionRun:
                 raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
                                    "not an EnvironmentSession")
             self.session, self.timeout = session, session.timeout
-            value = await self._run("reset", session.reset, sample)
-            return self._checked_reset(value)
+            reset = self._checked_reset(await self._run("reset", session.reset, sample))
+            self.started = True
+            return reset
         except SessionError as exc:
             self.fail(str(exc), isinstance(exc, InfrastructureError))
             return Reset()
@@ -276,7 +277,6 @@ class SessionRun:
                 raise SessionError(f"session {self.name!r} reset hands out tool {tool.name!r}, which the route "
                                    "has already (set replace_tools to offer only the session's)")
             tools[tool.name] = tool
-        self.started = self.error is None
         return tools
 
     async def step(self, call: ToolCall) -> StepResult:

@@ -195,6 +195,7 @@ __all__ = [
     "check_schema",
     "check_session_isolation",
     "check_session_play",
+    "check_weight_transport",
     "derive_invalid_arguments",
     "hostile_parser_inputs",
     "instrument",

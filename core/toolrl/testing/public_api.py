@@ -53,7 +53,9 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                        "check_dead_session", "FamilyConformance", "registered_family", "check_family_tokens",
                        "check_family_parser", "check_family_end_of_turn", "check_family_detected",
                        "check_engine_logprobs", "check_engine_cancellation", "check_engine_weight_update",
-                       "reference_greedy"),
+                       "reference_greedy", "check_weight_transport"),
+    "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
+                          "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
