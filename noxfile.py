@@ -67,7 +67,7 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it.
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup"}
+NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
