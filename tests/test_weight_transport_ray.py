@@ -44,6 +44,7 @@ def test_broadcast_trains_to_the_same_figures_as_the_object_store(tmp_path):
         assert a["weight_sync_s"] > 0
 
 
+@pytest.mark.long  # about 2.5 minutes; the default run covers broadcast (above) and replacement (test_async_ray)
 def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(monkeypatch):
     """A rollout worker dead when a broadcast sync starts: its links fail within
     ``trainer.weight_push_timeout_s`` (no hang), the sync goes again to the live worker on new links,
