@@ -55,7 +55,7 @@ async def rollouts(policy: str, pages: int, n: int, tokenizer: Any) -> list[list
     """Each ledger's trajectory under ``policy``: its segments, in order."""
     from toolrl.data.sources import load_samples
     from toolrl.rollout import RolloutContext, run_trajectory_pieces
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.rollout.families import renderer_factory
     from toolrl.rollout.routes import build_routes
     from toolrl_ledger.agent import LedgerAgent
 
@@ -63,8 +63,7 @@ async def rollouts(policy: str, pages: int, n: int, tokenizer: Any) -> list[list
     samples = load_samples(cfg)
     routes, owned = await build_routes(cfg, samples)
     try:
-        ctx = RolloutContext(LedgerAgent(tokenizer), lambda schemas: ChatRenderer(tokenizer, schemas), cfg.rollout,
-                             routes)
+        ctx = RolloutContext(LedgerAgent(tokenizer), renderer_factory(tokenizer), cfg.rollout, routes)
         return list(await asyncio.gather(*(run_trajectory_pieces(ctx, s, i, f"{policy}-{i}", seed=i)
                                            for i, s in enumerate(samples))))
     finally:

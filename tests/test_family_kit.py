@@ -29,3 +29,12 @@ def test_the_kit_fails_a_family_whose_end_of_turn_is_not_a_token() -> None:
     family = registered_family("qwen3").model_copy(update={"end_of_turn": "<|turn_over|>"})
     with pytest.raises(AssertionError, match=r"'<\|turn_over\|>' is not one token of the tokenizer"):
         check_family_tokens(family, copy.deepcopy(family_tokenizer("qwen3")))
+
+
+@pytest.mark.parametrize("variant", ["qwen2_5", "qwen3"])
+def test_qwen_families_name_only_tokens_their_real_tokenizers_hold(variant: str) -> None:
+    # The upstream added-token layout (Qwen2.5 has no <tool_response> token; Qwen3 added it): a family
+    # that named more would refuse every real checkpoint of its models at start.
+    from toolrl.model_sources import qwen_tokenizer
+
+    check_family_tokens(registered_family(variant), qwen_tokenizer(variant))

@@ -26,7 +26,9 @@ QWEN3 = ModelFamily(
     training_template=Template(trl="qwen3_training.jinja"))
 QWEN2_5 = ModelFamily(
     name="qwen2_5", parser="hermes", end_of_turn="<|im_end|>",
-    special_tokens=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    # Qwen2.5's tokenizers hold the call tags as tokens but not <tool_response> (Qwen3 added it): the
+    # template writes it as text.
+    special_tokens=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
     detection=Detection(templates=trl("qwen2_5.jinja"), markers=("<|im_start|>", "<tool_call>"), priority=10),
     training_template=Template(trl="qwen2_5_training.jinja"))
 # ChatML without tool support (SmolLM2): tool results go in as hermes-wrapped user turns. Its one

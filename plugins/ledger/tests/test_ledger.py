@@ -10,7 +10,7 @@ from toolrl.config import Config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.rollout import RolloutContext, run_trajectory_pieces
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.families import renderer_factory
 from toolrl.rollout.routes import build_routes
 from toolrl_ledger.agent import LedgerAgent
 from toolrl_ledger.environment import LEDGER
@@ -41,7 +41,7 @@ async def trajectory(tokenizer, context: dict | None):
     (sample,) = load_samples(config)
     routes, owned = await build_routes(config, [sample])
     try:
-        ctx = RolloutContext(LedgerAgent(tokenizer), lambda schemas: ChatRenderer(tokenizer, schemas), config.rollout, routes)
+        ctx = RolloutContext(LedgerAgent(tokenizer), renderer_factory(tokenizer), config.rollout, routes)
         return sample, await run_trajectory_pieces(ctx, sample, 0, "t", seed=0)
     finally:
         for part in owned:
