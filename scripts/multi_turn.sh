@@ -1,23 +1,11 @@
 #!/usr/bin/env bash
-# Sets up .venv (scripts/setup_demo.sh, with the lookup plugin) and runs the multi-turn CPU demo: GRPO
+# Sets up .venv (scripts/demo.sh, with the lookup plugin) and runs the multi-turn CPU demo: GRPO
 # teaches SmolLM2-135M-Instruct to follow a chain of keys in the lookup-chain environment (lookup,
 # lookup, answer: three calls in three turns, state kept per trajectory), with held-out success before
 # and after. Extra arguments go to the training run only. The last line: held-out success before → after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-step() { echo "multi_turn: $*" >&2; }  # a plain line per phase, so a log file shows where it is
-bash scripts/setup_demo.sh ./plugins/lookup
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-rm -rf runs/multi_turn runs/multi_turn-hf runs/multi_turn-eval
-step "evaluating the base model"
-.venv/bin/toolrl eval examples/multi_turn.yaml --output runs/multi_turn-eval/before
-step "training (runs/multi_turn)"
-.venv/bin/toolrl train examples/multi_turn.yaml "$@"
-step "exporting and evaluating the trained model"
-.venv/bin/toolrl export runs/multi_turn runs/multi_turn-hf
-.venv/bin/toolrl eval examples/multi_turn.yaml "model.source=$PWD/runs/multi_turn-hf" --output runs/multi_turn-eval/after
-step "before (A) and after (B)"
-.venv/bin/toolrl eval runs/multi_turn-eval/before --compare runs/multi_turn-eval/after
+bash scripts/demo.sh multi_turn ./plugins/lookup "$@"
 .venv/bin/python - runs/multi_turn-eval/before runs/multi_turn-eval/after <<'PY'
 import json, sys
 a, b = (json.load(open(f"{d}/summary.json")) for d in sys.argv[1:])
