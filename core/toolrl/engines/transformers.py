@@ -187,7 +187,7 @@ class _Session:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
     values: list[torch.Tensor]
     version: int
-    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 (record_routes)
+    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
 
 
 class _Batch:
@@ -467,8 +467,8 @@ class TransformersEngine(RolloutEngine):
             **images,
         )
         self.stats.steps += 1
-        if self._routing is not None:
-            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to("cpu", torch.uint8)
+        if self._routing is not None:  # left on the device: copied to the host once per generation, not per step
+            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to(torch.uint8)
         if not batch.keys:  # the layers allocated them (a prefill without kept KV)
             batch.keys = [layer.kbuf for layer in layers]
             batch.values = [layer.vbuf for layer in layers]
@@ -652,7 +652,7 @@ class TransformersEngine(RolloutEngine):
             row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
                                                     row.req.weight_version,
                                                     row.req.prefill_tokens_saved if row.index == 0 else 0,
-                                                    RoutedExperts.of(torch.cat(row.routes)) if row.routes else None)
+                                                    RoutedExperts.of(torch.cat(row.routes).cpu()) if row.routes else None)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)
