@@ -16,7 +16,7 @@ from toolrl.engines.routing import Routing
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
 from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
 from toolrl.training.packing import build_batch, packed_hidden_states
-from toolrl.training.step import StepOptions, train_step
+from toolrl.training.step import StepOptions, response_logprobs, train_step
 from toolrl.trajectory import Trajectory
 
 PROMPTS = [list(range(100 + 50 * g, 140 + 50 * g)) for g in range(2)]  # 40 tokens: a shared prefix
@@ -114,6 +114,36 @@ def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_tra
     assert metrics["routing_mismatch_frac"] == pytest.approx(float(differ(chose.calls[0], batch.routes).float().mean()))
     assert metrics["routing_mismatch_frac"] > 0
     assert metrics["loss_tokens"] == sum(len(t.response_ids) for t in engine_trajectories)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_r3_gives_a_float32_engine_its_own_logprobs(moe_path, norm_topk_prob):
+    """Engine and trainer in float32 route alike, so replaying the engine's routes must change nothing:
+    the trainer's log-probs of the sampled tokens equal the engine's with R3, on the prefix-shared batch,
+    with the router's top-k weights renormalised or not (a replay shifted by a token, or weighting the
+    forced experts otherwise than the router, would move them)."""
+    engine_model, model = load_model(moe_path), load_model(moe_path)
+    for m in (engine_model, model):
+        for router in Routing(m).routers:
+            router.norm_topk_prob = norm_topk_prob
+    engine = TransformersEngine(engine_model, load_tokenizer(moe_path),
+                                TransformersEngineConfig(record_routes=True, seed=0))
+    trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
+                        response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
+                        routes=gen.routes)
+             for g, gens in enumerate(generate(engine, PROMPTS, 2, 8)) for k, gen in enumerate(gens)]
+    batch = build_batch(trajs, [0.0] * len(trajs), share_prefixes=True)
+    replay = Routing(model)
+    replay.replay(batch.routes)
+    with torch.no_grad():
+        lp = response_logprobs(model, batch)
+    assert not replay.flips.any()  # the trainer's routers chose the engine's experts themselves
+    mask = batch.response_mask.bool()
+    assert (lp - batch.engine_logprobs)[mask].abs().max() < 1e-4
+    for router in replay.routers:  # a weighting the router does not use is seen
+        router.norm_topk_prob = not norm_topk_prob
+    with torch.no_grad():
+        assert (response_logprobs(model, batch) - batch.engine_logprobs)[mask].abs().max() > 1e-3
 
 
 class Recorder(torch.optim.Optimizer):
