@@ -17,7 +17,7 @@ from toolrl.engines.transformers import TransformersEngine, TransformersEngineCo
 from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
 from toolrl.training.packing import build_batch, packed_hidden_states
 from toolrl.training.step import StepOptions, response_logprobs, train_step
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import RoutedExperts, Trajectory
 
 PROMPTS = [list(range(100 + 50 * g, 140 + 50 * g)) for g in range(2)]  # 40 tokens: a shared prefix
 
@@ -220,7 +220,32 @@ def test_routes_are_one_byte_an_expert_and_survive_json(engine_trajectories):
     assert len(t.routes.ids) == t.routes.tokens * 4 * 4  # tokens × layers × top_k, one byte each
     back = Trajectory.model_validate_json(t.model_dump_json())
     assert back.routes == t.routes and (back.routes.array() == t.routes.array()).all()
-    from toolrl.trajectory import RoutedExperts
+    assert t.routes.width == 1 and '"width":1' in t.model_dump_json()
+    for bad in (-1, 65536):
+        with pytest.raises(ValueError, match=r"ids in \[0, 65535\]"):
+            RoutedExperts.of(torch.full((2, 1, 2), bad))
 
-    with pytest.raises(ValueError, match=r"ids in \[0, 255\]"):
-        RoutedExperts.of(torch.full((2, 1, 2), 300))
+
+def test_more_than_256_experts_take_two_bytes_an_id():
+    """A model with 300 experts a layer (Kimi-K2 has 384): the engine records ids beyond a byte, the
+    record keeps them in two bytes each and the trainer's batch replays them as they were."""
+    from toolrl.model_sources import QWEN_MODEL_VOCAB
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=QWEN_MODEL_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, num_experts=300, num_experts_per_tok=4, moe_intermediate_size=8, norm_topk_prob=True))
+    engine = TransformersEngine(model, load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
+    gen = generate(engine, PROMPTS[:1], 1, 4)[0][0]
+    run = PROMPTS[0] + gen.token_ids[:-1]
+    plain = Routing(model)
+    plain.replay(None)
+    with torch.no_grad():
+        model(torch.tensor([run]))
+    assert gen.routes.width == 2 and len(gen.routes.ids) == len(run) * 2 * 4 * 2
+    assert (gen.routes.array() == plain.recorded().numpy()).all() and gen.routes.array().max() >= 256
+    traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=PROMPTS[0], response_ids=gen.token_ids,
+                      response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs, routes=gen.routes)
+    back = Trajectory.model_validate_json(traj.model_dump_json())
+    assert torch.equal(build_batch([back], [0.0]).routes, plain.recorded())

@@ -242,6 +242,8 @@ class TransformersEngine(RolloutEngine):
         self._rng = random.Random(config.seed)
         # record_routes: the routers' hooks, and the expert ids of the last forward [rows, q, layers, top_k].
         self._routing = Routing(model) if config.record_routes else None
+        # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
+        self._route_dtype = torch.uint8 if self._routing is None or self._routing.num_experts <= 256 else torch.int16
         self._routes: torch.Tensor | None = None
         self._pending: list[_Request] = []
         self._batch = _Batch()
@@ -468,7 +470,7 @@ class TransformersEngine(RolloutEngine):
         )
         self.stats.steps += 1
         if self._routing is not None:  # left on the device: copied to the host once per generation, not per step
-            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to(torch.uint8)
+            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to(self._route_dtype)
         if not batch.keys:  # the layers allocated them (a prefill without kept KV)
             batch.keys = [layer.kbuf for layer in layers]
             batch.values = [layer.vbuf for layer in layers]
