@@ -219,7 +219,7 @@ def main() -> None:
     print(machine())
     print(f"tiny-moe: {args.layers} layers, {args.experts} experts, top-{args.top_k}, expert weights × "
           f"{args.expert_scale:g} (sparse-block / attention output std: {without['expert_share']:.2f}); "
-          f"{len(batch.targets) // args.new if args.new else 0} samples of {args.new} tokens after "
+          f"{batch.response_mask.shape[0]} samples of {args.new} tokens after "
           f"{args.prompt}-token prompts; trainer float32")
     print(report(rows))
     print(table(["engine (bfloat16)", "median wall s", "median CPU s", "rounds"],
@@ -227,7 +227,8 @@ def main() -> None:
                  for name, runs in (("without recording", off), ("recording routes", on))]))
     print(f"per-round overhead, wall: {' '.join(f'{r - 1:+.3f}' for r in wall)}")
     print(f"per-round overhead, CPU: {' '.join(f'{r - 1:+.3f}' for r in cpu)}")
-    print(f"float32 engine, lp mismatch with/without R3: {rows[0][2]['lp_mismatch'] / rows[0][1]['lp_mismatch']:.2f}")
+    print(f"float32 engine, mean |lp trainer - engine| without/with R3: {rows[0][1]['lp_mismatch']:.2e} / "
+          f"{rows[0][2]['lp_mismatch']:.2e}")
     print(f"k3 KL with/without R3: {with_r3['k3_kl'] / without['k3_kl']:.2f}")
     print(f"lp mismatch with/without R3 on tokens routed differently: {flipped_with / flipped_without:.2f}")
     print(f"lp mismatch with/without R3: {with_r3['lp_mismatch'] / without['lp_mismatch']:.2f}")
