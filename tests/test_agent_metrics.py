@@ -63,6 +63,22 @@ def test_summary_reports_pass_hat_k_turn_success_and_solved_episodes():
     assert nothing["turn_success_rate"] is None and nothing["solved_turns_mean"] is None  # nothing to average
 
 
+def test_an_infrastructure_failure_is_counted_apart_not_as_a_failed_try():
+    config = load_config(None, ["env=arithmetic", "eval.n=2", "eval.temperature=1.0"])
+    a, b = Sample(prompt="a", index=0), Sample(prompt="b", index=1)
+    down = traj(1, 0.0, 1, [call(1, "infra_error")]).model_copy(update={"termination": "infra_error",
+                                                                         "error": "sandbox unreachable"})
+    wrong = traj(1, 0.0, 1, [call(1, "error")]).model_copy(update={"termination": "error", "error": "bad call"})
+    results = [(a, 0, traj(0, 1.0, 1, [call(1)])), (a, 1, wrong), (b, 0, traj(1, 1.0, 1, [call(1)])), (b, 1, down)]
+    summary = summarize(results, config, 1.0)
+    assert summary["infra_failures"] == 1 and summary["errors"] == 1  # the model's own error still counts
+    assert summary["num_samples"] == 2 and summary["num_trajectories"] == 4
+    assert summary["pass@1"] == pytest.approx((0.5 + 1.0) / 2)  # b: one try of the model, solved
+    assert summary["pass@k"] == 1.0 and summary["pass^k"] == 0.0  # only a kept both tries
+    assert summary["tool_success_rate"] == pytest.approx(2 / 3) and summary["reward_mean"] == pytest.approx(2 / 3)
+    assert summary["terminations"]["infra_error"] == 1
+
+
 def test_compare_shows_the_agent_figures_for_a_and_b(tmp_path):
     for name, hat in (("a", 0.25), ("b", 0.75)):
         (tmp_path / name).mkdir()

@@ -16,8 +16,8 @@ from toolrl.engines.routing import Routing
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
 from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
 from toolrl.training.packing import build_batch, packed_hidden_states
-from toolrl.training.step import StepOptions, train_step
-from toolrl.trajectory import Trajectory
+from toolrl.training.step import StepOptions, response_logprobs, train_step
+from toolrl.trajectory import RoutedExperts, Trajectory
 
 PROMPTS = [list(range(100 + 50 * g, 140 + 50 * g)) for g in range(2)]  # 40 tokens: a shared prefix
 
@@ -116,6 +116,36 @@ def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_tra
     assert metrics["loss_tokens"] == sum(len(t.response_ids) for t in engine_trajectories)
 
 
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_r3_gives_a_float32_engine_its_own_logprobs(moe_path, norm_topk_prob):
+    """Engine and trainer in float32 route alike, so replaying the engine's routes must change nothing:
+    the trainer's log-probs of the sampled tokens equal the engine's with R3, on the prefix-shared batch,
+    with the router's top-k weights renormalised or not (a replay shifted by a token, or weighting the
+    forced experts otherwise than the router, would move them)."""
+    engine_model, model = load_model(moe_path), load_model(moe_path)
+    for m in (engine_model, model):
+        for router in Routing(m).routers:
+            router.norm_topk_prob = norm_topk_prob
+    engine = TransformersEngine(engine_model, load_tokenizer(moe_path),
+                                TransformersEngineConfig(record_routes=True, seed=0))
+    trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
+                        response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
+                        routes=gen.routes)
+             for g, gens in enumerate(generate(engine, PROMPTS, 2, 8)) for k, gen in enumerate(gens)]
+    batch = build_batch(trajs, [0.0] * len(trajs), share_prefixes=True)
+    replay = Routing(model)
+    replay.replay(batch.routes)
+    with torch.no_grad():
+        lp = response_logprobs(model, batch)
+    assert not replay.flips.any()  # the trainer's routers chose the engine's experts themselves
+    mask = batch.response_mask.bool()
+    assert (lp - batch.engine_logprobs)[mask].abs().max() < 1e-4
+    for router in replay.routers:  # a weighting the router does not use is seen
+        router.norm_topk_prob = not norm_topk_prob
+    with torch.no_grad():
+        assert (response_logprobs(model, batch) - batch.engine_logprobs)[mask].abs().max() > 1e-3
+
+
 class Recorder(torch.optim.Optimizer):
     """Keeps each update's gradients by parameter name instead of applying them."""
 
@@ -162,7 +192,8 @@ def test_routing_replay_needs_a_recording_engine_and_an_moe_model(tiny_qwen3_pat
         return load_config(None, ["algorithm.routing_replay=r3", *overrides], data={"env": "arithmetic"})
 
     cases = {(): "set engine.options.record_routes: true",
-             ("engine.name=vllm",): "engine.name=vllm: this engine does not return the experts"}
+             ("engine.name=vllm",): r"engine.name=vllm: this engine does not return the experts .*\(vLLM returns "
+                                    r"them, enable_return_routed_experts, only from its V2 model runner, which needs Triton"}
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message) as info:
             check_algorithm(config(*overrides))
@@ -189,7 +220,32 @@ def test_routes_are_one_byte_an_expert_and_survive_json(engine_trajectories):
     assert len(t.routes.ids) == t.routes.tokens * 4 * 4  # tokens × layers × top_k, one byte each
     back = Trajectory.model_validate_json(t.model_dump_json())
     assert back.routes == t.routes and (back.routes.array() == t.routes.array()).all()
-    from toolrl.trajectory import RoutedExperts
+    assert t.routes.width == 1 and '"width":1' in t.model_dump_json()
+    for bad in (-1, 65536):
+        with pytest.raises(ValueError, match=r"ids in \[0, 65535\]"):
+            RoutedExperts.of(torch.full((2, 1, 2), bad))
 
-    with pytest.raises(ValueError, match=r"ids in \[0, 255\]"):
-        RoutedExperts.of(torch.full((2, 1, 2), 300))
+
+def test_more_than_256_experts_take_two_bytes_an_id():
+    """A model with 300 experts a layer (Kimi-K2 has 384): the engine records ids beyond a byte, the
+    record keeps them in two bytes each and the trainer's batch replays them as they were."""
+    from toolrl.model_sources import QWEN_MODEL_VOCAB
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=QWEN_MODEL_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, num_experts=300, num_experts_per_tok=4, moe_intermediate_size=8, norm_topk_prob=True))
+    engine = TransformersEngine(model, load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
+    gen = generate(engine, PROMPTS[:1], 1, 4)[0][0]
+    run = PROMPTS[0] + gen.token_ids[:-1]
+    plain = Routing(model)
+    plain.replay(None)
+    with torch.no_grad():
+        model(torch.tensor([run]))
+    assert gen.routes.width == 2 and len(gen.routes.ids) == len(run) * 2 * 4 * 2
+    assert (gen.routes.array() == plain.recorded().numpy()).all() and gen.routes.array().max() >= 256
+    traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=PROMPTS[0], response_ids=gen.token_ids,
+                      response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs, routes=gen.routes)
+    back = Trajectory.model_validate_json(traj.model_dump_json())
+    assert torch.equal(build_batch([back], [0.0]).routes, plain.recorded())

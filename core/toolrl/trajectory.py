@@ -47,35 +47,40 @@ class TrajectoryImage(BaseModel):
 
 class RoutedExperts(BaseModel):
     """The experts a mixture-of-experts engine routed each token to: ``tokens × layers × top_k`` expert
-    ids, one byte each (at most 256 experts a layer), row-major in ``ids``. Token ``k`` is the ``k``-th
-    token the model was run on: prompt and response tokens alike, up to the last one fed to the model
-    (the last sampled token never is). Replayed by the trainer under ``algorithm.routing_replay: r3``."""
+    ids, ``width`` bytes each (one while every id is below 256, else two, little-endian), row-major in
+    ``ids``. Token ``k`` is the ``k``-th token the model was run on: prompt and response tokens alike,
+    up to the last one fed to the model (the last sampled token never is). Replayed by the trainer
+    under ``algorithm.routing_replay: r3``."""
 
     model_config = ConfigDict(frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
     layers: int = Field(gt=0)
     top_k: int = Field(gt=0)
+    width: Literal[1, 2] = 1
     ids: bytes
 
     @property
     def tokens(self) -> int:
-        return len(self.ids) // (self.layers * self.top_k)
+        return len(self.ids) // (self.layers * self.top_k * self.width)
 
     def array(self) -> Any:
-        """The ids as a ``(tokens, layers, top_k)`` uint8 numpy array (a view of ``ids``)."""
+        """The ids as a ``(tokens, layers, top_k)`` uint8 (or uint16) numpy array (a view of ``ids``)."""
         import numpy as np  # lazy, as in common_prefix
 
-        return np.frombuffer(self.ids, dtype=np.uint8).reshape(self.tokens, self.layers, self.top_k)
+        dtype = np.uint8 if self.width == 1 else np.dtype("<u2")
+        return np.frombuffer(self.ids, dtype=dtype).reshape(self.tokens, self.layers, self.top_k)
 
     @classmethod
     def of(cls, ids: Any) -> RoutedExperts:
-        """From a ``(tokens, layers, top_k)`` array or CPU tensor of expert ids below 256."""
+        """From a ``(tokens, layers, top_k)`` array or CPU tensor of expert ids below 65536."""
         import numpy as np
 
         a = np.asarray(ids)
-        if a.ndim != 3 or (a.size and (a.min() < 0 or a.max() > 255)):
-            raise ValueError(f"routed experts must be (tokens, layers, top_k) ids in [0, 255], got shape {a.shape}")
-        return cls(layers=a.shape[1], top_k=a.shape[2], ids=a.astype(np.uint8).tobytes())
+        if a.ndim != 3 or (a.size and (a.min() < 0 or a.max() > 65535)):
+            raise ValueError(f"routed experts must be (tokens, layers, top_k) ids in [0, 65535], got shape {a.shape}")
+        if not a.size or a.max() < 256:
+            return cls(layers=a.shape[1], top_k=a.shape[2], ids=a.astype(np.uint8).tobytes())
+        return cls(layers=a.shape[1], top_k=a.shape[2], width=2, ids=a.astype("<u2").tobytes())
 
 
 class Trajectory(BaseModel):

