@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from toolrl.plugins.parts import checked_options, lookup_part
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool
@@ -51,8 +50,7 @@ class PlayedSession:
 
 async def prepared_session_kind(name: str, options: Mapping[str, Any] | None = None, base_dir: Path | str = ".") -> SessionKind:
     """The registered session kind ``name`` with ``options``, prepared as the routes prepare it."""
-    cls = lookup_part("environment_sessions", name, "session.name")
-    kind = SessionKind(name, cls, checked_options(cls, options, "session.options"), Path(base_dir))
+    kind = SessionKind.resolve(name, options, base_dir)
     await kind.prepare()
     return kind
 
