@@ -6,7 +6,7 @@ no backend to take away."""
 from __future__ import annotations
 
 from toolrl.schemas import Sample, ToolCall
-from toolrl.testing.sessions import SessionConformance, SessionPlay
+from toolrl.testing import SessionConformance, SessionPlay
 
 CHAIN = ["owl", "23", "731"]  # owl -> 23 -> the value 731
 

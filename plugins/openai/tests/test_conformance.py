@@ -11,7 +11,7 @@ from typing import Any
 from support import ServeProcess
 from toolrl import model_sources
 from toolrl.engines import ModelSource
-from toolrl.testing.engines import check_engine_contract
+from toolrl.testing import check_engine_contract
 from toolrl_openai.engine import OpenAIEngine
 
 NO_WEIGHTS = "the OpenAI API carries no weights: the engine keeps sampling the model the server serves"

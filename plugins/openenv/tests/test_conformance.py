@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from support import LedgerServer
 from toolrl.schemas import Sample, ToolCall
-from toolrl.testing.sessions import SessionConformance, SessionPlay
+from toolrl.testing import SessionConformance, SessionPlay
 
 
 class Relay(socketserver.ThreadingTCPServer):

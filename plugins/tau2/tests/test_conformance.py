@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from toolrl.schemas import Sample, ToolCall
-from toolrl.testing.sessions import SessionConformance, SessionPlay
+from toolrl.testing import SessionConformance, SessionPlay, play_session, prepared_session_kind
 
 CREATE = ToolCall(name="create_task", arguments={"user_id": "user_1", "title": "Important Meeting"})
 UPDATE = ToolCall(name="update_task_status", arguments={"task_id": "task_1", "status": "completed"})
@@ -90,8 +90,6 @@ class TestTau2WithAUser(SessionConformance):
 
 
 async def test_the_user_speaks_first_and_stops_after_the_answer() -> None:
-    from toolrl.testing.sessions import play_session, prepared_session_kind
-
     user = ScriptedUser()
     try:
         kind = await prepared_session_kind("tau2", {"domain": "mock", "user": {"base_url": user.url, "model": "u"}})

@@ -11,7 +11,7 @@ import json
 from toolrl.config import load_config
 from toolrl.data.sources import load_samples
 from toolrl.schemas import ToolCall
-from toolrl.testing.sessions import SessionConformance, SessionPlay
+from toolrl.testing import SessionConformance, SessionPlay
 
 ADDER = {"env": "verifiers", "env_options": {"module": "vf_adder_env"}}
 SAMPLES = load_samples(load_config(None, data=ADDER))  # What is 2 + 3? / 10 + 32? / 7 + 8?
