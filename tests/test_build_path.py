@@ -147,3 +147,36 @@ def test_list_plugins_columns_align_on_a_long_distribution_name(tmp_path):
             at += len(cell)
         columns.add(tuple(starts))
     assert len(columns) == 1, columns
+
+
+SESSION_CONFIG = """\
+model:
+  source: tiny-qwen3
+env: arithmetic
+session:
+  name: {name}
+  options:
+    goal: {goal}
+"""
+
+
+@pytest.mark.parametrize(("name", "goal", "line", "message"), [
+    ("counter", "many", 6, "session.options.goal: Input should be a valid integer"),
+    ("countr", 5, 5, "session.name: unknown environment session 'countr' (did you mean 'counter'? available: "),
+])
+def test_a_bad_session_in_a_file_is_one_line_with_the_file_line(tmp_path, monkeypatch, name, goal, line, message):
+    """Sessions are resolved as every part is: the docs' counter session (a real distribution) named
+    in a YAML file with a bad option or a misspelt name."""
+    import toolrl.plugins
+    from test_scripted_engine import DOCS, fenced
+
+    counter = fenced((DOCS / "plugins.md").read_text(), "python", "class Counter(EnvironmentSession)")
+    make_dist(tmp_path, "toolrl-plugin-counter", "counter", "toolrl_counter", counter)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(toolrl.plugins, "_plugins", Plugins(env={}))
+    path = tmp_path / "run.yaml"
+    path.write_text(SESSION_CONFIG.format(name=name, goal=goal))
+    with pytest.raises(ConfigError) as err:
+        resolve_parts(load_config(path))
+    text = str(err.value)
+    assert text.startswith(f"{path}:{line}: {message}") and "\n" not in text, text

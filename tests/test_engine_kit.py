@@ -10,6 +10,7 @@ from toolrl.engines import ModelSource
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.testing.engines import (
     check_engine_cancellation,
+    check_engine_contract,
     check_engine_logprobs,
     check_engine_weight_update,
 )
@@ -59,3 +60,11 @@ async def test_the_kit_fails_an_engine_that_breaks_the_contract(tiny_qwen3_path,
                 await check(engine, model, prompts)
         finally:
             await engine.close()
+
+
+async def test_a_check_declared_not_applicable_must_fail_on_the_engine(engine, tiny_qwen3_path, prompts) -> None:
+    model = model_sources.load_model(tiny_qwen3_path)
+    with pytest.raises(AssertionError, match="not_applicable names no check: speed"):
+        await check_engine_contract(engine, model, prompts, {"speed": "slow"})
+    with pytest.raises(AssertionError, match=r"'logprobs' is declared not applicable \(why not\) but passes"):
+        await check_engine_contract(engine, model, prompts, {"logprobs": "why not"})

@@ -115,8 +115,9 @@ def add(x: int) -> ToolCall:
 class TestCounter(SessionConformance):
     session_name = "counter"
     session_options = {"goal": 5}
-    plays = [SessionPlay(Sample(prompt="count to 5"), [add(2), add(3), add(9)]),
-             SessionPlay(Sample(prompt="count to 5"), [add(1)], answers=["I added one."])]
+    plays = [SessionPlay(Sample(prompt="count to 5"), [add(2), add(3), add(9)], terms={"counter": 1.0}),
+             SessionPlay(Sample(prompt="count to 5"), [add(1)], answers=["I added one."], terms={"counter": 0.0})]
+    no_backend = "the count lives in the session object"
 
 
 class TestRemote(SessionConformance):
@@ -152,3 +153,16 @@ async def test_the_kit_fails_a_session_that_breaks_a_rule() -> None:
     with pytest.raises(AssertionError, match="reported no error with its backend gone"):
         await check_dead_session(careless, play, kill)
     await careless.close()
+    counter = await prepared_session_kind("counter", {"goal": 5})
+    with pytest.raises(AssertionError, match=r"scored \{'counter': 0.0\}, the play expects \{'counter': 1.0\}"):
+        await check_session_play(counter, SessionPlay(Sample(prompt="x"), [add(1)], terms={"counter": 1.0}))
+
+
+class Undeclared(SessionConformance):  # neither kill nor no_backend
+    session_name = "counter"
+    plays = TestCounter.plays
+
+
+def test_the_dead_session_test_needs_a_kill_or_a_reason() -> None:
+    with pytest.raises(AssertionError, match="set kill .* or no_backend"):
+        Undeclared().test_a_dead_session_ends_in_errors()

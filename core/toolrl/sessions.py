@@ -6,7 +6,9 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
 
     prepare(options, context)                     classmethod, once per route when the routes are built
                                                   (start a server, check it answers): a failure is a config error
-    build(options, context) -> session           classmethod, once: options validated against ``Options``
+    build(options, context) -> session           classmethod, once per trajectory, through
+                                                  toolrl.plugins.parts (options validated against ``Options``
+                                                  when the config is checked; ``context``: a SessionContext)
     reset(sample) -> Reset                        once: the tools this trajectory offers, first messages
     step(call) -> StepResult                      per call of a tool the reset handed out as a schema
     respond(message) -> str | None                after each answer without calls: the next user turn
@@ -39,7 +41,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrl.config import format_errors
-from toolrl.plugins.parts import NoOptions
+from toolrl.plugins.parts import BuildContext, NoOptions, build_found, checked_options, lookup_part
 from toolrl.rewards.scoring import RewardValueError, named_terms
 from toolrl.schemas import InfrastructureError, Sample, ToolCall, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools import Tool, ToolReturnError
@@ -128,10 +130,11 @@ class SharedParts:
         self._closers.clear()
 
 
-@dataclass
-class SessionContext:
-    """What a session is built with besides its options: its kind's name (its reward term), the
-    trajectory, the config's directory (relative paths) and what the route's sessions share."""
+@dataclass(frozen=True, kw_only=True)
+class SessionContext(BuildContext):
+    """What a session is built with besides its options (a :class:`BuildContext`, as every part is
+    built with: the config fields that named it and hold its options): its kind's name (its reward
+    term), the trajectory, the config's directory (relative paths) and what the route's sessions share."""
 
     name: str
     trajectory_id: str
@@ -179,17 +182,33 @@ class EnvironmentSession:
 
 @dataclass
 class SessionKind:
-    """A route's session kind: the class, its validated options, what its sessions share."""
+    """A route's session kind: the class, its validated options, what its sessions share, and the
+    config fields that named it (``where``) and hold its options (``options_where``)."""
 
     name: str
     cls: type[EnvironmentSession]
     options: BaseModel
     base_dir: Path
     shared: SharedParts = field(default_factory=SharedParts)
+    where: str = "session.name"
+    options_where: str = "session.options"
+
+    @classmethod
+    def resolve(cls, name: str, options: Mapping[str, Any] | None, base_dir: Path | str,
+                where: str = "session.name", options_where: str = "session.options") -> SessionKind:
+        """The registered kind ``name`` with ``options`` validated, as every part is (one-line
+        ConfigError naming ``where`` or ``options_where``); nothing built or started yet."""
+        part = lookup_part("environment_sessions", name, where)
+        return cls(name, part, checked_options(part, options, options_where), Path(base_dir),
+                   where=where, options_where=options_where)
+
+    def context(self, trajectory_id: str) -> SessionContext:
+        return SessionContext(where=self.where, options_where=self.options_where, name=self.name,
+                              trajectory_id=trajectory_id, base_dir=self.base_dir, shared=self.shared)
 
     async def prepare(self) -> None:
         """The kind's ``prepare``, once per route; its failure (or hang) is a ValueError."""
-        context = SessionContext(self.name, "", self.base_dir, self.shared)
+        context = self.context("")
         run = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
                                 self.cls.timeout)
         if run.timed_out or run.error is not None:
@@ -242,9 +261,8 @@ class SessionRun:
         if self.kind is None:
             return Reset()
         kind = self.kind
-        context = SessionContext(kind.name, self.trajectory_id, kind.base_dir, kind.shared)
-        try:
-            session = await self._run("build", kind.cls.build, kind.options, context)
+        try:  # built as every part is (a plain build runs in a thread, an async one on the loop)
+            session = await self._run("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
             if not isinstance(session, EnvironmentSession):
                 raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
                                    "not an EnvironmentSession")

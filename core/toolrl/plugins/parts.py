@@ -175,10 +175,17 @@ def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context:
     """The part ``name`` of ``kind`` built with ``options``: looked up, options validated against its
     ``Options``, then ``build(options, context)`` (or the constructor). What a part's ``build`` returns
     is the kind's to define (tools build asynchronously: an awaitable)."""
-    part = lookup_part(kind, name, context.where)
+    return build_found(lookup_part(kind, name, context.where), options, context)
+
+
+def build_found(part: Any, options: Mapping[str, Any] | BaseModel | None, context: BuildContext) -> Any:
+    """:func:`build_part` for a part :func:`lookup_part` found already (a kind that resolves its parts
+    when the config is checked and builds them later, many times: one session per trajectory).
+    ``options`` already validated against the part's ``Options`` are used as they are."""
     where = context.options_where or context.where
     try:
-        validated = checked_options(part, options, where)
+        validated = options if isinstance(options, options_model(part)) else \
+            checked_options(part, options, where)  # type: ignore[arg-type]
         build = getattr(part, "build", None)
         if callable(build):
             return build(validated, context)

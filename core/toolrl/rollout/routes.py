@@ -14,7 +14,7 @@ from toolrl.config import DEFAULT_MAX_TURNS, DEFAULT_PARSER, Config, ConfigError
 from toolrl.data import origin_of
 from toolrl.environments import ConfiguredEnv, Environment, configured_envs
 from toolrl.families import family_named
-from toolrl.plugins.parts import BuildContext, build_part, checked_options, lookup_part
+from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.rollout import Route
 from toolrl.rollout.families import chat_template_text
 from toolrl.schemas import Sample
@@ -125,10 +125,9 @@ def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
         options = env.session_options if env is not None and name == env.session else {}
     named_by = field_where(config, "session.name") if config.session.name or env is None \
         else f"environment {env.name!r} session"
-    where = "session.options" if config.session.options is not None or env is None \
+    where = field_where(config, "session.options") if config.session.options is not None or env is None \
         else f"environment {env.name!r} session_options"
-    cls = lookup_part("environment_sessions", name, named_by)
-    return SessionKind(name, cls, checked_options(cls, options, where), Path(config.base_dir))
+    return SessionKind.resolve(name, options, config.base_dir, named_by, where)
 
 
 def build_context_policy(config: Config, env: Environment | None = None) -> Any:

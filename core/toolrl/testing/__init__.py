@@ -99,6 +99,7 @@ _EXPORTS = {
     "check_parser_fuzz": "parsers",
     "check_parser_linear_time": "parsers",
     "hostile_parser_inputs": "parsers",
+    "check_engine_contract": "engines",
     "check_engine_logprobs": "engines",
     "check_engine_cancellation": "engines",
     "check_engine_weight_update": "engines",
@@ -172,6 +173,7 @@ __all__ = [
     "check_concurrency",
     "check_dead_session",
     "check_engine_cancellation",
+    "check_engine_contract",
     "check_engine_logprobs",
     "check_engine_weight_update",
     "check_family_detected",
@@ -228,6 +230,7 @@ if TYPE_CHECKING:
     from toolrl.testing.contract import check_build_contract
     from toolrl.testing.engines import (
         check_engine_cancellation,
+        check_engine_contract,
         check_engine_logprobs,
         check_engine_weight_update,
         reference_greedy,

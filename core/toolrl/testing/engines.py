@@ -9,6 +9,11 @@ functions that raise ``AssertionError`` saying what to fix (async: await them in
 - :func:`check_engine_weight_update`: after ``update_weights`` with changed weights, generations
   follow the new weights (token-exact against the reference on them).
 
+:func:`check_engine_contract` runs the three. A check that cannot hold for an engine by design (an
+engine on a server whose weights it cannot change) is named in ``not_applicable`` with the reason,
+and the kit checks that claim instead: that check must fail on the engine (a declared exemption
+whose check passes is an error: remove it), so nothing is left out silently.
+
 torch is imported when a check runs, never when the kit is.
 """
 
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
@@ -87,6 +92,39 @@ async def check_engine_weight_update(engine: RolloutEngine, model: Any, prompts:
     with engine.updating_weights(engine.weight_version + 1):
         engine.update_weights(new)
     await check_engine_logprobs(engine, model, prompts)
+
+
+CHECKS = ("logprobs", "cancellation", "weight_update")
+
+
+async def check_engine_contract(engine: RolloutEngine, model: Any, prompts: Sequence[Sequence[int]],
+                                not_applicable: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every check of :data:`CHECKS` in order (the weight update last: it changes ``model``), each one
+    named in ``not_applicable`` (check -> why it cannot hold for this engine) checked to fail instead.
+    Returns each check's outcome: ``passed``, or ``not applicable: <why>``."""
+    exempt = dict(not_applicable or {})
+    unknown = sorted(set(exempt) - set(CHECKS))
+    assert not unknown, f"not_applicable names no check: {', '.join(unknown)} (checks: {', '.join(CHECKS)})"
+    assert all(why.strip() for why in exempt.values()), "each not_applicable check needs its reason"
+    runs: dict[str, Callable[[], Awaitable[None]]] = {
+        "logprobs": lambda: check_engine_logprobs(engine, model, prompts),
+        "cancellation": lambda: check_engine_cancellation(engine, prompts),
+        "weight_update": lambda: check_engine_weight_update(engine, model, prompts),
+    }
+    outcome = {}
+    for name in CHECKS:
+        if name not in exempt:
+            await runs[name]()
+            outcome[name] = "passed"
+            continue
+        try:
+            await runs[name]()
+        except AssertionError:
+            outcome[name] = f"not applicable: {exempt[name]}"
+            continue
+        raise AssertionError(f"check {name!r} is declared not applicable ({exempt[name]}) but passes: "
+                             "remove it from not_applicable")
+    return outcome
 
 
 def _perturbed(state: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,12 @@ trajectory's ``reset`` handed out) and the answers it gives without calls. The c
 (:func:`check_session_play`); plays run side by side give what each gives alone
 (:func:`check_session_isolation`); and, with a ``kill`` that takes the session's backend away (stop
 its server), a dead session ends in errors within its deadlines instead of hanging
-(:func:`check_dead_session`). :class:`SessionConformance` runs them as pytest tests.
+(:func:`check_dead_session`). :class:`SessionConformance` runs them as pytest tests; a session with
+no backend to take away says so (``no_backend``: why) instead of leaving the dead-session test out.
+
+``score`` reads the trajectory the play made: its tool results, the model's text (``model_text``:
+each turn as the model wrote it, calls in its parser's syntax; default: the answers), the final
+answer, the user turns and the sample's ground truth.
 """
 
 from __future__ import annotations
@@ -21,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from toolrl.plugins.parts import checked_options, lookup_part
-from toolrl.schemas import Sample, ToolCall
+from toolrl.schemas import Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.sessions import SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool
 from toolrl.trajectory import Trajectory
@@ -33,6 +37,8 @@ class SessionPlay:
     sample: Sample
     calls: Sequence[ToolCall] = ()
     answers: Sequence[str] = ()  # answers without calls, each handed to respond
+    model_text: Sequence[str] | None = None  # each model turn's text, for a score that reads it
+    terms: Mapping[str, float] | None = None  # the reward terms the play must score (None: any)
 
 
 @dataclass
@@ -51,8 +57,7 @@ class PlayedSession:
 
 async def prepared_session_kind(name: str, options: Mapping[str, Any] | None = None, base_dir: Path | str = ".") -> SessionKind:
     """The registered session kind ``name`` with ``options``, prepared as the routes prepare it."""
-    cls = lookup_part("environment_sessions", name, "session.name")
-    kind = SessionKind(name, cls, checked_options(cls, options, "session.options"), Path(base_dir))
+    kind = SessionKind.resolve(name, options, base_dir)
     await kind.prepare()
     return kind
 
@@ -61,7 +66,8 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
     """One trajectory's session driven as the rollout loop drives it; every call must end within
     the session's deadline (plus a second for the guard), or AssertionError."""
     run = SessionRun(kind, trajectory_id)
-    traj = Trajectory(trajectory_id=trajectory_id, sample_index=0, group=0, prompt_ids=[])
+    traj = Trajectory(trajectory_id=trajectory_id, sample_index=0, group=0, prompt_ids=[],
+                      ground_truth=play.sample.ground_truth)
     try:
         reset = await _within(run, "reset", run.reset(play.sample))
         played = PlayedSession(tools=[t.name if isinstance(t, Tool) else t["function"]["name"] for t in reset.tools])
@@ -79,16 +85,19 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
             except Exception as exc:  # what the tool driver makes an error result
                 played.responses.append(f"{type(exc).__name__}: {exc}")
                 played.failed_steps += 1
+                traj.tool_results.append(_result(call, ToolResponse.error(played.responses[-1]), "error"))
                 continue
-            response = result.response
-            played.responses.append(response if isinstance(response, str) else response.text)
-            played.failed_steps += not isinstance(response, str) and response.is_error
+            response = ToolResponse(text=result.response) if isinstance(result.response, str) else result.response
+            played.responses.append(response.text)
+            played.failed_steps += response.is_error
             played.done = run.done
+            traj.tool_results.append(_result(call, response, "error" if response.is_error else "ok"))
         for answer in play.answers:
             try:
                 played.user_turns.append(await _within(run, "respond", run.respond(answer)))
             except SessionError as exc:
                 played.errors.append(str(exc))
+        _record(traj, play, played)
         played.terms = await _within(run, "score and close", run.finish(traj))
         played.errors += list(traj.reward_errors.values())
         for name, value in played.terms.items():
@@ -96,6 +105,19 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
         return played
     finally:
         await _within(run, "close", run.close())
+
+
+def _result(call: ToolCall, response: ToolResponse, status: str) -> ToolResult:
+    return ToolResult(name=call.name, arguments=call.arguments, response=response, status=status)  # type: ignore[arg-type]
+
+
+def _record(traj: Trajectory, play: SessionPlay, played: PlayedSession) -> None:
+    """What the play did, as the rollout loop records it for ``score``."""
+    traj.model_text = list(play.model_text if play.model_text is not None else play.answers)
+    traj.final_response = play.answers[-1] if play.answers else ""
+    traj.turns = len(traj.model_text)
+    traj.user_turns = [u for u in played.user_turns if u is not None]
+    traj.termination = "done" if played.done else "answered"
 
 
 async def _within(run: SessionRun, what: str, awaitable: Awaitable[Any]) -> Any:
@@ -109,9 +131,13 @@ async def _within(run: SessionRun, what: str, awaitable: Awaitable[Any]) -> Any:
 
 
 async def check_session_play(kind: SessionKind, play: SessionPlay) -> PlayedSession:
-    """The play runs without errors; a step that said done ends it."""
+    """The play runs without errors, and scores its ``terms`` when it names them; a step that said
+    done ends it."""
     played = await play_session(kind, play)
     assert not played.errors, f"session {kind.name!r}: {played.errors}"
+    if play.terms is not None:
+        assert played.terms == dict(play.terms), f"session {kind.name!r} scored {played.terms}, the play " \
+                                                 f"expects {dict(play.terms)}"
     return played
 
 
@@ -145,7 +171,9 @@ class SessionConformance:
             plays = [SessionPlay(Sample(prompt="count"), [ToolCall(name="add", arguments={"x": 5})])]
 
     Set ``kill`` (an async method taking the prepared kind) to stop the session's backend for the
-    dead-session test; without it that test is skipped.
+    dead-session test. A session with nothing to take away (it runs in the rollout worker's process)
+    sets ``no_backend`` to say why instead: that test then reports itself not applicable, with the
+    reason; setting neither, or both, fails it.
     """
 
     session_name: ClassVar[str] = ""
@@ -154,6 +182,7 @@ class SessionConformance:
     base_dir: ClassVar[Path | str] = "."
     concurrency: ClassVar[int] = 8
     kill: ClassVar[Callable[..., Awaitable[None]] | None] = None
+    no_backend: ClassVar[str] = ""  # why there is no backend to kill (then no ``kill``)
 
     def _run(self, check: Callable[[SessionKind], Awaitable[Any]]) -> None:
         async def main() -> None:
@@ -179,6 +208,9 @@ class SessionConformance:
     def test_a_dead_session_ends_in_errors(self) -> None:
         import pytest
 
-        if type(self).kill is None:
-            pytest.skip("no kill: the session has no backend to take away")
+        has_kill = type(self).kill is not None
+        assert has_kill != bool(self.no_backend), \
+            "set kill (stop the session's backend) or no_backend (why it has none), one of them"
+        if not has_kill:
+            pytest.skip(f"not applicable (no_backend): {self.no_backend}")
         self._run(lambda kind: check_dead_session(kind, self.plays[0], lambda: self.kill(kind)))  # type: ignore[misc]
