@@ -130,7 +130,7 @@ class Trajectory(BaseModel):
     template_checks: int = 0
     template_rewrites: int = 0
     template_forks: int = 0
-    # The context edit that opened this segment (None: the trajectory's first segment, or a fork).
+    # The context edit that opened this segment (None: the first segment of the main line, or a fork).
     edit: ContextEdit | None = None
 
     @property
