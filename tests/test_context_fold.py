@@ -213,3 +213,19 @@ def test_branches_count_against_the_trajectory_s_response_budget(tokenizer):
     assert [r.response.text for r in pieces[-1].tool_results if r.name == "branch"][-1] == \
         "Error: the branch ended without an answer (max_response_tokens)"
     assert_trained_once(engine, pieces)
+
+
+def test_trace_rows_hold_each_branch_as_a_segment_with_its_fold_edit(tokenizer, tmp_path):
+    """The run's traces: a row per segment, the branches' rows carrying their edit (action fold, the
+    sub-task, the result), the main line's none; every row under the trajectory's key."""
+    from toolrl.run_dir import RunDir
+
+    pieces, _, _ = run(tokenizer, {"name": "fold"})
+    run_dir = RunDir(tmp_path)
+    run_dir.write_traces(1, pieces, tokenizer)
+    rows = [json.loads(line) for line in run_dir.traces(1).read_text().splitlines()]
+    assert [(r["trajectory_key"], r["piece"], r["termination"]) for r in rows] == \
+        [("t", 0, "forked"), ("t", 1, "forked"), ("t", 2, "answered")]
+    assert [(r["edit"]["action"], r["edit"]["task"]) for r in rows[:2]] == [("fold", t) for t in SUBTASKS]
+    assert rows[0]["edit"]["result"] == branch_answer(2, 4) and "edit" not in rows[2]
+    assert FOLD_HEADER + SUBTASKS[1] in rows[1]["prompt_text"] and "row3.0" not in rows[2]["response_text"]
