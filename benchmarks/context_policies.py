@@ -2,18 +2,21 @@
 4096, what their segments cost the trainer, and the prefill the engine's kept KV saves.
 
 1. **Completion.** N ledgers of ``--pages`` (32) ``read_page`` calls, each result about 1k tokens, the
-   answer on page 1, with each policy (``none``, ``drop_tool_outputs``, ``window``, ``summarise``) at
-   ``model.max_context`` 4096. The turns are made by ``toolrl_ledger.agent.LedgerAgent`` (a rule-following
+   answer on page 1, with each policy (``none``, ``drop_tool_outputs``, ``window``, ``summarise``,
+   ``fold``: page 1 on the main line, the other pages in branches of two) at ``model.max_context`` 4096. The turns are made by ``toolrl_ledger.agent.LedgerAgent`` (a rule-following
    agent that reads its context: the tiny model cannot make the calls); the config, routes, agent loop,
    Qwen2.5 chat template, tool and policies are real. ``completed``: the trajectory answered;
    ``correct``: with the audit key (what it still knew).
 2. **Trainer.** One GRPO update (``train_step``, micro-batches of one sequence) on the tiny Qwen3 over
    one trajectory's segments, in a fresh process each (``--child``): ``none`` (one segment, cut at the
-   limit) against ``summarise`` (every segment of the whole task): tokens (prompt + response) and
-   trained tokens (mask 1) per second, and the peak trainer memory (``trainer_peak_mb``; RSS peak beside it).
+   limit) against ``summarise`` and ``fold`` (every segment of the whole task): tokens (prompt +
+   response) and trained tokens (mask 1) per second, and the peak trainer memory (``trainer_peak_mb``;
+   RSS peak beside it).
 3. **Prefill.** Every generation call of a trajectory replayed, in order, through the transformers
-   engine with the tiny Qwen3 (its prompt, one new token, the trajectory's session): the share of prompt
-   tokens the kept session KV saved, per policy (an edit keeps the KV of the prefix it keeps).
+   engine with the tiny Qwen3 (its prompt, one new token, the session the loop used: the trajectory's,
+   a branch's own under ``fold``): the share of prompt tokens the engine's kept session KV saved
+   (``Generation.prefill_tokens_saved``, the engine's counter), per policy (an edit keeps the KV of the
+   prefix it keeps; a branch keeps the main line's).
 
     OMP_NUM_THREADS=1 python benchmarks/context_policies.py [--quick] [--n 10] [--pages 32]
 
@@ -37,7 +40,8 @@ from _common import machine, run_child, single_thread, table
 
 single_thread()
 
-POLICIES = ("none", "drop_tool_outputs", "window", "summarise")
+POLICIES = ("none", "drop_tool_outputs", "window", "summarise", "fold")
+TRAINED = ("none", "summarise", "fold")  # the trainer rows: no policy against two that complete the task
 MAX_CONTEXT = 4096
 
 
@@ -71,14 +75,16 @@ async def rollouts(policy: str, pages: int, n: int, tokenizer: Any) -> list[list
             await part.close()
 
 
-def generation_prompts(segments: list[Any]) -> list[list[int]]:
-    """The prompt of every generation call of a trajectory, in order: each run of model tokens
+def generation_prompts(segments: list[Any]) -> dict[str, list[list[int]]]:
+    """The prompt of every generation call of a trajectory, in order, by the engine session the loop
+    used (a fold branch has its own; every other segment the trajectory's): each run of model tokens
     (mask 1) was generated from the segment's tokens before it."""
-    prompts = []
+    prompts: dict[str, list[list[int]]] = {}
     for seg in segments:
+        session = f"branch{seg.piece}" if seg.edit is not None and seg.edit.action == "fold" else "main"
         for i, m in enumerate(seg.response_mask):
             if m and (i == 0 or not seg.response_mask[i - 1]):
-                prompts.append(seg.prompt_ids + seg.response_ids[:i])
+                prompts.setdefault(session, []).append(seg.prompt_ids + seg.response_ids[:i])
     return prompts
 
 
@@ -163,12 +169,13 @@ def main() -> None:
     completion(results, n)
 
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [trainer_row(p, results[p][0], Path(tmp)) for p in ("none", "summarise")]
+        rows = [trainer_row(p, results[p][0], Path(tmp)) for p in TRAINED]
     print("\none GRPO update over one trajectory's segments (tiny Qwen3, micro-batches of 1 sequence):")
     print(table(["policy", "segments", "tokens", "trained", "step s", "tok/s", "trained tok/s", "trainer_peak_mb",
                  "RSS peak MB"], rows))
-    print(f"summarise/none: tok/s {rows[1][5] / rows[0][5]:.2f}, trained tok/s {rows[1][6] / rows[0][6]:.2f}, "
-          f"trainer peak {rows[1][7] / rows[0][7]:.2f}, trained tokens {rows[1][3] / rows[0][3]:.2f}")
+    for row in rows[1:]:
+        print(f"{row[0]}/none: tok/s {row[5] / rows[0][5]:.2f}, trained tok/s {row[6] / rows[0][6]:.2f}, "
+              f"trainer peak {row[7] / rows[0][7]:.2f}, trained tokens {row[3] / rows[0][3]:.2f}")
 
     engine = TransformersEngine(load_model(tiny_qwen3(tokenizer_variant="qwen2_5")), tokenizer,
                                 TransformersEngineConfig())
@@ -177,8 +184,9 @@ def main() -> None:
     for policy in POLICIES:
         total = saved = 0
         for k, segments in enumerate(results[policy][:replayed]):
-            t, s = asyncio.run(prefill_saved(generation_prompts(segments), engine, f"{policy}-{k}"))
-            total, saved = total + t, saved + s
+            for session, prompts in generation_prompts(segments).items():
+                t, s = asyncio.run(prefill_saved(prompts, engine, f"{policy}-{k}-{session}"))
+                total, saved = total + t, saved + s
         rows.append([policy, total, saved, saved / total])
     print(f"\nprefill replayed through the transformers engine ({replayed} trajectory per policy):")
     print(table(["policy", "prompt tokens", "not prefilled", "share saved"], rows))

@@ -248,4 +248,4 @@ def test_a_misnamed_policy_is_one_error_line_from_the_command(tmp_path):
     result = CliRunner().invoke(cli, ["rollout", str(path)])
     assert result.exit_code == 2 and result.stderr.strip().splitlines() == [
         f"error: {path}:9: rollout.context.name: unknown context policy 'windw' (did you mean 'window'? "
-        "available: drop_tool_outputs, none, summarise, window, summarize (= summarise))"], result.stderr
+        "available: drop_tool_outputs, fold, none, summarise, window, summarize (= summarise))"], result.stderr

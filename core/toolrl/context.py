@@ -10,8 +10,9 @@ the template's rendering of the edited conversation, so each generated token is 
 
 Built-ins: ``none`` (no edit; the trajectory ends where its context is full), ``drop_tool_outputs``
 (older tool results replaced by a short stub), ``window`` (the task and the last turns) and
-``summarise`` (the model is asked for a summary, and the conversation goes on from the task and it).
-Every policy keeps the task: the system prompt, the sample's prompt and a session's opening messages.
+``summarise`` (the model is asked for a summary, and the conversation goes on from the task and it) and
+``fold`` (the model calls ``branch`` with a sub-task; it runs in a branch, a segment of its own, and only
+its answer comes back to the main line). Every policy keeps the task: the system prompt, the sample's prompt and a session's opening messages.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.schemas import ToolCall
+
 Messages = list[dict[str, Any]]
-
-
 
 @dataclass
 class ContextView:
@@ -52,6 +53,17 @@ class ContextPlan:
     max_reply_tokens: int | None = None
 
 
+@dataclass
+class Branch:
+    """A sub-task to run in a branch (``fold``): ``messages`` (the branch's conversation: the task and the
+    sub-task), its turn limit, and the most tokens of its answer returned to the main line."""
+
+    task: str
+    messages: Messages
+    max_turns: int
+    max_result_tokens: int
+
+
 class ContextPolicy:
     """The base of every context policy; itself the ``none`` policy (it never edits).
 
@@ -74,6 +86,16 @@ class ContextPolicy:
 
     def plan(self, view: ContextView) -> ContextPlan | None:
         """The edit to make now, or None to keep the context as it is."""
+        return None
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools the policy gives the model besides the trajectory's (their calls are run by the
+        loop through :meth:`branch`, not by a tool)."""
+        return []
+
+    def branch(self, view: ContextView, call: ToolCall) -> Branch | None:
+        """The branch ``call`` opens, or None (a call of the trajectory's tools). A branch call with bad
+        arguments raises ValueError, whose text the model gets as the call's error."""
         return None
 
 
@@ -188,3 +210,45 @@ class Summarise(TriggeredPolicy):
 
         return ContextPlan("summarise", list(range(view.task, len(view.messages))), ask=self.options.request,
                            then=then, max_reply_tokens=self.options.max_summary_tokens)
+
+
+BRANCH_TOOL = "branch"
+BRANCH_SCHEMA: dict[str, Any] = {"type": "function", "function": {
+    "name": BRANCH_TOOL,
+    "description": "Run a sub-task in a branch of its own: it starts from the task and the sub-task, makes its "
+                   "own tool calls, and only its final answer comes back here as this call's result.",
+    "parameters": {"type": "object", "properties": {"task": {"type": "string", "description": "the sub-task"}},
+                   "required": ["task"], "additionalProperties": False}}}
+FOLD_HEADER = ("You are in a branch working on one sub-task of the task above. Work on it alone; your answer "
+               "(a turn without a tool call) is returned to the main task as the result of its branch call.\n"
+               "Sub-task: ")
+
+
+class Fold(ContextPolicy):
+    """The model gets a ``branch`` tool. A call runs its sub-task in a branch: a segment of its own whose
+    prompt is the task and the sub-task (``header`` + ``task``), whose turns are generated and trained
+    like any; the branch's answer (cut to ``max_result_tokens``) is the call's one short result, and the
+    main line goes on without the branch's turns (Context-Folding, arXiv 2510.11967)."""
+
+    name = "fold"
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+
+        max_branch_turns: int = Field(16, gt=0, description="a branch's turn limit")
+        max_result_tokens: int = Field(256, gt=0, description="the most of a branch's answer the main line gets")
+        header: str = Field(FOLD_HEADER, min_length=1, description="the branch's user turn, before its sub-task")
+
+    options: Options
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [BRANCH_SCHEMA]
+
+    def branch(self, view: ContextView, call: ToolCall) -> Branch | None:
+        if call.name != BRANCH_TOOL:
+            return None
+        task = call.arguments.get("task")
+        if not isinstance(task, str) or not task.strip():
+            raise ValueError("field 'task': the sub-task to run in the branch, a non-empty string")
+        messages = [*view.messages[:view.task], {"role": "user", "content": self.options.header + task.strip()}]
+        return Branch(task.strip(), messages, self.options.max_branch_turns, self.options.max_result_tokens)

@@ -27,12 +27,15 @@ class ContextEdit(BaseModel):
     """An edit of the context by the context policy (toolrl.context), recorded on the segment it opens."""
 
     policy: str
-    action: str  # what the policy did: drop_tool_outputs, window, summarise, ...
-    turn: int  # the trajectory's turns when it was made
+    action: str  # what the policy did: drop_tool_outputs, window, summarise, fold, ...
+    turn: int  # the turns of the line it was made on (fold: the main line's, when it called its branch)
     removed: list[int] = Field(default_factory=list)  # indices of the messages dropped or replaced
     tokens_before: int  # the live context's tokens before the edit (the summary turn included)
     tokens_after: int  # the new segment's prompt tokens
     summary: str | None = None  # the generated summary (summarise), trained in the segment before
+    # fold: the segment is a branch: the sub-task it ran and what it returned to the main line (its answer, cut)
+    task: str | None = None
+    result: str | None = None
 
 
 class TrajectoryImage(BaseModel):
@@ -132,7 +135,7 @@ class Trajectory(BaseModel):
     template_checks: int = 0
     template_rewrites: int = 0
     template_forks: int = 0
-    # The context edit that opened this segment (None: the trajectory's first segment, or a fork).
+    # The context edit that opened this segment (None: the first segment of the main line, or a fork).
     edit: ContextEdit | None = None
 
     @property

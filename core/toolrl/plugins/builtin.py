@@ -107,7 +107,7 @@ class ContextPoliciesPlugin:
     @hookimpl
     def register_context_policies(self, register: Register) -> None:
         for name, cls in (("none", "ContextPolicy"), ("drop_tool_outputs", "DropToolOutputs"),
-                          ("window", "Window"), ("summarise", "Summarise")):
+                          ("window", "Window"), ("summarise", "Summarise"), ("fold", "Fold")):
             register(f"toolrl.context:{cls}", name=name, aliases=("summarize",) if name == "summarise" else ())
 class WeightTransportsPlugin:
     """The built-in weight transports (:mod:`toolrl.transports`)."""

@@ -11,6 +11,7 @@ For each sample × n, concurrently::
       │   a session step that says done ends it
       │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta
       └── the context policy may edit the context: a new segment (toolrl.context)    fit_context, edit_context
+          (fold: a branch call runs its sub-task as a segment of its own)              run_branch
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
@@ -28,11 +29,11 @@ import json
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolrl.config import RewardConfig, RolloutConfig
-from toolrl.context import ContextPlan, ContextPolicy, ContextView
+from toolrl.context import Branch, ContextPlan, ContextPolicy, ContextView
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
 from toolrl.parsers import ToolParser, parse_within
@@ -95,6 +96,8 @@ class RolloutContext:
         # Inline-tag parsers describe their markers in the prompt; schemas are for chat-mode tools.
         schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] \
             if route.parser.result_mode == "chat" else []
+        if route.context is not None and route.parser.result_mode == "chat":
+            schemas += route.context.tool_schemas()  # fold's branch tool
         key = json.dumps(schemas, sort_keys=True)
         if key not in self._renderers:
             if len(self._renderers) >= MAX_RENDERERS:  # tools that change per episode: keep the newest
@@ -200,13 +203,16 @@ class _Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
     session_terms: dict[str, float] = field(default_factory=dict)  # the session's score, as reward terms
-    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks and context edits
+    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks, context edits, branches
     task: int = 0  # the first messages, the task: every context policy keeps them
+    # A branch (fold): the response tokens of the lines waiting on it, and its own engine session.
+    outer: int = 0
+    engine_session: str = ""
 
     @property
     def response_tokens(self) -> int:
         """Response tokens of the whole trajectory (every piece's)."""
-        return sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
+        return self.outer + sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
 
     @property
     def context_tokens(self) -> int:
@@ -233,6 +239,9 @@ async def take_turn(ep: _Episode) -> Termination | None:
     calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
+        if ep.engine_session:  # a branch (fold): its answer goes back to the line that called it, not to the session
+            traj.final_response = await answer_of(ep, gen)
+            return "answered"
         return await user_turn(ep, gen) or await fit_context(ep)
     if ending is not None:
         return ending
@@ -316,6 +325,62 @@ def ask_model(ep: _Episode, request: str) -> None:
     _append(traj, tail, [0] * len(tail), [0.0] * len(tail))
 
 
+def branch_of(ep: _Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:
+    """The branch ``call`` opens under the context policy (fold), an error result for a branch call
+    with bad arguments, or None: a call of the trajectory's tools."""
+    policy = ep.route.context
+    if policy is None:
+        return None
+    try:
+        branch = policy.branch(ContextView(list(ep.messages), ep.task, ep.context_tokens, ep.traj.turns), call)
+    except ValueError as exc:
+        return ToolResult(name=call.name, arguments=call.arguments, status="invalid_arguments",
+                          response=ToolResponse.error(f"Error: {exc}"))
+    return None if branch is None else (call, branch)
+
+
+BRANCH_SEED_STRIDE = 104_729  # a branch's sampling seeds: apart from its line's and from other branches'
+
+
+async def run_branch(ep: _Episode, call: ToolCall, branch: Branch) -> ToolResult:
+    """Run a sub-task in a branch (fold): a segment of its own (the trajectory's key, reward and
+    advantage) whose prompt is the template's rendering of ``branch.messages``, taking turns with the
+    trajectory's tools, its own turn limit and an engine session of its own (so the engine keeps the
+    main line's KV). Its answer, cut to ``max_result_tokens``, is ``call``'s result; the calling line
+    goes on without the branch's turns. The branch is closed (and numbered) when it ends."""
+    traj, policy = ep.traj, ep.route.context
+    if traj.images or ep.route.parser.result_mode == "inline" or policy is None:
+        raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
+                           + ("holds images" if traj.images else "calls tools inline"))
+    prompt = ep.renderer.conversation_ids(branch.messages)
+    record = ContextEdit(policy=policy.name, action="fold", turn=traj.turns, tokens_before=ep.context_tokens,
+                         tokens_after=len(prompt), task=branch.task)
+    twig = Trajectory(trajectory_id=f"{traj.key}~branch{len(ep.closed)}", trajectory_key=traj.key,
+                      sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
+                      ground_truth=traj.ground_truth, edit=record)
+    sub = _Episode(ep.config, ep.engine, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
+                   twig, ep.seed + BRANCH_SEED_STRIDE * (len(ep.closed) + 1), ep.session,
+                   messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
+                   closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
+                   engine_session=twig.trajectory_id)
+    try:
+        ending = None
+        while ending is None:
+            ending = await take_turn(sub)
+    finally:
+        ep.engine.end_session(sub.engine_session)
+    answer = ep.renderer.truncate(twig.final_response.strip(), branch.max_result_tokens, "keep_head") \
+        if ending == "answered" else f"Error: the branch ended without an answer ({ending})"
+    record.result = answer
+    end, piece = model_tokens_end(twig.response_mask), len(ep.closed)  # what follows its answer trains nothing
+    del twig.response_ids[end:], twig.response_mask[end:], twig.logprobs[end:]
+    twig.trajectory_id, twig.piece, twig.termination = f"{traj.key}~{piece}", piece, "forked"
+    ep.closed.append(twig)
+    traj.trajectory_key, traj.piece = traj.key, piece + 1
+    return ToolResult(name=call.name, arguments=call.arguments, response=ToolResponse(text=answer),
+                      status="ok" if ending == "answered" else "error")
+
+
 class ContextError(RuntimeError):
     """A context edit that cannot be made; it ends its trajectory with an error."""
 
@@ -350,16 +415,16 @@ def check_history(ep: _Episode) -> None:
 def close_segment(ep: _Episode, rendered: list[int]) -> None:
     """Close the live piece after its last model token; the next piece's prompt is ``rendered`` (a
     template fork's re-rendering, or a context edit's)."""
-    traj = ep.traj
+    traj, piece = ep.traj, len(ep.closed)  # pieces are numbered as they close (a branch's among them)
     end = model_tokens_end(traj.response_mask)
     ep.closed.append(Trajectory(
-        trajectory_id=f"{traj.key}~{traj.piece}", trajectory_key=traj.key, piece=traj.piece,
+        trajectory_id=f"{traj.key}~{piece}", trajectory_key=traj.key, piece=piece,
         sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
         termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions,
         prefill_tokens_saved=traj.prefill_tokens_saved, routes=traj.routes, edit=traj.edit))
-    traj.trajectory_key, traj.piece = traj.key, traj.piece + 1
+    traj.trajectory_key, traj.piece = traj.key, piece + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
     traj.policy_versions, traj.prefill_tokens_saved, traj.routes, traj.edit = [], 0, None, None
 
@@ -369,8 +434,7 @@ async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     environment tokens (mask 0) and the model takes another turn; no user turn: the answer ends the
     trajectory. The session reads the answer as its parsed content, without the end-of-turn token."""
     traj = ep.traj
-    answer = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids), ep.config.parser_timeout_s)
-    reply = await ep.session.respond(answer.content)
+    reply = await ep.session.respond(await answer_of(ep, gen))
     if reply is None:
         return "answered"
     traj.user_turns.append(reply)
@@ -386,6 +450,12 @@ async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     return None
 
 
+async def answer_of(ep: _Episode, gen: Generation) -> str:
+    """The answer ``gen`` holds: its parsed content, without the end-of-turn token."""
+    parsed = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids), ep.config.parser_timeout_s)
+    return parsed.content
+
+
 async def generate(ep: _Episode, budget: int) -> Generation:
     """Generate within the per-call and the whole-response budgets; the model's tokens join the
     response (mask 1, with the engine's logprobs)."""
@@ -399,7 +469,7 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
     gen = (await ep.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                    session_id=traj.key, **images))[0]
+                                    session_id=ep.engine_session or traj.key, **images))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
@@ -449,9 +519,13 @@ async def execute(ep: _Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     """Run the calls concurrently; calls over the per-turn limit are reported, not dropped."""
     limit, traj = ep.config.max_parallel_calls, ep.traj
     run, over = calls[:limit], calls[limit:]
+    opened = [branch_of(ep, c) for c in run]  # fold's branch calls are the loop's, run after the tools'
     t0 = time.perf_counter()
-    results = list(await asyncio.gather(*(ep.toolset.call(c) for c in run)))
+    called = iter(await asyncio.gather(*(ep.toolset.call(c) for c, o in zip(run, opened) if o is None)))
     traj.tool_s += time.perf_counter() - t0
+    results = []
+    for o in opened:
+        results.append(next(called) if o is None else o if isinstance(o, ToolResult) else await run_branch(ep, *o))
     results += [_refused(c, limit) for c in over]
     results = [r.model_copy(update={"turn": traj.turns}) for r in results]  # per-turn success (toolrl eval)
     traj.tool_results += results

@@ -1,7 +1,7 @@
 """The ledger environment: its splits and pages, and a whole trajectory through the real agent loop,
 routes (built from a config), Qwen2.5 chat template and read_page tool, driven by the rule-following
 agent: at model.max_context 4096 it ends at the limit with no context policy and completes, with the
-audit key, under summarise."""
+audit key, under summarise and under fold."""
 
 from __future__ import annotations
 
@@ -59,3 +59,13 @@ async def test_summarise_completes_with_the_key_from_page_one(tokenizer) -> None
     assert pieces[-1].reward == 1.0 and sample.ground_truth in pieces[-1].final_response
     assert all(len(p.prompt_ids) + len(p.response_ids) <= 4096 for p in pieces)
     assert all(p.edit is not None and p.edit.summary.startswith(f"Audit key: {sample.ground_truth}.") for p in pieces[1:])
+
+
+async def test_fold_completes_with_the_key_reading_the_pages_in_branches(tokenizer) -> None:
+    sample, pieces = await trajectory(tokenizer, {"name": "fold"})
+    *branches, main = pieces
+    assert main.termination == "answered" and main.reward == 1.0 and sample.ground_truth in main.final_response
+    assert [b.edit.task for b in branches] == [f"Read pages {n} to {min(n + 1, 12)} of 12." for n in range(2, 13, 2)]
+    assert all(b.edit.result == f"Pages read: 1-{min(n + 1, 12)} of 12." for b, n in zip(branches, range(2, 13, 2)))
+    assert [r.arguments["n"] for r in main.tool_results if r.name == "read_page"] == [1]  # the rest in branches
+    assert all(len(p.prompt_ids) + len(p.response_ids) <= 4096 for p in pieces)

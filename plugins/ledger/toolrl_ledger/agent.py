@@ -1,6 +1,8 @@
 """A rule-following ledger agent, as a rollout engine: it reads its context and makes the calls a
 model that had learnt the task would make (``read_page`` for the next unread page, then the answer;
-asked for a summary, it writes one holding the audit key and the pages read). It stands in for a policy
+asked for a summary, it writes one holding the audit key and the pages read; offered the ``fold``
+policy's ``branch`` tool, it reads page 1 itself and every later page in branches of ``fold_pages``
+pages, each answering how far it read). It stands in for a policy
 where the tiny test model cannot make the calls (benchmarks/context_policies.py, the plugin's tests):
 the loop, the chat template, the tool, the context policy and every token around it are real.
 
@@ -20,15 +22,18 @@ from toolrl.engines import Generation, RolloutEngine, SamplingParams
 PAGE = re.compile(r"Ledger page (\d+) of (\d+)\.")
 KEY = re.compile(r"[Aa]udit key(?: is|:) (\d+)")
 READ = re.compile(r"Pages read: 1-(\d+) of (\d+)")
+SUBTASK = re.compile(r"Sub-task: Read pages (\d+) to (\d+) of (\d+)\.")  # a branch's prompt (fold)
+BRANCH_OFFERED = '"name": "branch"'  # the fold policy's tool, in the rendered tool schemas
 LOGPROB = -0.5  # every scripted token's log-prob (the trainer recomputes its own)
 
 
 class LedgerAgent(RolloutEngine):
     name = "ledger_agent"
 
-    def __init__(self, tokenizer: Any, end_of_turn: str = "<|im_start|>") -> None:
+    def __init__(self, tokenizer: Any, end_of_turn: str = "<|im_start|>", fold_pages: int = 2) -> None:
         self.tokenizer = tokenizer
         self.turn_marker = end_of_turn  # where each turn of the rendered context starts
+        self.fold_pages = fold_pages  # pages per branch: 2 of about 1k tokens fit a 4096-token context
 
     @classmethod
     def create(cls, source: Any, config: Any) -> LedgerAgent:
@@ -44,9 +49,15 @@ class LedgerAgent(RolloutEngine):
             read, pages = max(read, int(n)), int(total)
         if last_turn.startswith("user") and "write a summary" in last_turn.lower():
             return f"Audit key: {key or 'unknown'}. Pages read: 1-{read} of {pages}."
+        if (sub := SUBTASK.search(context)) is not None:  # in a branch: its pages, then how far it read
+            first, last, total = map(int, sub.groups())
+            done = max((int(n) for n, _ in PAGE.findall(context)), default=first - 1)
+            return _call("read_page", n=done + 1) if done < last else f"Pages read: 1-{last} of {total}."
         if pages is None or read < pages:
-            call = {"name": "read_page", "arguments": {"n": read + 1}}
-            return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+            if read and BRANCH_OFFERED in context:
+                last = min(read + self.fold_pages, pages)
+                return _call("branch", task=f"Read pages {read + 1} to {last} of {pages}.")
+            return _call("read_page", n=read + 1)
         return f"The audit key is {key}." if key else "I no longer know the audit key."
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, n: int = 1,
@@ -61,3 +72,7 @@ class LedgerAgent(RolloutEngine):
 
     def update_weights(self, state_dict: Any) -> None:
         raise NotImplementedError("the ledger agent follows rules; it has no weights")
+
+
+def _call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

@@ -32,5 +32,5 @@ class ReadPageTool(Tool):
         ledger = self.state(instance_id)
         n, pages = arguments["n"], ledger["pages"]
         if n > pages:
-            return ToolResponse.error(f"Error: the ledger has {pages} pages"), 0.0, {}
+            return ToolResponse.error(f"Error: field 'n': page {n} is past the ledger's {pages} pages"), 0.0, {}
         return ToolResponse(text=page_text(ledger["seed"], n, pages, ledger["rows"])), 0.0, {}

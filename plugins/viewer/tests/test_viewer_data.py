@@ -235,15 +235,20 @@ def test_a_trajectory_in_segments_lists_them_in_order_with_their_edits(tmp_path)
     summarised = ContextEdit(policy="summarise", action="summarise", turn=5, removed=[2, 3, 4], tokens_before=3100,
                              tokens_after=260, summary="Audit key: 123456.")
     windowed = ContextEdit(policy="window", action="window", turn=9, removed=[2], tokens_before=3000, tokens_after=900)
-    rows = [_row(0), segment(2, windowed, "answered"), segment(0, None, "forked"), segment(1, summarised, "forked")]
+    folded = ContextEdit(policy="fold", action="fold", turn=3, tokens_before=1400, tokens_after=320,
+                         task="Read pages 2 to 4.", result="Pages 2-4 read.")
+    rows = [_row(0), segment(3, windowed, "answered"), segment(0, None, "forked"), segment(1, summarised, "forked"),
+            segment(2, folded, "forked")]
     path = tmp_path / "traces" / "step_00001.jsonl"
     _write(path, rows)
     index = TraceIndex(path)
     segments = index.segments_of("s0-g0-0")
     assert [(s["row"], s["piece"], s["termination"]) for s in segments] == [(2, 0, "forked"), (3, 1, "forked"),
-                                                                            (1, 2, "answered")]
+                                                                            (4, 2, "forked"), (1, 3, "answered")]
     assert segments[0]["edit"] == ""
     assert segments[1]["edit"] == ("summarise: summarise at turn 5, 3 messages removed or replaced, context 3100 → 260 "
                                    "tokens; summary: Audit key: 123456.")
-    assert segments[2]["edit"].startswith("window: window at turn 9, 1 messages")
+    assert segments[2]["edit"] == ("fold: branch called at main-line turn 3 (main context 1400 tokens, branch prompt "
+                                   "320); sub-task: Read pages 2 to 4.; returned: Pages 2-4 read.")
+    assert segments[3]["edit"].startswith("window: window at turn 9, 1 messages")
     assert [s["row"] for s in index.segments_of("t0")] == [0]  # a trajectory in one piece

@@ -50,6 +50,10 @@ def edit_note(edit: Any) -> str:
     """A context edit (a trace row's ``edit``) in words: what the policy did, at which turn."""
     if not isinstance(edit, dict):
         return ""
+    if edit.get("action") == "fold":  # a branch: the sub-task it ran, what it returned to the main line
+        return (f"{edit.get('policy')}: branch called at main-line turn {edit.get('turn')} (main context "
+                f"{edit.get('tokens_before')} tokens, branch prompt {edit.get('tokens_after')}); sub-task: "
+                f"{edit.get('task')}; returned: {edit.get('result')}")
     removed = len(edit.get("removed") or [])
     note = (f"{edit.get('policy')}: {edit.get('action')} at turn {edit.get('turn')}, {removed} messages removed or "
             f"replaced, context {edit.get('tokens_before')} → {edit.get('tokens_after')} tokens")
