@@ -10,13 +10,15 @@ reloaded through a checkpoint file), which the first test drives."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+import time
 
 import pytest
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.training.weight_sync import receive_into, send_owned
-from toolrl.transports import build_transport
+from toolrl.training.weight_sync import SyncStats, owned_buckets, receive_into, send_owned
+from toolrl.transports import TransportError, build_transport
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
 from vllm_support import reference_logprobs
@@ -156,4 +158,49 @@ async def test_a_request_in_flight_across_a_native_sync_carries_on(engine, hf_mo
         (after,) = await engine.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=4))
         assert after.weight_version == version + 1
     finally:
+        engine.update_weights(hf_model.state_dict())
+
+
+async def test_a_sender_dying_mid_transfer_ends_the_update_within_the_timeout(engine, hf_model, other, prompts,
+                                                                            tmp_path):
+    """Rank 0 fails after its first bucket: the update ends with TransportError within the links'
+    timeout, generation stays paused (the weights are half loaded), and the next sync lands and
+    resumes it: a request made meanwhile is then served on the new weights."""
+    transport = transport_named("broadcast", tmp_path)
+    senders = [transport.open_sender(f"vllm-dying-{r}", r, 1, 3.0) for r in range(2)]
+    receivers = engine.open_weight_receivers(transport, [s.link for s in senders], 0)
+
+    def buckets(rank):
+        for i, bucket in enumerate(owned_buckets(other, rank, 2, int(0.05 * 2**20), SyncStats())):
+            if rank == 0 and i == 1:
+                raise RuntimeError("rank 0 dies")
+            yield bucket
+
+    def send(rank):
+        with contextlib.suppress(Exception):
+            senders[rank].send(buckets(rank))
+
+    threads = [threading.Thread(target=send, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TransportError):
+            await asyncio.to_thread(receive_into, engine, receivers, engine.weight_version + 1)
+        assert time.monotonic() - start < 30
+        for t in threads:
+            t.join(30)
+        for r in receivers:
+            r.close()
+        version = engine.weight_version
+        waiting = asyncio.ensure_future(engine.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=4)))
+        await asyncio.sleep(2.0)
+        assert not waiting.done()  # held: no token from half-loaded weights
+        await asyncio.to_thread(sync, other, engine, "shared_memory", tmp_path, version + 1)
+        (gen,) = await asyncio.wait_for(waiting, 60)
+        _, argmax = reference_logprobs(other, prompts[1], gen.token_ids, temperature=0.0)
+        assert gen.token_ids == argmax and gen.weight_version == version + 1
+    finally:
+        for s in senders:
+            s.close()
         engine.update_weights(hf_model.state_dict())

