@@ -21,7 +21,7 @@
   checkpoint``) the rows are assembled here and reloaded through the checkpoint file.
 - ``weight_version``: an update made inside :meth:`VLLMEngine.updating_weights` takes the version
   before generation resumes. Each generation reports the version current when vLLM took the request
-  (after any update in progress); a request that an update then overtakes before its first token
+  (after any update in progress, or the next one after an update that failed); a request that an update then overtakes before its first token
   reports the older version.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
