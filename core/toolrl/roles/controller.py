@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 from toolrl.config import Config, ConfigError
 from toolrl.data.batches import (
     AHEAD,
@@ -49,6 +51,8 @@ from toolrl.data.batches import (
     step_seed,
 )
 from toolrl.loggers import open_loggers
+from toolrl.roles.evaluate import validate
+from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import Roles, start_roles
 from toolrl.roles.supervise import controller_restart
@@ -155,8 +159,6 @@ def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequen
 # -- the loops ------------------------------------------------------------------------------------
 
 def _progress(enabled: bool, total: int, start: int) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("reward {task.fields[reward]:.3f}  tools/traj {task.fields[tools]:.2f}  "
                                    "{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), disable=not enabled)
@@ -180,9 +182,6 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
 
 
 async def train(run: ResolvedRun, run_dir: RunDir) -> None:
-    from toolrl.roles.evaluate import validate
-    from toolrl.roles.replay import Replay
-
     config = run.config
     ahead: StepBatch | None = None  # one_step_off: the next batch, generated before the run stopped
     if run_dir.mode == "resume" and (kept := run_dir.latest_checkpoint() / AHEAD).exists():

@@ -20,11 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl import model_sources
 from toolrl.config import Config
 from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
 from toolrl.model_sources import model_path
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
+from toolrl.rollout.context_check import check_prompt_tokens
+from toolrl.rollout.families import config_renderer_factory
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
@@ -95,8 +98,6 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads. ``parts``: resolved already (else resolved here);
     ``processor``: :func:`engine_processor`'s, if the caller has it already."""
-    from toolrl.rollout.families import config_renderer_factory
-
     parts = parts if parts is not None else resolve_parts(config)
     if processor is ...:
         processor = engine_processor(config, parts.engine_cls, path, samples)
@@ -138,9 +139,6 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
     """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
     ``path``, the model's directory."""
-    from toolrl import model_sources
-    from toolrl.rollout.context_check import check_prompt_tokens
-
     parts = parts if parts is not None else resolve_parts(config)
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)

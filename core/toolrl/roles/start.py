@@ -10,8 +10,17 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toolrl import model_sources
 from toolrl.config import Config
+from toolrl.engines.build import engine_processor
 from toolrl.roles import RolloutGroup, TrainerGroup, sync_weights
+from toolrl.roles.in_process import build_local_run
+from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
+from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
+from toolrl.roles.trainer_rank import TrainerRank
+from toolrl.rollout.context_check import check_prompt_tokens
+from toolrl.rollout.families import config_renderer_factory
 
 if TYPE_CHECKING:
     from toolrl.roles.resolve import ResolvedRun
@@ -60,15 +69,6 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
     Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
-    from toolrl import model_sources
-    from toolrl.engines.build import engine_processor
-    from toolrl.roles.in_process import build_local_run
-    from toolrl.roles.resolve import ResolvedRun, resolve_run
-    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
-    from toolrl.roles.trainer_rank import TrainerRank
-    from toolrl.rollout.context_check import check_prompt_tokens
-    from toolrl.rollout.families import config_renderer_factory
-
     if not isinstance(run, ResolvedRun):
         run = resolve_run(run, "train" if train else "rollout")
     config = run.config
@@ -82,8 +82,6 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
         return roles
 
     import ray
-
-    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
     path = run.model_dir
     tokenizer = model_sources.load_tokenizer(path)
