@@ -73,7 +73,7 @@ async def kill_and_recover(group: object, source: str, directory: str) -> float:
 async def main_async(args: argparse.Namespace) -> None:
     import ray
     from toolrl.config import load_config
-    from toolrl.roles.controller import restore_checkpoint
+    from toolrl.roles.prepare import restore_checkpoint
     from toolrl.roles.resolve import resolve_run
     from toolrl.roles.rollout_workers import init_ray
     from toolrl.roles.start import start_roles

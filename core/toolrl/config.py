@@ -8,10 +8,13 @@ dotted field, and the CLI prints them with exit code 2.
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
+import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -69,8 +72,6 @@ def read_text(path: Path, max_bytes: int | None = None, why: str = "") -> str:
 def read_json(path: Path, where: str = "") -> Any:
     """A user's JSON file (read as :func:`read_text` reads); invalid JSON is a ConfigError naming the file
     and line, after ``where`` (the field or flag the file came through) when given."""
-    import json
-
     try:
         return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
@@ -107,8 +108,6 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
 def _did_you_mean(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
     """`` (did you mean 'x'?)`` for an unknown key at ``loc`` of ``model``: the closest field of the
     section it sits in; nothing where no field is close or the section is not a model."""
-    import difflib
-
     def sections(annotation: Any) -> list[type[BaseModel]]:  # ``X``, ``X | None``, ``list[X]``, ...
         found = [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
         return found + [m for arg in get_args(annotation) for m in sections(arg)]
@@ -624,8 +623,6 @@ class _TreeCheck:
     file (errors add the line) or an override (one line already)."""
 
     def __init__(self, name: str, lines: bool) -> None:
-        import yaml
-
         self.name, self.lines = name, lines
         self.scalar, self.mapping = yaml.ScalarNode, yaml.MappingNode
         self.sizes: dict[int, tuple[int, int]] = {}  # node -> expanded (nodes, characters)
@@ -677,8 +674,6 @@ def parse_yaml(text: str, name: str, lines: bool = True) -> Any:
     """YAML as plain data (safe types only). Duplicate keys and aliases that expand past the bounds
     are ConfigErrors naming ``name`` (and the line, with ``lines``); syntax errors are raised as
     ``yaml.YAMLError``."""
-    import yaml
-
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -696,8 +691,6 @@ def parse_yaml(text: str, name: str, lines: bool = True) -> Any:
 def read_yaml(path: Path) -> tuple[str, Any]:
     """A user's YAML file (at most MAX_CONFIG_BYTES): its text and its data; every problem is a
     one-line ConfigError naming the file."""
-    import yaml
-
     text = read_text(path, MAX_CONFIG_BYTES, "put long texts in data files")
     try:
         return text, parse_yaml(text, str(path))
@@ -711,8 +704,6 @@ def override_name(override: str) -> str:
 
 
 def _parse_value(text: str, override: str) -> Any:
-    import yaml
-
     try:
         return parse_yaml(text, override_name(override), lines=False)
     except (yaml.YAMLError, RecursionError):
@@ -734,8 +725,6 @@ def apply_override(data: dict[str, Any], override: str) -> None:
 
 
 def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:
-    import yaml
-
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         context = f" ({exc.context})" if exc.context else ""
@@ -751,8 +740,6 @@ def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:
 def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None:
     """The 1-based line of the deepest YAML node along ``loc`` (a key's line for mapping entries);
     ``exact``: of the node at ``loc`` itself, None when the file does not hold it."""
-    import yaml
-
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
     for part in loc:
         if isinstance(node, yaml.MappingNode):

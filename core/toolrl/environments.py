@@ -27,7 +27,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from toolrl.config import Config, ConfigError, RewardTerm, format_errors, one_line
+from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.schemas import Message
+from toolrl.tools.verl_config import ToolEntry
 
 
 class FileSplit(BaseModel):
@@ -108,8 +110,6 @@ class Environment(BaseModel):
     @field_validator("tools")
     @classmethod
     def _tool_entries(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from toolrl.tools.verl_config import ToolEntry
-
         for entry in value:
             ToolEntry.model_validate(entry)  # verl's layout: class_name, config, tool_schema, extras
         return value
@@ -178,8 +178,6 @@ class Environment(BaseModel):
 
 def get_environment(name: str, where: str = "env") -> Environment:
     """The registered environment ``name``; a ConfigError listing the installed ones otherwise."""
-    from toolrl.plugins.parts import lookup_part
-
     return lookup_part("environments", name, where)
 
 
@@ -196,8 +194,6 @@ class ConfiguredEnv:
 def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
     """``env``/``envs`` resolved: each name looked up (unknown names list the installed ones) and its
     options validated against the environment's options model."""
-    from toolrl.plugins.parts import BuildContext, build_part
-
     out = {}
     for name, entry in config.env_entries().items():
         single = config.env is not None

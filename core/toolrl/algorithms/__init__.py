@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.plugins.parts import NoOptions
+from toolrl.plugins.parts import BuildContext, NoOptions, build_part
 
 if TYPE_CHECKING:
     import torch
@@ -131,8 +131,6 @@ class PolicyLoss(ABC):
 
 
 def _build(kind: str, field: str, name: str, options: dict[str, Any], algo: AlgorithmConfig) -> Any:
-    from toolrl.plugins.parts import BuildContext, build_part
-
     context = BuildContext(f"algorithm.{field}", f"algorithm.{field}_options", inputs={"algorithm": algo})
     return build_part(kind, name, options, context)
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolrl.config import ConfigError
+from toolrl.algorithms import build_estimator, build_loss
+from toolrl.config import ConfigError, CriticConfig
+from toolrl.plugins.parts import lookup_part
 
 if TYPE_CHECKING:
     from toolrl.algorithms import AdvantageEstimator, PolicyLoss
@@ -38,9 +40,6 @@ def with_critic(config: Config) -> Config:
     """``config`` with the default ``critic`` section when its estimator reads values and it sets
     none; a ConfigError for a critic nothing would read. An estimator that cannot be loaded is left
     for :func:`check_algorithm` to report."""
-    from toolrl.config import CriticConfig
-    from toolrl.plugins.parts import lookup_part
-
     name = config.algorithm.advantage
     try:
         estimator = lookup_part("advantage_estimators", name, "algorithm.advantage")
@@ -60,8 +59,6 @@ def with_critic(config: Config) -> Config:
 def check_algorithm(config: Config, has_critic: bool = False) -> tuple[AdvantageEstimator, PolicyLoss]:
     """The run's estimator and loss, built (names resolved, options validated) and checked against
     the rules above; a ConfigError (one line naming the fields) otherwise."""
-    from toolrl.algorithms import build_estimator, build_loss
-
     algo = config.algorithm
     parts = [build_estimator(algo), build_loss(algo)]
     estimator, loss = parts

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -206,7 +208,6 @@ def _parse_in_time(parser: Any, parser_name: str, text: str, seconds: float) -> 
     """``parser.parse(text)`` under the time limit a rollout gives it (toolrl.parsers.parse_on_thread): a
     parser that raises or returns no ParseResult is one error line; one still running after ``seconds``
     ends the process (a thread cannot be stopped) with one."""
-    import os
     from concurrent.futures import TimeoutError as Late
 
     from toolrl.parsers import parse_on_thread
@@ -235,7 +236,6 @@ def _parse_in_time(parser: Any, parser_name: str, text: str, seconds: float) -> 
 def parse_command(parser_name: str, options_json: str | None, timeout: float, source: str) -> None:
     """Parse a model output (FILE or - for stdin, UTF-8) into content, calls and errors, as JSON."""
     import gc
-    from pathlib import Path
 
     from toolrl.config import ConfigError, decode_utf8, read_text
     from toolrl.plugins.parts import BuildContext, build_part
@@ -296,8 +296,6 @@ def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, ov
     --resume and replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
     if supervise:
-        from pathlib import Path
-
         from toolrl.roles.supervise import supervise as run_supervised
 
         flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
@@ -370,8 +368,6 @@ def eval_command(config_path: str, overrides: tuple[str, ...], output: str | Non
     there is replaced only with --overwrite). OVERRIDES are dotted.key=value pairs. With
     --compare DIR2, prints two evaluations instead: their summaries as A and B with B − A, and the
     problems only one of them solved."""
-    from pathlib import Path
-
     from toolrl.roles import evaluate as ev
 
     if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
@@ -395,8 +391,6 @@ def eval_command(config_path: str, overrides: tuple[str, ...], output: str | Non
 def export_command(run_dir: str, out_dir: str, step: int | None) -> None:
     """Write a checkpoint of RUN_DIR as a Hugging Face model directory OUT_DIR (safetensors, config,
     tokenizer), loadable with from_pretrained and by the vLLM engine."""
-    from pathlib import Path
-
     from toolrl.training.export import ExportError
     from toolrl.training.export import export as export_checkpoint
 

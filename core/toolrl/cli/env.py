@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from toolrl.cli.errors import UsageFailure
+
 
 @click.group("env")
 def env() -> None:
@@ -85,7 +87,6 @@ def env_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env_show(name: str, as_json: bool) -> None:
     """One environment in full: splits, prompt, tools, rewards, parser, options and an example."""
-    from toolrl.cli.errors import UsageFailure
     from toolrl.config import ConfigError
     from toolrl.data.sources import decorate, load_split
     from toolrl.environments import get_environment

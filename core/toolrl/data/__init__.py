@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import PrivateAttr, ValidationError
 
+from toolrl import images
 from toolrl.config import (
     Config,
     ConfigError,
@@ -21,6 +22,7 @@ from toolrl.config import (
     read_text,
     resolve_path,
 )
+from toolrl.images import IMAGE_PLACEHOLDER, is_image_part
 from toolrl.parsers.bounded_json import JSONLimitError
 from toolrl.parsers.bounded_json import loads as bounded_loads
 from toolrl.schemas import Sample
@@ -102,9 +104,6 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
     prompt order: the ``images`` column fills the ``<image>`` placeholders of the messages' text and
     their bare image parts (verl's layout); an image part that carries its image (OpenAI/Hugging Face
     layout: a path, base64, a data URL, bytes) gives it and becomes a bare part."""
-    from toolrl import images
-    from toolrl.images import IMAGE_PLACEHOLDER
-
     column = row.get("images")
     prompt = row.get("prompt")
     if not column and not _has_inline_images(prompt):
@@ -153,8 +152,6 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
 
 
 def _has_inline_images(prompt: Any) -> bool:
-    from toolrl.images import is_image_part
-
     return isinstance(prompt, list) and any(
         isinstance(m, dict) and isinstance(m.get("content"), list) and any(map(is_image_part, m["content"]))
         for m in prompt)

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
+from toolrl.data import existing, read_rows
 from toolrl.rewards import scoring
 from toolrl.rewards.scoring import RewardFunctions
 from toolrl.schemas import Sample
@@ -84,8 +85,6 @@ def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Tra
 def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored
     with ``rewards`` (the resolved reward functions) where a row carries no reward."""
-    from toolrl.data import existing, read_rows
-
     groups: dict[Hashable, list[Trajectory]] = {}
     pending: list[tuple[Trajectory, list[Any], str]] = []
     for name in config.data.trajectories:

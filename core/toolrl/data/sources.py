@@ -12,6 +12,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, one_line, resolve_path
 from toolrl.data import load_files, origin_of, to_sample
 from toolrl.environments import ConfiguredEnv, Environment, FileSplit, HubSplit, configured_envs
+from toolrl.images import IMAGE_PLACEHOLDER, is_image_part
 from toolrl.schemas import Message, Sample
 
 
@@ -80,8 +81,6 @@ def _mix(parts: dict[str, list[Sample]], weights: dict[str, float], seed: int) -
 def text_only(sample: Sample) -> None:
     """Drop ``sample``'s images: each image part of its prompt becomes ``<image>`` in its text, as verl's
     rows write it and a text model reads it."""
-    from toolrl.images import IMAGE_PLACEHOLDER, is_image_part
-
     sample.images = []
     for message in sample.prompt:
         if isinstance(message.content, list):

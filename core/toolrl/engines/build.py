@@ -4,11 +4,16 @@ vision-language model renders prompts with."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
 
+from toolrl import model_sources
 from toolrl.config import Config, ConfigError
+from toolrl.engines import ModelSource
+from toolrl.model_sources import load_processor
+from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import Sample
 
 log = logging.getLogger(__name__)
@@ -17,10 +22,6 @@ def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequen
     """The processor the rollout renders with: the model's (None for a text model), unless the engine's
     ``generate`` takes no images. Then a vision-language model reads text only (said once in the log;
     tool results' images are left out), and samples that hold images are a one-line config error."""
-    import inspect
-
-    from toolrl.model_sources import load_processor
-
     processor = load_processor(path)
     if processor is None or "images" in inspect.signature(engine_cls.generate).parameters:
         return processor
@@ -37,10 +38,6 @@ def build_engine(config: Config, path: str, tokenizer: Any, module: Any = None) 
     """The configured engine on the model in ``path`` (``module``: a live model to share, in process);
     its options (``engine:``, with the model's device and dtype) checked against the engine's
     ``Options``: a bad one is a one-line error naming ``engine.options``."""
-    from toolrl import model_sources
-    from toolrl.engines import ModelSource
-    from toolrl.plugins.parts import BuildContext, build_part
-
     options = {"max_batch_size": config.engine.max_batch_size,
                "device": model_sources.resolve_device(config.model.device), "dtype": config.model.dtype,
                **config.engine.options}

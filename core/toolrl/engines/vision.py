@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from toolrl.images import images_held, pixel_values
+
 
 class PromptVision:
     """A vision-language model's prompt inputs, from its processor and its ``get_rope_index``."""
@@ -36,13 +38,9 @@ class PromptVision:
 
     def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
         """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
-        from toolrl.images import images_held
-
         return list(images[images_held(images, ids[:start], self.image_token_id, self.merge):])
 
     def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""
-        from toolrl.images import pixel_values
-
         pixels, grid = pixel_values(self.processor, images, "the engine")
         return {"pixel_values": pixels.to(device, dtype), "image_grid_thw": grid.to(device)}

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import pluggy
 
+import toolrl.plugins.verdicts as verdicts
 from toolrl import hookspecs
 from toolrl.plugins import builtin as builtin_plugins
 from toolrl.plugins.registry import KINDS, Part, PartError, Registry, describe_exception
@@ -296,8 +297,6 @@ class Plugins:
     def removed_provider(self, kind: str, name: str) -> str:
         """For a name no plugin registers now: "; ..." saying which distribution provided it when
         screened and is gone (or disabled, or broken) now; "" when none is known."""
-        import toolrl.plugins.verdicts as verdicts
-
         for dist in verdicts.providers(verdicts.cache_file(self.env), kind, name):
             here = [i for i in self.info.values() if _dist_key(i.distribution) == _dist_key(dist)]
             if not here:

@@ -15,7 +15,10 @@ Nothing outside :mod:`toolrl.plugins` reads the registry: what the rest of toolr
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import inspect
+import io
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from toolrl.config import ConfigError, format_errors, one_line
+from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part, RegistryError, UnknownPart, check_part, describe_exception
 
 if typing.TYPE_CHECKING:
@@ -53,8 +57,6 @@ class BuildContext:
 
 
 def _plugins(plugins: Plugins | None) -> Plugins:
-    from toolrl.plugins import get_plugins
-
     return plugins if plugins is not None else get_plugins()
 
 
@@ -86,10 +88,6 @@ def lookup_part(kind: str, name: str, where: str, plugins: Plugins | None = None
 
 def _imported(kind: str, path: str, where: str) -> Any:
     """The class at import path ``module.Class``, checked as ``kind``'s parts are."""
-    import contextlib
-    import importlib
-    import io
-
     module_name, _, attr = path.rpartition(".")
     try:
         # What the module prints at import is no output of ours; exiting at import is a failed import.

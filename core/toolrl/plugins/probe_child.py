@@ -16,17 +16,19 @@ import contextlib
 import json
 import os
 import sys
+import sysconfig
 from collections.abc import Iterator
 from typing import Any
 
+import click
+
+from toolrl.plugins import Plugins
 from toolrl.plugins.process_state import ProcessState
 from toolrl.plugins.verdicts import file_state
 
 
 def _interpreter_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The standard library's directories, and site-packages (which may lie beneath them)."""
-    import sysconfig
-
     paths = sysconfig.get_paths()
     return (tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib")),
             tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib")))
@@ -93,10 +95,6 @@ def main(request: dict[str, Any]) -> None:
     # importing them is not taken for one that registers its own (toolrl.plugins.process_state).
     import logging  # noqa: F401
     import multiprocessing.util  # noqa: F401
-
-    import click
-
-    from toolrl.plugins import Plugins
 
     reporter = Reporter(request["fd"])
     os.register_at_fork(after_in_child=reporter.forked)

@@ -8,6 +8,8 @@ Imported only when the verdict cache misses (:mod:`toolrl.plugins.screening`), s
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import secrets
@@ -172,9 +174,6 @@ class _Events:
 def module_files(module: str) -> dict[str, list[int]]:
     """The files of an entry module and its packages, found without running any of them: a plugin that
     ended or hung the child cannot report what it loaded, but editing its entry module screens again."""
-    import importlib.machinery
-    import importlib.util
-
     files: dict[str, list[int]] = {}
     parts = module.split(".")
     try:

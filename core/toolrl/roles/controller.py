@@ -17,10 +17,10 @@ A step's weights reach the engines only after the whole update (all ``ppo_epochs
 optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
 by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
 
-A run starts only when the whole of it has been resolved and checked (:func:`toolrl.roles.resolve.resolve_run`:
-parts, data, tools, loggers, placement) and its roles are up; only then is the run directory
-(:class:`toolrl.run_dir.RunDir`) first written, and a directory holding an earlier run is
-continued only with ``--resume`` and replaced only with ``--overwrite``.
+What happens before step 1 is :func:`toolrl.roles.prepare.prepare_training`, in order: the whole run
+resolved and checked, the model's inputs checked, the roles up, the weights in place; only then is the
+run directory (:class:`toolrl.run_dir.RunDir`) first written, and a directory holding an earlier run
+is continued only with ``--resume`` and replaced only with ``--overwrite``.
 
 ``output_dir`` receives ``config.json``, ``metrics.jsonl`` (one line per step; a step that fails gets a line with
 ``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, the engine's
@@ -37,7 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config, ConfigError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from toolrl.config import Config
 from toolrl.data.batches import (
     AHEAD,
     GroupStream,
@@ -49,23 +51,19 @@ from toolrl.data.batches import (
     step_seed,
 )
 from toolrl.loggers import open_loggers
-from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.evaluate import validate
+from toolrl.roles.prepare import Prepared, prepare_training
+from toolrl.roles.resolve import resolve_run
 from toolrl.roles.start import Roles, start_roles
-from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import (
-    HF_FILES,
     RunDir,
-    checkpoint_shapes,
     finalize,
     open_mode,
-    read_meta,
-    restore_controller,
     rollout_metrics,
     staging_dir,
     staleness_metrics,
     step_line,
 )
-from toolrl.training.export import save_model_files
 from toolrl.trajectory import Trajectory
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -84,37 +82,6 @@ async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_positio
     return finalize(run_dir.checkpoints, staged, step, {"world_size": roles.training.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
-
-
-def check_resume(checkpoint: Path, model_dir: str) -> None:
-    """Before the model loads: the checkpoint's files whole (:func:`toolrl.run_dir.checkpoint_shapes`)
-    and its model tensors the shapes of this run's model (built on the meta device: no weights read),
-    so that a damaged checkpoint, or one of another model, is one line with nothing loaded."""
-    import torch  # lazy, as every model-building import of the controller: only a resumed run builds one here
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    saved = checkpoint_shapes(checkpoint)
-    config = AutoConfig.from_pretrained(model_dir)
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    for name, tensor in model.state_dict().items():
-        if name in saved and tuple(tensor.shape) != saved[name]:
-            raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded into this model: "
-                              f"{name} is {list(saved[name])} in the checkpoint, {list(tensor.shape)} in "
-                              f"{model_dir}")
-
-
-async def restore_checkpoint(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
-    """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
-    step and the data position."""
-    ckpt = run_dir.latest_checkpoint()
-    meta = read_meta(ckpt)
-    await roles.training.load(str(ckpt))
-    restore_controller(ckpt)
-    step = int(meta["step"])
-    await roles.sync_weights(step)
-    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
 
 
 def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
@@ -155,8 +122,6 @@ def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequen
 # -- the loops ------------------------------------------------------------------------------------
 
 def _progress(enabled: bool, total: int, start: int) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("reward {task.fields[reward]:.3f}  tools/traj {task.fields[tools]:.2f}  "
                                    "{task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(), disable=not enabled)
@@ -165,47 +130,28 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
 
 
 async def train_async(config: Config, resume: bool = False, overwrite: bool = False) -> Path:
-    """``toolrl train``: resolve and check the whole run, then train in ``trainer.output_dir``
+    """``toolrl train``: the run prepared for its first step (:func:`toolrl.roles.prepare.prepare_training`:
+    checked whole, roles up, weights in place, ``trainer.output_dir`` first written), then trained
     (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
-    run = resolve_run(config, "train")
-    run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
-    if run_dir.mode == "resume":  # a damaged checkpoint, or another model's: one line before the model loads
-        check_resume(run_dir.latest_checkpoint(), run.model_dir)
+    prepared = await prepare_training(config, resume, overwrite)
+    run_dir = prepared.run_dir
     try:
-        await train(run, run_dir)
+        await train(prepared)
     finally:  # the trajectories that ended in errors, also when the run stops on an error of its own
         run_dir.failures.report()
     run_dir.failures.check()
     return run_dir.path
 
 
-async def train(run: ResolvedRun, run_dir: RunDir) -> None:
-    from toolrl.roles.evaluate import validate
-    from toolrl.roles.replay import Replay
-
+async def train(prepared: Prepared) -> None:
+    """The step loop, from ``prepared.start`` to ``trainer.total_steps``."""
+    run, run_dir, roles = prepared.run, prepared.run_dir, prepared.roles
     config = run.config
-    ahead: StepBatch | None = None  # one_step_off: the next batch, generated before the run stopped
-    if run_dir.mode == "resume" and (kept := run_dir.latest_checkpoint() / AHEAD).exists():
-        ahead = StepBatch.load(kept)  # before the model loads: a damaged file is one line, nothing loaded
-    roles = await start_roles(run)
+    start, ahead, recovered = prepared.start, prepared.ahead, prepared.recovered
     batches: StepBatches | OneStepOff | GroupStream | None = None
-    if config.data.trajectories:
-        roles.rollouts = Replay(roles.rollouts)
     try:
-        if (reason := await roles.rollouts.check_trainable()) is not None:
-            raise ConfigError(f"engine.name: {reason}")
-        start = position = 0
-        if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-            start, position = await restore_checkpoint(roles, run_dir)
-        run_dir.start(config)  # the run starts: the first write to its directory
-        lost = run_dir.truncate_metrics(start)  # resumed: lines of steps after the checkpoint go
-        # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
-        recovered = controller_restart(start, lost)
-        for row in recovered:
-            run_dir.append_recovery({"step": start + 1, **row})
-        run_dir.write_roles(roles.placement)
-        save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
-        batches = open_batches(roles.rollouts, run.samples, config, position, version=start, ahead=ahead)
+        batches = open_batches(roles.rollouts, run.samples, config, prepared.position, version=start,
+                               ahead=ahead)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):

@@ -19,6 +19,7 @@ rows in ``OUTPUT_DIR/eval/step_NNNNN.jsonl``.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import statistics
 import sys
@@ -29,9 +30,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from toolrl.config import Config, ConfigError, read_json
+from toolrl.data import read_rows
 from toolrl.data.batches import step_seed
+from toolrl.roles.in_process import Rollouts
 from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.start import start_roles
 from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
@@ -71,8 +79,6 @@ def success(traj: Trajectory, config: Config) -> bool:
 def _sampling(rollouts: Any, config: Config) -> Any:
     """``rollouts`` sampling at ``eval.temperature``. In process: a view sharing the engine, tools and
     renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
-    from toolrl.roles.in_process import Rollouts
-
     rollouts = rollouts.generating  # training on recorded groups: the engine they stand in for
     if not isinstance(rollouts, Rollouts) or rollouts.ctx.config.temperature == config.eval.temperature:
         return rollouts
@@ -183,11 +189,6 @@ async def evaluate_async(config: Config, output: Path, progress: bool | None = N
 async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = None) -> dict[str, Any]:
     """Write ``results.jsonl`` and ``summary.json`` into ``run_dir``, return the summary. ``progress``:
     a progress bar (default: when stderr is a terminal)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from toolrl.roles.start import start_roles
-
     config, samples = run.config, run.eval_samples
     # Every engine samples at eval.temperature (Ray workers get this config too).
     sampling = config.model_copy(update={"rollout": config.rollout.model_copy(update={"temperature": config.eval.temperature})})
@@ -224,8 +225,6 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
 
 
 def run_evaluation(config: Config, output: Path, progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
-    import asyncio
-
     return asyncio.run(evaluate_async(config, output, progress, overwrite))
 
 
@@ -279,8 +278,6 @@ def _number(value: Any) -> bool:
 def summary_table(columns: dict[str, dict[str, Any]]) -> Any:
     """A rich table: one row per figure, one column per summary (``{title: summary}``); two summaries
     get a ``B − A`` column."""
-    from rich.table import Table
-
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     for title in columns:
@@ -299,8 +296,6 @@ def summary_table(columns: dict[str, dict[str, Any]]) -> Any:
 def solved_problems(directory: Path) -> dict[Any, bool] | None:
     """Each problem of an evaluation's ``results.jsonl``: whether any of its samples succeeded (None:
     no results file)."""
-    from toolrl.data import read_rows
-
     path = directory / RunDir.RESULTS
     if not path.exists():
         return None
@@ -338,8 +333,6 @@ def print_comparison(a: Path, b: Path, file: Any = None) -> None:
 
 
 def print_table(columns: dict[str, dict[str, Any]], file: Any = None) -> None:
-    from rich.console import Console
-
     file = file or sys.stdout
     # Piped or captured output is not cut to 80 columns (directory names as headers are long).
     Console(file=file, width=None if file.isatty() else 1000).print(summary_table(columns))

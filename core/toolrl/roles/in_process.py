@@ -20,11 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl import model_sources
 from toolrl.config import Config
 from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
 from toolrl.model_sources import model_path
+from toolrl.roles.inputs import ModelInputs, check_model_inputs
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
+from toolrl.rollout.families import config_renderer_factory
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
@@ -89,18 +92,18 @@ class Rollouts:
 async def build_rollouts(config: Config, path: str, tokenizer: Any,
                            shared_module: Callable[[], Any] | None = None,
                            samples: Sequence[Sample] = (), parts: Parts | None = None,
-                           processor: Any = ...) -> Rollouts:
+                           inputs: ModelInputs | None = None) -> Rollouts:
     """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
     tools are up, before the engine loads; returns a live model for the engine to share (in-process
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads. ``parts``: resolved already (else resolved here);
-    ``processor``: :func:`engine_processor`'s, if the caller has it already."""
-    from toolrl.rollout.families import config_renderer_factory
-
+    ``inputs``: the processor and renderer factory, if the caller checked them already."""
     parts = parts if parts is not None else resolve_parts(config)
-    if processor is ...:
+    if inputs is None:
         processor = engine_processor(config, parts.engine_cls, path, samples)
-    factory = config_renderer_factory(config, tokenizer, processor)  # the family's checks: before any model
+        # The family's checks: before any model loads.
+        inputs = ModelInputs(tokenizer, processor, config_renderer_factory(config, tokenizer, processor))
+    factory = inputs.renderer_factory
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
@@ -134,21 +137,17 @@ class LocalRun:
 
 
 async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
-                        path: str | None = None) -> LocalRun:
+                        path: str | None = None, inputs: ModelInputs | None = None) -> LocalRun:
     """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
-    ``path``, the model's directory."""
-    from toolrl import model_sources
-    from toolrl.rollout.context_check import check_prompt_tokens
-
+    ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads."""
     parts = parts if parts is not None else resolve_parts(config)
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
     path = path if path is not None else model_path(config)
+    inputs = inputs if inputs is not None else check_model_inputs(config, parts.engine_cls, path, samples)
+    tokenizer = inputs.tokenizer
     seed_everything(config.trainer.seed)
-    tokenizer = model_sources.load_tokenizer(path)
-    processor = engine_processor(config, parts.engine_cls, path, samples)
-    check_prompt_tokens(samples, tokenizer, path, processor, "the prompts", config.rollout.images)
     built: list[Any] = []
 
     def trained_model() -> Any:
@@ -160,5 +159,5 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
         return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
 
     rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples,
-                                      parts=parts)
+                                      parts=parts, inputs=inputs)
     return LocalRun(config, path, tokenizer, built[0], rollouts, list(samples))

@@ -13,6 +13,7 @@ group of another size (``shrink``) cuts its pieces out of the whole tensors, as 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,8 +88,6 @@ def _own(tensor: Any) -> Stored:
 
 def _tensor(value: Any) -> Any:
     """A :class:`Stored` as a tensor again (sharing the array's memory); anything else as it is."""
-    import warnings
-
     import torch
 
     if not isinstance(value, Stored):

@@ -38,10 +38,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from toolrl import model_sources
 from toolrl.config import Config, ConfigError
 from toolrl.engines import BucketStager
+from toolrl.model_sources import model_path
+from toolrl.roles.in_process import build_rollouts, seed_everything
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.schemas import Sample
+from toolrl.training.weight_sync import receive_into
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
 
@@ -72,10 +76,6 @@ class RolloutWorker:
 
     async def setup(self, weights: Mapping[str, Any] | None = None, version: int | None = None) -> dict[str, Any]:
         """Compose on the actor's event loop (tools and engine bind to it); load ``weights`` if any."""
-        from toolrl import model_sources
-        from toolrl.model_sources import model_path
-        from toolrl.roles.in_process import build_rollouts, seed_everything
-
         t0 = time.perf_counter()
         seed_everything(self.config.trainer.seed)
         path = model_path(self.config)
@@ -137,8 +137,6 @@ class RolloutWorker:
         return await asyncio.to_thread(self._receive, transport, list(links), index, version)
 
     def _receive(self, transport: LinkedTransport, links: list[Link], index: int, version: int | None) -> int:
-        from toolrl.training.weight_sync import receive_into
-
         engine = self._rollouts.engine
         if [link.key for link in links] != [link.key for link in self._links]:  # new links: join them
             self._close_receivers()

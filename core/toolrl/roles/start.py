@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolrl.config import Config
 from toolrl.roles import RolloutGroup, TrainerGroup, sync_weights
-
-if TYPE_CHECKING:
-    from toolrl.roles.resolve import ResolvedRun
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
+from toolrl.roles.in_process import build_local_run
+from toolrl.roles.inputs import ModelInputs, check_model_inputs
+from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
+from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
+from toolrl.roles.trainer_rank import TrainerRank
 
 
 @dataclass
@@ -55,25 +57,19 @@ class Roles:
                 ray.shutdown()
 
 
-async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
-    """Build each role where it runs, from a resolved run (a bare config is resolved here first).
+async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Roles:
+    """Build each role where it runs, from a resolved run (a bare config is resolved here first) and
+    the model's inputs checked before any model loads (checked here when not given).
     Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
-    from toolrl import model_sources
-    from toolrl.engines.build import engine_processor
-    from toolrl.roles.in_process import build_local_run
-    from toolrl.roles.resolve import ResolvedRun, resolve_run
-    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
-    from toolrl.roles.trainer_rank import TrainerRank
-    from toolrl.rollout.context_check import check_prompt_tokens
-    from toolrl.rollout.families import config_renderer_factory
-
     if not isinstance(run, ResolvedRun):
         run = resolve_run(run, "train" if train else "rollout")
     config = run.config
+    if inputs is None:
+        inputs = check_model_inputs(config, run.parts.engine_cls, run.model_dir, run.prompts)
     if config.ray.address is None:
-        local = await build_local_run(config, run.parts, run.prompts, run.model_dir)
+        local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs)
         roles = Roles(config, local.tokenizer, local.path, local.rollouts)
         if train:
             rank = TrainerRank(config)
@@ -83,14 +79,6 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
 
     import ray
 
-    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
-
-    path = run.model_dir
-    tokenizer = model_sources.load_tokenizer(path)
-    # Before any actor starts: images need an engine that takes them, and every prompt must fit.
-    processor = engine_processor(config, run.parts.engine_cls, path, run.prompts or [])
-    config_renderer_factory(config, tokenizer, processor)  # the model family's checks, before any actor starts
-    check_prompt_tokens(run.prompts or [], tokenizer, path, processor, "the prompts", config.rollout.images)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(config.ray.address, config.ray.num_rollout_workers * config.ray.num_cpus_per_worker
@@ -103,7 +91,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True) -> Roles:
         if owns_ray:
             ray.shutdown()
         raise
-    roles = Roles(config, tokenizer, path, pool, pool=pool, owns_ray=owns_ray)
+    roles = Roles(config, inputs.tokenizer, run.model_dir, pool, pool=pool, owns_ray=owns_ray)
     try:
         starts = [pool.start()]
         if train:

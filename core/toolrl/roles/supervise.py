@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolrl.run_dir import RunDir, latest
+
 log = logging.getLogger(__name__)
 
 RESTART_ENV = "TOOLRL_CONTROLLER_RESTART"
@@ -46,8 +48,6 @@ def controller_restart(start: int, lost: int) -> list[dict[str, Any]]:
 def supervise(args: Sequence[str], output_dir: Path, max_restarts: int) -> int:
     """Run ``toolrl train ARGS`` (without ``--supervise``) until it finishes, restarting it after each
     death; the exit status of the last run."""
-    from toolrl.run_dir import RunDir, latest
-
     argv = list(args)
     restarts = 0
     env = dict(os.environ)

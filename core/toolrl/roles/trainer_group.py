@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError
@@ -271,8 +273,5 @@ async def _peer_death(futures: Sequence[asyncio.Future[Any]]) -> None:
 
 def _empty(directory: str) -> None:
     """``directory`` there and empty."""
-    import shutil
-    from pathlib import Path
-
     shutil.rmtree(directory, ignore_errors=True)
     Path(directory).mkdir(parents=True)

@@ -9,15 +9,25 @@ GPU) and shards the model with FSDP2 (:mod:`toolrl.training.sharding`). The same
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from toolrl import model_sources
 from toolrl.config import Config, ConfigError, one_line
+from toolrl.model_sources import model_path
+from toolrl.roles import rank_state
+from toolrl.roles.in_process import seed_everything
+from toolrl.training import lora
+from toolrl.training.policy import build_policy
+from toolrl.training.weight_sync import engine_sink, push, ray_sink, send_owned
 from toolrl.trajectory import Trajectory
+from toolrl.transports import TransportError
 
 
 class TrainerRank:
@@ -55,12 +65,6 @@ class TrainerRank:
         """Build this rank's model shard and optimizer. ``master``: rank 0's (host, port) when
         ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
         import torch
-
-        from toolrl import model_sources
-        from toolrl.model_sources import model_path
-        from toolrl.roles.in_process import seed_everything
-        from toolrl.training import lora
-        from toolrl.training.policy import build_policy
 
         cfg = self.config
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
@@ -162,8 +166,6 @@ class TrainerRank:
         """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers), labelled
         ``version`` (None: the workers keep their label); returns the sync's metrics and the indexes
         of workers found dead (or taking longer than ``timeout_s`` over a bucket: hung)."""
-        from toolrl.training.weight_sync import push, ray_sink
-
         dead: set[int] = set()
         send = self.rank == 0
         stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send)
@@ -180,9 +182,6 @@ class TrainerRank:
     def send_weights(self, bucket_mb: float) -> dict[str, Any]:
         """The shards this rank owns over its link (:meth:`open_weight_link`); the sync's metrics, and
         under ``error`` why the transfer failed (a receiver died or stalled)."""
-        from toolrl.training.weight_sync import send_owned
-        from toolrl.transports import TransportError
-
         try:
             stats = send_owned(self.model, self.link, self.rank, self.world_size, bucket_mb)
         except TransportError as exc:
@@ -191,8 +190,6 @@ class TrainerRank:
 
     def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
         """Send the weights to engines in this process (a no-op copy for an engine sharing the module)."""
-        from toolrl.training.weight_sync import engine_sink, push
-
         return push(self.model, [engine_sink(e) for e in engines], bucket_mb).as_metrics()
 
     # ----------------------------------------------------------------- checkpoints
@@ -247,10 +244,6 @@ class TrainerRank:
         """This rank's in-memory copy after a step (:mod:`toolrl.roles.rank_state`), and what it cost:
         the group keeps the copy in Ray's object store to re-form without a checkpoint. Called on the
         actor's ``copy`` concurrency group, beside the group's other calls (which only read meanwhile)."""
-        import time
-
-        from toolrl.roles import rank_state
-
         t0 = time.perf_counter()
         copy = rank_state.snapshot(self._state())
         return {"snapshot_s": time.perf_counter() - t0}, copy
@@ -272,8 +265,6 @@ class TrainerRank:
         order; another number of ranks is resharded)."""
         import ray
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        from toolrl.roles import rank_state
 
         state = self._state()
         wanted = rank_state.needed(len(copies), self.world_size, self.rank)
@@ -309,8 +300,6 @@ def _group_metrics(out: dict[str, float]) -> dict[str, float]:
     (so they are the means over the whole batch's tokens, as on one rank); other means are averaged
     over the ranks that have them; extremes are the group's (peak memory is the largest rank's).
     ``grad_norm`` and ``trained_tokens`` are already global."""
-    import math
-
     import torch
     import torch.distributed as dist
 

@@ -35,7 +35,7 @@ from typing import Any
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.context import Branch, ContextPlan, ContextPolicy, ContextView
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, prepare
+from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, images_held, prepare
 from toolrl.parsers import ToolParser, parse_within
 from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
@@ -608,7 +608,6 @@ def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Se
     """The first of ``images`` whose runs the token list ``ids`` (a prefix of a trajectory) holds."""
     if renderer.image_token_id is None:
         return []
-    from toolrl.images import images_held
 
     return list(images[:images_held(images, ids, renderer.image_token_id, renderer.merge)])
 

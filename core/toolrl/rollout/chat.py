@@ -21,6 +21,8 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolrl.images import from_png
+
 if TYPE_CHECKING:
     from toolrl.schemas import ParseResult, ToolCall
 
@@ -149,8 +151,6 @@ class ChatRenderer:
             raise TemplateError("images need a model with a processor (a vision-language model)")
         key = hashlib.sha256(png).digest()
         if key not in self._grids:
-            from toolrl.images import from_png
-
             out = self.processor.image_processor(images=[from_png(png)], return_tensors="np")
             if len(self._grids) > 4096:
                 self._grids.clear()

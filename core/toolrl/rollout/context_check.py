@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 from toolrl.config import ConfigError, text_size
 from toolrl.data import origin_of
 from toolrl.engines import context_overflow
+from toolrl.images import ImageLimits
+from toolrl.rollout import prompt_of
+from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
 
 if TYPE_CHECKING:
@@ -44,10 +47,6 @@ def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: st
     not fit are rendered (a token covers at least one UTF-8 byte; an image at most
     :func:`image_token_bound` tokens), so short prompts cost nothing. ``source`` names samples that do
     not know their file."""
-    from toolrl.images import ImageLimits
-    from toolrl.rollout import prompt_of
-    from toolrl.rollout.chat import ChatRenderer
-
     found = model_context(tokenizer, model_dir)
     if found is None:
         return

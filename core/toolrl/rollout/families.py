@@ -22,6 +22,7 @@ from toolrl.families import (
     tokenizer_family,
 )
 from toolrl.plugins.parts import describe_exception, has_part
+from toolrl.rollout.chat import ChatRenderer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -121,8 +122,6 @@ def renderer_class(family: ModelFamily | None) -> type[ChatRenderer]:
     gpt-oss's rebuild the model's turns as structured messages for re-rendering: their templates read
     calls, not the text the model wrote). A renderer that does not import, or is no ChatRenderer, is
     a FamilyError naming the family and its plugin."""
-    from toolrl.rollout.chat import ChatRenderer
-
     if family is None or family.renderer is None:
         return ChatRenderer
     module, _, attr = family.renderer.partition(":")

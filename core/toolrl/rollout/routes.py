@@ -20,7 +20,13 @@ from toolrl.rollout.families import chat_template_text
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind, SharedParts
 from toolrl.tools import Tool
-from toolrl.tools.verl_config import ToolsFile
+from toolrl.tools.verl_config import (
+    ToolsFile,
+    build_tools,
+    load_tools_file,
+    parse_tools_config,
+    resolve_tool_class,
+)
 
 
 def parser_spec(config: Config, env: Environment | None) -> tuple[str, dict[str, Any]]:
@@ -58,8 +64,6 @@ def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
 def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile]:
     """The tool configs of a route, read and checked (every ``class_name`` resolved) without building
     a tool: the explicit ``tools`` section when it is set, else ``env``'s tool entries."""
-    from toolrl.tools.verl_config import load_tools_file, parse_tools_config, resolve_tool_class
-
     files: list[ToolsFile] = []
     if config.tools.config_path:
         files.append(load_tools_file(resolve_path(config, config.tools.config_path)))
@@ -75,8 +79,6 @@ def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile
 
 async def build_route_tools(files: Sequence[ToolsFile]) -> dict[str, Tool]:
     """The tools of a route's configs, built; names must be unique across the configs."""
-    from toolrl.tools.verl_config import build_tools
-
     made: list[Tool] = []
     tools: dict[str, Tool] = {}
     try:

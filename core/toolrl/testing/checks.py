@@ -12,9 +12,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from toolrl.config import ConfigError
+from toolrl.plugins import get_plugins
+from toolrl.plugins.parts import lookup_part, registered_part
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResult, ToolSchema
 from toolrl.testing.lifecycle import LifecycleCall, LifecycleError, LifecycleRun, run_lifecycle
-from toolrl.tools import Tool, ToolSet
+from toolrl.tools import Tool, ToolReturnError, ToolSet, coerce_execute_result
+from toolrl.tools.guard import run_guarded
+from toolrl.tools.verl_config import build_default_tool, build_entry, load_tools_file
 
 if TYPE_CHECKING:
     from toolrl.plugins import Plugins
@@ -70,10 +75,6 @@ def check_registered(name: str, plugins: Plugins | None = None) -> None:
     """``name`` (a tool name, alias or tools-config ``class_name``) resolves through the plugin registry
     to a :class:`toolrl.tools.Tool` subclass, registered by a plugin whose status is ok. ``plugins``
     defaults to the process-wide ones (what tool configs and the CLI use)."""
-    from toolrl.config import ConfigError
-    from toolrl.plugins import get_plugins
-    from toolrl.plugins.parts import lookup_part, registered_part
-
     plugins = plugins if plugins is not None else get_plugins()
     troubled = [
         f"{i.name} ({i.distribution}): {i.status}: {i.error}" for i in plugins.list() if i.status == "error"
@@ -115,8 +116,6 @@ async def build_tool(
     :func:`check_registered` should check). Without a file, ``name`` is a registered tool name or alias
     built with ``config``. With a verl-format tools YAML, ``name`` is the function name of one of its
     tools; the other tools it builds are closed."""
-    from toolrl.tools.verl_config import build_default_tool, build_entry, load_tools_file
-
     if tools_config_file is None:
         return await build_default_tool(name, config), name
     tools_file = load_tools_file(tools_config_file)
@@ -586,8 +585,6 @@ async def check_cancellation(
     """``execute`` runs through the guard Tool.call uses, under deadlines too short to meet; when one
     cuts it off, the call must end by cancellation within ``grace_s`` (not carry on, not return a
     result). A tool fast enough to beat every deadline passes: there is nothing to cancel."""
-    from toolrl.tools.guard import run_guarded
-
     for deadline in deadlines_s:
         toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
         try:
@@ -624,9 +621,6 @@ async def check_return_types(
 ) -> tuple[Any, Any, Any]:
     """``execute`` returns exactly ``(response, step_reward, metrics)``: a str or ToolResponse, a finite
     number, a dict of JSON values. (Rollouts turn anything else into an error result for the model.)"""
-    from toolrl.tools import ToolReturnError, coerce_execute_result
-    from toolrl.tools.guard import run_guarded
-
     toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
     try:
         iid = toolset.instances[tool.name]

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from toolrl.config import ConfigError
+from toolrl.plugins.parts import BuildContext, build_part, lookup_part, options_model
+
 if TYPE_CHECKING:
     from toolrl.plugins import Plugins
 
@@ -18,9 +21,6 @@ SELF_CONTAINED = ("tool_parsers", "reward_functions", "loggers", "model_families
 
 def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -> None:
     """Raise AssertionError saying what the part ``name`` of ``kind`` lacks."""
-    from toolrl.config import ConfigError
-    from toolrl.plugins.parts import BuildContext, build_part, lookup_part, options_model
-
     part: Any = lookup_part(kind, name, f"{kind} {name!r}", plugins)
     model = options_model(part)
     if not (isinstance(model, type) and issubclass(model, BaseModel)):

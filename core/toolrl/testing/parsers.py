@@ -21,7 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from toolrl.parsers import ToolParser
+from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import ParseResult
+from toolrl.testing.contract import check_build_contract
 from toolrl.testing.parser_corpus import CODE, SEARCH, TOOLS, TYPED, UNICODE, WEATHER, Call
 
 Render = Callable[[Sequence[Call]], str]
@@ -159,16 +161,12 @@ class ParserConformance:
     fuzz_inputs: ClassVar[int] = 2000
 
     def parser(self) -> ToolParser:
-        from toolrl.plugins.parts import BuildContext, build_part
-
         parser = build_part("tool_parsers", self.parser_name, dict(self.parser_options),
                             BuildContext("rollout.parser", "rollout.parser_options"))
         parser.bind_tools(list(self.tools))
         return parser
 
     def test_builds_through_the_registry(self) -> None:
-        from toolrl.testing.contract import check_build_contract
-
         assert self.parser_name, "set parser_name"
         check_build_contract("tool_parsers", self.parser_name)
         assert isinstance(self.parser(), ToolParser)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 @pytest.fixture
 def toolrl_plugins() -> Plugins:
     """Freshly loaded plugins (built-ins and entry points), independent of the process-wide ones."""
+    # lazy: every pytest run in the environment imports this module (see above)
     from toolrl.plugins import Plugins
 
     return Plugins()
@@ -35,6 +36,7 @@ def toolrl_plugins() -> Plugins:
 @pytest.fixture
 def toolrl_reload_plugins() -> Iterator[Callable[[], Plugins]]:
     """Reset the process-wide plugins around the test; returns ``get_plugins`` to reload them."""
+    # lazy: every pytest run in the environment imports this module (see above)
     from toolrl.plugins import get_plugins, reset_plugins
 
     reset_plugins()
@@ -44,7 +46,7 @@ def toolrl_reload_plugins() -> Iterator[Callable[[], Plugins]]:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     try:
-        from toolrl.plugins import Plugins
+        from toolrl.plugins import Plugins  # lazy: as above, and a broken install is the header's line
 
         plugins = Plugins(strict=False).list()
     except Exception as exc:  # the header must never break a test run

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from toolrl.config import ConfigError, format_errors, read_yaml
 from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.tools import Tool, ToolConfigError
+from toolrl.tools.isolation import ProcessTool
 
 
 class ToolEntryConfig(BaseModel):
@@ -107,8 +108,6 @@ async def build_entry(entry: ToolEntry, base_dir: Path | None = None) -> list[To
     process`` the one tool built and run in a worker process of its own."""
     config = entry.config.model_dump()
     if config.get("isolation") == "process":
-        from toolrl.tools.isolation import ProcessTool
-
         return [await ProcessTool.start(resolve_tool_class(entry.class_name), config, entry.tool_schema)]
     section = ToolSection(entry.model_dump(exclude_none=True), base_dir)
     context = BuildContext(f"tools[].class_name {entry.class_name!r}", "tools[].config",

@@ -17,13 +17,16 @@ so the sum of the ranks' gradients is the one-rank gradient, as for the policy).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from toolrl import model_sources
 from toolrl.config import Config
+from toolrl.model_sources import model_path
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
     PackedBatch,
@@ -261,11 +264,6 @@ class Critic:
               mesh: Any = None, processor: Any = None) -> Critic:
         """From ``config.critic``: a copy of ``policy_lm``'s backbone (before sharding, and without
         adapters: a LoRA run's critic starts from ``model.source`` again), or ``critic.model``."""
-        import copy
-
-        from toolrl import model_sources
-        from toolrl.model_sources import model_path
-
         cfg = config.critic
         if cfg.model is None and config.model.lora is None:
             backbone = copy.deepcopy(getattr(policy_lm, policy_lm.base_model_prefix))

@@ -10,7 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from toolrl.config import Config
+from toolrl.model_sources import model_path
 from toolrl.run_dir import HF_FILES, META, latest, read_meta
+from toolrl.training import lora
+from toolrl.training.policy import build_policy
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
@@ -82,11 +86,6 @@ def _rebuilt_from_source(run: dict[str, Any], path: Path) -> dict[str, Any]:
     the trained model (frozen weights from ``model.source``, trained ones from the checkpoint) and merge
     any adapters, under the base model's names."""
     import torch.distributed.checkpoint as dcp
-
-    from toolrl.config import Config
-    from toolrl.model_sources import model_path
-    from toolrl.training import lora
-    from toolrl.training.policy import build_policy
 
     config = Config.model_validate(run)
     model = build_policy(config, model_path(config), "cpu")

@@ -17,11 +17,15 @@ which is a collective: every rank must iterate :func:`iter_engine_weights` toget
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from toolrl.config import ConfigError
+from toolrl.model_sources import first_line
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +46,6 @@ def apply_lora(model: Any, config: LoraConfig) -> Any:
     from peft import inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
 
-    from toolrl.config import ConfigError
-    from toolrl.model_sources import first_line
     from toolrl.training.vision import is_vision_model
 
     targets = config.target_modules
@@ -120,8 +122,6 @@ def save_adapter(model: Any, directory: str | os.PathLike[str], base_model: str 
     which ``peft.PeftModel.from_pretrained`` and LoRA-serving engines (vLLM) load; ``base_model`` is
     recorded as ``base_model_name_or_path``. Gathers sharded tensors (a collective, like
     :func:`iter_engine_weights`). Returns the directory."""
-    import dataclasses
-
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 

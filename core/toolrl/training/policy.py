@@ -5,24 +5,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolrl.config import Config
+from toolrl import model_sources
+from toolrl.config import Config, ConfigError
+from toolrl.training import lora
 
 
 def build_policy(config: Config, path: str, device: str) -> Any:
     """The model a trainer rank optimises: the one place it is built (adapters wrap it here)."""
-    from toolrl import model_sources
-
     model = model_sources.load_model(path, dtype=config.model.dtype, device=device)
     if config.model.freeze_vision:
-        from toolrl.config import ConfigError
         from toolrl.training import vision
 
         if not vision.is_vision_model(model):
             raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
         vision.freeze_vision(model)
     if config.model.lora is not None:
-        from toolrl.training import lora
-
         lora.apply_lora(model, config.model.lora)
     if config.model.gradient_checkpointing:
         # Non-reentrant: the form FSDP2 and torch.compile support.

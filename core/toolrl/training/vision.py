@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from toolrl.images import pixel_values
 from toolrl.trajectory import Trajectory, TrajectoryImage
 
 # A step's cache of processed images: PNG bytes -> (pixel rows, grid).
@@ -108,8 +109,6 @@ def check_untrained(t: Trajectory, image_id: int) -> None:
 
 def _pixels(image: TrajectoryImage, processor: Any, cache: PixelCache) -> tuple[torch.Tensor, torch.Tensor]:
     if image.png not in cache:
-        from toolrl.images import pixel_values
-
         pixels, grids = pixel_values(processor, [image], "the trainer")
         cache[image.png] = (pixels, grids[0])
     return cache[image.png]

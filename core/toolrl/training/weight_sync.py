@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from toolrl.transports import Bucket, BucketHeader, Load, WeightReceiver, WeightSender
+from toolrl.training import lora
+from toolrl.transports import ALIGN, Bucket, BucketHeader, Load, RowPiece, WeightReceiver, WeightSender
 
 # (bucket, last) -> bytes the sink itself holds while the bucket is in flight (e.g. an object-store copy).
 Sink = Callable[[Mapping[str, Any], bool], int]
@@ -49,8 +50,6 @@ def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool 
     model's names, LoRA merged in) as buckets of at most ``bucket_bytes``
     (a larger tensor travels alone), on ``device``. With ``keep=False`` (ranks other than the
     sender) gathered tensors are dropped and nothing is yielded."""
-    from toolrl.training import lora
-
     bucket: dict[str, Any] = {}
     seen: set[int] = set()
     tied = set()  # second names of one tensor (an LM head tied to the embeddings): sent once
@@ -142,8 +141,6 @@ def _owned_weights(model: Any, rank: int, world_size: int) -> Iterator[tuple[str
     of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it holds, read in place; any other
     (replicated, or under LoRA merged with its adapters: gathered by every rank, a collective) whole
     by one rank, round-robin. Tied tensors are sent once."""
-    from toolrl.training import lora
-
     seen: set[int] = set()
     tied: set[str] = set()
     for name, value in model.state_dict(keep_vars=True).items():
@@ -179,8 +176,6 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     """The weights rank ``rank`` sends (:func:`_owned_weights`) as packed buckets of at most
     ``bucket_bytes`` (a larger piece travels alone); each bucket's ``fill`` copies its pieces into the
     transport's buffer."""
-    from toolrl.transports import ALIGN, BucketHeader, RowPiece
-
     pieces: list[RowPiece] = []
     tensors: list[Any] = []
     size = 0

@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.plugins.parts import BuildContext, build_part
+
 # Pieces start on 64-byte boundaries of a bucket: a view of any dtype can start there.
 ALIGN = 64
 
@@ -142,7 +144,5 @@ class ObjectStoreTransport(WeightTransport):
 
 def build_transport(trainer: Any) -> WeightTransport:
     """The transport ``trainer`` (a :class:`toolrl.config.TrainerConfig`) names; ConfigError otherwise."""
-    from toolrl.plugins.parts import BuildContext, build_part
-
     return build_part("weight_transports", trainer.weight_transport, trainer.weight_transport_options,
                       BuildContext("trainer.weight_transport", "trainer.weight_transport_options"))

@@ -3,6 +3,7 @@ free port of its node, joined by the receivers; its timeout bounds every wait on
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -11,8 +12,6 @@ from toolrl.transports import Link, TransportError
 
 def node_address() -> str:
     """This node's address as other processes reach it (Ray's view of the node when Ray is up)."""
-    import sys
-
     ray = sys.modules.get("ray")  # without Ray, peers are processes of this node (a hostname lookup can take seconds)
     return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
 

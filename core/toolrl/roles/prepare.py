@@ -1,0 +1,129 @@
+"""What happens before step 1 of ``toolrl train``, top to bottom: :func:`prepare_training` is the
+ordered list, each step one call into the module that owns it, with the reason it stands where it
+does. Checks come first and cost least (nothing loaded, nothing written); every model loads after
+every check; the run's directory is first written after the roles are up and the weights in place.
+docs/architecture.md ("Before step 1") walks the same list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolrl.config import Config, ConfigError
+from toolrl.data.batches import AHEAD, StepBatch
+from toolrl.plugins import get_plugins
+from toolrl.roles.inputs import check_model_inputs
+from toolrl.roles.replay import Replay
+from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.start import Roles, start_roles
+from toolrl.roles.supervise import controller_restart
+from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller
+from toolrl.training.export import save_model_files
+
+
+@dataclass
+class Prepared:
+    """A run ready for its first step. ``start``: steps trained already (a resumed run's checkpoint);
+    ``position``: the groups consumed so far; ``ahead``: the next step's batch a ``one_step_off`` run
+    generated before it stopped; ``recovered``: recoveries for the first metrics row (``--supervise``)."""
+
+    run: ResolvedRun
+    run_dir: RunDir
+    roles: Roles
+    start: int = 0
+    position: int = 0
+    ahead: StepBatch | None = None
+    recovered: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def prepare_training(config: Config, resume: bool = False, overwrite: bool = False) -> Prepared:
+    """``config`` (loaded and validated: :func:`toolrl.config.load_config`, every bad field one line)
+    made into a run at its first step."""
+    # Plugins: every part below is looked up among them. The CLI loaded them already (to add their
+    # commands); a library caller loads them here, before any name is looked up.
+    get_plugins()
+    # The whole run checked, in the order a user would fix it: placement, the files it names, the
+    # algorithm, every part by name, loggers, weight transport, the data's rows, the held-out split.
+    # Nothing loads a model and nothing is written, so any mistake is one line and costs seconds.
+    run = resolve_run(config, "train")
+    # The output directory: an earlier run there only with --resume or --overwrite. Opened, not written.
+    run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
+    ahead = None
+    if run_dir.mode == "resume":
+        # A damaged checkpoint, or one of another model, is one line before any weights load.
+        check_resume(run_dir.latest_checkpoint(), run.model_dir)
+        ahead = kept_batch(run_dir.latest_checkpoint())
+    # The tokenizer, the model family (its tokens in the tokenizer, its template) and every prompt
+    # against the context: the last checks, still before any model loads.
+    inputs = check_model_inputs(run.config, run.parts.engine_cls, run.model_dir, run.prompts)
+    # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
+    # in this process, or as Ray actors.
+    roles = await start_roles(run, inputs=inputs)
+    try:
+        return await _weights_and_first_write(run, run_dir, roles, ahead)
+    except BaseException:
+        await roles.close()
+        raise
+
+
+async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, roles: Roles,
+                                   ahead: StepBatch | None) -> Prepared:
+    config = run.config
+    if config.data.trajectories:  # recorded groups are trained in place of generated ones
+        roles.rollouts = Replay(roles.rollouts)
+    # The engine can take weight updates (a frozen remote server cannot be trained).
+    if (reason := await roles.rollouts.check_trainable()) is not None:
+        raise ConfigError(f"engine.name: {reason}")
+    prepared = Prepared(run, run_dir, roles, ahead=ahead)
+    if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
+        prepared.start, prepared.position = await restore_checkpoint(roles, run_dir)
+    # Step 1 may begin: the run's first write (config.json), then what a resumed run drops and the
+    # records every step adds to.
+    run_dir.start(config)
+    lost = run_dir.truncate_metrics(prepared.start)  # resumed: lines of steps after the checkpoint go
+    # Recoveries not yet in a metrics row: this controller, when it replaces one that died (--supervise).
+    prepared.recovered = controller_restart(prepared.start, lost)
+    for row in prepared.recovered:
+        run_dir.append_recovery({"step": prepared.start + 1, **row})
+    run_dir.write_roles(roles.placement)
+    save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
+    return prepared
+
+
+def check_resume(checkpoint: Path, model_dir: str) -> None:
+    """Before the model loads: the checkpoint's files whole (:func:`toolrl.run_dir.checkpoint_shapes`)
+    and its model tensors the shapes of this run's model (built on the meta device: no weights read),
+    so that a damaged checkpoint, or one of another model, is one line with nothing loaded."""
+    import torch  # lazy, as every model-building import of the controller: only a resumed run builds one here
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    saved = checkpoint_shapes(checkpoint)
+    config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    for name, tensor in model.state_dict().items():
+        if name in saved and tuple(tensor.shape) != saved[name]:
+            raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded into this model: "
+                              f"{name} is {list(saved[name])} in the checkpoint, {list(tensor.shape)} in "
+                              f"{model_dir}")
+
+
+def kept_batch(checkpoint: Path) -> StepBatch | None:
+    """The next step's batch a ``one_step_off`` run kept in its checkpoint (None without one): read
+    before the model loads, so a damaged file is one line with nothing loaded."""
+    kept = checkpoint / AHEAD
+    return StepBatch.load(kept) if kept.exists() else None
+
+
+async def restore_checkpoint(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
+    """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
+    step and the data position."""
+    ckpt = run_dir.latest_checkpoint()
+    meta = read_meta(ckpt)
+    await roles.training.load(str(ckpt))
+    restore_controller(ckpt)
+    step = int(meta["step"])
+    await roles.sync_weights(step)
+    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
