@@ -1,6 +1,6 @@
 """Weight transports in a training run on Ray: two trainer ranks (FSDP2) and two rollout workers train
 three steps to the same figures with ``trainer.weight_transport=broadcast`` (each rank sends its own
-shards over its own gloo group) as with the object store."""
+shards over its own gloo group) and ``trainer.weight_sync=delta`` as with the object store."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_broadcast_trains_to_the_same_figures_as_the_object_store(tmp_path):
     plugin.mkdir()
     make_dist(plugin, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     want = train(tmp_path / "object_store", plugin)
-    got = train(tmp_path / "broadcast", plugin, "trainer.weight_transport=broadcast")
+    # Delta sync too: FSDP2's shards count their own writes (a full fine-tune sends them all each step).
+    got = train(tmp_path / "broadcast", plugin, "trainer.weight_transport=broadcast", "trainer.weight_sync=delta")
     assert [m["step"] for m in got] == [1, 2, 3]
     assert all(m["reward_std"] > 0 and m["grad_norm"] > 0 for m in want)
     for a, b in zip(got, want, strict=True):

@@ -46,8 +46,7 @@ class SyncStats:
     held: int = 0  # bytes of copies in the current bucket
 
     def as_metrics(self) -> dict[str, float]:
-        return {"weight_sync_s": self.seconds, "weight_sync_peak_mb": self.peak_bytes / 2**20,
-                "weight_sync_mb": self.bytes_sent / 2**20}
+        return {"weight_sync_s": self.seconds, "weight_sync_peak_mb": self.peak_bytes / 2**20}
 
 
 @dataclass(frozen=True)
@@ -96,14 +95,15 @@ class Delta:
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def changed(self, name: str, tensor: Any) -> bool:
-        """Whether ``tensor`` (weight ``name``; a DTensor: this rank's shard) was written since it was sent;
-        for a sharded tensor every rank of its mesh agrees (a collective), as its gather needs."""
+    def changed(self, name: str, tensor: Any, agree: bool = False) -> bool:
+        """Whether ``tensor`` (weight ``name``) was written since it was sent. A DTensor counts its own
+        writes (its local shard's counter does not move); with ``agree`` every rank of its mesh takes
+        the same answer (a collective, as the gather that follows needs)."""
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        mark = (local.data_ptr(), local._version)
+        mark = (local.data_ptr(), tensor._version)
         self.pending[name] = mark
         changed = self.sent.get(name) != mark
-        if hasattr(tensor, "full_tensor") and tensor.device_mesh.size() > 1:
+        if agree and hasattr(tensor, "device_mesh") and tensor.device_mesh.size() > 1:
             import torch
             import torch.distributed as dist
 
@@ -151,7 +151,7 @@ def _tied_names(model: Any) -> set[str]:
 
 
 def _wanted(name: str, own: Any, delta: Delta | None) -> bool:
-    return delta is None or own is None or delta.changed(name, own)
+    return delta is None or own is None or delta.changed(name, own, agree=True)
 
 
 def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
@@ -259,7 +259,7 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
             continue
         if _row_sharded(tensor):
             local = tensor.to_local()
-            if local.numel() and (delta is None or delta.changed(name, local)):
+            if local.numel() and (delta is None or delta.changed(name, tensor)):
                 per = -(-tensor.shape[0] // tensor.device_mesh.size())
                 yield name, tuple(tensor.shape), tensor.device_mesh.get_local_rank() * per, local.detach()
             continue
