@@ -4,7 +4,10 @@ weights."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
 from toolrl.training.weight_sync import SyncStats, owned_buckets, receive_into, send_owned
 from toolrl.transports import LinkedTransport, ObjectStoreTransport, build_transport
+from toolrl.transports.shared_memory import SEGMENT_PREFIX
 
 LINKED = ("broadcast", "shared_memory", "disk")
 
@@ -54,6 +58,21 @@ def test_conformance_every_byte_arrives(name, tmp_path):
 @pytest.mark.parametrize("name", LINKED)
 def test_conformance_a_dead_peer_ends_the_transfer_within_the_timeout(name, tmp_path):
     check_dead_peers(transport(name, tmp_path), timeout_s=5.0)
+
+
+def test_a_killed_senders_segments_are_removed_by_the_next_sender(tmp_path):
+    """A shared_memory sender killed outright cannot unlink its segments; the next one opened in the
+    same directory removes those whose sender pid is gone, and leaves a live sender's alone."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"{SEGMENT_PREFIX}{int(gone.stdout)}-old-0"
+    live = tmp_path / f"{SEGMENT_PREFIX}{os.getpid()}-other-0"
+    for path in (orphan, live):
+        path.write_bytes(b"\0" * 64)
+    sender = transport("shared_memory", tmp_path).open_sender("new", 0, 1, 5.0)
+    try:
+        assert not orphan.exists() and live.exists()
+    finally:
+        sender.close()
 
 
 # -- engines ----------------------------------------------------------------------------------------
