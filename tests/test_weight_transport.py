@@ -18,7 +18,13 @@ from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
-from toolrl.training.weight_sync import SyncStats, owned_buckets, receive_into, send_owned
+from toolrl.training.weight_sync import (
+    SyncStats,
+    owned_buckets,
+    receive_into,
+    send_engine_weights,
+    send_owned,
+)
 from toolrl.transports import LinkedTransport, ObjectStoreTransport, build_transport
 from toolrl.transports.shared_memory import SEGMENT_PREFIX
 
@@ -143,6 +149,36 @@ async def test_engines_after_a_sync_equal_the_exported_checkpoint(name, load, tr
         for s in senders:
             s.close()
         for e in [*engines, reference]:
+            await e.close()
+
+
+@pytest.mark.parametrize("name", LINKED)
+async def test_a_live_engine_sends_its_weights_to_a_new_one_bit_for_bit(name, trained, tiny_qwen3_path, tmp_path):
+    """A peer in place of the trainer: a live engine's weights (each tied tensor once) to a new engine."""
+    _, exported = trained
+    live = TransformersEngine.create(ModelSource(path=exported), {"device": "cpu"})
+    new = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu"})
+    kind = transport(name, tmp_path)
+    sender = kind.open_sender(f"peer-{name}", 0, 1, 30.0)
+    sent: list[int] = []
+
+    def send():
+        with live.updating_weights(3):
+            sent.append(send_engine_weights(live, sender, 0.05).bytes_sent)
+
+    try:
+        thread = threading.Thread(target=send)
+        thread.start()
+        received = receive_into(new, [kind.open_receiver(sender.link, 0)], 3)
+        thread.join(60)
+        mine, theirs = live.weight_tensors(), new.weight_tensors()
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+        unique = {v.data_ptr(): v for v in mine.values()}
+        assert sent == [sum(v.numel() * v.element_size() for v in unique.values())] and received >= sent[0]
+        assert new.weight_version == 3 and await logprobs(new, PROMPTS) == await logprobs(live, PROMPTS)
+    finally:
+        sender.close()
+        for e in (live, new):
             await e.close()
 
 

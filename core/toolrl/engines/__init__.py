@@ -149,6 +149,12 @@ class RolloutEngine(ABC):
     def _bucket_stager(self) -> BucketStager:
         return BucketStager()
 
+    def weight_tensors(self) -> Mapping[str, Any] | None:
+        """The engine's weights by the names :meth:`load_weight_rows` takes, read in place (tied ones
+        may appear under each name): what a live engine sends a new one in place of the trainer. None:
+        it cannot give them (a new engine then gets the trainer's weights)."""
+        return None
+
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         """Put LoRA adapters into the engine's base model: ``inject(model)`` (the trainer's own
         injection, so both hold the same adapters under the same names); from then on weight updates

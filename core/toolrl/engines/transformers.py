@@ -331,6 +331,9 @@ class TransformersEngine(RolloutEngine):
     def finish_weight_rows(self) -> None:
         """Nothing is staged: the rows were written in place (sessions are dropped by updating_weights)."""
 
+    def weight_tensors(self) -> Mapping[str, Any]:
+        return {name: t.detach() for name, t in self._weights_by_name.items()}
+
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
         with self._step_lock:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,6 +284,12 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     """The weights rank ``rank`` sends (:func:`_owned_weights`) as packed buckets of at most
     ``bucket_bytes`` (a larger piece travels alone); each bucket's ``fill`` copies its pieces into the
     transport's buffer."""
+    return _packed(_owned_weights(model, rank, world_size, plan, delta), bucket_bytes, stats)
+
+
+def _packed(weights: Iterable[tuple[str, tuple[int, ...], int, Any]], bucket_bytes: int,
+            stats: SyncStats) -> Iterator[Bucket]:
+    """``(name, whole shape, first row, rows)`` pieces packed into buckets of at most ``bucket_bytes``."""
     from toolrl.transports import ALIGN, BucketHeader, RowPiece
 
     pieces: list[RowPiece] = []
@@ -293,7 +299,7 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     def bucket() -> Bucket:
         return Bucket(BucketHeader(pieces=list(pieces), nbytes=size), functools.partial(_pack, list(pieces), list(tensors)))
 
-    for name, shape, start, rows in _owned_weights(model, rank, world_size, plan, delta):
+    for name, shape, start, rows in weights:
         nbytes = rows.numel() * rows.element_size()
         if pieces and size + nbytes > bucket_bytes:
             yield bucket()
@@ -332,6 +338,24 @@ def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, buc
 
     sender.send(counted(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats, plan, delta)))
     stats.peak_bytes = 2 * largest
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def send_engine_weights(engine: Any, sender: WeightSender, bucket_mb: float) -> SyncStats:
+    """A live engine's weights (:meth:`~toolrl.engines.RolloutEngine.weight_tensors`, each tensor once)
+    over ``sender``'s link, to a new engine in place of the trainer's; the caller holds the engine's
+    weights still meanwhile (``updating_weights``)."""
+    stats = SyncStats()
+    t0 = time.perf_counter()
+    seen: set[tuple[Any, ...]] = set()
+    whole = []
+    for name, tensor in engine.weight_tensors().items():
+        same = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)  # a tied tensor under a second name
+        if tensor.numel() == 0 or same not in seen:
+            seen.add(same)
+            whole.append((name, tuple(tensor.shape), 0, tensor))
+    sender.send(_packed(whole, int(bucket_mb * 2**20), stats))
     stats.seconds = time.perf_counter() - t0
     return stats
 
