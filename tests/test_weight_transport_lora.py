@@ -147,6 +147,7 @@ def test_the_plan_sends_adapters_only_to_an_engine_that_loads_them():
 
 def test_prepare_engine_gives_the_engine_the_runs_adapters(tiny_qwen3_path, adapted):
     built = engine(tiny_qwen3_path)
-    prepare_engine(built, load_config(TINY, ["model.lora={r: 4, alpha: 8.0}"]))
+    prepare_engine(built, load_config(TINY, ["model.lora={r: 4, alpha: 8.0, dropout: 0.5}"]))  # no dropout sampling
     names = {k for k in built.model.state_dict() if ".lora_" in k}
     assert names == {k for k, _ in iter_adapter_weights(adapted)}
+    assert not any(m.training for m in built.model.modules()) and not any(p.requires_grad for p in built.model.parameters())

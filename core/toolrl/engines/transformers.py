@@ -336,8 +336,10 @@ class TransformersEngine(RolloutEngine):
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
+        # Its new modules start in training mode (adapter dropout): the engine only samples.
         with self._step_lock:
             inject(self.model)
+            self.model.requires_grad_(False).eval()
             self.__dict__.pop("_weights_by_name", None)
             self._invalidate_sessions()
 
