@@ -13,15 +13,26 @@ actors (``RayTrainerGroup.transport`` switched between pushes):
 - **disk**: the same, one safetensors file per bucket under a temporary directory.
 - **memcpy floor**: the same bytes copied once with ``Tensor.copy_`` in this process, one thread.
 
+On the first model also (``--no-extra`` leaves them out):
+
+- **delta** (``trainer.weight_sync: delta``) over each transport: between two syncs every tensor but
+  the (tied) embeddings is written in place, as a step with frozen embeddings writes them; only those
+  travel.
+- **lora adapter-only**: a LoRA run (``model.lora``: r 8, all-linear) on actors of its own; only the
+  adapters travel, and the workers' engines hold the same adapters on their base model.
+
+Each timed sync follows an untimed one on the same transport (a new transport opens new links).
+
 Sync seconds: the slowest rank's, as the controller's ``weight_sync_s``. Peak extra MiB: the most a
 rank holds for the sync beyond its shard (object_store: the bucket, the tensor being gathered and the
 bucket's object-store copy; linked transports: their two bucket buffers), counted from the tensors.
 Models: SmolLM2-135M-Instruct (``smollm2``) and a random model shaped like Qwen2.5-0.5B (``qwen0.5b``:
 hidden 896, 24 layers, 14/2 heads, MLP 4864, tied 151936-row vocab; built once into the cache).
-The last lines are the first model's ``broadcast/object_store`` and ``shared_memory/object_store``
-(medians of the rounds).
+The last lines are the first model's ``lora adapter-only/full`` (object_store both; then over
+broadcast both, and adapter-only over broadcast against the full object_store sync),
+``broadcast/object_store`` and ``shared_memory/object_store`` (medians of the rounds).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/weight_sync.py [--rounds 3] [--bucket-mb 64] [--models smollm2,qwen0.5b]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/weight_sync.py [--rounds 3] [--bucket-mb 64] [--models smollm2,qwen0.5b] [--no-extra]
 """
 
 from __future__ import annotations
@@ -65,30 +76,90 @@ def memcpy_s(nbytes: int, rounds: int) -> float:
     return median(times)
 
 
-def measure(model: str, rounds: int, bucket_mb: float, scratch: str) -> dict[str, Any]:
-    from toolrl.config import load_config
-    from toolrl.model_sources import load_model, model_path
-    from toolrl.plugins.parts import BuildContext, build_part
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
-    from toolrl.roles.trainer_group import RayTrainerGroup
+def _set_delta(rank: Any, on: bool) -> None:
+    """On a trainer rank (``__ray_call__``): delta sync turned on (its receivers' state empty: the next
+    sync sends everything) or off."""
+    from dataclasses import replace
 
-    config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
-        f"model.source={source(model)}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",
-        f"trainer.weight_sync_bucket_mb={bucket_mb}", "tools.entries=[]", "trainer.progress=false"])
-    path = model_path(config)
-    weights = load_model(path)
+    from toolrl.training.weight_sync import Delta
+
+    if (rank.delta is not None) != on:
+        rank.sync_plan = replace(rank.sync_plan, delta=on)
+        rank.delta = Delta() if on else None
+
+
+def _write_all_but_embeddings(rank: Any) -> None:
+    """On a trainer rank: every parameter but the embeddings written in place (values unchanged)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in rank.model.named_parameters():
+            if "embed_tokens" not in name:
+                p.mul_(1.0)
+
+
+def measure(model: str, rounds: int, bucket_mb: float, scratch: str, extra: bool) -> dict[str, Any]:
+    import ray
+    from toolrl.model_sources import load_model
+
+    config = _config(model, bucket_mb)
+    weights = load_model(config[1])
     unique = {v.untyped_storage().data_ptr(): v for v in weights.state_dict().values()}  # tied: once
     nbytes = sum(v.numel() * v.element_size() for v in unique.values())
     del weights, unique
-    print(f"model {path}: {nbytes / 2**20:.0f} MiB of weights", flush=True)
+    print(f"model {config[1]}: {nbytes / 2**20:.0f} MiB of weights", flush=True)
+    transports = _transports(scratch)
+
+    def full(group: Any) -> None:
+        ray.get([r.__ray_call__.remote(_set_delta, False) for r in group.ranks])
+
+    def delta(group: Any) -> None:
+        ray.get([r.__ray_call__.remote(_set_delta, True) for r in group.ranks])
+        ray.get([r.__ray_call__.remote(_write_all_but_embeddings) for r in group.ranks])
+
+    # Full and delta syncs on the same actors; delta's untimed first sync (new links) sends everything.
+    plans = {name: (t, full) for name, t in transports.items()}
+    if extra:
+        plans |= {f"delta {name}": (t, delta) for name, t in transports.items()}
+    rows = _rounds(config[0], plans, rounds)
+    if extra:
+        lora = _config(model, bucket_mb, "model.lora={r: 8, alpha: 16}")[0]
+        rows |= {f"lora adapter-only {n}": v for n, v in _rounds(
+            lora, {n: (transports[n], None) for n in ("object_store", "broadcast", "shared_memory")}, rounds).items()}
+    return {"sync": {k: median([s for s, _ in v]) for k, v in rows.items()},
+            "peak": {k: max(p for _, p in v) for k, v in rows.items()},
+            "floor": memcpy_s(nbytes, max(3, rounds)), "mib": nbytes / 2**20}
+
+
+def _config(model: str, bucket_mb: float, *overrides: str) -> tuple[Any, str]:
+    from toolrl.config import load_config
+    from toolrl.model_sources import model_path
+
+    config = load_config(str(ROOT / "examples" / "tiny.yaml"), [
+        f"model.source={source(model)}", "ray.address=local", "trainer.world_size=2", "ray.num_rollout_workers=2",
+        f"trainer.weight_sync_bucket_mb={bucket_mb}", "tools.entries=[]", "trainer.progress=false", *overrides])
+    return config, model_path(config)
+
+
+def _transports(scratch: str) -> dict[str, Any]:
+    from toolrl.plugins.parts import BuildContext, build_part
+
     options = {"disk": {"path": scratch}}
-    transports = {name: build_part("weight_transports", name, options.get(name), BuildContext(name))
-                  for name in TRANSPORTS}
+    return {name: build_part("weight_transports", name, options.get(name), BuildContext(name)) for name in TRANSPORTS}
+
+
+def _rounds(config: Any, transports: dict[str, tuple[Any, Any]], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """``rounds`` timed syncs per transport on one set of actors (2 ranks, 2 workers), alternating
+    between the transports; ``transports``: name -> (transport, what to run on the group before each
+    sync, or None)."""
+    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.trainer_group import RayTrainerGroup
 
     pool = RolloutWorkerPool(config, num_workers=2)
     group = RayTrainerGroup(config)
     loop = asyncio.new_event_loop()
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in TRANSPORTS}
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in transports}
+    version = 0
     try:
         t0 = time.perf_counter()
 
@@ -98,19 +169,21 @@ def measure(model: str, rounds: int, bucket_mb: float, scratch: str) -> dict[str
         loop.run_until_complete(start())
         print(f"2 trainer ranks and 2 rollout workers up in {time.perf_counter() - t0:.1f} s", flush=True)
         for r in range(rounds):
-            for name, transport in transports.items():
+            for name, (transport, before) in transports.items():
                 group.transport = transport
-                out = loop.run_until_complete(group.push(pool.workers, r + 1))
-                assert not out.dead, f"{name}: workers lost"
+                for _ in range(2):  # the first opens the transport's links: untimed
+                    if before is not None:
+                        before(group)
+                    version += 1
+                    out = loop.run_until_complete(group.push(pool.workers, version))
+                    assert not out.dead, f"{name}: workers lost"
                 rows[name].append((out.metrics["weight_sync_s"], out.metrics["weight_sync_peak_mb"]))
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1][0]:.2f} s" for k, v in rows.items()), flush=True)
     finally:
         group.close()
         loop.run_until_complete(pool.close())
         loop.close()
-    return {"sync": {k: median([s for s, _ in v]) for k, v in rows.items()},
-            "peak": {k: max(p for _, p in v) for k, v in rows.items()},
-            "floor": memcpy_s(nbytes, max(3, rounds)), "mib": nbytes / 2**20}
+    return rows
 
 
 def main() -> None:
@@ -118,6 +191,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--models", default="smollm2,qwen0.5b")
+    parser.add_argument("--no-extra", action="store_true", help="leave out the delta and LoRA rows")
     args = parser.parse_args()
 
     import ray
@@ -129,8 +203,8 @@ def main() -> None:
     results = {}
     try:
         with tempfile.TemporaryDirectory(prefix="toolrl-weights-") as scratch:
-            for model in args.models.split(","):
-                results[model] = measure(model, args.rounds, args.bucket_mb, scratch)
+            for i, model in enumerate(args.models.split(",")):
+                results[model] = measure(model, args.rounds, args.bucket_mb, scratch, extra=i == 0 and not args.no_extra)
     finally:
         ray.shutdown()
 
@@ -138,12 +212,17 @@ def main() -> None:
         sync, peak, floor = res["sync"], res["peak"], res["floor"]
         print(f"\n{model} ({res['mib']:.0f} MiB fp32, {args.bucket_mb:g} MB buckets, 2 FSDP ranks -> 2 workers)")
         print(table(["transport", "sync s (median)", "peak extra MiB", "× object_store", "× memcpy floor"], [
-            *[[name, sync[name], peak[name], sync[name] / sync["object_store"], sync[name] / floor]
-              for name in TRANSPORTS],
+            *[[name, sync[name], peak[name], sync[name] / sync["object_store"], sync[name] / floor] for name in sync],
             ["memcpy floor (1 copy, 1 thread)", floor, res["mib"], floor / sync["object_store"], 1.0],
         ]))
     first = results[args.models.split(",")[0]]["sync"]
-    print(f"\nbroadcast/object_store: {first['broadcast'] / first['object_store']:.2f}")
+    print()
+    if "lora adapter-only object_store" in first:  # the same transport both sides, then against the anchor
+        print(f"lora adapter-only/full: {first['lora adapter-only object_store'] / first['object_store']:.2f}")
+        print(f"lora adapter-only/full over broadcast: {first['lora adapter-only broadcast'] / first['broadcast']:.2f}")
+        print(f"lora adapter-only broadcast/full object_store: "
+              f"{first['lora adapter-only broadcast'] / first['object_store']:.2f}")
+    print(f"broadcast/object_store: {first['broadcast'] / first['object_store']:.2f}")
     print(f"shared_memory/object_store: {first['shared_memory'] / first['object_store']:.2f}")
 
 

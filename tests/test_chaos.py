@@ -1,7 +1,8 @@
 """Chaos on Ray on loopback: an asynchronous run (two trainer ranks on gloo, two rollout workers,
 ``max_staleness: 1``, ten steps, under ``--supervise``) whose trainer ranks, rollout workers and
 controller are killed with SIGKILL on a seeded schedule, twice each in one run (one of the worker kills
-while that worker is loading a weight push), with the trainer group re-formed at its size (``replace``) or
+while that worker is loading a weight push), over the object store and over ``broadcast`` (gloo links
+from each rank to every worker), with the trainer group re-formed at its size (``replace``) or
 one rank smaller (``shrink``; a restarted controller starts the configured two again). The run must
 finish by itself, with every step once, nothing lost, each recovery recorded and each under a bound.
 
@@ -35,7 +36,8 @@ RECOVERY_BOUND_S = 120.0  # each recovery, on two shared cores
 
 # The workers' engine: the transformers engine, except that the first weight load after the test
 # arms it (creates $TOOLRL_CHAOS_DIR/arm) takes the arm (an atomic rename, so one worker of the two),
-# says its pid and waits there for the test's SIGKILL: a worker killed in the middle of a push.
+# says its pid and waits there for the test's SIGKILL: a worker killed in the middle of a push (over
+# broadcast: between two pieces of the stream, its senders mid-transfer).
 PAUSING_ENGINE = """
 import os
 import time
@@ -47,13 +49,21 @@ from toolrl.engines.transformers import TransformersEngine
 class PausingEngine(TransformersEngine):
     name = "pausing"
 
-    def update_weights(self, state_dict):
+    def pause(self):
         chaos = Path(os.environ["TOOLRL_CHAOS_DIR"])
         try:
             os.rename(chaos / "arm", chaos / f"pushing-{os.getpid()}")
         except FileNotFoundError:
-            return super().update_weights(state_dict)
+            return
         time.sleep(600)
+
+    def update_weights(self, state_dict):  # the object store's path: the staged buckets loaded at once
+        self.pause()
+        return super().update_weights(state_dict)
+
+    def load_weight_rows(self, name, shape, start, rows):  # a linked transport's: in the middle of the stream
+        self.pause()
+        return super().load_weight_rows(name, shape, start, rows)
 """
 PAUSING_PLUGIN = """
 from toolrl import hookimpl
@@ -95,8 +105,9 @@ def children(pid: int) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.timeout(1800)
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
 @pytest.mark.parametrize("mode", ["replace", "shrink"])
-def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(tmp_path, mode):
+def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(tmp_path, mode, transport):
     (tmp_path / "plugin").mkdir()
     make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     make_dist(tmp_path / "plugin", "pausing-engine", "pausing", "pausing_plugin", PAUSING_PLUGIN)
@@ -111,6 +122,7 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
         return [sys.executable, "-m", "toolrl", "train", TINY, "ray.address=local",
                 "trainer.world_size=2", f"trainer.on_rank_failure={mode}", "ray.num_rollout_workers=2",
                 "trainer.max_staleness=1", f"trainer.async_schedule={async_schedule}", "engine.name=pausing",
+                f"trainer.weight_transport={transport}",
                 f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
                 "trainer.progress=false", "env_options.train_size=16", "rollout.n=2", "rollout.max_new_tokens=8",
                 "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]"]
@@ -192,7 +204,9 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     pushed = [r for r in recoveries if r["what"] == "rollout_worker" and f"(pid {push_pid} on " in r["died"]]
     if pushed or not any(kind == "controller" and after > push_at for after, kind, _, _ in killed):
         (row,) = pushed
-        assert row["during"].startswith("weight push") and row["source"].startswith("trainer weights"), row
+        # Over broadcast the replacement gets them from its live peer worker when that holds them.
+        sources = ("trainer weights", "peer worker") if transport == "broadcast" else ("trainer weights",)
+        assert row["during"].startswith("weight push") and row["source"].startswith(sources), row
     if mode == "replace":  # nothing depended on timing: the kills changed no figure and no weight
         assert [_computed(r) for r in rows] == [_computed(r) for r in metrics(tmp_path / "whole")]
         w_want, w_got = weights(tmp_path / "whole", STEPS, tmp_path), weights(out, STEPS, tmp_path)

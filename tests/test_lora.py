@@ -167,8 +167,8 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
     run = await build_local_run(cfg)
     try:
         model = run.model
-        assert run.engine.model is not model  # the engine holds a plain base model of its own
-        assert not lora.has_lora(run.engine.model)
+        assert run.engine.model is not model  # the engine holds a base model of its own, with the run's adapters
+        assert {k for k in run.engine.model.state_dict() if "lora_" in k} == set(lora.trainable_state_dict(model))
         base = {k: v.clone() for k, v in model.state_dict().items() if "lora_" not in k}
         adapters = {k: v.clone() for k, v in lora.trainable_state_dict(model).items()}
         optimizer = torch.optim.AdamW(lora.trainable_parameters(model), lr=cfg.optim.lr)
@@ -190,7 +190,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         assert all(not torch.equal(adapters[k], v) for k, v in lora.trainable_state_dict(model).items()
                    if "lora_B" in k)
 
-        run.engine.update_weights(lora.engine_state_dict(model))
+        run.engine.update_weights(dict(lora.iter_adapter_weights(model)))  # what a sync sends: the adapters
         second = (await run.engine.generate(probe, params))[0]
         assert abs(second.logprobs[0] - first.logprobs[0]) > 1e-3  # the rollouts moved with the adapters
         # ... to exactly what the trainer's LoRA model computes for the same tokens.
@@ -206,7 +206,7 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
 
 @pytest.mark.parametrize("where", [
     pytest.param([], id="in-process"),
-    # The Ray rollout worker's engine gets the merged weights through the object-store broadcast.
+    # The Ray rollout worker's engine gets the adapters through the object store.
     pytest.param(["ray.address=local", "ray.num_rollout_workers=1"], id="ray", marks=pytest.mark.slow),
 ])
 def test_cli_trains_two_steps_with_lora(tmp_path, where):

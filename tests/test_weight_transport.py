@@ -4,7 +4,10 @@ weights."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -15,8 +18,15 @@ from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
-from toolrl.training.weight_sync import SyncStats, owned_buckets, receive_into, send_owned
+from toolrl.training.weight_sync import (
+    SyncStats,
+    owned_buckets,
+    receive_into,
+    send_engine_weights,
+    send_owned,
+)
 from toolrl.transports import LinkedTransport, ObjectStoreTransport, build_transport
+from toolrl.transports.shared_memory import SEGMENT_PREFIX
 
 LINKED = ("broadcast", "shared_memory", "disk")
 
@@ -54,6 +64,21 @@ def test_conformance_every_byte_arrives(name, tmp_path):
 @pytest.mark.parametrize("name", LINKED)
 def test_conformance_a_dead_peer_ends_the_transfer_within_the_timeout(name, tmp_path):
     check_dead_peers(transport(name, tmp_path), timeout_s=5.0)
+
+
+def test_a_killed_senders_segments_are_removed_by_the_next_sender(tmp_path):
+    """A shared_memory sender killed outright cannot unlink its segments; the next one opened in the
+    same directory removes those whose sender pid is gone, and leaves a live sender's alone."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"{SEGMENT_PREFIX}{int(gone.stdout)}-old-0"
+    live = tmp_path / f"{SEGMENT_PREFIX}{os.getpid()}-other-0"
+    for path in (orphan, live):
+        path.write_bytes(b"\0" * 64)
+    sender = transport("shared_memory", tmp_path).open_sender("new", 0, 1, 5.0)
+    try:
+        assert not orphan.exists() and live.exists()
+    finally:
+        sender.close()
 
 
 # -- engines ----------------------------------------------------------------------------------------
@@ -124,6 +149,36 @@ async def test_engines_after_a_sync_equal_the_exported_checkpoint(name, load, tr
         for s in senders:
             s.close()
         for e in [*engines, reference]:
+            await e.close()
+
+
+@pytest.mark.parametrize("name", LINKED)
+async def test_a_live_engine_sends_its_weights_to_a_new_one_bit_for_bit(name, trained, tiny_qwen3_path, tmp_path):
+    """A peer in place of the trainer: a live engine's weights (each tied tensor once) to a new engine."""
+    _, exported = trained
+    live = TransformersEngine.create(ModelSource(path=exported), {"device": "cpu"})
+    new = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu"})
+    kind = transport(name, tmp_path)
+    sender = kind.open_sender(f"peer-{name}", 0, 1, 30.0)
+    sent: list[int] = []
+
+    def send():
+        with live.updating_weights(3):
+            sent.append(send_engine_weights(live, sender, 0.05).bytes_sent)
+
+    try:
+        thread = threading.Thread(target=send)
+        thread.start()
+        received = receive_into(new, [kind.open_receiver(sender.link, 0)], 3)
+        thread.join(60)
+        mine, theirs = live.weight_tensors(), new.weight_tensors()
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+        unique = {v.data_ptr(): v for v in mine.values()}
+        assert sent == [sum(v.numel() * v.element_size() for v in unique.values())] and received >= sent[0]
+        assert new.weight_version == 3 and await logprobs(new, PROMPTS) == await logprobs(live, PROMPTS)
+    finally:
+        sender.close()
+        for e in (live, new):
             await e.close()
 
 

@@ -1,6 +1,6 @@
 """Weight transports in a training run on Ray: two trainer ranks (FSDP2) and two rollout workers train
 three steps to the same figures with ``trainer.weight_transport=broadcast`` (each rank sends its own
-shards over its own gloo group) as with the object store."""
+shards over its own gloo group) and ``trainer.weight_sync=delta`` as with the object store."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_broadcast_trains_to_the_same_figures_as_the_object_store(tmp_path):
     plugin.mkdir()
     make_dist(plugin, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     want = train(tmp_path / "object_store", plugin)
-    got = train(tmp_path / "broadcast", plugin, "trainer.weight_transport=broadcast")
+    # Delta sync too: FSDP2's shards count their own writes (a full fine-tune sends them all each step).
+    got = train(tmp_path / "broadcast", plugin, "trainer.weight_transport=broadcast", "trainer.weight_sync=delta")
     assert [m["step"] for m in got] == [1, 2, 3]
     assert all(m["reward_std"] > 0 and m["grad_norm"] > 0 for m in want)
     for a, b in zip(got, want, strict=True):
@@ -48,11 +49,13 @@ def test_broadcast_trains_to_the_same_figures_as_the_object_store(tmp_path):
 def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(monkeypatch):
     """A rollout worker dead when a broadcast sync starts: its links fail within
     ``trainer.weight_push_timeout_s`` (no hang), the sync goes again to the live worker on new links,
-    the dead one is replaced, and the replacement gets the weights and their version over the transport."""
+    the dead one is replaced, and the replacement gets the weights and their version over the
+    transport from the live worker (its peer, which holds them), not from the trainer: bit for bit."""
     import asyncio
     import time
 
     import ray
+    import torch
     from ray.exceptions import RayActorError
     from toolrl.config import load_config
     from toolrl.roles import sync_weights
@@ -91,6 +94,14 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
         assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
         loop.run_until_complete(pool.ready())  # the replacement up, with the trainer's weights
         assert [ray.get(w.ping.remote())["weight_version"] for w in pool.workers] == [2, 2]
+        # ... from its live peer (at version 2), not from the trainer, bit for bit.
+        (row,) = [r for r in pool.take_recoveries() if r["index"] == 1]
+        assert row["source"] == "peer worker 0 (version 2, broadcast)", row
+        def engine_weights(worker) -> dict:  # on the worker (defined here: pickled by value)
+            return {k: v.clone() for k, v in worker._rollouts.engine.weight_tensors().items()}
+
+        peer, new = (ray.get(w.__ray_call__.remote(engine_weights)) for w in pool.workers)
+        assert peer.keys() == new.keys() and all(torch.equal(peer[k], new[k]) for k in peer)
     finally:
         if group is not None:
             group.close()

@@ -458,6 +458,9 @@ class TrainerConfig(Section):
                                   "(register_weight_transports): object_store, broadcast, shared_memory, disk")
     weight_transport_options: dict[str, Any] = Field(default_factory=dict,
                                                      description="the weight transport's options (docs/weights.md)")
+    weight_sync: Literal["full", "delta"] = Field(
+        "full", description="what a weight sync sends (besides LoRA, which sends the adapters): every weight, or "
+        "delta: only those written since the engines' last sync (docs/weights.md)")
     keep_checkpoints: int = Field(2, gt=0)
     sequence_parallel: int = Field(1, gt=0, le=64, description="N: each packed row's tokens split over N trainer "
                                    "ranks (Ulysses all-to-all over attention heads; docs/long_context.md)")

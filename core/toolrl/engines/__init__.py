@@ -12,7 +12,7 @@ import contextlib
 import functools
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -106,6 +106,11 @@ class RolloutEngine(ABC):
     name: ClassVar[str] = ""
     # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
     weight_version: int = 0
+    # Whether the engine puts LoRA adapters into its own base model (:meth:`apply_adapters`) and then
+    # loads only the adapter tensors; an engine that does not gets merged weights under LoRA.
+    loads_adapters: ClassVar[bool] = False
+    # Whether an update may hold only some weights, the others kept as they are (trainer.weight_sync: delta).
+    partial_weight_updates: ClassVar[bool] = False
 
     # The engine's options (``engine:`` besides ``name``, with the model's device and dtype); an engine
     # that declares its own model has them checked, field by field, before anything loads.
@@ -143,6 +148,18 @@ class RolloutEngine(ABC):
     @functools.cached_property
     def _bucket_stager(self) -> BucketStager:
         return BucketStager()
+
+    def weight_tensors(self) -> Mapping[str, Any] | None:
+        """The engine's weights by the names :meth:`load_weight_rows` takes, read in place (tied ones
+        may appear under each name): what a live engine sends a new one in place of the trainer. None:
+        it cannot give them (a new engine then gets the trainer's weights)."""
+        return None
+
+    def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
+        """Put LoRA adapters into the engine's base model: ``inject(model)`` (the trainer's own
+        injection, so both hold the same adapters under the same names); from then on weight updates
+        carry the adapter tensors only, by name. Engines with ``loads_adapters`` implement it."""
+        raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
 
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
         """Rows ``start ..`` (dim 0) of weight ``name`` (whole: ``shape``) from a weight transport

@@ -34,7 +34,7 @@ import functools
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -219,6 +219,8 @@ class _Batch:
 class TransformersEngine(RolloutEngine):
     name = "transformers"
     Options = TransformersEngineConfig
+    loads_adapters = True
+    partial_weight_updates = True
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
@@ -330,6 +332,18 @@ class TransformersEngine(RolloutEngine):
 
     def finish_weight_rows(self) -> None:
         """Nothing is staged: the rows were written in place (sessions are dropped by updating_weights)."""
+
+    def weight_tensors(self) -> Mapping[str, Any]:
+        return {name: t.detach() for name, t in self._weights_by_name.items()}
+
+    def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
+        # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
+        # Its new modules start in training mode (adapter dropout): the engine only samples.
+        with self._step_lock:
+            inject(self.model)
+            self.model.requires_grad_(False).eval()
+            self.__dict__.pop("_weights_by_name", None)
+            self._invalidate_sessions()
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:

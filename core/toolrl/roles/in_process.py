@@ -32,6 +32,7 @@ from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
 from toolrl.tools import Tool
 from toolrl.training.policy import build_policy
+from toolrl.training.weight_sync import prepare_engine
 from toolrl.trajectory import Trajectory
 
 
@@ -108,6 +109,8 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
     try:
         module = shared_module() if shared_module is not None else None
         engine = build_engine(config, path, tokenizer, module)
+        if module is None:
+            prepare_engine(engine, config)  # under LoRA: the run's adapters, which the syncs then fill
     except BaseException:
         for tool in tools:
             await tool.close()
@@ -152,7 +155,8 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
 
     def trained_model() -> Any:
         built.append(build_policy(config, path, model_sources.resolve_device(config.model.device)))
-        # Under LoRA the engine keeps a plain base model of its own and gets merged weights. So it
+        # Under LoRA the engine keeps a base model of its own and gets the adapters (or merged weights,
+        # for an engine that does not load adapters: toolrl.training.weight_sync.sync_plan). So it
         # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
         # and optimizer steps then never touch the weights the engine decodes with; the engine gets
         # each step's weights by push, between two decode steps.

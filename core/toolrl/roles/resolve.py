@@ -21,6 +21,7 @@ from toolrl.loggers import logger_names
 from toolrl.model_sources import model_path
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
+from toolrl.training.weight_sync import sync_plan
 from toolrl.transports import build_transport
 
 # train: `toolrl train`; rollout: `toolrl rollout` (the training batches, not trained); eval: `toolrl eval`.
@@ -98,6 +99,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     loggers = logger_names(config) if purpose == "train" else []
     if purpose == "train":
         build_transport(config.trainer)  # a bad trainer.weight_transport is one line before anything loads
+        sync_plan(config, parts.engine_cls)  # and trainer.weight_sync: delta with an engine that cannot
     samples: list[Sample] = []
     if recorded_groups:
         # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit

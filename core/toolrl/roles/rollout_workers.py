@@ -18,7 +18,9 @@ or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`; the co
 :meth:`~RolloutWorkerPool.weight_targets` and has the dead ones replaced), also while they generate: a
 worker stages the buckets and loads them into its engine together on the last one, so a decode step
 runs on the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the
-version the last bucket carried. A replacement gets the trainer's weights (``weights_from``) once up.
+version the last bucket carried. A replacement gets the trainer's weights (``weights_from``) once up:
+over a linked transport from a live peer worker that holds them (:meth:`RolloutWorker.send_peer_weights`),
+else from the trainer.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
 limiter (:class:`toolrl.tools.ratelimit.RayRateLimiter`) are one instance for all of them.
@@ -71,6 +73,7 @@ class RolloutWorker:
         self._staged = BucketStager()  # buckets of a weight update in flight
         self._links: list[Link] = []  # a linked weight transport's links, joined by _receivers
         self._receivers: list[Any] = []
+        self._peer_sender: Any = None  # the sending end of a link to a new worker (open_peer_link)
         self._running = 0
         self._finished = 0
 
@@ -148,6 +151,38 @@ class RolloutWorker:
             self._close_receivers()  # the controller makes new links
             raise
 
+    async def open_peer_link(self, transport: LinkedTransport, key: str, timeout_s: float) -> Link | None:
+        """The sending end of a link to one new worker, which gets this worker's weights over it
+        (:meth:`send_peer_weights`) in place of the trainer's; what the new worker needs to join it.
+        None: the engine cannot give its weights (``RolloutEngine.weight_tensors``)."""
+        self._close_peer()
+        if self._rollouts.engine.weight_tensors() is None:
+            return None
+        self._peer_sender = transport.open_sender(key, 0, 1, timeout_s)
+        return self._peer_sender.link
+
+    async def send_peer_weights(self, bucket_mb: float) -> int:
+        """This engine's weights over the peer link, held still meanwhile (decoding, and a trainer sync,
+        wait as for a weight load); returns their version. Raises TransportError when the receiver fails."""
+        return await asyncio.to_thread(self._send_peer, bucket_mb)
+
+    def _send_peer(self, bucket_mb: float) -> int:
+        from toolrl.training.weight_sync import send_engine_weights
+
+        engine = self._rollouts.engine
+        try:
+            with engine.updating_weights(engine.weight_version):
+                version = engine.weight_version
+                send_engine_weights(engine, self._peer_sender, bucket_mb)
+        finally:
+            self._close_peer()
+        return version
+
+    def _close_peer(self) -> None:
+        if self._peer_sender is not None:
+            self._peer_sender.close()
+            self._peer_sender = None
+
     def _close_receivers(self) -> None:
         for receiver in self._receivers:
             receiver.close()
@@ -167,6 +202,7 @@ class RolloutWorker:
 
     async def close(self) -> None:
         self._close_receivers()
+        self._close_peer()
         if self._rollouts is None:
             return
         await self._rollouts.close()
@@ -310,16 +346,51 @@ class RolloutWorkerPool:
                 raise TimeoutError(f"rollout worker {slot.index} was not up after {self.setup_timeout_s:g} s "
                                    "(not enough free resources on the cluster?)") from None
             pushed = slot.needs_weights and self.weights_from is not None
-            if pushed and (await self.weights_from.push([actor], self.weight_version)).dead:
+            peer = await self._weights_from_peer(slot, actor) if pushed else None
+            if pushed and peer is None and (await self.weights_from.push([actor], self.weight_version)).dead:
                 raise ActorDied(actor, f"rollout worker {slot.index} died while receiving weights")
             slot.info, slot.needs_weights = info, False
-            self._record_recovery(slot, f"trainer weights (version {self.weight_version})" if pushed
-                                  else "the latest broadcast" if self._weights is not None else "initial weights")
+            self._record_recovery(slot, peer or (f"trainer weights (version {self.weight_version})" if pushed
+                                  else "the latest broadcast" if self._weights is not None else "initial weights"))
             return info
 
         if slot.info is not None:
             return slot.info
         return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor, "setup"))
+
+    async def _weights_from_peer(self, slot: _Slot, actor: Any) -> str | None:
+        """A new worker's weights from a live peer over the trainer's linked transport, when a peer
+        holds the current version: where they came from (for the record), or None: the trainer sends
+        them (no linked transport, no peer at that version, or the transfer failed)."""
+        import uuid
+
+        transport = getattr(self.weights_from, "transport", None)
+        if not isinstance(transport, LinkedTransport):
+            return None
+        timeout_s, bucket_mb = self.config.trainer.weight_push_timeout_s, self.config.trainer.weight_sync_bucket_mb
+        for peer in [s for s in self._slots if s is not slot and s.info is not None]:
+            try:
+                if (await result(peer.actor.ping.remote(), peer.actor))["weight_version"] != self.weight_version:
+                    continue
+                link = await result(peer.actor.open_peer_link.remote(transport, f"peer-{uuid.uuid4().hex[:12]}",
+                                                                     timeout_s), peer.actor)
+                if link is None:
+                    return None  # the engine cannot give its weights: nor can any peer
+                sent, got = await asyncio.gather(
+                    result(peer.actor.send_peer_weights.remote(bucket_mb), peer.actor),
+                    result(actor.receive_weights.remote(transport, [link], 0, self.weight_version), actor),
+                    return_exceptions=True)
+            except Exception:  # the peer died or failed: another peer, or the trainer
+                continue
+            if isinstance(got, ActorDied):
+                raise got  # the new worker itself died
+            if sent == self.weight_version and not isinstance(got, BaseException):
+                return f"peer worker {peer.index} (version {sent}, {transport.name})"
+            why = next((str(x).splitlines()[0] for x in (sent, got) if isinstance(x, BaseException)),
+                       f"it held version {sent}")
+            log.warning("rollout worker %d: weights from peer worker %d failed (%s); the trainer sends them",
+                        slot.index, peer.index, why)
+        return None
 
     def _record_recovery(self, slot: _Slot, source: str) -> None:
         """A row for each death ``slot``'s worker, now up, replaced (none for a first start)."""

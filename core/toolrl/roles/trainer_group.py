@@ -163,10 +163,10 @@ class RayTrainerGroup(ReformingGroup):
         raise TrainerFailed(f"weight sync over {self.transport.name} failed twice: {failure}")
 
     async def _transfer(self, targets: list[Any], version: int | None) -> tuple[dict[str, float], list[Any], str]:
-        """One transfer over the ranks' links (opened anew when the ranks or the targets changed):
+        """One transfer over the ranks' links (opened anew when the ranks, the transport or the targets changed):
         the sync's metrics, the targets found dead, and why it failed ("" when it did not)."""
         timeout_s = self.config.trainer.weight_push_timeout_s
-        joined = (self._generation, tuple(id(t) for t in targets))
+        joined = (self._generation, id(self.transport), tuple(id(t) for t in targets))  # another transport: new links
         if self._links is None or self._links[0] != joined:
             key = uuid.uuid4().hex[:12]
             self._links = joined, await self._all([r.open_weight_link.remote(self.transport, key, len(targets), timeout_s)

@@ -25,7 +25,7 @@ from toolrl.roles import rank_state
 from toolrl.roles.in_process import seed_everything
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
-from toolrl.training.weight_sync import engine_sink, push, ray_sink, send_owned
+from toolrl.training.weight_sync import Delta, engine_sink, push, ray_sink, send_owned, sync_plan
 from toolrl.trajectory import Trajectory
 from toolrl.transports import TransportError
 
@@ -49,6 +49,10 @@ class TrainerRank:
         self.device = "cpu"
         self.held: dict[int, list[Any]] = {}  # step -> other ranks' copies kept on this node (hold_copies)
         self.link: Any = None  # this rank's sending end of a weight transport's link
+        self.sync_plan: Any = None  # what a weight sync sends (toolrl.training.weight_sync.SyncPlan)
+        # Delta sync: what the current receivers hold, and who they are (object store: the workers' ids).
+        self.delta: Any = None
+        self.delta_receivers: tuple[str, ...] = ()
 
     # ----------------------------------------------------------------- set-up
 
@@ -67,6 +71,8 @@ class TrainerRank:
         import torch
 
         cfg = self.config
+        self.sync_plan = sync_plan(cfg)
+        self.delta = Delta() if self.sync_plan.delta else None
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
         self.device = "cuda" if on_gpu else model_sources.resolve_device(cfg.model.device)
         if self.world_size > 1:
@@ -168,7 +174,10 @@ class TrainerRank:
         of workers found dead (or taking longer than ``timeout_s`` over a bucket: hung)."""
         dead: set[int] = set()
         send = self.rank == 0
-        stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send)
+        self._delta_for(tuple(str(w._actor_id) for w in workers))
+        stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send,
+                     plan=self.sync_plan, delta=self.delta)
+        self._delta_done(not dead)
         return {**stats.as_metrics(), "dead": sorted(dead)}
 
     def open_weight_link(self, transport: Any, key: str, receivers: int, timeout_s: float) -> Any:
@@ -177,20 +186,40 @@ class TrainerRank:
         if self.link is not None:
             self.link.close()
         self.link = transport.open_sender(f"{key}-{self.rank}", self.rank, receivers, timeout_s)
+        self._delta_for((self.link.link.key,))
         return self.link.link
 
     def send_weights(self, bucket_mb: float) -> dict[str, Any]:
         """The shards this rank owns over its link (:meth:`open_weight_link`); the sync's metrics, and
-        under ``error`` why the transfer failed (a receiver died or stalled)."""
+        under ``error`` why the transfer failed (a receiver died or stalled: the controller opens new
+        links, whose receivers get every weight)."""
         try:
-            stats = send_owned(self.model, self.link, self.rank, self.world_size, bucket_mb)
+            stats = send_owned(self.model, self.link, self.rank, self.world_size, bucket_mb, self.sync_plan, self.delta)
         except TransportError as exc:
+            self._delta_done(False)
             return {"weight_sync_s": 0.0, "weight_sync_peak_mb": 0.0, "error": str(exc)}
+        self._delta_done(True)
         return stats.as_metrics()
 
     def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
         """Send the weights to engines in this process (a no-op copy for an engine sharing the module)."""
-        return push(self.model, [engine_sink(e) for e in engines], bucket_mb).as_metrics()
+        self._delta_for(tuple(str(id(e)) for e in engines))
+        stats = push(self.model, [engine_sink(e) for e in engines], bucket_mb, plan=self.sync_plan, delta=self.delta)
+        self._delta_done(True)
+        return stats.as_metrics()
+
+    def _delta_for(self, receivers: tuple[str, ...]) -> None:
+        """Delta sync to ``receivers``: other receivers than the last sync's get every weight."""
+        if self.delta is not None and receivers != self.delta_receivers:
+            self.delta.reset()
+            self.delta_receivers = receivers
+
+    def _delta_done(self, ok: bool) -> None:
+        """After a sync: what it sent is what the receivers hold (``ok``), or they get everything next."""
+        if self.delta is not None and ok:
+            self.delta.commit()
+        elif self.delta is not None:
+            self.delta.reset()
 
     # ----------------------------------------------------------------- checkpoints
 

@@ -1,4 +1,4 @@
-"""LoRA fine-tuning through ``peft``: only the adapters train, engines get merged weights.
+"""LoRA fine-tuning through ``peft``: only the adapters train; engines get the adapters or merged weights.
 
 :func:`apply_lora` injects the adapters into the Hugging Face model *in place* (no ``PeftModel``
 wrapper), so the model keeps its own class and attributes: the GRPO code, checkpoints and FSDP2
@@ -6,7 +6,9 @@ wrapping per decoder layer see the same module tree as without LoRA, with the ad
 replaced by ``peft`` LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...)
 and every base parameter frozen.
 
-Engines never see adapters: :func:`engine_state_dict` gives the base model's state dict under the base
+An engine that applies adapters itself (``RolloutEngine.loads_adapters``) gets :func:`apply_lora` on its
+own base model once and then only the adapter tensors (:func:`iter_adapter_weights`). Any other engine
+never sees adapters: :func:`engine_state_dict` gives the base model's state dict under the base
 model's parameter names with ``W + alpha / r * B @ A`` in place of each adapted weight, computed one
 tensor at a time from the trained model without changing it, so ``engine.update_weights`` and the Ray
 broadcast work unchanged. Sharded (FSDP2 ``DTensor``) parameters are gathered one tensor at a time,
@@ -183,6 +185,17 @@ def iter_engine_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 leaf = rel.removeprefix("base_layer.")
                 name = f"{owner}.{leaf}"
                 yield name, (_merged(layers[owner], value) if leaf == "weight" else _full(value)).detach()
+
+
+def iter_adapter_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every adapter tensor (``lora_A``, ``lora_B``, ...) under the model's own
+    names, as an engine holding the same adapters (:func:`apply_lora` on its base model) loads them.
+    The model's own tensors, detached: a sharded one stays a ``DTensor`` (its owner sends its rows)."""
+    layers = lora_layers(model)
+    for key, value in model.state_dict().items():
+        owner, rel = _split_lora_key(key, layers)
+        if owner is not None and rel.startswith("lora_"):
+            yield key, value.detach()
 
 
 def engine_state_dict(model: Any) -> dict[str, torch.Tensor]:

@@ -14,17 +14,24 @@ weights' version.
 Over a linked transport (:mod:`toolrl.transports`) no rank gathers: each sends what it owns
 (:func:`owned_buckets`, :func:`send_owned`) and each engine takes every rank's link at once
 (:func:`receive_into`), writing the rows in place.
+
+What travels (:class:`SyncPlan`, decided once per run by :func:`sync_plan`): under LoRA, to an engine
+that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
+same adapters first); with ``trainer.weight_sync: delta``, only the tensors written since the same
+receivers' last completed sync (:class:`Delta`).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.config import Config, ConfigError
+from toolrl.plugins.parts import lookup_part
 from toolrl.training import lora
 from toolrl.transports import ALIGN, Bucket, BucketHeader, Load, RowPiece, WeightReceiver, WeightSender
 
@@ -44,25 +51,121 @@ class SyncStats:
         return {"weight_sync_s": self.seconds, "weight_sync_peak_mb": self.peak_bytes / 2**20}
 
 
-def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
-                 device: str = "cpu") -> Iterator[dict[str, Any]]:
-    """``model``'s weights as engines load them (parameters and persistent buffers under the base
-    model's names, LoRA merged in) as buckets of at most ``bucket_bytes``
-    (a larger tensor travels alone), on ``device``. With ``keep=False`` (ranks other than the
-    sender) gathered tensors are dropped and nothing is yielded."""
-    bucket: dict[str, Any] = {}
+@dataclass(frozen=True)
+class SyncPlan:
+    """What a weight sync sends: ``adapters``: only the LoRA adapter tensors (else the engine's whole
+    weights, LoRA merged in); ``delta``: only the tensors written since the receivers' last sync."""
+
+    adapters: bool = False
+    delta: bool = False
+
+
+def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
+    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine applies them
+    (``RolloutEngine.loads_adapters``; vLLM's does not: it gets merged weights), delta with
+    ``trainer.weight_sync: delta``, which needs an engine that keeps what it is not sent
+    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
+    ``engine_cls``: the configured engine's class (looked up by ``engine.name`` when not given)."""
+    if engine_cls is None:
+        engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
+    delta = config.trainer.weight_sync == "delta"
+    if delta and not engine_cls.partial_weight_updates:
+        raise ConfigError(f"trainer.weight_sync: delta needs an engine that keeps the weights it is not sent; "
+                          f"the {config.engine.name} engine loads whole updates: use full")
+    return SyncPlan(adapters=config.model.lora is not None and engine_cls.loads_adapters, delta=delta)
+
+
+def prepare_engine(engine: Any, config: Config) -> None:
+    """Under an adapter-only :class:`SyncPlan`: the run's LoRA adapters put into ``engine``'s own base
+    model (:func:`toolrl.training.lora.apply_lora`, as the trainer's), so the adapter tensors the
+    trainer sends load by name; the base weights stay untouched."""
+    if sync_plan(config, type(engine)).adapters:
+        engine.apply_adapters(functools.partial(lora.apply_lora, config=config.model.lora))
+
+
+@dataclass
+class Delta:
+    """Delta sync's memory for one set of receivers: per weight (or rows of it), the storage and
+    version counter (``Tensor._version``, which every in-place write bumps: an optimizer step, a
+    checkpoint load) of the tensor last sent. One not written since is not sent again. :meth:`commit`
+    once every receiver took the sync; new receivers (or a failed sync: :meth:`reset`) get everything."""
+
+    sent: dict[str, tuple[int, int]] = field(default_factory=dict)
+    pending: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def changed(self, name: str, tensor: Any, agree: bool = False) -> bool:
+        """Whether ``tensor`` (weight ``name``) was written since it was sent. A DTensor counts its own
+        writes (its local shard's counter does not move); with ``agree`` every rank of its mesh takes
+        the same answer (a collective, as the gather that follows needs)."""
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        mark = (local.data_ptr(), tensor._version)
+        self.pending[name] = mark
+        changed = self.sent.get(name) != mark
+        if agree and hasattr(tensor, "device_mesh") and tensor.device_mesh.size() > 1:
+            import torch
+            import torch.distributed as dist
+
+            flag = torch.tensor([int(changed)], device=local.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=tensor.device_mesh.get_group())
+            changed = bool(flag.item())
+        return changed
+
+    def commit(self) -> None:
+        self.sent.update(self.pending)
+        self.pending = {}
+
+    def reset(self) -> None:
+        self.sent, self.pending = {}, {}
+
+
+def _engine_entries(model: Any, plan: SyncPlan) -> Iterator[tuple[str, Any, Any]]:
+    """``(engine name, tensor, the model's own tensor or None)`` of what the plan sends, before delta:
+    the adapters, or every engine weight (LoRA merged in: a merged tensor has no own tensor, so delta
+    always sends it). Sharded tensors are left sharded."""
+    if plan.adapters:
+        for name, tensor in lora.iter_adapter_weights(model):
+            yield name, tensor, tensor
+        return
+    if not lora.lora_layers(model):
+        for name, tensor in model.state_dict().items():
+            yield name, tensor, tensor
+        return
+    own = model.state_dict()
+    for name, tensor in lora.iter_engine_weights(model):  # gathered (and merged) already
+        yield name, tensor, own.get(name)
+
+
+def _tied_names(model: Any) -> set[str]:
+    """Second names of one tensor (an LM head tied to the embeddings): sent once, under the first."""
     seen: set[int] = set()
-    tied = set()  # second names of one tensor (an LM head tied to the embeddings): sent once
+    tied = set()
     for name, value in model.state_dict(keep_vars=True).items():
         if id(value) in seen:
             tied.add(name)
         seen.add(id(value))
+    return tied
+
+
+def _wanted(name: str, own: Any, delta: Delta | None) -> bool:
+    return delta is None or own is None or delta.changed(name, own, agree=True)
+
+
+def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
+                 device: str = "cpu", plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> Iterator[dict[str, Any]]:
+    """``model``'s weights as engines load them (parameters and persistent buffers under the base
+    model's names, LoRA merged in; only the adapters, or only what changed, as ``plan`` and ``delta``
+    say) as buckets of at most ``bucket_bytes`` (a larger tensor travels alone), on ``device``. With
+    ``keep=False`` (ranks other than the sender) gathered tensors are dropped and nothing is yielded."""
+    bucket: dict[str, Any] = {}
+    tied = _tied_names(model)
     own = {v.data_ptr() for v in model.state_dict().values() if not hasattr(v, "full_tensor")}
-    # Base names, adapters merged in (lora); sharded tensors gathered one at a time (a collective).
-    for name, tensor in lora.iter_engine_weights(model):
-        if name in tied:
+    # Sharded tensors gathered one at a time (a collective: every rank walks the same entries).
+    for name, tensor, source in _engine_entries(model, plan):
+        if name in tied or not _wanted(name, source, delta):
             continue
-        moved = tensor.to(device)
+        if hasattr(tensor, "full_tensor"):
+            tensor = tensor.full_tensor()
+        moved = tensor.detach().to(device)
         copied = moved.data_ptr() not in own
         nbytes = moved.numel() * moved.element_size()
         stats.peak_bytes = max(stats.peak_bytes, stats.held + (nbytes if copied else 0))
@@ -78,12 +181,15 @@ def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool 
         yield bucket
 
 
-def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = True, device: str = "cpu") -> SyncStats:
-    """Send ``model``'s weights to every sink in buckets; ``send=False`` on ranks that only take part
-    in the gathers. Each sink gets ``last=True`` with a final (empty) bucket."""
+def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = True, device: str = "cpu",
+         plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> SyncStats:
+    """Send ``model``'s weights (what ``plan`` and ``delta`` say) to every sink in buckets;
+    ``send=False`` on ranks that only take part in the gathers. Each sink gets ``last=True`` with a
+    final (empty) bucket. The caller commits ``delta`` once every sink took the sync."""
     stats = SyncStats()
     t0 = time.perf_counter()
-    for bucket in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device):
+    for bucket in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device, plan=plan,
+                               delta=delta):
         for sink in sinks:
             stats.peak_bytes = max(stats.peak_bytes, stats.held + sink(bucket, False))
         stats.buckets += 1
@@ -136,34 +242,31 @@ def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None,
 # ----------------------------------------------------------------- over a linked transport
 
 
-def _owned_weights(model: Any, rank: int, world_size: int) -> Iterator[tuple[str, tuple[int, ...], int, Any]]:
-    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends over its link:
-    of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it holds, read in place; any other
-    (replicated, or under LoRA merged with its adapters: gathered by every rank, a collective) whole
-    by one rank, round-robin. Tied tensors are sent once."""
-    seen: set[int] = set()
-    tied: set[str] = set()
-    for name, value in model.state_dict(keep_vars=True).items():
-        if id(value) in seen:
-            tied.add(name)
-        seen.add(id(value))
-    merged = bool(lora.lora_layers(model))
-    entries = lora.iter_engine_weights(model) if merged else model.state_dict().items()
+def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = SyncPlan(),
+                   delta: Delta | None = None) -> Iterator[tuple[str, tuple[int, ...], int, Any]]:
+    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends over its link
+    (what ``plan`` and ``delta`` say): of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it
+    holds, read in place; any other (replicated, or under LoRA merged with its adapters: gathered by
+    every rank, a collective) whole by one rank, round-robin. Tied tensors are sent once."""
+    tied = _tied_names(model)
     whole = 0
-    for name, tensor in entries:
+    for name, tensor, source in _engine_entries(model, plan):
         if name in tied:
             continue
-        if not merged and _row_sharded(tensor):
+        if _row_sharded(tensor):
             local = tensor.to_local()
-            if local.numel():
+            if local.numel() and (delta is None or delta.changed(name, tensor)):
                 per = -(-tensor.shape[0] // tensor.device_mesh.size())
                 yield name, tuple(tensor.shape), tensor.device_mesh.get_local_rank() * per, local.detach()
             continue
+        mine = whole % world_size == rank
+        whole += 1
+        if not _wanted(name, source, delta):
+            continue
         if hasattr(tensor, "full_tensor"):
             tensor = tensor.full_tensor()  # every rank takes part, in the same order
-        if whole % world_size == rank:
+        if mine:
             yield name, tuple(tensor.shape), 0, tensor.detach()
-        whole += 1
 
 
 def _row_sharded(tensor: Any) -> bool:
@@ -172,10 +275,17 @@ def _row_sharded(tensor: Any) -> bool:
     return isinstance(tensor, DTensor) and tensor.device_mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),)
 
 
-def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, stats: SyncStats) -> Iterator[Bucket]:
+def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, stats: SyncStats,
+                  plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> Iterator[Bucket]:
     """The weights rank ``rank`` sends (:func:`_owned_weights`) as packed buckets of at most
     ``bucket_bytes`` (a larger piece travels alone); each bucket's ``fill`` copies its pieces into the
     transport's buffer."""
+    return _packed(_owned_weights(model, rank, world_size, plan, delta), bucket_bytes, stats)
+
+
+def _packed(weights: Iterable[tuple[str, tuple[int, ...], int, Any]], bucket_bytes: int,
+            stats: SyncStats) -> Iterator[Bucket]:
+    """``(name, whole shape, first row, rows)`` pieces packed into buckets of at most ``bucket_bytes``."""
     pieces: list[RowPiece] = []
     tensors: list[Any] = []
     size = 0
@@ -183,7 +293,7 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     def bucket() -> Bucket:
         return Bucket(BucketHeader(pieces=list(pieces), nbytes=size), functools.partial(_pack, list(pieces), list(tensors)))
 
-    for name, shape, start, rows in _owned_weights(model, rank, world_size):
+    for name, shape, start, rows in weights:
         nbytes = rows.numel() * rows.element_size()
         if pieces and size + nbytes > bucket_bytes:
             yield bucket()
@@ -204,9 +314,11 @@ def _pack(pieces: Sequence[Any], tensors: Sequence[Any], buffer: Any) -> None:
         buffer[piece.offset:piece.offset + piece.nbytes].copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
 
 
-def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, bucket_mb: float) -> SyncStats:
-    """This rank's share of the weights over ``sender``'s link. Peak memory: the transport's two
-    bucket buffers (plus gathered tensors, under LoRA)."""
+def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, bucket_mb: float,
+               plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> SyncStats:
+    """This rank's share of the weights (what ``plan`` and ``delta`` say) over ``sender``'s link. Peak
+    memory: the transport's two bucket buffers (plus gathered tensors, under merged LoRA). The caller
+    commits ``delta`` once every receiver took the sync."""
     stats = SyncStats()
     t0 = time.perf_counter()
     largest = 0
@@ -218,8 +330,26 @@ def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, buc
             stats.buckets += 1
             yield b
 
-    sender.send(counted(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats)))
+    sender.send(counted(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats, plan, delta)))
     stats.peak_bytes = 2 * largest
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+def send_engine_weights(engine: Any, sender: WeightSender, bucket_mb: float) -> SyncStats:
+    """A live engine's weights (:meth:`~toolrl.engines.RolloutEngine.weight_tensors`, each tensor once)
+    over ``sender``'s link, to a new engine in place of the trainer's; the caller holds the engine's
+    weights still meanwhile (``updating_weights``)."""
+    stats = SyncStats()
+    t0 = time.perf_counter()
+    seen: set[tuple[Any, ...]] = set()
+    whole = []
+    for name, tensor in engine.weight_tensors().items():
+        same = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)  # a tied tensor under a second name
+        if tensor.numel() == 0 or same not in seen:
+            seen.add(same)
+            whole.append((name, tuple(tensor.shape), 0, tensor))
+    sender.send(_packed(whole, int(bucket_mb * 2**20), stats))
     stats.seconds = time.perf_counter() - t0
     return stats
 

@@ -5,7 +5,9 @@ receivers' "done" marks. The sender packs the next bucket into the other segment
 one, and reuses a segment only when every receiver is done with it.
 
 CPU tensors only: CUDA tensors are packed through host memory (CUDA IPC is not built here). A peer that
-dies or stalls fails the waits on the store within ``Link.timeout_s``.
+dies or stalls fails the waits on the store within ``Link.timeout_s``. A segment's name holds its
+sender's pid: a sender killed outright leaves its segments behind, and the next sender opened in the
+same directory removes them (:func:`remove_orphans`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,34 @@ class SharedMemoryOptions(BaseModel):
     directory: str = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()  # a tmpfs
 
 
+SEGMENT_PREFIX = "toolrl-weights-p"  # + "<sender pid>-<link key>-<n>"
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Remove the segments in ``directory`` whose sender process is gone (killed before it could close
+    its link); returns their paths. A segment of a live process, or of another user's, stays."""
+    removed = []
+    for path in Path(directory).glob(f"{SEGMENT_PREFIX}*"):
+        pid = path.name.removeprefix(SEGMENT_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                path.unlink()
+            except OSError:  # removed meanwhile, or not ours to remove
+                continue
+            removed.append(str(path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _map(path: str, nbytes: int) -> Any:
     import torch
 
@@ -49,7 +79,8 @@ class SharedMemorySender(WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, directory: str) -> None:
         self.store, address = host_store(receivers, timeout_s)
         self.link = Link(key=key, sender=sender, receivers=receivers, address=address, timeout_s=timeout_s)
-        self.prefix = str(Path(directory) / f"toolrl-weights-{key}")
+        remove_orphans(directory)
+        self.prefix = str(Path(directory) / f"{SEGMENT_PREFIX}{os.getpid()}-{key}")
         self.segments: list[tuple[str, Any] | None] = [None, None]  # (path, mapped tensor) per slot
         self.made = 0  # segments made so far: each gets a new path
         self.rounds = 0
