@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,7 @@ from toolrl.model_sources import model_path
 from toolrl.roles.in_process import build_rollouts, seed_everything
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.schemas import Sample
-from toolrl.training.weight_sync import receive_into
+from toolrl.training.weight_sync import receive_into, send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
 
@@ -167,8 +168,6 @@ class RolloutWorker:
         return await asyncio.to_thread(self._send_peer, bucket_mb)
 
     def _send_peer(self, bucket_mb: float) -> int:
-        from toolrl.training.weight_sync import send_engine_weights
-
         engine = self._rollouts.engine
         try:
             with engine.updating_weights(engine.weight_version):
@@ -362,8 +361,6 @@ class RolloutWorkerPool:
         """A new worker's weights from a live peer over the trainer's linked transport, when a peer
         holds the current version: where they came from (for the record), or None: the trainer sends
         them (no linked transport, no peer at that version, or the transfer failed)."""
-        import uuid
-
         transport = getattr(self.weights_from, "transport", None)
         if not isinstance(transport, LinkedTransport):
             return None
