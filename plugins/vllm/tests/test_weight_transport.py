@@ -23,8 +23,6 @@ from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
 from vllm_support import reference_logprobs
 
-pytestmark = pytest.mark.slow  # two vLLM engines start (about a minute each on CPU)
-
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
 
 
