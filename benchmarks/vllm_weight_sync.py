@@ -29,24 +29,12 @@ import time
 from typing import Any
 
 from _common import machine, median, single_thread, table
+from weight_sync import memcpy_s
 
 single_thread()
 
 TRANSPORTS = ("broadcast", "shared_memory")
 PATHS = ("native", "checkpoint")
-
-
-def memcpy_s(nbytes: int, rounds: int) -> float:
-    """The floor: ``nbytes`` copied once, one thread (median of ``rounds``)."""
-    import torch
-
-    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        times.append(time.perf_counter() - t0)
-    return median(times)
 
 
 def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_mb: float) -> float:

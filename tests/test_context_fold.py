@@ -13,6 +13,7 @@ import json
 import re
 
 import pytest
+from test_context import Page
 from toolrl.config import Config, ConfigError, RewardConfig, RolloutConfig
 from toolrl.context import BRANCH_SCHEMA, FOLD_HEADER
 from toolrl.engines import Generation, RolloutEngine
@@ -22,20 +23,6 @@ from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_context_policy
 from toolrl.schemas import Sample
-from toolrl.tools import Tool
-
-
-class Page(Tool):
-    """Page n of a ledger: about 120 tokens of rows; page 1 holds the code."""
-
-    schema = {"type": "function", "function": {
-        "name": "page", "description": "Read a page.",
-        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
-
-    async def execute(self, instance_id, arguments, **kw):
-        n = arguments["n"]
-        head = "The code is 4417. " if n == 1 else ""
-        return head + " ".join(f"row{n}.{i} amount {7 * i + n}" for i in range(24)), 0.0, {}
 
 
 def call(name: str, **arguments) -> str:
