@@ -385,8 +385,8 @@ class RolloutWorkerPool:
                 return f"peer worker {peer.index} (version {sent}, {transport.name})"
             why = next((str(x).splitlines()[0] for x in (sent, got) if isinstance(x, BaseException)),
                        f"it held version {sent}")
-            log.warning("rollout worker %d: weights from peer worker %d failed (%s); the trainer sends them",
-                        slot.index, peer.index, why)
+            log.warning("rollout worker %d: weights from peer worker %d failed (%s); another live peer, "
+                        "else the trainer, sends them", slot.index, peer.index, why)
         return None
 
     def _record_recovery(self, slot: _Slot, source: str) -> None:
