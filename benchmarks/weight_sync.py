@@ -12,6 +12,9 @@ actors (``RayTrainerGroup.transport`` switched between pushes):
 - **shared_memory**: the same, through two ``/dev/shm`` segments per rank the workers map.
 - **disk**: the same, one safetensors file per bucket under a temporary directory.
 - **memcpy floor**: the same bytes copied once with ``Tensor.copy_`` in this process, one thread.
+- **bare gloo broadcast**: the same bytes broadcast by gloo alone, two sender processes (half each) to
+  two receivers, as ``broadcast`` moves them: what the wire itself costs on this machine (loopback TCP,
+  each byte copied into and out of the kernel once per receiver).
 
 On the first model also (``--no-extra`` leaves them out):
 
@@ -76,6 +79,49 @@ def memcpy_s(nbytes: int, rounds: int) -> float:
     return median(times)
 
 
+def _bare_broadcast(rank: int, port: int, nbytes: int, rounds: int, out: str) -> None:
+    """One of four processes: ranks 0 and 1 each broadcast half of ``nbytes`` over a gloo group of
+    their own to ranks 2 and 3, which take both at once (the broadcast transport's topology, nothing
+    else: no packing, no loading)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    groups = [dist.new_group([0, 2, 3]), dist.new_group([1, 2, 3])]
+    halves = [torch.ones(nbytes // 2, dtype=torch.uint8) for _ in groups]
+    times = []
+    for _ in range(rounds + 1):  # the first connects the pairs: untimed
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = [dist.broadcast(halves[i], src=i, group=group, async_op=True) for i, group in enumerate(groups)
+                 if rank in (i, 2, 3)]  # sender i, and both receivers
+        for work in works:
+            work.wait()
+        times.append(time.perf_counter() - t0)
+    took = torch.tensor([median(times[1:])], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        Path(out).write_text(str(float(took)))
+    dist.destroy_process_group()
+
+
+def bare_broadcast_s(nbytes: int, rounds: int) -> float:
+    """The wire's own cost here: ``nbytes`` broadcast by bare gloo, two senders (half each) to two
+    receivers in four processes, as the ``broadcast`` transport moves them (median of ``rounds``)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s, tempfile.TemporaryDirectory() as tmp:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        out = str(Path(tmp) / "took")
+        mp.spawn(_bare_broadcast, args=(port, nbytes, rounds, out), nprocs=4)
+        return float(Path(out).read_text())
+
+
 def _set_delta(rank: Any, on: bool) -> None:
     """On a trainer rank (``__ray_call__``): delta sync turned on (its receivers' state empty: the next
     sync sends everything) or off."""
@@ -128,7 +174,8 @@ def measure(model: str, rounds: int, bucket_mb: float, scratch: str, extra: bool
             lora, {n: (transports[n], None) for n in ("object_store", "broadcast", "shared_memory")}, rounds).items()}
     return {"sync": {k: median([s for s, _ in v]) for k, v in rows.items()},
             "peak": {k: max(p for _, p in v) for k, v in rows.items()},
-            "floor": memcpy_s(nbytes, max(3, rounds)), "mib": nbytes / 2**20}
+            "floor": memcpy_s(nbytes, max(3, rounds)), "gloo": bare_broadcast_s(nbytes, max(3, rounds)),
+            "mib": nbytes / 2**20}
 
 
 def _config(model: str, bucket_mb: float, *overrides: str) -> tuple[Any, str]:
@@ -214,6 +261,7 @@ def main() -> None:
         print(table(["transport", "sync s (median)", "peak extra MiB", "× object_store", "× memcpy floor"], [
             *[[name, sync[name], peak[name], sync[name] / sync["object_store"], sync[name] / floor] for name in sync],
             ["memcpy floor (1 copy, 1 thread)", floor, res["mib"], floor / sync["object_store"], 1.0],
+            ["bare gloo broadcast (2 -> 2)", res["gloo"], 0.0, res["gloo"] / sync["object_store"], res["gloo"] / floor],
         ]))
     first = results[args.models.split(",")[0]]["sync"]
     print()
@@ -222,6 +270,7 @@ def main() -> None:
         print(f"lora adapter-only/full over broadcast: {first['lora adapter-only broadcast'] / first['broadcast']:.2f}")
         print(f"lora adapter-only broadcast/full object_store: "
               f"{first['lora adapter-only broadcast'] / first['object_store']:.2f}")
+    print(f"broadcast/bare gloo broadcast: {first['broadcast'] / results[args.models.split(',')[0]]['gloo']:.2f}")
     print(f"broadcast/object_store: {first['broadcast'] / first['object_store']:.2f}")
     print(f"shared_memory/object_store: {first['shared_memory'] / first['object_store']:.2f}")
 

@@ -48,7 +48,7 @@ from toolrl.model_sources import model_path
 from toolrl.roles.in_process import build_rollouts, seed_everything
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.schemas import Sample
-from toolrl.training.weight_sync import receive_into, send_engine_weights
+from toolrl.training.weight_sync import PackedBucket, receive_into, send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
 
@@ -128,9 +128,9 @@ class RolloutWorker:
         # In a thread: the engine waits for its running step, and the loop keeps serving the groups.
         await asyncio.to_thread(self._load, state_dict, version)
 
-    async def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool, version: int | None = None) -> None:
+    async def update_weights_bucket(self, bucket: PackedBucket, last: bool, version: int | None = None) -> None:
         """Stage ``bucket``; on the last one load every staged tensor at once, as ``version``."""
-        if (staged := self._staged.add(bucket, last)) is not None:
+        if (staged := self._staged.add(bucket.tensors(), last)) is not None:
             await self.update_weights(staged, version)
 
     async def receive_weights(self, transport: LinkedTransport, links: Sequence[Link], index: int,

@@ -167,17 +167,18 @@ def _merged(layer: Any, weight: torch.Tensor) -> torch.Tensor:
     return w if out is None else out.to(w.dtype)
 
 
-def iter_engine_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_engine_weights(model: Any, state: Mapping[str, Any] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(base name, tensor)`` for every entry of the base model's state dict, LoRA merged in.
 
     One merged tensor exists at a time unless the consumer keeps them; unadapted tensors are the
-    model's own (detached, not copied) unless they are sharded, then gathered one by one.
+    model's own (detached, not copied) unless they are sharded, then gathered one by one. ``state``:
+    the model's state dict already taken (a walk of a large model costs milliseconds).
     """
     import torch
 
     layers = lora_layers(model)
     with torch.no_grad():
-        for key, value in model.state_dict().items():
+        for key, value in (model.state_dict() if state is None else state).items():
             owner, rel = _split_lora_key(key, layers)
             if owner is None:
                 yield key, _full(value).detach()
@@ -187,12 +188,13 @@ def iter_engine_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, (_merged(layers[owner], value) if leaf == "weight" else _full(value)).detach()
 
 
-def iter_adapter_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_adapter_weights(model: Any, state: Mapping[str, Any] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every adapter tensor (``lora_A``, ``lora_B``, ...) under the model's own
     names, as an engine holding the same adapters (:func:`apply_lora` on its base model) loads them.
-    The model's own tensors, detached: a sharded one stays a ``DTensor`` (its owner sends its rows)."""
+    The model's own tensors, detached: a sharded one stays a ``DTensor`` (its owner sends its rows).
+    ``state``: as for :func:`iter_engine_weights`."""
     layers = lora_layers(model)
-    for key, value in model.state_dict().items():
+    for key, value in (model.state_dict() if state is None else state).items():
         owner, rel = _split_lora_key(key, layers)
         if owner is not None and rel.startswith("lora_"):
             yield key, value.detach()
