@@ -1,8 +1,10 @@
-"""Killing a training run mid-way, as a crash would: the one way the resume tests do it."""
+"""Processes the tests start: ranks of a gloo group spawned on a free port (:func:`spawn_ranks`), and a
+training run killed mid-way, as a crash would (the one way the resume tests do it)."""
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +15,17 @@ from _dists import EVEN_TOKENS, make_dist, run_toolrl
 
 # Measured, not computed: they differ from run to run (as in test_trainer's resume test).
 TIMING = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb", "weight_sync_peak_mb"}
+
+
+def spawn_ranks(fn: Callable[..., None], nprocs: int, *args: object) -> None:
+    """``fn(rank, port, *args)`` in ``nprocs`` spawned processes, ``port`` a free loopback port for
+    their process group; returns when all ended (raises if one failed)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(fn, args=(port, *args), nprocs=nprocs)
 
 
 def kill_after_checkpoint(args: list[str], env: dict[str, str], checkpoint: Path, timeout: float = 300) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import copy
 import random
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+from _processes import spawn_ranks
 from test_sharded_training import cluster  # noqa: F401  (the fixture: a local Ray seeing the even_tokens reward)
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
 from toolrl.model_sources import load_model
@@ -143,16 +143,11 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
 
 @pytest.mark.slow  # two spawned processes with FSDP2 over gloo: about 90 s on two shared cores
 def test_two_sequence_parallel_ranks_give_the_one_rank_loss_and_gradients(tiny_qwen3_path, tmp_path):
-    import torch.multiprocessing as mp
-
     model = load_model(tiny_qwen3_path)
     assert model.config.num_key_value_heads == 1 < 2 == model.config.num_attention_heads  # GQA, repeated
     want = {name: run_case(copy.deepcopy(model), name, ref_model=reference(model)) for name in CASES}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "sp.pt"
-    mp.spawn(_rank, args=(port, tiny_qwen3_path, str(out)), nprocs=2)
+    spawn_ranks(_rank, 2, tiny_qwen3_path, str(out))
     got = torch.load(out)
     for name, (metrics, grads) in want.items():
         (loss, tokens), sp_grads, sp_logprobs, kept = got[name]

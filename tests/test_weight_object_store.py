@@ -4,9 +4,8 @@ two real gloo ranks; a bucket's small tensors travel packed into one byte tensor
 
 from __future__ import annotations
 
-import socket
-
 import torch
+from _processes import spawn_ranks
 from toolrl.config import LoraConfig
 from toolrl.model_sources import load_model
 from toolrl.training.lora import apply_lora
@@ -56,13 +55,8 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
 
 
 def test_batched_gathers_equal_full_tensor_byte_for_byte(tiny_qwen3_path, tmp_path):
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "gathered.pt"
-    mp.spawn(_rank, args=(port, tiny_qwen3_path, str(out)), nprocs=2)
+    spawn_ranks(_rank, 2, tiny_qwen3_path, str(out))
     result = torch.load(out)
     assert result["odd"] == [True] * 4
     want, got = result["want"], result["got"]
