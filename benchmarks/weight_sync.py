@@ -32,8 +32,9 @@ bucket's object-store copy; linked transports: their two bucket buffers), counte
 Models: SmolLM2-135M-Instruct (``smollm2``) and a random model shaped like Qwen2.5-0.5B (``qwen0.5b``:
 hidden 896, 24 layers, 14/2 heads, MLP 4864, tied 151936-row vocab; built once into the cache).
 The last lines are the first model's ``lora adapter-only/full`` (object_store both; then over
-broadcast both, and adapter-only over broadcast against the full object_store sync),
-``broadcast/object_store`` and ``shared_memory/object_store`` (medians of the rounds).
+broadcast both, over shared_memory both, and adapter-only over broadcast against the full
+object_store sync), ``broadcast/bare gloo broadcast``, ``broadcast/object_store`` and
+``shared_memory/object_store`` (medians of the rounds).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/weight_sync.py [--rounds 3] [--bucket-mb 64] [--models smollm2,qwen0.5b] [--no-extra]
 """
@@ -268,6 +269,8 @@ def main() -> None:
     if "lora adapter-only object_store" in first:  # the same transport both sides, then against the anchor
         print(f"lora adapter-only/full: {first['lora adapter-only object_store'] / first['object_store']:.2f}")
         print(f"lora adapter-only/full over broadcast: {first['lora adapter-only broadcast'] / first['broadcast']:.2f}")
+        print(f"lora adapter-only/full over shared_memory: "
+              f"{first['lora adapter-only shared_memory'] / first['shared_memory']:.2f}")
         print(f"lora adapter-only broadcast/full object_store: "
               f"{first['lora adapter-only broadcast'] / first['object_store']:.2f}")
     print(f"broadcast/bare gloo broadcast: {first['broadcast'] / results[args.models.split(',')[0]]['gloo']:.2f}")
