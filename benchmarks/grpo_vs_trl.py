@@ -102,12 +102,13 @@ class ToolrlRunner:
         from toolrl.roles import sync_weights
         from toolrl.roles.controller import batch_for_step
         from toolrl.rollout import run_rollouts
+        from toolrl.seeds import step_seed
 
         cfg, run, step = self.config, self.run, self.step_index
         c0, t0 = os.times(), time.perf_counter()
         prompts = batch_for_step(run.samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
         run.model.eval()
-        trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
+        trajs = await run_rollouts(run.ctx, prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
                                    id_prefix=f"t{step + 1}-")
         t1 = time.perf_counter()
         await self.trainer.step(trajs, step + 1)

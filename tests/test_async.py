@@ -148,10 +148,11 @@ def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_genera
     generated on the weights step s-1 started from, while step s-1 trained. Its figures and final weights
     are those of the same schedule run one call after another, with nothing overlapping."""
     import torch
-    from toolrl.data.batches import batch_for_step, step_seed
+    from toolrl.data.batches import batch_for_step
     from toolrl.data.sources import load_samples
     from toolrl.roles.controller import train_async
     from toolrl.roles.start import start_roles
+    from toolrl.seeds import step_seed
 
     steps = 3
     cfg = small(tmp_path / "run", f"trainer.total_steps={steps}", "trainer.max_staleness=1",

@@ -1,9 +1,6 @@
 """The trajectory record: everything one trajectory produced, as the rollout loop writes it and the
 trainer, packing, the critic, recorded data and traces read it. A data module: it imports no part of
 the agent loop, so the training side never imports the loop to read its output.
-
-The seed formula lives here too (:func:`trajectory_seed`): every path that names a trajectory (the
-loop, streamed groups, recorded groups, resumed runs) derives its seed from the same three numbers.
 """
 
 from __future__ import annotations
@@ -141,14 +138,6 @@ class Trajectory(BaseModel):
     @property
     def key(self) -> str:
         return self.trajectory_key or self.trajectory_id
-
-
-GROUP_SEED_STRIDE = 1_000_003
-
-
-def trajectory_seed(seed: int, group: int, k: int) -> int:
-    """The seed of trajectory ``k`` of group ``group``: the one formula every rollout path uses."""
-    return seed + GROUP_SEED_STRIDE * group + 10_007 * k
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -2,7 +2,7 @@
 training) the groups generating ahead of the trainer.
 
 Groups are numbered globally from 0 in data order. Group ``g``'s prompt (:func:`prompt_for_group`)
-and trajectory seeds (:func:`group_seed` with :func:`toolrl.trajectory.trajectory_seed`) are pure
+and trajectory seeds (:func:`toolrl.seeds.group_seed` with :func:`toolrl.seeds.trajectory_seed`) are pure
 functions of ``g`` and the run's seeds, so a resumed run regenerates any group exactly where it left
 off. Steps take groups in group order; the checkpoint records the first group not yet consumed.
 
@@ -47,7 +47,8 @@ from typing import Any
 
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
-from toolrl.trajectory import GROUP_SEED_STRIDE, Trajectory
+from toolrl.seeds import epoch_seed, group_seed, step_seed
+from toolrl.trajectory import Trajectory
 
 # A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
 AHEAD = "ahead.pt"
@@ -60,7 +61,7 @@ MAX_GROUPS_PER_STEP = 4
 def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
     order = list(range(n))
     if shuffle:
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        random.Random(epoch_seed(seed, epoch)).shuffle(order)
     return tuple(order)
 
 
@@ -73,19 +74,6 @@ def prompt_for_group(samples: Sequence[Sample], group: int, seed: int, shuffle: 
 def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: int, shuffle: bool) -> list[Sample]:
     """The prompts of a synchronous step (0-based): groups ``step*batch_size`` onwards."""
     return [prompt_for_group(samples, g, seed, shuffle) for g in range(step * batch_size, (step + 1) * batch_size)]
-
-
-def step_seed(rollout_seed: int, step: int) -> int:
-    """The ``seed`` a synchronous step (0-based) runs its batch with (group ``j`` of the batch)."""
-    return rollout_seed + 7_777 * step
-
-
-def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
-    """The ``seed`` for ``run_group`` of global group ``group``: ``trajectory_seed(seed, group, k)``
-    is then the seed the synchronous loop gives trajectory ``k`` of group ``group % batch_size`` in
-    step ``group // batch_size``, so both modes sample the same trajectories from the same weights."""
-    step = group // batch_size
-    return step_seed(rollout_seed, step) - GROUP_SEED_STRIDE * batch_size * step
 
 
 @dataclass

@@ -48,7 +48,6 @@ from toolrl.data.batches import (
     StepBatches,
     batch_for_step,
     open_batches,
-    step_seed,
 )
 from toolrl.loggers import open_loggers
 from toolrl.roles.evaluate import validate
@@ -64,6 +63,7 @@ from toolrl.run_dir import (
     staleness_metrics,
     step_line,
 )
+from toolrl.seeds import step_seed
 from toolrl.trajectory import Trajectory
 
 # -- checkpoints ----------------------------------------------------------------------------------

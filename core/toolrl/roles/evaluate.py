@@ -36,12 +36,12 @@ from rich.table import Table
 
 from toolrl.config import Config, ConfigError, read_json
 from toolrl.data import read_rows
-from toolrl.data.batches import step_seed
 from toolrl.roles.in_process import Rollouts
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import start_roles
 from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
+from toolrl.seeds import step_seed
 from toolrl.trajectory import Trajectory
 
 
@@ -90,7 +90,7 @@ async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
                        advance: Callable[[int], None] = lambda done: None) -> list[tuple[Sample, int, Trajectory]]:
     """``eval.n`` trajectories per problem as ``(problem, k, trajectory)``. Problems go to the rollout
     group in chunks that fill its concurrency (``advance`` is told after each); chunk c is seeded as
-    the controller seeds step c (:func:`~toolrl.data.batches.step_seed`)."""
+    the controller seeds step c (:func:`~toolrl.seeds.step_seed`)."""
     n = config.eval.n
     workers = config.ray.num_rollout_workers if config.ray.address is not None else 1
     size = max(1, config.rollout.max_concurrent_trajectories * workers // n)

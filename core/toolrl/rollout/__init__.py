@@ -49,9 +49,10 @@ from toolrl.schemas import (
     ToolResponse,
     ToolResult,
 )
+from toolrl.seeds import branch_seed, trajectory_seed, turn_seed
 from toolrl.sessions import SessionError, SessionKind, SessionRun, failure_after_calls
 from toolrl.tools import Tool, ToolSet
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage, trajectory_seed
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage
 
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
@@ -339,9 +340,6 @@ def branch_of(ep: _Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolRes
     return None if branch is None else (call, branch)
 
 
-BRANCH_SEED_STRIDE = 104_729  # a branch's sampling seeds: apart from its line's and from other branches'
-
-
 async def run_branch(ep: _Episode, call: ToolCall, branch: Branch) -> ToolResult:
     """Run a sub-task in a branch (fold): a segment of its own (the trajectory's key, reward and
     advantage) whose prompt is the template's rendering of ``branch.messages``, taking turns with the
@@ -359,7 +357,7 @@ async def run_branch(ep: _Episode, call: ToolCall, branch: Branch) -> ToolResult
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
     sub = _Episode(ep.config, ep.engine, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
-                   twig, ep.seed + BRANCH_SEED_STRIDE * (len(ep.closed) + 1), ep.session,
+                   twig, branch_seed(ep.seed, len(ep.closed) + 1), ep.session,
                    messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
                    closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
                    engine_session=twig.trajectory_id)
@@ -463,7 +461,7 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     params = SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
         stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.route.parser.stop_strings,
-        seed=ep.seed + 7919 * traj.turns,
+        seed=turn_seed(ep.seed, traj.turns),
     )
     t0 = time.perf_counter()
     # Images go to the engine only when there are some: text-only engines keep their signature.

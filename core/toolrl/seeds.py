@@ -1,0 +1,49 @@
+"""Every seed a run derives from ``rollout.seed``, in one place: a step's, a group's, a trajectory's,
+a turn's and a branch's sampling seeds, and the data order of an epoch. Each is a pure function of
+the run's seed and a position (step, group, sample, turn), so a resumed run, an asynchronous run and
+a recorded replay regenerate any trajectory with the seeds it had. The strides are distinct primes,
+so no two positions of one run share a seed in practice.
+"""
+
+from __future__ import annotations
+
+STEP = 7_777  # a synchronous step's batch: rollout.seed + STEP * step
+GROUP = 1_000_003  # group g of a batch: the batch's seed + GROUP * g
+SAMPLE = 10_007  # sample k of a group: the group's seed + SAMPLE * k
+TURN = 7_919  # the engine's sampling seed at turn t of a trajectory: its seed + TURN * t
+BRANCH = 104_729  # branch b (fold) of a trajectory: its seed + BRANCH * b, apart from its line's and others'
+EPOCH = 1_000_003  # the data order of epoch e: shuffled with rollout.seed * EPOCH + e
+
+
+def step_seed(rollout_seed: int, step: int) -> int:
+    """The ``seed`` a synchronous step (0-based) runs its batch with (group ``j`` of the batch)."""
+    return rollout_seed + STEP * step
+
+
+def trajectory_seed(seed: int, group: int, k: int) -> int:
+    """The seed of trajectory ``k`` of group ``group`` of a rollout call made with ``seed``: the one
+    formula every rollout path uses (the loop, streamed groups, recorded groups, resumed runs)."""
+    return seed + GROUP * group + SAMPLE * k
+
+
+def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
+    """The ``seed`` for ``run_group`` of global group ``group``: ``trajectory_seed(seed, group, k)``
+    is then the seed the synchronous loop gives trajectory ``k`` of group ``group % batch_size`` in
+    step ``group // batch_size``, so both modes sample the same trajectories from the same weights."""
+    step = group // batch_size
+    return step_seed(rollout_seed, step) - GROUP * batch_size * step
+
+
+def turn_seed(trajectory: int, turn: int) -> int:
+    """The engine's sampling seed for turn ``turn`` (0-based) of a trajectory seeded ``trajectory``."""
+    return trajectory + TURN * turn
+
+
+def branch_seed(trajectory: int, branch: int) -> int:
+    """The seed of branch ``branch`` (1-based) of a trajectory seeded ``trajectory``."""
+    return trajectory + BRANCH * branch
+
+
+def epoch_seed(rollout_seed: int, epoch: int) -> int:
+    """The seed that shuffles the data of epoch ``epoch``."""
+    return rollout_seed * EPOCH + epoch
