@@ -61,11 +61,10 @@ class SyncPlan:
 
 
 def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
-    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine applies them
+    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine takes them
     (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other gets merged
-    weights), delta with
-    ``trainer.weight_sync: delta``, which needs an engine that keeps what it is not sent
-    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
+    weights), delta with ``trainer.weight_sync: delta``, which needs an engine that keeps what it is
+    not sent (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
     ``engine_cls``: the configured engine's class (looked up by ``engine.name`` when not given)."""
     if engine_cls is None:
         engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
