@@ -373,10 +373,9 @@ class VLLMEngine(RolloutEngine):
         self._adapter = layout
         try:
             self._update_adapter(layout.zeros())
-        except Exception as exc:  # vLLM's RPC hands the worker's error on as a plain Exception
+        except BaseException:
             self._adapter = None
-            raise ConfigError(f"model.lora.target_modules: vLLM cannot serve these adapters: "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            raise
 
     def _update_adapter(self, tensors: Mapping[str, Any]) -> None:
         """Write ``tensors`` (every adapter tensor, the trainer's names) to a new directory, load it in
