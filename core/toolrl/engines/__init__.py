@@ -106,8 +106,8 @@ class RolloutEngine(ABC):
     name: ClassVar[str] = ""
     # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
     weight_version: int = 0
-    # Whether the engine puts LoRA adapters into its own base model (:meth:`apply_adapters`) and then
-    # loads only the adapter tensors; an engine that does not gets merged weights under LoRA.
+    # Whether the engine takes LoRA adapters (:meth:`apply_adapters`) and then loads only the adapter
+    # tensors; an engine that does not gets merged weights under LoRA.
     loads_adapters: ClassVar[bool] = False
     # Whether an update may hold only some weights, the others kept as they are (trainer.weight_sync: delta).
     partial_weight_updates: ClassVar[bool] = False
@@ -156,9 +156,12 @@ class RolloutEngine(ABC):
         return None
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
-        """Put LoRA adapters into the engine's base model: ``inject(model)`` (the trainer's own
-        injection, so both hold the same adapters under the same names); from then on weight updates
-        carry the adapter tensors only, by name. Engines with ``loads_adapters`` implement it."""
+        """Take the run's LoRA adapters: ``inject(model)`` is the trainer's own injection (peft layers
+        put into a Hugging Face model in place), so both hold the same adapters under the same names. An
+        engine on a torch model runs it on that model; one that serves adapters some other way (vLLM)
+        runs it on a weightless skeleton to learn the adapters' names, shapes, rank and alpha. From
+        then on weight updates carry the adapter tensors only, by name; until the first, the adapters
+        are the trainer's initial ones (``lora_B`` zero). Engines with ``loads_adapters`` implement it."""
         raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
 
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:

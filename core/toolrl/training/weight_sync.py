@@ -62,10 +62,10 @@ class SyncPlan:
 
 
 def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
-    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine applies them
-    (``RolloutEngine.loads_adapters``; vLLM's does not: it gets merged weights), delta with
-    ``trainer.weight_sync: delta``, which needs an engine that keeps what it is not sent
-    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
+    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine takes them
+    (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other gets merged
+    weights), delta with ``trainer.weight_sync: delta``, which needs an engine that keeps what it is
+    not sent (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
     ``engine_cls``: the configured engine's class (looked up by ``engine.name`` when not given)."""
     if engine_cls is None:
         engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
@@ -77,9 +77,10 @@ def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
 
 
 def prepare_engine(engine: Any, config: Config) -> None:
-    """Under an adapter-only :class:`SyncPlan`: the run's LoRA adapters put into ``engine``'s own base
-    model (:func:`toolrl.training.lora.apply_lora`, as the trainer's), so the adapter tensors the
-    trainer sends load by name; the base weights stay untouched."""
+    """Under an adapter-only :class:`SyncPlan`: ``engine`` given the run's LoRA adapters by the trainer's
+    own injection (:func:`toolrl.training.lora.apply_lora`: on its base model, or for vLLM on a skeleton
+    that tells the adapter's names, shapes and config), so the adapter tensors the trainer sends load
+    by name; the base weights stay untouched."""
     if sync_plan(config, type(engine)).adapters:
         engine.apply_adapters(functools.partial(lora.apply_lora, config=config.model.lora))
 

@@ -5,19 +5,38 @@ loaded from the checkpoint of the same weights.
 The module's engine takes the buckets through vLLM's native weight-transfer API (backend ``toolrl``:
 vLLM's worker joins the links and loads each bucket in place, no file written); the reference engine
 runs with ``weight_transfer: checkpoint``, the path where the API is absent (rows assembled here, then
-reloaded through a checkpoint file), which the first test drives."""
+reloaded through a checkpoint file), which the first test drives.
+
+Under LoRA (the ``slow`` tests: they start a LoRA engine of their own) only the trainer's adapters
+travel and vLLM serves them as a LoRA adapter; its log-probs equal the module engine's on the merged
+weights within float32 noise."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
 from toolrl import model_sources
+from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.training.weight_sync import SyncStats, owned_buckets, receive_into, send_owned
+from toolrl.engines.build import build_engine
+from toolrl.training import lora
+from toolrl.training.weight_sync import (
+    SyncPlan,
+    SyncStats,
+    engine_sink,
+    owned_buckets,
+    push,
+    receive_into,
+    send_owned,
+    sync_plan,
+)
 from toolrl.transports import TransportError, build_transport
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
@@ -65,9 +84,9 @@ def transport_named(name, tmp_path):
     return build_transport(TrainerConfig(weight_transport=name, weight_transport_options=options))
 
 
-def sync(model, engine, name: str, tmp_path, version: int = 1) -> tuple[int, int]:
-    """Two trainer ranks send ``model`` over transport ``name`` to ``engine`` (receiver 0 of each link):
-    (bytes sent, bytes received)."""
+def sync(model, engine, name: str, tmp_path, version: int = 1, plan: SyncPlan | None = None) -> tuple[int, int]:
+    """Two trainer ranks send ``model`` (what ``plan`` says) over transport ``name`` to ``engine``
+    (receiver 0 of each link): (bytes sent, bytes received)."""
     transport = transport_named(name, tmp_path)
     senders = [transport.open_sender(f"vllm-{name}-{r}-{tmp_path.name}", r, 1, 60.0) for r in range(2)]
     receivers = engine.open_weight_receivers(transport, [s.link for s in senders], 0)
@@ -82,7 +101,7 @@ def sync(model, engine, name: str, tmp_path, version: int = 1) -> tuple[int, int
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(
-        lambda r=r: sent.append(send_owned(model, senders[r], r, 2, 0.05).bytes_sent),)) for r in range(2)]
+        lambda r=r: sent.append(send_owned(model, senders[r], r, 2, 0.05, plan or SyncPlan()).bytes_sent),)) for r in range(2)]
     threads.append(threading.Thread(target=run, args=(
         lambda: received.append(receive_into(engine, receivers, version)),)))
     for t in threads:
@@ -202,3 +221,129 @@ async def test_a_sender_dying_mid_transfer_ends_the_update_within_the_timeout(en
         for s in senders:
             s.close()
         engine.update_weights(hf_model.state_dict())
+
+
+# ----------------------------------------------------------------- LoRA: adapters served as a vLLM adapter
+
+LORA = LoraConfig(r=4, alpha=8.0)
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+# vLLM's LoRA kernels (x·A·B added to the base layer's output) against the merged W + s·B·A: float32
+# rounding only (measured: 9.5e-7 at most on the tiny model; the initial adapter equals the base engine
+# exactly).
+LORA_ATOL = 1e-5
+
+
+async def greedy(engine, prompts):
+    return [(g.token_ids, g.logprobs) for p in prompts for g in await engine.generate(p, GREEDY)]
+
+
+def assert_close(got, want):
+    assert [t for t, _ in got] == [t for t, _ in want]
+    diff = max(abs(a - b) for (_, la), (_, lb) in zip(got, want, strict=True) for a, b in zip(la, lb, strict=True))
+    assert diff <= LORA_ATOL, diff
+
+
+@pytest.fixture(scope="module")
+def lora_engine(tiny_path, prompts):
+    """An engine started with LoRA support and given the run's adapters (the trainer's injection), and
+    its greedy samples before any sync."""
+    eng = VLLMEngine.create(ModelSource(tiny_path), {"device": "cpu", "max_batch_size": 16, "max_lora_rank": 8})
+    try:
+        eng.apply_adapters(functools.partial(lora.apply_lora, config=LORA))
+        yield eng, asyncio.run(greedy(eng, prompts))
+    finally:
+        asyncio.run(eng.close())
+
+
+def adapted_model(path: str, seed: int, scale: float = 0.05):
+    """The trainer's model under LoRA after some training: every adapter tensor moved (lora_B non-zero)."""
+    model = model_sources.load_model(path)
+    lora.apply_lora(model, LORA)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, tensor in lora.iter_adapter_weights(model):
+            tensor.add_(torch.randn(tensor.shape, generator=g) * scale)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["object_store", "shared_memory"])
+async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora_engine, hf_model, tiny_path,
+                                                             prompts, tmp_path):
+    """Only the adapter tensors travel (a bucket push, or a linked transport into this process) and
+    vLLM serves them as its LoRA adapter: greedy samples and log-probs as an engine loaded with the
+    merged weights. Before the first sync the engine's adapter is the trainer's initial one (the base
+    model), and no checkpoint of base weights is ever written."""
+    lora_engine, initial = lora_engine
+    assert lora_engine._lora is not None  # every request carries the adapter
+    assert_close(initial, await greedy(engine, prompts))
+    adapted = adapted_model(tiny_path, seed=len(name))  # each transport its own adapters
+    engine.update_weights(lora.engine_state_dict(adapted))
+    try:
+        want = await greedy(engine, prompts)
+    finally:
+        engine.update_weights(hf_model.state_dict())
+    assert await greedy(lora_engine, prompts) != want  # the new adapters change what is sampled
+    plan = SyncPlan(adapters=True)
+    adapter_bytes = sum(t.numel() * t.element_size() for _, t in lora.iter_adapter_weights(adapted))
+    version = lora_engine.weight_version + 1
+    if name == "object_store":
+        with lora_engine.updating_weights(version):
+            sent = push(adapted, [engine_sink(lora_engine)], 0.05, plan=plan).bytes_sent
+    else:
+        sent, received = await asyncio.to_thread(sync, adapted, lora_engine, name, tmp_path, version, plan)
+        assert received == sent
+    assert sent == adapter_bytes
+    assert lora_engine.weight_version == version
+    assert_close(await greedy(lora_engine, prompts), want)
+    assert checkpoint_written(lora_engine) is None
+    assert [p.name for p in lora_engine._dir.glob("adapter-*")] == [f"adapter-{lora_engine.stats.weight_updates}"]
+
+
+
+def push_adapters(model, engine, version: int) -> None:
+    with engine.updating_weights(version):
+        push(model, [engine_sink(engine)], 0.05, plan=SyncPlan(adapters=True))
+
+
+@pytest.mark.slow
+async def test_a_request_in_flight_across_an_adapter_sync_carries_on(lora_engine, tiny_path, prompts):
+    """An adapter update takes the same in-flight path as a weight update: the request decoding when
+    it lands keeps its tokens and goes on with the new adapter (greedy: the old adapter's argmax up to
+    some token, the new one's from there, with the new one's logprobs)."""
+    lora_engine, _ = lora_engine
+    # Adapters far enough apart that their greedy continuations differ.
+    old, new = adapted_model(tiny_path, seed=20, scale=0.3), adapted_model(tiny_path, seed=21, scale=0.3)
+    version = lora_engine.weight_version + 1
+    push_adapters(old, lora_engine, version)
+    pending = asyncio.ensure_future(lora_engine.generate(prompts[1], SamplingParams(temperature=0.0,
+                                                                                    max_new_tokens=2000)))
+    await asyncio.sleep(1.5)  # decoding
+    await asyncio.to_thread(push_adapters, new, lora_engine, version + 1)
+    assert not pending.done()
+    (gen,) = await pending
+    assert gen.finish_reason == "length" and len(gen.token_ids) == 2000 and gen.weight_version == version
+    _, before = reference_logprobs(old, prompts[1], gen.token_ids, temperature=0.0)
+    want, after = reference_logprobs(new, prompts[1], gen.token_ids, temperature=0.0)
+    switch = next(i for i, (t, o) in enumerate(zip(gen.token_ids, before)) if t != o)
+    assert switch > 0 and gen.token_ids[switch:] == after[switch:]
+    assert max(abs(a - b) for a, b in zip(gen.logprobs[switch:], want[switch:])) < 1e-4
+
+
+def vllm_config(*overrides):
+    return load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml", ["engine.name=vllm", *overrides])
+
+
+def test_the_run_starts_vllm_for_its_adapter_rank(tiny_path, tokenizer):
+    """Under model.lora the vLLM engine takes adapter-only syncs; the rank it is started for is checked
+    before vLLM starts."""
+    assert sync_plan(vllm_config("model.lora={r: 4}")) == SyncPlan(adapters=True)
+    with pytest.raises(ConfigError, match=r"^model.lora.r: 600, but vLLM serves adapters of rank at most 512$"):
+        build_engine(vllm_config("model.lora={r: 600}"), tiny_path, tokenizer)
+    with pytest.raises(ConfigError, match=r"^engine.options.max_lora_rank: 8 is below model.lora.r \(16\)$"):
+        build_engine(vllm_config("model.lora={r: 16}", "engine.options={max_lora_rank: 8}"), tiny_path, tokenizer)
+
+
+def test_an_engine_started_without_lora_refuses_adapters(engine):
+    with pytest.raises(ConfigError, match=r"^model.lora.r: rank 4, but the vllm engine was started with no LoRA"):
+        engine.apply_adapters(functools.partial(lora.apply_lora, config=LORA))

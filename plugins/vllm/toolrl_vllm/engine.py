@@ -23,6 +23,13 @@
   before generation resumes. Each generation reports the version current when vLLM took the request
   (after any update in progress, or the next one after an update that failed); a request that an update then overtakes before its first token
   reports the older version.
+- LoRA (``model.lora``): the engine starts with vLLM's LoRA support (``max_lora_rank``: the run's
+  rank, rounded up to one vLLM has) and serves the trainer's adapters as a vLLM LoRA adapter, never a
+  merged copy of the base weights. ``apply_adapters`` gives it the run's initial adapter (``lora_B``
+  zero: the base model's outputs); each update then carries only the adapter tensors, written as a
+  peft directory and loaded in place under the same adapter id inside the same pause as a weight
+  update (the requests in flight go on with the new adapter). Every request carries the adapter.
+  Linked transports then take the adapters in this process (they are small), not in vLLM's worker.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 
@@ -46,11 +53,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from toolrl.config import ConfigError
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
-from toolrl_vllm.weights import write_checkpoint
+from toolrl_vllm.weights import AdapterLayout, adapter_layout, write_adapter, write_checkpoint
 
 GiB = 1 << 30
 # Imported by vLLM's worker processes only (it imports vLLM), where importing it registers the backend.
@@ -59,6 +67,9 @@ TRANSFER_BACKEND = "toolrl"
 # What the native path calls on vLLM's AsyncLLM: present from the release that has the API.
 NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",
                 "shutdown_weight_transfer_engine", "pause_generation", "resume_generation")
+# The adapter ranks vLLM's LoRA support takes (vllm.config.lora.MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+ADAPTER_NAME, ADAPTER_ID = "toolrl", 1  # the one adapter, reloaded in place under this id by every update
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +99,9 @@ class VLLMEngineConfig(BaseModel):
     weight_transfer: Literal["auto", "checkpoint"] = Field(
         "auto", description="Linked transports: auto: vLLM's native weight-transfer API where the installed vLLM "
                             "has it (one engine process, tensor_parallel_size 1); checkpoint: reload from a file.")
+    max_lora_rank: Literal[LORA_RANKS] | None = Field(  # type: ignore[valid-type]
+        None, description="Serve LoRA adapters up to this rank (vLLM enable_lora); under model.lora the run sets "
+                          "it to model.lora.r rounded up to one of vLLM's ranks. None: no LoRA support, no cost.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="More vllm AsyncEngineArgs, verbatim.")
 
 
@@ -104,6 +118,7 @@ class EngineStats:
 
 class VLLMEngine(RolloutEngine):
     name = "vllm"
+    loads_adapters = True
 
     def __init__(self, model_path: str, config: VLLMEngineConfig) -> None:
         self.config = config
@@ -122,6 +137,9 @@ class VLLMEngine(RolloutEngine):
         self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
         self._next_version: int | None = None  # the version an update in progress brings
         self._native = False  # weights over linked transports through vLLM's weight-transfer API
+        self._adapter: AdapterLayout | None = None  # under LoRA (apply_adapters): the adapters updates carry
+        self._lora: Any = None  # the vLLM LoRARequest every request carries (the newest adapter)
+        self._adapters_written = itertools.count()
         try:
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
         except BaseException:
@@ -135,6 +153,16 @@ class VLLMEngine(RolloutEngine):
         """vLLM loads the weights from ``source.path`` in its own processes; a live ``source.module``
         cannot be shared, so the trainer's later updates arrive through ``update_weights``."""
         return cls(source.path, VLLMEngineConfig.model_validate(dict(config)))
+
+    @classmethod
+    def build(cls, options: BaseModel, context: Any) -> VLLMEngine:
+        """Under ``model.lora``, vLLM starts with LoRA support for the run's rank (it cannot be turned
+        on later); a run without LoRA does not pay for it."""
+        values = options.model_dump()
+        lora = context.config.model.lora if context.config is not None else None
+        if lora is not None:
+            values["max_lora_rank"] = lora_rank(lora.r, values.get("max_lora_rank"))
+        return cls.create(context.input("source"), values)
 
     # ----------------------------------------------------------------- engine loop side
 
@@ -156,6 +184,8 @@ class VLLMEngine(RolloutEngine):
             args["enable_sleep_mode"] = self._on_gpu()
         if self._native:
             args["weight_transfer_config"] = {"backend": TRANSFER_BACKEND}
+        if cfg.max_lora_rank is not None:
+            args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
         args.update(cfg.engine_args)
         return AsyncEngineArgs(**args)
 
@@ -224,7 +254,7 @@ class VLLMEngine(RolloutEngine):
             await self._whole.wait()  # and after a failed one, for the next
             version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
-                                                request_id):
+                                                request_id, lora_request=self._lora):
                 final = out
         except asyncio.CancelledError:
             if self._closed:  # cancelled by close(), not by the caller
@@ -274,6 +304,16 @@ class VLLMEngine(RolloutEngine):
         async with self._loading():
             await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
 
+    async def _load_adapter(self, path: str) -> None:
+        """Load the adapter in ``path`` in place of the current one (the same id), in the pause of a
+        weight update; from then on every request carries it."""
+        from vllm.lora.request import LoRARequest
+
+        async with self._loading():
+            if not await self._llm.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, path, load_inplace=True)):
+                raise RuntimeError(f"vLLM did not load the adapter in {path}")
+            self._lora = LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)
+
     async def _sleep(self) -> None:
         assert self._state_lock is not None
         async with self._state_lock:
@@ -312,9 +352,44 @@ class VLLMEngine(RolloutEngine):
             raise RuntimeError("engine is closed")
         if not state_dict:  # nothing to load (rows that came over vLLM's weight-transfer API left none)
             return
-        write_checkpoint(state_dict, self._weights_dir)
-        self._thread.call(self._reload(str(self._weights_dir)))
+        if self._adapter is not None:
+            self._update_adapter(state_dict)
+        else:
+            write_checkpoint(state_dict, self._weights_dir)
+            self._thread.call(self._reload(str(self._weights_dir)))
         self.stats.weight_updates += 1
+
+    def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
+        """The run's adapters, as the trainer's ``inject`` makes them (run on a meta-device skeleton
+        of the base model: names, shapes, rank, alpha, target modules), served from now on; the
+        initial one has ``lora_B`` zero, as the trainer's."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        layout = adapter_layout(self.model_path, inject)
+        if self.config.max_lora_rank is None or layout.rank > self.config.max_lora_rank:
+            started = f"max_lora_rank {self.config.max_lora_rank}" if self.config.max_lora_rank else "no LoRA support"
+            raise ConfigError(f"model.lora.r: rank {layout.rank}, but the vllm engine was started with {started} "
+                              "(engine.options.max_lora_rank)")
+        self._adapter = layout
+        try:
+            self._update_adapter(layout.zeros())
+        except BaseException:
+            self._adapter = None
+            raise
+
+    def _update_adapter(self, tensors: Mapping[str, Any]) -> None:
+        """Write ``tensors`` (every adapter tensor, the trainer's names) to a new directory, load it in
+        place of the current adapter and drop the old directory."""
+        assert self._adapter is not None
+        old = Path(self._lora.lora_path) if self._lora is not None else None
+        path = write_adapter(tensors, self._adapter, self._dir / f"adapter-{next(self._adapters_written)}")
+        try:
+            self._thread.call(self._load_adapter(str(path)))
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:
@@ -349,8 +424,9 @@ class VLLMEngine(RolloutEngine):
 
     def open_weight_receivers(self, transport: LinkedTransport, links: Sequence[Link], index: int) -> list[Any]:
         """With vLLM's weight-transfer API: vLLM's worker opens the receivers (one
-        ``init_weight_transfer_engine``) and one receiver here drives each update; else the default."""
-        if not self._native:
+        ``init_weight_transfer_engine``) and one receiver here drives each update; else (and for
+        LoRA adapters, which load as a whole adapter) the default."""
+        if not self._native or self._adapter is not None:
             return super().open_weight_receivers(transport, links, index)
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
@@ -409,6 +485,18 @@ class WorkerReceiver(WeightReceiver):
     def close(self) -> None:
         if not self.engine._closed:
             self.engine._thread.call(self.engine._llm.shutdown_weight_transfer_engine())
+
+
+def lora_rank(rank: int, chosen: int | None) -> int:
+    """The ``max_lora_rank`` a run of adapter rank ``rank`` starts vLLM with: ``chosen`` (the engine's
+    option) when set, else the smallest rank vLLM takes that holds it."""
+    if chosen is not None:
+        if chosen < rank:
+            raise ConfigError(f"engine.options.max_lora_rank: {chosen} is below model.lora.r ({rank})")
+        return chosen
+    if rank > LORA_RANKS[-1]:
+        raise ConfigError(f"model.lora.r: {rank}, but vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
+    return next(r for r in LORA_RANKS if r >= rank)
 
 
 def _generation(out: Any, weight_version: int) -> Generation:

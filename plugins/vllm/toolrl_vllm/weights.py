@@ -1,15 +1,20 @@
-"""Trainer weights to a safetensors checkpoint directory that vLLM's loader reads in place.
+"""Trainer weights to files vLLM reads: a safetensors checkpoint its loader reads in place, or (under
+LoRA) a peft adapter directory it serves as a LoRA adapter.
 
 The engine runs in other processes, so weights travel through a file: one ``model.safetensors``
 written atomically (temporary name, then rename) into a directory the engine owns. Tensors that share
 storage (tied embeddings: ``lm_head.weight`` is ``model.embed_tokens.weight``) are written once, under
 the first name, which is how Hugging Face checkpoints of tied models look and what vLLM expects.
+An adapter update is written to a new directory of its own (small: the ``lora_A``/``lora_B`` tensors).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +48,65 @@ def write_checkpoint(state_dict: Mapping[str, Any], directory: Path) -> Path:
     save_file(unique_tensors(state_dict), str(tmp), metadata={"format": "pt"})
     os.replace(tmp, final)
     return final
+
+
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+# The trainer's adapter tensor names (peft layers injected in place, adapter ``default``).
+_TRAINER_ADAPTER_KEY = re.compile(r"^(?P<module>.+)\.(?P<which>lora_[AB])\.(?P<adapter>[^.]+)\.weight$")
+
+
+@dataclass(frozen=True)
+class AdapterLayout:
+    """The trainer's adapters as the engine's base model holds them: every tensor's name and shape,
+    and peft's ``adapter_config.json`` (rank, alpha, target modules) for vLLM to load them with."""
+
+    shapes: dict[str, tuple[int, ...]]
+    config_json: str
+    rank: int
+
+    def zeros(self) -> dict[str, Any]:
+        """The initial adapter: ``B·A = 0`` (the trainer's starts with ``lora_B`` zero), the base model."""
+        import torch
+
+        return {name: torch.zeros(shape) for name, shape in self.shapes.items()}
+
+
+def adapter_layout(model_path: str, inject: Callable[[Any], Any]) -> AdapterLayout:
+    """Run the trainer's own injection on a skeleton of the model in ``model_path`` (meta device: no
+    weights loaded) to learn the adapters' names, shapes and peft config exactly as the trainer has them."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(model_path)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    inject(model)
+    (peft_config,) = model.peft_config.values()
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if _TRAINER_ADAPTER_KEY.match(k)}
+    with tempfile.TemporaryDirectory() as tmp:
+        peft_config.save_pretrained(tmp)
+        config_json = (Path(tmp) / ADAPTER_CONFIG).read_text()
+    return AdapterLayout(shapes, config_json, peft_config.r)
+
+
+def write_adapter(tensors: Mapping[str, Any], layout: AdapterLayout, directory: Path) -> Path:
+    """The trainer's adapter tensors (every one of ``layout``'s, by the trainer's names) as a peft
+    directory vLLM loads (``base_model.model.<module>.lora_A.weight``); returns ``directory``."""
+    from safetensors.torch import save_file
+
+    if missing := sorted(set(layout.shapes) - set(tensors)):
+        raise ValueError(f"vllm engine: an adapter update lacks {len(missing)} adapter tensors: {missing[:3]}")
+    peft: dict[str, Any] = {}
+    for name, tensor in tensors.items():
+        if name not in layout.shapes:
+            raise ValueError(f"vllm engine: {name!r} is not one of the run's adapter tensors (under model.lora "
+                             "the engine loads the adapters only)")
+        key = _TRAINER_ADAPTER_KEY.match(name)
+        assert key is not None  # the layout's names all match
+        peft[f"base_model.model.{key['module']}.{key['which']}.weight"] = tensor
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(unique_tensors(peft), str(directory / ADAPTER_FILE), metadata={"format": "pt"})
+    (directory / ADAPTER_CONFIG).write_text(layout.config_json)
+    return directory
