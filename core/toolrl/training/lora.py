@@ -6,8 +6,9 @@ wrapping per decoder layer see the same module tree as without LoRA, with the ad
 replaced by ``peft`` LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...)
 and every base parameter frozen.
 
-An engine that applies adapters itself (``RolloutEngine.loads_adapters``) gets :func:`apply_lora` on its
-own base model once and then only the adapter tensors (:func:`iter_adapter_weights`). Any other engine
+An engine that takes adapters (``RolloutEngine.loads_adapters``) gets :func:`apply_lora` once (run on its
+own base model, or by vLLM on a weightless skeleton to learn the adapter's layout) and then only the
+adapter tensors (:func:`iter_adapter_weights`). Any other engine
 never sees adapters: :func:`engine_state_dict` gives the base model's state dict under the base
 model's parameter names with ``W + alpha / r * B @ A`` in place of each adapted weight, computed one
 tensor at a time from the trained model without changing it, so ``engine.update_weights`` and the Ray
