@@ -19,8 +19,10 @@ What runs where (scripts/test.sh runs every default session, two at a time: a co
   (``one_step_off``: every figure and weight equal to an uninterrupted run's) and with it shrunk
   (``tests/test_chaos.py``, about 2 minutes each), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes), a 16k-token run on
-  two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes) and a rollout worker lost
-  before a ``broadcast`` weight sync (``tests/test_weight_transport_ray.py``, about 2.5 minutes);
+  two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes), a rollout worker lost
+  before a ``broadcast`` weight sync (``tests/test_weight_transport_ray.py``, about 2.5 minutes) and a run
+  killed with segmented (context-policy) trajectories in flight, resumed (``tests/test_context_resume.py``,
+  about 2 minutes);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed

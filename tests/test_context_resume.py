@@ -80,6 +80,7 @@ def timeless(value):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # over two minutes on two cores; resuming a killed run is shown by test_async's and test_algorithm_resume's
 def test_a_run_killed_with_segmented_trajectories_in_flight_resumes_bit_identical(tmp_path, monkeypatch):
     plugin = tmp_path / "follow_up_plugin"
     plugin.mkdir()
