@@ -21,6 +21,9 @@ On the first model also (``--no-extra`` leaves them out):
 - **delta** (``trainer.weight_sync: delta``) over each transport: between two syncs every tensor but
   the (tied) embeddings is written in place, as a step with frozen embeddings writes them; only those
   travel.
+- **nothing to send** over object_store, broadcast and shared_memory: a delta sync after no write, so
+  no weight travels: what a sync costs besides its bytes (the calls, the links' handshakes, the workers
+  holding decoding), the floor under an adapter-only sync.
 - **lora adapter-only**: a LoRA run (``model.lora``: r 8, all-linear) on actors of its own; only the
   adapters travel, and the workers' engines hold the same adapters on their base model.
 
@@ -164,10 +167,15 @@ def measure(model: str, rounds: int, bucket_mb: float, scratch: str, extra: bool
         ray.get([r.__ray_call__.remote(_set_delta, True) for r in group.ranks])
         ray.get([r.__ray_call__.remote(_write_all_but_embeddings) for r in group.ranks])
 
+    def nothing(group: Any) -> None:  # delta with nothing written: the sync's own cost, no weight travels
+        ray.get([r.__ray_call__.remote(_set_delta, True) for r in group.ranks])
+
     # Full and delta syncs on the same actors; delta's untimed first sync (new links) sends everything.
     plans = {name: (t, full) for name, t in transports.items()}
     if extra:
         plans |= {f"delta {name}": (t, delta) for name, t in transports.items()}
+        plans |= {f"nothing to send {name}": (transports[name], nothing)
+                  for name in ("object_store", "broadcast", "shared_memory")}
     rows = _rounds(config[0], plans, rounds)
     if extra:
         lora = _config(model, bucket_mb, "model.lora={r: 8, alpha: 16}")[0]

@@ -12,12 +12,14 @@ from toolrl.training.lora import apply_lora
 from toolrl.training.sharding import shard
 from toolrl.training.weight_sync import (
     PACK_SMALL,
+    Delta,
     PackedBucket,
     SyncPlan,
     SyncStats,
     gather_rows,
     iter_buckets,
 )
+from toolrl.transports import BucketHeader
 
 
 def _rank(rank: int, port: int, path: str, out: str) -> None:
@@ -48,8 +50,20 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
             stats = SyncStats()
             for bucket in iter_buckets(model, 1 << 20, stats, keep=rank == 0, plan=plan):
                 got.update({(plan.adapters, k): v.clone() for k, v in bucket.items()})
+        # Delta: the ranks agree on what changed (one all-reduce) before gathering; a tensor written on
+        # one rank only (its own rows) is still sent, or the gathers would not match up.
+        delta, sent = Delta(), []
+        for write in (None, "model.norm.weight", None):
+            if write is not None and rank == 1:
+                with torch.no_grad():
+                    dict(model.named_parameters())[write].mul_(1.0)
+            names = []
+            for bucket in iter_buckets(model, 1 << 20, SyncStats(), keep=rank == 0, delta=delta):
+                names += list(bucket)
+            delta.commit()
+            sent.append(names)
         if rank == 0:
-            torch.save({"odd": odd, "want": want, "got": got}, out)
+            torch.save({"odd": odd, "want": want, "got": got, "sent": sent}, out)
     finally:
         dist.destroy_process_group()
 
@@ -70,6 +84,10 @@ def test_batched_gathers_equal_full_tensor_byte_for_byte(tiny_qwen3_path, tmp_pa
     assert merged and not any("lora_" in k or "base_layer" in k for k in merged)
     for name in merged & set(want):  # tensors LoRA does not touch travel as they are
         assert torch.equal(got[(False, name)], want[name]), name
+    first, written, idle = result["sent"]
+    always = {n for n in merged if n not in want}  # adapted weights: merged anew every sync, always sent
+    assert always and set(first) == merged  # everything; then what rank 1 alone wrote; then nothing more
+    assert set(written) == always | {"model.norm.weight"} and set(idle) == always
 
 
 def test_a_packed_bucket_gives_back_every_tensor_bit_for_bit():
@@ -77,8 +95,9 @@ def test_a_packed_bucket_gives_back_every_tensor_bit_for_bit():
     bucket = {"a": torch.randn(3, 5), "b": torch.tensor(2.5), "c": torch.arange(7, dtype=torch.int64),
               "d": torch.randn(4, 2).to(torch.bfloat16), "big": big}
     packed = PackedBucket.pack(bucket)
-    assert [p.name for p in packed.header.pieces] == ["a", "b", "c", "d"] and packed.whole["big"] is big
-    assert all(p.offset % 64 == 0 for p in packed.header.pieces)
+    pieces = BucketHeader.model_validate_json(packed.header).pieces
+    assert [p.name for p in pieces] == ["a", "b", "c", "d"] and packed.whole["big"] is big
+    assert all(p.offset % 64 == 0 for p in pieces)
     got = packed.tensors()
     assert set(got) == set(bucket)
     for name, tensor in bucket.items():

@@ -94,23 +94,36 @@ class Delta:
 
     sent: dict[str, tuple[int, int]] = field(default_factory=dict)
     pending: dict[str, tuple[int, int]] = field(default_factory=dict)
+    agreed: dict[str, bool] = field(default_factory=dict)  # this sync's answers for sharded tensors (:meth:`agree`)
 
     def changed(self, name: str, tensor: Any, agree: bool = False) -> bool:
         """Whether ``tensor`` (weight ``name``) was written since it was sent. A DTensor counts its own
         writes (its local shard's counter does not move); with ``agree`` every rank of its mesh takes
-        the same answer (a collective, as the gather that follows needs)."""
+        the same answer, as the gather that follows needs (decided by :meth:`agree` for the sync)."""
+        if agree and name in self.agreed:
+            return self.agreed.pop(name)
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         mark = (local.data_ptr(), tensor._version)
         self.pending[name] = mark
-        changed = self.sent.get(name) != mark
-        if agree and hasattr(tensor, "device_mesh") and tensor.device_mesh.size() > 1:
-            import torch
-            import torch.distributed as dist
+        return self.sent.get(name) != mark
 
-            flag = torch.tensor([int(changed)], device=local.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=tensor.device_mesh.get_group())
-            changed = bool(flag.item())
-        return changed
+    def agree(self, state: Mapping[str, Any]) -> None:
+        """Every rank of each sharded tensor's mesh takes the same :meth:`changed` answer for it: one
+        all-reduce per mesh for the whole sync (a collective: every rank calls it with the same state),
+        not one per tensor."""
+        import torch
+        import torch.distributed as dist
+
+        meshes: dict[int, tuple[Any, list[str]]] = {}
+        for name, tensor in state.items():
+            if hasattr(tensor, "device_mesh") and tensor.device_mesh.size() > 1:
+                meshes.setdefault(id(tensor.device_mesh), (tensor.device_mesh, []))[1].append(name)
+        self.agreed = {}
+        for mesh, names in meshes.values():
+            device = state[names[0]].to_local().device
+            flags = torch.tensor([int(self.changed(n, state[n])) for n in names], device=device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=mesh.get_group())
+            self.agreed.update(zip(names, map(bool, flags.tolist()), strict=True))
 
     def commit(self) -> None:
         self.sent.update(self.pending)
@@ -120,15 +133,19 @@ class Delta:
         self.sent, self.pending = {}, {}
 
 
-def _engine_entries(model: Any, plan: SyncPlan) -> tuple[Iterator[tuple[str, Any, Any]], set[int]]:
+def _engine_entries(model: Any, plan: SyncPlan,
+                    delta: Delta | None = None) -> tuple[Iterator[tuple[str, Any, Any]], set[int]]:
     """``(engine name, tensor, the model's own tensor or None)`` of what the plan sends, before delta:
     the adapters, or every engine weight (LoRA merged in: a merged tensor has no own tensor, so delta
     always sends it), each once (a tied second name, e.g. an LM head tied to the embeddings, is left
     out: it travels under the first); sharded tensors are left sharded. Also the storages of the
     model's unsharded tensors (a tensor sent from one of them is not a copy). One walk of the model's
     state per sync: ``keep_vars`` (FSDP2's pre-save hooks still put the sharded parameters back) with
-    no detached copy of every entry, which costs tens of milliseconds on a LoRA model of 135M."""
+    no detached copy of every entry, which costs tens of milliseconds on a LoRA model of 135M. With
+    ``delta``, the ranks agree on what changed at once (:meth:`Delta.agree`)."""
     state = model.state_dict(keep_vars=True)
+    if delta is not None:
+        delta.agree(state)
     own = {v.data_ptr() for v in state.values() if not hasattr(v, "full_tensor")}
     seen: set[int] = set()
     tied = set()
@@ -220,7 +237,9 @@ def gather_rows(tensors: Sequence[Any]) -> list[Any]:
         spans.append((per, row))
     mine = torch.cat(parts)
     out = mine.new_empty(world * mine.numel())
-    dist.all_gather_into_tensor(out, mine, group=tensors[0].device_mesh.get_group())
+    # all_gather_single: all_gather_into_tensor's name from torch 2.13 on (the old one warns there).
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, mine, group=tensors[0].device_mesh.get_group())
     ranks = out.view(world, -1)
     whole, offset = [], 0
     for t, (per, row) in zip(tensors, spans, strict=True):
@@ -237,7 +256,7 @@ def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool 
     say) as buckets of at most ``bucket_bytes`` (a larger tensor travels alone), on ``device``. With
     ``keep=False`` (ranks other than the sender) gathered tensors are dropped and nothing is yielded."""
     bucket: dict[str, Any] = {}
-    entries, own = _engine_entries(model, plan)
+    entries, own = _engine_entries(model, plan, delta)
     for name, tensor in _gathered(entries, delta, stats):
         moved = tensor.to(device)
         copied = moved.data_ptr() not in own
@@ -324,9 +343,10 @@ PACK_SMALL = 1 << 20
 @dataclass
 class PackedBucket:
     """A bucket as it travels through Ray's object store: its small tensors packed into ``data`` (as
-    ``header`` says), the others in ``whole``."""
+    ``header``, a :class:`BucketHeader` as JSON, says: pickling the model costs more than its bytes),
+    the others in ``whole``."""
 
-    header: BucketHeader
+    header: str
     data: Any
     whole: dict[str, Any]
 
@@ -337,15 +357,16 @@ class PackedBucket:
         small = [(n, tuple(t.shape), 0, t) for n, t in bucket.items() if t.numel() * t.element_size() <= PACK_SMALL]
         packed = next(_packed(small, 1 << 62, SyncStats()), None)
         if packed is None:
-            return cls(BucketHeader(pieces=[], nbytes=0), None, dict(bucket))
+            return cls(BucketHeader(pieces=[], nbytes=0).model_dump_json(), None, dict(bucket))
         data = torch.empty(packed.header.nbytes, dtype=torch.uint8)
         packed.fill(data)
         packed_names = {piece.name for piece in packed.header.pieces}
-        return cls(packed.header, data, {n: t for n, t in bucket.items() if n not in packed_names})
+        return cls(packed.header.model_dump_json(), data, {n: t for n, t in bucket.items() if n not in packed_names})
 
     def tensors(self) -> dict[str, Any]:
         """The bucket's tensors by name (the small ones views into ``data``)."""
-        return {**{p.name: p.view(self.data) for p in self.header.pieces}, **self.whole}
+        pieces = BucketHeader.model_validate_json(self.header).pieces
+        return {**{p.name: p.view(self.data) for p in pieces}, **self.whole}
 
 
 # ----------------------------------------------------------------- over a linked transport
@@ -358,7 +379,7 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
     holds, read in place; any other (replicated, or under LoRA merged with its adapters: gathered by
     every rank, a collective) whole by one rank, round-robin. Tied tensors are sent once."""
     whole = 0
-    entries, _ = _engine_entries(model, plan)
+    entries, _ = _engine_entries(model, plan, delta)
     for name, tensor, source in entries:
         if _row_sharded(tensor):
             local = tensor.to_local()
