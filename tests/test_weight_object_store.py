@@ -48,7 +48,7 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
         got = {}
         for plan in (SyncPlan(adapters=True), SyncPlan()):
             stats = SyncStats()
-            for bucket in iter_buckets(model, 1 << 20, stats, keep=rank == 0, plan=plan):
+            for bucket, _ in iter_buckets(model, 1 << 20, stats, keep=rank == 0, plan=plan):
                 got.update({(plan.adapters, k): v.clone() for k, v in bucket.items()})
         # Delta: the ranks agree on what changed (one all-reduce) before gathering; a tensor written on
         # one rank only (its own rows) is still sent, or the gathers would not match up.
@@ -58,8 +58,11 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
                 with torch.no_grad():
                     dict(model.named_parameters())[write].mul_(1.0)
             names = []
-            for bucket in iter_buckets(model, 1 << 20, SyncStats(), keep=rank == 0, delta=delta):
+            lasts = []
+            for bucket, last in iter_buckets(model, 1 << 20, SyncStats(), keep=rank == 0, delta=delta):
                 names += list(bucket)
+                lasts.append(last)
+            assert lasts == ([False] * (len(lasts) - 1) + [True] if lasts else [])  # the final one marked
             delta.commit()
             sent.append(names)
         if rank == 0:

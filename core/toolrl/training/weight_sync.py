@@ -250,11 +250,13 @@ def gather_rows(tensors: Sequence[Any]) -> list[Any]:
 
 
 def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
-                 device: str = "cpu", plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> Iterator[dict[str, Any]]:
+                 device: str = "cpu", plan: SyncPlan = SyncPlan(),
+                 delta: Delta | None = None) -> Iterator[tuple[dict[str, Any], bool]]:
     """``model``'s weights as engines load them (parameters and persistent buffers under the base
     model's names, LoRA merged in; only the adapters, or only what changed, as ``plan`` and ``delta``
-    say) as buckets of at most ``bucket_bytes`` (a larger tensor travels alone), on ``device``. With
-    ``keep=False`` (ranks other than the sender) gathered tensors are dropped and nothing is yielded."""
+    say) as ``(bucket, last)``: buckets of at most ``bucket_bytes`` (a larger tensor travels alone), on
+    ``device``, the final one marked. With ``keep=False`` (ranks other than the sender) gathered
+    tensors are dropped and nothing is yielded."""
     bucket: dict[str, Any] = {}
     entries, own = _engine_entries(model, plan, delta)
     for name, tensor in _gathered(entries, delta, stats):
@@ -265,29 +267,32 @@ def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool 
         if not keep:
             continue
         if bucket and stats.held + nbytes > bucket_bytes:
-            yield bucket
+            yield bucket, False  # this tensor goes in the next one: not the last
             bucket, stats.held = {}, 0
         bucket[name] = moved
         stats.held += nbytes if copied else 0
         stats.bytes_sent += nbytes
     if bucket:
-        yield bucket
+        yield bucket, True
 
 
 def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = True, device: str = "cpu",
          plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> SyncStats:
     """Send ``model``'s weights (what ``plan`` and ``delta`` say) to every sink in buckets;
-    ``send=False`` on ranks that only take part in the gathers. Each sink gets ``last=True`` with a
-    final (empty) bucket. The caller commits ``delta`` once every sink took the sync."""
+    ``send=False`` on ranks that only take part in the gathers. Each sink gets ``last=True`` with the
+    final bucket (an empty one when nothing travels: delta, nothing written). The caller commits
+    ``delta`` once every sink took the sync."""
     stats = SyncStats()
     t0 = time.perf_counter()
-    for bucket in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device, plan=plan,
-                               delta=delta):
+    ended = False
+    for bucket, last in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device, plan=plan,
+                                     delta=delta):
         for sink in sinks:
-            stats.peak_bytes = max(stats.peak_bytes, stats.held + sink(bucket, False))
+            stats.peak_bytes = max(stats.peak_bytes, stats.held + sink(bucket, last))
         stats.buckets += 1
+        ended = last
         del bucket
-    if send:
+    if send and not ended:
         for sink in sinks:
             sink({}, True)
     stats.seconds = time.perf_counter() - t0
