@@ -4,6 +4,7 @@ two real gloo ranks; a bucket's small tensors travel packed into one byte tensor
 
 from __future__ import annotations
 
+import pytest
 import torch
 from _processes import spawn_ranks
 from toolrl.config import LoraConfig
@@ -71,6 +72,7 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned processes over gloo: a minute on a loaded 2-core machine
 def test_batched_gathers_equal_full_tensor_byte_for_byte(tiny_qwen3_path, tmp_path):
     out = tmp_path / "gathered.pt"
     spawn_ranks(_rank, 2, tiny_qwen3_path, str(out))
