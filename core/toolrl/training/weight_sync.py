@@ -229,7 +229,7 @@ def gather_rows(tensors: Sequence[Any]) -> list[Any]:
     parts, spans = [], []
     for t in tensors:
         local = t.to_local().detach().contiguous().reshape(-1).view(torch.uint8)
-        per = -(-t.shape[0] // world)
+        per = _rows_per_rank(t)
         row = math.prod(t.shape[1:]) * t.element_size()
         parts.append(local)
         if per * row > local.numel():
@@ -389,7 +389,7 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
         if _row_sharded(tensor):
             local = tensor.to_local()
             if local.numel() and (delta is None or delta.changed(name, tensor)):
-                per = -(-tensor.shape[0] // tensor.device_mesh.size())
+                per = _rows_per_rank(tensor)
                 yield name, tuple(tensor.shape), tensor.device_mesh.get_local_rank() * per, local.detach()
             continue
         mine = whole % world_size == rank
@@ -399,6 +399,11 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
         tensor = _full(tensor)  # a sharded one: every rank takes part, in the same order
         if mine:
             yield name, tuple(tensor.shape), 0, tensor
+
+
+def _rows_per_rank(tensor: Any) -> int:
+    """Rows of a row-sharded ``DTensor`` each rank holds (the last may hold fewer): ``torch.chunk``'s split."""
+    return -(-tensor.shape[0] // tensor.device_mesh.size())
 
 
 def _row_sharded(tensor: Any) -> bool:
