@@ -34,10 +34,14 @@ What runs where (scripts/test.sh runs every default session, two at a time: a co
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
+import re
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import nox
@@ -75,6 +79,8 @@ NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3
 ALSO_INSTALL = {"tau2": ["openai"]}
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
+# Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).
+TIMES = ROOT / ".nox" / "times"
 WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
 TRAIN_BASE = ROOT / ".nox" / "train-base.pth"  # train_base writes the path of its site-packages here
 # Plugins whose pins exclude another plugin's requirements (verifiers==0.4.0 pins mcp==2.0.0; openenv 0.10.0
@@ -122,7 +128,37 @@ def site_packages(session: nox.Session) -> str:
     return str(out).strip()
 
 
+def timed(func):
+    """The session's wall clock (its body: the venv it is given takes a few seconds before) and outcome,
+    written to .nox/times/NAME.json: the table at the end of scripts/test.sh is made from these files."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **params) -> None:
+        start, ok = time.time(), False
+        try:
+            func(session, **params)
+            ok = True
+        finally:
+            TIMES.mkdir(parents=True, exist_ok=True)
+            (TIMES / f"{slug(session.name)}.json").write_text(json.dumps(
+                {"session": session.name, "start": start, "end": time.time(), "ok": ok}))
+
+    return run
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+
+
+def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest in the session's venv, its JUnit XML (every test's time) beside the session's times."""
+    junit = TIMES / f"{slug(session.name)}.xml"
+    session.run(*PYTEST, f"--junitxml={junit}", "-o", "junit_family=xunit1", *args,
+                env={"OMP_NUM_THREADS": "1", **(env or {})})
+
+
 @nox.session
+@timed
 def wheels(session: nox.Session) -> None:
     """A wheel of the core and of every plugin, built once from the source tree into .nox/built-wheels."""
     install(session, "setuptools>=68", "wheel")
@@ -132,6 +168,7 @@ def wheels(session: nox.Session) -> None:
 
 
 @nox.session(requires=["wheels"])
+@timed
 def train_base(session: nox.Session) -> None:
     """The core's training dependencies (torch, transformers, ...: ``toolrl[train,dev]`` less toolrl) in one
     venv, installed once: each session that trains links them (install_core) instead of installing its own
@@ -144,6 +181,7 @@ def train_base(session: nox.Session) -> None:
 
 
 @nox.session
+@timed
 def lint(session: nox.Session) -> None:
     install(session, "ruff")
     session.run("ruff", "check", "core", "plugins", "tests", "benchmarks", "noxfile.py")
@@ -161,11 +199,12 @@ def install_core_tests(session: nox.Session) -> None:
 
 @nox.session(requires=["wheels", "train_base"])
 @nox.parametrize("part", ["slow", "fast"], ids=["slow", "fast"])
+@timed
 def tests(session: nox.Session, part: str) -> None:
     """The core tests marked ``slow`` (less those marked ``long``), or the others."""
     install_core_tests(session)
     marker = "slow and not long" if part == "slow" else "not slow"
-    session.run(*PYTEST, "tests", "-m", marker, *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    pytest(session, "tests", "-m", marker, *session.posargs)
 
 
 def apt_install(session: nox.Session, *packages: str) -> None:
@@ -184,14 +223,16 @@ def apt_install(session: nox.Session, *packages: str) -> None:
 
 
 @nox.session(default=False, requires=["wheels", "train_base"])
+@timed
 def long(session: nox.Session) -> None:
     """The core tests marked ``long`` (tens of minutes in all): not in the default run."""
     install_core_tests(session)
-    session.run(*PYTEST, "tests", "-m", "long", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    pytest(session, "tests", "-m", "long", *session.posargs)
 
 
 @nox.session(requires=["wheels", "train_base"])
 @nox.parametrize("plugin", SELECTED, ids=SELECTED)
+@timed
 def plugin(session: nox.Session, plugin: str) -> None:
     """One plugin, installed from its wheel with the core's into its own venv, then its tests."""
     path = ROOT / "plugins" / plugin
@@ -219,10 +260,11 @@ def plugin(session: nox.Session, plugin: str) -> None:
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
-    session.run(*PYTEST, str(path / "tests"), "-m", "not slow", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs)
 
 
 @nox.session(requires=["wheels", "train_base"])
+@timed
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev")
@@ -234,11 +276,12 @@ def plugins_vs_core(session: nox.Session) -> None:
     plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py", "test_hooks.py",
                      "test_build_contract.py", "test_environments.py", "test_family_plugin.py", "test_tools.py",
                      "test_sessions.py", "test_trainer.py::test_bad_config_names_the_field_without_traceback"]
-    session.run(*PYTEST, *[f"tests/{f}" for f in plugin_facing], "-m", "not slow", *session.posargs,
-                env={"OMP_NUM_THREADS": "1", "TOOLRL_STRICT_PLUGINS": "1"})
+    pytest(session, *[f"tests/{f}" for f in plugin_facing], "-m", "not slow", *session.posargs,
+           env={"TOOLRL_STRICT_PLUGINS": "1"})
 
 
 @nox.session(requires=["wheels"])
+@timed
 def dist(session: nox.Session) -> None:
     """The wheels and an sdist of the core and every plugin into dist/, then `pip install --find-links
     dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
@@ -262,6 +305,7 @@ def dist(session: nox.Session) -> None:
 
 
 @nox.session(default=False, requires=["wheels", "train_base"])
+@timed
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
     install_core(session, "train,dev")

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Sets up a venv with nox and runs every default nox session (two at a time): the wheels, lint, the core tests, each plugin in its
-# own venv, all plugins against the core, and the distributions. Works on a fresh Debian + Python 3.11.
+# own venv, all plugins against the core, and the distributions. Works on a fresh Debian + Python 3.11. Ends with where the
+# time went (scripts/ci_times.py: wall time per session and lane, the slowest tests) and `ci wall: N s`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+START="$(date +%s)"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"  # not a pyenv shim
 "$PY" -m venv .nox-venv
 .nox-venv/bin/pip install -q --disable-pip-version-check "nox>=2026.10.20"  # --parallel, session requires=
-exec .nox-venv/bin/nox "$@"
+rm -rf .nox/times
+rc=0
+.nox-venv/bin/nox "$@" || rc=$?
+"$PY" scripts/ci_times.py --since "$START" || true
+exit "$rc"
