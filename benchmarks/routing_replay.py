@@ -60,12 +60,12 @@ def generate(engine: Any, prompts: list[list[int]], n: int, new: int) -> list[li
     return asyncio.run(run())
 
 
-def load(path: str, dtype: str, expert_scale: float) -> Any:
-    """The model at ``path`` in ``dtype``, every expert's weights times ``expert_scale``."""
+def load(path: str, dtype: str, expert_scale: float, device: str = "cpu") -> Any:
+    """The model at ``path`` in ``dtype`` on ``device``, every expert's weights times ``expert_scale``."""
     import torch
     from toolrl.model_sources import load_model
 
-    model = load_model(path, dtype=dtype)
+    model = load_model(path, dtype=dtype, device=device)
     with torch.no_grad():
         for module in model.modules():
             if type(module).__name__.endswith("Experts"):
@@ -74,19 +74,19 @@ def load(path: str, dtype: str, expert_scale: float) -> Any:
     return model
 
 
-def sample(engine_model: Any, tokenizer: Any, prompts: list[list[int]], n: int, new: int) -> Any:
+def sample(engine_model: Any, tokenizer: Any, prompts: list[list[int]], n: int, new: int, device: str = "cpu") -> Any:
     """The engine's samples, routes recorded, packed with shared prefixes as the trainer packs them."""
     from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
     from toolrl.training.packing import build_batch
     from toolrl.trajectory import Trajectory
 
-    engine = TransformersEngine(engine_model, tokenizer, TransformersEngineConfig(record_routes=True, seed=0))
+    engine = TransformersEngine(engine_model, tokenizer, TransformersEngineConfig(record_routes=True, seed=0, device=device))
     trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=prompts[g],
                         response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
                         routes=gen.routes)
              for g, gens in enumerate(generate(engine, prompts, n, new)) for k, gen in enumerate(gens)]
     engine._routing.remove()
-    return build_batch(trajs, [0.0] * len(trajs), share_prefixes=True)
+    return build_batch(trajs, [0.0] * len(trajs), device, share_prefixes=True)
 
 
 def trainer_view(model: Any, batch: Any, replay: bool) -> tuple[Any, Any, float]:
@@ -137,11 +137,17 @@ def split(row: dict[str, Any], differ: Any) -> tuple[float, float]:
 def engine_time(model: Any, tokenizer: Any, record: bool, prompts: list[list[int]], n: int,
                 new: int) -> tuple[float, float]:
     """Wall and CPU seconds (this process's, all threads) of the engine's generations."""
+    import torch
     from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
 
-    engine = TransformersEngine(model, tokenizer, TransformersEngineConfig(record_routes=record, seed=0))
+    engine = TransformersEngine(model, tokenizer, TransformersEngineConfig(record_routes=record, seed=0,
+                                                                          device=str(model.device)))
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     wall, cpu = time.perf_counter(), time.process_time()
     generate(engine, prompts, n, new)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if engine._routing is not None:
         engine._routing.remove()
@@ -193,6 +199,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--new", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="engine and trainer on this device (the trainer stays float32)")
     args = parser.parse_args()
     if args.quick:
         args.layers, args.experts, args.groups, args.new, args.repeats = 8, 16, 2, 24, 9
@@ -203,15 +211,16 @@ def main() -> None:
     tokenizer = load_tokenizer(path)
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 150_000) for _ in range(args.prompt)] for _ in range(args.groups)]
-    trainer = load(path, "float32", args.expert_scale)
+    trainer = load(path, "float32", args.expert_scale, args.device)
     rows = []
     for dtype in ("float32", "bfloat16"):
-        batch = sample(load(path, dtype, args.expert_scale), tokenizer, prompts, args.n, args.new)
+        batch = sample(load(path, dtype, args.expert_scale, args.device), tokenizer, prompts, args.n, args.new,
+                       args.device)
         rows.append((dtype, compare(trainer, batch, replay=False), compare(trainer, batch, replay=True)))
     _, without, with_r3 = rows[-1]
     flipped_without, _ = split(without, without["differ"])
     flipped_with, _ = split(with_r3, without["differ"])
-    off, on = overhead_rounds(load(path, "bfloat16", args.expert_scale), tokenizer, prompts, args.n, args.new,
+    off, on = overhead_rounds(load(path, "bfloat16", args.expert_scale, args.device), tokenizer, prompts, args.n, args.new,
                               args.repeats)
     wall = [b[0] / a[0] for a, b in zip(off, on)]
     cpu = [b[1] / a[1] for a, b in zip(off, on)]
