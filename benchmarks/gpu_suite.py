@@ -30,7 +30,8 @@ ROOT = HERE.parent
 H100_PEAK_TFLOPS = 989.0  # bf16 dense, H100 SXM (H200 the same)
 MEASURED_TFLOPS = 790.0  # a large bf16 matmul measured on these machines
 CPU_PEAK_TFLOPS = 0.1  # nominal: CPU MFU figures only check the arithmetic
-SKIPS = ("skipped: needs CUDA", "skipped: ray not installed")  # the only skips a run may report
+# The only skips a run may report: broadcast on a CPU or on one GPU, the object store without Ray.
+SKIPS = ("skipped: needs CUDA", "skipped: NCCL needs a GPU per rank", "skipped: ray not installed")
 
 # Qwen3 shapes (random weights): the real hidden/MLP/layers/heads/kv-heads/head_dim, vocabulary 151936.
 SHAPES: dict[str, dict[str, int]] = {
@@ -88,7 +89,7 @@ def plan(smoke: bool) -> list[Item]:
             Item("trainer/0.6b-8k-ckpt", "trainer", dict(shape="0.6b", tokens=8192, ckpt=True), 35),
             Item("trainer/0.6b-16k-ckpt", "trainer", dict(shape="0.6b", tokens=16384, ckpt=True), 35),
             Item("trainer/0.6b-32k-ckpt", "trainer", dict(shape="0.6b", tokens=32768, ckpt=True), 40),
-            Item("moe/r3", "moe", dict(args=["--quick", "--repeats", "2"]), 45)]
+            Item("moe/r3", "moe", dict(args=["--quick", "--repeats", "2"]), 100)]
 
 
 # ---- shared helpers (run in the children) ----------------------------------------------------------
@@ -112,6 +113,23 @@ def qwen3(shape: str, device: str, dtype: Any) -> Any:
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
     return model.to(dtype)
+
+
+def profiled(name: str, out: Path | None, fn: Any) -> Any:
+    """``fn()`` under torch's profiler when ``out`` is set (``--profile``): the 25 costliest ops by device
+    time (CPU time on a CPU) to ``out/profile_NAME.txt``."""
+    if out is None:
+        return fn()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        result = fn()
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25)
+    (out / f"profile_{name.replace('/', '_')}.txt").write_text(table)
+    return result
 
 
 def peak_mb(device: str) -> float:
@@ -139,6 +157,12 @@ def copy_floor_s(nbytes: int, device: str) -> tuple[float, float]:
         sync(device)
         best = min(best, time.perf_counter() - t0)
     return best, nbytes / best / 1e9
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def free_port() -> int:
@@ -174,7 +198,7 @@ def trainer_workload(tokens: int, group: bool) -> tuple[list[Any], int, int]:
     return trajs, unshared, shared_pairs if group else unshared
 
 
-def trainer_child(p: dict[str, Any], device: str) -> dict[str, Any]:
+def trainer_child(p: dict[str, Any], device: str, profile_to: Path | None = None) -> dict[str, Any]:
     """``train_step`` as the sharded trainer runs it on a GPU: FSDP2 on a one-rank mesh (NCCL; gloo on
     CPU), bf16 compute with fp32 parameters, gradients and AdamW state on CUDA."""
     import torch
@@ -205,6 +229,7 @@ def trainer_child(p: dict[str, Any], device: str) -> dict[str, Any]:
             metrics = train_step(policy, optimizer, trajs, options)
             sync(device)
             times.append(time.perf_counter() - t0)
+        profiled(p["name"], profile_to, lambda: (train_step(policy, optimizer, trajs, options), sync(device)))
         cfg = model.config
         total = sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
         computed = total - (len(trajs) - 1) * len(trajs[0].prompt_ids) if share else total
@@ -226,7 +251,7 @@ def trainer_child(p: dict[str, Any], device: str) -> dict[str, Any]:
 
 # ---- engine decode ---------------------------------------------------------------------------------
 
-def engine_child(p: dict[str, Any], device: str) -> dict[str, Any]:
+def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None) -> dict[str, Any]:
     """The transformers engine decoding ``batch`` requests at once; decode time is the run with ``new``
     tokens minus the run with 2 (the same prefill), against bytes read per decode step / HBM bandwidth."""
     import asyncio
@@ -257,6 +282,7 @@ def engine_child(p: dict[str, Any], device: str) -> dict[str, Any]:
     run(2)  # warm-up
     short, short_tokens = run(2)
     long, long_tokens = run(p["new"])
+    profiled(p["name"], profile_to, lambda: run(16))
     decode_s, decoded = long - short, long_tokens - short_tokens
     cfg = model.config
     weights = sum(q.numel() * q.element_size() for q in model.parameters())
@@ -308,6 +334,9 @@ def sync_child(p: dict[str, Any], device: str) -> dict[str, Any]:
     median of 3 (the first opens the link), beside the copy floor for the same bytes."""
     if p["transport"] == "broadcast" and device != "cuda":
         return {"skip": "skipped: needs CUDA"}
+    if p["transport"] == "broadcast" and _gpus() < 2:
+        # NCCL refuses a communicator with two ranks on one device ("Duplicate GPU detected", NCCL 2.28).
+        return {"skip": "skipped: NCCL needs a GPU per rank"}
     if p["transport"] == "object_store":
         return object_store(p, device)
     import multiprocessing as mp
@@ -428,11 +457,10 @@ def train_child(p: dict[str, Any], device: str, out: Path) -> dict[str, Any]:
             "tool_latency_s": rows[-1].get("tool_latency_s", {}), "reward": [r.get("reward_mean") for r in rows]}
 
 
-def child(item: Item, device: str, out: Path) -> dict[str, Any]:
-    if item.kind == "trainer":
-        return trainer_child(item.params, device)
-    if item.kind == "engine":
-        return engine_child(item.params, device)
+def child(item: Item, device: str, out: Path, profile: bool) -> dict[str, Any]:
+    if item.kind in ("trainer", "engine"):
+        run = trainer_child if item.kind == "trainer" else engine_child
+        return run({**item.params, "name": item.name}, device, out if profile else None)
     if item.kind == "sync":
         return sync_child(item.params, device)
     if item.kind == "moe":
@@ -442,19 +470,27 @@ def child(item: Item, device: str, out: Path) -> dict[str, Any]:
 
 # ---- the parent: run, summarise, write -------------------------------------------------------------
 
+def log(out: Path, item: Item, text: str) -> None:
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "logs" / f"{item.name.replace('/', '_')}.log").write_text(text)
+
+
 def run_item(item: Item, args: argparse.Namespace) -> dict[str, Any]:
     """One item in its own process within its cap; ``status`` ok, skipped or failed (with why)."""
     cmd = [sys.executable, __file__, "--child", item.name, "--device", args.device, "--out", str(args.out)]
-    if args.smoke:
-        cmd.append("--smoke")
+    cmd += ["--smoke"] * args.smoke + ["--profile"] * args.profile
     t0 = time.perf_counter()
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=item.cap_s * args.cap_scale)
-    except subprocess.TimeoutExpired:
-        return {"status": f"failed: timeout after {item.cap_s * args.cap_scale:.0f} s", "wall_s": time.perf_counter() - t0}
+    except subprocess.TimeoutExpired as timeout:
+        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                       for x in (timeout.stdout, timeout.stderr))
+        log(args.out, item, said)
+        last = (said.strip().splitlines() or ["nothing printed"])[-1][:200]
+        return {"status": f"failed: timeout after {item.cap_s * args.cap_scale:.0f} s (last line: {last})",
+                "wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
-    (args.out / "logs").mkdir(exist_ok=True)
-    (args.out / "logs" / f"{item.name.replace('/', '_')}.log").write_text(res.stdout + res.stderr)
+    log(args.out, item, res.stdout + res.stderr)
     lines = res.stdout.strip().splitlines()
     if res.returncode or not lines:
         last = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
@@ -532,6 +568,8 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated item names or prefixes (trainer, sync/...)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak (default: H100 SXM's 989)")
     parser.add_argument("--cap-scale", type=float, default=1.0, help="multiplies every item's time cap")
+    parser.add_argument("--profile", action="store_true", help="the trainer and engine items also write a "
+                        "profile of one more step (profile_ITEM.txt)")
     parser.add_argument("--child")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -541,7 +579,7 @@ def main() -> None:
         if args.device == "cpu":
             os.environ.setdefault("OMP_NUM_THREADS", "1")
         item = next(i for i in items if i.name == args.child)
-        print(json.dumps(child(item, args.device, args.out), default=float), flush=True)
+        print(json.dumps(child(item, args.device, args.out, args.profile), default=float), flush=True)
         return
     if args.peak_tflops is None:
         args.peak_tflops = H100_PEAK_TFLOPS if args.device == "cuda" else CPU_PEAK_TFLOPS
