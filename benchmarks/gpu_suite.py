@@ -30,8 +30,6 @@ ROOT = HERE.parent
 H100_PEAK_TFLOPS = 989.0  # bf16 dense, H100 SXM (H200 the same)
 MEASURED_TFLOPS = 790.0  # a large bf16 matmul measured on these machines
 CPU_PEAK_TFLOPS = 0.1  # nominal: CPU MFU figures only check the arithmetic
-# The only skips a run may report: broadcast on a CPU or on one GPU, the object store without Ray.
-SKIPS = ("skipped: needs CUDA", "skipped: NCCL needs a GPU per rank", "skipped: ray not installed")
 
 # Qwen3 shapes (random weights): the real hidden/MLP/layers/heads/kv-heads/head_dim, vocabulary 151936.
 SHAPES: dict[str, dict[str, int]] = {
