@@ -196,6 +196,13 @@ def trainer_workload(tokens: int, group: bool) -> tuple[list[Any], int, int]:
     return trajs, unshared, shared_pairs if group else unshared
 
 
+def computed_pairs(p: dict[str, Any]) -> tuple[list[Any], int, int]:
+    """The workload of a trainer item and the causal pairs its step computes (the shared count only where
+    the prefix is shared), beside the unshared count."""
+    trajs, unshared, shared = trainer_workload(p["tokens"], p.get("group", False))
+    return trajs, unshared, shared if p.get("share", False) else unshared
+
+
 def trainer_child(p: dict[str, Any], device: str, profile_to: Path | None = None) -> dict[str, Any]:
     """``train_step`` as the sharded trainer runs it on a GPU: FSDP2 on a one-rank mesh (NCCL; gloo on
     CPU), bf16 compute with fp32 parameters, gradients and AdamW state on CUDA."""
@@ -216,7 +223,7 @@ def trainer_child(p: dict[str, Any], device: str, profile_to: Path | None = None
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy = shard(model, init_device_mesh(device, (1,)))
         optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-        trajs, unshared_pairs, pairs = trainer_workload(p["tokens"], p.get("group", False))
+        trajs, unshared_pairs, pairs = computed_pairs(p)
         share = p.get("share", False)
         options = StepOptions(AlgorithmConfig(), OptimConfig(micro_batch_size=len(trajs), share_prefixes=share),
                               pad_id=0, temperature=1.0, max_response_tokens=max(len(t.response_ids) for t in trajs))
