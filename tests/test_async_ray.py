@@ -386,7 +386,10 @@ def staleness_of_run(out: Path, steps: int) -> list[int]:
     return found
 
 
+# long: staleness within the bound is test_async.py::test_streaming_staleness_stays_within_the_bound's (slow), weights
+# pushed to Ray workers between turns this module's default tests'; this runs both together, two minutes.
 @pytest.mark.slow
+@pytest.mark.long
 def test_train_with_max_staleness_on_ray(tmp_path):
     """The issue's command, with two rollout workers and two trainer ranks: every trajectory is at most
     one update stale, and some are (the rollouts overlapped training)."""

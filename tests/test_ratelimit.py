@@ -325,7 +325,16 @@ def test_global_limiter_comes_back_after_its_actor_dies(ray_cluster):
         limiter = RayRateLimiter("phoenix", max_in_flight=2)
         async with limiter.slot():
             pass
-        ray_cluster.kill(ray_cluster.get_actor("toolrl-ratelimit:phoenix"))
+        dead = ray_cluster.get_actor("toolrl-ratelimit:phoenix")
+        ray_cluster.kill(dead)
+        # ray.kill returns before the actor is gone, and a call that reaches it first still succeeds (the
+        # limiter then rightly keeps it): wait until a call fails as the limiter's next one will.
+        while True:
+            try:
+                await dead.stats.remote()
+            except ray_cluster.exceptions.RayActorError:
+                break
+            await asyncio.sleep(0.05)
         async with limiter.slot():  # re-created on the next call
             pass
         return await limiter._actor.stats.remote()

@@ -52,6 +52,10 @@ def test_two_ranks_with_a_critic_train_like_one(cluster, two_ranks, tmp_path):  
     assert m1[-1]["value_mean"] != 0.0  # the critic moved after step 1
 
 
+# long: the second test of what default tests cover (test_critic.py::test_a_trainer_rank_trains_its_critic_and_resume
+# _restores_it: the critic's state restored on resume; test_sharded_training.py::test_a_rank_killed_before_its_copy_is
+# _complete_trains_the_step_again: a killed trainer rank replaced), about three minutes.
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_resume_after_a_killed_rank_restores_the_critic(cluster, two_ranks, tmp_path):  # noqa: F811
     from toolrl.roles.trainer_group import TrainerFailed

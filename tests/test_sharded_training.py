@@ -231,6 +231,10 @@ def kill_ranks(run: Path, kills: list[tuple[str, int, int]], found: list[dict[st
             time.sleep(0.05)
 
 
+# long: test_a_rank_killed_before_its_copy_is_complete_trains_the_step_again (below, in the default run) kills a
+# rank of the same group and checks the replaced group trains the step again to the same figures; this one kills
+# twice (a second rank while a checkpoint is written), two and a half minutes.
+@pytest.mark.long
 @pytest.mark.timeout(1500)
 def test_a_killed_rank_is_replaced_and_the_run_equals_an_uninterrupted_one(cluster, two_ranks, tmp_path):
     """trainer.on_rank_failure=replace (the default): rank 1 is killed -9 after step 1 (the death is

@@ -237,9 +237,11 @@ def qwen_tokenizer_path(variant: QwenVariant = "qwen3", cache_dir: str | os.Path
 
 
 def _settings_key(settings: dict[str, Any]) -> str:
-    import transformers
+    # The installed version from its metadata: importing transformers for it costs seconds, before a config
+    # error could be reported.
+    from importlib.metadata import version
 
-    blob = json.dumps({**settings, "format": _FORMAT, "transformers": transformers.__version__}, sort_keys=True)
+    blob = json.dumps({**settings, "format": _FORMAT, "transformers": version("transformers")}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
