@@ -133,8 +133,10 @@ async def test_disabled_limiter_admits_everything_at_once():
             probe.exit()
             return admission
 
-    admissions = await asyncio.gather(*(one() for _ in range(500)))
-    assert probe.peak == 500 and max(a.wait_s for a in admissions) < 0.05
+    # All 500 inside at once: none waited for another's slot (no timing bound: 500 tasks' scheduling alone
+    # takes a loaded machine a quarter of a second).
+    await asyncio.gather(*(one() for _ in range(500)))
+    assert probe.peak == 500
     assert limiter.stats()["in_flight"] == 0 and limiter.stats()["admitted"] == 500
 
 
