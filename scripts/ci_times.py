@@ -6,7 +6,8 @@ session's start, end and outcome as NAME.json, its pytest JUnit XML as NAME.xml)
 
 Prints each session's wall time and the lane it ran in (scripts/test.sh runs two sessions at a time: a
 session takes the lane that came free first), each lane's busy time, the 15 slowest tests with their
-session, and last ``ci wall: N s``, from T (or the first session's start) to the last session's end.
+session, the sessions that failed, the tests passed, failed and skipped, and last ``ci wall: N s``, from T
+(or the first session's start) to the last session's end.
 """
 
 from __future__ import annotations
@@ -77,7 +78,11 @@ def table(folder: Path, since: float | None = None, slowest: int = 15) -> str:
     begin = since if since is not None else runs[0]["start"]
     end = time.time() if since is not None else max(r["end"] for r in runs)
     failed = sum(o in ("failure", "error") for *_, o in cases)
-    lines += ["", f"{len(cases)} tests in {len(runs)} sessions ({failed} failed)", f"ci wall: {end - begin:.0f} s"]
+    skipped = sum(o == "skipped" for *_, o in cases)
+    bad = [r["session"] for r in runs if not r["ok"]]
+    lines += ["", f"{len(runs)} sessions, {len(bad)} failed{': ' + ', '.join(bad) if bad else ''}",
+              f"tests: {len(cases) - failed - skipped} passed, {failed} failed, {skipped} skipped",
+              f"ci wall: {end - begin:.0f} s"]
     return "\n".join(lines)
 
 
