@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sessions(folder: Path) -> list[dict]:
-    found = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+    """Each session's times, with ``file``: the name its JUnit XML shares."""
+    found = [{**json.loads(p.read_text()), "file": p.stem} for p in folder.glob("*.json")]
     return sorted(found, key=lambda s: s["start"])
 
 
@@ -41,12 +42,12 @@ def assign_lanes(runs: list[dict]) -> int:
     return len(ends)
 
 
-def tests(folder: Path) -> list[tuple[float, str, str, str]]:
-    """(seconds, session, test id, outcome) of every test case in the run's JUnit files."""
+def tests(folder: Path, names: dict[str, str]) -> list[tuple[float, str, str, str]]:
+    """(seconds, session, test id, outcome) of every test case in the run's JUnit files; ``names``: the
+    session of each file name."""
     found = []
     for xml in folder.glob("*.xml"):
-        name = json.loads(xml.with_suffix(".json").read_text())["session"] if xml.with_suffix(".json").exists() \
-            else xml.stem
+        name = names.get(xml.stem, xml.stem)
         for case in ET.parse(xml).getroot().iter("testcase"):
             outcome = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), "passed")
             test_id = f"{case.get('file') or case.get('classname', '')}::{case.get('name')}"
@@ -59,7 +60,7 @@ def table(folder: Path, since: float | None = None, slowest: int = 15) -> str:
     if not runs:
         return f"no session times in {folder}"
     lanes = assign_lanes(runs)
-    cases = tests(folder)
+    cases = tests(folder, {r["file"]: r["session"] for r in runs})
     counts: dict[str, tuple[int, float]] = {}
     for seconds, name, _, _ in cases:
         n, total = counts.get(name, (0, 0.0))
