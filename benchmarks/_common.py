@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +32,13 @@ def machine() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"{platform.machine()} · {os.cpu_count()} CPUs · load avg {load:.2f} · "
             f"python {platform.python_version()} · OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server or a process group the benchmark starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def median(values: Sequence[float]) -> float:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from _common import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -161,12 +162,6 @@ def _gpus() -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- trainer step: MFU -----------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from contextlib import asynccontextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from _common import free_port  # noqa: E402
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
@@ -108,12 +109,6 @@ async def measure(transport: str, url: str, calls: int, sessions: int) -> dict[s
             await tool.release(instance)
             await tool.close()
     return samples
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_http_server() -> tuple[subprocess.Popen[bytes], str]:
