@@ -298,6 +298,15 @@ def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None)
 
 # ---- weight sync -----------------------------------------------------------------------------------
 
+def sync_figures(times: list[float], nbytes: int, device: str) -> dict[str, Any]:
+    """A transport's syncs of ``nbytes`` (the first opens its link): the median of the others beside the
+    device copy floor for the same bytes."""
+    floor, bw = copy_floor_s(nbytes, device)
+    s = statistics.median(times[1:])
+    return {"sync_s": s, "bytes": nbytes, "copy_floor_s": floor, "ratio": s / floor, "copy_gb_per_s": bw,
+            "first_s": times[0]}
+
+
 def sync_receiver(transport_name: str, shape: str, device: str, link_json: str, out: Any) -> None:
     """The engine side, in a process of its own: a transformers engine whose weights the link writes."""
     import torch
@@ -363,10 +372,7 @@ def sync_child(p: dict[str, Any], device: str) -> dict[str, Any]:
     received = [out.get(timeout=60) for _ in range(3)]
     child.join(30)
     sender.close()
-    floor, bw = copy_floor_s(nbytes, device)
-    s = statistics.median([max(a, b) for a, b in zip(sends, received)][1:])
-    return {"sync_s": s, "bytes": nbytes, "copy_floor_s": floor, "ratio": s / floor, "copy_gb_per_s": bw,
-            "first_s": max(sends[0], received[0])}
+    return sync_figures([max(a, b) for a, b in zip(sends, received)], nbytes, device)
 
 
 def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
@@ -412,10 +418,7 @@ def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
             times.append(time.perf_counter() - t0)
     finally:
         ray.shutdown()
-    floor, bw = copy_floor_s(nbytes, device)
-    s = statistics.median(times[1:])
-    return {"sync_s": s, "bytes": nbytes, "copy_floor_s": floor, "ratio": s / floor, "copy_gb_per_s": bw,
-            "first_s": times[0]}
+    return sync_figures(times, nbytes, device)
 
 
 # ---- MoE with R3, and toolrl train ----------------------------------------------------------------
