@@ -5,10 +5,12 @@ advantage. Each returns the per-token loss before the importance weight, KL and 
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
 from toolrl.algorithms import LossInputs, LossOptions, LossTerms, PolicyLoss
+
+# Tensor methods only, no torch module: a config naming these losses is checked (their options validated)
+# before torch loads (toolrl.algorithms.advantages, likewise).
 
 
 class PpoClipOptions(LossOptions):
@@ -30,9 +32,9 @@ class PpoClip(PolicyLoss):
 
     def __call__(self, inputs: LossInputs) -> LossTerms:
         adv = inputs.advantages
-        ratio = torch.exp(inputs.new_logprobs - inputs.prox_logprobs)
-        clipped = torch.clamp(ratio, 1 - self.options.clip_eps_low, 1 + self.options.clip_eps_high)
-        per_token = torch.maximum(-adv * ratio, -adv * clipped)
+        ratio = (inputs.new_logprobs - inputs.prox_logprobs).exp()
+        clipped = ratio.clamp(1 - self.options.clip_eps_low, 1 + self.options.clip_eps_high)
+        per_token = (-adv * ratio).maximum(-adv * clipped)
         return LossTerms(per_token, ratio != clipped)
 
 
@@ -59,10 +61,10 @@ class Gspo(PolicyLoss):
     def __call__(self, inputs: LossInputs) -> LossTerms:
         mask = inputs.mask
         log_ratio = ((inputs.new_logprobs - inputs.prox_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        ratio = torch.exp(log_ratio)[:, None]
+        ratio = log_ratio.exp()[:, None]
         adv = inputs.advantages[:, :1]
-        clipped = torch.clamp(ratio, 1 - self.options.clip_low, 1 + self.options.clip_high)
-        per_seq = torch.maximum(-adv * ratio, -adv * clipped)
+        clipped = ratio.clamp(1 - self.options.clip_low, 1 + self.options.clip_high)
+        per_seq = (-adv * ratio).maximum(-adv * clipped)
         return LossTerms(per_seq, ratio != clipped)
 
 
@@ -83,6 +85,6 @@ class Cispo(PolicyLoss):
     Options = CispoOptions
 
     def __call__(self, inputs: LossInputs) -> LossTerms:
-        ratio = torch.exp(inputs.new_logprobs - inputs.prox_logprobs)
-        weight = torch.clamp(ratio, max=self.options.max_weight).detach()
+        ratio = (inputs.new_logprobs - inputs.prox_logprobs).exp()
+        weight = ratio.clamp(max=self.options.max_weight).detach()
         return LossTerms(-weight * inputs.advantages * inputs.new_logprobs, ratio > self.options.max_weight)
