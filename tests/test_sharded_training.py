@@ -140,6 +140,22 @@ def test_two_ranks_train_like_one(cluster, two_ranks, one_rank, tmp_path):
     assert max(float((w1[k] - start[k]).abs().max()) for k in w1) > 1e-4  # and training moved them
 
 
+def test_broadcast_with_delta_sync_trains_to_the_same_figures_as_the_object_store(cluster, two_ranks, tmp_path):
+    """``trainer.weight_transport=broadcast`` (each FSDP2 rank sends its own shards over its own gloo
+    group, to two rollout workers) with ``trainer.weight_sync=delta`` (the shards count their own
+    writes) trains to the figures of ``two_ranks`` (the object store, whole syncs, one worker): every
+    step has a gradient (even_tokens), so each sync carries weights that differ from the last, and a
+    sync that lost or garbled a bucket would change the next step's rewards and gradient."""
+    want = lines(two_ranks / "metrics.jsonl")
+    run = train(config(tmp_path / "broadcast", 2, extra=("trainer.weight_transport=broadcast", "trainer.weight_sync=delta",
+                                                          "ray.num_rollout_workers=2")))
+    got = lines(run / "metrics.jsonl")
+    assert [m["step"] for m in got] == [1, 2, 3]
+    for a, b in zip(got, want, strict=True):
+        assert a["reward_std"] > 0 and a["weight_sync_s"] > 0
+        assert (a["reward_mean"], a["grad_norm"]) == (b["reward_mean"], b["grad_norm"]), (a["step"], a, b)
+
+
 def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str, Any], timeout: float = 600) -> None:
     """SIGKILL trainer rank ``rank`` once checkpoint ``step`` is published (the next step is starting)."""
     deadline = time.monotonic() + timeout
