@@ -1,5 +1,7 @@
 """Fixtures: the tiny random Qwen3 (head_dim 64, which vLLM's CPU attention accepts), its tokenizer,
-transformers references, and one vLLM engine shared by a test module (starting one takes ~1 min)."""
+transformers references, and one vLLM engine shared by every test of the session (starting one takes
+~1 min): a test that changes its weights puts the tiny model's back, and the test that closes it
+(marked ``closes_engine``) runs last."""
 
 from __future__ import annotations
 
@@ -26,7 +28,12 @@ def hf_model(tiny_path: str) -> Any:
     return model_sources.load_model(tiny_path)
 
 
-@pytest.fixture(scope="module")
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The test that closes the shared engine after every other."""
+    items.sort(key=lambda item: item.get_closest_marker("closes_engine") is not None)
+
+
+@pytest.fixture(scope="session")
 def engine(tiny_path: str) -> Iterator[Any]:
     from toolrl.engines import ModelSource
     from toolrl_vllm.engine import VLLMEngine

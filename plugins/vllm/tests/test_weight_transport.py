@@ -2,13 +2,13 @@
 senders, the engine samples the same tokens with the same log-probs, bit for bit, as a vllm engine
 loaded from the checkpoint of the same weights.
 
-The module's engine takes the buckets through vLLM's native weight-transfer API (backend ``toolrl``:
+The session's engine takes the buckets through vLLM's native weight-transfer API (backend ``toolrl``:
 vLLM's worker joins the links and loads each bucket in place, no file written); the reference engine
 runs with ``weight_transfer: checkpoint``, the path where the API is absent (rows assembled here, then
 reloaded through a checkpoint file), which the first test drives.
 
 Under LoRA (the ``slow`` tests: they start a LoRA engine of their own) only the trainer's adapters
-travel and vLLM serves them as a LoRA adapter; its log-probs equal the module engine's on the merged
+travel and vLLM serves them as a LoRA adapter; its log-probs equal the session engine's on the merged
 weights within float32 noise."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def reference(prompts):
 
 @pytest.fixture(scope="module")
 def loaded(engine, prompts):
-    """The module engine's samples on the weights it was started from (the tiny model's checkpoint)."""
+    """The session engine's samples on the weights it was started from (the tiny model's checkpoint)."""
     return asyncio.run(samples(engine, prompts))
 
 
@@ -117,7 +117,7 @@ def sync(model, engine, name: str, tmp_path, version: int = 1, plan: SyncPlan | 
 
 
 async def test_without_the_api_a_sync_reloads_through_the_checkpoint(reference, hf_model, prompts, loaded, tmp_path):
-    """First, while the module's engine holds the weights it started from: the checkpoint path takes
+    """First, while the session's engine holds the weights it started from: the checkpoint path takes
     the rows through the engine contract's default (assembled whole, then ``update_weights``)."""
     reference, _ = reference
     assert not any(isinstance(r, WorkerReceiver)
@@ -143,7 +143,7 @@ async def test_vllm_after_a_native_sync_equals_the_checkpoint(name, engine, refe
         assert received == sent > 0 and engine.stats.weight_updates == updates + 1
         assert checkpoint_written(engine) == written  # loaded in vLLM's worker, no file between
     finally:
-        engine.update_weights(hf_model.state_dict())  # the module's engine back on its own weights
+        engine.update_weights(hf_model.state_dict())  # the session's engine back on its own weights
 
 
 def checkpoint_written(engine) -> int | None:
