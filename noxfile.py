@@ -54,8 +54,8 @@ ROOT = Path(__file__).parent
 PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
-LONGEST_FIRST = ["vllm", "tau2", "openenv", "sandbox-fusion", "viewer", "geo3k", "mcp", "verifiers", "loggers",
-                 "openai"]
+LONGEST_FIRST = ["vllm", "tau2", "openai", "sandbox-fusion", "openenv", "viewer", "mcp", "loggers", "geo3k",
+                 "verifiers"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):

@@ -47,6 +47,9 @@ def test_async_reaches_the_sync_reward_in_the_same_samples(tmp_path, peaked_tiny
     async_rows = run(tmp_path, peaked_tiny_model, 1)
     rewards = [r["reward_mean"] for r in async_rows]
     final_sync, final_async = sum(sync[-4:]) / 4, sum(rewards[-4:]) / 4
+    # The synchronous run is test_trainer.test_grpo_learns_a_learnable_task's (in the long session: this
+    # assertion is its own), and it learned: measured 0.55 -> 0.71.
+    assert final_sync > sum(sync[:2]) / 2 + 0.1, sync
     assert final_async > sum(rewards[:2]) / 2 + 0.1, rewards  # it learned
     assert final_async >= final_sync - NOISE, (sync, rewards)  # as far as sync, within the seed noise
     # It was asynchronous: some trajectories came from the weights one update old, none older, and

@@ -242,7 +242,10 @@ def peaked_tiny_model(tmp_path_factory, tiny_qwen3_path):
     return out
 
 
+# The same run (model, prompts, seeds, budget) is the synchronous half of
+# test_learning_async.test_async_reaches_the_sync_reward_in_the_same_samples, which asserts this gain too.
 @pytest.mark.slow
+@pytest.mark.long
 def test_grpo_learns_a_learnable_task(tmp_path, peaked_tiny_model):
     import asyncio
 
