@@ -14,7 +14,8 @@ new test: docs/testing.md):
 - ``long`` (not a default session; run it before a release): slow tests (most of two minutes or more) that
   are each the second test of what a default test already covers (each says which where it is marked: a
   two-rank critic run resumed after a killed rank, a rank killed twice, four steps of max_staleness on Ray,
-  RLOO with GSPO killed and resumed, a controller restarted under ``--supervise``,
+  RLOO with GSPO killed and resumed, GRPO learning the aligned-token task (the same run is
+  test_learning_async's synchronous half), a controller restarted under ``--supervise``,
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
@@ -30,7 +31,7 @@ new test: docs/testing.md):
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
-  plugin can change (discovery, hooks, the build contract of every registered part, config errors that
+  plugin can change (discovery, the build contract of every registered part, config errors that
   list registered names: test_trainer's bad-config cases) -- not the numerics, which no plugin takes part
   in;
 - ``wheels``, ``train_base`` (the shared training dependencies), ``lint``, ``dist``.
@@ -292,10 +293,11 @@ def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev", *[wheel(p) for p in TOGETHER])
     session.run("toolrl", "list-plugins", "--json", silent=True)
-    # Where an installed plugin can change the outcome: discovery and loading, the hooks, every registered
-    # part's build contract, the parts a config may name. The numerics and the rollout loop run only parts
-    # named in the test, so the tests sessions cover them.
-    plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py", "test_hooks.py",
+    # Where an installed plugin can change the outcome: discovery and loading, every registered part's build
+    # contract, the parts a config may name. The numerics and the rollout loop run only parts named in the
+    # test, so the tests sessions cover them; so do they each hook's registration (test_hooks: a test plugin's
+    # part, used by name), which every plugin here goes through and test_build_contract checks part by part.
+    plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py",
                      "test_build_contract.py", "test_environments.py", "test_family_plugin.py", "test_tools.py",
                      "test_sessions.py", "test_trainer.py::test_bad_config_names_the_field_without_traceback"]
     pytest(session, *[f"tests/{f}" for f in plugin_facing], "-m", "not slow", *session.posargs,

@@ -359,7 +359,9 @@ def rank_config(out: Path, world_size: int, *extra: str) -> Config:
 
 
 @pytest.mark.slow  # two trainer set-ups and an export: ~40 s
-@pytest.mark.parametrize("frozen", [False, True])
+# Frozen, the round trip is the second test of what [False] (the round trip) and test_frozen_vision_tower (no
+# vision weight moves) cover: in the long session.
+@pytest.mark.parametrize("frozen", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, frozen):
     from toolrl.roles.trainer_rank import TrainerRank
     from toolrl.run_dir import HF_FILES

@@ -52,15 +52,26 @@ async def test_a_tau2_error_answer_is_an_error_result(tokenizer) -> None:
     assert t.error is None and t.reward == 0.0
 
 
+async def test_eight_airline_tasks_score_as_tau2_does_and_an_altered_action_less(tokenizer) -> None:
+    await replay_airline(tokenizer, 8)
+
+
+@pytest.mark.slow  # the eight above and twelve more: a minute on 2 cores (nox -s "plugin(tau2)" -- -m slow)
 @pytest.mark.timeout(600)  # 262 s measured on the shared 2-core machine (load average ~27)
 async def test_twenty_airline_tasks_score_as_tau2_does_and_an_altered_action_less(tokenizer) -> None:
+    await replay_airline(tokenizer, 20)
+
+
+async def replay_airline(tokenizer, count: int) -> None:
+    """The first ``count`` airline tasks with actions, replayed: each scores τ²'s 1.0; then the same
+    play with one action altered scores 0."""
     tasks = domain.tasks("airline", "train")
-    twenty = [t.id for t in tasks if t.evaluation_criteria.actions][:20]
+    chosen = [t.id for t in tasks if t.evaluation_criteria.actions][:count]
     # Four at a time: each τ² evaluation loads the 7 MB airline database twice (its gold and predicted
-    # environments), and twenty at once would starve each other's calc_reward past its deadline.
-    trajs = await rollout("tau2-airline", OracleEngine(tokenizer, tasks), tokenizer, only=set(twenty),
+    # environments), and all at once would starve each other's calc_reward past its deadline.
+    trajs = await rollout("tau2-airline", OracleEngine(tokenizer, tasks), tokenizer, only=set(chosen),
                           max_concurrent_trajectories=4)
-    assert sorted(t.ground_truth for t in trajs) == sorted(twenty)
+    assert sorted(t.ground_truth for t in trajs) == sorted(chosen)
     index = domain.task_index("airline")
     for t in trajs:
         assert t.error is None and t.reward == reference("airline", index[t.ground_truth]) == 1.0, \
@@ -68,7 +79,7 @@ async def test_twenty_airline_tasks_score_as_tau2_does_and_an_altered_action_les
         assert {k.split(".", 1)[1] for k in t.reward_parts} >= {"DB", "COMMUNICATE"}
 
     # The same run with one action altered: a string argument of the first write that has one.
-    task, k, key = next((task, i, key) for task in map(domain.task_index("airline").get, twenty)
+    task, k, key = next((task, i, key) for task in map(domain.task_index("airline").get, chosen)
                         for i, (name, args) in enumerate(ground_truth(task)) if not name.startswith(READS)
                         for key, v in args.items() if isinstance(v, str))
     actions = ground_truth(task)
