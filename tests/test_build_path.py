@@ -88,10 +88,11 @@ def test_an_unknown_name_in_a_file_is_one_line_with_the_file_line_and_every_name
     assert aliases.get(field, "") in text  # the aliases are names too
 
 
-def test_a_parser_set_by_an_override_is_named_by_its_field(tmp_path):
+def test_a_parser_set_by_an_override_is_named_by_the_override_and_its_field(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(CONFIG.format(**GOOD))
-    with pytest.raises(ConfigError, match=r"^rollout.parser: unknown tool parser 'hermez' \(did you mean 'hermes'"):
+    with pytest.raises(ConfigError, match=r"^override rollout.parser=hermez: rollout.parser: unknown tool parser "
+                                          r"'hermez' \(did you mean 'hermes'"):
         resolve_parts(load_config(path, ["rollout.parser=hermez"]))
 
 

@@ -4,8 +4,10 @@ the 1-based line or row and the dotted field, no traceback (issue 13)."""
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -45,20 +47,32 @@ def write_config(tmp_path, **sections):
     return path
 
 
+_SAVED_RUNS: list[Path] = []  # the first saved_checkpoint's run directory, copied by the later ones
+
+
 def saved_checkpoint(tmp_path):
     """A config and the run directory it names, holding one real checkpoint (the trainer's shards, RNG
-    files, meta.json) and its metrics line: what ``--resume`` continues from."""
+    files, meta.json) and its metrics line: what ``--resume`` continues from. The trainer's state is
+    saved once per test process (a model set up and saved: seconds) and copied for each later test,
+    which may damage its copy."""
     from toolrl import run_dir
-    from toolrl.roles.trainer_rank import TrainerRank
 
     path = write_config(tmp_path)
     out = tmp_path / "run"
+    if _SAVED_RUNS:
+        shutil.copytree(_SAVED_RUNS[0], out)
+        return path, run_dir.latest(out / "checkpoints")
+    from toolrl.roles.trainer_rank import TrainerRank
+
     rank = TrainerRank(load_config(path))
     rank.setup()
     staged = run_dir.staging_dir(out / "checkpoints", 1)
     rank.save(str(staged))
     final = run_dir.finalize(out / "checkpoints", staged, 1, {"world_size": 1, "data_position": 4}, keep=2)
     (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n')
+    pristine = Path(tempfile.mkdtemp(prefix="toolrl-saved-run-")) / "run"
+    shutil.copytree(out, pristine)
+    _SAVED_RUNS.append(pristine)
     return path, final
 
 
@@ -428,8 +442,9 @@ def test_prompt_longer_than_the_context_names_the_row_before_the_model_loads(tmp
     long_row = {**ROW, "prompt": [{"role": "user", "content": "7" * 40_000}]}  # Qwen: one token per digit
     data = jsonl(tmp_path, json.dumps(ROW), json.dumps(long_row))
     path = write_config(tmp_path, data={"train_files": [str(data)]})
-    one_error_line(invoke("rollout", str(path)), f"{data}:2: prompt: 40,00", " tokens with the chat template; "
-                   "the model's context is 32,768 (max_position_embeddings in ")
+    # 40,000 digits and the calculator's schema (known before the tool is built), as the rollout renders them.
+    one_error_line(invoke("rollout", str(path)), f"{data}:2: prompt: 40,", " tokens with the chat template and its "
+                   "tools' schemas; the model's context is 32,768 (max_position_embeddings in ")
 
 
 def test_prompt_tokens_are_counted_only_for_prompts_that_may_not_fit(qwen3_tokenizer, tiny_qwen3_path, monkeypatch):

@@ -265,7 +265,7 @@ def test_detection_falls_back_to_markers_and_names_the_choices(tmp_path):
         detect_family("{{ messages }}")
     # Checked with the run's parts, against the registered families: one line naming the setting.
     data = ["data.train_files=[train.jsonl]", "reward.functions=[]", f"base_dir={tmp_path}"]
-    with pytest.raises(ConfigError, match=r"^model.chat_format: unknown model family 'llama4' \(did you mean 'llama3'\? available: .*glm45"):
+    with pytest.raises(ConfigError, match=r"^override model.chat_format=llama4: model.chat_format: unknown model family 'llama4' \(did you mean 'llama3'\? available: .*glm45"):
         resolve_parts(load_config(None, ["model.chat_format=llama4", *data]))
     assert ModelConfig(chat_format="glm45").chat_format == "glm45"
     assert resolve_parts(load_config(None, ["model.chat_format=glm45", *data])).engine_cls.name == "transformers"

@@ -35,7 +35,7 @@ def run_suite(out: Path, only: list[str]) -> dict:
 @pytest.mark.slow
 def test_the_gpu_suite_runs_on_cpu(tmp_path):
     results = run_suite(tmp_path, DEFAULT)
-    assert len(results) == 7 and "sync/object_store" not in results
+    assert len(results) == 6 and "sync/object_store" not in results
 
 
 @pytest.mark.slow

@@ -92,7 +92,8 @@ def test_a_train_run_with_trajectories_past_16k_tokens_on_two_sequence_parallel_
                          path=plugin, env=ENV, timeout=300)
     assert refused.returncode == 2, refused.stderr[-2000:]
     [message] = refused.stderr.strip().splitlines()
-    assert "tokens with the chat template; the model's context is 8,192 (max_position_embeddings in" in message
+    assert "tokens with the chat template and its tools' schemas; the model's context is 8,192 (max_position_embeddings in" \
+        in message
     assert "so no response fits" in message
 
     out = tmp_path / "run"

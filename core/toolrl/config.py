@@ -379,6 +379,14 @@ class CorrectionConfig(Section):
     def _bounds(self) -> CorrectionConfig:
         if self.lo >= self.hi:
             raise ValueError(f"lo ({self.lo}) must be below hi ({self.hi})")
+        # A token sampled by the weights being trained has ratio 1: a range or a veto that drops it
+        # drops every on-policy token, and the run trains on nothing.
+        if self.mode == "mask" and not self.lo <= 1.0 <= self.hi:
+            raise ValueError(f"mask: [lo, hi] = [{self.lo}, {self.hi}] leaves out the ratio 1 of every on-policy "
+                             "token, so every token would be masked; the range must hold 1")
+        if self.veto is not None and self.veto >= 1.0:
+            raise ValueError(f"veto={self.veto}: a sequence with a token ratio below it is left out whole, and "
+                             "on-policy ratios are about 1, so nearly every sequence would be: it must be below 1")
         return self
 
 
@@ -815,13 +823,14 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
 def field_where(config: Config, field: str) -> str:
     """``field`` (dotted) as errors name it: after the file and line it was written on when the config
     was loaded from a file (errors found after validation: a part name no plugin registers). A value
-    an override set is named by the field alone, as the command line wrote it."""
+    an override set is named after the override, as the command line wrote it (``override
+    engine.name=x: engine.name``), as validation errors name it."""
     path, text, overrides = config._origin
     loc = tuple(field.split("."))
     for override in overrides:
         key = tuple(override.partition("=")[0].split("."))
         if loc[:len(key)] == key or key[:len(loc)] == loc:
-            return field
+            return f"{override_name(override)}: {field}"
     line = _yaml_line(text, loc, exact=True) if path is not None and text else None
     return f"{path}:{line}: {field}" if line else field
 

@@ -88,6 +88,18 @@ class ContextPolicy:
         """The edit to make now, or None to keep the context as it is."""
         return None
 
+    def check_run(self, run: Any) -> list[str]:
+        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): a policy that
+        edits needs a route whose parser takes tool results as chat messages (an inline-tag parser
+        writes them into the model's turn, which no edit can cut). Returns warning lines; a subclass
+        extends it with its own options' checks."""
+        parser = run.parser
+        if self.name != ContextPolicy.name and parser is not None and parser.result_mode == "inline":
+            raise ValueError(f"{self.name}: edits conversations of chat turns, and parser {parser.name!r} calls tools "
+                             "inline (its results go into the model's turn); use a chat parser (hermes, ...) or "
+                             "context: none")
+        return []
+
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The tools the policy gives the model besides the trajectory's (their calls are run by the
         loop through :meth:`branch`, not by a tool)."""
@@ -123,6 +135,16 @@ class TriggeredPolicy(ContextPolicy):
 
     def plan(self, view: ContextView) -> ContextPlan | None:
         return self.edit(view) if view.tokens > self.trigger else None
+
+    def check_run(self, run: Any) -> list[str]:
+        """A trigger the model's context ends before never fires: one warning."""
+        warnings = super().check_run(run)
+        if run.window is not None and self.trigger >= run.window:
+            how = "trigger_tokens" if self.options.trigger_tokens is not None else \
+                f"its default trigger ({self.trigger_share:g} of model.max_context)"
+            warnings.append(f"{run.where('rollout.context')}: {self.name}'s {how} is {self.trigger:,} tokens, at or "
+                            f"beyond the model's context ({run.window:,}, {run.window_stated}): it never edits")
+        return warnings
 
     def edit(self, view: ContextView) -> ContextPlan | None:
         raise NotImplementedError

@@ -26,6 +26,15 @@ Registered parts are checked (:mod:`toolrl.plugins.registry`): each kind's base 
 class, a tool's schema, an environment's or model family's type. An object, or a lazy reference into an already-imported module (the plugin's
 own), is checked at registration; other lazy references when first loaded (or by ``toolrl
 list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
+
+Any part a run resolves before its model loads (an engine class; a parser, context policy, weight
+transport, advantage estimator or policy loss, as built) may define ``check_run(run)``: the run check
+(:mod:`toolrl.roles.run_check`) calls it with the run's :class:`~toolrl.roles.run_check.RunFacts` (the
+config, the model's ``config.json``, the tokenizer, the model's context, the route's parser), before any
+weights load and by ``toolrl train --check``. It raises ``ValueError`` on a setting it cannot run with
+(the error is one line naming the part's options field) and returns warning lines for one that runs
+but wastes the run; the built-in kinds' base classes define it (docs/plugins.md, "Checking a part
+against the run").
 """
 
 from __future__ import annotations

@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import field_where
 from toolrl.plugins.parts import BuildContext, NoOptions, build_part
 
 if TYPE_CHECKING:
     import torch
 
-    from toolrl.config import AlgorithmConfig
+    from toolrl.config import AlgorithmConfig, Config
 
 __all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions", "LossTerms", "NoOptions", "PolicyLoss",
            "build_estimator", "build_loss"]
@@ -66,6 +67,11 @@ class AdvantageEstimator(ABC):
     def build(cls, options: BaseModel, context: Any) -> Any:
         """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
         return cls(options, context.input("algorithm"))
+
+    def check_run(self, run: Any) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+        ValueError on a setting this part cannot run with, return warning lines; none here."""
+        return []
 
     @abstractmethod
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...
@@ -126,20 +132,30 @@ class PolicyLoss(ABC):
         """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
         return cls(options, context.input("algorithm"))
 
+    def check_run(self, run: Any) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+        ValueError on a setting this part cannot run with, return warning lines; none here."""
+        return []
+
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> LossTerms: ...
 
 
-def _build(kind: str, field: str, name: str, options: dict[str, Any], algo: AlgorithmConfig) -> Any:
-    context = BuildContext(f"algorithm.{field}", f"algorithm.{field}_options", inputs={"algorithm": algo})
+def _build(kind: str, field: str, name: str, options: dict[str, Any], algo: AlgorithmConfig,
+           config: Config | None) -> Any:
+    where = [f"algorithm.{field}", f"algorithm.{field}_options"]
+    if config is not None:
+        where = [field_where(config, w) for w in where]
+    context = BuildContext(*where, inputs={"algorithm": algo})
     return build_part(kind, name, options, context)
 
 
-def build_estimator(algo: AlgorithmConfig) -> AdvantageEstimator:
-    """``algorithm.advantage`` with its options; a one-line ConfigError naming the field otherwise."""
-    return _build("advantage_estimators", "advantage", algo.advantage, algo.advantage_options, algo)
+def build_estimator(algo: AlgorithmConfig, config: Config | None = None) -> AdvantageEstimator:
+    """``algorithm.advantage`` with its options; a one-line ConfigError naming the field otherwise (and
+    the file and line it was written on, given the run's ``config``)."""
+    return _build("advantage_estimators", "advantage", algo.advantage, algo.advantage_options, algo, config)
 
 
-def build_loss(algo: AlgorithmConfig) -> PolicyLoss:
+def build_loss(algo: AlgorithmConfig, config: Config | None = None) -> PolicyLoss:
     """``algorithm.loss`` with its options (errors as :func:`build_estimator`)."""
-    return _build("policy_losses", "loss", algo.loss, algo.loss_options, algo)
+    return _build("policy_losses", "loss", algo.loss, algo.loss_options, algo, config)

@@ -14,7 +14,8 @@ from toolrl.algorithms import LossInputs, LossOptions, LossTerms, PolicyLoss
 
 
 class PpoClipOptions(LossOptions):
-    clip_eps_low: float = Field(0.2, ge=0, description="the ratio's lower clip, 1 - clip_eps_low")
+    # Below 1: a ratio is never negative, so a lower bound 1 - clip_eps_low <= 0 never clips.
+    clip_eps_low: float = Field(0.2, ge=0, lt=1, description="the ratio's lower clip, 1 - clip_eps_low")
     clip_eps_high: float = Field(0.28, ge=0, description="the ratio's upper clip, 1 + clip_eps_high")
 
 
@@ -39,7 +40,7 @@ class PpoClip(PolicyLoss):
 
 
 class GspoOptions(LossOptions):
-    clip_low: float = Field(3e-4, ge=0, description="the sequence ratio's lower clip, 1 - clip_low")
+    clip_low: float = Field(3e-4, ge=0, lt=1, description="the sequence ratio's lower clip, 1 - clip_low")
     clip_high: float = Field(4e-4, ge=0, description="the sequence ratio's upper clip, 1 + clip_high")
 
 

@@ -60,7 +60,7 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     """The run's estimator and loss, built (names resolved, options validated) and checked against
     the rules above; a ConfigError (one line naming the fields) otherwise."""
     algo = config.algorithm
-    parts = [build_estimator(algo), build_loss(algo)]
+    parts = [build_estimator(algo, config), build_loss(algo, config)]
     estimator, loss = parts
     pair = f"algorithm.advantage={algo.advantage} with algorithm.loss={algo.loss}"
     if loss.sequence_level and not estimator.outcome:

@@ -289,12 +289,24 @@ OVERWRITE_HELP = "Replace the run already in the output directory (its metrics, 
               "(with --resume) whenever it dies; see docs/recovery.md.")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=10, show_default=True,
               help="With --supervise: restarts of the controller before giving up.")
+@click.option("--check", "check_only", is_flag=True, help="Run every check of the run (config, data, model files, "
+              "tokenizer, template, each part's settings against the model) and stop: no weights load, nothing "
+              "is written.")
 def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool, supervise: bool,
-          max_restarts: int) -> None:
+          max_restarts: int, check_only: bool) -> None:
     """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole
     run is checked before trainer.output_dir is written; a run already there is continued only with
     --resume and replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
+    if check_only:
+        from toolrl.roles.prepare import check_training
+
+        checked = user_errors(check_training, config, resume=resume, overwrite=overwrite,
+                              tools_origin=_tools_origin(config_path, config))
+        routes = len(checked.run.parts.routes)
+        click.echo(f"check passed: {len(checked.run.samples)} samples, {routes} route{'s' * (routes != 1)}, model "
+                   f"{checked.run.model_dir}; nothing loaded, nothing written")
+        return
     if supervise:
         from toolrl.roles.supervise import supervise as run_supervised
 

@@ -117,6 +117,12 @@ class RolloutEngine(ABC):
     Options: ClassVar[type[BaseModel]] = EngineOptions
 
     @classmethod
+    def check_run(cls, run: Any) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+        ValueError on a setting this engine cannot run with, return warning lines; none here."""
+        return []
+
+    @classmethod
     def build(cls, options: BaseModel, context: Any) -> RolloutEngine:
         """The build contract (:mod:`toolrl.plugins.parts`): the engine on ``context.inputs["source"]``."""
         return cls.create(context.input("source"), options.model_dump())

@@ -38,9 +38,14 @@ def build_engine(config: Config, path: str, tokenizer: Any, module: Any = None) 
     """The configured engine on the model in ``path`` (``module``: a live model to share, in process);
     its options (``engine:``, with the model's device and dtype) checked against the engine's
     ``Options``: a bad one is a one-line error naming ``engine.options``."""
-    options = {"max_batch_size": config.engine.max_batch_size,
-               "device": model_sources.resolve_device(config.model.device), "dtype": config.model.dtype,
-               **config.engine.options}
     source = ModelSource(path=path, module=module, tokenizer=tokenizer)
-    return build_part("rollout_engines", config.engine.name, options,
+    return build_part("rollout_engines", config.engine.name, engine_options(config),
                       BuildContext("engine.name", "engine.options", config, {"source": source}))
+
+
+def engine_options(config: Config) -> dict[str, Any]:
+    """What the engine is built with: ``engine.options`` with the engine's batch size and the model's
+    device and dtype (checked against the engine's ``Options`` by the run check, before any model loads)."""
+    return {"max_batch_size": config.engine.max_batch_size,
+            "device": model_sources.resolve_device(config.model.device), "dtype": config.model.dtype,
+            **config.engine.options}

@@ -265,6 +265,14 @@ class TransformersEngine(RolloutEngine):
     # ----------------------------------------------------------------- construction
 
     @classmethod
+    def check_run(cls, run: Any) -> list[str]:
+        """The run check (:mod:`toolrl.roles.run_check`): routes are recorded only where a model has experts."""
+        if run.config.engine.options.get("record_routes") and not run.experts:
+            raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
+                             "there are no routes to record")
+        return []
+
+    @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> TransformersEngine:
         cfg = TransformersEngineConfig.model_validate(dict(config))
         if source.module is not None:

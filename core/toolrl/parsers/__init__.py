@@ -46,6 +46,11 @@ class ToolParser:
         """The route's tool schemas (OpenAI function format). Formats whose argument values are
         untyped text (``<parameter=n>5</parameter>``) type them from the schemas; the rest ignore them."""
 
+    def check_run(self, run: Any) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+        ValueError on a setting this part cannot run with, return warning lines; none here."""
+        return []
+
     def parse(self, text: str) -> ParseResult:
         raise NotImplementedError
 

@@ -148,7 +148,7 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
     path = path if path is not None else model_path(config)
-    inputs = inputs if inputs is not None else check_model_inputs(config, parts.engine_cls, path, samples)
+    inputs = inputs if inputs is not None else check_model_inputs(config, parts, path, samples)
     tokenizer = inputs.tokenizer
     seed_everything(config.trainer.seed)
     built: list[Any] = []

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl import model_sources
-from toolrl.config import Config
+from toolrl.config import Config, field_where
 from toolrl.engines.build import engine_processor
+from toolrl.roles.run_check import check_run, report
 from toolrl.rollout.context_check import check_prompt_tokens
 from toolrl.rollout.families import config_renderer_factory
+from toolrl.rollout.routes import Parts
 from toolrl.schemas import Sample
 
 
@@ -27,11 +29,20 @@ class ModelInputs:
     renderer_factory: Any
 
 
-def check_model_inputs(config: Config, engine_cls: type, path: str, prompts: Sequence[Sample]) -> ModelInputs:
+def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequence[Sample]) -> ModelInputs:
     """The model's inputs, each check a one-line error: images need an engine that takes them, the
-    family's tokens must be in the tokenizer, and every prompt must fit the model's context."""
+    family's tokens must be in the tokenizer, every prompt must fit the model's context (and
+    ``model.max_context``), and the run check (:mod:`toolrl.roles.run_check`: the template, every
+    part's semantics) passes; its warnings are printed, one line each."""
     tokenizer = model_sources.load_tokenizer(path)
-    processor = engine_processor(config, engine_cls, path, prompts)
+    processor = engine_processor(config, parts.engine_cls, path, prompts)
     factory = config_renderer_factory(config, tokenizer, processor)
-    check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images)
+    report(check_run(config, parts, path, tokenizer, factory))
+    # Each prompt as its route renders it (the template, the tools known before they are built), against
+    # the model's context and model.max_context.
+    renderers = {name: factory(route.known_schemas()) for name, route in parts.routes.items()}
+    cap = config.model.max_context
+    check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,
+                        cap=(cap, field_where(config, "model.max_context")) if cap is not None else None,
+                        renderer_of=lambda sample: renderers.get(sample.env) or next(iter(renderers.values())))
     return ModelInputs(tokenizer, processor, factory)

@@ -13,7 +13,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError
 from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
-from toolrl.roles.inputs import check_model_inputs
+from toolrl.roles.inputs import ModelInputs, check_model_inputs
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import Roles, start_roles
@@ -37,9 +37,34 @@ class Prepared:
     recovered: list[dict[str, Any]] = field(default_factory=list)
 
 
+@dataclass
+class Checked:
+    """A run every check passed (:func:`check_training`), nothing loaded and nothing written."""
+
+    run: ResolvedRun
+    run_dir: RunDir
+    inputs: ModelInputs
+    ahead: StepBatch | None = None
+
+
 async def prepare_training(config: Config, resume: bool = False, overwrite: bool = False) -> Prepared:
     """``config`` (loaded and validated: :func:`toolrl.config.load_config`, every bad field one line)
     made into a run at its first step."""
+    checked = check_training(config, resume, overwrite)
+    run = checked.run
+    # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
+    # in this process, or as Ray actors.
+    roles = await start_roles(run, inputs=checked.inputs)
+    try:
+        return await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+    except BaseException:
+        await roles.close()
+        raise
+
+
+def check_training(config: Config, resume: bool = False, overwrite: bool = False) -> Checked:
+    """Every check of a training run, in the order a user would fix things; nothing loads a model and
+    nothing is written (``toolrl train --check`` stops here)."""
     # Plugins: every part below is looked up among them. The CLI loaded them already (to add their
     # commands); a library caller loads them here, before any name is looked up.
     get_plugins()
@@ -54,17 +79,11 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
         # A damaged checkpoint, or one of another model, is one line before any weights load.
         check_resume(run_dir.latest_checkpoint(), run.model_dir)
         ahead = kept_batch(run_dir.latest_checkpoint())
-    # The tokenizer, the model family (its tokens in the tokenizer, its template) and every prompt
-    # against the context: the last checks, still before any model loads.
-    inputs = check_model_inputs(run.config, run.parts.engine_cls, run.model_dir, run.prompts)
-    # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
-    # in this process, or as Ray actors.
-    roles = await start_roles(run, inputs=inputs)
-    try:
-        return await _weights_and_first_write(run, run_dir, roles, ahead)
-    except BaseException:
-        await roles.close()
-        raise
+    # The tokenizer, the model family (its tokens in the tokenizer, its template), every prompt against
+    # the context and every part's semantics (toolrl.roles.run_check): the last checks, still before any
+    # model loads.
+    inputs = check_model_inputs(run.config, run.parts, run.model_dir, run.prompts)
+    return Checked(run, run_dir, inputs, ahead)
 
 
 async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, roles: Roles,

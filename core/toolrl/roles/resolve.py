@@ -98,7 +98,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     parts = resolve_parts(config)
     loggers = logger_names(config) if purpose == "train" else []
     if purpose == "train":
-        build_transport(config.trainer)  # a bad trainer.weight_transport is one line before anything loads
+        build_transport(config.trainer, config)  # a bad trainer.weight_transport is one line before anything loads
         sync_plan(config, parts.engine_cls)  # and trainer.weight_sync: delta with an engine that cannot
     samples: list[Sample] = []
     if recorded_groups:

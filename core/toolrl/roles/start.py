@@ -67,7 +67,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
         run = resolve_run(run, "train" if train else "rollout")
     config = run.config
     if inputs is None:
-        inputs = check_model_inputs(config, run.parts.engine_cls, run.model_dir, run.prompts)
+        inputs = check_model_inputs(config, run.parts, run.model_dir, run.prompts)
     if config.ray.address is None:
         local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs)
         roles = Roles(config, local.tokenizer, local.path, local.rollouts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,31 +40,42 @@ def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | No
 
 
 def check_prompt_tokens(samples: Sequence[Sample], tokenizer: Any, model_dir: str | Path, processor: Any,
-                        source: str, limits: ImageLimits | None = None) -> None:
+                        source: str, limits: ImageLimits | None = None, cap: tuple[int, str] | None = None,
+                        renderer_of: Callable[[Sample], ChatRenderer] | None = None) -> None:
     """Every prompt, rendered with the chat template (its images as ``processor`` expands them, within
     ``limits``; None: text only, as for the rollout), leaves room in the model's context for a response: otherwise each of its
-    trajectories fails in the engine, after the model has loaded. Only prompts long enough to possibly
-    not fit are rendered (a token covers at least one UTF-8 byte; an image at most
-    :func:`image_token_bound` tokens), so short prompts cost nothing. ``source`` names samples that do
-    not know their file."""
+    trajectories fails in the engine, after the model has loaded. ``cap``: a smaller context the run
+    sets (``model.max_context``: its value and where it is set); ``renderer_of``: the renderer a
+    sample's route renders it with (its template, the tools' schemas known before they are built;
+    default: the tokenizer's template, no tools). Only prompts long enough to possibly not fit are
+    rendered (a token covers at least one UTF-8 byte, an image at most :func:`image_token_bound`
+    tokens, and the tools' schemas at least one token per message's worth of overhead), so short
+    prompts cost nothing. ``source`` names samples that do not know their file."""
     found = model_context(tokenizer, model_dir)
+    if cap is not None and (found is None or cap[0] < found[0]):
+        found = cap
     if found is None:
         return
     context, stated = found
     limits = limits or ImageLimits()
-    renderer = ChatRenderer(tokenizer, processor=processor)
+    plain = ChatRenderer(tokenizer, processor=processor)
     per_image = image_token_bound(processor, limits) if processor is not None else 0
-    overhead = len(renderer.prompt_ids([{"role": "user", "content": ""}]))  # template tokens per message
+    overheads: dict[int, int] = {}
     for i, sample in enumerate(samples, 1):
         messages = [m.to_template() for m in sample.prompt]
-        if text_size(messages, _utf8_bytes) + overhead * len(messages) + per_image * len(sample.images) < context:
+        renderer = renderer_of(sample) if renderer_of is not None else plain
+        if id(renderer) not in overheads:  # a message's template tokens, with the tools' block once
+            overheads[id(renderer)] = len(renderer.prompt_ids([{"role": "user", "content": ""}]))
+        bound = text_size(messages, _utf8_bytes) + overheads[id(renderer)] * len(messages)
+        if bound + per_image * len(sample.images) < context:
             continue
         messages, images = prompt_of(renderer, sample, limits)
         tokens = len(renderer.prompt_ids(messages, [image.grid_thw for image in images]))
         if tokens >= context:
             origin = origin_of(sample, f"{source} sample {i}")
             shown = f", {len(images)} image{'s' * (len(images) != 1)} included" if images else ""
-            raise ConfigError(f"{origin}: {context_overflow(tokens, context, stated, ' with the chat template' + shown)}")
+            tools = " and its tools' schemas" if renderer.tool_schemas else ""
+            raise ConfigError(f"{origin}: {context_overflow(tokens, context, stated, ' with the chat template' + tools + shown)}")
 
 
 def image_token_bound(processor: Any, limits: ImageLimits) -> int:

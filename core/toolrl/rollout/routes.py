@@ -159,6 +159,13 @@ class RouteParts:
     session: SessionKind | None = None
     context: Any = None  # the context policy (toolrl.context)
 
+    def known_schemas(self) -> list[dict[str, Any]]:
+        """The tools' schemas known before any tool is built: an entry's ``tool_schema``, else its class's
+        ``schema`` (a tool that learns its schema from a server, MCP's, or a session's tools are not)."""
+        found = (entry.tool_schema or getattr(resolve_tool_class(entry.class_name), "schema", None)
+                 for f in self.tool_files for entry in f.tools)
+        return [dict(schema) for schema in found if isinstance(schema, dict)]
+
 
 @dataclass(frozen=True)
 class Parts:

@@ -19,13 +19,17 @@ Within ``Link.timeout_s`` of a peer dying (or stalling), ``send``/``receive`` ra
 
 from __future__ import annotations
 
+import os
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import field_where
 from toolrl.plugins.parts import BuildContext, build_part
 
 # Pieces start on 64-byte boundaries of a bucket: a view of any dtype can start there.
@@ -122,6 +126,15 @@ class WeightTransport:
     def build(cls, options: BaseModel, context: Any) -> WeightTransport:
         return cls(options)
 
+    def check_run(self, run: Any) -> list[str]:
+        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): a subclass
+        probes what its options name (a directory writable, a device there) and then calls this, which
+        says in one warning line when the run is single-process: weights never travel there."""
+        if run.in_process and self.name != ObjectStoreTransport.name:
+            return [f"{run.where('trainer.weight_transport')}: {self.name} is unused: every role runs in this "
+                    "process (no ray.address), so weights never travel"]
+        return []
+
 
 class LinkedTransport(WeightTransport, ABC):
     """A transport whose bytes travel over links of their own (not Ray calls)."""
@@ -135,6 +148,23 @@ class LinkedTransport(WeightTransport, ABC):
         """Receiver ``index`` (0-based, of ``link.receivers``) of ``link``."""
 
 
+def writable_directory(path: str, what: str) -> None:
+    """A ValueError unless ``path`` is a directory this process can write a file in (probed with one), or
+    one it can create (its nearest existing parent writable)."""
+    found = Path(path)
+    if found.exists():
+        if not found.is_dir():
+            raise ValueError(f"{what}={path!r} is a file, not a directory")
+        try:
+            tempfile.TemporaryFile(dir=found).close()
+        except OSError as exc:
+            raise ValueError(f"{what}={path!r}: cannot write there ({exc.strerror})") from None
+        return
+    parent = next(p for p in found.absolute().parents if p.exists())
+    if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        raise ValueError(f"{what}={path!r} does not exist and cannot be made ({parent} is not a writable directory)")
+
+
 class ObjectStoreTransport(WeightTransport):
     """Buckets as Ray calls from rank 0 through Ray's object store (sharded tensors gathered first):
     needs nothing but Ray, and works across nodes."""
@@ -142,7 +172,11 @@ class ObjectStoreTransport(WeightTransport):
     name = "object_store"
 
 
-def build_transport(trainer: Any) -> WeightTransport:
-    """The transport ``trainer`` (a :class:`toolrl.config.TrainerConfig`) names; ConfigError otherwise."""
+def build_transport(trainer: Any, config: Any = None) -> WeightTransport:
+    """The transport ``trainer`` (a :class:`toolrl.config.TrainerConfig`) names; ConfigError otherwise,
+    naming the file and line of the setting when given the run's ``config``."""
+    where = ["trainer.weight_transport", "trainer.weight_transport_options"]
+    if config is not None:
+        where = [field_where(config, w) for w in where]
     return build_part("weight_transports", trainer.weight_transport, trainer.weight_transport_options,
-                      BuildContext("trainer.weight_transport", "trainer.weight_transport_options"))
+                      BuildContext(*where))

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.transports import (
     Bucket,
@@ -33,7 +33,8 @@ from toolrl.transports.rendezvous import host_store, join_store
 class BroadcastOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    device: str = "cpu"  # where buffers live: "cpu" (gloo) or "cuda" (NCCL)
+    # Where buffers live: "cpu" (gloo) or "cuda" / "cuda:N" (NCCL).
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
 
 
 class _Group:
@@ -164,6 +165,19 @@ class BroadcastReceiver(WeightReceiver):
 class BroadcastTransport(LinkedTransport):
     name = "broadcast"
     Options = BroadcastOptions
+
+    def check_run(self, run: Any) -> list[str]:
+        """NCCL buffers need a GPU where the trainer ranks run: this process's, or Ray's for them."""
+        if self.options.device.startswith("cuda"):
+            if run.in_process:
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ValueError(f"device={self.options.device}: no CUDA device is visible to this process")
+            elif run.config.ray.num_gpus_per_trainer <= 0:
+                raise ValueError(f"device={self.options.device}: the trainer ranks get no GPU "
+                                 "(ray.num_gpus_per_trainer is 0)")
+        return super().check_run(run)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
         return BroadcastSender(key, sender, receivers, timeout_s, self.options.device)

@@ -13,8 +13,9 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.transports import (
     Bucket,
@@ -25,6 +26,7 @@ from toolrl.transports import (
     TransportError,
     WeightReceiver,
     WeightSender,
+    writable_directory,
 )
 
 POLL_S = 0.005
@@ -33,7 +35,7 @@ POLL_S = 0.005
 class DiskOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str  # a directory every trainer rank and engine sees
+    path: str = Field(min_length=1)  # a directory every trainer rank and engine sees
 
 
 class DiskSender(WeightSender):
@@ -102,6 +104,10 @@ class DiskReceiver(WeightReceiver):
 class DiskTransport(LinkedTransport):
     name = "disk"
     Options = DiskOptions
+
+    def check_run(self, run: Any) -> list[str]:
+        writable_directory(self.options.path, "path")
+        return super().check_run(run)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
         return DiskSender(key, sender, receivers, timeout_s, self.options.path)

@@ -31,6 +31,7 @@ from toolrl.transports import (
     TransportError,
     WeightReceiver,
     WeightSender,
+    writable_directory,
 )
 from toolrl.transports.rendezvous import host_store, join_store
 
@@ -162,6 +163,13 @@ class SharedMemoryReceiver(WeightReceiver):
 class SharedMemoryTransport(LinkedTransport):
     name = "shared_memory"
     Options = SharedMemoryOptions
+
+    def check_run(self, run: Any) -> list[str]:
+        if not Path(self.options.directory).is_dir():
+            raise ValueError(f"directory={self.options.directory!r} is not a directory (shared memory segments are "
+                             "files in a tmpfs such as /dev/shm)")
+        writable_directory(self.options.directory, "directory")
+        return super().check_run(run)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
         return SharedMemorySender(key, sender, receivers, timeout_s, self.options.directory)

@@ -23,7 +23,7 @@ def test_bad_config_is_one_line() -> None:
 def test_unknown_engine_is_one_line() -> None:
     result = _serve("engine.name=nope")
     assert result.returncode == 2
-    assert result.stderr.strip().startswith("error: engine.name: unknown rollout engine 'nope'")
+    assert result.stderr.strip().startswith("error: override engine.name=nope: engine.name: unknown rollout engine 'nope'")
 
 
 def test_taken_port_is_one_line() -> None:

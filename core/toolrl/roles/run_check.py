@@ -1,0 +1,238 @@
+"""The run check: what each setting means for this model and these prompts, checked before any weights
+load. :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
+tokenizer, the chat template's renderer) and asks every part the run resolved (the engine class, each
+route's parser and context policy, the weight transport, the advantage estimator and the policy loss)
+for its own check, ``part.check_run(facts)``: a part that defines one raises on a setting it cannot
+run with (a ConfigError naming its field, or a ValueError its options' field is put before) and
+returns warning lines for a setting that runs but wastes the run. Besides the parts' checks, the
+run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
+names (a skeleton on the meta device: no weights), routing replay against the model's experts, and
+``model.max_context`` against the model's window. ``toolrl train CONFIG --check`` runs every check and
+stops.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toolrl.algorithms.rules import check_algorithm
+from toolrl.config import Config, ConfigError, field_where, one_line
+from toolrl.engines.build import engine_options
+from toolrl.families import FamilyError, detect_family, missing_token, plugin_of
+from toolrl.plugins.parts import checked_options
+from toolrl.rollout.context_check import model_context
+from toolrl.rollout.families import chat_template_text
+from toolrl.transports import build_transport
+
+if TYPE_CHECKING:
+    from toolrl.rollout.routes import Parts
+
+# A conversation every template must render into a prompt that holds the task and the tools and asks
+# the model to answer.
+PROBE_TASK = "Probe task 7301: what is 6 times 7?"
+PROBE_TOOL = "probe_tool_7301"
+PROBE_SCHEMA = {"type": "function", "function": {
+    "name": PROBE_TOOL, "description": "A tool the run check renders.",
+    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run as a part's ``check_run`` sees it, before any weights load: ``config`` (resolved),
+    ``model_dir`` and its ``model_config`` (``config.json`` as a dict; empty when there is none), the
+    ``tokenizer``, the model's context ``window`` in tokens (None when unstated) and where it is
+    stated, and for a route's parts (parser, context policy) the route's ``parser``."""
+
+    config: Config
+    model_dir: str
+    model_config: Mapping[str, Any]
+    tokenizer: Any
+    window: int | None
+    window_stated: str = ""
+    parser: Any = None
+
+    @property
+    def text_config(self) -> Mapping[str, Any]:
+        """The language model's config (a vision-language model's ``text_config``)."""
+        text = self.model_config.get("text_config")
+        return text if isinstance(text, Mapping) else self.model_config
+
+    @property
+    def experts(self) -> int:
+        """Routed experts per layer of a mixture-of-experts model; 0 for a dense one."""
+        for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
+            value = self.text_config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                return value
+        return 0
+
+    @property
+    def in_process(self) -> bool:
+        """Whether every role runs in this process (no Ray): weights then never travel."""
+        return self.config.ray.address is None
+
+    def where(self, field: str) -> str:
+        """``field`` as errors name it (:func:`toolrl.config.field_where`)."""
+        return field_where(self.config, field)
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any]:
+    try:
+        found = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, factory: Any) -> list[str]:
+    """Every check of the run (module docstring); returns the warnings, raises the first error as a
+    one-line ConfigError."""
+    found = model_context(tokenizer, model_dir)
+    window, stated = found if found is not None else (None, "")
+    facts = RunFacts(config, model_dir, read_model_config(model_dir), tokenizer, window, stated)
+    warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
+    if config.model.lora is not None:
+        check_lora_targets(facts)
+    warnings += _part_checks(facts, parts)
+    return warnings
+
+
+def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
+    """Each resolved part's ``check_run``, with the field that set it."""
+
+    config = facts.config
+    # The engine's options now, not once the engine is built on the loaded model.
+    checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"))
+    checked: list[tuple[Any, str, RunFacts]] = [(parts.engine_cls, "engine.options", facts)]
+    for route in parts.routes.values():
+        routed = replace(facts, parser=route.parser)
+        checked += [(route.parser, "rollout.parser_options", routed), (route.context, "rollout.context", routed)]
+    estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
+    checked += [(build_transport(config.trainer, config), "trainer.weight_transport_options", facts),
+                (estimator, "algorithm.advantage_options", facts), (loss, "algorithm.loss_options", facts)]
+    warnings: list[str] = []
+    for part, field, seen in checked:
+        check = getattr(part, "check_run", None)
+        if part is None or not callable(check):
+            continue
+        try:
+            warnings += list(check(seen) or ())
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{facts.where(field)}: {one_line(str(exc))}") from None
+    return warnings
+
+
+# -- the template ------------------------------------------------------------------------------------
+
+
+def template_where(config: Config, model_dir: str) -> str:
+    """The setting that chose the template prompts render with."""
+    for field in ("model.chat_template", "model.chat_format"):
+        if getattr(config.model, field.split(".")[1]) is not None:
+            return field_where(config, field)
+    return f"the chat template of {model_dir}"
+
+
+def check_template(facts: RunFacts, factory: Any) -> list[str]:
+    """The template compiled and rendered on a probe conversation with a tool: the prompt must hold the
+    task and the tool and end in the model's turn; a family the template belongs to must have its
+    tokens in the tokenizer, whichever setting chose the template."""
+    where = template_where(facts.config, facts.model_dir)
+    template = facts.config.model.chat_template
+    if template is not None:
+        text = chat_template_text(facts.config, template)
+        if not text.strip():
+            raise ConfigError(f"{where}: the template is empty")
+        try:
+            family = detect_family(text)
+        except FamilyError:
+            family = None
+        if family is not None and (missing := missing_token(family, facts.tokenizer)):
+            raise ConfigError(f"{where}: the template is model family {family.name!r}'s (plugin "
+                              f"{plugin_of(family)!r}), whose {missing} the tokenizer does not hold as one token: "
+                              "a template of another model's family")
+    messages = [{"role": "user", "content": PROBE_TASK}]
+    try:
+        asked = factory([PROBE_SCHEMA]).prompt_ids(messages)
+    except ConfigError:
+        raise
+    except Exception as exc:  # jinja's syntax and render errors, a filter it does not know, ...
+        raise ConfigError(f"{where}: the template does not render a conversation: {_template_error(exc)}") from None
+    shown = facts.tokenizer.decode(asked)
+    lacking = [what for what, text in (("the task", PROBE_TASK), ("the tools", PROBE_TOOL)) if text not in shown]
+    if lacking:
+        raise ConfigError(f"{where}: the template's prompt for a probe conversation lacks {' and '.join(lacking)} "
+                          f"(it renders {len(asked)} tokens: {one_line(shown)[:80]!r})")
+    if not shown.rpartition(PROBE_TASK)[2].strip():
+        raise ConfigError(f"{where}: the template renders nothing after the user's message (no end of turn, no "
+                          "generation prompt): the model would go on writing the user's turn")
+    return []
+
+
+def _template_error(exc: BaseException) -> str:
+    line = getattr(exc, "lineno", None)
+    return f"{type(exc).__name__}{f' at template line {line}' if line else ''}: {one_line(str(exc))}"
+
+
+# -- the context -------------------------------------------------------------------------------------
+
+
+def check_context(facts: RunFacts) -> list[str]:
+    """``model.max_context`` beyond the model's window runs, but the engine ends trajectories at the
+    window: one warning. (Prompts longer than either are refused by the prompt check.)"""
+    cap = facts.config.model.max_context
+    if cap is not None and facts.window is not None and cap > facts.window:
+        return [f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
+                f"({facts.window:,}, {facts.window_stated}): trajectories end at {facts.window:,}"]
+    return []
+
+
+# -- experts -----------------------------------------------------------------------------------------
+
+
+def check_experts(facts: RunFacts) -> list[str]:
+    """Routing replay needs a model with experts."""
+    replay = facts.config.algorithm.routing_replay
+    if replay != "off" and not facts.experts:
+        raise ConfigError(f"{facts.where('algorithm.routing_replay')}: {replay} replays the experts each token was "
+                          f"routed to, and {facts.model_dir} is a dense model (its config.json names no experts)")
+    return []
+
+
+# -- LoRA --------------------------------------------------------------------------------------------
+
+
+def check_lora_targets(facts: RunFacts) -> None:
+    """``model.lora.target_modules`` applied to the model's skeleton on the meta device (no weights read):
+    a target that matches nothing, matches a layer that is not Linear or one sharing a tied weight is
+    the error it would be after the model loaded (:func:`toolrl.training.lora.apply_lora`)."""
+    import torch  # lazy: torch, transformers and peft load only for a run with LoRA
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from toolrl.training.lora import apply_lora  # lazy: imports peft
+
+    lora = facts.config.model.lora
+    assert lora is not None
+    config = AutoConfig.from_pretrained(facts.model_dir)
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    try:
+        apply_lora(model, lora)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("model.lora.target_modules", facts.where("model.lora.target_modules"), 1)) \
+            from None
+
+
+def report(warnings: Iterable[str]) -> None:
+    """The run's warnings, one line each on stderr, at its start."""
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
