@@ -19,6 +19,30 @@ def qwen3_tokenizer() -> Any:
     return qwen_tokenizer("qwen3")
 
 
+_LOADED_TOKENIZERS: dict[tuple[str, tuple[float, ...]], Any] = {}
+
+
+@pytest.fixture
+def shared_tokenizers(monkeypatch) -> None:
+    """In-process runs (the CLI through CliRunner) load each saved tokenizer once per test process, not once
+    per run: transformers takes seconds to read a 151k-token vocabulary, and a run's checks never change
+    the tokenizer they load (one saved again, with new files, is loaded again)."""
+    from pathlib import Path
+
+    from toolrl import model_sources
+
+    load = model_sources.load_tokenizer
+
+    def cached(path):
+        files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+        key = (str(path), tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
+        if key not in _LOADED_TOKENIZERS:
+            _LOADED_TOKENIZERS[key] = load(path)
+        return _LOADED_TOKENIZERS[key]
+
+    monkeypatch.setattr(model_sources, "load_tokenizer", cached)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_path() -> str:
     from toolrl.model_sources import tiny_qwen3

@@ -249,11 +249,14 @@ def test_rules_reject_a_sequence_level_loss_with_per_token_advantages():
 @pytest.mark.parametrize("overrides, message", [
     (["algorithm.advantage=dr_grpo", "algorithm.loss_agg=seq-mean-token-mean"],
      "algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes"),
-    (["algorithm.loss=nope"], "algorithm.loss: unknown policy loss 'nope' (available: cispo, gspo, ppo_clip"),
-    (["algorithm.advantage=nope"], "algorithm.advantage: unknown advantage estimator 'nope' (available: dr_grpo"),
+    (["algorithm.loss=nope"], "override algorithm.loss=nope: algorithm.loss: unknown policy loss 'nope' (available: "
+                              "cispo, gspo, ppo_clip"),
+    (["algorithm.advantage=nope"], "override algorithm.advantage=nope: algorithm.advantage: unknown advantage "
+                                   "estimator 'nope' (available: dr_grpo"),
     (["algorithm.loss=cispo", "algorithm.loss_options.max_weight=-1"],
-     "algorithm.loss_options.max_weight: Input should be greater than 0"),
-    (["algorithm.loss_options.clip=0.2"], "algorithm.loss_options.clip: unknown key"),
+     "override algorithm.loss_options.max_weight=-1: algorithm.loss_options.max_weight: Input should be greater than 0"),
+    (["algorithm.loss_options.clip=0.2"], "override algorithm.loss_options.clip=0.2: algorithm.loss_options.clip: "
+                                          "unknown key"),
     (["algorithm.overlong={buffer: 600}"], "algorithm.overlong.buffer=600: must be below rollout.max_response_tokens=512"),
 ])
 def test_rules_and_options_are_one_line_config_errors(overrides, message):

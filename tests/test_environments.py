@@ -350,7 +350,7 @@ def test_unknown_env_is_one_line_listing_the_installed_ones(tmp_path):
     config.write_text("env: nope\n")
     out = run_toolrl("rollout", str(config))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
-    assert out.stderr.startswith("error: env: unknown environment 'nope' (available: ")
+    assert out.stderr.startswith(f"error: {config}:1: env: unknown environment 'nope' (available: ")
 
 
 @pytest.mark.slow

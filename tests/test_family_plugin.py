@@ -49,12 +49,35 @@ def tick_model(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
+def test_an_outside_estimator_loss_and_context_policy_train_from_the_public_api_alone(tick_venv, tmp_path):
+    """Tick's estimator, loss and context policy import only public paths (check_public_imports), and a
+    run that names all three trains a step in the venv it was installed into."""
+    from toolrl.testing import check_public_imports
+
+    assert check_public_imports([TICK]) == []
+    out = tmp_path / "run"
+    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), "algorithm.advantage=tick_baseline",
+                       "algorithm.advantage_options={baseline: 0.25}", "algorithm.loss=tick_pg",
+                       "rollout.context={name: tick_forget, trigger_tokens: 600}", "rollout.n=2",
+                       "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1", "trainer.plot=false",
+                       "trainer.progress=false", f"trainer.output_dir={out}",
+                       "reward.functions=[{name: format, options: {pattern: e}}]", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads((out / "metrics.jsonl").read_text())
+    assert row["step"] == 1 and row["grad_norm"] > 0  # the fixed baseline gives every trajectory an advantage
+    config = json.loads((out / "config.json").read_text())
+    assert (config["algorithm"]["advantage"], config["algorithm"]["loss"]) == ("tick_baseline", "tick_pg")
+
+
 def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv):
     out = venv_toolrl(tick_venv, "list-plugins", "--json")
     assert out.returncode == 0, out.stderr[-2000:]
     tick = {r["name"]: r for r in json.loads(out.stdout)}["tick"]
     assert (tick["distribution"], tick["status"]) == ("toolrl-plugin-tick", "ok"), tick["error"]
-    assert tick["parts"] == {"tool_parsers": ["tick"], "model_families": ["tick"]}
+    assert tick["parts"] == {"tool_parsers": ["tick"], "model_families": ["tick"],
+                             "advantage_estimators": ["tick_baseline"], "policy_losses": ["tick_pg"],
+                             "context_policies": ["tick_forget"]}
     parsed = venv_toolrl(tick_venv, "parse", "--parser", "tick", "-", stdin='Sure.\nCALL calculator {"expression": "2+3"}')
     assert json.loads(parsed.stdout)["calls"] == [{"name": "calculator", "arguments": {"expression": "2+3"}}]
 

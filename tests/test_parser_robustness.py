@@ -110,7 +110,7 @@ def test_hundred_thousand_empty_calls():
 
 
 def test_bad_parser_options_are_one_line_errors():
-    one_error_line(run_toolrl("parse", "--options", "{nope", "-", stdin=""), 2, "--options is not valid JSON")
+    one_error_line(run_toolrl("parse", "--options", "{nope", "-", stdin=""), 2, "invalid JSON in --options: ")
     one_error_line(run_toolrl("parse", "--options", '{"x": 1}', "-", stdin=""), 2,
                    "--options: parser 'hermes' takes no options")
     one_error_line(run_toolrl("parse", "--parser", "tags", "--options", '{"tags": {"c": {"tool": "t"}}}', "-",

@@ -30,6 +30,21 @@ def test_the_docs_list_exactly_the_public_api() -> None:
     assert documented_api() == {module: set(names) for module, names in PUBLIC_API.items()}
 
 
+def test_every_class_a_hook_names_is_public() -> None:
+    """A hook's documentation (hookspecs.py, docs/plugins.md's "Hooks") tells an author which classes to
+    subclass or read: each is importable from a public path, or an outside part of that kind could not
+    pass check_public_imports."""
+    import toolrl.hookspecs
+
+    named = set(re.findall(r":class:`~?(toolrl(?:\.\w+)*)\.(\w+)`", Path(toolrl.hookspecs.__file__).read_text()))
+    text = (ROOT / "docs/plugins.md").read_text()
+    hooks = text[text.index("## Hooks"):text.index("## Adding an environment session")]
+    named |= set(re.findall(r"`(toolrl(?:\.\w+)*)\.([A-Z]\w*)`", hooks))
+    assert len(named) >= 25
+    public = {(module, name) for module, names in PUBLIC_API.items() for name in names}
+    assert sorted(named - public) == []
+
+
 def test_the_whole_testing_kit_is_public() -> None:
     import toolrl.testing
 

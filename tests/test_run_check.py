@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 from test_config_errors import invoke, one_error_line, write_config
 
+pytestmark = pytest.mark.usefixtures("shared_tokenizers")
+
 
 @pytest.fixture(autouse=True)
 def no_weights_load(monkeypatch):
@@ -83,6 +85,14 @@ def test_a_context_policy_with_an_inline_parser_is_refused(tmp_path):
 def test_a_correction_that_masks_every_on_policy_token_is_refused(tmp_path, correction, fragment):
     line, path = refused(tmp_path, "algorithm.correction", fragment, algorithm={"correction": correction})
     assert f"{path}:" in line
+
+
+def test_settings_at_the_edge_of_what_trains_pass(tmp_path):
+    """The bounds are the edges of what can train, not tighter: a mask range that starts at 1, a veto
+    just under it, a lower clip just under 1, a max_context with room for one token past the prompt."""
+    assert passes_with(tmp_path, algorithm={"correction": {"mode": "mask", "lo": 1.0, "hi": 1.5, "veto": 0.999},
+                                            "loss_options": {"clip_eps_low": 0.999}},
+                       model={"source": "tiny-qwen3", "max_context": 400}) == []
 
 
 @pytest.mark.parametrize(("loss", "options", "field"), [

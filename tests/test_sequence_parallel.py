@@ -169,10 +169,10 @@ def test_two_sequence_parallel_ranks_give_the_one_rank_loss_and_gradients(tiny_q
 
 
 def test_what_sequence_parallelism_refuses_is_one_line(tiny_qwen3_path):
-    from toolrl.training.sequence_parallel import check_run
+    from toolrl.training.sequence_parallel import check_sequence_parallel
 
     base = ["ray.address=local", "trainer.world_size=2", "trainer.sequence_parallel=2"]
-    check_run(load_config(TINY, base), tiny_qwen3_path)  # the tiny Qwen3 splits
+    check_sequence_parallel(load_config(TINY, base), tiny_qwen3_path)  # the tiny Qwen3 splits
     with pytest.raises(ConfigError, match=r"^override trainer.sequence_parallel=2: trainer: sequence_parallel=2 "
                                           r"must divide world_size=3"):
         load_config(TINY, ["trainer.world_size=3", "trainer.sequence_parallel=2"])
@@ -185,11 +185,11 @@ def test_what_sequence_parallelism_refuses_is_one_line(tiny_qwen3_path):
 
             cfg = with_critic(cfg)
         with pytest.raises(ConfigError, match=message) as info:
-            check_run(cfg, tiny_qwen3_path)
+            check_sequence_parallel(cfg, tiny_qwen3_path)
         assert "\n" not in str(info.value)
     odd = load_config(TINY, ["ray.address=local", "trainer.world_size=3", "trainer.sequence_parallel=3"])
     with pytest.raises(ConfigError, match=r"trainer.sequence_parallel=3 must divide the model's attention heads \(2"):
-        check_run(odd, tiny_qwen3_path)
+        check_sequence_parallel(odd, tiny_qwen3_path)
 
 
 @pytest.mark.slow  # Ray actors: minutes on two shared cores

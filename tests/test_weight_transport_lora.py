@@ -141,7 +141,8 @@ def test_the_plan_sends_adapters_only_to_an_engine_that_loads_them():
     assert sync_plan(lora, RolloutEngine) == SyncPlan()  # an engine that loads no adapters: merged weights
     assert sync_plan(load_config(TINY, []), TransformersEngine) == SyncPlan()
     assert sync_plan(load_config(TINY, ["trainer.weight_sync=delta"])) == SyncPlan(delta=True)  # looked up by name
-    with pytest.raises(ConfigError, match=r"^trainer.weight_sync: delta needs an engine .* the scripted engine"):
+    with pytest.raises(ConfigError, match=r"^override trainer.weight_sync=delta: trainer.weight_sync: delta needs an "
+                                          r"engine .* the scripted engine"):
         sync_plan(load_config(TINY, ["engine.name=scripted", "trainer.weight_sync=delta"]), RolloutEngine)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from toolrl.config import Config, ConfigError, RewardTerm, format_errors, one_line
+from toolrl.config import Config, ConfigError, RewardTerm, field_where, format_errors, one_line
 from toolrl.plugins.parts import BuildContext, build_part, lookup_part
 from toolrl.schemas import Message
 from toolrl.tools.verl_config import ToolEntry
@@ -197,7 +197,8 @@ def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
     out = {}
     for name, entry in config.env_entries().items():
         single = config.env is not None
-        context = BuildContext("env" if single else f"envs.{name}", "env_options" if single else f"envs.{name}.options",
-                               config, {"weight": entry.weight, "max_turns": entry.max_turns})
+        where = ("env", "env_options") if single else (f"envs.{name}", f"envs.{name}.options")
+        context = BuildContext(*(field_where(config, w) for w in where), config,
+                               {"weight": entry.weight, "max_turns": entry.max_turns})
         out[name] = build_part("environments", name, entry.options, context)
     return out

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from toolrl.algorithms import build_estimator, build_loss
-from toolrl.config import ConfigError, CriticConfig
+from toolrl.config import ConfigError, CriticConfig, field_where
 from toolrl.plugins.parts import lookup_part
 
 if TYPE_CHECKING:
@@ -93,9 +93,11 @@ def check_routing_replay(config: Config) -> None:
         return
     engine = config.engine.name
     if engine != "transformers":
-        raise ConfigError(f"algorithm.routing_replay=r3 with engine.name={engine}: this engine does not return the "
+        raise ConfigError(f"{field_where(config, 'algorithm.routing_replay')}: r3 with engine.name={engine}: this "
+                          "engine does not return the "
                           f"experts it routed each token to{_NO_ROUTES.get(engine, '')}; use the transformers engine "
                           "or routing_replay: r2")
     if not config.engine.options.get("record_routes"):
-        raise ConfigError("algorithm.routing_replay=r3: the engine must record the experts it routes each token to; "
+        raise ConfigError(f"{field_where(config, 'algorithm.routing_replay')}: r3: the engine must record the experts "
+                          "it routes each token to; "
                           "set engine.options.record_routes: true")

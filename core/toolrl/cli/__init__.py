@@ -20,16 +20,14 @@ from toolrl.plugins import PluginLoadError, get_plugins
 
 def _json_option(value: str | None, what: str) -> Any:
     """An option's JSON, decoded within bounds (20,000 nested brackets are one error line, not a RecursionError)."""
-    from toolrl.parsers.bounded_json import JSONLimitError, loads
+    from toolrl.parsers.arguments import decode_json
 
     if value is None:
         return None
     try:
-        return loads(value)
-    except json.JSONDecodeError as exc:
-        raise UsageFailure(f"{what} is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    except JSONLimitError as exc:
-        raise UsageFailure(f"{what} is not usable JSON: {exc}") from None
+        return decode_json(value, what)
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
 
 
 def _mapping_option(value: str | None, what: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     report(check_run(config, parts, path, tokenizer, factory))
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
-    renderers = {name: factory(route.known_schemas()) for name, route in parts.routes.items()}
+    renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,
                         cap=(cap, field_where(config, "model.max_context")) if cap is not None else None,

@@ -8,7 +8,7 @@ resolved run, so nothing is resolved twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from toolrl.algorithms.rules import check_algorithm, with_critic
@@ -92,14 +92,19 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     check_data_files(config, [field for field, read in (("trajectories", recorded_groups), ("train_files", training_split),
                                                         ("test_files", held_out)) if read])
     model_dir = model_path(config)
+    training: dict[str, object] = {}
     if purpose == "train":
         config = with_critic(config)
-        check_algorithm(config, has_critic=config.critic is not None)
+        estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
+        training = {"algorithm.advantage_options": estimator, "algorithm.loss_options": loss}
     parts = resolve_parts(config)
     loggers = logger_names(config) if purpose == "train" else []
     if purpose == "train":
-        build_transport(config.trainer, config)  # a bad trainer.weight_transport is one line before anything loads
-        sync_plan(config, parts.engine_cls)  # and trainer.weight_sync: delta with an engine that cannot
+        # A bad trainer.weight_transport is one line before anything loads, and so is trainer.weight_sync:
+        # delta with an engine that cannot take one.
+        training["trainer.weight_transport_options"] = build_transport(config.trainer, config)
+        parts = replace(parts, training=training)
+        sync_plan(config, parts.engine_cls)
     samples: list[Sample] = []
     if recorded_groups:
         # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit
@@ -115,7 +120,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
         eval_samples = load_samples(config, "test", parts.envs)[: config.eval.num_samples]
     recorded = eval_config if purpose == "eval" and eval_config is not None else config
     if purpose == "train" and config.trainer.sequence_parallel > 1:  # torch loads only for it
-        from toolrl.training.sequence_parallel import check_run
+        from toolrl.training.sequence_parallel import check_sequence_parallel
 
-        check_run(config, model_dir)
+        check_sequence_parallel(config, model_dir)
     return ResolvedRun(purpose, recorded, parts, model_dir, samples, eval_config, eval_samples, loggers)

@@ -20,14 +20,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolrl.algorithms.rules import check_algorithm
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options
 from toolrl.families import FamilyError, detect_family, missing_token, plugin_of
 from toolrl.plugins.parts import checked_options
 from toolrl.rollout.context_check import model_context
 from toolrl.rollout.families import chat_template_text
-from toolrl.transports import build_transport
 
 if TYPE_CHECKING:
     from toolrl.rollout.routes import Parts
@@ -112,9 +110,7 @@ def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
     for route in parts.routes.values():
         routed = replace(facts, parser=route.parser)
         checked += [(route.parser, "rollout.parser_options", routed), (route.context, "rollout.context", routed)]
-    estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
-    checked += [(build_transport(config.trainer, config), "trainer.weight_transport_options", facts),
-                (estimator, "algorithm.advantage_options", facts), (loss, "algorithm.loss_options", facts)]
+    checked += [(part, field, facts) for field, part in parts.training.items()]
     warnings: list[str] = []
     for part, field, seen in checked:
         check = getattr(part, "check_run", None)

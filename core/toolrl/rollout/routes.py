@@ -6,7 +6,7 @@ is the route of samples that name no environment."""
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,17 @@ def max_turns(config: Config, c: ConfiguredEnv | None) -> int:
     return config.rollout.max_turns or (c.env.max_turns if c is not None else None) or DEFAULT_MAX_TURNS
 
 
-def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile]:
+@dataclass(frozen=True)
+class ToolFiles:
+    """A route's tool configs, read and checked, and the tools' schemas known before any tool is built:
+    an entry's ``tool_schema``, else its class's ``schema`` (a tool that learns its schema from a
+    server, MCP's, or a session's tools are not known)."""
+
+    files: list[ToolsFile]
+    schemas: list[dict[str, Any]]
+
+
+def tool_files(config: Config, env: Environment | None = None) -> ToolFiles:
     """The tool configs of a route, read and checked (every ``class_name`` resolved) without building
     a tool: the explicit ``tools`` section when it is set, else ``env``'s tool entries."""
     files: list[ToolsFile] = []
@@ -71,10 +81,13 @@ def tool_files(config: Config, env: Environment | None = None) -> list[ToolsFile
         files.append(parse_tools_config({"tools": config.tools.entries}, Path(config.base_dir)))
     if not config.tools.explicit and env is not None and env.tools:
         files.append(parse_tools_config({"tools": env.tools}, Path(config.base_dir)))
+    schemas = []
     for f in files:
         for entry in f.tools:
-            resolve_tool_class(entry.class_name)
-    return files
+            schema = entry.tool_schema or getattr(resolve_tool_class(entry.class_name), "schema", None)
+            if isinstance(schema, dict):
+                schemas.append(dict(schema))
+    return ToolFiles(files, schemas)
 
 
 async def build_route_tools(files: Sequence[ToolsFile]) -> dict[str, Tool]:
@@ -155,26 +168,26 @@ class RouteParts:
     max_turns: int
     parser: Any
     rewards: list[tuple[str, float, Any]]
-    tool_files: list[ToolsFile]
+    tools: ToolFiles
     session: SessionKind | None = None
     context: Any = None  # the context policy (toolrl.context)
 
-    def known_schemas(self) -> list[dict[str, Any]]:
-        """The tools' schemas known before any tool is built: an entry's ``tool_schema``, else its class's
-        ``schema`` (a tool that learns its schema from a server, MCP's, or a session's tools are not)."""
-        found = (entry.tool_schema or getattr(resolve_tool_class(entry.class_name), "schema", None)
-                 for f in self.tool_files for entry in f.tools)
-        return [dict(schema) for schema in found if isinstance(schema, dict)]
+    @property
+    def tool_files(self) -> list[ToolsFile]:
+        return self.tools.files
 
 
 @dataclass(frozen=True)
 class Parts:
     """Every part a config names, resolved once: the engine class, the configured environments and
-    one route per environment (``None``: no environment)."""
+    one route per environment (``None``: no environment); for a training run, the parts only it uses
+    (``training``: the advantage estimator, the policy loss and the weight transport, by the field
+    that holds their options)."""
 
     engine_cls: Any
     envs: dict[str, ConfiguredEnv]
     routes: dict[str | None, RouteParts]
+    training: dict[str, Any] = field(default_factory=dict)
 
     @property
     def parser(self) -> Any:

@@ -19,7 +19,7 @@ so any loss, token-level or sequence-level (GSPO), is computed as on one rank. E
 the rest (:mod:`toolrl.training.sharding`). The loss's figures (tokens, clip fraction, ...) are counted
 by the group's first rank only.
 
-Refused at start-up (:func:`check_run`): images (the vision tower's 3-D positions are not split),
+Refused at start-up (:func:`check_sequence_parallel`): images (the vision tower's 3-D positions are not split),
 the critic and LoRA (their forwards are not wrapped yet), eager and flash attention (the wrapper is
 around sdpa), and N not dividing ``trainer.world_size`` or the attention heads.
 """
@@ -84,7 +84,7 @@ def new_groups(rank: int, world_size: int, size: int) -> SequenceParallel | None
     return SequenceParallel(mine, rank % size, size, rank // size, world_size // size)
 
 
-def check_run(config: Config, model_dir: str | Path) -> None:
+def check_sequence_parallel(config: Config, model_dir: str | Path) -> None:
     """What sequence parallelism cannot run with, refused before anything starts (one line each)."""
     n = config.trainer.sequence_parallel
     if n == 1:
@@ -258,6 +258,6 @@ def split_response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel
     return _AllReduce.apply(grid, sp.group)
 
 
-__all__ = ["SP_KWARG", "SequenceParallel", "check_model", "check_run", "heads_to_seq",
+__all__ = ["SP_KWARG", "SequenceParallel", "check_model", "check_sequence_parallel", "heads_to_seq",
            "local_hidden_states", "local_span", "new_groups", "split_response_logprobs", "seq_to_heads",
            "ulysses_attention"]

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.config import Config, ConfigError
+from toolrl.config import Config, ConfigError, field_where
 from toolrl.plugins.parts import lookup_part
 from toolrl.training import lora
 from toolrl.transports import ALIGN, Bucket, BucketHeader, Load, RowPiece, WeightReceiver, WeightSender
@@ -68,10 +68,11 @@ def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
     not sent (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
     ``engine_cls``: the configured engine's class (looked up by ``engine.name`` when not given)."""
     if engine_cls is None:
-        engine_cls = lookup_part("rollout_engines", config.engine.name, "engine.name")
+        engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
     delta = config.trainer.weight_sync == "delta"
     if delta and not engine_cls.partial_weight_updates:
-        raise ConfigError(f"trainer.weight_sync: delta needs an engine that keeps the weights it is not sent; "
+        raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
+                          "weights it is not sent; "
                           f"the {config.engine.name} engine loads whole updates: use full")
     return SyncPlan(adapters=config.model.lora is not None and engine_cls.loads_adapters, delta=delta)
 
