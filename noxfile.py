@@ -27,7 +27,7 @@ new test: docs/testing.md):
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes), a rollout worker lost
   before a ``broadcast`` weight sync (``tests/test_weight_transport_ray.py``, about 2.5 minutes) and a run
   killed with segmented (context-policy) trajectories in flight, resumed (``tests/test_context_resume.py``,
-  about 2 minutes);
+  about 2 minutes), and the CPU run of the GPU suite's weight-sync and MoE items (``tests/test_gpu_suite.py``);
 - ``plugin(NAME)``: each plugin's own tests in its own venv, less those marked ``slow`` (the sandbox's Go
   run with a cold standard library, two minutes: ``nox -s "plugin(sandbox-fusion)" -- -m slow``);
 - ``plugins_vs_core``: every plugin installed at once, with the core tests whose outcome an installed
