@@ -22,11 +22,12 @@ def qwen3_tokenizer() -> Any:
 _LOADED_TOKENIZERS: dict[tuple[str, tuple[float, ...]], Any] = {}
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def shared_tokenizers(monkeypatch) -> None:
-    """In-process runs (the CLI through CliRunner) load each saved tokenizer once per test process, not once
-    per run: transformers takes seconds to read a 151k-token vocabulary, and a run's checks never change
-    the tokenizer they load (one saved again, with new files, is loaded again)."""
+    """Every in-process load of a saved tokenizer (a run's controller, engine and trainer; the CLI through
+    CliRunner) reads it once per test process, not once per load: transformers takes one to two seconds to
+    read a 151k-token vocabulary, and nothing in toolrl changes a tokenizer it loaded (roles in one process
+    share one already). A tokenizer saved again, with new files, is read again."""
     from pathlib import Path
 
     from toolrl import model_sources

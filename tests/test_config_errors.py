@@ -18,9 +18,6 @@ from toolrl.config import ConfigError, load_config
 from toolrl.run_dir import RunDir, read_metrics, rollout_metrics
 from toolrl.trajectory import Trajectory
 
-# In-process runs load each tokenizer once (conftest.py): a run's checks never change it.
-pytestmark = pytest.mark.usefixtures("shared_tokenizers")
-
 ROW = {"prompt": [{"role": "user", "content": "What is 2+3?"}], "reward_model": {"ground_truth": "5"},
        "extra_info": {"tools_kwargs": {"calculator": {"create_kwargs": {}}}}}
 

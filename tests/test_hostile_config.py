@@ -13,9 +13,6 @@ from test_config_errors import ROW, invoke, jsonl, one_error_line, saved_checkpo
 from toolrl.config import ConfigError, load_config
 from toolrl.tools import ToolConfigError
 
-# In-process runs load each tokenizer once (conftest.py): a run's checks never change it.
-pytestmark = pytest.mark.usefixtures("shared_tokenizers")
-
 # -- the config file ------------------------------------------------------------------------------
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import pytest
 from test_config_errors import invoke, one_error_line, write_config
 
-pytestmark = pytest.mark.usefixtures("shared_tokenizers")
-
 
 @pytest.fixture(autouse=True)
 def no_weights_load(monkeypatch):

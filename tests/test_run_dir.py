@@ -12,9 +12,6 @@ import yaml
 from click.testing import CliRunner
 from toolrl.cli import cli
 
-# In-process runs load each tokenizer once (conftest.py): a run never changes the tokenizer it loads.
-pytestmark = pytest.mark.usefixtures("shared_tokenizers")
-
 ROW = {"prompt": [{"role": "user", "content": "What is 2+3?"}], "reward_model": {"ground_truth": "5"}}
 BASE = {"model": {"source": "tiny-qwen3"}, "env": "arithmetic", "env_options": {"train_size": 4},
         "tools": {"entries": [{"class_name": "calculator"}]},
