@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +42,19 @@ def main() -> None:
     }
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     times: dict[str, list[float]] = {name: [] for name in commands}
-    for run in range(args.runs):
+    try:
+        measure(commands, times, args.runs, out, env)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    anchor = statistics.median(times["`train trainer.total_steps=1` (model, rollout, one step)"])
+    print("| command | min s | median s | × one-step run |\n|---|---|---|---|")
+    for name, got in times.items():
+        print(f"| {name} | {min(got):.2f} | {statistics.median(got):.2f} | {statistics.median(got) / anchor:.2f} |")
+
+
+def measure(commands: dict[str, list[str]], times: dict[str, list[float]], runs: int, out: str,
+            env: dict[str, str]) -> None:
+    for run in range(runs):
         for name, cmd in commands.items():
             if "total_steps=1" in name:
                 cmd = [*cmd, f"trainer.output_dir={out}/step{run}"]
@@ -51,10 +64,6 @@ def main() -> None:
             expected = 2 if "nope" in name else 0
             if done.returncode != expected:
                 sys.exit(f"{name}: exit {done.returncode}\n{done.stderr[-2000:]}")
-    anchor = statistics.median(times["`train trainer.total_steps=1` (model, rollout, one step)"])
-    print("| command | min s | median s | × one-step run |\n|---|---|---|---|")
-    for name, got in times.items():
-        print(f"| {name} | {min(got):.2f} | {statistics.median(got):.2f} | {statistics.median(got) / anchor:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Every bad config, data or run-directory input: exit 2, exactly one line on stderr naming the file,
 the 1-based line or row and the dotted field, no traceback (issue 13)."""
 
+import atexit
 import json
 import math
 import re
@@ -71,6 +72,7 @@ def saved_checkpoint(tmp_path):
     final = run_dir.finalize(out / "checkpoints", staged, 1, {"world_size": 1, "data_position": 4}, keep=2)
     (out / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5, "reward_std": 0.0, "tool_call_rate": 0}\n')
     pristine = Path(tempfile.mkdtemp(prefix="toolrl-saved-run-")) / "run"
+    atexit.register(shutil.rmtree, pristine.parent, True)  # the test process's copy goes with it
     shutil.copytree(out, pristine)
     _SAVED_RUNS.append(pristine)
     return path, final
