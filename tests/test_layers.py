@@ -22,8 +22,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "vision_processor", "templates", "trajectory", "seeds", "run_dir")),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
-               "families", "sessions", "context", "transports")),
-    ("loop and step", ("data", "rollout", "training")),
+               "families", "sessions", "context", "transports", "agents")),
+    ("loop and step", ("data", "rollout", "training", "gateway")),
     ("roles", ("roles",)),
     ("entry points", ("cli", "__main__", "testing")),
 ]
@@ -33,6 +33,9 @@ FORBIDDEN = [
     ("training", "data"),
     ("data", "rollout"),
     ("data", "training"),
+    ("gateway", "rollout"),  # the loop runs an agent's episode through the gateway, never the other way
+    ("gateway", "training"),
+    ("gateway", "data"),
     ("engines", "tools"),
     ("parsers", "tools"),
 ]

@@ -286,6 +286,29 @@ class ContextConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class AgentConfig(BaseModel):
+    """``rollout.agent``: an agent program that runs each episode against the gateway (toolrl.agents),
+    by ``name`` with its options beside it. ``{command: ...}`` and ``{callable: ...}`` are short for
+    the built-in agents of those names."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    name: str = Field(description="a registered agent: command, callable, or one a plugin registers")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" not in data:
+            short = [k for k in ("command", "callable") if k in data]
+            if len(short) == 1:
+                return {"name": short[0], **data}
+        return data
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class RolloutConfig(Section):
     n: GroupSize = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
     temperature: float = Field(1.0, ge=0)
@@ -309,6 +332,9 @@ class RolloutConfig(Section):
     images: ImageLimits = Field(default_factory=ImageLimits)
     # What the context becomes when it grows (toolrl.context). None: the environment's, else none.
     context: ContextConfig | None = None
+    # An agent program that runs each episode, its model calls going through the gateway (toolrl.gateway)
+    # and recorded as the trajectory. None: toolrl's own loop (above) runs it.
+    agent: AgentConfig | None = None
 
 
 class ToolsConfig(Section):

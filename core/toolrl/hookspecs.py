@@ -28,7 +28,7 @@ own), is checked at registration; other lazy references when first loaded (or by
 list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
 
 Any part a run resolves before its model loads (an engine class; a parser, context policy, weight
-transport, advantage estimator or policy loss, as built) may define ``check_run(run)``: the run check
+transport, advantage estimator, policy loss or agent, as built) may define ``check_run(run)``: the run check
 (:mod:`toolrl.roles.run_check`) calls it with the run's :class:`~toolrl.roles.run_check.RunFacts` (the
 config, the model's ``config.json``, the tokenizer, the model's context, the route's parser), before any
 weights load and by ``toolrl train --check``. It raises ``ValueError`` on a setting it cannot run with
@@ -221,6 +221,21 @@ def register_weight_transports(register: Register) -> None:
     selects one, its ``Options`` pydantic model types ``trainer.weight_transport_options``; the
     built-ins are ``object_store`` (the default), ``broadcast``, ``shared_memory`` and ``disk``
     (``docs/weights.md``). :func:`toolrl.testing.transports.check_weight_transport` checks one.
+    """
+
+
+@hookspec
+def register_agents(register: Register) -> None:
+    """Register agents: subclasses of :class:`toolrl.agents.Agent`.
+
+    An agent runs an episode itself: a program (the OpenAI Agents SDK, LangGraph, a lab's own loop)
+    whose model calls go to an OpenAI-compatible endpoint of the episode's own
+    (:class:`toolrl.agents.Endpoint`, served by :mod:`toolrl.gateway`), where they are recorded
+    token-exact and trained. ``async run(task, endpoint)`` runs one episode and returns its reward or
+    None. ``rollout.agent: {name, ...options}`` selects one, its ``Options`` (extending
+    :class:`toolrl.agents.AgentOptions`: ``timeout_s``, ``failure``, ``model``) typing the keys besides
+    ``name``; the built-ins are ``command`` (a program per episode) and ``callable`` (an async function
+    in the rollout's process), ``{command: ...}`` and ``{callable: ...}`` for short (docs/agents.md).
     """
 
 

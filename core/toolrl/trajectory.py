@@ -149,3 +149,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     x, y = np.asarray(a[:len(b)], dtype=np.int64), np.asarray(b[:len(a)], dtype=np.int64)
     diff = np.flatnonzero(x != y)
     return int(diff[0]) if diff.size else len(x)
+
+
+def model_tokens_end(mask: Sequence[int]) -> int:
+    """The end of a piece's last model token: what follows (a tool-result delta) trains nothing."""
+    for i in range(len(mask) - 1, -1, -1):
+        if mask[i]:
+            return i + 1
+    return 0

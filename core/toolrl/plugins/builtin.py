@@ -120,6 +120,15 @@ class WeightTransportsPlugin:
         register("toolrl.transports.disk:DiskTransport", name="disk")
 
 
+class AgentsPlugin:
+    """The built-in agents (:mod:`toolrl.agents`): a program per episode, or a function in-process."""
+
+    @hookimpl
+    def register_agents(self, register: Register) -> None:
+        register("toolrl.agents.program:CommandAgent", name="command")
+        register("toolrl.agents.function:CallableAgent", name="callable")
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
@@ -132,4 +141,5 @@ BUILTINS = {
     "algorithms": AlgorithmsPlugin(),
     "context": ContextPoliciesPlugin(),
     "weight_transports": WeightTransportsPlugin(),
+    "agents": AgentsPlugin(),
 }

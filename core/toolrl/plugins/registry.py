@@ -21,7 +21,7 @@ from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
          "advantage_estimators", "policy_losses", "model_families", "environment_sessions",
-         "context_policies", "weight_transports")
+         "context_policies", "weight_transports", "agents")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -36,6 +36,7 @@ KIND_WORDS = {
     "environment_sessions": "environment session",
     "context_policies": "context policy",
     "weight_transports": "weight transport",
+    "agents": "agent",
 }
 
 
@@ -53,6 +54,7 @@ KIND_BASES = {
     "environment_sessions": ("toolrl.sessions", "EnvironmentSession"),
     "context_policies": ("toolrl.context", "ContextPolicy"),
     "weight_transports": ("toolrl.transports", "WeightTransport"),
+    "agents": ("toolrl.agents", "Agent"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

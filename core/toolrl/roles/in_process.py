@@ -85,6 +85,7 @@ class Rollouts:
         return []
 
     async def close(self) -> None:
+        await self.ctx.close()
         for tool in self.tools:
             await tool.close()
         await self.engine.close()

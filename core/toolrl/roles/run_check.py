@@ -102,14 +102,14 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
 
 def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
     """Each resolved part's ``check_run``, with the field that set it."""
-
     config = facts.config
     # The engine's options now, not once the engine is built on the loaded model.
     checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"))
     checked: list[tuple[Any, str, RunFacts]] = [(parts.engine_cls, "engine.options", facts)]
     for route in parts.routes.values():
         routed = replace(facts, parser=route.parser)
-        checked += [(route.parser, "rollout.parser_options", routed), (route.context, "rollout.context", routed)]
+        checked += [(route.parser, "rollout.parser_options", routed), (route.context, "rollout.context", routed),
+                    (route.agent, "rollout.agent", routed)]
     checked += [(part, field, facts) for field, part in parts.training.items()]
     warnings: list[str] = []
     for part, field, seen in checked:

@@ -15,7 +15,9 @@ For each sample × n, concurrently::
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
-``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there.
+``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there. With
+``rollout.agent`` a program runs each episode instead (``run_agent_trajectory``): its model calls go
+through the gateway (toolrl.gateway), which records them as the trajectory, scored as any other.
 
 Trajectories never wait for each other: the engine batches whatever generation requests are pending,
 so one trajectory waiting on a slow tool does not hold up the others' generation.
@@ -32,14 +34,17 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from toolrl.agents import Agent
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.context import Branch, ContextPlan, ContextPolicy, ContextView
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.gateway.run import run_agent_episode
+from toolrl.gateway.server import Gateway
 from toolrl.images import IMAGE_PLACEHOLDER, ImageError, ImageLimits, images_held, prepare
 from toolrl.parsers import ToolParser, parse_within
 from toolrl.rewards import scoring
 from toolrl.rollout.chat import ChatRenderer, TemplateError
-from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, model_tokens_end, refusal
+from toolrl.rollout.rewrite import TemplateRewriteError, first_difference, refusal
 from toolrl.schemas import (
     InfrastructureError,
     ParseError,
@@ -52,7 +57,7 @@ from toolrl.schemas import (
 from toolrl.seeds import branch_seed, trajectory_seed, turn_seed
 from toolrl.sessions import SessionError, SessionKind, SessionRun, failure_after_calls
 from toolrl.tools import Tool, ToolSet
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage, model_tokens_end
 
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
@@ -70,6 +75,7 @@ class Route:
     reward_config: RewardConfig
     session: SessionKind | None = None
     context: ContextPolicy | None = None  # None: no edits and no cap but the engine's
+    agent: Agent | None = None  # a program runs each episode through the gateway (toolrl.gateway)
 
 
 @dataclass
@@ -79,6 +85,7 @@ class RolloutContext:
     config: RolloutConfig
     routes: dict[str | None, Route]
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
+    _gateway: Any = None  # started by the first agent episode (toolrl.gateway.server.Gateway)
 
     def route_for(self, sample: Sample) -> Route:
         if sample.env in self.routes:
@@ -99,12 +106,29 @@ class RolloutContext:
             if route.parser.result_mode == "chat" else []
         if route.context is not None and route.parser.result_mode == "chat":
             schemas += route.context.tool_schemas()  # fold's branch tool
-        key = json.dumps(schemas, sort_keys=True)
+        return self.schema_renderer(schemas)
+
+    def schema_renderer(self, schemas: Sequence[dict[str, Any]]) -> ChatRenderer:
+        """The renderer of these tool schemas (cached: what the template renders)."""
+        key = json.dumps(list(schemas), sort_keys=True)
         if key not in self._renderers:
             if len(self._renderers) >= MAX_RENDERERS:  # tools that change per episode: keep the newest
                 del self._renderers[next(iter(self._renderers))]
-            self._renderers[key] = self.renderer_factory(schemas)
+            self._renderers[key] = self.renderer_factory(list(schemas))
         return self._renderers[key]
+
+    async def gateway(self) -> Any:
+        """This context's gateway (toolrl.gateway), started on first use."""
+        if self._gateway is None:
+            gateway = Gateway()
+            await gateway.start()
+            self._gateway = gateway
+        return self._gateway
+
+    async def close(self) -> None:
+        if self._gateway is not None:
+            await self._gateway.close()
+            self._gateway = None
 
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
@@ -120,8 +144,10 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
     forked it. ``slot`` (a semaphore bounding the trajectories that run at once) is held until the
     tools and the session are finished, not while the trajectory is scored: a slow reward (a judge)
     keeps no other from starting."""
+    route = ctx.route_for(sample)
+    if route.agent is not None:  # a program runs the episode; the gateway records it
+        return await run_agent_trajectory(ctx, route, sample, group, trajectory_id, seed, slot)
     async with slot or contextlib.nullcontext():
-        route = ctx.route_for(sample)
         ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
         traj = ep.traj
         try:
@@ -147,6 +173,20 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
         piece.reward_errors = dict(traj.reward_errors)
     return [*ep.closed, traj]
+
+
+async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
+                               seed: int, slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
+    """One episode of the route's agent program (toolrl.gateway.run), scored as any trajectory: the
+    reward functions on its last answer, its step rewards, and the reward the program gave."""
+    async with slot or contextlib.nullcontext():
+        outcome = await run_agent_episode(ctx, route, sample, group, trajectory_id, seed)
+    *closed, traj = outcome.pieces
+    await scoring.score(route.reward_functions, route.reward_config, traj, sample, outcome.step_rewards,
+                        extra=outcome.terms)
+    for piece in closed:  # every piece is trained with the trajectory's reward
+        piece.reward, piece.reward_terms, piece.reward_errors = traj.reward, dict(traj.reward_terms), dict(traj.reward_errors)
+    return outcome.pieces
 
 
 async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,

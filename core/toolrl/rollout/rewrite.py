@@ -44,11 +44,3 @@ def refusal(turn: int, position: int, rendered: Sequence[int], live: Sequence[in
         f"turn {turn}: the chat template re-renders the conversation differently from the trajectory's "
         f"tokens at token {position} (template {decode(rendered[start:position + 8])!r}, trajectory "
         f"{decode(live[start:position + 8])!r}); set rollout.template_rewrite to fork or training_template")
-
-
-def model_tokens_end(mask: Sequence[int]) -> int:
-    """The end of a piece's last model token: what follows (a tool-result delta) trains nothing."""
-    for i in range(len(mask) - 1, -1, -1):
-        if mask[i]:
-            return i + 1
-    return 0

@@ -161,6 +161,15 @@ def build_context_policy(config: Config, env: Environment | None = None) -> Any:
     return build_part("context_policies", name, options, context)
 
 
+def build_agent(config: Config) -> Any:
+    """``rollout.agent``'s program (toolrl.agents), or None: toolrl's own loop runs the episodes."""
+    if config.rollout.agent is None:
+        return None
+    agent = config.rollout.agent
+    context = BuildContext(field_where(config, "rollout.agent.name"), field_where(config, "rollout.agent"), config)
+    return build_part("agents", agent.name, agent.options, context)
+
+
 @dataclass(frozen=True)
 class RouteParts:
     """One route's parts, resolved by name; nothing here holds a resource (tools are built per role)."""
@@ -171,6 +180,7 @@ class RouteParts:
     tools: ToolFiles
     session: SessionKind | None = None
     context: Any = None  # the context policy (toolrl.context)
+    agent: Any = None  # the agent program (toolrl.agents)
 
     @property
     def tool_files(self) -> list[ToolsFile]:
@@ -212,12 +222,13 @@ def resolve_routes(config: Config, envs: dict[str, ConfiguredEnv]) -> dict[str |
     """One route's parts per configured environment (``None``: no environment); no engine needed."""
     shared = tool_files(config) if config.tools.explicit else None  # one set of tools for every route
     entries: dict[str | None, ConfiguredEnv | None] = {**envs} or {None: None}
+    agent = build_agent(config)
     routes = {}
     for name, c in entries.items():
         env = c.env if c is not None else None
         routes[name] = RouteParts(max_turns(config, c), build_parser(config, env), build_rewards(config, env),
                                   shared if shared is not None else tool_files(config, env),
-                                  session_kind(config, env), build_context_policy(config, env))
+                                  session_kind(config, env), build_context_policy(config, env), agent)
     return routes
 
 
@@ -246,7 +257,7 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
                 except ValueError as exc:
                     raise ConfigError(str(exc)) from None
             routes[name] = Route(tools, route.max_turns, route.parser, route.rewards, config.reward,
-                                 kinds[-1] if route.session is not None else None, route.context)
+                                 kinds[-1] if route.session is not None else None, route.context, route.agent)
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, r in routes.items():

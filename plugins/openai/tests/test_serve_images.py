@@ -17,9 +17,9 @@ from PIL import Image
 from toolrl import model_sources
 from toolrl.engines import ModelSource
 from toolrl.engines.transformers import TransformersEngine
+from toolrl.gateway.protocol import ChatRequest
 from toolrl.plugins import get_plugins
 from toolrl_openai.conversations import RECORD_FILE, Conversations
-from toolrl_openai.protocol import ChatRequest
 from toolrl_openai.service import RequestError, Service
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from support import ANSWER, CALL, SCRIPTED_ENGINE
+from toolrl.gateway.protocol import ChatRequest
 from toolrl.plugins import get_plugins
 from toolrl_openai.conversations import RECORD_FILE, Conversations
-from toolrl_openai.protocol import ChatRequest
 from toolrl_openai.service import Service
 
 COMPACT_CALL = '<tool_call>\n{"name":"calculator","arguments":{"expression":"2+3"}}\n</tool_call>'

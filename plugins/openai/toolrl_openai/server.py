@@ -10,54 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from toolrl.gateway.protocol import ChatRequest, CompletionRequest, RequestError, parse_body
 
 from toolrl_openai.conversations import Conversations
-from toolrl_openai.protocol import ChatRequest, CompletionRequest
-from toolrl_openai.service import RequestError, Service
+from toolrl_openai.service import Service
 
 log = logging.getLogger(__name__)
-
-
-def _error(message: str, status: int, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
-
-
-async def _body(request: Request, model: Any) -> Any:
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not JSON: {exc}") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise RequestError(f"{loc}: {first['msg']}" if loc else first["msg"], param=loc or None) from None
 
 
 def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
     async def answer(request: Request, kind: Any, handler: Any) -> Response:
         try:
-            result = await handler(await _body(request, kind))
+            result = await handler(parse_body(await request.body(), kind))
         except RequestError as exc:
-            return _error(str(exc), exc.status, exc.param)
+            return JSONResponse(exc.body(), status_code=exc.status)
         except Exception as exc:  # one request's failure is its own, never the server's
             log.exception("request failed")
-            return _error(f"{type(exc).__name__}: {exc}", 500)
+            error = RequestError(f"{type(exc).__name__}: {exc}", 500)
+            return JSONResponse(error.body(), status_code=500)
         if isinstance(result, dict):
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream")

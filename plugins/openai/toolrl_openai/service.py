@@ -5,7 +5,6 @@ parser, and shape OpenAI responses (and their streamed chunks)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 import uuid
@@ -14,19 +13,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.gateway.messages import chat_chunks, reply_message, template_messages, tool_schemas
+from toolrl.gateway.protocol import (
+    ChatMessage,
+    ChatRequest,
+    CompletionRequest,
+    RequestError,
+    is_assistant_key,
+    message_key,
+    sse,
+)
 from toolrl.trajectory import TrajectoryImage
 
 from toolrl_openai.conversations import Conversations, Match, Turn
-from toolrl_openai.protocol import ChatMessage, ChatRequest, CompletionRequest
 from toolrl_openai.tokens import token_id_string
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP ``status`` with an OpenAI-style error body."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
 
 
 @dataclass
@@ -183,9 +183,9 @@ class Service:
     async def _stream_completion(self, body: dict[str, Any], req: CompletionRequest) -> AsyncIterator[str]:
         head = {k: body[k] for k in ("id", "object", "created", "model")}
         for choice in body["choices"]:
-            yield _sse({**head, "choices": [choice]})
+            yield sse({**head, "choices": [choice]})
         if req.stream_options is not None and req.stream_options.include_usage:
-            yield _sse({**head, "choices": [], "usage": body["usage"]})
+            yield sse({**head, "choices": [], "usage": body["usage"]})
         yield "data: [DONE]\n\n"
 
     # ----------------------------------------------------------------- /v1/chat/completions
@@ -208,81 +208,6 @@ class Service:
                                                  add_generation_prompt=True, tokenize=True, return_dict=False)
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
-    @staticmethod
-    def _tool_schemas(req: ChatRequest) -> list[dict[str, Any]]:
-        from pydantic import ValidationError
-        from toolrl.schemas import ToolSchema
-
-        out = []
-        for i, tool in enumerate(req.tools or []):
-            try:
-                out.append(ToolSchema.model_validate(tool).model_dump(exclude_none=True))
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"])
-                raise RequestError(f"tools.{i}.{loc}: {first['msg']}", param="tools") from None
-        return out
-
-    def _content(self, message: ChatMessage, index: int, images: list[bytes]) -> tuple[str, int]:
-        """A message's text and how many images it shows (their PNG appended to ``images``, within
-        ``rollout.images``); text and image parts (``image_url`` data URLs, base64)."""
-        from toolrl.images import ImageError, is_image_part, part_image, prepare
-
-        content = message.content
-        if content is None or isinstance(content, str):
-            return content or "", 0
-        parts, shown = [], 0
-        for j, part in enumerate(content):
-            where = f"messages.{index}.content.{j}"
-            if is_image_part(part) and self.processor is None:
-                raise RequestError(f"{where}: this model takes no images (it is not a vision-language model)",
-                                   param="messages")
-            if is_image_part(part):
-                try:
-                    images.append(prepare(part_image(part), self.image_limits))
-                except ImageError as exc:
-                    raise RequestError(f"{where}: {exc}", param="messages") from None
-                shown += 1
-            elif part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-            else:
-                raise RequestError(f"{where}: only text and image parts are supported, got "
-                                   f"{part.get('type')!r}", param="messages")
-        if shown and len(parts) > 1:
-            raise RequestError(f"messages.{index}.content: images with several text parts are not supported "
-                               "(one text part, after the images)", param="messages")
-        return "".join(parts), shown
-
-    def _template_messages(self, req: ChatRequest, renderer: Any,
-                           images: list[bytes]) -> list[dict[str, Any]]:
-        """The messages as the template takes them; their images' PNG go to ``images``, in order."""
-        names: dict[str, str] = {}  # tool_call id -> function name, for tool messages
-        out: list[dict[str, Any]] = []
-        for i, m in enumerate(req.messages):
-            text, shown = self._content(m, i, images)
-            if shown and m.role == "assistant":
-                raise RequestError(f"messages.{i}.content: an assistant message cannot hold images", param="messages")
-            if shown and m.role != "tool":
-                out.append({"role": "system" if m.role == "developer" else m.role,
-                            "content": [{"type": "image"}] * shown + [{"type": "text", "text": text}]})
-            elif m.role == "tool":
-                name = m.name or names.get(m.tool_call_id or "", "tool")
-                out.append(renderer.tool_message(text, name, shown))
-            elif m.role == "assistant" and m.tool_calls:
-                calls = []
-                for call in m.tool_calls:
-                    if call.id:
-                        names[call.id] = call.function.name
-                    try:
-                        arguments: Any = json.loads(call.function.arguments or "{}")
-                    except json.JSONDecodeError:
-                        arguments = call.function.arguments
-                    calls.append({"type": "function", "function": {"name": call.function.name, "arguments": arguments}})
-                out.append({"role": "assistant", "content": text, "tool_calls": calls})
-            else:
-                out.append({"role": "system" if m.role == "developer" else m.role, "content": text})
-        return out
-
     async def chat(self, req: ChatRequest) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
         if req.top_logprobs:
@@ -291,14 +216,14 @@ class Service:
         if req.tool_choice not in (None, "auto", "none"):
             raise RequestError("tool_choice must be 'auto' or 'none' (forced calls are not supported)",
                                param="tool_choice")
-        tools = self._tool_schemas(req)
+        tools = tool_schemas(req.tools)
         renderer = self._renderer(tools)
         pngs: list[bytes] = []
-        messages = self._template_messages(req, renderer, pngs)
+        messages = template_messages(req.messages, renderer, pngs, self.processor, self.image_limits)
         images = [TrajectoryImage(png=p, grid_thw=renderer.image_grid(p)) for p in pngs]
-        keys = [json.dumps(tools, sort_keys=True), *(_key(m) for m in req.messages)]
+        keys = [json.dumps(tools, sort_keys=True), *(message_key(m) for m in req.messages)]
         # A conversation with images is rendered whole: its image tokens say nothing of its images.
-        found = self.conversations.match_messages(keys, _is_assistant) if self.token_history and not images \
+        found = self.conversations.match_messages(keys, is_assistant_key) if self.token_history and not images \
             else None
         prompt: list[int] | None = None
         if found is not None:  # the served tokens, then the template's rendering of the new messages
@@ -325,7 +250,8 @@ class Service:
         for i, gen in enumerate(gens):
             c = self._choice(gen, skip_special=False, keep_stop=False)
             bodies.append(c.body_ids)
-            message, errors = self._message(c.text, parse_calls)
+            parsed = self.parser.parse(c.text) if parse_calls else None
+            message, errors = reply_message(c.text, parsed), parsed.errors if parsed is not None else []
             finish = "tool_calls" if message.get("tool_calls") else self._finish_reason(gen)
             choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None, "finish_reason": finish,
                                       "stop_reason": self._stop_reason(gen)}
@@ -336,77 +262,15 @@ class Service:
                     for t, lp in zip(tokens, gen.logprobs)]}
             choices.append(choice)
             reply = ChatMessage.model_validate(message)
-            turns.append(Turn(gen, c.text, message["content"] or "", errors, [*keys, _key(reply)]))
+            turns.append(Turn(gen, c.text, message["content"] or "", errors, [*keys, message_key(reply)]))
         self.conversations.add(prompt, turns, base, session, images)
         completion_tokens = sum(len(g.token_ids) for g in gens)
         body = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion_tokens,
                           "total_tokens": len(prompt) + completion_tokens}}
-        return self._stream_chat(body, req, bodies) if req.stream else body
-
-    def _message(self, text: str, parse_calls: bool) -> tuple[dict[str, Any], list[Any]]:
-        if not parse_calls:
-            return {"role": "assistant", "content": text}, []
-        parsed = self.parser.parse(text)
-        if not parsed.calls:
-            # Malformed calls stay visible: the client gets the model's text as it was.
-            return {"role": "assistant", "content": text if parsed.errors else parsed.content}, parsed.errors
-        calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                 for c in parsed.calls]
-        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, parsed.errors
-
-    async def _stream_chat(self, body: dict[str, Any], req: ChatRequest,
-                           body_ids: list[list[int]]) -> AsyncIterator[str]:
-        head = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"],
-                "model": body["model"]}
-
-        def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-            return _sse({**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                              "finish_reason": finish}]})
-
-        for choice, ids in zip(body["choices"], body_ids):
-            i, message = choice["index"], choice["message"]
-            yield chunk(i, {"role": "assistant", "content": ""})
-            content = message["content"] or ""
-            # Content as the model produced it, token by token, when it is the whole text.
-            pieces = self._pieces(ids) if content else []
-            if "".join(pieces) != content:
-                pieces = [content]
-            for piece in pieces:
-                if piece:
-                    yield chunk(i, {"content": piece})
-            for k, call in enumerate(message.get("tool_calls") or []):
-                yield chunk(i, {"tool_calls": [{"index": k, **call}]})
-            yield chunk(i, {}, choice["finish_reason"], choice["logprobs"])
-        if req.stream_options is not None and req.stream_options.include_usage:
-            yield _sse({**head, "choices": [], "usage": body["usage"]})
-        yield "data: [DONE]\n\n"
-
-
-def _key(message: ChatMessage) -> Any:
-    """What identifies a message when a client sends it back: role, text and calls (names and
-    arguments as JSON values); not call ids or formatting."""
-    # An image part counts by its data, so a message keeps its key only with the same image.
-    content = message.content if isinstance(message.content, str) or message.content is None \
-        else "".join(str(p.get("text", "")) if p.get("type") == "text"
-                     else f"<{hashlib.sha256(json.dumps(p, sort_keys=True).encode()).hexdigest()}>"
-                     for p in message.content)
-    calls = []
-    for call in message.tool_calls or []:
-        try:
-            arguments = json.dumps(json.loads(call.function.arguments or "{}"), sort_keys=True)
-        except json.JSONDecodeError:
-            arguments = call.function.arguments
-        calls.append([call.function.name, arguments])
-    role = "system" if message.role == "developer" else message.role
-    return json.dumps([role, (content or "").strip(), calls])
-
-
-def _is_assistant(key: Any) -> bool:
-    return key.startswith('["assistant"')
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+        if not req.stream:
+            return body
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        # Content as the model produced it, token by token, where those pieces join to it.
+        return chat_chunks(body, [self._pieces(ids) for ids in bodies], include_usage)

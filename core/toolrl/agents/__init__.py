@@ -1,0 +1,110 @@
+"""Agents: programs that run an episode themselves, their model calls going through the gateway.
+
+An agent is a kind of part (``register_agents``), chosen by ``rollout.agent: {name, ...options}``.
+Where toolrl's own loop (:mod:`toolrl.rollout`) renders, generates, parses and runs tools, an agent
+is the loop a lab runs in production (the OpenAI Agents SDK, LangGraph, its own code): toolrl gives
+each episode an OpenAI-compatible endpoint of its own (:class:`Endpoint`, served by
+:mod:`toolrl.gateway`), runs the program against it, and trains on the calls it made, token-exact.
+
+:meth:`Agent.run` runs one episode: it gets the data row (:class:`AgentTask`) and the endpoint, and
+returns the episode's reward (a number) or None (a reward posted to ``endpoint.reward_url``, or the
+configured reward functions on the last answer, score it). The built-ins: ``command`` (a program
+started per episode, the endpoint in its environment: :mod:`toolrl.agents.program`) and ``callable``
+(an ``async def run(task, client)`` in the rollout's process: :mod:`toolrl.agents.function`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.config import MAX_TIMEOUT_S
+
+
+class AgentTask(BaseModel):
+    """What an episode is about: the data row's ``prompt`` messages, ``ground_truth`` and ``extra_info``
+    (as ``TOOLRL_TASK`` holds it, JSON)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: list[dict[str, Any]]
+    ground_truth: Any = None
+    extra_info: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One episode's endpoint: the gateway's OpenAI ``/v1`` for this episode (its parent is the
+    Anthropic base URL), a key valid for it only, where to POST ``{"reward": x}`` (with ``"call_id"``: a
+    step reward for that call), and the model name ``GET /v1/models`` lists."""
+
+    base_url: str
+    api_key: str
+    reward_url: str
+    model: str
+
+    def environ(self) -> dict[str, str]:
+        """The endpoint as an agent program's environment variables (what OpenAI clients read)."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
+                "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": self.api_key,
+                "TOOLRL_REWARD_URL": self.reward_url, "TOOLRL_MODEL": self.model}
+
+    def client(self, **kwargs: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` client of this endpoint."""
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+class AgentFailure(RuntimeError):
+    """An episode the agent could not finish: the program crashed, timed out or answered nonsense.
+    Its trajectory is an infrastructure failure (masked) under ``failure: mask``, the default."""
+
+
+class AgentOptions(BaseModel):
+    """The options every agent takes (``rollout.agent``'s keys); a subclass's ``Options`` extends them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S, description="seconds an episode may take")
+    # A program that crashes, times out or leaves its episode unscored: masked (not trained) or
+    # trained as an error with the reward it got (0 unless one was posted).
+    failure: Literal["mask", "train"] = "mask"
+    model: str = Field("toolrl", min_length=1, description="the model name the endpoint serves")
+
+
+class Agent:
+    """The base of every agent. ``Options`` (a pydantic model extending :class:`AgentOptions`) types
+    ``rollout.agent``'s keys besides ``name``; ``build(options, context)`` makes one agent per run."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[AgentOptions]] = AgentOptions
+
+    def __init__(self, options: AgentOptions) -> None:
+        self.options = options
+
+    @classmethod
+    def build(cls, options: AgentOptions, context: Any) -> Agent:
+        return cls(options)
+
+    async def run(self, task: AgentTask, endpoint: Endpoint) -> float | None:
+        """Run one episode against ``endpoint``; its reward, or None. Raise :class:`AgentFailure` (or
+        anything) when the episode failed. Cancelled at ``timeout_s``."""
+        raise NotImplementedError
+
+    def check_run(self, run: Any) -> list[str]:
+        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): raise
+        ValueError on an option that cannot work; returns warning lines. A subclass extends it.
+
+        The program runs the episode, so what toolrl's own loop would do with the conversation is not
+        done: a context policy is refused (the program keeps its own context), configured tools are
+        reported unused."""
+        rollout = run.config.rollout
+        if rollout.context is not None and rollout.context.name != "none":
+            raise ValueError(f"rollout.context ({rollout.context.name}) edits toolrl's own loop; the agent program "
+                             "keeps its own context: remove one of the two")
+        if run.config.tools.explicit:
+            return ["tools: not used, the agent program calls its own tools (rollout.agent)"]
+        return []

@@ -1,0 +1,69 @@
+"""The ``callable`` agent: ``async def run(task: dict, client: openai.AsyncOpenAI) -> float | None``,
+imported by ``package.module:function`` and run in the rollout's process, one call per episode.
+
+``task`` is the data row (``prompt``, ``ground_truth``, ``extra_info``); ``client`` talks to the
+episode's endpoint; a returned number is the episode's reward. The function may also take a third
+argument, the :class:`~toolrl.agents.Endpoint` (its ``reward_url`` for step rewards).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from toolrl.agents import Agent, AgentOptions, AgentTask, Endpoint
+
+
+class CallableOptions(AgentOptions):
+    callable: str = Field(description="package.module:function")
+
+    @field_validator("callable")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        module, _, attr = value.partition(":")
+        if not module or not attr:
+            raise ValueError(f"{value!r} is not package.module:function")
+        return value
+
+
+def load_function(reference: str) -> Any:
+    """The async function ``package.module:function`` names; ValueError saying what is wrong."""
+    module_name, _, attr = reference.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import {reference!r}: {type(exc).__name__}: {exc}") from None
+    if not inspect.iscoroutinefunction(obj):
+        raise ValueError(f"{reference!r} is not an async function (async def run(task, client))")
+    return obj
+
+
+class CallableAgent(Agent):
+    name = "callable"
+    Options = CallableOptions
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self._function: Any = None
+
+    def function(self) -> Any:
+        if self._function is None:
+            self._function = load_function(self.options.callable)  # type: ignore[attr-defined]
+        return self._function
+
+    async def run(self, task: AgentTask, endpoint: Endpoint) -> float | None:
+        function = self.function()
+        takes_endpoint = len(inspect.signature(function).parameters) >= 3
+        async with endpoint.client() as client:
+            args = (task.model_dump(mode="json"), client, endpoint) if takes_endpoint \
+                else (task.model_dump(mode="json"), client)
+            return await function(*args)
+
+    def check_run(self, run: Any) -> list[str]:
+        self.function()
+        return super().check_run(run)

@@ -1,0 +1,239 @@
+"""Anthropic's Messages API on an episode's endpoint (``POST /e/{episode}/v1/messages``): what
+Claude-style harnesses speak. A request is turned into OpenAI chat messages and tools and goes
+through :meth:`GatewaySession.turn` like a chat completion (same template, record, parser, sampling
+settings); its answer is written back as an Anthropic ``Message``, or its stream of events.
+
+How content blocks map (request):
+
+- ``system`` (a string or text blocks) is a leading system message;
+- a user message's ``tool_result`` blocks are one ``tool`` message each (``tool_call_id`` its
+  ``tool_use_id``, its text; ``is_error`` shows as an ``Error:`` prefix), its text blocks one user
+  message after them;
+- an assistant message's text blocks are its ``content`` and its ``tool_use`` blocks its
+  ``tool_calls`` (arguments: ``input`` as JSON), in one message, whose key then matches the reply
+  served (:func:`toolrl.gateway.protocol.message_key`); ``thinking`` and ``redacted_thinking`` blocks
+  are dropped;
+- any other block (images, documents, server tools...) is a 400 naming it.
+
+And back: the reply's text is a ``text`` block, each call a ``tool_use`` block; ``stop_reason`` is
+``tool_use``, ``max_tokens``, ``stop_sequence`` (one of the request's ``stop_sequences`` ended the
+text: it is cut from the text and named in ``stop_sequence``) or ``end_turn``. A stream is the whole
+answer as Anthropic's events (the engine returns whole generations: the stream starts once it is
+done). ``temperature``, ``top_p``, ``top_k``, ``thinking``, ``metadata`` are accepted and ignored (the
+rollout's sampling settings are what is trained), as a forced ``tool_choice`` is not enforced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolrl.gateway.protocol import ChatMessage, FunctionCall, RequestError, RequestToolCall, parse_body
+from toolrl.gateway.session import Ask, Choice, GatewaySession, Turn
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Message(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class _Tool(_Body):
+    type: Literal["custom"] | None = None  # Anthropic's server tools (bash_..., web_search_...) are not served
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+
+
+class _ToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class MessagesRequest(_Body):
+    """A ``POST /v1/messages`` body."""
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[_Message] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[_Tool] | None = None
+    tool_choice: _ToolChoice | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    stream: bool = False
+
+
+class _Text(_Body):
+    text: str
+
+
+class _ToolUse(_Body):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class _ToolResult(_Body):
+    tool_use_id: str
+    content: str | list[dict[str, Any]] = ""
+    is_error: bool = False
+
+
+async def answer(session: GatewaySession, raw: bytes) -> dict[str, Any] | AsyncIterator[str]:
+    """``POST /v1/messages``: a ``Message``, or its events when ``stream`` is set."""
+    req = parse_body(raw, MessagesRequest)
+    messages = anthropic_chat_messages(req)
+    tools = [_chat_tool(t) for t in req.tools or []]
+    session.check_model(req.model)
+    choice = req.tool_choice or _ToolChoice(type="auto")
+    turn = await session.turn(messages, tools, Ask(
+        n=1, max_tokens=req.max_tokens, stop=tuple(req.stop_sequences or ()), parse_calls=choice.type != "none",
+        parallel_calls=not choice.disable_parallel_tool_use), id_prefix="msg")
+    body = message_body(turn, req.stop_sequences or (), session.model)
+    return message_events(body) if req.stream else body
+
+
+# -- the request, as OpenAI chat messages -------------------------------------------------------------
+
+
+def anthropic_chat_messages(req: MessagesRequest) -> list[ChatMessage]:
+    """The request's system prompt and messages as OpenAI chat messages."""
+    out = []
+    if req.system:
+        out.append(ChatMessage(role="system", content=_text(req.system, "system", "\n\n")))
+    for i, message in enumerate(req.messages):
+        where = f"messages.{i}"
+        out += _assistant(message, where) if message.role == "assistant" else _user(message, where)
+    return out
+
+
+def _user(message: _Message, where: str) -> list[ChatMessage]:
+    if isinstance(message.content, str):
+        return [ChatMessage(role="user", content=message.content)]
+    results, texts = [], []
+    for j, block in enumerate(message.content):
+        at = f"{where}.content.{j}"
+        if _kind(block, at, ("text", "tool_result")) == "text":
+            texts.append(_block(_Text, block, at).text)
+            continue
+        result = _block(_ToolResult, block, at)
+        text = _text(result.content, f"{at}.content", "\n\n")
+        results.append(ChatMessage(role="tool", tool_call_id=result.tool_use_id,
+                                   content=f"Error: {text}" if result.is_error else text))
+    if texts or not results:
+        results.append(ChatMessage(role="user", content="\n\n".join(texts)))
+    return results
+
+
+def _assistant(message: _Message, where: str) -> list[ChatMessage]:
+    if isinstance(message.content, str):
+        return [ChatMessage(role="assistant", content=message.content)]
+    texts, calls = [], []
+    for j, block in enumerate(message.content):
+        at = f"{where}.content.{j}"
+        kind = _kind(block, at, ("text", "tool_use", "thinking", "redacted_thinking"))
+        if kind == "text":
+            texts.append(_block(_Text, block, at).text)
+        elif kind == "tool_use":
+            use = _block(_ToolUse, block, at)
+            calls.append(RequestToolCall(id=use.id, function=FunctionCall(
+                name=use.name, arguments=json.dumps(use.input, ensure_ascii=False))))
+    # The text served was one block: joined as it was, so the message's key is the reply's.
+    return [ChatMessage(role="assistant", content="".join(texts), tool_calls=calls or None)]
+
+
+def _text(content: str | list[dict[str, Any]], where: str, sep: str) -> str:
+    """A string, or text blocks' text joined by ``sep``."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, block in enumerate(content):
+        _kind(block, f"{where}.{j}", ("text",))
+        parts.append(_block(_Text, block, f"{where}.{j}").text)
+    return sep.join(parts)
+
+
+def _kind(block: dict[str, Any], where: str, kinds: Sequence[str]) -> str:
+    kind = block.get("type")
+    if kind not in kinds:
+        raise RequestError(f"{where}.type: {kind!r} blocks are not supported here (only {', '.join(kinds)})",
+                           param=f"{where}.type")
+    return kind
+
+
+def _block(model: type[Any], block: dict[str, Any], where: str) -> Any:
+    try:
+        return model.model_validate(block)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join([where, *(str(p) for p in first["loc"])])
+        raise RequestError(f"{loc}: {first['msg']}", param=loc) from None
+
+
+def _chat_tool(tool: _Tool) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return {"type": "function", "function": function}
+
+
+# -- the answer, as Anthropic writes it ---------------------------------------------------------------
+
+
+def message_body(turn: Turn, stop_sequences: Sequence[str], model: str) -> dict[str, Any]:
+    """``turn``'s (first) choice as an Anthropic ``Message``."""
+    choice = turn.choices[0]
+    reason, sequence = _stop_reason(choice, stop_sequences)
+    text = choice.message.get("content") or ""
+    if sequence is not None:  # the engine keeps the stop string; Anthropic's text ends before it
+        text = text.removesuffix(sequence)
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for call in choice.message.get("tool_calls") or []:
+        content.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                        "input": json.loads(call["function"]["arguments"])})
+    return {"id": turn.id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": reason, "stop_sequence": sequence,
+            "usage": {"input_tokens": turn.prompt_tokens, "output_tokens": len(choice.generation.token_ids)}}
+
+
+def _stop_reason(choice: Choice, stop_sequences: Sequence[str]) -> tuple[str, str | None]:
+    gen = choice.generation
+    if choice.finish == "tool_calls":
+        return "tool_use", None
+    if gen.finish_reason == "length":
+        return "max_tokens", None
+    if gen.finish_reason == "stop_string" and gen.stop in stop_sequences:
+        return "stop_sequence", str(gen.stop)
+    return "end_turn", None  # the end-of-turn token, or a parser's stop string
+
+
+async def message_events(body: dict[str, Any]) -> AsyncIterator[str]:
+    """A ``Message`` as the server-sent events of its stream: each block whole in one delta."""
+    usage = body["usage"]
+    yield _event("message_start", message={**body, "content": [], "stop_reason": None, "stop_sequence": None,
+                                           "usage": {**usage, "output_tokens": 0}})
+    for i, block in enumerate(body["content"]):
+        if block["type"] == "text":
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+        yield _event("content_block_start", index=i, content_block=start)
+        yield _event("content_block_delta", index=i, delta=delta)
+        yield _event("content_block_stop", index=i)
+    yield _event("message_delta", delta={"stop_reason": body["stop_reason"], "stop_sequence": body["stop_sequence"]},
+                 usage={"output_tokens": usage["output_tokens"]})
+    yield _event("message_stop")
+
+
+def _event(kind: str, **data: Any) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"

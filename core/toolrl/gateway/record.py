@@ -1,0 +1,172 @@
+"""An episode's model calls as one trajectory, token-exact: the sampled tokens are what is trained.
+
+A program resends its conversation with every call, re-serialised its own way: tool-call arguments
+with other spacing or key order, new call ids, stripped text, reasoning dropped. Re-rendering that
+text would train tokens the model never sampled. So each call is matched by *message keys*
+(:func:`toolrl.gateway.protocol.message_key`: role, text, calls as JSON values, nothing of format) to
+a **segment**, a piece of the trajectory whose tokens are held as they were generated:
+
+- a call whose messages are a segment's messages (its replies as served) followed only by new
+  non-assistant messages (tool results, a user turn) continues it: the template's rendering of the
+  new messages is appended (mask 0) and the generation follows (mask 1, the engine's logprobs);
+- any other call (the program summarised or dropped history, started a sub-agent, or calls while the
+  segment it would continue is generating) opens a new segment, its prompt rendered from its messages;
+- a call for ``n`` choices continues with the first; each other choice is a segment whose prompt is
+  the whole context it was sampled from.
+
+Every sampled token is in exactly one segment. At the end the segments are the trajectory's pieces
+(:func:`EpisodeRecord.pieces`), the one that answered last the last piece, as the rollout loop's
+context edits make them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.engines import Generation
+from toolrl.gateway.protocol import is_assistant_key
+from toolrl.schemas import ParseError
+from toolrl.trajectory import Termination, Trajectory, model_tokens_end
+
+
+@dataclass
+class Segment:
+    traj: Trajectory
+    renderer: Any  # the ChatRenderer of its tools
+    tools: str  # the calls' tools, as JSON: a call continues a segment only with the same tools
+    keys: list[str]  # the messages its tokens hold, the replies served included
+    finished: bool = False  # its tokens end in a finished assistant turn (an end token): a call may continue it
+    busy: bool = False  # a call is generating in it
+    answered: int = -1  # when it last generated (the last piece is the segment that answered last)
+
+
+@dataclass
+class Call:
+    """One request, placed: the segment it generates in, its prompt, and the segment's length before
+    the request's messages were appended (to take them back if it fails)."""
+
+    segment: Segment
+    keys: list[str]
+    before: int
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        traj = self.segment.traj
+        return traj.prompt_ids + traj.response_ids
+
+
+@dataclass
+class EpisodeRecord:
+    key: str  # the trajectory's key
+    sample_index: int
+    group: int
+    env: str | None = None
+    ground_truth: Any = None
+    segments: list[Segment] = field(default_factory=list)
+    final_response: str = ""
+    last_finish: str = ""
+    calls: int = 0  # generation calls made: the turn counter of the episode's seeds
+    _ids: Any = field(default_factory=itertools.count)
+    _answers: Any = field(default_factory=itertools.count)
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(len(s.traj.response_ids) for s in self.segments)
+
+    def place(self, keys: list[str], tools: str, renderer: Any, messages: Sequence[dict[str, Any]]) -> Call:
+        """The segment a request with message ``keys`` (its ``messages`` as the template takes them)
+        generates in; the new messages' tokens are appended to a continued one."""
+        segment = self._continued(keys, tools)
+        if segment is not None:
+            before = len(segment.traj.response_ids)
+            try:
+                delta = renderer.tool_delta(list(messages[len(segment.keys):]))
+            except Exception:  # a template that cannot append these messages: render them whole
+                segment = None
+            else:
+                _append(segment.traj, delta, 0, [0.0] * len(delta))
+        if segment is None:
+            segment = self._open(renderer.prompt_ids(list(messages)), renderer, tools, keys)
+            before = 0
+        segment.busy = True
+        return Call(segment, keys, before)
+
+    def _continued(self, keys: list[str], tools: str) -> Segment | None:
+        best = None
+        for s in self.segments:
+            n = len(s.keys)
+            if s.finished and not s.busy and s.tools == tools and n < len(keys) and keys[:n] == s.keys \
+                    and not any(is_assistant_key(k) for k in keys[n:]) and (best is None or n > len(best.keys)):
+                best = s
+        return best
+
+    def _open(self, prompt_ids: list[int], renderer: Any, tools: str, keys: list[str]) -> Segment:
+        traj = Trajectory(trajectory_id=f"{self.key}#{next(self._ids)}", sample_index=self.sample_index,
+                          group=self.group, env=self.env, prompt_ids=list(prompt_ids), ground_truth=self.ground_truth)
+        segment = Segment(traj, renderer, tools, list(keys))
+        self.segments.append(segment)
+        return segment
+
+    def abandon(self, call: Call) -> None:
+        """Take a failed request's messages back out of its segment."""
+        traj, segment = call.segment.traj, call.segment
+        del traj.response_ids[call.before:], traj.response_mask[call.before:], traj.logprobs[call.before:]
+        segment.busy = False
+
+    def record(self, call: Call, gens: Sequence[Generation], replies: Sequence[str], texts: Sequence[str],
+               errors: Sequence[Sequence[ParseError]], answer: str) -> None:
+        """The generations of ``call`` (choice ``i`` with its reply's key ``replies[i]``, its text and
+        parse errors): the first joins the call's segment, every other opens one."""
+        prompt = call.prompt_ids
+        for i, gen in enumerate(gens):
+            segment = call.segment if i == 0 else self._open(prompt, call.segment.renderer, call.segment.tools,
+                                                             call.keys)
+            traj = segment.traj
+            _append(traj, gen.token_ids, 1, gen.logprobs)
+            traj.turns += 1
+            traj.model_text.append(texts[i])
+            traj.parse_errors += list(errors[i])
+            traj.policy_versions.append(gen.weight_version)
+            traj.prefill_tokens_saved += gen.prefill_tokens_saved
+            if gen.routes is not None:  # they cover the whole context the engine ran
+                traj.routes = gen.routes
+            segment.keys = [*call.keys, replies[i]]
+            # Ended by an end-of-turn token (as a token, or as the stop string it also is): a turn the
+            # template's next messages follow.
+            segment.finished = bool(gen.token_ids) and gen.token_ids[-1] in segment.renderer.stop_ids
+            segment.answered = next(self._answers)
+        call.segment.busy = False
+        self.calls += 1
+        self.final_response, self.last_finish = answer, gens[0].finish_reason if gens else ""
+
+    def pieces(self, termination: Termination) -> list[Trajectory]:
+        """The trajectory: every segment that holds a sampled token, cut after its last one, in the
+        order they were opened, the one that answered last at the end (with ``termination``; the
+        others ``forked``)."""
+        live = [s for s in self.segments if any(s.traj.response_mask)]
+        if not live:
+            return []
+        last = max(live, key=lambda s: s.answered)
+        ordered = [s for s in live if s is not last] + [last]
+        out = []
+        for k, segment in enumerate(ordered):
+            traj = segment.traj
+            end = model_tokens_end(traj.response_mask)
+            del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+            final = k == len(ordered) - 1
+            traj.trajectory_id = self.key if final else f"{self.key}~{k}"
+            traj.trajectory_key = self.key if len(ordered) > 1 else ""
+            traj.piece = k
+            traj.termination = termination if final else "forked"
+            out.append(traj)
+        out[-1].final_response = self.final_response
+        return out
+
+
+def _append(traj: Trajectory, ids: Sequence[int], mask: int, logprobs: Sequence[float]) -> None:
+    traj.response_ids += ids
+    traj.response_mask += [mask] * len(ids)
+    traj.logprobs += logprobs

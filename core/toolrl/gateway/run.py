@@ -1,0 +1,82 @@
+"""One episode of an agent program: open its endpoint on the gateway, run the program against it
+(``timeout_s`` is a deadline), close the endpoint, and make the trajectory of what it did.
+
+What the rollout loop scores afterwards: the episode's pieces (:mod:`toolrl.gateway.record`), its
+step rewards (posted with a call's id) and the program's reward (posted, or returned) as the
+``agent`` term. An episode fails (the program crashed, ran past its deadline, returned no number,
+or left itself unscored with no reward function configured): under the agent's ``failure: mask``
+(the default) it is an infrastructure failure, not trained; under ``train`` an ``error`` trained
+with the reward it got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.agents import AgentTask, Endpoint
+from toolrl.gateway.record import EpisodeRecord
+from toolrl.gateway.session import GatewaySession
+from toolrl.rewards.scoring import RewardValueError, coerce_reward
+from toolrl.schemas import Sample
+from toolrl.trajectory import Termination, Trajectory
+
+
+@dataclass
+class AgentOutcome:
+    pieces: list[Trajectory]  # the trajectory, its last piece last
+    step_rewards: list[float] = field(default_factory=list)
+    terms: dict[str, float] = field(default_factory=dict)  # {"agent": reward} when the program gave one
+
+
+async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, trajectory_id: str,
+                            seed: int) -> AgentOutcome:
+    agent, gateway = route.agent, await ctx.gateway()
+    record = EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth)
+    session = GatewaySession(record, ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed,
+                             agent.options.model)
+    gateway.open(trajectory_id, session)
+    url = gateway.url(trajectory_id)
+    endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward", agent.options.model)
+    task = AgentTask(prompt=[m.model_dump(mode="json", exclude_none=True) for m in sample.prompt],
+                     ground_truth=sample.ground_truth, extra_info=sample.extra_info)
+    failure, returned = None, None
+    try:
+        async with asyncio.timeout(agent.options.timeout_s):  # not wait_for, which can drop a cancellation on 3.11
+            returned = await agent.run(task, endpoint)
+    except TimeoutError:
+        failure = f"the agent ran past its {agent.options.timeout_s:g} s deadline"
+    except Exception as exc:  # the program's failure is its episode's, never the run's
+        failure = f"{type(exc).__name__}: {exc}"
+    finally:
+        gateway.close_session(trajectory_id)
+        for segment in record.segments:
+            ctx.engine.end_session(segment.traj.trajectory_id)
+    reward = session.reward
+    if returned is not None and failure is None:
+        try:
+            reward = coerce_reward(returned, "the agent's returned reward")
+        except RewardValueError as exc:
+            failure = str(exc)
+    if failure is None and session.failures:
+        failure = f"the engine failed a call: {session.failures[0]}"
+    if failure is None and reward is None and not route.reward_functions:
+        failure = "the agent gave no reward (posted or returned) and no reward function is configured"
+    pieces = record.pieces(_termination(record, session, failure, agent.options.failure))
+    if not pieces:  # not one model call: nothing to train, whatever the rule
+        failure = failure or "the agent made no model call"
+        prompt = ctx.schema_renderer([]).prompt_ids([m.model_dump(exclude_none=True) for m in sample.prompt])
+        pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=group,
+                             env=sample.env, prompt_ids=prompt, ground_truth=sample.ground_truth,
+                             termination="infra_error")]
+    pieces[-1].error = failure
+    return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {})
+
+
+def _termination(record: EpisodeRecord, session: GatewaySession, failure: str | None, rule: str) -> Termination:
+    if failure is not None:
+        return "infra_error" if rule == "mask" else "error"
+    if session.exhausted:
+        return "max_response_tokens"
+    return "length" if record.last_finish == "length" else "answered"

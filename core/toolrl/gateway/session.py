@@ -1,0 +1,252 @@
+"""One episode's side of the gateway: its chat completions, its models, its rewards.
+
+A chat completion renders the request with the family's template (continuing a segment from its
+sampled tokens where the request continues it: :mod:`toolrl.gateway.record`), generates with the
+engine being trained under the rollout's sampling settings (``rollout.temperature``, ``top_p``,
+``max_new_tokens``: the program's own are not what is trained), parses calls with the route's
+parser, and answers as the OpenAI API does (``tools``, ``tool_choice``, ``parallel_tool_calls``,
+``n``, ``stream``, ``logprobs``). A forced ``tool_choice`` is accepted and not enforced.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrl.config import RolloutConfig
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.gateway.messages import chat_chunks, reply_message, template_messages, tool_schemas
+from toolrl.gateway.protocol import ChatMessage, ChatRequest, RequestError, message_key
+from toolrl.gateway.record import EpisodeRecord
+from toolrl.parsers import ToolParser, parse_within
+from toolrl.rewards.scoring import RewardValueError, coerce_reward
+from toolrl.schemas import ParseResult
+from toolrl.seeds import turn_seed
+
+FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a call asks of the model besides its messages and tools, whichever API it came through."""
+
+    n: int = 1
+    max_tokens: int | None = None  # None: rollout.max_new_tokens (a call may ask for fewer, never more)
+    stop: Sequence[str] = ()
+    parse_calls: bool = True
+    parallel_calls: bool = True
+
+
+@dataclass
+class Choice:
+    """One generated choice: the assistant message a client gets (OpenAI chat form), why it ended
+    (``stop``, ``length``, ``tool_calls``), and the generation."""
+
+    message: dict[str, Any]
+    finish: str
+    generation: Generation
+
+
+@dataclass
+class Turn:
+    """A model call's answer: its completion id (a step reward names it), its choices, its prompt's length."""
+
+    id: str
+    choices: list[Choice]
+    prompt_tokens: int
+    decode: Callable[[Sequence[int]], str]  # the tokenizer's
+
+    def usage(self) -> dict[str, int]:
+        used = sum(len(c.generation.token_ids) for c in self.choices)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": used, "total_tokens": self.prompt_tokens + used}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply as the model wrote it: its tokens, its parse (calls with the ids they were served with)."""
+
+    ids: list[int]
+    parsed: ParseResult | None
+
+    @property
+    def call_ids(self) -> list[str]:
+        return [c.id or "" for c in self.parsed.calls] if self.parsed is not None else []
+
+
+@dataclass
+class GatewaySession:
+    record: EpisodeRecord
+    engine: RolloutEngine
+    renderers: Callable[[list[dict[str, Any]]], Any]  # (tool schemas) -> ChatRenderer
+    parser: ToolParser
+    config: RolloutConfig
+    seed: int
+    model: str
+    api_key: str = field(default_factory=lambda: f"toolrl-{secrets.token_urlsafe(24)}")
+    reward: float | None = None  # posted to the reward URL
+    step_rewards: dict[str, float] = field(default_factory=dict)  # by the completion id they name
+    served: set[str] = field(default_factory=set)  # completion ids, which a step reward may name
+    exhausted: bool = False  # a call found no token left of max_response_tokens
+    failures: list[str] = field(default_factory=list)  # calls the engine failed
+    replies: dict[str, Reply] = field(default_factory=dict)  # what the model wrote, by the key of the reply served
+    _parsers: dict[str, ToolParser] = field(default_factory=dict)  # the parser bound to each set of tools
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "toolrl"}]}
+
+    def set_reward(self, body: Any) -> dict[str, Any]:
+        """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward
+        for the completion ``ID``)."""
+        if not isinstance(body, dict) or "reward" not in body:
+            raise RequestError('the body must be {"reward": number} (with "call_id" for a step reward)', param="reward")
+        try:
+            value = coerce_reward(body["reward"], "reward")
+        except RewardValueError as exc:
+            raise RequestError(str(exc), param="reward") from None
+        call = body.get("call_id")
+        if call is None:
+            self.reward = value
+        elif call not in self.served:
+            raise RequestError(f"call_id {call!r} is no completion of this episode", 404, "call_id")
+        else:
+            self.step_rewards[call] = value
+        return {"ok": True}
+
+    def check_model(self, model: str) -> None:
+        if model != self.model:
+            raise RequestError(f"the model {model!r} does not exist; this endpoint serves {self.model!r}", 404, "model")
+
+    async def turn(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None, ask: Ask,
+                   id_prefix: str = "chatcmpl") -> Turn:
+        """One model call of the episode, whichever API it came through: ``messages`` (OpenAI chat
+        messages, ``tools`` OpenAI function tools) rendered or continued from the sampled tokens,
+        generated, parsed and recorded. Its id (``id_prefix-...``) is one a step reward may name."""
+        schemas = tool_schemas(tools)
+        renderer = self.renderers(schemas)
+        messages = self._served_ids(messages)
+        keys = [message_key(m) for m in messages]
+        # A reply the model wrote is rendered as it wrote it, as the rollout loop renders its history.
+        rendered = [renderer.assistant_message(self.replies[k].ids, self.replies[k].parsed) if k in self.replies
+                    else m for k, m in zip(keys, template_messages(messages, renderer, []))]  # no processor: no images
+        try:
+            call = self.record.place(keys, json.dumps(schemas, sort_keys=True), renderer, rendered)
+        except Exception as exc:  # the template's own checks (role order...)
+            raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
+        prompt_tokens = len(call.prompt_ids)
+        gens = await self._generate(call, ask, renderer)
+        parse_calls = bool(schemas) and ask.parse_calls
+        choices, replies, texts, errors = [], [], [], []
+        for i, gen in enumerate(gens):
+            text = renderer.turn_text(gen.token_ids)
+            parser = self._parser(schemas) if parse_calls else None
+            parsed = await parse_within(parser, self._call_text(renderer, parser, gen, text),
+                                        self.config.parser_timeout_s) if parser is not None else None
+            if parsed is not None:
+                calls = renderer.with_call_ids(parsed.calls, f"{self.record.key}:{self.record.calls}:{i}")
+                calls = [c if c.id else c.model_copy(update={"id": f"call_{uuid.uuid4().hex[:24]}"}) for c in calls]
+                parsed = parsed.model_copy(update={"calls": calls if ask.parallel_calls else calls[:1]})
+            message = reply_message(text, parsed)
+            replies.append(message_key(ChatMessage.model_validate(message)))
+            self.replies[replies[-1]] = Reply(list(gen.token_ids), parsed)
+            texts.append(text)
+            errors.append(parsed.errors if parsed is not None else [])
+            finish = "tool_calls" if message.get("tool_calls") else FINISH.get(gen.finish_reason, gen.finish_reason)
+            choices.append(Choice(message, finish, gen))
+        if gens[0].token_ids or gens[0].finish_reason != "length":  # else nothing was generated: nothing to record
+            self.record.record(call, gens, replies, texts, errors, choices[0].message["content"] or "")
+        completion = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.served.add(completion)
+        return Turn(completion, choices, prompt_tokens, renderer.decode)
+
+    def _served_ids(self, messages: Sequence[ChatMessage]) -> Sequence[ChatMessage]:
+        """The messages with each call and tool result naming the call by the id the model's reply was
+        served with, where the client renamed it: templates that pair results with calls render that id."""
+        rename: dict[str, str] = {}
+        for m in messages:
+            reply = self.replies.get(message_key(m)) if m.role == "assistant" and m.tool_calls else None
+            served = reply.call_ids if reply is not None else []
+            rename.update({c.id: s for c, s in zip(m.tool_calls or [], served) if c.id and c.id != s})
+        if not rename:
+            return messages
+        out = []
+        for m in messages:
+            if m.role == "tool" and m.tool_call_id in rename:
+                m = m.model_copy(update={"tool_call_id": rename[m.tool_call_id]})
+            elif m.tool_calls and any(c.id in rename for c in m.tool_calls):
+                m = m.model_copy(update={"tool_calls": [c.model_copy(update={"id": rename.get(c.id or "", c.id)})
+                                                        for c in m.tool_calls]})
+            out.append(m)
+        return out
+
+    @staticmethod
+    def _call_text(renderer: Any, parser: ToolParser, gen: Generation, text: str) -> str:
+        """What the parser reads: the turn's text, with its end token where that token closes a call
+        in the format (gpt-oss's ``<|call|>``)."""
+        end = renderer.decode(gen.token_ids[-1:])
+        return text + end if end and end in parser.stop_strings and not text.endswith(end) else text
+
+    def _parser(self, schemas: list[dict[str, Any]]) -> ToolParser:
+        """The route's parser bound to these tools (formats whose values are untyped text type them
+        from the schemas): a copy per set of tools, since parses run on threads."""
+        key = json.dumps(schemas, sort_keys=True)
+        if key not in self._parsers:
+            self._parsers[key] = copy.copy(self.parser)
+            self._parsers[key].bind_tools(schemas)
+        return self._parsers[key]
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any] | AsyncIterator[str]:
+        """``POST /v1/chat/completions``."""
+        self.check_model(req.model)
+        if req.top_logprobs:
+            raise RequestError("the gateway returns the sampled token's logprob only: use top_logprobs=0",
+                               param="top_logprobs")
+        max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), None)
+        turn = await self.turn(req.messages, req.tools, Ask(
+            n=req.n, max_tokens=max_tokens, stop=req.stop_strings(), parse_calls=req.tool_choice != "none",
+            parallel_calls=req.parallel_tool_calls is not False))
+        choices = []
+        for i, c in enumerate(turn.choices):
+            choice: dict[str, Any] = {"index": i, "message": c.message, "finish_reason": c.finish, "logprobs": None}
+            if req.logprobs:
+                choice["logprobs"] = {"content": [
+                    {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
+                    for piece, lp in zip((turn.decode([t]) for t in c.generation.token_ids), c.generation.logprobs)]}
+            choices.append(choice)
+        body = {"id": turn.id, "object": "chat.completion", "created": int(time.time()), "model": self.model,
+                "choices": choices, "usage": turn.usage()}
+        if not req.stream:
+            return body
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return chat_chunks(body, [[c.message["content"] or ""] for c in turn.choices], include_usage)
+
+    async def _generate(self, call: Any, ask: Ask, renderer: Any) -> list[Generation]:
+        """The call's generations within the per-call and the whole-episode budgets; none when the
+        episode has no token left (the program gets an empty ``length`` answer)."""
+        cfg = self.config
+        budget = cfg.max_response_tokens - self.record.response_tokens
+        asked = ask.max_tokens if ask.max_tokens is not None else cfg.max_new_tokens
+        if budget <= 0 or asked == 0:
+            self.record.abandon(call)
+            self.exhausted = self.exhausted or budget <= 0
+            return [Generation([], [], "length") for _ in range(ask.n)]
+        params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                max_new_tokens=min(asked, cfg.max_new_tokens, budget),
+                                stop_token_ids=renderer.stop_ids,
+                                stop_strings=[*self.parser.stop_strings, *ask.stop],
+                                seed=turn_seed(self.seed, self.record.calls))
+        session = call.segment.traj.trajectory_id if ask.n == 1 else None
+        try:
+            return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session)
+        except ValueError as exc:  # the engine's request check: an over-long prompt
+            self.record.abandon(call)
+            raise RequestError(str(exc)) from None
+        except BaseException as exc:
+            self.record.abandon(call)
+            self.failures.append(f"{type(exc).__name__}: {exc}")
+            raise
