@@ -173,39 +173,3 @@ async def test_bad_requests_are_400s_naming_the_field_and_the_episode_goes_on():
                       "type": (400, "max_output_tokens"), "model": (404, "model"),
                       "client": ("previous_response_id", True)}
     assert pieces[-1].reward == 1.0 and pieces[-1].turns == 1
-
-
-@pytest.mark.parametrize("api", ["responses", "responses-streamed", "chat-completions"])
-async def test_the_openai_agents_sdk_unmodified_trains_what_it_sampled(api):
-    agents = pytest.importorskip("agents")
-    agents.set_tracing_disabled(True)
-
-    @agents.function_tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
-
-    finals = []
-
-    async def program(task, endpoint):
-        client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
-        kind = agents.OpenAIChatCompletionsModel if api == "chat-completions" else agents.OpenAIResponsesModel
-        agent = agents.Agent(name="adder", instructions="Add with the add tool, then answer.", tools=[add],
-                             model=kind(model=endpoint.model, openai_client=client))
-        if api == "responses-streamed":
-            result = agents.Runner.run_streamed(agent, input=task["prompt"][0]["content"])
-            async for _ in result.stream_events():
-                pass
-        else:
-            result = await agents.Runner.run(agent, input=task["prompt"][0]["content"])
-        finals.append(result.final_output)
-        await client.close()
-        return float("14" in result.final_output)
-
-    tok, ctx, pieces = await episode(SCRIPT, program)
-    traj = pieces[-1]
-    assert traj.error is None and finals == ["The answer is 14"] and traj.reward == 1.0
-    assert len(pieces) == 1 and traj.turns == 3
-    assert trained(pieces) == [t for ids in ctx.engine.generated for t in ids]
-    assert "Add with the add tool, then answer." in tok.decode(traj.prompt_ids)
-    assert all(f"<tool_response>\n{n}\n</tool_response>" in context_text(tok, traj) for n in (5, 14))

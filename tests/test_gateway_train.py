@@ -42,9 +42,11 @@ AGENT = textwrap.dedent('''
 ''')
 
 
-def agent_config(tmp_path, **agent):
+def agent_config(tmp_path, more=None, **agent):
     config = yaml.safe_load(TINY.read_text())
     config["rollout"].update({"n": 2, "max_new_tokens": 8, "max_response_tokens": 48, "agent": agent})
+    for section, values in (more or {}).items():
+        config.setdefault(section, {}).update(values)
     config["env_options"]["train_size"] = 4
     config["trainer"].update({"total_steps": 1, "output_dir": str(tmp_path / "run"), "plot": False,
                               "progress": False})
@@ -97,3 +99,14 @@ def test_the_run_check_finds_a_program_that_cannot_start(tmp_path):
         check_training(load_config(str(agent_config(tmp_path, command="no-such-agent-program --fast"))))
     with pytest.raises(ConfigError, match=r"rollout\.agent: cannot import 'not_a_module:run'"):
         check_training(load_config(str(agent_config(tmp_path, callable="not_a_module:run"))))
+
+
+def test_a_context_policy_beside_an_agent_is_refused_and_tools_it_does_not_use_are_reported(tmp_path, capfd):
+    """The program keeps its own context and calls its own tools: toolrl's loop does neither for it."""
+    from toolrl.roles.prepare import check_training
+
+    with pytest.raises(ConfigError, match=r"rollout\.agent: rollout\.context \(drop_tool_outputs\) edits toolrl's own loop"):
+        context = {"name": "drop_tool_outputs", "trigger_tokens": 2000}
+        check_training(load_config(str(agent_config(tmp_path, {"rollout": {"context": context}}, command="python agent.py"))))
+    check_training(load_config(str(agent_config(tmp_path, {"tools": {"entries": []}}, command="python agent.py"))))
+    assert "tools: not used, the agent program calls its own tools (rollout.agent)" in capfd.readouterr().err
