@@ -1,8 +1,16 @@
-"""Every seed a run derives from ``rollout.seed``, in one place: a step's, a group's, a trajectory's,
-a turn's and a branch's sampling seeds, and the data order of an epoch. Each is a pure function of
-the run's seed and a position (step, group, sample, turn), so a resumed run, an asynchronous run and
-a recorded replay regenerate any trajectory with the seeds it had. The strides are distinct primes,
-so no two positions of one run share a seed in practice.
+"""Every seed a run derives, in one place. Two roots:
+
+- ``rollout.seed``: what is sampled. A step's, a group's, a trajectory's, a turn's and a branch's
+  sampling seeds, and the engines' per-sample streams of one seeded request (:func:`sample_seed`).
+- ``trainer.seed``: what is trained on, in which order, and the processes' own randomness. The data
+  order of an epoch (:func:`epoch_seed`), the interleaving of an environment mixture
+  (``toolrl.data.sources``, seeded with it as it is), and torch, numpy and ``random`` in every
+  process (``seed_everything``).
+
+Each is a pure function of its root and a position (step, group, sample, turn, branch, epoch), so a
+resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds it
+had. The sampling strides differ, and GROUP, SAMPLE, TURN and BRANCH are primes, so no two positions
+of one run share a seed in practice.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ GROUP = 1_000_003  # group g of a batch: the batch's seed + GROUP * g
 SAMPLE = 10_007  # sample k of a group: the group's seed + SAMPLE * k
 TURN = 7_919  # the engine's sampling seed at turn t of a trajectory: its seed + TURN * t
 BRANCH = 104_729  # branch b (fold) of a trajectory: its seed + BRANCH * b, apart from its line's and others'
-EPOCH = 1_000_003  # the data order of epoch e: shuffled with rollout.seed * EPOCH + e
+EPOCH = 1_000_003  # the data order of epoch e: shuffled with trainer.seed * EPOCH + e (a multiplier, not a stride)
+STREAM = 1_000_003  # sample i of one seeded engine request of n: its seed * STREAM + i
 
 
 def step_seed(rollout_seed: int, step: int) -> int:
@@ -44,6 +53,12 @@ def branch_seed(trajectory: int, branch: int) -> int:
     return trajectory + BRANCH * branch
 
 
-def epoch_seed(rollout_seed: int, epoch: int) -> int:
-    """The seed that shuffles the data of epoch ``epoch``."""
-    return rollout_seed * EPOCH + epoch
+def epoch_seed(data_seed: int, epoch: int) -> int:
+    """The seed that shuffles the data of epoch ``epoch`` (``data_seed``: ``trainer.seed``)."""
+    return data_seed * EPOCH + epoch
+
+
+def sample_seed(request_seed: int, index: int) -> int:
+    """The seed of sample ``index`` of an engine request for ``n`` samples seeded ``request_seed``: distinct,
+    reproducible streams, within the 63 bits a generator takes."""
+    return (request_seed * STREAM + index) & 0x7FFF_FFFF_FFFF_FFFF

@@ -46,6 +46,7 @@ from toolrl import masks
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
 from toolrl.engines.routing import Routing
 from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.seeds import sample_seed
 from toolrl.trajectory import RoutedExperts
 
 
@@ -66,11 +67,6 @@ class TransformersEngineConfig(BaseModel):
                                 "group's n trajectories) once and fork its KV to them.")
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
                                 "was routed to (Generation.routes), for algorithm.routing_replay: r3.")
-
-
-def _sample_seed(seed: int, index: int) -> int:
-    # Distinct, reproducible streams for the n samples of one seeded request.
-    return (seed * 1_000_003 + index) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 _CDF_BLOCK = 1024
@@ -656,7 +652,7 @@ class TransformersEngine(RolloutEngine):
             return None
         seed = req.params.seed if req.params.seed is not None else self._rng.getrandbits(62)
         gen = torch.Generator(device=self.device)
-        gen.manual_seed(_sample_seed(seed, index))
+        gen.manual_seed(sample_seed(seed, index))
         return gen
 
     def _advance(self, batch: _Batch, rows: list[_Row], logits: torch.Tensor, finished: list[_Request]) -> None:
