@@ -72,15 +72,15 @@ class Program(Agent):
         return await self.function(task.model_dump(), endpoint)
 
 
-async def episode(script, program, family="qwen2_5", setting=None, **options):
-    """One episode of ``program`` (an async function of (task, endpoint), or an Agent) whose model says
-    ``script``, in ``family``'s format: (tokenizer, context, pieces). ``setting``: :func:`context`'s
-    keywords (rewards, delay, rollout settings); ``options``: the agent's."""
+async def episode(script, program, family="qwen2_5", setting=None, sample=SAMPLE, **options):
+    """One episode of ``program`` (an async function of (task, endpoint), or an Agent) on ``sample`` whose
+    model says ``script``, in ``family``'s format: (tokenizer, context, pieces). ``setting``:
+    :func:`context`'s keywords (rewards, delay, rollout settings); ``options``: the agent's."""
     tok = family_tokenizer(family)
     agent = program if isinstance(program, Agent) else Program(program, **options)
     ctx = context(tok, family, script, agent, **(setting or {}))
     try:
-        pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t0", 0)
+        pieces = await run_trajectory_pieces(ctx, sample, 0, "t0", 0)
     finally:
         await ctx.close()
     return tok, ctx, pieces

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from gateway_kit import SAMPLE, episode, hermes, trained
 from toolrl.plugins.parts import BuildContext, build_part
+from toolrl.schemas import Sample
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "agents"
 SCRIPT = [hermes("add", {"a": 2, "b": 3}), hermes("add", {"a": 5, "b": 9}), "The answer is 14"]
@@ -43,3 +44,20 @@ async def test_a_framework_agent_runs_unchanged_as_a_program_of_its_own():
                        BuildContext("rollout.agent"))
     _, ctx, pieces = await episode(SCRIPT, agent)
     check(ctx, pieces)
+
+
+async def test_a_task_of_its_own_tools_the_lookup_chain_as_an_sdk_program(monkeypatch):
+    """examples/agents/lookup_sdk.py: a tool made per episode from the task (its chain of keys), a worked
+    example in the model's own call format before the question, the reward from the program."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = importlib.import_module("lookup_sdk")
+    task = Sample(prompt=[{"role": "user", "content": "Start at key A. Look up keys."}], ground_truth="777",
+                  extra_info={"chain": ["A", "12", "777"]}, index=0)
+    script = [hermes("lookup", {"key": "A"}), hermes("lookup", {"key": "12"}), "777"]
+
+    async def program(task, endpoint):
+        return await example.run(task, endpoint.client(max_retries=0))
+
+    _, ctx, pieces = await episode(script, program, sample=task)
+    check(ctx, pieces)
+    assert '"key": "K"' in ctx.engine.tokenizer.decode(pieces[-1].prompt_ids)  # the worked example
