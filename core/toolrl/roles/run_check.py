@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options
-from toolrl.families import FamilyError, detect_family, missing_token, plugin_of
 from toolrl.plugins.parts import checked_options
 from toolrl.rollout.context_check import model_context
-from toolrl.rollout.families import chat_template_text
 
 if TYPE_CHECKING:
     from toolrl.rollout.routes import Parts
@@ -138,22 +136,9 @@ def template_where(config: Config, model_dir: str) -> str:
 
 def check_template(facts: RunFacts, factory: Any) -> list[str]:
     """The template compiled and rendered on a probe conversation with a tool: the prompt must hold the
-    task and the tool and end in the model's turn; a family the template belongs to must have its
-    tokens in the tokenizer, whichever setting chose the template."""
+    task and the tool and end in the model's turn (``factory``: the run's renderers, whose making checked
+    the template's family against the tokenizer: :func:`toolrl.rollout.families.config_renderer_factory`)."""
     where = template_where(facts.config, facts.model_dir)
-    template = facts.config.model.chat_template
-    if template is not None:
-        text = chat_template_text(facts.config, template)
-        if not text.strip():
-            raise ConfigError(f"{where}: the template is empty")
-        try:
-            family = detect_family(text)
-        except FamilyError:
-            family = None
-        if family is not None and (missing := missing_token(family, facts.tokenizer)):
-            raise ConfigError(f"{where}: the template is model family {family.name!r}'s (plugin "
-                              f"{plugin_of(family)!r}), whose {missing} the tokenizer does not hold as one token: "
-                              "a template of another model's family")
     messages = [{"role": "user", "content": PROBE_TASK}]
     try:
         asked = factory([PROBE_SCHEMA]).prompt_ids(messages)

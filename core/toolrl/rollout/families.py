@@ -90,10 +90,11 @@ def config_renderer_factory(config: Config, tokenizer: Any,
                             processor: Any = None) -> Callable[[Sequence[dict[str, Any]]], ChatRenderer]:
     """:func:`renderer_factory` as the config sets it up: ``model.chat_format``, ``model.chat_template``
     and ``rollout.template_rewrite``, errors naming the file and line they were set on. Called before
-    any model loads: its checks (the family's tokens) are the start's."""
+    any model loads: its checks (the family's tokens, the chosen template's) are the start's."""
     template = None
     if config.model.chat_template is not None:
         template = chat_template_text(config, config.model.chat_template)
+        check_chosen_template(template, tokenizer, field_where(config, "model.chat_template"))
     return renderer_factory(tokenizer, config.model.chat_format, config.rollout.template_rewrite, processor,
                             template, field_where(config, "model.chat_format"))
 
@@ -115,6 +116,21 @@ def chat_template_text(config: Config, spec: str) -> str:
         names = ", ".join(f.name for f in registered_families() if f.own_template() is not None)
         raise FamilyError(f"{where}: model family {spec!r} bundles no template (families that do: {names})")
     return own.text()
+
+
+def check_chosen_template(text: str, tokenizer: Any, where: str) -> None:
+    """A template ``model.chat_template`` chose must say something, and a family's template needs the
+    family's tokens in the tokenizer, as ``model.chat_format`` does (a ConfigError naming ``where``)."""
+    if not text.strip():
+        raise ConfigError(f"{where}: the template is empty")
+    try:
+        family = detect_family(text)
+    except FamilyError:
+        return
+    if family is not None and (missing := missing_token(family, tokenizer)):
+        raise ConfigError(f"{where}: the template is model family {family.name!r}'s (plugin {plugin_of(family)!r}), "
+                          f"whose {missing} the tokenizer does not hold as one token: a template of another "
+                          "model's family")
 
 
 def renderer_class(family: ModelFamily | None) -> type[ChatRenderer]:
