@@ -13,6 +13,9 @@ from gateway_kit import SAMPLE, episode, hermes, trained
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import Sample
 
+# Third-party frameworks and program processes: the slow part of the core tests (about 25 s in all).
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "agents"
 SCRIPT = [hermes("add", {"a": 2, "b": 3}), hermes("add", {"a": 5, "b": 9}), "The answer is 14"]
 
