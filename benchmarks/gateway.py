@@ -6,16 +6,19 @@ the gateway with the official ``openai`` client, at 1, 16 and 256 concurrent ses
 
 Config: examples/tiny.yaml with its own tasks (no environment, no tools: the model's first answer ends
 the episode), ``rollout.max_new_tokens=32`` and no stop reached before it (a random model with a
-151,936-token vocabulary does not sample the end-of-turn token in 32 draws: the mean tokens a call is
+151,936-token vocabulary seldom samples the end-of-turn token in 32 draws: the mean tokens a call is
 printed both ways). Both ways run ``run_rollouts`` on one engine with the same seeds, so they make the
 same calls (the share of identical completions is printed). Direct: one trajectory a call, its latency
 ``Trajectory.generation_s``; gateway: ``rollout.agent`` a program that makes the call with
-``endpoint.client(max_retries=0)``, timed around ``chat.completions.create``. At each concurrency the
-rounds alternate (direct, gateway, ...) so machine load hits both alike.
+``endpoint.client(max_retries=0)``, timed around ``chat.completions.create``. Each episode has its own
+client and connection, as separate programs would (the endpoint's clients share one TLS context: a
+default client would load the CA certificates, 20 ms or more, on the event loop the gateway and the
+engine share). Rounds of each concurrency alternate between the two ways
+(which goes first alternates too) so machine load hits both alike, after a warm-up round of 256 each way.
 
 Then the gateway's own cost, with the scripted engine (no model: the same 32 tokens at once) in place of
 the model: per call at concurrency 1 (median latency, gateway − direct) and at 256 (round wall time,
-gateway − direct, per call: the event loop's time for HTTP, render, parse and record).
+gateway − direct, per call: the event loop's time for the client, HTTP, render, parse and record).
 
 Last line: ``gateway overhead p99 @256: X.XX`` = p99 through the gateway / p99 direct − 1 (goal ≤ 0.10).
 """
@@ -47,13 +50,15 @@ single_thread()
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 32
-LEVELS = {1: 32, 16: 64, 256: 256}  # concurrent sessions: calls measured each way
-SCRIPTED_LEVELS = {1: 64, 256: 512}
+# (concurrent sessions, calls measured each way)
+LEVELS = [(1, 64), (16, 128), (256, 512)]
+SCRIPTED_LEVELS = [(1, 64), (256, 512)]
 SCRIPT = "The answer is " + " ".join(f"step{i}" for i in range(TOKENS))  # more than 32 tokens
 
 
 class OneCall(Agent):
-    """An agent program: one chat completion with the official client, timed client-side."""
+    """An agent program: one chat completion with the official client, timed client-side. Each episode
+    has a client of its own (its own connection), as ``rollout.agent.callable`` gives it."""
 
     name = "one-call"
 
@@ -90,7 +95,8 @@ async def contexts(data: Path, overrides: list[str]) -> tuple[Any, RolloutContex
 
 async def measure(direct: RolloutContext, gateway: RolloutContext, agent: OneCall, samples: list,
                   level: int, calls: int) -> dict[str, Any]:
-    """``calls`` calls each way, in rounds of ``level`` concurrent episodes, alternating."""
+    """``calls`` calls each way, in rounds of ``level`` concurrent episodes, alternating (which way goes
+    first alternates too)."""
     lat: dict[str, list[float]] = {"direct": [], "gateway": []}
     wall = {"direct": 0.0, "gateway": 0.0}
     tokens, same = [], 0
@@ -98,7 +104,8 @@ async def measure(direct: RolloutContext, gateway: RolloutContext, agent: OneCal
         batch = [samples[(r * level + i) % len(samples)] for i in range(level)]
         agent.latencies, agent.tokens = [], []
         got = {}
-        for way, ctx in (("direct", direct), ("gateway", gateway)):
+        ways = [("direct", direct), ("gateway", gateway)]
+        for way, ctx in ways if r % 2 == 0 else ways[::-1]:
             t0 = time.perf_counter()
             trajs = await run_rollouts(ctx, batch, 1, seed=r, id_prefix=f"{way}{level}-{r}-")
             wall[way] += time.perf_counter() - t0
@@ -113,8 +120,15 @@ async def measure(direct: RolloutContext, gateway: RolloutContext, agent: OneCal
     return {"lat": lat, "wall": wall, "tokens": tokens, "same": same / (calls // level * level)}
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1e3 if len(values) > 1 else values[0] * 1e3
+
+
+def row(label: str, got: dict[str, Any]) -> tuple[str, float]:
+    d, g = got["lat"]["direct"], got["lat"]["gateway"]
+    ratio = pct(g, 99) / pct(d, 99) - 1
+    return (f"| {label} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {pct(g, 50):.1f} | {pct(g, 99):.1f} "
+            f"| {ratio:+.3f} |"), ratio
 
 
 async def main_async(tmp: Path) -> None:
@@ -123,42 +137,40 @@ async def main_async(tmp: Path) -> None:
                                                      f"{i + 7}? Think it through, then answer."}]}) + "\n"
                             for i in range(256)))
     print(machine())
-    print(f"tiny random Qwen3, transformers engine, {TOKENS} tokens a call; calls each way: "
-          + ", ".join(f"{c} at concurrency {lv}" for lv, c in LEVELS.items()))
     rollouts, direct, gateway, agent, samples = await contexts(data, [])
     rows, ratio256 = [], 0.0
     try:
-        await measure(direct, gateway, agent, samples, 16, 16)  # warm both paths (the engine, the server)
-        for level, calls in LEVELS.items():
+        # Warm both paths at the largest batch: the engine's buffers, the server's connections.
+        await measure(direct, gateway, agent, samples, 256, 256)
+        for level, calls in LEVELS:
             got = await measure(direct, gateway, agent, samples, level, calls)
-            d, g = got["lat"]["direct"], got["lat"]["gateway"]
-            ratio = pct(g, 99) / pct(d, 99) - 1
+            line, ratio = row(f"{level}", got)
+            rows.append(line)
             ratio256 = ratio if level == 256 else ratio256
-            rows.append(f"| {level} | {len(d)} | {pct(d, 50):.1f} | {pct(d, 99):.1f} | {pct(g, 50):.1f} | "
-                        f"{pct(g, 99):.1f} | {ratio:+.3f} |")
-            print(f"concurrency {level}: mean tokens a call {statistics.mean(got['tokens'][0::2]):.2f} direct, "
-                  f"{statistics.mean(got['tokens'][1::2]):.2f} gateway; identical completions {got['same']:.0%}; "
-                  f"round wall {got['wall']['direct']:.2f} s direct, {got['wall']['gateway']:.2f} s gateway",
-                  flush=True)
+            print(f"{'transformers':<12} {level:>3}: {calls} calls, "
+                  f"mean tokens a call {statistics.mean(got['tokens'][0::2]):.2f} direct, "
+                  f"{statistics.mean(got['tokens'][1::2]):.2f} gateway, identical completions {got['same']:.0%}; "
+                  f"wall {got['wall']['direct']:.2f} s direct, {got['wall']['gateway']:.2f} s gateway", flush=True)
     finally:
         await gateway.close()
         await rollouts.close()
-    scripted = await contexts(data, ["engine.name=scripted", f"engine.options.script=[{SCRIPT}]"])
+    rollouts, direct, gateway, agent, samples = await contexts(data, [
+        "engine.name=scripted", f"engine.options.script=[{SCRIPT}]"])
     cost = []
     try:
-        await measure(*scripted[1:], 16, 16)
-        for level, calls in SCRIPTED_LEVELS.items():
-            got = await measure(*scripted[1:], level, calls)
-            d, g = got["lat"]["direct"], got["lat"]["gateway"]
-            per_call = (got["wall"]["gateway"] - got["wall"]["direct"]) / calls * 1e3
-            cost.append(f"scripted engine, concurrency {level}, {calls} calls, {statistics.mean(got['tokens']):.0f} "
-                        f"tokens a call: latency p50 {pct(d, 50):.2f} ms direct, {pct(g, 50):.2f} ms gateway; "
-                        f"wall per call {got['wall']['direct'] / calls * 1e3:.2f} ms direct, "
-                        f"{got['wall']['gateway'] / calls * 1e3:.2f} ms gateway: gateway cost "
-                        f"{(pct(g, 50) - pct(d, 50)) if level == 1 else per_call:.2f} ms per call")
+        await measure(direct, gateway, agent, samples, 256, 256)
+        for level, calls in SCRIPTED_LEVELS:
+            got = await measure(direct, gateway, agent, samples, level, calls)
+            d, g, wall = got["lat"]["direct"], got["lat"]["gateway"], got["wall"]
+            per_call = (pct(g, 50) - pct(d, 50)) if level == 1 else (wall["gateway"] - wall["direct"]) / calls * 1e3
+            cost.append(f"scripted engine @{level}: {calls} calls of "
+                        f"{statistics.mean(got['tokens']):.0f} tokens, latency p50 {pct(d, 50):.2f} ms direct, "
+                        f"{pct(g, 50):.2f} ms gateway; wall per call {wall['direct'] / calls * 1e3:.2f} ms direct, "
+                        f"{wall['gateway'] / calls * 1e3:.2f} ms gateway: the gateway's cost "
+                        f"{per_call:.2f} ms per call ({'latency' if level == 1 else 'wall'})")
     finally:
-        await scripted[2].close()
-        await scripted[0].close()
+        await gateway.close()
+        await rollouts.close()
     print("\n| concurrency | calls | direct p50 ms | direct p99 ms | gateway p50 ms | gateway p99 ms "
           "| p99 ratio − 1 |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))

@@ -15,6 +15,8 @@ started per episode, the endpoint in its environment: :mod:`toolrl.agents.progra
 
 from __future__ import annotations
 
+import functools
+import ssl
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -52,10 +54,18 @@ class Endpoint:
                 "TOOLRL_REWARD_URL": self.reward_url, "TOOLRL_MODEL": self.model}
 
     def client(self, **kwargs: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` client of this endpoint."""
+        """An ``openai.AsyncOpenAI`` client of this endpoint. Clients share one TLS context: a default
+        client loads the CA certificates when it is made (20-70 ms on the rollout's event loop, every
+        episode; docs/benchmarks.md, "The gateway"), which a plain-HTTP endpoint never uses."""
         import openai
 
+        kwargs.setdefault("http_client", openai.DefaultAsyncHttpxClient(verify=_tls_context()))
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class AgentFailure(RuntimeError):
