@@ -18,11 +18,16 @@ import aiohttp
 import pytest
 from family_tokenizers import family_tokenizer
 from gateway_kit import ADD, SAMPLE, Program, context, episode, hermes, post, trained
+from toolrl.config import RolloutConfig
+from toolrl.engines import SamplingParams
 from toolrl.gateway.messages import template_messages
-from toolrl.gateway.protocol import ChatMessage
+from toolrl.gateway.protocol import ChatMessage, RequestError, message_key
+from toolrl.gateway.record import EpisodeRecord
+from toolrl.gateway.session import Ask, GatewaySession
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.rollout import run_rollouts
 from toolrl.testing import parser_corpus as pc
+from toolrl.testing.scripted_engine import scripted_generation
 
 # Each family's call as its models write it, and reasoning it writes before (which clients drop).
 CALLS = {"qwen2_5": hermes, "qwen3": hermes, "gemma3": hermes, "qwen3_5": pc.qwen3_coder,
@@ -353,3 +358,26 @@ async def test_256_concurrent_episodes_through_one_gateway_each_recorded_and_clo
         await ctx.close()
     assert len(trajs) == 256 and all(t.termination == "answered" and t.turns == 2 for t in trajs)
     assert all(trained([t]) == ctx.engine.generated[0] * 2 for t in trajs)
+
+
+def test_a_generation_that_ends_after_its_episode_changes_nothing():
+    """A program cut at its deadline mid-call: its trajectory is made then; the generation finishing
+    later (the engine was not told to stop) is not written into it, and a later call is a 404."""
+    tok = family_tokenizer("qwen2_5")
+    renderer = context(tok, "qwen2_5", ["x"], Program(None)).schema_renderer([])
+    record = EpisodeRecord("t0", 0, 0)
+    hi, more = (message_key(ChatMessage(role="user", content=text)) for text in ("hi", "more"))
+    first = record.place([hi], "[]", renderer, [{"role": "user", "content": "hi"}])
+    gen = scripted_generation(tok, "hello", SamplingParams(stop_token_ids=renderer.stop_ids))
+    record.record(first, [gen], ["reply"], ["hello"], [[]], "hello")
+    late = record.place([hi, "reply", more], "[]", renderer, [  # continues the segment: the same trajectory
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}])
+    assert late.segment is first.segment
+    pieces = record.pieces("infra_error")
+    before = [p.model_dump() for p in pieces]
+    record.record(late, [gen], ["k3"], ["hello"], [[]], "hello")
+    assert [p.model_dump() for p in pieces] == before and trained(pieces) == gen.token_ids
+    session = GatewaySession(record, None, lambda schemas: renderer, None, RolloutConfig(), 0, "toolrl")
+    with pytest.raises(RequestError, match="the episode has ended") as ended:
+        asyncio.run(session.turn([ChatMessage(role="user", content="again")], None, Ask()))
+    assert ended.value.status == 404

@@ -69,6 +69,7 @@ class EpisodeRecord:
     final_response: str = ""
     last_finish: str = ""
     calls: int = 0  # generation calls made: the turn counter of the episode's seeds
+    ended: bool = False  # its trajectory was made: a generation still in flight then is not recorded
     _ids: Any = field(default_factory=itertools.count)
     _answers: Any = field(default_factory=itertools.count)
 
@@ -119,7 +120,10 @@ class EpisodeRecord:
     def record(self, call: Call, gens: Sequence[Generation], replies: Sequence[str], texts: Sequence[str],
                errors: Sequence[Sequence[ParseError]], answer: str) -> None:
         """The generations of ``call`` (choice ``i`` with its reply's key ``replies[i]``, its text and
-        parse errors): the first joins the call's segment, every other opens one."""
+        parse errors): the first joins the call's segment, every other opens one. Nothing, once the
+        episode ended (its pieces are the trajectory already)."""
+        if self.ended:
+            return
         prompt = call.prompt_ids
         for i, gen in enumerate(gens):
             segment = call.segment if i == 0 else self._open(prompt, call.segment.renderer, call.segment.tools,
@@ -145,7 +149,8 @@ class EpisodeRecord:
     def pieces(self, termination: Termination) -> list[Trajectory]:
         """The trajectory: every segment that holds a sampled token, cut after its last one, in the
         order they were opened, the one that answered last at the end (with ``termination``; the
-        others ``forked``)."""
+        others ``forked``). The episode ends: a call still generating is not recorded."""
+        self.ended = True
         live = [s for s in self.segments if any(s.traj.response_mask)]
         if not live:
             return []

@@ -127,6 +127,8 @@ class GatewaySession:
         """One model call of the episode, whichever API it came through: ``messages`` (OpenAI chat
         messages, ``tools`` OpenAI function tools) rendered or continued from the sampled tokens,
         generated, parsed and recorded. Its id (``id_prefix-...``) is one a step reward may name."""
+        if self.record.ended:  # the program outlived its episode (cut at its deadline)
+            raise RequestError("the episode has ended", 404)
         schemas = tool_schemas(tools)
         renderer = self.renderers(schemas)
         messages = self._served_ids(messages)
