@@ -4,7 +4,8 @@ chain of keys, the SDK's loop, the answer as the final output; nothing of toolrl
 Run by toolrl once per episode (``rollout.agent: {command: "python examples/agents/lookup_sdk.py"}``):
 the endpoint comes in OPENAI_BASE_URL and OPENAI_API_KEY, the task in TOOLRL_TASK (its
 ``extra_info.chain``: start key, the keys between, the value), and the reward goes to TOOLRL_REWARD_URL:
-1 when the answer is the value and every key on the way was looked up.
+1 when the answer is the value and every key on the way was looked up, else 0.3 times the share of the
+chain's keys looked up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agents.exceptions import AgentsException
 from openai import AsyncOpenAI
 
 set_tracing_disabled(True)  # the SDK sends traces to OpenAI's servers otherwise
+PROGRESS = 0.3  # the reward of an unsolved episode that looked up every key
 
 INSTRUCTIONS = ("You follow a chain of keys. Call lookup with the key you know; it tells you the next key or "
                 "the value. When you know the value, answer with the value only.")
@@ -32,11 +34,11 @@ def call(key: str) -> str:
 EXAMPLE = [
     {"role": "user", "content": "Start at key K. Look up keys until you reach the value, then answer it."},
     {"role": "assistant", "content": call("K")},
-    {"role": "user", "content": "<tool_response>\nK: look up 31 next\n</tool_response>"},
+    {"role": "user", "content": "<tool_response>\nThe next key is 31: look up 31.\n</tool_response>"},
     {"role": "assistant", "content": call("31")},
-    {"role": "user", "content": "<tool_response>\n31: look up 58 next\n</tool_response>"},
+    {"role": "user", "content": "<tool_response>\nThe next key is 58: look up 58.\n</tool_response>"},
     {"role": "assistant", "content": call("58")},
-    {"role": "user", "content": "<tool_response>\n58: the value is 402\n</tool_response>"},
+    {"role": "user", "content": "<tool_response>\nThe value is 402.\n</tool_response>"},
     {"role": "assistant", "content": "402"},
 ]
 
@@ -55,7 +57,7 @@ async def run(task: dict, client: AsyncOpenAI) -> float:
         looked.add(key)
         position = chain.index(key)
         nxt = chain[position + 1]
-        return f"{key}: the value is {nxt}" if position + 2 == len(chain) else f"{key}: look up {nxt} next"
+        return f"The value is {nxt}." if position + 2 == len(chain) else f"The next key is {nxt}: look up {nxt}."
 
     agent = Agent(name="lookup", instructions=INSTRUCTIONS, tools=[lookup],
                   model=OpenAIChatCompletionsModel(model=os.environ.get("TOOLRL_MODEL", "toolrl"), openai_client=client))
@@ -63,9 +65,11 @@ async def run(task: dict, client: AsyncOpenAI) -> float:
         question = {"role": "user", "content": task["prompt"][-1]["content"]}
         result = await Runner.run(agent, input=[*EXAMPLE, question], max_turns=len(chain) + 1)
     except AgentsException:  # out of turns: unsolved
-        return 0.0
-    solved = str(result.final_output).strip() == chain[-1] and len(looked) == len(chain) - 1
-    return float(solved)
+        result = None
+    solved = result is not None and str(result.final_output).strip() == chain[-1] and len(looked) == len(chain) - 1
+    # Unsolved: a little for each key of the chain looked up (never as much as solving), so that a model
+    # that has not yet solved one gets a signal for getting further along.
+    return 1.0 if solved else PROGRESS * len(looked) / (len(chain) - 1)
 
 
 def main() -> None:
