@@ -8,11 +8,9 @@ OPENAI_BASE_URL and OPENAI_API_KEY, the task in TOOLRL_TASK, the reward to TOOLR
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import urllib.request
 
+import as_program  # this directory's: what the program does around its agent
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -47,15 +45,5 @@ async def run(task: dict, client) -> float:
     return float(str(task["ground_truth"]) in str(state["messages"][-1].content))
 
 
-def main() -> None:
-    from openai import AsyncOpenAI
-
-    task = json.loads(os.environ["TOOLRL_TASK"])
-    reward = asyncio.run(run(task, AsyncOpenAI(max_retries=0)))
-    request = urllib.request.Request(os.environ["TOOLRL_REWARD_URL"], json.dumps({"reward": reward}).encode(), {
-        "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"})
-    urllib.request.urlopen(request).close()
-
-
 if __name__ == "__main__":
-    main()
+    as_program.main(run)

@@ -9,11 +9,9 @@ Trained by toolrl either way it can be run:
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import urllib.request
 
+import as_program  # this directory's: what the program does around its agent
 from agents import Agent, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
 
@@ -38,13 +36,5 @@ async def run(task: dict, client: AsyncOpenAI, api: str = "responses") -> float:
     return float(str(task["ground_truth"]) in str(result.final_output))
 
 
-def main() -> None:
-    task = json.loads(os.environ["TOOLRL_TASK"])
-    reward = asyncio.run(run(task, AsyncOpenAI(max_retries=0)))
-    request = urllib.request.Request(os.environ["TOOLRL_REWARD_URL"], json.dumps({"reward": reward}).encode(), {
-        "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"})
-    urllib.request.urlopen(request).close()
-
-
 if __name__ == "__main__":
-    main()
+    as_program.main(run)

@@ -10,11 +10,9 @@ chain's keys looked up.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-import urllib.request
 
+import as_program  # this directory's: what the program does around its agent
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from agents.exceptions import AgentsException
 from openai import AsyncOpenAI
@@ -27,7 +25,7 @@ INSTRUCTIONS = ("You follow a chain of keys. Call lookup with the key you know; 
 
 
 def call(key: str) -> str:
-    return '<tool_call>\n{"name": "lookup", "arguments": {"key": "%s"}}\n</tool_call>' % key
+    return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
 
 
 # A solved chain, shown before the task as turns the model wrote: small models copy a format they see.
@@ -72,13 +70,5 @@ async def run(task: dict, client: AsyncOpenAI) -> float:
     return 1.0 if solved else PROGRESS * len(looked) / (len(chain) - 1)
 
 
-def main() -> None:
-    task = json.loads(os.environ["TOOLRL_TASK"])
-    reward = asyncio.run(run(task, AsyncOpenAI(max_retries=0)))
-    request = urllib.request.Request(os.environ["TOOLRL_REWARD_URL"], json.dumps({"reward": reward}).encode(), {
-        "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"})
-    urllib.request.urlopen(request).close()
-
-
 if __name__ == "__main__":
-    main()
+    as_program.main(run)
