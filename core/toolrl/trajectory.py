@@ -157,3 +157,15 @@ def model_tokens_end(mask: Sequence[int]) -> int:
         if mask[i]:
             return i + 1
     return 0
+
+
+def append_tokens(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:
+    """Tokens appended to a trajectory's response, each with its mask and log-prob (0.0 where untrained)."""
+    traj.response_ids += ids
+    traj.response_mask += mask
+    traj.logprobs += logprobs
+
+
+def cut_response(traj: Trajectory, end: int) -> None:
+    """A trajectory's response cut to its first ``end`` tokens (their masks and log-probs with them)."""
+    del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]

@@ -29,7 +29,7 @@ from typing import Any
 from toolrl.engines import Generation
 from toolrl.gateway.protocol import is_assistant_key
 from toolrl.schemas import ParseError
-from toolrl.trajectory import Termination, Trajectory, model_tokens_end
+from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end
 
 
 @dataclass
@@ -88,7 +88,7 @@ class EpisodeRecord:
             except Exception:  # a template that cannot append these messages: render them whole
                 segment = None
             else:
-                _append(segment.traj, delta, 0, [0.0] * len(delta))
+                append_tokens(segment.traj, delta, [0] * len(delta), [0.0] * len(delta))
         if segment is None:
             segment = self._open(renderer.prompt_ids(list(messages)), renderer, tools, keys)
             before = 0
@@ -114,7 +114,7 @@ class EpisodeRecord:
     def abandon(self, call: Call) -> None:
         """Take a failed request's messages back out of its segment."""
         traj, segment = call.segment.traj, call.segment
-        del traj.response_ids[call.before:], traj.response_mask[call.before:], traj.logprobs[call.before:]
+        cut_response(traj, call.before)
         segment.busy = False
 
     def record(self, call: Call, gens: Sequence[Generation], replies: Sequence[str], texts: Sequence[str],
@@ -129,7 +129,7 @@ class EpisodeRecord:
             segment = call.segment if i == 0 else self._open(prompt, call.segment.renderer, call.segment.tools,
                                                              call.keys)
             traj = segment.traj
-            _append(traj, gen.token_ids, 1, gen.logprobs)
+            append_tokens(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
             traj.turns += 1
             traj.model_text.append(texts[i])
             traj.parse_errors += list(errors[i])
@@ -159,8 +159,7 @@ class EpisodeRecord:
         out = []
         for k, segment in enumerate(ordered):
             traj = segment.traj
-            end = model_tokens_end(traj.response_mask)
-            del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+            cut_response(traj, model_tokens_end(traj.response_mask))
             final = k == len(ordered) - 1
             traj.trajectory_id = self.key if final else f"{self.key}~{k}"
             traj.trajectory_key = self.key if len(ordered) > 1 else ""
@@ -169,9 +168,3 @@ class EpisodeRecord:
             out.append(traj)
         out[-1].final_response = self.final_response
         return out
-
-
-def _append(traj: Trajectory, ids: Sequence[int], mask: int, logprobs: Sequence[float]) -> None:
-    traj.response_ids += ids
-    traj.response_mask += [mask] * len(ids)
-    traj.logprobs += logprobs

@@ -66,7 +66,7 @@ async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, tr
     pieces = record.pieces(_termination(record, session, failure, agent.options.failure))
     if not pieces:  # not one model call: nothing to train, whatever the rule
         failure = failure or "the agent made no model call"
-        prompt = ctx.schema_renderer([]).prompt_ids([m.model_dump(exclude_none=True) for m in sample.prompt])
+        prompt = ctx.schema_renderer([]).prompt_ids([m.to_template() for m in sample.prompt])
         pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=group,
                              env=sample.env, prompt_ids=prompt, ground_truth=sample.ground_truth,
                              termination="infra_error")]

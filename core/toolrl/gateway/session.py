@@ -131,8 +131,8 @@ class GatewaySession:
             raise RequestError("the episode has ended", 404)
         schemas = tool_schemas(tools)
         renderer = self.renderers(schemas)
-        messages = self._served_ids(messages)
-        keys = [message_key(m) for m in messages]
+        keys = [message_key(m) for m in messages]  # ids are no part of a key: renaming them keeps it
+        messages = self._served_ids(messages, keys)
         # A reply the model wrote is rendered as it wrote it, as the rollout loop renders its history.
         rendered = [renderer.assistant_message(self.replies[k].ids, self.replies[k].parsed) if k in self.replies
                     else m for k, m in zip(keys, template_messages(messages, renderer, []))]  # no processor: no images
@@ -166,12 +166,12 @@ class GatewaySession:
         self.served.add(completion)
         return Turn(completion, choices, prompt_tokens, renderer.decode)
 
-    def _served_ids(self, messages: Sequence[ChatMessage]) -> Sequence[ChatMessage]:
+    def _served_ids(self, messages: Sequence[ChatMessage], keys: Sequence[str]) -> Sequence[ChatMessage]:
         """The messages with each call and tool result naming the call by the id the model's reply was
         served with, where the client renamed it: templates that pair results with calls render that id."""
         rename: dict[str, str] = {}
-        for m in messages:
-            reply = self.replies.get(message_key(m)) if m.role == "assistant" and m.tool_calls else None
+        for m, key in zip(messages, keys):
+            reply = self.replies.get(key) if m.role == "assistant" and m.tool_calls else None
             served = reply.call_ids if reply is not None else []
             rename.update({c.id: s for c, s in zip(m.tool_calls or [], served) if c.id and c.id != s})
         if not rename:

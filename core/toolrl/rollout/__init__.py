@@ -57,7 +57,15 @@ from toolrl.schemas import (
 from toolrl.seeds import branch_seed, trajectory_seed, turn_seed
 from toolrl.sessions import SessionError, SessionKind, SessionRun, failure_after_calls
 from toolrl.tools import Tool, ToolSet
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, TrajectoryImage, model_tokens_end
+from toolrl.trajectory import (
+    ContextEdit,
+    Termination,
+    Trajectory,
+    TrajectoryImage,
+    append_tokens,
+    cut_response,
+    model_tokens_end,
+)
 
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
@@ -169,10 +177,7 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
             await finish_tools(ep)
     await scoring.score(route.reward_functions, route.reward_config, traj, sample, ep.step_rewards,
                         extra=ep.session_terms)
-    for piece in ep.closed:  # every piece is trained with the trajectory's reward
-        piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
-        piece.reward_errors = dict(traj.reward_errors)
-    return [*ep.closed, traj]
+    return with_reward(ep.closed, traj)
 
 
 async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
@@ -184,9 +189,15 @@ async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample
     *closed, traj = outcome.pieces
     await scoring.score(route.reward_functions, route.reward_config, traj, sample, outcome.step_rewards,
                         extra=outcome.terms)
-    for piece in closed:  # every piece is trained with the trajectory's reward
-        piece.reward, piece.reward_terms, piece.reward_errors = traj.reward, dict(traj.reward_terms), dict(traj.reward_errors)
-    return outcome.pieces
+    return with_reward(closed, traj)
+
+
+def with_reward(closed: Sequence[Trajectory], traj: Trajectory) -> list[Trajectory]:
+    """A trajectory's pieces in order, its last ``traj``: every piece is trained with its reward."""
+    for piece in closed:
+        piece.reward, piece.reward_terms = traj.reward, dict(traj.reward_terms)
+        piece.reward_errors = dict(traj.reward_errors)
+    return [*closed, traj]
 
 
 async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
@@ -296,7 +307,7 @@ async def take_turn(ep: _Episode) -> Termination | None:
     delta, images = tool_results_delta(ep, results, errors, [c.id for c in calls])
     if ep.response_tokens + len(delta) >= cfg.max_response_tokens:
         return "max_response_tokens"
-    _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    append_tokens(traj, delta, [0] * len(delta), [0.0] * len(delta))
     traj.images += images
     check_history(ep)
     return await fit_context(ep)
@@ -317,7 +328,7 @@ async def fit_context(ep: _Episode) -> Termination | None:
     if ep.context_room > 0:
         return None
     end = model_tokens_end(traj.response_mask)
-    del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+    cut_response(traj, end)
     traj.images = images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids)
     return "length"
 
@@ -361,9 +372,9 @@ def ask_model(ep: _Episode, request: str) -> None:
     if first_difference(rendered[:len(traj.prompt_ids) + keep], traj.prompt_ids + traj.response_ids[:keep]) is not None:
         raise ContextError("the chat template re-renders the conversation differently from the trajectory's "
                            "tokens, so a request cannot be appended (set rollout.template_rewrite to fork)")
-    del traj.response_ids[keep:], traj.response_mask[keep:], traj.logprobs[keep:]
+    cut_response(traj, keep)
     tail = rendered[len(traj.prompt_ids) + keep:]
-    _append(traj, tail, [0] * len(tail), [0.0] * len(tail))
+    append_tokens(traj, tail, [0] * len(tail), [0.0] * len(tail))
 
 
 def branch_of(ep: _Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:
@@ -483,7 +494,7 @@ async def user_turn(ep: _Episode, gen: Generation) -> Termination | None:
     if ep.response_tokens + len(delta) >= ep.config.max_response_tokens:
         return "max_response_tokens"
     ep.messages.append(message)
-    _append(traj, delta, [0] * len(delta), [0.0] * len(delta))
+    append_tokens(traj, delta, [0] * len(delta), [0.0] * len(delta))
     check_history(ep)
     return None
 
@@ -513,7 +524,7 @@ async def generate(ep: _Episode, budget: int) -> Generation:
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
     if gen.routes is not None:  # they cover the whole context the engine ran: this call's replace the last's
         traj.routes = gen.routes
-    _append(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
+    append_tokens(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))
     return gen
@@ -648,12 +659,6 @@ def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Se
         return []
 
     return list(images[:images_held(images, ids, renderer.image_token_id, renderer.merge)])
-
-
-def _append(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:
-    traj.response_ids += ids
-    traj.response_mask += mask
-    traj.logprobs += logprobs
 
 
 async def finish_tools(ep: _Episode) -> None:
