@@ -13,6 +13,7 @@ import json
 import re
 import sys
 import textwrap
+import threading
 
 import aiohttp
 import pytest
@@ -262,9 +263,10 @@ async def test_the_response_budget_ends_the_episode_with_an_empty_length_answer(
 
 async def test_a_group_of_programs_runs_concurrently_each_in_its_own_episode():
     tok = family_tokenizer("qwen2_5")
-    running, peak = [0], [0]
+    running, peak, threads = [0], [0], set()
 
     async def program(task, endpoint):
+        threads.add(threading.get_ident())
         running[0] += 1
         peak[0] = max(peak[0], running[0])
         client = endpoint.client(max_retries=0)
@@ -279,6 +281,8 @@ async def test_a_group_of_programs_runs_concurrently_each_in_its_own_episode():
     finally:
         await ctx.close()
     assert len(trajs) == 8 and peak[0] == 8 and len({t.trajectory_id for t in trajs}) == 8
+    # on the agents' loop (toolrl.gateway.agent_loop), a thread apart from the one serving them
+    assert len(threads) == 1 and threading.get_ident() not in threads
     assert all(t.reward == 3.0 and t.termination == "answered" for t in trajs)
 
 

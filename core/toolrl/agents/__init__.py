@@ -101,7 +101,8 @@ class Agent:
 
     async def run(self, task: AgentTask, endpoint: Endpoint) -> float | None:
         """Run one episode against ``endpoint``; its reward, or None. Raise :class:`AgentFailure` (or
-        anything) when the episode failed. Cancelled at ``timeout_s``."""
+        anything) when the episode failed. Cancelled at ``timeout_s``. Runs on the agents' own event loop, a
+        thread apart from the rollout's (:mod:`toolrl.gateway.agent_loop`)."""
         raise NotImplementedError
 
     def check_run(self, run: Any) -> list[str]:

@@ -44,7 +44,7 @@ async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, tr
     failure, returned = None, None
     try:
         async with asyncio.timeout(agent.options.timeout_s):  # not wait_for, which can drop a cancellation on 3.11
-            returned = await agent.run(task, endpoint)
+            returned = await gateway.agents.run(agent.run(task, endpoint))
     except TimeoutError:
         failure = f"the agent ran past its {agent.options.timeout_s:g} s deadline"
     except Exception as exc:  # the program's failure is its episode's, never the run's

@@ -16,6 +16,7 @@ import json
 import logging
 from typing import Any
 
+from toolrl.gateway.agent_loop import AgentLoop
 from toolrl.gateway.anthropic import answer
 from toolrl.gateway.protocol import ChatRequest, RequestError, parse_body
 from toolrl.gateway.responses import respond
@@ -32,6 +33,7 @@ class Gateway:
         self.sessions: dict[str, GatewaySession] = {}
         self.port = 0
         self._runner: Any = None
+        self.agents = AgentLoop()  # where in-process programs run (toolrl.gateway.agent_loop)
 
     async def start(self) -> None:
         from aiohttp import web
@@ -49,6 +51,7 @@ class Gateway:
         self.port = self._runner.addresses[0][1]
 
     async def close(self) -> None:
+        self.agents.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
