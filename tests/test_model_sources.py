@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from _dists import run_toolrl
 from toolrl.config import ConfigError, ModelConfig, load_config
-from toolrl.model_sources import resolve_source, tiny_qwen3
+from toolrl.model_sources import load_tokenizer, resolve_source, tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = "a" * 40
@@ -111,6 +111,33 @@ def test_local_directories_and_builtin_names(tmp_path, tiny_qwen3_path):
                                           r"tiny-moe, tiny-qwen2.5-vl, smollm2-135m-instruct, gemma3-270m\), not a directory \(no .*nope\) "
                                           r"and not a Hub id org/name"):
         resolve_source(ModelConfig(source="./nope"), tmp_path)
+
+
+def test_a_saved_fast_tokenizer_is_made_as_from_pretrained_makes_it(tiny_qwen3_path, tmp_path):
+    """load_tokenizer makes a tokenizer saved in transformers 5's layout from its files: the same tokenizer as
+    the class's from_pretrained, saved byte for byte alike (less where from_pretrained records it was local).
+    ``load_tokenizer`` is this module's import of it, made before conftest puts its per-process cache in place."""
+    from transformers import PreTrainedTokenizerFast
+
+    ours, theirs = load_tokenizer(tiny_qwen3_path), PreTrainedTokenizerFast.from_pretrained(tiny_qwen3_path)
+    assert type(ours) is type(theirs)
+    ours.save_pretrained(tmp_path / "ours")
+    theirs.save_pretrained(tmp_path / "theirs")
+    assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "theirs"))
+    for file in os.listdir(tmp_path / "theirs"):
+        mine, from_pretrained = (tmp_path / "ours" / file).read_bytes(), (tmp_path / "theirs" / file).read_bytes()
+        if file == "tokenizer_config.json":
+            mine, from_pretrained = json.loads(mine), json.loads(from_pretrained)
+            del from_pretrained["is_local"], from_pretrained["local_files_only"]
+        assert mine == from_pretrained, file
+    text = "Hi <|im_start|>user\n wörld 12 <tool_call>{\"a\": 1}</tool_call><|im_end|>\n\n x"
+    messages = [{"role": "user", "content": text}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    assert ours.encode(text) == theirs.encode(text)
+    assert ours.apply_chat_template(messages, tools=tools, add_generation_prompt=True) == \
+        theirs.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+    assert (ours.all_special_ids, ours.eos_token_id, ours.pad_token_id, str(ours.added_tokens_decoder)) == \
+        (theirs.all_special_ids, theirs.eos_token_id, theirs.pad_token_id, str(theirs.added_tokens_decoder))
 
 
 async def test_trainer_composes_from_a_hub_id(hub_cache, offline, tmp_path):

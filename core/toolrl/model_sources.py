@@ -688,26 +688,41 @@ def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: str
     return model.to(resolve_device(device)).eval()
 
 
-# A saved tokenizer of transformers' generic fast class: loaded by that class itself, which imports neither
-# torch nor transformers' model registry (AutoTokenizer does both: 6.9 s against 3.4 s for the Qwen
-# vocabulary here), so a run's checks before any model loads stay seconds.
+# A tokenizer transformers 5 saved with its generic fast class (tokenizer.json and a tokenizer_config.json of
+# plain values, the template in chat_template.jinja, no legacy files) is made by that class from its files:
+# AutoTokenizer imports torch and transformers' model registry (6.9 s against 3.4 s for the Qwen vocabulary
+# here), and even the class's own from_pretrained reads tokenizer.json three times (once as Python JSON, for
+# added tokens the file's backend holds anyway, and once more as a deep copy): 1.6 s against 0.5 s. The
+# result saves byte for byte as from_pretrained's does (tests/test_model_sources.py), so a run's checks
+# before any model loads stay seconds.
 _GENERIC_FAST = {"TokenizersBackend", "PreTrainedTokenizerFast"}
+_LEGACY_FILES = ("special_tokens_map.json", "added_tokens.json", "chat_template.json", "additional_chat_templates")
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """The tokenizer saved in ``path``."""
+    folder = Path(path)
     try:
-        saved = json.loads((Path(path) / "tokenizer_config.json").read_text(encoding="utf-8"))
+        saved = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         saved = {}
-    if isinstance(saved, dict) and saved.get("tokenizer_class") in _GENERIC_FAST and \
-            not saved.get("auto_map") and (Path(path) / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+    if not (isinstance(saved, dict) and saved.get("tokenizer_class") in _GENERIC_FAST and not saved.get("auto_map")
+            and (folder / "tokenizer.json").is_file()):
+        from transformers import AutoTokenizer
 
+        return AutoTokenizer.from_pretrained(str(path))
+    from transformers import PreTrainedTokenizerFast
+
+    if any((folder / name).exists() for name in _LEGACY_FILES) or \
+            any(isinstance(value, dict | list) for value in saved.values()):  # added tokens, special-token objects
         return PreTrainedTokenizerFast.from_pretrained(str(path))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
+    options = {key: value for key, value in saved.items() if key != "tokenizer_class"}
+    template = folder / "chat_template.jinja"
+    if template.is_file():
+        options["chat_template"] = template.read_text(encoding="utf-8")
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), name_or_path=str(path), **options)
+    tok._post_init()  # what from_pretrained calls once the tokenizer is made
+    return tok
 
 
 def model_path(config: Config) -> str:

@@ -6,10 +6,15 @@ installed package, never fetched."""
 from __future__ import annotations
 
 from functools import cache
-from importlib import resources
+from importlib.util import find_spec
+from pathlib import Path
 
 
 @cache
 def trl_template(file: str) -> str:
-    """One of the chat templates the installed ``trl`` package ships."""
-    return resources.files("trl").joinpath("chat_templates", file).read_text(encoding="utf-8")
+    """One of the chat templates the installed ``trl`` package ships: read from where the package lies,
+    without importing it (trl's import takes a third of a second, and family detection reads four)."""
+    spec = find_spec("trl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the trl package is not installed", name="trl")
+    return (Path(spec.submodule_search_locations[0]) / "chat_templates" / file).read_text(encoding="utf-8")

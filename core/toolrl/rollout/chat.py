@@ -21,6 +21,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolrl.families import token_id
 from toolrl.images import from_png
 
 if TYPE_CHECKING:
@@ -84,12 +85,12 @@ class ChatRenderer:
             self._grids: dict[bytes, tuple[int, int, int]] = {}
         self.tool_schemas = list(tool_schemas)
         self.chat_template = chat_template
-        end_of_turn = end_of_turn or ("<|im_end|>" if "<|im_end|>" in tokenizer.get_vocab() else None)
+        end_of_turn = end_of_turn or ("<|im_end|>" if token_id(tokenizer, "<|im_end|>") is not None else None)
         self.end_of_turn: str | None = end_of_turn
         self.eos_id: int = tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else tokenizer.eos_token_id
         # Every token that ends a generation: the end of turn first, then the family's other ones.
-        vocab = tokenizer.get_vocab()
-        self.stop_ids: list[int] = [self.eos_id, *(vocab[t] for t in stop_tokens if t in vocab and vocab[t] != self.eos_id)]
+        stops = (token_id(tokenizer, t) for t in stop_tokens)
+        self.stop_ids: list[int] = [self.eos_id, *(i for i in stops if i is not None and i != self.eos_id)]
         self.native_tools = self._template_renders_tools()
         self._delta_cache: dict[str, list[int]] = {}
         self._before_cache: dict[str, list[int]] = {}
