@@ -75,7 +75,7 @@ def load(path: str, dtype: str, expert_scale: float, device: str = "cpu") -> Any
 
 
 def sample(engine_model: Any, tokenizer: Any, prompts: list[list[int]], n: int, new: int, device: str = "cpu") -> Any:
-    """The engine's samples, routes recorded, packed with shared prefixes as the trainer packs them."""
+    """The engine's samples, experts recorded, packed with shared prefixes as the trainer packs them."""
     from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
     from toolrl.training.packing import build_batch
     from toolrl.trajectory import Trajectory
@@ -83,7 +83,7 @@ def sample(engine_model: Any, tokenizer: Any, prompts: list[list[int]], n: int, 
     engine = TransformersEngine(engine_model, tokenizer, TransformersEngineConfig(record_routes=True, seed=0, device=device))
     trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=prompts[g],
                         response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
-                        routes=gen.routes)
+                        routed_experts=gen.routed_experts)
              for g, gens in enumerate(generate(engine, prompts, n, new)) for k, gen in enumerate(gens)]
     engine._routing.remove()
     return build_batch(trajs, [0.0] * len(trajs), device, share_prefixes=True)
@@ -93,7 +93,7 @@ def trainer_view(model: Any, batch: Any, replay: bool) -> tuple[Any, Any, float]
     """The trainer's log-probs of the batch's trained tokens (B, R), the experts its forward used and
     the ratio of its sparse blocks' output std to its attention's."""
     import torch
-    from toolrl.engines.routing import Routing
+    from toolrl.engines.expert_routing import ExpertRouting
     from toolrl.training.step import response_logprobs
 
     used: list[Any] = []
@@ -106,8 +106,8 @@ def trainer_view(model: Any, batch: Any, replay: bool) -> tuple[Any, Any, float]
              for m in model.modules() if type(m).__name__.endswith("Experts")]
     hooks += [m.register_forward_hook(output_std("moe" if type(m).__name__.endswith("SparseMoeBlock") else "attention"))
               for m in model.modules() if type(m).__name__.endswith(("SparseMoeBlock", "Attention"))]
-    routing = Routing(model)
-    routing.replay(batch.routes if replay else None)
+    routing = ExpertRouting(model)
+    routing.replay(batch.routed_experts if replay else None)
     with torch.no_grad():
         lp = response_logprobs(model, batch)
     routing.remove()
@@ -121,7 +121,7 @@ def compare(model: Any, batch: Any, replay: bool) -> dict[str, float]:
     mask = batch.response_mask.bool()
     gap = (lp - batch.engine_logprobs)[mask]  # log(π_trainer / π_engine)
     # The experts behind each trained token: those of the position that predicts it.
-    differ = (used.sort(-1).values != batch.routes.sort(-1).values).any(-1).any(-1)[batch.head_pos]
+    differ = (used.sort(-1).values != batch.routed_experts.sort(-1).values).any(-1).any(-1)[batch.head_pos]
     return {"routes_differ": float(differ.float().mean()), "lp_mismatch": float(gap.abs().mean()),
             "k3_kl": float((gap.exp() - 1 - gap).mean()), "expert_share": expert_share,
             "gap": gap, "differ": differ}

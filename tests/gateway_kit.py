@@ -3,19 +3,17 @@ function, and a rollout context whose route runs it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from family_tokenizers import family_tokenizer
 from toolrl.agents import Agent, AgentOptions
 from toolrl.config import RewardConfig, RolloutConfig
-from toolrl.engines import RolloutEngine
 from toolrl.families import family_named
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.families import renderer_factory
 from toolrl.schemas import Sample
-from toolrl.testing.scripted_engine import scripted_generation
+from toolrl.testing import ScriptedEngine
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -28,35 +26,21 @@ def hermes(name, arguments):
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
-class ScriptEngine(RolloutEngine):
-    """Says the next text of ``script`` at every call, whatever the prompt; keeps what it generated."""
+class ScriptEngine(ScriptedEngine):
+    """Says the next text of ``script`` at every generation, whatever the session (an agent's calls come
+    from several, or from none when it asks for n > 1)."""
 
-    name = "script"
+    def text(self, session_id, prompt_ids):
+        done = len(self.generated)
+        return self.script[min(done, len(self.script) - 1)]
 
-    def __init__(self, tokenizer, script, delay=0.0):
-        self.tokenizer, self.script, self.delay = tokenizer, list(script), delay
-        self.generated: list[list[int]] = []
-        self.prompts: list[list[int]] = []
-        self.ended: list[str] = []
+    @property
+    def generated(self) -> list[list[int]]:
+        return [ids for call in self.calls for ids in call.generated]
 
-    @classmethod
-    def create(cls, source, config):
-        return cls(source.tokenizer, config["script"])
-
-    async def generate(self, prompt_ids, params, n=1, session_id=None, images=()):
-        self.prompts.append(list(prompt_ids))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        text = self.script[min(len(self.generated), len(self.script) - 1)]
-        gens = [scripted_generation(self.tokenizer, text, params, logprob=-0.25) for _ in range(n)]
-        self.generated += [g.token_ids for g in gens]
-        return gens
-
-    def update_weights(self, state_dict):
-        raise NotImplementedError("a script has no weights")
-
-    def end_session(self, session_id):
-        self.ended.append(session_id)
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [call.prompt_ids for call in self.calls]
 
 
 class Program(Agent):
@@ -88,7 +72,7 @@ async def episode(script, program, family="qwen2_5", setting=None, sample=SAMPLE
 
 def context(tokenizer, family, script, agent, rewards=(), delay=0.0, **rollout):
     parser = build_part("tool_parsers", family_named(family).parser if family else "hermes", {}, BuildContext("p"))
-    return RolloutContext(engine=ScriptEngine(tokenizer, script, delay),
+    return RolloutContext(engine=ScriptEngine(tokenizer, script, logprob=-0.25, delay_s=delay),
                           renderer_factory=renderer_factory(tokenizer, family),
                           config=RolloutConfig(**{"max_response_tokens": 4096, "max_new_tokens": 512, **rollout}),
                           routes={None: Route({}, 4, parser, list(rewards), RewardConfig(), agent=agent)})

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from scripted import ScriptedEngine
 from toolrl.config import Config, RewardConfig, RolloutConfig
 from toolrl.data.recorded import load_groups
 from toolrl.parsers.hermes import HermesParser
@@ -17,6 +16,7 @@ from toolrl.rewards.builtin import GSM8KReward
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
+from toolrl.testing import ScriptedEngine
 
 
 class Gate:
@@ -52,7 +52,7 @@ async def test_async_rewards_are_awaited_off_the_loop_and_failures_are_error_ter
     scripts = {f"-{k}": ["<tool_call>\n{\"name\": \"none\", \"arguments\": {}}\n</tool_call>"] * k + ["#### 5"]
                for k in range(4)}
     ctx = RolloutContext(
-        engine=ScriptedEngine(qwen3_tokenizer, scripts, delay=0.05),
+        engine=ScriptedEngine(qwen3_tokenizer, scripts, delay_s=0.05),
         renderer_factory=lambda schemas: ChatRenderer(qwen3_tokenizer, schemas),
         # Two run at once: a trajectory gives up its slot before it is scored, or the gate never opens.
         config=RolloutConfig(max_turns=8, max_response_tokens=2048, max_concurrent_trajectories=2),

@@ -14,7 +14,8 @@ from _dists import make_dist, run_toolrl
 from toolrl.config import ConfigError, load_config
 from toolrl.loggers import logger_names
 from toolrl.plugins import Plugins
-from toolrl.plugins.parts import registered_part
+from toolrl.plugins.parts import BuildContext, build_part, namesake_note, registered_part
+from toolrl.roles.resolve import resolve_run
 from toolrl.rollout.routes import resolve_parts
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
@@ -88,12 +89,20 @@ def test_an_unknown_name_in_a_file_is_one_line_with_the_file_line_and_every_name
     assert aliases.get(field, "") in text  # the aliases are names too
 
 
-def test_a_parser_set_by_an_override_is_named_by_the_override_and_its_field(tmp_path):
-    path = tmp_path / "run.yaml"
-    path.write_text(CONFIG.format(**GOOD))
-    with pytest.raises(ConfigError, match=r"^override rollout.parser=hermez: rollout.parser: unknown tool parser "
-                                          r"'hermez' \(did you mean 'hermes'"):
-        resolve_parts(load_config(path, ["rollout.parser=hermez"]))
+@pytest.mark.parametrize(("override", "message"), [
+    ("rollout.parser=hermez", "rollout.parser: unknown tool parser 'hermez' (did you mean 'hermes'"),
+    ("model.chat_format=qwen4", "model.chat_format: unknown model family 'qwen4'"),
+    ("rollout.context={name: window, keep_turns: -1}", "rollout.context.keep_turns: Input should be greater than"),
+    ("rollout.context={name: windw}", "rollout.context.name: unknown context policy 'windw'"),
+    ("trainer.weight_transport=nope", "trainer.weight_transport: unknown weight transport 'nope'"),
+    ("session={name: nope}", "session.name: unknown environment session 'nope'"),
+    ("env=nope", "env: unknown environment 'nope'"),
+])
+def test_a_part_set_by_an_override_is_named_by_the_override_and_its_field(override, message):
+    """A part's name or options from the command line: the error names the override, as a plain field's does."""
+    with pytest.raises(ConfigError) as err:
+        resolve_run(load_config(CORE.parents[1] / "examples" / "tiny.yaml", [override]))
+    assert str(err.value).startswith(f"override {override}: {message}"), str(err.value)
 
 
 GONE = """
@@ -128,6 +137,24 @@ def test_a_name_whose_distribution_was_removed_says_which(tmp_path, monkeypatch)
     with pytest.raises(ConfigError) as err:
         registered_part("tool_parsers", "never_was", "rollout.parser", removed)
     assert "distribution" not in str(err.value)
+
+
+def test_a_built_in_parts_errors_say_an_outside_plugin_of_its_name_was_refused(tmp_path, monkeypatch,
+                                                                                 toolrl_reload_plugins):
+    """An outside plugin named like a built-in one (``scripted``, installed before the engine was built in)
+    is refused; a run naming the engine gets the built-in's, and its option errors say why."""
+    make_dist(tmp_path, "toolrl-plugin-myscript", "scripted", "myscript_plugin", GONE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TOOLRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TOOLRL_LOAD_PLUGINS", "toolrl-plugin-myscript")
+    toolrl_reload_plugins()
+    with pytest.raises(ConfigError) as err:
+        build_part("rollout_engines", "scripted", {"n": 2}, BuildContext("engine.name", "engine.options"))
+    assert str(err.value).startswith("engine.options.script: Field required; engine.options.n: unknown key")
+    assert str(err.value).endswith("; this is the built-in rollout engine 'scripted': plugin 'scripted' "
+                                   "(toolrl-plugin-myscript) was refused (plugin name 'scripted' is already used by "
+                                   "toolrl): give its entry point another name")
+    assert namesake_note("rollout_engines", "transformers") == ""
 
 
 def test_list_plugins_columns_align_on_a_long_distribution_name(tmp_path):

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from scripted import ScriptedEngine
 from toolrl.algorithms.advantages import Grpo
 from toolrl.config import AlgorithmConfig, Config, ConfigError, RewardConfig, RolloutConfig
 from toolrl.context import SUMMARY_HEADER, SUMMARY_REQUEST
@@ -21,6 +20,7 @@ from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_context_policy
 from toolrl.schemas import Sample
+from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
 from toolrl.training.step import token_advantages
 
@@ -100,8 +100,9 @@ def run(tokenizer, context: dict | None, max_context: int = 1024, script: list[s
 
 def generated(tokenizer, engine) -> int:
     """The tokens the engine generated for the trajectory (each scripted turn and summary + its end)."""
-    texts = CALLS[:engine._turn.get("t", 0)] + [SUMMARY] * engine.summaries
-    if engine._turn.get("t", 0) > len(CALLS):
+    turns = len(engine.calls)  # the scripted turns (a summary is not a call of the script)
+    texts = CALLS[:turns] + [SUMMARY] * engine.summaries
+    if turns > len(CALLS):
         texts.append(ANSWER)
     return sum(len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in texts)
 
@@ -141,7 +142,7 @@ def test_none_ends_the_trajectory_where_its_context_is_full(tokenizer):
     (traj,) = pieces
     assert traj.termination == "length" and traj.edit is None
     assert len(traj.prompt_ids) + len(traj.response_ids) <= 1024 and traj.response_mask[-1] == 1
-    assert len(engine.calls[-1][1]) + 300 > 1024  # the next result would not have fitted
+    assert len(engine.calls[-1].prompt_ids) + 300 > 1024  # the next result would not have fitted
 
 
 def test_window_keeps_the_task_and_the_last_turns_each_segment_token_exact(tokenizer):

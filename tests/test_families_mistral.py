@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-from scripted import ScriptedEngine
 from test_families import SAMPLE, Add
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.families import tokenizer_family
@@ -15,6 +14,7 @@ from toolrl.parsers.mistral import MistralParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.rollout.families import renderer_factory
 from toolrl.rollout.mistral import call_id
+from toolrl.testing import ScriptedEngine
 
 mistral_common = pytest.importorskip("mistral_common")
 pytest.importorskip("transformers.tokenization_mistral_common")

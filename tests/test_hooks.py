@@ -18,9 +18,9 @@ HOOKS = sorted(n for n in dir(hookspecs) if n.startswith("register_") and callab
 PLUGIN = '''
 import click
 from toolrl import hookimpl
-from toolrl.engines import RolloutEngine
 from toolrl.loggers import Logger
 from toolrl.parsers import ToolParser
+from toolrl.testing import ScriptedEngine
 
 class Shout(ToolParser):
     name = "shout"
@@ -33,15 +33,8 @@ class Exact:
     def __call__(self, response, ground_truth, **info):
         return float(response.strip() == str(ground_truth))
 
-class Echo(RolloutEngine):
+class Echo(ScriptedEngine):
     name = "echo-engine"
-    @classmethod
-    def create(cls, source, config):
-        return cls()
-    async def generate(self, prompt_ids, params, n=1, session_id=None):
-        raise NotImplementedError
-    def update_weights(self, state_dict):
-        pass
 
 @hookimpl
 def register_tool_parsers(register):

@@ -134,13 +134,13 @@ def test_rollout_tells_what_failed_on_stderr_and_fails_only_when_everything_did(
 
 
 async def test_a_reward_whose_service_is_gone_is_an_infrastructure_failure_and_a_wrong_answer_is_not():
-    from scripted import ScriptedEngine
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
     from toolrl.rollout import RolloutContext, Route, run_trajectory
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
+    from toolrl.testing import ScriptedEngine
 
     def judge(response, ground_truth, **info):
         if ground_truth == "judge down":

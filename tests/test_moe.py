@@ -26,7 +26,7 @@ def sampled(path: str, n: int = 4, new: int = 8) -> list[Trajectory]:
                                                                                                  seed=0))
     gens = asyncio.run(engine.generate(PROMPT, SamplingParams(max_new_tokens=new, seed=1), n))
     return [Trajectory(trajectory_id=f"t{k}", sample_index=k, group=0, prompt_ids=PROMPT, response_ids=g.token_ids,
-                       response_mask=[1] * len(g.token_ids), logprobs=g.logprobs, reward=float(k % 2), routes=g.routes)
+                       response_mask=[1] * len(g.token_ids), logprobs=g.logprobs, reward=float(k % 2), routed_experts=g.routed_experts)
             for k, g in enumerate(gens)]
 
 
@@ -34,13 +34,13 @@ def sampled(path: str, n: int = 4, new: int = 8) -> list[Trajectory]:
 def test_each_moe_architecture_generates_and_trains(architecture):
     path = tiny_moe(architecture=architecture)
     trajs = sampled(path)
-    assert all(t.routes is not None and t.routes.tokens == len(PROMPT) + len(t.response_ids) - 1 for t in trajs)
+    assert all(t.routed_experts is not None and t.routed_experts.tokens == len(PROMPT) + len(t.response_ids) - 1 for t in trajs)
     model = load_model(path)
     opt = Recorder(model)
     options = StepOptions(AlgorithmConfig(routing_replay="r3"), OptimConfig(micro_batch_size=2), pad_id=0,
                           temperature=1.0, max_response_tokens=8)
     metrics = train_step(model, opt, trajs, options)
-    assert metrics["grad_norm"] > 0 and metrics["lp_mismatch"] < 1e-4  # same weights, same dtype, same routes
+    assert metrics["grad_norm"] > 0 and metrics["lp_mismatch"] < 1e-4  # same weights, same dtype, same experts
     grads = opt.grads[0]
     experts = [n for n in grads if ".experts." in n]
     routers = [n for n in grads if n.endswith("gate.weight")]
@@ -85,7 +85,7 @@ def _rank(rank: int, port: int, path: str, trajs: list[Trajectory], out: str) ->
 @pytest.mark.slow  # two spawned processes with FSDP2 over gloo
 def test_two_fsdp_ranks_with_r3_give_the_one_rank_gradients(tmp_path):
     """Data parallel (each rank its trajectories, gradients summed by FSDP2) and sequence parallel (each
-    rank its slice of every row, replaying its slice of the routes): the one-rank loss and gradients."""
+    rank its slice of every row, replaying its slice of the routed experts): the one-rank loss and gradients."""
     import torch.multiprocessing as mp
 
     path = tiny_moe()
@@ -131,7 +131,7 @@ def peaked_moe(tmp_path_factory):
 
 @pytest.mark.slow  # a 16-step GRPO run
 def test_grpo_with_r3_on_the_tiny_moe_learns(tmp_path, peaked_moe):
-    """test_learning_algorithms' task and budget, the engine recording routes and the trainer replaying
+    """test_learning_algorithms' task and budget, the engine recording experts and the trainer replaying
     them: finite throughout, and the mean reward of the last 4 steps beats that of the first 2 by 0.1."""
     import math
 

@@ -247,13 +247,13 @@ def test_a_parser_that_loops_is_stopped_by_the_time_limit(faulty_plugin: Any) ->
 
 async def test_a_parser_that_raises_in_the_rollout_is_that_turns_parse_error() -> None:
     """The trajectory goes on: the model reads the error, and the next turn parses as usual."""
-    from scripted import ScriptedEngine
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
     from toolrl.rollout import RolloutContext, Route, run_trajectory
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
+    from toolrl.testing import ScriptedEngine
 
     class Fragile(HermesParser):
         name = "fragile"
@@ -271,7 +271,7 @@ async def test_a_parser_that_raises_in_the_rollout_is_that_turns_parse_error() -
     traj = await run_trajectory(ctx, sample, 0, "t1", seed=0)
     assert traj.termination == "answered" and traj.final_response.startswith("The answer is 4.")
     assert [e.message for e in traj.parse_errors] == ["the tool-call parser 'fragile' failed: RuntimeError: cannot read boom"]
-    assert "cannot read boom" in tokenizer.decode(engine.calls[1][1])  # the model was told
+    assert "cannot read boom" in tokenizer.decode(engine.calls[1].prompt_ids)  # the model was told
 
 
 async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_the_run() -> None:
@@ -280,13 +280,13 @@ async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_t
     import threading
     import time
 
-    from scripted import ScriptedEngine
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
     from toolrl.rollout import RolloutContext, Route, run_trajectory
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
+    from toolrl.testing import ScriptedEngine
 
     release = threading.Event()
 
@@ -315,7 +315,7 @@ async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_t
         engine = ScriptedEngine(tokenizer, script)
         ctx = RolloutContext(engine=engine, renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
                              config=RolloutConfig(parser_timeout_s=0.5),
-                             routes={None: Route({}, 4, parser, [], RewardConfig())})
+                             routes={None: Route({}, 2, parser, [], RewardConfig())})  # a turn per text
         return await run_trajectory(ctx, sample, 0, "t1", seed=0), engine
 
     try:
@@ -326,7 +326,7 @@ async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_t
         assert [e.message for e in traj.parse_errors] == [
             "the tool-call parser 'hangs' failed: it did not finish within 0.5 s (rollout.parser_timeout_s)",
             "the tool-call parser 'hangs' failed: it ran past its 0.5 s limit earlier in this run and still runs"]
-        assert "did not finish within 0.5 s" in tokenizer.decode(engine.calls[1][1])  # the model was told
+        assert "did not finish within 0.5 s" in tokenizer.decode(engine.calls[1].prompt_ids)  # the model was told
         assert len(hangs.texts) == 1  # the second turn was not handed to the stuck parser
     finally:
         release.set()
@@ -368,7 +368,6 @@ async def test_a_cancel_that_arrives_as_the_parse_finishes_still_cancels() -> No
 async def test_a_flood_of_malformed_calls_reaches_the_model_as_a_few_errors_and_a_count() -> None:
     """20 000 unterminated <tool_call> tags in one turn are 5 error messages and one count for the model
     (and the trace), not 20 000 tool messages: the cap is in parse_within, so it holds for every parser."""
-    from scripted import ScriptedEngine
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers import MAX_REPORTED_ERRORS
@@ -376,6 +375,7 @@ async def test_a_flood_of_malformed_calls_reaches_the_model_as_a_few_errors_and_
     from toolrl.rollout import RolloutContext, Route, run_trajectory
     from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
+    from toolrl.testing import ScriptedEngine
 
     tokenizer = qwen_tokenizer("qwen2_5")
     engine = ScriptedEngine(tokenizer, ["<tool_call>" * 20_000, "The answer is 4."])
@@ -388,5 +388,5 @@ async def test_a_flood_of_malformed_calls_reaches_the_model_as_a_few_errors_and_
     messages = [e.message for e in traj.parse_errors]
     assert messages == ["unterminated tool call: missing </tool_call>"] * MAX_REPORTED_ERRORS + [
         f"{20_000 - MAX_REPORTED_ERRORS} more malformed tool calls not shown"]
-    told = tokenizer.decode(engine.calls[1][1][len(engine.calls[0][1]):])
+    told = tokenizer.decode(engine.calls[1].prompt_ids[len(engine.calls[0].prompt_ids):])
     assert told.count("missing </tool_call>") == MAX_REPORTED_ERRORS and "19995 more malformed" in told

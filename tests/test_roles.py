@@ -67,22 +67,15 @@ def test_bucketed_sync_reaches_an_engine_with_its_own_model(tiny_qwen3_path):
 
 
 def test_default_bucketed_update_collects_then_loads_once():
-    from toolrl.engines import RolloutEngine
+    from toolrl.testing import ScriptedEngine
 
-    class Recorder(RolloutEngine):
+    class Recorder(ScriptedEngine):
         loads: list[dict[str, Any]] = []
-
-        @classmethod
-        def create(cls, source, config):
-            return cls()
-
-        async def generate(self, prompt_ids, params, n=1, session_id=None):
-            raise NotImplementedError
 
         def update_weights(self, state_dict):
             self.loads.append(dict(state_dict))
 
-    engine = Recorder()
+    engine = Recorder(None, [""])
     engine.update_weights_bucket({"a": 1}, False)
     engine.update_weights_bucket({"b": 2}, False)
     assert engine.loads == []

@@ -2,7 +2,6 @@ import asyncio
 import json
 
 import pytest
-from scripted import ScriptedEngine
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
@@ -11,6 +10,7 @@ from toolrl.rewards.builtin import GSM8KReward
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
+from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
 
 
@@ -101,7 +101,7 @@ async def test_multi_turn_masks_are_token_exact(tokenizer):
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert [r for r in model_runs if r] == [tokenizer.encode(t, add_special_tokens=False) + [eos] for t in texts]
     assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.response_mask) if not m)
-    assert all(lp == -0.5 for lp, m in zip(traj.logprobs, traj.response_mask) if m)
+    assert all(lp == -1.0 for lp, m in zip(traj.logprobs, traj.response_mask) if m)
 
     # The sequence is exactly the template's own rendering of the final conversation.
     messages = [m.to_template() for m in SAMPLE.prompt]
@@ -113,7 +113,7 @@ async def test_multi_turn_masks_are_token_exact(tokenizer):
     decoded = tokenizer.decode(traj.prompt_ids + traj.response_ids, skip_special_tokens=False)
     assert decoded + "\n" == rendered
     # Each generation request extended the previous sequence (append-only, token level).
-    seqs = [ids for _, ids, _ in engine.calls]
+    seqs = [c.prompt_ids for c in engine.calls]
     assert all(b[: len(a)] == a for a, b in zip(seqs, seqs[1:]))
 
     assert traj.reward_terms == {"gsm8k": 1.0, "tools": 0.5, "steps": 0.75}
@@ -127,7 +127,7 @@ async def test_parse_errors_and_excess_calls_go_back_to_the_model(tokenizer):
     engine = ScriptedEngine(tokenizer, texts)
     traj = await run_trajectory(make_ctx(tokenizer, engine, {"add": Add()}, max_parallel_calls=2),
                                 SAMPLE, 0, "t1", seed=0)
-    second_prompt = tokenizer.decode(engine.calls[1][1])
+    second_prompt = tokenizer.decode(engine.calls[1].prompt_ids)
     assert "invalid JSON in tool call" in second_prompt
     assert "at most 2 tool calls run per turn" in second_prompt
     assert [r.status for r in traj.tool_results] == ["ok", "ok", "error"]
@@ -142,7 +142,7 @@ async def test_tool_responses_are_truncated_to_the_token_budget(tokenizer):
     engine = ScriptedEngine(tokenizer, [call("add", a=1, b=1), "ok"])
     await run_trajectory(make_ctx(tokenizer, engine, {"add": Verbose()}, tool_response_max_tokens=20,
                                   tool_response_truncation="keep_head_and_tail"), SAMPLE, 0, "t2", seed=0)
-    prompt = tokenizer.decode(engine.calls[1][1])
+    prompt = tokenizer.decode(engine.calls[1].prompt_ids)
     assert "<tool_response>\n0 1 2 3" in prompt and "tokens truncated]" in prompt and "498 499\n</tool_response>" in prompt
 
 
@@ -180,9 +180,9 @@ async def test_slow_tool_does_not_hold_up_other_trajectories(tokenizer):
     start = asyncio.get_running_loop().time()
     trajs = await run_rollouts(ctx, [slow, fast], n=3, seed=0)
     assert all(t.termination == "answered" for t in trajs)
-    fast_done = max(t for s, _, t in engine.calls if s.startswith("s1-"))
+    fast_done = max(c.at for c in engine.calls if c.session_id.startswith("s1-"))
     assert fast_done < add.slept_until and add.slept_until - start >= 3.0
-    assert sorted(engine.ended) == sorted({s for s, _, _ in engine.calls})
+    assert sorted(engine.ended) == sorted({c.session_id for c in engine.calls})
 
 
 async def test_per_environment_routing(tokenizer):

@@ -17,13 +17,13 @@ from faulty_tools import (
     Returns,
     SyncSleeps,
 )
-from scripted import ScriptedEngine
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.parsers.hermes import HermesParser
 from toolrl.roles.controller import rollout_metrics
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
+from toolrl.testing import ScriptedEngine
 from toolrl.tools.isolation import ProcessTool
 
 

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from scripted import ScriptedEngine
 from toolrl.config import ConfigError, RewardConfig, RolloutConfig
 from toolrl.data import to_sample
 from toolrl.images import from_png
@@ -16,6 +15,7 @@ from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import ToolResponse
+from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
 
 PAD = "<|image_pad|>"
@@ -96,8 +96,8 @@ async def test_image_in_prompt_and_tool_result_is_token_exact(processor):
     assert pad not in trained and pad in traj.response_ids and pad in traj.prompt_ids
 
     # The tool's image reached the next turn: the second generation saw both images and their tokens.
-    assert [len(i) for i in engine.images] == [1, 2]
-    assert engine.calls[1][1].count(pad) == sum(np.prod(g) // 4 for g in expected["image_grid_thw"].tolist())
+    assert [len(c.images) for c in engine.calls] == [1, 2]
+    assert engine.calls[1].prompt_ids.count(pad) == sum(np.prod(g) // 4 for g in expected["image_grid_thw"].tolist())
     assert traj.template_checks == 1 and traj.template_rewrites == 0
 
 
@@ -113,7 +113,7 @@ async def test_a_bad_tool_image_is_an_error_result_the_model_sees(processor, kin
     result = traj.tool_results[0]
     assert result.status == "error" and message in result.response.text
     assert len(traj.images) == 1
-    assert message in processor.tokenizer.decode(engine.calls[1][1])
+    assert message in processor.tokenizer.decode(engine.calls[1].prompt_ids)
 
 
 async def test_images_over_the_trajectory_limit_are_refused_to_the_model(processor):

@@ -1,7 +1,7 @@
 """Routing replay on a tiny random mixture-of-experts model (Qwen3-MoE shapes: 4 layers, 16 experts,
 top-4): the transformers engine records every token's experts, and the trainer replays them (r3) or
 its own first pass's (r2). The engine runs in bfloat16 and the trainer in float32, as users run them,
-so their routes differ without replay. What the experts ran on is read from the experts modules'
+so their routed experts differ without replay. What the experts ran on is read from the experts modules'
 inputs, not from the replay code."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
 from toolrl.engines import SamplingParams
-from toolrl.engines.routing import Routing
+from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
 from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
 from toolrl.training.packing import build_batch, packed_hidden_states
@@ -36,7 +36,7 @@ def generate(engine, prompts, n, max_new_tokens=16, **kwargs):
 
 @pytest.fixture(scope="module")
 def engine_trajectories(moe_path):
-    """Two groups of four, sampled by a bfloat16 engine recording routes; rewards that differ in each group."""
+    """Two groups of four, sampled by a bfloat16 engine recording experts; rewards that differ in each group."""
     engine = TransformersEngine(load_model(moe_path, dtype="bfloat16"), load_tokenizer(moe_path),
                                 TransformersEngineConfig(record_routes=True, seed=0))
     trajs = []
@@ -44,7 +44,7 @@ def engine_trajectories(moe_path):
         for k, gen in enumerate(gens):
             trajs.append(Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
                                     response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids),
-                                    logprobs=gen.logprobs, reward=float(k % 2), routes=gen.routes))
+                                    logprobs=gen.logprobs, reward=float(k % 2), routed_experts=gen.routed_experts))
     return trajs
 
 
@@ -83,15 +83,15 @@ def test_the_engine_records_every_token_it_runs(moe_path):
     first = generate(engine, PROMPTS[:1], 2, 6)[0] + generate(engine, [PROMPTS[1]], 1, 6, session_id="s")[0]
     follow = PROMPTS[1] + first[2].token_ids + [7, 8]
     second = generate(engine, [follow], 1, 5, session_id="s")[0][0]
-    assert second.prefill_tokens_saved > 0  # the session's KV, and so its routes, were reused
-    plain = Routing(model)
+    assert second.prefill_tokens_saved > 0  # the session's KV, and so its routed experts, were reused
+    plain = ExpertRouting(model)
     for tokens, gen in [(PROMPTS[0], first[0]), (PROMPTS[0], first[1]), (PROMPTS[1], first[2]), (follow, second)]:
         run = tokens + gen.token_ids[:-1]
         plain.replay(None)
         with torch.no_grad():
             model(torch.tensor([run]))
-        assert gen.routes.tokens == len(run) and (gen.routes.layers, gen.routes.top_k) == (4, 4)
-        assert (gen.routes.array() == plain.recorded().numpy()).all()
+        assert gen.routed_experts.tokens == len(run) and (gen.routed_experts.layers, gen.routed_experts.top_k) == (4, 4)
+        assert (gen.routed_experts.array() == plain.recorded().numpy()).all()
 
 
 @pytest.mark.parametrize("share", [False, True], ids=["packed", "prefix-tree"])
@@ -102,39 +102,39 @@ def test_r3_routes_the_trainer_as_the_engine_on_every_token(moe_path, engine_tra
     assert (batch.tokens < batch.total_tokens) == share
     with torch.no_grad():
         packed_hidden_states(model, batch)
-    assert differ(seen.calls[-1], batch.routes).any()  # bf16 engine, fp32 trainer: routes differ
+    assert differ(seen.calls[-1], batch.routed_experts).any()  # bf16 engine, fp32 trainer: experts differ
     algo = AlgorithmConfig(routing_replay="r3")
     options = StepOptions(algo, OptimConfig(micro_batch_size=8, share_prefixes=share), pad_id=0, temperature=1.0,
                           max_response_tokens=16)
     seen.calls.clear()
     chose.calls.clear()
     metrics = train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), engine_trajectories, options)
-    assert len(seen.calls) == 1 and torch.equal(seen.calls[0], batch.routes)  # the gradient pass, every token
+    assert len(seen.calls) == 1 and torch.equal(seen.calls[0], batch.routed_experts)  # the gradient pass, every token
     # The routers' own choice at each layer of the replayed forward: the tokens where it was overruled.
-    assert metrics["routing_mismatch_frac"] == pytest.approx(float(differ(chose.calls[0], batch.routes).float().mean()))
+    assert metrics["routing_mismatch_frac"] == pytest.approx(float(differ(chose.calls[0], batch.routed_experts).float().mean()))
     assert metrics["routing_mismatch_frac"] > 0
     assert metrics["loss_tokens"] == sum(len(t.response_ids) for t in engine_trajectories)
 
 
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 def test_r3_gives_a_float32_engine_its_own_logprobs(moe_path, norm_topk_prob):
-    """Engine and trainer in float32 route alike, so replaying the engine's routes must change nothing:
+    """Engine and trainer in float32 route alike, so replaying the engine's experts must change nothing:
     the trainer's log-probs of the sampled tokens equal the engine's with R3, on the prefix-shared batch,
     with the router's top-k weights renormalised or not (a replay shifted by a token, or weighting the
     forced experts otherwise than the router, would move them)."""
     engine_model, model = load_model(moe_path), load_model(moe_path)
     for m in (engine_model, model):
-        for router in Routing(m).routers:
+        for router in ExpertRouting(m).routers:
             router.norm_topk_prob = norm_topk_prob
     engine = TransformersEngine(engine_model, load_tokenizer(moe_path),
                                 TransformersEngineConfig(record_routes=True, seed=0))
     trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
                         response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
-                        routes=gen.routes)
+                        routed_experts=gen.routed_experts)
              for g, gens in enumerate(generate(engine, PROMPTS, 2, 8)) for k, gen in enumerate(gens)]
     batch = build_batch(trajs, [0.0] * len(trajs), share_prefixes=True)
-    replay = Routing(model)
-    replay.replay(batch.routes)
+    replay = ExpertRouting(model)
+    replay.replay(batch.routed_experts)
     with torch.no_grad():
         lp = response_logprobs(model, batch)
     assert not replay.flips.any()  # the trainer's routers chose the engine's experts themselves
@@ -206,21 +206,22 @@ def test_routing_replay_needs_a_recording_engine_and_an_moe_model(tiny_qwen3_pat
         train_step(dense, torch.optim.SGD(dense.parameters(), lr=0.0), engine_trajectories, options)
 
 
-def test_r3_refuses_trajectories_without_routes(moe_path, engine_trajectories):
+def test_r3_refuses_trajectories_without_routed_experts(moe_path, engine_trajectories):
     model = load_model(moe_path)
-    bare = [t.model_copy(update={"routes": None}) for t in engine_trajectories]
+    bare = [t.model_copy(update={"routed_experts": None}) for t in engine_trajectories]
     options = StepOptions(AlgorithmConfig(routing_replay="r3"), OptimConfig(), pad_id=0, temperature=1.0,
                           max_response_tokens=16)
-    with pytest.raises(ValueError, match="a trajectory of the batch has no recorded routes"):
+    with pytest.raises(ValueError, match="a trajectory of the batch has no recorded experts"):
         train_step(model, torch.optim.SGD(model.parameters(), lr=0.0), bare, options)
 
 
-def test_routes_are_one_byte_an_expert_and_survive_json(engine_trajectories):
+def test_routed_experts_are_one_byte_an_expert_and_survive_json(engine_trajectories):
     t = engine_trajectories[0]
-    assert len(t.routes.ids) == t.routes.tokens * 4 * 4  # tokens × layers × top_k, one byte each
+    assert len(t.routed_experts.ids) == t.routed_experts.tokens * 4 * 4  # tokens × layers × top_k, one byte each
     back = Trajectory.model_validate_json(t.model_dump_json())
-    assert back.routes == t.routes and (back.routes.array() == t.routes.array()).all()
-    assert t.routes.width == 1 and '"width":1' in t.model_dump_json()
+    assert back.routed_experts == t.routed_experts and (back.routed_experts.array() == t.routed_experts.array()).all()
+    assert t.routed_experts.width == 1 and '"width":1' in t.model_dump_json()
+    assert '"routes":{"layers":4' in t.model_dump_json()  # the name saved files hold it by
     for bad in (-1, 65536):
         with pytest.raises(ValueError, match=r"ids in \[0, 65535\]"):
             RoutedExperts.of(torch.full((2, 1, 2), bad))
@@ -239,13 +240,13 @@ def test_more_than_256_experts_take_two_bytes_an_id():
     engine = TransformersEngine(model, load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
     gen = generate(engine, PROMPTS[:1], 1, 4)[0][0]
     run = PROMPTS[0] + gen.token_ids[:-1]
-    plain = Routing(model)
+    plain = ExpertRouting(model)
     plain.replay(None)
     with torch.no_grad():
         model(torch.tensor([run]))
-    assert gen.routes.width == 2 and len(gen.routes.ids) == len(run) * 2 * 4 * 2
-    assert (gen.routes.array() == plain.recorded().numpy()).all() and gen.routes.array().max() >= 256
+    assert gen.routed_experts.width == 2 and len(gen.routed_experts.ids) == len(run) * 2 * 4 * 2
+    assert (gen.routed_experts.array() == plain.recorded().numpy()).all() and gen.routed_experts.array().max() >= 256
     traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=PROMPTS[0], response_ids=gen.token_ids,
-                      response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs, routes=gen.routes)
+                      response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs, routed_experts=gen.routed_experts)
     back = Trajectory.model_validate_json(traj.model_dump_json())
-    assert torch.equal(build_batch([back], [0.0]).routes, plain.recorded())
+    assert torch.equal(build_batch([back], [0.0]).routed_experts, plain.recorded())

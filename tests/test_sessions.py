@@ -7,7 +7,6 @@ trajectory with ``close`` always called."""
 import asyncio
 
 import pytest
-from scripted import ScriptedEngine
 from toolrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
@@ -15,6 +14,7 @@ from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import InfrastructureError, Sample
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
+from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
 
 SAMPLE = Sample(prompt=[{"role": "user", "content": "Hi!"}])

@@ -187,7 +187,9 @@ def register_environment_sessions(register: Register) -> None:
     rollout loop then calls ``reset(sample)`` (the trajectory's tools and first messages),
     ``step(call)`` per call of a tool the reset handed out (its result, reward and ``done``, which
     ends the trajectory), ``respond(message)`` after an answer without calls (the next user turn, or
-    None to end), ``score(trajectory)`` (reward terms, named parts allowed) and ``close()``, always.
+    None to end), ``state_key()`` before each model turn (optional: a key for the environment's state,
+    which ``gigpo`` groups turns by), ``score(trajectory)`` (reward terms, named parts allowed) and
+    ``close()``, always.
     An environment names its kind (``Environment.session``); ``session.name`` in a config overrides it.
     A session that fails (raises, hangs, returns junk; ``step`` included) ends its own trajectory at
     once with an error, never another one; one that raises :class:`toolrl.InfrastructureError` (its

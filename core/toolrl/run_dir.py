@@ -202,7 +202,7 @@ class RunDir:
         for t in trajs:
             # A segment's context edit only where there is one: a run without a context policy writes the
             # rows it wrote before policies existed.
-            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routes"}
+            row = t.model_dump(mode="json", exclude={"model_text", "policy_versions", "routed_experts"}
                                | (set() if t.edit else {"edit"}))
             row["advantage"] = (advantages or {}).get(t.trajectory_id)
             row["trainer_logprobs"] = (trainer_logprobs or {}).get(t.trajectory_id)

@@ -12,6 +12,8 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
     reset(sample) -> Reset                        once: the tools this trajectory offers, first messages
     step(call) -> StepResult                      per call of a tool the reset handed out as a schema
     respond(message) -> str | None                after each answer without calls: the next user turn
+    state_key() -> str | None                     before each model turn: a key for the environment's state
+                                                  (turn-level credit, ``gigpo``); None: the observation's tokens
     score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
     close()                                       always: also after errors, timeouts, cancellation
 
@@ -170,6 +172,12 @@ class EnvironmentSession:
         raise NotImplementedError(f"{type(self).__name__} hands out tools as schemas but implements no step()")
 
     async def respond(self, message: str) -> str | None:
+        return None
+
+    async def state_key(self) -> str | None:
+        """A key for the environment's current state, equal whenever two trajectories of a group stand
+        in the same state (``gigpo`` groups the turns taken from it); None: the rollout keys the
+        state by the observation the turn starts from (toolrl.rollout.turns)."""
         return None
 
     async def score(self, trajectory: Trajectory) -> float | Mapping[str, float] | None:
@@ -332,6 +340,22 @@ class SessionRun:
             raise
         if value is not None and not isinstance(value, str):
             raise SessionError(f"session {self.name!r} respond must return a str or None, "
+                               f"got {type(value).__name__}")
+        return value
+
+    async def state_key(self) -> str | None:
+        """The session's key for the current state, or None (none given, or no session). A session
+        that does not define ``state_key`` is not called: no await, so its loop runs as before."""
+        session = self.session
+        if session is None or type(session).state_key is EnvironmentSession.state_key:
+            return None
+        try:
+            value = await self._run("state_key", session.state_key)
+        except SessionError as exc:
+            self.fail(str(exc), isinstance(exc, InfrastructureError))
+            raise
+        if value is not None and not isinstance(value, str):
+            raise SessionError(f"session {self.name!r} state_key must return a str or None, "
                                f"got {type(value).__name__}")
         return value
 

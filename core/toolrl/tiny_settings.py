@@ -106,7 +106,7 @@ class TinyMoeSettings(TinyQwen3Settings):
 
     architecture: MoeArchitecture = "qwen3_moe"
     head_dim: int = Field(32, gt=0, le=512)
-    num_experts: int = Field(8, ge=2, le=256, description="experts per layer (ids fit a byte in the routes record)")
+    num_experts: int = Field(8, ge=2, le=256, description="experts per layer (ids fit a byte in the routed-experts record)")
     num_experts_per_tok: int = Field(2, ge=1, le=64, description="top-k: experts each token is routed to")
     moe_intermediate_size: int = Field(64, gt=0, le=16384, description="each expert's hidden width")
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from toolrl.schemas import ParseError, ToolResult
 
@@ -123,8 +130,8 @@ class Trajectory(BaseModel):
     # that sampled its first token); more than one value: the weights changed mid-trajectory.
     policy_versions: list[int] = Field(default_factory=list)
     # The engine's expert choice for each token it ran (a mixture-of-experts model whose engine records
-    # routes: engine.options.record_routes); None otherwise.
-    routes: RoutedExperts | None = None
+    # them: engine.options.record_routes); None otherwise. Saved as "routes", the name files hold it by.
+    routed_experts: RoutedExperts | None = Field(None, validation_alias=AliasChoices("routed_experts", "routes"))
     # Prompt tokens the engine did not prefill for this piece's generations (Generation.prefill_tokens_saved).
     prefill_tokens_saved: int = 0
     # Template history checks (one per round of tool results), rewrites found, and forks made; whole
@@ -134,10 +141,19 @@ class Trajectory(BaseModel):
     template_forks: int = 0
     # The context edit that opened this segment (None: the first segment of the main line, or a fork).
     edit: ContextEdit | None = None
+    # Per model turn of this piece: where its tokens start in response_ids, and the key of the state it
+    # started from (toolrl.rollout.turns): turn-level estimators (gigpo) group turns by it.
+    turn_starts: list[int] = Field(default_factory=list)
+    turn_states: list[str] = Field(default_factory=list)
 
     @property
     def key(self) -> str:
         return self.trajectory_key or self.trajectory_id
+
+    @model_serializer(mode="wrap")
+    def _saved_names(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The fields as files hold them: ``routed_experts`` under its saved name, ``routes``."""
+        return {("routes" if k == "routed_experts" else k): v for k, v in handler(self).items()}
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -39,12 +39,18 @@ __all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions",
 class AdvantageInputs:
     """One step's batch, every trajectory a row. ``rewards`` (B,) float64; ``groups`` (B,) long (the
     trajectories of one prompt share a group); ``response_mask`` (B, R) float, 1 at trained tokens;
-    ``values`` (B, R) per-token value estimates, None unless the run has a critic."""
+    ``values`` (B, R) per-token value estimates, None unless the run has a critic. For an estimator
+    that ``needs_turns`` (else None), per row's model turns (:mod:`toolrl.algorithms.turns`):
+    ``turn_ids`` (B, R) long, the turn each position belongs to (-1: none); ``turn_states`` the key of
+    the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward)."""
 
     rewards: torch.Tensor
     groups: torch.Tensor
     response_mask: torch.Tensor
     values: torch.Tensor | None = None
+    turn_ids: torch.Tensor | None = None
+    turn_states: tuple[tuple[str, ...], ...] | None = None
+    turn_rewards: tuple[tuple[float, ...], ...] | None = None
 
 
 class AdvantageEstimator(ABC):
@@ -52,12 +58,14 @@ class AdvantageEstimator(ABC):
 
     ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
     False for per-token estimators (traces record the list). ``needs_values``: it reads
-    ``inputs.values`` (a critic must exist)."""
+    ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
+    (the trainer builds them only then)."""
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
     outcome: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
+    needs_turns: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         self.options = options

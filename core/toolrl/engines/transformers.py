@@ -36,18 +36,35 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers.cache_utils import Cache, DynamicLayer
 
-from toolrl import masks
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
-from toolrl.engines.routing import Routing
 from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
 from toolrl.seeds import sample_seed
 from toolrl.trajectory import RoutedExperts
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import Cache
+
+    from toolrl import masks
+    from toolrl.engines.decoding import BufferLayer, inverse_cdf
+    from toolrl.engines.expert_routing import ExpertRouting
+
+
+def _import_torch() -> None:
+    """Bind torch and the modules built on it as this module's names, once, when the first engine is made.
+    Not at import: the run check reads this class (its options and ``check_run``) before anything loads,
+    and torch's import alone is a second of ``toolrl train --check``."""
+    global torch, Cache, masks, BufferLayer, inverse_cdf, ExpertRouting
+    import torch
+    from transformers.cache_utils import Cache
+
+    from toolrl import masks
+    from toolrl.engines.decoding import BufferLayer, inverse_cdf
+    from toolrl.engines.expert_routing import ExpertRouting
 
 
 class TransformersEngineConfig(BaseModel):
@@ -66,77 +83,7 @@ class TransformersEngineConfig(BaseModel):
     share_prompts: bool = Field(True, description="Prefill a prompt that several admitted requests share (a "
                                 "group's n trajectories) once and fork its KV to them.")
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
-                                "was routed to (Generation.routes), for algorithm.routing_replay: r3.")
-
-
-_CDF_BLOCK = 1024
-
-
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per row, the index ``i`` with ``cdf[i-1] < (1 - u) * total <= cdf[i]``: a draw from the
-    (unnormalised) ``probs`` [rows, vocab] given uniforms ``u`` [rows] in [0, 1).
-
-    Two levels (block sums, then one block) instead of a full cumulative sum over the vocabulary,
-    which costs several times more on CPU. Sums within a block are float32 (1024 terms), across
-    blocks float64, so nothing drifts over a 150k-entry vocabulary.
-    ``1 - u`` is in (0, 1], so a zero-probability entry is never returned.
-    """
-    rows, vocab = probs.shape
-    full = vocab // _CDF_BLOCK * _CDF_BLOCK
-    sums = [probs[:, :full].reshape(rows, -1, _CDF_BLOCK).sum(-1)]
-    if full < vocab:
-        sums.append(probs[:, full:].sum(-1, keepdim=True))
-    cum = torch.cat(sums, 1).cumsum(-1, dtype=torch.float64)
-    target = (1.0 - u) * cum[:, -1]
-    block = torch.searchsorted(cum, target[:, None]).clamp_(max=cum.shape[1] - 1)[:, 0]
-    before = torch.where(block > 0, cum.gather(1, (block - 1).clamp(min=0)[:, None])[:, 0], 0.0)
-    offsets = torch.arange(_CDF_BLOCK, device=probs.device)
-    index = block[:, None] * _CDF_BLOCK + offsets
-    inside = index < vocab
-    vals = probs.gather(1, index.clamp(max=vocab - 1)) * inside
-    within = vals.cumsum(-1, dtype=torch.float64)
-    k = torch.searchsorted(within, (target - before)[:, None]).clamp_(max=_CDF_BLOCK - 1)
-    # Rounding can put k on a zero entry at the block's edge: move to the nearest nonzero one.
-    nonzero = vals > 0
-    ok = nonzero.gather(1, k)
-    if not bool(ok.all()):
-        last_before = torch.where(nonzero & (offsets <= k), offsets, -1).max(-1, keepdim=True).values
-        first_after = torch.where(nonzero & (offsets > k), offsets, _CDF_BLOCK).min(-1, keepdim=True).values
-        k = torch.where(ok, k, torch.where(last_before >= 0, last_before, first_after))
-    return block * _CDF_BLOCK + k[:, 0]
-
-
-class _BufferLayer(DynamicLayer):
-    """One layer's KV for the whole batch in a preallocated buffer; ``update`` writes in place, so a
-    decode step costs no copy of the cache (DynamicLayer concatenates on every step)."""
-
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, length: int, capacity: int):
-        super().__init__()
-        self.kbuf, self.vbuf, self.length, self.capacity = keys, values, length, capacity
-        self.is_initialized = keys is not None
-        if keys is not None:
-            self.dtype, self.device = keys.dtype, keys.device
-            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h, _, d = key_states.shape
-        self.kbuf = key_states.new_zeros(b, h, self.capacity, d)
-        self.vbuf = value_states.new_zeros(b, h, self.capacity, value_states.shape[-1])
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        self.kbuf[:, :, self.length:end] = key_states
-        self.vbuf[:, :, self.length:end] = value_states
-        self.length = end
-        self.keys, self.values = self.kbuf[:, :, :end], self.vbuf[:, :, :end]
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self.length
+                                "was routed to (Generation.routed_experts), for algorithm.routing_replay: r3.")
 
 
 @dataclass
@@ -160,7 +107,7 @@ class _Request:
     results: list[Generation | None] = field(default_factory=list)
     remaining: int = 0
     weight_version: int = 0  # the engine's when the first token was sampled
-    images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.rollout.TrajectoryImage)
+    images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
     prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
 
 
@@ -174,7 +121,7 @@ class _Row:
     next_token: int = -1  # sampled but not yet fed to the model
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    routes: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
+    experts: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
 
 
 @dataclass
@@ -183,7 +130,7 @@ class _Session:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
     values: list[torch.Tensor]
     version: int
-    routes: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
+    experts: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
 
 
 class _Batch:
@@ -200,7 +147,7 @@ class _Batch:
         self.mask: torch.Tensor | None = None  # [live rows, capacity] bool
         self.positions: torch.Tensor | None = None  # [rows] next position id per row
         self.rope_deltas: torch.Tensor | None = None  # [rows] a VLM's text position offset (engines.vision)
-        self.prompt_routes: list[torch.Tensor] = []  # a prefill's: per prefilled row (record_routes)
+        self.prompt_experts: list[torch.Tensor] = []  # a prefill's: per prefilled row (record_routes)
         self.length = 0  # used columns
 
     @property
@@ -222,6 +169,7 @@ class TransformersEngine(RolloutEngine):
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
         from toolrl.engines.vision import PromptVision
 
+        _import_torch()
         self.model = model
         # A vision-language model's prompt inputs (images, 3-D positions); None: a text model.
         self.vision = PromptVision(model, processor) if processor is not None else None
@@ -239,10 +187,10 @@ class TransformersEngine(RolloutEngine):
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
         self._rng = random.Random(config.seed)
         # record_routes: the routers' hooks, and the expert ids of the last forward [rows, q, layers, top_k].
-        self._routing = Routing(model) if config.record_routes else None
+        self._routing = ExpertRouting(model) if config.record_routes else None
         # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
-        self._route_dtype = torch.uint8 if self._routing is None or self._routing.num_experts <= 256 else torch.int16
-        self._routes: torch.Tensor | None = None
+        self._expert_dtype = torch.uint8 if self._routing is None or self._routing.num_experts <= 256 else torch.int16
+        self._experts: torch.Tensor | None = None
         self._pending: list[_Request] = []
         self._batch = _Batch()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -262,10 +210,10 @@ class TransformersEngine(RolloutEngine):
 
     @classmethod
     def check_run(cls, run: Any) -> list[str]:
-        """The run check (:mod:`toolrl.roles.run_check`): routes are recorded only where a model has experts."""
+        """The run check (:mod:`toolrl.roles.run_check`): experts are recorded only where a model has them."""
         if run.config.engine.options.get("record_routes") and not run.experts:
             raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
-                             "there are no routes to record")
+                             "there are no routed experts to record")
         return []
 
     @classmethod
@@ -470,7 +418,7 @@ class TransformersEngine(RolloutEngine):
         last position's logits [rows, vocab] in float32. ``images``: a VLM's pixel inputs for them."""
         b, q = input_ids.shape
         self._reserve(batch, batch.length + q)
-        layers = [_BufferLayer(batch.keys[i][:b] if batch.keys else None,
+        layers = [BufferLayer(batch.keys[i][:b] if batch.keys else None,
                                batch.values[i][:b] if batch.values else None,
                                batch.length, batch.capacity) for i in range(self.num_layers)]
         assert batch.mask is not None
@@ -488,7 +436,7 @@ class TransformersEngine(RolloutEngine):
         )
         self.stats.steps += 1
         if self._routing is not None:  # left on the device: copied to the host once per generation, not per step
-            self._routes = self._routing.recorded().view(b, q, self._routing.layers, -1).to(self._route_dtype)
+            self._experts = self._routing.recorded().view(b, q, self._routing.layers, -1).to(self._expert_dtype)
         if not batch.keys:  # the layers allocated them (a prefill without kept KV)
             batch.keys = [layer.kbuf for layer in layers]
             batch.values = [layer.vbuf for layer in layers]
@@ -533,9 +481,9 @@ class TransformersEngine(RolloutEngine):
         batch.mask[:, batch.length] = True
         logits = self._forward(batch, ids, batch.positions[:, None])
         batch.positions += 1
-        if self._routes is not None:
-            for row, fed in zip(batch.rows, self._routes):
-                row.routes.append(fed)
+        if self._experts is not None:
+            for row, fed in zip(batch.rows, self._experts):
+                row.experts.append(fed)
         return logits
 
     def _prefill(self, admitted: list[_Request]) -> tuple[_Batch, torch.Tensor]:
@@ -555,7 +503,7 @@ class TransformersEngine(RolloutEngine):
         group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
         if self._routing is not None:
             for row, i in zip(group.rows, expand):
-                row.routes = [group.prompt_routes[i]]
+                row.experts = [group.prompt_experts[i]]
         if expand != list(range(len(unique))):
             order = torch.tensor(expand, device=self.device)
             group.keys = [k.index_select(0, order) for k in group.keys]
@@ -613,10 +561,10 @@ class TransformersEngine(RolloutEngine):
         if any(req.images for req in admitted):
             pos, images = self._vision_prefill(group, admitted, prefix, dm)
         logits = self._forward(group, ids, pos, **images)
-        if self._routes is not None:  # each prompt's: its kept session's, then its new tokens'
-            group.prompt_routes = [torch.cat(([s.routes[:p]] if s is not None and s.routes is not None else [])
-                                             + [self._routes[i, dm - len(d):]])
-                                   for i, (s, p, d) in enumerate(zip(reused, prefix, deltas))]
+        if self._experts is not None:  # each prompt's: its kept session's, then its new tokens'
+            group.prompt_experts = [torch.cat(([s.experts[:p]] if s is not None and s.experts is not None else [])
+                                              + [self._experts[i, dm - len(d):]])
+                                    for i, (s, p, d) in enumerate(zip(reused, prefix, deltas))]
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
         return group, logits
@@ -672,7 +620,7 @@ class TransformersEngine(RolloutEngine):
             row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
                                                     row.req.weight_version,
                                                     row.req.prefill_tokens_saved if row.index == 0 else 0,
-                                                    RoutedExperts.of(torch.cat(row.routes).cpu()) if row.routes else None)
+                                                    RoutedExperts.of(torch.cat(row.experts).cpu()) if row.experts else None)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)
@@ -835,7 +783,7 @@ class TransformersEngine(RolloutEngine):
         # Indexing with a tensor copies, so the kept KV does not pin the batch buffers.
         session = _Session(tokens, [k[i : i + 1, :, cols] for k in batch.keys],
                            [v[i : i + 1, :, cols] for v in batch.values], self._version,
-                           torch.cat(row.routes) if row.routes else None)
+                           torch.cat(row.experts) if row.experts else None)
         with self._sessions_lock:
             self._sessions[row.req.session_id] = session  # type: ignore[index]
             self._sessions.move_to_end(row.req.session_id)  # type: ignore[arg-type]
@@ -861,6 +809,6 @@ class TransformersEngine(RolloutEngine):
             return None
         return _Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],
                         [v[:, :, :common] for v in session.values], session.version,
-                        None if session.routes is None else session.routes[:common])
+                        None if session.experts is None else session.experts[:common])
 
 

@@ -135,8 +135,8 @@ class EpisodeRecord:
             traj.parse_errors += list(errors[i])
             traj.policy_versions.append(gen.weight_version)
             traj.prefill_tokens_saved += gen.prefill_tokens_saved
-            if gen.routes is not None:  # they cover the whole context the engine ran
-                traj.routes = gen.routes
+            if gen.routed_experts is not None:  # they cover the whole context the engine ran
+                traj.routed_experts = gen.routed_experts
             segment.keys = [*call.keys, replies[i]]
             # Ended by an end-of-turn token (as a token, or as the stop string it also is): a turn the
             # template's next messages follow.

@@ -25,6 +25,16 @@ from toolrl.schemas import ParseError, ParseResult, ToolResponse
 
 
 class ToolParser:
+    """The base of every tool-call parser (``register_tool_parsers``; ``rollout.parser``): subclass it,
+    set ``name``, and implement :meth:`parse`, which reads one model response into a
+    :class:`~toolrl.schemas.ParseResult` (the content, the calls in order, one
+    :class:`~toolrl.schemas.ParseError` per malformed call) and never raises on model output (the module
+    docstring's rule). Options come as constructor keywords (``rollout.parser_options``; the base takes
+    none). Override :attr:`stop_strings` and ``end_of_call_tokens`` where calls end before the turn does,
+    ``result_mode = "inline"`` with :meth:`format_inline_result` for calls whose results are appended to the
+    response, :meth:`bind_tools` for formats typed from the tools' schemas, and :meth:`check_run` for
+    settings it cannot run with. Check one with :class:`toolrl.testing.ParserConformance`."""
+
     name: ClassVar[str] = ""
     # "chat": tool results go back as chat-template tool messages (hermes);
     # "inline": the result text is appended to the response and generation continues (inline tags).

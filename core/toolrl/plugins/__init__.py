@@ -34,7 +34,15 @@ import pluggy
 import toolrl.plugins.verdicts as verdicts
 from toolrl import hookspecs
 from toolrl.plugins import builtin as builtin_plugins
-from toolrl.plugins.registry import KINDS, Part, PartError, Registry, describe_exception
+from toolrl.plugins.registry import (
+    KIND_WORDS,
+    KINDS,
+    Part,
+    PartError,
+    Registry,
+    RegistryError,
+    describe_exception,
+)
 from toolrl.plugins.screening import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, Entry, screen
 
 Status = Literal["ok", "error", "disabled"]
@@ -306,6 +314,22 @@ class Plugins:
                 return f"; its plugin {info.name!r} ({dist}) is disabled (TOOLRL_LOAD_PLUGINS/TOOLRL_DISABLE_PLUGINS)"
             if info.status == "error":
                 return f"; its plugin {info.name!r} ({dist}) failed to load: {info.error}"
+        return ""
+
+    def refused_namesake(self, kind: str, name: str) -> str:
+        """For a part of a built-in plugin: "; ..." saying that an outside plugin of the same plugin name
+        was refused (a plugin of that name installed before the built-in came), so ``name`` is the
+        built-in's part and not what that plugin registers; "" otherwise."""
+        try:
+            owner = self.registry.get(kind, name).plugin
+        except RegistryError:
+            return ""
+        if not self.info[owner].builtin:
+            return ""
+        for key, info in self.info.items():
+            if info.name == owner and key != owner:
+                return (f"; this is the built-in {KIND_WORDS[kind]} {name!r}: plugin {owner!r} ({info.distribution}) "
+                        f"was refused ({info.error}): give its entry point another name")
         return ""
 
     def check(self) -> None:

@@ -94,6 +94,7 @@ class AlgorithmsPlugin:
                           ("reinforce_pp_baseline", "ReinforcePPBaseline")):
             register(f"toolrl.algorithms.advantages:{cls}", name=name)
         register("toolrl.algorithms.gae:Gae", name="gae")
+        register("toolrl.algorithms.gigpo:Gigpo", name="gigpo")
 
     @hookimpl
     def register_policy_losses(self, register: Register) -> None:

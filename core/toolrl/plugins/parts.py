@@ -169,11 +169,23 @@ def checked_options(part: Any, options: Mapping[str, Any] | None, where: str) ->
         raise ConfigError(format_errors(exc, where, model)) from None
 
 
+def namesake_note(kind: str, name: str, plugins: Plugins | None = None) -> str:
+    """"; ..." when ``name`` is a built-in's part and an outside plugin of that plugin name was refused
+    (its options errors are the built-in's: the user most likely meant theirs); "" otherwise."""
+    return _plugins(plugins).refused_namesake(kind, name)
+
+
 def build_part(kind: str, name: str, options: Mapping[str, Any] | None, context: BuildContext) -> Any:
     """The part ``name`` of ``kind`` built with ``options``: looked up, options validated against its
     ``Options``, then ``build(options, context)`` (or the constructor). What a part's ``build`` returns
     is the kind's to define (tools build asynchronously: an awaitable)."""
-    return build_found(lookup_part(kind, name, context.where), options, context)
+    part = lookup_part(kind, name, context.where)
+    try:
+        return build_found(part, options, context)
+    except ConfigError as exc:
+        if note := namesake_note(kind, name):
+            raise ConfigError(f"{exc}{note}") from None
+        raise
 
 
 def build_found(part: Any, options: Mapping[str, Any] | BaseModel | None, context: BuildContext) -> Any:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options
-from toolrl.plugins.parts import checked_options
+from toolrl.plugins.parts import checked_options, namesake_note
 from toolrl.rollout.context_check import model_context
 
 if TYPE_CHECKING:
@@ -102,7 +102,10 @@ def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
     """Each resolved part's ``check_run``, with the field that set it."""
     config = facts.config
     # The engine's options now, not once the engine is built on the loaded model.
-    checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"))
+    try:
+        checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}{namesake_note('rollout_engines', config.engine.name)}") from None
     checked: list[tuple[Any, str, RunFacts]] = [(parts.engine_cls, "engine.options", facts)]
     for route in parts.routes.values():
         routed = replace(facts, parser=route.parser)

@@ -14,8 +14,8 @@ from toolrl.config import ConfigError, text_size
 from toolrl.data import origin_of
 from toolrl.engines import context_overflow
 from toolrl.images import ImageLimits
-from toolrl.rollout import prompt_of
 from toolrl.rollout.chat import ChatRenderer
+from toolrl.rollout.episode import prompt_of
 from toolrl.schemas import Sample
 
 if TYPE_CHECKING:

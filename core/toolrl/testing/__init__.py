@@ -1,6 +1,7 @@
 """toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
 (:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), model families
-(:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`).
+(:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
+and :class:`ScriptedEngine`, the engine that stands in for a model in tests (fixed texts, the calls it got recorded).
 
 Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
 valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
@@ -120,6 +121,8 @@ _EXPORTS = {
     "check_dead_session": "sessions",
     "check_public_imports": "public_api",
     "check_weight_transport": "transports",
+    "ScriptedEngine": "scripted_engine",
+    "ScriptedCall": "scripted_engine",
     **dict.fromkeys(
         (
             "LIFECYCLE",
@@ -164,6 +167,8 @@ __all__ = [
     "ParserConformance",
     "PlayedSession",
     "SessionConformance",
+    "ScriptedCall",
+    "ScriptedEngine",
     "SessionPlay",
     "ToolConformance",
     "build_tool",
@@ -261,6 +266,7 @@ if TYPE_CHECKING:
         hostile_parser_inputs,
     )
     from toolrl.testing.public_api import PUBLIC_API, check_public_imports
+    from toolrl.testing.scripted_engine import ScriptedCall, ScriptedEngine
     from toolrl.testing.sessions import (
         PlayedSession,
         SessionConformance,

@@ -8,7 +8,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -18,7 +19,7 @@ from toolrl.plugins.parts import lookup_part, registered_part
 from toolrl.schemas import ToolCall, ToolKwargs, ToolResult, ToolSchema
 from toolrl.testing.lifecycle import LifecycleCall, LifecycleError, LifecycleRun, run_lifecycle
 from toolrl.tools import Tool, ToolReturnError, ToolSet, coerce_execute_result
-from toolrl.tools.guard import run_guarded
+from toolrl.tools.guard import Guarded, run_guarded
 from toolrl.tools.verl_config import build_default_tool, build_entry, load_tools_file
 
 if TYPE_CHECKING:
@@ -58,6 +59,25 @@ async def _trajectory(
         _fail(f"tool {tool.name!r}: create failed: {toolset.create_errors[tool.name]} "
               f"(create_kwargs={dict(create_kwargs or {})!r})")
     return toolset
+
+
+@asynccontextmanager
+async def _started(
+    tool: Tool,
+    create_kwargs: Mapping[str, Any] | None,
+    execute_kwargs: Mapping[str, Any] | None,
+    when: str,
+) -> AsyncIterator[tuple[ToolSet, str]]:
+    """What most checks open with: a started trajectory of ``tool`` and its instance id, finished
+    (calc_reward, release) on the way out; a failed finish fails the check ``when``, unless the check
+    failed first (its own message is the one to read)."""
+    toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
+    try:
+        yield toolset, toolset.instances[tool.name]
+    except BaseException:
+        await toolset.finish()
+        raise
+    await _finish(toolset, tool, when)
 
 
 async def _finish(toolset: ToolSet, tool: Tool, when: str) -> float:
@@ -320,9 +340,8 @@ async def check_invalid_arguments(
     """Each invalid call returns an error result that names a field (one of the call's keys or the
     schema's properties) and never raises; afterwards the instance still serves a valid call."""
     properties = set((tool.tool_schema.function.parameters.get("properties") or {}).keys())
-    toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
     results = []
-    try:
+    async with _started(tool, create_kwargs, execute_kwargs, "after the invalid calls") as (toolset, _):
         for i, args in enumerate(invalid_arguments):
             label = f"invalid_arguments[{i}] = {args!r}"
             try:
@@ -354,8 +373,6 @@ async def check_invalid_arguments(
                 f"tool {tool.name!r}: after the invalid calls, a valid call on the same instance failed "
                 f"({_describe(after)}); an invalid call must not break the instance"
             )
-    finally:
-        await toolset.finish()
     return results
 
 
@@ -516,12 +533,8 @@ async def check_concurrency(
     state is left behind."""
 
     async def one() -> ToolResult:
-        toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
-        try:
-            result = await toolset.call(_call(tool, dict(arguments)))
-        finally:
-            await _finish(toolset, tool, "under concurrency")
-        return result
+        async with _started(tool, create_kwargs, execute_kwargs, "under concurrency") as (toolset, _):
+            return await toolset.call(_call(tool, dict(arguments)))
 
     try:
         async with asyncio.timeout(timeout_s):
@@ -573,6 +586,13 @@ async def check_no_loop_blocking(
     return run
 
 
+async def _guarded_execute(tool: Tool, iid: str, arguments: Mapping[str, Any],
+                           execute_kwargs: Mapping[str, Any] | None, timeout_s: float) -> Guarded:
+    """``execute`` alone, through the guard Tool.call puts around it (its deadline, its thread)."""
+    return await run_guarded(f"tool {tool.name!r} execute", tool.execute, (iid, dict(arguments)),
+                             dict(execute_kwargs or {}), timeout_s)
+
+
 async def check_cancellation(
     tool: Tool,
     arguments: Mapping[str, Any],
@@ -586,11 +606,8 @@ async def check_cancellation(
     cuts it off, the call must end by cancellation within ``grace_s`` (not carry on, not return a
     result). A tool fast enough to beat every deadline passes: there is nothing to cancel."""
     for deadline in deadlines_s:
-        toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
-        try:
-            iid = toolset.instances[tool.name]
-            run = await run_guarded(f"tool {tool.name!r} execute", tool.execute, (iid, dict(arguments)),
-                                    dict(execute_kwargs or {}), deadline)
+        async with _started(tool, create_kwargs, execute_kwargs, "after a cancelled call") as (_, iid):
+            run = await _guarded_execute(tool, iid, arguments, execute_kwargs, deadline)
             if run.abandoned and run.task is not None:
                 done, _ = await asyncio.wait({run.task}, timeout=grace_s)
                 if not done:
@@ -608,8 +625,6 @@ async def check_cancellation(
                         "cleanup: a timed-out call's result is discarded anyway."
                     )
                 return
-        finally:
-            await _finish(toolset, tool, "after a cancelled call")
 
 
 async def check_return_types(
@@ -621,13 +636,8 @@ async def check_return_types(
 ) -> tuple[Any, Any, Any]:
     """``execute`` returns exactly ``(response, step_reward, metrics)``: a str or ToolResponse, a finite
     number, a dict of JSON values. (Rollouts turn anything else into an error result for the model.)"""
-    toolset = await _trajectory(tool, create_kwargs, execute_kwargs)
-    try:
-        iid = toolset.instances[tool.name]
-        run = await run_guarded(f"tool {tool.name!r} execute", tool.execute, (iid, dict(arguments)),
-                                dict(execute_kwargs or {}), tool.timeout)
-    finally:
-        await _finish(toolset, tool, "after checking execute's return value")
+    async with _started(tool, create_kwargs, execute_kwargs, "after checking execute's return value") as (_, iid):
+        run = await _guarded_execute(tool, iid, arguments, execute_kwargs, tool.timeout)
     if run.timed_out or run.error is not None:
         _fail(f"tool {tool.name!r}: execute with valid_arguments failed: {run.error or 'timed out'}")
     value = run.value

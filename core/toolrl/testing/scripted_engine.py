@@ -1,6 +1,6 @@
 """The ``scripted`` rollout engine: fixed model turns instead of a model, for environment and tool
 authors (``engine: {name: scripted, options: {script: [...]}}``; docs/environments.md, "Driving an
-environment with fixed calls").
+environment with fixed calls"), and the one stand-in engine of tests (``toolrl.testing.ScriptedEngine``).
 
 Every trajectory replays the same ``script``: its n-th generation is the script's n-th text (the last
 one repeats), tokenized with the model's tokenizer and closed with the end-of-turn token (a text that
@@ -8,11 +8,18 @@ ends at one of the parser's stop strings stops there instead, so inline calls ru
 config, tokenizer, chat template, parser, agent loop, tools, environment sessions and rewards around
 it are the real ones, so what a session or tool does with those calls is what training would see. It
 has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses it (no logprobs).
+
+In a test, build it directly: ``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each
+trajectory the script of the first key its session id contains; ``calls`` and ``ended`` record what the
+loop asked. A stand-in that chooses its text another way (from the prompt, across sessions) overrides
+:meth:`ScriptedEngine.text`; one that ends or scores its tokens another way, :meth:`ScriptedEngine.generation`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,24 +38,74 @@ class ScriptedOptions(BaseModel):
     dtype: str = "float32"
 
 
+@dataclass(frozen=True)
+class ScriptedCall:
+    """One ``generate`` call a :class:`ScriptedEngine` answered: its session, prompt and images, when it
+    came (event-loop time) and the token ids of each generation it returned."""
+
+    session_id: str | None
+    prompt_ids: list[int]
+    images: list[Any]
+    at: float
+    generated: list[list[int]]
+
+
 class ScriptedEngine(RolloutEngine):
+    """Replays ``script`` (one list of texts for every trajectory, or a mapping from a piece of a
+    session id to its trajectory's texts), one text per generation, each of ``n`` generations alike;
+    every token gets ``logprob``; each call first waits ``delay_s`` (so concurrent trajectories
+    interleave), then picks its text. With ``record`` (a test's engine), ``calls`` holds every call
+    answered, in the order answered, and ``ended`` every session ended; the registered engine (a whole
+    ``toolrl rollout``) keeps neither."""
+
     name = "scripted"
     Options = ScriptedOptions
 
-    def __init__(self, tokenizer: Any, script: Sequence[str]) -> None:
-        self.tokenizer, self.script = tokenizer, list(script)
+    def __init__(self, tokenizer: Any, script: Sequence[str] | Mapping[str, Sequence[str]], *,
+                 logprob: float = -1.0, delay_s: float = 0.0, record: bool = True) -> None:
+        self.tokenizer, self.logprob, self.delay_s, self.record = tokenizer, logprob, delay_s, record
+        self.script = ({key: list(texts) for key, texts in script.items()} if isinstance(script, Mapping)
+                       else list(script))
         self.turns: dict[str | None, int] = {}
+        self.calls: list[ScriptedCall] = []
+        self.ended: list[str] = []
 
     @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> ScriptedEngine:
-        return cls(source.tokenizer, config["script"])
+        return cls(source.tokenizer, config["script"], record=False)
+
+    def script_of(self, session_id: str | None) -> list[str]:
+        """The texts of ``session_id``'s trajectory: the script, or the first whose key the id contains."""
+        if not isinstance(self.script, dict):
+            return self.script
+        session = session_id or ""
+        for key, texts in self.script.items():
+            if key in session:
+                return texts
+        raise KeyError(f"no script for session {session_id!r} (keys: {sorted(self.script)})")
+
+    def text(self, session_id: str | None, prompt_ids: list[int]) -> str:
+        """The text this call generates: the session's next text (the last repeats)."""
+        turn = self.turns.get(session_id, 0)
+        self.turns[session_id] = turn + 1
+        texts = self.script_of(session_id)
+        return texts[min(turn, len(texts) - 1)]
+
+    def generation(self, text: str, params: SamplingParams) -> Generation:
+        """``text`` as a model would have generated it: :func:`scripted_generation` with ``logprob``."""
+        return scripted_generation(self.tokenizer, text, params, self.logprob)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
-        turn = self.turns.get(session_id, 0)
-        self.turns[session_id] = turn + 1
-        text = self.script[min(turn, len(self.script) - 1)]
-        return [scripted_generation(self.tokenizer, text, params) for _ in range(n)]
+        at = asyncio.get_running_loop().time()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        text = self.text(session_id, list(prompt_ids))
+        generations = [self.generation(text, params) for _ in range(n)]
+        if self.record:
+            self.calls.append(ScriptedCall(session_id, list(prompt_ids), list(images), at,
+                                           [g.token_ids for g in generations]))
+        return generations
 
     async def check_trainable(self) -> str | None:
         return "the scripted engine replays fixed text: it has no weights or logprobs to train"
@@ -58,6 +115,8 @@ class ScriptedEngine(RolloutEngine):
 
     def end_session(self, session_id: str) -> None:
         self.turns.pop(session_id, None)
+        if self.record:
+            self.ended.append(session_id)
 
 
 def scripted_generation(tokenizer: Any, text: str, params: SamplingParams, logprob: float = -1.0) -> Generation:

@@ -34,6 +34,12 @@ from toolrl.trajectory import Trajectory
 
 @dataclass
 class SessionPlay:
+    """One trajectory's play: its ``sample`` (what ``reset`` gets), the ``calls`` it steps in order, then
+    the ``answers`` it hands to ``respond``. A call may name only a tool that this play's ``reset`` handed
+    out (as a model sees only those): a call to any other fails the play (``the play calls 'x', which
+    reset did not hand out``), so a session whose tools depend on the sample needs plays whose calls fit
+    each sample. A step that says done ends the calls."""
+
     sample: Sample
     calls: Sequence[ToolCall] = ()
     answers: Sequence[str] = ()  # answers without calls, each handed to respond
@@ -169,6 +175,8 @@ class SessionConformance:
             session_name = "counter"
             session_options = {"goal": 5}
             plays = [SessionPlay(Sample(prompt="count"), [ToolCall(name="add", arguments={"x": 5})])]
+
+    Each play may call only the tools its ``reset`` hands out (:class:`SessionPlay`).
 
     Set ``kill`` (an async method taking the prepared kind) to stop the session's backend for the
     dead-session test. A session with nothing to take away (it runs in the rollout worker's process)

@@ -94,8 +94,8 @@ class PackedBatch:
     path_bounds: list[int] | None = None
     first_copy: torch.Tensor | None = None
     vision: vision.VisionInputs | None = None  # the images of a vision-language model's sequences
-    # (T, layers, top_k): the experts the engine routed each row token to, when every trajectory has routes.
-    routes: torch.Tensor | None = None
+    # (T, layers, top_k): the experts the engine routed each row token to, when every trajectory has them.
+    routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]
@@ -199,25 +199,26 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
                         vision=None if pixels is None else pixels.to(device))
     if tree.shared:
         add_tree(batch, tree, device)
-    if all(t.routes is not None for t in trajectories):
-        batch.routes = row_routes(trajectories, tree.paths, len(tree.ids), device)
+    if all(t.routed_experts is not None for t in trajectories):
+        batch.routed_experts = row_experts(trajectories, tree.paths, len(tree.ids), device)
     return batch
 
 
-def row_routes(trajectories: Sequence[Trajectory], paths: Sequence[Sequence[int]], tokens: int,
-               device: torch.device | str) -> torch.Tensor:
+def row_experts(trajectories: Sequence[Trajectory], paths: Sequence[Sequence[int]], tokens: int,
+                device: torch.device | str) -> torch.Tensor:
     """The engine's routed experts of each row token, (T, layers, top_k): each trajectory's recorded
-    routes at its path's rows (a shared prefix row takes its last sequence's: the same tokens)."""
-    first = trajectories[0].routes
+    experts at its path's rows (a shared prefix row takes its last sequence's: the same tokens)."""
+    first = trajectories[0].routed_experts
     assert first is not None
     out = torch.arange(first.top_k).expand(tokens, first.layers, first.top_k).clone()
     for t, path in zip(trajectories, paths, strict=True):
-        assert t.routes is not None
-        if (t.routes.layers, t.routes.top_k) != (first.layers, first.top_k) or t.routes.tokens < len(path):
-            raise ValueError(f"trajectory {t.trajectory_id!r}: routes for {t.routes.tokens} tokens of "
-                             f"{t.routes.layers}x{t.routes.top_k} experts, its forward runs {len(path)} tokens of "
+        experts = t.routed_experts
+        assert experts is not None
+        if (experts.layers, experts.top_k) != (first.layers, first.top_k) or experts.tokens < len(path):
+            raise ValueError(f"trajectory {t.trajectory_id!r}: routed experts for {experts.tokens} tokens of "
+                             f"{experts.layers}x{experts.top_k} experts, its forward runs {len(path)} tokens of "
                              f"{first.layers}x{first.top_k}")
-        out[torch.tensor(list(path), dtype=torch.long)] = torch.tensor(t.routes.array()[:len(path)], dtype=torch.long)
+        out[torch.tensor(list(path), dtype=torch.long)] = torch.tensor(experts.array()[:len(path)], dtype=torch.long)
     return out.to(device)
 
 

@@ -60,7 +60,9 @@ from toolrl.algorithms import (
 from toolrl.algorithms.advantages import Grpo
 from toolrl.algorithms.correction import correction
 from toolrl.algorithms.overlong import shape_rewards
+from toolrl.algorithms.turns import turn_fields
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
+from toolrl.training.expert_replay import ExpertReplay
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
@@ -73,7 +75,6 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
-from toolrl.training.route_replay import RouteReplay
 from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
@@ -82,9 +83,10 @@ __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "agg
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None) -> AdvantageInputs:
+                     values: torch.Tensor | None = None, turns: bool = False) -> AdvantageInputs:
     """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
-    the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``."""
+    the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``;
+    with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
@@ -92,7 +94,8 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     rewards = shape_rewards([t.reward for t in trajectories], [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
     groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
-    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values)
+    per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn)
 
 
 def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
@@ -102,7 +105,7 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     forked trajectory (:mod:`toolrl.rollout.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own."""
-    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values)
+    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns)
     keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)
@@ -287,7 +290,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     minis = split_mini_batches(trajs, advs, options, device)
     tally = StepTally()
     proximal = ProximalLogprobs(trajs)
-    replay = None if options.algo.routing_replay == "off" else RouteReplay(model, options.algo.routing_replay, options.sp)
+    replay = None if options.algo.routing_replay == "off" else ExpertReplay(model, options.algo.routing_replay, options.sp)
     with PeakMemory(device) as peak:
         try:
             anchor_logprobs(model, ref_model if loss_fn.kl_coef > 0 else None, minis, options, replay)
@@ -336,7 +339,7 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     return minis
 
 
-def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: RouteReplay | None = None,
+def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: ExpertReplay | None = None,
              dummy: bool = False) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
     routed by ``replay`` (``algorithm.routing_replay``) when given."""
@@ -352,7 +355,7 @@ def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: Route
 
 
 def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], options: StepOptions,
-                    replay: RouteReplay | None = None) -> None:
+                    replay: ExpertReplay | None = None) -> None:
     """The log-probs the loss compares against, without gradient, before any update. Proximal: with
     one update per batch the policy has not moved, so prox == new.detach() exactly and a separate pass
     would be wasted (``prox`` stays None); otherwise these weights'. Reference: when ``ref_model`` is
@@ -368,7 +371,7 @@ def anchor_logprobs(model: Any, ref_model: Any, minis: Sequence[MiniBatch], opti
 
 def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBatch, options: StepOptions,
                       tally: StepTally, loss_fn: PolicyLoss, proximal: ProximalLogprobs | None = None,
-                      replay: RouteReplay | None = None) -> None:
+                      replay: ExpertReplay | None = None) -> None:
     """One optimizer update: this rank's micro-steps forward and backward (gradients accumulate),
     then clipping and the optimizer step. In a sequence-parallel group every rank computes the whole
     micro-batch's loss from the group's log-probs and backpropagates 1/N of it (the group's gradients

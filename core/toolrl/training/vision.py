@@ -1,6 +1,6 @@
 """What the trainer does only for vision-language models (Qwen2-VL/Qwen2.5-VL layout).
 
-A trajectory carries its images once (:class:`toolrl.rollout.TrajectoryImage`: PNG and the
+A trajectory carries its images once (:class:`toolrl.trajectory.TrajectoryImage`: PNG and the
 processor's patch grid), in the order of their placeholder runs in its tokens. Per packed micro-batch
 the trainer:
 

@@ -5,18 +5,17 @@ lookup, their scores, turns and per-turn calls."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
-from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
 from toolrl.plugins import get_plugins
 from toolrl.roles.evaluate import turn_outcomes
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_routes
+from toolrl.testing import ScriptedEngine
 from toolrl.testing.environments import listed_environments
 from toolrl_lookup.environment import LOOKUP_CHAIN, TAG_ROUTES, held_out
 
@@ -55,35 +54,6 @@ def test_configured_prompt_parser_and_listing() -> None:
     assert "lookup-chain" in {e["name"] for e in listed_environments()}
     with pytest.raises(ConfigError, match="hops"):
         LOOKUP_CHAIN.resolve({"hops": 9})
-
-
-class ScriptedEngine(RolloutEngine):
-    """Replays one script per trajectory (by its sample's index in the session id), one text per
-    generation, stopping at a closing tag as the engine does at the tags parser's stop strings: it
-    stands in for a model that would write these calls; all around it is real."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer: Any, scripts: Mapping[str, list[str]]):
-        self.tokenizer, self.scripts, self.turns = tokenizer, scripts, {}
-
-    @classmethod
-    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> ScriptedEngine:
-        return cls(source.tokenizer, config["scripts"])
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
-        session = session_id or ""
-        turn = self.turns[session] = self.turns.get(session, -1) + 1
-        text = next(s for k, s in self.scripts.items() if k in session)[turn]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        stop = next((s for s in params.stop_strings if text.endswith(s)), None)
-        if stop is None:
-            ids += [params.stop_token_ids[0]]
-        return [Generation(ids, [-0.5] * len(ids), "stop_string" if stop else "stop", stop or params.stop_token_ids[0])]
-
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        raise NotImplementedError
 
 
 async def test_session_keeps_state_feeds_back_and_ends_the_episode(qwen3_tokenizer: Any) -> None:

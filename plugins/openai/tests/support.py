@@ -29,33 +29,26 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\
 ANSWER = "<think>\n\n</think>\n\nThe answer is 5."
 
 # Stands in for a model that emits a tool call and then answers: the k-th assistant turn of a
-# conversation (counted in the rendered prompt) is script[k]. The tokenizer, chat template, parser,
-# server and client around it are real.
+# conversation (counted in the rendered prompt) is script[k], ended with the end-of-turn token even when
+# cut short for it, every position its own logprob. The tokenizer, chat template, parser, server and
+# client around it are real.
 SCRIPTED_ENGINE = '''
 from toolrl import hookimpl
-from toolrl.engines import Generation, RolloutEngine
+from toolrl.engines import Generation
+from toolrl.testing import ScriptedEngine
 
 
-class ChatScript(RolloutEngine):
+class ChatScript(ScriptedEngine):
     name = "chat_script"
 
-    def __init__(self, tokenizer, script):
-        self.tokenizer, self.script = tokenizer, script
+    def text(self, session_id, prompt_ids):
+        turn = self.tokenizer.decode(prompt_ids, skip_special_tokens=False).count("<|im_start|>assistant") - 1
+        return self.script[min(turn, len(self.script) - 1)]
 
-    @classmethod
-    def create(cls, source, config):
-        return cls(source.tokenizer, config["script"])
-
-    async def generate(self, prompt_ids, params, n=1, session_id=None):
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        turn = prompt.count("<|im_start|>assistant") - 1
-        ids = self.tokenizer.encode(self.script[min(turn, len(self.script) - 1)], add_special_tokens=False)
-        ids = ids[: params.max_new_tokens - 1] + [params.stop_token_ids[0]]
-        logprobs = [-0.25 - 0.01 * i for i in range(len(ids))]
-        return [Generation(list(ids), list(logprobs), "stop", params.stop_token_ids[0]) for _ in range(n)]
-
-    def update_weights(self, state_dict):
-        raise NotImplementedError("a script has no weights")
+    def generation(self, text, params):
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: params.max_new_tokens - 1]
+        ids.append(params.stop_token_ids[0])
+        return Generation(ids, [-0.25 - 0.01 * i for i in range(len(ids))], "stop", params.stop_token_ids[0])
 
 
 @hookimpl

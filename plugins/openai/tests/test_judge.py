@@ -13,41 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ServeProcess, env_with, free_port, make_plugin_dist, recorded, toolrl, write_config
+from support import ServeProcess, env_with, free_port, recorded, toolrl, write_config
 
 # The judge thinks aloud (quoting the verdict format, which must not count), then grades.
 VERDICT = "<think>\nA grade looks like <score>0</score>.\n</think>\n\n<score>0.75</score>"
-
-JUDGE_ENGINE = '''
-from toolrl import hookimpl
-from toolrl.engines import Generation, RolloutEngine
-
-
-class ConstantJudge(RolloutEngine):
-    """Answers every prompt with the same verdict text: the judge's model, scripted."""
-
-    name = "constant_judge"
-
-    def __init__(self, tokenizer, text):
-        self.tokenizer, self.text = tokenizer, text
-
-    @classmethod
-    def create(cls, source, config):
-        return cls(source.tokenizer, config["text"])
-
-    async def generate(self, prompt_ids, params, n=1, session_id=None):
-        ids = self.tokenizer.encode(self.text, add_special_tokens=False) + [params.stop_token_ids[0]]
-        return [Generation(list(ids), [-0.5] * len(ids), "stop", params.stop_token_ids[0]) for _ in range(n)]
-
-    def update_weights(self, state_dict):
-        raise NotImplementedError("a scripted judge has no weights")
-
-
-@hookimpl
-def register_rollout_engines(register):
-    register(ConstantJudge)
-'''
-
 
 class JudgeServer:
     """A small OpenAI-style judge (starlette on uvicorn, in a thread): ``mode`` ``garbage`` answers
@@ -120,13 +89,12 @@ def _chat_answer(text: str) -> dict[str, Any]:
 @pytest.fixture(scope="module", autouse=True)
 def judge_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     """``toolrl serve`` on the tiny config (tiny Qwen3's tokenizer and chat template, qwen3 parser)
-    with a scripted engine that always gives VERDICT; records what it was asked. Started with the
+    with the scripted engine always giving VERDICT; records what it was asked. Started with the
     module, so that its start-up overlaps the other tests (the test that uses it runs last)."""
     tmp = tmp_path_factory.mktemp("judge")
-    plugin = make_plugin_dist(tmp / "plugin", "toolrl-test-constant-judge", "constant_judge", JUDGE_ENGINE)
-    config = write_config(tmp / "judge.yaml", {"engine": {"name": "constant_judge", "options": {"text": VERDICT}}})
+    config = write_config(tmp / "judge.yaml", {"engine": {"name": "scripted", "options": {"script": [VERDICT]}}})
     server = ServeProcess(config, "--record", str(tmp / "record"), "--idle-timeout", "1", log=tmp / "judge.log",
-                          env=env_with(plugin))
+                          env=env_with())
     try:
         yield server
     finally:

@@ -128,7 +128,7 @@ class Conversations:
         """Append each choice to its conversation. The first continues ``base`` unless another
         request extended or closed it meanwhile; every other choice forks: a new conversation with
         ``base``'s history as it was when matched. ``images``: a new conversation's prompt images
-        (toolrl.rollout.TrajectoryImage; a prompt with images continues none)."""
+        (toolrl.trajectory.TrajectoryImage; a prompt with images continues none)."""
         request = next(self._requests)
         now = time.monotonic()
         history = None if base is None else _history(base.conversation.trajectory, base.length)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.testing import ScriptedEngine
 
 HERE = Path(__file__).parent
 ENVS = HERE / "envs"
@@ -57,31 +57,6 @@ def call(name: str, **arguments: Any) -> str:
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
 
-class Scripted(RolloutEngine):
-    """Replays one script per trajectory (the first key its id contains), one text per generation."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer: Any, scripts: Mapping[str, list[str]]) -> None:
-        self.tokenizer, self.scripts, self.turns = tokenizer, scripts, {}
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
-        session = session_id or ""
-        turn = self.turns[session] = self.turns.get(session, -1) + 1
-        script = next(s for k, s in self.scripts.items() if k in session)
-        ids = self.tokenizer.encode(script[min(turn, len(script) - 1)], add_special_tokens=False)
-        ids.append(params.stop_token_ids[0])
-        return [Generation(ids, [-0.5] * len(ids), "stop", params.stop_token_ids[0])]
-
-    @classmethod
-    def create(cls, source: Any, config: Any) -> Scripted:
-        raise NotImplementedError("built by the test itself")
-
-    def update_weights(self, state_dict: Any) -> None:
-        raise NotImplementedError("a script has no weights")
-
-
 def tokenizer() -> Any:
     from toolrl import model_sources
 
@@ -106,7 +81,7 @@ async def routes(options: dict[str, Any], base_dir: Path | None = None) -> tuple
 
 async def rollout(options: dict[str, Any], rows: list[dict[str, Any]], scripts: Mapping[str, list[str]],
                   base_dir: Path | None = None, max_turns: int = 6, built: tuple[dict, list] | None = None,
-                  engine: Scripted | None = None) -> list[Any]:
+                  engine: ScriptedEngine | None = None) -> list[Any]:
     """Each row (``extra_info.reset_kwargs``: the reset's kwargs) rolled out once with ``scripts`` (by
     ``s<row index>-``; or by ``engine``), through toolrl's loop; the routes are closed afterwards
     unless ``built`` (routes already built, and kept)."""
@@ -120,8 +95,8 @@ async def rollout(options: dict[str, Any], rows: list[dict[str, Any]], scripts: 
         route.max_turns = max_turns
     try:
         if engine is not None:
-            engine.scripts = scripts
-        ctx = RolloutContext(engine=engine or Scripted(tok, scripts), renderer_factory=lambda s: ChatRenderer(tok, s),
+            engine.script = dict(scripts)
+        ctx = RolloutContext(engine=engine or ScriptedEngine(tok, scripts), renderer_factory=lambda s: ChatRenderer(tok, s),
                              config=RolloutConfig(max_response_tokens=8192, max_concurrent_trajectories=256),
                              routes=routes_)
         return await run_rollouts(ctx, samples(rows), 1, seed=0)

@@ -9,10 +9,11 @@ import os
 import signal
 import time
 
-from support import ENVS, Scripted, call, close, rollout, routes, tokenizer
+from support import ENVS, call, close, rollout, routes, tokenizer
+from toolrl.testing import ScriptedEngine
 
 
-class Gate(Scripted):
+class Gate(ScriptedEngine):
     """Holds every trajectory's first generation until all have reset, then stops the server."""
 
     def __init__(self, count: int, pid: int) -> None:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.testing import ScriptedEngine
 
 
 def ground_truth(task: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -60,28 +60,13 @@ def call(name: str, arguments: dict[str, Any]) -> str:
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
 
 
-class OracleEngine(RolloutEngine):
-    name = "tau2_oracle"
-
+class OracleEngine(ScriptedEngine):
     def __init__(self, tokenizer: Any, tasks: Sequence[Any], altered: dict[str, list[str]] | None = None):
         """``tasks``: the split's tasks in sample order; ``altered``: scripts replacing the oracle's, by task id."""
-        self.tokenizer, self.tasks = tokenizer, list(tasks)
-        self.scripts = {t.id: [call(n, a) for n, a in ground_truth(t)] + [answer(t)] for t in tasks}
-        self.scripts.update(altered or {})
-        self.turns: dict[str, int] = {}
+        scripts = {t.id: [call(n, a) for n, a in ground_truth(t)] + [answer(t)] for t in tasks}
+        super().__init__(tokenizer, {**scripts, **(altered or {})}, logprob=-0.5)
+        self.tasks = list(tasks)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+    def script_of(self, session_id: str | None) -> list[str]:
         task = self.tasks[int(re.search(r"s(\d+)-g", session_id or "").group(1))]
-        turn = self.turns[session_id] = self.turns.get(session_id, -1) + 1
-        script = self.scripts[task.id]
-        ids = self.tokenizer.encode(script[min(turn, len(script) - 1)], add_special_tokens=False)
-        ids = ids[: params.max_new_tokens - 1] + [params.stop_token_ids[0]]
-        return [Generation(list(ids), [-0.5] * len(ids), "stop", params.stop_token_ids[0]) for _ in range(n)]
-
-    @classmethod
-    def create(cls, source, config):
-        raise NotImplementedError("built by the test itself")
-
-    def update_weights(self, state_dict: Any) -> None:
-        raise NotImplementedError("a script has no weights")
+        return self.script[task.id]

@@ -16,31 +16,11 @@ from typing import Any
 
 import pytest
 from conftest import rollout
-from toolrl.engines import Generation, RolloutEngine
 from toolrl.rollout.chat import ChatRenderer
+from toolrl.testing import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[3]
 GREETING = "How can I help you today?"
-
-
-class Greeter(RolloutEngine):
-    """An agent that only talks: every answer goes to the simulated user."""
-
-    name = "greeter"
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.ids = tokenizer.encode(GREETING, add_special_tokens=False)
-
-    async def generate(self, prompt_ids, params, n=1, session_id=None):
-        ids = self.ids + [params.stop_token_ids[0]]
-        return [Generation(list(ids), [-0.5] * len(ids), "stop", params.stop_token_ids[0]) for _ in range(n)]
-
-    @classmethod
-    def create(cls, source, config):
-        raise NotImplementedError("built by the test itself")
-
-    def update_weights(self, state_dict):
-        raise NotImplementedError("a script has no weights")
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +55,8 @@ async def test_a_served_user_talks_until_its_turns_run_out(served, qwen25) -> No
     tokenizer = qwen25
     base_url, model = served
     options = {"user": {"base_url": base_url, "model": model}, "max_user_turns": 3}
-    [t] = await rollout("tau2-airline", Greeter(tokenizer), tokenizer, env_options=options, limit=1,
-                        max_new_tokens=64)
+    talker = ScriptedEngine(tokenizer, [GREETING])  # an agent that only talks: every answer goes to the user
+    [t] = await rollout("tau2-airline", talker, tokenizer, env_options=options, limit=1, max_new_tokens=64)
     assert t.error is None and t.termination == "answered" and t.turns == 3
     assert len(t.user_turns) == 2 and all(isinstance(u, str) for u in t.user_turns)
     # τ²'s opening: the agent greets, the simulated user writes the first user message.

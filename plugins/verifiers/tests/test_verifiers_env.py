@@ -7,7 +7,6 @@ without a test split naming ``env_options.test_select``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 from collections.abc import Mapping
@@ -18,10 +17,10 @@ import pytest
 import yaml
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples
-from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_routes
+from toolrl.testing import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_YAML = REPO / "examples" / "tiny.yaml"
@@ -35,32 +34,6 @@ def rubric(terms: Mapping[str, float]) -> dict[str, float]:
 
 def call(name: str, **arguments: Any) -> str:
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
-
-
-class ScriptedEngine(RolloutEngine):
-    """Replays a script per trajectory (matched by a substring of its session id), one text per
-    generation: it stands in for a model that would emit these calls; all around it is real."""
-
-    name = "scripted"
-
-    def __init__(self, tokenizer: Any, scripts: Mapping[str, list[str]]):
-        self.tokenizer, self.scripts, self.turns = tokenizer, scripts, {}
-
-    @classmethod
-    def create(cls, source: ModelSource, config: Mapping[str, Any]) -> ScriptedEngine:
-        return cls(source.tokenizer, config["scripts"])
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
-        session = session_id or ""
-        turn = self.turns[session] = self.turns.get(session, -1) + 1
-        text = next(s for k, s in self.scripts.items() if k in session)[turn]
-        await asyncio.sleep(0.01 * (turn + 1))  # interleave the trajectories' calls
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [params.stop_token_ids[0]]
-        return [Generation(ids, [-0.5] * len(ids), "stop", params.stop_token_ids[0])]  # type: ignore[arg-type]
-
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        raise NotImplementedError
 
 
 def test_a_taskset_id_with_its_config(tmp_path: Path) -> None:
@@ -94,7 +67,7 @@ async def test_scripted_rollout_calls_the_tools_and_the_rubric_is_the_reward(qwe
         "s1-": [call("calc_add", a=10, b=32) + call("calc_calls") + call("define", word="sum"), "The answer is 41"],
         "s2-": [call("calc_add", a="seven"), "The answer is 15"],
     }
-    ctx = RolloutContext(engine=ScriptedEngine(qwen3_tokenizer, scripts), config=config.rollout, routes=routes,
+    ctx = RolloutContext(engine=ScriptedEngine(qwen3_tokenizer, scripts, delay_s=0.01), config=config.rollout, routes=routes,
                          renderer_factory=lambda schemas: ChatRenderer(qwen3_tokenizer, schemas))
     try:
         first, second, third = await run_rollouts(ctx, samples, n=1, seed=0)

@@ -2,7 +2,7 @@
 models (Qwen3-MoE, OLMoE, Mixtral and the other ``*TopKRouter`` classes: a forward from the
 flattened hidden states ``(N, H)`` to ``(router_logits, top-k weights, top-k expert ids)``).
 
-:class:`Routing` hooks every router of a model once. Each forward either **records** the expert ids
+:class:`ExpertRouting` hooks every router of a model once. Each forward either **records** the expert ids
 each router chose, ``(N, layers, top_k)`` in the order of the routers in the model, or **replays**
 given ids: the router still computes its logits and its softmax, the given experts' probabilities are
 gathered (renormalised where the router renormalises its top-k), so the router keeps its gradient and
@@ -31,7 +31,7 @@ def is_moe(model: Any) -> bool:
     return bool(routers(model))
 
 
-class Routing:
+class ExpertRouting:
     """Record or replay the expert selection of every router of ``model`` (module docstring).
 
     ``replay(ids)`` before a forward makes it use ``ids`` (``(N, layers, top_k)``, N the tokens the

@@ -1,13 +1,13 @@
 """Routing replay in the policy step (``algorithm.routing_replay``, ``docs/algorithms.md``): which
 experts a mixture-of-experts policy's forward routes each token to.
 
-- ``r3``: those the engine chose when it sampled the trajectory (its recorded routes, packed into
-  ``PackedBatch.routes`` in the row's order: packing and shared prefixes follow the tokens' rows).
+- ``r3``: those the engine chose when it sampled the trajectory (its routed experts, packed into
+  ``PackedBatch.routed_experts`` in the row's order: packing and shared prefixes follow the tokens' rows).
 - ``r2``: those of the trainer's own first forward over the micro-batch (the proximal pass when the
   step makes several updates, else the gradient pass itself), for every later forward of it: the
   other epochs' and activation checkpointing's recomputation.
 
-Either way the router's softmax is recomputed at the forced experts (:mod:`toolrl.engines.routing`),
+Either way the router's softmax is recomputed at the forced experts (:mod:`toolrl.engines.expert_routing`),
 so the router keeps its gradient. Under sequence parallelism each rank replays its own slice of the
 row (:func:`toolrl.training.sequence_parallel.local_span`)."""
 
@@ -18,31 +18,31 @@ from typing import Any
 import torch
 
 from toolrl.config import ConfigError
-from toolrl.engines.routing import Routing
+from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.training.packing import PackedBatch
 from toolrl.training.sequence_parallel import SequenceParallel, local_span
 
 
-def model_routing(model: Any) -> Routing:
+def model_routing(model: Any) -> ExpertRouting:
     """``model``'s router hooks, installed once (kept on the model)."""
     routing = getattr(model, "toolrl_routing", None)
     if routing is None:
         try:
-            routing = Routing(model)
+            routing = ExpertRouting(model)
         except ValueError as exc:
             raise ConfigError(f"algorithm.routing_replay: {exc}") from None
         model.toolrl_routing = routing
     return routing
 
 
-class RouteReplay:
+class ExpertReplay:
     """Sets the routing of each policy forward of one step (module docstring): :meth:`before` and
     :meth:`after` around it; :meth:`close` leaves the routers routing on their own."""
 
     def __init__(self, model: Any, mode: str, sp: SequenceParallel | None) -> None:
         self.routing = model_routing(model)
         self.mode, self.sp = mode, sp
-        self.first: dict[int, torch.Tensor] = {}  # r2: by id(batch), the routes of its first forward
+        self.first: dict[int, torch.Tensor] = {}  # r2: by id(batch), the experts of its first forward
         self.counted: set[int] = set()  # r3: batches whose routing flips are counted (on their first forward)
         self.flipped = self.tokens = 0
 
@@ -51,11 +51,11 @@ class RouteReplay:
             self.routing.replay(self.first.get(id(batch)))
         elif dummy:  # a zero-weight step: its one pad token routes on its own
             self.routing.replay(None)
-        elif batch.routes is None:
-            raise ValueError("algorithm.routing_replay=r3: a trajectory of the batch has no recorded routes "
+        elif batch.routed_experts is None:
+            raise ValueError("algorithm.routing_replay=r3: a trajectory of the batch has no recorded experts "
                              "(engine.options.record_routes)")
         else:
-            self.routing.replay(self.local(batch.routes), batch.expand if self.sp is None else None)
+            self.routing.replay(self.local(batch.routed_experts), batch.expand if self.sp is None else None)
 
     def after(self, batch: PackedBatch) -> None:
         flips = self.routing.flips
@@ -67,14 +67,14 @@ class RouteReplay:
             self.first[id(batch)] = self.routing.recorded()
             self.routing.replay(self.first[id(batch)])  # a recomputation in backward routes as this pass did
 
-    def local(self, routes: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of ``routes`` (the whole row without sequence parallelism)."""
+    def local(self, experts: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``experts`` (the whole row without sequence parallelism)."""
         if self.sp is None:
-            return routes
-        lo, hi = local_span(routes.shape[0], self.sp)
-        pad = max(0, hi - routes.shape[0])
-        filler = torch.arange(routes.shape[2], device=routes.device).expand(pad, *routes.shape[1:])
-        return torch.cat([routes, filler])[lo:hi]
+            return experts
+        lo, hi = local_span(experts.shape[0], self.sp)
+        pad = max(0, hi - experts.shape[0])
+        filler = torch.arange(experts.shape[2], device=experts.device).expand(pad, *experts.shape[1:])
+        return torch.cat([experts, filler])[lo:hi]
 
     def metrics(self) -> dict[str, float]:
         """r3: ``routing_mismatch_frac``, the share of the tokens this rank ran whose experts, chosen by

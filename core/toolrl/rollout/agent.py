@@ -1,0 +1,25 @@
+"""The agent path: with ``rollout.agent`` a program runs each episode instead of the turn loop; its
+model calls go through the gateway (toolrl.gateway), which records them as the trajectory, scored
+as any other."""
+
+from __future__ import annotations
+
+import contextlib
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from toolrl.gateway.run import run_agent_episode
+from toolrl.rollout.reward import score_pieces
+from toolrl.rollout.rollout_context import RolloutContext, Route
+from toolrl.schemas import Sample
+from toolrl.trajectory import Trajectory
+
+
+async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
+                               seed: int, slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
+    """One episode of the route's agent program (toolrl.gateway.run), scored as any trajectory: the
+    reward functions on its last answer, its step rewards, and the reward the program gave."""
+    async with slot or contextlib.nullcontext():
+        outcome = await run_agent_episode(ctx, route, sample, group, trajectory_id, seed)
+    *closed, traj = outcome.pieces
+    return await score_pieces(route, sample, closed, traj, outcome.step_rewards, outcome.terms)

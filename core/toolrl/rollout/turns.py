@@ -1,0 +1,39 @@
+"""Each model turn's start and the key of the state it starts from, recorded on the trajectory
+(``Trajectory.turn_starts``, ``turn_states``) for turn-level credit (the ``gigpo`` estimator groups
+the turns of a group's trajectories that start from one state).
+
+The key is the environment session's (``EnvironmentSession.state_key``, prefixed ``env:``) when it
+gives one; otherwise the tokens of the observation the turn starts from, hashed (``obs:``): what
+followed the piece's last model token (the tool results, parse errors or user turn it answers), or
+the whole prompt for a piece's first turn (the sample's prompt, the same for a whole group). Only the
+latest observation, as in GiGPO (arXiv 2505.10978): keyed by the whole history, two trajectories
+would share a state only while every earlier sampled token agreed, so beyond the first turn almost
+every step group would be a singleton; keyed by the observation, trajectories that reach the same
+tool result by different paths are compared. Tokens rather than decoded text: the same ids the
+model read, with nothing decoded on the loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from toolrl.sessions import SessionRun
+from toolrl.trajectory import Trajectory, model_tokens_end
+
+__all__ = ["observation_key", "record_turn"]
+
+
+def observation_key(traj: Trajectory) -> str:
+    """The key of the observation the next turn of ``traj`` starts from (module docstring)."""
+    end = model_tokens_end(traj.response_mask)
+    tokens = traj.response_ids[end:] if end else traj.prompt_ids + traj.response_ids
+    digest = hashlib.blake2b(array("q", tokens).tobytes(), digest_size=16)
+    return "obs:" + digest.hexdigest()
+
+
+async def record_turn(traj: Trajectory, session: SessionRun) -> None:
+    """Record that a model turn starts at the end of ``traj``'s response, and its state's key."""
+    key = await session.state_key()
+    traj.turn_states.append(observation_key(traj) if key is None else "env:" + key)
+    traj.turn_starts.append(len(traj.response_ids))
