@@ -26,6 +26,9 @@ class OpenEnvBlock(BaseModel):
                                      "create_app's max_concurrent_envs); default: what the server says "
                                      "when it first refuses one. Trajectories beyond it wait")
     queue_timeout_s: float = Field(3600.0, gt=0, description="how long a trajectory waits for a session")
+    ws_compression: bool = Field(False, description="offer permessage-deflate on each episode's WebSocket: "
+                                 "about 60 KiB of zlib state per open session; worth it only for large "
+                                 "observations over a slow link")
     action_tool: str = Field("step", pattern=r"^[A-Za-z0-9_-]{1,64}$",
                              description="tool name for a non-MCP environment's action")
 

@@ -44,7 +44,8 @@ class OpenEnvSession(EnvironmentSession):
         (base_url, _), schema = await shared.get("server", _unprepared), await shared.get("schema", _unprepared)
         self.slots: Slots = await shared.get("slots", _unprepared)
         self.episode = await open_episode(base_url, o.connect_timeout_s, o.message_timeout_s, self.slots,
-                                          o.queue_timeout_s, dict(sample.extra_info.get("reset_kwargs") or {}))
+                                          o.queue_timeout_s, dict(sample.extra_info.get("reset_kwargs") or {}),
+                                          compression=o.ws_compression)
         self.mcp = is_mcp(schema)
         if not self.mcp:
             action = dict(schema.get("action") or {})

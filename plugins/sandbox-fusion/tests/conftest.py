@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sandbox_support import ServerProcess, start_server, stop_server
+from sandbox_support import ServerProcess, serve_apps, start_server, stop_server
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig
 
 
@@ -23,3 +23,10 @@ def server() -> Iterator[ServerProcess]:
         yield srv
     finally:
         stop_server(srv)
+
+
+@pytest.fixture
+def serve_app() -> Iterator:
+    """``serve_app(app) -> base URL``: an ASGI stand-in served on loopback until the test ends."""
+    yield from serve_apps()
+

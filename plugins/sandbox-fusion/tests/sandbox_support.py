@@ -6,11 +6,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from toolrl_sandbox_fusion.embedded.launch import _probe_bwrap, find_interpreter
+from toolrl_sandbox_fusion.embedded.pool import SandboxProcess
 
 HAVE_BWRAP = shutil.which("bwrap") is not None and _probe_bwrap(find_interpreter()) is None
 IS_ROOT = os.geteuid() == 0
@@ -45,3 +50,39 @@ def stop_server(server: ServerProcess) -> None:
     except subprocess.TimeoutExpired:
         server.proc.kill()
         server.proc.wait()
+
+
+def fake_spawn(spawned: list[subprocess.Popen]) -> SandboxProcess:
+    """A real, trivial "sandbox" for the pool's tests: its ready byte, then it waits for stdin."""
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), b'R'); sys.stdin.read()", str(write_fd)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
+        start_new_session=True)
+    os.close(write_fd)
+    spawned.append(proc)
+    return SandboxProcess(proc, read_fd)
+
+
+def serve_apps() -> Iterator[Callable[[Any], str]]:
+    """Serve ASGI apps on loopback, each with uvicorn in a thread (``start(app) -> base URL``), all
+    stopped when the generator ends: the body of the stand-in servers' fixtures."""
+    import uvicorn
+
+    started: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(app: Any) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(256)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        started.append((server, thread))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    yield start
+    for server, thread in started:
+        server.should_exit = True
+        thread.join(timeout=10)
+

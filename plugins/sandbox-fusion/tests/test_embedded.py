@@ -7,13 +7,11 @@ import base64
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
-from sandbox_support import HAVE_BWRAP, IS_ROOT, requires_bwrap
+from sandbox_support import HAVE_BWRAP, IS_ROOT, fake_spawn, requires_bwrap
 from toolrl_sandbox_fusion.embedded import EmbeddedSandbox, SandboxConfig, SandboxLimits
 from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess
 from toolrl_sandbox_fusion.models import CommandRunStatus, RunCodeRequest, RunStatus
@@ -275,15 +273,8 @@ def test_bubblewrap_outside_the_default_path_starts(monkeypatch):
 def test_pool_keeps_one_process_until_used_then_fills():
     spawned = []
 
-    def spawn() -> SandboxProcess:  # a real, trivial "sandbox": ready byte, then wait for stdin
-        read_fd, write_fd = os.pipe()
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), b'R'); sys.stdin.read()", str(write_fd)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(write_fd,),
-            start_new_session=True)
-        os.close(write_fd)
-        spawned.append(proc)
-        return SandboxProcess(proc, read_fd)
+    def spawn() -> SandboxProcess:
+        return fake_spawn(spawned)
 
     pool = ProcessPool(spawn, size=4, refill_delay=0.01)
     try:

@@ -6,15 +6,12 @@ import asyncio
 import base64
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from sandbox_support import start_server, stop_server
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -150,29 +147,9 @@ class Flaky:
         self.app = Starlette(routes=[Route("/run_code", run_code, methods=["POST"])])
 
 
-@pytest.fixture
-def flaky_server() -> Iterator:
-    started: list[tuple[uvicorn.Server, threading.Thread]] = []
-
-    def start(flaky: Flaky) -> str:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        server = uvicorn.Server(uvicorn.Config(flaky.app, log_level="error"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        started.append((server, thread))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-    yield start
-    for server, thread in started:
-        server.should_exit = True
-        thread.join(timeout=10)
-
-
-async def test_retries_on_503_then_succeeds_and_sends_memory_limit(flaky_server):
+async def test_retries_on_503_then_succeeds_and_sends_memory_limit(serve_app):
     flaky = Flaky(503, failures=2)
-    client = SandboxFusionClient(flaky_server(flaky), backoff_s=0.01)
+    client = SandboxFusionClient(serve_app(flaky.app), backoff_s=0.01)
     try:
         response, attempts = await client.run_code(
             RunCodeRequest(code="print(1)", language="python", memory_limit_MB=256))
@@ -182,9 +159,9 @@ async def test_retries_on_503_then_succeeds_and_sends_memory_limit(flaky_server)
     assert len(flaky.calls) == 3 and all(c["memory_limit_MB"] == 256 for c in flaky.calls)
 
 
-async def test_retry_after_is_honoured(flaky_server):
+async def test_retry_after_is_honoured(serve_app):
     flaky = Flaky(429, failures=1, retry_after="0.3")
-    client = SandboxFusionClient(flaky_server(flaky), backoff_s=0.0)
+    client = SandboxFusionClient(serve_app(flaky.app), backoff_s=0.0)
     start = time.monotonic()
     try:
         _, attempts = await client.run_code(RunCodeRequest(code="print(1)", language="python"))
@@ -193,9 +170,9 @@ async def test_retry_after_is_honoured(flaky_server):
     assert attempts == 2 and time.monotonic() - start >= 0.3
 
 
-async def test_non_retryable_status_fails_at_once(flaky_server):
+async def test_non_retryable_status_fails_at_once(serve_app):
     flaky = Flaky(500, failures=10)
-    client = SandboxFusionClient(flaky_server(flaky), backoff_s=0.01)
+    client = SandboxFusionClient(serve_app(flaky.app), backoff_s=0.01)
     try:
         with pytest.raises(SandboxRequestError, match="HTTP 500") as info:
             await client.run_code(RunCodeRequest(code="print(1)", language="python"))
@@ -204,9 +181,9 @@ async def test_non_retryable_status_fails_at_once(flaky_server):
     assert info.value.attempts == 1 and len(flaky.calls) == 1
 
 
-async def test_gives_up_after_max_attempts(flaky_server):
+async def test_gives_up_after_max_attempts(serve_app):
     flaky = Flaky(502, failures=10)
-    client = SandboxFusionClient(flaky_server(flaky), max_attempts=3, backoff_s=0.01)
+    client = SandboxFusionClient(serve_app(flaky.app), max_attempts=3, backoff_s=0.01)
     try:
         with pytest.raises(SandboxRequestError, match="after 3 attempts: HTTP 502"):
             await client.run_code(RunCodeRequest(code="print(1)", language="python"))
@@ -229,7 +206,7 @@ async def test_connection_refused_is_retried_then_reported():
     assert info.value.attempts == 2
 
 
-async def test_read_timeout_is_not_retried(flaky_server):
+async def test_read_timeout_is_not_retried(serve_app):
     calls = []
 
     async def slow(request: Request):
@@ -239,7 +216,7 @@ async def test_read_timeout_is_not_retried(flaky_server):
 
     holder = Flaky(200, 0)
     holder.app = Starlette(routes=[Route("/run_code", slow, methods=["POST"])])
-    client = SandboxFusionClient(flaky_server(holder), timeout_slack_s=0.0)
+    client = SandboxFusionClient(serve_app(holder.app), timeout_slack_s=0.0)
     try:
         with pytest.raises(SandboxRequestError, match="ReadTimeout"):
             await client.run_code(RunCodeRequest(code="print(1)", language="python", run_timeout=0.1,

@@ -1,7 +1,7 @@
 """toolrl plugin: the ``code_interpreter`` tool, the ``python-math`` environment and ``toolrl sandbox serve``.
 
 This module is the plugin's entry point. It registers a lazy reference to the tool and adds the
-``sandbox`` command group; pydantic, httpx, starlette and uvicorn are imported only when used.
+``sandbox`` command group; pydantic, aiohttp, starlette and uvicorn are imported only when used.
 """
 
 from __future__ import annotations

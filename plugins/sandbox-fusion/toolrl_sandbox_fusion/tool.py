@@ -45,6 +45,9 @@ class CodeInterpreterConfig(BaseModel):
     memory_limit_mb: int = Field(1024, description="memory limit per run (MB); -1 for none (as SandboxFusion)")
     default_language: Language = "python"
     num_workers: int = Field(10, ge=1, le=256, description="concurrent runs of the embedded sandbox / HTTP connections")
+    queue_timeout_s: float = Field(
+        30.0, gt=0, description="HTTP backend: the longest a call waits for one of the server's num_workers "
+                                "connections (then an infrastructure error)")
     enable_global_rate_limit: bool = Field(
         False, description="share the limits across a Ray cluster (a named actor) instead of per process")
     python_executable: str | None = Field(
@@ -160,7 +163,8 @@ class CodeInterpreterTool(Tool):
             # timeout would hide the sandbox's own time-limit report.
             self.timeout = 2 * cfg.default_timeout + 60
         self.backend_name = "http" if cfg.sandbox_fusion_url else "embedded"
-        self._client = (SandboxFusionClient(cfg.sandbox_fusion_url, max_connections=cfg.num_workers)
+        self._client = (SandboxFusionClient(cfg.sandbox_fusion_url, max_connections=cfg.num_workers,
+                                           queue_timeout_s=cfg.queue_timeout_s)
                         if cfg.sandbox_fusion_url else None)
         self._sandbox = (None if cfg.sandbox_fusion_url else
                          EmbeddedSandbox(SandboxConfig(isolation=cfg.sandbox_isolation, max_concurrency=cfg.num_workers,

@@ -1,9 +1,13 @@
-"""A pool of pre-started sandbox processes, each used for exactly one run and then discarded.
+"""A pool of pre-started sandbox processes (warm workers), each used for exactly one run and then discarded.
 
 Interpreter and namespace start-up (~15-20 ms) happens here, in the background, so a run only pays
-for sending its code and the program itself. Processes are never reused: every run gets a process
-that no other code has touched. One long-lived thread starts every process, because bubblewrap's
-``--die-with-parent`` fires when the *thread* that started it exits.
+for sending its code and the program itself (``benchmarks/env_load.py --warm-pool``: cold vs warm).
+Processes are never reused: every run gets a process that no other code has touched, so nothing one
+trajectory's code did (files, globals, children) can reach another's. A ready worker that dies while
+it waits (killed, out of memory) is dropped and replaced, at the latest when a run would take it; a
+pool unused for ``idle_timeout`` seconds shrinks back to one ready worker (idle reaping). Size 0 keeps
+none ready: each run starts its own (cold). One long-lived thread starts every process, because
+bubblewrap's ``--die-with-parent`` fires when the *thread* that started it exits.
 """
 
 from __future__ import annotations
@@ -70,16 +74,21 @@ class ProcessPool:
 
     Starting a process costs more CPU than a short run, so refills wait for a quiet moment (no run
     active and none finished within ``refill_delay``) as long as at least half the pool is ready or
-    starting; below that they start at once. Until the first ``take`` (or ``warm``) only one process
-    is kept, so a one-off use (``toolrl tool call``) starts one sandbox, not a pool."""
+    starting; below that, or while a ``take`` waits with none ready, they start at once. Until the
+    first ``take`` (or ``warm``) only one process is kept, so a one-off use (``toolrl tool call``)
+    starts one sandbox, not a pool; after ``idle_timeout`` s with no run, again one."""
 
     def __init__(self, spawn: Callable[[], SandboxProcess], size: int, start_timeout: float = 30.0,
-                 refill_delay: float = 0.05) -> None:
+                 refill_delay: float = 0.05, idle_timeout: float = 300.0) -> None:
         self._spawn = spawn
-        self.size = max(1, size)
-        self._target = 1
+        self.size = max(0, size)
+        self._target = min(1, self.size)
         self.start_timeout = start_timeout
         self.refill_delay = refill_delay
+        self.idle_timeout = idle_timeout
+        self._waiting = 0  # takes waiting for a ready process
+        self.replaced = 0  # ready processes found dead and replaced
+        self.reaped = 0  # ready processes ended by idle reaping
         self._active = 0
         self._last_activity = 0.0
         self._ready: deque[SandboxProcess] = deque()
@@ -100,8 +109,16 @@ class ProcessPool:
     def take(self, timeout: float) -> SandboxProcess:
         """The next ready process; raises SandboxStartError when none can be started."""
         deadline = time.monotonic() + timeout
+        dead: list[SandboxProcess] = []
         with self._cond:
-            while not self._ready:
+            self._target = self.size
+            self._last_activity = time.monotonic()
+            while True:
+                while self._ready and self._ready[0].proc.poll() is not None:  # died while it waited
+                    dead.append(self._ready.popleft())
+                    self.replaced += 1
+                if self._ready:
+                    break
                 if self._closed:
                     raise SandboxStartError("the sandbox pool is closed")
                 if self._failures >= 3 and self._error:
@@ -109,18 +126,25 @@ class ProcessPool:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SandboxStartError(f"no sandbox process became ready within {timeout:g} s")
-                self._cond.wait(remaining)
+                self._waiting += 1
+                self._wake()  # none ready: the starter thread starts one now, quiet moment or not
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiting -= 1
             sp = self._ready.popleft()
-            self._target = self.size
             self._active += 1
             self._last_activity = time.monotonic()
         self._wake()
+        for sp_dead in dead:
+            self._retired.put(sp_dead)
         return sp
 
     def warm(self) -> None:
-        """Fill the whole pool now."""
+        """Fill the whole pool now (idle reaping counts from now)."""
         with self._cond:
             self._target = self.size
+            self._last_activity = time.monotonic()
         self._wake()
 
     def done(self, sp: SandboxProcess) -> None:
@@ -167,6 +191,20 @@ class ProcessPool:
             self._cond.notify_all()
         logger.warning("code sandbox failed to start: %s", message)
 
+    def _check_ready(self, now: float) -> None:
+        """With the lock held: drop ready processes that died while they waited (their replacements
+        start in this round), and after ``idle_timeout`` s without a run, all but one (idle reaping)."""
+        for sp in [sp for sp in self._ready if sp.proc.poll() is not None]:
+            self._ready.remove(sp)
+            self._retired.put(sp)
+            self.replaced += 1
+        idle = not self._active and not self._waiting and now - self._last_activity > self.idle_timeout
+        if idle and self._target > min(1, self.size):
+            self._target = min(1, self.size)
+        while idle and len(self._ready) > self._target:
+            self._retired.put(self._ready.popleft())
+            self.reaped += 1
+
     def _loop(self) -> None:
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
@@ -176,9 +214,12 @@ class ProcessPool:
                 with self._cond:
                     if self._closed:
                         return
-                    missing = self._target - len(self._ready) - len(starting)
+                    now = time.monotonic()
+                    self._check_ready(now)
+                    have = len(self._ready) + len(starting)
+                    missing = max(self._target - have, self._waiting - have)
                     retry_at = self._retry_at
-                    if 2 * (len(self._ready) + len(starting)) >= self._target:
+                    if self._waiting <= have and 2 * have >= self._target:
                         # Busy: wait for the next done() (it wakes us) or a quiet moment.
                         quiet_at = self._last_activity + self.refill_delay
                         retry_at = max(retry_at, math.inf if self._active else quiet_at)

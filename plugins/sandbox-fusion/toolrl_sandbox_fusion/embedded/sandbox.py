@@ -76,7 +76,8 @@ ADDRESS_SPACE_HEADROOM_MB = 4096
 class SandboxConfig:
     isolation: Literal["auto", "bwrap", "unshare"] = "auto"
     max_concurrency: int = 8  # runs at once; more wait for a worker thread
-    pool_size: int = 4  # processes kept started and waiting
+    pool_size: int = 4  # processes kept started and waiting (warm); 0: each run starts its own (cold)
+    idle_timeout: float = 300.0  # seconds without a run after which a pool keeps one process ready, not pool_size
     # A Python executable or a venv/prefix folder, mounted read-only in the sandbox. Default:
     # /usr/bin/python3, else this interpreter's real path.
     interpreter: str | None = None
@@ -189,7 +190,8 @@ class EmbeddedSandbox:
                         os.close(write_fd)
                     return SandboxProcess(proc, read_fd)
 
-                pool = self._pools[kind] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout)
+                pool = self._pools[kind] = ProcessPool(spawn, self.config.pool_size, self.config.start_timeout,
+                                                        idle_timeout=self.config.idle_timeout)
             return pool
 
     @staticmethod
