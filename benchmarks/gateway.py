@@ -12,8 +12,8 @@ same calls (the share of identical completions is printed). Direct: one trajecto
 ``Trajectory.generation_s``; gateway: ``rollout.agent`` a program that makes the call with
 ``endpoint.client(max_retries=0)``, timed around ``chat.completions.create``. Each episode has its own
 client and connection, as separate programs would (the endpoint's clients share one TLS context: a
-default client would load the CA certificates, 20 ms or more, on the event loop the gateway and the
-engine share). Rounds of each concurrency alternate between the two ways
+default client would load the CA certificates, 20 ms or more, each), and the programs run on the agents'
+own event loop (toolrl.gateway.agent_loop), as ``rollout.agent`` runs them. Rounds of each concurrency alternate between the two ways
 (which goes first alternates too) so machine load hits both alike, after a warm-up round of 256 each way.
 
 Then the gateway's own cost, with the scripted engine (no model: the same 32 tokens at once) in place of
