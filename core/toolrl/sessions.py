@@ -333,15 +333,7 @@ class SessionRun:
     async def respond(self, message: str) -> str | None:
         if self.session is None:
             return None
-        try:
-            value = await self._run("respond", self.session.respond, message)
-        except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
-            self.fail(str(exc), isinstance(exc, InfrastructureError))
-            raise
-        if value is not None and not isinstance(value, str):
-            raise SessionError(f"session {self.name!r} respond must return a str or None, "
-                               f"got {type(value).__name__}")
-        return value
+        return await self._text_or_none("respond", self.session.respond, message)
 
     async def state_key(self) -> str | None:
         """The session's key for the current state, or None (none given, or no session). A session
@@ -349,13 +341,17 @@ class SessionRun:
         session = self.session
         if session is None or type(session).state_key is EnvironmentSession.state_key:
             return None
+        return await self._text_or_none("state_key", session.state_key)
+
+    async def _text_or_none(self, method: str, call: Callable[..., Any], *args: Any) -> str | None:
+        """``call(*args)`` through the session's guard, which must give a str or None."""
         try:
-            value = await self._run("state_key", session.state_key)
-        except SessionError as exc:
+            value = await self._run(method, call, *args)
+        except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
             self.fail(str(exc), isinstance(exc, InfrastructureError))
             raise
         if value is not None and not isinstance(value, str):
-            raise SessionError(f"session {self.name!r} state_key must return a str or None, "
+            raise SessionError(f"session {self.name!r} {method} must return a str or None, "
                                f"got {type(value).__name__}")
         return value
 
