@@ -58,8 +58,11 @@ def questions(options, split):
 
 def test_environment_validation():
     Environment(name="ok", splits={"train": questions}, rewards=[{"name": "gsm8k"}], metric="gsm8k")
-    with pytest.raises(ValidationError, match="metric 'exact' is not one of its rewards"):
-        Environment(name="x", splits={"train": questions}, rewards=[{"name": "gsm8k"}], metric="exact")
+    with pytest.raises(ValidationError, match=r"metric 'exact' is not one of its reward terms .*: gsm8k, bank"):
+        Environment(name="x", splits={"train": questions}, rewards=[{"name": "gsm8k"}], session="bank", metric="exact")
+    # A session's score is a term of its own (its kind's name), or its parts when it gives them without a total.
+    for metric in ("bank", "bank.balance"):
+        Environment(name="ok", splits={"train": questions}, session="bank", metric=metric)
     with pytest.raises(ValidationError, match="HubSplit needs a row function"):
         Environment(name="x", splits={"train": HubSplit(path="org/data")})
     with pytest.raises(ValidationError, match="splits.train.callable"):  # FileSplit, HubSplit or callable
@@ -70,6 +73,18 @@ def test_environment_validation():
         Environment(name="x", splits={"train": questions}, tools=[{"config": {"type": "native"}}])
     with pytest.raises(ValidationError, match="prompt_prefix"):
         Environment(name="x", splits={"train": questions}, prompt_prefix=[{"role": "robot", "content": "hi"}])
+
+
+def test_eval_metric_may_name_a_sessions_score(tmp_path):
+    from toolrl.environments import ConfiguredEnv
+    from toolrl.roles.resolve import with_metric
+
+    config = load_config(None, data={"data": {"train_files": ["train.jsonl"]}, "base_dir": str(tmp_path)})
+    bank = ConfiguredEnv(Environment(name="b", splits={"train": questions}, session="bank"), None, 1.0, None)
+    assert with_metric(config.model_copy(update={"eval": config.eval.model_copy(update={"metric": "bank"})}),
+                       {"b": bank}).eval.metric == "bank"
+    with pytest.raises(ConfigError, match=r"no reward term 'exact' \(terms: bank, tools, steps\)"):
+        with_metric(config.model_copy(update={"eval": config.eval.model_copy(update={"metric": "exact"})}), {"b": bank})
 
 
 def test_generator_and_file_splits_and_prompt_decoration(tmp_path):

@@ -20,7 +20,7 @@ it) and a ``configure(options) -> {field: value}`` function that adapts its fiel
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,6 +63,13 @@ class HubSplit(BaseModel):
 Generator = Callable[[Any, str], list[Any]]
 SplitSource = FileSplit | HubSplit | Generator
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+def is_term(metric: str, terms: Sequence[str], sessions: Sequence[str]) -> bool:
+    """Whether ``metric`` names a reward term a trajectory can have: one of ``terms``, or a part of a
+    session's score (``session.part``: a score given as parts without a ``reward``,
+    :func:`toolrl.rewards.scoring.named_terms`)."""
+    return metric in terms or any(metric.startswith(f"{name}.") for name in sessions)
 
 
 class _PassOptions(BaseModel):
@@ -116,9 +123,10 @@ class Environment(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Environment:
-        if self.metric is not None and self.metric not in {r.name for r in self.rewards}:
-            raise ValueError(f"metric {self.metric!r} is not one of its rewards "
-                             f"({', '.join(r.name for r in self.rewards) or 'none'})")
+        terms = [r.name for r in self.rewards] + ([self.session] if self.session else [])
+        if self.metric is not None and not is_term(self.metric, terms, [self.session] if self.session else []):
+            raise ValueError(f"metric {self.metric!r} is not one of its reward terms (its rewards' and its "
+                             f"session's: {', '.join(terms) or 'none'})")
         if any(isinstance(s, HubSplit) for s in self.splits.values()) and self.row is None:
             raise ValueError("a HubSplit needs a row function (dataset row -> verl row)")
         return self

@@ -78,7 +78,8 @@ def env_list(as_json: bool) -> None:
             continue
         splits = ", ".join(f"{n} {s['size'] if s['size'] is not None else '?'}" for n, s in r["splits"].items())
         rewards = ", ".join(f"{n}×{w:g}" for n, w in r["rewards"].items()) or "-"
-        click.echo(f"{r['name']:<14} [{r['plugin']}] splits: {splits}; tools: {', '.join(r['tools']) or '-'}; "
+        session = f"session: {r['session']}; " if r["session"] else ""
+        click.echo(f"{r['name']:<14} [{r['plugin']}] splits: {splits}; {session}tools: {', '.join(r['tools']) or '-'}; "
                    f"rewards: {rewards}")
 
 
@@ -100,7 +101,7 @@ def env_show(name: str, as_json: bool) -> None:
     resolved, options, _ = _with_defaults(environment)
     row.update(system_prompt=resolved.system_prompt, instructions=resolved.instructions,
                prompt_prefix=resolved.prompt_prefix, tool_entries=resolved.tools,
-               parser_options=resolved.parser_options)
+               parser_options=resolved.parser_options, session_options=resolved.session_options)
     split = next((n for n, s in row["splits"].items() if s["size"]), None)
     if split is not None:  # the first prompt as training sees it
         sample = load_split(resolved, split, options)[0]
@@ -111,7 +112,8 @@ def env_show(name: str, as_json: bool) -> None:
         click.echo(json.dumps(row, indent=2, default=str))
         return
     click.echo(f"{row['name']} [{row['plugin']}]: {row['description']}")
-    for key in ("parser", "parser_options", "max_turns", "metric", "rewards", "system_prompt", "instructions"):
+    for key in ("session", "session_options", "parser", "parser_options", "max_turns", "metric", "rewards",
+                "system_prompt", "instructions"):
         if row.get(key) not in (None, {}, []):
             click.echo(f"  {key}: {row[key]}")
     click.echo("  splits: " + "; ".join(f"{n}: {s['source']} ({s['size'] if s['size'] is not None else '?'})"

@@ -16,7 +16,7 @@ from toolrl.config import Config, ConfigError
 from toolrl.data import check_data_files
 from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
-from toolrl.environments import ConfiguredEnv
+from toolrl.environments import ConfiguredEnv, is_term
 from toolrl.loggers import logger_names
 from toolrl.model_sources import model_path
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
@@ -73,8 +73,10 @@ def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
     if metric is None and len({e.metric for e in found}) == 1 and found[0].metric is not None:
         metric = found[0].metric
     functions = config.reward.functions if config.reward.functions is not None else [r for e in found for r in e.rewards]
-    terms = list(dict.fromkeys(f.name for f in functions)) + ["tools", "steps"]
-    if metric is not None and metric not in terms:
+    # A session's score is a term of its own, named after its kind (session.name, else each environment's).
+    sessions = list(dict.fromkeys([config.session.name] if config.session.name else [e.session for e in found if e.session]))
+    terms = list(dict.fromkeys(f.name for f in functions)) + sessions + ["tools", "steps"]
+    if metric is not None and not is_term(metric, terms, sessions):
         source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {found[0].name!r})"
         raise ConfigError(f"{source}: no reward term {metric!r} (terms: {', '.join(terms)})")
     return config.model_copy(update={"eval": config.eval.model_copy(update={"metric": metric})})

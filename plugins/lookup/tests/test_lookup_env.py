@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
+from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.plugins import get_plugins
@@ -54,6 +56,9 @@ def test_configured_prompt_parser_and_listing() -> None:
     assert "lookup-chain" in {e["name"] for e in listed_environments()}
     with pytest.raises(ConfigError, match="hops"):
         LOOKUP_CHAIN.resolve({"hops": 9})
+    shown = CliRunner().invoke(cli, ["env", "show", "lookup-chain"])
+    assert shown.exit_code == 0, shown.output
+    assert "  session: lookup-chain\n" in shown.output and "  session_options: {'max_failures': 2" in shown.output
 
 
 async def test_session_keeps_state_feeds_back_and_ends_the_episode(qwen3_tokenizer: Any) -> None:
