@@ -17,6 +17,19 @@ from toolrl.images import ImageError, ImageLimits, is_image_part, part_image, pr
 from toolrl.schemas import ParseResult, ToolSchema
 
 
+def model_list(name: str, created: int = 0) -> dict[str, Any]:
+    """``GET /v1/models``: the one model served, as ``name``."""
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "toolrl"}]}
+
+
+def finish_reason(finish: str, message: dict[str, Any] | None = None) -> str:
+    """The OpenAI ``finish_reason`` of an engine's ``finish`` (a stop string is a stop), ``tool_calls``
+    where the reply ``message`` holds calls."""
+    if message is not None and message.get("tool_calls"):
+        return "tool_calls"
+    return "stop" if finish == "stop_string" else finish
+
+
 def tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """A request's ``tools`` as function schemas; a RequestError naming the first bad one."""
 

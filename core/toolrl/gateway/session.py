@@ -21,15 +21,20 @@ from typing import Any
 
 from toolrl.config import RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.gateway.messages import chat_chunks, reply_message, template_messages, tool_schemas
+from toolrl.gateway.messages import (
+    chat_chunks,
+    finish_reason,
+    model_list,
+    reply_message,
+    template_messages,
+    tool_schemas,
+)
 from toolrl.gateway.protocol import ChatMessage, ChatRequest, RequestError, message_key
 from toolrl.gateway.record import EpisodeRecord
 from toolrl.parsers import ToolParser, parse_within
 from toolrl.rewards.scoring import RewardValueError, coerce_reward
 from toolrl.schemas import ParseResult
 from toolrl.seeds import turn_seed
-
-FINISH = {"stop": "stop", "stop_string": "stop", "length": "length"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class GatewaySession:
     _parsers: dict[str, ToolParser] = field(default_factory=dict)  # the parser bound to each set of tools
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "toolrl"}]}
+        return model_list(self.model)
 
     def set_reward(self, body: Any) -> dict[str, Any]:
         """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward
@@ -158,8 +163,7 @@ class GatewaySession:
             self.replies[replies[-1]] = Reply(list(gen.token_ids), parsed)
             texts.append(text)
             errors.append(parsed.errors if parsed is not None else [])
-            finish = "tool_calls" if message.get("tool_calls") else FINISH.get(gen.finish_reason, gen.finish_reason)
-            choices.append(Choice(message, finish, gen))
+            choices.append(Choice(message, finish_reason(gen.finish_reason, message), gen))
         if gens[0].token_ids or gens[0].finish_reason != "length":  # else nothing was generated: nothing to record
             self.record.record(call, gens, replies, texts, errors, choices[0].message["content"] or "")
         completion = f"{id_prefix}-{uuid.uuid4().hex}"

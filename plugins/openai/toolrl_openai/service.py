@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.gateway.messages import chat_chunks, reply_message, template_messages, tool_schemas
+from toolrl.gateway.messages import (
+    chat_chunks,
+    finish_reason,
+    model_list,
+    reply_message,
+    template_messages,
+    tool_schemas,
+)
 from toolrl.gateway.protocol import (
     ChatMessage,
     ChatRequest,
@@ -59,8 +66,7 @@ class Service:
     # ----------------------------------------------------------------- shared
 
     def models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [
-            {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "toolrl"}]}
+        return model_list(self.model_name, self.created)
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -110,10 +116,6 @@ class Service:
         return [token_id_string(t) for t in ids] if as_ids else self._pieces(ids)
 
     @staticmethod
-    def _finish_reason(gen: Generation) -> str:
-        return {"stop_string": "stop"}.get(gen.finish_reason, gen.finish_reason)
-
-    @staticmethod
     def _stop_reason(gen: Generation) -> int | str | None:
         return gen.stop if gen.finish_reason in ("stop", "stop_string") else None
 
@@ -161,7 +163,7 @@ class Service:
                 turns.append(Turn(gen, c.text, c.text))
                 completion_tokens += len(gen.token_ids)
                 choice: dict[str, Any] = {"index": k * req.n + i, "text": c.text, "logprobs": None,
-                                          "finish_reason": self._finish_reason(gen),
+                                          "finish_reason": finish_reason(gen.finish_reason),
                                           "stop_reason": self._stop_reason(gen)}
                 if req.return_token_ids:
                     choice |= {"prompt_token_ids": prompt, "token_ids": list(gen.token_ids)}
@@ -252,8 +254,8 @@ class Service:
             bodies.append(c.body_ids)
             parsed = self.parser.parse(c.text) if parse_calls else None
             message, errors = reply_message(c.text, parsed), parsed.errors if parsed is not None else []
-            finish = "tool_calls" if message.get("tool_calls") else self._finish_reason(gen)
-            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None, "finish_reason": finish,
+            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
+                                      "finish_reason": finish_reason(gen.finish_reason, message),
                                       "stop_reason": self._stop_reason(gen)}
             if req.logprobs:
                 tokens = self._token_strings(gen.token_ids, req.return_tokens_as_token_ids)
