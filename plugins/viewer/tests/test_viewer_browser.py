@@ -91,7 +91,13 @@ class Page:
             self.server.RequestHandlerClass = _holding_plotly(self.server.RequestHandlerClass, plotly_until)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.driver, self.shots = driver, shots
-        driver.get(f"http://127.0.0.1:{self.server.server_address[1]}/")
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        driver.get(self.url)
+
+    def open(self, address: str) -> None:
+        """The page opened afresh at ``address`` (a hash route), as a link sent by a colleague opens it."""
+        self.driver.get("about:blank")
+        self.driver.get(self.url + address)
 
     def js(self, script: str):
         return self.driver.execute_script(script)
@@ -175,6 +181,9 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         # The first trajectory opened waits for the tokenizer, loading since the server started.
         page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
         first = failing[0]
+        # The address names the trajectory shown (run, step, trajectory), to be sent to a colleague.
+        sent = f"#/run/scripted/step/1/t/{first['trajectory_key'] or first['trajectory_id']}"
+        page.until(f"return location.hash === {json.dumps(sent)}")
         tool = page.js("return [...document.querySelectorAll('#trajectory .tool')].map(t => t.textContent)")
         assert any("calculator" in t and "1/0" in t and "division by zero" in t and "error" in t for t in tool), tool
         assert any("6*7" in t and "42" in t and "ok" in t for t in tool), tool
@@ -213,6 +222,22 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         except AssertionError:
             raise AssertionError(f"trained tokens not coloured by trainer − engine: {page.js(state)}") from None
         assert page.js(state)["trained"] == sum(opened["response_mask"])
+
+        # Back and forward: the step without a trajectory open, then the trajectory again.
+        shown = f"#/run/trained/step/2/t/{opened['trajectory_id']}"
+        assert page.js("return location.hash") == shown
+        page.js("history.back()")
+        page.until("return location.hash === '#/run/trained/step/2' && !document.querySelector('#trajectory h3')")
+        page.js("history.forward()")
+        page.until(f"return document.querySelector('#trajectory h3')?.textContent === 'trajectory {opened['trajectory_id']}'")
+        # The address sent opens that trajectory directly: its step's table listed, its row selected.
+        page.open(sent)
+        page.until(f"return document.querySelector('#trajectory h3')?.textContent === 'trajectory {first['trajectory_id']}'"
+                   " && document.querySelector('#trajectory .tool.error')")
+        assert page.js("return [document.getElementById('t-run').value, document.getElementById('t-source').value, "
+                       "!document.getElementById('traces').classList.contains('hidden'), location.hash]") == [
+            "1", "1", True, sent]
+        page.until(f"return document.querySelector('#t-table tr.selected')?.dataset.key === '{first['trajectory_id']}'")
     finally:
         page.close()
 
@@ -274,6 +299,22 @@ def test_two_evaluations_side_by_side(runs, browser, tmp_path):
         page.close()
 
 
+def _in_two_pieces(row: dict) -> list[dict]:
+    """``row`` as a context policy would have saved it: its first model turn a segment of its own (turns,
+    tool results and termination on the last piece), the rest a segment opened by an edit."""
+    mask = row["response_mask"]
+    cut = mask.index(0)  # the end of the first model turn
+    key = row["trajectory_id"]
+    edit = {"policy": "drop_tool_outputs", "action": "drop_tool_outputs", "turn": 1, "removed": [2],
+            "tokens_before": 120, "tokens_after": 80}
+    head = {**row, "trajectory_id": f"{key}~0", "trajectory_key": key, "piece": 0, "turns": 0, "tool_results": [],
+            "termination": "forked", "final_response": ""}
+    tail = {**row, "trajectory_key": key, "piece": 1, "edit": edit}
+    for name in ("response_ids", "response_mask", "logprobs"):
+        head[name], tail[name] = row[name][:cut], row[name][cut:]
+    return [head, tail]
+
+
 def test_a_run_being_written_gains_a_step(runs, browser, tmp_path):
     done = runs["scripted"]
     live = tmp_path / "live"
@@ -281,7 +322,10 @@ def test_a_run_being_written_gains_a_step(runs, browser, tmp_path):
     shutil.copy(done / "config.json", live)
     first, second = (done / "metrics.jsonl").read_text().splitlines(keepends=True)
     (live / "metrics.jsonl").write_text(first)
-    shutil.copy(done / "rollouts" / "step_00001.jsonl", live / "rollouts")
+    # Step 1's first trajectory saved in two segments (a context edit), as one row with both inside.
+    step1 = _rows(done / "rollouts" / "step_00001.jsonl")
+    split = [*_in_two_pieces(step1[0]), *step1[1:]]
+    (live / "rollouts" / "step_00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split))
     page = Page(browser, [live], tmp_path)
     try:
         page.until("const p = document.querySelectorAll('#chart-reward_mean .scatterlayer .points path');"
@@ -294,5 +338,25 @@ def test_a_run_being_written_gains_a_step(runs, browser, tmp_path):
                    timeout=15)
         page.until("return [...document.getElementById('t-source').options].map(o => o.value).join() === '1,2'")
         page.shot("live.png")
+
+        # The split trajectory's address opens it: one row in its step's table, its two segments in order.
+        key = step1[0]["trajectory_id"]
+        page.open(f"#/run/live/step/1/t/{key}")
+        page.until(f"return document.querySelectorAll('#trajectory section.segment').length === 2 && "
+                   f"document.querySelector('#trajectory h3').textContent === 'trajectory {key}'", timeout=240)
+        page.until(f"return document.getElementById('t-count').textContent.startsWith('{len(step1)} of {len(step1)} "
+                   f"trajectories') && document.getElementById('t-count').textContent.endsWith('{len(split)} segments in all')")
+        labels = page.js("return [...document.querySelectorAll('#trajectory .segment-label')].map(h => h.textContent)")
+        assert labels[0] == "segment 1 of 2: the start" and labels[1].startswith(
+            "segment 2 of 2: opened by drop_tool_outputs: drop_tool_outputs at turn 1"), labels
+        assert page.js("return document.querySelectorAll('#trajectory .tok.trained').length") == sum(step1[0]["response_mask"])
+        figures = page.js("return Object.fromEntries([...document.querySelectorAll('#trajectory > .meta > span')]"
+                          ".map(s => [s.firstChild.textContent, s.lastChild.textContent]))")
+        assert (figures["turns"], figures["tool_calls"], figures["segments"]) == (
+            str(step1[0]["turns"]), str(len(step1[0]["tool_results"])), "2"), figures
+        row = page.js(f"return [...document.querySelector('#t-table tr[data-key=\"{key}\"]').cells].map(c => c.textContent)")
+        assert row[1:3] == [key, "2"] and row[7] == str(step1[0]["turns"]), row
+        page.js("document.getElementById('trajectory').scrollIntoView()")
+        page.shot("segments.png")
     finally:
         page.close()

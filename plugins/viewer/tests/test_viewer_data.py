@@ -171,17 +171,18 @@ def test_the_trajectory_endpoint_gives_each_tokens_trainer_minus_engine_log_prob
         assert [r["response_tokens"] for r in get("/api/traces?run=0&source=1")["rows"]] == [len(ids), 11, 12]
         shown = get("/api/trajectory?run=0&source=1&row=0")
         assert shown["trainer_logprobs"] is True and shown["tokens_note"] == ""
-        tokens = [t for s in shown["segments"] if s["trained"] for t in s["tokens"]]
+        assert shown["trajectory_id"] == "t0" and len(shown["pieces"]) == 1 and "segments" not in shown["meta"]
+        tokens = [t for s in shown["pieces"][0]["segments"] if s["trained"] for t in s["tokens"]]
         trained = [j for j, m in enumerate(mask) if m]
         assert [t["id"] for t in tokens] == [ids[j] for j in trained]
         assert [t["lp"] for t in tokens] == [engine[j] for j in trained]
         assert [t["tlp"] for t in tokens] == [trainer[j] for j in trained]
         assert [t["dlp"] for t in tokens] == pytest.approx([0.25 * (-1) ** j for j in trained])
         for row in (1, 2):
-            old = get(f"/api/trajectory?run=0&source=1&row={row}")
-            assert old["trainer_logprobs"] is False
+            old = get(f"/api/trajectory?run=0&source=1&t=t{row}")  # by its id, as the page's address names it
+            assert old["trainer_logprobs"] is False and old["row"] == row
             assert all(t["tlp"] is None and t["dlp"] is None and t["lp"] == -0.5
-                       for s in old["segments"] if s["trained"] for t in s["tokens"])
+                       for s in old["pieces"][0]["segments"] if s["trained"] for t in s["tokens"])
     finally:
         server.shutdown()
         server.server_close()
@@ -216,6 +217,100 @@ def test_plotly_js_is_revalidated_not_sent_again(tmp_path):
         assert answer.value.code == 304 and answer.value.headers["ETag"] == tag and answer.value.read() == b""
         with urllib.request.urlopen(urllib.request.Request(url, headers={"If-None-Match": '"other"'}), timeout=60) as r:
             assert r.status == 200 and r.read() == body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _serve(path: Path):
+    """A viewer server for run ``path`` on a free port, serving, and its GET (JSON; an error: (status, body))."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from toolrl_viewer.server import serve
+
+    server = serve([path], port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def get(route: str):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}{route}", timeout=60) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    return server, get
+
+
+def test_a_trajectory_in_pieces_is_one_row_with_figures_of_the_whole(tmp_path):
+    """A trajectory saved in pieces, as the core writes them (toolrl.rollout.segments and branches:
+    RunDir.write_traces): a main-line segment closed by a summary (no turns, no tool results), a fold
+    branch (its own turn and call), and the main line's last segment (its turns, calls and termination);
+    every piece with the trajectory's reward. The table lists it as one row whose figures are the
+    whole's; opened (by key, as the page's address names it, or by any of its rows), its segments come
+    in order, labelled with the edits that opened them."""
+    from toolrl.run_dir import RunDir
+    from toolrl.schemas import ToolResponse, ToolResult
+    from toolrl.trajectory import ContextEdit, Trajectory
+
+    class Decoder:
+        def decode(self, ids, skip_special_tokens=False):
+            return " ".join(map(str, ids))
+
+    def call(status: str = "ok") -> ToolResult:
+        return ToolResult(name="calculator", arguments={"expression": "6*7"}, status=status,
+                          response=ToolResponse(text="42" if status == "ok" else "Error"))
+
+    def traj(tid: str, n: int, **over) -> Trajectory:
+        return Trajectory(trajectory_id=tid, sample_index=0, group=0, env="ledger", prompt_ids=[1, 2],
+                          response_ids=[3] * n, logprobs=[-0.5] * n,
+                          **({"reward": 1.0, "response_mask": [1] * n} | over))
+
+    summarised = ContextEdit(policy="summarise", action="summarise", turn=2, removed=[2, 3], tokens_before=900,
+                             tokens_after=120, summary="key 7")
+    folded = ContextEdit(policy="fold", action="fold", turn=3, tokens_before=400, tokens_after=80, task="add",
+                         result="42")
+    key = "s0-g0-1"
+    pieces = [traj(f"{key}~0", 4, trajectory_key=key, piece=0, termination="forked"),
+              traj(f"{key}~1", 3, trajectory_key=key, piece=1, termination="forked", turns=2, edit=folded,
+                   tool_results=[call()]),
+              traj(key, 5, trajectory_key=key, piece=2, turns=3, edit=summarised, tool_results=[call(), call("error")],
+                   response_mask=[1, 1, 0, 0, 1])]  # two tokens of tool results: 3 trained
+    trajs = [traj("s0-g0-0", 6, turns=1), *pieces, traj("s0-g0-2", 2, turns=1, reward=0.0)]
+    # The whole's advantage: the mean over its trained tokens (4 × 1.0, 3 × 0.0, 3 × 0.2).
+    advantages = {t.trajectory_id: 0.5 for t in trajs} | {f"{key}~0": 1.0, f"{key}~1": 0.0, key: 0.2}
+    RunDir(tmp_path).write_traces(1, trajs, Decoder(), advantages=advantages)
+
+    page = Run(0, tmp_path).traces("1").page(TraceQuery())
+    assert (page["total"], page["pieces"], page["matched"]) == (3, 5, 3)
+    row = page["rows"][1]
+    assert [r["trajectory_id"] for r in page["rows"]] == ["s0-g0-0", key, "s0-g0-2"]
+    # Summed over pieces: turns, calls, failures, tokens; the last piece's reward and termination.
+    assert {k: row[k] for k in ("rows", "segments", "turns", "tool_calls", "tool_failures", "response_tokens",
+                                "reward", "termination", "advantage", "forked", "row")} == {
+        "rows": (1, 2, 3), "segments": 3, "turns": 5, "tool_calls": 3, "tool_failures": 1, "response_tokens": 12,
+        "reward": 1.0, "termination": "answered", "advantage": pytest.approx(0.46), "forked": True, "row": 1}
+    index = Run(0, tmp_path).traces("1")
+    assert [r["trajectory_id"] for r in index.page(TraceQuery(forked=True))["rows"]] == [key]
+    assert [r["trajectory_id"] for r in index.page(TraceQuery(sort="turns", desc=True))["rows"]][0] == key
+
+    server, get = _serve(tmp_path)
+    try:
+        shown = get(f"/api/trajectory?run=0&source=1&t={key}")
+        assert shown["trajectory_id"] == key and shown["row"] == 1 and get("/api/trajectory?run=0&source=1&row=2") == shown
+        assert {k: shown["meta"][k] for k in ("turns", "tool_calls", "segments", "response_tokens", "reward")} == {
+            "turns": 5, "tool_calls": 3, "segments": 3, "response_tokens": 12, "reward": 1.0}
+        assert [(p["piece"], p["row"], p["turns"], len(p["tool_results"])) for p in shown["pieces"]] == [
+            (0, 1, 0, 0), (1, 2, 2, 1), (2, 3, 3, 2)]
+        labels = [p["label"] for p in shown["pieces"]]
+        assert labels[0] == "segment 1 of 3: the start"
+        assert labels[1].startswith("segment 2 of 3: opened by fold: branch called at main-line turn 3")
+        assert labels[2].startswith("segment 3 of 3: opened by summarise: summarise at turn 2") and "key 7" in labels[2]
+        assert [p["segments"][0]["text"] for p in shown["pieces"]] == ["3 3 3 3", "3 3 3", "3 3 3 3 3"]  # no tokenizer
+        single = get("/api/trajectory?run=0&source=1&t=s0-g0-2")
+        assert len(single["pieces"]) == 1 and single["meta"]["turns"] == 1 and "segments" not in single["meta"]
+        assert get("/api/trajectory?run=0&source=1&t=nope") == (404, {"error": "step_00001.jsonl has no trajectory 'nope'"})
     finally:
         server.shutdown()
         server.server_close()

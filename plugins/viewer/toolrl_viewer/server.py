@@ -4,8 +4,10 @@ small JSON API over :mod:`toolrl_viewer.runs`.
 
     GET /api/runs                                   the runs and their trajectory sources
     GET /api/metrics?run=I&since=S                  metric rows of steps after S (polled: live runs)
-    GET /api/traces?run=I&source=STEP&<TraceQuery>  a filtered, sorted page of a step's trajectories
-    GET /api/trajectory?run=I&source=STEP&row=K     one trajectory, turn by turn
+    GET /api/traces?run=I&source=STEP&<TraceQuery>  a filtered, sorted page of a step's trajectories (whole:
+                                                    a trajectory in pieces is one row)
+    GET /api/trajectory?run=I&source=STEP&t=KEY     one trajectory, each of its segments turn by turn
+    GET /api/trajectory?run=I&source=STEP&row=K     the trajectory row K is a piece of
     GET /api/compare?a=I&b=J                        two evaluations side by side
 """
 
@@ -27,7 +29,7 @@ from pydantic import ValidationError
 
 from toolrl_viewer.runs import Run, compare
 from toolrl_viewer.traces import TraceQuery
-from toolrl_viewer.turns import Tokenizers, view
+from toolrl_viewer.turns import Tokenizers, view_trajectory
 
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -88,11 +90,11 @@ class Viewer:
         if route == "/api/trajectory":
             run = self.run(query)
             index = run.traces(query.get("source", ""))
-            row = index.read(int(query.get("row", "-1")))
+            found = index.trajectory(query["t"]) if "t" in query else index.trajectory_of(int(query.get("row", "-1")))
             tokenizer, why_not = self.tokenizers.get(run.path)
-            # A trajectory cut into segments (context edits, template forks): all of them, in order.
-            return {**view(row, tokenizer, why_not),
-                    "context_segments": index.segments_of(str(row.get("trajectory_key") or row.get("trajectory_id")))}
+            # A trajectory cut into segments (context edits, template forks, fold branches): all of them, in order.
+            return view_trajectory(found, index.segments(found), [index.read(r) for r in found.rows],
+                                   tokenizer, why_not)
         if route == "/api/compare":
             return compare(self.run(query, "a"), self.run(query, "b"))
         raise KeyError(f"no route {route}")

@@ -15,7 +15,10 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolrl_viewer.traces import TrajectorySummary
 
 # Chat formats' turn markers: (start of a turn, capturing its role; end of a turn).
 MARKERS = (
@@ -167,6 +170,31 @@ def view(row: dict[str, Any], tokenizer: Any, why_not: str = "") -> dict[str, An
         "images": [img.get("png") for img in row.get("images") or [] if isinstance(img, dict)],
         "tokens_note": why_not,
         "trainer_logprobs": trainer is not None,
+    }
+
+
+def view_trajectory(found: TrajectorySummary, segments: list[dict[str, Any]], rows: list[dict[str, Any]],
+                    tokenizer: Any, why_not: str = "") -> dict[str, Any]:
+    """The page's model of a whole trajectory: ``meta``, the last piece's fields (its reward, terms,
+    termination, answer: the trajectory's) with the figures of the whole (``found``: turns, tool calls and
+    tokens summed over pieces, see toolrl_viewer.traces.whole); then each piece (``rows``, in order, with
+    ``segments``: their index entries) as :func:`view` shows it, with its place, label and edit."""
+    shown = [view(row, tokenizer, why_not) for row in rows]
+    whole = ("trajectory_id", "segments", "turns", "tool_calls", "tool_failures", "response_tokens", "termination")
+    meta = {k: v for k, v in shown[-1]["meta"].items() if k != "piece"} | {k: getattr(found, k) for k in whole}
+    if found.segments == 1:
+        del meta["segments"]
+    per_token = any(isinstance(s["advantage"], dict) for s in shown)
+    return {
+        "trajectory_id": found.trajectory_id,
+        "row": found.row,  # its first row in the file
+        "meta": meta,
+        "advantage": shown[0]["advantage"] if found.segments == 1
+        else {"per_token": True, "mean": found.advantage} if per_token else found.advantage,
+        "pieces": [{**s, **entry, "turns": row.get("turns", 0), "tool_calls": len(row.get("tool_results") or [])}
+                   for s, entry, row in zip(shown, segments, rows)],
+        "tokens_note": why_not,
+        "trainer_logprobs": any(s["trainer_logprobs"] for s in shown),
     }
 
 

@@ -1,6 +1,11 @@
 // toolrl view: the page. Plain JavaScript over the JSON API of toolrl_viewer.server; plots by plotly.js
 // (served from the plotly package on 127.0.0.1, loaded async: everything but the charts works before it
 // has arrived). window.viewer exposes state the browser tests read.
+//
+// The address bar follows what is shown (a hash route, so a trajectory can be sent to a colleague and
+// back/forward work): #/ the metrics, #/compare, #/run/<run>/step/<step> a step's trajectories,
+// #/run/<run>/step/<step>/t/<trajectory key> one trajectory opened (<run>: the run's directory name,
+// or its index when two runs share a name).
 "use strict";
 
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -12,7 +17,7 @@ const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_
 const POLL_MS = 2000;
 
 const viewer = window.viewer = {runs: [], rows: {}, last: {}, charts: {}, firstContent: null, firstChart: null,
-  openedAt: null, opening: 0, tableFor: null, marks: {}};
+  openedAt: null, opening: 0, tableFor: null, marks: {}, route: null, openKey: null};
 const $ = (id) => document.getElementById(id);
 const el = (tag, attrs = {}, ...children) => {
   const node = document.createElement(tag);
@@ -58,7 +63,71 @@ function showTab(name) {
   // A step's table is first read when the tab is opened: indexing it must not delay the first charts.
   if (name === "traces" && viewer.tableFor === null) loadTraces();
 }
-for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => showTab(b.dataset.tab));
+for (const b of document.querySelectorAll(".tab")) b.addEventListener("click", () => {
+  showTab(b.dataset.tab);
+  setRoute(b.dataset.tab === "metrics" ? "#/" : b.dataset.tab === "compare" ? "#/compare" : stepRoute(viewer.openKey));
+});
+
+// -- the address: a hash route -------------------------------------------------------------------------
+// A run in the address: its name, or its index where another run shares the name.
+function runRef(index) {
+  const run = viewer.runs.find((r) => String(r.index) === String(index));
+  if (!run) return String(index);
+  return viewer.runs.filter((r) => r.name === run.name).length === 1 ? run.name : String(run.index);
+}
+function runOf(ref) {
+  const named = viewer.runs.filter((r) => r.name === ref);
+  return named.length === 1 ? named[0] : viewer.runs.find((r) => String(r.index) === ref);
+}
+function stepRoute(key = null) {
+  if ($("t-source").value === "") return "#/";
+  const base = `#/run/${encodeURIComponent(runRef($("t-run").value))}/step/${encodeURIComponent($("t-source").value)}`;
+  return key === null ? base : `${base}/t/${encodeURIComponent(key)}`;
+}
+// A new history entry for ``hash`` (the page already shows it); replace: the current entry changed instead.
+function setRoute(hash, replace = false) {
+  viewer.route = hash;
+  if (location.hash === hash || (!location.hash && hash === "#/")) return;
+  if (replace) history.replaceState(null, "", hash); else history.pushState(null, "", hash);
+}
+// Show what ``hash`` names: back, forward, an address typed or sent by a colleague.
+async function applyRoute(hash) {
+  viewer.route = hash;
+  const parts = hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  if (parts[0] === "compare" && !$("tab-compare").classList.contains("hidden")) {
+    showTab("compare");
+    return loadCompare();
+  }
+  if (parts[0] !== "run" || parts[2] !== "step" || parts.length < 4) return showTab("metrics");
+  const run = runOf(parts[1]);
+  const key = parts[4] === "t" && parts.length > 5 ? parts.slice(5).join("/") : null;
+  if (!run || !run.sources.includes(parts[3])) {
+    showTab("traces");
+    $("trajectory").replaceChildren(el("div", {class: "legend bad"},
+      run ? `${run.name} has no step ${parts[3]}` : `no run ${parts[1]} among ${viewer.runs.map((r) => r.name).join(", ")}`));
+    return;
+  }
+  const other = $("t-run").value !== String(run.index) || $("t-source").value !== parts[3];
+  if (other) {
+    $("t-run").value = run.index;
+    fillSources();
+    $("t-source").value = parts[3];
+    query.offset = 0;
+  }
+  const listed = viewer.tableFor !== null;
+  showTab("traces");  // lists the step when no step has been listed yet
+  if (other && listed) loadTraces();
+  if (key === null) {
+    viewer.openKey = null;
+    viewer.opening++;  // a trajectory still loading is not shown
+    $("trajectory").replaceChildren();
+    for (const other of $("t-table").querySelectorAll("tr.selected")) other.classList.remove("selected");
+  } else if (key !== viewer.openKey) {
+    await openTrajectory(key, null, false);
+  }
+}
+addEventListener("popstate", () => { if (location.hash !== viewer.route) applyRoute(location.hash); });
+addEventListener("hashchange", () => { if (location.hash !== viewer.route) applyRoute(location.hash); });
 
 // -- metrics -----------------------------------------------------------------------------------------
 function metricKeys() {
@@ -179,6 +248,7 @@ function openStep(run, source) {
   $("t-source").value = source;
   query.offset = 0;
   showTab("traces");
+  setRoute(stepRoute());
   loadTraces();
 }
 async function loadTraces() {
@@ -197,24 +267,30 @@ async function loadTraces() {
   $("t-env").value = envKeep;
   const end = Math.min(page.offset + page.rows.length, page.matched);
   $("t-count").textContent = `${page.matched} of ${page.total} trajectories` +
-    (page.matched ? ` (showing ${page.offset + 1}–${end})` : "");
+    (page.matched ? ` (showing ${page.offset + 1}–${end})` : "") +
+    (page.pieces > page.total ? `; ${page.pieces} segments in all` : "");
   $("t-prev").disabled = page.offset === 0;
   $("t-next").disabled = end >= page.matched;
   $("t-table").tBodies[0].replaceChildren(...page.rows.map((r) => {
     // An infrastructure failure is not the model's: shown apart from its errors, as not trained.
-    const tr = el("tr", {class: r.infra_failure ? "infra" : r.error || r.tool_failures ? "bad" : "", "data-row": r.row},
-      el("td", {}, r.row), el("td", {}, r.trajectory_id), el("td", {}, r.group), el("td", {}, r.env),
+    // One row per trajectory: a trajectory in pieces (context edits, forks, fold branches) is one row,
+    // its figures those of the whole (toolrl_viewer.traces.whole).
+    const tr = el("tr", {class: (r.infra_failure ? "infra" : r.error || r.tool_failures ? "bad" : "") +
+      (r.trajectory_id === viewer.openKey ? " selected" : ""), "data-row": r.row, "data-key": r.trajectory_id},
+      el("td", {title: r.segments > 1 ? `its segments' rows: ${r.rows.join(", ")}` : ""}, r.row), el("td", {}, r.trajectory_id),
+      el("td", {}, r.segments), el("td", {}, r.group), el("td", {}, r.env),
       el("td", {}, fmt(r.reward)), el("td", {}, fmt(r.advantage)), el("td", {}, r.turns),
       el("td", {}, r.tool_calls), el("td", {class: r.tool_failures ? "bad" : ""}, r.tool_failures),
       el("td", {title: r.infra_failure ? "the infrastructure failed: not trained" : ""},
         r.infra_failure ? "infra_error (not trained)" : r.termination), el("td", {}, r.response_tokens));
-    tr.addEventListener("click", () => openTrajectory(r.row, tr));
+    tr.addEventListener("click", () => openTrajectory(r.trajectory_id, tr));
     return tr;
   }));
 }
 for (const id of ["t-min", "t-max", "t-errors", "t-infra_failures", "t-tool_failures", "t-truncated", "t-forked", "t-env", "t-sort",
   "t-desc", "t-source"]) $(id).addEventListener("change", () => { query.offset = 0; loadTraces(); });
-$("t-run").addEventListener("change", () => { fillSources(); query.offset = 0; loadTraces(); });
+$("t-run").addEventListener("change", () => { fillSources(); query.offset = 0; setRoute(stepRoute()); loadTraces(); });
+$("t-source").addEventListener("change", () => setRoute(stepRoute()));
 $("t-prev").addEventListener("click", () => { query.offset = Math.max(0, query.offset - 50); loadTraces(); });
 $("t-next").addEventListener("click", () => { query.offset += 50; loadTraces(); });
 
@@ -246,14 +322,14 @@ function renderTrajectory(t) {
   const mode = $("heat") ? $("heat").value : "logprob";
   const m = t.meta;
   const meta = el("div", {class: "meta"});
-  const shown = {...m, advantage: t.advantage && t.advantage.per_token ? `per token (mean ${fmt(t.advantage.mean)})`
-    : t.advantage};
+  const advantage = (a) => a && a.per_token ? `per token (mean ${fmt(a.mean)})` : a;
+  const shown = {...m, advantage: advantage(t.advantage)};
   for (const [k, v] of Object.entries(shown)) {
     if (v === null || v === undefined || (typeof v === "object" && !Object.keys(v).length)) continue;
     meta.append(el("span", {}, el("b", {}, k), el("span", {class: k === "error" || k === "reward_errors" ? "bad" : ""}, fmt(v))));
   }
   let scale = 0, diffScale = DIFF_FLOOR;
-  for (const s of t.segments) for (const tok of s.tokens || []) {
+  for (const piece of t.pieces) for (const s of piece.segments) for (const tok of s.tokens || []) {
     if (typeof tok.adv === "number") scale = Math.max(scale, Math.abs(tok.adv));
     if (typeof tok.dlp === "number") diffScale = Math.max(diffScale, Math.abs(tok.dlp));
   }
@@ -263,61 +339,91 @@ function renderTrajectory(t) {
     el("option", {value: "none"}, "no colour"));
   heatSel.value = [...heatSel.options].some((o) => o.value === mode) ? mode : "logprob";
   heatSel.addEventListener("change", () => renderTrajectory(t));
-  const parts = [el("h3", {}, `trajectory ${m.trajectory_id ?? ""}`), meta,
+  const link = el("a", {href: stepRoute(t.trajectory_id), class: "permalink", title: "copy to send this trajectory to a colleague"}, "link to this trajectory");
+  const parts = [el("h3", {}, `trajectory ${t.trajectory_id ?? ""}`), el("div", {class: "legend"}, link,
+    t.pieces.length > 1 ? ` · in ${t.pieces.length} segments (trace rows ${t.pieces.map((p) => p.row).join(", ")}): ` +
+      "turns, tool calls and tokens are summed over them; reward and termination are the last segment's" : ""), meta,
     el("div", {class: "bar legend"}, heatSel, "Underlined: trained tokens (response_mask 1). " + (t.trainer_logprobs
       ? "Hover a token for its id, the engine's and the trainer's log-probs (weights the step started from) and " +
         `trainer − engine; blue: the trainer finds it likelier, red: less likely, full colour at ${fmt(diffScale)} nats.`
       : "Hover a token for its id and engine log-prob. " +
         "This run's trace rows record the engine's log-probs only: the engine–trainer difference is the step's lp_mismatch."))];
   if (t.tokens_note) parts.push(el("div", {class: "legend"}, `Whole texts shown: ${t.tokens_note}`));
-  if ((t.context_segments || []).length > 1) {  // a trajectory in segments: each one a click away, with its edit
-    const list = el("ol", {class: "segments", start: 0});
-    for (const s of t.context_segments) {
-      const label = `segment ${s.piece} · ${s.response_tokens} response tokens · ${s.termination}` + (s.edit ? ` · opened by ${s.edit}` : "");
-      const item = el("li", {class: s.piece === (m.piece ?? 0) ? "current" : ""}, el("a", {href: "#"}, label));
-      item.firstChild.addEventListener("click", (e) => { e.preventDefault(); openTrajectory(s.row, null); });
+  const several = t.pieces.length > 1;
+  if (several) {  // a trajectory in segments: a list of them, each a click away, then each in order
+    const list = el("ol", {class: "segments"});
+    t.pieces.forEach((piece, i) => {
+      const item = el("li", {}, el("a", {href: "#"}, `${piece.label} · ${piece.response_tokens} response tokens · ${piece.termination}`));
+      item.firstChild.addEventListener("click", (e) => { e.preventDefault(); $(`segment-${i}`).scrollIntoView(); });
       list.append(item);
-    }
-    parts.push(el("h4", {}, `segments of this trajectory (${t.context_segments.length})`), list);
+    });
+    parts.push(el("h4", {}, `segments of this trajectory (${t.pieces.length})`), list);
   }
-  if (t.images.length) parts.push(el("div", {class: "images"}, ...t.images.map((png) => el("img", {src: "data:image/png;base64," + png}))));
-  for (const msg of t.prompt) parts.push(message(msg.role, msg.text));
-  for (const s of t.segments) {
-    if (s.trained === true) {
-      const line = el("div", {class: "tokens"});
-      for (const tok of s.tokens) {
-        const span = el("span", {class: "tok trained", title: `id ${tok.id}  log p ${fmt(tok.lp)}` +
-          (typeof tok.tlp === "number" ? `  trainer ${fmt(tok.tlp)}  trainer − engine ${fmt(tok.dlp)}` : "") +
-          (typeof tok.adv === "number" ? `  advantage ${fmt(tok.adv)}` : "")}, tok.t);
-        span.style.background = heat(tok, heatSel.value, scale, diffScale);
-        line.append(span);
+  t.pieces.forEach((piece, i) => {
+    const out = several ? el("section", {class: "segment", id: `segment-${i}`, "data-piece": piece.piece}) : null;
+    const add = (...nodes) => (out ? out.append(...nodes) : parts.push(...nodes));
+    if (several) {
+      out.append(el("h4", {class: "segment-label"}, piece.label), el("div", {class: "meta"},
+        ...[["piece", piece.piece], ["row", piece.row], ["turns", piece.turns], ["tool calls", piece.tool_calls],
+          ["response tokens", piece.response_tokens], ["termination", piece.termination],
+          ["advantage", advantage(piece.advantage)], ["policy_version", piece.meta.policy_version]]
+          .filter(([, v]) => v !== null && v !== undefined)
+          .map(([k, v]) => el("span", {}, el("b", {}, k), fmt(v)))));
+    }
+    if (piece.images.length) add(el("div", {class: "images"}, ...piece.images.map((png) => el("img", {src: "data:image/png;base64," + png}))));
+    const prompt = piece.prompt.map((msg) => message(msg.role, msg.text));
+    if (i === 0) add(...prompt);
+    else add(el("details", {class: "msg"}, el("summary", {class: "role"},
+      `this segment's prompt: the context ${piece.edit ? "after the edit" : "re-rendered"} (${piece.prompt.length} messages)`), ...prompt));
+    for (const s of piece.segments) {
+      if (s.trained === true) {
+        const line = el("div", {class: "tokens"});
+        for (const tok of s.tokens) {
+          const span = el("span", {class: "tok trained", title: `id ${tok.id}  log p ${fmt(tok.lp)}` +
+            (typeof tok.tlp === "number" ? `  trainer ${fmt(tok.tlp)}  trainer − engine ${fmt(tok.dlp)}` : "") +
+            (typeof tok.adv === "number" ? `  advantage ${fmt(tok.adv)}` : "")}, tok.t);
+          span.style.background = heat(tok, heatSel.value, scale, diffScale);
+          line.append(span);
+        }
+        add(el("div", {class: "msg generated"}, el("div", {class: "role"}, "assistant · generated, trained"), line));
+      } else if (s.trained === false) {
+        for (const msg of s.messages) if (msg.text.trim()) add(message(msg.role, msg.text, s.error ? "error" : ""));
+      } else {
+        add(message("response", s.text));
       }
-      parts.push(el("div", {class: "msg generated"}, el("div", {class: "role"}, "assistant · generated, trained"), line));
-    } else if (s.trained === false) {
-      for (const msg of s.messages) if (msg.text.trim()) parts.push(message(msg.role, msg.text, s.error ? "error" : ""));
-    } else {
-      parts.push(message("response", s.text));
     }
-  }
-  if (t.tool_results.length) parts.push(el("h4", {}, "tool calls"));
-  for (const r of t.tool_results) {
-    parts.push(el("div", {class: `tool ${r.status !== "ok" ? "error" : ""}`},
-      el("div", {}, el("b", {}, `${r.name}(${JSON.stringify(r.arguments)})`), " → ",
-        el("span", {class: "status"}, r.status), ` ${fmt(r.latency_s)} s`),
-      el("pre", {}, r.text)));
-  }
-  for (const e of m.parse_errors || []) parts.push(el("div", {class: "tool error"}, el("span", {class: "status"}, "malformed call"), el("pre", {}, e.message)));
+    // A piece's tool calls as its row holds them: the main line's on its last segment, a branch's on its own.
+    if (piece.tool_results.length) add(el("h4", {}, several ? "tool calls recorded on this segment" : "tool calls"));
+    for (const r of piece.tool_results) {
+      add(el("div", {class: `tool ${r.status !== "ok" ? "error" : ""}`},
+        el("div", {}, el("b", {}, `${r.name}(${JSON.stringify(r.arguments)})`), " → ",
+          el("span", {class: "status"}, r.status), ` ${fmt(r.latency_s)} s`),
+        el("pre", {}, r.text)));
+    }
+    for (const e of piece.meta.parse_errors || []) add(el("div", {class: "tool error"}, el("span", {class: "status"}, "malformed call"), el("pre", {}, e.message)));
+    if (out) parts.push(out);
+  });
   box.replaceChildren(...parts);
 }
-async function openTrajectory(row, tr) {
+// Open trajectory ``key`` of the step shown; ``push``: a new address for it (false: the address named it).
+async function openTrajectory(key, tr, push = true) {
   const started = performance.now();
   const seq = ++viewer.opening;
+  viewer.openKey = key;
   for (const other of $("t-table").querySelectorAll("tr.selected")) other.classList.remove("selected");
   if (tr) tr.classList.add("selected");
-  const t = await api(`/api/trajectory?run=${$("t-run").value}&source=${$("t-source").value}&row=${row}`);
+  else for (const row of $("t-table").tBodies[0].rows) if (row.dataset.key === key) row.classList.add("selected");
+  if (push) setRoute(stepRoute(key));
+  let t;
+  try {
+    t = await api(`/api/trajectory?run=${$("t-run").value}&source=${encodeURIComponent($("t-source").value)}&t=${encodeURIComponent(key)}`);
+  } catch (e) {
+    if (seq === viewer.opening) $("trajectory").replaceChildren(el("div", {class: "legend bad"}, e.message));
+    return;
+  }
   if (seq !== viewer.opening) return;
   renderTrajectory(t);
-  viewer.openedAt = {row, ms: performance.now() - started};
+  viewer.openedAt = {row: t.row, key, ms: performance.now() - started};
 }
 
 // -- compare -------------------------------------------------------------------------------------------
@@ -359,6 +465,9 @@ async function tick() {
   viewer.marks.metrics = performance.now();
   renderCharts();
   if ($("t-source").options.length) $("t-source").value = $("t-source").options[$("t-source").options.length - 1].value;
+  // An address sent by a colleague: its trajectory opens (not awaited: the tokenizer may still be loading).
+  if (location.hash && location.hash !== "#/") applyRoute(location.hash);
+  else viewer.route = location.hash;
   painted().then((t) => { viewer.firstContent = t; });
   setTimeout(tick, POLL_MS);
 })();
