@@ -25,6 +25,10 @@ INSTRUCTIONS = ("You follow a chain of keys. Call lookup with the key you know; 
 
 
 def call(key: str) -> str:
+    """A lookup as the model writes it in the worked example: hermes JSON (the default), or a tag for a run
+    whose parser reads ``<lookup>KEY</lookup>`` (LOOKUP_CALLS=tags: scripts/agent_demo.sh's small model)."""
+    if os.environ.get("LOOKUP_CALLS") == "tags":
+        return f"<lookup>{key}</lookup>"
     return f'<tool_call>\n{{"name": "lookup", "arguments": {{"key": "{key}"}}}}\n</tool_call>'
 
 
