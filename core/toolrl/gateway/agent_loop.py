@@ -39,16 +39,21 @@ class AgentLoop:
         self._thread.start()
         self._loop = loop
 
-    def close(self) -> None:
-        """Cancel what still runs there and end the thread."""
+    async def close(self, grace_s: float = 30.0) -> None:
+        """Cancel what still runs there and end the thread, waiting at most ``grace_s`` for each. Awaited,
+        not blocking: a program's cancellation may still need the gateway it calls, served on the caller's
+        loop. A program that ignores its cancellation, or blocks its thread, is left to that (daemon)
+        thread, and its loop is not closed under it."""
         loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
         if loop is None or thread is None:
             return
-        with contextlib.suppress(TimeoutError):  # a program that ignores its cancellation is left to the thread
-            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=30)
+        cancelled = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_cancel_all(), loop))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancelled, grace_s)
         loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        await asyncio.to_thread(thread.join, grace_s)
+        if not thread.is_alive():
+            loop.close()
 
 
 async def _cancel_all() -> None:

@@ -51,7 +51,7 @@ class Gateway:
         self.port = self._runner.addresses[0][1]
 
     async def close(self) -> None:
-        self.agents.close()
+        await self.agents.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
