@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/env_load.py [--env openenv,sandbox] [--ladder 16,128,1024]
         [--steps 5] [--think-s 1.0] [--exec-ms 5] [--json out.json]
+    OMP_NUM_THREADS=1 python benchmarks/env_load.py --env fleet [--kill-at 2 --restart-after 1]  # kill/restart
     OMP_NUM_THREADS=1 python benchmarks/env_load.py --warm-pool [--calls 40]   # the embedded sandbox's pool
 
 No model: each session is driven by a script, the way the rollout loop drives it, against loopback servers
@@ -13,14 +14,22 @@ this benchmark starts itself (one process per server, kept across the ladder):
 - ``sandbox``: the ``code_interpreter`` tool (``toolrl_sandbox_fusion``) with ``sandbox_fusion_url``,
   through core's :class:`ToolSet` (create, call per step, calc_reward and release), on a stand-in
   SandboxFusion server whose ``/run_code`` answers after ``--exec-ms`` (it runs no code: the client and
-  its connection pool are what is measured, not a sandbox).
+  its connection pool are what is measured, not a sandbox);
+- ``fleet``: the same OpenEnv sessions through the ``fleet`` session kind (:mod:`toolrl.fleet`), spread
+  over ``--fleet-servers`` ``toolrl env serve openenv`` processes in front of that OpenEnv server. Server 0
+  is killed (SIGKILL) ``--kill-at`` s into the steps and started again ``--restart-after`` s later: its
+  sessions are masked (infrastructure failures), none elsewhere may be lost; then N new trajectories
+  take a step each, and the line ``fleet @N: ...`` says how many completed and how many the restarted
+  server took.
 
-Each rung runs in a fresh child process (its memory its own): every session opens (reset), then, all
+The measuring is core's (:mod:`toolrl.testing.load`, which ``toolrl env bench`` runs too). Each rung
+runs in a fresh child process (its memory its own): every session opens (reset), then, all
 open, the client's RSS is read (per open session: the RSS beyond the rung's warm-up, divided by N; the
 payloads here are a few hundred bytes), then each session takes ``--steps`` steps with a think time
 drawn from [0.5, 1.5] x ``--think-s`` between them (a model's generation time: the offered load is
 N / think-s steps/s), then closes. Printed per rung: throughput (session steps/s), p50/p99 step latency,
-KiB per open session, errors by kind, sessions lost (any that did not finish cleanly). Last lines:
+KiB per open session, errors by kind, sessions masked (the environment failed: infra_error, not
+trained) and lost (any other that did not finish cleanly). Last lines:
 ``sessions held @1024: ...`` and ``p99 @1024 / p99 @16: ...``.
 
 ``--warm-pool``: the embedded sandbox (bubblewrap when installed) per call, started cold (a process
@@ -32,10 +41,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
@@ -153,159 +160,107 @@ class Server:
 
 # -- one rung (in a child process) ----------------------------------------------------------------------
 
-def rss_kib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+def openenv_driver(url: str, options: dict[str, Any], kind: str = "openenv") -> Any:
+    """The ``openenv`` session kind through core's :class:`SessionRun` (``kind`` ``fleet``: the same,
+    served by the fleet's servers, ``options`` its own)."""
+    from toolrl.schemas import Sample, ToolCall
+    from toolrl.sessions import SessionKind
+    from toolrl.testing.load import SessionDriver
+
+    if kind == "openenv":
+        options = {"base_url": url, "max_sessions": OPENENV_CAPACITY, **options}
+    return SessionDriver(SessionKind.resolve(kind, options, Path.cwd()), [Sample.model_validate({"prompt": "count"})],
+                         policy=lambda schemas, i: ToolCall(name="step", arguments={"amount": 1}))
 
 
-def kind_of(error: BaseException | str) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    for word in ("timed out", "CAPACITY", "Connect", "closed", "refused", "PoolTimeout", "HTTP 5", "HTTP 4"):
-        if word.lower() in text.lower():
-            return word
-    return text.split(":")[0][:40] if isinstance(error, str) else type(error).__name__
+def sandbox_driver(url: str, options: dict[str, Any]) -> Any:
+    """The ``code_interpreter`` tool as the rollout drives a tool (core's :class:`ToolSet`)."""
+    from toolrl.schemas import Sample, ToolCall
+    from toolrl.testing.load import ToolDriver
+    from toolrl_sandbox_fusion.tool import CodeInterpreterTool
+
+    tool = CodeInterpreterTool({"sandbox_fusion_url": url, "rate_limit": None, "num_workers": 64, **options})
+    return ToolDriver({"code_interpreter": tool}, [Sample.model_validate({"prompt": "run"})],
+                      policy=lambda schemas, i: ToolCall(name="code_interpreter", arguments={"code": f"print({i})"}))
 
 
-class OpenEnvDriver:
-    """A trajectory's OpenEnv session as the rollout drives one (toolrl.sessions.SessionRun)."""
+class FleetServers:
+    """``toolrl env serve openenv`` processes in front of the OpenEnv server, on fixed ports (one can be
+    killed and started again on its own)."""
 
-    def __init__(self, url: str, options: dict[str, Any]) -> None:
-        from toolrl.sessions import SessionKind
+    def __init__(self, openenv_url: str, count: int) -> None:
+        self.options = json.dumps({"base_url": openenv_url, "max_sessions": OPENENV_CAPACITY})
+        self.ports = [free_port() for _ in range(count)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.processes = [self.start(p) for p in self.ports]
 
-        self.kind = SessionKind.resolve("openenv", {"base_url": url, "max_sessions": OPENENV_CAPACITY, **options},
-                                        Path.cwd())
+    def start(self, port: int) -> subprocess.Popen[str]:
+        process = subprocess.Popen([sys.executable, "-m", "toolrl", "env", "serve", "openenv", "--port", str(port),
+                                    "--capacity", str(OPENENV_CAPACITY), "--options", self.options,
+                                    "--until-stdin-closes"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert process.stdout is not None
+        if not process.stdout.readline().startswith("serving"):
+            raise SystemExit(f"toolrl env serve openenv did not start (exit {process.wait()})")
+        return process
 
-    async def prepare(self) -> None:
-        await self.kind.prepare()
+    def kill(self, i: int) -> None:
+        self.processes[i].kill()
+        self.processes[i].wait()
 
-    async def open(self, i: int) -> Any:
-        from toolrl.schemas import Sample
-        from toolrl.sessions import SessionRun
+    def restart(self, i: int) -> None:
+        self.processes[i] = self.start(self.ports[i])
 
-        run = SessionRun(self.kind, f"t{i}")
-        await run.reset(Sample.model_validate({"prompt": "count", "index": i}))
-        if run.error is not None:
-            raise RuntimeError(run.error)
-        return run
-
-    async def step(self, run: Any, i: int) -> None:
-        from toolrl.schemas import ToolCall
-
-        result = await run.step(ToolCall(name="step", arguments={"amount": 1}))
-        if result.response.is_error:
-            raise RuntimeError(result.response.text)
-
-    async def close(self, run: Any) -> None:
-        from toolrl.trajectory import Trajectory
-
-        traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=[])
-        await run.finish(traj)
-        if traj.error:
-            raise RuntimeError(traj.error)
-
-    async def shutdown(self) -> None:
-        await self.kind.close()
+    def stop(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
 
 
-class SandboxDriver:
-    """A trajectory's ``code_interpreter`` as the rollout drives a tool (toolrl.tools.ToolSet)."""
+async def fleet_rung(url: str, n: int, steps: int, think_s: float, servers: int, kill_at: float,
+                     restart_after: float) -> dict[str, Any]:
+    """A rung over a fleet of ``servers``: the first killed (SIGKILL) ``kill_at`` s into the steps and
+    started again ``restart_after`` s later; then N new trajectories take a step each, and count how
+    many the restarted server took (the run goes on, the server back in it)."""
+    from toolrl.testing.load import measure_rung
 
-    def __init__(self, url: str, options: dict[str, Any]) -> None:
-        from toolrl_sandbox_fusion.tool import CodeInterpreterTool
+    fleet = FleetServers(url, servers)
+    driver = openenv_driver(url, {"urls": fleet.urls, "retry_s": 0.5, "queue_timeout_s": 30}, kind="fleet")
+    held: dict[str, int] = {}
+    try:
+        await driver.prepare()
+        members = (await driver.kind.shared.get("fleet", None)).members
 
-        self.tool = CodeInterpreterTool({"sandbox_fusion_url": url, "rate_limit": None, "num_workers": 64, **options})
+        async def kill_and_restart() -> None:
+            await asyncio.sleep(kill_at)
+            held["at_kill"] = members[0].open
+            fleet.kill(0)
+            await asyncio.sleep(restart_after)
+            await asyncio.to_thread(fleet.restart, 0)
 
-    async def prepare(self) -> None:
-        pass
-
-    async def open(self, i: int) -> Any:
-        from toolrl.tools import ToolSet
-
-        tools = ToolSet({"code_interpreter": self.tool}, trajectory_id=f"t{i}")
-        await tools.start()
-        if tools.create_errors:
-            raise RuntimeError(str(tools.create_errors))
-        return tools
-
-    async def step(self, tools: Any, i: int) -> None:
-        from toolrl.schemas import ToolCall
-
-        result = await tools.call(ToolCall(name="code_interpreter", arguments={"code": f"print({i})"}))
-        if result.status != "ok":
-            raise RuntimeError(f"{result.status}: {result.response.text[:200]}")
-
-    async def close(self, tools: Any) -> None:
-        await tools.finish()
-        if tools.finish_errors:
-            raise RuntimeError(str(tools.finish_errors))
-
-    async def shutdown(self) -> None:
-        await self.tool.close()
+        result = (await measure_rung(driver, n, steps, think_s, during=kill_and_restart)).model_dump()
+        await asyncio.sleep(1.0)  # retry_s: the fleet asks the restarted server again
+        taken = members[0].taken
+        after = await measure_rung(driver, n, 1, 0.0)
+        after_on_restarted = members[0].taken - taken
+        await driver.shutdown()
+    finally:
+        fleet.stop()
+    return {**result, "env": "fleet", "held_at_kill": held.get("at_kill", 0), "after_n": n,
+            "after_completed": after.completed, "after_failed": after.lost + after.masked,
+            "after_on_restarted": after_on_restarted}
 
 
 async def rung(env: str, url: str, n: int, steps: int, think_s: float, options: dict[str, Any]) -> dict[str, Any]:
-    driver = (OpenEnvDriver if env == "openenv" else SandboxDriver)(url, options)
+    from toolrl.testing.load import measure_rung
+
+    driver = openenv_driver(url, options) if env == "openenv" else sandbox_driver(url, options)
     await driver.prepare()
-    errors: Counter[str] = Counter()
-    latencies: list[float] = []
-    rng = random.Random(n)
-
-    async def warm(i: int) -> None:  # imports, the client's pool: not per-session memory
-        s = await driver.open(-1 - i)
-        await driver.step(s, 0)
-        await driver.close(s)
-
-    await asyncio.gather(*(warm(i) for i in range(min(n, 16))))
-    gc.collect()
-    base_rss = rss_kib()
-    opened: dict[int, Any] = {}
-
-    async def open_one(i: int) -> None:
-        try:
-            opened[i] = await driver.open(i)
-        except Exception as exc:
-            errors[f"reset: {kind_of(exc)}"] += 1
-
-    start_open = time.perf_counter()
-    await asyncio.gather(*(open_one(i) for i in range(n)))
-    open_s = time.perf_counter() - start_open
-    gc.collect()
-    held_rss = rss_kib()
-    lost = n - len(opened)
-
-    async def drive(i: int, session: Any) -> bool:
-        ok = True
-        for _ in range(steps):
-            await asyncio.sleep(think_s * rng.uniform(0.5, 1.5))
-            t0 = time.perf_counter()
-            try:
-                await driver.step(session, i)
-            except Exception as exc:
-                errors[f"step: {kind_of(exc)}"] += 1
-                ok = False
-                break
-            latencies.append(time.perf_counter() - t0)
-        try:
-            await driver.close(session)
-        except Exception as exc:
-            errors[f"close: {kind_of(exc)}"] += 1
-            ok = False
-        return ok
-
-    start = time.perf_counter()
-    finished = await asyncio.gather(*(drive(i, s) for i, s in opened.items()))
-    wall = time.perf_counter() - start
-    await driver.shutdown()
-    lost += sum(1 for ok in finished if not ok)
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * (len(latencies) - 1)))] if latencies else float("nan")
-
-    return {"env": env, "n": n, "steps": len(latencies), "wall_s": wall, "open_s": open_s,
-            "steps_per_s": len(latencies) / wall if wall else 0.0, "p50_s": pct(0.5), "p99_s": pct(0.99),
-            "kib_per_session": (held_rss - base_rss) / max(n, 1), "lost": lost, "errors": dict(errors),
-            "offered_steps_per_s": n / think_s}
+    try:
+        result = await measure_rung(driver, n, steps, think_s)
+    finally:
+        await driver.shutdown()
+    return {**result.model_dump(), "env": env}
 
 
 # -- the embedded sandbox's warm pool --------------------------------------------------------------------
@@ -355,7 +310,7 @@ def warm_pool(calls: int, isolation: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--env", default="openenv,sandbox", help="comma-separated: openenv, sandbox")
+    parser.add_argument("--env", default="openenv,sandbox", help="comma-separated: openenv, sandbox, fleet")
     parser.add_argument("--ladder", default="16,128,1024", help="session counts (4096 needs ulimit -n >= ~9000)")
     parser.add_argument("--steps", type=int, default=5, help="steps per session")
     parser.add_argument("--repeat", type=int, default=1, help="runs per rung (the median p99's is shown)")
@@ -366,6 +321,9 @@ def main() -> None:
                         "(e.g. '{\"ws_compression\": true}')")
     parser.add_argument("--sandbox-options", default="{}", help="JSON: more of the code_interpreter tool's "
                         "options (default: rate_limit null, num_workers 64)")
+    parser.add_argument("--fleet-servers", type=int, default=2, help="fleet: environment servers in the fleet")
+    parser.add_argument("--kill-at", type=float, default=2.0, help="fleet: seconds into the steps server 0 is killed")
+    parser.add_argument("--restart-after", type=float, default=1.0, help="fleet: seconds until it is started again")
     parser.add_argument("--warm-pool", action="store_true", help="only the embedded sandbox's cold vs warm start")
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare"])
@@ -379,6 +337,10 @@ def main() -> None:
         return
     if args.child:
         env, url, n = args.child.split(",")
+        if env == "fleet":
+            print(json.dumps(asyncio.run(fleet_rung(url, int(n), args.steps, args.think_s, args.fleet_servers,
+                                                    args.kill_at, args.restart_after))))
+            return
         options = json.loads(args.openenv_options if env == "openenv" else args.sandbox_options)
         print(json.dumps(asyncio.run(rung(env, url, int(n), args.steps, args.think_s, options))))
         return
@@ -400,7 +362,7 @@ def main() -> None:
           f"(x U[0.5, 1.5]); sandbox stand-in runs {args.exec_ms:g} ms")
     results: list[dict[str, Any]] = []
     for env in args.env.split(","):
-        server = Server(env, args.exec_ms)
+        server = Server("openenv" if env == "fleet" else env, args.exec_ms)
         try:
             for n in ladder:
                 # The client holds one socket per open OpenEnv session (the server another: own process).
@@ -412,7 +374,9 @@ def main() -> None:
                     res = subprocess.run([sys.executable, __file__, "--child", f"{env},{server.url},{n}",
                                           "--steps", str(args.steps), "--think-s", str(args.think_s),
                                           "--openenv-options", args.openenv_options,
-                                          "--sandbox-options", args.sandbox_options],
+                                          "--sandbox-options", args.sandbox_options,
+                                          "--fleet-servers", str(args.fleet_servers), "--kill-at", str(args.kill_at),
+                                          "--restart-after", str(args.restart_after)],
                                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
                     if res.returncode != 0:
                         print(f"{env} @{n}: failed (exit {res.returncode}): {res.stderr[-1500:]}")
@@ -421,18 +385,24 @@ def main() -> None:
                 if runs:  # the run of median p99; sessions lost and errors summed over all
                     row = sorted(runs, key=lambda r: r["p99_s"])[len(runs) // 2]
                     row["lost"] = sum(r["lost"] for r in runs)
+                    row["masked"] = sum(r["masked"] for r in runs)
                     row["errors"] = dict(sum((Counter(r["errors"]) for r in runs), Counter()))
                     row["p99_runs"] = [r["p99_s"] for r in runs]
                     results.append(row)
         finally:
             server.stop()
     print(table(["env", "sessions", "offered steps/s", "steps/s", "p50 (s)", "p99 (s)", "p99 of each run",
-                 "KiB/session", "lost", "errors"],
+                 "KiB/session", "masked", "lost", "errors"],
                 [[r["env"], r["n"], r["offered_steps_per_s"], r["steps_per_s"], r["p50_s"], r["p99_s"],
-                  " ".join(f"{p:.3f}" for p in r["p99_runs"]), r["kib_per_session"], r["lost"],
+                  " ".join(f"{p:.3f}" for p in r["p99_runs"]), r["kib_per_session"], r["masked"], r["lost"],
                   ", ".join(f"{k} x{v}" for k, v in r["errors"].items()) or "-"] for r in results]))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"machine": machine(), "results": results}, indent=1))
+    for r in (r for r in results if r["env"] == "fleet"):  # the run of median p99's
+        print(f"fleet @{r['n']}: server 0 of {args.fleet_servers} killed at {args.kill_at:g} s holding "
+              f"{r['held_at_kill']} sessions, restarted {args.restart_after:g} s later: {r['masked']} masked, "
+              f"{r['lost']} lost, {r['completed']} completed; then {r['after_n']} new: {r['after_completed']} "
+              f"completed, {r['after_failed']} failed, {r['after_on_restarted']} on the restarted server")
     top, bottom = (1024 if 1024 in ladder else max(ladder)), min(ladder)
     for env in args.env.split(","):
         by_n = {r["n"]: r for r in results if r["env"] == env}

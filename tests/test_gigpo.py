@@ -263,3 +263,23 @@ async def test_each_piece_of_a_segmented_trajectory_keeps_its_own_turns():
     # The calls' results (0.25 each, turns 1 and 2) stay on the last piece: each piece is a sequence of its own,
     # and one whose turns made no call it holds gets the whole reward (0.5) on its last turn.
     assert [turn_rewards(p, p.reward) for p in pieces] == [(0.0, 0.5), (0.5,)]
+
+
+async def test_sessions_are_asked_for_state_keys_only_when_an_estimator_reads_them():
+    """``RolloutContext.state_keys`` (set from the run's estimator, ``needs_turns``): off, the
+    session's state_key is never called and the observation's key stands in."""
+    asked = []
+
+    class Counted(Maze):
+        async def state_key(self):
+            asked.append(self.room)
+            return self.room
+
+    tokenizer = qwen_tokenizer("qwen2_5")
+    kind = SessionKind("counted", Counted, Counted.Options(), ".")
+    context = RolloutContext(engine=ScriptedEngine(tokenizer, [call(to="attic"), "Done."]),
+                             renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                             config=RolloutConfig(max_response_tokens=1024), state_keys=False,
+                             routes={None: Route({}, 6, HermesParser(), [], RewardConfig(), kind)})
+    [t] = await run_rollouts(context, [Sample(prompt=[{"role": "user", "content": "Go."}])], n=1, seed=0)
+    assert asked == [] and len(t.turn_states) == 2 and all(s.startswith("obs:") for s in t.turn_states)

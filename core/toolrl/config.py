@@ -309,6 +309,22 @@ class AgentConfig(BaseModel):
         return dict(self.model_extra or {})
 
 
+class TreeConfig(Section):
+    """``rollout.tree``: tree rollouts (toolrl.rollout.tree). A line forks before model turn ``turn``
+    (0-based) into ``width`` continuations (itself and ``width - 1`` copies), and each continuation
+    forks again at the next turn, ``depth`` times: a tree of ``width ** depth`` leaves (those of a
+    line that ends before its forks start afresh from the prompt). ``rollout.n`` stays the leaves
+    trained per prompt: ``n / width ** depth`` trees per group."""
+
+    width: int = Field(2, ge=2, le=64, description="continuations each fork makes (the line is one)")
+    depth: int = Field(2, ge=1, le=8, description="forks along a root-to-leaf path, at consecutive turns")
+    turn: int = Field(1, ge=1, description="the model turn (0-based) the first fork generates anew")
+
+    @property
+    def leaves(self) -> int:
+        return self.width ** self.depth
+
+
 class RolloutConfig(Section):
     n: GroupSize = Field(4, gt=0, description="trajectories per prompt (the GRPO group)")
     temperature: float = Field(1.0, ge=0)
@@ -335,6 +351,17 @@ class RolloutConfig(Section):
     # An agent program that runs each episode, its model calls going through the gateway (toolrl.gateway)
     # and recorded as the trajectory. None: toolrl's own loop (above) runs it.
     agent: AgentConfig | None = None
+    # Tree rollouts: lines that fork their turns' prefix, KV, session and tools (toolrl.rollout.tree).
+    tree: TreeConfig | None = None
+
+    @field_validator("tree")
+    @classmethod
+    def _whole_trees(cls, tree: TreeConfig | None, info: ValidationInfo) -> TreeConfig | None:
+        n = info.data.get("n")
+        if tree is not None and n is not None and n % tree.leaves:
+            raise ValueError(f"width ** depth = {tree.leaves} leaves per tree must divide rollout.n={n} "
+                             "(the leaves trained per prompt)")
+        return tree
 
 
 class ToolsConfig(Section):

@@ -1,16 +1,17 @@
 """Every seed a run derives, in one place. Two roots:
 
-- ``rollout.seed``: what is sampled. A step's, a group's, a trajectory's, a turn's and a branch's
-  sampling seeds, and the engines' per-sample streams of one seeded request (:func:`sample_seed`).
+- ``rollout.seed``: what is sampled. A step's, a group's, a trajectory's, a turn's, a branch's and a
+  tree rollout's continuation's (:func:`fork_seed`) sampling seeds, and the engines' per-sample
+  streams of one seeded request (:func:`sample_seed`).
 - ``trainer.seed``: what is trained on, in which order, and the processes' own randomness. The data
   order of an epoch (:func:`epoch_seed`), the interleaving of an environment mixture
   (``toolrl.data.sources``, seeded with it as it is), and torch, numpy and ``random`` in every
   process (``seed_everything``).
 
-Each is a pure function of its root and a position (step, group, sample, turn, branch, epoch), so a
-resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds it
-had. The sampling strides differ, and GROUP, SAMPLE, TURN and BRANCH are primes, so no two positions
-of one run share a seed in practice.
+Each is a pure function of its root and a position (step, group, sample, turn, branch, fork, epoch),
+so a resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds
+it had. The sampling strides differ, and GROUP, SAMPLE, TURN, BRANCH and FORK are primes, so no two
+positions of one run share a seed in practice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ GROUP = 1_000_003  # group g of a batch: the batch's seed + GROUP * g
 SAMPLE = 10_007  # sample k of a group: the group's seed + SAMPLE * k
 TURN = 7_919  # the engine's sampling seed at turn t of a trajectory: its seed + TURN * t
 BRANCH = 104_729  # branch b (fold) of a trajectory: its seed + BRANCH * b, apart from its line's and others'
+FORK = 15_485_863  # continuation c (< 64) of a tree's fork at turn t: its line's seed + FORK * (64 * t + c)
 EPOCH = 1_000_003  # the data order of epoch e: shuffled with trainer.seed * EPOCH + e (a multiplier, not a stride)
 STREAM = 1_000_003  # sample i of one seeded engine request of n: its seed * STREAM + i
 
@@ -51,6 +53,16 @@ def turn_seed(trajectory: int, turn: int) -> int:
 def branch_seed(trajectory: int, branch: int) -> int:
     """The seed of branch ``branch`` (1-based) of a trajectory seeded ``trajectory``."""
     return trajectory + BRANCH * branch
+
+
+def fork_seed(line: int, turn: int, continuation: int) -> int:
+    """The seed continuation ``continuation`` of a tree rollout's fork before turn ``turn`` goes on
+    with (toolrl.rollout.tree), its line seeded ``line``. Continuation 0 is the line itself, its seed
+    unchanged (so a tree's first leaf is the flat trajectory of its seed); the others differ from it,
+    from each other, and from those of a fork of the same line at another turn (``rollout.tree.width``
+    is at most 64). Leaf ``k`` made up for a line that ended before its forks is continuation ``k``
+    of a fork at turn 0 (the prompt)."""
+    return line + FORK * (64 * turn + continuation) if continuation else line
 
 
 def epoch_seed(data_seed: int, epoch: int) -> int:

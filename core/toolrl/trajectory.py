@@ -145,6 +145,10 @@ class Trajectory(BaseModel):
     # started from (toolrl.rollout.turns): turn-level estimators (gigpo) group turns by it.
     turn_starts: list[int] = Field(default_factory=list)
     turn_states: list[str] = Field(default_factory=list)
+    # Tree rollouts (rollout.tree): the tree of its group this trajectory is a leaf of (None: a flat
+    # rollout), and where it left the line it branched from (response tokens before it are shared).
+    tree_id: int | None = None
+    branch_point: int | None = None
 
     @property
     def key(self) -> str:

@@ -42,7 +42,8 @@ class AdvantageInputs:
     ``values`` (B, R) per-token value estimates, None unless the run has a critic. For an estimator
     that ``needs_turns`` (else None), per row's model turns (:mod:`toolrl.algorithms.turns`):
     ``turn_ids`` (B, R) long, the turn each position belongs to (-1: none); ``turn_states`` the key of
-    the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward)."""
+    the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward).
+    For one that ``needs_trees``: ``trees``, each row's ``Trajectory.tree_id`` (None: a flat rollout's)."""
 
     rewards: torch.Tensor
     groups: torch.Tensor
@@ -51,6 +52,7 @@ class AdvantageInputs:
     turn_ids: torch.Tensor | None = None
     turn_states: tuple[tuple[str, ...], ...] | None = None
     turn_rewards: tuple[tuple[float, ...], ...] | None = None
+    trees: tuple[int | None, ...] | None = None
 
 
 class AdvantageEstimator(ABC):
@@ -59,13 +61,14 @@ class AdvantageEstimator(ABC):
     ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
     False for per-token estimators (traces record the list). ``needs_values``: it reads
     ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
-    (the trainer builds them only then)."""
+    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts)."""
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
     outcome: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
     needs_turns: ClassVar[bool] = False
+    needs_trees: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         self.options = options

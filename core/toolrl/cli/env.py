@@ -1,5 +1,6 @@
-"""``toolrl env list`` and ``toolrl env show``: the installed environments. Light at import (click
-only); listing imports the environments' modules and generates their splits, never torch."""
+"""``toolrl env list``, ``show``, ``serve`` and ``bench``: the installed environments, one served to a
+fleet, one under load. Light at import (click only); listing imports the environments' modules and
+generates their splits, never torch."""
 
 from __future__ import annotations
 
@@ -126,3 +127,86 @@ def env_show(name: str, as_json: bool) -> None:
         click.echo(f"  example ({row['example']['split']}), ground truth {row['example']['ground_truth']!r}:")
         for m in row["example"]["prompt"]:
             click.echo(f"    {m['role']}: {m.get('content')}")
+
+
+@env.command("serve")
+@click.argument("name")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
+@click.option("--port", default=0, show_default=True, help="The port (0: a free one, printed).")
+@click.option("--capacity", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Sessions held at once; more are refused (HTTP 503).")
+@click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options), "
+              "or the session kind's options when NAME is a session kind.")
+@click.option("--until-stdin-closes", is_flag=True, hidden=True)
+def env_serve(name: str, host: str, port: int, capacity: int, options_json: str | None,
+              until_stdin_closes: bool) -> None:
+    """Serve the session of environment NAME (or the session kind NAME) over HTTP/WebSocket: one
+    server of a fleet the `fleet` session kind spreads trajectories over."""
+    import asyncio
+
+    from toolrl.config import ConfigError
+    from toolrl.fleet.server import run_server, served_kind
+
+    try:
+        kind = served_kind(name, _json_object(options_json, "--options"))
+        asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes,
+                               lambda url: click.echo(f"serving {name} (session {kind.name}) on {url}, "
+                                                      f"capacity {capacity}", nl=True)))
+    except (ConfigError, ValueError) as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+def _json_object(value: str | None, what: str) -> dict[str, Any]:
+    from toolrl.parsers.arguments import decode_json
+
+    parsed = decode_json(value, what) if value else {}
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return parsed
+
+
+@env.command("bench")
+@click.argument("name")
+@click.option("--ladder", default="16,128", show_default=True, help="Comma-separated concurrent trajectory counts.")
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), help="Steps per trajectory.")
+@click.option("--think-s", default=0.1, show_default=True, type=click.FloatRange(min=0),
+              help="Mean think time between a trajectory's steps (a model's generation time).")
+@click.option("--split", default=None, help="The split whose samples reset the trajectories (default: the first).")
+@click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options).")
+@click.option("--session", default=None, help="Another session kind to drive it through (e.g. fleet).")
+@click.option("--session-options", "session_json", default=None, help="JSON: that session kind's options.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def env_bench(name: str, ladder: str, steps: int, think_s: float, split: str | None, options_json: str | None,
+              session: str | None, session_json: str | None, as_json: bool) -> None:
+    """Drive N concurrent trajectories of environment NAME with a scripted policy (no model), as the
+    rollout drives them: throughput, p50/p99 step latency, client memory per open trajectory, errors
+    by kind, trajectories masked (the environment failed) and lost."""
+    import asyncio
+
+    from toolrl.config import ConfigError
+    from toolrl.testing.load import environment_driver, measure_rung
+
+    async def rungs(counts: list[int]) -> list[Any]:
+        driver = await environment_driver(name, _json_object(options_json, "--options"), split, session,
+                                          _json_object(session_json, "--session-options"))
+        await driver.prepare()
+        try:
+            return [await measure_rung(driver, n, steps, think_s) for n in counts]
+        finally:
+            await driver.shutdown()
+
+    try:
+        counts = [int(x) for x in ladder.split(",")]
+        results = asyncio.run(rungs(counts))
+    except (ConfigError, ValueError) as exc:
+        raise UsageFailure(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps([r.model_dump() for r in results], indent=2))
+        return
+    click.echo(f"{name}: {steps} steps per trajectory, think {think_s:g} s (x U[0.5, 1.5])")
+    click.echo(f"{'n':>6} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'KiB/traj':>9} {'done':>6} {'masked':>6} "
+               f"{'lost':>5}  errors")
+    for r in results:
+        errors = ", ".join(f"{k} x{v}" for k, v in r.errors.items()) or "-"
+        click.echo(f"{r.n:>6} {r.steps_per_s:>9.1f} {1000 * r.p50_s:>8.2f} {1000 * r.p99_s:>8.2f} "
+                   f"{r.kib_per_session:>9.1f} {r.completed:>6} {r.masked:>6} {r.lost:>5}  {errors}")

@@ -312,6 +312,17 @@ class TransformersEngine(RolloutEngine):
         with self._sessions_lock:
             self._sessions.pop(session_id, None)
 
+    def fork_session(self, session_id: str, into: Sequence[str]) -> None:
+        # The copies share the kept tensors (nothing writes them in place), so their first requests,
+        # with one prompt, are prefilled once (_prompt_sources).
+        with self._sessions_lock:
+            kept = self._sessions.get(session_id)
+            for sid in into if kept is not None else ():
+                self._sessions[sid] = kept
+                self._sessions.move_to_end(sid)
+            while len(self._sessions) > self.config.max_sessions:
+                self._sessions.popitem(last=False)
+
     async def sleep(self) -> None:
         # The running batch frees its buffers whenever it empties; only kept sessions outlive it.
         with self._sessions_lock:
@@ -490,7 +501,8 @@ class TransformersEngine(RolloutEngine):
         """Prefill the admitted prompts together (left-padded), each on top of its kept session KV if
         any; returns a batch with one row per sample. A prompt is prefilled once for all its samples:
         those of a request with n > 1 and (``share_prompts``) those of admitted requests with the same
-        prompt and no kept session, which is how a group's trajectories arrive."""
+        prompt and no kept session, which is how a group's trajectories arrive, or the same kept KV,
+        which is how a tree rollout's continuations arrive (:meth:`fork_session`)."""
         reused = [self._take_session(req) for req in admitted]
         source, unique = self._prompt_sources(admitted, reused)
         group, logits = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
@@ -521,9 +533,10 @@ class TransformersEngine(RolloutEngine):
         source: list[int] = []
         unique: list[int] = []
         for i, (req, kept) in enumerate(zip(admitted, reused)):
-            # Image tokens are alike whatever the image: a prompt with images is keyed by them too.
-            key = (tuple(req.prompt), tuple(i.png for i in req.images)) \
-                if self.config.share_prompts and kept is None else None
+            # Image tokens are alike whatever the image: a prompt with images is keyed by them too; one on
+            # kept KV, by that KV (forked sessions share it: fork_session).
+            kv = None if kept is None else (kept.keys[0].data_ptr(), len(kept.tokens))
+            key = (tuple(req.prompt), tuple(i.png for i in req.images), kv) if self.config.share_prompts else None
             if key is not None and key in first:
                 source.append(first[key])
                 continue

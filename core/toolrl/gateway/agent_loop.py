@@ -49,7 +49,8 @@ class AgentLoop:
             return
         cancelled = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_cancel_all(), loop))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancelled, grace_s)
+            async with asyncio.timeout(grace_s):
+                await cancelled
         loop.call_soon_threadsafe(loop.stop)
         await asyncio.to_thread(thread.join, grace_s)
         if not thread.is_alive():

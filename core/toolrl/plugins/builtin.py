@@ -95,6 +95,7 @@ class AlgorithmsPlugin:
             register(f"toolrl.algorithms.advantages:{cls}", name=name)
         register("toolrl.algorithms.gae:Gae", name="gae")
         register("toolrl.algorithms.gigpo:Gigpo", name="gigpo")
+        register("toolrl.algorithms.tree_grpo:TreeGrpo", name="tree_grpo")
 
     @hookimpl
     def register_policy_losses(self, register: Register) -> None:
@@ -130,6 +131,14 @@ class AgentsPlugin:
         register("toolrl.agents.function:CallableAgent", name="callable")
 
 
+class FleetPlugin:
+    """The ``fleet`` session kind (:mod:`toolrl.fleet`): a trajectory's session on an environment server."""
+
+    @hookimpl
+    def register_environment_sessions(self, register: Register) -> None:
+        register("toolrl.fleet.remote:FleetSession", name="fleet")
+
+
 BUILTINS = {
     "hermes": HermesPlugin(),
     "tags": TagsPlugin(),
@@ -143,4 +152,5 @@ BUILTINS = {
     "context": ContextPoliciesPlugin(),
     "weight_transports": WeightTransportsPlugin(),
     "agents": AgentsPlugin(),
+    "fleet": FleetPlugin(),
 }

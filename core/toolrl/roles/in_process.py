@@ -25,6 +25,7 @@ from toolrl.config import Config
 from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
 from toolrl.model_sources import model_path
+from toolrl.plugins.parts import lookup_part
 from toolrl.roles.inputs import ModelInputs, check_model_inputs
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
 from toolrl.rollout.families import config_renderer_factory
@@ -116,7 +117,10 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         for tool in tools:
             await tool.close()
         raise
-    ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes)
+    # Sessions are asked for their turns' state keys only when the estimator reads them (gigpo).
+    estimator = lookup_part("advantage_estimators", config.algorithm.advantage, "algorithm.advantage")
+    ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes,
+                         state_keys=getattr(estimator, "needs_turns", False))
     return Rollouts(engine, ctx, tools)
 
 

@@ -6,8 +6,9 @@ for its own check, ``part.check_run(facts)``: a part that defines one raises on 
 run with (a ConfigError naming its field, or a ValueError its options' field is put before) and
 returns warning lines for a setting that runs but wastes the run. Besides the parts' checks, the
 run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
-names (a skeleton on the meta device: no weights), routing replay against the model's experts, and
-``model.max_context`` against the model's window. ``toolrl train CONFIG --check`` runs every check and
+names (a skeleton on the meta device: no weights), routing replay against the model's experts,
+``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
+kind and tools (whether they fork). ``toolrl train CONFIG --check`` runs every check and
 stops.
 """
 
@@ -24,6 +25,7 @@ from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options
 from toolrl.plugins.parts import checked_options, namesake_note
 from toolrl.rollout.context_check import model_context
+from toolrl.tools.verl_config import resolve_tool_class
 
 if TYPE_CHECKING:
     from toolrl.rollout.routes import Parts
@@ -95,6 +97,7 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
     if config.model.lora is not None:
         check_lora_targets(facts)
     warnings += _part_checks(facts, parts)
+    check_tree(facts, parts)
     return warnings
 
 
@@ -124,6 +127,27 @@ def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
         except ValueError as exc:
             raise ConfigError(f"{facts.where(field)}: {one_line(str(exc))}") from None
     return warnings
+
+
+def check_tree(facts: RunFacts, parts: Parts) -> None:
+    """``rollout.tree`` forks each line's environment session and tools (toolrl.rollout.tree): a route
+    whose session kind or tool cannot fork, or whose episodes an agent program runs, is refused."""
+    if facts.config.rollout.tree is None:
+        return
+    where = facts.where("rollout.tree")
+    for route in parts.routes.values():
+        if route.agent is not None:
+            raise ConfigError(f"{where}: an agent program ({facts.where('rollout.agent')}) runs its own episodes, "
+                              "which the loop cannot fork")
+        if route.session is not None and not route.session.cls.can_fork():
+            raise ConfigError(f"{where}: session {route.session.name!r} ({route.session.where}) cannot fork its "
+                              "state (its EnvironmentSession defines no fork)")
+        for entry in (e for f in route.tool_files for e in f.tools):
+            isolated = (entry.config.model_extra or {}).get("isolation") == "process"
+            if isolated or not resolve_tool_class(entry.class_name).can_fork():
+                raise ConfigError(f"{where}: tool {entry.class_name!r} cannot fork its per-trajectory state ("
+                                  + ("it runs in a worker process)" if isolated else
+                                     "it keeps it outside Tool.state and defines no Tool.fork)"))
 
 
 # -- the template ------------------------------------------------------------------------------------

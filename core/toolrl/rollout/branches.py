@@ -47,7 +47,7 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
                    twig, branch_seed(ep.seed, len(ep.closed) + 1), ep.session,
                    messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
                    closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
-                   engine_session=twig.trajectory_id)
+                   engine_session=twig.trajectory_id, state_keys=ep.state_keys)
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:

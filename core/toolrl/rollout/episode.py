@@ -45,6 +45,12 @@ class Episode:
     # A branch (fold): the response tokens of the lines waiting on it, and its own engine session.
     outer: int = 0
     engine_session: str = ""
+    # A tree's line (toolrl.rollout.tree): forks made along its path, its continuation index at each
+    # fork it was copied at (its id's suffix), and the tree's forked lines (shared by them all).
+    depth: int = 0
+    path: tuple[int, ...] = ()
+    lines: list[asyncio.Task[Episode]] = field(default_factory=list)
+    state_keys: bool = True  # RolloutContext.state_keys
 
     @property
     def response_tokens(self) -> int:
@@ -86,7 +92,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
     toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
     messages = renderer.prompt_messages(messages)
     return Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed, session,
-                    messages=messages, task=len(messages))
+                    messages=messages, task=len(messages), state_keys=ctx.state_keys)
 
 
 def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
@@ -121,7 +127,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
     if gen.routed_experts is not None:  # they cover the whole context the engine ran: this call's replace the last's
         traj.routed_experts = gen.routed_experts
-    await record_turn(traj, ep.session)
+    await record_turn(traj, ep.session if ep.state_keys else None)
     append_tokens(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))

@@ -12,6 +12,7 @@ For each sample × n, concurrently::
       │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta (results)
       └── the context policy may edit the context: a new segment (toolrl.context)    fit_context (segments)
           (fold: a branch call runs its sub-task as a segment of its own)              run_branch (branches)
+          (rollout.tree: at a fork turn, copies of the line go on beside it)           fork_due (tree)
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score_pieces
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
@@ -42,6 +44,7 @@ from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.rollout.rollout_context import RolloutContext
 from toolrl.rollout.segments import check_history, fit_context
+from toolrl.rollout.tree import fork_due, roots, tree_lines
 from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import trajectory_seed
 from toolrl.sessions import failure_after_calls
@@ -53,7 +56,8 @@ async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, s
     """``n`` trajectories per sample (group ``g`` is sample ``g``), all concurrent (bounded by
     max_concurrent_trajectories)."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
-    jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix) for g, s in enumerate(samples) for k in range(n)]
+    lines, trees = roots(ctx.config, n)  # rollout.tree: n / leaves trees (toolrl.rollout.tree)
+    jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix, trees) for g, s in enumerate(samples) for k in range(lines)]
     return [p for pieces in await asyncio.gather(*jobs) for p in pieces]
 
 
@@ -61,14 +65,15 @@ async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, see
                     limit: asyncio.Semaphore) -> list[Trajectory]:
     """The ``n`` trajectories of one group, concurrent; ``limit`` bounds the trajectories running at
     once across every group that shares it. Seeds and ids are those :func:`run_rollouts` gives."""
-    return [p for pieces in await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix)
-                                                   for k in range(n))) for p in pieces]
+    lines, trees = roots(ctx.config, n)
+    return [p for pieces in await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix, trees)
+                                                   for k in range(lines))) for p in pieces]
 
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
-                   id_prefix: str) -> list[Trajectory]:
+                   id_prefix: str, tree: bool = False) -> list[Trajectory]:
     return await run_trajectory_pieces(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
-                                       trajectory_seed(seed, group, k), slot=limit)
+                                       trajectory_seed(seed, group, k), slot=limit, tree_id=k if tree else None)
 
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
@@ -78,39 +83,54 @@ async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajec
 
 
 async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
-                                slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
+                                slot: AbstractAsyncContextManager[Any] | None = None,
+                                tree_id: int | None = None) -> list[Trajectory]:
     """One trajectory of ``sample``: its session's reset, turns until one ends it, the tools' and the
     session's finish (always), the score. Its pieces in order: one, unless the template rewrite rule
     forked it. ``slot`` (a semaphore bounding the trajectories that run at once) is held until the
     tools and the session are finished, not while the trajectory is scored: a slow reward (a judge)
-    keeps no other from starting."""
+    keeps no other from starting. With ``tree_id`` (rollout.tree) it is a tree's root: the pieces of
+    every leaf, in the tree's order, the tree under the one slot."""
     route = ctx.route_for(sample)
     if route.agent is not None:  # a program runs the episode; the gateway records it
         return await run_agent_trajectory(ctx, route, sample, group, trajectory_id, seed, slot)
     async with slot or contextlib.nullcontext():
         ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
-        traj = ep.traj
-        try:
-            if ep.session.error is not None:
-                raise ep.session.failed()
+        ep.traj.tree_id = tree_id
+        fresh = functools.partial(start_episode, ctx, route, sample, group)  # a tree's lines from the prompt
+        leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree forks
+    scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms)
+                                    for e in leaves))
+    return [p for pieces in scored for p in pieces]
+
+
+async def run_line(ep: Episode, start: bool = False) -> Episode:
+    """A line's turns until one ends it (``start``: its tools' start first; a tree's forked lines
+    come with theirs), then the tools' and the session's finish, always."""
+    traj = ep.traj
+    try:
+        if ep.session.error is not None:
+            raise ep.session.failed()
+        if start:
             await ep.toolset.start()
-            ep.toolset.check_infrastructure()  # a tool whose server is down: nothing to train on
-            traj.termination = await run_turns(ep)
-        except TemplateRewriteError:
-            raise  # template_rewrite: refuse stops the run
-        except Exception as exc:  # a broken engine/tool/session must not take the other trajectories down
-            # toolrl.schemas.InfrastructureError: the environment failed, not the model (not trained).
-            traj.termination = "infra_error" if isinstance(exc, InfrastructureError) else "error"
-            traj.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            await finish_tools(ep)
-    return await score_pieces(route, sample, ep.closed, traj, ep.step_rewards, ep.session_terms)
+        ep.toolset.check_infrastructure()  # a tool whose server is down: nothing to train on
+        traj.termination = await run_turns(ep)
+    except TemplateRewriteError:
+        raise  # template_rewrite: refuse stops the run
+    except Exception as exc:  # a broken engine/tool/session must not take the other trajectories down
+        # toolrl.schemas.InfrastructureError: the environment failed, not the model (not trained).
+        traj.termination = "infra_error" if isinstance(exc, InfrastructureError) else "error"
+        traj.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await finish_tools(ep)
+    return ep
 
 
 async def run_turns(ep: Episode) -> Termination:
     """Turns until one ends the episode (the main line's, or a branch's): why it ended."""
     ending = None
     while ending is None:
+        await fork_due(ep, run_line)  # rollout.tree: at a fork turn, copies go on beside this line
         ending = await take_turn(ep)
     return ending
 

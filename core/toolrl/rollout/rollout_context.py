@@ -46,6 +46,9 @@ class RolloutContext:
     renderer_factory: Any  # (tool schemas) -> ChatRenderer; renderers are cached per tool set
     config: RolloutConfig
     routes: dict[str | None, Route]
+    # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator
+    # (``needs_turns``, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
+    state_keys: bool = True
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
     _gateway: Any = None  # the task starting it, made by the first agent episode (toolrl.gateway.server.Gateway)
 

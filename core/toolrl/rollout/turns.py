@@ -32,8 +32,9 @@ def observation_key(traj: Trajectory) -> str:
     return "obs:" + digest.hexdigest()
 
 
-async def record_turn(traj: Trajectory, session: SessionRun) -> None:
-    """Record that a model turn starts at the end of ``traj``'s response, and its state's key."""
-    key = await session.state_key()
+async def record_turn(traj: Trajectory, session: SessionRun | None) -> None:
+    """Record that a model turn starts at the end of ``traj``'s response, and its state's key
+    (``session``: None when no estimator reads the session's keys; the observation's stands in)."""
+    key = None if session is None else await session.state_key()
     traj.turn_states.append(observation_key(traj) if key is None else "env:" + key)
     traj.turn_starts.append(len(traj.response_ids))

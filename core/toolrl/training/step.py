@@ -83,10 +83,11 @@ __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "agg
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None, turns: bool = False) -> AdvantageInputs:
+                     values: torch.Tensor | None = None, turns: bool = False, trees: bool = False) -> AdvantageInputs:
     """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
     the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``;
-    with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`)."""
+    with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`); with ``trees``,
+    each row's tree (``Trajectory.tree_id``)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
@@ -95,7 +96,8 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
                             max_response_tokens, algo.overlong)
     groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
     per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
-    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn)
+    tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn, tree_ids)
 
 
 def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
@@ -105,7 +107,8 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     forked trajectory (:mod:`toolrl.rollout.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own."""
-    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns)
+    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,
+                              estimator.needs_trees)
     keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)
@@ -113,7 +116,9 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rows = list(first.values())
-    once = estimator(AdvantageInputs(inputs.rewards[rows], inputs.groups[rows], inputs.response_mask[rows]))[:, 0]
+    trees = None if inputs.trees is None else tuple(inputs.trees[r] for r in rows)
+    once = estimator(AdvantageInputs(inputs.rewards[rows], inputs.groups[rows], inputs.response_mask[rows],
+                                     trees=trees))[:, 0]
     index = {key: n for n, key in enumerate(first)}
     return once[[index[key] for key in keys]][:, None].expand(inputs.response_mask.shape).contiguous()
 

@@ -1,0 +1,282 @@
+"""Credit assignment across turns: success against generated tokens for ``grpo``, ``gigpo`` and
+``tree_grpo`` on a task with an irreversible wrong step, 5 seeds each, the same token budget.
+
+The real training loop (``toolrl.roles.controller.train_async``, what ``toolrl train`` runs, in one
+process: the transformers engine and the trainer share the model) trains the tiny random Qwen3 with
+its embeddings scaled up (peaked next-token distributions, as ``tests/test_trainer.py``'s
+``peaked_tiny_model``). Only the task is the benchmark's own, a real environment session:
+
+- ``Ladder``, an environment session of ``RUNGS`` rungs. Each model turn is one climb: the turn passes
+  when at least half of its tokens are *aligned* (their initial embedding's first coordinate is
+  positive: half the vocabulary, linearly separable in the model's own embedding space, so a tiny model
+  can learn it in a few steps; the session re-encodes the turn's text, the parser's view of it). A
+  passed rung earns a step reward ``1 / RUNGS`` (``StepResult.reward``: the existing step rewards); a
+  failed one is irreversible: the episode ends there. Success: every rung passed (reward 1). Its
+  ``state_key`` is the rung (``gigpo``'s anchor state); it forks (``tree_grpo``'s rollouts).
+- ``StopStringMoves``, the parser: a random model writes no tool-call markup, so generation stops at
+  an ``s`` (in about 1 token in 6) and a turn that stopped there is a climb; a turn that reaches
+  ``rollout.max_new_tokens`` without one ends the trajectory (a failure).
+
+Credit matters: with outcome-level advantages (``grpo``) a trajectory that passed two rungs and fell
+at the third pushes its two good turns down; ``gigpo`` compares the turns taken from the same rung
+with their discounted returns, ``tree_grpo`` compares leaves that share their first turns.
+
+Generated tokens are the model's tokens (``response_mask`` 1) of every trajectory of each step, a
+tree's shared prefix (before its leaves' ``branch_point``) once: the tree arm forks once per tree
+(``rollout.tree: {width: 4, depth: 1, turn: 1}``: ``n = 8`` gives 2 trees of 4 leaves per prompt, each
+sharing its first turn), where the branch point says exactly what is shared. The flat arms run
+``--steps`` steps, the tree arm ``--tree-steps`` times as many (its steps generate fewer tokens); the
+curves are compared up to the smallest total any run reached, the same budget for every arm.
+
+Success is the training batch's, one sample per root (:func:`success_rate`: a flat trajectory, or a
+tree's forked leaves averaged), smoothed over the last budget/7 tokens (each step weighted by the
+tokens it generated there: a window of tokens, not of steps, whose sizes differ between arms), reported
+at 7 token checkpoints as the mean over seeds ± their std. Tokens to 50% success: where the seed-mean
+curve first reaches 0.5 (on a grid of budget/100; each seed's own is printed too, for the spread).
+
+    OMP_NUM_THREADS=1 python benchmarks/credit.py [--quick] [--seeds 5] [--steps 12] [--tree-steps 2]
+
+Last line: ``tokens to 50% success, gigpo/grpo: X.XX, tree_grpo/grpo: Y.YY`` (below 1: fewer tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from _common import machine, single_thread, table
+
+single_thread()
+
+from toolrl.config import RolloutConfig, load_config  # noqa: E402
+from toolrl.parsers import ToolParser  # noqa: E402
+from toolrl.plugins import get_plugins  # noqa: E402
+from toolrl.plugins.registry import Part  # noqa: E402
+from toolrl.schemas import ParseResult, ToolCall  # noqa: E402
+from toolrl.sessions import EnvironmentSession, Reset, StepResult  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+STOPS = ["s"]
+RUNGS = 3
+ARMS = {"grpo": [], "gigpo": ["algorithm.advantage=gigpo"],
+        "tree_grpo": ["algorithm.advantage=tree_grpo", "rollout.tree={width: 4, depth: 1, turn: 1}"]}
+
+
+class Ladder(EnvironmentSession):
+    """``RUNGS`` climbs; a turn with fewer than half its tokens aligned falls, for good (module docstring)."""
+
+    good: ClassVar[Any] = None  # bool tensor over the vocabulary, set from the model
+    tokenizer: ClassVar[Any] = None
+    CLIMB = {"type": "function", "function": {"name": "climb", "description": "Climb one rung.", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+
+    async def reset(self, sample: Any) -> Reset:
+        self.rung = 0
+        return Reset(tools=[self.CLIMB], replace_tools=True)
+
+    def step(self, call: ToolCall) -> StepResult:
+        ids = self.tokenizer.encode(call.arguments["text"], add_special_tokens=False)
+        if 2 * sum(bool(self.good[t]) for t in ids) < max(len(ids), 1):
+            return StepResult(response="You slipped and fell.", done=True)
+        self.rung += 1
+        return StepResult(response=f"Rung {self.rung} of {RUNGS}.", reward=1 / RUNGS, done=self.rung == RUNGS)
+
+    async def state_key(self) -> str:
+        return f"rung {self.rung}"
+
+    async def fork(self) -> Ladder:
+        return copy.copy(self)  # its state is one int
+
+
+class StopStringMoves(ToolParser):
+    """A turn that stopped at one of ``STOPS`` climbs (a random model writes no markup)."""
+
+    name = "stop_string_moves"
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return STOPS
+
+    def parse(self, text: str) -> ParseResult:
+        if any(s in text for s in STOPS):
+            return ParseResult(content=text, calls=[ToolCall(name="climb", arguments={"text": text})])
+        return ParseResult(content=text)
+
+
+def register() -> None:
+    registry = get_plugins().registry
+    for kind, name, obj in (("environment_sessions", "ladder", Ladder), ("tool_parsers", StopStringMoves.name,
+                                                                           StopStringMoves)):
+        if not registry.has(kind, name):
+            registry.add(Part(kind, name, "benchmark", obj))
+
+
+def peaked_model(out: Path) -> Path:
+    """The tiny random Qwen3, embeddings × 6 (``tests/test_trainer.py``'s ``peaked_tiny_model``)."""
+    import shutil
+
+    import torch
+    from toolrl.model_sources import load_model, tiny_qwen3
+    from transformers import AutoTokenizer
+
+    source = Path(tiny_qwen3())
+    model = load_model(str(source))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(6.0)
+    Ladder.good = model.get_input_embeddings().weight[:, 0] > 0
+    model.save_pretrained(out)
+    for f in source.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "special_tokens_map.json":
+            shutil.copy2(f, out / f.name)
+    Ladder.tokenizer = AutoTokenizer.from_pretrained(out)
+    return out
+
+
+def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Path) -> list[tuple[int, float]]:
+    """One run: per step, (generated tokens, success rate) of its batch. A tree's step generates fewer
+    tokens (its leaves share their first turns), so the tree arm runs ``--tree-steps`` × the steps to
+    reach the same token budget (what no run reached is cut off)."""
+    from toolrl.roles.controller import train_async
+
+    steps = args.steps * (args.tree_steps if arm == "tree_grpo" else 1)
+    config = load_config(ROOT / "examples" / "tiny.yaml", [
+        f"model.source={model}", f"trainer.output_dir={out}", f"trainer.total_steps={steps}",
+        f"trainer.seed={seed}", f"rollout.seed={seed}", "trainer.plot=false", "trainer.progress=false",
+        "trainer.save_every=1000", "data.batch_size=2", "rollout.n=8", f"rollout.max_turns={RUNGS}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.max_response_tokens=256",
+        f"rollout.parser={StopStringMoves.name}", "session.name=ladder", "tools.entries=[]", "reward.functions=[]",
+        f"optim.lr={args.lr}", "optim.micro_batch_size=16", *ARMS[arm]])
+    asyncio.run(train_async(config))
+    curve = []
+    for step in range(1, steps + 1):
+        rows = [json.loads(x) for x in (out / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines() if x]
+        curve.append((generated_tokens(rows), success_rate(rows)))
+    return curve
+
+
+def success_rate(rows: Sequence[dict[str, Any]]) -> float:
+    """The policy's success rate estimated from a step's trajectories, one sample per root (a flat
+    trajectory, or a tree's first line): a tree that forked counts the share of its forked leaves
+    (``branch_point`` > 0: continuations of one sampled prefix) that passed every rung, one whose line
+    fell before the fork turn that line's outcome. Per leaf it would be biased up for trees: a line
+    that survives to the fork counts four times, and a fallen line's made-up leaves (``branch_point``
+    0, sampled afresh because it fell: toolrl.rollout.tree) add samples only where the line failed."""
+    roots: dict[Any, list[bool]] = {}
+    for r in rows:
+        root = r["trajectory_id"] if r.get("tree_id") is None else (r["group"], r["tree_id"])
+        if r.get("branch_point") != 0:  # a tree holds forked leaves, or its unforked line and made-up ones
+            roots.setdefault(root, []).append(r["reward"] > 1 - 1e-6)
+    return statistics.mean(sum(leaves) / len(leaves) for leaves in roots.values())
+
+
+def generated_tokens(rows: Sequence[dict[str, Any]]) -> int:
+    """The model tokens a step generated: every trajectory's, a tree's shared prefix once. With one fork
+    per tree (``depth: 1``) the leaves that forked share the tokens before their ``branch_point``."""
+    total, counted = 0, set()
+    for r in rows:
+        mask, cut = r["response_mask"], r.get("branch_point") or 0
+        total += sum(mask[cut:])
+        if cut and (r["group"], r["tree_id"]) not in counted:
+            counted.add((r["group"], r["tree_id"]))
+            total += sum(mask[:cut])
+    return total
+
+
+def tokens_to(target: float, points: Sequence[tuple[float, float]]) -> float | None:
+    """The tokens where a (tokens, success) curve first reaches ``target``, linear between its points."""
+    for (t0, s0), (t1, s1) in zip([(0.0, points[0][1]), *points], points):
+        if s1 >= target:
+            return t1 if s1 == s0 or s0 >= target else t0 + (t1 - t0) * (target - s0) / (s1 - s0)
+    return None
+
+
+def at(budget: float, window: float, run: Sequence[tuple[float, float]]) -> float:
+    """A run's success at ``budget`` tokens: its steps' success weighted by the tokens each generated in
+    (budget - window, budget] (smoothed over a window of tokens, not of steps: a tree's steps are shorter)."""
+    weighted = total = 0.0
+    for (t0, _), (t1, s) in zip([(0.0, 0.0), *run], run):
+        overlap = max(0.0, min(t1, budget) - max(t0, budget - window))
+        weighted, total = weighted + overlap * s, total + overlap
+    return weighted / total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, 4 steps: a smoke run")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=12, help="steps of the flat arms")
+    ap.add_argument("--tree-steps", type=int, default=2, help="the tree arm's steps, × --steps")
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=5.0e-3)
+    ap.add_argument("--checkpoints", type=int, default=7)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.steps = 1, 4
+    register()
+    tree = "tree" in RolloutConfig.model_fields
+    if "grpo" not in args.arms:
+        raise SystemExit("--arms must include grpo: the ratios are against it")
+    arms = [a for a in args.arms if tree or a != "tree_grpo"]
+    print(f"machine: {machine()}")
+    print(f"workload: peaked tiny-qwen3, {args.steps} steps × 2 prompts × 8, a ladder of {RUNGS} rungs (a turn "
+          f"stops at {'/'.join(STOPS)}, ≤ {args.max_new_tokens} tokens), lr {args.lr:g}, seeds 0-{args.seeds - 1}; "
+          f"tree_grpo: rollout.tree width 4 depth 1 at turn 1\n")
+    runs: dict[str, list[list[tuple[float, float]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="credit-") as tmp:
+        model = peaked_model(Path(tmp) / "model")
+        for arm in arms:
+            for seed in range(args.seeds):
+                t0 = time.perf_counter()
+                steps = run_arm(arm, seed, args, model, Path(tmp) / f"{arm}-{seed}")
+                cumulative, total = [], 0
+                for tokens, success in steps:
+                    total += tokens
+                    cumulative.append((float(total), success))
+                runs.setdefault(arm, []).append(cumulative)
+                print(f"{arm} seed {seed}: {time.perf_counter() - t0:.0f} s, {total} tokens, success "
+                      + " ".join(f"{s:.2f}" for _, s in cumulative), flush=True)
+    budget = min(run[-1][0] for rs in runs.values() for run in rs)
+    window = budget / args.checkpoints
+    marks = [window * (k + 1) for k in range(args.checkpoints)]
+    fine = [budget * (k + 1) / 100 for k in range(100)]  # for the 50% crossing
+    rows = []
+    for arm, rs in runs.items():
+        mean = [statistics.mean(at(m, window, r) for r in rs) for m in marks]
+        spread = [statistics.pstdev(at(m, window, r) for r in rs) for m in marks]
+        rows.append([arm] + [f"{s:.2f}±{d:.2f}" for s, d in zip(mean, spread, strict=True)])
+    print(f"\nsuccess (mean ± std over {args.seeds} seeds) at generated tokens, each over the last {window:.0f} "
+          f"tokens; budget {budget:.0f} per run")
+    print(table(["method", *[f"{m:.0f}" for m in marks]], rows))
+    reached = {}
+    for arm, rs in runs.items():
+        per_seed = [tokens_to(0.5, [(m, at(m, window, r)) for m in fine]) for r in rs]
+        reached[arm] = tokens_to(0.5, [(m, statistics.mean(at(m, window, r) for r in rs)) for m in fine])
+        print(f"{arm}: tokens to 50% success per seed "
+              + " ".join("never" if t is None else f"{t:.0f}" for t in per_seed)
+              + f"; seed-mean curve: {'never' if reached[arm] is None else f'{reached[arm]:.0f}'}")
+    if not tree:
+        print("tree_grpo: waiting for rollout.tree (this tree has no tree rollouts yet)")
+
+    def ratio(arm: str) -> str:
+        if arm not in reached:
+            return "waiting for rollout.tree" if arm == "tree_grpo" and not tree else "not run"
+        if reached["grpo"] is None or reached[arm] is None:
+            return "n/a (50% not reached within the budget)"
+        return f"{reached[arm] / reached['grpo']:.2f}"
+
+    print(f"\ntokens to 50% success, gigpo/grpo: {ratio('gigpo')}, tree_grpo/grpo: {ratio('tree_grpo')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Tree-GRPO (Ji et al. 2025, "Tree Search for LLM Agent Reinforcement Learning", arXiv 2509.21240,
+§3, its tree-based advantage estimation): GRPO over tree rollouts (``rollout.tree``), where a prompt's
+group holds the leaves of several trees and the leaves of one tree share the turns before they branched.
+
+Each leaf (a complete trajectory, ``Trajectory.tree_id`` naming its tree within its group) is compared
+at two levels, with only its outcome reward:
+
+- intra-tree: against the leaves of its own tree, ``A_intra(i) = (r_i - mean_T(i) r) / F``;
+- inter-tree: against every leaf of its group (all the prompt's trees), ``A_inter(i) = (r_i - mean_G(i) r) / F``;
+
+and ``A_i = A_intra(i) + A_inter(i)``, one number broadcast over the leaf's tokens (an outcome
+estimator). ``F`` is the set's unbiased std plus ``eps`` (``norm_by_std: false``: 1); a set of one gives
+0. The step-level signal the paper derives (its analysis: intra-tree GRPO is step-level preference
+learning) comes from the shared prefix: its tokens are trained in every leaf that holds them (once per shared
+token with ``optim.share_prefixes``, which sums the copies' gradients), so a turn before a branch gets
+the sum of its leaves' advantages, and a turn after it only its own leaf's.
+
+A flat rollout has no trees (``tree_id`` None): the run check refuses ``tree_grpo`` without
+``rollout.tree``, and a row without a tree is a ValueError at the step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+from toolrl.algorithms.advantages import broadcast
+from toolrl.algorithms.gigpo import GigpoOptions, normalised
+
+if TYPE_CHECKING:
+    import torch
+
+# Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming tree_grpo
+# is checked before torch loads.
+
+__all__ = ["TreeGrpo", "TreeGrpoOptions"]
+
+
+class TreeGrpoOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eps: float = Field(1e-6, gt=0, description="added to a tree's or a group's std before dividing")
+    norm_by_std: bool = Field(True, description="divide by the std at both levels (false: centre only)")
+
+
+class TreeGrpo(AdvantageEstimator):
+    """Tree-GRPO (Ji et al. 2025): each leaf's reward against its tree's and its group's (module docstring)::
+
+        A_i = (r_i - mean_T(i) r) / F_T(i) + (r_i - mean_G(i) r) / F_G(i)
+    """
+
+    name = "tree_grpo"
+    Options = TreeGrpoOptions
+    needs_trees = True
+
+    def check_run(self, run: Any) -> list[str]:
+        """Refused before anything loads on a flat rollout: without trees it would be GRPO doubled."""
+        if getattr(run.config.rollout, "tree", None) is None:
+            raise ValueError("tree_grpo compares the leaves of each tree, and rollout.tree is unset (a flat "
+                             "rollout has no trees); set rollout.tree or use grpo")
+        return []
+
+    def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
+        if inputs.trees is None or any(t is None for t in inputs.trees):
+            raise ValueError("tree_grpo reads each row's tree (trees): a row of a flat rollout has none; "
+                             "set rollout.tree")
+        # The two levels are GiGPO's grouped normalisation over other keys: reuse it, its options mapped.
+        norm = GigpoOptions(eps=self.options.eps, norm="std" if self.options.norm_by_std else "mean")
+        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+        intra = normalised(rewards, list(zip(groups, inputs.trees, strict=True)), norm)
+        inter = normalised(rewards, groups, norm)
+        return broadcast([a + b for a, b in zip(intra, inter, strict=True)], inputs.response_mask)
