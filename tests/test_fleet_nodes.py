@@ -11,10 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,7 +23,7 @@ from toolrl.sessions import SessionKind
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
-from test_node_loss import Cluster, free_port, ray_start  # noqa: E402 (needs ray)
+from test_node_loss import two_nodes  # noqa: E402 (needs ray)
 from toolrl.roles.rollout_workers import init_ray  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -44,28 +40,6 @@ def server_ports(pids: set[int]) -> set[int]:
         if "env serve" in line:
             ports.add(int(re.search(r"--port (\d+)", line).group(1)))
     return ports
-
-
-@contextmanager
-def two_nodes_with_room(pythonpath: str) -> Iterator[Cluster]:
-    """A head of 2 CPUs and a second node of 1 on loopback (test_node_loss's nodes, but both with room
-    for a server actor of 1 CPU, and the head with room for the second node's once that is lost)."""
-    temp_dir = tempfile.mkdtemp(prefix="tlr-ray-", dir="/tmp")  # short: Ray's socket paths must fit
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
-    common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-              "--object-store-memory=200000000"]
-    cluster = Cluster(f"127.0.0.1:{port}", temp_dir)
-    try:
-        ray_start(["--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", *common], env)
-        head = set(cluster.processes())
-        ray_start([f"--address={cluster.address}", "--num-cpus=1", *common], env)
-        cluster.node2_pids = set(cluster.processes()) - head
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.kill_all()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def descendants(pids: set[int]) -> set[int]:
@@ -85,7 +59,8 @@ def test_a_lost_node_takes_only_its_servers_sessions(tmp_path: Path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(toolrl.plugins, "_plugins", Plugins(env={}))
     pythonpath = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "core"), str(tmp_path)])
-    with two_nodes_with_room(pythonpath) as cluster:
+    # Both nodes with room for a server actor of 1 CPU, and the head for the second node's once it is lost.
+    with two_nodes(pythonpath, head=("--num-cpus=2",), node2=("--num-cpus=1",), object_store=200_000_000) as cluster:
         init_ray(cluster.address, 0, runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}})
         asyncio.run(lose_the_second_node(cluster))
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,29 +100,29 @@ def ray_start(args: list[str], env: dict[str, str]) -> None:
 
 
 @contextmanager
-def two_nodes(pythonpath: str) -> Iterator[Cluster]:
-    """A head (3 CPUs, resource ``head``) and a second node (no CPUs, resource ``node2``: only a rank
-    asking for it goes there, never a rollout worker) on loopback, each with its own ports and
-    object store, in a temp dir of their own; every process of both killed at the end."""
+def two_nodes(pythonpath: str, head: Sequence[str] = ("--num-cpus=3", '--resources={"head": 1}'),
+              node2: Sequence[str] = ("--num-cpus=0", '--resources={"node2": 1}'),
+              object_store: int = 1_000_000_000) -> Iterator[Cluster]:
+    """A head and a second node on loopback (by default: 3 CPUs and resource ``head``; no CPUs and
+    resource ``node2``, so only a rank asking for it goes there, never a rollout worker), each with its
+    own ports and object store, in a temp dir of their own; every process of both killed at the end."""
     temp_dir = tempfile.mkdtemp(prefix="tlr-ray-", dir="/tmp")  # short: Ray's socket paths must fit
     port = free_port()
     env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-              "--object-store-memory=1000000000"]
+              f"--object-store-memory={object_store}"]
     cluster = Cluster(f"127.0.0.1:{port}", temp_dir)
     try:
-        ray_start(["--head", f"--port={port}", "--num-cpus=3", '--resources={"head": 1}', "--include-dashboard=false",
-                   f"--dashboard-port={free_port()}", *common], env)
-        head = set(cluster.processes())
-        ray_start([f"--address={cluster.address}", "--num-cpus=0", '--resources={"node2": 1}', *common], env)
-        cluster.node2_pids = set(cluster.processes()) - head
+        ray_start(["--head", f"--port={port}", *head, "--include-dashboard=false", f"--dashboard-port={free_port()}",
+                   *common], env)
+        started = set(cluster.processes())
+        ray_start([f"--address={cluster.address}", *node2, *common], env)
+        cluster.node2_pids = set(cluster.processes()) - started
         yield cluster
     finally:
         ray.shutdown()
         cluster.kill_all()
         shutil.rmtree(temp_dir, ignore_errors=True)
-        with suppress(ValueError):
-            sys.path.remove(pythonpath.split(os.pathsep)[1])  # the plugin even_tokens_plugin put there
 
 
 def kill_node_after(cluster: Cluster, run: Path, step: int, found: dict[str, Any], timeout: float = 900) -> None:
@@ -142,15 +142,19 @@ def on_two_nodes(tmp_path: Path) -> Iterator[tuple[Cluster, str, tuple[str, ...]
     """The two nodes, this process connected; the cluster, the head's node id, and the overrides
     that run on it with rank 0 on the head and rank 1 on the second node."""
     (tmp_path / "plugin").mkdir()
-    pythonpath = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "core"),
-                                  even_tokens_plugin(tmp_path / "plugin")])
-    with two_nodes(pythonpath) as cluster:
-        init_ray(cluster.address, 0, runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}})
-        cluster.node2_id = next(n["NodeID"] for n in ray.nodes() if "node2" in n["Resources"])
-        head_id = next(n["NodeID"] for n in ray.nodes() if "head" in n["Resources"])
-        assert any(p.name() == "raylet" for pid, p in cluster.processes().items() if pid in cluster.node2_pids)
-        yield cluster, head_id, (f"ray.address={cluster.address}",
-                                 "ray.trainer_rank_resources=[{CPU: 1, head: 1}, {node2: 1}]")
+    plugin = even_tokens_plugin(tmp_path / "plugin")
+    pythonpath = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "core"), plugin])
+    try:
+        with two_nodes(pythonpath) as cluster:
+            init_ray(cluster.address, 0, runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}})
+            cluster.node2_id = next(n["NodeID"] for n in ray.nodes() if "node2" in n["Resources"])
+            head_id = next(n["NodeID"] for n in ray.nodes() if "head" in n["Resources"])
+            assert any(p.name() == "raylet" for pid, p in cluster.processes().items() if pid in cluster.node2_pids)
+            yield cluster, head_id, (f"ray.address={cluster.address}",
+                                     "ray.trainer_rank_resources=[{CPU: 1, head: 1}, {node2: 1}]")
+    finally:
+        with suppress(ValueError):
+            sys.path.remove(plugin)  # the plugin even_tokens_plugin put there
 
 
 def lose_node2(cluster: Cluster, run: Path, extra: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
