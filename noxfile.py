@@ -86,7 +86,7 @@ NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
 RAY_TESTS = [f"tests/{name}.py" for name in ("test_async_ray", "test_distributed", "test_ratelimit", "test_sharded_critic",
-                                             "test_sharded_training", "test_weight_transport_ray")]
+                                             "test_sharded_training", "test_weight_object_store", "test_weight_transport_ray")]
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 # Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).

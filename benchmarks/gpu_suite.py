@@ -314,8 +314,8 @@ def sync_receiver(transport_name: str, shape: str, device: str, link_json: str, 
     """The engine side, in a process of its own: a transformers engine whose weights the link writes."""
     import torch
     from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
+    from toolrl.engines.weight_rows import receive_into
     from toolrl.model_sources import qwen_tokenizer
-    from toolrl.training.weight_sync import receive_into
     from toolrl.transports import Link
 
     if device == "cuda":
@@ -379,14 +379,15 @@ def sync_child(p: dict[str, Any], device: str) -> dict[str, Any]:
 
 
 def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
-    """The object store's path without a trainer group: each bucket gathered to host memory and put in
-    Ray's object store once, a Ray actor holding an engine loads it (``update_weights_bucket``)."""
+    """The object_store transport without a trainer group: a Ray actor holding an engine takes each sync
+    over one link (``receive_into``) that this process sends on (``send_owned``, host copies)."""
     try:
         import ray
     except ImportError:
         return {"skip": "skipped: ray not installed"}
     import torch
-    from toolrl.training.weight_sync import SyncStats, iter_buckets
+    from toolrl.training.weight_sync import send_owned
+    from toolrl.transports.object_store import ObjectStoreTransport
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = qwen3(p["shape"], device, dtype)
@@ -395,30 +396,35 @@ def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
     try:
         @ray.remote(num_gpus=1 if device == "cuda" else 0)
         class Engine:
-            def __init__(self) -> None:
+            def __init__(self, link_json: str) -> None:
                 import sys as _sys
 
                 _sys.path.insert(0, str(HERE))
                 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
                 from toolrl.model_sources import qwen_tokenizer
+                from toolrl.transports import Link
 
                 self.engine = TransformersEngine(qwen3(p["shape"], device, dtype).eval(), qwen_tokenizer(),
                                                  TransformersEngineConfig(device=device))
+                self.receiver = ObjectStoreTransport().open_receiver(Link.model_validate_json(link_json), 0)
 
-            def load(self, bucket: dict[str, Any], last: bool) -> None:
-                self.engine.update_weights_bucket(bucket, last)
-                if last:
-                    sync(device)
+            def receive(self, version: int) -> None:
+                from toolrl.engines.weight_rows import receive_into
 
-        engine = Engine.remote()
+                receive_into(self.engine, [self.receiver], version)
+                sync(device)
+
+        sender = ObjectStoreTransport().open_sender("gpu-suite", 0, 1, 60.0)
+        engine = Engine.remote(sender.link.model_dump_json())
         times = []
-        for _ in range(3):
+        for version in range(3):
             sync(device)
             t0 = time.perf_counter()
-            # Host copies, as the trainer group sends them (weight_sync.ray_sink).
-            for bucket, last in iter_buckets(model, 512 * 2**20, SyncStats(), device="cpu"):
-                ray.get(engine.load.remote(ray.put(bucket), last))
+            received = engine.receive.remote(version)
+            send_owned(model, sender, 0, 1, 512.0)
+            ray.get(received)
             times.append(time.perf_counter() - t0)
+        sender.close()
     finally:
         ray.shutdown()
     return sync_figures(times, nbytes, device)

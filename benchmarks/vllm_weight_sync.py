@@ -14,7 +14,7 @@ send the weights (each whole tensor by one rank, round-robin, as unsharded ranks
 
 Then LoRA (``--lora-r``, all-linear, alpha 2r; 0 skips it): the model with adapters synced into a second
 engine started with vLLM's LoRA support, adapters only (a peft directory loaded as vLLM's adapter), by
-an in-process push (``object_store``'s path, one bucket) and over ``shared_memory``; against the
+as rows in this process (no transport) and over ``shared_memory``; against the
 merged full weights (``W + alpha/r·B·A``) over ``shared_memory`` into the first engine (native).
 ``lora adapter-only/merged full (shared_memory): X.XX`` is the last line.
 
@@ -47,7 +47,8 @@ def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_
     """One sync of ``model`` (what ``plan`` says; default: every weight, LoRA merged) from two sender
     threads into ``engine`` by ``path``: seconds."""
     from toolrl.engines import RolloutEngine
-    from toolrl.training.weight_sync import SyncPlan, receive_into, send_owned
+    from toolrl.engines.weight_rows import receive_into
+    from toolrl.training.weight_sync import SyncPlan, send_owned
 
     senders = [transport.open_sender(f"{key}-{r}", r, 1, 120.0) for r in range(2)]
     links = [s.link for s in senders]
@@ -124,14 +125,14 @@ def main() -> None:
 
 def lora_syncs(path: str, engine: Any, nbytes: int, args: Any) -> list[list[Any]]:
     """The LoRA rounds: merged full weights (``nbytes``) into ``engine`` (no LoRA support), adapters only into a
-    LoRA engine by push and over ``shared_memory``. Rows: what travels, how, MiB, median seconds."""
+    LoRA engine as rows in this process and over ``shared_memory``. Rows: what travels, how, MiB, median seconds."""
     import functools
 
     from toolrl.config import LoraConfig, TrainerConfig
     from toolrl.engines import ModelSource
     from toolrl.model_sources import load_model
     from toolrl.training import lora
-    from toolrl.training.weight_sync import SyncPlan, engine_sink, push
+    from toolrl.training.weight_sync import SyncPlan, push_local
     from toolrl.transports import build_transport
     from toolrl_vllm.engine import VLLMEngine, lora_rank
 
@@ -142,21 +143,21 @@ def lora_syncs(path: str, engine: Any, nbytes: int, args: Any) -> list[list[Any]
     served = VLLMEngine.create(ModelSource(path), {"device": "cpu", "max_batch_size": 4,
                                                    "max_lora_rank": lora_rank(config.r, None)})
     transport = build_transport(TrainerConfig(weight_transport="shared_memory"))
-    times: dict[str, list[float]] = {"merged": [], "push": [], "shared_memory": []}
+    times: dict[str, list[float]] = {"merged": [], "in_process": [], "shared_memory": []}
     try:
         served.apply_adapters(functools.partial(lora.apply_lora, config=config))
         for round_ in range(args.rounds):
             times["merged"].append(sync_s(model, engine, transport, "native", f"bench-merged-{round_}", args.bucket_mb))
             t0 = time.perf_counter()
             with served.updating_weights(round_ + 1):
-                push(model, [engine_sink(served)], args.bucket_mb, plan=adapters)
-            times["push"].append(time.perf_counter() - t0)
+                push_local(model, [served], adapters)
+            times["in_process"].append(time.perf_counter() - t0)
             times["shared_memory"].append(sync_s(model, served, transport, "native", f"bench-adapters-{round_}",
                                                  args.bucket_mb, adapters))
     finally:
         asyncio.run(served.close())
     return [["merged full weights", "shared_memory (native)", nbytes / 2**20, median(times["merged"])],
-            ["adapters only", "push (object_store's path)", adapter_mib, median(times["push"])],
+            ["adapters only", "rows in process", adapter_mib, median(times["in_process"])],
             ["adapters only", "shared_memory", adapter_mib, median(times["shared_memory"])]]
 
 

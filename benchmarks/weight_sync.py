@@ -4,9 +4,9 @@ Two trainer ranks (FSDP2 over gloo) and two rollout workers (transformers engine
 of the model) on a local Ray, CPU, fp32; per model, rounds alternate between the transports on the same
 actors (``RayTrainerGroup.transport`` switched between pushes):
 
-- **object_store** (the default; the anchor): every rank gathers each shard with ``full_tensor()``,
-  rank 0 sends a bucket at a time through Ray's object store to both workers, which stage the buckets
-  and load them together with the last.
+- **object_store** (the default; the anchor): each rank puts the packed buckets of the rows it owns in
+  Ray's object store, a bucket at a time (two in flight), and both workers read them there and write
+  them into the engine in place.
 - **broadcast**: each rank sends the rows it owns over its own gloo group to both workers, packed
   buckets, the next packed while one travels; workers write them into the engine in place.
 - **shared_memory**: the same, through two ``/dev/shm`` segments per rank the workers map.
@@ -30,8 +30,8 @@ On the first model also (``--no-extra`` leaves them out):
 Each timed sync follows an untimed one on the same transport (a new transport opens new links).
 
 Sync seconds: the slowest rank's, as the controller's ``weight_sync_s``. Peak extra MiB: the most a
-rank holds for the sync beyond its shard (object_store: the bucket, the tensor being gathered and the
-bucket's object-store copy; linked transports: their two bucket buffers), counted from the tensors.
+rank holds for the sync beyond its shard (every transport: its two bucket buffers), counted from the
+tensors.
 Models: SmolLM2-135M-Instruct (``smollm2``) and a random model shaped like Qwen2.5-0.5B (``qwen0.5b``:
 hidden 896, 24 layers, 14/2 heads, MLP 4864, tied 151936-row vocab; built once into the cache).
 The last lines are the first model's ``lora adapter-only/full`` (object_store both; then over

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +92,9 @@ def waiting_pid(gates: Path, gate: str, exclude: set[int] = frozenset()) -> int 
 
 
 class Trainer:
-    """The trainer side of a push, in the driver: a model whose weights go to the workers in
-    buckets through :func:`toolrl.training.weight_sync.ray_sink`, as trainer rank 0 sends them
-    (:meth:`toolrl.roles.TrainerGroup.push`)."""
+    """The trainer side of a push, in the driver: a model whose weights go to the workers over the
+    object_store transport, as a trainer rank sends them (``send_owned``), one link per worker so a
+    worker that dies or hangs fails its own link only (the trainer group makes new links instead)."""
 
     def __init__(self, path: str, tokenizer: Any, bucket_mb: float) -> None:
         from toolrl import model_sources
@@ -107,14 +108,35 @@ class Trainer:
         self.model.load_state_dict(chain_weights(self.model, self.tokenizer, scale))
         self.scale = scale
 
+    def link(self, receivers: int) -> Any:
+        from toolrl.transports.object_store import ObjectStoreTransport
+
+        transport = ObjectStoreTransport()
+        return transport, transport.open_sender(f"test-{uuid.uuid4().hex[:8]}", 0, receivers, self.timeout_s or 120.0)
+
     async def push(self, targets: Any, version: int | None = None) -> Any:
         from toolrl.roles import WeightPush
-        from toolrl.training.weight_sync import push, ray_sink
+        from toolrl.training.weight_sync import SyncStats, send_owned
 
-        dead: set[int] = set()
-        stats = await asyncio.to_thread(push, self.model, [ray_sink(list(targets), dead, version, self.timeout_s)],
-                                        self.bucket_mb)
-        return WeightPush(stats.as_metrics(), [targets[i] for i in sorted(dead)])
+        async def one(target: Any) -> Any:
+            try:  # a worker dead (or stopped) already: no link waits out its timeout for it
+                await asyncio.wait_for(target.ping.remote(), 5.0)
+            except Exception:
+                return None
+            transport, sender = self.link(1)
+            receive = target.receive_weights.remote(transport, [sender.link], 0, version)
+            try:
+                stats = await asyncio.to_thread(send_owned, self.model, sender, 0, 1, self.bucket_mb)
+                await asyncio.wait_for(receive, sender.link.timeout_s)
+                return stats
+            except Exception:  # the worker died or hung: its link failed
+                return None
+            finally:
+                sender.close()
+
+        results = await asyncio.gather(*(one(t) for t in targets))
+        stats = next((r for r in results if r is not None), SyncStats())
+        return WeightPush(stats.as_metrics(), [t for t, r in zip(targets, results, strict=True) if r is None])
 
 
 @pytest.fixture(scope="module")
@@ -200,32 +222,47 @@ def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
     assert second == pytest.approx([logprob_at(1.5)] * len(second), abs=1e-3)  # the new ones
 
 
-def test_buckets_are_loaded_together_with_the_last_one(setting):
-    """A worker that has some buckets of an update but not the last still decodes on the old weights
-    only; the last bucket brings the whole update and its version."""
-    from toolrl.training.weight_sync import ray_sink
+def test_an_update_is_loaded_whole_between_two_decode_steps(setting):
+    """A worker in the middle of an update (its first bucket in, the stream not ended) holds decoding:
+    a group started then samples only from the whole update, and carries its version; the label does
+    not move before the last bucket."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from toolrl.training.weight_sync import SyncStats, owned_buckets
 
     pool, trainer, gates = setting
     (gates / "open").touch()
     before = versions(pool)
-    dead: set[int] = set()
-    sink = ray_sink(pool.workers, dead, version=before[0] + 1)
-    new = chain_weights(trainer.model, trainer.tokenizer, 1.0)
-    sink({"lm_head.weight": new["lm_head.weight"]}, False)  # the logits' scale, not yet the last bucket
+    trainer.set_scale(1.0)
+    transport, sender = trainer.link(len(pool.workers))
+    receives = [w.receive_weights.remote(transport, [sender.link], i, before[0] + 1) for i, w in enumerate(pool.workers)]
+    resume = threading.Event()
 
-    def run() -> tuple[list[list[float]], list[int]]:
-        [traj] = asyncio.run(pool.run([sample("open")], 1, seed=1, id_prefix="b-"))
-        return turn_logprobs(traj), traj.policy_versions
+    def paused() -> Any:
+        buckets = owned_buckets(trainer.model, 0, 1, 1 << 20, SyncStats())
+        yield next(buckets)
+        resume.wait(120)
+        yield from buckets
 
-    staged, staged_versions = run()
-    assert versions(pool) == before and staged_versions == [before[0]] * 2
-    assert all(lp == pytest.approx(logprob_at(trainer.scale), abs=1e-3) for turn in staged for lp in turn)
-    sink({}, True)
-    assert not dead and versions(pool) == [before[0] + 1] * 2
-    loaded, loaded_versions = run()
-    assert loaded_versions == [before[0] + 1] * 2
-    assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in loaded for lp in turn)
-    trainer.set_scale(1.0)  # the trainer holds what the workers now hold
+    sending = threading.Thread(target=sender.send, args=(paused(),))
+    sending.start()
+    try:
+        # Both workers took the first bucket: each is inside its update.
+        wait_for(lambda: ray.get(sender.mailbox.__ray_call__.remote(lambda box: box.taken.get((0, 0), 0))) == 2)
+        assert versions(pool) == before
+        with ThreadPoolExecutor(1) as group:
+            run = group.submit(asyncio.run, pool.run([sample("open")], 1, seed=1, id_prefix="b-"))
+            time.sleep(2.0)  # the group is started, and waits for the update
+            resume.set()
+            [traj] = run.result(120)
+        ray.get(receives)
+    finally:
+        resume.set()
+        sending.join(120)
+        sender.close()
+    assert versions(pool) == [before[0] + 1] * 2 and traj.policy_versions == [before[0] + 1] * 2
+    assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in turn_logprobs(traj) for lp in turn)
     # A label alone (set_weight_version) moves no weights.
     asyncio.run(pool.set_weight_version(9))
     assert versions(pool) == [9, 9] and pool.weight_version == 9

@@ -36,8 +36,8 @@ RECOVERY_BOUND_S = 120.0  # each recovery, on two shared cores
 
 # The workers' engine: the transformers engine, except that the first weight load after the test
 # arms it (creates $TOOLRL_CHAOS_DIR/arm) takes the arm (an atomic rename, so one worker of the two),
-# says its pid and waits there for the test's SIGKILL: a worker killed in the middle of a push (over
-# broadcast: between two pieces of the stream, its senders mid-transfer).
+# says its pid and waits there for the test's SIGKILL: a worker killed in the middle of a push (between
+# two pieces of the stream, its senders mid-transfer, over any transport).
 PAUSING_ENGINE = """
 import os
 import time
@@ -57,11 +57,7 @@ class PausingEngine(TransformersEngine):
             return
         time.sleep(600)
 
-    def update_weights(self, state_dict):  # the object store's path: the staged buckets loaded at once
-        self.pause()
-        return super().update_weights(state_dict)
-
-    def load_weight_rows(self, name, shape, start, rows):  # a linked transport's: in the middle of the stream
+    def load_weight_rows(self, name, shape, start, rows):  # in the middle of the stream
         self.pause()
         return super().load_weight_rows(name, shape, start, rows)
 """
@@ -204,9 +200,9 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     pushed = [r for r in recoveries if r["what"] == "rollout_worker" and f"(pid {push_pid} on " in r["died"]]
     if pushed or not any(kind == "controller" and after > push_at for after, kind, _, _ in killed):
         (row,) = pushed
-        # Over broadcast the replacement gets them from its live peer worker when that holds them.
-        sources = ("trainer weights", "peer worker") if transport == "broadcast" else ("trainer weights",)
-        assert row["during"].startswith("weight push") and row["source"].startswith(sources), row
+        # Over any transport the replacement gets them from its live peer worker when that holds them.
+        assert row["during"].startswith("weight push") and row["source"].startswith(("trainer weights",
+                                                                                       "peer worker")), row
     if mode == "replace":  # nothing depended on timing: the kills changed no figure and no weight
         assert [_computed(r) for r in rows] == [_computed(r) for r in metrics(tmp_path / "whole")]
         w_want, w_got = weights(tmp_path / "whole", STEPS, tmp_path), weights(out, STEPS, tmp_path)

@@ -1,10 +1,10 @@
-"""Roles without Ray: the module graph has no cycle through the controller, a bucketed weight sync
-reaches an engine with its own copy of the model, and the default bucketed update of an engine."""
+"""Roles without Ray: the module graph has no cycle through the controller, an in-process weight sync
+reaches an engine with its own copy of the model as rows, the engine contract's default row receiver,
+and no role branching on a weight transport's type."""
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,40 +33,36 @@ def test_no_role_imports_the_controller(module):
     assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
 
 
-def test_bucketed_sync_reaches_an_engine_with_its_own_model(tiny_qwen3_path):
-    """Small buckets, an engine that loaded its own copy: every weight arrives, tied ones once, and
-    the peak held is one bucket plus the tensor being added, not the model."""
+def test_an_in_process_sync_reaches_an_engine_with_its_own_model_as_rows(tiny_qwen3_path):
+    """The trainer's weights into an engine that loaded its own copy, as rows (push_local): every weight
+    arrives, tied ones once, and nothing is copied on the way (the rows are the trainer's tensors)."""
     import torch
     from toolrl.engines import ModelSource
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.model_sources import load_model
-    from toolrl.training.weight_sync import push
+    from toolrl.training.weight_sync import push_local
 
     trainer = load_model(tiny_qwen3_path)
     engine = TransformersEngine.create(ModelSource(path=tiny_qwen3_path), {"device": "cpu"})
     with torch.no_grad():
         for p in trainer.parameters():
             p.add_(0.5)
-    calls: list[tuple[list[str], bool]] = []
-
-    def sink(bucket: Mapping[str, Any], last: bool) -> int:
-        calls.append((list(bucket), last))
-        engine.update_weights_bucket(bucket, last)
-        return 0
-
-    stats = push(trainer, [sink], bucket_mb=0.05)
+    names: list[str] = []
+    load = engine.load_weight_rows
+    engine.load_weight_rows = lambda name, *rest: (names.append(name), load(name, *rest))  # type: ignore[method-assign]
+    with engine.updating_weights(1):
+        stats = push_local(trainer, [engine])
     want, got = trainer.state_dict(), engine.model.state_dict()
-    assert all(torch.equal(want[k], got[k]) for k in want)
-    names = [n for names, _ in calls for n in names]
+    assert all(torch.equal(want[k], got[k]) for k in want) and engine.weight_version == 1
     assert len(names) == len(set(names)) and "lm_head.weight" not in names  # tied to the embeddings
-    # The final bucket carries last=True (no empty bucket after it: one call less per sync).
-    assert stats.buckets == len(calls) > 3 and [last for _, last in calls] == [False] * (len(calls) - 1) + [True]
-    assert calls[-1][0]
-    # No copies on CPU: the buckets hold the trainer's own tensors.
     assert stats.peak_bytes == 0 and stats.bytes_sent == sum(p.numel() * 4 for p in trainer.parameters())
 
 
-def test_default_bucketed_update_collects_then_loads_once():
+def test_default_row_receiver_collects_then_loads_once():
+    """An engine that only loads whole tensors (``update_weights``) gets rows assembled by the contract's
+    default, loaded once when the update finishes; a new update starts empty."""
+    import torch
+    from toolrl.engines.weight_rows import load_rows, whole
     from toolrl.testing import ScriptedEngine
 
     class Recorder(ScriptedEngine):
@@ -76,13 +72,14 @@ def test_default_bucketed_update_collects_then_loads_once():
             self.loads.append(dict(state_dict))
 
     engine = Recorder(None, [""])
-    engine.update_weights_bucket({"a": 1}, False)
-    engine.update_weights_bucket({"b": 2}, False)
+    a = torch.arange(6.0).reshape(3, 2)
+    engine.load_weight_rows("a", (3, 2), 0, a[:2])
+    engine.load_weight_rows("a", (3, 2), 2, a[2:])
     assert engine.loads == []
-    engine.update_weights_bucket({}, True)
-    assert engine.loads == [{"a": 1, "b": 2}]
-    engine.update_weights_bucket({"c": 3}, True)  # a new update starts empty
-    assert engine.loads[-1] == {"c": 3}
+    engine.finish_weight_rows()
+    assert list(engine.loads[0]) == ["a"] and torch.equal(engine.loads[0]["a"], a)
+    load_rows([engine], whole({"c": torch.tensor(3.0)}))
+    assert list(engine.loads[-1]) == ["c"] and engine.loads[-1]["c"].item() == 3.0
 
 
 def test_world_size_without_ray_is_a_config_error():
@@ -156,3 +153,35 @@ def test_in_process_roles_satisfy_the_protocols(tiny_qwen3_path):
             await roles.close()
 
     asyncio.run(scenario())
+
+
+def transport_type_branches(source: str) -> list[int]:
+    """Lines of ``source`` that test a value's type against a transport class: ``isinstance``/``issubclass``
+    with a class imported from ``toolrl.transports`` (or named ``*Transport``), or ``type(x)`` compared
+    with one."""
+    tree = ast.parse(source)
+    transports = {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                  and (node.module or "").startswith("toolrl.transports") for a in node.names}
+
+    def names_transport(node: ast.AST) -> bool:
+        parts = node.elts if isinstance(node, ast.Tuple) else [node]
+        named = [p.attr if isinstance(p, ast.Attribute) else getattr(p, "id", "") for p in parts]
+        return any(n in transports or n.endswith("Transport") for n in named)
+
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("isinstance", "issubclass")
+                and len(node.args) == 2 and names_transport(node.args[1])) or (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
+              and getattr(node.left.func, "id", "") == "type" and any(map(names_transport, node.comparators))):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_role_module_branches_on_a_transports_type():
+    """Every weight transport is used the same way (issue #58): no role picks a path by its class."""
+    assert transport_type_branches("from toolrl.transports import LinkedTransport\n"
+                                   "if isinstance(t, LinkedTransport): pass\n"
+                                   "if type(t) is ObjectStoreTransport: pass\n") == [2, 3]
+    roles = Path(__file__).resolve().parents[1] / "core" / "toolrl" / "roles"
+    found = {p.name: lines for p in sorted(roles.glob("*.py")) if (lines := transport_type_branches(p.read_text()))}
+    assert not found, f"role modules branch on a transport's type: {found}"

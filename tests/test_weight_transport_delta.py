@@ -40,7 +40,7 @@ def step(model, seed: int) -> None:
                 p.add_(torch.randn(p.shape, generator=g) * 0.02)
 
 
-@pytest.mark.parametrize("name", ["object_store", *LINKED])
+@pytest.mark.parametrize("name", ["in_process", *LINKED])
 async def test_delta_sends_only_what_changed_and_equals_a_full_sync(name, tiny_qwen3_path, tmp_path):
     model = load_model(tiny_qwen3_path, dtype="float32", device="cpu")
     frozen = "model.embed_tokens.weight"  # tied to the LM head: one tensor, sent once

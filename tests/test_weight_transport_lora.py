@@ -17,16 +17,15 @@ from test_weight_transport import LINKED, PROMPTS, logprobs, transport
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, RolloutEngine
 from toolrl.engines.transformers import TransformersEngine
+from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
 from toolrl.training.lora import apply_lora, iter_adapter_weights
 from toolrl.training.weight_sync import (
     Delta,
     SyncPlan,
     SyncStats,
-    engine_sink,
     prepare_engine,
-    push,
-    receive_into,
+    push_local,
     send_owned,
     sync_plan,
 )
@@ -41,11 +40,11 @@ LOGPROB_ATOL = 1e-5
 def sync(name: str, model: Any, engines: Sequence[RolloutEngine], version: int, plan: SyncPlan, tmp_path: Path,
          deltas: Sequence[Delta | None] = (None, None), key: str = "") -> int:
     """One sync of ``model`` to ``engines`` over transport ``name`` from two senders (ranks 0 and 1),
-    or, for ``object_store``, in buckets through the sinks the object store's path uses in process;
+    or, for ``in_process``, as rows straight into them (the trainer's own process: no transport);
     returns the bytes the senders sent."""
-    if name == "object_store":
+    if name == "in_process":
         with updating(engines, version):
-            return push(model, [engine_sink(e) for e in engines], 0.05, plan=plan, delta=deltas[0]).bytes_sent
+            return push_local(model, engines, plan, deltas[0]).bytes_sent
     kind = transport(name, tmp_path)
     senders = [kind.open_sender(f"{key or name}-{version}-{r}", r, len(engines), 30.0) for r in range(2)]
     stats = [SyncStats(), SyncStats()]
@@ -104,7 +103,7 @@ def engine(path: str, adapters: bool = False) -> TransformersEngine:
     return built
 
 
-@pytest.mark.parametrize("name", ["object_store", *LINKED])
+@pytest.mark.parametrize("name", ["in_process", *LINKED])
 async def test_adapter_only_sync_equals_the_merged_weights_and_sends_only_the_adapters(name, adapted, tiny_qwen3_path,
                                                                                         tmp_path):
     merged, engines = engine(tiny_qwen3_path), [engine(tiny_qwen3_path, adapters=True) for _ in range(2)]
@@ -112,7 +111,7 @@ async def test_adapter_only_sync_equals_the_merged_weights_and_sends_only_the_ad
     try:
         before = await logprobs(engines[0], PROMPTS)
         with updating([merged], 1):
-            push(adapted, [engine_sink(merged)], 0.05)  # the merged path: W + s·B·A under the base names
+            push_local(adapted, [merged])  # the merged path: W + s·B·A under the base names
         sent = sync(name, adapted, engines, 1, SyncPlan(adapters=True), tmp_path)
         want = await logprobs(merged, PROMPTS)
         assert before != want  # the adapters change what the engine samples

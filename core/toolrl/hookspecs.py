@@ -100,8 +100,9 @@ def register_rollout_engines(register: Register) -> None:
     """Register rollout engines: subclasses of :class:`toolrl.engines.RolloutEngine`.
 
     An engine takes prompt token ids and returns generated token ids, per-token logprobs and a
-    finish reason; it batches concurrent requests itself and accepts weight updates from the
-    trainer. ``engine.name`` in a training config selects one.
+    finish reason; it batches concurrent requests itself and takes the trainer's weights as rows
+    (``load_weight_rows``, ``finish_weight_rows``: every transport's, and a full load, a delta or LoRA
+    adapters alike). ``engine.name`` in a training config selects one.
     """
 
 
@@ -216,10 +217,10 @@ def register_context_policies(register: Register) -> None:
 def register_weight_transports(register: Register) -> None:
     """Register weight transports: subclasses of :class:`toolrl.transports.WeightTransport`.
 
-    A transport moves a weight sync's bytes from the trainer ranks to the engines. A
-    :class:`~toolrl.transports.LinkedTransport` opens one link per trainer rank to every engine's
-    receiver (``open_sender`` on the rank, ``open_receiver`` on each engine's side) and streams
-    packed buckets over it: each rank sends the shards it owns. ``trainer.weight_transport: NAME``
+    A transport moves a weight sync's bytes from the trainer ranks to the engines. Each is a
+    :class:`~toolrl.transports.LinkedTransport` (the built-ins all are): it opens one link per trainer
+    rank to every engine's receiver (``open_sender`` on the rank, ``open_receiver`` on each engine's
+    side) and streams packed buckets over it: each rank sends the shards it owns. ``trainer.weight_transport: NAME``
     selects one, its ``Options`` pydantic model types ``trainer.weight_transport_options``; the
     built-ins are ``object_store`` (the default), ``broadcast``, ``shared_memory`` and ``disk``
     (``docs/weights.md``). :func:`toolrl.testing.transports.check_weight_transport` checks one.

@@ -86,21 +86,9 @@ class EngineOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class BucketStager:
-    """The buckets of one weight update, held until the last one arrives: loading each bucket as it
-    comes would let the decode steps in between run on half-updated weights. Holds one copy of the
-    weights while an update is in flight."""
-
-    def __init__(self) -> None:
-        self._staged: dict[str, Any] = {}
-
-    def add(self, bucket: Mapping[str, Any], last: bool) -> dict[str, Any] | None:
-        """Stage ``bucket``; with the last one, every staged tensor (and the stage starts empty again)."""
-        self._staged.update(bucket)
-        if not last:
-            return None
-        staged, self._staged = self._staged, {}
-        return staged
+def rows_of(tensor: Any, start: int, rows: int) -> Any:
+    """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
+    return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
 
 
 class RolloutEngine(ABC):
@@ -143,18 +131,9 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Load new weights from the trainer (a no-op when the engine shares the trainer's module)."""
-
-    def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
-        """One piece of a weight update sent in buckets (``last``: the final piece, possibly empty).
-        This default stages the pieces and calls :meth:`update_weights` once on the last; engines
-        that can load tensors in place override it and keep no copy."""
-        if (staged := self._bucket_stager.add(bucket, last)) is not None:
-            self.update_weights(staged)
-
-    @functools.cached_property
-    def _bucket_stager(self) -> BucketStager:
-        return BucketStager()
+        """Load whole tensors (a no-op for those the engine shares with the trainer): where the default
+        :meth:`finish_weight_rows` puts the rows it assembled. Weights reach an engine as rows
+        (:meth:`load_weight_rows`), never through this directly."""
 
     def weight_tensors(self) -> Mapping[str, Any] | None:
         """The engine's weights by the names :meth:`load_weight_rows` takes, read in place (tied ones
@@ -172,21 +151,17 @@ class RolloutEngine(ABC):
         raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
 
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
-        """Rows ``start ..`` (dim 0) of weight ``name`` (whole: ``shape``) from a weight transport
-        (:mod:`toolrl.transports`), inside :meth:`updating_weights`; several senders may call it at
-        once, for different rows. ``rows`` is valid only during the call. This default assembles whole
-        tensors and loads them all in :meth:`finish_weight_rows`; engines that can write their weights
-        in place override both and keep no copy."""
+        """The one way weights reach an engine: rows ``start ..`` (dim 0) of weight ``name`` (whole:
+        ``shape``), inside :meth:`updating_weights`, then :meth:`finish_weight_rows`. A full load, a
+        bucket of one, a delta and LoRA adapters are all rows (:mod:`toolrl.engines.weight_rows`);
+        several senders may call it at once, for different rows. ``rows`` is valid only during the
+        call. This default assembles whole tensors and loads them all in :meth:`finish_weight_rows`;
+        engines that can write their weights in place override both and keep no copy."""
         with self._rows_staged[0]:
             staged = self._rows_staged[1]
             if name not in staged:
                 staged[name] = rows.new_empty(tuple(shape))
-            self.rows_of(staged[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
-
-    @staticmethod
-    def rows_of(tensor: Any, start: int, rows: int) -> Any:
-        """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
-        return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
+            rows_of(staged[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
 
     def finish_weight_rows(self) -> None:
         """Every row of the update is in: load what :meth:`load_weight_rows` assembled."""

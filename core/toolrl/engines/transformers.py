@@ -40,7 +40,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.engines import (
+    FinishReason,
+    Generation,
+    ModelSource,
+    RolloutEngine,
+    SamplingParams,
+    check_request,
+    rows_of,
+)
 from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
 from toolrl.seeds import sample_seed
 from toolrl.trajectory import RoutedExperts
@@ -269,18 +277,18 @@ class TransformersEngine(RolloutEngine):
                 target.copy_(value)
             self._invalidate_sessions()
 
-    def update_weights_bucket(self, bucket: Mapping[str, Any], last: bool) -> None:
-        self.update_weights(bucket)  # copies in place: nothing is kept between buckets
-
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
-        # In place, straight from the transport's buffer; updating_weights holds decoding meanwhile.
+        # In place, straight from the sender's tensor or the transport's buffer (nothing to copy from a
+        # module shared with the trainer); updating_weights holds decoding meanwhile.
         own = self._weights_by_name
         if name not in own:
-            raise KeyError(f"a weight transport sent {name!r}, which the model does not have")
+            raise KeyError(f"a weight update sent {name!r}, which the model does not have")
         if tuple(own[name].shape) != tuple(shape):
-            raise ValueError(f"a weight transport sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
-        with torch.no_grad():
-            self.rows_of(own[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
+            raise ValueError(f"a weight update sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
+        target = rows_of(own[name], start, rows.shape[0] if rows.dim() else 1)
+        if rows is not target and (rows.data_ptr(), rows.shape) != (target.data_ptr(), target.shape):
+            with torch.no_grad():
+                target.copy_(rows)
 
     def finish_weight_rows(self) -> None:
         """Nothing is staged: the rows were written in place (sessions are dropped by updating_weights)."""

@@ -116,7 +116,7 @@ class WeightTransportsPlugin:
 
     @hookimpl
     def register_weight_transports(self, register: Register) -> None:
-        register("toolrl.transports:ObjectStoreTransport", name="object_store")
+        register("toolrl.transports.object_store:ObjectStoreTransport", name="object_store")
         register("toolrl.transports.broadcast:BroadcastTransport", name="broadcast")
         register("toolrl.transports.shared_memory:SharedMemoryTransport", name="shared_memory")
         register("toolrl.transports.disk:DiskTransport", name="disk")

@@ -14,13 +14,13 @@ worker with the same seeds. Each replacement that comes up is one row for ``reco
 served, where that runs).
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
-or in buckets from the trainer ranks (:mod:`toolrl.training.weight_sync`; the controller sends them to
-:meth:`~RolloutWorkerPool.weight_targets` and has the dead ones replaced), also while they generate: a
-worker stages the buckets and loads them into its engine together on the last one, so a decode step
-runs on the old weights or the new ones, never a mix, and the engine's ``weight_version`` becomes the
-version the last bucket carried. A replacement gets the trainer's weights (``weights_from``) once up:
-over a linked transport from a live peer worker that holds them (:meth:`RolloutWorker.send_peer_weights`),
-else from the trainer.
+or from the trainer ranks over the run's weight transport (:mod:`toolrl.training.weight_sync`; the
+controller sends them to :meth:`~RolloutWorkerPool.weight_targets` and has the dead ones replaced),
+also while they generate: either way they reach the engine as rows (:mod:`toolrl.engines.weight_rows`)
+while it holds decoding, so a decode step runs on the old weights or the new ones, never a mix, and the
+engine's ``weight_version`` becomes the version the update carried. A replacement gets the trainer's
+weights (``weights_from``) once up: over the same transport from a live peer worker that holds them
+(:meth:`RolloutWorker.send_peer_weights`), else from the trainer.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
 limiter (:class:`toolrl.tools.ratelimit.RayRateLimiter`) are one instance for all of them.
@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
-from toolrl.engines import BucketStager
+from toolrl.engines.weight_rows import load_rows, receive_into, whole
 from toolrl.model_sources import model_path
 from toolrl.roles.in_process import build_rollouts, seed_everything
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
 from toolrl.schemas import Sample
-from toolrl.training.weight_sync import PackedBucket, receive_into, send_engine_weights
+from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
 
@@ -64,14 +64,13 @@ class RolloutWorker:
     Built with ``ray.remote(RolloutWorker)`` by the pool; the config travels as a plain mapping and is
     validated again here. Samples come from the driver, so the worker never reads data files. An
     async actor: the groups it is sent run concurrently on its event loop (Ray allows 1000 calls in
-    flight by default), bounded by ``rollout.max_concurrent_trajectories``, and weight buckets
-    arrive between them.
+    flight by default), bounded by ``rollout.max_concurrent_trajectories``, and weights arrive between
+    them.
     """
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
         self._rollouts: Any = None  # toolrl.roles.in_process.Rollouts once set up
-        self._staged = BucketStager()  # buckets of a weight update in flight
         self._links: list[Link] = []  # a linked weight transport's links, joined by _receivers
         self._receivers: list[Any] = []
         self._peer_sender: Any = None  # the sending end of a link to a new worker (open_peer_link)
@@ -127,11 +126,6 @@ class RolloutWorker:
     async def update_weights(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         # In a thread: the engine waits for its running step, and the loop keeps serving the groups.
         await asyncio.to_thread(self._load, state_dict, version)
-
-    async def update_weights_bucket(self, bucket: PackedBucket, last: bool, version: int | None = None) -> None:
-        """Stage ``bucket``; on the last one load every staged tensor at once, as ``version``."""
-        if (staged := self._staged.add(bucket.tensors(), last)) is not None:
-            await self.update_weights(staged, version)
 
     async def receive_weights(self, transport: LinkedTransport, links: Sequence[Link], index: int,
                               version: int | None = None) -> int:
@@ -197,7 +191,7 @@ class RolloutWorker:
         engine = self._rollouts.engine
         with engine.updating_weights(engine.weight_version if version is None else version):
             if state_dict:
-                engine.update_weights(state_dict)
+                load_rows([engine], whole(state_dict))
 
     async def close(self) -> None:
         self._close_receivers()
@@ -358,11 +352,11 @@ class RolloutWorkerPool:
         return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor, "setup"))
 
     async def _weights_from_peer(self, slot: _Slot, actor: Any) -> str | None:
-        """A new worker's weights from a live peer over the trainer's linked transport, when a peer
+        """A new worker's weights from a live peer over the trainer's weight transport, when a peer
         holds the current version: where they came from (for the record), or None: the trainer sends
-        them (no linked transport, no peer at that version, or the transfer failed)."""
-        transport = getattr(self.weights_from, "transport", None)
-        if not isinstance(transport, LinkedTransport):
+        them (no peer at that version, or the transfer failed)."""
+        transport = getattr(self.weights_from, "transport", None)  # None: a trainer group without one (tests)
+        if transport is None:
             return None
         timeout_s, bucket_mb = self.config.trainer.weight_push_timeout_s, self.config.trainer.weight_sync_bucket_mb
         for peer in [s for s in self._slots if s is not slot and s.info is not None]:

@@ -27,7 +27,7 @@ from toolrl.roles.ray_actors import ActorDied, result
 from toolrl.roles.recovery import RankDied, ReformingGroup, TrainerFailed
 from toolrl.roles.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
-from toolrl.transports import Link, LinkedTransport, build_transport
+from toolrl.transports import Link, build_transport
 
 __all__ = ["LocalTrainer", "RayTrainerGroup", "TrainerFailed"]
 
@@ -55,7 +55,7 @@ class LocalTrainer:
             with contextlib.ExitStack() as updating:
                 for engine in targets:
                     updating.enter_context(engine.updating_weights(engine.weight_version if version is None else version))
-                return self.rank.push_to_engines(targets, self.rank.config.trainer.weight_sync_bucket_mb)
+                return self.rank.push_to_engines(targets)
 
         return WeightPush(await asyncio.to_thread(push))
 
@@ -126,27 +126,12 @@ class RayTrainerGroup(ReformingGroup):
 
     async def push(self, targets: Sequence[Any], version: int | None = None) -> WeightPush:
         """Weights to the rollout-worker actors ``targets`` (also while they generate), labelled
-        ``version`` (None: the workers keep their label); rank 0 sends, every rank gathers. A worker
-        that takes longer than ``trainer.weight_push_timeout_s`` over a bucket counts as dead. Over a
-        linked transport (``trainer.weight_transport``): :meth:`_push_linked`."""
-        if isinstance(self.transport, LinkedTransport):
-            return await self._push_linked(list(targets), version)
-        bucket_mb = self.config.trainer.weight_sync_bucket_mb
-        timeout_s = self.config.trainer.weight_push_timeout_s
-
-        async def attempt() -> list[Any]:
-            return await self._all([r.push_weights.remote(list(targets), bucket_mb, version, timeout_s)
-                                    for r in self.ranks], "weight sync")
-
-        results = await self._recovering("weight sync", attempt)
-        return WeightPush({"weight_sync_s": results[0]["weight_sync_s"],
-                           "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in results)},
-                          [targets[i] for i in results[0]["dead"]])
-
-    async def _push_linked(self, targets: list[Any], version: int | None) -> WeightPush:
-        """Every rank sends the shards it owns over its own link to all ``targets`` at once. A
-        transfer that fails (a worker died or stalled past ``trainer.weight_push_timeout_s``; every
-        link ends within it) is made once more, on new links, to the workers still alive."""
+        ``version`` (None: the workers keep their label), over the run's weight transport
+        (``trainer.weight_transport``): every rank sends the shards it owns over its own link to all
+        ``targets`` at once. A transfer that fails (a worker died or stalled past
+        ``trainer.weight_push_timeout_s``; every link ends within it) is made once more, on new links,
+        to the workers still alive."""
+        targets = list(targets)
         dead: list[Any] = []
         failure = ""
         for _ in range(2):
@@ -166,6 +151,10 @@ class RayTrainerGroup(ReformingGroup):
         """One transfer over the ranks' links (opened anew when the ranks, the transport or the targets changed):
         the sync's metrics, the targets found dead, and why it failed ("" when it did not)."""
         timeout_s = self.config.trainer.weight_push_timeout_s
+        gone = await _gone(targets)  # no link waits out its timeout for a receiver already dead
+        targets = [t for t in targets if not any(t is g for g in gone)]
+        if not targets:
+            return {"weight_sync_s": 0.0, "weight_sync_peak_mb": 0.0}, gone, ""
         joined = (self._generation, id(self.transport), tuple(id(t) for t in targets))  # another transport: new links
         if self._links is None or self._links[0] != joined:
             key = uuid.uuid4().hex[:12]
@@ -181,8 +170,8 @@ class RayTrainerGroup(ReformingGroup):
         finally:
             for fut in receives:
                 fut.cancel()
-        dead = [t for t, fut in zip(targets, receives, strict=True)
-                if fut not in done or isinstance(fut.exception(), ActorDied)]
+        dead = gone + [t for t, fut in zip(targets, receives, strict=True)
+                       if fut not in done or isinstance(fut.exception(), ActorDied)]
         errors = [r["error"] for r in sent if r.get("error")]
         errors += [str(f.exception()) for f in receives if f in done and f.exception() is not None]
         return ({"weight_sync_s": max(r["weight_sync_s"] for r in sent),
@@ -246,6 +235,21 @@ class RayTrainerGroup(ReformingGroup):
             info = self.infos[rank]
             return f" (pid {info['pid']} on {info['host']})"
         return ""
+
+
+# How long a weight sync waits for its targets to say they are alive: a dead actor's call fails at once,
+# and one that does not answer in time (stalled) is left to the transfer's timeout.
+PING_S = 5.0
+
+
+async def _gone(targets: Sequence[Any]) -> list[Any]:
+    """The rollout-worker actors among ``targets`` that are already dead, asked together."""
+    pings = [asyncio.ensure_future(result(t.ping.remote(), t)) for t in targets]
+    await asyncio.wait(pings, timeout=PING_S)
+    for ping in pings:
+        ping.cancel()
+    return [t for t, ping in zip(targets, pings, strict=True)
+            if ping.done() and not ping.cancelled() and isinstance(ping.exception(), ActorDied)]
 
 
 # A rank whose peer died raises from its collective ("Connection closed by peer") before Ray reports

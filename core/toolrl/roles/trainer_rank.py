@@ -25,7 +25,7 @@ from toolrl.roles import rank_state
 from toolrl.roles.in_process import seed_everything
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
-from toolrl.training.weight_sync import Delta, engine_sink, push, ray_sink, send_owned, sync_plan
+from toolrl.training.weight_sync import Delta, push_local, send_owned, sync_plan
 from toolrl.trajectory import Trajectory
 from toolrl.transports import TransportError
 
@@ -50,7 +50,7 @@ class TrainerRank:
         self.held: dict[int, list[Any]] = {}  # step -> other ranks' copies kept on this node (hold_copies)
         self.link: Any = None  # this rank's sending end of a weight transport's link
         self.sync_plan: Any = None  # what a weight sync sends (toolrl.training.weight_sync.SyncPlan)
-        # Delta sync: what the current receivers hold, and who they are (object store: the workers' ids).
+        # Delta sync: what the current receivers hold, and who they are (a link's key; in process, the engines).
         self.delta: Any = None
         self.delta_receivers: tuple[str, ...] = ()
 
@@ -167,19 +167,6 @@ class TrainerRank:
 
     # ----------------------------------------------------------------- weights out
 
-    def push_weights(self, workers: Sequence[Any], bucket_mb: float, version: int | None = None,
-                     timeout_s: float | None = None) -> dict[str, Any]:
-        """Send the weights to rollout-worker actors (rank 0 sends, every rank gathers), labelled
-        ``version`` (None: the workers keep their label); returns the sync's metrics and the indexes
-        of workers found dead (or taking longer than ``timeout_s`` over a bucket: hung)."""
-        dead: set[int] = set()
-        send = self.rank == 0
-        self._delta_for(tuple(str(w._actor_id) for w in workers))
-        stats = push(self.model, [ray_sink(workers, dead, version, timeout_s)] if send else [], bucket_mb, send=send,
-                     plan=self.sync_plan, delta=self.delta)
-        self._delta_done(not dead)
-        return {**stats.as_metrics(), "dead": sorted(dead)}
-
     def open_weight_link(self, transport: Any, key: str, receivers: int, timeout_s: float) -> Any:
         """This rank's end of a new link over ``transport`` (a :class:`toolrl.transports.LinkedTransport`)
         to ``receivers`` engines (the link before closed); what the receivers need to join it."""
@@ -201,10 +188,11 @@ class TrainerRank:
         self._delta_done(True)
         return stats.as_metrics()
 
-    def push_to_engines(self, engines: Sequence[Any], bucket_mb: float) -> dict[str, float]:
-        """Send the weights to engines in this process (a no-op copy for an engine sharing the module)."""
+    def push_to_engines(self, engines: Sequence[Any]) -> dict[str, float]:
+        """The weights as rows into engines in this process (nothing copied for an engine sharing the
+        module), which the caller holds in ``updating_weights``."""
         self._delta_for(tuple(str(id(e)) for e in engines))
-        stats = push(self.model, [engine_sink(e) for e in engines], bucket_mb, plan=self.sync_plan, delta=self.delta)
+        stats = push_local(self.model, engines, self.sync_plan, self.delta)
         self._delta_done(True)
         return stats.as_metrics()
 

@@ -6,7 +6,7 @@ functions that raise ``AssertionError`` saying what to fix (async: await them in
   logprob the engine reports for each token is the reference's log-softmax at that position.
 - :func:`check_engine_cancellation`: a request cancelled mid-generation leaves the engine serving the
   others, which give what they give alone.
-- :func:`check_engine_weight_update`: after ``update_weights`` with changed weights, generations
+- :func:`check_engine_weight_update`: after changed weights loaded as rows, generations
   follow the new weights (token-exact against the reference on them).
 
 :func:`check_engine_contract` runs the three. A check that cannot hold for an engine by design (an
@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.engines.weight_rows import load_rows, whole
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 BESIDE = SamplingParams(temperature=0.0, max_new_tokens=64)  # requests running beside a cancelled one
@@ -80,8 +81,9 @@ async def check_engine_cancellation(engine: RolloutEngine, prompts: Sequence[Seq
 
 async def check_engine_weight_update(engine: RolloutEngine, model: Any, prompts: Sequence[Sequence[int]],
                                      change: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
-    """``update_weights`` with changed weights (default: noise on every MLP down-projection) makes the
-    engine generate what the model with those weights generates. ``model`` is changed in place to be
+    """Changed weights (default: noise on every MLP down-projection) loaded as rows, the one way weights
+    reach an engine (``load_weight_rows``, ``finish_weight_rows``), make the engine generate what the
+    model with those weights generates. ``model`` is changed in place to be
     that reference: give the engine its own copy of the weights (not a shared module)."""
     import torch
 
@@ -90,7 +92,7 @@ async def check_engine_weight_update(engine: RolloutEngine, model: Any, prompts:
     with torch.no_grad():
         model.load_state_dict(new, strict=False)
     with engine.updating_weights(engine.weight_version + 1):
-        engine.update_weights(new)
+        load_rows([engine], whole(new))
     await check_engine_logprobs(engine, model, prompts)
 
 

@@ -1,19 +1,12 @@
-"""Weights from the trainer to the engines, in buckets.
+"""What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.engines.weight_rows`.
 
-Every rank walks the model's state in the same order; a sharded (DTensor) entry is gathered with
-``full_tensor()`` (a collective, so every rank takes part), rank 0 keeps it in the current bucket and
-the others drop it at once. A full bucket (``bucket_mb``) is handed to the sinks and freed before the
-next one fills, so no rank ever holds a second full copy of the model: the extra memory is one
-bucket plus the tensor being gathered. Tied tensors are sent once, under their first name.
-
-A sink is a callable ``(bucket, last)``: an engine in this process (:func:`engine_sink`), or one that
-sends the bucket to rollout workers (:func:`ray_sink`), which may be generating meanwhile: they stage
-the buckets (:class:`toolrl.engines.BucketStager`) and load them together on the last one, which carries the
-weights' version.
-
-Over a linked transport (:mod:`toolrl.transports`) no rank gathers: each sends what it owns
-(:func:`owned_buckets`, :func:`send_owned`) and each engine takes every rank's link at once
-(:func:`receive_into`), writing the rows in place.
+Every rank walks the model's state in the same order and sends, over its own link of the run's weight
+transport (:mod:`toolrl.transports`, the object store's as much as any other), the rows it owns
+(:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows (FSDP2's ``Shard(0)``) its
+shard, read in place; any other whole by one rank, round-robin. No rank sends the whole model, and a
+rank holds the transport's two bucket buffers at most. In the trainer's own process the same rows go
+straight into the engines there (:func:`push_local`: nothing copied for an engine sharing the module).
+Tied tensors are sent once, under their first name.
 
 What travels (:class:`SyncPlan`, decided once per run by :func:`sync_plan`): under LoRA, to an engine
 that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
@@ -24,29 +17,24 @@ receivers' last completed sync (:class:`Delta`).
 from __future__ import annotations
 
 import functools
-import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import Config, ConfigError, field_where
+from toolrl.engines.weight_rows import Rows, load_rows
 from toolrl.plugins.parts import lookup_part
 from toolrl.training import lora
-from toolrl.transports import ALIGN, Bucket, BucketHeader, Load, RowPiece, WeightReceiver, WeightSender
-
-# (bucket, last) -> bytes the sink itself holds while the bucket is in flight (e.g. an object-store copy).
-Sink = Callable[[Mapping[str, Any], bool], int]
+from toolrl.transports import ALIGN, Bucket, BucketHeader, RowPiece, WeightSender
 
 
 @dataclass
 class SyncStats:
     seconds: float = 0.0
-    peak_bytes: int = 0  # most bytes held at once for the sync (bucket + tensor being gathered)
+    peak_bytes: int = 0  # most bytes held at once for the sync (bucket buffers, or a merged copy)
     buckets: int = 0
     bytes_sent: int = 0
-    held: int = 0  # bytes of copies in the current bucket
 
     def as_metrics(self) -> dict[str, float]:
         return {"weight_sync_s": self.seconds, "weight_sync_peak_mb": self.peak_bytes / 2**20}
@@ -171,44 +159,6 @@ def _wanted(name: str, own: Any, delta: Delta | None) -> bool:
     return delta is None or own is None or delta.changed(name, own, agree=True)
 
 
-# A sharded tensor of at most this many bytes is gathered together with others, up to GATHER_BATCH
-# bytes in one all-gather: one collective per tensor costs a round trip each (420 adapters of a LoRA
-# model), while a large tensor alone keeps the extra memory at one tensor.
-GATHER_SMALL = 4 << 20
-GATHER_BATCH = 16 << 20
-
-
-def _gathered(entries: Iterable[tuple[str, Any, Any]], delta: Delta | None,
-              stats: SyncStats) -> Iterator[tuple[str, Any]]:
-    """``(name, whole tensor)`` of the entries delta wants, in their order, sharded ones gathered: small
-    row-sharded ones of one mesh batched (:func:`gather_rows`), any other alone (``full_tensor()``).
-    A collective: every rank walks the same entries."""
-    batch: list[tuple[str, Any]] = []
-    size = 0
-
-    def flush() -> Iterator[tuple[str, Any]]:
-        nonlocal batch, size
-        if batch:
-            whole = gather_rows([t for _, t in batch])
-            stats.peak_bytes = max(stats.peak_bytes, stats.held + 2 * size)  # the gathered bytes and their copy
-            yield from zip([n for n, _ in batch], whole, strict=True)
-        batch, size = [], 0
-
-    for name, tensor, source in entries:
-        if not _wanted(name, source, delta):
-            continue
-        nbytes = tensor.numel() * tensor.element_size()
-        if _row_sharded(tensor) and nbytes <= GATHER_SMALL:
-            if batch and (size + nbytes > GATHER_BATCH or tensor.device_mesh != batch[0][1].device_mesh):
-                yield from flush()
-            batch.append((name, tensor))
-            size += nbytes
-            continue
-        yield from flush()
-        yield name, _full(tensor)
-    yield from flush()
-
-
 def _full(tensor: Any) -> Any:
     """``tensor`` whole and detached (a sharded one gathered: a collective)."""
     if not hasattr(tensor, "full_tensor"):
@@ -219,173 +169,15 @@ def _full(tensor: Any) -> Any:
         return tensor.full_tensor()
 
 
-def gather_rows(tensors: Sequence[Any]) -> list[Any]:
-    """Row-sharded ``DTensor`` s (FSDP2's ``Shard(0)``) of one 1-D mesh, whole on every rank, with one
-    all-gather of their local rows packed as bytes (each rank's rows padded to the ``ceil(rows /
-    ranks)`` every rank but the last holds); equal to ``full_tensor()`` of each, byte for byte."""
-    import torch
-    import torch.distributed as dist
-
-    world = tensors[0].device_mesh.size()
-    parts, spans = [], []
-    for t in tensors:
-        local = t.to_local().detach().contiguous().reshape(-1).view(torch.uint8)
-        per = _rows_per_rank(t)
-        row = math.prod(t.shape[1:]) * t.element_size()
-        parts.append(local)
-        if per * row > local.numel():
-            parts.append(local.new_zeros(per * row - local.numel()))
-        spans.append((per, row))
-    mine = torch.cat(parts)
-    out = mine.new_empty(world * mine.numel())
-    # all_gather_single: all_gather_into_tensor's name from torch 2.13 on (the old one warns there).
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, mine, group=tensors[0].device_mesh.get_group())
-    ranks = out.view(world, -1)
-    whole, offset = [], 0
-    for t, (per, row) in zip(tensors, spans, strict=True):
-        rows = [ranks[r, offset:offset + max(0, min(per, t.shape[0] - r * per)) * row] for r in range(world)]
-        whole.append(torch.cat(rows).view(t.dtype).view(tuple(t.shape)))
-        offset += per * row
-    return whole
-
-
-def iter_buckets(model: Any, bucket_bytes: int, stats: SyncStats, *, keep: bool = True,
-                 device: str = "cpu", plan: SyncPlan = SyncPlan(),
-                 delta: Delta | None = None) -> Iterator[tuple[dict[str, Any], bool]]:
-    """``model``'s weights as engines load them (parameters and persistent buffers under the base
-    model's names, LoRA merged in; only the adapters, or only what changed, as ``plan`` and ``delta``
-    say) as ``(bucket, last)``: buckets of at most ``bucket_bytes`` (a larger tensor travels alone), on
-    ``device``, the final one marked. With ``keep=False`` (ranks other than the sender) gathered
-    tensors are dropped and nothing is yielded."""
-    bucket: dict[str, Any] = {}
-    entries, own = _engine_entries(model, plan, delta)
-    for name, tensor in _gathered(entries, delta, stats):
-        moved = tensor.to(device)
-        copied = moved.data_ptr() not in own
-        nbytes = moved.numel() * moved.element_size()
-        stats.peak_bytes = max(stats.peak_bytes, stats.held + (nbytes if copied else 0))
-        if not keep:
-            continue
-        if bucket and stats.held + nbytes > bucket_bytes:
-            yield bucket, False  # this tensor goes in the next one: not the last
-            bucket, stats.held = {}, 0
-        bucket[name] = moved
-        stats.held += nbytes if copied else 0
-        stats.bytes_sent += nbytes
-    if bucket:
-        yield bucket, True
-
-
-def push(model: Any, sinks: Sequence[Sink], bucket_mb: float, *, send: bool = True, device: str = "cpu",
-         plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> SyncStats:
-    """Send ``model``'s weights (what ``plan`` and ``delta`` say) to every sink in buckets;
-    ``send=False`` on ranks that only take part in the gathers. Each sink gets ``last=True`` with the
-    final bucket (an empty one when nothing travels: delta, nothing written). The caller commits
-    ``delta`` once every sink took the sync."""
-    stats = SyncStats()
-    t0 = time.perf_counter()
-    ended = False
-    for bucket, last in iter_buckets(model, int(bucket_mb * 2**20), stats, keep=send, device=device, plan=plan,
-                                     delta=delta):
-        for sink in sinks:
-            stats.peak_bytes = max(stats.peak_bytes, stats.held + sink(bucket, last))
-        stats.buckets += 1
-        ended = last
-        del bucket
-    if send and not ended:
-        for sink in sinks:
-            sink({}, True)
-    stats.seconds = time.perf_counter() - t0
-    return stats
-
-
-def engine_sink(engine: Any) -> Sink:
-    """A sink into an engine in this process (:meth:`~toolrl.engines.RolloutEngine.update_weights_bucket`:
-    a no-op copy for an engine sharing the trainer's module)."""
-
-    def sink(bucket: Mapping[str, Any], last: bool) -> int:
-        engine.update_weights_bucket(bucket, last)
-        return 0
-
-    return sink
-
-
-def ray_sink(workers: Sequence[Any], dead: set[int], version: int | None = None,
-             timeout_s: float | None = None) -> Sink:
-    """A sink that puts each bucket in Ray's object store once and sends it to every live worker
-    (:meth:`toolrl.roles.rollout_workers.RolloutWorker.update_weights_bucket`), waiting for all before the next
-    bucket (``timeout_s`` at most: a worker still busy with it then is hung); the last one carries
-    ``version``. A worker that dies or hangs is recorded in ``dead`` (by index) and skipped from then on;
-    the controller has the rollout group replace it, and the replacement is sent the weights once up."""
-    import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
-
-    def sink(bucket: Mapping[str, Any], last: bool) -> int:
-        ref = ray.put(PackedBucket.pack(bucket))
-        live = [i for i in range(len(workers)) if i not in dead]
-        calls = [workers[i].update_weights_bucket.remote(ref, last, version if last else None) for i in live]
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for i, call in zip(live, calls):
-            try:
-                ray.get(call, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except (RayActorError, GetTimeoutError):
-                dead.add(i)
-        del ref
-        # The object store held one more copy of the bucket while it was in flight (and the small
-        # tensors' packed copy on the way there).
-        nbytes = [v.numel() * v.element_size() for v in bucket.values()]
-        return sum(nbytes) + sum(n for n in nbytes if n <= PACK_SMALL)
-
-    return sink
-
-
-# A bucket's tensors of at most this many bytes travel through the object store packed into one byte
-# tensor: Ray serialises each tensor of a dict as a buffer of its own, which for the 420 adapters of a
-# LoRA model costs several times their bytes' copy. Larger ones travel as they are (no second copy).
-PACK_SMALL = 1 << 20
-
-
-@dataclass
-class PackedBucket:
-    """A bucket as it travels through Ray's object store: its small tensors packed into ``data`` (as
-    ``header``, a :class:`BucketHeader` as JSON, says: pickling the model costs more than its bytes),
-    the others in ``whole``."""
-
-    header: str
-    data: Any
-    whole: dict[str, Any]
-
-    @classmethod
-    def pack(cls, bucket: Mapping[str, Any]) -> PackedBucket:
-        import torch
-
-        small = [(n, tuple(t.shape), 0, t) for n, t in bucket.items() if t.numel() * t.element_size() <= PACK_SMALL]
-        packed = next(_packed(small, 1 << 62, SyncStats()), None)
-        if packed is None:
-            return cls(BucketHeader(pieces=[], nbytes=0).model_dump_json(), None, dict(bucket))
-        data = torch.empty(packed.header.nbytes, dtype=torch.uint8)
-        packed.fill(data)
-        packed_names = {piece.name for piece in packed.header.pieces}
-        return cls(packed.header.model_dump_json(), data, {n: t for n, t in bucket.items() if n not in packed_names})
-
-    def tensors(self) -> dict[str, Any]:
-        """The bucket's tensors by name (the small ones views into ``data``)."""
-        pieces = BucketHeader.model_validate_json(self.header).pieces
-        return {**{p.name: p.view(self.data) for p in pieces}, **self.whole}
-
-
-# ----------------------------------------------------------------- over a linked transport
-
-
 def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = SyncPlan(),
-                   delta: Delta | None = None) -> Iterator[tuple[str, tuple[int, ...], int, Any]]:
-    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends over its link
-    (what ``plan`` and ``delta`` say): of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it
-    holds, read in place; any other (replicated, or under LoRA merged with its adapters: gathered by
-    every rank, a collective) whole by one rank, round-robin. Tied tensors are sent once."""
+                   delta: Delta | None = None, stats: SyncStats | None = None) -> Iterator[Rows]:
+    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends (what ``plan``
+    and ``delta`` say): of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it holds, read in
+    place; any other (replicated, or under LoRA merged with its adapters: gathered by every rank, a
+    collective) whole by one rank, round-robin. Tied tensors are sent once. ``stats``: the largest
+    copy made (a gathered or merged tensor) as the peak."""
     whole = 0
-    entries, _ = _engine_entries(model, plan, delta)
+    entries, own = _engine_entries(model, plan, delta)
     for name, tensor, source in entries:
         if _row_sharded(tensor):
             local = tensor.to_local()
@@ -398,6 +190,8 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
         if not _wanted(name, source, delta):
             continue
         tensor = _full(tensor)  # a sharded one: every rank takes part, in the same order
+        if stats is not None and tensor.data_ptr() not in own:
+            stats.peak_bytes = max(stats.peak_bytes, tensor.numel() * tensor.element_size())
         if mine:
             yield name, tuple(tensor.shape), 0, tensor
 
@@ -421,7 +215,7 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
     return _packed(_owned_weights(model, rank, world_size, plan, delta), bucket_bytes, stats)
 
 
-def _packed(weights: Iterable[tuple[str, tuple[int, ...], int, Any]], bucket_bytes: int,
+def _packed(weights: Iterable[Rows], bucket_bytes: int,
             stats: SyncStats) -> Iterator[Bucket]:
     """``(name, whole shape, first row, rows)`` pieces packed into buckets of at most ``bucket_bytes``."""
     pieces: list[RowPiece] = []
@@ -492,24 +286,18 @@ def send_engine_weights(engine: Any, sender: WeightSender, bucket_mb: float) -> 
     return stats
 
 
-def engine_loader(engine: Any) -> Load:
-    """A receiver's ``load``: each piece written into ``engine`` (:meth:`~toolrl.engines.RolloutEngine.load_weight_rows`)."""
+def push_local(model: Any, engines: Sequence[Any], plan: SyncPlan = SyncPlan(), delta: Delta | None = None) -> SyncStats:
+    """The weights (what ``plan`` and ``delta`` say) as rows straight into ``engines``, in this process
+    (one rank: no link, no bucket; an engine sharing the trainer's module copies nothing), held by the
+    caller in ``updating_weights``. The caller commits ``delta``."""
+    stats = SyncStats()
+    t0 = time.perf_counter()
 
-    def load(header: BucketHeader, data: Any) -> None:
-        for piece in header.pieces:
-            engine.load_weight_rows(piece.name, piece.shape, piece.start, piece.view(data))
+    def counted() -> Iterator[Rows]:
+        for rows in _owned_weights(model, 0, 1, plan, delta, stats):
+            stats.bytes_sent += rows[3].numel() * rows[3].element_size()
+            yield rows
 
-    return load
-
-
-def receive_into(engine: Any, receivers: Sequence[WeightReceiver], version: int) -> int:
-    """One weight update into ``engine`` from every sender's link at once (a thread each), held
-    between two decode steps (:meth:`~toolrl.engines.RolloutEngine.updating_weights`) and labelled
-    ``version``; returns the bytes received. A transport error in any link is raised once all have
-    ended (each within its link's timeout)."""
-    load = engine_loader(engine)
-    with engine.updating_weights(version), ThreadPoolExecutor(max(1, len(receivers))) as pool:
-        futures = [pool.submit(r.receive, load) for r in receivers]
-        received = sum(f.result() for f in futures)
-        engine.finish_weight_rows()
-    return received
+    load_rows(engines, counted())
+    stats.seconds = time.perf_counter() - t0
+    return stats

@@ -1,11 +1,10 @@
 """Weight transports: how a weight sync's bytes travel from the trainer ranks to the engines.
 
 A transport is a kind of part (``register_weight_transports``), chosen by ``trainer.weight_transport``
-with options in ``trainer.weight_transport_options``. :class:`ObjectStoreTransport` (``object_store``,
-the default) is the path that needs nothing besides Ray: rank 0 sends buckets as Ray calls
-(:func:`toolrl.training.weight_sync.ray_sink`). Every other transport is a :class:`LinkedTransport`:
-each trainer rank opens one link to all the engines' receivers and sends the shards it owns over it,
-so there is no single sender and no full gather.
+with options in ``trainer.weight_transport_options``. Every transport is a :class:`LinkedTransport`,
+the default ``object_store`` (:mod:`toolrl.transports.object_store`: needs nothing besides Ray) as much
+as the others: each trainer rank opens one link to all the engines' receivers and sends the shards it
+owns over it, so there is no single sender and no full gather.
 
 A link moves a stream of buckets. A :class:`Bucket` is a header (:class:`BucketHeader`: which rows of
 which weights the bytes hold, and where) and a ``fill`` that packs its bytes into a flat ``uint8``
@@ -130,14 +129,15 @@ class WeightTransport:
         """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): a subclass
         probes what its options name (a directory writable, a device there) and then calls this, which
         says in one warning line when the run is single-process: weights never travel there."""
-        if run.in_process and self.name != ObjectStoreTransport.name:
+        if run.in_process:
             return [f"{run.where('trainer.weight_transport')}: {self.name} is unused: every role runs in this "
                     "process (no ray.address), so weights never travel"]
         return []
 
 
 class LinkedTransport(WeightTransport, ABC):
-    """A transport whose bytes travel over links of their own (not Ray calls)."""
+    """A transport whose bytes travel over links, one per trainer rank (every built-in one, the object
+    store's included): what the trainer group and the rollout workers use, whichever it is."""
 
     @abstractmethod
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
@@ -163,13 +163,6 @@ def writable_directory(path: str, what: str) -> None:
     parent = next(p for p in found.absolute().parents if p.exists())
     if not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
         raise ValueError(f"{what}={path!r} does not exist and cannot be made ({parent} is not a writable directory)")
-
-
-class ObjectStoreTransport(WeightTransport):
-    """Buckets as Ray calls from rank 0 through Ray's object store (sharded tensors gathered first):
-    needs nothing but Ray, and works across nodes."""
-
-    name = "object_store"
 
 
 def build_transport(trainer: Any, config: Any = None) -> WeightTransport:

@@ -26,17 +26,9 @@ from toolrl import model_sources
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
+from toolrl.engines.weight_rows import receive_into
 from toolrl.training import lora
-from toolrl.training.weight_sync import (
-    SyncPlan,
-    SyncStats,
-    engine_sink,
-    owned_buckets,
-    push,
-    receive_into,
-    send_owned,
-    sync_plan,
-)
+from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned, sync_plan
 from toolrl.transports import TransportError, build_transport
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
@@ -267,10 +259,10 @@ def adapted_model(path: str, seed: int, scale: float = 0.05):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["object_store", "shared_memory"])
+@pytest.mark.parametrize("name", ["in_process", "shared_memory"])
 async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora_engine, hf_model, tiny_path,
                                                              prompts, tmp_path):
-    """Only the adapter tensors travel (a bucket push, or a linked transport into this process) and
+    """Only the adapter tensors travel (as rows in this process, or over a transport into it) and
     vLLM serves them as its LoRA adapter: greedy samples and log-probs as an engine loaded with the
     merged weights. Before the first sync the engine's adapter is the trainer's initial one (the base
     model), and no checkpoint of base weights is ever written."""
@@ -287,9 +279,9 @@ async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora
     plan = SyncPlan(adapters=True)
     adapter_bytes = sum(t.numel() * t.element_size() for _, t in lora.iter_adapter_weights(adapted))
     version = lora_engine.weight_version + 1
-    if name == "object_store":
+    if name == "in_process":
         with lora_engine.updating_weights(version):
-            sent = push(adapted, [engine_sink(lora_engine)], 0.05, plan=plan).bytes_sent
+            sent = push_local(adapted, [lora_engine], plan).bytes_sent
     else:
         sent, received = await asyncio.to_thread(sync, adapted, lora_engine, name, tmp_path, version, plan)
         assert received == sent
@@ -303,7 +295,7 @@ async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora
 
 def push_adapters(model, engine, version: int) -> None:
     with engine.updating_weights(version):
-        push(model, [engine_sink(engine)], 0.05, plan=SyncPlan(adapters=True))
+        push_local(model, [engine], SyncPlan(adapters=True))
 
 
 @pytest.mark.slow
