@@ -190,8 +190,10 @@ def test_what_cannot_fork_says_so():
 
 
 def test_a_session_kind_that_cannot_fork_is_refused_before_weights_load(tmp_path):
-    line, _ = refused(tmp_path, "rollout.tree", "session 'lookup-chain'", "cannot fork", env="lookup-chain",
-                      env_options={}, tools={}, rollout={"n": 2, "tree": {"width": 2, "depth": 1}})
+    # The fleet kind (core's): its sessions live on servers, which cannot copy one.
+    line, _ = refused(tmp_path, "rollout.tree", "session 'fleet'", "cannot fork",
+                      session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:9"]}},
+                      rollout={"n": 2, "tree": {"width": 2, "depth": 1}})
     assert line.count("\n") == 0
 
 
