@@ -8,22 +8,44 @@
   (``toolrl.data.sources``, seeded with it as it is), and torch, numpy and ``random`` in every
   process (``seed_everything``).
 
+An engine's own ``seed`` option seeds only requests sent without one (:func:`unseeded`): a rollout
+always sends one.
+
 Each is a pure function of its root and a position (step, group, sample, turn, branch, fork, epoch),
 so a resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds
-it had. The sampling strides differ, and GROUP, SAMPLE, TURN, BRANCH and FORK are primes, so no two
-positions of one run share a seed in practice.
+it had.
+
+Two kinds of derivation, because two needs differ. A trajectory's seed is linear in its step, group and
+sample (``rollout.seed + STEP·step + GROUP·group + SAMPLE·k``): the asynchronous loop numbers groups
+globally and :func:`group_seed` must land on the synchronous loop's seeds, which takes strides; those
+are distinct over any realistic run (tests/test_seeds.py counts them). Turns, branches and forks hang
+under a trajectory, where a stride cannot keep clear of the other trajectories' seeds: ``seed + 7919·t``,
+the stride this module once used, gave 68,796 turn seeds twice over a 1,000-step run of 32 groups of 16
+with 32 turns. So a trajectory's descendants are a hash of its seed, the kind of descendant and its
+index, 63 bits (:func:`_child`), apart from each other and from every trajectory seed but with
+negligible probability (the test checks a realistic run). Turn 0 and continuation 0 keep their
+parent's seed, so a trajectory's first turn samples with the trajectory's own seed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
+from collections.abc import Iterator
+
 STEP = 7_777  # a synchronous step's batch: rollout.seed + STEP * step
 GROUP = 1_000_003  # group g of a batch: the batch's seed + GROUP * g
 SAMPLE = 10_007  # sample k of a group: the group's seed + SAMPLE * k
-TURN = 7_919  # the engine's sampling seed at turn t of a trajectory: its seed + TURN * t
-BRANCH = 104_729  # branch b (fold) of a trajectory: its seed + BRANCH * b, apart from its line's and others'
-FORK = 15_485_863  # continuation c (< 64) of a tree's fork at turn t: its line's seed + FORK * (64 * t + c)
-EPOCH = 1_000_003  # the data order of epoch e: shuffled with trainer.seed * EPOCH + e (a multiplier, not a stride)
-STREAM = 1_000_003  # sample i of one seeded engine request of n: its seed * STREAM + i
+EPOCH = 999_983  # the data order of epoch e: shuffled with trainer.seed * EPOCH + e (a multiplier, not a stride)
+STREAM = 1_000_003  # sample i of one seeded engine request of n: its seed * STREAM + i (odd: a bijection mod 2**63)
+MASK = 0x7FFF_FFFF_FFFF_FFFF  # the 63 bits a torch generator (and vLLM's) takes as a non-negative seed
+
+
+def _child(parent: int, kind: str, index: int) -> int:
+    """The seed of descendant ``index`` of kind ``kind`` (turn, branch, fork) of a seed ``parent``: 63
+    bits of BLAKE2b, the same on every platform and Python."""
+    digest = hashlib.blake2b(f"{kind}:{parent}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & MASK
 
 
 def step_seed(rollout_seed: int, step: int) -> int:
@@ -47,12 +69,12 @@ def group_seed(rollout_seed: int, group: int, batch_size: int) -> int:
 
 def turn_seed(trajectory: int, turn: int) -> int:
     """The engine's sampling seed for turn ``turn`` (0-based) of a trajectory seeded ``trajectory``."""
-    return trajectory + TURN * turn
+    return _child(trajectory, "turn", turn) if turn else trajectory
 
 
 def branch_seed(trajectory: int, branch: int) -> int:
     """The seed of branch ``branch`` (1-based) of a trajectory seeded ``trajectory``."""
-    return trajectory + BRANCH * branch
+    return _child(trajectory, "branch", branch)
 
 
 def fork_seed(line: int, turn: int, continuation: int) -> int:
@@ -62,7 +84,7 @@ def fork_seed(line: int, turn: int, continuation: int) -> int:
     from each other, and from those of a fork of the same line at another turn (``rollout.tree.width``
     is at most 64). Leaf ``k`` made up for a line that ended before its forks is continuation ``k``
     of a fork at turn 0 (the prompt)."""
-    return line + FORK * (64 * turn + continuation) if continuation else line
+    return _child(line, "fork", 64 * turn + continuation) if continuation else line
 
 
 def epoch_seed(data_seed: int, epoch: int) -> int:
@@ -73,4 +95,12 @@ def epoch_seed(data_seed: int, epoch: int) -> int:
 def sample_seed(request_seed: int, index: int) -> int:
     """The seed of sample ``index`` of an engine request for ``n`` samples seeded ``request_seed``: distinct,
     reproducible streams, within the 63 bits a generator takes."""
-    return (request_seed * STREAM + index) & 0x7FFF_FFFF_FFFF_FFFF
+    return (request_seed * STREAM + index) & MASK
+
+
+def unseeded(engine_seed: int | None) -> Iterator[int]:
+    """The seeds an engine gives requests sent without one, in order: 62-bit draws from a stream seeded
+    with its ``seed`` option (``None``: from the OS)."""
+    rng = random.Random(engine_seed)
+    while True:
+        yield rng.getrandbits(62)

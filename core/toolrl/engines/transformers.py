@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import random
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,7 +49,7 @@ from toolrl.engines import (
     rows_of,
 )
 from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
-from toolrl.seeds import sample_seed
+from toolrl.seeds import sample_seed, unseeded
 from toolrl.trajectory import RoutedExperts
 
 if TYPE_CHECKING:
@@ -193,7 +192,7 @@ class TransformersEngine(RolloutEngine):
         self.window, _ = masks.sliding_window(model.config)
         self.num_layers = text_config.num_hidden_layers
         self.max_model_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 1 << 30
-        self._rng = random.Random(config.seed)
+        self._unseeded = unseeded(config.seed)
         # record_routes: the routers' hooks, and the expert ids of the last forward [rows, q, layers, top_k].
         self._routing = ExpertRouting(model) if config.record_routes else None
         # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
@@ -619,7 +618,7 @@ class TransformersEngine(RolloutEngine):
     def _generator(self, req: _Request, index: int) -> torch.Generator | None:
         if req.params.temperature == 0:
             return None
-        seed = req.params.seed if req.params.seed is not None else self._rng.getrandbits(62)
+        seed = req.params.seed if req.params.seed is not None else next(self._unseeded)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(sample_seed(seed, index))
         return gen
