@@ -10,7 +10,8 @@ this benchmark starts itself (one process per server, kept across the ladder):
 
 - ``openenv``: the ``openenv`` session kind (``toolrl_openenv``) through core's :class:`SessionRun`
   (build, reset, ``step`` per call, score and close), on an OpenEnv server (``create_app`` of a counter
-  environment, capacity 8192) — one WebSocket per episode, as OpenEnv's protocol has it;
+  environment, capacity 8192, with the collector policy the plugin gives the servers it starts:
+  :mod:`toolrl.gc_policy`) — one WebSocket per episode, as OpenEnv's protocol has it;
 - ``sandbox``: the ``code_interpreter`` tool (``toolrl_sandbox_fusion``) with ``sandbox_fusion_url``,
   through core's :class:`ToolSet` (create, call per step, calc_reward and release), on a stand-in
   SandboxFusion server whose ``/run_code`` answers after ``--exec-ms`` (it runs no code: the client and
@@ -22,7 +23,8 @@ this benchmark starts itself (one process per server, kept across the ladder):
   take a step each, and the line ``fleet @N: ...`` says how many completed and how many the restarted
   server took.
 
-The measuring is core's (:mod:`toolrl.testing.load`, which ``toolrl env bench`` runs too). Each rung
+The measuring is core's (:mod:`toolrl.testing.load`, which ``toolrl env bench`` runs too; its drivers'
+``prepare`` ends with the rollout process's collector policy, as a rollout's start-up does). Each rung
 runs in a fresh child process (its memory its own): every session opens (reset), then, all
 open, the client's RSS is read (per open session: the RSS beyond the rung's warm-up, divided by N; the
 payloads here are a few hundred bytes), then each session takes ``--steps`` steps with a think time
@@ -130,6 +132,10 @@ def serve(kind: str, port: int, exec_ms: float) -> None:
     threading.Thread(target=orphaned, daemon=True).start()
 
     app = openenv_app() if kind == "openenv" else sandbox_stub_app(exec_ms)
+    if kind == "openenv":  # as the plugin runs the OpenEnv servers it starts (toolrl_openenv.serve)
+        from toolrl.gc_policy import after_startup
+
+        after_startup()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", backlog=8192, timeout_keep_alive=60)
 
 

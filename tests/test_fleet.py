@@ -17,7 +17,7 @@ import pytest
 import toolrl.plugins
 from _dists import make_dist, run_toolrl
 from test_scripted_engine import DOCS, fenced
-from toolrl.fleet.launch import free_port
+from toolrl.fleet.launch import free_port, stop_child
 from toolrl.plugins import Plugins
 from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
@@ -151,7 +151,8 @@ async def test_a_killed_server_takes_only_its_sessions_and_comes_back(servers: l
             else:  # none lost elsewhere
                 assert text == "5" and run.error is None
         trajs = await asyncio.gather(*(finish(r) for r in runs))
-        assert [t.reward_terms for t, url in zip(trajs, on) if url == servers[1].url] == [{"fleet": 0.0}] * 4  # the term of the kind the config names
+        # Scored under the served kind's name, as where it runs locally (not the fleet's).
+        assert [t.reward_terms for t, url in zip(trajs, on) if url == servers[1].url] == [{"counter": 0.0}] * 4
         assert [t.reward_terms for t, url in zip(trajs, on) if url == servers[0].url] == [{}] * 4
 
         more = await asyncio.gather(*(opened(kind, 10 + i) for i in range(4)))  # the run goes on, elsewhere
@@ -217,7 +218,7 @@ async def test_every_call_of_the_contract_crosses_the_wire() -> None:
         assert await run.state_key() == "ticks=1"
         assert (await run.respond("yes"), await run.respond("again")) == ("you said yes", None)
         traj = await finish(run)
-        assert traj.reward_terms == {"fleet": 1.0} and traj.reward_parts == {"fleet.id_length": 6.0}
+        assert traj.reward_terms == {"talk": 1.0} and traj.reward_parts == {"talk.id_length": 6.0}
 
         for tool, infrastructure, why in (("crash", False, "the session's own bug"), ("hang", True, "timed out")):
             run = SessionRun(kind, tool)
@@ -229,11 +230,42 @@ async def test_every_call_of_the_contract_crosses_the_wire() -> None:
         await kind.close()
 
 
+def test_eval_metric_names_the_served_kinds_term(tmp_path: Path) -> None:
+    """A fleet's scores are the served kind's terms, so an environment's metric (its session's name)
+    holds when its session is served through a fleet."""
+    from toolrl.config import ConfigError, load_config
+    from toolrl.environments import ConfiguredEnv, Environment
+    from toolrl.roles.resolve import with_metric
+
+    env = ConfiguredEnv(Environment(name="c", splits={"train": lambda options, split: []}, session="counter",
+                                    metric="counter"), None, 1.0, None)
+    for session in ({}, {"name": "fleet", "options": {"serve": "c", "servers": 1}}):
+        config = load_config(None, data={"data": {"train_files": ["t.jsonl"]}, "session": session,
+                                         "base_dir": str(tmp_path)})
+        assert with_metric(config, {"c": env}).eval.metric == "counter"
+    other = load_config(None, data={"data": {"train_files": ["t.jsonl"]}, "session": {"name": "talk"},
+                                    "base_dir": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"no reward term 'counter' \(terms: talk, tools, steps\)"):
+        with_metric(other, {"c": env})  # another kind in its place: its own term
+
+
 async def test_servers_that_cannot_start_fail_the_configuration_at_once() -> None:
     kind = SessionKind.resolve("fleet", {"serve": "no-such-thing", "servers": 2}, ".")
     with pytest.raises(ValueError, match="no environment server answers .*unknown environment session 'no-such-thing'"):
         await kind.prepare()  # their error, not a wait for startup_timeout_s
     await kind.close()
+
+
+def test_stop_child_closes_stdin_and_kills_a_child_that_stays() -> None:
+    """A child that exits at its stdin's end exits by itself; one that ignores it is killed after the
+    grace period; one that has exited is left as it is."""
+    polite = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    stop_child(polite, grace_s=60)
+    assert polite.returncode == 0
+    stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
+    stop_child(stubborn, grace_s=0.2)
+    assert stubborn.returncode == -signal.SIGKILL
+    stop_child(stubborn)
 
 
 def test_serve_names_what_is_wrong() -> None:

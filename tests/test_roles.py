@@ -1,6 +1,6 @@
 """Roles without Ray: the module graph has no cycle through the controller, an in-process weight sync
 reaches an engine with its own copy of the model as rows, the engine contract's default row receiver,
-and no role branching on a weight transport's type."""
+the plan the run check decides for the roles, and no role branching on a weight transport's type."""
 
 from __future__ import annotations
 
@@ -91,6 +91,28 @@ def test_world_size_without_ray_is_a_config_error():
     cfg = load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), ["trainer.world_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs Ray: set ray.address"):
         asyncio.run(start_roles(cfg))
+
+
+@pytest.mark.parametrize(("overrides", "purpose", "adapters", "delta", "state_keys"), [
+    ([], "train", False, False, False),
+    (["algorithm.advantage=gigpo"], "train", False, False, True),  # gigpo groups turns by their state
+    (["algorithm.advantage=gigpo"], "rollout", False, False, True),
+    (["trainer.weight_sync=delta"], "train", False, True, False),
+    (["trainer.weight_sync=delta"], "rollout", False, False, False),  # nothing trained: no sync to send
+    (["model.lora={r: 4}"], "train", True, False, False),
+])
+def test_the_run_check_decides_the_roles_plan_once(overrides, purpose, adapters, delta, state_keys):
+    """What a weight sync sends and whether sessions report their turns' state keys: decided by the run
+    check and carried to the roles as it is (a Ray actor gets it pickled)."""
+    import pickle
+
+    from toolrl.config import load_config
+    from toolrl.roles.resolve import RunPlan, resolve_run
+    from toolrl.training.weight_sync import SyncPlan
+
+    plan = resolve_run(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), overrides), purpose).plan
+    assert plan == RunPlan(SyncPlan(adapters=adapters, delta=delta), state_keys=state_keys)
+    assert pickle.loads(pickle.dumps(plan)) == plan
 
 
 # -- the roles' interfaces --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
 from toolrl.training.weight_sync import SyncStats, owned_buckets, send_engine_weights, send_owned
-from toolrl.transports import LinkedTransport, build_transport
+from toolrl.transports import Link, LinkedTransport, TransportError, build_transport
 from toolrl.transports.object_store import ObjectStoreTransport
 from toolrl.transports.shared_memory import SEGMENT_PREFIX
 
@@ -35,6 +35,12 @@ def transport(name: str, tmp_path: Path) -> LinkedTransport:
     built = build_transport(TrainerConfig(weight_transport=name, weight_transport_options=options))
     assert isinstance(built, LinkedTransport)
     return built
+
+
+def test_a_transfer_error_names_its_link(tmp_path: Path) -> None:
+    link = Link(key="k7", sender=0, receivers=1, address=str(tmp_path), timeout_s=0.05)
+    with pytest.raises(TransportError, match=r"^weight link k7: no bucket 0 in .* within 0.05 s$"):
+        transport("disk", tmp_path).open_receiver(link, 0).receive(lambda header, data: None)
 
 
 def test_object_store_is_the_default():

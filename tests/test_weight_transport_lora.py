@@ -19,6 +19,7 @@ from toolrl.engines import ModelSource, RolloutEngine
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
+from toolrl.roles.resolve import run_plan
 from toolrl.training.lora import apply_lora, iter_adapter_weights
 from toolrl.training.weight_sync import (
     Delta,
@@ -27,7 +28,6 @@ from toolrl.training.weight_sync import (
     prepare_engine,
     push_local,
     send_owned,
-    sync_plan,
 )
 
 LORA = LoraConfig(r=4, alpha=8.0)
@@ -136,18 +136,22 @@ async def test_adapter_only_sync_equals_the_merged_weights_and_sends_only_the_ad
 
 def test_the_plan_sends_adapters_only_to_an_engine_that_loads_them():
     lora = load_config(TINY, ["model.lora={r: 4}"])
-    assert sync_plan(lora, TransformersEngine) == SyncPlan(adapters=True)
-    assert sync_plan(lora, RolloutEngine) == SyncPlan()  # an engine that loads no adapters: merged weights
-    assert sync_plan(load_config(TINY, []), TransformersEngine) == SyncPlan()
-    assert sync_plan(load_config(TINY, ["trainer.weight_sync=delta"])) == SyncPlan(delta=True)  # looked up by name
+    assert run_plan(lora, engine_cls=TransformersEngine).sync == SyncPlan(adapters=True)
+    assert run_plan(lora, engine_cls=RolloutEngine).sync == SyncPlan()  # an engine that loads no adapters: merged
+    assert run_plan(load_config(TINY, []), engine_cls=TransformersEngine).sync == SyncPlan()
+    assert run_plan(load_config(TINY, ["trainer.weight_sync=delta"])).sync == SyncPlan(delta=True)  # looked up by name
+    scripted_delta = load_config(TINY, ["engine.name=scripted", "trainer.weight_sync=delta"])
     with pytest.raises(ConfigError, match=r"^override trainer.weight_sync=delta: trainer.weight_sync: delta needs an "
                                           r"engine .* the scripted engine"):
-        sync_plan(load_config(TINY, ["engine.name=scripted", "trainer.weight_sync=delta"]), RolloutEngine)
+        run_plan(scripted_delta, engine_cls=RolloutEngine)
+    # A run that trains nothing (toolrl rollout, eval) sends no sync: delta is not read.
+    assert run_plan(scripted_delta, "rollout", engine_cls=RolloutEngine).sync == SyncPlan()
 
 
 def test_prepare_engine_gives_the_engine_the_runs_adapters(tiny_qwen3_path, adapted):
     built = engine(tiny_qwen3_path)
-    prepare_engine(built, load_config(TINY, ["model.lora={r: 4, alpha: 8.0, dropout: 0.5}"]))  # no dropout sampling
+    config = load_config(TINY, ["model.lora={r: 4, alpha: 8.0, dropout: 0.5}"])  # no dropout sampling
+    prepare_engine(built, config, run_plan(config, engine_cls=type(built)).sync)
     names = {k for k in built.model.state_dict() if ".lora_" in k}
     assert names == {k for k, _ in iter_adapter_weights(adapted)}
     assert not any(m.training for m in built.model.modules()) and not any(p.requires_grad for p in built.model.parameters())

@@ -153,6 +153,7 @@ class EnvironmentSession:
 
     Options: ClassVar[type[BaseModel]] = NoOptions
     timeout: ClassVar[float] = 60.0  # each call's deadline (seconds)
+    term: str | None = None  # the reward term its score goes under; None: its kind's name
 
     def __init__(self, options: Any, context: SessionContext) -> None:
         self.options, self.context = options, context
@@ -391,17 +392,18 @@ class SessionRun:
         ``reward_parts``."""
         if self.session is None:
             return {}
+        term = self.session.term or self.name
         try:
             if not self.started or self.infrastructure:  # nothing to score (it is not trained)
                 return {}
             value = await self._run("score", self.session.score, traj)
-            return {} if value is None else named_terms(self.name, value, f"session {self.name!r} score", traj)
+            return {} if value is None else named_terms(term, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
-            traj.reward_errors[self.name] = str(exc)
+            traj.reward_errors[term] = str(exc)
             traj.error = traj.error or str(exc)
             if isinstance(exc, InfrastructureError):  # no score to give: the trajectory is not trained
                 traj.termination = "infra_error"
-            return {self.name: 0.0}
+            return {term: 0.0}
         finally:
             await self.close(traj)
 

@@ -63,8 +63,12 @@ class TinyQwen3Settings(BaseModel):
         """About how many parameters the model has (the Qwen vocabulary's embeddings included)."""
         h, d = self.hidden_size, self.head_dim
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        layer = attention + 3 * h * self.intermediate_size
+        layer = attention + self.mlp_parameters()
         return QWEN_VOCAB * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer
+
+    def mlp_parameters(self) -> int:
+        """A layer's MLP: its gate, up and down projections."""
+        return 3 * self.hidden_size * self.intermediate_size
 
 
 class TinyQwen2_5VLSettings(TinyQwen3Settings):
@@ -119,8 +123,7 @@ class TinyMoeSettings(TinyQwen3Settings):
                              f"num_attention_heads ({self.num_attention_heads}) in a tiny MoE model")
         return self
 
-    def parameter_count(self) -> int:
-        h, d = self.hidden_size, self.head_dim
-        attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
-        layer = attention + self.num_experts * (3 * h * self.moe_intermediate_size + h)
-        return QWEN_VOCAB * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * layer
+    def mlp_parameters(self) -> int:
+        """Each expert's gate, up and down projections and its router row."""
+        h = self.hidden_size
+        return self.num_experts * (3 * h * self.moe_intermediate_size + h)

@@ -55,20 +55,12 @@ class AdvantageInputs:
     trees: tuple[int | None, ...] | None = None
 
 
-class AdvantageEstimator(ABC):
-    """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages.
-
-    ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
-    False for per-token estimators (traces record the list). ``needs_values``: it reads
-    ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
-    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts)."""
+class AlgorithmPart(ABC):
+    """What an estimator and a loss share: constructed as ``cls(options, algo)``, ``options`` its
+    ``Options`` model's, ``algo`` the run's :class:`toolrl.config.AlgorithmConfig`."""
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
-    outcome: ClassVar[bool] = True
-    needs_values: ClassVar[bool] = False
-    needs_turns: ClassVar[bool] = False
-    needs_trees: ClassVar[bool] = False
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         self.options = options
@@ -83,6 +75,20 @@ class AdvantageEstimator(ABC):
         """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
         ValueError on a setting this part cannot run with, return warning lines; none here."""
         return []
+
+
+class AdvantageEstimator(AlgorithmPart):
+    """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages.
+
+    ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
+    False for per-token estimators (traces record the list). ``needs_values``: it reads
+    ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
+    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts)."""
+
+    outcome: ClassVar[bool] = True
+    needs_values: ClassVar[bool] = False
+    needs_turns: ClassVar[bool] = False
+    needs_trees: ClassVar[bool] = False
 
     @abstractmethod
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...
@@ -119,34 +125,19 @@ class LossOptions(BaseModel):
     kl_coef: float = Field(0.0, ge=0, description="weight of the k3 KL to a frozen copy of the initial policy")
 
 
-class PolicyLoss(ABC):
+class PolicyLoss(AlgorithmPart):
     """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the rollout correction's
     importance weight (:mod:`toolrl.algorithms.correction`), adds the KL term (``kl_coef`` of its
     options) and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio
     is one number per sequence, which needs one advantage per sequence (an outcome estimator)."""
 
-    name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = LossOptions
     sequence_level: ClassVar[bool] = False
-
-    def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
-        self.options = options
-        self.algo = algo
 
     @property
     def kl_coef(self) -> float:
         """The KL term's weight: 0 for a loss whose options do not extend :class:`LossOptions`."""
         return float(getattr(self.options, "kl_coef", 0.0))
-
-    @classmethod
-    def build(cls, options: BaseModel, context: Any) -> Any:
-        """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
-        return cls(options, context.input("algorithm"))
-
-    def check_run(self, run: Any) -> list[str]:
-        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
-        ValueError on a setting this part cannot run with, return warning lines; none here."""
-        return []
 
     @abstractmethod
     def __call__(self, inputs: LossInputs) -> LossTerms: ...

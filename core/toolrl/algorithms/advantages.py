@@ -5,7 +5,7 @@ reward, ``G(i)`` its group (the ``n`` samples of one prompt)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,6 +40,16 @@ def broadcast(per_trajectory: Sequence[float], mask: torch.Tensor) -> torch.Tens
     return adv[:, None].expand(mask.shape).contiguous()
 
 
+def _group_relative(inputs: AdvantageInputs,
+                    advantage: Callable[[float, float, float, int], float]) -> torch.Tensor:
+    """Each trajectory's ``advantage(r_i, mean, std, n)`` from its reward and its group's statistics,
+    broadcast over its row; 0 in a group of one (no other sample to compare it with)."""
+    rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
+    stats = GroupStats(rewards, groups).stats
+    out = [0.0 if stats[g][2] == 1 else advantage(r, *stats[g]) for r, g in zip(rewards, groups, strict=True)]
+    return broadcast(out, inputs.response_mask)
+
+
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` with the mean and the unbiased variance over the trained tokens
     (``mask`` 1) of the whole batch: TRL's and verl's ``masked_whiten``, the normalisation of PPO's
@@ -69,16 +79,8 @@ class Grpo(AdvantageEstimator):
     Options = GrpoOptions
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        stats = GroupStats(rewards, groups).stats
-        out = []
-        for r, g in zip(rewards, groups, strict=True):
-            mean, std, size = stats[g]
-            if size == 1:
-                out.append(0.0)
-            else:
-                out.append((r - mean) / (std + self.options.eps) if self.options.norm_by_std else r - mean)
-        return broadcast(out, inputs.response_mask)
+        eps, norm = self.options.eps, self.options.norm_by_std
+        return _group_relative(inputs, lambda r, mean, std, n: (r - mean) / (std + eps) if norm else r - mean)
 
 
 class DrGrpo(AdvantageEstimator):
@@ -94,10 +96,7 @@ class DrGrpo(AdvantageEstimator):
     name = "dr_grpo"
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        stats = GroupStats(rewards, groups).stats
-        out = [0.0 if stats[g][2] == 1 else r - stats[g][0] for r, g in zip(rewards, groups, strict=True)]
-        return broadcast(out, inputs.response_mask)
+        return _group_relative(inputs, lambda r, mean, std, n: r - mean)
 
 
 class Rloo(AdvantageEstimator):
@@ -110,13 +109,7 @@ class Rloo(AdvantageEstimator):
     name = "rloo"
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        stats = GroupStats(rewards, groups).stats
-        out = []
-        for r, g in zip(rewards, groups, strict=True):
-            mean, _, n = stats[g]
-            out.append(0.0 if n == 1 else r - (mean * n - r) / (n - 1))
-        return broadcast(out, inputs.response_mask)
+        return _group_relative(inputs, lambda r, mean, std, n: r - (mean * n - r) / (n - 1))
 
 
 class WhitenOptions(BaseModel):

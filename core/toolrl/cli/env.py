@@ -146,12 +146,15 @@ def env_serve(name: str, host: str, port: int, capacity: int, options_json: str 
 
     from toolrl.config import ConfigError
     from toolrl.fleet.server import run_server, served_kind
+    from toolrl.gc_policy import after_startup
+
+    def started(url: str) -> None:
+        after_startup()  # the kind prepared: a process that will hold `capacity` sessions, as a rollout's
+        click.echo(f"serving {name} (session {kind.name}) on {url}, capacity {capacity}", nl=True)
 
     try:
         kind = served_kind(name, _json_object(options_json, "--options"))
-        asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes,
-                               lambda url: click.echo(f"serving {name} (session {kind.name}) on {url}, "
-                                                      f"capacity {capacity}", nl=True)))
+        asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes, started))
     except (ConfigError, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
 

@@ -13,6 +13,20 @@ import tempfile
 from typing import Any
 
 
+def stop_child(process: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
+    """Stop ``process``, a child that exits when its stdin closes (started with ``stdin=PIPE``): close
+    the pipe, wait ``grace_s`` seconds for it to exit, then kill it. A child that has exited is left."""
+    if process.poll() is not None:
+        return
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -53,12 +67,6 @@ class LocalServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            assert process.stdin is not None
-            process.stdin.close()  # the child exits at stdin EOF
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        if process is not None:
+            stop_child(process)
         self.log.close()

@@ -33,6 +33,7 @@ class Member:
     retry_at: float = 0.0
     full_until: float = 0.0  # it refused a session for want of room (others' sessions): not asked before
     state_key: bool = True  # its kind keys states (Health.state_key)
+    session: str = ""  # the session kind it serves (Health.session): its sessions' reward term
     losses: int = 0  # times it was found gone
     taken: int = 0  # trajectories it was given
 
@@ -88,6 +89,7 @@ class Fleet:
             self.down(member)
             return
         member.up, member.capacity, member.state_key = True, health.capacity, health.state_key
+        member.session = health.session
 
     def down(self, member: Member) -> None:
         """``member`` failed: no new trajectory goes to it until it answers again; one of this client's

@@ -4,10 +4,11 @@ of an environment on this machine, started again when one dies; ``ray_servers`` 
 cluster's nodes, started again by Ray on a node with room when theirs is lost).
 
 Affinity: a trajectory holds one WebSocket to one server from reset to close, so all its calls reach
-the session that server holds. A server that dies ends only its own sessions, each with an
-:class:`toolrl.InfrastructureError` (termination ``infra_error``: masked, not trained); it is marked
-down, no new trajectory goes to it, and it is asked again every ``retry_s`` until it answers. A
-server that refuses a new trajectory (down, full) passes it to the next."""
+the session that server holds. Its score is the reward term of the kind that server serves (its
+``/health``'s ``session``), as where that kind runs in the rollout's process. A server that dies ends
+only its own sessions, each with an :class:`toolrl.InfrastructureError` (termination ``infra_error``:
+masked, not trained); it is marked down, no new trajectory goes to it, and it is asked again every
+``retry_s`` until it answers. A server that refuses a new trajectory (down, full) passes it to the next."""
 
 from __future__ import annotations
 
@@ -100,6 +101,7 @@ class FleetSession(EnvironmentSession):
     async def reset(self, sample: Sample) -> Reset:
         self.fleet = await self.context.shared.get("fleet", _unprepared)
         self.link = await self.fleet.connect(self.context.trajectory_id, self.options.queue_timeout_s)
+        self.term = self.link[0].session  # scored as the served kind is where it runs locally
         value = await self._call(CallRequest(op="reset", sample=sample.model_dump(mode="json"),
                                          trajectory_id=self.context.trajectory_id))
         return Reset.model_validate(value)

@@ -26,7 +26,7 @@ rollout's sampling settings are what is trained), as a forced ``tool_choice`` is
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -120,9 +120,8 @@ def _user(message: _Message, where: str) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [ChatMessage(role="user", content=message.content)]
     results, texts = [], []
-    for j, block in enumerate(message.content):
-        at = f"{where}.content.{j}"
-        if _kind(block, at, ("text", "tool_result")) == "text":
+    for kind, block, at in _blocks(message.content, f"{where}.content", ("text", "tool_result")):
+        if kind == "text":
             texts.append(_block(_Text, block, at).text)
             continue
         result = _block(_ToolResult, block, at)
@@ -138,9 +137,8 @@ def _assistant(message: _Message, where: str) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [ChatMessage(role="assistant", content=message.content)]
     texts, calls = [], []
-    for j, block in enumerate(message.content):
-        at = f"{where}.content.{j}"
-        kind = _kind(block, at, ("text", "tool_use", "thinking", "redacted_thinking"))
+    for kind, block, at in _blocks(message.content, f"{where}.content",
+                                   ("text", "tool_use", "thinking", "redacted_thinking")):
         if kind == "text":
             texts.append(_block(_Text, block, at).text)
         elif kind == "tool_use":
@@ -155,19 +153,19 @@ def _text(content: str | list[dict[str, Any]], where: str, sep: str) -> str:
     """A string, or text blocks' text joined by ``sep``."""
     if isinstance(content, str):
         return content
-    parts = []
+    return sep.join(_block(_Text, block, at).text for _, block, at in _blocks(content, where, ("text",)))
+
+
+def _blocks(content: list[dict[str, Any]], where: str,
+            kinds: Sequence[str]) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """Each block of ``content`` (at ``where``) as (its type, the block, where it is); a RequestError at
+    the first whose type is not one of ``kinds``."""
     for j, block in enumerate(content):
-        _kind(block, f"{where}.{j}", ("text",))
-        parts.append(_block(_Text, block, f"{where}.{j}").text)
-    return sep.join(parts)
-
-
-def _kind(block: dict[str, Any], where: str, kinds: Sequence[str]) -> str:
-    kind = block.get("type")
-    if kind not in kinds:
-        raise RequestError(f"{where}.type: {kind!r} blocks are not supported here (only {', '.join(kinds)})",
-                           param=f"{where}.type")
-    return kind
+        at, kind = f"{where}.{j}", block.get("type")
+        if kind not in kinds:
+            raise RequestError(f"{at}.type: {kind!r} blocks are not supported here (only {', '.join(kinds)})",
+                               param=f"{at}.type")
+        yield kind, block, at
 
 
 def _block(model: type[Any], block: dict[str, Any], where: str) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from toolrl.parsers.arguments import typed_text
@@ -72,24 +72,33 @@ class _Reader:
         except (json.JSONDecodeError, JSONLimitError):
             return raw
 
+    def members(self, close: str) -> Iterator[None]:
+        """Past the opening bracket at the cursor, stops at each comma-separated member (the cursor at
+        it, past white space) until ``close``, which it reads."""
+        self.pos += 1
+        first = True
+        while True:
+            self.skip_space()
+            if self.text.startswith(close, self.pos):
+                self.pos += 1
+                return
+            if not first:
+                if not self.text.startswith(",", self.pos):
+                    raise self.fail(f"expected ',' or '{close}'")
+                self.pos += 1
+                self.skip_space()
+            first = False
+            yield
+
     def mapping(self, schema: Mapping[str, Any] | None, depth: int) -> dict[str, Any]:
         """``{key:value,...}`` from the ``{`` at the cursor through its ``}``."""
         properties = schema.get("properties") if schema is not None else None
-        self.pos += 1
         out: dict[str, Any] = {}
-        while True:
-            self.skip_space()
-            if self.text.startswith("}", self.pos):
-                self.pos += 1
-                return out
-            if out:
-                if not self.text.startswith(",", self.pos):
-                    raise self.fail("expected ',' or '}'")
-                self.pos += 1
-                self.skip_space()
+        for _ in self.members("}"):
             key = self.key()
             child = properties.get(key) if isinstance(properties, dict) else None
             out[key] = self.value(child if isinstance(child, dict) else None, depth + 1)
+        return out
 
     def key(self) -> str:
         text = self.text
@@ -107,18 +116,7 @@ class _Reader:
     def sequence(self, schema: Mapping[str, Any] | None, depth: int) -> list[Any]:
         """``[value,...]`` from the ``[`` at the cursor through its ``]``."""
         items = schema.get("items") if schema is not None else None
-        self.pos += 1
-        out: list[Any] = []
-        while True:
-            self.skip_space()
-            if self.text.startswith("]", self.pos):
-                self.pos += 1
-                return out
-            if out:
-                if not self.text.startswith(",", self.pos):
-                    raise self.fail("expected ',' or ']'")
-                self.pos += 1
-            out.append(self.value(items if isinstance(items, dict) else None, depth + 1))
+        return [self.value(items if isinstance(items, dict) else None, depth + 1) for _ in self.members("]")]
 
 
 class GemmaParser(BlockParser):

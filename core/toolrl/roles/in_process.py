@@ -1,7 +1,8 @@
 """The rollout role and the local run: what each role builds, wired from parts resolved once.
 
 - the parts (engine class, per environment its parser, rewards, turn limit and tool configs) are
-  looked up by name once per process (:func:`toolrl.rollout.routes.resolve_parts`) and handed down;
+  looked up by name once per process (:func:`toolrl.rollout.routes.resolve_parts`) and handed down,
+  with what the run check decided for the roles (:class:`toolrl.roles.resolve.RunPlan`);
 - a rollout worker builds its engine (:func:`toolrl.engines.build.build_engine`; it loads its own
   model from the path) and one route per environment (:func:`build_rollouts`);
 - a trainer rank builds its model (:func:`toolrl.training.policy.build_policy`, the one place the
@@ -24,9 +25,10 @@ from toolrl import model_sources
 from toolrl.config import Config
 from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
+from toolrl.gc_policy import after_startup
 from toolrl.model_sources import model_path
-from toolrl.plugins.parts import lookup_part
-from toolrl.roles.inputs import ModelInputs, check_model_inputs
+from toolrl.roles.resolve import RunPlan, run_plan
+from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
 from toolrl.rollout.families import config_renderer_factory
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
@@ -95,13 +97,15 @@ class Rollouts:
 async def build_rollouts(config: Config, path: str, tokenizer: Any,
                            shared_module: Callable[[], Any] | None = None,
                            samples: Sequence[Sample] = (), parts: Parts | None = None,
-                           inputs: ModelInputs | None = None) -> Rollouts:
+                           inputs: ModelInputs | None = None, plan: RunPlan | None = None) -> Rollouts:
     """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
     tools are up, before the engine loads; returns a live model for the engine to share (in-process
     only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
     route's tools before any model loads. ``parts``: resolved already (else resolved here);
-    ``inputs``: the processor and renderer factory, if the caller checked them already."""
+    ``inputs``: the processor and renderer factory, if the caller checked them already; ``plan``: the
+    run check's (else decided here, for rollouts built on their own)."""
     parts = parts if parts is not None else resolve_parts(config)
+    plan = plan if plan is not None else run_plan(config, engine_cls=parts.engine_cls)
     if inputs is None:
         processor = engine_processor(config, parts.engine_cls, path, samples)
         # The family's checks: before any model loads.
@@ -112,15 +116,15 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         module = shared_module() if shared_module is not None else None
         engine = build_engine(config, path, tokenizer, module)
         if module is None:
-            prepare_engine(engine, config)  # under LoRA: the run's adapters, which the syncs then fill
+            prepare_engine(engine, config, plan.sync)  # under LoRA: the run's adapters, which the syncs then fill
     except BaseException:
         for tool in tools:
             await tool.close()
         raise
     # Sessions are asked for their turns' state keys only when the estimator reads them (gigpo).
-    estimator = lookup_part("advantage_estimators", config.algorithm.advantage, "algorithm.advantage")
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes,
-                         state_keys=getattr(estimator, "needs_turns", False))
+                         state_keys=plan.state_keys)
+    after_startup()  # what start-up built stays out of the collections during the steps
     return Rollouts(engine, ctx, tools)
 
 
@@ -145,10 +149,12 @@ class LocalRun:
 
 
 async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
-                        path: str | None = None, inputs: ModelInputs | None = None) -> LocalRun:
+                        path: str | None = None, inputs: ModelInputs | None = None,
+                        plan: RunPlan | None = None) -> LocalRun:
     """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
-    ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads."""
+    ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads;
+    ``plan``, what the roles act on (:class:`toolrl.roles.resolve.RunPlan`)."""
     parts = parts if parts is not None else resolve_parts(config)
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
@@ -161,12 +167,12 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
     def trained_model() -> Any:
         built.append(build_policy(config, path, model_sources.resolve_device(config.model.device)))
         # Under LoRA the engine keeps a base model of its own and gets the adapters (or merged weights,
-        # for an engine that does not load adapters: toolrl.training.weight_sync.sync_plan). So it
+        # for an engine that does not load adapters: toolrl.roles.resolve.run_plan). So it
         # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
         # and optimizer steps then never touch the weights the engine decodes with; the engine gets
         # each step's weights by push, between two decode steps.
         return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
 
     rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples,
-                                      parts=parts, inputs=inputs)
+                                      parts=parts, inputs=inputs, plan=plan)
     return LocalRun(config, path, tokenizer, built[0], rollouts, list(samples))

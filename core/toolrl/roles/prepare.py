@@ -13,9 +13,9 @@ from typing import Any
 from toolrl.config import Config, ConfigError
 from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
-from toolrl.roles.inputs import ModelInputs, check_model_inputs
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
+from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.roles.start import Roles, start_roles
 from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller

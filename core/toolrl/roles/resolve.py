@@ -3,25 +3,27 @@
 (engine, environments, parsers, rewards, tool configs, loggers), the data read (the training split or
 recorded groups; the held-out split when the run evaluates) and the model's directory found. Any
 problem is a one-line error and no file has been touched. The controller and evaluation take the
-resolved run, so nothing is resolved twice.
+resolved run, so nothing is resolved twice; what the check decided for the roles (:class:`RunPlan`)
+travels to them, in this process or as Ray actors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from toolrl.algorithms.rules import check_algorithm, with_critic
-from toolrl.config import Config, ConfigError
+from toolrl.config import Config, ConfigError, field_where
 from toolrl.data import check_data_files
 from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
 from toolrl.environments import ConfiguredEnv, is_term
 from toolrl.loggers import logger_names
 from toolrl.model_sources import model_path
+from toolrl.plugins.parts import lookup_part
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
-from toolrl.training.weight_sync import sync_plan
+from toolrl.training.weight_sync import SyncPlan
 from toolrl.transports import build_transport
 
 # train: `toolrl train`; rollout: `toolrl rollout` (the training batches, not trained); eval: `toolrl eval`.
@@ -29,18 +31,52 @@ Purpose = Literal["train", "rollout", "eval"]
 
 
 @dataclass(frozen=True)
+class RunPlan:
+    """What the run check decides once and the roles act on, carried to them (a trainer rank or a rollout
+    worker may be a Ray actor: plain, picklable values). ``sync``: what a weight sync sends (the trainer
+    ranks send it; an engine that loads its own model takes the run's adapters first); ``state_keys``:
+    whether sessions are asked for their turns' state keys (the advantage estimator reads them: gigpo)."""
+
+    sync: SyncPlan = SyncPlan()
+    state_keys: bool = False
+
+
+def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None, estimator: Any = None) -> RunPlan:
+    """The run's :class:`RunPlan`. What a weight sync sends: adapters alone under ``model.lora`` when the
+    engine takes them (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other
+    gets merged weights); delta with ``trainer.weight_sync: delta`` (read only by a run that trains:
+    another sends no sync), which needs an engine that keeps what it is not sent
+    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
+    ``engine_cls`` and ``estimator``: as resolved (looked up by name when not given: a role built on
+    its own, outside :func:`resolve_run`)."""
+    if engine_cls is None:
+        engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
+    if estimator is None:
+        estimator = lookup_part("advantage_estimators", config.algorithm.advantage, "algorithm.advantage")
+    delta = purpose == "train" and config.trainer.weight_sync == "delta"
+    if delta and not engine_cls.partial_weight_updates:
+        raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
+                          "weights it is not sent; "
+                          f"the {config.engine.name} engine loads whole updates: use full")
+    sync = SyncPlan(adapters=config.model.lora is not None and engine_cls.loads_adapters, delta=delta)
+    return RunPlan(sync, state_keys=getattr(estimator, "needs_turns", False))
+
+
+@dataclass(frozen=True)
 class ResolvedRun:
     """Everything a run needs that can be checked before a model loads.
 
-    ``config``: what the run records in ``config.json``; ``samples``: what its steps draw from (the
-    training split, or recorded groups; none for ``eval``); ``eval_config`` and ``eval_samples``: the
-    config with ``eval.metric`` resolved and the held-out problems, when the run evaluates
-    (``eval``, or ``trainer.eval_every``); ``loggers``: the metric loggers' names (``train``)."""
+    ``config``: what the run records in ``config.json``; ``plan``: what the roles act on, decided
+    here; ``samples``: what its steps draw from (the training split, or recorded groups; none for
+    ``eval``); ``eval_config`` and ``eval_samples``: the config with ``eval.metric`` resolved and the
+    held-out problems, when the run evaluates (``eval``, or ``trainer.eval_every``); ``loggers``: the
+    metric loggers' names (``train``)."""
 
     purpose: Purpose
     config: Config
     parts: Parts
     model_dir: str
+    plan: RunPlan
     samples: list[Sample] = field(default_factory=list)
     eval_config: Config | None = None
     eval_samples: list[Sample] = field(default_factory=list)
@@ -73,8 +109,11 @@ def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
     if metric is None and len({e.metric for e in found}) == 1 and found[0].metric is not None:
         metric = found[0].metric
     functions = config.reward.functions if config.reward.functions is not None else [r for e in found for r in e.rewards]
-    # A session's score is a term of its own, named after its kind (session.name, else each environment's).
-    sessions = list(dict.fromkeys([config.session.name] if config.session.name else [e.session for e in found if e.session]))
+    # A session's score is a term of its own, named after its kind (session.name, else each environment's);
+    # a fleet's after the kind its servers serve: the environments' own (toolrl.fleet.remote).
+    named = [config.session.name] if config.session.name else []
+    own = [e.session for e in found if e.session] if config.session.name in (None, "fleet") else []
+    sessions = list(dict.fromkeys(named + own))
     terms = list(dict.fromkeys(f.name for f in functions)) + sessions + ["tools", "steps"]
     if metric is not None and not is_term(metric, terms, sessions):
         source = "eval.metric" if config.eval.metric is not None else f"eval.metric (environment {found[0].name!r})"
@@ -95,6 +134,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
                                                         ("test_files", held_out)) if read])
     model_dir = model_path(config)
     training: dict[str, object] = {}
+    estimator = None
     if purpose == "train":
         config = with_critic(config)
         estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
@@ -102,11 +142,11 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     parts = resolve_parts(config)
     loggers = logger_names(config) if purpose == "train" else []
     if purpose == "train":
-        # A bad trainer.weight_transport is one line before anything loads, and so is trainer.weight_sync:
-        # delta with an engine that cannot take one.
+        # A bad trainer.weight_transport is one line before anything loads.
         training["trainer.weight_transport_options"] = build_transport(config.trainer, config)
         parts = replace(parts, training=training)
-        sync_plan(config, parts.engine_cls)
+    # So is trainer.weight_sync: delta with an engine that cannot take one.
+    plan = run_plan(config, purpose, parts.engine_cls, estimator)
     samples: list[Sample] = []
     if recorded_groups:
         # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit
@@ -125,4 +165,4 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
         from toolrl.training.sequence_parallel import check_sequence_parallel
 
         check_sequence_parallel(config, model_dir)
-    return ResolvedRun(purpose, recorded, parts, model_dir, samples, eval_config, eval_samples, loggers)
+    return ResolvedRun(purpose, recorded, parts, model_dir, plan, samples, eval_config, eval_samples, loggers)

@@ -47,6 +47,7 @@ from toolrl.engines.weight_rows import load_rows, receive_into, whole
 from toolrl.model_sources import model_path
 from toolrl.roles.in_process import build_rollouts, seed_everything
 from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
+from toolrl.roles.resolve import RunPlan
 from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory
@@ -68,8 +69,9 @@ class RolloutWorker:
     them.
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], plan: RunPlan | None = None) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
+        self.plan = plan  # the run check's (toolrl.roles.resolve.RunPlan); None: decided at setup
         self._rollouts: Any = None  # toolrl.roles.in_process.Rollouts once set up
         self._links: list[Link] = []  # a linked weight transport's links, joined by _receivers
         self._receivers: list[Any] = []
@@ -82,7 +84,7 @@ class RolloutWorker:
         t0 = time.perf_counter()
         seed_everything(self.config.trainer.seed)
         path = model_path(self.config)
-        self._rollouts = await build_rollouts(self.config, path, model_sources.load_tokenizer(path))
+        self._rollouts = await build_rollouts(self.config, path, model_sources.load_tokenizer(path), plan=self.plan)
         if weights is not None:
             self._load(weights, version)
         return {**self.ping(), "setup_s": time.perf_counter() - t0}
@@ -260,12 +262,13 @@ class RolloutWorkerPool:
 
     ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
     ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
-    already initialised in this process, that connection is used and left open.
+    already initialised in this process, that connection is used and left open. ``plan``: what the
+    run check decided for the roles (each worker decides it at setup without one).
     """
 
     def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
                  num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
-                 setup_timeout_s: float = 900.0, max_attempts: int = 3) -> None:
+                 setup_timeout_s: float = 900.0, max_attempts: int = 3, plan: RunPlan | None = None) -> None:
         import ray
 
         if num_workers < 1:
@@ -279,6 +282,7 @@ class RolloutWorkerPool:
         self.rerun_groups = 0  # groups run again because their worker died mid-step
         self.recoveries: list[dict[str, Any]] = []  # replacements that came up, not yet taken by the controller
         self._payload = config.model_dump()
+        self._plan = plan  # the run check's, for every worker (a replacement's too)
         self._weights: Any = None  # ObjectRef of the last broadcast state dict
         self.weight_version = 0  # the version of the weights last sent to the workers
         # The trainer group, when training: a worker that comes up after a weight sync began (a
@@ -305,7 +309,7 @@ class RolloutWorkerPool:
         import ray
 
         assert self._placement is not None
-        actor: Any = ray.remote(RolloutWorker).options(**self._placement.options(index)).remote(self._payload)
+        actor: Any = ray.remote(RolloutWorker).options(**self._placement.options(index)).remote(self._payload, self._plan)
         return _Slot(index, actor, actor.setup.remote(self._weights, self.weight_version))
 
     def _replace(self, slot: _Slot, dead: Any, during: str) -> None:

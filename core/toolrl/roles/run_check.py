@@ -1,5 +1,8 @@
 """The run check: what each setting means for this model and these prompts, checked before any weights
-load. :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
+load. :func:`check_model_inputs` is its entry: the tokenizer, the processor (a vision-language
+model's), the model family's renderer (its tokens in the tokenizer, its template), :func:`check_run`
+and every prompt against the model's context; the controller checks them once and the roles it
+builds in this process reuse what it loaded (:class:`ModelInputs`). :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
 tokenizer, the chat template's renderer) and asks every part the run resolved (the engine class, each
 route's parser and context policy, the weight transport, the advantage estimator and the policy loss)
 for its own check, ``part.check_run(facts)``: a part that defines one raises on a setting it cannot
@@ -16,19 +19,22 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
-from toolrl.engines.build import engine_options
+from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import checked_options, namesake_note
-from toolrl.rollout.context_check import model_context
+from toolrl.rollout.context_check import check_prompt_tokens, model_context
+from toolrl.rollout.families import config_renderer_factory
 from toolrl.tools.verl_config import resolve_tool_class
 
 if TYPE_CHECKING:
     from toolrl.rollout.routes import Parts
+    from toolrl.schemas import Sample
 
 # A conversation every template must render into a prompt that holds the task and the tools and asks
 # the model to answer.
@@ -244,3 +250,31 @@ def report(warnings: Iterable[str]) -> None:
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr, flush=True)
 
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The tokenizer, the processor (None but for a vision-language model) and the renderer factory
+    (:func:`toolrl.rollout.families.config_renderer_factory`) of a run's model, checked."""
+
+    tokenizer: Any
+    processor: Any
+    renderer_factory: Any
+
+
+def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequence[Sample]) -> ModelInputs:
+    """The model's inputs, each check a one-line error: images need an engine that takes them, the
+    family's tokens must be in the tokenizer, every prompt must fit the model's context (and
+    ``model.max_context``), and :func:`check_run` (the template, every part's semantics) passes; its
+    warnings are printed, one line each."""
+    tokenizer = model_sources.load_tokenizer(path)
+    processor = engine_processor(config, parts.engine_cls, path, prompts)
+    factory = config_renderer_factory(config, tokenizer, processor)
+    report(check_run(config, parts, path, tokenizer, factory))
+    # Each prompt as its route renders it (the template, the tools known before they are built), against
+    # the model's context and model.max_context.
+    renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
+    cap = config.model.max_context
+    check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,
+                        cap=(cap, field_where(config, "model.max_context")) if cap is not None else None,
+                        renderer_of=lambda sample: renderers.get(sample.env) or next(iter(renderers.values())))
+    return ModelInputs(tokenizer, processor, factory)

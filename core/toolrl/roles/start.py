@@ -13,9 +13,9 @@ from typing import Any
 from toolrl.config import Config
 from toolrl.roles import RolloutGroup, TrainerGroup, sync_weights
 from toolrl.roles.in_process import build_local_run
-from toolrl.roles.inputs import ModelInputs, check_model_inputs
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
+from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
 from toolrl.roles.trainer_rank import TrainerRank
 
@@ -69,10 +69,10 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
     if inputs is None:
         inputs = check_model_inputs(config, run.parts, run.model_dir, run.prompts)
     if config.ray.address is None:
-        local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs)
+        local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs, run.plan)
         roles = Roles(config, local.tokenizer, local.path, local.rollouts)
         if train:
-            rank = TrainerRank(config)
+            rank = TrainerRank(config, plan=run.plan)
             roles.trainer = LocalTrainer(rank)
             roles.placement = {"trainer": [rank.setup(model=local.model, tokenizer=local.tokenizer)]}
         return roles
@@ -86,7 +86,8 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
     try:
         pool = RolloutWorkerPool(
             config, config.ray.num_rollout_workers, config.ray.address,
-            num_cpus_per_worker=config.ray.num_cpus_per_worker, num_gpus_per_worker=config.ray.num_gpus_per_worker)
+            num_cpus_per_worker=config.ray.num_cpus_per_worker, num_gpus_per_worker=config.ray.num_gpus_per_worker,
+            plan=run.plan)
     except BaseException:
         if owns_ray:
             ray.shutdown()
@@ -95,7 +96,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
     try:
         starts = [pool.start()]
         if train:
-            trainer = RayTrainerGroup(config)
+            trainer = RayTrainerGroup(config, run.plan)
             roles.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
             starts.append(trainer.start())
         placed = await asyncio.gather(*starts)

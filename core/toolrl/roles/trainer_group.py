@@ -25,6 +25,7 @@ from toolrl.config import Config, ConfigError
 from toolrl.roles import WeightPush
 from toolrl.roles.ray_actors import ActorDied, result
 from toolrl.roles.recovery import RankDied, ReformingGroup, TrainerFailed
+from toolrl.roles.resolve import RunPlan
 from toolrl.roles.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, build_transport
@@ -73,8 +74,9 @@ class RayTrainerGroup(ReformingGroup):
     """``config.trainer.world_size`` ranks on the Ray cluster this process is connected to, packed onto
     as few nodes as hold them (``world_size``: fewer after a ``shrink`` recovery)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, plan: RunPlan | None = None) -> None:
         self.config = config
+        self.plan = plan  # the run check's, for every rank (a re-formed group's too)
         self.world_size = config.trainer.world_size
         self.placement = self._reserve(self.world_size)
         self.ranks: list[Any] = self._spawn(self.world_size)
@@ -90,7 +92,8 @@ class RayTrainerGroup(ReformingGroup):
         # "copy": one thread of its own for the in-memory copies (snapshot, hold_copies), which run
         # beside the calls on the step's path (a weight push reads the same tensors; nothing writes them).
         actor = ray.remote(concurrency_groups={"copy": 1})(TrainerRank)
-        return [actor.options(**self.placement.options(r)).remote(payload, r, world_size) for r in range(world_size)]
+        return [actor.options(**self.placement.options(r)).remote(payload, r, world_size, self.plan)
+                for r in range(world_size)]
 
     async def start(self, timeout_s: float = 900.0) -> list[dict[str, Any]]:
         self.infos = []

@@ -23,17 +23,22 @@ from toolrl.config import Config, ConfigError, one_line
 from toolrl.model_sources import model_path
 from toolrl.roles import rank_state
 from toolrl.roles.in_process import seed_everything
+from toolrl.roles.resolve import RunPlan, run_plan
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
-from toolrl.training.weight_sync import Delta, push_local, send_owned, sync_plan
+from toolrl.training.weight_sync import Delta, push_local, send_owned
 from toolrl.trajectory import Trajectory
 from toolrl.transports import TransportError
 
 
 class TrainerRank:
-    def __init__(self, config: Config | Mapping[str, Any], rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, config: Config | Mapping[str, Any], rank: int = 0, world_size: int = 1,
+                 plan: RunPlan | None = None) -> None:
+        """``plan``: what the run check decided (:func:`toolrl.roles.resolve.resolve_run`); decided at
+        :meth:`setup` for a rank built on its own."""
         self.config = config if isinstance(config, Config) else Config.model_validate(dict(config))
         self.rank, self.world_size = rank, world_size
+        self.plan = plan
         self.model: Any = None  # the causal LM (its parameters are DTensors when sharded)
         self.policy: Any = None  # what runs the loss: the model, or the FSDP root around it
         self.optimizer: Any = None
@@ -71,7 +76,7 @@ class TrainerRank:
         import torch
 
         cfg = self.config
-        self.sync_plan = sync_plan(cfg)
+        self.sync_plan = (self.plan if self.plan is not None else run_plan(cfg)).sync
         self.delta = Delta() if self.sync_plan.delta else None
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
         self.device = "cuda" if on_gpu else model_sources.resolve_device(cfg.model.device)

@@ -43,11 +43,11 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     twig = Trajectory(trajectory_id=f"{traj.key}~branch{len(ep.closed)}", trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
-    return Episode(ep.config, ep.engine, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
+    return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
                    twig, branch_seed(ep.seed, len(ep.closed) + 1), ep.session,
                    messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
                    closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
-                   engine_session=twig.trajectory_id, state_keys=ep.state_keys)
+                   engine_session=twig.trajectory_id)
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:

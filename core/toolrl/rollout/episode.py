@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.config import RolloutConfig
-from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.engines import Generation, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageLimits, images_held, prepare
 from toolrl.parsers import parse_within
 from toolrl.rollout.chat import ChatRenderer
@@ -26,11 +25,11 @@ from toolrl.trajectory import Trajectory, TrajectoryImage, append_tokens
 
 @dataclass
 class Episode:
-    """One trajectory in progress: what its turns read (config, engine, route, renderer, tools, seed,
-    session) and what they write (the trajectory, the tools' step rewards, the session's terms)."""
+    """One trajectory in progress: what its turns read (the rollout context: its config, engine and
+    whether sessions give state keys; the route, renderer, tools, seed, session) and what they write
+    (the trajectory, the tools' step rewards, the session's terms)."""
 
-    config: RolloutConfig
-    engine: RolloutEngine
+    ctx: RolloutContext
     route: Route
     renderer: ChatRenderer
     toolset: ToolSet
@@ -50,7 +49,6 @@ class Episode:
     depth: int = 0
     path: tuple[int, ...] = ()
     lines: list[asyncio.Task[Episode]] = field(default_factory=list)
-    state_keys: bool = True  # RolloutContext.state_keys
 
     @property
     def response_tokens(self) -> int:
@@ -91,8 +89,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         raise
     toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
     messages = renderer.prompt_messages(messages)
-    return Episode(ctx.config, ctx.engine, route, renderer, toolset, traj, seed, session,
-                    messages=messages, task=len(messages), state_keys=ctx.state_keys)
+    return Episode(ctx, route, renderer, toolset, traj, seed, session, messages=messages, task=len(messages))
 
 
 def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
@@ -111,7 +108,7 @@ def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
 async def generate(ep: Episode, budget: int) -> Generation:
     """Generate within the per-call and the whole-response budgets; the model's tokens join the
     response (mask 1, with the engine's logprobs)."""
-    cfg, traj = ep.config, ep.traj
+    cfg, traj = ep.ctx.config, ep.traj
     params = SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
         stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.route.parser.stop_strings,
@@ -120,14 +117,14 @@ async def generate(ep: Episode, budget: int) -> Generation:
     t0 = time.perf_counter()
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
-    gen = (await ep.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                    session_id=ep.engine_session or traj.key, **images))[0]
+    gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
+                                        session_id=ep.engine_session or traj.key, **images))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
     if gen.routed_experts is not None:  # they cover the whole context the engine ran: this call's replace the last's
         traj.routed_experts = gen.routed_experts
-    await record_turn(traj, ep.session if ep.state_keys else None)
+    await record_turn(traj, ep.session if ep.ctx.state_keys else None)
     append_tokens(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
     traj.turns += 1
     traj.model_text.append(ep.renderer.decode(gen.token_ids))
@@ -136,7 +133,8 @@ async def generate(ep: Episode, budget: int) -> Generation:
 
 async def answer_of(ep: Episode, gen: Generation) -> str:
     """The answer ``gen`` holds: its parsed content, without the end-of-turn token."""
-    parsed = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids), ep.config.parser_timeout_s)
+    parsed = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids),
+                                ep.ctx.config.parser_timeout_s)
     return parsed.content
 
 

@@ -138,7 +138,7 @@ async def run_turns(ep: Episode) -> Termination:
 async def take_turn(ep: Episode) -> Termination | None:
     """One turn: generate, parse, run the calls, append their results. Returns why the trajectory
     ends here, or None to take another turn."""
-    cfg, traj = ep.config, ep.traj
+    cfg, traj = ep.ctx.config, ep.traj
     budget = cfg.max_response_tokens - ep.response_tokens
     if budget <= 0:
         return "max_response_tokens"
@@ -175,7 +175,7 @@ async def parse(ep: Episode, gen: Generation) -> tuple[list[ToolCall], list[Pars
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
     parser, traj, renderer = ep.route.parser, ep.traj, ep.renderer
-    seconds = ep.config.parser_timeout_s
+    seconds = ep.ctx.config.parser_timeout_s
     parsed = await parse_within(parser, traj.model_text[-1], seconds)  # a parser that fails: this turn's error
     if parser.result_mode != "inline":
         traj.final_response = parsed.content
@@ -198,7 +198,8 @@ def ending_after_generation(ep: Episode, gen: Generation, calls: Sequence[ToolCa
     """Why the trajectory ends once the model has spoken: it ran out of tokens, or it made no call
     and no malformed one (its answer). None: there are calls to run or errors to report."""
     if gen.finish_reason == "length":
-        return "max_response_tokens" if len(ep.traj.response_ids) >= ep.config.max_response_tokens else "length"
+        full = len(ep.traj.response_ids) >= ep.ctx.config.max_response_tokens
+        return "max_response_tokens" if full else "length"
     if not calls and not errors:
         return "answered"
     return None
@@ -217,7 +218,7 @@ async def user_turn(ep: Episode, gen: Generation) -> Termination | None:
         return "max_turns"
     message = {"role": "user", "content": reply}
     delta = ep.renderer.tool_delta([message])
-    if ep.response_tokens + len(delta) >= ep.config.max_response_tokens:
+    if ep.response_tokens + len(delta) >= ep.ctx.config.max_response_tokens:
         return "max_response_tokens"
     ep.messages.append(message)
     append_tokens(traj, delta, [0] * len(delta), [0.0] * len(delta))
@@ -227,7 +228,7 @@ async def user_turn(ep: Episode, gen: Generation) -> Termination | None:
 
 async def execute(ep: Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     """Run the calls concurrently; calls over the per-turn limit are reported, not dropped."""
-    limit, traj = ep.config.max_parallel_calls, ep.traj
+    limit, traj = ep.ctx.config.max_parallel_calls, ep.traj
     run, over = calls[:limit], calls[limit:]
     opened = [branch_of(ep, c) for c in run]  # fold's branch calls are the loop's, run after the tools'
     t0 = time.perf_counter()
@@ -251,7 +252,7 @@ async def run_branch(ep: Episode, call: ToolCall, branch: Branch) -> ToolResult:
     try:
         ending = await run_turns(sub)
     finally:
-        ep.engine.end_session(sub.engine_session)
+        ep.ctx.engine.end_session(sub.engine_session)
     return close_branch(ep, sub, call, branch, ending)
 
 
@@ -269,7 +270,7 @@ async def finish_tools(ep: Episode) -> None:
     if toolset.infrastructure is not None:  # e.g. calc_reward could not reach its server: no reward to train on
         traj.termination, traj.error = "infra_error", traj.error or toolset.infrastructure
     ep.session_terms = await asyncio.shield(ep.session.finish(traj))
-    ep.engine.end_session(traj.key)
+    ep.ctx.engine.end_session(traj.key)
 
 
 def _refused(call: ToolCall, limit: int) -> ToolResult:

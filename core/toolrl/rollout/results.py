@@ -18,7 +18,7 @@ def tool_results_delta(ep: Episode, results: Sequence[ToolResult], errors: Seque
     turn, or inline result tags; each response cut to ``tool_response_max_tokens``. With a processor,
     the images the results hold come with them (the second value, in token order). ``call_ids``: the
     results' calls' ids, in order (for templates that pair a result with its call)."""
-    cfg, renderer, parser = ep.config, ep.renderer, ep.route.parser
+    cfg, renderer, parser = ep.ctx.config, ep.renderer, ep.route.parser
     shown = tool_images(ep, results) if renderer.processor is not None and parser.result_mode == "chat" else []
     texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
                                                 cfg.tool_response_truncation),
@@ -39,7 +39,7 @@ def tool_images(ep: Episode, results: Sequence[ToolResult]) -> list[list[Traject
     """The images each result shows, within ``rollout.images``. A result whose image cannot be shown
     (corrupt, over the pixel cap, over the trajectory's image count) becomes an error result saying
     so, which the model sees instead of its images."""
-    limits, held = ep.config.images, len(ep.traj.images)
+    limits, held = ep.ctx.config.images, len(ep.traj.images)
     shown: list[list[TrajectoryImage]] = []
     for result in results:
         images: list[TrajectoryImage] = []

@@ -54,10 +54,10 @@ async def edit_context(ep: Episode, policy: ContextPolicy, plan: ContextPlan) ->
                            + ("holds images" if traj.images else "calls tools inline"))
     if plan.ask is not None and plan.then is not None:
         ask_model(ep, plan.ask)
-        left = ep.config.max_response_tokens - ep.response_tokens
+        left = ep.ctx.config.max_response_tokens - ep.response_tokens
         if left <= 0 or ep.context_room <= 0:
             return "max_response_tokens" if left <= 0 else "length"
-        budget = min(left, ep.context_room, plan.max_reply_tokens or ep.config.max_new_tokens)
+        budget = min(left, ep.context_room, plan.max_reply_tokens or ep.ctx.config.max_new_tokens)
         gen = await generate(ep, budget)
         summary = ep.renderer.turn_text(gen.token_ids)
         ep.messages.append(ep.renderer.assistant_message(gen.token_ids))
@@ -99,7 +99,7 @@ def check_history(ep: Episode) -> None:
         rendered = ep.renderer.conversation_ids(ep.messages, [i.grid_thw for i in traj.images])
     except Exception as exc:
         traj.template_rewrites += 1
-        if ep.config.template_rewrite == "keep":
+        if ep.ctx.config.template_rewrite == "keep":
             return
         raise TemplateError(f"turn {traj.turns}: the chat template cannot re-render the conversation "
                             f"({type(exc).__name__}: {exc})") from None
@@ -108,9 +108,9 @@ def check_history(ep: Episode) -> None:
     if position is None:
         return
     traj.template_rewrites += 1
-    if ep.config.template_rewrite == "refuse":
+    if ep.ctx.config.template_rewrite == "refuse":
         raise refusal(traj.turns, position, rendered, live, ep.renderer.decode)
-    if ep.config.template_rewrite != "keep":
+    if ep.ctx.config.template_rewrite != "keep":
         close_segment(ep, rendered)
         traj.template_forks += 1
 

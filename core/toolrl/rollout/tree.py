@@ -54,14 +54,14 @@ def roots(config: RolloutConfig, n: int) -> tuple[int, bool]:
 async def fork_due(ep: Episode, run_line: Callable[[Episode], Awaitable[Episode]]) -> None:
     """At a fork turn of a tree's line (not a fold branch; with room left to generate): its copies,
     each run by ``run_line`` as a task in the tree's ``lines``; the line goes on as continuation 0."""
-    tree, traj = ep.config.tree, ep.traj
+    tree, traj = ep.ctx.config.tree, ep.traj
     if tree is None or traj.tree_id is None or ep.engine_session or ep.depth >= tree.depth \
             or traj.turns != tree.turn + ep.depth:
         return
-    if ep.config.max_response_tokens <= ep.response_tokens or ep.context_room <= 0:
+    if ep.ctx.config.max_response_tokens <= ep.response_tokens or ep.context_room <= 0:
         return
     copies = await asyncio.gather(*(fork_episode(ep, c) for c in range(1, tree.width)))
-    ep.engine.fork_session(traj.key, [c.traj.key for c in copies])
+    ep.ctx.engine.fork_session(traj.key, [c.traj.key for c in copies])
     ep.depth, traj.branch_point = ep.depth + 1, len(traj.response_ids)
     ep.lines.extend(asyncio.ensure_future(run_line(c)) for c in copies)
 
@@ -117,7 +117,7 @@ def made_up(line: Episode, fresh: Callable[[str, int], Awaitable[Episode]],
     leaf where ``width ** forks_left`` were due: the others start afresh from the prompt, as flat
     leaves of the tree (``branch_point`` 0), so the group still holds ``rollout.n``. Leaf ``k`` (from 1)
     is seeded as continuation ``k`` of a fork of the line at turn 0."""
-    tree = line.config.tree
+    tree = line.ctx.config.tree
     if tree is None or line.traj.tree_id is None or line.depth >= tree.depth:
         return
     path = line.path + (0,) * (line.depth - len(line.path))

@@ -2,11 +2,12 @@
 scripted policy instead of a model (``toolrl env bench``, ``benchmarks/env_load.py``).
 
 A :class:`Driver` opens a trajectory (a session's reset through :class:`toolrl.sessions.SessionRun`, or
-a :class:`toolrl.tools.ToolSet`'s create), takes steps and closes it. :func:`measure_rung` opens N at
-once, reads the client's memory with all of them open, then has each take ``steps`` steps with a think
-time between them (a model's generation time) and close. A failure the environment caused
-(:class:`toolrl.InfrastructureError`: its server gone) masks its trajectory, which the rollout would
-not train; any other failure loses it."""
+a :class:`toolrl.tools.ToolSet`'s create), takes steps and closes it; its ``prepare`` ends with the
+rollout process's collector policy (:func:`toolrl.gc_policy.after_startup`), as a rollout's
+start-up does. :func:`measure_rung` opens N at once, reads the client's memory with all of them open,
+then has each take ``steps`` steps with a think time between them (a model's generation time) and
+close. A failure the environment caused (:class:`toolrl.InfrastructureError`: its server gone) masks
+its trajectory, which the rollout would not train; any other failure loses it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel
 from toolrl.config import ConfigError
 from toolrl.data.sources import load_split
 from toolrl.environments import get_environment
+from toolrl.gc_policy import after_startup
 from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
 from toolrl.tools import Tool, ToolSet
@@ -97,6 +99,7 @@ class SessionDriver:
 
     async def prepare(self) -> None:
         await self.kind.prepare()
+        after_startup()  # as a rollout process once its routes are built
 
     async def open(self, i: int) -> tuple[SessionRun, list[dict[str, Any]]]:
         run = SessionRun(self.kind, f"t{i}")
@@ -130,7 +133,7 @@ class ToolDriver:
         self.tools, self.samples, self.policy = dict(tools), samples, policy
 
     async def prepare(self) -> None:
-        pass
+        after_startup()  # as a rollout process once its routes are built
 
     async def open(self, i: int) -> ToolSet:
         tools = ToolSet(self.tools, self.samples[i % len(self.samples)].tools_kwargs, trajectory_id=f"t{i}")

@@ -31,6 +31,7 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.trajectory": ("Trajectory", "TrajectoryImage"),
     "toolrl.families": ("ModelFamily", "Detection", "Template", "FamilyError"),
     "toolrl.rollout.chat": ("ChatRenderer",),
+    "toolrl.gc_policy": ("after_startup",),
     "toolrl.algorithms": ("AdvantageEstimator", "AdvantageInputs", "PolicyLoss", "LossInputs", "LossTerms",
                           "LossOptions", "NoOptions"),
     "toolrl.context": ("ContextPolicy", "ContextView", "ContextPlan", "Branch", "TriggeredPolicy", "TriggeredOptions"),
@@ -67,6 +68,7 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
+    "toolrl.fleet.launch": ("stop_child",),
 }.items()}
 
 

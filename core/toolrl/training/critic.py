@@ -30,14 +30,12 @@ from toolrl.model_sources import model_path
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import (
     PackedBatch,
-    build_batch,
-    dummy_batch,
     input_length,
     packed_hidden_states,
     sharing_metrics,
     tree_keys,
 )
-from toolrl.training.step import clip_grad_norm
+from toolrl.training.step import MicroStep, clip_grad_norm, packed_micro_steps
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
@@ -109,19 +107,14 @@ def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> Val
 
 
 def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: CriticOptions,
-                 device: torch.device) -> list[tuple[list[int] | None, PackedBatch]]:
-    """This rank's packed micro-steps over ``indices`` (:mod:`toolrl.training.microbatch`), as prefix
-    trees with ``options.share_prefixes``; a dummy step (one pad token) where a busier rank still has
-    work, to keep FSDP's collectives in step."""
+                 device: torch.device) -> list[MicroStep]:
+    """This rank's packed micro-steps over ``indices`` (:func:`~toolrl.training.step.packed_micro_steps`)."""
     lengths = [input_length(t) for t in trajs]
     seqs = tree_keys(trajs, options.processor) if options.share_prefixes else None
     shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch,
                   seqs)
-    cache: dict[bytes, Any] = {}
-    return [(None, dummy_batch(options.pad_id, device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [0.0] * len(micro), device, options.share_prefixes,
-                                options.processor, cache))
-            for micro in shares[options.rank]]
+    return packed_micro_steps(trajs, [0.0] * len(trajs), shares[options.rank], device, options.pad_id,
+                              options.share_prefixes, options.processor, {})
 
 
 def _trainable(trajs: Sequence[Trajectory]) -> list[int]:

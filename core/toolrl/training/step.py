@@ -333,15 +333,25 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     pixel_cache: dict[bytes, Any] = {}  # an image shared by a group's trajectories is processed once
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs)
-        micro_steps: list[MicroStep] = [
-            (None, dummy_batch(options.pad_id, device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device,
-                                options.optim.share_prefixes, options.processor, pixel_cache))
-            for micro in shares[dp_rank]]
+        micro_steps = packed_micro_steps(trajs, advs, shares[dp_rank], device, options.pad_id,
+                                         options.optim.share_prefixes, options.processor, pixel_cache)
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
         minis.append(MiniBatch(micro_steps, norm))
     return minis
+
+
+def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: Sequence[list[int] | None],
+                       device: torch.device, pad_id: int, share_prefixes: bool, processor: Any,
+                       cache: dict[bytes, Any]) -> list[MicroStep]:
+    """A rank's share of a plan (:func:`toolrl.training.microbatch.plan`) packed: each micro-batch's rows
+    ``trajs[i]`` with advantages ``advs[i]`` (prefix trees with ``share_prefixes``; ``cache``: images
+    processed once), and a dummy step (one pad token) for each None, where a busier rank still has work,
+    to keep FSDP's collectives in step."""
+    return [(None, dummy_batch(pad_id, device)) if micro is None else
+            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device, share_prefixes,
+                                processor, cache))
+            for micro in share]
 
 
 def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: ExpertReplay | None = None,

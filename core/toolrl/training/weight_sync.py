@@ -8,7 +8,8 @@ rank holds the transport's two bucket buffers at most. In the trainer's own proc
 straight into the engines there (:func:`push_local`: nothing copied for an engine sharing the module).
 Tied tensors are sent once, under their first name.
 
-What travels (:class:`SyncPlan`, decided once per run by :func:`sync_plan`): under LoRA, to an engine
+What travels (:class:`SyncPlan`, decided once per run by the run check:
+:func:`toolrl.roles.resolve.run_plan`): under LoRA, to an engine
 that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
 same adapters first); with ``trainer.weight_sync: delta``, only the tensors written since the same
 receivers' last completed sync (:class:`Delta`).
@@ -22,9 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrl.config import Config, ConfigError, field_where
+from toolrl.config import Config
 from toolrl.engines.weight_rows import Rows, load_rows
-from toolrl.plugins.parts import lookup_part
 from toolrl.training import lora
 from toolrl.transports import ALIGN, Bucket, BucketHeader, RowPiece, WeightSender
 
@@ -49,28 +49,12 @@ class SyncPlan:
     delta: bool = False
 
 
-def sync_plan(config: Config, engine_cls: Any = None) -> SyncPlan:
-    """The run's :class:`SyncPlan`: adapters alone under ``model.lora`` when the engine takes them
-    (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other gets merged
-    weights), delta with ``trainer.weight_sync: delta``, which needs an engine that keeps what it is
-    not sent (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
-    ``engine_cls``: the configured engine's class (looked up by ``engine.name`` when not given)."""
-    if engine_cls is None:
-        engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
-    delta = config.trainer.weight_sync == "delta"
-    if delta and not engine_cls.partial_weight_updates:
-        raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
-                          "weights it is not sent; "
-                          f"the {config.engine.name} engine loads whole updates: use full")
-    return SyncPlan(adapters=config.model.lora is not None and engine_cls.loads_adapters, delta=delta)
-
-
-def prepare_engine(engine: Any, config: Config) -> None:
-    """Under an adapter-only :class:`SyncPlan`: ``engine`` given the run's LoRA adapters by the trainer's
+def prepare_engine(engine: Any, config: Config, plan: SyncPlan) -> None:
+    """Under an adapter-only ``plan`` (the run's): ``engine`` given the run's LoRA adapters by the trainer's
     own injection (:func:`toolrl.training.lora.apply_lora`: on its base model, or for vLLM on a skeleton
     that tells the adapter's names, shapes and config), so the adapter tensors the trainer sends load
     by name; the base weights stay untouched."""
-    if sync_plan(config, type(engine)).adapters:
+    if plan.adapters:
         engine.apply_adapters(functools.partial(lora.apply_lora, config=config.model.lora))
 
 

@@ -87,6 +87,10 @@ class Link(BaseModel):
     address: str
     timeout_s: float = Field(gt=0)
 
+    def error(self, what: str) -> TransportError:
+        """The :class:`TransportError` that says ``what`` went wrong on this link (named by its key)."""
+        return TransportError(f"weight link {self.key}: {what}")
+
 
 class WeightSender(ABC):
     link: Link

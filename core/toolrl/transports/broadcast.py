@@ -17,16 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.transports import (
-    Bucket,
-    BucketHeader,
-    Link,
-    LinkedTransport,
-    Load,
-    TransportError,
-    WeightReceiver,
-    WeightSender,
-)
+from toolrl import transports
 from toolrl.transports.rendezvous import host_store, join_store
 
 
@@ -40,7 +31,7 @@ class BroadcastOptions(BaseModel):
 class _Group:
     """One link's process group and its two byte buffers."""
 
-    def __init__(self, store: Any, link: Link, rank: int, device: str) -> None:
+    def __init__(self, store: Any, link: transports.Link, rank: int, device: str) -> None:
         import torch
         import torch.distributed as dist
 
@@ -57,7 +48,7 @@ class _Group:
                 options._devices = [dist.ProcessGroupGloo.create_device(hostname=link.address.rpartition(":")[0])]
                 self.pg = dist.ProcessGroupGloo(prefixed, rank, link.receivers + 1, options)
         except RuntimeError as exc:
-            raise TransportError(f"weight link {link.key}: the group did not form: {exc}") from None
+            raise link.error(f"the group did not form: {exc}") from None
         self.buffers: list[Any] = [None, None]
 
     def buffer(self, slot: int, nbytes: int) -> Any:
@@ -78,7 +69,7 @@ class _Group:
         try:
             work.wait(timedelta(seconds=self.link.timeout_s))
         except RuntimeError as exc:  # gloo: a peer closed the connection, or the timeout passed
-            raise TransportError(f"weight link {self.link.key}: transfer failed: {exc}") from None
+            raise self.link.error(f"transfer failed: {exc}") from None
 
     def sizes(self, header: bytes | None, nbytes: int) -> tuple[int, int]:
         """Broadcast (header length, bucket bytes); receivers pass None and learn them."""
@@ -99,14 +90,15 @@ class _Group:
         return bytes(data.cpu().numpy())
 
 
-class BroadcastSender(WeightSender):
+class BroadcastSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, device: str) -> None:
         self.store, address = host_store(receivers, timeout_s)
-        self.link = Link(key=key, sender=sender, receivers=receivers, address=address, timeout_s=timeout_s)
+        self.link = transports.Link(key=key, sender=sender, receivers=receivers, address=address,
+                                    timeout_s=timeout_s)
         self.device = device
         self.group: _Group | None = None
 
-    def send(self, buckets: Iterable[Bucket]) -> int:
+    def send(self, buckets: Iterable[transports.Bucket]) -> int:
         if self.group is None:
             self.group = _Group(self.store, self.link, 0, self.device)
         group, sent, slot = self.group, 0, 0
@@ -132,23 +124,22 @@ class BroadcastSender(WeightSender):
         self.store = None
 
 
-class BroadcastReceiver(WeightReceiver):
-    def __init__(self, link: Link, index: int, device: str) -> None:
+class BroadcastReceiver(transports.WeightReceiver):
+    def __init__(self, link: transports.Link, index: int, device: str) -> None:
         self.link, self.index, self.device = link, index, device
         self.group: _Group | None = None
 
-    def receive(self, load: Load) -> int:
+    def receive(self, load: transports.Load) -> int:
         if self.group is None:
             self.group = _Group(join_store(self.link), self.link, self.index + 1, self.device)
         group, received, slot = self.group, 0, 0
-        pending: tuple[BucketHeader, Any, Any] | None = None
+        pending: tuple[transports.BucketHeader, Any, Any] | None = None
         while True:
             length, nbytes = group.sizes(None, 0)
             if length:
-                header = BucketHeader.model_validate_json(group.header(None, length))
+                header = transports.BucketHeader.model_validate_json(group.header(None, length))
                 if header.nbytes != nbytes:
-                    raise TransportError(f"weight link {self.link.key}: header says {header.nbytes} bytes, "
-                                         f"sizes {nbytes}")
+                    raise self.link.error(f"header says {header.nbytes} bytes, sizes {nbytes}")
                 data = group.buffer(slot, nbytes)
                 arriving = (header, data, group.broadcast(data))
             if pending is not None:  # loaded while the next bucket travels
@@ -162,7 +153,7 @@ class BroadcastReceiver(WeightReceiver):
         self.group = None
 
 
-class BroadcastTransport(LinkedTransport):
+class BroadcastTransport(transports.LinkedTransport):
     name = "broadcast"
     Options = BroadcastOptions
 
@@ -179,8 +170,8 @@ class BroadcastTransport(LinkedTransport):
                                  "(ray.num_gpus_per_trainer is 0)")
         return super().check_run(run)
 
-    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> BroadcastSender:
         return BroadcastSender(key, sender, receivers, timeout_s, self.options.device)
 
-    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+    def open_receiver(self, link: transports.Link, index: int) -> BroadcastReceiver:
         return BroadcastReceiver(link, index, self.options.device)

@@ -17,17 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.transports import (
-    Bucket,
-    BucketHeader,
-    Link,
-    LinkedTransport,
-    Load,
-    TransportError,
-    WeightReceiver,
-    WeightSender,
-    writable_directory,
-)
+from toolrl import transports
 
 POLL_S = 0.005
 
@@ -38,14 +28,15 @@ class DiskOptions(BaseModel):
     path: str = Field(min_length=1)  # a directory every trainer rank and engine sees
 
 
-class DiskSender(WeightSender):
+class DiskSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, path: str) -> None:
         self.directory = Path(path) / key
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.link = Link(key=key, sender=sender, receivers=receivers, address=str(self.directory), timeout_s=timeout_s)
+        self.link = transports.Link(key=key, sender=sender, receivers=receivers, address=str(self.directory),
+                                    timeout_s=timeout_s)
         self.rounds = 0
 
-    def send(self, buckets: Iterable[Bucket]) -> int:
+    def send(self, buckets: Iterable[transports.Bucket]) -> int:
         import torch
         from safetensors.torch import save_file
 
@@ -69,8 +60,8 @@ class DiskSender(WeightSender):
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class DiskReceiver(WeightReceiver):
-    def __init__(self, link: Link) -> None:
+class DiskReceiver(transports.WeightReceiver):
+    def __init__(self, link: transports.Link) -> None:
         self.link = link
         self.rounds = 0
 
@@ -83,11 +74,10 @@ class DiskReceiver(WeightReceiver):
             if (directory / f"{seq}.end").exists():
                 return None
             if time.monotonic() > deadline:
-                raise TransportError(f"weight link {self.link.key}: no bucket {seq} in {directory} within "
-                                     f"{self.link.timeout_s:g} s")
+                raise self.link.error(f"no bucket {seq} in {directory} within {self.link.timeout_s:g} s")
             time.sleep(POLL_S)
 
-    def receive(self, load: Load) -> int:
+    def receive(self, load: transports.Load) -> int:
         from safetensors import safe_open
 
         directory = Path(self.link.address) / str(self.rounds)
@@ -95,22 +85,22 @@ class DiskReceiver(WeightReceiver):
         received, seq = 0, 0
         while (path := self._next(directory, seq)) is not None:
             with safe_open(str(path), framework="pt") as f:
-                header = BucketHeader.model_validate_json(f.metadata()["header"])
+                header = transports.BucketHeader.model_validate_json(f.metadata()["header"])
                 load(header, f.get_tensor("bytes"))
             received, seq = received + header.nbytes, seq + 1
         return received
 
 
-class DiskTransport(LinkedTransport):
+class DiskTransport(transports.LinkedTransport):
     name = "disk"
     Options = DiskOptions
 
     def check_run(self, run: Any) -> list[str]:
-        writable_directory(self.options.path, "path")
+        transports.writable_directory(self.options.path, "path")
         return super().check_run(run)
 
-    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> DiskSender:
         return DiskSender(key, sender, receivers, timeout_s, self.options.path)
 
-    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+    def open_receiver(self, link: transports.Link, index: int) -> DiskReceiver:
         return DiskReceiver(link)

@@ -18,16 +18,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from toolrl.transports import (
-    Bucket,
-    BucketHeader,
-    Link,
-    LinkedTransport,
-    Load,
-    TransportError,
-    WeightReceiver,
-    WeightSender,
-)
+from toolrl import transports
 
 # How often a sender waiting on its receivers asks whether one of them died (a dead Ray actor answers
 # at once; one that stalls is left to the link's timeout).
@@ -105,7 +96,7 @@ def _ray() -> Any:
     return ray
 
 
-class ObjectStoreSender(WeightSender):
+class ObjectStoreSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float) -> None:
         ray = _ray()
         if not ray.is_initialized():  # a process of the cluster that is not connected yet
@@ -113,26 +104,25 @@ class ObjectStoreSender(WeightSender):
         context = ray.get_runtime_context()
         name = f"toolrl-weights-{key}"
         self.mailbox = ray.remote(num_cpus=0)(Mailbox).options(name=name, max_concurrency=1000).remote(receivers)
-        self.link = Link(key=key, sender=sender, receivers=receivers, timeout_s=timeout_s,
-                         address=f"{context.gcs_address}|{context.namespace}|{name}")
+        self.link = transports.Link(key=key, sender=sender, receivers=receivers, timeout_s=timeout_s,
+                                    address=f"{context.gcs_address}|{context.namespace}|{name}")
         self.rounds = 0
 
     def _wait_taken(self, round_: int, seq: int) -> None:
         ray = _ray()
         ok = ray.get(self.mailbox.all_took.remote(round_, seq, self.link.timeout_s))
         if not ok:
-            raise TransportError(f"weight link {self.link.key}: a receiver did not take bucket {seq} within "
-                                 f"{self.link.timeout_s:g} s")
+            raise self.link.error(f"a receiver did not take bucket {seq} within {self.link.timeout_s:g} s")
 
-    def send(self, buckets: Iterable[Bucket]) -> int:
+    def send(self, buckets: Iterable[transports.Bucket]) -> int:
         from ray.exceptions import RayError
 
         try:
             return self._send(buckets)
         except RayError as exc:  # the mailbox gone (the link closed meanwhile)
-            raise TransportError(f"weight link {self.link.key}: {str(exc).splitlines()[0]}") from None
+            raise self.link.error(str(exc).splitlines()[0]) from None
 
-    def _send(self, buckets: Iterable[Bucket]) -> int:
+    def _send(self, buckets: Iterable[transports.Bucket]) -> int:
         import numpy as np
         import torch
 
@@ -158,8 +148,8 @@ class ObjectStoreSender(WeightSender):
             ray.kill(self.mailbox, no_restart=True)
 
 
-class ObjectStoreReceiver(WeightReceiver):
-    def __init__(self, link: Link) -> None:
+class ObjectStoreReceiver(transports.WeightReceiver):
+    def __init__(self, link: transports.Link) -> None:
         self.link = link
         self.mailbox: Any = None
         self.rounds = 0
@@ -174,7 +164,7 @@ class ObjectStoreReceiver(WeightReceiver):
         ray.get(mailbox.join.remote([context.current_actor] if context.get_actor_id() else []))
         return mailbox
 
-    def receive(self, load: Load) -> int:
+    def receive(self, load: transports.Load) -> int:
         import torch
         from ray.exceptions import RayError
 
@@ -186,12 +176,11 @@ class ObjectStoreReceiver(WeightReceiver):
             while True:
                 came, item = ray.get(self.mailbox.get.remote(round_, seq, self.link.timeout_s))
                 if not came:
-                    raise TransportError(f"weight link {self.link.key}: no bucket {seq} from the sender within "
-                                         f"{self.link.timeout_s:g} s")
+                    raise self.link.error(f"no bucket {seq} from the sender within {self.link.timeout_s:g} s")
                 if item is None:
                     ray.get(self.mailbox.take.remote(round_, seq))
                     return received
-                header = BucketHeader.model_validate_json(item[0])
+                header = transports.BucketHeader.model_validate_json(item[0])
                 data = ray.get(item[1][0], timeout=self.link.timeout_s)  # read-only, where the store holds it
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)  # not writable: load only reads it
@@ -200,10 +189,10 @@ class ObjectStoreReceiver(WeightReceiver):
                 ray.get(self.mailbox.take.remote(round_, seq))
                 received, seq = received + header.nbytes, seq + 1
         except (RayError, ValueError) as exc:  # the sender (and its mailbox) gone; ValueError: no such actor
-            raise TransportError(f"weight link {self.link.key}: the sender is gone: {str(exc).splitlines()[0]}") from None
+            raise self.link.error(f"the sender is gone: {str(exc).splitlines()[0]}") from None
 
 
-class ObjectStoreTransport(LinkedTransport):
+class ObjectStoreTransport(transports.LinkedTransport):
     """Buckets through Ray's object store: needs nothing but Ray, and works across nodes."""
 
     name = "object_store"
@@ -212,8 +201,8 @@ class ObjectStoreTransport(LinkedTransport):
         """Nothing to probe, and nothing to say in a single-process run: it is the default there too."""
         return []
 
-    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> ObjectStoreSender:
         return ObjectStoreSender(key, sender, receivers, timeout_s)
 
-    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+    def open_receiver(self, link: transports.Link, index: int) -> ObjectStoreReceiver:
         return ObjectStoreReceiver(link)

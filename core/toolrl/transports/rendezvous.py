@@ -7,7 +7,7 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from toolrl.transports import Link, TransportError
+from toolrl.transports import Link
 
 
 def node_address() -> str:
@@ -35,4 +35,4 @@ def join_store(link: Link) -> Any:
         return dist.TCPStore(host, int(port), link.receivers + 1, is_master=False, wait_for_workers=False,
                              timeout=timedelta(seconds=link.timeout_s))
     except (RuntimeError, ValueError) as exc:  # DistStoreError is a RuntimeError
-        raise TransportError(f"weight link {link.key}: cannot reach the sender at {link.address}: {exc}") from None
+        raise link.error(f"cannot reach the sender at {link.address}: {exc}") from None

@@ -22,17 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from toolrl.transports import (
-    Bucket,
-    BucketHeader,
-    Link,
-    LinkedTransport,
-    Load,
-    TransportError,
-    WeightReceiver,
-    WeightSender,
-    writable_directory,
-)
+from toolrl import transports
 from toolrl.transports.rendezvous import host_store, join_store
 
 
@@ -76,10 +66,11 @@ def _map(path: str, nbytes: int) -> Any:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
-class SharedMemorySender(WeightSender):
+class SharedMemorySender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, directory: str) -> None:
         self.store, address = host_store(receivers, timeout_s)
-        self.link = Link(key=key, sender=sender, receivers=receivers, address=address, timeout_s=timeout_s)
+        self.link = transports.Link(key=key, sender=sender, receivers=receivers, address=address,
+                                    timeout_s=timeout_s)
         remove_orphans(directory)
         self.prefix = str(Path(directory) / f"{SEGMENT_PREFIX}{os.getpid()}-{key}")
         self.segments: list[tuple[str, Any] | None] = [None, None]  # (path, mapped tensor) per slot
@@ -101,10 +92,10 @@ class SharedMemorySender(WeightSender):
         try:
             self.store.wait(keys, timedelta(seconds=self.link.timeout_s))
         except RuntimeError as exc:
-            raise TransportError(f"weight link {self.link.key}: a receiver did not take bucket {seq} within "
-                                 f"{self.link.timeout_s:g} s: {exc}") from None
+            raise self.link.error(f"a receiver did not take bucket {seq} within {self.link.timeout_s:g} s: "
+                                  f"{exc}") from None
 
-    def send(self, buckets: Iterable[Bucket]) -> int:
+    def send(self, buckets: Iterable[transports.Bucket]) -> int:
         round_, self.rounds, sent, end = self.rounds, self.rounds + 1, 0, 0
         for seq, bucket in enumerate(buckets):
             if seq >= 2:  # this segment's bucket of two sends ago must be read by all
@@ -126,14 +117,14 @@ class SharedMemorySender(WeightSender):
         self.store = None
 
 
-class SharedMemoryReceiver(WeightReceiver):
-    def __init__(self, link: Link, index: int) -> None:
+class SharedMemoryReceiver(transports.WeightReceiver):
+    def __init__(self, link: transports.Link, index: int) -> None:
         self.link, self.index = link, index
         self.store: Any = None
         self.maps: dict[str, Any] = {}
         self.rounds = 0
 
-    def receive(self, load: Load) -> int:
+    def receive(self, load: transports.Load) -> int:
         if self.store is None:
             self.store = join_store(self.link)
         round_, self.rounds, received, seq = self.rounds, self.rounds + 1, 0, 0
@@ -141,11 +132,11 @@ class SharedMemoryReceiver(WeightReceiver):
             try:
                 raw = self.store.get(f"{round_}/b{seq}")
             except RuntimeError as exc:
-                raise TransportError(f"weight link {self.link.key}: no bucket {seq} from the sender: {exc}") from None
+                raise self.link.error(f"no bucket {seq} from the sender: {exc}") from None
             if not raw:
                 return received
             record = json.loads(raw)
-            header = BucketHeader.model_validate(record["header"])
+            header = transports.BucketHeader.model_validate(record["header"])
             segment = record["segment"]
             if segment not in self.maps:
                 self.maps = {p: m for p, m in self.maps.items() if os.path.exists(p)}  # replaced segments
@@ -160,7 +151,7 @@ class SharedMemoryReceiver(WeightReceiver):
         self.store = None
 
 
-class SharedMemoryTransport(LinkedTransport):
+class SharedMemoryTransport(transports.LinkedTransport):
     name = "shared_memory"
     Options = SharedMemoryOptions
 
@@ -168,11 +159,11 @@ class SharedMemoryTransport(LinkedTransport):
         if not Path(self.options.directory).is_dir():
             raise ValueError(f"directory={self.options.directory!r} is not a directory (shared memory segments are "
                              "files in a tmpfs such as /dev/shm)")
-        writable_directory(self.options.directory, "directory")
+        transports.writable_directory(self.options.directory, "directory")
         return super().check_run(run)
 
-    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> WeightSender:
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> SharedMemorySender:
         return SharedMemorySender(key, sender, receivers, timeout_s, self.options.directory)
 
-    def open_receiver(self, link: Link, index: int) -> WeightReceiver:
+    def open_receiver(self, link: transports.Link, index: int) -> SharedMemoryReceiver:
         return SharedMemoryReceiver(link, index)

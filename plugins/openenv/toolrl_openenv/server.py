@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from toolrl.fleet.launch import stop_child
 
 from toolrl_openenv.config import ServerConfigError
 
@@ -71,15 +72,8 @@ class LocalServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        if process.stdin is not None:
-            process.stdin.close()  # the child exits at stdin EOF
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_child(process)
 
 
 _SERVERS: dict[tuple[str, str], LocalServer] = {}

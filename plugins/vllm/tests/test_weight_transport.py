@@ -27,8 +27,9 @@ from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
 from toolrl.engines.weight_rows import receive_into
+from toolrl.roles.resolve import run_plan
 from toolrl.training import lora
-from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned, sync_plan
+from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned
 from toolrl.transports import TransportError, build_transport
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
@@ -329,7 +330,7 @@ def vllm_config(*overrides):
 def test_the_run_starts_vllm_for_its_adapter_rank(tiny_path, tokenizer):
     """Under model.lora the vLLM engine takes adapter-only syncs; the rank it is started for is checked
     before vLLM starts."""
-    assert sync_plan(vllm_config("model.lora={r: 4}")) == SyncPlan(adapters=True)
+    assert run_plan(vllm_config("model.lora={r: 4}")).sync == SyncPlan(adapters=True)
     with pytest.raises(ConfigError, match=r"^model.lora.r: 600, but vLLM serves adapters of rank at most 512$"):
         build_engine(vllm_config("model.lora={r: 600}"), tiny_path, tokenizer)
     with pytest.raises(ConfigError, match=r"^engine.options.max_lora_rank: 8 is below model.lora.r \(16\)$"):
