@@ -303,7 +303,8 @@ def _model_inputs(base: Any, batch: PackedBatch, tree: bool) -> tuple[torch.Tens
         rope = vision.rope_positions(base, batch.input_ids[:, batch.expand], batch.path_bounds, v)
         rope = rope[:, :, batch.first_copy] if tree else rope
     runs = v.runs if tree or unshared else [i for owners in v.per_sequence for i in owners]
-    return torch.cat([positions[None], rope]), vision.encoder_outputs(base, v, runs)
+    row = batch.input_ids if tree or unshared else batch.input_ids[:, batch.expand]
+    return torch.cat([positions[None], rope]), {"inputs_embeds": vision.image_embeddings(base, v, runs, row)}
 
 
 def _log_once(key: str, message: str) -> None:
@@ -316,7 +317,8 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
                tree: list[torch.Tensor | None] | None = None,
                extra: dict[str, Any] | None = None) -> torch.Tensor:
     """``base`` over a packed row cut at ``bounds`` (each piece causal over itself, or per ``tree``);
-    ``extra``: more keyword arguments for ``base`` (a vision model's encoder outputs)."""
+    ``extra``: more keyword arguments for ``base`` (a vision model's ``inputs_embeds``, which then stand
+    for ``input_ids``)."""
     config = base.config
     segments = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     if not segments:
@@ -325,19 +327,19 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     cu = torch.tensor([0] + [b - a for a, b in segments], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     longest = max(b - a for a, b in segments)
     # No KV cache: nothing is decoded after this forward (and a cache would disable packed detection).
+    tokens = extra if extra and "inputs_embeds" in extra else {"input_ids": input_ids, **(extra or {})}
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
-              "use_cache": False, **(extra or {})}
+              "use_cache": False, **tokens}
     impl = config._attn_implementation
     if impl in (VARLEN_SDPA, ULYSSES_SDPA):
         if tree is not None:
             varlen[TREE_KWARG] = tree
         # An all-ones mask: sdpa's mask function turns it into "no mask" and skips packed detection.
-        out = base(input_ids=input_ids, position_ids=position_ids, attention_mask=torch.ones_like(input_ids),
-                   **varlen)
+        out = base(position_ids=position_ids, attention_mask=torch.ones_like(input_ids), **varlen)
     elif "flash" in (impl or ""):
-        out = base(input_ids=input_ids, position_ids=position_ids, **varlen)
+        out = base(position_ids=position_ids, **varlen)
     else:  # transformers detects the packing from position_ids and builds a block-diagonal mask
-        out = base(input_ids=input_ids, position_ids=position_ids, use_cache=False, **(extra or {}))
+        out = base(position_ids=position_ids, use_cache=False, **tokens)
     return out.last_hidden_state[0]
 
 

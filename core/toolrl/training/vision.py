@@ -8,9 +8,9 @@ the trainer:
   model's image processor (:func:`pixel_inputs`; one PNG shared by several trajectories of a group is
   processed once per step) and checks each grid against the one the rollout recorded;
 - runs the vision tower once over them (the model's ``get_image_features``: each image attends only
-  within itself) and hands the model's own forward one feature block per placeholder run of the
-  packed row (:func:`encoder_outputs`), which it scatters over the image placeholders: an image that
-  several sequences hold, or that a shared prefix holds once, is encoded once;
+  within itself) and scatters one feature block per placeholder run of the packed row over its
+  placeholders in the row's input embeddings (:func:`image_embeddings`), which the model's forward
+  takes: an image that several sequences hold, or that a shared prefix holds once, is encoded once;
 - gives the language model Qwen2-VL's 3-D rotary positions computed **per sequence** with the model's
   ``get_rope_index`` on the unshared layout (:func:`rope_positions`), after the 1-D text positions
   (the ``(4, 1, T)`` layout transformers reads for packed VLM rows). A prefix-shared row takes each
@@ -155,14 +155,19 @@ def rope_positions(base: Any, input_ids: torch.Tensor, bounds: Sequence[int], vi
     return torch.cat(out, dim=2)
 
 
-def encoder_outputs(base: Any, vision: VisionInputs, runs: Sequence[int]) -> dict[str, Any]:
-    """The vision tower run once over the distinct images, and the keyword argument that hands the
-    model's forward one feature block per placeholder run (``runs``: the image of each, in row order;
-    an image held by several runs is encoded once and its gradient is their sum)."""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
-
+def image_embeddings(base: Any, vision: VisionInputs, runs: Sequence[int], input_ids: torch.Tensor) -> torch.Tensor:
+    """The packed row's input embeddings with the images in: the vision tower run once over the distinct
+    images, one feature block per placeholder run scattered over its placeholders (``runs``: the image of
+    each, in row order; an image held by several runs is encoded once and its gradient is their sum).
+    Handed to the model as ``inputs_embeds``, which every transformers version takes (its newer
+    ``mm_encoder_outputs`` is silently ignored by older ones: the images would be left out)."""
     features = base.get_image_features(vision.pixel_values, vision.image_grid_thw, return_dict=True).pooler_output
-    return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(features[i] for i in runs))}}
+    embeds = base.get_input_embeddings()(input_ids)
+    placeholders = (input_ids == base.config.image_token_id)[..., None]
+    blocks = torch.cat([features[i] for i in runs]).to(embeds.dtype)
+    if int(placeholders.sum()) != blocks.shape[0]:
+        raise ValueError(f"{int(placeholders.sum())} image placeholders in the row, {blocks.shape[0]} image features")
+    return embeds.masked_scatter(placeholders, blocks)
 
 
 def is_vision_model(model: Any) -> bool:
