@@ -260,8 +260,8 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
         impl = VARLEN_SDPA
     if impl == "eager":
         positions, extra = _model_inputs(base, batch, tree=True)
-        out = base(input_ids=batch.input_ids, position_ids=positions, attention_mask=row_masks(base, batch),
-                   use_cache=False, **(extra or {}))
+        out = base(position_ids=positions, attention_mask=row_masks(base, batch), use_cache=False,
+                   **_token_inputs(batch.input_ids, extra))
         return out.last_hidden_state[0]
     if batch.attention is None or impl in (VARLEN_SDPA, ULYSSES_SDPA):
         positions, extra = _model_inputs(base, batch, tree=True)
@@ -307,6 +307,13 @@ def _model_inputs(base: Any, batch: PackedBatch, tree: bool) -> tuple[torch.Tens
     return torch.cat([positions[None], rope]), {"inputs_embeds": vision.image_embeddings(base, v, runs, row)}
 
 
+def _token_inputs(input_ids: torch.Tensor, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """The row's tokens as the model takes them, with ``extra``: its ``input_ids``, or the
+    ``inputs_embeds`` in ``extra`` that stand for them (a vision model's, images in), never both."""
+    extra = extra or {}
+    return dict(extra) if "inputs_embeds" in extra else {"input_ids": input_ids, **extra}
+
+
 def _log_once(key: str, message: str) -> None:
     if key not in _FALLBACK_LOGGED:
         _FALLBACK_LOGGED.add(key)
@@ -327,7 +334,7 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     cu = torch.tensor([0] + [b - a for a, b in segments], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
     longest = max(b - a for a, b in segments)
     # No KV cache: nothing is decoded after this forward (and a cache would disable packed detection).
-    tokens = extra if extra and "inputs_embeds" in extra else {"input_ids": input_ids, **(extra or {})}
+    tokens = _token_inputs(input_ids, extra)
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
               "use_cache": False, **tokens}
     impl = config._attn_implementation
