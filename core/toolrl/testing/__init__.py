@@ -1,5 +1,5 @@
 """toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
-(:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), model families
+(:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), context policies (:mod:`toolrl.testing.contexts`), model families
 (:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
 and :class:`ScriptedEngine`, the engine that stands in for a model in tests (fixed texts, the calls it got recorded).
 
@@ -111,6 +111,14 @@ _EXPORTS = {
     "check_family_parser": "families",
     "check_family_end_of_turn": "families",
     "check_family_detected": "families",
+    "ContextConformance": "contexts",
+    "PolicyPlay": "contexts",
+    "play_policy": "contexts",
+    "check_context_build": "contexts",
+    "check_context_prompts": "contexts",
+    "check_context_tokens": "contexts",
+    "check_context_plans": "contexts",
+    "check_context_results": "contexts",
     "SessionConformance": "sessions",
     "SessionPlay": "sessions",
     "PlayedSession": "sessions",
@@ -158,6 +166,7 @@ _EXPORTS = {
 }
 __all__ = [
     "CallRecorder",
+    "ContextConformance",
     "FamilyConformance",
     "LIFECYCLE",
     "LifecycleCall",
@@ -166,9 +175,10 @@ __all__ = [
     "PUBLIC_API",
     "ParserConformance",
     "PlayedSession",
-    "SessionConformance",
+    "PolicyPlay",
     "ScriptedCall",
     "ScriptedEngine",
+    "SessionConformance",
     "SessionPlay",
     "ToolConformance",
     "build_tool",
@@ -176,6 +186,11 @@ __all__ = [
     "check_calc_reward",
     "check_cancellation",
     "check_concurrency",
+    "check_context_build",
+    "check_context_plans",
+    "check_context_prompts",
+    "check_context_results",
+    "check_context_tokens",
     "check_dead_session",
     "check_engine_cancellation",
     "check_engine_contract",
@@ -206,6 +221,7 @@ __all__ = [
     "derive_invalid_arguments",
     "hostile_parser_inputs",
     "instrument",
+    "play_policy",
     "play_session",
     "prepared_session_kind",
     "reference_greedy",
@@ -232,6 +248,16 @@ if TYPE_CHECKING:
         derive_invalid_arguments,
     )
     from toolrl.testing.conformance import ToolConformance
+    from toolrl.testing.contexts import (
+        ContextConformance,
+        PolicyPlay,
+        check_context_build,
+        check_context_plans,
+        check_context_prompts,
+        check_context_results,
+        check_context_tokens,
+        play_policy,
+    )
     from toolrl.testing.contract import check_build_contract
     from toolrl.testing.engines import (
         check_engine_cancellation,
