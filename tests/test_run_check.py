@@ -177,3 +177,72 @@ def test_an_unknown_transport_names_its_line(tmp_path):
     line, path = refused(tmp_path, "trainer.weight_transport", "did you mean 'broadcast'",
                          trainer={"total_steps": 1, "output_dir": str(tmp_path / "run"), "weight_transport": "braodcast"})
     assert line.startswith(f"error: {path}:")
+
+
+# -- an engine's options -----------------------------------------------------------------------------
+
+LOOSE_ENGINE = '''
+from toolrl import hookimpl
+from toolrl.engines import RolloutEngine
+
+
+class Loose(RolloutEngine):
+    """An engine that declares no Options: its create would check what it gets, once the model loads."""
+    name = "loose"
+
+    @classmethod
+    def create(cls, source, config):
+        return cls()
+
+    async def generate(self, prompt_ids, params, n=1, session_id=None):
+        raise NotImplementedError
+
+    def update_weights(self, state_dict):
+        raise NotImplementedError
+
+
+@hookimpl
+def register_rollout_engines(register):
+    register(Loose)
+'''
+
+
+def test_an_engine_that_declares_no_options_is_a_warning(tmp_path, monkeypatch, toolrl_reload_plugins):
+    from _dists import make_dist
+
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    make_dist(plugin, "toolrl-plugin-loose", "loose", "loose_engine", LOOSE_ENGINE)
+    monkeypatch.syspath_prepend(str(plugin))
+    toolrl_reload_plugins()
+    warnings = passes_with(tmp_path, engine={"name": "loose", "options": {"anything": 1}})
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "engine.name: the loose engine declares no Options, so engine.options is checked only when the engine "
+        "starts, after the model loads")
+
+
+def test_a_misspelt_option_of_the_scripted_engine_is_refused(tmp_path):
+    refused(tmp_path, "engine.options.scrip", "unknown key", engine={"name": "scripted", "options": {"scrip": ["x"]}})
+
+
+def test_each_bad_option_is_named_where_it_was_written(tmp_path):
+    """A block of options set partly in the file and partly by overrides: a bad option is named after the
+    line or the override that wrote it, not after whatever else set the block."""
+    engine = {"name": "scripted", "options": {"script": ["x"], "scrip": ["y"]}}
+    line, path = refused(tmp_path, "engine.options.scrip: unknown key", overrides=["engine.options.script=[z]"],
+                         engine=engine)
+    assert line.startswith(f"error: {path}:") and "override" not in line
+    refused(tmp_path, "error: override engine.options.bogus=1: engine.options.bogus: unknown key",
+            overrides=["engine.options.script=[z]", "engine.options.bogus=1"], engine={"name": "scripted"})
+    refused(tmp_path, "error: override trainer.weight_transport_options.pth=x: "
+            "trainer.weight_transport_options.pth: unknown key (did you mean 'path'?)",
+            overrides=["trainer.weight_transport=disk", f"trainer.weight_transport_options.path={tmp_path}",
+                       "trainer.weight_transport_options.pth=x"])
+
+
+def test_a_bad_tool_config_is_refused_at_the_check(tmp_path):
+    """Tools are built where the rollouts run, after the model loads; their configs are checked before."""
+    line, path = refused(tmp_path, "tools.entries: invalid config for tool CalculatorTool: config.zz: unknown key",
+                         tools={"entries": [{"class_name": "calculator", "config": {"zz": 1}}]})
+    assert line.startswith(f"error: {path}: ")
+    refused(tmp_path, "config.timeout", tools={"entries": [{"class_name": "calculator", "config": {"timeout": -1}}]})

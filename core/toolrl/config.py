@@ -86,15 +86,18 @@ def dotted(loc: Sequence[Any]) -> str:
 MAX_LISTED_ERRORS = 10
 
 
-def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
+def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None,
+                  name: Callable[[str], str] | None = None) -> str:
     """Pydantic errors as ``field: message; ...`` on one line: the one formatter for every boundary
     model (config, data rows, tool configs and schemas, plugin parts). ``prefix``: the dotted place
     the validated value sits at (``config``, ``mcpServers.calc``); ``model``: the model validated, whose
-    fields an unknown key is matched against (``did you mean 'total_steps'?``)."""
+    fields an unknown key is matched against (``did you mean 'total_steps'?``); ``name``: how each
+    error's dotted place is shown (its file line or override: :func:`field_where`)."""
     errors = exc.errors()
     messages = []
     for err in errors[:MAX_LISTED_ERRORS]:
         loc = dotted([prefix, *err["loc"]] if prefix else err["loc"])
+        loc = name(loc) if name is not None and loc else loc
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(model, err["loc"])
         else:

@@ -207,6 +207,6 @@ def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
         single = config.env is not None
         where = ("env", "env_options") if single else (f"envs.{name}", f"envs.{name}.options")
         context = BuildContext(*(field_where(config, w) for w in where), config,
-                               {"weight": entry.weight, "max_turns": entry.max_turns})
+                               {"weight": entry.weight, "max_turns": entry.max_turns}, options_field=where[1])
         out[name] = build_part("environments", name, entry.options, context)
     return out

@@ -145,10 +145,9 @@ class PolicyLoss(AlgorithmPart):
 
 def _build(kind: str, field: str, name: str, options: dict[str, Any], algo: AlgorithmConfig,
            config: Config | None) -> Any:
-    where = [f"algorithm.{field}", f"algorithm.{field}_options"]
-    if config is not None:
-        where = [field_where(config, w) for w in where]
-    context = BuildContext(*where, inputs={"algorithm": algo})
+    fields = [f"algorithm.{field}", f"algorithm.{field}_options"]
+    where = fields if config is None else [field_where(config, w) for w in fields]
+    context = BuildContext(*where, config, {"algorithm": algo}, options_field=fields[1])
     return build_part(kind, name, options, context)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
@@ -81,9 +81,22 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
 
 
 class EngineOptions(BaseModel):
-    """The options of an engine that declares none: passed through for its ``create`` to check."""
+    """The options of an engine that declares none: passed through for its ``create`` to check, once the
+    model has loaded (the run check says so in a warning line)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class CoreEngineOptions(BaseModel):
+    """What the core puts in every engine's options (``engine.max_batch_size``, ``model.device`` resolved,
+    ``model.dtype``), no other key: the ``Options`` of an engine that takes none of its own, and the base
+    of one that does, so a misspelt ``engine.options`` key is an error at the run check."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(32, ge=1, description="engine.max_batch_size")
+    device: str = Field("cpu", description="model.device, resolved")
+    dtype: str = Field("float32", description="model.dtype")
 
 
 def rows_of(tensor: Any, start: int, rows: int) -> Any:

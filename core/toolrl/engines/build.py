@@ -40,7 +40,8 @@ def build_engine(config: Config, path: str, tokenizer: Any, module: Any = None) 
     ``Options``: a bad one is a one-line error naming ``engine.options``."""
     source = ModelSource(path=path, module=module, tokenizer=tokenizer)
     return build_part("rollout_engines", config.engine.name, engine_options(config),
-                      BuildContext("engine.name", "engine.options", config, {"source": source}))
+                      BuildContext("engine.name", "engine.options", config, {"source": source},
+                                   options_field="engine.options"))
 
 
 def engine_options(config: Config) -> dict[str, Any]:

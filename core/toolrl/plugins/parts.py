@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from toolrl.config import ConfigError, format_errors, one_line
+from toolrl.config import ConfigError, field_where, format_errors, one_line
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part, RegistryError, UnknownPart, check_part, describe_exception
 
@@ -49,6 +49,9 @@ class BuildContext:
     options_where: str = ""
     config: Any = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    # The options' own dotted field in ``config`` (``engine.options``): each bad option is then named
+    # where it was written, its file line or the override that set it, not where the block was.
+    options_field: str = ""
 
     def input(self, name: str) -> Any:
         if name not in self.inputs:
@@ -159,13 +162,17 @@ def _signature_options(cls: type) -> type[BaseModel]:
     return create_model(f"{cls.__name__}Options", __config__=config, **fields)
 
 
-def checked_options(part: Any, options: Mapping[str, Any] | None, where: str) -> BaseModel:
+def checked_options(part: Any, options: Mapping[str, Any] | None, where: str, config: Any = None,
+                    field: str = "") -> BaseModel:
     """``options`` validated against the part's :func:`options_model`; a ConfigError naming ``where``
-    and the field otherwise."""
+    and the field otherwise, or, given the run's ``config`` and the options' dotted ``field``, each bad
+    option where it was written (:func:`toolrl.config.field_where`)."""
     model = options_model(part)
     try:
         return model.model_validate(dict(options or {}))
     except ValidationError as exc:
+        if config is not None and field:
+            raise ConfigError(format_errors(exc, field, model, name=lambda loc: field_where(config, loc))) from None
         raise ConfigError(format_errors(exc, where, model)) from None
 
 
@@ -195,7 +202,7 @@ def build_found(part: Any, options: Mapping[str, Any] | BaseModel | None, contex
     where = context.options_where or context.where
     try:
         validated = options if isinstance(options, options_model(part)) else \
-            checked_options(part, options, where)  # type: ignore[arg-type]
+            checked_options(part, options, where, context.config, context.options_field)  # type: ignore[arg-type]
         build = getattr(part, "build", None)
         if callable(build):
             return build(validated, context)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options, engine_processor
-from toolrl.plugins.parts import checked_options, namesake_note
+from toolrl.plugins.parts import checked_options, namesake_note, options_model
 from toolrl.rollout.context_check import check_prompt_tokens, model_context
 from toolrl.rollout.families import config_renderer_factory
 from toolrl.tools.verl_config import resolve_tool_class
@@ -112,16 +112,20 @@ def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
     config = facts.config
     # The engine's options now, not once the engine is built on the loaded model.
     try:
-        checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"))
+        checked_options(parts.engine_cls, engine_options(config), facts.where("engine.options"), config,
+                        "engine.options")
     except ConfigError as exc:
         raise ConfigError(f"{exc}{namesake_note('rollout_engines', config.engine.name)}") from None
+    warnings: list[str] = []
+    if options_model(parts.engine_cls).model_config.get("extra") == "allow":
+        warnings.append(f"{facts.where('engine.name')}: the {config.engine.name} engine declares no Options, so "
+                        "engine.options is checked only when the engine starts, after the model loads")
     checked: list[tuple[Any, str, RunFacts]] = [(parts.engine_cls, "engine.options", facts)]
     for route in parts.routes.values():
         routed = replace(facts, parser=route.parser)
         checked += [(route.parser, "rollout.parser_options", routed), (route.context, "rollout.context", routed),
                     (route.agent, "rollout.agent", routed)]
     checked += [(part, field, facts) for field, part in parts.training.items()]
-    warnings: list[str] = []
     for part, field, seen in checked:
         check = getattr(part, "check_run", None)
         if part is None or not callable(check):

@@ -84,7 +84,9 @@ def tool_files(config: Config, env: Environment | None = None) -> ToolFiles:
     schemas = []
     for f in files:
         for entry in f.tools:
-            schema = entry.tool_schema or getattr(resolve_tool_class(entry.class_name), "schema", None)
+            tool_cls = resolve_tool_class(entry.class_name)
+            tool_cls.checked_config(entry.config.model_dump())  # a bad key is one line before any tool is built
+            schema = entry.tool_schema or getattr(tool_cls, "schema", None)
             if isinstance(schema, dict):
                 schemas.append(dict(schema))
     return ToolFiles(files, schemas)
@@ -117,7 +119,8 @@ def build_rewards(config: Config, env: Environment | None = None) -> list[tuple[
     for i, term in enumerate(terms or []):
         where = f"reward.functions.{i}" if explicit else f"environment {env.name!r} reward {term.name!r}"  # type: ignore[union-attr]
         context = BuildContext(field_where(config, where) if explicit else where,
-                               f"{where}.options" if explicit else where, config)
+                               f"{where}.options" if explicit else where, config,
+                               options_field=f"{where}.options" if explicit else "")
         out.append((term.name, term.weight, build_part("reward_functions", term.name, term.options, context)))
     return out
 
@@ -126,7 +129,9 @@ def build_parser(config: Config, env: Environment | None = None) -> Any:
     name, options = parser_spec(config, env)
     where = parser_source(config, env)[1]
     options_where = field_where(config, "rollout.parser_options")
-    return build_part("tool_parsers", name, options, BuildContext(where, options_where, config))
+    # An environment's parser options are the environment's (no field of the config names them).
+    field = "rollout.parser_options" if config.rollout.parser_options is not None else ""
+    return build_part("tool_parsers", name, options, BuildContext(where, options_where, config, options_field=field))
 
 
 def session_kind(config: Config, env: Environment | None) -> SessionKind | None:
@@ -157,7 +162,8 @@ def build_context_policy(config: Config, env: Environment | None = None) -> Any:
         name, options, where = "none", {}, "rollout.context"
     named = (field_where(config, f"{where}.name"), field_where(config, where)) if where == "rollout.context" \
         else (f"{where}.name", where)
-    context = BuildContext(*named, config, {"max_context": config.model.max_context})
+    context = BuildContext(*named, config, {"max_context": config.model.max_context},
+                           options_field=where if where == "rollout.context" else "")
     return build_part("context_policies", name, options, context)
 
 

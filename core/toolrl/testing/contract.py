@@ -1,7 +1,7 @@
 """The build contract, checked for a registered part of any kind (:mod:`toolrl.plugins.parts`): it
 has an ``Options`` pydantic model (declared, or derived from its constructor) and a ``build`` (or is
-a class its constructor builds), and, where its options all have defaults and the kind needs no
-outside input (a model, a tool entry), it builds from no options."""
+a class its constructor builds), an unknown option is an error, and, where its options all have
+defaults and the kind needs no outside input (a model, a tool entry), it builds from no options."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 # Kinds whose parts build from options alone (no model source, tool entry or algorithm section).
 SELF_CONTAINED = ("tool_parsers", "reward_functions", "loggers", "model_families", "environments")
+UNKNOWN = "not_an_option_of_this_part"
 
 
 def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -> None:
@@ -30,6 +31,7 @@ def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -
         raise AssertionError(f"{kind} {name!r}: build is {build!r}, not callable")
     if build is None and not isinstance(part, type):
         raise AssertionError(f"{kind} {name!r}: an instance part needs build(options, context)")
+    _check_unknown_option_refused(kind, name, part, model)
     try:
         model.model_validate({})
     except ValidationError:
@@ -41,3 +43,26 @@ def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -
             raise AssertionError(f"{kind} {name!r}: does not build from its default options: {exc}") from None
         if built is None:
             raise AssertionError(f"{kind} {name!r}: build returned None")
+
+
+def _check_unknown_option_refused(kind: str, name: str, part: Any, model: type[BaseModel]) -> None:
+    """A misspelt option must be an error, not a setting silently ignored: refused by ``Options`` (or, for a
+    part built from options alone, when it is built). A tool's config is its ``config_model``'s to check."""
+    if kind == "tools":
+        declared = getattr(part, "config_model", None)
+        if declared is not None and declared.model_config.get("extra") != "forbid":
+            raise AssertionError(f"{kind} {name!r}: its config_model takes unknown keys: set extra='forbid'")
+        return
+    try:
+        model.model_validate({UNKNOWN: 1})
+    except ValidationError as exc:
+        if any(e["type"] == "extra_forbidden" for e in exc.errors()):
+            return
+    if kind in SELF_CONTAINED:  # a part may refuse options itself as it is built (a parser's constructor)
+        try:
+            build_part(kind, name, {UNKNOWN: 1}, BuildContext(f"{kind} {name}"))
+        except ConfigError as exc:
+            if UNKNOWN in str(exc):
+                return
+    raise AssertionError(f"{kind} {name!r}: an unknown option ({UNKNOWN!r}) is accepted; declare Options "
+                         "(a pydantic model with extra='forbid')")

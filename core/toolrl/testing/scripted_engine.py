@@ -23,20 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams
+from toolrl.engines import CoreEngineOptions, Generation, ModelSource, RolloutEngine, SamplingParams
 
 
-class ScriptedOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ScriptedOptions(CoreEngineOptions):
+    # The core's keys (batch size, device, dtype) are taken and unused: there is no model to run.
     script: list[str] = Field(min_length=1, description="The model's text of each generation of a trajectory, "
                                                         "in order; the last repeats.")
-    # Set by the core for every engine (engine.max_batch_size, model.device, model.dtype): nothing to use here.
-    max_batch_size: int = 32
-    device: str = "cpu"
-    dtype: str = "float32"
 
 
 @dataclass(frozen=True)

@@ -143,26 +143,11 @@ class Tool:
     runs_isolated: ClassVar[bool] = False  # True for the parent's handle on an isolated tool
 
     def __init__(self, config: Mapping[str, Any] | None = None, tool_schema: ToolSchema | Mapping | None = None):
-        raw = dict(config or {})
-        self.timeout = _seconds(raw.get("timeout", self.default_timeout), type(self).__name__)
-        self.isolation: Isolation = raw.get("isolation", "none")
-        if self.isolation not in ("none", "process"):
-            raise ToolConfigError(f"invalid config for tool {type(self).__name__}: config.isolation: "
-                                  f"expected 'none' or 'process', got {self.isolation!r}")
+        self.timeout, self.isolation, self.config = self.checked_config(config)
         if self.isolation == "process" and not self.runs_isolated:
             raise ToolConfigError(f"config.isolation: process is not supported by {type(self).__name__} built "
                                   "in this process: a tool config (toolrl.tools.verl_config) builds it in a "
                                   "worker process")
-        options = {k: v for k, v in raw.items() if k not in BASE_CONFIG_KEYS}
-        if self.config_model is not None:
-            try:
-                self.config: Any = self.config_model.model_validate(options)
-            except ValidationError as exc:
-                raise ToolConfigError(
-                    f"invalid config for tool {type(self).__name__}: {format_errors(exc, 'config')}"
-                ) from None
-        else:
-            self.config = options
         schema = tool_schema if tool_schema is not None else self.schema
         if schema is None:
             raise ToolConfigError(f"tool {type(self).__name__} has no schema: set `schema` or pass tool_schema")
@@ -175,6 +160,26 @@ class Tool:
         self.name = self.tool_schema.function.name
         self._instances: dict[str, dict[str, Any]] = {}
         self._validator: Any = None
+
+    @classmethod
+    def checked_config(cls, config: Mapping[str, Any] | None) -> tuple[float, Isolation, Any]:
+        """``config`` checked as the constructor checks it, without building a tool (the run check checks
+        every tool entry so, before anything starts): its ``timeout`` and ``isolation``, and the rest
+        validated against ``config_model`` (kept as a dict for a tool that declares none). A bad key or
+        value is a :class:`ToolConfigError` naming it."""
+        raw = dict(config or {})
+        timeout = _seconds(raw.get("timeout", cls.default_timeout), cls.__name__)
+        isolation = raw.get("isolation", "none")
+        if isolation not in ("none", "process"):
+            raise ToolConfigError(f"invalid config for tool {cls.__name__}: config.isolation: "
+                                  f"expected 'none' or 'process', got {isolation!r}")
+        options = {k: v for k, v in raw.items() if k not in BASE_CONFIG_KEYS}
+        if cls.config_model is None:
+            return timeout, isolation, options
+        try:
+            return timeout, isolation, cls.config_model.model_validate(options)
+        except ValidationError as exc:
+            raise ToolConfigError(f"invalid config for tool {cls.__name__}: {format_errors(exc, 'config')}") from None
 
     # The build contract (toolrl.plugins.parts): a tool's config passes whole to the tool, which checks
     # it against its ``config_model`` field by field.

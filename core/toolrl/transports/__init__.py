@@ -172,8 +172,7 @@ def writable_directory(path: str, what: str) -> None:
 def build_transport(trainer: Any, config: Any = None) -> WeightTransport:
     """The transport ``trainer`` (a :class:`toolrl.config.TrainerConfig`) names; ConfigError otherwise,
     naming the file and line of the setting when given the run's ``config``."""
-    where = ["trainer.weight_transport", "trainer.weight_transport_options"]
-    if config is not None:
-        where = [field_where(config, w) for w in where]
+    fields = ["trainer.weight_transport", "trainer.weight_transport_options"]
+    where = fields if config is None else [field_where(config, w) for w in fields]
     return build_part("weight_transports", trainer.weight_transport, trainer.weight_transport_options,
-                      BuildContext(*where))
+                      BuildContext(*where, config, options_field=fields[1]))

@@ -266,6 +266,17 @@ def test_bad_options_are_config_errors(tiny_path: str) -> None:
         OpenAIEngine.create(ModelSource(tiny_path), {"base_url": "http://x/v1", "bogus": 1})
 
 
+def test_a_misspelt_option_is_refused_at_the_check_before_any_server_is_asked(tmp_path: Path) -> None:
+    """The engine's Options are checked by the run check: no server at that address is ever reached."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    result = toolrl("train", str(TINY_YAML), *ROLLOUT, f"engine.options.base_url={url}", "engine.options.max_retry=3",
+                    f"trainer.output_dir={tmp_path / 'run'}", "--check")
+    assert result.exit_code == 2, result.output[-2000:]
+    assert result.stderr.strip() == ("error: override engine.options.max_retry=3: engine.options.max_retry: unknown "
+                                     "key (did you mean 'max_retries'?)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
     async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return 200, text_completion("hi")

@@ -71,6 +71,7 @@ class OpenAIEngineError(RuntimeError):
 
 class OpenAIEngine(RolloutEngine):
     name = "openai"
+    Options = OpenAIEngineConfig  # checked at the run check, before any model loads
 
     def __init__(self, config: OpenAIEngineConfig, model: str, tokenizer: Any = None,
                  tokenizer_path: str | None = None) -> None:

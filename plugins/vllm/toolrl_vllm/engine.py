@@ -119,6 +119,7 @@ class EngineStats:
 class VLLMEngine(RolloutEngine):
     name = "vllm"
     loads_adapters = True
+    Options = VLLMEngineConfig  # checked at the run check, before vLLM starts
 
     def __init__(self, model_path: str, config: VLLMEngineConfig) -> None:
         self.config = config
