@@ -21,6 +21,7 @@ from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind, SharedParts
 from toolrl.tools import Tool
 from toolrl.tools.verl_config import (
+    ToolSection,
     ToolsFile,
     build_tools,
     load_tools_file,
@@ -85,7 +86,8 @@ def tool_files(config: Config, env: Environment | None = None) -> ToolFiles:
     for f in files:
         for entry in f.tools:
             tool_cls = resolve_tool_class(entry.class_name)
-            tool_cls.checked_config(entry.config.model_dump())  # a bad key is one line before any tool is built
+            # A bad key, or a file the entry names that is not there, is one line before any tool starts.
+            tool_cls.check_entry(entry.config.model_dump(), ToolSection(entry.model_dump(exclude_none=True), f.base_dir))
             schema = entry.tool_schema or getattr(tool_cls, "schema", None)
             if isinstance(schema, dict):
                 schemas.append(dict(schema))

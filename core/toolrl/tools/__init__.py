@@ -181,6 +181,14 @@ class Tool:
         except ValidationError as exc:
             raise ToolConfigError(f"invalid config for tool {cls.__name__}: {format_errors(exc, 'config')}") from None
 
+    @classmethod
+    def check_entry(cls, config: Mapping[str, Any], section: Mapping[str, Any]) -> None:
+        """The run check of one tool-config entry naming this class, before any tool is built or started:
+        ``config`` as the constructor checks it (:meth:`checked_config`). A tool that reads a block of its
+        own from the entry (``section``, a :class:`toolrl.tools.verl_config.ToolSection`) extends this to
+        check that too (the files it names exist and parse), starting nothing. Raises ToolConfigError."""
+        cls.checked_config(config)
+
     # The build contract (toolrl.plugins.parts): a tool's config passes whole to the tool, which checks
     # it against its ``config_model`` field by field.
     Options: ClassVar[type[BaseModel]] = ToolOptions

@@ -62,3 +62,19 @@ def test_cli_reports_a_broken_server_as_a_usage_error(tmp_path: Path) -> None:
     done = toolrl("tool", "call", "add", '{"a":2,"b":3}', "--tools-config", "cfg.yaml", cwd=tmp_path)
     assert done.returncode == 2
     assert "MCP server 'ghost': cannot list its tools" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_train_check_reads_the_servers_file_and_starts_no_server(tmp_path: Path) -> None:
+    """`toolrl train --check` checks each MCP entry's block and servers file (MCPTool.check_entry) before
+    anything loads; a server is started only when the tools are built, so a missing binary is not its to see."""
+    root = Path(__file__).resolve().parents[3]
+    (tmp_path / "cfg.yaml").write_text(TOOLS_YAML.format(class_name="mcp"))
+    args = ("train", str(root / "examples" / "tiny.yaml"), f"tools.config_path={tmp_path / 'cfg.yaml'}",
+            f"trainer.output_dir={tmp_path / 'run'}", "--check")
+    done = toolrl(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ") and "cannot read MCP servers file" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    write_servers(tmp_path, {"ghost": {"command": str(tmp_path / "missing-binary")}})
+    done = toolrl(*args, cwd=tmp_path)
+    assert done.returncode == 0 and "check passed" in done.stdout, done.stderr

@@ -58,6 +58,12 @@ class MCPTool(Tool):
         POOL.lease(self._key)
 
     @classmethod
+    def check_entry(cls, config: Mapping[str, Any], section: Mapping[str, Any]) -> None:
+        """The entry's ``mcp:`` block and its servers file, read and checked; no server is started."""
+        super().check_entry(config, section)
+        load_servers(parse_block(section).mcp_servers_config_path)
+
+    @classmethod
     async def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping | None, section: Mapping[str, Any]
     ) -> list[Tool]:
