@@ -19,7 +19,7 @@ def qwen3_tokenizer() -> Any:
     return qwen_tokenizer("qwen3")
 
 
-_LOADED_TOKENIZERS: dict[tuple[str, tuple[float, ...]], Any] = {}
+_LOADED_TOKENIZERS: dict[tuple[str, tuple[float, ...]], tuple[Any, Any]] = {}  # -> (tokenizer, its template)
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +27,9 @@ def shared_tokenizers(monkeypatch) -> None:
     """Every in-process load of a saved tokenizer (a run's controller, engine and trainer; the CLI through
     CliRunner) reads it once per test process, not once per load: transformers takes one to two seconds to
     read a 151k-token vocabulary, and nothing in toolrl changes a tokenizer it loaded (roles in one process
-    share one already). A tokenizer saved again, with new files, is read again."""
+    share one already). A tokenizer saved again, with new files, is read again. One whose chat template
+    changed since it was loaded fails the test that finds it so: the next test to load it would get the
+    change (building the tiny Qwen2.5-VL once set its template on the shared Qwen2.5 tokenizer)."""
     from pathlib import Path
 
     from toolrl import model_sources
@@ -38,8 +40,11 @@ def shared_tokenizers(monkeypatch) -> None:
         files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
         key = (str(path), tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
         if key not in _LOADED_TOKENIZERS:
-            _LOADED_TOKENIZERS[key] = load(path)
-        return _LOADED_TOKENIZERS[key]
+            tok = load(path)
+            _LOADED_TOKENIZERS[key] = (tok, tok.chat_template)
+        tok, template = _LOADED_TOKENIZERS[key]
+        assert tok.chat_template == template, f"the shared tokenizer of {path} had its chat_template changed"
+        return tok
 
     monkeypatch.setattr(model_sources, "load_tokenizer", cached)
 

@@ -315,10 +315,10 @@ class TestTwoNodes:
 
 def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
     from toolrl.config import ConfigError
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
 
     require_no_ray()
-    ray.init(num_cpus=1, include_dashboard=False)
+    init_ray("local", 1, num_cpus=1)
     try:
         with pytest.raises(ConfigError, match=r"ray.num_rollout_workers=2 needs 2 CPUs .* the cluster has 1 CPUs"):
             RolloutWorkerPool(small_config(), num_workers=2, address=None)

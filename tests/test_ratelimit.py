@@ -209,10 +209,11 @@ def test_limiter_needs_a_connected_ray():
 def ray_cluster():
     ray = pytest.importorskip("ray")
     from ray import cloudpickle
+    from toolrl.roles.rollout_workers import init_ray  # a busy machine's slow start gets a second try
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="toolrl-ratelimit-test")
+    init_ray("local", 2, num_cpus=2, log_to_driver=False, namespace="toolrl-ratelimit-test")
     try:
         yield ray
     finally:

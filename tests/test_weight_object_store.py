@@ -21,8 +21,9 @@ from toolrl.transports.object_store import ObjectStoreTransport
 def ray_cluster():
     """A local Ray this process drives; the checks' child processes join it (``RAY_ADDRESS``)."""
     import ray
+    from toolrl.roles.rollout_workers import init_ray  # a busy machine's slow start gets a second try
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray("local", 2, num_cpus=2, log_to_driver=False)
     before = os.environ.get("RAY_ADDRESS")
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     try:

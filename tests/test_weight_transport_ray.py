@@ -28,7 +28,7 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
     from ray.exceptions import RayActorError
     from toolrl.config import load_config
     from toolrl.roles import sync_weights
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
     from toolrl.roles.trainer_group import RayTrainerGroup
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
@@ -36,7 +36,7 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
                                 "trainer.weight_transport=broadcast", "trainer.weight_push_timeout_s=10",
                                 "tools.entries=[]", "trainer.progress=false"])
     # CPUs for two workers and a trainer rank (the pool alone would start Ray with what it needs).
-    ray.init(address="local", num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+    init_ray("local", 4, num_cpus=4, runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
     pool = RolloutWorkerPool(config, num_workers=2)
     loop = asyncio.new_event_loop()
     group = None

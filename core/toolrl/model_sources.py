@@ -424,13 +424,14 @@ def _save_tiny_vl_processor(tiny: TinyQwen2_5VLSettings, out: Path) -> None:
     ``ProcessorMixin.save_pretrained`` needs a video processor, which needs torchvision."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tok = load_tokenizer(qwen_tokenizer_path("qwen2_5"))
+    source = Path(qwen_tokenizer_path("qwen2_5"))
+    tok = load_tokenizer(source)  # read only: a loaded tokenizer may be shared, so its template stays as it is
     for name in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"):
         if tok.convert_tokens_to_ids(name) != qwen_added_tokens("qwen2_5")[name]:
             raise RuntimeError(f"the Qwen tokenizer's id of {name} differs from Qwen2.5-VL's")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(source / name, out / name)
     template = qwen_chat_template("qwen2_5_vl")
-    tok.chat_template = template
-    tok.save_pretrained(str(out))
     images = Qwen2VLImageProcessorPil(
         min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels, patch_size=VL_PATCH_SIZE,
         temporal_patch_size=VL_TEMPORAL_PATCH, merge_size=VL_MERGE,

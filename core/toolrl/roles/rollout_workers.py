@@ -625,12 +625,12 @@ class RolloutWorkerPool:
 def init_ray(address: str, cpus_needed: float, **options: Any) -> None:
     """Connect this process to Ray (``options``: more of ``ray.init``'s): ``"local"`` starts a private
     instance on this machine with at least ``cpus_needed`` logical CPUs (so a laptop can run more actors
-    than it has cores). Ray gives a starting node 30 s to register; on a machine busy enough that it
-    misses that, the local instance is started once more (said in the log)."""
+    than it has cores), or ``options["num_cpus"]`` when given. Ray gives a starting node 30 s to register;
+    on a machine busy enough that it misses that, the local instance is started once more (said in the log)."""
     import ray
 
     options = {"include_dashboard": False, **options}
-    if address == "local":
+    if address == "local" and "num_cpus" not in options:
         options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cpus_needed))
     for attempt in (1, 2):
         try:
