@@ -31,7 +31,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from toolrl.config import Config, ConfigError, RewardConfig, RolloutConfig
@@ -104,7 +104,11 @@ class PolicyPlay:
     generations: list[tuple[list[int], list[int]]]  # (prompt, generated) per engine call, in order
     renderer: Any
     tool_calls: int
-    first_prompt: list[int] = field(default_factory=list)
+
+    @property
+    def first_prompt(self) -> list[int]:
+        """The prompt of the model's first generation (the task, rendered)."""
+        return self.generations[0][0] if self.generations else []
 
 
 class _PolicyModel(ScriptedEngine):
@@ -124,12 +128,17 @@ class _PolicyModel(ScriptedEngine):
         return texts[min(self.next - 1, len(texts) - 1)]
 
 
+def _copy(view: ContextView) -> ContextView:
+    """The view as the policy was shown it (the loop goes on changing its messages)."""
+    return ContextView([dict(m) for m in view.messages], view.task, view.tokens, view.turn)
+
+
 def _recorded(policy: ContextPolicy, model: _PolicyModel, decisions: list[Decision]) -> None:
     """Record every answer of ``policy`` (its ``plan`` and ``branch``, on the instance)."""
     plan, branch = policy.plan, policy.branch
 
     def recording_plan(view: ContextView) -> ContextPlan | None:
-        shown = ContextView([dict(m) for m in view.messages], view.task, view.tokens, view.turn)
+        shown = _copy(view)
         answer = plan(view)
         at = len(model.calls)
         if answer is None:
@@ -154,8 +163,7 @@ def _recorded(policy: ContextPolicy, model: _PolicyModel, decisions: list[Decisi
     def recording_branch(view: ContextView, call: ToolCall) -> Branch | None:
         opened = branch(view, call)
         if opened is not None:
-            shown = ContextView([dict(m) for m in view.messages], view.task, view.tokens, view.turn)
-            decisions.append(Decision(shown, "branch", [dict(m) for m in opened.messages], branch=opened,
+            decisions.append(Decision(_copy(view), "branch", [dict(m) for m in opened.messages], branch=opened,
                                       at=len(model.calls)))
         return opened
 
@@ -192,8 +200,7 @@ def play_policy(name: str, options: Mapping[str, Any] | None, tokenizer: Any, *,
     if errors:  # the policy raised, or made an edit the loop refuses: every check would fail on it
         raise AssertionError(f"the play under {name!r} ended in an error: {errors[0]}")
     generations = [(call.prompt_ids, ids) for call in model.calls for ids in call.generated]
-    return PolicyPlay(policy, pieces, decisions, generations, ctx.renderer(route), pages.calls,
-                      generations[0][0] if generations else [])
+    return PolicyPlay(policy, pieces, decisions, generations, ctx.renderer(route), pages.calls)
 
 
 def _tokens(piece: Trajectory) -> list[int]:
