@@ -18,7 +18,9 @@ toolrl's own source files (``core/toolrl``) count:
   A call path that stays in one file until it is done climbs back zero times; one that goes
   A → B → A → C → A climbs back twice (B→A, C→A).
 
-It prints both, then the files entered in the order first entered.
+It prints both, the files entered by layer (the core's layers, ``tests/test_layers.py``: the road's own
+files are the roles, the plugin system and the loop; the parts layer holds what the road checks, one
+module per kind; the foundation what every layer uses), then the files in the order first entered.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_layers import LAYERS  # noqa: E402  (the one table of the core's layers)
+
+
+def layer(name: str) -> str:
+    """The layer of ``name`` (``toolrl/roles/run_check.py``): its top-level module or package's."""
+    top = Path(name).parts[1].removesuffix(".py")
+    return next(layer for layer, members in LAYERS if top in members)
 
 
 def measure(output_dir: str) -> tuple[list[str], set[tuple[str, str]]]:
@@ -99,6 +109,8 @@ def main() -> None:
         entered, climbs = measure(args[0] if args else str(Path(tmp) / "run"))
     print(f"files entered before start_roles: {len(entered)}")
     print(f"climbs back: {len(climbs)}")
+    counts = {name: sum(layer(f) == name for f in entered) for name, _ in reversed(LAYERS)}
+    print("by layer: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n))
     for name in entered:
         print(f"  {name}")
     if "-v" in sys.argv:
