@@ -240,6 +240,14 @@ def test_each_bad_option_is_named_where_it_was_written(tmp_path):
                        "trainer.weight_transport_options.pth=x"])
 
 
+def test_a_part_that_refuses_its_options_as_it_is_built_is_named_at_their_line(tmp_path):
+    """An option the part's own constructor or build refuses (a value, not a key) is named at the line
+    that wrote the options, as a refused key is."""
+    line, path = refused(tmp_path, "reward.functions.0.options: gsm8k reward: method must be 'strict' or 'flexible'",
+                         reward={"functions": [{"name": "gsm8k", "options": {"method": "nope"}}]})
+    assert line.startswith(f"error: {path}:")
+
+
 def test_a_bad_tool_config_is_refused_at_the_check(tmp_path):
     """Tools are built where the rollouts run, after the model loads; their configs are checked before."""
     line, path = refused(tmp_path, "tools.entries: invalid config for tool CalculatorTool: config.zz: unknown key",

@@ -887,7 +887,9 @@ def field_where(config: Config, field: str) -> str:
         key = tuple(override.partition("=")[0].split("."))
         if loc[:len(key)] == key or key[:len(loc)] == loc:
             return f"{override_name(override)}: {field}"
-    line = _yaml_line(text, loc, exact=True) if path is not None and text else None
+    # A list's item is its index in the dotted field (reward.functions.0.options).
+    indexed = tuple(int(part) if part.isdigit() else part for part in loc)
+    line = _yaml_line(text, indexed, exact=True) if path is not None and text else None
     return f"{path}:{line}: {field}" if line else field
 
 

@@ -53,6 +53,14 @@ class BuildContext:
     # where it was written, its file line or the override that set it, not where the block was.
     options_field: str = ""
 
+    @property
+    def options_named(self) -> str:
+        """How errors name the options: after the line or override that wrote them when their field is
+        known (:func:`toolrl.config.field_where`), else ``options_where`` (or ``where``)."""
+        if self.config is not None and self.options_field:
+            return field_where(self.config, self.options_field)
+        return self.options_where or self.where
+
     def input(self, name: str) -> Any:
         if name not in self.inputs:
             raise TypeError(f"{self.where}: building this part needs context.inputs[{name!r}]")
@@ -199,7 +207,7 @@ def build_found(part: Any, options: Mapping[str, Any] | BaseModel | None, contex
     """:func:`build_part` for a part :func:`lookup_part` found already (a kind that resolves its parts
     when the config is checked and builds them later, many times: one session per trajectory).
     ``options`` already validated against the part's ``Options`` are used as they are."""
-    where = context.options_where or context.where
+    where = context.options_named
     try:
         validated = options if isinstance(options, options_model(part)) else \
             checked_options(part, options, where, context.config, context.options_field)  # type: ignore[arg-type]
