@@ -248,3 +248,16 @@ def test_smollm2_missing_package_is_one_line_with_the_install_command(monkeypatc
     with pytest.raises(model_sources.ModelUnavailable) as err:
         model_sources.smollm2_135m(cache_dir=tmp_path)
     assert "\n" not in str(err.value) and model_sources.SMOLLM2_INSTALL in str(err.value)
+
+
+def test_a_gguf_model_without_the_gguf_package_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+    """The demo's model is read from a GGUF file; without the gguf package, transformers' loader raises an
+    ImportError out of the build: a traceback for `toolrl train --check`."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(model_sources.ModelUnavailable) as err:
+        model_sources.smollm2_135m(cache_dir=tmp_path)
+    assert "\n" not in str(err.value) and model_sources.GGUF_INSTALL in str(err.value)
+    assert not any(tmp_path.rglob("*.safetensors"))

