@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from test_config_errors import ROW, invoke, jsonl, one_error_line, saved_checkpoint, write_config
@@ -71,6 +73,57 @@ def test_a_model_directory_with_a_damaged_config_json_names_it(tmp_path):
                    f"model.source: {model / 'config.json'}:1: not valid JSON")
     (model / "config.json").write_text("[1, 2]")
     one_error_line(invoke("train", str(write_config(tmp_path)), f"model.source={model}"), "must be a JSON object")
+
+
+def _tokenizer_only(tmp_path):
+    """A directory holding the tiny model's tokenizer and nothing else (what a run against a remote
+    server needs to render its prompts)."""
+    from toolrl import model_sources
+
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    for file in Path(model_sources.tiny_qwen3()).iterdir():
+        if file.name.startswith("tokenizer") or file.name == "chat_template.jinja":
+            shutil.copy(file, folder / file.name)
+    return folder
+
+
+def test_a_directory_holding_only_a_tokenizer_serves_only_an_engine_that_loads_no_weights(tmp_path):
+    """Training and the transformers engine load the model from model.source: one line at the check. An
+    evaluation whose engine loads no weights (a remote server's, here the scripted one) needs none."""
+    tokenizer, path = _tokenizer_only(tmp_path), write_config(tmp_path)
+    one_error_line(invoke("train", str(path), f"model.source={tokenizer}", "--check"),
+                   f"model.source: training loads the model from {tokenizer}, and there is no "
+                   f"{tokenizer / 'config.json'}")
+    one_error_line(invoke("eval", str(path), f"model.source={tokenizer}", "--output", str(tmp_path / "refused")),
+                   f"model.source: the transformers engine loads the model from {tokenizer}")
+    result = invoke("eval", str(path), f"model.source={tokenizer}", "engine.name=scripted",
+                    "engine.options={script: ['<answer>5</answer>']}", "eval.num_samples=2",
+                    "--output", str(tmp_path / "eval"))
+    assert result.exit_code == 0, result.stderr
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["num_samples"] == 2
+
+
+def test_a_model_directory_without_a_model_type_or_a_tokenizer_is_one_line(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    path = write_config(tmp_path)
+    one_error_line(invoke("train", str(path), f"model.source={model}", "--check"),
+                   f"there is {model / 'config.json'}, which names no model_type")
+    one_error_line(invoke("eval", str(path), f"model.source={model}", "engine.name=scripted",
+                          "engine.options={script: [x]}", "--output", str(tmp_path / "eval")),
+                   f"model.source: {model} holds no tokenizer transformers can load")
+
+
+def test_a_run_on_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
+    """Not a ModuleNotFoundError out of start_roles once the check has passed."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    one_error_line(invoke("train", str(write_config(tmp_path)), "ray.address=local", "--check"),
+                   "override ray.address=local: ray.address: Ray is not installed: pip install 'toolrl[ray]'")
 
 
 # -- data rows ------------------------------------------------------------------------------------

@@ -646,6 +646,18 @@ def _checked_model_dir(path: Path) -> str:
     return str(path)
 
 
+def check_model_dir(path: str, why: str, where: str = "model.source") -> None:
+    """``path`` holds a model transformers can build (a ``config.json`` naming its ``model_type``),
+    checked where ``why`` says the model loads from it. A source may be a directory holding only a
+    tokenizer, enough for an engine that loads no weights; a run that loads the model from it would
+    otherwise fail inside transformers once its roles have started."""
+    config = Path(path) / "config.json"
+    found = read_json(config, where) if config.is_file() else None
+    if not (isinstance(found, dict) and isinstance(found.get("model_type"), str)):
+        held = f"no {config}" if found is None else f"{config}, which names no model_type"
+        raise ConfigError(f"{where}: {why}, and there is {held}")
+
+
 def _under(base_dir: str | os.PathLike[str], path: str) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path(base_dir) / p

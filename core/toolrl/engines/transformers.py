@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import field_where
 from toolrl.engines import (
     FinishReason,
     Generation,
@@ -48,7 +49,7 @@ from toolrl.engines import (
     check_request,
     rows_of,
 )
-from toolrl.model_sources import load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
 from toolrl.seeds import sample_seed, unseeded
 from toolrl.trajectory import RoutedExperts
 
@@ -217,7 +218,10 @@ class TransformersEngine(RolloutEngine):
 
     @classmethod
     def check_run(cls, run: Any) -> list[str]:
-        """The run check (:mod:`toolrl.roles.run_check`): experts are recorded only where a model has them."""
+        """The run check (:mod:`toolrl.roles.run_check`): the model loads from the source's directory, and
+        experts are recorded only where a model has them."""
+        check_model_dir(run.model_dir, f"the transformers engine loads the model from {run.model_dir}",
+                        field_where(run.config, "model.source"))
         if run.config.engine.options.get("record_routes") and not run.experts:
             raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
                              "there are no routed experts to record")

@@ -130,7 +130,8 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
 
 @dataclass
 class LocalRun:
-    """Every role in this process: the trained model and an engine that shares it."""
+    """Every role in this process: the trained model (None for a run that does not train) and an engine
+    that shares it."""
 
     config: Config
     path: str
@@ -150,11 +151,13 @@ class LocalRun:
 
 async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
                         path: str | None = None, inputs: ModelInputs | None = None,
-                        plan: RunPlan | None = None) -> LocalRun:
+                        plan: RunPlan | None = None, train: bool = True) -> LocalRun:
     """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
     ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads;
-    ``plan``, what the roles act on (:class:`toolrl.roles.resolve.RunPlan`)."""
+    ``plan``, what the roles act on (:class:`toolrl.roles.resolve.RunPlan`). Without ``train`` no
+    policy is built (``model`` is None): the engine loads what it needs itself, and one that loads no
+    weights (a remote server's, a script) needs only the tokenizer in ``path``."""
     parts = parts if parts is not None else resolve_parts(config)
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)
@@ -173,6 +176,6 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
         # each step's weights by push, between two decode steps.
         return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
 
-    rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model, samples=samples,
-                                      parts=parts, inputs=inputs, plan=plan)
-    return LocalRun(config, path, tokenizer, built[0], rollouts, list(samples))
+    rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model if train else None,
+                                      samples=samples, parts=parts, inputs=inputs, plan=plan)
+    return LocalRun(config, path, tokenizer, built[0] if built else None, rollouts, list(samples))

@@ -9,6 +9,7 @@ travels to them, in this process or as Ray actors.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
 from toolrl.environments import ConfiguredEnv, is_term
 from toolrl.loggers import logger_names
-from toolrl.model_sources import model_path
+from toolrl.model_sources import check_model_dir, model_path
 from toolrl.plugins.parts import lookup_part
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
@@ -91,7 +92,10 @@ class ResolvedRun:
 
 
 def check_placement(config: Config) -> None:
-    """Where the roles can run: several trainer ranks need Ray; CPU offload needs GPU ranks."""
+    """Where the roles can run: Ray, when a run names it, must be installed; several trainer ranks need
+    Ray; CPU offload needs GPU ranks."""
+    if config.ray.address is not None and importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"{field_where(config, 'ray.address')}: Ray is not installed: pip install 'toolrl[ray]'")
     if config.trainer.world_size > 1 and config.ray.address is None:
         raise ConfigError(f"trainer.world_size={config.trainer.world_size} needs Ray: set ray.address "
                           "(local, auto or host:port)")
@@ -136,6 +140,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     training: dict[str, object] = {}
     estimator = None
     if purpose == "train":
+        check_model_dir(model_dir, f"training loads the model from {model_dir}", field_where(config, "model.source"))
         config = with_critic(config)
         estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
         training = {"algorithm.advantage_options": estimator, "algorithm.loss_options": loss}

@@ -270,7 +270,11 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     family's tokens must be in the tokenizer, every prompt must fit the model's context (and
     ``model.max_context``), and :func:`check_run` (the template, every part's semantics) passes; its
     warnings are printed, one line each."""
-    tokenizer = model_sources.load_tokenizer(path)
+    try:
+        tokenizer = model_sources.load_tokenizer(path)
+    except (OSError, ValueError) as exc:  # transformers' own, over several lines
+        raise ConfigError(f"{field_where(config, 'model.source')}: {path} holds no tokenizer transformers can "
+                          f"load ({model_sources.first_line(exc)})") from None
     processor = engine_processor(config, parts.engine_cls, path, prompts)
     factory = config_renderer_factory(config, tokenizer, processor)
     report(check_run(config, parts, path, tokenizer, factory))

@@ -60,7 +60,8 @@ class Roles:
 async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Roles:
     """Build each role where it runs, from a resolved run (a bare config is resolved here first) and
     the model's inputs checked before any model loads (checked here when not given).
-    Without Ray: one process, the engine sharing the trainer's module. With Ray: this process builds
+    Without Ray: one process, the engine sharing the trainer's module (a run that does not train
+    builds no trainer: the engine loads what it needs). With Ray: this process builds
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
     if not isinstance(run, ResolvedRun):
@@ -69,7 +70,7 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
     if inputs is None:
         inputs = check_model_inputs(config, run.parts, run.model_dir, run.prompts)
     if config.ray.address is None:
-        local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs, run.plan)
+        local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs, run.plan, train)
         roles = Roles(config, local.tokenizer, local.path, local.rollouts)
         if train:
             rank = TrainerRank(config, plan=run.plan)
