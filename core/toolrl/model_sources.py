@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl import cache
-from toolrl.config import ConfigError, read_json
+from toolrl.config import ConfigError, field_where, read_json
 from toolrl.templates import trl_template
 from toolrl.tiny_settings import TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
 from toolrl.vision_processor import image_only_processor
@@ -646,16 +646,18 @@ def _checked_model_dir(path: Path) -> str:
     return str(path)
 
 
-def check_model_dir(path: str, why: str, where: str = "model.source") -> None:
-    """``path`` holds a model transformers can build (a ``config.json`` naming its ``model_type``),
-    checked where ``why`` says the model loads from it. A source may be a directory holding only a
-    tokenizer, enough for an engine that loads no weights; a run that loads the model from it would
-    otherwise fail inside transformers once its roles have started."""
-    config = Path(path) / "config.json"
-    found = read_json(config, where) if config.is_file() else None
+def check_model_dir(path: str, loader: str, config: Config | None = None) -> None:
+    """``path`` holds a model transformers can build (a ``config.json`` naming its ``model_type``), for
+    ``loader`` (``training``, ``the vllm engine``), which loads the model from it: a one-line ConfigError
+    naming ``model.source`` (where ``config`` set it) otherwise. A source may be a directory holding
+    only a tokenizer, enough for an engine that loads no weights; an engine that loads them calls this
+    in its ``check_run``, so such a run fails at the check, not inside transformers once it started."""
+    where = field_where(config, "model.source") if config is not None else "model.source"
+    file = Path(path) / "config.json"
+    found = read_json(file, where) if file.is_file() else None
     if not (isinstance(found, dict) and isinstance(found.get("model_type"), str)):
-        held = f"no {config}" if found is None else f"{config}, which names no model_type"
-        raise ConfigError(f"{where}: {why}, and there is {held}")
+        held = f"no {file}" if found is None else f"{file}, which names no model_type"
+        raise ConfigError(f"{where}: {loader} loads the model from {path}, and there is {held}")
 
 
 def _under(base_dir: str | os.PathLike[str], path: str) -> Path:

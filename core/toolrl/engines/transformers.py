@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.config import field_where
 from toolrl.engines import (
     FinishReason,
     Generation,
@@ -220,8 +219,7 @@ class TransformersEngine(RolloutEngine):
     def check_run(cls, run: Any) -> list[str]:
         """The run check (:mod:`toolrl.roles.run_check`): the model loads from the source's directory, and
         experts are recorded only where a model has them."""
-        check_model_dir(run.model_dir, f"the transformers engine loads the model from {run.model_dir}",
-                        field_where(run.config, "model.source"))
+        check_model_dir(run.model_dir, "the transformers engine", run.config)
         if run.config.engine.options.get("record_routes") and not run.experts:
             raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
                              "there are no routed experts to record")

@@ -140,7 +140,7 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     training: dict[str, object] = {}
     estimator = None
     if purpose == "train":
-        check_model_dir(model_dir, f"training loads the model from {model_dir}", field_where(config, "model.source"))
+        check_model_dir(model_dir, "training", config)
         config = with_critic(config)
         estimator, loss = check_algorithm(config, has_critic=config.critic is not None)
         training = {"algorithm.advantage_options": estimator, "algorithm.loss_options": loss}

@@ -96,3 +96,21 @@ def test_plugin_registers_lazily():
     assert listed.returncode == 0, listed.stderr
     (info,) = [p for p in json.loads(listed.stdout) if p["name"] == "vllm"]
     assert (info["status"], info["parts"]) == ("ok", {"rollout_engines": ["vllm"]})
+
+
+def test_a_source_holding_only_a_tokenizer_is_refused_before_vllm_starts(tmp_path):
+    """vLLM loads the model from model.source: a directory without one is one line at the run check
+    (VLLMEngine.check_run), not an error out of vLLM's start."""
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    for file in Path(model_sources.tiny_qwen3()).iterdir():
+        if file.name.startswith("tokenizer") or file.name == "chat_template.jinja":
+            (folder / file.name).write_bytes(file.read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "toolrl", "eval", str(TINY), "engine.name=vllm",
+                           f"model.source={folder}", "--output", str(tmp_path / "eval")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: override model.source=") and line.endswith(
+        f": model.source: the vllm engine loads the model from {folder}, and there is no {folder / 'config.json'}")
+    assert not (tmp_path / "eval").exists()

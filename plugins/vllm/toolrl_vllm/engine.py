@@ -55,6 +55,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from toolrl.config import ConfigError
 from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.model_sources import check_model_dir
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
@@ -148,6 +149,12 @@ class VLLMEngine(RolloutEngine):
             shutil.rmtree(self._dir, ignore_errors=True)
             raise
         self.max_model_len: int = self._llm.model_config.max_model_len
+
+    @classmethod
+    def check_run(cls, run: Any) -> list[str]:
+        """The run check: vLLM loads the model from the source's directory, which must hold one."""
+        check_model_dir(run.model_dir, "the vllm engine", run.config)
+        return []
 
     @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> VLLMEngine:
