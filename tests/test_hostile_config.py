@@ -141,6 +141,17 @@ def test_a_lone_surrogate_in_a_prompt_is_refused_before_the_run_starts(tmp_path)
     assert load_files([jsonl(tmp_path, emoji, name="ok.jsonl")])[0].prompt[0].content.startswith("\U0001f600")
 
 
+def test_a_prompt_part_neither_text_nor_an_image_is_refused_not_dropped(tmp_path):
+    """A video part (Qwen-VL templates know it; no engine here shows one) left out would train the model
+    on a prompt without what the row asked about."""
+    row = {**ROW, "prompt": [{"role": "user", "content": [{"type": "text", "text": "What happens?"},
+                                                           {"type": "video", "video": "clip.mp4"}]}]}
+    data = jsonl(tmp_path, json.dumps(ROW), json.dumps(row))
+    path = write_config(tmp_path, data={"train_files": [str(data)]})
+    one_error_line(invoke("train", str(path)),
+                   f"{data}:2: prompt[0].content[1]: a 'video' part; a prompt holds text and image parts")
+
+
 # -- tool classes named by import path --------------------------------------------------------------
 
 

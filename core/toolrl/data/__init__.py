@@ -91,6 +91,11 @@ def to_sample(row: Any, origin: str, base_dir: Path | None = None) -> FileSample
         raise ConfigError(f"{origin}: {format_errors(exc)}") from None
     if not sample.prompt:
         raise ConfigError(f"{origin}: prompt: no messages (a row needs at least one)")
+    for m, message in enumerate(sample.prompt):  # a part the templates and engines cannot show is not dropped
+        for n, part in enumerate(message.content if isinstance(message.content, list) else []):
+            if part.get("type") != "text" and not is_image_part(part):
+                raise ConfigError(f"{origin}: prompt[{m}].content[{n}]: a {part.get('type')!r} part; a prompt "
+                                  "holds text and image parts")
     try:
         check_prompt_chars(row.get("prompt"))
     except ValueError as exc:
