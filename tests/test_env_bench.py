@@ -49,3 +49,7 @@ def test_bench_names_what_is_wrong(counting: Path) -> None:
     result = run_toolrl("env", "bench", "counting", "--session", "fleet", path=counting)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: --session-options: give urls"), result.stderr
+    for ladder in ("0", "4,x", "4,,8"):
+        result = run_toolrl("env", "bench", "counting", "--ladder", ladder, path=counting)
+        assert result.returncode == 2 and "Invalid value for '--ladder'" in result.stderr, result.stderr
+        assert "a whole number, at least 1" in result.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +275,12 @@ def test_serve_names_what_is_wrong() -> None:
     assert "NAME" in result.stderr and "no-such-thing" in result.stderr
     result = run_toolrl("env", "serve", "counter", "--options", '{"goal": "x"}')
     assert result.returncode == 2 and "goal" in result.stderr, result.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run_toolrl("env", "serve", "counter", "--port", str(port))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: "), result.stderr
+    result = run_toolrl("env", "serve", "counter", "--port", "70000")
+    assert result.returncode == 2 and "Invalid value for '--port'" in result.stderr, result.stderr

@@ -132,7 +132,8 @@ def env_show(name: str, as_json: bool) -> None:
 @env.command("serve")
 @click.argument("name")
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
-@click.option("--port", default=0, show_default=True, help="The port (0: a free one, printed).")
+@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="The port (0: a free one, printed).")
 @click.option("--capacity", default=256, show_default=True, type=click.IntRange(min=1),
               help="Sessions held at once; more are refused (HTTP 503).")
 @click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options), "
@@ -168,9 +169,19 @@ def _json_object(value: str | None, what: str) -> dict[str, Any]:
     return parsed
 
 
+def _counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    """``--ladder``'s comma-separated counts, each a whole number of trajectories, at least 1."""
+    counts = [x.strip() for x in value.split(",")]
+    bad = next((x for x in counts if not x.isdigit() or int(x) < 1), None)
+    if bad is not None:
+        raise click.BadParameter(f"{bad!r} is not a count of trajectories (a whole number, at least 1)")
+    return [int(x) for x in counts]
+
+
 @env.command("bench")
 @click.argument("name")
-@click.option("--ladder", default="16,128", show_default=True, help="Comma-separated concurrent trajectory counts.")
+@click.option("--ladder", default="16,128", show_default=True, callback=_counts,
+              help="Comma-separated concurrent trajectory counts.")
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), help="Steps per trajectory.")
 @click.option("--think-s", default=0.1, show_default=True, type=click.FloatRange(min=0),
               help="Mean think time between a trajectory's steps (a model's generation time).")
@@ -179,7 +190,7 @@ def _json_object(value: str | None, what: str) -> dict[str, Any]:
 @click.option("--session", default=None, help="Another session kind to drive it through (e.g. fleet).")
 @click.option("--session-options", "session_json", default=None, help="JSON: that session kind's options.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def env_bench(name: str, ladder: str, steps: int, think_s: float, split: str | None, options_json: str | None,
+def env_bench(name: str, ladder: list[int], steps: int, think_s: float, split: str | None, options_json: str | None,
               session: str | None, session_json: str | None, as_json: bool) -> None:
     """Drive N concurrent trajectories of environment NAME with a scripted policy (no model), as the
     rollout drives them: throughput, p50/p99 step latency, client memory per open trajectory, errors
@@ -199,8 +210,7 @@ def env_bench(name: str, ladder: str, steps: int, think_s: float, split: str | N
             await driver.shutdown()
 
     try:
-        counts = [int(x) for x in ladder.split(",")]
-        results = asyncio.run(rungs(counts))
+        results = asyncio.run(rungs(ladder))
     except (ConfigError, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
     if as_json:

@@ -124,7 +124,11 @@ async def serve(kind: SessionKind, served: str, host: str, port: int, capacity: 
     runner = web.AppRunner(server.app, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=4096)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:  # the port taken, the address not this machine's
+        await runner.cleanup()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = runner.addresses[0][1]
     return runner, bound
 
