@@ -35,6 +35,10 @@ def test_a_fifo_as_config_or_data_file_is_refused_without_blocking(tmp_path):
     one_error_line(invoke("rollout", str(path)), f"{data}: not a regular file")
 
 
+def test_a_directory_as_config_is_named_as_the_user_wrote_it(tmp_path):
+    assert one_error_line(invoke("train", str(tmp_path)), "") == f"error: {tmp_path}: not a regular file"
+
+
 @pytest.mark.parametrize(("override", "expected"), [
     ("trainer.output_dir=''", "trainer.output_dir: String should have at least 1 character"),
     ("model.source=''", "model.source: String should have at least 1 character"),

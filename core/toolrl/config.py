@@ -62,6 +62,8 @@ def read_text(path: Path, max_bytes: int | None = None, why: str = "") -> str:
             data = f.read() if max_bytes is None else f.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ConfigError:  # a ValueError too: ours, as it is
+        raise
     except ValueError as exc:  # a NUL byte in the path
         raise ConfigError(f"{path!r}: cannot read: {exc}") from None
     if max_bytes is not None and len(data) > max_bytes:
