@@ -173,6 +173,24 @@ def test_train_on_recorded_trajectories(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip().startswith(f"error: {recorded}:2: response_ids, response_mask and logprobs differ")
 
+    # What the trainer would fail on (an empty prompt, a token id past the embedding) or train silently wrong
+    # (a mask of 2, a positive log-probability) is refused with the row's line, before the model loads.
+    row = rows[0]
+    for change, message in (
+            ({"prompt_ids": []}, "prompt_ids: empty (a trajectory starts from its prompt)"),
+            ({"response_ids": [151936] + row["response_ids"][1:]},
+             "response_ids: token id 151936 is outside the model's vocabulary (0 to 151935: vocab_size in its "
+             "config.json)"),
+            ({"prompt_ids": [-1] + row["prompt_ids"][1:]},
+             "prompt_ids: token id -1 is outside the model's vocabulary (0 to 151935"),
+            ({"response_mask": [2] + row["response_mask"][1:]},
+             "response_mask: each value is 1 (a model token, trained) or 0, got 2"),
+            ({"logprobs": [0.5] + row["logprobs"][1:]}, "logprobs: a log-probability is at most 0, got 0.5")):
+        recorded.write_text(json.dumps(row) + "\n" + json.dumps({**row, **change}) + "\n")
+        result = toolrl("train", TINY, f"data.trajectories={recorded}", f"trainer.output_dir={out}", "--check")
+        assert result.exit_code == 2 and result.stderr.strip().startswith(f"error: {recorded}:2: {message}"), \
+            result.stderr
+
 
 def test_validation_on_ray_samples_as_training_does():
     from toolrl.config import ConfigError, load_config

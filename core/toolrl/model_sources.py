@@ -660,6 +660,18 @@ def check_model_dir(path: str, loader: str, config: Config | None = None) -> Non
         raise ConfigError(f"{where}: {loader} loads the model from {path}, and there is {held}")
 
 
+def vocab_size(path: str) -> int | None:
+    """The model's vocabulary size as its ``config.json`` states it (a vision-language model's text
+    config's); None when it does not say."""
+    try:
+        found = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text = found.get("text_config") if isinstance(found, dict) and isinstance(found.get("text_config"), dict) else found
+    size = text.get("vocab_size") if isinstance(text, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
 def _under(base_dir: str | os.PathLike[str], path: str) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path(base_dir) / p

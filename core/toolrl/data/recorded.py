@@ -35,8 +35,13 @@ from toolrl.rewards.scoring import RewardFunctions
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
 
+# A log-probability is at most 0; an engine's log-softmax may round a near-certain token a hair above it.
+LOGPROB_ROUNDING = 1e-4
 
-def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
+
+def _trajectory(row: dict[str, Any], origin: str, vocab_size: int | None = None) -> Trajectory:
+    """The row as a trajectory the trainer can take: what would fail inside the trainer, or train
+    silently wrong (a mask of 2 weighs a token twice), is a one-line error here."""
     try:
         traj = Trajectory.model_validate({"group": 0, "sample_index": 0, **row})
     except ValidationError as exc:
@@ -45,8 +50,20 @@ def _trajectory(row: dict[str, Any], origin: str) -> Trajectory:
     if len(traj.response_mask) != n or len(traj.logprobs) != n:
         raise ConfigError(f"{origin}: response_ids, response_mask and logprobs differ in length "
                           f"({n}, {len(traj.response_mask)}, {len(traj.logprobs)})")
+    if not traj.prompt_ids:
+        raise ConfigError(f"{origin}: prompt_ids: empty (a trajectory starts from its prompt)")
+    if (mask := next((m for m in traj.response_mask if m not in (0, 1)), None)) is not None:
+        raise ConfigError(f"{origin}: response_mask: each value is 1 (a model token, trained) or 0, got {mask}")
     if not any(traj.response_mask):
         raise ConfigError(f"{origin}: response_mask: no model token to train on")
+    if (logprob := next((lp for lp in traj.logprobs if not lp <= LOGPROB_ROUNDING), None)) is not None:
+        raise ConfigError(f"{origin}: logprobs: a log-probability is at most 0, got {logprob}")
+    for field in ("prompt_ids", "response_ids"):
+        ids = getattr(traj, field)
+        if ids and (min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size)):
+            bad = min(ids) if min(ids) < 0 else max(ids)
+            within = f"0 to {vocab_size - 1}: vocab_size in its config.json" if vocab_size is not None else "from 0"
+            raise ConfigError(f"{origin}: {field}: token id {bad} is outside the model's vocabulary ({within})")
     return traj
 
 
@@ -82,9 +99,10 @@ def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Tra
             raise ConfigError(f"{origin}: reward: {traj.error}")
 
 
-def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[Sample]:
+def load_groups(config: Config, rewards: list[tuple[str, float, Any]], vocab_size: int | None = None) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored
-    with ``rewards`` (the resolved reward functions) where a row carries no reward."""
+    with ``rewards`` (the resolved reward functions) where a row carries no reward. ``vocab_size``: the
+    model's, which every token id must be below (None: not known)."""
     groups: dict[Hashable, list[Trajectory]] = {}
     pending: list[tuple[Trajectory, list[Any], str]] = []
     for name in config.data.trajectories:
@@ -92,7 +110,7 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]]) -> list[S
         for origin, row in read_rows(path):  # the data files' reader: its limits and one-line errors
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
-            traj = _trajectory(row, origin)
+            traj = _trajectory(row, origin, vocab_size)
             if (values := _reward(traj, row, rewards, origin)) is not None:
                 pending.append((traj, values, origin))
             # A group number means something within its own file only (each trace file numbers from 0).

@@ -20,7 +20,7 @@ from toolrl.data.recorded import load_groups
 from toolrl.data.sources import load_samples
 from toolrl.environments import ConfiguredEnv, is_term
 from toolrl.loggers import logger_names
-from toolrl.model_sources import check_model_dir, model_path
+from toolrl.model_sources import check_model_dir, model_path, vocab_size
 from toolrl.plugins.parts import lookup_part
 from toolrl.rollout.routes import Parts, build_rewards, resolve_parts
 from toolrl.schemas import Sample
@@ -157,7 +157,8 @@ def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
         # Trained as recorded instead of generated, scored by one environment's rewards (or the explicit
         # reward.functions); a mixture's rows carry no route, so there only reward.functions score them.
         envs = list(parts.envs.values())
-        samples = load_groups(config, build_rewards(config, envs[0].env if len(envs) == 1 else None))
+        samples = load_groups(config, build_rewards(config, envs[0].env if len(envs) == 1 else None),
+                              vocab_size(model_dir))
     elif training_split:
         samples = load_samples(config, "train", parts.envs)
     eval_config, eval_samples = None, []
