@@ -248,6 +248,21 @@ def test_a_part_that_refuses_its_options_as_it_is_built_is_named_at_their_line(t
     assert line.startswith(f"error: {path}:")
 
 
+def test_a_group_relative_estimator_on_groups_that_cannot_differ(tmp_path):
+    """grpo, dr_grpo, rloo and reinforce_pp_baseline compare a trajectory with the rest of its group: a
+    group of one trains nothing, ever (refused); greedy groups are alike unless tools or sessions part them
+    (a warning). An estimator with another baseline takes groups of one."""
+    refused(tmp_path, "rollout.n: grpo compares each trajectory with the rest of its group, and a group of 1 "
+            "has none: every advantage is 0 and nothing trains", rollout={"n": 1})
+    refused(tmp_path, "override rollout.n=1: rollout.n: rloo compares", overrides=["rollout.n=1"],
+            algorithm={"advantage": "rloo"})
+    assert passes_with(tmp_path, "rollout.n=1", algorithm={"advantage": "reinforce_pp"}) == []
+    (warning,) = passes_with(tmp_path, rollout={"temperature": 0})
+    assert warning.endswith("rollout.temperature: greedy sampling gives a group's 4 trajectories the same tokens "
+                            "unless a tool or the environment answers them apart: grpo's advantages are then 0 "
+                            "and nothing trains")
+
+
 def test_a_bad_tool_config_is_refused_at_the_check(tmp_path):
     """Tools are built where the rollouts run, after the model loads; their configs are checked before."""
     line, path = refused(tmp_path, "tools.entries: invalid config for tool CalculatorTool: config.zz: unknown key",

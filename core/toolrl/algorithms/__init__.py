@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.config import field_where
+from toolrl.config import ConfigError, field_where
 from toolrl.plugins.parts import BuildContext, NoOptions, build_part
 
 if TYPE_CHECKING:
@@ -83,12 +83,33 @@ class AdvantageEstimator(AlgorithmPart):
     ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
     False for per-token estimators (traces record the list). ``needs_values``: it reads
     ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
-    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts)."""
+    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts).
+    ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
+    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike)."""
 
     outcome: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
     needs_turns: ClassVar[bool] = False
     needs_trees: ClassVar[bool] = False
+    group_relative: ClassVar[bool] = False
+
+    def check_run(self, run: Any) -> list[str]:
+        """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would
+        ever train), or greedy samples (a warning: only tools and environments can make them differ).
+        Recorded groups (``data.trajectories``) are as recorded."""
+        warnings = super().check_run(run)
+        rollout = run.config.rollout
+        if not self.group_relative or run.config.data.trajectories:
+            return warnings
+        if rollout.n < 2:
+            raise ConfigError(f"{run.where('rollout.n')}: {self.name} compares each trajectory with the rest of its "
+                              f"group, and a group of {rollout.n} has none: every advantage is 0 and nothing "
+                              "trains; set rollout.n to 2 or more, or use reinforce_pp")
+        if rollout.temperature == 0:
+            warnings.append(f"{run.where('rollout.temperature')}: greedy sampling gives a group's {rollout.n} "
+                            f"trajectories the same tokens unless a tool or the environment answers them apart: "
+                            f"{self.name}'s advantages are then 0 and nothing trains")
+        return warnings
 
     @abstractmethod
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...

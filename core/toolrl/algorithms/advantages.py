@@ -76,6 +76,7 @@ class Grpo(AdvantageEstimator):
     ``norm_by_std: false`` leaves the division out (then equal to ``dr_grpo``)."""
 
     name = "grpo"
+    group_relative = True
     Options = GrpoOptions
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
@@ -94,6 +95,7 @@ class DrGrpo(AdvantageEstimator):
     rejects ``seq-mean-token-mean`` with it."""
 
     name = "dr_grpo"
+    group_relative = True
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         return _group_relative(inputs, lambda r, mean, std, n: r - mean)
@@ -107,6 +109,7 @@ class Rloo(AdvantageEstimator):
     """
 
     name = "rloo"
+    group_relative = True
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         return _group_relative(inputs, lambda r, mean, std, n: r - (mean * n - r) / (n - 1))
@@ -144,6 +147,7 @@ class ReinforcePPBaseline(AdvantageEstimator):
     """
 
     name = "reinforce_pp_baseline"
+    group_relative = True
     Options = WhitenOptions
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
