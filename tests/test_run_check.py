@@ -85,11 +85,19 @@ def test_a_correction_that_masks_every_on_policy_token_is_refused(tmp_path, corr
     assert f"{path}:" in line
 
 
+def test_a_truncation_cap_below_the_on_policy_ratio_is_refused(tmp_path):
+    """min(ratio, cap) with cap < 1 weighs every on-policy token by the cap: a learning rate, not a correction."""
+    line, path = refused(tmp_path, "algorithm.tis_cap: 0.5 is below 1, the ratio of every on-policy token",
+                         algorithm={"tis_cap": 0.5})
+    assert line.startswith(f"error: {path}:")
+
+
 def test_settings_at_the_edge_of_what_trains_pass(tmp_path):
     """The bounds are the edges of what can train, not tighter: a mask range that starts at 1, a veto
-    just under it, a lower clip just under 1, a max_context with room for one token past the prompt."""
+    just under it, a truncation cap of 1, a lower clip just under 1, a max_context with room for one token
+    past the prompt."""
     assert passes_with(tmp_path, algorithm={"correction": {"mode": "mask", "lo": 1.0, "hi": 1.5, "veto": 0.999},
-                                            "loss_options": {"clip_eps_low": 0.999}},
+                                            "tis_cap": 1.0, "loss_options": {"clip_eps_low": 0.999}},
                        model={"source": "tiny-qwen3", "max_context": 400}) == []
 
 

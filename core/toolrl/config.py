@@ -469,6 +469,15 @@ class AlgorithmConfig(Section):
         "off", description="a mixture-of-experts model: the trainer routes each token to the experts the engine "
         "chose (r3: engine.options.record_routes), to those of its own first pass over the batch (r2), or its own")
 
+    @field_validator("tis_cap")
+    @classmethod
+    def _cap_holds_one(cls, cap: float | None) -> float | None:
+        # As correction's mask range must: a token sampled by the weights being trained has ratio 1.
+        if cap is not None and cap < 1.0:
+            raise ValueError(f"{cap} is below 1, the ratio of every on-policy token: each would be weighted "
+                             f"{cap} (a smaller learning rate, not a correction); a cap is at least 1 (2 is usual)")
+        return cap
+
 
 class CriticConfig(Section):
     """PPO's value model (toolrl.training.critic), trained beside the policy when the advantage
