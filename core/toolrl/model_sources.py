@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -660,15 +660,27 @@ def check_model_dir(path: str, loader: str, config: Config | None = None) -> Non
         raise ConfigError(f"{where}: {loader} loads the model from {path}, and there is {held}")
 
 
-def vocab_size(path: str) -> int | None:
-    """The model's vocabulary size as its ``config.json`` states it (a vision-language model's text
-    config's); None when it does not say."""
+def model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The model's ``config.json`` in ``path`` as a dict; empty when there is none or it is no JSON object
+    (a check that needs it whole reads it with :func:`toolrl.config.read_json`, which names the fault)."""
     try:
         found = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    text = found.get("text_config") if isinstance(found, dict) and isinstance(found.get("text_config"), dict) else found
-    size = text.get("vocab_size") if isinstance(text, dict) else None
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a model config (:func:`model_config`): a vision-language model's
+    ``text_config``, else the config itself."""
+    text = config.get("text_config")
+    return text if isinstance(text, Mapping) else config
+
+
+def vocab_size(path: str) -> int | None:
+    """The model's vocabulary size as its ``config.json`` states it (the language model's); None when it
+    does not say."""
+    size = text_config(model_config(path)).get("vocab_size")
     return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 

@@ -17,11 +17,9 @@ stops.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
@@ -63,8 +61,7 @@ class RunFacts:
     @property
     def text_config(self) -> Mapping[str, Any]:
         """The language model's config (a vision-language model's ``text_config``)."""
-        text = self.model_config.get("text_config")
-        return text if isinstance(text, Mapping) else self.model_config
+        return model_sources.text_config(self.model_config)
 
     @property
     def experts(self) -> int:
@@ -85,20 +82,12 @@ class RunFacts:
         return field_where(self.config, field)
 
 
-def read_model_config(model_dir: str | Path) -> dict[str, Any]:
-    try:
-        found = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, factory: Any) -> list[str]:
     """Every check of the run (module docstring); returns the warnings, raises the first error as a
     one-line ConfigError."""
     found = model_context(tokenizer, model_dir)
     window, stated = found if found is not None else (None, "")
-    facts = RunFacts(config, model_dir, read_model_config(model_dir), tokenizer, window, stated)
+    facts = RunFacts(config, model_dir, model_sources.model_config(model_dir), tokenizer, window, stated)
     warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
     if config.model.lora is not None:
         check_lora_targets(facts)

@@ -4,7 +4,6 @@ whose prompts all fit pays almost nothing, and one that does not fails once, nam
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from toolrl.config import ConfigError, text_size
 from toolrl.data import origin_of
 from toolrl.engines import context_overflow
 from toolrl.images import ImageLimits
+from toolrl.model_sources import model_config, text_config
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.episode import prompt_of
 from toolrl.schemas import Sample
@@ -27,12 +27,8 @@ def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | No
     ``max_position_embeddings`` in its ``config.json`` (the text model's, for a multimodal one),
     or the tokenizer's ``model_max_length`` when that is smaller. None when neither says."""
     path = Path(model_dir) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        config = {}
-    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    stated = [(text_config.get("max_position_embeddings"), f"max_position_embeddings in {path}"),
+    text = text_config(model_config(model_dir))
+    stated = [(text.get("max_position_embeddings"), f"max_position_embeddings in {path}"),
               (getattr(tokenizer, "model_max_length", None), "the tokenizer's model_max_length")]
     # transformers' "unset" model_max_length is 1e30.
     known = [(n, where) for n, where in stated if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 1 << 40]

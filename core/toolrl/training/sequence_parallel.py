@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from toolrl.config import ConfigError, read_json
+from toolrl.model_sources import text_config
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.packing import (
     ULYSSES_SDPA,
@@ -99,7 +100,7 @@ def check_sequence_parallel(config: Config, model_dir: str | Path) -> None:
     if "vision_config" in model:
         raise ConfigError(f"{field}: not supported for a vision-language model ({path}): the images' 3-D "
                           "positions and vision tower are not split across ranks")
-    text = model.get("text_config", model)
+    text = text_config(model)
     heads = text.get("num_attention_heads")
     if isinstance(heads, int) and heads % n:
         raise ConfigError(f"{field} must divide the model's attention heads ({heads}, num_attention_heads in {path})")
