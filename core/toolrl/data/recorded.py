@@ -59,9 +59,8 @@ def _trajectory(row: dict[str, Any], origin: str, vocab_size: int | None = None)
     if (logprob := next((lp for lp in traj.logprobs if not lp <= LOGPROB_ROUNDING), None)) is not None:
         raise ConfigError(f"{origin}: logprobs: a log-probability is at most 0, got {logprob}")
     for field in ("prompt_ids", "response_ids"):
-        ids = getattr(traj, field)
-        if ids and (min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size)):
-            bad = min(ids) if min(ids) < 0 else max(ids)
+        bad = next((i for i in getattr(traj, field) if i < 0 or (vocab_size is not None and i >= vocab_size)), None)
+        if bad is not None:
             within = f"0 to {vocab_size - 1}: vocab_size in its config.json" if vocab_size is not None else "from 0"
             raise ConfigError(f"{origin}: {field}: token id {bad} is outside the model's vocabulary ({within})")
     return traj
