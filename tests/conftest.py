@@ -12,6 +12,20 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture
+def hide_package(monkeypatch) -> Any:
+    """``hide_package(name)``: ``importlib.util.find_spec`` finds no package ``name`` for the rest of the
+    test, as on a machine without it (toolrl asks find_spec before importing an optional package)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def hide(name: str) -> None:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda found, *a: None if found == name else real(found, *a))
+
+    return hide
+
+
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> Any:
     from toolrl.model_sources import qwen_tokenizer

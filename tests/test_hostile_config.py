@@ -120,12 +120,9 @@ def test_a_model_directory_without_a_model_type_or_a_tokenizer_is_one_line(tmp_p
                    f"model.source: {model} holds no tokenizer transformers can load")
 
 
-def test_a_run_on_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
+def test_a_run_on_ray_without_ray_installed_is_one_line(tmp_path, hide_package):
     """Not a ModuleNotFoundError out of start_roles once the check has passed."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    hide_package("ray")
     one_error_line(invoke("train", str(write_config(tmp_path)), "ray.address=local", "--check"),
                    "override ray.address=local: ray.address: Ray is not installed: pip install 'toolrl[ray]'")
 

