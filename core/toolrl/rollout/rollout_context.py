@@ -16,7 +16,7 @@ from toolrl.context import ContextPolicy
 from toolrl.engines import RolloutEngine
 from toolrl.gateway.server import Gateway
 from toolrl.parsers import ToolParser
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind
 from toolrl.tools import Tool
