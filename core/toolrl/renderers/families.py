@@ -27,8 +27,6 @@ from toolrl.renderers.chat import ChatRenderer
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from toolrl.renderers.chat import ChatRenderer
-
 
 def training_template(family: ModelFamily) -> str:
     """The family's history-preserving template (TRL's ``*_training.jinja``, or the family's own)."""
