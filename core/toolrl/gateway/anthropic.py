@@ -93,7 +93,8 @@ def parse(raw: bytes) -> MessagesRequest:
 async def answer(session: GatewaySession, req: MessagesRequest) -> dict[str, Any]:
     """A ``Message``."""
     messages = anthropic_chat_messages(req)
-    tools = [_chat_tool(t) for t in req.tools or []]
+    tools = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema, **(
+        {"description": t.description} if t.description is not None else {})}} for t in req.tools or []]
     session.check_model(req.model)
     choice = req.tool_choice or _ToolChoice(type="auto")
     turn = await session.turn(messages, tools, Ask(
@@ -167,13 +168,6 @@ def _blocks(content: list[dict[str, Any]], where: str,
             raise RequestError(f"{at}.type: {kind!r} blocks are not supported here (only {', '.join(kinds)})",
                                param=f"{at}.type")
         yield kind, block, at
-
-
-def _chat_tool(tool: _Tool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
-    if tool.description is not None:
-        function["description"] = tool.description
-    return {"type": "function", "function": function}
 
 
 # -- the answer, as Anthropic writes it ---------------------------------------------------------------

@@ -1,7 +1,6 @@
-"""``POST /v1/chat/completions``: OpenAI Chat Completions on an episode's endpoint, one model call
-(:meth:`GatewaySession.turn`) answered as the OpenAI API does (``tools``, ``tool_choice``,
-``parallel_tool_calls``, ``n``, ``stream``, ``logprobs``). Like ``responses`` and ``anthropic``: ``parse``
-the body, ``answer`` it, ``stream`` the answer."""
+"""``POST /v1/chat/completions``: one model call (:meth:`GatewaySession.turn`) answered as the OpenAI API does
+(``tools``, ``tool_choice``, ``parallel_tool_calls``, ``n``, ``stream``, ``logprobs``). Like ``responses`` and
+``anthropic``: ``parse`` the body, ``answer`` it, ``stream`` the answer."""
 
 from __future__ import annotations
 

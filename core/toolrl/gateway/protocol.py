@@ -105,16 +105,13 @@ class RequestError(Exception):
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_json(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not JSON: {exc}") from None
-
-
 def parse_body(raw: bytes, model: type[M]) -> M:
     """A request body as ``model``; a RequestError naming the first bad field."""
-    return validated(model, read_json(raw))
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not JSON: {exc}") from None
+    return validated(model, data)
 
 
 def validated(model: type[M], data: Any, where: str = "") -> M:

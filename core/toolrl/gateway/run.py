@@ -15,12 +15,11 @@ import asyncio
 from dataclasses import dataclass, field
 
 from toolrl.agents import Agent, AgentTask, Endpoint
-from toolrl.gateway.record import EpisodeRecord
 from toolrl.gateway.server import Gateway
 from toolrl.gateway.session import GatewaySession
 from toolrl.rewards.scoring import RewardValueError, coerce_reward
 from toolrl.schemas import Sample
-from toolrl.trajectory import Termination, Trajectory
+from toolrl.trajectory import Trajectory
 
 
 @dataclass
@@ -32,10 +31,9 @@ class AgentOutcome:
 
 async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Agent, sample: Sample,
                             scored: bool) -> AgentOutcome:
-    """``agent``'s episode of ``sample`` on ``session`` (opened on ``gateway``); ``scored``: reward
-    functions are configured, so a program may leave the reward to them."""
+    """``agent``'s episode of ``sample`` on ``session``; ``scored``: reward functions may score it instead."""
     record, trajectory_id = session.record, session.record.key
-    gateway.open(trajectory_id, session)
+    gateway.sessions[trajectory_id] = session
     url = gateway.url(trajectory_id)
     # The reward URL holds the episode's key: a program POSTs to it as it is, no header needed.
     endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward?key={session.api_key}", session.model)
@@ -50,7 +48,7 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
     except Exception as exc:  # the program's failure is its episode's, never the run's
         failure = f"{type(exc).__name__}: {exc}"
     finally:
-        gateway.close_session(trajectory_id)
+        gateway.sessions.pop(trajectory_id, None)
         for segment in record.segments:
             session.engine.end_session(segment.traj.trajectory_id)
     reward = session.reward
@@ -63,7 +61,9 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
         failure = f"the engine failed a call: {session.failures[0]}"
     if failure is None and reward is None and not scored:
         failure = "the agent gave no reward (posted or returned) and no reward function is configured"
-    pieces = record.pieces(_termination(record, session, failure, agent.options.failure))
+    pieces = record.pieces(("infra_error" if agent.options.failure == "mask" else "error") if failure is not None
+                           else "max_response_tokens" if session.exhausted
+                           else "length" if record.last_finish == "length" else "answered")
     if not pieces:  # not one model call: nothing to train, whatever the rule
         failure = failure or "the agent made no model call"
         prompt = session.renderers([]).prompt_ids([m.to_template() for m in sample.prompt])
@@ -72,11 +72,3 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
                              termination="infra_error")]
     pieces[-1].error = failure
     return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {})
-
-
-def _termination(record: EpisodeRecord, session: GatewaySession, failure: str | None, rule: str) -> Termination:
-    if failure is not None:
-        return "infra_error" if rule == "mask" else "error"
-    if session.exhausted:
-        return "max_response_tokens"
-    return "length" if record.last_finish == "length" else "answered"

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from toolrl.gateway import anthropic, chat_completions, responses
 from toolrl.gateway.agent_loop import AgentLoop
 from toolrl.gateway.messages import model_list
-from toolrl.gateway.protocol import RequestError, read_json
-from toolrl.gateway.session import GatewaySession
+from toolrl.gateway.protocol import RequestError, parse_body
+from toolrl.gateway.session import GatewaySession, RewardPost
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -68,12 +68,6 @@ class Gateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/e/{key}"
 
-    def open(self, key: str, session: GatewaySession) -> None:
-        self.sessions[key] = session
-
-    def close_session(self, key: str) -> GatewaySession | None:
-        return self.sessions.pop(key, None)
-
     # -- handlers -----------------------------------------------------------------------------
 
     def _session(self, request: web.Request) -> GatewaySession:
@@ -85,7 +79,8 @@ class Gateway:
             raise RequestError("the API key is not this episode's", 401)
         return session
 
-    def _handler(self, handle: Handle, anthropic: bool = False) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    def _handler(self, handle: Callable[[GatewaySession, web.Request], Awaitable[dict[str, Any] | AsyncIterator[str]]],
+                 anthropic: bool = False) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """The aiohttp handler of ``handle(session, request)``: its answer as JSON, or as a stream of
         server-sent events; errors in the body format of the API called (OpenAI's, or Anthropic's)."""
         from aiohttp import web
@@ -109,9 +104,6 @@ class Gateway:
         return serve
 
 
-Handle = Callable[[GatewaySession, "web.Request"], Awaitable[dict[str, Any] | AsyncIterator[str]]]
-
-
 async def _models(session: GatewaySession, request: web.Request) -> dict[str, Any]:
     return model_list(session.model)
 
@@ -124,4 +116,4 @@ async def _call(protocol: ModuleType, session: GatewaySession, request: web.Requ
 
 
 async def _reward(session: GatewaySession, request: web.Request) -> dict[str, Any]:
-    return session.set_reward(read_json(await request.read()))
+    return session.set_reward(parse_body(await request.read(), RewardPost))

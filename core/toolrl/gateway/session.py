@@ -22,7 +22,7 @@ from typing import Any
 from toolrl.config import RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.gateway.messages import finish_reason, reply_message, template_messages, tool_schemas
-from toolrl.gateway.protocol import ChatMessage, RequestError, message_key
+from toolrl.gateway.protocol import Body, ChatMessage, RequestError, message_key
 from toolrl.gateway.record import Call, EpisodeRecord
 from toolrl.parsers import ToolParser, parse_within
 from toolrl.renderers.chat import ChatRenderer, TemplateError
@@ -74,9 +74,13 @@ class Reply:
     ids: list[int]
     parsed: ParseResult | None
 
-    @property
-    def call_ids(self) -> list[str]:
-        return [c.id or "" for c in self.parsed.calls] if self.parsed is not None else []
+
+class RewardPost(Body):
+    """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward for the
+    completion ``ID``)."""
+
+    reward: Any  # a number (coerce_reward says what is not)
+    call_id: str | None = None
 
 
 @dataclass
@@ -97,16 +101,12 @@ class GatewaySession:
     replies: dict[str, Reply] = field(default_factory=dict)  # what the model wrote, by the key of the reply served
     _parsers: dict[str, ToolParser] = field(default_factory=dict)  # the parser bound to each set of tools
 
-    def set_reward(self, body: Any) -> dict[str, Any]:
-        """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward
-        for the completion ``ID``)."""
-        if not isinstance(body, dict) or "reward" not in body:
-            raise RequestError('the body must be {"reward": number} (with "call_id" for a step reward)', param="reward")
+    def set_reward(self, post: RewardPost) -> dict[str, Any]:
         try:
-            value = coerce_reward(body["reward"], "reward")
+            value = coerce_reward(post.reward, "reward")
         except RewardValueError as exc:
             raise RequestError(str(exc), param="reward") from None
-        call = body.get("call_id")
+        call = post.call_id
         if call is None:
             self.reward = value
         elif call not in self.served:
@@ -170,7 +170,7 @@ class GatewaySession:
         rename: dict[str, str] = {}
         for m, key in zip(messages, keys):
             reply = self.replies.get(key) if m.role == "assistant" and m.tool_calls else None
-            served = reply.call_ids if reply is not None else []
+            served = [c.id or "" for c in reply.parsed.calls] if reply is not None and reply.parsed else []
             rename.update({c.id: s for c, s in zip(m.tool_calls or [], served) if c.id and c.id != s})
         if not rename:
             return messages

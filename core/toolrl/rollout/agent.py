@@ -22,9 +22,8 @@ async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample
     """One episode of the route's agent program (toolrl.gateway.run), scored as any trajectory: the
     reward functions on its last answer, its step rewards, and the reward the program gave."""
     assert route.agent is not None
-    record = EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth)
-    session = GatewaySession(record, ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed,
-                             route.agent.options.model)
+    session = GatewaySession(EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth),
+                             ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed, route.agent.options.model)
     async with slot or contextlib.nullcontext():
         outcome = await run_agent_episode(await ctx.gateway(), session, route.agent, sample,
                                           bool(route.reward_functions))
