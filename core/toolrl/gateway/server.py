@@ -5,10 +5,10 @@ episode under its own path.
 ``POST responses``); ``/e/{episode}`` its Anthropic base URL (``POST v1/messages``); each protocol is a
 module of the same three functions (:mod:`toolrl.gateway.chat_completions`). ``POST /e/{episode}/reward``
 takes its rewards. Each episode has its own key: a request without it (``Authorization: Bearer KEY``,
-``x-api-key``, or in the URL as ``?key=KEY``, which the reward URL an episode is given holds) is a 401, one for an episode that ended a 404, a malformed one the
-400 the OpenAI API would give; none of them ever reaches another episode. An episode's path closes
-when its program ends or is cut at its deadline (toolrl.gateway.run): whatever it left running
-calls into a 404, and the gateway keeps nothing of it.
+``x-api-key``, or ``?key=KEY`` as in the reward URL an episode is given) is a 401, one for an episode
+that ended a 404, a malformed one the 400 the API would give; none ever reaches another episode. An
+episode's path closes when its program ends or is cut at its deadline (toolrl.gateway.run): whatever
+it left running calls into a 404, and the gateway keeps nothing of it.
 """
 
 from __future__ import annotations
