@@ -58,8 +58,8 @@ def config(policy: str, pages: int, n: int) -> Any:
 async def rollouts(policy: str, pages: int, n: int, tokenizer: Any) -> list[list[Any]]:
     """Each ledger's trajectory under ``policy``: its segments, in order."""
     from toolrl.data.sources import load_samples
+    from toolrl.renderers.families import renderer_factory
     from toolrl.rollout import RolloutContext, run_trajectory_pieces
-    from toolrl.rollout.families import renderer_factory
     from toolrl.rollout.routes import build_routes
     from toolrl_ledger.agent import LedgerAgent
 

@@ -144,7 +144,7 @@ def primed_model(base_dir: str, steps: int, tool_schema: dict[str, Any], lr: flo
     from toolrl.config import load_config
     from toolrl.data.sources import load_samples
     from toolrl.model_sources import load_model, load_tokenizer
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.training.step import build_batch, response_logprobs
     from toolrl.trajectory import Trajectory
     from toolrl_calculator.evaluate import evaluate, format_number

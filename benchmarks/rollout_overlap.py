@@ -44,8 +44,8 @@ from toolrl.config import RewardConfig, RolloutConfig  # noqa: E402
 from toolrl.engines import Generation, ModelSource, RolloutEngine, SamplingParams  # noqa: E402
 from toolrl.model_sources import qwen_tokenizer  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
+from toolrl.renderers.chat import ChatRenderer  # noqa: E402
 from toolrl.rollout import RolloutContext, Route, run_rollouts  # noqa: E402
-from toolrl.rollout.chat import ChatRenderer  # noqa: E402
 from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
 from toolrl.trajectory import Trajectory  # noqa: E402

@@ -37,8 +37,8 @@ from toolrl.config import RewardConfig, RolloutConfig, TreeConfig  # noqa: E402
 from toolrl.engines import ModelSource  # noqa: E402
 from toolrl.engines.transformers import TransformersEngine  # noqa: E402
 from toolrl.parsers.hermes import HermesParser  # noqa: E402
+from toolrl.renderers.chat import ChatRenderer  # noqa: E402
 from toolrl.rollout import RolloutContext, Route, run_rollouts  # noqa: E402
-from toolrl.rollout.chat import ChatRenderer  # noqa: E402
 from toolrl.schemas import Sample  # noqa: E402
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind  # noqa: E402
 

@@ -10,8 +10,8 @@ from toolrl.agents import Agent, AgentOptions
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.families import family_named
 from toolrl.plugins.parts import BuildContext, build_part
+from toolrl.renderers.families import renderer_factory
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory
 from toolrl.schemas import Sample
 from toolrl.testing import ScriptedEngine
 

@@ -12,9 +12,9 @@ from typing import Any
 from toolrl.config import Config, RewardConfig, RolloutConfig
 from toolrl.data.recorded import load_groups
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rewards.builtin import GSM8KReward
 from toolrl.rollout import RolloutContext, Route, run_rollouts
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
 from toolrl.testing import ScriptedEngine
 

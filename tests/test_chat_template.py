@@ -7,7 +7,7 @@ from functools import cache
 import pytest
 from toolrl.config import ConfigError, load_config
 from toolrl.model_sources import qwen_tokenizer_path
-from toolrl.rollout.families import config_renderer_factory
+from toolrl.renderers.families import config_renderer_factory
 from toolrl.rollout.routes import resolve_parts
 
 USER = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -482,7 +482,7 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
     from PIL import Image
     from toolrl import model_sources
     from toolrl.images import ImageLimits, to_png
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout.context_check import check_prompt_tokens, image_token_bound
     from toolrl.schemas import Sample
 

@@ -18,8 +18,8 @@ from toolrl.config import Config, ConfigError, RewardConfig, RolloutConfig
 from toolrl.context import BRANCH_SCHEMA, FOLD_HEADER
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_context_policy
 from toolrl.schemas import Sample
 from toolrl.testing import ScriptedEngine

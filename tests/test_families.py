@@ -15,9 +15,9 @@ from toolrl.parsers.glm45 import Glm45Parser
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.llama3_json import Llama3JsonParser
 from toolrl.parsers.qwen3_coder import Qwen3CoderParser
+from toolrl.renderers.families import renderer_factory
+from toolrl.renderers.rewrite import TemplateRewriteError
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory
-from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.rollout.routes import resolve_parts
 from toolrl.schemas import Sample
 from toolrl.templates import trl_template
@@ -278,7 +278,7 @@ def test_families_without_a_renderer_or_training_template_say_so():
     with pytest.raises(FamilyError, match="no history-preserving training template"):
         renderer_factory(tok, "gemma", "training_template")
     renderer = renderer_factory(tok, "gemma", "fork")([Add.schema])
-    from toolrl.rollout.chat import TemplateError
+    from toolrl.renderers.chat import TemplateError
 
     with pytest.raises(TemplateError, match="not append-only"):
         renderer.tool_delta([renderer.tool_message("5", "add")])

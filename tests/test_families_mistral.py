@@ -11,9 +11,9 @@ from test_families import SAMPLE, Add
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.families import tokenizer_family
 from toolrl.parsers.mistral import MistralParser
+from toolrl.renderers.families import renderer_factory
+from toolrl.renderers.mistral import call_id
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory
-from toolrl.rollout.mistral import call_id
 from toolrl.testing import ScriptedEngine
 
 mistral_common = pytest.importorskip("mistral_common")

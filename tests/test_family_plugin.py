@@ -13,7 +13,7 @@ import pytest
 from _dists import make_dist, make_wheel, run_toolrl, venv_over_this_one
 from toolrl.families import FamilyError, detect_family, family_named
 from toolrl.plugins import Plugins
-from toolrl.rollout.families import renderer_factory
+from toolrl.renderers.families import renderer_factory
 from toolrl.templates import trl_template
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def test_broken_family_registrations_are_reported_against_their_plugin(tmp_path,
     # A renderer reference is resolved when a run uses the family.
     assert detect_family("<|box_start|>draw").name == "drawn"
     with pytest.raises(FamilyError, match=r"^model family 'drawn' \(plugin 'broken'\): renderer 'broken_families:BOX' "
-                                          r"is not a toolrl.rollout.chat.ChatRenderer subclass$"):
+                                          r"is not a toolrl.renderers.chat.ChatRenderer subclass$"):
         renderer_factory(None, "drawn")
     # Listing imports no family; --check loads and checks every one.
     for args, listed in ((), False), (("--check",), True):

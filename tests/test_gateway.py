@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import aiohttp
 import pytest
 from family_tokenizers import family_tokenizer
-from gateway_kit import ADD, SAMPLE, Program, context, episode, hermes, post, trained
+from gateway_kit import ADD, SAMPLE, Program, ScriptEngine, context, episode, hermes, post, trained
 from toolrl.config import RolloutConfig
-from toolrl.engines import SamplingParams
+from toolrl.engines import Generation, SamplingParams
 from toolrl.gateway.messages import template_messages
 from toolrl.gateway.protocol import ChatMessage, RequestError, message_key
 from toolrl.gateway.record import EpisodeRecord
@@ -29,6 +31,8 @@ from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.rollout import run_rollouts
 from toolrl.testing import parser_corpus as pc
 from toolrl.testing.scripted_engine import scripted_generation
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # Each family's call as its models write it, and reasoning it writes before (which clients drop).
 CALLS = {"qwen2_5": hermes, "qwen3": hermes, "gemma3": hermes, "qwen3_5": pc.qwen3_coder,
@@ -385,3 +389,126 @@ def test_a_generation_that_ends_after_its_episode_changes_nothing():
     with pytest.raises(RequestError, match="the episode has ended") as ended:
         asyncio.run(session.turn([ChatMessage(role="user", content="again")], None, Ask()))
     assert ended.value.status == 404
+
+
+async def test_a_template_refusal_is_a_400_and_a_bug_in_recording_a_logged_500(monkeypatch, caplog):
+    """Only the template's own refusal blames the program's messages; a failure of the gateway's own code
+    is a 500 whose traceback is logged."""
+    two_calls = {"role": "assistant", "content": None, "tool_calls": [  # Llama 3's template takes one call a turn
+        {"id": f"c{k}", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}} for k in (0, 1)]}
+    answers = {}
+
+    def broken(self, *args):
+        raise KeyError("a bug in the record")
+
+    async def program(task, endpoint):
+        chat, key = f"{endpoint.base_url}/chat/completions", endpoint.api_key
+        results = [{"role": "tool", "tool_call_id": f"c{k}", "content": "3"} for k in (0, 1)]
+        answers["refused"] = await post(chat, {"model": endpoint.model, "tools": [ADD],
+                                               "messages": [*task["prompt"], two_calls, *results]}, key)
+        with monkeypatch.context() as patch:
+            patch.setattr(EpisodeRecord, "_open", broken)
+            answers["bug"] = await post(chat, {"model": endpoint.model, "messages": task["prompt"]}, key)
+        answers["ok"] = (await post(chat, {"model": endpoint.model, "messages": task["prompt"]}, key))[0]
+        return 1.0
+
+    with caplog.at_level(logging.ERROR, logger="toolrl.gateway"):
+        _, ctx, pieces = await episode(["fine"], program, family="llama3")
+    status, body = answers["refused"]
+    assert status == 400 and body["error"]["param"] == "messages"
+    assert "cannot render these messages: This model only supports single tool-calls at once!" in body["error"]["message"]
+    assert answers["bug"] == (500, {"error": {"message": "KeyError: 'a bug in the record'", "type": "server_error",
+                                              "param": None, "code": 500}})
+    logged = [r for r in caplog.records if r.name == "toolrl.gateway.server"]
+    assert len(logged) == 1 and logged[0].exc_info[0] is KeyError
+    assert answers["ok"] == 200 and pieces[-1].termination == "answered"
+
+
+async def test_a_cancelled_call_is_abandoned_not_an_engine_failure():
+    """A call given up while it generates (its program's deadline) is taken back out of its segment and
+    flagged abandoned; it is no failure of the engine, which would fail the episode."""
+    tok = family_tokenizer("qwen2_5")
+    ctx = context(tok, "qwen2_5", ["slow"], Program(None), delay=60)
+    session = GatewaySession(EpisodeRecord("t0", 0, 0), ctx.engine, ctx.schema_renderer, ctx.routes[None].parser,
+                             ctx.config, 0, "toolrl")
+    call = asyncio.ensure_future(session.turn([ChatMessage(role="user", content="hi")], None, Ask()))
+    while not session.record.segments:
+        await asyncio.sleep(0.01)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    segment = session.record.segments[0]
+    assert session.failures == [] and not segment.busy and session.record.calls == 0
+    assert segment.traj.response_ids == [] and session.record.pieces("answered") == []
+
+
+async def test_a_generation_without_a_token_is_recorded_only_an_abandoned_call_is_not():
+    """Whether a call was taken back is its flag (Call.abandoned), not read from its answer's shape: an
+    engine that had no room left answers an empty ``length`` generation, which is recorded (the call's
+    segment is free again and the episode ends by length)."""
+
+    class NoRoom(ScriptEngine):
+        async def generate(self, prompt_ids, params, n=1, session_id=None, images=()):
+            return [Generation([], [], "length") for _ in range(n)]
+
+    tok = family_tokenizer("qwen2_5")
+    ctx = context(tok, "qwen2_5", ["x"], Program(None))
+    session = GatewaySession(EpisodeRecord("t0", 0, 0), NoRoom(tok, ["x"]), ctx.schema_renderer,
+                             ctx.routes[None].parser, ctx.config, 0, "toolrl")
+    turn = await session.turn([ChatMessage(role="user", content="hi")], None, Ask())
+    assert turn.choices[0].finish == "length" and turn.choices[0].message["content"] == ""
+    record = session.record
+    assert record.calls == 1 and record.last_finish == "length" and not record.segments[0].busy
+    abandoned = record.place(["k"], "[]", ctx.schema_renderer([]), [{"role": "user", "content": "hi"}])
+    record.abandon(abandoned)
+    assert abandoned.abandoned and not abandoned.segment.busy
+
+
+async def test_a_tool_choice_naming_no_tool_is_refused_as_each_api_refuses_it():
+    answers = {}
+    schema = ADD["function"]["parameters"]
+
+    async def program(task, endpoint):
+        base, key, model = endpoint.base_url, endpoint.api_key, endpoint.model
+        chat = {"model": model, "messages": task["prompt"], "tools": [ADD]}
+        answers["chat"] = await post(f"{base}/chat/completions", {
+            **chat, "tool_choice": {"type": "function", "function": {"name": "mul"}}}, key)
+        answers["responses"] = await post(f"{base}/responses", {
+            "model": model, "input": "2+3?", "tools": [{"type": "function", "name": "add", "parameters": schema}],
+            "tool_choice": {"type": "function", "name": "mul"}}, key)
+        answers["anthropic"] = await post(f"{base}/messages", {
+            "model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "2+3?"}],
+            "tools": [{"name": "add", "input_schema": schema}], "tool_choice": {"type": "tool", "name": "mul"}}, key)
+        answers["named"] = (await post(f"{base}/chat/completions", {
+            **chat, "tool_choice": {"type": "function", "function": {"name": "add"}}}, key))[0]
+        return 1.0
+
+    await episode(["fine"], program)
+    error = {"message": "tool_choice: no function 'mul' in tools", "type": "invalid_request_error",
+             "param": "tool_choice", "code": 400}
+    assert answers["chat"] == answers["responses"] == (400, {"error": error})
+    assert answers["anthropic"] == (400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                     "message": error["message"]}})
+    assert answers["named"] == 200
+
+
+async def test_a_program_written_from_the_docs_table_reports_its_reward():
+    """docs/agents.md's variable table, taken at its word: POST the JSON it shows to TOOLRL_REWARD_URL,
+    nothing else (no header: the URL is the episode's own). The episode is scored, not masked."""
+    row = next(line for line in (ROOT / "docs" / "agents.md").read_text().splitlines()
+               if line.startswith("| `TOOLRL_REWARD_URL` |"))
+    said = re.match(r"\| `TOOLRL_REWARD_URL` \| POST `(\{[^`]*\})` here", row)
+    assert said is not None and "header" in row  # the row says what to send, and that no header is needed
+    answers = []
+
+    async def program(task, endpoint):
+        env = endpoint.environ()
+        client = endpoint.client(max_retries=0)
+        await client.chat.completions.create(model=env["TOOLRL_MODEL"], messages=task["prompt"])
+        await client.close()
+        async with aiohttp.ClientSession() as http, http.post(
+                env["TOOLRL_REWARD_URL"], data=said.group(1).replace("x", "0.75")) as answer:
+            answers.append(answer.status)
+
+    _, ctx, pieces = await episode(["14"], program)
+    assert answers == [200] and pieces[-1].reward == 0.75 and pieces[-1].termination == "answered"

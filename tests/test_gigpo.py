@@ -13,8 +13,8 @@ from toolrl.algorithms.turns import turn_rewards
 from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample, ToolResponse, ToolResult
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
 from toolrl.testing import ScriptedEngine

@@ -299,7 +299,7 @@ def test_hook_register_model_families(tmp_path):
     model.chat_format, and rendered with its end-of-turn token."""
     assert listed(tmp_path)["parts"]["model_families"] == ["shouty"]
     code = ("from hooks_family import TEMPLATE; from toolrl.families import detect_family, family_named; "
-            "from toolrl.model_sources import qwen_tokenizer; from toolrl.rollout.families import renderer_factory; "
+            "from toolrl.model_sources import qwen_tokenizer; from toolrl.renderers.families import renderer_factory; "
             "tok = qwen_tokenizer(); tok.chat_template = TEMPLATE; "
             "print(detect_family(TEMPLATE).name, detect_family(TEMPLATE.replace(': ', ':  ')).name, "
             "family_named('shouty').parser, tok.convert_ids_to_tokens(renderer_factory(tok)([]).eos_id))")

@@ -137,8 +137,8 @@ async def test_a_reward_whose_service_is_gone_is_an_infrastructure_failure_and_a
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, Route, run_trajectory
-    from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
     from toolrl.testing import ScriptedEngine
 

@@ -61,7 +61,7 @@ def lines(path: Path) -> list[dict]:
 @pytest.mark.slow  # two 16.5k-token prompts rolled out and trained on two Ray ranks: 2-3 min
 @pytest.mark.long
 def test_a_train_run_with_trajectories_past_16k_tokens_on_two_sequence_parallel_ranks(tiny_qwen3_path, tmp_path):
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl_calculator.tool import CalculatorTool
     from transformers import AutoTokenizer
 

@@ -250,8 +250,8 @@ async def test_a_parser_that_raises_in_the_rollout_is_that_turns_parse_error() -
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, Route, run_trajectory
-    from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
     from toolrl.testing import ScriptedEngine
 
@@ -283,8 +283,8 @@ async def test_a_parser_that_hangs_or_exits_in_the_rollout_costs_its_turns_not_t
     from toolrl.config import RewardConfig, RolloutConfig
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers.hermes import HermesParser
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, Route, run_trajectory
-    from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
     from toolrl.testing import ScriptedEngine
 
@@ -372,8 +372,8 @@ async def test_a_flood_of_malformed_calls_reaches_the_model_as_a_few_errors_and_
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.parsers import MAX_REPORTED_ERRORS
     from toolrl.parsers.hermes import HermesParser
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, Route, run_trajectory
-    from toolrl.rollout.chat import ChatRenderer
     from toolrl.schemas import Sample
     from toolrl.testing import ScriptedEngine
 

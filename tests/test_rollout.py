@@ -6,9 +6,9 @@ from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.parsers.tags import TagParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rewards.builtin import GSM8KReward
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import Sample
 from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool

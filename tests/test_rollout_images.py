@@ -12,8 +12,8 @@ from toolrl.data import to_sample
 from toolrl.images import from_png
 from toolrl.model_sources import load_processor, tiny_qwen2_5_vl
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_trajectory
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import ToolResponse
 from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool

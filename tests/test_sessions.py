@@ -10,8 +10,8 @@ import pytest
 from toolrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.schemas import InfrastructureError, Sample
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
 from toolrl.testing import ScriptedEngine

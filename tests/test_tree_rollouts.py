@@ -17,8 +17,8 @@ from toolrl.engines import ModelSource
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model, qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.episode import start_episode
 from toolrl.rollout.loop import finish_tools, take_turn
 from toolrl.schemas import Sample

@@ -459,7 +459,7 @@ async def engine_trajectory(engine, renderer, name: str, seeds: tuple[int, int],
 async def test_trainer_logprobs_match_the_engines(vlm_path, processor, packed):
     from toolrl.engines import ModelSource
     from toolrl.engines.transformers import TransformersEngine
-    from toolrl.rollout.chat import ChatRenderer
+    from toolrl.renderers.chat import ChatRenderer
 
     model = model_sources.load_model(vlm_path)
     renderer = ChatRenderer(processor.tokenizer, chat_template=processor.chat_template, processor=processor)

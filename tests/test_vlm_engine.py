@@ -14,7 +14,7 @@ from PIL import Image
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.trajectory import TrajectoryImage
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=6)

@@ -347,7 +347,7 @@ class RolloutConfig(Section):
     max_concurrent_trajectories: BatchSize = Field(64, gt=0)
     seed: Seed = 0
     # What to do when the chat template re-renders the conversation differently from the trajectory's
-    # tokens (toolrl.rollout.rewrite): keep | training_template | fork | refuse.
+    # tokens (toolrl.renderers.rewrite): keep | training_template | fork | refuse.
     template_rewrite: Literal["keep", "training_template", "fork", "refuse"] = "keep"
     # Images in prompts and tool results (toolrl.images): pixel limits and counts.
     images: ImageLimits = Field(default_factory=ImageLimits)

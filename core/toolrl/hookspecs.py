@@ -171,7 +171,7 @@ def register_model_families(register: Register) -> None:
     tokens, its special tokens, how its tokenizers are recognised (tokenizer classes, templates matched
     byte for byte, from the installed ``trl`` package or inline, else markers, tried in ``priority``
     order), the history-preserving ``training_template`` and, where the built-in renderer cannot
-    re-render its turns, a lazy reference to a :class:`toolrl.rollout.chat.ChatRenderer` subclass.
+    re-render its turns, a lazy reference to a :class:`toolrl.renderers.chat.ChatRenderer` subclass.
     ``model.chat_format: NAME`` selects one; unset, it is detected from the tokenizer. The built-ins
     (``qwen3``, ``llama3``, ``mistral``, ...) are registered the same way. Register a lazy reference
     (``"package.module:FAMILY"``) so that listing plugins imports nothing.

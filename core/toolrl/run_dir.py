@@ -381,7 +381,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         # Groups of more than one trajectory whose rewards were all equal: zero group-relative advantage.
         "equal_reward_groups": sum(len(r) == 1 for g, r in by_group.items()
                                    if sum(t.group == g for t in whole) > 1),
-        # Templates that rewrote history (toolrl.rollout.rewrite): forks per round of tool results.
+        # Templates that rewrote history (toolrl.renderers.rewrite): forks per round of tool results.
         "template_forks": forks,
         "template_fork_rate": forks / checks if checks else 0.0,
         "errors": sum(t.error is not None for t in trajs),

@@ -19,7 +19,7 @@ from pydantic import (
 
 from toolrl.schemas import ParseError, ToolResult
 
-# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite) or the context
+# "forked": a piece closed because the template rewrote history (toolrl.renderers.rewrite) or the context
 # policy edited the context (toolrl.context: the next piece's ``edit`` says how); "done": the
 # environment session ended the episode (toolrl.sessions); "infra_error": the infrastructure failed
 # (toolrl.schemas.InfrastructureError), so the trajectory is not trained and not in its group's baseline.
@@ -95,7 +95,7 @@ class Trajectory(BaseModel):
 
     trajectory_id: str
     # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
-    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
+    # (toolrl.renderers.rewrite); empty: a trajectory in one piece.
     trajectory_key: str = ""
     piece: int = 0
     sample_index: int

@@ -96,7 +96,7 @@ class ModelFamily(BaseModel):
                                       "with it when the tokenizer's template is not the family's")
     training_template: Template | None = Field(None, description="the history-preserving twin of its template")
     renderer: str | None = Field(None, pattern=LAZY_REFERENCE.pattern, description=(
-        "'package.module:Class', a toolrl.rollout.chat.ChatRenderer subclass, for a family whose turns the "
+        "'package.module:Class', a toolrl.renderers.chat.ChatRenderer subclass, for a family whose turns the "
         "built-in renderer cannot re-render (Mistral's request encoding, gpt-oss's channels); None: built-in"))
 
     def build(self, options: BaseModel, context: Any = None) -> ModelFamily:

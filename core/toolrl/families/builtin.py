@@ -55,14 +55,14 @@ DEEPSEEK_V3 = ModelFamily(
 # from that tokenizer, or from an HF jinja template's markers. Its renderer rebuilds the model's turns
 # as the structured messages the encoding reads.
 MISTRAL = ModelFamily(
-    name="mistral", parser="mistral", end_of_turn="</s>", renderer="toolrl.rollout.mistral:MistralRenderer",
+    name="mistral", parser="mistral", end_of_turn="</s>", renderer="toolrl.renderers.mistral:MistralRenderer",
     special_tokens=("<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
                     "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
     detection=Detection(tokenizer_classes=("MistralCommonBackend",), markers=("[INST]", "[TOOL_CALLS]")))
 # gpt-oss: its renderer rebuilds harmony text as the structured message its template reads.
 GPT_OSS = ModelFamily(
     name="gpt_oss", parser="gpt_oss", end_of_turn="<|call|>", stop_tokens=("<|return|>",),
-    renderer="toolrl.rollout.harmony:HarmonyRenderer",
+    renderer="toolrl.renderers.harmony:HarmonyRenderer",
     special_tokens=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"),
     detection=Detection(templates=trl("gptoss.jinja"), markers=("<|channel|>", "<|message|>")),
     training_template=Template(trl="gptoss_training.jinja"))

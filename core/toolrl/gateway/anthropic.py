@@ -1,7 +1,8 @@
 """Anthropic's Messages API on an episode's endpoint (``POST /e/{episode}/v1/messages``): what
 Claude-style harnesses speak. A request is turned into OpenAI chat messages and tools and goes
 through :meth:`GatewaySession.turn` like a chat completion (same template, record, parser, sampling
-settings); its answer is written back as an Anthropic ``Message``, or its stream of events.
+settings); its answer is written back as an Anthropic ``Message``, or its stream of events (``parse``,
+``answer`` and ``stream`` as in :mod:`toolrl.gateway.chat_completions`).
 
 How content blocks map (request):
 
@@ -20,7 +21,8 @@ And back: the reply's text is a ``text`` block, each call a ``tool_use`` block; 
 text: it is cut from the text and named in ``stop_sequence``) or ``end_turn``. A stream is the whole
 answer as Anthropic's events (the engine returns whole generations: the stream starts once it is
 done). ``temperature``, ``top_p``, ``top_k``, ``thinking``, ``metadata`` are accepted and ignored (the
-rollout's sampling settings are what is trained), as a forced ``tool_choice`` is not enforced.
+rollout's sampling settings are what is trained); a forced ``tool_choice`` must name one of the tools,
+and is not enforced.
 """
 
 from __future__ import annotations
@@ -29,35 +31,31 @@ import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from toolrl.gateway.protocol import ChatMessage, FunctionCall, RequestError, RequestToolCall, parse_body
+from toolrl.gateway.protocol import Body, ChatMessage, RequestError, parse_body, validated
 from toolrl.gateway.session import Ask, Choice, GatewaySession, Turn
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Message(_Body):
+class _Message(Body):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
 
-class _Tool(_Body):
+class _Tool(Body):
     type: Literal["custom"] | None = None  # Anthropic's server tools (bash_..., web_search_...) are not served
     name: str
     description: str | None = None
     input_schema: dict[str, Any]
 
 
-class _ToolChoice(_Body):
+class _ToolChoice(Body):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool = False
 
 
-class MessagesRequest(_Body):
+class MessagesRequest(Body):
     """A ``POST /v1/messages`` body."""
 
     model: str
@@ -72,34 +70,38 @@ class MessagesRequest(_Body):
     stream: bool = False
 
 
-class _Text(_Body):
+class _Text(Body):
     text: str
 
 
-class _ToolUse(_Body):
+class _ToolUse(Body):
     id: str
     name: str
     input: dict[str, Any]
 
 
-class _ToolResult(_Body):
+class _ToolResult(Body):
     tool_use_id: str
     content: str | list[dict[str, Any]] = ""
     is_error: bool = False
 
 
-async def answer(session: GatewaySession, raw: bytes) -> dict[str, Any] | AsyncIterator[str]:
-    """``POST /v1/messages``: a ``Message``, or its events when ``stream`` is set."""
-    req = parse_body(raw, MessagesRequest)
+def parse(raw: bytes) -> MessagesRequest:
+    return parse_body(raw, MessagesRequest)
+
+
+async def answer(session: GatewaySession, req: MessagesRequest) -> dict[str, Any]:
+    """A ``Message``."""
     messages = anthropic_chat_messages(req)
-    tools = [_chat_tool(t) for t in req.tools or []]
+    tools = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema, **(
+        {"description": t.description} if t.description is not None else {})}} for t in req.tools or []]
     session.check_model(req.model)
     choice = req.tool_choice or _ToolChoice(type="auto")
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_tokens, stop=tuple(req.stop_sequences or ()), parse_calls=choice.type != "none",
-        parallel_calls=not choice.disable_parallel_tool_use), id_prefix="msg")
-    body = message_body(turn, req.stop_sequences or (), session.model)
-    return message_events(body) if req.stream else body
+        parallel_calls=not choice.disable_parallel_tool_use, tool=choice.name if choice.type == "tool" else None),
+        id_prefix="msg")
+    return message_body(turn, req.stop_sequences or (), session.model)
 
 
 # -- the request, as OpenAI chat messages -------------------------------------------------------------
@@ -122,9 +124,9 @@ def _user(message: _Message, where: str) -> list[ChatMessage]:
     results, texts = [], []
     for kind, block, at in _blocks(message.content, f"{where}.content", ("text", "tool_result")):
         if kind == "text":
-            texts.append(_block(_Text, block, at).text)
+            texts.append(validated(_Text, block, at).text)
             continue
-        result = _block(_ToolResult, block, at)
+        result = validated(_ToolResult, block, at)
         text = _text(result.content, f"{at}.content", "\n\n")
         results.append(ChatMessage(role="tool", tool_call_id=result.tool_use_id,
                                    content=f"Error: {text}" if result.is_error else text))
@@ -140,20 +142,20 @@ def _assistant(message: _Message, where: str) -> list[ChatMessage]:
     for kind, block, at in _blocks(message.content, f"{where}.content",
                                    ("text", "tool_use", "thinking", "redacted_thinking")):
         if kind == "text":
-            texts.append(_block(_Text, block, at).text)
+            texts.append(validated(_Text, block, at).text)
         elif kind == "tool_use":
-            use = _block(_ToolUse, block, at)
-            calls.append(RequestToolCall(id=use.id, function=FunctionCall(
-                name=use.name, arguments=json.dumps(use.input, ensure_ascii=False))))
+            use = validated(_ToolUse, block, at)
+            calls.append({"id": use.id, "function": {"name": use.name,
+                                                      "arguments": json.dumps(use.input, ensure_ascii=False)}})
     # The text served was one block: joined as it was, so the message's key is the reply's.
-    return [ChatMessage(role="assistant", content="".join(texts), tool_calls=calls or None)]
+    return [ChatMessage.model_validate({"role": "assistant", "content": "".join(texts), "tool_calls": calls or None})]
 
 
 def _text(content: str | list[dict[str, Any]], where: str, sep: str) -> str:
     """A string, or text blocks' text joined by ``sep``."""
     if isinstance(content, str):
         return content
-    return sep.join(_block(_Text, block, at).text for _, block, at in _blocks(content, where, ("text",)))
+    return sep.join(validated(_Text, block, at).text for _, block, at in _blocks(content, where, ("text",)))
 
 
 def _blocks(content: list[dict[str, Any]], where: str,
@@ -166,22 +168,6 @@ def _blocks(content: list[dict[str, Any]], where: str,
             raise RequestError(f"{at}.type: {kind!r} blocks are not supported here (only {', '.join(kinds)})",
                                param=f"{at}.type")
         yield kind, block, at
-
-
-def _block(model: type[Any], block: dict[str, Any], where: str) -> Any:
-    try:
-        return model.model_validate(block)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join([where, *(str(p) for p in first["loc"])])
-        raise RequestError(f"{loc}: {first['msg']}", param=loc) from None
-
-
-def _chat_tool(tool: _Tool) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
-    if tool.description is not None:
-        function["description"] = tool.description
-    return {"type": "function", "function": function}
 
 
 # -- the answer, as Anthropic writes it ---------------------------------------------------------------
@@ -214,7 +200,7 @@ def _stop_reason(choice: Choice, stop_sequences: Sequence[str]) -> tuple[str, st
     return "end_turn", None  # the end-of-turn token, or a parser's stop string
 
 
-async def message_events(body: dict[str, Any]) -> AsyncIterator[str]:
+async def stream(req: MessagesRequest, body: dict[str, Any]) -> AsyncIterator[str]:
     """A ``Message`` as the server-sent events of its stream: each block whole in one delta."""
     usage = body["usage"]
     yield _event("message_start", message={**body, "content": [], "stop_reason": None, "stop_sequence": None,

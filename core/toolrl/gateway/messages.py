@@ -10,10 +10,9 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
-from toolrl.gateway.protocol import ChatMessage, RequestError, sse
+from toolrl.gateway.protocol import ChatMessage, RequestError, sse, validated
 from toolrl.images import ImageError, ImageLimits, is_image_part, part_image, prepare
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import ParseResult, ToolSchema
 
 
@@ -32,20 +31,11 @@ def finish_reason(finish: str, message: dict[str, Any] | None = None) -> str:
 
 def tool_schemas(tools: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """A request's ``tools`` as function schemas; a RequestError naming the first bad one."""
-
-    out = []
-    for i, tool in enumerate(tools or []):
-        try:
-            out.append(ToolSchema.model_validate(tool).model_dump(exclude_none=True))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise RequestError(f"tools.{i}.{loc}: {first['msg']}", param="tools") from None
-    return out
+    return [validated(ToolSchema, tool, f"tools.{i}").model_dump(exclude_none=True) for i, tool in enumerate(tools or [])]
 
 
 def message_text(message: ChatMessage, index: int, images: list[bytes], processor: Any = None,
-                 image_limits: Any = None) -> tuple[str, int]:
+                 image_limits: ImageLimits | None = None) -> tuple[str, int]:
     """A message's text and how many images it shows (their PNG appended to ``images``, within
     ``image_limits``); text and image parts (``image_url`` data URLs, base64). Images need a
     vision-language model's ``processor``."""
@@ -75,8 +65,8 @@ def message_text(message: ChatMessage, index: int, images: list[bytes], processo
     return "".join(parts), shown
 
 
-def template_messages(messages: Sequence[ChatMessage], renderer: Any, images: list[bytes], processor: Any = None,
-                      image_limits: Any = None) -> list[dict[str, Any]]:
+def template_messages(messages: Sequence[ChatMessage], renderer: ChatRenderer, images: list[bytes],
+                      processor: Any = None, image_limits: ImageLimits | None = None) -> list[dict[str, Any]]:
     """``messages`` as the template takes them (tool results as ``renderer`` writes them); their images'
     PNG go to ``images``, in order."""
     names: dict[str, str] = {}  # tool_call id -> function name, for tool messages

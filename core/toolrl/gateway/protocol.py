@@ -7,27 +7,27 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class FunctionCall(_Body):
+class FunctionCall(Body):
     name: str
     arguments: str = "{}"
 
 
-class RequestToolCall(_Body):
+class RequestToolCall(Body):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Body):
+class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -35,11 +35,11 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class _Sampling(_Body):
+class _Sampling(Body):
     model: str
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -102,17 +102,25 @@ class RequestError(Exception):
         return {"type": "error", "error": {"type": kind, "message": str(self)}}
 
 
-def parse_body(raw: bytes, model: Any) -> Any:
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_body(raw: bytes, model: type[M]) -> M:
     """A request body as ``model``; a RequestError naming the first bad field."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not JSON: {exc}") from None
+    return validated(model, data)
+
+
+def validated(model: type[M], data: Any, where: str = "") -> M:
+    """``data`` (at ``where`` in the request) as ``model``; a RequestError naming its first bad field."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
+        loc = ".".join([*filter(None, [where]), *(str(p) for p in first["loc"])])
         raise RequestError(f"{loc}: {first['msg']}" if loc else first["msg"], param=loc or None) from None
 
 

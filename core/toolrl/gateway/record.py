@@ -28,6 +28,7 @@ from typing import Any
 
 from toolrl.engines import Generation
 from toolrl.gateway.protocol import is_assistant_key
+from toolrl.renderers.chat import ChatRenderer, TemplateError
 from toolrl.schemas import ParseError
 from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end
 
@@ -35,7 +36,7 @@ from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_respon
 @dataclass
 class Segment:
     traj: Trajectory
-    renderer: Any  # the ChatRenderer of its tools
+    renderer: ChatRenderer  # its tools' renderer
     tools: str  # the calls' tools, as JSON: a call continues a segment only with the same tools
     keys: list[str]  # the messages its tokens hold, the replies served included
     finished: bool = False  # its tokens end in a finished assistant turn (an end token): a call may continue it
@@ -51,6 +52,7 @@ class Call:
     segment: Segment
     keys: list[str]
     before: int
+    abandoned: bool = False  # taken back (failed, given up, or no token left): nothing of it is recorded
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -77,7 +79,7 @@ class EpisodeRecord:
     def response_tokens(self) -> int:
         return sum(len(s.traj.response_ids) for s in self.segments)
 
-    def place(self, keys: list[str], tools: str, renderer: Any, messages: Sequence[dict[str, Any]]) -> Call:
+    def place(self, keys: list[str], tools: str, renderer: ChatRenderer, messages: Sequence[dict[str, Any]]) -> Call:
         """The segment a request with message ``keys`` (its ``messages`` as the template takes them)
         generates in; the new messages' tokens are appended to a continued one."""
         segment = self._continued(keys, tools)
@@ -85,7 +87,7 @@ class EpisodeRecord:
             before = len(segment.traj.response_ids)
             try:
                 delta = renderer.tool_delta(list(messages[len(segment.keys):]))
-            except Exception:  # a template that cannot append these messages: render them whole
+            except TemplateError:  # a template that cannot append these messages: render them whole
                 segment = None
             else:
                 append_tokens(segment.traj, delta, [0] * len(delta), [0.0] * len(delta))
@@ -104,7 +106,7 @@ class EpisodeRecord:
                 best = s
         return best
 
-    def _open(self, prompt_ids: list[int], renderer: Any, tools: str, keys: list[str]) -> Segment:
+    def _open(self, prompt_ids: list[int], renderer: ChatRenderer, tools: str, keys: list[str]) -> Segment:
         traj = Trajectory(trajectory_id=f"{self.key}#{next(self._ids)}", sample_index=self.sample_index,
                           group=self.group, env=self.env, prompt_ids=list(prompt_ids), ground_truth=self.ground_truth)
         segment = Segment(traj, renderer, tools, list(keys))
@@ -115,7 +117,7 @@ class EpisodeRecord:
         """Take a failed request's messages back out of its segment."""
         traj, segment = call.segment.traj, call.segment
         cut_response(traj, call.before)
-        segment.busy = False
+        segment.busy, call.abandoned = False, True
 
     def record(self, call: Call, gens: Sequence[Generation], replies: Sequence[str], texts: Sequence[str],
                errors: Sequence[Sequence[ParseError]], answer: str) -> None:

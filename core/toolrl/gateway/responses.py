@@ -1,6 +1,7 @@
 """``POST /v1/responses``: the OpenAI Responses API (what ``client.responses.create`` and the OpenAI
 Agents SDK's default model call), served as the chat turn it amounts to (:meth:`GatewaySession.turn`),
-so its calls are rendered, continued, generated and recorded as chat completions are.
+so its calls are rendered, continued, generated and recorded as chat completions are; ``parse``,
+``answer`` and ``stream`` as in :mod:`toolrl.gateway.chat_completions`.
 
 The request is read as OpenAI chat messages: ``instructions`` a leading system message, a string
 ``input`` one user message, and ``input`` items
@@ -33,17 +34,15 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from toolrl.gateway.protocol import ChatMessage, RequestError, parse_body
+from toolrl.gateway.protocol import Body, ChatMessage, RequestError, parse_body
 from toolrl.gateway.session import Ask, GatewaySession, Turn
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class ResponsesRequest(Body):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -60,20 +59,24 @@ class ResponsesRequest(BaseModel):
     prompt: dict[str, Any] | None = None
 
 
-async def respond(session: GatewaySession, raw: bytes) -> dict[str, Any] | AsyncIterator[str]:
-    """``POST /v1/responses``: a Response, or its stream of events."""
+def parse(raw: bytes) -> ResponsesRequest:
     req = parse_body(raw, ResponsesRequest)
     for name in ("previous_response_id", "conversation", "prompt"):
         if getattr(req, name) is not None:
             raise RequestError(f"{name}: the gateway keeps no conversation state; send the whole "
                                "conversation as input", param=name)
+    return req
+
+
+async def answer(session: GatewaySession, req: ResponsesRequest) -> dict[str, Any]:
+    """A Response."""
     messages, tools = chat_messages(req), chat_tools(req.tools)
     session.check_model(req.model)
+    forced = req.tool_choice.get("name") if isinstance(req.tool_choice, dict) else None
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_output_tokens, parse_calls=req.tool_choice != "none",
-        parallel_calls=req.parallel_tool_calls is not False), id_prefix="resp")
-    body = response_body(req, session, turn)
-    return events(body) if req.stream else body
+        parallel_calls=req.parallel_tool_calls is not False, tool=forced), id_prefix="resp")
+    return response_body(req, session, turn)
 
 
 # -- request ---------------------------------------------------------------------------------
@@ -196,7 +199,7 @@ def output_items(message: dict[str, Any], incomplete: bool) -> list[dict[str, An
     return items
 
 
-async def events(body: dict[str, Any]) -> AsyncIterator[str]:
+async def stream(req: ResponsesRequest, body: dict[str, Any]) -> AsyncIterator[str]:
     """A Response as the server-sent events of its stream."""
     counter = itertools.count()
 

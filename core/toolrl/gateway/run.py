@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
-from toolrl.agents import AgentTask, Endpoint
-from toolrl.gateway.record import EpisodeRecord
+from toolrl.agents import Agent, AgentTask, Endpoint
+from toolrl.gateway.server import Gateway
 from toolrl.gateway.session import GatewaySession
 from toolrl.rewards.scoring import RewardValueError, coerce_reward
 from toolrl.schemas import Sample
-from toolrl.trajectory import Termination, Trajectory
+from toolrl.trajectory import Trajectory
 
 
 @dataclass
@@ -30,15 +29,14 @@ class AgentOutcome:
     terms: dict[str, float] = field(default_factory=dict)  # {"agent": reward} when the program gave one
 
 
-async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, trajectory_id: str,
-                            seed: int) -> AgentOutcome:
-    agent, gateway = route.agent, await ctx.gateway()
-    record = EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth)
-    session = GatewaySession(record, ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed,
-                             agent.options.model)
-    gateway.open(trajectory_id, session)
+async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Agent, sample: Sample,
+                            scored: bool) -> AgentOutcome:
+    """``agent``'s episode of ``sample`` on ``session``; ``scored``: reward functions may score it instead."""
+    record, trajectory_id = session.record, session.record.key
+    gateway.sessions[trajectory_id] = session
     url = gateway.url(trajectory_id)
-    endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward", agent.options.model)
+    # The reward URL holds the episode's key: a program POSTs to it as it is, no header needed.
+    endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward?key={session.api_key}", session.model)
     task = AgentTask(prompt=[m.model_dump(mode="json", exclude_none=True) for m in sample.prompt],
                      ground_truth=sample.ground_truth, extra_info=sample.extra_info)
     failure, returned = None, None
@@ -50,9 +48,9 @@ async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, tr
     except Exception as exc:  # the program's failure is its episode's, never the run's
         failure = f"{type(exc).__name__}: {exc}"
     finally:
-        gateway.close_session(trajectory_id)
+        gateway.sessions.pop(trajectory_id, None)
         for segment in record.segments:
-            ctx.engine.end_session(segment.traj.trajectory_id)
+            session.engine.end_session(segment.traj.trajectory_id)
     reward = session.reward
     if returned is not None and failure is None:
         try:
@@ -61,22 +59,16 @@ async def run_agent_episode(ctx: Any, route: Any, sample: Sample, group: int, tr
             failure = str(exc)
     if failure is None and session.failures:
         failure = f"the engine failed a call: {session.failures[0]}"
-    if failure is None and reward is None and not route.reward_functions:
+    if failure is None and reward is None and not scored:
         failure = "the agent gave no reward (posted or returned) and no reward function is configured"
-    pieces = record.pieces(_termination(record, session, failure, agent.options.failure))
+    pieces = record.pieces(("infra_error" if agent.options.failure == "mask" else "error") if failure is not None
+                           else "max_response_tokens" if session.exhausted
+                           else "length" if record.last_finish == "length" else "answered")
     if not pieces:  # not one model call: nothing to train, whatever the rule
         failure = failure or "the agent made no model call"
-        prompt = ctx.schema_renderer([]).prompt_ids([m.to_template() for m in sample.prompt])
-        pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=group,
+        prompt = session.renderers([]).prompt_ids([m.to_template() for m in sample.prompt])
+        pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=record.group,
                              env=sample.env, prompt_ids=prompt, ground_truth=sample.ground_truth,
                              termination="infra_error")]
     pieces[-1].error = failure
     return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {})
-
-
-def _termination(record: EpisodeRecord, session: GatewaySession, failure: str | None, rule: str) -> Termination:
-    if failure is not None:
-        return "infra_error" if rule == "mask" else "error"
-    if session.exhausted:
-        return "max_response_tokens"
-    return "length" if record.last_finish == "length" else "answered"

@@ -1,37 +1,31 @@
-"""One episode's side of the gateway: its chat completions, its models, its rewards.
+"""One episode's side of the gateway: its model calls, its models, its rewards.
 
-A chat completion renders the request with the family's template (continuing a segment from its
-sampled tokens where the request continues it: :mod:`toolrl.gateway.record`), generates with the
-engine being trained under the rollout's sampling settings (``rollout.temperature``, ``top_p``,
-``max_new_tokens``: the program's own are not what is trained), parses calls with the route's
-parser, and answers as the OpenAI API does (``tools``, ``tool_choice``, ``parallel_tool_calls``,
-``n``, ``stream``, ``logprobs``). A forced ``tool_choice`` is accepted and not enforced.
+A model call (:meth:`GatewaySession.turn`, whichever API it came through: :mod:`toolrl.gateway.chat_completions`,
+``responses``, ``anthropic``) renders its messages with the family's template (continuing a segment from
+its sampled tokens where the call continues it: :mod:`toolrl.gateway.record`), generates with the engine
+being trained under the rollout's sampling settings (``rollout.temperature``, ``top_p``,
+``max_new_tokens``: the program's own are not what is trained) and parses calls with the route's
+parser. A forced tool (``tool_choice``) must be one of the call's tools; it is not enforced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import secrets
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.gateway.messages import (
-    chat_chunks,
-    finish_reason,
-    model_list,
-    reply_message,
-    template_messages,
-    tool_schemas,
-)
-from toolrl.gateway.protocol import ChatMessage, ChatRequest, RequestError, message_key
-from toolrl.gateway.record import EpisodeRecord
+from toolrl.gateway.messages import finish_reason, reply_message, template_messages, tool_schemas
+from toolrl.gateway.protocol import Body, ChatMessage, RequestError, message_key
+from toolrl.gateway.record import Call, EpisodeRecord
 from toolrl.parsers import ToolParser, parse_within
+from toolrl.renderers.chat import ChatRenderer, TemplateError
 from toolrl.rewards.scoring import RewardValueError, coerce_reward
 from toolrl.schemas import ParseResult
 from toolrl.seeds import turn_seed
@@ -46,6 +40,7 @@ class Ask:
     stop: Sequence[str] = ()
     parse_calls: bool = True
     parallel_calls: bool = True
+    tool: str | None = None  # the function tool_choice forces: one of the call's tools
 
 
 @dataclass
@@ -79,16 +74,20 @@ class Reply:
     ids: list[int]
     parsed: ParseResult | None
 
-    @property
-    def call_ids(self) -> list[str]:
-        return [c.id or "" for c in self.parsed.calls] if self.parsed is not None else []
+
+class RewardPost(Body):
+    """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward for the
+    completion ``ID``)."""
+
+    reward: Any  # a number (coerce_reward says what is not)
+    call_id: str | None = None
 
 
 @dataclass
 class GatewaySession:
     record: EpisodeRecord
     engine: RolloutEngine
-    renderers: Callable[[list[dict[str, Any]]], Any]  # (tool schemas) -> ChatRenderer
+    renderers: Callable[[Sequence[dict[str, Any]]], ChatRenderer]  # by the tool schemas
     parser: ToolParser
     config: RolloutConfig
     seed: int
@@ -102,19 +101,12 @@ class GatewaySession:
     replies: dict[str, Reply] = field(default_factory=dict)  # what the model wrote, by the key of the reply served
     _parsers: dict[str, ToolParser] = field(default_factory=dict)  # the parser bound to each set of tools
 
-    def models(self) -> dict[str, Any]:
-        return model_list(self.model)
-
-    def set_reward(self, body: Any) -> dict[str, Any]:
-        """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward
-        for the completion ``ID``)."""
-        if not isinstance(body, dict) or "reward" not in body:
-            raise RequestError('the body must be {"reward": number} (with "call_id" for a step reward)', param="reward")
+    def set_reward(self, post: RewardPost) -> dict[str, Any]:
         try:
-            value = coerce_reward(body["reward"], "reward")
+            value = coerce_reward(post.reward, "reward")
         except RewardValueError as exc:
             raise RequestError(str(exc), param="reward") from None
-        call = body.get("call_id")
+        call = post.call_id
         if call is None:
             self.reward = value
         elif call not in self.served:
@@ -135,6 +127,8 @@ class GatewaySession:
         if self.record.ended:  # the program outlived its episode (cut at its deadline)
             raise RequestError("the episode has ended", 404)
         schemas = tool_schemas(tools)
+        if ask.tool is not None and ask.tool not in (s["function"]["name"] for s in schemas):
+            raise RequestError(f"tool_choice: no function {ask.tool!r} in tools", param="tool_choice")
         renderer = self.renderers(schemas)
         keys = [message_key(m) for m in messages]  # ids are no part of a key: renaming them keeps it
         messages = self._served_ids(messages, keys)
@@ -143,8 +137,8 @@ class GatewaySession:
                     else m for k, m in zip(keys, template_messages(messages, renderer, []))]  # no processor: no images
         try:
             call = self.record.place(keys, json.dumps(schemas, sort_keys=True), renderer, rendered)
-        except Exception as exc:  # the template's own checks (role order...)
-            raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
+        except TemplateError as exc:  # the template's own checks (role order...); a bug here is a 500
+            raise RequestError(str(exc), param="messages") from None
         prompt_tokens = len(call.prompt_ids)
         gens = await self._generate(call, ask, renderer)
         parse_calls = bool(schemas) and ask.parse_calls
@@ -164,7 +158,7 @@ class GatewaySession:
             texts.append(text)
             errors.append(parsed.errors if parsed is not None else [])
             choices.append(Choice(message, finish_reason(gen.finish_reason, message), gen))
-        if gens[0].token_ids or gens[0].finish_reason != "length":  # else nothing was generated: nothing to record
+        if not call.abandoned:
             self.record.record(call, gens, replies, texts, errors, choices[0].message["content"] or "")
         completion = f"{id_prefix}-{uuid.uuid4().hex}"
         self.served.add(completion)
@@ -176,7 +170,7 @@ class GatewaySession:
         rename: dict[str, str] = {}
         for m, key in zip(messages, keys):
             reply = self.replies.get(key) if m.role == "assistant" and m.tool_calls else None
-            served = reply.call_ids if reply is not None else []
+            served = [c.id or "" for c in reply.parsed.calls] if reply is not None and reply.parsed else []
             rename.update({c.id: s for c, s in zip(m.tool_calls or [], served) if c.id and c.id != s})
         if not rename:
             return messages
@@ -191,7 +185,7 @@ class GatewaySession:
         return out
 
     @staticmethod
-    def _call_text(renderer: Any, parser: ToolParser, gen: Generation, text: str) -> str:
+    def _call_text(renderer: ChatRenderer, parser: ToolParser, gen: Generation, text: str) -> str:
         """What the parser reads: the turn's text, with its end token where that token closes a call
         in the format (gpt-oss's ``<|call|>``)."""
         end = renderer.decode(gen.token_ids[-1:])
@@ -206,32 +200,7 @@ class GatewaySession:
             self._parsers[key].bind_tools(schemas)
         return self._parsers[key]
 
-    async def chat(self, req: ChatRequest) -> dict[str, Any] | AsyncIterator[str]:
-        """``POST /v1/chat/completions``."""
-        self.check_model(req.model)
-        if req.top_logprobs:
-            raise RequestError("the gateway returns the sampled token's logprob only: use top_logprobs=0",
-                               param="top_logprobs")
-        max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), None)
-        turn = await self.turn(req.messages, req.tools, Ask(
-            n=req.n, max_tokens=max_tokens, stop=req.stop_strings(), parse_calls=req.tool_choice != "none",
-            parallel_calls=req.parallel_tool_calls is not False))
-        choices = []
-        for i, c in enumerate(turn.choices):
-            choice: dict[str, Any] = {"index": i, "message": c.message, "finish_reason": c.finish, "logprobs": None}
-            if req.logprobs:
-                choice["logprobs"] = {"content": [
-                    {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-                    for piece, lp in zip((turn.decode([t]) for t in c.generation.token_ids), c.generation.logprobs)]}
-            choices.append(choice)
-        body = {"id": turn.id, "object": "chat.completion", "created": int(time.time()), "model": self.model,
-                "choices": choices, "usage": turn.usage()}
-        if not req.stream:
-            return body
-        include_usage = req.stream_options is not None and req.stream_options.include_usage
-        return chat_chunks(body, [[c.message["content"] or ""] for c in turn.choices], include_usage)
-
-    async def _generate(self, call: Any, ask: Ask, renderer: Any) -> list[Generation]:
+    async def _generate(self, call: Call, ask: Ask, renderer: ChatRenderer) -> list[Generation]:
         """The call's generations within the per-call and the whole-episode budgets; none when the
         episode has no token left (the program gets an empty ``length`` answer)."""
         cfg = self.config
@@ -252,7 +221,10 @@ class GatewaySession:
         except ValueError as exc:  # the engine's request check: an over-long prompt
             self.record.abandon(call)
             raise RequestError(str(exc)) from None
-        except BaseException as exc:
+        except asyncio.CancelledError:  # the call given up (its program's deadline): no failure of the engine
+            self.record.abandon(call)
+            raise
+        except Exception as exc:
             self.record.abandon(call)
             self.failures.append(f"{type(exc).__name__}: {exc}")
             raise

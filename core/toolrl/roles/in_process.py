@@ -27,10 +27,10 @@ from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
 from toolrl.gc_policy import after_startup
 from toolrl.model_sources import model_path
+from toolrl.renderers.families import config_renderer_factory
 from toolrl.roles.resolve import RunPlan, run_plan
 from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
-from toolrl.rollout.families import config_renderer_factory
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
 from toolrl.tools import Tool

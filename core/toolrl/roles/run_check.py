@@ -26,8 +26,8 @@ from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import checked_options, namesake_note, options_model
+from toolrl.renderers.families import config_renderer_factory
 from toolrl.rollout.context_check import check_prompt_tokens, model_context
-from toolrl.rollout.families import config_renderer_factory
 from toolrl.tools.verl_config import resolve_tool_class
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ def template_where(config: Config, model_dir: str) -> str:
 def check_template(facts: RunFacts, factory: Any) -> list[str]:
     """The template compiled and rendered on a probe conversation with a tool: the prompt must hold the
     task and the tool and end in the model's turn (``factory``: the run's renderers, whose making checked
-    the template's family against the tokenizer: :func:`toolrl.rollout.families.config_renderer_factory`)."""
+    the template's family against the tokenizer: :func:`toolrl.renderers.families.config_renderer_factory`)."""
     where = template_where(facts.config, facts.model_dir)
     messages = [{"role": "user", "content": PROBE_TASK}]
     try:
@@ -247,7 +247,7 @@ def report(warnings: Iterable[str]) -> None:
 @dataclass(frozen=True)
 class ModelInputs:
     """The tokenizer, the processor (None but for a vision-language model) and the renderer factory
-    (:func:`toolrl.rollout.families.config_renderer_factory`) of a run's model, checked."""
+    (:func:`toolrl.renderers.families.config_renderer_factory`) of a run's model, checked."""
 
     tokenizer: Any
     processor: Any

@@ -10,7 +10,7 @@
 - ``agent``: an agent program runs the episode instead, through the gateway.
 - ``reward``: a finished trajectory's score, given to every piece.
 - ``rollout_context``: each environment's :class:`Route` and the :class:`RolloutContext` holding them.
-- ``routes``: the routes resolved from the config and built; ``chat`` and the families: rendering.
+- ``routes``: the routes resolved from the config and built (rendering: :mod:`toolrl.renderers`).
 """
 
 from toolrl.rollout.episode import prompt_of

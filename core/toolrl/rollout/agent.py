@@ -8,7 +8,9 @@ import contextlib
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from toolrl.gateway.record import EpisodeRecord
 from toolrl.gateway.run import run_agent_episode
+from toolrl.gateway.session import GatewaySession
 from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rollout_context import RolloutContext, Route
 from toolrl.schemas import Sample
@@ -19,7 +21,11 @@ async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample
                                seed: int, slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
     """One episode of the route's agent program (toolrl.gateway.run), scored as any trajectory: the
     reward functions on its last answer, its step rewards, and the reward the program gave."""
+    assert route.agent is not None
+    session = GatewaySession(EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth),
+                             ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed, route.agent.options.model)
     async with slot or contextlib.nullcontext():
-        outcome = await run_agent_episode(ctx, route, sample, group, trajectory_id, seed)
+        outcome = await run_agent_episode(await ctx.gateway(), session, route.agent, sample,
+                                          bool(route.reward_functions))
     *closed, traj = outcome.pieces
     return await score_pieces(route, sample, closed, traj, outcome.step_rewards, outcome.terms)

@@ -14,7 +14,7 @@ from toolrl.data import origin_of
 from toolrl.engines import context_overflow
 from toolrl.images import ImageLimits
 from toolrl.model_sources import model_config, text_config
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout.episode import prompt_of
 from toolrl.schemas import Sample
 

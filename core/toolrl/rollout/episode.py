@@ -13,7 +13,7 @@ from typing import Any
 from toolrl.engines import Generation, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageLimits, images_held, prepare
 from toolrl.parsers import parse_within
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout.rollout_context import RolloutContext, Route
 from toolrl.rollout.turns import record_turn
 from toolrl.schemas import Sample, ToolKwargs

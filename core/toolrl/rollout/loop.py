@@ -36,12 +36,12 @@ from typing import Any
 from toolrl.context import Branch
 from toolrl.engines import Generation
 from toolrl.parsers import parse_within
+from toolrl.renderers.rewrite import TemplateRewriteError
 from toolrl.rollout.agent import run_agent_trajectory
 from toolrl.rollout.branches import branch_of, close_branch, open_branch
 from toolrl.rollout.episode import Episode, answer_of, generate, start_episode
 from toolrl.rollout.results import tool_results_delta
 from toolrl.rollout.reward import score_pieces
-from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.rollout.rollout_context import RolloutContext
 from toolrl.rollout.segments import check_history, fit_context
 from toolrl.rollout.tree import fork_due, roots, tree_lines

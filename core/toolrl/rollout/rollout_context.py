@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,7 @@ from toolrl.context import ContextPolicy
 from toolrl.engines import RolloutEngine
 from toolrl.gateway.server import Gateway
 from toolrl.parsers import ToolParser
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind
 from toolrl.tools import Tool
@@ -43,14 +43,14 @@ class Route:
 @dataclass
 class RolloutContext:
     engine: RolloutEngine
-    renderer_factory: Any  # (tool schemas) -> ChatRenderer; renderers are cached per tool set
+    renderer_factory: Callable[[Sequence[dict[str, Any]]], ChatRenderer]  # by tool schemas; cached per tool set
     config: RolloutConfig
     routes: dict[str | None, Route]
     # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator
     # (``needs_turns``, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
     state_keys: bool = True
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
-    _gateway: Any = None  # the task starting it, made by the first agent episode (toolrl.gateway.server.Gateway)
+    _gateway: asyncio.Future[Gateway] | None = None  # its start, begun by the first agent episode
 
     def route_for(self, sample: Sample) -> Route:
         if sample.env in self.routes:
@@ -82,20 +82,14 @@ class RolloutContext:
             self._renderers[key] = self.renderer_factory(list(schemas))
         return self._renderers[key]
 
-    async def gateway(self) -> Any:
+    async def gateway(self) -> Gateway:
         """This context's gateway (toolrl.gateway), started on first use: once, however many episodes of a
         group ask for it together."""
         if self._gateway is None:
-            self._gateway = asyncio.ensure_future(_started(Gateway()))
+            self._gateway = asyncio.ensure_future(Gateway().start())
         return await self._gateway
 
     async def close(self) -> None:
         if self._gateway is not None:
             gateway, self._gateway = self._gateway, None
             await (await gateway).close()
-
-
-async def _started(gateway: Gateway) -> Gateway:
-    await gateway.start()
-    return gateway
-

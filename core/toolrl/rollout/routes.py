@@ -15,7 +15,7 @@ from toolrl.data import origin_of
 from toolrl.environments import ConfiguredEnv, Environment, configured_envs
 from toolrl.families import family_named
 from toolrl.plugins.parts import BuildContext, build_part, lookup_part
-from toolrl.rollout.families import chat_template_text
+from toolrl.renderers.families import chat_template_text
 from toolrl.rollout.rollout_context import Route
 from toolrl.schemas import Sample
 from toolrl.sessions import SessionKind, SharedParts

@@ -7,9 +7,9 @@ conversation when the template re-renders the history differently (``rollout.tem
 from __future__ import annotations
 
 from toolrl.context import ContextPlan, ContextPolicy, ContextView
-from toolrl.rollout.chat import TemplateError
+from toolrl.renderers.chat import TemplateError
+from toolrl.renderers.rewrite import first_difference, refusal
 from toolrl.rollout.episode import Episode, generate, images_in
-from toolrl.rollout.rewrite import first_difference, refusal
 from toolrl.trajectory import (
     ContextEdit,
     Termination,
@@ -90,7 +90,7 @@ def ask_model(ep: Episode, request: str) -> None:
 
 def check_history(ep: Episode) -> None:
     """Compare the template's rendering of the conversation so far with the trajectory's tokens and
-    apply ``rollout.template_rewrite`` (toolrl.rollout.rewrite) when they differ."""
+    apply ``rollout.template_rewrite`` (toolrl.renderers.rewrite) when they differ."""
     traj = ep.traj
     if ep.route.parser.result_mode == "inline":  # one assistant turn: nothing is re-rendered
         return

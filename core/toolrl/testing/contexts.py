@@ -38,8 +38,8 @@ from toolrl.config import Config, ConfigError, RewardConfig, RolloutConfig
 from toolrl.context import Branch, ContextPlan, ContextPolicy, ContextView
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.plugins.parts import BuildContext, build_part
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_context_policy
 from toolrl.schemas import Sample, ToolCall
 from toolrl.testing.scripted_engine import ScriptedEngine

@@ -104,7 +104,7 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
                      max_response_tokens: int, algo: AlgorithmConfig,
                      values: torch.Tensor | None = None) -> torch.Tensor:
     """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
-    forked trajectory (:mod:`toolrl.rollout.rewrite`) share its key and reward: an outcome estimator sees
+    forked trajectory (:mod:`toolrl.renderers.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own."""
     inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,

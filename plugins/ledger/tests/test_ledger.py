@@ -9,8 +9,8 @@ import pytest
 from toolrl.config import Config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.model_sources import qwen_tokenizer
+from toolrl.renderers.families import renderer_factory
 from toolrl.rollout import RolloutContext, run_trajectory_pieces
-from toolrl.rollout.families import renderer_factory
 from toolrl.rollout.routes import build_routes
 from toolrl_ledger.agent import LedgerAgent
 from toolrl_ledger.environment import LEDGER

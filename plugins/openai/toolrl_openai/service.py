@@ -193,7 +193,7 @@ class Service:
     # ----------------------------------------------------------------- /v1/chat/completions
 
     def _renderer(self, tools: list[dict[str, Any]]) -> Any:
-        from toolrl.rollout.chat import ChatRenderer
+        from toolrl.renderers.chat import ChatRenderer
 
         key = json.dumps(tools, sort_keys=True)
         if key not in self._renderers:

@@ -86,8 +86,8 @@ async def rollout(options: dict[str, Any], rows: list[dict[str, Any]], scripts: 
     ``s<row index>-``; or by ``engine``), through toolrl's loop; the routes are closed afterwards
     unless ``built`` (routes already built, and kept)."""
     from toolrl.config import RolloutConfig
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, run_rollouts
-    from toolrl.rollout.chat import ChatRenderer
 
     tok = tokenizer()
     routes_, parts = built if built is not None else await routes(options, base_dir)

@@ -25,8 +25,8 @@ async def rollout(env: str, engine: Any, tokenizer: Any, split: str = "train", e
     out once by ``engine``."""
     from toolrl.config import load_config
     from toolrl.data.sources import load_samples
+    from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout import RolloutContext, run_rollouts
-    from toolrl.rollout.chat import ChatRenderer
     from toolrl.rollout.routes import build_routes
 
     config = load_config(None, data={"env": env, "env_options": env_options or {},

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import rollout
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.testing import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[3]

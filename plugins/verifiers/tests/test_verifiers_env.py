@@ -17,8 +17,8 @@ import pytest
 import yaml
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, run_rollouts
-from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_routes
 from toolrl.testing import ScriptedEngine
 

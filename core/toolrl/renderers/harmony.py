@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import ParseResult
 
 # One harmony message: its channel (with any recipient/constraint after it), then its text up to the

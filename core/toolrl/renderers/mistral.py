@@ -19,7 +19,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import ParseResult, ToolCall
 
 _ALPHABET = string.ascii_letters + string.digits

@@ -22,12 +22,10 @@ from toolrl.families import (
     tokenizer_family,
 )
 from toolrl.plugins.parts import describe_exception, has_part
-from toolrl.rollout.chat import ChatRenderer
+from toolrl.renderers.chat import ChatRenderer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-
-    from toolrl.rollout.chat import ChatRenderer
 
 
 def training_template(family: ModelFamily) -> str:
@@ -149,5 +147,5 @@ def renderer_class(family: ModelFamily | None) -> type[ChatRenderer]:
     except Exception as exc:  # the plugin's code: its error becomes the family's, one line
         raise FamilyError(f"{where} does not import: {describe_exception(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, ChatRenderer)):
-        raise FamilyError(f"{where} is not a toolrl.rollout.chat.ChatRenderer subclass")
+        raise FamilyError(f"{where} is not a toolrl.renderers.chat.ChatRenderer subclass")
     return cls

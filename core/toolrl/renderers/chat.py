@@ -65,7 +65,7 @@ def _text_of(content: Any) -> str:
 
 
 class TemplateError(RuntimeError):
-    """The chat template is not append-only for tool messages, so deltas cannot be exact."""
+    """The chat template refuses the messages, or is not append-only for tool messages (deltas cannot be exact)."""
 
 
 class ChatRenderer:
@@ -101,10 +101,12 @@ class ChatRenderer:
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
                 tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
-        out = self.tokenizer.apply_chat_template(
-            messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
-            tokenize=True, return_dict=False, chat_template=self.chat_template,
-        )
+        try:
+            out = self.tokenizer.apply_chat_template(
+                messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
+                tokenize=True, return_dict=False, chat_template=self.chat_template)
+        except Exception as exc:  # the template's own checks (jinja's raise_exception, mistral-common's)
+            raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     def _template_renders_tools(self) -> bool:
