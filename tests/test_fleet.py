@@ -257,6 +257,15 @@ async def test_servers_that_cannot_start_fail_the_configuration_at_once() -> Non
     await kind.close()
 
 
+def test_a_fleet_url_that_is_not_a_url_is_one_line_at_the_check(tmp_path: Path) -> None:
+    """Not "no environment server answers" once the model has loaded: the check names the setting."""
+    from test_config_errors import invoke, one_error_line, write_config
+
+    path = write_config(tmp_path, session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:8700", "not a url"]}})
+    one_error_line(invoke("train", str(path), "--check"),
+                   f"error: {path}:", ": session.options: urls: 'not a url' is not a URL (http://HOST:PORT)")
+
+
 def test_stop_child_closes_stdin_and_kills_a_child_that_stays() -> None:
     """A child that exits at its stdin's end exits by itself; one that ignores it is killed after the
     grace period; one that has exited is left as it is."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -97,6 +98,11 @@ def test_the_run_check_finds_a_program_that_cannot_start(tmp_path):
 
     with pytest.raises(ConfigError, match=r"rollout\.agent: command: 'no-such-agent-program' is not on PATH"):
         check_training(load_config(str(agent_config(tmp_path, command="no-such-agent-program --fast"))))
+    # A Python program's file: missing, every episode would fail once the model loaded; ``-m``/``-c`` name none.
+    with pytest.raises(ConfigError, match=r"run\.yaml:\d+: rollout\.agent: command: the program missing_agent\.py does "
+                                          rf"not exist \(in {re.escape(str(tmp_path))}\)$"):
+        check_training(load_config(str(agent_config(tmp_path, command="python missing_agent.py", cwd=str(tmp_path)))))
+    check_training(load_config(str(agent_config(tmp_path, command="python -m toolrl.no_such_module"))))
     with pytest.raises(ConfigError, match=r"rollout\.agent: cannot import 'not_a_module:run'"):
         check_training(load_config(str(agent_config(tmp_path, callable="not_a_module:run"))))
 
@@ -105,8 +111,10 @@ def test_a_context_policy_beside_an_agent_is_refused_and_tools_it_does_not_use_a
     """The program keeps its own context and calls its own tools: toolrl's loop does neither for it."""
     from toolrl.roles.prepare import check_training
 
+    (tmp_path / "agent.py").write_text("")
+    program = {"command": "python agent.py", "cwd": str(tmp_path)}
     with pytest.raises(ConfigError, match=r"rollout\.agent: rollout\.context \(drop_tool_outputs\) edits toolrl's own loop"):
         context = {"name": "drop_tool_outputs", "trigger_tokens": 2000}
-        check_training(load_config(str(agent_config(tmp_path, {"rollout": {"context": context}}, command="python agent.py"))))
-    check_training(load_config(str(agent_config(tmp_path, {"tools": {"entries": []}}, command="python agent.py"))))
+        check_training(load_config(str(agent_config(tmp_path, {"rollout": {"context": context}}, **program))))
+    check_training(load_config(str(agent_config(tmp_path, {"tools": {"entries": []}}, **program))))
     assert "tools: not used, the agent program calls its own tools (rollout.agent)" in capfd.readouterr().err

@@ -3,7 +3,6 @@ trajectories, singleton step groups, the options' edges, single-turn trajectorie
 and the rollout loop recording each turn's start and state (toolrl.rollout.turns)."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from toolrl.algorithms.turns import turn_rewards
 from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.plugins.parts import RunFacts
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.schemas import Sample, ToolResponse, ToolResult
@@ -52,12 +52,12 @@ def batch():
 
 
 def test_a_hand_worked_batch():
-    estimator, algo = gigpo(gamma=0.5, step_weight=1.0, norm="mean")
+    estimator, algo = gigpo(gamma=0.5, step_weight=1.0, norm_by_std=False)
     grid = token_advantages(batch(), estimator, 64, algo)
     # Returns, γ = 0.5 (R_t = r_t + 0.5 R_{t+1}):
     #   a: R3 = 0.5, R2 = 0.5 + 0.5·0.5 = 0.75, R1 = 0 + 0.5·0.75 = 0.375;  b: (0, 0)
     #   c: R2 = 0.75, R1 = 0.25 + 0.5·0.75 = 0.625;  d: (0, 0);  e: R3 = 1, R2 = 0.5, R1 = 0.25
-    # Episode level (norm mean: r - group mean): group 0 mean 2/3 → a 1/3, b -2/3, c 1/3; group 1 mean 1/2 → d -1/2, e 1/2
+    # Episode level (norm_by_std false: r - group mean): group 0 mean 2/3 → a 1/3, b -2/3, c 1/3; group 1 mean 1/2 → d -1/2, e 1/2
     # Step groups:
     #   (0, P): a 0.375, b 0, c 0.625, mean 1/3 → a 1/24, b -1/3, c 7/24
     #   (0, X): a 0.75, b 0, mean 0.375 → a 0.375, b -0.375;  (0, Y) a alone, (0, Z) c alone → 0
@@ -98,7 +98,7 @@ def test_singleton_step_groups_leave_the_episode_advantage():
 
 def test_step_weight_zero_is_the_episode_level_alone():
     trajs = batch()
-    estimator, algo = gigpo(step_weight=0.0, norm="mean")
+    estimator, algo = gigpo(step_weight=0.0, norm_by_std=False)
     grid = token_advantages(trajs, estimator, 64, algo)
     dr = token_advantages(trajs, build_estimator(AlgorithmConfig(advantage="dr_grpo")), 64, AlgorithmConfig())
     inside = torch.zeros_like(grid, dtype=torch.bool)
@@ -107,18 +107,18 @@ def test_step_weight_zero_is_the_episode_level_alone():
     assert torch.equal(grid, torch.where(inside, dr, 0.0))
 
 
-@pytest.mark.parametrize("norm,grpo", [("std", AlgorithmConfig()), ("mean", AlgorithmConfig(advantage="dr_grpo"))])
-def test_single_turn_trajectories_get_a_scaled_grpo(norm, grpo):
+@pytest.mark.parametrize("by_std,grpo", [(True, AlgorithmConfig()), (False, AlgorithmConfig(advantage="dr_grpo"))])
+def test_single_turn_trajectories_get_a_scaled_grpo(by_std, grpo):
     # One turn from the prompt (one state per group): the step group is the episode group and the
     # return is the reward (γ^0), so A = (1 + ω) · GRPO's.
     trajs = [traj(f"t{i}", i // 3, [1, 1, 1], [0], [f"prompt{i // 3}"], r) for i, r in enumerate([1.0, 0.0, 0.5, 0.2, 0.9, 0.9])]
     for weight in (0.0, 1.0, 0.5):
-        estimator, algo = gigpo(step_weight=weight, norm=norm)
+        estimator, algo = gigpo(step_weight=weight, norm_by_std=by_std)
         expected = (1 + weight) * token_advantages(trajs, build_estimator(grpo), 64, grpo)
         torch.testing.assert_close(token_advantages(trajs, estimator, 64, algo), expected)
 
 
-@pytest.mark.parametrize("options", [{"gamma": 0.0}, {"gamma": 1.5}, {"step_weight": -0.1}, {"norm": "max"},
+@pytest.mark.parametrize("options", [{"gamma": 0.0}, {"gamma": 1.5}, {"step_weight": -0.1}, {"norm_by_std": "max"},
                                      {"eps": 0.0}, {"lam": 1.0}])
 def test_options_are_checked(options):
     with pytest.raises(ConfigError, match="advantage_options"):
@@ -205,11 +205,13 @@ async def test_the_rollout_records_turns_with_the_session_key_or_the_observation
 
 
 def test_an_agent_program_run_is_refused_before_anything_loads():
+    def facts(**rollout):
+        return RunFacts(load_config(None, data={"env": "arithmetic", "rollout": rollout}), "", {}, {}, None, None)
+
     estimator, _ = gigpo()
-    assert estimator.check_run(SimpleNamespace(config=SimpleNamespace(rollout=RolloutConfig()))) == []
-    agent = RolloutConfig(agent={"name": "command"})
-    with pytest.raises(ValueError, match="record no turns"):
-        estimator.check_run(SimpleNamespace(config=SimpleNamespace(rollout=agent)))
+    assert estimator.check_run(facts()) == []
+    with pytest.raises(ConfigError, match=r"^rollout.agent: gigpo credits each model turn, .* record no turns"):
+        estimator.check_run(facts(agent={"name": "command", "command": "x"}))
 
 
 def test_malformed_turn_records_are_refused():
@@ -233,8 +235,11 @@ def test_a_config_names_gigpo_and_its_options():
     def config(*overrides):
         return load_config(None, ["algorithm.advantage=gigpo", *overrides], data={"env": "arithmetic"})
 
-    estimator, _ = check_algorithm(config("algorithm.advantage_options={gamma: 0.9, norm: mean}"))
+    estimator, _ = check_algorithm(config("algorithm.advantage_options={gamma: 0.9, norm_by_std: false}"))
     assert estimator.name == "gigpo" and estimator.options.gamma == 0.9 and estimator.needs_turns
+    # The option grpo and tree_grpo share, under its old name: one line naming the new one.
+    with pytest.raises(ConfigError, match=r"^override algorithm.advantage_options=\{norm: mean\}: algorithm.advantage_options: norm was renamed norm_by_std, as grpo and tree_grpo name it \(std: true, mean: false\)$"):
+        check_algorithm(config("algorithm.advantage_options={norm: mean}"))
     with pytest.raises(ConfigError, match=r"^override algorithm.advantage_options.gamma=0: .*greater than 0"):
         check_algorithm(config("algorithm.advantage_options.gamma=0"))
     with pytest.raises(ConfigError, match="a sequence-level loss needs one advantage per sequence"):

@@ -257,13 +257,20 @@ def test_a_part_that_refuses_its_options_as_it_is_built_is_named_at_their_line(t
 
 
 def test_a_group_relative_estimator_on_groups_that_cannot_differ(tmp_path):
-    """grpo, dr_grpo, rloo and reinforce_pp_baseline compare a trajectory with the rest of its group: a
-    group of one trains nothing, ever (refused); greedy groups are alike unless tools or sessions part them
-    (a warning). An estimator with another baseline takes groups of one."""
+    """grpo, dr_grpo, rloo, reinforce_pp_baseline, gigpo and tree_grpo compare a trajectory with the rest of
+    its group: a group of one trains nothing, ever (refused); greedy groups are alike unless tools or sessions
+    part them (a warning). An estimator with another baseline takes groups of one."""
     refused(tmp_path, "rollout.n: grpo compares each trajectory with the rest of its group, and a group of 1 "
             "has none: every advantage is 0 and nothing trains", rollout={"n": 1})
     refused(tmp_path, "override rollout.n=1: rollout.n: rloo compares", overrides=["rollout.n=1"],
             algorithm={"advantage": "rloo"})
+    # The turn-level and tree estimators inherit the group checks: their groups are the same n trajectories.
+    for advantage in ("gigpo", "tree_grpo"):
+        result = invoke("train", str(write_config(tmp_path)), f"algorithm.advantage={advantage}", "rollout.n=1", "--check")
+        one_error_line(result, f"error: override rollout.n=1: rollout.n: {advantage} compares each trajectory with the "
+                       "rest of its group, and a group of 1 has none")
+    line, path = refused(tmp_path, "rollout.n: gigpo compares", rollout={"n": 1}, algorithm={"advantage": "gigpo"})
+    assert line.startswith(f"error: {path}:")
     assert passes_with(tmp_path, "rollout.n=1", algorithm={"advantage": "reinforce_pp"}) == []
     (warning,) = passes_with(tmp_path, rollout={"temperature": 0})
     assert warning.endswith("rollout.temperature: greedy sampling gives a group's 4 trajectories the same tokens "

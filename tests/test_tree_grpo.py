@@ -2,13 +2,12 @@
 trees, the std normalisation, one tree per group (GRPO doubled), the pieces of a forked leaf counted
 once, step rewards reaching it through the trajectory's reward, and the refusals of a flat rollout."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from toolrl.algorithms import AdvantageInputs, build_estimator
 from toolrl.algorithms.rules import check_algorithm
-from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, RolloutConfig, load_config
+from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, load_config
+from toolrl.plugins.parts import RunFacts
 from toolrl.rewards.scoring import combine
 from toolrl.schemas import ToolResponse, ToolResult
 from toolrl.training.step import token_advantages
@@ -88,8 +87,8 @@ def test_step_rewards_reach_it_through_the_reward():
 
 def test_a_flat_rollout_is_refused():
     estimator, algo = tree_grpo()
-    with pytest.raises(ValueError, match="rollout.tree is unset"):
-        estimator.check_run(SimpleNamespace(config=SimpleNamespace(rollout=RolloutConfig())))
+    with pytest.raises(ConfigError, match="^algorithm.advantage: tree_grpo compares the leaves of each tree, and rollout.tree is unset"):
+        estimator.check_run(RunFacts(load_config(None, data={"env": "arithmetic"}), "", {}, {}, None, None))
     with pytest.raises(ValueError, match="a row of a flat rollout has none"):
         token_advantages([leaf("a", 0, None, 1.0), leaf("b", 0, 0, 0.0)], estimator, 64, algo)
     inputs = AdvantageInputs(torch.tensor([1.0], dtype=torch.float64), torch.tensor([0]), torch.ones(1, 2))

@@ -67,7 +67,9 @@ class CommandAgent(Agent):
         options: Any = self.options
         if options.cwd is not None and not Path(options.cwd).is_dir():
             raise ValueError(f"cwd: {options.cwd} is not a directory")
-        program = self.argv()[0]
+        program, *args = self.argv()
         if os.sep not in program and not any(Path(d, program).exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
             raise ValueError(f"command: {program!r} is not on PATH")
+        if program == sys.executable and args and not args[0].startswith("-") and not Path(options.cwd or ".", args[0]).is_file():
+            raise ValueError(f"command: the program {args[0]} does not exist (in {Path(options.cwd or '.').resolve()})")
         return super().check_run(run)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from toolrl.config import AlgorithmConfig, Config
+    from toolrl.plugins.parts import RunFacts
 
 __all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions", "LossTerms", "NoOptions", "PolicyLoss",
            "build_estimator", "build_loss"]
@@ -67,13 +68,13 @@ class AlgorithmPart(ABC):
         self.algo = algo
 
     @classmethod
-    def build(cls, options: BaseModel, context: Any) -> Any:
+    def build(cls, options: BaseModel, context: BuildContext) -> AlgorithmPart:
         """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
         return cls(options, context.input("algorithm"))
 
-    def check_run(self, run: Any) -> list[str]:
-        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
-        ValueError on a setting this part cannot run with, return warning lines; none here."""
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The run check before any weights load (hookspecs): raise ValueError on a setting this part
+        cannot run with, return warning lines; none here."""
         return []
 
 
@@ -93,7 +94,7 @@ class AdvantageEstimator(AlgorithmPart):
     needs_trees: ClassVar[bool] = False
     group_relative: ClassVar[bool] = False
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would
         ever train), or greedy samples (a warning: only tools and environments can make them differ).
         Recorded groups (``data.trajectories``) are as recorded."""

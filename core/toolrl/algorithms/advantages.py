@@ -5,7 +5,7 @@ reward, ``G(i)`` its group (the ``n`` samples of one prompt)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,35 +19,44 @@ if TYPE_CHECKING:
 # validated) before torch loads, so a bad field costs a fraction of a second (tests start hundreds).
 
 
-class GroupStats:
-    """Mean, unbiased std and size of each group's rewards, summed in Python floats in batch order
-    (the arithmetic of toolrl's original GRPO, kept so the default run stays bit-identical)."""
+class GroupOptions(BaseModel):
+    """Every estimator that normalises within groups takes these (grpo, gigpo, tree_grpo)."""
 
-    def __init__(self, rewards: Sequence[float], groups: Sequence[int]) -> None:
-        by_group: dict[int, list[float]] = {}
-        for r, g in zip(rewards, groups, strict=True):
-            by_group.setdefault(g, []).append(r)
-        self.stats: dict[int, tuple[float, float, int]] = {}
-        for g, rs in by_group.items():
-            mean = sum(rs) / len(rs)
-            std = math.sqrt(sum((r - mean) ** 2 for r in rs) / (len(rs) - 1)) if len(rs) > 1 else 0.0
-            self.stats[g] = (mean, std, len(rs))
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eps: float = Field(1e-6, gt=0, description="added to a group's std before dividing")
+    norm_by_std: bool = Field(True, description="divide by the group's std + eps (false: centre only)")
+
+
+CENTRED = GroupOptions(norm_by_std=False)
+
+
+def group_stats(values: Sequence[float], keys: Sequence[Hashable]) -> list[tuple[float, float, int]]:
+    """Each value's group's mean, unbiased std and size (equal keys: one group), summed in Python floats
+    in batch order (the arithmetic of toolrl's original GRPO, kept so the default run stays bit-identical)."""
+    by_key: dict[Hashable, list[float]] = {}
+    for x, k in zip(values, keys, strict=True):
+        by_key.setdefault(k, []).append(x)
+    stats = {}
+    for k, xs in by_key.items():
+        mean = sum(xs) / len(xs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+        stats[k] = (mean, std, len(xs))
+    return [stats[k] for k in keys]
+
+
+def group_normalised(values: Sequence[float], keys: Sequence[Hashable],
+                     options: GroupOptions = CENTRED) -> list[float]:
+    """Each value against its group's: ``(x - mean) / (std + eps)``, or ``x - mean`` without
+    ``norm_by_std``; 0 in a group of one (no other value to compare it with). The one group
+    normalisation of every estimator."""
+    return [0.0 if n == 1 else (x - mean) / (std + options.eps) if options.norm_by_std else x - mean
+            for x, (mean, std, n) in zip(values, group_stats(values, keys), strict=True)]
 
 
 def broadcast(per_trajectory: Sequence[float], mask: torch.Tensor) -> torch.Tensor:
     """One advantage per trajectory over its whole row, (B, R) float32."""
     adv = mask.float().new_tensor(list(per_trajectory))
     return adv[:, None].expand(mask.shape).contiguous()
-
-
-def _group_relative(inputs: AdvantageInputs,
-                    advantage: Callable[[float, float, float, int], float]) -> torch.Tensor:
-    """Each trajectory's ``advantage(r_i, mean, std, n)`` from its reward and its group's statistics,
-    broadcast over its row; 0 in a group of one (no other sample to compare it with)."""
-    rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-    stats = GroupStats(rewards, groups).stats
-    out = [0.0 if stats[g][2] == 1 else advantage(r, *stats[g]) for r, g in zip(rewards, groups, strict=True)]
-    return broadcast(out, inputs.response_mask)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -62,12 +71,6 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -
     return (values - mean) * (var + eps).rsqrt()
 
 
-class GrpoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    eps: float = Field(1e-6, gt=0, description="added to the group's std before dividing")
-    norm_by_std: bool = Field(True, description="divide by the group's std (false: then equal to dr_grpo)")
-
-
 class Grpo(AdvantageEstimator):
     """GRPO (Shao et al. 2024)::
 
@@ -77,11 +80,11 @@ class Grpo(AdvantageEstimator):
 
     name = "grpo"
     group_relative = True
-    Options = GrpoOptions
+    Options = GroupOptions
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        eps, norm = self.options.eps, self.options.norm_by_std
-        return _group_relative(inputs, lambda r, mean, std, n: (r - mean) / (std + eps) if norm else r - mean)
+        return broadcast(group_normalised(inputs.rewards.tolist(), inputs.groups.tolist(), self.options),
+                         inputs.response_mask)
 
 
 class DrGrpo(AdvantageEstimator):
@@ -98,7 +101,7 @@ class DrGrpo(AdvantageEstimator):
     group_relative = True
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        return _group_relative(inputs, lambda r, mean, std, n: r - mean)
+        return broadcast(group_normalised(inputs.rewards.tolist(), inputs.groups.tolist()), inputs.response_mask)
 
 
 class Rloo(AdvantageEstimator):
@@ -112,7 +115,10 @@ class Rloo(AdvantageEstimator):
     group_relative = True
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        return _group_relative(inputs, lambda r, mean, std, n: r - (mean * n - r) / (n - 1))
+        rewards = inputs.rewards.tolist()
+        loo = [0.0 if n == 1 else r - (mean * n - r) / (n - 1)
+               for r, (mean, _, n) in zip(rewards, group_stats(rewards, inputs.groups.tolist()), strict=True)]
+        return broadcast(loo, inputs.response_mask)
 
 
 class WhitenOptions(BaseModel):
@@ -152,7 +158,5 @@ class ReinforcePPBaseline(AdvantageEstimator):
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         mask = inputs.response_mask
-        rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        stats = GroupStats(rewards, groups).stats
-        centred = mask.double().new_tensor([r - stats[g][0] for r, g in zip(rewards, groups, strict=True)])
+        centred = mask.double().new_tensor(group_normalised(inputs.rewards.tolist(), inputs.groups.tolist()))
         return masked_whiten(centred[:, None].expand(mask.shape), mask.double(), self.options.eps).float()

@@ -10,23 +10,27 @@
   (:mod:`toolrl.algorithms.turns`: its step rewards, the outcome on its last turn).
 
 Each token of turn ``t`` gets ``A = A_E(i) + ω · A_S(i, t)``; positions outside every turn get 0.
-``F`` is the group's unbiased std plus ``eps`` (``norm: std``) or 1 (``norm: mean``, the paper's
-variant without std); a group of one gets 0, at either level. On single-turn trajectories every
+``F`` is the group's unbiased std plus ``eps``, or 1 with ``norm_by_std: false`` (the paper's
+``mean`` variant); a group of one gets 0, at either level (:func:`toolrl.algorithms.advantages.group_normalised`). On single-turn trajectories every
 step group is the episode group, so ``A = (1 + ω) · A_grpo``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Sequence
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
 from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
-from toolrl.algorithms.advantages import GroupStats
+from toolrl.algorithms.advantages import GroupOptions, group_normalised
+from toolrl.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
+
+    from toolrl.plugins.parts import RunFacts
 
 # Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming gigpo is
 # checked before torch loads.
@@ -34,12 +38,16 @@ if TYPE_CHECKING:
 __all__ = ["Gigpo", "GigpoOptions", "discounted_returns"]
 
 
-class GigpoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class GigpoOptions(GroupOptions):
     gamma: float = Field(0.95, gt=0, le=1, description="discount per turn of the step-level return")
     step_weight: float = Field(1.0, ge=0, description="ω: the step-level advantage's weight")
-    norm: Literal["std", "mean"] = Field("std", description="divide by the group's std + eps (std) or by 1 (mean)")
-    eps: float = Field(1e-6, gt=0, description="added to a group's std before dividing")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "norm" in data:
+            raise ValueError("norm was renamed norm_by_std, as grpo and tree_grpo name it (std: true, mean: false)")
+        return data
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
@@ -48,19 +56,6 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     for t in range(len(rewards) - 1, -1, -1):
         carried = rewards[t] + gamma * carried
         out[t] = carried
-    return out
-
-
-def normalised(values: Sequence[float], keys: Sequence[Hashable], options: GigpoOptions) -> list[float]:
-    """Each value against its key's group: ``(x - mean) / F`` (module docstring), 0 in a group of one."""
-    index: dict[Hashable, int] = {}
-    groups = [index.setdefault(k, len(index)) for k in keys]
-    stats = GroupStats(values, groups).stats
-    out = []
-    for x, g in zip(values, groups, strict=True):
-        mean, std, size = stats[g]
-        scale = std + options.eps if options.norm == "std" else 1.0
-        out.append(0.0 if size == 1 else (x - mean) / scale)
     return out
 
 
@@ -75,14 +70,16 @@ class Gigpo(AdvantageEstimator):
     Options = GigpoOptions
     outcome = False
     needs_turns = True
+    group_relative = True
 
-    def check_run(self, run: Any) -> list[str]:
-        """Refused before anything loads with an agent program (``rollout.agent``): the gateway records
-        no turns (a route's own agent is refused at the first step, naming the trajectory)."""
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The group checks, then refused before anything loads with an agent program (``rollout.agent``):
+        the gateway records no turns (a route's own agent is refused at the first step, naming the trajectory)."""
+        warnings = super().check_run(run)
         if run.config.rollout.agent is not None:
-            raise ValueError("gigpo credits each model turn, and an agent program's episodes (rollout.agent) "
-                             "record no turns; use an outcome estimator (grpo, rloo, ...)")
-        return []
+            raise ConfigError(f"{run.where('rollout.agent')}: gigpo credits each model turn, and an agent program's "
+                              "episodes record no turns; use an outcome estimator (grpo, rloo, ...)")
+        return warnings
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         turn_ids, states, earned = inputs.turn_ids, inputs.turn_states, inputs.turn_rewards
@@ -90,14 +87,11 @@ class Gigpo(AdvantageEstimator):
             raise ValueError("gigpo reads each row's turns (turn_ids, turn_states, turn_rewards): none given")
         options = self.options
         groups = inputs.groups.tolist()
-        episode = normalised(inputs.rewards.tolist(), groups, options)
+        episode = group_normalised(inputs.rewards.tolist(), groups, options)
         returns = [R for row in earned for R in discounted_returns(row, options.gamma)]
         anchors = [(g, s) for g, row in zip(groups, states, strict=True) for s in row]
-        step = normalised(returns, anchors, options)
-        offsets, total = [], 0
-        for row in states:
-            offsets.append(total)
-            total += len(row)
+        step = group_normalised(returns, anchors, options)
+        *offsets, total = accumulate((len(row) for row in states), initial=0)  # each row's first turn; all turns
         rows = [i for i, row in enumerate(states) for _ in row]
         per_turn = [episode[i] + options.step_weight * a for i, a in zip(rows, step, strict=True)] + [0.0]
         # One gather: position (i, p) of turn j reads per_turn[offsets[i] + j]; outside turns the 0 at the end.

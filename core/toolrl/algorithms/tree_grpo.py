@@ -10,7 +10,7 @@ at two levels, with only its outcome reward:
 
 and ``A_i = A_intra(i) + A_inter(i)``, one number broadcast over the leaf's tokens (an outcome
 estimator). ``F`` is the set's unbiased std plus ``eps`` (``norm_by_std: false``: 1); a set of one gives
-0. The step-level signal the paper derives (its analysis: intra-tree GRPO is step-level preference
+0 (:func:`toolrl.algorithms.advantages.group_normalised`). The step-level signal the paper derives (its analysis: intra-tree GRPO is step-level preference
 learning) comes from the shared prefix: its tokens are trained in every leaf that holds them (once per shared
 token with ``optim.share_prefixes``, which sums the copies' gradients), so a turn before a branch gets
 the sum of its leaves' advantages, and a turn after it only its own leaf's.
@@ -21,27 +21,21 @@ A flat rollout has no trees (``tree_id`` None): the run check refuses ``tree_grp
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import TYPE_CHECKING
 
 from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
-from toolrl.algorithms.advantages import broadcast
-from toolrl.algorithms.gigpo import GigpoOptions, normalised
+from toolrl.algorithms.advantages import GroupOptions, broadcast, group_normalised
+from toolrl.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
+    from toolrl.plugins.parts import RunFacts
+
 # Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming tree_grpo
 # is checked before torch loads.
 
-__all__ = ["TreeGrpo", "TreeGrpoOptions"]
-
-
-class TreeGrpoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    eps: float = Field(1e-6, gt=0, description="added to a tree's or a group's std before dividing")
-    norm_by_std: bool = Field(True, description="divide by the std at both levels (false: centre only)")
+__all__ = ["TreeGrpo"]
 
 
 class TreeGrpo(AdvantageEstimator):
@@ -51,23 +45,24 @@ class TreeGrpo(AdvantageEstimator):
     """
 
     name = "tree_grpo"
-    Options = TreeGrpoOptions
+    Options = GroupOptions
     needs_trees = True
+    group_relative = True
 
-    def check_run(self, run: Any) -> list[str]:
-        """Refused before anything loads on a flat rollout: without trees it would be GRPO doubled."""
-        if getattr(run.config.rollout, "tree", None) is None:
-            raise ValueError("tree_grpo compares the leaves of each tree, and rollout.tree is unset (a flat "
-                             "rollout has no trees); set rollout.tree or use grpo")
-        return []
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The group checks, then refused before anything loads on a flat rollout: without trees it would
+        be GRPO doubled."""
+        warnings = super().check_run(run)
+        if run.config.rollout.tree is None:
+            raise ConfigError(f"{run.where('algorithm.advantage')}: tree_grpo compares the leaves of each tree, and "
+                              "rollout.tree is unset (a flat rollout has none); set rollout.tree or use grpo")
+        return warnings
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         if inputs.trees is None or any(t is None for t in inputs.trees):
             raise ValueError("tree_grpo reads each row's tree (trees): a row of a flat rollout has none; "
                              "set rollout.tree")
-        # The two levels are GiGPO's grouped normalisation over other keys: reuse it, its options mapped.
-        norm = GigpoOptions(eps=self.options.eps, norm="std" if self.options.norm_by_std else "mean")
         rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        intra = normalised(rewards, list(zip(groups, inputs.trees, strict=True)), norm)
-        inter = normalised(rewards, groups, norm)
+        intra = group_normalised(rewards, list(zip(groups, inputs.trees, strict=True)), self.options)
+        inter = group_normalised(rewards, groups, self.options)
         return broadcast([a + b for a, b in zip(intra, inter, strict=True)], inputs.response_mask)

@@ -292,9 +292,9 @@ OVERWRITE_HELP = "Replace the run already in the output directory (its metrics, 
               "is written.")
 def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, overwrite: bool, supervise: bool,
           max_restarts: int, check_only: bool) -> None:
-    """Train with GRPO. OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole
-    run is checked before trainer.output_dir is written; a run already there is continued only with
-    --resume and replaced only with --overwrite."""
+    """Train with the config's RL algorithm (algorithm.advantage: grpo, rloo, gigpo, ...; algorithm.loss).
+    OVERRIDES are dotted.key=value pairs (e.g. trainer.total_steps=2). The whole run is checked before
+    trainer.output_dir is written; a run already there is continued only with --resume, replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
     if check_only:
         from toolrl.roles.prepare import check_training

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -54,6 +55,8 @@ class FleetOptions(BaseModel):
     @model_validator(mode="after")
     def _some_server(self) -> FleetOptions:
         started = self.servers + self.ray_servers
+        if bad := [u for u in self.urls if urlsplit(u).scheme not in ("http", "https") or not urlsplit(u).hostname]:
+            raise ValueError(f"urls: {bad[0]!r} is not a URL (http://HOST:PORT)")
         if not self.urls and not (self.serve and started):
             raise ValueError("give urls (running servers) or serve and servers or ray_servers (servers to start)")
         if started and not self.serve:

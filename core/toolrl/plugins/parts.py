@@ -31,6 +31,7 @@ from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part, RegistryError, UnknownPart, check_part, describe_exception
 
 if typing.TYPE_CHECKING:
+    from toolrl.config import Config
     from toolrl.plugins import Plugins
 
 # Kinds whose config may name an importable ``package.module.Class`` that no plugin registers (verl's
@@ -65,6 +66,42 @@ class BuildContext:
         if name not in self.inputs:
             raise TypeError(f"{self.where}: building this part needs context.inputs[{name!r}]")
         return self.inputs[name]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The run as a part's ``check_run`` sees it (:mod:`toolrl.roles.run_check`), before any weights
+    load: ``config`` (resolved), ``model_dir`` with its ``model_config`` (``config.json`` as a dict; empty
+    when there is none) and that config's language-model part (``text_config``: a vision-language model's
+    own), the ``tokenizer``, the model's context ``window`` in tokens (None when unstated) and where it
+    is stated, and for a route's parts (parser, context policy) the route's ``parser``."""
+
+    config: Config
+    model_dir: str
+    model_config: Mapping[str, Any]
+    text_config: Mapping[str, Any]
+    tokenizer: Any
+    window: int | None
+    window_stated: str = ""
+    parser: Any = None
+
+    @property
+    def experts(self) -> int:
+        """Routed experts per layer of a mixture-of-experts model; 0 for a dense one."""
+        for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
+            value = self.text_config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+                return value
+        return 0
+
+    @property
+    def in_process(self) -> bool:
+        """Whether every role runs in this process (no Ray): weights then never travel."""
+        return self.config.ray.address is None
+
+    def where(self, field: str) -> str:
+        """``field`` as errors name it (:func:`toolrl.config.field_where`)."""
+        return field_where(self.config, field)
 
 
 def _plugins(plugins: Plugins | None) -> Plugins:

@@ -18,14 +18,14 @@ stops.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options, engine_processor
-from toolrl.plugins.parts import checked_options, namesake_note, options_model
+from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, options_model
 from toolrl.renderers.families import config_renderer_factory
 from toolrl.rollout.context_check import check_prompt_tokens, model_context
 from toolrl.tools.verl_config import resolve_tool_class
@@ -43,51 +43,13 @@ PROBE_SCHEMA = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
 
 
-@dataclass(frozen=True)
-class RunFacts:
-    """The run as a part's ``check_run`` sees it, before any weights load: ``config`` (resolved),
-    ``model_dir`` and its ``model_config`` (``config.json`` as a dict; empty when there is none), the
-    ``tokenizer``, the model's context ``window`` in tokens (None when unstated) and where it is
-    stated, and for a route's parts (parser, context policy) the route's ``parser``."""
-
-    config: Config
-    model_dir: str
-    model_config: Mapping[str, Any]
-    tokenizer: Any
-    window: int | None
-    window_stated: str = ""
-    parser: Any = None
-
-    @property
-    def text_config(self) -> Mapping[str, Any]:
-        """The language model's config (a vision-language model's ``text_config``)."""
-        return model_sources.text_config(self.model_config)
-
-    @property
-    def experts(self) -> int:
-        """Routed experts per layer of a mixture-of-experts model; 0 for a dense one."""
-        for key in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"):
-            value = self.text_config.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-                return value
-        return 0
-
-    @property
-    def in_process(self) -> bool:
-        """Whether every role runs in this process (no Ray): weights then never travel."""
-        return self.config.ray.address is None
-
-    def where(self, field: str) -> str:
-        """``field`` as errors name it (:func:`toolrl.config.field_where`)."""
-        return field_where(self.config, field)
-
-
 def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, factory: Any) -> list[str]:
     """Every check of the run (module docstring); returns the warnings, raises the first error as a
     one-line ConfigError."""
     found = model_context(tokenizer, model_dir)
     window, stated = found if found is not None else (None, "")
-    facts = RunFacts(config, model_dir, model_sources.model_config(model_dir), tokenizer, window, stated)
+    read = model_sources.model_config(model_dir)
+    facts = RunFacts(config, model_dir, read, model_sources.text_config(read), tokenizer, window, stated)
     warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
     if config.model.lora is not None:
         check_lora_targets(facts)
