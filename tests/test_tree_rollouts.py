@@ -19,13 +19,15 @@ from toolrl.model_sources import load_model, qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
-from toolrl.rollout.episode import start_episode
+from toolrl.rollout.episode import Tree, TreeLine, start_episode
 from toolrl.rollout.loop import finish_tools, take_turn
+from toolrl.rollout.tree import fork_episode
 from toolrl.schemas import Sample
 from toolrl.seeds import fork_seed, trajectory_seed
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
 from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
+from toolrl.trajectory import Trajectory
 from toolrl.training.microbatch import plan
 from toolrl.training.packing import build_batch, input_tokens
 from toolrl.training.prefix_tree import layout
@@ -123,6 +125,42 @@ def test_a_group_holds_n_leaves_of_n_over_width_to_the_depth_trees():
     # The engine session forks with the line: one fork per line per depth.
     assert ctx.engine.forked[:2] == [("s0-g0-0", ["s0-g0-0.1"]), ("s0-g0-1", ["s0-g0-1.1"])]
     assert len(ctx.engine.forked) == 2 * 3
+
+
+def test_a_forked_line_holds_copies_of_its_lines_lists():
+    """Each continuation has its own trajectory, conversation, pieces, step rewards and session terms:
+    what one line appends leaves its line and its siblings as they were; only the tree is shared."""
+
+    async def lines():
+        ctx = scripted_context(width=3, depth=1, turn=1)
+        root = await start_episode(ctx, ctx.route_for(PROMPT[0]), PROMPT[0], 0, "s0-g0-0", 1)
+        root.line = TreeLine(Tree())
+        root.closed.append(Trajectory(trajectory_id="s0-g0-0~0", trajectory_key="s0-g0-0", sample_index=0, group=0,
+                                      prompt_ids=[1], response_ids=[2], response_mask=[1]))
+        root.step_rewards.append(0.5)
+        root.session_terms["steps"] = 1.0
+        forked = [await fork_episode(root, root.line, c) for c in (1, 2)]
+        for ep in forked:
+            await finish_tools(ep)
+        await finish_tools(root)
+        return root, *forked
+
+    root, one, two = asyncio.run(lines())
+    assert [e.traj.trajectory_id for e in (root, one, two)] == ["s0-g0-0", "s0-g0-0.1", "s0-g0-0.2"]
+    assert [e.closed[0].trajectory_id for e in (one, two)] == ["s0-g0-0.1~0", "s0-g0-0.2~0"]
+    assert one.line.tree is root.line.tree and one.line.path == (1,) and two.line.path == (2,)
+    before = [(e.traj.model_dump(), e.messages, e.step_rewards, e.session_terms, [p.model_dump() for p in e.closed])
+              for e in (root, two)]
+    one.traj.response_ids.append(9)
+    one.traj.turn_starts.append(0)
+    one.messages.append({"role": "user", "content": "only mine"})
+    one.messages[0]["content"] = "changed"
+    one.step_rewards.append(1.0)
+    one.session_terms["steps"] = 5.0
+    one.closed[0].response_ids.append(9)
+    one.closed.append(one.closed[0])
+    assert [(e.traj.model_dump(), e.messages, e.step_rewards, e.session_terms, [p.model_dump() for p in e.closed])
+            for e in (root, two)] == before
 
 
 def test_a_tool_instance_forks_with_its_state():

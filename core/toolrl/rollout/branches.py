@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from toolrl.context import Branch, ContextView
-from toolrl.rollout.episode import Episode
+from toolrl.rollout.episode import Episode, FoldBranch
 from toolrl.rollout.segments import ContextError
 from toolrl.schemas import ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import branch_seed
 from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end
+from toolrl.trajectory_ids import part_id
 
 
 def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:
@@ -40,14 +41,12 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     prompt = ep.renderer.conversation_ids(branch.messages)
     record = ContextEdit(policy=policy.name, action="fold", turn=traj.turns, tokens_before=ep.context_tokens,
                          tokens_after=len(prompt), task=branch.task)
-    twig = Trajectory(trajectory_id=f"{traj.key}~branch{len(ep.closed)}", trajectory_key=traj.key,
+    twig = Trajectory(trajectory_id=part_id(traj.key, "branch", len(ep.closed)), trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
-    return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
-                   twig, branch_seed(ep.seed, len(ep.closed) + 1), ep.session,
-                   messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
-                   closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
-                   engine_session=twig.trajectory_id)
+    return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
+                   branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
+                   ep.session_terms, ep.closed, ep.task, FoldBranch(ep.outer + len(traj.response_ids), twig.trajectory_id))
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:
@@ -60,7 +59,7 @@ def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, endi
     twig.edit.result = answer
     end, piece = model_tokens_end(twig.response_mask), len(ep.closed)  # what follows its answer trains nothing
     del twig.response_ids[end:], twig.response_mask[end:], twig.logprobs[end:]
-    twig.trajectory_id, twig.piece, twig.termination = f"{traj.key}~{piece}", piece, "forked"
+    twig.trajectory_id, twig.piece, twig.termination = part_id(traj.key, "piece", piece), piece, "forked"
     ep.closed.append(twig)
     traj.trajectory_key, traj.piece = traj.key, piece + 1
     return ToolResult(name=call.name, arguments=call.arguments, response=ToolResponse(text=answer),

@@ -23,11 +23,42 @@ from toolrl.tools import ToolSet
 from toolrl.trajectory import Trajectory, TrajectoryImage, append_tokens
 
 
+@dataclass(frozen=True)
+class MainLine:
+    """A trajectory's own line (a flat rollout's only one)."""
+
+
+@dataclass(frozen=True)
+class FoldBranch:
+    """A fold branch's line (toolrl.rollout.branches): a sub-task for the line that called it, whose
+    pieces, step rewards and session terms it adds to (the same objects)."""
+
+    outer: int  # the response tokens of the lines waiting on it
+    engine_session: str  # its own, so that the engine keeps the calling line's KV
+
+
+@dataclass
+class Tree:
+    """A tree rollout's forked lines, each run as a task (toolrl.rollout.tree): what its lines share."""
+
+    lines: list[asyncio.Task[Episode]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TreeLine:
+    """A tree rollout's line: its tree, the forks made along its path, and its continuation at each
+    fork it was copied at (its id's path)."""
+
+    tree: Tree
+    depth: int = 0
+    path: tuple[int, ...] = ()
+
+
 @dataclass
 class Episode:
-    """One trajectory in progress: what its turns read (the rollout context: its config, engine and
-    whether sessions give state keys; the route, renderer, tools, seed, session) and what they write
-    (the trajectory, the tools' step rewards, the session's terms)."""
+    """One line of a trajectory in progress (``line``: which one): what its turns read (the rollout
+    context: its config, engine and whether sessions give state keys; the route, renderer, tools,
+    seed, session) and what they write (the trajectory, the tools' step rewards, the session's terms)."""
 
     ctx: RolloutContext
     route: Route
@@ -39,16 +70,18 @@ class Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
     session_terms: dict[str, float] = field(default_factory=dict)  # the session's score, as reward terms
-    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks, context edits, branches
+    closed: list[Trajectory] = field(default_factory=list)  # the pieces closed so far (toolrl.rollout.segments)
     task: int = 0  # the first messages, the task: every context policy keeps them
-    # A branch (fold): the response tokens of the lines waiting on it, and its own engine session.
-    outer: int = 0
-    engine_session: str = ""
-    # A tree's line (toolrl.rollout.tree): forks made along its path, its continuation index at each
-    # fork it was copied at (its id's suffix), and the tree's forked lines (shared by them all).
-    depth: int = 0
-    path: tuple[int, ...] = ()
-    lines: list[asyncio.Task[Episode]] = field(default_factory=list)
+    line: MainLine | FoldBranch | TreeLine = MainLine()
+
+    @property
+    def outer(self) -> int:
+        """The response tokens of the lines waiting on this one (a fold branch's)."""
+        return self.line.outer if isinstance(self.line, FoldBranch) else 0
+
+    @property
+    def engine_session(self) -> str:
+        return self.line.engine_session if isinstance(self.line, FoldBranch) else self.traj.key
 
     @property
     def response_tokens(self) -> int:
@@ -118,7 +151,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
     gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                        session_id=ep.engine_session or traj.key, **images))[0]
+                                        session_id=ep.engine_session, **images))[0]
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved

@@ -38,7 +38,7 @@ from toolrl.engines import Generation
 from toolrl.parsers import parse_within
 from toolrl.rollout.agent import run_agent_trajectory
 from toolrl.rollout.branches import branch_of, close_branch, open_branch
-from toolrl.rollout.episode import Episode, answer_of, generate, start_episode
+from toolrl.rollout.episode import Episode, FoldBranch, Tree, TreeLine, answer_of, generate, start_episode
 from toolrl.rollout.results import tool_results_delta
 from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rewrite import TemplateRewriteError
@@ -49,6 +49,7 @@ from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, To
 from toolrl.seeds import trajectory_seed
 from toolrl.sessions import failure_after_calls
 from toolrl.trajectory import Termination, Trajectory, append_tokens
+from toolrl.trajectory_ids import root_id
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
@@ -72,7 +73,7 @@ async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, see
 
 async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
                    id_prefix: str, tree: bool = False) -> list[Trajectory]:
-    return await run_trajectory_pieces(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
+    return await run_trajectory_pieces(ctx, sample, group, root_id(id_prefix, sample.index, group, k),
                                        trajectory_seed(seed, group, k), slot=limit, tree_id=k if tree else None)
 
 
@@ -96,7 +97,7 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         return await run_agent_trajectory(ctx, route, sample, group, trajectory_id, seed, slot)
     async with slot or contextlib.nullcontext():
         ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
-        ep.traj.tree_id = tree_id
+        ep.traj.tree_id, ep.line = tree_id, ep.line if tree_id is None else TreeLine(Tree())
         fresh = functools.partial(start_episode, ctx, route, sample, group)  # a tree's lines from the prompt
         leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree forks
     scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms)
@@ -148,7 +149,7 @@ async def take_turn(ep: Episode) -> Termination | None:
     calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        if ep.engine_session:  # a branch (fold): its answer goes back to the line that called it, not to the session
+        if isinstance(ep.line, FoldBranch):  # a branch (fold): its answer goes back to the line that called it, not to the session
             traj.final_response = await answer_of(ep, gen)
             return "answered"
         return await user_turn(ep, gen) or await fit_context(ep)

@@ -18,6 +18,7 @@ from toolrl.trajectory import (
     cut_response,
     model_tokens_end,
 )
+from toolrl.trajectory_ids import part_id
 
 
 class ContextError(RuntimeError):
@@ -121,7 +122,7 @@ def close_segment(ep: Episode, rendered: list[int]) -> None:
     traj, piece = ep.traj, len(ep.closed)  # pieces are numbered as they close (a branch's among them)
     end = model_tokens_end(traj.response_mask)
     ep.closed.append(Trajectory(
-        trajectory_id=f"{traj.key}~{piece}", trajectory_key=traj.key, piece=piece,
+        trajectory_id=part_id(traj.key, "piece", piece), trajectory_key=traj.key, piece=piece,
         sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
