@@ -149,8 +149,12 @@ def test_a_forked_line_holds_copies_of_its_lines_lists():
     assert [e.traj.trajectory_id for e in (root, one, two)] == ["s0-g0-0", "s0-g0-0.1", "s0-g0-0.2"]
     assert [e.closed[0].trajectory_id for e in (one, two)] == ["s0-g0-0.1~0", "s0-g0-0.2~0"]
     assert one.line.tree is root.line.tree and one.line.path == (1,) and two.line.path == (2,)
-    before = [(e.traj.model_dump(), e.messages, e.step_rewards, e.session_terms, [p.model_dump() for p in e.closed])
-              for e in (root, two)]
+
+    def state(e):
+        return json.dumps([e.traj.model_dump(mode="json"), e.messages, e.step_rewards, e.session_terms,
+                           [p.model_dump(mode="json") for p in e.closed]])
+
+    before = [state(root), state(two)]
     one.traj.response_ids.append(9)
     one.traj.turn_starts.append(0)
     one.messages.append({"role": "user", "content": "only mine"})
@@ -159,8 +163,7 @@ def test_a_forked_line_holds_copies_of_its_lines_lists():
     one.session_terms["steps"] = 5.0
     one.closed[0].response_ids.append(9)
     one.closed.append(one.closed[0])
-    assert [(e.traj.model_dump(), e.messages, e.step_rewards, e.session_terms, [p.model_dump() for p in e.closed])
-            for e in (root, two)] == before
+    assert [state(root), state(two)] == before
 
 
 def test_a_tool_instance_forks_with_its_state():
