@@ -19,8 +19,8 @@ from pydantic import (
 
 from toolrl.schemas import ParseError, ToolResult
 
-# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite) or the context
-# policy edited the context (toolrl.context: the next piece's ``edit`` says how); "done": the
+# "forked": a piece closed because the template rewrote history (toolrl.rollout.rewrite), the context
+# policy edited the context or a fold branch ended (toolrl.context: the next piece's ``edit`` says how); "done": the
 # environment session ended the episode (toolrl.sessions); "infra_error": the infrastructure failed
 # (toolrl.schemas.InfrastructureError), so the trajectory is not trained and not in its group's baseline.
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done",
@@ -94,8 +94,8 @@ class Trajectory(BaseModel):
     """Everything one trajectory produced; the trainer reads nothing else."""
 
     trajectory_id: str
-    # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
-    # (toolrl.rollout.rewrite); empty: a trajectory in one piece.
+    # The whole trajectory's id, shared by its pieces when it forked (a template rewrite, a context edit,
+    # a fold branch; toolrl.trajectory_ids); empty: a trajectory in one piece.
     trajectory_key: str = ""
     piece: int = 0
     sample_index: int
@@ -146,9 +146,9 @@ class Trajectory(BaseModel):
     turn_starts: list[int] = Field(default_factory=list)
     turn_states: list[str] = Field(default_factory=list)
     # Tree rollouts (rollout.tree): the tree of its group this trajectory is a leaf of (None: a flat
-    # rollout), and where it left the line it branched from (response tokens before it are shared).
+    # rollout), and where it left the line it split from (response tokens before it are shared).
     tree_id: int | None = None
-    branch_point: int | None = None
+    split_point: int | None = Field(None, validation_alias=AliasChoices("split_point", "branch_point"))  # its old name
 
     @property
     def key(self) -> str:

@@ -39,15 +39,15 @@ class FoldBranch:
 
 @dataclass
 class Tree:
-    """A tree rollout's forked lines, each run as a task (toolrl.rollout.tree): what its lines share."""
+    """A tree rollout's clones, each run as a task (toolrl.rollout.tree): what its lines share."""
 
     lines: list[asyncio.Task[Episode]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class TreeLine:
-    """A tree rollout's line: its tree, the forks made along its path, and its continuation at each
-    fork it was copied at (its id's path)."""
+    """A tree rollout's line: its tree, the splits made along its path, and its continuation at each
+    split it was cloned at (its id's path)."""
 
     tree: Tree
     depth: int = 0

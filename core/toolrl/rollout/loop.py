@@ -12,7 +12,7 @@ For each sample × n, concurrently::
       │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta (results)
       └── the context policy may edit the context: a new segment (toolrl.context)    fit_context (segments)
           (fold: a branch call runs its sub-task as a segment of its own)              run_branch (branches)
-          (rollout.tree: at a fork turn, copies of the line go on beside it)           fork_due (tree)
+          (rollout.tree: at a split turn, clones of the line go on beside it)          split_due (tree)
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score_pieces
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
@@ -44,7 +44,7 @@ from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rewrite import TemplateRewriteError
 from toolrl.rollout.rollout_context import RolloutContext
 from toolrl.rollout.segments import check_history, fit_context
-from toolrl.rollout.tree import fork_due, roots, tree_lines
+from toolrl.rollout.tree import roots, split_due, tree_lines
 from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import trajectory_seed
 from toolrl.sessions import failure_after_calls
@@ -99,14 +99,14 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
         ep.traj.tree_id, ep.line = tree_id, ep.line if tree_id is None else TreeLine(Tree())
         fresh = functools.partial(start_episode, ctx, route, sample, group)  # a tree's lines from the prompt
-        leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree forks
+        leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree splits
     scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms)
                                     for e in leaves))
     return [p for pieces in scored for p in pieces]
 
 
 async def run_line(ep: Episode, start: bool = False) -> Episode:
-    """A line's turns until one ends it (``start``: its tools' start first; a tree's forked lines
+    """A line's turns until one ends it (``start``: its tools' start first; a tree's clones
     come with theirs), then the tools' and the session's finish, always."""
     traj = ep.traj
     try:
@@ -131,7 +131,7 @@ async def run_turns(ep: Episode) -> Termination:
     """Turns until one ends the episode (the main line's, or a branch's): why it ended."""
     ending = None
     while ending is None:
-        await fork_due(ep, run_line)  # rollout.tree: at a fork turn, copies go on beside this line
+        await split_due(ep, run_line)  # rollout.tree: at a split turn, clones go on beside this line
         ending = await take_turn(ep)
     return ending
 
