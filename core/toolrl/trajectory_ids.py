@@ -1,6 +1,6 @@
 """Trajectory ids, made and read here only. An id is a root, ``[prefix]s<sample>-g<group>-<k>`` (one
 trajectory of a rollout call; the prefix names the call, e.g. ``t3-`` for step 3's), then a tree
-line's path (``.1.0``: its continuation at each fork; ``.r2``: a leaf made up from the prompt;
+line's path (``.1.0``: its continuation at each split; ``.r2``: a leaf made up from the prompt;
 toolrl.rollout.tree), then the part of the trajectory it names: ``~<n>`` a closed piece, ``~branch<n>``
 a fold branch while it runs, ``#<n>`` a gateway segment while its episode runs; no part: the
 trajectory's last piece, whose id is the trajectory's key."""
@@ -24,7 +24,8 @@ class TrajectoryId:
     index: int = 0  # the piece's, branch's or segment's number
 
     def __str__(self) -> str:
-        return self.root + "".join(f".{s}" for s in self.path) + (f"{_MARKS[self.part]}{self.index}" if self.part else "")
+        line = self.root + "".join(f".{s}" for s in self.path)
+        return part_id(line, self.part, self.index) if self.part else line
 
     @classmethod
     def parse(cls, text: str) -> TrajectoryId:
@@ -35,23 +36,20 @@ class TrajectoryId:
 
 
 def call_prefix(kind: str, number: int) -> str:
-    """The prefix of one rollout call's ids (``kind``: t a training step's, e a streamed step's, eval an evaluation chunk's)."""
+    """The ids' prefix of a rollout call: ``t`` a training step's, ``e`` a streamed step's, ``eval`` an evaluation's."""
     return f"{kind}{number}-"
 
 
 def prefixed(prefix: str, tid: str) -> str:
-    """The id ``tid`` (recorded by another run) as the rollout call ``prefix`` names returns it."""
-    return prefix + tid
+    return prefix + tid  # a recorded trajectory's id, as the rollout call ``prefix`` names returns it
 
 
 def root_id(prefix: str, sample: int | None, group: int, k: int) -> str:
-    """Trajectory ``k`` of group ``group`` (sample ``sample``) of the rollout call ``prefix`` names."""
-    return f"{prefix}s{sample}-g{group}-{k}"
+    return f"{prefix}s{sample}-g{group}-{k}"  # trajectory k of group ``group`` (sample ``sample``) of the call
 
 
 def part_id(key: str, part: Part, index: int) -> str:
-    """The id of piece, branch or segment ``index`` of the trajectory (or tree line) ``key``."""
-    return f"{key}{_MARKS[part]}{index}"
+    return f"{key}{_MARKS[part]}{index}"  # piece, branch or segment ``index`` of the trajectory or tree line ``key``
 
 
 def line_id(key: str, path: tuple[int | str, ...]) -> str:
@@ -59,7 +57,11 @@ def line_id(key: str, path: tuple[int | str, ...]) -> str:
     return str(replace(TrajectoryId.parse(key), path=tuple(map(str, path))))
 
 
+def made_up_id(key: str, k: int) -> str:
+    return f"{key}.r{k}"  # leaf ``k`` made up from the prompt for the tree line ``key``
+
+
 def moved(tid: str, key: str) -> str:
-    """The id ``tid`` (a part of one line) names in the line ``key`` (a tree line copied from it)."""
+    """The id ``tid`` (a part of one line) names in the line ``key`` (a tree line cloned from it)."""
     line = TrajectoryId.parse(key)
     return str(replace(TrajectoryId.parse(tid), root=line.root, path=line.path))

@@ -46,11 +46,10 @@ class Tree:
 
 @dataclass(frozen=True)
 class TreeLine:
-    """A tree rollout's line: its tree, the splits made along its path, and its continuation at each
-    split it was cloned at (its id's path)."""
+    """A tree rollout's line: its tree, and its continuation at each split so far (0: it went on as the
+    line that split), the splits it made or was made at: its depth."""
 
     tree: Tree
-    depth: int = 0
     path: tuple[int, ...] = ()
 
 

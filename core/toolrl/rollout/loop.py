@@ -57,24 +57,18 @@ async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, s
     """``n`` trajectories per sample (group ``g`` is sample ``g``), all concurrent (bounded by
     max_concurrent_trajectories)."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
-    lines, trees = roots(ctx.config, n)  # rollout.tree: n / leaves trees (toolrl.rollout.tree)
-    jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix, trees) for g, s in enumerate(samples) for k in range(lines)]
-    return [p for pieces in await asyncio.gather(*jobs) for p in pieces]
+    groups = await asyncio.gather(*(run_group(ctx, s, g, n, seed, id_prefix, limit) for g, s in enumerate(samples)))
+    return [t for group in groups for t in group]
 
 
 async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,
                     limit: asyncio.Semaphore) -> list[Trajectory]:
     """The ``n`` trajectories of one group, concurrent; ``limit`` bounds the trajectories running at
     once across every group that shares it. Seeds and ids are those :func:`run_rollouts` gives."""
-    lines, trees = roots(ctx.config, n)
-    return [p for pieces in await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix, trees)
-                                                   for k in range(lines))) for p in pieces]
-
-
-async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
-                   id_prefix: str, tree: bool = False) -> list[Trajectory]:
-    return await run_trajectory_pieces(ctx, sample, group, root_id(id_prefix, sample.index, group, k),
-                                       trajectory_seed(seed, group, k), slot=limit, tree_id=k if tree else None)
+    lines, trees = roots(ctx.config, n)  # rollout.tree: n / leaves trees (toolrl.rollout.tree)
+    return [p for pieces in await asyncio.gather(*(run_trajectory_pieces(
+        ctx, sample, group, root_id(id_prefix, sample.index, group, k), trajectory_seed(seed, group, k), limit,
+        k if trees else None) for k in range(lines))) for p in pieces]
 
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,

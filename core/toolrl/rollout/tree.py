@@ -19,7 +19,7 @@ from toolrl.config import RolloutConfig
 from toolrl.rollout.episode import Episode, TreeLine
 from toolrl.seeds import continuation_seed
 from toolrl.sessions import SessionTool
-from toolrl.trajectory_ids import line_id, moved
+from toolrl.trajectory_ids import line_id, made_up_id, moved
 
 __all__ = ["split_due", "roots", "tree_lines"]
 
@@ -37,22 +37,21 @@ async def split_due(ep: Episode, run_line: Callable[[Episode], Awaitable[Episode
     """At a split turn of a tree's line (with room left to generate): its clones, each run by
     ``run_line`` as a task of the tree; the line goes on as continuation 0."""
     tree, traj, line = ep.ctx.config.tree, ep.traj, ep.line
-    if tree is None or not isinstance(line, TreeLine) or line.depth >= tree.depth or traj.turns != tree.turn + line.depth:
+    if tree is None or not isinstance(line, TreeLine) or len(line.path) >= tree.depth \
+            or traj.turns != tree.turn + len(line.path):
         return
     if ep.ctx.config.max_response_tokens <= ep.response_tokens or ep.context_room <= 0:
         return
     clones = await asyncio.gather(*(clone_line(ep, line, c) for c in range(1, tree.width)))
     ep.ctx.engine.clone_session(traj.key, [c.traj.key for c in clones])
-    ep.line, traj.split_point = TreeLine(line.tree, line.depth + 1, line.path), len(traj.response_ids)
+    ep.line, traj.split_point = TreeLine(line.tree, (*line.path, 0)), len(traj.response_ids)
     line.tree.lines.extend(asyncio.ensure_future(run_line(c)) for c in clones)
 
 
 async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
     """Continuation ``continuation`` (from 1) of the tree line ``ep``: its own copies of the
     trajectory, conversation, pieces and rewards, its clones of the sessions and tools, its seed."""
-    traj = ep.traj
-    # Its path: the line's, a 0 for each split the line made since it began, then ``continuation``.
-    path = line.path + (0,) * (line.depth - len(line.path)) + (continuation,)
+    traj, path = ep.traj, (*line.path, continuation)
     tid = line_id(traj.key, path)
     session = await ep.session.clone(tid)
     tools = {name: SessionTool(session, tool.tool_schema.model_dump(exclude_none=True))
@@ -64,7 +63,7 @@ async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
               for p in ep.closed]
     return Episode(ep.ctx, ep.route, ep.renderer, await ep.toolset.clone(tid, tools), twin,
                    continuation_seed(ep.seed, traj.turns, continuation), session, copy.deepcopy(ep.messages),
-                   list(ep.step_rewards), dict(ep.session_terms), closed, ep.task, TreeLine(line.tree, line.depth + 1, path))
+                   list(ep.step_rewards), dict(ep.session_terms), closed, ep.task, TreeLine(line.tree, path))
 
 
 async def tree_lines(ep: Episode, root: Awaitable[Episode], fresh: Callable[[str, int], Awaitable[Episode]],
@@ -95,14 +94,13 @@ def made_up(ep: Episode, fresh: Callable[[str, int], Awaitable[Episode]],
     leaves of the tree (``split_point`` 0), so the group still holds ``rollout.n``. Leaf ``k`` (from 1)
     is seeded as continuation ``k`` of a split of the line at turn 0."""
     tree, line = ep.ctx.config.tree, ep.line
-    if tree is None or not isinstance(line, TreeLine) or line.depth >= tree.depth:
+    if tree is None or not isinstance(line, TreeLine) or len(line.path) >= tree.depth:
         return
-    path = line.path + (0,) * (line.depth - len(line.path))
 
-    async def leaf(k: int) -> Episode:
-        made = await fresh(line_id(ep.traj.key, (*line.path, f"r{k}")), continuation_seed(ep.seed, 0, k))
+    async def leaf(k: int) -> Episode:  # after the line's own clones, at the tree's depth: it never splits
+        made = await fresh(made_up_id(ep.traj.key, k), continuation_seed(ep.seed, 0, k))
         made.traj.tree_id, made.traj.split_point = ep.traj.tree_id, 0
-        made.line = TreeLine(line.tree, tree.depth, path + (tree.width + k,))  # after the line's own clones
+        made.line = TreeLine(line.tree, (*line.path, tree.width + k, *[0] * (tree.depth - len(line.path) - 1)))
         return await run_line(made, True)
 
-    line.tree.lines.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** (tree.depth - line.depth)))
+    line.tree.lines.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** (tree.depth - len(line.path))))
