@@ -1,23 +1,20 @@
-"""Trajectory ids, made and read here only. An id is a root, ``[prefix]s<sample>-g<group>-<k>`` (one
-trajectory of a rollout call; the prefix names the call, e.g. ``t3-`` for step 3's), then a tree
-line's path (``.1.0``: its continuation at each split; ``.r2``: a leaf made up from the prompt;
-toolrl.rollout.tree), then the part of the trajectory it names: ``~<n>`` a closed piece, ``~branch<n>``
-a fold branch while it runs, ``#<n>`` a gateway segment while its episode runs; no part: the
-trajectory's last piece, whose id is the trajectory's key."""
+"""Trajectory ids, made and read here only: a root, ``[prefix]s<sample>-g<group>-<k>`` (trajectory ``k``
+of a group of the rollout call the prefix names: ``t3-`` step 3's), then a tree line's path (``.1.0``:
+its continuation at each split; ``.r2``: a leaf made up from the prompt), then the part it names:
+``~<n>`` a closed piece, ``~branch<n>`` a fold branch, ``#<n>`` a gateway segment, each while it runs;
+no part: the trajectory's last piece, whose id is the trajectory's key."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Part = Literal["", "piece", "branch", "segment"]
 _MARKS: dict[str, str] = {"": "", "piece": "~", "branch": "~branch", "segment": "#"}
 _ID = re.compile(r"(?P<root>[^.~#]+)(?P<path>(?:\.r?\d+)*)(?:(?P<mark>~branch|~|#)(?P<index>\d+))?")
 
 
-@dataclass(frozen=True)
-class TrajectoryId:
+class TrajectoryId(NamedTuple):
     root: str
     path: tuple[str, ...] = ()  # a tree line's steps: a continuation's number, or r<k> for a made-up leaf
     part: Part = ""
@@ -25,7 +22,7 @@ class TrajectoryId:
 
     def __str__(self) -> str:
         line = self.root + "".join(f".{s}" for s in self.path)
-        return part_id(line, self.part, self.index) if self.part else line
+        return f"{line}{_MARKS[self.part]}{self.index}" if self.part else line
 
     @classmethod
     def parse(cls, text: str) -> TrajectoryId:
@@ -36,8 +33,7 @@ class TrajectoryId:
 
 
 def call_prefix(kind: str, number: int) -> str:
-    """The ids' prefix of a rollout call: ``t`` a training step's, ``e`` a streamed step's, ``eval`` an evaluation's."""
-    return f"{kind}{number}-"
+    return f"{kind}{number}-"  # a rollout call's: t<step> a training step's, e<step> a streamed one's, eval<chunk>
 
 
 def prefixed(prefix: str, tid: str) -> str:
@@ -45,23 +41,21 @@ def prefixed(prefix: str, tid: str) -> str:
 
 
 def root_id(prefix: str, sample: int | None, group: int, k: int) -> str:
-    return f"{prefix}s{sample}-g{group}-{k}"  # trajectory k of group ``group`` (sample ``sample``) of the call
+    return str(TrajectoryId(f"{prefix}s{sample}-g{group}-{k}"))
 
 
 def part_id(key: str, part: Part, index: int) -> str:
-    return f"{key}{_MARKS[part]}{index}"  # piece, branch or segment ``index`` of the trajectory or tree line ``key``
+    return str(TrajectoryId(key, (), part, index))  # ``key``: a trajectory's or a tree line's
 
 
 def line_id(key: str, path: tuple[int | str, ...]) -> str:
-    """The key of the tree line at ``path`` in the tree of the line ``key``."""
-    return str(replace(TrajectoryId.parse(key), path=tuple(map(str, path))))
+    return str(TrajectoryId.parse(key)._replace(path=tuple(map(str, path))))  # the line at ``path`` in key's tree
 
 
 def made_up_id(key: str, k: int) -> str:
-    return f"{key}.r{k}"  # leaf ``k`` made up from the prompt for the tree line ``key``
+    return line_id(key, (*TrajectoryId.parse(key).path, f"r{k}"))  # leaf k made up from the prompt for line key
 
 
 def moved(tid: str, key: str) -> str:
-    """The id ``tid`` (a part of one line) names in the line ``key`` (a tree line cloned from it)."""
-    line = TrajectoryId.parse(key)
-    return str(replace(TrajectoryId.parse(tid), root=line.root, path=line.path))
+    line = TrajectoryId.parse(key)  # ``tid`` (a part of one line) as it is named in the line ``key``, a clone
+    return str(TrajectoryId.parse(tid)._replace(root=line.root, path=line.path))

@@ -44,9 +44,10 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     twig = Trajectory(trajectory_id=part_id(traj.key, "branch", len(ep.closed)), trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
+    line = FoldBranch(ep.outer + len(traj.response_ids), twig.trajectory_id)
     return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
                    branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
-                   ep.session_terms, ep.closed, ep.task, FoldBranch(ep.outer + len(traj.response_ids), twig.trajectory_id))
+                   ep.session_terms, ep.closed, ep.task, line)
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:

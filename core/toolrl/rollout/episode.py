@@ -1,6 +1,6 @@
-"""One trajectory in progress (:class:`Episode`): how it starts (the session's reset, its tools, its
-prompt and images), and the model's part of a turn (:func:`generate`, :func:`answer_of`). The turn
-loop (toolrl.rollout.loop) and the context edits (toolrl.rollout.segments) work on it."""
+"""A line of a trajectory in progress (:class:`Episode`; its ``line``: :class:`MainLine`, :class:`FoldBranch`
+or :class:`TreeLine`): how it starts (the session's reset, its tools, its prompt and images), and the
+model's part of a turn (:func:`generate`, :func:`answer_of`)."""
 
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ class MainLine:
 
 @dataclass(frozen=True)
 class FoldBranch:
-    """A fold branch's line (toolrl.rollout.branches): a sub-task for the line that called it, whose
-    pieces, step rewards and session terms it adds to (the same objects)."""
+    """A fold sub-task (toolrl.rollout.branches), adding to its caller's pieces, step rewards and terms."""
 
     outer: int  # the response tokens of the lines waiting on it
     engine_session: str  # its own, so that the engine keeps the calling line's KV
@@ -46,8 +45,7 @@ class Tree:
 
 @dataclass(frozen=True)
 class TreeLine:
-    """A tree rollout's line: its tree, and its continuation at each split so far (0: it went on as the
-    line that split), the splits it made or was made at: its depth."""
+    """A tree rollout's line: its tree, its continuation at each split so far (0: it went on as the line)."""
 
     tree: Tree
     path: tuple[int, ...] = ()
@@ -55,9 +53,8 @@ class TreeLine:
 
 @dataclass
 class Episode:
-    """One line of a trajectory in progress (``line``: which one): what its turns read (the rollout
-    context: its config, engine and whether sessions give state keys; the route, renderer, tools,
-    seed, session) and what they write (the trajectory, the tools' step rewards, the session's terms)."""
+    """One line of a trajectory in progress: what its turns read (the rollout context, route, renderer,
+    tools, seed, session) and write (the trajectory, the tools' step rewards, the session's terms)."""
 
     ctx: RolloutContext
     route: Route
@@ -74,8 +71,7 @@ class Episode:
     line: MainLine | FoldBranch | TreeLine = MainLine()
 
     @property
-    def outer(self) -> int:
-        """The response tokens of the lines waiting on this one (a fold branch's)."""
+    def outer(self) -> int:  # the response tokens of the lines waiting on this one
         return self.line.outer if isinstance(self.line, FoldBranch) else 0
 
     @property

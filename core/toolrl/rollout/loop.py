@@ -81,11 +81,10 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
                                 slot: AbstractAsyncContextManager[Any] | None = None,
                                 tree_id: int | None = None) -> list[Trajectory]:
     """One trajectory of ``sample``: its session's reset, turns until one ends it, the tools' and the
-    session's finish (always), the score. Its pieces in order: one, unless the template rewrite rule
-    forked it. ``slot`` (a semaphore bounding the trajectories that run at once) is held until the
-    tools and the session are finished, not while the trajectory is scored: a slow reward (a judge)
-    keeps no other from starting. With ``tree_id`` (rollout.tree) it is a tree's root: the pieces of
-    every leaf, in the tree's order, the tree under the one slot."""
+    session's finish (always), the score. Its pieces in order: one, unless it forked. ``slot`` (bounding
+    the trajectories that run at once) is held until the tools and the session are finished, not while
+    it is scored: a slow reward (a judge) keeps no other from starting. With ``tree_id`` (rollout.tree)
+    it is a tree's root: the pieces of every leaf, in the tree's order, the tree under the one slot."""
     route = ctx.route_for(sample)
     if route.agent is not None:  # a program runs the episode; the gateway records it
         return await run_agent_trajectory(ctx, route, sample, group, trajectory_id, seed, slot)
@@ -143,7 +142,7 @@ async def take_turn(ep: Episode) -> Termination | None:
     calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        if isinstance(ep.line, FoldBranch):  # a branch (fold): its answer goes back to the line that called it, not to the session
+        if isinstance(ep.line, FoldBranch):  # its answer goes back to the line that called it, not to the session
             traj.final_response = await answer_of(ep, gen)
             return "answered"
         return await user_turn(ep, gen) or await fit_context(ep)

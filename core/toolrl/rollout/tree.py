@@ -1,13 +1,8 @@
-"""Tree rollouts (``rollout.tree``, :class:`toolrl.config.TreeConfig`; docs/rollouts.md#tree-rollouts):
-a trajectory's prefix up to a turn is generated once, and ``width`` continuations go on from it. A
-tree's root is a line like any other (toolrl.rollout.loop); before model turn ``turn`` it splits: it
-goes on as continuation 0 and ``width - 1`` clones go on beside it (its trajectory, conversation,
-pieces and rewards copied; its engine session, environment session and tools' instances cloned; its
-seed :func:`toolrl.seeds.continuation_seed`), under the root's concurrency slot, each splitting again
-before the next turn, ``depth`` splits in all. A line that ends before a split turn cannot split: the
-leaves it would have had start afresh from the prompt (:func:`made_up`), so a group always holds
-``rollout.n``. A rollout call whose count the trees' leaves do not divide runs flat.
-"""
+"""Tree rollouts (``rollout.tree``; docs/rollouts.md#tree-rollouts): before model turn ``turn`` a tree's
+line splits: it goes on as continuation 0 and ``width - 1`` clones of it beside it (its trajectory,
+conversation, pieces and rewards copied; its engine session, environment session and tools cloned),
+each splitting again at the next turn, ``depth`` splits in all, under the root's concurrency slot. A
+line that ends before a split cannot split: its missing leaves start afresh from the prompt."""
 
 from __future__ import annotations
 
@@ -100,7 +95,8 @@ def made_up(ep: Episode, fresh: Callable[[str, int], Awaitable[Episode]],
     async def leaf(k: int) -> Episode:  # after the line's own clones, at the tree's depth: it never splits
         made = await fresh(made_up_id(ep.traj.key, k), continuation_seed(ep.seed, 0, k))
         made.traj.tree_id, made.traj.split_point = ep.traj.tree_id, 0
-        made.line = TreeLine(line.tree, (*line.path, tree.width + k, *[0] * (tree.depth - len(line.path) - 1)))
+        made.line = TreeLine(line.tree, (*line.path, tree.width + k, *[0] * (left - 1)))
         return await run_line(made, True)
 
-    line.tree.lines.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** (tree.depth - len(line.path))))
+    left = tree.depth - len(line.path)
+    line.tree.lines.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** left))

@@ -11,7 +11,7 @@ has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses 
 
 In a test, build it directly: ``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each
 trajectory the script of the first key its session id contains; ``calls``, ``ended`` and ``cloned``
-record what the loop asked (a tree rollout's copy goes on from its line's place in the script). A
+record what the loop asked (a tree rollout's clone goes on from its line's place in the script). A
 stand-in that chooses its text another way (from the prompt, across sessions) overrides
 :meth:`ScriptedEngine.text`; one that ends or scores its tokens another way, :meth:`ScriptedEngine.generation`.
 """
