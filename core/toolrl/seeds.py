@@ -15,16 +15,12 @@ Each is a pure function of its root and a position (step, group, sample, turn, b
 so a resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds
 it had.
 
-Two kinds of derivation, because two needs differ. A trajectory's seed is linear in its step, group and
-sample (``rollout.seed + STEP·step + GROUP·group + SAMPLE·k``): the asynchronous loop numbers groups
-globally and :func:`group_seed` must land on the synchronous loop's seeds, which takes strides; those
-are distinct over any realistic run (tests/test_seeds.py counts them). Turns, branches and splits hang
-under a trajectory, where a stride cannot keep clear of the other trajectories' seeds: ``seed + 7919·t``,
-the stride this module once used, gave 68,796 turn seeds twice over a 1,000-step run of 32 groups of 16
-with 32 turns. So a trajectory's descendants are a hash of its seed, the kind of descendant and its
-index, 63 bits (:func:`_child`), apart from each other and from every trajectory seed but with
-negligible probability (the test checks a realistic run). Turn 0 and continuation 0 keep their
-parent's seed, so a trajectory's first turn samples with the trajectory's own seed.
+A trajectory's seed is linear in its step, group and sample (``rollout.seed + STEP·step + GROUP·group
++ SAMPLE·k``), so that :func:`group_seed` (the asynchronous loop numbers groups globally) lands on the
+synchronous loop's seeds. Its turns, branches and continuations are a 63-bit hash of its seed, the kind
+and the index (:func:`_child`): a stride there met other trajectories' seeds (``seed + 7919·t`` gave
+68,796 turn seeds twice over a 1,000-step run of 32 groups of 16 with 32 turns). tests/test_seeds.py
+checks a realistic run. Turn 0 and continuation 0 keep their parent's seed.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ the agent loop, so the training side never imports the loop to read its output.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -95,7 +96,7 @@ class Trajectory(BaseModel):
 
     trajectory_id: str
     # The whole trajectory's id, shared by its pieces when it forked (a template rewrite, a context edit,
-    # a fold branch; toolrl.trajectory_ids); empty: a trajectory in one piece.
+    # a fold branch; ids below); empty: a trajectory in one piece.
     trajectory_key: str = ""
     piece: int = 0
     sample_index: int
@@ -189,3 +190,47 @@ def append_tokens(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], log
 def cut_response(traj: Trajectory, end: int) -> None:
     """A trajectory's response cut to its first ``end`` tokens (their masks and log-probs with them)."""
     del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+
+
+# Trajectory ids, made and read here only: a root, ``[prefix]s<sample>-g<group>-<k>`` (trajectory ``k`` of
+# a group of the rollout call the prefix names: ``t3-`` step 3's), then a tree line's path (``.1.0``: its
+# continuation at each split; ``.r2``: a leaf made up from the prompt), then the part it names: ``~<n>`` a
+# closed piece, ``~branch<n>`` a fold branch, ``#<n>`` a gateway segment, each while it runs; no part: the
+# trajectory's last piece, whose id is the trajectory's key.
+ID_MARKS = {"piece": "~", "branch": "~branch", "segment": "#"}
+_ID = re.compile(r"(?P<root>[^.~#]+)(?P<path>(?:\.r?\d+)*)(?P<part>(?:~branch|~|#)\d+)?")
+
+
+def read_id(tid: str) -> tuple[str, tuple[str, ...], str]:
+    """``tid``'s root, tree path and part (its mark and number, ``~3``; empty: none), which make it again."""
+    if (m := _ID.fullmatch(tid)) is None:
+        raise ValueError(f"not a trajectory id: {tid!r}")
+    return m["root"], tuple(m["path"].split(".")[1:]), m["part"] or ""
+
+
+def call_prefix(kind: str, number: int) -> str:
+    return f"{kind}{number}-"  # a rollout call's: t<step> a training step's, e<step> a streamed one's, eval<chunk>
+
+
+def prefixed_id(prefix: str, tid: str) -> str:
+    return prefix + tid  # a recorded trajectory's id, as the rollout call ``prefix`` names returns it
+
+
+def root_id(prefix: str, sample: int | None, group: int, k: int) -> str:
+    return f"{prefix}s{sample}-g{group}-{k}"
+
+
+def part_id(key: str, part: Literal["piece", "branch", "segment"], index: int) -> str:
+    return f"{key}{ID_MARKS[part]}{index}"  # ``key``: a trajectory's, or a tree line's
+
+
+def line_id(key: str, path: tuple[int, ...]) -> str:
+    return read_id(key)[0] + "".join(f".{s}" for s in path)  # the line at ``path`` in the tree of the line ``key``
+
+
+def made_up_id(key: str, k: int) -> str:
+    return f"{key}.r{k}"  # leaf ``k`` made up from the prompt for the tree line ``key``
+
+
+def moved_id(tid: str, key: str) -> str:
+    return key + read_id(tid)[2]  # ``tid`` (a part of one line) as the line ``key`` (its clone) names it

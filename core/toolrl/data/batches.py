@@ -48,8 +48,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
 from toolrl.seeds import epoch_seed, group_seed, step_seed
-from toolrl.trajectory import Trajectory
-from toolrl.trajectory_ids import call_prefix
+from toolrl.trajectory import Trajectory, call_prefix
 
 # A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
 AHEAD = "ahead.pt"

@@ -29,8 +29,7 @@ from typing import Any
 from toolrl.engines import Generation
 from toolrl.gateway.protocol import is_assistant_key
 from toolrl.schemas import ParseError
-from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end
-from toolrl.trajectory_ids import part_id
+from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end, part_id
 
 
 @dataclass

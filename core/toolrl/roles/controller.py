@@ -64,8 +64,7 @@ from toolrl.run_dir import (
     step_line,
 )
 from toolrl.seeds import step_seed
-from toolrl.trajectory import Trajectory
-from toolrl.trajectory_ids import call_prefix
+from toolrl.trajectory import Trajectory, call_prefix
 
 # -- checkpoints ----------------------------------------------------------------------------------
 

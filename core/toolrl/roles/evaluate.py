@@ -42,8 +42,7 @@ from toolrl.roles.start import start_roles
 from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
 from toolrl.seeds import step_seed
-from toolrl.trajectory import Trajectory
-from toolrl.trajectory_ids import call_prefix
+from toolrl.trajectory import Trajectory, call_prefix
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrl.schemas import Sample
-from toolrl.trajectory import Trajectory
-from toolrl.trajectory_ids import prefixed
+from toolrl.trajectory import Trajectory, prefixed_id
 
 if TYPE_CHECKING:
     from toolrl.roles import RolloutGroup
@@ -32,7 +31,7 @@ class Replay:
         if not trajs:
             raise ValueError(f"sample {sample.index} carries no recorded trajectories")
         return [t.model_copy(deep=True, update={"group": group, "sample_index": sample.index or 0,
-                                                "trajectory_id": prefixed(id_prefix, t.trajectory_id)}) for t in trajs]
+                                                "trajectory_id": prefixed_id(id_prefix, t.trajectory_id)}) for t in trajs]
 
     async def check_trainable(self) -> str | None:
         return None  # recorded rows carry token ids and the engine's logprobs

@@ -13,8 +13,7 @@ from toolrl.rollout.episode import Episode, FoldBranch
 from toolrl.rollout.segments import ContextError
 from toolrl.schemas import ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import branch_seed
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end
-from toolrl.trajectory_ids import part_id
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end, part_id
 
 
 def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:

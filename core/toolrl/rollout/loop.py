@@ -48,8 +48,7 @@ from toolrl.rollout.tree import roots, split_due, tree_lines
 from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import trajectory_seed
 from toolrl.sessions import failure_after_calls
-from toolrl.trajectory import Termination, Trajectory, append_tokens
-from toolrl.trajectory_ids import root_id
+from toolrl.trajectory import Termination, Trajectory, append_tokens, root_id
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,

@@ -17,8 +17,8 @@ from toolrl.trajectory import (
     append_tokens,
     cut_response,
     model_tokens_end,
+    part_id,
 )
-from toolrl.trajectory_ids import part_id
 
 
 class ContextError(RuntimeError):

@@ -14,7 +14,7 @@ from toolrl.config import RolloutConfig
 from toolrl.rollout.episode import Episode, TreeLine
 from toolrl.seeds import continuation_seed
 from toolrl.sessions import SessionTool
-from toolrl.trajectory_ids import line_id, made_up_id, moved
+from toolrl.trajectory import line_id, made_up_id, moved_id
 
 __all__ = ["split_due", "roots", "tree_lines"]
 
@@ -54,7 +54,7 @@ async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
              for name, tool in ep.toolset.tools.items()}
     twin = traj.model_copy(deep=True, update={"trajectory_id": tid, "split_point": len(traj.response_ids),
                                               "trajectory_key": tid if traj.trajectory_key else ""})
-    closed = [p.model_copy(deep=True, update={"trajectory_id": moved(p.trajectory_id, tid), "trajectory_key": tid})
+    closed = [p.model_copy(deep=True, update={"trajectory_id": moved_id(p.trajectory_id, tid), "trajectory_key": tid})
               for p in ep.closed]
     return Episode(ep.ctx, ep.route, ep.renderer, await ep.toolset.clone(tid, tools), twin,
                    continuation_seed(ep.seed, traj.turns, continuation), session, copy.deepcopy(ep.messages),
