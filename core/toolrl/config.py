@@ -315,11 +315,8 @@ class AgentConfig(BaseModel):
 
 
 class TreeConfig(Section):
-    """``rollout.tree``: tree rollouts (toolrl.rollout.tree). A line splits before model turn ``turn``
-    (0-based) into ``width`` continuations (itself and ``width - 1`` clones), and each continuation
-    splits again at the next turn, ``depth`` times: a tree of ``width ** depth`` leaves (those of a
-    line that ends before its splits start afresh from the prompt). ``rollout.n`` stays the leaves
-    trained per prompt: ``n / width ** depth`` trees per group."""
+    """``rollout.tree``: tree rollouts (toolrl.rollout.tree), trees of ``width ** depth`` leaves; ``rollout.n``
+    stays the leaves trained per prompt: ``n / width ** depth`` trees per group."""
 
     width: int = Field(2, ge=2, le=64, description="continuations each split makes (the line is one)")
     depth: int = Field(2, ge=1, le=8, description="splits along a root-to-leaf path, at consecutive turns")

@@ -74,12 +74,10 @@ def branch_seed(trajectory: int, branch: int) -> int:
 
 
 def continuation_seed(line: int, turn: int, continuation: int) -> int:
-    """The seed continuation ``continuation`` of a tree rollout's split before turn ``turn`` goes on
-    with (toolrl.rollout.tree), its line seeded ``line``. Continuation 0 is the line itself, its seed
-    unchanged (so a tree's first leaf is the flat trajectory of its seed); the others differ from it,
-    from each other, and from those of a split of the same line at another turn (``rollout.tree.width``
-    is at most 64). Leaf ``k`` made up for a line that ended before its splits is continuation ``k``
-    of a split at turn 0 (the prompt)."""
+    """The seed of continuation ``continuation`` of a tree rollout's split before turn ``turn`` of the line
+    seeded ``line``: 0 keeps the line's (a tree's first leaf is the flat trajectory of its seed), the others
+    differ from it, each other and those of another turn's split (``width`` ≤ 64). Leaf ``k`` made up for a
+    line that ended before its splits is continuation ``k`` of a split at turn 0."""
     return _child(line, "fork", 64 * turn + continuation) if continuation else line
 
 

@@ -192,11 +192,9 @@ def cut_response(traj: Trajectory, end: int) -> None:
     del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
 
 
-# Trajectory ids, made and read here only: a root, ``[prefix]s<sample>-g<group>-<k>`` (trajectory ``k`` of
-# a group of the rollout call the prefix names: ``t3-`` step 3's), then a tree line's path (``.1.0``: its
-# continuation at each split; ``.r2``: a leaf made up from the prompt), then the part it names: ``~<n>`` a
-# closed piece, ``~branch<n>`` a fold branch, ``#<n>`` a gateway segment, each while it runs; no part: the
-# trajectory's last piece, whose id is the trajectory's key.
+# Trajectory ids, made and read here only (docs/rollouts.md): a root ``[prefix]s<sample>-g<group>-<k>``, a tree
+# line's path (``.1.0``, ``.r2`` a made-up leaf), then a part (``~<n>`` a closed piece, ``~branch<n>`` a fold
+# branch and ``#<n>`` a gateway segment while they run; none: the last piece, whose id is the trajectory's key).
 ID_MARKS = {"piece": "~", "branch": "~branch", "segment": "#"}
 _ID = re.compile(r"(?P<root>[^.~#]+)(?P<path>(?:\.r?\d+)*)(?P<part>(?:~branch|~|#)\d+)?")
 

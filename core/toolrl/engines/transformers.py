@@ -322,7 +322,7 @@ class TransformersEngine(RolloutEngine):
             self._sessions.pop(session_id, None)
 
     def clone_session(self, session_id: str, into: Sequence[str]) -> None:
-        # The copies share the kept tensors (nothing writes them in place), so their first requests,
+        # The clones share the kept tensors (nothing writes them in place), so their first requests,
         # with one prompt, are prefilled once (_prompt_sources).
         with self._sessions_lock:
             kept = self._sessions.get(session_id)

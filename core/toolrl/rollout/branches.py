@@ -1,8 +1,6 @@
-"""Fold's branches: a branch call (the context policy's tool) runs its sub-task as a segment of its own
-(the trajectory's key, reward and advantage), whose prompt is the template's rendering of the
-branch's messages; its answer is the call's result, and the calling line goes on without the
-branch's turns. The turn loop runs the branch's turns between :func:`open_branch` and
-:func:`close_branch` (toolrl.rollout.loop.run_branch)."""
+"""Fold's branches: a branch call (the context policy's tool) runs its sub-task as a segment of its own,
+prompted with the branch's messages; its answer is the call's result, and the calling line goes on
+without its turns, which the turn loop runs between :func:`open_branch` and :func:`close_branch`."""
 
 from __future__ import annotations
 

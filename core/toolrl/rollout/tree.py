@@ -44,8 +44,7 @@ async def split_due(ep: Episode, run_line: Callable[[Episode], Awaitable[Episode
 
 
 async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
-    """Continuation ``continuation`` (from 1) of the tree line ``ep``: its own copies of the
-    trajectory, conversation, pieces and rewards, its clones of the sessions and tools, its seed."""
+    """Continuation ``continuation`` (from 1) of the tree line ``ep``, a clone of it (module docstring)."""
     traj, path = ep.traj, (*line.path, continuation)
     tid = line_id(traj.key, path)
     session = await ep.session.clone(tid)
@@ -63,18 +62,14 @@ async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
 
 async def tree_lines(ep: Episode, root: Awaitable[Episode], fresh: Callable[[str, int], Awaitable[Episode]],
                      run_line: Callable[[Episode, bool], Awaitable[Episode]]) -> list[Episode]:
-    """``root`` (the run of ``ep``'s line), then, for a tree's root, every line split off in its tree
-    once each has ended (a clone may split again): the tree's leaves, depth first (by their paths). A
-    line that ended before the splits it had left is made up for (:func:`made_up`; ``fresh(id, seed)``
-    starts a line from the prompt). Leaving early (an error that stops the run, a cancellation)
-    cancels the lines still running."""
+    """``root`` (the run of ``ep``'s line), then, for a tree's root, each line of its tree once it ended,
+    made up for (:func:`made_up`; ``fresh(id, seed)`` starts a line from the prompt): the tree's leaves,
+    by their paths. Leaving early (an error that stops the run, a cancellation) cancels the others."""
     lines = ep.line.tree.lines if isinstance(ep.line, TreeLine) else []
     try:
         made_up(await root, fresh, run_line)
-        done = 0
-        while done < len(lines):
-            made_up(await lines[done], fresh, run_line)
-            done += 1
+        for line in lines:  # the list grows while its lines split: iterating it reaches every one
+            made_up(await line, fresh, run_line)
     except BaseException:
         for task in lines:
             task.cancel()
