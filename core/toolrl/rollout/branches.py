@@ -30,7 +30,7 @@ def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResu
 
 def open_branch(ep: Episode, branch: Branch) -> Episode:
     """The branch's episode: the trajectory's tools and session, its own turn limit, its own engine
-    session (so the engine keeps the main line's KV), and a new segment that records the edit."""
+    session (its id, so the engine keeps the main line's KV), and a new segment that records the edit."""
     traj, policy = ep.traj, ep.route.context
     if traj.images or ep.route.parser.result_mode == "inline" or policy is None:
         raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
@@ -41,10 +41,9 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     twig = Trajectory(trajectory_id=part_id(traj.key, "branch", len(ep.closed)), trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
-    line = FoldBranch(ep.outer + len(traj.response_ids), twig.trajectory_id)
     return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
                    branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
-                   ep.session_terms, ep.closed, ep.task, line)
+                   ep.session_terms, ep.closed, ep.task, FoldBranch(ep.outer + len(traj.response_ids)))
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:

@@ -33,7 +33,6 @@ class FoldBranch:
     """A fold sub-task (toolrl.rollout.branches), adding to its caller's pieces, step rewards and terms."""
 
     outer: int  # the response tokens of the lines waiting on it
-    engine_session: str  # its own, so that the engine keeps the calling line's KV
 
 
 @dataclass
@@ -73,10 +72,6 @@ class Episode:
     @property
     def outer(self) -> int:  # the response tokens of the lines waiting on this one
         return self.line.outer if isinstance(self.line, FoldBranch) else 0
-
-    @property
-    def engine_session(self) -> str:
-        return self.line.engine_session if isinstance(self.line, FoldBranch) else self.traj.key
 
     @property
     def response_tokens(self) -> int:
@@ -146,7 +141,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
     gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                        session_id=ep.engine_session, **images))[0]
+                                        session_id=traj.trajectory_id, **images))[0]  # a fold branch's: its own
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved

@@ -238,14 +238,13 @@ async def execute(ep: Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
 
 
 async def run_branch(ep: Episode, call: ToolCall, branch: Branch) -> ToolResult:
-    """Run a sub-task in a branch (fold, toolrl.rollout.branches): turns of its own, with the
-    trajectory's tools and an engine session of its own, forgotten when it ends; its answer is
-    ``call``'s result."""
+    """Run a fold sub-task in a branch (toolrl.rollout.branches): its own turns and engine session
+    (forgotten when it ends), the trajectory's tools; its answer is ``call``'s result."""
     sub = open_branch(ep, branch)
     try:
         ending = await run_turns(sub)
     finally:
-        ep.ctx.engine.end_session(sub.engine_session)
+        ep.ctx.engine.end_session(sub.traj.trajectory_id)
     return close_branch(ep, sub, call, branch, ending)
 
 

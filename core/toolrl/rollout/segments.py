@@ -1,8 +1,7 @@
-"""Segments: a trajectory's tokens in pieces, each trained with the trajectory's reward. The live
-piece is closed (:func:`close_segment`) and the next one starts from the template's rendering of the
-conversation when the template re-renders the history differently (``rollout.template_rewrite``:
-:func:`check_history`) or when the context policy edits the context (toolrl.context:
-:func:`fit_context`, :func:`edit_context`)."""
+"""Segments: a trajectory's tokens in pieces, each trained with its reward. The live piece is closed
+(:func:`close_segment`: the trajectory forks) and the next starts from the template's rendering of the
+conversation when the template re-renders history differently (``rollout.template_rewrite``:
+:func:`check_history`) or the context policy edits the context (:func:`fit_context`)."""
 
 from __future__ import annotations
 
