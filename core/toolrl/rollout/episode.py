@@ -35,11 +35,8 @@ class FoldBranch:
     outer: int  # the response tokens of the lines waiting on it
 
 
-@dataclass
-class Tree:
+class Tree(list["asyncio.Task[Episode]"]):
     """A tree rollout's clones, each run as a task (toolrl.rollout.tree): what its lines share."""
-
-    lines: list[asyncio.Task[Episode]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -70,13 +67,10 @@ class Episode:
     line: MainLine | FoldBranch | TreeLine = MainLine()
 
     @property
-    def outer(self) -> int:  # the response tokens of the lines waiting on this one
-        return self.line.outer if isinstance(self.line, FoldBranch) else 0
-
-    @property
     def response_tokens(self) -> int:
-        """Response tokens of the whole trajectory (every piece's)."""
-        return self.outer + sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
+        """Response tokens of the whole trajectory (every piece's, a fold branch's callers' included)."""
+        outer = self.line.outer if isinstance(self.line, FoldBranch) else 0
+        return outer + sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
 
     @property
     def context_tokens(self) -> int:
@@ -184,5 +178,4 @@ def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Se
     """The first of ``images`` whose runs the token list ``ids`` (a prefix of a trajectory) holds."""
     if renderer.image_token_id is None:
         return []
-
     return list(images[:images_held(images, ids, renderer.image_token_id, renderer.merge)])

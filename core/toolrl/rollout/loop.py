@@ -17,10 +17,9 @@ For each sample × n, concurrently::
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there. With
-``rollout.agent`` a program runs each episode instead (toolrl.rollout.agent).
-
-Trajectories never wait for each other: the engine batches whatever generation requests are pending,
-so one trajectory waiting on a slow tool does not hold up the others' generation.
+``rollout.agent`` a program runs each episode instead (toolrl.rollout.agent). Trajectories never wait
+for each other: the engine batches whatever generation requests are pending, so one trajectory
+waiting on a slow tool does not hold up the others' generation.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ from toolrl.trajectory import Termination, Trajectory, append_tokens, root_id
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
                        id_prefix: str = "") -> list[Trajectory]:
-    """``n`` trajectories per sample (group ``g`` is sample ``g``), all concurrent (bounded by
-    max_concurrent_trajectories)."""
+    """``n`` trajectories per sample (group ``g`` is sample ``g``), at most max_concurrent_trajectories at once."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
     groups = await asyncio.gather(*(run_group(ctx, s, g, n, seed, id_prefix, limit) for g, s in enumerate(samples)))
     return [t for group in groups for t in group]

@@ -20,8 +20,7 @@ __all__ = ["split_due", "roots", "tree_lines"]
 
 
 def roots(config: RolloutConfig, n: int) -> tuple[int, bool]:
-    """The lines a rollout call for ``n`` trajectories per sample starts per sample, and whether they
-    are trees' roots (module docstring)."""
+    """The lines a rollout call for ``n`` trajectories per sample starts per sample; whether they are trees."""
     tree = config.tree
     if tree is None or n % tree.leaves:
         return n, False
@@ -40,7 +39,7 @@ async def split_due(ep: Episode, run_line: Callable[[Episode], Awaitable[Episode
     clones = await asyncio.gather(*(clone_line(ep, line, c) for c in range(1, tree.width)))
     ep.ctx.engine.clone_session(traj.key, [c.traj.key for c in clones])
     ep.line, traj.split_point = TreeLine(line.tree, (*line.path, 0)), len(traj.response_ids)
-    line.tree.lines.extend(asyncio.ensure_future(run_line(c)) for c in clones)
+    line.tree.extend(asyncio.ensure_future(run_line(c)) for c in clones)
 
 
 async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
@@ -65,7 +64,7 @@ async def tree_lines(ep: Episode, root: Awaitable[Episode], fresh: Callable[[str
     """``root`` (the run of ``ep``'s line), then, for a tree's root, each line of its tree once it ended,
     made up for (:func:`made_up`; ``fresh(id, seed)`` starts a line from the prompt): the tree's leaves,
     by their paths. Leaving early (an error that stops the run, a cancellation) cancels the others."""
-    lines = ep.line.tree.lines if isinstance(ep.line, TreeLine) else []
+    lines = ep.line.tree if isinstance(ep.line, TreeLine) else []
     try:
         made_up(await root, fresh, run_line)
         for line in lines:  # the list grows while its lines split: iterating it reaches every one
@@ -79,10 +78,9 @@ async def tree_lines(ep: Episode, root: Awaitable[Episode], fresh: Callable[[str
 
 def made_up(ep: Episode, fresh: Callable[[str, int], Awaitable[Episode]],
             run_line: Callable[[Episode, bool], Awaitable[Episode]]) -> None:
-    """A tree's line that ended before the splits it had left (it answered early, or failed) is one
-    leaf where ``width ** splits_left`` were due: the others start afresh from the prompt, as flat
-    leaves of the tree (``split_point`` 0), so the group still holds ``rollout.n``. Leaf ``k`` (from 1)
-    is seeded as continuation ``k`` of a split of the line at turn 0."""
+    """A tree's line that ended before the splits it had left is one leaf where ``width ** left`` were
+    due: the others start afresh from the prompt (``split_point`` 0), so the group still holds
+    ``rollout.n``; leaf ``k`` (from 1) is seeded as continuation ``k`` of a split at turn 0."""
     tree, line = ep.ctx.config.tree, ep.line
     if tree is None or not isinstance(line, TreeLine) or len(line.path) >= tree.depth:
         return
@@ -94,4 +92,4 @@ def made_up(ep: Episode, fresh: Callable[[str, int], Awaitable[Episode]],
         return await run_line(made, True)
 
     left = tree.depth - len(line.path)
-    line.tree.lines.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** left))
+    line.tree.extend(asyncio.ensure_future(leaf(k)) for k in range(1, tree.width ** left))
