@@ -1,10 +1,11 @@
 """Trajectory ids (toolrl.trajectory): what each maker writes, and that reading an id gives back
-the parts it was made of."""
+the parts it was made of; a saved row's old ``branch_point`` read as ``split_point``."""
 
 from __future__ import annotations
 
 import pytest
 from toolrl.trajectory import (
+    Trajectory,
     call_prefix,
     line_id,
     made_up_id,
@@ -46,3 +47,9 @@ def test_a_piece_moved_to_a_tree_line_keeps_its_part():
 def test_a_string_that_is_no_id_is_refused(text):
     with pytest.raises(ValueError, match="not a trajectory id"):
         read_id(text)
+
+
+def test_a_row_saved_with_branch_point_reads_it_as_split_point():
+    row = {"trajectory_id": "s0-g0-0.1", "sample_index": 0, "group": 0, "prompt_ids": [1], "tree_id": 0}
+    assert Trajectory.model_validate({**row, "branch_point": 7}).split_point == 7
+    assert Trajectory.model_validate({**row, "split_point": 7}).model_dump()["split_point"] == 7
