@@ -43,7 +43,7 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
                       ground_truth=traj.ground_truth, edit=record)
     return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
                    branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
-                   ep.session_terms, ep.closed, ep.task, FoldBranch(
+                   ep.session_terms, ep.closed, ep.task, FoldBranch(  # the tokens of the lines that wait on it
                        ep.response_tokens - sum(len(p.response_ids) for p in ep.closed)))
 
 
