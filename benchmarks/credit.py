@@ -12,7 +12,7 @@ its embeddings scaled up (peaked next-token distributions, as ``tests/test_train
   can learn it in a few steps; the session re-encodes the turn's text, the parser's view of it). A
   passed rung earns a step reward ``1 / RUNGS`` (``StepResult.reward``: the existing step rewards); a
   failed one is irreversible: the episode ends there. Success: every rung passed (reward 1). Its
-  ``state_key`` is the rung (``gigpo``'s anchor state); it forks (``tree_grpo``'s rollouts).
+  ``state_key`` is the rung (``gigpo``'s anchor state); it clones (``tree_grpo``'s rollouts).
 - ``StopStringMoves``, the parser: a random model writes no tool-call markup, so generation stops at
   an ``s`` (in about 1 token in 6) and a turn that stopped there is a climb; a turn that reaches
   ``rollout.max_new_tokens`` without one ends the trajectory (a failure).
@@ -22,14 +22,14 @@ at the third pushes its two good turns down; ``gigpo`` compares the turns taken 
 with their discounted returns, ``tree_grpo`` compares leaves that share their first turns.
 
 Generated tokens are the model's tokens (``response_mask`` 1) of every trajectory of each step, a
-tree's shared prefix (before its leaves' ``branch_point``) once: the tree arm forks once per tree
+tree's shared prefix (before its leaves' ``split_point``) once: the tree arm splits once per tree
 (``rollout.tree: {width: 4, depth: 1, turn: 1}``: ``n = 8`` gives 2 trees of 4 leaves per prompt, each
-sharing its first turn), where the branch point says exactly what is shared. The flat arms run
+sharing its first turn), where the split point says exactly what is shared. The flat arms run
 ``--steps`` steps, the tree arm ``--tree-steps`` times as many (its steps generate fewer tokens); the
 curves are compared up to the smallest total any run reached, the same budget for every arm.
 
 Success is the training batch's, one sample per root (:func:`success_rate`: a flat trajectory, or a
-tree's forked leaves averaged), smoothed over the last budget/7 tokens (each step weighted by the
+tree's split leaves averaged), smoothed over the last budget/7 tokens (each step weighted by the
 tokens it generated there: a window of tokens, not of steps, whose sizes differ between arms), reported
 at 7 token checkpoints as the mean over seeds ± their std. Tokens to 50% success: where the seed-mean
 curve first reaches 0.5 (on a grid of budget/100; each seed's own is printed too, for the spread).
@@ -93,7 +93,7 @@ class Ladder(EnvironmentSession):
     async def state_key(self) -> str:
         return f"rung {self.rung}"
 
-    async def fork(self) -> Ladder:
+    async def clone(self) -> Ladder:
         return copy.copy(self)  # its state is one int
 
 
@@ -165,25 +165,25 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Pat
 
 def success_rate(rows: Sequence[dict[str, Any]]) -> float:
     """The policy's success rate estimated from a step's trajectories, one sample per root (a flat
-    trajectory, or a tree's first line): a tree that forked counts the share of its forked leaves
-    (``branch_point`` > 0: continuations of one sampled prefix) that passed every rung, one whose line
-    fell before the fork turn that line's outcome. Per leaf it would be biased up for trees: a line
-    that survives to the fork counts four times, and a fallen line's made-up leaves (``branch_point``
+    trajectory, or a tree's first line): a tree that split counts the share of its split leaves
+    (``split_point`` > 0: continuations of one sampled prefix) that passed every rung, one whose line
+    fell before the split turn that line's outcome. Per leaf it would be biased up for trees: a line
+    that survives to the split counts four times, and a fallen line's made-up leaves (``split_point``
     0, sampled afresh because it fell: toolrl.rollout.tree) add samples only where the line failed."""
     roots: dict[Any, list[bool]] = {}
     for r in rows:
         root = r["trajectory_id"] if r.get("tree_id") is None else (r["group"], r["tree_id"])
-        if r.get("branch_point") != 0:  # a tree holds forked leaves, or its unforked line and made-up ones
+        if r.get("split_point") != 0:  # a tree holds split leaves, or its unsplit line and made-up ones
             roots.setdefault(root, []).append(r["reward"] > 1 - 1e-6)
     return statistics.mean(sum(leaves) / len(leaves) for leaves in roots.values())
 
 
 def generated_tokens(rows: Sequence[dict[str, Any]]) -> int:
-    """The model tokens a step generated: every trajectory's, a tree's shared prefix once. With one fork
-    per tree (``depth: 1``) the leaves that forked share the tokens before their ``branch_point``."""
+    """The model tokens a step generated: every trajectory's, a tree's shared prefix once. With one split
+    per tree (``depth: 1``) the leaves that split share the tokens before their ``split_point``."""
     total, counted = 0, set()
     for r in rows:
-        mask, cut = r["response_mask"], r.get("branch_point") or 0
+        mask, cut = r["response_mask"], r.get("split_point") or 0
         total += sum(mask[cut:])
         if cut and (r["group"], r["tree_id"]) not in counted:
             counted.add((r["group"], r["tree_id"]))

@@ -48,7 +48,7 @@ from toolrl.renderers.chat import ChatRenderer  # noqa: E402
 from toolrl.rollout import RolloutContext, Route, run_rollouts  # noqa: E402
 from toolrl.schemas import Sample  # noqa: E402
 from toolrl.tools import Tool, ToolSet  # noqa: E402
-from toolrl.trajectory import Trajectory  # noqa: E402
+from toolrl.trajectory import Trajectory, root_id  # noqa: E402
 
 PROMPTS, N, TURNS = 16, 4, 3
 # Words that are one Qwen token each (with their leading space): the reasoning filler's length in
@@ -213,7 +213,7 @@ def samples() -> list[Sample]:
 
 def trajectory_ids(batch: Sequence[Sample], n: int = N) -> list[str]:
     """The ids ``run_rollouts`` gives (no prefix); the baseline uses the same ones."""
-    return [f"s{sample.index}-g{g}-{k}" for g, sample in enumerate(batch) for k in range(n)]
+    return [root_id("", sample.index, g, k) for g, sample in enumerate(batch) for k in range(n)]
 
 
 def context(tokenizer: Any, engine: RolloutEngine, tool: Tool) -> RolloutContext:

@@ -8,7 +8,7 @@ by 10 (an lm_head bias), so its turns end (about five tokens each) instead of ru
 ``max_new_tokens``. ``--prompts`` distinct prompts, ``rollout.n`` = 8 trajectories trained per prompt:
 
 - flat: 8 trajectories per prompt, each generated whole (the group's prompt prefilled once, as usual);
-- tree: ``rollout.tree`` at its defaults (width 2, depth 2, forks before turns 1 and 2): 2 trees of 4
+- tree: ``rollout.tree`` at its defaults (width 2, depth 2, splits before turns 1 and 2): 2 trees of 4
   leaves per prompt, the first turn generated once per tree, the second once per pair of leaves.
 
 Both run at temperature 1 with the same rollout seed; ``gen tokens/traj`` is the engine's generated
@@ -49,7 +49,7 @@ END_BIAS = 10.0
 
 
 class User(EnvironmentSession):
-    """Asks the model to go on twice, then takes its answer; forks by copying what it heard."""
+    """Asks the model to go on twice, then takes its answer; clones by copying what it heard."""
 
     async def reset(self, sample: Sample) -> Reset:
         self.heard: list[str] = []
@@ -59,7 +59,7 @@ class User(EnvironmentSession):
         self.heard.append(message)
         return f"Go on ({len(self.heard)})." if len(self.heard) < 3 else None
 
-    async def fork(self) -> User:
+    async def clone(self) -> User:
         twin = User(self.options, self.context)
         twin.heard = list(self.heard)
         return twin
@@ -110,7 +110,7 @@ def main() -> None:
         per[name] = first["generated"] / trajs
         rows.append([name, trajs, first["turns"], per[name], first["prefilled"] / trajs,
                      statistics.median(r["seconds"] for r in results) / trajs])
-    print(f"{args.prompts} prompts x rollout.n={N}; tree: width 2, depth 2, forks before turns 1 and 2; "
+    print(f"{args.prompts} prompts x rollout.n={N}; tree: width 2, depth 2, splits before turns 1 and 2; "
           f"median of {args.repeats} rollouts")
     print(table(["rollout", "trajectories", "turns", "gen tokens/traj", "prefilled/traj", "s/traj"], rows))
     seconds = {name: statistics.median(r["seconds"] for r in results) for name, results in runs.items()}

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine, table  # noqa: E402
+from toolrl.trajectory import call_prefix, root_id  # noqa: E402
 
 
 def metrics_row(step: int, rng: random.Random) -> dict:
@@ -65,7 +66,7 @@ def trajectory(i: int, tok, rng: random.Random) -> dict:
         ids += [rng.randrange(200, 20000) for _ in range(n)]
         mask += [1 if turn % 2 == 0 else 0] * n
     failed = i % 7 == 0
-    return {"trajectory_id": f"t1000-s{i // 8}-g{i // 8}-{i % 8}", "trajectory_key": "", "piece": 0,
+    return {"trajectory_id": root_id(call_prefix("t", 1000), i // 8, i // 8, i % 8), "trajectory_key": "", "piece": 0,
             "sample_index": i // 8, "group": i // 8, "env": "arithmetic" if i % 3 else "search",
             "prompt_ids": prompt, "images": [], "response_ids": ids, "response_mask": mask,
             "logprobs": [round(-rng.expovariate(2), 4) if m else 0.0 for m in mask], "turns": 3,

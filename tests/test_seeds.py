@@ -7,8 +7,8 @@ import itertools
 from toolrl.seeds import (
     MASK,
     branch_seed,
+    continuation_seed,
     epoch_seed,
-    fork_seed,
     group_seed,
     sample_seed,
     step_seed,
@@ -29,14 +29,14 @@ def test_trajectory_seeds_are_distinct_over_a_long_run():
     assert len(set(seeds)) == len(seeds)
 
 
-def test_turn_branch_and_fork_seeds_collide_with_nothing_in_a_run():
+def test_turn_branch_and_continuation_seeds_collide_with_nothing_in_a_run():
     # 200 steps of 16 groups of 8, 16 turns each; every trajectory folds twice (8 turns a branch) and
-    # forks as a width-2 depth-2 tree would: 0.5M seeds, the generator seeds the engine is handed.
+    # splits as a width-2 depth-2 tree would: 0.5M seeds, the generator seeds the engine is handed.
     trajectories = run_trajectory_seeds(7, 200, 16, 8)
     seen: set[int] = set(trajectories)
     count = len(seen)
     for traj in trajectories:
-        lines = [traj] + [fork_seed(traj, 1, 1), fork_seed(traj, 2, 1), fork_seed(fork_seed(traj, 1, 1), 2, 1)]
+        lines = [traj] + [continuation_seed(traj, 1, 1), continuation_seed(traj, 2, 1), continuation_seed(continuation_seed(traj, 1, 1), 2, 1)]
         for line in lines:
             seen.update(turn_seed(line, t) for t in range(1, 16))
             count += 15
@@ -60,8 +60,8 @@ def test_where_a_turn_stride_collided_the_seeds_differ():
 
 
 def test_first_turn_and_first_continuation_keep_their_parent():
-    assert turn_seed(99, 0) == 99 and fork_seed(99, 3, 0) == 99
-    assert turn_seed(99, 1) != 99 and branch_seed(99, 1) != turn_seed(99, 1) != fork_seed(99, 0, 1)
+    assert turn_seed(99, 0) == 99 and continuation_seed(99, 3, 0) == 99
+    assert turn_seed(99, 1) != 99 and branch_seed(99, 1) != turn_seed(99, 1) != continuation_seed(99, 0, 1)
 
 
 def test_seeds_are_pinned():
@@ -69,7 +69,7 @@ def test_seeds_are_pinned():
     # platform or Python (BLAKE2b, little-endian, 63 bits).
     assert turn_seed(0, 1) == 6_322_354_456_362_444_837
     assert branch_seed(1_000, 2) == 3_149_316_324_457_563_147
-    assert fork_seed(5, 1, 1) == 8_513_042_129_239_005_610
+    assert continuation_seed(5, 1, 1) == 8_513_042_129_239_005_610
 
 
 def test_async_groups_land_on_the_synchronous_seeds():

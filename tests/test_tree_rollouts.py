@@ -1,6 +1,6 @@
-"""Tree rollouts (``rollout.tree``, toolrl.rollout.tree): forks of a line's trajectory, engine KV,
-environment session and tools; leaf counts, ids, seeds and branch points; the refusal of parts that
-cannot fork; exactness against the same branches run as flat trajectories on the transformers engine,
+"""Tree rollouts (``rollout.tree``, toolrl.rollout.tree): clones of a line's trajectory, engine KV,
+environment session and tools; leaf counts, ids, seeds and split points; the refusal of parts that
+cannot clone; exactness against the same leaves run as flat trajectories on the transformers engine,
 with the shared prefix prefilled once; and the trainer's packing of a tree."""
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from toolrl.model_sources import load_model, qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts
-from toolrl.rollout.episode import start_episode
+from toolrl.rollout.episode import Tree, TreeLine, start_episode
 from toolrl.rollout.loop import finish_tools, take_turn
+from toolrl.rollout.tree import clone_line
 from toolrl.schemas import Sample
-from toolrl.seeds import fork_seed, trajectory_seed
+from toolrl.seeds import continuation_seed, trajectory_seed
 from toolrl.sessions import EnvironmentSession, Reset, SessionKind, StepResult
 from toolrl.testing import ScriptedEngine
 from toolrl.tools import Tool
@@ -30,6 +31,7 @@ from toolrl.training.microbatch import plan
 from toolrl.training.packing import build_batch, input_tokens
 from toolrl.training.prefix_tree import layout
 from toolrl.training.step import response_logprobs
+from toolrl.trajectory import Trajectory
 
 PROMPT = [Sample(prompt=[{"role": "user", "content": "Count the steps."}], index=0)]
 
@@ -39,7 +41,7 @@ def call(**args):
 
 
 class Steps(EnvironmentSession):
-    """Hands out ``step``; its state is the calls it saw; scored by how many. Forks by copying them."""
+    """Hands out ``step``; its state is the calls it saw; scored by how many. Clones by copying them."""
 
     STEP = {"type": "function", "function": {"name": "step", "description": "Take a step.", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
@@ -55,19 +57,19 @@ class Steps(EnvironmentSession):
     async def score(self, trajectory):
         return float(len(self.seen))
 
-    async def fork(self):
+    async def clone(self):
         twin = Steps(self.options, self.context)
         twin.seen = list(self.seen)
         return twin
 
 
 class Stuck(Steps):
-    async def fork(self):
+    async def clone(self):
         raise RuntimeError("no copy of this world")
 
 
 class Tally(Tool):
-    """State where the default lifecycle keeps it (``self.state``): forks by the default's deep copy."""
+    """State where the default lifecycle keeps it (``self.state``): clones by the default's deep copy."""
 
     schema = {"type": "function", "function": {"name": "tally", "description": "Count.", "parameters": {
         "type": "object", "properties": {}}}}
@@ -116,59 +118,98 @@ def test_a_group_holds_n_leaves_of_n_over_width_to_the_depth_trees():
     texts = [ctx.engine.tokenizer.decode(t.response_ids) for t in trajs[:4]]
     for text, ns in zip(texts, [(0, 10, 20), (0, 10, 21), (0, 11, 21), (0, 11, 21)]):
         assert f"seen {list(ns)}" in text
-    # Each leaf's branch point: its latest fork, where its tokens left its line's.
+    # Each leaf's split point: its latest split, where its tokens left its line's.
     first, second = (trajs[0].turn_starts[t] for t in (1, 2))
-    assert [t.branch_point for t in trajs[:4]] == [second] * 4
+    assert [t.split_point for t in trajs[:4]] == [second] * 4
     assert all(t.response_ids[:first] == trajs[0].response_ids[:first] for t in trajs[:4])
-    # The engine session forks with the line: one fork per line per depth.
-    assert ctx.engine.forked[:2] == [("s0-g0-0", ["s0-g0-0.1"]), ("s0-g0-1", ["s0-g0-1.1"])]
-    assert len(ctx.engine.forked) == 2 * 3
+    # The engine session is cloned with the line: one clone per line per depth.
+    assert ctx.engine.cloned[:2] == [("s0-g0-0", ["s0-g0-0.1"]), ("s0-g0-1", ["s0-g0-1.1"])]
+    assert len(ctx.engine.cloned) == 2 * 3
 
 
-def test_a_tool_instance_forks_with_its_state():
+def test_a_clone_holds_copies_of_its_lines_lists():
+    """Each continuation has its own trajectory, conversation, pieces, step rewards and session terms:
+    what one line appends leaves its line and its siblings as they were; only the tree is shared."""
+
+    async def lines():
+        ctx = scripted_context(width=3, depth=1, turn=1)
+        root = await start_episode(ctx, ctx.route_for(PROMPT[0]), PROMPT[0], 0, "s0-g0-0", 1)
+        root.line = TreeLine(Tree())
+        root.closed.append(Trajectory(trajectory_id="s0-g0-0~0", trajectory_key="s0-g0-0", sample_index=0, group=0,
+                                      prompt_ids=[1], response_ids=[2], response_mask=[1]))
+        root.step_rewards.append(0.5)
+        root.session_terms["steps"] = 1.0
+        clones = [await clone_line(root, root.line, c) for c in (1, 2)]
+        for ep in clones:
+            await finish_tools(ep)
+        await finish_tools(root)
+        return root, *clones
+
+    root, one, two = asyncio.run(lines())
+    assert [e.traj.trajectory_id for e in (root, one, two)] == ["s0-g0-0", "s0-g0-0.1", "s0-g0-0.2"]
+    assert [e.closed[0].trajectory_id for e in (one, two)] == ["s0-g0-0.1~0", "s0-g0-0.2~0"]
+    assert one.line.tree is root.line.tree and one.line.path == (1,) and two.line.path == (2,)
+
+    def state(e):
+        return json.dumps([e.traj.model_dump(mode="json"), e.messages, e.step_rewards, e.session_terms,
+                           [p.model_dump(mode="json") for p in e.closed]])
+
+    before = [state(root), state(two)]
+    one.traj.response_ids.append(9)
+    one.traj.turn_starts.append(0)
+    one.messages.append({"role": "user", "content": "only mine"})
+    one.messages[0]["content"] = "changed"
+    one.step_rewards.append(1.0)
+    one.session_terms["steps"] = 5.0
+    one.closed[0].response_ids.append(9)
+    one.closed.append(one.closed[0])
+    assert [state(root), state(two)] == before
+
+
+def test_a_tool_instance_is_cloned_with_its_state():
     tools = {"tally": Tally()}
     ctx = scripted_context(tools=tools, width=3, depth=1, turn=2)
     trajs = asyncio.run(run_rollouts(ctx, PROMPT, n=3, seed=0))
     assert len(trajs) == 3 and all(t.termination == "answered" for t in trajs)
-    assert [t.tool_rewards for t in trajs] == [{"tally": 0.0}] * 3  # created, forked, each released
+    assert [t.tool_rewards for t in trajs] == [{"tally": 0.0}] * 3  # created, cloned, each released
     assert tools["tally"]._instances == {}
 
 
-def test_a_tool_that_cannot_fork_is_unavailable_in_the_copies_only():
-    """What the run check cannot see (a tool a session hands out) is refused at the fork: the copy's
+def test_a_tool_that_cannot_clone_is_unavailable_in_the_clones_only():
+    """What the run check cannot see (a tool a session hands out) is refused at the split: the clone's
     calls to it are errors the model reads, and the tool's error is the copy's."""
     tools = {"tally": Remote()}
     trajs = asyncio.run(run_rollouts(scripted_context(tools=tools, width=2, depth=1, turn=1), PROMPT, n=2, seed=0))
     assert trajs[0].error is None and trajs[0].tool_rewards == {"tally": 0.0}
-    assert trajs[1].tool_errors == {"tally": "fork: the tool cannot fork its state (Tool.fork)"}
+    assert trajs[1].tool_errors == {"tally": "clone: the tool cannot clone its state (Tool.clone)"}
     assert tools["tally"]._instances == {}
 
 
 def test_continuations_sample_apart_and_reproducibly():
-    seeds = {fork_seed(trajectory_seed(7, 0, 0), turn, c) for turn in (1, 2) for c in range(4)}
+    seeds = {continuation_seed(trajectory_seed(7, 0, 0), turn, c) for turn in (1, 2) for c in range(4)}
     assert len(seeds) == 7  # continuation 0 keeps its line's seed at any turn
-    assert fork_seed(100, 1, 0) == 100 and fork_seed(100, 1, 2) == fork_seed(100, 1, 2) != fork_seed(100, 2, 2)
+    assert continuation_seed(100, 1, 0) == 100 and continuation_seed(100, 1, 2) == continuation_seed(100, 1, 2) != continuation_seed(100, 2, 2)
 
 
-def test_a_session_whose_fork_fails_ends_that_continuation_only():
+def test_a_session_whose_clone_fails_ends_that_continuation_only():
     trajs = asyncio.run(run_rollouts(scripted_context(session=Stuck, width=2, depth=1, turn=1), PROMPT, n=2, seed=0))
     assert trajs[0].termination == "answered"
-    assert trajs[1].termination == "error" and "session 'stuck' fork: RuntimeError: no copy of this world" in trajs[1].error
+    assert trajs[1].termination == "error" and "session 'stuck' clone: RuntimeError: no copy of this world" in trajs[1].error
 
 
-def test_a_line_that_ends_before_its_forks_is_made_up_for_from_the_prompt():
-    """The lines answer at turn 3: a fork at turn 5 never comes, so each tree's other leaves start
+def test_a_line_that_ends_before_its_splits_is_made_up_for_from_the_prompt():
+    """The lines answer at turn 3: a split at turn 5 never comes, so each tree's other leaves start
     afresh (sharing the prompt only), and the group still holds n."""
     ctx = scripted_context(width=2, depth=2, turn=5)
     trajs = asyncio.run(run_rollouts(ctx, PROMPT, n=8, seed=0))
-    assert [(t.trajectory_id, t.tree_id, t.branch_point) for t in trajs] == [
+    assert [(t.trajectory_id, t.tree_id, t.split_point) for t in trajs] == [
         (f"s0-g0-{k}{leaf}", k, None if leaf == "" else 0) for k in (0, 1) for leaf in ("", ".r1", ".r2", ".r3")]
     assert all(t.termination == "answered" and t.reward == 3.0 for t in trajs)
-    # Forks due before turns 3 and 4: the lines answer at turn 3, so each of the first fork's two
+    # Splits due before turns 3 and 4: the lines answer at turn 3, so each of the first split's two
     # continuations is one leaf short, made up after it.
     ctx = scripted_context(width=2, depth=2, turn=3)
     trajs = asyncio.run(run_rollouts(ctx, PROMPT, n=4, seed=0))
-    assert [(t.trajectory_id, t.branch_point) for t in trajs] == [
+    assert [(t.trajectory_id, t.split_point) for t in trajs] == [
         ("s0-g0-0", trajs[0].turn_starts[3]), ("s0-g0-0.r1", 0), ("s0-g0-0.1", trajs[0].turn_starts[3]),
         ("s0-g0-0.1.r1", 0)]
 
@@ -184,14 +225,14 @@ def test_the_config_needs_whole_trees():
     assert RolloutConfig(n=8, tree={}).tree.leaves == 4
 
 
-def test_what_cannot_fork_says_so():
-    assert Tally.can_fork() and not Remote.can_fork()
-    assert Steps.can_fork() and not EnvironmentSession.can_fork()
+def test_what_cannot_clone_says_so():
+    assert Tally.can_clone() and not Remote.can_clone()
+    assert Steps.can_clone() and not EnvironmentSession.can_clone()
 
 
-def test_a_session_kind_that_cannot_fork_is_refused_before_weights_load(tmp_path):
+def test_a_session_kind_that_cannot_clone_is_refused_before_weights_load(tmp_path):
     # The fleet kind (core's): its sessions live on servers, which cannot copy one.
-    line, _ = refused(tmp_path, "rollout.tree", "session 'fleet'", "cannot fork",
+    line, _ = refused(tmp_path, "rollout.tree", "session 'fleet'", "cannot clone",
                       session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:9"]}},
                       rollout={"n": 2, "tree": {"width": 2, "depth": 1}})
     assert line.count("\n") == 0
@@ -211,7 +252,7 @@ class User(Steps):
         self.seen.append(message)
         return f"Go on ({len(self.seen)})." if len(self.seen) < 3 else None
 
-    async def fork(self):
+    async def clone(self):
         twin = User(self.options, self.context)
         twin.seen = list(self.seen)
         return twin
@@ -243,7 +284,7 @@ def engine_context(path, model, tokenizer, tree, **options):
 
 
 async def replay(ctx, leaf, tree, seed):
-    """``leaf`` generated as a flat trajectory: its own engine session, its seed changed at each fork turn
+    """``leaf`` generated as a flat trajectory: its own engine session, its seed changed at each split turn
     as the leaf's path says (its id's suffix)."""
     path = [int(c) for c in leaf.trajectory_id.split("-")[-1].split(".")[1:]]
     path += [0] * (tree.depth - len(path))
@@ -252,7 +293,7 @@ async def replay(ctx, leaf, tree, seed):
     while ending is None:
         depth = ep.traj.turns - tree.turn
         if 0 <= depth < tree.depth:
-            ep.seed = fork_seed(ep.seed, ep.traj.turns, path[depth])
+            ep.seed = continuation_seed(ep.seed, ep.traj.turns, path[depth])
         ending = await take_turn(ep)
     await finish_tools(ep)
     return ep.traj
@@ -295,11 +336,11 @@ def assert_leaves_are_flat(leaves, flat, exact):
             torch.testing.assert_close(tree_leaf.logprobs, flat_leaf.logprobs, rtol=0, atol=1e-5)
 
 
-def test_a_trees_leaves_are_its_branches_generated_flat_bit_for_bit(solo):
+def test_a_trees_leaves_are_generated_flat_bit_for_bit(solo):
     assert_leaves_are_flat(*solo[:2], exact=True)
 
 
-def test_batched_the_leaves_are_the_flat_branches_within_float_rounding(batched):
+def test_batched_the_leaves_are_the_flat_ones_within_float_rounding(batched):
     """Batched, a row's attention and matmuls run beside other rows (the tree's continuations decode
     together), which sums in another order: the tokens are the same, the logprobs within 1e-5, as
     the engine's batched rows are against solo ones (tests/test_transformers_engine.py)."""
@@ -315,8 +356,8 @@ def new_tokens(t, k):
 
 def test_the_shared_prefix_is_prefilled_once(batched):
     """Flat, each leaf prefills its prompt and each turn's new tokens; the tree prefills the prompt
-    once and each turn's new tokens once per distinct line: the continuations of a fork reuse the
-    line's KV (fork_session) and prefill their first turn's new tokens together."""
+    once and each turn's new tokens once per distinct line: the continuations of a split reuse the
+    line's KV (clone_session) and prefill their first turn's new tokens together."""
     leaves, _, tree_stats, flat_stats = batched
     prompt = len(leaves[0].prompt_ids)
     assert flat_stats.prefilled_tokens == sum(prompt + new_tokens(t, 1) + new_tokens(t, 2) for t in leaves)
@@ -346,7 +387,7 @@ def test_the_trainers_logprobs_of_a_packed_tree_equal_the_unshared(batched, mode
     torch.testing.assert_close(shared, unshared, rtol=0, atol=1e-5)
 
 
-def test_a_route_whose_session_and_tools_fork_passes_the_check(tmp_path):
+def test_a_route_whose_session_and_tools_clone_passes_the_check(tmp_path):
     from test_run_check import passes_with
 
     assert passes_with(tmp_path, rollout={"n": 4, "tree": {"width": 2, "depth": 2}}) == []
@@ -357,8 +398,8 @@ def test_trees_that_do_not_divide_n_are_one_line(tmp_path):
 
 
 @pytest.mark.parametrize(("entry", "why"), [
-    ({"class_name": "test_tree_rollouts.Remote"}, "defines no Tool.fork"),
+    ({"class_name": "test_tree_rollouts.Remote"}, "defines no Tool.clone"),
     ({"class_name": "calculator", "config": {"isolation": "process"}}, "it runs in a worker process")])
-def test_a_tool_that_cannot_fork_is_refused_before_weights_load(tmp_path, entry, why):
-    refused(tmp_path, "rollout.tree", "cannot fork its per-trajectory state", why, tools={"entries": [entry]},
+def test_a_tool_that_cannot_clone_is_refused_before_weights_load(tmp_path, entry, why):
+    refused(tmp_path, "rollout.tree", "cannot clone its per-trajectory state", why, tools={"entries": [entry]},
             rollout={"n": 2, "tree": {"width": 2, "depth": 1}})

@@ -315,15 +315,12 @@ class AgentConfig(BaseModel):
 
 
 class TreeConfig(Section):
-    """``rollout.tree``: tree rollouts (toolrl.rollout.tree). A line forks before model turn ``turn``
-    (0-based) into ``width`` continuations (itself and ``width - 1`` copies), and each continuation
-    forks again at the next turn, ``depth`` times: a tree of ``width ** depth`` leaves (those of a
-    line that ends before its forks start afresh from the prompt). ``rollout.n`` stays the leaves
-    trained per prompt: ``n / width ** depth`` trees per group."""
+    """``rollout.tree``: tree rollouts (toolrl.rollout.tree), trees of ``width ** depth`` leaves; ``rollout.n``
+    stays the leaves trained per prompt: ``n / width ** depth`` trees per group."""
 
-    width: int = Field(2, ge=2, le=64, description="continuations each fork makes (the line is one)")
-    depth: int = Field(2, ge=1, le=8, description="forks along a root-to-leaf path, at consecutive turns")
-    turn: int = Field(1, ge=1, description="the model turn (0-based) the first fork generates anew")
+    width: int = Field(2, ge=2, le=64, description="continuations each split makes (the line is one)")
+    depth: int = Field(2, ge=1, le=8, description="splits along a root-to-leaf path, at consecutive turns")
+    turn: int = Field(1, ge=1, description="the model turn (0-based) the first split generates anew")
 
     @property
     def leaves(self) -> int:
@@ -356,7 +353,7 @@ class RolloutConfig(Section):
     # An agent program that runs each episode, its model calls going through the gateway (toolrl.gateway)
     # and recorded as the trajectory. None: toolrl's own loop (above) runs it.
     agent: AgentConfig | None = None
-    # Tree rollouts: lines that fork their turns' prefix, KV, session and tools (toolrl.rollout.tree).
+    # Tree rollouts: lines that split, cloning their turns' prefix, KV, session and tools (toolrl.rollout.tree).
     tree: TreeConfig | None = None
 
     @field_validator("tree")

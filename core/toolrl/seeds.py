@@ -1,7 +1,7 @@
 """Every seed a run derives, in one place. Two roots:
 
 - ``rollout.seed``: what is sampled. A step's, a group's, a trajectory's, a turn's, a branch's and a
-  tree rollout's continuation's (:func:`fork_seed`) sampling seeds, and the engines' per-sample
+  tree rollout's continuation's (:func:`continuation_seed`) sampling seeds, and the engines' per-sample
   streams of one seeded request (:func:`sample_seed`).
 - ``trainer.seed``: what is trained on, in which order, and the processes' own randomness. The data
   order of an epoch (:func:`epoch_seed`), the interleaving of an environment mixture
@@ -11,20 +11,16 @@
 An engine's own ``seed`` option seeds only requests sent without one (:func:`unseeded`): a rollout
 always sends one.
 
-Each is a pure function of its root and a position (step, group, sample, turn, branch, fork, epoch),
+Each is a pure function of its root and a position (step, group, sample, turn, branch, split, epoch),
 so a resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds
 it had.
 
-Two kinds of derivation, because two needs differ. A trajectory's seed is linear in its step, group and
-sample (``rollout.seed + STEP·step + GROUP·group + SAMPLE·k``): the asynchronous loop numbers groups
-globally and :func:`group_seed` must land on the synchronous loop's seeds, which takes strides; those
-are distinct over any realistic run (tests/test_seeds.py counts them). Turns, branches and forks hang
-under a trajectory, where a stride cannot keep clear of the other trajectories' seeds: ``seed + 7919·t``,
-the stride this module once used, gave 68,796 turn seeds twice over a 1,000-step run of 32 groups of 16
-with 32 turns. So a trajectory's descendants are a hash of its seed, the kind of descendant and its
-index, 63 bits (:func:`_child`), apart from each other and from every trajectory seed but with
-negligible probability (the test checks a realistic run). Turn 0 and continuation 0 keep their
-parent's seed, so a trajectory's first turn samples with the trajectory's own seed.
+A trajectory's seed is linear in its step, group and sample (``rollout.seed + STEP·step + GROUP·group
++ SAMPLE·k``), so that :func:`group_seed` (the asynchronous loop numbers groups globally) lands on the
+synchronous loop's seeds. Its turns, branches and continuations are a 63-bit hash of its seed, the kind
+and the index (:func:`_child`): a stride there met other trajectories' seeds (``seed + 7919·t`` gave
+68,796 turn seeds twice over a 1,000-step run of 32 groups of 16 with 32 turns). tests/test_seeds.py
+checks a realistic run. Turn 0 and continuation 0 keep their parent's seed.
 """
 
 from __future__ import annotations
@@ -42,8 +38,8 @@ MASK = 0x7FFF_FFFF_FFFF_FFFF  # the 63 bits a torch generator (and vLLM's) takes
 
 
 def _child(parent: int, kind: str, index: int) -> int:
-    """The seed of descendant ``index`` of kind ``kind`` (turn, branch, fork) of a seed ``parent``: 63
-    bits of BLAKE2b, the same on every platform and Python."""
+    """The seed of descendant ``index`` of kind ``kind`` (turn, branch, fork: a split's continuation,
+    the name it had, kept so its seeds stay) of ``parent``: 63 bits of BLAKE2b, the same everywhere."""
     digest = hashlib.blake2b(f"{kind}:{parent}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & MASK
 
@@ -77,13 +73,11 @@ def branch_seed(trajectory: int, branch: int) -> int:
     return _child(trajectory, "branch", branch)
 
 
-def fork_seed(line: int, turn: int, continuation: int) -> int:
-    """The seed continuation ``continuation`` of a tree rollout's fork before turn ``turn`` goes on
-    with (toolrl.rollout.tree), its line seeded ``line``. Continuation 0 is the line itself, its seed
-    unchanged (so a tree's first leaf is the flat trajectory of its seed); the others differ from it,
-    from each other, and from those of a fork of the same line at another turn (``rollout.tree.width``
-    is at most 64). Leaf ``k`` made up for a line that ended before its forks is continuation ``k``
-    of a fork at turn 0 (the prompt)."""
+def continuation_seed(line: int, turn: int, continuation: int) -> int:
+    """The seed of continuation ``continuation`` of a tree rollout's split before turn ``turn`` of the line
+    seeded ``line``: 0 keeps the line's (a tree's first leaf is the flat trajectory of its seed), the others
+    differ from it, each other and those of another turn's split (``width`` ≤ 64). Leaf ``k`` made up for a
+    line that ended before its splits is continuation ``k`` of a split at turn 0."""
     return _child(line, "fork", 64 * turn + continuation) if continuation else line
 
 

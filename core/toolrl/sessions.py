@@ -15,8 +15,8 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
     state_key() -> str | None                     before each model turn: a key for the environment's state
                                                   (turn-level credit, ``gigpo``); None: the observation's tokens
     score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
-    fork() -> session                             rollout.tree only: an independent copy in this state
-                                                  (not defined: the kind cannot fork, and the run check says so)
+    clone() -> session                            rollout.tree only: an independent copy in this state
+                                                  (not defined: the kind cannot clone, and the run check says so)
     close()                                       always: also after errors, timeouts, cancellation
 
 The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session
@@ -190,16 +190,16 @@ class EnvironmentSession:
     async def close(self) -> None:
         """Free the trajectory's resources."""
 
-    async def fork(self) -> EnvironmentSession:
+    async def clone(self) -> EnvironmentSession:
         """An independent session in this one's state (a tree rollout's continuations,
         toolrl.rollout.tree): the two go on apart, each scored and closed. A kind that overrides it can
-        fork; this default cannot, and the run check refuses ``rollout.tree`` for it."""
-        raise NotImplementedError(f"{type(self).__name__} cannot fork")
+        clone; this default cannot, and the run check refuses ``rollout.tree`` for it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot clone")
 
     @classmethod
-    def can_fork(cls) -> bool:
-        """Whether the kind's sessions fork (it overrides :meth:`fork`)."""
-        return cls.fork is not EnvironmentSession.fork
+    def can_clone(cls) -> bool:
+        """Whether the kind's sessions clone (it overrides :meth:`clone`)."""
+        return cls.clone is not EnvironmentSession.clone
 
 
 @dataclass
@@ -296,19 +296,19 @@ class SessionRun:
             self.fail(str(exc), isinstance(exc, InfrastructureError))
             return Reset()
 
-    async def fork(self, trajectory_id: str) -> SessionRun:
-        """The run of trajectory ``trajectory_id``, a continuation of this one: the session forked
-        under the guard, the run's state copied. A fork that fails is the new run's ``error``."""
+    async def clone(self, trajectory_id: str) -> SessionRun:
+        """The run of trajectory ``trajectory_id``, a continuation of this one: the session cloned
+        under the guard, the run's state copied. A clone that fails is the new run's ``error``."""
         twin = SessionRun(self.kind, trajectory_id)
         twin.error, twin.infrastructure, twin.done = self.error, self.infrastructure, self.done
         twin.started, twin.timeout = self.started, self.timeout
         if self.session is not None:
             try:
-                forked = await self._run("fork", self.session.fork)
-                if not isinstance(forked, EnvironmentSession):
-                    raise SessionError(f"session {self.name!r} fork returned {type(forked).__name__}, "
+                cloned = await self._run("clone", self.session.clone)
+                if not isinstance(cloned, EnvironmentSession):
+                    raise SessionError(f"session {self.name!r} clone returned {type(cloned).__name__}, "
                                        "not an EnvironmentSession")
-                twin.session = forked
+                twin.session = cloned
             except SessionError as exc:
                 twin.fail(str(exc), isinstance(exc, InfrastructureError))
         return twin
@@ -448,7 +448,7 @@ class SessionTool(Tool):
         """None: the session scores the trajectory (``score``), not its tools."""
         return None
 
-    async def fork(self, instance_id: str, new_instance_id: str) -> str:
-        """Nothing to copy: the state is the session's, forked with it (a continuation's copy of this
-        tool is bound to its forked session)."""
+    async def clone(self, instance_id: str, new_instance_id: str) -> str:
+        """Nothing to copy: the state is the session's, cloned with it (a continuation's copy of this
+        tool is bound to its cloned session)."""
         return new_instance_id

@@ -5,6 +5,7 @@ the agent loop, so the training side never imports the loop to read its output.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -19,8 +20,8 @@ from pydantic import (
 
 from toolrl.schemas import ParseError, ToolResult
 
-# "forked": a piece closed because the template rewrote history (toolrl.renderers.rewrite) or the context
-# policy edited the context (toolrl.context: the next piece's ``edit`` says how); "done": the
+# "forked": a piece closed because the template rewrote history (toolrl.renderers.rewrite), the context
+# policy edited the context or a fold branch ended (toolrl.context: the next piece's ``edit`` says how); "done": the
 # environment session ended the episode (toolrl.sessions); "infra_error": the infrastructure failed
 # (toolrl.schemas.InfrastructureError), so the trajectory is not trained and not in its group's baseline.
 Termination = Literal["answered", "max_turns", "max_response_tokens", "length", "error", "forked", "done",
@@ -94,8 +95,8 @@ class Trajectory(BaseModel):
     """Everything one trajectory produced; the trainer reads nothing else."""
 
     trajectory_id: str
-    # The whole trajectory's id, shared by its pieces when the template rewrite rule forked it
-    # (toolrl.renderers.rewrite); empty: a trajectory in one piece.
+    # The whole trajectory's id, shared by its pieces when it forked (a template rewrite, a context edit,
+    # a fold branch; ids below); empty: a trajectory in one piece.
     trajectory_key: str = ""
     piece: int = 0
     sample_index: int
@@ -146,9 +147,9 @@ class Trajectory(BaseModel):
     turn_starts: list[int] = Field(default_factory=list)
     turn_states: list[str] = Field(default_factory=list)
     # Tree rollouts (rollout.tree): the tree of its group this trajectory is a leaf of (None: a flat
-    # rollout), and where it left the line it branched from (response tokens before it are shared).
+    # rollout), and where it left the line it split from (response tokens before it are shared).
     tree_id: int | None = None
-    branch_point: int | None = None
+    split_point: int | None = Field(None, validation_alias=AliasChoices("split_point", "branch_point"))  # its old name
 
     @property
     def key(self) -> str:
@@ -189,3 +190,45 @@ def append_tokens(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], log
 def cut_response(traj: Trajectory, end: int) -> None:
     """A trajectory's response cut to its first ``end`` tokens (their masks and log-probs with them)."""
     del traj.response_ids[end:], traj.response_mask[end:], traj.logprobs[end:]
+
+
+# Trajectory ids, made and read here only (docs/rollouts.md): a root ``[prefix]s<sample>-g<group>-<k>``, a tree
+# line's path (``.1.0``, ``.r2`` a made-up leaf), then a part (``~<n>`` a closed piece, ``~branch<n>`` a fold
+# branch and ``#<n>`` a gateway segment while they run; none: the last piece, whose id is the trajectory's key).
+ID_MARKS = {"piece": "~", "branch": "~branch", "segment": "#"}
+_ID = re.compile(r"(?P<root>[^.~#]+)(?P<path>(?:\.r?\d+)*)(?P<part>(?:~branch|~|#)\d+)?")
+
+
+def read_id(tid: str) -> tuple[str, tuple[str, ...], str]:
+    """``tid``'s root, tree path and part (its mark and number, ``~3``; empty: none), which make it again."""
+    if (m := _ID.fullmatch(tid)) is None:
+        raise ValueError(f"not a trajectory id: {tid!r}")
+    return m["root"], tuple(m["path"].split(".")[1:]), m["part"] or ""
+
+
+def call_prefix(kind: str, number: int) -> str:
+    return f"{kind}{number}-"  # a rollout call's: t<step> a training step's, e<step> a streamed one's, eval<chunk>
+
+
+def prefixed_id(prefix: str, tid: str) -> str:
+    return prefix + tid  # a recorded trajectory's id, as the rollout call ``prefix`` names returns it
+
+
+def root_id(prefix: str, sample: int | None, group: int, k: int) -> str:
+    return f"{prefix}s{sample}-g{group}-{k}"
+
+
+def part_id(key: str, part: Literal["piece", "branch", "segment"], index: int) -> str:
+    return f"{key}{ID_MARKS[part]}{index}"  # ``key``: a trajectory's, or a tree line's
+
+
+def line_id(key: str, path: tuple[int, ...]) -> str:
+    return read_id(key)[0] + "".join(f".{s}" for s in path)  # the line at ``path`` in the tree of the line ``key``
+
+
+def made_up_id(key: str, k: int) -> str:
+    return f"{key}.r{k}"  # leaf ``k`` made up from the prompt for the tree line ``key``
+
+
+def moved_id(tid: str, key: str) -> str:
+    return key + read_id(tid)[2]  # ``tid`` (a part of one line) as the line ``key`` (its clone) names it

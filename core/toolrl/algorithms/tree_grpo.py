@@ -1,6 +1,6 @@
 """Tree-GRPO (Ji et al. 2025, "Tree Search for LLM Agent Reinforcement Learning", arXiv 2509.21240,
 §3, its tree-based advantage estimation): GRPO over tree rollouts (``rollout.tree``), where a prompt's
-group holds the leaves of several trees and the leaves of one tree share the turns before they branched.
+group holds the leaves of several trees and the leaves of one tree share the turns before they split.
 
 Each leaf (a complete trajectory, ``Trajectory.tree_id`` naming its tree within its group) is compared
 at two levels, with only its outcome reward:
@@ -12,7 +12,7 @@ and ``A_i = A_intra(i) + A_inter(i)``, one number broadcast over the leaf's toke
 estimator). ``F`` is the set's unbiased std plus ``eps`` (``norm_by_std: false``: 1); a set of one gives
 0 (:func:`toolrl.algorithms.advantages.group_normalised`). The step-level signal the paper derives (its analysis: intra-tree GRPO is step-level preference
 learning) comes from the shared prefix: its tokens are trained in every leaf that holds them (once per shared
-token with ``optim.share_prefixes``, which sums the copies' gradients), so a turn before a branch gets
+token with ``optim.share_prefixes``, which sums the copies' gradients), so a turn before a split gets
 the sum of its leaves' advantages, and a turn after it only its own leaf's.
 
 A flat rollout has no trees (``tree_id`` None): the run check refuses ``tree_grpo`` without

@@ -48,7 +48,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
 from toolrl.seeds import epoch_seed, group_seed, step_seed
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import Trajectory, call_prefix
 
 # A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
 AHEAD = "ahead.pt"
@@ -158,7 +158,7 @@ class StepBatches:
         prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
         began = time.perf_counter()
         trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
-                                        id_prefix=f"t{step + 1}-")
+                                        id_prefix=call_prefix("t", step + 1))
         self.position = first + size
         kept = trainable(trajs)
         # A group its infrastructure failures dropped whole counts as skipped.

@@ -210,7 +210,7 @@ class RolloutEngine(ABC):
     def end_session(self, session_id: str) -> None:
         """Forget cached state of a finished trajectory."""
 
-    def fork_session(self, session_id: str, into: Sequence[str]) -> None:
+    def clone_session(self, session_id: str, into: Sequence[str]) -> None:
         """Give each session of ``into`` what is kept for ``session_id``, as if its turns had been
         theirs (a tree rollout's continuations, toolrl.rollout.tree): their next requests then prefill
         only what follows. This default keeps nothing, which is right for an engine that keeps no

@@ -88,7 +88,7 @@ class TransformersEngineConfig(BaseModel):
     max_sessions: int = Field(1024, ge=0, description="Kept session caches (least recently used dropped).")
     seed: int | None = Field(None, description="Seeds requests whose SamplingParams.seed is None.")
     share_prompts: bool = Field(True, description="Prefill a prompt that several admitted requests share (a "
-                                "group's n trajectories) once and fork its KV to them.")
+                                "group's n trajectories) once and clone its KV to them.")
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
                                 "was routed to (Generation.routed_experts), for algorithm.routing_replay: r3.")
 
@@ -321,8 +321,8 @@ class TransformersEngine(RolloutEngine):
         with self._sessions_lock:
             self._sessions.pop(session_id, None)
 
-    def fork_session(self, session_id: str, into: Sequence[str]) -> None:
-        # The copies share the kept tensors (nothing writes them in place), so their first requests,
+    def clone_session(self, session_id: str, into: Sequence[str]) -> None:
+        # The clones share the kept tensors (nothing writes them in place), so their first requests,
         # with one prompt, are prefilled once (_prompt_sources).
         with self._sessions_lock:
             kept = self._sessions.get(session_id)
@@ -511,7 +511,7 @@ class TransformersEngine(RolloutEngine):
         any; returns a batch with one row per sample. A prompt is prefilled once for all its samples:
         those of a request with n > 1 and (``share_prompts``) those of admitted requests with the same
         prompt and no kept session, which is how a group's trajectories arrive, or the same kept KV,
-        which is how a tree rollout's continuations arrive (:meth:`fork_session`)."""
+        which is how a tree rollout's continuations arrive (:meth:`clone_session`)."""
         reused = [self._take_session(req) for req in admitted]
         source, unique = self._prompt_sources(admitted, reused)
         group, logits = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
@@ -543,7 +543,7 @@ class TransformersEngine(RolloutEngine):
         unique: list[int] = []
         for i, (req, kept) in enumerate(zip(admitted, reused)):
             # Image tokens are alike whatever the image: a prompt with images is keyed by them too; one on
-            # kept KV, by that KV (forked sessions share it: fork_session).
+            # kept KV, by that KV (cloned sessions share it: clone_session).
             kv = None if kept is None else (kept.keys[0].data_ptr(), len(kept.tokens))
             key = (tuple(req.prompt), tuple(i.png for i in req.images), kv) if self.config.share_prompts else None
             if key is not None and key in first:

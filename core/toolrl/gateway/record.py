@@ -30,7 +30,7 @@ from toolrl.engines import Generation
 from toolrl.gateway.protocol import is_assistant_key
 from toolrl.renderers.chat import ChatRenderer, TemplateError
 from toolrl.schemas import ParseError
-from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end
+from toolrl.trajectory import Termination, Trajectory, append_tokens, cut_response, model_tokens_end, part_id
 
 
 @dataclass
@@ -107,7 +107,7 @@ class EpisodeRecord:
         return best
 
     def _open(self, prompt_ids: list[int], renderer: ChatRenderer, tools: str, keys: list[str]) -> Segment:
-        traj = Trajectory(trajectory_id=f"{self.key}#{next(self._ids)}", sample_index=self.sample_index,
+        traj = Trajectory(trajectory_id=part_id(self.key, "segment", next(self._ids)), sample_index=self.sample_index,
                           group=self.group, env=self.env, prompt_ids=list(prompt_ids), ground_truth=self.ground_truth)
         segment = Segment(traj, renderer, tools, list(keys))
         self.segments.append(segment)
@@ -163,7 +163,7 @@ class EpisodeRecord:
             traj = segment.traj
             cut_response(traj, model_tokens_end(traj.response_mask))
             final = k == len(ordered) - 1
-            traj.trajectory_id = self.key if final else f"{self.key}~{k}"
+            traj.trajectory_id = self.key if final else part_id(self.key, "piece", k)
             traj.trajectory_key = self.key if len(ordered) > 1 else ""
             traj.piece = k
             traj.termination = termination if final else "forked"

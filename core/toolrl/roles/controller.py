@@ -64,7 +64,7 @@ from toolrl.run_dir import (
     step_line,
 )
 from toolrl.seeds import step_seed
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import Trajectory, call_prefix
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
@@ -218,7 +218,7 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                 prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
-                                                 id_prefix=f"e{step + 1}-")
+                                                 id_prefix=call_prefix("e", step + 1))
                 row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
                 run_dir.write_traces(step + 1, trajs, roles.tokenizer)
                 run_dir.append_metrics(row)

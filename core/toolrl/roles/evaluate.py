@@ -42,7 +42,7 @@ from toolrl.roles.start import start_roles
 from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
 from toolrl.seeds import step_seed
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import Trajectory, call_prefix
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -97,7 +97,7 @@ async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
     out: list[tuple[Sample, int, Trajectory]] = []
     for c, start in enumerate(range(0, len(samples), size)):
         chunk = samples[start:start + size]
-        trajs = await rollouts.run(chunk, n, seed=step_seed(config.rollout.seed, c), id_prefix=f"eval{c}-")
+        trajs = await rollouts.run(chunk, n, seed=step_seed(config.rollout.seed, c), id_prefix=call_prefix("eval", c))
         seen: Counter[int] = Counter()
         for t in trajs:
             if t.termination == "forked":  # a closed piece; its trajectory is scored on its last piece

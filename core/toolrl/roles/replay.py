@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrl.schemas import Sample
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import Trajectory, prefixed_id
 
 if TYPE_CHECKING:
     from toolrl.roles import RolloutGroup
@@ -30,8 +30,8 @@ class Replay:
         trajs: list[Trajectory] = getattr(sample, "trajectories", None) or []
         if not trajs:
             raise ValueError(f"sample {sample.index} carries no recorded trajectories")
-        return [t.model_copy(deep=True, update={"group": group, "sample_index": sample.index or 0,
-                                                "trajectory_id": f"{id_prefix}{t.trajectory_id}"}) for t in trajs]
+        return [t.model_copy(deep=True, update={"trajectory_id": prefixed_id(id_prefix, t.trajectory_id),
+                                                "group": group, "sample_index": sample.index or 0}) for t in trajs]
 
     async def check_trainable(self) -> str | None:
         return None  # recorded rows carry token ids and the engine's logprobs

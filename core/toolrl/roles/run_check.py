@@ -11,7 +11,7 @@ returns warning lines for a setting that runs but wastes the run. Besides the pa
 run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
 names (a skeleton on the meta device: no weights), routing replay against the model's experts,
 ``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
-kind and tools (whether they fork). ``toolrl train CONFIG --check`` runs every check and
+kind and tools (whether they clone). ``toolrl train CONFIG --check`` runs every check and
 stops.
 """
 
@@ -91,24 +91,24 @@ def _part_checks(facts: RunFacts, parts: Parts) -> list[str]:
 
 
 def check_tree(facts: RunFacts, parts: Parts) -> None:
-    """``rollout.tree`` forks each line's environment session and tools (toolrl.rollout.tree): a route
-    whose session kind or tool cannot fork, or whose episodes an agent program runs, is refused."""
+    """``rollout.tree`` clones each line's environment session and tools (toolrl.rollout.tree): a route
+    whose session kind or tool cannot clone, or whose episodes an agent program runs, is refused."""
     if facts.config.rollout.tree is None:
         return
     where = facts.where("rollout.tree")
     for route in parts.routes.values():
         if route.agent is not None:
             raise ConfigError(f"{where}: an agent program ({facts.where('rollout.agent')}) runs its own episodes, "
-                              "which the loop cannot fork")
-        if route.session is not None and not route.session.cls.can_fork():
-            raise ConfigError(f"{where}: session {route.session.name!r} ({route.session.where}) cannot fork its "
-                              "state (its EnvironmentSession defines no fork)")
+                              "which the loop cannot clone")
+        if route.session is not None and not route.session.cls.can_clone():
+            raise ConfigError(f"{where}: session {route.session.name!r} ({route.session.where}) cannot clone its "
+                              "state (its EnvironmentSession defines no clone)")
         for entry in (e for f in route.tool_files for e in f.tools):
             isolated = (entry.config.model_extra or {}).get("isolation") == "process"
-            if isolated or not resolve_tool_class(entry.class_name).can_fork():
-                raise ConfigError(f"{where}: tool {entry.class_name!r} cannot fork its per-trajectory state ("
+            if isolated or not resolve_tool_class(entry.class_name).can_clone():
+                raise ConfigError(f"{where}: tool {entry.class_name!r} cannot clone its per-trajectory state ("
                                   + ("it runs in a worker process)" if isolated else
-                                     "it keeps it outside Tool.state and defines no Tool.fork)"))
+                                     "it keeps it outside Tool.state and defines no Tool.clone)"))
 
 
 # -- the template ------------------------------------------------------------------------------------

@@ -2,11 +2,10 @@
 
 - ``loop``: the turn loop, top to bottom: every sample × n concurrently, each trajectory's turns
   (generate, parse, run the calls, show the results) until one ends it, then its score.
-- ``episode``: one trajectory in progress: its start (session reset, tools, prompt) and the model's
-  part of a turn.
+- ``episode``: a line in progress (main line, fold branch, tree line): its start, the model's turn.
+- ``tree``: tree rollouts, lines that split into clones; ``branches``: fold's sub-tasks.
 - ``results``: the calls' results and parse errors as the tokens the model reads next.
 - ``segments``: a trajectory in pieces: template forks and the context policy's edits.
-- ``branches``: fold's branches, a sub-task run as a segment of its own.
 - ``agent``: an agent program runs the episode instead, through the gateway.
 - ``reward``: a finished trajectory's score, given to every piece.
 - ``rollout_context``: each environment's :class:`Route` and the :class:`RolloutContext` holding them.

@@ -1,19 +1,17 @@
-"""Fold's branches: a branch call (the context policy's tool) runs its sub-task as a segment of its own
-(the trajectory's key, reward and advantage), whose prompt is the template's rendering of the
-branch's messages; its answer is the call's result, and the calling line goes on without the
-branch's turns. The turn loop runs the branch's turns between :func:`open_branch` and
-:func:`close_branch` (toolrl.rollout.loop.run_branch)."""
+"""Fold's branches: a branch call (the context policy's tool) runs its sub-task as a segment of its own,
+prompted with the branch's messages; its answer is the call's result, and the calling line goes on
+without its turns, which the turn loop runs between :func:`open_branch` and :func:`close_branch`."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from toolrl.context import Branch, ContextView
-from toolrl.rollout.episode import Episode
+from toolrl.rollout.episode import Episode, FoldBranch
 from toolrl.rollout.segments import ContextError
 from toolrl.schemas import ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import branch_seed
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end, part_id
 
 
 def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:
@@ -32,7 +30,7 @@ def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResu
 
 def open_branch(ep: Episode, branch: Branch) -> Episode:
     """The branch's episode: the trajectory's tools and session, its own turn limit, its own engine
-    session (so the engine keeps the main line's KV), and a new segment that records the edit."""
+    session (its id, so the engine keeps the main line's KV), and a new segment that records the edit."""
     traj, policy = ep.traj, ep.route.context
     if traj.images or ep.route.parser.result_mode == "inline" or policy is None:
         raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
@@ -40,14 +38,13 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     prompt = ep.renderer.conversation_ids(branch.messages)
     record = ContextEdit(policy=policy.name, action="fold", turn=traj.turns, tokens_before=ep.context_tokens,
                          tokens_after=len(prompt), task=branch.task)
-    twig = Trajectory(trajectory_id=f"{traj.key}~branch{len(ep.closed)}", trajectory_key=traj.key,
+    twig = Trajectory(trajectory_id=part_id(traj.key, "branch", len(ep.closed)), trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
                       ground_truth=traj.ground_truth, edit=record)
-    return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset,
-                   twig, branch_seed(ep.seed, len(ep.closed) + 1), ep.session,
-                   messages=list(branch.messages), step_rewards=ep.step_rewards, session_terms=ep.session_terms,
-                   closed=ep.closed, task=ep.task, outer=ep.outer + len(traj.response_ids),
-                   engine_session=twig.trajectory_id)
+    return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
+                   branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
+                   ep.session_terms, ep.closed, ep.task, FoldBranch(  # the tokens of the lines that wait on it
+                       ep.response_tokens - sum(len(p.response_ids) for p in ep.closed)))
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:
@@ -60,7 +57,7 @@ def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, endi
     twig.edit.result = answer
     end, piece = model_tokens_end(twig.response_mask), len(ep.closed)  # what follows its answer trains nothing
     del twig.response_ids[end:], twig.response_mask[end:], twig.logprobs[end:]
-    twig.trajectory_id, twig.piece, twig.termination = f"{traj.key}~{piece}", piece, "forked"
+    twig.trajectory_id, twig.piece, twig.termination = part_id(traj.key, "piece", piece), piece, "forked"
     ep.closed.append(twig)
     traj.trajectory_key, traj.piece = traj.key, piece + 1
     return ToolResult(name=call.name, arguments=call.arguments, response=ToolResponse(text=answer),

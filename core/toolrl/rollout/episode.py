@@ -1,6 +1,6 @@
-"""One trajectory in progress (:class:`Episode`): how it starts (the session's reset, its tools, its
-prompt and images), and the model's part of a turn (:func:`generate`, :func:`answer_of`). The turn
-loop (toolrl.rollout.loop) and the context edits (toolrl.rollout.segments) work on it."""
+"""A line of a trajectory in progress (:class:`Episode`; its ``line``: :class:`MainLine`, :class:`FoldBranch`
+or :class:`TreeLine`): how it starts (the session's reset, its tools, its prompt and images), and the
+model's part of a turn (:func:`generate`, :func:`answer_of`)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,34 @@ from toolrl.tools import ToolSet
 from toolrl.trajectory import Trajectory, TrajectoryImage, append_tokens
 
 
+@dataclass(frozen=True)
+class MainLine:
+    """A trajectory's own line (a flat rollout's only one)."""
+
+
+@dataclass(frozen=True)
+class FoldBranch:
+    """A fold sub-task (toolrl.rollout.branches), adding to its caller's pieces, step rewards and terms."""
+
+    outer: int  # the response tokens of the lines waiting on it
+
+
+class Tree(list["asyncio.Task[Episode]"]):
+    """A tree rollout's clones, each run as a task (toolrl.rollout.tree): what its lines share."""
+
+
+@dataclass(frozen=True)
+class TreeLine:
+    """A tree rollout's line: its tree, its continuation at each split so far (0: it went on as the line)."""
+
+    tree: Tree
+    path: tuple[int, ...] = ()
+
+
 @dataclass
 class Episode:
-    """One trajectory in progress: what its turns read (the rollout context: its config, engine and
-    whether sessions give state keys; the route, renderer, tools, seed, session) and what they write
-    (the trajectory, the tools' step rewards, the session's terms)."""
+    """One line of a trajectory in progress: what its turns read (the rollout context, route, renderer,
+    tools, seed, session) and write (the trajectory, the tools' step rewards, the session's terms)."""
 
     ctx: RolloutContext
     route: Route
@@ -39,21 +62,15 @@ class Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for history checks
     step_rewards: list[float] = field(default_factory=list)
     session_terms: dict[str, float] = field(default_factory=dict)  # the session's score, as reward terms
-    closed: list[Trajectory] = field(default_factory=list)  # pieces closed by forks, context edits, branches
+    closed: list[Trajectory] = field(default_factory=list)  # the pieces closed so far (toolrl.rollout.segments)
     task: int = 0  # the first messages, the task: every context policy keeps them
-    # A branch (fold): the response tokens of the lines waiting on it, and its own engine session.
-    outer: int = 0
-    engine_session: str = ""
-    # A tree's line (toolrl.rollout.tree): forks made along its path, its continuation index at each
-    # fork it was copied at (its id's suffix), and the tree's forked lines (shared by them all).
-    depth: int = 0
-    path: tuple[int, ...] = ()
-    lines: list[asyncio.Task[Episode]] = field(default_factory=list)
+    line: MainLine | FoldBranch | TreeLine = MainLine()
 
     @property
     def response_tokens(self) -> int:
-        """Response tokens of the whole trajectory (every piece's)."""
-        return self.outer + sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
+        """Response tokens of the whole trajectory (every piece's, a fold branch's callers' included)."""
+        outer = self.line.outer if isinstance(self.line, FoldBranch) else 0
+        return outer + sum(len(p.response_ids) for p in self.closed) + len(self.traj.response_ids)
 
     @property
     def context_tokens(self) -> int:
@@ -118,7 +135,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
     gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                        session_id=ep.engine_session or traj.key, **images))[0]
+                                        session_id=traj.trajectory_id, **images))[0]  # a fold branch's is its own
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
@@ -161,5 +178,4 @@ def images_in(renderer: ChatRenderer, images: Sequence[TrajectoryImage], ids: Se
     """The first of ``images`` whose runs the token list ``ids`` (a prefix of a trajectory) holds."""
     if renderer.image_token_id is None:
         return []
-
     return list(images[:images_held(images, ids, renderer.image_token_id, renderer.merge)])

@@ -12,15 +12,14 @@ For each sample × n, concurrently::
       │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta (results)
       └── the context policy may edit the context: a new segment (toolrl.context)    fit_context (segments)
           (fold: a branch call runs its sub-task as a segment of its own)              run_branch (branches)
-          (rollout.tree: at a fork turn, copies of the line go on beside it)           fork_due (tree)
+          (rollout.tree: at a split turn, clones of the line go on beside it)          split_due (tree)
     calc_reward/release, session score/close, always ─► score (toolrl.rewards.scoring) finish_tools, score_pieces
     (scored outside the concurrency slot; async reward functions are awaited, the loop going on)
 
 ``take_turn`` is one turn of the loop, and every reason a trajectory ends is decided there. With
-``rollout.agent`` a program runs each episode instead (toolrl.rollout.agent).
-
-Trajectories never wait for each other: the engine batches whatever generation requests are pending,
-so one trajectory waiting on a slow tool does not hold up the others' generation.
+``rollout.agent`` a program runs each episode instead (toolrl.rollout.agent). Trajectories never wait
+for each other: the engine batches whatever generation requests are pending, so one trajectory
+waiting on a slow tool does not hold up the others' generation.
 """
 
 from __future__ import annotations
@@ -39,41 +38,34 @@ from toolrl.parsers import parse_within
 from toolrl.renderers.rewrite import TemplateRewriteError
 from toolrl.rollout.agent import run_agent_trajectory
 from toolrl.rollout.branches import branch_of, close_branch, open_branch
-from toolrl.rollout.episode import Episode, answer_of, generate, start_episode
+from toolrl.rollout.episode import Episode, FoldBranch, Tree, TreeLine, answer_of, generate, start_episode
 from toolrl.rollout.results import tool_results_delta
 from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rollout_context import RolloutContext
 from toolrl.rollout.segments import check_history, fit_context
-from toolrl.rollout.tree import fork_due, roots, tree_lines
+from toolrl.rollout.tree import roots, split_due, tree_lines
 from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import trajectory_seed
 from toolrl.sessions import failure_after_calls
-from toolrl.trajectory import Termination, Trajectory, append_tokens
+from toolrl.trajectory import Termination, Trajectory, append_tokens, root_id
 
 
 async def run_rollouts(ctx: RolloutContext, samples: Sequence[Sample], n: int, seed: int,
                        id_prefix: str = "") -> list[Trajectory]:
-    """``n`` trajectories per sample (group ``g`` is sample ``g``), all concurrent (bounded by
-    max_concurrent_trajectories)."""
+    """``n`` trajectories per sample (group ``g`` is sample ``g``), at most max_concurrent_trajectories at once."""
     limit = asyncio.Semaphore(ctx.config.max_concurrent_trajectories)
-    lines, trees = roots(ctx.config, n)  # rollout.tree: n / leaves trees (toolrl.rollout.tree)
-    jobs = [_limited(ctx, limit, s, g, k, seed, id_prefix, trees) for g, s in enumerate(samples) for k in range(lines)]
-    return [p for pieces in await asyncio.gather(*jobs) for p in pieces]
+    groups = await asyncio.gather(*(run_group(ctx, s, g, n, seed, id_prefix, limit) for g, s in enumerate(samples)))
+    return [t for group in groups for t in group]
 
 
 async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, seed: int, id_prefix: str,
                     limit: asyncio.Semaphore) -> list[Trajectory]:
     """The ``n`` trajectories of one group, concurrent; ``limit`` bounds the trajectories running at
     once across every group that shares it. Seeds and ids are those :func:`run_rollouts` gives."""
-    lines, trees = roots(ctx.config, n)
-    return [p for pieces in await asyncio.gather(*(_limited(ctx, limit, sample, group, k, seed, id_prefix, trees)
-                                                   for k in range(lines))) for p in pieces]
-
-
-async def _limited(ctx: RolloutContext, limit: asyncio.Semaphore, sample: Sample, group: int, k: int, seed: int,
-                   id_prefix: str, tree: bool = False) -> list[Trajectory]:
-    return await run_trajectory_pieces(ctx, sample, group, f"{id_prefix}s{sample.index}-g{group}-{k}",
-                                       trajectory_seed(seed, group, k), slot=limit, tree_id=k if tree else None)
+    lines, trees = roots(ctx.config, n)  # rollout.tree: n / leaves trees (toolrl.rollout.tree)
+    return [p for pieces in await asyncio.gather(*(run_trajectory_pieces(
+        ctx, sample, group, root_id(id_prefix, sample.index, group, k), trajectory_seed(seed, group, k), limit,
+        k if trees else None) for k in range(lines))) for p in pieces]
 
 
 async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
@@ -86,26 +78,25 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
                                 slot: AbstractAsyncContextManager[Any] | None = None,
                                 tree_id: int | None = None) -> list[Trajectory]:
     """One trajectory of ``sample``: its session's reset, turns until one ends it, the tools' and the
-    session's finish (always), the score. Its pieces in order: one, unless the template rewrite rule
-    forked it. ``slot`` (a semaphore bounding the trajectories that run at once) is held until the
-    tools and the session are finished, not while the trajectory is scored: a slow reward (a judge)
-    keeps no other from starting. With ``tree_id`` (rollout.tree) it is a tree's root: the pieces of
-    every leaf, in the tree's order, the tree under the one slot."""
+    session's finish (always), the score. Its pieces in order: one, unless it forked. ``slot`` (bounding
+    the trajectories that run at once) is held until the tools and the session are finished, not while
+    it is scored: a slow reward (a judge) keeps no other from starting. With ``tree_id`` (rollout.tree)
+    it is a tree's root: the pieces of every leaf, in the tree's order, the tree under the one slot."""
     route = ctx.route_for(sample)
     if route.agent is not None:  # a program runs the episode; the gateway records it
         return await run_agent_trajectory(ctx, route, sample, group, trajectory_id, seed, slot)
     async with slot or contextlib.nullcontext():
         ep = await start_episode(ctx, route, sample, group, trajectory_id, seed)
-        ep.traj.tree_id = tree_id
+        ep.traj.tree_id, ep.line = tree_id, ep.line if tree_id is None else TreeLine(Tree())
         fresh = functools.partial(start_episode, ctx, route, sample, group)  # a tree's lines from the prompt
-        leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree forks
+        leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree splits
     scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms)
                                     for e in leaves))
     return [p for pieces in scored for p in pieces]
 
 
 async def run_line(ep: Episode, start: bool = False) -> Episode:
-    """A line's turns until one ends it (``start``: its tools' start first; a tree's forked lines
+    """A line's turns until one ends it (``start``: its tools' start first; a tree's clones
     come with theirs), then the tools' and the session's finish, always."""
     traj = ep.traj
     try:
@@ -130,7 +121,7 @@ async def run_turns(ep: Episode) -> Termination:
     """Turns until one ends the episode (the main line's, or a branch's): why it ended."""
     ending = None
     while ending is None:
-        await fork_due(ep, run_line)  # rollout.tree: at a fork turn, copies go on beside this line
+        await split_due(ep, run_line)  # rollout.tree: at a split turn, clones go on beside this line
         ending = await take_turn(ep)
     return ending
 
@@ -148,7 +139,7 @@ async def take_turn(ep: Episode) -> Termination | None:
     calls, errors = await parse(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
-        if ep.engine_session:  # a branch (fold): its answer goes back to the line that called it, not to the session
+        if isinstance(ep.line, FoldBranch):  # its answer goes back to the line that called it, not to the session
             traj.final_response = await answer_of(ep, gen)
             return "answered"
         return await user_turn(ep, gen) or await fit_context(ep)
@@ -245,14 +236,13 @@ async def execute(ep: Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
 
 
 async def run_branch(ep: Episode, call: ToolCall, branch: Branch) -> ToolResult:
-    """Run a sub-task in a branch (fold, toolrl.rollout.branches): turns of its own, with the
-    trajectory's tools and an engine session of its own, forgotten when it ends; its answer is
-    ``call``'s result."""
+    """Run a fold sub-task in a branch (toolrl.rollout.branches): its own turns and engine session
+    (forgotten when it ends), the trajectory's tools; its answer is ``call``'s result."""
     sub = open_branch(ep, branch)
     try:
         ending = await run_turns(sub)
     finally:
-        ep.ctx.engine.end_session(sub.engine_session)
+        ep.ctx.engine.end_session(sub.traj.trajectory_id)
     return close_branch(ep, sub, call, branch, ending)
 
 

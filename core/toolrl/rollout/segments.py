@@ -1,8 +1,7 @@
-"""Segments: a trajectory's tokens in pieces, each trained with the trajectory's reward. The live
-piece is closed (:func:`close_segment`) and the next one starts from the template's rendering of the
-conversation when the template re-renders the history differently (``rollout.template_rewrite``:
-:func:`check_history`) or when the context policy edits the context (toolrl.context:
-:func:`fit_context`, :func:`edit_context`)."""
+"""Segments: a trajectory's tokens in pieces, each trained with its reward. The live piece is closed
+(:func:`close_segment`: the trajectory forks) and the next starts from the template's rendering of the
+conversation when the template re-renders history differently (``rollout.template_rewrite``:
+:func:`check_history`) or the context policy edits the context (:func:`fit_context`)."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from toolrl.trajectory import (
     append_tokens,
     cut_response,
     model_tokens_end,
+    part_id,
 )
 
 
@@ -121,7 +121,7 @@ def close_segment(ep: Episode, rendered: list[int]) -> None:
     traj, piece = ep.traj, len(ep.closed)  # pieces are numbered as they close (a branch's among them)
     end = model_tokens_end(traj.response_mask)
     ep.closed.append(Trajectory(
-        trajectory_id=f"{traj.key}~{piece}", trajectory_key=traj.key, piece=piece,
+        trajectory_id=part_id(traj.key, "piece", piece), trajectory_key=traj.key, piece=piece,
         sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=traj.prompt_ids,
         images=images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids[:end]),
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],

@@ -10,8 +10,8 @@ it are the real ones, so what a session or tool does with those calls is what tr
 has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses it (no logprobs).
 
 In a test, build it directly: ``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each
-trajectory the script of the first key its session id contains; ``calls``, ``ended`` and ``forked``
-record what the loop asked (a tree rollout's copy goes on from its line's place in the script). A
+trajectory the script of the first key its session id contains; ``calls``, ``ended`` and ``cloned``
+record what the loop asked (a tree rollout's clone goes on from its line's place in the script). A
 stand-in that chooses its text another way (from the prompt, across sessions) overrides
 :meth:`ScriptedEngine.text`; one that ends or scores its tokens another way, :meth:`ScriptedEngine.generation`.
 """
@@ -51,7 +51,7 @@ class ScriptedEngine(RolloutEngine):
     session id to its trajectory's texts), one text per generation, each of ``n`` generations alike;
     every token gets ``logprob``; each call first waits ``delay_s`` (so concurrent trajectories
     interleave), then picks its text. With ``record`` (a test's engine), ``calls`` holds every call
-    answered, in the order answered, ``ended`` every session ended and ``forked`` every fork; the
+    answered, in the order answered, ``ended`` every session ended and ``cloned`` every clone; the
     registered engine (a whole ``toolrl rollout``) keeps none."""
 
     name = "scripted"
@@ -65,7 +65,7 @@ class ScriptedEngine(RolloutEngine):
         self.turns: dict[str | None, int] = {}
         self.calls: list[ScriptedCall] = []
         self.ended: list[str] = []
-        self.forked: list[tuple[str, list[str]]] = []
+        self.cloned: list[tuple[str, list[str]]] = []
 
     @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> ScriptedEngine:
@@ -115,11 +115,11 @@ class ScriptedEngine(RolloutEngine):
         if self.record:
             self.ended.append(session_id)
 
-    def fork_session(self, session_id: str, into: Sequence[str]) -> None:
+    def clone_session(self, session_id: str, into: Sequence[str]) -> None:
         for sid in into:
             self.turns[sid] = self.turns.get(session_id, 0)
         if self.record:
-            self.forked.append((session_id, list(into)))
+            self.cloned.append((session_id, list(into)))
 
 
 def scripted_generation(tokenizer: Any, text: str, params: SamplingParams, logprob: float = -1.0) -> Generation:

@@ -6,7 +6,7 @@ Lifecycle, per trajectory (``instance_id``)::
     execute(instance_id, arguments, **execute_kwargs) -> (response, step_reward, metrics)   0..n
     calc_reward(instance_id, **calc_reward_kwargs) -> float | {part: float, ...} | None  once
     release(instance_id, **release_kwargs)           once, always (also after errors/timeouts)
-    fork(instance_id, new_instance_id)               rollout.tree only: a copy in this state (Tool.can_fork)
+    clone(instance_id, new_instance_id)              rollout.tree only: a copy in this state (Tool.can_clone)
 
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
 ``toolrl tool call`` and the conformance kit all drive the lifecycle through :class:`ToolSet`, and
@@ -235,19 +235,19 @@ class Tool:
         """Free the instance's state and resources."""
         self._instances.pop(instance_id, None)
 
-    async def fork(self, instance_id: str, new_instance_id: str) -> str:
+    async def clone(self, instance_id: str, new_instance_id: str) -> str:
         """Start ``new_instance_id`` in ``instance_id``'s state, the two independent from then on (a
         tree rollout's continuations, toolrl.rollout.tree); both are released. The default deep-copies
         the instance's state, all the default lifecycle keeps; a tool whose state lives elsewhere (a
-        server, a sandbox, a worker process) overrides it, or cannot fork (:meth:`can_fork`)."""
+        server, a sandbox, a worker process) overrides it, or cannot clone (:meth:`can_clone`)."""
         self._instances[new_instance_id] = copy.deepcopy(self.state(instance_id))
         return new_instance_id
 
     @classmethod
-    def can_fork(cls) -> bool:
-        """Whether a trajectory's instance can fork: the tool overrides :meth:`fork`, or keeps its
+    def can_clone(cls) -> bool:
+        """Whether a trajectory's instance can clone: the tool overrides :meth:`clone`, or keeps its
         instance state where the default lifecycle does (``create`` and ``release`` its own)."""
-        return cls.fork is not Tool.fork or (cls.create is Tool.create and cls.release is Tool.release)
+        return cls.clone is not Tool.clone or (cls.create is Tool.create and cls.release is Tool.release)
 
     async def close(self) -> None:
         """Free process-wide resources (sessions, pools) when the tool is no longer used."""
@@ -374,26 +374,26 @@ class ToolSet:
 
         await asyncio.gather(*(create(n) for n in self.tools))
 
-    async def fork(self, trajectory_id: str, tools: Mapping[str, Tool]) -> ToolSet:
+    async def clone(self, trajectory_id: str, tools: Mapping[str, Tool]) -> ToolSet:
         """The tools of a continuation ``trajectory_id`` of this trajectory (toolrl.rollout.tree):
-        ``tools``, each instance forked by the tool that holds it here. ``tools`` are these, but for
-        tools that keep no instance state (a session's tool, bound to the continuation's forked
-        session). A tool that cannot fork (:meth:`Tool.can_fork`) or whose fork fails is unavailable
+        ``tools``, each instance cloned by the tool that holds it here. ``tools`` are these, but for
+        tools that keep no instance state (a session's tool, bound to the continuation's cloned
+        session). A tool that cannot clone (:meth:`Tool.can_clone`) or whose clone fails is unavailable
         there, as one whose create failed."""
         twin = ToolSet(tools, self.kwargs, trajectory_id, self.lifecycle_timeout)
         twin.create_errors, twin.infrastructure = dict(self.create_errors), self.infrastructure
 
-        async def fork(name: str, iid: str) -> None:
-            if not type(self.tools[name]).can_fork():
-                twin.create_errors[name] = "fork: the tool cannot fork its state (Tool.fork)"
+        async def clone(name: str, iid: str) -> None:
+            if not type(self.tools[name]).can_clone():
+                twin.create_errors[name] = "clone: the tool cannot clone its state (Tool.clone)"
                 return
-            run = await self._stage(name, "fork", iid, f"{trajectory_id}:{name}")
+            run = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
             problem = self._failure(run, self.lifecycle_timeout)
             if problem is None and isinstance(run.value, str):
                 twin.instances[name] = run.value
             else:
-                twin.create_errors[name] = f"fork: {problem or 'fork must return the instance id (a str)'}"
-        await asyncio.gather(*(fork(n, i) for n, i in self.instances.items()))
+                twin.create_errors[name] = f"clone: {problem or 'clone must return the instance id (a str)'}"
+        await asyncio.gather(*(clone(n, i) for n, i in self.instances.items()))
         return twin
 
     def check_infrastructure(self) -> None:
