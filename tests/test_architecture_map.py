@@ -59,7 +59,7 @@ def docstring_lists() -> dict[str, set[str]]:
     """Each package whose docstring lists its modules (lines ``- ``name``: ...``) → the names listed."""
     lists = {}
     for init in CORE.glob("*/__init__.py"):
-        names = set(re.findall(r"^- ``(\w+)``:", ast.get_docstring(ast.parse(init.read_text())) or "", re.M))
+        names = set(re.findall(r"^- ``([a-z_0-9]+)``:", ast.get_docstring(ast.parse(init.read_text())) or "", re.M))
         if names:
             lists[init.parent.name] = names
     return lists
