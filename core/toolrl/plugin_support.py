@@ -27,8 +27,7 @@ __all__ = ["ProblemResult", "after_startup", "build_served_model", "problem_resu
            "stop_child"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import on first use: the viewer need not load what ``toolrl serve`` builds, nor the reverse."""
+def __getattr__(name: str) -> Any:  # on first use: the viewer need not load what `toolrl serve` builds
     if name not in _HOMES:
         raise AttributeError(f"module 'toolrl.plugin_support' has no attribute {name!r}")
     return getattr(importlib.import_module(_HOMES[name]), name)
