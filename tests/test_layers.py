@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "families", "renderers", "sessions", "context", "transports", "agents", "fleet")),
     ("loop and step", ("data", "rollout", "training", "gateway")),
     ("roles", ("roles",)),
-    ("entry points", ("cli", "__main__", "testing")),
+    ("entry points", ("cli", "__main__", "testing", "plugin_support")),
 ]
 # Within one layer, the packages that must not import each other (importer, imported).
 FORBIDDEN = [

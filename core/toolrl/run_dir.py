@@ -170,10 +170,6 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def read_recoveries(self) -> list[dict[str, Any]]:
-        path = self.path / self.RECOVERIES
-        return [json.loads(x) for x in read_text(path).splitlines() if x.strip()] if path.exists() else []
-
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics)
 

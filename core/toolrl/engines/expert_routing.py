@@ -27,10 +27,6 @@ def routers(model: Any) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
 
 
-def is_moe(model: Any) -> bool:
-    return bool(routers(model))
-
-
 class ExpertRouting:
     """Record or replay the expert selection of every router of ``model`` (module docstring).
 

@@ -1,6 +1,6 @@
-"""The configured model served outside training (``toolrl serve``, or a plugin's own server): its
-engine, tokenizer, processor and parser, composed as a rollout worker composes them, so what is served
-is what training samples from. Public (docs/plugins.md, "Public import paths")."""
+"""The configured model served outside training (``toolrl serve``, in the ``openai`` plugin, through
+:mod:`toolrl.plugin_support`): its engine, tokenizer, processor and parser, composed as a rollout worker
+composes them, so what is served is what training samples from."""
 
 from __future__ import annotations
 

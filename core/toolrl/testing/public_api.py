@@ -2,22 +2,22 @@
 
 :data:`PUBLIC_API` maps each public module to the names a plugin may take from it; they keep their
 paths across releases, and everything else is internal and may move. docs/plugins.md ("Public import
-paths") lists exactly this table (a test compares them), and every in-tree plugin's package
-(``plugins/*/toolrl_*``) imports nothing else (``tests/test_public_api.py``). Run
-:func:`check_public_imports` over your own package in its tests to hold it to the same contract.
-"""
+paths") lists exactly this table, each name with its use, and every in-tree plugin's package imports
+nothing else but :mod:`toolrl.plugin_support` (``tests/test_public_api.py``). Run
+:func:`check_public_imports` over your own package in its tests to hold it to the same contract."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module, names in {
     "toolrl": ("hookimpl", "__version__", "InfrastructureError"),
-    "toolrl.hookspecs": ("hookimpl", "Register"),
+    "toolrl.hookspecs": ("Register",),
     "toolrl.schemas": ("ToolSchema", "ToolCall", "ToolResult", "ToolResponse", "Message", "Sample",
-                       "ParseResult", "ParseError", "InfrastructureError"),
+                       "ParseResult", "ParseError"),
     "toolrl.tools": ("Tool", "ToolSet", "ToolConfigError", "SharedResources", "trajectory_of"),
     "toolrl.tools.verl_config": ("ToolSection", "load_tools_file", "parse_tools_config", "build_tools",
                                  "build_default_tool"),
@@ -31,7 +31,6 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.trajectory": ("Trajectory", "TrajectoryImage"),
     "toolrl.families": ("ModelFamily", "Detection", "Template", "FamilyError"),
     "toolrl.renderers.chat": ("ChatRenderer",),
-    "toolrl.gc_policy": ("after_startup",),
     "toolrl.algorithms": ("AdvantageEstimator", "AdvantageInputs", "PolicyLoss", "LossInputs", "LossTerms",
                           "LossOptions", "NoOptions"),
     "toolrl.context": ("ContextPolicy", "ContextView", "ContextPlan", "Branch", "TriggeredPolicy", "TriggeredOptions"),
@@ -42,34 +41,15 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                                 "finish_reason", "model_list"),
     "toolrl.loggers": ("Logger", "scalars"),
     "toolrl.images": ("ImageError", "ImageLimits", "load", "is_image_part", "part_image", "prepare"),
-    "toolrl.config": ("Config", "ConfigError", "load_config", "read_json", "format_errors", "one_line"),
+    "toolrl.config": ("Config", "ConfigError", "load_config", "format_errors"),
     "toolrl.model_sources": ("load_tokenizer", "load_processor", "model_path", "check_model_dir", "ModelUnavailable"),
-    "toolrl.plugins": ("get_plugins",),
     "toolrl.plugins.parts": ("build_part", "BuildContext", "registered_parts"),
-    "toolrl.roles.serving": ("build_served_model", "ServedModel"),
     "toolrl.roles.run_check": ("RunFacts",),
-    "toolrl.run_dir": ("problem_results", "ProblemResult"),
     "toolrl.cli": ("cli", "UsageFailure", "user_errors"),
-    "toolrl.testing": ("ToolConformance", "ContextConformance", "PolicyPlay", "play_policy", "check_context_build",
-                       "check_context_prompts", "check_context_tokens", "check_context_plans", "check_context_results", "check_build_contract", "check_public_imports", "PUBLIC_API",
-                       "run_lifecycle", "instrument", "build_tool", "LifecycleRun", "LifecycleCall",
-                       "LifecycleError", "CallRecorder", "LIFECYCLE", "check_calc_reward", "check_cancellation",
-                       "check_concurrency", "check_invalid_arguments", "check_isolation", "check_lifecycle",
-                       "check_no_loop_blocking", "check_order", "check_registered", "check_release_idempotent",
-                       "check_released_and_unknown", "check_return_types", "check_schema",
-                       "derive_invalid_arguments", "ParserConformance", "check_parser_corpus",
-                       "check_parser_hostile", "check_parser_fuzz", "check_parser_linear_time",
-                       "hostile_parser_inputs", "SessionConformance", "SessionPlay", "PlayedSession",
-                       "prepared_session_kind", "play_session", "check_session_play", "check_session_isolation",
-                       "check_dead_session", "FamilyConformance", "registered_family", "check_family_tokens",
-                       "check_family_parser", "check_family_end_of_turn", "check_family_detected",
-                       "check_engine_contract", "check_engine_logprobs", "check_engine_cancellation",
-                       "check_engine_weight_update", "reference_greedy", "check_weight_transport",
-                       "ScriptedEngine", "ScriptedCall"),
+    "toolrl.testing": sys.modules[__package__].__all__,  # the whole kit (a package loads before its modules)
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
-    "toolrl.fleet.launch": ("stop_child",),
 }.items()}
 
 

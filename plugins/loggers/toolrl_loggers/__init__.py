@@ -3,7 +3,8 @@
 Lazy references: listing plugins imports none of the three libraries.
 """
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 if TYPE_CHECKING:
     import click

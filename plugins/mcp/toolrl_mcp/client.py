@@ -26,7 +26,7 @@ import mcp.types as types
 import toolrl
 from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.types.jsonrpc import CONNECTION_CLOSED, INVALID_REQUEST, REQUEST_TIMEOUT
-from toolrl.schemas import InfrastructureError
+from toolrl import InfrastructureError
 
 from toolrl_mcp.config import ServerSpec
 

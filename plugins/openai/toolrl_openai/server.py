@@ -80,7 +80,7 @@ def build_app(service: Service, sweep_s: float = 30.0) -> Starlette:
 def build_service(config: Any, record_dir: Path | None, idle_s: float, max_conversations: int,
                   model_name: str | None, token_history: bool = False) -> Service:
     """Compose the configured parts the way training does; ConfigError/RegistryError on bad config."""
-    from toolrl.roles.serving import build_served_model
+    from toolrl.plugin_support import build_served_model
 
     served = build_served_model(config)
     conversations = Conversations(served.tokenizer, record_dir, idle_s=idle_s, max_open=max_conversations,

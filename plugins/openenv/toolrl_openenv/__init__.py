@@ -12,7 +12,8 @@ neither ``openenv`` nor ``pydantic``.
 
 from __future__ import annotations
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openenv.core.generic_client import GenericEnvClient
-from toolrl.schemas import InfrastructureError
+from toolrl import InfrastructureError
 
 CAPACITY = re.compile(r"(\d+)\s*/\s*(\d+) sessions active")
 RETRY_S = 0.5  # a refusal while the run holds fewer sessions than the capacity: another client holds some

@@ -18,7 +18,7 @@ def _exit_when_parent_goes() -> None:
 
 def main() -> None:
     import uvicorn
-    from toolrl.gc_policy import after_startup
+    from toolrl.plugin_support import after_startup
     from uvicorn.importer import import_from_string
 
     threading.Thread(target=_exit_when_parent_goes, daemon=True).start()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
-from toolrl.fleet.launch import stop_child
+from toolrl.plugin_support import stop_child
 
 from toolrl_openenv.config import ServerConfigError
 

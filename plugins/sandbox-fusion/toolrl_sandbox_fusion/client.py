@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from pydantic import ValidationError
-from toolrl.schemas import InfrastructureError
+from toolrl import InfrastructureError
 
 from toolrl_sandbox_fusion.models import RunCodeRequest, RunCodeResponse
 

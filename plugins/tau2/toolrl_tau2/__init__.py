@@ -9,7 +9,8 @@ does not import τ² (litellm, pandas, ...).
 
 from __future__ import annotations
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 

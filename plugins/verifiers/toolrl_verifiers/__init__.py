@@ -8,7 +8,8 @@ imports neither verifiers nor mcp.
 
 from __future__ import annotations
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 

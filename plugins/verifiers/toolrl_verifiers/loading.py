@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from toolrl.config import one_line
 
 TASK_KEY = "verifiers"  # the samples' extra_info key that holds the task's wire data
 
@@ -109,7 +108,7 @@ def _taskset(module: str, args: dict[str, Any]) -> Any:
     except ModuleNotFoundError:
         imported = None  # a taskset id that is not a module name (hub ids): verifiers resolves it
     except Exception as exc:  # the module's own import-time error
-        raise ValueError(f"{where}: cannot import: {type(exc).__name__}: {one_line(str(exc))}") from None
+        raise ValueError(f"{where}: cannot import: {type(exc).__name__}: {_one_line(exc)}") from None
     factory = getattr(imported, "load_environment", None)
     try:
         if callable(factory):
@@ -119,7 +118,7 @@ def _taskset(module: str, args: dict[str, Any]) -> Any:
             made = vf.load_taskset(config)
     except Exception as exc:  # whatever the environment's own code raises: one line, never a traceback
         what = "load_environment" if callable(factory) else "loading the taskset"
-        raise ValueError(f"{where}: {what} failed: {type(exc).__name__}: {one_line(str(exc))}") from None
+        raise ValueError(f"{where}: {what} failed: {type(exc).__name__}: {_one_line(exc)}") from None
     if isinstance(made, vf.Env):
         made = made.taskset
     if not isinstance(made, vf.Taskset):
@@ -161,7 +160,7 @@ def task_rows(options: VerifiersOptions, split: str) -> list[dict[str, Any]]:
             raise ValueError("the taskset is infinite: bound it with select.limit")
         tasks = list(view)
     except ValueError as exc:
-        raise ValueError(f"verifiers {options.module!r} {split}: {one_line(str(exc))}") from None
+        raise ValueError(f"verifiers {options.module!r} {split}: {_one_line(exc)}") from None
     return [task_row(task) for task in tasks]
 
 
@@ -195,3 +194,8 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     if isinstance(out.get("content"), list) and any(p.get("type") != "text" for p in out["content"]):
         raise ValueError(f"{where}: only text content is supported in prompts")
     return out
+
+
+def _one_line(exc: Exception) -> str:
+    """An exception's text on one line, as the config error it goes into is."""
+    return " ".join(str(exc).split())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolrl.hookspecs import hookimpl
+from toolrl import hookimpl
 
 if TYPE_CHECKING:
     import click

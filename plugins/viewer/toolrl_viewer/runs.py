@@ -12,8 +12,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import ConfigError, read_json
-from toolrl.run_dir import ProblemResult, problem_results
+from toolrl.config import ConfigError
+from toolrl.plugin_support import ProblemResult, problem_results, read_json
 
 from toolrl_viewer.traces import TraceIndex
 

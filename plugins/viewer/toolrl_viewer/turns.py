@@ -101,8 +101,9 @@ def _load_tokenizer(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"neither checkpoints/hf nor {path.name} in the run directory")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the viewer fetches nothing
-    from toolrl.config import load_config, read_json
+    from toolrl.config import load_config
     from toolrl.model_sources import model_path
+    from toolrl.plugin_support import read_json
 
     return load_tokenizer(model_path(load_config(None, data=read_json(path, "config.json"))))
 

@@ -4,7 +4,8 @@ This module is the plugin's entry point: it registers a lazy reference, so loadi
 neither vLLM nor torch.
 """
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 
