@@ -22,7 +22,7 @@ context edits make them.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +72,8 @@ class EpisodeRecord:
     last_finish: str = ""
     calls: int = 0  # generation calls made: the turn counter of the episode's seeds
     ended: bool = False  # its trajectory was made: a generation still in flight then is not recorded
-    _ids: Any = field(default_factory=itertools.count)
-    _answers: Any = field(default_factory=itertools.count)
+    _ids: Iterator[int] = field(default_factory=itertools.count)
+    _answers: Iterator[int] = field(default_factory=itertools.count)
 
     @property
     def response_tokens(self) -> int:
