@@ -10,7 +10,6 @@ import pytest
 import torch
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.engines.decoding import uniforms
 from toolrl.engines.static_decode import bucket
 from toolrl.engines.transformers import TransformersEngine
 
@@ -102,22 +101,12 @@ def test_static_decode_refuses_route_recording(tiny_qwen3_path, qwen3_tokenizer)
                 "static", record_routes=True)
 
 
-def _splitmix64(seed: int, count: int) -> float:
-    """SplitMix64's draw ``count`` (from 0) for state ``seed``, in Python's unbounded integers."""
-    mask = (1 << 64) - 1
-    z = (seed + (count + 1) * 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return ((z ^ (z >> 31)) >> 11) / 2.0**53
+def test_block_draws_continue_each_rows_stream():
+    """A sampled row draws its uniforms UNIFORM_BLOCK at a time: the same values, in the same order, as
+    one draw per token from its seeded generator (the streams the seeded tests pin)."""
+    from toolrl.engines.transformers import _Row
 
-
-def test_uniforms_are_splitmix64_draws():
-    """The batched uniforms are SplitMix64's stream for each row's seed, whatever the row's place, and
-    spread evenly over [0, 1)."""
-    seeds = [0, 1, 123, (1 << 63) - 1, 0x5DEECE66D]
-    counts = [0, 5, 1, 1000, 7]
-    got = uniforms(torch.tensor(seeds), torch.tensor(counts)).tolist()
-    assert got == [_splitmix64(s, c) for s, c in zip(seeds, counts)]
-    u = uniforms(torch.full((200_000,), 42), torch.arange(200_000))
-    assert u.min() >= 0 and u.max() < 1
-    assert torch.histc(u.float(), 10, 0, 1).div(20_000).sub(1).abs().max() < 0.03
+    row = _Row(None, 0, torch.Generator().manual_seed(2**62 + 7))
+    reference = torch.Generator().manual_seed(2**62 + 7)
+    drawn = [row.uniform() for _ in range(150)]
+    assert drawn == [float(torch.rand((), generator=reference, dtype=torch.float64)) for _ in range(150)]

@@ -1,6 +1,6 @@
 """The tensor pieces of the transformers engine's decode loop (:mod:`toolrl.engines.transformers`), apart
-from its class so that resolving the class imports no torch: counter-based uniforms for seeded rows,
-inverse-CDF sampling over a large vocabulary, and a KV layer that grows in place."""
+from its class so that resolving the class imports no torch: inverse-CDF sampling over a large vocabulary,
+and a KV layer that grows in place."""
 
 from __future__ import annotations
 
@@ -10,24 +10,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 _CDF_BLOCK = 1024
-# SplitMix64's increment and output mixers, as the signed 64-bit integers torch multiplies (wrapping).
-_GAMMA, _MIX1, _MIX2 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
-
-
-def _shift_right(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical (unsigned) right shift of int64 ``z`` by ``k``: torch's ``>>`` keeps the sign."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def uniforms(seeds: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Float64 uniforms in [0, 1), one per row: draw ``counts[i]`` of the SplitMix64 stream seeded
-    ``seeds[i]`` (int64 tensors). A pure function of (seed, count), so all rows draw in one batched
-    call on any device, the same values on CPU and CUDA, with no generator state to carry or capture."""
-    z = seeds + (counts + 1) * _GAMMA
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    z = z ^ _shift_right(z, 31)
-    return _shift_right(z, 11).to(torch.float64) * 2.0**-53
+# Uniforms a sampled row draws from its generator at once: block draws continue the generator's stream
+# exactly as one draw per token would (CPU generators), at one call per block instead of one per token.
+UNIFORM_BLOCK = 64
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
     from toolrl import masks
-    from toolrl.engines.decoding import BufferLayer, inverse_cdf, uniforms
+    from toolrl.engines.decoding import UNIFORM_BLOCK, BufferLayer, inverse_cdf
     from toolrl.engines.expert_routing import ExpertRouting
     from toolrl.engines.static_decode import StaticDecoder
 
@@ -66,12 +66,12 @@ def _import_torch() -> None:
     """Bind torch and the modules built on it as this module's names, once, when the first engine is made.
     Not at import: the run check reads this class (its options and ``check_run``) before anything loads,
     and torch's import alone is a second of ``toolrl train --check``."""
-    global torch, Cache, masks, BufferLayer, inverse_cdf, uniforms, ExpertRouting
+    global torch, Cache, masks, UNIFORM_BLOCK, BufferLayer, inverse_cdf, ExpertRouting
     import torch
     from transformers.cache_utils import Cache
 
     from toolrl import masks
-    from toolrl.engines.decoding import BufferLayer, inverse_cdf, uniforms
+    from toolrl.engines.decoding import UNIFORM_BLOCK, BufferLayer, inverse_cdf
     from toolrl.engines.expert_routing import ExpertRouting
 
 
@@ -129,11 +129,19 @@ class _Row:
 
     req: _Request
     index: int
-    seed: int | None  # its stream's (decoding.uniforms); None: greedy
+    generator: torch.Generator | None  # on the host, whatever the device; None: greedy
     next_token: int = -1  # sampled but not yet fed to the model
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     experts: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
+    uniforms: list[float] = field(default_factory=list)  # drawn from the generator, not yet used (last first)
+
+    def uniform(self) -> float:
+        """The generator's next uniform in [0, 1), drawn UNIFORM_BLOCK at a time."""
+        if not self.uniforms:
+            block = torch.rand(UNIFORM_BLOCK, generator=self.generator, dtype=torch.float64)
+            self.uniforms = block.tolist()[::-1]
+        return self.uniforms.pop()
 
 
 @dataclass
@@ -577,7 +585,7 @@ class TransformersEngine(RolloutEngine):
             self.stats.prefill_tokens_saved += len(req.prompt) if shared else 0
         # One row per sample: each sample reads its prompt's prefilled row.
         expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
-        group.rows = [_Row(req, j, self._seed(req, j)) for req in admitted for j in range(req.n)]
+        group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
         if self._routing is not None:
             for row, i in zip(group.rows, expand):
                 row.experts = [group.prompt_experts[i]]
@@ -673,10 +681,11 @@ class TransformersEngine(RolloutEngine):
                 out[i, :, tc - p : tc] = t[0, :, :p]
         return out
 
-    def _seed(self, req: _Request, index: int) -> int | None:
+    def _generator(self, req: _Request, index: int) -> torch.Generator | None:
         if req.params.temperature == 0:
             return None
-        return sample_seed(req.params.seed if req.params.seed is not None else next(self._unseeded), index)
+        seed = req.params.seed if req.params.seed is not None else next(self._unseeded)
+        return torch.Generator().manual_seed(sample_seed(seed, index))
 
     def _advance(self, batch: _Batch, rows: list[_Row], logits: torch.Tensor, finished: list[_Request]) -> None:
         """Sample one token per row, record it, and drop rows that are done."""
@@ -723,8 +732,9 @@ class TransformersEngine(RolloutEngine):
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Greedy rows take the argmax (logprob from the raw logits); sampled rows draw from
-        softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at their stream's
-        next uniform (all rows' in one call). The logprob is that of softmax(logits / T), before top-p."""
+        softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at one uniform from
+        their own generator (all rows' reach the device in one copy). The logprob is that of
+        softmax(logits / T), before top-p."""
         temps = [r.req.params.temperature for r in rows]
         if any(t not in (0, 1) for t in temps):
             logits = logits / torch.tensor([t or 1.0 for t in temps], device=logits.device)[:, None]
@@ -742,9 +752,8 @@ class TransformersEngine(RolloutEngine):
                 outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
                 p = p.clone() if p is probs else p  # the logprobs are taken before top-p
                 p[nucleus] = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-            streams = torch.tensor([[rows[i].seed for i in sampled], [len(rows[i].tokens) for i in sampled]],
-                                   dtype=torch.long, device=p.device)
-            chosen[torch.tensor(sampled, device=p.device)] = inverse_cdf(p, uniforms(streams[0], streams[1]))
+            u = torch.tensor([rows[i].uniform() for i in sampled], dtype=torch.float64, device=p.device)
+            chosen[torch.tensor(sampled, device=p.device)] = inverse_cdf(p, u)
         logprobs = probs.gather(1, chosen[:, None])[:, 0].log()
         # One copy to the host for both (token ids are exact in float64).
         ids, lps = torch.stack((chosen.to(torch.float64), logprobs.to(torch.float64))).tolist()
