@@ -64,7 +64,7 @@ def plan(smoke: bool) -> list[Item]:
                                                                            share=True), 60),
                 Item("engine/decode-b4", "engine", dict(s, batch=4, prompt=16, new=8, decode="static"), 60),
                 Item("engine/static-vs-eager", "decode_check", dict(s, batch=3, prompt=16, new=8), 60),
-                Item("attention/one-call-vs-spans", "attention", dict(s, prompt=40), 60),
+                Item("attention/one-call-vs-spans", "attention", dict(s, prompt=32), 120),
                 Item("sync/broadcast", "sync", dict(s, transport="broadcast"), 60),
                 Item("sync/shared_memory", "sync", dict(s, transport="shared_memory"), 60),
                 Item("sync/object_store", "sync", dict(s, transport="object_store"), 60),
