@@ -12,7 +12,8 @@ Attention over the packed row:
   ``cu_seq_lens``.
 - sdpa models (the default): the model's attention implementation is switched, once, to
   ``toolrl_varlen_sdpa``, which is sdpa itself for every ordinary call (same mask function, same
-  kernel) and runs one causal sdpa per sequence when it is given ``cu_seq_lens``. The switch is
+  kernel) and, given ``cu_seq_lens``, runs one causal sdpa per sequence (CPU) or one FlexAttention call
+  over the whole row (CUDA: :mod:`toolrl.training.packed_attention`, trees and windows included). The switch is
   permanent rather than scoped to the forward so that gradient checkpointing, which re-runs the
   forward inside backward, takes the same path.
 - eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
