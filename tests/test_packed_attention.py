@@ -11,6 +11,8 @@ from test_prefix_sharing import common_first_turn, loss_and_grads, nothing_share
 from toolrl.training import packing
 from toolrl.training.packed_attention import RowPattern, attend
 
+_OF = RowPattern.of
+
 
 def _assert_close(want, got, tol=1e-5):
     _, want_lp, want_loss, want_grads = want
@@ -22,25 +24,20 @@ def _assert_close(want, got, tol=1e-5):
 
 
 def _both(monkeypatch, module, trajs, share):
-    calls = []
-    real = packing.one_call_attention
-    monkeypatch.setattr(packing, "one_call_attention", lambda device: calls.append(device) or real(device))
-    loop = loss_and_grads(module, trajs, share)
-    monkeypatch.setattr(packing, "one_call_attention", lambda device: calls.append(device) or True)
-    spans = []
-    monkeypatch.setattr(RowPattern, "of", _recording(RowPattern.of, spans))
-    one = loss_and_grads(module, trajs, share)
-    assert calls and spans, "the one-call path did not run"
-    return loop, one, spans
+    """(the span loop's, one call's) loss_and_grads, and the patterns the one-call run built."""
+    patterns = []
 
-
-def _recording(of, out):
     def recorded(bounds, tree, device):
-        pattern = of(bounds, tree, device)
-        out.append(pattern)
-        return pattern
+        patterns.append(_OF(bounds, tree, device))
+        return patterns[-1]
 
-    return staticmethod(recorded)
+    monkeypatch.setattr(RowPattern, "of", staticmethod(recorded))
+    monkeypatch.setattr(packing, "one_call_attention", lambda device: False)
+    loop = loss_and_grads(module, trajs, share)
+    assert not patterns
+    monkeypatch.setattr(packing, "one_call_attention", lambda device: True)
+    one = loss_and_grads(module, trajs, share)
+    return loop, one, patterns
 
 
 @pytest.mark.parametrize("case", [shared_prompt, common_first_turn, nothing_shared])
