@@ -20,6 +20,10 @@ full log_softmax and the sampled token's rank; the built-in engine draws one uni
 Needs an environment where both ``vllm`` and ``toolrl`` are importable (the plugin's .venv-vllm):
 
     .venv-vllm/bin/python benchmarks/engine_throughput.py [--tokens 128] [--rounds 3]
+
+``--against static``: the transformers engine's static decode step (``decode: static``, run eagerly on
+a CPU: no CUDA graphs) against its default growing path, in any environment with toolrl; the last line
+reads ``static / eager (median tokens/s)``.
 """
 
 from __future__ import annotations
@@ -67,7 +71,9 @@ async def batch(engine: RolloutEngine, batch_prompts: list[list[int]], tokens: i
 
 def start(name: str, path: str) -> tuple[RolloutEngine, float]:
     t0 = time.perf_counter()
-    config = {"device": "cpu", "dtype": "float32", "max_batch_size": SEQUENCES}
+    config: dict[str, Any] = {"device": "cpu", "dtype": "float32", "max_batch_size": SEQUENCES}
+    if name == "transformers-static":
+        config["decode"] = "static"
     if name == "vllm":
         from toolrl_vllm.engine import VLLMEngine
 
@@ -96,21 +102,23 @@ async def measure(engines: dict[str, RolloutEngine], batch_prompts: list[list[in
 
 
 def main() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        sys.exit("engine_throughput: vllm is not installed here; run it in the vllm plugin's environment "
-                 "(plugins/vllm/README.md)")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="tokens generated per sequence")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-qwen3",
                         help="tiny-qwen3: the tests' random model; smollm2-135m-instruct: a real small model")
+    parser.add_argument("--against", choices=["vllm", "static"], default="vllm",
+                        help="what the transformers engine's default path is measured against")
     args = parser.parse_args()
+    if args.against == "vllm" and importlib.util.find_spec("vllm") is None:
+        sys.exit("engine_throughput: vllm is not installed here; run it in the vllm plugin's environment "
+                 "(plugins/vllm/README.md), or pass --against static")
 
     path = MODELS[args.model]()
     batch_prompts = prompts(model_sources.load_tokenizer(path))
     engines, startup = {}, {}
-    for name in ("transformers", "vllm"):
+    for name in ("transformers", "vllm" if args.against == "vllm" else "transformers-static"):
         engines[name], startup[name] = start(name, path)
     results = asyncio.run(measure(engines, batch_prompts, args.tokens, args.rounds, args.temperature))
 
@@ -124,8 +132,12 @@ def main() -> None:
         tps = results[name]["tps"]
         rows.append([name, startup[name], results[name]["warmup_s"], min(tps), statistics.median(tps), max(tps)])
     print(table(["engine", "start s", "warm-up s", "min tok/s", "median tok/s", "max tok/s"], rows))
-    ratio = statistics.median(results["vllm"]["tps"]) / statistics.median(results["transformers"]["tps"])
-    print(f"\nvLLM / transformers (median tokens/s): {ratio:.2f}x   (goal >= 3x)")
+    other = "vllm" if args.against == "vllm" else "transformers-static"
+    ratio = statistics.median(results[other]["tps"]) / statistics.median(results["transformers"]["tps"])
+    if args.against == "vllm":
+        print(f"\nvLLM / transformers (median tokens/s): {ratio:.2f}x   (goal >= 3x)")
+    else:
+        print(f"\nstatic / eager (median tokens/s): {ratio:.2f}x")
 
 
 if __name__ == "__main__":  # vLLM spawns its engine processes: the guard keeps them from re-running this

@@ -1,6 +1,7 @@
 """Everything one GPU can tell us in a few minutes, in one call: trainer MFU, engine decode against the
-bandwidth bound, weight sync against the device copy floor, the tiny MoE with and without R3, and a
-3-step ``toolrl train`` end to end. Each item runs in its own subprocess with its own time cap; a failed
+bandwidth bound (static steps in CUDA graphs against the eager path), the one-call packed attention
+against the loop over spans, weight sync against the device copy floor, the tiny MoE with and without
+R3, and a 3-step ``toolrl train`` end to end. Each item runs in its own subprocess with its own time cap; a failed
 item (timeout, OOM, exception) gets a line saying why and the suite goes on. ``DIR/gpu_suite.json`` and
 ``DIR/gpu_suite.md`` are rewritten after every item, so a run killed at its limit leaves what it had.
 
@@ -61,7 +62,9 @@ def plan(smoke: bool) -> list[Item]:
         # prefixes): each process start costs seconds, and the smoke run only shows the code runs.
         return [Item("trainer/tiny-256-group-shared-ckpt", "trainer", dict(s, tokens=256, ckpt=True, group=True,
                                                                            share=True), 60),
-                Item("engine/decode-b4", "engine", dict(s, batch=4, prompt=16, new=8), 60),
+                Item("engine/decode-b4", "engine", dict(s, batch=4, prompt=16, new=8, decode="static"), 60),
+                Item("engine/static-vs-eager", "decode_check", dict(s, batch=3, prompt=16, new=8), 60),
+                Item("attention/one-call-vs-spans", "attention", dict(s, prompt=32), 120),
                 Item("sync/broadcast", "sync", dict(s, transport="broadcast"), 60),
                 Item("sync/shared_memory", "sync", dict(s, transport="shared_memory"), 60),
                 Item("sync/object_store", "sync", dict(s, transport="object_store"), 60),
@@ -74,8 +77,19 @@ def plan(smoke: bool) -> list[Item]:
     return [Item("trainer/1.7b-16k-ckpt", "trainer", dict(shape="1.7b", tokens=16384, ckpt=True), 45),
             Item("trainer/1.7b-16k-group-unshared", "trainer",
                  dict(shape="1.7b", tokens=16384, ckpt=True, group=True, share=False), 45),
+            # One attention call per layer (FlexAttention, compiled in the item: its cap allows for that),
+            # then the loop of one sdpa call per span that it replaces, in the same run.
             Item("trainer/1.7b-16k-group-shared", "trainer",
-                 dict(shape="1.7b", tokens=16384, ckpt=True, group=True, share=True), 45),
+                 dict(shape="1.7b", tokens=16384, ckpt=True, group=True, share=True), 120),
+            Item("trainer/1.7b-16k-group-shared-spans", "trainer",
+                 dict(shape="1.7b", tokens=16384, ckpt=True, group=True, share=True, attention="spans"), 45),
+            Item("attention/one-call-vs-spans", "attention", dict(shape="0.6b", prompt=300), 120),
+            # Static decode steps (CUDA graphs, the default on CUDA) against the eager path, same shapes.
+            Item("engine/decode-b64", "engine", dict(shape="0.6b", batch=64, prompt=256, new=128), 60),
+            Item("engine/decode-b64-eager", "engine", dict(shape="0.6b", batch=64, prompt=256, new=128,
+                                                            decode="eager"), 35),
+            Item("engine/decode-b256", "engine", dict(shape="0.6b", batch=256, prompt=256, new=128), 60),
+            Item("engine/static-vs-eager", "decode_check", dict(shape="0.6b", batch=16, prompt=128, new=64), 60),
             Item("sync/broadcast", "sync", dict(shape="0.6b", transport="broadcast"), 30),
             # Run 1 took 28 s (opening the link: 13.6 s of it); run 3 timed out at a cap of 30.
             Item("sync/shared_memory", "sync", dict(shape="0.6b", transport="shared_memory"), 60),
@@ -85,8 +99,6 @@ def plan(smoke: bool) -> list[Item]:
                 "num_attention_heads: 16, num_key_value_heads: 8, head_dim: 128}",
                 "data.batch_size=8", "rollout.n=8", "rollout.max_new_tokens=128", "rollout.max_response_tokens=512",
                 "engine.max_batch_size=64"]), 100),
-            Item("engine/decode-b64", "engine", dict(shape="0.6b", batch=64, prompt=256, new=128), 35),
-            Item("engine/decode-b256", "engine", dict(shape="0.6b", batch=256, prompt=256, new=128), 40),
             Item("trainer/1.7b-16k-nockpt", "trainer", dict(shape="1.7b", tokens=16384, ckpt=False), 40),
             Item("trainer/0.6b-8k-ckpt", "trainer", dict(shape="0.6b", tokens=8192, ckpt=True), 35),
             Item("trainer/0.6b-16k-ckpt", "trainer", dict(shape="0.6b", tokens=16384, ckpt=True), 35),
@@ -211,6 +223,10 @@ def trainer_child(p: dict[str, Any], device: str, profile_to: Path | None = None
     from toolrl.training.step import StepOptions, train_step
     from torch.distributed.device_mesh import init_device_mesh
 
+    if p.get("attention") == "spans":  # the loop over spans, not the device's one call per layer
+        from toolrl.training import packing
+
+        packing.one_call_attention = lambda device: False
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
@@ -255,8 +271,10 @@ def trainer_child(p: dict[str, Any], device: str, profile_to: Path | None = None
 # ---- engine decode ---------------------------------------------------------------------------------
 
 def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None) -> dict[str, Any]:
-    """The transformers engine decoding ``batch`` requests at once; decode time is the run with ``new``
-    tokens minus the run with 2 (the same prefill), against bytes read per decode step / HBM bandwidth."""
+    """The transformers engine decoding ``batch`` requests at once (``decode``: the engine's option, auto
+    by default: static on CUDA); decode time is the run with ``new`` tokens minus the run with 2 (the same
+    prefill), against bytes read per decode step / HBM bandwidth. ``device_share``: the GPU's busy time
+    (kernels, from the profiler) over the wall time of one more run of 16 tokens."""
     import asyncio
     import random
 
@@ -268,7 +286,8 @@ def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = qwen3(p["shape"], device, dtype).eval()
     engine = TransformersEngine(model, qwen_tokenizer(), TransformersEngineConfig(
-        device=device, max_batch_size=p["batch"], reuse_kv_cache=False, share_prompts=False, seed=0))
+        device=device, max_batch_size=p["batch"], reuse_kv_cache=False, share_prompts=False, seed=0,
+        decode=p.get("decode", "auto")))
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 150_000) for _ in range(p["prompt"])] for _ in range(p["batch"])]
 
@@ -286,6 +305,7 @@ def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None)
     short, short_tokens = run(2)
     long, long_tokens = run(p["new"])
     profiled(p["name"], profile_to, lambda: run(16))
+    share = device_share(lambda: run(16)) if device == "cuda" else None
     decode_s, decoded = long - short, long_tokens - short_tokens
     cfg = model.config
     weights = sum(q.numel() * q.element_size() for q in model.parameters())
@@ -296,7 +316,120 @@ def engine_child(p: dict[str, Any], device: str, profile_to: Path | None = None)
     tps = decoded / decode_s
     return {"decode_tokens_per_s": tps, "bound_tokens_per_s": bound, "ratio": tps / bound, "decode_s": decode_s,
             "decoded": decoded, "weight_bytes": weights, "kv_bytes_per_step": kv, "copy_gb_per_s": bw,
-            "hbm_gb_per_s": 2 * bw}
+            "hbm_gb_per_s": 2 * bw, "device_share": share, "decode": "static" if engine._static else "eager",
+            "graphs_captured": engine._static.captures if engine._static else 0}
+
+
+def device_share(fn: Any) -> float:
+    """The device's busy time (the kernels' own time, from torch's profiler) over the wall time of ``fn()``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return busy_us / 1e6 / wall
+
+
+def decode_check_child(p: dict[str, Any], device: str) -> dict[str, Any]:
+    """The static decode step against the eager one on one model: ``batch`` prompts, half greedy and half
+    sampled (seeded), ``new`` tokens each. Greedy rows must give identical tokens; sampled rows draw the
+    same uniforms, so they agree while the logits do; log-probs compared over the tokens both agree on."""
+    import asyncio
+    import random
+
+    import torch
+    from toolrl.engines import SamplingParams
+    from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
+    from toolrl.model_sources import qwen_tokenizer
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = qwen3(p["shape"], device, dtype).eval()
+    rng = random.Random(0)
+    prompts = [[rng.randrange(100, 150_000) for _ in range(p["prompt"] + 7 * i)] for i in range(p["batch"])]
+
+    def generate(decode: str) -> list[Any]:
+        engine = TransformersEngine(model, qwen_tokenizer(), TransformersEngineConfig(
+            device=device, max_batch_size=p["batch"], reuse_kv_cache=False, seed=0, decode=decode))
+
+        async def go() -> list[Any]:
+            return await asyncio.gather(*(engine.generate(q, SamplingParams(
+                temperature=0.0 if i % 2 else 1.0, max_new_tokens=p["new"], seed=i)) for i, q in enumerate(prompts)))
+        return [g[0] for g in asyncio.run(go())]
+
+    eager, static = generate("eager"), generate("static")
+    same, diffs = {"greedy": 0, "sampled": 0}, []
+    for i, (a, b) in enumerate(zip(eager, static, strict=True)):
+        agree = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
+        same["greedy" if i % 2 else "sampled"] += agree == len(a.token_ids)
+        diffs += [abs(x - y) for x, y in zip(a.logprobs[:agree], b.logprobs[:agree])]
+    rows = {"greedy": p["batch"] // 2, "sampled": p["batch"] - p["batch"] // 2}
+    return {"greedy_identical": f"{same['greedy']}/{rows['greedy']}",
+            "sampled_identical": f"{same['sampled']}/{rows['sampled']}",
+            "max_logprob_diff": max(diffs), "mean_logprob_diff": statistics.fmean(diffs),
+            "dtype": str(dtype).removeprefix("torch.")}
+
+
+def attention_child(p: dict[str, Any], device: str) -> dict[str, Any]:
+    """One attention call per layer (FlexAttention on CUDA) against the loop over spans: a policy-loss
+    backward over a tree batch (two groups of 4 sharing a ``prompt``-token prompt, two of each also a first
+    turn) and an unshared one, in fp32, on the shape's Qwen3 and on a Gemma 3 of the same shape with
+    sliding-window layers (a window of prompt / 5): the largest relative differences of log-probs, loss
+    and gradients."""
+    import random
+
+    import torch
+    from toolrl.config import AlgorithmConfig
+    from toolrl.training import packing
+    from toolrl.training.packing import build_batch
+    from toolrl.training.step import policy_loss, response_logprobs
+    from toolrl.trajectory import Trajectory
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(100, 150_000) for _ in range(n)]
+
+    trajs, n = [], p["prompt"]
+    for g in range(2):
+        prompt, turn = ids(n), ids(n // 8)
+        for i in range(4):
+            response = (turn if i < 2 else []) + ids(n // 10 + n // 15 * i)
+            trajs.append(Trajectory(trajectory_id=f"{g}{i}", sample_index=i, group=g, prompt_ids=prompt,
+                                    response_ids=response, response_mask=[1] * len(response),
+                                    logprobs=[-1.0] * len(response)))
+    torch.manual_seed(0)
+    shape = SHAPES[p["shape"]]
+    gemma = Gemma3TextConfig(vocab_size=151936, sliding_window=n // 5, attn_implementation="sdpa",
+                             layer_types=["sliding_attention", "full_attention"] * (shape["num_hidden_layers"] // 2),
+                             **shape)
+    with torch.device(device):
+        models = {"qwen3": qwen3(p["shape"], device, torch.float32), "gemma3-window": Gemma3ForCausalLM(gemma)}
+
+    def loss_and_grads(model: Any, share: bool, one_call: bool) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        packing.one_call_attention = lambda device: one_call
+        batch = build_batch(trajs, [0.5 - 0.1 * i for i in range(len(trajs))], device, share_prefixes=share)
+        model.zero_grad(set_to_none=True)
+        lp = response_logprobs(model, batch, chunk_size=256)
+        norm = {"tokens": float(batch.response_mask.sum()), "seqs": float(len(trajs)), "max_len": 256.0}
+        loss, _ = policy_loss(lp, lp.detach() + 0.01, batch, AlgorithmConfig(), norm)
+        loss.backward()
+        return lp.detach(), loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
+
+    out: dict[str, Any] = {}
+    for name, model in models.items():
+        model.train()
+        for share in (False, True):
+            lp0, loss0, g0 = loss_and_grads(model, share, False)
+            lp1, loss1, g1 = loss_and_grads(model, share, True)
+            key = f"{name}-{'tree' if share else 'packed'}"
+            out[key] = max(float((lp1 - lp0).abs().max()), float((loss1 - loss0).abs() / loss0.abs()),
+                           max(float((g1[n] - g).norm() / g.norm()) for n, g in g0.items() if float(g.norm()) > 0))
+    return out
 
 
 # ---- weight sync -----------------------------------------------------------------------------------
@@ -470,6 +603,10 @@ def train_child(p: dict[str, Any], device: str, out: Path) -> dict[str, Any]:
 
 
 def child(item: Item, device: str, out: Path, profile: bool) -> dict[str, Any]:
+    if item.kind == "decode_check":
+        return decode_check_child(item.params, device)
+    if item.kind == "attention":
+        return attention_child(item.params, device)
     if item.kind in ("trainer", "engine"):
         run = trainer_child if item.kind == "trainer" else engine_child
         return run({**item.params, "name": item.name}, device, out if profile else None)
@@ -521,8 +658,16 @@ def summary(item: Item, r: dict[str, Any], peak: float) -> str:
                 f"MFU {r['tflops_per_s'] / peak:.1%} (of {MEASURED_TFLOPS:.0f}: {r['tflops_per_s'] / MEASURED_TFLOPS:.1%}), "
                 f"peak {r['peak_mb']:,.0f} MB, loss {r['loss']:.6f}")
     if item.kind == "engine":
-        return (f"{r['decode_tokens_per_s']:,.0f} tok/s decode, bound {r['bound_tokens_per_s']:,.0f} "
-                f"(HBM {r['hbm_gb_per_s']:,.0f} GB/s), ratio {r['ratio']:.2f}")
+        share = "" if r.get("device_share") is None else f", GPU busy {r['device_share']:.0%} of wall"
+        return (f"{r['decode']}: {r['decode_tokens_per_s']:,.0f} tok/s decode, bound {r['bound_tokens_per_s']:,.0f} "
+                f"(HBM {r['hbm_gb_per_s']:,.0f} GB/s), ratio {r['ratio']:.2f}{share}, "
+                f"{r['graphs_captured']} graphs captured")
+    if item.kind == "decode_check":
+        return (f"{r['dtype']}: greedy identical {r['greedy_identical']}, sampled identical {r['sampled_identical']}, "
+                f"log-prob diff max {r['max_logprob_diff']:.1e} (mean {r['mean_logprob_diff']:.1e})")
+    if item.kind == "attention":
+        return "largest relative difference, one call vs spans: " + ", ".join(
+            f"{k} {v:.1e}" for k, v in r.items() if isinstance(v, float) and k != "wall_s")
     if item.kind == "sync":
         return (f"{r['sync_s'] * 1e3:.1f} ms for {r['bytes'] / 2**20:,.0f} MiB, copy floor {r['copy_floor_s'] * 1e3:.2f} ms, "
                 f"{r['ratio']:.1f}× the floor")

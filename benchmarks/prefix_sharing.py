@@ -31,6 +31,9 @@ heads — random weights) for a model whose layers, not its LM head, are most of
 ``--shape body`` (hidden 128, 8 layers, MLPs of 4,096) is such a model at a size one core can step.
 ``--attention eager``: the model's eager attention (gpt-oss's kind), which takes the tree as one dense
 mask over the row; its scores are quadratic in the row, so pair it with ``--quick`` on a CPU.
+``--attention spans`` / ``one-call``: sdpa with the packed row's attention as one call per span, or one
+call per layer (``training.packed_attention``: FlexAttention on CUDA, a dense mask on CPU), whatever
+the device's default (``sdpa``: one call on CUDA, spans on CPU).
 """
 
 from __future__ import annotations
@@ -149,6 +152,7 @@ def child(workload: str, share: bool, args: argparse.Namespace) -> None:
     import torch
     from toolrl.config import AlgorithmConfig, OptimConfig
     from toolrl.model_sources import load_model, load_processor, tiny_qwen2_5_vl, tiny_qwen3
+    from toolrl.training import packing
     from toolrl.training.packing import build_batch
     from toolrl.training.peakmem import rss_bytes
     from toolrl.training.step import StepOptions, train_step
@@ -164,7 +168,9 @@ def child(workload: str, share: bool, args: argparse.Namespace) -> None:
         trajs = geo3k_workload(args.groups, args.prompt, processor)
     else:
         model = load_model(tiny_qwen3(**SHAPES[args.shape]), dtype=dtype, device=args.device)
-        model.config._attn_implementation = args.attention
+        model.config._attn_implementation = "eager" if args.attention == "eager" else "sdpa"
+        if args.attention in ("spans", "one-call"):
+            packing.one_call_attention = lambda device: args.attention == "one-call"
         trajs = (group_workload if workload == "group" else tau2_workload)(args.groups, args.prompt)
     optim = OptimConfig(micro_batch_size=GROUP, share_prefixes=share)
     options = StepOptions(AlgorithmConfig(), optim, pad_id=0, temperature=1.0,
@@ -247,8 +253,9 @@ def main() -> None:
     parser.add_argument("--share", type=int, default=1)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                        help="the text model's attention (eager: the tree as one dense mask)")
+    parser.add_argument("--attention", choices=["sdpa", "eager", "spans", "one-call"], default="sdpa",
+                        help="the text model's attention (eager: the tree as one dense mask; spans / one-call: "
+                        "sdpa with one call per span / per layer, whatever the device's default)")
     args = parser.parse_args()
     if args.quick:
         args.prompt, args.repeats = 512, 1

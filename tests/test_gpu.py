@@ -169,3 +169,49 @@ def test_a_vision_language_model_on_the_gpu():
     assert math.isfinite(out["loss"]) and out["grad_norm"] > 0
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert any(".visual." in n for n in moved) and any(".language_model." in n for n in moved)
+
+
+async def test_static_decode_in_cuda_graphs_matches_eager_on_the_gpu(tiny_qwen3_path, windowed, qwen3_tokenizer):
+    """The static decode steps, captured as CUDA graphs, against the eager path on the GPU (fp32): the
+    same greedy and seeded tokens, log-probs within 1e-4, with Gemma 3's sliding window too."""
+    from test_static_decode import USER_TEXTS, compare
+    from toolrl.model_sources import load_model
+
+    prompts = [qwen3_tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                   return_dict=False) for t in USER_TEXTS]
+    for module, scale in ((load_model(tiny_qwen3_path), 12.0), (windowed, 40.0)):
+        static = await compare(tiny_qwen3_path, module, scale, qwen3_tokenizer, prompts, tol=1e-4, device="cuda")
+        assert static._static.graphs is not None and static._static.captures > 0
+
+
+def test_one_call_attention_trains_as_the_span_loop_on_the_gpu(tiny_qwen3_path, windowed, monkeypatch):
+    """FlexAttention (compiled) over packed and tree rows against the loop of one sdpa call per span, on the
+    GPU in fp32: the same log-probs, loss and gradients within 1e-4, Gemma 3's window included."""
+    import copy
+
+    from test_prefix_sharing import common_first_turn, shared_prompt
+    from toolrl.config import AlgorithmConfig
+    from toolrl.model_sources import load_model
+    from toolrl.training import packing
+    from toolrl.training.packing import build_batch
+    from toolrl.training.step import policy_loss, response_logprobs
+
+    def run(model, trajs, share, one_call):
+        monkeypatch.setattr(packing, "one_call_attention", lambda device: one_call)
+        batch = build_batch(trajs, [0.5 - 0.3 * i for i in range(len(trajs))], "cuda", share_prefixes=share)
+        model.zero_grad(set_to_none=True)
+        lp = response_logprobs(model, batch, chunk_size=7)
+        norm = {"tokens": float(batch.response_mask.sum()), "seqs": float(len(trajs)), "max_len": 32.0}
+        loss, _ = policy_loss(lp, lp.detach() + 0.01, batch, AlgorithmConfig(tis_cap=2.0), norm)
+        loss.backward()
+        return lp.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    for model in (load_model(tiny_qwen3_path), copy.deepcopy(windowed)):
+        model = model.to("cuda").train()
+        for case in (shared_prompt, common_first_turn):
+            for share in (False, True):
+                (lp0, loss0, g0), (lp1, loss1, g1) = run(model, case(), share, False), run(model, case(), share, True)
+                assert torch.allclose(lp1, lp0, atol=1e-4, rtol=0)
+                assert abs(float(loss1 - loss0)) <= 1e-4 * abs(float(loss0))
+                for name, g in g0.items():
+                    assert float((g1[name] - g).norm()) <= 1e-4 * float(g.norm()) + 1e-12, name

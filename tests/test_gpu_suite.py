@@ -19,7 +19,9 @@ ALLOWED_SKIPS = {"sync/broadcast": "skipped: needs CUDA", "sync/object_store": "
 # The default run: the trainer, engine and end-to-end items (what the suite's goals rest on). The weight-sync
 # and MoE items wrap code the default tests cover themselves (test_weight_transport's conformance of every
 # transport, test_routing_replay's R3) and run in `long`, with the object store's.
-DEFAULT = ["trainer", "engine", "train"]
+DEFAULT = ["trainer", "engine/decode-b4", "train"]
+# The checks of the fast paths against the ones they replace (static decode, one-call packed attention).
+CHECKS = ["engine/static-vs-eager", "attention"]
 LONG = ["sync/broadcast", "sync/shared_memory", "sync/object_store", "moe"]
 
 
@@ -41,6 +43,18 @@ def run_suite(out: Path, only: list[str]) -> dict:
 def test_the_gpu_suite_runs_on_cpu(tmp_path):
     results = run_suite(tmp_path, DEFAULT)
     assert list(results) == ["trainer/tiny-256-group-shared-ckpt", "engine/decode-b4", "train/3-steps"]
+    assert results["engine/decode-b4"]["decode"] == "static"
+
+
+@pytest.mark.slow
+def test_the_gpu_suite_checks_of_the_fast_paths_run_on_cpu(tmp_path):
+    results = run_suite(tmp_path, CHECKS)
+    assert list(results) == ["engine/static-vs-eager", "attention/one-call-vs-spans"]
+    check = results["engine/static-vs-eager"]
+    assert check["greedy_identical"] == "1/1" and check["max_logprob_diff"] < 1e-4
+    # On CPU one call is an sdpa call with the dense mask, in fp32: equal to rounding.
+    assert len(results["attention/one-call-vs-spans"]) > 4
+    assert max(v for k, v in results["attention/one-call-vs-spans"].items() if k.startswith(("qwen3", "gemma3"))) < 1e-4
 
 
 @pytest.mark.slow

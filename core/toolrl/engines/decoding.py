@@ -10,6 +10,9 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 _CDF_BLOCK = 1024
+# Uniforms a sampled row draws from its generator at once: block draws continue the generator's stream
+# exactly as one draw per token would (CPU generators), at one call per block instead of one per token.
+UNIFORM_BLOCK = 64
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -36,10 +39,11 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     vals = probs.gather(1, index.clamp(max=vocab - 1)) * inside
     within = vals.cumsum(-1, dtype=torch.float64)
     k = torch.searchsorted(within, (target - before)[:, None]).clamp_(max=_CDF_BLOCK - 1)
-    # Rounding can put k on a zero entry at the block's edge: move to the nearest nonzero one.
+    # Rounding can put k on a zero entry at the block's edge: move to the nearest nonzero one. On a CPU
+    # only when a row needs it (the check is free there); on a GPU for every row (checking would wait for it).
     nonzero = vals > 0
     ok = nonzero.gather(1, k)
-    if not bool(ok.all()):
+    if probs.is_cuda or not bool(ok.all()):
         last_before = torch.where(nonzero & (offsets <= k), offsets, -1).max(-1, keepdim=True).values
         first_after = torch.where(nonzero & (offsets > k), offsets, _CDF_BLOCK).min(-1, keepdim=True).values
         k = torch.where(ok, k, torch.where(last_before >= 0, last_before, first_after))

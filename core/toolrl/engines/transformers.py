@@ -57,20 +57,21 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
     from toolrl import masks
-    from toolrl.engines.decoding import BufferLayer, inverse_cdf
+    from toolrl.engines.decoding import UNIFORM_BLOCK, BufferLayer, inverse_cdf
     from toolrl.engines.expert_routing import ExpertRouting
+    from toolrl.engines.static_decode import StaticDecoder
 
 
 def _import_torch() -> None:
     """Bind torch and the modules built on it as this module's names, once, when the first engine is made.
     Not at import: the run check reads this class (its options and ``check_run``) before anything loads,
     and torch's import alone is a second of ``toolrl train --check``."""
-    global torch, Cache, masks, BufferLayer, inverse_cdf, ExpertRouting
+    global torch, Cache, masks, UNIFORM_BLOCK, BufferLayer, inverse_cdf, ExpertRouting
     import torch
     from transformers.cache_utils import Cache
 
     from toolrl import masks
-    from toolrl.engines.decoding import BufferLayer, inverse_cdf
+    from toolrl.engines.decoding import UNIFORM_BLOCK, BufferLayer, inverse_cdf
     from toolrl.engines.expert_routing import ExpertRouting
 
 
@@ -91,6 +92,10 @@ class TransformersEngineConfig(BaseModel):
                                 "group's n trajectories) once and clone its KV to them.")
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
                                 "was routed to (Generation.routed_experts), for algorithm.routing_replay: r3.")
+    decode: Literal["auto", "eager", "static"] = Field(
+        "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.static_decode), "
+        "captured as CUDA graphs on CUDA; eager: the growing buffers; auto: static on CUDA for a text model "
+        "that records no routes, else eager.")
 
 
 @dataclass
@@ -124,11 +129,19 @@ class _Row:
 
     req: _Request
     index: int
-    generator: torch.Generator | None
+    generator: torch.Generator | None  # on the host, whatever the device; None: greedy
     next_token: int = -1  # sampled but not yet fed to the model
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     experts: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
+    uniforms: list[float] = field(default_factory=list)  # drawn from the generator, not yet used (last first)
+
+    def uniform(self) -> float:
+        """The generator's next uniform in [0, 1), drawn UNIFORM_BLOCK at a time."""
+        if not self.uniforms:
+            block = torch.rand(UNIFORM_BLOCK, generator=self.generator, dtype=torch.float64)
+            self.uniforms = block.tolist()[::-1]
+        return self.uniforms.pop()
 
 
 @dataclass
@@ -198,6 +211,8 @@ class TransformersEngine(RolloutEngine):
         # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
         self._expert_dtype = torch.uint8 if self._routing is None or self._routing.num_experts <= 256 else torch.int16
         self._experts: torch.Tensor | None = None
+        self._static = self._static_decoder(config.decode)
+        self._weight_ptrs = self._weight_pointers()
         self._pending: list[_Request] = []
         self._batch = _Batch()
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -214,6 +229,16 @@ class TransformersEngine(RolloutEngine):
         self._closed = False
 
     # ----------------------------------------------------------------- construction
+
+    def _static_decoder(self, mode: str) -> StaticDecoder | None:
+        from toolrl.engines.static_decode import StaticDecoder
+
+        supported = self.vision is None and self._routing is None
+        if mode == "static" and not supported:
+            raise ValueError("decode: static takes a text model that records no routes (record_routes: false)")
+        if mode == "eager" or (mode == "auto" and (self.device.type != "cuda" or not supported)):
+            return None
+        return StaticDecoder(self.model, graphs=self.device.type == "cuda")
 
     @classmethod
     def check_run(cls, run: Any) -> list[str]:
@@ -305,6 +330,8 @@ class TransformersEngine(RolloutEngine):
             self.model.requires_grad_(False).eval()
             self.__dict__.pop("_weights_by_name", None)
             self._invalidate_sessions()
+            if self._static is not None:
+                self._static.reset()  # new modules: the captured graphs read the old ones
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:
@@ -336,6 +363,8 @@ class TransformersEngine(RolloutEngine):
         # The running batch frees its buffers whenever it empties; only kept sessions outlive it.
         with self._sessions_lock:
             self._sessions.clear()
+        if self._static is not None:
+            self._static.reset()  # their memory pool goes too
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -463,6 +492,27 @@ class TransformersEngine(RolloutEngine):
         batch.length += q
         return out.logits[:, -1].float()
 
+    def _static_step(self, batch: _Batch, ids: torch.Tensor) -> torch.Tensor:
+        """The decode step's logits through the static decoder: rows padded to their bucket (a padding
+        row sees only its own column, so its softmax has a key), attention over the whole capacity."""
+        assert batch.mask is not None and batch.positions is not None and self._static is not None
+        live = len(batch.rows)
+        rows = self._bucket(live)
+        mask, positions = batch.mask, batch.positions[:, None]
+        if rows > live:
+            pad = mask.new_zeros(rows - live, batch.capacity)
+            pad[:, batch.length] = True
+            mask = torch.cat([mask, pad])
+            ids = torch.cat([ids, ids.new_zeros(rows - live, 1)])
+            positions = torch.cat([positions, positions.new_zeros(rows - live, 1)])
+        prepared = mask[:, None, None, :] if self.window is None else self._window_masks(mask, 1)
+        column = torch.tensor([batch.length], device=self.device)
+        logits = self._static.step([k[:rows] for k in batch.keys], [v[:rows] for v in batch.values], ids, positions,
+                                   column, prepared)
+        self.stats.steps += 1
+        batch.length += 1
+        return logits[:live]
+
     def _window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """Additive [rows, 1, q, columns] masks for the last ``q`` columns of ``mask``: causal, and
         for sliding-window layers also within the window, both by position (a row's real columns hold
@@ -478,7 +528,7 @@ class TransformersEngine(RolloutEngine):
         if needed <= batch.capacity and slots <= batch.slots:
             return
         assert batch.mask is not None
-        capacity = batch.capacity if needed <= batch.capacity else max(needed + 64, 2 * batch.capacity)
+        capacity = batch.capacity if needed <= batch.capacity else self._capacity(max(needed + 64, 2 * batch.capacity))
         slots = max(slots, batch.slots)
         live, used = batch.mask.shape[0], batch.length
         mask = batch.mask.new_zeros(live, capacity)
@@ -494,12 +544,26 @@ class TransformersEngine(RolloutEngine):
             batch.keys = [grown(k) for k in batch.keys]
             batch.values = [grown(v) for v in batch.values]
 
+    def _capacity(self, columns: int) -> int:
+        """Buffer columns for ``columns``: static decode rounds them to a power of two, so that its
+        steps take few shapes (one CUDA graph each)."""
+        return 1 << (columns - 1).bit_length() if self._static is not None else columns
+
+    def _bucket(self, rows: int) -> int:
+        from toolrl.engines.static_decode import bucket
+
+        return bucket(rows, self.config.max_batch_size)
+
     def _decode(self, batch: _Batch) -> torch.Tensor:
         assert batch.mask is not None and batch.positions is not None
         ids = torch.tensor([[r.next_token] for r in batch.rows], device=self.device)
-        self._reserve(batch, batch.length + 1)
+        # Static steps run on a bucket of rows: the buffers get its slots before the column is marked.
+        self._reserve(batch, batch.length + 1, 0 if self._static is None else self._bucket(len(batch.rows)))
         batch.mask[:, batch.length] = True
-        logits = self._forward(batch, ids, batch.positions[:, None])
+        if self._static is not None:
+            logits = self._static_step(batch, ids)
+        else:
+            logits = self._forward(batch, ids, batch.positions[:, None])
         batch.positions += 1
         if self._experts is not None:
             for row, fed in zip(batch.rows, self._experts):
@@ -563,7 +627,7 @@ class TransformersEngine(RolloutEngine):
         # Room for the whole generation, so a long context's turn never copies its buffer to grow; at
         # most the prompt's own size again (a short prompt grows cheaply), within the model's context.
         longest = max(req.params.max_new_tokens for req in admitted)
-        capacity = tc + dm + max(1, min(longest, max(64, tc + dm), self.max_model_len - tc - dm))
+        capacity = self._capacity(tc + dm + max(1, min(longest, max(64, tc + dm), self.max_model_len - tc - dm)))
         group = _Batch()
         group.mask = torch.zeros(b, capacity, dtype=torch.bool, device=self.device)
         ids = torch.zeros(b, dm, dtype=torch.long, device=self.device)  # padding ids are masked out
@@ -621,9 +685,7 @@ class TransformersEngine(RolloutEngine):
         if req.params.temperature == 0:
             return None
         seed = req.params.seed if req.params.seed is not None else next(self._unseeded)
-        gen = torch.Generator(device=self.device)
-        gen.manual_seed(sample_seed(seed, index))
-        return gen
+        return torch.Generator().manual_seed(sample_seed(seed, index))
 
     def _advance(self, batch: _Batch, rows: list[_Row], logits: torch.Tensor, finished: list[_Request]) -> None:
         """Sample one token per row, record it, and drop rows that are done."""
@@ -670,8 +732,9 @@ class TransformersEngine(RolloutEngine):
 
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
         """Greedy rows take the argmax (logprob from the raw logits); sampled rows draw from
-        softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at one uniform
-        from their own generator. The logprob is that of softmax(logits / T), before top-p."""
+        softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at one uniform from
+        their own generator (all rows' reach the device in one copy). The logprob is that of
+        softmax(logits / T), before top-p."""
         temps = [r.req.params.temperature for r in rows]
         if any(t not in (0, 1) for t in temps):
             logits = logits / torch.tensor([t or 1.0 for t in temps], device=logits.device)[:, None]
@@ -689,11 +752,12 @@ class TransformersEngine(RolloutEngine):
                 outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
                 p = p.clone() if p is probs else p  # the logprobs are taken before top-p
                 p[nucleus] = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-            u = torch.stack([torch.rand((), generator=rows[i].generator, dtype=torch.float64, device=p.device)
-                             for i in sampled])
+            u = torch.tensor([rows[i].uniform() for i in sampled], dtype=torch.float64, device=p.device)
             chosen[torch.tensor(sampled, device=p.device)] = inverse_cdf(p, u)
         logprobs = probs.gather(1, chosen[:, None])[:, 0].log()
-        return chosen.tolist(), logprobs.tolist()
+        # One copy to the host for both (token ids are exact in float64).
+        ids, lps = torch.stack((chosen.to(torch.float64), logprobs.to(torch.float64))).tolist()
+        return [int(i) for i in ids], lps
 
     # ----------------------------------------------------------------- batch surgery (worker thread)
 
@@ -742,7 +806,7 @@ class TransformersEngine(RolloutEngine):
             return
         # A stable sort on the mask puts each row's padding first and its real columns last, in order.
         order = torch.sort(used.to(torch.int8), dim=1, stable=True).indices[:, waste:]
-        capacity = real + max(64, real // 2)
+        capacity = self._capacity(real + max(64, real // 2))
         mask = torch.zeros(len(batch.rows), capacity, dtype=torch.bool, device=self.device)
         mask[:, :real] = used.gather(1, order)
         batch.keys = [self._gather_columns(k, order, capacity) for k in batch.keys]
@@ -790,11 +854,17 @@ class TransformersEngine(RolloutEngine):
         # Tensor._version counts in-place writes: an optimizer step on a shared module bumps it.
         return tuple(p._version for p in self.model.parameters())
 
+    def _weight_pointers(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
     def _invalidate_sessions(self) -> None:
         with self._sessions_lock:
             self._sessions.clear()
         self._version += 1
         self._param_versions = self._parameter_versions()
+        if self._static is not None and (ptrs := self._weight_pointers()) != self._weight_ptrs:
+            self._static.reset()  # a weight was replaced, not written in place: graphs read the old one
+            self._weight_ptrs = ptrs
 
     def _save_session(self, batch: _Batch, i: int, row: _Row) -> None:
         assert batch.mask is not None

@@ -12,7 +12,8 @@ Attention over the packed row:
   ``cu_seq_lens``.
 - sdpa models (the default): the model's attention implementation is switched, once, to
   ``toolrl_varlen_sdpa``, which is sdpa itself for every ordinary call (same mask function, same
-  kernel) and runs one causal sdpa per sequence when it is given ``cu_seq_lens``. The switch is
+  kernel) and, given ``cu_seq_lens``, runs one causal sdpa per sequence (CPU) or one FlexAttention call
+  over the whole row (CUDA: :mod:`toolrl.training.packed_attention`, trees and windows included). The switch is
   permanent rather than scoped to the forward so that gradient checkpointing, which re-runs the
   forward inside backward, takes the same path.
 - eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
@@ -63,6 +64,8 @@ VARLEN_SDPA = "toolrl_varlen_sdpa"
 ULYSSES_SDPA = "toolrl_ulysses_sdpa"
 # The keyword that carries a tree batch's per-span attention through the model to varlen_sdpa.
 TREE_KWARG = "toolrl_tree"
+# The keyword that carries a row's attention pattern (one call per layer) to varlen_sdpa.
+PATTERN_KWARG = "toolrl_pattern"
 log = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set[str] = set()  # attention implementations already said to fall back
 
@@ -339,7 +342,11 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
               "use_cache": False, **tokens}
     impl = config._attn_implementation
     if impl in (VARLEN_SDPA, ULYSSES_SDPA):
-        if tree is not None:
+        if one_call_attention(device):
+            from toolrl.training.packed_attention import RowPattern
+
+            varlen[PATTERN_KWARG] = RowPattern.of([0, *itertools.accumulate(b - a for a, b in segments)], tree, device)
+        elif tree is not None:
             varlen[TREE_KWARG] = tree
         # An all-ones mask: sdpa's mask function turns it into "no mask" and skips packed detection.
         out = base(position_ids=position_ids, attention_mask=torch.ones_like(input_ids), **varlen)
@@ -350,9 +357,17 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     return out.last_hidden_state[0]
 
 
+def one_call_attention(device: torch.device) -> bool:
+    """Whether a packed row's attention is one call per layer (:mod:`toolrl.training.packed_attention`)
+    rather than one sdpa call per span. On CUDA: the loop's launches, not the GPU, bound the shared-prefix
+    step (docs/gpu.md). On CPU the loop is faster: one call computes every (query, key) pair of the row,
+    the loop only those within each span and its context (benchmarks/prefix_sharing.py --one-call)."""
+    return device.type == "cuda"
+
+
 def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
-                toolrl_tree: list[torch.Tensor | None] | None = None,
+                toolrl_tree: list[torch.Tensor | None] | None = None, toolrl_pattern: Any = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -363,6 +378,12 @@ def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torc
     for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
         kwargs.pop(k, None)
     window = kwargs.pop("sliding_window", None)
+    if toolrl_pattern is not None:
+        from toolrl.training.packed_attention import attend
+
+        if kwargs.get("dropout", 0.0):
+            raise ValueError("one-call packed attention takes no attention dropout")
+        return attend(module, query, key, value, toolrl_pattern, window, kwargs.get("scaling"), query.is_cuda), None
     bounds = cu_seq_lens_q.tolist()
     outs = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
