@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolrl.algorithms.teacher import Teachers
 from toolrl.config import Config, ConfigError
 from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
@@ -35,6 +36,7 @@ class Prepared:
     position: int = 0
     ahead: StepBatch | None = None
     recovered: list[dict[str, Any]] = field(default_factory=list)
+    teachers: Teachers | None = None  # on-policy distillation's (algorithm.teacher), loaded once
 
 
 @dataclass
@@ -56,7 +58,11 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)
     try:
-        return await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+        prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+        # The teachers score every batch in this process (toolrl.algorithms.teacher); their weights load once.
+        if config.algorithm.teachers:
+            prepared.teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir)
+        return prepared
     except BaseException:
         await roles.close()
         raise
