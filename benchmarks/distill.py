@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-3",
                     help="the opd arm's overrides (the teacher is added)")
     ap.add_argument("--grpo", default="algorithm.advantage=dr_grpo optim.lr=5.0e-2", help="the grpo arm's overrides")
+    ap.add_argument("--teacher", default="algorithm.advantage=grpo optim.lr=5.0e-3",
+                    help="the teacher run's overrides (from the same initial model, on the reward)")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.teacher_steps = 1, 4, 8
@@ -169,8 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = Path(tmp)
         model = peaked_model(base / "model")
         t0 = time.perf_counter()
-        train(model, base / "teacher-run", 0, args.teacher_steps, args,
-              ["algorithm.advantage=dr_grpo", "optim.lr=5.0e-2"], args.teacher_steps)
+        train(model, base / "teacher-run", 0, args.teacher_steps, args, shlex.split(args.teacher), args.teacher_steps)
         teacher = export(base / "teacher-run", base / "teacher")
         teacher_ok = held_out(teacher, base / "teacher-eval", args)
         before = held_out(model, base / "before-eval", args)

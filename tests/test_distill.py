@@ -190,6 +190,14 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     assert sum(lp[:len(first)]) == pytest.approx(direct, abs=1e-4)
     # The student's end of turn is the teacher's: a likely token after a finished answer, not text.
     assert lp[-1] > -15
+    # Given the prompt's messages, the teacher renders them with its own template instead.
+    messages = [{"role": "user", "content": "What is 6 times 7?"}]
+    teacher.score([t], lambda traj: messages)
+    rendered = ttok(ttok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                    add_special_tokens=False)["input_ids"]
+    assert sum(t.teacher_logprobs[:len(first)]) == pytest.approx(
+        sum(teacher.token_logprobs(rendered + text_ids, len(rendered))), abs=1e-4)
+    assert sum(t.teacher_logprobs[:len(first)]) != pytest.approx(direct, abs=1e-2)
 
 
 # -- settings refused before any model loads --------------------------------------------------------

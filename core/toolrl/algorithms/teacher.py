@@ -13,7 +13,7 @@ and a run with images (an image's placeholder tokens have no text to align).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
@@ -75,8 +75,8 @@ def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
     """``teacher`` against the run (:class:`toolrl.roles.run_check.RunFacts`), before any model loads:
     its tokenizer loads; another tokenizer than the student's must have a template that ends a turn
     with a special token (the student's end of turn is scored as it) and a fast tokenizer's character
-    offsets; a vision-language student is refused (image tokens have no text). Warns that the teacher's
-    context keeps the student's text."""
+    offsets; a vision-language student is refused (image tokens have no text). Warns of what the
+    alignment approximates."""
     if "vision_config" in run.model_config:
         raise ConfigError(f"{where}: the student takes images, and an image's placeholder tokens have no text a "
                           "teacher could score: distillation is for text-only runs here")
@@ -95,8 +95,14 @@ def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
         end_of_turn(tokenizer)
     except Exception as exc:
         raise ConfigError(f"{where}.model: its tokenizer cannot render a conversation: {one_line(str(exc))}") from None
-    return [f"{where}: another tokenizer than the student's: it scores the student's text aligned by characters "
-            "(docs/distillation.md), its context the student's conversation as text"]
+    return [f"{where}: another tokenizer than the student's: it scores the student's text aligned by characters, "
+            "the prompt rendered by its own template, later tool results as the student's text "
+            "(docs/distillation.md)"]
+
+
+# A trajectory's prompt as chat messages (its sample's), for a teacher of another tokenizer to render
+# with its own template; None where they are not known (a recorded trajectory, a forked piece).
+Conversation = Callable[["Trajectory"], "list[dict[str, Any]] | None"]
 
 
 class Teacher:
@@ -122,7 +128,9 @@ class Teacher:
             lp = torch.log_softmax(logits, -1).gather(-1, x[0, first:, None])[:, 0]
         return lp.cpu().tolist()
 
-    def score(self, trajectories: Sequence[Trajectory]) -> None:
+    def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None) -> None:
+        """Each trajectory's ``teacher_logprobs``; ``conversation`` gives a teacher of another tokenizer
+        the prompt's messages, which it renders with its own chat template."""
         for t in trajectories:
             if t.images:
                 raise ValueError(f"trajectory {t.trajectory_id}: holds images, whose tokens no teacher can score")
@@ -132,15 +140,19 @@ class Teacher:
                 lp = self.token_logprobs(t.prompt_ids + t.response_ids, len(t.prompt_ids))
                 t.teacher_logprobs = [v if m else 0.0 for v, m in zip(lp, t.response_mask, strict=True)]
             else:
-                t.teacher_logprobs = self.across(t)
+                t.teacher_logprobs = self.across(t, None if conversation is None else conversation(t))
 
-    def across(self, t: Trajectory) -> list[float]:
-        """A trajectory scored through the teacher's tokenizer (:mod:`toolrl.algorithms.align`)."""
+    def across(self, t: Trajectory, messages: list[dict[str, Any]] | None = None) -> list[float]:
+        """A trajectory scored through the teacher's tokenizer (:mod:`toolrl.algorithms.align`); its prompt
+        rendered by the teacher's template from ``messages`` when given, else the student's prompt as text."""
         special = special_ids(self.student)
         ids: list[int] = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         # Per sampled student token: the teacher tokens (index into ids, char span) of its piece, and its ends.
         scored: list[tuple[int, list[int], list[tuple[int, int]], list[int]]] = []
         context = [i for i in t.prompt_ids if i not in special]
+        if messages is not None and getattr(self.tokenizer, "chat_template", None):
+            ids = self._encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            context = []
         for piece in pieces(t.response_mask):
             chunk = t.response_ids[piece.start:piece.end]
             if not piece.sampled:
@@ -181,9 +193,11 @@ class Teachers:
     """The run's teachers (``algorithm.teacher``), loaded once; :meth:`score` gives every trajectory of a
     batch its route's teacher's log-probs (those of routes no teacher scores stay None)."""
 
-    def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str) -> None:
+    def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str,
+                 conversation: Conversation | None = None) -> None:
         self.configs = list(configs)
         self.teachers = [Teacher(c, student_tokenizer, base_dir) for c in self.configs]
+        self.conversation = conversation
 
     def score(self, trajectories: Sequence[Trajectory]) -> None:
         by_teacher: dict[int, list[Trajectory]] = {}
@@ -192,4 +206,4 @@ class Teachers:
             if k is not None:
                 by_teacher.setdefault(k, []).append(t)
         for k, batch in by_teacher.items():
-            self.teachers[k].score(batch)
+            self.teachers[k].score(batch, self.conversation)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.algorithms.teacher import Teachers
+from toolrl.algorithms.teacher import Conversation, Teachers
 from toolrl.config import Config, ConfigError
-from toolrl.data.batches import AHEAD, StepBatch
+from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
 from toolrl.plugins import get_plugins
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
@@ -21,6 +21,7 @@ from toolrl.roles.start import Roles, start_roles
 from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller
 from toolrl.training.export import save_model_files
+from toolrl.trajectory import Trajectory
 
 
 @dataclass
@@ -61,11 +62,25 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
         prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
         # The teachers score every batch in this process (toolrl.algorithms.teacher); their weights load once.
         if config.algorithm.teachers:
-            prepared.teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir)
+            prepared.teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
+                                         None if config.data.trajectories else sample_conversation(run))
         return prepared
     except BaseException:
         await roles.close()
         raise
+
+
+def sample_conversation(run: ResolvedRun) -> Conversation:
+    """A trajectory's prompt messages: its group's sample (a pure function of the group,
+    :func:`toolrl.data.batches.prompt_for_group`); none for a forked piece, whose prompt holds later turns."""
+    seed, shuffle = run.config.trainer.seed, run.config.data.shuffle
+
+    def conversation(t: Trajectory) -> list[dict[str, Any]] | None:
+        if t.piece:
+            return None
+        return [m.to_template() for m in prompt_for_group(run.samples, t.group, seed, shuffle).prompt]
+
+    return conversation
 
 
 def check_training(config: Config, resume: bool = False, overwrite: bool = False) -> Checked:
