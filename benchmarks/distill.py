@@ -9,12 +9,17 @@ tokens whose initial embedding points to the positive side of one direction (hal
 Prompts are the arithmetic environment's; a held-out trajectory succeeds when at least
 ``--threshold`` of its tokens are aligned.
 
-1. The teacher: the same initial model trained on the reward (``--teacher-steps`` steps of
-   ``dr_grpo`` at lr 5e-2, the fastest pair of docs/algorithms.md's matrix), exported.
+1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``
+   steps of ``grpo`` at lr 5e-3, the default pair of docs/algorithms.md's matrix), exported. Not the
+   fastest recipe on purpose: ``dr_grpo`` at 5e-2 solves the task too (64/64) but collapses onto a few
+   tokens, to which the student, sampling from ~150k, gives mass ~e^-11; every token it samples then
+   has a teacher log-prob near -25, so every advantage is about -14, aligned or not (measured: 0 of
+   192 positive), and distillation has no direction to follow. The teacher trained gently keeps the
+   student's support (aligned tokens: mean advantage +0.21, 57% positive; the others -1.10, 18%).
 2. Each arm from the initial model, ``--seeds`` seeds: ``opd`` (pure distillation, ``reward_weight``
-   0: the reward is never read) and ``grpo`` (``--grpo``: by default the same ``dr_grpo`` at 5e-2, the
-   strongest reward-only setting measured here). Every ``--eval-every`` steps the held-out split is
-   sampled (16 problems × 4 samples at temperature 1 = 64 trajectories).
+   0: the reward is never read) and ``grpo`` (``--grpo``: ``dr_grpo``, the fastest reward-only pair of
+   the matrix), both at lr 5e-2. Every ``--eval-every`` steps the held-out split is sampled (16
+   problems × 4 samples at temperature 1 = 64 trajectories).
 
 Generated tokens are the trained tokens (``response_mask`` 1) of every step's trajectories. Tokens to
 90% of the teacher's success: where the seed-mean curve (linear between evaluations, the untrained
@@ -152,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--teacher-steps", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--threshold", type=float, default=0.75, help="aligned share a held-out success needs")
-    ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-3",
+    ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-2",
                     help="the opd arm's overrides (the teacher is added)")
     ap.add_argument("--grpo", default="algorithm.advantage=dr_grpo optim.lr=5.0e-2", help="the grpo arm's overrides")
     ap.add_argument("--teacher", default="algorithm.advantage=grpo optim.lr=5.0e-3",

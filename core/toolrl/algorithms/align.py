@@ -24,28 +24,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Piece", "char_ends", "pieces", "spread"]
+__all__ = ["MaskRun", "char_ends", "pieces", "spread"]
 
 
 @dataclass(frozen=True)
-class Piece:
-    """A run of the trajectory's tokens with one mask value: ``start``/``end`` index the response
-    (-1 start: the prompt), ``sampled`` its mask."""
+class MaskRun:
+    """A run of the response's tokens with one mask value: ``start``/``end`` index the response,
+    ``sampled`` its mask (1: the student sampled them)."""
 
     start: int
     end: int
     sampled: bool
 
 
-def pieces(mask: Sequence[int]) -> list[Piece]:
+def pieces(mask: Sequence[int]) -> list[MaskRun]:
     """The response's runs of equal ``mask`` values, in order."""
-    out: list[Piece] = []
+    out: list[MaskRun] = []
     k = 0
     while k < len(mask):
         j = k
         while j < len(mask) and bool(mask[j]) == bool(mask[k]):
             j += 1
-        out.append(Piece(k, j, bool(mask[k])))
+        out.append(MaskRun(k, j, bool(mask[k])))
         k = j
     return out
 
