@@ -231,3 +231,21 @@ def test_a_training_run_has_its_teacher_score_every_batch(tmp_path):
     assert row["teacher_s"] > 0 and row["advantage_abs_mean"] < 1e-5  # the teacher is the student's weights
     traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert all(len(t["teacher_logprobs"]) == len(t["response_ids"]) for t in traces)
+
+
+@pytest.mark.parametrize("kind", ["no model", "no end of turn"])
+def test_a_teacher_that_cannot_score_is_one_line_before_any_model_loads(tmp_path, smollm2, kind):
+    """A directory with a tokenizer but no model; a model whose template ends an assistant turn with
+    no special token (the student's end of turn has nothing to be scored as)."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json") + (("config.json",) if kind != "no model" else ()):
+        shutil.copy2(f"{smollm2}/{name}", teacher / name)
+    (teacher / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    fragments = ["algorithm.teacher", "no " + str(teacher / "config.json")] if kind == "no model" else [
+        "algorithm.teacher[0].model", "cannot render a conversation", "holds no special token"]
+    config = write_config(tmp_path, algorithm={"advantage": "opd", "teacher": {"model": str(teacher)}})
+    one_error_line(invoke("train", str(config), "--check"), *fragments)

@@ -81,6 +81,9 @@ def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
         raise ConfigError(f"{where}: the student takes images, and an image's placeholder tokens have no text a "
                           "teacher could score: distillation is for text-only runs here")
     try:
+        if teacher.model.source != "gemma3-270m":  # built from its package at load; any other: a directory
+            source = model_sources.resolve_source(teacher.model, run.config.base_dir)
+            model_sources.check_model_dir(source, "the teacher")
         tokenizer = teacher_tokenizer(teacher.model, run.config.base_dir)
     except ConfigError as exc:
         raise ConfigError(f"{where}.model: {exc}") from None
