@@ -249,3 +249,14 @@ def test_a_teacher_that_cannot_score_is_one_line_before_any_model_loads(tmp_path
         "algorithm.teacher[0].model", "cannot render a conversation", "holds no special token"]
     config = write_config(tmp_path, algorithm={"advantage": "opd", "teacher": {"model": str(teacher)}})
     one_error_line(invoke("train", str(config), "--check"), *fragments)
+
+
+def test_groups_of_one_are_refused_only_when_the_reward_is_mixed_in(tmp_path):
+    """Pure distillation compares no trajectories (``rollout.n: 1`` trains); the reward's part through
+    ``grpo`` does, and is refused as ``grpo`` is."""
+    teacher = {"model": "tiny-qwen3"}
+    mixed = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher,
+                                                                "advantage_options": {"reward_weight": 0.5}})
+    one_error_line(invoke("train", str(mixed), "--check"), "rollout.n", "grpo compares each trajectory")
+    pure = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher})
+    assert invoke("train", str(pure), "--check").exit_code == 0

@@ -92,7 +92,7 @@ class Opd(AdvantageEstimator):
         """Teachers set, each route with trajectories to train scored by one (or a reward to learn from),
         and each teacher's tokenizer able to score the student's conversations
         (:func:`toolrl.algorithms.teacher.check_teacher`), before any model loads."""
-        warnings = [] if self.reward is None else super().check_run(run)
+        warnings = [] if self.reward is None else self.reward.check_run(run)  # groups of one, greedy groups
         config = run.config
         teachers = config.algorithm.teachers
         if not teachers:
