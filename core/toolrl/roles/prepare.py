@@ -59,11 +59,13 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)
     try:
+        # On-policy distillation's teachers score every batch in this process (toolrl.algorithms.teacher):
+        # their weights load once, after every check and before the first write.
+        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
+                            None if config.data.trajectories else sample_conversation(run)) \
+            if config.algorithm.teachers else None
         prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
-        # The teachers score every batch in this process (toolrl.algorithms.teacher); their weights load once.
-        if config.algorithm.teachers:
-            prepared.teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
-                                         None if config.data.trajectories else sample_conversation(run))
+        prepared.teachers = teachers
         return prepared
     except BaseException:
         await roles.close()
