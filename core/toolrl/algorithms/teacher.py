@@ -112,7 +112,6 @@ class Teacher:
     """One teacher, loaded: ``score`` fills ``teacher_logprobs`` of the trajectories it is given."""
 
     def __init__(self, config: TeacherConfig, student_tokenizer: Any, base_dir: str) -> None:
-        self.config = config
         path = model_sources.resolve_source(config.model, base_dir)
         self.tokenizer = model_sources.load_tokenizer(path)
         self.same = same_tokenizer(self.tokenizer, student_tokenizer)
