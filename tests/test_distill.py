@@ -212,6 +212,10 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
      ["reward_weight"]),
     ({"advantage": "opd", "teacher": {"model": "/nonexistent/teacher"}}, ["algorithm.teacher", "/nonexistent"]),
     ({"teacher": {"model": "tiny-qwen3"}}, ["algorithm.teacher", "advantage=grpo reads no teacher"]),
+    ({"advantage": "opd", "advantage_options": {"reward_weight": 0.5, "reward_advantage": "gae"},
+      "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "reward_advantage=gae"]),
+    ({"advantage": "opd", "advantage_options": {"reward_weight": 0.5, "reward_advantage": "nope"},
+      "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "unknown advantage estimator 'nope'"]),
 ])
 def test_bad_teacher_settings_are_one_line_before_any_model_loads(tmp_path, settings, fragments):
     one_error_line(invoke("train", str(write_config(tmp_path, algorithm=settings)), "--check"), *fragments)
