@@ -445,6 +445,33 @@ class CorrectionConfig(Section):
         return self
 
 
+class TeacherConfig(Section):
+    """A model that scores the student's sampled tokens for on-policy distillation
+    (toolrl.algorithms.distill, docs/distillation.md): it is never trained, its weights load once."""
+
+    engine: str = Field("transformers", description="what scores: the transformers engine in the controller's "
+                        "process (the one kind here that returns the log-probs of given tokens)")
+    model: ModelConfig = Field(description="the teacher's model (as the model section; a string: its source)")
+    weight: float = Field(1.0, gt=0, le=100, description="the weight of its reverse-KL advantage")
+    routes: list[str] | None = Field(None, min_length=1, description="the environments (routes) whose "
+                                     "trajectories it scores; None: every one")
+    batch_size: int = Field(8, gt=0, description="trajectories per teacher forward")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _source(cls, value: Any) -> Any:
+        return {"source": value} if isinstance(value, str) else value
+
+    @field_validator("engine")
+    @classmethod
+    def _scores(cls, engine: str) -> str:
+        if engine not in ("transformers", "hf"):
+            raise ValueError(f"{engine!r} cannot score a teacher here: a teacher must return the log-probs of tokens it "
+                             "is given, and only the transformers engine (in process) does so in toolrl; use "
+                             "engine: transformers")
+        return "transformers"
+
+
 class AlgorithmConfig(Section):
     # The RL algorithm by parts (toolrl.algorithms, docs/algorithms.md): an advantage estimator and a
     # policy loss, by registered name, each with its own options (checked by toolrl.algorithms.rules).
@@ -465,6 +492,18 @@ class AlgorithmConfig(Section):
     routing_replay: Literal["off", "r3", "r2"] = Field(
         "off", description="a mixture-of-experts model: the trainer routes each token to the experts the engine "
         "chose (r3: engine.options.record_routes), to those of its own first pass over the batch (r2), or its own")
+    # On-policy distillation's teachers (toolrl.algorithms.distill): one, or a list with a route each.
+    teacher: list[TeacherConfig] = Field(default_factory=list)
+
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _one_teacher(cls, value: Any) -> Any:
+        return [] if value is None else [value] if isinstance(value, dict | str) else value
+
+    @property
+    def teachers(self) -> list[TeacherConfig]:
+        """The teachers (``teacher``: one, or a list)."""
+        return self.teacher
 
     @field_validator("tis_cap")
     @classmethod

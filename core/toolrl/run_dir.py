@@ -400,7 +400,8 @@ def step_line(row: dict[str, Any]) -> str:
             f"tool calls {row['tool_call_count']} ok {row['tool_success_count']} "
             f"loss {row.get('loss', 0):.4f} {row['step_s']:.1f}s")
     groups = row.get("groups_generated")
-    if groups and row.get("equal_reward_groups") == groups:
+    # A teacher's advantages (distillation: teacher_s) do not come from the rewards.
+    if groups and row.get("equal_reward_groups") == groups and "teacher_s" not in row:
         line += f" (all {groups} groups had equal rewards: zero advantage, nothing learned)"
     return line
 

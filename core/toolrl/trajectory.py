@@ -108,6 +108,9 @@ class Trajectory(BaseModel):
     response_ids: list[int] = Field(default_factory=list)
     response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
     logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
+    # On-policy distillation: the teacher's log-prob of each response token (0.0 where mask is 0); None
+    # until a teacher scored it (toolrl.engines.teacher).
+    teacher_logprobs: list[float] | None = None
     turns: int = 0
     final_response: str = ""
     model_text: list[str] = Field(default_factory=list)  # each generation's text

@@ -44,7 +44,10 @@ class AdvantageInputs:
     that ``needs_turns`` (else None), per row's model turns (:mod:`toolrl.algorithms.turns`):
     ``turn_ids`` (B, R) long, the turn each position belongs to (-1: none); ``turn_states`` the key of
     the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward).
-    For one that ``needs_trees``: ``trees``, each row's ``Trajectory.tree_id`` (None: a flat rollout's)."""
+    For one that ``needs_trees``: ``trees``, each row's ``Trajectory.tree_id`` (None: a flat rollout's).
+    For one that ``needs_teacher`` (on-policy distillation, :mod:`.distill`): ``logprobs`` and
+    ``teacher_logprobs`` (B, R), the engine's and the teacher's log-prob of each trained token (0 elsewhere),
+    and ``teacher_weights`` (B,), each row's teacher's weight (0: no teacher scores its route)."""
 
     rewards: torch.Tensor
     groups: torch.Tensor
@@ -54,6 +57,9 @@ class AdvantageInputs:
     turn_states: tuple[tuple[str, ...], ...] | None = None
     turn_rewards: tuple[tuple[float, ...], ...] | None = None
     trees: tuple[int | None, ...] | None = None
+    logprobs: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    teacher_weights: torch.Tensor | None = None
 
 
 class AlgorithmPart(ABC):
@@ -86,13 +92,16 @@ class AdvantageEstimator(AlgorithmPart):
     ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
     (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts).
     ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
-    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike)."""
+    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike).
+    ``needs_teacher``: it reads the teacher fields of its inputs (the controller has a teacher score
+    the batch first: :mod:`toolrl.algorithms.teacher`)."""
 
     outcome: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
     needs_turns: ClassVar[bool] = False
     needs_trees: ClassVar[bool] = False
     group_relative: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
 
     def check_run(self, run: RunFacts) -> list[str]:
         """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would

@@ -96,6 +96,7 @@ class AlgorithmsPlugin:
         register("toolrl.algorithms.gae:Gae", name="gae")
         register("toolrl.algorithms.gigpo:Gigpo", name="gigpo")
         register("toolrl.algorithms.tree_grpo:TreeGrpo", name="tree_grpo")
+        register("toolrl.algorithms.distill:Opd", name="opd")
 
     @hookimpl
     def register_policy_losses(self, register: Register) -> None:

@@ -162,6 +162,9 @@ async def train(prepared: Prepared) -> None:
                     # groups in order (most generated while earlier steps trained).
                     batch = await batches.next(step)
                     wait_s = time.perf_counter() - t0
+                    if prepared.teachers is not None and batch.trajectories:  # distillation: the teacher scores first
+                        await asyncio.to_thread(prepared.teachers.score, batch.trajectories)
+                    teacher_s = time.perf_counter() - t0 - wait_s
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
                     trained = await roles.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
@@ -178,6 +181,7 @@ async def train(prepared: Prepared) -> None:
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
+                           **({"teacher_s": teacher_s} if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []

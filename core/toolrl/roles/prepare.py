@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolrl.algorithms.teacher import Conversation, Teachers
 from toolrl.config import Config, ConfigError
-from toolrl.data.batches import AHEAD, StepBatch
+from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
 from toolrl.plugins import get_plugins
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
@@ -20,6 +21,7 @@ from toolrl.roles.start import Roles, start_roles
 from toolrl.roles.supervise import controller_restart
 from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller
 from toolrl.training.export import save_model_files
+from toolrl.trajectory import Trajectory
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Prepared:
     position: int = 0
     ahead: StepBatch | None = None
     recovered: list[dict[str, Any]] = field(default_factory=list)
+    teachers: Teachers | None = None  # on-policy distillation's (algorithm.teacher), loaded once
 
 
 @dataclass
@@ -56,10 +59,30 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)
     try:
-        return await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+        # On-policy distillation's teachers score every batch in this process (toolrl.algorithms.teacher):
+        # their weights load once, after every check and before the first write.
+        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
+                            None if config.data.trajectories else sample_conversation(run)) \
+            if config.algorithm.teachers else None
+        prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+        prepared.teachers = teachers
+        return prepared
     except BaseException:
         await roles.close()
         raise
+
+
+def sample_conversation(run: ResolvedRun) -> Conversation:
+    """A trajectory's prompt messages: its group's sample (a pure function of the group,
+    :func:`toolrl.data.batches.prompt_for_group`); none for a forked piece, whose prompt holds later turns."""
+    seed, shuffle = run.config.trainer.seed, run.config.data.shuffle
+
+    def conversation(t: Trajectory) -> list[dict[str, Any]] | None:
+        if t.piece:
+            return None
+        return [m.to_template() for m in prompt_for_group(run.samples, t.group, seed, shuffle).prompt]
+
+    return conversation
 
 
 def check_training(config: Config, resume: bool = False, overwrite: bool = False) -> Checked:

@@ -59,6 +59,7 @@ from toolrl.algorithms import (
 )
 from toolrl.algorithms.advantages import Grpo
 from toolrl.algorithms.correction import correction
+from toolrl.algorithms.distill import teacher_fields
 from toolrl.algorithms.overlong import shape_rewards
 from toolrl.algorithms.turns import turn_fields
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
@@ -83,11 +84,13 @@ __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "agg
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None, turns: bool = False, trees: bool = False) -> AdvantageInputs:
+                     values: torch.Tensor | None = None, turns: bool = False, trees: bool = False,
+                     teacher: bool = False) -> AdvantageInputs:
     """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
     the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``;
     with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`); with ``trees``,
-    each row's tree (``Trajectory.tree_id``)."""
+    each row's tree (``Trajectory.tree_id``); with ``teacher``, the student's and the teacher's log-probs
+    (:func:`toolrl.algorithms.distill.teacher_fields`)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
@@ -97,7 +100,9 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
     per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
     tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
-    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn, tree_ids)
+    scored = teacher_fields(trajectories, width, algo) if teacher else (None, None, None)
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn, tree_ids,
+                           *scored)
 
 
 def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
@@ -108,7 +113,7 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own."""
     inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,
-                              estimator.needs_trees)
+                              estimator.needs_trees, estimator.needs_teacher)
     keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)

@@ -1,0 +1,270 @@
+"""On-policy distillation against GRPO: held-out success against generated tokens, a fresh student
+taught by a teacher that solves the task (``algorithm.advantage: opd``) or trained on the reward alone.
+
+The real training loop (``toolrl.roles.controller.train_async``, what ``toolrl train`` runs, in one
+process) trains the tiny random Qwen3 with its embeddings scaled up (peaked next-token distributions, as
+``tests/test_trainer.py``'s ``peaked_tiny_model``) on the aligned-token task of
+``tests/test_trainer.py::test_grpo_learns_a_learnable_task``: the reward is the share of the response's
+tokens whose initial embedding points to the positive side of one direction (half the vocabulary).
+Prompts are the arithmetic environment's; a held-out trajectory succeeds when at least
+``--threshold`` of its tokens are aligned.
+
+1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``
+   steps of ``grpo`` at lr 5e-3, the default pair of docs/algorithms.md's matrix), exported. Not the
+   fastest recipe on purpose: ``dr_grpo`` at 5e-2 solves the task too (64/64) but collapses onto a few
+   tokens, to which the student, sampling from ~150k, gives mass ~e^-11; every token it samples then
+   has a teacher log-prob near -25, so every advantage is about -14, aligned or not (measured: 0 of
+   192 positive), and distillation has no direction to follow. The teacher trained gently keeps the
+   student's support (aligned tokens: mean advantage +0.21, 57% positive; the others -1.10, 18%).
+2. Each arm from the initial model, ``--seeds`` seeds: ``opd`` (pure distillation, ``reward_weight``
+   0: the reward is never read) and ``grpo`` (``--grpo``: ``dr_grpo``, the fastest reward-only pair of
+   the matrix), both at lr 5e-2. Every ``--eval-every`` steps the held-out split is sampled (16
+   problems × 4 samples at temperature 1 = 64 trajectories).
+
+Generated tokens are the trained tokens (``response_mask`` 1) of every step's trajectories. Tokens to
+90% of the teacher's success: where the seed-mean curve (linear between evaluations, the untrained
+model's success at 0 tokens) first reaches 0.9 × the teacher's held-out success.
+
+    OMP_NUM_THREADS=1 python benchmarks/distill.py [--quick] [--seeds 3] [--steps 12]
+
+Last line: ``tokens to 90% of the teacher's success, opd/grpo: X.XX`` (below 1: OPD needs fewer tokens).
+
+``--across`` runs only a teacher of another tokenizer: SmolLM2-135M-Instruct, as it comes, distils
+into the peaked tiny Qwen3 (``reward_weight`` 0) on a task an English model's log-probs favour: the
+share of the response's characters that are ASCII letters or spaces (success: at least
+``--threshold``). The teacher scores the student's text through the character alignment
+(docs/distillation.md), its prompt rendered by its own template. Last line:
+``cross-tokenizer: before N/64 → after M/64``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from _common import machine, single_thread, table
+
+single_thread()
+
+from toolrl.config import load_config  # noqa: E402
+from toolrl.plugins import get_plugins  # noqa: E402
+from toolrl.plugins.registry import Part  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL = 64  # held-out trajectories per evaluation: 16 problems × 4 samples
+
+
+class AlignedTokens:
+    """The share of the response's tokens whose initial embedding is aligned (module docstring)."""
+
+    name = "aligned_tokens"
+    good: ClassVar[Any] = None
+
+    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float:
+        ids = info["response_ids"]
+        return sum(bool(self.good[t]) for t in ids) / max(len(ids), 1)
+
+
+class EnglishLetters:
+    """The share of the response's characters that are ASCII letters or spaces (``--across``'s task: text
+    an English teacher of another tokenizer likes, which a random student writes little of)."""
+
+    name = "english_letters"
+
+    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float:
+        return sum(c.isascii() and (c.isalpha() or c == " ") for c in response) / max(len(response), 1)
+
+
+def register() -> None:
+    registry = get_plugins().registry
+    for part in (AlignedTokens, EnglishLetters):
+        if not registry.has("reward_functions", part.name):
+            registry.add(Part("reward_functions", part.name, "benchmark", part))
+
+
+def across(args: argparse.Namespace) -> int:
+    """A teacher of another tokenizer: SmolLM2-135M-Instruct (untrained) distils into the peaked tiny Qwen3
+    (``reward_weight`` 0), held-out success (``EnglishLetters`` at least ``--threshold``) before and after."""
+    from toolrl.model_sources import smollm2_135m
+
+    smollm2_135m()
+    task = ["reward.functions=[{name: english_letters}]", "eval.metric=english_letters"]
+    with tempfile.TemporaryDirectory(prefix="distill-across-") as tmp:
+        base = Path(tmp)
+        model = peaked_model(base / "model")
+        from toolrl.roles.evaluate import run_evaluation
+        from toolrl.training.export import export
+
+        def success(source: Path, out: Path) -> int:
+            config = load_config(ROOT / "examples" / "tiny.yaml", settings(source, out / "run", 0, args, *task))
+            return round(run_evaluation(config, out, progress=False)["pass@1"] * EVAL)
+
+        before = success(model, base / "before")
+        t0 = time.perf_counter()
+        train(model, base / "run", 0, args.steps, args, [*task, *shlex.split(args.opd),
+                                                          "algorithm.teacher={model: smollm2-135m-instruct}"], args.steps)
+        after = success(export(base / "run", base / "after-model"), base / "after")
+        print(f"student tiny-qwen3 (Qwen tokenizer), teacher SmolLM2-135M-Instruct (its own); {args.steps} steps, "
+              f"{time.perf_counter() - t0:.0f} s")
+    print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL}")
+    return 0
+
+
+def peaked_model(out: Path) -> Path:
+    """The tiny random Qwen3, embeddings × 6 (``tests/test_trainer.py``'s ``peaked_tiny_model``)."""
+    import shutil
+
+    import torch
+    from toolrl.model_sources import load_model, tiny_qwen3
+
+    source = Path(tiny_qwen3())
+    model = load_model(str(source))
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(6.0)
+    AlignedTokens.good = model.get_input_embeddings().weight[:, 0] > 0
+    model.save_pretrained(out)
+    for f in source.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "special_tokens_map.json":
+            shutil.copy2(f, out / f.name)
+    return out
+
+
+def settings(model: Path, out: Path, seed: int, args: argparse.Namespace, *extra: str) -> list[str]:
+    return [f"model.source={model}", f"trainer.output_dir={out}", f"trainer.seed={seed}", f"rollout.seed={seed}",
+            "trainer.plot=false", "trainer.progress=false", "trainer.save_every=1000", "data.batch_size=2",
+            "rollout.n=8", "rollout.temperature=1.0", f"rollout.max_new_tokens={args.max_new_tokens}",
+            f"rollout.max_response_tokens={args.max_new_tokens}", "rollout.max_turns=1", "tools.entries=[]",
+            "reward.functions=[{name: aligned_tokens}]", "optim.micro_batch_size=16",
+            "env_options={train_size: 64, test_size: 16, seed: 0}", "eval.num_samples=16", "eval.n=4",
+            "eval.temperature=1.0", "eval.metric=aligned_tokens", f"eval.success_threshold={args.threshold}", *extra]
+
+
+def held_out(model: Path, out: Path, args: argparse.Namespace) -> int:
+    """Successes of ``model`` among the held-out split's 64 trajectories."""
+    from toolrl.roles.evaluate import run_evaluation
+
+    config = load_config(ROOT / "examples" / "tiny.yaml", settings(model, out / "run", 0, args))
+    summary = run_evaluation(config, out, progress=False)
+    return round(summary["pass@1"] * EVAL)
+
+
+def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
+          eval_every: int) -> list[tuple[int, int]]:
+    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+    from toolrl.roles.controller import train_async
+
+    config = load_config(ROOT / "examples" / "tiny.yaml", settings(
+        model, out, seed, args, f"trainer.total_steps={steps}", f"trainer.eval_every={eval_every}", *arm))
+    asyncio.run(train_async(config))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    curve, tokens = [], 0
+    for row in rows:
+        tokens += int(row["trained_tokens"])
+        if "val/pass@1" in row:
+            curve.append((tokens, round(row["val/pass@1"] * EVAL)))
+    return curve
+
+
+def tokens_to(target: float, points: Sequence[tuple[float, float]]) -> float | None:
+    """Where a (tokens, success) curve first reaches ``target``, linear between its points."""
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if s0 >= target:
+            return t0
+        if s1 >= target:
+            return t0 + (t1 - t0) * (target - s0) / (s1 - s0)
+    return points[-1][0] if points and points[-1][1] >= target else None
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[float, float]]], marks: Sequence[float]) -> list[float]:
+    """The seed mean at ``marks`` tokens, each seed's curve linear between its points."""
+    def value(curve: Sequence[tuple[float, float]], x: float) -> float:
+        for (t0, s0), (t1, s1) in zip(curve, curve[1:]):
+            if t0 <= x <= t1:
+                return s0 + (s1 - s0) * (x - t0) / max(t1 - t0, 1e-9)
+        return curve[-1][1]
+    return [statistics.mean(value(c, x) for c in curves) for x in marks]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 seed, 4 steps: a smoke run")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12, help="steps of each student run")
+    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--teacher-steps", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--threshold", type=float, default=0.75, help="aligned share a held-out success needs")
+    ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-2",
+                    help="the opd arm's overrides (the teacher is added)")
+    ap.add_argument("--grpo", default="algorithm.advantage=dr_grpo optim.lr=5.0e-2", help="the grpo arm's overrides")
+    ap.add_argument("--teacher", default="algorithm.advantage=grpo optim.lr=5.0e-3",
+                    help="the teacher run's overrides (from the same initial model, on the reward)")
+    ap.add_argument("--across", action="store_true", help="only the cross-tokenizer run (SmolLM2 teaches the "
+                    "tiny Qwen3 to write English letters)")
+    args = ap.parse_args(argv)
+    if args.across:
+        register()
+        print(f"machine: {machine()}")
+        return across(args)
+    if args.quick:
+        args.seeds, args.steps, args.teacher_steps = 1, 4, 8
+    register()
+    print(f"machine: {machine()}")
+    print(f"workload: peaked tiny-qwen3, aligned-token reward, {args.steps} steps × 2 prompts × 8 samples × "
+          f"≤ {args.max_new_tokens} tokens, seeds 0-{args.seeds - 1}; held-out: {EVAL} trajectories, success = "
+          f"≥ {args.threshold:g} aligned; opd: {args.opd}; grpo: {args.grpo}\n")
+    with tempfile.TemporaryDirectory(prefix="distill-") as tmp:
+        from toolrl.training.export import export
+
+        base = Path(tmp)
+        model = peaked_model(base / "model")
+        t0 = time.perf_counter()
+        train(model, base / "teacher-run", 0, args.teacher_steps, args, shlex.split(args.teacher), args.teacher_steps)
+        teacher = export(base / "teacher-run", base / "teacher")
+        teacher_ok = held_out(teacher, base / "teacher-eval", args)
+        before = held_out(model, base / "before-eval", args)
+        print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
+              f"{teacher_ok}/{EVAL}, untrained student {before}/{EVAL}", flush=True)
+        arms = {"opd": [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"],
+                "grpo": shlex.split(args.grpo)}
+        curves: dict[str, list[list[tuple[float, float]]]] = {}
+        for name, arm in arms.items():
+            for seed in range(args.seeds):
+                t0 = time.perf_counter()
+                curve = [(0, before), *train(model, base / f"{name}-{seed}", seed, args.steps, args, arm,
+                                             args.eval_every)]
+                curves.setdefault(name, []).append([(float(t), float(s)) for t, s in curve])
+                print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; held-out successes at tokens "
+                      + " ".join(f"{s}@{t}" for t, s in curve), flush=True)
+    budget = min(c[-1][0] for cs in curves.values() for c in cs)
+    marks = [budget * k / 6 for k in range(7)]
+    rows = [[name, *[f"{v:.1f}" for v in mean_curve(cs, marks)]] for name, cs in curves.items()]
+    print(f"\nheld-out successes of {EVAL} (mean over {args.seeds} seeds) at generated tokens; teacher {teacher_ok}")
+    print(table(["method", *[f"{m:.0f}" for m in marks]], rows))
+    target = 0.9 * teacher_ok
+    fine = [budget * k / 200 for k in range(201)]
+    reached = {name: tokens_to(target, list(zip(fine, mean_curve(cs, fine), strict=True)))
+               for name, cs in curves.items()}
+    for name, value in reached.items():
+        print(f"{name}: tokens to {target:.1f}/{EVAL} (90% of the teacher's): "
+              f"{'not within the budget' if value is None else f'{value:.0f}'}")
+    if reached["opd"] is None or reached["grpo"] is None:
+        ratio = "n/a (" + " and ".join(n for n, v in reached.items() if v is None) + " did not reach it within " \
+                f"{budget:.0f} tokens)"
+    else:
+        ratio = f"{reached['opd'] / max(reached['grpo'], 1e-9):.2f}"
+    print(f"\ntokens to 90% of the teacher's success, opd/grpo: {ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

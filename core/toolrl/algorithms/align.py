@@ -1,0 +1,99 @@
+"""A teacher of another tokenizer scoring the student's text (on-policy distillation,
+:mod:`toolrl.algorithms.distill`): the two token streams of the same text aligned by character offsets.
+
+A trajectory is cut where its ``response_mask`` changes: context pieces (the prompt, template tokens,
+tool results; never scored) and sampled pieces (what the student generated). Each piece is decoded
+with the student's tokenizer and encoded with the teacher's on its own, so a piece boundary is a
+token boundary in both streams. In a sampled piece, teacher token ``j`` covers characters
+``[a_j, b_j)`` and student token ``k`` covers ``[s_k, e_k)``; student token ``k`` gets::
+
+    lp_T(k) = Σ_j lp_T(j) · |[a_j, b_j) ∩ [s_k, e_k)| / (b_j − a_j)
+
+the teacher's log-prob mass of the characters it covers. Over a whole piece the student's tokens get
+exactly the teacher's log-prob of the piece's text (its own tokenisation of it). What is lost: within
+a piece, a teacher token split between two student tokens is shared by characters, not by what the
+teacher would have said at the student's boundary (which needs the teacher's distribution over every
+continuation of a partial token); a student token ending inside a multi-byte character covers no
+character of its own and gets 0. A student special token (its end of turn) is scored as the teacher's
+own end of turn; special tokens in context pieces are left out of the teacher's text (the prompt,
+when its messages are known, is rendered by the teacher's template instead: :mod:`.teacher`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["MaskRun", "char_ends", "pieces", "spread"]
+
+
+@dataclass(frozen=True)
+class MaskRun:
+    """A run of the response's tokens with one mask value: ``start``/``end`` index the response,
+    ``sampled`` its mask (1: the student sampled them)."""
+
+    start: int
+    end: int
+    sampled: bool
+
+
+def pieces(mask: Sequence[int]) -> list[MaskRun]:
+    """The response's runs of equal ``mask`` values, in order."""
+    out: list[MaskRun] = []
+    k = 0
+    while k < len(mask):
+        j = k
+        while j < len(mask) and bool(mask[j]) == bool(mask[k]):
+            j += 1
+        out.append(MaskRun(k, j, bool(mask[k])))
+        k = j
+    return out
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def char_ends(tokenizer: object, ids: Sequence[int]) -> tuple[str, list[int]]:
+    """``ids`` decoded, and where in that text each token ends: the longest prefix of the text that
+    decoding the tokens up to it agrees with (a token that ends inside a multi-byte character ends
+    before it)."""
+    decode = tokenizer.decode  # type: ignore[attr-defined]
+    text = decode(list(ids), clean_up_tokenization_spaces=False)
+    ends = []
+    last = 0
+    for k in range(1, len(ids) + 1):
+        last = max(last, _common_prefix(decode(list(ids[:k]), clean_up_tokenization_spaces=False), text))
+        ends.append(last)
+    if ends:
+        ends[-1] = len(text)
+    return text, ends
+
+
+def spread(student_ends: Sequence[int], teacher_spans: Sequence[tuple[int, int]],
+           teacher_logprobs: Sequence[float]) -> list[float]:
+    """Each student token's share of the teacher tokens' log-probs by the characters it covers (module
+    docstring): ``student_ends`` where each student token ends (it starts where the one before ends),
+    ``teacher_spans`` each teacher token's ``[start, end)`` in the same text."""
+    out = [0.0] * len(student_ends)
+    k = 0
+    for (a, b), lp in zip(teacher_spans, teacher_logprobs, strict=True):
+        if b <= a:
+            continue
+        while k < len(student_ends) and student_ends[k] <= a:
+            k += 1
+        j = k
+        while j < len(student_ends):
+            s = student_ends[j - 1] if j else 0
+            e = student_ends[j]
+            overlap = min(b, e) - max(a, s)
+            if overlap > 0:
+                out[j] += lp * overlap / (b - a)
+            if e >= b:
+                break
+            j += 1
+    return out

@@ -1,0 +1,211 @@
+"""The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): models that score the
+student's sampled tokens and are never trained. Each loads once, in the controller's process
+(``algorithm.teacher[].engine: transformers``, the one kind here that returns the log-probs of given
+tokens), and scores a step's trajectories in one call (:meth:`Teachers.score`), each trajectory's
+prompt and response as one sequence: the tool results and template tokens are its context, only the
+tokens the student sampled (``response_mask`` 1) get a log-prob (0.0 elsewhere).
+
+A teacher with the student's tokenizer scores the student's own token ids; one with another scores
+the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). Everything that would make
+a teacher fail is checked before any model loads (:func:`check_teacher`): its tokenizer, its template,
+and a run with images (an image's placeholder tokens have no text to align).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolrl import model_sources
+from toolrl.algorithms.align import char_ends, pieces, spread
+from toolrl.config import ConfigError, one_line
+
+if TYPE_CHECKING:
+    from toolrl.config import ModelConfig, TeacherConfig
+    from toolrl.trajectory import Trajectory
+
+__all__ = ["Teacher", "Teachers", "check_teacher", "same_tokenizer", "teacher_index", "teacher_tokenizer"]
+
+
+def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | None:
+    """The teacher that scores a trajectory of route ``env``: the first whose ``routes`` hold it (or that
+    names none); None when no teacher scores that route."""
+    for k, teacher in enumerate(teachers):
+        if teacher.routes is None or env in teacher.routes:
+            return k
+    return None
+
+
+def teacher_tokenizer(model: ModelConfig, base_dir: str) -> Any:
+    """The teacher's tokenizer, without its weights where a source allows (Gemma 3's is read alone)."""
+    if model.source == "gemma3-270m":
+        return model_sources.load_tokenizer(model_sources.gemma3_270m_tokenizer(model.cache_dir))
+    return model_sources.load_tokenizer(model_sources.resolve_source(model, base_dir))
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two tokenizers give every text the same ids: the same vocabulary and special tokens."""
+    return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """The ids of a tokenizer's special tokens, the added ones marked special included (a chat
+    template's role markers): what has no text of its own for another tokenizer."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return set(tokenizer.all_special_ids) | {int(i) for i, token in added.items() if getattr(token, "special", False)}
+
+
+def end_of_turn(tokenizer: Any) -> int:
+    """The token the teacher's template ends an assistant turn with: the first token after the turn's
+    text in a probe conversation (the tokenizer's eos without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return int(tokenizer.eos_token_id)
+    marker = "Probe answer 4419."
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Probe 4419?"},
+                                          {"role": "assistant", "content": marker}], tokenize=False)
+    after = text.rpartition(marker)[2]
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"]
+    special = [i for i in ids if i in special_ids(tokenizer)]
+    if not special:
+        raise ValueError(f"its template ends an assistant turn with {after!r}, which holds no special token")
+    return int(special[0])
+
+
+def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
+    """``teacher`` against the run (:class:`toolrl.roles.run_check.RunFacts`), before any model loads:
+    its tokenizer loads; another tokenizer than the student's must have a template that ends a turn
+    with a special token (the student's end of turn is scored as it) and a fast tokenizer's character
+    offsets; a vision-language student is refused (image tokens have no text). Warns of what the
+    alignment approximates."""
+    if "vision_config" in run.model_config:
+        raise ConfigError(f"{where}: the student takes images, and an image's placeholder tokens have no text a "
+                          "teacher could score: distillation is for text-only runs here")
+    try:
+        if teacher.model.source != "gemma3-270m":  # built from its package at load; any other: a directory
+            source = model_sources.resolve_source(teacher.model, run.config.base_dir)
+            model_sources.check_model_dir(source, "the teacher")
+        tokenizer = teacher_tokenizer(teacher.model, run.config.base_dir)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.model: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"{where}.model: its tokenizer does not load: {one_line(str(exc))}") from None
+    if same_tokenizer(tokenizer, run.tokenizer):
+        return []
+    if not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(f"{where}.model: another tokenizer than the student's, and not a fast one: its tokens' "
+                          "character offsets, which align it with the student's, are unknown")
+    try:
+        end_of_turn(tokenizer)
+    except Exception as exc:
+        raise ConfigError(f"{where}.model: its tokenizer cannot render a conversation: {one_line(str(exc))}") from None
+    return [f"{where}: another tokenizer than the student's: it scores the student's text aligned by characters, "
+            "the prompt rendered by its own template, later tool results as the student's text "
+            "(docs/distillation.md)"]
+
+
+# A trajectory's prompt as chat messages (its sample's), for a teacher of another tokenizer to render
+# with its own template; None where they are not known (a recorded trajectory, a forked piece).
+Conversation = Callable[["Trajectory"], "list[dict[str, Any]] | None"]
+
+
+class Teacher:
+    """One teacher, loaded: ``score`` fills ``teacher_logprobs`` of the trajectories it is given."""
+
+    def __init__(self, config: TeacherConfig, student_tokenizer: Any, base_dir: str) -> None:
+        path = model_sources.resolve_source(config.model, base_dir)
+        self.tokenizer = model_sources.load_tokenizer(path)
+        self.same = same_tokenizer(self.tokenizer, student_tokenizer)
+        self.student = student_tokenizer
+        self.device = model_sources.resolve_device(config.model.device)
+        self.model = model_sources.load_model(path, config.model.dtype, self.device).eval()
+        self.end = None if self.same else end_of_turn(self.tokenizer)
+
+    def token_logprobs(self, ids: Sequence[int], first: int) -> list[float]:
+        """The teacher's log-prob of each of ``ids[first:]`` given the ids before it (one forward)."""
+        import torch
+
+        with torch.no_grad():
+            x = torch.tensor([list(ids)], device=self.device)
+            logits = self.model(input_ids=x, logits_to_keep=len(ids) - first + 1).logits[0, :-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, x[0, first:, None])[:, 0]
+        return lp.cpu().tolist()
+
+    def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None) -> None:
+        """Each trajectory's ``teacher_logprobs``; ``conversation`` gives a teacher of another tokenizer
+        the prompt's messages, which it renders with its own chat template."""
+        for t in trajectories:
+            if t.images:
+                raise ValueError(f"trajectory {t.trajectory_id}: holds images, whose tokens no teacher can score")
+            if not any(t.response_mask):
+                t.teacher_logprobs = [0.0] * len(t.response_ids)
+            elif self.same:
+                lp = self.token_logprobs(t.prompt_ids + t.response_ids, len(t.prompt_ids))
+                t.teacher_logprobs = [v if m else 0.0 for v, m in zip(lp, t.response_mask, strict=True)]
+            else:
+                t.teacher_logprobs = self.across(t, None if conversation is None else conversation(t))
+
+    def across(self, t: Trajectory, messages: list[dict[str, Any]] | None = None) -> list[float]:
+        """A trajectory scored through the teacher's tokenizer (:mod:`toolrl.algorithms.align`); its prompt
+        rendered by the teacher's template from ``messages`` when given, else the student's prompt as text."""
+        special = special_ids(self.student)
+        ids: list[int] = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        # Per sampled student token: the teacher tokens (index into ids, char span) of its piece, and its ends.
+        scored: list[tuple[int, list[int], list[tuple[int, int]], list[int]]] = []
+        context = [i for i in t.prompt_ids if i not in special]
+        if messages is not None and getattr(self.tokenizer, "chat_template", None):
+            ids = self._encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+            context = []
+        for piece in pieces(t.response_mask):
+            chunk = t.response_ids[piece.start:piece.end]
+            if not piece.sampled:
+                context += [i for i in chunk if i not in special]
+                continue
+            ids += self._encode(self.student.decode(context, clean_up_tokenization_spaces=False))
+            context = []
+            run: list[int] = []
+            for k, token in enumerate([*chunk, None]):
+                if token is not None and token not in special:
+                    run.append(token)
+                    continue
+                if run:  # the text the student sampled, encoded by the teacher
+                    text, ends = char_ends(self.student, run)
+                    enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+                    scored.append((piece.start + k - len(run), list(range(len(ids), len(ids) + len(enc["input_ids"]))),
+                                   [tuple(span) for span in enc["offset_mapping"]], ends))
+                    ids += enc["input_ids"]
+                    run = []
+                if token is not None:  # the student's end of turn, scored as the teacher's
+                    scored.append((piece.start + k, [len(ids)], [(0, 1)], [1]))
+                    ids.append(self.end)
+        if not scored:
+            return [0.0] * len(t.response_ids)
+        first = min(j for _, js, _, _ in scored for j in js)
+        lp = self.token_logprobs(ids, first)
+        out = [0.0] * len(t.response_ids)
+        for start, js, spans, ends in scored:
+            for k, v in enumerate(spread(ends, spans, [lp[j - first] for j in js])):
+                out[start + k] = v
+        return out
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+class Teachers:
+    """The run's teachers (``algorithm.teacher``), loaded once; :meth:`score` gives every trajectory of a
+    batch its route's teacher's log-probs (those of routes no teacher scores stay None)."""
+
+    def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str,
+                 conversation: Conversation | None = None) -> None:
+        self.configs = list(configs)
+        self.teachers = [Teacher(c, student_tokenizer, base_dir) for c in self.configs]
+        self.conversation = conversation
+
+    def score(self, trajectories: Sequence[Trajectory]) -> None:
+        by_teacher: dict[int, list[Trajectory]] = {}
+        for t in trajectories:
+            k = teacher_index(t.env, self.configs)
+            if k is not None:
+                by_teacher.setdefault(k, []).append(t)
+        for k, batch in by_teacher.items():
+            self.teachers[k].score(batch, self.conversation)

@@ -1,0 +1,266 @@
+"""On-policy distillation (toolrl.algorithms.distill, .teacher, .align): a teacher's log-probs of the
+student's sampled tokens, the reverse-KL advantage, several teachers by route, a teacher of another
+tokenizer, and the settings refused before any model loads."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+from test_config_errors import invoke, one_error_line, write_config
+from toolrl.algorithms import build_estimator
+from toolrl.algorithms.align import char_ends, pieces, spread
+from toolrl.algorithms.teacher import Teacher, Teachers
+from toolrl.config import AlgorithmConfig, OptimConfig, TeacherConfig
+from toolrl.engines import ModelSource, SamplingParams
+from toolrl.model_sources import load_model, load_tokenizer
+from toolrl.training.step import StepOptions, token_advantages, train_step
+from toolrl.trajectory import Trajectory
+
+OPD = AlgorithmConfig(advantage="opd", teacher={"model": "tiny-qwen3"})
+
+
+def sampled_with_a_tool_result(path: str) -> tuple[list[Trajectory], object]:
+    """Two trajectories from the transformers engine: a turn, a tool result (mask 0), a second turn."""
+    from toolrl.engines.transformers import TransformersEngine
+
+    tok = load_tokenizer(path)
+    engine = TransformersEngine.create(ModelSource(path), {"device": "cpu", "dtype": "float32"})
+    tool = tok.encode("<tool_response>\n42\n</tool_response>\n")
+
+    async def one(seed: int) -> Trajectory:
+        prompt = tok.encode("What is 6 times 7? Use the tool.")
+        first = (await engine.generate(prompt, SamplingParams(max_new_tokens=6, seed=seed)))[0]
+        context = prompt + first.token_ids + tool
+        second = (await engine.generate(context, SamplingParams(max_new_tokens=6, seed=seed + 7)))[0]
+        response = first.token_ids + tool + second.token_ids
+        mask = [1] * len(first.token_ids) + [0] * len(tool) + [1] * len(second.token_ids)
+        return Trajectory(trajectory_id=f"t{seed}", sample_index=0, group=0, prompt_ids=prompt, response_ids=response,
+                          response_mask=mask, logprobs=first.logprobs + [0.0] * len(tool) + second.logprobs,
+                          reward=float(seed))
+
+    async def both() -> list[Trajectory]:
+        return [await one(1), await one(2)]
+
+    return asyncio.run(both()), tok
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_qwen3_path):
+    return sampled_with_a_tool_result(tiny_qwen3_path)
+
+
+def test_the_teachers_logprobs_are_a_separate_forward_and_tool_results_get_none(tiny_qwen3_path, sampled):
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs)
+    model = load_model(tiny_qwen3_path).eval()
+    for t in trajs:
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(t.prompt_ids) - 1:-1]
+        forward = torch.log_softmax(logits, -1).gather(-1, ids[0, len(t.prompt_ids):, None])[:, 0].tolist()
+        assert 0 in t.response_mask and len(t.teacher_logprobs) == len(t.response_ids)
+        for got, want, m in zip(t.teacher_logprobs, forward, t.response_mask, strict=True):
+            assert (abs(got - want) < 1e-5) if m else got == 0.0
+
+
+def test_the_students_own_weights_as_teacher_give_every_token_advantage_zero(sampled):
+    """Teacher = the student: the reverse-KL advantage is 0 up to the engine's float rounding, and exactly
+    0 at the tool result's tokens."""
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs)
+    adv = token_advantages(trajs, build_estimator(OPD), 16, OPD)
+    mask = torch.zeros_like(adv)
+    for i, t in enumerate(trajs):
+        mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
+    assert adv.abs().max() < 1e-5
+    assert (adv[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_a_teacher_that_agrees_with_the_student_changes_nothing(tiny_qwen3_path, sampled, equal):
+    """Teacher log-probs equal to the student's: every advantage is exactly 0 and an AdamW step leaves
+    every weight as it was; a teacher that disagrees (control) moves them."""
+    trajs = copy.deepcopy(sampled[0])
+    for t in trajs:
+        t.teacher_logprobs = [lp + (0.0 if equal else 0.5 * m) for lp, m in zip(t.logprobs, t.response_mask, strict=True)]
+    model = load_model(tiny_qwen3_path)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    metrics = train_step(model, optimizer, trajs, StepOptions(OPD, OptimConfig(), pad_id=0, temperature=1.0,
+                                                              max_response_tokens=32))
+    moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before, strict=True))
+    if equal:
+        assert moved == 0.0 and metrics["advantage_abs_mean"] == 0.0
+    else:
+        assert moved > 1e-4 and metrics["advantage_mean"] == pytest.approx(0.5, abs=1e-6)
+
+
+def row(env: str | None, lps: list[float], teacher: list[float] | None, mask: list[int], reward: float, group: int):
+    return Trajectory(trajectory_id=f"{env}{group}{reward}", sample_index=0, group=group, env=env, prompt_ids=[1],
+                      response_ids=list(range(2, 2 + len(lps))), response_mask=mask, logprobs=lps,
+                      teacher_logprobs=teacher, reward=reward)
+
+
+def test_several_teachers_by_route_with_their_weights_and_the_task_reward():
+    """A = w_T · (teacher − student) + λ · A_grpo on trained tokens; math's teacher weighs 2, tool's 0.5,
+    and a route no teacher scores gets the reward's part only."""
+    algo = AlgorithmConfig(advantage="opd", advantage_options={"reward_weight": 0.25},
+                           teacher=[{"model": "tiny-qwen3", "routes": ["math"], "weight": 2.0},
+                                    {"model": "tiny-qwen3", "routes": ["tool"], "weight": 0.5}])
+    trajs = [row("math", [-1.0, -2.0], [-0.5, -3.0], [1, 1], 1.0, 0),
+             row("math", [-1.0, -1.0], [-1.0, -1.0], [1, 1], 0.0, 0),
+             row("tool", [-2.0, 0.0, -1.0], [-1.0, 0.0, -3.0], [1, 0, 1], 1.0, 1),
+             row("tool", [-1.0, 0.0, -1.0], [-1.0, 0.0, -1.0], [1, 0, 1], 0.0, 1),
+             row("other", [-1.0], None, [1], 1.0, 2), row("other", [-1.0], None, [1], 0.0, 2)]
+    adv = token_advantages(trajs, build_estimator(algo), 8, algo)
+    g = 1.0 / (2 ** 0.5 + 1e-6) * 0.25  # grpo of rewards (1, 0) in a group of two: ±1/std, std = √0.5
+    expected = torch.tensor([[2 * 0.5 + g, 2 * -1.0 + g, 0.0], [-g, -g, 0.0],
+                             [0.5 * 1.0 + g, 0.0, 0.5 * -2.0 + g], [-g, 0.0, -g], [g, 0.0, 0.0], [-g, 0.0, 0.0]])
+    assert torch.allclose(adv, expected, atol=1e-6)
+
+
+def test_a_row_its_teacher_did_not_score_is_refused():
+    trajs = [row(None, [-1.0], None, [1], 0.0, 0)]
+    with pytest.raises(ValueError, match="no teacher log-probs"):
+        token_advantages(trajs, build_estimator(OPD), 8, OPD)
+
+
+def test_teachers_score_only_their_routes(tiny_qwen3_path, sampled):
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    trajs[0].env, trajs[1].env = "math", "other"
+    Teachers([TeacherConfig(model="tiny-qwen3", routes=["math"])], tok, ".").score(trajs)
+    assert trajs[0].teacher_logprobs is not None and trajs[1].teacher_logprobs is None
+
+
+# -- another tokenizer ------------------------------------------------------------------------------
+
+
+def test_spread_gives_each_student_token_the_mass_of_the_characters_it_covers():
+    # Text "abcdef": student tokens "ab" "cde" "f"; teacher tokens "abc" (-3) "def" (-6).
+    assert spread([2, 5, 6], [(0, 3), (3, 6)], [-3.0, -6.0]) == pytest.approx([-2.0, -1.0 - 4.0, -2.0])
+    assert pieces([0, 0, 1, 1, 0, 1]) == [pieces([0, 0])[0], *pieces([0, 0, 1, 1, 0, 1])[1:]]
+    assert [(p.start, p.end, p.sampled) for p in pieces([0, 1, 1, 0, 1])] == [(0, 1, False), (1, 3, True),
+                                                                            (3, 4, False), (4, 5, True)]
+
+
+def test_char_ends_hold_a_multibyte_character_split_over_tokens(tiny_qwen3_path):
+    tok = load_tokenizer(tiny_qwen3_path)
+    ids = tok.encode("snow ☃ man 🦜!")
+    text, ends = char_ends(tok, ids)
+    assert text == "snow ☃ man 🦜!" and ends[-1] == len(text) and ends == sorted(ends)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from toolrl.model_sources import ModelUnavailable, smollm2_135m
+
+    try:
+        return smollm2_135m()
+    except ModelUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text(smollm2, tiny_qwen3_path):
+    """Student: the Qwen tokenizer; teacher: SmolLM2 (another vocabulary). Over each sampled piece the
+    student's tokens share exactly the teacher's log-prob of the piece's text; the tool result gets none."""
+    student = load_tokenizer(tiny_qwen3_path)
+    prompt = student.encode("<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n")
+    first, tool, second = (student.encode(s) for s in ("I will call the calculator: 6*7 → ", "\nresult: 42\n",
+                                                       "The answer is 42."))
+    end = student.convert_tokens_to_ids("<|im_end|>")
+    response = first + tool + second + [end]
+    mask = [1] * len(first) + [0] * len(tool) + [1] * (len(second) + 1)
+    t = Trajectory(trajectory_id="x", sample_index=0, group=0, prompt_ids=prompt, response_ids=response,
+                   response_mask=mask, logprobs=[-1.0] * len(response))
+    teacher = Teacher(TeacherConfig(model="smollm2-135m-instruct"), student, ".")
+    assert not teacher.same
+    teacher.score([t])
+    lp = t.teacher_logprobs
+    assert all(v == 0.0 for v, m in zip(lp, mask, strict=True) if not m)
+    assert all(v < 0 for v in lp[:len(first)])  # every student token of the first piece covers text
+    # The first piece's share is the teacher's log-prob of its text after the prompt's text, computed directly.
+    ttok = teacher.tokenizer
+    context = ttok(student.decode(prompt, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
+    ids = ([ttok.bos_token_id] if ttok.bos_token_id is not None else []) + context
+    text_ids = ttok(student.decode(first), add_special_tokens=False)["input_ids"]
+    direct = sum(teacher.token_logprobs(ids + text_ids, len(ids)))
+    assert sum(lp[:len(first)]) == pytest.approx(direct, abs=1e-4)
+    # The student's end of turn is the teacher's: a likely token after a finished answer, not text.
+    assert lp[-1] > -15
+    # Given the prompt's messages, the teacher renders them with its own template instead.
+    messages = [{"role": "user", "content": "What is 6 times 7?"}]
+    teacher.score([t], lambda traj: messages)
+    rendered = ttok(ttok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                    add_special_tokens=False)["input_ids"]
+    assert sum(t.teacher_logprobs[:len(first)]) == pytest.approx(
+        sum(teacher.token_logprobs(rendered + text_ids, len(rendered))), abs=1e-4)
+    assert sum(t.teacher_logprobs[:len(first)]) != pytest.approx(direct, abs=1e-2)
+
+
+# -- settings refused before any model loads --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("settings", "fragments"), [
+    ({"advantage": "opd"}, ["algorithm.advantage", "algorithm.teacher is unset"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "weight": -1}}, ["algorithm.teacher", "weight"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "vllm"}}, ["algorithm.teacher", "engine"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "routes": ["nowhere"]}}, ["nowhere", "arithmetic"]),
+    ({"advantage": "opd", "advantage_options": {"reward_weight": 1000}, "teacher": {"model": "tiny-qwen3"}},
+     ["reward_weight"]),
+    ({"advantage": "opd", "teacher": {"model": "/nonexistent/teacher"}}, ["algorithm.teacher", "/nonexistent"]),
+    ({"teacher": {"model": "tiny-qwen3"}}, ["algorithm.teacher", "advantage=grpo reads no teacher"]),
+    ({"advantage": "opd", "advantage_options": {"reward_weight": 0.5, "reward_advantage": "gae"},
+      "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "reward_advantage=gae"]),
+    ({"advantage": "opd", "advantage_options": {"reward_weight": 0.5, "reward_advantage": "nope"},
+      "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "unknown advantage estimator 'nope'"]),
+])
+def test_bad_teacher_settings_are_one_line_before_any_model_loads(tmp_path, settings, fragments):
+    one_error_line(invoke("train", str(write_config(tmp_path, algorithm=settings)), "--check"), *fragments)
+
+
+@pytest.mark.slow
+def test_a_training_run_has_its_teacher_score_every_batch(tmp_path):
+    """``toolrl train`` with ``advantage: opd``: the teacher scores each step's trajectories before the
+    step (``teacher_s``), and the traces keep its log-probs beside the engine's."""
+    import json
+
+    config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
+                          data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": {"model": "tiny-qwen3"}})
+    result = invoke("train", str(config))
+    assert result.exit_code == 0, result.stderr
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["teacher_s"] > 0 and row["advantage_abs_mean"] < 1e-5  # the teacher is the student's weights
+    traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert all(len(t["teacher_logprobs"]) == len(t["response_ids"]) for t in traces)
+
+
+@pytest.mark.parametrize("kind", ["no model", "no end of turn"])
+def test_a_teacher_that_cannot_score_is_one_line_before_any_model_loads(tmp_path, smollm2, kind):
+    """A directory with a tokenizer but no model; a model whose template ends an assistant turn with
+    no special token (the student's end of turn has nothing to be scored as)."""
+    import shutil
+
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json") + (("config.json",) if kind != "no model" else ()):
+        shutil.copy2(f"{smollm2}/{name}", teacher / name)
+    (teacher / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                                 "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    fragments = ["algorithm.teacher", "no " + str(teacher / "config.json")] if kind == "no model" else [
+        "algorithm.teacher[0].model", "cannot render a conversation", "holds no special token"]
+    config = write_config(tmp_path, algorithm={"advantage": "opd", "teacher": {"model": str(teacher)}})
+    one_error_line(invoke("train", str(config), "--check"), *fragments)
+
+
+def test_groups_of_one_are_refused_only_when_the_reward_is_mixed_in(tmp_path):
+    """Pure distillation compares no trajectories (``rollout.n: 1`` trains); the reward's part through
+    ``grpo`` does, and is refused as ``grpo`` is."""
+    teacher = {"model": "tiny-qwen3"}
+    mixed = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher,
+                                                                "advantage_options": {"reward_weight": 0.5}})
+    one_error_line(invoke("train", str(mixed), "--check"), "rollout.n", "grpo compares each trajectory")
+    pure = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher})
+    assert invoke("train", str(pure), "--check").exit_code == 0
