@@ -4,8 +4,10 @@ imports ambiguous and grow apart; a second one imports the first or is renamed t
 CLI commands count too: a command's function is named ``<command>_command``, not like the function
 it calls.
 
-Exempt: hook implementations (``@hookimpl``: pluggy matches them by the hook's name) and ``main``,
-the conventional entry point of a program (``python -m``, the ``toolrl`` console script)."""
+Exempt: hook implementations (``@hookimpl``: pluggy matches them by the hook's name), ``main``,
+the conventional entry point of a program (``python -m``, the ``toolrl`` console script), and the one
+interface every gateway protocol module implements (``parse``, ``answer``, ``stream``: the server calls
+each protocol's module the same way)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 ENTRY_POINT = "main"
+PROTOCOL = {"parse", "answer", "stream"}
+PROTOCOL_MODULES = {f"toolrl/gateway/{name}.py" for name in ("chat_completions", "responses", "anthropic")}
 
 
 def _hookimpl(node: ast.AST) -> bool:
@@ -28,7 +32,8 @@ def definitions(sources: dict[str, str]) -> dict[str, list[str]]:
     for module, text in sorted(sources.items()):
         for node in ast.parse(text).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
-                    not node.name.startswith("_") and node.name != ENTRY_POINT and not _hookimpl(node):
+                    not node.name.startswith("_") and node.name != ENTRY_POINT and not _hookimpl(node) and \
+                    not (module in PROTOCOL_MODULES and node.name in PROTOCOL):
                 found[node.name].append(f"{module}:{node.lineno}")
     return found
 

@@ -26,6 +26,7 @@ from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, options_model
+from toolrl.renderers.chat import TemplateError
 from toolrl.renderers.families import config_renderer_factory
 from toolrl.rollout.context_check import check_prompt_tokens, model_context
 from toolrl.tools.verl_config import resolve_tool_class
@@ -146,6 +147,7 @@ def check_template(facts: RunFacts, factory: Any) -> list[str]:
 
 
 def _template_error(exc: BaseException) -> str:
+    exc = exc.__cause__ if isinstance(exc, TemplateError) and exc.__cause__ else exc  # the template's own error
     line = getattr(exc, "lineno", None)
     return f"{type(exc).__name__}{f' at template line {line}' if line else ''}: {one_line(str(exc))}"
 

@@ -136,7 +136,7 @@ async def take_turn(ep: Episode) -> Termination | None:
     if ep.context_room <= 0:
         return "length"
     gen = await generate(ep, min(budget, ep.context_room))
-    calls, errors = await parse(ep, gen)
+    calls, errors = await parse_calls(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)
     if ending == "answered":
         if isinstance(ep.line, FoldBranch):  # its answer goes back to the line that called it, not to the session
@@ -161,7 +161,7 @@ async def take_turn(ep: Episode) -> Termination | None:
     return await fit_context(ep)
 
 
-async def parse(ep: Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseError]]:
+async def parse_calls(ep: Episode, gen: Generation) -> tuple[list[ToolCall], list[ParseError]]:
     """The calls to run and the parse errors to report to the model; sets the final answer. Inline
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
