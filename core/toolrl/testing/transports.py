@@ -234,7 +234,11 @@ def _check_dead_sender(transport: LinkedTransport, ctx: Any, timeout_s: float) -
 def check_dead_peers(transport: LinkedTransport, timeout_s: float = 5.0) -> None:
     """A receiver that dies mid-transfer ends the send, a sender that dies ends the receive, each
     within ``timeout_s`` (+ :data:`GRACE_S`)."""
-    ctx = multiprocessing.get_context("spawn")
+    # Children forked from a server that imported torch once: each spawned child imported it afresh,
+    # a second or more of CPU apiece (most of the check's cost). Where the caller started the server
+    # already, children import it themselves.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])
     _check_dead_receiver(transport, ctx, timeout_s)
     _check_dead_sender(transport, ctx, timeout_s)
 
