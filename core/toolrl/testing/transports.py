@@ -9,6 +9,8 @@ AssertionError naming what broke:
 - a receiver (a child process) that dies mid-transfer ends the sender's ``send`` within ``timeout_s``
   (returning or raising :class:`~toolrl.transports.TransportError`), and a sender that dies
   mid-transfer ends its receivers' ``receive`` with TransportError within ``timeout_s``: no hang.
+  The child processes are forked from a ``forkserver`` (torch preloaded), so the transport must
+  pickle; links go to and from them over pipes.
 
     from toolrl.testing.transports import check_weight_transport
     check_weight_transport(MyTransport(MyTransport.Options(...)))
@@ -168,11 +170,19 @@ def _dying_sender(transport: LinkedTransport, key: str, links: Connection) -> No
     sender.send(stream())
 
 
+def _in_environment(environ: dict[str, str], target: Callable[..., None], *args: Any) -> None:
+    # A forkserver's child has the server's environment, from whenever it started: this process's
+    # now (RAY_ADDRESS set for the check, say) is what a spawned child would have had.
+    os.environ.clear()
+    os.environ.update(environ)
+    target(*args)
+
+
 @contextlib.contextmanager
 def _child(ctx: Any, target: Callable[..., None], *args: Any) -> Iterator[Any]:
     """``target(*args)`` in a child process, killed on leaving. The child's pipe ends among ``args``
     are closed here once it has them, so that a child that dies unheard reads as EOF, not as silence."""
-    child = ctx.Process(target=target, args=args, daemon=True)
+    child = ctx.Process(target=_in_environment, args=(dict(os.environ), target, *args), daemon=True)
     child.start()
     for end in args:
         if isinstance(end, Connection):
