@@ -21,6 +21,7 @@ from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
 from toolrl.training.weight_sync import SyncStats, owned_buckets, send_engine_weights, send_owned
 from toolrl.transports import Link, LinkedTransport, TransportError, build_transport
+from toolrl.transports.disk import DiskSender, DiskTransport
 from toolrl.transports.object_store import ObjectStoreTransport
 from toolrl.transports.shared_memory import SEGMENT_PREFIX
 
@@ -68,6 +69,40 @@ def test_conformance_every_byte_arrives(name, tmp_path):
 @pytest.mark.parametrize("name", LINKED)
 def test_conformance_a_dead_peer_ends_the_transfer_within_the_timeout(name, tmp_path):
     check_dead_peers(transport(name, tmp_path), timeout_s=5.0)
+
+
+class QuitSender(DiskSender):
+    """Gives up as its send starts: in the test's process it returns having sent nothing, anywhere else
+    (the check's dying sender) the process exits at once, the instant after it handed its link over."""
+
+    def __init__(self, home: int, *args) -> None:
+        super().__init__(*args)
+        self.home = home
+
+    def send(self, buckets) -> int:
+        if os.getpid() != self.home:
+            os._exit(3)
+        return 0
+
+
+class QuitTransport(DiskTransport):
+    """disk with QuitSender: the dead-peer check then kills its receiver while that still waits for its
+    link, and its sender exits right after handing its link over; both handovers must survive."""
+
+    def __init__(self, options) -> None:
+        super().__init__(options)
+        self.home = os.getpid()
+
+    def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> QuitSender:
+        return QuitSender(self.home, key, sender, receivers, timeout_s, self.options.path)
+
+
+@pytest.mark.slow  # two child processes start torch
+def test_the_dead_peer_check_survives_peers_that_die_around_the_handover_of_their_link(tmp_path):
+    """Its links once went through one multiprocessing.Queue: a receiver killed inside its get kept the
+    queue's lock, and a sender's os._exit outran the queue's feeder thread; either left the dead-sender
+    half waiting 120 s for a link."""
+    check_dead_peers(QuitTransport(DiskTransport.Options(path=str(tmp_path))), timeout_s=1.0)
 
 
 def test_a_killed_senders_segments_are_removed_by_the_next_sender(tmp_path):

@@ -9,6 +9,8 @@ AssertionError naming what broke:
 - a receiver (a child process) that dies mid-transfer ends the sender's ``send`` within ``timeout_s``
   (returning or raising :class:`~toolrl.transports.TransportError`), and a sender that dies
   mid-transfer ends its receivers' ``receive`` with TransportError within ``timeout_s``: no hang.
+  The child processes are forked from a ``forkserver`` (torch preloaded), so the transport must
+  pickle; links go to and from them over pipes.
 
     from toolrl.testing.transports import check_weight_transport
     check_weight_transport(MyTransport(MyTransport.Options(...)))
@@ -24,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 from toolrl.transports import ALIGN, Bucket, BucketHeader, LinkedTransport, RowPiece, TransportError
@@ -146,19 +149,19 @@ def check_exact(transport: LinkedTransport, receivers: int = 2, timeout_s: float
             end.close()
 
 
-def _dying_receiver(transport: LinkedTransport, ready: Any, links: Any) -> None:
+def _dying_receiver(transport: LinkedTransport, ready: Connection, links: Connection) -> None:
     def load(header: BucketHeader, data: Any) -> None:
         os._exit(3)  # dies mid-transfer, holding the link
 
     import torch  # noqa: F401  (imported before saying ready: the send is timed, not the start-up)
 
-    ready.put(True)
-    transport.open_receiver(links.get(timeout=60), 0).receive(load)
+    ready.send(True)
+    transport.open_receiver(links.recv(), 0).receive(load)
 
 
-def _dying_sender(transport: LinkedTransport, key: str, links: Any) -> None:
+def _dying_sender(transport: LinkedTransport, key: str, links: Connection) -> None:
     sender = transport.open_sender(key, 0, 1, 60.0)
-    links.put(sender.link)
+    links.send(sender.link)  # in the pipe when send returns: os._exit below cannot lose it
 
     def stream() -> Iterator[Bucket]:
         yield from _buckets(_weights(0), 0, 1, 512)
@@ -167,30 +170,65 @@ def _dying_sender(transport: LinkedTransport, key: str, links: Any) -> None:
     sender.send(stream())
 
 
-def check_dead_peers(transport: LinkedTransport, timeout_s: float = 5.0) -> None:
-    """A receiver that dies mid-transfer ends the send, a sender that dies ends the receive, each
-    within ``timeout_s`` (+ :data:`GRACE_S`)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready, links = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_dying_receiver, args=(transport, ready, links), daemon=True)
+def _in_environment(environ: dict[str, str], target: Callable[..., None], *args: Any) -> None:
+    # A forkserver's child has the server's environment, from whenever it started: this process's
+    # now (RAY_ADDRESS set for the check, say) is what a spawned child would have had.
+    os.environ.clear()
+    os.environ.update(environ)
+    target(*args)
+
+
+@contextlib.contextmanager
+def _child(ctx: Any, target: Callable[..., None], *args: Any) -> Iterator[Any]:
+    """``target(*args)`` in a child process, killed on leaving. The child's pipe ends among ``args``
+    are closed here once it has them, so that a child that dies unheard reads as EOF, not as silence."""
+    child = ctx.Process(target=_in_environment, args=(dict(os.environ), target, *args), daemon=True)
     child.start()
+    for end in args:
+        if isinstance(end, Connection):
+            end.close()
     try:
-        ready.get(timeout=120)
+        yield child
+    finally:
+        child.kill()
+        child.join(GRACE_S)
+
+
+def _take(end: Connection, child: Any, timeout_s: float, what: str) -> Any:
+    """What ``child`` sends on ``end`` within ``timeout_s``; AssertionError if it ends or waits without."""
+    if not end.poll(timeout_s):
+        raise AssertionError(f"no {what} from the child process within {timeout_s:g} s")
+    try:
+        return end.recv()
+    except EOFError:
+        child.join(GRACE_S)
+        raise AssertionError(f"the child process ended (exit code {child.exitcode}) before sending its {what}") from None
+
+
+# Each half hands its link over a pipe of its own, written synchronously: a multiprocessing.Queue is
+# written by a feeder thread that the dying sender's os._exit does not wait for, and its get holds a
+# lock shared between processes, which a receiver killed while waiting for its link never releases
+# (the disk transport's send does not wait for its receivers, so the kill can come that early).
+
+def _check_dead_receiver(transport: LinkedTransport, ctx: Any, timeout_s: float) -> None:
+    (ready, ready_in), (links_out, links) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
+    with _child(ctx, _dying_receiver, transport, ready_in, links_out) as child:
+        _take(ready, child, 120, "ready signal")
         sender = transport.open_sender(f"dead-{uuid.uuid4().hex[:8]}", 0, 1, timeout_s)
-        links.put(sender.link)
+        links.send(sender.link)
+        weights = _weights(0)  # imports torch before the clock starts, like the child: the send is timed
         t0 = time.monotonic()
         with contextlib.suppress(TransportError):
-            sender.send(_buckets(_weights(0), 0, 1, 512))
+            sender.send(_buckets(weights, 0, 1, 512))
         took = time.monotonic() - t0
         sender.close()
         assert took < timeout_s + GRACE_S, f"a send to a receiver that died mid-transfer took {took:.1f} s"
-    finally:
-        child.kill()
 
-    child = ctx.Process(target=_dying_sender, args=(transport, f"dead-{uuid.uuid4().hex[:8]}", links), daemon=True)
-    child.start()
-    try:
-        link = links.get(timeout=120)
+
+def _check_dead_sender(transport: LinkedTransport, ctx: Any, timeout_s: float) -> None:
+    links, links_in = ctx.Pipe(duplex=False)
+    with _child(ctx, _dying_sender, transport, f"dead-{uuid.uuid4().hex[:8]}", links_in) as child:
+        link = _take(links, child, 120, "link")
         receiver = transport.open_receiver(link.model_copy(update={"timeout_s": timeout_s}), 0)
         t0 = time.monotonic()
         try:
@@ -201,8 +239,18 @@ def check_dead_peers(transport: LinkedTransport, timeout_s: float = 5.0) -> None
             raise AssertionError("a receive from a sender that died ended without an error")
         receiver.close()
         assert took < timeout_s + GRACE_S, f"a receive from a sender that died took {took:.1f} s to fail"
-    finally:
-        child.kill()
+
+
+def check_dead_peers(transport: LinkedTransport, timeout_s: float = 5.0) -> None:
+    """A receiver that dies mid-transfer ends the send, a sender that dies ends the receive, each
+    within ``timeout_s`` (+ :data:`GRACE_S`)."""
+    # Children forked from a server that imported torch once: each spawned child imported it afresh,
+    # a second or more of CPU apiece (most of the check's cost). Where the caller started the server
+    # already, children import it themselves.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch"])
+    _check_dead_receiver(transport, ctx, timeout_s)
+    _check_dead_sender(transport, ctx, timeout_s)
 
 
 def check_weight_transport(transport: LinkedTransport, receivers: int = 2, timeout_s: float = 5.0) -> None:
