@@ -203,7 +203,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Pat
         task = ["session.name=ladder", f"rollout.max_turns={RUNGS}", f"rollout.parser={StopStringMoves.name}",
                 "rollout.max_response_tokens=256", "tools.entries=[]", "reward.functions=[]"]
     else:
-        task = [f"env={args.env}", f"env_options={{rooms: {args.rooms}, test_size: {args.eval_tasks}, seed: 0}}",
+        task = [f"env={args.env}", f"env_options={{rooms: {args.rooms}, test_size: {args.eval_tasks}, seed: 0{args.env_options}}}",
                 *([f"rollout.max_turns={args.turns}"] if args.turns else []),
                 f"rollout.parser={AlignedMove.name}", "rollout.parser_options={}", "tools.entries=[]",
                 "reward.functions=[]", f"rollout.max_response_tokens={args.max_response_tokens}",
@@ -304,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--env", choices=list(MOVES), help="an environment plugin in place of the ladder: success "
                     "on its held-out split")
     ap.add_argument("--rooms", type=int, default=5, help="--env corridor: its length (max_turns 2 × rooms)")
+    ap.add_argument("--key-turns", dest="env_options", action="store_const", const=", key_turns: true", default="",
+                    help="--env corridor: the state key also counts the moves made (gigpo's step groups)")
     ap.add_argument("--turns", type=int, help="--env: rollout.max_turns (default: the environment's)")
     ap.add_argument("--stops", nargs="+", default=STOPS, help="--env: the strings a turn stops at (more of them: "
                     "fewer turns that run out of tokens, which end the episode)")

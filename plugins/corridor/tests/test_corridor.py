@@ -46,9 +46,9 @@ def test_splits_are_disjoint_seeded_and_budgeted() -> None:
     assert shown.exit_code == 0 and "  session: corridor\n" in shown.output, shown.output
 
 
-async def walk(moves: list[str], rooms: int = 3) -> tuple[CorridorSession, list[str], list[Any]]:
+async def walk(moves: list[str], rooms: int = 3, **options: Any) -> tuple[CorridorSession, list[str], list[Any]]:
     """The session after ``moves``: the state key before each move and each step's result."""
-    kind = SessionKind.resolve("corridor", None, ".")
+    kind = SessionKind.resolve("corridor", options, ".")
     session = kind.cls(kind.options, kind.context("t-0"))
     await session.reset(Sample(prompt="p", extra_info={"rooms": [f"r{i}" for i in range(rooms)]}))
     keys, results = [], []
@@ -68,6 +68,12 @@ async def test_moves_keys_and_the_reward_only_at_the_exit() -> None:
     assert await session.score(None) == 1.0
     short, _, ended = await walk(["east", "east", "west", "east"])
     assert not any(r.done for r in ended) and await short.score(None) == 0.0  # out of turns short of the exit
+
+
+async def test_the_key_counts_the_moves_when_asked() -> None:
+    _, keys, _ = await walk(["east", "west", "east"], key_turns=True)
+    assert keys == ["room 0 after 0 moves", "room 1 after 1 moves", "room 0 after 2 moves"]
+    assert CORRIDOR.resolve({"key_turns": True})[0].session_options == {"key_turns": True}
 
 
 async def test_a_fork_walks_on_apart() -> None:

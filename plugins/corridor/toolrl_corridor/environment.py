@@ -40,6 +40,7 @@ class CorridorOptions(BaseModel):
     train_size: int = Field(512, gt=0)
     test_size: int = Field(64, gt=0)
     seed: int = 0
+    key_turns: bool = Field(False, description="the session's state key also counts the moves made")
 
 
 def question(names: list[str]) -> str:
@@ -74,7 +75,7 @@ def corridors(options: CorridorOptions, split: str) -> list[Sample]:
 
 
 def configure(options: CorridorOptions) -> dict[str, Any]:
-    return {"max_turns": options.turns_per_room * options.rooms}
+    return {"max_turns": options.turns_per_room * options.rooms, "session_options": {"key_turns": options.key_turns}}
 
 
 CORRIDOR = Environment(

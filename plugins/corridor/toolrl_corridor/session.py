@@ -5,13 +5,14 @@ goes one room on (out of the last: the exit, which ends the episode), ``move wes
 the first room: a wall, it stays); any other direction is an error the model reads, and it stays.
 No step earns a reward: the score is 1 when the walk got out, else 0, so the turns' credit is left
 to the estimator. The state key is the room alone: the same in every trajectory of a group that
-stands there, however it got there.
+stands there, however it got there (``key_turns``: and after as many moves).
 """
 
 from __future__ import annotations
 
 import copy
 
+from pydantic import BaseModel, ConfigDict, Field
 from toolrl.schemas import Sample, ToolCall, ToolResponse
 from toolrl.sessions import EnvironmentSession, Reset, StepResult
 from toolrl.trajectory import Trajectory
@@ -22,7 +23,15 @@ MOVE = {"type": "function", "function": {
                    "required": ["direction"]}}}
 
 
+class CorridorOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key_turns: bool = Field(False, description="the state key also counts the moves made: a room with fewer "
+                            "turns left is another state (the walk has a turn budget)")
+
+
 class CorridorSession(EnvironmentSession):
+    Options = CorridorOptions
     timeout = 5.0
 
     async def reset(self, sample: Sample) -> Reset:
@@ -31,11 +40,13 @@ class CorridorSession(EnvironmentSession):
             raise ValueError("a corridor sample needs extra_info.rooms: a list of at least two room names")
         self.rooms = rooms
         self.room = 0
+        self.moves = 0
         self.exited = False
         return Reset(tools=[MOVE])
 
     def step(self, call: ToolCall) -> StepResult:
         direction = str(call.arguments.get("direction", "")).strip().lower()
+        self.moves += 1
         if direction == "east" and self.room + 1 == len(self.rooms):
             self.exited = True
             return StepResult(response="You walk out through the exit.", done=True)
@@ -50,7 +61,7 @@ class CorridorSession(EnvironmentSession):
         return StepResult(response=f"You are in the {self.rooms[self.room]}, room {self.room + 1} of {len(self.rooms)}.")
 
     async def state_key(self) -> str:
-        return f"room {self.room}"
+        return f"room {self.room}" + (f" after {self.moves} moves" if self.options.key_turns else "")
 
     async def fork(self) -> CorridorSession:
         return copy.copy(self)  # the room names are shared and never changed
