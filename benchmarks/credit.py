@@ -47,7 +47,8 @@ the anchor states recur (the share of training turns whose state another turn of
 started from: a step group that compares something).
 
     OMP_NUM_THREADS=1 python benchmarks/credit.py [--quick] [--seeds 5] [--steps 12] [--tree-steps 2]
-        [--env corridor [--rooms 5] [--eval-tasks 16]] [--arms ...] [--curves FILE] [--from FILE ...]
+        [--env corridor [--rooms 5] [--turns N] [--stops s e] [--key-turns] [--eval-tasks 16]]
+        [--arms ...] [--curves FILE] [--from FILE ...]
 
 ``--curves`` writes the runs' curves as they end, ``--from`` reads such files in place of running (arms
 run as separate processes, then one table). Last line: ``tokens to 50% success, gigpo/grpo: X.XX,
