@@ -13,13 +13,14 @@ from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
+from toolrl.plugins import get_plugins
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.chat import ChatRenderer
 from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionKind
 from toolrl.testing import ScriptedEngine
-from toolrl_corridor.environment import CORRIDOR, held_out
+from toolrl_corridor.environment import CORRIDOR, TAG_ROUTES, held_out
 from toolrl_corridor.session import CorridorSession
 
 
@@ -42,6 +43,13 @@ def test_splits_are_disjoint_seeded_and_budgeted() -> None:
     assert CORRIDOR.resolve({"rooms": 6, "turns_per_room": 3})[0].max_turns == 18
     with pytest.raises(ConfigError, match="rooms"):
         CORRIDOR.resolve({"rooms": 1})
+    plain, shown_walk = (load_samples(load_config(None, data={"env": "corridor", "env_options": {"example": e}}))[0]
+                         for e in (False, True))
+    assert [m.role for m in plain.prompt] == ["system", "user"]
+    assert [m.role for m in shown_walk.prompt] == ["system", "user", "assistant", "user"]
+    walked = get_plugins().load_part("tool_parsers", "tags")(**TAG_ROUTES).parse(shown_walk.prompt[2].content)
+    assert [c.arguments for c in walked.calls] == [{"direction": "east"}] * 3  # a 3-room walk, as the parser reads it
+    assert shown_walk.prompt[2].content.endswith("```output\nYou walk out through the exit.\n```")
     shown = CliRunner().invoke(cli, ["env", "show", "corridor"])
     assert shown.exit_code == 0 and "  session: corridor\n" in shown.output, shown.output
 

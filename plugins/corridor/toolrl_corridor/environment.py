@@ -41,6 +41,8 @@ class CorridorOptions(BaseModel):
     test_size: int = Field(64, gt=0)
     seed: int = 0
     key_turns: bool = Field(False, description="the session's state key also counts the moves made")
+    example: bool = Field(False, description="a worked walk before each problem (a small instruct model writes "
+                          "no <move> call without one)")
 
 
 def question(names: list[str]) -> str:
@@ -74,8 +76,20 @@ def corridors(options: CorridorOptions, split: str) -> list[Sample]:
             for i, names in enumerate(chosen)]
 
 
+EXAMPLE_ROOMS = ["porch", "hallway", "den"]  # the worked walk's (names no problem uses)
+
+
+def worked_example() -> list[dict[str, Any]]:
+    """A walk out of a 3-room corridor, rendered as the tags parser inserts results."""
+    seen = [f"You are in the {name}, room {i + 1} of 3." for i, name in enumerate(EXAMPLE_ROOMS[1:], 1)]
+    text = "".join(f"<move>east</move>\n```output\n{result}\n```\n"
+                   for result in [*seen, "You walk out through the exit."])
+    return [{"role": "user", "content": question(EXAMPLE_ROOMS)}, {"role": "assistant", "content": text.rstrip()}]
+
+
 def configure(options: CorridorOptions) -> dict[str, Any]:
-    return {"max_turns": options.turns_per_room * options.rooms, "session_options": {"key_turns": options.key_turns}}
+    return {"max_turns": options.turns_per_room * options.rooms, "session_options": {"key_turns": options.key_turns},
+            "prompt_prefix": worked_example() if options.example else []}
 
 
 CORRIDOR = Environment(
