@@ -34,9 +34,25 @@ tokens it generated there: a window of tokens, not of steps, whose sizes differ 
 at 7 token checkpoints as the mean over seeds ± their std. Tokens to 50% success: where the seed-mean
 curve first reaches 0.5 (on a grid of budget/100; each seed's own is printed too, for the spread).
 
-    OMP_NUM_THREADS=1 python benchmarks/credit.py [--quick] [--seeds 5] [--steps 12] [--tree-steps 2]
+On the ladder the step rewards already count the rungs passed and a failed rung ends the episode, so an
+outcome advantage carries nearly all the credit there is. ``--env corridor`` (the ``corridor`` plugin,
+plugins/corridor) trains on a task where credit matters: a row of rooms walked one ``move`` a turn, one
+reward at the exit (none per step), a wrong move recoverable but two turns lost, ``max_turns`` twice the
+rooms, the room as state key (every trajectory of a group passes the same rooms). The parser
+:class:`AlignedMove` turns each turn into the environment's move (:data:`MOVES`: ``east`` when the turn
+is aligned, else ``west``); the rest is the environment's own. Success is then the held-out split's:
+``--eval-tasks`` test corridors, one sample each at the rollout temperature, after every step (the
+tree arm's every ``--tree-steps`` steps, about as many tokens apart), and every run prints how often
+the anchor states recur (the share of training turns whose state another turn of their group also
+started from: a step group that compares something).
 
-Last line: ``tokens to 50% success, gigpo/grpo: X.XX, tree_grpo/grpo: Y.YY`` (below 1: fewer tokens).
+    OMP_NUM_THREADS=1 python benchmarks/credit.py [--quick] [--seeds 5] [--steps 12] [--tree-steps 2]
+        [--env corridor [--rooms 5] [--turns N] [--stops s e] [--key-turns] [--eval-tasks 16]]
+        [--arms ...] [--curves FILE] [--from FILE ...]
+
+``--curves`` writes the runs' curves as they end, ``--from`` reads such files in place of running (arms
+run as separate processes, then one table). Last line: ``tokens to 50% success, gigpo/grpo: X.XX,
+tree_grpo/grpo: Y.YY`` (``held-out success`` with ``--env``; below 1: fewer tokens).
 """
 
 from __future__ import annotations
@@ -67,15 +83,26 @@ from toolrl.sessions import EnvironmentSession, Reset, StepResult  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 STOPS = ["s"]
 RUNGS = 3
+# --env: the environment plugin's move tool, its argument, the right move and the wrong one (AlignedMove).
+MOVES = {"corridor": ("move", "direction", "east", "west")}
 ARMS = {"grpo": [], "gigpo": ["algorithm.advantage=gigpo"],
         "tree_grpo": ["algorithm.advantage=tree_grpo", "rollout.tree={width: 4, depth: 1, turn: 1}"]}
 
 
-class Ladder(EnvironmentSession):
-    """``RUNGS`` climbs; a turn with fewer than half its tokens aligned falls, for good (module docstring)."""
+class Aligned:
+    """Whether a turn's text is mostly *aligned* tokens (module docstring), in the peaked model's embedding."""
 
     good: ClassVar[Any] = None  # bool tensor over the vocabulary, set from the model
     tokenizer: ClassVar[Any] = None
+
+    @classmethod
+    def turn(cls, text: str) -> bool:
+        ids = cls.tokenizer.encode(text, add_special_tokens=False)
+        return 2 * sum(bool(cls.good[t]) for t in ids) >= max(len(ids), 1)
+
+
+class Ladder(EnvironmentSession):
+    """``RUNGS`` climbs; a turn with fewer than half its tokens aligned falls, for good (module docstring)."""
     CLIMB = {"type": "function", "function": {"name": "climb", "description": "Climb one rung.", "parameters": {
         "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
 
@@ -84,8 +111,7 @@ class Ladder(EnvironmentSession):
         return Reset(tools=[self.CLIMB], replace_tools=True)
 
     def step(self, call: ToolCall) -> StepResult:
-        ids = self.tokenizer.encode(call.arguments["text"], add_special_tokens=False)
-        if 2 * sum(bool(self.good[t]) for t in ids) < max(len(ids), 1):
+        if not Aligned.turn(call.arguments["text"]):
             return StepResult(response="You slipped and fell.", done=True)
         self.rung += 1
         return StepResult(response=f"Rung {self.rung} of {RUNGS}.", reward=1 / RUNGS, done=self.rung == RUNGS)
@@ -112,10 +138,32 @@ class StopStringMoves(ToolParser):
         return ParseResult(content=text)
 
 
+class AlignedMove(StopStringMoves):
+    """``--env``: a turn that stopped at one of ``STOPS`` is one call of the environment's move tool
+    (:data:`MOVES`), the right move when the turn is :class:`Aligned`, else the wrong one (a random
+    model writes no markup; the environment's session, state and reward are its own)."""
+
+    name = "aligned_move"
+    move: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")  # tool, argument, right, wrong
+    stops: ClassVar[list[str]] = STOPS  # --stops
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self.stops
+
+    def parse(self, text: str) -> ParseResult:
+        if not any(s in text for s in self.stops):
+            return ParseResult(content=text)
+        tool, argument, right, wrong = self.move
+        return ParseResult(content=text, calls=[ToolCall(name=tool, arguments={
+            argument: right if Aligned.turn(text) else wrong})])
+
+
 def register() -> None:
     registry = get_plugins().registry
-    for kind, name, obj in (("environment_sessions", "ladder", Ladder), ("tool_parsers", StopStringMoves.name,
-                                                                           StopStringMoves)):
+    for kind, name, obj in (("environment_sessions", "ladder", Ladder),
+                            ("tool_parsers", StopStringMoves.name, StopStringMoves),
+                            ("tool_parsers", AlignedMove.name, AlignedMove)):
         if not registry.has(kind, name):
             registry.add(Part(kind, name, "benchmark", obj))
 
@@ -132,35 +180,69 @@ def peaked_model(out: Path) -> Path:
     model = load_model(str(source))
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(6.0)
-    Ladder.good = model.get_input_embeddings().weight[:, 0] > 0
+    Aligned.good = model.get_input_embeddings().weight[:, 0] > 0
     model.save_pretrained(out)
     for f in source.iterdir():
         if f.name.startswith("tokenizer") or f.name.endswith(".jinja") or f.name == "special_tokens_map.json":
             shutil.copy2(f, out / f.name)
-    Ladder.tokenizer = AutoTokenizer.from_pretrained(out)
+    Aligned.tokenizer = AutoTokenizer.from_pretrained(out)
     return out
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Path) -> list[tuple[int, float]]:
-    """One run: per step, (generated tokens, success rate) of its batch. A tree's step generates fewer
-    tokens (its leaves share their first turns), so the tree arm runs ``--tree-steps`` × the steps to
-    reach the same token budget (what no run reached is cut off)."""
+    """One run: per step, (generated tokens, success rate). A tree's step generates fewer tokens (its
+    leaves share their first turns), so the tree arm runs ``--tree-steps`` × the steps to reach the same
+    token budget (what no run reached is cut off). The ladder's success is the training batch's; an
+    ``--env``'s is the held-out split's (``--eval-tasks`` test problems, one sample each at the rollout
+    temperature, after every step: after every ``--tree-steps``-th of the tree arm's, about as many
+    tokens apart), and the curve has a point only where it was measured."""
     from toolrl.roles.controller import train_async
 
-    steps = args.steps * (args.tree_steps if arm == "tree_grpo" else 1)
+    tree = arm == "tree_grpo"
+    steps = args.steps * (args.tree_steps if tree else 1)
+    if args.env is None:
+        task = ["session.name=ladder", f"rollout.max_turns={RUNGS}", f"rollout.parser={StopStringMoves.name}",
+                "rollout.max_response_tokens=256", "tools.entries=[]", "reward.functions=[]"]
+    else:
+        task = [f"env={args.env}", f"env_options={{rooms: {args.rooms}, test_size: {args.eval_tasks}, seed: 0{args.env_options}}}",
+                *([f"rollout.max_turns={args.turns}"] if args.turns else []),
+                f"rollout.parser={AlignedMove.name}", "rollout.parser_options={}", "tools.entries=[]",
+                "reward.functions=[]", f"rollout.max_response_tokens={args.max_response_tokens}",
+                f"trainer.eval_every={args.tree_steps if tree else 1}", f"eval.num_samples={args.eval_tasks}",
+                "eval.n=1", "eval.temperature=1.0"]
     config = load_config(ROOT / "examples" / "tiny.yaml", [
         f"model.source={model}", f"trainer.output_dir={out}", f"trainer.total_steps={steps}",
         f"trainer.seed={seed}", f"rollout.seed={seed}", "trainer.plot=false", "trainer.progress=false",
-        "trainer.save_every=1000", "data.batch_size=2", "rollout.n=8", f"rollout.max_turns={RUNGS}",
-        f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.max_response_tokens=256",
-        f"rollout.parser={StopStringMoves.name}", "session.name=ladder", "tools.entries=[]", "reward.functions=[]",
+        "trainer.save_every=1000", "data.batch_size=2", "rollout.n=8",
+        f"rollout.max_new_tokens={args.max_new_tokens}", *task,
         f"optim.lr={args.lr}", "optim.micro_batch_size=16", *ARMS[arm]])
     asyncio.run(train_async(config))
-    curve = []
+    metrics = {row["step"]: row for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    curve, tokens = [], 0
     for step in range(1, steps + 1):
         rows = [json.loads(x) for x in (out / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines() if x]
-        curve.append((generated_tokens(rows), success_rate(rows)))
+        tokens += generated_tokens(rows)
+        count_anchors(arm, rows)
+        if args.env is None:
+            curve.append((tokens, success_rate(rows)))
+        elif "val/pass@1" in metrics[step]:
+            curve.append((tokens, metrics[step]["val/pass@1"]))
     return curve
+
+
+ANCHORS: dict[str, list[int]] = {}  # per arm: turns in a step group of two or more, all turns
+
+
+def count_anchors(arm: str, rows: Sequence[dict[str, Any]]) -> None:
+    """How often ``gigpo``'s anchor states recur: the turns of a step whose state another turn of their
+    group also started from (the step groups that compare anything), and all its turns."""
+    anchors: dict[tuple[Any, str], int] = {}
+    for r in rows:
+        for state in r.get("turn_states") or []:
+            anchors[(r["group"], state)] = anchors.get((r["group"], state), 0) + 1
+    tally = ANCHORS.setdefault(arm, [0, 0])
+    tally[0] += sum(n for n in anchors.values() if n > 1)
+    tally[1] += sum(anchors.values())
 
 
 def success_rate(rows: Sequence[dict[str, Any]]) -> float:
@@ -215,36 +297,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12, help="steps of the flat arms")
     ap.add_argument("--tree-steps", type=int, default=2, help="the tree arm's steps, × --steps")
-    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="the ratios need grpo's "
+                    "(here or in --from)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5.0e-3)
     ap.add_argument("--checkpoints", type=int, default=7)
+    ap.add_argument("--env", choices=list(MOVES), help="an environment plugin in place of the ladder: success "
+                    "on its held-out split")
+    ap.add_argument("--rooms", type=int, default=5, help="--env corridor: its length (max_turns 2 × rooms)")
+    ap.add_argument("--key-turns", dest="env_options", action="store_const", const=", key_turns: true", default="",
+                    help="--env corridor: the state key also counts the moves made (gigpo's step groups)")
+    ap.add_argument("--turns", type=int, help="--env: rollout.max_turns (default: the environment's)")
+    ap.add_argument("--stops", nargs="+", default=STOPS, help="--env: the strings a turn stops at (more of them: "
+                    "fewer turns that run out of tokens, which end the episode)")
+    ap.add_argument("--eval-tasks", type=int, default=16, help="--env: held-out problems per evaluation")
+    ap.add_argument("--max-response-tokens", type=int, default=512, help="--env: rollout.max_response_tokens")
+    ap.add_argument("--curves", type=Path, help="also write the runs' curves here (JSON), for --from")
+    ap.add_argument("--from", dest="sources", type=Path, nargs="+", help="read the curves that --curves wrote "
+                    "(arms run apart, e.g. one process each) in place of running")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.steps = 1, 4
     register()
     tree = "tree" in RolloutConfig.model_fields
-    if "grpo" not in args.arms:
-        raise SystemExit("--arms must include grpo: the ratios are against it")
     arms = [a for a in args.arms if tree or a != "tree_grpo"]
+    task = (f"a ladder of {RUNGS} rungs" if args.env is None else
+            f"--env {args.env} ({args.rooms} rooms, max_turns {args.turns or 'its own'}), held-out success on "
+            f"{args.eval_tasks} test problems")
+    success = "success" if args.env is None else "held-out success"
     print(f"machine: {machine()}")
-    print(f"workload: peaked tiny-qwen3, {args.steps} steps × 2 prompts × 8, a ladder of {RUNGS} rungs (a turn "
-          f"stops at {'/'.join(STOPS)}, ≤ {args.max_new_tokens} tokens), lr {args.lr:g}, seeds 0-{args.seeds - 1}; "
+    print(f"workload: peaked tiny-qwen3, {args.steps} steps × 2 prompts × 8, {task} (a turn "
+          f"stops at {'/'.join(args.stops if args.env else STOPS)}, ≤ {args.max_new_tokens} tokens), lr {args.lr:g}, seeds 0-{args.seeds - 1}; "
           f"tree_grpo: rollout.tree width 4 depth 1 at turn 1\n")
     runs: dict[str, list[list[tuple[float, float]]]] = {}
-    with tempfile.TemporaryDirectory(prefix="credit-") as tmp:
-        model = peaked_model(Path(tmp) / "model")
-        for arm in arms:
+    if args.sources:
+        for source in args.sources:
+            saved = json.loads(source.read_text())
+            for arm, curves in saved["runs"].items():
+                runs.setdefault(arm, []).extend([[tuple(point) for point in c] for c in curves])
+            for arm, (recurring, turns) in saved["anchors"].items():
+                tally = ANCHORS.setdefault(arm, [0, 0])
+                tally[0], tally[1] = tally[0] + recurring, tally[1] + turns
+    else:
+        if args.env is not None:
+            AlignedMove.move, AlignedMove.stops = MOVES[args.env], args.stops
+        with tempfile.TemporaryDirectory(prefix="credit-") as tmp:
+            model = peaked_model(Path(tmp) / "model")
             for seed in range(args.seeds):
-                t0 = time.perf_counter()
-                steps = run_arm(arm, seed, args, model, Path(tmp) / f"{arm}-{seed}")
-                cumulative, total = [], 0
-                for tokens, success in steps:
-                    total += tokens
-                    cumulative.append((float(total), success))
-                runs.setdefault(arm, []).append(cumulative)
-                print(f"{arm} seed {seed}: {time.perf_counter() - t0:.0f} s, {total} tokens, success "
-                      + " ".join(f"{s:.2f}" for _, s in cumulative), flush=True)
+                for arm in arms:
+                    t0 = time.perf_counter()
+                    curve = run_arm(arm, seed, args, model, Path(tmp) / f"{arm}-{seed}")
+                    runs.setdefault(arm, []).append(curve)
+                    print(f"{arm} seed {seed}: {time.perf_counter() - t0:.0f} s, {curve[-1][0]} tokens, {success} "
+                          + " ".join(f"{s:.2f}" for _, s in curve), flush=True)
+                    if args.curves:
+                        args.curves.write_text(json.dumps({"runs": runs, "anchors": ANCHORS}))
+    seeds = min(len(rs) for rs in runs.values())
     budget = min(run[-1][0] for rs in runs.values() for run in rs)
     window = budget / args.checkpoints
     marks = [window * (k + 1) for k in range(args.checkpoints)]
@@ -254,29 +362,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         mean = [statistics.mean(at(m, window, r) for r in rs) for m in marks]
         spread = [statistics.pstdev(at(m, window, r) for r in rs) for m in marks]
         rows.append([arm] + [f"{s:.2f}±{d:.2f}" for s, d in zip(mean, spread, strict=True)])
-    print(f"\nsuccess (mean ± std over {args.seeds} seeds) at generated tokens, each over the last {window:.0f} "
+    print(f"\n{success} (mean ± std over {seeds} seeds) at generated tokens, each over the last {window:.0f} "
           f"tokens; budget {budget:.0f} per run")
     print(table(["method", *[f"{m:.0f}" for m in marks]], rows))
     reached = {}
     for arm, rs in runs.items():
         per_seed = [tokens_to(0.5, [(m, at(m, window, r)) for m in fine]) for r in rs]
         reached[arm] = tokens_to(0.5, [(m, statistics.mean(at(m, window, r) for r in rs)) for m in fine])
-        print(f"{arm}: tokens to 50% success per seed "
+        print(f"{arm}: tokens to 50% {success} per seed "
               + " ".join("never" if t is None else f"{t:.0f}" for t in per_seed)
               + f"; seed-mean curve: {'never' if reached[arm] is None else f'{reached[arm]:.0f}'}")
+    for arm, (recurring, turns) in ANCHORS.items():
+        print(f"{arm}: anchor states recur for {recurring / max(turns, 1):.0%} of {turns} training turns "
+              "(another turn of their group started from the same state)")
     if not tree:
         print("tree_grpo: waiting for rollout.tree (this tree has no tree rollouts yet)")
 
     def ratio(arm: str) -> str:
-        if arm not in reached:
+        if arm not in reached or "grpo" not in reached:
             return "waiting for rollout.tree" if arm == "tree_grpo" and not tree else "not run"
         if reached["grpo"] is None or reached[arm] is None:
             return "n/a (50% not reached within the budget)"
         return f"{reached[arm] / reached['grpo']:.2f}"
 
-    print(f"\ntokens to 50% success, gigpo/grpo: {ratio('gigpo')}, tree_grpo/grpo: {ratio('tree_grpo')}")
+    print(f"\ntokens to 50% {success}, gigpo/grpo: {ratio('gigpo')}, tree_grpo/grpo: {ratio('tree_grpo')}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
