@@ -14,8 +14,8 @@ from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.plugins import get_plugins
-from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.renderers.chat import ChatRenderer
+from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionKind
