@@ -5,7 +5,8 @@ This module is the plugin's entry point: it registers lazy references, so loadin
 nothing but toolrl's hook specifications.
 """
 
-from toolrl.hookspecs import Register, hookimpl
+from toolrl import hookimpl
+from toolrl.hookspecs import Register
 
 __version__ = "0.1.0"
 
