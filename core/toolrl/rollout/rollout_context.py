@@ -26,7 +26,7 @@ MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
 @dataclass
 class Route:
-    """What a sample's environment selects (seed 003's env map): its tools, parser, rewards, turn
+    """What a sample's environment selects (a data row's ``extra_info.env``): its tools, parser, rewards, turn
     limit and environment session kind. ``RolloutContext.routes`` maps environment names to routes;
     ``None`` is the route of samples that name no environment."""
 
