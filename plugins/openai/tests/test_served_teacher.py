@@ -100,3 +100,23 @@ def test_a_server_that_cannot_score_is_refused_with_one_line(kind, scripted_serv
     expected = {"scripted": "chat_script engine does not score given tokens",
                 "no prompt_logprobs": "does not return prompt log-probs", "nothing listens": "does not answer"}
     assert expected[kind] in message
+
+
+def test_a_training_run_distils_from_a_served_teacher(tiny_server, tmp_path):
+    """``toolrl train`` with its teacher on ``toolrl serve`` (the student's own weights): every step's
+    trajectories scored through the server, the advantages ~0, the teacher's log-probs in the traces."""
+    import json
+
+    from support import toolrl, write_config
+
+    teacher = {"engine": "openai", "model": "tiny-qwen3", "options": {"base_url": tiny_server.url}}
+    config = write_config(tmp_path / "distill.yaml", {
+        "rollout": {"n": 2, "max_new_tokens": 8, "max_response_tokens": 8, "max_turns": 1},
+        "data": {"batch_size": 2}, "algorithm": {"advantage": "opd", "teacher": teacher},
+        "trainer": {"total_steps": 1, "output_dir": str(tmp_path / "run"), "progress": False, "plot": False}})
+    result = toolrl("train", str(config))
+    assert result.exit_code == 0, result.stderr
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["teacher_s"] > 0 and row["advantage_abs_mean"] < 1e-5
+    traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert traces and all(len(t["teacher_logprobs"]) == len(t["response_ids"]) for t in traces)
