@@ -2,9 +2,9 @@
 student's sampled tokens and are never trained. Each loads once, in the controller's process
 (``algorithm.teacher[].engine: transformers``), or is a server that returns prompt log-probs
 (``engine: openai``: vLLM or ``toolrl serve``, :class:`ServedTeacher`), and scores a step's
-trajectories in one call (:meth:`Teachers.score`), each trajectory's
-prompt and response as one sequence: the tool results and template tokens are its context, only the
-tokens the student sampled (``response_mask`` 1) get a log-prob (0.0 elsewhere).
+trajectories in one call (:meth:`Teachers.score`), each trajectory's prompt and response as one
+sequence: the tool results and template tokens are its context, only the tokens the student sampled
+(``response_mask`` 1) get a log-prob (0.0 elsewhere).
 
 A teacher with the student's tokenizer scores the student's own token ids; one with another scores
 the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). Everything that would make
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from toolrl.config import ModelConfig, TeacherConfig
     from toolrl.trajectory import Trajectory
 
-__all__ = ["ServedTeacher", "Teacher", "TeacherServer", "Teachers", "check_served_teachers", "check_teacher", "same_tokenizer", "teacher_index", "teacher_tokenizer"]
+__all__ = ["ServedTeacher", "Teacher", "TeacherServer", "Teachers", "check_served_teachers", "check_teacher",
+           "same_tokenizer", "teacher_index", "teacher_tokenizer"]
 
 
 def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | None:
