@@ -207,6 +207,12 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     ({"advantage": "opd"}, ["algorithm.advantage", "algorithm.teacher is unset"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "weight": -1}}, ["algorithm.teacher", "weight"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "vllm"}}, ["algorithm.teacher", "engine"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai"}},
+     ["algorithm.teacher", "give options: {base_url"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai", "options": {"model": "t"}}},
+     ["algorithm.teacher", "base_url"]),
+    ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "options": {"base_url": "http://127.0.0.1:9/v1"}}},
+     ["algorithm.teacher", "the transformers engine takes none"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "routes": ["nowhere"]}}, ["nowhere", "arithmetic"]),
     ({"advantage": "opd", "advantage_options": {"reward_weight": 1000}, "teacher": {"model": "tiny-qwen3"}},
      ["reward_weight"]),
@@ -235,6 +241,22 @@ def test_a_training_run_has_its_teacher_score_every_batch(tmp_path):
     assert row["teacher_s"] > 0 and row["advantage_abs_mean"] < 1e-5  # the teacher is the student's weights
     traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert all(len(t["teacher_logprobs"]) == len(t["response_ids"]) for t in traces)
+
+
+def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path):
+    """``--check`` reaches no server (a served teacher needs only its tokenizer here); the run itself asks
+    it before its first step and refuses, with one line naming the teacher, a server that does not answer."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # nothing listens there once closed
+    teacher = {"engine": "openai", "model": "tiny-qwen3", "options": {"base_url": url}}
+    config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
+                          data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": teacher})
+    assert invoke("train", str(config), "--check").exit_code == 0
+    one_error_line(invoke("train", str(config)), f"algorithm.teacher[0] (engine openai at {url})",
+                   "the server does not answer")
 
 
 @pytest.mark.parametrize("kind", ["no model", "no end of turn"])

@@ -82,6 +82,27 @@ async def test_greedy_matches_step_by_step_reference(engine, model, prompts):
         assert all(isinstance(x, float) for x in gen.logprobs)
 
 
+async def test_prompt_logprobs_of_a_padded_batch_are_each_prompts_own_forward(tiny_qwen3_path, model, qwen3_tokenizer,
+                                                                             prompts):
+    """Prompts of 12 to ~200 tokens scored in batches of 4 (right-padded): each token's log-prob, rank
+    and top-3 as a forward of its prompt alone; generation goes on beside it."""
+    eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
+    try:
+        generating = asyncio.ensure_future(eng.generate(prompts[0], GREEDY))
+        scored = await eng.prompt_logprobs(prompts, top=3)
+        assert (await generating)[0].token_ids == greedy_reference(model, prompts[0], GREEDY.max_new_tokens)
+    finally:
+        await eng.close()
+    for prompt, s in zip(prompts, scored, strict=True):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
+        assert_close(s.logprobs, logprob_reference(model, prompt[:1], prompt[1:]), tol=1e-5)
+        assert s.ranks == [int((lp[j] > lp[j, t]).sum()) + 1 for j, t in enumerate(prompt[1:])]
+        best = lp.topk(3, -1)
+        assert [[t for t, _ in row] for row in s.top] == best.indices.tolist()
+        assert_close([v for row in s.top for _, v in row], best.values.flatten().tolist(), tol=1e-5)
+
+
 async def test_sampled_logprobs_are_temperature_scaled(engine, model, prompts):
     params = SamplingParams(temperature=0.7, max_new_tokens=16, seed=11)
     [gen] = await engine.generate(prompts[1], params)

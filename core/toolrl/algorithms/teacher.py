@@ -1,9 +1,10 @@
 """The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): models that score the
 student's sampled tokens and are never trained. Each loads once, in the controller's process
-(``algorithm.teacher[].engine: transformers``, the one kind here that returns the log-probs of given
-tokens), and scores a step's trajectories in one call (:meth:`Teachers.score`), each trajectory's
-prompt and response as one sequence: the tool results and template tokens are its context, only the
-tokens the student sampled (``response_mask`` 1) get a log-prob (0.0 elsewhere).
+(``algorithm.teacher[].engine: transformers``), or is a server that returns prompt log-probs
+(``engine: openai``: vLLM or ``toolrl serve``, :class:`ServedTeacher`), and scores a step's
+trajectories in one call (:meth:`Teachers.score`), each trajectory's prompt and response as one
+sequence: the tool results and template tokens are its context, only the tokens the student sampled
+(``response_mask`` 1) get a log-prob (0.0 elsewhere).
 
 A teacher with the student's tokenizer scores the student's own token ids; one with another scores
 the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). Everything that would make
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from toolrl.config import ModelConfig, TeacherConfig
     from toolrl.trajectory import Trajectory
 
-__all__ = ["Teacher", "Teachers", "check_teacher", "same_tokenizer", "teacher_index", "teacher_tokenizer"]
+__all__ = ["ServedTeacher", "Teacher", "TeacherServer", "Teachers", "check_served_teachers", "check_teacher",
+           "same_tokenizer", "teacher_index", "teacher_tokenizer"]
 
 
 def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | None:
@@ -81,7 +83,9 @@ def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
         raise ConfigError(f"{where}: the student takes images, and an image's placeholder tokens have no text a "
                           "teacher could score: distillation is for text-only runs here")
     try:
-        if teacher.model.source != "gemma3-270m":  # built from its package at load; any other: a directory
+        # Gemma 3's is built from its package at load, a served teacher needs only its tokenizer; any
+        # other: a model directory.
+        if teacher.engine == "transformers" and teacher.model.source != "gemma3-270m":
             source = model_sources.resolve_source(teacher.model, run.config.base_dir)
             model_sources.check_model_dir(source, "the teacher")
         tokenizer = teacher_tokenizer(teacher.model, run.config.base_dir)
@@ -108,16 +112,25 @@ def check_teacher(run: Any, teacher: TeacherConfig, where: str) -> list[str]:
 Conversation = Callable[["Trajectory"], "list[dict[str, Any]] | None"]
 
 
+# A trajectory to score: the teacher's ids, the first of them scored, and (a teacher of another tokenizer)
+# where each sampled student token's share lies (start, teacher positions, char spans, student ends).
+Scored = list[tuple[int, list[int], list[tuple[int, int]], list[int]]]
+
+
 class Teacher:
-    """One teacher, loaded: ``score`` fills ``teacher_logprobs`` of the trajectories it is given."""
+    """One teacher, loaded: ``score`` fills ``teacher_logprobs`` of the trajectories it is given. This
+    one runs its model in this process; :class:`ServedTeacher` asks a server."""
 
     def __init__(self, config: TeacherConfig, student_tokenizer: Any, base_dir: str) -> None:
         path = model_sources.resolve_source(config.model, base_dir)
-        self.tokenizer = model_sources.load_tokenizer(path)
-        self.same = same_tokenizer(self.tokenizer, student_tokenizer)
-        self.student = student_tokenizer
+        self._bind(model_sources.load_tokenizer(path), student_tokenizer)
         self.device = model_sources.resolve_device(config.model.device)
         self.model = model_sources.load_model(path, config.model.dtype, self.device).eval()
+
+    def _bind(self, tokenizer: Any, student_tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.same = same_tokenizer(self.tokenizer, student_tokenizer)
+        self.student = student_tokenizer
         self.end = None if self.same else end_of_turn(self.tokenizer)
 
     def token_logprobs(self, ids: Sequence[int], first: int) -> list[float]:
@@ -130,27 +143,46 @@ class Teacher:
             lp = torch.log_softmax(logits, -1).gather(-1, x[0, first:, None])[:, 0]
         return lp.cpu().tolist()
 
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+        """:meth:`token_logprobs` of each (ids, first): a step's sequences at once."""
+        return [self.token_logprobs(ids, first) for ids, first in sequences]
+
     def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None) -> None:
         """Each trajectory's ``teacher_logprobs``; ``conversation`` gives a teacher of another tokenizer
         the prompt's messages, which it renders with its own chat template."""
+        plans: list[tuple[Trajectory, list[int], int, Scored | None]] = []
         for t in trajectories:
             if t.images:
                 raise ValueError(f"trajectory {t.trajectory_id}: holds images, whose tokens no teacher can score")
             if not any(t.response_mask):
                 t.teacher_logprobs = [0.0] * len(t.response_ids)
             elif self.same:
-                lp = self.token_logprobs(t.prompt_ids + t.response_ids, len(t.prompt_ids))
-                t.teacher_logprobs = [v if m else 0.0 for v, m in zip(lp, t.response_mask, strict=True)]
+                plans.append((t, t.prompt_ids + t.response_ids, len(t.prompt_ids), None))
             else:
-                t.teacher_logprobs = self.across(t, None if conversation is None else conversation(t))
+                ids, scored = self.across(t, None if conversation is None else conversation(t))
+                if scored:
+                    plans.append((t, ids, min(j for _, js, _, _ in scored for j in js), scored))
+                else:
+                    t.teacher_logprobs = [0.0] * len(t.response_ids)
+        for (t, _, first, scored), lp in zip(plans, self.logprobs([(ids, first) for _, ids, first, _ in plans]),
+                                             strict=True):
+            if scored is None:
+                t.teacher_logprobs = [v if m else 0.0 for v, m in zip(lp, t.response_mask, strict=True)]
+                continue
+            out = [0.0] * len(t.response_ids)
+            for start, js, spans, ends in scored:
+                for k, v in enumerate(spread(ends, spans, [lp[j - first] for j in js])):
+                    out[start + k] = v
+            t.teacher_logprobs = out
 
-    def across(self, t: Trajectory, messages: list[dict[str, Any]] | None = None) -> list[float]:
-        """A trajectory scored through the teacher's tokenizer (:mod:`toolrl.algorithms.align`); its prompt
-        rendered by the teacher's template from ``messages`` when given, else the student's prompt as text."""
+    def across(self, t: Trajectory, messages: list[dict[str, Any]] | None = None) -> tuple[list[int], Scored]:
+        """A trajectory in the teacher's tokens (:mod:`toolrl.algorithms.align`) and where each sampled
+        student token's share of them lies; its prompt rendered by the teacher's template from
+        ``messages`` when given, else the student's prompt as text."""
         special = special_ids(self.student)
         ids: list[int] = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         # Per sampled student token: the teacher tokens (index into ids, char span) of its piece, and its ends.
-        scored: list[tuple[int, list[int], list[tuple[int, int]], list[int]]] = []
+        scored: Scored = []
         context = [i for i in t.prompt_ids if i not in special]
         if messages is not None and getattr(self.tokenizer, "chat_template", None):
             ids = self._encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
@@ -177,18 +209,107 @@ class Teacher:
                 if token is not None:  # the student's end of turn, scored as the teacher's
                     scored.append((piece.start + k, [len(ids)], [(0, 1)], [1]))
                     ids.append(self.end)
-        if not scored:
-            return [0.0] * len(t.response_ids)
-        first = min(j for _, js, _, _ in scored for j in js)
-        lp = self.token_logprobs(ids, first)
-        out = [0.0] * len(t.response_ids)
-        for start, js, spans, ends in scored:
-            for k, v in enumerate(spread(ends, spans, [lp[j - first] for j in js])):
-                out[start + k] = v
-        return out
+        return ids, scored
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+class TeacherServer:
+    """The server of a teacher with ``engine: openai`` (vLLM, ``toolrl serve``): sequences go out as
+    concurrent ``/v1/completions`` requests for vLLM's ``prompt_logprobs``; its errors name the
+    teacher (``where``)."""
+
+    def __init__(self, config: TeacherConfig, where: str) -> None:
+        assert config.options is not None
+        self.options, self.served_model = config.options, config.served_model
+        self.url = config.options.base_url.rstrip("/") + "/completions"
+        self.where = f"{where} (engine openai at {config.options.base_url})"
+
+    def probe(self, tokenizer: Any) -> None:
+        """One short prompt scored, or a ConfigError: a server that does not answer, refuses, or returns no
+        prompt log-probs."""
+        try:
+            self.logprobs([(tokenizer("Probe 4419: the teacher scores this.", add_special_tokens=False)["input_ids"], 1)])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+        """The log-probs of each (ids, first)'s ``ids[first:]``, all requests at once (up to
+        ``options.max_concurrency`` in flight)."""
+        import asyncio
+        from concurrent.futures import ThreadPoolExecutor
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a step's scoring: the controller's worker thread
+            return asyncio.run(self._requests(sequences))
+        with ThreadPoolExecutor(1) as pool:  # the probe, while the run starts on the event loop
+            return pool.submit(asyncio.run, self._requests(sequences)).result()
+
+    async def _requests(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+        import asyncio
+
+        import aiohttp
+
+        gate = asyncio.Semaphore(self.options.max_concurrency)
+        headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else {}
+        timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
+
+        async def one(session: aiohttp.ClientSession, ids: list[int], first: int) -> list[float]:
+            # max_tokens 1: vLLM samples at least one token; prompt_logprobs 0: the prompt's own tokens only.
+            body = {"model": self.served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                    "prompt_logprobs": 0}
+            async with gate:
+                try:
+                    async with session.post(self.url, json=body) as resp:
+                        text, status = await resp.text(), resp.status
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    raise ValueError(f"{self.where}: the server does not answer: "
+                                     f"{one_line(str(exc)) or type(exc).__name__}") from None
+            return self._read(status, text, ids, first)
+
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
+            return list(await asyncio.gather(*(one(session, ids, first) for ids, first in sequences)))
+
+    def _read(self, status: int, text: str, ids: list[int], first: int) -> list[float]:
+        """The log-probs of ``ids[first:]`` from a completions answer, or a ValueError naming the teacher."""
+        import json
+
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if status != 200:
+            error = body.get("error") if isinstance(body, dict) else None
+            message = error.get("message") if isinstance(error, dict) else text[:300]
+            raise ValueError(f"{self.where}: the server refused to score a prompt (HTTP {status}): "
+                             f"{one_line(str(message))}")
+        try:
+            rows = body["choices"][0]["prompt_logprobs"]
+            return [float(rows[j][str(ids[j])]["logprob"]) for j in range(first, len(ids))]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ValueError(f"{self.where}: the server does not return prompt log-probs (vLLM's prompt_logprobs "
+                             "on /v1/completions), which a teacher needs") from None
+
+
+def check_served_teachers(teachers: Sequence[TeacherConfig], base_dir: str, where: str) -> None:
+    """Each teacher with ``engine: openai`` asked to score a short prompt, at the start of a run before any
+    weights load (``--check`` reaches no server): a ConfigError naming the first that cannot."""
+    for k, config in enumerate(teachers):
+        if config.engine == "openai":
+            TeacherServer(config, f"{where}[{k}]").probe(teacher_tokenizer(config.model, base_dir))
+
+
+class ServedTeacher(Teacher):
+    """A teacher on an OpenAI-compatible server (:class:`TeacherServer`): only its tokenizer loads here."""
+
+    def __init__(self, config: TeacherConfig, student_tokenizer: Any, base_dir: str, where: str) -> None:
+        self.server = TeacherServer(config, where)
+        self._bind(teacher_tokenizer(config.model, base_dir), student_tokenizer)
+
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+        return self.server.logprobs(sequences)
 
 
 class Teachers:
@@ -198,7 +319,9 @@ class Teachers:
     def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str,
                  conversation: Conversation | None = None) -> None:
         self.configs = list(configs)
-        self.teachers = [Teacher(c, student_tokenizer, base_dir) for c in self.configs]
+        self.teachers = [ServedTeacher(c, student_tokenizer, base_dir, f"algorithm.teacher[{k}]")
+                         if c.engine == "openai" else Teacher(c, student_tokenizer, base_dir)
+                         for k, c in enumerate(self.configs)]
         self.conversation = conversation
 
     def score(self, trajectories: Sequence[Trajectory]) -> None:

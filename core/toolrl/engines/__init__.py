@@ -50,6 +50,17 @@ class Generation:
 
 
 @dataclass
+class PromptLogprobs:
+    """A prompt scored by the model (:meth:`RolloutEngine.prompt_logprobs`): for each token after the
+    first, its log-prob given the tokens before it (log-softmax of the logits, no temperature), its
+    rank in that distribution (1: the most likely) and the ``top`` most likely tokens (id, log-prob)."""
+
+    logprobs: list[float]
+    ranks: list[int]
+    top: list[list[tuple[int, float]]]
+
+
+@dataclass
 class ModelSource:
     """Where an engine gets its model: a directory with HF weights and tokenizer, and optionally the
     live module the trainer optimises (engines in the trainer's process may share it)."""
@@ -206,6 +217,12 @@ class RolloutEngine(ABC):
         """None when training may use this engine; else a one-line reason (an engine that cannot give
         token ids and logprobs, say). May ask the backend once."""
         return None
+
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+        """Each prompt's tokens scored by the model, in one batch: what a distillation teacher served
+        by ``toolrl serve`` returns (vLLM's ``prompt_logprobs``). An engine that cannot score given
+        tokens raises NotImplementedError with the reason."""
+        raise NotImplementedError(f"the {self.name} engine does not score given tokens (prompt log-probs)")
 
     def end_session(self, session_id: str) -> None:
         """Forget cached state of a finished trajectory."""

@@ -43,6 +43,7 @@ from toolrl.engines import (
     FinishReason,
     Generation,
     ModelSource,
+    PromptLogprobs,
     RolloutEngine,
     SamplingParams,
     check_request,
@@ -289,6 +290,40 @@ class TransformersEngine(RolloutEngine):
         assert self._wake is not None
         self._wake.set()
         return await req.future
+
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        for ids in prompts:
+            if not 0 < len(ids) <= self.max_model_len:
+                raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
+        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top)
+
+    def _score(self, prompts: list[list[int]], top: int) -> list[PromptLogprobs]:
+        """Forwards of up to ``max_batch_size`` prompts, right-padded (a causal model's positions before
+        the padding do not see it), under the step lock: between two decode steps, never inside one."""
+        out: list[PromptLogprobs] = []
+        size = self.config.max_batch_size
+        with self._step_lock, torch.no_grad():
+            for b in range(0, len(prompts), size):
+                chunk = prompts[b:b + size]
+                width = max(len(p) for p in chunk)
+                x = torch.zeros(len(chunk), width, dtype=torch.long, device=self.device)
+                mask = torch.zeros_like(x)
+                for i, p in enumerate(chunk):
+                    x[i, :len(p)] = torch.tensor(p)
+                    mask[i, :len(p)] = 1
+                lp = torch.log_softmax(self.model(input_ids=x, attention_mask=mask).logits[:, :-1].float(), -1)
+                chosen = lp.gather(-1, x[:, 1:, None])
+                ranks = (lp > chosen).sum(-1) + 1
+                best = lp.topk(top, -1) if top else None
+                for i, p in enumerate(chunk):
+                    n = len(p) - 1
+                    pairs = [] if best is None else [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist()))
+                                                     for j in range(n)]
+                    out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(),
+                                              pairs or [[] for _ in range(n)]))
+        return out
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         with self._step_lock, torch.no_grad():

@@ -73,7 +73,8 @@ class CompletionRequest(_Sampling):
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
-    # vLLM's sampling extensions.
+    # vLLM's sampling extensions. prompt_logprobs: each prompt token's log-prob (and the k most likely).
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolrl.algorithms.teacher import Conversation, Teachers
-from toolrl.config import Config, ConfigError
+from toolrl.algorithms.teacher import Conversation, Teachers, check_served_teachers
+from toolrl.config import Config, ConfigError, field_where
 from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
 from toolrl.plugins import get_plugins
 from toolrl.roles.replay import Replay
@@ -55,6 +55,8 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     made into a run at its first step."""
     checked = check_training(config, resume, overwrite)
     run = checked.run
+    # A served teacher is asked once before any weights load: a server that cannot score ends the run here.
+    check_served_teachers(config.algorithm.teachers, config.base_dir, field_where(config, "algorithm.teacher"))
     # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)

@@ -140,10 +140,32 @@ class Service:
             raise RequestError("prompt is empty", param="prompt")
         return out
 
+    async def _prompt_logprobs(self, prompts: list[list[int]], top: int) -> list[list[dict[str, Any] | None]]:
+        """vLLM's ``prompt_logprobs`` of each prompt: None for its first token, then a dict by token id
+        (as a JSON key) of the token's and the ``top`` most likely tokens' log-prob, rank and text."""
+        try:
+            scored = await self.engine.prompt_logprobs(prompts, top)
+        except (NotImplementedError, ValueError) as exc:
+            raise RequestError(str(exc), param="prompt_logprobs") from None
+        out: list[list[dict[str, Any] | None]] = []
+        for prompt, s in zip(prompts, scored, strict=True):
+            texts = self._pieces(prompt)
+            rows: list[dict[str, Any] | None] = [None]
+            for j, token in enumerate(prompt[1:]):
+                row = {str(t): {"logprob": lp, "rank": r + 1, "decoded_token": self.tokenizer.decode([t])}
+                       for r, (t, lp) in enumerate(s.top[j])}
+                row[str(token)] = {"logprob": s.logprobs[j], "rank": s.ranks[j], "decoded_token": texts[j + 1]}
+                rows.append(row)
+            out.append(rows)
+        return out
+
     async def complete(self, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[str]:
         self._check_model(req.model)
         if req.echo:
-            raise RequestError("echo is not supported", param="echo")
+            raise RequestError("echo is not supported: ask for prompt_logprobs (vLLM's extension) for the "
+                               "prompt's log-probs", param="echo")
+        if req.prompt_logprobs is not None and req.stream:
+            raise RequestError("prompt_logprobs are not streamed: use stream=false", param="prompt_logprobs")
         if req.logprobs:
             raise RequestError("this server returns the sampled token's logprob only: use logprobs=0",
                                param="logprobs")
@@ -155,6 +177,7 @@ class Service:
                                 max_new_tokens=req.max_tokens if req.max_tokens is not None else 16,
                                 stop_token_ids=stop_ids, stop_strings=req.stop_strings(), seed=req.seed)
         results = await asyncio.gather(*(self._generate(p, params, req.n) for p in prompts))
+        scored = None if req.prompt_logprobs is None else await self._prompt_logprobs(prompts, req.prompt_logprobs)
         rid, choices, completion_tokens = f"cmpl-{uuid.uuid4().hex}", [], 0
         for k, (prompt, (gens, base, session)) in enumerate(zip(prompts, results)):
             turns = []
@@ -167,6 +190,8 @@ class Service:
                                           "stop_reason": self._stop_reason(gen)}
                 if req.return_token_ids:
                     choice |= {"prompt_token_ids": prompt, "token_ids": list(gen.token_ids)}
+                if scored is not None:
+                    choice["prompt_logprobs"] = scored[k]
                 if req.logprobs is not None:
                     # Every generated token, stop token included: the client rebuilds the exact ids.
                     tokens = self._token_strings(gen.token_ids, req.return_tokens_as_token_ids)
