@@ -14,7 +14,10 @@ and a run with images (an image's placeholder tokens have no text to align).
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
@@ -237,9 +240,6 @@ class TeacherServer:
     def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
         """The log-probs of each (ids, first)'s ``ids[first:]``, all requests at once (up to
         ``options.max_concurrency`` in flight)."""
-        import asyncio
-        from concurrent.futures import ThreadPoolExecutor
-
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # a step's scoring: the controller's worker thread
@@ -248,9 +248,7 @@ class TeacherServer:
             return pool.submit(asyncio.run, self._requests(sequences)).result()
 
     async def _requests(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
-        import asyncio
-
-        import aiohttp
+        import aiohttp  # lazy: only a served teacher's scoring needs the HTTP client
 
         gate = asyncio.Semaphore(self.options.max_concurrency)
         headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else {}
@@ -274,8 +272,6 @@ class TeacherServer:
 
     def _read(self, status: int, text: str, ids: list[int], first: int) -> list[float]:
         """The log-probs of ``ids[first:]`` from a completions answer, or a ValueError naming the teacher."""
-        import json
-
         try:
             body = json.loads(text)
         except ValueError:
