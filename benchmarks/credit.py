@@ -254,18 +254,25 @@ def count_anchors(arm: str, rows: Sequence[dict[str, Any]]) -> None:
 
 
 MOVED: dict[str, list[int]] = {}  # --env, per arm: wrong moves, moves of won trajectories; of lost ones
-ROOM = re.compile(r"room (\d+)")
+SEEN = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)  # the Qwen3 template's tool results
+ROOM = re.compile(r"room (\d+) of")
 
 
 def count_moves(arm: str, rows: Sequence[dict[str, Any]]) -> None:
-    """How little an outcome says about a turn: the wrong moves (a turn that did not lead one room on)
-    among the moves of won trajectories and of lost ones, read off the rooms each turn started from (a
-    last turn counts only when it got out: a lost one's last move leaves no room to read)."""
+    """How little an outcome says about a turn: the wrong moves among the moves of won trajectories and
+    of lost ones, read off the corridor's replies in the response (a right move is one that led one room
+    on; the state keys cannot say: only ``gigpo``'s rollouts carry the rooms, the other arms key turns by
+    the observation's hash). The last move's reply is not in the response: a won walk's was the exit, a
+    lost one's is not counted."""
     tally = MOVED.setdefault(arm, [0, 0, 0, 0])
     for r in rows:
-        rooms = [int(m.group(1)) for m in map(ROOM.search, r.get("turn_states") or []) if m]
+        room, right = 1, []
+        for seen in SEEN.findall(r.get("response_text") or ""):
+            now = int(m.group(1)) if (m := ROOM.search(seen)) else room
+            right.append(now == room + 1)
+            room = now
         won = r["reward"] > 1 - 1e-6
-        right = [b == a + 1 for a, b in zip(rooms, rooms[1:])] + ([True] if won and rooms else [])
+        right += [True] if won else []
         tally[0 if won else 2] += right.count(False)
         tally[1 if won else 3] += len(right)
 
