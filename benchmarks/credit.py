@@ -40,14 +40,18 @@ plugins/corridor) trains on a task where credit matters: a row of rooms walked o
 reward at the exit (none per step), a wrong move recoverable but two turns lost, ``max_turns`` twice the
 rooms, the room as state key (every trajectory of a group passes the same rooms). The parser
 :class:`AlignedMove` turns each turn into the environment's move (:data:`MOVES`: ``east`` when the turn
-is aligned, else ``west``); the rest is the environment's own. Success is then the held-out split's:
+is aligned, else ``west``); the rest is the environment's own. ``--doors alternate|random`` (the
+corridor's ``doors``) makes the door on east or west by room, so the right move depends on the room the
+model reads in its context (the last response names it and its number), and a won walk holds both
+moves: every run then also prints the wrong moves' share of won and of lost trajectories' moves (how
+little an outcome says about a turn). Success is then the held-out split's:
 ``--eval-tasks`` test corridors, one sample each at the rollout temperature, after every step (the
 tree arm's every ``--tree-steps`` steps, about as many tokens apart), and every run prints how often
 the anchor states recur (the share of training turns whose state another turn of their group also
 started from: a step group that compares something).
 
     OMP_NUM_THREADS=1 python benchmarks/credit.py [--quick] [--seeds 5] [--steps 12] [--tree-steps 2]
-        [--env corridor [--rooms 5] [--turns N] [--stops s e] [--key-turns] [--eval-tasks 16]]
+        [--env corridor [--rooms 5] [--turns N] [--stops s e] [--key-turns] [--doors alternate] [--eval-tasks 16]]
         [--arms ...] [--curves FILE] [--from FILE ...]
 
 ``--curves`` writes the runs' curves as they end, ``--from`` reads such files in place of running (arms
@@ -61,6 +65,7 @@ import argparse
 import asyncio
 import copy
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -83,7 +88,7 @@ from toolrl.sessions import EnvironmentSession, Reset, StepResult  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 STOPS = ["s"]
 RUNGS = 3
-# --env: the environment plugin's move tool, its argument, the right move and the wrong one (AlignedMove).
+# --env: the environment plugin's move tool, its argument, an aligned turn's move and another's (AlignedMove).
 MOVES = {"corridor": ("move", "direction", "east", "west")}
 ARMS = {"grpo": [], "gigpo": ["algorithm.advantage=gigpo"],
         "tree_grpo": ["algorithm.advantage=tree_grpo", "rollout.tree={width: 4, depth: 1, turn: 1}"]}
@@ -140,11 +145,11 @@ class StopStringMoves(ToolParser):
 
 class AlignedMove(StopStringMoves):
     """``--env``: a turn that stopped at one of ``STOPS`` is one call of the environment's move tool
-    (:data:`MOVES`), the right move when the turn is :class:`Aligned`, else the wrong one (a random
-    model writes no markup; the environment's session, state and reward are its own)."""
+    (:data:`MOVES`), the first move when the turn is :class:`Aligned`, else the second (a random model
+    writes no markup; the environment's session, state and reward, which move is right, are its own)."""
 
     name = "aligned_move"
-    move: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")  # tool, argument, right, wrong
+    move: ClassVar[tuple[str, str, str, str]] = ("", "", "", "")  # tool, argument, aligned, not aligned
     stops: ClassVar[list[str]] = STOPS  # --stops
 
     @property
@@ -154,9 +159,9 @@ class AlignedMove(StopStringMoves):
     def parse(self, text: str) -> ParseResult:
         if not any(s in text for s in self.stops):
             return ParseResult(content=text)
-        tool, argument, right, wrong = self.move
+        tool, argument, aligned, other = self.move
         return ParseResult(content=text, calls=[ToolCall(name=tool, arguments={
-            argument: right if Aligned.turn(text) else wrong})])
+            argument: aligned if Aligned.turn(text) else other})])
 
 
 def register() -> None:
@@ -204,7 +209,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Pat
         task = ["session.name=ladder", f"rollout.max_turns={RUNGS}", f"rollout.parser={StopStringMoves.name}",
                 "rollout.max_response_tokens=256", "tools.entries=[]", "reward.functions=[]"]
     else:
-        task = [f"env={args.env}", f"env_options={{rooms: {args.rooms}, test_size: {args.eval_tasks}, seed: 0{args.env_options}}}",
+        options = f"rooms: {args.rooms}, test_size: {args.eval_tasks}, seed: 0, doors: {args.doors}"
+        task = [f"env={args.env}", f"env_options={{{options}{', key_turns: true' if args.key_turns else ''}}}",
                 *([f"rollout.max_turns={args.turns}"] if args.turns else []),
                 f"rollout.parser={AlignedMove.name}", "rollout.parser_options={}", "tools.entries=[]",
                 "reward.functions=[]", f"rollout.max_response_tokens={args.max_response_tokens}",
@@ -223,6 +229,8 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Pat
         rows = [json.loads(x) for x in (out / "rollouts" / f"step_{step:05d}.jsonl").read_text().splitlines() if x]
         tokens += generated_tokens(rows)
         count_anchors(arm, rows)
+        if args.env is not None:
+            count_moves(arm, rows)
         if args.env is None:
             curve.append((tokens, success_rate(rows)))
         elif "val/pass@1" in metrics[step]:
@@ -243,6 +251,30 @@ def count_anchors(arm: str, rows: Sequence[dict[str, Any]]) -> None:
     tally = ANCHORS.setdefault(arm, [0, 0])
     tally[0] += sum(n for n in anchors.values() if n > 1)
     tally[1] += sum(anchors.values())
+
+
+MOVED: dict[str, list[int]] = {}  # --env, per arm: wrong moves, moves of won trajectories; of lost ones
+SEEN = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)  # the Qwen3 template's tool results
+ROOM = re.compile(r"room (\d+) of")
+
+
+def count_moves(arm: str, rows: Sequence[dict[str, Any]]) -> None:
+    """How little an outcome says about a turn: the wrong moves among the moves of won trajectories and
+    of lost ones, read off the corridor's replies in the response (a right move is one that led one room
+    on; the state keys cannot say: only ``gigpo``'s rollouts carry the rooms, the other arms key turns by
+    the observation's hash). The last move's reply is not in the response: a won walk's was the exit, a
+    lost one's is not counted."""
+    tally = MOVED.setdefault(arm, [0, 0, 0, 0])
+    for r in rows:
+        room, right = 1, []
+        for seen in SEEN.findall(r.get("response_text") or ""):
+            now = int(m.group(1)) if (m := ROOM.search(seen)) else room
+            right.append(now == room + 1)
+            room = now
+        won = r["reward"] > 1 - 1e-6
+        right += [True] if won else []
+        tally[0 if won else 2] += right.count(False)
+        tally[1 if won else 3] += len(right)
 
 
 def success_rate(rows: Sequence[dict[str, Any]]) -> float:
@@ -305,8 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--env", choices=list(MOVES), help="an environment plugin in place of the ladder: success "
                     "on its held-out split")
     ap.add_argument("--rooms", type=int, default=5, help="--env corridor: its length (max_turns 2 × rooms)")
-    ap.add_argument("--key-turns", dest="env_options", action="store_const", const=", key_turns: true", default="",
+    ap.add_argument("--key-turns", action="store_true",
                     help="--env corridor: the state key also counts the moves made (gigpo's step groups)")
+    ap.add_argument("--doors", choices=["east", "alternate", "random"], default="east", help="--env corridor: "
+                    "which door of each room leads on (alternate, random: the right move depends on the room)")
     ap.add_argument("--turns", type=int, help="--env: rollout.max_turns (default: the environment's)")
     ap.add_argument("--stops", nargs="+", default=STOPS, help="--env: the strings a turn stops at (more of them: "
                     "fewer turns that run out of tokens, which end the episode)")
@@ -322,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tree = "tree" in RolloutConfig.model_fields
     arms = [a for a in args.arms if tree or a != "tree_grpo"]
     task = (f"a ladder of {RUNGS} rungs" if args.env is None else
-            f"--env {args.env} ({args.rooms} rooms, max_turns {args.turns or 'its own'}), held-out success on "
+            f"--env {args.env} ({args.rooms} rooms, doors {args.doors}, max_turns {args.turns or 'its own'}), held-out success on "
             f"{args.eval_tasks} test problems")
     success = "success" if args.env is None else "held-out success"
     print(f"machine: {machine()}")
@@ -338,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for arm, (recurring, turns) in saved["anchors"].items():
                 tally = ANCHORS.setdefault(arm, [0, 0])
                 tally[0], tally[1] = tally[0] + recurring, tally[1] + turns
+            for arm, counts in saved.get("moves", {}).items():
+                MOVED[arm] = [a + b for a, b in zip(MOVED.get(arm, [0, 0, 0, 0]), counts)]
     else:
         if args.env is not None:
             AlignedMove.move, AlignedMove.stops = MOVES[args.env], args.stops
@@ -351,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"{arm} seed {seed}: {time.perf_counter() - t0:.0f} s, {curve[-1][0]} tokens, {success} "
                           + " ".join(f"{s:.2f}" for _, s in curve), flush=True)
                     if args.curves:
-                        args.curves.write_text(json.dumps({"runs": runs, "anchors": ANCHORS}))
+                        args.curves.write_text(json.dumps({"runs": runs, "anchors": ANCHORS, "moves": MOVED}))
     seeds = min(len(rs) for rs in runs.values())
     budget = min(run[-1][0] for rs in runs.values() for run in rs)
     window = budget / args.checkpoints
@@ -375,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for arm, (recurring, turns) in ANCHORS.items():
         print(f"{arm}: anchor states recur for {recurring / max(turns, 1):.0%} of {turns} training turns "
               "(another turn of their group started from the same state)")
+    for arm, (wrong_won, won, wrong_lost, lost) in MOVED.items():
+        print(f"{arm}: wrong moves are {wrong_won / max(won, 1):.0%} of {won} moves of won training trajectories, "
+              f"{wrong_lost / max(lost, 1):.0%} of {lost} of lost ones")
     if not tree:
         print("tree_grpo: waiting for rollout.tree (this tree has no tree rollouts yet)")
 

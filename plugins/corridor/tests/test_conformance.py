@@ -10,6 +10,8 @@ from toolrl.testing import SessionConformance, SessionPlay
 
 ROOMS = ["hall", "study", "attic"]
 SAMPLE = Sample(prompt="Walk out of the attic.", ground_truth="exit", extra_info={"rooms": ROOMS})
+DOORS = Sample(prompt="Walk out of the attic.", ground_truth="exit",
+               extra_info={"rooms": ROOMS, "doors": ["west", "east", "west"]})
 
 
 def move(direction: str) -> ToolCall:
@@ -24,5 +26,8 @@ class TestCorridor(SessionConformance):
         SessionPlay(SAMPLE, [move("east"), move("west"), move("west"), move("up"), move("east"), move("east"),
                              move("east")], terms={"corridor": 1.0}),
         SessionPlay(SAMPLE, [move("east"), move("east"), move("west"), move("east")], terms={"corridor": 0.0}),
+        # the doors on differ by room: east everywhere walks into a wall, west-east-west gets out
+        SessionPlay(DOORS, [move("east"), move("west"), move("east"), move("west")], terms={"corridor": 1.0}),
+        SessionPlay(DOORS, [move("east")] * 4, terms={"corridor": 0.0}),
     ]
     no_backend = "the episode is the session object's state, in the rollout worker's process"

@@ -20,7 +20,7 @@ from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionKind
 from toolrl.testing import ScriptedEngine
-from toolrl_corridor.environment import CORRIDOR, TAG_ROUTES, held_out
+from toolrl_corridor.environment import CORRIDOR, DOORS_PROMPT, SYSTEM_PROMPT, TAG_ROUTES, held_out
 from toolrl_corridor.session import CorridorSession
 
 
@@ -54,11 +54,44 @@ def test_splits_are_disjoint_seeded_and_budgeted() -> None:
     assert shown.exit_code == 0 and "  session: corridor\n" in shown.output, shown.output
 
 
-async def walk(moves: list[str], rooms: int = 3, **options: Any) -> tuple[CorridorSession, list[str], list[Any]]:
+def test_doors_differ_by_room_seeded() -> None:
+    options = {"rooms": 5, "train_size": 64, "test_size": 16}
+    plain = split(options, "train")
+    assert all(s.extra_info["doors"] == ["east"] * 5 for s in plain)
+    assert CORRIDOR.resolve(options)[0].system_prompt == SYSTEM_PROMPT
+    alternate = split({**options, "doors": "alternate"}, "train")
+    assert [s.extra_info["rooms"] for s in alternate] == [s.extra_info["rooms"] for s in plain]  # the same corridors
+    assert all(s.extra_info["doors"] == ["east", "west", "east", "west", "east"] for s in alternate)
+    assert all(s.prompt[0].content.endswith(f"The exit is through the {s.extra_info['rooms'][-1]}'s door on.")
+               for s in alternate)
+    assert CORRIDOR.resolve({"doors": "alternate"})[0].system_prompt == DOORS_PROMPT
+
+    def plan(seed: int) -> dict[str, str]:
+        """Each room name's door, checked the same in every corridor of both splits."""
+        doors: dict[str, str] = {}
+        for name in ("train", "test"):
+            for s in split({**options, "doors": "random", "seed": seed}, name):
+                for room, door in zip(s.extra_info["rooms"], s.extra_info["doors"], strict=True):
+                    assert doors.setdefault(room, door) == door, room
+        return doors
+
+    first = plan(0)
+    assert set(first.values()) == {"east", "west"} and len(first) > 20
+    assert plan(0) == first and plan(1) != first  # seeded: stable, and another seed draws another plan
+    with pytest.raises(ConfigError, match="doors"):
+        CORRIDOR.resolve({"doors": "north"})
+    example = CORRIDOR.resolve({"doors": "alternate", "example": True})[0].prompt_prefix[1]["content"]
+    walked = get_plugins().load_part("tool_parsers", "tags")(**TAG_ROUTES).parse(example)
+    assert [c.arguments["direction"] for c in walked.calls] == ["east", "west", "east"]  # the example's doors on
+
+
+async def walk(moves: list[str], rooms: int = 3, doors: list[str] | None = None,
+               **options: Any) -> tuple[CorridorSession, list[str], list[Any]]:
     """The session after ``moves``: the state key before each move and each step's result."""
     kind = SessionKind.resolve("corridor", options, ".")
     session = kind.cls(kind.options, kind.context("t-0"))
-    await session.reset(Sample(prompt="p", extra_info={"rooms": [f"r{i}" for i in range(rooms)]}))
+    extra = {"rooms": [f"r{i}" for i in range(rooms)], **({"doors": doors} if doors else {})}
+    await session.reset(Sample(prompt="p", extra_info=extra))
     keys, results = [], []
     for direction in moves:
         keys.append(await session.state_key())
@@ -76,6 +109,20 @@ async def test_moves_keys_and_the_reward_only_at_the_exit() -> None:
     assert await session.score(None) == 1.0
     short, _, ended = await walk(["east", "east", "west", "east"])
     assert not any(r.done for r in ended) and await short.score(None) == 0.0  # out of turns short of the exit
+
+
+async def test_each_room_s_door_on_and_a_wrong_door_recoverable() -> None:
+    doors = ["east", "west", "east"]
+    session, keys, results = await walk(["west", "east", "east", "east", "west", "east"], doors=doors)
+    # room 0's west is its door back (a wall), room 1's east leads back to room 0: each costs turns, not the walk
+    assert keys == ["room 0", "room 0", "room 1", "room 0", "room 1", "room 2"]
+    assert "wall" in results[0].response and results[2].response == "You are in the r0, room 1 of 3."
+    assert [r.done for r in results] == [False] * 5 + [True] and all(r.reward is None for r in results)
+    assert await session.score(None) == 1.0
+    lost, _, ended = await walk(["east", "east", "east", "east"], doors=doors)  # east everywhere bounces between rooms 0 and 1
+    assert not any(r.done for r in ended) and await lost.score(None) == 0.0 and await lost.state_key() == "room 0"
+    with pytest.raises(ValueError, match="doors"):
+        await walk([], doors=["east", "up", "east"])
 
 
 async def test_the_key_counts_the_moves_when_asked() -> None:
