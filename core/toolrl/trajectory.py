@@ -102,6 +102,9 @@ class Trajectory(BaseModel):
     sample_index: int
     group: int  # trajectories of one prompt share a group (GRPO)
     env: str | None = None  # the sample's environment (its route)
+    # The role that sampled this piece's tokens (one per piece: a role change starts a piece, since under
+    # model.adapters its context runs through another adapter); None: a run with no roles.
+    role: str | None = None
     prompt_ids: list[int]
     # Images in the order of their placeholder runs in prompt_ids + response_ids (never trained).
     images: list[TrajectoryImage] = Field(default_factory=list)
@@ -122,6 +125,8 @@ class Trajectory(BaseModel):
     reward_terms: dict[str, float] = Field(default_factory=dict)
     # Reward functions that failed (raised, timed out, gave no number), by name: their term is 0, not a score.
     reward_errors: dict[str, str] = Field(default_factory=dict)
+    # Rewards given to one role (a program's {"reward": x, "role": r}); a role absent here gets ``reward``.
+    role_rewards: dict[str, float] = Field(default_factory=dict)
     tool_rewards: dict[str, float] = Field(default_factory=dict)
     tool_errors: dict[str, str] = Field(default_factory=dict)  # create/calc_reward/release failures, by tool
     reward_parts: dict[str, float] = Field(default_factory=dict)  # "tool.part": what a calc_reward was made of
