@@ -123,7 +123,8 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         raise
     # Sessions are asked for their turns' state keys only when the estimator reads them (gigpo).
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes,
-                         state_keys=plan.state_keys)
+                         state_keys=plan.state_keys, roles=tuple(config.roles),
+                         adapters=config.model.adapters is not None)
     after_startup()  # what start-up built stays out of the collections during the steps
     return Rollouts(engine, ctx, tools)
 

@@ -49,6 +49,10 @@ class RolloutContext:
     # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator
     # (``needs_turns``, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
     state_keys: bool = True
+    # The run's roles (Config.roles): the model names the gateway serves, the roles a session may give its
+    # turns; empty: a run with no roles. ``adapters``: model.adapters, each role sampled with its adapter.
+    roles: tuple[str, ...] = ()
+    adapters: bool = False
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
     _gateway: asyncio.Future[Gateway] | None = None  # its start, begun by the first agent episode
 
