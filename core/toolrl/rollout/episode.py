@@ -134,8 +134,10 @@ async def generate(ep: Episode, budget: int) -> Generation:
     t0 = time.perf_counter()
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
+    # The acting role's adapter only under model.adapters: an engine without adapters takes no such keyword.
+    adapter = {"adapter": traj.role} if ep.ctx.adapters else {}
     gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                        session_id=traj.trajectory_id, **images))[0]  # a fold branch's is its own
+                                        session_id=traj.trajectory_id, **images, **adapter))[0]  # a fold branch's is its own
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved
