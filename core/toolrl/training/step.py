@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ from toolrl.algorithms import (
     build_estimator,
     build_loss,
 )
-from toolrl.algorithms.advantages import Grpo
+from toolrl.algorithms.advantages import Grpo, episode_keys, role_groups, role_rewards
 from toolrl.algorithms.correction import correction
 from toolrl.algorithms.distill import teacher_fields
 from toolrl.algorithms.overlong import shape_rewards
@@ -95,9 +95,10 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
         mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
-    rewards = shape_rewards([t.reward for t in trajectories], [len(t.response_ids) for t in trajectories],
+    # Each role's reward and group in a run with roles (per-role baselines: toolrl.algorithms.advantages).
+    rewards = shape_rewards(role_rewards(trajectories), [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
-    groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
+    groups = torch.tensor(role_groups(trajectories), dtype=torch.long)
     per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
     tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
     scored = teacher_fields(trajectories, width, algo) if teacher else (None, None, None)
@@ -111,13 +112,14 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
     forked trajectory (:mod:`toolrl.renderers.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
-    estimator runs over each piece as a sequence of its own."""
+    estimator runs over each piece as a sequence of its own. In a run with roles, once per role it acted
+    in, against that role's baseline in its group."""
     inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,
                               estimator.needs_trees, estimator.needs_teacher)
-    keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
+    keys = episode_keys(trajectories)
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)
-    first: dict[str | int, int] = {}
+    first: dict[Hashable, int] = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rows = list(first.values())
