@@ -58,6 +58,7 @@ from toolrl.run_dir import (
     RunDir,
     finalize,
     open_mode,
+    role_tokens,
     rollout_metrics,
     staging_dir,
     staleness_metrics,
@@ -105,6 +106,12 @@ def recovery_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     trained steps they lost."""
     return {"recoveries": len(rows), "recovery_s": sum(r["recovery_s"] for r in rows),
             "steps_lost": sum(r["steps_lost"] for r in rows)}
+
+
+def success_bar(config: Config) -> float | None:
+    """The reward at which a role succeeds (its ``role/NAME/success``): ``eval.success_threshold`` when
+    success is the reward (``eval.metric`` None); a term decides it otherwise, which no role has alone."""
+    return config.eval.success_threshold if config.eval.metric is None else None
 
 
 def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
@@ -178,9 +185,10 @@ async def train(prepared: Prepared) -> None:
                     wait_s += settled
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
-                    row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
+                    row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s, success_bar(config)),
                            "rollout_wait_s": wait_s, **batch.metrics(),
-                           **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
+                           **staleness_metrics(batch.trajectories, step + 1), **role_tokens(batch.trajectories),
+                           **trained, **sync,
                            **({"teacher_s": teacher_s} if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
@@ -223,7 +231,7 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                                          config.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=call_prefix("e", step + 1))
-                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
+                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0, success_bar(config))}
                 run_dir.write_traces(step + 1, trajs, roles.tokenizer)
                 run_dir.append_metrics(row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
