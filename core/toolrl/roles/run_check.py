@@ -11,8 +11,8 @@ returns warning lines for a setting that runs but wastes the run. Besides the pa
 run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
 names (a skeleton on the meta device: no weights), routing replay against the model's experts,
 ``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
-kind and tools (whether they clone). ``toolrl train CONFIG --check`` runs every check and
-stops.
+kind and tools (whether they clone), and the roles the run's parts give turns to against the run's
+(:func:`check_roles`). ``toolrl train CONFIG --check`` runs every check and stops.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
         check_lora_targets(facts)
     warnings += _part_checks(facts, parts)
     check_tree(facts, parts)
+    check_roles(facts, parts)
     return warnings
 
 
@@ -110,6 +111,37 @@ def check_tree(facts: RunFacts, parts: Parts) -> None:
                 raise ConfigError(f"{where}: tool {entry.class_name!r} cannot clone its per-trajectory state ("
                                   + ("it runs in a worker process)" if isolated else
                                      "it keeps it outside Tool.state and defines no Tool.clone)"))
+
+
+# -- roles -------------------------------------------------------------------------------------------
+
+
+def check_roles(facts: RunFacts, parts: Parts) -> None:
+    """Every role the run's parts give turns to is one of the run's (``Config.roles``: ``rollout.roles``, or
+    ``model.adapters``' names): each route's session kind's ``roles`` (what its ``role()`` returns) and the
+    model name an agent program is given (``rollout.agent.model``, when set). Roles in one policy
+    (``rollout.roles``) are there for each role's own baseline within its group, which only a
+    group-relative estimator has."""
+    config = facts.config
+    roles = config.roles
+    among = f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
+    for route in parts.routes.values():
+        kind = route.session
+        missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
+        if kind is not None and missing:
+            raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
+                              f"which is not among {among}")
+        options = route.agent.options if route.agent is not None else None
+        if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
+            raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
+                              f"{options.model!r}, which is not among {among}: in a run with roles the "
+                              "models served are its roles")
+    estimator = parts.training.get("algorithm.advantage_options")
+    if config.rollout.roles and estimator is not None and not estimator.group_relative:
+        raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
+                          f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
+                          "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
+                          "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
 
 
 # -- the template ------------------------------------------------------------------------------------
