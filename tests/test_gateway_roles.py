@@ -140,3 +140,45 @@ async def test_a_run_without_roles_serves_its_one_model_and_takes_no_role_reward
     assert seen["models"] == ["policy"] and seen["model"] == "policy" and "TOOLRL_ROLES" not in seen["env"]
     assert seen["role post"][0] == 400 and "none" in seen["role post"][1]["error"]["message"]
     assert [(p.role, p.role_rewards) for p in pieces] == [(None, {})]
+
+
+TWO_ROLES = '''
+"""A planner and an executor: the executor's reward posted apart from the episode's."""
+import aiohttp
+
+
+async def run(task, client, endpoint):
+    plan = await client.chat.completions.create(model="planner", messages=task["prompt"], max_tokens=6)
+    steps = [*task["prompt"], {"role": "assistant", "content": plan.choices[0].message.content or ""},
+             {"role": "user", "content": "Carry it out."}]
+    done = await client.chat.completions.create(model="executor", messages=steps, max_tokens=6)
+    async with aiohttp.ClientSession() as http:
+        # The tiny model's answers are noise: rewards that vary with them give the step a gradient.
+        await http.post(endpoint.reward_url, json={"reward": float(len(done.choices[0].message.content or "") % 2),
+                                                   "role": "executor"})
+    return float(len(plan.choices[0].message.content or "") % 2)
+'''
+
+
+@pytest.mark.slow
+def test_train_with_two_roles_records_each_pieces_role_and_each_roles_metrics(tmp_path, monkeypatch):
+    import asyncio
+    import json
+
+    from test_gateway_train import agent_config
+    from toolrl.config import load_config
+    from toolrl.roles.controller import train_async
+
+    (tmp_path / "two_roles.py").write_text(TWO_ROLES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = agent_config(tmp_path, {"rollout": {"roles": ["planner", "executor"]}}, callable="two_roles:run")
+    run = asyncio.run(train_async(load_config(str(path))))
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    traces = [json.loads(line) for line in (run / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert row["loss"] == row["loss"]  # a step trained (not NaN)
+    assert {t["role"] for t in traces} == {"planner", "executor"}
+    for role in ("planner", "executor"):
+        assert {f"role/{role}/reward", f"role/{role}/success", f"role/{role}/trained_tokens"} <= set(row)
+        assert row[f"role/{role}/trained_tokens"] == sum(sum(t["response_mask"]) for t in traces if t["role"] == role)
+    executor = [t for t in traces if t["role"] == "executor"]
+    assert row["role/executor/reward"] == sum(t["role_rewards"]["executor"] for t in executor) / len(executor)
