@@ -3,10 +3,10 @@
 
 What the rollout loop scores afterwards: the episode's pieces (:mod:`toolrl.gateway.record`), its
 step rewards (posted with a call's id), the program's reward (posted, or returned) as the ``agent``
-term, and the rewards it posted for roles (``Trajectory.role_rewards``). An episode fails (the program crashed, ran past its deadline, returned no number,
-or left itself unscored with no reward function configured): under the agent's ``failure: mask``
-(the default) it is an infrastructure failure, not trained; under ``train`` an ``error`` trained
-with the reward it got.
+term, and the rewards it posted for roles (``Trajectory.role_rewards``). An episode fails (the
+program crashed, ran past its deadline, returned no number, or left itself unscored with no reward
+function configured): under the agent's ``failure: mask`` (the default) it is an infrastructure
+failure, not trained; under ``train`` an ``error`` trained with the reward it got.
 """
 
 from __future__ import annotations
