@@ -29,14 +29,14 @@ class AdapterEngine(ScriptEngine):
         return await super().generate(prompt_ids, params, n, session_id, images)
 
 
-async def role_episode(script, program, roles=ROLES, adapters=False, **options):
-    """One episode of ``program`` in a run with ``roles``: (context, pieces)."""
+async def role_episode(script, program, roles=ROLES, adapters=False, sample=SAMPLE, **options):
+    """One episode of ``program`` on ``sample`` in a run with ``roles``: (context, pieces)."""
     tok = family_tokenizer("qwen2_5")
     ctx = context(tok, "qwen2_5", script, Program(program, **options))
     engine = AdapterEngine(tok, script, logprob=-0.25) if adapters else ctx.engine
     ctx = dataclasses.replace(ctx, engine=engine, roles=tuple(roles), adapters=adapters)
     try:
-        pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t0", 0)
+        pieces = await run_trajectory_pieces(ctx, sample, 0, "t0", 0)
     finally:
         await ctx.close()
     return ctx, pieces
@@ -97,6 +97,22 @@ async def test_under_adapters_each_call_is_sampled_with_its_roles_adapter():
     ctx, pieces = await role_episode(["a", "b", "c"], program, adapters=True, model="executor")
     assert ctx.engine.adapters == ["executor", "planner", "executor"]
     assert sorted(p.role for p in pieces) == ["executor", "executor", "planner"]
+
+
+async def test_a_data_row_names_the_model_its_program_is_given():
+    given = []
+
+    async def program(task, endpoint):
+        given.append(endpoint.model)
+        client = endpoint.client(max_retries=0)
+        await client.chat.completions.create(model=endpoint.model, messages=task["prompt"])
+        await client.close()
+        return 1.0
+
+    row = SAMPLE.model_copy(update={"extra_info": {"role": "executor"}})
+    _, pieces = await role_episode(["fine"], program, sample=row)
+    _, plain = await role_episode(["fine"], program)
+    assert given == ["executor", "planner"] and [p.role for p in pieces + plain] == ["executor", "planner"]
 
 
 async def test_an_unknown_model_is_each_apis_404_naming_the_roles():

@@ -68,3 +68,16 @@ def test_roles_in_one_policy_need_a_group_baseline(tmp_path):
                     "rollout.roles=[solver,verifier]")
     one_error_line(result, "error: override rollout.roles=[solver,verifier]: rollout.roles: each role")
     assert passes_with(tmp_path, rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "rloo"}) == []
+
+
+def test_a_role_a_data_row_names_must_be_the_runs(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "extra_info": {"role": "solver"}}\n'
+                    '{"prompt": [{"role": "user", "content": "2+2?"}], "extra_info": {"role": "judge"}}\n')
+    data = {"train_files": [str(rows)]}
+    refused(tmp_path, f"error: {rows}:2: extra_info.role: 'judge' is not among the run's roles (solver, verifier)",
+            data=data, rollout={"roles": ["solver", "verifier"]})
+    refused(tmp_path, f"error: {rows}:1: extra_info.role: 'solver' is not among the run's roles: it has none",
+            data=data)
+    rows.write_text(rows.read_text().replace("judge", "verifier"))
+    assert passes_with(tmp_path, data=data, rollout={"roles": ["solver", "verifier"]}) == []

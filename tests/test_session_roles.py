@@ -113,6 +113,12 @@ async def test_the_first_role_acts_when_the_session_names_none_and_a_role_the_ru
     assert pieces[-1].termination == "error" and "'judge' is not one of the run's roles" in pieces[-1].error
 
 
+async def test_a_data_row_names_the_role_that_acts_first(tokenizer):
+    row = SAMPLE.model_copy(update={"extra_info": {"role": "verifier"}})
+    pieces = await run_trajectory_pieces(context(tokenizer, Silent), row, 0, "t0", 0)
+    assert [(p.role, p.turns) for p in pieces] == [("verifier", 4)]
+
+
 async def test_under_adapters_each_turn_is_sampled_with_its_roles_adapter_and_a_fresh_cache(tokenizer):
     ctx = context(tokenizer, Debate, adapters=True)
     pieces = await run_trajectory_pieces(ctx, SAMPLE, 0, "t0", 0)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
+from toolrl.data import origin_of
 from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, options_model
 from toolrl.renderers.chat import TemplateError
@@ -142,6 +143,19 @@ def check_roles(facts: RunFacts, parts: Parts) -> None:
                           f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
                           "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
                           "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
+
+
+def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
+    """A data row that names the role acting first (``extra_info.role``) names one of the run's roles."""
+    for i, sample in enumerate(samples, 1):
+        if "role" not in sample.extra_info:
+            continue
+        role = sample.extra_info["role"]
+        if not isinstance(role, str) or role not in config.roles:
+            among = f"the run's roles ({', '.join(config.roles)})" if config.roles else \
+                "the run's roles: it has none (set rollout.roles)"
+            raise ConfigError(f"{origin_of(sample, f'the prompts sample {i}')}: extra_info.role: {role!r} is not "
+                              f"among {among}")
 
 
 # -- the template ------------------------------------------------------------------------------------
@@ -265,6 +279,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     report(check_run(config, parts, path, tokenizer, factory))
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
+    check_sample_roles(config, prompts)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

@@ -14,7 +14,7 @@ from toolrl.engines import Generation, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageLimits, images_held, prepare
 from toolrl.parsers import parse_within
 from toolrl.renderers.chat import ChatRenderer
-from toolrl.rollout.rollout_context import RolloutContext, Route
+from toolrl.rollout.rollout_context import RolloutContext, Route, sample_role
 from toolrl.rollout.turns import record_turn
 from toolrl.schemas import Sample, ToolKwargs
 from toolrl.seeds import turn_seed
@@ -100,7 +100,8 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         messages, images = prompt_of(renderer, sample, ctx.config.images, reset.messages)
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
-                          images=images, ground_truth=sample.ground_truth)
+                          images=images, ground_truth=sample.ground_truth,
+                          role=sample_role(sample) if ctx.roles else None)  # the row's role acts first
     except BaseException:
         await asyncio.shield(session.close())
         raise

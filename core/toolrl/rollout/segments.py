@@ -118,7 +118,7 @@ def check_history(ep: Episode) -> None:
 
 async def act_as(ep: Episode) -> None:
     """In a run with roles, before a model turn: the role the session gives the turn (None: the one
-    acting goes on, the run's first at the start) is the live piece's. Another role than the piece's
+    acting goes on; at the start the data row's, else the run's first) is the live piece's. Another role than the piece's
     closes it, and the next piece's prompt is the whole context so far (under model.adapters it runs
     through the new role's adapter, so a piece never holds two roles' tokens)."""
     roles, traj = ep.ctx.roles, ep.traj
