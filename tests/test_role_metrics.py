@@ -3,7 +3,7 @@ in (its posted reward, else the episode's), its success and its trained tokens; 
 
 import math
 
-from toolrl.run_dir import role_tokens, rollout_metrics
+from toolrl.run_dir import role_metrics, role_tokens, rollout_metrics
 from toolrl.trajectory import Trajectory
 
 
@@ -23,17 +23,16 @@ def test_each_role_has_its_reward_success_and_trained_tokens():
     b = [piece("b", 0, "solver", 0.0, role_rewards={"verifier": 1.0}),
          piece("b", 1, "verifier", 0.0, last=True, role_rewards={"verifier": 1.0}, error="boom")]
     c = [piece("c", 0, "verifier", math.nan, last=True)]
-    row = rollout_metrics(a + b + c, 1.0, success_threshold=1.0)
-    roles = {k: v for k, v in row.items() if k.startswith("role/")}
+    roles = role_metrics(a + b + c, success_threshold=1.0)
     # The verifier's rewards: 0 (a), 1 (b), NaN (c, left out of the mean); b's verifier succeeded but b
     # ended in an error.
     assert roles == {"role/solver/reward": 0.5, "role/solver/success": 0.5,
                      "role/verifier/reward": 0.5, "role/verifier/success": 0.0}
     assert role_tokens(a + b + c) == {"role/solver/trained_tokens": 8.0, "role/verifier/trained_tokens": 6.0}
-    assert "role/solver/success" not in rollout_metrics(a, 1.0)  # no success notion: not reported
+    assert "role/solver/success" not in role_metrics(a)  # no success notion: not reported
 
 
 def test_a_run_without_roles_has_no_role_figures():
     plain = [piece("a", 0, None, 1.0, last=True)]
-    assert not [k for k in rollout_metrics(plain, 1.0, success_threshold=1.0) if k.startswith("role/")]
-    assert role_tokens(plain) == {}
+    assert role_metrics(plain, success_threshold=1.0) == {} and role_tokens(plain) == {}
+    assert not [k for k in rollout_metrics(plain, 1.0) if k.startswith("role/")]

@@ -343,11 +343,9 @@ def _finite(values: Sequence[float]) -> list[float]:
     return [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
 
 
-def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float,
-                    success_threshold: float | None = None) -> dict[str, Any]:
+def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any]:
     """Per-step figures. Non-finite rewards (a broken reward function or tool) are left out of the
-    mean and std and counted in ``reward_nonfinite``; the mean is NaN only if no reward is finite. In a
-    run with roles, each role's too (:func:`role_metrics`)."""
+    mean and std and counted in ``reward_nonfinite``; the mean is NaN only if no reward is finite."""
     whole = [t for t in trajs if t.termination != "forked"]  # a forked trajectory's last piece
     n = max(len(whole), 1)
     rewards = _finite([t.reward for t in whole])
@@ -392,14 +390,13 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float,
         "prefill_tokens_saved": sum(t.prefill_tokens_saved for t in trajs),
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
-        **role_metrics(trajs, success_threshold),
     }
 
 
 def role_metrics(trajs: Sequence[Trajectory], success_threshold: float | None = None) -> dict[str, float]:
-    """Each role's figures (none in a run with no roles), over the episodes it acted in, once each:
-    ``role/NAME/reward`` (its reward: ``role_rewards``, else the episode's; the finite ones' mean) and
-    ``role/NAME/success`` (the share of them, without an error, whose reward is at least
+    """Each role's figures for a step's row (none in a run with no roles), over the episodes it acted in,
+    once each: ``role/NAME/reward`` (its reward: ``role_rewards``, else the episode's; the finite ones'
+    mean) and ``role/NAME/success`` (the share of them, without an error, whose reward is at least
     ``success_threshold``, ``eval.success_threshold``; None: not reported)."""
     ends = {t.key: t for t in trajs if t.termination != "forked"}  # each episode's last piece
     rewards: dict[str, dict[str, float]] = defaultdict(dict)  # role -> episode -> its reward

@@ -58,6 +58,7 @@ from toolrl.run_dir import (
     RunDir,
     finalize,
     open_mode,
+    role_metrics,
     role_tokens,
     rollout_metrics,
     staging_dir,
@@ -185,14 +186,14 @@ async def train(prepared: Prepared) -> None:
                     wait_s += settled
                     sync = await roles.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
-                    row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s, success_bar(config)),
+                    row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
-                           **staleness_metrics(batch.trajectories, step + 1), **role_tokens(batch.trajectories),
-                           **trained, **sync,
+                           **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
                            **({"teacher_s": teacher_s} if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
+                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(batch.trajectories)}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)
@@ -231,7 +232,8 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                                          config.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=call_prefix("e", step + 1))
-                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0, success_bar(config))}
+                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0),
+                       **role_metrics(trajs, success_bar(config))}
                 run_dir.write_traces(step + 1, trajs, roles.tokenizer)
                 run_dir.append_metrics(row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
