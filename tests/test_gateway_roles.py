@@ -115,6 +115,15 @@ async def test_a_data_row_names_the_model_its_program_is_given():
     assert given == ["executor", "planner"] and [p.role for p in pieces + plain] == ["executor", "planner"]
 
 
+async def test_an_episode_without_a_call_is_its_endpoint_models_role():
+
+    async def program(task, endpoint):
+        return 1.0
+
+    _, (piece,) = await role_episode(["unused"], program, model="executor")
+    assert (piece.role, piece.termination, piece.error) == ("executor", "infra_error", "the agent made no model call")
+
+
 async def test_an_unknown_model_is_each_apis_404_naming_the_roles():
     answers = {}
 

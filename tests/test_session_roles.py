@@ -50,6 +50,11 @@ class Rogue(Debate):
         return "judge"
 
 
+class Unready(Debate):
+    async def reset(self, sample):
+        raise RuntimeError("no board")
+
+
 class Asked(Debate):
     """Fails if asked: in a run with no roles the loop must not ask."""
 
@@ -117,6 +122,12 @@ async def test_a_data_row_names_the_role_that_acts_first(tokenizer):
     row = SAMPLE.model_copy(update={"extra_info": {"role": "verifier"}})
     pieces = await run_trajectory_pieces(context(tokenizer, Silent), row, 0, "t0", 0)
     assert [(p.role, p.turns) for p in pieces] == [("verifier", 4)]
+
+
+async def test_a_trajectory_that_ends_before_its_first_turn_is_its_first_roles(tokenizer):
+    """Every piece has a role in a run with roles (under model.adapters each trains its role's adapter)."""
+    (piece,) = await run_trajectory_pieces(context(tokenizer, Unready), SAMPLE, 0, "t0", 0)
+    assert (piece.role, piece.termination, piece.turns) == ("solver", "error", 0)
 
 
 async def test_under_adapters_each_turn_is_sampled_with_its_roles_adapter_and_a_fresh_cache(tokenizer):

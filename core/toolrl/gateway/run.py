@@ -71,7 +71,7 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
         prompt = session.renderers([]).prompt_ids([m.to_template() for m in sample.prompt])
         pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=record.group,
                              env=sample.env, prompt_ids=prompt, ground_truth=sample.ground_truth,
-                             termination="infra_error")]
+                             termination="infra_error", role=session.model if session.roles else None)]
     pieces[-1].error = failure
     return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {},
                         dict(session.role_rewards))

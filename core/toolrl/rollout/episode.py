@@ -101,7 +101,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
                           images=images, ground_truth=sample.ground_truth,
-                          role=sample_role(sample) if ctx.roles else None)  # the row's role acts first
+                          role=(sample_role(sample) or ctx.roles[0]) if ctx.roles else None)  # who acts first
     except BaseException:
         await asyncio.shield(session.close())
         raise

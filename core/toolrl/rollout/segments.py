@@ -118,12 +118,12 @@ def check_history(ep: Episode) -> None:
 
 async def act_as(ep: Episode) -> None:
     """In a run with roles, before a model turn: the role the session gives the turn (None: the one
-    acting goes on; at the start the data row's, else the run's first) is the live piece's. Another role than the piece's
-    closes it, and the next piece's prompt is the whole context so far (under model.adapters it runs
-    through the new role's adapter, so a piece never holds two roles' tokens)."""
-    roles, traj = ep.ctx.roles, ep.traj
-    role = await ep.session.role(roles) or traj.role or roles[0]
-    if traj.role is not None and role != traj.role and any(traj.response_mask):
+    acting goes on; at the start the data row's, else the run's first) is the live piece's. Another
+    role than the piece's closes it, and the next piece's prompt is the whole context so far (under
+    model.adapters it runs through the new role's adapter, so a piece never holds two roles' tokens)."""
+    traj = ep.traj
+    role = await ep.session.role(ep.ctx.roles) or traj.role
+    if role != traj.role and any(traj.response_mask):
         close_segment(ep, traj.prompt_ids + traj.response_ids)
         if ep.ctx.adapters:  # the engine's cache of this context holds the other adapter's keys and values
             ep.ctx.engine.end_session(traj.trajectory_id)
