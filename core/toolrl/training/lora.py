@@ -4,7 +4,9 @@
 wrapper), so the model keeps its own class and attributes: the GRPO code, checkpoints and FSDP2
 wrapping per decoder layer see the same module tree as without LoRA, with the adapted Linears
 replaced by ``peft`` LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...)
-and every base parameter frozen.
+and every base parameter frozen. ``model.lora`` is the one adapter ``"default"``; ``model.adapters`` is one
+adapter per role under the role's name (:func:`apply_adapters`), each token routed through its own
+(:mod:`toolrl.engines.adapters`).
 
 An engine that takes adapters (``RolloutEngine.loads_adapters``) gets :func:`apply_lora` once (run on its
 own base model, or by vLLM on a weightless skeleton to learn the adapter's layout) and then only the
@@ -44,13 +46,43 @@ if TYPE_CHECKING:
 ADAPTER = "default"  # the adapter name peft gives a single adapter
 
 
-def apply_lora(model: Any, config: LoraConfig) -> Any:
-    """Inject LoRA adapters into ``model`` in place and freeze everything else; returns ``model``.
+def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
+    """Inject LoRA adapter ``name`` into ``model`` in place and freeze everything else; returns ``model``.
 
     Raises :class:`~toolrl.config.ConfigError` naming ``model.lora.target_modules`` when no module
     matches, a match is not a Linear layer, or a match shares its weight with another module (tied
     embeddings: the engine copy has one tensor for both, so the merged weight could not reach it).
     """
+    _inject(model, config, name, "model.lora.target_modules")
+    return model
+
+
+def apply_adapters(model: Any, adapters: Mapping[str, AdapterConfig]) -> Any:
+    """One LoRA adapter per role (``model.adapters``), injected in place under the role's name, in the
+    mapping's order; returns ``model``. Its forwards then run inside
+    :func:`toolrl.engines.adapters.routed` (each token through its role's adapter). Only the adapters
+    that are not ``frozen`` require grad. The checks of :func:`apply_lora`, each naming
+    ``model.adapters.<role>.target_modules``."""
+    import warnings
+
+    from toolrl.engines.adapters import require_routing
+
+    for role, config in adapters.items():
+        with warnings.catch_warnings():  # peft warns that a second adapter makes several: that is the point
+            warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+            _inject(model, config, role, f"model.adapters.{role}.target_modules")
+    require_routing(model)
+    trained = {role for role, config in adapters.items() if not config.frozen}
+    for layer in lora_layers(model).values():
+        for role in trained:
+            for attr in layer.adapter_layer_names:
+                if role in getattr(layer, attr):
+                    getattr(layer, attr)[role].requires_grad_(True)
+    return model
+
+
+def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:
+    """Adapter ``name`` into ``model`` in place, the base frozen; a bad target is a ConfigError naming ``field``."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import inject_adapter_in_model
     from peft.tuners.lora import Linear as LoraLinear
@@ -65,27 +97,30 @@ def apply_lora(model: Any, config: LoraConfig) -> Any:
         inject_adapter_in_model(
             PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
                            target_modules=targets, exclude_modules=exclude, bias="none"),
-            model, adapter_name=ADAPTER)
+            model, adapter_name=name)
     except ValueError as exc:
-        raise ConfigError(f"model.lora.target_modules: {first_line(exc)}") from None
-    layers = lora_layers(model)
-    bad = [f"{name} ({type(m.get_base_layer()).__name__})" for name, m in layers.items()
+        raise ConfigError(f"{field}: {first_line(exc)}") from None
+    layers = {key: m for key, m in lora_layers(model).items()
+              if any(name in getattr(m, attr) for attr in m.adapter_layer_names)}
+    bad = [f"{key} ({type(m.get_base_layer()).__name__})" for key, m in layers.items()
            if not isinstance(m, LoraLinear)]
     shared = sorted(set(layers) & tied)
     if bad or shared:
         what = (f"are not Linear layers: {', '.join(bad[:3])}" if bad
                 else f"share a tied weight with another module: {', '.join(shared[:3])}")
-        raise ConfigError(f"model.lora.target_modules: {targets} matches modules that {what}")
-    return model
+        raise ConfigError(f"{field}: {targets} matches modules that {what}")
 
 
 def _tied_module_names(model: Any) -> set[str]:
     """Modules whose ``weight`` is the same tensor as another module's (tied input/output embeddings)."""
     owners: dict[int, list[str]] = {}
+    wrappers = {id(m) for m in lora_layers(model).values()}
     for name, module in model.named_modules(remove_duplicate=False):
+        if id(module) in wrappers:  # a LoRA layer's weight is its base layer's: no tie (another adapter's)
+            continue
         weight = getattr(module, "weight", None)
         if weight is not None:
-            owners.setdefault(id(weight), []).append(name)
+            owners.setdefault(id(weight), []).append(name.removesuffix(".base_layer"))
     return {name for names in owners.values() if len(names) > 1 for name in names}
 
 
