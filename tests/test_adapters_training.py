@@ -109,8 +109,10 @@ def adapted(tiny_qwen3_path):
     return model
 
 
-@pytest.mark.parametrize("micro_batch_size", [16, 3])  # rows of both roles in one forward, or apart
-def test_one_step_with_two_roles_equals_two_single_role_steps(adapted, micro_batch_size):
+# Rows of both roles in one forward, or apart; under gradient checkpointing the backward runs the forward
+# again, routed as the first time.
+@pytest.mark.parametrize(("micro_batch_size", "checkpointing"), [(16, False), (3, False), (16, True)])
+def test_one_step_with_two_roles_equals_two_single_role_steps(adapted, micro_batch_size, checkpointing):
     """Under token-mean the joint step divides by all N trained tokens, a single-role step by its own
     N_r: the joint loss is Σ_r N_r/N · loss_r and adapter r's joint gradient N_r/N times its single-role
     one. The two roles' groups share their prompt: prefix sharing must not join them (another adapter,
@@ -122,6 +124,8 @@ def test_one_step_with_two_roles_equals_two_single_role_steps(adapted, micro_bat
 
     def step(trajs):
         model = copy.deepcopy(adapted)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         opt = Recorder(model)
         return train_step(model, opt, copy.deepcopy(trajs), options), opt.grads[0]
 
