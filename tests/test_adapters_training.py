@@ -224,6 +224,8 @@ def test_run_check_refuses_what_several_policies_cannot_train_with(tiny_qwen3_pa
     with pytest.raises(ConfigError, match=r"model.adapters: every policy is frozen \(a, b\): nothing to train$"):
         check(frozen)
     check(frozen, trains=False)  # an evaluation of fixed policies
+    with pytest.raises(ConfigError, match=r"^override critic={}: critic: not with model.adapters: a critic \(algorithm.advantage=gae"):
+        check(ADAPTERS, "algorithm.advantage=gae", "critic={}")
     with pytest.raises(ConfigError, match=r"trainer.sequence_parallel: not with model.adapters"):
         check(ADAPTERS, "trainer.world_size=2", "trainer.sequence_parallel=2", "ray.address=local")
     with pytest.raises(ConfigError, match=r"trainer.world_size: not with model.adapters"):
@@ -250,3 +252,36 @@ def test_weight_sync_sends_only_the_trained_adapters_that_changed():
     assert synced() == {"a"}
     rank.step(rows("a", 0) + rows("b", 1))
     assert synced() == {"a", "b"}
+
+
+async def test_the_engine_gets_only_the_trained_adapters_that_changed(tmp_path):
+    from toolrl.roles.in_process import build_local_run
+    from toolrl.roles.trainer_rank import TrainerRank
+
+    cfg = load_config(TINY, [ADAPTERS, "optim.lr=0.05", f"trainer.output_dir={tmp_path}"])
+    run = await build_local_run(cfg)
+    try:
+        rank = TrainerRank(cfg)
+        rank.setup(model=run.model, tokenizer=run.tokenizer)
+        engine = run.engine.model
+        assert engine is not run.model  # a base model of its own, given the run's adapters by name
+
+        def held() -> dict[str, torch.Tensor]:
+            return {k: v.clone() for k, v in engine.state_dict().items() if lora.adapter_of(k) is not None}
+
+        frozen = {k: v for k, v in held().items() if lora.adapter_of(k) == "c"}
+        assert frozen and held().keys() == lora.trainable_state_dict(run.model).keys()
+        rank.step(rows("a", 0) + rows("b", 1))
+        rank.push_to_engines([run.engine])
+        trainer = run.model.state_dict()
+        after = held()
+        assert all(torch.equal(after[k], trainer[k]) for k in after if lora.adapter_of(k) in ("a", "b"))
+        assert all(torch.equal(after[k], v) for k, v in frozen.items())  # never sent: lora_B zero on both sides
+        rank.step(rows("a", 2))
+        versions = {k: v._version for k, v in engine.state_dict().items() if lora.adapter_of(k) is not None}
+        rank.push_to_engines([run.engine])
+        written = {lora.adapter_of(k) for k, v in engine.state_dict().items() if k in versions
+                   and v._version != versions[k]}
+        assert written == {"a"}  # b did not change since the last sync: not sent again
+    finally:
+        await run.rollouts.close()

@@ -205,7 +205,8 @@ def check_lora_targets(facts: RunFacts) -> None:
 
 # Settings a run of several policies (model.adapters) cannot train with, and why.
 _NOT_WITH_ADAPTERS = {
-    "critic": "a critic is one value model of one policy, and model.adapters trains several",
+    "critic": "a critic (algorithm.advantage={advantage} reads its values) is one value model of one policy, "
+              "and model.adapters trains several",
     "trainer.sequence_parallel": "sequence parallelism splits rows over ranks that do not route tokens to adapters",
     "trainer.world_size": "FSDP2 ranks reduce the gradients of the adapters their own rows used, which differ "
                           "from rank to rank: train several policies on one rank",
@@ -224,7 +225,8 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
                "trainer.world_size": config.trainer.world_size > 1}
     for field, why in _NOT_WITH_ADAPTERS.items():
         if refused[field]:
-            raise ConfigError(f"{facts.where(field)}: not with model.adapters: {why}")
+            raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
+                              f"{why.format(advantage=config.algorithm.advantage)}")
     if trains and all(a.frozen for a in adapters.values()):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
                           "nothing to train")
