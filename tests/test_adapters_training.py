@@ -239,6 +239,8 @@ def test_weight_sync_sends_only_the_trained_adapters_that_changed():
     rank = trainer()
     plan = run_plan(rank.config).sync
     assert plan.adapters and plan.delta and plan.policies == ("a", "b")
+    with pytest.raises(ConfigError, match=r"model.adapters: several policies need an engine that serves LoRA"):
+        run_plan(load_config(TINY, [ADAPTERS, "engine.name=scripted"]))
     delta = Delta()
 
     def synced() -> set[str]:
