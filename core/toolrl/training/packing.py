@@ -61,6 +61,7 @@ from typing import Any
 import torch
 
 from toolrl import masks
+from toolrl.engines.adapters import routed
 from toolrl.training import prefix_tree, vision
 from toolrl.trajectory import Trajectory
 
@@ -305,8 +306,6 @@ def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractConte
     for a batch without them."""
     if batch.adapter_ids is None:
         return contextlib.nullcontext()
-    from toolrl.engines.adapters import routed
-
     unshared = runs_unshared(getattr(model, model.base_model_prefix), batch)
     return routed(model, batch.adapter_ids[:, batch.expand] if unshared else batch.adapter_ids)
 
