@@ -63,6 +63,11 @@ def require_routing(model: Any) -> None:
         layer.register_forward_hook(_add_routed_delta)
 
 
+def has_routing(model: Any) -> bool:
+    """Whether ``model``'s forwards are routed (:func:`require_routing`): it holds adapters per role."""
+    return any(_ROUTE in m.__dict__ for m in model.modules())
+
+
 @contextlib.contextmanager
 def routed(model: Any, adapter_ids: torch.Tensor) -> Iterator[None]:
     """Route the forwards run inside to each token's (or row's) adapter.
