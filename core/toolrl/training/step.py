@@ -39,8 +39,8 @@ left out), ``mismatch_kl`` (k3 estimate of KL(engine ‖ trainer)) and on the fi
 ``advantage_mean``/``_std``.
 
 Several policies on one base (``model.adapters``, :class:`StepOptions` ``adapters``): each row trains
-its role's adapter in the same step (its tokens run through that adapter alone:
-:func:`toolrl.training.packing.packed_hidden_states`); an adapter no row of an update used gets no
+its role's adapter in the same step (its tokens run through that adapter alone, forward and backward:
+:func:`toolrl.training.packing.through_adapters`); an adapter no row of an update used gets no
 gradient (None), so the optimizer leaves its weights and state as they were.
 """
 
