@@ -287,3 +287,33 @@ async def test_the_engine_gets_only_the_trained_adapters_that_changed(tmp_path):
         assert written == {"a"}  # b did not change since the last sync: not sent again
     finally:
         await run.rollouts.close()
+
+
+# The default tests above fail first when a part breaks (resume, export, the engine's syncs); this one runs
+# them together through the CLI (42 s here).
+@pytest.mark.long
+def test_cli_trains_resumes_and_exports_several_policies(tmp_path, tiny_qwen3_path):
+    """Recorded pieces of two roles through `toolrl train` (the controller, the in-process engine's syncs),
+    `--resume` and `toolrl export`."""
+    from _dists import run_toolrl
+    from safetensors.torch import load_file
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(t.model_dump_json() + "\n" for g, role in enumerate("abab") for t in rows(role, g)))
+    args = ["train", TINY, f"data.trajectories=[{data}]", ADAPTERS, "optim.lr=0.05", f"trainer.output_dir={tmp_path / 'run'}",
+            "trainer.plot=false"]
+    env = {"OMP_NUM_THREADS": "1"}
+    res = run_toolrl(*args, "trainer.total_steps=2", env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = run_toolrl(*args, "trainer.total_steps=3", "--resume", env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in metrics] == [1, 2, 3] and all(r["grad_norm"] > 0 for r in metrics)
+    res = run_toolrl("export", str(tmp_path / "run"), str(tmp_path / "out"), env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    name = "model.layers.0.self_attn.q_proj.weight"
+    base = load_file(next(Path(tiny_qwen3_path).glob("*.safetensors")))[name]
+    merged = {role: load_file(tmp_path / "out" / role / "model.safetensors")[name] for role in "abc"}
+    assert torch.equal(merged["c"], base)  # frozen: peft's lora_B = 0, the base model
+    assert not torch.equal(merged["a"], base) and not torch.equal(merged["b"], merged["a"])
+    assert all((tmp_path / "out" / role / "adapter" / "adapter_model.safetensors").is_file() for role in "abc")
