@@ -55,6 +55,7 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
     warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
     if config.model.lora is not None:
         check_lora_targets(facts)
+    check_adapters(facts, trains=bool(parts.training))
     warnings += _part_checks(facts, parts)
     check_tree(facts, parts)
     check_roles(facts, parts)
@@ -246,6 +247,49 @@ def check_lora_targets(facts: RunFacts) -> None:
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("model.lora.target_modules", facts.where("model.lora.target_modules"), 1)) \
             from None
+
+
+# Settings a run of several policies (model.adapters) cannot train with, and why.
+_NOT_WITH_ADAPTERS = {
+    "critic": "a critic (algorithm.advantage={advantage} reads its values) is one value model of one policy, "
+              "and model.adapters trains several",
+    "trainer.sequence_parallel": "sequence parallelism splits rows over ranks that do not route tokens to adapters",
+    "trainer.world_size": "FSDP2 ranks reduce the gradients of the adapters their own rows used, which differ "
+                          "from rank to rank: train several policies on one rank",
+}
+
+
+def check_adapters(facts: RunFacts, trains: bool) -> None:
+    """``model.adapters`` (several policies on one base): each adapter's ``target_modules`` applied to the
+    model's skeleton (as :func:`check_lora_targets`); a run that ``trains`` needs a policy that is not
+    frozen; settings the trainer cannot run several policies with are refused, naming their field."""
+    config = facts.config
+    adapters = config.model.adapters
+    if adapters is None:
+        return
+    refused = {"critic": config.critic is not None, "trainer.sequence_parallel": config.trainer.sequence_parallel > 1,
+               "trainer.world_size": config.trainer.world_size > 1}
+    for field, why in _NOT_WITH_ADAPTERS.items():
+        if refused[field]:
+            raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
+                              f"{why.format(advantage=config.algorithm.advantage)}")
+    if trains and all(a.frozen for a in adapters.values()):
+        raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
+                          "nothing to train")
+    import torch  # lazy: torch, transformers and peft load only for a run with adapters
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from toolrl.training.lora import apply_adapters  # lazy: imports peft
+
+    read = AutoConfig.from_pretrained(facts.model_dir)
+    auto = AutoModelForImageTextToText if getattr(read, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(read)
+    try:
+        apply_adapters(model, adapters)
+    except ConfigError as exc:  # names model.adapters.<role>.target_modules: where it is set
+        field, _, rest = str(exc).partition(": ")
+        raise ConfigError(f"{facts.where(field)}: {rest}") from None
 
 
 def report(warnings: Iterable[str]) -> None:
