@@ -164,11 +164,17 @@ def test_forwards_outside_routed_and_bad_ids_raise(tiny_qwen3_path):
 def test_kept_stacked_weights_follow_a_weight_written_in_place(tiny_qwen3_path):
     model = routed_model(tiny_qwen3_path)
     ids, rows = prompts(2, 1), torch.tensor([0, 1])
+    layer = model.model.layers[0].self_attn.v_proj  # (one token: q and k change nothing)
     with torch.no_grad(), routed(model, rows):
         model(input_ids=ids)
-        layer = model.model.layers[0].self_attn.v_proj  # (one token: q and k change nothing)
-        assert layer.__dict__[routing._STACK] is not None  # the decode-sized forward kept them
+    assert layer.__dict__[routing._STACK] is None  # kept only when asked (an engine)
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
+        model(input_ids=ids)
+    assert layer.__dict__[routing._STACK] is not None  # the decode-sized forward kept them
+    with torch.no_grad():
         layer.lora_B["b"].weight.add_(0.5)  # as a weight sync writes an adapter tensor
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
         out = model(input_ids=ids).logits
+    with torch.no_grad():
         ref = merged_model(tiny_qwen3_path, model, "b")(input_ids=ids[1:]).logits
     torch.testing.assert_close(out[1:], ref, rtol=0, atol=1e-5)
