@@ -62,12 +62,13 @@ def test_apply_adapters_names_roles_and_freezes_the_frozen(tiny_qwen3_path):
         pass
 
 
-@pytest.mark.parametrize("role, message", [
-    ("planner", "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
-    ("judge", "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied weight"),
+@pytest.mark.parametrize("role, targets, message", [
+    ("planner", ["nope"], "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
+    ("judge", ["lm_head"], "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied"),
+    ("v1.5", "all-linear", "model.adapters.v1.5: an adapter per role is named by its role, which then cannot "
+                           "contain '.'"),
 ])
-def test_bad_targets_name_the_role(tiny_qwen3_path, role, message):
-    targets = ["nope"] if role == "planner" else ["lm_head"]
+def test_bad_adapters_name_the_role(tiny_qwen3_path, role, targets, message):
     with pytest.raises(ConfigError) as info:
         lora.apply_adapters(load_model(tiny_qwen3_path), {"ok": AdapterConfig(), role: AdapterConfig(target_modules=targets)})
     assert message in str(info.value) and "\n" not in str(info.value)
