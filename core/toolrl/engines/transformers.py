@@ -572,7 +572,7 @@ class TransformersEngine(RolloutEngine):
             return contextlib.nullcontext()
         from toolrl.engines.adapters import routed
 
-        return routed(self.model, torch.tensor(adapters, device=self.device))
+        return routed(self.model, torch.tensor(adapters, device=self.device), keep_stacked=True)
 
     def _static_step(self, batch: _Batch, ids: torch.Tensor) -> torch.Tensor:
         """The decode step's logits through the static decoder: rows padded to their bucket (a padding

@@ -67,6 +67,10 @@ def apply_adapters(model: Any, adapters: Mapping[str, AdapterConfig]) -> Any:
 
     from toolrl.engines.adapters import require_routing
 
+    for role in adapters:
+        if "." in role:  # torch's module names (peft's ModuleDict keys, the tensor names) cannot hold one
+            raise ConfigError(f"model.adapters.{role}: an adapter per role is named by its role, which "
+                              "then cannot contain '.'")
     for role, config in adapters.items():
         with warnings.catch_warnings():  # peft warns that a second adapter makes several: that is the point
             warnings.filterwarnings("ignore", message=".*multiple adapters.*")
