@@ -193,7 +193,8 @@ async def train(prepared: Prepared) -> None:
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
-                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(batch.trajectories)}
+                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(
+                        [t for t in batch.trajectories if t.role not in config.frozen_roles])}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)

@@ -235,7 +235,9 @@ class StepOptions:
     which turns the trajectories' images into pixel values, this rank's sequence-parallel group
     (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`) and, for several
     policies on one base, the adapters' names in the model's order (``model.adapters``; empty: none),
-    which each trajectory's ``role`` picks from."""
+    which each trajectory's ``role`` picks from, and the ``frozen`` ones among them, whose pieces are not
+    trained (their adapter takes no gradient: a micro-batch of theirs alone would have no loss to
+    backpropagate, and beside others they would only dilute the normaliser)."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -249,6 +251,7 @@ class StepOptions:
     processor: Any = None
     sp: SequenceParallel | None = None
     adapters: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -303,7 +306,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
-    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
+    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and t.role not in options.frozen]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]
