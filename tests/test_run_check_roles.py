@@ -81,3 +81,24 @@ def test_a_role_a_data_row_names_must_be_the_runs(tmp_path):
             data=data)
     rows.write_text(rows.read_text().replace("judge", "verifier"))
     assert passes_with(tmp_path, data=data, rollout={"roles": ["solver", "verifier"]}) == []
+
+
+# -- under model.adapters: the run's roles are the adapters' names ---------------------------------
+
+ADAPTERS = {"source": "tiny-qwen3", "adapters": {"solver": {"r": 4}, "verifier": {"r": 4, "frozen": True}}}
+
+
+def test_under_adapters_a_role_without_an_adapter_is_one_line_before_any_weights_load(tmp_path, debate):
+    """A session's role, the model an agent program asks for, a data row's role: each must name an adapter."""
+    one = {"source": "tiny-qwen3", "adapters": {"solver": {"r": 4}}}
+    line, path = refused(tmp_path, "session.name: session 'debate' gives turns to 'verifier', which is not among "
+                         "the run's roles (solver)", model=one, session={"name": "debate"})
+    assert line.startswith(f"error: {path}:")
+    agent = {"name": "command", "command": "true", "model": "gpt-9"}
+    refused(tmp_path, "rollout.agent.model: the agent program asks for model 'gpt-9', which is not among the run's "
+            "roles (solver, verifier)", model=ADAPTERS, rollout={"agent": agent})
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "extra_info": {"role": "judge"}}\n')
+    refused(tmp_path, f"error: {rows}:1: extra_info.role: 'judge' is not among the run's roles (solver, verifier)",
+            model=ADAPTERS, data={"train_files": [str(rows)]})
+    assert passes_with(tmp_path, model=ADAPTERS, session={"name": "debate"}) == []
