@@ -1,9 +1,9 @@
 """Roles and several policies together, end to end: ``toolrl train`` (the controller, the real
 transformers engine, the real trainer, in one process) with ``model.adapters`` and two roles taking
 turns, in toolrl's own loop (an environment session) and through the gateway (an agent program with the
-official ``openai`` client). Each piece trains its role's adapter, the engine samples each role with its
-adapter and gets the trained adapters after each step, and a frozen adapter stays as it started, in the
-trainer and in the engine. Each part is tested on its own elsewhere (test_session_roles,
+official ``openai`` client, a frozen judge c among the models it asks for). Each piece trains its role's adapter, the engine samples each role with its
+adapter and gets the trained adapters after each step, and the frozen adapter's pieces train nothing: it
+stays as it started, in the trainer and in the engine. Each part is tested on its own elsewhere (test_session_roles,
 test_gateway_roles, test_engine_adapters, test_adapters_training); these fail where they do not meet."""
 
 from __future__ import annotations
@@ -110,10 +110,13 @@ def adapter_tensors(model) -> dict[str, torch.Tensor]:
 
 
 def check_engine_samples_as_trainer(run) -> None:
-    """Each piece's engine log-probs equal the trainer's forward through its role's adapter under the
-    weights the step started from (the traces' ``trainer_logprobs``): at step 2, after a sync of a and b."""
+    """Each trained piece's engine log-probs equal the trainer's forward through its role's adapter under
+    the weights the step started from (the traces' ``trainer_logprobs``): at step 2, after a sync of a and
+    b. The frozen c's pieces are not trained (no trainer log-probs)."""
     for step in (1, 2):
-        for piece in (p for p in traces(run, step) if sum(p["response_mask"])):
+        pieces = [p for p in traces(run, step) if sum(p["response_mask"])]
+        assert all(p["trainer_logprobs"] is None for p in pieces if p["role"] == "c")
+        for piece in (p for p in pieces if p["role"] != "c"):
             pairs = [(e, t) for e, t, m in zip(piece["logprobs"], piece["trainer_logprobs"] or [],
                                                piece["response_mask"]) if m]
             assert len(pairs) == sum(piece["response_mask"]) > 0, piece["trajectory_id"]
@@ -135,7 +138,7 @@ def check_roles_trained(run) -> None:
     for step, row in enumerate(rows, 1):
         pieces = traces(run, step)
         trained = [p for p in pieces if sum(p["response_mask"])]
-        assert trained and all(p["role"] in ("a", "b") for p in pieces)
+        assert trained and all(p["role"] in ("a", "b", "c") for p in pieces)
         for role in ("a", "b"):
             assert {f"role/{role}/reward", f"role/{role}/trained_tokens"} <= set(row)
             assert row[f"role/{role}/trained_tokens"] == sum(sum(p["response_mask"]) for p in pieces
@@ -188,7 +191,7 @@ def test_own_loop_two_roles_train_their_adapters_and_the_engine_serves_them(tmp_
 
 
 PROGRAM = '''
-"""Asks model "a", then model "b" with a's answer. The tiny model's answers are noise: the episode's reward
+"""Asks model "a", then model "b" with a's answer, then the frozen "c" to judge. The tiny model's answers are noise: the episode's reward
 is random, b's reward the opposite (its pieces are ranked against each other the other way round)."""
 import json
 import os
@@ -202,7 +205,10 @@ task = json.loads(os.environ["TOOLRL_TASK"])
 first = client.chat.completions.create(model="a", messages=task["prompt"], max_tokens=6)
 asked = [*task["prompt"], {"role": "assistant", "content": first.choices[0].message.content or ""},
          {"role": "user", "content": "Check it."}]
-client.chat.completions.create(model="b", messages=asked, max_tokens=6)
+checked = client.chat.completions.create(model="b", messages=asked, max_tokens=6)
+judged = [*asked, {"role": "assistant", "content": checked.choices[0].message.content or ""},
+          {"role": "user", "content": "Judge it."}]
+client.chat.completions.create(model="c", messages=judged, max_tokens=6)  # the frozen judge: acts, never trains
 reward = random.random()
 for body in ({"reward": 1 - reward, "role": "b"}, {"reward": reward}):
     request = urllib.request.Request(os.environ["TOOLRL_REWARD_URL"], json.dumps(body).encode(),
@@ -220,7 +226,7 @@ def test_gateway_two_model_names_train_their_adapters_with_their_rewards(tmp_pat
     agent = f"rollout.agent={{name: command, command: '{sys.executable} {tmp_path / 'agent.py'}', model: a}}"
     run = asyncio.run(train_async(run_config(tmp_path, agent)))
     check_roles_trained(run)
-    assert {"a", "b"} <= set(held.adapters) and None not in held.adapters and "c" not in held.adapters
+    assert set(held.adapters) == {"a", "b", "c"}
     for step, row in enumerate(metrics_rows(run), 1):
         pieces = traces(run, step)
         b_pieces = [p for p in pieces if p["role"] == "b"]
