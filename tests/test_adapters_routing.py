@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_lora import draw_adapters
 from toolrl.config import AdapterConfig, ConfigError
 from toolrl.engines import adapters as routing
 from toolrl.engines.adapters import adapter_names, routed
@@ -19,15 +20,8 @@ ROLES = {"a": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
 
 
 def routed_model(path: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny model with the three adapters, their A and B drawn from ``seed`` (B starts at zero in peft,
-    which would hide a wrong route)."""
-    model = lora.apply_adapters(load_model(path), ROLES)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model
+    """The tiny model with the three adapters, their A and B drawn from ``seed``."""
+    return draw_adapters(lora.apply_adapters(load_model(path), ROLES), seed)
 
 
 def merged_model(path: str, model: torch.nn.Module, role: str) -> torch.nn.Module:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from _dists import make_dist
+from _dists import load_plugin
 from test_adapters_training import ADAPTERS, TINY
 from toolrl.config import load_config
 from toolrl.training import lora
@@ -149,11 +149,8 @@ def check_roles_trained(run) -> None:
 @pytest.fixture
 def alternate(tmp_path, monkeypatch, toolrl_reload_plugins):
     """A session kind ``alternate``: roles a and b take turns."""
-    plugin = tmp_path / "plugin"
-    plugin.mkdir()
-    make_dist(plugin, "toolrl-plugin-alternate", "alternate", "alternate_session", ALTERNATE)
-    monkeypatch.syspath_prepend(str(plugin))
-    toolrl_reload_plugins()
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-alternate", "alternate",
+                "alternate_session", ALTERNATE)
 
 
 def turn_ending_model(path) -> str:

@@ -32,13 +32,10 @@ def register_environment_sessions(register):
 @pytest.fixture
 def debate(tmp_path, monkeypatch, toolrl_reload_plugins):
     """A session kind ``debate`` that gives turns to the solver and the verifier."""
-    from _dists import make_dist
+    from _dists import load_plugin
 
-    plugin = tmp_path / "plugin"
-    plugin.mkdir()
-    make_dist(plugin, "toolrl-plugin-debate", "debate", "debate_session", DEBATE_SESSION)
-    monkeypatch.syspath_prepend(str(plugin))
-    toolrl_reload_plugins()
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-debate", "debate", "debate_session",
+                DEBATE_SESSION)
 
 
 def test_a_role_a_session_gives_turns_to_must_be_the_runs(tmp_path, debate):
