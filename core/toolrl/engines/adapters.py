@@ -47,13 +47,13 @@ _LAYERS = "_toolrl_routed_layers"
 STACKED_MAX_TOKENS = 64
 
 
-def adapter_names(model: Any) -> list[str]:
+def adapter_names(model: torch.nn.Module) -> list[str]:
     """The model's LoRA adapters, in injection order: ``adapter_ids`` value i of :func:`routed` is
     the i-th (``["default"]`` for ``model.lora``; empty without adapters)."""
     return list(getattr(model, "peft_config", None) or ())
 
 
-def require_routing(model: Any) -> None:
+def require_routing(model: torch.nn.Module) -> None:
     """Switch ``model`` to routed forwards (:func:`toolrl.training.lora.apply_adapters` does, once):
     peft's own sum of active adapters off, the routing hook on every LoRA layer. Leaves every adapter
     parameter's ``requires_grad`` False; the caller sets the trained ones'."""
@@ -70,19 +70,19 @@ def require_routing(model: Any) -> None:
     object.__setattr__(model, _LAYERS, layers)
 
 
-def has_routing(model: Any) -> bool:
+def has_routing(model: torch.nn.Module) -> bool:
     """Whether ``model``'s forwards are routed (:func:`require_routing`): it holds adapters per role."""
     return bool(_routed_layers(model))
 
 
-def _routed_layers(model: Any) -> list[Any]:
+def _routed_layers(model: torch.nn.Module) -> list[Any]:
     """The routed LoRA layers: kept on the model, or found in it (a wrapper of the model)."""
     kept = model.__dict__.get(_LAYERS)
     return kept if kept is not None else [m for m in model.modules() if _ROUTE in m.__dict__]
 
 
 @contextlib.contextmanager
-def routed(model: Any, adapter_ids: torch.Tensor, *, keep_stacked: bool = False) -> Iterator[None]:
+def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: bool = False) -> Iterator[None]:
     """Route the forwards run inside to each token's (or row's) adapter.
 
     ``adapter_ids``: a LongTensor shaped as the forward's ``input_ids`` ``[B, T]`` (a token each) or

@@ -59,7 +59,7 @@ def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
     return model
 
 
-def apply_adapters(model: Any, adapters: Mapping[str, AdapterConfig]) -> Any:
+def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]) -> torch.nn.Module:
     """One LoRA adapter per role (``model.adapters``), injected in place under the role's name, in the
     mapping's order; returns ``model``. Its forwards then run inside
     :func:`toolrl.engines.adapters.routed` (each token through its role's adapter). Only the adapters
