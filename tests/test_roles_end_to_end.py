@@ -175,7 +175,6 @@ def run_config(tmp_path, *more: str):
         "rollout.max_response_tokens=96", *more])
 
 
-@pytest.mark.slow
 def test_own_loop_two_roles_train_their_adapters_and_the_engine_serves_them(tmp_path, monkeypatch, alternate):
     from toolrl.roles.controller import train_async
 
@@ -214,7 +213,6 @@ for body in ({"reward": 1 - reward, "role": "b"}, {"reward": reward}):
 '''
 
 
-@pytest.mark.slow
 def test_gateway_two_model_names_train_their_adapters_with_their_rewards(tmp_path, monkeypatch):
     from toolrl.roles.controller import train_async
 
