@@ -99,3 +99,20 @@ def test_under_adapters_a_role_without_an_adapter_is_one_line_before_any_weights
     refused(tmp_path, f"error: {rows}:1: extra_info.role: 'judge' is not among the run's roles (solver, verifier)",
             model=ADAPTERS, data={"train_files": [str(rows)]})
     assert passes_with(tmp_path, model=ADAPTERS, session={"name": "debate"}) == []
+
+
+def test_under_adapters_a_recorded_row_names_an_adapters_role(tmp_path):
+    """data.trajectories: each recorded piece trains its role's adapter, so it must name one (else the step
+    that met it stopped with a traceback after the weights loaded)."""
+    from toolrl.trajectory import Trajectory
+
+    recorded = tmp_path / "recorded.jsonl"
+    for role, why in (("judge", "'judge' is not among"), (None, "None is not among")):
+        rows = [Trajectory(trajectory_id=f"t{i}", sample_index=i, group=0, role=r, prompt_ids=[1, 2],
+                           response_ids=[3], response_mask=[1], logprobs=[-1.0], reward=float(i))
+                for i, r in enumerate(("solver", role))]
+        recorded.write_text("".join(t.model_dump_json() + "\n" for t in rows))
+        refused(tmp_path, f"error: {recorded}:2: role: {why} the run's roles (solver, verifier): each row trains "
+                "its role's adapter", model=ADAPTERS, data={"trajectories": [str(recorded)]})
+    recorded.write_text(recorded.read_text().replace('"role":null', '"role":"verifier"'))
+    assert passes_with(tmp_path, model=ADAPTERS, data={"trajectories": [str(recorded)]}) == []
