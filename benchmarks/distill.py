@@ -119,6 +119,35 @@ def across(args: argparse.Namespace) -> int:
     return 0
 
 
+def overlap(args: argparse.Namespace) -> int:
+    """Where the teachers' time goes: ``--steps`` steps of pure distillation, SmolLM2-135M-Instruct (another
+    tokenizer, a teacher ~20× the student) scoring the peaked tiny Qwen3's groups as they are generated.
+    Per step: the teachers' time (``teacher_s``, in their thread) and what of it the step still waited for
+    (``teacher_wait_s``: all of it when a step's batch was scored in one call after it was generated)."""
+    from toolrl.model_sources import smollm2_135m
+
+    if args.overlap_teacher == "smollm2-135m-instruct":
+        smollm2_135m()
+    with tempfile.TemporaryDirectory(prefix="distill-overlap-") as tmp:
+        base = Path(tmp)
+        model = peaked_model(base / "model")
+        teacher = model if args.overlap_teacher == "student" else args.overlap_teacher
+        arm = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}", f"data.batch_size={args.groups}",
+               f"rollout.n={args.group_size}", f"trainer.max_staleness={args.staleness}",
+               f"rollout.max_concurrent_trajectories={args.concurrency}"]
+        rows = run_rows(model, base / "run", 0, args.steps, args, arm, 0)
+    keys = ("rollout_wait_s", "teacher_s", "teacher_wait_s", "train_s", "step_s")
+    print(f"teacher {args.overlap_teacher}; {args.steps} steps × {args.groups} groups × {args.group_size} samples × "
+          f"≤ {args.max_new_tokens} tokens, {args.concurrency} at once, max_staleness {args.staleness}")
+    print(table(["step", *keys], [[r["step"], *[f"{r[k]:.2f}" for k in keys]] for r in rows]))
+    later = rows[1:] or rows  # the first step's also holds the teacher's first forward
+    teacher, wait = sum(r["teacher_s"] for r in later), sum(r["teacher_wait_s"] for r in later)
+    print(f"\nsteps 2-{args.steps}: teacher {teacher:.2f} s, of which the steps waited {wait:.2f} s; step "
+          f"{statistics.mean(r['step_s'] for r in later):.2f} s mean")
+    print(f"teacher time on the step's path, waited/scored: {wait / max(teacher, 1e-9):.2f}")
+    return 0
+
+
 def peaked_model(out: Path) -> Path:
     """The tiny random Qwen3, embeddings × 6 (``tests/test_trainer.py``'s ``peaked_tiny_model``)."""
     import shutil
@@ -157,15 +186,21 @@ def held_out(model: Path, out: Path, args: argparse.Namespace) -> int:
     return round(summary["pass@1"] * EVAL)
 
 
-def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
-          eval_every: int) -> list[tuple[int, int]]:
-    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+def run_rows(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
+             eval_every: int) -> list[dict[str, Any]]:
+    """One run (``toolrl train``'s loop); its metrics rows."""
     from toolrl.roles.controller import train_async
 
     config = load_config(ROOT / "examples" / "tiny.yaml", settings(
         model, out, seed, args, f"trainer.total_steps={steps}", f"trainer.eval_every={eval_every}", *arm))
     asyncio.run(train_async(config))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
+          eval_every: int) -> list[tuple[int, int]]:
+    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+    rows = run_rows(model, out, seed, steps, args, arm, eval_every)
     curve, tokens = [], 0
     for row in rows:
         tokens += int(row["trained_tokens"])
@@ -210,7 +245,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the teacher run's overrides (from the same initial model, on the reward)")
     ap.add_argument("--across", action="store_true", help="only the cross-tokenizer run (SmolLM2 teaches the "
                     "tiny Qwen3 to write English letters)")
+    ap.add_argument("--overlap", action="store_true", help="only the teachers' time against the step's: "
+                    "SmolLM2 scoring groups as they are generated")
+    ap.add_argument("--groups", type=int, default=8, help="--overlap: groups per step")
+    ap.add_argument("--group-size", type=int, default=4, help="--overlap: samples per group")
+    ap.add_argument("--staleness", type=int, default=0, help="--overlap: trainer.max_staleness")
+    ap.add_argument("--concurrency", type=int, default=8, help="--overlap: rollout.max_concurrent_trajectories "
+                    "(below a step's trajectories, its groups end one wave after another)")
+    ap.add_argument("--overlap-teacher", default="student", help="--overlap: the teacher's model.source "
+                    "(student: the student's own initial weights)")
     args = ap.parse_args(argv)
+    if args.overlap:
+        register()
+        print(f"machine: {machine()}")
+        return overlap(args)
     if args.across:
         register()
         print(f"machine: {machine()}")

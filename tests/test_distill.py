@@ -286,3 +286,61 @@ def test_groups_of_one_are_refused_only_when_the_reward_is_mixed_in(tmp_path):
     one_error_line(invoke("train", str(mixed), "--check"), "rollout.n", "grpo compares each trajectory")
     pure = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher})
     assert invoke("train", str(pure), "--check").exit_code == 0
+
+
+# -- scoring off the step's path --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["synchronous", "stream"])
+def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_path, schedule):
+    """With a teacher, each group is scored in the teacher's thread as it is generated: the step's batch
+    arrives scored, every log-prob identical to scoring the whole batch in one call, and (synchronous)
+    the groups, generated one call each, are the trajectories the step's one rollout call gives."""
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.data.batches import GroupStream, StepBatches, open_batches
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.prepare import sample_conversation
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.start import start_roles
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
+                                "rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "algorithm.advantage=opd",
+                                "algorithm.teacher={model: tiny-qwen3}", "data.batch_size=3",
+                                f"trainer.max_staleness={0 if schedule == 'synchronous' else 1}"])
+    run = resolve_run(config, "train")
+
+    async def batches():
+        roles = await start_roles(run)
+        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir, sample_conversation(run))
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0, score=teachers.score)
+        assert isinstance(stream, StepBatches if schedule == "synchronous" else GroupStream)
+        try:
+            batch = await stream.next(0)
+            one_call = None
+            if schedule == "synchronous":
+                from toolrl.data.batches import batch_for_step
+                from toolrl.seeds import step_seed
+                from toolrl.trajectory import call_prefix
+
+                prompts = batch_for_step(load_samples(config), 0, 3, config.trainer.seed, config.data.shuffle)
+                one_call = await roles.rollouts.run(prompts, 2, seed=step_seed(config.rollout.seed, 0),
+                                                    id_prefix=call_prefix("t", 1))
+            whole = [t.model_copy(update={"teacher_logprobs": None}) for t in batch.trajectories]
+            teachers.score(whole)
+            return [*batch.trajectories], whole, one_call, batch.teacher_metrics(0.0)
+        finally:
+            await stream.close()
+            await roles.close()
+
+    scored, whole, one_call, metrics = asyncio.run(batches())
+    assert len(scored) == 6 and all(t.teacher_logprobs is not None for t in scored)
+    assert [t.teacher_logprobs for t in scored] == [t.teacher_logprobs for t in whole]
+    assert metrics["teacher_s"] > 0 and metrics["teacher_wait_s"] <= metrics["teacher_s"] + 1e-3
+    if one_call is not None:
+        fields = ("trajectory_id", "group", "prompt_ids", "response_ids", "response_mask", "logprobs", "reward")
+        assert [[getattr(t, f) for f in fields] for t in scored] == [[getattr(t, f) for f in fields] for t in one_call]
+
