@@ -28,6 +28,11 @@ model's success at 0 tokens) first reaches 0.9 × the teacher's held-out success
     OMP_NUM_THREADS=1 python benchmarks/distill.py [--quick] [--seeds 3] [--steps 12]
 
 Last line: ``tokens to 90% of the teacher's success, opd/grpo: X.XX`` (below 1: OPD needs fewer tokens).
+With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top_k: 20, baseline: vopd}``)
+and plain opd: ``..., vopd/opd: X.XX``.
+
+``--overlap`` measures only where the teacher's time goes (``teacher_s`` against ``teacher_wait_s``: what
+of it the steps still waited for), the teacher scoring each group as it is generated.
 
 ``--across`` runs only a teacher of another tokenizer: SmolLM2-135M-Instruct, as it comes, distils
 into the peaked tiny Qwen3 (``reward_weight`` 0) on a task an English model's log-probs favour: the
@@ -254,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(below a step's trajectories, its groups end one wave after another)")
     ap.add_argument("--overlap-teacher", default="student", help="--overlap: the teacher's model.source "
                     "(student: the student's own initial weights)")
+    ap.add_argument("--vopd", action="store_true", help="opd with vOPD's baseline against plain opd (in place of "
+                    "opd against grpo)")
+    ap.add_argument("--top-k", type=int, default=20, help="--vopd: the teacher's top-k its baseline sums over")
     args = ap.parse_args(argv)
     if args.overlap:
         register()
@@ -282,8 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         before = held_out(model, base / "before-eval", args)
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
               f"{teacher_ok}/{EVAL}, untrained student {before}/{EVAL}", flush=True)
-        arms = {"opd": [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"],
-                "grpo": shlex.split(args.grpo)}
+        opd = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"]
+        arms = {"vopd": [*opd, f"algorithm.advantage_options={{top_k: {args.top_k}, baseline: vopd}}"], "opd": opd} \
+            if args.vopd else {"opd": opd, "grpo": shlex.split(args.grpo)}
         curves: dict[str, list[list[tuple[float, float]]]] = {}
         for name, arm in arms.items():
             for seed in range(args.seeds):
@@ -305,12 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in reached.items():
         print(f"{name}: tokens to {target:.1f}/{EVAL} (90% of the teacher's): "
               f"{'not within the budget' if value is None else f'{value:.0f}'}")
-    if reached["opd"] is None or reached["grpo"] is None:
+    first, anchor = arms
+    if reached[first] is None or reached[anchor] is None:
         ratio = "n/a (" + " and ".join(n for n, v in reached.items() if v is None) + " did not reach it within " \
                 f"{budget:.0f} tokens)"
     else:
-        ratio = f"{reached['opd'] / max(reached['grpo'], 1e-9):.2f}"
-    print(f"\ntokens to 90% of the teacher's success, opd/grpo: {ratio}")
+        ratio = f"{reached[first] / max(reached[anchor], 1e-9):.2f}"
+    print(f"\ntokens to 90% of the teacher's success, {first}/{anchor}: {ratio}")
     return 0
 
 

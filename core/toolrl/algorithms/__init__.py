@@ -129,13 +129,19 @@ class AdvantageEstimator(AlgorithmPart):
 class LossInputs:
     """One micro-batch, (B, R) each: ``new_logprobs`` (with gradient), ``prox_logprobs`` (the
     proximal policy's, no gradient: the PPO ratio's denominator), ``behaviour_logprobs`` (the
-    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens)."""
+    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens). With
+    on-policy distillation's top-k (opd's ``top_k``, :mod:`.distill`; else None): ``student_top`` (B, R, K)
+    the student's log-probs (with gradient) at the teacher's K likeliest tokens, ``teacher_top`` the
+    teacher's there, ``teacher_weight`` (B, R) the row's teacher weight at trained tokens (0 elsewhere)."""
 
     new_logprobs: torch.Tensor
     prox_logprobs: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
+    student_top: torch.Tensor | None = None
+    teacher_top: torch.Tensor | None = None
+    teacher_weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

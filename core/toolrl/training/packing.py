@@ -99,6 +99,11 @@ class PackedBatch:
     vision: vision.VisionInputs | None = None  # the images of a vision-language model's sequences
     # (T, layers, top_k): the experts the engine routed each row token to, when every trajectory has them.
     routed_experts: torch.Tensor | None = None
+    # On-policy distillation's top-k (toolrl.algorithms.distill.top_fields): over the (B, R) grid, the
+    # teacher's K likeliest ids (B, R, K), its log-probs there and the teacher weight (B, R).
+    top_ids: torch.Tensor | None = None
+    teacher_top: torch.Tensor | None = None
+    teacher_weight: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]
