@@ -384,6 +384,7 @@ def test_the_teachers_top_k_are_a_separate_forwards_and_tool_results_get_none(ti
 def topk_gradients(model, trajs, algo, advs=None):
     """The gradient of one micro-batch's loss under ``algo`` (advantages: the estimator's, or ``advs``),
     its per-token loss terms (B, R) and the student's log-probs at the teacher's top-k."""
+    from toolrl.algorithms import LossInputs, build_loss
     from toolrl.training.step import logprobs, policy_loss, split_mini_batches
 
     options = StepOptions(algo, OptimConfig(micro_batch_size=8), pad_id=0, temperature=1.0, max_response_tokens=32)
@@ -393,12 +394,11 @@ def topk_gradients(model, trajs, algo, advs=None):
     (mini,) = split_mini_batches(trajs, advs, options, torch.device("cpu"))
     ((_, batch),) = mini.micro_steps
     model.zero_grad(set_to_none=True)
-    out = logprobs(model, batch, options, top=True)
+    out = logprobs(model, batch, options, top=True, top_grad=build_loss(algo).reads_top)  # as mini_batch_update
     new_lp, student_top = out[..., 0], out[..., 1:]
     loss, _ = policy_loss(new_lp, new_lp.detach(), batch, algo, mini.norm, None, None, student_top)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    from toolrl.algorithms import LossInputs, build_loss
 
     terms = build_loss(algo)(LossInputs(new_lp, new_lp, batch.engine_logprobs, batch.advantages, batch.response_mask,
                                         student_top, batch.teacher_top, batch.teacher_weight)).per_token

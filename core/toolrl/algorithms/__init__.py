@@ -166,10 +166,12 @@ class PolicyLoss(AlgorithmPart):
     """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the rollout correction's
     importance weight (:mod:`toolrl.algorithms.correction`), adds the KL term (``kl_coef`` of its
     options) and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio
-    is one number per sequence, which needs one advantage per sequence (an outcome estimator)."""
+    is one number per sequence, which needs one advantage per sequence (an outcome estimator).
+    ``reads_top``: its gradient flows through ``LossInputs.student_top`` (distillation's top-k)."""
 
     Options: ClassVar[type[BaseModel]] = LossOptions
     sequence_level: ClassVar[bool] = False
+    reads_top: ClassVar[bool] = False
 
     @property
     def kl_coef(self) -> float:

@@ -215,6 +215,7 @@ class TopkForwardKl(PolicyLoss):
 
     name = "topk_forward_kl"
     Options = LossOptions
+    reads_top = True
 
     def check_run(self, run: Any) -> list[str]:
         algo = run.config.algorithm

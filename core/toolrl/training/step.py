@@ -141,13 +141,13 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
 
 def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
                       chunk_size: int = DEFAULT_LOGPROB_CHUNK, sp: SequenceParallel | None = None,
-                      top: bool = False) -> torch.Tensor:
+                      top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks. With
     ``sp`` the row is split over its ranks (:mod:`toolrl.training.sequence_parallel`); every rank gets
     the whole grid. With ``top`` and the batch's distillation top-k (``batch.top_ids``): (B, R, 1 + K),
     the sampled token's then each of the teacher's K likeliest tokens' (the same hidden states through
-    the head again)."""
+    the head again; without gradient unless ``top_grad``: vOPD's baseline reads them detached)."""
     top = top and batch.top_ids is not None
     if sp is not None:
         if top:
@@ -164,7 +164,8 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     assert batch.top_ids is not None
     ids = batch.top_ids[batch.rows, batch.cols]  # (N, K)
     k = ids.shape[1]
-    top_lp = token_logprobs(hidden.repeat_interleave(k, 0), head, ids.reshape(-1), temperature, chunk_size)
+    with torch.set_grad_enabled(top_grad and torch.is_grad_enabled()):  # no K-fold backward for nothing
+        top_lp = token_logprobs(hidden.repeat_interleave(k, 0), head, ids.reshape(-1), temperature, chunk_size)
     tops = grid.new_zeros((*grid.shape, k)).index_put((batch.rows, batch.cols), top_lp.view(-1, k))
     return torch.cat([grid[..., None], tops], -1)
 
@@ -180,8 +181,8 @@ class Policy(torch.nn.Module):
         self.lm = lm
 
     def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK,
-                sp: SequenceParallel | None = None, top: bool = False) -> torch.Tensor:
-        return response_logprobs(self.lm, batch, temperature, chunk_size, sp, top)
+                sp: SequenceParallel | None = None, top: bool = False, top_grad: bool = True) -> torch.Tensor:
+        return response_logprobs(self.lm, batch, temperature, chunk_size, sp, top, top_grad)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -386,15 +387,16 @@ def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: 
 
 
 def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: ExpertReplay | None = None,
-             dummy: bool = False, top: bool = False) -> torch.Tensor:
+             dummy: bool = False, top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
     routed by ``replay`` (``algorithm.routing_replay``) when given; with ``top``, the teacher's top-k's too."""
     if replay is not None:
         replay.before(batch, dummy)
     if isinstance(model, Policy):
-        lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top)
+        lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
     else:
-        lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top)
+        lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top,
+                               top_grad)
     if replay is not None:
         replay.after(batch)
     return lp
@@ -428,7 +430,7 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
     sp = options.sp
     scale = 1.0 if sp is None else 1.0 / sp.size
     for j, (micro, batch) in enumerate(mini.micro_steps):
-        new_lp = logprobs(model, batch, options, replay, micro is None, top=True)
+        new_lp = logprobs(model, batch, options, replay, micro is None, top=True, top_grad=loss_fn.reads_top)
         # Distillation's top-k (opd's top_k): the student's log-probs at the teacher's likeliest tokens.
         new_lp, student_top = (new_lp[..., 0], new_lp[..., 1:]) if new_lp.dim() == 3 else (new_lp, None)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
