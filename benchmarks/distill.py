@@ -31,6 +31,9 @@ Last line: ``tokens to 90% of the teacher's success, opd/grpo: X.XX`` (below 1: 
 With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top_k: 20, baseline: vopd}``)
 and plain opd: ``..., vopd/opd: X.XX``.
 
+``--gemma`` runs only the issue's pair across tokenizers: Gemma 3 270M, prompted, teaches
+SmolLM2-135M-Instruct the quickstart's calculator task; last line ``cross-tokenizer: before N/64 → after M/64``.
+
 ``--overlap`` measures only where the teacher's time goes (``teacher_s`` against ``teacher_wait_s``: what
 of it the steps still waited for), the teacher scoring each group as it is generated.
 
@@ -120,6 +123,42 @@ def across(args: argparse.Namespace) -> int:
         after = success(export(base / "run", base / "after-model"), base / "after")
         print(f"student tiny-qwen3 (Qwen tokenizer), teacher SmolLM2-135M-Instruct (its own); {args.steps} steps, "
               f"{time.perf_counter() - t0:.0f} s")
+    print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL}")
+    return 0
+
+
+def gemma(args: argparse.Namespace) -> int:
+    """The issue's pair across tokenizers: Gemma 3 270M (the base model, prompted by the task's worked
+    example) teaches SmolLM2-135M-Instruct the quickstart's calculator task (``examples/distill.yaml``:
+    ``opd``, ``reward_weight`` 0, the teacher ``gemma3-270m``), ``--steps`` steps. Held-out: the
+    quickstart's 64 problems, greedy, for the teacher and for the student before and after."""
+    from toolrl.roles.controller import train_async
+    from toolrl.roles.evaluate import run_evaluation
+    from toolrl.training.export import export
+
+    def success(source: str | Path, out: Path) -> int:
+        config = load_config(ROOT / "examples" / "quickstart.yaml", [
+            f"model.source={source}", "eval.num_samples=64", f"trainer.output_dir={out / 'run'}",
+            "trainer.progress=false"])
+        return round(run_evaluation(config, out, progress=False)["pass@1"] * EVAL)
+
+    with tempfile.TemporaryDirectory(prefix="distill-gemma-") as tmp:
+        base = Path(tmp)
+        t0 = time.perf_counter()
+        teacher = success("gemma3-270m", base / "teacher")
+        before = success("smollm2-135m-instruct", base / "before")
+        print(f"held-out success: teacher Gemma 3 270M {teacher}/{EVAL}, student SmolLM2-135M-Instruct {before}/{EVAL} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        t0 = time.perf_counter()
+        config = load_config(ROOT / "examples" / "distill.yaml", [
+            "algorithm.teacher={model: gemma3-270m}", f"trainer.output_dir={base / 'run'}",
+            f"trainer.total_steps={args.steps}", "trainer.save_every=1000", "trainer.progress=false",
+            "trainer.plot=false"])
+        asyncio.run(train_async(config))
+        rows = [json.loads(x) for x in (base / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        print(f"student: {args.steps} steps, {time.perf_counter() - t0:.0f} s (teacher {sum(r['teacher_s'] for r in rows):.0f} "
+              f"s of it, {sum(r['teacher_wait_s'] for r in rows):.0f} s waited)", flush=True)
+        after = success(export(base / "run", base / "after-model"), base / "after")
     print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL}")
     return 0
 
@@ -262,7 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--vopd", action="store_true", help="opd with vOPD's baseline against plain opd (in place of "
                     "opd against grpo)")
     ap.add_argument("--top-k", type=int, default=20, help="--vopd: the teacher's top-k its baseline sums over")
+    ap.add_argument("--gemma", action="store_true", help="only the cross-tokenizer pair of issue 74: Gemma 3 270M "
+                    "teaches SmolLM2-135M-Instruct the calculator task (--steps steps)")
     args = ap.parse_args(argv)
+    if args.gemma:
+        print(f"machine: {machine()}")
+        return gemma(args)
     if args.overlap:
         register()
         print(f"machine: {machine()}")
