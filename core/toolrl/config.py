@@ -208,8 +208,9 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
 
 
-# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by.
-RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")]
+# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by (no
+# '.': an adapter's name is part of torch module names).
+RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")]
 
 
 class AdapterConfig(LoraConfig):

@@ -14,6 +14,9 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
     respond(message) -> str | None                after each answer without calls: the next user turn
     state_key() -> str | None                     before each model turn: a key for the environment's state
                                                   (turn-level credit, ``gigpo``); None: the observation's tokens
+    role() -> str | None                          before each model turn, in a run with roles: the role that
+                                                  acts (one of the kind's ``roles``); None: the one acting
+                                                  goes on (the run's first role to begin with)
     score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
     clone() -> session                            rollout.tree only: an independent copy in this state
                                                   (not defined: the kind cannot clone, and the run check says so)
@@ -154,6 +157,8 @@ class EnvironmentSession:
     Options: ClassVar[type[BaseModel]] = NoOptions
     timeout: ClassVar[float] = 60.0  # each call's deadline (seconds)
     term: str | None = None  # the reward term its score goes under; None: its kind's name
+    # The roles its ``role()`` gives turns to: the run check refuses a kind whose roles the run does not name.
+    roles: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: Any, context: SessionContext) -> None:
         self.options, self.context = options, context
@@ -181,6 +186,12 @@ class EnvironmentSession:
         """A key for the environment's current state, equal whenever two trajectories of a group stand
         in the same state (``gigpo`` groups the turns taken from it); None: the rollout keys the
         state by the observation the turn starts from (toolrl.rollout.turns)."""
+        return None
+
+    async def role(self) -> str | None:
+        """The role that takes the next model turn (one of ``roles``), asked before each turn of a run
+        with roles; a change of role starts a new piece of the trajectory (toolrl.rollout.segments).
+        None: the role acting goes on (the run's first role at the start)."""
         return None
 
     async def score(self, trajectory: Trajectory) -> float | Mapping[str, float] | None:
@@ -373,6 +384,20 @@ class SessionRun:
         if session is None or type(session).state_key is EnvironmentSession.state_key:
             return None
         return await self._text_or_none("state_key", session.state_key)
+
+    async def role(self, roles: Sequence[str]) -> str | None:
+        """The role the session gives the next turn, one of the run's ``roles``, or None (none given, or
+        no session). A role the run does not have fails the session. A session that does not define
+        ``role`` is not called."""
+        session = self.session
+        if session is None or type(session).role is EnvironmentSession.role:
+            return None
+        role = await self._text_or_none("role", session.role)
+        if role is not None and role not in roles:
+            self.fail(f"session {self.name!r} role: {role!r} is not one of the run's roles "
+                      f"({', '.join(map(repr, roles))})")
+            raise self.failed()
+        return role
 
     async def _text_or_none(self, method: str, call: Callable[..., Any], *args: Any) -> str | None:
         """``call(*args)`` through the session's guard, which must give a str or None."""

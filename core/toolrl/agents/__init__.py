@@ -40,18 +40,21 @@ class AgentTask(BaseModel):
 class Endpoint:
     """One episode's endpoint: the gateway's OpenAI ``/v1`` for this episode (its parent is the
     Anthropic base URL), a key valid for it only, where to POST ``{"reward": x}`` (with ``"call_id"``: a
-    step reward for that call), and the model name ``GET /v1/models`` lists."""
+    step reward for that call; with ``"role"``: that role's reward), the model name to ask for, and the
+    run's roles (each a model name ``GET /v1/models`` lists; empty: a run with no roles, ``model`` only)."""
 
     base_url: str
     api_key: str
     reward_url: str
     model: str
+    roles: tuple[str, ...] = ()
 
     def environ(self) -> dict[str, str]:
         """The endpoint as an agent program's environment variables (what OpenAI clients read)."""
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
                 "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": self.api_key,
-                "TOOLRL_REWARD_URL": self.reward_url, "TOOLRL_MODEL": self.model}
+                "TOOLRL_REWARD_URL": self.reward_url, "TOOLRL_MODEL": self.model,
+                **({"TOOLRL_ROLES": ",".join(self.roles)} if self.roles else {})}
 
     def client(self, **kwargs: Any) -> Any:
         """An ``openai.AsyncOpenAI`` client of this endpoint. Clients share one TLS context: a default
@@ -82,7 +85,8 @@ class AgentOptions(BaseModel):
     # A program that crashes, times out or leaves its episode unscored: masked (not trained) or
     # trained as an error with the reward it got (0 unless one was posted).
     failure: Literal["mask", "train"] = "mask"
-    model: str = Field("toolrl", min_length=1, description="the model name the endpoint serves")
+    model: str = Field("toolrl", min_length=1, description="the model name the endpoint serves (a run with roles "
+                       "serves its roles: this one if it is a role, else the first is the endpoint's model)")
 
 
 class Agent:

@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import ConfigError
+
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
 
@@ -110,6 +112,14 @@ class CoreEngineOptions(BaseModel):
     dtype: str = Field("float32", description="model.dtype")
 
 
+def refuse_adapters(run: Any, engine: str, why: str) -> None:
+    """The run check of an engine that serves no LoRA adapter per role: ``model.adapters`` refused in one
+    line saying ``why``."""
+    if run.config.model.adapters:
+        raise ConfigError(f"{run.where('model.adapters')}: the {engine} engine {why}, so it cannot serve an "
+                          "adapter per role (the transformers engine does)")
+
+
 def rows_of(tensor: Any, start: int, rows: int) -> Any:
     """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
     return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
@@ -147,11 +157,15 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
+                       session_id: str | None = None, images: Sequence[Any] = (),
+                       adapter: str | None = None) -> list[Generation]:
         """Generate ``n`` samples for one prompt. ``session_id`` names the trajectory so an engine can
         reuse its KV cache across turns (the next prompt extends this prompt plus the generation).
         ``images``: the prompt's images (toolrl.trajectory.TrajectoryImage) in the order of their token
-        runs; the rollout passes them only when there are some, so text-only engines need not take them."""
+        runs; the rollout passes them only when there are some, so text-only engines need not take them.
+        ``adapter``: the role whose LoRA adapter samples (``model.adapters``; the rollout and the gateway
+        pass it only then); an engine that serves no adapter per role refuses ``model.adapters`` in its
+        ``check_run`` (:func:`refuse_adapters`)."""
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:

@@ -20,6 +20,12 @@ With ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the nex
 trajectory prefills only the tokens after the longest common prefix. The kept state is dropped when
 the weights change (``update_weights`` or any in-place update of the module's parameters).
 
+With an adapter per role (``model.adapters``: :meth:`apply_adapters` with
+:func:`toolrl.training.lora.apply_adapters`), every request names its ``adapter`` and rows of different
+adapters decode and prefill in one batch, each through its own (:func:`toolrl.engines.adapters.routed`).
+KV is reused only under the adapter that computed it: a kept session serves a next turn of the same
+adapter, and admitted requests share a prompt's prefill only when their adapters match.
+
 Weights may change while requests are running (asynchronous training): an update made inside
 :meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
 running rows continue on the new weights (the KV already computed for their earlier tokens stays
@@ -49,6 +55,7 @@ from toolrl.engines import (
     check_request,
     rows_of,
 )
+from toolrl.engines.adapters import adapter_names, has_routing, routed
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
 from toolrl.seeds import sample_seed, unseeded
 from toolrl.trajectory import RoutedExperts
@@ -122,6 +129,7 @@ class _Request:
     weight_version: int = 0  # the engine's when the first token was sampled
     images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
     prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
+    adapter: int = -1  # its adapter's index in the engine's adapters; -1: the model has none per role
 
 
 @dataclass
@@ -152,6 +160,7 @@ class _Session:
     values: list[torch.Tensor]
     version: int
     experts: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
+    adapter: int = -1  # the adapter its KV was computed under (_Request.adapter)
 
 
 class _Batch:
@@ -192,6 +201,8 @@ class TransformersEngine(RolloutEngine):
 
         _import_torch()
         self.model = model
+        # The roles' adapters (model.adapters), each request routed through its own; empty: none per role.
+        self._adapters = adapter_names(model) if has_routing(model) else []
         # A vision-language model's prompt inputs (images, 3-D positions); None: a text model.
         self.vision = PromptVision(model, processor) if processor is not None else None
         self.config = config
@@ -234,9 +245,10 @@ class TransformersEngine(RolloutEngine):
     def _static_decoder(self, mode: str) -> StaticDecoder | None:
         from toolrl.engines.static_decode import StaticDecoder
 
-        supported = self.vision is None and self._routing is None
+        supported = self.vision is None and self._routing is None and not self._adapters
         if mode == "static" and not supported:
-            raise ValueError("decode: static takes a text model that records no routes (record_routes: false)")
+            raise ValueError("decode: static takes a text model that records no routes (record_routes: false) "
+                             "and serves no adapter per role (model.adapters)")
         if mode == "eager" or (mode == "auto" and (self.device.type != "cuda" or not supported)):
             return None
         return StaticDecoder(self.model, graphs=self.device.type == "cuda")
@@ -249,6 +261,9 @@ class TransformersEngine(RolloutEngine):
         if run.config.engine.options.get("record_routes") and not run.experts:
             raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
                              "there are no routed experts to record")
+        if run.config.model.adapters and run.config.engine.options.get("decode") == "static":
+            raise ValueError("decode: static captures one step for all rows, and rows of an adapter per role "
+                             "(model.adapters) are routed each step: use decode: eager or auto")
         return []
 
     @classmethod
@@ -271,9 +286,11 @@ class TransformersEngine(RolloutEngine):
     # ----------------------------------------------------------------- public API
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
+                       session_id: str | None = None, images: Sequence[Any] = (),
+                       adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
+        index = self._adapter_index(adapter)
         if images and self.vision is None:
             raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
@@ -285,15 +302,29 @@ class TransformersEngine(RolloutEngine):
         loop = asyncio.get_running_loop()
         self._ensure_scheduler(loop)
         req = _Request(list(prompt_ids), params, n, session_id, loop.create_future(),
-                       results=[None] * n, remaining=n, images=list(images))
+                       results=[None] * n, remaining=n, images=list(images), adapter=index)
         self._pending.append(req)
         assert self._wake is not None
         self._wake.set()
         return await req.future
 
+    def _adapter_index(self, adapter: str | None) -> int:
+        """``adapter``'s index among the engine's adapters (-1 for None on a model without them)."""
+        if not self._adapters:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r}: the engine's model has no LoRA adapter per role")
+            return -1
+        if adapter not in self._adapters:
+            asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
+            raise ValueError(f"{asked}: the engine serves an adapter per role: {', '.join(self._adapters)}")
+        return self._adapters.index(adapter)
+
     async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
         if self._closed:
             raise RuntimeError("engine is closed")
+        if self._adapters:
+            raise NotImplementedError("the transformers engine scores prompts under one policy, and this one serves "
+                                      f"an adapter per role ({', '.join(self._adapters)})")
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
@@ -360,6 +391,9 @@ class TransformersEngine(RolloutEngine):
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
         # Its new modules start in training mode (adapter dropout): the engine only samples.
+        # Adapters per role (toolrl.training.lora.apply_adapters) route each row through its own.
+        from toolrl.engines.adapters import adapter_names, has_routing
+
         with self._step_lock:
             inject(self.model)
             self.model.requires_grad_(False).eval()
@@ -367,6 +401,9 @@ class TransformersEngine(RolloutEngine):
             self._invalidate_sessions()
             if self._static is not None:
                 self._static.reset()  # new modules: the captured graphs read the old ones
+            if has_routing(self.model):
+                self._adapters = adapter_names(self.model)
+                self._static = self._static_decoder(self.config.decode)
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:
@@ -496,10 +533,11 @@ class TransformersEngine(RolloutEngine):
                 self._advance(new, new.rows, logits, finished)
                 self._merge(batch, new)
 
-    def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor,
+    def _forward(self, batch: _Batch, input_ids: torch.Tensor, positions: torch.Tensor, adapters: list[int],
                  **images: torch.Tensor) -> torch.Tensor:
         """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
-        last position's logits [rows, vocab] in float32. ``images``: a VLM's pixel inputs for them."""
+        last position's logits [rows, vocab] in float32. ``adapters``: each row's (_Request.adapter);
+        ``images``: a VLM's pixel inputs for them."""
         b, q = input_ids.shape
         self._reserve(batch, batch.length + q)
         layers = [BufferLayer(batch.keys[i][:b] if batch.keys else None,
@@ -509,15 +547,16 @@ class TransformersEngine(RolloutEngine):
         mask = batch.mask[:, : batch.length + q]
         if self._routing is not None:
             self._routing.replay(None)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask if self.window is None else self._window_masks(mask, q),
-            position_ids=positions,
-            past_key_values=Cache(layers=layers),
-            use_cache=True,
-            logits_to_keep=1,
-            **images,
-        )
+        with self._routed(adapters):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask if self.window is None else self._window_masks(mask, q),
+                position_ids=positions,
+                past_key_values=Cache(layers=layers),
+                use_cache=True,
+                logits_to_keep=1,
+                **images,
+            )
         self.stats.steps += 1
         if self._routing is not None:  # left on the device: copied to the host once per generation, not per step
             self._experts = self._routing.recorded().view(b, q, self._routing.layers, -1).to(self._expert_dtype)
@@ -526,6 +565,12 @@ class TransformersEngine(RolloutEngine):
             batch.values = [layer.vbuf for layer in layers]
         batch.length += q
         return out.logits[:, -1].float()
+
+    def _routed(self, adapters: list[int]) -> contextlib.AbstractContextManager[None]:
+        """Each row through its adapter, when the model has adapters per role."""
+        if not self._adapters:
+            return contextlib.nullcontext()
+        return routed(self.model, torch.tensor(adapters, device=self.device), keep_stacked=True)
 
     def _static_step(self, batch: _Batch, ids: torch.Tensor) -> torch.Tensor:
         """The decode step's logits through the static decoder: rows padded to their bucket (a padding
@@ -598,7 +643,7 @@ class TransformersEngine(RolloutEngine):
         if self._static is not None:
             logits = self._static_step(batch, ids)
         else:
-            logits = self._forward(batch, ids, batch.positions[:, None])
+            logits = self._forward(batch, ids, batch.positions[:, None], [r.req.adapter for r in batch.rows])
         batch.positions += 1
         if self._experts is not None:
             for row, fed in zip(batch.rows, self._experts):
@@ -644,7 +689,8 @@ class TransformersEngine(RolloutEngine):
             # Image tokens are alike whatever the image: a prompt with images is keyed by them too; one on
             # kept KV, by that KV (cloned sessions share it: clone_session).
             kv = None if kept is None else (kept.keys[0].data_ptr(), len(kept.tokens))
-            key = (tuple(req.prompt), tuple(i.png for i in req.images), kv) if self.config.share_prompts else None
+            key = ((tuple(req.prompt), tuple(i.png for i in req.images), kv, req.adapter) if self.config.share_prompts
+                   else None)
             if key is not None and key in first:
                 source.append(first[key])
                 continue
@@ -681,7 +727,7 @@ class TransformersEngine(RolloutEngine):
         images: dict[str, torch.Tensor] = {}
         if any(req.images for req in admitted):
             pos, images = self._vision_prefill(group, admitted, prefix, dm)
-        logits = self._forward(group, ids, pos, **images)
+        logits = self._forward(group, ids, pos, [req.adapter for req in admitted], **images)
         if self._experts is not None:  # each prompt's: its kept session's, then its new tokens'
             group.prompt_experts = [torch.cat(([s.experts[:p]] if s is not None and s.experts is not None else [])
                                               + [self._experts[i, dm - len(d):]])
@@ -910,7 +956,7 @@ class TransformersEngine(RolloutEngine):
         # Indexing with a tensor copies, so the kept KV does not pin the batch buffers.
         session = _Session(tokens, [k[i : i + 1, :, cols] for k in batch.keys],
                            [v[i : i + 1, :, cols] for v in batch.values], self._version,
-                           torch.cat(row.experts) if row.experts else None)
+                           torch.cat(row.experts) if row.experts else None, row.req.adapter)
         with self._sessions_lock:
             self._sessions[row.req.session_id] = session  # type: ignore[index]
             self._sessions.move_to_end(row.req.session_id)  # type: ignore[arg-type]
@@ -926,8 +972,8 @@ class TransformersEngine(RolloutEngine):
             self._invalidate_sessions()
         with self._sessions_lock:
             session = self._sessions.pop(req.session_id, None)
-        if session is None or session.version != self._version:
-            return None
+        if session is None or session.version != self._version or session.adapter != req.adapter:
+            return None  # never a prefix computed under other weights, or another role's adapter
         limit = min(len(session.tokens), len(req.prompt) - 1)
         common = 0
         while common < limit and session.tokens[common] == req.prompt[common]:
@@ -936,6 +982,6 @@ class TransformersEngine(RolloutEngine):
             return None
         return _Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],
                         [v[:, :, :common] for v in session.values], session.version,
-                        None if session.experts is None else session.experts[:common])
+                        None if session.experts is None else session.experts[:common], session.adapter)
 
 

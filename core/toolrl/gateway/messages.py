@@ -16,9 +16,10 @@ from toolrl.renderers.chat import ChatRenderer
 from toolrl.schemas import ParseResult, ToolSchema
 
 
-def model_list(name: str, created: int = 0) -> dict[str, Any]:
-    """``GET /v1/models``: the one model served, as ``name``."""
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "toolrl"}]}
+def model_list(names: str | Sequence[str], created: int = 0) -> dict[str, Any]:
+    """``GET /v1/models``: the model served as ``names`` (one name, or several: a run's roles)."""
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "toolrl"}
+                                       for name in ([names] if isinstance(names, str) else names)]}
 
 
 def finish_reason(finish: str, message: dict[str, Any] | None = None) -> str:

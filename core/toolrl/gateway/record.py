@@ -12,7 +12,10 @@ a **segment**, a piece of the trajectory whose tokens are held as they were gene
 - any other call (the program summarised or dropped history, started a sub-agent, or calls while the
   segment it would continue is generating) opens a new segment, its prompt rendered from its messages;
 - a call for ``n`` choices continues with the first; each other choice is a segment whose prompt is
-  the whole context it was sampled from.
+  the whole context it was sampled from;
+- a call by one role (the model name it asks for, in a run with roles) never continues another role's
+  segment: it opens one of its own, its prompt rendered from its messages (one role per piece: under
+  ``model.adapters`` each role's context runs through its own adapter).
 
 Every sampled token is in exactly one segment. At the end the segments are the trajectory's pieces
 (:func:`EpisodeRecord.pieces`), the one that answered last the last piece, as the rollout loop's
@@ -79,10 +82,11 @@ class EpisodeRecord:
     def response_tokens(self) -> int:
         return sum(len(s.traj.response_ids) for s in self.segments)
 
-    def place(self, keys: list[str], tools: str, renderer: ChatRenderer, messages: Sequence[dict[str, Any]]) -> Call:
+    def place(self, keys: list[str], tools: str, renderer: ChatRenderer, messages: Sequence[dict[str, Any]],
+              role: str | None = None) -> Call:
         """The segment a request with message ``keys`` (its ``messages`` as the template takes them)
-        generates in; the new messages' tokens are appended to a continued one."""
-        segment = self._continued(keys, tools)
+        by ``role`` generates in; the new messages' tokens are appended to a continued one."""
+        segment = self._continued(keys, tools, role)
         if segment is not None:
             before = len(segment.traj.response_ids)
             try:
@@ -92,23 +96,26 @@ class EpisodeRecord:
             else:
                 append_tokens(segment.traj, delta, [0] * len(delta), [0.0] * len(delta))
         if segment is None:
-            segment = self._open(renderer.prompt_ids(list(messages)), renderer, tools, keys)
+            segment = self._open(renderer.prompt_ids(list(messages)), renderer, tools, keys, role)
             before = 0
         segment.busy = True
         return Call(segment, keys, before)
 
-    def _continued(self, keys: list[str], tools: str) -> Segment | None:
+    def _continued(self, keys: list[str], tools: str, role: str | None) -> Segment | None:
         best = None
         for s in self.segments:
             n = len(s.keys)
-            if s.finished and not s.busy and s.tools == tools and n < len(keys) and keys[:n] == s.keys \
+            if s.finished and not s.busy and s.tools == tools and s.traj.role == role and n < len(keys) \
+                    and keys[:n] == s.keys \
                     and not any(is_assistant_key(k) for k in keys[n:]) and (best is None or n > len(best.keys)):
                 best = s
         return best
 
-    def _open(self, prompt_ids: list[int], renderer: ChatRenderer, tools: str, keys: list[str]) -> Segment:
+    def _open(self, prompt_ids: list[int], renderer: ChatRenderer, tools: str, keys: list[str],
+              role: str | None) -> Segment:
         traj = Trajectory(trajectory_id=part_id(self.key, "segment", next(self._ids)), sample_index=self.sample_index,
-                          group=self.group, env=self.env, prompt_ids=list(prompt_ids), ground_truth=self.ground_truth)
+                          group=self.group, env=self.env, prompt_ids=list(prompt_ids), ground_truth=self.ground_truth,
+                          role=role)
         segment = Segment(traj, renderer, tools, list(keys))
         self.segments.append(segment)
         return segment
@@ -129,7 +136,7 @@ class EpisodeRecord:
         prompt = call.prompt_ids
         for i, gen in enumerate(gens):
             segment = call.segment if i == 0 else self._open(prompt, call.segment.renderer, call.segment.tools,
-                                                             call.keys)
+                                                             call.keys, call.segment.traj.role)
             traj = segment.traj
             append_tokens(traj, gen.token_ids, [1] * len(gen.token_ids), gen.logprobs)
             traj.turns += 1

@@ -71,11 +71,11 @@ def parse(raw: bytes) -> ResponsesRequest:
 async def answer(session: GatewaySession, req: ResponsesRequest) -> dict[str, Any]:
     """A Response."""
     messages, tools = chat_messages(req), chat_tools(req.tools)
-    session.check_model(req.model)
+    role = session.role_of(req.model)
     forced = req.tool_choice.get("name") if isinstance(req.tool_choice, dict) else None
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_output_tokens, parse_calls=req.tool_choice != "none",
-        parallel_calls=req.parallel_tool_calls is not False, tool=forced), id_prefix="resp")
+        parallel_calls=req.parallel_tool_calls is not False, tool=forced), id_prefix="resp", role=role)
     return response_body(req, session, turn)
 
 
@@ -167,7 +167,7 @@ def response_body(req: ResponsesRequest, session: GatewaySession, turn: Turn) ->
     incomplete = choice.finish == "length"
     usage = turn.usage()
     return {
-        "id": turn.id, "object": "response", "created_at": int(time.time()), "model": session.model,
+        "id": turn.id, "object": "response", "created_at": int(time.time()), "model": req.model,
         "status": "incomplete" if incomplete else "completed", "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": req.instructions, "output": output_items(choice.message, incomplete),

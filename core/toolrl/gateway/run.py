@@ -2,11 +2,11 @@
 (``timeout_s`` is a deadline), close the endpoint, and make the trajectory of what it did.
 
 What the rollout loop scores afterwards: the episode's pieces (:mod:`toolrl.gateway.record`), its
-step rewards (posted with a call's id) and the program's reward (posted, or returned) as the
-``agent`` term. An episode fails (the program crashed, ran past its deadline, returned no number,
-or left itself unscored with no reward function configured): under the agent's ``failure: mask``
-(the default) it is an infrastructure failure, not trained; under ``train`` an ``error`` trained
-with the reward it got.
+step rewards (posted with a call's id), the program's reward (posted, or returned) as the ``agent``
+term, and the rewards it posted for roles (``Trajectory.role_rewards``). An episode fails (the
+program crashed, ran past its deadline, returned no number, or left itself unscored with no reward
+function configured): under the agent's ``failure: mask`` (the default) it is an infrastructure
+failure, not trained; under ``train`` an ``error`` trained with the reward it got.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class AgentOutcome:
     pieces: list[Trajectory]  # the trajectory, its last piece last
     step_rewards: list[float] = field(default_factory=list)
     terms: dict[str, float] = field(default_factory=dict)  # {"agent": reward} when the program gave one
+    role_rewards: dict[str, float] = field(default_factory=dict)  # posted with a role
 
 
 async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Agent, sample: Sample,
@@ -36,7 +37,8 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
     gateway.sessions[trajectory_id] = session
     url = gateway.url(trajectory_id)
     # The reward URL holds the episode's key: a program POSTs to it as it is, no header needed.
-    endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward?key={session.api_key}", session.model)
+    endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward?key={session.api_key}", session.model,
+                        tuple(session.roles))
     task = AgentTask(prompt=[m.model_dump(mode="json", exclude_none=True) for m in sample.prompt],
                      ground_truth=sample.ground_truth, extra_info=sample.extra_info)
     failure, returned = None, None
@@ -69,6 +71,7 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
         prompt = session.renderers([]).prompt_ids([m.to_template() for m in sample.prompt])
         pieces = [Trajectory(trajectory_id=trajectory_id, sample_index=record.sample_index, group=record.group,
                              env=sample.env, prompt_ids=prompt, ground_truth=sample.ground_truth,
-                             termination="infra_error")]
+                             termination="infra_error", role=session.model if session.roles else None)]
     pieces[-1].error = failure
-    return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {})
+    return AgentOutcome(pieces, list(session.step_rewards.values()), {"agent": reward} if reward is not None else {},
+                        dict(session.role_rewards))

@@ -105,7 +105,7 @@ class Gateway:
 
 
 async def _models(session: GatewaySession, request: web.Request) -> dict[str, Any]:
-    return model_list(session.model)
+    return model_list(session.served_models())
 
 
 async def _call(protocol: ModuleType, session: GatewaySession, request: web.Request) -> dict[str, Any] | AsyncIterator[str]:

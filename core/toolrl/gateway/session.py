@@ -6,6 +6,11 @@ its sampled tokens where the call continues it: :mod:`toolrl.gateway.record`), g
 being trained under the rollout's sampling settings (``rollout.temperature``, ``top_p``,
 ``max_new_tokens``: the program's own are not what is trained) and parses calls with the route's
 parser. A forced tool (``tool_choice``) must be one of the call's tools; it is not enforced.
+
+A run with roles (``Config.roles``) serves each role as a model name: the ``model`` a call asks for is the
+role that acts in it (another name is a 404 naming the run's roles), recorded with the call (one role
+per piece: :mod:`toolrl.gateway.record`) and, under ``model.adapters``, the adapter the engine samples
+with. A run with no roles serves its one model name (``rollout.agent.model``).
 """
 
 from __future__ import annotations
@@ -76,11 +81,12 @@ class Reply:
 
 
 class RewardPost(Body):
-    """``{"reward": x}`` (the episode's reward) or ``{"reward": x, "call_id": ID}`` (a step reward for the
-    completion ``ID``)."""
+    """``{"reward": x}`` (the episode's reward), ``{"reward": x, "call_id": ID}`` (a step reward for the
+    completion ``ID``) or ``{"reward": x, "role": R}`` (role ``R``'s reward, in a run with roles)."""
 
     reward: Any  # a number (coerce_reward says what is not)
     call_id: str | None = None
+    role: str | None = None
 
 
 @dataclass
@@ -91,9 +97,12 @@ class GatewaySession:
     parser: ToolParser
     config: RolloutConfig
     seed: int
-    model: str
+    model: str  # the model name the endpoint gives its program (under roles: one of them)
+    roles: Sequence[str] = ()  # the run's roles, the model names served; empty: ``model`` is served
+    adapters: bool = False  # model.adapters: the engine samples each call with its role's adapter
     api_key: str = field(default_factory=lambda: f"toolrl-{secrets.token_urlsafe(24)}")
     reward: float | None = None  # posted to the reward URL
+    role_rewards: dict[str, float] = field(default_factory=dict)  # posted with a role
     step_rewards: dict[str, float] = field(default_factory=dict)  # by the completion id they name
     served: set[str] = field(default_factory=set)  # completion ids, which a step reward may name
     exhausted: bool = False  # a call found no token left of max_response_tokens
@@ -106,8 +115,16 @@ class GatewaySession:
             value = coerce_reward(post.reward, "reward")
         except RewardValueError as exc:
             raise RequestError(str(exc), param="reward") from None
-        call = post.call_id
-        if call is None:
+        call, role = post.call_id, post.role
+        if role is not None and call is not None:
+            raise RequestError("a reward names a role or a call_id, not both (a step reward is its call's role's)",
+                               param="role")
+        if role is not None:
+            if role not in self.roles:
+                raise RequestError(f"role {role!r} is not one of this run's roles ({self._roles_named()})",
+                                   param="role")
+            self.role_rewards[role] = value
+        elif call is None:
             self.reward = value
         elif call not in self.served:
             raise RequestError(f"call_id {call!r} is no completion of this episode", 404, "call_id")
@@ -115,15 +132,32 @@ class GatewaySession:
             self.step_rewards[call] = value
         return {"ok": True}
 
-    def check_model(self, model: str) -> None:
-        if model != self.model:
-            raise RequestError(f"the model {model!r} does not exist; this endpoint serves {self.model!r}", 404, "model")
+    def role_of(self, model: str) -> str | None:
+        """The role a call asking for ``model`` acts in (None: the run has no roles); a name that is not
+        served (no role of the run, or not the endpoint's model) is a 404 naming what is."""
+        if not self.roles:
+            if model != self.model:
+                raise RequestError(f"the model {model!r} does not exist; this endpoint serves {self.model!r}", 404,
+                                   "model")
+            return None
+        if model not in self.roles:
+            raise RequestError(f"the model {model!r} does not exist: the models served are this run's roles "
+                               f"({self._roles_named()})", 404, "model")
+        return model
+
+    def _roles_named(self) -> str:
+        return ", ".join(repr(r) for r in self.roles) or "none"
+
+    def served_models(self) -> list[str]:
+        """What ``GET /v1/models`` lists: the run's roles, else the endpoint's one model name."""
+        return list(self.roles) or [self.model]
 
     async def turn(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None, ask: Ask,
-                   id_prefix: str = "chatcmpl") -> Turn:
+                   id_prefix: str = "chatcmpl", role: str | None = None) -> Turn:
         """One model call of the episode, whichever API it came through: ``messages`` (OpenAI chat
         messages, ``tools`` OpenAI function tools) rendered or continued from the sampled tokens,
-        generated, parsed and recorded. Its id (``id_prefix-...``) is one a step reward may name."""
+        generated by ``role`` (:meth:`role_of` the model asked for), parsed and recorded. Its id
+        (``id_prefix-...``) is one a step reward may name."""
         if self.record.ended:  # the program outlived its episode (cut at its deadline)
             raise RequestError("the episode has ended", 404)
         schemas = tool_schemas(tools)
@@ -136,7 +170,7 @@ class GatewaySession:
         rendered = [renderer.assistant_message(self.replies[k].ids, self.replies[k].parsed) if k in self.replies
                     else m for k, m in zip(keys, template_messages(messages, renderer, []))]  # no processor: no images
         try:
-            call = self.record.place(keys, json.dumps(schemas, sort_keys=True), renderer, rendered)
+            call = self.record.place(keys, json.dumps(schemas, sort_keys=True), renderer, rendered, role)
         except TemplateError as exc:  # the template's own checks (role order...); a bug here is a 500
             raise RequestError(str(exc), param="messages") from None
         prompt_tokens = len(call.prompt_ids)
@@ -216,8 +250,10 @@ class GatewaySession:
                                 stop_strings=[*self.parser.stop_strings, *ask.stop],
                                 seed=turn_seed(self.seed, self.record.calls))
         session = call.segment.traj.trajectory_id if ask.n == 1 else None
+        # The role's adapter only under model.adapters: an engine without adapters takes no such keyword.
+        adapter = {"adapter": call.segment.traj.role} if self.adapters else {}
         try:
-            return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session)
+            return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session, **adapter)
         except ValueError as exc:  # the engine's request check: an over-long prompt
             self.record.abandon(call)
             raise RequestError(str(exc)) from None

@@ -58,6 +58,8 @@ from toolrl.run_dir import (
     RunDir,
     finalize,
     open_mode,
+    role_metrics,
+    role_tokens,
     rollout_metrics,
     staging_dir,
     staleness_metrics,
@@ -105,6 +107,12 @@ def recovery_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     trained steps they lost."""
     return {"recoveries": len(rows), "recovery_s": sum(r["recovery_s"] for r in rows),
             "steps_lost": sum(r["steps_lost"] for r in rows)}
+
+
+def success_bar(config: Config) -> float | None:
+    """The reward at which a role succeeds (its ``role/NAME/success``): ``eval.success_threshold`` when
+    success is the reward (``eval.metric`` None); a term decides it otherwise, which no role has alone."""
+    return config.eval.success_threshold if config.eval.metric is None else None
 
 
 def record_failure(run_dir: RunDir, step: int, exc: BaseException, trajs: Sequence[Trajectory], tokenizer: Any,
@@ -183,6 +191,7 @@ async def train(prepared: Prepared) -> None:
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
+                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(batch.trajectories)}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)
@@ -221,7 +230,8 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                                          config.data.shuffle)
                 trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=call_prefix("e", step + 1))
-                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0)}
+                row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0),
+                       **role_metrics(trajs, success_bar(config))}
                 run_dir.write_traces(step + 1, trajs, roles.tokenizer)
                 run_dir.append_metrics(row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],

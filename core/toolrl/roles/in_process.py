@@ -123,7 +123,8 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         raise
     # Sessions are asked for their turns' state keys only when the estimator reads them (gigpo).
     ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes,
-                         state_keys=plan.state_keys)
+                         state_keys=plan.state_keys, roles=tuple(config.roles),
+                         adapters=config.model.adapters is not None)
     after_startup()  # what start-up built stays out of the collections during the steps
     return Rollouts(engine, ctx, tools)
 
@@ -169,12 +170,13 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
 
     def trained_model() -> Any:
         built.append(build_policy(config, path, model_sources.resolve_device(config.model.device)))
-        # Under LoRA the engine keeps a base model of its own and gets the adapters (or merged weights,
-        # for an engine that does not load adapters: toolrl.roles.resolve.run_plan). So it
-        # does when rollouts overlap training (max_staleness > 0): the trainer's forward, backward
-        # and optimizer steps then never touch the weights the engine decodes with; the engine gets
-        # each step's weights by push, between two decode steps.
-        return None if config.model.lora or config.trainer.max_staleness > 0 else built[0]
+        # Under LoRA (model.lora, or model.adapters' policies) the engine keeps a base model of its own
+        # and gets the adapters (or merged weights, for an engine that does not load adapters:
+        # toolrl.roles.resolve.run_plan). So it does when rollouts overlap training (max_staleness > 0):
+        # the trainer's forward, backward and optimizer steps then never touch the weights the engine
+        # decodes with; the engine gets each step's weights by push, between two decode steps.
+        own = config.model.lora or config.model.adapters or config.trainer.max_staleness > 0
+        return None if own else built[0]
 
     rollouts = await build_rollouts(config, path, tokenizer, shared_module=trained_model if train else None,
                                       samples=samples, parts=parts, inputs=inputs, plan=plan)

@@ -47,7 +47,9 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
     engine takes them (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other
     gets merged weights); delta with ``trainer.weight_sync: delta`` (read only by a run that trains:
     another sends no sync), which needs an engine that keeps what it is not sent
-    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`.
+    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`. Under
+    ``model.adapters`` (several policies, which only an engine that takes adapters serves): the trained
+    adapters alone, each only when it changed since the last sync.
     ``engine_cls`` and ``estimator``: as resolved (looked up by name when not given: a role built on
     its own, outside :func:`resolve_run`)."""
     if engine_cls is None:
@@ -59,7 +61,15 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
         raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
                           "weights it is not sent; "
                           f"the {config.engine.name} engine loads whole updates: use full")
-    sync = SyncPlan(adapters=config.model.lora is not None and engine_cls.loads_adapters, delta=delta)
+    adapters = config.model.adapters
+    if adapters is not None and not engine_cls.loads_adapters:
+        raise ConfigError(f"{field_where(config, 'model.adapters')}: several policies need an engine that serves "
+                          f"LoRA adapters (transformers, vllm); the {config.engine.name} engine takes whole weights")
+    if adapters is not None and purpose == "train":
+        sync = SyncPlan(adapters=True, delta=True, policies=tuple(n for n, a in adapters.items() if not a.frozen))
+    else:
+        sync = SyncPlan(adapters=(config.model.lora is not None or adapters is not None) and engine_cls.loads_adapters,
+                        delta=delta)
     return RunPlan(sync, state_keys=getattr(estimator, "needs_turns", False))
 
 

@@ -11,8 +11,8 @@ returns warning lines for a setting that runs but wastes the run. Besides the pa
 run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
 names (a skeleton on the meta device: no weights), routing replay against the model's experts,
 ``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
-kind and tools (whether they clone). ``toolrl train CONFIG --check`` runs every check and
-stops.
+kind and tools (whether they clone), and the roles the run's parts give turns to against the run's
+(:func:`check_roles`). ``toolrl train CONFIG --check`` runs every check and stops.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError, field_where, one_line
+from toolrl.data import origin_of
 from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, options_model
 from toolrl.renderers.chat import TemplateError
@@ -54,8 +55,10 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
     warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
     if config.model.lora is not None:
         check_lora_targets(facts)
+    check_adapters(facts, trains=bool(parts.training))
     warnings += _part_checks(facts, parts)
     check_tree(facts, parts)
+    check_roles(facts, parts)
     return warnings
 
 
@@ -110,6 +113,50 @@ def check_tree(facts: RunFacts, parts: Parts) -> None:
                 raise ConfigError(f"{where}: tool {entry.class_name!r} cannot clone its per-trajectory state ("
                                   + ("it runs in a worker process)" if isolated else
                                      "it keeps it outside Tool.state and defines no Tool.clone)"))
+
+
+# -- roles -------------------------------------------------------------------------------------------
+
+
+def check_roles(facts: RunFacts, parts: Parts) -> None:
+    """Every role the run's parts give turns to is one of the run's (``Config.roles``: ``rollout.roles``, or
+    ``model.adapters``' names): each route's session kind's ``roles`` (what its ``role()`` returns) and the
+    model name an agent program is given (``rollout.agent.model``, when set). Roles in one policy
+    (``rollout.roles``) are there for each role's own baseline within its group, which only a
+    group-relative estimator has."""
+    config = facts.config
+    roles = config.roles
+    among = f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
+    for route in parts.routes.values():
+        kind = route.session
+        missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
+        if kind is not None and missing:
+            raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
+                              f"which is not among {among}")
+        options = route.agent.options if route.agent is not None else None
+        if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
+            raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
+                              f"{options.model!r}, which is not among {among}: in a run with roles the "
+                              "models served are its roles")
+    estimator = parts.training.get("algorithm.advantage_options")
+    if config.rollout.roles and estimator is not None and not estimator.group_relative:
+        raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
+                          f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
+                          "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
+                          "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
+
+
+def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
+    """A data row that names the role acting first (``extra_info.role``) names one of the run's roles."""
+    for i, sample in enumerate(samples, 1):
+        if "role" not in sample.extra_info:
+            continue
+        role = sample.extra_info["role"]
+        if not isinstance(role, str) or role not in config.roles:
+            among = f"the run's roles ({', '.join(config.roles)})" if config.roles else \
+                "the run's roles: it has none (set rollout.roles)"
+            raise ConfigError(f"{origin_of(sample, f'the prompts sample {i}')}: extra_info.role: {role!r} is not "
+                              f"among {among}")
 
 
 # -- the template ------------------------------------------------------------------------------------
@@ -202,6 +249,49 @@ def check_lora_targets(facts: RunFacts) -> None:
             from None
 
 
+# Settings a run of several policies (model.adapters) cannot train with, and why.
+_NOT_WITH_ADAPTERS = {
+    "critic": "a critic (algorithm.advantage={advantage} reads its values) is one value model of one policy, "
+              "and model.adapters trains several",
+    "trainer.sequence_parallel": "sequence parallelism splits rows over ranks that do not route tokens to adapters",
+    "trainer.world_size": "FSDP2 ranks reduce the gradients of the adapters their own rows used, which differ "
+                          "from rank to rank: train several policies on one rank",
+}
+
+
+def check_adapters(facts: RunFacts, trains: bool) -> None:
+    """``model.adapters`` (several policies on one base): each adapter's ``target_modules`` applied to the
+    model's skeleton (as :func:`check_lora_targets`); a run that ``trains`` needs a policy that is not
+    frozen; settings the trainer cannot run several policies with are refused, naming their field."""
+    config = facts.config
+    adapters = config.model.adapters
+    if adapters is None:
+        return
+    refused = {"critic": config.critic is not None, "trainer.sequence_parallel": config.trainer.sequence_parallel > 1,
+               "trainer.world_size": config.trainer.world_size > 1}
+    for field, why in _NOT_WITH_ADAPTERS.items():
+        if refused[field]:
+            raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
+                              f"{why.format(advantage=config.algorithm.advantage)}")
+    if trains and all(a.frozen for a in adapters.values()):
+        raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
+                          "nothing to train")
+    import torch  # lazy: torch, transformers and peft load only for a run with adapters
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from toolrl.training.lora import apply_adapters  # lazy: imports peft
+
+    read = AutoConfig.from_pretrained(facts.model_dir)
+    auto = AutoModelForImageTextToText if getattr(read, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(read)
+    try:
+        apply_adapters(model, adapters)
+    except ConfigError as exc:  # names model.adapters.<role>.target_modules: where it is set
+        field, _, rest = str(exc).partition(": ")
+        raise ConfigError(f"{facts.where(field)}: {rest}") from None
+
+
 def report(warnings: Iterable[str]) -> None:
     """The run's warnings, one line each on stderr, at its start."""
     for line in warnings:
@@ -233,6 +323,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     report(check_run(config, parts, path, tokenizer, factory))
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
+    check_sample_roles(config, prompts)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

@@ -120,8 +120,10 @@ class TrainerRank:
             from toolrl.training.sharding import shard
 
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
-        self.optimizer = torch.optim.AdamW(lora.trainable_parameters(self.policy), lr=cfg.optim.lr,
-                                           betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+        # Under model.adapters a group per trained adapter, at its lr: an adapter no row of an update used
+        # has no gradient then, and AdamW leaves its weights and state (moments, step) as they were.
+        self.optimizer = torch.optim.AdamW(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr),
+                                           lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
         return self.info()
 
     def info(self) -> dict[str, Any]:
@@ -147,7 +149,7 @@ class TrainerRank:
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
-                              processor=self.processor, sp=self.sp)
+                              processor=self.processor, sp=self.sp, adapters=tuple(cfg.model.adapters or ()))
         values = None if self.critic is None else self.critic.values(trajectories)
         out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:
@@ -218,7 +220,8 @@ class TrainerRank:
 
     def _state(self) -> dict[str, Any]:
         """What a checkpoint holds: the trained parameters (only the adapters under LoRA; the frozen
-        base comes from ``model.source`` again) and the optimizer state."""
+        base comes from ``model.source`` again), the frozen adapters (``model.adapters``) and the
+        optimizer state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer,
@@ -226,6 +229,9 @@ class TrainerRank:
         # A frozen tensor under a second name (a tied LM head) slips through ignore_frozen_params.
         frozen = {n for n, p in self.model.named_parameters(remove_duplicate=False) if not p.requires_grad}
         state = {"model": {k: v for k, v in model_sd.items() if k not in frozen}, "optim": optim_sd}
+        # The frozen adapters' own tensors: a load (or restore) fills them in place, as set_state_dict
+        # (which skips frozen parameters) does not.
+        state["model"].update(lora.frozen_adapter_state_dict(self.model))
         if self.critic is not None:
             state.update(self.critic.state())
         return state

@@ -12,7 +12,7 @@ from toolrl.gateway.record import EpisodeRecord
 from toolrl.gateway.run import run_agent_episode
 from toolrl.gateway.session import GatewaySession
 from toolrl.rollout.reward import score_pieces
-from toolrl.rollout.rollout_context import RolloutContext, Route
+from toolrl.rollout.rollout_context import RolloutContext, Route, sample_role
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
 
@@ -20,12 +20,17 @@ from toolrl.trajectory import Trajectory
 async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample, group: int, trajectory_id: str,
                                seed: int, slot: AbstractAsyncContextManager[Any] | None = None) -> list[Trajectory]:
     """One episode of the route's agent program (toolrl.gateway.run), scored as any trajectory: the
-    reward functions on its last answer, its step rewards, and the reward the program gave."""
+    reward functions on its last answer, its step rewards, and the rewards the program gave (the
+    episode's, and each role's)."""
     assert route.agent is not None
+    model = route.agent.options.model
+    if ctx.roles and model not in ctx.roles:  # a run with roles serves them: the row's, else the first
+        model = sample_role(sample) or ctx.roles[0]
     session = GatewaySession(EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth),
-                             ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed, route.agent.options.model)
+                             ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed, model, ctx.roles,
+                             ctx.adapters)
     async with slot or contextlib.nullcontext():
         outcome = await run_agent_episode(await ctx.gateway(), session, route.agent, sample,
                                           bool(route.reward_functions))
     *closed, traj = outcome.pieces
-    return await score_pieces(route, sample, closed, traj, outcome.step_rewards, outcome.terms)
+    return await score_pieces(route, sample, closed, traj, outcome.step_rewards, outcome.terms, outcome.role_rewards)

@@ -40,7 +40,7 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
                          tokens_after=len(prompt), task=branch.task)
     twig = Trajectory(trajectory_id=part_id(traj.key, "branch", len(ep.closed)), trajectory_key=traj.key,
                       sample_index=traj.sample_index, group=traj.group, env=traj.env, prompt_ids=prompt,
-                      ground_truth=traj.ground_truth, edit=record)
+                      ground_truth=traj.ground_truth, edit=record, role=traj.role)  # the caller's role goes on
     return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
                    branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
                    ep.session_terms, ep.closed, ep.task, FoldBranch(  # the tokens of the lines that wait on it

@@ -4,7 +4,8 @@ For each sample × n, concurrently::
 
     session reset (its tools, first messages) ─► render prompt (tools=)              start_episode (episode)
     create tools (sample's tools_kwargs)                                              run_trajectory_pieces
-      ┌─► engine.generate ─► append model tokens (mask 1, engine logprobs)           generate (episode)
+      ┌─► (a run with roles) the session's role for the turn; another starts a piece  act_as (segments)
+      │   engine.generate ─► append model tokens (mask 1, engine logprobs)           generate (episode)
       │   parse ─► no calls and no errors: the session's user turn (mask 0), else    parse, ending_after_generation,
       │            the answer ends it                                                 user_turn
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported);      execute
@@ -42,7 +43,7 @@ from toolrl.rollout.episode import Episode, FoldBranch, Tree, TreeLine, answer_o
 from toolrl.rollout.results import tool_results_delta
 from toolrl.rollout.reward import score_pieces
 from toolrl.rollout.rollout_context import RolloutContext
-from toolrl.rollout.segments import check_history, fit_context
+from toolrl.rollout.segments import act_as, check_history, fit_context
 from toolrl.rollout.tree import roots, split_due, tree_lines
 from toolrl.schemas import InfrastructureError, ParseError, Sample, ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import trajectory_seed
@@ -135,6 +136,8 @@ async def take_turn(ep: Episode) -> Termination | None:
         return "max_response_tokens"
     if ep.context_room <= 0:
         return "length"
+    if ep.ctx.roles:  # the role that takes this turn: another than the piece's starts a new piece
+        await act_as(ep)
     gen = await generate(ep, min(budget, ep.context_room))
     calls, errors = await parse_calls(ep, gen)
     ending = ending_after_generation(ep, gen, calls, errors)

@@ -24,6 +24,14 @@ from toolrl.tools import Tool
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
 
+def sample_role(sample: Sample) -> str | None:
+    """The role a data row names to act first (``extra_info.role``), in a run with roles: the first turn's
+    in toolrl's own loop (until the session names another), the model an agent program is given. The run
+    check refuses one that is not a role of the run (:func:`toolrl.roles.run_check.check_sample_roles`)."""
+    role = sample.extra_info.get("role")
+    return role if isinstance(role, str) else None
+
+
 @dataclass
 class Route:
     """What a sample's environment selects (a data row's ``extra_info.env``): its tools, parser, rewards, turn
@@ -49,6 +57,10 @@ class RolloutContext:
     # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator
     # (``needs_turns``, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
     state_keys: bool = True
+    # The run's roles (Config.roles): the model names the gateway serves, the roles a session may give its
+    # turns; empty: a run with no roles. ``adapters``: model.adapters, each role sampled with its adapter.
+    roles: tuple[str, ...] = ()
+    adapters: bool = False
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
     _gateway: asyncio.Future[Gateway] | None = None  # its start, begun by the first agent episode
 

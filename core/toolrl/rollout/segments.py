@@ -1,7 +1,8 @@
 """Segments: a trajectory's tokens in pieces, each trained with its reward. The live piece is closed
 (:func:`close_segment`: the trajectory forks) and the next starts from the template's rendering of the
 conversation when the template re-renders history differently (``rollout.template_rewrite``:
-:func:`check_history`) or the context policy edits the context (:func:`fit_context`)."""
+:func:`check_history`) or the context policy edits the context (:func:`fit_context`), and from the whole
+context when another role takes the turn (:func:`act_as`: one role per piece)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,20 @@ def check_history(ep: Episode) -> None:
         traj.template_forks += 1
 
 
+async def act_as(ep: Episode) -> None:
+    """In a run with roles, before a model turn: the role the session gives the turn (None: the one
+    acting goes on; at the start the data row's, else the run's first) is the live piece's. Another
+    role than the piece's closes it, and the next piece's prompt is the whole context so far (under
+    model.adapters it runs through the new role's adapter, so a piece never holds two roles' tokens)."""
+    traj = ep.traj
+    role = await ep.session.role(ep.ctx.roles) or traj.role
+    if role != traj.role and any(traj.response_mask):
+        close_segment(ep, traj.prompt_ids + traj.response_ids)
+        if ep.ctx.adapters:  # the engine's cache of this context holds the other adapter's keys and values
+            ep.ctx.engine.end_session(traj.trajectory_id)
+    traj.role = role
+
+
 def close_segment(ep: Episode, rendered: list[int]) -> None:
     """Close the live piece after its last model token; the next piece's prompt is ``rendered`` (a
     template fork's re-rendering, or a context edit's)."""
@@ -127,7 +142,7 @@ def close_segment(ep: Episode, rendered: list[int]) -> None:
         response_ids=traj.response_ids[:end], response_mask=traj.response_mask[:end], logprobs=traj.logprobs[:end],
         termination="forked", ground_truth=traj.ground_truth, policy_versions=traj.policy_versions,
         prefill_tokens_saved=traj.prefill_tokens_saved, routed_experts=traj.routed_experts,
-        edit=traj.edit, turn_starts=traj.turn_starts, turn_states=traj.turn_states))
+        edit=traj.edit, turn_starts=traj.turn_starts, turn_states=traj.turn_states, role=traj.role))
     traj.trajectory_key, traj.piece = traj.key, piece + 1
     traj.prompt_ids, traj.response_ids, traj.response_mask, traj.logprobs = rendered, [], [], []
     traj.policy_versions, traj.prefill_tokens_saved, traj.routed_experts, traj.edit = [], 0, None, None

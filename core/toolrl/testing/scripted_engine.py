@@ -37,13 +37,14 @@ class ScriptedOptions(CoreEngineOptions):
 @dataclass(frozen=True)
 class ScriptedCall:
     """One ``generate`` call a :class:`ScriptedEngine` answered: its session, prompt and images, when it
-    came (event-loop time) and the token ids of each generation it returned."""
+    came (event-loop time), the token ids of each generation it returned and the adapter it named."""
 
     session_id: str | None
     prompt_ids: list[int]
     images: list[Any]
     at: float
     generated: list[list[int]]
+    adapter: str | None = None
 
 
 class ScriptedEngine(RolloutEngine):
@@ -93,7 +94,8 @@ class ScriptedEngine(RolloutEngine):
         return scripted_generation(self.tokenizer, text, params, self.logprob)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None, images: Sequence[Any] = ()) -> list[Generation]:
+                       session_id: str | None = None, images: Sequence[Any] = (),
+                       adapter: str | None = None) -> list[Generation]:
         at = asyncio.get_running_loop().time()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -101,7 +103,7 @@ class ScriptedEngine(RolloutEngine):
         generations = [self.generation(text, params) for _ in range(n)]
         if self.record:
             self.calls.append(ScriptedCall(session_id, list(prompt_ids), list(images), at,
-                                           [g.token_ids for g in generations]))
+                                           [g.token_ids for g in generations], adapter))
         return generations
 
     async def check_trainable(self) -> str | None:

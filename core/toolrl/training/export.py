@@ -36,11 +36,9 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     safetensors weights, config, generation config and tokenizer. Reads the sharded checkpoint in
     this process, without a process group (DCP reshards every rank's pieces into whole tensors). A
     LoRA run is exported with its adapters merged into the base weights (a plain model). A
-    vision-language model is exported whole (towers and processor files)."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
+    vision-language model is exported whole (towers and processor files). A run of several policies
+    (``model.adapters``) is exported per role: ``OUT/<role>/`` the base model with that role's adapter
+    merged, ``OUT/<role>/adapter/`` the adapter in peft's format (frozen policies too)."""
     ckpt_dir = run_dir / "checkpoints"
     path = latest(ckpt_dir) if step is None else ckpt_dir / f"step_{step:06d}"
     if path is None or not (path / META).is_file():
@@ -50,46 +48,69 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     files = ckpt_dir / HF_FILES
     if not (files / "config.json").is_file():
         raise ExportError(f"{files}: the model's config.json is missing")
+    run_config = run_dir / "config.json"
+    run = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if run.get("model", {}).get("adapters"):
+        config = Config.model_validate(run)
+        trained = _trained_policy(config, path)
+        for role in config.model.adapters or {}:
+            _plain_model(files, path, lora.engine_state_dict(trained, role)).save_pretrained(str(tmp / role))
+            _copy_missing(files, tmp / role)
+            lora.save_adapter(trained, tmp / role / "adapter", base_model=config.model.source, adapter=role)
+    else:
+        merged = None
+        if run.get("model", {}).get("lora") or run.get("model", {}).get("freeze_vision"):
+            merged = lora.engine_state_dict(_trained_policy(Config.model_validate(run), path))
+        _plain_model(files, path, merged).save_pretrained(str(tmp))
+        _copy_missing(files, tmp)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def _plain_model(files: Path, path: Path, merged: dict[str, Any] | None) -> Any:
+    """The model of ``files``' config with ``merged`` weights (under the base model's names), or those
+    of checkpoint ``path`` (a run that trained every weight)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
     config = AutoConfig.from_pretrained(str(files))
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(config)
     model = model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gave tied parameters separate storage
-    run_config = run_dir / "config.json"
-    run = json.loads(run_config.read_text()) if run_config.is_file() else {}
-    if run.get("model", {}).get("lora") or run.get("model", {}).get("freeze_vision"):
-        merged = _rebuilt_from_source(run, path)
-        missing, unexpected = model.load_state_dict(merged, strict=False)
-        tied = set(getattr(model, "_tied_weights_keys", None) or ())
-        if unexpected or set(missing) - tied:
-            raise ExportError(f"{path}: merged weights do not fit {files / 'config.json'}: "
-                              f"missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
-    else:
+    if merged is None:
         state = {"model": model.state_dict()}
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
         model.load_state_dict(state["model"])
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+        return model
+    missing, unexpected = model.load_state_dict(merged, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or ())
+    if unexpected or set(missing) - tied:
+        raise ExportError(f"{path}: merged weights do not fit {files / 'config.json'}: "
+                          f"missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    return model
+
+
+def _copy_missing(files: Path, out: Path) -> None:
+    """The run's model files (tokenizer, processor, generation config) that ``save_pretrained`` did not write."""
     for f in files.iterdir():
-        if not (tmp / f.name).exists():
-            shutil.copy2(f, tmp / f.name)
-    os.replace(tmp, out_dir)
-    return out_dir
+        if not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
 
 
-def _rebuilt_from_source(run: dict[str, Any], path: Path) -> dict[str, Any]:
-    """A LoRA run's checkpoint holds only the adapters, a frozen-vision run's no vision tower: rebuild
-    the trained model (frozen weights from ``model.source``, trained ones from the checkpoint) and merge
-    any adapters, under the base model's names."""
+def _trained_policy(config: Config, path: Path) -> Any:
+    """A LoRA run's checkpoint holds only the adapters, a frozen-vision run's no vision tower: the
+    trained model rebuilt (frozen weights from ``model.source``, the rest from checkpoint ``path``)."""
     import torch.distributed.checkpoint as dcp
 
-    config = Config.model_validate(run)
     model = build_policy(config, model_path(config), "cpu")
     state = {"model": lora.trainable_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path), no_dist=True)
     lora.load_trainable_state_dict(model, state["model"])
-    return lora.engine_state_dict(model)
+    return model

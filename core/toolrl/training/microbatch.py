@@ -11,7 +11,8 @@ With shared prefixes (``seqs`` given, :mod:`toolrl.training.prefix_tree`) the un
 trajectories but pieces of prefix trees: each tree (a group's samples, say) is cut only between
 continuations, into pieces of at most ``micro_batch_size`` sequences or ``max_tokens`` tokens with the
 shared tokens counted once, and ranks and micro-batches receive whole pieces, balanced by the tokens
-they compute.
+they compute. Trees never join sequences of different ``groups`` (each trajectory's adapter under
+``model.adapters``).
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], micro_batch_si
 
 
 def tree_pieces(indices: Sequence[int], seqs: Sequence[Sequence[int]], micro_batch_size: int,
-                max_tokens: int | None = None) -> list[tuple[list[int], int]]:
+                max_tokens: int | None = None, groups: Sequence[int] | None = None) -> list[tuple[list[int], int]]:
     """``indices`` as pieces of prefix trees, each with the tokens it computes: a tree's sequences in
     depth-first order, a new piece started where the next one would pass ``micro_batch_size``
-    sequences (no ``max_tokens``) or ``max_tokens`` tokens."""
-    tree = prefix_tree.layout([seqs[i] for i in indices])
+    sequences (no ``max_tokens``) or ``max_tokens`` tokens. ``groups``: each sequence's (a tree holds one)."""
+    tree = prefix_tree.layout([seqs[i] for i in indices],
+                              groups=None if groups is None else [groups[i] for i in indices])
     members: dict[int, list[int]] = {}
     for k, path in enumerate(tree.paths):
         members.setdefault(path[0] if path else -1 - k, []).append(k)
@@ -83,14 +85,16 @@ def tree_pieces(indices: Sequence[int], seqs: Sequence[Sequence[int]], micro_bat
 
 
 def plan(indices: Sequence[int], lengths: Sequence[int], world_size: int, micro_batch_size: int,
-         max_tokens: int | None = None, seqs: Sequence[Sequence[int]] | None = None) -> list[list[list[int] | None]]:
+         max_tokens: int | None = None, seqs: Sequence[Sequence[int]] | None = None,
+         groups: Sequence[int] | None = None) -> list[list[list[int] | None]]:
     """Per rank, the micro-batches of one mini-batch, padded with ``None`` (a dummy step) to the same
-    count; with ``seqs`` (each trajectory's input tokens), of whole prefix-tree pieces."""
+    count; with ``seqs`` (each trajectory's input tokens), of whole prefix-tree pieces, each tree of
+    one of ``groups`` (each trajectory's; None: one group)."""
     if seqs is None:
         per_rank = [micro_batches(share, lengths, micro_batch_size, max_tokens)
                     for share in split_across_ranks(indices, lengths, world_size)]
     else:
-        pieces = tree_pieces(indices, seqs, micro_batch_size, max_tokens)
+        pieces = tree_pieces(indices, seqs, micro_batch_size, max_tokens, groups)
         costs = [cost for _, cost in pieces]
         sizes = costs if max_tokens is not None else [len(p) for p, _ in pieces]
         capacity = max_tokens if max_tokens is not None else micro_batch_size

@@ -42,10 +42,15 @@ model gets per-sequence 3-D rotary positions, with attention as above. Prefix tr
 tokens with each image placeholder run keyed by its image (:func:`tree_keys`), so a shared prefix
 holding an image holds it once, and sequences showing different images at the same tokens share
 nothing from there on.
+
+Several policies as LoRA adapters on one base (``model.adapters``): each sequence runs through its
+role's adapter, so a batch carries each row token's adapter (``adapter_ids``) and its forward runs
+inside :func:`through_adapters`; prefix trees join only sequences of one adapter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -56,6 +61,7 @@ from typing import Any
 import torch
 
 from toolrl import masks
+from toolrl.engines.adapters import routed
 from toolrl.training import prefix_tree, vision
 from toolrl.trajectory import Trajectory
 
@@ -99,6 +105,9 @@ class PackedBatch:
     vision: vision.VisionInputs | None = None  # the images of a vision-language model's sequences
     # (T, layers, top_k): the experts the engine routed each row token to, when every trajectory has them.
     routed_experts: torch.Tensor | None = None
+    # (1, T): the adapter each row token runs through, an index into the model's adapters (model.adapters);
+    # None: the model's own weights (and model.lora's one adapter).
+    adapter_ids: torch.Tensor | None = None
     # On-policy distillation's top-k (toolrl.algorithms.distill.top_fields): over the (B, R) grid, the
     # teacher's K likeliest ids (B, R, K), its log-probs there and the teacher weight (B, R).
     top_ids: torch.Tensor | None = None
@@ -148,12 +157,13 @@ def tree_keys(trajectories: Sequence[Trajectory], processor: Any = None) -> list
 
 def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] | Sequence[torch.Tensor],
                 device: torch.device | str = "cpu", share_prefixes: bool = False, processor: Any = None,
-                pixel_cache: vision.PixelCache | None = None) -> PackedBatch:
+                pixel_cache: vision.PixelCache | None = None, adapters: Sequence[int] | None = None) -> PackedBatch:
     """Pack ``trajectories`` into one row (no padding, so no pad id); with ``share_prefixes``, common
     prefixes once (:mod:`toolrl.training.prefix_tree`). ``advantages``: one number per trajectory (B,),
     or one row per trajectory (each a tensor over its response tokens), zero-padded to (B, R).
     ``processor``: a vision-language model's, which turns the trajectories' images into pixel values
-    (``pixel_cache``: images already processed this step)."""
+    (``pixel_cache``: images already processed this step). ``adapters``: each trajectory's adapter
+    (``model.adapters``), given to its row tokens; prefixes are shared only within one."""
     seqs = [input_tokens(t) for t in trajectories]
     keys, pixels = seqs, None
     if processor is None and any(t.images for t in trajectories):
@@ -168,7 +178,7 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     if pixels is not None:
         owners = iter(pixels.per_sequence)
         keys = [vision.image_keys(seq, next(owners), image_id) if seq else seq for seq in seqs]
-    tree = prefix_tree.layout(keys, share_prefixes)
+    tree = prefix_tree.layout(keys, share_prefixes, groups=adapters)
     if pixels is not None:  # the keys back to the placeholder token; each run's image in row order
         tree.ids = [image_id if k < 0 else k for k in tree.ids]
         pixels = dataclasses.replace(pixels, runs=vision.row_runs(seqs, tree.paths, pixels.per_sequence, image_id))
@@ -207,6 +217,12 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
                         vision=None if pixels is None else pixels.to(device))
     if tree.shared:
         add_tree(batch, tree, device)
+    if adapters is not None:
+        ids = [0] * len(tree.ids)
+        for adapter, path in zip(adapters, tree.paths, strict=True):
+            for r in path:
+                ids[r] = adapter
+        batch.adapter_ids = long(ids)[None]
     if all(t.routed_experts is not None for t in trajectories):
         batch.routed_experts = row_experts(trajectories, tree.paths, len(tree.ids), device)
     return batch
@@ -260,7 +276,8 @@ def sharing_metrics(batches: Sequence[PackedBatch]) -> dict[str, float]:
 
 
 def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
-    """The base model's last hidden states over the packed row, (T, H)."""
+    """The base model's last hidden states over the packed row, (T, H). A batch with ``adapter_ids``
+    runs inside :func:`through_adapters`."""
     base = getattr(model, model.base_model_prefix)
     impl = base.config._attn_implementation
     if impl == "sdpa":
@@ -271,13 +288,31 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
         out = base(position_ids=positions, attention_mask=row_masks(base, batch), use_cache=False,
                    **_token_inputs(batch.input_ids, extra))
         return out.last_hidden_state[0]
-    if batch.attention is None or impl in (VARLEN_SDPA, ULYSSES_SDPA):
+    if not runs_unshared(base, batch):
         positions, extra = _model_inputs(base, batch, tree=True)
         return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
     _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
               "shared prefix again, as without optim.share_prefixes")
     positions, extra = _model_inputs(base, batch, tree=False)
     return run_packed(base, batch.input_ids[:, batch.expand], positions, batch.path_bounds, extra=extra)[batch.first_copy]
+
+
+def runs_unshared(base: Any, batch: PackedBatch) -> bool:
+    """Whether :func:`packed_hidden_states` runs ``batch`` as the unshared row rebuilt from its tree:
+    a tree, and an attention that cannot take one (flash, flex: no dense mask)."""
+    takes_trees = ("sdpa", "eager", VARLEN_SDPA, ULYSSES_SDPA)
+    return batch.attention is not None and base.config._attn_implementation not in takes_trees
+
+
+def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractContextManager[Any]:
+    """Where ``model``'s forwards (and backward: gradient checkpointing runs the forward again there)
+    over ``batch`` run: each token through its adapter (``adapter_ids``, or their copies on the
+    unshared row: :func:`runs_unshared`) by :func:`toolrl.engines.adapters.routed`; nothing is routed
+    for a batch without them."""
+    if batch.adapter_ids is None:
+        return contextlib.nullcontext()
+    unshared = runs_unshared(getattr(model, model.base_model_prefix), batch)
+    return routed(model, batch.adapter_ids[:, batch.expand] if unshared else batch.adapter_ids)
 
 
 def row_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:

@@ -21,6 +21,8 @@ def build_policy(config: Config, path: str, device: str) -> Any:
         vision.freeze_vision(model)
     if config.model.lora is not None:
         lora.apply_lora(model, config.model.lora)
+    if config.model.adapters is not None:  # several policies: one adapter per role, routed per token
+        lora.apply_adapters(model, config.model.adapters)
     if config.model.gradient_checkpointing:
         # Non-reentrant: the form FSDP2 and torch.compile support.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -11,7 +11,8 @@ Sharing starts only where a set of sequences has at least ``min_shared`` tokens 
 first one: chat prompts all begin with the same few template tokens, and joining unrelated prompts
 into one tree for those would cost more attention work than it saves. Below a shared root any common
 prefix is shared, however short. With ``share=False`` every sequence is a span of its own (the
-unshared packing).
+unshared packing). Sequences of different ``groups`` share nothing: under several LoRA adapters
+(``model.adapters``) another adapter gives the same tokens another KV.
 """
 
 from __future__ import annotations
@@ -51,13 +52,19 @@ class TreeLayout:
         return any(s.context for s in self.spans)
 
 
-def layout(seqs: Sequence[Sequence[int]], share: bool = True, min_shared: int = MIN_SHARED_TOKENS) -> TreeLayout:
+def layout(seqs: Sequence[Sequence[int]], share: bool = True, min_shared: int = MIN_SHARED_TOKENS,
+           groups: Sequence[int] | None = None) -> TreeLayout:
     """The row layout of ``seqs`` (empty sequences get no rows); trees in the order of their first
-    sequence."""
+    sequence, those of one of ``groups`` (each sequence's; None: one group) together, the groups in
+    the order of their first sequence."""
     builder = _Builder(seqs)
     nonempty = [i for i, s in enumerate(builder.seqs) if len(s)]
     if share:
-        builder.roots(nonempty, 0, min_shared)
+        by_group: dict[int, list[int]] = {}
+        for i in nonempty:
+            by_group.setdefault(0 if groups is None else groups[i], []).append(i)
+        for part in by_group.values():
+            builder.roots(part, 0, min_shared)
     else:
         for i in nonempty:
             builder.span([i], 0, len(builder.seqs[i]), [])

@@ -37,6 +37,11 @@ Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip 
 left out), ``mismatch_kl`` (k3 estimate of KL(engine ‖ trainer)) and on the first update
 ``is_ratio_p05``/``_p50``/``_p95`` (quantiles of ``π_prox / π_behav``); over trajectories:
 ``advantage_mean``/``_std``.
+
+Several policies on one base (``model.adapters``, :class:`StepOptions` ``adapters``): each row trains
+its role's adapter in the same step (its tokens run through that adapter alone, forward and backward:
+:func:`toolrl.training.packing.through_adapters`); an adapter no row of an update used gets no
+gradient (None), so the optimizer leaves its weights and state as they were.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +63,7 @@ from toolrl.algorithms import (
     build_estimator,
     build_loss,
 )
-from toolrl.algorithms.advantages import Grpo
+from toolrl.algorithms.advantages import Grpo, episode_keys, role_groups, role_rewards
 from toolrl.algorithms.correction import correction
 from toolrl.algorithms.distill import opd_options, teacher_fields, top_fields, vopd_baseline
 from toolrl.algorithms.overlong import shape_rewards
@@ -74,6 +79,7 @@ from toolrl.training.packing import (
     input_length,
     packed_hidden_states,
     sharing_metrics,
+    through_adapters,
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
@@ -96,9 +102,10 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
         mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
-    rewards = shape_rewards([t.reward for t in trajectories], [len(t.response_ids) for t in trajectories],
+    # Each role's reward and group in a run with roles (per-role baselines: toolrl.algorithms.advantages).
+    rewards = shape_rewards(role_rewards(trajectories), [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
-    groups = torch.tensor([t.group for t in trajectories], dtype=torch.long)
+    groups = torch.tensor(role_groups(trajectories), dtype=torch.long)
     per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
     tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
     scored = teacher_fields(trajectories, width, algo) if teacher else (None, None, None)
@@ -112,13 +119,14 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
     forked trajectory (:mod:`toolrl.renderers.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
-    estimator runs over each piece as a sequence of its own."""
+    estimator runs over each piece as a sequence of its own. In a run with roles, once per role it acted
+    in, against that role's baseline in its group."""
     inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,
                               estimator.needs_trees, estimator.needs_teacher)
-    keys = [t.trajectory_key or i for i, t in enumerate(trajectories)]
+    keys = episode_keys(trajectories)
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)
-    first: dict[str | int, int] = {}
+    first: dict[Hashable, int] = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rows = list(first.values())
@@ -248,8 +256,10 @@ class StepOptions:
     response budget that ``seq-mean-token-sum-norm`` divides by), this rank's place among the
     trainer ranks, the algorithm's parts when the caller built them once for the run (None: built
     from ``algo`` for this step), a vision-language model's processor (None for a text model),
-    which turns the trajectories' images into pixel values, and this rank's sequence-parallel group
-    (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`)."""
+    which turns the trajectories' images into pixel values, this rank's sequence-parallel group
+    (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`) and, for several
+    policies on one base, the adapters' names in the model's order (``model.adapters``; empty: none),
+    which each trajectory's ``role`` picks from."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -262,6 +272,7 @@ class StepOptions:
     loss: PolicyLoss | None = None
     processor: Any = None
     sp: SequenceParallel | None = None
+    adapters: tuple[str, ...] = ()
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -353,6 +364,7 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
     seqs = tree_keys(trajs, options.processor) if options.optim.share_prefixes else None
+    adapters = row_adapters(trajs, options.adapters) if options.adapters else None
     minis = []
     dp_rank, dp_size = options.data_parallel
     # A sequence-parallel group splits each row over its ranks: the token budget is per rank.
@@ -361,25 +373,41 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
         max_tokens *= options.sp.size
     pixel_cache: dict[bytes, Any] = {}  # an image shared by a group's trajectories is processed once
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
-        shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs)
+        shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs, adapters)
         micro_steps = packed_micro_steps(trajs, advs, shares[dp_rank], device, options.pad_id,
-                                         options.optim.share_prefixes, options.processor, pixel_cache, options.algo)
+                                         options.optim.share_prefixes, options.processor, pixel_cache, adapters,
+                                         options.algo)
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
         minis.append(MiniBatch(micro_steps, norm))
     return minis
 
 
+def row_adapters(trajs: Sequence[Trajectory], adapters: Sequence[str]) -> list[int]:
+    """Each trajectory's adapter: the index of its ``role`` in ``adapters`` (the rollouts give every
+    piece the role that sampled it; a piece without one cannot be trained under several policies)."""
+    index = {name: i for i, name in enumerate(adapters)}
+    rows = [index.get(t.role or "", -1) for t in trajs]  # "" is no role's name
+    for t, i in zip(trajs, rows, strict=True):
+        if i < 0:
+            raise ValueError(f"trajectory {t.trajectory_id!r} has role {t.role!r}, which names no adapter of "
+                             f"model.adapters ({', '.join(adapters)}): each piece trains its role's adapter")
+    return rows
+
+
 def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: Sequence[list[int] | None],
                        device: torch.device, pad_id: int, share_prefixes: bool, processor: Any,
-                       cache: dict[bytes, Any], algo: AlgorithmConfig | None = None) -> list[MicroStep]:
+                       cache: dict[bytes, Any], adapters: Sequence[int] | None = None,
+                       algo: AlgorithmConfig | None = None) -> list[MicroStep]:
     """A rank's share of a plan (:func:`toolrl.training.microbatch.plan`) packed: each micro-batch's rows
     ``trajs[i]`` with advantages ``advs[i]`` (prefix trees with ``share_prefixes``; ``cache``: images
-    processed once; the teacher's top-k with ``algo``'s opd ``top_k``), and a dummy step (one pad token)
-    for each None, where a busier rank still has work, to keep FSDP's collectives in step."""
+    processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`; the teacher's top-k with
+    ``algo``'s opd ``top_k``), and a dummy step (one pad token) for each None, where a busier rank still
+    has work, to keep FSDP's collectives in step."""
     def packed(micro: list[int]) -> PackedBatch:
         rows = [trajs[i] for i in micro]
-        batch = build_batch(rows, [advs[i] for i in micro], device, share_prefixes, processor, cache)
+        batch = build_batch(rows, [advs[i] for i in micro], device, share_prefixes, processor, cache,
+                            None if adapters is None else [adapters[i] for i in micro])
         tops = None if algo is None else top_fields(rows, batch.response_mask.shape[1], algo, device)
         return batch if tops is None else dataclasses.replace(batch, top_ids=tops[0], teacher_top=tops[1],
                                                               teacher_weight=tops[2])
@@ -389,14 +417,16 @@ def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: 
 def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: ExpertReplay | None = None,
              dummy: bool = False, top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
-    routed by ``replay`` (``algorithm.routing_replay``) when given; with ``top``, the teacher's top-k's too."""
+    routed by ``replay`` (``algorithm.routing_replay``) when given; each row through its adapter
+    (``model.adapters``); with ``top``, the teacher's top-k's too."""
     if replay is not None:
         replay.before(batch, dummy)
-    if isinstance(model, Policy):
-        lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
-    else:
-        lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top,
-                               top_grad)
+    with through_adapters(causal_lm(model), batch):
+        if isinstance(model, Policy):
+            lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
+        else:
+            lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp,
+                                   top, top_grad)
     if replay is not None:
         replay.after(batch)
     return lp
@@ -443,7 +473,8 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
             continue
         if proximal is not None and (sp is None or sp.lead):
             proximal.add(micro, prox_lp)
-        (loss * scale).backward()
+        with through_adapters(causal_lm(model), batch):  # gradient checkpointing runs the forward again
+            (loss * scale).backward()
         loss_sum += float(loss.detach()) * scale
         first = proximal is not None  # the step's first update: the ratios against the proximal weights
         ratios = torch.exp(prox_lp.detach() - batch.engine_logprobs)[batch.response_mask.bool()] if first else None
@@ -451,6 +482,11 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
     grad_norm = clip_grad_norm(model.parameters(), options.optim.grad_clip)
     optimizer.step()
     tally.add_update(loss_sum, grad_norm)
+
+
+def causal_lm(model: Any) -> Any:
+    """The causal LM of ``model`` (itself, or a :class:`Policy`'s)."""
+    return model.lm if isinstance(model, Policy) else model
 
 
 def clip_grad_norm(parameters: Any, max_norm: float) -> float:

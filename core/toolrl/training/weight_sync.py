@@ -12,7 +12,9 @@ What travels (:class:`SyncPlan`, decided once per run by the run check:
 :func:`toolrl.roles.resolve.run_plan`): under LoRA, to an engine
 that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
 same adapters first); with ``trainer.weight_sync: delta``, only the tensors written since the same
-receivers' last completed sync (:class:`Delta`).
+receivers' last completed sync (:class:`Delta`). Under ``model.adapters`` (several policies): only the
+trained adapters, each whole and only when one of its tensors was written since the receivers' last
+sync (an adapter no row of the steps since used is not sent again; a frozen one never is).
 """
 
 from __future__ import annotations
@@ -43,18 +45,24 @@ class SyncStats:
 @dataclass(frozen=True)
 class SyncPlan:
     """What a weight sync sends: ``adapters``: only the LoRA adapter tensors (else the engine's whole
-    weights, LoRA merged in); ``delta``: only the tensors written since the receivers' last sync."""
+    weights, LoRA merged in); ``delta``: only the tensors written since the receivers' last sync;
+    ``policies``: under ``model.adapters``, the trained adapters' names, whole adapters only when
+    changed (``delta`` then set)."""
 
     adapters: bool = False
     delta: bool = False
+    policies: tuple[str, ...] = ()
 
 
 def prepare_engine(engine: Any, config: Config, plan: SyncPlan) -> None:
     """Under an adapter-only ``plan`` (the run's): ``engine`` given the run's LoRA adapters by the trainer's
-    own injection (:func:`toolrl.training.lora.apply_lora`: on its base model, or for vLLM on a skeleton
-    that tells the adapter's names, shapes and config), so the adapter tensors the trainer sends load
-    by name; the base weights stay untouched."""
-    if plan.adapters:
+    own injection (:func:`toolrl.training.lora.apply_lora`, or :func:`~toolrl.training.lora.apply_adapters`
+    for ``model.adapters``: on its base model, or for vLLM on a skeleton that tells the adapters' names,
+    shapes and config), so the adapter tensors the trainer sends load by name; the base weights stay
+    untouched."""
+    if plan.adapters and config.model.adapters is not None:
+        engine.apply_adapters(functools.partial(lora.apply_adapters, adapters=config.model.adapters))
+    elif plan.adapters:
         engine.apply_adapters(functools.partial(lora.apply_lora, config=config.model.lora))
 
 
@@ -128,7 +136,9 @@ def _engine_entries(model: Any, plan: SyncPlan,
         seen.add(id(value))
 
     def entries() -> Iterator[tuple[str, Any, Any]]:
-        if plan.adapters:
+        if plan.policies:
+            found = _changed_policies(model, state, plan.policies, delta)
+        elif plan.adapters:
             found = ((n, t, t) for n, t in lora.iter_adapter_weights(model, state))
         elif not lora.lora_layers(model):
             found = ((n, t, t) for n, t in state.items())
@@ -137,6 +147,16 @@ def _engine_entries(model: Any, plan: SyncPlan,
         return ((n, t, source) for n, t, source in found if n not in tied)
 
     return entries(), own
+
+
+def _changed_policies(model: Any, state: Mapping[str, Any], policies: Sequence[str],
+                      delta: Delta | None) -> Iterator[tuple[str, Any, None]]:
+    """The tensors of each adapter of ``policies`` one of whose tensors ``delta`` saw written since the
+    last sync (every one without ``delta``), whole: an engine loads an adapter by name. Decided here,
+    so none has an own tensor for delta to ask about again."""
+    tensors = list(lora.iter_adapter_weights(model, state, policies))
+    changed = {lora.adapter_of(n) for n, t in tensors if delta is None or delta.changed(n, t)}
+    return ((n, t, None) for n, t in tensors if lora.adapter_of(n) in changed)
 
 
 def _wanted(name: str, own: Any, delta: Delta | None) -> bool:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolrl.engines import Generation, RolloutEngine, SamplingParams
+from toolrl.engines import Generation, RolloutEngine, SamplingParams, refuse_adapters
 
 PAGE = re.compile(r"Ledger page (\d+) of (\d+)\.")
 KEY = re.compile(r"[Aa]udit key(?: is|:) (\d+)")
@@ -34,6 +34,11 @@ class LedgerAgent(RolloutEngine):
         self.tokenizer = tokenizer
         self.turn_marker = end_of_turn  # where each turn of the rendered context starts
         self.fold_pages = fold_pages  # pages per branch: 2 of about 1k tokens fit a 4096-token context
+
+    @classmethod
+    def check_run(cls, run: Any) -> list[str]:
+        refuse_adapters(run, "ledger_agent", "follows rules and has no weights")
+        return []
 
     @classmethod
     def create(cls, source: Any, config: Any) -> LedgerAgent:
@@ -61,7 +66,9 @@ class LedgerAgent(RolloutEngine):
         return f"The audit key is {key}." if key else "I no longer know the audit key."
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None, images: Any = ()) -> list[Generation]:
+                       session_id: str | None = None, images: Any = (), adapter: str | None = None) -> list[Generation]:
+        if adapter is not None:
+            raise ValueError(f"adapter {adapter!r}: the ledger agent serves no adapter per role")
         text = self.act(self.tokenizer.decode(list(prompt_ids)))
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) >= params.max_new_tokens:

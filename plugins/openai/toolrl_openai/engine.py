@@ -28,7 +28,15 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.engines import (
+    FinishReason,
+    Generation,
+    ModelSource,
+    RolloutEngine,
+    SamplingParams,
+    check_request,
+    refuse_adapters,
+)
 
 from toolrl_openai.tokens import parse_token_ids
 
@@ -95,6 +103,11 @@ class OpenAIEngine(RolloutEngine):
     # ----------------------------------------------------------------- construction
 
     @classmethod
+    def check_run(cls, run: Any) -> list[str]:
+        refuse_adapters(run, "openai", "sends its server no weights")
+        return []
+
+    @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> OpenAIEngine:
         from toolrl.config import ConfigError, format_errors
 
@@ -122,7 +135,9 @@ class OpenAIEngine(RolloutEngine):
     # ----------------------------------------------------------------- RolloutEngine
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+                       session_id: str | None = None, adapter: str | None = None) -> list[Generation]:
+        if adapter is not None:
+            raise ValueError(f"adapter {adapter!r}: the openai engine serves no adapter per role")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
             return [replace(g, weight_version=self.weight_version) for g in empty]
         text_mode = self.config.token_exact is False

@@ -195,6 +195,15 @@ def test_config_is_validated():
     assert (cfg.max_batch_size, cfg.logprobs_mode, cfg.enable_prefix_caching) == (8, "processed_logprobs", True)
 
 
+def test_an_adapter_per_role_is_refused_at_the_run_check(tiny_path):
+    from toolrl.config import ConfigError, load_config
+    from toolrl.plugins.parts import RunFacts
+
+    config = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}}})
+    with pytest.raises(ConfigError, match="model.adapters: the vllm engine serves one LoRA adapter"):
+        VLLMEngine.check_run(RunFacts(config, tiny_path, {}, {}, None, None))
+
+
 def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
     with pytest.raises(ValueError, match="runs on CPU"):
         VLLMEngine.create(ModelSource(tiny_path), {"device": "cuda"})

@@ -30,6 +30,8 @@
   peft directory and loaded in place under the same adapter id inside the same pause as a weight
   update (the requests in flight go on with the new adapter). Every request carries the adapter.
   Linked transports then take the adapters in this process (they are small), not in vLLM's worker.
+  An adapter per role (``model.adapters``) is refused at the run check: vLLM can serve several
+  LoRARequests at once, but this engine keeps one adapter and its update path (not built for several).
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 
@@ -54,7 +56,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from toolrl.config import ConfigError
-from toolrl.engines import FinishReason, Generation, ModelSource, RolloutEngine, SamplingParams, check_request
+from toolrl.engines import (
+    FinishReason,
+    Generation,
+    ModelSource,
+    RolloutEngine,
+    SamplingParams,
+    check_request,
+    refuse_adapters,
+)
 from toolrl.model_sources import check_model_dir
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
@@ -154,6 +164,7 @@ class VLLMEngine(RolloutEngine):
     def check_run(cls, run: Any) -> list[str]:
         """The run check: vLLM loads the model from the source's directory, which must hold one."""
         check_model_dir(run.model_dir, "the vllm engine", run.config)
+        refuse_adapters(run, "vllm", "serves one LoRA adapter (model.lora), every request under it")
         return []
 
     @classmethod
@@ -344,9 +355,11 @@ class VLLMEngine(RolloutEngine):
     # ----------------------------------------------------------------- public API (any thread / loop)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
-                       session_id: str | None = None) -> list[Generation]:
+                       session_id: str | None = None, adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
+        if adapter is not None:
+            raise ValueError(f"adapter {adapter!r}: the vllm engine serves no adapter per role")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
             return empty
         if params.top_p < 1 and params.temperature > 0 and not self._top_p_warned:

@@ -1,0 +1,214 @@
+"""Several LoRA adapters on one base model, each token through its own (``model.adapters``): the one
+routing the trainer and the transformers engine share.
+
+:func:`toolrl.training.lora.apply_adapters` injects one peft adapter per role and calls
+:func:`require_routing`: peft's own adapter sum is switched off (no layer has an active adapter) and
+every LoRA layer gets a forward hook that adds the delta of each token's own adapter to the base
+output. The hook reads the forward's :func:`routed` context, so **every forward of such a model runs
+inside** ``routed(model, adapter_ids)``; one outside it raises (a forgotten context would otherwise run
+the base model silently, and train nothing). ``-1`` routes to the base weights alone. With gradient
+checkpointing the backward re-runs the forward: call it inside the context too.
+
+Inside the context an adapter with no token in the forward takes no part in it: its parameters are
+not read, so their ``.grad`` stays None after backward. Per layer the delta takes one of three exact
+paths (the same values up to the floating-point summation order):
+
+- every token through one adapter (a piece of one role; an engine batch of one role): peft's own
+  ``B(A(dropout(x))) * scaling``;
+- few tokens (an engine's decode step): the present adapters' ``A`` stacked into one ``[sum r, in]``
+  matrix and their ``B`` into one ``[out, sum r]`` (ranks may differ: nothing is padded), one matmul
+  each, with a ``[tokens, sum r]`` mask between them that keeps each token's own adapter's columns,
+  its scaling folded in. A step with k adapters then costs two matmuls a layer, not 2k (an engine
+  keeps the stacked weights between steps: ``keep_stacked``);
+- many tokens (training, a prefill), or dropout active: per adapter, its tokens gathered, its delta
+  computed and added back at their places.
+
+The routing state lives on the model's LoRA layers, so one routed forward runs at a time on a model.
+``torch`` and ``peft`` are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# The attribute each routed LoRA layer holds: the _Route of the forward in progress, None outside one.
+_ROUTE = "_toolrl_route"
+# Its stacked weights kept between routed forwards without gradients: (key, A [sum r, in], B [out, sum r]).
+_STACK = "_toolrl_stack"
+# The model's routed layers, kept on it by require_routing (a walk of a model with several adapters
+# passes thousands of modules: each adapter's A, B and dropout are modules of their own).
+_LAYERS = "_toolrl_routed_layers"
+# At most this many tokens in a forward take the stacked path; more take the per-adapter one.
+STACKED_MAX_TOKENS = 64
+
+
+def adapter_names(model: Any) -> list[str]:
+    """The model's LoRA adapters, in injection order: ``adapter_ids`` value i of :func:`routed` is
+    the i-th (``["default"]`` for ``model.lora``; empty without adapters)."""
+    return list(getattr(model, "peft_config", None) or ())
+
+
+def require_routing(model: Any) -> None:
+    """Switch ``model`` to routed forwards (:func:`toolrl.training.lora.apply_adapters` does, once):
+    peft's own sum of active adapters off, the routing hook on every LoRA layer. Leaves every adapter
+    parameter's ``requires_grad`` False; the caller sets the trained ones'."""
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for layer in layers:
+        if _ROUTE in layer.__dict__:
+            raise ValueError("require_routing: the model's adapters are routed already")
+        layer.set_adapter([], inference_mode=True)  # no active adapter: peft's forward is the base layer's
+        object.__setattr__(layer, _ROUTE, None)
+        object.__setattr__(layer, _STACK, None)
+        layer.register_forward_hook(_add_routed_delta)
+    object.__setattr__(model, _LAYERS, layers)
+
+
+def has_routing(model: Any) -> bool:
+    """Whether ``model``'s forwards are routed (:func:`require_routing`): it holds adapters per role."""
+    return bool(_routed_layers(model))
+
+
+def _routed_layers(model: Any) -> list[Any]:
+    """The routed LoRA layers: kept on the model, or found in it (a wrapper of the model)."""
+    kept = model.__dict__.get(_LAYERS)
+    return kept if kept is not None else [m for m in model.modules() if _ROUTE in m.__dict__]
+
+
+@contextlib.contextmanager
+def routed(model: Any, adapter_ids: torch.Tensor, *, keep_stacked: bool = False) -> Iterator[None]:
+    """Route the forwards run inside to each token's (or row's) adapter.
+
+    ``adapter_ids``: a LongTensor shaped as the forward's ``input_ids`` ``[B, T]`` (a token each) or
+    as its rows ``[B]``, on the model's device; value i selects ``adapter_names(model)[i]``, -1 the
+    base weights only. ``keep_stacked``: forwards without gradients keep the stacked path's weights
+    on the layers, checked by each parameter's version and storage: for a model whose weights are
+    written in place or replaced as whole parameters (an engine's), not one whose parameters change
+    under it otherwise (FSDP's gathered ones). Raises ValueError on a model not given adapters by
+    ``apply_adapters`` or on an id out of range, RuntimeError when a routed forward of this model is
+    already in progress.
+    """
+    layers = _routed_layers(model)
+    if not layers:
+        raise ValueError("routed: the model has no routed adapters (toolrl.training.lora.apply_adapters gives them)")
+    if any(layer.__dict__[_ROUTE] is not None for layer in layers):
+        raise RuntimeError("routed: a routed forward of this model is already in progress")
+    route = _Route(adapter_names(model), adapter_ids, keep_stacked)
+    for layer in layers:
+        object.__setattr__(layer, _ROUTE, route)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            object.__setattr__(layer, _ROUTE, None)
+
+
+def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    """The forward hook of a routed LoRA layer: its base output plus each token's adapter delta."""
+    route = layer.__dict__[_ROUTE]
+    if route is None:
+        raise RuntimeError(f"a model with LoRA adapters per role ({', '.join(layer.lora_A)}) runs its "
+                           "forwards inside toolrl.engines.adapters.routed(model, adapter_ids)")
+    return route.add_delta(layer, args[0], output)
+
+
+class _Route:
+    """One routed context: the ids, which adapters have tokens, and what is derived from them once
+    for all layers (each adapter's token positions, the stacked path's masks)."""
+
+    def __init__(self, names: list[str], ids: torch.Tensor, keep_stacked: bool) -> None:
+        import torch
+
+        if ids.dtype not in (torch.int64, torch.int32) or ids.dim() not in (1, 2):
+            raise ValueError(f"routed: adapter_ids must be an integer tensor [B] or [B, T], got {ids.dtype} "
+                             f"{list(ids.shape)}")
+        self.names, self.ids, self.keep_stacked = names, ids.long(), keep_stacked
+        k = len(names)
+        flat = self.ids.flatten()
+        # Bins: 0 below -1, 1 base, 2.. the adapters, k + 2 beyond them; one copy to the host for all.
+        counts = torch.bincount((flat + 2).clamp(0, k + 2), minlength=k + 3).tolist()
+        if counts[0] or counts[k + 2]:
+            raise ValueError(f"routed: adapter_ids hold values outside -1 .. {k - 1} (adapters {names})")
+        self.base_tokens = counts[1]
+        self.present = [names[i] for i in range(k) if counts[i + 2]]
+        self._flat = flat
+        self._positions: dict[str, torch.Tensor] = {}
+        self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def add_delta(self, layer: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        lora_a = layer.lora_A
+        here = [n for n in self.present if n in lora_a]
+        if not here:
+            return out
+        d = self.ids.dim()
+        if x.shape[:d] != self.ids.shape:
+            raise ValueError(f"routed: a LoRA layer's input is {list(x.shape)}, which adapter_ids "
+                             f"{list(self.ids.shape)} do not route (they are shaped as input_ids or its rows)")
+        if len(here) == len(self.present) == 1 and not self.base_tokens:  # every token through one adapter
+            return out + _delta(layer, here[0], x).to(out.dtype)
+        x2, out2 = x.flatten(0, d - 1), out.flatten(0, d - 1)
+        if x2.numel() // x2.shape[-1] <= STACKED_MAX_TOKENS and not (
+                layer.training and any(_dropping(layer, n) for n in here)):
+            lora_b = layer.lora_B
+            weights = [(lora_a[n].weight, lora_b[n].weight) for n in here]
+            a, b = self._stacked(layer, here, weights)
+            mask = self._mask(here, [w.shape[0] for w, _ in weights], [layer.scaling[n] for n in here], a.dtype)
+            h = x2.to(a.dtype) @ a.T
+            delta = (h * mask.view(mask.shape[0], *[1] * (h.dim() - 2), mask.shape[1])) @ b.T
+            return out + delta.view(out.shape).to(out.dtype)
+        for name in here:  # per adapter: its tokens out, its delta back in at their places
+            rows = self._rows(name)
+            out2 = out2.index_add(0, rows, _delta(layer, name, x2.index_select(0, rows)).to(out2.dtype))
+        return out2.view(out.shape)
+
+    def _rows(self, name: str) -> torch.Tensor:
+        """Positions in the flattened ids of ``name``'s tokens."""
+        if name not in self._positions:
+            self._positions[name] = (self._flat == self.names.index(name)).nonzero()[:, 0]
+        return self._positions[name]
+
+    def _mask(self, here: list[str], ranks: list[int], scales: list[float], dtype: Any) -> torch.Tensor:
+        """``[tokens, sum r]``: each token's scaling on its own adapter's columns, zero elsewhere."""
+        import torch
+
+        key = (*here, *ranks, *scales, dtype)
+        if key not in self._masks:
+            device = self._flat.device
+            owner = torch.cat([torch.full((r,), self.names.index(n), device=device) for n, r in zip(here, ranks)])
+            scale = torch.cat([torch.full((r,), s, dtype=dtype, device=device) for s, r in zip(scales, ranks)])
+            self._masks[key] = (self._flat[:, None] == owner[None, :]).to(dtype) * scale
+        return self._masks[key]
+
+    def _stacked(self, layer: Any, here: list[str], weights: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The present adapters' ``A`` stacked ``[sum r, in]`` and ``B`` ``[out, sum r]``: from the
+        parameters (under gradients they flow to each); with ``keep_stacked`` and no gradients, kept on
+        the layer until one of them is written in place or replaced."""
+        import torch
+
+        if not self.keep_stacked or torch.is_grad_enabled():
+            return torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1)
+        key = (*here, *((t._version, t.data_ptr(), t.dtype) for pair in weights for t in pair))
+        kept = layer.__dict__[_STACK]
+        if kept is None or kept[0] != key:
+            kept = (key, torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1))
+            object.__setattr__(layer, _STACK, kept)
+        return kept[1], kept[2]
+
+
+def _delta(layer: Any, name: str, x: torch.Tensor) -> torch.Tensor:
+    """peft's delta of adapter ``name`` on ``x``: ``B(A(dropout(x))) * scaling``, in the adapter's dtype."""
+    a = layer.lora_A[name]
+    return layer.lora_B[name](a(layer.lora_dropout[name](x.to(a.weight.dtype)))) * layer.scaling[name]
+
+
+def _dropping(layer: Any, name: str) -> bool:
+    """Whether adapter ``name``'s input dropout is live (training, p > 0): the stacked path has none."""
+    drop = layer.lora_dropout[name]
+    return bool(drop.training and getattr(drop, "p", 0.0) > 0)

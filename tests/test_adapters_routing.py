@@ -1,0 +1,181 @@
+"""Several LoRA adapters on one base (model.adapters): apply_adapters injects one per role, routed sends each
+token (or row) through its own adapter, exactly as a model with that adapter merged, and an adapter with no
+token in a forward takes no part in it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toolrl.config import AdapterConfig, ConfigError
+from toolrl.engines import adapters as routing
+from toolrl.engines.adapters import adapter_names, routed
+from toolrl.model_sources import load_model
+from toolrl.training import lora
+
+# Different ranks, scalings and targets: "a" adapts only q/v, "b" every Linear, "c" is frozen.
+ROLES = {"a": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+         "b": AdapterConfig(r=8, alpha=32),
+         "c": AdapterConfig(r=2, alpha=2, frozen=True)}
+
+
+def routed_model(path: str, seed: int = 0) -> torch.nn.Module:
+    """The tiny model with the three adapters, their A and B drawn from ``seed`` (B starts at zero in peft,
+    which would hide a wrong route)."""
+    model = lora.apply_adapters(load_model(path), ROLES)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return model
+
+
+def merged_model(path: str, model: torch.nn.Module, role: str) -> torch.nn.Module:
+    """A plain model (no peft) whose weights are the base ones with ``role``'s adapter merged in."""
+    from peft.tuners.lora import LoraLayer
+
+    plain = load_model(path)
+    own = dict(plain.named_parameters())
+    with torch.no_grad():
+        for name, layer in model.named_modules():
+            if isinstance(layer, LoraLayer) and role in layer.lora_A:
+                a, b = layer.lora_A[role].weight, layer.lora_B[role].weight
+                own[f"{name}.weight"].add_(layer.scaling[role] * b @ a)
+    return plain
+
+
+def prompts(rows: int, tokens: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 1000, (rows, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def test_apply_adapters_names_roles_and_freezes_the_frozen(tiny_qwen3_path):
+    model = lora.apply_adapters(load_model(tiny_qwen3_path), ROLES)
+    assert adapter_names(model) == ["a", "b", "c"]
+    trained = {(n.split(".")[-2], p.requires_grad) for n, p in model.named_parameters() if "lora_" in n}
+    assert trained == {("a", True), ("b", True), ("c", False)}
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    # model.lora stays the one adapter "default", forwarded by peft as before (no routing).
+    single = lora.apply_lora(load_model(tiny_qwen3_path), ROLES["a"])
+    assert adapter_names(single) == ["default"]
+    single(input_ids=prompts(1, 4))
+    with pytest.raises(ValueError, match="no routed adapters"), routed(single, torch.zeros(1, dtype=torch.long)):
+        pass
+
+
+@pytest.mark.parametrize("role, targets, message", [
+    ("planner", ["nope"], "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
+    ("judge", ["lm_head"], "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied"),
+    ("v1.5", "all-linear", "model.adapters.v1.5: an adapter per role is named by its role, which then cannot "
+                           "contain '.'"),
+])
+def test_bad_adapters_name_the_role(tiny_qwen3_path, role, targets, message):
+    with pytest.raises(ConfigError) as info:
+        lora.apply_adapters(load_model(tiny_qwen3_path), {"ok": AdapterConfig(), role: AdapterConfig(target_modules=targets)})
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# 3 rows x 5 tokens takes the stacked path (few tokens), 3 x 40 the per-adapter one.
+@pytest.mark.parametrize("tokens", [5, 40])
+def test_each_row_equals_its_adapter_merged_and_minus_one_the_base(tiny_qwen3_path, tokens):
+    model = routed_model(tiny_qwen3_path)
+    ids = prompts(4, tokens)
+    rows = torch.tensor([1, -1, 0, 2])
+    with torch.no_grad(), routed(model, rows):
+        out = model(input_ids=ids).logits
+    with torch.no_grad(), routed(model, rows[:, None].expand(4, tokens)):  # the same route, per token
+        per_token = model(input_ids=ids).logits
+    torch.testing.assert_close(per_token, out, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        for i, role in [(0, "b"), (2, "a"), (3, "c")]:
+            ref = merged_model(tiny_qwen3_path, model, role)(input_ids=ids[i : i + 1]).logits
+            torch.testing.assert_close(out[i : i + 1], ref, rtol=0, atol=1e-5)
+        base = load_model(tiny_qwen3_path)(input_ids=ids[1:2]).logits
+    torch.testing.assert_close(out[1:2], base, rtol=0, atol=1e-5)
+    # Every row through one adapter (no index, no mask) is that adapter merged as well.
+    with torch.no_grad(), routed(model, torch.ones(4, dtype=torch.long)):
+        alone = model(input_ids=ids).logits
+    with torch.no_grad():
+        torch.testing.assert_close(alone, merged_model(tiny_qwen3_path, model, "b")(input_ids=ids).logits,
+                                   rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [3, 100])
+def test_a_layer_routes_each_token_to_its_own_adapter(tiny_qwen3_path, tokens):
+    # Per token, mixed inside a row: the layer's output is the base's plus that token's adapter delta.
+    model = routed_model(tiny_qwen3_path)
+    layer = model.model.layers[0].self_attn.q_proj  # holds a, b and c
+    x = torch.randn(2, tokens, layer.in_features, generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(-1, 3, (2, tokens), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), routed(model, ids):
+        out = layer(x)
+    with torch.no_grad():
+        want = layer.base_layer(x)
+        for i, role in enumerate("abc"):
+            a, b = layer.lora_A[role].weight, layer.lora_B[role].weight
+            want = want + (ids == i)[..., None] * (x @ a.T @ b.T) * layer.scaling[role]
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [6, 40])
+def test_gradients_reach_only_the_adapters_in_the_forward_as_if_alone(tiny_qwen3_path, tokens):
+    model = routed_model(tiny_qwen3_path)
+    ids = prompts(4, tokens)
+    advantages = torch.tensor([1.0, -0.5, 0.25, 2.0])
+    rows = torch.tensor([0, 1, 0, -1])  # "c" has no row
+
+    def grads(route: torch.Tensor, keep: list[int]) -> dict[str, torch.Tensor | None]:
+        # A policy-gradient loss as the trainer's: each row's next-token log-probs times its advantage.
+        model.zero_grad(set_to_none=True)
+        with routed(model, route):
+            logp = torch.log_softmax(model(input_ids=ids[keep]).logits[:, :-1], -1)
+            chosen = logp.gather(-1, ids[keep, 1:, None])[..., 0]
+            (-(chosen * advantages[keep, None]).sum() / chosen.numel()).backward()
+        return {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    mixed = grads(rows, [0, 1, 2, 3])
+    assert all(g is None for n, g in mixed.items() if ".c." in n)
+    assert all(g is not None and float(g.abs().sum()) > 0 for n, g in mixed.items() if ".a." in n or ".b." in n)
+    for role, keep in [("a", [0, 2]), ("b", [1])]:
+        alone = grads(rows[keep], keep)
+        scale = 4 / len(keep)  # the mixed loss averages over all four rows
+        for name, g in mixed.items():
+            if f".{role}." in name:
+                torch.testing.assert_close(g * scale, alone[name], rtol=0, atol=1e-6)
+            else:
+                assert alone[name] is None, name
+
+
+def test_forwards_outside_routed_and_bad_ids_raise(tiny_qwen3_path):
+    model = routed_model(tiny_qwen3_path)
+    with pytest.raises(RuntimeError, match=r"adapters per role \(a, b, c\) runs its forwards inside"):
+        model(input_ids=prompts(1, 3))
+    with pytest.raises(ValueError, match=r"outside -1 \.\. 2"), routed(model, torch.tensor([3])):
+        pass
+    with pytest.raises(ValueError, match="an integer tensor"), routed(model, torch.tensor([0.0])):
+        pass
+    with pytest.raises(ValueError, match="do not route"), routed(model, torch.zeros(2, 3, dtype=torch.long)):
+        model(input_ids=prompts(2, 4))
+    with routed(model, torch.tensor([0])), pytest.raises(RuntimeError, match="already in progress"), \
+            routed(model, torch.tensor([1])):
+        pass
+    with pytest.raises(RuntimeError, match="runs its forwards inside"):  # the context is gone again
+        model(input_ids=prompts(1, 3))
+
+
+def test_kept_stacked_weights_follow_a_weight_written_in_place(tiny_qwen3_path):
+    model = routed_model(tiny_qwen3_path)
+    ids, rows = prompts(2, 1), torch.tensor([0, 1])
+    layer = model.model.layers[0].self_attn.v_proj  # (one token: q and k change nothing)
+    with torch.no_grad(), routed(model, rows):
+        model(input_ids=ids)
+    assert layer.__dict__[routing._STACK] is None  # kept only when asked (an engine)
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
+        model(input_ids=ids)
+    assert layer.__dict__[routing._STACK] is not None  # the decode-sized forward kept them
+    with torch.no_grad():
+        layer.lora_B["b"].weight.add_(0.5)  # as a weight sync writes an adapter tensor
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
+        out = model(input_ids=ids).logits
+    with torch.no_grad():
+        ref = merged_model(tiny_qwen3_path, model, "b")(input_ids=ids[1:]).logits
+    torch.testing.assert_close(out[1:], ref, rtol=0, atol=1e-5)

@@ -1,0 +1,112 @@
+"""The transformers engine serving an adapter per role (model.adapters): rows of different adapters in one
+batch, each exactly as a separate model with its adapter merged; KV reused only under its own adapter;
+updates that carry some adapters' tensors; engines that serve none refuse model.adapters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from test_adapters_routing import ROLES, merged_model
+from test_transformers_engine import greedy_reference, logprob_reference
+from toolrl.config import load_config
+from toolrl.engines import ModelSource, SamplingParams
+from toolrl.engines.transformers import TransformersEngine
+from toolrl.model_sources import load_model
+from toolrl.plugins.parts import RunFacts
+from toolrl.training import lora
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+
+
+def adapter_tensors(model: torch.nn.Module, seed: int, roles: str = "abc") -> dict[str, torch.Tensor]:
+    """New values for the adapter tensors of ``roles``, by the model's names (what a weight sync carries)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(p.shape, generator=gen) * 0.05 for name, p in model.named_parameters()
+            if "lora_" in name and name.split(".")[-2] in roles}
+
+
+def load(engine: TransformersEngine, tensors: dict[str, torch.Tensor], version: int) -> None:
+    """Through the rows path every weight sync takes."""
+    with engine.updating_weights(version):
+        for name, value in tensors.items():
+            engine.load_weight_rows(name, value.shape, 0, value)
+        engine.finish_weight_rows()
+
+
+@pytest.fixture
+async def engine(tiny_qwen3_path, qwen3_tokenizer):
+    eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path, tokenizer=qwen3_tokenizer), {"device": "cpu"})
+    eng.apply_adapters(lambda model: lora.apply_adapters(model, ROLES))
+    load(eng, adapter_tensors(eng.model, seed=0), 1)
+    yield eng
+    await eng.close()
+
+
+def chat(tokenizer, text: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         return_dict=False)
+
+
+async def test_a_mixed_batch_samples_each_row_as_its_adapter_merged(engine, tiny_qwen3_path, qwen3_tokenizer):
+    # One prompt under two adapters (never one prefill for both), a long one (the per-adapter prefill
+    # path) and short ones; all admitted together, so prefill and decode steps hold several adapters.
+    short, long = chat(qwen3_tokenizer, "hi"), chat(qwen3_tokenizer, "Summarise: " + "the quick brown fox " * 20)
+    asks = [(short, "a"), (short, "b"), (long, "c"), (chat(qwen3_tokenizer, "2+2?"), "b"), (long, "a")]
+    gens = await asyncio.gather(*(engine.generate(p, GREEDY, adapter=role) for p, role in asks))
+    assert engine.stats.steps == GREEDY.max_new_tokens  # one prefill, then every decode step for all rows
+    refs = {role: merged_model(tiny_qwen3_path, engine.model, role) for role in "abc"}
+    for (prompt, role), [gen] in zip(asks, gens):
+        assert gen.token_ids == greedy_reference(refs[role], prompt, GREEDY.max_new_tokens), role
+        want = logprob_reference(refs[role], prompt, gen.token_ids)
+        assert max(abs(x - y) for x, y in zip(gen.logprobs, want)) <= 1e-5, role
+        assert gen.prefill_tokens_saved == 0
+    assert gens[0][0].token_ids != gens[1][0].token_ids  # the adapters differ where it shows
+
+
+async def test_kv_is_reused_only_under_the_adapter_that_computed_it(engine, tiny_qwen3_path, qwen3_tokenizer):
+    first = chat(qwen3_tokenizer, "Tell me about foxes.")
+    [gen] = await engine.generate(first, GREEDY, session_id="s", adapter="a")
+    follow = first + gen.token_ids + chat(qwen3_tokenizer, "And dogs?")
+    [same] = await engine.generate(follow, GREEDY, session_id="s", adapter="a")
+    assert same.prefill_tokens_saved > 0
+    [other] = await engine.generate(follow + same.token_ids, GREEDY, session_id="s", adapter="b")
+    assert other.prefill_tokens_saved == 0  # the kept KV is adapter a's
+    ref = merged_model(tiny_qwen3_path, engine.model, "b")
+    assert other.token_ids == greedy_reference(ref, follow + same.token_ids, GREEDY.max_new_tokens)
+
+
+async def test_an_update_of_one_adapter_reaches_its_rows_only(engine, tiny_qwen3_path, qwen3_tokenizer):
+    prompt = chat(qwen3_tokenizer, "hi")
+
+    async def both() -> list[list[int]]:
+        gens = await asyncio.gather(engine.generate(prompt, GREEDY, adapter="a"),
+                                    engine.generate(prompt, GREEDY, adapter="b"))
+        return [g[0].token_ids for g in gens]
+
+    before = await both()  # a decode step of a and b: the stacked weights are kept
+    load(engine, adapter_tensors(engine.model, seed=7, roles="b"), 2)
+    after = await both()
+    assert after[0] == before[0]
+    assert after[1] == greedy_reference(merged_model(tiny_qwen3_path, engine.model, "b"), prompt,
+                                        GREEDY.max_new_tokens) != before[1]
+
+
+async def test_a_request_names_one_of_the_engines_adapters(engine, tiny_qwen3_path, qwen3_tokenizer):
+    prompt = chat(qwen3_tokenizer, "hi")
+    with pytest.raises(ValueError, match=r"unknown adapter 'nope': the engine serves an adapter per role: a, b, c"):
+        await engine.generate(prompt, GREEDY, adapter="nope")
+    with pytest.raises(ValueError, match="no adapter: the engine serves an adapter per role"):
+        await engine.generate(prompt, GREEDY)
+    plain = TransformersEngine(load_model(tiny_qwen3_path), qwen3_tokenizer, engine.config)
+    with pytest.raises(ValueError, match="has no LoRA adapter per role"):
+        await plain.generate(prompt, GREEDY, adapter="a")
+    await plain.close()
+
+
+def test_static_decode_is_refused_with_an_adapter_per_role(tiny_qwen3_path):
+    static = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}},
+                                     "engine": {"options": {"decode": "static"}}})
+    with pytest.raises(ValueError, match="decode: static"):
+        TransformersEngine.check_run(RunFacts(static, tiny_qwen3_path, {}, {}, None, None))

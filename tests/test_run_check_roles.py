@@ -1,0 +1,83 @@
+"""The run check of roles (toolrl.roles.run_check.check_roles): a role a session gives turns to, or the model
+an agent program asks for, that is not among the run's roles is one line before any weights load (exit 2,
+its file and line); so is rollout.roles with an estimator that has no group baseline to give each role its
+own. ``toolrl train CONFIG --check`` passes a run whose roles agree."""
+
+from __future__ import annotations
+
+import pytest
+from test_config_errors import invoke, one_error_line, write_config
+from test_run_check import no_weights_load, passes_with, refused
+
+__all__ = ["no_weights_load"]  # its autouse fixture: weights that load before the check fail the test
+
+DEBATE_SESSION = '''
+from toolrl import hookimpl
+from toolrl.sessions import EnvironmentSession
+
+
+class Debate(EnvironmentSession):
+    roles = ("solver", "verifier")
+
+    async def role(self):
+        return None
+
+
+@hookimpl
+def register_environment_sessions(register):
+    register(Debate, name="debate")
+'''
+
+
+@pytest.fixture
+def debate(tmp_path, monkeypatch, toolrl_reload_plugins):
+    """A session kind ``debate`` that gives turns to the solver and the verifier."""
+    from _dists import make_dist
+
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    make_dist(plugin, "toolrl-plugin-debate", "debate", "debate_session", DEBATE_SESSION)
+    monkeypatch.syspath_prepend(str(plugin))
+    toolrl_reload_plugins()
+
+
+def test_a_role_a_session_gives_turns_to_must_be_the_runs(tmp_path, debate):
+    line, path = refused(tmp_path, "session.name: session 'debate' gives turns to 'verifier', which is not among "
+                         "the run's roles (solver)", session={"name": "debate"}, rollout={"roles": ["solver"]})
+    assert line.startswith(f"error: {path}:")
+    refused(tmp_path, "session.name: session 'debate' gives turns to 'solver', 'verifier', which is not among the "
+            "run's roles: it has none (set rollout.roles)", session={"name": "debate"})
+    assert passes_with(tmp_path, session={"name": "debate"}, rollout={"roles": ["verifier", "solver"]}) == []
+
+
+def test_the_model_an_agent_program_asks_for_must_be_a_role(tmp_path):
+    agent = {"name": "command", "command": "true", "model": "gpt-9"}
+    line, path = refused(tmp_path, "rollout.agent.model: the agent program asks for model 'gpt-9', which is not "
+                         "among the run's roles (planner, executor)",
+                         rollout={"roles": ["planner", "executor"], "agent": agent})
+    assert line.startswith(f"error: {path}:")
+    passes_with(tmp_path, rollout={"roles": ["planner", "executor"], "agent": {**agent, "model": "executor"}})
+
+
+def test_roles_in_one_policy_need_a_group_baseline(tmp_path):
+    line, path = refused(tmp_path, "rollout.roles: each role is normalised against its own baseline within its "
+                         "group, and algorithm.advantage reinforce_pp has no group baseline",
+                         rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "reinforce_pp"})
+    assert line.startswith(f"error: {path}:")
+    result = invoke("train", str(write_config(tmp_path, algorithm={"advantage": "reinforce_pp"})), "--check",
+                    "rollout.roles=[solver,verifier]")
+    one_error_line(result, "error: override rollout.roles=[solver,verifier]: rollout.roles: each role")
+    assert passes_with(tmp_path, rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "rloo"}) == []
+
+
+def test_a_role_a_data_row_names_must_be_the_runs(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "extra_info": {"role": "solver"}}\n'
+                    '{"prompt": [{"role": "user", "content": "2+2?"}], "extra_info": {"role": "judge"}}\n')
+    data = {"train_files": [str(rows)]}
+    refused(tmp_path, f"error: {rows}:2: extra_info.role: 'judge' is not among the run's roles (solver, verifier)",
+            data=data, rollout={"roles": ["solver", "verifier"]})
+    refused(tmp_path, f"error: {rows}:1: extra_info.role: 'solver' is not among the run's roles: it has none",
+            data=data)
+    rows.write_text(rows.read_text().replace("judge", "verifier"))
+    assert passes_with(tmp_path, data=data, rollout={"roles": ["solver", "verifier"]}) == []
