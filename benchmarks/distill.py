@@ -28,6 +28,14 @@ model's success at 0 tokens) first reaches 0.9 × the teacher's held-out success
     OMP_NUM_THREADS=1 python benchmarks/distill.py [--quick] [--seeds 3] [--steps 12]
 
 Last line: ``tokens to 90% of the teacher's success, opd/grpo: X.XX`` (below 1: OPD needs fewer tokens).
+With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top_k: 20, baseline: vopd}``)
+and plain opd: ``..., vopd/opd: X.XX``.
+
+``--gemma`` runs only the issue's pair across tokenizers: Gemma 3 270M, prompted, teaches
+SmolLM2-135M-Instruct the quickstart's calculator task; last line ``cross-tokenizer: before N/64 → after M/64``.
+
+``--overlap`` measures only where the teacher's time goes (``teacher_s`` against ``teacher_wait_s``: what
+of it the steps still waited for), the teacher scoring each group as it is generated.
 
 ``--across`` runs only a teacher of another tokenizer: SmolLM2-135M-Instruct, as it comes, distils
 into the peaked tiny Qwen3 (``reward_weight`` 0) on a task an English model's log-probs favour: the
@@ -119,6 +127,71 @@ def across(args: argparse.Namespace) -> int:
     return 0
 
 
+def gemma(args: argparse.Namespace) -> int:
+    """The issue's pair across tokenizers: Gemma 3 270M (the base model, prompted by the task's worked
+    example) teaches SmolLM2-135M-Instruct the quickstart's calculator task (``examples/distill.yaml``:
+    ``opd``, ``reward_weight`` 0, the teacher ``gemma3-270m``), ``--steps`` steps. Held-out: the
+    quickstart's 64 problems, greedy, for the teacher and for the student before and after."""
+    from toolrl.roles.controller import train_async
+    from toolrl.roles.evaluate import run_evaluation
+    from toolrl.training.export import export
+
+    def success(source: str | Path, out: Path) -> int:
+        config = load_config(ROOT / "examples" / "quickstart.yaml", [
+            f"model.source={source}", "eval.num_samples=64", f"trainer.output_dir={out / 'run'}",
+            "trainer.progress=false"])
+        return round(run_evaluation(config, out, progress=False)["pass@1"] * EVAL)
+
+    with tempfile.TemporaryDirectory(prefix="distill-gemma-") as tmp:
+        base = Path(tmp)
+        t0 = time.perf_counter()
+        teacher = success("gemma3-270m", base / "teacher")
+        before = success("smollm2-135m-instruct", base / "before")
+        print(f"held-out success: teacher Gemma 3 270M {teacher}/{EVAL}, student SmolLM2-135M-Instruct {before}/{EVAL} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        t0 = time.perf_counter()
+        config = load_config(ROOT / "examples" / "distill.yaml", [
+            "algorithm.teacher={model: gemma3-270m}", f"trainer.output_dir={base / 'run'}",
+            f"trainer.total_steps={args.steps}", "trainer.save_every=1000", "trainer.progress=false",
+            "trainer.plot=false"])
+        asyncio.run(train_async(config))
+        rows = [json.loads(x) for x in (base / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        print(f"student: {args.steps} steps, {time.perf_counter() - t0:.0f} s (teacher {sum(r['teacher_s'] for r in rows):.0f} "
+              f"s of it, {sum(r['teacher_wait_s'] for r in rows):.0f} s waited)", flush=True)
+        after = success(export(base / "run", base / "after-model"), base / "after")
+    print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL}")
+    return 0
+
+
+def overlap(args: argparse.Namespace) -> int:
+    """Where the teachers' time goes: ``--steps`` steps of pure distillation, SmolLM2-135M-Instruct (another
+    tokenizer, a teacher ~20× the student) scoring the peaked tiny Qwen3's groups as they are generated.
+    Per step: the teachers' time (``teacher_s``, in their thread) and what of it the step still waited for
+    (``teacher_wait_s``: all of it when a step's batch was scored in one call after it was generated)."""
+    from toolrl.model_sources import smollm2_135m
+
+    if args.overlap_teacher == "smollm2-135m-instruct":
+        smollm2_135m()
+    with tempfile.TemporaryDirectory(prefix="distill-overlap-") as tmp:
+        base = Path(tmp)
+        model = peaked_model(base / "model")
+        teacher = model if args.overlap_teacher == "student" else args.overlap_teacher
+        arm = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}", f"data.batch_size={args.groups}",
+               f"rollout.n={args.group_size}", f"trainer.max_staleness={args.staleness}",
+               f"rollout.max_concurrent_trajectories={args.concurrency}"]
+        rows = run_rows(model, base / "run", 0, args.steps, args, arm, 0)
+    keys = ("rollout_wait_s", "teacher_s", "teacher_wait_s", "train_s", "step_s")
+    print(f"teacher {args.overlap_teacher}; {args.steps} steps × {args.groups} groups × {args.group_size} samples × "
+          f"≤ {args.max_new_tokens} tokens, {args.concurrency} at once, max_staleness {args.staleness}")
+    print(table(["step", *keys], [[r["step"], *[f"{r[k]:.2f}" for k in keys]] for r in rows]))
+    later = rows[1:] or rows  # the first step's also holds the teacher's first forward
+    teacher, wait = sum(r["teacher_s"] for r in later), sum(r["teacher_wait_s"] for r in later)
+    print(f"\nsteps 2-{args.steps}: teacher {teacher:.2f} s, of which the steps waited {wait:.2f} s; step "
+          f"{statistics.mean(r['step_s'] for r in later):.2f} s mean")
+    print(f"teacher time on the step's path, waited/scored: {wait / max(teacher, 1e-9):.2f}")
+    return 0
+
+
 def peaked_model(out: Path) -> Path:
     """The tiny random Qwen3, embeddings × 6 (``tests/test_trainer.py``'s ``peaked_tiny_model``)."""
     import shutil
@@ -157,15 +230,21 @@ def held_out(model: Path, out: Path, args: argparse.Namespace) -> int:
     return round(summary["pass@1"] * EVAL)
 
 
-def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
-          eval_every: int) -> list[tuple[int, int]]:
-    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+def run_rows(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
+             eval_every: int) -> list[dict[str, Any]]:
+    """One run (``toolrl train``'s loop); its metrics rows."""
     from toolrl.roles.controller import train_async
 
     config = load_config(ROOT / "examples" / "tiny.yaml", settings(
         model, out, seed, args, f"trainer.total_steps={steps}", f"trainer.eval_every={eval_every}", *arm))
     asyncio.run(train_async(config))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
+          eval_every: int) -> list[tuple[int, int]]:
+    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+    rows = run_rows(model, out, seed, steps, args, arm, eval_every)
     curve, tokens = [], 0
     for row in rows:
         tokens += int(row["trained_tokens"])
@@ -210,7 +289,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the teacher run's overrides (from the same initial model, on the reward)")
     ap.add_argument("--across", action="store_true", help="only the cross-tokenizer run (SmolLM2 teaches the "
                     "tiny Qwen3 to write English letters)")
+    ap.add_argument("--overlap", action="store_true", help="only the teachers' time against the step's: "
+                    "SmolLM2 scoring groups as they are generated")
+    ap.add_argument("--groups", type=int, default=8, help="--overlap: groups per step")
+    ap.add_argument("--group-size", type=int, default=4, help="--overlap: samples per group")
+    ap.add_argument("--staleness", type=int, default=0, help="--overlap: trainer.max_staleness")
+    ap.add_argument("--concurrency", type=int, default=8, help="--overlap: rollout.max_concurrent_trajectories "
+                    "(below a step's trajectories, its groups end one wave after another)")
+    ap.add_argument("--overlap-teacher", default="student", help="--overlap: the teacher's model.source "
+                    "(student: the student's own initial weights)")
+    ap.add_argument("--vopd", action="store_true", help="opd with vOPD's baseline against plain opd (in place of "
+                    "opd against grpo)")
+    ap.add_argument("--top-k", type=int, default=20, help="--vopd: the teacher's top-k its baseline sums over")
+    ap.add_argument("--gemma", action="store_true", help="only the cross-tokenizer pair of issue 74: Gemma 3 270M "
+                    "teaches SmolLM2-135M-Instruct the calculator task (--steps steps)")
     args = ap.parse_args(argv)
+    if args.gemma:
+        print(f"machine: {machine()}")
+        return gemma(args)
+    if args.overlap:
+        register()
+        print(f"machine: {machine()}")
+        return overlap(args)
     if args.across:
         register()
         print(f"machine: {machine()}")
@@ -234,8 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         before = held_out(model, base / "before-eval", args)
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
               f"{teacher_ok}/{EVAL}, untrained student {before}/{EVAL}", flush=True)
-        arms = {"opd": [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"],
-                "grpo": shlex.split(args.grpo)}
+        opd = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"]
+        arms = {"vopd": [*opd, f"algorithm.advantage_options={{top_k: {args.top_k}, baseline: vopd}}"], "opd": opd} \
+            if args.vopd else {"opd": opd, "grpo": shlex.split(args.grpo)}
         curves: dict[str, list[list[tuple[float, float]]]] = {}
         for name, arm in arms.items():
             for seed in range(args.seeds):
@@ -257,12 +358,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in reached.items():
         print(f"{name}: tokens to {target:.1f}/{EVAL} (90% of the teacher's): "
               f"{'not within the budget' if value is None else f'{value:.0f}'}")
-    if reached["opd"] is None or reached["grpo"] is None:
+    first, anchor = arms
+    if reached[first] is None or reached[anchor] is None:
         ratio = "n/a (" + " and ".join(n for n, v in reached.items() if v is None) + " did not reach it within " \
                 f"{budget:.0f} tokens)"
     else:
-        ratio = f"{reached['opd'] / max(reached['grpo'], 1e-9):.2f}"
-    print(f"\ntokens to 90% of the teacher's success, opd/grpo: {ratio}")
+        ratio = f"{reached[first] / max(reached[anchor], 1e-9):.2f}"
+    print(f"\ntokens to 90% of the teacher's success, {first}/{anchor}: {ratio}")
     return 0
 
 

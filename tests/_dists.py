@@ -24,6 +24,16 @@ def make_dist(root: Path, dist: str, entry: str, module: str, code: str, version
     (info / "entry_points.txt").write_text(f"[toolrl]\n{entry} = {module}\n")
 
 
+def load_plugin(tmp_path: Path, monkeypatch, reload, dist: str, entry: str, module: str, code: str) -> None:
+    """:func:`make_dist` in ``tmp_path/plugin``, put on ``sys.path`` and loaded in this process (``reload``:
+    the ``toolrl_reload_plugins`` fixture's)."""
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    make_dist(plugin, dist, entry, module, code)
+    monkeypatch.syspath_prepend(str(plugin))
+    reload()
+
+
 def make_wheel(package: Path, out: Path, dist: str, entry_points: Mapping[str, str], version: str = "0.1.0",
                requires: Sequence[str] = ("toolrl",)) -> Path:
     """A pure-Python wheel of the import package in directory ``package`` (every file in it, templates

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_lora import draw_adapters
 from toolrl.config import AdapterConfig, ConfigError
 from toolrl.engines import adapters as routing
 from toolrl.engines.adapters import adapter_names, routed
@@ -19,15 +20,8 @@ ROLES = {"a": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
 
 
 def routed_model(path: str, seed: int = 0) -> torch.nn.Module:
-    """The tiny model with the three adapters, their A and B drawn from ``seed`` (B starts at zero in peft,
-    which would hide a wrong route)."""
-    model = lora.apply_adapters(load_model(path), ROLES)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    return model
+    """The tiny model with the three adapters, their A and B drawn from ``seed``."""
+    return draw_adapters(lora.apply_adapters(load_model(path), ROLES), seed)
 
 
 def merged_model(path: str, model: torch.nn.Module, role: str) -> torch.nn.Module:
@@ -62,12 +56,13 @@ def test_apply_adapters_names_roles_and_freezes_the_frozen(tiny_qwen3_path):
         pass
 
 
-@pytest.mark.parametrize("role, message", [
-    ("planner", "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
-    ("judge", "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied weight"),
+@pytest.mark.parametrize("role, targets, message", [
+    ("planner", ["nope"], "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
+    ("judge", ["lm_head"], "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied"),
+    ("v1.5", "all-linear", "model.adapters.v1.5: an adapter per role is named by its role, which then cannot "
+                           "contain '.'"),
 ])
-def test_bad_targets_name_the_role(tiny_qwen3_path, role, message):
-    targets = ["nope"] if role == "planner" else ["lm_head"]
+def test_bad_adapters_name_the_role(tiny_qwen3_path, role, targets, message):
     with pytest.raises(ConfigError) as info:
         lora.apply_adapters(load_model(tiny_qwen3_path), {"ok": AdapterConfig(), role: AdapterConfig(target_modules=targets)})
     assert message in str(info.value) and "\n" not in str(info.value)
@@ -164,11 +159,17 @@ def test_forwards_outside_routed_and_bad_ids_raise(tiny_qwen3_path):
 def test_kept_stacked_weights_follow_a_weight_written_in_place(tiny_qwen3_path):
     model = routed_model(tiny_qwen3_path)
     ids, rows = prompts(2, 1), torch.tensor([0, 1])
+    layer = model.model.layers[0].self_attn.v_proj  # (one token: q and k change nothing)
     with torch.no_grad(), routed(model, rows):
         model(input_ids=ids)
-        layer = model.model.layers[0].self_attn.v_proj  # (one token: q and k change nothing)
-        assert layer.__dict__[routing._STACK] is not None  # the decode-sized forward kept them
+    assert layer.__dict__[routing._STACK] is None  # kept only when asked (an engine)
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
+        model(input_ids=ids)
+    assert layer.__dict__[routing._STACK] is not None  # the decode-sized forward kept them
+    with torch.no_grad():
         layer.lora_B["b"].weight.add_(0.5)  # as a weight sync writes an adapter tensor
+    with torch.no_grad(), routed(model, rows, keep_stacked=True):
         out = model(input_ids=ids).logits
+    with torch.no_grad():
         ref = merged_model(tiny_qwen3_path, model, "b")(input_ids=ids[1:]).logits
     torch.testing.assert_close(out[1:], ref, rtol=0, atol=1e-5)

@@ -80,6 +80,22 @@ def test_an_adapter_no_row_used_keeps_weights_and_optimizer_state():
     assert_same(frozen, adapter_state(rank, "c"))
 
 
+def test_a_frozen_roles_pieces_act_but_never_train():
+    """A fixed opponent's pieces are in the batch (the rollouts give every piece its role) and train
+    nothing: alone they are a step with no trained token (not a backward without a graph), beside
+    another role's they leave its step as it would be without them."""
+    rank = trainer()
+    before = {adapter: adapter_state(rank, adapter) for adapter in "abc"}
+    alone = rank.step(rows("c", 1))
+    assert alone["trained_tokens"] == 0
+    for adapter in "abc":
+        assert_same(before[adapter], adapter_state(rank, adapter))
+    beside = rank.step(rows("a", 0) + rows("c", 1))
+    assert beside["trained_tokens"] == sum(len(t.response_ids) for t in rows("a", 0))
+    assert_same(before["c"], adapter_state(rank, "c"))
+    assert_same(before["b"], adapter_state(rank, "b"))
+
+
 class Recorder(torch.optim.Optimizer):
     """Keeps each update's gradients by parameter name instead of applying them (None: no gradient)."""
 

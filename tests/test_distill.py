@@ -186,7 +186,7 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     context = ttok(student.decode(prompt, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
     ids = ([ttok.bos_token_id] if ttok.bos_token_id is not None else []) + context
     text_ids = ttok(student.decode(first), add_special_tokens=False)["input_ids"]
-    direct = sum(teacher.token_logprobs(ids + text_ids, len(ids)))
+    direct = sum(teacher.token_logprobs(ids + text_ids, len(ids))[0])
     assert sum(lp[:len(first)]) == pytest.approx(direct, abs=1e-4)
     # The student's end of turn is the teacher's: a likely token after a finished answer, not text.
     assert lp[-1] > -15
@@ -196,7 +196,7 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     rendered = ttok(ttok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                     add_special_tokens=False)["input_ids"]
     assert sum(t.teacher_logprobs[:len(first)]) == pytest.approx(
-        sum(teacher.token_logprobs(rendered + text_ids, len(rendered))), abs=1e-4)
+        sum(teacher.token_logprobs(rendered + text_ids, len(rendered))[0]), abs=1e-4)
     assert sum(t.teacher_logprobs[:len(first)]) != pytest.approx(direct, abs=1e-2)
 
 
@@ -222,25 +222,39 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
       "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "reward_advantage=gae"]),
     ({"advantage": "opd", "advantage_options": {"reward_weight": 0.5, "reward_advantage": "nope"},
       "teacher": {"model": "tiny-qwen3"}}, ["algorithm.advantage_options", "unknown advantage estimator 'nope'"]),
+    ({"advantage": "opd", "advantage_options": {"baseline": "vopd"}, "teacher": {"model": "tiny-qwen3"}},
+     ["algorithm.advantage_options", "baseline vopd", "top_k is 0"]),
+    ({"advantage": "opd", "loss": "topk_forward_kl", "teacher": {"model": "tiny-qwen3"}},
+     ["algorithm.loss", "topk_forward_kl", "advantage_options.top_k"]),
+    ({"advantage": "grpo", "loss": "topk_forward_kl"}, ["algorithm.loss", "topk_forward_kl"]),
+    ({"advantage": "opd", "loss": "topk_forward_kl", "advantage_options": {"top_k": 4, "reward_weight": 0.5},
+      "teacher": {"model": "tiny-qwen3"}}, ["algorithm.loss", "reward_weight would be ignored"]),
 ])
 def test_bad_teacher_settings_are_one_line_before_any_model_loads(tmp_path, settings, fragments):
     one_error_line(invoke("train", str(write_config(tmp_path, algorithm=settings)), "--check"), *fragments)
 
 
 @pytest.mark.slow
-def test_a_training_run_has_its_teacher_score_every_batch(tmp_path):
-    """``toolrl train`` with ``advantage: opd``: the teacher scores each step's trajectories before the
-    step (``teacher_s``), and the traces keep its log-probs beside the engine's."""
+@pytest.mark.parametrize("variant", [{}, {"advantage_options": {"top_k": 4, "baseline": "vopd"}},
+                                     {"advantage_options": {"top_k": 4}, "loss": "topk_forward_kl"}])
+def test_a_training_run_has_its_teacher_score_every_batch(tmp_path, variant):
+    """``toolrl train`` with ``advantage: opd`` (plain, with vOPD's baseline, with the top-k forward KL): the
+    teacher scores each step's trajectories before the step (``teacher_s``), and the traces keep its
+    log-probs beside the engine's (and its top-k)."""
     import json
 
-    config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
-                          data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": {"model": "tiny-qwen3"}})
+    config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1}, data={"batch_size": 2},
+                          algorithm={"advantage": "opd", "teacher": {"model": "tiny-qwen3"}, **variant})
     result = invoke("train", str(config))
     assert result.exit_code == 0, result.stderr
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["teacher_s"] > 0 and row["advantage_abs_mean"] < 1e-5  # the teacher is the student's weights
+    assert abs(row["loss"]) < 1e-5
     traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert all(len(t["teacher_logprobs"]) == len(t["response_ids"]) for t in traces)
+    if variant:
+        assert all(len(row) == 4 * m for t in traces for row, m in zip(t["teacher_top_ids"], t["response_mask"],
+                                                                       strict=True))
 
 
 def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path):
@@ -286,3 +300,155 @@ def test_groups_of_one_are_refused_only_when_the_reward_is_mixed_in(tmp_path):
     one_error_line(invoke("train", str(mixed), "--check"), "rollout.n", "grpo compares each trajectory")
     pure = write_config(tmp_path, rollout={"n": 1}, algorithm={"advantage": "opd", "teacher": teacher})
     assert invoke("train", str(pure), "--check").exit_code == 0
+
+
+# -- scoring off the step's path --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["synchronous", "stream"])
+def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_path, schedule):
+    """With a teacher, each group is scored in the teacher's thread as it is generated: the step's batch
+    arrives scored, every log-prob identical to scoring the whole batch in one call, and (synchronous)
+    the groups, generated one call each, are the trajectories the step's one rollout call gives."""
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.data.batches import GroupStream, StepBatches, open_batches
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.prepare import sample_conversation
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.start import start_roles
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
+                                "rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "algorithm.advantage=opd",
+                                "algorithm.teacher={model: tiny-qwen3}", "data.batch_size=3",
+                                f"trainer.max_staleness={0 if schedule == 'synchronous' else 1}"])
+    run = resolve_run(config, "train")
+
+    async def batches():
+        roles = await start_roles(run)
+        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir, sample_conversation(run))
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0, score=teachers.score)
+        assert isinstance(stream, StepBatches if schedule == "synchronous" else GroupStream)
+        try:
+            batch = await stream.next(0)
+            one_call = None
+            if schedule == "synchronous":
+                from toolrl.data.batches import batch_for_step
+                from toolrl.seeds import step_seed
+                from toolrl.trajectory import call_prefix
+
+                prompts = batch_for_step(load_samples(config), 0, 3, config.trainer.seed, config.data.shuffle)
+                one_call = await roles.rollouts.run(prompts, 2, seed=step_seed(config.rollout.seed, 0),
+                                                    id_prefix=call_prefix("t", 1))
+            whole = [t.model_copy(update={"teacher_logprobs": None}) for t in batch.trajectories]
+            teachers.score(whole)
+            return [*batch.trajectories], whole, one_call, batch.teacher_metrics(0.0)
+        finally:
+            await stream.close()
+            await roles.close()
+
+    scored, whole, one_call, metrics = asyncio.run(batches())
+    assert len(scored) == 6 and all(t.teacher_logprobs is not None for t in scored)
+    assert [t.teacher_logprobs for t in scored] == [t.teacher_logprobs for t in whole]
+    assert metrics["teacher_s"] > 0 and metrics["teacher_wait_s"] >= 0.0
+    if one_call is not None:
+        fields = ("trajectory_id", "group", "prompt_ids", "response_ids", "response_mask", "logprobs", "reward")
+        assert [[getattr(t, f) for f in fields] for t in scored] == [[getattr(t, f) for f in fields] for t in one_call]
+
+
+# -- the teacher's top-k: the forward KL and vOPD's baseline -----------------------------------------
+
+TOPK = AlgorithmConfig(advantage="opd", advantage_options={"top_k": 6}, loss="topk_forward_kl",
+                       teacher={"model": "tiny-qwen3"})
+
+
+def test_the_teachers_top_k_are_a_separate_forwards_and_tool_results_get_none(tiny_qwen3_path, sampled):
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    model = load_model(tiny_qwen3_path).eval()
+    for t in trajs:
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            best = torch.log_softmax(model(input_ids=ids).logits[0, len(t.prompt_ids) - 1:-1], -1).topk(6, -1)
+        for c, m in enumerate(t.response_mask):
+            if not m:
+                assert t.teacher_top_ids[c] == [] and t.teacher_top_logprobs[c] == []
+                continue
+            assert t.teacher_top_ids[c] == best.indices[c].tolist()
+            assert max(abs(a - b) for a, b in zip(t.teacher_top_logprobs[c], best.values[c].tolist(), strict=True)) < 1e-5
+
+
+def topk_gradients(model, trajs, algo, advs=None):
+    """The gradient of one micro-batch's loss under ``algo`` (advantages: the estimator's, or ``advs``),
+    its per-token loss terms (B, R) and the student's log-probs at the teacher's top-k."""
+    from toolrl.algorithms import LossInputs, build_loss
+    from toolrl.training.step import logprobs, policy_loss, split_mini_batches
+
+    options = StepOptions(algo, OptimConfig(micro_batch_size=8), pad_id=0, temperature=1.0, max_response_tokens=32)
+    if advs is None:
+        grid = token_advantages(trajs, build_estimator(algo), 32, algo)
+        advs = [grid[i, :len(t.response_ids)] for i, t in enumerate(trajs)]
+    (mini,) = split_mini_batches(trajs, advs, options, torch.device("cpu"))
+    ((_, batch),) = mini.micro_steps
+    model.zero_grad(set_to_none=True)
+    out = logprobs(model, batch, options, top=True, top_grad=build_loss(algo).reads_top)  # as mini_batch_update
+    new_lp, student_top = out[..., 0], out[..., 1:]
+    loss, _ = policy_loss(new_lp, new_lp.detach(), batch, algo, mini.norm, None, None, student_top)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    terms = build_loss(algo)(LossInputs(new_lp, new_lp, batch.engine_logprobs, batch.advantages, batch.response_mask,
+                                        student_top, batch.teacher_top, batch.teacher_weight)).per_token
+    return grads, terms.detach(), student_top.detach(), batch
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_topk_forward_kl_with_the_students_weights_as_teacher_has_no_gradient(tiny_qwen3_path, sampled, agree):
+    """Teacher = the student: the top-k forward KL's gradient is 0 within 1e-6; a teacher whose top-k
+    log-probs differ (control) gives one. Tool-result tokens get no loss either way."""
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    if not agree:
+        for t in trajs:
+            t.teacher_top_logprobs = [[v * (1.0 + 0.3 * j) for j, v in enumerate(row)] for row in t.teacher_top_logprobs]
+    grads, terms, _, batch = topk_gradients(load_model(tiny_qwen3_path), trajs, TOPK)
+    assert (terms[batch.response_mask == 0] == 0).all()
+    if agree:
+        assert grads.abs().max() < 1e-6 and terms.abs().max() < 1e-6
+    else:
+        assert grads.abs().max() > 1e-3 and (terms[batch.response_mask == 1] > 1e-4).all()
+
+
+def test_the_vopd_baseline_is_the_students_negative_reverse_kl_over_the_teachers_top_k(tiny_qwen3_path, sampled):
+    """``baseline: vopd`` trains as the plain reverse-KL advantage minus w_T · Σ_v π_S(v)(log π_T(v) − log π_S(v))
+    over the teacher's top-k, from the trainer's forward: the same gradient as those advantages given by hand."""
+    trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
+    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    for t in trajs:  # a teacher that disagrees, so that the baseline is not 0
+        t.teacher_top_logprobs = [[v - 0.5 * j for j, v in enumerate(row)] for row in t.teacher_top_logprobs]
+        t.teacher_logprobs = [v - 0.2 * m for v, m in zip(t.teacher_logprobs, t.response_mask, strict=True)]
+    options = {"top_k": 6}
+    vopd = AlgorithmConfig(advantage="opd", advantage_options={**options, "baseline": "vopd"}, teacher={"model": "tiny-qwen3"})
+    plain = AlgorithmConfig(advantage="opd", advantage_options=options, teacher={"model": "tiny-qwen3"})
+    model = load_model(tiny_qwen3_path)
+    with torch.no_grad():  # peaked distributions (as benchmarks/distill.py's student): a baseline well above 0
+        model.get_input_embeddings().weight.mul_(6.0)
+    got, _, student_top, batch = topk_gradients(model, trajs, vopd)
+    teacher_top = batch.teacher_top
+    baseline = (student_top.exp() * (teacher_top - student_top)).sum(-1) * batch.response_mask
+    assert baseline[batch.response_mask == 1].abs().min() > 1e-4
+    grid = token_advantages(trajs, build_estimator(plain), 32, plain)
+    by_hand = [grid[i, :len(t.response_ids)] - baseline[i, :len(t.response_ids)] for i, t in enumerate(trajs)]
+    want, *_ = topk_gradients(model, trajs, plain, by_hand)
+    without, *_ = topk_gradients(model, trajs, plain)
+    assert torch.allclose(got, want, atol=1e-6) and (got - without).abs().max() > 1e-4
+
+
+def test_top_k_from_a_teacher_of_another_tokenizer_is_one_line(tmp_path, smollm2):
+    config = write_config(tmp_path, algorithm={"advantage": "opd", "advantage_options": {"top_k": 4},
+                                               "teacher": {"model": smollm2}})
+    one_error_line(invoke("train", str(config), "--check"), "algorithm.advantage_options", "top_k=4",
+                   "not the student's")

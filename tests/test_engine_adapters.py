@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_adapters_routing import ROLES, merged_model
 from test_transformers_engine import greedy_reference, logprob_reference
-from toolrl.config import ConfigError, load_config
+from toolrl.config import load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
@@ -105,16 +105,7 @@ async def test_a_request_names_one_of_the_engines_adapters(engine, tiny_qwen3_pa
     await plain.close()
 
 
-def test_engines_that_serve_no_adapter_per_role_refuse_model_adapters(tiny_qwen3_path):
-    pytest.importorskip("toolrl_openai")
-    from toolrl_openai.engine import OpenAIEngine
-
-    config = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}}})
-    facts = RunFacts(config, "", {}, {}, None, None)
-    with pytest.raises(ConfigError, match="model.adapters: the openai engine sends its server no weights, so it "
-                                          r"cannot serve an adapter per role \(the transformers engine does\)"):
-        OpenAIEngine.check_run(facts)
-    assert OpenAIEngine.check_run(RunFacts(load_config(None, data={"env": "arithmetic"}), "", {}, {}, None, None)) == []
+def test_static_decode_is_refused_with_an_adapter_per_role(tiny_qwen3_path):
     static = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}},
                                      "engine": {"options": {"decode": "static"}}})
     with pytest.raises(ValueError, match="decode: static"):

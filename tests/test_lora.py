@@ -22,9 +22,13 @@ QV = LoraConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
 
 
 def lora_model(path: str, config: LoraConfig = QV, dtype: str = "float32", seed: int = 0) -> torch.nn.Module:
-    """The tiny model with adapters drawn from ``seed`` (peft draws A from the global RNG and starts B
-    at zero, which would hide a missing or wrong merge)."""
-    model = lora.apply_lora(load_model(path, dtype=dtype), config)
+    """The tiny model with adapters drawn from ``seed`` (:func:`draw_adapters`)."""
+    return draw_adapters(lora.apply_lora(load_model(path, dtype=dtype), config), seed)
+
+
+def draw_adapters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """``model`` with every LoRA tensor drawn from ``seed`` (peft draws A from the global RNG and starts B
+    at zero, which would hide a missing or wrong merge, or a wrong route)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

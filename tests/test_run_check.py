@@ -216,13 +216,10 @@ def register_rollout_engines(register):
 
 
 def test_an_engine_that_declares_no_options_is_a_warning(tmp_path, monkeypatch, toolrl_reload_plugins):
-    from _dists import make_dist
+    from _dists import load_plugin
 
-    plugin = tmp_path / "plugin"
-    plugin.mkdir()
-    make_dist(plugin, "toolrl-plugin-loose", "loose", "loose_engine", LOOSE_ENGINE)
-    monkeypatch.syspath_prepend(str(plugin))
-    toolrl_reload_plugins()
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-loose", "loose", "loose_engine",
+                LOOSE_ENGINE)
     warnings = passes_with(tmp_path, engine={"name": "loose", "options": {"anything": 1}})
     assert len(warnings) == 1 and warnings[0].endswith(
         "engine.name: the loose engine declares no Options, so engine.options is checked only when the engine "

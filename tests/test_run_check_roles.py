@@ -32,13 +32,10 @@ def register_environment_sessions(register):
 @pytest.fixture
 def debate(tmp_path, monkeypatch, toolrl_reload_plugins):
     """A session kind ``debate`` that gives turns to the solver and the verifier."""
-    from _dists import make_dist
+    from _dists import load_plugin
 
-    plugin = tmp_path / "plugin"
-    plugin.mkdir()
-    make_dist(plugin, "toolrl-plugin-debate", "debate", "debate_session", DEBATE_SESSION)
-    monkeypatch.syspath_prepend(str(plugin))
-    toolrl_reload_plugins()
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-debate", "debate", "debate_session",
+                DEBATE_SESSION)
 
 
 def test_a_role_a_session_gives_turns_to_must_be_the_runs(tmp_path, debate):
@@ -81,3 +78,41 @@ def test_a_role_a_data_row_names_must_be_the_runs(tmp_path):
             data=data)
     rows.write_text(rows.read_text().replace("judge", "verifier"))
     assert passes_with(tmp_path, data=data, rollout={"roles": ["solver", "verifier"]}) == []
+
+
+# -- under model.adapters: the run's roles are the adapters' names ---------------------------------
+
+ADAPTERS = {"source": "tiny-qwen3", "adapters": {"solver": {"r": 4}, "verifier": {"r": 4, "frozen": True}}}
+
+
+def test_under_adapters_a_role_without_an_adapter_is_one_line_before_any_weights_load(tmp_path, debate):
+    """A session's role, the model an agent program asks for, a data row's role: each must name an adapter."""
+    one = {"source": "tiny-qwen3", "adapters": {"solver": {"r": 4}}}
+    line, path = refused(tmp_path, "session.name: session 'debate' gives turns to 'verifier', which is not among "
+                         "the run's roles (solver)", model=one, session={"name": "debate"})
+    assert line.startswith(f"error: {path}:")
+    agent = {"name": "command", "command": "true", "model": "gpt-9"}
+    refused(tmp_path, "rollout.agent.model: the agent program asks for model 'gpt-9', which is not among the run's "
+            "roles (solver, verifier)", model=ADAPTERS, rollout={"agent": agent})
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": [{"role": "user", "content": "1+1?"}], "extra_info": {"role": "judge"}}\n')
+    refused(tmp_path, f"error: {rows}:1: extra_info.role: 'judge' is not among the run's roles (solver, verifier)",
+            model=ADAPTERS, data={"train_files": [str(rows)]})
+    assert passes_with(tmp_path, model=ADAPTERS, session={"name": "debate"}) == []
+
+
+def test_under_adapters_a_recorded_row_names_an_adapters_role(tmp_path):
+    """data.trajectories: each recorded piece trains its role's adapter, so it must name one (else the step
+    that met it stopped with a traceback after the weights loaded)."""
+    from toolrl.trajectory import Trajectory
+
+    recorded = tmp_path / "recorded.jsonl"
+    for role, why in (("judge", "'judge' is not among"), (None, "None is not among")):
+        rows = [Trajectory(trajectory_id=f"t{i}", sample_index=i, group=0, role=r, prompt_ids=[1, 2],
+                           response_ids=[3], response_mask=[1], logprobs=[-1.0], reward=float(i))
+                for i, r in enumerate(("solver", role))]
+        recorded.write_text("".join(t.model_dump_json() + "\n" for t in rows))
+        refused(tmp_path, f"error: {recorded}:2: role: {why} the run's roles (solver, verifier): each row trains "
+                "its role's adapter", model=ADAPTERS, data={"trajectories": [str(recorded)]})
+    recorded.write_text(recorded.read_text().replace('"role":null', '"role":"verifier"'))
+    assert passes_with(tmp_path, model=ADAPTERS, data={"trajectories": [str(recorded)]}) == []

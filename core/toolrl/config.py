@@ -208,8 +208,9 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
 
 
-# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by.
-RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,63}$")]
+# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by (no
+# '.': an adapter's name is part of torch module names).
+RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")]
 
 
 class AdapterConfig(LoraConfig):
@@ -767,6 +768,11 @@ class Config(Section):
     def roles(self) -> list[str]:
         """The run's roles: ``model.adapters``' names, else ``rollout.roles``; empty: a run with no roles."""
         return list(self.model.adapters or self.rollout.roles or [])
+
+    @property
+    def frozen_roles(self) -> tuple[str, ...]:
+        """The roles whose policy is a frozen adapter (``model.adapters``): they act, their pieces never train."""
+        return tuple(role for role, adapter in (self.model.adapters or {}).items() if adapter.frozen)
 
     @model_validator(mode="after")
     def _step_fits(self) -> Config:

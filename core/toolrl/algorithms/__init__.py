@@ -129,13 +129,19 @@ class AdvantageEstimator(AlgorithmPart):
 class LossInputs:
     """One micro-batch, (B, R) each: ``new_logprobs`` (with gradient), ``prox_logprobs`` (the
     proximal policy's, no gradient: the PPO ratio's denominator), ``behaviour_logprobs`` (the
-    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens)."""
+    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens). With
+    on-policy distillation's top-k (opd's ``top_k``, :mod:`.distill`; else None): ``student_top`` (B, R, K)
+    the student's log-probs (with gradient) at the teacher's K likeliest tokens, ``teacher_top`` the
+    teacher's there, ``teacher_weight`` (B, R) the row's teacher weight at trained tokens (0 elsewhere)."""
 
     new_logprobs: torch.Tensor
     prox_logprobs: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
+    student_top: torch.Tensor | None = None
+    teacher_top: torch.Tensor | None = None
+    teacher_weight: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -160,10 +166,12 @@ class PolicyLoss(AlgorithmPart):
     """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the rollout correction's
     importance weight (:mod:`toolrl.algorithms.correction`), adds the KL term (``kl_coef`` of its
     options) and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio
-    is one number per sequence, which needs one advantage per sequence (an outcome estimator)."""
+    is one number per sequence, which needs one advantage per sequence (an outcome estimator).
+    ``reads_top``: its gradient flows through ``LossInputs.student_top`` (distillation's top-k)."""
 
     Options: ClassVar[type[BaseModel]] = LossOptions
     sequence_level: ClassVar[bool] = False
+    reads_top: ClassVar[bool] = False
 
     @property
     def kl_coef(self) -> float:

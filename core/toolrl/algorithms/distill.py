@@ -11,17 +11,40 @@ sampled with, ``Trajectory.logprobs``); ``w_T(i)`` the weight of the teacher tha
 ``advantage_options.reward_weight`` and ``A_reward`` the outcome estimator ``reward_advantage``
 (``grpo`` by default) over the task reward: ``λ = 0`` is pure distillation. Tool results and template
 tokens (``response_mask`` 0) get 0: they are never scored.
+
+With ``advantage_options.top_k: K`` the teacher also gives its ``K`` likeliest tokens ``T_t`` at each
+trained position, with their log-probs, and the trainer's forward the student's log-probs at them
+(:func:`top_fields`; a teacher with the student's tokenizer only). Two things read them:
+
+- the loss ``topk_forward_kl`` (:class:`TopkForwardKl`): the forward KL from the teacher's top-K
+  distribution to the student's, both renormalised over ``T_t``, instead of the policy-gradient loss::
+
+      loss_t = w_T · Σ_{v ∈ T_t} p̃_T(v) · (log p̃_T(v) − log p̃_S(v)),   p̃(v) = p(v) / Σ_{u ∈ T_t} p(u)
+
+  zero, with a zero gradient, where the student's distribution over ``T_t`` is the teacher's;
+- ``advantage_options.baseline: vopd`` (vOPD, arXiv 2605.07865): the value of the position under the
+  reverse-KL reward, ``V_t = −KL(π_S ‖ π_T)``, subtracted from the advantage as a detached baseline
+  (it depends on the position, not on the sampled token, so the gradient stays unbiased), over the
+  teacher's top-K: ``V̂_t = w_T · Σ_{v ∈ T_t} π_S(v) · (log π_T(v) − log π_S(v))`` (the paper's full sum
+  over the vocabulary, truncated to ``T_t``), from the trainer's forward (the student's current weights).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
-from toolrl.algorithms.teacher import check_teacher, teacher_index
+from toolrl.algorithms import (
+    AdvantageEstimator,
+    AdvantageInputs,
+    LossInputs,
+    LossOptions,
+    LossTerms,
+    PolicyLoss,
+)
+from toolrl.algorithms.teacher import check_teacher, same_tokenizer, teacher_index, teacher_tokenizer
 from toolrl.config import ConfigError
 from toolrl.plugins.parts import lookup_part
 
@@ -31,7 +54,7 @@ if TYPE_CHECKING:
     from toolrl.config import AlgorithmConfig
     from toolrl.trajectory import Trajectory
 
-__all__ = ["Opd", "teacher_fields"]
+__all__ = ["Opd", "TopkForwardKl", "opd_options", "teacher_fields", "top_fields", "vopd_baseline"]
 
 
 def teacher_fields(trajectories: Sequence[Trajectory], width: int,
@@ -60,12 +83,65 @@ def teacher_fields(trajectories: Sequence[Trajectory], width: int,
     return student, teacher, weight
 
 
+def top_fields(trajectories: Sequence[Trajectory], width: int, algo: AlgorithmConfig,
+               device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The teacher's top-k at each trained position (opd's ``top_k``), over a (B, ``width``) grid: the ids
+    (B, width, K) long, the teacher's log-probs there (B, width, K), and each position's teacher weight
+    (B, width): 0 at untrained positions and in rows no teacher scores (their ids 0, log-probs uniform).
+    None when the run keeps no top-k."""
+    import torch
+
+    k = opd_options(algo).top_k
+    if not k:
+        return None
+    ids = torch.zeros((len(trajectories), width, k), dtype=torch.long)
+    lps = torch.zeros((len(trajectories), width, k), dtype=torch.float32)
+    weight = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        j = teacher_index(t.env, algo.teachers)
+        if j is None:
+            continue
+        if t.teacher_top_ids is None or t.teacher_top_logprobs is None or len(t.teacher_top_ids) != len(t.response_ids):
+            raise ValueError(f"trajectory {t.trajectory_id} has no teacher top-{k} for its {len(t.response_ids)} "
+                             f"response tokens (algorithm.teacher[{j}] scores route {t.env!r})")
+        for c, (top, lp, m) in enumerate(zip(t.teacher_top_ids, t.teacher_top_logprobs, t.response_mask, strict=True)):
+            if m:
+                ids[i, c] = torch.tensor(top)
+                lps[i, c] = torch.tensor(lp)
+                weight[i, c] = algo.teachers[j].weight
+    return ids.to(device), lps.to(device), weight.to(device)
+
+
+def vopd_baseline(student_top: torch.Tensor, teacher_top: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """vOPD's baseline over the teacher's top-k (module docstring), (B, R), no gradient:
+    ``w_T · Σ_v π_S(v) · (log π_T(v) − log π_S(v))``; 0 where ``weight`` is 0."""
+    s = student_top.detach()
+    return weight * (s.exp() * (teacher_top - s)).sum(-1)
+
+
 class OpdOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     reward_weight: float = Field(0.0, ge=0, le=100, description="λ: the task reward's advantage added to the "
                                  "teacher's (0: pure distillation)")
     reward_advantage: str = Field("grpo", description="the outcome estimator the task reward goes through "
                                   "(with its default options)")
+    top_k: int = Field(0, ge=0, le=1000, description="the teacher's likeliest tokens kept at each trained position "
+                       "(0: only the sampled token's log-prob): what the topk_forward_kl loss and the vopd "
+                       "baseline read; a teacher with the student's tokenizer only")
+    baseline: Literal["none", "vopd"] = Field("none", description="vopd: the position's negative reverse KL over "
+                                              "the teacher's top_k, subtracted as a detached baseline")
+
+    @model_validator(mode="after")
+    def _baseline_reads_top_k(self) -> OpdOptions:
+        if self.baseline == "vopd" and not self.top_k:
+            raise ValueError("baseline vopd: the student's and the teacher's distributions over the teacher's top "
+                             "tokens give it, and top_k is 0; set top_k (e.g. 20)")
+        return self
+
+
+def opd_options(algo: AlgorithmConfig) -> OpdOptions:
+    """opd's options of the run (its defaults for another estimator: no top-k, no baseline)."""
+    return OpdOptions(**algo.advantage_options) if algo.advantage == "opd" else OpdOptions()
 
 
 class Opd(AdvantageEstimator):
@@ -110,6 +186,14 @@ class Opd(AdvantageEstimator):
                               "advantage_options.reward_weight is 0: their trajectories would train nothing")
         for k, teacher in enumerate(teachers):
             warnings += check_teacher(run, teacher, f"{run.where('algorithm.teacher')}[{k}]")
+            if self.options.top_k and not same_tokenizer(teacher_tokenizer(teacher.model, config.base_dir),
+                                                         run.tokenizer):
+                raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k={self.options.top_k} with "
+                                  f"algorithm.teacher[{k}], whose tokenizer is not the student's: its likeliest "
+                                  "tokens are not the student's tokens (top-k needs the student's tokenizer)")
+        if self.options.top_k and config.trainer.sequence_parallel > 1:
+            raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k with trainer.sequence_parallel="
+                              f"{config.trainer.sequence_parallel}: the split rows' LM head gives no top-k log-probs")
         return warnings
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
@@ -120,3 +204,32 @@ class Opd(AdvantageEstimator):
         if self.reward is not None:
             adv = adv + self.options.reward_weight * self.reward(inputs) * mask
         return adv.float()
+
+
+class TopkForwardKl(PolicyLoss):
+    """The forward KL from the teacher's top-k distribution to the student's at each trained position,
+    both renormalised over the teacher's top-k (module docstring), times the row's teacher weight. It
+    reads no advantage and no ratio: the positions are the student's samples (the importance weight and
+    KL term apply as to every loss). Needs ``advantage: opd`` with ``top_k`` (checked before any model
+    loads); rows no teacher scores get 0."""
+
+    name = "topk_forward_kl"
+    Options = LossOptions
+    reads_top = True
+
+    def check_run(self, run: Any) -> list[str]:
+        algo = run.config.algorithm
+        if algo.advantage != "opd" or not opd_options(algo).top_k:
+            raise ConfigError(f"{run.where('algorithm.loss')}: topk_forward_kl distils the teacher's top-k "
+                              "distribution, which only algorithm.advantage: opd with advantage_options.top_k gives")
+        if opd_options(algo).reward_weight > 0:
+            raise ConfigError(f"{run.where('algorithm.loss')}: topk_forward_kl reads no advantage, so "
+                              "advantage_options.reward_weight would be ignored; set it to 0 or use ppo_clip")
+        return []
+
+    def __call__(self, inputs: LossInputs) -> LossTerms:
+        if inputs.student_top is None or inputs.teacher_top is None or inputs.teacher_weight is None:
+            raise ValueError("topk_forward_kl needs the teacher's top-k and the student's log-probs there")
+        teacher = inputs.teacher_top.log_softmax(-1)
+        per_token = inputs.teacher_weight * (teacher.exp() * (teacher - inputs.student_top.log_softmax(-1))).sum(-1)
+        return LossTerms(per_token, per_token.detach().new_zeros(per_token.shape).bool())

@@ -7,7 +7,10 @@ sequence: the tool results and template tokens are its context, only the tokens 
 (``response_mask`` 1) get a log-prob (0.0 elsewhere).
 
 A teacher with the student's tokenizer scores the student's own token ids; one with another scores
-the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). Everything that would make
+the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). With ``top`` (opd's
+``advantage_options.top_k``, same tokenizer only) it also gives, at each sampled position, its ``top``
+likeliest tokens and their log-probs (``teacher_top_ids`` / ``teacher_top_logprobs``): the teacher's
+distribution there, for the forward-KL loss and vOPD's baseline (:mod:`.distill`). Everything that would make
 a teacher fail is checked before any model loads (:func:`check_teacher`): its tokenizer, its template,
 and a run with images (an image's placeholder tokens have no text to align).
 """
@@ -119,6 +122,10 @@ Conversation = Callable[["Trajectory"], "list[dict[str, Any]] | None"]
 # where each sampled student token's share lies (start, teacher positions, char spans, student ends).
 Scored = list[tuple[int, list[int], list[tuple[int, int]], list[int]]]
 
+# A sequence's scores from ids[first:]: each token's log-prob, and at each position the teacher's ``top``
+# likeliest tokens as (id, log-prob), best first (empty lists without ``top``).
+Scores = tuple[list[float], list[list[tuple[int, float]]]]
+
 
 class Teacher:
     """One teacher, loaded: ``score`` fills ``teacher_logprobs`` of the trajectories it is given. This
@@ -136,29 +143,40 @@ class Teacher:
         self.student = student_tokenizer
         self.end = None if self.same else end_of_turn(self.tokenizer)
 
-    def token_logprobs(self, ids: Sequence[int], first: int) -> list[float]:
-        """The teacher's log-prob of each of ``ids[first:]`` given the ids before it (one forward)."""
+    def token_logprobs(self, ids: Sequence[int], first: int, top: int = 0) -> Scores:
+        """The teacher's log-prob of each of ``ids[first:]`` given the ids before it, and its ``top``
+        likeliest tokens there (one forward)."""
         import torch
 
         with torch.no_grad():
             x = torch.tensor([list(ids)], device=self.device)
             logits = self.model(input_ids=x, logits_to_keep=len(ids) - first + 1).logits[0, :-1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, x[0, first:, None])[:, 0]
-        return lp.cpu().tolist()
+            all_lp = torch.log_softmax(logits, -1)
+            lp = all_lp.gather(-1, x[0, first:, None])[:, 0]
+            values, indices = all_lp.topk(top, -1) if top else (None, None)
+            best = [[] for _ in range(len(lp))] if values is None else [
+                list(zip(i, v, strict=True)) for i, v in zip(indices.cpu().tolist(), values.cpu().tolist(), strict=True)]
+        return lp.cpu().tolist(), best
 
-    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]], top: int = 0) -> list[Scores]:
         """:meth:`token_logprobs` of each (ids, first): a step's sequences at once."""
-        return [self.token_logprobs(ids, first) for ids, first in sequences]
+        return [self.token_logprobs(ids, first, top) for ids, first in sequences]
 
-    def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None) -> None:
-        """Each trajectory's ``teacher_logprobs``; ``conversation`` gives a teacher of another tokenizer
-        the prompt's messages, which it renders with its own chat template."""
+    def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None,
+              top: int = 0) -> None:
+        """Each trajectory's ``teacher_logprobs`` (and with ``top``, its ``teacher_top_ids`` and
+        ``teacher_top_logprobs``: the same tokenizer's only); ``conversation`` gives a teacher of another
+        tokenizer the prompt's messages, which it renders with its own chat template."""
+        if top and not self.same:
+            raise ValueError("a teacher of another tokenizer has no top-k over the student's tokens")
         plans: list[tuple[Trajectory, list[int], int, Scored | None]] = []
         for t in trajectories:
             if t.images:
                 raise ValueError(f"trajectory {t.trajectory_id}: holds images, whose tokens no teacher can score")
             if not any(t.response_mask):
                 t.teacher_logprobs = [0.0] * len(t.response_ids)
+                if top:
+                    t.teacher_top_ids, t.teacher_top_logprobs = [[] for _ in t.response_ids], [[] for _ in t.response_ids]
             elif self.same:
                 plans.append((t, t.prompt_ids + t.response_ids, len(t.prompt_ids), None))
             else:
@@ -167,10 +185,14 @@ class Teacher:
                     plans.append((t, ids, min(j for _, js, _, _ in scored for j in js), scored))
                 else:
                     t.teacher_logprobs = [0.0] * len(t.response_ids)
-        for (t, _, first, scored), lp in zip(plans, self.logprobs([(ids, first) for _, ids, first, _ in plans]),
-                                             strict=True):
+        for (t, _, first, scored), (lp, best) in zip(
+                plans, self.logprobs([(ids, first) for _, ids, first, _ in plans], top), strict=True):
             if scored is None:
                 t.teacher_logprobs = [v if m else 0.0 for v, m in zip(lp, t.response_mask, strict=True)]
+                if top:
+                    tops = [b if m else [] for b, m in zip(best, t.response_mask, strict=True)]
+                    t.teacher_top_ids = [[i for i, _ in b] for b in tops]
+                    t.teacher_top_logprobs = [[v for _, v in b] for b in tops]
                 continue
             out = [0.0] * len(t.response_ids)
             for start, js, spans, ends in scored:
@@ -229,35 +251,37 @@ class TeacherServer:
         self.url = config.options.base_url.rstrip("/") + "/completions"
         self.where = f"{where} (engine openai at {config.options.base_url})"
 
-    def probe(self, tokenizer: Any) -> None:
-        """One short prompt scored, or a ConfigError: a server that does not answer, refuses, or returns no
-        prompt log-probs."""
+    def probe(self, tokenizer: Any, top: int = 0) -> None:
+        """One short prompt scored (with ``top`` likeliest tokens a position), or a ConfigError: a server
+        that does not answer, refuses, or returns no prompt log-probs (or fewer than ``top``)."""
         try:
-            self.logprobs([(tokenizer("Probe 4419: the teacher scores this.", add_special_tokens=False)["input_ids"], 1)])
+            self.logprobs([(tokenizer("Probe 4419: the teacher scores this.", add_special_tokens=False)["input_ids"], 1)],
+                          top)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
-    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
-        """The log-probs of each (ids, first)'s ``ids[first:]``, all requests at once (up to
-        ``options.max_concurrency`` in flight)."""
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]], top: int = 0) -> list[Scores]:
+        """The log-probs of each (ids, first)'s ``ids[first:]`` (and the ``top`` likeliest tokens at each
+        position), all requests at once (up to ``options.max_concurrency`` in flight)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # a step's scoring: the controller's worker thread
-            return asyncio.run(self._requests(sequences))
+            return asyncio.run(self._requests(sequences, top))
         with ThreadPoolExecutor(1) as pool:  # the probe, while the run starts on the event loop
-            return pool.submit(asyncio.run, self._requests(sequences)).result()
+            return pool.submit(asyncio.run, self._requests(sequences, top)).result()
 
-    async def _requests(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
+    async def _requests(self, sequences: Sequence[tuple[list[int], int]], top: int) -> list[Scores]:
         import aiohttp  # lazy: only a served teacher's scoring needs the HTTP client
 
         gate = asyncio.Semaphore(self.options.max_concurrency)
         headers = {"Authorization": f"Bearer {self.options.api_key}"} if self.options.api_key else {}
         timeout = aiohttp.ClientTimeout(total=self.options.timeout_s)
 
-        async def one(session: aiohttp.ClientSession, ids: list[int], first: int) -> list[float]:
-            # max_tokens 1: vLLM samples at least one token; prompt_logprobs 0: the prompt's own tokens only.
+        async def one(session: aiohttp.ClientSession, ids: list[int], first: int) -> Scores:
+            # max_tokens 1: vLLM samples at least one token; prompt_logprobs: the prompt's own tokens and the
+            # top likeliest at each position.
             body = {"model": self.served_model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": 0}
+                    "prompt_logprobs": top}
             async with gate:
                 try:
                     async with session.post(self.url, json=body) as resp:
@@ -265,13 +289,14 @@ class TeacherServer:
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
                     raise ValueError(f"{self.where}: the server does not answer: "
                                      f"{one_line(str(exc)) or type(exc).__name__}") from None
-            return self._read(status, text, ids, first)
+            return self._read(status, text, ids, first, top)
 
         async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
             return list(await asyncio.gather(*(one(session, ids, first) for ids, first in sequences)))
 
-    def _read(self, status: int, text: str, ids: list[int], first: int) -> list[float]:
-        """The log-probs of ``ids[first:]`` from a completions answer, or a ValueError naming the teacher."""
+    def _read(self, status: int, text: str, ids: list[int], first: int, top: int) -> Scores:
+        """The log-probs of ``ids[first:]`` (and the entries ranked 1 to ``top`` at each position) from a
+        completions answer, or a ValueError naming the teacher."""
         try:
             body = json.loads(text)
         except ValueError:
@@ -283,18 +308,24 @@ class TeacherServer:
                              f"{one_line(str(message))}")
         try:
             rows = body["choices"][0]["prompt_logprobs"]
-            return [float(rows[j][str(ids[j])]["logprob"]) for j in range(first, len(ids))]
+            chosen = [float(rows[j][str(ids[j])]["logprob"]) for j in range(first, len(ids))]
+            best = [sorted((int(e["rank"]), int(i), float(e["logprob"])) for i, e in rows[j].items() if e["rank"] <= top)
+                    for j in range(first, len(ids))] if top else [[] for _ in chosen]
         except (KeyError, IndexError, TypeError, ValueError):
             raise ValueError(f"{self.where}: the server does not return prompt log-probs (vLLM's prompt_logprobs "
                              "on /v1/completions), which a teacher needs") from None
+        if any(len(b) != top for b in best):
+            raise ValueError(f"{self.where}: the server returned fewer than the {top} likeliest tokens asked for "
+                             "(prompt_logprobs)")
+        return chosen, [[(i, v) for _, i, v in b] for b in best]
 
 
-def check_served_teachers(teachers: Sequence[TeacherConfig], base_dir: str, where: str) -> None:
+def check_served_teachers(teachers: Sequence[TeacherConfig], base_dir: str, where: str, top: int = 0) -> None:
     """Each teacher with ``engine: openai`` asked to score a short prompt, at the start of a run before any
     weights load (``--check`` reaches no server): a ConfigError naming the first that cannot."""
     for k, config in enumerate(teachers):
         if config.engine == "openai":
-            TeacherServer(config, f"{where}[{k}]").probe(teacher_tokenizer(config.model, base_dir))
+            TeacherServer(config, f"{where}[{k}]").probe(teacher_tokenizer(config.model, base_dir), top)
 
 
 class ServedTeacher(Teacher):
@@ -304,8 +335,8 @@ class ServedTeacher(Teacher):
         self.server = TeacherServer(config, where)
         self._bind(teacher_tokenizer(config.model, base_dir), student_tokenizer)
 
-    def logprobs(self, sequences: Sequence[tuple[list[int], int]]) -> list[list[float]]:
-        return self.server.logprobs(sequences)
+    def logprobs(self, sequences: Sequence[tuple[list[int], int]], top: int = 0) -> list[Scores]:
+        return self.server.logprobs(sequences, top)
 
 
 class Teachers:
@@ -313,12 +344,13 @@ class Teachers:
     batch its route's teacher's log-probs (those of routes no teacher scores stay None)."""
 
     def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str,
-                 conversation: Conversation | None = None) -> None:
+                 conversation: Conversation | None = None, top: int = 0) -> None:
         self.configs = list(configs)
         self.teachers = [ServedTeacher(c, student_tokenizer, base_dir, f"algorithm.teacher[{k}]")
                          if c.engine == "openai" else Teacher(c, student_tokenizer, base_dir)
                          for k, c in enumerate(self.configs)]
         self.conversation = conversation
+        self.top = top  # each position's top-k from every teacher (opd's top_k)
 
     def score(self, trajectories: Sequence[Trajectory]) -> None:
         by_teacher: dict[int, list[Trajectory]] = {}
@@ -327,4 +359,4 @@ class Teachers:
             if k is not None:
                 by_teacher.setdefault(k, []).append(t)
         for k, batch in by_teacher.items():
-            self.teachers[k].score(batch, self.conversation)
+            self.teachers[k].score(batch, self.conversation, self.top)

@@ -19,6 +19,12 @@ off. Steps take groups in group order; the checkpoint records the first group no
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
   takes the next group instead, up to :data:`MAX_GROUPS_PER_STEP` batches' worth of groups.
 
+On-policy distillation (``algorithm.teacher``): each group is scored by the teachers as soon as it is
+generated (:class:`TeacherThread`, one worker thread), while later groups still generate; a step finds
+its batch scored and waits only for its last groups' scoring (``teacher_wait_s``). The synchronous loop
+then runs its step's groups one call each (``run_group``: the seeds and ids ``run`` gives them), so
+that each can be scored as it ends.
+
 Infrastructure failures are never rewards: whichever the schedule, a trajectory that ended with
 ``infra_error`` (:class:`toolrl.schemas.InfrastructureError`: a sandbox unreachable, an environment
 server gone) is left out of the step's loss and out of its group's baseline (:func:`trainable`), and a
@@ -40,7 +46,8 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +96,8 @@ class StepBatch:
     end: int = 0
     began: float = math.inf
     ended: float = 0.0
+    teacher_s: float = 0.0  # the teachers' time scoring its groups (in their thread)
+    scored: float = 0.0  # when the last of its groups was scored (perf_counter)
 
     @property
     def rollout_s(self) -> float:
@@ -99,6 +108,17 @@ class StepBatch:
     def metrics(self) -> dict[str, Any]:
         return {"groups": self.groups, "skipped_groups": self.skipped,
                 "groups_generated": len(self.groups) + len(self.skipped), "groups_skipped": len(self.skipped)}
+
+    def teacher_metrics(self, asked: float) -> dict[str, float]:
+        """``teacher_s``: the teachers' time on its groups; ``teacher_wait_s``: what of it the step still
+        waited for, from the later of its last group's end and ``asked`` (when the step asked for it)."""
+        return {"teacher_s": self.teacher_s, "teacher_wait_s": max(self.scored - max(self.ended, asked), 0.0)}
+
+    def add(self, group: Group) -> None:
+        """A generated group's times."""
+        self.began, self.ended = min(self.began, group.began), max(self.ended, group.ended)
+        self.teacher_s += group.teacher_s
+        self.scored = max(self.scored, group.scored)
 
     def save(self, file: Path) -> None:
         """Into a checkpoint: a batch generated ahead of its step (:class:`OneStepOff`), every
@@ -144,27 +164,98 @@ def zero_variance(trajs: Sequence[Trajectory]) -> bool:
     return len({t.reward for t in trajs}) <= 1
 
 
-class StepBatches:
-    """The synchronous loop's data: one rollout call per step, started by :meth:`next`."""
+@dataclass
+class Group:
+    """One generated group: its trajectories, when it started and ended generating, and (distillation)
+    the teachers' time on it and when they were done."""
 
-    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int) -> None:
+    trajectories: list[Trajectory]
+    began: float
+    ended: float
+    teacher_s: float = 0.0
+    scored: float = 0.0
+
+
+# The teachers scoring trajectories in place (toolrl.algorithms.teacher.Teachers.score).
+Score = Callable[[list[Trajectory]], None]
+
+
+class TeacherThread:
+    """The teachers scoring each group as it is generated, one group at a time in a worker thread of
+    their own: their time overlaps the generation of the groups still running, and the event loop
+    stays free. What a group trains on is scored (:func:`trainable`; a group dynamic sampling skips,
+    ``skip``, is not): per trajectory, the same log-probs as scoring a step's batch in one call."""
+
+    def __init__(self, score: Score) -> None:
+        self.score = score
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="teacher")
+
+    def _timed(self, trajs: list[Trajectory]) -> float:
+        t0 = time.perf_counter()
+        self.score(trajs)
+        return time.perf_counter() - t0
+
+    async def group(self, generating: Awaitable[list[Trajectory]], skip: bool = False) -> Group:
+        began = time.perf_counter()
+        trajs = await generating
+        ended = time.perf_counter()
+        kept = trainable(trajs)
+        teacher_s = 0.0
+        if kept and not (skip and zero_variance(kept)):
+            teacher_s = await asyncio.get_running_loop().run_in_executor(self.pool, self._timed, kept)
+        return Group(trajs, began, ended, teacher_s, time.perf_counter())
+
+    async def groups(self, generating: Sequence[Awaitable[list[Trajectory]]]) -> list[Group]:
+        """Groups generating at once, each scored as it ends; on a failure the others are cancelled and
+        the trajectories of those that finished go with the error (``exc.trajectories``, for its record)."""
+        tasks = [asyncio.ensure_future(self.group(g)) for g in generating]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except Exception as exc:
+            for task in tasks:
+                task.cancel()
+            exc.trajectories = [t for task in tasks if task.done() and not task.cancelled()  # type: ignore[attr-defined]
+                                and task.exception() is None for t in task.result().trajectories]
+            raise
+
+    def close(self) -> None:
+        """No more scoring: a group being scored finishes in the thread, none queued starts."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class StepBatches:
+    """The synchronous loop's data: one rollout call per step, started by :meth:`next` (with ``teacher``:
+    one per group, each scored as it ends)."""
+
+    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
+                 teacher: TeacherThread | None = None) -> None:
         self.rollouts, self.samples, self.config = rollouts, samples, config
         self.position = position
+        self.teacher = teacher
 
     async def next(self, step: int) -> StepBatch:
         cfg, size = self.config, self.config.data.batch_size
         first = self.position
         assert first == step * size, "the synchronous loop's steps are aligned with the data"
         prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
-        began = time.perf_counter()
-        trajs = await self.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
-                                        id_prefix=call_prefix("t", step + 1))
+        seed, prefix = step_seed(cfg.rollout.seed, step), call_prefix("t", step + 1)
+        if self.teacher is None:
+            began = time.perf_counter()
+            done = [Group(await self.rollouts.run(prompts, cfg.rollout.n, seed=seed, id_prefix=prefix), began,
+                          time.perf_counter())]
+        else:
+            done = await self.teacher.groups([self.rollouts.run_group(p, g, cfg.rollout.n, seed, prefix)
+                                              for g, p in enumerate(prompts)])
         self.position = first + size
+        trajs = [t for group in done for t in group.trajectories]
         kept = trainable(trajs)
         # A group its infrastructure failures dropped whole counts as skipped.
         skipped = [first + g for g in sorted({t.group for t in trajs} - {t.group for t in kept})]
         groups = [g for g in range(first, self.position) if g not in skipped]
-        return StepBatch(groups, skipped, kept, trajs, self.position, began, time.perf_counter())
+        batch = StepBatch(groups, skipped, kept, trajs, self.position)
+        for group in done:
+            batch.add(group)
+        return batch
 
     def set_version(self, version: int) -> None:
         """Nothing runs between steps."""
@@ -175,6 +266,8 @@ class StepBatches:
 
     async def close(self) -> None:
         """Nothing is in flight between steps."""
+        if self.teacher is not None:
+            self.teacher.close()
 
 
 class OneStepOff:
@@ -184,9 +277,9 @@ class OneStepOff:
     batch, generated before a restart (from the checkpoint)."""
 
     def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
-                 ahead: StepBatch | None = None) -> None:
+                 ahead: StepBatch | None = None, teacher: TeacherThread | None = None) -> None:
         self.rollouts, self.total_steps = rollouts, config.trainer.total_steps
-        self.steps = StepBatches(rollouts, samples, config, position)
+        self.steps = StepBatches(rollouts, samples, config, position, teacher)
         self.pending: asyncio.Future[StepBatch] | None = None
         if ahead is not None:
             self.steps.position = ahead.end
@@ -220,13 +313,16 @@ class OneStepOff:
         if self.pending is not None and not self.pending.done():
             self.pending.cancel()
             await asyncio.gather(self.pending, return_exceptions=True)
+        await self.steps.close()
 
 
 class GroupStream:
     """Groups generating continuously within the staleness bound, handed to steps in group order."""
 
-    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int, version: int) -> None:
+    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int, version: int,
+                 teacher: TeacherThread | None = None) -> None:
         self.rollouts, self.samples, self.config = rollouts, samples, config
+        self.teacher = teacher
         self.size = config.data.batch_size
         self.max_staleness = config.trainer.max_staleness
         self.skip = config.algorithm.skip_zero_variance_groups
@@ -234,9 +330,8 @@ class GroupStream:
         self.started = self.consumed = position  # next group to start / to assign to a step
         self.filling_step = version + 1  # the step (1-based) the next assigned group goes to
         self.filling = StepBatch(end=position)
-        self.running: dict[int, asyncio.Task[list[Trajectory]]] = {}
-        self.finished: dict[int, list[Trajectory]] = {}
-        self.times: dict[int, tuple[float, float]] = {}  # group -> (started, finished)
+        self.running: dict[int, asyncio.Task[Group]] = {}
+        self.finished: dict[int, Group] = {}
         self.ready: deque[StepBatch] = deque()
         self.error: BaseException | None = None
         self.changed = asyncio.Event()
@@ -266,6 +361,8 @@ class GroupStream:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.teacher is not None:
+            self.teacher.close()
 
     def _limit(self) -> int:
         """The first group that may not start yet. The filling step still takes at least ``need``
@@ -284,13 +381,19 @@ class GroupStream:
         while self.started < self._limit():
             g = self.started
             sample = prompt_for_group(self.samples, g, cfg.trainer.seed, cfg.data.shuffle)
-            task = asyncio.ensure_future(self.rollouts.run_group(
-                sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), ""))
-            task.add_done_callback(functools.partial(self._finished, g, time.perf_counter()))
+            generating = self.rollouts.run_group(sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), "")
+            task = asyncio.ensure_future(self._generated(generating) if self.teacher is None
+                                         else self.teacher.group(generating, self.skip))
+            task.add_done_callback(functools.partial(self._finished, g))
             self.running[g] = task
             self.started += 1
 
-    def _finished(self, group: int, started: float, task: asyncio.Task[list[Trajectory]]) -> None:
+    @staticmethod
+    async def _generated(generating: Awaitable[list[Trajectory]]) -> Group:
+        began = time.perf_counter()
+        return Group(await generating, began, time.perf_counter())
+
+    def _finished(self, group: int, task: asyncio.Task[Group]) -> None:
         self.running.pop(group, None)
         if task.cancelled():
             return
@@ -298,7 +401,6 @@ class GroupStream:
             self.error = self.error or exc
         else:
             self.finished[group] = task.result()
-            self.times[group] = (started, time.perf_counter())
             self._assign()
             self._admit()
         self.changed.set()
@@ -306,8 +408,8 @@ class GroupStream:
     def _assign(self) -> None:
         """Finished groups, in group order, to the filling step; a full step is ready to train."""
         while self.consumed in self.finished:
-            g, generated = self.consumed, self.finished.pop(self.consumed)
-            batch = self.filling
+            g, done = self.consumed, self.finished.pop(self.consumed)
+            generated, batch = done.trajectories, self.filling
             trajs = trainable(generated)
             if not trajs or (self.skip and zero_variance(trajs)):
                 batch.skipped.append(g)
@@ -315,8 +417,7 @@ class GroupStream:
                 batch.groups.append(g)
                 batch.trajectories += trajs
             batch.generated += generated
-            began, ended = self.times.pop(g)
-            batch.began, batch.ended = min(batch.began, began), max(batch.ended, ended)
+            batch.add(done)
             self.consumed = batch.end = g + 1
             if len(batch.groups) == self.size or len(batch.groups) + len(batch.skipped) >= MAX_GROUPS_PER_STEP * self.size:
                 self.ready.append(batch)
@@ -325,12 +426,15 @@ class GroupStream:
 
 
 def open_batches(rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
-                 version: int, ahead: StepBatch | None = None) -> StepBatches | OneStepOff | GroupStream:
+                 version: int, ahead: StepBatch | None = None,
+                 score: Score | None = None) -> StepBatches | OneStepOff | GroupStream:
     """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), one step
-    off it where asked (``ahead``: a batch already generated for the next step), else the stream."""
+    off it where asked (``ahead``: a batch already generated for the next step), else the stream;
+    ``score``: the teachers', each group scored as it is generated (:class:`TeacherThread`)."""
+    teacher = None if score is None else TeacherThread(score)
     if config.trainer.async_schedule == "one_step_off":
-        return OneStepOff(rollouts, samples, config, position, ahead)
+        return OneStepOff(rollouts, samples, config, position, ahead, teacher)
     if config.trainer.max_staleness == 0 and not config.algorithm.skip_zero_variance_groups \
             and position == version * config.data.batch_size:
-        return StepBatches(rollouts, samples, config, position)
-    return GroupStream(rollouts, samples, config, position, version)
+        return StepBatches(rollouts, samples, config, position, teacher)
+    return GroupStream(rollouts, samples, config, position, version, teacher)

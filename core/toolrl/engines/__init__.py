@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import ConfigError
+
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
 
@@ -114,8 +116,6 @@ def refuse_adapters(run: Any, engine: str, why: str) -> None:
     """The run check of an engine that serves no LoRA adapter per role: ``model.adapters`` refused in one
     line saying ``why``."""
     if run.config.model.adapters:
-        from toolrl.config import ConfigError
-
         raise ConfigError(f"{run.where('model.adapters')}: the {engine} engine {why}, so it cannot serve an "
                           "adapter per role (the transformers engine does)")
 

@@ -18,8 +18,8 @@ paths (the same values up to the floating-point summation order):
 - few tokens (an engine's decode step): the present adapters' ``A`` stacked into one ``[sum r, in]``
   matrix and their ``B`` into one ``[out, sum r]`` (ranks may differ: nothing is padded), one matmul
   each, with a ``[tokens, sum r]`` mask between them that keeps each token's own adapter's columns,
-  its scaling folded in. A step with k adapters then costs two matmuls a layer, not 2k, and
-  without gradients the stacked weights are kept until a weight changes (its version or storage);
+  its scaling folded in. A step with k adapters then costs two matmuls a layer, not 2k (an engine
+  keeps the stacked weights between steps: ``keep_stacked``);
 - many tokens (training, a prefill), or dropout active: per adapter, its tokens gathered, its delta
   computed and added back at their places.
 
@@ -40,49 +40,66 @@ if TYPE_CHECKING:
 _ROUTE = "_toolrl_route"
 # Its stacked weights kept between routed forwards without gradients: (key, A [sum r, in], B [out, sum r]).
 _STACK = "_toolrl_stack"
+# The model's routed layers, kept on it by require_routing (a walk of a model with several adapters
+# passes thousands of modules: each adapter's A, B and dropout are modules of their own).
+_LAYERS = "_toolrl_routed_layers"
 # At most this many tokens in a forward take the stacked path; more take the per-adapter one.
 STACKED_MAX_TOKENS = 64
 
 
-def adapter_names(model: Any) -> list[str]:
+def adapter_names(model: torch.nn.Module) -> list[str]:
     """The model's LoRA adapters, in injection order: ``adapter_ids`` value i of :func:`routed` is
     the i-th (``["default"]`` for ``model.lora``; empty without adapters)."""
     return list(getattr(model, "peft_config", None) or ())
 
 
-def require_routing(model: Any) -> None:
+def require_routing(model: torch.nn.Module) -> None:
     """Switch ``model`` to routed forwards (:func:`toolrl.training.lora.apply_adapters` does, once):
     peft's own sum of active adapters off, the routing hook on every LoRA layer. Leaves every adapter
     parameter's ``requires_grad`` False; the caller sets the trained ones'."""
-    for layer in _lora_layers(model):
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    for layer in layers:
         if _ROUTE in layer.__dict__:
             raise ValueError("require_routing: the model's adapters are routed already")
         layer.set_adapter([], inference_mode=True)  # no active adapter: peft's forward is the base layer's
         object.__setattr__(layer, _ROUTE, None)
         object.__setattr__(layer, _STACK, None)
         layer.register_forward_hook(_add_routed_delta)
+    object.__setattr__(model, _LAYERS, layers)
 
 
-def has_routing(model: Any) -> bool:
+def has_routing(model: torch.nn.Module) -> bool:
     """Whether ``model``'s forwards are routed (:func:`require_routing`): it holds adapters per role."""
-    return any(_ROUTE in m.__dict__ for m in model.modules())
+    return bool(_routed_layers(model))
+
+
+def _routed_layers(model: torch.nn.Module) -> list[Any]:
+    """The routed LoRA layers: kept on the model, or found in it (a wrapper of the model)."""
+    kept = model.__dict__.get(_LAYERS)
+    return kept if kept is not None else [m for m in model.modules() if _ROUTE in m.__dict__]
 
 
 @contextlib.contextmanager
-def routed(model: Any, adapter_ids: torch.Tensor) -> Iterator[None]:
+def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: bool = False) -> Iterator[None]:
     """Route the forwards run inside to each token's (or row's) adapter.
 
     ``adapter_ids``: a LongTensor shaped as the forward's ``input_ids`` ``[B, T]`` (a token each) or
     as its rows ``[B]``, on the model's device; value i selects ``adapter_names(model)[i]``, -1 the
-    base weights only. Raises ValueError on a model not given adapters by ``apply_adapters`` or on
-    an id out of range, RuntimeError when a routed forward of this model is already in progress.
+    base weights only. ``keep_stacked``: forwards without gradients keep the stacked path's weights
+    on the layers, checked by each parameter's version and storage: for a model whose weights are
+    written in place or replaced as whole parameters (an engine's), not one whose parameters change
+    under it otherwise (FSDP's gathered ones). Raises ValueError on a model not given adapters by
+    ``apply_adapters`` or on an id out of range, RuntimeError when a routed forward of this model is
+    already in progress.
     """
-    layers = [m for m in model.modules() if _ROUTE in m.__dict__]
+    layers = _routed_layers(model)
     if not layers:
         raise ValueError("routed: the model has no routed adapters (toolrl.training.lora.apply_adapters gives them)")
     if any(layer.__dict__[_ROUTE] is not None for layer in layers):
         raise RuntimeError("routed: a routed forward of this model is already in progress")
-    route = _Route(adapter_names(model), adapter_ids)
+    route = _Route(adapter_names(model), adapter_ids, keep_stacked)
     for layer in layers:
         object.__setattr__(layer, _ROUTE, route)
     try:
@@ -90,12 +107,6 @@ def routed(model: Any, adapter_ids: torch.Tensor) -> Iterator[None]:
     finally:
         for layer in layers:
             object.__setattr__(layer, _ROUTE, None)
-
-
-def _lora_layers(model: Any) -> list[Any]:
-    from peft.tuners.lora import LoraLayer
-
-    return [m for m in model.modules() if isinstance(m, LoraLayer)]
 
 
 def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
@@ -111,13 +122,13 @@ class _Route:
     """One routed context: the ids, which adapters have tokens, and what is derived from them once
     for all layers (each adapter's token positions, the stacked path's masks)."""
 
-    def __init__(self, names: list[str], ids: torch.Tensor) -> None:
+    def __init__(self, names: list[str], ids: torch.Tensor, keep_stacked: bool) -> None:
         import torch
 
         if ids.dtype not in (torch.int64, torch.int32) or ids.dim() not in (1, 2):
             raise ValueError(f"routed: adapter_ids must be an integer tensor [B] or [B, T], got {ids.dtype} "
                              f"{list(ids.shape)}")
-        self.names, self.ids = names, ids.long()
+        self.names, self.ids, self.keep_stacked = names, ids.long(), keep_stacked
         k = len(names)
         flat = self.ids.flatten()
         # Bins: 0 below -1, 1 base, 2.. the adapters, k + 2 beyond them; one copy to the host for all.
@@ -126,25 +137,28 @@ class _Route:
             raise ValueError(f"routed: adapter_ids hold values outside -1 .. {k - 1} (adapters {names})")
         self.base_tokens = counts[1]
         self.present = [names[i] for i in range(k) if counts[i + 2]]
-        self.tokens = flat.numel()
         self._flat = flat
         self._positions: dict[str, torch.Tensor] = {}
         self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
 
     def add_delta(self, layer: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        here = [n for n in self.present if n in layer.lora_A]
+        lora_a = layer.lora_A
+        here = [n for n in self.present if n in lora_a]
         if not here:
             return out
         d = self.ids.dim()
-        if tuple(x.shape[:d]) != tuple(self.ids.shape):
+        if x.shape[:d] != self.ids.shape:
             raise ValueError(f"routed: a LoRA layer's input is {list(x.shape)}, which adapter_ids "
                              f"{list(self.ids.shape)} do not route (they are shaped as input_ids or its rows)")
         if len(here) == len(self.present) == 1 and not self.base_tokens:  # every token through one adapter
             return out + _delta(layer, here[0], x).to(out.dtype)
         x2, out2 = x.flatten(0, d - 1), out.flatten(0, d - 1)
-        if x2.numel() // x2.shape[-1] <= STACKED_MAX_TOKENS and not any(_dropping(layer, n) for n in here):
-            a, b = self._stacked(layer, here)
-            mask = self._mask(layer, here, a.dtype)
+        if x2.numel() // x2.shape[-1] <= STACKED_MAX_TOKENS and not (
+                layer.training and any(_dropping(layer, n) for n in here)):
+            lora_b = layer.lora_B
+            weights = [(lora_a[n].weight, lora_b[n].weight) for n in here]
+            a, b = self._stacked(layer, here, weights)
+            mask = self._mask(here, [w.shape[0] for w, _ in weights], [layer.scaling[n] for n in here], a.dtype)
             h = x2.to(a.dtype) @ a.T
             delta = (h * mask.view(mask.shape[0], *[1] * (h.dim() - 2), mask.shape[1])) @ b.T
             return out + delta.view(out.shape).to(out.dtype)
@@ -159,13 +173,11 @@ class _Route:
             self._positions[name] = (self._flat == self.names.index(name)).nonzero()[:, 0]
         return self._positions[name]
 
-    def _mask(self, layer: Any, here: list[str], dtype: Any) -> torch.Tensor:
+    def _mask(self, here: list[str], ranks: list[int], scales: list[float], dtype: Any) -> torch.Tensor:
         """``[tokens, sum r]``: each token's scaling on its own adapter's columns, zero elsewhere."""
         import torch
 
-        ranks = tuple(layer.lora_A[n].weight.shape[0] for n in here)
-        scales = tuple(float(layer.scaling[n]) for n in here)
-        key = (tuple(here), ranks, scales, dtype)
+        key = (*here, *ranks, *scales, dtype)
         if key not in self._masks:
             device = self._flat.device
             owner = torch.cat([torch.full((r,), self.names.index(n), device=device) for n, r in zip(here, ranks)])
@@ -173,17 +185,16 @@ class _Route:
             self._masks[key] = (self._flat[:, None] == owner[None, :]).to(dtype) * scale
         return self._masks[key]
 
-    @staticmethod
-    def _stacked(layer: Any, here: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The present adapters' ``A`` stacked ``[sum r, in]`` and ``B`` ``[out, sum r]``: built from the
-        parameters under gradients (so they flow to each), kept on the layer without them until a
-        weight is written or replaced."""
+    def _stacked(self, layer: Any, here: list[str], weights: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The present adapters' ``A`` stacked ``[sum r, in]`` and ``B`` ``[out, sum r]``: from the
+        parameters (under gradients they flow to each); with ``keep_stacked`` and no gradients, kept on
+        the layer until one of them is written in place or replaced."""
         import torch
 
-        weights = [(layer.lora_A[n].weight, layer.lora_B[n].weight) for n in here]
-        if torch.is_grad_enabled():
+        if not self.keep_stacked or torch.is_grad_enabled():
             return torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1)
-        key = tuple((t._version, t.data_ptr(), t.dtype) for pair in weights for t in pair) + (tuple(here),)
+        key = (*here, *((t._version, t.data_ptr(), t.dtype) for pair in weights for t in pair))
         kept = layer.__dict__[_STACK]
         if kept is None or kept[0] != key:
             kept = (key, torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1))

@@ -55,6 +55,7 @@ from toolrl.engines import (
     check_request,
     rows_of,
 )
+from toolrl.engines.adapters import adapter_names, has_routing, routed
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
 from toolrl.seeds import sample_seed, unseeded
 from toolrl.trajectory import RoutedExperts
@@ -196,7 +197,6 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
-        from toolrl.engines.adapters import adapter_names, has_routing
         from toolrl.engines.vision import PromptVision
 
         _import_torch()
@@ -570,9 +570,7 @@ class TransformersEngine(RolloutEngine):
         """Each row through its adapter, when the model has adapters per role."""
         if not self._adapters:
             return contextlib.nullcontext()
-        from toolrl.engines.adapters import routed
-
-        return routed(self.model, torch.tensor(adapters, device=self.device))
+        return routed(self.model, torch.tensor(adapters, device=self.device), keep_stacked=True)
 
     def _static_step(self, batch: _Batch, ids: torch.Tensor) -> torch.Tensor:
         """The decode step's logits through the static decoder: rows padded to their bucket (a padding

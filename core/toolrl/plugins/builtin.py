@@ -102,6 +102,7 @@ class AlgorithmsPlugin:
     def register_policy_losses(self, register: Register) -> None:
         for name, cls in (("ppo_clip", "PpoClip"), ("gspo", "Gspo"), ("cispo", "Cispo")):
             register(f"toolrl.algorithms.losses:{cls}", name=name)
+        register("toolrl.algorithms.distill:TopkForwardKl", name="topk_forward_kl")
 
 
 class ContextPoliciesPlugin:

@@ -158,8 +158,9 @@ async def train(prepared: Prepared) -> None:
     start, ahead, recovered = prepared.start, prepared.ahead, prepared.recovered
     batches: StepBatches | OneStepOff | GroupStream | None = None
     try:
+        # Distillation: the teachers score each group as it is generated (toolrl.data.batches.TeacherThread).
         batches = open_batches(roles.rollouts, run.samples, config, prepared.position, version=start,
-                               ahead=ahead)
+                               ahead=ahead, score=None if prepared.teachers is None else prepared.teachers.score)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):
@@ -170,9 +171,6 @@ async def train(prepared: Prepared) -> None:
                     # groups in order (most generated while earlier steps trained).
                     batch = await batches.next(step)
                     wait_s = time.perf_counter() - t0
-                    if prepared.teachers is not None and batch.trajectories:  # distillation: the teacher scores first
-                        await asyncio.to_thread(prepared.teachers.score, batch.trajectories)
-                    teacher_s = time.perf_counter() - t0 - wait_s
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
                     trained = await roles.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
@@ -189,11 +187,12 @@ async def train(prepared: Prepared) -> None:
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
-                           **({"teacher_s": teacher_s} if prepared.teachers is not None else {}),
+                           **(batch.teacher_metrics(t0) if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
-                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(batch.trajectories)}
+                    row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(
+                        [t for t in batch.trajectories if t.role not in config.frozen_roles])}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)

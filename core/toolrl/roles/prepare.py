@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolrl.algorithms.distill import opd_options
 from toolrl.algorithms.teacher import Conversation, Teachers, check_served_teachers
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
@@ -56,7 +57,8 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     checked = check_training(config, resume, overwrite)
     run = checked.run
     # A served teacher is asked once before any weights load: a server that cannot score ends the run here.
-    check_served_teachers(config.algorithm.teachers, config.base_dir, field_where(config, "algorithm.teacher"))
+    top = opd_options(config.algorithm).top_k  # each position's likeliest tokens, asked of every teacher
+    check_served_teachers(config.algorithm.teachers, config.base_dir, field_where(config, "algorithm.teacher"), top)
     # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)
@@ -64,7 +66,7 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
         # On-policy distillation's teachers score every batch in this process (toolrl.algorithms.teacher):
         # their weights load once, after every check and before the first write.
         teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
-                            None if config.data.trajectories else sample_conversation(run)) \
+                            None if config.data.trajectories else sample_conversation(run), top) \
             if config.algorithm.teachers else None
         prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
         prepared.teachers = teachers

@@ -18,7 +18,7 @@ kind and tools (whether they clone), and the roles the run's parts give turns to
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -228,25 +228,31 @@ def check_experts(facts: RunFacts) -> list[str]:
 
 
 def check_lora_targets(facts: RunFacts) -> None:
-    """``model.lora.target_modules`` applied to the model's skeleton on the meta device (no weights read):
-    a target that matches nothing, matches a layer that is not Linear or one sharing a tied weight is
-    the error it would be after the model loaded (:func:`toolrl.training.lora.apply_lora`)."""
-    import torch  # lazy: torch, transformers and peft load only for a run with LoRA
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
+    """``model.lora.target_modules`` applied to the model's skeleton (:func:`_on_skeleton`): a target that
+    matches nothing, matches a layer that is not Linear or one sharing a tied weight is the error it would
+    be after the model loaded (:func:`toolrl.training.lora.apply_lora`)."""
     from toolrl.training.lora import apply_lora  # lazy: imports peft
 
     lora = facts.config.model.lora
     assert lora is not None
+    _on_skeleton(facts, lambda model: apply_lora(model, lora))
+
+
+def _on_skeleton(facts: RunFacts, inject: Callable[[Any], object]) -> None:
+    """``inject`` (LoRA adapters put in place) run on the model's skeleton on the meta device, no weights
+    read; its ConfigError, which starts with the config field at fault, names where that field is set."""
+    import torch  # lazy: torch, transformers and peft load only for a run with LoRA
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
     config = AutoConfig.from_pretrained(facts.model_dir)
     auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(config)
     try:
-        apply_lora(model, lora)
+        inject(model)
     except ConfigError as exc:
-        raise ConfigError(str(exc).replace("model.lora.target_modules", facts.where("model.lora.target_modules"), 1)) \
-            from None
+        field, _, rest = str(exc).partition(": ")
+        raise ConfigError(f"{facts.where(field)}: {rest}") from None
 
 
 # Settings a run of several policies (model.adapters) cannot train with, and why.
@@ -261,7 +267,7 @@ _NOT_WITH_ADAPTERS = {
 
 def check_adapters(facts: RunFacts, trains: bool) -> None:
     """``model.adapters`` (several policies on one base): each adapter's ``target_modules`` applied to the
-    model's skeleton (as :func:`check_lora_targets`); a run that ``trains`` needs a policy that is not
+    model's skeleton (:func:`_on_skeleton`); a run that ``trains`` needs a policy that is not
     frozen; settings the trainer cannot run several policies with are refused, naming their field."""
     config = facts.config
     adapters = config.model.adapters
@@ -276,20 +282,9 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
     if trains and all(a.frozen for a in adapters.values()):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
                           "nothing to train")
-    import torch  # lazy: torch, transformers and peft load only for a run with adapters
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
     from toolrl.training.lora import apply_adapters  # lazy: imports peft
 
-    read = AutoConfig.from_pretrained(facts.model_dir)
-    auto = AutoModelForImageTextToText if getattr(read, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(read)
-    try:
-        apply_adapters(model, adapters)
-    except ConfigError as exc:  # names model.adapters.<role>.target_modules: where it is set
-        field, _, rest = str(exc).partition(": ")
-        raise ConfigError(f"{facts.where(field)}: {rest}") from None
+    _on_skeleton(facts, lambda model: apply_adapters(model, adapters))
 
 
 def report(warnings: Iterable[str]) -> None:

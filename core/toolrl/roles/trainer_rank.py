@@ -149,7 +149,8 @@ class TrainerRank:
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
-                              processor=self.processor, sp=self.sp, adapters=tuple(cfg.model.adapters or ()))
+                              processor=self.processor, sp=self.sp, adapters=tuple(cfg.model.adapters or ()),
+                              frozen=cfg.frozen_roles)
         values = None if self.critic is None else self.critic.values(trajectories)
         out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:

@@ -31,11 +31,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import ConfigError
+from toolrl.engines.adapters import require_routing
 from toolrl.model_sources import first_line
 
 if TYPE_CHECKING:
@@ -57,16 +59,16 @@ def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
     return model
 
 
-def apply_adapters(model: Any, adapters: Mapping[str, AdapterConfig]) -> Any:
+def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]) -> torch.nn.Module:
     """One LoRA adapter per role (``model.adapters``), injected in place under the role's name, in the
     mapping's order; returns ``model``. Its forwards then run inside
     :func:`toolrl.engines.adapters.routed` (each token through its role's adapter). Only the adapters
     that are not ``frozen`` require grad. The checks of :func:`apply_lora`, each naming
     ``model.adapters.<role>.target_modules``."""
-    import warnings
-
-    from toolrl.engines.adapters import require_routing
-
+    for role in adapters:
+        if "." in role:  # torch's module names (peft's ModuleDict keys, the tensor names) cannot hold one
+            raise ConfigError(f"model.adapters.{role}: an adapter per role is named by its role, which "
+                              "then cannot contain '.'")
     for role, config in adapters.items():
         with warnings.catch_warnings():  # peft warns that a second adapter makes several: that is the point
             warnings.filterwarnings("ignore", message=".*multiple adapters.*")

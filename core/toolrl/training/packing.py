@@ -108,6 +108,11 @@ class PackedBatch:
     # (1, T): the adapter each row token runs through, an index into the model's adapters (model.adapters);
     # None: the model's own weights (and model.lora's one adapter).
     adapter_ids: torch.Tensor | None = None
+    # On-policy distillation's top-k (toolrl.algorithms.distill.top_fields): over the (B, R) grid, the
+    # teacher's K likeliest ids (B, R, K), its log-probs there and the teacher weight (B, R).
+    top_ids: torch.Tensor | None = None
+    teacher_top: torch.Tensor | None = None
+    teacher_weight: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]

@@ -46,6 +46,7 @@ gradient (None), so the optimizer leaves its weights and state as they were.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Hashable, Sequence
@@ -64,7 +65,7 @@ from toolrl.algorithms import (
 )
 from toolrl.algorithms.advantages import Grpo, episode_keys, role_groups, role_rewards
 from toolrl.algorithms.correction import correction
-from toolrl.algorithms.distill import teacher_fields
+from toolrl.algorithms.distill import opd_options, teacher_fields, top_fields, vopd_baseline
 from toolrl.algorithms.overlong import shape_rewards
 from toolrl.algorithms.turns import turn_fields
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
@@ -147,18 +148,34 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_st
 
 
 def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
-                      chunk_size: int = DEFAULT_LOGPROB_CHUNK, sp: SequenceParallel | None = None) -> torch.Tensor:
+                      chunk_size: int = DEFAULT_LOGPROB_CHUNK, sp: SequenceParallel | None = None,
+                      top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks. With
     ``sp`` the row is split over its ranks (:mod:`toolrl.training.sequence_parallel`); every rank gets
-    the whole grid."""
+    the whole grid. With ``top`` and the batch's distillation top-k (``batch.top_ids``): (B, R, 1 + K),
+    the sampled token's then each of the teacher's K likeliest tokens' (the same hidden states through
+    the head again; without gradient unless ``top_grad``: vOPD's baseline reads them detached)."""
+    top = top and batch.top_ids is not None
     if sp is not None:
+        if top:
+            raise ValueError("sequence parallelism gives no top-k log-probs (opd's top_k)")
         from toolrl.training import sequence_parallel
 
         return sequence_parallel.split_response_logprobs(model, batch, sp, temperature, chunk_size)
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
-    lp = token_logprobs(hidden, model.get_output_embeddings(), batch.targets, temperature, chunk_size)
-    return batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
+    head = model.get_output_embeddings()
+    lp = token_logprobs(hidden, head, batch.targets, temperature, chunk_size)
+    grid = batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
+    if not top:
+        return grid
+    assert batch.top_ids is not None
+    ids = batch.top_ids[batch.rows, batch.cols]  # (N, K)
+    k = ids.shape[1]
+    with torch.set_grad_enabled(top_grad and torch.is_grad_enabled()):  # no K-fold backward for nothing
+        top_lp = token_logprobs(hidden.repeat_interleave(k, 0), head, ids.reshape(-1), temperature, chunk_size)
+    tops = grid.new_zeros((*grid.shape, k)).index_put((batch.rows, batch.cols), top_lp.view(-1, k))
+    return torch.cat([grid[..., None], tops], -1)
 
 
 class Policy(torch.nn.Module):
@@ -172,8 +189,8 @@ class Policy(torch.nn.Module):
         self.lm = lm
 
     def forward(self, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_LOGPROB_CHUNK,
-                sp: SequenceParallel | None = None) -> torch.Tensor:
-        return response_logprobs(self.lm, batch, temperature, chunk_size, sp)
+                sp: SequenceParallel | None = None, top: bool = False, top_grad: bool = True) -> torch.Tensor:
+        return response_logprobs(self.lm, batch, temperature, chunk_size, sp, top, top_grad)
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict[str, float]) -> torch.Tensor:
@@ -188,17 +205,24 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
 
 def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch, cfg: AlgorithmConfig,
                 norm: dict[str, float], ref_lp: torch.Tensor | None = None,
-                loss_fn: PolicyLoss | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                loss_fn: PolicyLoss | None = None,
+                student_top: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled loss of one micro-batch (module docstring): ``loss_fn``'s per-token term (None:
     ``algorithm.loss`` built here), times the truncated importance weight, plus KL, aggregated; and
     its figures over trained tokens, for :func:`train_step` to turn into token means: ``tokens``,
     ``clipped``, ``is_weight_sum``, ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf),
     ``is_truncated``, ``mismatch`` (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``.
-    ``batch.advantages``: (B, R) per token, or (B,) one per sequence."""
+    ``batch.advantages``: (B, R) per token, or (B,) one per sequence. ``student_top``: the student's
+    log-probs at the teacher's top-k (distillation's ``top_k``, :mod:`toolrl.algorithms.distill`: vOPD's
+    baseline comes off the advantages here)."""
     mask = batch.response_mask
     adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand(mask.shape)
     loss_fn = build_loss(cfg) if loss_fn is None else loss_fn
-    terms = loss_fn(LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask))
+    if student_top is not None and batch.teacher_top is not None and batch.teacher_weight is not None \
+            and opd_options(cfg).baseline == "vopd":
+        adv = adv - vopd_baseline(student_top, batch.teacher_top, batch.teacher_weight)
+    terms = loss_fn(LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask, student_top, batch.teacher_top,
+                               batch.teacher_weight))
     per_token = terms.per_token
     corr = correction(prox_lp, batch.engine_logprobs, mask, cfg)
     if corr.weight is not None:
@@ -235,7 +259,9 @@ class StepOptions:
     which turns the trajectories' images into pixel values, this rank's sequence-parallel group
     (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`) and, for several
     policies on one base, the adapters' names in the model's order (``model.adapters``; empty: none),
-    which each trajectory's ``role`` picks from."""
+    which each trajectory's ``role`` picks from, and the ``frozen`` ones among them, whose pieces are not
+    trained (their adapter takes no gradient: a micro-batch of theirs alone would have no loss to
+    backpropagate, and beside others they would only dilute the normaliser)."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -249,6 +275,7 @@ class StepOptions:
     processor: Any = None
     sp: SequenceParallel | None = None
     adapters: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -303,7 +330,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
-    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask)]
+    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and t.role not in options.frozen]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]
@@ -351,7 +378,8 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
     for mini in (m.tolist() for m in torch.arange(len(trajs)).chunk(options.algo.mini_batches)):
         shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs, adapters)
         micro_steps = packed_micro_steps(trajs, advs, shares[dp_rank], device, options.pad_id,
-                                         options.optim.share_prefixes, options.processor, pixel_cache, adapters)
+                                         options.optim.share_prefixes, options.processor, pixel_cache, adapters,
+                                         options.algo)
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
         minis.append(MiniBatch(micro_steps, norm))
@@ -372,29 +400,36 @@ def row_adapters(trajs: Sequence[Trajectory], adapters: Sequence[str]) -> list[i
 
 def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: Sequence[list[int] | None],
                        device: torch.device, pad_id: int, share_prefixes: bool, processor: Any,
-                       cache: dict[bytes, Any], adapters: Sequence[int] | None = None) -> list[MicroStep]:
+                       cache: dict[bytes, Any], adapters: Sequence[int] | None = None,
+                       algo: AlgorithmConfig | None = None) -> list[MicroStep]:
     """A rank's share of a plan (:func:`toolrl.training.microbatch.plan`) packed: each micro-batch's rows
     ``trajs[i]`` with advantages ``advs[i]`` (prefix trees with ``share_prefixes``; ``cache``: images
-    processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`), and a dummy step (one pad
-    token) for each None, where a busier rank still has work, to keep FSDP's collectives in step."""
-    return [(None, dummy_batch(pad_id, device)) if micro is None else
-            (micro, build_batch([trajs[i] for i in micro], [advs[i] for i in micro], device, share_prefixes,
-                                processor, cache, None if adapters is None else [adapters[i] for i in micro]))
-            for micro in share]
+    processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`; the teacher's top-k with
+    ``algo``'s opd ``top_k``), and a dummy step (one pad token) for each None, where a busier rank still
+    has work, to keep FSDP's collectives in step."""
+    def packed(micro: list[int]) -> PackedBatch:
+        rows = [trajs[i] for i in micro]
+        batch = build_batch(rows, [advs[i] for i in micro], device, share_prefixes, processor, cache,
+                            None if adapters is None else [adapters[i] for i in micro])
+        tops = None if algo is None else top_fields(rows, batch.response_mask.shape[1], algo, device)
+        return batch if tops is None else dataclasses.replace(batch, top_ids=tops[0], teacher_top=tops[1],
+                                                              teacher_weight=tops[2])
+    return [(None, dummy_batch(pad_id, device)) if micro is None else (micro, packed(micro)) for micro in share]
 
 
 def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: ExpertReplay | None = None,
-             dummy: bool = False) -> torch.Tensor:
+             dummy: bool = False, top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
     routed by ``replay`` (``algorithm.routing_replay``) when given; each row through its adapter
-    (``model.adapters``)."""
+    (``model.adapters``); with ``top``, the teacher's top-k's too."""
     if replay is not None:
         replay.before(batch, dummy)
     with through_adapters(causal_lm(model), batch):
         if isinstance(model, Policy):
-            lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+            lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
         else:
-            lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp)
+            lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp,
+                                   top, top_grad)
     if replay is not None:
         replay.after(batch)
     return lp
@@ -428,10 +463,12 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
     sp = options.sp
     scale = 1.0 if sp is None else 1.0 / sp.size
     for j, (micro, batch) in enumerate(mini.micro_steps):
-        new_lp = logprobs(model, batch, options, replay, micro is None)
+        new_lp = logprobs(model, batch, options, replay, micro is None, top=True, top_grad=loss_fn.reads_top)
+        # Distillation's top-k (opd's top_k): the student's log-probs at the teacher's likeliest tokens.
+        new_lp, student_top = (new_lp[..., 0], new_lp[..., 1:]) if new_lp.dim() == 3 else (new_lp, None)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
         ref_lp = None if mini.ref is None else mini.ref[j]
-        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn)
+        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn, student_top)
         tokens = batch.tokens if sp is None else -(-batch.tokens // sp.size)  # forwarded by this rank
         if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
             (loss * 0.0).backward()

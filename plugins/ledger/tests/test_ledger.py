@@ -69,3 +69,12 @@ async def test_fold_completes_with_the_key_reading_the_pages_in_branches(tokeniz
     assert all(b.edit.result == f"Pages read: 1-{min(n + 1, 12)} of 12." for b, n in zip(branches, range(2, 13, 2)))
     assert [r.arguments["n"] for r in main.tool_results if r.name == "read_page"] == [1]  # the rest in branches
     assert all(len(p.prompt_ids) + len(p.response_ids) <= 4096 for p in pieces)
+
+
+def test_an_adapter_per_role_is_refused_at_the_run_check() -> None:
+    from toolrl.config import ConfigError, load_config
+    from toolrl.plugins.parts import RunFacts
+
+    config = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}}})
+    with pytest.raises(ConfigError, match="model.adapters: the ledger_agent engine follows rules and has no weights"):
+        LedgerAgent.check_run(RunFacts(config, "", {}, {}, None, None))

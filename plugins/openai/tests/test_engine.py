@@ -290,3 +290,16 @@ def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
     assert result.exit_code == 2
     (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
     assert f"engine openai at {server.url} is not token-exact" in line
+
+
+def test_an_adapter_per_role_is_refused_at_the_run_check():
+    from toolrl.config import load_config
+    from toolrl.plugins.parts import RunFacts
+
+    def facts(**model: Any) -> RunFacts:
+        return RunFacts(load_config(None, data={"env": "arithmetic", "model": model}), "", {}, {}, None, None)
+
+    with pytest.raises(ConfigError, match=r"model.adapters: the openai engine sends its server no weights, so it "
+                                          r"cannot serve an adapter per role \(the transformers engine does\)"):
+        OpenAIEngine.check_run(facts(adapters={"planner": {"r": 4}}))
+    assert OpenAIEngine.check_run(facts()) == []

@@ -54,6 +54,19 @@ def test_a_served_teacher_scores_as_the_in_process_one_and_tool_tokens_get_zero(
         assert all(v < 0.0 for v, m in zip(b.teacher_logprobs, b.response_mask, strict=True) if m)
 
 
+def test_a_served_teachers_top_k_are_the_in_process_ones(tiny_server, tokenizer, sampled):
+    """opd's ``top_k``: the server's ``prompt_logprobs: k`` entries ranked 1 to k give the same tokens and
+    log-probs (within 1e-5) as the in-process teacher's top-k; tool-result tokens get none."""
+    here, there = copy.deepcopy(sampled), copy.deepcopy(sampled)
+    Teacher(TeacherConfig(model="tiny-qwen3"), tokenizer, ".").score(here, top=5)
+    Teachers([served(tiny_server.url)], tokenizer, ".", top=5).score(there)
+    for a, b in zip(here, there, strict=True):
+        assert b.teacher_top_ids == a.teacher_top_ids
+        assert all(len(row) == (5 if m else 0) for row, m in zip(b.teacher_top_ids, b.response_mask, strict=True))
+        assert max(abs(x - y) for ra, rb in zip(a.teacher_top_logprobs, b.teacher_top_logprobs, strict=True)
+                   for x, y in zip(ra, rb, strict=True)) < 1e-5
+
+
 def test_a_served_teacher_sends_one_request_per_trajectory_at_once(tokenizer, sampled):
     """Through a server that answers late: the step's requests are all in flight together."""
     real = copy.deepcopy(sampled)

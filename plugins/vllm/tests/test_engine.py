@@ -195,6 +195,26 @@ def test_config_is_validated():
     assert (cfg.max_batch_size, cfg.logprobs_mode, cfg.enable_prefix_caching) == (8, "processed_logprobs", True)
 
 
+def test_an_adapter_per_role_starts_vllm_for_the_roles(tiny_path, tokenizer):
+    """model.adapters passes the run check; vLLM starts to serve every role's adapter at once, up to the
+    largest rank, which is checked (naming that role's field) before vLLM starts."""
+    from toolrl.config import ConfigError, load_config
+    from toolrl.engines.build import build_engine
+    from toolrl.plugins.parts import RunFacts
+
+    def config(executor_r: int, *options: str):
+        return load_config(None, ["engine.name=vllm", *options], data={
+            "env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}, "executor": {"r": executor_r}}}})
+
+    assert VLLMEngine.check_run(RunFacts(config(16), tiny_path, {}, {}, None, None)) == []
+    with pytest.raises(ConfigError, match=r"^model.adapters.executor.r: 600, but vLLM serves adapters of rank at "
+                                          r"most 512$"):
+        build_engine(config(600), tiny_path, tokenizer)
+    with pytest.raises(ConfigError, match=r"^engine.options.max_lora_rank: 8 is below model.adapters.executor.r "
+                                          r"\(16\)$"):
+        build_engine(config(16, "engine.options={max_lora_rank: 8}"), tiny_path, tokenizer)
+
+
 def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
     with pytest.raises(ValueError, match="runs on CPU"):
         VLLMEngine.create(ModelSource(tiny_path), {"device": "cuda"})

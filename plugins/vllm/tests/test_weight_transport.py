@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from toolrl import model_sources
-from toolrl.config import ConfigError, LoraConfig, load_config
+from toolrl.config import AdapterConfig, ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
 from toolrl.engines.weight_rows import receive_into
@@ -268,7 +268,7 @@ async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora
     merged weights. Before the first sync the engine's adapter is the trainer's initial one (the base
     model), and no checkpoint of base weights is ever written."""
     lora_engine, initial = lora_engine
-    assert lora_engine._lora is not None  # every request carries the adapter
+    assert list(lora_engine._loras) == ["default"]  # every request carries model.lora's one adapter
     assert_close(initial, await greedy(engine, prompts))
     adapted = adapted_model(tiny_path, seed=len(name))  # each transport its own adapters
     engine.update_weights(lora.engine_state_dict(adapted))
@@ -340,3 +340,66 @@ def test_the_run_starts_vllm_for_its_adapter_rank(tiny_path, tokenizer):
 def test_an_engine_started_without_lora_refuses_adapters(engine):
     with pytest.raises(ConfigError, match=r"^model.lora.r: rank 4, but the vllm engine was started with no LoRA"):
         engine.apply_adapters(functools.partial(lora.apply_lora, config=LORA))
+
+
+# ----------------------------------------------------------------- an adapter per role (model.adapters)
+
+# Ranks in different vLLM rank buckets (4 -> 8, 16): the engine pads both to max_lora_rank 16.
+ROLES = {"planner": AdapterConfig(r=4, alpha=8.0), "executor": AdapterConfig(r=16, alpha=16.0)}
+REFERENCE_ATOL = 1e-4  # vLLM's LoRA kernels vs transformers on the merged weights, both float32
+
+
+def moved(model, roles, seed: int, scale: float = 0.3) -> None:
+    """Some training of ``roles``' adapters: every one of their tensors moved (lora_B non-zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, tensor in lora.iter_adapter_weights(model, adapters=roles):
+            tensor.add_(torch.randn(tensor.shape, generator=g) * scale / tensor.shape[-1] ** 0.5)
+
+
+async def served_as_merged(engine, role, trained, tiny_path, prompts):
+    """``role``'s greedy samples from ``engine``, checked against transformers on the base weights with
+    that role's adapter alone merged in: the same tokens (the reference's argmax) and log-probs."""
+    merged = model_sources.load_model(tiny_path)
+    merged.load_state_dict(lora.engine_state_dict(trained, adapter=role))
+    out = []
+    for prompt in prompts:
+        (gen,) = await engine.generate(prompt, GREEDY, adapter=role)
+        want, argmax = reference_logprobs(merged, prompt, gen.token_ids, temperature=0.0)
+        assert gen.token_ids == argmax, role
+        assert max(abs(a - b) for a, b in zip(gen.logprobs, want, strict=True)) < REFERENCE_ATOL, role
+        out.append((gen.token_ids, gen.logprobs))
+    return out
+
+
+@pytest.mark.slow
+async def test_vllm_serves_an_adapter_per_role(tiny_path, prompts):
+    """Two roles' adapters of different ranks in one engine, each request through its role's: each
+    role samples as transformers with that adapter merged; an update carrying one role's tensors
+    reloads that role's adapter alone (the other's directory, and outputs, stay)."""
+    engine = VLLMEngine.create(ModelSource(tiny_path), {"device": "cpu", "max_batch_size": 16,
+                                                        "max_lora_rank": 16, "max_loras": 2})
+    try:
+        engine.apply_adapters(functools.partial(lora.apply_adapters, adapters=ROLES))
+        assert [r.lora_int_id for r in engine._loras.values()] == [1, 2]
+        trained = lora.apply_adapters(model_sources.load_model(tiny_path), ROLES)
+        moved(trained, set(ROLES), seed=0)
+        with engine.updating_weights(1):
+            push_local(trained, [engine], SyncPlan(adapters=True))
+        before = {role: await served_as_merged(engine, role, trained, tiny_path, prompts) for role in ROLES}
+        assert before["planner"] != before["executor"]
+
+        executor_dir = engine._loras["executor"].lora_path
+        moved(trained, {"planner"}, seed=1)
+        with engine.updating_weights(2):
+            engine.update_weights(dict(lora.iter_adapter_weights(trained, adapters={"planner"})))
+        assert engine._loras["executor"].lora_path == executor_dir
+        after = {role: await served_as_merged(engine, role, trained, tiny_path, prompts) for role in ROLES}
+        assert after["planner"] != before["planner"] and after["executor"] == before["executor"]
+
+        with pytest.raises(ValueError, match=r"^unknown adapter 'judge': .* per role: planner, executor$"):
+            await engine.generate(prompts[0], GREEDY, adapter="judge")
+        with pytest.raises(ValueError, match=r"^no adapter: .* per role: planner, executor$"):
+            await engine.generate(prompts[0], GREEDY)
+    finally:
+        await engine.close()

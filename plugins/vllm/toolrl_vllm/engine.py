@@ -23,15 +23,17 @@
   before generation resumes. Each generation reports the version current when vLLM took the request
   (after any update in progress, or the next one after an update that failed); a request that an update then overtakes before its first token
   reports the older version.
-- LoRA (``model.lora``): the engine starts with vLLM's LoRA support (``max_lora_rank``: the run's
-  rank, rounded up to one vLLM has) and serves the trainer's adapters as a vLLM LoRA adapter, never a
-  merged copy of the base weights. ``apply_adapters`` gives it the run's initial adapter (``lora_B``
-  zero: the base model's outputs); each update then carries only the adapter tensors, written as a
-  peft directory and loaded in place under the same adapter id inside the same pause as a weight
-  update (the requests in flight go on with the new adapter). Every request carries the adapter.
+- LoRA (``model.lora``, the one adapter ``default``; or ``model.adapters``, one adapter per role):
+  the engine starts with vLLM's LoRA support (``max_loras``: the number of adapters; ``max_lora_rank``:
+  the largest rank, rounded up to one vLLM has) and serves each of the trainer's adapters as a vLLM
+  LoRA adapter of its own id, never a merged copy of the base weights. ``apply_adapters`` gives it the
+  run's initial adapters (``lora_B`` zero: the base model's outputs); each update then carries only
+  adapter tensors (``...lora_A.<adapter>.weight``), of some adapters (those that changed: never a
+  frozen one), each written as a peft directory and loaded in place under its adapter's id inside the
+  same pause as a weight update (the requests in flight go on with the new adapter). Under
+  ``model.lora`` every request carries the adapter; under ``model.adapters`` each request names its
+  role's (``generate(..., adapter=role)``) and vLLM batches requests of different adapters together.
   Linked transports then take the adapters in this process (they are small), not in vLLM's worker.
-  An adapter per role (``model.adapters``) is refused at the run check: vLLM can serve several
-  LoRARequests at once, but this engine keeps one adapter and its update path (not built for several).
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 
@@ -63,13 +65,12 @@ from toolrl.engines import (
     RolloutEngine,
     SamplingParams,
     check_request,
-    refuse_adapters,
 )
 from toolrl.model_sources import check_model_dir
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
-from toolrl_vllm.weights import AdapterLayout, adapter_layout, write_adapter, write_checkpoint
+from toolrl_vllm.weights import AdapterLayout, adapter_layouts, adapters_of, write_adapter, write_checkpoint
 
 GiB = 1 << 30
 # Imported by vLLM's worker processes only (it imports vLLM), where importing it registers the backend.
@@ -80,7 +81,6 @@ NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_we
                 "shutdown_weight_transfer_engine", "pause_generation", "resume_generation")
 # The adapter ranks vLLM's LoRA support takes (vllm.config.lora.MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-ADAPTER_NAME, ADAPTER_ID = "toolrl", 1  # the one adapter, reloaded in place under this id by every update
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,11 @@ class VLLMEngineConfig(BaseModel):
         "auto", description="Linked transports: auto: vLLM's native weight-transfer API where the installed vLLM "
                             "has it (one engine process, tensor_parallel_size 1); checkpoint: reload from a file.")
     max_lora_rank: Literal[LORA_RANKS] | None = Field(  # type: ignore[valid-type]
-        None, description="Serve LoRA adapters up to this rank (vLLM enable_lora); under model.lora the run sets "
-                          "it to model.lora.r rounded up to one of vLLM's ranks. None: no LoRA support, no cost.")
+        None, description="Serve LoRA adapters up to this rank (vLLM enable_lora); under model.lora or model.adapters "
+                          "the run sets it to the largest rank rounded up to one of vLLM's ranks. None: no LoRA "
+                          "support, no cost.")
+    max_loras: int = Field(1, ge=1, description="LoRA adapters served at once (vLLM max_loras); under "
+                                                "model.adapters the run sets it to the number of roles.")
     engine_args: dict[str, Any] = Field(default_factory=dict, description="More vllm AsyncEngineArgs, verbatim.")
 
 
@@ -149,8 +152,11 @@ class VLLMEngine(RolloutEngine):
         self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
         self._next_version: int | None = None  # the version an update in progress brings
         self._native = False  # weights over linked transports through vLLM's weight-transfer API
-        self._adapter: AdapterLayout | None = None  # under LoRA (apply_adapters): the adapters updates carry
-        self._lora: Any = None  # the vLLM LoRARequest every request carries (the newest adapter)
+        # Under LoRA (apply_adapters): the adapters updates carry, by name, and the vLLM LoRARequest
+        # that serves each (its id: its place in the run's order, from 1; its newest directory).
+        self._adapters: dict[str, AdapterLayout] = {}
+        self._loras: dict[str, Any] = {}
+        self._per_role = False  # model.adapters: each request names its adapter (else model.lora's one serves all)
         self._adapters_written = itertools.count()
         try:
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
@@ -164,7 +170,6 @@ class VLLMEngine(RolloutEngine):
     def check_run(cls, run: Any) -> list[str]:
         """The run check: vLLM loads the model from the source's directory, which must hold one."""
         check_model_dir(run.model_dir, "the vllm engine", run.config)
-        refuse_adapters(run, "vllm", "serves one LoRA adapter (model.lora), every request under it")
         return []
 
     @classmethod
@@ -175,12 +180,18 @@ class VLLMEngine(RolloutEngine):
 
     @classmethod
     def build(cls, options: BaseModel, context: Any) -> VLLMEngine:
-        """Under ``model.lora``, vLLM starts with LoRA support for the run's rank (it cannot be turned
-        on later); a run without LoRA does not pay for it."""
+        """Under ``model.lora`` or ``model.adapters``, vLLM starts with LoRA support for the run's
+        largest rank and its number of adapters (it cannot be turned on later); a run without LoRA
+        does not pay for it."""
         values = options.model_dump()
-        lora = context.config.model.lora if context.config is not None else None
-        if lora is not None:
-            values["max_lora_rank"] = lora_rank(lora.r, values.get("max_lora_rank"))
+        model = context.config.model if context.config is not None else None
+        if model is not None and model.adapters:
+            role = max(model.adapters, key=lambda r: model.adapters[r].r)
+            values["max_lora_rank"] = lora_rank(model.adapters[role].r, values.get("max_lora_rank"),
+                                                f"model.adapters.{role}.r")
+            values["max_loras"] = len(model.adapters)
+        elif model is not None and model.lora is not None:
+            values["max_lora_rank"] = lora_rank(model.lora.r, values.get("max_lora_rank"), "model.lora.r")
         return cls.create(context.input("source"), values)
 
     # ----------------------------------------------------------------- engine loop side
@@ -204,7 +215,7 @@ class VLLMEngine(RolloutEngine):
         if self._native:
             args["weight_transfer_config"] = {"backend": TRANSFER_BACKEND}
         if cfg.max_lora_rank is not None:
-            args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
+            args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
         args.update(cfg.engine_args)
         return AsyncEngineArgs(**args)
 
@@ -262,7 +273,7 @@ class VLLMEngine(RolloutEngine):
                 await self._llm.wake_up()
                 self._asleep = False
 
-    async def _generate(self, prompt: list[int], params: SamplingParams, n: int) -> list[Generation]:
+    async def _generate(self, prompt: list[int], params: SamplingParams, n: int, lora: Any) -> list[Generation]:
         from vllm.inputs import tokens_input
 
         request_id = f"toolrl-{next(self._ids)}"
@@ -273,7 +284,7 @@ class VLLMEngine(RolloutEngine):
             await self._whole.wait()  # and after a failed one, for the next
             version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
-                                                request_id, lora_request=self._lora):
+                                                request_id, lora_request=lora):
                 final = out
         except asyncio.CancelledError:
             if self._closed:  # cancelled by close(), not by the caller
@@ -323,15 +334,17 @@ class VLLMEngine(RolloutEngine):
         async with self._loading():
             await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
 
-    async def _load_adapter(self, path: str) -> None:
-        """Load the adapter in ``path`` in place of the current one (the same id), in the pause of a
-        weight update; from then on every request carries it."""
+    async def _load_adapters(self, paths: Mapping[str, Path]) -> None:
+        """Load each adapter (by name) from its directory in place of its current one (the same id), in
+        one pause, as a weight update; from then on its requests carry it."""
         from vllm.lora.request import LoRARequest
 
         async with self._loading():
-            if not await self._llm.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, path, load_inplace=True)):
-                raise RuntimeError(f"vLLM did not load the adapter in {path}")
-            self._lora = LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)
+            for name, path in paths.items():
+                lora_id = list(self._adapters).index(name) + 1
+                if not await self._llm.add_lora(LoRARequest(name, lora_id, str(path), load_inplace=True)):
+                    raise RuntimeError(f"vLLM did not load adapter {name!r} from {path}")
+                self._loras[name] = LoRARequest(name, lora_id, str(path))
 
     async def _sleep(self) -> None:
         assert self._state_lock is not None
@@ -358,23 +371,35 @@ class VLLMEngine(RolloutEngine):
                        session_id: str | None = None, adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        if adapter is not None:
-            raise ValueError(f"adapter {adapter!r}: the vllm engine serves no adapter per role")
+        lora = self._lora_of(adapter)
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
             return empty
         if params.top_p < 1 and params.temperature > 0 and not self._top_p_warned:
             self._top_p_warned = True
             warnings.warn("vllm engine: with top_p < 1 the returned logprobs are over the top-p nucleus, "
                           "not the trainer's full temperature-scaled distribution", stacklevel=2)
-        return await self._thread.run(self._generate(list(prompt_ids), params, n))
+        return await self._thread.run(self._generate(list(prompt_ids), params, n, lora))
+
+    def _lora_of(self, adapter: str | None) -> Any:
+        """The LoRARequest a request for ``adapter`` carries: under ``model.adapters`` its role's (named:
+        a role the engine does not serve is a ValueError naming those it does); else model.lora's one
+        adapter, or None without LoRA (``adapter`` then None)."""
+        if not self._per_role:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r}: the vllm engine serves no LoRA adapter per role")
+            return next(iter(self._loras.values()), None)
+        if adapter not in self._loras:
+            asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
+            raise ValueError(f"{asked}: the vllm engine serves an adapter per role: {', '.join(self._loras)}")
+        return self._loras[adapter]
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
         if not state_dict:  # nothing to load (rows that came over vLLM's weight-transfer API left none)
             return
-        if self._adapter is not None:
-            self._update_adapter(state_dict)
+        if self._adapters:
+            self._update_adapters(adapters_of(state_dict, self._adapters))
         else:
             write_checkpoint(state_dict, self._weights_dir)
             self._thread.call(self._reload(str(self._weights_dir)))
@@ -382,35 +407,45 @@ class VLLMEngine(RolloutEngine):
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         """The run's adapters, as the trainer's ``inject`` makes them (run on a meta-device skeleton
-        of the base model: names, shapes, rank, alpha, target modules), served from now on; the
-        initial one has ``lora_B`` zero, as the trainer's."""
+        of the base model: names, shapes, rank, alpha, target modules), served from now on; each
+        starts with ``lora_B`` zero, as the trainer's (a frozen one stays so)."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        layout = adapter_layout(self.model_path, inject)
-        if self.config.max_lora_rank is None or layout.rank > self.config.max_lora_rank:
-            started = f"max_lora_rank {self.config.max_lora_rank}" if self.config.max_lora_rank else "no LoRA support"
-            raise ConfigError(f"model.lora.r: rank {layout.rank}, but the vllm engine was started with {started} "
-                              "(engine.options.max_lora_rank)")
-        self._adapter = layout
+        layouts, per_role = adapter_layouts(self.model_path, inject)
+        for name, layout in layouts.items():
+            field = f"model.adapters.{name}.r" if per_role else "model.lora.r"
+            if self.config.max_lora_rank is None or layout.rank > self.config.max_lora_rank:
+                started = (f"max_lora_rank {self.config.max_lora_rank}" if self.config.max_lora_rank
+                           else "no LoRA support")
+                raise ConfigError(f"{field}: rank {layout.rank}, but the vllm engine was started with {started} "
+                                  "(engine.options.max_lora_rank)")
+        if len(layouts) > self.config.max_loras:
+            raise ConfigError(f"model.adapters: {len(layouts)} adapters, but the vllm engine was started to serve "
+                              f"{self.config.max_loras} at once (engine.options.max_loras)")
+        self._adapters, self._per_role = layouts, per_role
         try:
-            self._update_adapter(layout.zeros())
+            self._update_adapters({name: layout.zeros() for name, layout in layouts.items()})
         except BaseException:
-            self._adapter = None
+            self._adapters, self._loras, self._per_role = {}, {}, False
             raise
 
-    def _update_adapter(self, tensors: Mapping[str, Any]) -> None:
-        """Write ``tensors`` (every adapter tensor, the trainer's names) to a new directory, load it in
-        place of the current adapter and drop the old directory."""
-        assert self._adapter is not None
-        old = Path(self._lora.lora_path) if self._lora is not None else None
-        path = write_adapter(tensors, self._adapter, self._dir / f"adapter-{next(self._adapters_written)}")
+    def _update_adapters(self, adapters: Mapping[str, Mapping[str, Any]]) -> None:
+        """Write each adapter's tensors (every one of its tensors, the trainer's names) to a new
+        directory, load them in place of the current ones in one pause and drop the old directories;
+        the adapters not in ``adapters`` stay as they are."""
+        old = [Path(self._loras[name].lora_path) for name in adapters if name in self._loras]
+        paths: dict[str, Path] = {}
         try:
-            self._thread.call(self._load_adapter(str(path)))
+            for name, tensors in adapters.items():
+                paths[name] = write_adapter(tensors, self._adapters[name],
+                                            self._dir / f"adapter-{next(self._adapters_written)}")
+            self._thread.call(self._load_adapters(paths))
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            for path in paths.values():
+                shutil.rmtree(path, ignore_errors=True)
             raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:
@@ -447,7 +482,7 @@ class VLLMEngine(RolloutEngine):
         """With vLLM's weight-transfer API: vLLM's worker opens the receivers (one
         ``init_weight_transfer_engine``) and one receiver here drives each update; else (and for
         LoRA adapters, which load as a whole adapter) the default."""
-        if not self._native or self._adapter is not None:
+        if not self._native or self._adapters:
             return super().open_weight_receivers(transport, links, index)
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
@@ -508,15 +543,15 @@ class WorkerReceiver(WeightReceiver):
             self.engine._thread.call(self.engine._llm.shutdown_weight_transfer_engine())
 
 
-def lora_rank(rank: int, chosen: int | None) -> int:
-    """The ``max_lora_rank`` a run of adapter rank ``rank`` starts vLLM with: ``chosen`` (the engine's
-    option) when set, else the smallest rank vLLM takes that holds it."""
+def lora_rank(rank: int, chosen: int | None, field: str) -> int:
+    """The ``max_lora_rank`` a run whose largest adapter rank is ``rank`` (config ``field``) starts vLLM
+    with: ``chosen`` (the engine's option) when set, else the smallest rank vLLM takes that holds it."""
     if chosen is not None:
         if chosen < rank:
-            raise ConfigError(f"engine.options.max_lora_rank: {chosen} is below model.lora.r ({rank})")
+            raise ConfigError(f"engine.options.max_lora_rank: {chosen} is below {field} ({rank})")
         return chosen
     if rank > LORA_RANKS[-1]:
-        raise ConfigError(f"model.lora.r: {rank}, but vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
+        raise ConfigError(f"{field}: {rank}, but vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
     return next(r for r in LORA_RANKS if r >= rank)
 
 

@@ -5,7 +5,8 @@ The engine runs in other processes, so weights travel through a file: one ``mode
 written atomically (temporary name, then rename) into a directory the engine owns. Tensors that share
 storage (tied embeddings: ``lm_head.weight`` is ``model.embed_tokens.weight``) are written once, under
 the first name, which is how Hugging Face checkpoints of tied models look and what vLLM expects.
-An adapter update is written to a new directory of its own (small: the ``lora_A``/``lora_B`` tensors).
+An adapter update is written to a new directory of its own (small: the ``lora_A``/``lora_B`` tensors),
+one per adapter it carries (an adapter per role: ``...lora_A.<role>.weight``).
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def write_checkpoint(state_dict: Mapping[str, Any], directory: Path) -> Path:
 
 ADAPTER_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-# The trainer's adapter tensor names (peft layers injected in place, adapter ``default``).
+# The trainer's adapter tensor names (peft layers injected in place: adapter ``default``, or the role's name).
 _TRAINER_ADAPTER_KEY = re.compile(r"^(?P<module>.+)\.(?P<which>lora_[AB])\.(?P<adapter>[^.]+)\.weight$")
 
 
 @dataclass(frozen=True)
 class AdapterLayout:
-    """The trainer's adapters as the engine's base model holds them: every tensor's name and shape,
-    and peft's ``adapter_config.json`` (rank, alpha, target modules) for vLLM to load them with."""
+    """One of the trainer's adapters as the engine's base model holds it: every tensor's name and
+    shape, and peft's ``adapter_config.json`` (rank, alpha, target modules) for vLLM to load it with."""
 
     shapes: dict[str, tuple[int, ...]]
     config_json: str
@@ -72,10 +73,13 @@ class AdapterLayout:
         return {name: torch.zeros(shape) for name, shape in self.shapes.items()}
 
 
-def adapter_layout(model_path: str, inject: Callable[[Any], Any]) -> AdapterLayout:
+def adapter_layouts(model_path: str, inject: Callable[[Any], Any]) -> tuple[dict[str, AdapterLayout], bool]:
     """Run the trainer's own injection on a skeleton of the model in ``model_path`` (meta device: no
-    weights loaded) to learn the adapters' names, shapes and peft config exactly as the trainer has them."""
+    weights loaded) to learn each adapter's names, shapes and peft config exactly as the trainer has
+    them, by adapter name in injection order (``default`` alone under ``model.lora``); and whether they
+    are adapters per role (``model.adapters``: each request names its own)."""
     import torch
+    from toolrl.engines.adapters import adapter_names, has_routing
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_path)
@@ -83,28 +87,44 @@ def adapter_layout(model_path: str, inject: Callable[[Any], Any]) -> AdapterLayo
     with torch.device("meta"):
         model = auto.from_config(config)
     inject(model)
-    (peft_config,) = model.peft_config.values()
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if _TRAINER_ADAPTER_KEY.match(k)}
-    with tempfile.TemporaryDirectory() as tmp:
-        peft_config.save_pretrained(tmp)
-        config_json = (Path(tmp) / ADAPTER_CONFIG).read_text()
-    return AdapterLayout(shapes, config_json, peft_config.r)
+    state = model.state_dict()
+    layouts: dict[str, AdapterLayout] = {}
+    for name in adapter_names(model):
+        peft_config = model.peft_config[name]
+        shapes = {k: tuple(v.shape) for k, v in state.items()
+                  if (key := _TRAINER_ADAPTER_KEY.match(k)) and key["adapter"] == name}
+        with tempfile.TemporaryDirectory() as tmp:
+            peft_config.save_pretrained(tmp)
+            config_json = (Path(tmp) / ADAPTER_CONFIG).read_text()
+        layouts[name] = AdapterLayout(shapes, config_json, peft_config.r)
+    return layouts, has_routing(model)
+
+
+def adapters_of(tensors: Mapping[str, Any], layouts: Mapping[str, AdapterLayout]) -> dict[str, dict[str, Any]]:
+    """An update's adapter tensors (the trainer's names) by the adapter they belong to; a tensor of no
+    adapter the engine serves is a ValueError."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        key = _TRAINER_ADAPTER_KEY.match(name)
+        if key is None or key["adapter"] not in layouts or name not in layouts[key["adapter"]].shapes:
+            raise ValueError(f"vllm engine: {name!r} is not one of the run's adapter tensors (under LoRA the "
+                             "engine loads the adapters only)")
+        out.setdefault(key["adapter"], {})[name] = tensor
+    return out
 
 
 def write_adapter(tensors: Mapping[str, Any], layout: AdapterLayout, directory: Path) -> Path:
-    """The trainer's adapter tensors (every one of ``layout``'s, by the trainer's names) as a peft
-    directory vLLM loads (``base_model.model.<module>.lora_A.weight``); returns ``directory``."""
+    """One adapter's tensors (every one of ``layout``'s, by the trainer's names) as a peft directory
+    vLLM loads (``base_model.model.<module>.lora_A.weight``); returns ``directory``."""
     from safetensors.torch import save_file
 
     if missing := sorted(set(layout.shapes) - set(tensors)):
-        raise ValueError(f"vllm engine: an adapter update lacks {len(missing)} adapter tensors: {missing[:3]}")
+        raise ValueError(f"vllm engine: an adapter update lacks {len(missing)} of the adapter's tensors: "
+                         f"{missing[:3]}")
     peft: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        if name not in layout.shapes:
-            raise ValueError(f"vllm engine: {name!r} is not one of the run's adapter tensors (under model.lora "
-                             "the engine loads the adapters only)")
         key = _TRAINER_ADAPTER_KEY.match(name)
-        assert key is not None  # the layout's names all match
+        assert key is not None and name in layout.shapes  # adapters_of sorted them
         peft[f"base_model.model.{key['module']}.{key['which']}.weight"] = tensor
     directory.mkdir(parents=True, exist_ok=True)
     save_file(unique_tensors(peft), str(directory / ADAPTER_FILE), metadata={"format": "pt"})
