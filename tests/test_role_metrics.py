@@ -3,6 +3,7 @@ in (its posted reward, else the episode's), its success and its trained tokens; 
 
 import math
 
+from toolrl.data.batches import zero_variance
 from toolrl.run_dir import role_metrics, role_tokens, rollout_metrics
 from toolrl.trajectory import Trajectory
 
@@ -36,3 +37,14 @@ def test_a_run_without_roles_has_no_role_figures():
     plain = [piece("a", 0, None, 1.0, last=True)]
     assert role_metrics(plain, success_threshold=1.0) == {} and role_tokens(plain) == {}
     assert not [k for k in rollout_metrics(plain, 1.0) if k.startswith("role/")]
+
+
+def test_a_group_whose_roles_rewards_differ_is_not_counted_as_teaching_nothing():
+    # Both episodes have reward 1, but the verifier's posted rewards differ: its baseline gives advantages.
+    differ = [piece("a", 0, "verifier", 1.0, last=True, role_rewards={"verifier": 0.0}),
+              piece("b", 0, "verifier", 1.0, last=True, role_rewards={"verifier": 1.0})]
+    same = [piece("a", 0, "verifier", 1.0, last=True, role_rewards={"verifier": 1.0}),
+            piece("b", 0, "verifier", 1.0, last=True, role_rewards={"verifier": 1.0})]
+    assert rollout_metrics(differ, 1.0)["equal_reward_groups"] == 0
+    assert rollout_metrics(same, 1.0)["equal_reward_groups"] == 1
+    assert not zero_variance(differ) and zero_variance(same)  # algorithm.skip_zero_variance_groups keeps it

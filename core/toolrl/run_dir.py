@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO
 
 from toolrl.config import Config, ConfigError, one_line, read_json, read_text
-from toolrl.trajectory import Trajectory
+from toolrl.trajectory import Trajectory, rewards_of
 
 Mode = Literal["new", "resume", "overwrite"]
 
@@ -358,9 +358,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
     terminations: dict[str, int] = defaultdict(int)
     for t in trajs:
         terminations[t.termination] += 1
-    by_group: dict[int, set[float]] = defaultdict(set)
+    by_group: dict[int, set[Hashable]] = defaultdict(set)
     for t in whole:
-        by_group[t.group].add(t.reward)
+        by_group[t.group].add(rewards_of(t))
     return {
         "reward_mean": statistics.fmean(rewards) if rewards else math.nan,
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
@@ -374,7 +374,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "model_tokens_mean": model_tokens / n,
         "turns_mean": sum(t.turns for t in trajs) / n,
         "terminations": dict(terminations),
-        # Groups of more than one trajectory whose rewards were all equal: zero group-relative advantage.
+        # Groups of more than one trajectory whose rewards (each role's too) were all equal: zero
+        # group-relative advantage.
         "equal_reward_groups": sum(len(r) == 1 for g, r in by_group.items()
                                    if sum(t.group == g for t in whole) > 1),
         # Templates that rewrote history (toolrl.renderers.rewrite): forks per round of tool results.

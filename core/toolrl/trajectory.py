@@ -173,6 +173,12 @@ class Trajectory(BaseModel):
         return {("routes" if k == "routed_experts" else k): v for k, v in handler(self).items()}
 
 
+def rewards_of(traj: Trajectory) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """What a group's baseline compares of a trajectory: its reward and each role's (``role_rewards``).
+    A group whose trajectories all give the same has zero group-relative advantage: it teaches nothing."""
+    return traj.reward, tuple(sorted(traj.role_rewards.items()))
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many first tokens ``a`` and ``b`` have in common (lists, arrays or CPU tensors of ids).
     The one comparison of token sequences: rollouts find template rewrites with it, the prefix-shared

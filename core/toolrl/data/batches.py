@@ -55,7 +55,7 @@ from typing import Any
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
 from toolrl.seeds import epoch_seed, group_seed, step_seed
-from toolrl.trajectory import Trajectory, call_prefix
+from toolrl.trajectory import Trajectory, call_prefix, rewards_of
 
 # A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
 AHEAD = "ahead.pt"
@@ -160,8 +160,8 @@ def trainable(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 
 
 def zero_variance(trajs: Sequence[Trajectory]) -> bool:
-    """All rewards equal: GRPO's advantages are all zero, the group teaches nothing."""
-    return len({t.reward for t in trajs}) <= 1
+    """All rewards equal (each role's too): GRPO's advantages are all zero, the group teaches nothing."""
+    return len({rewards_of(t) for t in trajs}) <= 1
 
 
 @dataclass
