@@ -126,7 +126,7 @@ def check_roles(facts: RunFacts, parts: Parts) -> None:
     group-relative estimator has."""
     config = facts.config
     roles = config.roles
-    among = f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
+    among = _among(roles)
     for route in parts.routes.values():
         kind = route.session
         missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
@@ -153,10 +153,13 @@ def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
             continue
         role = sample.extra_info["role"]
         if not isinstance(role, str) or role not in config.roles:
-            among = f"the run's roles ({', '.join(config.roles)})" if config.roles else \
-                "the run's roles: it has none (set rollout.roles)"
             raise ConfigError(f"{origin_of(sample, f'the prompts sample {i}')}: extra_info.role: {role!r} is not "
-                              f"among {among}")
+                              f"among {_among(config.roles)}")
+
+
+def _among(roles: Sequence[str]) -> str:
+    """The run's roles as the refusals of a role name them."""
+    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
 
 
 # -- the template ------------------------------------------------------------------------------------
