@@ -50,8 +50,17 @@ class Game:
             self.finish()
         return done
 
+    def forfeit(self, reason: str) -> None:
+        """The seat to move did not move (its turn cut short): an invalid move, as many times as the
+        game's error allowance takes to end it, so TextArena's own rule decides the outcome."""
+        state = self.env.state
+        for _ in range(1 + int(getattr(state, "error_allowance", 0) or 0)):
+            if state.done:
+                break
+            state.set_invalid_move(reason=reason)
+
     def finish(self) -> None:
-        """Close the game once: its rewards per seat (None: it did not end) and its info."""
+        """Close the game once: its rewards per seat and its info."""
         if self.rewards is None and not self.info:
             rewards, self.info = self.env.close()
             self.rewards = None if rewards is None else {int(k): float(v) for k, v in rewards.items()}

@@ -8,8 +8,10 @@ rules decide an invalid one: a retry message, then the loss); the fixed seats mo
 session, and the next user turn is what the game told the model's seat since it last moved. The game
 over ends the trajectory. Its rewards are TextArena's: the score is the first model seat's reward
 (each seat's under ``textarena.player_<seat>``), and each model seat's role gets its own
-(``role_rewards``), which that role's baseline compares. A game cut short (``max_turns``,
-``max_response_tokens``) has no rewards: 0 for every seat.
+(``role_rewards``), which that role's baseline compares. A trajectory that ends before the game
+(a turn cut at ``max_new_tokens``, ``max_turns``, ``max_response_tokens``) leaves the seat to move
+without a move: an invalid move, repeated until TextArena's rule ends the game (two in TicTacToe:
+that seat loses), so stopping early never pays better than losing.
 
 Every seat of the model reads one conversation: a seat's turns show what TextArena told that seat,
 less the messages the conversation showed since that seat's last turn (the other seat's view of the
@@ -99,6 +101,8 @@ class GameSession(EnvironmentSession):
         return self._until_model()
 
     def _rewards(self) -> dict[int, float]:
+        if self.game.rewards is None:
+            self.game.forfeit("the player's turn ended without a move (the trajectory's limit)")
         self.game.finish()
         rewards = self.game.rewards or {}
         return {seat: rewards.get(seat, 0.0) for seat in range(PLAYERS)}
@@ -106,8 +110,7 @@ class GameSession(EnvironmentSession):
     async def score(self, trajectory: Trajectory) -> Mapping[str, float]:
         rewards = self._rewards()
         first = self.task.seats.index("model")
-        return {"reward": rewards[first], **{ROLES[s]: r for s, r in rewards.items()},
-                "ended": float(self.game.rewards is not None)}
+        return {"reward": rewards[first], **{ROLES[s]: r for s, r in rewards.items()}}
 
     async def role_rewards(self) -> Mapping[str, float]:
         rewards = self._rewards()
