@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from toolrl.environments import Environment
 from toolrl.schemas import Sample
 
-from toolrl_textarena.game import PLAYERS, check_game
+from toolrl_textarena.game import PLAYERS, Game, check_game
+from toolrl_textarena.players import listed_moves
 
 SYSTEM_PROMPT = ("You are playing a game. The user's messages are what the game tells you; answer each "
                  "with your move in square brackets, as the game's rules show (e.g. [4]).")
@@ -63,8 +64,18 @@ def games(options: TextArenaOptions, split: str) -> list[Sample]:
     return out
 
 
+def example(game: str) -> list[dict[str, str]]:
+    """A worked first turn, for small models to imitate: the game's opening as Player 0 sees it (seed
+    0), answered with the middle one of the moves it lists."""
+    opening = Game(game, 0)
+    _, news = opening.news()
+    opening.finish()
+    moves = listed_moves(news)
+    return [{"role": "user", "content": news}, {"role": "assistant", "content": moves[len(moves) // 2]}] if moves else []
+
+
 def configure(options: TextArenaOptions) -> dict[str, Any]:
-    return {"max_turns": options.max_turns}
+    return {"max_turns": options.max_turns, "prompt_prefix": example(options.game)}
 
 
 TEXTARENA = Environment(
