@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 import textarena as ta
@@ -15,7 +16,7 @@ from toolrl.parsers.hermes import HermesParser
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_trajectory_pieces
 from toolrl.schemas import Sample
-from toolrl.sessions import SessionKind
+from toolrl.sessions import SessionContext, SessionKind, SharedParts
 from toolrl.testing import ScriptedEngine
 from toolrl_textarena.players import fixed_move, listed_moves
 from toolrl_textarena.session import ROLES, GameSession
@@ -60,9 +61,6 @@ def tokenizer():
 
 async def played(moves, seats=("model", "model"), trajectory_id="t0"):
     """The session driven by hand: its reset, then each move as the model's answer."""
-    from toolrl.sessions import SessionContext, SharedParts
-    from pathlib import Path
-
     session = GameSession(GameSession.Options(), SessionContext(
         where="session.name", options_where="session.options", name="textarena", trajectory_id=trajectory_id,
         base_dir=Path("."), shared=SharedParts()))
