@@ -9,11 +9,14 @@ largest position before it, so a row's text positions are its token index plus a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from toolrl.images import images_held, pixel_values
+
+if TYPE_CHECKING:
+    from toolrl.engines.scheduler import Request
 
 
 class PromptVision:
@@ -39,6 +42,20 @@ class PromptVision:
     def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
         """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
         return list(images[images_held(images, ids[:start], self.image_token_id, self.merge):])
+
+    def prefill(self, admitted: Sequence[Request], prefix: Sequence[int], width: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """A prefill's inputs for the prompts of ``admitted``, each on its first ``prefix`` tokens' kept KV:
+        3-D positions [3, rows, width] of each row's new tokens (left-padded), each row's rope delta, and
+        the pixel inputs of the images among the new tokens, in row order (the order the model fills them in)."""
+        pos = torch.zeros(3, len(admitted), width, dtype=torch.long, device=device)
+        deltas, shown = [], []
+        for i, (req, p) in enumerate(zip(admitted, prefix)):
+            full, delta = self.positions(req.prompt, req.images, device)
+            pos[:, i, width - (len(req.prompt) - p):] = full[:, p:]
+            deltas.append(delta)
+            shown += self.images_from(req.prompt, req.images, p)
+        return pos, torch.tensor(deltas, device=device), self.pixels(shown, device, dtype) if shown else {}
 
     def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""

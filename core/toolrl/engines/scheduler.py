@@ -1,0 +1,152 @@
+"""The transformers engine's scheduler: every ``generate`` call becomes a :class:`Request` in a queue, and
+one task on the event loop runs the engine's *steps* in a worker thread (``asyncio.to_thread``, so tool
+calls keep running meanwhile). Before each step it admits the queued requests whose samples (a
+:class:`Row` each) fit beside the running rows (``max_batch_size``), and it names the running requests
+whose callers went away; after it, it answers the requests the step completed. A request therefore
+waits at most one step before it starts, never for a whole batch to finish. A failed step fails the
+requests it held, not the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from toolrl.engines import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+# Uniforms a sampled row draws from its generator at once: block draws continue the generator's stream
+# exactly as one draw per token would (CPU generators), at one call per block instead of one per token.
+UNIFORM_BLOCK = 64
+# One step: the requests admitted for it, the ids of those to drop, and where it puts the ones it completes.
+Step = Callable[[list["Request"], set[int], list["Request"]], None]
+
+
+@dataclass
+class Request:
+    """One ``generate`` call."""
+
+    prompt: list[int]
+    params: SamplingParams
+    n: int
+    session_id: str | None
+    future: asyncio.Future[list[Generation]]
+    results: list[Generation | None] = field(default_factory=list)
+    remaining: int = 0  # its samples still decoding: its rows in the running batch
+    weight_version: int = 0  # the engine's when the first token was sampled
+    images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
+    prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
+    adapter: int = -1  # its adapter's index in the engine's adapters (engines.adapters.RowAdapters)
+
+
+@dataclass
+class Row:
+    """One sample being decoded."""
+
+    req: Request
+    index: int
+    generator: torch.Generator | None  # on the host, whatever the device; None: greedy
+    next_token: int = -1  # sampled but not yet fed to the model
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    experts: list[torch.Tensor] = field(default_factory=list)  # [tokens, layers, top_k] pieces (record_routes)
+    uniforms: list[float] = field(default_factory=list)  # drawn from the generator, not yet used (last first)
+
+    def uniform(self) -> float:
+        """The generator's next uniform in [0, 1), drawn UNIFORM_BLOCK at a time."""
+        if not self.uniforms:
+            import torch
+
+            block = torch.rand(UNIFORM_BLOCK, generator=self.generator, dtype=torch.float64)
+            self.uniforms = block.tolist()[::-1]
+        return self.uniforms.pop()
+
+
+class Scheduler:
+    """The queue of requests, the running ones, and the task that steps them (module docstring)."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.pending: list[Request] = []
+        self.running: list[Request] = []  # admitted, with rows in the engine's batch
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    def runs_on(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self._task is not None and self._task.get_loop() is loop and not self._task.done()
+
+    def start(self, loop: asyncio.AbstractEventLoop, step: Step) -> None:
+        """Step on ``loop`` from now: first use, or a new event loop (one ``asyncio.run`` per rollout
+        phase, say), where whatever the old loop left behind can never complete."""
+        self.fail_all(RuntimeError("engine restarted on a new event loop"))
+        self._wake = asyncio.Event()
+        self._task = loop.create_task(self._run(step), name="toolrl-transformers-engine")
+
+    def submit(self, req: Request) -> None:
+        assert self._wake is not None
+        self.pending.append(req)
+        self._wake.set()
+
+    async def _run(self, step: Step) -> None:
+        assert self._wake is not None
+        while True:
+            if not self.pending and not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            admitted = self._admit()
+            cancelled = {id(req) for req in self.running if req.future.done()}
+            finished: list[Request] = []
+            failed: Exception | None = None
+            try:
+                await asyncio.to_thread(step, admitted, cancelled, finished)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                failed = exc
+            # Requests completed before a failure later in the step have their whole results: they get
+            # them (they have left the batch, so failing the batch would never reach them).
+            for req in finished:
+                if not req.future.done():
+                    req.future.set_result(list(req.results))  # type: ignore[arg-type]
+            gone = {id(req) for req in finished} | cancelled
+            self.running = [req for req in self.running + admitted if id(req) not in gone]
+            if failed is not None:
+                self._fail(self.running, failed)
+                self.running = []
+
+    def _admit(self) -> list[Request]:
+        admitted: list[Request] = []
+        rows = sum(req.remaining for req in self.running)
+        while self.pending:
+            req = self.pending[0]
+            if req.future.done():  # cancelled while queued
+                self.pending.pop(0)
+                continue
+            if rows and rows + req.n > self.max_rows:
+                break
+            admitted.append(self.pending.pop(0))
+            rows += req.n
+        return admitted
+
+    @staticmethod
+    def _fail(requests: list[Request], exc: BaseException) -> None:
+        for req in requests:
+            if not req.future.done() and not req.future.get_loop().is_closed():
+                req.future.set_exception(exc)
+
+    def fail_all(self, exc: BaseException) -> None:
+        self._fail(self.running + self.pending, exc)
+        self.running, self.pending = [], []
+
+    async def close(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await self._task
+        self.fail_all(RuntimeError("engine closed"))

@@ -1,0 +1,144 @@
+"""The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how a
+forward runs on the running batch's KV buffers (:mod:`toolrl.engines.kv_batch`).
+
+:class:`EagerSteps` hands the model the used columns of the buffers, so every step has new shapes.
+:class:`StaticSteps` prefills the same way and decodes at fixed shapes per bucket of rows
+(:mod:`toolrl.engines.static_decode`): its buffers' capacities are powers of two and its decode steps
+run on the bucket's slots. Both route each row through its own adapter
+(:class:`~toolrl.engines.adapters.RowAdapters`) and give sliding-window layers (Gemma 3, gpt-oss,
+Mistral) masks built from each column's position, not its column distance: a token sees the
+``sliding_window`` positions before it, whatever gaps its row has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache
+
+from toolrl import masks
+from toolrl.engines.adapters import RowAdapters
+from toolrl.engines.decoding import BufferLayer
+from toolrl.engines.expert_routing import ExpertRouting
+from toolrl.engines.kv_batch import KVBatch
+from toolrl.engines.static_decode import StaticDecoder, bucket
+
+
+class EagerSteps:
+    """Every forward on the used columns of the buffers (``decode: eager``)."""
+
+    decoder: StaticDecoder | None = None  # the static decoder, where steps have one
+
+    def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None) -> None:
+        text_config = model.config.get_text_config()
+        if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
+            raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
+        self.model, self.adapters, self.routing = model, adapters, routing
+        self.num_layers = text_config.num_hidden_layers
+        self.window, _ = masks.sliding_window(model.config)
+        self.dtype = next(model.parameters()).dtype
+        # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
+        self.expert_dtype = torch.uint8 if routing is None or routing.num_experts <= 256 else torch.int16
+        self.experts: torch.Tensor | None = None  # the last forward's expert ids [rows, q, layers, top_k]
+
+    def capacity(self, columns: int) -> int:
+        """Buffer columns to allocate for ``columns``."""
+        return columns
+
+    def slots(self, rows: int) -> int:
+        """Buffer slots a decode step of ``rows`` rows runs on (0: the live rows')."""
+        return 0
+
+    def forward(self, batch: KVBatch, input_ids: torch.Tensor, positions: torch.Tensor, adapters: list[int],
+                **images: torch.Tensor) -> torch.Tensor:
+        """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
+        last position's logits [rows, vocab] in float32. ``adapters``: each row's (Request.adapter);
+        ``images``: a VLM's pixel inputs for them."""
+        b, q = input_ids.shape
+        layers = [BufferLayer(batch.keys[i][:b] if batch.keys else None,
+                              batch.values[i][:b] if batch.values else None,
+                              batch.length, batch.capacity) for i in range(self.num_layers)]
+        assert batch.mask is not None
+        mask = batch.mask[:, : batch.length + q]
+        if self.routing is not None:
+            self.routing.replay(None)
+        with self.adapters.forward(adapters):
+            out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=Cache(layers=layers),
+                             attention_mask=mask if self.window is None else self.window_masks(mask, q),
+                             use_cache=True, logits_to_keep=1, **images)
+        if self.routing is not None:  # left on the device: copied to the host once per generation, not per step
+            self.experts = self.routing.recorded().view(b, q, self.routing.layers, -1).to(self.expert_dtype)
+        if not batch.keys:  # the layers allocated them (a prefill without kept KV)
+            batch.keys = [layer.kbuf for layer in layers]
+            batch.values = [layer.vbuf for layer in layers]
+        batch.length += q
+        return out.logits[:, -1].float()
+
+    def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
+        """The logits of a decode step feeding ``ids`` [rows, 1] at the column the batch has marked."""
+        assert batch.positions is not None
+        return self.forward(batch, ids, batch.positions[:, None], [r.req.adapter for r in batch.rows])
+
+    def window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive [rows, 1, q, columns] masks for the last ``q`` columns of ``mask``: causal, and
+        for sliding-window layers also within the window, both by position (a row's real columns hold
+        its positions 0, 1, ... in order)."""
+        pos = mask.cumsum(1) - 1
+        keys, queries = pos[:, None, None, :], pos[:, None, -q:, None]
+        return masks.by_layer_type(mask[:, None, None, :] & (keys <= queries), queries, keys, self.model.config,
+                                   self.dtype)
+
+    def weights_written(self) -> None:
+        """The weights were updated (in place, or some replaced)."""
+
+    def release(self) -> None:
+        """Free what the steps keep between phases."""
+
+
+class StaticSteps(EagerSteps):
+    """Decode steps of fixed shapes (``decode: static``), captured as CUDA graphs on CUDA."""
+
+    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int) -> None:
+        super().__init__(model, adapters, None)
+        self.max_rows = max_rows
+        self.decoder = StaticDecoder(model, graphs=next(model.parameters()).device.type == "cuda")
+        self._pointers = self._weight_pointers()
+
+    def _weight_pointers(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
+    def capacity(self, columns: int) -> int:
+        # A power of two, so that the steps take few shapes (one CUDA graph each).
+        return 1 << (columns - 1).bit_length()
+
+    def slots(self, rows: int) -> int:
+        return bucket(rows, self.max_rows)
+
+    def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
+        """Rows padded to their bucket (a padding row sees only its own column, so its softmax has a
+        key), attention over the whole capacity."""
+        assert batch.mask is not None and batch.positions is not None and self.decoder is not None
+        live = len(batch.rows)
+        rows = self.slots(live)
+        mask, positions = batch.mask, batch.positions[:, None]
+        if rows > live:
+            pad = mask.new_zeros(rows - live, batch.capacity)
+            pad[:, batch.length] = True
+            mask = torch.cat([mask, pad])
+            ids = torch.cat([ids, ids.new_zeros(rows - live, 1)])
+            positions = torch.cat([positions, positions.new_zeros(rows - live, 1)])
+        prepared = mask[:, None, None, :] if self.window is None else self.window_masks(mask, 1)
+        column = torch.tensor([batch.length], device=mask.device)
+        logits = self.decoder.step([k[:rows] for k in batch.keys], [v[:rows] for v in batch.values], ids, positions,
+                                   column, prepared)
+        batch.length += 1
+        return logits[:live]
+
+    def weights_written(self) -> None:
+        if (pointers := self._weight_pointers()) != self._pointers:
+            self.decoder.reset()  # a weight was replaced, not written in place: graphs read the old one
+            self._pointers = pointers
+
+    def release(self) -> None:
+        self.decoder.reset()  # its memory pool goes too
