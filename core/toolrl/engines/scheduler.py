@@ -1,21 +1,20 @@
 """The transformers engine's scheduler: every ``generate`` call becomes a :class:`Request` in a queue, and
 one task on the event loop runs the engine's *steps* in a worker thread (``asyncio.to_thread``, so tool
-calls keep running meanwhile). Before each step it admits the queued requests whose samples (a
-:class:`Row` each) fit beside the running rows (``max_batch_size``), and it names the running requests
-whose callers went away; after it, it answers the requests the step completed. A request therefore
-waits at most one step before it starts, never for a whole batch to finish. A failed step fails the
-requests it held, not the engine.
-"""
+calls keep running meanwhile). Each step gets the queued requests whose samples (a :class:`Row` each) fit
+beside the running rows (``max_batch_size``) and the running ones whose callers went away; a request so
+waits at most one step before it starts, never for a whole batch to finish."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolrl.engines import Generation, SamplingParams
+from toolrl.engines import FinishReason, Generation, SamplingParams
+from toolrl.seeds import sample_seed
+from toolrl.trajectory import RoutedExperts
 
 if TYPE_CHECKING:
     import torch
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
 # Uniforms a sampled row draws from its generator at once: block draws continue the generator's stream
 # exactly as one draw per token would (CPU generators), at one call per block instead of one per token.
 UNIFORM_BLOCK = 64
-# One step: the requests admitted for it, the ids of those to drop, and where it puts the ones it completes.
-Step = Callable[[list["Request"], set[int], list["Request"]], None]
 
 
 @dataclass
@@ -42,6 +39,16 @@ class Request:
     images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
     prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
     adapter: int = -1  # its adapter's index in the engine's adapters (engines.adapters.RowAdapters)
+
+    def rows(self, unseeded: Iterator[int]) -> list[Row]:
+        """A row per sample, each with its own generator (None: greedy), seeded by ``params.seed`` or,
+        without one, by the next of ``unseeded``."""
+        import torch
+
+        if self.params.temperature == 0:
+            return [Row(self, j, None) for j in range(self.n)]
+        seeds = [self.params.seed if self.params.seed is not None else next(unseeded) for _ in range(self.n)]
+        return [Row(self, j, torch.Generator().manual_seed(sample_seed(seed, j))) for j, seed in enumerate(seeds)]
 
 
 @dataclass
@@ -66,6 +73,34 @@ class Row:
             self.uniforms = block.tolist()[::-1]
         return self.uniforms.pop()
 
+    def generation(self, reason: FinishReason, stop: int | str | None) -> Generation:
+        """The sample as its caller gets it (the request's saved prefill counted on its first sample)."""
+        import torch
+
+        req = self.req
+        return Generation(list(self.tokens), list(self.logprobs), reason, stop, req.weight_version,
+                          req.prefill_tokens_saved if self.index == 0 else 0,
+                          RoutedExperts.of(torch.cat(self.experts).cpu()) if self.experts else None)
+
+    def finish(self, tokenizer: Any, max_model_len: int) -> tuple[FinishReason | None, int | str | None]:
+        """Why the row ends at its last token (None: it goes on), and the stop token or string that ended
+        it. ``tokenizer``: the engine's, loaded where the request has stop strings."""
+        params = self.req.params
+        tok = self.tokens[-1]
+        if tok in params.stop_token_ids:
+            return "stop", tok
+        if params.stop_strings:
+            # A stop string of b bytes spans at most b + 1 tokens (every token is >= 1 byte), and
+            # the check runs after every token, so this window sees every new occurrence.
+            width = max(len(s.encode()) for s in params.stop_strings) + 1
+            tail = tokenizer.decode(self.tokens[-width:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            for s in params.stop_strings:
+                if s in tail:
+                    return "stop_string", s
+        if len(self.tokens) >= params.max_new_tokens or len(self.req.prompt) + len(self.tokens) >= max_model_len:
+            return "length", None
+        return None, None
+
 
 class Scheduler:
     """The queue of requests, the running ones, and the task that steps them (module docstring)."""
@@ -77,22 +112,23 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
 
-    def runs_on(self, loop: asyncio.AbstractEventLoop) -> bool:
-        return self._task is not None and self._task.get_loop() is loop and not self._task.done()
-
-    def start(self, loop: asyncio.AbstractEventLoop, step: Step) -> None:
-        """Step on ``loop`` from now: first use, or a new event loop (one ``asyncio.run`` per rollout
-        phase, say), where whatever the old loop left behind can never complete."""
+    def start(self, loop: asyncio.AbstractEventLoop, step: Callable[..., None]) -> bool:
+        """Run ``step(admitted, cancelled ids, finished)`` on ``loop`` unless it runs there already; True
+        when it starts: first use, or a new event loop (one ``asyncio.run`` per rollout phase, say),
+        where whatever the old loop left behind can never complete."""
+        if self._task is not None and self._task.get_loop() is loop and not self._task.done():
+            return False
         self.fail_all(RuntimeError("engine restarted on a new event loop"))
         self._wake = asyncio.Event()
         self._task = loop.create_task(self._run(step), name="toolrl-transformers-engine")
+        return True
 
     def submit(self, req: Request) -> None:
         assert self._wake is not None
         self.pending.append(req)
         self._wake.set()
 
-    async def _run(self, step: Step) -> None:
+    async def _run(self, step: Callable[..., None]) -> None:
         assert self._wake is not None
         while True:
             if not self.pending and not self.running:

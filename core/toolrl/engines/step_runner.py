@@ -1,5 +1,5 @@
 """The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how a
-forward runs on the running batch's KV buffers (:mod:`toolrl.engines.kv_batch`).
+forward runs on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
 
 :class:`EagerSteps` hands the model the used columns of the buffers, so every step has new shapes.
 :class:`StaticSteps` prefills the same way and decodes at fixed shapes per bucket of rows
@@ -18,10 +18,11 @@ import torch
 from transformers.cache_utils import Cache
 
 from toolrl import masks
+from toolrl.engines import PromptLogprobs
 from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.decoding import BufferLayer
 from toolrl.engines.expert_routing import ExpertRouting
-from toolrl.engines.kv_batch import KVBatch
+from toolrl.engines.kv_store import KVBatch
 from toolrl.engines.static_decode import StaticDecoder, bucket
 
 
@@ -37,7 +38,8 @@ class EagerSteps:
         self.model, self.adapters, self.routing = model, adapters, routing
         self.num_layers = text_config.num_hidden_layers
         self.window, _ = masks.sliding_window(model.config)
-        self.dtype = next(model.parameters()).dtype
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
         # One byte an expert id up to 256 experts a layer (RoutedExperts), two beyond.
         self.expert_dtype = torch.uint8 if routing is None or routing.num_experts <= 256 else torch.int16
         self.experts: torch.Tensor | None = None  # the last forward's expert ids [rows, q, layers, top_k]
@@ -76,9 +78,47 @@ class EagerSteps:
         return out.logits[:, -1].float()
 
     def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
-        """The logits of a decode step feeding ``ids`` [rows, 1] at the column the batch has marked."""
+        """The logits of a decode step feeding ``ids`` [rows, 1] at the column the batch has marked (each
+        row's experts for its fed token recorded on it, with record_routes)."""
         assert batch.positions is not None
-        return self.forward(batch, ids, batch.positions[:, None], [r.req.adapter for r in batch.rows])
+        logits = self.forward(batch, ids, batch.positions[:, None], [r.req.adapter for r in batch.rows])
+        for row, fed in zip(batch.rows, self.experts) if self.experts is not None else ():
+            row.experts.append(fed)
+        return logits
+
+    def prompt_experts(self, kept: list[torch.Tensor | None], prefix: list[int], deltas: list[list[int]]
+                       ) -> list[torch.Tensor] | None:
+        """After a prefill, each prompt's expert ids (record_routes): its first ``prefix`` tokens' ``kept``
+        ones, then its new tokens' (``deltas``, left-padded in the forward)."""
+        if self.experts is None:
+            return None
+        width = max(map(len, deltas))
+        return [torch.cat(([e[:p]] if e is not None else []) + [self.experts[i, width - len(d):]])
+                for i, (e, p, d) in enumerate(zip(kept, prefix, deltas))]
+
+    def score(self, prompts: list[list[int]], top: int, size: int) -> list[PromptLogprobs]:
+        """Each prompt's tokens scored (:meth:`~toolrl.engines.RolloutEngine.prompt_logprobs`), in forwards of
+        up to ``size`` prompts, right-padded (a causal model's positions before the padding do not see it)."""
+        out: list[PromptLogprobs] = []
+        for b in range(0, len(prompts), size):
+            chunk = prompts[b:b + size]
+            width = max(len(p) for p in chunk)
+            x = torch.zeros(len(chunk), width, dtype=torch.long, device=self.device)
+            mask = torch.zeros_like(x)
+            for i, p in enumerate(chunk):
+                x[i, :len(p)] = torch.tensor(p)
+                mask[i, :len(p)] = 1
+            lp = torch.log_softmax(self.model(input_ids=x, attention_mask=mask).logits[:, :-1].float(), -1)
+            chosen = lp.gather(-1, x[:, 1:, None])
+            ranks = (lp > chosen).sum(-1) + 1
+            best = lp.topk(top, -1) if top else None
+            for i, p in enumerate(chunk):
+                n = len(p) - 1
+                pairs = [] if best is None else [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist()))
+                                                 for j in range(n)]
+                out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(),
+                                          pairs or [[] for _ in range(n)]))
+        return out
 
     def window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """Additive [rows, 1, q, columns] masks for the last ``q`` columns of ``mask``: causal, and
@@ -102,7 +142,7 @@ class StaticSteps(EagerSteps):
     def __init__(self, model: Any, adapters: RowAdapters, max_rows: int) -> None:
         super().__init__(model, adapters, None)
         self.max_rows = max_rows
-        self.decoder = StaticDecoder(model, graphs=next(model.parameters()).device.type == "cuda")
+        self.decoder = StaticDecoder(model, graphs=self.device.type == "cuda")
         self._pointers = self._weight_pointers()
 
     def _weight_pointers(self) -> tuple[int, ...]:

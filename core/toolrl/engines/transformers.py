@@ -1,18 +1,12 @@
-"""The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop, in parts:
+"""The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop, in
+parts: the requests' queue and admission (:mod:`~toolrl.engines.scheduler`), the running rows' KV and the
+KV kept between a trajectory's turns (:mod:`~toolrl.engines.kv_store`), and how a forward runs, eager or
+at static shapes, chosen once (:mod:`~toolrl.engines.step_runner`); each row runs through its own
+adapter per role (``model.adapters``: :class:`~toolrl.engines.adapters.RowAdapters`). A step decodes one
+token for every running row, then prefills the admitted requests and merges them into the batch.
 
-- :mod:`~toolrl.engines.scheduler`: every ``generate`` call a request in a queue; a task on the event
-  loop runs one *step* at a time in a worker thread, admitting the requests that arrived meanwhile;
-- :mod:`~toolrl.engines.kv_batch`: the running rows and their KV, in buffers the engine owns;
-- :mod:`~toolrl.engines.session_store`: KV kept between a trajectory's turns, and one prompt's prefill
-  shared by the requests admitted with it;
-- :mod:`~toolrl.engines.step_runner`: how a forward runs, eager or at static shapes, chosen once;
-- :class:`~toolrl.engines.adapters.RowAdapters`: each row through its own adapter per role
-  (``model.adapters``, :meth:`apply_adapters` with :func:`toolrl.training.lora.apply_adapters`), rows of
-  different adapters in one batch.
-
-A step decodes one token for every running row, then prefills the admitted requests and merges them into
-the running batch. Weights may change while requests are running (asynchronous training): an update made
-inside :meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
+Weights may change while requests are running (asynchronous training): an update made inside
+:meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
 running rows continue on the new weights (the KV already computed for their earlier tokens stays as it
 was), and each generation reports the version its first token was sampled with.
 """
@@ -30,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.engines import (
-    FinishReason,
     Generation,
     ModelSource,
     PromptLogprobs,
@@ -43,16 +36,13 @@ from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.scheduler import Request, Scheduler
 from toolrl.engines.scheduler import Row as _Row
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
-from toolrl.seeds import sample_seed, unseeded
-from toolrl.trajectory import RoutedExperts
+from toolrl.seeds import unseeded
 
 if TYPE_CHECKING:
     import torch
 
     from toolrl.engines.decoding import sample
-    from toolrl.engines.kv_batch import KVBatch
-    from toolrl.engines.session_store import Session, prefill_sources
-    from toolrl.engines.static_decode import StaticDecoder
+    from toolrl.engines.kv_store import KVBatch, Session, prefill_sources
 
 
 def _import_torch() -> None:
@@ -63,8 +53,7 @@ def _import_torch() -> None:
     import torch
 
     from toolrl.engines.decoding import sample
-    from toolrl.engines.kv_batch import KVBatch
-    from toolrl.engines.session_store import prefill_sources
+    from toolrl.engines.kv_store import KVBatch, prefill_sources
 
 
 def static_steps(decode: str, cuda: bool, vision: bool, routes: bool, adapters: bool) -> bool:
@@ -120,7 +109,7 @@ class TransformersEngine(RolloutEngine):
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
         from toolrl.engines.expert_routing import ExpertRouting
-        from toolrl.engines.session_store import SessionStore
+        from toolrl.engines.kv_store import SessionStore
         from toolrl.engines.vision import PromptVision
 
         _import_torch()
@@ -141,15 +130,13 @@ class TransformersEngine(RolloutEngine):
         self._scheduler = Scheduler(config.max_batch_size)
         self._batch = KVBatch()
         self._sessions = SessionStore(model, config.reuse_kv_cache, config.max_sessions, self._new_weights)
-        # Held while the model runs; weight updates wait for it (reentrant: updating_weights holds it
-        # around update_weights calls).
+        # Held while the model runs; weight updates wait for it (reentrant: update_weights takes it again).
         self._step_lock = threading.RLock()
         self.stats = EngineStats()
         self._closed = False
 
     def _choose_steps(self) -> None:
-        """The model's adapters per row and its step runner, for the model as it is: when the engine
-        is made, and again once it has taken adapters."""
+        """The adapters per row and the step runner, for the model as it is (made, or given adapters)."""
         from toolrl.engines.step_runner import EagerSteps, StaticSteps
 
         self._adapters = RowAdapters(self.model)
@@ -158,6 +145,7 @@ class TransformersEngine(RolloutEngine):
             self._runner: EagerSteps = StaticSteps(self.model, self._adapters, self.config.max_batch_size)
         else:
             self._runner = EagerSteps(self.model, self._adapters, self._routing)
+        self._static = self._runner.decoder
 
     @classmethod
     def check_run(cls, run: Any) -> list[str]:
@@ -189,12 +177,6 @@ class TransformersEngine(RolloutEngine):
             self._tokenizer = load_tokenizer(self._tokenizer_path)
         return self._tokenizer
 
-    @property
-    def _static(self) -> StaticDecoder | None:
-        return self._runner.decoder
-
-    # ----------------------------------------------------------------- public API
-
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
                        session_id: str | None = None, images: Sequence[Any] = (),
                        adapter: str | None = None) -> list[Generation]:
@@ -210,9 +192,8 @@ class TransformersEngine(RolloutEngine):
         if params.stop_strings:
             _ = self.tokenizer  # load it now, not inside a step
         loop = asyncio.get_running_loop()
-        if not self._scheduler.runs_on(loop):
+        if self._scheduler.start(loop, self._step):
             self._batch = KVBatch()  # what another loop left running can never complete
-            self._scheduler.start(loop, self._step)
         req = Request(list(prompt_ids), params, n, session_id, loop.create_future(),
                       results=[None] * n, remaining=n, images=list(images), adapter=index)
         self._scheduler.submit(req)
@@ -228,43 +209,17 @@ class TransformersEngine(RolloutEngine):
         return await asyncio.to_thread(self._score, [list(p) for p in prompts], top)
 
     def _score(self, prompts: list[list[int]], top: int) -> list[PromptLogprobs]:
-        """Forwards of up to ``max_batch_size`` prompts, right-padded (a causal model's positions before
-        the padding do not see it), under the step lock: between two decode steps, never inside one."""
-        out: list[PromptLogprobs] = []
-        size = self.config.max_batch_size
+        # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
-            for b in range(0, len(prompts), size):
-                chunk = prompts[b:b + size]
-                width = max(len(p) for p in chunk)
-                x = torch.zeros(len(chunk), width, dtype=torch.long, device=self.device)
-                mask = torch.zeros_like(x)
-                for i, p in enumerate(chunk):
-                    x[i, :len(p)] = torch.tensor(p)
-                    mask[i, :len(p)] = 1
-                lp = torch.log_softmax(self.model(input_ids=x, attention_mask=mask).logits[:, :-1].float(), -1)
-                chosen = lp.gather(-1, x[:, 1:, None])
-                ranks = (lp > chosen).sum(-1) + 1
-                best = lp.topk(top, -1) if top else None
-                for i, p in enumerate(chunk):
-                    n = len(p) - 1
-                    pairs = [] if best is None else [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist()))
-                                                     for j in range(n)]
-                    out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(),
-                                              pairs or [[] for _ in range(n)]))
-        return out
+            return self._runner.score(prompts, top, self.config.max_batch_size)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        with self._step_lock, torch.no_grad():
-            own = self.model.state_dict(keep_vars=True)
-            unknown = sorted(set(state_dict) - set(own))
-            if unknown:
-                raise KeyError(f"update_weights got keys the model does not have: {unknown[:5]}")
+        # Whole tensors as rows, their names checked before any is written.
+        if unknown := sorted(set(state_dict) - set(self._weights_by_name)):
+            raise KeyError(f"update_weights got keys the model does not have: {unknown[:5]}")
+        with self.updating_weights(self.weight_version):
             for name, value in state_dict.items():
-                target = own[name]
-                if value is target or (value.data_ptr() == target.data_ptr() and value.shape == target.shape):
-                    continue  # shared with the trainer: nothing to copy
-                target.copy_(value)
-            self._new_weights()
+                self.load_weight_rows(name, value.shape, 0, value)
 
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
         # In place, straight from the sender's tensor or the transport's buffer (nothing to copy from a
@@ -287,8 +242,7 @@ class TransformersEngine(RolloutEngine):
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
-        # Its new modules start in training mode (adapter dropout): the engine only samples. Adapters
-        # per role (toolrl.training.lora.apply_adapters) route each row through its own.
+        # Its new modules start in training mode (adapter dropout): the engine only samples.
         with self._step_lock:
             inject(self.model)
             self.model.requires_grad_(False).eval()
@@ -330,8 +284,6 @@ class TransformersEngine(RolloutEngine):
         self._batch = KVBatch()
         self._sessions.clear()
 
-    # ----------------------------------------------------------------- one step (worker thread)
-
     def _step(self, admitted: list[Request], cancelled: set[int], finished: list[Request]) -> None:
         """One decode step of the batch and the prefill of the admitted requests; the requests they
         complete go into ``finished`` as they do. A step that fails leaves no rows running."""
@@ -361,9 +313,6 @@ class TransformersEngine(RolloutEngine):
         logits = self._runner.decode(batch, ids)
         self.stats.steps += 1
         batch.positions += 1
-        if (experts := self._runner.experts) is not None:
-            for row, fed in zip(batch.rows, experts):
-                row.experts.append(fed)
         return logits
 
     def _prefill(self, admitted: list[Request]) -> tuple[KVBatch, torch.Tensor]:
@@ -372,7 +321,7 @@ class TransformersEngine(RolloutEngine):
         those of a request with n > 1 and those of admitted requests that share it (prefill_sources)."""
         reused = [self._sessions.take(req) for req in admitted]
         source, unique = prefill_sources(admitted, reused, self.config.share_prompts)
-        group, logits = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
+        group, logits, experts = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
         for i, req in enumerate(admitted):
             shared = unique[source[i]] != i
             kept = reused[i]
@@ -380,19 +329,18 @@ class TransformersEngine(RolloutEngine):
             self.stats.prefill_tokens_saved += len(req.prompt) if shared else 0
         # One row per sample: each sample reads its prompt's prefilled row.
         expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
-        group.rows = [_Row(req, j, self._generator(req, j)) for req in admitted for j in range(req.n)]
-        if self._routing is not None:
-            for row, i in zip(group.rows, expand):
-                row.experts = [group.prompt_experts[i]]
+        group.rows = [row for req in admitted for row in req.rows(self._unseeded)]
+        for row, i in zip(group.rows, expand) if experts is not None else ():
+            row.experts = [experts[i]]
         if expand != list(range(len(unique))):
             group.select(expand)
             logits = logits.index_select(0, torch.tensor(expand, device=self.device))
-        assert group.mask is not None
-        group.positions = group.mask.sum(1) + (group.rope_deltas if group.rope_deltas is not None else 0)
         return group, logits
 
-    def _prefill_rows(self, admitted: list[Request], reused: list[Session | None]) -> tuple[KVBatch, torch.Tensor]:
-        """One prefilled row per request (left-padded, on its kept session KV if any): KV and logits."""
+    def _prefill_rows(self, admitted: list[Request], reused: list[Session | None]
+                      ) -> tuple[KVBatch, torch.Tensor, list[torch.Tensor] | None]:
+        """One prefilled row per request (left-padded, on its kept session KV if any): KV, logits and
+        (record_routes) each prompt's experts: its kept session's, then its new tokens'."""
         prefix = [len(s.tokens) if s else 0 for s in reused]
         deltas = [req.prompt[p:] for req, p in zip(admitted, prefix)]
         tc, dm = max(prefix), max(map(len, deltas))
@@ -403,23 +351,15 @@ class TransformersEngine(RolloutEngine):
         group, ids, pos = KVBatch.prefill(deltas, [(s.keys, s.values) if s else None for s in reused], prefix,
                                           capacity, self.device)
         images: dict[str, torch.Tensor] = {}
+        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.vision)
         if self.vision is not None and any(req.images for req in admitted):
-            pos, group.rope_deltas, images = self.vision.prefill(admitted, prefix, dm, self.device, self.dtype)
+            pos, rope_deltas, images = self.vision.prefill(admitted, prefix, dm, self.device, self.dtype)
         logits = self._runner.forward(group, ids, pos, [req.adapter for req in admitted], **images)
+        group.positions = group.mask.sum(1) + rope_deltas  # type: ignore[union-attr]
         self.stats.steps += 1
-        if (experts := self._runner.experts) is not None:  # each prompt's: its kept session's, then its new tokens'
-            group.prompt_experts = [torch.cat(([s.experts[:p]] if s is not None and s.experts is not None else [])
-                                              + [experts[i, dm - len(d):]])
-                                    for i, (s, p, d) in enumerate(zip(reused, prefix, deltas))]
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
-        return group, logits
-
-    def _generator(self, req: Request, index: int) -> torch.Generator | None:
-        if req.params.temperature == 0:
-            return None
-        seed = req.params.seed if req.params.seed is not None else next(self._unseeded)
-        return torch.Generator().manual_seed(sample_seed(seed, index))
+        return group, logits, self._runner.prompt_experts([s.experts if s else None for s in reused], prefix, deltas)
 
     def _advance(self, batch: KVBatch, logits: torch.Tensor, finished: list[Request]) -> None:
         """Sample one token per row, record it, and drop rows that are done."""
@@ -431,40 +371,17 @@ class TransformersEngine(RolloutEngine):
             row.tokens.append(tok)
             row.logprobs.append(lp)
             row.next_token = tok
-            reason, stop = self._finish(row)
+            reason, stop = row.finish(self._tokenizer, self.max_model_len)
             if reason is None:
                 keep.append(i)
                 continue
-            row.req.results[row.index] = Generation(list(row.tokens), list(row.logprobs), reason, stop,
-                                                    row.req.weight_version,
-                                                    row.req.prefill_tokens_saved if row.index == 0 else 0,
-                                                    RoutedExperts.of(torch.cat(row.experts).cpu()) if row.experts else None)
+            row.req.results[row.index] = row.generation(reason, stop)
             row.req.remaining -= 1
             if row.req.remaining == 0:
                 finished.append(row.req)
             done.append((i, row))
         if done:
             self._keep(batch, keep, done)
-
-    def _finish(self, row: _Row) -> tuple[FinishReason | None, int | str | None]:
-        params = row.req.params
-        tok = row.tokens[-1]
-        if tok in params.stop_token_ids:
-            return "stop", tok
-        if params.stop_strings:
-            # A stop string of b bytes spans at most b + 1 tokens (every token is >= 1 byte), and
-            # the check runs after every token, so this window sees every new occurrence.
-            width = max(len(s.encode()) for s in params.stop_strings) + 1
-            tail = self.tokenizer.decode(row.tokens[-width:], skip_special_tokens=False,
-                                         clean_up_tokenization_spaces=False)
-            for s in params.stop_strings:
-                if s in tail:
-                    return "stop_string", s
-        if len(row.tokens) >= params.max_new_tokens or len(row.req.prompt) + len(row.tokens) >= self.max_model_len:
-            return "length", None
-        return None, None
-
-    # ----------------------------------------------------------------- the running batch (worker thread)
 
     def _keep(self, batch: KVBatch, keep: list[int], done: list[tuple[int, _Row]]) -> None:
         """Keep rows ``keep`` of ``batch``; the ``done`` rows' KV is kept for their trajectories' next turns."""
