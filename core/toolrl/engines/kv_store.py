@@ -44,13 +44,13 @@ class KVBatch:
         self.rows: list[Row] = []
         self.keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
-        self.mask: torch.Tensor | None = None  # [live rows, capacity] bool
-        self.positions: torch.Tensor | None = None  # [rows] next position id per row
+        self.mask = torch.zeros(0, 0, dtype=torch.bool)  # [live rows, capacity]
+        self.positions = torch.zeros(0, dtype=torch.long)  # [rows] next position id per row
         self.length = 0  # used columns
 
     @property
     def capacity(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
+        return self.mask.shape[1]
 
     @property
     def slots(self) -> int:
@@ -90,16 +90,14 @@ class KVBatch:
 
     def select(self, order: list[int]) -> None:
         """Make row i a copy of row ``order[i]`` (a prefilled prompt read by each of its samples)."""
-        assert self.mask is not None
         index = torch.tensor(order, device=self.mask.device)
         self.keys = [k.index_select(0, index) for k in self.keys]
         self.values = [v.index_select(0, index) for v in self.values]
         self.mask = self.mask.index_select(0, index)
-        self.positions = self.positions.index_select(0, index)  # type: ignore[union-attr]
+        self.positions = self.positions.index_select(0, index)
 
     def row_kv(self, i: int) -> KeptKV:
         """Row ``i``'s KV of its real columns, in order (copies: they do not pin the buffers)."""
-        assert self.mask is not None
         cols = self.mask[i, : self.length].nonzero()[:, 0]
         return [k[i : i + 1, :, cols] for k in self.keys], [v[i : i + 1, :, cols] for v in self.values]
 
@@ -111,7 +109,6 @@ class KVBatch:
             self.__init__()
             return
         # The kept rows past the new end move into the freed slots before it: one row's KV each.
-        assert self.mask is not None and self.positions is not None
         live, kept, device = len(keep), set(keep), self.mask.device
         holes = [i for i in range(live) if i not in kept]
         movers = [i for i in keep if i >= live]
@@ -131,7 +128,6 @@ class KVBatch:
     def compact(self, capacity: Capacity) -> None:
         """Drop padding columns when they waste a quarter of the cache: each row's real columns are
         gathered, in order, to the right end (keys keep their RoPE positions, so this is exact)."""
-        assert self.mask is not None
         used = self.mask[:, : self.length]
         real = int(used.sum(1).max())
         waste = self.length - real
@@ -161,7 +157,6 @@ class KVBatch:
         (``compact`` drops gaps once they waste a quarter)."""
         if not new.rows or not self.rows:
             return new if new.rows else self
-        assert self.mask is not None and new.mask is not None and self.positions is not None
         b1, b2, length = len(self.rows), len(new.rows), max(self.length, new.length)
         # Out of slots: double them (up to max_slots), so the next joiner finds its slot free.
         spare = min(2 * self.slots, max_slots)
@@ -175,7 +170,6 @@ class KVBatch:
         mask[b1:, start:length] = new.mask[:, : new.length]
         self.rows += new.rows
         self.mask, self.length = mask, length
-        assert new.positions is not None
         self.positions = torch.cat([self.positions, new.positions])
         self.compact(capacity)
         return self
@@ -185,7 +179,6 @@ class KVBatch:
         used columns are copied over."""
         if needed <= self.capacity and slots <= self.slots:
             return
-        assert self.mask is not None
         columns = self.capacity if needed <= self.capacity else capacity(max(needed + 64, 2 * self.capacity))
         slots = max(slots, self.slots)
         live, used = self.mask.shape[0], self.length
@@ -290,19 +283,16 @@ class SessionStore:
 
 def prefill_sources(admitted: list[Request], reused: list[Session | None], share: bool) -> tuple[list[int], list[int]]:
     """Per admitted request, the prefill row it reads; and per row, the request prefilled there."""
-    first: dict[tuple[Any, ...], int] = {}
+    first: dict[Any, int] = {}
     source: list[int] = []
     unique: list[int] = []
     for i, (req, kept) in enumerate(zip(admitted, reused)):
         # Image tokens are alike whatever the image: a prompt with images is keyed by them too; one on
-        # kept KV, by that KV (cloned sessions share it: SessionStore.clone).
+        # kept KV, by that KV (cloned sessions share it: SessionStore.clone). Unshared: a key of its own.
         kv = None if kept is None else (kept.keys[0].data_ptr(), len(kept.tokens))
-        key = (tuple(req.prompt), tuple(i.png for i in req.images), kv, req.adapter) if share else None
-        if key is not None and key in first:
-            source.append(first[key])
-            continue
-        if key is not None:
+        key = (tuple(req.prompt), tuple(img.png for img in req.images), kv, req.adapter) if share else i
+        if key not in first:
             first[key] = len(unique)
-        source.append(len(unique))
-        unique.append(i)
+            unique.append(i)
+        source.append(first[key])
     return source, unique

@@ -110,7 +110,7 @@ class Scheduler:
         self.pending: list[Request] = []
         self.running: list[Request] = []  # admitted, with rows in the engine's batch
         self._task: asyncio.Task[None] | None = None
-        self._wake: asyncio.Event | None = None
+        self._wake = asyncio.Event()  # set when there is work; a new one for each event loop
 
     def start(self, loop: asyncio.AbstractEventLoop, step: Callable[..., None]) -> bool:
         """Run ``step(admitted, cancelled ids, finished)`` on ``loop`` unless it runs there already; True
@@ -124,12 +124,10 @@ class Scheduler:
         return True
 
     def submit(self, req: Request) -> None:
-        assert self._wake is not None
         self.pending.append(req)
         self._wake.set()
 
     async def _run(self, step: Callable[..., None]) -> None:
-        assert self._wake is not None
         while True:
             if not self.pending and not self.running:
                 self._wake.clear()

@@ -1,12 +1,11 @@
-"""The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how a
-forward runs on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
+"""The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how its
+forwards run on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
 
-:class:`EagerSteps` hands the model the used columns of the buffers, so every step has new shapes.
-:class:`StaticSteps` prefills the same way and decodes at fixed shapes per bucket of rows
-(:mod:`toolrl.engines.static_decode`): its buffers' capacities are powers of two and its decode steps
-run on the bucket's slots. Both route each row through its own adapter
-(:class:`~toolrl.engines.adapters.RowAdapters`) and give sliding-window layers (Gemma 3, gpt-oss,
-Mistral) masks built from each column's position, not its column distance: a token sees the
+:class:`EagerSteps` (``decode: eager``) hands the model the used columns of the buffers, so every step
+has new shapes; :class:`~toolrl.engines.static_decode.StaticSteps` prefills the same way and decodes at
+fixed shapes. Every forward routes each row through its own adapter
+(:class:`~toolrl.engines.adapters.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
+get masks built from each column's position, not its column distance: a token sees the
 ``sliding_window`` positions before it, whatever gaps its row has.
 """
 
@@ -23,13 +22,10 @@ from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.decoding import BufferLayer
 from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.engines.kv_store import KVBatch
-from toolrl.engines.static_decode import StaticDecoder, bucket
 
 
 class EagerSteps:
-    """Every forward on the used columns of the buffers (``decode: eager``)."""
-
-    decoder: StaticDecoder | None = None  # the static decoder, where steps have one
+    """Every forward on the used columns of the buffers; the base of the static steps."""
 
     def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None) -> None:
         text_config = model.config.get_text_config()
@@ -61,7 +57,6 @@ class EagerSteps:
         layers = [BufferLayer(batch.keys[i][:b] if batch.keys else None,
                               batch.values[i][:b] if batch.values else None,
                               batch.length, batch.capacity) for i in range(self.num_layers)]
-        assert batch.mask is not None
         mask = batch.mask[:, : batch.length + q]
         if self.routing is not None:
             self.routing.replay(None)
@@ -80,7 +75,6 @@ class EagerSteps:
     def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
         """The logits of a decode step feeding ``ids`` [rows, 1] at the column the batch has marked (each
         row's experts for its fed token recorded on it, with record_routes)."""
-        assert batch.positions is not None
         logits = self.forward(batch, ids, batch.positions[:, None], [r.req.adapter for r in batch.rows])
         for row, fed in zip(batch.rows, self.experts) if self.experts is not None else ():
             row.experts.append(fed)
@@ -134,51 +128,3 @@ class EagerSteps:
 
     def release(self) -> None:
         """Free what the steps keep between phases."""
-
-
-class StaticSteps(EagerSteps):
-    """Decode steps of fixed shapes (``decode: static``), captured as CUDA graphs on CUDA."""
-
-    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int) -> None:
-        super().__init__(model, adapters, None)
-        self.max_rows = max_rows
-        self.decoder = StaticDecoder(model, graphs=self.device.type == "cuda")
-        self._pointers = self._weight_pointers()
-
-    def _weight_pointers(self) -> tuple[int, ...]:
-        return tuple(p.data_ptr() for p in self.model.parameters())
-
-    def capacity(self, columns: int) -> int:
-        # A power of two, so that the steps take few shapes (one CUDA graph each).
-        return 1 << (columns - 1).bit_length()
-
-    def slots(self, rows: int) -> int:
-        return bucket(rows, self.max_rows)
-
-    def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
-        """Rows padded to their bucket (a padding row sees only its own column, so its softmax has a
-        key), attention over the whole capacity."""
-        assert batch.mask is not None and batch.positions is not None and self.decoder is not None
-        live = len(batch.rows)
-        rows = self.slots(live)
-        mask, positions = batch.mask, batch.positions[:, None]
-        if rows > live:
-            pad = mask.new_zeros(rows - live, batch.capacity)
-            pad[:, batch.length] = True
-            mask = torch.cat([mask, pad])
-            ids = torch.cat([ids, ids.new_zeros(rows - live, 1)])
-            positions = torch.cat([positions, positions.new_zeros(rows - live, 1)])
-        prepared = mask[:, None, None, :] if self.window is None else self.window_masks(mask, 1)
-        column = torch.tensor([batch.length], device=mask.device)
-        logits = self.decoder.step([k[:rows] for k in batch.keys], [v[:rows] for v in batch.values], ids, positions,
-                                   column, prepared)
-        batch.length += 1
-        return logits[:live]
-
-    def weights_written(self) -> None:
-        if (pointers := self._weight_pointers()) != self._pointers:
-            self.decoder.reset()  # a weight was replaced, not written in place: graphs read the old one
-            self._pointers = pointers
-
-    def release(self) -> None:
-        self.decoder.reset()  # its memory pool goes too

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from toolrl.engines.decoding import sample
     from toolrl.engines.kv_store import KVBatch, Session, prefill_sources
+    from toolrl.engines.static_decode import StaticSteps
 
 
 def _import_torch() -> None:
@@ -137,15 +138,17 @@ class TransformersEngine(RolloutEngine):
 
     def _choose_steps(self) -> None:
         """The adapters per row and the step runner, for the model as it is (made, or given adapters)."""
-        from toolrl.engines.step_runner import EagerSteps, StaticSteps
+        from toolrl.engines.static_decode import StaticSteps
+        from toolrl.engines.step_runner import EagerSteps
 
         self._adapters = RowAdapters(self.model)
+        self._static: StaticSteps | None = None  # the runner, where it steps at static shapes
         if static_steps(self.config.decode, self.device.type == "cuda", self.vision is not None,
                         self._routing is not None, bool(self._adapters.names)):
             self._runner: EagerSteps = StaticSteps(self.model, self._adapters, self.config.max_batch_size)
+            self._static = self._runner
         else:
             self._runner = EagerSteps(self.model, self._adapters, self._routing)
-        self._static = self._runner.decoder
 
     @classmethod
     def check_run(cls, run: Any) -> list[str]:
@@ -305,7 +308,6 @@ class TransformersEngine(RolloutEngine):
                 raise
 
     def _decode(self, batch: KVBatch) -> torch.Tensor:
-        assert batch.mask is not None and batch.positions is not None
         ids = torch.tensor([[r.next_token] for r in batch.rows], device=self.device)
         # The step's rows get their slots before its column is marked.
         self._reserve(batch, batch.length + 1, self._runner.slots(len(batch.rows)))
@@ -355,7 +357,7 @@ class TransformersEngine(RolloutEngine):
         if self.vision is not None and any(req.images for req in admitted):
             pos, rope_deltas, images = self.vision.prefill(admitted, prefix, dm, self.device, self.dtype)
         logits = self._runner.forward(group, ids, pos, [req.adapter for req in admitted], **images)
-        group.positions = group.mask.sum(1) + rope_deltas  # type: ignore[union-attr]
+        group.positions = group.mask.sum(1) + rope_deltas
         self.stats.steps += 1
         self.stats.prefilled_tokens += sum(map(len, deltas))
         self.stats.reused_tokens += sum(prefix)
