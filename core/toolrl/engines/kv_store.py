@@ -227,9 +227,11 @@ class SessionStore:
     def keeps(self, req: Request) -> bool:
         return req.session_id is not None and req.n == 1 and self.enabled
 
-    def save(self, row: Row, kv: KeptKV) -> None:
-        """Keep ``row``'s KV (of its real columns) for its trajectory's next turn."""
-        tokens = row.req.prompt + row.tokens[:-1]
+    def save(self, row: Row, batch: KVBatch, i: int) -> None:
+        """Keep the KV of ``row`` (row ``i`` of ``batch``, done) for its trajectory's next turn."""
+        if not self.keeps(row.req):
+            return
+        tokens, kv = row.req.prompt + row.tokens[:-1], batch.row_kv(i)
         if kv[0][0].shape[2] != len(tokens):
             return  # cannot happen unless the batch bookkeeping is broken; never store a wrong cache
         session = Session(tokens, *kv, torch.cat(row.experts) if row.experts else None, row.req.adapter)

@@ -45,10 +45,10 @@ class Request:
         without one, by the next of ``unseeded``."""
         import torch
 
-        if self.params.temperature == 0:
-            return [Row(self, j, None) for j in range(self.n)]
-        seeds = [self.params.seed if self.params.seed is not None else next(unseeded) for _ in range(self.n)]
-        return [Row(self, j, torch.Generator().manual_seed(sample_seed(seed, j))) for j, seed in enumerate(seeds)]
+        seeds = [None if self.params.temperature == 0 else self.params.seed if self.params.seed is not None
+                 else next(unseeded) for _ in range(self.n)]
+        return [Row(self, j, None if seed is None else torch.Generator().manual_seed(sample_seed(seed, j)))
+                for j, seed in enumerate(seeds)]
 
 
 @dataclass
@@ -113,9 +113,9 @@ class Scheduler:
         self._wake = asyncio.Event()  # set when there is work; a new one for each event loop
 
     def start(self, loop: asyncio.AbstractEventLoop, step: Callable[..., None]) -> bool:
-        """Run ``step(admitted, cancelled ids, finished)`` on ``loop`` unless it runs there already; True
-        when it starts: first use, or a new event loop (one ``asyncio.run`` per rollout phase, say),
-        where whatever the old loop left behind can never complete."""
+        """Run ``step(admitted, cancelled ids, finished)`` on ``loop`` unless it runs there; True when it
+        starts: first use, or a new loop (an ``asyncio.run`` per rollout phase), where whatever the
+        old one left behind can never complete."""
         if self._task is not None and self._task.get_loop() is loop and not self._task.done():
             return False
         self.fail_all(RuntimeError("engine restarted on a new event loop"))
@@ -151,8 +151,7 @@ class Scheduler:
             gone = {id(req) for req in finished} | cancelled
             self.running = [req for req in self.running + admitted if id(req) not in gone]
             if failed is not None:
-                self._fail(self.running, failed)
-                self.running = []
+                self.fail_all(failed, pending=False)
 
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
@@ -168,15 +167,12 @@ class Scheduler:
             rows += req.n
         return admitted
 
-    @staticmethod
-    def _fail(requests: list[Request], exc: BaseException) -> None:
-        for req in requests:
+    def fail_all(self, exc: BaseException, pending: bool = True) -> None:
+        """Fail the running requests, and the queued ones with ``pending``."""
+        for req in self.running + (self.pending if pending else []):
             if not req.future.done() and not req.future.get_loop().is_closed():
                 req.future.set_exception(exc)
-
-    def fail_all(self, exc: BaseException) -> None:
-        self._fail(self.running + self.pending, exc)
-        self.running, self.pending = [], []
+        self.running, self.pending = [], [] if pending else self.pending
 
     async def close(self) -> None:
         if self._task is not None and not self._task.done():

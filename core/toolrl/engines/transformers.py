@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     import torch
 
     from toolrl.engines.decoding import sample
-    from toolrl.engines.kv_store import KVBatch, Session, prefill_sources
+    from toolrl.engines.kv_store import KVBatch, prefill_sources
     from toolrl.engines.static_decode import StaticSteps
 
 
@@ -323,11 +323,29 @@ class TransformersEngine(RolloutEngine):
         those of a request with n > 1 and those of admitted requests that share it (prefill_sources)."""
         reused = [self._sessions.take(req) for req in admitted]
         source, unique = prefill_sources(admitted, reused, self.config.share_prompts)
-        group, logits, experts = self._prefill_rows([admitted[i] for i in unique], [reused[i] for i in unique])
+        firsts, kept = [admitted[i] for i in unique], [reused[i] for i in unique]
+        prefix = [len(s.tokens) if s else 0 for s in kept]
+        deltas = [req.prompt[p:] for req, p in zip(firsts, prefix)]
+        tc, dm = max(prefix), max(map(len, deltas))
+        # Room for the whole generation, so a long context's turn never copies its buffer to grow; at
+        # most the prompt's own size again (a short prompt grows cheaply), within the model's context.
+        longest = max(req.params.max_new_tokens for req in firsts)
+        capacity = self._capacity(tc + dm + max(1, min(longest, max(64, tc + dm), self.max_model_len - tc - dm)))
+        group, ids, pos = KVBatch.prefill(deltas, [(s.keys, s.values) if s else None for s in kept], prefix,
+                                          capacity, self.device)
+        images: dict[str, torch.Tensor] = {}
+        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.vision)
+        if self.vision is not None and any(req.images for req in firsts):
+            pos, rope_deltas, images = self.vision.prefill(firsts, prefix, dm, self.device, self.dtype)
+        logits = self._runner.forward(group, ids, pos, [req.adapter for req in firsts], **images)
+        group.positions = group.mask.sum(1) + rope_deltas
+        experts = self._runner.prompt_experts([s.experts if s else None for s in kept], prefix, deltas)
+        self.stats.steps += 1
+        self.stats.prefilled_tokens += sum(map(len, deltas))
+        self.stats.reused_tokens += sum(prefix)
         for i, req in enumerate(admitted):
             shared = unique[source[i]] != i
-            kept = reused[i]
-            req.prefill_tokens_saved = len(req.prompt) if shared else len(kept.tokens) if kept else 0
+            req.prefill_tokens_saved = len(req.prompt) if shared else len(reused[i].tokens) if reused[i] else 0
             self.stats.prefill_tokens_saved += len(req.prompt) if shared else 0
         # One row per sample: each sample reads its prompt's prefilled row.
         expand = [source[i] for i, req in enumerate(admitted) for _ in range(req.n)]
@@ -338,30 +356,6 @@ class TransformersEngine(RolloutEngine):
             group.select(expand)
             logits = logits.index_select(0, torch.tensor(expand, device=self.device))
         return group, logits
-
-    def _prefill_rows(self, admitted: list[Request], reused: list[Session | None]
-                      ) -> tuple[KVBatch, torch.Tensor, list[torch.Tensor] | None]:
-        """One prefilled row per request (left-padded, on its kept session KV if any): KV, logits and
-        (record_routes) each prompt's experts: its kept session's, then its new tokens'."""
-        prefix = [len(s.tokens) if s else 0 for s in reused]
-        deltas = [req.prompt[p:] for req, p in zip(admitted, prefix)]
-        tc, dm = max(prefix), max(map(len, deltas))
-        # Room for the whole generation, so a long context's turn never copies its buffer to grow; at
-        # most the prompt's own size again (a short prompt grows cheaply), within the model's context.
-        longest = max(req.params.max_new_tokens for req in admitted)
-        capacity = self._capacity(tc + dm + max(1, min(longest, max(64, tc + dm), self.max_model_len - tc - dm)))
-        group, ids, pos = KVBatch.prefill(deltas, [(s.keys, s.values) if s else None for s in reused], prefix,
-                                          capacity, self.device)
-        images: dict[str, torch.Tensor] = {}
-        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.vision)
-        if self.vision is not None and any(req.images for req in admitted):
-            pos, rope_deltas, images = self.vision.prefill(admitted, prefix, dm, self.device, self.dtype)
-        logits = self._runner.forward(group, ids, pos, [req.adapter for req in admitted], **images)
-        group.positions = group.mask.sum(1) + rope_deltas
-        self.stats.steps += 1
-        self.stats.prefilled_tokens += sum(map(len, deltas))
-        self.stats.reused_tokens += sum(prefix)
-        return group, logits, self._runner.prompt_experts([s.experts if s else None for s in reused], prefix, deltas)
 
     def _advance(self, batch: KVBatch, logits: torch.Tensor, finished: list[Request]) -> None:
         """Sample one token per row, record it, and drop rows that are done."""
@@ -388,8 +382,7 @@ class TransformersEngine(RolloutEngine):
     def _keep(self, batch: KVBatch, keep: list[int], done: list[tuple[int, _Row]]) -> None:
         """Keep rows ``keep`` of ``batch``; the ``done`` rows' KV is kept for their trajectories' next turns."""
         for i, row in done:
-            if self._sessions.keeps(row.req):
-                self._sessions.save(row, batch.row_kv(i))
+            self._sessions.save(row, batch, i)
         batch.keep(keep, self._capacity)
 
     def _merge(self, batch: KVBatch, new: KVBatch) -> None:
