@@ -1,22 +1,15 @@
-"""The transformers engine's KV store: the running batch's KV, and the KV kept beyond a step.
+"""The transformers engine's KV: the running batch's, and the KV kept beyond a step.
 
-:class:`KVBatch` holds the running rows' KV in per-layer buffers ``[slots, kv_heads, capacity, head_dim]``
-that the engine owns. Rows join and leave between steps, each by copying its own KV into or within the
-buffers: the live rows are the first ``len(mask)`` slots, so the model runs on the contiguous view
-``buf[:live]``, and the buffers keep slots to spare. Columns are token positions in the buffer; a boolean
-mask marks each row's real tokens (padding sits on the left of a row, between a reused session prefix and
-the new tokens, and where a longer row joined after it). Keys are stored after RoPE with each token's true
-position id, so a row's padding layout never changes its attention result, only the floating-point
-summation order. How many columns to allocate for those needed (``capacity``) is the step runner's
-(:mod:`toolrl.engines.step_runner`).
+:class:`KVBatch`: per-layer buffers ``[slots, kv_heads, capacity, head_dim]`` the engine owns; the live
+rows are the first slots (the model runs on the view ``buf[:live]``) and a row joins or leaves by copying
+its own KV. A boolean mask marks each row's real columns (padding sits left of a row, between a reused
+prefix and the new tokens, and where a longer row joined after it). Keys are stored after RoPE with each
+token's true position id, so padding changes no attention result, only the summation order.
 
-:class:`SessionStore`: with ``session_id`` (and ``n == 1``), the KV of a finished turn is kept; the next
-turn of the same trajectory prefills only the tokens after the longest common prefix. Kept KV serves only
-the weights and the adapter it was computed under: the store is emptied when the weights change (an
-update through the engine, or any in-place write of the module's parameters), and a turn of another
-adapter does not reuse it. Admitted requests with the same prompt (a group's n trajectories) and the same
-kept KV (a tree rollout's continuations, :meth:`SessionStore.clone`) are prefilled once
-(:func:`prefill_sources`, ``share_prompts``).
+:class:`SessionStore`: with ``session_id`` (and ``n == 1``) a finished turn's KV is kept, and the next
+turn prefills only what follows the longest common prefix; it serves only the weights (any update, or
+in-place write, empties the store) and the adapter it was computed under. Admitted requests with one
+prompt (a group) or one kept KV (a tree's clones) are prefilled once (:func:`prefill_sources`).
 """
 
 from __future__ import annotations
@@ -219,8 +212,7 @@ class SessionStore:
         # Tensor._version counts in-place writes: an optimizer step on a shared module bumps it.
         return tuple(p._version for p in self.model.parameters())
 
-    def invalidate(self) -> None:
-        """New weights: nothing kept serves them."""
+    def invalidate(self) -> None:  # new weights: nothing kept serves them
         self.clear()
         self._params = self._parameter_versions()
 
@@ -258,9 +250,7 @@ class SessionStore:
         if session is None or session.adapter != req.adapter:
             return None  # never a prefix computed under another role's adapter
         limit = min(len(session.tokens), len(req.prompt) - 1)
-        common = 0
-        while common < limit and session.tokens[common] == req.prompt[common]:
-            common += 1
+        common = next((j for j in range(limit) if session.tokens[j] != req.prompt[j]), limit)
         if common == 0:
             return None
         return Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],

@@ -1,14 +1,12 @@
-"""The static decode steps (``decode: static``; the default on CUDA) of the transformers engine.
+"""The transformers engine's static decode steps (``decode: static``; the default on CUDA).
 
-The eager steps (:class:`~toolrl.engines.step_runner.EagerSteps`) hand the model the used columns of the
-KV buffers, so every step has new shapes and runs op by op from Python: on a GPU the host's launches,
-not the memory bandwidth, set the rate. Here a decode step has fixed shapes per *bucket*: the rows are
-padded to a power of two (at most ``max_batch_size``), the model attends over the buffer's whole
-capacity (a power of two; the mask hides the columns not in use) and writes its token's KV at a column
-held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and replayed, by
-hand: no compiler (Triton's compile of a model per shape would take minutes of a GPU call), and the
-kernels are eager PyTorch's, so the graph computes what the eager step computes. On CPU the same step
-runs eagerly; the tests check its tokens and log-probs against the eager steps.
+The eager steps (:class:`~toolrl.engines.step_runner.EagerSteps`) have new shapes every step and run op by
+op from Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
+has fixed shapes per *bucket*: rows padded to a power of two (at most ``max_batch_size``), attention
+over the buffer's whole capacity (a power of two; the mask hides unused columns), the token's KV written
+at a column held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and
+replayed by hand: no compiler (a compile per shape would take minutes), and the kernels are eager
+PyTorch's, so the graph computes what the eager step does. On CPU the same step runs eagerly.
 
 A graph holds the addresses it was captured with: those of the weights (updated in place, so a
 weight update is seen; a replaced one drops the graphs), the KV buffers (part of its key: a reallocated
@@ -62,10 +60,7 @@ class StaticSteps(EagerSteps):
             {} if self.device.type == "cuda" else None)
         self._pool: Any = None
         self.captures = 0  # graphs captured so far (the GPU suite reports it)
-        self._pointers = self._weight_pointers()
-
-    def _weight_pointers(self) -> tuple[int, ...]:
-        return tuple(p.data_ptr() for p in self.model.parameters())
+        self._pointers = [p.data_ptr() for p in self.model.parameters()]
 
     def capacity(self, columns: int) -> int:
         # A power of two, so that the steps take few shapes (one CUDA graph each).
@@ -145,7 +140,7 @@ class StaticSteps(EagerSteps):
         return graph, static, out
 
     def weights_written(self) -> None:
-        if (pointers := self._weight_pointers()) != self._pointers:
+        if (pointers := [p.data_ptr() for p in self.model.parameters()]) != self._pointers:
             self.release()  # a weight was replaced, not written in place: graphs read the old one
             self._pointers = pointers
 

@@ -108,10 +108,8 @@ class EagerSteps:
             best = lp.topk(top, -1) if top else None
             for i, p in enumerate(chunk):
                 n = len(p) - 1
-                pairs = [] if best is None else [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist()))
-                                                 for j in range(n)]
-                out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(),
-                                          pairs or [[] for _ in range(n)]))
+                pairs = [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist())) if best is not None else [] for j in range(n)]
+                out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(), pairs))
         return out
 
     def window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:

@@ -1,9 +1,7 @@
 """The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop, in
-parts: the requests' queue and admission (:mod:`~toolrl.engines.scheduler`), the running rows' KV and the
-KV kept between a trajectory's turns (:mod:`~toolrl.engines.kv_store`), and how a forward runs, eager or
-at static shapes, chosen once (:mod:`~toolrl.engines.step_runner`); each row runs through its own
-adapter per role (``model.adapters``: :class:`~toolrl.engines.adapters.RowAdapters`). A step decodes one
-token for every running row, then prefills the admitted requests and merges them into the batch.
+parts: the requests' queue and admission (:mod:`~toolrl.engines.scheduler`), the KV of the running rows
+and of a trajectory's turns (:mod:`~toolrl.engines.kv_store`), how a forward runs, chosen once
+(:mod:`~toolrl.engines.step_runner`), and each row's adapter per role (:class:`~toolrl.engines.adapters.RowAdapters`).
 
 Weights may change while requests are running (asynchronous training): an update made inside
 :meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
@@ -117,9 +115,7 @@ class TransformersEngine(RolloutEngine):
         self.model = model
         # A vision-language model's prompt inputs (images, 3-D positions); None: a text model.
         self.vision = PromptVision(model, processor) if processor is not None else None
-        self.config = config
-        self._tokenizer = tokenizer
-        self._tokenizer_path = tokenizer_path
+        self.config, self._tokenizer, self._tokenizer_path = config, tokenizer, tokenizer_path
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         text_config = model.config.get_text_config()
@@ -221,8 +217,8 @@ class TransformersEngine(RolloutEngine):
         if unknown := sorted(set(state_dict) - set(self._weights_by_name)):
             raise KeyError(f"update_weights got keys the model does not have: {unknown[:5]}")
         with self.updating_weights(self.weight_version):
-            for name, value in state_dict.items():
-                self.load_weight_rows(name, value.shape, 0, value)
+            for name, value in state_dict.items():  # written here, not staged again by a rows loader
+                TransformersEngine.load_weight_rows(self, name, value.shape, 0, value)
 
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
         # In place, straight from the sender's tensor or the transport's buffer (nothing to copy from a

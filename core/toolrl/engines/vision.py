@@ -39,10 +39,6 @@ class PromptVision:
         pos, delta = self._rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid)
         return pos[:, 0], int(delta.view(-1)[0])
 
-    def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
-        """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
-        return list(images[images_held(images, ids[:start], self.image_token_id, self.merge):])
-
     def prefill(self, admitted: Sequence[Request], prefix: Sequence[int], width: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """A prefill's inputs for the prompts of ``admitted``, each on its first ``prefix`` tokens' kept KV:
@@ -54,10 +50,9 @@ class PromptVision:
             full, delta = self.positions(req.prompt, req.images, device)
             pos[:, i, width - (len(req.prompt) - p):] = full[:, p:]
             deltas.append(delta)
-            shown += self.images_from(req.prompt, req.images, p)
-        return pos, torch.tensor(deltas, device=device), self.pixels(shown, device, dtype) if shown else {}
-
-    def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""
-        pixels, grid = pixel_values(self.processor, images, "the engine")
-        return {"pixel_values": pixels.to(device, dtype), "image_grid_thw": grid.to(device)}
+            shown += req.images[images_held(req.images, req.prompt[:p], self.image_token_id, self.merge):]
+        if not shown:
+            return pos, torch.tensor(deltas, device=device), {}
+        pixels, grid = pixel_values(self.processor, shown, "the engine")
+        return pos, torch.tensor(deltas, device=device), {"pixel_values": pixels.to(device, dtype),
+                                                         "image_grid_thw": grid.to(device)}
