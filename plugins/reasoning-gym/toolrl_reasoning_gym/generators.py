@@ -14,6 +14,8 @@ import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
+from toolrl_reasoning_gym.sat import INSTALL, NEEDS_PYCOSAT, missing
+
 # Set by the environment on every dataset it makes: what a split's range of seeds and its length are.
 MANAGED = ("seed", "size")
 
@@ -31,6 +33,8 @@ def _closest(word: str, among: list[str]) -> str:
 def check_name(name: str) -> str:
     if name not in names():
         raise ValueError(f"reasoning-gym has no generator {name!r}{_closest(name, names())}")
+    if name in NEEDS_PYCOSAT and missing():
+        raise ValueError(f"reasoning-gym's {name} needs pycosat, which is not installed: {INSTALL}")
     return name
 
 
