@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import KEY
 
 OLD = os.environ.get("TOOLRL_TINKER_OLD_SDK_PYTHON")
