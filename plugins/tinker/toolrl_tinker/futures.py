@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from toolrl_tinker.store import Store
 
-# How long one retrieve_future waits before answering "try again" (the SDK's read timeout is 45 s).
-LONG_POLL_S = 20.0
+# How long one retrieve_future waits before answering "try again" (the SDK reads for 45 s; each answer
+# is a warning line in its log).
+LONG_POLL_S = 40.0
 # A seq_id gap (a request the client never sent) is skipped after this long.
 GAP_S = 30.0
 # A finished future's result is kept this long after it was first retrieved (the SDK may ask again).
