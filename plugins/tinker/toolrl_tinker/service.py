@@ -309,6 +309,9 @@ class Service:
         with run.base.lock:
             if state is None:
                 state = run.adapter_state()
+        if adapter in run.samplers:  # saved again under the same name: the new weights replace the old
+            run.samplers.remove(adapter)
+            models.drop_sampler(run.base, adapter)
         models.copy_to_sampler(run.base, run.rank, run.targets, adapter, state)
         run.samplers.append(adapter)
         while len(run.samplers) > self.limits.max_samplers:
