@@ -125,3 +125,16 @@ async def test_prompt_logprobs_under_a_named_adapter(engine, tiny_qwen3_path, qw
     assert [t for t, _ in scored.top[0]] == ref[0].topk(2).indices.tolist()
     with pytest.raises(NotImplementedError, match="name one"):
         await engine.prompt_logprobs([prompt])
+
+
+async def test_an_adapter_removed_while_others_run_leaves_their_routes(engine, tiny_qwen3_path, qwen3_tokenizer):
+    """A service drops one client's adapter while another's rows are queued or decoding: those rows keep
+    their own adapter (by name: its index shifts down), sampling exactly as it merged."""
+    prompt = chat(qwen3_tokenizer, "keep my adapter")
+    ref = merged_model(tiny_qwen3_path, engine.model, "c")
+    running = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
+    await asyncio.sleep(0)
+    await asyncio.to_thread(engine.apply_adapters, lambda model: lora.remove_adapter(model, "a"))
+    queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
+    for [gen] in await asyncio.gather(running, queued):
+        assert gen.token_ids == greedy_reference(ref, prompt, GREEDY.max_new_tokens)

@@ -100,6 +100,11 @@ class InOrder:
         asyncio.get_running_loop().call_later(GAP_S + 0.1, lambda: asyncio.ensure_future(self._drain()))
         await self._drain()
 
+    async def closed(self) -> None:
+        """Once the jobs under way have run (those queued behind a gap are dropped)."""
+        async with self._lock:
+            self._waiting.clear()
+
     async def _drain(self) -> None:
         async with self._lock:
             while self._waiting:

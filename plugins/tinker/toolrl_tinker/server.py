@@ -95,6 +95,10 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
     async def nothing(request: Request, owner: str) -> Any:
         return {}
 
+    async def finish(request: Request, owner: str) -> Any:
+        await service.finish_session(owner, request.path_params["session_id"])
+        return {}
+
     async def retrieve(request: Request, owner: str) -> Any:
         req = await _body(request, t.FutureRetrieveRequest)
         fut = await service.futures.wait(req.request_id, owner)
@@ -112,7 +116,7 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
         Route(f"{API}/create_session", endpoint(create_session), methods=["POST"]),
         Route(f"{API}/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
         Route(f"{API}/telemetry", endpoint(telemetry), methods=["POST"]),
-        Route(f"{API}/sessions/{{session_id}}/finish", endpoint(nothing), methods=["POST"]),
+        Route(f"{API}/sessions/{{session_id}}/finish", endpoint(finish), methods=["POST"]),
         Route(f"{API}/cancel_future", endpoint(nothing), methods=["POST"]),
         Route(f"{API}/retrieve_future", endpoint(retrieve), methods=["POST"]),
     ]
