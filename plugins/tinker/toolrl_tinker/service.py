@@ -139,7 +139,8 @@ class Service:
         return run
 
     def new_run(self, owner: str, model_id: str, base: str, rank: int, targets: list[str],
-                seed: int | None) -> models.Run:
+                seed: int | None, first_seq: int = 1) -> models.Run:
+        """A training run; its requests run in seq_id order from ``first_seq`` (a create-via-load's load is 0)."""
         if model_id in self.runs:
             raise UserError(f"model_id {model_id!r} exists already")
         if sum(r.owner == owner for r in self.runs.values()) >= self.limits.max_runs_per_client:
@@ -149,7 +150,7 @@ class Service:
             raise UserError(f"lora_config.rank {rank}: this server trains ranks 1 to {self.limits.max_rank}")
         run = models.Run(model_id, owner, self.base(base), rank, targets, seed)
         self.runs[model_id] = run
-        self.order[model_id] = InOrder(first=1)
+        self.order[model_id] = InOrder(first=first_seq)
         return run
 
     def create_model(self, owner: str, req: Any) -> dict[str, Any]:
@@ -281,8 +282,8 @@ class Service:
             state = torch.load(found["file"], weights_only=True)
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
             base = req.base_model or state["base"]
-            run = self.new_run(owner, model_id, base, state["rank"], state["targets"], None)
-            seq = None
+            run = self.new_run(owner, model_id, base, state["rank"], state["targets"], None, first_seq=0)
+            seq = 0
 
         async def work() -> wire.Result:
             await asyncio.to_thread(self._load, run, found, req.optimizer, req.model_id is None)
