@@ -132,9 +132,14 @@ async def test_an_adapter_removed_while_others_run_leaves_their_routes(engine, t
     their own adapter (by name: its index shifts down), sampling exactly as it merged."""
     prompt = chat(qwen3_tokenizer, "keep my adapter")
     ref = merged_model(tiny_qwen3_path, engine.model, "c")
-    running = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
+    longer = SamplingParams(temperature=0.0, max_new_tokens=48)
+    running = asyncio.ensure_future(engine.generate(prompt, longer, adapter="c"))
+    while engine.stats.steps < 2:  # prefilled and decoding before the removal
+        await asyncio.sleep(0.001)
+    queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
     await asyncio.sleep(0)
     await asyncio.to_thread(engine.apply_adapters, lambda model: lora.remove_adapter(model, "a"))
-    queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
-    for [gen] in await asyncio.gather(running, queued):
-        assert gen.token_ids == greedy_reference(ref, prompt, GREEDY.max_new_tokens)
+    assert not running.done()
+    (decoded,), (fresh,) = await asyncio.gather(running, queued)
+    assert decoded.token_ids == greedy_reference(ref, prompt, longer.max_new_tokens)
+    assert fresh.token_ids == greedy_reference(ref, prompt, GREEDY.max_new_tokens)

@@ -72,8 +72,9 @@ class Futures:
                 return Future(owner, error=lost[1], category="server")
             raise KeyError(request_id)
         try:
-            await asyncio.wait_for(fut.done.wait(), LONG_POLL_S)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(LONG_POLL_S):
+                await fut.done.wait()
+        except TimeoutError:
             return None
         if not fut.retrieved:
             fut.retrieved = True
