@@ -319,20 +319,24 @@ class TransformersEngine(RolloutEngine):
             raise ValueError(f"{asked}: the engine serves an adapter per role: {', '.join(self._adapters)}")
         return self._adapters.index(adapter)
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
+                              adapter: str | None = None) -> list[PromptLogprobs]:
+        """As the engine interface's; on a model with adapters per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        if self._adapters:
+        if self._adapters and adapter is None:
             raise NotImplementedError("the transformers engine scores prompts under one policy, and this one serves "
-                                      f"an adapter per role ({', '.join(self._adapters)})")
+                                      f"an adapter per role ({', '.join(self._adapters)}): name one")
+        index = self._adapter_index(adapter)
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
-        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top)
+        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top, index)
 
-    def _score(self, prompts: list[list[int]], top: int) -> list[PromptLogprobs]:
+    def _score(self, prompts: list[list[int]], top: int, adapter: int = -1) -> list[PromptLogprobs]:
         """Forwards of up to ``max_batch_size`` prompts, right-padded (a causal model's positions before
-        the padding do not see it), under the step lock: between two decode steps, never inside one."""
+        the padding do not see it), under the step lock: between two decode steps, never inside one;
+        each row through ``adapter`` (an index into the engine's adapters) when the model has them."""
         out: list[PromptLogprobs] = []
         size = self.config.max_batch_size
         with self._step_lock, torch.no_grad():
@@ -344,7 +348,9 @@ class TransformersEngine(RolloutEngine):
                 for i, p in enumerate(chunk):
                     x[i, :len(p)] = torch.tensor(p)
                     mask[i, :len(p)] = 1
-                lp = torch.log_softmax(self.model(input_ids=x, attention_mask=mask).logits[:, :-1].float(), -1)
+                with self._routed([adapter] * len(chunk)):
+                    logits = self.model(input_ids=x, attention_mask=mask).logits
+                lp = torch.log_softmax(logits[:, :-1].float(), -1)
                 chosen = lp.gather(-1, x[:, 1:, None])
                 ranks = (lp > chosen).sum(-1) + 1
                 best = lp.topk(top, -1) if top else None
