@@ -82,7 +82,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo"}
+               "duo", "tinker"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).

@@ -66,7 +66,7 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
     return Served(f"http://127.0.0.1:{port}", box["service"], box["server"], box["loop"], thread)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     os.environ["TINKER_API_KEY"] = KEY
     s = start_server(tmp_path_factory.mktemp("tinker-state"))
@@ -74,7 +74,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     s.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(served: Served) -> Any:
     import tinker
 

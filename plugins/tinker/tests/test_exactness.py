@@ -169,3 +169,26 @@ def test_two_clients_on_one_base_leave_each_other_alone(client: Any, served: Any
     state = run_b.optimizer.state_dict()["state"]
     assert all(torch.equal(t, state[k][n]) for k, v in moments.items() for n, t in v.items())
     assert all(p.grad is None for p in run_b.params())
+
+
+def test_forward_backward_custom_equals_cross_entropy(client: Any, served: Any) -> None:
+    """The SDK's custom loss (a forward, the loss on the client, its gradient sent back as weights):
+    -sum(weights · logprobs) gives cross_entropy's gradients."""
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=13).result()
+    _warm(tc)
+    run = served.service.runs[tc.model_id]
+    datum, inputs = _datum("cross_entropy", seed=4)
+    weights = torch.from_numpy(inputs["weights"])
+
+    def loss(data: list[Any], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        total = -(logprobs[0] * weights).sum()
+        return total, {"custom_loss": float(total)}
+
+    out = tc.forward_backward_custom([datum], loss).result()
+    custom = _adapter_grads(run)
+    ce_loss, grads = _toolrl_step(run, "cross_entropy", inputs)
+    assert abs(out.metrics["custom_loss"] - ce_loss) <= 1e-5 * max(1.0, abs(ce_loss))
+    for key, g in grads.items():
+        torch.testing.assert_close(custom[key], g, rtol=0, atol=1e-6)
+    for p in run.base.model.parameters():
+        p.grad = None

@@ -137,10 +137,8 @@ def forward_backward(run: Run, data: Sequence[Datum], loss_fn: str | None, confi
     from toolrl.training.step import policy_loss, response_logprobs
 
     base = run.base
+    algo, loss_part = algorithm(loss_fn or "cross_entropy", config if loss_fn is not None else None)
     check(data, loss_fn, base.vocab, max_tokens)
-    algo, loss_part = algorithm(loss_fn or "cross_entropy", None)
-    if loss_fn is not None:
-        algo, loss_part = algorithm(loss_fn, config)
     with base.lock:
         batch = packed(data, adapter_names(base.model).index(run.adapter), loss_fn)
         with torch.set_grad_enabled(not forward_only), through_adapters(base.model, batch):

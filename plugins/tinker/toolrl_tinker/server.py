@@ -10,11 +10,16 @@ that fails while it runs fails its future, which the SDK raises as ``RequestFail
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -100,6 +105,9 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
     async def load_weights(request: Request, owner: str) -> Any:
         return service.load_weights(owner, await body(request, t.LoadWeightsRequest))
 
+    async def save_external(request: Request, owner: str) -> Any:
+        return service.save_external(owner, await body(request, t.SaveWeightsExternalRequest))
+
     async def save_for_sampler(request: Request, owner: str) -> Any:
         return service.save_for_sampler(owner, await body(request, t.SaveWeightsForSamplerRequest))
 
@@ -141,6 +149,7 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
         Route(f"{API}/save_weights", endpoint(save_weights), methods=["POST"]),
         Route(f"{API}/load_weights", endpoint(load_weights), methods=["POST"]),
         Route(f"{API}/save_weights_for_sampler", endpoint(save_for_sampler), methods=["POST"]),
+        Route(f"{API}/save_weights_external", endpoint(save_external), methods=["POST"]),
         Route(f"{API}/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
         Route(f"{API}/samplers/{{sampler_id}}", endpoint(get_sampler), methods=["GET"]),
         Route(f"{API}/asample", endpoint(asample), methods=["POST"]),
@@ -156,8 +165,9 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     def checkpoint_json(c: dict[str, Any]) -> dict[str, Any]:
         import datetime
 
+        kinds = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
         return {"checkpoint_id": f"{c['kind']}/{c['name']}", "tinker_path": c["path"],
-                "checkpoint_type": "training" if c["kind"] == "weights" else "sampler",
+                "checkpoint_type": kinds[c["kind"]],
                 "time": datetime.datetime.fromtimestamp(c["created"], datetime.UTC).isoformat(),
                 "size_bytes": c["size"], "public": False}
 
@@ -202,16 +212,37 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         service.store.delete_checkpoint(checkpoint_of(request, owner)["path"])
         return Response(status_code=204)
 
-    async def archive(request: Request, owner: str) -> Any:
-        found = checkpoint_of(request, owner)
-        p = request.path_params
-        url = str(request.base_url).rstrip("/") + f"{API}/training_runs/{p['run_id']}/checkpoints/{p['kind']}/{p['name']}/file"
-        if request.url.path.endswith("/file"):
-            return FileResponse(found["file"], filename=Path(found["file"]).name)
+    secret = secrets.token_bytes(32)
+
+    def signature(path: str, expires: int) -> str:
+        return hmac.new(secret, f"{path}|{expires}".encode(), hashlib.sha256).hexdigest()
+
+    async def download_urls(request: Request, owner: str) -> Any:
+        """Signed URLs (an hour, no key needed), one per file of an external weights checkpoint."""
         import datetime
 
-        expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
-        return {"url": url, "expires": expires.isoformat()}
+        found = checkpoint_of(request, owner)
+        folder = Path(found["file"])
+        if not folder.is_dir():
+            raise UserError(f"{found['path']} is not an external weights checkpoint (save_weights_external)")
+        expires = int(time.time()) + 3600
+        urls = {}
+        for file in sorted(folder.iterdir()):
+            key = f"{found['path']}|{file.name}"
+            query = urlencode({"path": found["path"], "file": file.name, "expires": expires,
+                               "sig": signature(key, expires)})
+            urls[file.name] = str(request.base_url).rstrip("/") + f"{API}/checkpoint_file?{query}"
+        return {"urls": urls, "expires": datetime.datetime.fromtimestamp(expires, datetime.UTC).isoformat()}
+
+    async def checkpoint_file(request: Request, owner: str) -> Any:
+        q = request.query_params
+        path, name, expires = q.get("path", ""), q.get("file", ""), int(q.get("expires", "0") or 0)
+        if expires < time.time() or not hmac.compare_digest(signature(f"{path}|{name}", expires), q.get("sig", "")):
+            return _error(403, "this download URL is not valid (expired, or signed by another server run)")
+        found = service.store.checkpoint(path)
+        if found is None or not (Path(found["file"]) / name).is_file():
+            raise KeyError(path)
+        return FileResponse(Path(found["file"]) / name, filename=name)
 
     async def weights_info(request: Request, owner: str) -> Any:
         data = json.loads(await request.body() or b"{}")
@@ -228,8 +259,8 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
         Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
         Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
-        Route(f"{ck}/archive", endpoint(archive), methods=["GET"]),
-        Route(f"{ck}/file", endpoint(archive), methods=["GET"]),
+        Route(f"{ck}/external_weights_urls", endpoint(download_urls), methods=["GET"]),
+        Route(f"{API}/checkpoint_file", endpoint(checkpoint_file, auth=False), methods=["GET"]),
         Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
     ]
 

@@ -11,11 +11,13 @@ reloaded from their file when sampled again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,19 @@ class Service:
         else:
             asyncio.ensure_future(self.order[model_id].submit(seq_id, job))
         return {"request_id": request_id, "model_id": model_id}
+
+    @contextlib.contextmanager
+    def refusing(self, model_id: str, seq_id: int | None) -> Iterator[None]:
+        """A request of ``model_id`` refused before it runs still takes its turn (its ``seq_id``), so
+        that the client's next requests do not wait for it."""
+        try:
+            yield
+        except UserError:
+            async def nothing() -> None:
+                return None
+
+            asyncio.ensure_future(self.order[model_id].submit(seq_id, nothing))
+            raise
 
     def start_sample(self, owner: str, work: Callable[[], Awaitable[wire.Result]], n: int) -> dict[str, Any]:
         """A sampling future, naming the ``n`` sequences it will hold."""
@@ -159,8 +174,9 @@ class Service:
     def optim_step(self, owner: str, req: Any) -> dict[str, Any]:
         run = self.run(owner, req.model_id)
         params = req.optim_params
-        if getattr(params, "type", "adam") not in ("adam", "adamw") and not hasattr(params, "beta2"):
-            raise UserError(f"optimizer {params.type!r}: this server steps AdamW only (AdamParams)")
+        with self.refusing(run.model_id, req.seq_id):
+            if not hasattr(params, "beta2"):
+                raise UserError(f"optimizer {getattr(params, 'type', '?')!r}: this server steps AdamW only (AdamParams)")
 
         async def work() -> wire.Result:
             metrics = await asyncio.to_thread(models.optim_step, run, params.learning_rate, params.beta1,
@@ -175,8 +191,9 @@ class Service:
         run = self.run(owner, req.model_id)
         name = req.path or f"step-{uuid.uuid4().hex[:8]}"
         path = f"tinker://{run.model_id}/weights/{name}"
-        if self.store.checkpoint(path) is not None and not req.overwrite:
-            raise UserError(f"checkpoint {path} exists already (overwrite=True replaces it)")
+        with self.refusing(run.model_id, req.seq_id):
+            if self.store.checkpoint(path) is not None and not req.overwrite:
+                raise UserError(f"checkpoint {path} exists already (overwrite=True replaces it)")
 
         async def work() -> wire.Result:
             await asyncio.to_thread(self._save, run, path, "weights", name, True)
@@ -195,6 +212,35 @@ class Service:
         torch.save(state, file)
         self.store.add_checkpoint(path, run.owner, run.model_id, kind, name, file)
 
+    def save_external(self, owner: str, req: Any) -> dict[str, Any]:
+        """The adapter as a PEFT adapter directory (``adapter_model.safetensors``, ``adapter_config.json``),
+        downloadable through the rest client's ``get_external_weights_urls``."""
+        run = self.run(owner, req.model_id)
+        path = f"tinker://{run.model_id}/external_weights/{req.path}"
+        with self.refusing(run.model_id, req.seq_id):
+            if req.age_encryption_recipients:
+                raise UserError("age_encryption_recipients: this server stores external weights unencrypted")
+
+        async def work() -> wire.Result:
+            size = await asyncio.to_thread(self._save_external, run, path, req.path)
+            return wire.json_body({"path": path, "size_bytes": size, "type": "save_weights_external"})
+
+        return self.start(owner, work, run.model_id, req.seq_id)
+
+    def _save_external(self, run: models.Run, path: str, name: str) -> int:
+        from safetensors.torch import save_file
+
+        folder = self.store.checkpoint_file(run.model_id, "external_weights", name).with_suffix("")
+        folder.mkdir(parents=True, exist_ok=True)
+        with run.base.lock:
+            tensors = {f"base_model.model.{k}": v.contiguous() for k, v in run.adapter_state().items()}
+        save_file(tensors, folder / "adapter_model.safetensors")
+        config = {"peft_type": "LORA", "r": run.rank, "lora_alpha": models.ALPHA, "target_modules": run.targets,
+                  "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM", "base_model_name_or_path": run.base.name}
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
+        self.store.add_checkpoint(path, run.owner, run.model_id, "external_weights", name, folder)
+        return sum(f.stat().st_size for f in folder.iterdir())
+
     def _checkpoint(self, owner: str, path: str) -> dict[str, Any]:
         found = self.store.checkpoint(path)
         if found is None or found["owner"] != owner:
@@ -202,13 +248,15 @@ class Service:
         return found
 
     def load_weights(self, owner: str, req: Any) -> dict[str, Any]:
-        found = self._checkpoint(owner, req.path)
         if req.model_id is not None:
             run = self.run(owner, req.model_id)
             seq = req.seq_id
+            with self.refusing(run.model_id, seq):
+                found = self._checkpoint(owner, req.path)
         else:  # create-via-load: the load makes the model
             import torch
 
+            found = self._checkpoint(owner, req.path)
             state = torch.load(found["file"], weights_only=True)
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
             base = req.base_model or state["base"]

@@ -8,6 +8,7 @@ server starts again was cut off by the restart, and is answered as failed, namin
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import threading
 import time
@@ -62,7 +63,7 @@ class Store:
 
     def add_checkpoint(self, path: str, owner: str, model_id: str, kind: str, name: str, file: Path) -> None:
         self._run("insert or replace into checkpoints values (?, ?, ?, ?, ?, ?, ?, ?)",
-                  (path, owner, model_id, kind, name, str(file), file.stat().st_size, time.time()))
+                  (path, owner, model_id, kind, name, str(file), _size(file), time.time()))
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         rows = self._run("select owner, model_id, kind, name, file, size, created from checkpoints where path = ?",
@@ -81,7 +82,11 @@ class Store:
     def delete_checkpoint(self, path: str) -> None:
         found = self.checkpoint(path)
         if found is not None:
-            Path(found["file"]).unlink(missing_ok=True)
+            file = Path(found["file"])
+            if file.is_dir():
+                shutil.rmtree(file)
+            else:
+                file.unlink(missing_ok=True)
             self._run("delete from checkpoints where path = ?", (path,))
 
     # futures
@@ -95,3 +100,8 @@ class Store:
         """(owner, error) of a future cut off by a restart, None for any other id."""
         rows = self._run("select owner, error from futures where request_id = ? and state = 'failed'", (request_id,))
         return (rows[0][0], rows[0][1]) if rows else None
+
+
+def _size(file: Path) -> int:
+    """A checkpoint's bytes: its file's, or its folder's files' (external weights)."""
+    return sum(f.stat().st_size for f in file.iterdir()) if file.is_dir() else file.stat().st_size
