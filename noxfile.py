@@ -287,7 +287,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
-    env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session)} if plugin == "tinker" else None
+    env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session),
+           "TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
     pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs, env=env)
 
 
@@ -303,6 +304,20 @@ def cookbook_venv(session: nox.Session) -> str:
     session.run(python, "-m", "pip", "install", "-q", "--no-compile", "tinker-cookbook[math-rl]==0.5.8",
                 external=True)
     return python
+
+
+# The older tinker SDK release the tinker plugin's server is tested against too (tests/test_older_sdk.py).
+OLD_TINKER_SDK = "tinker==0.34.0"
+
+
+def old_tinker_sdk(session: nox.Session) -> str:
+    """A venv of its own holding the older SDK (a client does not share the server's packages); its Python."""
+    venv = Path(session.virtualenv.location).parent / "tinker-sdk-old"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv))
+    session.run(str(python), "-m", "pip", "install", "-q", OLD_TINKER_SDK, "numpy", external=True)
+    return str(python)
 
 
 @nox.session(requires=["wheels", "train_base"])

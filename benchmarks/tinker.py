@@ -129,7 +129,6 @@ def main() -> None:
     args = p.parse_args()
     os.environ["TINKER_API_KEY"] = KEY
     import tinker
-
     from toolrl_tinker import models
 
     data = datums(args.datums, args.tokens)

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import BASE, KEY, OTHER_KEY
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from conftest import BASE
 
 TOKENS = [3, 17, 99, 2048, 5, 77, 1023, 64, 8, 300, 41]
@@ -59,9 +58,9 @@ def _toolrl_step(run: Any, loss_fn: str, inputs: dict[str, np.ndarray]) -> tuple
     from toolrl.algorithms import build_loss
     from toolrl.config import AlgorithmConfig
     from toolrl.engines.adapters import adapter_names
-    from toolrl.trajectory import Trajectory
     from toolrl.training.packing import build_batch, through_adapters
     from toolrl.training.step import policy_loss, response_logprobs
+    from toolrl.trajectory import Trajectory
 
     name, options = ALGOS[loss_fn]
     algo = AlgorithmConfig(loss=name, loss_options=options, loss_agg="seq-mean-token-sum-norm")
@@ -125,7 +124,6 @@ def test_sample_logprobs_equal_forward(client: Any) -> None:
 
 def test_optim_step_is_toolrl_adamw_bit_for_bit(client: Any, served: Any) -> None:
     from tinker import types
-
     from toolrl.training.step import clip_grad_norm
 
     tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()

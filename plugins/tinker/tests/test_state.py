@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-
 from conftest import BASE, KEY, start_server
 from toolrl_tinker.service import owner_of
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from toolrl.config import AlgorithmConfig
 
 
@@ -110,7 +109,6 @@ def packed(data: Sequence[Datum], adapter: int, loss_fn: str | None, device: Any
     predicts the next input token, the last position its own), row i of the (B, N) grid holding
     datum i's advantages (cross_entropy: weights) and sampling log-probs."""
     import torch
-
     from toolrl.training.packing import PackedBatch
 
     n = len(data)

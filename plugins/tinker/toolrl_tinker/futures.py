@@ -21,6 +21,8 @@ from toolrl_tinker.store import Store
 LONG_POLL_S = 20.0
 # A seq_id gap (a request the client never sent) is skipped after this long.
 GAP_S = 30.0
+# A finished future's result is kept this long after it was first retrieved (the SDK may ask again).
+KEEP_S = 120.0
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Future:
     content_type: str = "application/json"
     error: str | None = None
     category: str = "user"
+    retrieved: bool = False
 
 
 class Futures:
@@ -71,6 +74,9 @@ class Futures:
             await asyncio.wait_for(fut.done.wait(), LONG_POLL_S)
         except asyncio.TimeoutError:
             return None
+        if not fut.retrieved:
+            fut.retrieved = True
+            asyncio.get_running_loop().call_later(KEEP_S, self.forget, request_id)
         return fut
 
     def forget(self, request_id: str) -> None:

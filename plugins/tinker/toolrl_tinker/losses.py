@@ -7,7 +7,6 @@ datum's sampling ``logprobs``, so ``r = exp(new - sampling)`` and no correction 
 from __future__ import annotations
 
 from pydantic import Field
-
 from toolrl.algorithms import LossInputs, LossOptions, LossTerms, PolicyLoss
 
 

@@ -41,7 +41,6 @@ class Base:
 
     def __init__(self, name: str, max_sampler_rows: int = 32) -> None:
         import torch
-
         from toolrl.config import AdapterConfig, ModelConfig
         from toolrl.engines import ModelSource
         from toolrl.engines.transformers import TransformersEngine
@@ -101,7 +100,6 @@ class Run:
 
     def load_adapter_state(self, state: dict[str, Any]) -> None:
         import torch
-
         from toolrl.training.lora import adapter_of
 
         tag = f".{self.adapter}."
@@ -116,7 +114,6 @@ class Run:
 def create_adapter(run: Run) -> None:
     """The run's adapter on its base (peft's init: A random from ``seed``, B zero) and its optimizer."""
     import torch
-
     from toolrl.config import AdapterConfig
     from toolrl.training.lora import add_adapter
 
@@ -131,7 +128,6 @@ def forward_backward(run: Run, data: Sequence[Datum], loss_fn: str | None, confi
     """The datums' target log-probs (one array each) and the loss, its gradient added to the adapter's
     ``.grad`` unless ``forward_only`` (``loss_fn`` None: a forward, no loss)."""
     import torch
-
     from toolrl.engines.adapters import adapter_names
     from toolrl.training.packing import through_adapters
     from toolrl.training.step import policy_loss, response_logprobs
@@ -174,7 +170,6 @@ def copy_to_sampler(base: Base, rank: int, targets: list[str], name: str, state:
     """An adapter's tensors (``state``, as :meth:`Run.adapter_state` gives them) as sampler adapter
     ``name``, frozen; a no-op when the sampler holds ``name`` already."""
     import torch
-
     from toolrl.config import AdapterConfig
     from toolrl.engines.adapters import adapter_names
     from toolrl.training.lora import add_adapter

@@ -266,12 +266,12 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
 
 
 async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], host: str, port: int,
-                      limits: Limits = Limits(), announce: Callable[[str], None] = print,
+                      limits: Limits | None = None, announce: Callable[[str], None] = print,
                       started: Callable[[Any], None] | None = None) -> None:
     """Load the bases, then serve until cancelled; ``started`` gets the uvicorn server once it listens."""
     import uvicorn
 
-    service = Service(bases, state_dir, limits)
+    service = Service(bases, state_dir, limits or Limits())
     await service.load_bases()
     config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
                             timeout_keep_alive=75)

@@ -42,9 +42,9 @@ def owner_of(api_key: str) -> str:
 
 
 class Service:
-    def __init__(self, bases: list[str], state_dir: Path, limits: Limits = Limits()) -> None:
+    def __init__(self, bases: list[str], state_dir: Path, limits: Limits | None = None) -> None:
         self.base_names = list(bases)
-        self.limits = limits
+        self.limits = limits or Limits()
         self.store = Store(state_dir)
         self.futures = Futures(self.store)
         self.bases: dict[str, models.Base] = {}

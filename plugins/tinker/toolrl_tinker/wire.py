@@ -129,7 +129,6 @@ async def sample(base: Any, adapter: str, req: Any) -> Result:
     """``num_samples`` sequences through ``adapter`` on the base's engine, with prompt log-probs
     (and the top-k of each prompt position) when asked for."""
     from tinker.proto import tinker_public_pb2 as pb
-
     from toolrl.engines import SamplingParams
 
     prompt = [int(t) for chunk in req.prompt.chunks for t in getattr(chunk, "tokens", ())]
