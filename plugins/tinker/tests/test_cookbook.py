@@ -47,7 +47,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield found.group(1)
     finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
