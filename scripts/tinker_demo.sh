@@ -9,9 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "tinker demo: $*" >&2; }  # a plain line per phase, so a log file shows where it is
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct GROUPS=8 STEPS=20
+MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=20
 for arg in "$@"; do  # what the held-out draw must know of the run: the batches it trained on
-  case $arg in max_steps=*) STEPS=${arg#*=} ;; groups_per_batch=*) GROUPS=${arg#*=} ;; esac
+  case $arg in max_steps=*) STEPS=${arg#*=} ;; groups_per_batch=*) BATCH_GROUPS=${arg#*=} ;; esac
 done
 bash scripts/setup_demo.sh ./plugins/tinker
 PY="$(.venv/bin/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))')"
@@ -37,9 +37,9 @@ until URL=$(grep -o 'http://[^ ]*' "$OUT/serve.log"); do
 done
 step "the cookbook's math_rl recipe against $URL, $STEPS steps (log: $OUT/cookbook)"
 .venv-cookbook/bin/python -m tinker_cookbook.recipes.math_rl.train "model_name=$MODEL" "renderer_name=$RENDERER" \
-  "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$GROUPS" group_size=8 lora_rank=16 \
+  "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 lora_rank=16 \
   learning_rate=2e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
   >"$OUT/cookbook.log" 2>&1 || { tail -n 40 "$OUT/cookbook.log" >&2; exit 1; }
 step "held-out success of the base model and of the final checkpoint"
 .venv-cookbook/bin/python scripts/tinker_held_out.py --base-url "$URL" --model "$MODEL" --renderer "$RENDERER" \
-  --log-path "$OUT/cookbook" --groups-per-batch "$GROUPS" --train-batches "$STEPS" 2>>"$OUT/held_out.log"
+  --log-path "$OUT/cookbook" --groups-per-batch "$BATCH_GROUPS" --train-batches "$STEPS" 2>>"$OUT/held_out.log"
