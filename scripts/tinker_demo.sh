@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "tinker demo: $*" >&2; }  # a plain line per phase, so a log file shows where it is
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=20
+MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=10
 for arg in "$@"; do  # what the held-out draw must know of the run: the batches it trained on
   case $arg in max_steps=*) STEPS=${arg#*=} ;; groups_per_batch=*) BATCH_GROUPS=${arg#*=} ;; esac
 done
@@ -31,14 +31,14 @@ step "starting the server (log: $OUT/serve.log)"
 .venv/bin/toolrl tinker serve --base "$MODEL" --port 0 --state-dir "$OUT/state" >"$OUT/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-until URL=$(grep -o 'http://[^ ]*' "$OUT/serve.log"); do
+until URL=$(grep -o 'http://[^ ]*' "$OUT/serve.log" 2>/dev/null); do
   kill -0 $server 2>/dev/null || { cat "$OUT/serve.log" >&2; exit 1; }
   sleep 1
 done
 step "the cookbook's math_rl recipe against $URL, $STEPS steps (log: $OUT/cookbook)"
 .venv-cookbook/bin/python -m tinker_cookbook.recipes.math_rl.train "model_name=$MODEL" "renderer_name=$RENDERER" \
   "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 lora_rank=16 \
-  learning_rate=2e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
+  learning_rate=4e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
   >"$OUT/cookbook.log" 2>&1 || { tail -n 40 "$OUT/cookbook.log" >&2; exit 1; }
 step "held-out success of the base model and of the final checkpoint"
 .venv-cookbook/bin/python scripts/tinker_held_out.py --base-url "$URL" --model "$MODEL" --renderer "$RENDERER" \
