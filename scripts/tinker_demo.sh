@@ -2,14 +2,14 @@
 # The Tinker demo, on CPU: sets up .venv (toolrl with the tinker plugin and SmolLM2-135M-Instruct's weights:
 # scripts/setup_demo.sh) and .venv-cookbook (tinker-cookbook 0.5.8 in a venv of its own, as a user of the
 # hosted service has it), starts `toolrl tinker serve` on SmolLM2-135M-Instruct, runs the cookbook's own
-# math_rl recipe, unchanged, against it (its arithmetic environment: LoRA, importance sampling, 8 groups of
-# 8 a step), then grades the base model and the run's final checkpoint on 64 held-out additions through
+# math_rl recipe, unchanged, against it (its arithmetic environment: LoRA, importance sampling, 4 groups of
+# 8 a step, trained as two streamed minibatches of 16, which bounds the server's memory), then grades the base model and the run's final checkpoint on 64 held-out additions through
 # the SDK (scripts/tinker_held_out.py). Extra arguments go to the recipe (key=value, e.g. max_steps=40).
 # The last line: held-out success before → after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "tinker demo: $*" >&2; }  # a plain line per phase, so a log file shows where it is
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=10
+MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=4 STEPS=10
 for arg in "$@"; do  # what the held-out draw must know of the run: the batches it trained on
   case $arg in max_steps=*) STEPS=${arg#*=} ;; groups_per_batch=*) BATCH_GROUPS=${arg#*=} ;; esac
 done
@@ -38,7 +38,7 @@ done
 step "the cookbook's math_rl recipe against $URL, $STEPS steps (log: $OUT/cookbook)"
 .venv-cookbook/bin/python -m tinker_cookbook.recipes.math_rl.train "model_name=$MODEL" "renderer_name=$RENDERER" \
   "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 lora_rank=16 \
-  learning_rate=4e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
+  "stream_minibatch_config.groups_per_batch=$BATCH_GROUPS" stream_minibatch_config.num_minibatches=2 learning_rate=4e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
   >"$OUT/cookbook.log" 2>&1 || { tail -n 40 "$OUT/cookbook.log" >&2; exit 1; }
 step "held-out success of the base model and of the final checkpoint"
 .venv-cookbook/bin/python scripts/tinker_held_out.py --base-url "$URL" --model "$MODEL" --renderer "$RENDERER" \
