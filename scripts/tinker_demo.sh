@@ -3,8 +3,9 @@
 # scripts/setup_demo.sh) and .venv-cookbook (tinker-cookbook 0.5.8 in a venv of its own, as a user of the
 # hosted service has it), starts `toolrl tinker serve` on SmolLM2-135M-Instruct, runs the cookbook's own
 # math_rl recipe, unchanged, against it (its arithmetic environment: LoRA, importance sampling, 4 groups of
-# 8 a step, trained as two streamed minibatches of 16, which bounds the server's memory), then grades the base model and the run's final checkpoint on 64 held-out additions through
-# the SDK (scripts/tinker_held_out.py). Extra arguments go to the recipe (key=value, e.g. max_steps=40).
+# 8 a step, trained as two streamed minibatches of 16, which bounds the server's memory), then grades the
+# base model and the run's final checkpoint on 64 held-out additions through the SDK
+# (scripts/tinker_held_out.py). Extra arguments go to the recipe (key=value, e.g. max_steps=40).
 # The last line: held-out success before → after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,8 +38,10 @@ until URL=$(grep -o 'http://[^ ]*' "$OUT/serve.log" 2>/dev/null); do
 done
 step "the cookbook's math_rl recipe against $URL, $STEPS steps (log: $OUT/cookbook)"
 .venv-cookbook/bin/python -m tinker_cookbook.recipes.math_rl.train "model_name=$MODEL" "renderer_name=$RENDERER" \
-  "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 lora_rank=16 \
-  "stream_minibatch_config.groups_per_batch=$BATCH_GROUPS" stream_minibatch_config.num_minibatches=2 learning_rate=4e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
+  "base_url=$URL" "log_path=$OUT/cookbook" env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 \
+  lora_rank=16 \
+  "stream_minibatch_config.groups_per_batch=$BATCH_GROUPS" stream_minibatch_config.num_minibatches=2 \
+  learning_rate=4e-4 "max_steps=$STEPS" eval_every=0 save_every=0 behavior_if_log_dir_exists=delete "$@" \
   >"$OUT/cookbook.log" 2>&1 || { tail -n 40 "$OUT/cookbook.log" >&2; exit 1; }
 step "held-out success of the base model and of the final checkpoint"
 .venv-cookbook/bin/python scripts/tinker_held_out.py --base-url "$URL" --model "$MODEL" --renderer "$RENDERER" \
