@@ -10,8 +10,8 @@ CPU, one thread each.
    the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
    (``stop=[]``), seeded.
 
-    OMP_NUM_THREADS=1 python benchmarks/tinker.py [--datums 8] [--tokens 256] [--rounds 3]
-        [--requests 4] [--max-tokens 32]
+    OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base tiny-qwen3] [--datums 8] [--tokens 256]
+        [--rounds 3] [--requests 4] [--max-tokens 32]
 
 The last two lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens) and
 ``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5).
@@ -38,7 +38,6 @@ single_thread()
 import numpy as np  # noqa: E402
 
 KEY = "tml-benchmark-key"
-BASE = "tiny-qwen3"
 
 
 def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
@@ -55,10 +54,10 @@ def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
     return out
 
 
-def start_server(state_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": KEY}
-    proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", BASE, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", base, "--port", str(port),
                              "--state-dir", state_dir, "--max-batch-tokens", "1000000"], env=env,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -126,20 +125,21 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--base", default="tiny-qwen3", help="the base model (tiny-qwen3, smollm2-135m-instruct)")
     args = p.parse_args()
     os.environ["TINKER_API_KEY"] = KEY
     import tinker
     from toolrl_tinker import models
 
     data = datums(args.datums, args.tokens)
-    local = models.Base(BASE)
+    local = models.Base(args.base)
     run = models.Run("bench:train:0", "me", local, args.rank, models.ATTN + models.MLP, 0)
     models.create_adapter(run)
     with tempfile.TemporaryDirectory() as state:
-        proc, url = start_server(state)
+        proc, url = start_server(state, args.base)
         try:
             service = tinker.ServiceClient(base_url=url, api_key=KEY)
-            tc = service.create_lora_training_client(base_model=BASE, rank=args.rank, seed=0).result()
+            tc = service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=0).result()
             batch = as_batch(data)
             served, local_t = [], []
             for r in range(args.rounds + 1):
@@ -147,7 +147,7 @@ def main() -> None:
                 if r:
                     served.append(s)
                     local_t.append(loc)
-            clients = [tc] + [service.create_lora_training_client(base_model=BASE, rank=args.rank, seed=i).result()
+            clients = [tc] + [service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=i).result()
                           for i in range(1, 4)]
             samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
             sampling(samplers[:1], 1, 4)  # warm-up
@@ -158,7 +158,7 @@ def main() -> None:
             proc.wait(30)
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
-    print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {BASE}, {args.rounds} rounds")
+    print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
     print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}",
                                                   " ".join(f"{x:.3f}" for x in served)],
                                                  ["in process (toolrl_tinker.models)", f"{l_med:.3f}",

@@ -130,6 +130,7 @@ class _Request:
     images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
     prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
     adapter: int = -1  # its adapter's index in the engine's adapters; -1: the model has none per role
+    adapter_name: str | None = None  # by name: the index follows adapters added or removed (apply_adapters)
 
 
 @dataclass
@@ -302,7 +303,7 @@ class TransformersEngine(RolloutEngine):
         loop = asyncio.get_running_loop()
         self._ensure_scheduler(loop)
         req = _Request(list(prompt_ids), params, n, session_id, loop.create_future(),
-                       results=[None] * n, remaining=n, images=list(images), adapter=index)
+                       results=[None] * n, remaining=n, images=list(images), adapter=index, adapter_name=adapter)
         self._pending.append(req)
         assert self._wake is not None
         self._wake.set()
@@ -410,6 +411,12 @@ class TransformersEngine(RolloutEngine):
             if has_routing(self.model):
                 self._adapters = adapter_names(self.model)
                 self._static = self._static_decoder(self.config.decode)
+                # Running rows keep their adapter by name (queued ones are looked up when prefilled).
+                for row in self._batch.rows:
+                    if row.req.adapter_name is not None:
+                        if row.req.adapter_name not in self._adapters:
+                            raise ValueError(f"adapter {row.req.adapter_name!r} was removed while rows of it ran")
+                        row.req.adapter = self._adapters.index(row.req.adapter_name)
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:
@@ -535,6 +542,8 @@ class TransformersEngine(RolloutEngine):
             if admitted:
                 for req in admitted:
                     req.weight_version = self.weight_version
+                    if req.adapter_name is not None:  # adapters may have come or gone since it was queued
+                        req.adapter = self._adapter_index(req.adapter_name)
                 new, logits = self._prefill(admitted)
                 self._advance(new, new.rows, logits, finished)
                 self._merge(batch, new)

@@ -29,6 +29,7 @@ def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str
     assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # a cold interpreter importing torch and loading the base twice: ~50 s in a fresh venv
 def test_serves_the_sdk(tmp_path: Path) -> None:
     import tinker
 

@@ -76,3 +76,28 @@ def test_keys(served: Any, trainer: Any) -> None:
     assert all(r.training_run_id != trainer.model_id for r in rest.list_training_runs().result().training_runs)
     mine = tinker.ServiceClient(base_url=served.url, api_key=KEY).create_rest_client()
     assert any(r.training_run_id == trainer.model_id for r in mine.list_training_runs().result().training_runs)
+
+
+def test_a_finished_session_leaves_memory(served: Any, trainer: Any) -> None:
+    """ServiceClient.close(): its runs' adapters leave the trainer's and the sampler's copies of the base;
+    the server's other clients go on; the run's saved state loads again in a new session."""
+    import tinker
+    from tinker import types
+    from toolrl.engines.adapters import adapter_names
+
+    own = tinker.ServiceClient(base_url=served.url, api_key=KEY)
+    tc = own.create_lora_training_client(base_model=BASE, rank=2).result()
+    run = served.service.runs[tc.model_id]
+    tc.save_weights_and_get_sampling_client().result()
+    path = tc.save_state("before-close").result().path
+    assert run.adapter in adapter_names(run.base.model) and run.samplers
+    sampler = run.samplers[0]
+    own.close("success").result()
+    assert tc.model_id not in served.service.runs
+    assert run.adapter not in adapter_names(run.base.model)
+    assert sampler not in adapter_names(run.base.engine.model)
+    assert np.isfinite(trainer.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"])
+    again = tinker.ServiceClient(base_url=served.url, api_key=KEY)
+    loaded = again.create_training_client_from_state(path).result()
+    loaded.forward_backward([_datum()], "cross_entropy").result()
+    loaded.optim_step(types.AdamParams(learning_rate=1e-3)).result()

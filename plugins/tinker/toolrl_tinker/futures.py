@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from toolrl_tinker.store import Store
 
-# How long one retrieve_future waits before answering "try again" (the SDK's read timeout is 45 s).
-LONG_POLL_S = 20.0
+# How long one retrieve_future waits before answering "try again" (the SDK reads for 45 s; each answer
+# is a warning line in its log).
+LONG_POLL_S = 40.0
 # A seq_id gap (a request the client never sent) is skipped after this long.
 GAP_S = 30.0
 # A finished future's result is kept this long after it was first retrieved (the SDK may ask again).
@@ -98,6 +99,11 @@ class InOrder:
         self._waiting[seq_id] = (time.monotonic(), job)
         asyncio.get_running_loop().call_later(GAP_S + 0.1, lambda: asyncio.ensure_future(self._drain()))
         await self._drain()
+
+    async def closed(self) -> None:
+        """Once the jobs under way have run (those queued behind a gap are dropped)."""
+        async with self._lock:
+            self._waiting.clear()
 
     async def _drain(self) -> None:
         async with self._lock:

@@ -192,3 +192,12 @@ def drop_sampler(base: Base, name: str) -> None:
     from toolrl.training.lora import remove_adapter
 
     base.engine.apply_adapters(lambda model: remove_adapter(model, name))
+
+
+def release(run: Run) -> None:
+    """The run's adapter off the trainer's copy (its optimizer with it)."""
+    from toolrl.training.lora import remove_adapter
+
+    with run.base.lock:
+        remove_adapter(run.base.model, run.adapter)
+        run.optimizer = None

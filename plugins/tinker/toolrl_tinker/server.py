@@ -57,9 +57,17 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
             return result if isinstance(result, Response) else JSONResponse(result)
         return run
 
-    async def body(request: Request, model: Any) -> Any:
-        return model.model_validate(json.loads(await request.body() or b"{}"))
+    return Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
+                             *rest_routes(service, endpoint), *download_routes(service, endpoint)])
 
+
+async def _body(request: Request, model: Any) -> Any:
+    """The JSON body as one of the SDK's request types."""
+    return model.model_validate(json.loads(await request.body() or b"{}"))
+
+
+def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """Health, client config, capabilities, sessions, and the futures' retrieval."""
     from tinker import types as t
 
     async def healthz(request: Request, owner: str) -> Any:
@@ -75,7 +83,7 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
                                      for name, base in service.bases.items()]}
 
     async def create_session(request: Request, owner: str) -> Any:
-        await body(request, t.CreateSessionRequest)
+        await _body(request, t.CreateSessionRequest)
         return {"type": "create_session", "session_id": service.create_session(owner)}
 
     async def heartbeat(request: Request, owner: str) -> Any:
@@ -87,32 +95,63 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
     async def nothing(request: Request, owner: str) -> Any:
         return {}
 
+    async def finish(request: Request, owner: str) -> Any:
+        await service.finish_session(owner, request.path_params["session_id"])
+        return {}
+
+    async def retrieve(request: Request, owner: str) -> Any:
+        req = await _body(request, t.FutureRetrieveRequest)
+        fut = await service.futures.wait(req.request_id, owner)
+        if fut is None:
+            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+        if fut.error is not None:
+            return {"error": fut.error, "category": fut.category}
+        return Response(fut.body, media_type=fut.content_type)
+
+    return [
+        Route(f"{API}/healthz", endpoint(healthz, auth=False), methods=["GET"]),
+        Route(f"{API}/client/config", endpoint(client_config), methods=["POST"]),
+        Route(f"{API}/client/dynamic_config", endpoint(nothing), methods=["POST"]),
+        Route(f"{API}/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
+        Route(f"{API}/create_session", endpoint(create_session), methods=["POST"]),
+        Route(f"{API}/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
+        Route(f"{API}/telemetry", endpoint(telemetry), methods=["POST"]),
+        Route(f"{API}/sessions/{{session_id}}/finish", endpoint(finish), methods=["POST"]),
+        Route(f"{API}/cancel_future", endpoint(nothing), methods=["POST"]),
+        Route(f"{API}/retrieve_future", endpoint(retrieve), methods=["POST"]),
+    ]
+
+
+def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """Training clients, their weights, and sampling."""
+    from tinker import types as t
+
     async def create_model(request: Request, owner: str) -> Any:
-        return service.create_model(owner, await body(request, t.CreateModelRequest))
+        return service.create_model(owner, await _body(request, t.CreateModelRequest))
 
     async def get_info(request: Request, owner: str) -> Any:
-        return service.get_info(owner, (await body(request, t.GetInfoRequest)).model_id)
+        return service.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
 
     async def forward_backward(request: Request, owner: str) -> Any:
         return service.forward_backward(owner, await request.body(), request.headers.get("content-encoding"))
 
     async def optim_step(request: Request, owner: str) -> Any:
-        return service.optim_step(owner, await body(request, t.OptimStepRequest))
+        return service.optim_step(owner, await _body(request, t.OptimStepRequest))
 
     async def save_weights(request: Request, owner: str) -> Any:
-        return service.save_weights(owner, await body(request, t.SaveWeightsRequest))
+        return service.save_weights(owner, await _body(request, t.SaveWeightsRequest))
 
     async def load_weights(request: Request, owner: str) -> Any:
-        return service.load_weights(owner, await body(request, t.LoadWeightsRequest))
+        return service.load_weights(owner, await _body(request, t.LoadWeightsRequest))
 
     async def save_external(request: Request, owner: str) -> Any:
-        return service.save_external(owner, await body(request, t.SaveWeightsExternalRequest))
+        return service.save_external(owner, await _body(request, t.SaveWeightsExternalRequest))
 
     async def save_for_sampler(request: Request, owner: str) -> Any:
-        return service.save_for_sampler(owner, await body(request, t.SaveWeightsForSamplerRequest))
+        return service.save_for_sampler(owner, await _body(request, t.SaveWeightsForSamplerRequest))
 
     async def create_sampling_session(request: Request, owner: str) -> Any:
-        req = await body(request, t.CreateSamplingSessionRequest)
+        req = await _body(request, t.CreateSamplingSessionRequest)
         return {"type": "create_sampling_session", "sampling_session_id": service.create_sampling_session(owner, req)}
 
     async def get_sampler(request: Request, owner: str) -> Any:
@@ -121,27 +160,9 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
                 "model_path": found["path"]}
 
     async def asample(request: Request, owner: str) -> Any:
-        return service.sample(owner, await body(request, t.SampleRequest))
+        return service.sample(owner, await _body(request, t.SampleRequest))
 
-    async def retrieve(request: Request, owner: str) -> Any:
-        req = await body(request, t.FutureRetrieveRequest)
-        fut = await service.futures.wait(req.request_id, owner)
-        if fut is None:
-            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
-        if fut.error is not None:
-            return {"error": fut.error, "category": fut.category}
-        return Response(fut.body, media_type=fut.content_type)
-
-    routes = [
-        Route(f"{API}/healthz", endpoint(healthz, auth=False), methods=["GET"]),
-        Route(f"{API}/client/config", endpoint(client_config), methods=["POST"]),
-        Route(f"{API}/client/dynamic_config", endpoint(nothing), methods=["POST"]),
-        Route(f"{API}/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
-        Route(f"{API}/create_session", endpoint(create_session), methods=["POST"]),
-        Route(f"{API}/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
-        Route(f"{API}/telemetry", endpoint(telemetry), methods=["POST"]),
-        Route(f"{API}/sessions/{{session_id}}/finish", endpoint(nothing), methods=["POST"]),
-        Route(f"{API}/cancel_future", endpoint(nothing), methods=["POST"]),
+    return [
         Route(f"{API}/create_model", endpoint(create_model), methods=["POST"]),
         Route(f"{API}/get_info", endpoint(get_info), methods=["POST"]),
         Route(f"{API}/forward_backward", endpoint(forward_backward), methods=["POST"]),
@@ -153,10 +174,8 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
         Route(f"{API}/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
         Route(f"{API}/samplers/{{sampler_id}}", endpoint(get_sampler), methods=["GET"]),
         Route(f"{API}/asample", endpoint(asample), methods=["POST"]),
-        Route(f"{API}/retrieve_future", endpoint(retrieve), methods=["POST"]),
-        *rest_routes(service, endpoint),
     ]
-    return Starlette(routes=routes)
+
 
 
 def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
@@ -200,18 +219,40 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         found = [checkpoint_json(c) for c in service.store.checkpoints(owner)]
         return {"checkpoints": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
 
-    def checkpoint_of(request: Request, owner: str) -> dict[str, Any]:
-        p = request.path_params
-        path = f"tinker://{p['run_id']}/{p['kind']}/{p['name']}"
-        found = service.store.checkpoint(path)
-        if found is None or found["owner"] != owner:
-            raise KeyError(path)
-        return found
-
     async def delete_checkpoint(request: Request, owner: str) -> Any:
-        service.store.delete_checkpoint(checkpoint_of(request, owner)["path"])
+        service.store.delete_checkpoint(_checkpoint_of(service, request, owner)["path"])
         return Response(status_code=204)
 
+    async def weights_info(request: Request, owner: str) -> Any:
+        data = json.loads(await request.body() or b"{}")
+        found = service.store.checkpoint(data.get("tinker_path", ""))
+        if found is None or found["owner"] != owner:
+            raise UserError(f"checkpoint {data.get('tinker_path')!r} does not exist")
+        row = service.store.run(found["model_id"]) or {}
+        return {"base_model": row.get("base"), "is_lora": True, "lora_rank": row.get("rank")}
+
+    ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+    return [
+        Route(f"{API}/training_runs", endpoint(runs), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}", endpoint(one_run), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
+        Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
+        Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
+        Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
+    ]
+
+
+def _checkpoint_of(service: Service, request: Request, owner: str) -> dict[str, Any]:
+    p = request.path_params
+    path = f"tinker://{p['run_id']}/{p['kind']}/{p['name']}"
+    found = service.store.checkpoint(path)
+    if found is None or found["owner"] != owner:
+        raise KeyError(path)
+    return found
+
+
+def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """External weights' files through URLs signed for an hour (no key needed to fetch them)."""
     secret = secrets.token_bytes(32)
 
     def signature(path: str, expires: int) -> str:
@@ -221,7 +262,7 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         """Signed URLs (an hour, no key needed), one per file of an external weights checkpoint."""
         import datetime
 
-        found = checkpoint_of(request, owner)
+        found = _checkpoint_of(service, request, owner)
         folder = Path(found["file"])
         if not folder.is_dir():
             raise UserError(f"{found['path']} is not an external weights checkpoint (save_weights_external)")
@@ -244,24 +285,10 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
             raise KeyError(path)
         return FileResponse(Path(found["file"]) / name, filename=name)
 
-    async def weights_info(request: Request, owner: str) -> Any:
-        data = json.loads(await request.body() or b"{}")
-        found = service.store.checkpoint(data.get("tinker_path", ""))
-        if found is None or found["owner"] != owner:
-            raise UserError(f"checkpoint {data.get('tinker_path')!r} does not exist")
-        row = service.store.run(found["model_id"]) or {}
-        return {"base_model": row.get("base"), "is_lora": True, "lora_rank": row.get("rank")}
-
     ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
     return [
-        Route(f"{API}/training_runs", endpoint(runs), methods=["GET"]),
-        Route(f"{API}/training_runs/{{run_id}}", endpoint(one_run), methods=["GET"]),
-        Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
-        Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
-        Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
         Route(f"{ck}/external_weights_urls", endpoint(download_urls), methods=["GET"]),
         Route(f"{API}/checkpoint_file", endpoint(checkpoint_file, auth=False), methods=["GET"]),
-        Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
     ]
 
 

@@ -16,8 +16,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import threading
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,11 @@ class Service:
         self.order: dict[str, InOrder] = {}
         self.sessions: dict[str, str] = {}  # session id -> owner
         self.samplers: dict[str, dict[str, Any]] = {}  # sampling session id -> owner, base, adapter, path
+        # Sampler adapters with requests in flight are dropped only once those end (the engine routes
+        # queued rows by adapter name).
+        self._inflight: dict[str, int] = {}
+        self._doomed: set[str] = set()
+        self._drop_lock = threading.Lock()
 
     async def load_bases(self) -> None:
         for name in self.base_names:
@@ -111,6 +118,20 @@ class Service:
         self.sessions[session_id] = owner
         return session_id
 
+    async def finish_session(self, owner: str, session_id: str) -> None:
+        """A finished session's training runs leave memory (their adapters, optimizers and sampler
+        copies); what they saved stays, and a new client loads it (``create_training_client_from_state``)."""
+        if self.sessions.get(session_id) != owner:
+            raise KeyError(session_id)
+        del self.sessions[session_id]
+        for model_id in [m for m, r in self.runs.items() if r.owner == owner and m.startswith(f"{session_id}:")]:
+            run = self.runs.pop(model_id)
+            await self.order.pop(model_id).closed()
+            await asyncio.to_thread(models.release, run)
+            for name in run.samplers:
+                await asyncio.to_thread(self._drop_sampler, run.base, name)
+            run.samplers.clear()
+
     def run(self, owner: str, model_id: str) -> models.Run:
         run = self.runs.get(model_id)
         if run is None or run.owner != owner:
@@ -118,7 +139,8 @@ class Service:
         return run
 
     def new_run(self, owner: str, model_id: str, base: str, rank: int, targets: list[str],
-                seed: int | None) -> models.Run:
+                seed: int | None, first_seq: int = 1) -> models.Run:
+        """A training run; its requests run in seq_id order from ``first_seq`` (a create-via-load's load is 0)."""
         if model_id in self.runs:
             raise UserError(f"model_id {model_id!r} exists already")
         if sum(r.owner == owner for r in self.runs.values()) >= self.limits.max_runs_per_client:
@@ -128,7 +150,7 @@ class Service:
             raise UserError(f"lora_config.rank {rank}: this server trains ranks 1 to {self.limits.max_rank}")
         run = models.Run(model_id, owner, self.base(base), rank, targets, seed)
         self.runs[model_id] = run
-        self.order[model_id] = InOrder(first=1)
+        self.order[model_id] = InOrder(first=first_seq)
         return run
 
     def create_model(self, owner: str, req: Any) -> dict[str, Any]:
@@ -260,8 +282,8 @@ class Service:
             state = torch.load(found["file"], weights_only=True)
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
             base = req.base_model or state["base"]
-            run = self.new_run(owner, model_id, base, state["rank"], state["targets"], None)
-            seq = None
+            run = self.new_run(owner, model_id, base, state["rank"], state["targets"], None, first_seq=0)
+            seq = 0
 
         async def work() -> wire.Result:
             await asyncio.to_thread(self._load, run, found, req.optimizer, req.model_id is None)
@@ -309,11 +331,42 @@ class Service:
         with run.base.lock:
             if state is None:
                 state = run.adapter_state()
+        if adapter in run.samplers:  # saved again under the same name: the new weights replace the old
+            run.samplers.remove(adapter)
+            self._drop_sampler(run.base, adapter, now=True)
         models.copy_to_sampler(run.base, run.rank, run.targets, adapter, state)
         run.samplers.append(adapter)
         while len(run.samplers) > self.limits.max_samplers:
-            models.drop_sampler(run.base, run.samplers.pop(0))
+            self._drop_sampler(run.base, run.samplers.pop(0))
         return adapter
+
+    def _drop_sampler(self, base: models.Base, name: str, now: bool = False) -> None:
+        """Sampler adapter ``name`` off the engine, or once its requests in flight end (``now``: wait for them)."""
+        while True:
+            with self._drop_lock:
+                if not self._inflight.get(name):
+                    self._doomed.discard(name)
+                    models.drop_sampler(base, name)
+                    return
+                if not now:
+                    self._doomed.add(name)
+                    return
+            time.sleep(0.05)
+
+    @contextlib.asynccontextmanager
+    async def _sampling(self, found: dict[str, Any]) -> AsyncIterator[str]:
+        """The session's adapter on the sampler, held there while the request runs."""
+        name = found["adapter"]
+        with self._drop_lock:
+            self._inflight[name] = self._inflight.get(name, 0) + 1
+        try:
+            yield await self._sampler_adapter(found)
+        finally:
+            with self._drop_lock:
+                self._inflight[name] -= 1
+                last = self._inflight[name] == 0 and name in self._doomed
+            if last:
+                await asyncio.to_thread(self._drop_sampler, self.base(found["base"]), name)
 
     def _new_sampler(self, owner: str, base: str, adapter: str, path: str | None) -> str:
         session = f"sampler-{uuid.uuid4().hex[:12]}"
@@ -374,7 +427,7 @@ class Service:
         base = self.base(found["base"])
 
         async def work() -> wire.Result:
-            adapter = await self._sampler_adapter(found)
-            return await wire.sample(base, adapter, req)
+            async with self._sampling(found) as adapter:
+                return await wire.sample(base, adapter, req)
 
         return self.start_sample(owner, work, req.num_samples)
