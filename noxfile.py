@@ -287,8 +287,23 @@ def plugin(session: nox.Session, plugin: str) -> None:
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
-    env = {"TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
+    env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session),
+           "TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
     pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs, env=env)
+
+
+def cookbook_venv(session: nox.Session) -> str:
+    """tinker-cookbook in a plain venv of its own beside the session's, as a user of the hosted Tinker service
+    has it (its own tinker and transformers, which differ from toolrl's, and a CPU torch), for the tinker
+    plugin's cookbook tests: its interpreter. 0.5.8: 0.6.1 needs a tml-renderers the index lacks."""
+    venv = Path(session.virtualenv.location).with_name(slug(session.name) + "-cookbook")
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    session.run(python, "-m", "pip", "install", "-q", "--no-compile", *TORCH, external=True)
+    session.run(python, "-m", "pip", "install", "-q", "--no-compile", "tinker-cookbook[math-rl]==0.5.8",
+                external=True)
+    return python
 
 
 # The older tinker SDK release the tinker plugin's server is tested against too (tests/test_older_sdk.py).

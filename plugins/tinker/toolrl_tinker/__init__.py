@@ -33,6 +33,21 @@ def register_commands(cli: click.Group) -> None:
     def tinker() -> None:
         """The Tinker API (the official tinker SDK's) served by toolrl."""
 
+    @tinker.command("tokenizers")
+    @click.argument("names", nargs=-1)
+    @click.option("--hub-cache", type=click.Path(file_okay=False), default=None,
+                  help="The Hugging Face cache to write (default: HF_HUB_CACHE, else ~/.cache/huggingface/hub).")
+    def tokenizers(names: tuple[str, ...], hub_cache: str | None) -> None:
+        """Write the tokenizer files of base models this server holds (default: tiny-qwen3 and
+        HuggingFaceTB/SmolLM2-135M-Instruct) into a Hugging Face cache, under those names, so that a client
+        (tinker-cookbook's get_tokenizer, the SDK) loads them by name offline; prints the variables to set."""
+        from toolrl.cli import user_errors
+
+        from toolrl_tinker.hub_names import OFFLINE_NAMES, write_hub_cache
+
+        root = user_errors(write_hub_cache, names or OFFLINE_NAMES, hub_cache)
+        click.echo(f"export HF_HUB_CACHE={root.resolve()} HF_HUB_OFFLINE=1")
+
     @tinker.command("serve")
     @click.option("--base", "bases", multiple=True, default=("tiny-qwen3",), show_default=True,
                   help="A base model to hold (repeat): tiny-qwen3, smollm2-135m-instruct "
