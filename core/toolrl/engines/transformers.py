@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from toolrl.engines.decoding import UNIFORM_BLOCK, BufferLayer, inverse_cdf
     from toolrl.engines.expert_routing import ExpertRouting
     from toolrl.engines.static_decode import StaticDecoder
+    from toolrl.plugins.parts import RunFacts
 
 
 def _import_torch() -> None:
@@ -254,7 +255,7 @@ class TransformersEngine(RolloutEngine):
         return StaticDecoder(self.model, graphs=self.device.type == "cuda")
 
     @classmethod
-    def check_run(cls, run: Any) -> list[str]:
+    def check_run(cls, run: RunFacts) -> list[str]:
         """The run check (:mod:`toolrl.roles.run_check`): the model loads from the source's directory, and
         experts are recorded only where a model has them."""
         check_model_dir(run.model_dir, "the transformers engine", run.config)
