@@ -70,7 +70,7 @@ def test_an_engine_plugin_teaches_and_its_logprobs_reach_the_advantages(tmp_path
     result = invoke("train", str(distil_from(tmp_path, "token_scorer", step=0.5)))
     assert result.exit_code == 0, result.stderr
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["teacher_s"] >= 0.0
+    assert "teacher_s" in row and "teacher_wait_s" in row
     traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4
     for t in traces:

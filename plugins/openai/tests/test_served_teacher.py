@@ -22,10 +22,22 @@ def served(url: str) -> dict:
     return {"engine": "openai", "model": "tiny-qwen3", "options": {"base_url": url}}
 
 
-def teachers(tokenizer, teacher: dict, top: int = 0) -> Teachers:
+async def teachers(tokenizer, teacher: dict, top: int = 0) -> Teachers:
     """``teacher`` built as a run builds it (it scores a probe first)."""
     config = Config(env="arithmetic", algorithm={"advantage": "opd", "teacher": teacher})
-    return asyncio.run(open_teachers(config, tokenizer, "algorithm.teacher", top=top))
+    return await open_teachers(config, tokenizer, "algorithm.teacher", top=top)
+
+
+def scored(tokenizer, teacher: dict, trajectories: list[Trajectory], top: int = 0) -> None:
+    """``trajectories`` scored by ``teacher`` in one event loop, as a run's (its engine's client lives there)."""
+    async def run() -> None:
+        built = await teachers(tokenizer, teacher, top)
+        try:
+            await built.score(trajectories)
+        finally:
+            await built.close()
+
+    asyncio.run(run())
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,8 @@ def sampled(tiny_path, tokenizer) -> list[Trajectory]:
 
 def test_a_served_teacher_scores_as_the_in_process_one_and_tool_tokens_get_zero(tiny_server, tokenizer, sampled):
     here, there = copy.deepcopy(sampled), copy.deepcopy(sampled)
-    asyncio.run(teachers(tokenizer, IN_PROCESS).score(here))
-    asyncio.run(teachers(tokenizer, served(tiny_server.url)).score(there))
+    scored(tokenizer, IN_PROCESS, here)
+    scored(tokenizer, served(tiny_server.url), there)
     for a, b in zip(here, there, strict=True):
         assert b.teacher_logprobs is not None and len(b.teacher_logprobs) == len(b.response_ids)
         assert max(abs(x - y) for x, y in zip(a.teacher_logprobs, b.teacher_logprobs, strict=True)) < 1e-5
@@ -67,8 +79,8 @@ def test_a_served_teachers_top_k_are_the_in_process_ones(tiny_server, tokenizer,
     """opd's ``top_k``: the server's ``prompt_logprobs: k`` entries ranked 1 to k give the same tokens and
     log-probs (within 1e-5) as the in-process teacher's top-k; tool-result tokens get none."""
     here, there = copy.deepcopy(sampled), copy.deepcopy(sampled)
-    asyncio.run(teachers(tokenizer, IN_PROCESS).teachers[0].score(here, top=5))
-    asyncio.run(teachers(tokenizer, served(tiny_server.url), top=5).score(there))
+    scored(tokenizer, IN_PROCESS, here, top=5)
+    scored(tokenizer, served(tiny_server.url), there, top=5)
     for a, b in zip(here, there, strict=True):
         assert b.teacher_top_ids == a.teacher_top_ids
         assert all(len(row) == (5 if m else 0) for row, m in zip(b.teacher_top_ids, b.response_mask, strict=True))
@@ -89,7 +101,7 @@ def test_a_served_teacher_sends_one_request_per_trajectory_at_once(tokenizer, sa
 
     server = FakeServer(slow, models=("tiny-qwen3",))
     try:
-        asyncio.run(teachers(tokenizer, served(server.url)).score(real))
+        scored(tokenizer, served(server.url), real)
         assert server.max_in_flight == len(real)
         assert all(b["prompt_logprobs"] == 0 and b["model"] == "tiny-qwen3" for b in server.bodies)
         for t in real:
@@ -112,7 +124,7 @@ def test_a_server_that_cannot_score_is_refused_with_one_line(kind, scripted_serv
         or fake.url
     try:
         with pytest.raises(ConfigError) as err:
-            teachers(tokenizer, served(url))
+            asyncio.run(teachers(tokenizer, served(url)))
     finally:
         if fake is not None:
             fake.close()
