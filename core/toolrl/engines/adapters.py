@@ -109,6 +109,42 @@ def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: b
             object.__setattr__(layer, _ROUTE, None)
 
 
+class RowAdapters:
+    """A model's adapters per role as an engine's rows carry them: a request names its adapter, its rows
+    carry the adapter's index, and every forward routes each row through its own (``keep_stacked``:
+    the engine writes its weights in place or replaces them). A model without adapters per role has
+    none: its rows carry -1 and its forwards run unrouted."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.device = model, next(model.parameters()).device
+        self.names = adapter_names(model) if has_routing(model) else []
+
+    def index(self, adapter: str | None) -> int:
+        """``adapter``'s index among the names (-1 for None on a model without them)."""
+        if not self.names:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r}: the engine's model has no LoRA adapter per role")
+            return -1
+        if adapter not in self.names:
+            asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
+            raise ValueError(f"{asked}: the engine serves an adapter per role: {', '.join(self.names)}")
+        return self.names.index(adapter)
+
+    def forward(self, rows: list[int]) -> contextlib.AbstractContextManager[None]:
+        """The context of a forward whose row i runs through adapter ``rows[i]``."""
+        if not self.names:
+            return contextlib.nullcontext()
+        import torch
+
+        return routed(self.model, torch.tensor(rows, device=self.device), keep_stacked=True)
+
+    def one_policy(self, work: str) -> None:
+        """Refuse ``work`` that runs every row under one policy, not a row's own adapter."""
+        if self.names:
+            raise NotImplementedError(f"the transformers engine {work} under one policy, and this one serves "
+                                      f"an adapter per role ({', '.join(self.names)})")
+
+
 def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
     """The forward hook of a routed LoRA layer: its base output plus each token's adapter delta."""
     route = layer.__dict__[_ROUTE]

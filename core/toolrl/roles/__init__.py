@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from toolrl.data.batches import RolloutGroup as RolloutGroup
+from toolrl.data.batches import RolloutGroup as RolloutGroup  # its home: the batches that read it
 
 if TYPE_CHECKING:
     from toolrl.trajectory import Trajectory
