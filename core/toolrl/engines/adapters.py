@@ -110,10 +110,10 @@ def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: b
 
 
 class RowAdapters:
-    """A model's adapters per role as an engine's rows carry them: a request names its adapter, its rows
-    carry the adapter's index, and every forward routes each row through its own (``keep_stacked``:
-    the engine writes its weights in place or replaces them). A model without adapters per role has
-    none: its rows carry -1 and its forwards run unrouted."""
+    """A model's adapters per role as an engine's rows carry them: a request names its adapter, and every
+    forward routes each row through the one of that name (looked up then, so a row keeps its adapter when
+    others are added or removed at run time; ``keep_stacked``: the engine writes its weights in place or
+    replaces them). A model without adapters per role has none: its rows name None and run unrouted."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model, self.device = model, next(model.parameters()).device
@@ -130,19 +130,22 @@ class RowAdapters:
             raise ValueError(f"{asked}: the engine serves an adapter per role: {', '.join(self.names)}")
         return self.names.index(adapter)
 
-    def forward(self, rows: list[int]) -> contextlib.AbstractContextManager[None]:
-        """The context of a forward whose row i runs through adapter ``rows[i]``."""
+    def forward(self, rows: list[str | None]) -> contextlib.AbstractContextManager[None]:
+        """The context of a forward whose row i runs through adapter ``rows[i]`` (a name, or None)."""
         if not self.names:
             return contextlib.nullcontext()
         import torch
 
-        return routed(self.model, torch.tensor(rows, device=self.device), keep_stacked=True)
+        ids = torch.tensor([self.index(a) for a in rows], device=self.device)
+        return routed(self.model, ids, keep_stacked=True)
 
-    def one_policy(self, work: str) -> None:
-        """Refuse ``work`` that runs every row under one policy, not a row's own adapter."""
-        if self.names:
+    def one_policy(self, work: str, adapter: str | None) -> None:
+        """Check ``adapter`` for ``work`` that runs every row under one policy: on a model with adapters
+        per role, one must be named."""
+        if self.names and adapter is None:
             raise NotImplementedError(f"the transformers engine {work} under one policy, and this one serves "
-                                      f"an adapter per role ({', '.join(self.names)})")
+                                      f"an adapter per role ({', '.join(self.names)}): name one")
+        self.index(adapter)
 
 
 def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:

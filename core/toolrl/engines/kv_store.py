@@ -194,7 +194,7 @@ class Session:
     keys: list[torch.Tensor]  # per layer [1, kv_heads, len(tokens), head_dim]
     values: list[torch.Tensor]
     experts: torch.Tensor | None = None  # [len(tokens), layers, top_k] uint8 on the device (record_routes)
-    adapter: int = -1  # the adapter its KV was computed under (Request.adapter)
+    adapter: str | None = None  # the adapter its KV was computed under (Request.adapter)
 
 
 class SessionStore:

@@ -38,7 +38,7 @@ class Request:
     weight_version: int = 0  # the engine's when the first token was sampled
     images: list[Any] = field(default_factory=list)  # the prompt's (toolrl.trajectory.TrajectoryImage)
     prefill_tokens_saved: int = 0  # prompt tokens not prefilled for it (kept KV, or another's prefill)
-    adapter: int = -1  # its adapter's index in the engine's adapters (engines.adapters.RowAdapters)
+    adapter: str | None = None  # by name, so its route follows adapters added or removed (RowAdapters)
 
     def rows(self, unseeded: Iterator[int]) -> list[Row]:
         """A row per sample, each with its own generator (None: greedy), seeded by ``params.seed`` or,

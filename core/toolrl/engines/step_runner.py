@@ -48,10 +48,10 @@ class EagerSteps:
         """Buffer slots a decode step of ``rows`` rows runs on (0: the live rows')."""
         return 0
 
-    def forward(self, batch: KVBatch, input_ids: torch.Tensor, positions: torch.Tensor, adapters: list[int],
-                **images: torch.Tensor) -> torch.Tensor:
+    def forward(self, batch: KVBatch, input_ids: torch.Tensor, positions: torch.Tensor,
+                adapters: list[str | None], **images: torch.Tensor) -> torch.Tensor:
         """Run the model on ``input_ids`` [rows, q] after ``batch.length`` cached columns; returns the
-        last position's logits [rows, vocab] in float32. ``adapters``: each row's (Request.adapter);
+        last position's logits [rows, vocab] in float32. ``adapters``: each row's name (Request.adapter);
         ``images``: a VLM's pixel inputs for them."""
         b, q = input_ids.shape
         layers = [BufferLayer(batch.keys[i][:b] if batch.keys else None,
@@ -90,9 +90,11 @@ class EagerSteps:
         return [torch.cat(([e[:p]] if e is not None else []) + [self.experts[i, width - len(d):]])
                 for i, (e, p, d) in enumerate(zip(kept, prefix, deltas))]
 
-    def score(self, prompts: list[list[int]], top: int, size: int) -> list[PromptLogprobs]:
-        """Each prompt's tokens scored (:meth:`~toolrl.engines.RolloutEngine.prompt_logprobs`), in forwards of
-        up to ``size`` prompts, right-padded (a causal model's positions before the padding do not see it)."""
+    def score(self, prompts: list[list[int]], top: int, size: int,
+              adapter: str | None) -> list[PromptLogprobs]:
+        """Each prompt's tokens scored (:meth:`~toolrl.engines.RolloutEngine.prompt_logprobs`) under
+        ``adapter``, in forwards of up to ``size`` prompts, right-padded (a causal model's positions
+        before the padding do not see it)."""
         out: list[PromptLogprobs] = []
         for b in range(0, len(prompts), size):
             chunk = prompts[b:b + size]
@@ -102,7 +104,9 @@ class EagerSteps:
             for i, p in enumerate(chunk):
                 x[i, :len(p)] = torch.tensor(p)
                 mask[i, :len(p)] = 1
-            lp = torch.log_softmax(self.model(input_ids=x, attention_mask=mask).logits[:, :-1].float(), -1)
+            with self.adapters.forward([adapter] * len(chunk)):
+                logits = self.model(input_ids=x, attention_mask=mask).logits
+            lp = torch.log_softmax(logits[:, :-1].float(), -1)
             chosen = lp.gather(-1, x[:, 1:, None])
             ranks = (lp > chosen).sum(-1) + 1
             best = lp.topk(top, -1) if top else None

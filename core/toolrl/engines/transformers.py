@@ -182,7 +182,7 @@ class TransformersEngine(RolloutEngine):
                        adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        index = self._adapters.index(adapter)
+        self._adapters.index(adapter)  # checked now; each step routes its rows by name
         if images and self.vision is None:
             raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
@@ -195,23 +195,25 @@ class TransformersEngine(RolloutEngine):
         if self._scheduler.start(loop, self._step):
             self._batch = KVBatch()  # what another loop left running can never complete
         req = Request(list(prompt_ids), params, n, session_id, loop.create_future(),
-                      results=[None] * n, remaining=n, images=list(images), adapter=index)
+                      results=[None] * n, remaining=n, images=list(images), adapter=adapter)
         self._scheduler.submit(req)
         return await req.future
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
+                              adapter: str | None = None) -> list[PromptLogprobs]:
+        """As the engine interface's; on a model with adapters per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        self._adapters.one_policy("scores prompts")
+        self._adapters.one_policy("scores prompts", adapter)
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
-        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top)
+        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top, adapter)
 
-    def _score(self, prompts: list[list[int]], top: int) -> list[PromptLogprobs]:
+    def _score(self, prompts: list[list[int]], top: int, adapter: str | None) -> list[PromptLogprobs]:
         # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
-            return self._runner.score(prompts, top, self.config.max_batch_size)
+            return self._runner.score(prompts, top, self.config.max_batch_size, adapter)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         # Whole tensors as rows, their names checked before any is written.
