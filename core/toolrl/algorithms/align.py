@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MaskRun", "char_ends", "pieces", "spread"]
+__all__ = ["char_ends", "pieces", "spread"]
 
 
 @dataclass(frozen=True)
