@@ -370,6 +370,44 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
         assert [[getattr(t, f) for f in fields] for t in scored] == [[getattr(t, f) for f in fields] for t in one_call]
 
 
+@pytest.mark.slow
+def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_every_step(tmp_path):
+    """The prompt messages a teacher of another tokenizer renders are those of the sample the trajectory
+    was generated from, at every step: the synchronous loop numbers each step's groups from 0, and
+    looking the prompt up by group gave every later step the first step's questions (issue 84: from
+    step 2 on the teacher scored the student's answers to other questions)."""
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.data.batches import StepBatches, open_batches
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.prepare import sample_conversation
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.start import start_roles
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
+                                "rollout.max_new_tokens=2", "rollout.max_response_tokens=4", "data.batch_size=2"])
+    run = resolve_run(config, "train")
+
+    async def two_steps():
+        roles = await start_roles(run)
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0)
+        assert isinstance(stream, StepBatches)
+        try:
+            return [t for step in range(2) for t in (await stream.next(step)).trajectories], roles.tokenizer
+        finally:
+            await stream.close()
+            await roles.close()
+
+    trajs, tok = asyncio.run(two_steps())
+    conversation = sample_conversation(run)
+    assert {t.group for t in trajs} == {0, 1} and len({t.sample_index for t in trajs}) == 4
+    for t in trajs:
+        question = conversation(t)[-1]["content"]
+        assert question in tok.decode(t.prompt_ids)
+
+
 # -- the teacher's top-k: the forward KL and vOPD's baseline -----------------------------------------
 
 TOPK = AlgorithmConfig(advantage="opd", advantage_options={"top_k": 6}, loss="topk_forward_kl",
