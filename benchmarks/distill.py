@@ -32,7 +32,10 @@ With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top
 and plain opd: ``..., vopd/opd: X.XX``.
 
 ``--gemma`` runs only the issue's pair across tokenizers: Gemma 3 270M, prompted, teaches
-SmolLM2-135M-Instruct the quickstart's calculator task; last line ``cross-tokenizer: before N/64 → after M/64``.
+SmolLM2-135M-Instruct the quickstart's calculator task (``opd``, ``reward_weight`` 0), beside GRPO alone on
+the reward; held-out success (64 problems, greedy) every ``--eval-every`` (4) steps of each arm. Last
+lines: ``cross-tokenizer: before A/64 → after B/64 (min over steps C/64)`` and ``cross-tokenizer tokens to
+B/64, opd/grpo: X.XX`` (the trained tokens each arm took to first reach the opd arm's final success).
 
 ``--overlap`` measures only where the teacher's time goes (``teacher_s`` against ``teacher_wait_s``: what
 of it the steps still waited for), the teacher scoring each group as it is generated.
