@@ -192,7 +192,7 @@ def gemma_arm(out: Path, yaml: str, extra: Sequence[str], args: argparse.Namespa
 def overlap(args: argparse.Namespace) -> int:
     """Where the teachers' time goes: ``--steps`` steps of pure distillation, SmolLM2-135M-Instruct (another
     tokenizer, a teacher ~20× the student) scoring the peaked tiny Qwen3's groups as they are generated.
-    Per step: the teachers' time (``teacher_s``, in their thread) and what of it the step still waited for
+    Per step: the teachers' time (``teacher_s``) and what of it the step still waited for
     (``teacher_wait_s``: all of it when a step's batch was scored in one call after it was generated)."""
     from toolrl.model_sources import smollm2_135m
 

@@ -5,10 +5,19 @@ loads."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
+import torch
 from _dists import load_plugin
 from test_config_errors import invoke, one_error_line, write_config
+from toolrl.algorithms import build_estimator
+from toolrl.config import Config
+from toolrl.model_sources import load_tokenizer, tiny_qwen3
+from toolrl.rollout.teacher import open_teachers
+from toolrl.training.step import token_advantages
+from toolrl.trajectory import Trajectory
 
 SCORER = '''
 from toolrl import hookimpl
@@ -65,12 +74,35 @@ def distil_from(tmp_path, engine: str, **options):
                         algorithm={"advantage": "opd", "teacher": teacher})
 
 
-def test_an_engine_plugin_teaches_and_its_logprobs_reach_the_advantages(tmp_path, monkeypatch, toolrl_reload_plugins):
+def test_an_engine_plugin_scores_as_a_teacher_built_as_the_run_builds_it(tmp_path, monkeypatch, toolrl_reload_plugins):
+    """Its log-probs of the sampled tokens (none at a tool result's), and opd's advantages from them."""
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-scorer", "scorer", "scorer_engine", SCORER)
+    config = Config(env="arithmetic", algorithm={"advantage": "opd", "teacher": {
+        "engine": "token_scorer", "model": "tiny-qwen3", "options": {"step": 0.5}}})
+    trajs = [Trajectory(trajectory_id=f"t{k}", sample_index=0, group=0, prompt_ids=[11, 12, 13], reward=0.0,
+                        response_ids=[20 + k, 31, 32, 43 + k], response_mask=[1, 0, 0, 1], logprobs=[-1.0, 0.0, 0.0, -2.0])
+             for k in range(2)]
+
+    async def scored() -> None:
+        teachers = await open_teachers(config, load_tokenizer(tiny_qwen3()), "algorithm.teacher")
+        await teachers.score(trajs)
+        await teachers.close()
+
+    asyncio.run(scored())
+    assert [t.teacher_logprobs for t in trajs] == [[-0.0, 0.0, 0.0, -1.5], [-0.5, 0.0, 0.0, -2.0]]
+    grid = token_advantages(trajs, build_estimator(config.algorithm), 8, config.algorithm)
+    assert torch.equal(grid, torch.tensor([[1.0, 0.0, 0.0, 0.5], [0.5, 0.0, 0.0, 0.0]]))
+
+
+@pytest.mark.slow
+def test_an_engine_plugin_teaches_a_training_run(tmp_path, monkeypatch, toolrl_reload_plugins):
+    """``toolrl train`` with the plugin as teacher: every trace's teacher log-probs are its, and the step's
+    advantages the teacher's less the engine's."""
     load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-scorer", "scorer", "scorer_engine", SCORER)
     result = invoke("train", str(distil_from(tmp_path, "token_scorer", step=0.5)))
     assert result.exit_code == 0, result.stderr
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["teacher_s"] >= 0.0
+    assert "teacher_s" in row and "teacher_wait_s" in row
     traces = [json.loads(line) for line in (tmp_path / "run" / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4
     for t in traces:

@@ -141,7 +141,7 @@ def check_teacher(facts: RunFacts, teacher: TeacherConfig, where: str, top: int)
         return warnings
     if top:
         raise ConfigError(f"{where}.model: its tokenizer is not the student's, so its likeliest tokens are not the "
-                          f"student's tokens: opd's top_k={top} needs the student's tokenizer")
+                          f"student's tokens: algorithm.advantage_options top_k={top} needs the student's tokenizer")
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"{where}.model: another tokenizer than the student's, and not a fast one: its tokens' "
                           "character offsets, which align it with the student's, are unknown")
