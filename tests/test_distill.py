@@ -210,6 +210,48 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     assert sum(t.teacher_logprobs[:len(first)]) != pytest.approx(direct, abs=1e-2)
 
 
+@pytest.fixture(scope="module")
+def smollm2_that_never_ends(smollm2, tmp_path_factory):
+    """SmolLM2-135M-Instruct whose output row of its end of turn is turned around (its input embedding
+    kept): a model of another tokenizer that has not learnt to end a turn, as a base model has not."""
+    out = tmp_path_factory.mktemp("never-ends")
+    model, tok = load_model(smollm2), load_tokenizer(smollm2)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    model.config.tie_word_embeddings = False
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(model.get_input_embeddings().weight)
+        head.weight[end] *= -3.0
+    model.lm_head = head
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.slow
+def test_a_teacher_that_never_ends_a_turn_leaves_the_students_end_of_turn_alone(
+        smollm2, smollm2_that_never_ends, tiny_qwen3_path):
+    """A teacher of another tokenizer gives the student's end of turn its own end of turn's log-prob only
+    where it has learnt it (a probe turn of its template, above a uniform guess): issue 84's base Gemma
+    gave it -13.9 (-13.7 of advantage on every turn the student ended, its other tokens summing to -1), and
+    the student stopped ending its turns. Elsewhere the student's own log-prob: advantage 0 there."""
+    student = load_tokenizer(tiny_qwen3_path)
+    prompt = student.encode("<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n")
+    answer = student.encode("The answer is 42.")
+    response = [*answer, student.convert_tokens_to_ids("<|im_end|>")]
+    logprobs = [-0.5] * len(response)
+    for model, learnt in ((smollm2, True), (smollm2_that_never_ends, False)):
+        t = Trajectory(trajectory_id="x", sample_index=0, group=0, prompt_ids=prompt, response_ids=response,
+                       response_mask=[1] * len(response), logprobs=logprobs)
+        scorer = teacher(student, model=model)
+        assert scorer.ends_turns is learnt
+        asyncio.run(scorer.score([t]))
+        assert all(v < 0 for v in t.teacher_logprobs[:-1])
+        assert (t.teacher_logprobs[-1] == logprobs[-1]) is not learnt
+        advantage = token_advantages([t], build_estimator(OPD), len(response), OPD)[0, -1].item()
+        assert (advantage == 0.0) is not learnt
+
+
 # -- settings refused before any model loads --------------------------------------------------------
 
 
@@ -368,6 +410,44 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
     if one_call is not None:
         fields = ("trajectory_id", "group", "prompt_ids", "response_ids", "response_mask", "logprobs", "reward")
         assert [[getattr(t, f) for f in fields] for t in scored] == [[getattr(t, f) for f in fields] for t in one_call]
+
+
+@pytest.mark.slow
+def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_every_step(tmp_path):
+    """The prompt messages a teacher of another tokenizer renders are those of the sample the trajectory
+    was generated from, at every step: the synchronous loop numbers each step's groups from 0, and
+    looking the prompt up by group gave every later step the first step's questions (issue 84: from
+    step 2 on the teacher scored the student's answers to other questions)."""
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.data.batches import StepBatches, open_batches
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.prepare import sample_conversation
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.start import start_roles
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
+                                "rollout.max_new_tokens=2", "rollout.max_response_tokens=4", "data.batch_size=2"])
+    run = resolve_run(config, "train")
+
+    async def two_steps():
+        roles = await start_roles(run)
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0)
+        assert isinstance(stream, StepBatches)
+        try:
+            return [t for step in range(2) for t in (await stream.next(step)).trajectories], roles.tokenizer
+        finally:
+            await stream.close()
+            await roles.close()
+
+    trajs, tok = asyncio.run(two_steps())
+    conversation = sample_conversation(run)
+    assert {t.group for t in trajs} == {0, 1} and len({t.sample_index for t in trajs}) == 4
+    for t in trajs:
+        question = conversation(t)[-1]["content"]
+        assert question in tok.decode(t.prompt_ids)
 
 
 # -- the teacher's top-k: the forward KL and vOPD's baseline -----------------------------------------

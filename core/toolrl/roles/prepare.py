@@ -12,7 +12,7 @@ from typing import Any
 
 from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where
-from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
+from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
@@ -81,14 +81,17 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
 
 
 def sample_conversation(run: ResolvedRun) -> Conversation:
-    """A trajectory's prompt messages: its group's sample (a pure function of the group,
-    :func:`toolrl.data.batches.prompt_for_group`); none for a forked piece, whose prompt holds later turns."""
-    seed, shuffle = run.config.trainer.seed, run.config.data.shuffle
+    """A trajectory's prompt messages: those of the sample it was generated from, found by its environment
+    and sample index (not by its group: the synchronous loop numbers a step's groups from 0, the stream
+    numbers them through the data); none for a forked piece, whose prompt holds later turns, nor where
+    two different prompts share an index."""
+    by_sample: dict[tuple[str | None, int], list[dict[str, Any]] | None] = {}
+    for sample in run.samples:
+        key, messages = (sample.env, sample.index or 0), [m.to_template() for m in sample.prompt]
+        by_sample[key] = messages if by_sample.get(key, messages) == messages else None
 
     def conversation(t: Trajectory) -> list[dict[str, Any]] | None:
-        if t.piece:
-            return None
-        return [m.to_template() for m in prompt_for_group(run.samples, t.group, seed, shuffle).prompt]
+        return None if t.piece else by_sample.get((t.env, t.sample_index))
 
     return conversation
 

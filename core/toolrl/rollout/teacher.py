@@ -10,7 +10,9 @@ sequence: the tool results and template tokens are its context, only the tokens 
 (``response_mask`` 1) get a log-prob (0.0 elsewhere).
 
 A teacher with the student's tokenizer scores the student's own token ids; one with another scores
-the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). With ``top`` (opd's
+the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). The student's end of turn is scored as
+the teacher's own end of turn where the teacher has learnt it (:func:`ends_turns`, measured as it opens);
+elsewhere it keeps the student's log-prob, so the teacher's term there is 0. With ``top`` (opd's
 ``advantage_options.top_k``, same tokenizer only) it also gives, at each sampled position, its ``top``
 likeliest tokens and their log-probs (``teacher_top_ids`` / ``teacher_top_logprobs``). Everything that
 would make a teacher fail is checked before any model loads (:func:`check_teachers`); each teacher
@@ -19,6 +21,7 @@ scores a probe prompt once built (:func:`open_teachers`), before the student's r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,15 +76,26 @@ def special_ids(tokenizer: Any) -> set[int]:
     return set(tokenizer.all_special_ids) | {int(i) for i, token in added.items() if getattr(token, "special", False)}
 
 
+# A conversation the teacher's template renders to find, and to measure, how it ends an assistant turn.
+PROBE_TURN = [{"role": "user", "content": "Probe 4419?"}, {"role": "assistant", "content": "Probe answer 4419."}]
+
+
+def probe_turn(tokenizer: Any) -> tuple[str, str]:
+    """:data:`PROBE_TURN` rendered by the teacher's template: the text up to the end of the answer, and what
+    the template puts after it (("", "") without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "", ""
+    marker = PROBE_TURN[-1]["content"]
+    before, _, after = tokenizer.apply_chat_template(PROBE_TURN, tokenize=False).rpartition(marker)
+    return before + marker, after
+
+
 def end_of_turn(tokenizer: Any) -> int:
     """The token the teacher's template ends an assistant turn with: the first token after the turn's
     text in a probe conversation (the tokenizer's eos without a template)."""
     if not getattr(tokenizer, "chat_template", None):
         return int(tokenizer.eos_token_id)
-    marker = "Probe answer 4419."
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Probe 4419?"},
-                                          {"role": "assistant", "content": marker}], tokenize=False)
-    after = text.rpartition(marker)[2]
+    after = probe_turn(tokenizer)[1]
     ids = tokenizer(after, add_special_tokens=False)["input_ids"]
     special = [i for i in ids if i in special_ids(tokenizer)]
     if not special:
@@ -150,6 +164,9 @@ class Teacher:
         self.same = same_tokenizer(tokenizer, student_tokenizer)
         self.student = student_tokenizer
         self.end = None if self.same else end_of_turn(tokenizer)
+        # Whether the teacher has learnt to end a turn with ``end`` (:func:`ends_turns`, measured when it
+        # opens): a teacher that has not gives the student's end of turn no term of its own.
+        self.ends_turns = True
 
     async def logprobs(self, sequences: Sequence[tuple[list[int], int]], top: int = 0) -> list[Scores]:
         """The log-prob of each (ids, first)'s ``ids[first:]`` given the ids before it, and its ``top``
@@ -193,6 +210,9 @@ class Teacher:
             for start, js, spans, ends in scored:
                 for k, v in enumerate(spread(ends, spans, [lp[j - first] for j in js])):
                     out[start + k] = v
+            if not self.ends_turns:  # its end-of-turn score is noise: the student's own, advantage 0 there
+                for k in self.turn_ends(t):
+                    out[k] = t.logprobs[k]
             t.teacher_logprobs = out
 
     def across(self, t: Trajectory, messages: list[dict[str, Any]] | None = None) -> tuple[list[int], Scored]:
@@ -230,6 +250,13 @@ class Teacher:
                     scored.append((piece.start + k, [len(ids)], [(0, 1)], [1]))
                     ids.append(self.end)
         return ids, scored
+
+    def turn_ends(self, t: Trajectory) -> list[int]:
+        """The sampled positions of the student's special tokens (its end of turn), scored as the teacher's
+        end of turn by :meth:`across`."""
+        special = special_ids(self.student)
+        return [k for k, (token, m) in enumerate(zip(t.response_ids, t.response_mask, strict=True))
+                if m and token in special]
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -276,10 +303,24 @@ async def open_teachers(config: Config, student_tokenizer: Any, where: str, conv
             except ConfigError as exc:
                 raise ConfigError(f"{named}: {exc}") from None
             await _probe(teachers[-1], named, top)
+            if not teachers[-1].same:
+                teachers[-1].ends_turns = await ends_turns(teachers[-1])
     except BaseException:
         await Teachers([], teachers).close()
         raise
     return Teachers(config.algorithm.teachers, teachers, conversation, top)
+
+
+async def ends_turns(teacher: Teacher) -> bool:
+    """Whether a teacher of another tokenizer has learnt its template's end of turn: its log-prob of it after
+    an answer in a turn its template renders (:data:`PROBE_TURN`) is above a guess uniform over its
+    vocabulary. Measured (issue 84): a base model's is far below (Gemma 3 270M: -21.3, against log 1/262,144
+    = -12.5; in the calculator task's own context -13.9 on the student's end of turn, where its likeliest
+    tokens were unrelated words at -3.3), an instruct model's is not (SmolLM2-135M-Instruct: -1.0)."""
+    text = probe_turn(teacher.tokenizer)[0] or PROBE_TURN[-1]["content"]
+    ids = [*teacher._encode(text), teacher.end]
+    (lp, _), = await teacher.logprobs([(ids, len(ids) - 1)])
+    return lp[-1] > -math.log(len(teacher.tokenizer))
 
 
 async def _probe(teacher: Teacher, named: str, top: int) -> None:
