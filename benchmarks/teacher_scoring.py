@@ -22,7 +22,6 @@ from _common import machine, median, single_thread
 
 async def measure(args: argparse.Namespace) -> float:
     import torch
-
     from toolrl.engines import ModelSource
     from toolrl.engines.transformers import TransformersEngine
     from toolrl.model_sources import tiny_qwen3
