@@ -39,6 +39,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolrl.agent_roles import frozen_roles, trains
 from toolrl.config import Config
 from toolrl.data.batches import (
     AHEAD,
@@ -192,7 +193,7 @@ async def train(prepared: Prepared) -> None:
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
                     row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(
-                        [t for t in batch.trajectories if t.role not in config.frozen_roles])}
+                        [t for t in batch.trajectories if trains(t, frozen_roles(config))])}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)

@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from toolrl.agent_roles import check_engine_serves, trained_roles
 from toolrl.algorithms.rules import check_algorithm, with_critic
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data import check_data_files
@@ -61,12 +62,10 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
         raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
                           "weights it is not sent; "
                           f"the {config.engine.name} engine loads whole updates: use full")
+    check_engine_serves(config, engine_cls)
     adapters = config.model.adapters
-    if adapters is not None and not engine_cls.loads_adapters:
-        raise ConfigError(f"{field_where(config, 'model.adapters')}: several policies need an engine that serves "
-                          f"LoRA adapters (transformers, vllm); the {config.engine.name} engine takes whole weights")
     if adapters is not None and purpose == "train":
-        sync = SyncPlan(adapters=True, delta=True, policies=tuple(n for n, a in adapters.items() if not a.frozen))
+        sync = SyncPlan(adapters=True, delta=True, policies=trained_roles(adapters))
     else:
         sync = SyncPlan(adapters=(config.model.lora is not None or adapters is not None) and engine_cls.loads_adapters,
                         delta=delta)

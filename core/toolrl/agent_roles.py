@@ -1,0 +1,98 @@
+"""An agent's roles, decided in one place. A run's roles (``Config.roles``: ``rollout.roles``, or
+``model.adapters``' names, one policy each) are the names its turns act under: each trajectory piece
+holds one (``Trajectory.role``). Here: which role a data row starts with (:func:`first_role`), the
+adapter a role's turns sample with (:func:`adapter_keyword`), which roles train (:func:`trained_roles`,
+:func:`trains`), whether the engine can serve an adapter per role (:func:`check_engine_serves`), and the
+run check of the roles the run's parts and rows name (:func:`check_roles`, :func:`check_sample_roles`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from toolrl.config import AdapterConfig, Config, ConfigError, field_where
+
+if TYPE_CHECKING:
+    from toolrl.agents import AgentOptions
+    from toolrl.plugins.parts import RunFacts
+    from toolrl.schemas import Sample
+    from toolrl.sessions import SessionKind
+    from toolrl.trajectory import Trajectory
+
+
+def first_role(sample: Sample, roles: Sequence[str]) -> str | None:
+    """The role acting first on ``sample`` in a run with ``roles``: the one its row names
+    (``extra_info.role``), else the first; None in a run with none. It takes the first turn in toolrl's
+    own loop (until the session names another) and is the model an agent program is given."""
+    named = sample.extra_info.get("role")
+    return ((named if isinstance(named, str) else None) or roles[0]) if roles else None
+
+
+def adapter_keyword(role: str | None, adapters: bool) -> dict[str, str | None]:
+    """What an engine's ``generate`` is given for a turn of ``role``: its adapter under ``model.adapters``
+    (``adapters``), nothing otherwise (an engine without adapters takes no such keyword)."""
+    return {"adapter": role} if adapters else {}
+
+
+def trained_roles(adapters: Mapping[str, AdapterConfig]) -> tuple[str, ...]:
+    """The roles whose adapter trains (``model.adapters`` without the frozen ones), in its order."""
+    return tuple(role for role, adapter in adapters.items() if not adapter.frozen)
+
+
+def frozen_roles(config: Config) -> tuple[str, ...]:
+    """The roles whose policy is a frozen adapter (``model.adapters``): they act, their pieces never train."""
+    return tuple(role for role, adapter in (config.model.adapters or {}).items() if adapter.frozen)
+
+
+def trains(traj: Trajectory, frozen: Sequence[str]) -> bool:
+    """Whether ``traj``'s role trains (it is not among ``frozen``: :func:`frozen_roles`)."""
+    return traj.role not in frozen
+
+
+def check_engine_serves(config: Config, engine_cls: Any) -> None:
+    """Several policies (``model.adapters``) need an engine that serves LoRA adapters
+    (``RolloutEngine.loads_adapters``: the transformers and vLLM engines): one line otherwise."""
+    if config.model.adapters is not None and not engine_cls.loads_adapters:
+        raise ConfigError(f"{field_where(config, 'model.adapters')}: several policies need an engine that serves "
+                          f"LoRA adapters (transformers, vllm); the {config.engine.name} engine serves none")
+
+
+def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, AgentOptions | None]],
+                estimator: Any) -> None:
+    """Every role the run's parts give turns to is one of the run's: each route's session kind's
+    ``roles`` (what its ``role()`` returns) and the model its agent program is given (``rollout.agent.model``,
+    when set); ``routes``: each route's session kind and agent options. Roles in one policy
+    (``rollout.roles``) are there for each role's own baseline within its group, which only a
+    group-relative ``estimator`` has."""
+    config = facts.config
+    roles = config.roles
+    among = _among(roles)
+    for kind, options in routes:
+        missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
+        if kind is not None and missing:
+            raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
+                              f"which is not among {among}")
+        if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
+            raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
+                              f"{options.model!r}, which is not among {among}: in a run with roles the "
+                              "models served are its roles")
+    if config.rollout.roles and estimator is not None and not estimator.group_relative:
+        raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
+                          f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
+                          "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
+                          "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
+
+
+def check_sample_roles(config: Config, samples: Iterable[tuple[str, Sample]]) -> None:
+    """A data row that names the role acting first (``extra_info.role``) names one of the run's roles;
+    ``samples``: each with where it was read."""
+    for origin, sample in samples:
+        role = sample.extra_info.get("role")
+        if "role" in sample.extra_info and (not isinstance(role, str) or role not in config.roles):
+            raise ConfigError(f"{origin}: extra_info.role: {role!r} is not among {_among(config.roles)}")
+
+
+def _among(roles: Sequence[str]) -> str:
+    """The run's roles as the refusals of a role name them."""
+    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
