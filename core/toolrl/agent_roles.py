@@ -1,9 +1,7 @@
 """An agent's roles, decided in one place. A run's roles (``Config.roles``: ``rollout.roles``, or
-``model.adapters``' names, one policy each) are the names its turns act under: each trajectory piece
-holds one (``Trajectory.role``). Here: which role a data row starts with (:func:`first_role`), the
-adapter a role's turns sample with (:func:`adapter_keyword`), which roles train (:func:`trained_roles`,
-:func:`trains`), whether the engine can serve an adapter per role (:func:`check_engine_serves`), and the
-run check of the roles the run's parts and rows name (:func:`check_roles`, :func:`check_sample_roles`).
+``model.adapters``' names, a policy each) are what its turns act as; each trajectory piece holds one
+(``Trajectory.role``). Here: the role a row starts with, the adapter a turn samples with, which roles
+train, whether the engine serves an adapter per role, and the run check of the roles parts and rows name.
 """
 
 from __future__ import annotations
@@ -22,16 +20,15 @@ if TYPE_CHECKING:
 
 
 def first_role(sample: Sample, roles: Sequence[str]) -> str | None:
-    """The role acting first on ``sample`` in a run with ``roles``: the one its row names
-    (``extra_info.role``), else the first; None in a run with none. It takes the first turn in toolrl's
-    own loop (until the session names another) and is the model an agent program is given."""
+    """The role acting first on ``sample`` (the first turn in toolrl's loop, the model an agent program is
+    given): the one its row names (``extra_info.role``), else the run's first; None in a run with none."""
     named = sample.extra_info.get("role")
     return ((named if isinstance(named, str) else None) or roles[0]) if roles else None
 
 
 def adapter_keyword(role: str | None, adapters: bool) -> dict[str, str | None]:
-    """What an engine's ``generate`` is given for a turn of ``role``: its adapter under ``model.adapters``
-    (``adapters``), nothing otherwise (an engine without adapters takes no such keyword)."""
+    """``generate``'s keyword for a turn of ``role``: its adapter under ``model.adapters`` (``adapters``),
+    none otherwise (an engine without adapters takes no such keyword)."""
     return {"adapter": role} if adapters else {}
 
 
@@ -46,7 +43,7 @@ def frozen_roles(config: Config) -> tuple[str, ...]:
 
 
 def trains(traj: Trajectory, frozen: Sequence[str]) -> bool:
-    """Whether ``traj``'s role trains (it is not among ``frozen``: :func:`frozen_roles`)."""
+    """Whether ``traj``'s role trains: it is not among ``frozen`` (:func:`frozen_roles`)."""
     return traj.role not in frozen
 
 
@@ -60,11 +57,10 @@ def check_engine_serves(config: Config, engine_cls: Any) -> None:
 
 def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, AgentOptions | None]],
                 estimator: Any) -> None:
-    """Every role the run's parts give turns to is one of the run's: each route's session kind's
-    ``roles`` (what its ``role()`` returns) and the model its agent program is given (``rollout.agent.model``,
-    when set); ``routes``: each route's session kind and agent options. Roles in one policy
-    (``rollout.roles``) are there for each role's own baseline within its group, which only a
-    group-relative ``estimator`` has."""
+    """Every role the run's parts give turns to is one of the run's: each route's (``routes``: its session
+    kind and agent options) session kind's ``roles`` and its agent program's ``rollout.agent.model``, when
+    set. Roles in one policy (``rollout.roles``) are there for each role's own baseline within its
+    group, which only a group-relative ``estimator`` has."""
     config = facts.config
     roles = config.roles
     among = _among(roles)
@@ -85,8 +81,7 @@ def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, Agen
 
 
 def check_sample_roles(config: Config, samples: Iterable[tuple[str, Sample]]) -> None:
-    """A data row that names the role acting first (``extra_info.role``) names one of the run's roles;
-    ``samples``: each with where it was read."""
+    """A data row (``samples``: each with where it was read) names one of the run's roles, if any."""
     for origin, sample in samples:
         role = sample.extra_info.get("role")
         if "role" in sample.extra_info and (not isinstance(role, str) or role not in config.roles):

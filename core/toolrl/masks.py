@@ -18,6 +18,14 @@ def sliding_window(config: Any) -> tuple[int | None, bool]:
     return (window if "sliding_attention" in layer_types or not layer_types else None), bool(layer_types)
 
 
+def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Which token of a sequence sees which, by their positions in it: the one rule of every mask and
+    attention path (a key at or before the query; under a sliding ``window``, key position > query
+    position - window, transformers' window)."""
+    seen = key_pos <= query_pos
+    return seen if window is None else seen & (key_pos > query_pos - window)
+
+
 def by_layer_type(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, config: Any,
                   dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
     """``allowed`` (bool, [..., q, k]: causal by position) as additive masks, the sliding layers' also
@@ -26,7 +34,7 @@ def by_layer_type(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch
     window, by_type = sliding_window(config)
     masks = {"full_attention": allowed}
     if window is not None:
-        masks["sliding_attention"] = allowed & (key_pos > query_pos - window)
+        masks["sliding_attention"] = allowed & visible(query_pos, key_pos, window)
     additive = {}
     for name, m in masks.items():
         m = m | ~m.any(-1, keepdim=True)
