@@ -1,18 +1,19 @@
-"""An agent's roles, decided in one place. A run's roles (``Config.roles``: ``rollout.roles``, or
-``model.adapters``' names, a policy each) are what its turns act as; each trajectory piece holds one
-(``Trajectory.role``). Here: the role a row starts with, the adapter a turn samples with, which roles
-train, whether the engine serves an adapter per role, and the run check of the roles parts and rows name.
+"""An agent's roles (``Config.roles``: ``rollout.roles``, or ``model.adapters``' names, a policy each; one
+per trajectory piece, ``Trajectory.role``), decided in one place: the role a row starts with, the adapter a
+turn samples with, which roles train, whether the engine serves adapters, the run check of roles named.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from toolrl.config import AdapterConfig, Config, ConfigError, field_where
 
 if TYPE_CHECKING:
     from toolrl.agents import AgentOptions
+    from toolrl.algorithms import AdvantageEstimator
+    from toolrl.engines import RolloutEngine
     from toolrl.plugins.parts import RunFacts
     from toolrl.schemas import Sample
     from toolrl.sessions import SessionKind
@@ -47,7 +48,7 @@ def trains(traj: Trajectory, frozen: Sequence[str]) -> bool:
     return traj.role not in frozen
 
 
-def check_engine_serves(config: Config, engine_cls: Any) -> None:
+def check_engine_serves(config: Config, engine_cls: type[RolloutEngine]) -> None:
     """Several policies (``model.adapters``) need an engine that serves LoRA adapters
     (``RolloutEngine.loads_adapters``: the transformers and vLLM engines): one line otherwise."""
     if config.model.adapters is not None and not engine_cls.loads_adapters:
@@ -56,22 +57,21 @@ def check_engine_serves(config: Config, engine_cls: Any) -> None:
 
 
 def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, AgentOptions | None]],
-                estimator: Any) -> None:
+                estimator: AdvantageEstimator | None) -> None:
     """Every role the run's parts give turns to is one of the run's: each route's (``routes``: its session
     kind and agent options) session kind's ``roles`` and its agent program's ``rollout.agent.model``, when
     set. Roles in one policy (``rollout.roles``) are there for each role's own baseline within its
     group, which only a group-relative ``estimator`` has."""
     config = facts.config
     roles = config.roles
-    among = _among(roles)
     for kind, options in routes:
         missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
         if kind is not None and missing:
             raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
-                              f"which is not among {among}")
+                              f"which is not among {_among(roles)}")
         if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
             raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
-                              f"{options.model!r}, which is not among {among}: in a run with roles the "
+                              f"{options.model!r}, which is not among {_among(roles)}: in a run with roles the "
                               "models served are its roles")
     if config.rollout.roles and estimator is not None and not estimator.group_relative:
         raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
@@ -80,12 +80,13 @@ def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, Agen
                           "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
 
 
-def check_sample_roles(config: Config, samples: Iterable[tuple[str, Sample]]) -> None:
-    """A data row (``samples``: each with where it was read) names one of the run's roles, if any."""
-    for origin, sample in samples:
-        role = sample.extra_info.get("role")
-        if "role" in sample.extra_info and (not isinstance(role, str) or role not in config.roles):
-            raise ConfigError(f"{origin}: extra_info.role: {role!r} is not among {_among(config.roles)}")
+def check_row_role(config: Config, where: str, role: object, named: bool, piece: bool = False) -> None:
+    """A data row's role (``where``: its field as errors name it) is one of the run's when the row names
+    one (``named``) or is a recorded ``piece`` under ``model.adapters``, which trains its role's adapter."""
+    adapters = piece and config.model.adapters is not None
+    if (named or adapters) and role not in config.roles:
+        trained = ": each row trains its role's adapter" if adapters else ""
+        raise ConfigError(f"{where}: {role!r} is not among {_among(config.roles)}{trained}")
 
 
 def _among(roles: Sequence[str]) -> str:

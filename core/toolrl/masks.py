@@ -1,6 +1,6 @@
 """Additive attention masks handed to a model as prepared 4-D masks, one per layer type: what the
 engine and the trainer give models whose sliding-window layers see only the ``sliding_window``
-positions before each token (transformers' window: key position > query position - window)."""
+positions before each token; :func:`visible`, the one rule of which token sees which."""
 
 from __future__ import annotations
 
@@ -19,9 +19,8 @@ def sliding_window(config: Any) -> tuple[int | None, bool]:
 
 
 def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Which token of a sequence sees which, by their positions in it: the one rule of every mask and
-    attention path (a key at or before the query; under a sliding ``window``, key position > query
-    position - window, transformers' window)."""
+    """The one rule of which token sees which, by positions in their sequence: a key at or before the
+    query and, under a sliding ``window``, key position > query position - window (transformers')."""
     seen = key_pos <= query_pos
     return seen if window is None else seen & (key_pos > query_pos - window)
 

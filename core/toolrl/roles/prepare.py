@@ -1,7 +1,7 @@
 """What happens before step 1 of ``toolrl train``, top to bottom: :func:`prepare_training` is the
 ordered list, each step one call into the module that owns it, with the reason it stands where it
 does. Checks come first and cost least (nothing loaded, nothing written); every model loads after
-every check; the run's directory is first written after the roles are up and the weights in place.
+every check; the run's directory is first written after the processes are up and the weights in place.
 docs/architecture.md ("Before step 1") walks the same list."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     # A served teacher is asked once before any weights load: a server that cannot score ends the run here.
     top = opd_options(config.algorithm).top_k  # each position's likeliest tokens, asked of every teacher
     check_served_teachers(config.algorithm.teachers, config.base_dir, field_where(config, "algorithm.teacher"), top)
-    # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
+    # The processes placed, each building its parts where it runs (tools, the policy's weights, engines):
     # in this process, or as Ray actors.
     roles = await start_roles(run, inputs=checked.inputs)
     try:

@@ -1,7 +1,7 @@
 """The run check: what each setting means for this model and these prompts, checked before any weights
 load. :func:`check_model_inputs` is its entry: the tokenizer, the processor (a vision-language
 model's), the model family's renderer (its tokens in the tokenizer, its template), :func:`check_run`
-and every prompt against the model's context; the controller checks them once and the roles it
+and every prompt against the model's context; the controller checks them once and the processes it
 builds in this process reuse what it loaded (:class:`ModelInputs`). :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
 tokenizer, the chat template's renderer) and asks every part the run resolved (the engine class, each
 route's parser and context policy, the weight transport, the advantage estimator and the policy loss)
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
-from toolrl.agent_roles import check_roles, check_sample_roles, trained_roles
+from toolrl.agent_roles import check_roles, check_row_role, trained_roles
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.data import origin_of
 from toolrl.engines.build import engine_options, engine_processor
@@ -276,7 +276,9 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     report(check_run(config, parts, path, tokenizer, factory))
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
-    check_sample_roles(config, ((origin_of(s, f"the prompts sample {i}"), s) for i, s in enumerate(prompts, 1)))
+    for i, s in enumerate(prompts, 1):  # the role acting first, when a row names one
+        check_row_role(config, f"{origin_of(s, f'the prompts sample {i}')}: extra_info.role", s.extra_info.get("role"),
+                       "role" in s.extra_info)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

@@ -21,17 +21,14 @@ Attention over the packed row:
 - anything else (flex, kernel packages): transformers' own packed-sequence detection from
   ``position_ids`` (a block-diagonal mask).
 
-Sliding-window layers (Gemma 3, gpt-oss, Mistral and Qwen models that set one) keep their window
-under sdpa and eager: a sequence's tokens see only the ``sliding_window`` positions before them, as
-unpacked.
+Under sdpa and eager every token sees what it saw unpacked, by one rule (:func:`toolrl.masks.visible`),
+sliding windows (Gemma 3, gpt-oss, Mistral and Qwen models that set one) included.
 
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
 once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
-keys are its ancestors' rows and its own (context fully, itself causally: sdpa's lower-right causal
-bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
-costs each continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's,
-for its sinks) the row's mask is the tree's (each token sees its own sequence's earlier tokens), so
-its quadratic cost is over the tree's tokens, not the unshared ones. Other attention implementations
+keys are its ancestors' rows and its own (:func:`_span_attention`), so attention costs each
+continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's, for its
+sinks) the row's mask is the tree's, so its quadratic cost is over the tree's tokens. Other attention implementations
 (flash, flex: no dense mask) run the unshared row rebuilt from the tree (``expand``) and read the
 tree's hidden states back from it, with a warning once per implementation: the same values and
 gradients, no saving.
