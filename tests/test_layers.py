@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                     "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy")),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
-               "families", "renderers", "sessions", "context", "transports", "agents", "fleet")),
+               "families", "renderers", "sessions", "context", "transports", "agents", "fleet", "agent_roles")),
     ("loop and step", ("data", "rollout", "training", "gateway")),
     ("roles", ("roles",)),
     ("entry points", ("cli", "__main__", "testing", "plugin_support")),

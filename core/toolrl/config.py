@@ -737,11 +737,6 @@ class Config(Section):
         """The run's roles: ``model.adapters``' names, else ``rollout.roles``; empty: a run with no roles."""
         return list(self.model.adapters or self.rollout.roles or [])
 
-    @property
-    def frozen_roles(self) -> tuple[str, ...]:
-        """The roles whose policy is a frozen adapter (``model.adapters``): they act, their pieces never train."""
-        return tuple(role for role, adapter in (self.model.adapters or {}).items() if adapter.frozen)
-
     @model_validator(mode="after")
     def _step_fits(self) -> Config:
         per_step = self.data.batch_size * self.rollout.n

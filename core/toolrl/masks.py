@@ -1,6 +1,6 @@
 """Additive attention masks handed to a model as prepared 4-D masks, one per layer type: what the
 engine and the trainer give models whose sliding-window layers see only the ``sliding_window``
-positions before each token (transformers' window: key position > query position - window)."""
+positions before each token; :func:`visible`, the one rule of which token sees which."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ def sliding_window(config: Any) -> tuple[int | None, bool]:
     return (window if "sliding_attention" in layer_types or not layer_types else None), bool(layer_types)
 
 
+def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """The one rule of which token sees which, by positions in their sequence: a key at or before the
+    query and, under a sliding ``window``, key position > query position - window (transformers')."""
+    seen = key_pos <= query_pos
+    return seen if window is None else seen & (key_pos > query_pos - window)
+
+
 def by_layer_type(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor, config: Any,
                   dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
     """``allowed`` (bool, [..., q, k]: causal by position) as additive masks, the sliding layers' also
@@ -26,7 +33,7 @@ def by_layer_type(allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch
     window, by_type = sliding_window(config)
     masks = {"full_attention": allowed}
     if window is not None:
-        masks["sliding_attention"] = allowed & (key_pos > query_pos - window)
+        masks["sliding_attention"] = allowed & visible(query_pos, key_pos, window)
     additive = {}
     for name, m in masks.items():
         m = m | ~m.any(-1, keepdim=True)

@@ -6,7 +6,7 @@ line naming the file and line), not tracebacks.
 
 A run directory is opened in one of three modes: ``new`` refuses a directory that already holds a
 run, ``resume`` continues the run there, ``overwrite`` replaces it. :meth:`RunDir.open` only checks;
-:meth:`RunDir.start` is the first write, made once the run is resolved and its roles are up, so a run
+:meth:`RunDir.start` is the first write, made once the run is resolved and its processes are up, so a run
 that fails before it starts leaves the directory exactly as it found it.
 
 A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
@@ -209,7 +209,7 @@ class RunDir:
         write_jsonl(self.traces(step), rows)
 
     def write_roles(self, placement: dict[str, Any]) -> None:
-        """``roles.json``: where each role runs."""
+        """``roles.json``: where each process runs."""
         (self.path / self.ROLES).write_text(json.dumps(placement, indent=2, default=str))
 
     def write_validation(self, step: int, rows: Sequence[dict[str, Any]]) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from toolrl.agent_roles import check_row_role
 from toolrl.config import Config, ConfigError, format_errors, resolve_path
 from toolrl.data import existing, read_rows
 from toolrl.rewards import scoring
@@ -98,16 +99,6 @@ def _score_all(config: Config, rewards: RewardFunctions, pending: list[tuple[Tra
             raise ConfigError(f"{origin}: reward: {traj.error}")
 
 
-def _check_role(config: Config, traj: Trajectory, origin: str) -> None:
-    """In a run with roles a row's ``role`` is one of them; under ``model.adapters`` every row has one (it
-    trains its role's adapter): before any weights load, not at the step that meets it."""
-    if config.roles and (traj.role is not None or config.model.adapters is not None) \
-            and traj.role not in config.roles:
-        trains = ": each row trains its role's adapter" if config.model.adapters is not None else ""
-        raise ConfigError(f"{origin}: role: {traj.role!r} is not among the run's roles ({', '.join(config.roles)})"
-                          f"{trains}")
-
-
 def load_groups(config: Config, rewards: list[tuple[str, float, Any]], vocab_size: int | None = None) -> list[Sample]:
     """One sample per group of the rows in ``data.trajectories``; its ``trajectories`` are scored
     with ``rewards`` (the resolved reward functions) where a row carries no reward. ``vocab_size``: the
@@ -120,7 +111,8 @@ def load_groups(config: Config, rewards: list[tuple[str, float, Any]], vocab_siz
             if not isinstance(row, dict):
                 raise ConfigError(f"{origin}: a row must be a JSON object, got {type(row).__name__}")
             traj = _trajectory(row, origin, vocab_size)
-            _check_role(config, traj, origin)
+            # Before any weights load, not at the step that meets it.
+            check_row_role(config, f"{origin}: role", traj.role, traj.role is not None and bool(config.roles), True)
             if (values := _reward(traj, row, rewards, origin)) is not None:
                 pending.append((traj, values, origin))
             # A group number means something within its own file only (each trace file numbers from 0).

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.config import ConfigError
-
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
 
@@ -127,14 +125,6 @@ class CoreEngineOptions(BaseModel):
     dtype: str = Field("float32", description="model.dtype")
 
 
-def refuse_adapters(run: RunFacts, engine: str, why: str) -> None:
-    """The run check of an engine that serves no LoRA adapter per role: ``model.adapters`` refused in one
-    line saying ``why``."""
-    if run.config.model.adapters:
-        raise ConfigError(f"{run.where('model.adapters')}: the {engine} engine {why}, so it cannot serve an "
-                          "adapter per role (the transformers engine does)")
-
-
 def rows_of(tensor: Any, start: int, rows: int) -> Any:
     """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
     return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
@@ -145,7 +135,8 @@ class RolloutEngine(ABC):
     # Trainer steps applied to the weights the engine samples with; set by :meth:`updating_weights`.
     weight_version: int = 0
     # Whether the engine takes LoRA adapters (:meth:`apply_adapters`) and then loads only the adapter
-    # tensors; an engine that does not gets merged weights under LoRA.
+    # tensors; an engine that does not gets merged weights under LoRA, and no run of several policies
+    # (toolrl.agent_roles.check_engine_serves).
     loads_adapters: ClassVar[bool] = False
     # Whether an update may hold only some weights, the others kept as they are (trainer.weight_sync: delta).
     partial_weight_updates: ClassVar[bool] = False
@@ -179,8 +170,7 @@ class RolloutEngine(ABC):
         ``images``: the prompt's images (toolrl.trajectory.TrajectoryImage) in the order of their token
         runs; the rollout passes them only when there are some, so text-only engines need not take them.
         ``adapter``: the role whose LoRA adapter samples (``model.adapters``; the rollout and the gateway
-        pass it only then); an engine that serves no adapter per role refuses ``model.adapters`` in its
-        ``check_run`` (:func:`refuse_adapters`)."""
+        pass it only then, and only to an engine with ``loads_adapters``)."""
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""The configured engine, built where the rollout role runs: its class looked up by name
+"""The configured engine, built where the rollout process runs: its class looked up by name
 (:func:`toolrl.rollout.routes.resolve_parts`), its options from ``engine:``, and the processor a
 vision-language model renders prompts with."""
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.agent_roles import adapter_keyword
 from toolrl.config import RolloutConfig
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
 from toolrl.gateway.messages import finish_reason, reply_message, template_messages, tool_schemas
@@ -250,10 +251,9 @@ class GatewaySession:
                                 stop_strings=[*self.parser.stop_strings, *ask.stop],
                                 seed=turn_seed(self.seed, self.record.calls))
         session = call.segment.traj.trajectory_id if ask.n == 1 else None
-        # The role's adapter only under model.adapters: an engine without adapters takes no such keyword.
-        adapter = {"adapter": call.segment.traj.role} if self.adapters else {}
         try:
-            return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session, **adapter)
+            return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session,
+                                              **adapter_keyword(call.segment.traj.role, self.adapters))
         except ValueError as exc:  # the engine's request check: an over-long prompt
             self.record.abandon(call)
             raise RequestError(str(exc)) from None

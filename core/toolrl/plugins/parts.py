@@ -96,7 +96,7 @@ class RunFacts:
 
     @property
     def in_process(self) -> bool:
-        """Whether every role runs in this process (no Ray): weights then never travel."""
+        """Whether every process runs in this one (no Ray): weights then never travel."""
         return self.config.ray.address is None
 
     def where(self, field: str) -> str:

@@ -1,4 +1,4 @@
-"""The roles as the controller sees them: a :class:`TrainerGroup` and a :class:`RolloutGroup`, whichever
+"""The processes as the controller sees them: a :class:`TrainerGroup` and a :class:`RolloutGroup`, whichever
 implementation runs them (in this process or as Ray actors; :mod:`toolrl.roles.start` decides), and the
 weight sync between them (:func:`sync_weights`)."""
 

@@ -1,4 +1,4 @@
-"""The controller: the step loop, top to bottom, over three roles.
+"""The controller: the step loop, top to bottom, over three processes.
 
 Each step: the step's batch of scored trajectories comes from the rollout group; the trainer group
 takes one GRPO step on them; the new weights go from the trainer ranks to the engines (weight version
@@ -7,26 +7,17 @@ checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``tra
 the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
 than the step that trains it; with ``async_schedule: one_step_off`` each step's batch is generated whole
-while the step before trains, and the weights change only once it is (``settle``). Where the roles run
-is decided once, in :func:`toolrl.roles.start_roles`: all in this process (no ``ray.address``; the engine shares the trainer's module, or with ``k > 0`` keeps its
-own copy that each step's weights are pushed into between two decode steps), or the trainer ranks
-and the rollout workers as Ray actors while this process keeps only the data, the tokenizer and the
-records. See docs/architecture.md.
+while the step before trains, and the weights change only once it is (``settle``). Where the
+processes run is decided once (:func:`toolrl.roles.start.start_roles`; docs/architecture.md).
 
 A step's weights reach the engines only after the whole update (all ``ppo_epochs x mini_batches``
 optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
 by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
 
-What happens before step 1 is :func:`toolrl.roles.prepare.prepare_training`, in order: the whole run
-resolved and checked, the model's inputs checked, the roles up, the weights in place; only then is the
-run directory (:class:`toolrl.run_dir.RunDir`) first written, and a directory holding an earlier run
-is continued only with ``--resume`` and replaced only with ``--overwrite``.
-
-``output_dir`` receives ``config.json``, ``metrics.jsonl`` (one line per step; a step that fails gets a line with
-``"failed"``), ``rollouts/step_NNNNN.jsonl`` (every trajectory: token ids, response_mask, the engine's
-logprobs and the trainer's, decoded text, reward, tool calls, policy version), ``checkpoints/`` (sharded, written atomically;
-``--resume`` restores model, optimizer, step, RNG and the data position: groups in flight are
-generated again), ``roles.json`` (where each role runs) and ``reward_curve.png``.
+Before step 1, :func:`toolrl.roles.prepare.prepare_training` checks the whole run, starts the processes
+and puts the weights in place; only then is ``output_dir`` first written (:class:`toolrl.run_dir.RunDir`
+holds what it receives). A step that fails gets a ``"failed"`` line in ``metrics.jsonl``; ``--resume``
+restores model, optimizer, step, RNG and the data position (groups in flight are generated again).
 """
 
 from __future__ import annotations
@@ -39,6 +30,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from toolrl.agent_roles import frozen_roles, trains
 from toolrl.config import Config
 from toolrl.data.batches import (
     AHEAD,
@@ -139,7 +131,7 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
 
 async def train_async(config: Config, resume: bool = False, overwrite: bool = False) -> Path:
     """``toolrl train``: the run prepared for its first step (:func:`toolrl.roles.prepare.prepare_training`:
-    checked whole, roles up, weights in place, ``trainer.output_dir`` first written), then trained
+    checked whole, processes up, weights in place, ``trainer.output_dir`` first written), then trained
     (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
     prepared = await prepare_training(config, resume, overwrite)
     run_dir = prepared.run_dir
@@ -192,7 +184,7 @@ async def train(prepared: Prepared) -> None:
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
                     row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(
-                        [t for t in batch.trajectories if t.role not in config.frozen_roles])}
+                        [t for t in batch.trajectories if trains(t, frozen_roles(config))])}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
                         row.update(await validate(roles, run, run_dir, step + 1))
                     run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)

@@ -2,7 +2,7 @@
 
 The first ``eval.num_samples`` problems of the test split (resolved once per run,
 :func:`toolrl.roles.resolve.resolve_run`, in file order, so every run sees the same ones) get
-``eval.n`` trajectories each at ``eval.temperature``, through the same roles and rollout loop as
+``eval.n`` trajectories each at ``eval.temperature``, through the same processes and rollout loop as
 training. A trajectory succeeds when it ended without error and the reward term ``eval.metric`` (its
 weighted value; unset: the environment's metric, else the total reward) is at least
 ``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n;

@@ -1,16 +1,9 @@
-"""The rollout role and the local run: what each role builds, wired from parts resolved once.
-
-- the parts (engine class, per environment its parser, rewards, turn limit and tool configs) are
-  looked up by name once per process (:func:`toolrl.rollout.routes.resolve_parts`) and handed down,
-  with what the run check decided for the roles (:class:`toolrl.roles.resolve.RunPlan`);
-- a rollout worker builds its engine (:func:`toolrl.engines.build.build_engine`; it loads its own
-  model from the path) and one route per environment (:func:`build_rollouts`);
-- a trainer rank builds its model (:func:`toolrl.training.policy.build_policy`, the one place the
-  trained model is built) and optimizer;
-- the controller reads the data (:func:`toolrl.data.sources.load_samples`) and builds no model.
-
-Without Ray every role runs in one process (:func:`build_local_run`): the in-process engine then shares
-the trainer's module, so weight updates cost nothing.
+"""The rollout process and the local run: what each process builds (docs/architecture.md), wired from
+parts resolved once per process (:func:`toolrl.rollout.routes.resolve_parts`) and what the run check
+decided for the processes (:class:`toolrl.roles.resolve.RunPlan`). A rollout worker builds its engine
+(:func:`toolrl.engines.build.build_engine`, on its own copy of the model) and one route per environment
+(:func:`build_rollouts`); without Ray all of them run in one process (:func:`build_local_run`), the
+engine sharing the trainer's module, so weight updates cost nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +41,7 @@ def seed_everything(seed: int) -> None:
 
 @dataclass
 class Rollouts:
-    """The rollout role: an engine, the agent loop's context and the tools it owns."""
+    """The rollout process's parts: an engine, the agent loop's context and the tools it owns."""
 
     engine: Any
     ctx: RolloutContext
@@ -131,7 +124,7 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
 
 @dataclass
 class LocalRun:
-    """Every role in this process: the trained model (None for a run that does not train) and an engine
+    """Every process's parts in this one: the trained model (None for a run that does not train) and an engine
     that shares it."""
 
     config: Config
@@ -153,10 +146,10 @@ class LocalRun:
 async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
                         path: str | None = None, inputs: ModelInputs | None = None,
                         plan: RunPlan | None = None, train: bool = True) -> LocalRun:
-    """Every role in this process. What is not given is resolved here: ``parts``; ``samples``, the
+    """Every process's parts in this one. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
     ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads;
-    ``plan``, what the roles act on (:class:`toolrl.roles.resolve.RunPlan`). Without ``train`` no
+    ``plan``, what the processes act on (:class:`toolrl.roles.resolve.RunPlan`). Without ``train`` no
     policy is built (``model`` is None): the engine loads what it needs itself, and one that loads no
     weights (a remote server's, a script) needs only the tokenizer in ``path``."""
     parts = parts if parts is not None else resolve_parts(config)

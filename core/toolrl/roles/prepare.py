@@ -1,7 +1,7 @@
 """What happens before step 1 of ``toolrl train``, top to bottom: :func:`prepare_training` is the
 ordered list, each step one call into the module that owns it, with the reason it stands where it
 does. Checks come first and cost least (nothing loaded, nothing written); every model loads after
-every check; the run's directory is first written after the roles are up and the weights in place.
+every check; the run's directory is first written after the processes are up and the weights in place.
 docs/architecture.md ("Before step 1") walks the same list."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
                                    None if config.data.trajectories else sample_conversation(run),
                                    opd_options(config.algorithm).top_k) if config.algorithm.teachers else None
     try:
-        # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
+        # The processes placed, each building its parts where it runs (tools, the policy's weights, engines):
         # in this process, or as Ray actors.
         roles = await start_roles(run, inputs=checked.inputs)
     except BaseException:

@@ -3,7 +3,7 @@
 (engine, environments, parsers, rewards, tool configs, loggers), the data read (the training split or
 recorded groups; the held-out split when the run evaluates) and the model's directory found. Any
 problem is a one-line error and no file has been touched. The controller and evaluation take the
-resolved run, so nothing is resolved twice; what the check decided for the roles (:class:`RunPlan`)
+resolved run, so nothing is resolved twice; what the check decided for the processes (:class:`RunPlan`)
 travels to them, in this process or as Ray actors.
 """
 
@@ -13,6 +13,7 @@ import importlib.util
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from toolrl.agent_roles import check_engine_serves, trained_roles
 from toolrl.algorithms.rules import check_algorithm, with_critic
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data import check_data_files
@@ -33,7 +34,7 @@ Purpose = Literal["train", "rollout", "eval"]
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the run check decides once and the roles act on, carried to them (a trainer rank or a rollout
+    """What the run check decides once and the processes act on, carried to them (a trainer rank or a rollout
     worker may be a Ray actor: plain, picklable values). ``sync``: what a weight sync sends (the trainer
     ranks send it; an engine that loads its own model takes the run's adapters first); ``state_keys``:
     whether sessions are asked for their turns' state keys (the advantage estimator reads them: gigpo)."""
@@ -50,7 +51,7 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
     (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`. Under
     ``model.adapters`` (several policies, which only an engine that takes adapters serves): the trained
     adapters alone, each only when it changed since the last sync.
-    ``engine_cls`` and ``estimator``: as resolved (looked up by name when not given: a role built on
+    ``engine_cls`` and ``estimator``: as resolved (looked up by name when not given: a process built on
     its own, outside :func:`resolve_run`)."""
     if engine_cls is None:
         engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
@@ -61,12 +62,10 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
         raise ConfigError(f"{field_where(config, 'trainer.weight_sync')}: delta needs an engine that keeps the "
                           "weights it is not sent; "
                           f"the {config.engine.name} engine loads whole updates: use full")
+    check_engine_serves(config, engine_cls)
     adapters = config.model.adapters
-    if adapters is not None and not engine_cls.loads_adapters:
-        raise ConfigError(f"{field_where(config, 'model.adapters')}: several policies need an engine that serves "
-                          f"LoRA adapters (transformers, vllm); the {config.engine.name} engine takes whole weights")
     if adapters is not None and purpose == "train":
-        sync = SyncPlan(adapters=True, delta=True, policies=tuple(n for n, a in adapters.items() if not a.frozen))
+        sync = SyncPlan(adapters=True, delta=True, policies=trained_roles(adapters))
     else:
         sync = SyncPlan(adapters=(config.model.lora is not None or adapters is not None) and engine_cls.loads_adapters,
                         delta=delta)
@@ -77,7 +76,7 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
 class ResolvedRun:
     """Everything a run needs that can be checked before a model loads.
 
-    ``config``: what the run records in ``config.json``; ``plan``: what the roles act on, decided
+    ``config``: what the run records in ``config.json``; ``plan``: what the processes act on, decided
     here; ``samples``: what its steps draw from (the training split, or recorded groups; none for
     ``eval``); ``eval_config`` and ``eval_samples``: the config with ``eval.metric`` resolved and the
     held-out problems, when the run evaluates (``eval``, or ``trainer.eval_every``); ``loggers``: the
@@ -102,7 +101,7 @@ class ResolvedRun:
 
 
 def check_placement(config: Config) -> None:
-    """Where the roles can run: Ray, when a run names it, must be installed; several trainer ranks need
+    """Where the processes can run: Ray, when a run names it, must be installed; several trainer ranks need
     Ray; CPU offload needs GPU ranks."""
     if config.ray.address is not None and importlib.util.find_spec("ray") is None:
         raise ConfigError(f"{field_where(config, 'ray.address')}: Ray is not installed: pip install 'toolrl[ray]'")
@@ -137,7 +136,7 @@ def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
 
 def resolve_run(config: Config, purpose: Purpose = "train") -> ResolvedRun:
     """``config`` resolved and checked for ``purpose``, in the order a user would fix things: where
-    the roles run, the files it names (data, model: found in a second, before parts import torch), the
+    the processes run, the files it names (data, model: found in a second, before parts import torch), the
     parts, the loggers, the data's rows, the held-out split."""
     check_placement(config)
     # What the run reads: recorded groups, or the training split (none for eval); the held-out split.

@@ -1,6 +1,6 @@
 """The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
-Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout role only
+Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout process's parts only
 (:func:`toolrl.roles.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
 is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.roles.RolloutGroup`)
@@ -263,7 +263,7 @@ class RolloutWorkerPool:
     ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
     ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
     already initialised in this process, that connection is used and left open. ``plan``: what the
-    run check decided for the roles (each worker decides it at setup without one).
+    run check decided for the processes (each worker decides it at setup without one).
     """
 
     def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,

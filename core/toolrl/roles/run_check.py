@@ -1,7 +1,7 @@
 """The run check: what each setting means for this model and these prompts, checked before any weights
 load. :func:`check_model_inputs` is its entry: the tokenizer, the processor (a vision-language
 model's), the model family's renderer (its tokens in the tokenizer, its template), :func:`check_run`
-and every prompt against the model's context; the controller checks them once and the roles it
+and every prompt against the model's context; the controller checks them once and the processes it
 builds in this process reuse what it loaded (:class:`ModelInputs`). :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
 tokenizer, the chat template's renderer) and asks every part the run resolved (the engine class, each
 route's parser and context policy, the weight transport, the advantage estimator and the policy loss)
@@ -12,7 +12,7 @@ run's own: the template rendered on a probe conversation, LoRA's targets against
 names (a skeleton on the meta device: no weights), routing replay against the model's experts,
 ``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
 kind and tools (whether they clone), and the roles the run's parts give turns to against the run's
-(:func:`check_roles`). ``toolrl train CONFIG --check`` runs every check and stops.
+(:func:`toolrl.agent_roles.check_roles`). ``toolrl train CONFIG --check`` runs every check and stops.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
+from toolrl.agent_roles import check_roles, check_row_role, trained_roles
 from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.data import origin_of
@@ -62,7 +63,8 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
     if parts.training:  # distillation's teachers, each checked as the engine it is (toolrl.rollout.teacher)
         warnings += check_teachers(facts, opd_options(config.algorithm).top_k)
     check_tree(facts, parts)
-    check_roles(facts, parts)
+    check_roles(facts, [(r.session, r.agent.options if r.agent is not None else None) for r in parts.routes.values()],
+                parts.training.get("algorithm.advantage_options"))
     return warnings
 
 
@@ -117,53 +119,6 @@ def check_tree(facts: RunFacts, parts: Parts) -> None:
                 raise ConfigError(f"{where}: tool {entry.class_name!r} cannot clone its per-trajectory state ("
                                   + ("it runs in a worker process)" if isolated else
                                      "it keeps it outside Tool.state and defines no Tool.clone)"))
-
-
-# -- roles -------------------------------------------------------------------------------------------
-
-
-def check_roles(facts: RunFacts, parts: Parts) -> None:
-    """Every role the run's parts give turns to is one of the run's (``Config.roles``: ``rollout.roles``, or
-    ``model.adapters``' names): each route's session kind's ``roles`` (what its ``role()`` returns) and the
-    model name an agent program is given (``rollout.agent.model``, when set). Roles in one policy
-    (``rollout.roles``) are there for each role's own baseline within its group, which only a
-    group-relative estimator has."""
-    config = facts.config
-    roles = config.roles
-    among = _among(roles)
-    for route in parts.routes.values():
-        kind = route.session
-        missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
-        if kind is not None and missing:
-            raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
-                              f"which is not among {among}")
-        options = route.agent.options if route.agent is not None else None
-        if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
-            raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
-                              f"{options.model!r}, which is not among {among}: in a run with roles the "
-                              "models served are its roles")
-    estimator = parts.training.get("algorithm.advantage_options")
-    if config.rollout.roles and estimator is not None and not estimator.group_relative:
-        raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
-                          f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
-                          "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
-                          "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
-
-
-def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
-    """A data row that names the role acting first (``extra_info.role``) names one of the run's roles."""
-    for i, sample in enumerate(samples, 1):
-        if "role" not in sample.extra_info:
-            continue
-        role = sample.extra_info["role"]
-        if not isinstance(role, str) or role not in config.roles:
-            raise ConfigError(f"{origin_of(sample, f'the prompts sample {i}')}: extra_info.role: {role!r} is not "
-                              f"among {_among(config.roles)}")
-
-
-def _among(roles: Sequence[str]) -> str:
-    """The run's roles as the refusals of a role name them."""
-    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
 
 
 # -- the template ------------------------------------------------------------------------------------
@@ -286,7 +241,7 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
         if refused[field]:
             raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
                               f"{why.format(advantage=config.algorithm.advantage)}")
-    if trains and all(a.frozen for a in adapters.values()):
+    if trains and not trained_roles(adapters):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
                           "nothing to train")
     from toolrl.training.lora import apply_adapters  # lazy: imports peft
@@ -325,7 +280,9 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     report(check_run(config, parts, path, tokenizer, factory))
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
-    check_sample_roles(config, prompts)
+    for i, s in enumerate(prompts, 1):  # the role acting first, when a row names one
+        check_row_role(config, f"{origin_of(s, f'the prompts sample {i}')}: extra_info.role", s.extra_info.get("role"),
+                       "role" in s.extra_info)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

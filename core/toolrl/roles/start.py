@@ -1,4 +1,4 @@
-"""Where each role runs, decided once per run: :func:`start_roles` builds the trainer group and the
+"""Where each process runs, decided once per run: :func:`start_roles` builds the trainer group and the
 rollout group in this process (no ``ray.address``; the in-process engine shares the trainer's module,
 or keeps its own copy when rollouts overlap training) or as Ray actors, this process then keeping only
 the data, the tokenizer and the records. :class:`Roles` is what the controller
@@ -38,7 +38,7 @@ class Roles:
     def training(self) -> TrainerGroup:
         """The trainer group, for the controller's training steps, saves and loads."""
         if self.trainer is None:
-            raise RuntimeError("roles composed without a trainer group (train=False)")
+            raise RuntimeError("processes composed without a trainer group (train=False)")
         return self.trainer
 
     async def sync_weights(self, version: int) -> dict[str, float]:
@@ -58,7 +58,7 @@ class Roles:
 
 
 async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Roles:
-    """Build each role where it runs, from a resolved run (a bare config is resolved here first) and
+    """Build each process where it runs, from a resolved run (a bare config is resolved here first) and
     the model's inputs checked before any model loads (checked here when not given).
     Without Ray: one process, the engine sharing the trainer's module (a run that does not train
     builds no trainer: the engine loads what it needs). With Ray: this process builds

@@ -2,7 +2,7 @@
 crashed, its node lost: anything but finishing or a config error) it is started again on the same
 run directory with ``--resume`` (``--overwrite`` when no checkpoint was written yet), ``max_restarts``
 times at most. Everything the dead controller started goes with it (its process group is killed:
-a local Ray instance and its actors included), and the new controller starts the roles afresh and
+a local Ray instance and its actors included), and the new controller starts the processes afresh and
 continues from the newest checkpoint: the steps after it are trained again with the same batches and
 seeds (resuming is exact), and their count is the restart's ``steps_lost``.
 

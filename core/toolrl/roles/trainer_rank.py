@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl import model_sources
+from toolrl.agent_roles import frozen_roles
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.model_sources import model_path
 from toolrl.roles import rank_state
@@ -150,7 +151,7 @@ class TrainerRank:
                               max_response_tokens=cfg.rollout.max_response_tokens, rank=self.rank,
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
                               processor=self.processor, sp=self.sp, adapters=tuple(cfg.model.adapters or ()),
-                              frozen=cfg.frozen_roles)
+                              frozen=frozen_roles(cfg))
         values = None if self.critic is None else self.critic.values(trajectories)
         out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
         if self.critic is not None:

@@ -8,11 +8,12 @@ import contextlib
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from toolrl.agent_roles import first_role
 from toolrl.gateway.record import EpisodeRecord
 from toolrl.gateway.run import run_agent_episode
 from toolrl.gateway.session import GatewaySession
 from toolrl.rollout.reward import score_pieces
-from toolrl.rollout.rollout_context import RolloutContext, Route, sample_role
+from toolrl.rollout.rollout_context import RolloutContext, Route
 from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory
 
@@ -25,7 +26,7 @@ async def run_agent_trajectory(ctx: RolloutContext, route: Route, sample: Sample
     assert route.agent is not None
     model = route.agent.options.model
     if ctx.roles and model not in ctx.roles:  # a run with roles serves them: the row's, else the first
-        model = sample_role(sample) or ctx.roles[0]
+        model = first_role(sample, ctx.roles)
     session = GatewaySession(EpisodeRecord(trajectory_id, sample.index or 0, group, sample.env, sample.ground_truth),
                              ctx.engine, ctx.schema_renderer, route.parser, ctx.config, seed, model, ctx.roles,
                              ctx.adapters)

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.agent_roles import adapter_keyword, first_role
 from toolrl.engines import Generation, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageLimits, images_held, prepare
 from toolrl.parsers import parse_within
 from toolrl.renderers.chat import ChatRenderer
-from toolrl.rollout.rollout_context import RolloutContext, Route, sample_role
+from toolrl.rollout.rollout_context import RolloutContext, Route
 from toolrl.rollout.turns import record_turn
 from toolrl.schemas import Sample, ToolKwargs
 from toolrl.seeds import turn_seed
@@ -101,7 +102,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),
                           images=images, ground_truth=sample.ground_truth,
-                          role=(sample_role(sample) or ctx.roles[0]) if ctx.roles else None)  # who acts first
+                          role=first_role(sample, ctx.roles))
     except BaseException:
         await asyncio.shield(session.close())
         raise
@@ -135,10 +136,8 @@ async def generate(ep: Episode, budget: int) -> Generation:
     t0 = time.perf_counter()
     # Images go to the engine only when there are some: text-only engines keep their signature.
     images = {"images": list(traj.images)} if traj.images else {}
-    # The acting role's adapter only under model.adapters: an engine without adapters takes no such keyword.
-    adapter = {"adapter": traj.role} if ep.ctx.adapters else {}
-    gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1,
-                                        session_id=traj.trajectory_id, **images, **adapter))[0]  # a fold branch's is its own
+    gen = (await ep.ctx.engine.generate(traj.prompt_ids + traj.response_ids, params, 1, session_id=traj.trajectory_id,
+                                        **images, **adapter_keyword(traj.role, ep.ctx.adapters)))[0]  # a fold branch's is its own
     traj.generation_s += time.perf_counter() - t0
     traj.policy_versions.append(gen.weight_version)
     traj.prefill_tokens_saved += gen.prefill_tokens_saved

@@ -24,14 +24,6 @@ from toolrl.tools import Tool
 MAX_RENDERERS = 256  # tool sets whose renderer is kept
 
 
-def sample_role(sample: Sample) -> str | None:
-    """The role a data row names to act first (``extra_info.role``), in a run with roles: the first turn's
-    in toolrl's own loop (until the session names another), the model an agent program is given. The run
-    check refuses one that is not a role of the run (:func:`toolrl.roles.run_check.check_sample_roles`)."""
-    role = sample.extra_info.get("role")
-    return role if isinstance(role, str) else None
-
-
 @dataclass
 class Route:
     """What a sample's environment selects (a data row's ``extra_info.env``): its tools, parser, rewards, turn

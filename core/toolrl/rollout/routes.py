@@ -1,6 +1,6 @@
 """Routes: what each configured environment's samples run with (parser, tools, session, rewards, turn limit),
 resolved by name once (:func:`resolve_parts`: a typo fails before anything loads) and built where the
-rollout role runs (:func:`build_routes`: the tools started, samples checked against them). ``None``
+rollout process runs (:func:`build_routes`: the tools started, samples checked against them). ``None``
 is the route of samples that name no environment."""
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toolrl.agent_roles import trained_roles
 from toolrl.config import ConfigError
 from toolrl.engines.adapters import adapter_names, has_routing, require_routing
 from toolrl.model_sources import first_line
@@ -74,7 +75,7 @@ def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]
             warnings.filterwarnings("ignore", message=".*multiple adapters.*")
             _inject(model, config, role, f"model.adapters.{role}.target_modules")
     require_routing(model)
-    trained = {role for role, config in adapters.items() if not config.frozen}
+    trained = trained_roles(adapters)
     for layer in lora_layers(model).values():
         for role in trained:
             for attr in layer.adapter_layer_names:
@@ -196,8 +197,8 @@ def param_groups(model: Any, adapters: Mapping[str, AdapterConfig] | None, lr: f
     for name, p in model.named_parameters():
         if (adapter := adapter_of(name)) is not None:
             by_adapter.setdefault(adapter, []).append(p)
-    groups = [{"params": by_adapter[name], "lr": a.lr if a.lr is not None else lr}
-              for name, a in adapters.items() if not a.frozen]
+    groups = [{"params": by_adapter[name], "lr": adapters[name].lr if adapters[name].lr is not None else lr}
+              for name in trained_roles(adapters)]
     grouped = {id(p) for g in groups for p in g["params"]}
     stray = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in grouped]
     if stray or any(not p.requires_grad for g in groups for p in g["params"]):

@@ -2,12 +2,11 @@
 trees included, instead of one sdpa call per span.
 
 A row's pattern is built once per batch (:class:`RowPattern`): each row position's span and its
-position in its sequence, and which spans see which (a tree span sees its ancestors' rows fully). A
-query sees a key of its own span at or before it, or any key of a span it sees; under a sliding window
-only keys whose position is within the window before its own (transformers' window: key position >
-query position - window). The same rule is FlexAttention's ``mask_mod`` on CUDA (a ``BlockMask``
-per window, made once per batch, and the compiled kernel) and, on CPU, a dense boolean mask for one
-sdpa call (FlexAttention has no backward on CPU). Attention sinks (gpt-oss) are not here: gpt-oss runs
+position in its sequence, and which spans see which (a tree span sees its ancestors' rows). A query
+sees a key of its own span or of a span it sees, by their positions (:func:`toolrl.masks.visible`: at
+or before it, within a sliding window). That rule is FlexAttention's ``mask_mod`` on CUDA (a
+``BlockMask`` per window, made once per batch, and the compiled kernel), a dense boolean mask for one
+sdpa call (FlexAttention has no backward on CPU) and the eager row mask (``packing.row_masks``). Attention sinks (gpt-oss) are not here: gpt-oss runs
 eager attention, whose one mask over the row already covers the tree (``packing.row_masks``).
 """
 
@@ -18,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from toolrl.masks import visible
 
 
 @dataclass
@@ -57,9 +58,7 @@ class RowPattern:
         span, position, sees = self.span, self.position, self.sees
 
         def allowed(b: Any, h: Any, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-            same = (span[q] == span[k]) & (k <= q)
-            seen = same | sees[span[q], span[k]]
-            return seen if window is None else seen & (position[k] > position[q] - window)
+            return ((span[q] == span[k]) | sees[span[q], span[k]]) & visible(position[q], position[k], window)
 
         return allowed
 

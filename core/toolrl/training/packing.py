@@ -21,17 +21,14 @@ Attention over the packed row:
 - anything else (flex, kernel packages): transformers' own packed-sequence detection from
   ``position_ids`` (a block-diagonal mask).
 
-Sliding-window layers (Gemma 3, gpt-oss, Mistral and Qwen models that set one) keep their window
-under sdpa and eager: a sequence's tokens see only the ``sliding_window`` positions before them, as
-unpacked.
+Under sdpa and eager every token sees what it saw unpacked, by one rule (:func:`toolrl.masks.visible`),
+sliding windows (Gemma 3, gpt-oss, Mistral and Qwen models that set one) included.
 
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
 once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
-keys are its ancestors' rows and its own (context fully, itself causally: sdpa's lower-right causal
-bias, which runs the flash kernel on a GPU; a boolean band under a sliding window), so attention
-costs each continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's,
-for its sinks) the row's mask is the tree's (each token sees its own sequence's earlier tokens), so
-its quadratic cost is over the tree's tokens, not the unshared ones. Other attention implementations
+keys are its ancestors' rows and its own (:func:`_span_attention`), so attention costs each
+continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's, for its
+sinks) the row's mask is the tree's, so its quadratic cost is over the tree's tokens. Other attention implementations
 (flash, flex: no dense mask) run the unshared row rebuilt from the tree (``expand``) and read the
 tree's hidden states back from it, with a warning once per implementation: the same values and
 gradients, no saving.
@@ -63,6 +60,7 @@ import torch
 from toolrl import masks
 from toolrl.engines.adapters import routed
 from toolrl.training import prefix_tree, vision
+from toolrl.training.packed_attention import RowPattern, attend
 from toolrl.trajectory import Trajectory
 
 VARLEN_SDPA = "toolrl_varlen_sdpa"
@@ -314,16 +312,10 @@ def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractConte
 
 
 def row_masks(base: Any, batch: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:
-    """Additive (1, 1, T, T) masks over a packed row: each span sees its context (if it is in a tree)
-    and, causally, itself; sliding-window layers also only the positions within their window. One mask
-    per layer type for a model with layer types, else the one its layers use."""
-    device, t = batch.input_ids.device, batch.tokens
-    allowed = torch.zeros((t, t), dtype=torch.bool, device=device)
-    spans = batch.attention or [None] * (len(batch.bounds) - 1)
-    for (a, b), keys in zip(itertools.pairwise(batch.bounds), spans, strict=True):
-        allowed[a:b, a:b] = torch.ones((b - a, b - a), dtype=torch.bool, device=device).tril()
-        if keys is not None:
-            allowed[a:b, keys[: keys.numel() - (b - a)]] = True
+    """Additive (1, 1, T, T) masks over a packed row, its pattern's rule (:class:`RowPattern`): each span
+    sees its context (if it is in a tree) and, causally, itself; sliding-window layers only within their
+    window. One mask per layer type for a model with layer types, else the one its layers use."""
+    allowed = RowPattern.of(batch.bounds, batch.attention, batch.input_ids.device).dense(None)
     pos = batch.position_ids[0]
     return masks.by_layer_type(allowed[None, None], pos[:, None], pos[None, :], base.config, base.dtype)
 
@@ -381,8 +373,6 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     impl = config._attn_implementation
     if impl in (VARLEN_SDPA, ULYSSES_SDPA):
         if one_call_attention(device):
-            from toolrl.training.packed_attention import RowPattern
-
             varlen[PATTERN_KWARG] = RowPattern.of([0, *itertools.accumulate(b - a for a, b in segments)], tree, device)
         elif tree is not None:
             varlen[TREE_KWARG] = tree
@@ -417,8 +407,6 @@ def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torc
         kwargs.pop(k, None)
     window = kwargs.pop("sliding_window", None)
     if toolrl_pattern is not None:
-        from toolrl.training.packed_attention import attend
-
         if kwargs.get("dropout", 0.0):
             raise ValueError("one-call packed attention takes no attention dropout")
         return attend(module, query, key, value, toolrl_pattern, window, kwargs.get("scaling"), query.is_cuda), None
@@ -434,8 +422,8 @@ def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torc
 def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
                     kwargs: dict[str, Any]) -> torch.Tensor:
     """Attention of a span's n queries over ``key``: the sequence's positions from 0, the span's own
-    last. Query i (position c + i, c the context's length) sees key j for j <= c + i and, under a
-    sliding ``window`` w, j > c + i - w (transformers' window)."""
+    last. Query i (position c + i, c the context's length) sees key j by :func:`toolrl.masks.visible`:
+    its kernels (sdpa causal, lower-right causal) where the window hides no key, its band where it does."""
     from torch.nn.attention.bias import causal_lower_right
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
@@ -445,8 +433,7 @@ def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         key, value, context = key[:, :, drop:], value[:, :, drop:], context - drop
         if window < context + n:
             q = torch.arange(context, context + n, device=query.device)[:, None]
-            k = torch.arange(context + n, device=query.device)[None]
-            band = (k <= q) & (k > q - window)
+            band = masks.visible(q, torch.arange(context + n, device=query.device)[None], window)
             return sdpa_attention_forward(module, query, key, value, band[None, None], is_causal=False, **kwargs)[0]
     if context == 0:
         return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)[0]

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from toolrl.agent_roles import trains
 from toolrl.algorithms import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
@@ -337,7 +338,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values, fields)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
-    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and t.role not in options.frozen]
+    usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and trains(t, options.frozen)]
     if not usable:
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]

@@ -137,8 +137,8 @@ class WeightTransport:
         probes what its options name (a directory writable, a device there) and then calls this, which
         says in one warning line when the run is single-process: weights never travel there."""
         if run.in_process:
-            return [f"{run.where('trainer.weight_transport')}: {self.name} is unused: every role runs in this "
-                    "process (no ray.address), so weights never travel"]
+            return [f"{run.where('trainer.weight_transport')}: {self.name} is unused: every process is this "
+                    "one (no ray.address), so weights never travel"]
         return []
 
 

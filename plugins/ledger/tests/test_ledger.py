@@ -73,8 +73,10 @@ async def test_fold_completes_with_the_key_reading_the_pages_in_branches(tokeniz
 
 def test_an_adapter_per_role_is_refused_at_the_run_check() -> None:
     from toolrl.config import ConfigError, load_config
-    from toolrl.plugins.parts import RunFacts
+    from toolrl.roles.resolve import run_plan
 
-    config = load_config(None, data={"env": "arithmetic", "model": {"adapters": {"planner": {"r": 4}}}})
-    with pytest.raises(ConfigError, match="model.adapters: the ledger_agent engine follows rules and has no weights"):
-        LedgerAgent.check_run(RunFacts(config, "", {}, {}, None, None))
+    config = load_config(None, data={"env": "arithmetic", "engine": {"name": "ledger_agent"},
+                                     "model": {"adapters": {"planner": {"r": 4}}}})
+    with pytest.raises(ConfigError, match=r"model.adapters: several policies need an engine that serves LoRA adapters "
+                                          r"\(transformers, vllm\); the ledger_agent engine serves none"):
+        run_plan(config, engine_cls=LedgerAgent)

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from toolrl.engines import Generation, RolloutEngine, SamplingParams, refuse_adapters
+from toolrl.engines import Generation, RolloutEngine, SamplingParams
 
 PAGE = re.compile(r"Ledger page (\d+) of (\d+)\.")
 KEY = re.compile(r"[Aa]udit key(?: is|:) (\d+)")
@@ -34,11 +34,6 @@ class LedgerAgent(RolloutEngine):
         self.tokenizer = tokenizer
         self.turn_marker = end_of_turn  # where each turn of the rendered context starts
         self.fold_pages = fold_pages  # pages per branch: 2 of about 1k tokens fit a 4096-token context
-
-    @classmethod
-    def check_run(cls, run: Any) -> list[str]:
-        refuse_adapters(run, "ledger_agent", "follows rules and has no weights")
-        return []
 
     @classmethod
     def create(cls, source: Any, config: Any) -> LedgerAgent:

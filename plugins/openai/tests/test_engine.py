@@ -294,12 +294,12 @@ def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
 
 def test_an_adapter_per_role_is_refused_at_the_run_check():
     from toolrl.config import load_config
-    from toolrl.plugins.parts import RunFacts
+    from toolrl.roles.resolve import run_plan
 
-    def facts(**model: Any) -> RunFacts:
-        return RunFacts(load_config(None, data={"env": "arithmetic", "model": model}), "", {}, {}, None, None)
+    def config(**model: Any) -> Any:
+        return load_config(None, data={"env": "arithmetic", "engine": {"name": "openai"}, "model": model})
 
-    with pytest.raises(ConfigError, match=r"model.adapters: the openai engine sends its server no weights, so it "
-                                          r"cannot serve an adapter per role \(the transformers engine does\)"):
-        OpenAIEngine.check_run(facts(adapters={"planner": {"r": 4}}))
-    assert OpenAIEngine.check_run(facts()) == []
+    with pytest.raises(ConfigError, match=r"model.adapters: several policies need an engine that serves LoRA adapters "
+                                          r"\(transformers, vllm\); the openai engine serves none"):
+        run_plan(config(adapters={"planner": {"r": 4}}), engine_cls=OpenAIEngine)
+    assert not run_plan(config(), engine_cls=OpenAIEngine).sync.adapters

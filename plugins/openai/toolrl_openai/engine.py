@@ -39,7 +39,6 @@ from toolrl.engines import (
     RolloutEngine,
     SamplingParams,
     check_request,
-    refuse_adapters,
     score_starts,
 )
 
@@ -106,11 +105,6 @@ class OpenAIEngine(RolloutEngine):
             timeout=openai.Timeout(config.timeout_s, connect=config.connect_timeout_s))
 
     # ----------------------------------------------------------------- construction
-
-    @classmethod
-    def check_run(cls, run: Any) -> list[str]:
-        refuse_adapters(run, "openai", "sends its server no weights")
-        return []
 
     @classmethod
     def create(cls, source: ModelSource, config: Mapping[str, Any]) -> OpenAIEngine:

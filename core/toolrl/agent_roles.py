@@ -1,0 +1,94 @@
+"""An agent's roles (``Config.roles``: ``rollout.roles``, or ``model.adapters``' names, a policy each; one
+per trajectory piece, ``Trajectory.role``), decided in one place: the role a row starts with, the adapter a
+turn samples with, which roles train, whether the engine serves adapters, the run check of roles named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from toolrl.config import AdapterConfig, Config, ConfigError, field_where
+
+if TYPE_CHECKING:
+    from toolrl.agents import AgentOptions
+    from toolrl.algorithms import AdvantageEstimator
+    from toolrl.engines import RolloutEngine
+    from toolrl.plugins.parts import RunFacts
+    from toolrl.schemas import Sample
+    from toolrl.sessions import SessionKind
+    from toolrl.trajectory import Trajectory
+
+
+def first_role(sample: Sample, roles: Sequence[str]) -> str | None:
+    """The role acting first on ``sample`` (the first turn in toolrl's loop, the model an agent program is
+    given): the one its row names (``extra_info.role``), else the run's first; None in a run with none."""
+    named = sample.extra_info.get("role")
+    return ((named if isinstance(named, str) else None) or roles[0]) if roles else None
+
+
+def adapter_keyword(role: str | None, adapters: bool) -> dict[str, str | None]:
+    """``generate``'s keyword for a turn of ``role``: its adapter under ``model.adapters`` (``adapters``),
+    none otherwise (an engine without adapters takes no such keyword)."""
+    return {"adapter": role} if adapters else {}
+
+
+def trained_roles(adapters: Mapping[str, AdapterConfig]) -> tuple[str, ...]:
+    """The roles whose adapter trains (``model.adapters`` without the frozen ones), in its order."""
+    return tuple(role for role, adapter in adapters.items() if not adapter.frozen)
+
+
+def frozen_roles(config: Config) -> tuple[str, ...]:
+    """The roles whose policy is a frozen adapter (``model.adapters``): they act, their pieces never train."""
+    return tuple(role for role, adapter in (config.model.adapters or {}).items() if adapter.frozen)
+
+
+def trains(traj: Trajectory, frozen: Sequence[str]) -> bool:
+    """Whether ``traj``'s role trains: it is not among ``frozen`` (:func:`frozen_roles`)."""
+    return traj.role not in frozen
+
+
+def check_engine_serves(config: Config, engine_cls: type[RolloutEngine]) -> None:
+    """Several policies (``model.adapters``) need an engine that serves LoRA adapters
+    (``RolloutEngine.loads_adapters``: the transformers and vLLM engines): one line otherwise."""
+    if config.model.adapters is not None and not engine_cls.loads_adapters:
+        raise ConfigError(f"{field_where(config, 'model.adapters')}: several policies need an engine that serves "
+                          f"LoRA adapters (transformers, vllm); the {config.engine.name} engine serves none")
+
+
+def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, AgentOptions | None]],
+                estimator: AdvantageEstimator | None) -> None:
+    """Every role the run's parts give turns to is one of the run's: each route's (``routes``: its session
+    kind and agent options) session kind's ``roles`` and its agent program's ``rollout.agent.model``, when
+    set. Roles in one policy (``rollout.roles``) are there for each role's own baseline within its
+    group, which only a group-relative ``estimator`` has."""
+    config = facts.config
+    roles = config.roles
+    for kind, options in routes:
+        missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
+        if kind is not None and missing:
+            raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
+                              f"which is not among {_among(roles)}")
+        if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
+            raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
+                              f"{options.model!r}, which is not among {_among(roles)}: in a run with roles the "
+                              "models served are its roles")
+    if config.rollout.roles and estimator is not None and not estimator.group_relative:
+        raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
+                          f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
+                          "shared by every role instead): use a group-relative estimator (grpo, dr_grpo, rloo, "
+                          "reinforce_pp_baseline, gigpo, tree_grpo) or remove rollout.roles")
+
+
+def check_row_role(config: Config, where: str, role: object, named: bool, piece: bool = False) -> None:
+    """A data row's role (``where``: its field as errors name it) is one of the run's when the row names
+    one (``named``) or is a recorded ``piece`` under ``model.adapters``, which trains its role's adapter."""
+    adapters = piece and config.model.adapters is not None
+    if (named or adapters) and role not in config.roles:
+        trained = ": each row trains its role's adapter" if adapters else ""
+        raise ConfigError(f"{where}: {role!r} is not among {_among(config.roles)}{trained}")
+
+
+def _among(roles: Sequence[str]) -> str:
+    """The run's roles as the refusals of a role name them."""
+    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
