@@ -13,6 +13,7 @@
 - ``rollout_context``: each environment's :class:`Route` and the :class:`RolloutContext` holding them.
 - ``routes``: the routes resolved from the config and built (rendering: :mod:`toolrl.renderers`).
 - ``context_check``: prompts checked against the model's context before any model loads.
+- ``teacher``: distillation's teachers, engines that score, built as the run's engine is.
 """
 
 from toolrl.rollout.episode import prompt_of
