@@ -269,7 +269,7 @@ def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path):
     config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
                           data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": teacher})
     assert invoke("train", str(config), "--check").exit_code == 0
-    one_error_line(invoke("train", str(config)), f"algorithm.teacher[0] (engine openai at {url})",
+    one_error_line(invoke("train", str(config)), f"algorithm.teacher.0 (engine openai at {url})",
                    "the server does not answer")
 
 
@@ -286,7 +286,7 @@ def test_a_teacher_that_cannot_score_is_one_line_before_any_model_loads(tmp_path
     (teacher / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                                                  "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     fragments = ["algorithm.teacher", "no " + str(teacher / "config.json")] if kind == "no model" else [
-        "algorithm.teacher[0].model", "cannot render a conversation", "holds no special token"]
+        "algorithm.teacher.0.model", "cannot render a conversation", "holds no special token"]
     config = write_config(tmp_path, algorithm={"advantage": "opd", "teacher": {"model": str(teacher)}})
     one_error_line(invoke("train", str(config), "--check"), *fragments)
 

@@ -143,11 +143,11 @@ def test_a_text_model_reads_the_prompt_text_only(processor):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"images": [b"not an image"]}, "geo.parquet row 3: images[0]: does not decode as an image"),
-    ({"images": [png(80, 56)[:200]]}, "geo.parquet row 3: images[0]: does not decode as an image"),
+    ({"images": [b"not an image"]}, "geo.parquet row 3: images.0: does not decode as an image"),
+    ({"images": [png(80, 56)[:200]]}, "geo.parquet row 3: images.0: does not decode as an image"),
     ({"images": [png(80, 56), png(8, 8)]}, "geo.parquet row 3: images: 2 images for 1 image placeholders"),
     ({"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}]}],
-      "images": None}, "geo.parquet row 3: prompt[0].content[0]: neither a file path nor valid base64"),
+      "images": None}, "geo.parquet row 3: prompt.0.content.0: neither a file path nor valid base64"),
 ])
 def test_a_bad_sample_image_is_a_one_line_data_error(row, message):
     with pytest.raises(ConfigError) as info:

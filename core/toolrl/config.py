@@ -612,9 +612,6 @@ class AlgorithmConfig(Section):
     @field_validator("teacher", mode="before")
     @classmethod
     def _one_teacher(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("an empty list names no teacher: give one ({model: ...}) or a list of them, or leave "
-                             "algorithm.teacher out")
         return [] if value is None else [value] if isinstance(value, dict | str) else value
 
     @property
@@ -999,6 +996,8 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
+        elif part == 0 and not isinstance(node, yaml.SequenceNode):  # a one-item list written as its item
+            continue
         else:
             return None if exact else line
     return line

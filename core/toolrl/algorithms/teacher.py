@@ -1,6 +1,6 @@
 """The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): models that score the
 student's sampled tokens and are never trained. Each loads once, in the controller's process
-(``algorithm.teacher[].engine: transformers``), or is a server that returns prompt log-probs
+(``algorithm.teacher.N.engine: transformers``), or is a server that returns prompt log-probs
 (``engine: openai``: vLLM or ``toolrl serve``, :class:`ServedTeacher`), and scores a step's
 trajectories in one call (:meth:`Teachers.score`), each trajectory's prompt and response as one
 sequence: the tool results and template tokens are its context, only the tokens the student sampled
@@ -325,7 +325,7 @@ def check_served_teachers(teachers: Sequence[TeacherConfig], base_dir: str, wher
     weights load (``--check`` reaches no server): a ConfigError naming the first that cannot."""
     for k, config in enumerate(teachers):
         if config.engine == "openai":
-            TeacherServer(config, f"{where}[{k}]").probe(teacher_tokenizer(config.model, base_dir), top)
+            TeacherServer(config, f"{where}.{k}").probe(teacher_tokenizer(config.model, base_dir), top)
 
 
 class ServedTeacher(Teacher):
@@ -346,7 +346,7 @@ class Teachers:
     def __init__(self, configs: Sequence[TeacherConfig], student_tokenizer: Any, base_dir: str,
                  conversation: Conversation | None = None, top: int = 0) -> None:
         self.configs = list(configs)
-        self.teachers = [ServedTeacher(c, student_tokenizer, base_dir, f"algorithm.teacher[{k}]")
+        self.teachers = [ServedTeacher(c, student_tokenizer, base_dir, f"algorithm.teacher.{k}")
                          if c.engine == "openai" else Teacher(c, student_tokenizer, base_dir)
                          for k, c in enumerate(self.configs)]
         self.conversation = conversation

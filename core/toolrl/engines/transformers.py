@@ -261,9 +261,14 @@ class TransformersEngine(RolloutEngine):
         if run.config.engine.options.get("record_routes") and not run.experts:
             raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
                              "there are no routed experts to record")
-        if run.config.model.adapters and run.config.engine.options.get("decode") == "static":
-            raise ValueError("decode: static captures one step for all rows, and rows of an adapter per role "
-                             "(model.adapters) are routed each step: use decode: eager or auto")
+        options = run.config.engine.options
+        against = [what for what, found in (
+            ("model.adapters, whose rows are routed to their role's adapter at each step", run.config.model.adapters),
+            ("record_routes: true", options.get("record_routes")),
+            (f"a vision-language model ({run.model_dir})", "vision_config" in run.model_config)) if found]
+        if options.get("decode") == "static" and against:  # what _static_decoder refuses, before the model loads
+            raise ValueError(f"decode: static takes a text model that records no routes and serves one policy, not "
+                             f"{against[0]}: use decode: eager or auto")
         return []
 
     @classmethod

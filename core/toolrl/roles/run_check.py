@@ -17,6 +17,7 @@ kind and tools (whether they clone), and the roles the run's parts give turns to
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -126,17 +127,17 @@ def check_roles(facts: RunFacts, parts: Parts) -> None:
     group-relative estimator has."""
     config = facts.config
     roles = config.roles
-    among = _among(roles)
     for route in parts.routes.values():
         kind = route.session
         missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
         if kind is not None and missing:
             raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
-                              f"which is not among {among}")
+                              f"which is not among {_among(roles, missing[0])}")
         options = route.agent.options if route.agent is not None else None
         if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
             raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
-                              f"{options.model!r}, which is not among {among}: in a run with roles the "
+                              f"{options.model!r}, which is not among {_among(roles, options.model)}: in a run "
+                              "with roles the "
                               "models served are its roles")
     estimator = parts.training.get("algorithm.advantage_options")
     if config.rollout.roles and estimator is not None and not estimator.group_relative:
@@ -154,12 +155,40 @@ def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
         role = sample.extra_info["role"]
         if not isinstance(role, str) or role not in config.roles:
             raise ConfigError(f"{origin_of(sample, f'the prompts sample {i}')}: extra_info.role: {role!r} is not "
-                              f"among {_among(config.roles)}")
+                              f"among {_among(config.roles, role)}")
 
 
-def _among(roles: Sequence[str]) -> str:
-    """The run's roles as the refusals of a role name them."""
-    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
+def check_every_role_acts(config: Config, parts: Parts, samples: Sequence[Sample]) -> None:
+    """Every role of the run acts in some episode, else nothing trains it: in toolrl's own loop an episode
+    starts with its data row's role (``extra_info.role``), else the first role, and only a session kind
+    gives turns to others (its ``roles``). An agent program may ask for any role, as may a session kind
+    that gives turns without declaring to whom; recorded rows (``data.trajectories``) name their own."""
+    roles = config.roles
+    if len(roles) < 2 or config.data.trajectories:
+        return
+    acting = {sample.extra_info.get("role") or roles[0] for sample in samples}
+    for route in parts.routes.values():
+        kind = route.session
+        if route.agent is not None or (kind is not None and kind.cls.gives_turns() and not kind.cls.roles):
+            return
+        acting.update(kind.cls.roles if kind is not None else ())
+    never = [role for role in roles if role not in acting]
+    if never:
+        field = "rollout.roles" if config.rollout.roles else f"model.adapters.{never[0]}"
+        them = "it" if len(never) == 1 else "them"
+        raise ConfigError(f"{field_where(config, field)}: {', '.join(map(repr, never))} can never act, so the run "
+                          f"cannot train {them}: each episode starts with its data row's extra_info.role, else "
+                          f"{roles[0]!r}, and no session kind (its roles) or agent program (rollout.agent) of the "
+                          f"run gives turns to {them}")
+
+
+def _among(roles: Sequence[str], name: object = None) -> str:
+    """The run's roles as the refusals of a role name them (with the closest to ``name``, when one is)."""
+    close = difflib.get_close_matches(name, roles, n=1) if isinstance(name, str) else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    if not roles:
+        return "the run's roles: it has none (set rollout.roles)"
+    return f"the run's roles ({', '.join(roles)}{hint})"
 
 
 # -- the template ------------------------------------------------------------------------------------
@@ -206,12 +235,14 @@ def _template_error(exc: BaseException) -> str:
 
 
 def check_context(facts: RunFacts) -> list[str]:
-    """``model.max_context`` beyond the model's window runs, but the engine ends trajectories at the
-    window: one warning. (Prompts longer than either are refused by the prompt check.)"""
+    """``model.max_context`` beyond the model's window (its ``config.json``'s, read without the weights)
+    is refused: the engine ends trajectories at the window, and what the run sizes from the cap (a context
+    policy's trigger, a summary's room) would never come. (Prompts longer than either are refused by the
+    prompt check.)"""
     cap = facts.config.model.max_context
     if cap is not None and facts.window is not None and cap > facts.window:
-        return [f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
-                f"({facts.window:,}, {facts.window_stated}): trajectories end at {facts.window:,}"]
+        raise ConfigError(f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
+                          f"({facts.window:,}, {facts.window_stated}): set at most {facts.window:,}, or leave it out")
     return []
 
 
@@ -280,7 +311,9 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
                "trainer.world_size": config.trainer.world_size > 1}
     for field, why in _NOT_WITH_ADAPTERS.items():
         if refused[field]:
-            raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
+            # A critic the estimator asked for (no critic section written) is the estimator's setting.
+            written = field != "critic" or facts.where(field) != field
+            raise ConfigError(f"{facts.where(field if written else 'algorithm.advantage')}: not with model.adapters: "
                               f"{why.format(advantage=config.algorithm.advantage)}")
     if trains and all(a.frozen for a in adapters.values()):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
@@ -322,6 +355,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
     check_sample_roles(config, prompts)
+    check_every_role_acts(config, parts, prompts)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

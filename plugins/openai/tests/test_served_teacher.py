@@ -80,7 +80,7 @@ def test_a_served_teacher_sends_one_request_per_trajectory_at_once(tokenizer, sa
 
     server = FakeServer(slow, models=("tiny-qwen3",))
     try:
-        teacher = ServedTeacher(served(server.url), tokenizer, ".", "algorithm.teacher[0]")
+        teacher = ServedTeacher(served(server.url), tokenizer, ".", "algorithm.teacher.0")
         teacher.score(real)
         assert server.max_in_flight == len(real)
         assert all(b["prompt_logprobs"] == 0 and b["model"] == "tiny-qwen3" for b in server.bodies)
@@ -109,7 +109,7 @@ def test_a_server_that_cannot_score_is_refused_with_one_line(kind, scripted_serv
         if fake is not None:
             fake.close()
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"algorithm.teacher[0] (engine openai at {url}): ")
+    assert "\n" not in message and message.startswith(f"algorithm.teacher.0 (engine openai at {url}): ")
     expected = {"scripted": "chat_script engine does not score given tokens",
                 "no prompt_logprobs": "does not return prompt log-probs", "nothing listens": "does not answer"}
     assert expected[kind] in message
