@@ -988,6 +988,8 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
     ``exact``: of the node at ``loc`` itself, None when the file does not hold it."""
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
     for part in loc:
+        if part == 0 and isinstance(part, int) and not isinstance(node, yaml.SequenceNode):
+            continue  # a one-item list written as its item (algorithm.teacher: {...})
         if isinstance(node, yaml.MappingNode):
             match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
             if match is None:
@@ -996,8 +998,6 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
-        elif part == 0 and not isinstance(node, yaml.SequenceNode):  # a one-item list written as its item
-            continue
         else:
             return None if exact else line
     return line
