@@ -124,8 +124,12 @@ def test_a_lora_target_the_run_refuses_prints_no_library_warning_first(tmp_path)
     assert not (tmp_path / "run").exists()
 
 
-def test_roles_a_session_or_a_row_gives_turns_to_pass(tmp_path):
-    """The other side of "can never act": a data row that names the second role makes it act."""
+def test_roles_a_row_gives_turns_to_and_frozen_roles_that_sit_out_pass(tmp_path):
+    """The other side of "can never act": a data row that names the second role makes it act, and a frozen
+    adapter's role (a fixed opponent this environment never calls on) trains nothing anyway."""
+    frozen, _ = write_case(tmp_path, "model:\n  source: tiny-qwen3\n  adapters:\n    writer: {r: 4}\n"
+                           "    critic: {r: 4, frozen: true}  #!\n")
+    assert invoke("train", str(frozen), "--check").exit_code == 0
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": [{"role": "user", "content": "1+1?"}]}\n'
                     '{"prompt": [{"role": "user", "content": "2+2?"}], "extra_info": {"role": "critic"}}\n')

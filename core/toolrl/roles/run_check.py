@@ -159,10 +159,11 @@ def check_sample_roles(config: Config, samples: Sequence[Sample]) -> None:
 
 
 def check_every_role_acts(config: Config, parts: Parts, samples: Sequence[Sample]) -> None:
-    """Every role of the run acts in some episode, else nothing trains it: in toolrl's own loop an episode
-    starts with its data row's role (``extra_info.role``), else the first role, and only a session kind
-    gives turns to others (its ``roles``). An agent program may ask for any role, as may a session kind
-    that gives turns without declaring to whom; recorded rows (``data.trajectories``) name their own."""
+    """Every role the run trains acts in some episode, else nothing trains it: in toolrl's own loop an
+    episode starts with its data row's role (``extra_info.role``), else the first role, and only a session
+    kind gives turns to others (its ``roles``). An agent program may ask for any role, as may a session kind
+    that gives turns without declaring to whom; recorded rows (``data.trajectories``) name their own. A
+    frozen adapter's role trains nothing anyway: it may sit out a route that never calls on it."""
     roles = config.roles
     if len(roles) < 2 or config.data.trajectories:
         return
@@ -172,7 +173,7 @@ def check_every_role_acts(config: Config, parts: Parts, samples: Sequence[Sample
         if route.agent is not None or (kind is not None and kind.cls.gives_turns() and not kind.cls.roles):
             return
         acting.update(kind.cls.roles if kind is not None else ())
-    never = [role for role in roles if role not in acting]
+    never = [role for role in roles if role not in acting and role not in config.frozen_roles]
     if never:
         field = "rollout.roles" if config.rollout.roles else f"model.adapters.{never[0]}"
         them = "it" if len(never) == 1 else "them"
