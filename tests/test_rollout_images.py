@@ -162,7 +162,7 @@ def test_oversized_sample_image_is_refused_without_decoding(tmp_path):
         Image.new("1", (side, side)).save(buffer, format="PNG")
         (tmp_path / "big.png").write_bytes(buffer.getvalue())
         row = {"prompt": [{"role": "user", "content": [{"type": "image", "image": "big.png"}]}]}
-        with pytest.raises(ConfigError, match=r"^f.jsonl:1: prompt\[0\]\.content\[0\]: .*over the limit of "
+        with pytest.raises(ConfigError, match=r"^f.jsonl:1: prompt\.0\.content\.0: .*over the limit of "
                                               r"50,000,000 pixels \(rollout.images.hard_max_pixels\)$"):
             to_sample(row, "f.jsonl:1", tmp_path)
 
