@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -531,8 +532,6 @@ class ServedTeacherOptions(Section):
     @field_validator("base_url")
     @classmethod
     def _url(cls, url: str) -> str:
-        from urllib.parse import urlsplit
-
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 (a port that is not a number raises here)
