@@ -136,14 +136,14 @@ def _did_you_mean(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
     def keyed(annotation: Any) -> bool:  # ``dict[K, X]``, ``dict[K, X] | None``: the next part is a key
         return get_origin(annotation) is dict or any(keyed(arg) for arg in get_args(annotation))
 
-    key = False
+    in_mapping = False
     for part in loc[:-1]:
-        if isinstance(part, int) or key:  # an item of a list or a mapping: its model is the container's
-            key = False
+        if isinstance(part, int) or in_mapping:  # an item of a list or a mapping: its model is the container's
+            in_mapping = False
             continue
         field = model.model_fields.get(str(part)) if model is not None else None
         found = sections(field.annotation) if field is not None else []
-        key = field is not None and keyed(field.annotation)
+        in_mapping = field is not None and keyed(field.annotation)
         model = found[0] if found else None
     if model is None or not loc:
         return ""
@@ -423,7 +423,7 @@ class RolloutConfig(Section):
     @field_validator("roles")
     @classmethod
     def _each_role_once(cls, roles: list[str] | None) -> list[str] | None:
-        twice = sorted({role for role in roles or () if roles.count(role) > 1})  # type: ignore[union-attr]
+        twice = sorted({role for role in roles if roles.count(role) > 1}) if roles else []
         if twice:
             raise ValueError(f"{', '.join(map(repr, twice))} listed twice: each role is one policy's name, "
                              "its baseline's and its metrics'")
@@ -987,7 +987,7 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
     ``exact``: of the node at ``loc`` itself, None when the file does not hold it."""
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
     for part in loc:
-        if part == 0 and isinstance(part, int) and not isinstance(node, yaml.SequenceNode):
+        if isinstance(part, int) and part == 0 and not isinstance(node, yaml.SequenceNode):
             continue  # a one-item list written as its item (algorithm.teacher: {...})
         if isinstance(node, yaml.MappingNode):
             match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
