@@ -212,6 +212,20 @@ def _path_text(value: str) -> str:
     return value
 
 
+def _api_root(url: str) -> str:
+    """A server's API root: an http(s) URL with a host (and a port, if any, that is a number)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not a URL: give the server's API root, e.g. http://host:8000/v1")
+    return url
+
+
+# An OpenAI-compatible server's address (``.../v1``), refused when the config loads rather than tried.
+ApiRoot = Annotated[str, AfterValidator(_api_root)]
 # A file or directory name: "" would silently mean the current directory, a NUL byte no path at all.
 PathText = Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]  # torch, numpy and the engines take 32-bit seeds
@@ -522,24 +536,12 @@ class ServedTeacherOptions(Section):
     """Where a served teacher (``engine: openai``) answers: an OpenAI-compatible server that returns
     prompt log-probs (vLLM, ``toolrl serve``)."""
 
-    base_url: str = Field(min_length=1, description="the server's API root, e.g. http://host:8000/v1")
+    base_url: ApiRoot = Field(description="the server's API root, e.g. http://host:8000/v1")
     model: str | None = Field(None, min_length=1, description="the served model's name; None: the teacher's "
                               "model.source")
     api_key: str | None = Field(None, description="sent as a bearer token")
     timeout_s: float = Field(300.0, gt=0, description="the most one scoring request may take")
     max_concurrency: int = Field(64, gt=0, description="scoring requests in flight at once")
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, url: str) -> str:
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 (a port that is not a number raises here)
-        except ValueError as exc:
-            raise ValueError(f"{url!r} is not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not a URL: give the server's API root, e.g. http://host:8000/v1")
-        return url
 
 
 class TeacherConfig(Section):
