@@ -137,8 +137,7 @@ def check_roles(facts: RunFacts, parts: Parts) -> None:
         if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
             raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
                               f"{options.model!r}, which is not among {_among(roles, options.model)}: in a run "
-                              "with roles the "
-                              "models served are its roles")
+                              "with roles the models served are its roles")
     estimator = parts.training.get("algorithm.advantage_options")
     if config.rollout.roles and estimator is not None and not estimator.group_relative:
         raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
@@ -185,11 +184,10 @@ def check_every_role_acts(config: Config, parts: Parts, samples: Sequence[Sample
 
 def _among(roles: Sequence[str], name: object = None) -> str:
     """The run's roles as the refusals of a role name them (with the closest to ``name``, when one is)."""
-    close = difflib.get_close_matches(name, roles, n=1) if isinstance(name, str) else []
-    hint = f"; did you mean {close[0]!r}?" if close else ""
     if not roles:
         return "the run's roles: it has none (set rollout.roles)"
-    return f"the run's roles ({', '.join(roles)}{hint})"
+    close = difflib.get_close_matches(name, roles, n=1) if isinstance(name, str) else []
+    return f"the run's roles ({', '.join(roles)}{f'; did you mean {close[0]!r}?' if close else ''})"
 
 
 # -- the template ------------------------------------------------------------------------------------
