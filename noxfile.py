@@ -82,7 +82,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo"}
+               "duo", "tinker"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
@@ -287,7 +287,37 @@ def plugin(session: nox.Session, plugin: str) -> None:
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
-    pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs)
+    env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session),
+           "TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
+    pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs, env=env)
+
+
+def cookbook_venv(session: nox.Session) -> str:
+    """tinker-cookbook in a plain venv of its own beside the session's, as a user of the hosted Tinker service
+    has it (its own tinker and transformers, which differ from toolrl's, and a CPU torch), for the tinker
+    plugin's cookbook tests: its interpreter. 0.5.8: 0.6.1 needs a tml-renderers the index lacks."""
+    venv = Path(session.virtualenv.location).with_name(slug(session.name) + "-cookbook")
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    python = str(venv / "bin" / "python")
+    session.run(python, "-m", "pip", "install", "-q", "--no-compile", *TORCH, external=True)
+    session.run(python, "-m", "pip", "install", "-q", "--no-compile", "tinker-cookbook[math-rl]==0.5.8",
+                external=True)
+    return python
+
+
+# The older tinker SDK release the tinker plugin's server is tested against too (tests/test_older_sdk.py).
+OLD_TINKER_SDK = "tinker==0.34.0"
+
+
+def old_tinker_sdk(session: nox.Session) -> str:
+    """A venv of its own holding the older SDK (a client does not share the server's packages); its Python."""
+    venv = Path(session.virtualenv.location).parent / "tinker-sdk-old"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv))
+    session.run(str(python), "-m", "pip", "install", "-q", OLD_TINKER_SDK, "numpy", external=True)
+    return str(python)
 
 
 @nox.session(requires=["wheels", "train_base"])

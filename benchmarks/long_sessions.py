@@ -54,17 +54,19 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 class CopyMeter:
-    """Wraps the engine's KV-copying methods on the instance: exclusive seconds, calls and copied
+    """Wraps the engine's KV-copying methods (on it, its session store and its KV batches): exclusive seconds, calls and copied
     bytes per kind, in a log of (time, kind, seconds, bytes) so they can be split by turn."""
 
     def __init__(self, engine: Any, token_bytes: int) -> None:
         self.log: list[tuple[float, str, float, int]] = []
         self.columns: list[tuple[float, int]] = []  # (time, the batch buffer's columns after a _reserve)
         self._stack: list[float] = []  # per open wrapped call: time spent in wrapped calls inside it
+        from toolrl.engines.kv_store import KVBatch
+
         e = engine
-        self._wrap(e, "_save_session", "save",
-                   lambda a, r: _kv_bytes(e._sessions.get(a[2].req.session_id)) if a[2].req.session_id else 0)
-        self._wrap(e, "_place_prefixes", "load", lambda a, r: r.nbytes)
+        self._wrap(e._sessions, "save", "save",
+                   lambda a, r: _kv_bytes(e._sessions._kept.get(a[0].req.session_id)) if a[0].req.session_id else 0)
+        self._wrap(KVBatch, "_place", "load", lambda a, r: r.nbytes)
         self._wrap(e, "_reserve", "grow", _batch_bytes_if_new)
         # Both end in a _compact and may _reserve (each counted on its own): their own copy is the rows
         # they move (keep: kept rows past the new end; merge: the joining rows), up to the write column.
@@ -73,13 +75,13 @@ class CopyMeter:
                    else 0)
         self._wrap(e, "_merge", "merge",
                    lambda a, r: len(a[1].rows) * a[1].length * token_bytes if a[-2] and a[1].rows else 0)
-        self._wrap(e, "_compact", "compact", _batch_bytes_if_new)
+        self._wrap(KVBatch, "compact", "compact", _batch_bytes_if_new)
 
-    def _wrap(self, engine: Any, name: str, kind: str, size: Callable[[tuple[Any, ...], Any], int]) -> None:
-        inner = getattr(engine, name)
+    def _wrap(self, owner: Any, name: str, kind: str, size: Callable[[tuple[Any, ...], Any], int]) -> None:
+        inner = getattr(owner, name)
 
         def timed(*args: Any) -> Any:
-            batch = args[0] if name not in ("_save_session", "_place_prefixes") else None
+            batch = args[0] if kind not in ("save", "load") else None
             # What the size functions need from before the call: the buffers, the rows, the columns.
             before = () if batch is None else (_buffer_ids(batch), len(batch.rows), batch.length)
             self._stack.append(0.0)
@@ -97,7 +99,7 @@ class CopyMeter:
             self.log.append((time.perf_counter(), kind, elapsed - nested, nbytes))
             return result
 
-        setattr(engine, name, timed)
+        setattr(owner, name, timed)
 
     def between(self, start: float, end: float) -> dict[str, tuple[float, int]]:
         out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])

@@ -173,3 +173,36 @@ def test_kept_stacked_weights_follow_a_weight_written_in_place(tiny_qwen3_path):
     with torch.no_grad():
         ref = merged_model(tiny_qwen3_path, model, "b")(input_ids=ids[1:]).logits
     torch.testing.assert_close(out[1:], ref, rtol=0, atol=1e-5)
+
+
+def test_adapters_added_and_removed_at_run_time(tiny_qwen3_path):
+    """A service's clients come and go: an adapter added beside routed ones and one removed leave the
+    others' routes, values and requires_grad as they were, and peft's own adapter sum stays off."""
+    model = routed_model(tiny_qwen3_path)
+    ids = prompts(3, 10)
+    with torch.no_grad(), routed(model, torch.tensor([0, 1, -1])):
+        before = model(input_ids=ids).logits
+    grads = {n: p.requires_grad for n, p in model.named_parameters()}
+    lora.add_adapter(model, "d", AdapterConfig(r=3, alpha=6, target_modules=["q_proj"]))
+    assert adapter_names(model) == ["a", "b", "c", "d"]
+    assert all(p.requires_grad == (grads[n] if n in grads else lora.adapter_of(n) == "d")
+               for n, p in model.named_parameters())
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # "d" drawn (peft starts B at zero, which would hide a wrong route)
+        for n, p in model.named_parameters():
+            if lora.adapter_of(n) == "d":
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    with torch.no_grad(), routed(model, torch.tensor([0, 1, -1])):
+        torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=0, atol=0)
+    with torch.no_grad(), routed(model, torch.full((1,), 3)):
+        alone = model(input_ids=ids[:1]).logits
+        torch.testing.assert_close(alone, merged_model(tiny_qwen3_path, model, "d")(input_ids=ids[:1]).logits,
+                                   rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="has an adapter of that name"):
+        lora.add_adapter(model, "d", AdapterConfig(r=3))
+    lora.remove_adapter(model, "a")
+    assert adapter_names(model) == ["b", "c", "d"]
+    assert all(lora.adapter_of(n) != "a" for n, _ in model.named_parameters())
+    assert all(p.requires_grad == (lora.adapter_of(n) in ("b", "d")) for n, p in model.named_parameters())
+    with torch.no_grad(), routed(model, torch.tensor([0, -1])):
+        torch.testing.assert_close(model(input_ids=ids[1:]).logits, before[1:], rtol=0, atol=1e-6)

@@ -300,3 +300,23 @@ def test_moved_knobs_act_from_their_parts_options():
     new = torch.tensor([[0.1, -0.1]])
     terms = loss(LossInputs(new, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2)))
     assert terms.clipped.tolist() == [[True, True]] and loss.kl_coef == 0.2
+
+
+def test_cispo_floor_bounds_the_weight_from_below():
+    """CISPO's ``min_weight`` (the Tinker API's clip_low_threshold): below it the stopped weight is the
+    floor and the token counts as clipped; the default floor 0 bounds nothing."""
+    from toolrl.algorithms import LossInputs
+    from toolrl.algorithms.losses import Cispo
+
+    new = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    prox = torch.tensor([[-0.5, -2.0, -4.0]])  # ratios e^-0.5, 1, e^1
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    mask = torch.ones(1, 3)
+    inputs = LossInputs(new, prox, prox, adv, mask)
+    floored = Cispo(Cispo.Options(min_weight=0.8, max_weight=2.0), AlgorithmConfig())(inputs)
+    plain = Cispo(Cispo.Options(max_weight=2.0), AlgorithmConfig())(inputs)
+    weights = torch.tensor([[0.8, 1.0, 2.0]])
+    torch.testing.assert_close(floored.per_token, -weights * adv * new, rtol=0, atol=0)
+    assert floored.clipped.tolist() == [[True, False, True]]
+    torch.testing.assert_close(plain.per_token[0, 0], -(torch.exp(torch.tensor(-0.5))) * new[0, 0], rtol=0, atol=0)
+    assert plain.clipped.tolist() == [[False, False, True]]

@@ -65,7 +65,8 @@ CORPUS = [
      "(did you mean 'decode'?)"),
     ("static decode with adapters", "model:\n  source: tiny-qwen3\n  adapters: {writer: {r: 4}}\n"
      "engine:\n  options: {decode: static}  #!\n", "engine.options",
-     "decode: static takes a text model that records no routes and serves one policy, not model.adapters"),
+     "decode: static takes a text model that records no routes (record_routes: false) and serves no adapter per "
+     "role (model.adapters)"),
     ("environment option key", "env: arithmetic\nenv_options:\n  train_size: 4\n  digit: 2  #!\n",
      "env_options.digit", "unknown key (did you mean 'digits'?)"),
     ("agent model a role misspelt", "rollout:\n  roles: [planner, executor]\n  agent:\n"

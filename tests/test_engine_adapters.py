@@ -110,3 +110,36 @@ def test_static_decode_is_refused_with_an_adapter_per_role(tiny_qwen3_path):
                                      "engine": {"options": {"decode": "static"}}})
     with pytest.raises(ValueError, match="decode: static"):
         TransformersEngine.check_run(RunFacts(static, tiny_qwen3_path, {}, {}, None, None))
+
+
+async def test_prompt_logprobs_under_a_named_adapter(engine, tiny_qwen3_path, qwen3_tokenizer):
+    """A prompt scored under an adapter is scored by that adapter merged; an engine with adapters per
+    role wants one named."""
+    prompt = chat(qwen3_tokenizer, "Score me under one policy")
+    (scored,) = await engine.prompt_logprobs([prompt], top=2, adapter="b")
+    with torch.no_grad():
+        ref = torch.log_softmax(merged_model(tiny_qwen3_path, engine.model, "b")(
+            input_ids=torch.tensor([prompt])).logits[0, :-1].float(), -1)
+    want = ref.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(scored.logprobs), want, rtol=0, atol=1e-5)
+    assert [t for t, _ in scored.top[0]] == ref[0].topk(2).indices.tolist()
+    with pytest.raises(NotImplementedError, match="name one"):
+        await engine.prompt_logprobs([prompt])
+
+
+async def test_an_adapter_removed_while_others_run_leaves_their_routes(engine, tiny_qwen3_path, qwen3_tokenizer):
+    """A service drops one client's adapter while another's rows are queued or decoding: those rows keep
+    their own adapter (by name: its index shifts down), sampling exactly as it merged."""
+    prompt = chat(qwen3_tokenizer, "keep my adapter")
+    ref = merged_model(tiny_qwen3_path, engine.model, "c")
+    longer = SamplingParams(temperature=0.0, max_new_tokens=48)
+    running = asyncio.ensure_future(engine.generate(prompt, longer, adapter="c"))
+    while engine.stats.steps < 2:  # prefilled and decoding before the removal
+        await asyncio.sleep(0.001)
+    queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
+    await asyncio.sleep(0)
+    await asyncio.to_thread(engine.apply_adapters, lambda model: lora.remove_adapter(model, "a"))
+    assert not running.done()
+    (decoded,), (fresh,) = await asyncio.gather(running, queued)
+    assert decoded.token_ids == greedy_reference(ref, prompt, longer.max_new_tokens)
+    assert fresh.token_ids == greedy_reference(ref, prompt, GREEDY.max_new_tokens)

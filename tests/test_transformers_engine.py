@@ -97,7 +97,10 @@ async def test_prompt_logprobs_of_a_padded_batch_are_each_prompts_own_forward(ti
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([prompt])).logits[0, :-1].float(), -1)
         assert_close(s.logprobs, logprob_reference(model, prompt[:1], prompt[1:]), tol=1e-5)
-        assert s.ranks == [int((lp[j] > lp[j, t]).sum()) + 1 for j, t in enumerate(prompt[1:])]
+        # A rank counts the tokens above this one: those within the log-probs' tolerance of it may fall
+        # either side of it in the padded batch's arithmetic (4069 against 4068 on some CPUs).
+        for j, (t, rank) in enumerate(zip(prompt[1:], s.ranks, strict=True)):
+            assert int((lp[j] > lp[j, t] + 1e-5).sum()) < rank <= int((lp[j] >= lp[j, t] - 1e-5).sum()), (j, rank)
         best = lp.topk(3, -1)
         assert [[t for t, _ in row] for row in s.top] == best.indices.tolist()
         assert_close([v for row in s.top for _, v in row], best.values.flatten().tolist(), tol=1e-5)

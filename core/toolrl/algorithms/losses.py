@@ -71,21 +71,24 @@ class Gspo(PolicyLoss):
 
 class CispoOptions(LossOptions):
     max_weight: float = Field(5.0, gt=0, description="the cap on the token's importance weight r_it")
+    # 0 bounds nothing (a ratio is never negative): the paper's CISPO; the Tinker API's cispo sets a floor.
+    min_weight: float = Field(0.0, ge=0, description="the floor of the token's importance weight r_it")
 
 
 class Cispo(PolicyLoss):
     """CISPO (MiniMax-M1, 2025): REINFORCE weighted by the clipped ratio with its gradient stopped, so
     that no token's gradient is dropped (PPO's clip zeroes it), only its weight bounded::
 
-        loss_it = -sg(min(r_it, max_weight)) · A_it · new_it
+        loss_it = -sg(clip(r_it, min_weight, max_weight)) · A_it · new_it
 
     The paper writes the cap as ``1 + eps_high``; ``max_weight`` is the cap itself, as TRL's
-    ``epsilon_high`` for ``loss_type="cispo"``."""
+    ``epsilon_high`` for ``loss_type="cispo"``; ``min_weight`` (default 0: none) is a floor."""
 
     name = "cispo"
     Options = CispoOptions
 
     def __call__(self, inputs: LossInputs) -> LossTerms:
         ratio = (inputs.new_logprobs - inputs.prox_logprobs).exp()
-        weight = ratio.clamp(max=self.options.max_weight).detach()
-        return LossTerms(-weight * inputs.advantages * inputs.new_logprobs, ratio > self.options.max_weight)
+        low, high = self.options.min_weight, self.options.max_weight
+        weight = ratio.clamp(min=low, max=high).detach()
+        return LossTerms(-weight * inputs.advantages * inputs.new_logprobs, (ratio > high) | (ratio < low))

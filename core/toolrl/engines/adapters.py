@@ -109,6 +109,45 @@ def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: b
             object.__setattr__(layer, _ROUTE, None)
 
 
+class RowAdapters:
+    """A model's adapters per role as an engine's rows carry them: a request names its adapter, and every
+    forward routes each row through the one of that name (looked up then, so a row keeps its adapter when
+    others are added or removed at run time; ``keep_stacked``: the engine writes its weights in place or
+    replaces them). A model without adapters per role has none: its rows name None and run unrouted."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.device = model, next(model.parameters()).device
+        self.names = adapter_names(model) if has_routing(model) else []
+
+    def index(self, adapter: str | None) -> int:
+        """``adapter``'s index among the names (-1 for None on a model without them)."""
+        if not self.names:
+            if adapter is not None:
+                raise ValueError(f"adapter {adapter!r}: the engine's model has no LoRA adapter per role")
+            return -1
+        if adapter not in self.names:
+            asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
+            raise ValueError(f"{asked}: the engine serves an adapter per role: {', '.join(self.names)}")
+        return self.names.index(adapter)
+
+    def forward(self, rows: list[str | None]) -> contextlib.AbstractContextManager[None]:
+        """The context of a forward whose row i runs through adapter ``rows[i]`` (a name, or None)."""
+        if not self.names:
+            return contextlib.nullcontext()
+        import torch
+
+        ids = torch.tensor([self.index(a) for a in rows], device=self.device)
+        return routed(self.model, ids, keep_stacked=True)
+
+    def one_policy(self, work: str, adapter: str | None) -> None:
+        """Check ``adapter`` for ``work`` that runs every row under one policy: on a model with adapters
+        per role, one must be named."""
+        if self.names and adapter is None:
+            raise NotImplementedError(f"the transformers engine {work} under one policy, and this one serves "
+                                      f"an adapter per role ({', '.join(self.names)}): name one")
+        self.index(adapter)
+
+
 def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
     """The forward hook of a routed LoRA layer: its base output plus each token's adapter delta."""
     route = layer.__dict__[_ROUTE]

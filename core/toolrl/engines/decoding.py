@@ -1,18 +1,48 @@
 """The tensor pieces of the transformers engine's decode loop (:mod:`toolrl.engines.transformers`), apart
-from its class so that resolving the class imports no torch: inverse-CDF sampling over a large vocabulary,
-and a KV layer that grows in place."""
+from its class so that resolving the class imports no torch: sampling each row's token (inverse CDF over a
+large vocabulary), and a KV layer that grows in place."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
+if TYPE_CHECKING:
+    from toolrl.engines.scheduler import Row
+
 _CDF_BLOCK = 1024
-# Uniforms a sampled row draws from its generator at once: block draws continue the generator's stream
-# exactly as one draw per token would (CPU generators), at one call per block instead of one per token.
-UNIFORM_BLOCK = 64
+
+
+def sample(rows: list[Row], logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """One token per row and its logprob. Greedy rows take the argmax (logprob from the raw logits);
+    sampled rows draw from softmax(logits / T), restricted to the top-p nucleus, by inverting the CDF at
+    one uniform from their own generator (all rows' reach the device in one copy). The logprob is that
+    of softmax(logits / T), before top-p."""
+    temps = [r.req.params.temperature for r in rows]
+    if any(t not in (0, 1) for t in temps):
+        logits = logits / torch.tensor([t or 1.0 for t in temps], device=logits.device)[:, None]
+    probs = torch.softmax(logits, dim=-1)
+    sampled = [i for i, t in enumerate(temps) if t != 0]
+    # argmax over the vocabulary is not free on CPU: only greedy rows need it.
+    chosen = logits.argmax(-1) if len(sampled) < len(rows) else logits.new_zeros(len(rows), dtype=torch.long)
+    if sampled:
+        p = probs if len(sampled) == len(rows) else probs[sampled]
+        nucleus = [k for k, i in enumerate(sampled) if rows[i].req.params.top_p < 1.0]
+        if nucleus:
+            top_p = torch.tensor([rows[sampled[k]].req.params.top_p for k in nucleus], device=p.device)
+            sorted_p, order = p[nucleus].sort(dim=-1, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+            outside = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
+            p = p.clone() if p is probs else p  # the logprobs are taken before top-p
+            p[nucleus] = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
+        u = torch.tensor([rows[i].uniform() for i in sampled], dtype=torch.float64, device=p.device)
+        chosen[torch.tensor(sampled, device=p.device)] = inverse_cdf(p, u)
+    logprobs = probs.gather(1, chosen[:, None])[:, 0].log()
+    # One copy to the host for both (token ids are exact in float64).
+    ids, lps = torch.stack((chosen.to(torch.float64), logprobs.to(torch.float64))).tolist()
+    return [int(i) for i in ids], lps
 
 
 def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -1,18 +1,16 @@
-"""The transformers engine's static decode step (``decode: static``; the default on CUDA).
+"""The transformers engine's static decode steps (``decode: static``; the default on CUDA).
 
-The growing path (:meth:`TransformersEngine._forward`) hands the model the used columns of the KV
-buffers, so every step has new shapes and runs op by op from Python: on a GPU the host's launches,
-not the memory bandwidth, set the rate. Here a step has fixed shapes per *bucket*: the rows are padded
-to a power of two (at most ``max_batch_size``), the model attends over the buffer's whole capacity
-(a power of two; the mask hides the columns not in use) and writes its token's KV at a column held in
-a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and replayed, by hand:
-no compiler (Triton's compile of a model per shape would take minutes of a GPU call), and the kernels
-are eager PyTorch's, so the graph computes what the eager step computes. On CPU the same step runs
-eagerly; the tests check its tokens and log-probs against the growing path.
+The eager steps (:class:`~toolrl.engines.step_runner.EagerSteps`) have new shapes every step and run op by
+op from Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
+has fixed shapes per *bucket*: rows padded to a power of two (at most ``max_batch_size``), attention
+over the buffer's whole capacity (a power of two; the mask hides unused columns), the token's KV written
+at a column held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and
+replayed by hand: no compiler (a compile per shape would take minutes), and the kernels are eager
+PyTorch's, so the graph computes what the eager step does. On CPU the same step runs eagerly.
 
 A graph holds the addresses it was captured with: those of the weights (updated in place, so a
-weight update is seen), the KV buffers (part of its key: a reallocated buffer gets a new graph) and
-its own input tensors, which each step fills before the replay.
+weight update is seen; a replaced one drops the graphs), the KV buffers (part of its key: a reallocated
+buffer gets a new graph) and its own input tensors, which each step fills before the replay.
 """
 
 from __future__ import annotations
@@ -21,6 +19,10 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
+
+from toolrl.engines.adapters import RowAdapters
+from toolrl.engines.kv_store import KVBatch
+from toolrl.engines.step_runner import EagerSteps
 
 # Captured graphs kept before all are dropped (each bucket of rows and capacity, per buffer).
 _MAX_GRAPHS = 64
@@ -48,31 +50,48 @@ class StaticLayer(DynamicLayer):
         return self.keys, self.values
 
 
-class StaticDecoder:
-    """Runs decode steps of fixed shape; ``graphs``: capture each shape's step as a CUDA graph."""
+class StaticSteps(EagerSteps):
+    """Decode steps of fixed shape; on CUDA each shape's step is a captured graph (``graphs``)."""
 
-    def __init__(self, model: Any, graphs: bool) -> None:
-        self.model = model
+    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int) -> None:
+        super().__init__(model, adapters, None)
+        self.max_rows = max_rows
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, Any], torch.Tensor]] | None = (
-            {} if graphs else None)
+            {} if self.device.type == "cuda" else None)
         self._pool: Any = None
         self.captures = 0  # graphs captured so far (the GPU suite reports it)
+        self._pointers = [p.data_ptr() for p in self.model.parameters()]
 
-    def reset(self) -> None:
-        """Drop the captured graphs (the weights' tensors were replaced, or memory is to be freed)."""
-        if self.graphs is not None:
-            self.graphs.clear()
+    def capacity(self, columns: int) -> int:
+        # A power of two, so that the steps take few shapes (one CUDA graph each).
+        return 1 << (columns - 1).bit_length()
 
-    def step(self, keys: list[torch.Tensor], values: list[torch.Tensor], ids: torch.Tensor,
-             positions: torch.Tensor, column: torch.Tensor,
-             mask: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
-        """Logits [rows, vocab] (float32) of one step: ``ids``/``positions`` [rows, 1], the KV written at
-        ``column`` of ``keys``/``values`` (per layer [rows, kv_heads, capacity, head_dim]), ``mask`` the
-        prepared 4-D mask(s) [rows, 1, 1, capacity]."""
-        inputs = {"ids": ids, "positions": positions, "column": column, "mask": mask}
-        if self.graphs is None:
-            return self._forward(keys, values, **inputs)
-        key = (ids.shape[0], keys[0].shape[2], *(t.data_ptr() for t in keys + values))
+    def slots(self, rows: int) -> int:
+        return bucket(rows, self.max_rows)
+
+    def decode(self, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
+        """Rows padded to their bucket (a padding row sees only its own column, so its softmax has a
+        key), attention over the whole capacity."""
+        live = len(batch.rows)
+        rows = self.slots(live)
+        mask, positions = batch.mask, batch.positions[:, None]
+        if rows > live:
+            pad = mask.new_zeros(rows - live, batch.capacity)
+            pad[:, batch.length] = True
+            mask = torch.cat([mask, pad])
+            ids = torch.cat([ids, ids.new_zeros(rows - live, 1)])
+            positions = torch.cat([positions, positions.new_zeros(rows - live, 1)])
+        inputs = {"ids": ids, "positions": positions, "column": torch.tensor([batch.length], device=mask.device),
+                  "mask": mask[:, None, None, :] if self.window is None else self.window_masks(mask, 1)}
+        keys, values = [k[:rows] for k in batch.keys], [v[:rows] for v in batch.values]
+        logits = self._step(keys, values, **inputs) if self.graphs is None else self._replay(keys, values, inputs)
+        batch.length += 1
+        return logits[:live]
+
+    def _replay(self, keys: list[torch.Tensor], values: list[torch.Tensor], inputs: dict[str, Any]) -> torch.Tensor:
+        """The step through its shape's graph, captured on first use."""
+        assert self.graphs is not None
+        key = (inputs["ids"].shape[0], keys[0].shape[2], *(t.data_ptr() for t in keys + values))
         if key not in self.graphs:
             if len(self.graphs) >= _MAX_GRAPHS:
                 self.graphs.clear()
@@ -80,17 +99,20 @@ class StaticDecoder:
         graph, static, out = self.graphs[key]
         for name in ("ids", "positions", "column"):
             static[name].copy_(inputs[name])
-        if isinstance(mask, dict):
-            for name, m in mask.items():
+        if isinstance(inputs["mask"], dict):
+            for name, m in inputs["mask"].items():
                 static["mask"][name].copy_(m)
         else:
-            static["mask"].copy_(mask)
+            static["mask"].copy_(inputs["mask"])
         graph.replay()
         return out
 
-    def _forward(self, keys: list[torch.Tensor], values: list[torch.Tensor], ids: torch.Tensor,
-                 positions: torch.Tensor, column: torch.Tensor,
-                 mask: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+    def _step(self, keys: list[torch.Tensor], values: list[torch.Tensor], ids: torch.Tensor,
+              positions: torch.Tensor, column: torch.Tensor,
+              mask: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits [rows, vocab] (float32) of one step: ``ids``/``positions`` [rows, 1], the KV written at
+        ``column`` of ``keys``/``values`` (per layer [rows, kv_heads, capacity, head_dim]), ``mask`` the
+        prepared 4-D mask(s) [rows, 1, 1, capacity]."""
         cache = Cache(layers=[StaticLayer(k, v, column) for k, v in zip(keys, values, strict=True)])
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                          use_cache=True, logits_to_keep=1)
@@ -106,13 +128,22 @@ class StaticDecoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._forward(keys, values, **static)
+                self._step(keys, values, **static)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: a trainer sharing the process (and the module) may launch work meanwhile.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            out = self._forward(keys, values, **static)
+            out = self._step(keys, values, **static)
         self.captures += 1
         return graph, static, out
+
+    def weights_written(self) -> None:
+        if (pointers := [p.data_ptr() for p in self.model.parameters()]) != self._pointers:
+            self.release()  # a weight was replaced, not written in place: graphs read the old one
+            self._pointers = pointers
+
+    def release(self) -> None:
+        if self.graphs is not None:
+            self.graphs.clear()  # their memory pool goes too

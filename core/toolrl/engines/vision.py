@@ -9,11 +9,14 @@ largest position before it, so a row's text positions are its token index plus a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from toolrl.images import images_held, pixel_values
+
+if TYPE_CHECKING:
+    from toolrl.engines.scheduler import Request
 
 
 class PromptVision:
@@ -36,11 +39,20 @@ class PromptVision:
         pos, delta = self._rope_index(input_ids, mm_token_type_ids=types, image_grid_thw=grid)
         return pos[:, 0], int(delta.view(-1)[0])
 
-    def images_from(self, ids: Sequence[int], images: Sequence[Any], start: int) -> list[Any]:
-        """The images whose token runs lie at or after ``start`` in ``ids`` (a new turn's images)."""
-        return list(images[images_held(images, ids[:start], self.image_token_id, self.merge):])
-
-    def pixels(self, images: Sequence[Any], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """``pixel_values`` and ``image_grid_thw`` for ``images`` (in order), as the model's forward takes them."""
-        pixels, grid = pixel_values(self.processor, images, "the engine")
-        return {"pixel_values": pixels.to(device, dtype), "image_grid_thw": grid.to(device)}
+    def prefill(self, admitted: Sequence[Request], prefix: Sequence[int], width: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """A prefill's inputs for the prompts of ``admitted``, each on its first ``prefix`` tokens' kept KV:
+        3-D positions [3, rows, width] of each row's new tokens (left-padded), each row's rope delta, and
+        the pixel inputs of the images among the new tokens, in row order (the order the model fills them in)."""
+        pos = torch.zeros(3, len(admitted), width, dtype=torch.long, device=device)
+        deltas, shown = [], []
+        for i, (req, p) in enumerate(zip(admitted, prefix)):
+            full, delta = self.positions(req.prompt, req.images, device)
+            pos[:, i, width - (len(req.prompt) - p):] = full[:, p:]
+            deltas.append(delta)
+            shown += req.images[images_held(req.images, req.prompt[:p], self.image_token_id, self.merge):]
+        if not shown:
+            return pos, torch.tensor(deltas, device=device), {}
+        pixels, grid = pixel_values(self.processor, shown, "the engine")
+        return pos, torch.tensor(deltas, device=device), {"pixel_values": pixels.to(device, dtype),
+                                                         "image_grid_thw": grid.to(device)}

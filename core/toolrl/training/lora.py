@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import ConfigError
-from toolrl.engines.adapters import require_routing
+from toolrl.engines.adapters import adapter_names, has_routing, require_routing
 from toolrl.model_sources import first_line
 
 if TYPE_CHECKING:
@@ -83,6 +83,40 @@ def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]
                 if role in getattr(layer, attr):
                     getattr(layer, attr)[role].requires_grad_(True)
     return model
+
+
+def add_adapter(model: torch.nn.Module, name: str, config: AdapterConfig) -> None:
+    """One more adapter ``name`` on ``model`` at run time (a service whose clients come and go): as
+    :func:`apply_adapters` for the first, and on a model that routes adapters already, injected beside
+    them with peft's own adapter sum kept off and every other adapter's ``requires_grad`` as it was."""
+    if not has_routing(model):
+        apply_adapters(model, {name: config})
+        return
+    if name in adapter_names(model):
+        raise ValueError(f"model.adapters.{name}: the model has an adapter of that name already")
+    trained = {key for key, p in model.named_parameters() if p.requires_grad}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+        _inject(model, config, name, f"model.adapters.{name}.target_modules")
+    for layer in lora_layers(model).values():
+        layer.set_adapter([], inference_mode=True)  # injecting activates the new adapter in peft: routing adds it
+    for key, p in model.named_parameters():
+        p.requires_grad_(key in trained or (not config.frozen and adapter_of(key) == name))
+
+
+def remove_adapter(model: torch.nn.Module, name: str) -> None:
+    """Delete adapter ``name`` (its tensors and config) from a model that routes adapters; the others'
+    indices among :func:`toolrl.engines.adapters.adapter_names` shift down past it."""
+    if name not in adapter_names(model):
+        raise ValueError(f"remove_adapter: the model has no adapter {name!r}")
+    trained = {key for key, p in model.named_parameters() if p.requires_grad}
+    for layer in lora_layers(model).values():
+        if name in layer.lora_A:
+            layer.delete_adapter(name)
+        layer.set_adapter([], inference_mode=True)  # deleting may activate another adapter in peft
+    del model.peft_config[name]
+    for key, p in model.named_parameters():
+        p.requires_grad_(key in trained)
 
 
 def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:

@@ -1,0 +1,172 @@
+"""The Tinker API served by toolrl (``toolrl tinker serve``) against the same work called in process,
+CPU, one thread each.
+
+1. One training step, ``forward_backward`` (importance_sampling, ``--datums`` × ``--tokens`` tokens) then
+   ``optim_step``, sent by the official ``tinker`` SDK to a ``toolrl tinker serve`` subprocess and waited
+   for, against the same two calls of :mod:`toolrl_tinker.models` on a LoRA adapter of the same rank on
+   the same base in this process. Alternating rounds, medians, one warm-up of each excluded.
+2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
+   one at a time, against four clients (four training runs, four adapters) doing the same at once, which
+   the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
+   (``stop=[]``), seeded.
+
+    OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base tiny-qwen3] [--datums 8] [--tokens 256]
+        [--rounds 3] [--requests 4] [--max-tokens 32]
+
+The last two lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens) and
+``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from _common import free_port, machine, single_thread, table
+
+# This file's name is the SDK's package's: `import tinker` must not find it.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+single_thread()
+
+import numpy as np  # noqa: E402
+
+KEY = "tml-benchmark-key"
+
+
+def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
+    from tinker import types
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        ids = rng.integers(10, 5000, tokens + 1)
+        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1].tolist()),
+                               loss_fn_inputs={"target_tokens": ids[1:].astype(np.int64),
+                                               "logprobs": rng.uniform(-12, -11, tokens).astype(np.float32),
+                                               "advantages": rng.normal(0, 1, tokens).astype(np.float32)}))
+    return out
+
+
+def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", base, "--port", str(port),
+                             "--state-dir", state_dir, "--max-batch-tokens", "1000000"], env=env,
+                            stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if b"tinker API on" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, f"http://127.0.0.1:{port}"
+    raise RuntimeError("the server did not start")
+
+
+def in_process_step(run: Any, data: list[Any]) -> float:
+    from toolrl_tinker import models
+
+    t = time.perf_counter()
+    models.forward_backward(run, data, "importance_sampling", None, False, 1 << 30)
+    models.optim_step(run, 1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0)
+    return time.perf_counter() - t
+
+
+def served_step(tc: Any, data: list[Any]) -> float:
+    from tinker import types
+
+    t = time.perf_counter()
+    fb = tc.forward_backward(data, "importance_sampling")
+    step = tc.optim_step(types.AdamParams(learning_rate=1e-4))
+    fb.result()
+    step.result()
+    return time.perf_counter() - t
+
+
+def as_batch(data: list[Any]) -> list[Any]:
+    from toolrl_tinker.batch import Datum
+
+    return [Datum(np.asarray(d.model_input.to_ints(), np.int64),
+                  {k: v.to_numpy() for k, v in d.loss_fn_inputs.items()}) for d in data]
+
+
+def sampling(samplers: list[Any], requests: int, max_tokens: int) -> float:
+    """Sampled tokens per second of every sampler sending ``requests`` requests, one at a time each."""
+    from tinker import types
+
+    prompt = types.ModelInput.from_ints(list(range(100, 132)))
+    params = types.SamplingParams(max_tokens=max_tokens, stop=[], seed=1, temperature=1.0)
+    counts = [0] * len(samplers)
+
+    def client(i: int) -> None:
+        for _ in range(requests):
+            res = samplers[i].sample(prompt, 1, params).result()
+            counts[i] += sum(len(s.tokens) for s in res.sequences)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(samplers))]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sum(counts) / (time.perf_counter() - t)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--datums", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--requests", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--base", default="tiny-qwen3", help="the base model (tiny-qwen3, smollm2-135m-instruct)")
+    args = p.parse_args()
+    os.environ["TINKER_API_KEY"] = KEY
+    import tinker
+    from toolrl_tinker import models
+
+    data = datums(args.datums, args.tokens)
+    local = models.Base(args.base)
+    run = models.Run("bench:train:0", "me", local, args.rank, models.ATTN + models.MLP, 0)
+    models.create_adapter(run)
+    with tempfile.TemporaryDirectory() as state:
+        proc, url = start_server(state, args.base)
+        try:
+            service = tinker.ServiceClient(base_url=url, api_key=KEY)
+            tc = service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=0).result()
+            batch = as_batch(data)
+            served, local_t = [], []
+            for r in range(args.rounds + 1):
+                s, loc = served_step(tc, data), in_process_step(run, batch)
+                if r:
+                    served.append(s)
+                    local_t.append(loc)
+            clients = [tc] + [service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=i).result()
+                          for i in range(1, 4)]
+            samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
+            sampling(samplers[:1], 1, 4)  # warm-up
+            one = sampling(samplers[:1], args.requests, args.max_tokens)
+            four = sampling(samplers, args.requests, args.max_tokens)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    s_med, l_med = statistics.median(served), statistics.median(local_t)
+    print(machine())
+    print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
+    print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}",
+                                                  " ".join(f"{x:.3f}" for x in served)],
+                                                 ["in process (toolrl_tinker.models)", f"{l_med:.3f}",
+                                                  " ".join(f"{x:.3f}" for x in local_t)]]))
+    print(table(["sampling", "tokens/s"], [["1 client", f"{one:.1f}"], ["4 clients", f"{four:.1f}"]]))
+    print(f"served / in-process step time: {s_med / l_med:.2f}")
+    print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
+
+
+if __name__ == "__main__":
+    main()

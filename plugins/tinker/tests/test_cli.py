@@ -1,0 +1,54 @@
+"""`toolrl tinker serve` as a user starts it: refusals in one line (exit 2), and a server the SDK reaches."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _serve(*args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TINKER_API_KEY"}
+    if key:
+        env["TINKER_API_KEY"] = key
+    return subprocess.run([sys.executable, "-m", "toolrl", "tinker", "serve", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize(("args", "key", "says"), [
+    ((), None, "an API key is required"),
+    (("--world-size", "2"), "tml-k", "several trainer ranks are not served"),
+])
+def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str) -> None:
+    done = _serve(*args, key=key)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow  # a cold interpreter importing torch and loading the base twice: ~50 s in a fresh venv
+def test_serves_the_sdk(tmp_path: Path) -> None:
+    import tinker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "TINKER_API_KEY": "tml-cli-key"}
+    proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--port", str(port), "--state-dir",
+                             str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while line and "tinker API on" not in line:
+            line = proc.stderr.readline()
+        assert f"http://127.0.0.1:{port}" in line
+        rest = tinker.RestClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-cli-key")
+        names = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
+        assert names == ["tiny-qwen3"]
+        assert (tmp_path / "state.sqlite").exists()
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -1,0 +1,117 @@
+"""tinker-cookbook's own code, unchanged, against ``toolrl tinker serve`` on loopback: the ``math_rl``
+recipe on its arithmetic environment for a few steps, through the cookbook's ``rl/train.py`` loop
+synchronously, asynchronously (``max_steps_off_policy``) and with streamed minibatches.
+
+The cookbook runs in a virtual environment of its own, as a user of the hosted service has it
+(tinker-cookbook 0.5.8, its own tinker and transformers): ``TOOLRL_COOKBOOK_PYTHON`` names its
+interpreter (the plugin's nox session makes it). The model is the tiny random Qwen3 the server holds as
+``tiny-qwen3``; the cookbook loads its tokenizer by that name from a Hugging Face cache laid out by
+:func:`toolrl_tinker.hub_names.write_hub_cache`, offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+KEY = "tml-cookbook-test-key"
+MODEL = "tiny-qwen3"
+COOKBOOK_PYTHON = os.environ.get("TOOLRL_COOKBOOK_PYTHON", "")
+pytestmark = pytest.mark.skipif(
+    not COOKBOOK_PYTHON,
+    reason="TOOLRL_COOKBOOK_PYTHON names no interpreter with tinker-cookbook==0.5.8 (nox -s 'plugin(tinker)' makes one)")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``toolrl tinker serve`` as a user starts it, on a free port; yields its URL."""
+    tmp = tmp_path_factory.mktemp("cookbook-server")
+    log = tmp / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", MODEL, "--port", "0",
+                                 "--state-dir", str(tmp / "state"), "--api-key", KEY],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 120
+        while not (found := re.search(r"tinker API on (http://\S+)", log.read_text())):
+            assert proc.poll() is None and time.time() < deadline, f"the server did not start:\n{log.read_text()}"
+            time.sleep(0.2)
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from toolrl_tinker.hub_names import write_hub_cache
+
+    return write_hub_cache((MODEL,), tmp_path_factory.mktemp("hf-hub"))
+
+
+def math_rl(server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
+    """The cookbook's math_rl recipe (arithmetic, 2 groups of 2, LoRA rank 4) with ``args``; its metrics
+    rows once it finished."""
+    env = {**os.environ, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)  # the cookbook's venv sees nothing of toolrl's
+    result = subprocess.run(
+        [COOKBOOK_PYTHON, "-m", "tinker_cookbook.recipes.math_rl.train", f"model_name={MODEL}",
+         "renderer_name=qwen3_instruct", f"base_url={server}", f"log_path={log_path}", "env=arithmetic",
+         "group_size=2", "lora_rank=4", "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete", *args],
+        capture_output=True, text=True, env=env, timeout=240, cwd=log_path.parent)
+    assert result.returncode == 0 and "Training completed successfully" in result.stderr, result.stderr[-4000:]
+    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_checkpoint(log_path: Path) -> dict:
+    records = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert records[-1]["name"] == "final"
+    return records[-1]
+
+
+def check_on_policy(rows: list[dict], episodes: int) -> None:
+    """Every step sampled ``episodes`` arithmetic episodes, and the log-probs the trainer computed for the
+    sampled tokens are the sampler's (the cookbook's KL between them, per token)."""
+    for row in rows:
+        assert row["env/all/total_episodes"] == episodes
+        assert abs(row["optim/kl_sample_train_v1"]) < 1e-4, row
+
+
+def test_math_rl_arithmetic_runs_unchanged(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=2")
+    assert [row["progress/batch"] for row in rows] == [0, 1]
+    check_on_policy(rows, episodes=4)
+    assert final_checkpoint(tmp_path / "run")["sampler_path"].startswith("tinker://")
+
+
+def test_async_off_policy(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    """rl/train.py's asynchronous loop: sampling and training run at once, samples at most one step stale."""
+    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=3", "max_steps_off_policy=1")
+    assert [row["training_client/step"] for row in rows] == list(range(len(rows))) and len(rows) >= 2
+    for row in rows:
+        assert row["training_client/step"] - row["sampling_client/step_max"] <= 1
+    check_on_policy(rows[:1], episodes=4)
+    assert final_checkpoint(tmp_path / "run")["batch"] == 3
+
+
+def test_stream_minibatch(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    """rl/train.py's streamed minibatches: two forward_backward calls per step, each on the groups sampled
+    so far, then one optim_step; the next step samples from the weights that step saved."""
+    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=4", "max_steps=2",
+                   "stream_minibatch_config.groups_per_batch=4", "stream_minibatch_config.num_minibatches=2")
+    assert [row["progress/batch"] for row in rows] == [0, 1]
+    assert [row["sampling_client/step_mean"] for row in rows] == [0.0, 1.0]
+    check_on_policy(rows, episodes=8)

