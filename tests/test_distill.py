@@ -1,4 +1,4 @@
-"""On-policy distillation (toolrl.algorithms.distill, .teacher, .align): a teacher's log-probs of the
+"""On-policy distillation (toolrl.algorithms.distill, .align, toolrl.rollout.teacher): a teacher's log-probs of the
 student's sampled tokens, the reverse-KL advantage, several teachers by route, a teacher of another
 tokenizer, and the settings refused before any model loads."""
 
@@ -10,16 +10,26 @@ import copy
 import pytest
 import torch
 from test_config_errors import invoke, one_error_line, write_config
-from toolrl.algorithms import build_estimator
+from toolrl.algorithms import CANDIDATE_LOGPROBS, build_estimator
 from toolrl.algorithms.align import char_ends, pieces, spread
-from toolrl.algorithms.teacher import Teacher, Teachers
-from toolrl.config import AlgorithmConfig, OptimConfig, TeacherConfig
+from toolrl.config import AlgorithmConfig, Config, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.model_sources import load_model, load_tokenizer
+from toolrl.rollout.teacher import Teacher, Teachers, open_teachers
 from toolrl.training.step import StepOptions, token_advantages, train_step
 from toolrl.trajectory import Trajectory
 
 OPD = AlgorithmConfig(advantage="opd", teacher={"model": "tiny-qwen3"})
+
+
+def teachers(tok, *configs: dict) -> Teachers:
+    """The teachers ``configs`` built as a run builds them (each scores a probe first)."""
+    config = Config(env="arithmetic", algorithm={"advantage": "opd", "teacher": list(configs)})
+    return asyncio.run(open_teachers(config, tok, "algorithm.teacher"))
+
+
+def teacher(tok, **config) -> Teacher:
+    return teachers(tok, config).teachers[0]
 
 
 def sampled_with_a_tool_result(path: str) -> tuple[list[Trajectory], object]:
@@ -54,7 +64,7 @@ def sampled(tiny_qwen3_path):
 
 def test_the_teachers_logprobs_are_a_separate_forward_and_tool_results_get_none(tiny_qwen3_path, sampled):
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
-    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs)
+    asyncio.run(teacher(tok, model="tiny-qwen3").score(trajs))
     model = load_model(tiny_qwen3_path).eval()
     for t in trajs:
         ids = torch.tensor([t.prompt_ids + t.response_ids])
@@ -70,7 +80,7 @@ def test_the_students_own_weights_as_teacher_give_every_token_advantage_zero(sam
     """Teacher = the student: the reverse-KL advantage is 0 up to the engine's float rounding, and exactly
     0 at the tool result's tokens."""
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
-    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs)
+    asyncio.run(teacher(tok, model="tiny-qwen3").score(trajs))
     adv = token_advantages(trajs, build_estimator(OPD), 16, OPD)
     mask = torch.zeros_like(adv)
     for i, t in enumerate(trajs):
@@ -131,7 +141,7 @@ def test_a_row_its_teacher_did_not_score_is_refused():
 def test_teachers_score_only_their_routes(tiny_qwen3_path, sampled):
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
     trajs[0].env, trajs[1].env = "math", "other"
-    Teachers([TeacherConfig(model="tiny-qwen3", routes=["math"])], tok, ".").score(trajs)
+    asyncio.run(teachers(tok, {"model": "tiny-qwen3", "routes": ["math"]}).score(trajs))
     assert trajs[0].teacher_logprobs is not None and trajs[1].teacher_logprobs is None
 
 
@@ -175,29 +185,71 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     mask = [1] * len(first) + [0] * len(tool) + [1] * (len(second) + 1)
     t = Trajectory(trajectory_id="x", sample_index=0, group=0, prompt_ids=prompt, response_ids=response,
                    response_mask=mask, logprobs=[-1.0] * len(response))
-    teacher = Teacher(TeacherConfig(model="smollm2-135m-instruct"), student, ".")
-    assert not teacher.same
-    teacher.score([t])
+    smol = teacher(student, model="smollm2-135m-instruct")
+    assert not smol.same
+    asyncio.run(smol.score([t]))
     lp = t.teacher_logprobs
     assert all(v == 0.0 for v, m in zip(lp, mask, strict=True) if not m)
     assert all(v < 0 for v in lp[:len(first)])  # every student token of the first piece covers text
     # The first piece's share is the teacher's log-prob of its text after the prompt's text, computed directly.
-    ttok = teacher.tokenizer
+    ttok = smol.tokenizer
     context = ttok(student.decode(prompt, skip_special_tokens=True), add_special_tokens=False)["input_ids"]
     ids = ([ttok.bos_token_id] if ttok.bos_token_id is not None else []) + context
     text_ids = ttok(student.decode(first), add_special_tokens=False)["input_ids"]
-    direct = sum(teacher.token_logprobs(ids + text_ids, len(ids))[0])
+    direct = sum(asyncio.run(smol.logprobs([(ids + text_ids, len(ids))]))[0][0])
     assert sum(lp[:len(first)]) == pytest.approx(direct, abs=1e-4)
     # The student's end of turn is the teacher's: a likely token after a finished answer, not text.
     assert lp[-1] > -15
     # Given the prompt's messages, the teacher renders them with its own template instead.
     messages = [{"role": "user", "content": "What is 6 times 7?"}]
-    teacher.score([t], lambda traj: messages)
+    asyncio.run(smol.score([t], lambda traj: messages))
     rendered = ttok(ttok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                     add_special_tokens=False)["input_ids"]
     assert sum(t.teacher_logprobs[:len(first)]) == pytest.approx(
-        sum(teacher.token_logprobs(rendered + text_ids, len(rendered))[0]), abs=1e-4)
+        sum(asyncio.run(smol.logprobs([(rendered + text_ids, len(rendered))]))[0][0]), abs=1e-4)
     assert sum(t.teacher_logprobs[:len(first)]) != pytest.approx(direct, abs=1e-2)
+
+
+@pytest.fixture(scope="module")
+def smollm2_that_never_ends(smollm2, tmp_path_factory):
+    """SmolLM2-135M-Instruct whose output row of its end of turn is turned around (its input embedding
+    kept): a model of another tokenizer that has not learnt to end a turn, as a base model has not."""
+    out = tmp_path_factory.mktemp("never-ends")
+    model, tok = load_model(smollm2), load_tokenizer(smollm2)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    model.config.tie_word_embeddings = False
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(model.get_input_embeddings().weight)
+        head.weight[end] *= -3.0
+    model.lm_head = head
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.slow
+def test_a_teacher_that_never_ends_a_turn_leaves_the_students_end_of_turn_alone(
+        smollm2, smollm2_that_never_ends, tiny_qwen3_path):
+    """A teacher of another tokenizer gives the student's end of turn its own end of turn's log-prob only
+    where it has learnt it (a probe turn of its template, above a uniform guess): issue 84's base Gemma
+    gave it -13.9 (-13.7 of advantage on every turn the student ended, its other tokens summing to -1), and
+    the student stopped ending its turns. Elsewhere the student's own log-prob: advantage 0 there."""
+    student = load_tokenizer(tiny_qwen3_path)
+    prompt = student.encode("<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n")
+    answer = student.encode("The answer is 42.")
+    response = [*answer, student.convert_tokens_to_ids("<|im_end|>")]
+    logprobs = [-0.5] * len(response)
+    for model, learnt in ((smollm2, True), (smollm2_that_never_ends, False)):
+        t = Trajectory(trajectory_id="x", sample_index=0, group=0, prompt_ids=prompt, response_ids=response,
+                       response_mask=[1] * len(response), logprobs=logprobs)
+        scorer = teacher(student, model=model)
+        assert scorer.ends_turns is learnt
+        asyncio.run(scorer.score([t]))
+        assert all(v < 0 for v in t.teacher_logprobs[:-1])
+        assert (t.teacher_logprobs[-1] == logprobs[-1]) is not learnt
+        advantage = token_advantages([t], build_estimator(OPD), len(response), OPD)[0, -1].item()
+        assert (advantage == 0.0) is not learnt
 
 
 # -- settings refused before any model loads --------------------------------------------------------
@@ -208,11 +260,11 @@ def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "weight": -1}}, ["algorithm.teacher", "weight"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "vllm"}}, ["algorithm.teacher", "engine"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai"}},
-     ["algorithm.teacher", "give options: {base_url"]),
+     ["algorithm.teacher.0", "engine.options", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai", "options": {"model": "t"}}},
      ["algorithm.teacher", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "options": {"base_url": "http://127.0.0.1:9/v1"}}},
-     ["algorithm.teacher", "the transformers engine takes none"]),
+     ["algorithm.teacher.0", "engine.options", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "routes": ["nowhere"]}}, ["nowhere", "arithmetic"]),
     ({"advantage": "opd", "advantage_options": {"reward_weight": 1000}, "teacher": {"model": "tiny-qwen3"}},
      ["reward_weight"]),
@@ -269,8 +321,8 @@ def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path):
     config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
                           data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": teacher})
     assert invoke("train", str(config), "--check").exit_code == 0
-    one_error_line(invoke("train", str(config)), f"algorithm.teacher.0 (engine openai at {url})",
-                   "the server does not answer")
+    one_error_line(invoke("train", str(config)), "algorithm.teacher.0 (engine openai)",
+                   f"no OpenAI-compatible server answers at {url}")
 
 
 @pytest.mark.parametrize("kind", ["no model", "no end of turn"])
@@ -329,8 +381,8 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
 
     async def batches():
         roles = await start_roles(run)
-        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir, sample_conversation(run))
-        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0, score=teachers.score)
+        scoring = await open_teachers(config, roles.tokenizer, "algorithm.teacher", sample_conversation(run))
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0, finish=scoring.score)
         assert isinstance(stream, StepBatches if schedule == "synchronous" else GroupStream)
         try:
             batch = await stream.next(0)
@@ -344,11 +396,12 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
                 one_call = await roles.rollouts.run(prompts, 2, seed=step_seed(config.rollout.seed, 0),
                                                     id_prefix=call_prefix("t", 1))
             whole = [t.model_copy(update={"teacher_logprobs": None}) for t in batch.trajectories]
-            teachers.score(whole)
-            return [*batch.trajectories], whole, one_call, batch.teacher_metrics(0.0)
+            await scoring.score(whole)
+            return [*batch.trajectories], whole, one_call, batch.finish_metrics(0.0, "teacher")
         finally:
             await stream.close()
             await roles.close()
+            await scoring.close()
 
     scored, whole, one_call, metrics = asyncio.run(batches())
     assert len(scored) == 6 and all(t.teacher_logprobs is not None for t in scored)
@@ -359,6 +412,44 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
         assert [[getattr(t, f) for f in fields] for t in scored] == [[getattr(t, f) for f in fields] for t in one_call]
 
 
+@pytest.mark.slow
+def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_every_step(tmp_path):
+    """The prompt messages a teacher of another tokenizer renders are those of the sample the trajectory
+    was generated from, at every step: the synchronous loop numbers each step's groups from 0, and
+    looking the prompt up by group gave every later step the first step's questions (issue 84: from
+    step 2 on the teacher scored the student's answers to other questions)."""
+    from pathlib import Path
+
+    from toolrl.config import load_config
+    from toolrl.data.batches import StepBatches, open_batches
+    from toolrl.data.sources import load_samples
+    from toolrl.roles.prepare import sample_conversation
+    from toolrl.roles.resolve import resolve_run
+    from toolrl.roles.start import start_roles
+
+    tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
+    config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
+                                "rollout.max_new_tokens=2", "rollout.max_response_tokens=4", "data.batch_size=2"])
+    run = resolve_run(config, "train")
+
+    async def two_steps():
+        roles = await start_roles(run)
+        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0)
+        assert isinstance(stream, StepBatches)
+        try:
+            return [t for step in range(2) for t in (await stream.next(step)).trajectories], roles.tokenizer
+        finally:
+            await stream.close()
+            await roles.close()
+
+    trajs, tok = asyncio.run(two_steps())
+    conversation = sample_conversation(run)
+    assert {t.group for t in trajs} == {0, 1} and len({t.sample_index for t in trajs}) == 4
+    for t in trajs:
+        question = conversation(t)[-1]["content"]
+        assert question in tok.decode(t.prompt_ids)
+
+
 # -- the teacher's top-k: the forward KL and vOPD's baseline -----------------------------------------
 
 TOPK = AlgorithmConfig(advantage="opd", advantage_options={"top_k": 6}, loss="topk_forward_kl",
@@ -367,7 +458,7 @@ TOPK = AlgorithmConfig(advantage="opd", advantage_options={"top_k": 6}, loss="to
 
 def test_the_teachers_top_k_are_a_separate_forwards_and_tool_results_get_none(tiny_qwen3_path, sampled):
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
-    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    asyncio.run(teacher(tok, model="tiny-qwen3").score(trajs, top=6))
     model = load_model(tiny_qwen3_path).eval()
     for t in trajs:
         ids = torch.tensor([t.prompt_ids + t.response_ids])
@@ -385,23 +476,24 @@ def topk_gradients(model, trajs, algo, advs=None):
     """The gradient of one micro-batch's loss under ``algo`` (advantages: the estimator's, or ``advs``),
     its per-token loss terms (B, R) and the student's log-probs at the teacher's top-k."""
     from toolrl.algorithms import LossInputs, build_loss
-    from toolrl.training.step import logprobs, policy_loss, split_mini_batches
+    from toolrl.training.step import logprobs, part_fields, policy_loss, split_mini_batches
 
     options = StepOptions(algo, OptimConfig(micro_batch_size=8), pad_id=0, temperature=1.0, max_response_tokens=32)
     if advs is None:
         grid = token_advantages(trajs, build_estimator(algo), 32, algo)
         advs = [grid[i, :len(t.response_ids)] for i, t in enumerate(trajs)]
-    (mini,) = split_mini_batches(trajs, advs, options, torch.device("cpu"))
+    fields = part_fields(trajs, (build_estimator(algo), build_loss(algo)))
+    (mini,) = split_mini_batches(trajs, advs, options, torch.device("cpu"), fields)
     ((_, batch),) = mini.micro_steps
     model.zero_grad(set_to_none=True)
-    out = logprobs(model, batch, options, top=True, top_grad=build_loss(algo).reads_top)  # as mini_batch_update
+    out = logprobs(model, batch, options, top=True, top_grad=CANDIDATE_LOGPROBS in build_loss(algo).reads)
     new_lp, student_top = out[..., 0], out[..., 1:]
     loss, _ = policy_loss(new_lp, new_lp.detach(), batch, algo, mini.norm, None, None, student_top)
     loss.backward()
     grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     terms = build_loss(algo)(LossInputs(new_lp, new_lp, batch.engine_logprobs, batch.advantages, batch.response_mask,
-                                        student_top, batch.teacher_top, batch.teacher_weight)).per_token
+                                        {**batch.fields, CANDIDATE_LOGPROBS: student_top})).per_token
     return grads, terms.detach(), student_top.detach(), batch
 
 
@@ -410,7 +502,7 @@ def test_topk_forward_kl_with_the_students_weights_as_teacher_has_no_gradient(ti
     """Teacher = the student: the top-k forward KL's gradient is 0 within 1e-6; a teacher whose top-k
     log-probs differ (control) gives one. Tool-result tokens get no loss either way."""
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
-    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    asyncio.run(teacher(tok, model="tiny-qwen3").score(trajs, top=6))
     if not agree:
         for t in trajs:
             t.teacher_top_logprobs = [[v * (1.0 + 0.3 * j) for j, v in enumerate(row)] for row in t.teacher_top_logprobs]
@@ -426,7 +518,7 @@ def test_the_vopd_baseline_is_the_students_negative_reverse_kl_over_the_teachers
     """``baseline: vopd`` trains as the plain reverse-KL advantage minus w_T · Σ_v π_S(v)(log π_T(v) − log π_S(v))
     over the teacher's top-k, from the trainer's forward: the same gradient as those advantages given by hand."""
     trajs, tok = copy.deepcopy(sampled[0]), sampled[1]
-    Teacher(TeacherConfig(model="tiny-qwen3"), tok, ".").score(trajs, top=6)
+    asyncio.run(teacher(tok, model="tiny-qwen3").score(trajs, top=6))
     for t in trajs:  # a teacher that disagrees, so that the baseline is not 0
         t.teacher_top_logprobs = [[v - 0.5 * j for j, v in enumerate(row)] for row in t.teacher_top_logprobs]
         t.teacher_logprobs = [v - 0.2 * m for v, m in zip(t.teacher_logprobs, t.response_mask, strict=True)]
@@ -437,7 +529,7 @@ def test_the_vopd_baseline_is_the_students_negative_reverse_kl_over_the_teachers
     with torch.no_grad():  # peaked distributions (as benchmarks/distill.py's student): a baseline well above 0
         model.get_input_embeddings().weight.mul_(6.0)
     got, _, student_top, batch = topk_gradients(model, trajs, vopd)
-    teacher_top = batch.teacher_top
+    teacher_top = batch.fields["teacher_top"]
     baseline = (student_top.exp() * (teacher_top - student_top)).sum(-1) * batch.response_mask
     assert baseline[batch.response_mask == 1].abs().min() > 1e-4
     grid = token_advantages(trajs, build_estimator(plain), 32, plain)

@@ -62,6 +62,21 @@ class Asked(Debate):
         raise AssertionError("a run with no roles asked for a role")
 
 
+class Game(Debate):
+    """The solver wins: each role's reward, the episode's score the solver's."""
+
+    async def score(self, trajectory):
+        return 1.0
+
+    async def role_rewards(self):
+        return {"solver": 1.0, "verifier": -1.0}
+
+
+class Cheat(Game):
+    async def role_rewards(self):
+        return {"solver": 1.0, "judge": 0.0}
+
+
 class AdapterEngine(ScriptedEngine):
     """A scripted engine that takes the ``adapter`` keyword engines take under model.adapters, and keeps it."""
 
@@ -143,3 +158,15 @@ async def test_a_run_without_roles_never_asks_and_is_one_piece(tokenizer):
     assert [(p.role, p.turns, p.termination) for p in pieces] == [(None, 4, "answered")]
     again = await run_trajectory_pieces(context(tokenizer, Debate, roles=()), SAMPLE, 0, "t0", 0)
     assert again[0].response_ids == pieces[0].response_ids
+
+
+async def test_a_sessions_role_rewards_reach_every_piece(tokenizer):
+    """A game's players win and lose against each other: each role's own reward, which its baseline compares."""
+    pieces = await run_trajectory_pieces(context(tokenizer, Game), SAMPLE, 0, "t0", 0)
+    assert len(pieces) == 4 and all(p.role_rewards == {"solver": 1.0, "verifier": -1.0} and p.reward == 1.0
+                                    for p in pieces)
+    (piece,) = await run_trajectory_pieces(context(tokenizer, Game, roles=()), SAMPLE, 0, "t0", 0)
+    assert piece.role_rewards == {} and piece.reward == 1.0  # a run with no roles never asks
+    pieces = await run_trajectory_pieces(context(tokenizer, Cheat), SAMPLE, 0, "t0", 0)
+    assert all(p.role_rewards == {} for p in pieces) and pieces[-1].reward == 0.0
+    assert "role_rewards: 'judge' is not one of the run's roles" in pieces[-1].reward_errors["cheat"]

@@ -532,59 +532,27 @@ class CorrectionConfig(Section):
         return self
 
 
-class ServedTeacherOptions(Section):
-    """Where a served teacher (``engine: openai``) answers: an OpenAI-compatible server that returns
-    prompt log-probs (vLLM, ``toolrl serve``)."""
-
-    base_url: ApiRoot = Field(description="the server's API root, e.g. http://host:8000/v1")
-    model: str | None = Field(None, min_length=1, description="the served model's name; None: the teacher's "
-                              "model.source")
-    api_key: str | None = Field(None, description="sent as a bearer token")
-    timeout_s: float = Field(300.0, gt=0, description="the most one scoring request may take")
-    max_concurrency: int = Field(64, gt=0, description="scoring requests in flight at once")
-
-
 class TeacherConfig(Section):
     """A model that scores the student's sampled tokens for on-policy distillation
-    (toolrl.algorithms.distill, docs/distillation.md): it is never trained, its weights load once."""
+    (toolrl.algorithms.distill, docs/distillation.md): any engine that scores given tokens
+    (RolloutEngine.prompt_logprobs), built as the run's engine is; it is never trained."""
 
-    engine: str = Field("transformers", description="what scores: the transformers engine in the controller's "
-                        "process, or openai: a server that returns prompt log-probs (vLLM, toolrl serve)")
+    engine: str = Field("transformers", description="a registered engine that scores given tokens: transformers "
+                        "(its weights load in the controller's process), openai (a server that returns vLLM's "
+                        "prompt_logprobs: vLLM, toolrl serve), or a plugin's")
     model: ModelConfig = Field(description="the teacher's model (as the model section; a string: its source); "
-                               "a served teacher's gives its tokenizer")
-    options: ServedTeacherOptions | None = Field(None, description="engine openai: the server")
+                               "an engine that loads no weights reads only its tokenizer")
+    options: dict[str, Any] = Field(default_factory=dict, description="the engine's options, as engine.options")
     weight: float = Field(1.0, gt=0, le=100, description="the weight of its reverse-KL advantage")
     routes: list[str] | None = Field(None, min_length=1, description="the environments (routes) whose "
                                      "trajectories it scores; None: every one")
-    batch_size: int = Field(8, gt=0, description="trajectories per teacher forward")
+    batch_size: int = Field(1, gt=0, description="sequences per forward (the engine's max_batch_size): 1 scores "
+                            "each alone, so its log-probs do not depend on the others; more pads them into one")
 
     @field_validator("model", mode="before")
     @classmethod
     def _source(cls, value: Any) -> Any:
         return {"source": value} if isinstance(value, str) else value
-
-    @field_validator("engine")
-    @classmethod
-    def _scores(cls, engine: str) -> str:
-        if engine not in ("transformers", "hf", "openai"):
-            raise ValueError(f"{engine!r} cannot score a teacher here: a teacher must return the log-probs of tokens it "
-                             "is given: use engine: transformers (in process) or engine: openai (a server that "
-                             "returns prompt_logprobs: vLLM, toolrl serve)")
-        return "openai" if engine == "openai" else "transformers"
-
-    @model_validator(mode="after")
-    def _served(self) -> TeacherConfig:
-        if self.engine == "openai" and self.options is None:
-            raise ValueError("engine openai scores on a server: give options: {base_url: ...}")
-        if self.engine == "transformers" and self.options is not None:
-            raise ValueError("options are a served teacher's (engine: openai); the transformers engine takes none")
-        return self
-
-    @property
-    def served_model(self) -> str:
-        """The name a served teacher's requests give its model."""
-        assert self.options is not None
-        return self.options.model or self.model.source
 
 
 class AlgorithmConfig(Section):

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import Tokens
 from toolrl.schemas import ToolCall
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 Messages = list[dict[str, Any]]
 
@@ -89,8 +92,8 @@ class ContextPolicy:
         """The edit to make now, or None to keep the context as it is."""
         return None
 
-    def check_run(self, run: Any) -> list[str]:
-        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): a policy that
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): a policy that
         edits needs a route whose parser takes tool results as chat messages (an inline-tag parser
         writes them into the model's turn, which no edit can cut). Returns warning lines; a subclass
         extends it with its own options' checks."""
@@ -137,7 +140,7 @@ class TriggeredPolicy(ContextPolicy):
     def plan(self, view: ContextView) -> ContextPlan | None:
         return self.edit(view) if view.tokens > self.trigger else None
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """A trigger the model's context ends before never fires: one warning."""
         warnings = super().check_run(run)
         if run.window is not None and self.trigger >= run.window:

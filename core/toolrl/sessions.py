@@ -18,6 +18,8 @@ Contract, per trajectory (every method may be ``async def`` or a plain ``def``, 
                                                   acts (one of the kind's ``roles``); None: the one acting
                                                   goes on (the run's first role to begin with)
     score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
+    role_rewards() -> {role: number}              after score, in a run with roles: each role's own reward
+                                                  (a game's players; a role left out gets the episode's)
     clone() -> session                            rollout.tree only: an independent copy in this state
                                                   (not defined: the kind cannot clone, and the run check says so)
     close()                                       always: also after errors, timeouts, cancellation
@@ -49,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrl.config import format_errors
 from toolrl.plugins.parts import BuildContext, NoOptions, build_found, checked_options, lookup_part
-from toolrl.rewards.scoring import RewardValueError, named_terms
+from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_terms
 from toolrl.schemas import InfrastructureError, Sample, ToolCall, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools import Tool, ToolReturnError
 from toolrl.tools.guard import describe, in_thread, run_guarded
@@ -198,6 +200,12 @@ class EnvironmentSession:
         """None: no reward term."""
         return None
 
+    async def role_rewards(self) -> Mapping[str, float] | None:
+        """Each role's own reward (``Trajectory.role_rewards``, which a role's baseline compares), asked
+        after ``score`` in a run with roles: a game whose players win and lose against each other.
+        A role left out, or None, gets the episode's reward."""
+        return None
+
     async def close(self) -> None:
         """Free the trajectory's resources."""
 
@@ -270,6 +278,7 @@ class SessionRun:
         self.done = False  # a step reported the episode over
         self.started = False  # reset was fine: the trajectory ran, so it is scored
         self.timeout = EnvironmentSession.timeout  # the built session's, once built
+        self.role_rewards: dict[str, float] = {}  # each role's own reward, once finished
 
     @property
     def name(self) -> str:
@@ -416,10 +425,10 @@ class SessionRun:
                                f"got {type(value).__name__}")
         return value
 
-    async def finish(self, traj: Trajectory) -> dict[str, float]:
-        """Score (when the session started) then close, always; returns the reward terms. A score that
-        fails is the term 0 with its error in ``reward_errors``; its reported parts go to
-        ``reward_parts``."""
+    async def finish(self, traj: Trajectory, roles: Sequence[str] = ()) -> dict[str, float]:
+        """Score (when the session started) then close, always; returns the reward terms, and keeps
+        each role's reward in ``role_rewards`` (a run with ``roles``). A score that fails is the term 0
+        with its error in ``reward_errors``; its reported parts go to ``reward_parts``."""
         if self.session is None:
             return {}
         term = self.session.term or self.name
@@ -427,6 +436,9 @@ class SessionRun:
             if not self.started or self.infrastructure:  # nothing to score (it is not trained)
                 return {}
             value = await self._run("score", self.session.score, traj)
+            if roles and type(self.session).role_rewards is not EnvironmentSession.role_rewards:
+                self.role_rewards = self._checked_role_rewards(await self._run("role_rewards", self.session.role_rewards),
+                                                               roles)
             return {} if value is None else named_terms(term, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
             traj.reward_errors[term] = str(exc)
@@ -437,6 +449,17 @@ class SessionRun:
         finally:
             await self.close(traj)
 
+
+    def _checked_role_rewards(self, value: Any, roles: Sequence[str]) -> dict[str, float]:
+        what = f"session {self.name!r} role_rewards"
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise SessionError(f"{what} must return a mapping of roles to rewards, got {type(value).__name__}")
+        unknown = [r for r in value if r not in roles]
+        if unknown:
+            raise SessionError(f"{what}: {unknown[0]!r} is not one of the run's roles ({', '.join(map(repr, roles))})")
+        return {role: coerce_reward(reward, f"{what}[{role!r}]") for role, reward in value.items()}
 
     async def close(self, traj: Trajectory | None = None) -> None:
         """Close the session once; a failing close is the trajectory's error (or logged without one)."""

@@ -18,11 +18,14 @@ from __future__ import annotations
 import functools
 import ssl
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import MAX_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 
 class AgentTask(BaseModel):
@@ -109,8 +112,8 @@ class Agent:
         thread apart from the rollout's (:mod:`toolrl.gateway.agent_loop`)."""
         raise NotImplementedError
 
-    def check_run(self, run: Any) -> list[str]:
-        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): raise
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): raise
         ValueError on an option that cannot work; returns warning lines. A subclass extends it.
 
         The program runs the episode, so what toolrl's own loop would do with the conversation is not

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 from toolrl.agents import Agent, AgentOptions, AgentTask, Endpoint
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 
 class CallableOptions(AgentOptions):
@@ -64,6 +67,6 @@ class CallableAgent(Agent):
                 else (task.model_dump(mode="json"), client)
             return await function(*args)
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         self.function()
         return super().check_run(run)

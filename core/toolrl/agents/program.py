@@ -13,11 +13,14 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 from toolrl.agents import Agent, AgentFailure, AgentOptions, AgentTask, Endpoint
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 STDERR_TAIL = 2000  # characters of a failed program's stderr kept in its trajectory's error
 
@@ -63,7 +66,7 @@ class CommandAgent(Agent):
             raise AgentFailure(f"{self.argv()[-1]} exited with {proc.returncode}" + (f": {tail}" if tail else ""))
         return None
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         options: Any = self.options
         if options.cwd is not None and not Path(options.cwd).is_dir():
             raise ValueError(f"cwd: {options.cwd} is not a directory")

@@ -18,7 +18,8 @@ Each part is a class with a pydantic ``Options`` model (its typed options: ``alg
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,9 +32,14 @@ if TYPE_CHECKING:
 
     from toolrl.config import AlgorithmConfig, Config
     from toolrl.plugins.parts import RunFacts
+    from toolrl.trajectory import Trajectory
 
-__all__ = ["AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions", "LossTerms", "NoOptions", "PolicyLoss",
-           "build_estimator", "build_loss"]
+__all__ = ["CANDIDATE_IDS", "CANDIDATE_LOGPROBS", "AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions",
+           "LossTerms", "NoOptions", "PolicyLoss", "build_estimator", "build_loss"]
+
+# Two fields a part may read (:attr:`AlgorithmPart.reads`): token ids at each position (B, R, K) at which
+# the trainer's forward also gives the policy's log-probs, read by the loss as the (B, R, K) log-probs.
+CANDIDATE_IDS, CANDIDATE_LOGPROBS = "candidate_ids", "candidate_logprobs"
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,7 @@ class AdvantageInputs:
     ``turn_ids`` (B, R) long, the turn each position belongs to (-1: none); ``turn_states`` the key of
     the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward).
     For one that ``needs_trees``: ``trees``, each row's ``Trajectory.tree_id`` (None: a flat rollout's).
-    For one that ``needs_teacher`` (on-policy distillation, :mod:`.distill`): ``logprobs`` and
-    ``teacher_logprobs`` (B, R), the engine's and the teacher's log-prob of each trained token (0 elsewhere),
-    and ``teacher_weights`` (B,), each row's teacher's weight (0: no teacher scores its route)."""
+    ``fields``: what the step's parts read beyond these (:attr:`AlgorithmPart.reads`), by name."""
 
     rewards: torch.Tensor
     groups: torch.Tensor
@@ -57,17 +61,18 @@ class AdvantageInputs:
     turn_states: tuple[tuple[str, ...], ...] | None = None
     turn_rewards: tuple[tuple[float, ...], ...] | None = None
     trees: tuple[int | None, ...] | None = None
-    logprobs: torch.Tensor | None = None
-    teacher_logprobs: torch.Tensor | None = None
-    teacher_weights: torch.Tensor | None = None
+    fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 class AlgorithmPart(ABC):
     """What an estimator and a loss share: constructed as ``cls(options, algo)``, ``options`` its
-    ``Options`` model's, ``algo`` the run's :class:`toolrl.config.AlgorithmConfig`."""
+    ``Options`` model's, ``algo`` the run's :class:`toolrl.config.AlgorithmConfig`. ``reads``: the fields
+    of the step it reads beyond its inputs' own (``AdvantageInputs.fields``, ``LossInputs.fields``), which
+    the run's parts give (:meth:`fields`) and the step carries to each micro-batch's rows."""
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
+    reads: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         self.options = options
@@ -77,6 +82,11 @@ class AlgorithmPart(ABC):
     def build(cls, options: BaseModel, context: BuildContext) -> AlgorithmPart:
         """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
         return cls(options, context.input("algorithm"))
+
+    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, torch.Tensor]:
+        """The fields it gives the step, each (B, ...) with a row per trajectory and, past the first
+        dimension, the step's response grid of ``width`` columns; none here."""
+        return {}
 
     def check_run(self, run: RunFacts) -> list[str]:
         """The run check before any weights load (hookspecs): raise ValueError on a setting this part
@@ -92,16 +102,13 @@ class AdvantageEstimator(AlgorithmPart):
     ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
     (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts).
     ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
-    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike).
-    ``needs_teacher``: it reads the teacher fields of its inputs (the controller has a teacher score
-    the batch first: :mod:`toolrl.algorithms.teacher`)."""
+    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike)."""
 
     outcome: ClassVar[bool] = True
     needs_values: ClassVar[bool] = False
     needs_turns: ClassVar[bool] = False
     needs_trees: ClassVar[bool] = False
     group_relative: ClassVar[bool] = False
-    needs_teacher: ClassVar[bool] = False
 
     def check_run(self, run: RunFacts) -> list[str]:
         """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would
@@ -124,24 +131,26 @@ class AdvantageEstimator(AlgorithmPart):
     @abstractmethod
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor: ...
 
+    def loss_advantages(self, inputs: LossInputs) -> torch.Tensor:
+        """The advantages a micro-batch's loss reads: ``inputs.advantages``, or (an estimator whose baseline
+        depends on the weights being trained) less a baseline from the trainer's forward."""
+        return inputs.advantages
+
 
 @dataclass(frozen=True)
 class LossInputs:
     """One micro-batch, (B, R) each: ``new_logprobs`` (with gradient), ``prox_logprobs`` (the
     proximal policy's, no gradient: the PPO ratio's denominator), ``behaviour_logprobs`` (the
-    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens). With
-    on-policy distillation's top-k (opd's ``top_k``, :mod:`.distill`; else None): ``student_top`` (B, R, K)
-    the student's log-probs (with gradient) at the teacher's K likeliest tokens, ``teacher_top`` the
-    teacher's there, ``teacher_weight`` (B, R) the row's teacher weight at trained tokens (0 elsewhere)."""
+    engine's, which sampled the tokens), ``advantages`` and ``mask`` (1 at trained tokens); ``fields``:
+    what the run's parts read beyond these (:attr:`AlgorithmPart.reads`), the micro-batch's rows, and
+    :data:`CANDIDATE_LOGPROBS` from the trainer's forward when a part gives :data:`CANDIDATE_IDS`."""
 
     new_logprobs: torch.Tensor
     prox_logprobs: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
-    student_top: torch.Tensor | None = None
-    teacher_top: torch.Tensor | None = None
-    teacher_weight: torch.Tensor | None = None
+    fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,12 +175,11 @@ class PolicyLoss(AlgorithmPart):
     """A policy loss: ``loss(inputs) -> LossTerms``. The caller multiplies by the rollout correction's
     importance weight (:mod:`toolrl.algorithms.correction`), adds the KL term (``kl_coef`` of its
     options) and aggregates (:func:`toolrl.training.step.policy_loss`). ``sequence_level``: its ratio
-    is one number per sequence, which needs one advantage per sequence (an outcome estimator).
-    ``reads_top``: its gradient flows through ``LossInputs.student_top`` (distillation's top-k)."""
+    is one number per sequence, which needs one advantage per sequence (an outcome estimator). Its
+    gradient flows through :data:`CANDIDATE_LOGPROBS` where it ``reads`` them."""
 
     Options: ClassVar[type[BaseModel]] = LossOptions
     sequence_level: ClassVar[bool] = False
-    reads_top: ClassVar[bool] = False
 
     @property
     def kl_coef(self) -> float:

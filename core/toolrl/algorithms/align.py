@@ -15,8 +15,9 @@ a piece, a teacher token split between two student tokens is shared by character
 teacher would have said at the student's boundary (which needs the teacher's distribution over every
 continuation of a partial token); a student token ending inside a multi-byte character covers no
 character of its own and gets 0. A student special token (its end of turn) is scored as the teacher's
-own end of turn; special tokens in context pieces are left out of the teacher's text (the prompt,
-when its messages are known, is rendered by the teacher's template instead: :mod:`.teacher`).
+own end of turn, where the teacher has learnt one (:func:`toolrl.rollout.teacher.ends_turns`); special
+tokens in context pieces are left out of the teacher's text (the prompt, when its messages are known, is
+rendered by the teacher's template instead: :mod:`toolrl.rollout.teacher`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MaskRun", "char_ends", "pieces", "spread"]
+__all__ = ["char_ends", "pieces", "spread"]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """On-policy distillation (OPD; Thinking Machines, "On-Policy Distillation", 2025): the student samples its
-own trajectories, a teacher scores every token the student sampled (:mod:`toolrl.algorithms.teacher`),
+own trajectories, a teacher scores every token the student sampled (:mod:`toolrl.rollout.teacher`),
 and each sampled token's advantage is the teacher's log-prob of it minus the student's::
 
     A_it = w_T(i) · (log π_T(y_it | ctx) − log π_S(y_it | ctx)) + λ · A_reward(i)     (trained tokens only)
@@ -14,7 +14,8 @@ tokens (``response_mask`` 0) get 0: they are never scored.
 
 With ``advantage_options.top_k: K`` the teacher also gives its ``K`` likeliest tokens ``T_t`` at each
 trained position, with their log-probs, and the trainer's forward the student's log-probs at them
-(:func:`top_fields`; a teacher with the student's tokenizer only). Two things read them:
+(:func:`top_fields`, the ids as the step's ``CANDIDATE_IDS``; a teacher with the student's tokenizer
+only). Two things read them:
 
 - the loss ``topk_forward_kl`` (:class:`TopkForwardKl`): the forward KL from the teacher's top-K
   distribution to the student's, both renormalised over ``T_t``, instead of the policy-gradient loss::
@@ -37,6 +38,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from toolrl.algorithms import (
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
     AdvantageEstimator,
     AdvantageInputs,
     LossInputs,
@@ -44,17 +47,32 @@ from toolrl.algorithms import (
     LossTerms,
     PolicyLoss,
 )
-from toolrl.algorithms.teacher import check_teacher, same_tokenizer, teacher_index, teacher_tokenizer
 from toolrl.config import ConfigError
 from toolrl.plugins.parts import lookup_part
 
 if TYPE_CHECKING:
     import torch
 
-    from toolrl.config import AlgorithmConfig
+    from toolrl.config import AlgorithmConfig, TeacherConfig
+    from toolrl.plugins.parts import RunFacts
     from toolrl.trajectory import Trajectory
 
-__all__ = ["Opd", "TopkForwardKl", "opd_options", "teacher_fields", "top_fields", "vopd_baseline"]
+__all__ = ["Opd", "TopkForwardKl", "opd_options", "teacher_index"]
+
+# What the teacher's scores give the step (:meth:`Opd.fields`): the engine's and the teacher's log-probs
+# (B, R) and each row's teacher weight (B,); with top_k, the teacher's likeliest ids as CANDIDATE_IDS, its
+# log-probs there and each position's teacher weight.
+SCORED = ("logprobs", "teacher_logprobs", "teacher_weights")
+TOP = (CANDIDATE_IDS, "teacher_top", "teacher_weight")
+
+
+def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | None:
+    """The teacher that scores a trajectory of route ``env``: the first whose ``routes`` hold it (or that
+    names none); None when no teacher scores that route."""
+    for k, teacher in enumerate(teachers):
+        if teacher.routes is None or env in teacher.routes:
+            return k
+    return None
 
 
 def teacher_fields(trajectories: Sequence[Trajectory], width: int,
@@ -150,7 +168,7 @@ class Opd(AdvantageEstimator):
 
     name = "opd"
     outcome = False
-    needs_teacher = True
+    reads = frozenset({*SCORED, *TOP, CANDIDATE_LOGPROBS})
     Options = OpdOptions
 
     def __init__(self, options: OpdOptions, algo: AlgorithmConfig) -> None:
@@ -158,16 +176,14 @@ class Opd(AdvantageEstimator):
         self.reward: AdvantageEstimator | None = None
         if options.reward_weight > 0:
             cls = lookup_part("advantage_estimators", options.reward_advantage, "algorithm.advantage_options")
-            if not cls.outcome or cls.needs_values or cls.needs_turns or cls.needs_trees or \
-                    getattr(cls, "needs_teacher", False):
+            if not cls.outcome or cls.needs_values or cls.needs_turns or cls.needs_trees or cls.reads:
                 raise ValueError(f"reward_advantage={options.reward_advantage}: the task reward goes through an "
                                  "outcome estimator that reads rewards and groups only (grpo, dr_grpo, rloo, ...)")
             self.reward = cls(cls.Options(), algo)
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """Teachers set, each route with trajectories to train scored by one (or a reward to learn from),
-        and each teacher's tokenizer able to score the student's conversations
-        (:func:`toolrl.algorithms.teacher.check_teacher`), before any model loads."""
+        before any model loads (each teacher's own checks: :func:`toolrl.rollout.teacher.check_teachers`)."""
         warnings = [] if self.reward is None else self.reward.check_run(run)  # groups of one, greedy groups
         config = run.config
         teachers = config.algorithm.teachers
@@ -187,26 +203,31 @@ class Opd(AdvantageEstimator):
         if unscored and self.reward is None:
             raise ConfigError(f"{run.where('algorithm.teacher')}: no teacher scores route(s) {unscored} and "
                               "advantage_options.reward_weight is 0: their trajectories would train nothing")
-        for k, teacher in enumerate(teachers):
-            warnings += check_teacher(run, teacher, run.where(f"algorithm.teacher.{k}"))
-            if self.options.top_k and not same_tokenizer(teacher_tokenizer(teacher.model, config.base_dir),
-                                                         run.tokenizer):
-                raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k={self.options.top_k} with "
-                                  f"algorithm.teacher.{k}, whose tokenizer is not the student's: its likeliest "
-                                  "tokens are not the student's tokens (top-k needs the student's tokenizer)")
         if self.options.top_k and config.trainer.sequence_parallel > 1:
             raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k with trainer.sequence_parallel="
                               f"{config.trainer.sequence_parallel}: the split rows' LM head gives no top-k log-probs")
         return warnings
 
+    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, torch.Tensor]:
+        tops = top_fields(trajectories, width, self.algo)
+        return {**dict(zip(SCORED, teacher_fields(trajectories, width, self.algo), strict=True)),
+                **({} if tops is None else dict(zip(TOP, tops, strict=True)))}
+
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        if inputs.teacher_logprobs is None or inputs.logprobs is None or inputs.teacher_weights is None:
-            raise ValueError("opd needs the teacher's and the student's log-probs (AdvantageInputs.teacher_logprobs)")
+        if not set(SCORED) <= inputs.fields.keys():
+            raise ValueError("opd needs the teacher's and the student's log-probs (AdvantageInputs.fields)")
+        student, teacher, weights = (inputs.fields[k] for k in SCORED)
         mask = inputs.response_mask
-        adv = inputs.teacher_weights[:, None] * (inputs.teacher_logprobs - inputs.logprobs) * mask
+        adv = weights[:, None] * (teacher - student) * mask
         if self.reward is not None:
             adv = adv + self.options.reward_weight * self.reward(inputs) * mask
         return adv.float()
+
+    def loss_advantages(self, inputs: LossInputs) -> torch.Tensor:
+        """vOPD's baseline (``baseline: vopd``) off the advantages, from the trainer's forward."""
+        if self.options.baseline != "vopd" or not {CANDIDATE_LOGPROBS, *TOP} <= inputs.fields.keys():
+            return inputs.advantages
+        return inputs.advantages - vopd_baseline(*(inputs.fields[k] for k in (CANDIDATE_LOGPROBS, *TOP[1:])))
 
 
 class TopkForwardKl(PolicyLoss):
@@ -218,9 +239,9 @@ class TopkForwardKl(PolicyLoss):
 
     name = "topk_forward_kl"
     Options = LossOptions
-    reads_top = True
+    reads = frozenset({*TOP, CANDIDATE_LOGPROBS})
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         algo = run.config.algorithm
         if algo.advantage != "opd" or not opd_options(algo).top_k:
             raise ConfigError(f"{run.where('algorithm.loss')}: topk_forward_kl distils the teacher's top-k "
@@ -231,8 +252,9 @@ class TopkForwardKl(PolicyLoss):
         return []
 
     def __call__(self, inputs: LossInputs) -> LossTerms:
-        if inputs.student_top is None or inputs.teacher_top is None or inputs.teacher_weight is None:
+        if not {CANDIDATE_LOGPROBS, *TOP} <= inputs.fields.keys():
             raise ValueError("topk_forward_kl needs the teacher's top-k and the student's log-probs there")
-        teacher = inputs.teacher_top.log_softmax(-1)
-        per_token = inputs.teacher_weight * (teacher.exp() * (teacher - inputs.student_top.log_softmax(-1))).sum(-1)
+        student_top, teacher_top, teacher_weight = (inputs.fields[k] for k in (CANDIDATE_LOGPROBS, *TOP[1:]))
+        teacher = teacher_top.log_softmax(-1)
+        per_token = teacher_weight * (teacher.exp() * (teacher - student_top.log_softmax(-1))).sum(-1)
         return LossTerms(per_token, per_token.detach().new_zeros(per_token.shape).bool())

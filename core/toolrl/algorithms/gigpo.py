@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming gigpo is
 # checked before torch loads.
 
-__all__ = ["Gigpo", "GigpoOptions", "discounted_returns"]
+__all__ = ["Gigpo"]
 
 
 class GigpoOptions(GroupOptions):

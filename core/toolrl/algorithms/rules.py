@@ -71,7 +71,7 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     if algo.advantage == "dr_grpo" and algo.loss_agg == "seq-mean-token-mean":
         raise ConfigError("algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes "
                           "the per-response length normaliser; use seq-mean-token-sum-norm or token-mean")
-    if algo.teachers and not getattr(estimator, "needs_teacher", False):
+    if algo.teachers and "teacher_logprobs" not in estimator.reads:
         raise ConfigError(f"{field_where(config, 'algorithm.teacher')}: set, but algorithm.advantage={algo.advantage} "
                           "reads no teacher (it would load for nothing); use algorithm.advantage: opd")
     check_routing_replay(config)

@@ -19,11 +19,11 @@ off. Steps take groups in group order; the checkpoint records the first group no
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
   takes the next group instead, up to :data:`MAX_GROUPS_PER_STEP` batches' worth of groups.
 
-On-policy distillation (``algorithm.teacher``): each group is scored by the teachers as soon as it is
-generated (:class:`TeacherThread`, one worker thread), while later groups still generate; a step finds
-its batch scored and waits only for its last groups' scoring (``teacher_wait_s``). The synchronous loop
-then runs its step's groups one call each (``run_group``: the seeds and ids ``run`` gives them), so
-that each can be scored as it ends.
+A group may go through one more stage once generated (:class:`Finishing`, the controller's to give:
+another model scoring it), one group at a time while later groups still generate; a step
+finds its batch finished and waits only for its last groups' finishing. The synchronous loop then runs
+its step's groups one call each (``run_group``: the seeds and ids ``run`` gives them), so that each can
+be finished as it ends.
 
 Infrastructure failures are never rewards: whichever the schedule, a trajectory that ended with
 ``infra_error`` (:class:`toolrl.schemas.InfrastructureError`: a sandbox unreachable, an environment
@@ -47,10 +47,9 @@ import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.schemas import Sample
@@ -62,6 +61,53 @@ AHEAD = "ahead.pt"
 
 # Dynamic sampling stops a step after this many batches' worth of groups and trains on what it kept.
 MAX_GROUPS_PER_STEP = 4
+
+
+@runtime_checkable
+class RolloutGroup(Protocol):
+    """The engines and the agent loop around them: in this process
+    (:class:`~toolrl.roles.in_process.Rollouts`), as Ray actors
+    (:class:`~toolrl.roles.rollout_workers.RolloutWorkerPool`), or recorded groups standing in for
+    them (:class:`~toolrl.roles.replay.Replay`)."""
+
+    @property
+    def generating(self) -> RolloutGroup:
+        """The group whose engines generate: itself, or the one a stand-in answers for."""
+        ...
+
+    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """``n`` trajectories per sample, what ``run_rollouts`` gives them as one batch."""
+        ...
+
+    async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
+        """Group ``group`` alone (streaming): what a batch gives that group."""
+        ...
+
+    async def check_trainable(self) -> str | None:
+        """None when training may use the engines, else a one-line reason."""
+        ...
+
+    async def ready(self) -> None:
+        """Every engine up and holding the weights last sent (a replaced worker gets the trainer's now):
+        what a batch that must not start on other weights waits for (``one_step_off``)."""
+        ...
+
+    def weight_targets(self, version: int) -> list[Any]:
+        """Where weights ``version`` go now (engines, or worker actors that are up); the group
+        records ``version`` first, for workers that come up later."""
+        ...
+
+    def replace(self, dead: Sequence[Any]) -> None:
+        """Replace the targets ``dead`` (found dead by a weight push)."""
+        ...
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The replaced workers that came up since the last call, one row each for ``recoveries.jsonl``
+        (``index`` and ``worker``: which one, and where its replacement runs)."""
+        ...
+
+    async def close(self) -> None:
+        ...
 
 
 @functools.lru_cache(maxsize=4)
@@ -96,8 +142,8 @@ class StepBatch:
     end: int = 0
     began: float = math.inf
     ended: float = 0.0
-    teacher_s: float = 0.0  # the teachers' time scoring its groups (in their thread)
-    scored: float = 0.0  # when the last of its groups was scored (perf_counter)
+    finish_s: float = 0.0  # the time its groups spent in :class:`Finishing`
+    finished: float = 0.0  # when the last of its groups was finished (perf_counter)
 
     @property
     def rollout_s(self) -> float:
@@ -109,16 +155,16 @@ class StepBatch:
         return {"groups": self.groups, "skipped_groups": self.skipped,
                 "groups_generated": len(self.groups) + len(self.skipped), "groups_skipped": len(self.skipped)}
 
-    def teacher_metrics(self, asked: float) -> dict[str, float]:
-        """``teacher_s``: the teachers' time on its groups; ``teacher_wait_s``: what of it the step still
+    def finish_metrics(self, asked: float, name: str) -> dict[str, float]:
+        """``{name}_s``: the time its groups spent finishing; ``{name}_wait_s``: what of it the step still
         waited for, from the later of its last group's end and ``asked`` (when the step asked for it)."""
-        return {"teacher_s": self.teacher_s, "teacher_wait_s": max(self.scored - max(self.ended, asked), 0.0)}
+        return {f"{name}_s": self.finish_s, f"{name}_wait_s": max(self.finished - max(self.ended, asked), 0.0)}
 
     def add(self, group: Group) -> None:
         """A generated group's times."""
         self.began, self.ended = min(self.began, group.began), max(self.ended, group.ended)
-        self.teacher_s += group.teacher_s
-        self.scored = max(self.scored, group.scored)
+        self.finish_s += group.finish_s
+        self.finished = max(self.finished, group.finished)
 
     def save(self, file: Path) -> None:
         """Into a checkpoint: a batch generated ahead of its step (:class:`OneStepOff`), every
@@ -166,47 +212,44 @@ def zero_variance(trajs: Sequence[Trajectory]) -> bool:
 
 @dataclass
 class Group:
-    """One generated group: its trajectories, when it started and ended generating, and (distillation)
-    the teachers' time on it and when they were done."""
+    """One generated group: its trajectories, when it started and ended generating, and the time it
+    spent finishing (:class:`Finishing`) and when that was done."""
 
     trajectories: list[Trajectory]
     began: float
     ended: float
-    teacher_s: float = 0.0
-    scored: float = 0.0
+    finish_s: float = 0.0
+    finished: float = 0.0
 
 
-# The teachers scoring trajectories in place (toolrl.algorithms.teacher.Teachers.score).
-Score = Callable[[list[Trajectory]], None]
+# What each generated group's trajectories go through, in place, before a step trains them.
+Finish = Callable[[list[Trajectory]], Awaitable[None]]
 
 
-class TeacherThread:
-    """The teachers scoring each group as it is generated, one group at a time in a worker thread of
-    their own: their time overlaps the generation of the groups still running, and the event loop
-    stays free. What a group trains on is scored (:func:`trainable`; a group dynamic sampling skips,
-    ``skip``, is not): per trajectory, the same log-probs as scoring a step's batch in one call."""
+class Finishing:
+    """``finish`` run on each group as it is generated, one group at a time, while the groups still
+    running go on generating. What a group trains on is finished (:func:`trainable`; a group dynamic
+    sampling skips, ``skip``, is not)."""
 
-    def __init__(self, score: Score) -> None:
-        self.score = score
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="teacher")
-
-    def _timed(self, trajs: list[Trajectory]) -> float:
-        t0 = time.perf_counter()
-        self.score(trajs)
-        return time.perf_counter() - t0
+    def __init__(self, finish: Finish) -> None:
+        self.finish = finish
+        self.turn = asyncio.Lock()
 
     async def group(self, generating: Awaitable[list[Trajectory]], skip: bool = False) -> Group:
         began = time.perf_counter()
         trajs = await generating
         ended = time.perf_counter()
         kept = trainable(trajs)
-        teacher_s = 0.0
+        busy = 0.0
         if kept and not (skip and zero_variance(kept)):
-            teacher_s = await asyncio.get_running_loop().run_in_executor(self.pool, self._timed, kept)
-        return Group(trajs, began, ended, teacher_s, time.perf_counter())
+            async with self.turn:
+                t0 = time.perf_counter()
+                await self.finish(kept)
+                busy = time.perf_counter() - t0
+        return Group(trajs, began, ended, busy, time.perf_counter())
 
     async def groups(self, generating: Sequence[Awaitable[list[Trajectory]]]) -> list[Group]:
-        """Groups generating at once, each scored as it ends; on a failure the others are cancelled and
+        """Groups generating at once, each finished as it ends; on a failure the others are cancelled and
         the trajectories of those that finished go with the error (``exc.trajectories``, for its record)."""
         tasks = [asyncio.ensure_future(self.group(g)) for g in generating]
         try:
@@ -218,20 +261,16 @@ class TeacherThread:
                                 and task.exception() is None for t in task.result().trajectories]
             raise
 
-    def close(self) -> None:
-        """No more scoring: a group being scored finishes in the thread, none queued starts."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
 
 class StepBatches:
-    """The synchronous loop's data: one rollout call per step, started by :meth:`next` (with ``teacher``:
-    one per group, each scored as it ends)."""
+    """The synchronous loop's data: one rollout call per step, started by :meth:`next` (with ``finishing``:
+    one per group, each finished as it ends)."""
 
-    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
-                 teacher: TeacherThread | None = None) -> None:
+    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
+                 finishing: Finishing | None = None) -> None:
         self.rollouts, self.samples, self.config = rollouts, samples, config
         self.position = position
-        self.teacher = teacher
+        self.finishing = finishing
 
     async def next(self, step: int) -> StepBatch:
         cfg, size = self.config, self.config.data.batch_size
@@ -239,12 +278,12 @@ class StepBatches:
         assert first == step * size, "the synchronous loop's steps are aligned with the data"
         prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
         seed, prefix = step_seed(cfg.rollout.seed, step), call_prefix("t", step + 1)
-        if self.teacher is None:
+        if self.finishing is None:
             began = time.perf_counter()
             done = [Group(await self.rollouts.run(prompts, cfg.rollout.n, seed=seed, id_prefix=prefix), began,
                           time.perf_counter())]
         else:
-            done = await self.teacher.groups([self.rollouts.run_group(p, g, cfg.rollout.n, seed, prefix)
+            done = await self.finishing.groups([self.rollouts.run_group(p, g, cfg.rollout.n, seed, prefix)
                                               for g, p in enumerate(prompts)])
         self.position = first + size
         trajs = [t for group in done for t in group.trajectories]
@@ -266,8 +305,6 @@ class StepBatches:
 
     async def close(self) -> None:
         """Nothing is in flight between steps."""
-        if self.teacher is not None:
-            self.teacher.close()
 
 
 class OneStepOff:
@@ -276,10 +313,10 @@ class OneStepOff:
     :meth:`settle` waits for it to be whole before the weights change. ``ahead``: step ``position``'s
     batch, generated before a restart (from the checkpoint)."""
 
-    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
-                 ahead: StepBatch | None = None, teacher: TeacherThread | None = None) -> None:
+    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
+                 ahead: StepBatch | None = None, finishing: Finishing | None = None) -> None:
         self.rollouts, self.total_steps = rollouts, config.trainer.total_steps
-        self.steps = StepBatches(rollouts, samples, config, position, teacher)
+        self.steps = StepBatches(rollouts, samples, config, position, finishing)
         self.pending: asyncio.Future[StepBatch] | None = None
         if ahead is not None:
             self.steps.position = ahead.end
@@ -319,10 +356,10 @@ class OneStepOff:
 class GroupStream:
     """Groups generating continuously within the staleness bound, handed to steps in group order."""
 
-    def __init__(self, rollouts: Any, samples: Sequence[Sample], config: Config, position: int, version: int,
-                 teacher: TeacherThread | None = None) -> None:
+    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int, version: int,
+                 finishing: Finishing | None = None) -> None:
         self.rollouts, self.samples, self.config = rollouts, samples, config
-        self.teacher = teacher
+        self.finishing = finishing
         self.size = config.data.batch_size
         self.max_staleness = config.trainer.max_staleness
         self.skip = config.algorithm.skip_zero_variance_groups
@@ -361,8 +398,6 @@ class GroupStream:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.teacher is not None:
-            self.teacher.close()
 
     def _limit(self) -> int:
         """The first group that may not start yet. The filling step still takes at least ``need``
@@ -382,8 +417,8 @@ class GroupStream:
             g = self.started
             sample = prompt_for_group(self.samples, g, cfg.trainer.seed, cfg.data.shuffle)
             generating = self.rollouts.run_group(sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), "")
-            task = asyncio.ensure_future(self._generated(generating) if self.teacher is None
-                                         else self.teacher.group(generating, self.skip))
+            task = asyncio.ensure_future(self._generated(generating) if self.finishing is None
+                                         else self.finishing.group(generating, self.skip))
             task.add_done_callback(functools.partial(self._finished, g))
             self.running[g] = task
             self.started += 1
@@ -425,16 +460,16 @@ class GroupStream:
                 self.filling_step += 1
 
 
-def open_batches(rollouts: Any, samples: Sequence[Sample], config: Config, position: int,
+def open_batches(rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
                  version: int, ahead: StepBatch | None = None,
-                 score: Score | None = None) -> StepBatches | OneStepOff | GroupStream:
+                 finish: Finish | None = None) -> StepBatches | OneStepOff | GroupStream:
     """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), one step
     off it where asked (``ahead``: a batch already generated for the next step), else the stream;
-    ``score``: the teachers', each group scored as it is generated (:class:`TeacherThread`)."""
-    teacher = None if score is None else TeacherThread(score)
+    ``finish``: what each group goes through as it is generated (:class:`Finishing`)."""
+    finishing = None if finish is None else Finishing(finish)
     if config.trainer.async_schedule == "one_step_off":
-        return OneStepOff(rollouts, samples, config, position, ahead, teacher)
+        return OneStepOff(rollouts, samples, config, position, ahead, finishing)
     if config.trainer.max_staleness == 0 and not config.algorithm.skip_zero_variance_groups \
             and position == version * config.data.batch_size:
-        return StepBatches(rollouts, samples, config, position, teacher)
-    return GroupStream(rollouts, samples, config, position, version, teacher)
+        return StepBatches(rollouts, samples, config, position, finishing)
+    return GroupStream(rollouts, samples, config, position, version, finishing)

@@ -14,11 +14,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import ConfigError
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
 
@@ -112,7 +115,7 @@ class CoreEngineOptions(BaseModel):
     dtype: str = Field("float32", description="model.dtype")
 
 
-def refuse_adapters(run: Any, engine: str, why: str) -> None:
+def refuse_adapters(run: RunFacts, engine: str, why: str) -> None:
     """The run check of an engine that serves no LoRA adapter per role: ``model.adapters`` refused in one
     line saying ``why``."""
     if run.config.model.adapters:
@@ -140,8 +143,8 @@ class RolloutEngine(ABC):
     Options: ClassVar[type[BaseModel]] = EngineOptions
 
     @classmethod
-    def check_run(cls, run: Any) -> list[str]:
-        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+    def check_run(cls, run: RunFacts) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.plugins.parts.RunFacts`; hookspecs): raise
         ValueError on a setting this engine cannot run with, return warning lines; none here."""
         return []
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from toolrl.engines.decoding import sample
     from toolrl.engines.kv_store import KVBatch, prefill_sources
     from toolrl.engines.static_decode import StaticSteps
+    from toolrl.plugins.parts import RunFacts
 
 
 def _import_torch() -> None:
@@ -147,7 +148,7 @@ class TransformersEngine(RolloutEngine):
             self._runner = EagerSteps(self.model, self._adapters, self._routing)
 
     @classmethod
-    def check_run(cls, run: Any) -> list[str]:
+    def check_run(cls, run: RunFacts) -> list[str]:
         """The run check (:mod:`toolrl.roles.run_check`): the model loads from the source's directory,
         experts are recorded only where a model has them, and static decode takes the model's rows."""
         check_model_dir(run.model_dir, "the transformers engine", run.config)

@@ -19,9 +19,12 @@ import asyncio
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from toolrl.schemas import ParseError, ParseResult, ToolResponse
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 
 class ToolParser:
@@ -56,8 +59,8 @@ class ToolParser:
         """The route's tool schemas (OpenAI function format). Formats whose argument values are
         untyped text (``<parameter=n>5</parameter>``) type them from the schemas; the rest ignore them."""
 
-    def check_run(self, run: Any) -> list[str]:
-        """The run check before any weights load (:class:`toolrl.roles.run_check.RunFacts`; hookspecs): raise
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The run check before any weights load (:class:`toolrl.plugins.parts.RunFacts`; hookspecs): raise
         ValueError on a setting this part cannot run with, return warning lines; none here."""
         return []
 

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from toolrl.data.batches import RolloutGroup as RolloutGroup  # its home: the batches that read it
+
 if TYPE_CHECKING:
-    from toolrl.schemas import Sample
     from toolrl.trajectory import Trajectory
 
 
@@ -58,53 +59,6 @@ class TrainerGroup(Protocol):
         ...
 
     def close(self) -> None:
-        ...
-
-
-@runtime_checkable
-class RolloutGroup(Protocol):
-    """The engines and the agent loop around them: in this process
-    (:class:`~toolrl.roles.in_process.Rollouts`), as Ray actors
-    (:class:`~toolrl.roles.rollout_workers.RolloutWorkerPool`), or recorded groups standing in for
-    them (:class:`~toolrl.roles.replay.Replay`)."""
-
-    @property
-    def generating(self) -> RolloutGroup:
-        """The group whose engines generate: itself, or the one a stand-in answers for."""
-        ...
-
-    async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """``n`` trajectories per sample, what ``run_rollouts`` gives them as one batch."""
-        ...
-
-    async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """Group ``group`` alone (streaming): what a batch gives that group."""
-        ...
-
-    async def check_trainable(self) -> str | None:
-        """None when training may use the engines, else a one-line reason."""
-        ...
-
-    async def ready(self) -> None:
-        """Every engine up and holding the weights last sent (a replaced worker gets the trainer's now):
-        what a batch that must not start on other weights waits for (``one_step_off``)."""
-        ...
-
-    def weight_targets(self, version: int) -> list[Any]:
-        """Where weights ``version`` go now (engines, or worker actors that are up); the group
-        records ``version`` first, for workers that come up later."""
-        ...
-
-    def replace(self, dead: Sequence[Any]) -> None:
-        """Replace the targets ``dead`` (found dead by a weight push)."""
-        ...
-
-    def take_recoveries(self) -> list[dict[str, Any]]:
-        """The replaced workers that came up since the last call, one row each for ``recoveries.jsonl``
-        (``index`` and ``worker``: which one, and where its replacement runs)."""
-        ...
-
-    async def close(self) -> None:
         ...
 
 

@@ -158,9 +158,9 @@ async def train(prepared: Prepared) -> None:
     start, ahead, recovered = prepared.start, prepared.ahead, prepared.recovered
     batches: StepBatches | OneStepOff | GroupStream | None = None
     try:
-        # Distillation: the teachers score each group as it is generated (toolrl.data.batches.TeacherThread).
+        # Distillation: the teachers score each group as it is generated (toolrl.data.batches.Finishing).
         batches = open_batches(roles.rollouts, run.samples, config, prepared.position, version=start,
-                               ahead=ahead, score=None if prepared.teachers is None else prepared.teachers.score)
+                               ahead=ahead, finish=None if prepared.teachers is None else prepared.teachers.score)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
             for step in range(start, config.trainer.total_steps):
@@ -187,7 +187,7 @@ async def train(prepared: Prepared) -> None:
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
-                           **(batch.teacher_metrics(t0) if prepared.teachers is not None else {}),
+                           **(batch.finish_metrics(t0, "teacher") if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
                     recovered = []
@@ -211,6 +211,8 @@ async def train(prepared: Prepared) -> None:
         if batches is not None:
             await batches.close()  # groups still in flight: a resumed run generates them again
         await roles.close()
+        if prepared.teachers is not None:
+            await prepared.teachers.close()
     if config.trainer.plot:
         run_dir.plot_curve()
 

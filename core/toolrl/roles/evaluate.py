@@ -36,6 +36,7 @@ from rich.table import Table
 
 from toolrl.config import Config, ConfigError, read_json
 from toolrl.data import read_rows
+from toolrl.data.batches import RolloutGroup
 from toolrl.roles.in_process import Rollouts
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.start import start_roles
@@ -76,7 +77,7 @@ def success(traj: Trajectory, config: Config) -> bool:
     return traj.error is None and value >= config.eval.success_threshold
 
 
-def _sampling(rollouts: Any, config: Config) -> Any:
+def _sampling(rollouts: RolloutGroup, config: Config) -> RolloutGroup:
     """``rollouts`` sampling at ``eval.temperature``. In process: a view sharing the engine, tools and
     renderers; Ray workers keep their own config (the config requires equal temperatures there)."""
     rollouts = rollouts.generating  # training on recorded groups: the engine they stand in for
@@ -86,7 +87,7 @@ def _sampling(rollouts: Any, config: Config) -> Any:
     return Rollouts(rollouts.engine, ctx, rollouts.tools)
 
 
-async def run_problems(rollouts: Any, config: Config, samples: Sequence[Sample],
+async def run_problems(rollouts: RolloutGroup, config: Config, samples: Sequence[Sample],
                        advance: Callable[[int], None] = lambda done: None) -> list[tuple[Sample, int, Trajectory]]:
     """``eval.n`` trajectories per problem as ``(problem, k, trajectory)``. Problems go to the rollout
     group in chunks that fill its concurrency (``advance`` is told after each); chunk c is seeded as

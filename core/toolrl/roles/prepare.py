@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.algorithms.distill import opd_options
-from toolrl.algorithms.teacher import Conversation, Teachers, check_served_teachers
 from toolrl.config import Config, ConfigError, field_where
-from toolrl.data.batches import AHEAD, StepBatch, prompt_for_group
+from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
 from toolrl.roles.replay import Replay
 from toolrl.roles.resolve import ResolvedRun, resolve_run
 from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.roles.start import Roles, start_roles
 from toolrl.roles.supervise import controller_restart
+from toolrl.rollout.teacher import Conversation, Teachers, open_teachers
 from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller
 from toolrl.training.export import save_model_files
 from toolrl.trajectory import Trajectory
@@ -38,7 +38,7 @@ class Prepared:
     position: int = 0
     ahead: StepBatch | None = None
     recovered: list[dict[str, Any]] = field(default_factory=list)
-    teachers: Teachers | None = None  # on-policy distillation's (algorithm.teacher), loaded once
+    teachers: Teachers | None = None  # on-policy distillation's (algorithm.teacher), built once
 
 
 @dataclass
@@ -56,35 +56,42 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     made into a run at its first step."""
     checked = check_training(config, resume, overwrite)
     run = checked.run
-    # A served teacher is asked once before any weights load: a server that cannot score ends the run here.
-    top = opd_options(config.algorithm).top_k  # each position's likeliest tokens, asked of every teacher
-    check_served_teachers(config.algorithm.teachers, config.base_dir, field_where(config, "algorithm.teacher"), top)
-    # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
-    # in this process, or as Ray actors.
-    roles = await start_roles(run, inputs=checked.inputs)
+    # On-policy distillation's teachers, built in this process as the run's engine is (toolrl.rollout.teacher),
+    # each scoring a probe before the student's weights load: a teacher that cannot score ends the run here.
+    teachers = await open_teachers(config, checked.inputs.tokenizer, field_where(config, "algorithm.teacher"),
+                                   None if config.data.trajectories else sample_conversation(run),
+                                   opd_options(config.algorithm).top_k) if config.algorithm.teachers else None
     try:
-        # On-policy distillation's teachers score every batch in this process (toolrl.algorithms.teacher):
-        # their weights load once, after every check and before the first write.
-        teachers = Teachers(config.algorithm.teachers, roles.tokenizer, config.base_dir,
-                            None if config.data.trajectories else sample_conversation(run), top) \
-            if config.algorithm.teachers else None
+        # The roles placed, each building its parts where it runs (tools, the policy's weights, engines):
+        # in this process, or as Ray actors.
+        roles = await start_roles(run, inputs=checked.inputs)
+    except BaseException:
+        if teachers is not None:
+            await teachers.close()
+        raise
+    try:
         prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
         prepared.teachers = teachers
         return prepared
     except BaseException:
         await roles.close()
+        if teachers is not None:
+            await teachers.close()
         raise
 
 
 def sample_conversation(run: ResolvedRun) -> Conversation:
-    """A trajectory's prompt messages: its group's sample (a pure function of the group,
-    :func:`toolrl.data.batches.prompt_for_group`); none for a forked piece, whose prompt holds later turns."""
-    seed, shuffle = run.config.trainer.seed, run.config.data.shuffle
+    """A trajectory's prompt messages: those of the sample it was generated from, found by its environment
+    and sample index (not by its group: the synchronous loop numbers a step's groups from 0, the stream
+    numbers them through the data); none for a forked piece, whose prompt holds later turns, nor where
+    two different prompts share an index."""
+    by_sample: dict[tuple[str | None, int], list[dict[str, Any]] | None] = {}
+    for sample in run.samples:
+        key, messages = (sample.env, sample.index or 0), [m.to_template() for m in sample.prompt]
+        by_sample[key] = messages if by_sample.get(key, messages) == messages else None
 
     def conversation(t: Trajectory) -> list[dict[str, Any]] | None:
-        if t.piece:
-            return None
-        return [m.to_template() for m in prompt_for_group(run.samples, t.group, seed, shuffle).prompt]
+        return None if t.piece else by_sample.get((t.env, t.sample_index))
 
     return conversation
 

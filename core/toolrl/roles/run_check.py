@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
+from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.data import origin_of
 from toolrl.engines.build import engine_options, engine_processor
@@ -31,6 +32,7 @@ from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, optio
 from toolrl.renderers.chat import TemplateError
 from toolrl.renderers.families import config_renderer_factory
 from toolrl.rollout.context_check import check_prompt_tokens, model_context
+from toolrl.rollout.teacher import check_teachers
 from toolrl.tools.verl_config import resolve_tool_class
 
 if TYPE_CHECKING:
@@ -58,6 +60,8 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
         check_lora_targets(facts)
     check_adapters(facts, trains=bool(parts.training))
     warnings += _part_checks(facts, parts)
+    if parts.training:  # distillation's teachers, each checked as the engine it is (toolrl.rollout.teacher)
+        warnings += check_teachers(facts, opd_options(config.algorithm).top_k)
     check_tree(facts, parts)
     check_roles(facts, parts)
     return warnings

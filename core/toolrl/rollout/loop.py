@@ -91,8 +91,8 @@ async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int,
         ep.traj.tree_id, ep.line = tree_id, ep.line if tree_id is None else TreeLine(Tree())
         fresh = functools.partial(start_episode, ctx, route, sample, group)  # a tree's lines from the prompt
         leaves = await tree_lines(ep, run_line(ep, start=True), fresh, run_line)  # one, unless rollout.tree splits
-    scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms)
-                                    for e in leaves))
+    scored = await asyncio.gather(*(score_pieces(route, sample, e.closed, e.traj, e.step_rewards, e.session_terms,
+                                                 e.session.role_rewards) for e in leaves))
     return [p for pieces in scored for p in pieces]
 
 
@@ -262,7 +262,7 @@ async def finish_tools(ep: Episode) -> None:
         traj.error = "; ".join(f"tool {n}: {e}" for n, e in sorted(traj.tool_errors.items()))
     if toolset.infrastructure is not None:  # e.g. calc_reward could not reach its server: no reward to train on
         traj.termination, traj.error = "infra_error", traj.error or toolset.infrastructure
-    ep.session_terms = await asyncio.shield(ep.session.finish(traj))
+    ep.session_terms = await asyncio.shield(ep.session.finish(traj, ep.ctx.roles))
     ep.ctx.engine.end_session(traj.key)
 
 

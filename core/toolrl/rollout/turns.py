@@ -21,7 +21,7 @@ from array import array
 from toolrl.sessions import SessionRun
 from toolrl.trajectory import Trajectory, model_tokens_end
 
-__all__ = ["observation_key", "record_turn"]
+__all__ = ["record_turn"]
 
 
 def observation_key(traj: Trajectory) -> str:

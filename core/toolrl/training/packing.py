@@ -55,7 +55,7 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -108,11 +108,9 @@ class PackedBatch:
     # (1, T): the adapter each row token runs through, an index into the model's adapters (model.adapters);
     # None: the model's own weights (and model.lora's one adapter).
     adapter_ids: torch.Tensor | None = None
-    # On-policy distillation's top-k (toolrl.algorithms.distill.top_fields): over the (B, R) grid, the
-    # teacher's K likeliest ids (B, R, K), its log-probs there and the teacher weight (B, R).
-    top_ids: torch.Tensor | None = None
-    teacher_top: torch.Tensor | None = None
-    teacher_weight: torch.Tensor | None = None
+    # What the run's parts read of these rows beyond their tokens (toolrl.algorithms.AlgorithmPart.fields),
+    # (B, ...) each, over the (B, R) grid: CANDIDATE_IDS (B, R, K) among them are run through the LM head too.
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]

@@ -259,6 +259,4 @@ def split_response_logprobs(model: Any, batch: PackedBatch, sp: SequenceParallel
     return _AllReduce.apply(grid, sp.group)
 
 
-__all__ = ["SP_KWARG", "SequenceParallel", "check_model", "check_sequence_parallel", "heads_to_seq",
-           "local_hidden_states", "local_span", "new_groups", "split_response_logprobs", "seq_to_heads",
-           "ulysses_attention"]
+__all__ = ["SequenceParallel", "check_sequence_parallel", "local_span", "new_groups", "split_response_logprobs"]

@@ -56,8 +56,11 @@ from typing import Any
 import torch
 
 from toolrl.algorithms import (
+    CANDIDATE_IDS,
+    CANDIDATE_LOGPROBS,
     AdvantageEstimator,
     AdvantageInputs,
+    AlgorithmPart,
     LossInputs,
     PolicyLoss,
     build_estimator,
@@ -65,7 +68,6 @@ from toolrl.algorithms import (
 )
 from toolrl.algorithms.advantages import Grpo, episode_keys, role_groups, role_rewards
 from toolrl.algorithms.correction import correction
-from toolrl.algorithms.distill import opd_options, teacher_fields, top_fields, vopd_baseline
 from toolrl.algorithms.overlong import shape_rewards
 from toolrl.algorithms.turns import turn_fields
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
@@ -87,17 +89,23 @@ from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch",
-           "group_advantages", "train_step", "policy_loss", "response_logprobs", "token_advantages"]
+           "group_advantages", "part_fields", "train_step", "policy_loss", "response_logprobs", "token_advantages"]
+
+
+def part_fields(trajectories: Sequence[Trajectory], parts: Sequence[AlgorithmPart]) -> dict[str, torch.Tensor]:
+    """What the parts read of the step beyond its own inputs (:meth:`toolrl.algorithms.AlgorithmPart.fields`),
+    over its (B, R) response grid (R: the longest response)."""
+    width = max(1, max(len(t.response_ids) for t in trajectories))
+    return {name: value for part in parts for name, value in part.fields(trajectories, width).items()}
 
 
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
                      values: torch.Tensor | None = None, turns: bool = False, trees: bool = False,
-                     teacher: bool = False) -> AdvantageInputs:
+                     fields: dict[str, torch.Tensor] | None = None) -> AdvantageInputs:
     """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
     the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``;
     with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`); with ``trees``,
-    each row's tree (``Trajectory.tree_id``); with ``teacher``, the student's and the teacher's log-probs
-    (:func:`toolrl.algorithms.distill.teacher_fields`)."""
+    each row's tree (``Trajectory.tree_id``); ``fields``: what the parts read besides (:func:`part_fields`)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
@@ -108,21 +116,20 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     groups = torch.tensor(role_groups(trajectories), dtype=torch.long)
     per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
     tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
-    scored = teacher_fields(trajectories, width, algo) if teacher else (None, None, None)
     return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn, tree_ids,
-                           *scored)
+                           fields or {})
 
 
 def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
-                     max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None) -> torch.Tensor:
+                     max_response_tokens: int, algo: AlgorithmConfig, values: torch.Tensor | None = None,
+                     fields: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
     forked trajectory (:mod:`toolrl.renderers.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own. In a run with roles, once per role it acted
-    in, against that role's baseline in its group."""
-    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns,
-                              estimator.needs_trees, estimator.needs_teacher)
+    in, against that role's baseline in its group. ``fields``: :func:`part_fields` (None: the estimator's)."""
+    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns, estimator.needs_trees,
+                              part_fields(trajectories, [estimator]) if fields is None else fields)
     keys = episode_keys(trajectories)
     if not estimator.outcome or len(set(keys)) == len(keys):
         return estimator(inputs)
@@ -153,13 +160,13 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     """Logprobs of each trained response token, (B, R), 0 at untrained positions (tool output,
     padding). The LM head runs only at the positions that predict trained tokens, in chunks. With
     ``sp`` the row is split over its ranks (:mod:`toolrl.training.sequence_parallel`); every rank gets
-    the whole grid. With ``top`` and the batch's distillation top-k (``batch.top_ids``): (B, R, 1 + K),
-    the sampled token's then each of the teacher's K likeliest tokens' (the same hidden states through
-    the head again; without gradient unless ``top_grad``: vOPD's baseline reads them detached)."""
-    top = top and batch.top_ids is not None
+    the whole grid. With ``top`` and the batch's ``CANDIDATE_IDS`` (B, R, K): (B, R, 1 + K), the sampled
+    token's then each candidate's (the same hidden states through the head again; without gradient
+    unless ``top_grad``: a part that reads them detached)."""
+    candidates = batch.fields.get(CANDIDATE_IDS) if top else None
     if sp is not None:
-        if top:
-            raise ValueError("sequence parallelism gives no top-k log-probs (opd's top_k)")
+        if candidates is not None:
+            raise ValueError("sequence parallelism gives no log-probs at candidate tokens")
         from toolrl.training import sequence_parallel
 
         return sequence_parallel.split_response_logprobs(model, batch, sp, temperature, chunk_size)
@@ -167,10 +174,9 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     head = model.get_output_embeddings()
     lp = token_logprobs(hidden, head, batch.targets, temperature, chunk_size)
     grid = batch.response_mask.new_zeros(batch.response_mask.shape).index_put((batch.rows, batch.cols), lp)
-    if not top:
+    if candidates is None:
         return grid
-    assert batch.top_ids is not None
-    ids = batch.top_ids[batch.rows, batch.cols]  # (N, K)
+    ids = candidates[batch.rows, batch.cols]  # (N, K)
     k = ids.shape[1]
     with torch.set_grad_enabled(top_grad and torch.is_grad_enabled()):  # no K-fold backward for nothing
         top_lp = token_logprobs(hidden.repeat_interleave(k, 0), head, ids.reshape(-1), temperature, chunk_size)
@@ -205,24 +211,23 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str, norm: dict
 
 def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch, cfg: AlgorithmConfig,
                 norm: dict[str, float], ref_lp: torch.Tensor | None = None,
-                loss_fn: PolicyLoss | None = None,
-                student_top: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                loss_fn: PolicyLoss | None = None, candidate_lp: torch.Tensor | None = None,
+                estimator: AdvantageEstimator | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The decoupled loss of one micro-batch (module docstring): ``loss_fn``'s per-token term (None:
     ``algorithm.loss`` built here), times the truncated importance weight, plus KL, aggregated; and
     its figures over trained tokens, for :func:`train_step` to turn into token means: ``tokens``,
     ``clipped``, ``is_weight_sum``, ``is_weight_max`` (-inf without tokens), ``is_weight_min`` (inf),
     ``is_truncated``, ``mismatch`` (sum of ``|new - behaviour|``) and, with a reference model, ``kl_sum``.
-    ``batch.advantages``: (B, R) per token, or (B,) one per sequence. ``student_top``: the student's
-    log-probs at the teacher's top-k (distillation's ``top_k``, :mod:`toolrl.algorithms.distill`: vOPD's
-    baseline comes off the advantages here)."""
+    ``batch.advantages``: (B, R) per token, or (B,) one per sequence. ``candidate_lp``: the policy's
+    log-probs at the batch's ``CANDIDATE_IDS``. ``estimator`` (None: ``algorithm.advantage`` built here)
+    gives the advantages the loss reads (:meth:`toolrl.algorithms.AdvantageEstimator.loss_advantages`)."""
     mask = batch.response_mask
     adv = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None].expand(mask.shape)
     loss_fn = build_loss(cfg) if loss_fn is None else loss_fn
-    if student_top is not None and batch.teacher_top is not None and batch.teacher_weight is not None \
-            and opd_options(cfg).baseline == "vopd":
-        adv = adv - vopd_baseline(student_top, batch.teacher_top, batch.teacher_weight)
-    terms = loss_fn(LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask, student_top, batch.teacher_top,
-                               batch.teacher_weight))
+    estimator = build_estimator(cfg) if estimator is None else estimator
+    fields = batch.fields if candidate_lp is None else {**batch.fields, CANDIDATE_LOGPROBS: candidate_lp}
+    inputs = LossInputs(new_lp, prox_lp, batch.engine_logprobs, adv, mask, fields)
+    terms = loss_fn(dataclasses.replace(inputs, advantages=estimator.loss_advantages(inputs)))
     per_token = terms.per_token
     corr = correction(prox_lp, batch.engine_logprobs, mask, cfg)
     if corr.weight is not None:
@@ -327,7 +332,9 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     device = next(model.parameters()).device
     estimator = options.estimator or build_estimator(options.algo)
     loss_fn = options.loss or build_loss(options.algo)
-    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values)
+    options = dataclasses.replace(options, estimator=estimator, loss=loss_fn)
+    fields = part_fields(trajectories, (estimator, loss_fn))
+    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values, fields)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and t.role not in options.frozen]
@@ -335,7 +342,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]
     advs = [grid[i, :max(1, len(trajectories[i].response_ids))] for i in usable]
-    minis = split_mini_batches(trajs, advs, options, device)
+    minis = split_mini_batches(trajs, advs, options, device, {name: v[usable] for name, v in fields.items()})
     tally = StepTally()
     proximal = ProximalLogprobs(trajs)
     replay = None if options.algo.routing_replay == "off" else ExpertReplay(model, options.algo.routing_replay, options.sp)
@@ -362,9 +369,10 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
 
 
 def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], options: StepOptions,
-                       device: torch.device) -> list[MiniBatch]:
+                       device: torch.device, fields: dict[str, torch.Tensor] | None = None) -> list[MiniBatch]:
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
-    step where this rank has nothing left but a busier rank does); built once, reused every epoch."""
+    step where this rank has nothing left but a busier rank does; ``fields``: :func:`part_fields` of
+    ``trajs``, each micro-batch given its rows'); built once, reused every epoch."""
     lengths = [input_length(t) for t in trajs]
     seqs = tree_keys(trajs, options.processor) if options.optim.share_prefixes else None
     adapters = row_adapters(trajs, options.adapters) if options.adapters else None
@@ -379,7 +387,7 @@ def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor]
         shares = plan(mini, lengths, dp_size, options.optim.micro_batch_size, max_tokens, seqs, adapters)
         micro_steps = packed_micro_steps(trajs, advs, shares[dp_rank], device, options.pad_id,
                                          options.optim.share_prefixes, options.processor, pixel_cache, adapters,
-                                         options.algo)
+                                         fields)
         norm = {"tokens": float(sum(sum(trajs[i].response_mask) for i in mini)), "seqs": float(len(mini)),
                 "max_len": float(options.max_response_tokens)}
         minis.append(MiniBatch(micro_steps, norm))
@@ -401,19 +409,19 @@ def row_adapters(trajs: Sequence[Trajectory], adapters: Sequence[str]) -> list[i
 def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: Sequence[list[int] | None],
                        device: torch.device, pad_id: int, share_prefixes: bool, processor: Any,
                        cache: dict[bytes, Any], adapters: Sequence[int] | None = None,
-                       algo: AlgorithmConfig | None = None) -> list[MicroStep]:
+                       fields: dict[str, torch.Tensor] | None = None) -> list[MicroStep]:
     """A rank's share of a plan (:func:`toolrl.training.microbatch.plan`) packed: each micro-batch's rows
     ``trajs[i]`` with advantages ``advs[i]`` (prefix trees with ``share_prefixes``; ``cache``: images
-    processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`; the teacher's top-k with
-    ``algo``'s opd ``top_k``), and a dummy step (one pad token) for each None, where a busier rank still
-    has work, to keep FSDP's collectives in step."""
+    processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`; ``fields``: what the parts
+    read, row ``i`` of each and the micro-batch's grid's columns), and a dummy step (one pad token) for each
+    None, where a busier rank still has work, to keep FSDP's collectives in step."""
     def packed(micro: list[int]) -> PackedBatch:
         rows = [trajs[i] for i in micro]
         batch = build_batch(rows, [advs[i] for i in micro], device, share_prefixes, processor, cache,
                             None if adapters is None else [adapters[i] for i in micro])
-        tops = None if algo is None else top_fields(rows, batch.response_mask.shape[1], algo, device)
-        return batch if tops is None else dataclasses.replace(batch, top_ids=tops[0], teacher_top=tops[1],
-                                                              teacher_weight=tops[2])
+        width = batch.response_mask.shape[1]
+        return dataclasses.replace(batch, fields={name: (v[micro] if v.dim() < 2 else v[micro, :width]).to(device)
+                                                  for name, v in (fields or {}).items()})
     return [(None, dummy_batch(pad_id, device)) if micro is None else (micro, packed(micro)) for micro in share]
 
 
@@ -421,7 +429,7 @@ def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: Exper
              dummy: bool = False, top: bool = False, top_grad: bool = True) -> torch.Tensor:
     """:func:`response_logprobs` of ``model``, through its own forward when it is a :class:`Policy`;
     routed by ``replay`` (``algorithm.routing_replay``) when given; each row through its adapter
-    (``model.adapters``); with ``top``, the teacher's top-k's too."""
+    (``model.adapters``); with ``top``, the candidate tokens' too."""
     if replay is not None:
         replay.before(batch, dummy)
     with through_adapters(causal_lm(model), batch):
@@ -463,12 +471,14 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
     sp = options.sp
     scale = 1.0 if sp is None else 1.0 / sp.size
     for j, (micro, batch) in enumerate(mini.micro_steps):
-        new_lp = logprobs(model, batch, options, replay, micro is None, top=True, top_grad=loss_fn.reads_top)
-        # Distillation's top-k (opd's top_k): the student's log-probs at the teacher's likeliest tokens.
-        new_lp, student_top = (new_lp[..., 0], new_lp[..., 1:]) if new_lp.dim() == 3 else (new_lp, None)
+        new_lp = logprobs(model, batch, options, replay, micro is None, top=True,
+                          top_grad=CANDIDATE_LOGPROBS in loss_fn.reads)
+        # The policy's log-probs at the batch's candidate tokens, where a part gives some.
+        new_lp, candidate_lp = (new_lp[..., 0], new_lp[..., 1:]) if new_lp.dim() == 3 else (new_lp, None)
         prox_lp = new_lp.detach() if mini.prox is None else mini.prox[j]
         ref_lp = None if mini.ref is None else mini.ref[j]
-        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn, student_top)
+        loss, stats = policy_loss(new_lp, prox_lp, batch, options.algo, mini.norm, ref_lp, loss_fn, candidate_lp,
+                                  options.estimator)
         tokens = batch.tokens if sp is None else -(-batch.tokens // sp.size)  # forwarded by this rank
         if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
             (loss * 0.0).backward()

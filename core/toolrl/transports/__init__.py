@@ -24,12 +24,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import field_where
 from toolrl.plugins.parts import BuildContext, build_part
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 # Pieces start on 64-byte boundaries of a bucket: a view of any dtype can start there.
 ALIGN = 64
@@ -129,8 +132,8 @@ class WeightTransport:
     def build(cls, options: BaseModel, context: Any) -> WeightTransport:
         return cls(options)
 
-    def check_run(self, run: Any) -> list[str]:
-        """The run check (:class:`toolrl.roles.run_check.RunFacts`, before any model loads): a subclass
+    def check_run(self, run: RunFacts) -> list[str]:
+        """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): a subclass
         probes what its options name (a directory writable, a device there) and then calls this, which
         says in one warning line when the run is single-process: weights never travel there."""
         if run.in_process:

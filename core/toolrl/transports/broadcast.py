@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl import transports
 from toolrl.transports.rendezvous import host_store, join_store
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 
 class BroadcastOptions(BaseModel):
@@ -157,7 +160,7 @@ class BroadcastTransport(transports.LinkedTransport):
     name = "broadcast"
     Options = BroadcastOptions
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """NCCL buffers need a GPU where the trainer ranks run: this process's, or Ray's for them."""
         if self.options.device.startswith("cuda"):
             if run.in_process:

@@ -13,11 +13,14 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl import transports
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 POLL_S = 0.005
 
@@ -95,7 +98,7 @@ class DiskTransport(transports.LinkedTransport):
     name = "disk"
     Options = DiskOptions
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         transports.writable_directory(self.options.path, "path")
         return super().check_run(run)
 

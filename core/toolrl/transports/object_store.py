@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrl import transports
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 # How often a sender waiting on its receivers asks whether one of them died (a dead Ray actor answers
 # at once; one that stalls is left to the link's timeout).
@@ -197,7 +200,7 @@ class ObjectStoreTransport(transports.LinkedTransport):
 
     name = "object_store"
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """Nothing to probe, and nothing to say in a single-process run: it is the default there too."""
         return []
 

@@ -18,12 +18,15 @@ import tempfile
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from toolrl import transports
 from toolrl.transports.rendezvous import host_store, join_store
+
+if TYPE_CHECKING:
+    from toolrl.plugins.parts import RunFacts
 
 
 class SharedMemoryOptions(BaseModel):
@@ -155,7 +158,7 @@ class SharedMemoryTransport(transports.LinkedTransport):
     name = "shared_memory"
     Options = SharedMemoryOptions
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         if not Path(self.options.directory).is_dir():
             raise ValueError(f"directory={self.options.directory!r} is not a directory (shared memory segments are "
                              "files in a tmpfs such as /dev/shm)")

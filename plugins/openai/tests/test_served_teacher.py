@@ -1,6 +1,7 @@
-"""A distillation teacher on a server (``algorithm.teacher.engine: openai``): its log-probs of the
-student's sampled tokens, asked of ``toolrl serve`` for vLLM's ``prompt_logprobs``, equal the
-in-process transformers teacher's; servers that cannot score are refused with one line naming it."""
+"""A distillation teacher on a server (``algorithm.teacher.engine: openai``, the openai engine's
+``prompt_logprobs``): its log-probs of the student's sampled tokens, asked of ``toolrl serve`` for vLLM's
+``prompt_logprobs``, equal the in-process transformers teacher's; servers that cannot score are refused
+with one line naming the teacher."""
 
 from __future__ import annotations
 
@@ -9,14 +10,34 @@ import copy
 
 import pytest
 from support import FakeServer, free_port, text_completion
-from toolrl.algorithms.teacher import ServedTeacher, Teacher, Teachers, check_served_teachers
-from toolrl.config import ConfigError, TeacherConfig
+from toolrl.config import Config, ConfigError
 from toolrl.engines import ModelSource, SamplingParams
+from toolrl.rollout.teacher import Teachers, open_teachers
 from toolrl.trajectory import Trajectory
 
+IN_PROCESS = {"model": "tiny-qwen3"}
 
-def served(url: str) -> TeacherConfig:
-    return TeacherConfig(engine="openai", model="tiny-qwen3", options={"base_url": url})
+
+def served(url: str) -> dict:
+    return {"engine": "openai", "model": "tiny-qwen3", "options": {"base_url": url}}
+
+
+async def teachers(tokenizer, teacher: dict, top: int = 0) -> Teachers:
+    """``teacher`` built as a run builds it (it scores a probe first)."""
+    config = Config(env="arithmetic", algorithm={"advantage": "opd", "teacher": teacher})
+    return await open_teachers(config, tokenizer, "algorithm.teacher", top=top)
+
+
+def scored(tokenizer, teacher: dict, trajectories: list[Trajectory], top: int = 0) -> None:
+    """``trajectories`` scored by ``teacher`` in one event loop, as a run's (its engine's client lives there)."""
+    async def run() -> None:
+        built = await teachers(tokenizer, teacher, top)
+        try:
+            await built.score(trajectories)
+        finally:
+            await built.close()
+
+    asyncio.run(run())
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +66,8 @@ def sampled(tiny_path, tokenizer) -> list[Trajectory]:
 
 def test_a_served_teacher_scores_as_the_in_process_one_and_tool_tokens_get_zero(tiny_server, tokenizer, sampled):
     here, there = copy.deepcopy(sampled), copy.deepcopy(sampled)
-    Teacher(TeacherConfig(model="tiny-qwen3"), tokenizer, ".").score(here)
-    Teachers([served(tiny_server.url)], tokenizer, ".").score(there)
+    scored(tokenizer, IN_PROCESS, here)
+    scored(tokenizer, served(tiny_server.url), there)
     for a, b in zip(here, there, strict=True):
         assert b.teacher_logprobs is not None and len(b.teacher_logprobs) == len(b.response_ids)
         assert max(abs(x - y) for x, y in zip(a.teacher_logprobs, b.teacher_logprobs, strict=True)) < 1e-5
@@ -58,8 +79,8 @@ def test_a_served_teachers_top_k_are_the_in_process_ones(tiny_server, tokenizer,
     """opd's ``top_k``: the server's ``prompt_logprobs: k`` entries ranked 1 to k give the same tokens and
     log-probs (within 1e-5) as the in-process teacher's top-k; tool-result tokens get none."""
     here, there = copy.deepcopy(sampled), copy.deepcopy(sampled)
-    Teacher(TeacherConfig(model="tiny-qwen3"), tokenizer, ".").score(here, top=5)
-    Teachers([served(tiny_server.url)], tokenizer, ".", top=5).score(there)
+    scored(tokenizer, IN_PROCESS, here, top=5)
+    scored(tokenizer, served(tiny_server.url), there, top=5)
     for a, b in zip(here, there, strict=True):
         assert b.teacher_top_ids == a.teacher_top_ids
         assert all(len(row) == (5 if m else 0) for row, m in zip(b.teacher_top_ids, b.response_mask, strict=True))
@@ -80,8 +101,7 @@ def test_a_served_teacher_sends_one_request_per_trajectory_at_once(tokenizer, sa
 
     server = FakeServer(slow, models=("tiny-qwen3",))
     try:
-        teacher = ServedTeacher(served(server.url), tokenizer, ".", "algorithm.teacher.0")
-        teacher.score(real)
+        scored(tokenizer, served(server.url), real)
         assert server.max_in_flight == len(real)
         assert all(b["prompt_logprobs"] == 0 and b["model"] == "tiny-qwen3" for b in server.bodies)
         for t in real:
@@ -104,14 +124,15 @@ def test_a_server_that_cannot_score_is_refused_with_one_line(kind, scripted_serv
         or fake.url
     try:
         with pytest.raises(ConfigError) as err:
-            check_served_teachers([served(url)], ".", "algorithm.teacher")
+            asyncio.run(teachers(tokenizer, served(url)))
     finally:
         if fake is not None:
             fake.close()
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"algorithm.teacher.0 (engine openai at {url}): ")
+    assert "\n" not in message and message.startswith("algorithm.teacher.0 (engine openai): ") and url in message
     expected = {"scripted": "chat_script engine does not score given tokens",
-                "no prompt_logprobs": "does not return prompt log-probs", "nothing listens": "does not answer"}
+                "no prompt_logprobs": "does not return prompt log-probs",
+                "nothing listens": "no OpenAI-compatible server answers"}
     assert expected[kind] in message
 
 

@@ -11,6 +11,9 @@ No weights reach the server through this API: every generation reports ``weight_
 version of the weights the server was given (``engine.options.weight_version``, e.g. the step of
 the checkpoint it serves), and weight updates leave it as it is.
 
+:meth:`OpenAIEngine.prompt_logprobs` asks for vLLM's ``prompt_logprobs`` (``toolrl serve`` answers them
+too), one request per prompt, all in flight at once: what makes the engine a distillation teacher.
+
 Requests share a concurrency cap; 408/409/429/5xx answers, timeouts and dropped connections are
 retried with exponential backoff and jitter (``Retry-After`` is honoured); anything else, or the
 last failure, is one line naming ``base_url``.
@@ -23,7 +26,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -33,6 +36,7 @@ from toolrl.engines import (
     FinishReason,
     Generation,
     ModelSource,
+    PromptLogprobs,
     RolloutEngine,
     SamplingParams,
     check_request,
@@ -190,6 +194,25 @@ class OpenAIEngine(RolloutEngine):
             "it returns no token ids (vLLM's return_tokens_as_token_ids)"
         return (f"engine openai at {self.base_url} is not token-exact ({how}): its re-tokenized text has no "
                 "logprobs to train on; use it with `toolrl rollout` (evaluation) only")
+
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+        """Each prompt scored by the server (vLLM's ``prompt_logprobs: top`` on the completions API, one
+        token generated and dropped), all requests at once under ``max_concurrency``."""
+        return list(await asyncio.gather(*(self._prompt_logprobs(list(ids), top) for ids in prompts)))
+
+    async def _prompt_logprobs(self, ids: list[int], top: int) -> PromptLogprobs:
+        response = await self._request({"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                                        "extra_body": {"prompt_logprobs": top}})
+        try:
+            rows = response.choices[0].model_extra["prompt_logprobs"]
+            chosen = [rows[j][str(ids[j])] for j in range(1, len(ids))]
+            best = [sorted((int(e["rank"]), int(i), float(e["logprob"])) for i, e in rows[j].items() if e["rank"] <= top)
+                    for j in range(1, len(ids))]
+            return PromptLogprobs([float(e["logprob"]) for e in chosen], [int(e["rank"]) for e in chosen],
+                                  [[(i, v) for _, i, v in b] for b in best])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise OpenAIEngineError(f"{self.base_url} does not return prompt log-probs (vLLM's prompt_logprobs on "
+                                    "/v1/completions)") from None
 
     async def close(self) -> None:
         await self.client.close()

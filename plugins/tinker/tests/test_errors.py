@@ -61,6 +61,23 @@ def test_missing_checkpoint(client: Any, trainer: Any) -> None:
            "does not exist")
 
 
+def test_a_name_saved_again_replaces_its_checkpoint(served: Any, trainer: Any) -> None:
+    """tinker-cookbook's asynchronous loop saves its first batch's state twice under one name: the second save
+    succeeds (no overwrite flag) and the name holds the later state."""
+    import tinker
+    import torch
+
+    def steps(path: str) -> int:
+        return torch.load(served.service.store.checkpoint(path)["file"], weights_only=False)["steps"]
+
+    first = trainer.save_state("twice").result().path
+    before = steps(first)
+    trainer.forward_backward([_datum()], "cross_entropy").result()
+    trainer.optim_step(tinker.types.AdamParams(learning_rate=1e-2)).result()
+    assert trainer.save_state("twice").result().path == first
+    assert steps(first) == before + 1
+
+
 def test_other_clients_unharmed(trainer: Any) -> None:
     out = trainer.forward_backward([_datum()], "cross_entropy").result()
     assert np.isfinite(out.metrics["loss:sum"])

@@ -3,8 +3,8 @@ adapter on it with its own AdamW, and the sampler's copies of saved adapters.
 
 A base is loaded twice: the trainer's copy, where every training client's adapter is injected
 (``toolrl.training.lora.add_adapter``) and each request's tokens are routed through the client's alone
-(:mod:`toolrl.engines.adapters`: other clients' weights and gradients are not touched), and a
-:class:`toolrl.engines.transformers.TransformersEngine` over a second copy, where each weight set saved
+(:mod:`toolrl.engines.adapters`: other clients' weights and gradients are not touched), and the
+``transformers`` rollout engine (built by name, as the core builds it) over a second copy, where each weight set saved
 for a sampler is an adapter of its own (frozen, a copy of the trainer's at that point) and an adapter
 ``base`` of zeros stands for the base model: the engine batches rows of every client's adapters.
 """
@@ -43,8 +43,8 @@ class Base:
         import torch
         from toolrl.config import AdapterConfig, ModelConfig
         from toolrl.engines import ModelSource
-        from toolrl.engines.transformers import TransformersEngine
         from toolrl.model_sources import load_model, load_tokenizer, resolve_source
+        from toolrl.plugins.parts import BuildContext, build_part
         from toolrl.training.lora import add_adapter
 
         self.name = name
@@ -62,8 +62,9 @@ class Base:
             for n, p in sampler.named_parameters():
                 if f".{BASE_ADAPTER}." in n:
                     p.zero_()
-        self.engine = TransformersEngine.create(ModelSource(self.path, module=sampler.eval(), tokenizer=self.tokenizer),
-                                                {"device": "cpu", "max_batch_size": max_sampler_rows})
+        source = ModelSource(self.path, module=sampler.eval(), tokenizer=self.tokenizer)
+        self.engine = build_part("rollout_engines", "transformers", {"device": "cpu", "max_batch_size": max_sampler_rows},
+                                 BuildContext("tinker-service sampler", inputs={"source": source}))
 
 
 @dataclass
@@ -151,7 +152,7 @@ def optim_step(run: Run, lr: float, beta1: float, beta2: float, eps: float, weig
                grad_clip_norm: float) -> dict[str, float]:
     """One AdamW step of the run's adapter with the request's parameters (a clip first when
     ``grad_clip_norm`` > 0), the gradients then cleared."""
-    from toolrl.training.step import clip_grad_norm
+    import torch
 
     with run.base.lock:
         group = run.optimizer.param_groups[0]
@@ -159,7 +160,7 @@ def optim_step(run: Run, lr: float, beta1: float, beta2: float, eps: float, weig
         metrics: dict[str, float] = {}
         params = run.params()
         if grad_clip_norm > 0:
-            metrics["grad_norm:mean"] = clip_grad_norm(params, grad_clip_norm)
+            metrics["grad_norm:mean"] = float(torch.nn.utils.clip_grad_norm_(params, grad_clip_norm))
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         run.steps += 1

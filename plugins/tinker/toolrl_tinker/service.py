@@ -213,9 +213,8 @@ class Service:
         run = self.run(owner, req.model_id)
         name = req.path or f"step-{uuid.uuid4().hex[:8]}"
         path = f"tinker://{run.model_id}/weights/{name}"
-        with self.refusing(run.model_id, req.seq_id):
-            if self.store.checkpoint(path) is not None and not req.overwrite:
-                raise UserError(f"checkpoint {path} exists already (overwrite=True replaces it)")
+        # A name saved again replaces the checkpoint, overwrite or not: tinker-cookbook's asynchronous loop saves
+        # its first batch's state twice under one name (rl/train.py), which a refusal here would fail.
 
         async def work() -> wire.Result:
             await asyncio.to_thread(self._save, run, path, "weights", name, True)

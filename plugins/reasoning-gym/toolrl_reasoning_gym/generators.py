@@ -1,0 +1,67 @@
+"""reasoning-gym's generators by name: the names it registers, a config checked against the
+generator's own dataclass (a misspelt name or field is one line with the closest match), and the
+entry a task's ground truth names, generated again to be scored."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+from typing import Any
+
+import reasoning_gym
+from reasoning_gym.dataset import ProceduralDataset
+from reasoning_gym.factory import DATASETS
+
+from toolrl_reasoning_gym.sat import INSTALL, NEEDS_PYCOSAT, missing
+
+# Set by the environment on every dataset it makes: what a split's range of seeds and its length are.
+MANAGED = ("seed", "size")
+
+
+def names() -> list[str]:
+    """The generators reasoning-gym registers (its mixture ``composite`` aside: the options mix)."""
+    return sorted(n for n in DATASETS if n != "composite")
+
+
+def _closest(word: str, among: list[str]) -> str:
+    match = difflib.get_close_matches(word, among, n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def check_name(name: str) -> str:
+    if name not in names():
+        raise ValueError(f"reasoning-gym has no generator {name!r}{_closest(name, names())}")
+    if name in NEEDS_PYCOSAT and missing():
+        raise ValueError(f"reasoning-gym's {name} needs pycosat, which is not installed: {INSTALL}")
+    return name
+
+
+def check_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as the generator's config dataclass takes it: each key one of its fields (not
+    ``seed``/``size``, which the splits set), the values as its own ``validate`` accepts them."""
+    fields = [f.name for f in dataclasses.fields(DATASETS[name][1]) if f.name not in MANAGED]
+    for key in config:
+        if key in MANAGED:
+            raise ValueError(f"{name}: {key!r} is set by the environment's options (size, test_size, seed)")
+        if key not in fields:
+            raise ValueError(f"{name} has no option {key!r}{_closest(key, fields)} (its options: {', '.join(fields)})")
+    try:
+        make(name, json.dumps(config, sort_keys=True), 0, 1)
+    except Exception as exc:  # the generator's own checks: assertions, ValueErrors, TypeErrors
+        raise ValueError(f"{name}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+    return config
+
+
+@functools.lru_cache(maxsize=64)
+def make(name: str, config_json: str, seed: int, size: int) -> ProceduralDataset:
+    """The generator's dataset (cached: a reward regenerates entries of the few a run uses)."""
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
+
+
+def entry(task: dict[str, Any]) -> tuple[ProceduralDataset, dict[str, Any]]:
+    """The dataset and entry a sample's ground truth names (``dataset``, ``config``, ``seed``,
+    ``size``, ``index``): the one its question was generated from."""
+    dataset = make(task["dataset"], json.dumps(task["config"], sort_keys=True), task["seed"], task["size"])
+    return dataset, dataset[task["index"]]
