@@ -47,15 +47,6 @@ CORPUS = [
      "'2nd' cannot name a role"),
     ("lora and adapters", "model:\n  source: tiny-qwen3\n  lora: {r: 4}\n  adapters: {writer: {r: 4}}  #!\n",
      "model.adapters", "set model.lora (one policy) or model.adapters"),
-    ("teacher URL without a scheme", "algorithm:\n  advantage: opd\n  teacher:\n    model: tiny-qwen3\n"
-     "    engine: openai\n    options:\n      base_url: localhost:8000/v1  #!\n",
-     "algorithm.teacher.0.options.base_url", "'localhost:8000/v1' is not a URL"),
-    ("teacher URL with a bad port", "algorithm:\n  advantage: opd\n  teacher:\n    model: tiny-qwen3\n"
-     "    engine: openai\n    options: {base_url: 'http://host:port/v1'}  #!\n",
-     "algorithm.teacher.0.options.base_url", "is not a URL"),
-    ("teacher options key", "algorithm:\n  advantage: opd\n  teacher:\n    model: tiny-qwen3\n    engine: openai\n"
-     "    options: {base_ur: 'http://127.0.0.1:9/v1'}  #!\n", "algorithm.teacher.0.options.base_url",
-     "Field required; algorithm.teacher.0.options.base_ur: unknown key (did you mean 'base_url'?)"),
     ("second teacher's key", "env: arithmetic\nenvs: {}\nalgorithm:\n  advantage: opd\n  teacher:\n"
      "    - {model: tiny-qwen3}\n    - model: tiny-qwen3\n      wieght: 2  #!\n",
      "algorithm.teacher.1.wieght", "(did you mean 'weight'?)"),
@@ -112,7 +103,7 @@ def test_each_bad_configuration_is_one_line_naming_its_file_line_and_field(tmp_p
 
 
 def test_the_corpus_holds_every_kind_once():
-    assert len({c[0] for c in CORPUS}) == len(CORPUS) >= 25
+    assert len({c[0] for c in CORPUS}) == len(CORPUS) >= 22
 
 
 def test_a_lora_target_the_run_refuses_prints_no_library_warning_first(tmp_path):
