@@ -287,8 +287,8 @@ def test_a_base_url_that_is_not_a_url_is_refused_at_the_check(tmp_path: Path, ur
                                     f"{url!r} is not a URL") and result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "run").exists()
     teacher = f"algorithm.teacher={{engine: openai, model: tiny-qwen3, options: {{base_url: '{url}'}}}}"
-    result = toolrl("train", str(TINY_YAML), *ROLLOUT, "engine={name: transformers}", "algorithm.advantage=opd", teacher,
-                    f"trainer.output_dir={tmp_path / 'run'}", "--check")  # a served teacher's, the same
+    result = toolrl("train", str(TINY_YAML), *ROLLOUT, "engine={name: transformers}", "algorithm.advantage=opd",
+                    teacher, f"trainer.output_dir={tmp_path / 'run'}", "--check")  # a served teacher's, the same
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output[-2000:]
     assert f": algorithm.teacher.0: engine.options.base_url: {url!r} is not a URL" in result.stderr, result.stderr
 
