@@ -106,6 +106,26 @@ async def test_prompt_logprobs_of_a_padded_batch_are_each_prompts_own_forward(ti
         assert_close([v for row in s.top for _, v in row], best.values.flatten().tolist(), tol=1e-5)
 
 
+async def test_prompt_logprobs_from_a_start_are_the_tail_of_the_whole_prompts(tiny_qwen3_path, model, qwen3_tokenizer,
+                                                                              prompts):
+    """``start`` (one for all, or one a prompt, in batches of 4 with different starts): exactly the tail of
+    the lists a call without it gives, from token ``max(start, 1)`` on; a start past the prompt is refused."""
+    eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
+    try:
+        whole = await eng.prompt_logprobs(prompts, top=3)
+        starts = [(7 * i) % len(p) for i, p in enumerate(prompts)]
+        each = await eng.prompt_logprobs(prompts, top=3, start=starts)
+        shared = await eng.prompt_logprobs(prompts, top=3, start=5)
+        with pytest.raises(ValueError, match="start must be 0 to"):
+            await eng.prompt_logprobs([prompts[0]], start=len(prompts[0]))
+    finally:
+        await eng.close()
+    for w, e, sh, s in zip(whole, each, shared, starts, strict=True):
+        cut = max(s, 1) - 1
+        assert (e.logprobs, e.ranks, e.top) == (w.logprobs[cut:], w.ranks[cut:], w.top[cut:])
+        assert (sh.logprobs, sh.ranks, sh.top) == (w.logprobs[4:], w.ranks[4:], w.top[4:])
+
+
 async def test_sampled_logprobs_are_temperature_scaled(engine, model, prompts):
     params = SamplingParams(temperature=0.7, max_new_tokens=16, seed=11)
     [gen] = await engine.generate(prompts[1], params)

@@ -82,6 +82,18 @@ def context_overflow(tokens: int, context: int, stated: str, detail: str = "") -
     return f"prompt: {tokens:,} tokens{detail}; the model's context is {context:,} ({stated}), so no response fits"
 
 
+def score_starts(prompts: Sequence[list[int]], start: int | Sequence[int]) -> list[int]:
+    """Each prompt's first scored token (:meth:`RolloutEngine.prompt_logprobs`'s ``start``), at least 1,
+    checked against its length."""
+    starts = [start] * len(prompts) if isinstance(start, int) else list(start)
+    if len(starts) != len(prompts):
+        raise ValueError(f"prompt_logprobs got {len(starts)} starts for {len(prompts)} prompts")
+    for ids, s in zip(prompts, starts):
+        if not 0 <= s < max(len(ids), 1):
+            raise ValueError(f"a prompt to score from token {s} holds {len(ids)} tokens: start must be 0 to {len(ids) - 1}")
+    return [max(s, 1) for s in starts]
+
+
 def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_model_len: int) -> list[Generation] | None:
     """Validate a generate() request the same way in every engine: raises on bad input, returns the
     (empty) result when nothing may be generated, else None."""
@@ -235,10 +247,15 @@ class RolloutEngine(ABC):
         token ids and logprobs, say). May ask the backend once."""
         return None
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
+                              start: int | Sequence[int] = 0) -> list[PromptLogprobs]:
         """Each prompt's tokens scored by the model, in one batch: what a distillation teacher served
-        by ``toolrl serve`` returns (vLLM's ``prompt_logprobs``). An engine that cannot score given
-        tokens raises NotImplementedError with the reason."""
+        by ``toolrl serve`` returns (vLLM's ``prompt_logprobs``). ``start`` (one for all prompts, or one
+        a prompt, each 0 to len(prompt) - 1): the index of the first token to score; the result then holds
+        the tokens from ``max(start, 1)`` on, exactly the tail ``[max(start, 1) - 1:]`` of the lists
+        ``start=0`` gives, and an engine may skip the work for the positions before it (a teacher scores
+        only the response). An engine that cannot score given tokens raises NotImplementedError with
+        the reason."""
         raise NotImplementedError(f"the {self.name} engine does not score given tokens (prompt log-probs)")
 
     def end_session(self, session_id: str) -> None:

@@ -90,30 +90,35 @@ class EagerSteps:
         return [torch.cat(([e[:p]] if e is not None else []) + [self.experts[i, width - len(d):]])
                 for i, (e, p, d) in enumerate(zip(kept, prefix, deltas))]
 
-    def score(self, prompts: list[list[int]], top: int, size: int,
+    def score(self, prompts: list[list[int]], top: int, starts: list[int], size: int,
               adapter: str | None) -> list[PromptLogprobs]:
-        """Each prompt's tokens scored (:meth:`~toolrl.engines.RolloutEngine.prompt_logprobs`) under
-        ``adapter``, in forwards of up to ``size`` prompts, right-padded (a causal model's positions
-        before the padding do not see it)."""
+        """Each prompt's tokens from its ``starts`` on (each at least 1) scored
+        (:meth:`~toolrl.engines.RolloutEngine.prompt_logprobs`) under ``adapter``, in forwards of up to
+        ``size`` prompts, right-padded (a causal model's positions before the padding do not see it). The
+        LM head and log-softmax run only from a forward's first scored position on: on a teacher's
+        sequences the prompt's [positions, vocab] logits are never made."""
         out: list[PromptLogprobs] = []
         for b in range(0, len(prompts), size):
-            chunk = prompts[b:b + size]
+            chunk, first = prompts[b:b + size], starts[b:b + size]
             width = max(len(p) for p in chunk)
             x = torch.zeros(len(chunk), width, dtype=torch.long, device=self.device)
             mask = torch.zeros_like(x)
             for i, p in enumerate(chunk):
                 x[i, :len(p)] = torch.tensor(p)
                 mask[i, :len(p)] = 1
+            lo = min(first) - 1  # the first position whose logits are kept: it predicts token lo + 1
             with self.adapters.forward([adapter] * len(chunk)):
-                logits = self.model(input_ids=x, attention_mask=mask).logits
+                logits = self.model(input_ids=x, attention_mask=mask, logits_to_keep=width - lo).logits
             lp = torch.log_softmax(logits[:, :-1].float(), -1)
-            chosen = lp.gather(-1, x[:, 1:, None])
+            chosen = lp.gather(-1, x[:, lo + 1:, None])
             ranks = (lp > chosen).sum(-1) + 1
             best = lp.topk(top, -1) if top else None
             for i, p in enumerate(chunk):
-                n = len(p) - 1
-                pairs = [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist())) if best is not None else [] for j in range(n)]
-                out.append(PromptLogprobs(chosen[i, :n, 0].tolist(), ranks[i, :n].tolist(), pairs))
+                kept = range(first[i] - 1 - lo, len(p) - 1 - lo)
+                pairs = [list(zip(best.indices[i, j].tolist(), best.values[i, j].tolist())) if best is not None else []
+                         for j in kept]
+                out.append(PromptLogprobs(chosen[i, kept.start:kept.stop, 0].tolist(),
+                                          ranks[i, kept.start:kept.stop].tolist(), pairs))
         return out
 
     def window_masks(self, mask: torch.Tensor, q: int) -> torch.Tensor | dict[str, torch.Tensor]:

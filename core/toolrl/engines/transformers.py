@@ -29,6 +29,7 @@ from toolrl.engines import (
     SamplingParams,
     check_request,
     rows_of,
+    score_starts,
 )
 from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.scheduler import Request, Scheduler
@@ -199,21 +200,23 @@ class TransformersEngine(RolloutEngine):
         self._scheduler.submit(req)
         return await req.future
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0, start: int | Sequence[int] = 0,
                               adapter: str | None = None) -> list[PromptLogprobs]:
-        """As the engine interface's; on a model with adapters per role, under ``adapter``'s."""
+        """As the engine interface's (the LM head runs only from ``start`` on); on a model with adapters
+        per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
         self._adapters.one_policy("scores prompts", adapter)
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
-        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top, adapter)
+        starts = score_starts(prompts, start)
+        return await asyncio.to_thread(self._score, [list(p) for p in prompts], top, starts, adapter)
 
-    def _score(self, prompts: list[list[int]], top: int, adapter: str | None) -> list[PromptLogprobs]:
+    def _score(self, prompts: list[list[int]], top: int, starts: list[int], adapter: str | None) -> list[PromptLogprobs]:
         # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
-            return self._runner.score(prompts, top, self.config.max_batch_size, adapter)
+            return self._runner.score(prompts, top, starts, self.config.max_batch_size, adapter)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         # Whole tensors as rows, their names checked before any is written.

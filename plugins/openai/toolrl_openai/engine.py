@@ -41,6 +41,7 @@ from toolrl.engines import (
     SamplingParams,
     check_request,
     refuse_adapters,
+    score_starts,
 )
 
 from toolrl_openai.tokens import parse_token_ids
@@ -195,19 +196,22 @@ class OpenAIEngine(RolloutEngine):
         return (f"engine openai at {self.base_url} is not token-exact ({how}): its re-tokenized text has no "
                 "logprobs to train on; use it with `toolrl rollout` (evaluation) only")
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0) -> list[PromptLogprobs]:
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
+                              start: int | Sequence[int] = 0) -> list[PromptLogprobs]:
         """Each prompt scored by the server (vLLM's ``prompt_logprobs: top`` on the completions API, one
-        token generated and dropped), all requests at once under ``max_concurrency``."""
-        return list(await asyncio.gather(*(self._prompt_logprobs(list(ids), top) for ids in prompts)))
+        token generated and dropped), all requests at once under ``max_concurrency``. The server scores
+        every prompt token (vLLM has no start); only those from ``start`` on are read."""
+        starts = score_starts(prompts, start)
+        return list(await asyncio.gather(*(self._prompt_logprobs(list(ids), top, s) for ids, s in zip(prompts, starts))))
 
-    async def _prompt_logprobs(self, ids: list[int], top: int) -> PromptLogprobs:
+    async def _prompt_logprobs(self, ids: list[int], top: int, start: int) -> PromptLogprobs:
         response = await self._request({"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
                                         "extra_body": {"prompt_logprobs": top}})
         try:
             rows = response.choices[0].model_extra["prompt_logprobs"]
-            chosen = [rows[j][str(ids[j])] for j in range(1, len(ids))]
+            chosen = [rows[j][str(ids[j])] for j in range(start, len(ids))]
             best = [sorted((int(e["rank"]), int(i), float(e["logprob"])) for i, e in rows[j].items() if e["rank"] <= top)
-                    for j in range(1, len(ids))]
+                    for j in range(start, len(ids))]
             return PromptLogprobs([float(e["logprob"]) for e in chosen], [int(e["rank"]) for e in chosen],
                                   [[(i, v) for _, i, v in b] for b in best])
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
