@@ -276,7 +276,11 @@ async def test_the_engine_gets_only_the_trained_adapters_that_changed(tmp_path):
     from toolrl.roles.in_process import build_local_run
     from toolrl.roles.trainer_rank import TrainerRank
 
-    cfg = load_config(TINY, [ADAPTERS, "optim.lr=0.05", f"trainer.output_dir={tmp_path}"])
+    prompts = tmp_path / "prompts.jsonl"  # rows that start episodes with a and with b: both roles act
+    prompts.write_text("".join(f'{{"prompt": [{{"role": "user", "content": "{q}"}}], "extra_info": {{"role": "{r}"}}}}\n'
+                               for q, r in (("1+1?", "a"), ("2+2?", "b"))))
+    cfg = load_config(TINY, [ADAPTERS, "optim.lr=0.05", f"trainer.output_dir={tmp_path}", "env=null",
+                             f"data.train_files=[{prompts}]"])
     run = await build_local_run(cfg)
     try:
         rank = TrainerRank(cfg)

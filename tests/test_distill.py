@@ -260,11 +260,11 @@ def test_a_teacher_that_never_ends_a_turn_leaves_the_students_end_of_turn_alone(
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "weight": -1}}, ["algorithm.teacher", "weight"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "vllm"}}, ["algorithm.teacher", "engine"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai"}},
-     ["algorithm.teacher[0]", "engine.options", "base_url"]),
+     ["algorithm.teacher.0", "engine.options", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "engine": "openai", "options": {"model": "t"}}},
      ["algorithm.teacher", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "options": {"base_url": "http://127.0.0.1:9/v1"}}},
-     ["algorithm.teacher[0]", "engine.options", "base_url"]),
+     ["algorithm.teacher.0", "engine.options", "base_url"]),
     ({"advantage": "opd", "teacher": {"model": "tiny-qwen3", "routes": ["nowhere"]}}, ["nowhere", "arithmetic"]),
     ({"advantage": "opd", "advantage_options": {"reward_weight": 1000}, "teacher": {"model": "tiny-qwen3"}},
      ["reward_weight"]),
@@ -321,7 +321,7 @@ def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path):
     config = write_config(tmp_path, rollout={"n": 2, "max_response_tokens": 8, "max_turns": 1},
                           data={"batch_size": 2}, algorithm={"advantage": "opd", "teacher": teacher})
     assert invoke("train", str(config), "--check").exit_code == 0
-    one_error_line(invoke("train", str(config)), "algorithm.teacher[0] (engine openai)",
+    one_error_line(invoke("train", str(config)), "algorithm.teacher.0 (engine openai)",
                    f"no OpenAI-compatible server answers at {url}")
 
 
@@ -338,7 +338,7 @@ def test_a_teacher_that_cannot_score_is_one_line_before_any_model_loads(tmp_path
     (teacher / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                                                  "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     fragments = ["algorithm.teacher", "no " + str(teacher / "config.json")] if kind == "no model" else [
-        "algorithm.teacher[0].model", "cannot render a conversation", "holds no special token"]
+        "algorithm.teacher.0.model", "cannot render a conversation", "holds no special token"]
     config = write_config(tmp_path, algorithm={"advantage": "opd", "teacher": {"model": str(teacher)}})
     one_error_line(invoke("train", str(config), "--check"), *fragments)
 

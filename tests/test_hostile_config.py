@@ -150,7 +150,7 @@ def test_a_prompt_part_neither_text_nor_an_image_is_refused_not_dropped(tmp_path
     data = jsonl(tmp_path, json.dumps(ROW), json.dumps(row))
     path = write_config(tmp_path, data={"train_files": [str(data)]})
     one_error_line(invoke("train", str(path)),
-                   f"{data}:2: prompt[0].content[1]: a 'video' part; a prompt holds text and image parts")
+                   f"{data}:2: prompt.0.content.1: a 'video' part; a prompt holds text and image parts")
 
 
 # -- tool classes named by import path --------------------------------------------------------------

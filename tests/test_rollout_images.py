@@ -143,11 +143,11 @@ def test_a_text_model_reads_the_prompt_text_only(processor):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"images": [b"not an image"]}, "geo.parquet row 3: images[0]: does not decode as an image"),
-    ({"images": [png(80, 56)[:200]]}, "geo.parquet row 3: images[0]: does not decode as an image"),
+    ({"images": [b"not an image"]}, "geo.parquet row 3: images.0: does not decode as an image"),
+    ({"images": [png(80, 56)[:200]]}, "geo.parquet row 3: images.0: does not decode as an image"),
     ({"images": [png(80, 56), png(8, 8)]}, "geo.parquet row 3: images: 2 images for 1 image placeholders"),
     ({"prompt": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}}]}],
-      "images": None}, "geo.parquet row 3: prompt[0].content[0]: neither a file path nor valid base64"),
+      "images": None}, "geo.parquet row 3: prompt.0.content.0: neither a file path nor valid base64"),
 ])
 def test_a_bad_sample_image_is_a_one_line_data_error(row, message):
     with pytest.raises(ConfigError) as info:
@@ -162,7 +162,7 @@ def test_oversized_sample_image_is_refused_without_decoding(tmp_path):
         Image.new("1", (side, side)).save(buffer, format="PNG")
         (tmp_path / "big.png").write_bytes(buffer.getvalue())
         row = {"prompt": [{"role": "user", "content": [{"type": "image", "image": "big.png"}]}]}
-        with pytest.raises(ConfigError, match=r"^f.jsonl:1: prompt\[0\]\.content\[0\]: .*over the limit of "
+        with pytest.raises(ConfigError, match=r"^f.jsonl:1: prompt\.0\.content\.0: .*over the limit of "
                                               r"50,000,000 pixels \(rollout.images.hard_max_pixels\)$"):
             to_sample(row, "f.jsonl:1", tmp_path)
 

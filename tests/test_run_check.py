@@ -59,12 +59,16 @@ def test_a_max_context_below_the_prompt_is_refused(tmp_path, context):
     assert f"{path}:" in line
 
 
-def test_a_max_context_beyond_the_models_is_a_warning_and_so_is_a_trigger_past_it(tmp_path):
-    warnings = passes_with(tmp_path, model={"source": "tiny-qwen3", "max_context": 65536},
-                           rollout={"context": {"name": "window"}})
-    assert len(warnings) == 2, warnings
-    assert "model.max_context: 65,536 tokens is beyond the model's context (32,768" in warnings[0]
-    assert "rollout.context: window's its default trigger" in warnings[1] and "never edits" in warnings[1]
+def test_a_max_context_beyond_the_models_is_refused_and_a_trigger_past_it_is_a_warning(tmp_path):
+    """The window is the model's config.json's (no weights read): a cap past it would never be reached."""
+    line, path = refused(tmp_path, "model.max_context: 65,536 tokens is beyond the model's context (32,768, "
+                         "max_position_embeddings in", "set at most 32,768",
+                         model={"source": "tiny-qwen3", "max_context": 65536}, rollout={"context": {"name": "window"}})
+    assert line.startswith(f"error: {path}:3: ")
+    assert passes_with(tmp_path, model={"source": "tiny-qwen3", "max_context": 32768}) == []
+    warnings = passes_with(tmp_path, rollout={"context": {"name": "window", "trigger_tokens": 40000}})
+    assert len(warnings) == 1 and "rollout.context: window's trigger_tokens is 40,000" in warnings[0], warnings
+    assert "never edits" in warnings[0]
 
 
 def test_a_context_policy_with_an_inline_parser_is_refused(tmp_path):

@@ -56,7 +56,7 @@ def test_the_model_an_agent_program_asks_for_must_be_a_role(tmp_path):
     passes_with(tmp_path, rollout={"roles": ["planner", "executor"], "agent": {**agent, "model": "executor"}})
 
 
-def test_roles_in_one_policy_need_a_group_baseline(tmp_path):
+def test_roles_in_one_policy_need_a_group_baseline(tmp_path, debate):
     line, path = refused(tmp_path, "rollout.roles: each role is normalised against its own baseline within its "
                          "group, and algorithm.advantage reinforce_pp has no group baseline",
                          rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "reinforce_pp"})
@@ -64,7 +64,8 @@ def test_roles_in_one_policy_need_a_group_baseline(tmp_path):
     result = invoke("train", str(write_config(tmp_path, algorithm={"advantage": "reinforce_pp"})), "--check",
                     "rollout.roles=[solver,verifier]")
     one_error_line(result, "error: override rollout.roles=[solver,verifier]: rollout.roles: each role")
-    assert passes_with(tmp_path, rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "rloo"}) == []
+    assert passes_with(tmp_path, rollout={"roles": ["solver", "verifier"]}, algorithm={"advantage": "rloo"},
+                       session={"name": "debate"}) == []
 
 
 def test_a_role_a_data_row_names_must_be_the_runs(tmp_path):

@@ -76,7 +76,7 @@ def project(tmp_path):
 # come after the run directory's check, so without a flag the earlier run is named instead.
 INVALID = {
     "unknown env": (["env=nope"], "env: unknown environment 'nope'"),
-    "bad env option": (["env_options.train_size=0"], "env_options: train_size"),
+    "bad env option": (["env_options.train_size=0"], "env_options.train_size"),
     "unknown engine": (["engine.name=nope"], "engine.name: unknown rollout engine 'nope'"),
     "bad engine option": (["engine.options={bogus: 1}"], "engine.options.bogus: unknown key"),
     "unknown parser": (["rollout.parser=nope"], "rollout.parser: unknown tool parser 'nope'"),

@@ -116,7 +116,7 @@ def test_an_engine_plugin_teaches_a_training_run(tmp_path, monkeypatch, toolrl_r
 
 def test_an_engine_that_does_not_score_is_refused_as_a_teacher(tmp_path, monkeypatch, toolrl_reload_plugins):
     load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-scorer", "scorer", "scorer_engine", SCORER)
-    one_error_line(invoke("train", str(distil_from(tmp_path, "mute")), "--check"), "algorithm.teacher[0].engine",
+    one_error_line(invoke("train", str(distil_from(tmp_path, "mute")), "--check"), "algorithm.teacher.0.engine",
                    "the mute engine does not score given tokens")
     one_error_line(invoke("train", str(distil_from(tmp_path, "token_scorer", steps=2)), "--check"),
-                   "algorithm.teacher[0]", "engine.options.steps")
+                   "algorithm.teacher.0", "engine.options.steps")

@@ -138,7 +138,7 @@ def test_rollout_command_evaluates_without_training(tmp_path):
     ("reward.functions=[{name: nope}]", "unknown reward function 'nope'"),
     ("tools.entries=[{class_name: nope}]", "unknown tool 'nope'"),
     ("env=ghost", "env: unknown environment 'ghost' (available: arithmetic"),
-    ("env_options.digits=0", "env_options: digits: Input should be greater than or equal to 1"),
+    ("env_options.digits=0", "env_options.digits: Input should be greater than or equal to 1"),
     ("trainer.total_steps", "must look like dotted.key=value"),
     ("algorithm.loss=nope", "algorithm.loss: unknown policy loss 'nope'"),
     ("algorithm.loss_options.max_weight=2", "algorithm.loss_options.max_weight: unknown key"),

@@ -5,8 +5,9 @@ turn samples with, which roles train, whether the engine serves adapters, the ru
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from toolrl.config import AdapterConfig, Config, ConfigError, field_where
 
@@ -68,11 +69,11 @@ def check_roles(facts: RunFacts, routes: Iterable[tuple[SessionKind | None, Agen
         missing = [r for r in kind.cls.roles if r not in roles] if kind is not None else []
         if kind is not None and missing:
             raise ConfigError(f"{kind.where}: session {kind.name!r} gives turns to {', '.join(map(repr, missing))}, "
-                              f"which is not among {_among(roles)}")
+                              f"which is not among {_among(roles, missing[0])}")
         if roles and options is not None and "model" in options.model_fields_set and options.model not in roles:
             raise ConfigError(f"{facts.where('rollout.agent.model')}: the agent program asks for model "
-                              f"{options.model!r}, which is not among {_among(roles)}: in a run with roles the "
-                              "models served are its roles")
+                              f"{options.model!r}, which is not among {_among(roles, options.model)}: in a run "
+                              "with roles the models served are its roles")
     if config.rollout.roles and estimator is not None and not estimator.group_relative:
         raise ConfigError(f"{facts.where('rollout.roles')}: each role is normalised against its own baseline "
                           f"within its group, and algorithm.advantage {estimator.name} has no group baseline (one "
@@ -86,9 +87,37 @@ def check_row_role(config: Config, where: str, role: object, named: bool, piece:
     adapters = piece and config.model.adapters is not None
     if (named or adapters) and role not in config.roles:
         trained = ": each row trains its role's adapter" if adapters else ""
-        raise ConfigError(f"{where}: {role!r} is not among {_among(config.roles)}{trained}")
+        raise ConfigError(f"{where}: {role!r} is not among {_among(config.roles, role)}{trained}")
 
 
-def _among(roles: Sequence[str]) -> str:
-    """The run's roles as the refusals of a role name them."""
-    return f"the run's roles ({', '.join(roles)})" if roles else "the run's roles: it has none (set rollout.roles)"
+def check_every_role_acts(config: Config, routes: Iterable[tuple[SessionKind | None, Any]],
+                          samples: Sequence[Sample]) -> None:
+    """Every role the run trains acts in some episode, else nothing trains it: in toolrl's own loop an
+    episode starts with :func:`first_role`, and only a session kind gives turns to others (its ``roles``;
+    ``routes``: each route's session kind and agent program). An agent program may ask for any role, as may
+    a session kind that gives turns without declaring to whom; recorded rows (``data.trajectories``) name
+    their own. A frozen adapter's role trains nothing anyway: it may sit out a route that never calls on it."""
+    roles = config.roles
+    if len(roles) < 2 or config.data.trajectories:
+        return
+    acting = {first_role(sample, roles) for sample in samples}
+    for kind, agent in routes:
+        if agent is not None or (kind is not None and kind.cls.gives_turns() and not kind.cls.roles):
+            return
+        acting.update(kind.cls.roles if kind is not None else ())
+    never = [role for role in roles if role not in acting and role not in frozen_roles(config)]
+    if never:
+        field = "rollout.roles" if config.rollout.roles else f"model.adapters.{never[0]}"
+        them = "it" if len(never) == 1 else "them"
+        raise ConfigError(f"{field_where(config, field)}: {', '.join(map(repr, never))} can never act, so the run "
+                          f"cannot train {them}: each episode starts with its data row's extra_info.role, else "
+                          f"{roles[0]!r}, and no session kind (its roles) or agent program (rollout.agent) of the "
+                          f"run gives turns to {them}")
+
+
+def _among(roles: Sequence[str], name: object = None) -> str:
+    """The run's roles as the refusals of a role name them (with the closest to ``name``, when one is)."""
+    if not roles:
+        return "the run's roles: it has none (set rollout.roles)"
+    close = difflib.get_close_matches(name, roles, n=1) if isinstance(name, str) else []
+    return f"the run's roles ({', '.join(roles)}{f'; did you mean {close[0]!r}?' if close else ''})"

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -98,16 +100,30 @@ def format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel]
     errors = exc.errors()
     messages = []
     for err in errors[:MAX_LISTED_ERRORS]:
-        loc = dotted([prefix, *err["loc"]] if prefix else err["loc"])
+        field = error_field(err)
+        loc = dotted([prefix, *field] if prefix else field)
         loc = name(loc) if name is not None and loc else loc
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(model, err["loc"])
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
+        elif len(field) > len(err["loc"]):  # the message starts with the field it names
+            msg = msg.partition(":")[2].strip()
         messages.append(one_line(f"{loc}: {msg}" if loc else msg))
     if len(errors) > MAX_LISTED_ERRORS:
         messages.append(f"and {len(errors) - MAX_LISTED_ERRORS:,} more errors")
     return "; ".join(messages)
+
+
+def error_field(err: Any) -> tuple[Any, ...]:
+    """The place a pydantic error is about: its ``loc``, but the mapping's for a mapping key's error, and
+    for a check across fields (a section's own validator, whose ``loc`` is the section) the field its
+    message starts with (``"rollout.roles: ..."``), so that the error points at that field's line."""
+    loc = tuple(err["loc"])
+    if loc and loc[-1] == "[key]":
+        return loc[:-2]
+    named = re.match(r"([A-Za-z_]\w*(?:\.\w+)+):", err["msg"].removeprefix("Value error, "))
+    field = tuple(named.group(1).split(".")) if named else ()
+    return field if len(field) > len(loc) and field[:len(loc)] == loc else loc
 
 
 def _did_you_mean(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
@@ -117,16 +133,26 @@ def _did_you_mean(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
         found = [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
         return found + [m for arg in get_args(annotation) for m in sections(arg)]
 
+    def keyed(annotation: Any) -> bool:  # ``dict[K, X]``, ``dict[K, X] | None``: the next part is a key
+        return get_origin(annotation) is dict or any(keyed(arg) for arg in get_args(annotation))
+
+    in_mapping = False
     for part in loc[:-1]:
-        if isinstance(part, int):  # an item of a list: its model is the list's
+        if isinstance(part, int) or in_mapping:  # an item of a list or a mapping: its model is the container's
+            in_mapping = False
             continue
         field = model.model_fields.get(str(part)) if model is not None else None
         found = sections(field.annotation) if field is not None else []
+        in_mapping = field is not None and keyed(field.annotation)
         model = found[0] if found else None
     if model is None or not loc:
         return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    key = str(loc[-1])
+    close = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    # Else the one field whose description has the key as a word (``rank``: r, "adapter rank").
+    close = close or [name for name, f in model.model_fields.items()
+                      if len(key) > 2 and key.lower() in re.findall(r"\w+", (f.description or "").lower())]
+    return f" (did you mean {close[0]!r}?)" if len(close) == 1 else ""
 
 
 # -- limits -------------------------------------------------------------------------------------------
@@ -186,6 +212,20 @@ def _path_text(value: str) -> str:
     return value
 
 
+def _api_root(url: str) -> str:
+    """A server's API root: an http(s) URL with a host (and a port, if any, that is a number)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not a URL: give the server's API root, e.g. http://host:8000/v1")
+    return url
+
+
+# An OpenAI-compatible server's address (``.../v1``), refused when the config loads rather than tried.
+ApiRoot = Annotated[str, AfterValidator(_api_root)]
 # A file or directory name: "" would silently mean the current directory, a NUL byte no path at all.
 PathText = Annotated[str, Field(min_length=1), AfterValidator(_path_text)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]  # torch, numpy and the engines take 32-bit seeds
@@ -208,9 +248,15 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", min_length=1)
 
 
-# A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by (no
-# '.': an adapter's name is part of torch module names).
-RoleName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")]
+def _role_name(name: str) -> str:
+    """A role's name: what an agent program asks for as its model, what metrics and adapters are keyed by."""
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", name):
+        why = " ('.' is not one: an adapter's name is part of torch's module names)" if "." in name else ""
+        raise ValueError(f"{name!r} cannot name a role: a letter, then at most 63 letters, digits, '_' or '-'{why}")
+    return name
+
+
+RoleName = Annotated[str, AfterValidator(_role_name)]
 
 
 class AdapterConfig(LoraConfig):
@@ -271,7 +317,8 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _one_kind_of_adapter(self) -> ModelConfig:
         if self.lora is not None and self.adapters is not None:
-            raise ValueError("set model.lora (one policy) or model.adapters (one policy per role), not both")
+            raise ValueError("model.adapters: set model.lora (one policy) or model.adapters (one policy per role), "
+                             "not both")
         return self
 
 
@@ -386,6 +433,15 @@ class RolloutConfig(Section):
     # Roles in one policy: the model names an agent program may ask for and the roles an environment
     # session may give its turns; each gets its own baseline and metrics. Under model.adapters: its names.
     roles: list[RoleName] | None = Field(None, min_length=1)
+
+    @field_validator("roles")
+    @classmethod
+    def _each_role_once(cls, roles: list[str] | None) -> list[str] | None:
+        twice = sorted({role for role in roles if roles.count(role) > 1}) if roles else []
+        if twice:
+            raise ValueError(f"{', '.join(map(repr, twice))} listed twice: each role is one policy's name, "
+                             "its baseline's and its metrics'")
+        return roles
 
     @field_validator("tree")
     @classmethod
@@ -728,8 +784,8 @@ class Config(Section):
     def _roles_are_the_adapters(self) -> Config:
         adapters, roles = self.model.adapters, self.rollout.roles
         if adapters is not None and roles is not None and sorted(roles) != sorted(adapters):
-            raise ValueError(f"rollout.roles {sorted(roles)} must be model.adapters' names {sorted(adapters)} "
-                             "(or left out)")
+            raise ValueError(f"rollout.roles: {', '.join(roles)} must be model.adapters' names ({', '.join(adapters)}), "
+                             "or left out")
         return self
 
     @property
@@ -896,6 +952,8 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
     ``exact``: of the node at ``loc`` itself, None when the file does not hold it."""
     node, line = yaml.compose(text, Loader=yaml.SafeLoader), None
     for part in loc:
+        if isinstance(part, int) and part == 0 and not isinstance(node, yaml.SequenceNode):
+            continue  # a one-item list written as its item (algorithm.teacher: {...})
         if isinstance(node, yaml.MappingNode):
             match = next(((k, v) for k, v in node.value if k.value == str(part)), None)
             if match is None:
@@ -957,7 +1015,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        where = _locate(tuple(exc.errors()[0]["loc"]), path, text, overrides)
+        first = exc.errors()[0]
+        field, loc = error_field(first), tuple(first["loc"])
+        where = _locate(field if len(field) > len(loc) else loc, path, text, overrides)
         raise ConfigError(f"{where}: {format_errors(exc, model=Config)}") from None
     config._origin = (str(path) if path is not None else None, text, tuple(overrides))
     return config

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.config import Tokens
 from toolrl.schemas import ToolCall
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ class Summarise(TriggeredPolicy):
     class Options(TriggeredOptions):
         request: str = Field(SUMMARY_REQUEST, min_length=1)
         header: str = SUMMARY_HEADER
-        max_summary_tokens: int = Field(256, gt=0, description="the summary turn's generation limit")
+        max_summary_tokens: Tokens = Field(256, gt=0, description="the summary turn's generation limit")
 
     options: Options
     trigger_share = 0.5  # the request and the summary are generated on top of the context that passed it
@@ -226,6 +227,14 @@ class Summarise(TriggeredPolicy):
         if max_context is not None and self.trigger + options.max_summary_tokens >= max_context:
             raise ValueError(f"trigger_tokens ({self.trigger}) + max_summary_tokens ({options.max_summary_tokens}) "
                              f"leave no room for the summary below model.max_context ({max_context})")
+
+    def check_run(self, run: Any) -> list[str]:
+        """A summary the model's context cannot hold is refused (its trigger past it is a warning)."""
+        limit = self.options.max_summary_tokens
+        if run.window is not None and limit >= run.window:
+            raise ValueError(f"max_summary_tokens: {limit:,} is not below the model's context ({run.window:,}, "
+                             f"{run.window_stated}): the summary is generated inside it")
+        return super().check_run(run)
 
     def edit(self, view: ContextView) -> ContextPlan | None:
         task = view.messages[:view.task]

@@ -133,9 +133,11 @@ class Environment(BaseModel):
 
     # -- options ---------------------------------------------------------------------------------
 
-    def resolve(self, options: dict[str, Any], where: str = "env_options") -> tuple[Environment, Any]:
+    def resolve(self, options: dict[str, Any], where: str = "env_options", config: Config | None = None,
+                field: str = "") -> tuple[Environment, Any]:
         """This environment adapted to ``options`` (validated against its options model), and the
-        validated options. A bad option is a ConfigError naming ``where`` and the field."""
+        validated options. A bad option is a ConfigError naming ``where`` and the field, or, given the
+        run's ``config`` and the options' dotted ``field``, the option's own line (or override)."""
         if self.options is None:
             if options:
                 raise ConfigError(f"{where}: environment {self.name!r} takes no options (got {', '.join(options)})")
@@ -144,7 +146,10 @@ class Environment(BaseModel):
             try:
                 validated = self.options.model_validate(options)
             except ValidationError as exc:
-                raise ConfigError(f"{where}: {format_errors(exc)}") from None
+                if config is not None and field:
+                    raise ConfigError(format_errors(exc, field, self.options, lambda loc: field_where(config, loc))) \
+                        from None
+                raise ConfigError(f"{where}: {format_errors(exc, model=self.options)}") from None
         if self.configure is None:
             return self, validated
         try:
@@ -166,7 +171,8 @@ class Environment(BaseModel):
     def build(self, options: BaseModel, context: Any) -> ConfiguredEnv:
         """This environment as a run uses it: adapted to its options (:meth:`resolve`), with the mixture
         weight and turn limit ``context.inputs`` give (1 and None by default)."""
-        env, validated = self.resolve(options.model_dump(), context.options_where or "env_options")
+        env, validated = self.resolve(options.model_dump(), context.options_where or "env_options", context.config,
+                                      context.options_field)
         return ConfiguredEnv(env, validated, context.inputs.get("weight", 1.0), context.inputs.get("max_turns"))
 
     def summary(self) -> dict[str, Any]:

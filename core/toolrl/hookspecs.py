@@ -103,7 +103,7 @@ def register_rollout_engines(register: Register) -> None:
     finish reason; it batches concurrent requests itself and takes the trainer's weights as rows
     (``load_weight_rows``, ``finish_weight_rows``: every transport's, and a full load, a delta or LoRA
     adapters alike). ``engine.name`` in a training config selects one; one that scores given tokens
-    (``prompt_logprobs``) may also be a distillation teacher (``algorithm.teacher[].engine``).
+    (``prompt_logprobs``) may also be a distillation teacher (``algorithm.teacher.N.engine``).
     """
 
 

@@ -216,6 +216,11 @@ class EnvironmentSession:
         raise NotImplementedError(f"{type(self).__name__} cannot clone")
 
     @classmethod
+    def gives_turns(cls) -> bool:
+        """Whether the kind gives turns to roles (it overrides :meth:`role`)."""
+        return cls.role is not EnvironmentSession.role
+
+    @classmethod
     def can_clone(cls) -> bool:
         """Whether the kind's sessions clone (it overrides :meth:`clone`)."""
         return cls.clone is not EnvironmentSession.clone
@@ -399,7 +404,7 @@ class SessionRun:
         no session). A role the run does not have fails the session. A session that does not define
         ``role`` is not called."""
         session = self.session
-        if session is None or type(session).role is EnvironmentSession.role:
+        if session is None or not type(session).gives_turns():
             return None
         role = await self._text_or_none("role", session.role)
         if role is not None and role not in roles:

@@ -73,6 +73,11 @@ class CommandAgent(Agent):
         program, *args = self.argv()
         if os.sep not in program and not any(Path(d, program).exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
             raise ValueError(f"command: {program!r} is not on PATH")
+        found = Path(options.cwd or ".", program)  # a path: as the program is started, from cwd
+        if os.sep in program and not (found.is_file() and os.access(found, os.X_OK)):
+            where = "" if found.is_absolute() else f" (in {Path(options.cwd or '.').resolve()})"
+            raise ValueError(f"command: {program} " + ("is not an executable file" if found.exists() else
+                                                        "does not exist") + where)
         if program == sys.executable and args and not args[0].startswith("-") and not Path(options.cwd or ".", args[0]).is_file():
             raise ValueError(f"command: the program {args[0]} does not exist (in {Path(options.cwd or '.').resolve()})")
         return super().check_run(run)

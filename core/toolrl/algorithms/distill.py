@@ -7,7 +7,7 @@ and each sampled token's advantage is the teacher's log-prob of it minus the stu
 the negative per-token reverse KL, a single-sample estimate at each position, with discount 0 (no
 token is credited with what follows it). ``log π_S`` is the engine's log-prob (the one the token was
 sampled with, ``Trajectory.logprobs``); ``w_T(i)`` the weight of the teacher that scored row ``i``
-(``algorithm.teacher[].weight``; 0 for a row of a route no teacher scores); ``λ`` is
+(``algorithm.teacher.N.weight``; 0 for a row of a route no teacher scores); ``λ`` is
 ``advantage_options.reward_weight`` and ``A_reward`` the outcome estimator ``reward_advantage``
 (``grpo`` by default) over the task reward: ``λ = 0`` is pure distillation. Tool results and template
 tokens (``response_mask`` 0) get 0: they are never scored.
@@ -92,7 +92,7 @@ def teacher_fields(trajectories: Sequence[Trajectory], width: int,
             continue
         if t.teacher_logprobs is None or len(t.teacher_logprobs) != len(t.response_ids):
             raise ValueError(f"trajectory {t.trajectory_id} has no teacher log-probs for its "
-                             f"{len(t.response_ids)} response tokens (algorithm.teacher[{k}] scores route {t.env!r})")
+                             f"{len(t.response_ids)} response tokens (algorithm.teacher.{k} scores route {t.env!r})")
         mask = torch.tensor(t.response_mask, dtype=torch.float32)
         n = len(t.response_ids)
         student[i, :n] = torch.tensor(t.logprobs[:n], dtype=torch.float32) * mask
@@ -121,7 +121,7 @@ def top_fields(trajectories: Sequence[Trajectory], width: int, algo: AlgorithmCo
             continue
         if t.teacher_top_ids is None or t.teacher_top_logprobs is None or len(t.teacher_top_ids) != len(t.response_ids):
             raise ValueError(f"trajectory {t.trajectory_id} has no teacher top-{k} for its {len(t.response_ids)} "
-                             f"response tokens (algorithm.teacher[{j}] scores route {t.env!r})")
+                             f"response tokens (algorithm.teacher.{j} scores route {t.env!r})")
         for c, (top, lp, m) in enumerate(zip(t.teacher_top_ids, t.teacher_top_logprobs, t.response_mask, strict=True)):
             if m:
                 ids[i, c] = torch.tensor(top)
@@ -188,8 +188,11 @@ class Opd(AdvantageEstimator):
         config = run.config
         teachers = config.algorithm.teachers
         if not teachers:
-            raise ConfigError(f"{run.where('algorithm.advantage')}: opd distils a teacher into the policy, and "
-                              "algorithm.teacher is unset; add algorithm.teacher: {engine: transformers, model: ...}")
+            written = run.where("algorithm.teacher") != "algorithm.teacher"  # teacher: [] (the file's or an override)
+            raise ConfigError(f"{run.where('algorithm.teacher' if written else 'algorithm.advantage')}: opd distils a "
+                              "teacher into the policy, and algorithm.teacher "
+                              f"{'is an empty list' if written else 'is unset'}; add algorithm.teacher: "
+                              "{engine: transformers, model: ...}")
         routes: set[str | None] = set(config.env_entries()) or {None}
         for k, teacher in enumerate(teachers):
             unknown = sorted(set(teacher.routes or ()) - routes)

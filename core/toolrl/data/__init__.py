@@ -94,7 +94,7 @@ def to_sample(row: Any, origin: str, base_dir: Path | None = None) -> FileSample
     for m, message in enumerate(sample.prompt):  # a part the templates and engines cannot show is not dropped
         for n, part in enumerate(message.content if isinstance(message.content, list) else []):
             if part.get("type") != "text" and not is_image_part(part):
-                raise ConfigError(f"{origin}: prompt[{m}].content[{n}]: a {part.get('type')!r} part; a prompt "
+                raise ConfigError(f"{origin}: prompt.{m}.content.{n}: a {part.get('type')!r} part; a prompt "
                                   "holds text and image parts")
     try:
         check_prompt_chars(row.get("prompt"))
@@ -132,7 +132,7 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
                 value = images.part_image(part)
                 if value is None:
                     slots += 1
-                found.append(None if value is None else (f"prompt[{m_i}].content[{p_i}]", value))
+                found.append(None if value is None else (f"prompt.{m_i}.content.{p_i}", value))
                 part = {"type": "image"}
             parts.append(part)
         message["content"] = parts
@@ -146,7 +146,7 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
     for item in found:
         if item is None:
             n, value = next(from_column)
-            field = f"images[{n}]"
+            field = f"images.{n}"
         else:
             field, value = item
         try:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
-from toolrl.agent_roles import check_roles, check_row_role, trained_roles
+from toolrl.agent_roles import check_every_role_acts, check_roles, check_row_role, trained_roles
 from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where, one_line
 from toolrl.data import origin_of
@@ -165,12 +165,14 @@ def _template_error(exc: BaseException) -> str:
 
 
 def check_context(facts: RunFacts) -> list[str]:
-    """``model.max_context`` beyond the model's window runs, but the engine ends trajectories at the
-    window: one warning. (Prompts longer than either are refused by the prompt check.)"""
+    """``model.max_context`` beyond the model's window (its ``config.json``'s, read without the weights)
+    is refused: the engine ends trajectories at the window, and what the run sizes from the cap (a context
+    policy's trigger, a summary's room) would never come. (Prompts longer than either are refused by the
+    prompt check.)"""
     cap = facts.config.model.max_context
     if cap is not None and facts.window is not None and cap > facts.window:
-        return [f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
-                f"({facts.window:,}, {facts.window_stated}): trajectories end at {facts.window:,}"]
+        raise ConfigError(f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
+                          f"({facts.window:,}, {facts.window_stated}): set at most {facts.window:,}, or leave it out")
     return []
 
 
@@ -239,7 +241,9 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
                "trainer.world_size": config.trainer.world_size > 1}
     for field, why in _NOT_WITH_ADAPTERS.items():
         if refused[field]:
-            raise ConfigError(f"{facts.where(field)}: not with model.adapters: "
+            # A critic the estimator asked for (no critic section written) is the estimator's setting.
+            written = field != "critic" or facts.where(field) != field
+            raise ConfigError(f"{facts.where(field if written else 'algorithm.advantage')}: not with model.adapters: "
                               f"{why.format(advantage=config.algorithm.advantage)}")
     if trains and not trained_roles(adapters):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
@@ -283,6 +287,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
     for i, s in enumerate(prompts, 1):  # the role acting first, when a row names one
         check_row_role(config, f"{origin_of(s, f'the prompts sample {i}')}: extra_info.role", s.extra_info.get("role"),
                        "role" in s.extra_info)
+    check_every_role_acts(config, [(r.session, r.agent) for r in parts.routes.values()], prompts)
     renderers = {name: factory(route.tools.schemas) for name, route in parts.routes.items()}
     cap = config.model.max_context
     check_prompt_tokens(prompts, tokenizer, path, processor, "the prompts", config.rollout.images,

@@ -1,7 +1,7 @@
 """The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): engines that score the
 student's sampled tokens and are never trained. A teacher is any registered engine whose
 ``prompt_logprobs`` scores given tokens (:meth:`toolrl.engines.RolloutEngine.prompt_logprobs`), checked
-and built as the run's engine is (:func:`teacher_run`: ``algorithm.teacher[].engine``, ``options`` and
+and built as the run's engine is (:func:`teacher_run`: ``algorithm.teacher.N.engine``, ``options`` and
 ``model`` in place of the run's ``engine.name``, ``engine.options`` and ``model``): the transformers
 engine loads its weights in the controller's process, the openai engine asks a server (vLLM,
 ``toolrl serve``), a plugin's engine does as it does. :meth:`Teachers.score` gives a group's
@@ -112,7 +112,7 @@ def check_teachers(facts: RunFacts, top: int) -> list[str]:
     if teachers and "vision_config" in facts.model_config:
         raise ConfigError(f"{where}: the student takes images, and an image's placeholder tokens have no text a "
                           "teacher could score: distillation is for text-only runs here")
-    return [w for k, teacher in enumerate(teachers) for w in check_teacher(facts, teacher, f"{where}[{k}]", top)]
+    return [w for k, teacher in enumerate(teachers) for w in check_teacher(facts, teacher, f"{where}.{k}", top)]
 
 
 def check_teacher(facts: RunFacts, teacher: TeacherConfig, where: str, top: int) -> list[str]:
@@ -301,11 +301,11 @@ async def open_teachers(config: Config, student_tokenizer: Any, where: str, conv
     """``algorithm.teacher``'s engines, each built as the run's engine is (:func:`build_engine` on
     :func:`teacher_run`) and asked to score a probe prompt (``top`` likeliest tokens a position): a
     teacher that cannot (an engine that does not score given tokens, a server that does not answer or
-    returns no prompt log-probs) is a one-line ConfigError naming it (``where[k]``)."""
+    returns no prompt log-probs) is a one-line ConfigError naming it (``where.k``)."""
     teachers: list[Teacher] = []
     try:
         for k, config_k in enumerate(config.algorithm.teachers):
-            run, named = teacher_run(config, config_k), f"{where}[{k}] (engine {config_k.engine})"
+            run, named = teacher_run(config, config_k), f"{where}.{k} (engine {config_k.engine})"
             path = model_sources.model_path(run)
             tokenizer = model_sources.load_tokenizer(path)
             try:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from collections.abc import Collection, Iterator, Mapping
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from toolrl.config import AdapterConfig, LoraConfig
 
 ADAPTER = "default"  # the adapter name peft gives a single adapter
+_MODULE_REPR = re.compile(r"(Target module \w+)\(.*\n\)", re.S)  # a module's repr in peft's errors
 
 
 def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
@@ -130,13 +132,17 @@ def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:
     tied = _tied_module_names(model)
     # A vision-language model's adapters go on its language model only (the vision tower stays frozen).
     exclude = r".*\bvisual\b.*" if is_vision_model(model) else None
-    try:
-        inject_adapter_in_model(
-            PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                           target_modules=targets, exclude_modules=exclude, bias="none"),
-            model, adapter_name=name)
-    except ValueError as exc:
-        raise ConfigError(f"{field}: {first_line(exc)}") from None
+    # peft's warnings (a tied layer adapted, ...) wait for the checks below: a refused target is one line.
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            inject_adapter_in_model(
+                PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                               target_modules=targets, exclude_modules=exclude, bias="none"),
+                model, adapter_name=name)
+        except ValueError as exc:  # "Target module Qwen3MLP(<its repr, over lines>) is not supported": the class
+            said = _MODULE_REPR.sub(lambda m: m.group(1), str(exc))
+            raise ConfigError(f"{field}: {first_line(said)}") from None
     layers = {key: m for key, m in lora_layers(model).items()
               if any(name in getattr(m, attr) for attr in m.adapter_layer_names)}
     bad = [f"{key} ({type(m.get_base_layer()).__name__})" for key, m in layers.items()
@@ -146,6 +152,8 @@ def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:
         what = (f"are not Linear layers: {', '.join(bad[:3])}" if bad
                 else f"share a tied weight with another module: {', '.join(shared[:3])}")
         raise ConfigError(f"{field}: {targets} matches modules that {what}")
+    for warning in warned:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _tied_module_names(model: Any) -> set[str]:

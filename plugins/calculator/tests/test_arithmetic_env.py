@@ -63,9 +63,9 @@ def test_formats_configure_parser_and_prompts() -> None:
 
 
 def test_bad_options_are_one_config_error() -> None:
-    with pytest.raises(ConfigError, match="env_options: digits: Input should be less than or equal to 9"):
+    with pytest.raises(ConfigError, match="env_options.digits: Input should be less than or equal to 9"):
         load_samples(load_config(None, data={"env": "arithmetic", "env_options": {"digits": 12}}))
-    with pytest.raises(ConfigError, match="env_options: operators.0: Input should be"):
+    with pytest.raises(ConfigError, match="env_options.operators.0: Input should be"):
         load_samples(load_config(None, data={"env": "arithmetic", "env_options": {"operators": ["/"]}}))
 
 

@@ -54,6 +54,17 @@ def test_splits_are_disjoint_seeded_and_budgeted() -> None:
     assert shown.exit_code == 0 and "  session: corridor\n" in shown.output, shown.output
 
 
+def test_a_misspelt_option_names_its_line_and_the_option_meant(tmp_path) -> None:
+    """``toolrl train --check``: one line, the option's own line, the closest option (issue 85)."""
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"model: {{source: tiny-qwen3}}\nenv: corridor\nenv_options:\n  train_size: 4\n  roms: 3\n"
+                    f"trainer: {{output_dir: {tmp_path / 'run'}}}\n")
+    result = CliRunner().invoke(cli, ["train", str(path), "--check"])
+    assert result.exit_code == 2 and result.stderr == (f"error: {path}:5: env_options.roms: unknown key (did you mean "
+                                                       "'rooms'?)\n"), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_doors_differ_by_room_seeded() -> None:
     options = {"rooms": 5, "train_size": 64, "test_size": 16}
     plain = split(options, "train")

@@ -277,6 +277,22 @@ def test_a_misspelt_option_is_refused_at_the_check_before_any_server_is_asked(tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("url", ["localhost:8000/v1", "not a url", "http://host:port/v1"])
+def test_a_base_url_that_is_not_a_url_is_refused_at_the_check(tmp_path: Path, url: str) -> None:
+    """Refused as not a URL (issue 85), not tried as a request to a server that cannot exist."""
+    result = toolrl("train", str(TINY_YAML), *ROLLOUT, f"engine.options.base_url={url}",
+                    f"trainer.output_dir={tmp_path / 'run'}", "--check")
+    assert result.exit_code == 2, result.output[-2000:]
+    assert result.stderr.startswith(f"error: override engine.options.base_url={url}: engine.options.base_url: "
+                                    f"{url!r} is not a URL") and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+    teacher = f"algorithm.teacher={{engine: openai, model: tiny-qwen3, options: {{base_url: '{url}'}}}}"
+    result = toolrl("train", str(TINY_YAML), *ROLLOUT, "engine={name: transformers}", "algorithm.advantage=opd",
+                    teacher, f"trainer.output_dir={tmp_path / 'run'}", "--check")  # a served teacher's, the same
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output[-2000:]
+    assert f": algorithm.teacher.0: engine.options.base_url: {url!r} is not a URL" in result.stderr, result.stderr
+
+
 def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
     async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return 200, text_completion("hi")

@@ -129,7 +129,7 @@ def test_a_server_that_cannot_score_is_refused_with_one_line(kind, scripted_serv
         if fake is not None:
             fake.close()
     message = str(err.value)
-    assert "\n" not in message and message.startswith("algorithm.teacher[0] (engine openai): ") and url in message
+    assert "\n" not in message and message.startswith("algorithm.teacher.0 (engine openai): ") and url in message
     expected = {"scripted": "chat_script engine does not score given tokens",
                 "no prompt_logprobs": "does not return prompt log-probs",
                 "nothing listens": "no OpenAI-compatible server answers"}

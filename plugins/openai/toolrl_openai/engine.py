@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from toolrl.config import ApiRoot
 from toolrl.engines import (
     FinishReason,
     Generation,
@@ -55,7 +56,7 @@ class OpenAIEngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "openai"
-    base_url: str = Field(description="The API root, e.g. http://127.0.0.1:8000/v1.")
+    base_url: ApiRoot = Field(description="The API root, e.g. http://127.0.0.1:8000/v1.")
     model: str | None = Field(None, description="Served model name; default: the first the server lists.")
     api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the key (may be unset).")
     token_exact: Literal["auto"] | bool = Field(
