@@ -1,6 +1,6 @@
 """Asynchronous vs synchronous training: trained samples per second, end to end.
 
-The real training loop (``toolrl.roles.controller.train_async``, in one process: the transformers engine and
+The real training loop (``toolrl.processes.controller.train_async``, in one process: the transformers engine and
 the trainer share the tiny random Qwen3) runs the same model, data, seeds and workload with
 ``trainer.max_staleness`` 0 (synchronous), 1 and 2 (``stream``), and 1 with ``trainer.async_schedule:
 one_step_off`` (each step's batch generated whole while the step before trains: reproducible), side by
@@ -129,7 +129,7 @@ class LineClock(threading.Thread):
 
 
 def run_mode(staleness: int, args: argparse.Namespace, out: Path, one_step_off: bool = False) -> dict[str, Any]:
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     overrides = [
         f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}", f"trainer.seed={args.seed}",

@@ -1,7 +1,7 @@
 """Credit assignment across turns: success against generated tokens for ``grpo``, ``gigpo`` and
 ``tree_grpo`` on a task with an irreversible wrong step, 5 seeds each, the same token budget.
 
-The real training loop (``toolrl.roles.controller.train_async``, what ``toolrl train`` runs, in one
+The real training loop (``toolrl.processes.controller.train_async``, what ``toolrl train`` runs, in one
 process: the transformers engine and the trainer share the model) trains the tiny random Qwen3 with
 its embeddings scaled up (peaked next-token distributions, as ``tests/test_trainer.py``'s
 ``peaked_tiny_model``). Only the task is the benchmark's own, a real environment session:
@@ -201,7 +201,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace, model: Path, out: Pat
     ``--env``'s is the held-out split's (``--eval-tasks`` test problems, one sample each at the rollout
     temperature, after every step: after every ``--tree-steps``-th of the tree arm's, about as many
     tokens apart), and the curve has a point only where it was measured."""
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     tree = arm == "tree_grpo"
     steps = args.steps * (args.tree_steps if tree else 1)

@@ -1,7 +1,7 @@
 """On-policy distillation against GRPO: held-out success against generated tokens, a fresh student
 taught by a teacher that solves the task (``algorithm.advantage: opd``) or trained on the reward alone.
 
-The real training loop (``toolrl.roles.controller.train_async``, what ``toolrl train`` runs, in one
+The real training loop (``toolrl.processes.controller.train_async``, what ``toolrl train`` runs, in one
 process) trains the tiny random Qwen3 with its embeddings scaled up (peaked next-token distributions, as
 ``tests/test_trainer.py``'s ``peaked_tiny_model``) on the aligned-token task of
 ``tests/test_trainer.py::test_grpo_learns_a_learnable_task``: the reward is the share of the response's
@@ -112,7 +112,7 @@ def across(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="distill-across-") as tmp:
         base = Path(tmp)
         model = peaked_model(base / "model")
-        from toolrl.roles.evaluate import run_evaluation
+        from toolrl.processes.evaluate import run_evaluation
         from toolrl.training.export import export
 
         def success(source: Path, out: Path) -> int:
@@ -137,7 +137,7 @@ def gemma(args: argparse.Namespace) -> int:
     trained by GRPO alone on the reward (``examples/quickstart.yaml``). Held-out: the quickstart's 64
     problems, greedy, for the teacher and the student before, and after every ``--eval-every`` steps of
     each arm (the run's own validation)."""
-    from toolrl.roles.evaluate import run_evaluation
+    from toolrl.processes.evaluate import run_evaluation
 
     with tempfile.TemporaryDirectory(prefix="distill-gemma-") as tmp:
         base = Path(args.keep or tmp)
@@ -180,7 +180,7 @@ def gemma(args: argparse.Namespace) -> int:
 
 def gemma_arm(out: Path, yaml: str, extra: Sequence[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """One arm of ``--gemma``: ``examples/<yaml>`` for ``--steps`` steps, validated every ``--eval-every``."""
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     config = load_config(ROOT / "examples" / yaml, [
         f"trainer.output_dir={out}", f"trainer.total_steps={args.steps}", f"trainer.eval_every={args.eval_every}",
@@ -249,7 +249,7 @@ def settings(model: Path, out: Path, seed: int, args: argparse.Namespace, *extra
 
 def held_out(model: Path, out: Path, args: argparse.Namespace) -> int:
     """Successes of ``model`` among the held-out split's 64 trajectories."""
-    from toolrl.roles.evaluate import run_evaluation
+    from toolrl.processes.evaluate import run_evaluation
 
     config = load_config(ROOT / "examples" / "tiny.yaml", settings(model, out / "run", 0, args))
     summary = run_evaluation(config, out, progress=False)
@@ -259,7 +259,7 @@ def held_out(model: Path, out: Path, args: argparse.Namespace) -> int:
 def run_rows(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
              eval_every: int) -> list[dict[str, Any]]:
     """One run (``toolrl train``'s loop); its metrics rows."""
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     config = load_config(ROOT / "examples" / "tiny.yaml", settings(
         model, out, seed, args, f"trainer.total_steps={steps}", f"trainer.eval_every={eval_every}", *arm))

@@ -43,7 +43,7 @@ from toolrl.agents import Agent, AgentOptions  # noqa: E402
 from toolrl.config import load_config  # noqa: E402
 from toolrl.data.sources import load_samples  # noqa: E402
 from toolrl.model_sources import load_tokenizer, model_path  # noqa: E402
-from toolrl.roles.in_process import build_rollouts  # noqa: E402
+from toolrl.processes.in_process import build_rollouts  # noqa: E402
 from toolrl.rollout import RolloutContext, run_rollouts  # noqa: E402
 
 single_thread()

@@ -9,7 +9,7 @@ temperature 1, no KL term (beta 0), AdamW at the same learning rate, grad clippi
 CPU thread. Logging, saving and progress bars are off in both. Gradient checkpointing is off in
 both (TRL turns it on by default; toolrl does not). The prompts are checked to be token-identical.
 
-toolrl's step is what ``toolrl train`` does per step (``toolrl.roles.in_process.build_local_run`` builds the parts
+toolrl's step is what ``toolrl train`` does per step (``toolrl.processes.in_process.build_local_run`` builds the parts
 from a config; ``run_rollouts``, then the trainer role's step and weight sync), minus writing
 traces and checkpoints. TRL's step is one ``GRPOTrainer`` optimisation step (generation, tool
 loop, rewards, loss, backward, optimizer). The steps alternate — TRL step, toolrl step, TRL step…
@@ -84,9 +84,9 @@ class ToolrlRunner:
     """One toolrl training step at a time, on a persistent event loop (as in ``train_async``)."""
 
     def __init__(self, steps: int, model_dir: str, tool_schema: dict[str, Any]) -> None:
-        from toolrl.roles.in_process import build_local_run
-        from toolrl.roles.trainer_group import LocalTrainer
-        from toolrl.roles.trainer_rank import TrainerRank
+        from toolrl.processes.in_process import build_local_run
+        from toolrl.processes.trainer_group import LocalTrainer
+        from toolrl.processes.trainer_rank import TrainerRank
 
         self.loop = asyncio.new_event_loop()
         self.config = toolrl_config(steps, model_dir, tool_schema)
@@ -99,8 +99,8 @@ class ToolrlRunner:
         self.records: list[dict[str, float]] = []
 
     async def _step(self) -> dict[str, float]:
-        from toolrl.roles import sync_weights
-        from toolrl.roles.controller import batch_for_step
+        from toolrl.processes import sync_weights
+        from toolrl.processes.controller import batch_for_step
         from toolrl.rollout import run_rollouts
         from toolrl.seeds import step_seed
 

@@ -7,7 +7,7 @@ tokens; default 4 x 64).
 
 - **memory**: a rank is killed (SIGKILL) after a step; the group re-forms (all ranks killed, two new
   ones started) and takes the state from the copies every rank made after the step
-  (``trainer.on_rank_failure: replace``, :mod:`toolrl.roles.recovery`).
+  (``trainer.on_rank_failure: replace``, :mod:`toolrl.processes.recovery`).
 - **checkpoint**: the same, with the state from the last checkpoint (DCP shards on disk) instead:
   what the group does when it has no copies (before its first step after a resume), and what
   recovering from a checkpoint costs without counting the steps it loses.
@@ -73,11 +73,11 @@ async def kill_and_recover(group: object, source: str, directory: str) -> float:
 async def main_async(args: argparse.Namespace) -> None:
     import ray
     from toolrl.config import load_config
-    from toolrl.roles.prepare import restore_checkpoint
-    from toolrl.roles.resolve import resolve_run
-    from toolrl.roles.rollout_workers import init_ray
-    from toolrl.roles.start import start_roles
-    from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.processes.prepare import restore_checkpoint
+    from toolrl.processes.resolve import resolve_run
+    from toolrl.processes.rollout_workers import init_ray
+    from toolrl.processes.start import start_processes
+    from toolrl.processes.trainer_group import RayTrainerGroup
     from toolrl.run_dir import RunDir, finalize, staging_dir
 
     work = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
@@ -87,8 +87,8 @@ async def main_async(args: argparse.Namespace) -> None:
         f"optim.micro_batch_size={args.batch}", f"rollout.max_response_tokens={args.response}"])
     print(machine())
     init_ray("local", 3)
-    roles = await start_roles(resolve_run(config, "train"))
-    group = roles.trainer
+    processes = await start_processes(resolve_run(config, "train"))
+    group = processes.trainer
     assert isinstance(group, RayTrainerGroup)
     from toolrl.model_sources import model_path
 
@@ -98,7 +98,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         out = await group.step(batch, step)
-        await roles.sync_weights(step)
+        await processes.sync_weights(step)
         if step > 1:  # the figures of the copies of the step before
             step_s.append(time.perf_counter() - t0)
             copy_s.append(out["snapshot_s"])
@@ -118,21 +118,21 @@ async def main_async(args: argparse.Namespace) -> None:
             times[source].append(await kill_and_recover(group, source, str(checkpoint)))
             print(f"recovered from {source} in {times[source][-1]:.1f} s", flush=True)
     group.close()
-    await roles.rollouts.close()
+    await processes.rollouts.close()
 
     # The anchor: a new controller's start-up and restore, as `--resume` does them.
     resumed = []
     for _ in range(args.rounds):
         t0 = time.perf_counter()
         run = resolve_run(config, "train")
-        roles = await start_roles(run)
+        processes = await start_processes(run)
         try:
-            await restore_checkpoint(roles, RunDir.open(work / "run", "resume"))
+            await restore_checkpoint(processes, RunDir.open(work / "run", "resume"))
             resumed.append(time.perf_counter() - t0)
             print(f"--resume start-up and restore: {resumed[-1]:.1f} s", flush=True)
         finally:
-            roles.trainer.close()
-            await roles.rollouts.close()
+            processes.trainer.close()
+            await processes.rollouts.close()
     ray.shutdown()
 
     anchor = median(resumed)

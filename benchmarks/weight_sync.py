@@ -208,8 +208,8 @@ def _rounds(config: Any, transports: dict[str, tuple[Any, Any]], rounds: int) ->
     """``rounds`` timed syncs per transport on one set of actors (2 ranks, 2 workers), alternating
     between the transports; ``transports``: name -> (transport, what to run on the group before each
     sync, or None)."""
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
-    from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.processes.rollout_workers import RolloutWorkerPool
+    from toolrl.processes.trainer_group import RayTrainerGroup
 
     pool = RolloutWorkerPool(config, num_workers=2)
     group = RayTrainerGroup(config)

@@ -1,10 +1,10 @@
-"""The road to step 1: which toolrl source files the call path from ``run_training`` to ``start_roles``
+"""The road to step 1: which toolrl source files the call path from ``run_training`` to ``start_processes``
 enters (issue #58), measured on ``examples/tiny.yaml`` with ``trainer.total_steps=1``, in this process.
 
     python scripts/road_to_step1.py [-v] [OUTPUT_DIR]      (-v: the climbs too)
 
 It runs the whole training run under ``sys.setprofile`` and looks only at the stretch between the
-call of ``toolrl.roles.controller.run_training`` and the call of ``toolrl.roles.start.start_roles``
+call of ``toolrl.processes.controller.run_training`` and the call of ``toolrl.processes.start.start_processes``
 (what ``prepare_training`` checks before any role is built). The plugins are loaded first, as the
 ``toolrl`` command loads them before it runs anything (and so that a first screening of them, or one
 read from its cache, measures the same). Within the stretch, and on this thread, only frames of
@@ -35,7 +35,7 @@ from test_layers import LAYERS  # noqa: E402  (the one table of the core's layer
 
 
 def layer(name: str) -> str:
-    """The layer of ``name`` (``toolrl/roles/run_check.py``): its top-level module or package's."""
+    """The layer of ``name`` (``toolrl/processes/run_check.py``): its top-level module or package's."""
     top = Path(name).parts[1].removesuffix(".py")
     return next(layer for layer, members in LAYERS if top in members)
 
@@ -45,7 +45,7 @@ def measure(output_dir: str) -> tuple[list[str], set[tuple[str, str]]]:
     import toolrl
     from toolrl.config import load_config
     from toolrl.plugins import get_plugins
-    from toolrl.roles.controller import run_training
+    from toolrl.processes.controller import run_training
 
     package = Path(toolrl.__file__).resolve().parent
     config = load_config(str(ROOT / "examples" / "tiny.yaml"),
@@ -73,7 +73,7 @@ def measure(output_dir: str) -> tuple[list[str], set[tuple[str, str]]]:
             return
         code = frame.f_code
         if event == "call" and not state["on"]:
-            state["on"] = code.co_name == "run_training" and ours(code.co_filename) == "toolrl/roles/controller.py"
+            state["on"] = code.co_name == "run_training" and ours(code.co_filename) == "toolrl/processes/controller.py"
         if not state["on"]:
             return
         if code.co_name == "<module>":  # a module body runs to its end: no return in between
@@ -85,7 +85,7 @@ def measure(output_dir: str) -> tuple[list[str], set[tuple[str, str]]]:
         if name is None:
             return
         if event == "call":
-            if code.co_name == "start_roles" and name == "toolrl/roles/start.py":
+            if code.co_name == "start_processes" and name == "toolrl/processes/start.py":
                 state["done"] = True
                 return
             if name not in entered:
@@ -107,7 +107,7 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if a != "-v"]
     with tempfile.TemporaryDirectory() as tmp:
         entered, climbs = measure(args[0] if args else str(Path(tmp) / "run"))
-    print(f"files entered before start_roles: {len(entered)}")
+    print(f"files entered before start_processes: {len(entered)}")
     print(f"climbs back: {len(climbs)}")
     counts = {name: sum(layer(f) == name for f in entered) for name, _ in reversed(LAYERS)}
     print("by layer: " + ", ".join(f"{name} {n}" for name, n in counts.items() if n))

@@ -33,7 +33,7 @@ def rows(role: str, group: int, n: int = 4) -> list[Trajectory]:
 
 
 def trainer(*overrides: str):
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
 
     cfg = load_config(TINY, [ADAPTERS, "optim.lr=0.05", "optim.weight_decay=0.1", "optim.grad_clip=0.5",
                              *overrides])
@@ -227,7 +227,7 @@ def test_export_writes_a_merged_model_and_a_peft_adapter_per_role(tmp_path, tiny
 
 def test_run_check_refuses_what_several_policies_cannot_train_with(tiny_qwen3_path, qwen3_tokenizer):
     from toolrl.plugins.parts import RunFacts
-    from toolrl.roles.run_check import check_adapters
+    from toolrl.processes.run_check import check_adapters
 
     def check(*overrides: str, trains: bool = True) -> None:
         config = load_config(TINY, list(overrides))
@@ -249,7 +249,7 @@ def test_run_check_refuses_what_several_policies_cannot_train_with(tiny_qwen3_pa
 
 
 def test_weight_sync_sends_only_the_trained_adapters_that_changed():
-    from toolrl.roles.resolve import run_plan
+    from toolrl.processes.resolve import run_plan
     from toolrl.training.weight_sync import Delta, _owned_weights
 
     rank = trainer()
@@ -273,8 +273,8 @@ def test_weight_sync_sends_only_the_trained_adapters_that_changed():
 
 
 async def test_the_engine_gets_only_the_trained_adapters_that_changed(tmp_path):
-    from toolrl.roles.in_process import build_local_run
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.in_process import build_local_run
+    from toolrl.processes.trainer_rank import TrainerRank
 
     prompts = tmp_path / "prompts.jsonl"  # rows that start episodes with a and with b: both roles act
     prompts.write_text("".join(f'{{"prompt": [{{"role": "user", "content": "{q}"}}], "extra_info": {{"role": "{r}"}}}}\n'

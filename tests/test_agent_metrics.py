@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import load_config
-from toolrl.roles.evaluate import pass_at_k, pass_hat_k, summarize, turn_outcomes
+from toolrl.processes.evaluate import pass_at_k, pass_hat_k, summarize, turn_outcomes
 from toolrl.schemas import Sample, ToolResponse, ToolResult
 from toolrl.trajectory import Trajectory
 

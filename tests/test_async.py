@@ -62,8 +62,8 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     import torch
     from toolrl.data.batches import GroupStream
     from toolrl.data.sources import load_samples
-    from toolrl.roles.controller import train_async
-    from toolrl.roles.start import start_roles
+    from toolrl.processes.controller import train_async
+    from toolrl.processes.start import start_processes
 
     steps = 2
     cfg = small(tmp_path / "run", f"trainer.total_steps={steps}")
@@ -72,8 +72,8 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
 
     async def reference(stream: bool):
         samples = load_samples(cfg)
-        roles = await start_roles(cfg)
-        groups = GroupStream(roles.rollouts, samples, cfg, 0, 0) if stream else None
+        processes = await start_processes(cfg)
+        groups = GroupStream(processes.rollouts, samples, cfg, 0, 0) if stream else None
         rows = []
         try:
             for step in range(steps):
@@ -82,19 +82,19 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
                 else:  # the loop as it was: a step's batch, one rollout call, its seed
                     prompts = old_batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed,
                                                  cfg.data.shuffle)
-                    trajs = await roles.rollouts.run(prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
+                    trajs = await processes.rollouts.run(prompts, cfg.rollout.n, seed=cfg.rollout.seed + 7_777 * step,
                                                      id_prefix=f"t{step + 1}-")
-                train = await roles.trainer.step(trajs, step + 1)
-                await roles.sync_weights(step + 1)
+                train = await processes.trainer.step(trajs, step + 1)
+                await processes.sync_weights(step + 1)
                 if groups is not None:
                     groups.set_version(step + 1)
                 rows.append({"reward_mean": sum(t.reward for t in trajs) / len(trajs), "loss": train["loss"],
                              "grad_norm": train["grad_norm"]})
-            return rows, {k: v.detach().clone() for k, v in roles.trainer.rank.model.state_dict().items()}
+            return rows, {k: v.detach().clone() for k, v in processes.trainer.rank.model.state_dict().items()}
         finally:
             if groups is not None:
                 await groups.close()
-            await roles.close()
+            await processes.close()
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -112,7 +112,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.slow
 def test_streaming_staleness_stays_within_the_bound(tmp_path, k):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     steps = 4
     asyncio.run(train_async(small(tmp_path, f"trainer.total_steps={steps}", f"trainer.max_staleness={k}",
@@ -150,8 +150,8 @@ def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_genera
     import torch
     from toolrl.data.batches import batch_for_step
     from toolrl.data.sources import load_samples
-    from toolrl.roles.controller import train_async
-    from toolrl.roles.start import start_roles
+    from toolrl.processes.controller import train_async
+    from toolrl.processes.start import start_processes
     from toolrl.seeds import step_seed
 
     steps = 3
@@ -163,11 +163,11 @@ def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_genera
 
     async def one_after_another():
         samples = load_samples(cfg)
-        roles = await start_roles(cfg)
+        processes = await start_processes(cfg)
 
         async def generate(step):
             prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
-            return await roles.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
+            return await processes.rollouts.run(prompts, cfg.rollout.n, seed=step_seed(cfg.rollout.seed, step),
                                             id_prefix=f"t{step + 1}-")
 
         rows = []
@@ -175,14 +175,14 @@ def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_genera
             batch = await generate(0)
             for step in range(steps):
                 ahead = await generate(step + 1) if step + 1 < steps else None  # on the weights step `step` starts from
-                train = await roles.trainer.step(batch, step + 1)
-                await roles.sync_weights(step + 1)
+                train = await processes.trainer.step(batch, step + 1)
+                await processes.sync_weights(step + 1)
                 rows.append({"reward_mean": sum(t.reward for t in batch) / len(batch), "loss": train["loss"],
                              "grad_norm": train["grad_norm"]})
                 batch = ahead
-            return rows, {k: v.detach().clone() for k, v in roles.trainer.rank.model.state_dict().items()}
+            return rows, {k: v.detach().clone() for k, v in processes.trainer.rank.model.state_dict().items()}
         finally:
-            await roles.close()
+            await processes.close()
 
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -225,7 +225,7 @@ class EvenIndexParity:
 @pytest.mark.parametrize("k", [0, 1])
 @pytest.mark.slow
 def test_dynamic_sampling_trains_only_groups_with_variance(tmp_path, k):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "even_index_parity"):

@@ -115,7 +115,7 @@ class Trainer:
         return transport, transport.open_sender(f"test-{uuid.uuid4().hex[:8]}", 0, receivers, self.timeout_s or 120.0)
 
     async def push(self, targets: Any, version: int | None = None) -> Any:
-        from toolrl.roles import WeightPush
+        from toolrl.processes import WeightPush
         from toolrl.training.weight_sync import SyncStats, send_owned
 
         async def one(target: Any) -> Any:
@@ -144,8 +144,8 @@ def setting(tmp_path_factory, tiny_qwen3_path):
     """Two workers on a local Ray, all on the chain model at scale 3 (version 0)."""
     from toolrl import model_sources
     from toolrl.model_sources import model_path
-    from toolrl.roles import sync_weights
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.processes import sync_weights
+    from toolrl.processes.rollout_workers import RolloutWorkerPool
 
     if ray.is_initialized():
         pytest.fail("a Ray connection from an earlier test is still open")
@@ -199,7 +199,7 @@ def the_recovery(pool: Any, pid: int) -> dict[str, Any]:
 
 
 def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
-    from toolrl.roles import sync_weights
+    from toolrl.processes import sync_weights
 
     pool, trainer, gates = setting
 
@@ -311,7 +311,7 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
     replaced (``RolloutWorkerPool.replace``), and its replacement gets the pushed weights and their
     version before it runs anything."""
     from ray.exceptions import RayActorError
-    from toolrl.roles import RolloutGroup, sync_weights
+    from toolrl.processes import RolloutGroup, sync_weights
 
     pool, trainer, gates = setting
     assert isinstance(pool, RolloutGroup)
@@ -343,7 +343,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     live worker, and the hung worker's replacement gets the pushed weights and version. No hang."""
     import signal
 
-    from toolrl.roles import sync_weights
+    from toolrl.processes import sync_weights
 
     pool, trainer, gates = setting
     hung = pool.workers[1]
@@ -375,7 +375,7 @@ def test_beside_training_a_dead_workers_share_runs_again_on_the_weights_the_batc
     trainer's newer ones (scale 4) that the replacement holds. Without the hold it would run there."""
     import signal
 
-    from toolrl.roles import sync_weights
+    from toolrl.processes import sync_weights
 
     pool, trainer, gates = setting
     version, old_scale = pool.weight_version, trainer.scale

@@ -15,7 +15,7 @@ from toolrl.config import ConfigError, load_config
 from toolrl.loggers import logger_names
 from toolrl.plugins import Plugins
 from toolrl.plugins.parts import BuildContext, build_part, namesake_note, registered_part
-from toolrl.roles.resolve import resolve_run
+from toolrl.processes.resolve import resolve_run
 from toolrl.rollout.routes import resolve_parts
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"

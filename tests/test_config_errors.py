@@ -63,7 +63,7 @@ def saved_checkpoint(tmp_path):
     if _SAVED_RUNS:
         shutil.copytree(_SAVED_RUNS[0], out)
         return path, run_dir.latest(out / "checkpoints")
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
 
     rank = TrainerRank(load_config(path))
     rank.setup()
@@ -435,7 +435,7 @@ def test_bad_sizes_and_values_are_one_line_before_anything_loads(tmp_path, case)
 def test_prompt_longer_than_the_context_names_the_row_before_the_model_loads(tmp_path, monkeypatch):
     """A prompt the model's context cannot hold fails once, naming its row, after the tokenizer and
     before the model loads (today every trajectory of it fails in the engine and the run goes on)."""
-    from toolrl.roles import in_process
+    from toolrl.processes import in_process
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built before the prompts were checked")

@@ -266,7 +266,7 @@ def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path
     from toolrl.algorithms.rules import with_critic
     from toolrl.config import load_config
     from toolrl.model_sources import load_model, load_tokenizer
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
 
     tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
     cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "critic.lr=0.01", "optim.micro_batch_size=2"]))
@@ -304,7 +304,7 @@ def test_a_gae_step_reports_the_critics_saving(tiny_qwen3_path):
     from toolrl.algorithms.rules import with_critic
     from toolrl.config import load_config
     from toolrl.model_sources import load_model, load_tokenizer
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
 
     tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
     cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "optim.micro_batch_size=8",

@@ -368,9 +368,9 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
     from toolrl.config import load_config
     from toolrl.data.batches import GroupStream, StepBatches, open_batches
     from toolrl.data.sources import load_samples
-    from toolrl.roles.prepare import sample_conversation
-    from toolrl.roles.resolve import resolve_run
-    from toolrl.roles.start import start_roles
+    from toolrl.processes.prepare import sample_conversation
+    from toolrl.processes.resolve import resolve_run
+    from toolrl.processes.start import start_processes
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
     config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
@@ -380,9 +380,9 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
     run = resolve_run(config, "train")
 
     async def batches():
-        roles = await start_roles(run)
-        scoring = await open_teachers(config, roles.tokenizer, "algorithm.teacher", sample_conversation(run))
-        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0, finish=scoring.score)
+        processes = await start_processes(run)
+        scoring = await open_teachers(config, processes.tokenizer, "algorithm.teacher", sample_conversation(run))
+        stream = open_batches(processes.rollouts, load_samples(config), config, 0, 0, finish=scoring.score)
         assert isinstance(stream, StepBatches if schedule == "synchronous" else GroupStream)
         try:
             batch = await stream.next(0)
@@ -393,14 +393,14 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
                 from toolrl.trajectory import call_prefix
 
                 prompts = batch_for_step(load_samples(config), 0, 3, config.trainer.seed, config.data.shuffle)
-                one_call = await roles.rollouts.run(prompts, 2, seed=step_seed(config.rollout.seed, 0),
+                one_call = await processes.rollouts.run(prompts, 2, seed=step_seed(config.rollout.seed, 0),
                                                     id_prefix=call_prefix("t", 1))
             whole = [t.model_copy(update={"teacher_logprobs": None}) for t in batch.trajectories]
             await scoring.score(whole)
             return [*batch.trajectories], whole, one_call, batch.finish_metrics(0.0, "teacher")
         finally:
             await stream.close()
-            await roles.close()
+            await processes.close()
             await scoring.close()
 
     scored, whole, one_call, metrics = asyncio.run(batches())
@@ -423,9 +423,9 @@ def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_
     from toolrl.config import load_config
     from toolrl.data.batches import StepBatches, open_batches
     from toolrl.data.sources import load_samples
-    from toolrl.roles.prepare import sample_conversation
-    from toolrl.roles.resolve import resolve_run
-    from toolrl.roles.start import start_roles
+    from toolrl.processes.prepare import sample_conversation
+    from toolrl.processes.resolve import resolve_run
+    from toolrl.processes.start import start_processes
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"
     config = load_config(tiny, [f"trainer.output_dir={tmp_path / 'run'}", "env_options.train_size=16", "rollout.n=2",
@@ -433,14 +433,14 @@ def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_
     run = resolve_run(config, "train")
 
     async def two_steps():
-        roles = await start_roles(run)
-        stream = open_batches(roles.rollouts, load_samples(config), config, 0, 0)
+        processes = await start_processes(run)
+        stream = open_batches(processes.rollouts, load_samples(config), config, 0, 0)
         assert isinstance(stream, StepBatches)
         try:
-            return [t for step in range(2) for t in (await stream.next(step)).trajectories], roles.tokenizer
+            return [t for step in range(2) for t in (await stream.next(step)).trajectories], processes.tokenizer
         finally:
             await stream.close()
-            await roles.close()
+            await processes.close()
 
     trajs, tok = asyncio.run(two_steps())
     conversation = sample_conversation(run)

@@ -1,4 +1,4 @@
-"""toolrl.roles.rollout_workers on real Ray: rollout workers match in-process rollouts, weights broadcast,
+"""toolrl.processes.rollout_workers on real Ray: rollout workers match in-process rollouts, weights broadcast,
 workers spread over two Ray nodes on this machine, a worker killed mid-step loses nothing."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def assert_same(got: list[Any], want: list[Any], tol: float = 1e-4) -> None:
 
 
 def prompts_for(run: Any, config: Config, step: int) -> list[Any]:
-    from toolrl.roles.controller import batch_for_step
+    from toolrl.processes.controller import batch_for_step
 
     return batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed, config.data.shuffle)
 
@@ -77,8 +77,8 @@ def require_no_ray() -> None:
 @pytest.fixture(scope="class")
 def local(tiny_qwen3_path):
     """The driver's composed run (model, engine, tools) and a pool of two workers on a local Ray."""
-    from toolrl.roles.in_process import build_local_run
-    from toolrl.roles.rollout_workers import RolloutWorkerPool
+    from toolrl.processes.in_process import build_local_run
+    from toolrl.processes.rollout_workers import RolloutWorkerPool
 
     require_no_ray()
     config = small_config("rollout.max_new_tokens=8", "rollout.max_response_tokens=16", "optim.lr=0.05")
@@ -256,7 +256,7 @@ def kill_when_running(actor: Any, found: dict[str, Any], timeout: float = 120) -
 class TestTwoNodes:
     def test_workers_on_both_nodes_and_a_killed_worker_loses_nothing(self, two_nodes, tiny_qwen3_path):
         from toolrl.data.sources import load_samples
-        from toolrl.roles.rollout_workers import RolloutWorkerPool
+        from toolrl.processes.rollout_workers import RolloutWorkerPool
         from toolrl.tools.ratelimit import RayRateLimiter
 
         config = small_config("rollout.max_new_tokens=24", "rollout.max_response_tokens=48",
@@ -315,7 +315,7 @@ class TestTwoNodes:
 
 def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
     from toolrl.config import ConfigError
-    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
+    from toolrl.processes.rollout_workers import RolloutWorkerPool, init_ray
 
     require_no_ray()
     init_ray("local", 1, num_cpus=1)
@@ -334,7 +334,7 @@ def test_a_local_ray_that_times_out_starting_is_started_once_more(monkeypatch, c
     """Ray gives a starting node 30 s to register, which a loaded machine can miss. That timeout cannot be
     produced on demand, so ``ray.init`` is replaced here by one that raises Ray's own message first."""
     import ray
-    from toolrl.roles.rollout_workers import init_ray
+    from toolrl.processes.rollout_workers import init_ray
 
     calls, shutdowns = [], []
     timed_out = Exception("The current node timed out during startup. This could happen because some of the "

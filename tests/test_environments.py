@@ -14,7 +14,7 @@ from toolrl.data.sources import load_samples, load_split
 from toolrl.environments import Environment, FileSplit, HubSplit
 from toolrl.model_sources import model_path
 from toolrl.plugins import Plugins
-from toolrl.roles.in_process import build_rollouts
+from toolrl.processes.in_process import build_rollouts
 from toolrl.rollout.routes import build_routes
 
 
@@ -77,7 +77,7 @@ def test_environment_validation():
 
 def test_eval_metric_may_name_a_sessions_score(tmp_path):
     from toolrl.environments import ConfiguredEnv
-    from toolrl.roles.resolve import with_metric
+    from toolrl.processes.resolve import with_metric
 
     config = load_config(None, data={"data": {"train_files": ["train.jsonl"]}, "base_dir": str(tmp_path)})
     bank = ConfiguredEnv(Environment(name="b", splits={"train": questions}, session="bank"), None, 1.0, None)

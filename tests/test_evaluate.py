@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from toolrl.cli import cli
-from toolrl.roles.evaluate import pass_at_k
+from toolrl.processes.evaluate import pass_at_k
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "examples" / "tiny.yaml")

@@ -236,7 +236,7 @@ def test_eval_metric_names_the_served_kinds_term(tmp_path: Path) -> None:
     holds when its session is served through a fleet."""
     from toolrl.config import ConfigError, load_config
     from toolrl.environments import ConfiguredEnv, Environment
-    from toolrl.roles.resolve import with_metric
+    from toolrl.processes.resolve import with_metric
 
     env = ConfiguredEnv(Environment(name="c", splits={"train": lambda options, split: []}, session="counter",
                                     metric="counter"), None, 1.0, None)

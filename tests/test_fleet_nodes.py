@@ -24,7 +24,7 @@ from toolrl.sessions import SessionKind
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 from test_node_loss import two_nodes  # noqa: E402 (needs ray)
-from toolrl.roles.rollout_workers import init_ray  # noqa: E402
+from toolrl.processes.rollout_workers import init_ray  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

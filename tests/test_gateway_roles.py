@@ -192,7 +192,7 @@ def test_train_with_two_roles_records_each_pieces_role_and_each_roles_metrics(tm
 
     from test_gateway_train import agent_config
     from toolrl.config import load_config
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     (tmp_path / "two_roles.py").write_text(TWO_ROLES)
     monkeypatch.syspath_prepend(str(tmp_path))

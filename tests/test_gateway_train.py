@@ -58,7 +58,7 @@ def agent_config(tmp_path, more=None, **agent):
 
 @pytest.mark.slow
 def test_train_runs_the_agent_program_and_trains_on_its_calls(tmp_path, monkeypatch):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     (tmp_path / "tiny_agent.py").write_text(AGENT)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -94,7 +94,7 @@ def test_bad_agent_settings_are_one_line_naming_the_field(tmp_path, agent, expec
 
 
 def test_the_run_check_finds_a_program_that_cannot_start(tmp_path):
-    from toolrl.roles.prepare import check_training
+    from toolrl.processes.prepare import check_training
 
     with pytest.raises(ConfigError, match=r"rollout\.agent: command: 'no-such-agent-program' is not on PATH"):
         check_training(load_config(str(agent_config(tmp_path, command="no-such-agent-program --fast"))))
@@ -109,7 +109,7 @@ def test_the_run_check_finds_a_program_that_cannot_start(tmp_path):
 
 def test_a_context_policy_beside_an_agent_is_refused_and_tools_it_does_not_use_are_reported(tmp_path, capfd):
     """The program keeps its own context and calls its own tools: toolrl's loop does neither for it."""
-    from toolrl.roles.prepare import check_training
+    from toolrl.processes.prepare import check_training
 
     (tmp_path / "agent.py").write_text("")
     program = {"command": "python agent.py", "cwd": str(tmp_path)}

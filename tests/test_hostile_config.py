@@ -121,7 +121,7 @@ def test_a_model_directory_without_a_model_type_or_a_tokenizer_is_one_line(tmp_p
 
 
 def test_a_run_on_ray_without_ray_installed_is_one_line(tmp_path, hide_package):
-    """Not a ModuleNotFoundError out of start_roles once the check has passed."""
+    """Not a ModuleNotFoundError out of start_processes once the check has passed."""
     hide_package("ray")
     one_error_line(invoke("train", str(write_config(tmp_path)), "ray.address=local", "--check"),
                    "override ray.address=local: ray.address: Ray is not installed: pip install 'toolrl[ray]'")

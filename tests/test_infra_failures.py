@@ -55,7 +55,7 @@ class FlakyServer(EnvironmentSession):
 
 @pytest.mark.slow
 def test_a_training_step_leaves_infrastructure_failures_out(tmp_path):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("environment_sessions", "flaky_server"):

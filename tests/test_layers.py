@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
                "families", "renderers", "sessions", "context", "transports", "agents", "fleet", "agent_roles")),
     ("loop and step", ("data", "rollout", "training", "gateway")),
-    ("roles", ("roles",)),
+    ("processes", ("processes",)),
     ("entry points", ("cli", "__main__", "testing", "plugin_support")),
 ]
 # Within one layer, the packages that must not import each other (importer, imported).

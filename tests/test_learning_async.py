@@ -21,7 +21,7 @@ NOISE = 0.12
 
 
 def run(tmp_path, model, staleness: int, seed: int = 0, extra: tuple[str, ...] = ()) -> list[dict]:
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):

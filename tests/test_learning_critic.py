@@ -17,7 +17,7 @@ STEPS = 16
 
 @pytest.mark.slow
 def test_ppo_with_a_critic_lowers_its_value_loss_and_learns(tmp_path, peaked_tiny_model):  # noqa: F811
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):

@@ -111,7 +111,7 @@ def test_engine_state_dict_is_the_merge_under_base_names(tiny_qwen3_path, dtype)
 
 def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
     from toolrl.model_sources import load_tokenizer
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     cfg = load_config(TINY, ["model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}"])
@@ -156,8 +156,8 @@ class EvenTokens:
 
 async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
     from toolrl.engines import SamplingParams
-    from toolrl.roles.controller import batch_for_step
-    from toolrl.roles.in_process import build_local_run
+    from toolrl.processes.controller import batch_for_step
+    from toolrl.processes.in_process import build_local_run
     from toolrl.rollout import run_rollouts
     from toolrl.training.step import StepOptions, train_step
 

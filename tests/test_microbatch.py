@@ -114,8 +114,8 @@ def test_token_budget_on_a_real_tiny_rollout_keeps_grad_norm(tmp_path):
     gradient norm as the default micro-batching."""
     from pathlib import Path
 
-    from toolrl.roles.controller import batch_for_step
-    from toolrl.roles.in_process import build_local_run
+    from toolrl.processes.controller import batch_for_step
+    from toolrl.processes.in_process import build_local_run
     from toolrl.rollout import run_rollouts
 
     tiny = Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml"

@@ -141,7 +141,7 @@ def test_a_saved_fast_tokenizer_is_made_as_from_pretrained_makes_it(tiny_qwen3_p
 
 
 async def test_trainer_composes_from_a_hub_id(hub_cache, offline, tmp_path):
-    from toolrl.roles.in_process import build_local_run
+    from toolrl.processes.in_process import build_local_run
 
     cfg = load_config(ROOT / "examples" / "tiny.yaml", [
         "model.source=org/tiny", "model.revision=v2", f"model.cache_dir={hub_cache}", "tools.entries=[]",

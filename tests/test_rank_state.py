@@ -1,4 +1,4 @@
-"""A trainer rank's in-memory copy (toolrl.roles.rank_state) on a real gloo process group with FSDP2
+"""A trainer rank's in-memory copy (toolrl.processes.rank_state) on a real gloo process group with FSDP2
 (two processes on loopback, no Ray): the copies of a trained two-rank group, put into a freshly
 built group of two, give every rank exactly its parameters and AdamW state back; put into one rank
 (a shrink), they give the whole tensors."""
@@ -59,7 +59,7 @@ def flat(value, prefix=""):
 
 def group(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
-    from toolrl.roles import rank_state
+    from toolrl.processes import rank_state
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -103,7 +103,7 @@ def group(rank: int, world: int, store: str, out: str) -> None:
 
 def test_copies_restore_a_group_of_the_same_size_exactly_and_reshard_to_one_rank(tmp_path):
     import torch.multiprocessing as mp
-    from toolrl.roles import rank_state
+    from toolrl.processes import rank_state
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(group, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
@@ -122,9 +122,9 @@ def test_copies_restore_a_group_of_the_same_size_exactly_and_reshard_to_one_rank
 
 
 def test_each_copy_is_held_on_another_node_and_on_one_node_none_is():
-    """Who pulls whose copy after a step (toolrl.roles.recovery.peer_holders): a rank of the next
+    """Who pulls whose copy after a step (toolrl.processes.recovery.peer_holders): a rank of the next
     node, the copies spread evenly; nobody when every rank shares a node (nothing changes there)."""
-    from toolrl.roles.recovery import peer_holders
+    from toolrl.processes.recovery import peer_holders
 
     assert peer_holders(["a", "a"]) == {} and peer_holders(["a"]) == {} and peer_holders([]) == {}
     assert peer_holders(["a", "b"]) == {0: [1], 1: [0]}

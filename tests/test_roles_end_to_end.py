@@ -60,7 +60,7 @@ class Held:
 
     def __init__(self, monkeypatch):
         from toolrl.engines.transformers import TransformersEngine
-        from toolrl.roles.trainer_rank import TrainerRank
+        from toolrl.processes.trainer_rank import TrainerRank
 
         self.ranks: list[TrainerRank] = []
         self.engines: list[TransformersEngine] = []
@@ -176,7 +176,7 @@ def run_config(tmp_path, *more: str):
 
 
 def test_own_loop_two_roles_train_their_adapters_and_the_engine_serves_them(tmp_path, monkeypatch, alternate):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     held = Held(monkeypatch)
     run = asyncio.run(train_async(run_config(tmp_path, "session={name: alternate}")))
@@ -214,7 +214,7 @@ for body in ({"reward": 1 - reward, "role": "b"}, {"reward": reward}):
 
 
 def test_gateway_two_model_names_train_their_adapters_with_their_rewards(tmp_path, monkeypatch):
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     (tmp_path / "agent.py").write_text(PROGRAM)
     held = Held(monkeypatch)

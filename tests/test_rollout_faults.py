@@ -19,8 +19,8 @@ from faulty_tools import (
 )
 from toolrl.config import RewardConfig, RolloutConfig
 from toolrl.parsers.hermes import HermesParser
+from toolrl.processes.controller import rollout_metrics
 from toolrl.renderers.chat import ChatRenderer
-from toolrl.roles.controller import rollout_metrics
 from toolrl.rollout import RolloutContext, Route, run_rollouts
 from toolrl.schemas import Sample
 from toolrl.testing import ScriptedEngine

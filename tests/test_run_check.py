@@ -1,4 +1,4 @@
-"""The run check (toolrl.roles.run_check, issue 59): a setting that cannot train, or trains nothing, is
+"""The run check (toolrl.processes.run_check, issue 59): a setting that cannot train, or trains nothing, is
 one line before any weights load -- exit 2, the field named (with its file and line, or the override
 that set it), nothing written; a setting that runs but wastes the run is one warning line.
 ``toolrl train CONFIG --check`` runs every check and stops.

@@ -1,4 +1,4 @@
-"""The run check of roles (toolrl.roles.run_check.check_roles): a role a session gives turns to, or the model
+"""The run check of roles (toolrl.processes.run_check.check_roles): a role a session gives turns to, or the model
 an agent program asks for, that is not among the run's roles is one line before any weights load (exit 2,
 its file and line); so is rollout.roles with an estimator that has no group baseline to give each role its
 own. ``toolrl train CONFIG --check`` passes a run whose roles agree."""

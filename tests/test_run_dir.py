@@ -204,7 +204,7 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     from toolrl.data import sources
     from toolrl.plugins import Plugins
     from toolrl.plugins.parts import registered_parts
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     parts, splits = Counter(), Counter()
     load_part, load = Plugins.load_part, sources.load_split
@@ -228,7 +228,7 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     # it loaded); the logger once, when the run opens its loggers; the context policy once, with the route,
     # and the weight transport once, when the run is checked. What a weight sync sends and whether sessions
     # are asked for their turns' state keys are decided by the run check and carried to the roles
-    # (toolrl.roles.resolve.run_plan): no role looks the engine or the estimator up again for them.
+    # (toolrl.processes.resolve.run_plan): no role looks the engine or the estimator up again for them.
     # Every model family is built once, when the tokenizer's family is detected.
     assert parts.pop("model_families") == len(registered_parts("model_families"))
     assert parts == {"environments": 1, "rollout_engines": 2, "tool_parsers": 1, "reward_functions": 1, "tools": 2,

@@ -58,7 +58,7 @@ def test_two_ranks_with_a_critic_train_like_one(cluster, two_ranks, tmp_path):  
 @pytest.mark.long
 @pytest.mark.timeout(900)
 def test_resume_after_a_killed_rank_restores_the_critic(cluster, two_ranks, tmp_path):  # noqa: F811
-    from toolrl.roles.trainer_group import TrainerFailed
+    from toolrl.processes.trainer_group import TrainerFailed
 
     run = tmp_path / "killed"
     found: dict[str, Any] = {}

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _dists import EVEN_TOKENS, make_dist
 from toolrl.config import Config, load_config
-from toolrl.roles.rollout_workers import init_ray
+from toolrl.processes.rollout_workers import init_ray
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray actors: minutes on two shared cores
@@ -80,7 +80,7 @@ def config(out: Path, world_size: int, steps: int = 3, on_ray: bool = True, extr
 
 
 def train(cfg: Config, resume: bool = False) -> Path:
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     t0 = time.perf_counter()
     out = asyncio.run(train_async(cfg, resume=resume))
@@ -190,7 +190,7 @@ def test_two_ranks_train_like_one_with_rloo_and_gspo(cluster, tmp_path):
 # default (with a critic besides), so this one is in the long session.
 @pytest.mark.long
 def test_dead_rank_stops_the_run_and_resume_matches_an_uninterrupted_run(cluster, two_ranks, tmp_path):
-    from toolrl.roles.trainer_group import TrainerFailed
+    from toolrl.processes.trainer_group import TrainerFailed
 
     run = tmp_path / "killed"
     found: dict[str, Any] = {}
@@ -295,7 +295,7 @@ def test_a_rank_killed_before_its_copy_is_complete_trains_the_step_again(cluster
     the copies and finds the death: the group re-forms from step 1's copies and trains step 2 again
     on the same batch. Nothing lost; every step's figures and the final weights equal the
     uninterrupted run's bit for bit."""
-    from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.processes.trainer_group import RayTrainerGroup
 
     @ray.remote(num_cpus=0)
     def not_ready() -> None:
@@ -373,7 +373,7 @@ def assert_trained_like_one_rank(run: Path, one: Path, scratch: Path) -> None:
 def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
     """DCP reshards on load: one rank (no process group) resumes what two ranks wrote."""
     import torch
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
 
     rank = TrainerRank(config(tmp_path / "w1", 1, on_ray=False))
     rank.setup()
@@ -393,29 +393,29 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
     trainer ranks send it their current weights, so it samples from the trained policy, not the
     initial one (the trainer's recomputed logprobs match the engine's)."""
     from toolrl.data.sources import load_samples
-    from toolrl.roles import RolloutGroup, TrainerGroup
-    from toolrl.roles.controller import batch_for_step
-    from toolrl.roles.start import start_roles
+    from toolrl.processes import RolloutGroup, TrainerGroup
+    from toolrl.processes.controller import batch_for_step
+    from toolrl.processes.start import start_processes
 
     cfg = config(tmp_path / "replaced", 1)
     samples = load_samples(cfg)
 
     async def scenario() -> tuple[list[dict[str, float]], int]:
-        roles = await start_roles(cfg)
+        processes = await start_processes(cfg)
         try:
             # The Ray implementations of the role interfaces the controller drives.
-            assert isinstance(roles.trainer, TrainerGroup) and isinstance(roles.rollouts, RolloutGroup)
+            assert isinstance(processes.trainer, TrainerGroup) and isinstance(processes.rollouts, RolloutGroup)
             stats = []
             for step in range(2):
                 prompts = batch_for_step(samples, step, cfg.data.batch_size, cfg.trainer.seed, cfg.data.shuffle)
-                trajs = await roles.rollouts.run(prompts, cfg.rollout.n, seed=step)
-                stats.append(await roles.trainer.step(trajs, step + 1))
-                await roles.sync_weights(step + 1)
+                trajs = await processes.rollouts.run(prompts, cfg.rollout.n, seed=step)
+                stats.append(await processes.trainer.step(trajs, step + 1))
+                await processes.sync_weights(step + 1)
                 if step == 0:
-                    ray.kill(roles.pool.workers[0], no_restart=True)
-            return stats, roles.pool.restarts
+                    ray.kill(processes.pool.workers[0], no_restart=True)
+            return stats, processes.pool.restarts
         finally:
-            await roles.close()
+            await processes.close()
 
     (first, second), restarts = asyncio.run(scenario())
     assert restarts == 1

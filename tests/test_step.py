@@ -233,7 +233,7 @@ def _reduce_on_rank(rank, port, outs, path):
     import json
 
     import torch.distributed as dist
-    from toolrl.roles.trainer_rank import _group_metrics
+    from toolrl.processes.trainer_rank import _group_metrics
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

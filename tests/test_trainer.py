@@ -64,7 +64,7 @@ def test_resume_restores_identical_state(tmp_path):
     import asyncio
 
     import torch
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     def config(out, steps):
         return load_config(TINY, [f"trainer.output_dir={out}", f"trainer.total_steps={steps}", "trainer.plot=false",
@@ -91,7 +91,7 @@ def test_a_failed_step_is_recorded_and_resume_continues(tmp_path):
     metrics and traces plus a line saying what failed; --resume then redoes it."""
     import asyncio
 
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     out = tmp_path / "run"
     blocker = out / "checkpoints" / ".tmp_step_000002"
@@ -169,7 +169,7 @@ def test_trace_rows_record_the_trainers_logprobs_of_the_weights_the_step_started
 
     import torch
     from toolrl.model_sources import load_model, model_path
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):
@@ -249,7 +249,7 @@ def peaked_tiny_model(tmp_path_factory, tiny_qwen3_path):
 def test_grpo_learns_a_learnable_task(tmp_path, peaked_tiny_model):
     import asyncio
 
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("reward_functions", "aligned_tokens"):

@@ -363,7 +363,7 @@ def rank_config(out: Path, world_size: int, *extra: str) -> Config:
 # vision weight moves) cover: in the long session.
 @pytest.mark.parametrize("frozen", [False, pytest.param(True, marks=pytest.mark.long)])
 def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, frozen):
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.trainer_rank import TrainerRank
     from toolrl.run_dir import HF_FILES
     from toolrl.training.export import export, save_model_files
     from transformers import AutoModelForImageTextToText
@@ -398,9 +398,9 @@ def test_checkpoint_and_export_round_trip(processor, trajectories, tmp_path, fro
 @pytest.mark.slow
 def test_two_ranks_train_like_one(processor, trajectories, tmp_path):
     ray = pytest.importorskip("ray")
-    from toolrl.roles.rollout_workers import init_ray
-    from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
-    from toolrl.roles.trainer_rank import TrainerRank
+    from toolrl.processes.rollout_workers import init_ray
+    from toolrl.processes.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.processes.trainer_rank import TrainerRank
 
     one = TrainerRank(rank_config(tmp_path / "one", 1))
     one.setup()

@@ -19,7 +19,7 @@ from toolrl.engines import ModelSource, RolloutEngine
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
-from toolrl.roles.resolve import run_plan
+from toolrl.processes.resolve import run_plan
 from toolrl.training.lora import apply_lora, iter_adapter_weights
 from toolrl.training.weight_sync import (
     Delta,

@@ -27,9 +27,9 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
     import torch
     from ray.exceptions import RayActorError
     from toolrl.config import load_config
-    from toolrl.roles import sync_weights
-    from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
-    from toolrl.roles.trainer_group import RayTrainerGroup
+    from toolrl.processes import sync_weights
+    from toolrl.processes.rollout_workers import RolloutWorkerPool, init_ray
+    from toolrl.processes.trainer_group import RayTrainerGroup
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     config = load_config(TINY, ["ray.address=local", "ray.num_rollout_workers=2", "trainer.world_size=1",

@@ -29,7 +29,7 @@ list-plugins --check``). A part that fails is not registered and its plugin is l
 
 Any part a run resolves before its model loads (an engine class; a parser, context policy, weight
 transport, advantage estimator, policy loss or agent, as built) may define ``check_run(run)``: the run check
-(:mod:`toolrl.roles.run_check`) calls it with the run's :class:`~toolrl.roles.run_check.RunFacts` (the
+(:mod:`toolrl.processes.run_check`) calls it with the run's :class:`~toolrl.processes.run_check.RunFacts` (the
 config, the model's ``config.json``, the tokenizer, the model's context, the route's parser), before any
 weights load and by ``toolrl train --check``. It raises ``ValueError`` on a setting it cannot run with
 (the error is one line naming the part's options field) and returns warning lines for one that runs

@@ -17,10 +17,10 @@ if TYPE_CHECKING:  # for type checkers and the layer check; at run time, __getat
     from toolrl.config import read_json
     from toolrl.fleet.launch import stop_child
     from toolrl.gc_policy import after_startup
-    from toolrl.roles.serving import build_served_model
+    from toolrl.processes.serving import build_served_model
     from toolrl.run_dir import ProblemResult, problem_results
 
-_HOMES = {"build_served_model": "toolrl.roles.serving", "after_startup": "toolrl.gc_policy",
+_HOMES = {"build_served_model": "toolrl.processes.serving", "after_startup": "toolrl.gc_policy",
           "stop_child": "toolrl.fleet.launch", "read_json": "toolrl.config",
           "problem_results": "toolrl.run_dir", "ProblemResult": "toolrl.run_dir"}
 __all__ = ["ProblemResult", "after_startup", "build_served_model", "problem_results", "read_json",

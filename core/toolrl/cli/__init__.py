@@ -297,7 +297,7 @@ def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, ov
     trainer.output_dir is written; a run already there is continued only with --resume, replaced only with --overwrite."""
     config = _load_config(config_path, overrides)
     if check_only:
-        from toolrl.roles.prepare import check_training
+        from toolrl.processes.prepare import check_training
 
         checked = user_errors(check_training, config, resume=resume, overwrite=overwrite,
                               tools_origin=_tools_origin(config_path, config))
@@ -306,12 +306,12 @@ def train_command(config_path: str, overrides: tuple[str, ...], resume: bool, ov
                    f"{checked.run.model_dir}; nothing loaded, nothing written")
         return
     if supervise:
-        from toolrl.roles.supervise import supervise as run_supervised
+        from toolrl.processes.supervise import supervise as run_supervised
 
         flags = [*(["--resume"] if resume else []), *(["--overwrite"] if overwrite else [])]
         sys.exit(run_supervised([config_path, *overrides, *flags], Path(config.trainer.output_dir), max_restarts))
-    from toolrl.roles.controller import run_training
-    from toolrl.roles.trainer_group import TrainerFailed
+    from toolrl.processes.controller import run_training
+    from toolrl.processes.trainer_group import TrainerFailed
 
     try:
         with every_trajectory_failed_exits_1():
@@ -344,7 +344,7 @@ def interrupted_line(config: Any, argv: list[str]) -> str:
 def rollout_command(config_path: str, overrides: tuple[str, ...], overwrite: bool) -> None:
     """Run rollouts and rewards without training; same outputs as train."""
     config = _load_config(config_path, overrides)
-    from toolrl.roles.controller import run_rollout
+    from toolrl.processes.controller import run_rollout
 
     with every_trajectory_failed_exits_1():
         user_errors(run_rollout, config, overwrite=overwrite, tools_origin=_tools_origin(config_path, config))
@@ -378,7 +378,7 @@ def eval_command(config_path: str, overrides: tuple[str, ...], output: str | Non
     there is replaced only with --overwrite). OVERRIDES are dotted.key=value pairs. With
     --compare DIR2, prints two evaluations instead: their summaries as A and B with B − A, and the
     problems only one of them solved."""
-    from toolrl.roles import evaluate as ev
+    from toolrl.processes import evaluate as ev
 
     if compare is not None:  # `toolrl eval DIR1 --compare DIR2` or `toolrl eval CONFIG --output DIR1 --compare DIR2`
         if overrides:

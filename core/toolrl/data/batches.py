@@ -66,9 +66,9 @@ MAX_GROUPS_PER_STEP = 4
 @runtime_checkable
 class RolloutGroup(Protocol):
     """The engines and the agent loop around them: in this process
-    (:class:`~toolrl.roles.in_process.Rollouts`), as Ray actors
-    (:class:`~toolrl.roles.rollout_workers.RolloutWorkerPool`), or recorded groups standing in for
-    them (:class:`~toolrl.roles.replay.Replay`)."""
+    (:class:`~toolrl.processes.in_process.Rollouts`), as Ray actors
+    (:class:`~toolrl.processes.rollout_workers.RolloutWorkerPool`), or recorded groups standing in for
+    them (:class:`~toolrl.processes.replay.Replay`)."""
 
     @property
     def generating(self) -> RolloutGroup:

@@ -11,7 +11,7 @@ The rows are token-exact trajectories in the layout of ``rollouts/step_NNNNN.jso
   ``ground_truth`` (null when absent), as the rollout loop scores a generated trajectory.
 
 Every group becomes one :class:`~toolrl.schemas.Sample` carrying its trajectories, so the controller
-draws batches of groups exactly as it draws prompts; :class:`toolrl.roles.replay.Replay` hands them
+draws batches of groups exactly as it draws prompts; :class:`toolrl.processes.replay.Replay` hands them
 to the trainer in place of the rollout group's generations. Every problem is found before any model loads and is one
 line naming the file, the row's line and the field.
 """

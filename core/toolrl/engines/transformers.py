@@ -150,7 +150,7 @@ class TransformersEngine(RolloutEngine):
 
     @classmethod
     def check_run(cls, run: RunFacts) -> list[str]:
-        """The run check (:mod:`toolrl.roles.run_check`): the model loads from the source's directory,
+        """The run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
         experts are recorded only where a model has them, and static decode takes the model's rows."""
         check_model_dir(run.model_dir, "the transformers engine", run.config)
         options = run.config.engine.options

@@ -70,7 +70,7 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class RunFacts:
-    """The run as a part's ``check_run`` sees it (:mod:`toolrl.roles.run_check`), before any weights
+    """The run as a part's ``check_run`` sees it (:mod:`toolrl.processes.run_check`), before any weights
     load: ``config`` (resolved), ``model_dir`` with its ``model_config`` (``config.json`` as a dict; empty
     when there is none) and that config's language-model part (``text_config``: a vision-language model's
     own), the ``tokenizer``, the model's context ``window`` in tokens (None when unstated) and where it

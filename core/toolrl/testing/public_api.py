@@ -47,7 +47,7 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.model_sources": ("load_tokenizer", "load_processor", "model_path", "check_model_dir", "ModelUnavailable",
                              "resolve_source", "load_model"),
     "toolrl.plugins.parts": ("build_part", "BuildContext", "registered_parts"),
-    "toolrl.roles.run_check": ("RunFacts",),
+    "toolrl.processes.run_check": ("RunFacts",),
     "toolrl.cli": ("cli", "UsageFailure", "user_errors"),
     "toolrl.testing": sys.modules[__package__].__all__,  # the whole kit (a package loads before its modules)
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",

@@ -9,7 +9,7 @@ straight into the engines there (:func:`push_local`: nothing copied for an engin
 Tied tensors are sent once, under their first name.
 
 What travels (:class:`SyncPlan`, decided once per run by the run check:
-:func:`toolrl.roles.resolve.run_plan`): under LoRA, to an engine
+:func:`toolrl.processes.resolve.run_plan`): under LoRA, to an engine
 that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
 same adapters first); with ``trainer.weight_sync: delta``, only the tensors written since the same
 receivers' last completed sync (:class:`Delta`). Under ``model.adapters`` (several policies): only the

@@ -73,7 +73,7 @@ async def test_fold_completes_with_the_key_reading_the_pages_in_branches(tokeniz
 
 def test_an_adapter_per_role_is_refused_at_the_run_check() -> None:
     from toolrl.config import ConfigError, load_config
-    from toolrl.roles.resolve import run_plan
+    from toolrl.processes.resolve import run_plan
 
     config = load_config(None, data={"env": "arithmetic", "engine": {"name": "ledger_agent"},
                                      "model": {"adapters": {"planner": {"r": 4}}}})

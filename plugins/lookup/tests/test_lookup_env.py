@@ -13,8 +13,8 @@ from toolrl.cli import cli
 from toolrl.config import ConfigError, load_config
 from toolrl.data.sources import load_samples, load_split
 from toolrl.plugins import get_plugins
+from toolrl.processes.evaluate import turn_outcomes
 from toolrl.renderers.chat import ChatRenderer
-from toolrl.roles.evaluate import turn_outcomes
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.routes import build_routes
 from toolrl.testing import ScriptedEngine

@@ -85,7 +85,7 @@ def peaked_tiny_model(tmp_path_factory: Any) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # minutes under load; the core learning tests take about one each on an idle CPU
 def test_grpo_raises_the_reward_on_the_multi_turn_path(tmp_path: Path, peaked_tiny_model: Path) -> None:
-    from toolrl.roles.controller import train_async
+    from toolrl.processes.controller import train_async
 
     registry = get_plugins().registry
     if not registry.has("rollout_engines", ChoosingEngine.name):

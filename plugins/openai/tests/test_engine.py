@@ -310,7 +310,7 @@ def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
 
 def test_an_adapter_per_role_is_refused_at_the_run_check():
     from toolrl.config import load_config
-    from toolrl.roles.resolve import run_plan
+    from toolrl.processes.resolve import run_plan
 
     def config(**model: Any) -> Any:
         return load_config(None, data={"env": "arithmetic", "engine": {"name": "openai"}, "model": model})

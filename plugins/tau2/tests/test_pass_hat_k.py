@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 from tau2.metrics.agent_metrics import pass_hat_k as tau2_pass_hat_k
-from toolrl.roles.evaluate import pass_hat_k
+from toolrl.processes.evaluate import pass_hat_k
 
 
 def test_pass_hat_k_equals_tau2_bench():

@@ -27,7 +27,7 @@ from toolrl.config import AdapterConfig, ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
 from toolrl.engines.weight_rows import receive_into
-from toolrl.roles.resolve import run_plan
+from toolrl.processes.resolve import run_plan
 from toolrl.training import lora
 from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned
 from toolrl.transports import TransportError, build_transport

@@ -1,11 +1,11 @@
 """The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
 Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout process's parts only
-(:func:`toolrl.roles.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
+(:func:`toolrl.processes.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
-is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.roles.RolloutGroup`)
+is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.processes.RolloutGroup`)
 places one worker per node where the cluster has several (a ``SPREAD`` placement group:
-:mod:`toolrl.roles.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
+:mod:`toolrl.processes.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
 into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
 one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
 A worker that dies is replaced in its bundle, in the background, and its groups run again on a live
@@ -45,16 +45,16 @@ from toolrl import model_sources
 from toolrl.config import Config, ConfigError
 from toolrl.engines.weight_rows import load_rows, receive_into, whole
 from toolrl.model_sources import model_path
-from toolrl.roles.in_process import build_rollouts, seed_everything
-from toolrl.roles.ray_actors import ActorDied, Placement, result, retry
-from toolrl.roles.resolve import RunPlan
+from toolrl.processes.in_process import build_rollouts, seed_everything
+from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
+from toolrl.processes.resolve import RunPlan
 from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
 
 if TYPE_CHECKING:
-    from toolrl.roles import TrainerGroup
+    from toolrl.processes import TrainerGroup
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ class RolloutWorker:
 
     def __init__(self, config: Mapping[str, Any], plan: RunPlan | None = None) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
-        self.plan = plan  # the run check's (toolrl.roles.resolve.RunPlan); None: decided at setup
-        self._rollouts: Any = None  # toolrl.roles.in_process.Rollouts once set up
+        self.plan = plan  # the run check's (toolrl.processes.resolve.RunPlan); None: decided at setup
+        self._rollouts: Any = None  # toolrl.processes.in_process.Rollouts once set up
         self._links: list[Link] = []  # a linked weight transport's links, joined by _receivers
         self._receivers: list[Any] = []
         self._peer_sender: Any = None  # the sending end of a link to a new worker (open_peer_link)

@@ -1,5 +1,5 @@
 """The processes as the controller sees them: a :class:`TrainerGroup` and a :class:`RolloutGroup`, whichever
-implementation runs them (in this process or as Ray actors; :mod:`toolrl.roles.start` decides), and the
+implementation runs them (in this process or as Ray actors; :mod:`toolrl.processes.start` decides), and the
 weight sync between them (:func:`sync_weights`)."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class WeightPush:
 @runtime_checkable
 class TrainerGroup(Protocol):
     """The trainer ranks as the controller drives them: one in this process
-    (:class:`~toolrl.roles.trainer_group.LocalTrainer`) or ``trainer.world_size`` Ray actors
-    (:class:`~toolrl.roles.trainer_group.RayTrainerGroup`)."""
+    (:class:`~toolrl.processes.trainer_group.LocalTrainer`) or ``trainer.world_size`` Ray actors
+    (:class:`~toolrl.processes.trainer_group.RayTrainerGroup`)."""
 
     @property
     def world_size(self) -> int:
@@ -36,7 +36,7 @@ class TrainerGroup(Protocol):
 
     def take_recoveries(self) -> list[dict[str, Any]]:
         """The group's recoveries from dead ranks since the last call, one row each for
-        ``recoveries.jsonl`` (:class:`toolrl.roles.recovery.Recovery`)."""
+        ``recoveries.jsonl`` (:class:`toolrl.processes.recovery.Recovery`)."""
         ...
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:

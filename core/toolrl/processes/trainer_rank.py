@@ -4,7 +4,7 @@ of weight syncs.
 Rank ``r`` of ``world_size``: with one rank it holds the whole model (in the driver without Ray, or
 as one Ray actor); with more it joins a ``torch.distributed`` process group (gloo on CPU, NCCL on
 GPU) and shards the model with FSDP2 (:mod:`toolrl.training.sharding`). The same class is the Ray actor
-(:mod:`toolrl.roles.trainer_group` wraps it with ``ray.remote``) and the in-process trainer.
+(:mod:`toolrl.processes.trainer_group` wraps it with ``ray.remote``) and the in-process trainer.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from toolrl import model_sources
 from toolrl.agent_roles import frozen_roles
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.model_sources import model_path
-from toolrl.roles import rank_state
-from toolrl.roles.in_process import seed_everything
-from toolrl.roles.resolve import RunPlan, run_plan
+from toolrl.processes import rank_state
+from toolrl.processes.in_process import seed_everything
+from toolrl.processes.resolve import RunPlan, run_plan
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
 from toolrl.training.weight_sync import Delta, push_local, send_owned
@@ -35,7 +35,7 @@ from toolrl.transports import TransportError
 class TrainerRank:
     def __init__(self, config: Config | Mapping[str, Any], rank: int = 0, world_size: int = 1,
                  plan: RunPlan | None = None) -> None:
-        """``plan``: what the run check decided (:func:`toolrl.roles.resolve.resolve_run`); decided at
+        """``plan``: what the run check decided (:func:`toolrl.processes.resolve.resolve_run`); decided at
         :meth:`setup` for a rank built on its own."""
         self.config = config if isinstance(config, Config) else Config.model_validate(dict(config))
         self.rank, self.world_size = rank, world_size
@@ -271,7 +271,7 @@ class TrainerRank:
         torch.set_rng_state(torch.load(rng if rng.exists() else Path(directory) / "rng_rank0.pt"))
 
     def snapshot(self) -> tuple[dict[str, float], dict[str, Any]]:
-        """This rank's in-memory copy after a step (:mod:`toolrl.roles.rank_state`), and what it cost:
+        """This rank's in-memory copy after a step (:mod:`toolrl.processes.rank_state`), and what it cost:
         the group keeps the copy in Ray's object store to re-form without a checkpoint. Called on the
         actor's ``copy`` concurrency group, beside the group's other calls (which only read meanwhile)."""
         t0 = time.perf_counter()
@@ -281,7 +281,7 @@ class TrainerRank:
     def hold_copies(self, step: int, copies: Sequence[Any]) -> None:
         """Pull other ranks' copies after ``step`` (object refs owned by the controller) into this
         node's object store and keep them, so they outlive the node they were made on: Ray finds a
-        lost object's other copies and pins one (:func:`toolrl.roles.recovery.peer_holders`)."""
+        lost object's other copies and pins one (:func:`toolrl.processes.recovery.peer_holders`)."""
         import ray
 
         self.held[step] = ray.get(list(copies))  # arrays read in place: the store keeps them while held

@@ -1,6 +1,6 @@
 """The rollout process and the local run: what each process builds (docs/architecture.md), wired from
 parts resolved once per process (:func:`toolrl.rollout.routes.resolve_parts`) and what the run check
-decided for the processes (:class:`toolrl.roles.resolve.RunPlan`). A rollout worker builds its engine
+decided for the processes (:class:`toolrl.processes.resolve.RunPlan`). A rollout worker builds its engine
 (:func:`toolrl.engines.build.build_engine`, on its own copy of the model) and one route per environment
 (:func:`build_rollouts`); without Ray all of them run in one process (:func:`build_local_run`), the
 engine sharing the trainer's module, so weight updates cost nothing.
@@ -20,9 +20,9 @@ from toolrl.data.sources import load_samples
 from toolrl.engines.build import build_engine, engine_processor
 from toolrl.gc_policy import after_startup
 from toolrl.model_sources import model_path
+from toolrl.processes.resolve import RunPlan, run_plan
+from toolrl.processes.run_check import ModelInputs, check_model_inputs
 from toolrl.renderers.families import config_renderer_factory
-from toolrl.roles.resolve import RunPlan, run_plan
-from toolrl.roles.run_check import ModelInputs, check_model_inputs
 from toolrl.rollout import RolloutContext, run_group, run_rollouts
 from toolrl.rollout.routes import Parts, build_routes, resolve_parts
 from toolrl.schemas import Sample
@@ -149,7 +149,7 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
     """Every process's parts in this one. What is not given is resolved here: ``parts``; ``samples``, the
     prompts checked against the tools (default: the training split; recorded groups run none);
     ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads;
-    ``plan``, what the processes act on (:class:`toolrl.roles.resolve.RunPlan`). Without ``train`` no
+    ``plan``, what the processes act on (:class:`toolrl.processes.resolve.RunPlan`). Without ``train`` no
     policy is built (``model`` is None): the engine loads what it needs itself, and one that loads no
     weights (a remote server's, a script) needs only the tokenizer in ``path``."""
     parts = parts if parts is not None else resolve_parts(config)
@@ -165,7 +165,7 @@ async def build_local_run(config: Config, parts: Parts | None = None, samples: S
         built.append(build_policy(config, path, model_sources.resolve_device(config.model.device)))
         # Under LoRA (model.lora, or model.adapters' policies) the engine keeps a base model of its own
         # and gets the adapters (or merged weights, for an engine that does not load adapters:
-        # toolrl.roles.resolve.run_plan). So it does when rollouts overlap training (max_staleness > 0):
+        # toolrl.processes.resolve.run_plan). So it does when rollouts overlap training (max_staleness > 0):
         # the trainer's forward, backward and optimizer steps then never touch the weights the engine
         # decodes with; the engine gets each step's weights by push, between two decode steps.
         own = config.model.lora or config.model.adapters or config.trainer.max_staleness > 0

@@ -8,13 +8,13 @@ the step's groups are generated after the previous step's weights arrived (synch
 they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
 than the step that trains it; with ``async_schedule: one_step_off`` each step's batch is generated whole
 while the step before trains, and the weights change only once it is (``settle``). Where the
-processes run is decided once (:func:`toolrl.roles.start.start_roles`; docs/architecture.md).
+processes run is decided once (:func:`toolrl.processes.start.start_processes`; docs/architecture.md).
 
 A step's weights reach the engines only after the whole update (all ``ppo_epochs x mini_batches``
 optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
 by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
 
-Before step 1, :func:`toolrl.roles.prepare.prepare_training` checks the whole run, starts the processes
+Before step 1, :func:`toolrl.processes.prepare.prepare_training` checks the whole run, starts the processes
 and puts the weights in place; only then is ``output_dir`` first written (:class:`toolrl.run_dir.RunDir`
 holds what it receives). A step that fails gets a ``"failed"`` line in ``metrics.jsonl``; ``--resume``
 restores model, optimizer, step, RNG and the data position (groups in flight are generated again).
@@ -42,10 +42,10 @@ from toolrl.data.batches import (
     open_batches,
 )
 from toolrl.loggers import open_loggers
-from toolrl.roles.evaluate import validate
-from toolrl.roles.prepare import Prepared, prepare_training
-from toolrl.roles.resolve import resolve_run
-from toolrl.roles.start import Roles, start_roles
+from toolrl.processes.evaluate import validate
+from toolrl.processes.prepare import Prepared, prepare_training
+from toolrl.processes.resolve import resolve_run
+from toolrl.processes.start import Processes, start_processes
 from toolrl.run_dir import (
     RunDir,
     finalize,
@@ -63,34 +63,34 @@ from toolrl.trajectory import Trajectory, call_prefix
 # -- checkpoints ----------------------------------------------------------------------------------
 
 
-async def save_checkpoint(roles: Roles, run_dir: RunDir, step: int, data_position: int,
+async def save_checkpoint(processes: Processes, run_dir: RunDir, step: int, data_position: int,
                           ahead: StepBatch | None = None) -> Path:
     """Every rank writes its shards into a staging directory; then the controller publishes it.
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again, except
     ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole."""
-    config = roles.config
+    config = processes.config
     staged = staging_dir(run_dir.checkpoints, step)
-    await roles.training.save(str(staged), step)
+    await processes.training.save(str(staged), step)
     if ahead is not None:
         ahead.save(staged / AHEAD)
-    return finalize(run_dir.checkpoints, staged, step, {"world_size": roles.training.world_size,
+    return finalize(run_dir.checkpoints, staged, step, {"world_size": processes.training.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
 
 
-def record_recoveries(roles: Roles, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
+def record_recoveries(processes: Processes, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
     """The recoveries since the last call (trainer ranks, rollout workers), written to
     ``recoveries.jsonl`` (``step``: the step in progress), with ``roles.json`` kept current; their
     rows, for the metrics."""
-    rows = roles.training.take_recoveries() + roles.rollouts.take_recoveries()
+    rows = processes.training.take_recoveries() + processes.rollouts.take_recoveries()
     for row in rows:
         run_dir.append_recovery({"step": step, **row})
         if row.get("ranks"):  # a re-formed trainer group runs elsewhere now
-            roles.placement["trainer"] = row["ranks"]
+            processes.placement["trainer"] = row["ranks"]
         elif row.get("worker"):  # so does a replaced rollout worker
-            roles.placement["rollout_workers"][row["index"]] = row["worker"]
+            processes.placement["rollout_workers"][row["index"]] = row["worker"]
     if rows:
-        run_dir.write_roles(roles.placement)
+        run_dir.write_roles(processes.placement)
     return rows
 
 
@@ -130,7 +130,7 @@ def _progress(enabled: bool, total: int, start: int) -> Any:
 
 
 async def train_async(config: Config, resume: bool = False, overwrite: bool = False) -> Path:
-    """``toolrl train``: the run prepared for its first step (:func:`toolrl.roles.prepare.prepare_training`:
+    """``toolrl train``: the run prepared for its first step (:func:`toolrl.processes.prepare.prepare_training`:
     checked whole, processes up, weights in place, ``trainer.output_dir`` first written), then trained
     (continuing the run there with ``resume``, replacing it with ``overwrite``)."""
     prepared = await prepare_training(config, resume, overwrite)
@@ -145,13 +145,13 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
 
 async def train(prepared: Prepared) -> None:
     """The step loop, from ``prepared.start`` to ``trainer.total_steps``."""
-    run, run_dir, roles = prepared.run, prepared.run_dir, prepared.roles
+    run, run_dir, processes = prepared.run, prepared.run_dir, prepared.processes
     config = run.config
     start, ahead, recovered = prepared.start, prepared.ahead, prepared.recovered
     batches: StepBatches | OneStepOff | GroupStream | None = None
     try:
         # Distillation: the teachers score each group as it is generated (toolrl.data.batches.Finishing).
-        batches = open_batches(roles.rollouts, run.samples, config, prepared.position, version=start,
+        batches = open_batches(processes.rollouts, run.samples, config, prepared.position, version=start,
                                ahead=ahead, finish=None if prepared.teachers is None else prepared.teachers.score)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
@@ -165,7 +165,7 @@ async def train(prepared: Prepared) -> None:
                     wait_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
-                    trained = await roles.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
+                    trained = await processes.training.step(batch.trajectories, step + 1) if batch.trajectories else {}
                     # Each trained trajectory's advantage, for its trace (not a metric).
                     advantages = dict(zip((t.trajectory_id for t in batch.trajectories), trained.pop("advantages", []),
                                           strict=False))
@@ -174,27 +174,27 @@ async def train(prepared: Prepared) -> None:
                     ahead = await batches.settle()  # one_step_off: the next batch is whole before the weights change
                     settled = time.perf_counter() - settling  # waiting for rollouts, not training
                     wait_s += settled
-                    sync = await roles.sync_weights(step + 1)
+                    sync = await processes.sync_weights(step + 1)
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
                            **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
                            **(batch.finish_metrics(t0, "teacher") if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
-                           **recovery_metrics(recovered + record_recoveries(roles, run_dir, step + 1))}
+                           **recovery_metrics(recovered + record_recoveries(processes, run_dir, step + 1))}
                     recovered = []
                     row |= {**role_metrics(batch.generated, success_bar(config)), **role_tokens(
                         [t for t in batch.trajectories if trains(t, frozen_roles(config))])}
                     if config.trainer.eval_every and (step + 1) % config.trainer.eval_every == 0:
-                        row.update(await validate(roles, run, run_dir, step + 1))
-                    run_dir.write_traces(step + 1, batch.generated, roles.tokenizer, advantages, trainer_lp)
+                        row.update(await validate(processes, run, run_dir, step + 1))
+                    run_dir.write_traces(step + 1, batch.generated, processes.tokenizer, advantages, trainer_lp)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
-                        await save_checkpoint(roles, run_dir, step + 1, batch.end, ahead)
-                        recovered = record_recoveries(roles, run_dir, step + 1)  # in the next row
+                        await save_checkpoint(processes, run_dir, step + 1, batch.end, ahead)
+                        recovered = record_recoveries(processes, run_dir, step + 1)  # in the next row
                 except Exception as exc:
-                    record_recoveries(roles, run_dir, step + 1)
-                    record_failure(run_dir, step + 1, exc, batch.generated, roles.tokenizer, time.perf_counter() - t0)
+                    record_recoveries(processes, run_dir, step + 1)
+                    record_failure(run_dir, step + 1, exc, batch.generated, processes.tokenizer, time.perf_counter() - t0)
                     raise
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
@@ -202,7 +202,7 @@ async def train(prepared: Prepared) -> None:
     finally:
         if batches is not None:
             await batches.close()  # groups still in flight: a resumed run generates them again
-        await roles.close()
+        await processes.close()
         if prepared.teachers is not None:
             await prepared.teachers.close()
     if config.trainer.plot:
@@ -214,7 +214,7 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
     records as training in ``trainer.output_dir`` (an earlier run there is replaced only with ``overwrite``)."""
     run = resolve_run(config, "rollout")
     run_dir = RunDir.open(config.trainer.output_dir, open_mode(False, overwrite), resumable=False)
-    roles = await start_roles(run, train=False)
+    processes = await start_processes(run, train=False)
     progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, 0)
     try:
         run_dir.start(config)
@@ -223,16 +223,16 @@ async def rollout_async(config: Config, overwrite: bool = False) -> Path:
                 t0 = time.perf_counter()
                 prompts = batch_for_step(run.samples, step, config.data.batch_size, config.trainer.seed,
                                          config.data.shuffle)
-                trajs = await roles.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
+                trajs = await processes.rollouts.run(prompts, config.rollout.n, seed=step_seed(config.rollout.seed, step),
                                                  id_prefix=call_prefix("e", step + 1))
                 row = {"step": step + 1, **rollout_metrics(trajs, time.perf_counter() - t0),
                        **role_metrics(trajs, success_bar(config))}
-                run_dir.write_traces(step + 1, trajs, roles.tokenizer)
+                run_dir.write_traces(step + 1, trajs, processes.tokenizer)
                 run_dir.append_metrics(row)
                 progress.update(bar, advance=1, reward=row["reward_mean"], tools=row["tool_call_rate"],
                                 tps=row["tokens_per_s"])
     finally:
-        await roles.close()
+        await processes.close()
         run_dir.failures.report()
     if config.trainer.plot:
         run_dir.plot_curve()

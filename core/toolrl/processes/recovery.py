@@ -9,7 +9,7 @@ controller awaits every rank's result; Ray reports a dead actor within seconds) 
 2. ``replace`` starts as many ranks as before (a new one where the cluster has room; no room:
    the group shrinks instead), ``shrink`` one fewer;
 3. the new ranks take the newest complete state: the in-memory copies every rank made after the
-   last step whose copies all finished (:mod:`toolrl.roles.rank_state`, kept by the controller in
+   last step whose copies all finished (:mod:`toolrl.processes.rank_state`, kept by the controller in
    Ray's object store, so a rank's death does not lose its copy; pulled by a rank on another node
    too, so a node's loss does not either: :func:`peer_holders`), else the checkpoint the run
    resumed from, else (no step trained yet) the initial weights they were built with;
@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from toolrl.config import Config, ConfigError
-from toolrl.roles.ray_actors import Placement
+from toolrl.processes.ray_actors import Placement
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,7 +87,7 @@ class Recovery:
 
 
 class ReformingGroup:
-    """What :class:`toolrl.roles.trainer_group.RayTrainerGroup` does when a rank dies. The group keeps
+    """What :class:`toolrl.processes.trainer_group.RayTrainerGroup` does when a rank dies. The group keeps
     ``config``, ``world_size``, ``placement``, ``ranks`` and starts and calls its ranks (``_spawn``,
     ``start``, ``_all``); this part keeps where a new group's state comes from."""
 

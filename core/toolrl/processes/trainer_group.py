@@ -1,14 +1,14 @@
-"""The trainer group as the controller sees it (:class:`toolrl.roles.TrainerGroup`): step, push weights,
+"""The trainer group as the controller sees it (:class:`toolrl.processes.TrainerGroup`): step, push weights,
 save, load, close.
 
-:class:`LocalTrainer` is one :class:`~toolrl.roles.trainer_rank.TrainerRank` in the controller's process
+:class:`LocalTrainer` is one :class:`~toolrl.processes.trainer_rank.TrainerRank` in the controller's process
 (no Ray; it pushes into the in-process engine, which shares its module). :class:`RayTrainerGroup` is
-``world_size`` ranks as Ray actors in one placement group (:mod:`toolrl.roles.ray_actors`), joined by a
+``world_size`` ranks as Ray actors in one placement group (:mod:`toolrl.processes.ray_actors`), joined by a
 ``torch.distributed`` process group. Every call goes to all ranks at once; a rank that dies or fails
 ends the call with :class:`TrainerFailed`, which names the rank and what it was doing, and the other
 ranks are killed rather than left waiting in a collective. A rank that dies (rather than raises) is
-:class:`~toolrl.roles.recovery.RankDied`, after which the group re-forms itself and makes the call
-again (:mod:`toolrl.roles.recovery`, ``trainer.on_rank_failure``).
+:class:`~toolrl.processes.recovery.RankDied`, after which the group re-forms itself and makes the call
+again (:mod:`toolrl.processes.recovery`, ``trainer.on_rank_failure``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config, ConfigError
-from toolrl.roles import WeightPush
-from toolrl.roles.ray_actors import ActorDied, result
-from toolrl.roles.recovery import RankDied, ReformingGroup, TrainerFailed
-from toolrl.roles.resolve import RunPlan
-from toolrl.roles.trainer_rank import TrainerRank
+from toolrl.processes import WeightPush
+from toolrl.processes.ray_actors import ActorDied, result
+from toolrl.processes.recovery import RankDied, ReformingGroup, TrainerFailed
+from toolrl.processes.resolve import RunPlan
+from toolrl.processes.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, build_transport
 
@@ -104,7 +104,7 @@ class RayTrainerGroup(ReformingGroup):
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
         """The step on every rank, once the copies of the step before are complete; the copies of
-        the new state are started, not waited for (:mod:`toolrl.roles.recovery`). A rank that dies on
+        the new state are started, not waited for (:mod:`toolrl.processes.recovery`). A rank that dies on
         the way: the group re-forms from the newest complete copies and runs the step again.
         ``snapshot_s``: how long the last complete copies took; ``snapshot_wait_s``: how long calls
         waited for copies since the last step's figures (the copies' cost to the run)."""

@@ -1,6 +1,6 @@
 """Roles without Ray: the module graph has no cycle through the controller, an in-process weight sync
 reaches an engine with its own copy of the model as rows, the engine contract's default row receiver,
-the plan the run check decides for the roles, and no role branching on a weight transport's type."""
+the plan the run check decides for the processes, and no role branching on a weight transport's type."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ def toolrl_imports(module: str) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("module", ["roles/in_process", "roles/rollout_workers", "roles/trainer_rank",
-                                    "roles/trainer_group", "roles/ray_actors", "training/sharding",
-                                    "training/weight_sync", "training/export", "roles/__init__",
-                                    "roles/evaluate", "roles/replay", "data/recorded"])
+@pytest.mark.parametrize("module", ["processes/in_process", "processes/rollout_workers", "processes/trainer_rank",
+                                    "processes/trainer_group", "processes/ray_actors", "training/sharding",
+                                    "training/weight_sync", "training/export", "processes/__init__",
+                                    "processes/evaluate", "processes/replay", "data/recorded"])
 def test_no_role_imports_the_controller(module):
-    assert "toolrl.roles.controller" not in toolrl_imports(module), f"{module} imports the controller"
+    assert "toolrl.processes.controller" not in toolrl_imports(module), f"{module} imports the controller"
 
 
 def test_an_in_process_sync_reaches_an_engine_with_its_own_model_as_rows(tiny_qwen3_path):
@@ -86,11 +86,11 @@ def test_world_size_without_ray_is_a_config_error():
     import asyncio
 
     from toolrl.config import ConfigError, load_config
-    from toolrl.roles.start import start_roles
+    from toolrl.processes.start import start_processes
 
     cfg = load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), ["trainer.world_size=2"])
     with pytest.raises(ConfigError, match=r"trainer.world_size=2 needs Ray: set ray.address"):
-        asyncio.run(start_roles(cfg))
+        asyncio.run(start_processes(cfg))
 
 
 @pytest.mark.parametrize(("overrides", "purpose", "adapters", "delta", "state_keys"), [
@@ -107,7 +107,7 @@ def test_the_run_check_decides_the_roles_plan_once(overrides, purpose, adapters,
     import pickle
 
     from toolrl.config import load_config
-    from toolrl.roles.resolve import RunPlan, resolve_run
+    from toolrl.processes.resolve import RunPlan, resolve_run
     from toolrl.training.weight_sync import SyncPlan
 
     plan = resolve_run(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml"), overrides), purpose).plan
@@ -117,11 +117,11 @@ def test_the_run_check_decides_the_roles_plan_once(overrides, purpose, adapters,
 
 # -- the roles' interfaces --------------------------------------------------------------------------
 
-IMPLEMENTATIONS = [("TrainerGroup", "toolrl.roles.trainer_group", "LocalTrainer"),
-                   ("TrainerGroup", "toolrl.roles.trainer_group", "RayTrainerGroup"),
-                   ("RolloutGroup", "toolrl.roles.in_process", "Rollouts"),
-                   ("RolloutGroup", "toolrl.roles.rollout_workers", "RolloutWorkerPool"),
-                   ("RolloutGroup", "toolrl.roles.replay", "Replay")]
+IMPLEMENTATIONS = [("TrainerGroup", "toolrl.processes.trainer_group", "LocalTrainer"),
+                   ("TrainerGroup", "toolrl.processes.trainer_group", "RayTrainerGroup"),
+                   ("RolloutGroup", "toolrl.processes.in_process", "Rollouts"),
+                   ("RolloutGroup", "toolrl.processes.rollout_workers", "RolloutWorkerPool"),
+                   ("RolloutGroup", "toolrl.processes.replay", "Replay")]
 
 
 @pytest.mark.parametrize(("protocol", "module", "name"), IMPLEMENTATIONS, ids=[i[2] for i in IMPLEMENTATIONS])
@@ -132,10 +132,10 @@ def test_each_implementation_has_its_protocols_signatures(protocol, module, name
     import importlib
     import inspect
 
-    import toolrl.roles
+    import toolrl.processes
     from typing_extensions import get_protocol_members
 
-    proto = getattr(toolrl.roles, protocol)
+    proto = getattr(toolrl.processes, protocol)
     cls = getattr(importlib.import_module(module), name)
     members = get_protocol_members(proto)
     assert {"close", "run" if protocol == "RolloutGroup" else "step"} <= members
@@ -153,26 +153,26 @@ def test_in_process_roles_satisfy_the_protocols(tiny_qwen3_path):
     import asyncio
 
     from toolrl.config import load_config
-    from toolrl.roles import RolloutGroup, TrainerGroup
-    from toolrl.roles.replay import Replay
-    from toolrl.roles.start import start_roles
+    from toolrl.processes import RolloutGroup, TrainerGroup
+    from toolrl.processes.replay import Replay
+    from toolrl.processes.start import start_processes
 
     async def scenario() -> None:
-        roles = await start_roles(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))
+        processes = await start_processes(load_config(str(CORE.parents[1] / "examples" / "tiny.yaml")))
         try:
-            replay = Replay(roles.rollouts)
-            assert isinstance(roles.trainer, TrainerGroup)
-            assert isinstance(roles.rollouts, RolloutGroup) and isinstance(replay, RolloutGroup)
-            assert roles.rollouts.generating is roles.rollouts and replay.generating is roles.rollouts
-            engine = roles.rollouts.weight_targets(1)[0]
+            replay = Replay(processes.rollouts)
+            assert isinstance(processes.trainer, TrainerGroup)
+            assert isinstance(processes.rollouts, RolloutGroup) and isinstance(replay, RolloutGroup)
+            assert processes.rollouts.generating is processes.rollouts and replay.generating is processes.rollouts
+            engine = processes.rollouts.weight_targets(1)[0]
             assert replay.weight_targets(1) == [engine] and engine.weight_version == 0
             # The controller's sync: into the engine sharing the trainer's module, labelled 1.
-            sync = await roles.sync_weights(1)
+            sync = await processes.sync_weights(1)
             assert engine.weight_version == 1 and set(sync) == {"weight_sync_s", "weight_sync_peak_mb"}
             with pytest.raises(ValueError, match="cannot be replaced"):
                 replay.replace([engine])
         finally:
-            await roles.close()
+            await processes.close()
 
     asyncio.run(scenario())
 
@@ -204,6 +204,6 @@ def test_no_role_module_branches_on_a_transports_type():
     assert transport_type_branches("from toolrl.transports import LinkedTransport\n"
                                    "if isinstance(t, LinkedTransport): pass\n"
                                    "if type(t) is ObjectStoreTransport: pass\n") == [2, 3]
-    roles = Path(__file__).resolve().parents[1] / "core" / "toolrl" / "roles"
-    found = {p.name: lines for p in sorted(roles.glob("*.py")) if (lines := transport_type_branches(p.read_text()))}
+    processes = Path(__file__).resolve().parents[1] / "core" / "toolrl" / "processes"
+    found = {p.name: lines for p in sorted(processes.glob("*.py")) if (lines := transport_type_branches(p.read_text()))}
     assert not found, f"role modules branch on a transport's type: {found}"

@@ -14,11 +14,11 @@ from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.plugins import get_plugins
-from toolrl.roles.replay import Replay
-from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.run_check import ModelInputs, check_model_inputs
-from toolrl.roles.start import Roles, start_roles
-from toolrl.roles.supervise import controller_restart
+from toolrl.processes.replay import Replay
+from toolrl.processes.resolve import ResolvedRun, resolve_run
+from toolrl.processes.run_check import ModelInputs, check_model_inputs
+from toolrl.processes.start import Processes, start_processes
+from toolrl.processes.supervise import controller_restart
 from toolrl.rollout.teacher import Conversation, Teachers, open_teachers
 from toolrl.run_dir import HF_FILES, RunDir, checkpoint_shapes, open_mode, read_meta, restore_controller
 from toolrl.training.export import save_model_files
@@ -33,7 +33,7 @@ class Prepared:
 
     run: ResolvedRun
     run_dir: RunDir
-    roles: Roles
+    processes: Processes
     start: int = 0
     position: int = 0
     ahead: StepBatch | None = None
@@ -64,17 +64,17 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     try:
         # The processes placed, each building its parts where it runs (tools, the policy's weights, engines):
         # in this process, or as Ray actors.
-        roles = await start_roles(run, inputs=checked.inputs)
+        processes = await start_processes(run, inputs=checked.inputs)
     except BaseException:
         if teachers is not None:
             await teachers.close()
         raise
     try:
-        prepared = await _weights_and_first_write(run, checked.run_dir, roles, checked.ahead)
+        prepared = await _weights_and_first_write(run, checked.run_dir, processes, checked.ahead)
         prepared.teachers = teachers
         return prepared
     except BaseException:
-        await roles.close()
+        await processes.close()
         if teachers is not None:
             await teachers.close()
         raise
@@ -114,23 +114,23 @@ def check_training(config: Config, resume: bool = False, overwrite: bool = False
         check_resume(run_dir.latest_checkpoint(), run.model_dir)
         ahead = kept_batch(run_dir.latest_checkpoint())
     # The tokenizer, the model family (its tokens in the tokenizer, its template), every prompt against
-    # the context and every part's semantics (toolrl.roles.run_check): the last checks, still before any
+    # the context and every part's semantics (toolrl.processes.run_check): the last checks, still before any
     # model loads.
     inputs = check_model_inputs(run.config, run.parts, run.model_dir, run.prompts)
     return Checked(run, run_dir, inputs, ahead)
 
 
-async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, roles: Roles,
+async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, processes: Processes,
                                    ahead: StepBatch | None) -> Prepared:
     config = run.config
     if config.data.trajectories:  # recorded groups are trained in place of generated ones
-        roles.rollouts = Replay(roles.rollouts)
+        processes.rollouts = Replay(processes.rollouts)
     # The engine can take weight updates (a frozen remote server cannot be trained).
-    if (reason := await roles.rollouts.check_trainable()) is not None:
+    if (reason := await processes.rollouts.check_trainable()) is not None:
         raise ConfigError(f"engine.name: {reason}")
-    prepared = Prepared(run, run_dir, roles, ahead=ahead)
+    prepared = Prepared(run, run_dir, processes, ahead=ahead)
     if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
-        prepared.start, prepared.position = await restore_checkpoint(roles, run_dir)
+        prepared.start, prepared.position = await restore_checkpoint(processes, run_dir)
     # Step 1 may begin: the run's first write (config.json), then what a resumed run drops and the
     # records every step adds to.
     run_dir.start(config)
@@ -139,8 +139,8 @@ async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, roles: Rol
     prepared.recovered = controller_restart(prepared.start, lost)
     for row in prepared.recovered:
         run_dir.append_recovery({"step": prepared.start + 1, **row})
-    run_dir.write_roles(roles.placement)
-    save_model_files(roles.model_dir, run_dir.checkpoints / HF_FILES)
+    run_dir.write_roles(processes.placement)
+    save_model_files(processes.model_dir, run_dir.checkpoints / HF_FILES)
     return prepared
 
 
@@ -170,13 +170,13 @@ def kept_batch(checkpoint: Path) -> StepBatch | None:
     return StepBatch.load(kept) if kept.exists() else None
 
 
-async def restore_checkpoint(roles: Roles, run_dir: RunDir) -> tuple[int, int]:
+async def restore_checkpoint(processes: Processes, run_dir: RunDir) -> tuple[int, int]:
     """Load the latest checkpoint into the trainer (any world size wrote it) and the engines; the
     step and the data position."""
     ckpt = run_dir.latest_checkpoint()
     meta = read_meta(ckpt)
-    await roles.training.load(str(ckpt))
+    await processes.training.load(str(ckpt))
     restore_controller(ckpt)
     step = int(meta["step"])
-    await roles.sync_weights(step)
-    return step, int(meta.get("data_position", step * roles.config.data.batch_size))
+    await processes.sync_weights(step)
+    return step, int(meta.get("data_position", step * processes.config.data.batch_size))

@@ -1,8 +1,8 @@
-"""Where each process runs, decided once per run: :func:`start_roles` builds the trainer group and the
+"""Where each process runs, decided once per run: :func:`start_processes` builds the trainer group and the
 rollout group in this process (no ``ray.address``; the in-process engine shares the trainer's module,
 or keeps its own copy when rollouts overlap training) or as Ray actors, this process then keeping only
-the data, the tokenizer and the records. :class:`Roles` is what the controller
-(:mod:`toolrl.roles.controller`) and evaluation (:mod:`toolrl.roles.evaluate`) drive."""
+the data, the tokenizer and the records. :class:`Processes` is what the controller
+(:mod:`toolrl.processes.controller`) and evaluation (:mod:`toolrl.processes.evaluate`) drive."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import Config
-from toolrl.roles import RolloutGroup, TrainerGroup, sync_weights
-from toolrl.roles.in_process import build_local_run
-from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.rollout_workers import RolloutWorkerPool, init_ray
-from toolrl.roles.run_check import ModelInputs, check_model_inputs
-from toolrl.roles.trainer_group import LocalTrainer, RayTrainerGroup
-from toolrl.roles.trainer_rank import TrainerRank
+from toolrl.processes import RolloutGroup, TrainerGroup, sync_weights
+from toolrl.processes.in_process import build_local_run
+from toolrl.processes.resolve import ResolvedRun, resolve_run
+from toolrl.processes.rollout_workers import RolloutWorkerPool, init_ray
+from toolrl.processes.run_check import ModelInputs, check_model_inputs
+from toolrl.processes.trainer_group import LocalTrainer, RayTrainerGroup
+from toolrl.processes.trainer_rank import TrainerRank
 
 
 @dataclass
-class Roles:
+class Processes:
     """What the controller drives. ``trainer``: None when only evaluating; ``pool``: the rollout group
     when it runs on Ray (``rollouts`` may be a stand-in for it)."""
 
@@ -57,7 +57,7 @@ class Roles:
                 ray.shutdown()
 
 
-async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Roles:
+async def start_processes(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Processes:
     """Build each process where it runs, from a resolved run (a bare config is resolved here first) and
     the model's inputs checked before any model loads (checked here when not given).
     Without Ray: one process, the engine sharing the trainer's module (a run that does not train
@@ -71,12 +71,12 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
         inputs = check_model_inputs(config, run.parts, run.model_dir, run.prompts)
     if config.ray.address is None:
         local = await build_local_run(config, run.parts, run.prompts, run.model_dir, inputs, run.plan, train)
-        roles = Roles(config, local.tokenizer, local.path, local.rollouts)
+        processes = Processes(config, local.tokenizer, local.path, local.rollouts)
         if train:
             rank = TrainerRank(config, plan=run.plan)
-            roles.trainer = LocalTrainer(rank)
-            roles.placement = {"trainer": [rank.setup(model=local.model, tokenizer=local.tokenizer)]}
-        return roles
+            processes.trainer = LocalTrainer(rank)
+            processes.placement = {"trainer": [rank.setup(model=local.model, tokenizer=local.tokenizer)]}
+        return processes
 
     import ray
 
@@ -93,16 +93,16 @@ async def start_roles(run: ResolvedRun | Config, train: bool = True, inputs: Mod
         if owns_ray:
             ray.shutdown()
         raise
-    roles = Roles(config, inputs.tokenizer, run.model_dir, pool, pool=pool, owns_ray=owns_ray)
+    processes = Processes(config, inputs.tokenizer, run.model_dir, pool, pool=pool, owns_ray=owns_ray)
     try:
         starts = [pool.start()]
         if train:
             trainer = RayTrainerGroup(config, run.plan)
-            roles.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
+            processes.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
             starts.append(trainer.start())
         placed = await asyncio.gather(*starts)
-        roles.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}
+        processes.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}
     except BaseException:
-        await roles.close()
+        await processes.close()
         raise
-    return roles
+    return processes

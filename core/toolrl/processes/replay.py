@@ -10,11 +10,11 @@ from toolrl.schemas import Sample
 from toolrl.trajectory import Trajectory, prefixed_id
 
 if TYPE_CHECKING:
-    from toolrl.roles import RolloutGroup
+    from toolrl.processes import RolloutGroup
 
 
 class Replay:
-    """A rollout group (:class:`toolrl.roles.RolloutGroup`) answered from recorded groups: a batch of
+    """A rollout group (:class:`toolrl.processes.RolloutGroup`) answered from recorded groups: a batch of
     group samples gives their trajectories, numbered by their place in the batch as generated groups
     are. The rollout group it stands in for (``generating``) stays up: the trainer's weights still
     reach its engines, evaluation samples from them, and it closes with this one."""

@@ -1,7 +1,7 @@
 """Evaluation on the held-out split: ``toolrl eval`` and validation during training.
 
 The first ``eval.num_samples`` problems of the test split (resolved once per run,
-:func:`toolrl.roles.resolve.resolve_run`, in file order, so every run sees the same ones) get
+:func:`toolrl.processes.resolve.resolve_run`, in file order, so every run sees the same ones) get
 ``eval.n`` trajectories each at ``eval.temperature``, through the same processes and rollout loop as
 training. A trajectory succeeds when it ended without error and the reward term ``eval.metric`` (its
 weighted value; unset: the environment's metric, else the total reward) is at least
@@ -37,9 +37,9 @@ from rich.table import Table
 from toolrl.config import Config, ConfigError, read_json
 from toolrl.data import read_rows
 from toolrl.data.batches import RolloutGroup
-from toolrl.roles.in_process import Rollouts
-from toolrl.roles.resolve import ResolvedRun, resolve_run
-from toolrl.roles.start import start_roles
+from toolrl.processes.in_process import Rollouts
+from toolrl.processes.resolve import ResolvedRun, resolve_run
+from toolrl.processes.start import start_processes
 from toolrl.run_dir import RunDir, open_mode, problem_results
 from toolrl.schemas import Sample
 from toolrl.seeds import step_seed
@@ -209,19 +209,19 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
             print(f"eval: {finished}/{len(samples)} problems, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)
 
-    roles = await start_roles(replace(run, config=sampling), train=False)
+    processes = await start_processes(replace(run, config=sampling), train=False)
     try:
         run_dir.start(config)
         with bar:
             task = bar.add_task("eval", total=len(samples))
             t0 = time.perf_counter()
-            results = await run_problems(roles.rollouts, config, samples, advance)
+            results = await run_problems(processes.rollouts, config, samples, advance)
             wall_s = time.perf_counter() - t0
     finally:
-        await roles.close()
+        await processes.close()
     summary = {"model": config.model.source, "engine": config.engine.name, **summarize(results, config, wall_s)}
     run_dir.failures.add(t for *_, t in results)
-    run_dir.write_results(result_rows(results, config, roles.tokenizer), summary)
+    run_dir.write_results(result_rows(results, config, processes.tokenizer), summary)
     return summary
 
 
@@ -232,15 +232,15 @@ def run_evaluation(config: Config, output: Path, progress: bool | None = None, o
 # -- validation during training -------------------------------------------------------------------
 
 
-async def validate(roles: Any, run: ResolvedRun, run_dir: RunDir, step: int) -> dict[str, float]:
+async def validate(processes: Any, run: ResolvedRun, run_dir: RunDir, step: int) -> dict[str, float]:
     """The eval split on the current weights: ``val/...`` numbers for the step's metrics row; the
     trajectories go to ``eval/step_NNNNN.jsonl``."""
     config = run.eval_config
     assert config is not None, "resolve_run resolves the eval split of a run with trainer.eval_every"
     t0 = time.perf_counter()
-    results = await run_problems(_sampling(roles.rollouts, config), config, run.eval_samples)
+    results = await run_problems(_sampling(processes.rollouts, config), config, run.eval_samples)
     summary = summarize(results, config, time.perf_counter() - t0)
-    run_dir.write_validation(step, result_rows(results, config, roles.tokenizer))
+    run_dir.write_validation(step, result_rows(results, config, processes.tokenizer))
     return {f"val/{k}": float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)
             and k not in ("n", "k", "temperature", "success_threshold")}
 
