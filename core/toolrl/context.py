@@ -228,7 +228,7 @@ class Summarise(TriggeredPolicy):
             raise ValueError(f"trigger_tokens ({self.trigger}) + max_summary_tokens ({options.max_summary_tokens}) "
                              f"leave no room for the summary below model.max_context ({max_context})")
 
-    def check_run(self, run: Any) -> list[str]:
+    def check_run(self, run: RunFacts) -> list[str]:
         """A summary the model's context cannot hold is refused (its trigger past it is a warning)."""
         limit = self.options.max_summary_tokens
         if run.window is not None and limit >= run.window:
