@@ -1,5 +1,6 @@
 """The project's code rules that a machine can check: no function in ``core/`` over 80 lines; no
-``asyncio.wait_for`` in library code."""
+``asyncio.wait_for`` in library code; run facts and rollout groups typed; the generic step and batches free
+of distillation's names."""
 
 from __future__ import annotations
 
@@ -32,3 +33,28 @@ def test_no_library_code_bounds_an_await_with_wait_for():
              if isinstance(node, ast.Attribute) and node.attr == "wait_for"
              and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]
     assert not found, "use `async with asyncio.timeout(...)`: " + "; ".join(found)
+
+
+def test_run_facts_and_rollout_groups_travel_typed():
+    """A run's facts are a ``RunFacts`` and a step's rollouts a ``RolloutGroup`` wherever they are passed:
+    never a parameter ``run``/``rollouts`` typed ``Any``."""
+    untyped = [f"{path.relative_to(CORE.parent)}:{node.lineno} {node.arg}"
+               for path in sorted(CORE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.arg) and node.arg in ("run", "rollout", "rollouts")
+               and isinstance(node.annotation, ast.Name) and node.annotation.id == "Any"]
+    assert not untyped, "annotate with RunFacts / RolloutGroup: " + "; ".join(untyped)
+
+
+def test_the_generic_step_and_batches_name_no_distillation():
+    """A part declares the fields it reads (``reads``/``fields``): the step, the batches and the pure
+    estimators carry them without naming the teacher, and the estimators start no client, thread or engine."""
+    for module in ("training/step.py", "data/batches.py"):
+        text = (CORE / module).read_text().lower()
+        assert not [w for w in ("teacher", "opd", "vopd") if w in text], module
+    for path in sorted((CORE / "algorithms").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad = [n for n in names if n.split(".")[0] in ("aiohttp", "httpx", "requests", "urllib", "threading",
+                                                           "concurrent") or n.startswith("toolrl.engines")]
+            assert not bad, f"{path.name}:{node.lineno} imports {bad}"
