@@ -62,6 +62,9 @@ def register_commands(cli: click.Group) -> None:
                        "models, checkpoints and futures.")
     @click.option("--max-batch-tokens", type=click.IntRange(min=1), default=65536, show_default=True,
                   help="Most tokens in one forward_backward request.")
+    @click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+                  help="Most tokens one forward pass holds: a request runs in micro-batches of this many "
+                       "(gradients accumulated), which bounds the memory a request takes.")
     @click.option("--max-samplers", type=click.IntRange(min=1), default=4, show_default=True,
                   help="Saved weight sets a training run keeps on the sampler (older ones reload from file).")
     @click.option("--max-runs-per-client", type=click.IntRange(min=1), default=16, show_default=True,
@@ -69,7 +72,7 @@ def register_commands(cli: click.Group) -> None:
     @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Trainer ranks: only 1 is served (see the README).")
     def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys: tuple[str, ...],
-              max_batch_tokens: int, max_samplers: int, max_runs_per_client: int, world_size: int) -> None:
+              max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int, world_size: int) -> None:
         """Serve the Tinker API on the given base models (LoRA training clients, sampling)."""
         import asyncio
         from pathlib import Path
@@ -85,7 +88,8 @@ def register_commands(cli: click.Group) -> None:
         keys = [k for key in api_keys for k in key.split(",") if k]
         if not keys:
             raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
-        limits = Limits(max_batch_tokens=max_batch_tokens, max_samplers=max_samplers,
+        limits = Limits(max_batch_tokens=max_batch_tokens, micro_batch_tokens=micro_batch_tokens,
+                        max_samplers=max_samplers,
                         max_runs_per_client=max_runs_per_client)
 
         def run() -> None:

@@ -124,10 +124,25 @@ def create_adapter(run: Run) -> None:
     run.optimizer = torch.optim.AdamW(run.params(), lr=1e-4)
 
 
+def micro_batches(data: Sequence[Datum], max_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive datum ranges ``[start, end)`` of at most ``max_tokens`` tokens each (a longer datum
+    makes one alone): the pieces one request runs as, so its working set is one piece's, not the batch's."""
+    spans, start, held = [], 0, 0
+    for i, d in enumerate(data):
+        if i > start and held + len(d.tokens) > max_tokens:
+            spans.append((start, i))
+            start, held = i, 0
+        held += len(d.tokens)
+    spans.append((start, len(data)))
+    return spans
+
+
 def forward_backward(run: Run, data: Sequence[Datum], loss_fn: str | None, config: dict[str, float] | None,
-                     forward_only: bool, max_tokens: int) -> tuple[list[Any], float]:
+                     forward_only: bool, max_tokens: int, micro_tokens: int) -> tuple[list[Any], float]:
     """The datums' target log-probs (one array each) and the loss, its gradient added to the adapter's
-    ``.grad`` unless ``forward_only`` (``loss_fn`` None: a forward, no loss)."""
+    ``.grad`` unless ``forward_only`` (``loss_fn`` None: a forward, no loss). The datums run in
+    :func:`micro_batches` of ``micro_tokens``: the loss is a sum over tokens, so the pieces' losses and
+    gradients add up to the whole batch's."""
     import torch
     from toolrl.engines.adapters import adapter_names
     from toolrl.training.packing import through_adapters
@@ -136,16 +151,22 @@ def forward_backward(run: Run, data: Sequence[Datum], loss_fn: str | None, confi
     base = run.base
     algo, loss_part = algorithm(loss_fn or "cross_entropy", config if loss_fn is not None else None)
     check(data, loss_fn, base.vocab, max_tokens)
+    lps: list[Any] = []
+    total = 0.0
     with base.lock:
-        batch = packed(data, adapter_names(base.model).index(run.adapter), loss_fn)
-        with torch.set_grad_enabled(not forward_only), through_adapters(base.model, batch):
-            new_lp = response_logprobs(base.model, batch)
-            prox = new_lp.detach() if loss_fn in (None, "cross_entropy") else batch.engine_logprobs
-            loss, _ = policy_loss(new_lp, prox, batch, algo, SUM, loss_fn=loss_part)
-            if not forward_only:
-                loss.backward()
-    lps = new_lp.detach()
-    return [lps[i, :len(d.tokens)].numpy().copy() for i, d in enumerate(data)], float(loss.detach())
+        adapter = adapter_names(base.model).index(run.adapter)
+        for start, end in micro_batches(data, micro_tokens):
+            batch = packed(data[start:end], adapter, loss_fn)
+            with torch.set_grad_enabled(not forward_only), through_adapters(base.model, batch):
+                new_lp = response_logprobs(base.model, batch)
+                prox = new_lp.detach() if loss_fn in (None, "cross_entropy") else batch.engine_logprobs
+                loss, _ = policy_loss(new_lp, prox, batch, algo, SUM, loss_fn=loss_part)
+                if not forward_only:
+                    loss.backward()
+            total += float(loss.detach())
+            grid = new_lp.detach()
+            lps.extend(grid[i, :len(d.tokens)].numpy().copy() for i, d in enumerate(data[start:end]))
+    return lps, total
 
 
 def optim_step(run: Run, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Limits:
     max_batch_tokens: int = 65536
+    micro_batch_tokens: int = 1024
     max_samplers: int = 4
     max_runs_per_client: int = 16
     max_rank: int = 64
@@ -188,7 +189,8 @@ class Service:
 
         async def work() -> wire.Result:
             lps, loss = await asyncio.to_thread(models.forward_backward, run, req.data, loss_fn, req.config,
-                                                req.forward_only, self.limits.max_batch_tokens)
+                                                req.forward_only, self.limits.max_batch_tokens,
+                                                self.limits.micro_batch_tokens)
             return wire.forward_backward_output(lps, loss)
 
         return self.start(owner, work, run.model_id, req.seq_id)
