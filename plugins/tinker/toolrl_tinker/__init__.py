@@ -62,7 +62,7 @@ def register_commands(cli: click.Group) -> None:
                        "models, checkpoints and futures.")
     @click.option("--max-batch-tokens", type=click.IntRange(min=1), default=65536, show_default=True,
                   help="Most tokens in one forward_backward request.")
-    @click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=1024, show_default=True,
+    @click.option("--micro-batch-tokens", type=click.IntRange(min=1), default=512, show_default=True,
                   help="Most tokens one forward pass holds: a request runs in micro-batches of this many "
                        "(gradients accumulated), which bounds the memory a request takes.")
     @click.option("--max-samplers", type=click.IntRange(min=1), default=4, show_default=True,

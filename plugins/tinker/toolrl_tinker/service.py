@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class Limits:
     max_batch_tokens: int = 65536
-    micro_batch_tokens: int = 1024
+    micro_batch_tokens: int = 512
     max_samplers: int = 4
     max_runs_per_client: int = 16
     max_rank: int = 64
