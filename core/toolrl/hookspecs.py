@@ -22,19 +22,10 @@ libraries a part needs. ``name`` is required for lazy references; for objects it
 object's ``name`` attribute. ``aliases`` are extra names the part answers to (for example the verl
 class path a tool replaces, so verl tool configs load unchanged).
 
-Registered parts are checked (:mod:`toolrl.plugins.registry`): each kind's base class, a callable reward
-class, a tool's schema, an environment's or model family's type. An object, or a lazy reference into an already-imported module (the plugin's
-own), is checked at registration; other lazy references when first loaded (or by ``toolrl
-list-plugins --check``). A part that fails is not registered and its plugin is listed with the error.
-
-Any part a run resolves before its model loads (an engine class; a parser, context policy, weight
-transport, advantage estimator, policy loss or agent, as built) may define ``check_run(run)``: the run check
-(:mod:`toolrl.processes.run_check`) calls it with the run's :class:`~toolrl.processes.run_check.RunFacts` (the
-config, the model's ``config.json``, the tokenizer, the model's context, the route's parser), before any
-weights load and by ``toolrl train --check``. It raises ``ValueError`` on a setting it cannot run with
-(the error is one line naming the part's options field) and returns warning lines for one that runs
-but wastes the run; the built-in kinds' base classes define it (docs/plugins.md, "Checking a part
-against the run").
+Registered parts are checked (:mod:`toolrl.plugins.registry`), and any part a run resolves before its
+model loads may define ``check_run(run)``, which the run check (:mod:`toolrl.processes.run_check`) calls
+before any weights load: docs/plugins.md says when each check runs ("Loading, attribution and failures",
+"Checking a part against the run").
 """
 
 from __future__ import annotations

@@ -2,39 +2,18 @@
 episode, a database copy), registered through ``register_environment_sessions`` and named by an
 environment (``Environment.session``) or a config (``session.name``).
 
-Contract, per trajectory (every method may be ``async def`` or a plain ``def``, which runs in a thread)::
-
-    prepare(options, context)                     classmethod, once per route when the routes are built
-                                                  (start a server, check it answers): a failure is a config error
-    build(options, context) -> session           classmethod, once per trajectory, through
-                                                  toolrl.plugins.parts (options validated against ``Options``
-                                                  when the config is checked; ``context``: a SessionContext)
-    reset(sample) -> Reset                        once: the tools this trajectory offers, first messages
-    step(call) -> StepResult                      per call of a tool the reset handed out as a schema
-    respond(message) -> str | None                after each answer without calls: the next user turn
-    state_key() -> str | None                     before each model turn: a key for the environment's state
-                                                  (turn-level credit, ``gigpo``); None: the observation's tokens
-    role() -> str | None                          before each model turn, in a run with roles: the role that
-                                                  acts (one of the kind's ``roles``); None: the one acting
-                                                  goes on (the run's first role to begin with)
-    score(trajectory) -> number | {part: number}  once, at the end (toolrl.rewards.scoring.named_parts)
-    role_rewards() -> {role: number}              after score, in a run with roles: each role's own reward
-                                                  (a game's players; a role left out gets the episode's)
-    clone() -> session                            rollout.tree only: an independent copy in this state
-                                                  (not defined: the kind cannot clone, and the run check says so)
-    close()                                       always: also after errors, timeouts, cancellation
+Contract, per trajectory: the table in docs/plugins.md, "Adding an environment session", and the methods
+of :class:`EnvironmentSession` (each may be ``async def`` or a plain ``def``, which runs in a thread).
 
 The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session
 that raises, hangs (each call has a deadline, ``EnvironmentSession.timeout``) or returns something its
 contract does not allow ends that trajectory at once with an error (termination ``error``), never
 another one; ``step`` included (a mistake of the model, such as an unknown id, is a ``StepResult``
 whose response is :meth:`ToolResponse.error`, which the model reads; a step that raises is the
-session failing). A failure of the environment rather than of the session's code (the session's
-server unreachable or gone, raised as :class:`toolrl.schemas.InfrastructureError`, or a deadline the
-environment missed) ends it with termination ``infra_error``: not trained, not in its group's
-baseline (:mod:`toolrl.data.batches`). The tools a reset hands
-out run through :class:`toolrl.tools.ToolSet` like every other tool (a schema becomes a
-:class:`SessionTool`, whose ``execute`` is the session's ``step``).
+session failing). A failure of the environment rather than of the session's code
+(:class:`toolrl.schemas.InfrastructureError`, a missed deadline) ends it with ``infra_error`` instead
+(docs/recovery.md). The tools a reset hands out run through :class:`toolrl.tools.ToolSet` like every
+other tool (a schema becomes a :class:`SessionTool`, whose ``execute`` is the session's ``step``).
 """
 
 from __future__ import annotations

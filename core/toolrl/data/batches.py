@@ -25,11 +25,7 @@ finds its batch finished and waits only for its last groups' finishing. The sync
 its step's groups one call each (``run_group``: the seeds and ids ``run`` gives them), so that each can
 be finished as it ends.
 
-Infrastructure failures are never rewards: whichever the schedule, a trajectory that ended with
-``infra_error`` (:class:`toolrl.schemas.InfrastructureError`: a sandbox unreachable, an environment
-server gone) is left out of the step's loss and out of its group's baseline (:func:`trainable`), and a
-group it leaves with fewer than two trajectories is dropped whole; the step's ``infra_failures`` counts
-them (:func:`toolrl.run_dir.rollout_metrics`). They stay in ``generated`` (traces, rollout metrics).
+Infrastructure failures are never rewards, whichever the schedule (:func:`trainable`; docs/recovery.md).
 
 The staleness bound: a group trained in step ``s`` (1-based) must start on weights of version
 ``v >= (s - 1) - k`` (a version counts trainer steps applied). When a group starts, the step it

@@ -55,11 +55,13 @@ def check_run(config: Config, parts: Parts, model_dir: str, tokenizer: Any, fact
     window, stated = found if found is not None else (None, "")
     read = model_sources.model_config(model_dir)
     facts = RunFacts(config, model_dir, read, model_sources.text_config(read), tokenizer, window, stated)
-    warnings = [*check_template(facts, factory), *check_context(facts), *check_experts(facts)]
+    check_template(facts, factory)
+    check_context(facts)
+    check_experts(facts)
     if config.model.lora is not None:
         check_lora_targets(facts)
     check_adapters(facts, trains=bool(parts.training))
-    warnings += _part_checks(facts, parts)
+    warnings = _part_checks(facts, parts)
     if parts.training:  # distillation's teachers, each checked as the engine it is (toolrl.rollout.teacher)
         warnings += check_teachers(facts, opd_options(config.algorithm).top_k)
     check_tree(facts, parts)
@@ -132,7 +134,7 @@ def template_where(config: Config, model_dir: str) -> str:
     return f"the chat template of {model_dir}"
 
 
-def check_template(facts: RunFacts, factory: Any) -> list[str]:
+def check_template(facts: RunFacts, factory: Any) -> None:
     """The template compiled and rendered on a probe conversation with a tool: the prompt must hold the
     task and the tool and end in the model's turn (``factory``: the run's renderers, whose making checked
     the template's family against the tokenizer: :func:`toolrl.renderers.families.config_renderer_factory`)."""
@@ -152,7 +154,6 @@ def check_template(facts: RunFacts, factory: Any) -> list[str]:
     if not shown.rpartition(PROBE_TASK)[2].strip():
         raise ConfigError(f"{where}: the template renders nothing after the user's message (no end of turn, no "
                           "generation prompt): the model would go on writing the user's turn")
-    return []
 
 
 def _template_error(exc: BaseException) -> str:
@@ -164,7 +165,7 @@ def _template_error(exc: BaseException) -> str:
 # -- the context -------------------------------------------------------------------------------------
 
 
-def check_context(facts: RunFacts) -> list[str]:
+def check_context(facts: RunFacts) -> None:
     """``model.max_context`` beyond the model's window (its ``config.json``'s, read without the weights)
     is refused: the engine ends trajectories at the window, and what the run sizes from the cap (a context
     policy's trigger, a summary's room) would never come. (Prompts longer than either are refused by the
@@ -173,19 +174,17 @@ def check_context(facts: RunFacts) -> list[str]:
     if cap is not None and facts.window is not None and cap > facts.window:
         raise ConfigError(f"{facts.where('model.max_context')}: {cap:,} tokens is beyond the model's context "
                           f"({facts.window:,}, {facts.window_stated}): set at most {facts.window:,}, or leave it out")
-    return []
 
 
 # -- experts -----------------------------------------------------------------------------------------
 
 
-def check_experts(facts: RunFacts) -> list[str]:
+def check_experts(facts: RunFacts) -> None:
     """Routing replay needs a model with experts."""
     replay = facts.config.algorithm.routing_replay
     if replay != "off" and not facts.experts:
         raise ConfigError(f"{facts.where('algorithm.routing_replay')}: {replay} replays the experts each token was "
                           f"routed to, and {facts.model_dir} is a dense model (its config.json names no experts)")
-    return []
 
 
 # -- LoRA --------------------------------------------------------------------------------------------

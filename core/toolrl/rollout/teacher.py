@@ -9,14 +9,10 @@ trajectories their route's teacher's log-probs, each trajectory's prompt and res
 sequence: the tool results and template tokens are its context, only the tokens the student sampled
 (``response_mask`` 1) get a log-prob (0.0 elsewhere).
 
-A teacher with the student's tokenizer scores the student's own token ids; one with another scores
-the student's text, aligned by characters (:mod:`toolrl.algorithms.align`). The student's end of turn is scored as
-the teacher's own end of turn where the teacher has learnt it (:func:`ends_turns`, measured as it opens);
-elsewhere it keeps the student's log-prob, so the teacher's term there is 0. With ``top`` (opd's
-``advantage_options.top_k``, same tokenizer only) it also gives, at each sampled position, its ``top``
-likeliest tokens and their log-probs (``teacher_top_ids`` / ``teacher_top_logprobs``). Everything that
-would make a teacher fail is checked before any model loads (:func:`check_teachers`); each teacher
-scores a probe prompt once built (:func:`open_teachers`), before the student's roles start.
+A teacher with another tokenizer than the student's scores the student's text aligned by characters
+(:mod:`toolrl.algorithms.align`; docs/distillation.md says how turn ends and ``top`` are treated). What
+would make a teacher fail is checked before any model loads (:func:`check_teachers`), and each teacher
+scores a probe once built (:func:`open_teachers`).
 """
 
 from __future__ import annotations
@@ -324,9 +320,7 @@ async def open_teachers(config: Config, student_tokenizer: Any, where: str, conv
 async def ends_turns(teacher: Teacher) -> bool:
     """Whether a teacher of another tokenizer has learnt its template's end of turn: its log-prob of it after
     an answer in a turn its template renders (:data:`PROBE_TURN`) is above a guess uniform over its
-    vocabulary. Measured (issue 84): a base model's is far below (Gemma 3 270M: -21.3, against log 1/262,144
-    = -12.5; in the calculator task's own context -13.9 on the student's end of turn, where its likeliest
-    tokens were unrelated words at -3.3), an instruct model's is not (SmolLM2-135M-Instruct: -1.0)."""
+    vocabulary: a base model's is far below, an instruct model's is not (measured in docs/distillation.md)."""
     text = probe_turn(teacher.tokenizer)[0] or PROBE_TURN[-1]["content"]
     ids = [*teacher._encode(text), teacher.end]
     (lp, _), = await teacher.logprobs([(ids, len(ids) - 1)])

@@ -27,40 +27,8 @@ it differ, e.g. another ground truth), ``derive_invalid_arguments``, ``determini
 ``concurrent_lifecycles``, ``check_timeout_s``, ``blocking_threshold_s``, ``cancellation_grace_s``. The
 tests are synchronous and need no asyncio plugin.
 
-What each generated test checks (the same functions are importable, see below):
-
-``test_resolves_through_an_ok_plugin``
-    the name resolves in the plugin registry to a Tool subclass whose plugin has status ok.
-``test_schema_is_a_valid_openai_function``
-    OpenAI-valid name, a description, JSON-Schema ``parameters`` of type object whose ``required``
-    fields exist, and ``valid_arguments`` validate against them.
-``test_lifecycle_runs_in_order``
-    one lifecycle on an instrumented tool (every lifecycle call recorded, including calls the tool
-    makes to itself): create first and once, no call after release, create/release never called by
-    the tool itself, the valid call succeeds (and contains ``expected_text``), calc_reward gives a
-    float, release drops the state.
-``test_invalid_arguments_give_errors_naming_a_field``
-    each invalid call (declared and derived: required field missing, unexpected field, wrong type)
-    comes back as an error result naming a field, never an exception; the instance keeps working.
-``test_instances_are_isolated``
-    instance B gives identical results alone and next to instance A on the same tool object, and
-    keeps working after A is released.
-``test_released_and_unknown_instances_give_errors``
-    a call on a released or never-created instance is an error result, not a success or an exception.
-``test_release_is_idempotent``
-    release twice, and release of an unknown id, do not raise.
-``test_calc_reward_returns_a_float``
-    before any call (models often never call the tool) and after one.
-``test_many_concurrent_lifecycles_complete``
-    ``concurrent_lifecycles`` trajectories at once, all succeed in time, no state left behind.
-``test_does_not_block_the_event_loop``
-    one lifecycle holds the event loop (blocking calls inside async methods) for less than
-    ``blocking_threshold_s`` in total.
-``test_stops_when_cancelled``
-    execute, cut off by deadlines of 1, 10 and 100 ms, ends by cancellation within
-    ``cancellation_grace_s`` (a tool faster than every deadline passes).
-``test_execute_returns_response_reward_metrics``
-    execute returns exactly ``(str | ToolResponse, float, dict of JSON values)``.
+What each generated test checks: docs/plugins.md, "The conformance kit" (each is a ``check_*`` function,
+importable, see below).
 
 Every lifecycle runs through :class:`toolrl.tools.ToolSet`, the driver rollouts and ``toolrl tool
 call`` use (validation, deadlines, checks of return values, calc_reward/release always), so the

@@ -4,21 +4,8 @@ the ``hermes`` parser, a tool whose pages fill the context) with fixed model tur
 
 A :class:`PolicyPlay` records what the policy was shown and what it answered (every view, plan and
 branch, the conversation each edit made), every generation the engine was asked for, and the
-trajectory's segments. The checks, each an ``AssertionError`` saying what is wrong:
-
-- :func:`check_context_build`: the name builds through ``rollout.context`` into a ``ContextPolicy``, and
-  an unknown option is one config error naming it (``Options`` forbids extra keys).
-- :func:`check_context_prompts`: after each answer of the policy, the model's next prompt is the
-  template's rendering of the conversation it decided: the one it was shown (no edit), the edited one,
-  the one with its request (``ask``), the one ``then`` made of the reply, a branch's; and the segments'
-  prompts are exactly the first prompt and those of the edits and branches, each once.
-- :func:`check_context_tokens`: every generation sits in one segment right after the prompt it was
-  generated from; the masks sum to the tokens generated (each trained once), logprobs as the engine gave
-  them, pieces numbered in order under one key.
-- :func:`check_context_plans`: every edit keeps the task (the first ``view.task`` messages), removes
-  only messages past it, and is recorded on the segment it opened (action and removed indices).
-- :func:`check_context_results`: the main line's tool results sit on its last segment (earlier ones
-  hold none); every call the tool ran is one result of the trajectory.
+trajectory's segments. Each ``check_context_*`` function raises an ``AssertionError`` saying what is
+wrong (docs/plugins.md, "Context policies", says what each holds).
 
 :class:`ContextConformance` runs them as pytest tests. The default play reads pages until the context
 passes the policy's trigger; ``script`` replaces it (a policy whose tools open branches scripts the
@@ -251,7 +238,8 @@ def check_context_prompts(play: PolicyPlay) -> None:
 
 
 def check_context_tokens(play: PolicyPlay) -> None:
-    """Each generation sits in one segment right after its prompt, trained there once (module docstring)."""
+    """Each generation sits in one segment right after its prompt, trained there once: the masks sum to the
+    tokens generated, logprobs as the engine gave them, pieces numbered in order under one key."""
     pieces = play.pieces
     for index, (prompt, generated) in enumerate(play.generations):
         homes = [p for p in pieces if _tokens(p)[:len(prompt)] == prompt

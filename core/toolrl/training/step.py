@@ -15,28 +15,8 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
 - ``seq-mean-token-sum-norm``: per-sequence token sum / ``max_response_tokens``, mean over sequences
   (Dr. GRPO; no length bias).
 
-The objective is the decoupled PPO objective (Hilton et al. 2021; AReaL, Fu et al. 2025), per trained
-token, with three policies: the behaviour policy that sampled the token (the engine's logprob,
-``PackedBatch.engine_logprobs``; possibly some updates stale under ``trainer.max_staleness``), the proximal
-policy (the trainer's weights before this step's first update: recomputed without gradient, or simply
-``new.detach()`` when the step makes one update) and the policy being trained. With the default
-``ppo_clip`` loss::
-
-    r = π_θ / π_prox                      (the PPO ratio, against the proximal policy, not the behaviour one)
-    w = min(π_prox / π_behav, tis_cap)    (the truncated importance weight, no gradient; algorithm.correction
-                                           chooses others: toolrl.algorithms.correction)
-    loss = -w · min(r · A, clip(r, 1 - clip_eps_low, 1 + clip_eps_high) · A)   (ppo_clip's loss_options)
-
-so the trust region is centred on recent weights however stale the sample, and the weight corrects for
-the sample coming from another policy; every other loss replaces the ``min(...)`` term and keeps ``w``.
-``algorithm.tis_cap`` None leaves ``w`` out (``w = 1``: the
-on-policy PPO loss); an asynchronous run gets ``toolrl.config.ASYNC_TIS_CAP`` when it sets none.
-Per step, over trained tokens: ``clip_frac`` (share with ``r`` outside the clip range),
-``is_weight_mean``/``_max``/``_min`` (of ``π_prox / π_behav`` before truncation) and
-``is_truncated_frac`` (share above the cap), ``is_masked_frac`` (share the correction's mask or veto
-left out), ``mismatch_kl`` (k3 estimate of KL(engine ‖ trainer)) and on the first update
-``is_ratio_p05``/``_p50``/``_p95`` (quantiles of ``π_prox / π_behav``); over trajectories:
-``advantage_mean``/``_std``.
+The objective is the decoupled PPO objective with a truncated importance weight ``w`` (behaviour,
+proximal and trained policies; formulas and per-step metrics in docs/async.md): every loss keeps ``w``.
 
 Several policies on one base (``model.adapters``, :class:`StepOptions` ``adapters``): each row trains
 its role's adapter in the same step (its tokens run through that adapter alone, forward and backward:
