@@ -293,6 +293,34 @@ def test_a_base_url_that_is_not_a_url_is_refused_at_the_check(tmp_path: Path, ur
     assert f": algorithm.teacher.0: engine.options.base_url: {url!r} is not a URL" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("options", "fragments"), [
+    ("", ["algorithm.teacher.0", "engine.options", "base_url"]),
+    (", options: {model: t}", ["algorithm.teacher", "base_url"])])
+def test_a_served_teacher_without_a_base_url_is_refused_at_the_check(tmp_path: Path, options: str,
+                                                                      fragments: list[str]) -> None:
+    """A served teacher's options are its engine's: one without ``base_url`` is refused before any model loads."""
+    result = toolrl("train", str(TINY_YAML), *ROLLOUT, "engine={name: transformers}", "algorithm.advantage=opd",
+                    f"algorithm.teacher={{engine: openai, model: tiny-qwen3{options}}}",
+                    f"trainer.output_dir={tmp_path / 'run'}", "--check")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output[-2000:]
+    assert all(f in result.stderr for f in fragments), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_served_teacher_is_asked_at_the_start_of_a_run_not_by_check(tmp_path: Path) -> None:
+    """``--check`` reaches no server (a served teacher needs only its tokenizer there); the run itself asks
+    it before its first step and refuses, with one line naming the teacher, a server that does not answer."""
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    args = (str(TINY_YAML), *ROLLOUT, "engine={name: transformers}", "algorithm.advantage=opd",
+            f"algorithm.teacher={{engine: openai, model: tiny-qwen3, options: {{base_url: '{url}'}}}}",
+            f"trainer.output_dir={tmp_path / 'run'}")
+    assert toolrl("train", *args, "--check").exit_code == 0
+    result = toolrl("train", *args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output[-2000:]
+    assert "algorithm.teacher.0 (engine openai)" in result.stderr, result.stderr
+    assert f"no OpenAI-compatible server answers at {url}" in result.stderr, result.stderr
+
+
 def test_train_refuses_a_text_only_server(tmp_path: Path) -> None:
     async def handler(call: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return 200, text_completion("hi")
