@@ -23,7 +23,7 @@ def test_a_generator_that_needs_pycosat_is_one_line_naming_it(tmp_path):
     done = without_pycosat("from toolrl.cli import cli; cli()", "eval", str(config), "--output", str(tmp_path / "out"))
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stdout == "" and done.stderr.splitlines() == [
-        f"error: {config}:3: env_options: dataset: reasoning-gym's zebra_puzzles needs pycosat, which is not "
+        f"error: {config}:3: env_options.dataset: reasoning-gym's zebra_puzzles needs pycosat, which is not "
         "installed: pip install pycosat==0.6.6 (it compiles C: needs a C compiler)"]
 
 
