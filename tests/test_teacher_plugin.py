@@ -21,7 +21,7 @@ from toolrl.trajectory import Trajectory
 
 SCORER = '''
 from toolrl import hookimpl
-from toolrl.engines import CoreEngineOptions, PromptLogprobs, RolloutEngine
+from toolrl.engines import CoreEngineOptions, PromptLogprobs, RolloutEngine, score_starts
 
 
 class TokenScorer(RolloutEngine):
@@ -45,10 +45,10 @@ class TokenScorer(RolloutEngine):
     def update_weights(self, state_dict):
         pass
 
-    async def prompt_logprobs(self, prompts, top=0):
+    async def prompt_logprobs(self, prompts, top=0, start=0):
         scored = []
-        for ids in prompts:
-            lps = [-(t % 5) * self.step for t in ids[1:]]
+        for ids, first in zip(prompts, score_starts(prompts, start)):
+            lps = [-(t % 5) * self.step for t in ids[first:]]
             best = [[(k, -k * self.step) for k in range(top)] for _ in lps]
             scored.append(PromptLogprobs(lps, [1] * len(lps), best))
         return scored

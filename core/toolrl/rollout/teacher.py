@@ -17,7 +17,6 @@ scores a probe once built (:func:`open_teachers`).
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -164,21 +163,13 @@ class Teacher:
         # Whether the teacher has learnt to end a turn with ``end`` (:func:`ends_turns`, measured when it
         # opens): a teacher that has not gives the student's end of turn no term of its own.
         self.ends_turns = True
-        # Whether the engine scores from a start (the response only); a plugin's written before that
-        # scores every prompt token and its tail is taken.
-        self.from_start = "start" in inspect.signature(engine.prompt_logprobs).parameters
 
     async def logprobs(self, sequences: Sequence[tuple[list[int], int]], top: int = 0) -> list[Scores]:
         """The log-prob of each (ids, first)'s ``ids[first:]`` given the ids before it, and its ``top``
         likeliest tokens there: the engine's prompt scores, from the first scored token on."""
-        prompts = [ids for ids, _ in sequences]
-        if self.from_start:
-            scored = await self.engine.prompt_logprobs(prompts, top, start=[first for _, first in sequences])
-        else:
-            scored = await self.engine.prompt_logprobs(prompts, top)
-        # The tail: all an engine scoring from ``start`` returns, the end of the whole prompt's scores otherwise.
-        return [(s.logprobs[len(s.logprobs) - (len(ids) - first):], s.top[len(s.top) - (len(ids) - first):])
-                for s, (ids, first) in zip(scored, sequences, strict=True)]
+        scored = await self.engine.prompt_logprobs([ids for ids, _ in sequences], top,
+                                                   start=[first for _, first in sequences])
+        return [(s.logprobs, s.top) for s in scored]
 
     async def score(self, trajectories: Sequence[Trajectory], conversation: Conversation | None = None,
                     top: int = 0) -> None:
