@@ -88,3 +88,31 @@ def test_flex_attention_takes_the_dense_rule():
     rule = pattern.dense(6)
     assert rule[55, 50] and not rule[55, 49] and rule[55, 52] and not rule[55, 56]  # window, context, causal
     assert not rule[62, 45] and rule[62, 39] and not rule[80, 10]  # not a sibling's rows; another sequence's
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_block_mask_is_create_block_masks_over_many_blocks():
+    """The BlockMask built from the rule's values block by block holds create_block_mask's blocks (partial
+    and full, in its order) for rows of several 128-blocks, trees and windows included, and FlexAttention
+    under it gives the dense mask's attention."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    torch.manual_seed(0)
+    tree = [None, torch.arange(0, 450), torch.cat([torch.arange(0, 200), torch.arange(450, 520)]), None]
+    for bounds, spans in (([0, 100, 300, 301, 700], None), ([0, 200, 450, 520, 650], tree), ([0, 128, 256], None)):
+        pattern = RowPattern.of(bounds, spans, torch.device("cpu"))
+        t = bounds[-1]
+        q, k, v = torch.randn(1, 4, t, 16), torch.randn(1, 2, t, 16), torch.randn(1, 2, t, 16)
+        module = type("Attention", (), {"num_key_value_groups": 2})()
+        for window in (None, 60):
+            got = pattern.block_mask(window)
+            want = create_block_mask(pattern.mask_mod(window), None, None, t, t, device="cpu")
+            for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (bounds, window, name)
+            for name, count in (("kv_indices", want.kv_num_blocks), ("full_kv_indices", want.full_kv_num_blocks)):
+                for row, n in enumerate(count[0, 0].tolist()):
+                    assert torch.equal(getattr(got, name)[0, 0, row, :n], getattr(want, name)[0, 0, row, :n])
+            with torch.no_grad():
+                dense = attend(module, q, k, v, pattern, window, 0.25, flex=False)
+                flex = attend(module, q, k, v, pattern, window, 0.25, flex=True)
+            assert torch.allclose(dense, flex, atol=1e-5, rtol=0), (bounds, window)

@@ -70,13 +70,35 @@ class RowPattern:
         return self._masks["dense", window]
 
     def block_mask(self, window: int | None) -> Any:
-        """The rule as FlexAttention's BlockMask (made once per window)."""
-        from torch.nn.attention.flex_attention import create_block_mask
+        """The rule as FlexAttention's BlockMask (made once per window), built from the rule's values
+        over a few query blocks at a time. ``create_block_mask`` evaluates ``mask_mod`` through vmap, one
+        indexing op per (query, key) pair: 250 ms of host time a step at 16k tokens on an H200 (run 7)."""
+        from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as B
+        from torch.nn.attention.flex_attention import BlockMask
 
         if ("block", window) not in self._masks:
             t = self.span.numel()
-            self._masks["block", window] = create_block_mask(self.mask_mod(window), None, None, t, t,
-                                                             device=self.span.device)
+            n = -(-t // B)
+            keys = torch.arange(n * B, device=self.span.device).clamp_(max=t - 1)
+            rule = self.mask_mod(window)
+            counts = torch.empty(n, n, dtype=torch.int32, device=self.span.device)
+            chunk = max(1, (1 << 26) // (B * n * B))  # query blocks per pass: at most 64M (query, key) pairs
+            for first in range(0, n, chunk):
+                queries = keys[first * B:(first + chunk) * B]
+                seen = rule(None, None, queries[:, None], keys[None, :])
+                # Padding past the row's end sees nothing, as create_block_mask pads with False.
+                seen &= (torch.arange(first * B, first * B + len(queries), device=keys.device) < t)[:, None]
+                seen[:, t:] = False
+                counts[first:first + chunk] = seen.view(-1, B, n, B).sum((1, 3), dtype=torch.int32)
+            full = counts == B * B
+            partial = (counts > 0) & ~full
+
+            def ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                order = torch.argsort(blocks.to(torch.int32), dim=-1, descending=True, stable=True)
+                return blocks.sum(-1, dtype=torch.int32)[None, None], order.to(torch.int32)[None, None]
+
+            self._masks["block", window] = BlockMask.from_kv_blocks(
+                *ordered(partial), *ordered(full), BLOCK_SIZE=B, mask_mod=rule, seq_lengths=(t, t))
         return self._masks["block", window]
 
 

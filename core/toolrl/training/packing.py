@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from toolrl import masks
+from toolrl.engines import decode_attention
 from toolrl.engines.adapters import routed
 from toolrl.training import prefix_tree, vision
 from toolrl.training.packed_attention import RowPattern, attend
@@ -276,8 +277,8 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     runs inside :func:`through_adapters`."""
     base = getattr(model, model.base_model_prefix)
     impl = base.config._attn_implementation
-    if impl == "sdpa":
-        _install_varlen_sdpa(base)
+    if impl in ("sdpa", decode_attention.DECODE_SDPA):
+        install_sdpa(base)
         impl = VARLEN_SDPA
     if impl == "eager":
         positions, extra = _model_inputs(base, batch, tree=True)
@@ -296,7 +297,7 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
 def runs_unshared(base: Any, batch: PackedBatch) -> bool:
     """Whether :func:`packed_hidden_states` runs ``batch`` as the unshared row rebuilt from its tree:
     a tree, and an attention that cannot take one (flash, flex: no dense mask)."""
-    takes_trees = ("sdpa", "eager", VARLEN_SDPA, ULYSSES_SDPA)
+    takes_trees = ("sdpa", decode_attention.DECODE_SDPA, "eager", VARLEN_SDPA, ULYSSES_SDPA)
     return batch.attention is not None and base.config._attn_implementation not in takes_trees
 
 
@@ -397,10 +398,8 @@ def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torc
                 attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
                 toolrl_tree: list[torch.Tensor | None] | None = None, toolrl_pattern: Any = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if cu_seq_lens_q is None or query.shape[0] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return decode_attention.sdpa(module, query, key, value, attention_mask, **kwargs)
     # A packed row: ``attention_mask`` is the model's causal (or sliding-window) mask over the whole row,
     # blind to where sequences start; each span's is built here instead.
     for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
@@ -444,7 +443,8 @@ def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     return out.transpose(1, 2).contiguous()
 
 
-def _install_varlen_sdpa(base: Any) -> None:
+def install_sdpa(base: Any) -> None:
+    """Make ``base`` (its attention sdpa) run :func:`varlen_sdpa`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from toolrl.config import ConfigError, read_json
+from toolrl.engines.decode_attention import DECODE_SDPA
 from toolrl.model_sources import text_config
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.packing import (
@@ -113,7 +114,7 @@ def check_model(base: Any, size: int) -> None:
     """The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible."""
     config = base.config
     impl = config._attn_implementation
-    if impl not in ("sdpa", VARLEN_SDPA, ULYSSES_SDPA):
+    if impl not in ("sdpa", DECODE_SDPA, VARLEN_SDPA, ULYSSES_SDPA):
         raise ValueError(f"trainer.sequence_parallel={size}: needs sdpa attention; the model runs {impl!r}")
     heads = config.num_attention_heads
     if heads % size:
