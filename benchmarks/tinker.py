@@ -70,9 +70,12 @@ def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], st
 
 def in_process_step(run: Any, data: list[Any]) -> float:
     from toolrl_tinker import models
+    from toolrl_tinker.service import Limits
 
+    limits = Limits()  # the server's defaults: the same micro-batches as the served step
     t = time.perf_counter()
-    models.forward_backward(run, data, "importance_sampling", None, False, 1 << 30)
+    models.forward_backward(run, data, "importance_sampling", None, False, limits.max_batch_tokens,
+                            limits.micro_batch_tokens)
     models.optim_step(run, 1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0)
     return time.perf_counter() - t
 

@@ -1,0 +1,29 @@
+"""benchmarks/tinker.py's in-process anchor calls the plugin's own step as the server does (it broke once
+when forward_backward gained its micro-batch argument, unnoticed until the benchmark was rerun)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "tinker.py"
+
+
+def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
+    import torch
+    from toolrl_tinker import models
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))  # its _common
+    threads = torch.get_num_threads()
+    spec = importlib.util.spec_from_file_location("tinker_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(bench)  # a benchmark runs on one thread
+    finally:
+        torch.set_num_threads(threads)
+    run = models.Run("bench:train:0", "me", models.Base("tiny-qwen3"), 4, models.ATTN + models.MLP, 0)
+    models.create_adapter(run)
+    before = run.adapter_state()
+    assert bench.in_process_step(run, bench.as_batch(bench.datums(2, 8))) > 0
+    assert run.steps == 1
+    assert any(not (t == before[n]).all() for n, t in run.adapter_state().items())  # the step moved the adapter
