@@ -51,6 +51,15 @@ def test_plugin_support_gives_each_name_from_its_home_with_a_reason() -> None:
     assert sorted(support._HOMES) == sorted(support.__all__)
 
 
+def test_the_testing_kit_gives_each_listed_name_from_its_submodule() -> None:
+    """toolrl.testing imports its names on first use: each one in __all__ has a submodule, and nothing else."""
+    import toolrl.testing as kit
+
+    assert sorted(kit._HOME) == sorted(kit.__all__)
+    for name in kit.__all__:
+        assert getattr(kit, name) is getattr(importlib.import_module(f"toolrl.testing.{kit._HOME[name]}"), name)
+
+
 def test_the_docs_list_exactly_the_public_api() -> None:
     assert documented_api() == {module: set(names) for module, names in PUBLIC_API.items()}
 

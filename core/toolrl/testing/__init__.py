@@ -1,54 +1,14 @@
-"""toolrl.testing: the conformance kit for plugin authors: tools (below), parsers
-(:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`), context policies (:mod:`toolrl.testing.contexts`), model families
-(:mod:`toolrl.testing.families`), rollout engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
+"""toolrl.testing: the conformance kit for plugin authors: tools (:class:`ToolConformance`, its knobs
+documented there), parsers (:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`),
+context policies (:mod:`toolrl.testing.contexts`), model families (:mod:`toolrl.testing.families`), rollout
+engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
 and :class:`ScriptedEngine`, the engine that stands in for a model in tests (fixed texts, the calls it got recorded).
 
-Every tool a rollout uses must behave the same way: resolve through the plugin registry, declare a
-valid OpenAI function schema, run ``create -> execute* -> calc_reward -> release`` per trajectory,
-turn bad input into error responses that name the field, keep trajectories apart, and survive many
-concurrent trajectories. The kit checks all of that on any registered tool.
-
-Quick start, in your plugin's ``tests/``::
-
-    from toolrl.testing import ToolConformance
-
-    class TestCalculatorConformance(ToolConformance):
-        tool_name = "calculator"                  # registered name or alias
-        tool_config = {}                          # the tool's config mapping
-        valid_arguments = {"expression": "1+2"}
-        invalid_arguments = [{"expression": "1+"}]  # plus calls derived from the schema
-        create_kwargs = {}                        # per-trajectory create kwargs
-        expected_text = "3"                       # optional: expected in the valid call's response
-
-Instead of ``tool_name``/``tool_config`` you can point ``tools_config_file`` at a verl-format tools YAML
-(relative to the test file) and set ``tool_name`` to the function name of one of its tools. Other
-knobs: ``execute_kwargs``, ``other_create_kwargs`` (the second instance of the isolation check; make
-it differ, e.g. another ground truth), ``derive_invalid_arguments``, ``deterministic``,
-``concurrent_lifecycles``, ``check_timeout_s``, ``blocking_threshold_s``, ``cancellation_grace_s``. The
-tests are synchronous and need no asyncio plugin.
-
-What each generated test checks: docs/plugins.md, "The conformance kit" (each is a ``check_*`` function,
-importable, see below).
-
-Every lifecycle runs through :class:`toolrl.tools.ToolSet`, the driver rollouts and ``toolrl tool
-call`` use (validation, deadlines, checks of return values, calc_reward/release always), so the
-kit exercises the path training takes. Tools with ``isolation: process`` in ``tool_config`` are
-checked through their worker process.
-
-Helpers for your own tests (all async except where noted):
-
-- :func:`run_lifecycle` ``(tool, arguments, create_kwargs=..., execute_kwargs=...)`` runs one
-  lifecycle the way a rollout does (through ``ToolSet``) and returns a :class:`LifecycleRun`
-  (``result``: the :class:`~toolrl.schemas.ToolResult`, ``reward``, ``calls``/``order``: the recorded
-  lifecycle calls, ``loop_blocked_s``).
-- :func:`instrument` (sync) records every lifecycle call on a tool object in a :class:`CallRecorder`.
-- :func:`build_tool` builds a registered tool (or one from a tools YAML).
-- ``check_*`` functions raise ``AssertionError`` with a message saying what to fix; use them in
-  ``pytest.raises`` to test your own checks, or on tools that are not registered.
-
-The pytest plugin (loaded automatically) adds the fixtures ``toolrl_plugins`` (a fresh
-:class:`toolrl.plugins.Plugins`) and ``toolrl_reload_plugins`` (resets the process-wide plugins), and
-lists every toolrl plugin with its status in the report header.
+How to use it and what each generated test checks: docs/plugins.md, "The conformance kit". Every tool
+lifecycle runs through :class:`toolrl.tools.ToolSet`, the driver rollouts use, so the kit exercises the
+path training takes; the ``check_*`` functions and the helpers (:func:`run_lifecycle`, :func:`instrument`,
+:func:`build_tool`) are importable for a plugin's own tests. The pytest plugin (loaded automatically) adds
+the fixtures ``toolrl_plugins`` and ``toolrl_reload_plugins`` and lists toolrl's plugins in the report header.
 """
 
 from __future__ import annotations
@@ -56,82 +16,32 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Names -> submodule. Imported on first use, so loading the pytest plugin (which imports this package
-# in every pytest run) costs nothing until a test uses the kit.
+# Submodule -> the names it gives. Imported on first use, so loading the pytest plugin (which imports this
+# package in every pytest run) costs nothing until a test uses the kit.
 _EXPORTS = {
-    "ToolConformance": "conformance",
-    "check_build_contract": "contract",
-    "PUBLIC_API": "public_api",
-    "ParserConformance": "parsers",
-    "check_parser_corpus": "parsers",
-    "check_parser_hostile": "parsers",
-    "check_parser_fuzz": "parsers",
-    "check_parser_linear_time": "parsers",
-    "hostile_parser_inputs": "parsers",
-    "check_engine_contract": "engines",
-    "check_engine_logprobs": "engines",
-    "check_engine_cancellation": "engines",
-    "check_engine_weight_update": "engines",
-    "reference_greedy": "engines",
-    "FamilyConformance": "families",
-    "registered_family": "families",
-    "check_family_tokens": "families",
-    "check_family_parser": "families",
-    "check_family_end_of_turn": "families",
-    "check_family_detected": "families",
-    "ContextConformance": "contexts",
-    "PolicyPlay": "contexts",
-    "play_policy": "contexts",
-    "check_context_build": "contexts",
-    "check_context_prompts": "contexts",
-    "check_context_tokens": "contexts",
-    "check_context_plans": "contexts",
-    "check_context_results": "contexts",
-    "SessionConformance": "sessions",
-    "SessionPlay": "sessions",
-    "PlayedSession": "sessions",
-    "prepared_session_kind": "sessions",
-    "play_session": "sessions",
-    "check_session_play": "sessions",
-    "check_session_isolation": "sessions",
-    "check_dead_session": "sessions",
-    "check_public_imports": "public_api",
-    "check_weight_transport": "transports",
-    "ScriptedEngine": "scripted_engine",
-    "ScriptedCall": "scripted_engine",
-    **dict.fromkeys(
-        (
-            "LIFECYCLE",
-            "CallRecorder",
-            "LifecycleCall",
-            "LifecycleError",
-            "LifecycleRun",
-            "instrument",
-            "run_lifecycle",
-        ),
-        "lifecycle",
-    ),
-    **dict.fromkeys(
-        (
-            "build_tool",
-            "check_calc_reward",
-            "check_cancellation",
-            "check_concurrency",
-            "check_invalid_arguments",
-            "check_isolation",
-            "check_lifecycle",
-            "check_no_loop_blocking",
-            "check_order",
-            "check_registered",
-            "check_release_idempotent",
-            "check_released_and_unknown",
-            "check_return_types",
-            "check_schema",
-            "derive_invalid_arguments",
-        ),
-        "checks",
-    ),
+    "conformance": ("ToolConformance",),
+    "contract": ("check_build_contract",),
+    "public_api": ("PUBLIC_API", "check_public_imports"),
+    "parsers": ("ParserConformance", "check_parser_corpus", "check_parser_hostile", "check_parser_fuzz",
+        "check_parser_linear_time", "hostile_parser_inputs"),
+    "engines": ("check_engine_contract", "check_engine_logprobs", "check_engine_cancellation",
+        "check_engine_weight_update", "reference_greedy"),
+    "families": ("FamilyConformance", "registered_family", "check_family_tokens", "check_family_parser",
+        "check_family_end_of_turn", "check_family_detected"),
+    "contexts": ("ContextConformance", "PolicyPlay", "play_policy", "check_context_build", "check_context_prompts",
+        "check_context_tokens", "check_context_plans", "check_context_results"),
+    "sessions": ("SessionConformance", "SessionPlay", "PlayedSession", "prepared_session_kind", "play_session",
+        "check_session_play", "check_session_isolation", "check_dead_session"),
+    "transports": ("check_weight_transport",),
+    "scripted_engine": ("ScriptedEngine", "ScriptedCall"),
+    "lifecycle": ("LIFECYCLE", "CallRecorder", "LifecycleCall", "LifecycleError", "LifecycleRun", "instrument",
+        "run_lifecycle"),
+    "checks": ("build_tool", "check_calc_reward", "check_cancellation", "check_concurrency",
+        "check_invalid_arguments", "check_isolation", "check_lifecycle", "check_no_loop_blocking", "check_order",
+        "check_registered", "check_release_idempotent", "check_released_and_unknown", "check_return_types",
+        "check_schema", "derive_invalid_arguments"),
 }
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "CallRecorder",
     "ContextConformance",
@@ -274,7 +184,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    module = _HOME.get(name)
     if module is None:
         raise AttributeError(f"module 'toolrl.testing' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"toolrl.testing.{module}"), name)
