@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -31,9 +31,6 @@ from pydantic import (
 
 from toolrl.images import ImageLimits
 from toolrl.tiny_settings import MAX_SEED, TinyMoeSettings, TinyQwen3Settings
-
-if TYPE_CHECKING:
-    import yaml
 
 
 class ConfigError(ValueError):

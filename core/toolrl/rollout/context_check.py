@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolrl.config import ConfigError, text_size
 from toolrl.data import origin_of
@@ -17,9 +17,6 @@ from toolrl.model_sources import model_config, text_config
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout.episode import prompt_of
 from toolrl.schemas import Sample
-
-if TYPE_CHECKING:
-    from toolrl.images import ImageLimits
 
 
 def model_context(tokenizer: Any, model_dir: str | Path) -> tuple[int, str] | None:
