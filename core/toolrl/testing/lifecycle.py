@@ -38,9 +38,6 @@ class CallRecorder:
 
     calls: list[LifecycleCall] = field(default_factory=list)
 
-    def for_instance(self, instance_id: str) -> list[LifecycleCall]:
-        return [c for c in self.calls if c.instance_id == instance_id]
-
 
 def instrument(tool: Tool) -> CallRecorder:
     """Wrap ``tool``'s lifecycle methods (on this object only) so each call is recorded, including
