@@ -103,7 +103,6 @@ class ReformingGroup:
     def _init_recovery(self) -> None:
         self.copies: list[Any] | None = None  # object refs of every rank's copy after the last step
         self.copies_step: int | None = None
-        self.copies_world_size = self.world_size
         self.loaded: str | None = None  # the checkpoint the run resumed from, before any step
         self.recoveries: list[Recovery] = []  # not yet taken by the controller
         # The step whose copies are not all complete yet, and its batch (an object ref): trained
@@ -291,7 +290,7 @@ class ReformingGroup:
             await self._all([r.hold_copies.options(concurrency_group="copy").remote(
                 step, [copies[j] for j in holders.get(i, [])]) for i, r in enumerate(self.ranks)], what)
         self.copies = copies  # the previous step's copies are freed
-        self.copies_step, self.copies_world_size, self.loaded = step, self.world_size, None
+        self.copies_step, self.loaded = step, None
         self.pending = None
         for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
             self.ranks[i].release_copies.options(concurrency_group="copy").remote(step)
