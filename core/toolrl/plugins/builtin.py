@@ -7,20 +7,8 @@ from __future__ import annotations
 from toolrl.hookspecs import Register, hookimpl
 
 
-class HermesPlugin:
-    @hookimpl
-    def register_tool_parsers(self, register: Register) -> None:
-        register("toolrl.parsers.hermes:HermesParser", name="hermes", aliases=("qwen", "qwen25", "qwen3"))
-
-
-class TagsPlugin:
-    @hookimpl
-    def register_tool_parsers(self, register: Register) -> None:
-        register("toolrl.parsers.tags:TagParser", name="tags")
-
-
 class ParserPlugin:
-    """One model family's tool-call parser (:mod:`toolrl.parsers`), registered by lazy reference."""
+    """One tool-call parser (:mod:`toolrl.parsers`), registered by lazy reference."""
 
     def __init__(self, ref: str, name: str, aliases: tuple[str, ...] = ()) -> None:
         self.ref, self.name, self.aliases = ref, name, aliases
@@ -30,7 +18,9 @@ class ParserPlugin:
         register(self.ref, name=self.name, aliases=self.aliases)
 
 
-FAMILY_PARSERS = {
+PARSERS = {
+    "hermes": ParserPlugin("toolrl.parsers.hermes:HermesParser", "hermes", ("qwen", "qwen25", "qwen3")),
+    "tags": ParserPlugin("toolrl.parsers.tags:TagParser", "tags"),
     "qwen3_coder": ParserPlugin("toolrl.parsers.qwen3_coder:Qwen3CoderParser", "qwen3_coder", ("qwen3_xml",)),
     "llama3_json": ParserPlugin("toolrl.parsers.llama3_json:Llama3JsonParser", "llama3_json", ("llama3",)),
     "mistral": ParserPlugin("toolrl.parsers.mistral:MistralParser", "mistral"),
@@ -142,9 +132,7 @@ class FleetPlugin:
 
 
 BUILTINS = {
-    "hermes": HermesPlugin(),
-    "tags": TagsPlugin(),
-    **FAMILY_PARSERS,
+    **PARSERS,
     **MODEL_FAMILIES,
     "rewards": RewardsPlugin(),
     "transformers": TransformersEnginePlugin(),
