@@ -351,24 +351,25 @@ DEFAULT_PARSER = "hermes"
 DEFAULT_MAX_TURNS = 4
 
 
-class ContextConfig(BaseModel):
-    """``rollout.context``: the context policy (toolrl.context) by ``name``, its options beside it."""
+class NamedPart(BaseModel):
+    """A registered part by ``name``, its options beside it (every other key)."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    name: str = Field("none", description="a registered context policy: none, drop_tool_outputs, window, summarise")
 
     @property
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
 
-class AgentConfig(BaseModel):
-    """``rollout.agent``: an agent program that runs each episode against the gateway (toolrl.agents),
-    by ``name`` with its options beside it. ``{command: ...}`` and ``{callable: ...}`` are short for
-    the built-in agents of those names."""
+class ContextConfig(NamedPart):
+    """``rollout.context``: the context policy (toolrl.context)."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    name: str = Field("none", description="a registered context policy: none, drop_tool_outputs, window, summarise")
+
+
+class AgentConfig(NamedPart):
+    """``rollout.agent``: an agent program that runs each episode against the gateway (toolrl.agents).
+    ``{command: ...}`` and ``{callable: ...}`` are short for the built-in agents of those names."""
 
     name: str = Field(description="a registered agent: command, callable, or one a plugin registers")
 
@@ -380,10 +381,6 @@ class AgentConfig(BaseModel):
             if len(short) == 1:
                 return {"name": short[0], **data}
         return data
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 class TreeConfig(Section):
