@@ -1,33 +1,14 @@
 """A trainer group that re-forms itself when a rank dies (``trainer.on_rank_failure``).
 
-A rank's death (its process killed, its node lost) ends the group's call in flight at once (the
-controller awaits every rank's result; Ray reports a dead actor within seconds) with
-:class:`RankDied`. Unless the mode is ``stop``, the group is then re-formed and the call made again:
-
-1. every rank is killed: the survivors may be waiting in a gloo/NCCL collective with the dead one,
-   and a fresh process group is the only way out of it that never hangs;
-2. ``replace`` starts as many ranks as before (a new one where the cluster has room; no room:
-   the group shrinks instead), ``shrink`` one fewer;
-3. the new ranks take the newest complete state: the in-memory copies every rank made after the
-   last step whose copies all finished (:mod:`toolrl.processes.rank_state`, kept by the controller in
-   Ray's object store, so a rank's death does not lose its copy; pulled by a rank on another node
-   too, so a node's loss does not either: :func:`peer_holders`), else the checkpoint the run
-   resumed from, else (no step trained yet) the initial weights they were built with;
-4. a step whose copies were still being made (they are made while the controller goes on: see
-   below) is trained again on that state, with the same batch (the same seeds: they are the
-   batch's), and copied;
-5. the interrupted call runs again: a step with the same batch, a weight push, a save.
-
-The copies of step N are made off the step's critical path: the step starts them (on each rank's
-``copy`` concurrency group, beside the weight push, which only reads the same tensors) and
-returns; the next call that changes the state or writes it (the next step, a save) first waits for
-them. Until all of step N's copies are complete, N-1's stay the recovery source and the group
-keeps step N's batch, so a death meanwhile costs a step trained again, never a step lost.
-``on_rank_failure: stop`` makes no copies.
-
-Each recovery is one log line naming what died and one :class:`Recovery` record, which the
-controller writes to ``recoveries.jsonl`` and adds up in the step's metrics. A recovery that does
-not finish in ``trainer.recovery_timeout_s`` fails the run, as does a fourth death in one call.
+A rank's death ends the group's call in flight at once with :class:`RankDied`; unless the mode is
+``stop``, every rank is killed (survivors may wait in a collective with the dead one forever), a new
+group starts from the newest complete state (the in-memory copies of :mod:`toolrl.processes.rank_state`,
+held on a second node by :func:`peer_holders`; else the checkpoint resumed from; else the initial
+weights), a step whose copies were still being made is trained again with the same batch, and the
+interrupted call runs again. The copies of step N are made off the step's critical path; until all are
+complete, N-1's stay the recovery source, so a death costs a step trained again, never a step lost.
+Each recovery is one log line and one :class:`Recovery` record. The steps, their guarantees and their
+costs: docs/recovery.md.
 """
 
 from __future__ import annotations
