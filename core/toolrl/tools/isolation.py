@@ -1,25 +1,12 @@
 """``isolation: process``: a tool that runs in a worker process of its own.
 
-Set ``isolation: process`` in a tool's config (``config:`` of its tools-YAML entry, or ``--config``
-of ``toolrl tool call``) and the tool is built and run in a child Python process
-(:func:`toolrl.tools.verl_config.build_entry` calls :meth:`ProcessTool.start`); the object the
-rollout holds is a :class:`ProcessTool` that forwards every lifecycle call to it. What that buys:
-
-- a tool that crashes its process (``os._exit``, a segfault in a C extension, the OOM killer) fails
-  only the calls in flight, as error results; the next call starts a fresh worker;
-- a call that overruns its timeout is cancelled in the worker, and if it has not stopped
-  ``kill_grace_s`` later (it blocks the worker's event loop, ignores cancellation, or is a plain
-  ``def`` still running in its thread) the worker is killed. This is the cure for tools that block
-  or hang, which in-process can only be detected (:mod:`toolrl.tools.guard`);
-- the tool's prints go to the parent's stderr, never into a pipe that could fill up.
-
-Instances survive a replacement as far as they can: each instance remembers its ``create_kwargs`` and
-is created again on the fresh worker before its next call (state built up by earlier calls is lost,
-and the call that was running when the worker died reports it). Calls from many trajectories run
-concurrently in the one worker, so a kill also fails the other calls in flight there, each with the
-reason. Arguments and results cross the process boundary pickled; the tool class must be importable
-in the child (it gets the parent's ``sys.path``). Tools whose ``from_config`` builds several tools
-(the MCP plugin) are not supported: they are rejected with a config error.
+The rollout holds a :class:`ProcessTool` (built by :func:`toolrl.tools.verl_config.build_entry` through
+:meth:`ProcessTool.start`) that forwards every lifecycle call to the child. A crash fails only the calls
+in flight and the next call starts a fresh worker, where each instance is created again from its
+``create_kwargs``; a call that overruns its timeout and has not stopped ``kill_grace_s`` after its
+cancellation gets the worker killed: the cure for tools that block or hang, which in-process can only
+be detected (:mod:`toolrl.tools.guard`). What it costs and what it cannot isolate: docs/plugins.md,
+"Tools: faults and isolation".
 """
 
 from __future__ import annotations
