@@ -1,26 +1,6 @@
 """Which estimators, losses and settings compose: every rule in one place, checked when a run is
-resolved (before anything starts), each broken rule one config line naming what clashes.
-
-- A sequence-level loss (``gspo``: one ratio per sequence) needs one advantage per sequence: a
-  per-token estimator (``gae``, ``outcome = False``) with it is an error naming both.
-- An estimator that reads values (``needs_values``) needs a critic: a run without a ``critic`` section
-  gets the default one (:func:`with_critic`, recorded in ``config.json``); the estimator must also
-  give the critic's targets (``value_targets``). A ``critic`` section with an estimator that reads no
-  values is an error (it would train nothing).
-- ``dr_grpo`` with ``loss_agg: seq-mean-token-mean`` would put back the per-response length
-  normalisation Dr. GRPO removes: an error naming both.
-- ``algorithm.overlong.buffer`` must be shorter than ``rollout.max_response_tokens``.
-- ``algorithm.correction`` at sequence level truncates at ``algorithm.tis_cap``: it needs one.
-- ``algorithm.routing_replay: r3`` replays the experts the engine recorded: the engine must record
-  them (the transformers engine with ``engine.options.record_routes: true``; no other engine here).
-
-The decoupled asynchronous objective (``trainer.max_staleness >= 1``) composes with every loss: the
-caller multiplies each loss's per-token term by the truncated weight ``min(π_prox / π_behav,
-tis_cap)`` and every loss's ratio is against the proximal policy, so staleness changes the weight,
-never the loss. For ``gspo`` the weight stays per token (the sequence ratio is the trust region, the
-weight corrects the sampling); for ``cispo`` the two weights multiply (both without gradient). KL
-(``algorithm.kl_coef``, k3 against the reference model) is added per token after the weight, for
-every pair; REINFORCE++'s in-reward KL is not used (one KL path for every estimator).
+resolved (before anything starts), each broken rule one config line naming what clashes. The rules,
+and why the asynchronous objective and KL compose with every pair: docs/algorithms.md, "Composition rules".
 """
 
 from __future__ import annotations
@@ -58,7 +38,7 @@ def with_critic(config: Config) -> Config:
 
 def check_algorithm(config: Config, has_critic: bool = False) -> tuple[AdvantageEstimator, PolicyLoss]:
     """The run's estimator and loss, built (names resolved, options validated) and checked against
-    the rules above; a ConfigError (one line naming the fields) otherwise."""
+    the rules; a ConfigError (one line naming the fields) otherwise."""
     algo = config.algorithm
     parts = [build_estimator(algo, config), build_loss(algo, config)]
     estimator, loss = parts
@@ -91,7 +71,7 @@ _NO_EXPERTS = {"vllm": " (vLLM returns them, enable_return_routed_experts, only 
 
 
 def check_routing_replay(config: Config) -> None:
-    """``r3`` needs an engine that records each token's routed experts (module docstring)."""
+    """``r3`` needs an engine that records each token's routed experts."""
     if config.algorithm.routing_replay != "r3":
         return
     engine = config.engine.name
