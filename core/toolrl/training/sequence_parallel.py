@@ -1,27 +1,11 @@
 """Sequence parallelism (DeepSpeed-Ulysses) across trainer ranks: ``trainer.sequence_parallel: N``.
 
-The trainer ranks form groups of N consecutive ranks (``world_size / N`` data-parallel groups). Every
-rank of a group builds the same packed row (:mod:`toolrl.training.packing`; prefix trees included),
-padded at its end to a multiple of N, and runs the model over its own contiguous N-th of it, with the
-row's global position ids. Embeddings, norms, MLPs and rotary positions are per token; attention is
-not, so each attention layer is wrapped in two all-to-alls (:func:`ulysses_attention`): the rank's
-queries, keys and values for all heads over its tokens become those of H/N heads over the whole row,
-the packed row's attention runs as without sequence parallelism (one causal sdpa per span, a prefix
-tree's spans with their context), and the output goes back to the rank's tokens for all heads. Key/
-value heads fewer than N (grouped-query attention) are repeated to the query heads first, so each
-rank's query heads see their own key/value heads; N must divide the query heads.
-
-Each rank runs the LM head at the trained positions in its own tokens only (chunked,
-:mod:`toolrl.training.logprobs`) and puts them in the micro-batch's (B, R) log-prob grid; one sum over
-the group (differentiable: its backward sums the group's gradients) gives every rank the whole grid,
-so any loss, token-level or sequence-level (GSPO), is computed as on one rank. Each rank backpropagates
-1/N of it: the group's gradients add up to the one-rank gradient, and FSDP2's sum over all ranks does
-the rest (:mod:`toolrl.training.sharding`). The loss's figures (tokens, clip fraction, ...) are counted
-by the group's first rank only.
-
-Refused at start-up (:func:`check_sequence_parallel`): images (the vision tower's 3-D positions are not split),
-the critic and LoRA (their forwards are not wrapped yet), eager and flash attention (the wrapper is
-around sdpa), and N not dividing ``trainer.world_size`` or the attention heads.
+Each rank of a group of N runs the model over its contiguous N-th of the group's packed row; each
+attention layer is wrapped in two all-to-alls (:func:`ulysses_attention`: all heads over the rank's
+tokens to H/N heads over the whole row, and back); one differentiable sum over the group gives every
+rank the micro-batch's whole log-prob grid, so any loss is computed as on one rank, and each rank
+backpropagates 1/N of it. How each piece works, what is refused (:func:`check_sequence_parallel`) and
+why: docs/long_context.md.
 """
 
 from __future__ import annotations
