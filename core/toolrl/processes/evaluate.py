@@ -1,20 +1,6 @@
-"""Evaluation on the held-out split: ``toolrl eval`` and validation during training.
-
-The first ``eval.num_samples`` problems of the test split (resolved once per run,
-:func:`toolrl.processes.resolve.resolve_run`, in file order, so every run sees the same ones) get
-``eval.n`` trajectories each at ``eval.temperature``, through the same processes and rollout loop as
-training. A trajectory succeeds when it ended without error and the reward term ``eval.metric`` (its
-weighted value; unset: the environment's metric, else the total reward) is at least
-``eval.success_threshold``. ``pass@k`` is the unbiased estimator of Chen et al. (2021) with k = n;
-``pass^k`` (Yao et al., τ-bench, 2024) the chance that all k tries succeed, unbiased from n >= k.
-A trajectory the infrastructure failed (termination ``infra_error``) is no try of the model: it is
-counted as ``infra_failures`` and left out of the other figures (pass@k and pass^k then average the
-problems that kept all n tries).
-
-``toolrl eval`` writes ``results.jsonl`` (one line per trajectory: the trace row of
-``rollouts/step_NNNNN.jsonl`` plus ``problem``, ``k``, ``success`` and ``tool_calls``) and
-``summary.json``; ``trainer.eval_every`` logs the summary's numbers as ``val/...`` and keeps the
-rows in ``OUTPUT_DIR/eval/step_NNNNN.jsonl``.
+"""Evaluation on the held-out split: ``toolrl eval`` and validation during training, through the same
+processes and rollout loop as training. What is sampled, what succeeds, how ``pass@k`` and ``pass^k``
+are estimated, why infrastructure failures are no tries, and what is written: docs/evaluation.md.
 """
 
 from __future__ import annotations
