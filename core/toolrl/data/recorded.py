@@ -1,19 +1,11 @@
-"""Training on recorded trajectories instead of generating them (``data.trajectories``).
-
-The rows are token-exact trajectories in the layout of ``rollouts/step_NNNNN.jsonl``: what
-``toolrl serve --record DIR`` writes to ``DIR/trajectories.jsonl`` for every served conversation
-(so agents written in other frameworks produce training data), or a run's own traces.
-
-- **Groups** (GRPO's baseline): rows of one file with the same ``group`` value when rows carry one
-  (rollout traces), else rows with the same ``prompt_ids`` (served conversations that began alike).
-- **Rewards**: a row's ``reward`` when it has one (e.g. written by the agent framework); otherwise
-  the configured reward functions (``reward.functions``, else the environment's) score the row's ``final_response`` against its
-  ``ground_truth`` (null when absent), as the rollout loop scores a generated trajectory.
+"""Training on recorded trajectories instead of generating them (``data.trajectories``): token-exact
+rows in the layout of ``rollouts/step_NNNNN.jsonl`` (``toolrl serve --record`` writes them for every
+served conversation, or a run's own traces), grouped and scored as docs/evaluation.md says.
 
 Every group becomes one :class:`~toolrl.schemas.Sample` carrying its trajectories, so the controller
 draws batches of groups exactly as it draws prompts; :class:`toolrl.processes.replay.Replay` hands them
-to the trainer in place of the rollout group's generations. Every problem is found before any model loads and is one
-line naming the file, the row's line and the field.
+to the trainer in place of the rollout group's generations. Every problem is found before any model
+loads and is one line naming the file, the row's line and the field.
 """
 
 from __future__ import annotations
