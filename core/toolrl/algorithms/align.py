@@ -1,23 +1,14 @@
 """A teacher of another tokenizer scoring the student's text (on-policy distillation,
 :mod:`toolrl.algorithms.distill`): the two token streams of the same text aligned by character offsets.
 
-A trajectory is cut where its ``response_mask`` changes: context pieces (the prompt, template tokens,
-tool results; never scored) and sampled pieces (what the student generated). Each piece is decoded
-with the student's tokenizer and encoded with the teacher's on its own, so a piece boundary is a
-token boundary in both streams. In a sampled piece, teacher token ``j`` covers characters
-``[a_j, b_j)`` and student token ``k`` covers ``[s_k, e_k)``; student token ``k`` gets::
+The trajectory is cut where its ``response_mask`` changes, each piece re-encoded by the teacher on its
+own (a piece boundary is a token boundary in both streams), and in a sampled piece each student token
+gets the teacher's log-prob mass of the characters it covers::
 
     lp_T(k) = Σ_j lp_T(j) · |[a_j, b_j) ∩ [s_k, e_k)| / (b_j − a_j)
 
-the teacher's log-prob mass of the characters it covers. Over a whole piece the student's tokens get
-exactly the teacher's log-prob of the piece's text (its own tokenisation of it). What is lost: within
-a piece, a teacher token split between two student tokens is shared by characters, not by what the
-teacher would have said at the student's boundary (which needs the teacher's distribution over every
-continuation of a partial token); a student token ending inside a multi-byte character covers no
-character of its own and gets 0. A student special token (its end of turn) is scored as the teacher's
-own end of turn, where the teacher has learnt one (:func:`toolrl.rollout.teacher.ends_turns`); special
-tokens in context pieces are left out of the teacher's text (the prompt, when its messages are known, is
-rendered by the teacher's template instead: :mod:`toolrl.rollout.teacher`).
+What is exact (a piece's total), what is lost, and how special tokens are scored: docs/distillation.md,
+"A teacher with another tokenizer".
 """
 
 from __future__ import annotations
