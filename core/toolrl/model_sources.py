@@ -266,24 +266,9 @@ def tiny_qwen3(
     def build(out: Path) -> None:
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
-        specials = qwen_added_tokens(tokenizer_variant)
-        eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
-        config = Qwen3Config(
-            vocab_size=QWEN_MODEL_VOCAB,
-            hidden_size=tiny.hidden_size,
-            intermediate_size=tiny.intermediate_size,
-            num_hidden_layers=tiny.num_hidden_layers,
-            num_attention_heads=tiny.num_attention_heads,
-            num_key_value_heads=tiny.num_key_value_heads,
-            head_dim=tiny.head_dim,
-            max_position_embeddings=32768,
-            tie_word_embeddings=tiny.tie_word_embeddings,
-            bos_token_id=pad,
-            eos_token_id=eos,
-            pad_token_id=pad,
-            dtype="float32",
-        )
-        _save_random_model(out, Qwen3ForCausalLM, config, tiny.seed, (eos, pad), tok_dir, settings)
+        config = Qwen3Config(**_text_config(tiny, tokenizer_variant), intermediate_size=tiny.intermediate_size,
+                             head_dim=tiny.head_dim, tie_word_embeddings=tiny.tie_word_embeddings)
+        _save_random_model(out, Qwen3ForCausalLM, config, tiny.seed, tok_dir, settings)
 
     return _build_model(path, f"tiny_qwen3-{_settings_key(settings)}", build)
 
@@ -299,33 +284,38 @@ def tiny_moe(path: str | os.PathLike[str] | None = None, **overrides: Any) -> st
     tok_dir = qwen_tokenizer_path("qwen3")
 
     def build(out: Path) -> None:
-        specials = qwen_added_tokens("qwen3")
-        eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
         config_class, model_class, keys = _moe_classes(tiny)
-        config = config_class(
-            vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers,
-            num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
-            num_experts_per_tok=tiny.num_experts_per_tok, max_position_embeddings=32768,
-            tie_word_embeddings=tiny.tie_word_embeddings, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad,
-            dtype="float32", **keys)
-        _save_random_model(out, model_class, config, tiny.seed, (eos, pad), tok_dir, settings)
+        config = config_class(**_text_config(tiny, "qwen3"), num_experts_per_tok=tiny.num_experts_per_tok,
+                              tie_word_embeddings=tiny.tie_word_embeddings, **keys)
+        _save_random_model(out, model_class, config, tiny.seed, tok_dir, settings)
 
     return _build_model(path, f"tiny_moe-{_settings_key(settings)}", build)
 
 
-def _save_random_model(out: Path, model_class: Any, config: Any, seed: int, eos_pad: tuple[int, int],
-                       tok_dir: str | os.PathLike[str], settings: dict[str, Any]) -> None:
+def _text_config(tiny: TinyQwen3Settings, variant: QwenVariant) -> dict[str, Any]:
+    """The config keys every tiny model's language model shares: the Qwen vocabulary and its special
+    tokens, the attention's shape, float32."""
+    specials = qwen_added_tokens(variant)
+    eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
+    return dict(vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers,
+                num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
+                max_position_embeddings=32768, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32")
+
+
+def _save_random_model(out: Path, model_class: Any, config: Any, seed: int, tok_dir: str | os.PathLike[str] | None,
+                       settings: dict[str, Any]) -> None:
     """``model_class(config)`` with weights drawn from ``seed``, saved to ``out`` with the tokenizer's
-    files and the settings it was built from."""
+    files (``tok_dir``; None: the caller saves them) and the settings it was built from."""
     import torch
 
     # Fork the RNG so building a model does not perturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)
-    model.generation_config.eos_token_id, model.generation_config.pad_token_id = eos_pad
+    text = config.get_text_config()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = text.eos_token_id, text.pad_token_id
     model.save_pretrained(str(out))
-    for f in Path(tok_dir).iterdir():
+    for f in Path(tok_dir).iterdir() if tok_dir is not None else ():
         shutil.copy2(f, out / f.name)
     (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
 
@@ -372,18 +362,10 @@ def tiny_qwen2_5_vl(path: str | os.PathLike[str] | None = None, **overrides: Any
     settings = dict(kind="qwen2_5_vl", **tiny.model_dump())
 
     def build(out: Path) -> None:
-        import torch
         from transformers import Qwen2_5_VLForConditionalGeneration
 
-        config = _tiny_vl_config(tiny)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(tiny.seed)
-            model = Qwen2_5_VLForConditionalGeneration(config)
-        model.generation_config.eos_token_id = config.text_config.eos_token_id
-        model.generation_config.pad_token_id = config.text_config.pad_token_id
-        model.save_pretrained(str(out))
+        _save_random_model(out, Qwen2_5_VLForConditionalGeneration, _tiny_vl_config(tiny), tiny.seed, None, settings)
         _save_tiny_vl_processor(tiny, out)
-        (out / "toolrl_settings.json").write_text(json.dumps(settings, indent=2, sort_keys=True))
 
     return _build_model(path, f"tiny_qwen2_5_vl-{_settings_key(settings)}", build)
 
@@ -392,18 +374,12 @@ def _tiny_vl_config(tiny: TinyQwen2_5VLSettings) -> Any:
     from transformers import Qwen2_5_VLConfig
 
     specials = qwen_added_tokens("qwen2_5")
-    eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
     # The 3-D rotary sections (time, height, width) split head_dim / 2 frequencies like upstream's
     # [16, 24, 24] of 64: a quarter, then three eighths twice.
     half = tiny.head_dim // 2
     sections = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
-    text = dict(
-        vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, intermediate_size=tiny.intermediate_size,
-        num_hidden_layers=tiny.num_hidden_layers, num_attention_heads=tiny.num_attention_heads,
-        num_key_value_heads=tiny.num_key_value_heads, max_position_embeddings=32768,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": sections},
-        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32",
-    )
+    text = dict(**_text_config(tiny, "qwen2_5"), intermediate_size=tiny.intermediate_size,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": sections})
     vision = dict(
         depth=tiny.vision_depth, hidden_size=tiny.vision_hidden_size, num_heads=tiny.vision_num_heads,
         intermediate_size=tiny.vision_intermediate_size, out_hidden_size=tiny.hidden_size,
