@@ -1,20 +1,11 @@
 """What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.engines.weight_rows`.
 
-Every rank walks the model's state in the same order and sends, over its own link of the run's weight
-transport (:mod:`toolrl.transports`, the object store's as much as any other), the rows it owns
-(:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows (FSDP2's ``Shard(0)``) its
-shard, read in place; any other whole by one rank, round-robin. No rank sends the whole model, and a
-rank holds the transport's two bucket buffers at most. In the trainer's own process the same rows go
-straight into the engines there (:func:`push_local`: nothing copied for an engine sharing the module).
-Tied tensors are sent once, under their first name.
-
-What travels (:class:`SyncPlan`, decided once per run by the run check:
-:func:`toolrl.processes.resolve.run_plan`): under LoRA, to an engine
-that applies adapters itself, only the adapter tensors (:func:`prepare_engine` gives the engine the
-same adapters first); with ``trainer.weight_sync: delta``, only the tensors written since the same
-receivers' last completed sync (:class:`Delta`). Under ``model.adapters`` (several policies): only the
-trained adapters, each whole and only when one of its tensors was written since the receivers' last
-sync (an adapter no row of the steps since used is not sent again; a frozen one never is).
+Every rank sends, over its own link of the run's weight transport (:mod:`toolrl.transports`), the rows
+it owns (:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows its shard, read in
+place; any other whole by one rank, round-robin. In the trainer's own process the same rows go straight
+into the engines there (:func:`push_local`). What travels (:class:`SyncPlan`, decided once per run by
+:func:`toolrl.processes.resolve.run_plan`: adapters only, a delta (:class:`Delta`), the trained adapters
+that changed) and why: docs/weights.md.
 """
 
 from __future__ import annotations
