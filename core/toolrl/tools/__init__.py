@@ -10,15 +10,8 @@ Lifecycle, per trajectory (``instance_id``)::
 
 Every method may be ``async def`` or a plain ``def`` (plain ones run in a thread). Rollouts,
 ``toolrl tool call`` and the conformance kit all drive the lifecycle through :class:`ToolSet`, and
-:meth:`Tool.call` wraps ``execute``. Both contain every fault a tool can
-have (see :mod:`toolrl.tools.guard`): arguments are validated against the JSON Schema, each call has a hard
-deadline, exceptions, timeouts and malformed return values (wrong types, non-finite rewards, metrics
-that are not JSON) become error responses the model reads, and calc_reward/release always run.
-A tool that raises :class:`toolrl.schemas.InfrastructureError` (its server is unreachable, its
-connection dropped) gives the status ``infra_error`` instead: the rollout loop ends that trajectory and
-training leaves it out, rather than score the model for the infrastructure's failure.
-With ``isolation: process`` in its tool config the tool runs in a worker process (:mod:`toolrl.tools.isolation`;
-the tool-config loader, :func:`toolrl.tools.verl_config.build_entry`, makes that choice).
+:meth:`Tool.call` wraps ``execute``; both contain every fault a tool can have (:mod:`toolrl.tools.guard`,
+:mod:`toolrl.tools.isolation`; what each fault becomes: docs/plugins.md, "Tools: faults and isolation").
 """
 
 from __future__ import annotations
