@@ -1,19 +1,11 @@
-"""Tool configs in verl's YAML layout, loaded unchanged::
-
-    tools:
-      - class_name: verl.tools.geo3k_tool.Geo3kTool     # or a toolrl name: calc_geo3k_reward, mcp...
-        config: {type: native, timeout: 10}
-        tool_schema: {type: function, function: {...}}  # optional: the tool's own schema by default
-      - class_name: mcp
-        config: {type: mcp}
-        mcp: {mcp_servers_config_path: servers.json, tool_selected_list: [add]}
+"""Tool configs in verl's YAML layout, loaded unchanged (docs/configuration.md, "Tool configs").
 
 ``class_name`` resolves, in order: a registered tool name, a registered alias (plugins alias the verl
 class they replace), then an importable ``module.Class`` that subclasses :class:`toolrl.tools.Tool`;
 the tool is built as every part is (:func:`toolrl.plugins.parts.build_part`).
 
 The core reads only ``class_name``, ``config`` and ``tool_schema``. Everything else in an entry (the
-``mcp:`` block above, or any plugin's own sibling block) belongs to the tool class: its
+``mcp:`` block of the ``mcp`` tool, or any plugin's own sibling block) belongs to the tool class: its
 ``from_config`` receives the whole entry as a :class:`ToolSection`, which also knows the directory the
 entry was written in, so the tool can resolve paths in its own block relative to it.
 """
