@@ -1,15 +1,7 @@
 """The conformance kit for rollout engines: the engine contract checked against the model itself
 (a Hugging Face causal LM on the same weights, full forwards without a KV cache), as ``check_engine_*``
-functions that raise ``AssertionError`` saying what to fix (async: await them in your tests).
-
-- :func:`check_engine_logprobs`: greedy generations are token-exact against the reference, and the
-  logprob the engine reports for each token is the reference's log-softmax at that position.
-- :func:`check_engine_cancellation`: a request cancelled mid-generation leaves the engine serving the
-  others, which give what they give alone.
-- :func:`check_engine_weight_update`: after changed weights loaded as rows, generations
-  follow the new weights (token-exact against the reference on them).
-
-:func:`check_engine_contract` runs the three. A check that cannot hold for an engine by design (an
+functions that raise ``AssertionError`` saying what to fix (async: await them in your tests), each
+saying what it holds; :func:`check_engine_contract` runs the three. A check that cannot hold for an engine by design (an
 engine on a server whose weights it cannot change) is named in ``not_applicable`` with the reason,
 and the kit checks that claim instead: that check must fail on the engine (a declared exemption
 whose check passes is an error: remove it), so nothing is left out silently.
