@@ -3,12 +3,8 @@
 Each step: the step's batch of scored trajectories comes from the rollout group; the trainer group
 takes one GRPO step on them; the new weights go from the trainer ranks to the engines (weight version
 = steps trained); the controller records metrics and traces, and every ``save_every`` steps a
-checkpoint. Where the batches come from (:mod:`toolrl.data.batches`): with ``trainer.max_staleness: 0``
-the step's groups are generated after the previous step's weights arrived (synchronous); with ``k``
-they stream, generating while the trainer trains, each started on weights at most ``k`` steps older
-than the step that trains it; with ``async_schedule: one_step_off`` each step's batch is generated whole
-while the step before trains, and the weights change only once it is (``settle``). Where the
-processes run is decided once (:func:`toolrl.processes.start.start_processes`; docs/architecture.md).
+checkpoint. Where the batches come from, synchronous or ahead of the trainer: :mod:`toolrl.data.batches`.
+Where the processes run is decided once (:func:`toolrl.processes.start.start_processes`; docs/architecture.md).
 
 A step's weights reach the engines only after the whole update (all ``ppo_epochs x mini_batches``
 optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
