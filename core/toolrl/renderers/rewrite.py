@@ -5,18 +5,10 @@ template *rewrites history* when its rendering of the conversation so far is not
 Qwen3 re-formats or drops earlier ``<think>`` blocks, gpt-oss drops the analysis channel, and any
 generated text the tokenizer would split differently re-tokenizes to other ids. The model then
 continues from a context that serving the same conversation would never give it. After each round
-of tool results the conversation is re-rendered and compared (``rollout.template_rewrite``):
-
-- ``keep``: count the rewrite, keep the generated tokens (the model sees exactly what it wrote);
-- ``training_template``: render with the family's history-preserving template (TRL's
-  ``*_training.jinja``); a rewrite that remains (re-tokenization) is forked;
-- ``fork``: close the sample after the model's last token and continue from the re-rendered
-  conversation as a new sample (*piece*) of the same trajectory: every generated token is in exactly
-  one piece, and every piece gets the trajectory's reward;
-- ``refuse``: stop with a one-line error naming the turn.
-
-Pieces share ``trajectory_key``; the step's advantages count a trajectory once
-(:func:`toolrl.training.step.token_advantages`).
+of tool results the conversation is re-rendered and compared; what each ``rollout.template_rewrite``
+rule (``keep``, ``training_template``, ``fork``, ``refuse``) then does: docs/models.md, "Templates that
+rewrite history". A forked trajectory's pieces share ``trajectory_key``; the step's advantages count a
+trajectory once (:func:`toolrl.training.step.token_advantages`).
 """
 
 from __future__ import annotations
