@@ -1,19 +1,10 @@
-"""Rollout correction (``algorithm.correction``, ``docs/algorithms.md``): the importance weight each
-trained token's loss is multiplied by, for having been sampled by the engine (the behaviour policy,
-``behav``) rather than by the weights the step starts from (the proximal policy, ``prox``). Per trained
-token ``ρ_t = π_prox / π_behav = exp(prox_t - behav_t)``; per sequence the geometric mean of its
-tokens' ratios ``ρ_seq = exp(mean_t(prox_t - behav_t))``, broadcast over its tokens. ``ρ`` is the
-token's or the sequence's, by ``level``:
-
-- ``truncate`` (default): ``w = min(ρ, tis_cap)``; no weight (``w = 1``) without ``algorithm.tis_cap``,
-  as before rollout correction had options (token level: truncated IS, TIS).
-- ``mask``: ``w = ρ`` where ``lo <= ρ <= hi``, else 0 (masked IS; at sequence level the whole sequence
-  is kept or dropped: TRL's default since 2026).
-- ``veto``: a sequence with a token ratio below ``veto`` gets ``w = 0`` on every token (a token the
-  trainer finds far less likely than the engine did marks a sequence the engine got wrong).
-
-A weight of 0 leaves the token's loss out; the aggregation's normalisers still count it (they are
-the mini-batch's, fixed before the weights are known). The weight carries no gradient.
+"""Rollout correction (``algorithm.correction``): the importance weight each trained token's loss is
+multiplied by, for having been sampled by the engine (the behaviour policy, ``behav``) rather than by
+the weights the step starts from (the proximal policy, ``prox``), from the token's ratio
+``ρ_t = exp(prox_t - behav_t)`` or its sequence's ``ρ_seq = exp(mean_t(prox_t - behav_t))``. Each
+``mode``'s weight and when to use it: docs/algorithms.md, "Rollout correction". A weight of 0 leaves
+the token's loss out; the aggregation's normalisers still count it (they are the mini-batch's, fixed
+before the weights are known). The weight carries no gradient.
 """
 
 from __future__ import annotations
@@ -36,7 +27,7 @@ class Correction:
 
 
 def correction(prox_lp: torch.Tensor, behav_lp: torch.Tensor, mask: torch.Tensor, algo: AlgorithmConfig) -> Correction:
-    """The weights of the module docstring; ``prox_lp`` without gradient."""
+    """The weights ``algo.correction`` gives; ``prox_lp`` without gradient."""
     cfg = algo.correction
     log_ratio = prox_lp.detach() - behav_lp
     ratio = torch.exp(log_ratio)
