@@ -2,12 +2,9 @@
 authors (``engine: {name: scripted, options: {script: [...]}}``; docs/environments.md, "Driving an
 environment with fixed calls"), and the one stand-in engine of tests (``toolrl.testing.ScriptedEngine``).
 
-Every trajectory replays the same ``script``: its n-th generation is the script's n-th text (the last
-one repeats), tokenized with the model's tokenizer and closed with the end-of-turn token (a text that
-ends at one of the parser's stop strings stops there instead, so inline calls run). The CLI,
-config, tokenizer, chat template, parser, agent loop, tools, environment sessions and rewards around
-it are the real ones, so what a session or tool does with those calls is what training would see. It
-has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses it (no logprobs).
+Every trajectory replays the same ``script`` (what it generates, and why everything around it is real:
+that section). It has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses it
+(no logprobs).
 
 In a test, build it directly: ``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each
 trajectory the script of the first key its session id contains; ``calls``, ``ended`` and ``cloned``
