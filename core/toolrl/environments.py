@@ -2,20 +2,10 @@
 belong to it, registered by plugins through ``register_environments`` (so an environment ships as
 ``pip install toolrl-plugin-x``) and selected in a config with ``env: NAME`` or mixed with ``envs:``.
 
-A split is one of three sources (loaded by :func:`toolrl.data.sources.load_split`):
-
-- :class:`FileSplit`: local verl-format ``.jsonl``/``.parquet`` files (:mod:`toolrl.data`);
-- :class:`HubSplit`: a Hugging Face ``datasets`` dataset (a Hub id, or a local dataset directory),
-  each row turned into a verl row by the environment's ``row`` function;
-- a generator ``callable(options, split) -> list[Sample | dict]``.
-
-Per-trajectory environment state (a simulated user, a server-side episode whose ``done`` ends the
-trajectory, tools handed out at reset, the environment's own score) is an environment session
-(:mod:`toolrl.sessions`): the environment names its kind in ``session`` with ``session_options``.
-
-An environment may declare an options model (the config's ``env_options`` are validated against
-it) and a ``configure(options) -> {field: value}`` function that adapts its fields to the options
-(a parser format, files given as options). Nothing here imports torch.
+A split is local files (:class:`FileSplit`), a Hugging Face dataset (:class:`HubSplit`) or a generator,
+loaded by :func:`toolrl.data.sources.load_split`; per-trajectory state is an environment session
+(:mod:`toolrl.sessions`); an options model and ``configure`` adapt an environment to its ``env_options``.
+How to write one: docs/environments.md. Nothing here imports torch.
 """
 
 from __future__ import annotations
