@@ -8,11 +8,9 @@ request to the model whose reply (a generated, trained turn) makes it — or Non
 turns every edit into a new *segment* of the trajectory (:mod:`toolrl.rollout`): the segment's prompt is
 the template's rendering of the edited conversation, so each generated token is trained exactly once.
 
-Built-ins: ``none`` (no edit; the trajectory ends where its context is full), ``drop_tool_outputs``
-(older tool results replaced by a short stub), ``window`` (the task and the last turns) and
-``summarise`` (the model is asked for a summary, and the conversation goes on from the task and it) and
-``fold`` (the model calls ``branch`` with a sub-task; it runs in a branch, a segment of its own, and only
-its answer comes back to the main line). Every policy keeps the task: the system prompt, the sample's prompt and a session's opening messages.
+Built-ins: ``none``, ``drop_tool_outputs``, ``window``, ``summarise`` and ``fold``, each class saying
+what it does. Every policy keeps the task: the system prompt, the sample's prompt and a session's
+opening messages.
 """
 
 from __future__ import annotations
