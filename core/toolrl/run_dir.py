@@ -1,13 +1,8 @@
-"""The run directory and everything written in it: :class:`RunDir` (``config.json``; ``metrics.jsonl``,
-one line per step; ``rollouts/step_NNNNN.jsonl``, every trajectory; ``roles.json``, ``checkpoints/``,
-``eval/``, ``reward_curve.png``; ``results.jsonl`` and ``summary.json`` for ``toolrl eval``) and the
-figures of a metrics row. Problems with the directory or its files are :class:`ConfigError` (one
-line naming the file and line), not tracebacks.
-
-A run directory is opened in one of three modes: ``new`` refuses a directory that already holds a
-run, ``resume`` continues the run there, ``overwrite`` replaces it. :meth:`RunDir.open` only checks;
-:meth:`RunDir.start` is the first write, made once the run is resolved and its processes are up, so a run
-that fails before it starts leaves the directory exactly as it found it.
+"""The run directory and everything written in it (:class:`RunDir`, the one place its file names are
+spelled) and the figures of a metrics row. Problems with the directory or its files are
+:class:`ConfigError` (one line naming the file and line), not tracebacks. How the three open modes
+(``new``, ``resume``, ``overwrite``) treat an earlier run: docs/configuration.md, "The run directory";
+:meth:`RunDir.open` only checks, :meth:`RunDir.start` is the first write.
 
 A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
 (``torch.distributed.checkpoint``, so any world size can load it), one RNG file per rank, the
