@@ -8,13 +8,13 @@ argument, the :class:`~toolrl.agents.Endpoint` (its ``reward_url`` for step rewa
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 from toolrl.agents import Agent, AgentOptions, AgentTask, Endpoint
+from toolrl.plugins.registry import import_reference
 
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
@@ -34,11 +34,8 @@ class CallableOptions(AgentOptions):
 
 def load_function(reference: str) -> Any:
     """The async function ``package.module:function`` names; ValueError saying what is wrong."""
-    module_name, _, attr = reference.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj = import_reference(reference)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot import {reference!r}: {type(exc).__name__}: {exc}") from None
     if not inspect.iscoroutinefunction(obj):

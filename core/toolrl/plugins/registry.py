@@ -68,6 +68,15 @@ class UnknownPart(RegistryError):
     """A name no plugin registers (nor as an alias)."""
 
 
+def import_reference(reference: str) -> Any:
+    """The object a lazy ``module:attr`` reference names (``attr`` may be dotted), its module imported."""
+    module_name, _, attr = reference.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for piece in attr.split("."):
+        obj = getattr(obj, piece)
+    return obj
+
+
 class PartError(RegistryError):
     """A registered part that does not import or is not what its kind requires."""
 
@@ -126,13 +135,9 @@ class Part:
         return f"{KIND_WORDS[self.kind]} {self.name!r} (plugin {self.plugin!r})"
 
     def _resolve(self, import_: bool) -> Any:
-        module_name, _, attr = self.target.partition(":")
-        obj: Any = importlib.import_module(module_name) if import_ else sys.modules.get(module_name)
-        if obj is None:
+        if not import_ and self.target.partition(":")[0] not in sys.modules:
             return None
-        for piece in attr.split("."):
-            obj = getattr(obj, piece)
-        return obj
+        return import_reference(self.target)
 
     def precheck(self) -> str | None:
         """At registration: the reference's form, and the object itself if it is at hand without

@@ -6,7 +6,6 @@ class. The family's tokens are checked against the tokenizer before any model lo
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from toolrl.families import (
     tokenizer_family,
 )
 from toolrl.plugins.parts import describe_exception, has_part
+from toolrl.plugins.registry import import_reference
 from toolrl.renderers.chat import ChatRenderer
 
 if TYPE_CHECKING:
@@ -138,12 +138,9 @@ def renderer_class(family: ModelFamily | None) -> type[ChatRenderer]:
     a FamilyError naming the family and its plugin."""
     if family is None or family.renderer is None:
         return ChatRenderer
-    module, _, attr = family.renderer.partition(":")
     where = f"model family {family.name!r} (plugin {plugin_of(family)!r}): renderer {family.renderer!r}"
     try:
-        cls: Any = importlib.import_module(module)
-        for piece in attr.split("."):
-            cls = getattr(cls, piece)
+        cls = import_reference(family.renderer)
     except Exception as exc:  # the plugin's code: its error becomes the family's, one line
         raise FamilyError(f"{where} does not import: {describe_exception(exc)}") from None
     if not (isinstance(cls, type) and issubclass(cls, ChatRenderer)):
