@@ -1,22 +1,13 @@
 """Plugin loading: built-in plugins and entry points, each inside its own error boundary.
 
-Environment:
-
-- ``TOOLRL_LOAD_PLUGINS``: comma-separated distribution names; only these external plugins load.
-  Set but empty loads none. Built-in plugins are not affected.
-- ``TOOLRL_DISABLE_PLUGINS``: comma-separated plugin or distribution names to skip (built-ins too).
-- ``TOOLRL_STRICT_PLUGINS=1``: a plugin that fails to load or register is fatal.
-- ``TOOLRL_PLUGIN_IMPORT_TIMEOUT_S`` (default 5): the time each external plugin's import and each of
-  its registration hooks may take in the screening child.
-- ``TOOLRL_CACHE`` (else ``$XDG_CACHE_HOME/toolrl``, else ``~/.cache/toolrl``): where the screening's
-  verdicts are cached.
-
-The error boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at
-import is listed with that error); only ``KeyboardInterrupt`` goes through. What no boundary in the
-process can hold — a plugin that ends the process or never returns — is caught by screening external
-plugins in a supervised child first (:mod:`toolrl.plugins.screening`): such a plugin is listed with
-its error and not loaded. Registered parts are checked as described in :mod:`toolrl.plugins.registry`;
-:meth:`Plugins.check` loads and checks every part.
+The boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at import
+is listed with that error); only ``KeyboardInterrupt`` goes through. What no boundary in the process
+can hold — a plugin that ends the process or never returns — is caught by screening external plugins
+in a supervised child first (:mod:`toolrl.plugins.screening`): such a plugin is listed with its error
+and not loaded. Registered parts are checked as described in :mod:`toolrl.plugins.registry`;
+:meth:`Plugins.check` loads and checks every part. The environment variables that choose, skip,
+time and cache plugins (``TOOLRL_LOAD_PLUGINS``, ``TOOLRL_DISABLE_PLUGINS``, ``TOOLRL_STRICT_PLUGINS``,
+``TOOLRL_PLUGIN_IMPORT_TIMEOUT_S``, ``TOOLRL_CACHE``): docs/plugins.md, "Loading, attribution and failures".
 """
 
 from __future__ import annotations
