@@ -8,12 +8,10 @@ off. Steps take groups in group order; the checkpoint records the first group no
 
 - :class:`StepBatches` (``trainer.max_staleness: 0``, no dynamic sampling): the synchronous loop.
   Step ``s`` runs groups ``s*B .. s*B+B-1`` as one rollout call after the weights of step ``s-1``
-  reached the engines, exactly as before asynchronous training existed.
+  reached the engines.
 - :class:`OneStepOff` (``trainer.async_schedule: one_step_off``): step ``s``'s batch is the synchronous
-  loop's (same groups, seeds, one rollout call), generated while step ``s-1`` trains, on the weights
-  step ``s-1`` started from; new weights reach the engines only once it is whole. Nothing depends on
-  timing, so a run gives the same figures every time, killed and recovered or not; the checkpoint keeps
-  the batch generated ahead (:meth:`StepBatch.save`).
+  loop's, generated while step ``s-1`` trains (why it gives the same figures every run: docs/async.md);
+  the checkpoint keeps the batch generated ahead (:meth:`StepBatch.save`).
 - :class:`GroupStream` (otherwise): groups start one by one (``run_group``) as soon as AReaL's bound
   allows and finish in any order; they are assigned to steps in group order. With
   ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
