@@ -1,16 +1,10 @@
-"""pytest plugin for toolrl, loaded automatically wherever toolrl is installed (entry point ``pytest11``).
-
-Fixtures:
-
-- ``toolrl_plugins``: a fresh :class:`toolrl.plugins.Plugins` read from the current environment, so a
-  test sees exactly the installed plugins (and ``TOOLRL_*`` variables set with ``monkeypatch``).
-- ``toolrl_reload_plugins``: forgets the process-wide plugins before and after the test and returns
-  :func:`toolrl.plugins.get_plugins`; call it after ``monkeypatch.setenv("TOOLRL_DISABLE_PLUGINS", ...)``
-  so code that uses the global registry (tool configs, the CLI) sees the change.
-
-The report header lists every toolrl plugin with its status, so "my plugin is not found" shows up in
-the first lines of a test run. This module is imported by every pytest run in the environment: it
-imports only pytest at module level.
+"""pytest plugin for toolrl, loaded automatically wherever toolrl is installed (entry point ``pytest11``):
+the fixtures ``toolrl_plugins`` (fresh plugins read from the current environment, ``TOOLRL_*`` variables
+set with ``monkeypatch`` included) and ``toolrl_reload_plugins`` (call it after
+``monkeypatch.setenv("TOOLRL_DISABLE_PLUGINS", ...)`` so code that uses the process-wide plugins sees
+the change), and a report header listing every toolrl plugin with its status, so "my plugin is not
+found" shows up in the first lines of a test run. This module is imported by every pytest run in the
+environment: it imports only pytest at module level.
 """
 
 from __future__ import annotations
