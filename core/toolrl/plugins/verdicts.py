@@ -1,11 +1,9 @@
 """The verdict cache of plugin screening (:mod:`toolrl.plugins.screening`).
 
 A verdict says which plugins must not load in-process (they killed or hung the screening child) and
-lists every file the child loaded, each with its modification time and size. It is kept in
-``<cache root>/plugin-verdicts.json`` (:func:`toolrl.cache.cache_root`), keyed by the entry points about
-to load with their distributions (name, version, location). A verdict holds while its key matches and
-none of its files changed, so installing, removing, upgrading or editing a plugin (an editable install
-too) screens again; a verdict that includes a time-out also ends when the time limit changes.
+lists every file the child loaded, each with its modification time and size; it holds while the entry
+points about to load and those files are unchanged (what that key holds and what screens again:
+docs/plugins.md, "Loading, attribution and failures").
 
 A record also keeps the parts each screened distribution provided (:func:`providers`): after the
 distribution is removed, a config naming one of its parts is told which distribution is missing.
