@@ -1,18 +1,13 @@
 """The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): engines that score the
 student's sampled tokens and are never trained. A teacher is any registered engine whose
-``prompt_logprobs`` scores given tokens (:meth:`toolrl.engines.RolloutEngine.prompt_logprobs`), checked
-and built as the run's engine is (:func:`teacher_run`: ``algorithm.teacher.N.engine``, ``options`` and
-``model`` in place of the run's ``engine.name``, ``engine.options`` and ``model``): the transformers
-engine loads its weights in the controller's process, the openai engine asks a server (vLLM,
-``toolrl serve``), a plugin's engine does as it does. :meth:`Teachers.score` gives a group's
-trajectories their route's teacher's log-probs, each trajectory's prompt and response scored as one
-sequence: the tool results and template tokens are its context, only the tokens the student sampled
-(``response_mask`` 1) get a log-prob (0.0 elsewhere).
-
-A teacher with another tokenizer than the student's scores the student's text aligned by characters
-(:mod:`toolrl.algorithms.align`; docs/distillation.md says how turn ends and ``top`` are treated). What
-would make a teacher fail is checked before any model loads (:func:`check_teachers`), and each teacher
-scores a probe once built (:func:`open_teachers`).
+``prompt_logprobs`` scores given tokens, checked and built as the run's engine is (:func:`teacher_run`:
+``algorithm.teacher.N`` in place of the run's ``engine`` and ``model``). :meth:`Teachers.score` gives a
+group's trajectories their route's teacher's log-probs, each trajectory's prompt and response scored
+as one sequence, only the tokens the student sampled (``response_mask`` 1) getting one (0.0 elsewhere);
+a teacher of another tokenizer scores the student's text aligned by characters
+(:mod:`toolrl.algorithms.align`). What would make a teacher fail is checked before any model loads
+(:func:`check_teachers`), and each teacher scores a probe once built (:func:`open_teachers`). Which
+engines teach, when a teacher scores and how turn ends and ``top`` are treated: docs/distillation.md.
 """
 
 from __future__ import annotations
