@@ -69,11 +69,7 @@ class FamilyConformance:
             def tokenizer(self):
                 return load_tokenizer(Path(__file__).parent / "tokenizer")  # toolrl.model_sources
 
-    Offline (a CI without network): save the tokenizer once, ``AutoTokenizer.from_pretrained(repo)
-    .save_pretrained(dir)`` (``tokenizer.json``, ``tokenizer_config.json`` with its ``chat_template``,
-    ``special_tokens_map.json``: a few MB), keep that directory beside your tests, and load it with
-    :func:`toolrl.model_sources.load_tokenizer`, which reads a local directory only. A hub download
-    already in the cache loads offline too, under ``HF_HUB_OFFLINE=1``.
+    How to keep such a tokenizer beside your tests for a CI without network: docs/plugins.md.
     """
 
     family_name: ClassVar[str] = ""
