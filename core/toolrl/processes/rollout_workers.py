@@ -14,12 +14,9 @@ worker with the same seeds. Each replacement that comes up is one row for ``reco
 served, where that runs).
 
 New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
-or from the trainer ranks over the run's weight transport (:mod:`toolrl.training.weight_sync`; the
-controller sends them to :meth:`~RolloutWorkerPool.weight_targets` and has the dead ones replaced),
-also while they generate: either way they reach the engine as rows (:mod:`toolrl.engines.weight_rows`)
-while it holds decoding, so a decode step runs on the old weights or the new ones, never a mix, and the
-engine's ``weight_version`` becomes the version the update carried. A replacement gets the trainer's
-weights (``weights_from``) once up: over the same transport from a live peer worker that holds them
+or from the trainer ranks over the run's weight transport (:meth:`~RolloutWorkerPool.weight_targets`;
+how they reach the engine: docs/weights.md). A replacement gets the trainer's weights
+(``weights_from``) once up: from a live peer worker that holds them
 (:meth:`RolloutWorker.send_peer_weights`), else from the trainer.
 
 Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
