@@ -33,16 +33,10 @@ sinks) the row's mask is the tree's, so its quadratic cost is over the tree's to
 tree's hidden states back from it, with a warning once per implementation: the same values and
 gradients, no saving.
 
-Vision-language models (:mod:`toolrl.training.vision`): a batch whose trajectories hold images carries
-their pixel values (``vision``); the vision tower runs once over its distinct images and the language
-model gets per-sequence 3-D rotary positions, with attention as above. Prefix trees are built on the
-tokens with each image placeholder run keyed by its image (:func:`tree_keys`), so a shared prefix
-holding an image holds it once, and sequences showing different images at the same tokens share
-nothing from there on.
-
-Several policies as LoRA adapters on one base (``model.adapters``): each sequence runs through its
-role's adapter, so a batch carries each row token's adapter (``adapter_ids``) and its forward runs
-inside :func:`through_adapters`; prefix trees join only sequences of one adapter.
+Vision-language models: a batch carries its images' pixel values (``vision``; :mod:`toolrl.training.vision`),
+and prefix trees key each image placeholder run by its image (:func:`tree_keys`). Several policies on
+one base (``model.adapters``): a batch carries each row token's adapter (``adapter_ids``), its forward
+runs inside :func:`through_adapters`, and prefix trees join only sequences of one adapter.
 """
 
 from __future__ import annotations
