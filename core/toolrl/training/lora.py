@@ -18,10 +18,8 @@ broadcast work unchanged. Sharded (FSDP2 ``DTensor``) parameters are gathered on
 which is a collective: every rank must iterate :func:`iter_engine_weights` together.
 
 Several policies on one base (``model.adapters``) are several adapters under their roles' names
-(``q_proj.lora_A.<role>.weight``): the trainer gives each trained one a parameter group of its own
-(:func:`param_groups`), checkpoints hold every one (:func:`trainable_state_dict`, frozen ones too),
-a sync sends the named ones (:func:`iter_adapter_weights`) and an export merges one at a time
-(:func:`engine_state_dict`).
+(``q_proj.lora_A.<role>.weight``); what trains, syncs, is checkpointed and exported of each:
+docs/architecture.md, "Several policies on one base".
 
 ``peft`` and ``torch`` are imported inside the functions.
 """
