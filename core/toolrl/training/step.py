@@ -19,9 +19,7 @@ The objective is the decoupled PPO objective with a truncated importance weight 
 proximal and trained policies; formulas and per-step metrics in docs/async.md): every loss keeps ``w``.
 
 Several policies on one base (``model.adapters``, :class:`StepOptions` ``adapters``): each row trains
-its role's adapter in the same step (its tokens run through that adapter alone, forward and backward:
-:func:`toolrl.training.packing.through_adapters`); an adapter no row of an update used gets no
-gradient (None), so the optimizer leaves its weights and state as they were.
+its role's adapter in the same step (docs/architecture.md, "Several policies on one base").
 """
 
 from __future__ import annotations
