@@ -5,10 +5,8 @@ its ``options`` from the config and called once per trajectory::
 
     reward(response, ground_truth, **info) -> float
 
-or, for a reward that waits on something (a judge model, a scoring service), ``async def __call__``:
-the rollout loop awaits it concurrently with the other trajectories, so it never holds the loop. A
-sync reward is called on the loop's thread and must be quick. A reward that raises (or gives no
-finite number) scores 0 and is recorded in the trajectory's ``reward_errors`` under its name.
+or ``async def __call__`` for one that waits (awaited, and what a failure scores: the hookspec's
+docstring); a sync reward is called on the loop's thread and must be quick.
 
 ``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
 leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``model_text``
