@@ -3,11 +3,8 @@
 Unlike verl's parser: calls inside ``<think>`` are ignored, each call is parsed on its own, and an
 unterminated or malformed call becomes a parse error instead of being dropped.
 
-A call whose JSON decodes (a valid call or not) ends at the first tag that stands outside its JSON strings, so
-``<tool_call>``, ``</tool_call>``, ``<think>`` or ``</think>`` inside a string argument (code, XML) is
-data. A call whose JSON does not decode reads the tags as plain text: it ends at its first
-``</tool_call>`` (or, unterminated, before the next ``<tool_call>``), so a string that never closes
-cannot swallow the calls and prose after it; a think tag outside its JSON strings ends it too. One
+Where a call ends (a call whose JSON decodes: at the first tag outside its JSON strings; one whose
+JSON does not: at its first ``</tool_call>``) and what is an error: docs/rollouts.md, "hermes". One
 pass over the text: time is linear in its length whatever the number of calls, and decoding is
 bounded in depth, number size and range (see :mod:`toolrl.parsers.bounded_json`).
 """
