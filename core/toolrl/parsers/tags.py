@@ -8,11 +8,8 @@ configures the routes its tools need, as ``rollout.parser_options`` or its ``par
     tags:   {calculator: {tool: calculator, argument: expression}}
     fences: {python: {tool: code_interpreter, argument: code}}
 
-Calls inside ``<think>`` run, unlike hermes calls: tool-integrated reasoning puts them in the chain of
-thought, generation stops at their closing marker, and the rollout parses each generation on its own
-(after an appended result it cannot see the ``<think>`` that an earlier generation opened), so
-ignoring them would end the trajectory mid-thought with nothing run. A fence may be written with
-CRLF line ends; its code is passed on with LF line ends.
+Calls inside ``<think>`` run, unlike hermes calls (why: docs/rollouts.md, "tags"). A fence may be
+written with CRLF line ends; its code is passed on with LF line ends.
 """
 
 from __future__ import annotations
