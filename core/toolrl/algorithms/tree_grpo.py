@@ -10,13 +10,8 @@ at two levels, with only its outcome reward:
 
 and ``A_i = A_intra(i) + A_inter(i)``, one number broadcast over the leaf's tokens (an outcome
 estimator). ``F`` is the set's unbiased std plus ``eps`` (``norm_by_std: false``: 1); a set of one gives
-0 (:func:`toolrl.algorithms.advantages.group_normalised`). The step-level signal the paper derives (its analysis: intra-tree GRPO is step-level preference
-learning) comes from the shared prefix: its tokens are trained in every leaf that holds them (once per shared
-token with ``optim.share_prefixes``, which sums the copies' gradients), so a turn before a split gets
-the sum of its leaves' advantages, and a turn after it only its own leaf's.
-
-A flat rollout has no trees (``tree_id`` None): the run check refuses ``tree_grpo`` without
-``rollout.tree``, and a row without a tree is a ValueError at the step.
+0 (:func:`toolrl.algorithms.advantages.group_normalised`). Where the step-level signal comes from, and
+what is refused without ``rollout.tree``: docs/algorithms.md, "tree_grpo".
 """
 
 from __future__ import annotations
