@@ -8,7 +8,8 @@ CPU, one thread each.
 2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
    one at a time, against four clients (four training runs, four adapters) doing the same at once, which
    the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
-   (``stop=[]``), seeded.
+   (``stop=[]``), seeded. Beside them, the sampler's engine alone in this process, 4 rows at once against
+   1: the bound this machine puts on the four clients' gain (a CPU's decode step grows with its rows).
 
     OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base tiny-qwen3] [--datums 8] [--tokens 256]
         [--rounds 3] [--requests 4] [--max-tokens 32]
@@ -120,6 +121,28 @@ def sampling(samplers: list[Any], requests: int, max_tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - t)
 
 
+def engine_rows(engine: Any, rows: int, requests: int, max_tokens: int) -> float:
+    """Sampled tokens per second of the sampler's engine alone, in this process (no server, one adapter):
+    ``rows`` requests at once, ``requests`` times. Its 4 rows / 1 row bounds what four clients can gain."""
+    import asyncio
+
+    from toolrl.engines import SamplingParams
+    from toolrl_tinker.models import BASE_ADAPTER
+
+    params = SamplingParams(max_new_tokens=max_tokens, seed=1, stop_token_ids=[])
+
+    async def go() -> int:
+        done = 0
+        for _ in range(requests):
+            gens = await asyncio.gather(*(engine.generate(list(range(100, 132)), params, adapter=BASE_ADAPTER)
+                                          for _ in range(rows)))
+            done += sum(len(g[0].token_ids) for g in gens)
+        return done
+
+    t = time.perf_counter()
+    return asyncio.run(go()) / (time.perf_counter() - t)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datums", type=int, default=8)
@@ -159,6 +182,8 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+    engine_rows(local.engine, 1, 1, 4)  # warm-up
+    alone = [engine_rows(local.engine, rows, args.requests, args.max_tokens) for rows in (1, 4)]
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
@@ -166,7 +191,10 @@ def main() -> None:
                                                   " ".join(f"{x:.3f}" for x in served)],
                                                  ["in process (toolrl_tinker.models)", f"{l_med:.3f}",
                                                   " ".join(f"{x:.3f}" for x in local_t)]]))
-    print(table(["sampling", "tokens/s"], [["1 client", f"{one:.1f}"], ["4 clients", f"{four:.1f}"]]))
+    print(table(["sampling", "tokens/s"], [["1 client", f"{one:.1f}"], ["4 clients", f"{four:.1f}"],
+                                          ["the engine alone, 1 row", f"{alone[0]:.1f}"],
+                                          ["the engine alone, 4 rows", f"{alone[1]:.1f}"]]))
+    print(f"the engine alone, 4 rows / 1 row: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
     print(f"served / in-process step time: {s_med / l_med:.2f}")
     print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
 
