@@ -9,8 +9,9 @@ tokens whose initial embedding points to the positive side of one direction (hal
 Prompts are the arithmetic environment's; a held-out trajectory succeeds when at least
 ``--threshold`` of its tokens are aligned.
 
-1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``
-   steps of ``grpo`` at lr 5e-3, the default pair of docs/algorithms.md's matrix), exported. Not the
+1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``, 40,
+   steps of ``grpo`` at lr 5e-3, the default pair of docs/algorithms.md's matrix: 58/64 held out; 16
+   steps gave 30/64, a teacher that does not solve the task), exported. Not the
    fastest recipe on purpose: ``dr_grpo`` at 5e-2 solves the task too (64/64) but collapses onto a few
    tokens, to which the student, sampling from ~150k, gives mass ~e^-11; every token it samples then
    has a teacher log-prob near -25, so every advantage is about -14, aligned or not (measured: 0 of
@@ -306,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12, help="steps of each student run")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every this many steps "
                     "(default 2; --gemma: 4)")
-    ap.add_argument("--teacher-steps", type=int, default=16)
+    ap.add_argument("--teacher-steps", type=int, default=40)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--threshold", type=float, default=0.75, help="aligned share a held-out success needs")
     ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-2",
