@@ -4,7 +4,7 @@ With a mask, transformers' sdpa copies every key/value head to each of its query
 (``repeat_kv``: grouped-query attention with a mask falls back to the math kernel otherwise): on an H200
 those copies were 44% of the GPU's decode time at batch 64 (run 7, docs/gpu_runs). A step with one
 query a row needs no copy: each key/value head's query heads become its queries, and the row's mask is
-the same for all of them. The trainer's attention (``toolrl.training.packing.varlen_sdpa``) falls back to
+the same for all of them (on a GPU; on CPU transformers' own path stays). The trainer's attention (``toolrl.training.packing.varlen_sdpa``) falls back to
 this one, so a module the trainer and an engine share decodes the same way after the trainer installs
 its own.
 """
@@ -34,7 +34,10 @@ def sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     one_mask = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1] == 1)
-    if query.shape[2] == 1 and key.shape[1] < query.shape[1] and one_mask and not kwargs.get("dropout"):
+    # Not on CPU: the copy costs little there, and the reordered sums would move every CPU figure's last
+    # bits (sampled tokens, then whole learning curves) for no gain.
+    if (query.device.type != "cpu" and query.shape[2] == 1 and key.shape[1] < query.shape[1] and one_mask
+            and not kwargs.get("dropout")):
         return one_query_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
