@@ -55,8 +55,8 @@ ROOT = Path(__file__).parent
 PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
-LONGEST_FIRST = ["vllm", "tau2", "openai", "sandbox-fusion", "openenv", "viewer", "mcp", "loggers", "geo3k",
-                 "verifiers"]
+LONGEST_FIRST = ["vllm", "tinker", "sandbox-fusion", "openai", "tau2", "mcp", "openenv", "viewer", "loggers", "geo3k",
+                 "reasoning-gym", "textarena", "verifiers"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
@@ -298,14 +298,18 @@ def plugin(session: nox.Session, plugin: str) -> None:
 
 
 def cookbook_venv(session: nox.Session) -> str:
-    """tinker-cookbook in a plain venv of its own beside the session's, as a user of the hosted Tinker service
-    has it (its own tinker and transformers, which differ from toolrl's, and a CPU torch), for the tinker
-    plugin's cookbook tests: its interpreter. 0.5.8: 0.6.1 needs a tml-renderers the index lacks."""
+    """tinker-cookbook in a venv of its own beside the session's, as a user of the hosted Tinker service has it
+    (its own tinker and the packages it pins), for the tinker plugin's cookbook tests: its interpreter. It links
+    train_base's packages as install_core does (torch's CPU build among them: installing it again was most of
+    the session's set-up); pip puts what the cookbook needs otherwise in front. 0.5.8: 0.6.1 needs a
+    tml-renderers the index lacks."""
     venv = Path(session.virtualenv.location).with_name(slug(session.name) + "-cookbook")
     shutil.rmtree(venv, ignore_errors=True)
     session.run("python", "-m", "venv", str(venv))
     python = str(venv / "bin" / "python")
-    session.run(python, "-m", "pip", "install", "-q", "--no-compile", *TORCH, external=True)
+    purelib = session.run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True,
+                          external=True)
+    (Path(str(purelib).strip()) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
     session.run(python, "-m", "pip", "install", "-q", "--no-compile", "tinker-cookbook[math-rl]==0.5.8",
                 external=True)
     return python
