@@ -272,7 +272,7 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     base = getattr(model, model.base_model_prefix)
     impl = base.config._attn_implementation
     if impl in ("sdpa", decode_attention.DECODE_SDPA):
-        install_sdpa(base)
+        _install_varlen_sdpa(base)
         impl = VARLEN_SDPA
     if impl == "eager":
         positions, extra = _model_inputs(base, batch, tree=True)
@@ -437,8 +437,7 @@ def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     return out.transpose(1, 2).contiguous()
 
 
-def install_sdpa(base: Any) -> None:
-    """Make ``base`` (its attention sdpa) run :func:`varlen_sdpa`."""
+def _install_varlen_sdpa(base: Any) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
