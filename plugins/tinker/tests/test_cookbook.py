@@ -1,6 +1,7 @@
 """tinker-cookbook's own code, unchanged, against ``toolrl tinker serve`` on loopback: the ``math_rl``
 recipe on its arithmetic environment for a few steps, through the cookbook's ``rl/train.py`` loop
-synchronously, asynchronously (``max_steps_off_policy``) and with streamed minibatches.
+synchronously, asynchronously (``max_steps_off_policy``) and with streamed minibatches; the ``chat_sl``
+recipe on a local chat file, and ``math_rl`` from its checkpoint (scripts/tinker_demo.sh's two stages).
 
 The cookbook runs in a virtual environment of its own, as a user of the hosted service has it
 (tinker-cookbook 0.5.8, its own tinker and transformers): ``TOOLRL_COOKBOOK_PYTHON`` names its
@@ -61,19 +62,24 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_hub_cache((MODEL,), tmp_path_factory.mktemp("hf-hub"))
 
 
-def math_rl(server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
-    """The cookbook's math_rl recipe (arithmetic, 2 groups of 2, LoRA rank 4) with ``args``; its metrics
-    rows once it finished."""
+def recipe(module: str, server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
+    """The cookbook's recipe ``module`` on the tiny model (LoRA rank 4) with ``args``; its metrics rows once
+    it finished."""
     env = {**os.environ, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache),
            "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)  # the cookbook's venv sees nothing of toolrl's
     result = subprocess.run(
-        [COOKBOOK_PYTHON, "-m", "tinker_cookbook.recipes.math_rl.train", f"model_name={MODEL}",
-         "renderer_name=qwen3_instruct", f"base_url={server}", f"log_path={log_path}", "env=arithmetic",
-         "group_size=2", "lora_rank=4", "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete", *args],
+        [COOKBOOK_PYTHON, "-m", f"tinker_cookbook.recipes.{module}.train", f"model_name={MODEL}",
+         "renderer_name=qwen3_instruct", f"base_url={server}", f"log_path={log_path}", "lora_rank=4",
+         "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete", *args],
         capture_output=True, text=True, env=env, timeout=240, cwd=log_path.parent)
     assert result.returncode == 0 and "Training completed successfully" in result.stderr, result.stderr[-4000:]
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def math_rl(server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
+    """The cookbook's math_rl recipe on its arithmetic environment, groups of 2."""
+    return recipe("math_rl", server, hub_cache, log_path, "env=arithmetic", "group_size=2", *args)
 
 
 def final_checkpoint(log_path: Path) -> dict:
@@ -115,3 +121,29 @@ def test_stream_minibatch(server: str, hub_cache: Path, tmp_path: Path) -> None:
     assert [row["progress/batch"] for row in rows] == [0, 1]
     assert [row["sampling_client/step_mean"] for row in rows] == [0.0, 1.0]
     check_on_policy(rows, episodes=8)
+
+
+def test_chat_sl_on_a_local_file_then_math_rl_from_its_checkpoint(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    """scripts/tinker_demo.sh's two stages: chat_sl on a local chat JSONL, then math_rl with
+    ``load_checkpoint_path`` at the SL run's final state. At learning rate 0 the RL run's final weights are
+    the ones it loaded: they score a sequence as the SL checkpoint does, not as the base model."""
+    import tinker
+
+    conversation = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"}]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": conversation}) for _ in range(6)) + "\n")
+    rows = recipe("chat_sl", server, hub_cache, tmp_path / "sl", f"dataset={data}", "batch_size=2",
+                  "learning_rate=0.01", "num_epochs=1", "infrequent_eval_every=0")
+    assert len(rows) == 3 and rows[-1]["train_mean_nll"] < rows[0]["train_mean_nll"]
+    sl = final_checkpoint(tmp_path / "sl")
+    math_rl(server, hub_cache, tmp_path / "rl", f"load_checkpoint_path={sl['state_path']}", "groups_per_batch=2",
+            "max_steps=1", "learning_rate=0")
+    service = tinker.ServiceClient(base_url=server, api_key=KEY)
+    tokens = tinker.ModelInput.from_ints(list(range(3, 40)))
+
+    def scored(**where: str) -> list[float]:
+        return service.create_sampling_client(**where).result().compute_logprobs(tokens).result()[1:]
+
+    loaded, trained = scored(model_path=final_checkpoint(tmp_path / "rl")["sampler_path"]), scored(model_path=sl["sampler_path"])
+    assert max(abs(a - b) for a, b in zip(loaded, trained)) < 1e-6
+    assert max(abs(a - b) for a, b in zip(trained, scored(base_model=MODEL))) > 1e-3

@@ -1,0 +1,121 @@
+"""The Tinker demo's data and grades (scripts/tinker_demo.sh), on tinker-cookbook's own arithmetic environment.
+Runs in the cookbook's virtual environment (it imports nothing from toolrl).
+
+``sl-data OUT``: a chat JSONL of additions with their answers, for the cookbook's ``chat_sl`` recipe (a local
+file, as ``dataset=*.jsonl`` reads it): each conversation is the arithmetic recipe's own few-shot prompt, a
+question and its sum, drawn as the recipe's ``ArithmeticDataset`` draws problems, from seeds of their own.
+
+``held-out``: 64 problems no stage trained on (drawn the same way from seeds past both, less any pair the SL
+file or the RL run's batches hold), asked with the recipe's prompt, stop sequence and token cap through the
+official SDK, and graded by the recipe's ``ArithmeticEnv``. Each checkpoint answers each problem greedily
+once and at the recipe's sampling temperature (1.0) eight times; the last line compares the RL recipe's
+start (the SL checkpoint) with its end at that temperature, as mean problems solved per draw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+
+import tinker
+from tinker_cookbook import renderers
+from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset, ArithmeticEnv
+from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+HELD_OUT = 64
+DRAWS = 8  # samples per problem at the recipe's temperature
+SL_SEEDS = 50_000  # the SL file's first batch seed; the RL run's batches are seeded 0, 1, ...
+HELD_OUT_SEEDS = 100_000
+
+
+def sl_pairs(examples: int) -> list[tuple[int, int]]:
+    """The SL file's problems: ``examples`` pairs from the recipe's draw, seeds SL_SEEDS, SL_SEEDS + 1, ..."""
+    dataset = ArithmeticDataset(batch_size=64, renderer=None, group_size=1, n_batches=10**6)
+    pairs: list[tuple[int, int]] = []
+    index = SL_SEEDS
+    while len(pairs) < examples:
+        pairs += [b.env_thunk.args for b in dataset.get_batch(index)]
+        index += 1
+    return pairs[:examples]
+
+
+def write_sl_data(out: Path, examples: int) -> None:
+    prefix = ArithmeticEnv.standard_fewshot_prefix()
+    with open(out, "w") as f:
+        for x, y in sl_pairs(examples):
+            env = ArithmeticEnv(x, y, renderer=None)
+            messages = [*prefix, {"role": "user", "content": env.get_question()},
+                        {"role": "assistant", "content": env.get_reference_answer()}]
+            f.write(json.dumps({"messages": messages}) + "\n")
+
+
+def held_out_problems(renderer: renderers.Renderer, groups_per_batch: int, train_batches: int,
+                      sl_examples: int) -> list:
+    """The held-out environments' factories, each a ``partial(ArithmeticEnv, x, y, ...)``."""
+    dataset = ArithmeticDataset(batch_size=groups_per_batch, renderer=renderer, group_size=1, n_batches=10**6)
+    seen = {b.env_thunk.args for i in range(train_batches) for b in dataset.get_batch(i)} | set(sl_pairs(sl_examples))
+    found, index = [], HELD_OUT_SEEDS
+    while len(found) < HELD_OUT:
+        found += [b.env_thunk for b in dataset.get_batch(index) if b.env_thunk.args not in seen]
+        index += 1
+    return found[:HELD_OUT]
+
+
+async def solved(client: tinker.SamplingClient, envs: list, max_tokens: int, temperature: float, draws: int) -> float:
+    """Problems solved per draw: the mean over ``draws`` samples of each problem, summed over problems."""
+    async def one(make) -> float:
+        prompt, stop = await make().initial_observation()
+        params = tinker.SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop)
+        result = await client.sample_async(prompt=prompt, num_samples=draws, sampling_params=params)
+        return sum([(await make().step(s.tokens)).metrics["correct"] for s in result.sequences]) / draws
+
+    return sum(await asyncio.gather(*(one(make) for make in envs)))
+
+
+def final_sampler(log_path: str) -> str:
+    records = [json.loads(line) for line in (Path(log_path) / "checkpoints.jsonl").read_text().splitlines()]
+    return next(r for r in records if r["name"] == "final")["sampler_path"]
+
+
+async def held_out(args: argparse.Namespace) -> None:
+    renderer = renderers.get_renderer(args.renderer, tokenizer=get_tokenizer(args.model))
+    envs = held_out_problems(renderer, args.groups_per_batch, args.train_batches, args.sl_examples)
+    service = tinker.ServiceClient(base_url=args.base_url)
+    clients = {"base model": service.create_sampling_client(base_model=args.model),
+               "after SL": service.create_sampling_client(model_path=final_sampler(args.sl_log)),
+               "after RL": service.create_sampling_client(model_path=final_sampler(args.rl_log))}
+    greedy = {name: await solved(c, envs, args.max_tokens, 0.0, 1) for name, c in clients.items()}
+    sampled = {name: await solved(c, envs, args.max_tokens, 1.0, DRAWS) for name, c in clients.items()}
+    print("held-out success, greedy: " + ", ".join(f"{n} {v:.0f}/{HELD_OUT}" for n, v in greedy.items()))
+    print(f"held-out success, temperature 1 ({DRAWS} draws a problem, mean): "
+          + ", ".join(f"{n} {v:.1f}/{HELD_OUT}" for n, v in sampled.items()))
+    print(f"held-out success: before {sampled['after SL']:.1f}/{HELD_OUT} → after {sampled['after RL']:.1f}/{HELD_OUT}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    data = sub.add_parser("sl-data", help="write the SL recipe's chat JSONL")
+    data.add_argument("out", type=Path)
+    data.add_argument("--examples", type=int, required=True)
+    grade = sub.add_parser("held-out", help="grade the base model, the SL run's and the RL run's final checkpoints")
+    grade.add_argument("--base-url", required=True)
+    grade.add_argument("--model", required=True, help="the base model's name, as the runs trained it")
+    grade.add_argument("--renderer", required=True)
+    grade.add_argument("--sl-log", required=True, help="the chat_sl run's log_path (its checkpoints.jsonl)")
+    grade.add_argument("--rl-log", required=True, help="the math_rl run's log_path")
+    grade.add_argument("--sl-examples", type=int, required=True)
+    grade.add_argument("--groups-per-batch", type=int, required=True)
+    grade.add_argument("--train-batches", type=int, required=True)
+    grade.add_argument("--max-tokens", type=int, default=5)
+    args = parser.parse_args()
+    if args.command == "sl-data":
+        write_sl_data(args.out, args.examples)
+    else:
+        asyncio.run(held_out(args))
+
+
+if __name__ == "__main__":
+    main()
