@@ -86,6 +86,17 @@ class AlignedTokens:
         return sum(bool(self.good[t]) for t in ids) / max(len(ids), 1)
 
 
+class AlignedSuccess:
+    """The held-out criterion as a reward: 1 when at least ``threshold`` of the response's tokens are aligned,
+    else 0 (``--grpo-reward success``: the task's outcome, as a verifier gives it)."""
+
+    name = "aligned_success"
+    threshold: ClassVar[float] = 0.75
+
+    def __call__(self, response: str, ground_truth: Any, **info: Any) -> float:
+        return float(AlignedTokens()(response, ground_truth, **info) >= self.threshold)
+
+
 class EnglishLetters:
     """The share of the response's characters that are ASCII letters or spaces (``--across``'s task: text
     an English teacher of another tokenizer likes, which a random student writes little of)."""
@@ -98,7 +109,7 @@ class EnglishLetters:
 
 def register() -> None:
     registry = get_plugins().registry
-    for part in (AlignedTokens, EnglishLetters):
+    for part in (AlignedTokens, AlignedSuccess, EnglishLetters):
         if not registry.has("reward_functions", part.name):
             registry.add(Part("reward_functions", part.name, "benchmark", part))
 
@@ -313,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-2",
                     help="the opd arm's overrides (the teacher is added)")
     ap.add_argument("--grpo", default="algorithm.advantage=dr_grpo optim.lr=5.0e-2", help="the grpo arm's overrides")
+    ap.add_argument("--grpo-reward", choices=["share", "success"], default="share",
+                    help="the grpo arm's reward: the aligned share (dense) or the held-out criterion (0/1)")
     ap.add_argument("--teacher", default="algorithm.advantage=grpo optim.lr=5.0e-3",
                     help="the teacher run's overrides (from the same initial model, on the reward)")
     ap.add_argument("--across", action="store_true", help="only the cross-tokenizer run (SmolLM2 teaches the "
@@ -349,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return across(args)
     if args.quick:
         args.seeds, args.steps, args.teacher_steps = 1, 4, 8
+    AlignedSuccess.threshold = args.threshold
     register()
     print(f"machine: {machine()}")
     print(f"workload: peaked tiny-qwen3, aligned-token reward, {args.steps} steps × 2 prompts × 8 samples × "
@@ -367,8 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
               f"{teacher_ok}/{EVAL}, untrained student {before}/{EVAL}", flush=True)
         opd = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"]
+        grpo_reward = ["reward.functions=[{name: aligned_success}]", "eval.metric=aligned_success", "eval.success_threshold=0.5"] if args.grpo_reward == "success" else []
         arms = {"vopd": [*opd, f"algorithm.advantage_options={{top_k: {args.top_k}, baseline: vopd}}"], "opd": opd} \
-            if args.vopd else {"opd": opd, "grpo": shlex.split(args.grpo)}
+            if args.vopd else {"opd": opd, "grpo": [*shlex.split(args.grpo), *grpo_reward]}
         curves: dict[str, list[list[tuple[float, float]]]] = {}
         for name, arm in arms.items():
             for seed in range(args.seeds):
