@@ -107,7 +107,9 @@ def two_ranks(cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_rank(cluster, tmp_path_factory):
-    return train(config(tmp_path_factory.mktemp("w1") / "run", 1))
+    # In this process, not on Ray: the reference run needs no actors of its own (their starts are most of
+    # its time), and its engine samples what a Ray worker's would (test_distributed: the same trajectories).
+    return train(config(tmp_path_factory.mktemp("w1") / "run", 1, on_ray=False))
 
 
 def test_two_ranks_train_like_one(cluster, two_ranks, one_rank, tmp_path):
