@@ -372,6 +372,25 @@ def assert_trained_like_one_rank(run: Path, one: Path, scratch: Path) -> None:
     assert max(float((w_want[k] - w_got[k]).abs().max()) for k in w_want) <= 1e-5
 
 
+def test_a_lora_run_on_ray_samples_with_the_adapters_each_step_trained(cluster, tmp_path):
+    """Under ``model.lora`` the Ray rollout worker's engine carries the run's adapters (its own copy of
+    the model, unlike an in-process run's engine, which shares the trainer's) and each sync fills
+    them through the object store: step 2 samples with step 1's adapters, the checkpoint holds only
+    them. (test_lora's CLI run trains the same in one process.)"""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    run = train(config(tmp_path / "lora", 1, steps=2, extra=(
+        "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}", "optim.lr=0.05")))
+    rows = lines(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["grad_norm"] > 0  # step 1 moved the adapters ...
+    assert rows[1]["lp_mismatch"] < 1e-4  # ... and step 2's engine sampled with them
+    dcp_to_torch_save(str(run / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    assert len(saved) == 8 and all("lora_" in k for k in saved)
+
+
 def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
     """DCP reshards on load: one rank (no process group) resumes what two ranks wrote."""
     import torch
