@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _dists import EVEN_TOKENS, make_dist
+from test_vision_training import processor, trajectories, vlm_path  # noqa: F401  (fixtures)
 from toolrl.config import Config, load_config
 from toolrl.processes.rollout_workers import init_ray
 
@@ -306,10 +307,10 @@ def test_a_rank_killed_before_its_copy_is_complete_trains_the_step_again(cluster
     blocker = not_ready.remote()
     step = RayTrainerGroup.step
 
-    async def held_step(self: RayTrainerGroup, trajectories: Any, number: int) -> dict[str, Any]:
+    async def held_step(self: RayTrainerGroup, batch: Any, number: int) -> dict[str, Any]:
         if number == 2:  # the first group's rank 1: a re-formed group trains step 2 again without this call
             self.ranks[1].hold_copies.options(concurrency_group="copy").remote(0, [blocker])
-        return await step(self, trajectories, number)
+        return await step(self, batch, number)
 
     monkeypatch.setattr(RayTrainerGroup, "step", held_step)
     run = tmp_path / "uncopied"
@@ -389,6 +390,31 @@ def test_a_lora_run_on_ray_samples_with_the_adapters_each_step_trained(cluster, 
     dcp_to_torch_save(str(run / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
     assert len(saved) == 8 and all("lora_" in k for k in saved)
+
+
+def test_two_vision_language_ranks_train_like_one(cluster, processor, trajectories, tmp_path):  # noqa: F811
+    """A step of the tiny Qwen2.5-VL on trajectories with images (test_vision_training's) through two
+    FSDP2 ranks on Ray: one rank's loss and grad_norm."""
+    from test_vision_training import rank_config
+    from toolrl.processes.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.processes.trainer_rank import TrainerRank
+
+    one = TrainerRank(rank_config(tmp_path / "one", 1))
+    one.setup()
+    m1 = asyncio.run(LocalTrainer(one).step(trajectories, 1))
+    group = RayTrainerGroup(rank_config(tmp_path / "two", 2, "ray.address=local"))
+
+    async def run() -> dict:
+        await group.start()
+        try:
+            return await group.step(trajectories, 1)
+        finally:
+            group.close()
+
+    m2 = asyncio.run(run())
+    assert m1["grad_norm"] > 0
+    assert abs(m1["grad_norm"] - m2["grad_norm"]) <= 1e-3 * m1["grad_norm"], (m1["grad_norm"], m2["grad_norm"])
+    assert abs(m1["loss"] - m2["loss"]) <= 1e-4 * max(abs(m1["loss"]), 1e-3)
 
 
 def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):
