@@ -19,9 +19,10 @@ new test: docs/testing.md):
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
-  replaced rollout worker fed by real trainer ranks), an asynchronous Ray run whose trainer ranks, rollout
-  workers (once inside a weight push) and controller are each killed twice, with the trainer group replaced
-  (``one_step_off``: every figure and weight equal to an uninterrupted run's) and with it shrunk
+  replaced rollout worker fed by real trainer ranks, ``toolrl rollout`` of examples/tiny.yaml), an
+  asynchronous Ray run whose trainer ranks, rollout workers (once inside a weight push) and controller are
+  each killed twice, with the trainer group replaced (``one_step_off``: every figure and weight equal to an
+  uninterrupted run's) and with it shrunk
   (``tests/test_chaos.py``, about 2 minutes each), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes), a 16k-token run on
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes), a rollout worker lost
