@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { echo "tinker demo: $*" >&2; }  # a plain line per phase, so a log file shows where it is
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=30 SL_STEPS=10 SL_BATCH=64
+MODEL=HuggingFaceTB/SmolLM2-135M-Instruct RENDERER=qwen3_instruct BATCH_GROUPS=8 STEPS=40 SL_STEPS=10 SL_BATCH=64
 for arg in "$@"; do  # what the held-out draw must know of the run: the batches it trained on
   case $arg in max_steps=*) STEPS=${arg#*=} ;; groups_per_batch=*) BATCH_GROUPS=${arg#*=} ;; esac
 done
