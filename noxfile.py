@@ -19,9 +19,10 @@ new test: docs/testing.md):
   shrinking a trainer group, a two-rank sequence-parallel run through Ray, a killed vision-language run
   and a critic run resumed, Gemma 3 270M beyond its sliding window, a two-rank run stopped by a dead rank
   and resumed by hand, two critic ranks against one on Ray, two ranks against one with RLOO and GSPO, a
-  replaced rollout worker fed by real trainer ranks), an asynchronous Ray run whose trainer ranks, rollout
-  workers (once inside a weight push) and controller are each killed twice, with the trainer group replaced
-  (``one_step_off``: every figure and weight equal to an uninterrupted run's) and with it shrunk
+  replaced rollout worker fed by real trainer ranks, ``toolrl rollout`` of examples/tiny.yaml), an
+  asynchronous Ray run whose trainer ranks, rollout workers (once inside a weight push) and controller are
+  each killed twice, with the trainer group replaced (``one_step_off``: every figure and weight equal to an
+  uninterrupted run's) and with it shrunk
   (``tests/test_chaos.py``, about 2 minutes each), a Ray node lost mid-run
   (``tests/test_node_loss.py``: two ``ray start`` nodes on loopback, about 5 minutes), a 16k-token run on
   two sequence-parallel ranks (``tests/test_long_trajectories.py``, about 2 minutes), a rollout worker lost
@@ -91,6 +92,10 @@ ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
 RAY_TESTS = [f"tests/{name}.py" for name in ("test_async_ray", "test_distributed", "test_ratelimit", "test_sharded_critic",
                                              "test_sharded_training", "test_weight_object_store", "test_weight_transport_ray")]
+# The other core test modules that can hold a test marked slow (the word is in their text): tests(slow) collects
+# only these, not every module (collecting all of tests/ imports each module: half of its 20 s is the others).
+SLOW_TESTS = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
+                    if f"tests/{p.name}" not in RAY_TESTS and "slow" in p.read_text())
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
 # Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).
@@ -235,8 +240,10 @@ def tests(session: nox.Session, part: str) -> None:
     if part == "ray":
         pytest(session, *RAY_TESTS, "-m", "not long", *session.posargs)
         return
-    marker = "slow and not long" if part == "slow" else "not slow and not long"
-    pytest(session, "tests", *[f"--ignore={path}" for path in RAY_TESTS], "-m", marker, *session.posargs)
+    if part == "slow":
+        pytest(session, *SLOW_TESTS, "-m", "slow and not long", *session.posargs)
+        return
+    pytest(session, "tests", *[f"--ignore={path}" for path in RAY_TESTS], "-m", "not slow and not long", *session.posargs)
 
 
 def apt_install(session: nox.Session, *packages: str) -> None:

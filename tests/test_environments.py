@@ -383,3 +383,6 @@ def test_a_config_of_only_model_and_env_runs_toolrl_rollout(tmp_path):
     assert len(traces) == 4 and {t["env"] for t in traces} == {"arithmetic"}
     assert all("gsm8k" in t["reward_terms"] for t in traces)
     assert "Use the calculator tool" in traces[0]["prompt_text"] and '"name": "calculator"' in traces[0]["prompt_text"]
+    # It evaluates without training: one row of figures, no checkpoint.
+    assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "out/checkpoints").exists()

@@ -49,25 +49,37 @@ def tick_model(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_an_outside_estimator_loss_and_context_policy_train_from_the_public_api_alone(tick_venv, tmp_path):
+@pytest.fixture(scope="module")
+def tick_run(tick_venv, tmp_path_factory):
+    """One training step in the venv Tick was installed into, with everything Tick ships at once: the
+    model carrying its template, its parser and training twin, its estimator, loss and context policy
+    (a run is most of a test's time; each test below asserts its part on this one)."""
+    root = tmp_path_factory.mktemp("tick_run")
+    out = root / "run"
+    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(root / 'model')}",
+                       "rollout.parser=tick", "rollout.template_rewrite=training_template",
+                       "algorithm.advantage=tick_baseline", "algorithm.advantage_options={baseline: 0.25}",
+                       "algorithm.loss=tick_pg", "rollout.context={name: tick_forget, trigger_tokens: 600}",
+                       "rollout.n=2", "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1",
+                       "trainer.plot=false", "trainer.progress=false", f"trainer.output_dir={out}",
+                       "reward.functions=[{name: format, options: {pattern: e}}]",
+                       'data.prompt_prefix=[{role: user, content: "What is 1 + 1?"}, '
+                       '{role: assistant, content: "<think>one and one</think>2"}]', timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_an_outside_estimator_loss_and_context_policy_train_from_the_public_api_alone(tick_run):
     """Tick's estimator, loss and context policy import only public paths (check_public_imports), and a
     run that names all three trains a step in the venv it was installed into."""
     from toolrl.testing import check_public_imports
 
     assert check_public_imports([TICK]) == []
-    out = tmp_path / "run"
-    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), "algorithm.advantage=tick_baseline",
-                       "algorithm.advantage_options={baseline: 0.25}", "algorithm.loss=tick_pg",
-                       "rollout.context={name: tick_forget, trigger_tokens: 600}", "rollout.n=2",
-                       "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1", "trainer.plot=false",
-                       "trainer.progress=false", f"trainer.output_dir={out}",
-                       "reward.functions=[{name: format, options: {pattern: e}}]", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = json.loads((out / "metrics.jsonl").read_text())
+    row = json.loads((tick_run / "metrics.jsonl").read_text())
     assert row["step"] == 1 and row["grad_norm"] > 0  # the fixed baseline gives every trajectory an advantage
-    config = json.loads((out / "config.json").read_text())
+    config = json.loads((tick_run / "config.json").read_text())
     assert (config["algorithm"]["advantage"], config["algorithm"]["loss"]) == ("tick_baseline", "tick_pg")
+    assert config["rollout"]["context"]["name"] == "tick_forget"
 
 
 def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv):
@@ -82,18 +94,11 @@ def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv)
     assert json.loads(parsed.stdout)["calls"] == [{"name": "calculator", "arguments": {"expression": "2+3"}}]
 
 
-def test_a_step_trains_with_the_installed_family(tick_venv, tmp_path):
+def test_a_step_trains_with_the_installed_family(tick_run):
     """Tick is detected from the tokenizer's template (byte for byte), its parser reads the turns and
     its training twin renders the prompt: the few-shot turn's reasoning, which Tick's own template
     drops, is in the trained prompt."""
-    out = tmp_path / "run"
-    done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(tmp_path / 'model')}",
-                  "rollout.parser=tick", "rollout.template_rewrite=training_template", "rollout.n=2",
-                  "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1", "trainer.plot=false",
-                  "trainer.progress=false", f"trainer.output_dir={out}",
-                  'data.prompt_prefix=[{role: user, content: "What is 1 + 1?"}, '
-                  '{role: assistant, content: "<think>one and one</think>2"}]', timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out = tick_run
     assert json.loads((out / "metrics.jsonl").read_text())["step"] == 1
     traces = [json.loads(line) for line in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 2

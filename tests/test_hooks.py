@@ -256,32 +256,36 @@ def test_hook_register_environments(tmp_path):
     assert say["tools"] == ["upper"] and say["rewards"] == {"exact": 1.0} and say["metric"] == "exact"
 
 
-@pytest.mark.slow
-def test_hook_register_loggers(tmp_path):
-    assert listed(tmp_path)["parts"]["loggers"] == ["note"]
+@pytest.fixture(scope="module")
+def plugin_run(tmp_path_factory):
+    """One training step that uses the plugin's logger, estimator and loss at once (a run is most of
+    a test's time; the logger's output and the estimator's traces are each asserted on it below)."""
+    tmp_path = tmp_path_factory.mktemp("plugin_run")
     out = tmp_path / "run"
     done = run_toolrl("train", str(ROOT / "examples" / "tiny.yaml"), "trainer.total_steps=1", "trainer.plot=false",
                       "trainer.progress=false", f"trainer.output_dir={out}", "trainer.loggers=[note]",
-                      path=plugin_dir(tmp_path), env={"OMP_NUM_THREADS": "1"}, timeout=300)
+                      "algorithm.advantage=median_baseline", "algorithm.loss=plain_pg", path=plugin_dir(tmp_path),
+                      env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    row = json.loads((out / "metrics.jsonl").read_text())  # jsonl stays on beside the named logger
-    assert (out / "note.txt").read_text() == f"1 {row['reward_mean']}\n"
+    return out
 
 
 @pytest.mark.slow
-def test_hook_register_advantage_estimators(tmp_path):
+def test_hook_register_loggers(tmp_path, plugin_run):
+    assert listed(tmp_path)["parts"]["loggers"] == ["note"]
+    row = json.loads((plugin_run / "metrics.jsonl").read_text())  # jsonl stays on beside the named logger
+    assert (plugin_run / "note.txt").read_text() == f"1 {row['reward_mean']}\n"
+
+
+@pytest.mark.slow
+def test_hook_register_advantage_estimators(tmp_path, plugin_run):
     """A plugin's estimator (and loss) train a run by name; the traces record what it computed."""
     assert listed(tmp_path)["parts"]["advantage_estimators"] == ["median_baseline"]
-    out = tmp_path / "run"
-    done = run_toolrl("train", str(ROOT / "examples" / "tiny.yaml"), "trainer.total_steps=1", "trainer.plot=false",
-                      "trainer.progress=false", f"trainer.output_dir={out}", "algorithm.advantage=median_baseline",
-                      "algorithm.loss=plain_pg", path=plugin_dir(tmp_path), env={"OMP_NUM_THREADS": "1"}, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    traces = [json.loads(x) for x in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    traces = [json.loads(x) for x in (plugin_run / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     for t in traces:
         group = sorted(u["reward"] for u in traces if u["group"] == t["group"])
         assert t["advantage"] == pytest.approx(t["reward"] - group[(len(group) - 1) // 2], abs=1e-6)
-    row = json.loads((out / "metrics.jsonl").read_text())
+    row = json.loads((plugin_run / "metrics.jsonl").read_text())
     assert row["clip_frac"] == 0 and "advantage_mean" in row and "advantages" not in row
 
 

@@ -208,16 +208,13 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
         await run.rollouts.close()
 
 
-@pytest.mark.parametrize("where", [
-    pytest.param([], id="in-process"),
-    # The Ray rollout worker's engine gets the adapters through the object store.
-    pytest.param(["ray.address=local", "ray.num_rollout_workers=1"], id="ray", marks=pytest.mark.slow),
-])
-def test_cli_trains_two_steps_with_lora(tmp_path, where):
+# On Ray (the rollout worker's engine gets the adapters through the object store): test_sharded_training's
+# test_a_lora_run_on_ray_samples_with_the_adapters_each_step_trained, on that module's Ray cluster.
+def test_cli_trains_two_steps_with_lora(tmp_path):
     res = run_toolrl("train", TINY, "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}",
                      "trainer.total_steps=2", "optim.lr=0.05", f"trainer.output_dir={tmp_path}", "trainer.plot=false",
                      "reward.functions=[{name: format, options: {pattern: e}}]", "rollout.max_new_tokens=4",
-                     "rollout.max_response_tokens=4", *where, env={"OMP_NUM_THREADS": "1"}, timeout=600)
+                     "rollout.max_response_tokens=4", env={"OMP_NUM_THREADS": "1"}, timeout=600)
     assert res.returncode == 0, res.stderr
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -228,8 +225,6 @@ def test_cli_trains_two_steps_with_lora(tmp_path, where):
     dcp_to_torch_save(str(tmp_path / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
     assert len(saved) == 8 and all("lora_" in k for k in saved)
-    if where:
-        return
     # Export merges the adapters into the base weights: the exported plain model computes what the
     # trained adapter model computes (peft's own, unmerged forward).
     from transformers import AutoModelForCausalLM

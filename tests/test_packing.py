@@ -47,7 +47,8 @@ def padded_logprobs(model, trajs):
     logp = torch.log_softmax(model(input_ids=ids, attention_mask=attention).logits.float(), -1)
     for i, t in enumerate(trajs):
         p = len(t.prompt_ids)
-        row = torch.stack([logp[i, p + j - 1, tok] for j, tok in enumerate(t.response_ids)])
+        # One gather a row: an index per token would give backward a whole-logits gradient per token.
+        row = logp[i, torch.arange(p - 1, p - 1 + len(t.response_ids)), torch.tensor(t.response_ids)]
         out.append(torch.nn.functional.pad(row * torch.tensor(t.response_mask), (0, rwidth - len(row))))
     return torch.stack(out)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from _dists import EVEN_TOKENS, make_dist
+from test_vision_training import processor, trajectories, vlm_path  # noqa: F401  (fixtures)
 from toolrl.config import Config, load_config
 from toolrl.processes.rollout_workers import init_ray
 
@@ -107,7 +108,9 @@ def two_ranks(cluster, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_rank(cluster, tmp_path_factory):
-    return train(config(tmp_path_factory.mktemp("w1") / "run", 1))
+    # In this process, not on Ray: the reference run needs no actors of its own (their starts are most of
+    # its time), and its engine samples what a Ray worker's would (test_distributed: the same trajectories).
+    return train(config(tmp_path_factory.mktemp("w1") / "run", 1, on_ray=False))
 
 
 def test_two_ranks_train_like_one(cluster, two_ranks, one_rank, tmp_path):
@@ -304,10 +307,10 @@ def test_a_rank_killed_before_its_copy_is_complete_trains_the_step_again(cluster
     blocker = not_ready.remote()
     step = RayTrainerGroup.step
 
-    async def held_step(self: RayTrainerGroup, trajectories: Any, number: int) -> dict[str, Any]:
+    async def held_step(self: RayTrainerGroup, batch: Any, number: int) -> dict[str, Any]:
         if number == 2:  # the first group's rank 1: a re-formed group trains step 2 again without this call
             self.ranks[1].hold_copies.options(concurrency_group="copy").remote(0, [blocker])
-        return await step(self, trajectories, number)
+        return await step(self, batch, number)
 
     monkeypatch.setattr(RayTrainerGroup, "step", held_step)
     run = tmp_path / "uncopied"
@@ -368,6 +371,50 @@ def assert_trained_like_one_rank(run: Path, one: Path, scratch: Path) -> None:
         assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5, abs=1e-7)
     w_want, w_got = weights(one, 3, scratch), weights(run, 3, scratch)
     assert max(float((w_want[k] - w_got[k]).abs().max()) for k in w_want) <= 1e-5
+
+
+def test_a_lora_run_on_ray_samples_with_the_adapters_each_step_trained(cluster, tmp_path):
+    """Under ``model.lora`` the Ray rollout worker's engine carries the run's adapters (its own copy of
+    the model, unlike an in-process run's engine, which shares the trainer's) and each sync fills
+    them through the object store: step 2 samples with step 1's adapters, the checkpoint holds only
+    them. (test_lora's CLI run trains the same in one process.)"""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    run = train(config(tmp_path / "lora", 1, steps=2, extra=(
+        "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}", "optim.lr=0.05")))
+    rows = lines(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["grad_norm"] > 0  # step 1 moved the adapters ...
+    assert rows[1]["lp_mismatch"] < 1e-4  # ... and step 2's engine sampled with them
+    dcp_to_torch_save(str(run / "checkpoints" / "step_000002"), str(tmp_path / "ckpt.pt"))
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
+    assert len(saved) == 8 and all("lora_" in k for k in saved)
+
+
+def test_two_vision_language_ranks_train_like_one(cluster, processor, trajectories, tmp_path):  # noqa: F811
+    """A step of the tiny Qwen2.5-VL on trajectories with images (test_vision_training's) through two
+    FSDP2 ranks on Ray: one rank's loss and grad_norm."""
+    from test_vision_training import rank_config
+    from toolrl.processes.trainer_group import LocalTrainer, RayTrainerGroup
+    from toolrl.processes.trainer_rank import TrainerRank
+
+    one = TrainerRank(rank_config(tmp_path / "one", 1))
+    one.setup()
+    m1 = asyncio.run(LocalTrainer(one).step(trajectories, 1))
+    group = RayTrainerGroup(rank_config(tmp_path / "two", 2, "ray.address=local"))
+
+    async def run() -> dict:
+        await group.start()
+        try:
+            return await group.step(trajectories, 1)
+        finally:
+            group.close()
+
+    m2 = asyncio.run(run())
+    assert m1["grad_norm"] > 0
+    assert abs(m1["grad_norm"] - m2["grad_norm"]) <= 1e-3 * m1["grad_norm"], (m1["grad_norm"], m2["grad_norm"])
+    assert abs(m1["loss"] - m2["loss"]) <= 1e-4 * max(abs(m1["loss"]), 1e-3)
 
 
 def test_a_two_rank_checkpoint_loads_into_one_rank(two_ranks, tmp_path):

@@ -121,7 +121,10 @@ def checkpoint_state(path, scratch):
     return torch.load(scratch, weights_only=False)
 
 
+# long: test_environments' test_a_config_of_only_model_and_env_runs_toolrl_rollout runs `toolrl rollout` by default
+# and asserts the same (its traces, one metrics row, no checkpoint), on the arithmetic environment's config.
 @pytest.mark.slow
+@pytest.mark.long
 def test_rollout_command_evaluates_without_training(tmp_path):
     out = tmp_path / "eval"
     res = run_toolrl("rollout", TINY, "trainer.total_steps=1", f"trainer.output_dir={out}", env=FAST, timeout=600)

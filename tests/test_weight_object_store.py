@@ -42,7 +42,7 @@ def test_conformance_every_byte_arrives():
 
 @pytest.mark.slow  # child processes start torch and join Ray: seconds each on a loaded machine
 def test_conformance_a_dead_peer_ends_the_transfer_within_the_timeout():
-    check_dead_peers(ObjectStoreTransport(), timeout_s=5.0)
+    check_dead_peers(ObjectStoreTransport(), timeout_s=1.0)
 
 
 @pytest.mark.parametrize("load", ["in_place", "staged"])
