@@ -21,6 +21,8 @@ Prompts are the arithmetic environment's; a held-out trajectory succeeds when at
    0: the reward is never read) and ``grpo`` (``--grpo``: ``dr_grpo``, the fastest reward-only pair of
    the matrix), both at lr 5e-2. Every ``--eval-every`` steps the held-out split is sampled (16
    problems × 4 samples at temperature 1 = 64 trajectories).
+   ``--grpo-reward success``: the grpo arm's reward is the held-out criterion itself (1 at ``--threshold``
+   aligned or more, else 0), as a verifier's, instead of the aligned share.
 
 Generated tokens are the trained tokens (``response_mask`` 1) of every step's trajectories. Tokens to
 90% of the teacher's success: where the seed-mean curve (linear between evaluations, the untrained
