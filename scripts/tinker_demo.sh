@@ -39,18 +39,17 @@ until URL=$(grep -o 'http://[^ ]*' "$OUT/serve.log" 2>/dev/null); do
   kill -0 $server 2>/dev/null || { cat "$OUT/serve.log" >&2; exit 1; }
   sleep 1
 done
-COOKBOOK=(.venv-cookbook/bin/python -m)
 RUN=("model_name=$MODEL" "renderer_name=$RENDERER" "base_url=$URL" lora_rank=16 save_every=0 eval_every=0
      behavior_if_log_dir_exists=delete)
 step "the cookbook's chat_sl recipe on $((SL_STEPS * SL_BATCH)) additions, $SL_STEPS steps (log: $OUT/sl.log)"
 .venv-cookbook/bin/python scripts/tinker_additions.py sl-data "$OUT/additions.jsonl" --examples $((SL_STEPS * SL_BATCH))
-"${COOKBOOK[@]}" tinker_cookbook.recipes.chat_sl.train "${RUN[@]}" "log_path=$OUT/sl" "dataset=$OUT/additions.jsonl" \
+.venv-cookbook/bin/python -m tinker_cookbook.recipes.chat_sl.train "${RUN[@]}" "log_path=$OUT/sl" "dataset=$OUT/additions.jsonl" \
   "batch_size=$SL_BATCH" learning_rate=1e-3 num_epochs=1 infrequent_eval_every=0 \
   >"$OUT/sl.log" 2>&1 || { tail -n 40 "$OUT/sl.log" >&2; exit 1; }
 sl_state=$(.venv-cookbook/bin/python -c 'import json, sys; print([json.loads(l) for l in open(sys.argv[1])][-1]["state_path"])' \
   "$OUT/sl/checkpoints.jsonl")
 step "the cookbook's math_rl recipe from $sl_state, $STEPS steps (log: $OUT/rl.log)"
-"${COOKBOOK[@]}" tinker_cookbook.recipes.math_rl.train "${RUN[@]}" "log_path=$OUT/rl" "load_checkpoint_path=$sl_state" \
+.venv-cookbook/bin/python -m tinker_cookbook.recipes.math_rl.train "${RUN[@]}" "log_path=$OUT/rl" "load_checkpoint_path=$sl_state" \
   env=arithmetic "groups_per_batch=$BATCH_GROUPS" group_size=8 \
   "stream_minibatch_config.groups_per_batch=$BATCH_GROUPS" stream_minibatch_config.num_minibatches=2 \
   learning_rate=2e-4 "max_steps=$STEPS" "$@" \
