@@ -383,7 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
               f"{teacher_ok}/{EVAL}, untrained student {before}/{EVAL}", flush=True)
         opd = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"]
-        grpo_reward = ["reward.functions=[{name: aligned_success}]", "eval.metric=aligned_success", "eval.success_threshold=0.5"] if args.grpo_reward == "success" else []
+        # The 0/1 reward is also the run's held-out metric (a metric must be one of the run's reward terms).
+        grpo_reward = ["reward.functions=[{name: aligned_success}]", "eval.metric=aligned_success",
+                       "eval.success_threshold=0.5"] if args.grpo_reward == "success" else []
         arms = {"vopd": [*opd, f"algorithm.advantage_options={{top_k: {args.top_k}, baseline: vopd}}"], "opd": opd} \
             if args.vopd else {"opd": opd, "grpo": [*shlex.split(args.grpo), *grpo_reward]}
         curves: dict[str, list[list[tuple[float, float]]]] = {}

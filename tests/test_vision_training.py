@@ -1,9 +1,9 @@
 """The trainer on a vision-language model (tiny Qwen2.5-VL): packed forwards with images agree with
 the model's own forward, GRPO steps train (never on image tokens), micro-batches count image tokens,
-the vision tower trains or stays frozen by config, LoRA adapts the language model only (two FSDP2
-ranks on Ray train like one: test_sharded_training, on its Ray cluster), export writes a directory transformers loads whole, and the trainer's
-log-probs of trajectories the transformers engine sampled (images in the prompt and a tool result)
-are the engine's."""
+the vision tower trains or stays frozen by config, LoRA adapts the language model only, export writes a
+directory transformers loads whole, and the trainer's log-probs of trajectories the transformers engine
+sampled (images in the prompt and a tool result) are the engine's. Two FSDP2 ranks on Ray train like one
+in test_sharded_training, on that module's Ray cluster, with this module's fixtures."""
 
 from __future__ import annotations
 
