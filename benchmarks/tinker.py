@@ -8,8 +8,10 @@ CPU, one thread each.
 2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
    one at a time, against four clients (four training runs, four adapters) doing the same at once, which
    the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
-   (``stop=[]``), seeded. Beside them, the sampler's engine alone in this process, 4 rows at once against
-   1: the bound this machine puts on the four clients' gain (a CPU's decode step grows with its rows).
+   (``stop=[]``), seeded. Beside them, the sampler's engine alone in this process: four requests at once,
+   each through its own adapter (as four clients' are), against one request through one of them. That is
+   the bound this machine puts on the four clients' gain: a CPU's decode step grows with its rows, and
+   four adapters' prompts are prefilled apart (one adapter's identical prompts would share one prefill).
 
     OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base tiny-qwen3] [--datums 8] [--tokens 256]
         [--rounds 3] [--requests 4] [--max-tokens 32]
@@ -121,26 +123,38 @@ def sampling(samplers: list[Any], requests: int, max_tokens: int) -> float:
     return sum(counts) / (time.perf_counter() - t)
 
 
-def engine_rows(engine: Any, rows: int, requests: int, max_tokens: int) -> float:
-    """Sampled tokens per second of the sampler's engine alone, in this process (no server, one adapter):
-    ``rows`` requests at once, ``requests`` times. Its 4 rows / 1 row bounds what four clients can gain."""
+def engine_rows(engine: Any, adapters: list[str], requests: int, max_tokens: int) -> float:
+    """Sampled tokens per second of the sampler's engine alone, in this process (no server): one request
+    per adapter in ``adapters`` at once, ``requests`` times. Four adapters' rate over one's bounds what
+    four clients can gain."""
     import asyncio
 
     from toolrl.engines import SamplingParams
-    from toolrl_tinker.models import BASE_ADAPTER
 
     params = SamplingParams(max_new_tokens=max_tokens, seed=1, stop_token_ids=[])
 
     async def go() -> int:
         done = 0
         for _ in range(requests):
-            gens = await asyncio.gather(*(engine.generate(list(range(100, 132)), params, adapter=BASE_ADAPTER)
-                                          for _ in range(rows)))
+            gens = await asyncio.gather(*(engine.generate(list(range(100, 132)), params, adapter=a)
+                                          for a in adapters))
             done += sum(len(g[0].token_ids) for g in gens)
         return done
 
     t = time.perf_counter()
     return asyncio.run(go()) / (time.perf_counter() - t)
+
+
+def local_samplers(local: Any, runs: list[Any]) -> list[str]:
+    """The runs' adapters copied to ``local``'s sampler, as saving weights for a sampler does on the server."""
+    from toolrl_tinker import models
+
+    names = []
+    for i, run in enumerate(runs):
+        models.create_adapter(run)
+        models.copy_to_sampler(local, run.rank, run.targets, f"sampler_{i}", run.adapter_state())
+        names.append(f"sampler_{i}")
+    return names
 
 
 def main() -> None:
@@ -159,8 +173,9 @@ def main() -> None:
 
     data = datums(args.datums, args.tokens)
     local = models.Base(args.base)
-    run = models.Run("bench:train:0", "me", local, args.rank, models.ATTN + models.MLP, 0)
-    models.create_adapter(run)
+    runs = [models.Run(f"bench:train:{i}", "me", local, args.rank, models.ATTN + models.MLP, i) for i in range(4)]
+    adapters = local_samplers(local, runs)
+    run = runs[0]
     with tempfile.TemporaryDirectory() as state:
         proc, url = start_server(state, args.base)
         try:
@@ -182,8 +197,8 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-    engine_rows(local.engine, 1, 1, 4)  # warm-up
-    alone = [engine_rows(local.engine, rows, args.requests, args.max_tokens) for rows in (1, 4)]
+    engine_rows(local.engine, adapters[:1], 1, 4)  # warm-up
+    alone = [engine_rows(local.engine, adapters[:k], args.requests, args.max_tokens) for k in (1, 4)]
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
@@ -192,9 +207,9 @@ def main() -> None:
                                                  ["in process (toolrl_tinker.models)", f"{l_med:.3f}",
                                                   " ".join(f"{x:.3f}" for x in local_t)]]))
     print(table(["sampling", "tokens/s"], [["1 client", f"{one:.1f}"], ["4 clients", f"{four:.1f}"],
-                                          ["the engine alone, 1 row", f"{alone[0]:.1f}"],
-                                          ["the engine alone, 4 rows", f"{alone[1]:.1f}"]]))
-    print(f"the engine alone, 4 rows / 1 row: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
+                                          ["the engine alone, 1 adapter", f"{alone[0]:.1f}"],
+                                          ["the engine alone, 4 adapters at once", f"{alone[1]:.1f}"]]))
+    print(f"the engine alone, 4 adapters at once / 1: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
     print(f"served / in-process step time: {s_med / l_med:.2f}")
     print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
 
