@@ -28,7 +28,7 @@ Generated tokens are the trained tokens (``response_mask`` 1) of every step's tr
 90% of the teacher's success: where the seed-mean curve (linear between evaluations, the untrained
 model's success at 0 tokens) first reaches 0.9 × the teacher's held-out success.
 
-    OMP_NUM_THREADS=1 python benchmarks/distill.py [--quick] [--seeds 3] [--steps 12]
+    OMP_NUM_THREADS=1 python benchmarks/distill.py [--quick] [--seeds 3] [--steps 24]
 
 Last line: ``tokens to 90% of the teacher's success, opd/grpo: X.XX`` (below 1: OPD needs fewer tokens).
 With ``--vopd`` the arms are opd with vOPD's baseline (``advantage_options: {top_k: 20, baseline: vopd}``)
@@ -282,14 +282,17 @@ def run_rows(model: Path, out: Path, seed: int, steps: int, args: argparse.Names
 
 
 def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
-          eval_every: int) -> list[tuple[int, int]]:
-    """One run; (generated tokens so far, held-out successes) at each evaluation."""
+          eval_every: int, advantages: list[float] | None = None) -> list[tuple[int, int]]:
+    """One run; (generated tokens so far, held-out successes) at each evaluation. ``advantages``: gets the
+    steps' mean advantage at each evaluation (under opd, minus the per-token reverse KL's estimate)."""
     rows = run_rows(model, out, seed, steps, args, arm, eval_every)
     curve, tokens = [], 0
     for row in rows:
         tokens += int(row["trained_tokens"])
         if "val/pass@1" in row:
             curve.append((tokens, round(row["val/pass@1"] * EVAL)))
+            if advantages is not None:
+                advantages.append(row["advantage_mean"])
     return curve
 
 
@@ -317,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 steps: a smoke run")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=12, help="steps of each student run")
+    ap.add_argument("--steps", type=int, default=None, help="steps of each student run (default 24: a "
+                    "collapse after the first dozen shows; --gemma, --across, --overlap: 12)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every this many steps "
                     "(default 2; --gemma: 4)")
     ap.add_argument("--teacher-steps", type=int, default=40)
@@ -351,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.eval_every is None:
         args.eval_every = 4 if args.gemma else 2
+    if args.steps is None:
+        args.steps = 12 if args.gemma or args.across or args.overlap else 24
     if args.gemma:
         print(f"machine: {machine()}")
         return gemma(args)
@@ -367,7 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     AlignedSuccess.threshold = args.threshold
     register()
     print(f"machine: {machine()}")
-    print(f"workload: peaked tiny-qwen3, aligned-token reward, {args.steps} steps × 2 prompts × 8 samples × "
+    print(f"workload: peaked tiny-qwen3, aligned-token reward, {args.steps} steps × 2 prompts × 8 samples (unless an "
+          f"arm sets rollout.n) × "
           f"≤ {args.max_new_tokens} tokens, seeds 0-{args.seeds - 1}; held-out: {EVAL} trajectories, success = "
           f"≥ {args.threshold:g} aligned; opd: {args.opd}; grpo: {args.grpo}\n")
     with tempfile.TemporaryDirectory(prefix="distill-") as tmp:
@@ -392,27 +399,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, arm in arms.items():
             for seed in range(args.seeds):
                 t0 = time.perf_counter()
+                adv: list[float] = []
                 curve = [(0, before), *train(model, base / f"{name}-{seed}", seed, args.steps, args, arm,
-                                             args.eval_every)]
+                                             args.eval_every, adv)]
                 curves.setdefault(name, []).append([(float(t), float(s)) for t, s in curve])
                 print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; held-out successes at tokens "
-                      + " ".join(f"{s}@{t}" for t, s in curve), flush=True)
-    budget = min(c[-1][0] for cs in curves.values() for c in cs)
-    marks = [budget * k / 6 for k in range(7)]
-    rows = [[name, *[f"{v:.1f}" for v in mean_curve(cs, marks)]] for name, cs in curves.items()]
+                      + " ".join(f"{s}@{t}" for t, s in curve) + "; the mean advantage at those steps "
+                      + " ".join(f"{a:.2f}" for a in adv), flush=True)
+    # Each arm's curve to its own end: arms that sample fewer tokens a step (a smaller rollout.n) end sooner.
+    ends = {name: min(c[-1][0] for c in cs) for name, cs in curves.items()}
+    marks = [max(ends.values()) * k / 6 for k in range(7)]
+    rows = [[name, *[f"{v:.1f}" if m <= ends[name] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
+            for name, cs in curves.items()]
     print(f"\nheld-out successes of {EVAL} (mean over {args.seeds} seeds) at generated tokens; teacher {teacher_ok}")
     print(table(["method", *[f"{m:.0f}" for m in marks]], rows))
     target = 0.9 * teacher_ok
-    fine = [budget * k / 200 for k in range(201)]
-    reached = {name: tokens_to(target, list(zip(fine, mean_curve(cs, fine), strict=True)))
-               for name, cs in curves.items()}
+    reached = {}
+    for name, cs in curves.items():
+        fine = [ends[name] * k / 200 for k in range(201)]
+        reached[name] = tokens_to(target, list(zip(fine, mean_curve(cs, fine), strict=True)))
     for name, value in reached.items():
         print(f"{name}: tokens to {target:.1f}/{EVAL} (90% of the teacher's): "
-              f"{'not within the budget' if value is None else f'{value:.0f}'}")
+              f"{f'not within its {ends[name]:.0f}' if value is None else f'{value:.0f}'}")
+    for name, cs in curves.items():  # the whole curve in one line: a collapse after the best shows
+        points = [t for t, _ in cs[0]]
+        mean = mean_curve(cs, points)
+        best = max(range(len(mean)), key=mean.__getitem__)
+        print(f"{name}: best {mean[best]:.1f}/{EVAL} at {points[best]:.0f} tokens, lowest after it "
+              f"{min(mean[best:]):.1f}/{EVAL}, last {mean[-1]:.1f}/{EVAL}")
     first, anchor = arms
     if reached[first] is None or reached[anchor] is None:
-        ratio = "n/a (" + " and ".join(n for n, v in reached.items() if v is None) + " did not reach it within " \
-                f"{budget:.0f} tokens)"
+        ratio = "n/a (" + " and ".join(f"{n} did not reach it within {ends[n]:.0f} tokens"
+                                        for n, v in reached.items() if v is None) + ")"
     else:
         ratio = f"{reached[first] / max(reached[anchor], 1e-9):.2f}"
     print(f"\ntokens to 90% of the teacher's success, {first}/{anchor}: {ratio}")

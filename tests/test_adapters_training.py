@@ -36,7 +36,7 @@ def trainer(*overrides: str):
     from toolrl.processes.trainer_rank import TrainerRank
 
     cfg = load_config(TINY, [ADAPTERS, "optim.lr=0.05", "optim.weight_decay=0.1", "optim.grad_clip=0.5",
-                             *overrides])
+                             "optim.eps=1e-6", *overrides])
     rank = TrainerRank(cfg)
     rank.setup()
     return rank
@@ -63,6 +63,7 @@ def test_an_adapter_no_row_used_keeps_weights_and_optimizer_state():
     rank = trainer()
     groups = {g["lr"]: [id(p) for p in g["params"]] for g in rank.optimizer.param_groups}
     assert sorted(groups) == [0.02, 0.05]  # a at optim.lr, b at its own; c (frozen) in no group
+    assert {g["eps"] for g in rank.optimizer.param_groups} == {1e-6}  # optim.eps reaches AdamW
     frozen = adapter_state(rank, "c")
     assert not frozen[1]["model.layers.0.self_attn.q_proj.lora_A.c.weight"]
     untouched = adapter_state(rank, "b")

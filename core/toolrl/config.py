@@ -612,6 +612,8 @@ class OptimConfig(Section):
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0, le=1, description="AdamW's epsilon: a parameter whose gradients stay below it "
+                       "moves less than lr a step (docs/benchmarks.md: on-policy distillation past 12 steps)")
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: BatchSize = Field(4, gt=0)
     # Fill micro-batches up to this many tokens (prompt + response) instead of micro_batch_size sequences.

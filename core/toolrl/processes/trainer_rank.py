@@ -124,7 +124,8 @@ class TrainerRank:
         # Under model.adapters a group per trained adapter, at its lr: an adapter no row of an update used
         # has no gradient then, and AdamW leaves its weights and state (moments, step) as they were.
         self.optimizer = torch.optim.AdamW(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr),
-                                           lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay)
+                                           lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                                           weight_decay=cfg.optim.weight_decay)
         return self.info()
 
     def info(self) -> dict[str, Any]:
