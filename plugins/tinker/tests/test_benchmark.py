@@ -1,6 +1,6 @@
 """benchmarks/tinker.py's in-process anchors call the plugin's own step as the server does (it broke once
 when forward_backward gained its micro-batch argument, unnoticed until the benchmark was rerun) and its
-sampler engine."""
+sampler engine, one request per adapter."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
     finally:
         torch.set_num_threads(threads)
     base = models.Base("tiny-qwen3")
-    run = models.Run("bench:train:0", "me", base, 4, models.ATTN + models.MLP, 0)
-    models.create_adapter(run)
+    runs = [models.Run(f"bench:train:{i}", "me", base, 4, models.ATTN + models.MLP, i) for i in range(2)]
+    adapters = bench.local_samplers(base, runs)  # each run's adapter on the sampler, as the engine-alone anchor has
+    run = runs[0]
     before = run.adapter_state()
     assert bench.in_process_step(run, bench.as_batch(bench.datums(2, 8))) > 0
     assert run.steps == 1
     assert any(not (t == before[n]).all() for n, t in run.adapter_state().items())  # the step moved the adapter
-    assert bench.engine_rows(base.engine, 2, 1, 3) > 0  # the engine-alone anchor
+    assert bench.engine_rows(base.engine, adapters, 1, 3) > 0  # the engine-alone anchor: a request per adapter
