@@ -269,7 +269,8 @@ def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path
     from toolrl.processes.trainer_rank import TrainerRank
 
     tiny = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")
-    cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "critic.lr=0.01", "optim.micro_batch_size=2"]))
+    cfg = with_critic(load_config(tiny, ["algorithm.advantage=gae", "critic.lr=0.01", "optim.micro_batch_size=2",
+                                         "optim.eps=1e-6"]))
 
     def rank() -> TrainerRank:
         r = TrainerRank(cfg)
@@ -277,6 +278,7 @@ def test_a_trainer_rank_trains_its_critic_and_resume_restores_it(tiny_qwen3_path
         return r
 
     a = rank()
+    assert {g["eps"] for g in a.critic.optimizer.param_groups} == {1e-6}  # optim.eps reaches the critic's AdamW
     first = a.step(TRAJS)
     assert first["value_loss"] == pytest.approx(float((returns_of(TRAJS, 5) ** 2).sum() / 11), rel=1e-5)
     assert first["value_mean"] == 0.0 and first["value_tokens"] == 11.0

@@ -93,8 +93,8 @@ class CriticOptions:
 
 
 def make_optimizer(critic: torch.nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=lr, betas=betas,
+                   weight_decay: float = 0.0, eps: float = 1e-8) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps,
                              weight_decay=weight_decay)
 
 
@@ -270,7 +270,7 @@ class Critic:
         model: torch.nn.Module = ValueModel(backbone.requires_grad_(True))
         if mesh is not None:
             model = shard_critic(model, mesh, offload=config.trainer.cpu_offload)
-        optimizer = make_optimizer(model, cfg.lr, config.optim.betas, cfg.weight_decay)
+        optimizer = make_optimizer(model, cfg.lr, config.optim.betas, cfg.weight_decay, config.optim.eps)
         algo, optim = config.algorithm, config.optim
         options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
                                 mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,
