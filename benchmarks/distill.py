@@ -282,17 +282,15 @@ def run_rows(model: Path, out: Path, seed: int, steps: int, args: argparse.Names
 
 
 def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespace, arm: Sequence[str],
-          eval_every: int, advantages: list[float] | None = None) -> list[tuple[int, int]]:
-    """One run; (generated tokens so far, held-out successes) at each evaluation. ``advantages``: gets the
-    steps' mean advantage at each evaluation (under opd, minus the per-token reverse KL's estimate)."""
+          eval_every: int) -> list[tuple[int, int, float]]:
+    """One run; (generated tokens so far, held-out successes, the step's mean advantage) at each evaluation
+    (under opd the mean advantage is minus the estimate of the per-token reverse KL to the teacher)."""
     rows = run_rows(model, out, seed, steps, args, arm, eval_every)
     curve, tokens = [], 0
     for row in rows:
         tokens += int(row["trained_tokens"])
         if "val/pass@1" in row:
-            curve.append((tokens, round(row["val/pass@1"] * EVAL)))
-            if advantages is not None:
-                advantages.append(row["advantage_mean"])
+            curve.append((tokens, round(row["val/pass@1"] * EVAL), row["advantage_mean"]))
     return curve
 
 
@@ -399,13 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, arm in arms.items():
             for seed in range(args.seeds):
                 t0 = time.perf_counter()
-                adv: list[float] = []
-                curve = [(0, before), *train(model, base / f"{name}-{seed}", seed, args.steps, args, arm,
-                                             args.eval_every, adv)]
+                points = train(model, base / f"{name}-{seed}", seed, args.steps, args, arm, args.eval_every)
+                curve = [(0, before), *((t, s) for t, s, _ in points)]
                 curves.setdefault(name, []).append([(float(t), float(s)) for t, s in curve])
                 print(f"{name} seed {seed}: {time.perf_counter() - t0:.0f} s; held-out successes at tokens "
                       + " ".join(f"{s}@{t}" for t, s in curve) + "; the mean advantage at those steps "
-                      + " ".join(f"{a:.2f}" for a in adv), flush=True)
+                      + " ".join(f"{a:.2f}" for _, _, a in points), flush=True)
     # Each arm's curve to its own end: arms that sample fewer tokens a step (a smaller rollout.n) end sooner.
     ends = {name: min(c[-1][0] for c in cs) for name, cs in curves.items()}
     marks = [max(ends.values()) * k / 6 for k in range(7)]
