@@ -20,7 +20,7 @@ from toolrl.schemas import Sample
 
 from toolrl_reasoning_gym.generators import check_config, check_name, make, names
 
-INSTRUCTIONS = "Give your final answer inside <answer></answer> tags, e.g. <answer>42</answer>."
+INSTRUCTIONS = "Give your final answer inside <answer></answer> tags."
 CALCULATOR = ("You may call the calculator tool for arithmetic. " + INSTRUCTIONS)
 CALCULATOR_TOOL = {"class_name": "calculator", "config": {"type": "native", "timeout": 5}}
 
