@@ -334,6 +334,22 @@ def test_groups_of_one_are_refused_only_when_the_reward_is_mixed_in(tmp_path):
     assert invoke("train", str(pure), "--check").exit_code == 0
 
 
+def test_opd_with_full_fine_tuning_is_a_warning_and_under_lora_none(tmp_path):
+    """Measured (docs/benchmarks.md): under full fine-tuning the student passes its teacher and then falls
+    (9-22/64 at step 48) while its KL to the teacher grows; with the output head frozen, or under LoRA, the
+    KL settles near 0 and the student stays at its teacher's level. The run says so before it starts."""
+    teacher = {"model": "tiny-qwen3"}
+    result = invoke("train", str(write_config(tmp_path, algorithm={"advantage": "opd", "teacher": teacher})), "--check")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: model.lora: opd with full fine-tuning"), result.stderr
+    assert "output head" in lines[0] and "AdamW" in lines[0]
+    config = write_config(tmp_path, model={"source": "tiny-qwen3", "lora": {"r": 4}},
+                          algorithm={"advantage": "opd", "teacher": teacher})
+    result = invoke("train", str(config), "--check")
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
+
+
 # -- scoring off the step's path --------------------------------------------------------------------
 
 
