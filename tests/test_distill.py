@@ -344,10 +344,33 @@ def test_opd_with_full_fine_tuning_is_a_warning_and_under_lora_none(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("warning: model.lora: opd with full fine-tuning"), result.stderr
     assert "output head" in lines[0] and "AdamW" in lines[0]
-    config = write_config(tmp_path, model={"source": "tiny-qwen3", "lora": {"r": 4}},
-                          algorithm={"advantage": "opd", "teacher": teacher})
-    result = invoke("train", str(config), "--check")
-    assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
+    for model in ({"lora": {"r": 4}}, {"freeze_output_head": True}):
+        config = write_config(tmp_path, model={"source": "tiny-qwen3", **model},
+                              algorithm={"advantage": "opd", "teacher": teacher})
+        result = invoke("train", str(config), "--check")
+        assert result.exit_code == 0 and "warning" not in result.stderr, (model, result.stderr)
+    config = write_config(tmp_path, model={"source": "tiny-qwen3", "lora": {"r": 4}, "freeze_output_head": True})
+    one_error_line(invoke("train", str(config), "--check"), "model.freeze_output_head", "under model.lora")
+
+
+def test_a_frozen_output_head_is_the_loaded_one_after_training_and_export(tmp_path):
+    """``model.freeze_output_head`` (full fine-tuning, the fix for the drift above without LoRA): a step moves
+    the decoder's weights and leaves the head (the tiny Qwen3's, tied to its input embeddings) bit for bit,
+    and the export, whose checkpoint holds no head, takes it from the model source."""
+    from toolrl.model_sources import tiny_qwen3
+
+    config = write_config(tmp_path, model={"source": "tiny-qwen3", "freeze_output_head": True},
+                          reward={"functions": [{"name": "format", "options": {"pattern": "e"}}]},
+                          rollout={"max_new_tokens": 6, "max_response_tokens": 6}, optim={"lr": 0.05})
+    result = invoke("train", str(config))
+    assert result.exit_code == 0, result.stderr
+    assert invoke("export", str(tmp_path / "run"), str(tmp_path / "hf")).exit_code == 0
+    base, trained = load_model(tiny_qwen3()).state_dict(), load_model(str(tmp_path / "hf")).state_dict()
+    head = "lm_head.weight" if "lm_head.weight" in trained else "model.embed_tokens.weight"
+    assert torch.equal(trained[head], base[head]) and torch.equal(trained["model.embed_tokens.weight"],
+                                                                  base["model.embed_tokens.weight"])
+    assert not torch.equal(trained["model.layers.0.self_attn.q_proj.weight"],
+                           base["model.layers.0.self_attn.q_proj.weight"])
 
 
 # -- scoring off the step's path --------------------------------------------------------------------

@@ -294,6 +294,10 @@ class ModelConfig(Section):
     # A vision-language model's vision tower (and its merger) untrained; trained by default, as in
     # verl (actor.freeze_vision_tower: false) and TRL. Under LoRA only the adapters train anyway.
     freeze_vision: bool = False
+    # The output head (and the input embeddings, where tied to it) kept as loaded under full fine-tuning:
+    # opd's mostly negative advantages push the row of every token the student did not sample one way, and
+    # AdamW scales that to steps of about optim.lr (docs/distillation.md). LoRA never trains the head.
+    freeze_output_head: bool = False
     # The live context's cap (a segment's prompt + response): a trajectory whose context is full ends
     # (`length`) unless the context policy (rollout.context) shortens it. None: no cap but the engine's.
     max_context: Tokens | None = Field(None, gt=0, description="tokens of context a trajectory may use")
@@ -316,6 +320,9 @@ class ModelConfig(Section):
         if self.lora is not None and self.adapters is not None:
             raise ValueError("model.adapters: set model.lora (one policy) or model.adapters (one policy per role), "
                              "not both")
+        if self.freeze_output_head and (self.lora is not None or self.adapters is not None):
+            raise ValueError(f"model.freeze_output_head: under model.{'lora' if self.lora is not None else 'adapters'} "
+                             "only the adapters train, never the output head; drop freeze_output_head")
         return self
 
 

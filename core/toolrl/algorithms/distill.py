@@ -204,12 +204,12 @@ class Opd(AdvantageEstimator):
         if unscored and self.reward is None:
             raise ConfigError(f"{run.where('algorithm.teacher')}: no teacher scores route(s) {unscored} and "
                               "advantage_options.reward_weight is 0: their trajectories would train nothing")
-        if config.model.lora is None and config.model.adapters is None:
+        if config.model.lora is None and config.model.adapters is None and not config.model.freeze_output_head:
             warnings.append(f"{run.where('model.lora')}: opd with full fine-tuning trains the output head, whose rows of "
                             "the tokens the student does not sample get small gradients of one sign (opd's advantages "
                             "are mostly negative) that AdamW scales to steps of about optim.lr: measured on a small model, "
                             "the student then drifts away from its teacher within tens of steps (docs/distillation.md); "
-                            "model.lora trains no output head")
+                            "model.lora trains no output head, and model.freeze_output_head: true keeps it as loaded")
         if self.options.top_k and config.trainer.sequence_parallel > 1:
             raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k with trainer.sequence_parallel="
                               f"{config.trainer.sequence_parallel}: the split rows' LM head gives no top-k log-probs")

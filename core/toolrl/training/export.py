@@ -61,7 +61,7 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
             lora.save_adapter(trained, tmp / role / "adapter", base_model=config.model.source, adapter=role)
     else:
         merged = None
-        if run.get("model", {}).get("lora") or run.get("model", {}).get("freeze_vision"):
+        if any(run.get("model", {}).get(key) for key in ("lora", "freeze_vision", "freeze_output_head")):
             merged = lora.engine_state_dict(_trained_policy(Config.model_validate(run), path))
         _plain_model(files, path, merged).save_pretrained(str(tmp))
         _copy_missing(files, tmp)
@@ -105,8 +105,9 @@ def _copy_missing(files: Path, out: Path) -> None:
 
 
 def _trained_policy(config: Config, path: Path) -> Any:
-    """A LoRA run's checkpoint holds only the adapters, a frozen-vision run's no vision tower: the
-    trained model rebuilt (frozen weights from ``model.source``, the rest from checkpoint ``path``)."""
+    """A LoRA run's checkpoint holds only the adapters, a frozen-vision run's no vision tower, a frozen-head
+    run's no output head: the trained model rebuilt (frozen weights from ``model.source``, the rest from
+    checkpoint ``path``)."""
     import torch.distributed.checkpoint as dcp
 
     model = build_policy(config, model_path(config), "cpu")

@@ -19,6 +19,8 @@ def build_policy(config: Config, path: str, device: str) -> Any:
         if not vision.is_vision_model(model):
             raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
         vision.freeze_vision(model)
+    if config.model.freeze_output_head:  # tied input embeddings are the same tensor: frozen with it
+        model.get_output_embeddings().requires_grad_(False)
     if config.model.lora is not None:
         lora.apply_lora(model, config.model.lora)
     if config.model.adapters is not None:  # several policies: one adapter per role, routed per token
