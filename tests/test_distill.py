@@ -353,6 +353,7 @@ def test_opd_with_full_fine_tuning_is_a_warning_and_under_lora_none(tmp_path):
     one_error_line(invoke("train", str(config), "--check"), "model.freeze_output_head", "under model.lora")
 
 
+@pytest.mark.slow
 def test_a_frozen_output_head_is_the_loaded_one_after_training_and_export(tmp_path):
     """``model.freeze_output_head`` (full fine-tuning, the fix for the drift above without LoRA): a step moves
     the decoder's weights and leaves the head (the tiny Qwen3's, tied to its input embeddings) bit for bit,
