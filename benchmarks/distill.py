@@ -9,14 +9,15 @@ tokens whose initial embedding points to the positive side of one direction (hal
 Prompts are the arithmetic environment's; a held-out trajectory succeeds when at least
 ``--threshold`` of its tokens are aligned.
 
-1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``, 40,
-   steps of ``grpo`` at lr 5e-3, the default pair of docs/algorithms.md's matrix: 58/64 held out; 16
-   steps gave 30/64, a teacher that does not solve the task), exported. Not the
-   fastest recipe on purpose: ``dr_grpo`` at 5e-2 solves the task too (64/64) but collapses onto a few
-   tokens, to which the student, sampling from ~150k, gives mass ~e^-11; every token it samples then
-   has a teacher log-prob near -25, so every advantage is about -14, aligned or not (measured: 0 of
-   192 positive), and distillation has no direction to follow. The teacher trained gently keeps the
-   student's support (aligned tokens: mean advantage +0.21, 57% positive; the others -1.10, 18%).
+1. The teacher: the same initial model trained on the reward (``--teacher``: ``--teacher-steps``, 80,
+   steps of ``dr_grpo`` as a LoRA of rank 16 at lr 1e-1: 52.4/64 on 1,024 held-out trajectories), exported
+   (the adapter merged). A LoRA of the students' rank, so a student can become its teacher exactly: from a
+   teacher that trained every weight (40 steps of ``grpo`` at lr 5e-3, the earlier default: 55.2/64) the
+   LoRA student levels a little under it (50 against 55) with its KL to it stuck at 0.02-0.04; from this
+   one its KL falls to 0.00-0.01 and it levels at its teacher's success. A teacher trained hard on every
+   weight (``dr_grpo`` at 5e-2, 64/64) collapses onto a few tokens, to which the student, sampling from
+   ~150k, gives mass ~e^-11; every token it samples then has a teacher log-prob near -25, every advantage
+   is about -14, aligned or not (measured: 0 of 192 positive), and distillation has no direction to follow.
 2. Each arm from the initial model, ``--seeds`` seeds: ``opd`` (pure distillation, ``reward_weight``
    0: the reward is never read) and ``grpo`` (``--grpo``: ``dr_grpo``, the fastest reward-only pair of
    the matrix), both a LoRA of rank 16 at lr 5e-2 (GRPO's best: 49.0/64 after 48 steps, 3 seeds; 48.3 at 1e-1; one seed at
@@ -330,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "--overlap: 12)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation every this many steps "
                     "(default 2; --gemma: 4)")
-    ap.add_argument("--teacher-steps", type=int, default=40)
+    ap.add_argument("--teacher-steps", type=int, default=80)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--threshold", type=float, default=0.75, help="aligned share a held-out success needs")
     ap.add_argument("--opd", default="algorithm.advantage=opd optim.lr=5.0e-2 model.lora.r=16",
@@ -339,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the grpo arm's overrides")
     ap.add_argument("--grpo-reward", choices=["share", "success"], default="share",
                     help="the grpo arm's reward: the aligned share (dense) or the held-out criterion (0/1)")
-    ap.add_argument("--teacher", default="algorithm.advantage=grpo optim.lr=5.0e-3",
+    ap.add_argument("--teacher", default="algorithm.advantage=dr_grpo optim.lr=1.0e-1 model.lora.r=16",
                     help="the teacher run's overrides (from the same initial model, on the reward)")
     ap.add_argument("--across", action="store_true", help="only the cross-tokenizer run (SmolLM2 teaches the "
                     "tiny Qwen3 to write English letters)")
@@ -393,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(model, base / "teacher-run", 0, args.teacher_steps, args, shlex.split(args.teacher), args.teacher_steps)
         teacher = export(base / "teacher-run", base / "teacher")
         # The target is 90% of the teacher's success: measured on 1,024 trajectories, as one evaluation of 64
-        # spreads by ±2-3 (58, 53, 55 and 56/64 at four seeds; 55.2 on 1,024).
+        # spreads by ±2-3 (a teacher that trained every weight: 58, 53, 55 and 56/64 at four seeds; 55.2 on 1,024).
         teacher_ok = held_out(teacher, base / "teacher-eval", args, samples=64)
         before = round(held_out(model, base / "before-eval", args))
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
