@@ -20,8 +20,8 @@ Prompts are the arithmetic environment's; a held-out trajectory succeeds when at
    is about -14, aligned or not (measured: 0 of 192 positive), and distillation has no direction to follow.
 2. Each arm from the initial model, ``--seeds`` seeds: ``opd`` (pure distillation, ``reward_weight``
    0: the reward is never read) and ``grpo`` (``--grpo``: ``dr_grpo``, the fastest reward-only pair of
-   the matrix), both a LoRA of rank 16 at lr 5e-2 (GRPO's best: 49.0/64 after 48 steps, 3 seeds; 48.3 at 1e-1; one seed at
-   2e-1, 43). LoRA, as the field
+   the matrix), both a LoRA of rank 16 at lr 5e-2 (GRPO's best: 49.0/64 after 48 steps, 3 seeds; 48.3 at
+   1e-1; one seed at 2e-1, 43). LoRA, as the field
    distils (the Tinker API trains LoRA only): with every weight trained, the output head's rows of the
    tokens the student never samples drift under AdamW (opd's advantages are mostly negative), and the
    student falls after passing its teacher while its KL to it grows (docs/benchmarks.md; ``toolrl train``
@@ -154,10 +154,10 @@ def across(args: argparse.Namespace) -> int:
 def gemma(args: argparse.Namespace) -> int:
     """The issue's pair across tokenizers: Gemma 3 270M (the base model, prompted by the task's worked
     example) teaches SmolLM2-135M-Instruct the quickstart's calculator task (``examples/distill.yaml``:
-    ``opd``, ``reward_weight`` 0, the teacher ``gemma3-270m``), ``--steps`` steps, beside the same student
-    trained by GRPO alone on the reward (``examples/quickstart.yaml``). Held-out: the quickstart's 64
-    problems, greedy, for the teacher and the student before, and after every ``--eval-every`` steps of
-    each arm (the run's own validation)."""
+    ``opd``, ``reward_weight`` 0, the output head frozen, the teacher ``gemma3-270m``), ``--steps`` steps,
+    beside the same student trained by GRPO alone on the reward (``examples/quickstart.yaml``). Held-out:
+    the quickstart's 64 problems, greedy, for the teacher and the student before, and after every
+    ``--eval-every`` steps of each arm (the run's own validation)."""
     from toolrl.processes.evaluate import run_evaluation
 
     with tempfile.TemporaryDirectory(prefix="distill-gemma-") as tmp:
