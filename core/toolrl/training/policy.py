@@ -20,7 +20,10 @@ def build_policy(config: Config, path: str, device: str) -> Any:
             raise ConfigError(f"model.freeze_vision: {config.model.source!r} has no vision tower")
         vision.freeze_vision(model)
     if config.model.freeze_output_head:  # tied input embeddings are the same tensor: frozen with it
-        model.get_output_embeddings().requires_grad_(False)
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ConfigError(f"model.freeze_output_head: {config.model.source!r} names no output head")
+        head.requires_grad_(False)
     if config.model.lora is not None:
         lora.apply_lora(model, config.model.lora)
     if config.model.adapters is not None:  # several policies: one adapter per role, routed per token
