@@ -36,6 +36,7 @@ def test_the_instruction_shows_the_tags_with_no_answer_in_them():
 def test_the_line_counts_full_scores_and_the_problems_training_never_asked(tmp_path, capsys):
     test, train = split("test"), split("train")
     before = [row(s, 1.0 if k == 0 else 0.0) for k, s in enumerate(test)]
+    before[1]["response_text"] = "<answer>3</answer>\u2028"  # written as UTF-8: str.splitlines() would split it
     after = [row(s, 1.0 if k < 4 else 0.5) for k, s in enumerate(test)]  # a part score is not solved
     questions = [question(r) for r in after]
     trained = [row(s, 0.0) for s in train if question(row(s, 0.0)) not in questions[1:]]
@@ -48,7 +49,7 @@ def test_the_line_counts_full_scores_and_the_problems_training_never_asked(tmp_p
     assert line(before, after, trained) == expected
     # From the files a run writes: the evaluations' rows and the rollouts' step files.
     for name, rows in (("before.jsonl", before), ("after.jsonl", after)):
-        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        (tmp_path / name).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "rollouts" / "step_00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trained))
     main([str(tmp_path / "before.jsonl"), str(tmp_path / "after.jsonl"), str(tmp_path / "rollouts")])

@@ -18,11 +18,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from toolrl.data import read_rows
+
 from toolrl_reasoning_gym.generators import entry
 
 
 def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [row for _, row in read_rows(path)]
 
 
 def question(row: dict) -> str:

@@ -47,3 +47,16 @@ def test_held_out_eval_plays_a_fixed_player(tmp_path):
     assert len(rows) == 4 and json.loads((out / "summary.json").read_text())["metric"] == "textarena"
     for row in rows:
         assert row["reward_terms"]["textarena"] == -1.0 and not row["success"]
+
+
+def test_the_report_reads_rows_whose_text_holds_a_line_separator(tmp_path):
+    """``toolrl eval`` writes UTF-8 as it is: a model's move may hold U+2028, which str.splitlines() would split."""
+    from toolrl_textarena.report import line, tally
+
+    before, after = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
+    before.write_text(json.dumps({"reward_terms": {"textarena": -1.0}, "response_text": "[4]\u2028[4]"},
+                                 ensure_ascii=False) + "\n", encoding="utf-8")
+    after.write_text("".join(json.dumps({"reward_terms": {"textarena": r}}) + "\n" for r in (1.0, 0.0)),
+                     encoding="utf-8")
+    assert line(tally(before), tally(after), "random") == (
+        "held-out win rate vs random: before 0/1 → after 1/2 (draws 0 → 1)")
