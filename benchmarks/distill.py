@@ -82,6 +82,8 @@ from toolrl.plugins.registry import Part  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = 64  # held-out trajectories per evaluation: 16 problems × 4 samples
+PROBLEMS = 16  # the held-out problems of the aligned-token task
+TEACHER_SAMPLES = 64  # samples a problem for the teacher's success, the target's base (1,024 trajectories)
 
 
 class AlignedTokens:
@@ -264,7 +266,7 @@ def settings(model: Path, out: Path, seed: int, args: argparse.Namespace, *extra
             "rollout.n=8", "rollout.temperature=1.0", f"rollout.max_new_tokens={args.max_new_tokens}",
             f"rollout.max_response_tokens={args.max_new_tokens}", "rollout.max_turns=1", "tools.entries=[]",
             "reward.functions=[{name: aligned_tokens}]", "optim.micro_batch_size=16",
-            "env_options={train_size: 64, test_size: 16, seed: 0}", "eval.num_samples=16", "eval.n=4",
+            f"env_options={{train_size: 64, test_size: {PROBLEMS}, seed: 0}}", f"eval.num_samples={PROBLEMS}", "eval.n=4",
             "eval.temperature=1.0", "eval.metric=aligned_tokens", f"eval.success_threshold={args.threshold}", *extra]
 
 
@@ -395,10 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         teacher = export(base / "teacher-run", base / "teacher")
         # The target is 90% of the teacher's success: measured on 1,024 trajectories, as one evaluation of 64
         # spreads by ±2-3 (a teacher that trained every weight: 58, 53, 55 and 56/64 at four seeds; 55.2 on 1,024).
-        teacher_ok = held_out(teacher, base / "teacher-eval", args, samples=64)
+        teacher_ok = held_out(teacher, base / "teacher-eval", args, samples=TEACHER_SAMPLES)
         before = round(held_out(model, base / "before-eval", args))
         print(f"teacher: {args.teacher_steps} steps, {time.perf_counter() - t0:.0f} s; held-out success: teacher "
-              f"{teacher_ok:.1f}/{EVAL} (on 1,024 trajectories), untrained student {before:.0f}/{EVAL}", flush=True)
+              f"{teacher_ok:.1f}/{EVAL} (on {PROBLEMS * TEACHER_SAMPLES:,} trajectories), untrained student "
+              f"{before:.0f}/{EVAL}", flush=True)
         opd = [*shlex.split(args.opd), f"algorithm.teacher={{model: {teacher}}}"]
         # The 0/1 reward is also the run's held-out metric (a metric must be one of the run's reward terms).
         grpo_reward = ["reward.functions=[{name: aligned_success}]", "eval.metric=aligned_success",
