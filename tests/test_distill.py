@@ -374,6 +374,21 @@ def test_a_frozen_output_head_is_the_loaded_one_after_training_and_export(tmp_pa
                            base["model.layers.0.self_attn.q_proj.weight"])
 
 
+def test_freeze_output_head_on_a_model_that_names_none_is_one_line(monkeypatch):
+    from pathlib import Path
+
+    from toolrl import model_sources
+    from toolrl.config import ConfigError, load_config
+    from toolrl.training.policy import build_policy
+
+    model = load_model(model_sources.tiny_qwen3())
+    monkeypatch.setattr(type(model), "get_output_embeddings", lambda self: None)
+    monkeypatch.setattr(model_sources, "load_model", lambda *args, **kwargs: model)
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml", ["model.freeze_output_head=true"])
+    with pytest.raises(ConfigError, match="model.freeze_output_head: 'tiny-qwen3' names no output head"):
+        build_policy(config, "unused", "cpu")
+
+
 # -- scoring off the step's path --------------------------------------------------------------------
 
 
@@ -565,17 +580,3 @@ def test_top_k_from_a_teacher_of_another_tokenizer_is_one_line(tmp_path, smollm2
     one_error_line(invoke("train", str(config), "--check"), "algorithm.advantage_options", "top_k=4",
                    "not the student's")
 
-
-def test_freeze_output_head_on_a_model_that_names_none_is_one_line(monkeypatch):
-    from pathlib import Path
-
-    from toolrl import model_sources
-    from toolrl.config import ConfigError, load_config
-    from toolrl.training.policy import build_policy
-
-    model = load_model(model_sources.tiny_qwen3())
-    monkeypatch.setattr(type(model), "get_output_embeddings", lambda self: None)
-    monkeypatch.setattr(model_sources, "load_model", lambda *args, **kwargs: model)
-    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml", ["model.freeze_output_head=true"])
-    with pytest.raises(ConfigError, match="model.freeze_output_head: 'tiny-qwen3' names no output head"):
-        build_policy(config, "unused", "cpu")
