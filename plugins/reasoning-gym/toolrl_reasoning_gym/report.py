@@ -18,13 +18,12 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from toolrl.data import read_rows
-
 from toolrl_reasoning_gym.generators import entry
 
 
 def rows(path: Path) -> list[dict]:
-    return [row for _, row in read_rows(path)]
+    # Split on newlines only: str.splitlines() also splits on U+2028, which a row's UTF-8 text may hold.
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def question(row: dict) -> str:

@@ -11,15 +11,15 @@ got the game's winning reward (the ``textarena`` term, 1), drawn at 0.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-
-from toolrl.data import read_rows
 
 
 def tally(path: Path) -> tuple[int, int, int]:
     """Games, wins and draws of one evaluation."""
-    rows = [row for _, row in read_rows(path)]
+    # Split on newlines only: str.splitlines() also splits on U+2028, which a row's UTF-8 text may hold.
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
     rewards = [row["reward_terms"].get("textarena", 0.0) for row in rows]
     return len(rows), sum(r >= 1.0 for r in rewards), sum(r == 0.0 for r in rewards)
 
