@@ -85,10 +85,10 @@ def browser(tmp_path_factory: pytest.TempPathFactory):
 class Page:
     """A viewer server on a free port and the browser on its page."""
 
-    def __init__(self, driver, paths: list[Path], shots: Path, plotly_until: threading.Event | None = None) -> None:
+    def __init__(self, driver, paths: list[Path], shots: Path, held: tuple[str, threading.Event] | None = None) -> None:
         self.server = serve(paths, port=0)
-        if plotly_until is not None:
-            self.server.RequestHandlerClass = _holding_plotly(self.server.RequestHandlerClass, plotly_until)
+        if held is not None:
+            self.server.RequestHandlerClass = _holding(self.server.RequestHandlerClass, *held)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.driver, self.shots = driver, shots
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
@@ -109,7 +109,11 @@ class Page:
             if value := self.js(script):
                 return value
             time.sleep(0.1)
-        raise AssertionError(f"never true within {timeout}s: {script}")
+        # What the page showed instead: a trajectory pane's error, the step listed, the page's own errors.
+        shown = self.js("""return {trajectory: document.getElementById('trajectory').textContent.slice(0, 300),
+            table: window.viewer && window.viewer.tableFor, count: document.getElementById('t-count').textContent,
+            errors: window.errors}""")
+        raise AssertionError(f"never true within {timeout}s: {script}; the page showed {shown}")
 
     def points(self, key: str) -> list[int]:
         """Markers drawn per curve in chart ``key`` (read from the SVG plotly rendered)."""
@@ -130,7 +134,9 @@ class Page:
         self.select("#t-run", str(run_index))
         self.select("#t-source", str(step))
         rows = _rows(run / "rollouts" / f"step_{step:05d}.jsonl")
-        self.until(f"return document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
+        # The listing of this step, not another's: every step has as many rows.
+        self.until(f"return window.viewer.tableFor === '{run_index}:{step}' && "
+                   f"document.getElementById('t-count').textContent.startsWith('{len(rows)} of {len(rows)}')")
         return rows
 
     def shot(self, name: str) -> None:
@@ -141,12 +147,13 @@ class Page:
         self.server.server_close()
 
 
-def _holding_plotly(handler: type, released: threading.Event) -> type:
-    """``handler``, but answering plotly.min.js's request only once ``released`` is set: a slow link."""
+def _holding(handler: type, prefix: str, released: threading.Event) -> type:
+    """``handler``, but answering requests whose path starts with ``prefix`` only once ``released`` is set:
+    a slow link or a slow disk."""
 
     class Holding(handler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path.startswith("/plotly.min.js"):
+            if self.path.startswith(prefix):
                 released.wait(120)
             super().do_GET()
 
@@ -250,7 +257,7 @@ def test_the_page_works_before_plotly_arrives(runs, tmp_path):
         addEventListener('error', (e) => errors.push(String(e.message)));
         addEventListener('unhandledrejection', (e) => errors.push(String(e.reason)));"""})
     released = threading.Event()
-    page = Page(driver, [runs["trained"], runs["scripted"]], tmp_path, plotly_until=released)
+    page = Page(driver, [runs["trained"], runs["scripted"]], tmp_path, held=("/plotly.min.js", released))
     try:
         # The runs and the metrics' count shown, every chart a placeholder, while plotly.js is held.
         page.until("return window.viewer && typeof window.viewer.firstContent === 'number'")
@@ -282,6 +289,29 @@ def test_the_page_works_before_plotly_arrives(runs, tmp_path):
         released.set()
         page.close()
         driver.quit()
+
+
+def test_another_steps_rows_cannot_be_opened_while_a_step_is_read(runs, browser, tmp_path):
+    # Step 1's listing held (a slow disk): step 2's rows, each key step 2's, are not left to be clicked
+    # into step 1, where no such trajectory is.
+    released = threading.Event()
+    page = Page(browser, [runs["trained"], runs["scripted"]], tmp_path,
+                held=("/api/traces?run=1&source=1&", released))
+    try:
+        page.until("return window.viewer && typeof window.viewer.firstContent === 'number'")
+        page.step_table(runs["scripted"], run_index=1, step=2)
+        page.select("#t-source", "1")
+        assert page.js("return [document.querySelectorAll('#t-table tbody tr').length, "
+                       "document.getElementById('t-count').textContent]") == [0, "reading the step…"]
+        released.set()
+        rows = _rows(runs["scripted"] / "rollouts" / "step_00001.jsonl")
+        page.until(f"return window.viewer.tableFor === '1:1' && "
+                   f"document.querySelector('#t-table tbody tr')?.dataset.key === '{rows[0]['trajectory_id']}'")
+        page.click("#t-table tbody tr")
+        page.until("return document.querySelector('#trajectory .tool.error')", timeout=240)
+    finally:
+        released.set()
+        page.close()
 
 
 def test_two_evaluations_side_by_side(runs, browser, tmp_path):

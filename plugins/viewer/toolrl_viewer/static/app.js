@@ -258,6 +258,12 @@ async function loadTraces() {
   for (const f of ["errors", "infra_failures", "tool_failures", "truncated", "forked"]) params.set(f, $("t-" + f).checked);
   if (!$("t-source").value) return;
   const seq = ++query.seq;
+  // Another step's rows are cleared while this one's are read: a click on one would open its key in this step.
+  if (viewer.tableFor !== null && viewer.tableFor !== `${params.get("run")}:${params.get("source")}`) {
+    viewer.tableFor = "";
+    $("t-table").tBodies[0].replaceChildren();
+    $("t-count").textContent = "reading the step…";
+  }
   const page = await api("/api/traces?" + params);
   if (seq !== query.seq) return;
   viewer.tableFor = `${params.get("run")}:${params.get("source")}`;
