@@ -4,8 +4,7 @@
 # e.g. ./plugins/calculator) and SmolLM2-135M's weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"
+PY="$(bash scripts/python.sh)"  # $PYTHON, else the distribution's Python, else PATH's
 step() { echo "setup: $*" >&2; }  # a plain line per phase, so a log file shows where it is
 step "creating .venv with $PY"
 "$PY" -m venv .venv

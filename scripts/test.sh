@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START="$(date +%s)"
-PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
-PY="$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')"  # not a pyenv shim
+PY="$(bash scripts/python.sh)"  # $PYTHON, else the distribution's Python, else PATH's
 "$PY" -m venv .nox-venv
 .nox-venv/bin/pip install -q --disable-pip-version-check "nox>=2026.10.20"  # --parallel, session requires=
 rm -rf .nox/times
