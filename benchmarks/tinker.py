@@ -8,7 +8,8 @@ CPU, one thread each.
 2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
    one at a time, against four clients (four training runs, four adapters) doing the same at once, which
    the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
-   (``stop=[]``), seeded. Beside them, the sampler's engine alone in this process: four requests at once,
+   (``stop=[]``), seeded; one client and four alternate for ``--rounds`` rounds after a warm-up, medians.
+   Beside them, the sampler's engine alone in this process (rounds alternated too): four requests at once,
    each through its own adapter (as four clients' are), against one request through one of them. That is
    the bound this machine puts on the four clients' gain: a CPU's decode step grows with its rows, and
    four adapters' prompts are prefilled apart (one adapter's identical prompts would share one prefill).
@@ -157,6 +158,10 @@ def local_samplers(local: Any, runs: list[Any]) -> list[str]:
     return names
 
 
+def _each(rates: list[float]) -> str:
+    return " ".join(f"{x:.1f}" for x in rates)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datums", type=int, default=8)
@@ -191,14 +196,24 @@ def main() -> None:
             clients = [tc] + [service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=i).result()
                           for i in range(1, 4)]
             samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
-            sampling(samplers[:1], 1, 4)  # warm-up
-            one = sampling(samplers[:1], args.requests, args.max_tokens)
-            four = sampling(samplers, args.requests, args.max_tokens)
+            # Alternating rounds, the first a warm-up: one measurement of each swung ±5% with the machine.
+            rates: dict[int, list[float]] = {1: [], 4: []}
+            for r in range(args.rounds + 1):
+                for k in (1, 4):
+                    rate = sampling(samplers[:k], args.requests if r else 1, args.max_tokens)
+                    if r:
+                        rates[k].append(rate)
         finally:
             proc.terminate()
             proc.wait(30)
-    engine_rows(local.engine, adapters[:1], 1, 4)  # warm-up
-    alone = [engine_rows(local.engine, adapters[:k], args.requests, args.max_tokens) for k in (1, 4)]
+    alones: dict[int, list[float]] = {1: [], 4: []}
+    for r in range(args.rounds + 1):
+        for k in (1, 4):
+            rate = engine_rows(local.engine, adapters[:k], args.requests if r else 1, args.max_tokens)
+            if r:
+                alones[k].append(rate)
+    one, four = statistics.median(rates[1]), statistics.median(rates[4])
+    alone = [statistics.median(alones[1]), statistics.median(alones[4])]
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
@@ -206,9 +221,10 @@ def main() -> None:
                                                   " ".join(f"{x:.3f}" for x in served)],
                                                  ["in process (toolrl_tinker.models)", f"{l_med:.3f}",
                                                   " ".join(f"{x:.3f}" for x in local_t)]]))
-    print(table(["sampling", "tokens/s"], [["1 client", f"{one:.1f}"], ["4 clients", f"{four:.1f}"],
-                                          ["the engine alone, 1 adapter", f"{alone[0]:.1f}"],
-                                          ["the engine alone, 4 adapters at once", f"{alone[1]:.1f}"]]))
+    print(table(["sampling", "median tokens/s", "runs"], [
+        ["1 client", f"{one:.1f}", _each(rates[1])], ["4 clients", f"{four:.1f}", _each(rates[4])],
+        ["the engine alone, 1 adapter", f"{alone[0]:.1f}", _each(alones[1])],
+        ["the engine alone, 4 adapters at once", f"{alone[1]:.1f}", _each(alones[4])]]))
     print(f"the engine alone, 4 adapters at once / 1: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
     print(f"served / in-process step time: {s_med / l_med:.2f}")
     print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
