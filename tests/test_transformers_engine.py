@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 
 import pytest
 import torch
@@ -220,12 +221,37 @@ async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model
     order = [0, 3, 4, 1, 5, 2]  # short prompts first, the ~200-token ones join later
     lengths = [3, 9, 5, 14, 7, 11]
 
-    async def late(i, delay):
-        await asyncio.sleep(delay)
-        sp = SamplingParams(temperature=0.0, max_new_tokens=lengths[i])
-        return (await eng.generate(prompts[order[i]], sp))[0]
+    # Request i arrives once the engine has run JOIN[i] steps, and the next step waits for it: rows join a
+    # running batch however fast a step is (arrivals 10 ms apart let a fast machine's rows all join in one
+    # prefill, then none merges in place).
+    JOIN = [0, 1, 2, 4, 6, 8]
+    arrived = {n: threading.Event() for n in JOIN[1:]}
+    done_steps = 0
+    step = eng._step
 
-    gens = await asyncio.gather(*(late(i, 0.01 * i) for i in range(6)))
+    def gated(*args):
+        nonlocal done_steps
+        step(*args)
+        done_steps += 1
+        if done_steps in arrived:
+            assert arrived[done_steps].wait(60)
+
+    eng._step = gated
+
+    async def late(i):
+        for _ in range(60_000):  # a minute at most
+            if done_steps >= JOIN[i]:
+                break
+            await asyncio.sleep(0.001)
+        assert done_steps >= JOIN[i], f"the engine stopped after {done_steps} steps"
+        sp = SamplingParams(temperature=0.0, max_new_tokens=lengths[i])
+        queued = asyncio.ensure_future(eng.generate(prompts[order[i]], sp))
+        await asyncio.sleep(0)  # the request is in the queue
+        if i:
+            arrived[JOIN[i]].set()
+        return (await queued)[0]
+
+    gens = await asyncio.gather(*(late(i) for i in range(6)))
     await eng.close()
     for i, gen in enumerate(gens):
         prompt = prompts[order[i]]
