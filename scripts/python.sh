@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Python that scripts/test.sh and scripts/setup_demo.sh make their venvs from, printed as its real path
 # (a pyenv shim costs 250 ms a start): $PYTHON; else the distribution's own (TOOLRL_SYSTEM_PYTHONS, default
-# /usr/bin/python3.11 /usr/bin/python3: Debian builds it with PGO and LTO, and a source build without them,
-# pyenv's default, runs the suite's Python code ~20% slower: a cold `bash scripts/test.sh` took 1,099 s on
-# Debian's against 1,249-1,292 s on pyenv's, same machine); else python3.11 or python3 on PATH. One older
-# than 3.10 or that cannot make a venv (Debian without python3-venv) is passed over; $PYTHON is not.
+# /usr/bin/python3.11 /usr/bin/python3: Debian's is an optimised, statically linked build; pyenv's default,
+# a shared library without --enable-optimizations, runs Python code ~20% slower, and a cold
+# `bash scripts/test.sh` took 1,100 s against 1,250-1,285 s: docs/testing.md); else python3.11 or python3
+# on PATH. One older than 3.10 or that cannot make a venv (Debian without python3-venv) is passed over;
+# $PYTHON is not.
 set -euo pipefail
 usable() { "$1" -c 'import ensurepip, sys, venv; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; }
 if [ -n "${PYTHON:-}" ]; then
