@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from _common import free_port, machine, single_thread, table
@@ -158,6 +159,19 @@ def local_samplers(local: Any, runs: list[Any]) -> list[str]:
     return names
 
 
+def alternated(rate: Callable[[int, int], float], requests: int, rounds: int) -> dict[int, list[float]]:
+    """``rate(k, requests)`` for 1 and 4 samplers (or adapters) in alternating rounds, each rate's runs; a
+    first round of one request each is a warm-up, not kept (one measurement of each swung ±5% with the
+    machine)."""
+    runs: dict[int, list[float]] = {1: [], 4: []}
+    for r in range(rounds + 1):
+        for k, kept in runs.items():
+            value = rate(k, requests if r else 1)
+            if r:
+                kept.append(value)
+    return runs
+
+
 def _each(rates: list[float]) -> str:
     return " ".join(f"{x:.1f}" for x in rates)
 
@@ -196,22 +210,12 @@ def main() -> None:
             clients = [tc] + [service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=i).result()
                           for i in range(1, 4)]
             samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
-            # Alternating rounds, the first a warm-up: one measurement of each swung ±5% with the machine.
-            rates: dict[int, list[float]] = {1: [], 4: []}
-            for r in range(args.rounds + 1):
-                for k in (1, 4):
-                    rate = sampling(samplers[:k], args.requests if r else 1, args.max_tokens)
-                    if r:
-                        rates[k].append(rate)
+            rates = alternated(lambda k, n: sampling(samplers[:k], n, args.max_tokens), args.requests, args.rounds)
         finally:
             proc.terminate()
             proc.wait(30)
-    alones: dict[int, list[float]] = {1: [], 4: []}
-    for r in range(args.rounds + 1):
-        for k in (1, 4):
-            rate = engine_rows(local.engine, adapters[:k], args.requests if r else 1, args.max_tokens)
-            if r:
-                alones[k].append(rate)
+    alones = alternated(lambda k, n: engine_rows(local.engine, adapters[:k], n, args.max_tokens), args.requests,
+                        args.rounds)
     one, four = statistics.median(rates[1]), statistics.median(rates[4])
     alone = [statistics.median(alones[1]), statistics.median(alones[4])]
     s_med, l_med = statistics.median(served), statistics.median(local_t)
