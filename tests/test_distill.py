@@ -579,4 +579,3 @@ def test_top_k_from_a_teacher_of_another_tokenizer_is_one_line(tmp_path, smollm2
                                                "teacher": {"model": smollm2}})
     one_error_line(invoke("train", str(config), "--check"), "algorithm.advantage_options", "top_k=4",
                    "not the student's")
-
