@@ -23,7 +23,9 @@ Needs an environment where both ``vllm`` and ``toolrl`` are importable (the plug
 
 ``--against static``: the transformers engine's static decode step (``decode: static``, run eagerly on
 a CPU: no CUDA graphs) against its default growing path, in any environment with toolrl; the last line
-reads ``static / eager (median tokens/s)``.
+reads ``static / eager (median tokens/s)``. ``--against packed``: the same engine with its linears on
+oneDNN-packed weights (``packed_linears: true``, :mod:`toolrl.engines.packed_linears`) against the dense
+ones; the last line reads ``packed / dense (median tokens/s)``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def start(name: str, path: str) -> tuple[RolloutEngine, float]:
     config: dict[str, Any] = {"device": "cpu", "dtype": "float32", "max_batch_size": SEQUENCES}
     if name == "transformers-static":
         config["decode"] = "static"
+    if name == "transformers-packed":
+        config["packed_linears"] = True
     if name == "vllm":
         from toolrl_vllm.engine import VLLMEngine
 
@@ -108,7 +112,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny-qwen3",
                         help="tiny-qwen3: the tests' random model; smollm2-135m-instruct: a real small model")
-    parser.add_argument("--against", choices=["vllm", "static"], default="vllm",
+    parser.add_argument("--against", choices=["vllm", "static", "packed"], default="vllm",
                         help="what the transformers engine's default path is measured against")
     args = parser.parse_args()
     if args.against == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -118,7 +122,8 @@ def main() -> None:
     path = MODELS[args.model]()
     batch_prompts = prompts(model_sources.load_tokenizer(path))
     engines, startup = {}, {}
-    for name in ("transformers", "vllm" if args.against == "vllm" else "transformers-static"):
+    other = {"vllm": "vllm", "static": "transformers-static", "packed": "transformers-packed"}[args.against]
+    for name in ("transformers", other):
         engines[name], startup[name] = start(name, path)
     results = asyncio.run(measure(engines, batch_prompts, args.tokens, args.rounds, args.temperature))
 
@@ -132,12 +137,10 @@ def main() -> None:
         tps = results[name]["tps"]
         rows.append([name, startup[name], results[name]["warmup_s"], min(tps), statistics.median(tps), max(tps)])
     print(table(["engine", "start s", "warm-up s", "min tok/s", "median tok/s", "max tok/s"], rows))
-    other = "vllm" if args.against == "vllm" else "transformers-static"
     ratio = statistics.median(results[other]["tps"]) / statistics.median(results["transformers"]["tps"])
-    if args.against == "vllm":
-        print(f"\nvLLM / transformers (median tokens/s): {ratio:.2f}x   (goal >= 3x)")
-    else:
-        print(f"\nstatic / eager (median tokens/s): {ratio:.2f}x")
+    print("\n" + {"vllm": f"vLLM / transformers (median tokens/s): {ratio:.2f}x   (goal >= 3x)",
+                  "static": f"static / eager (median tokens/s): {ratio:.2f}x",
+                  "packed": f"packed / dense (median tokens/s): {ratio:.2f}x"}[args.against])
 
 
 if __name__ == "__main__":  # vLLM spawns its engine processes: the guard keeps them from re-running this

@@ -63,7 +63,9 @@ class Base:
                 if f".{BASE_ADAPTER}." in n:
                     p.zero_()
         source = ModelSource(self.path, module=sampler.eval(), tokenizer=self.tokenizer)
-        self.engine = build_part("rollout_engines", "transformers", {"device": "cpu", "max_batch_size": max_sampler_rows},
+        # Packed linears: several clients' rows decode together (a second copy of the sampler's weights).
+        options = {"device": "cpu", "max_batch_size": max_sampler_rows, "packed_linears": True}
+        self.engine = build_part("rollout_engines", "transformers", options,
                                  BuildContext("tinker-service sampler", inputs={"source": source}))
 
 
