@@ -1,6 +1,6 @@
 """A CPU engine's linears on oneDNN-packed weights (engine.options.packed_linears): the dense product to
 float32 rounding, one row bit for bit, packed again when the weight changes, gradients on the weight
-itself, and an engine that samples every adapter as merged with them."""
+itself, and an engine that samples every adapter as merged with them and frees its copies asleep."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ async def test_a_packed_engine_samples_each_adapter_as_merged(engine, tiny_qwen3
         assert max(abs(x - y) for x, y in zip(gen.logprobs, want)) <= 1e-5, role
 
 
-async def test_a_packed_engine_decodes_on_updated_base_weights(engine, tiny_qwen3_path, qwen3_tokenizer):
+async def test_a_packed_engine_decodes_on_updated_weights_and_sleeps_without_its_copies(engine, tiny_qwen3_path, qwen3_tokenizer):
     prompts = [chat(qwen3_tokenizer, "hi"), chat(qwen3_tokenizer, "2+2?")]
 
     async def both() -> list[list[int]]:
@@ -118,6 +118,11 @@ async def test_a_packed_engine_decodes_on_updated_base_weights(engine, tiny_qwen
         for n in new:
             own[n.replace(".base_layer", "")].add_(new[n] - old[n])
     assert after == [greedy_reference(ref, p, GREEDY.max_new_tokens) for p in prompts] != before
+    packed = [m for m in engine.model.modules() if type(m) is packed_linears.PackedLinear]
+    await engine.sleep()  # the packed copies are freed, and made again when rows decode
+    assert not any("_toolrl_packed" in m.__dict__ for m in packed)
+    assert await both() == after
+    assert all("_toolrl_packed" in m.__dict__ for m in packed)
 
 
 def test_packed_linears_take_a_cpu_float32_engine(tiny_qwen3_path, qwen3_tokenizer):

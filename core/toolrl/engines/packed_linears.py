@@ -9,7 +9,7 @@ sample's bits stay those of the dense model's).
 
 Each packed layer holds a second copy of its weight, made on the first forward of 2+ rows and again
 whenever the weight is written in place (its version moves) or replaced: the cost is the layers' weights
-once more in memory. Forwards that record gradients take ``F.linear`` on the weight itself. LoRA's own
+once more in memory, dropped while the engine sleeps. Forwards that record gradients take ``F.linear`` on the weight itself. LoRA's own
 ``A`` and ``B`` stay plain (a few ranks wide; the routed adapters multiply them stacked).
 """
 
@@ -50,3 +50,11 @@ def pack_linears(model: torch.nn.Module) -> int:
         if type(m) is torch.nn.Linear and id(m) not in lora:
             m.__class__ = PackedLinear
     return sum(type(m) is PackedLinear for m in model.modules())
+
+
+def drop_packed(model: torch.nn.Module) -> None:
+    """Free ``model``'s packed copies (a sleeping engine's memory); the next forward of 2+ rows packs again."""
+    for m in model.modules():
+        if type(m) is PackedLinear:
+            m.__dict__.pop("_toolrl_packed", None)
+            m.__dict__.pop("_toolrl_packed_key", None)

@@ -300,6 +300,10 @@ class TransformersEngine(RolloutEngine):
         # The running batch frees its buffers whenever it empties; only kept sessions outlive it.
         self._sessions.clear()
         self._runner.release()
+        if self.config.packed_linears:  # packed again at the next forward of 2+ rows
+            from toolrl.engines.packed_linears import drop_packed
+
+            drop_packed(self.model)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
