@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # How often a sender waiting on its receivers asks whether one of them died (a dead Ray actor answers
 # at once; one that stalls is left to the link's timeout).
 PROBE_S = 1.0
+# The most a new link waits for its mailbox actor's process to start.
+START_S = 120.0
 
 
 class Mailbox:
@@ -110,6 +112,13 @@ class ObjectStoreSender(transports.WeightSender):
         self.link = transports.Link(key=key, sender=sender, receivers=receivers, timeout_s=timeout_s,
                                     address=f"{context.gcs_address}|{context.namespace}|{name}")
         self.rounds = 0
+        # Up before the link is handed out, so that a send's timeout runs from the transfer, not from the
+        # mailbox process's start (seconds on a loaded machine: a send to a dead receiver once took 10.6 s
+        # against its 1 s).
+        try:
+            ray.get(self.mailbox.__ray_ready__.remote(), timeout=START_S)
+        except ray.exceptions.GetTimeoutError:
+            raise self.link.error(f"its mailbox actor did not start within {START_S:g} s") from None
 
     def _wait_taken(self, round_: int, seq: int) -> None:
         ray = _ray()
