@@ -1,11 +1,11 @@
 """A CPU engine's linear layers through oneDNN on weights packed for it (``engine.options.packed_linears``).
 
 On one CPU thread a float32 ``F.linear`` of 2 to 8 rows runs MKL's general matrix multiply far under the
-memory speed a 1-row product reaches: a 4-row decode step of SmolLM2-135M spent 64 ms in its linears
-against 46 ms for 1 row, 2 and 3 rows more than 4 (docs/benchmarks.md). oneDNN's inner product on a
-weight reordered once into its blocked layout takes 48 ms for 4 rows and beats ``F.linear`` from 2
-rows up (prefills of 128 rows: 334 against 396 ms). One row keeps ``F.linear`` (as fast, and a one-row
-sample's bits stay those of the dense model's).
+memory speed a 1-row product reaches: SmolLM2-135M's linears take 72 ms for 4 rows against 48 ms for 1,
+and 2 and 3 rows longer than 4 (``benchmarks/packed_linears.py``). oneDNN's inner product on a weight
+reordered once into its blocked layout takes 49 ms for 4 rows and beats ``F.linear`` from 2 rows up
+(prefills of 128 rows: 341 against 412 ms). One row keeps ``F.linear`` (as fast, and a one-row sample's
+bits stay those of the dense model's).
 
 Each packed layer holds a second copy of its weight, made on the first forward of 2+ rows and again
 whenever the weight is written in place (its version moves) or replaced: the cost is the layers' weights
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 # The row count oneDNN's layout is chosen for: packs for 4, 8 and 32 rows ran every row count from 2 to
-# 128 within noise of each other here.
+# 128 within noise of each other here (a timing script, not committed; docs/benchmarks.md).
 _PACKED_FOR_ROWS = 4
 
 

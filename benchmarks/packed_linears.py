@@ -1,0 +1,74 @@
+"""A model's linear layers once (a decode step's weight reads), per row count: ``F.linear`` on the dense
+weights against the engine's packed layers (:mod:`toolrl.engines.packed_linears`, ``packed_linears: true``:
+oneDNN on weights packed once for 2+ rows; 1 row runs ``F.linear`` there too), CPU, one thread.
+
+Every ``nn.Linear`` of the model (the LM head included) gets the same input rows in turn, without
+gradients; a pass's time is the best of ``--repeats`` after one warm-up pass (which also packs), the two
+arms alternating per row count. The outputs of the two arms are checked equal to float32 rounding.
+
+    OMP_NUM_THREADS=1 python benchmarks/packed_linears.py [--model smollm2-135m-instruct] [--repeats 3]
+
+The last line reads ``packed / dense pass time at 4 rows: X.XX``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from _common import machine, single_thread, table
+
+single_thread()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from toolrl import model_sources  # noqa: E402
+from toolrl.engines.packed_linears import pack_linears  # noqa: E402
+
+single_thread()
+
+ROWS = [1, 2, 3, 4, 8, 16, 32, 128]
+MODELS = {"tiny-qwen3": model_sources.tiny_qwen3, "smollm2-135m-instruct": model_sources.smollm2_135m}
+
+
+def best_pass(layers: list[Any], inputs: dict[int, torch.Tensor], call: Any, repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` passes of ``call(layer, x)`` over every layer, after a warm-up."""
+    best = float("inf")
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        for layer in layers:
+            call(layer, inputs[layer.in_features])
+        if r:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m-instruct")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    model = model_sources.load_model(MODELS[args.model]()).requires_grad_(False)
+    pack_linears(model)
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    widths = {layer.in_features for layer in layers}
+    rows, ms = [], {}
+    with torch.no_grad():
+        for n in ROWS:
+            inputs = {w: torch.randn(n, w, generator=torch.Generator().manual_seed(n)) for w in widths}
+            dense = best_pass(layers, inputs, lambda layer, x: F.linear(x, layer.weight, layer.bias), args.repeats)
+            packed = best_pass(layers, inputs, lambda layer, x: layer(x), args.repeats)
+            for layer in layers[:8]:  # the same products, to float32 rounding
+                x = inputs[layer.in_features]
+                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
+            ms[n] = (1e3 * dense, 1e3 * packed)
+            rows.append([n, f"{1e3 * dense:.1f}", f"{1e3 * packed:.1f}", f"{packed / dense:.2f}"])
+    print(machine())
+    print(f"{args.model}: {len(layers)} linear layers, one pass each, best of {args.repeats}")
+    print(table(["rows", "F.linear ms", "packed ms", "packed / dense"], rows))
+    print(f"packed / dense pass time at 4 rows: {ms[4][1] / ms[4][0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
