@@ -176,8 +176,8 @@ def alternated(rate: Callable[[int, int], float], requests: int, rounds: int) ->
     return runs
 
 
-def _each(rates: list[float]) -> str:
-    return " ".join(f"{x:.1f}" for x in rates)
+def _each(values: list[float], digits: int = 1) -> str:
+    return " ".join(f"{x:.{digits}f}" for x in values)
 
 
 def main() -> None:
@@ -225,10 +225,8 @@ def main() -> None:
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
-    print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}",
-                                                  " ".join(f"{x:.3f}" for x in served)],
-                                                 ["in process (toolrl_tinker.models)", f"{l_med:.3f}",
-                                                  " ".join(f"{x:.3f}" for x in local_t)]]))
+    print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}", _each(served, 3)],
+                                                 ["in process (toolrl_tinker.models)", f"{l_med:.3f}", _each(local_t, 3)]]))
     print(table(["sampling", "median tokens/s", "runs"], [
         ["1 client", f"{one:.1f}", _each(rates[1])], ["4 clients", f"{four:.1f}", _each(rates[4])],
         ["the engine alone, 1 adapter", f"{alone[0]:.1f}", _each(alones[1])],
