@@ -16,8 +16,8 @@ from toolrl.config import load_config
 from toolrl.engines import ModelSource, SamplingParams, packed_linears
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import apply_adapters
 from toolrl.plugins.parts import RunFacts
-from toolrl.training import lora
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
@@ -66,7 +66,7 @@ def test_forwards_with_gradients_take_the_dense_weight():
 
 
 def test_packing_leaves_loras_a_and_b_plain(tiny_qwen3_path):
-    model = lora.apply_adapters(load_model(tiny_qwen3_path), ROLES)
+    model = apply_adapters(load_model(tiny_qwen3_path), ROLES)
     count = packed_linears.pack_linears(model)
     kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     assert count == sum(k is packed_linears.PackedLinear for k in kinds.values()) > 0
@@ -79,7 +79,7 @@ def test_packing_leaves_loras_a_and_b_plain(tiny_qwen3_path):
 async def engine(tiny_qwen3_path, qwen3_tokenizer):
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path, tokenizer=qwen3_tokenizer),
                                     {"device": "cpu", "packed_linears": True})
-    eng.apply_adapters(lambda model: lora.apply_adapters(model, ROLES))
+    eng.apply_adapters(lambda model: apply_adapters(model, ROLES))
     load(eng, adapter_tensors(eng.model, seed=0), 1)
     yield eng
     await eng.close()

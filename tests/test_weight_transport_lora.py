@@ -19,8 +19,9 @@ from toolrl.engines import ModelSource, RolloutEngine
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import apply_lora
 from toolrl.processes.resolve import run_plan
-from toolrl.training.lora import apply_lora, iter_adapter_weights
+from toolrl.training.lora import iter_adapter_weights
 from toolrl.training.weight_sync import (
     Delta,
     SyncPlan,

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.kv_store import KVBatch
 from toolrl.engines.step_runner import EagerSteps
+from toolrl.modeling.adapter_routing import RowAdapters
 
 # Captured graphs kept before all are dropped (each bucket of rows and capacity, per buffer).
 _MAX_GRAPHS = 64

@@ -4,7 +4,7 @@ forwards run on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
 :class:`EagerSteps` (``decode: eager``) hands the model the used columns of the buffers, so every step
 has new shapes; :class:`~toolrl.engines.static_decode.StaticSteps` prefills the same way and decodes at
 fixed shapes. Every forward routes each row through its own adapter
-(:class:`~toolrl.engines.adapters.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
+(:class:`~toolrl.modeling.adapter_routing.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
 get masks built from each column's position, not its column distance: a token sees the
 ``sliding_window`` positions before it, whatever gaps its row has.
 """
@@ -18,10 +18,10 @@ from transformers.cache_utils import Cache
 
 from toolrl import masks
 from toolrl.engines import PromptLogprobs, decode_attention
-from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.decoding import BufferLayer
 from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.engines.kv_store import KVBatch
+from toolrl.modeling.adapter_routing import RowAdapters
 
 
 class EagerSteps:

@@ -1,7 +1,7 @@
 """The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop, in
 parts: the requests' queue and admission (:mod:`~toolrl.engines.scheduler`), the KV of the running rows
 and of a trajectory's turns (:mod:`~toolrl.engines.kv_store`), how a forward runs, chosen once
-(:mod:`~toolrl.engines.step_runner`), and each row's adapter per role (:class:`~toolrl.engines.adapters.RowAdapters`).
+(:mod:`~toolrl.engines.step_runner`), and each row's adapter per role (:class:`~toolrl.modeling.adapter_routing.RowAdapters`).
 
 Weights may change while requests are running (asynchronous training): an update made inside
 :meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
@@ -31,10 +31,10 @@ from toolrl.engines import (
     rows_of,
     score_starts,
 )
-from toolrl.engines.adapters import RowAdapters
 from toolrl.engines.scheduler import Request, Scheduler
 from toolrl.engines.scheduler import Row as _Row
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.modeling.adapter_routing import RowAdapters
 from toolrl.seeds import unseeded
 
 if TYPE_CHECKING:

@@ -53,7 +53,7 @@ import torch
 
 from toolrl import masks
 from toolrl.engines import decode_attention
-from toolrl.engines.adapters import routed
+from toolrl.modeling.adapter_routing import routed
 from toolrl.training import prefix_tree, vision
 from toolrl.training.packed_attention import RowPattern, attend
 from toolrl.trajectory import Trajectory
@@ -298,7 +298,7 @@ def runs_unshared(base: Any, batch: PackedBatch) -> bool:
 def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractContextManager[Any]:
     """Where ``model``'s forwards (and backward: gradient checkpointing runs the forward again there)
     over ``batch`` run: each token through its adapter (``adapter_ids``, or their copies on the
-    unshared row: :func:`runs_unshared`) by :func:`toolrl.engines.adapters.routed`; nothing is routed
+    unshared row: :func:`runs_unshared`) by :func:`toolrl.modeling.adapter_routing.routed`; nothing is routed
     for a batch without them."""
     if batch.adapter_ids is None:
         return contextlib.nullcontext()
