@@ -15,8 +15,8 @@ import pytest
 import torch
 from toolrl.config import ConfigError, TrainerConfig
 from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
+from toolrl.engines.receive import receive_into
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
 from toolrl.training.weight_sync import SyncStats, owned_buckets, send_engine_weights, send_owned

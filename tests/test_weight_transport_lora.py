@@ -16,8 +16,8 @@ import torch
 from test_weight_transport import LINKED, PROMPTS, logprobs, transport
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, RolloutEngine
+from toolrl.engines.receive import receive_into
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
 from toolrl.modeling.adapters import apply_lora
 from toolrl.processes.resolve import run_plan

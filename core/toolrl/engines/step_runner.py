@@ -17,11 +17,12 @@ import torch
 from transformers.cache_utils import Cache
 
 from toolrl import masks
-from toolrl.engines import PromptLogprobs, decode_attention
+from toolrl.engines import PromptLogprobs
 from toolrl.engines.decoding import BufferLayer
-from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.engines.kv_store import KVBatch
+from toolrl.modeling import attention
 from toolrl.modeling.adapter_routing import RowAdapters
+from toolrl.modeling.expert_routing import ExpertRouting
 
 
 class EagerSteps:
@@ -32,7 +33,7 @@ class EagerSteps:
         if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
         self.model, self.adapters, self.routing = model, adapters, routing
-        decode_attention.install(model)
+        attention.install(model, attention.DECODE_SDPA)
         self.num_layers = text_config.num_hidden_layers
         self.window, _ = masks.sliding_window(model.config)
         param = next(model.parameters())

@@ -120,9 +120,9 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
-        from toolrl.engines.expert_routing import ExpertRouting
         from toolrl.engines.kv_store import SessionStore
         from toolrl.engines.vision import PromptVision
+        from toolrl.modeling.expert_routing import ExpertRouting
 
         _import_torch()
         self.model = model

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
-from toolrl.engines.weight_rows import load_rows, receive_into, whole
+from toolrl.engines.receive import receive_into
 from toolrl.model_sources import model_path
+from toolrl.modeling.weight_rows import load_rows, whole
 from toolrl.processes.in_process import build_rollouts, seed_everything
 from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
 from toolrl.processes.resolve import RunPlan

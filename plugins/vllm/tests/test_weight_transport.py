@@ -26,7 +26,7 @@ from toolrl import model_sources
 from toolrl.config import AdapterConfig, ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
-from toolrl.engines.weight_rows import receive_into
+from toolrl.engines.receive import receive_into
 from toolrl.modeling.adapters import apply_adapters, apply_lora
 from toolrl.processes.resolve import run_plan
 from toolrl.training import lora
