@@ -1,5 +1,5 @@
 """A model's linear layers once (a decode step's weight reads), per row count: ``F.linear`` on the dense
-weights against the engine's packed layers (:mod:`toolrl.engines.packed_linears`, ``packed_linears: true``:
+weights against the engine's packed layers (:mod:`toolrl.modeling.packed_linears`, ``packed_linears: true``:
 oneDNN on weights packed once for 2+ rows; 1 row runs ``F.linear`` there too), CPU, one thread.
 
 Every ``nn.Linear`` of the model (the LM head included) gets the same input rows in turn, without
@@ -24,7 +24,7 @@ single_thread()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from toolrl import model_sources  # noqa: E402
-from toolrl.engines.packed_linears import pack_linears  # noqa: E402
+from toolrl.modeling.packed_linears import PackedLinears  # noqa: E402
 
 single_thread()
 
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     model = model_sources.load_model(MODELS[args.model]()).requires_grad_(False)
-    pack_linears(model)
+    packed = PackedLinears(model)
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     widths = {layer.in_features for layer in layers}
     rows, ms = [], {}
@@ -58,12 +58,13 @@ def main() -> None:
         for n in ROWS:
             inputs = {w: torch.randn(n, w, generator=torch.Generator().manual_seed(n)) for w in widths}
             dense = best_pass(layers, inputs, lambda layer, x: F.linear(x, layer.weight, layer.bias), args.repeats)
-            packed = best_pass(layers, inputs, lambda layer, x: layer(x), args.repeats)
-            for layer in layers[:8]:  # the same products, to float32 rounding
-                x = inputs[layer.in_features]
-                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
-            ms[n] = (1e3 * dense, 1e3 * packed)
-            rows.append([n, f"{1e3 * dense:.1f}", f"{1e3 * packed:.1f}", f"{packed / dense:.2f}"])
+            with packed.applied():
+                on_packed = best_pass(layers, inputs, lambda layer, x: layer(x), args.repeats)
+                for layer in layers[:8]:  # the same products, to float32 rounding
+                    x = inputs[layer.in_features]
+                    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-4)
+            ms[n] = (1e3 * dense, 1e3 * on_packed)
+            rows.append([n, f"{1e3 * dense:.1f}", f"{1e3 * on_packed:.1f}", f"{on_packed / dense:.2f}"])
     print(machine())
     print(f"{args.model}: {len(layers)} linear layers, one pass each, best of {args.repeats}")
     print(table(["rows", "F.linear ms", "packed ms", "packed / dense"], rows))

@@ -10,8 +10,8 @@ import pytest
 import torch
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.engines.static_decode import bucket
 from toolrl.engines.transformers import TransformersEngine
+from toolrl.engines.transformers.static_decode import bucket
 
 USER_TEXTS = ["hi", "What is 17 * 23? Think step by step.", "Summarise: " + "the quick brown fox " * 12,
               "x", "Call the calculator on 12345 * 678 and report the result in words."]

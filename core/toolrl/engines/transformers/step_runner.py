@@ -1,8 +1,8 @@
 """The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how its
-forwards run on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
+forwards run on the running batch's KV buffers (:mod:`toolrl.engines.transformers.kv_store`).
 
 :class:`EagerSteps` (``decode: eager``) hands the model the used columns of the buffers, so every step
-has new shapes; :class:`~toolrl.engines.static_decode.StaticSteps` prefills the same way and decodes at
+has new shapes; :class:`~toolrl.engines.transformers.static_decode.StaticSteps` prefills the same way and decodes at
 fixed shapes. Every forward routes each row through its own adapter
 (:class:`~toolrl.modeling.adapter_routing.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
 get masks built from each column's position, not its column distance: a token sees the
@@ -11,6 +11,7 @@ get masks built from each column's position, not its column distance: a token se
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -18,21 +19,25 @@ from transformers.cache_utils import Cache
 
 from toolrl import masks
 from toolrl.engines import PromptLogprobs
-from toolrl.engines.decoding import BufferLayer
-from toolrl.engines.kv_store import KVBatch
+from toolrl.engines.transformers.decoding import BufferLayer
+from toolrl.engines.transformers.kv_store import KVBatch
 from toolrl.modeling import attention
 from toolrl.modeling.adapter_routing import RowAdapters
 from toolrl.modeling.expert_routing import ExpertRouting
+from toolrl.modeling.packed_linears import PackedLinears
 
 
 class EagerSteps:
     """Every forward on the used columns of the buffers; the base of the static steps."""
 
-    def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None) -> None:
+    def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None,
+                 packed: PackedLinears | None = None) -> None:
         text_config = model.config.get_text_config()
         if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
-        self.model, self.adapters, self.routing = model, adapters, routing
+        self.model, self.adapters, self.routing, self.packed = model, adapters, routing, packed
+        # Where every forward of the model runs: on its packed linears (packed_linears: true) or as it is.
+        self.linears = packed.applied if packed is not None else contextlib.nullcontext
         attention.install(model, attention.DECODE_SDPA)
         self.num_layers = text_config.num_hidden_layers
         self.window, _ = masks.sliding_window(model.config)
@@ -62,7 +67,7 @@ class EagerSteps:
         mask = batch.mask[:, : batch.length + q]
         if self.routing is not None:
             self.routing.replay(None)
-        with self.adapters.forward(adapters):
+        with self.adapters.forward(adapters), self.linears():
             out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=Cache(layers=layers),
                              attention_mask=mask if self.window is None else self.window_masks(mask, q),
                              use_cache=True, logits_to_keep=1, **images)
@@ -109,7 +114,7 @@ class EagerSteps:
                 x[i, :len(p)] = torch.tensor(p)
                 mask[i, :len(p)] = 1
             lo = min(first) - 1  # the first position whose logits are kept: it predicts token lo + 1
-            with self.adapters.forward([adapter] * len(chunk)):
+            with self.adapters.forward([adapter] * len(chunk)), self.linears():
                 logits = self.model(input_ids=x, attention_mask=mask, logits_to_keep=width - lo).logits
             lp = torch.log_softmax(logits[:, :-1].float(), -1)
             chosen = lp.gather(-1, x[:, lo + 1:, None])
@@ -136,4 +141,7 @@ class EagerSteps:
         """The weights were updated (in place, or some replaced)."""
 
     def release(self) -> None:
-        """Free what the steps keep between phases."""
+        """Free what the steps keep between phases (packed linears' copies: packed again at the next forward
+        of 2+ rows)."""
+        if self.packed is not None:
+            self.packed.drop()
