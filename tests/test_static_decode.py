@@ -1,4 +1,4 @@
-"""The transformers engine's static decode step (engines.static_decode), run eagerly on CPU, against
+"""The transformers engine's static decode step (engines.transformers.static_decode), run eagerly on CPU, against
 the growing path: the same tokens (greedy and seeded draws) and log-probs within 1e-5 in fp32."""
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class TransformersEngineConfig(BaseModel):
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
                                 "was routed to (Generation.routed_experts), for algorithm.routing_replay: r3.")
     decode: Literal["auto", "eager", "static"] = Field(
-        "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.static_decode), "
+        "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.transformers.static_decode), "
         "captured as CUDA graphs on CUDA; eager: the growing buffers; auto: static on CUDA for a text model "
         "that records no routes, else eager.")
     packed_linears: bool = Field(False, description="A CPU engine with float32 weights: forwards of 2+ rows run "
@@ -349,7 +349,7 @@ class TransformersEngine(RolloutEngine):
         group, ids, pos = KVBatch.prefill(deltas, [(s.keys, s.values) if s else None for s in kept], prefix,
                                           capacity, self.device)
         images: dict[str, torch.Tensor] = {}
-        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.vision)
+        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.transformers.vision)
         if self.vision is not None and any(req.images for req in firsts):
             pos, rope_deltas, images = self.vision.prefill(firsts, prefix, dm, self.device, self.dtype)
         logits = self._runner.forward(group, ids, pos, [req.adapter for req in firsts], **images)
