@@ -6,6 +6,11 @@ Every ``nn.Linear`` of the model (the LM head included) gets the same input rows
 gradients; a pass's time is the best of ``--repeats`` after one warm-up pass (which also packs), the two
 arms alternating per row count. The outputs of the two arms are checked equal to float32 rounding.
 
+Then what applying them costs a whole forward (4 rows of one token, no KV, best of ``--repeats``):
+``PackedLinears.applied()`` entered and left alone (each packed layer's forward set and unset), and
+against it what a ``TorchFunctionMode`` routing ``F.linear`` would cost before any of its work: the same
+dense forward inside a mode whose handler passes every torch call through.
+
     OMP_NUM_THREADS=1 python benchmarks/packed_linears.py [--model smollm2-135m-instruct] [--repeats 3]
 
 The last line reads ``packed / dense pass time at 4 rows: X.XX``.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from typing import Any
 
 from _common import machine, single_thread, table
@@ -25,6 +31,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from toolrl import model_sources  # noqa: E402
 from toolrl.modeling.packed_linears import PackedLinears  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
 
 single_thread()
 
@@ -42,6 +49,59 @@ def best_pass(layers: list[Any], inputs: dict[int, torch.Tensor], call: Any, rep
         if r:
             best = min(best, time.perf_counter() - t0)
     return best
+
+
+def best_of(call: Callable[[], Any], repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` calls, after a warm-up one."""
+    call()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+class PassThrough(TorchFunctionMode):
+    """A mode that only passes each torch call on: the least any ``F.linear``-routing mode costs."""
+
+    calls = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        PassThrough.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def applying_costs(model: Any, packed: PackedLinears, repeats: int) -> list[str]:
+    """The lines on what applying packed linears costs a forward (module docstring)."""
+    ids = torch.randint(0, 1000, (4, 1), generator=torch.Generator().manual_seed(0))
+
+    def forward() -> Any:
+        return model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+    def on_packed() -> Any:
+        with packed.applied():
+            return forward()
+
+    def in_mode() -> Any:
+        with PassThrough():
+            return forward()
+
+    def enter_and_leave() -> None:
+        for _ in range(100):
+            with packed.applied():
+                pass
+
+    with torch.no_grad():
+        dense, packed_s, mode = (best_of(f, repeats) for f in (forward, on_packed, in_mode))
+        PassThrough.calls = 0
+        in_mode()
+        applied = best_of(enter_and_leave, repeats) / 100
+    return [f"a 4-row forward: dense {1e3 * dense:.1f} ms, packed {1e3 * packed_s:.1f} ms",
+            f"applied() entered and left: {1e3 * applied:.3f} ms ({len(packed.layers)} layers' forwards set and unset)",
+            f"a pass-through TorchFunctionMode: +{1e3 * (mode - dense):.1f} ms a forward ({PassThrough.calls} torch "
+            "calls through its handler)",
+            f"applied() / the mode's pass-through, per forward: {applied / (mode - dense):.3f}"]
 
 
 def main() -> None:
@@ -68,6 +128,7 @@ def main() -> None:
     print(machine())
     print(f"{args.model}: {len(layers)} linear layers, one pass each, best of {args.repeats}")
     print(table(["rows", "F.linear ms", "packed ms", "packed / dense"], rows))
+    print("\n".join(applying_costs(model, packed, args.repeats)))
     print(f"packed / dense pass time at 4 rows: {ms[4][1] / ms[4][0]:.2f}")
 
 

@@ -47,8 +47,8 @@ def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_
     """One sync of ``model`` (what ``plan`` says; default: every weight, LoRA merged) from two sender
     threads into ``engine`` by ``path``: seconds."""
     from toolrl.engines import RolloutEngine
-    from toolrl.engines.receive import receive_into
     from toolrl.training.weight_sync import SyncPlan, send_owned
+    from toolrl.transports.weight_rows import receive_into
 
     senders = [transport.open_sender(f"{key}-{r}", r, 1, 120.0) for r in range(2)]
     links = [s.link for s in senders]

@@ -15,7 +15,6 @@ import pytest
 import torch
 from toolrl.config import ConfigError, TrainerConfig
 from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
-from toolrl.engines.receive import receive_into
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
@@ -24,6 +23,7 @@ from toolrl.transports import Link, LinkedTransport, TransportError, build_trans
 from toolrl.transports.disk import DiskSender, DiskTransport
 from toolrl.transports.object_store import ObjectStoreTransport
 from toolrl.transports.shared_memory import SEGMENT_PREFIX
+from toolrl.transports.weight_rows import receive_into
 
 # The transports tested in this process without Ray; object_store's tests (on a local Ray) call the
 # same ones: test_weight_object_store.py.

@@ -1,13 +1,10 @@
 """Several LoRA adapters on one base model, each token through its own (``model.adapters``): the one
-routing the trainer and the transformers engine share.
-
-:func:`toolrl.modeling.adapters.add_adapter` injects a peft adapter and calls :func:`route_adapters`:
-peft's own adapter sum is switched off (no layer has an active adapter) and every LoRA layer gets a
-forward hook that adds the delta of each token's own adapter to the base
-output. The hook reads the forward's :func:`routed` context, so **every forward of such a model runs
-inside** ``routed(model, adapter_ids)``; one outside it raises (a forgotten context would otherwise run
-the base model silently, and train nothing). ``-1`` routes to the base weights alone. With gradient
-checkpointing the backward re-runs the forward: call it inside the context too.
+routing the trainer and the transformers engine share. Each adapter :func:`toolrl.modeling.adapters.add_adapter`
+injects is routed (:func:`route_adapters`): peft's own adapter sum off, every LoRA layer's forward hook
+adding each token's own adapter's delta to the base output. The hook reads the forward's :func:`routed`
+context, so **every forward of such a model runs inside** ``routed(model, adapter_ids)``; one outside it
+raises (it would run the base model silently, and train nothing). ``-1`` routes to the base weights
+alone. Gradient checkpointing's backward re-runs the forward: call it inside the context too.
 
 Inside the context an adapter with no token in the forward takes no part in it: its parameters are
 not read, so their ``.grad`` stays None after backward. Per layer the delta takes one of three exact

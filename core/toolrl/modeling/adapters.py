@@ -1,16 +1,10 @@
-"""LoRA adapters on a torch model through ``peft``, injected *in place* (no ``PeftModel`` wrapper), so
-the model keeps its own class and attributes: the trainer's code, checkpoints and FSDP2 wrapping per
-decoder layer see the same module tree as without LoRA, with the adapted Linears replaced by ``peft``
-LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...) and every base
-parameter frozen.
-
-``model.lora`` is the one adapter ``"default"`` (:func:`apply_lora`); ``model.adapters`` is one adapter
-per role under the role's name (:func:`apply_adapters`), each token routed through its own
-(:mod:`toolrl.modeling.adapter_routing`). A service whose clients come and go adds and removes adapters
-by name at run time (:func:`add_adapter`, :func:`remove_adapter`) and moves one adapter's tensors under
-names that hold no adapter's (:func:`adapter_state`, :func:`load_adapter_state`), so another adapter's
-(another client's, a sampler's copy) load them.
-
+"""LoRA adapters on a torch model through ``peft``, injected *in place* (no ``PeftModel`` wrapper): the
+model keeps its class, so the trainer's code, checkpoints and FSDP2 see the same module tree, the
+adapted Linears now peft's LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``)
+and the base frozen. ``model.lora`` is the one adapter ``"default"`` (:func:`apply_lora`); ``model.adapters``
+one per role under its name (:func:`apply_adapters`), each token routed through its own
+(:mod:`toolrl.modeling.adapter_routing`). A service adds and removes adapters by name at run time and
+moves one adapter's tensors into another under names without either's (:func:`adapter_state`).
 ``peft`` and ``torch`` are imported inside the functions.
 """
 
@@ -36,9 +30,8 @@ _MODULE_REPR = re.compile(r"(Target module \w+)\(.*\n\)", re.S)  # a module's re
 
 
 def adapter_name(prefix: str, key: str) -> str:
-    """The adapter name for any string ``key`` (a client's model id, a checkpoint's path): ``prefix``
-    (letters, digits, '_'; a letter first), '_' and 16 hex digits of the key's SHA-1, a name torch takes
-    for a module (no '.', not empty) whatever the key holds."""
+    """The adapter name for any string ``key`` (a client's model id, a checkpoint's path): ``prefix`` (a
+    letter, then letters, digits or '_'), '_' and 16 hex digits of the key's SHA-1: a torch module name."""
     if not re.fullmatch(r"[A-Za-z]\w*", prefix):
         raise ValueError(f"adapter_name: the prefix {prefix!r} is not a letter followed by letters, digits or '_'")
     return f"{prefix}_{hashlib.sha1(key.encode()).hexdigest()[:16]}"
@@ -56,27 +49,24 @@ def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
 
 
 def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]) -> torch.nn.Module:
-    """One LoRA adapter per role (``model.adapters``), injected in place under the role's name, in the
-    mapping's order (:func:`add_adapter` each); returns ``model``. Its forwards then run inside
-    :func:`toolrl.modeling.adapter_routing.routed` (each token through its role's adapter). Only the
-    adapters that are not ``frozen`` require grad. Every name is checked before any is injected."""
-    for role in adapters:
-        _check_name(role)
+    """One adapter per role (``model.adapters``) under the role's name, in order (:func:`add_adapter`);
+    returns ``model``, whose forwards then run inside :func:`toolrl.modeling.adapter_routing.routed`."""
     for role, config in adapters.items():
         add_adapter(model, role, config)
     return model
 
 
 def add_adapter(model: torch.nn.Module, name: str, config: AdapterConfig, seed: int | None = None) -> None:
-    """Adapter ``name`` on ``model``, routed (the first makes the model route its forwards; each later
-    one is injected beside the others with peft's own adapter sum kept off): its parameters require
-    grad unless ``config.frozen``, every other parameter's ``requires_grad`` stays as it was (the first
-    freezes the base). ``seed``: peft's initialisation (``lora_A`` random, ``lora_B`` zero) drawn from
-    it, the process's random state left as it was; None: from that state. Raises ConfigError naming
-    ``model.adapters.<name>.target_modules`` as :func:`apply_lora` does, and ValueError for a name in use."""
+    """Adapter ``name`` on ``model``, routed beside any others: its parameters require grad unless
+    ``config.frozen``, every other's ``requires_grad`` stays (the first adapter freezes the base).
+    ``seed``: peft's initialisation (``lora_A`` random, ``lora_B`` zero) drawn from it, the process's
+    random state untouched. Raises ConfigError naming ``model.adapters.<name>`` (a bad name or target),
+    ValueError for a name in use."""
     import torch
 
-    _check_name(name)
+    if not name or "." in name:  # peft's ModuleDict keys, then the tensor names
+        raise ConfigError(f"model.adapters.{name}: an adapter's name is part of torch's module names, which "
+                          "cannot be empty or contain '.'")
     if name in adapter_names(model):
         raise ValueError(f"model.adapters.{name}: the model has an adapter of that name already")
     trained = {key for key, p in model.named_parameters() if p.requires_grad} if has_routing(model) else set()
@@ -110,11 +100,13 @@ def adapter_parameters(model: torch.nn.Module, name: str) -> dict[str, torch.nn.
     in the model's order; raises ValueError for an adapter the model does not hold."""
     if name not in adapter_names(model):
         raise ValueError(f"the model has no adapter {name!r}")
-    return {_neutral(key): p for key, p in model.named_parameters() if adapter_of(key) == name}
+    # The part after lora_A (lora_B, ...) names the adapter: dropped.
+    return {re.sub(r"(\.lora_[^.]+)\.[^.]+\.", r"\1.", key, count=1): p for key, p in model.named_parameters()
+            if adapter_of(key) == name}
 
 
 def adapter_state(model: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
-    """A copy of adapter ``name``'s tensors under names without the adapter's: what
+    """A copy of adapter ``name``'s tensors by :func:`adapter_parameters`' names: what
     :func:`load_adapter_state` loads into any adapter of the same rank and targets on the same base."""
     return {key: p.detach().clone() for key, p in adapter_parameters(model, name).items()}
 
@@ -131,20 +123,6 @@ def load_adapter_state(model: torch.nn.Module, name: str, state: Mapping[str, to
     with torch.no_grad():
         for key, p in own.items():
             p.copy_(state[key])
-
-
-def _neutral(key: str) -> str:
-    """A tensor's name without its adapter's (the part after ``lora_A``, ``lora_B``, ...)."""
-    parts = key.split(".")
-    i = next(i for i, part in enumerate(parts[:-1]) if part.startswith("lora_"))
-    return ".".join(parts[:i + 1] + parts[i + 2:])
-
-
-def _check_name(name: str) -> None:
-    """An adapter's name is part of torch's module names (peft's ModuleDict keys, the tensor names)."""
-    if not name or "." in name:
-        raise ConfigError(f"model.adapters.{name}: an adapter's name is part of torch's module names, which "
-                          "cannot be empty or contain '.'")
 
 
 def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:

@@ -1,7 +1,8 @@
 """The trainer's attention over a packed row (:mod:`toolrl.training.packing`; ``toolrl_varlen_sdpa`` in
 :mod:`toolrl.modeling.attention`): sdpa itself for every ordinary call, and given the row's sequence
 edges (``cu_seq_lens``) one causal sdpa per span (:func:`varlen_sdpa`), or one attention call per layer
-for the whole row, spans and prefix trees included (:func:`attend`).
+for the whole row, spans and prefix trees included (:func:`attend`); under sequence parallelism the
+same for a rank's heads, between its group's all-to-alls (:func:`ulysses_sdpa`, ``toolrl_ulysses_sdpa``).
 
 A row's pattern is built once per batch (:class:`RowPattern`): each row position's span and its
 position in its sequence, and which spans see which (a tree span sees its ancestors' rows). A query
@@ -27,6 +28,9 @@ from toolrl.modeling import decode_attention
 TREE_KWARG = "toolrl_tree"
 # The keyword that carries a row's attention pattern (one call per layer) to varlen_sdpa.
 PATTERN_KWARG = "toolrl_pattern"
+# The keyword that carries a rank's sequence-parallel group to ulysses_sdpa: its ``size`` N and its two
+# all-to-alls (toolrl.training.sequence_parallel.SequenceParallel).
+SP_KWARG = "toolrl_sp"
 
 
 @dataclass
@@ -186,3 +190,31 @@ def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
         query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=causal_lower_right(n, context + n),
         dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"))
     return out.transpose(1, 2).contiguous()
+
+
+class _HeadGroups:
+    """``module`` as attention sees it after key/value heads were repeated: one query head per key
+    head (``num_key_value_groups`` 1), everything else the module's own."""
+
+    def __init__(self, module: Any, groups: int) -> None:
+        self._module = module
+        self.num_key_value_groups = groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def ulysses_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, *, toolrl_sp: Any = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """:func:`varlen_sdpa` for this rank's H/N heads over the whole row, between its group's two all-to-alls
+    (DeepSpeed-Ulysses: each rank holds an N-th of the row's tokens); without a group, that function itself."""
+    if toolrl_sp is None:
+        return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
+    n, heads, kv_heads = toolrl_sp.size, query.shape[1], key.shape[1]
+    groups = heads // kv_heads
+    if kv_heads % n:  # too few key/value heads to split: each query head gets its own copy
+        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+        groups = 1
+    q, k, v = (toolrl_sp.to_heads(x) for x in (query, key, value))
+    out, _ = varlen_sdpa(_HeadGroups(module, groups), q, k, v, None, **kwargs)
+    return toolrl_sp.to_tokens(out), None

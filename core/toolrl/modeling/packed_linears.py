@@ -1,23 +1,18 @@
-"""A model's linear layers through oneDNN on weights packed for it, for the forwards its owner runs
-(the transformers engine's step runner, ``engine.options.packed_linears``): :class:`PackedLinears`.
+"""A model's linear layers through oneDNN on weights packed for it (``engine.options.packed_linears``), in
+the forwards their owner (the engine's step runner) runs inside :meth:`PackedLinears.applied`.
 
 On one CPU thread a float32 ``F.linear`` of 2 to 8 rows runs MKL's general matrix multiply far under the
-memory speed a 1-row product reaches: SmolLM2-135M's linears take 72 ms for 4 rows against 48 ms for 1,
-and 2 and 3 rows longer than 4 (``benchmarks/packed_linears.py``). oneDNN's inner product on a weight
-reordered once into its blocked layout takes 49 ms for 4 rows and beats ``F.linear`` from 2 rows up
-(prefills of 128 rows: 341 against 412 ms). One row keeps ``F.linear`` (as fast, and a one-row sample's
-bits stay those of the dense model's).
+memory speed a 1-row product reaches: SmolLM2-135M's linears take 72 ms for 4 rows against 48 ms for 1
+(``benchmarks/packed_linears.py``). oneDNN's inner product on a weight reordered once into its blocked
+layout takes 49 ms for 4 rows and beats ``F.linear`` from 2 rows up. One row keeps ``F.linear`` (as
+fast, and a one-row sample's bits stay those of the dense model's).
 
-The owner holds one :class:`PackedLinears` per model and runs its forwards inside
-:meth:`~PackedLinears.applied`: there each packed layer's forward is the object's, and outside it the
-layer's own (its class, parameters and names never change). Why not a ``TorchFunctionMode`` routing
-``F.linear``: its handler runs for every torch call of the forward, 2,632 of them in a 4-row SmolLM2-135M
-decode step, 7.8 ms of that step's 72; the forwards set and unset here cost 0.1 ms (a timing script, not
-committed). A layer's packed copy is made on its first forward of 2+ rows and again whenever
-the weight is written in place (its version moves) or replaced: the cost is the layers' weights once more
-in memory, held by the object and dropped while the engine sleeps (:meth:`~PackedLinears.drop`). Forwards
-that record gradients take ``F.linear`` on the weight itself. LoRA's own ``A`` and ``B`` stay plain (a few
-ranks wide; the routed adapters multiply them stacked).
+Inside ``applied()`` each packed layer's forward is the object's, outside it its own (its class and
+parameters never change): a ``TorchFunctionMode`` routing ``F.linear`` would run its handler for every
+torch call of a forward (the benchmark prints both costs). A layer's packed copy, held by the object,
+is made on its first forward of 2+ rows and again once the weight is written in place (its version
+moves) or replaced; dropped while the engine sleeps. Forwards that record gradients take ``F.linear``
+on the weight itself. LoRA's ``A`` and ``B`` stay plain (a few ranks wide; routing stacks them).
 """
 
 from __future__ import annotations
@@ -35,8 +30,8 @@ _PACKED_FOR_ROWS = 4
 
 
 def onednn_linear() -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[..., torch.Tensor]]:
-    """torch's private oneDNN linear ops, the one place they are named: (a weight packed for oneDNN, the
-    product of rows with a packed weight and a bias). Raises ValueError (one line) where torch lacks them."""
+    """torch's private oneDNN ops, the one place they are named: (a weight packed, rows times a packed
+    weight plus a bias). Raises ValueError (one line) where torch lacks them."""
     names = ("_reorder_linear_weight", "_linear_pointwise")
     if not torch.backends.mkldnn.is_available() or not all(hasattr(torch.ops.mkldnn, n) for n in names):
         raise ValueError(f"packed_linears: true needs torch built with oneDNN and its ops torch.ops.mkldnn."
@@ -46,10 +41,9 @@ def onednn_linear() -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[..
 
 
 class PackedLinears:
-    """Every plain ``nn.Linear`` of ``model`` but LoRA's ``A`` and ``B`` and a layer whose forward is
-    replaced already (:attr:`layers`, chosen when made: adapters injected later wrap these layers and keep
-    them) runs on packed weights inside :meth:`applied`. Raises ValueError where the model's weights are
-    not float32 on a CPU, or torch has no oneDNN."""
+    """Every plain ``nn.Linear`` of ``model`` but LoRA's ``A`` and ``B`` (:attr:`layers`, chosen when made:
+    adapters injected later wrap them and keep them) on packed weights inside :meth:`applied`. Raises
+    ValueError where the model's weights are not float32 on a CPU, or torch has no oneDNN."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         weight = next(model.parameters())
@@ -57,22 +51,20 @@ class PackedLinears:
         self._pack, self._product = onednn_linear()
         lora = {id(m) for layer in model.modules() if isinstance(getattr(layer, "lora_A", None), torch.nn.ModuleDict)
                 for m in (*layer.lora_A.values(), *layer.lora_B.values())}
-        self.layers = [m for m in model.modules()
+        self.layers = [m for m in model.modules()  # (a forward replaced already, as accelerate's hooks do, stays)
                        if type(m) is torch.nn.Linear and id(m) not in lora and "forward" not in m.__dict__]
         self._forwards = [functools.partial(self._forward, m) for m in self.layers]
         # By layer: the weight's (storage, version) when packed, and the packed copy.
         self._copies: dict[int, tuple[tuple[int, int], torch.Tensor]] = {}
 
     @staticmethod
-    def check(device: str, dtype: str) -> None:
-        """Packed linears take float32 weights on a CPU (``device``: a torch device type)."""
+    def check(device: str, dtype: str) -> None:  # device: a torch device type
         if device != "cpu" or dtype != "float32":
             raise ValueError(f"packed_linears: true takes a CPU engine with float32 weights, this one has {dtype} "
                              f"weights on {device}")
 
     @property
-    def copies(self) -> int:
-        """How many layers' packed copies are held now."""
+    def copies(self) -> int:  # how many layers' packed copies are held now
         return len(self._copies)
 
     @contextlib.contextmanager
@@ -86,8 +78,7 @@ class PackedLinears:
             for layer in self.layers:
                 object.__delattr__(layer, "forward")
 
-    def drop(self) -> None:
-        """Free the packed copies (a sleeping engine's memory); the next forward of 2+ rows packs again."""
+    def drop(self) -> None:  # the next forward of 2+ rows packs again
         self._copies.clear()
 
     def _forward(self, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
-from toolrl.engines.receive import receive_into
 from toolrl.model_sources import model_path
-from toolrl.modeling.weight_rows import load_rows, whole
 from toolrl.processes.in_process import build_rollouts, seed_everything
 from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
 from toolrl.processes.resolve import RunPlan
@@ -50,6 +48,7 @@ from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
+from toolrl.transports.weight_rows import load_rows, receive_into, whole
 
 if TYPE_CHECKING:
     from toolrl.processes import TrainerGroup

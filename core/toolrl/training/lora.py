@@ -1,21 +1,14 @@
-"""What the trainer does with LoRA adapters (injected by :mod:`toolrl.modeling.adapters`): only the
-adapters train (:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), engines get
-the adapters or merged weights, and ``export`` writes them in peft's format (:func:`save_adapter`).
-
-An engine that takes adapters (``RolloutEngine.loads_adapters``) gets the trainer's injection once (run
-on its own base model, or by vLLM on a weightless skeleton to learn the adapter's layout) and then only
-the adapter tensors (:func:`iter_adapter_weights`). Any other engine
-never sees adapters: :func:`engine_state_dict` gives the base model's state dict under the base
-model's parameter names with ``W + alpha / r * B @ A`` in place of each adapted weight, computed one
-tensor at a time from the trained model without changing it, so ``engine.update_weights`` and the Ray
-broadcast work unchanged. Sharded (FSDP2 ``DTensor``) parameters are gathered one tensor at a time,
-which is a collective: every rank must iterate :func:`iter_engine_weights` together.
-
-Several policies on one base (``model.adapters``) are several adapters under their roles' names
-(``q_proj.lora_A.<role>.weight``); what trains, syncs, is checkpointed and exported of each:
-docs/architecture.md, "Several policies on one base".
-
-``peft`` and ``torch`` are imported inside the functions.
+"""What the trainer does with LoRA adapters (injected by :mod:`toolrl.modeling.adapters`): only they train
+(:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), and ``export`` writes them in
+peft's format (:func:`save_adapter`). An engine that takes adapters (``RolloutEngine.loads_adapters``)
+gets the trainer's injection once (on its own base model, or vLLM's on a weightless skeleton, to learn
+the layout), then only the adapter tensors (:func:`iter_adapter_weights`); any other engine gets the
+base model's state dict with ``W + alpha / r * B @ A`` in place of each adapted weight
+(:func:`iter_engine_weights`), one tensor at a time, the trained model unchanged. Sharded (FSDP2
+``DTensor``) parameters are gathered one tensor at a time, a collective: every rank iterates together.
+What trains, syncs, is checkpointed and exported of each of several policies on one base
+(``model.adapters``): docs/architecture.md, "Several policies on one base". ``peft`` and ``torch`` are
+imported inside the functions.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl.agent_roles import trained_roles
-from toolrl.modeling.adapters import ADAPTER, adapter_of, has_lora, lora_layers
+from toolrl.modeling.adapters import ADAPTER, adapter_of, adapter_parameters, has_lora, lora_layers
 
 if TYPE_CHECKING:
     import torch
@@ -46,12 +39,8 @@ def param_groups(model: Any, adapters: Mapping[str, AdapterConfig] | None, lr: f
     a frozen one's parameters in none."""
     if adapters is None:
         return [{"params": trainable_parameters(model), "lr": lr}]
-    by_adapter: dict[str, list[Any]] = {}
-    for name, p in model.named_parameters():
-        if (adapter := adapter_of(name)) is not None:
-            by_adapter.setdefault(adapter, []).append(p)
-    groups = [{"params": by_adapter[name], "lr": adapters[name].lr if adapters[name].lr is not None else lr}
-              for name in trained_roles(adapters)]
+    groups = [{"params": list(adapter_parameters(model, name).values()),
+               "lr": adapters[name].lr if adapters[name].lr is not None else lr} for name in trained_roles(adapters)]
     grouped = {id(p) for g in groups for p in g["params"]}
     stray = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in grouped]
     if stray or any(not p.requires_grad for g in groups for p in g["params"]):

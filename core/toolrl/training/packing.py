@@ -10,12 +10,9 @@ Attention over the packed row:
 
 - flash-attention models (``flash_attention_2``/``3``, kernels): transformers' varlen path, given
   ``cu_seq_lens``.
-- sdpa models (the default): the model's attention implementation is switched, once, to
-  ``toolrl_varlen_sdpa`` (:mod:`toolrl.modeling.attention`), which is sdpa itself for every ordinary
-  call (same mask function, same kernel) and, given ``cu_seq_lens``, runs one causal sdpa per sequence
-  (CPU) or one FlexAttention call over the whole row (CUDA: :mod:`toolrl.modeling.packed_attention`,
-  trees and windows included). The switch is permanent rather than scoped to the forward so that
-  gradient checkpointing, which re-runs the forward inside backward, takes the same path.
+- sdpa models (the default): switched, once, to ``toolrl_varlen_sdpa`` (:mod:`toolrl.modeling.packed_attention`:
+  one causal sdpa per sequence on CPU, one FlexAttention call over the row on CUDA). Permanently, not
+  for the forward: gradient checkpointing re-runs the forward inside backward, on the same path.
 - eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
   detection needs the model to hand ``position_ids`` to its mask functions, and gpt-oss does not.
 - anything else (flex, kernel packages): transformers' own packed-sequence detection from
@@ -25,13 +22,11 @@ Under sdpa and eager every token sees what it saw unpacked, by one rule (:func:`
 sliding windows (Gemma 3, gpt-oss, Mistral and Qwen models that set one) included.
 
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
-once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
-keys are its ancestors' rows and its own (:mod:`toolrl.modeling.packed_attention`), so attention costs each
-continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's, for its
-sinks) the row's mask is the tree's, so its quadratic cost is over the tree's tokens. Other attention implementations
-(flash, flex: no dense mask) run the unshared row rebuilt from the tree (``expand``) and read the
-tree's hidden states back from it, with a warning once per implementation: the same values and
-gradients, no saving.
+once: under sdpa each span's queries see its ancestors' rows and its own, so attention costs each
+continuation what it cost unshared and the prefix once; under eager attention (gpt-oss's, for its
+sinks) the row's mask is the tree's. Implementations that take no tree (flash, flex: no dense mask) run
+the unshared row rebuilt from the tree (``expand``) and read the tree's hidden states back from it,
+with a warning once: the same values and gradients, no saving.
 
 Vision-language models: a batch carries its images' pixel values (``vision``; :mod:`toolrl.training.vision`),
 and prefix trees key each image placeholder run by its image (:func:`tree_keys`). Several policies on
@@ -282,7 +277,7 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
 def runs_unshared(base: Any, batch: PackedBatch) -> bool:
     """Whether :func:`packed_hidden_states` runs ``batch`` as the unshared row rebuilt from its tree:
     a tree, and an attention that cannot take one (flash, flex: no dense mask)."""
-    return batch.attention is not None and not attention.takes_trees(base.config._attn_implementation)
+    return batch.attention is not None and not attention.of(base.config._attn_implementation).trees
 
 
 def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractContextManager[Any]:
@@ -356,7 +351,7 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
               "use_cache": False, **tokens}
     impl = config._attn_implementation
-    if attention.takes_packed_rows(impl):
+    if attention.of(impl).packed_rows:
         if one_call_attention(device):
             varlen[PATTERN_KWARG] = RowPattern.of([0, *itertools.accumulate(b - a for a, b in segments)], tree, device)
         elif tree is not None:

@@ -1,8 +1,9 @@
 """Sequence parallelism (DeepSpeed-Ulysses) across trainer ranks: ``trainer.sequence_parallel: N``.
 
 Each rank of a group of N runs the model over its contiguous N-th of the group's packed row; each
-attention layer is wrapped in two all-to-alls (:mod:`toolrl.modeling.ulysses_attention`: all heads over
-the rank's tokens to H/N heads over the whole row, and back); one differentiable sum over the group gives every
+attention layer is wrapped in two all-to-alls (:meth:`SequenceParallel.to_heads`, ``to_tokens``, around
+:func:`toolrl.modeling.packed_attention.ulysses_sdpa`: all heads over the rank's tokens to H/N heads
+over the whole row, and back); one differentiable sum over the group gives every
 rank the micro-batch's whole log-prob grid, so any loss is computed as on one rank, and each rank
 backpropagates 1/N of it. How each piece works, what is refused (:func:`check_sequence_parallel`) and
 why: docs/long_context.md.
@@ -20,7 +21,7 @@ import torch
 from toolrl.config import ConfigError, read_json
 from toolrl.model_sources import text_config
 from toolrl.modeling import attention
-from toolrl.modeling.ulysses_attention import SP_KWARG
+from toolrl.modeling.packed_attention import SP_KWARG
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.packing import PackedBatch, run_packed
 
@@ -43,6 +44,21 @@ class SequenceParallel:
     def lead(self) -> bool:
         """The group's first rank: the one that counts the loss's figures."""
         return self.rank == 0
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, H, t, D) for this rank's t tokens → (1, H/N, N·t, D) for its heads over the whole row."""
+        _, h, t, d = x.shape
+        n = self.size
+        out = _AllToAll.apply(x.reshape(n, h // n, t, d), self.group)  # chunk j: rank j's tokens, my heads
+        return out.permute(1, 0, 2, 3).reshape(1, h // n, n * t, d)
+
+    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, N·t, H/N, D), attention's output for this rank's heads → (1, t, H, D) for its own tokens."""
+        _, length, h, d = x.shape
+        n = self.size
+        t = length // n
+        out = _AllToAll.apply(x.reshape(n, t, h, d), self.group)  # chunk i: head group i over my tokens
+        return out.permute(1, 0, 2, 3).reshape(1, t, n * h, d)
 
 
 def new_groups(rank: int, world_size: int, size: int) -> SequenceParallel | None:
@@ -91,11 +107,30 @@ def check_model(base: Any, size: int) -> None:
     """The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible."""
     config = base.config
     impl = config._attn_implementation
-    if not attention.is_sdpa(impl):
+    if not attention.of(impl).sdpa:
         raise ValueError(f"trainer.sequence_parallel={size}: needs sdpa attention; the model runs {impl!r}")
     heads = config.num_attention_heads
     if heads % size:
         raise ValueError(f"trainer.sequence_parallel={size} must divide the model's attention heads ({heads})")
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` over equal chunks of dim 0: chunk j goes to rank j. It is its own adjoint,
+    so the backward is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):  # noqa: ANN001
+        import torch.distributed as dist
+
+        ctx.group = group
+        x = x.contiguous()  # (empty_like keeps a view's strides; the exchange writes contiguously)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001
+        return _AllToAll.apply(grad.contiguous(), ctx.group), None
 
 
 class _AllReduce(torch.autograd.Function):

@@ -1,4 +1,4 @@
-"""What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.modeling.weight_rows`.
+"""What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.transports.weight_rows`.
 
 Every rank sends, over its own link of the run's weight transport (:mod:`toolrl.transports`), the rows
 it owns (:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows its shard, read in
@@ -18,9 +18,9 @@ from typing import Any
 
 from toolrl.config import Config
 from toolrl.modeling.adapters import adapter_of, apply_adapters, apply_lora, lora_layers
-from toolrl.modeling.weight_rows import Rows, load_rows
 from toolrl.training import lora
 from toolrl.transports import ALIGN, Bucket, BucketHeader, RowPiece, WeightSender
+from toolrl.transports.weight_rows import Rows, load_rows
 
 
 @dataclass

@@ -26,12 +26,12 @@ from toolrl import model_sources
 from toolrl.config import AdapterConfig, ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
-from toolrl.engines.receive import receive_into
 from toolrl.modeling.adapters import apply_adapters, apply_lora
 from toolrl.processes.resolve import run_plan
 from toolrl.training import lora
 from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned
 from toolrl.transports import TransportError, build_transport
+from toolrl.transports.weight_rows import receive_into
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
 from vllm_support import reference_logprobs
