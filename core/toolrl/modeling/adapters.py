@@ -39,11 +39,9 @@ def adapter_name(prefix: str, key: str) -> str:
 
 def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
     """Inject LoRA adapter ``name`` into ``model`` in place and freeze everything else; returns ``model``.
-
-    Raises :class:`~toolrl.config.ConfigError` naming ``model.lora.target_modules`` when no module
-    matches, a match is not a Linear layer, or a match shares its weight with another module (tied
-    embeddings: the engine copy has one tensor for both, so the merged weight could not reach it).
-    """
+    Raises ConfigError naming ``model.lora.target_modules`` when no module matches, a match is not a
+    Linear layer, or shares its weight with another module (tied embeddings: an engine has one tensor for
+    both, so the merged weight could not reach it)."""
     _inject(model, config, name, "model.lora.target_modules")
     return model
 

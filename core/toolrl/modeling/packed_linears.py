@@ -1,18 +1,15 @@
 """A model's linear layers through oneDNN on weights packed for it (``engine.options.packed_linears``), in
 the forwards their owner (the engine's step runner) runs inside :meth:`PackedLinears.applied`.
 
-On one CPU thread a float32 ``F.linear`` of 2 to 8 rows runs MKL's general matrix multiply far under the
-memory speed a 1-row product reaches: SmolLM2-135M's linears take 72 ms for 4 rows against 48 ms for 1
-(``benchmarks/packed_linears.py``). oneDNN's inner product on a weight reordered once into its blocked
-layout takes 49 ms for 4 rows and beats ``F.linear`` from 2 rows up. One row keeps ``F.linear`` (as
-fast, and a one-row sample's bits stay those of the dense model's).
-
-Inside ``applied()`` each packed layer's forward is the object's, outside it its own (its class and
-parameters never change): a ``TorchFunctionMode`` routing ``F.linear`` would run its handler for every
-torch call of a forward (the benchmark prints both costs). A layer's packed copy, held by the object,
-is made on its first forward of 2+ rows and again once the weight is written in place (its version
-moves) or replaced; dropped while the engine sleeps. Forwards that record gradients take ``F.linear``
-on the weight itself. LoRA's ``A`` and ``B`` stay plain (a few ranks wide; routing stacks them).
+On one CPU thread a float32 ``F.linear`` of 2 to 8 rows runs far under the memory speed a 1-row product
+reaches (SmolLM2-135M's linears: 72 ms for 4 rows, 48 for 1); oneDNN's inner product on a weight
+reordered once into its blocked layout takes 49 ms for 4 (``benchmarks/packed_linears.py``). One row
+keeps ``F.linear`` (as fast, and a one-row sample's bits stay the dense model's). Inside ``applied()``
+each packed layer's forward is the object's, outside it its own: no class or parameter changes, and
+none of the cost of a ``TorchFunctionMode`` whose handler runs for every torch call (the benchmark
+prints both). A layer's packed copy, held by the object, is made on its first forward of 2+ rows and
+again once the weight is written in place or replaced; dropped while the engine sleeps. Forwards that
+record gradients take ``F.linear`` on the weight itself; LoRA's ``A`` and ``B`` stay plain.
 """
 
 from __future__ import annotations

@@ -36,8 +36,7 @@ class EagerSteps:
         if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
         self.model, self.adapters, self.routing, self.packed = model, adapters, routing, packed
-        # Where every forward of the model runs: on its packed linears (packed_linears: true) or as it is.
-        self.linears = packed.applied if packed is not None else contextlib.nullcontext
+        self.linears = packed.applied if packed is not None else contextlib.nullcontext  # each forward's
         attention.install(model, attention.DECODE_SDPA)
         self.num_layers = text_config.num_hidden_layers
         self.window, _ = masks.sliding_window(model.config)
