@@ -1,7 +1,7 @@
 """Several LoRA adapters on one base model, each token through its own (``model.adapters``): the one
-routing the trainer and the transformers engine share. Each adapter :func:`toolrl.modeling.adapters.add_adapter`
-injects is routed (:func:`route_adapters`): peft's own adapter sum off, every LoRA layer's forward hook
-adding each token's own adapter's delta to the base output. The hook reads the forward's :func:`routed`
+routing the trainer and the transformers engine share. Each adapter
+:func:`toolrl.modeling.adapters.add_adapter` injects is routed (:func:`route_adapters`): peft's own sum
+off, every LoRA layer's forward hook adding each token's own adapter's delta to the base output. The hook reads the forward's :func:`routed`
 context, so **every forward of such a model runs inside** ``routed(model, adapter_ids)``; one outside it
 raises (it would run the base model silently, and train nothing). ``-1`` routes to the base weights
 alone. Gradient checkpointing's backward re-runs the forward: call it inside the context too.

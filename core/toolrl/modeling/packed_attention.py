@@ -9,8 +9,8 @@ position in its sequence, and which spans see which (a tree span sees its ancest
 sees a key of its own span or of a span it sees, by their positions (:func:`toolrl.masks.visible`: at
 or before it, within a sliding window). That rule is FlexAttention's ``mask_mod`` on CUDA (a
 ``BlockMask`` per window, made once per batch, and the compiled kernel), a dense boolean mask for one
-sdpa call (FlexAttention has no backward on CPU) and the eager row mask (``packing.row_masks``). Attention sinks (gpt-oss) are not here: gpt-oss runs
-eager attention, whose one mask over the row already covers the tree (``packing.row_masks``).
+sdpa call (FlexAttention has no backward on CPU) and the eager row mask (``packing.row_masks``, which
+gpt-oss runs for its attention sinks, not here).
 """
 
 from __future__ import annotations

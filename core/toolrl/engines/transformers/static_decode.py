@@ -1,7 +1,7 @@
 """The transformers engine's static decode steps (``decode: static``; the default on CUDA).
 
-The eager steps (:class:`~toolrl.engines.transformers.step_runner.EagerSteps`) have new shapes every step and run op by
-op from Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
+The eager steps (:class:`~.step_runner.EagerSteps`) have new shapes every step and run op by op from
+Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
 has fixed shapes per *bucket*: rows padded to a power of two (at most ``max_batch_size``), attention
 over the buffer's whole capacity (a power of two; the mask hides unused columns), the token's KV written
 at a column held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and
@@ -54,7 +54,7 @@ class StaticLayer(DynamicLayer):
 class StaticSteps(EagerSteps):
     """Decode steps of fixed shape; on CUDA each shape's step is a captured graph (``graphs``)."""
 
-    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int, packed: PackedLinears | None = None) -> None:
+    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int, packed: PackedLinears | None) -> None:
         super().__init__(model, adapters, None, packed)
         self.max_rows = max_rows
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, Any], torch.Tensor]] | None = (

@@ -1,10 +1,10 @@
 """The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how its
-forwards run on the running batch's KV buffers (:mod:`toolrl.engines.transformers.kv_store`).
+forwards run on the running batch's KV buffers (:mod:`.kv_store`).
 
 :class:`EagerSteps` (``decode: eager``) hands the model the used columns of the buffers, so every step
-has new shapes; :class:`~toolrl.engines.transformers.static_decode.StaticSteps` prefills the same way and decodes at
-fixed shapes. Every forward routes each row through its own adapter
-(:class:`~toolrl.modeling.adapter_routing.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
+has new shapes; :class:`~.static_decode.StaticSteps` prefills the same way and decodes at fixed shapes.
+Every forward routes each row through its own adapter (:class:`~toolrl.modeling.adapter_routing.RowAdapters`)
+and runs on packed linears where the engine has them; sliding-window layers (Gemma 3, gpt-oss, Mistral)
 get masks built from each column's position, not its column distance: a token sees the
 ``sliding_window`` positions before it, whatever gaps its row has.
 """
@@ -31,7 +31,7 @@ class EagerSteps:
     """Every forward on the used columns of the buffers; the base of the static steps."""
 
     def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None,
-                 packed: PackedLinears | None = None) -> None:
+                 packed: PackedLinears | None) -> None:
         text_config = model.config.get_text_config()
         if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
