@@ -24,7 +24,7 @@ Needs an environment where both ``vllm`` and ``toolrl`` are importable (the plug
 ``--against static``: the transformers engine's static decode step (``decode: static``, run eagerly on
 a CPU: no CUDA graphs) against its default growing path, in any environment with toolrl; the last line
 reads ``static / eager (median tokens/s)``. ``--against packed``: the same engine with its linears on
-oneDNN-packed weights (``packed_linears: true``, :mod:`toolrl.engines.packed_linears`) against the dense
+oneDNN-packed weights (``packed_linears: true``, :mod:`toolrl.modeling.packed_linears`) against the dense
 ones; the last line reads ``packed / dense (median tokens/s)``.
 """
 

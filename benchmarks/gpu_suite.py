@@ -454,9 +454,9 @@ def sync_receiver(transport_name: str, shape: str, device: str, link_json: str, 
     """The engine side, in a process of its own: a transformers engine whose weights the link writes."""
     import torch
     from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
-    from toolrl.engines.weight_rows import receive_into
     from toolrl.model_sources import qwen_tokenizer
     from toolrl.transports import Link
+    from toolrl.transports.weight_rows import receive_into
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -549,7 +549,7 @@ def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
                 self.receiver = ObjectStoreTransport().open_receiver(Link.model_validate_json(link_json), 0)
 
             def receive(self, version: int) -> None:
-                from toolrl.engines.weight_rows import receive_into
+                from toolrl.transports.weight_rows import receive_into
 
                 receive_into(self.engine, [self.receiver], version)
                 sync(device)

@@ -61,7 +61,7 @@ class CopyMeter:
         self.log: list[tuple[float, str, float, int]] = []
         self.columns: list[tuple[float, int]] = []  # (time, the batch buffer's columns after a _reserve)
         self._stack: list[float] = []  # per open wrapped call: time spent in wrapped calls inside it
-        from toolrl.engines.kv_store import KVBatch
+        from toolrl.engines.transformers.kv_store import KVBatch
 
         e = engine
         self._wrap(e._sessions, "save", "save",

@@ -35,7 +35,7 @@ from toolrl import model_sources  # noqa: E402
 from toolrl.config import AdapterConfig  # noqa: E402
 from toolrl.engines import ModelSource, SamplingParams  # noqa: E402
 from toolrl.engines.transformers import TransformersEngine  # noqa: E402
-from toolrl.training.lora import apply_adapters  # noqa: E402
+from toolrl.modeling.adapters import apply_adapters  # noqa: E402
 
 single_thread()
 

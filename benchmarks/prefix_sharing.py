@@ -32,7 +32,7 @@ heads — random weights) for a model whose layers, not its LM head, are most of
 ``--attention eager``: the model's eager attention (gpt-oss's kind), which takes the tree as one dense
 mask over the row; its scores are quadratic in the row, so pair it with ``--quick`` on a CPU.
 ``--attention spans`` / ``one-call``: sdpa with the packed row's attention as one call per span, or one
-call per layer (``training.packed_attention``: FlexAttention on CUDA, a dense mask on CPU), whatever
+call per layer (``modeling.packed_attention``: FlexAttention on CUDA, a dense mask on CPU), whatever
 the device's default (``sdpa``: one call on CUDA, spans on CPU).
 """
 

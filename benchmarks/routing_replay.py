@@ -93,7 +93,7 @@ def trainer_view(model: Any, batch: Any, replay: bool) -> tuple[Any, Any, float]
     """The trainer's log-probs of the batch's trained tokens (B, R), the experts its forward used and
     the ratio of its sparse blocks' output std to its attention's."""
     import torch
-    from toolrl.engines.expert_routing import ExpertRouting
+    from toolrl.modeling.expert_routing import ExpertRouting
     from toolrl.training.step import response_logprobs
 
     used: list[Any] = []

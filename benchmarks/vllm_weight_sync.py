@@ -47,8 +47,8 @@ def sync_s(model: Any, engine: Any, transport: Any, path: str, key: str, bucket_
     """One sync of ``model`` (what ``plan`` says; default: every weight, LoRA merged) from two sender
     threads into ``engine`` by ``path``: seconds."""
     from toolrl.engines import RolloutEngine
-    from toolrl.engines.weight_rows import receive_into
     from toolrl.training.weight_sync import SyncPlan, send_owned
+    from toolrl.transports.weight_rows import receive_into
 
     senders = [transport.open_sender(f"{key}-{r}", r, 1, 120.0) for r in range(2)]
     links = [s.link for s in senders]
@@ -131,13 +131,14 @@ def lora_syncs(path: str, engine: Any, nbytes: int, args: Any) -> list[list[Any]
     from toolrl.config import LoraConfig, TrainerConfig
     from toolrl.engines import ModelSource
     from toolrl.model_sources import load_model
+    from toolrl.modeling.adapters import apply_lora
     from toolrl.training import lora
     from toolrl.training.weight_sync import SyncPlan, push_local
     from toolrl.transports import build_transport
     from toolrl_vllm.engine import VLLMEngine, lora_rank
 
     config = LoraConfig(r=args.lora_r, alpha=2.0 * args.lora_r)
-    model = lora.apply_lora(load_model(path), config)
+    model = apply_lora(load_model(path), config)
     adapters = SyncPlan(adapters=True)
     adapter_mib = sum(t.numel() * t.element_size() for _, t in lora.iter_adapter_weights(model)) / 2**20
     served = VLLMEngine.create(ModelSource(path), {"device": "cpu", "max_batch_size": 4,
@@ -145,7 +146,7 @@ def lora_syncs(path: str, engine: Any, nbytes: int, args: Any) -> list[list[Any]
     transport = build_transport(TrainerConfig(weight_transport="shared_memory"))
     times: dict[str, list[float]] = {"merged": [], "in_process": [], "shared_memory": []}
     try:
-        served.apply_adapters(functools.partial(lora.apply_lora, config=config))
+        served.apply_adapters(functools.partial(apply_lora, config=config))
         for round_ in range(args.rounds):
             times["merged"].append(sync_s(model, engine, transport, "native", f"bench-merged-{round_}", args.bucket_mb))
             t0 = time.perf_counter()

@@ -4,14 +4,26 @@ token in a forward takes no part in it."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from test_lora import draw_adapters
 from toolrl.config import AdapterConfig, ConfigError
-from toolrl.engines import adapters as routing
-from toolrl.engines.adapters import adapter_names, routed
 from toolrl.model_sources import load_model
-from toolrl.training import lora
+from toolrl.modeling import adapter_routing as routing
+from toolrl.modeling.adapter_routing import adapter_names, routed
+from toolrl.modeling.adapters import (
+    adapter_name,
+    adapter_of,
+    adapter_parameters,
+    adapter_state,
+    add_adapter,
+    apply_adapters,
+    apply_lora,
+    load_adapter_state,
+    remove_adapter,
+)
 
 # Different ranks, scalings and targets: "a" adapts only q/v, "b" every Linear, "c" is frozen.
 ROLES = {"a": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
@@ -21,7 +33,7 @@ ROLES = {"a": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
 
 def routed_model(path: str, seed: int = 0) -> torch.nn.Module:
     """The tiny model with the three adapters, their A and B drawn from ``seed``."""
-    return draw_adapters(lora.apply_adapters(load_model(path), ROLES), seed)
+    return draw_adapters(apply_adapters(load_model(path), ROLES), seed)
 
 
 def merged_model(path: str, model: torch.nn.Module, role: str) -> torch.nn.Module:
@@ -43,13 +55,13 @@ def prompts(rows: int, tokens: int, seed: int = 1) -> torch.Tensor:
 
 
 def test_apply_adapters_names_roles_and_freezes_the_frozen(tiny_qwen3_path):
-    model = lora.apply_adapters(load_model(tiny_qwen3_path), ROLES)
+    model = apply_adapters(load_model(tiny_qwen3_path), ROLES)
     assert adapter_names(model) == ["a", "b", "c"]
     trained = {(n.split(".")[-2], p.requires_grad) for n, p in model.named_parameters() if "lora_" in n}
     assert trained == {("a", True), ("b", True), ("c", False)}
     assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
     # model.lora stays the one adapter "default", forwarded by peft as before (no routing).
-    single = lora.apply_lora(load_model(tiny_qwen3_path), ROLES["a"])
+    single = apply_lora(load_model(tiny_qwen3_path), ROLES["a"])
     assert adapter_names(single) == ["default"]
     single(input_ids=prompts(1, 4))
     with pytest.raises(ValueError, match="no routed adapters"), routed(single, torch.zeros(1, dtype=torch.long)):
@@ -59,12 +71,12 @@ def test_apply_adapters_names_roles_and_freezes_the_frozen(tiny_qwen3_path):
 @pytest.mark.parametrize("role, targets, message", [
     ("planner", ["nope"], "model.adapters.planner.target_modules: Target modules {'nope'} not found"),
     ("judge", ["lm_head"], "model.adapters.judge.target_modules: ['lm_head'] matches modules that share a tied"),
-    ("v1.5", "all-linear", "model.adapters.v1.5: an adapter per role is named by its role, which then cannot "
-                           "contain '.'"),
+    ("v1.5", "all-linear", "model.adapters.v1.5: an adapter's name is part of torch's module names, which cannot be "
+                           "empty or contain '.'"),
 ])
 def test_bad_adapters_name_the_role(tiny_qwen3_path, role, targets, message):
     with pytest.raises(ConfigError) as info:
-        lora.apply_adapters(load_model(tiny_qwen3_path), {"ok": AdapterConfig(), role: AdapterConfig(target_modules=targets)})
+        apply_adapters(load_model(tiny_qwen3_path), {"ok": AdapterConfig(), role: AdapterConfig(target_modules=targets)})
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -183,14 +195,14 @@ def test_adapters_added_and_removed_at_run_time(tiny_qwen3_path):
     with torch.no_grad(), routed(model, torch.tensor([0, 1, -1])):
         before = model(input_ids=ids).logits
     grads = {n: p.requires_grad for n, p in model.named_parameters()}
-    lora.add_adapter(model, "d", AdapterConfig(r=3, alpha=6, target_modules=["q_proj"]))
+    add_adapter(model, "d", AdapterConfig(r=3, alpha=6, target_modules=["q_proj"]))
     assert adapter_names(model) == ["a", "b", "c", "d"]
-    assert all(p.requires_grad == (grads[n] if n in grads else lora.adapter_of(n) == "d")
+    assert all(p.requires_grad == (grads[n] if n in grads else adapter_of(n) == "d")
                for n, p in model.named_parameters())
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():  # "d" drawn (peft starts B at zero, which would hide a wrong route)
         for n, p in model.named_parameters():
-            if lora.adapter_of(n) == "d":
+            if adapter_of(n) == "d":
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     with torch.no_grad(), routed(model, torch.tensor([0, 1, -1])):
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=0, atol=0)
@@ -199,10 +211,61 @@ def test_adapters_added_and_removed_at_run_time(tiny_qwen3_path):
         torch.testing.assert_close(alone, merged_model(tiny_qwen3_path, model, "d")(input_ids=ids[:1]).logits,
                                    rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="has an adapter of that name"):
-        lora.add_adapter(model, "d", AdapterConfig(r=3))
-    lora.remove_adapter(model, "a")
+        add_adapter(model, "d", AdapterConfig(r=3))
+    remove_adapter(model, "a")
     assert adapter_names(model) == ["b", "c", "d"]
-    assert all(lora.adapter_of(n) != "a" for n, _ in model.named_parameters())
-    assert all(p.requires_grad == (lora.adapter_of(n) in ("b", "d")) for n, p in model.named_parameters())
+    assert all(adapter_of(n) != "a" for n, _ in model.named_parameters())
+    assert all(p.requires_grad == (adapter_of(n) in ("b", "d")) for n, p in model.named_parameters())
     with torch.no_grad(), routed(model, torch.tensor([0, -1])):
         torch.testing.assert_close(model(input_ids=ids[1:]).logits, before[1:], rtol=0, atol=1e-6)
+
+
+def test_an_adapter_added_on_modules_no_other_adapts_is_routed_there(tiny_qwen3_path):
+    """A service's client may adapt other modules than the adapters already there: its new LoRA layers
+    route too (a layer left unrouted would run the base weights alone, silently)."""
+    model = apply_adapters(load_model(tiny_qwen3_path), {"a": ROLES["a"]})  # q_proj and v_proj only
+    add_adapter(model, "d", AdapterConfig(r=3, alpha=6, target_modules=["down_proj"]))
+    draw_adapters(model, seed=2)
+    ids = prompts(1, 6)
+    with torch.no_grad(), routed(model, torch.full((1,), 1)):
+        alone = model(input_ids=ids).logits
+        torch.testing.assert_close(alone, merged_model(tiny_qwen3_path, model, "d")(input_ids=ids).logits,
+                                   rtol=0, atol=1e-5)
+    with pytest.raises(RuntimeError, match="inside toolrl.modeling.adapter_routing.routed"):
+        model(input_ids=ids)
+
+
+def test_one_adapters_tensors_move_to_another_under_names_without_its_own(tiny_qwen3_path):
+    """The adapter API a service uses: a name from any string, a seeded initialisation that leaves the
+    process's random state alone, one adapter's parameters, and its tensors copied into another."""
+    name = adapter_name("m", "client-7/run:1")
+    assert re.fullmatch(r"m_[0-9a-f]{16}", name) and name == adapter_name("m", "client-7/run:1")
+    assert name != adapter_name("m", "client-7/run:2")
+    with pytest.raises(ValueError, match="prefix '1.x'"):
+        adapter_name("1.x", "key")
+    config = AdapterConfig(r=2, alpha=4, target_modules=["q_proj", "v_proj"])
+    model, other = load_model(tiny_qwen3_path), load_model(tiny_qwen3_path)
+    rng = torch.random.get_rng_state()
+    add_adapter(model, name, config, seed=3)
+    add_adapter(other, "x", config, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    add_adapter(model, "copy", config, seed=4)
+    own = adapter_parameters(model, name)
+    assert list(own) == [n.replace(f".{name}.", ".") for n, _ in model.named_parameters() if adapter_of(n) == name]
+    assert len(own) == 2 * 2 * 2 and all(k.endswith((".lora_A.weight", ".lora_B.weight")) for k in own)
+    initial = adapter_state(model, name)
+    assert all(torch.equal(t, initial[k]) for k, t in adapter_state(other, "x").items())  # the same seed
+    assert not all(torch.equal(t, initial[k]) for k, t in adapter_state(model, "copy").items())
+    with torch.no_grad():
+        for p in own.values():
+            p.add_(0.1)
+    state = adapter_state(model, name)
+    assert all(t.data_ptr() != own[k].data_ptr() and torch.equal(t, own[k]) for k, t in state.items())
+    load_adapter_state(model, "copy", state)
+    assert all(torch.equal(p, state[k]) for k, p in adapter_parameters(model, "copy").items())
+    add_adapter(model, "wider", AdapterConfig(r=3, alpha=4, target_modules=["q_proj", "v_proj"]))
+    for bad in ({k: t for k, t in list(state.items())[1:]}, state):  # a tensor missing; another rank
+        with pytest.raises(ValueError, match="do not fit adapter"):
+            load_adapter_state(model, "wider" if bad is state else "copy", bad)
+    with pytest.raises(ValueError, match="no adapter 'nope'"):
+        adapter_parameters(model, "nope")

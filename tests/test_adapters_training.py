@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
+from toolrl.modeling.adapters import adapter_of, apply_adapters, has_lora
 from toolrl.training import lora
 from toolrl.training.step import StepOptions, train_step
 from toolrl.trajectory import Trajectory
@@ -46,7 +47,7 @@ def adapter_state(rank, adapter: str) -> tuple[dict[str, torch.Tensor], dict[str
     """Adapter ``adapter``'s tensors and their optimizer state (exp_avg, exp_avg_sq, step), cloned."""
     weights, state = {}, {}
     for name, p in rank.model.named_parameters():
-        if lora.adapter_of(name) == adapter:
+        if adapter_of(name) == adapter:
             weights[name] = p.detach().clone()
             state[name] = {k: v.clone() for k, v in rank.optimizer.state.get(p, {}).items()}
     return weights, state
@@ -117,11 +118,11 @@ def adapted(tiny_qwen3_path):
     from toolrl.model_sources import load_model
 
     cfg = load_config(TINY, [ADAPTERS])
-    model = lora.apply_adapters(load_model(tiny_qwen3_path), cfg.model.adapters)
+    model = apply_adapters(load_model(tiny_qwen3_path), cfg.model.adapters)
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if lora.adapter_of(name) is not None:
+            if adapter_of(name) is not None:
                 p.normal_(0, 0.05)
     return model
 
@@ -155,13 +156,13 @@ def test_one_step_with_two_roles_equals_two_single_role_steps(adapted, micro_bat
         single, single_grads = step(trajs)
         combined += tokens[role] / total * single["loss"]
         for name, g in joint_grads.items():
-            owner = lora.adapter_of(name)
+            owner = adapter_of(name)
             assert (single_grads[name] is None) == (owner != role)  # the other adapter takes no part
             assert g is not None
             if owner == role:
                 assert float((g - tokens[role] / total * single_grads[name]).abs().max()) <= 1e-6
     assert abs(joint["loss"] - combined) <= 1e-6
-    assert not any(lora.adapter_of(n) == "c" for n in joint_grads)  # frozen: not even in the optimizer
+    assert not any(adapter_of(n) == "c" for n in joint_grads)  # frozen: not even in the optimizer
 
 
 def test_a_piece_without_an_adapter_is_refused(adapted):
@@ -181,7 +182,7 @@ def test_checkpoint_and_resume_restore_every_adapter_and_optimizer_state(tmp_pat
     fresh = trainer()
     with torch.no_grad():  # whatever the fresh rank drew, the checkpoint's values replace
         for name, p in fresh.model.named_parameters():
-            if lora.adapter_of(name) is not None:
+            if adapter_of(name) is not None:
                 p.add_(1.0)
     fresh.load(str(tmp_path / "ckpt"))
     for adapter in ("a", "b", "c"):
@@ -196,8 +197,8 @@ def test_checkpoint_and_resume_restore_every_adapter_and_optimizer_state(tmp_pat
 
 def test_export_writes_a_merged_model_and_a_peft_adapter_per_role(tmp_path, tiny_qwen3_path):
     from peft import PeftModel
-    from toolrl.engines.adapters import routed
     from toolrl.model_sources import load_model
+    from toolrl.modeling.adapter_routing import routed
     from toolrl.run_dir import HF_FILES, META
     from toolrl.training.export import export, save_model_files
     from transformers import AutoModelForCausalLM
@@ -216,7 +217,7 @@ def test_export_writes_a_merged_model_and_a_peft_adapter_per_role(tmp_path, tiny
     base = load_model(tiny_qwen3_path)
     for i, role in enumerate(("a", "b", "c")):
         merged = AutoModelForCausalLM.from_pretrained(out / role).eval()
-        assert not lora.has_lora(merged)
+        assert not has_lora(merged)
         with torch.no_grad(), routed(rank.model, torch.full_like(ids, i)):
             want = rank.model(input_ids=ids).logits
         with torch.no_grad():
@@ -261,7 +262,7 @@ def test_weight_sync_sends_only_the_trained_adapters_that_changed():
     delta = Delta()
 
     def synced() -> set[str]:
-        sent = {lora.adapter_of(name) for name, *_ in _owned_weights(rank.model, 0, 1, plan, delta)}
+        sent = {adapter_of(name) for name, *_ in _owned_weights(rank.model, 0, 1, plan, delta)}
         delta.commit()
         return sent
 
@@ -290,20 +291,20 @@ async def test_the_engine_gets_only_the_trained_adapters_that_changed(tmp_path):
         assert engine is not run.model  # a base model of its own, given the run's adapters by name
 
         def held() -> dict[str, torch.Tensor]:
-            return {k: v.clone() for k, v in engine.state_dict().items() if lora.adapter_of(k) is not None}
+            return {k: v.clone() for k, v in engine.state_dict().items() if adapter_of(k) is not None}
 
-        frozen = {k: v for k, v in held().items() if lora.adapter_of(k) == "c"}
+        frozen = {k: v for k, v in held().items() if adapter_of(k) == "c"}
         assert frozen and held().keys() == lora.trainable_state_dict(run.model).keys()
         rank.step(rows("a", 0) + rows("b", 1))
         rank.push_to_engines([run.engine])
         trainer = run.model.state_dict()
         after = held()
-        assert all(torch.equal(after[k], trainer[k]) for k in after if lora.adapter_of(k) in ("a", "b"))
+        assert all(torch.equal(after[k], trainer[k]) for k in after if adapter_of(k) in ("a", "b"))
         assert all(torch.equal(after[k], v) for k, v in frozen.items())  # never sent: lora_B zero on both sides
         rank.step(rows("a", 2))
-        versions = {k: v._version for k, v in engine.state_dict().items() if lora.adapter_of(k) is not None}
+        versions = {k: v._version for k, v in engine.state_dict().items() if adapter_of(k) is not None}
         rank.push_to_engines([run.engine])
-        written = {lora.adapter_of(k) for k, v in engine.state_dict().items() if k in versions
+        written = {adapter_of(k) for k, v in engine.state_dict().items() if k in versions
                    and v._version != versions[k]}
         assert written == {"a"}  # b did not change since the last sync: not sent again
     finally:

@@ -10,26 +10,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core" / "toolrl"
 DOC = ROOT / "docs" / "architecture.md"
-ENTRY = re.compile(r"^( {2}| {4})([a-z_0-9]+(?:\.py|/))(?:\s|$)")
+ENTRY = re.compile(r"^( {2}| {4}| {6})([a-z_0-9]+(?:\.py|/))(?:\s|$)")
 
 
 def mapped(doc: str) -> set[str]:
     """The modules the layout's code block names, as paths under core/toolrl (a package's line stands for
-    its ``__init__.py``)."""
+    its ``__init__.py``; a line indented two more than a package's is in it)."""
     section = doc[doc.index("## The layout"):]
     block = section.split("```", 2)[1]
     found: set[str] = set()
-    package = ""
+    packages: list[str] = []  # the packages open at each depth
     for line in block.splitlines():
         match = ENTRY.match(line)
         if not match:
             continue
-        nested, name = len(match.group(1)) == 4, match.group(2)
+        depth, name = len(match.group(1)) // 2 - 1, match.group(2)
+        del packages[depth:]
+        path = "".join(packages) + name
         if name.endswith("/"):
-            package = name
-            found.add(f"{name}__init__.py")
+            packages.append(name)
+            found.add(f"{path}__init__.py")
         else:
-            found.add(f"{package}{name}" if nested else name)
+            found.add(path)
     return found
 
 
@@ -53,6 +55,8 @@ def test_a_module_added_without_its_line_or_a_line_left_behind_is_named() -> Non
         "core/toolrl/rollout/new_idea.py has no line in docs/architecture.md's layout"]
     assert mismatch(files - {"rollout/tree.py"}, listed) == [
         "docs/architecture.md lists core/toolrl/rollout/tree.py, which does not exist"]
+    assert mismatch(files | {"engines/transformers/new_part.py"}, listed) == [  # a package in a package
+        "core/toolrl/engines/transformers/new_part.py has no line in docs/architecture.md's layout"]
 
 
 def docstring_lists() -> dict[str, set[str]]:

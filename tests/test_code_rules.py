@@ -1,4 +1,5 @@
-"""The project's code rules that a machine can check: no function in ``core/`` over 80 lines; no
+"""The project's code rules that a machine can check: no function in ``core/`` over 80 lines and no class
+over 300; attention implementations registered with transformers and switched in one module; no
 ``asyncio.wait_for`` in library code; run facts and rollout groups typed; the generic step and batches free
 of distillation's names."""
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 MAX_FUNCTION_LINES = 80
+MAX_CLASS_LINES = 300
+ATTENTION_INSTALLER = CORE / "modeling" / "attention.py"
 
 
 def test_no_core_function_is_over_80_lines():
@@ -20,6 +23,42 @@ def test_no_core_function_is_over_80_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "split these along their own comments: " + "; ".join(long)
+
+
+def test_no_core_class_is_over_300_lines():
+    long = [f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)"
+            for path in sorted(CORE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ClassDef) and (lines := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES]
+    assert not long, "split these into parts of their own: " + "; ".join(long)
+
+
+def attention_changes(tree: ast.AST) -> list[int]:
+    """Lines that register an attention function with transformers (``AttentionInterface.register``,
+    ``ALL_MASK_ATTENTION_FUNCTIONS.register``, in any spelling of the two) or set a config's
+    ``_attn_implementation``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name in ("AttentionInterface", "ALL_MASK_ATTENTION_FUNCTIONS", "ALL_ATTENTION_FUNCTIONS"):
+                found.append(node.lineno)
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        found += [t.lineno for t in targets if isinstance(t, ast.Attribute) and t.attr == "_attn_implementation"]
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setattr" and any(
+                isinstance(a, ast.Constant) and a.value == "_attn_implementation" for a in node.args):
+            found.append(node.lineno)
+    return found
+
+
+def test_attention_implementations_are_installed_in_one_module():
+    """modeling/attention.py holds toolrl's attention implementations in one table and is the one module
+    that registers them with transformers or switches a model to one: a newcomer adds a row there."""
+    elsewhere = [f"{path.relative_to(CORE.parent)}:{line}" for path in sorted(CORE.rglob("*.py"))
+                 if path != ATTENTION_INSTALLER for line in attention_changes(ast.parse(path.read_text()))]
+    assert elsewhere == [], "install attention through toolrl.modeling.attention: " + "; ".join(elsewhere)
+    assert len(attention_changes(ast.parse(ATTENTION_INSTALLER.read_text()))) == 3  # the scan sees the installer's
 
 
 def test_no_library_code_bounds_an_await_with_wait_for():

@@ -1,11 +1,11 @@
-"""A decode step's attention (engines.decode_attention): one query a row over grouped key/value heads,
+"""A decode step's attention (modeling.decode_attention): one query a row over grouped key/value heads,
 read without copying them to every query head, equals transformers' sdpa."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from toolrl.engines import decode_attention
+from toolrl.modeling import attention, decode_attention
 from transformers.integrations import sdpa_attention
 
 
@@ -43,4 +43,4 @@ def test_an_engine_runs_its_model_through_the_decode_attention(tiny_qwen3_path, 
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_path, attn_implementation="sdpa")
     TransformersEngine(model, qwen3_tokenizer, TransformersEngineConfig(device="cpu"))
-    assert model.config._attn_implementation == decode_attention.DECODE_SDPA
+    assert model.config._attn_implementation == attention.DECODE_SDPA

@@ -14,8 +14,8 @@ from toolrl.config import load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import apply_adapters, remove_adapter
 from toolrl.plugins.parts import RunFacts
-from toolrl.training import lora
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
@@ -38,7 +38,7 @@ def load(engine: TransformersEngine, tensors: dict[str, torch.Tensor], version: 
 @pytest.fixture
 async def engine(tiny_qwen3_path, qwen3_tokenizer):
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path, tokenizer=qwen3_tokenizer), {"device": "cpu"})
-    eng.apply_adapters(lambda model: lora.apply_adapters(model, ROLES))
+    eng.apply_adapters(lambda model: apply_adapters(model, ROLES))
     load(eng, adapter_tensors(eng.model, seed=0), 1)
     yield eng
     await eng.close()
@@ -138,7 +138,7 @@ async def test_an_adapter_removed_while_others_run_leaves_their_routes(engine, t
         await asyncio.sleep(0.001)
     queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
     await asyncio.sleep(0)
-    await asyncio.to_thread(engine.apply_adapters, lambda model: lora.remove_adapter(model, "a"))
+    await asyncio.to_thread(engine.apply_adapters, lambda model: remove_adapter(model, "a"))
     assert not running.done()
     (decoded,), (fresh,) = await asyncio.gather(running, queued)
     assert decoded.token_ids == greedy_reference(ref, prompt, longer.max_new_tokens)

@@ -20,6 +20,7 @@ CORE = ROOT / "core" / "toolrl"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("__init__", "hookspecs", "schemas", "config", "cache", "masks", "images", "tiny_settings",
                     "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy")),
+    ("modeling", ("modeling",)),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
                "families", "renderers", "sessions", "context", "transports", "agents", "fleet", "agent_roles")),
@@ -27,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("processes", ("processes",)),
     ("entry points", ("cli", "__main__", "testing", "plugin_support")),
 ]
-# Within one layer, the packages that must not import each other (importer, imported).
+# Packages that must not import each other (importer, imported): within one layer, and engines and training.
 FORBIDDEN = [
     ("training", "rollout"),  # the trainer reads trajectories (toolrl.trajectory), never the agent loop
     ("training", "data"),
@@ -37,6 +38,8 @@ FORBIDDEN = [
     ("gateway", "training"),
     ("gateway", "data"),
     ("engines", "tools"),
+    ("engines", "training"),  # what both take of a torch model is modeling's: neither imports the other
+    ("training", "engines"),
     ("parsers", "tools"),
 ]
 

@@ -12,6 +12,7 @@ import torch
 from _dists import run_toolrl
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import apply_lora, has_lora, lora_layers
 from toolrl.plugins import get_plugins
 from toolrl.plugins.registry import Part
 from toolrl.training import lora
@@ -23,7 +24,7 @@ QV = LoraConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"])
 
 def lora_model(path: str, config: LoraConfig = QV, dtype: str = "float32", seed: int = 0) -> torch.nn.Module:
     """The tiny model with adapters drawn from ``seed`` (:func:`draw_adapters`)."""
-    return draw_adapters(lora.apply_lora(load_model(path, dtype=dtype), config), seed)
+    return draw_adapters(apply_lora(load_model(path, dtype=dtype), config), seed)
 
 
 def draw_adapters(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -49,14 +50,14 @@ def peft_merged(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_only_adapters_are_trainable(tiny_qwen3_path):
-    model = lora.apply_lora(load_model(tiny_qwen3_path), QV)
+    model = apply_lora(load_model(tiny_qwen3_path), QV)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert len(names) == 2 * 2 * 2  # 2 layers × (q_proj, v_proj) × (A, B)
     assert all("lora_" in n for n in names), names
     assert len(lora.trainable_parameters(model)) == len(names)
     assert list(lora.trainable_state_dict(model)) == names
-    everything = lora.apply_lora(load_model(tiny_qwen3_path), LoraConfig())  # all-linear
-    kinds = {n.split(".")[-1] for n in lora.lora_layers(everything)}
+    everything = apply_lora(load_model(tiny_qwen3_path), LoraConfig())  # all-linear
+    kinds = {n.split(".")[-1] for n in lora_layers(everything)}
     assert kinds == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
@@ -80,7 +81,7 @@ def test_adapters_get_gradients_under_gradient_checkpointing(tiny_qwen3_path):
 ])
 def test_bad_targets_are_config_errors(tiny_qwen3_path, targets, message):
     with pytest.raises(ConfigError) as info:
-        lora.apply_lora(load_model(tiny_qwen3_path), LoraConfig(target_modules=targets))
+        apply_lora(load_model(tiny_qwen3_path), LoraConfig(target_modules=targets))
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -123,7 +124,7 @@ def test_adapter_checkpoint_round_trip(tiny_qwen3_path, tmp_path):
     saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)["model"]
     assert saved and all("lora_" in k for k in saved)  # adapters only: the base comes from model.source
     fresh = TrainerRank(cfg)
-    fresh.setup(model=lora.apply_lora(load_model(tiny_qwen3_path), QV), tokenizer=tokenizer)
+    fresh.setup(model=apply_lora(load_model(tiny_qwen3_path), QV), tokenizer=tokenizer)
     fresh.load(str(tmp_path / "ckpt"))
     want, got = lora.engine_state_dict(rank.model), lora.engine_state_dict(fresh.model)
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -232,12 +233,12 @@ def test_cli_trains_two_steps_with_lora(tmp_path):
     res = run_toolrl("export", str(tmp_path), str(tmp_path / "hf"), env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert not lora.has_lora(exported)
+    assert not has_lora(exported)
     config = json.loads((tmp_path / "config.json").read_text())
     from toolrl.config import Config
     from toolrl.model_sources import model_path
 
-    trained = lora.apply_lora(load_model(model_path(Config.model_validate(config))), QV)
+    trained = apply_lora(load_model(model_path(Config.model_validate(config))), QV)
     lora.load_trainable_state_dict(trained, saved)
     base = load_model(model_path(Config.model_validate(config)))
     name = "model.layers.0.self_attn.q_proj.weight"

@@ -1,4 +1,4 @@
-"""One attention call per layer over a packed row (training.packed_attention) against the loop of one
+"""One attention call per layer over a packed row (modeling.packed_attention) against the loop of one
 sdpa call per span: the same log-probs, loss and gradients, trees and sliding windows included."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 from test_prefix_sharing import common_first_turn, loss_and_grads, nothing_shared, shared_prompt
+from toolrl.modeling.packed_attention import RowPattern, attend
 from toolrl.training import packing
-from toolrl.training.packed_attention import RowPattern, attend
 
 _OF = RowPattern.of
 

@@ -1,6 +1,7 @@
 """A CPU engine's linears on oneDNN-packed weights (engine.options.packed_linears): the dense product to
 float32 rounding, one row bit for bit, packed again when the weight changes, gradients on the weight
-itself, and an engine that samples every adapter as merged with them and frees its copies asleep."""
+itself, the model's modules untouched, and an engine that samples every adapter as merged with them and
+frees its copies asleep."""
 
 from __future__ import annotations
 
@@ -13,73 +14,93 @@ from test_adapters_routing import ROLES, merged_model
 from test_engine_adapters import adapter_tensors, chat, load
 from test_transformers_engine import greedy_reference, logprob_reference
 from toolrl.config import load_config
-from toolrl.engines import ModelSource, SamplingParams, packed_linears
+from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
+from toolrl.modeling import packed_linears
+from toolrl.modeling.adapters import apply_adapters
 from toolrl.plugins.parts import RunFacts
-from toolrl.training import lora
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
 
-def packed_layer(out_features: int = 96, in_features: int = 80, seed: int = 0) -> torch.nn.Linear:
+def packed_layer(out_features: int = 96, in_features: int = 80, seed: int = 0
+                 ) -> tuple[torch.nn.Linear, packed_linears.PackedLinears]:
     torch.manual_seed(seed)
     layer = torch.nn.Linear(in_features, out_features).requires_grad_(False)
-    packed_linears.pack_linears(layer)
-    return layer
+    return layer, packed_linears.PackedLinears(layer)
 
 
 def test_a_packed_layer_computes_the_dense_product():
-    layer = packed_layer()
-    assert type(layer) is packed_linears.PackedLinear
+    layer, packed = packed_layer()
+    assert packed.layers == [layer] and type(layer) is torch.nn.Linear
     for shape in [(1, 80), (1, 1, 80), (2, 80), (4, 80), (3, 11, 80)]:
         x = torch.randn(shape)
-        got, want = layer(x), F.linear(x, layer.weight, layer.bias)
+        with packed.applied():
+            got = layer(x)
+        want = F.linear(x, layer.weight, layer.bias)
         assert got.shape == want.shape
         if x.numel() == 80:  # one row: the dense product itself
             assert torch.equal(got, want)
         else:
-            assert "_toolrl_packed" in layer.__dict__
+            assert packed.copies == 1
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    assert torch.equal(layer(x), want) and "forward" not in layer.__dict__  # outside applied(): its own forward
 
 
 def test_a_weight_written_in_place_or_replaced_is_packed_again():
-    layer = packed_layer()
+    layer, packed = packed_layer()
     x = torch.randn(4, 80)
-    before = layer(x)
+
+    def run() -> torch.Tensor:
+        with packed.applied():
+            return layer(x)
+
+    before = run()
     with torch.no_grad():
         layer.weight.mul_(-2.0)  # in place: the version moves
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-6, atol=1e-5)
-    assert not torch.allclose(layer(x), before)
+    torch.testing.assert_close(run(), F.linear(x, layer.weight, layer.bias), rtol=1e-6, atol=1e-5)
+    assert not torch.allclose(run(), before)
     layer.weight = torch.nn.Parameter(torch.randn(96, 80), requires_grad=False)  # replaced: a new storage
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(run(), F.linear(x, layer.weight, layer.bias), rtol=1e-6, atol=1e-5)
 
 
 def test_forwards_with_gradients_take_the_dense_weight():
-    layer = packed_layer().requires_grad_(True)
+    layer, packed = packed_layer()
+    layer.requires_grad_(True)
     x = torch.randn(4, 80)
-    out = layer(x)
+    with packed.applied():
+        out = layer(x)
     assert torch.equal(out, F.linear(x, layer.weight, layer.bias))
     out.sum().backward()
     torch.testing.assert_close(layer.weight.grad, x.sum(0).expand(96, 80))
-    assert "_toolrl_packed" not in layer.__dict__  # nothing packed for it
+    assert packed.copies == 0  # nothing packed for it
 
 
 def test_packing_leaves_loras_a_and_b_plain(tiny_qwen3_path):
-    model = lora.apply_adapters(load_model(tiny_qwen3_path), ROLES)
-    count = packed_linears.pack_linears(model)
-    kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-    assert count == sum(k is packed_linears.PackedLinear for k in kinds.values()) > 0
-    for name, kind in kinds.items():
-        assert (kind is torch.nn.Linear) == (".lora_A." in name or ".lora_B." in name), name
-    assert packed_linears.pack_linears(model) == count  # once is enough: again changes nothing
+    model = apply_adapters(load_model(tiny_qwen3_path), ROLES)
+    packed = packed_linears.PackedLinears(model)
+    chosen = {id(m) for m in packed.layers}
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert 0 < len(chosen) < len(linears)
+    for name, m in linears.items():
+        assert type(m) is torch.nn.Linear
+        assert (id(m) not in chosen) == (".lora_A." in name or ".lora_B." in name), name
+
+
+def test_a_torch_without_the_onednn_ops_is_one_line(monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^packed_linears: true needs torch built with oneDNN and its ops "
+                                         r"torch\.ops\.mkldnn\._reorder_linear_weight and _linear_pointwise, "
+                                         r"which torch \S+ here lacks$"):
+        packed_layer()
 
 
 @pytest.fixture
 async def engine(tiny_qwen3_path, qwen3_tokenizer):
     eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path, tokenizer=qwen3_tokenizer),
                                     {"device": "cpu", "packed_linears": True})
-    eng.apply_adapters(lambda model: lora.apply_adapters(model, ROLES))
+    eng.apply_adapters(lambda model: apply_adapters(model, ROLES))
     load(eng, adapter_tensors(eng.model, seed=0), 1)
     yield eng
     await eng.close()
@@ -90,8 +111,7 @@ async def test_a_packed_engine_samples_each_adapter_as_merged(engine, tiny_qwen3
     short, long = chat(qwen3_tokenizer, "hi"), chat(qwen3_tokenizer, "Summarise: " + "the quick brown fox " * 20)
     asks = [(short, "a"), (short, "b"), (long, "c"), (chat(qwen3_tokenizer, "2+2?"), "b")]
     gens = await asyncio.gather(*(engine.generate(p, GREEDY, adapter=role) for p, role in asks))
-    assert all(type(m) is not torch.nn.Linear or ".lora_" in n for n, m in engine.model.named_modules()
-               if isinstance(m, torch.nn.Linear))
+    assert engine._packed.copies == len(engine._packed.layers) > 0  # every layer but LoRA's ran packed
     refs = {role: merged_model(tiny_qwen3_path, engine.model, role) for role in "abc"}
     for (prompt, role), [gen] in zip(asks, gens):
         assert gen.token_ids == greedy_reference(refs[role], prompt, GREEDY.max_new_tokens), role
@@ -118,11 +138,11 @@ async def test_a_packed_engine_decodes_on_updated_weights_and_sleeps_without_its
         for n in new:
             own[n.replace(".base_layer", "")].add_(new[n] - old[n])
     assert after == [greedy_reference(ref, p, GREEDY.max_new_tokens) for p in prompts] != before
-    packed = [m for m in engine.model.modules() if type(m) is packed_linears.PackedLinear]
+    packed = engine._packed
     await engine.sleep()  # the packed copies are freed, and made again when rows decode
-    assert not any("_toolrl_packed" in m.__dict__ for m in packed)
+    assert packed.copies == 0
     assert await both() == after
-    assert all("_toolrl_packed" in m.__dict__ for m in packed)
+    assert packed.copies == len(packed.layers) > 0
 
 
 def test_packed_linears_take_a_cpu_float32_engine(tiny_qwen3_path, qwen3_tokenizer):

@@ -4,7 +4,8 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig
 from toolrl.model_sources import load_model
-from toolrl.training.packing import VARLEN_SDPA, build_batch, input_length
+from toolrl.modeling.attention import VARLEN_SDPA
+from toolrl.training.packing import build_batch, input_length
 from toolrl.training.step import policy_loss, response_logprobs
 from toolrl.trajectory import Trajectory
 

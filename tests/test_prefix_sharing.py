@@ -205,7 +205,8 @@ def test_shared_prefixes_under_lora_and_the_decoupled_objective(model, setting):
     """With adapters (only they train) and with behaviour log-probs from older weights (importance
     weights ≠ 1, some truncated), the tree gives the unshared loss and gradients."""
     from toolrl.config import LoraConfig
-    from toolrl.training.lora import apply_lora, trainable_parameters
+    from toolrl.modeling.adapters import apply_lora
+    from toolrl.training.lora import trainable_parameters
 
     trajs = grpo_batch()
     if setting == "stale":

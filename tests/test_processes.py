@@ -62,8 +62,8 @@ def test_default_row_receiver_collects_then_loads_once():
     """An engine that only loads whole tensors (``update_weights``) gets rows assembled by the contract's
     default, loaded once when the update finishes; a new update starts empty."""
     import torch
-    from toolrl.engines.weight_rows import load_rows, whole
     from toolrl.testing import ScriptedEngine
+    from toolrl.transports.weight_rows import load_rows, whole
 
     class Recorder(ScriptedEngine):
         loads: list[dict[str, Any]] = []

@@ -17,6 +17,7 @@ import torch
 from _dists import load_plugin
 from test_adapters_training import ADAPTERS, TINY
 from toolrl.config import load_config
+from toolrl.modeling.adapters import adapter_of
 from toolrl.training import lora
 
 ALTERNATE = '''
@@ -92,21 +93,21 @@ class Held:
         """a and b trained and the engine holds the trainer's values; c as it started on both sides."""
         (rank,), (engine,) = self.ranks, self.engines
         trained, served = adapter_tensors(rank.model), adapter_tensors(engine.model)
-        assert trained.keys() == served.keys() and {lora.adapter_of(k) for k in trained} == {"a", "b", "c"}
+        assert trained.keys() == served.keys() and {adapter_of(k) for k in trained} == {"a", "b", "c"}
         for name, value in trained.items():
-            if lora.adapter_of(name) == "c":
+            if adapter_of(name) == "c":
                 assert torch.equal(value, self.start[f"trainer:{name}"])
                 assert torch.equal(served[name], self.start[f"engine:{name}"])
             else:
                 assert torch.equal(served[name], value), name  # the last step's sync reached the engine
         for role in ("a", "b"):
-            moved = [k for k, v in trained.items() if lora.adapter_of(k) == role
+            moved = [k for k, v in trained.items() if adapter_of(k) == role
                      and not torch.equal(v, self.start[f"trainer:{k}"])]
             assert moved, f"adapter {role} did not train"
 
 
 def adapter_tensors(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if lora.adapter_of(k) is not None}
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if adapter_of(k) is not None}
 
 
 def check_engine_samples_as_trainer(run) -> None:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
 from toolrl.engines import SamplingParams
-from toolrl.engines.expert_routing import ExpertRouting
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
 from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
+from toolrl.modeling.expert_routing import ExpertRouting
 from toolrl.training.packing import build_batch, packed_hidden_states
 from toolrl.training.step import StepOptions, response_logprobs, train_step
 from toolrl.trajectory import RoutedExperts, Trajectory

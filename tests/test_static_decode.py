@@ -1,4 +1,4 @@
-"""The transformers engine's static decode step (engines.static_decode), run eagerly on CPU, against
+"""The transformers engine's static decode step (engines.transformers.static_decode), run eagerly on CPU, against
 the growing path: the same tokens (greedy and seeded draws) and log-probs within 1e-5 in fp32."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.engines.static_decode import bucket
 from toolrl.engines.transformers import TransformersEngine
+from toolrl.engines.transformers.static_decode import bucket
 
 USER_TEXTS = ["hi", "What is 17 * 23? Think step by step.", "Summarise: " + "the quick brown fox " * 12,
               "x", "Call the calculator on 12345 * 678 and report the result in words."]

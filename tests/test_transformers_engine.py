@@ -10,8 +10,8 @@ import pytest
 import torch
 from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.engines.decoding import inverse_cdf
 from toolrl.engines.transformers import TransformersEngine
+from toolrl.engines.transformers.decoding import inverse_cdf
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)

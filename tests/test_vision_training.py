@@ -338,12 +338,13 @@ def test_frozen_vision_tower(vlm_path, processor, trajectories):
 
 
 def test_lora_adapts_the_language_model_only(vlm_path, processor, trajectories):
+    from toolrl.modeling.adapters import lora_layers
     from toolrl.training import lora
     from toolrl.training.policy import build_policy
 
     cfg = load_config(TINY, ["model.source=tiny-qwen2.5-vl", "model.lora={r: 4, alpha: 8}"])
     model = build_policy(cfg, vlm_path, "cpu")
-    layers = lora.lora_layers(model)
+    layers = lora_layers(model)
     assert layers and all(".language_model." in n for n in layers)
     opt = torch.optim.AdamW(lora.trainable_parameters(model), lr=1e-2)
     assert train_step(Policy(model), opt, trajectories, options(processor))["grad_norm"] > 0

@@ -16,7 +16,6 @@ import torch
 from toolrl.config import ConfigError, TrainerConfig
 from toolrl.engines import ModelSource, RolloutEngine, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
 from toolrl.testing.transports import check_dead_peers, check_exact
 from toolrl.training.weight_sync import SyncStats, owned_buckets, send_engine_weights, send_owned
@@ -24,6 +23,7 @@ from toolrl.transports import Link, LinkedTransport, TransportError, build_trans
 from toolrl.transports.disk import DiskSender, DiskTransport
 from toolrl.transports.object_store import ObjectStoreTransport
 from toolrl.transports.shared_memory import SEGMENT_PREFIX
+from toolrl.transports.weight_rows import receive_into
 
 # The transports tested in this process without Ray; object_store's tests (on a local Ray) call the
 # same ones: test_weight_object_store.py.

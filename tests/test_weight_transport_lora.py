@@ -17,10 +17,10 @@ from test_weight_transport import LINKED, PROMPTS, logprobs, transport
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, RolloutEngine
 from toolrl.engines.transformers import TransformersEngine
-from toolrl.engines.weight_rows import receive_into
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import apply_lora
 from toolrl.processes.resolve import run_plan
-from toolrl.training.lora import apply_lora, iter_adapter_weights
+from toolrl.training.lora import iter_adapter_weights
 from toolrl.training.weight_sync import (
     Delta,
     SyncPlan,
@@ -29,6 +29,7 @@ from toolrl.training.weight_sync import (
     push_local,
     send_owned,
 )
+from toolrl.transports.weight_rows import receive_into
 
 LORA = LoraConfig(r=4, alpha=8.0)
 TINY = str(Path(__file__).resolve().parents[1] / "examples" / "tiny.yaml")

@@ -41,6 +41,11 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def first_line(exc: BaseException | str) -> str:
+    """An exception's first non-empty line: library messages often span several, config errors one."""
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+
+
 def decode_utf8(data: bytes, name: str) -> str:
     """``data`` as text, or a ConfigError naming the line and column of the first invalid byte."""
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl import cache
-from toolrl.config import ConfigError, field_where, read_json
+from toolrl.config import ConfigError, field_where, first_line, read_json
 from toolrl.templates import trl_template
 from toolrl.tiny_settings import TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
 from toolrl.vision_processor import image_only_processor
@@ -672,11 +672,6 @@ def _from_hub(model: ModelConfig, base_dir: str | os.PathLike[str], tried: str) 
                else f"the Hub said: {type(exc).__name__}: {first_line(exc)}")
         raise ConfigError(f"model.source: {model.source!r} not found: {tried}; no usable snapshot in the "
                           f"Hugging Face cache {cache} at revision {revision!r}; {hub}") from None
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception's first non-empty line: library messages often span several, config errors one."""
-    return next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
 
 
 def _torch_dtype(dtype: Any) -> Any:

@@ -196,7 +196,7 @@ class RolloutEngine(ABC):
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
         """The one way weights reach an engine: rows ``start ..`` (dim 0) of weight ``name`` (whole:
         ``shape``), inside :meth:`updating_weights`, then :meth:`finish_weight_rows`. A full load, a
-        bucket of one, a delta and LoRA adapters are all rows (:mod:`toolrl.engines.weight_rows`);
+        bucket of one, a delta and LoRA adapters are all rows (:mod:`toolrl.transports.weight_rows`);
         several senders may call it at once, for different rows. ``rows`` is valid only during the
         call. This default assembles whole tensors and loads them all in :meth:`finish_weight_rows`;
         engines that can write their weights in place override both and keep no copy."""

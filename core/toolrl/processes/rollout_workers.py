@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
-from toolrl.engines.weight_rows import load_rows, receive_into, whole
 from toolrl.model_sources import model_path
 from toolrl.processes.in_process import build_rollouts, seed_everything
 from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
@@ -49,6 +48,7 @@ from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory
 from toolrl.transports import Link, LinkedTransport, TransportError
+from toolrl.transports.weight_rows import load_rows, receive_into, whole
 
 if TYPE_CHECKING:
     from toolrl.processes import TrainerGroup

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from toolrl import model_sources
 from toolrl.agent_roles import check_every_role_acts, check_roles, check_row_role, trained_roles
 from toolrl.algorithms.distill import opd_options
-from toolrl.config import Config, ConfigError, field_where, one_line
+from toolrl.config import Config, ConfigError, field_where, first_line, one_line
 from toolrl.data import origin_of
 from toolrl.engines.build import engine_options, engine_processor
 from toolrl.plugins.parts import RunFacts, checked_options, namesake_note, options_model
@@ -193,8 +193,8 @@ def check_experts(facts: RunFacts) -> None:
 def check_lora_targets(facts: RunFacts) -> None:
     """``model.lora.target_modules`` applied to the model's skeleton (:func:`_on_skeleton`): a target that
     matches nothing, matches a layer that is not Linear or one sharing a tied weight is the error it would
-    be after the model loaded (:func:`toolrl.training.lora.apply_lora`)."""
-    from toolrl.training.lora import apply_lora  # lazy: imports peft
+    be after the model loaded (:func:`toolrl.modeling.adapters.apply_lora`)."""
+    from toolrl.modeling.adapters import apply_lora  # lazy: imports peft
 
     lora = facts.config.model.lora
     assert lora is not None
@@ -247,7 +247,7 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
     if trains and not trained_roles(adapters):
         raise ConfigError(f"{facts.where('model.adapters')}: every policy is frozen ({', '.join(adapters)}): "
                           "nothing to train")
-    from toolrl.training.lora import apply_adapters  # lazy: imports peft
+    from toolrl.modeling.adapters import apply_adapters  # lazy: imports peft
 
     _on_skeleton(facts, lambda model: apply_adapters(model, adapters))
 
@@ -277,7 +277,7 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
         tokenizer = model_sources.load_tokenizer(path)
     except (OSError, ValueError) as exc:  # transformers' own, over several lines
         raise ConfigError(f"{field_where(config, 'model.source')}: {path} holds no tokenizer transformers can "
-                          f"load ({model_sources.first_line(exc)})") from None
+                          f"load ({first_line(exc)})") from None
     processor = engine_processor(config, parts.engine_cls, path, prompts)
     factory = config_renderer_factory(config, tokenizer, processor)
     report(check_run(config, parts, path, tokenizer, factory))

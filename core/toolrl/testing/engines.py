@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from toolrl.engines import Generation, RolloutEngine, SamplingParams
-from toolrl.engines.weight_rows import load_rows, whole
+from toolrl.transports.weight_rows import load_rows, whole
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 BESIDE = SamplingParams(temperature=0.0, max_new_tokens=64)  # requests running beside a cancelled one

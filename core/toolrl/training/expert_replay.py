@@ -7,7 +7,7 @@ experts a mixture-of-experts policy's forward routes each token to.
   step makes several updates, else the gradient pass itself), for every later forward of it: the
   other epochs' and activation checkpointing's recomputation.
 
-Either way the router's softmax is recomputed at the forced experts (:mod:`toolrl.engines.expert_routing`),
+Either way the router's softmax is recomputed at the forced experts (:mod:`toolrl.modeling.expert_routing`),
 so the router keeps its gradient. Under sequence parallelism each rank replays its own slice of the
 row (:func:`toolrl.training.sequence_parallel.local_span`)."""
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from toolrl.config import ConfigError
-from toolrl.engines.expert_routing import ExpertRouting
+from toolrl.modeling.expert_routing import ExpertRouting
 from toolrl.training.packing import PackedBatch
 from toolrl.training.sequence_parallel import SequenceParallel, local_span
 

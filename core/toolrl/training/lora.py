@@ -1,196 +1,36 @@
-"""LoRA fine-tuning through ``peft``: only the adapters train; engines get the adapters or merged weights.
-
-:func:`apply_lora` injects the adapters into the Hugging Face model *in place* (no ``PeftModel``
-wrapper), so the model keeps its own class and attributes: the GRPO code, checkpoints and FSDP2
-wrapping per decoder layer see the same module tree as without LoRA, with the adapted Linears
-replaced by ``peft`` LoRA layers (``q_proj.base_layer.weight``, ``q_proj.lora_A.default.weight``, ...)
-and every base parameter frozen. ``model.lora`` is the one adapter ``"default"``; ``model.adapters`` is one
-adapter per role under the role's name (:func:`apply_adapters`), each token routed through its own
-(:mod:`toolrl.engines.adapters`).
-
-An engine that takes adapters (``RolloutEngine.loads_adapters``) gets :func:`apply_lora` once (run on its
-own base model, or by vLLM on a weightless skeleton to learn the adapter's layout) and then only the
-adapter tensors (:func:`iter_adapter_weights`). Any other engine
-never sees adapters: :func:`engine_state_dict` gives the base model's state dict under the base
-model's parameter names with ``W + alpha / r * B @ A`` in place of each adapted weight, computed one
-tensor at a time from the trained model without changing it, so ``engine.update_weights`` and the Ray
-broadcast work unchanged. Sharded (FSDP2 ``DTensor``) parameters are gathered one tensor at a time,
-which is a collective: every rank must iterate :func:`iter_engine_weights` together.
-
-Several policies on one base (``model.adapters``) are several adapters under their roles' names
-(``q_proj.lora_A.<role>.weight``); what trains, syncs, is checkpointed and exported of each:
-docs/architecture.md, "Several policies on one base".
-
-``peft`` and ``torch`` are imported inside the functions.
+"""What the trainer does with LoRA adapters (injected by :mod:`toolrl.modeling.adapters`): only they train
+(:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), and ``export`` writes them in
+peft's format (:func:`save_adapter`). An engine that takes adapters (``RolloutEngine.loads_adapters``)
+gets the trainer's injection once (on its own base model, or vLLM's on a weightless skeleton, to learn
+the layout), then only the adapter tensors (:func:`iter_adapter_weights`); any other engine gets the
+base model's state dict with ``W + alpha / r * B @ A`` in place of each adapted weight
+(:func:`iter_engine_weights`), one tensor at a time, the trained model unchanged. Sharded (FSDP2
+``DTensor``) parameters are gathered one tensor at a time, a collective: every rank iterates together.
+What trains, syncs, is checkpointed and exported of each of several policies on one base
+(``model.adapters``): docs/architecture.md, "Several policies on one base". ``peft`` and ``torch`` are
+imported inside the functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import sys
-import warnings
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl.agent_roles import trained_roles
-from toolrl.config import ConfigError
-from toolrl.engines.adapters import adapter_names, has_routing, require_routing
-from toolrl.model_sources import first_line
+from toolrl.modeling.adapters import ADAPTER, adapter_of, adapter_parameters, has_lora, lora_layers
 
 if TYPE_CHECKING:
     import torch
 
-    from toolrl.config import AdapterConfig, LoraConfig
-
-ADAPTER = "default"  # the adapter name peft gives a single adapter
-_MODULE_REPR = re.compile(r"(Target module \w+)\(.*\n\)", re.S)  # a module's repr in peft's errors
-
-
-def apply_lora(model: Any, config: LoraConfig, name: str = ADAPTER) -> Any:
-    """Inject LoRA adapter ``name`` into ``model`` in place and freeze everything else; returns ``model``.
-
-    Raises :class:`~toolrl.config.ConfigError` naming ``model.lora.target_modules`` when no module
-    matches, a match is not a Linear layer, or a match shares its weight with another module (tied
-    embeddings: the engine copy has one tensor for both, so the merged weight could not reach it).
-    """
-    _inject(model, config, name, "model.lora.target_modules")
-    return model
-
-
-def apply_adapters(model: torch.nn.Module, adapters: Mapping[str, AdapterConfig]) -> torch.nn.Module:
-    """One LoRA adapter per role (``model.adapters``), injected in place under the role's name, in the
-    mapping's order; returns ``model``. Its forwards then run inside
-    :func:`toolrl.engines.adapters.routed` (each token through its role's adapter). Only the adapters
-    that are not ``frozen`` require grad. The checks of :func:`apply_lora`, each naming
-    ``model.adapters.<role>.target_modules``."""
-    for role in adapters:
-        if "." in role:  # torch's module names (peft's ModuleDict keys, the tensor names) cannot hold one
-            raise ConfigError(f"model.adapters.{role}: an adapter per role is named by its role, which "
-                              "then cannot contain '.'")
-    for role, config in adapters.items():
-        with warnings.catch_warnings():  # peft warns that a second adapter makes several: that is the point
-            warnings.filterwarnings("ignore", message=".*multiple adapters.*")
-            _inject(model, config, role, f"model.adapters.{role}.target_modules")
-    require_routing(model)
-    trained = trained_roles(adapters)
-    for layer in lora_layers(model).values():
-        for role in trained:
-            for attr in layer.adapter_layer_names:
-                if role in getattr(layer, attr):
-                    getattr(layer, attr)[role].requires_grad_(True)
-    return model
-
-
-def add_adapter(model: torch.nn.Module, name: str, config: AdapterConfig) -> None:
-    """One more adapter ``name`` on ``model`` at run time (a service whose clients come and go): as
-    :func:`apply_adapters` for the first, and on a model that routes adapters already, injected beside
-    them with peft's own adapter sum kept off and every other adapter's ``requires_grad`` as it was."""
-    if not has_routing(model):
-        apply_adapters(model, {name: config})
-        return
-    if name in adapter_names(model):
-        raise ValueError(f"model.adapters.{name}: the model has an adapter of that name already")
-    trained = {key for key, p in model.named_parameters() if p.requires_grad}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*multiple adapters.*")
-        _inject(model, config, name, f"model.adapters.{name}.target_modules")
-    for layer in lora_layers(model).values():
-        layer.set_adapter([], inference_mode=True)  # injecting activates the new adapter in peft: routing adds it
-    for key, p in model.named_parameters():
-        p.requires_grad_(key in trained or (not config.frozen and adapter_of(key) == name))
-
-
-def remove_adapter(model: torch.nn.Module, name: str) -> None:
-    """Delete adapter ``name`` (its tensors and config) from a model that routes adapters; the others'
-    indices among :func:`toolrl.engines.adapters.adapter_names` shift down past it."""
-    if name not in adapter_names(model):
-        raise ValueError(f"remove_adapter: the model has no adapter {name!r}")
-    trained = {key for key, p in model.named_parameters() if p.requires_grad}
-    for layer in lora_layers(model).values():
-        if name in layer.lora_A:
-            layer.delete_adapter(name)
-        layer.set_adapter([], inference_mode=True)  # deleting may activate another adapter in peft
-    del model.peft_config[name]
-    for key, p in model.named_parameters():
-        p.requires_grad_(key in trained)
-
-
-def _inject(model: Any, config: LoraConfig, name: str, field: str) -> None:
-    """Adapter ``name`` into ``model`` in place, the base frozen; a bad target is a ConfigError naming ``field``."""
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import inject_adapter_in_model
-    from peft.tuners.lora import Linear as LoraLinear
-
-    from toolrl.training.vision import is_vision_model
-
-    targets = config.target_modules
-    tied = _tied_module_names(model)
-    # A vision-language model's adapters go on its language model only (the vision tower stays frozen).
-    exclude = r".*\bvisual\b.*" if is_vision_model(model) else None
-    # peft's warnings (a tied layer adapted, ...) wait for the checks below: a refused target is one line.
-    with warnings.catch_warnings(record=True) as warned:
-        warnings.simplefilter("always")
-        try:
-            inject_adapter_in_model(
-                PeftLoraConfig(r=config.r, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                               target_modules=targets, exclude_modules=exclude, bias="none"),
-                model, adapter_name=name)
-        except ValueError as exc:  # "Target module Qwen3MLP(<its repr, over lines>) is not supported": the class
-            said = _MODULE_REPR.sub(lambda m: m.group(1), str(exc))
-            raise ConfigError(f"{field}: {first_line(said)}") from None
-    layers = {key: m for key, m in lora_layers(model).items()
-              if any(name in getattr(m, attr) for attr in m.adapter_layer_names)}
-    bad = [f"{key} ({type(m.get_base_layer()).__name__})" for key, m in layers.items()
-           if not isinstance(m, LoraLinear)]
-    shared = sorted(set(layers) & tied)
-    if bad or shared:
-        what = (f"are not Linear layers: {', '.join(bad[:3])}" if bad
-                else f"share a tied weight with another module: {', '.join(shared[:3])}")
-        raise ConfigError(f"{field}: {targets} matches modules that {what}")
-    for warning in warned:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-
-
-def _tied_module_names(model: Any) -> set[str]:
-    """Modules whose ``weight`` is the same tensor as another module's (tied input/output embeddings)."""
-    owners: dict[int, list[str]] = {}
-    wrappers = {id(m) for m in lora_layers(model).values()}
-    for name, module in model.named_modules(remove_duplicate=False):
-        if id(module) in wrappers:  # a LoRA layer's weight is its base layer's: no tie (another adapter's)
-            continue
-        weight = getattr(module, "weight", None)
-        if weight is not None:
-            owners.setdefault(id(weight), []).append(name.removesuffix(".base_layer"))
-    return {name for names in owners.values() if len(names) > 1 for name in names}
-
-
-def lora_layers(model: Any) -> dict[str, Any]:
-    """The model's peft LoRA layers by module name (empty without LoRA)."""
-    if "peft" not in sys.modules:  # no LoRA layer can exist; full fine-tuning never imports peft
-        return {}
-    from peft.tuners.lora import LoraLayer
-
-    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
-
-
-def has_lora(model: Any) -> bool:
-    """Whether :func:`apply_lora` (or peft) put adapters into ``model``."""
-    return bool(lora_layers(model))
+    from toolrl.config import AdapterConfig
 
 
 def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
     """What the optimizer gets: parameters that require grad (only the adapters under LoRA)."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def adapter_of(name: str) -> str | None:
-    """The adapter a tensor of the model belongs to, by its name (``...q_proj.lora_A.<adapter>.weight``);
-    None: a tensor of no adapter."""
-    parts = name.split(".")
-    return next((parts[i + 1] for i, part in enumerate(parts[:-1]) if part.startswith("lora_")), None)
 
 
 def param_groups(model: Any, adapters: Mapping[str, AdapterConfig] | None, lr: float) -> list[dict[str, Any]]:
@@ -199,12 +39,8 @@ def param_groups(model: Any, adapters: Mapping[str, AdapterConfig] | None, lr: f
     a frozen one's parameters in none."""
     if adapters is None:
         return [{"params": trainable_parameters(model), "lr": lr}]
-    by_adapter: dict[str, list[Any]] = {}
-    for name, p in model.named_parameters():
-        if (adapter := adapter_of(name)) is not None:
-            by_adapter.setdefault(adapter, []).append(p)
-    groups = [{"params": by_adapter[name], "lr": adapters[name].lr if adapters[name].lr is not None else lr}
-              for name in trained_roles(adapters)]
+    groups = [{"params": list(adapter_parameters(model, name).values()),
+               "lr": adapters[name].lr if adapters[name].lr is not None else lr} for name in trained_roles(adapters)]
     grouped = {id(p) for g in groups for p in g["params"]}
     stray = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in grouped]
     if stray or any(not p.requires_grad for g in groups for p in g["params"]):

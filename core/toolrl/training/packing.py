@@ -10,12 +10,9 @@ Attention over the packed row:
 
 - flash-attention models (``flash_attention_2``/``3``, kernels): transformers' varlen path, given
   ``cu_seq_lens``.
-- sdpa models (the default): the model's attention implementation is switched, once, to
-  ``toolrl_varlen_sdpa``, which is sdpa itself for every ordinary call (same mask function, same
-  kernel) and, given ``cu_seq_lens``, runs one causal sdpa per sequence (CPU) or one FlexAttention call
-  over the whole row (CUDA: :mod:`toolrl.training.packed_attention`, trees and windows included). The switch is
-  permanent rather than scoped to the forward so that gradient checkpointing, which re-runs the
-  forward inside backward, takes the same path.
+- sdpa models (the default): switched, once, to ``toolrl_varlen_sdpa`` (:mod:`toolrl.modeling.packed_attention`:
+  one causal sdpa per sequence on CPU, one FlexAttention call over the row on CUDA). Permanently, not
+  for the forward: gradient checkpointing re-runs the forward inside backward, on the same path.
 - eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
   detection needs the model to hand ``position_ids`` to its mask functions, and gpt-oss does not.
 - anything else (flex, kernel packages): transformers' own packed-sequence detection from
@@ -25,13 +22,11 @@ Under sdpa and eager every token sees what it saw unpacked, by one rule (:func:`
 sliding windows (Gemma 3, gpt-oss, Mistral and Qwen models that set one) included.
 
 Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
-once: under sdpa each span of the tree is one sdpa call whose queries are the span's rows and whose
-keys are its ancestors' rows and its own (:func:`_span_attention`), so attention costs each
-continuation what it cost unshared and the prefix once. Under eager attention (gpt-oss's, for its
-sinks) the row's mask is the tree's, so its quadratic cost is over the tree's tokens. Other attention implementations
-(flash, flex: no dense mask) run the unshared row rebuilt from the tree (``expand``) and read the
-tree's hidden states back from it, with a warning once per implementation: the same values and
-gradients, no saving.
+once: under sdpa each span's queries see its ancestors' rows and its own, so attention costs each
+continuation what it cost unshared and the prefix once; under eager attention (gpt-oss's, for its
+sinks) the row's mask is the tree's. Implementations that take no tree (flash, flex: no dense mask) run
+the unshared row rebuilt from the tree (``expand``) and read the tree's hidden states back from it,
+with a warning once: the same values and gradients, no saving.
 
 Vision-language models: a batch carries its images' pixel values (``vision``; :mod:`toolrl.training.vision`),
 and prefix trees key each image placeholder run by its image (:func:`tree_keys`). Several policies on
@@ -52,19 +47,12 @@ from typing import Any
 import torch
 
 from toolrl import masks
-from toolrl.engines import decode_attention
-from toolrl.engines.adapters import routed
+from toolrl.modeling import attention
+from toolrl.modeling.adapter_routing import routed
+from toolrl.modeling.packed_attention import PATTERN_KWARG, TREE_KWARG, RowPattern
 from toolrl.training import prefix_tree, vision
-from toolrl.training.packed_attention import RowPattern, attend
 from toolrl.trajectory import Trajectory
 
-VARLEN_SDPA = "toolrl_varlen_sdpa"
-# varlen_sdpa between the all-to-alls of sequence parallelism (toolrl.training.sequence_parallel).
-ULYSSES_SDPA = "toolrl_ulysses_sdpa"
-# The keyword that carries a tree batch's per-span attention through the model to varlen_sdpa.
-TREE_KWARG = "toolrl_tree"
-# The keyword that carries a row's attention pattern (one call per layer) to varlen_sdpa.
-PATTERN_KWARG = "toolrl_pattern"
 log = logging.getLogger(__name__)
 _FALLBACK_LOGGED: set[str] = set()  # attention implementations already said to fall back
 
@@ -270,10 +258,8 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     """The base model's last hidden states over the packed row, (T, H). A batch with ``adapter_ids``
     runs inside :func:`through_adapters`."""
     base = getattr(model, model.base_model_prefix)
+    attention.install(base, attention.VARLEN_SDPA)  # over sdpa (and the engine's decode sdpa on a shared module)
     impl = base.config._attn_implementation
-    if impl in ("sdpa", decode_attention.DECODE_SDPA):
-        _install_varlen_sdpa(base)
-        impl = VARLEN_SDPA
     if impl == "eager":
         positions, extra = _model_inputs(base, batch, tree=True)
         out = base(position_ids=positions, attention_mask=row_masks(base, batch), use_cache=False,
@@ -291,14 +277,13 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
 def runs_unshared(base: Any, batch: PackedBatch) -> bool:
     """Whether :func:`packed_hidden_states` runs ``batch`` as the unshared row rebuilt from its tree:
     a tree, and an attention that cannot take one (flash, flex: no dense mask)."""
-    takes_trees = ("sdpa", decode_attention.DECODE_SDPA, "eager", VARLEN_SDPA, ULYSSES_SDPA)
-    return batch.attention is not None and base.config._attn_implementation not in takes_trees
+    return batch.attention is not None and not attention.of(base.config._attn_implementation).trees
 
 
 def through_adapters(model: Any, batch: PackedBatch) -> contextlib.AbstractContextManager[Any]:
     """Where ``model``'s forwards (and backward: gradient checkpointing runs the forward again there)
     over ``batch`` run: each token through its adapter (``adapter_ids``, or their copies on the
-    unshared row: :func:`runs_unshared`) by :func:`toolrl.engines.adapters.routed`; nothing is routed
+    unshared row: :func:`runs_unshared`) by :func:`toolrl.modeling.adapter_routing.routed`; nothing is routed
     for a batch without them."""
     if batch.adapter_ids is None:
         return contextlib.nullcontext()
@@ -366,7 +351,7 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
     varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
               "use_cache": False, **tokens}
     impl = config._attn_implementation
-    if impl in (VARLEN_SDPA, ULYSSES_SDPA):
+    if attention.of(impl).packed_rows:
         if one_call_attention(device):
             varlen[PATTERN_KWARG] = RowPattern.of([0, *itertools.accumulate(b - a for a, b in segments)], tree, device)
         elif tree is not None:
@@ -381,67 +366,8 @@ def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, b
 
 
 def one_call_attention(device: torch.device) -> bool:
-    """Whether a packed row's attention is one call per layer (:mod:`toolrl.training.packed_attention`)
+    """Whether a packed row's attention is one call per layer (:mod:`toolrl.modeling.packed_attention`)
     rather than one sdpa call per span. On CUDA: the loop's launches, not the GPU, bound the shared-prefix
     step (docs/gpu.md). On CPU the loop is faster: one call computes every (query, key) pair of the row,
     the loop only those within each span and its context (benchmarks/prefix_sharing.py --one-call)."""
     return device.type == "cuda"
-
-
-def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
-                toolrl_tree: list[torch.Tensor | None] | None = None, toolrl_pattern: Any = None,
-                **kwargs: Any) -> tuple[torch.Tensor, None]:
-    if cu_seq_lens_q is None or query.shape[0] != 1:
-        return decode_attention.sdpa(module, query, key, value, attention_mask, **kwargs)
-    # A packed row: ``attention_mask`` is the model's causal (or sliding-window) mask over the whole row,
-    # blind to where sequences start; each span's is built here instead.
-    for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
-        kwargs.pop(k, None)
-    window = kwargs.pop("sliding_window", None)
-    if toolrl_pattern is not None:
-        if kwargs.get("dropout", 0.0):
-            raise ValueError("one-call packed attention takes no attention dropout")
-        return attend(module, query, key, value, toolrl_pattern, window, kwargs.get("scaling"), query.is_cuda), None
-    bounds = cu_seq_lens_q.tolist()
-    outs = []
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        # A tree's span sees its context (its ancestors' rows), then itself; any other span itself only.
-        rows = toolrl_tree[s] if toolrl_tree is not None and toolrl_tree[s] is not None else slice(a, b)
-        outs.append(_span_attention(module, query[:, :, a:b], key[:, :, rows], value[:, :, rows], window, kwargs))
-    return torch.cat(outs, dim=1), None
-
-
-def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
-                    kwargs: dict[str, Any]) -> torch.Tensor:
-    """Attention of a span's n queries over ``key``: the sequence's positions from 0, the span's own
-    last. Query i (position c + i, c the context's length) sees key j by :func:`toolrl.masks.visible`:
-    its kernels (sdpa causal, lower-right causal) where the window hides no key, its band where it does."""
-    from torch.nn.attention.bias import causal_lower_right
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-
-    n, context = query.shape[2], key.shape[2] - query.shape[2]
-    if window is not None:
-        drop = max(0, context - window + 1)  # keys out of every query's window
-        key, value, context = key[:, :, drop:], value[:, :, drop:], context - drop
-        if window < context + n:
-            q = torch.arange(context, context + n, device=query.device)[:, None]
-            band = masks.visible(q, torch.arange(context + n, device=query.device)[None], window)
-            return sdpa_attention_forward(module, query, key, value, band[None, None], is_causal=False, **kwargs)[0]
-    if context == 0:
-        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)[0]
-    groups = getattr(module, "num_key_value_groups", 1)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=causal_lower_right(n, context + n),
-        dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"))
-    return out.transpose(1, 2).contiguous()
-
-
-def _install_varlen_sdpa(base: Any) -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    if VARLEN_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(VARLEN_SDPA, varlen_sdpa)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN_SDPA, sdpa_mask)
-    base.config._attn_implementation = VARLEN_SDPA

@@ -7,7 +7,7 @@ from typing import Any
 
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
-from toolrl.training import lora
+from toolrl.modeling.adapters import apply_adapters, apply_lora
 
 
 def build_policy(config: Config, path: str, device: str) -> Any:
@@ -25,9 +25,9 @@ def build_policy(config: Config, path: str, device: str) -> Any:
             raise ConfigError(f"model.freeze_output_head: {config.model.source!r} names no output head")
         head.requires_grad_(False)
     if config.model.lora is not None:
-        lora.apply_lora(model, config.model.lora)
+        apply_lora(model, config.model.lora)
     if config.model.adapters is not None:  # several policies: one adapter per role, routed per token
-        lora.apply_adapters(model, config.model.adapters)
+        apply_adapters(model, config.model.adapters)
     if config.model.gradient_checkpointing:
         # Non-reentrant: the form FSDP2 and torch.compile support.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

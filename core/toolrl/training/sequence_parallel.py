@@ -1,8 +1,9 @@
 """Sequence parallelism (DeepSpeed-Ulysses) across trainer ranks: ``trainer.sequence_parallel: N``.
 
 Each rank of a group of N runs the model over its contiguous N-th of the group's packed row; each
-attention layer is wrapped in two all-to-alls (:func:`ulysses_attention`: all heads over the rank's
-tokens to H/N heads over the whole row, and back); one differentiable sum over the group gives every
+attention layer is wrapped in two all-to-alls (:meth:`SequenceParallel.to_heads`, ``to_tokens``, around
+:func:`toolrl.modeling.packed_attention.ulysses_sdpa`: all heads over the rank's tokens to H/N heads
+over the whole row, and back); one differentiable sum over the group gives every
 rank the micro-batch's whole log-prob grid, so any loss is computed as on one rank, and each rank
 backpropagates 1/N of it. How each piece works, what is refused (:func:`check_sequence_parallel`) and
 why: docs/long_context.md.
@@ -18,21 +19,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from toolrl.config import ConfigError, read_json
-from toolrl.engines.decode_attention import DECODE_SDPA
 from toolrl.model_sources import text_config
+from toolrl.modeling import attention
+from toolrl.modeling.packed_attention import SP_KWARG
 from toolrl.training.logprobs import token_logprobs
-from toolrl.training.packing import (
-    ULYSSES_SDPA,
-    VARLEN_SDPA,
-    PackedBatch,
-    run_packed,
-    varlen_sdpa,
-)
+from toolrl.training.packing import PackedBatch, run_packed
 
 if TYPE_CHECKING:
     from toolrl.config import Config
-
-SP_KWARG = "toolrl_sp"  # the keyword that carries the group through the model to ulysses_attention
 
 
 @dataclass(frozen=True)
@@ -50,6 +44,21 @@ class SequenceParallel:
     def lead(self) -> bool:
         """The group's first rank: the one that counts the loss's figures."""
         return self.rank == 0
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, H, t, D) for this rank's t tokens → (1, H/N, N·t, D) for its heads over the whole row."""
+        _, h, t, d = x.shape
+        n = self.size
+        out = _AllToAll.apply(x.reshape(n, h // n, t, d), self.group)  # chunk j: rank j's tokens, my heads
+        return out.permute(1, 0, 2, 3).reshape(1, h // n, n * t, d)
+
+    def to_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(1, N·t, H/N, D), attention's output for this rank's heads → (1, t, H, D) for its own tokens."""
+        _, length, h, d = x.shape
+        n = self.size
+        t = length // n
+        out = _AllToAll.apply(x.reshape(n, t, h, d), self.group)  # chunk i: head group i over my tokens
+        return out.permute(1, 0, 2, 3).reshape(1, t, n * h, d)
 
 
 def new_groups(rank: int, world_size: int, size: int) -> SequenceParallel | None:
@@ -98,14 +107,11 @@ def check_model(base: Any, size: int) -> None:
     """The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible."""
     config = base.config
     impl = config._attn_implementation
-    if impl not in ("sdpa", DECODE_SDPA, VARLEN_SDPA, ULYSSES_SDPA):
+    if not attention.of(impl).sdpa:
         raise ValueError(f"trainer.sequence_parallel={size}: needs sdpa attention; the model runs {impl!r}")
     heads = config.num_attention_heads
     if heads % size:
         raise ValueError(f"trainer.sequence_parallel={size} must divide the model's attention heads ({heads})")
-
-
-# ----------------------------------------------------------------- collectives with gradients
 
 
 class _AllToAll(torch.autograd.Function):
@@ -145,62 +151,6 @@ class _AllReduce(torch.autograd.Function):
         return _AllReduce.apply(grad.contiguous(), ctx.group), None
 
 
-def seq_to_heads(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
-    """(1, H, t, D) for this rank's t tokens → (1, H/N, N·t, D) for its heads over the whole row."""
-    _, h, t, d = x.shape
-    n = sp.size
-    out = _AllToAll.apply(x.reshape(n, h // n, t, d), sp.group)  # chunk j: rank j's tokens, my heads
-    return out.permute(1, 0, 2, 3).reshape(1, h // n, n * t, d)
-
-
-def heads_to_seq(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
-    """(1, N·t, H/N, D), attention's output for this rank's heads → (1, t, H, D) for its own tokens."""
-    _, length, h, d = x.shape
-    n = sp.size
-    t = length // n
-    out = _AllToAll.apply(x.reshape(n, t, h, d), sp.group)  # chunk i: head group i over my tokens
-    return out.permute(1, 0, 2, 3).reshape(1, t, n * h, d)
-
-
-class _HeadGroups:
-    """``module`` as attention sees it after key/value heads were repeated: one query head per key
-    head (``num_key_value_groups`` 1), everything else the module's own."""
-
-    def __init__(self, module: Any, groups: int) -> None:
-        self._module = module
-        self.num_key_value_groups = groups
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
-
-
-def ulysses_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, *, toolrl_sp: SequenceParallel | None = None,
-                      **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The packed row's attention (:func:`toolrl.training.packing.varlen_sdpa`) for H/N heads over the
-    whole row, between the two all-to-alls; without a group, that function itself."""
-    if toolrl_sp is None:
-        return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
-    n, heads, kv_heads = toolrl_sp.size, query.shape[1], key.shape[1]
-    groups = heads // kv_heads
-    if kv_heads % n:  # too few key/value heads to split: each query head gets its own copy
-        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
-        groups = 1
-    q, k, v = (seq_to_heads(x, toolrl_sp) for x in (query, key, value))
-    out, _ = varlen_sdpa(_HeadGroups(module, groups), q, k, v, None, **kwargs)
-    return heads_to_seq(out, toolrl_sp), None
-
-
-def _install(base: Any) -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    if ULYSSES_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(ULYSSES_SDPA, ulysses_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(ULYSSES_SDPA, sdpa_mask)
-    base.config._attn_implementation = ULYSSES_SDPA
-
-
 # ----------------------------------------------------------------- the split forward
 
 
@@ -217,7 +167,7 @@ def local_hidden_states(model: Any, batch: PackedBatch, sp: SequenceParallel) ->
         raise ValueError("trainer.sequence_parallel: a batch with images cannot be split across ranks")
     base = getattr(model, model.base_model_prefix)
     check_model(base, sp.size)
-    _install(base)
+    attention.install(base, attention.ULYSSES_SDPA)
     lo, hi = local_span(batch.tokens, sp)
     pad = sp.size * (hi - lo) - batch.tokens
     ids, positions, bounds, tree = batch.input_ids, batch.position_ids, list(batch.bounds), batch.attention

@@ -1,4 +1,4 @@
-"""What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.engines.weight_rows`.
+"""What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.transports.weight_rows`.
 
 Every rank sends, over its own link of the run's weight transport (:mod:`toolrl.transports`), the rows
 it owns (:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows its shard, read in
@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolrl.config import Config
-from toolrl.engines.weight_rows import Rows, load_rows
+from toolrl.modeling.adapters import adapter_of, apply_adapters, apply_lora, lora_layers
 from toolrl.training import lora
 from toolrl.transports import ALIGN, Bucket, BucketHeader, RowPiece, WeightSender
+from toolrl.transports.weight_rows import Rows, load_rows
 
 
 @dataclass
@@ -47,14 +48,14 @@ class SyncPlan:
 
 def prepare_engine(engine: Any, config: Config, plan: SyncPlan) -> None:
     """Under an adapter-only ``plan`` (the run's): ``engine`` given the run's LoRA adapters by the trainer's
-    own injection (:func:`toolrl.training.lora.apply_lora`, or :func:`~toolrl.training.lora.apply_adapters`
+    own injection (:func:`toolrl.modeling.adapters.apply_lora`, or :func:`~toolrl.modeling.adapters.apply_adapters`
     for ``model.adapters``: on its base model, or for vLLM on a skeleton that tells the adapters' names,
     shapes and config), so the adapter tensors the trainer sends load by name; the base weights stay
     untouched."""
     if plan.adapters and config.model.adapters is not None:
-        engine.apply_adapters(functools.partial(lora.apply_adapters, adapters=config.model.adapters))
+        engine.apply_adapters(functools.partial(apply_adapters, adapters=config.model.adapters))
     elif plan.adapters:
-        engine.apply_adapters(functools.partial(lora.apply_lora, config=config.model.lora))
+        engine.apply_adapters(functools.partial(apply_lora, config=config.model.lora))
 
 
 @dataclass
@@ -131,7 +132,7 @@ def _engine_entries(model: Any, plan: SyncPlan,
             found = _changed_policies(model, state, plan.policies, delta)
         elif plan.adapters:
             found = ((n, t, t) for n, t in lora.iter_adapter_weights(model, state))
-        elif not lora.lora_layers(model):
+        elif not lora_layers(model):
             found = ((n, t, t) for n, t in state.items())
         else:  # gathered (and merged) already
             found = ((n, t, state.get(n)) for n, t in lora.iter_engine_weights(model, state))
@@ -146,8 +147,8 @@ def _changed_policies(model: Any, state: Mapping[str, Any], policies: Sequence[s
     last sync (every one without ``delta``), whole: an engine loads an adapter by name. Decided here,
     so none has an own tensor for delta to ask about again."""
     tensors = list(lora.iter_adapter_weights(model, state, policies))
-    changed = {lora.adapter_of(n) for n, t in tensors if delta is None or delta.changed(n, t)}
-    return ((n, t, None) for n, t in tensors if lora.adapter_of(n) in changed)
+    changed = {adapter_of(n) for n, t in tensors if delta is None or delta.changed(n, t)}
+    return ((n, t, None) for n, t in tensors if adapter_of(n) in changed)
 
 
 def _wanted(name: str, own: Any, delta: Delta | None) -> bool:

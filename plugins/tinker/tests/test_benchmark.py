@@ -36,10 +36,11 @@ def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
 def test_the_sampler_decodes_on_packed_linears() -> None:
     """Several clients' rows decode together on oneDNN-packed weights: the four clients' sampling gain
     (2.86 against 2.33 on dense ones, docs/benchmarks.md) rests on it."""
-    from toolrl.engines.packed_linears import PackedLinear
+    from toolrl.modeling.packed_linears import PackedLinears
     from toolrl_tinker import models
 
     base = models.Base("tiny-qwen3")
     assert base.engine.config.packed_linears
-    assert isinstance(base.engine.model.get_output_embeddings(), PackedLinear)
-    assert not any(isinstance(m, PackedLinear) for m in base.model.modules())  # the trainer's copy stays dense
+    packed = {id(m) for m in base.engine._packed.layers}
+    assert isinstance(base.engine._packed, PackedLinears) and id(base.engine.model.get_output_embeddings()) in packed
+    assert not any(id(m) in packed for m in base.model.modules())  # the trainer's copy stays dense

@@ -100,7 +100,7 @@ def test_a_finished_session_leaves_memory(served: Any, trainer: Any) -> None:
     the server's other clients go on; the run's saved state loads again in a new session."""
     import tinker
     from tinker import types
-    from toolrl.engines.adapters import adapter_names
+    from toolrl.modeling.adapter_routing import adapter_names
 
     own = tinker.ServiceClient(base_url=served.url, api_key=KEY)
     tc = own.create_lora_training_client(base_model=BASE, rank=2).result()

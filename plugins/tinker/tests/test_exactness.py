@@ -57,7 +57,7 @@ def _toolrl_step(run: Any, loss_fn: str, inputs: dict[str, np.ndarray]) -> tuple
     """The same tokens through toolrl's own packing (a trajectory), log-probs and policy loss."""
     from toolrl.algorithms import build_loss
     from toolrl.config import AlgorithmConfig
-    from toolrl.engines.adapters import adapter_names
+    from toolrl.modeling.adapter_routing import adapter_names
     from toolrl.training.packing import build_batch, through_adapters
     from toolrl.training.step import policy_loss, response_logprobs
     from toolrl.trajectory import Trajectory

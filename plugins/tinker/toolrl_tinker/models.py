@@ -2,8 +2,8 @@
 adapter on it with its own AdamW, and the sampler's copies of saved adapters.
 
 A base is loaded twice: the trainer's copy, where every training client's adapter is injected
-(``toolrl.training.lora.add_adapter``) and each request's tokens are routed through the client's alone
-(:mod:`toolrl.engines.adapters`: other clients' weights and gradients are not touched), and the
+(``toolrl.modeling.adapters.add_adapter``) and each request's tokens are routed through the client's alone
+(:mod:`toolrl.modeling.adapter_routing`: other clients' weights and gradients are not touched), and the
 ``transformers`` rollout engine (built by name, as the core builds it) over a second copy, where each weight set saved
 for a sampler is an adapter of its own (frozen, a copy of the trainer's at that point) and an adapter
 ``base`` of zeros stands for the base model: the engine batches rows of every client's adapters.
@@ -44,8 +44,8 @@ class Base:
         from toolrl.config import AdapterConfig, ModelConfig
         from toolrl.engines import ModelSource
         from toolrl.model_sources import load_model, load_tokenizer, resolve_source
+        from toolrl.modeling.adapters import add_adapter
         from toolrl.plugins.parts import BuildContext, build_part
-        from toolrl.training.lora import add_adapter
 
         self.name = name
         self.path = resolve_source(ModelConfig(source=ALIASES.get(name, name)))
@@ -89,13 +89,13 @@ class Run:
         return "m_" + hashlib.sha1(self.model_id.encode()).hexdigest()[:16]
 
     def params(self) -> list[Any]:
-        from toolrl.training.lora import adapter_of
+        from toolrl.modeling.adapters import adapter_of
 
         return [p for n, p in self.base.model.named_parameters() if adapter_of(n) == self.adapter]
 
     def adapter_state(self) -> dict[str, Any]:
         """The adapter's tensors under names without the adapter's (another run's names load them)."""
-        from toolrl.training.lora import adapter_of
+        from toolrl.modeling.adapters import adapter_of
 
         tag = f".{self.adapter}."
         return {n.replace(tag, "."): p.detach().clone() for n, p in self.base.model.named_parameters()
@@ -103,7 +103,7 @@ class Run:
 
     def load_adapter_state(self, state: dict[str, Any]) -> None:
         import torch
-        from toolrl.training.lora import adapter_of
+        from toolrl.modeling.adapters import adapter_of
 
         tag = f".{self.adapter}."
         mine = {n.replace(tag, "."): p for n, p in self.base.model.named_parameters() if adapter_of(n) == self.adapter}
@@ -118,7 +118,7 @@ def create_adapter(run: Run) -> None:
     """The run's adapter on its base (peft's init: A random from ``seed``, B zero) and its optimizer."""
     import torch
     from toolrl.config import AdapterConfig
-    from toolrl.training.lora import add_adapter
+    from toolrl.modeling.adapters import add_adapter
 
     with run.base.lock, torch.random.fork_rng(devices=[]):
         torch.manual_seed(0 if run.seed is None else run.seed)
@@ -146,7 +146,7 @@ def forward_backward(run: Run, data: Sequence[Datum], loss_fn: str | None, confi
     :func:`micro_batches` of ``micro_tokens``: the loss is a sum over tokens, so the pieces' losses and
     gradients add up to the whole batch's."""
     import torch
-    from toolrl.engines.adapters import adapter_names
+    from toolrl.modeling.adapter_routing import adapter_names
     from toolrl.training.packing import through_adapters
     from toolrl.training.step import policy_loss, response_logprobs
 
@@ -195,8 +195,8 @@ def copy_to_sampler(base: Base, rank: int, targets: list[str], name: str, state:
     ``name``, frozen; a no-op when the sampler holds ``name`` already."""
     import torch
     from toolrl.config import AdapterConfig
-    from toolrl.engines.adapters import adapter_names
-    from toolrl.training.lora import add_adapter
+    from toolrl.modeling.adapter_routing import adapter_names
+    from toolrl.modeling.adapters import add_adapter
 
     tag = f".{name}."
 
@@ -213,14 +213,14 @@ def copy_to_sampler(base: Base, rank: int, targets: list[str], name: str, state:
 
 
 def drop_sampler(base: Base, name: str) -> None:
-    from toolrl.training.lora import remove_adapter
+    from toolrl.modeling.adapters import remove_adapter
 
     base.engine.apply_adapters(lambda model: remove_adapter(model, name))
 
 
 def release(run: Run) -> None:
     """The run's adapter off the trainer's copy (its optimizer with it)."""
-    from toolrl.training.lora import remove_adapter
+    from toolrl.modeling.adapters import remove_adapter
 
     with run.base.lock:
         remove_adapter(run.base.model, run.adapter)

@@ -395,7 +395,7 @@ class Service:
 
     async def _sampler_adapter(self, found: dict[str, Any]) -> str:
         """The session's adapter on the sampler, loaded again from its file when it was dropped."""
-        from toolrl.engines.adapters import adapter_names
+        from toolrl.modeling.adapter_routing import adapter_names
 
         base = self.base(found["base"])
         if found["adapter"] in adapter_names(base.engine.model):

@@ -26,11 +26,12 @@ from toolrl import model_sources
 from toolrl.config import AdapterConfig, ConfigError, LoraConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.build import build_engine
-from toolrl.engines.weight_rows import receive_into
+from toolrl.modeling.adapters import apply_adapters, apply_lora
 from toolrl.processes.resolve import run_plan
 from toolrl.training import lora
 from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned
 from toolrl.transports import TransportError, build_transport
+from toolrl.transports.weight_rows import receive_into
 from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
 from toolrl_vllm.weights import WEIGHTS_FILE
 from vllm_support import reference_logprobs
@@ -242,7 +243,7 @@ def lora_engine(tiny_path, prompts):
     its greedy samples before any sync."""
     eng = VLLMEngine.create(ModelSource(tiny_path), {"device": "cpu", "max_batch_size": 16, "max_lora_rank": 8})
     try:
-        eng.apply_adapters(functools.partial(lora.apply_lora, config=LORA))
+        eng.apply_adapters(functools.partial(apply_lora, config=LORA))
         yield eng, asyncio.run(greedy(eng, prompts))
     finally:
         asyncio.run(eng.close())
@@ -251,7 +252,7 @@ def lora_engine(tiny_path, prompts):
 def adapted_model(path: str, seed: int, scale: float = 0.05):
     """The trainer's model under LoRA after some training: every adapter tensor moved (lora_B non-zero)."""
     model = model_sources.load_model(path)
-    lora.apply_lora(model, LORA)
+    apply_lora(model, LORA)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, tensor in lora.iter_adapter_weights(model):
@@ -339,7 +340,7 @@ def test_the_run_starts_vllm_for_its_adapter_rank(tiny_path, tokenizer):
 
 def test_an_engine_started_without_lora_refuses_adapters(engine):
     with pytest.raises(ConfigError, match=r"^model.lora.r: rank 4, but the vllm engine was started with no LoRA"):
-        engine.apply_adapters(functools.partial(lora.apply_lora, config=LORA))
+        engine.apply_adapters(functools.partial(apply_lora, config=LORA))
 
 
 # ----------------------------------------------------------------- an adapter per role (model.adapters)
@@ -380,9 +381,9 @@ async def test_vllm_serves_an_adapter_per_role(tiny_path, prompts):
     engine = VLLMEngine.create(ModelSource(tiny_path), {"device": "cpu", "max_batch_size": 16,
                                                         "max_lora_rank": 16, "max_loras": 2})
     try:
-        engine.apply_adapters(functools.partial(lora.apply_adapters, adapters=ROLES))
+        engine.apply_adapters(functools.partial(apply_adapters, adapters=ROLES))
         assert [r.lora_int_id for r in engine._loras.values()] == [1, 2]
-        trained = lora.apply_adapters(model_sources.load_model(tiny_path), ROLES)
+        trained = apply_adapters(model_sources.load_model(tiny_path), ROLES)
         moved(trained, set(ROLES), seed=0)
         with engine.updating_weights(1):
             push_local(trained, [engine], SyncPlan(adapters=True))

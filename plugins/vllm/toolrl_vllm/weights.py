@@ -79,7 +79,7 @@ def adapter_layouts(model_path: str, inject: Callable[[Any], Any]) -> tuple[dict
     them, by adapter name in injection order (``default`` alone under ``model.lora``); and whether they
     are adapters per role (``model.adapters``: each request names its own)."""
     import torch
-    from toolrl.engines.adapters import adapter_names, has_routing
+    from toolrl.modeling.adapter_routing import adapter_names, has_routing
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_path)

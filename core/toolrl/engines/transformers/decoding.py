@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 if TYPE_CHECKING:
-    from toolrl.engines.scheduler import Row
+    from toolrl.engines.transformers.scheduler import Row
 
 _CDF_BLOCK = 1024
 

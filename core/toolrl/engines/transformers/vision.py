@@ -16,7 +16,7 @@ import torch
 from toolrl.images import images_held, pixel_values
 
 if TYPE_CHECKING:
-    from toolrl.engines.scheduler import Request
+    from toolrl.engines.transformers.scheduler import Request
 
 
 class PromptVision:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from toolrl.engines.scheduler import Request, Row
+from toolrl.engines.transformers.scheduler import Request, Row
 
 # Buffer columns to allocate for a number of needed ones (the step runner's rounding).
 Capacity = Callable[[int], int]

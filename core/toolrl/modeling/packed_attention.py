@@ -1,13 +1,16 @@
-"""One attention call per layer over a packed row (:mod:`toolrl.training.packing`), spans and prefix
-trees included, instead of one sdpa call per span.
+"""The trainer's attention over a packed row (:mod:`toolrl.training.packing`; ``toolrl_varlen_sdpa`` in
+:mod:`toolrl.modeling.attention`): sdpa itself for every ordinary call, and given the row's sequence
+edges (``cu_seq_lens``) one causal sdpa per span (:func:`varlen_sdpa`), or one attention call per layer
+for the whole row, spans and prefix trees included (:func:`attend`); under sequence parallelism the
+same for a rank's heads, between its group's all-to-alls (:func:`ulysses_sdpa`, ``toolrl_ulysses_sdpa``).
 
 A row's pattern is built once per batch (:class:`RowPattern`): each row position's span and its
 position in its sequence, and which spans see which (a tree span sees its ancestors' rows). A query
 sees a key of its own span or of a span it sees, by their positions (:func:`toolrl.masks.visible`: at
 or before it, within a sliding window). That rule is FlexAttention's ``mask_mod`` on CUDA (a
 ``BlockMask`` per window, made once per batch, and the compiled kernel), a dense boolean mask for one
-sdpa call (FlexAttention has no backward on CPU) and the eager row mask (``packing.row_masks``). Attention sinks (gpt-oss) are not here: gpt-oss runs
-eager attention, whose one mask over the row already covers the tree (``packing.row_masks``).
+sdpa call (FlexAttention has no backward on CPU) and the eager row mask (``packing.row_masks``, which
+gpt-oss runs for its attention sinks, not here).
 """
 
 from __future__ import annotations
@@ -19,6 +22,15 @@ from typing import Any
 import torch
 
 from toolrl.masks import visible
+from toolrl.modeling import decode_attention
+
+# The keyword that carries a tree batch's per-span attention through the model to varlen_sdpa.
+TREE_KWARG = "toolrl_tree"
+# The keyword that carries a row's attention pattern (one call per layer) to varlen_sdpa.
+PATTERN_KWARG = "toolrl_pattern"
+# The keyword that carries a rank's sequence-parallel group to ulysses_sdpa: its ``size`` N and its two
+# all-to-alls (toolrl.training.sequence_parallel.SequenceParallel).
+SP_KWARG = "toolrl_sp"
 
 
 @dataclass
@@ -129,3 +141,80 @@ def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=pattern.dense(window)[None, None],
             scale=scaling)
     return out.transpose(1, 2).contiguous()
+
+
+def varlen_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, *, cu_seq_lens_q: torch.Tensor | None = None,
+                toolrl_tree: list[torch.Tensor | None] | None = None, toolrl_pattern: Any = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+    if cu_seq_lens_q is None or query.shape[0] != 1:
+        return decode_attention.sdpa(module, query, key, value, attention_mask, **kwargs)
+    # A packed row: ``attention_mask`` is the model's causal (or sliding-window) mask over the whole row,
+    # blind to where sequences start; each span's is built here instead.
+    for k in ("cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal"):
+        kwargs.pop(k, None)
+    window = kwargs.pop("sliding_window", None)
+    if toolrl_pattern is not None:
+        if kwargs.get("dropout", 0.0):
+            raise ValueError("one-call packed attention takes no attention dropout")
+        return attend(module, query, key, value, toolrl_pattern, window, kwargs.get("scaling"), query.is_cuda), None
+    bounds = cu_seq_lens_q.tolist()
+    outs = []
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        # A tree's span sees its context (its ancestors' rows), then itself; any other span itself only.
+        rows = toolrl_tree[s] if toolrl_tree is not None and toolrl_tree[s] is not None else slice(a, b)
+        outs.append(_span_attention(module, query[:, :, a:b], key[:, :, rows], value[:, :, rows], window, kwargs))
+    return torch.cat(outs, dim=1), None
+
+
+def _span_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, window: int | None,
+                    kwargs: dict[str, Any]) -> torch.Tensor:
+    """Attention of a span's n queries over ``key``: the sequence's positions from 0, the span's own
+    last. Query i (position c + i, c the context's length) sees key j by :func:`toolrl.masks.visible`:
+    its kernels (sdpa causal, lower-right causal) where the window hides no key, its band where it does."""
+    from torch.nn.attention.bias import causal_lower_right
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    n, context = query.shape[2], key.shape[2] - query.shape[2]
+    if window is not None:
+        drop = max(0, context - window + 1)  # keys out of every query's window
+        key, value, context = key[:, :, drop:], value[:, :, drop:], context - drop
+        if window < context + n:
+            q = torch.arange(context, context + n, device=query.device)[:, None]
+            band = visible(q, torch.arange(context + n, device=query.device)[None], window)
+            return sdpa_attention_forward(module, query, key, value, band[None, None], is_causal=False, **kwargs)[0]
+    if context == 0:
+        return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)[0]
+    groups = getattr(module, "num_key_value_groups", 1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=causal_lower_right(n, context + n),
+        dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"))
+    return out.transpose(1, 2).contiguous()
+
+
+class _HeadGroups:
+    """``module`` as attention sees it after key/value heads were repeated: one query head per key
+    head (``num_key_value_groups`` 1), everything else the module's own."""
+
+    def __init__(self, module: Any, groups: int) -> None:
+        self._module = module
+        self.num_key_value_groups = groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def ulysses_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, *, toolrl_sp: Any = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """:func:`varlen_sdpa` for this rank's H/N heads over the whole row, between its group's two all-to-alls
+    (DeepSpeed-Ulysses: each rank holds an N-th of the row's tokens); without a group, that function itself."""
+    if toolrl_sp is None:
+        return varlen_sdpa(module, query, key, value, attention_mask, **kwargs)
+    n, heads, kv_heads = toolrl_sp.size, query.shape[1], key.shape[1]
+    groups = heads // kv_heads
+    if kv_heads % n:  # too few key/value heads to split: each query head gets its own copy
+        key, value = (x.repeat_interleave(groups, dim=1) for x in (key, value))
+        groups = 1
+    q, k, v = (toolrl_sp.to_heads(x) for x in (query, key, value))
+    out, _ = varlen_sdpa(_HeadGroups(module, groups), q, k, v, None, **kwargs)
+    return toolrl_sp.to_tokens(out), None

@@ -1,12 +1,13 @@
-"""The attention an engine's model runs: transformers' sdpa, except a decode step's one query per row.
+"""The attention an engine's model runs (``toolrl_decode_sdpa`` in :mod:`toolrl.modeling.attention`):
+transformers' sdpa, except a decode step's one query per row.
 
 With a mask, transformers' sdpa copies every key/value head to each of its query heads before the call
 (``repeat_kv``: grouped-query attention with a mask falls back to the math kernel otherwise): on an H200
 those copies were 44% of the GPU's decode time at batch 64 (run 7, docs/gpu_runs). A step with one
 query a row needs no copy: each key/value head's query heads become its queries, and the row's mask is
-the same for all of them (on a GPU; on CPU transformers' own path stays). The trainer's attention (``toolrl.training.packing.varlen_sdpa``) falls back to
-this one, so a module the trainer and an engine share decodes the same way after the trainer installs
-its own.
+the same for all of them (on a GPU; on CPU transformers' own path stays). The trainer's attention
+(:func:`toolrl.modeling.packed_attention.varlen_sdpa`) falls back to this one, so a module the trainer
+and an engine share decodes the same way after the trainer installs its own.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-DECODE_SDPA = "toolrl_decode_sdpa"
 
 
 def one_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -40,19 +39,3 @@ def sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
             and not kwargs.get("dropout")):
         return one_query_attention(query, key, value, attention_mask, kwargs.get("scaling")), None
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def install(model: Any) -> None:
-    """Run :func:`sdpa` in ``model`` where it runs transformers' sdpa (its config's ``_attn_implementation``)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    configs = {id(c): c for c in (model.config, model.config.get_text_config())}.values()
-    if not any(c._attn_implementation == "sdpa" for c in configs):
-        return
-    if DECODE_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS:
-        AttentionInterface.register(DECODE_SDPA, sdpa)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_SDPA, sdpa_mask)
-    for config in configs:
-        if config._attn_implementation == "sdpa":
-            config._attn_implementation = DECODE_SDPA

@@ -1,38 +1,43 @@
 """The transformers engine's step runner, chosen once for its model (``engine.options.decode``): how its
-forwards run on the running batch's KV buffers (:mod:`toolrl.engines.kv_store`).
+forwards run on the running batch's KV buffers (:mod:`.kv_store`).
 
 :class:`EagerSteps` (``decode: eager``) hands the model the used columns of the buffers, so every step
-has new shapes; :class:`~toolrl.engines.static_decode.StaticSteps` prefills the same way and decodes at
-fixed shapes. Every forward routes each row through its own adapter
-(:class:`~toolrl.engines.adapters.RowAdapters`), and sliding-window layers (Gemma 3, gpt-oss, Mistral)
+has new shapes; :class:`~.static_decode.StaticSteps` prefills the same way and decodes at fixed shapes.
+Every forward routes each row through its own adapter (:class:`~toolrl.modeling.adapter_routing.RowAdapters`)
+and runs on packed linears where the engine has them; sliding-window layers (Gemma 3, gpt-oss, Mistral)
 get masks built from each column's position, not its column distance: a token sees the
 ``sliding_window`` positions before it, whatever gaps its row has.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
 from toolrl import masks
-from toolrl.engines import PromptLogprobs, decode_attention
-from toolrl.engines.adapters import RowAdapters
-from toolrl.engines.decoding import BufferLayer
-from toolrl.engines.expert_routing import ExpertRouting
-from toolrl.engines.kv_store import KVBatch
+from toolrl.engines import PromptLogprobs
+from toolrl.engines.transformers.decoding import BufferLayer
+from toolrl.engines.transformers.kv_store import KVBatch
+from toolrl.modeling import attention
+from toolrl.modeling.adapter_routing import RowAdapters
+from toolrl.modeling.expert_routing import ExpertRouting
+from toolrl.modeling.packed_linears import PackedLinears
 
 
 class EagerSteps:
     """Every forward on the used columns of the buffers; the base of the static steps."""
 
-    def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None) -> None:
+    def __init__(self, model: Any, adapters: RowAdapters, routing: ExpertRouting | None,
+                 packed: PackedLinears | None) -> None:
         text_config = model.config.get_text_config()
         if other := set(getattr(text_config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}:
             raise ValueError(f"the transformers engine supports full and sliding-window attention, got {other}")
-        self.model, self.adapters, self.routing = model, adapters, routing
-        decode_attention.install(model)
+        self.model, self.adapters, self.routing, self.packed = model, adapters, routing, packed
+        self.linears = packed.applied if packed is not None else contextlib.nullcontext  # each forward's
+        attention.install(model, attention.DECODE_SDPA)
         self.num_layers = text_config.num_hidden_layers
         self.window, _ = masks.sliding_window(model.config)
         param = next(model.parameters())
@@ -61,7 +66,7 @@ class EagerSteps:
         mask = batch.mask[:, : batch.length + q]
         if self.routing is not None:
             self.routing.replay(None)
-        with self.adapters.forward(adapters):
+        with self.adapters.forward(adapters), self.linears():
             out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=Cache(layers=layers),
                              attention_mask=mask if self.window is None else self.window_masks(mask, q),
                              use_cache=True, logits_to_keep=1, **images)
@@ -108,7 +113,7 @@ class EagerSteps:
                 x[i, :len(p)] = torch.tensor(p)
                 mask[i, :len(p)] = 1
             lo = min(first) - 1  # the first position whose logits are kept: it predicts token lo + 1
-            with self.adapters.forward([adapter] * len(chunk)):
+            with self.adapters.forward([adapter] * len(chunk)), self.linears():
                 logits = self.model(input_ids=x, attention_mask=mask, logits_to_keep=width - lo).logits
             lp = torch.log_softmax(logits[:, :-1].float(), -1)
             chosen = lp.gather(-1, x[:, lo + 1:, None])
@@ -135,4 +140,7 @@ class EagerSteps:
         """The weights were updated (in place, or some replaced)."""
 
     def release(self) -> None:
-        """Free what the steps keep between phases."""
+        """Free what the steps keep between phases (packed linears' copies: packed again at the next forward
+        of 2+ rows)."""
+        if self.packed is not None:
+            self.packed.drop()

@@ -1,7 +1,10 @@
 """The built-in rollout engine: a Hugging Face causal LM driven by its own continuous-batching loop, in
-parts: the requests' queue and admission (:mod:`~toolrl.engines.scheduler`), the KV of the running rows
-and of a trajectory's turns (:mod:`~toolrl.engines.kv_store`), how a forward runs, chosen once
-(:mod:`~toolrl.engines.step_runner`), and each row's adapter per role (:class:`~toolrl.engines.adapters.RowAdapters`).
+parts (the modules of this package): the requests' queue and admission (:mod:`.scheduler`), the KV of
+the running rows and of a trajectory's turns (:mod:`.kv_store`), how a forward runs, chosen once
+(:mod:`.step_runner`, :mod:`.static_decode`), and what it takes of the modeling layer: each row's
+adapter per role (:class:`~toolrl.modeling.adapter_routing.RowAdapters`), packed linears
+(:class:`~toolrl.modeling.packed_linears.PackedLinears`) and recorded routes
+(:class:`~toolrl.modeling.expert_routing.ExpertRouting`).
 
 Weights may change while requests are running (asynchronous training): an update made inside
 :meth:`updating_weights` holds the step lock for the whole update, so it lands between two steps;
@@ -31,18 +34,18 @@ from toolrl.engines import (
     rows_of,
     score_starts,
 )
-from toolrl.engines.adapters import RowAdapters
-from toolrl.engines.scheduler import Request, Scheduler
-from toolrl.engines.scheduler import Row as _Row
+from toolrl.engines.transformers.scheduler import Request, Scheduler
+from toolrl.engines.transformers.scheduler import Row as _Row
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.modeling.adapter_routing import RowAdapters
 from toolrl.seeds import unseeded
 
 if TYPE_CHECKING:
     import torch
 
-    from toolrl.engines.decoding import sample
-    from toolrl.engines.kv_store import KVBatch, prefill_sources
-    from toolrl.engines.static_decode import StaticSteps
+    from toolrl.engines.transformers.decoding import sample
+    from toolrl.engines.transformers.kv_store import KVBatch, prefill_sources
+    from toolrl.modeling.packed_linears import PackedLinears
     from toolrl.plugins.parts import RunFacts
 
 
@@ -50,18 +53,12 @@ def _import_torch() -> None:
     """Bind torch and the engine's parts built on it as this module's names, once, when the first engine is
     made. Not at import: the run check reads this class (its options and ``check_run``) before anything
     loads, and torch's import alone is a second of ``toolrl train --check``."""
-    global torch, sample, KVBatch, prefill_sources
+    global torch, sample, KVBatch, prefill_sources, PackedLinears
     import torch
 
-    from toolrl.engines.decoding import sample
-    from toolrl.engines.kv_store import KVBatch, prefill_sources
-
-
-def check_packed_linears(device: str, dtype: str) -> None:
-    """``packed_linears: true`` takes a CPU engine with float32 weights (``device``: a torch device type)."""
-    if device != "cpu" or dtype != "float32":
-        raise ValueError(f"packed_linears: true takes a CPU engine with float32 weights, this one has {dtype} "
-                         f"weights on {device}")
+    from toolrl.engines.transformers.decoding import sample
+    from toolrl.engines.transformers.kv_store import KVBatch, prefill_sources
+    from toolrl.modeling.packed_linears import PackedLinears
 
 
 def static_steps(decode: str, cuda: bool, vision: bool, routes: bool, adapters: bool) -> bool:
@@ -92,12 +89,12 @@ class TransformersEngineConfig(BaseModel):
     record_routes: bool = Field(False, description="A mixture-of-experts model: record the experts each token "
                                 "was routed to (Generation.routed_experts), for algorithm.routing_replay: r3.")
     decode: Literal["auto", "eager", "static"] = Field(
-        "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.static_decode), "
+        "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.transformers.static_decode), "
         "captured as CUDA graphs on CUDA; eager: the growing buffers; auto: static on CUDA for a text model "
         "that records no routes, else eager.")
     packed_linears: bool = Field(False, description="A CPU engine with float32 weights: forwards of 2+ rows run "
                                  "their linear layers through oneDNN on weights packed for it "
-                                 "(engines.packed_linears: a 4-row decode step's linears 1.3-1.5x faster), at the "
+                                 "(modeling.packed_linears: a 4-row decode step's linears 1.3-1.5x faster), at the "
                                  "cost of a second copy of those weights. Off: CPU runs keep their sampled bits.")
 
 
@@ -120,9 +117,9 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
-        from toolrl.engines.expert_routing import ExpertRouting
-        from toolrl.engines.kv_store import SessionStore
-        from toolrl.engines.vision import PromptVision
+        from toolrl.engines.transformers.kv_store import SessionStore
+        from toolrl.engines.transformers.vision import PromptVision
+        from toolrl.modeling.expert_routing import ExpertRouting
 
         _import_torch()
         self.model = model
@@ -136,11 +133,7 @@ class TransformersEngine(RolloutEngine):
         self._unseeded = unseeded(config.seed)
         # record_routes: the routers' hooks; the step runner records each forward's expert ids.
         self._routing = ExpertRouting(model) if config.record_routes else None
-        if config.packed_linears:
-            from toolrl.engines import packed_linears
-
-            check_packed_linears(self.device.type, str(self.dtype).removeprefix("torch."))
-            packed_linears.pack_linears(model)  # adapters applied later wrap these layers and keep them
+        self._packed = PackedLinears(model) if config.packed_linears else None  # kept across step runners
         self._choose_steps()
         self._scheduler = Scheduler(config.max_batch_size)
         self._batch = KVBatch()
@@ -152,17 +145,16 @@ class TransformersEngine(RolloutEngine):
 
     def _choose_steps(self) -> None:
         """The adapters per row and the step runner, for the model as it is (made, or given adapters)."""
-        from toolrl.engines.static_decode import StaticSteps
-        from toolrl.engines.step_runner import EagerSteps
+        from toolrl.engines.transformers.static_decode import StaticSteps
+        from toolrl.engines.transformers.step_runner import EagerSteps
 
         self._adapters = RowAdapters(self.model)
-        self._static: StaticSteps | None = None  # the runner, where it steps at static shapes
-        if static_steps(self.config.decode, self.device.type == "cuda", self.vision is not None,
-                        self._routing is not None, bool(self._adapters.names)):
-            self._runner: EagerSteps = StaticSteps(self.model, self._adapters, self.config.max_batch_size)
-            self._static = self._runner
-        else:
-            self._runner = EagerSteps(self.model, self._adapters, self._routing)
+        self._runner: EagerSteps = (
+            StaticSteps(self.model, self._adapters, self.config.max_batch_size, self._packed)
+            if static_steps(self.config.decode, self.device.type == "cuda", self.vision is not None,
+                            self._routing is not None, bool(self._adapters.names))
+            else EagerSteps(self.model, self._adapters, self._routing, self._packed))
+        self._static = self._runner if isinstance(self._runner, StaticSteps) else None  # where shapes are static
 
     @classmethod
     def check_run(cls, run: RunFacts) -> list[str]:
@@ -177,8 +169,9 @@ class TransformersEngine(RolloutEngine):
         static_steps(options.get("decode", "auto"), False, "vision_config" in run.model_config,
                      bool(options.get("record_routes")), bool(run.config.model.adapters))
         if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
+            from toolrl.modeling.packed_linears import PackedLinears
             device = str(options.get("device", "auto"))
-            check_packed_linears("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
+            PackedLinears.check("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
         return []
 
     @classmethod
@@ -300,10 +293,6 @@ class TransformersEngine(RolloutEngine):
         # The running batch frees its buffers whenever it empties; only kept sessions outlive it.
         self._sessions.clear()
         self._runner.release()
-        if self.config.packed_linears:  # packed again at the next forward of 2+ rows
-            from toolrl.engines.packed_linears import drop_packed
-
-            drop_packed(self.model)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -360,7 +349,7 @@ class TransformersEngine(RolloutEngine):
         group, ids, pos = KVBatch.prefill(deltas, [(s.keys, s.values) if s else None for s in kept], prefix,
                                           capacity, self.device)
         images: dict[str, torch.Tensor] = {}
-        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.vision)
+        rope_deltas: torch.Tensor | int = 0  # a VLM's text position offsets (engines.transformers.vision)
         if self.vision is not None and any(req.images for req in firsts):
             pos, rope_deltas, images = self.vision.prefill(firsts, prefix, dm, self.device, self.dtype)
         logits = self._runner.forward(group, ids, pos, [req.adapter for req in firsts], **images)

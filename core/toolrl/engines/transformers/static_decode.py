@@ -1,7 +1,7 @@
 """The transformers engine's static decode steps (``decode: static``; the default on CUDA).
 
-The eager steps (:class:`~toolrl.engines.step_runner.EagerSteps`) have new shapes every step and run op by
-op from Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
+The eager steps (:class:`~.step_runner.EagerSteps`) have new shapes every step and run op by op from
+Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
 has fixed shapes per *bucket*: rows padded to a power of two (at most ``max_batch_size``), attention
 over the buffer's whole capacity (a power of two; the mask hides unused columns), the token's KV written
 at a column held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and
@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from toolrl.engines.adapters import RowAdapters
-from toolrl.engines.kv_store import KVBatch
-from toolrl.engines.step_runner import EagerSteps
+from toolrl.engines.transformers.kv_store import KVBatch
+from toolrl.engines.transformers.step_runner import EagerSteps
+from toolrl.modeling.adapter_routing import RowAdapters
+from toolrl.modeling.packed_linears import PackedLinears
 
 # Captured graphs kept before all are dropped (each bucket of rows and capacity, per buffer).
 _MAX_GRAPHS = 64
@@ -53,8 +54,8 @@ class StaticLayer(DynamicLayer):
 class StaticSteps(EagerSteps):
     """Decode steps of fixed shape; on CUDA each shape's step is a captured graph (``graphs``)."""
 
-    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int) -> None:
-        super().__init__(model, adapters, None)
+    def __init__(self, model: Any, adapters: RowAdapters, max_rows: int, packed: PackedLinears | None) -> None:
+        super().__init__(model, adapters, None, packed)
         self.max_rows = max_rows
         self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, dict[str, Any], torch.Tensor]] | None = (
             {} if self.device.type == "cuda" else None)
@@ -114,8 +115,9 @@ class StaticSteps(EagerSteps):
         ``column`` of ``keys``/``values`` (per layer [rows, kv_heads, capacity, head_dim]), ``mask`` the
         prepared 4-D mask(s) [rows, 1, 1, capacity]."""
         cache = Cache(layers=[StaticLayer(k, v, column) for k, v in zip(keys, values, strict=True)])
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        with self.linears():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                             use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float()
 
     def _capture(self, keys: list[torch.Tensor], values: list[torch.Tensor],
@@ -145,5 +147,6 @@ class StaticSteps(EagerSteps):
             self._pointers = pointers
 
     def release(self) -> None:
+        super().release()
         if self.graphs is not None:
             self.graphs.clear()  # their memory pool goes too

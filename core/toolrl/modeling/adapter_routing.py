@@ -1,13 +1,10 @@
 """Several LoRA adapters on one base model, each token through its own (``model.adapters``): the one
-routing the trainer and the transformers engine share.
-
-:func:`toolrl.training.lora.apply_adapters` injects one peft adapter per role and calls
-:func:`require_routing`: peft's own adapter sum is switched off (no layer has an active adapter) and
-every LoRA layer gets a forward hook that adds the delta of each token's own adapter to the base
-output. The hook reads the forward's :func:`routed` context, so **every forward of such a model runs
-inside** ``routed(model, adapter_ids)``; one outside it raises (a forgotten context would otherwise run
-the base model silently, and train nothing). ``-1`` routes to the base weights alone. With gradient
-checkpointing the backward re-runs the forward: call it inside the context too.
+routing the trainer and the transformers engine share. Each adapter
+:func:`toolrl.modeling.adapters.add_adapter` injects is routed (:func:`route_adapters`): peft's own sum
+off, every LoRA layer's forward hook adding each token's own adapter's delta to the base output. The hook reads the forward's :func:`routed`
+context, so **every forward of such a model runs inside** ``routed(model, adapter_ids)``; one outside it
+raises (it would run the base model silently, and train nothing). ``-1`` routes to the base weights
+alone. Gradient checkpointing's backward re-runs the forward: call it inside the context too.
 
 Inside the context an adapter with no token in the forward takes no part in it: its parameters are
 not read, so their ``.grad`` stays None after backward. Per layer the delta takes one of three exact
@@ -40,7 +37,7 @@ if TYPE_CHECKING:
 _ROUTE = "_toolrl_route"
 # Its stacked weights kept between routed forwards without gradients: (key, A [sum r, in], B [out, sum r]).
 _STACK = "_toolrl_stack"
-# The model's routed layers, kept on it by require_routing (a walk of a model with several adapters
+# The model's routed layers, kept on it by route_adapters (a walk of a model with several adapters
 # passes thousands of modules: each adapter's A, B and dropout are modules of their own).
 _LAYERS = "_toolrl_routed_layers"
 # At most this many tokens in a forward take the stacked path; more take the per-adapter one.
@@ -53,25 +50,25 @@ def adapter_names(model: torch.nn.Module) -> list[str]:
     return list(getattr(model, "peft_config", None) or ())
 
 
-def require_routing(model: torch.nn.Module) -> None:
-    """Switch ``model`` to routed forwards (:func:`toolrl.training.lora.apply_adapters` does, once):
-    peft's own sum of active adapters off, the routing hook on every LoRA layer. Leaves every adapter
+def route_adapters(model: torch.nn.Module) -> None:
+    """Switch ``model`` to routed forwards (:func:`toolrl.modeling.adapters.add_adapter` does, after each
+    adapter it injects): peft's own sum of active adapters off, the routing hook on every LoRA layer
+    that lacks it (one injected beside the others may adapt modules they do not). Leaves every adapter
     parameter's ``requires_grad`` False; the caller sets the trained ones'."""
     from peft.tuners.lora import LoraLayer
 
     layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
     for layer in layers:
-        if _ROUTE in layer.__dict__:
-            raise ValueError("require_routing: the model's adapters are routed already")
         layer.set_adapter([], inference_mode=True)  # no active adapter: peft's forward is the base layer's
-        object.__setattr__(layer, _ROUTE, None)
-        object.__setattr__(layer, _STACK, None)
-        layer.register_forward_hook(_add_routed_delta)
+        if _ROUTE not in layer.__dict__:
+            object.__setattr__(layer, _ROUTE, None)
+            object.__setattr__(layer, _STACK, None)
+            layer.register_forward_hook(_add_routed_delta)
     object.__setattr__(model, _LAYERS, layers)
 
 
 def has_routing(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s forwards are routed (:func:`require_routing`): it holds adapters per role."""
+    """Whether ``model``'s forwards are routed (:func:`route_adapters`): it holds adapters per role."""
     return bool(_routed_layers(model))
 
 
@@ -91,12 +88,12 @@ def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: b
     on the layers, checked by each parameter's version and storage: for a model whose weights are
     written in place or replaced as whole parameters (an engine's), not one whose parameters change
     under it otherwise (FSDP's gathered ones). Raises ValueError on a model not given adapters by
-    ``apply_adapters`` or on an id out of range, RuntimeError when a routed forward of this model is
+    ``add_adapter`` or on an id out of range, RuntimeError when a routed forward of this model is
     already in progress.
     """
     layers = _routed_layers(model)
     if not layers:
-        raise ValueError("routed: the model has no routed adapters (toolrl.training.lora.apply_adapters gives them)")
+        raise ValueError("routed: the model has no routed adapters (toolrl.modeling.adapters.add_adapter gives them)")
     if any(layer.__dict__[_ROUTE] is not None for layer in layers):
         raise RuntimeError("routed: a routed forward of this model is already in progress")
     route = _Route(adapter_names(model), adapter_ids, keep_stacked)
@@ -153,7 +150,7 @@ def _add_routed_delta(layer: Any, args: tuple[Any, ...], output: torch.Tensor) -
     route = layer.__dict__[_ROUTE]
     if route is None:
         raise RuntimeError(f"a model with LoRA adapters per role ({', '.join(layer.lora_A)}) runs its "
-                           "forwards inside toolrl.engines.adapters.routed(model, adapter_ids)")
+                           "forwards inside toolrl.modeling.adapter_routing.routed(model, adapter_ids)")
     return route.add_delta(layer, args[0], output)
 
 
