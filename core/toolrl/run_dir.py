@@ -389,36 +389,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
     }
 
 
-def role_metrics(trajs: Sequence[Trajectory], success_threshold: float | None = None) -> dict[str, float]:
-    """Each role's figures for a step's row (none in a run with no roles), over the episodes it acted in,
-    once each: ``role/NAME/reward`` (its reward: ``role_rewards``, else the episode's; the finite ones'
-    mean) and ``role/NAME/success`` (the share of them, without an error, whose reward is at least
-    ``success_threshold``, ``eval.success_threshold``; None: not reported)."""
-    ends = {t.key: t for t in trajs if t.termination != "forked"}  # each episode's last piece
-    rewards: dict[str, dict[str, float]] = defaultdict(dict)  # role -> episode -> its reward
-    for t in trajs:
-        if t.role is not None:
-            rewards[t.role][t.key] = t.role_rewards.get(t.role, t.reward)
-    out: dict[str, float] = {}
-    for role in sorted(rewards):
-        finite = _finite(list(rewards[role].values()))
-        out[f"role/{role}/reward"] = statistics.fmean(finite) if finite else math.nan
-        if success_threshold is not None:
-            won = sum(r >= success_threshold and (key not in ends or ends[key].error is None)
-                      for key, r in rewards[role].items())
-            out[f"role/{role}/success"] = won / len(rewards[role])
-    return out
-
-
-def role_tokens(trained: Sequence[Trajectory]) -> dict[str, float]:
-    """``role/NAME/trained_tokens``: the tokens each role sampled among the step's ``trained`` pieces."""
-    tokens: dict[str, int] = defaultdict(int)
-    for t in trained:
-        if t.role is not None:
-            tokens[t.role] += sum(t.response_mask)
-    return {f"role/{role}/trained_tokens": float(n) for role, n in sorted(tokens.items())}
-
-
 def step_line(row: dict[str, Any]) -> str:
     """The line printed after a step; it says when every group had equal rewards (GRPO's advantages are
     then all zero, so ``loss 0.0000`` is no mystery)."""

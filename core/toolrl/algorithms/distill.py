@@ -176,7 +176,7 @@ class Opd(AdvantageEstimator):
         self.reward: AdvantageEstimator | None = None
         if options.reward_weight > 0:
             cls = lookup_part("advantage_estimators", options.reward_advantage, "algorithm.advantage_options")
-            if not cls.outcome or cls.needs_values or cls.needs_turns or cls.needs_trees or cls.reads:
+            if not cls.outcome or cls.reads:
                 raise ValueError(f"reward_advantage={options.reward_advantage}: the task reward goes through an "
                                  "outcome estimator that reads rewards and groups only (grpo, dr_grpo, rloo, ...)")
             self.reward = cls(cls.Options(), algo)

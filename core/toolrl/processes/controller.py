@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from toolrl.agent_roles import frozen_roles, trains
+from toolrl.agent_roles import frozen_roles, role_metrics, role_tokens, trains
 from toolrl.config import Config
 from toolrl.data.batches import (
     AHEAD,
@@ -46,8 +46,6 @@ from toolrl.run_dir import (
     RunDir,
     finalize,
     open_mode,
-    role_metrics,
-    role_tokens,
     rollout_metrics,
     staging_dir,
     staleness_metrics,
