@@ -440,7 +440,7 @@ def test_train_with_max_staleness_on_ray(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    roles = json.loads((out / "roles.json").read_text())
-    assert (len(roles["trainer"]), len(roles["rollout_workers"])) == (2, 2), roles
+    placement = json.loads((out / "placement.json").read_text())
+    assert (len(placement["trainer"]), len(placement["rollout_workers"])) == (2, 2), placement
     staleness = staleness_of_run(out, steps)
     assert len(staleness) == steps * 8 and set(staleness) <= {0, 1} and 1 in staleness

@@ -49,7 +49,7 @@ class RunDir:
 
     CONFIG = "config.json"
     METRICS = "metrics.jsonl"
-    ROLES = "roles.json"
+    PLACEMENT = "placement.json"  # where each process runs
     CURVE = "reward_curve.png"
     ROLLOUTS = "rollouts"
     CHECKPOINTS = "checkpoints"
@@ -59,7 +59,7 @@ class RunDir:
     RECOVERIES = "recoveries.jsonl"  # one row per recovery: what died, when, from what, what was lost
     # What a run writes here: any of it means the directory holds a run, and ``overwrite`` removes
     # exactly these (what loggers or people keep beside them stays).
-    OWNED = (CONFIG, METRICS, ROLES, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY, RECOVERIES)
+    OWNED = (CONFIG, METRICS, PLACEMENT, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY, RECOVERIES)
 
     def __init__(self, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
                  resumable: bool = True) -> None:
@@ -203,9 +203,9 @@ class RunDir:
             rows.append(row)
         write_jsonl(self.traces(step), rows)
 
-    def write_roles(self, placement: dict[str, Any]) -> None:
-        """``roles.json``: where each process runs."""
-        (self.path / self.ROLES).write_text(json.dumps(placement, indent=2, default=str))
+    def write_placement(self, placement: dict[str, Any]) -> None:
+        """``placement.json``: where each process runs."""
+        (self.path / self.PLACEMENT).write_text(json.dumps(placement, indent=2, default=str))
 
     def write_validation(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         """``eval/step_NNNNN.jsonl``: the validation after step ``step`` (1-based), one row per trajectory."""
