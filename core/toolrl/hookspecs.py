@@ -23,7 +23,7 @@ object's ``name`` attribute. ``aliases`` are extra names the part answers to (fo
 class path a tool replaces, so verl tool configs load unchanged).
 
 Registered parts are checked (:mod:`toolrl.plugins.registry`), and any part a run resolves before its
-model loads may define ``check_run(run)``, which the run check (:mod:`toolrl.processes.run_check`) calls
+model loads may define ``check_run(facts)``, which the run check (:mod:`toolrl.processes.run_check`) calls
 before any weights load: docs/plugins.md says when each check runs ("Loading, attribution and failures",
 "Checking a part against the run").
 """

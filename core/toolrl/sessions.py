@@ -234,11 +234,11 @@ class SessionKind:
     async def prepare(self) -> None:
         """The kind's ``prepare``, once per route; its failure (or hang) is a ValueError."""
         context = self.context("")
-        run = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
+        outcome = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
                                 self.cls.timeout)
-        if run.timed_out or run.error is not None:
+        if outcome.timed_out or outcome.error is not None:
             raise ValueError(f"session {self.name!r}: " + (f"prepare timed out after {self.cls.timeout:g} s"
-                                                          if run.timed_out else str(run.error)))
+                                                          if outcome.timed_out else str(outcome.error)))
 
     async def close(self) -> None:
         await self.shared.close()
@@ -274,13 +274,13 @@ class SessionRun:
         return (SessionInfrastructureError if self.infrastructure else SessionError)(self.error)
 
     async def _run(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
-        run = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
-        if run.timed_out:  # the environment's deadline, not the model's
+        outcome = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
+        if outcome.timed_out:  # the environment's deadline, not the model's
             raise SessionInfrastructureError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
-        if run.error is not None:
-            raise (SessionInfrastructureError if run.infrastructure else SessionError)(
-                f"session {self.name!r} {method}: {run.error}")
-        return run.value
+        if outcome.error is not None:
+            raise (SessionInfrastructureError if outcome.infrastructure else SessionError)(
+                f"session {self.name!r} {method}: {outcome.error}")
+        return outcome.value
 
     async def reset(self, sample: Sample) -> Reset:
         """Build the session and reset it; on failure, an empty reset and ``error`` set."""
@@ -458,13 +458,13 @@ class SessionTool(Tool):
     """A tool a session handed out as a schema: each call is the session's ``step``, under the
     session's deadline, checked like any tool's ``execute``."""
 
-    def __init__(self, run: SessionRun, schema: Mapping[str, Any]) -> None:
-        super().__init__({"timeout": run.timeout}, schema)
-        self.run = run
+    def __init__(self, session_run: SessionRun, schema: Mapping[str, Any]) -> None:
+        super().__init__({"timeout": session_run.timeout}, schema)
+        self.session_run = session_run
 
     async def execute(self, instance_id: str, arguments: dict[str, Any],
                       **execute_kwargs: Any) -> tuple[ToolResponse | str, float | None, dict[str, Any]]:
-        result = await self.run.step(ToolCall(name=self.name, arguments=arguments))
+        result = await self.session_run.step(ToolCall(name=self.name, arguments=arguments))
         metrics = {**result.metrics, **({"done": True} if result.done else {})}
         return result.response, result.reward, metrics
 
@@ -473,7 +473,8 @@ class SessionTool(Tool):
         deadline: infrastructure)."""
         result = await super().call(instance_id, arguments, **execute_kwargs)
         if result.status == "timeout":
-            self.run.fail(f"session {self.run.name!r} step timed out after {self.timeout:g} s", infrastructure=True)
+            self.session_run.fail(f"session {self.session_run.name!r} step timed out after {self.timeout:g} s",
+                                  infrastructure=True)
         return result
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> None:

@@ -87,7 +87,7 @@ class AlgorithmPart(ABC):
         ``width`` columns; none here."""
         return {}
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check before any weights load (hookspecs): raise ValueError on a setting this part
         cannot run with, return warning lines; none here."""
         return []
@@ -103,20 +103,20 @@ class AdvantageEstimator(AlgorithmPart):
     outcome: ClassVar[bool] = True
     group_relative: ClassVar[bool] = False
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would
         ever train), or greedy samples (a warning: only tools and environments can make them differ).
         Recorded groups (``data.trajectories``) are as recorded."""
-        warnings = super().check_run(run)
-        rollout = run.config.rollout
-        if not self.group_relative or run.config.data.trajectories:
+        warnings = super().check_run(facts)
+        rollout = facts.config.rollout
+        if not self.group_relative or facts.config.data.trajectories:
             return warnings
         if rollout.n < 2:
-            raise ConfigError(f"{run.where('rollout.n')}: {self.name} compares each trajectory with the rest of its "
+            raise ConfigError(f"{facts.where('rollout.n')}: {self.name} compares each trajectory with the rest of its "
                               f"group, and a group of {rollout.n} has none: every advantage is 0 and nothing "
                               "trains; set rollout.n to 2 or more, or use reinforce_pp")
         if rollout.temperature == 0:
-            warnings.append(f"{run.where('rollout.temperature')}: greedy sampling gives a group's {rollout.n} "
+            warnings.append(f"{facts.where('rollout.temperature')}: greedy sampling gives a group's {rollout.n} "
                             f"trajectories the same tokens unless a tool or the environment answers them apart: "
                             f"{self.name}'s advantages are then 0 and nothing trains")
         return warnings

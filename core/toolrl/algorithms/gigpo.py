@@ -74,12 +74,12 @@ class Gigpo(AdvantageEstimator):
     reads = TURNS
     group_relative = True
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The group checks, then refused before anything loads with an agent program (``rollout.agent``):
         the gateway records no turns (a route's own agent is refused at the first step, naming the trajectory)."""
-        warnings = super().check_run(run)
-        if run.config.rollout.agent is not None:
-            raise ConfigError(f"{run.where('rollout.agent')}: gigpo credits each model turn, and an agent program's "
+        warnings = super().check_run(facts)
+        if facts.config.rollout.agent is not None:
+            raise ConfigError(f"{facts.where('rollout.agent')}: gigpo credits each model turn, and an agent program's "
                               "episodes record no turns; use an outcome estimator (grpo, rloo, ...)")
         return warnings
 

@@ -48,12 +48,12 @@ class TreeGrpo(AdvantageEstimator):
     reads = frozenset({TREES})
     group_relative = True
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The group checks, then refused before anything loads on a flat rollout: without trees it would
         be GRPO doubled."""
-        warnings = super().check_run(run)
-        if run.config.rollout.tree is None:
-            raise ConfigError(f"{run.where('algorithm.advantage')}: tree_grpo compares the leaves of each tree, and "
+        warnings = super().check_run(facts)
+        if facts.config.rollout.tree is None:
+            raise ConfigError(f"{facts.where('algorithm.advantage')}: tree_grpo compares the leaves of each tree, and "
                               "rollout.tree is unset (a flat rollout has none); set rollout.tree or use grpo")
         return warnings
 

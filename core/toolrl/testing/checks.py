@@ -265,7 +265,7 @@ async def check_lifecycle(
 ) -> LifecycleRun:
     """Run one whole lifecycle with valid arguments: it must succeed, in order, and leave no state."""
     try:
-        run = await run_lifecycle(
+        lifecycle = await run_lifecycle(
             tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs
         )
     except LifecycleError as exc:
@@ -273,27 +273,27 @@ async def check_lifecycle(
             f"tool {tool.name!r}: {exc} (create_kwargs={dict(create_kwargs or {})!r}, "
             f"arguments={dict(arguments)!r}). Lifecycle methods must not raise on valid input."
         )
-    if not isinstance(run.instance_id, str) or not run.instance_id:
+    if not isinstance(lifecycle.instance_id, str) or not lifecycle.instance_id:
         _fail(
-            f"tool {tool.name!r}: create returned {run.instance_id!r}; it must return the instance id (a str)"
+            f"tool {tool.name!r}: create returned {lifecycle.instance_id!r}; it must return the instance id (a str)"
         )
-    if run.result.status != "ok" or run.result.response.is_error:
+    if lifecycle.result.status != "ok" or lifecycle.result.response.is_error:
         _fail(
-            f"tool {tool.name!r}: the call with valid_arguments {dict(arguments)!r} failed ({_describe(run.result)}). "
-            "valid_arguments must be a call the tool accepts."
+            f"tool {tool.name!r}: the call with valid_arguments {dict(arguments)!r} failed "
+            f"({_describe(lifecycle.result)}). valid_arguments must be a call the tool accepts."
         )
-    check_order(run.calls, run.instance_id)
-    if expected_text is not None and expected_text not in run.result.response.text:
+    check_order(lifecycle.calls, lifecycle.instance_id)
+    if expected_text is not None and expected_text not in lifecycle.result.response.text:
         _fail(
-            f"tool {tool.name!r}: expected {expected_text!r} in the response, got {run.result.response.text!r}"
+            f"tool {tool.name!r}: expected {expected_text!r} in the response, got {lifecycle.result.response.text!r}"
         )
-    check_reward_value(run.reward, tool, "after a valid call")
-    if run.instance_id in getattr(tool, "_instances", {}):
+    check_reward_value(lifecycle.reward, tool, "after a valid call")
+    if lifecycle.instance_id in getattr(tool, "_instances", {}):
         _fail(
             f"tool {tool.name!r}: release left the instance's state in tool._instances; an overridden release "
             "must call super().release(instance_id) (or pop the state itself)"
         )
-    return run
+    return lifecycle
 
 
 # -- error paths --------------------------------------------------------------------------------
@@ -573,17 +573,18 @@ async def check_no_loop_blocking(
     """One lifecycle holds the event loop (steps of toolrl.tools.guard.LOOP_BLOCK_S or longer) for less than
     ``threshold_s`` in total: async methods must not make blocking calls."""
     try:
-        run = await run_lifecycle(tool, dict(arguments), create_kwargs=create_kwargs, execute_kwargs=execute_kwargs)
+        lifecycle = await run_lifecycle(tool, dict(arguments), create_kwargs=create_kwargs,
+                                        execute_kwargs=execute_kwargs)
     except LifecycleError as exc:
         _fail(f"tool {tool.name!r}: {exc}")
-    if run.loop_blocked_s >= threshold_s:
+    if lifecycle.loop_blocked_s >= threshold_s:
         _fail(
-            f"tool {tool.name!r}: one lifecycle held the event loop for {run.loop_blocked_s:.2f} s: an async method "
-            "makes a blocking call (time.sleep, a synchronous HTTP client, a long computation). Every other "
+            f"tool {tool.name!r}: one lifecycle held the event loop for {lifecycle.loop_blocked_s:.2f} s: an async "
+            "method makes a blocking call (time.sleep, a synchronous HTTP client, a long computation). Every other "
             "trajectory waits meanwhile, and the call's own timeout cannot fire. Await async I/O, make the method "
             "a plain def (toolrl runs it in a thread), or set isolation: process in the tool's config."
         )
-    return run
+    return lifecycle
 
 
 async def _guarded_execute(tool: Tool, iid: str, arguments: Mapping[str, Any],
@@ -607,16 +608,16 @@ async def check_cancellation(
     result). A tool fast enough to beat every deadline passes: there is nothing to cancel."""
     for deadline in deadlines_s:
         async with _started(tool, create_kwargs, execute_kwargs, "after a cancelled call") as (_, iid):
-            run = await _guarded_execute(tool, iid, arguments, execute_kwargs, deadline)
-            if run.abandoned and run.task is not None:
-                done, _ = await asyncio.wait({run.task}, timeout=grace_s)
+            outcome = await _guarded_execute(tool, iid, arguments, execute_kwargs, deadline)
+            if outcome.abandoned and outcome.task is not None:
+                done, _ = await asyncio.wait({outcome.task}, timeout=grace_s)
                 if not done:
                     _fail(
                         f"tool {tool.name!r}: execute was cancelled after {deadline:g} s and was still running "
                         f"{grace_s:g} s later. Do not catch asyncio.CancelledError (or re-raise it after cleaning "
                         "up); a plain def cannot be cancelled: keep it short or use isolation: process."
                     )
-                task = run.task
+                task = outcome.task
                 if not task.cancelled():
                     ended = f"raised {type(task.exception()).__name__}" if task.exception() else "returned"
                     _fail(
@@ -637,10 +638,10 @@ async def check_return_types(
     """``execute`` returns exactly ``(response, step_reward, metrics)``: a str or ToolResponse, a finite
     number, a dict of JSON values. (Rollouts turn anything else into an error result for the model.)"""
     async with _started(tool, create_kwargs, execute_kwargs, "after checking execute's return value") as (_, iid):
-        run = await _guarded_execute(tool, iid, arguments, execute_kwargs, tool.timeout)
-    if run.timed_out or run.error is not None:
-        _fail(f"tool {tool.name!r}: execute with valid_arguments failed: {run.error or 'timed out'}")
-    value = run.value
+        outcome = await _guarded_execute(tool, iid, arguments, execute_kwargs, tool.timeout)
+    if outcome.timed_out or outcome.error is not None:
+        _fail(f"tool {tool.name!r}: execute with valid_arguments failed: {outcome.error or 'timed out'}")
+    value = outcome.value
     try:
         coerce_execute_result(value)
     except ToolReturnError as exc:
