@@ -386,7 +386,7 @@ def test_beside_training_a_dead_workers_share_runs_again_on_the_weights_the_batc
             batch = asyncio.ensure_future(pool.run([sample("h0", 0), sample("h1", 1)], 1, seed=11, id_prefix="t4-"))
             first = await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h0"))
             await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h1"))
-            slot = next(s for s in pool._slots if s.info["pid"] == first)
+            slot = next(s for s in pool.slots if s.info["pid"] == first)
             trainer.set_scale(4.0)  # a step trained meanwhile
             os.kill(first, signal.SIGKILL)
             await asyncio.to_thread(wait_for, lambda: slot.info is not None and slot.info["pid"] != first, 120)
