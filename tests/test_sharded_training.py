@@ -460,7 +460,7 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
                 await processes.sync_weights(step + 1)
                 if step == 0:
                     ray.kill(processes.pool.workers[0], no_restart=True)
-            return stats, processes.pool.restarts
+            return stats, processes.pool.slots.restarts
         finally:
             await processes.close()
 

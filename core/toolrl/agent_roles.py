@@ -66,11 +66,6 @@ def role_reward(traj: Trajectory) -> float:
     return traj.reward if traj.role is None else traj.role_rewards.get(traj.role, traj.reward)
 
 
-def role_rewards(trajectories: Sequence[Trajectory]) -> list[float]:
-    """Each row's reward (:func:`role_reward`)."""
-    return [role_reward(t) for t in trajectories]
-
-
 def role_groups(trajectories: Sequence[Trajectory]) -> list[int]:
     """Each row's group: its ``group`` in a run with no roles, else one number per (group, role), numbered
     as they first appear, so a group's roles are normalised apart."""

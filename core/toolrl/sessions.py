@@ -273,7 +273,9 @@ class SessionRun:
         assert self.error is not None
         return (SessionInfrastructureError if self.infrastructure else SessionError)(self.error)
 
-    async def _run(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def guarded(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` under the session's guard and deadline: its value, else a SessionError naming
+        ``method`` (a SessionInfrastructureError for the environment's own failure or a timeout)."""
         outcome = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
         if outcome.timed_out:  # the environment's deadline, not the model's
             raise SessionInfrastructureError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
@@ -288,12 +290,12 @@ class SessionRun:
             return Reset()
         kind = self.kind
         try:  # built as every part is (a plain build runs in a thread, an async one on the loop)
-            session = await self._run("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
+            session = await self.guarded("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
             if not isinstance(session, EnvironmentSession):
                 raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
                                    "not an EnvironmentSession")
             self.session, self.timeout = session, session.timeout
-            reset = self._checked_reset(await self._run("reset", session.reset, sample))
+            reset = self._checked_reset(await self.guarded("reset", session.reset, sample))
             self.started = True
             return reset
         except SessionError as exc:
@@ -308,7 +310,7 @@ class SessionRun:
         twin.started, twin.timeout = self.started, self.timeout
         if self.session is not None:
             try:
-                cloned = await self._run("clone", self.session.clone)
+                cloned = await self.guarded("clone", self.session.clone)
                 if not isinstance(cloned, EnvironmentSession):
                     raise SessionError(f"session {self.name!r} clone returned {type(cloned).__name__}, "
                                        "not an EnvironmentSession")
@@ -395,7 +397,7 @@ class SessionRun:
     async def _text_or_none(self, method: str, call: Callable[..., Any], *args: Any) -> str | None:
         """``call(*args)`` through the session's guard, which must give a str or None."""
         try:
-            value = await self._run(method, call, *args)
+            value = await self.guarded(method, call, *args)
         except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
             self.fail(str(exc), isinstance(exc, InfrastructureError))
             raise
@@ -414,9 +416,9 @@ class SessionRun:
         try:
             if not self.started or self.infrastructure:  # nothing to score (it is not trained)
                 return {}
-            value = await self._run("score", self.session.score, traj)
+            value = await self.guarded("score", self.session.score, traj)
             if roles and type(self.session).role_rewards is not EnvironmentSession.role_rewards:
-                self.role_rewards = self._checked_role_rewards(await self._run("role_rewards", self.session.role_rewards),
+                self.role_rewards = self._checked_role_rewards(await self.guarded("role_rewards", self.session.role_rewards),
                                                                roles)
             return {} if value is None else named_terms(term, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
@@ -446,7 +448,7 @@ class SessionRun:
         if session is None:
             return
         try:
-            await self._run("close", session.close)
+            await self.guarded("close", session.close)
         except SessionError as exc:
             if traj is None:
                 log.warning("%s", exc)

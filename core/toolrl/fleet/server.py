@@ -22,10 +22,9 @@ from toolrl.config import ConfigError
 from toolrl.environments import get_environment
 from toolrl.fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, CallReply, CallRequest, Health
 from toolrl.plugins.parts import registered_parts
-from toolrl.schemas import Sample, ToolCall
+from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import EnvironmentSession, SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool
-from toolrl.tools.guard import run_guarded
 from toolrl.trajectory import Trajectory
 
 
@@ -67,14 +66,11 @@ class ServedSession:
 
     async def _guarded(self, method: str, fn: Any, arg: Any) -> CallReply:
         session_run = self.session_run
-        guarded = await run_guarded(f"session {session_run.name!r} {method}", fn, (arg,), {}, session_run.timeout)
-        if guarded.timed_out:  # the environment's deadline: infrastructure, as SessionRun has it
-            return CallReply(error=f"session {session_run.name!r} {method} timed out after {session_run.timeout:g} s",
-                             infrastructure=True)
-        if guarded.error is not None:
-            return CallReply(error=f"session {session_run.name!r} {method}: {guarded.error}",
-                         infrastructure=guarded.infrastructure or session_run.infrastructure)
-        value = guarded.value
+        try:
+            value = await session_run.guarded(method, fn, arg)
+        except SessionError as exc:  # a timeout is the environment's deadline: infrastructure
+            return CallReply(error=str(exc), infrastructure=isinstance(exc, InfrastructureError)
+                             or session_run.infrastructure)
         return CallReply(value=value.model_dump(mode="json") if hasattr(value, "model_dump") else value)
 
 

@@ -473,7 +473,8 @@ class WorkerSlots:
 
 class RolloutWorkerPool:
     """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process: the
-    workers themselves, started and replaced, in :class:`WorkerSlots` (``address`` and ``plan`` as there);
+    workers themselves, started and replaced, are its ``slots`` (:class:`WorkerSlots`: ``address`` and
+    ``plan`` as there, and the weights a worker that comes up gets: ``weight_version``, ``weights_from``);
     here, what runs on them (a batch's shares, streamed groups) and the weights sent to them."""
 
     def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
@@ -487,25 +488,6 @@ class RolloutWorkerPool:
         self.rerun_groups = 0  # groups run again because their worker died mid-step
         self.slots = WorkerSlots(config, num_workers, address, num_cpus_per_worker, num_gpus_per_worker,
                                  setup_timeout_s, max_attempts, plan)
-
-    @property
-    def restarts(self) -> int:
-        """Workers replaced after dying."""
-        return self.slots.restarts
-
-    @property
-    def weight_version(self) -> int:
-        """The version of the weights last sent to the workers."""
-        return self.slots.weight_version
-
-    @property
-    def weights_from(self) -> TrainerGroup | None:
-        """The trainer group a worker that comes up mid-run gets its weights from (None: not training)."""
-        return self.slots.weights_from
-
-    @weights_from.setter
-    def weights_from(self, trainer: TrainerGroup | None) -> None:
-        self.slots.weights_from = trainer
 
     # ----------------------------------------------------------------- the rollout group
 
@@ -649,7 +631,7 @@ class RolloutWorkerPool:
         trainer's weights once up."""
         for slot in self.slots:
             if any(slot.actor is d for d in dead):
-                self.slots.replace(slot, slot.actor, f"weight push {self.weight_version}")
+                self.slots.replace(slot, slot.actor, f"weight push {self.slots.weight_version}")
 
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""

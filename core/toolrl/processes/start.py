@@ -99,7 +99,7 @@ async def start_processes(source: ResolvedRun | Config, train: bool = True,
         starts = [pool.start()]
         if train:
             trainer = RayTrainerGroup(config, run.plan)
-            processes.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
+            processes.trainer = pool.slots.weights_from = trainer  # a replacement worker's first weights come from it
             starts.append(trainer.start())
         placed = await asyncio.gather(*starts)
         processes.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}

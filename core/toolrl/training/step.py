@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from toolrl.agent_roles import episode_keys, role_groups, role_rewards, trains
+from toolrl.agent_roles import episode_keys, role_groups, role_reward, trains
 from toolrl.algorithms import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
@@ -103,7 +103,7 @@ def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: in
     for i, t in enumerate(trajectories):
         mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
     # Each role's reward and group in a run with roles (per-role baselines: toolrl.agent_roles).
-    rewards = shape_rewards(role_rewards(trajectories), [len(t.response_ids) for t in trajectories],
+    rewards = shape_rewards([role_reward(t) for t in trajectories], [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
     groups = torch.tensor(role_groups(trajectories), dtype=torch.long)
     return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, fields or {})
