@@ -132,8 +132,8 @@ def register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators: subclasses of :class:`toolrl.algorithms.AdvantageEstimator`.
 
     An estimator turns one step's batch (:class:`toolrl.algorithms.AdvantageInputs`: rewards (B,),
-    group ids, the (B, R) response mask, per-token values when the run has a critic) into (B, R)
-    per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
+    group ids, the (B, R) response mask, and the fields it names in ``reads``: the critic's per-token
+    values, each row's turns, ...) into (B, R) per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
     broadcast over its tokens. Its ``Options`` pydantic model types ``algorithm.advantage_options``.
     ``algorithm.advantage: NAME`` selects one; the built-ins are ``grpo`` (the default), ``dr_grpo``,
     ``rloo``, ``reinforce_pp``, ``reinforce_pp_baseline`` and ``gae`` (with a critic; ``docs/algorithms.md``).
