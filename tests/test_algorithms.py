@@ -320,3 +320,63 @@ def test_cispo_floor_bounds_the_weight_from_below():
     assert floored.clipped.tolist() == [[True, False, True]]
     torch.testing.assert_close(plain.per_token[0, 0], -(torch.exp(torch.tensor(-0.5))) * new[0, 0], rtol=0, atol=0)
     assert plain.clipped.tolist() == [[False, False, True]]
+
+
+# -- what a part reads, declared one way: fields -------------------------------------------------------
+
+
+def builtin_parts():
+    registry = get_plugins().registry
+    loaded = [registry.load(kind, name) for kind in ("advantage_estimators", "policy_losses")
+              for name in registry.names(kind)]
+    return [cls for cls in loaded if cls.__module__.startswith("toolrl.")]
+
+
+def step_names(path):
+    """What ``path`` names that could select a field: its string constants (docstrings aside), the attributes
+    it reads (methods called aside: ``dict.values()``), its parameters and keyword arguments."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    methods = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            found.add(node.value)
+        elif isinstance(node, ast.Attribute) and id(node) not in methods:
+            found.add(node.attr)
+        elif isinstance(node, ast.arg) or isinstance(node, ast.keyword) and node.arg:
+            found.add(node.arg)
+    return found
+
+
+def test_what_a_part_reads_is_a_field_never_a_flag():
+    """Values, turns and trees are fields a part names in ``reads`` like any other: no part, built in or
+    base, carries a ``needs_*`` flag, and no module of core reads one."""
+    from pathlib import Path
+
+    import toolrl
+    from toolrl.algorithms import AlgorithmPart, PolicyLoss
+
+    parts = [AlgorithmPart, AdvantageEstimator, PolicyLoss, *builtin_parts()]
+    assert {"gae", "gigpo", "tree_grpo", "opd"} <= {cls.name for cls in parts[3:]}
+    assert [(cls.__name__, n) for cls in parts for n in dir(cls) if n.startswith("needs_")] == []
+    core = Path(toolrl.__file__).parent
+    flags = sorted(f"{p.relative_to(core)}: {n}" for p in core.rglob("*.py") for n in step_names(p)
+                   if n in ("needs_values", "needs_turns", "needs_trees"))
+    assert flags == []
+
+
+def test_the_step_names_no_field_a_part_reads():
+    """The step carries every field alike: it names none that a built-in part reads (the candidate tokens'
+    log-probs aside, which its own forward gives), so a part's field never needs a branch in it."""
+    from pathlib import Path
+
+    import toolrl
+    from toolrl.algorithms import CANDIDATE_IDS, CANDIDATE_LOGPROBS
+
+    read = {name for cls in builtin_parts() for name in cls.reads} - {CANDIDATE_IDS, CANDIDATE_LOGPROBS}
+    assert {"values", "turn_ids", "trees", "teacher_logprobs"} <= read
+    named = step_names(Path(toolrl.__file__).parent / "training" / "step.py")
+    assert sorted(n for n in named if n in read or n.startswith("needs_")) == []

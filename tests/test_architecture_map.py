@@ -76,3 +76,66 @@ def test_a_package_docstring_that_lists_its_modules_lists_all_of_them() -> None:
         files = {p.stem for p in (CORE / package).glob("*.py")} - {"__init__"}
         assert names == files, f"toolrl.{package}'s docstring: missing {sorted(files - names)}, " \
                                f"absent {sorted(names - files)}"
+
+
+# A name of toolrl's as prose cites it (``toolrl.rollout.teacher``; one-letter parts are placeholders:
+# ``toolrl.a.b``), and a docstring's cross-reference (:func:`toolrl.rollout.run_rollouts`, :class:`.Name`
+# relative to its package, :meth:`name` in its own module).
+CITED = re.compile(r"(?<![\w./-])toolrl(?:\.(?:[A-Za-z_]\w+|[A-Z]))+(?!\w|\.\w)")
+FILE = re.compile(r"\.(?:py|md|json|jsonl|yaml|toml|txt)$")
+CROSS = re.compile(r":(?:func|mod|class|meth|data|attr|exc):`~?([\w.]+)`")
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` is a module of toolrl or reached from one by attributes."""
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("toolrl"):
+                return True  # an optional dependency missing here: the name cannot be checked
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def _cross_resolves(ref: str, module: str, package: str) -> bool:
+    import builtins
+    import importlib
+
+    if ref.startswith("toolrl"):
+        return _resolves(ref)
+    if ref.startswith("."):
+        return _resolves(package + ref)
+    own = importlib.import_module(module)
+    head = ref.split(".")[0]
+    if hasattr(own, head) or hasattr(builtins, head):
+        return True
+    return any(hasattr(value, head) for value in vars(own).values() if isinstance(value, type))  # a method's
+
+
+def test_every_toolrl_name_the_code_and_docs_cite_exists():
+    """A module or function renamed or removed leaves no reference to it behind: every ``toolrl.`` name the
+    core, the docs and the plugins cite imports, and every cross-reference of the core's docstrings resolves."""
+    stale = []
+    for path in sorted(CORE.rglob("*.py")):
+        module = ".".join(path.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        text = path.read_text()
+        stale += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in CITED.finditer(text)
+                  if not FILE.search(m.group(0)) and not _resolves(m.group(0))]
+        stale += [f"{path.relative_to(ROOT)}: {ref}" for ref in CROSS.findall(text)
+                  if ref.split(".")[0] not in ("click",) and not _cross_resolves(ref, module, package)]
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("plugins/*/README.md")),
+             *sorted(ROOT.glob("plugins/*/toolrl_*/**/*.py"))]
+    for path in pages:
+        stale += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in CITED.finditer(path.read_text())
+                  if not FILE.search(m.group(0)) and not _resolves(m.group(0))]
+    assert not stale, "cited but not there: " + "; ".join(stale)

@@ -162,7 +162,7 @@ def setting(tmp_path_factory, tiny_qwen3_path):
         trainer = Trainer(path, model_sources.load_tokenizer(path), bucket_mb=1.0)
         trainer.set_scale(3.0)
         pool = RolloutWorkerPool(config, num_workers=2, address="local")
-        pool.weights_from = trainer
+        pool.slots.weights_from = trainer
         try:
             asyncio.run(pool.start())
             asyncio.run(sync_weights(trainer, pool, 0))
@@ -213,7 +213,7 @@ def test_weights_pushed_while_a_trajectory_waits_reach_its_next_turn(setting):
         return await task, sync
 
     [traj], sync = asyncio.run(scenario())
-    assert sync["weight_sync_s"] > 0 and versions(pool) == [1, 1] and pool.weight_version == 1
+    assert sync["weight_sync_s"] > 0 and versions(pool) == [1, 1] and pool.slots.weight_version == 1
     assert traj.turns == 2 and traj.termination == "max_turns"
     assert traj.policy_versions == [0, 1]  # the weights changed mid-trajectory, and it says so
     assert [t.response.text for t in traj.tool_results] == ["open", "open"]
@@ -265,7 +265,7 @@ def test_an_update_is_loaded_whole_between_two_decode_steps(setting):
     assert all(lp == pytest.approx(logprob_at(1.0), abs=1e-3) for turn in turn_logprobs(traj) for lp in turn)
     # A label alone (set_weight_version) moves no weights.
     asyncio.run(pool.set_weight_version(9))
-    assert versions(pool) == [9, 9] and pool.weight_version == 9
+    assert versions(pool) == [9, 9] and pool.slots.weight_version == 9
     asyncio.run(pool.set_weight_version(before[0] + 1))
     assert versions(pool) == [before[0] + 1] * 2
 
@@ -273,7 +273,7 @@ def test_an_update_is_loaded_whole_between_two_decode_steps(setting):
 def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
     pool, trainer, gates = setting
     pids = [ray.get(w.ping.remote())["pid"] for w in pool.workers]
-    version = pool.weight_version
+    version = pool.slots.weight_version
     pool.take_recoveries()  # an earlier test's
 
     async def scenario() -> tuple[list[Any], list[Any], int]:
@@ -290,7 +290,7 @@ def test_groups_go_to_the_least_loaded_worker_and_survive_its_death(setting):
         return await first, await second, holder
 
     first, second, killed = asyncio.run(scenario())
-    assert pool.restarts == 1 and pool.rerun_groups == 1
+    assert pool.slots.restarts == 1 and pool.rerun_groups == 1
     assert [t.trajectory_id for t in first + second] == ["t2-s3-g3-0", "t2-s4-g4-0"]
     assert all(t.turns == 2 and t.error is None for t in first + second)
 
@@ -328,10 +328,10 @@ def test_a_worker_found_dead_by_a_weight_sync_is_replaced_and_gets_the_weights(s
         return False
 
     wait_for(gone)
-    restarts, version = pool.restarts, pool.weight_version + 1
+    restarts, version = pool.slots.restarts, pool.slots.weight_version + 1
     trainer.set_scale(2.0)
     sync = asyncio.run(sync_weights(trainer, pool, version))
-    assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
+    assert sync["weight_sync_s"] > 0 and pool.slots.restarts == restarts + 1 and pool.workers[1] is not victim
     both_workers_serve(pool, gates, version, 2.0, seed=4)
     row = the_recovery(pool, pid)
     assert (row["during"], row["source"]) == (f"weight push {version}", f"trainer weights (version {version})"), row
@@ -348,7 +348,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
     pool, trainer, gates = setting
     hung = pool.workers[1]
     pid = ray.get(hung.ping.remote())["pid"]
-    restarts, version = pool.restarts, pool.weight_version + 1
+    restarts, version = pool.slots.restarts, pool.slots.weight_version + 1
     pool.take_recoveries()  # an earlier test's
     trainer.set_scale(1.5)
     os.kill(pid, signal.SIGSTOP)
@@ -362,7 +362,7 @@ def test_a_worker_that_hangs_during_a_weight_push_is_replaced_and_gets_the_weigh
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     assert took < 3.0 + 30, took  # the time limit once, then the live worker's buckets
-    assert pool.restarts == restarts + 1 and pool.workers[1] is not hung
+    assert pool.slots.restarts == restarts + 1 and pool.workers[1] is not hung
     assert ray.get(pool.workers[0].ping.remote())["weight_version"] == version  # the push reached the live one
     both_workers_serve(pool, gates, version, 1.5, seed=5)
     assert the_recovery(pool, pid)["during"] == f"weight push {version}"
@@ -378,7 +378,7 @@ def test_beside_training_a_dead_workers_share_runs_again_on_the_weights_the_batc
     from toolrl.processes import sync_weights
 
     pool, trainer, gates = setting
-    version, old_scale = pool.weight_version, trainer.scale
+    version, old_scale = pool.slots.weight_version, trainer.scale
     pool.take_recoveries()  # an earlier test's
     pool.trains_beside_batches = True
     try:
@@ -386,7 +386,7 @@ def test_beside_training_a_dead_workers_share_runs_again_on_the_weights_the_batc
             batch = asyncio.ensure_future(pool.run([sample("h0", 0), sample("h1", 1)], 1, seed=11, id_prefix="t4-"))
             first = await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h0"))
             await asyncio.to_thread(wait_for, lambda: waiting_pid(gates, "h1"))
-            slot = next(s for s in pool._slots if s.info["pid"] == first)
+            slot = next(s for s in pool.slots if s.info["pid"] == first)
             trainer.set_scale(4.0)  # a step trained meanwhile
             os.kill(first, signal.SIGKILL)
             await asyncio.to_thread(wait_for, lambda: slot.info is not None and slot.info["pid"] != first, 120)
@@ -440,7 +440,7 @@ def test_train_with_max_staleness_on_ray(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    roles = json.loads((out / "roles.json").read_text())
-    assert (len(roles["trainer"]), len(roles["rollout_workers"])) == (2, 2), roles
+    placement = json.loads((out / "placement.json").read_text())
+    assert (len(placement["trainer"]), len(placement["rollout_workers"])) == (2, 2), placement
     staleness = staleness_of_run(out, steps)
     assert len(staleness) == steps * 8 and set(staleness) <= {0, 1} and 1 in staleness

@@ -75,7 +75,7 @@ def schedule(seed: int) -> list[tuple[int, str, int]]:
     """(after checkpoint k, what to kill, which one): each role twice, in a seeded order, spread over
     the run and ending two steps before its end (a dead worker is noticed when next used); "push" is a
     rollout worker killed inside the next weight load, never last. A kill waits for a checkpoint the previous
-    recovery has already written roles.json before."""
+    recovery has already written placement.json before."""
     rng = random.Random(seed)
     kinds = ["trainer", "rollout_workers", "controller", "trainer", "push", "controller"]
     rng.shuffle(kinds)
@@ -143,7 +143,7 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
     try:
         for after, kind, index in plan:
             wait_until((out / "checkpoints" / f"step_{after:06d}" / "meta.json").exists, f"checkpoint {after}")
-            roles = json.loads((out / "roles.json").read_text())
+            placement = json.loads((out / "placement.json").read_text())
             if kind == "controller":
                 (pid,) = children(supervisor.pid)
             elif kind == "push":
@@ -151,15 +151,15 @@ def test_a_run_killed_in_every_role_several_times_finishes_with_every_step_once(
                 (held,) = wait_until(lambda: list(chaos.glob("pushing-*")), f"a weight push after {after}")
                 pid = int(held.name.removeprefix("pushing-"))
                 held.unlink()
-            elif kind == "rollout_workers":  # one that is up (roles.json names a replacement once it is)
+            elif kind == "rollout_workers":  # one that is up (placement.json names a replacement once it is)
                 def live_workers():
-                    workers = json.loads((out / "roles.json").read_text())["rollout_workers"]
+                    workers = json.loads((out / "placement.json").read_text())["rollout_workers"]
                     return all(Path(f"/proc/{w['pid']}").exists() for w in workers) and workers
                 pid = wait_until(live_workers, f"live workers after {after}")[index]["pid"]
             else:
-                pid = roles[kind][index % len(roles[kind])]["pid"]  # a shrunk group has one rank
+                pid = placement[kind][index % len(placement[kind])]["pid"]  # a shrunk group has one rank
             os.kill(pid, signal.SIGKILL)
-            killed.append((after, kind, pid, len(roles["trainer"])))
+            killed.append((after, kind, pid, len(placement["trainer"])))
         _, stderr = supervisor.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         supervisor.kill()

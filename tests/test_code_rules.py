@@ -1,7 +1,7 @@
 """The project's code rules that a machine can check: no function in ``core/`` over 80 lines and no class
 over 300; attention implementations registered with transformers and switched in one module; no
-``asyncio.wait_for`` in library code; run facts and rollout groups typed; the generic step and batches free
-of distillation's names."""
+``asyncio.wait_for`` in library code; ``run`` names a resolved run alone; rollout groups typed; the generic
+step and batches free of distillation's names."""
 
 from __future__ import annotations
 
@@ -74,14 +74,56 @@ def test_no_library_code_bounds_an_await_with_wait_for():
     assert not found, "use `async with asyncio.timeout(...)`: " + "; ".join(found)
 
 
-def test_run_facts_and_rollout_groups_travel_typed():
-    """A run's facts are a ``RunFacts`` and a step's rollouts a ``RolloutGroup`` wherever they are passed:
-    never a parameter ``run``/``rollouts`` typed ``Any``."""
+def test_rollout_groups_travel_typed():
+    """A step's rollouts are a ``RolloutGroup`` wherever they are passed: never a parameter
+    ``rollout``/``rollouts`` typed ``Any``."""
     untyped = [f"{path.relative_to(CORE.parent)}:{node.lineno} {node.arg}"
                for path in sorted(CORE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.arg) and node.arg in ("run", "rollout", "rollouts")
+               if isinstance(node, ast.arg) and node.arg in ("rollout", "rollouts")
                and isinstance(node.annotation, ast.Name) and node.annotation.id == "Any"]
-    assert not untyped, "annotate with RunFacts / RolloutGroup: " + "; ".join(untyped)
+    assert not untyped, "annotate with RolloutGroup: " + "; ".join(untyped)
+
+
+def run_bindings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where ``tree`` binds the name ``run`` (or an attribute ``.run``) to anything but a resolved run: a
+    parameter, variable or field annotated other than ``ResolvedRun``; an assignment from other than
+    ``resolve_run(...)`` or another's ``.run``; a loop, ``with``, walrus or lambda target."""
+    def resolved(value: ast.expr) -> bool:
+        return ((isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "resolve_run")
+                or (isinstance(value, ast.Attribute) and value.attr == "run"))
+
+    def named(target: ast.AST) -> bool:
+        return ((isinstance(target, ast.Name) and target.id == "run")
+                or (isinstance(target, ast.Attribute) and target.attr == "run"))
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.arg == "run":
+            if node.annotation is None or ast.unparse(node.annotation) != "ResolvedRun":
+                found.append((node.lineno, f"parameter run: {ast.unparse(node.annotation) if node.annotation else '-'}"))
+        elif isinstance(node, ast.AnnAssign) and named(node.target) and ast.unparse(node.annotation) != "ResolvedRun":
+            found.append((node.lineno, f"run: {ast.unparse(node.annotation)}"))
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = (zip(target.elts, node.value.elts, strict=False)
+                         if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                         else [(t, None) for t in target.elts] if isinstance(target, ast.Tuple) else [(target, node.value)])
+                found += [(node.lineno, f"run = {ast.unparse(v) if v else '...'}"[:90]) for t, v in pairs
+                          if named(t) and (v is None or not resolved(v))]
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension, ast.NamedExpr, ast.withitem)):
+            target = node.optional_vars if isinstance(node, ast.withitem) else node.target
+            if target is not None and any(named(n) for n in ast.walk(target)):
+                found.append((getattr(node, "lineno", 0), f"{type(node).__name__} target run"))
+    return found
+
+
+def test_run_names_a_resolved_run_alone():
+    """``run`` means one thing in core: the :class:`toolrl.processes.resolve.ResolvedRun`. The run's facts
+    (``RunFacts``, what a part's ``check_run`` sees) are ``facts``, a session's run ``session_run``, a guarded
+    call's result ``outcome``; a parameter, variable or attribute named ``run`` holds a resolved run alone."""
+    found = [f"{path.relative_to(CORE.parent)}:{line} {what}" for path in sorted(CORE.rglob("*.py"))
+             for line, what in run_bindings(ast.parse(path.read_text()))]
+    assert not found, "name these for what they hold: " + "; ".join(found)
 
 
 def test_the_generic_step_and_batches_name_no_distillation():

@@ -295,7 +295,7 @@ class TestTwoNodes:
             assert "killed_at" in found and t0 < found["killed_at"] < done  # killed mid-step
             print(f"step: {healthy_s:.1f} s healthy, {done - t0:.1f} s with a worker killed "
                   f"{found['killed_at'] - t0:.1f} s in")
-            assert pool.restarts == 1 and pool.rerun_groups == 2  # the victim's half, run again
+            assert pool.slots.restarts == 1 and pool.rerun_groups == 2  # the victim's half, run again
             assert_same(got, want)  # same seeds, same trajectories: nothing lost or changed
 
             # The replacement comes up on the node of the worker it replaces.

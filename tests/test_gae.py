@@ -87,12 +87,12 @@ def config(*overrides):
 
 
 def test_the_gae_estimator_is_built_in_and_whitens_gae():
-    from toolrl.algorithms import AdvantageInputs, build_estimator
+    from toolrl.algorithms import VALUES, AdvantageInputs, build_estimator
 
     estimator = build_estimator(config("algorithm.advantage=gae", "algorithm.advantage_options={gamma: 0.9, lam: 0.5}").algorithm)
-    assert (estimator.name, estimator.outcome, estimator.needs_values) == ("gae", False, True)
+    assert (estimator.name, estimator.outcome, estimator.reads) == ("gae", False, {VALUES})
     values = torch.tensor([[0.5, 0.6, 9.0, 0.8], [0.2, -0.4, 0.0, 0.0]])
-    inputs = AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK, values)
+    inputs = AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK, {VALUES: values})
     raw, returns = gae(token_rewards([1.0, -1.0], MASK), values, MASK, 0.9, 0.5)
     assert torch.allclose(estimator(inputs), torch.where(MASK > 0, masked_whiten(raw, MASK), 0.0))
     assert torch.equal(estimator(inputs) * (1 - MASK), torch.zeros(2, 4))  # 0 on untrained positions
@@ -120,7 +120,7 @@ def test_gae_gets_the_default_critic_and_a_critic_nothing_reads_is_an_error():
 
 
 def test_a_value_reading_estimator_must_give_the_critic_targets():
-    from toolrl.algorithms import AdvantageEstimator
+    from toolrl.algorithms import VALUES, AdvantageEstimator
     from toolrl.algorithms.rules import with_critic
     from toolrl.config import ConfigError
     from toolrl.plugins import get_plugins
@@ -129,10 +129,10 @@ def test_a_value_reading_estimator_must_give_the_critic_targets():
     class ValuesOnly(AdvantageEstimator):
         name = "values_only_test"
         outcome = False
-        needs_values = True
+        reads = frozenset({VALUES})
 
         def __call__(self, inputs):
-            return -inputs.values
+            return -inputs.fields[VALUES]
 
     registry = get_plugins().registry
     if not registry.has("advantage_estimators", "values_only_test"):
@@ -143,7 +143,7 @@ def test_a_value_reading_estimator_must_give_the_critic_targets():
 
 
 def test_gae_runs_its_recursion_once_for_advantages_and_targets(monkeypatch):
-    from toolrl.algorithms import AdvantageInputs, build_estimator
+    from toolrl.algorithms import VALUES, AdvantageInputs, build_estimator
     from toolrl.algorithms import gae as module
 
     calls = []
@@ -153,7 +153,7 @@ def test_gae_runs_its_recursion_once_for_advantages_and_targets(monkeypatch):
 
     def inputs(v):  # built afresh for each call, as the trainer does
         return AdvantageInputs(torch.tensor([1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0]), MASK.clone(),
-                               v.clone())
+                               {VALUES: v.clone()})
 
     estimator(inputs(values))
     assert torch.equal(estimator.value_targets(inputs(values)), gae(token_rewards([1.0, -1.0], MASK), values, MASK)[1])

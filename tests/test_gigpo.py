@@ -8,7 +8,7 @@ import pytest
 import torch
 from toolrl.algorithms import AdvantageInputs, build_estimator
 from toolrl.algorithms.rules import check_algorithm
-from toolrl.algorithms.turns import turn_rewards
+from toolrl.algorithms.turns import TURN_STATES, turn_rewards, turn_step_rewards
 from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
@@ -201,7 +201,7 @@ async def test_the_rollout_records_turns_with_the_session_key_or_the_observation
     grid = token_advantages(keyed, estimator, 1024, algo)
     assert grid.shape[0] == 3 and torch.isfinite(grid).all()
     a = keyed[0]
-    assert turn_rewards(a, a.reward) == (0.0, 0.25, a.reward - 0.25)
+    assert turn_rewards(turn_step_rewards(a), a.reward) == [0.0, 0.25, a.reward - 0.25]
 
 
 def test_an_agent_program_run_is_refused_before_anything_loads():
@@ -236,7 +236,7 @@ def test_a_config_names_gigpo_and_its_options():
         return load_config(None, ["algorithm.advantage=gigpo", *overrides], data={"env": "arithmetic"})
 
     estimator, _ = check_algorithm(config("algorithm.advantage_options={gamma: 0.9, norm_by_std: false}"))
-    assert estimator.name == "gigpo" and estimator.options.gamma == 0.9 and estimator.needs_turns
+    assert estimator.name == "gigpo" and estimator.options.gamma == 0.9 and TURN_STATES in estimator.reads
     # The option grpo and tree_grpo share, under its old name: one line naming the new one.
     with pytest.raises(ConfigError, match=r"^override algorithm.advantage_options=\{norm: mean\}: algorithm.advantage_options: norm was renamed norm_by_std, as grpo and tree_grpo name it \(std: true, mean: false\)$"):
         check_algorithm(config("algorithm.advantage_options={norm: mean}"))
@@ -267,11 +267,11 @@ async def test_each_piece_of_a_segmented_trajectory_keeps_its_own_turns():
     assert all(p.turn_starts == model_runs(p.response_mask) for p in pieces)
     # The calls' results (0.25 each, turns 1 and 2) stay on the last piece: each piece is a sequence of its own,
     # and one whose turns made no call it holds gets the whole reward (0.5) on its last turn.
-    assert [turn_rewards(p, p.reward) for p in pieces] == [(0.0, 0.5), (0.5,)]
+    assert [turn_rewards(turn_step_rewards(p), p.reward) for p in pieces] == [[0.0, 0.5], [0.5]]
 
 
 async def test_sessions_are_asked_for_state_keys_only_when_an_estimator_reads_them():
-    """``RolloutContext.state_keys`` (set from the run's estimator, ``needs_turns``): off, the
+    """``RolloutContext.state_keys`` (set from the run's estimator's ``reads``): off, the
     session's state_key is never called and the observation's key stands in."""
     asked = []
 

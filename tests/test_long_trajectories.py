@@ -111,8 +111,8 @@ def test_a_train_run_with_trajectories_past_16k_tokens_on_two_sequence_parallel_
         assert len(traces) == 2
         for t in traces:
             assert len(t["prompt_ids"]) + len(t["response_ids"]) > LONG, (len(t["prompt_ids"]), len(t["response_ids"]))
-    roles = json.loads((out / "roles.json").read_text())
+    placement = json.loads((out / "placement.json").read_text())
     print(f"\ntrain run: {wall:.0f} s; " + "; ".join(
         f"step {m['step']}: rollout {m['rollout_s']:.1f} s, train {m['train_s']:.1f} s, trainer_peak_mb "
         f"{m['trainer_peak_mb']:.0f}, trained rows {m['trainer_tokens_total']:.0f} tokens" for m in metrics))
-    assert len(roles["trainer"]) == 2, roles  # two trainer ranks, one sequence-parallel group
+    assert len(placement["trainer"]) == 2, placement  # two trainer ranks, one sequence-parallel group

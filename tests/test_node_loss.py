@@ -130,7 +130,7 @@ def kill_node_after(cluster: Cluster, run: Path, step: int, found: dict[str, Any
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run / "checkpoints" / f"step_{step:06d}" / "meta.json").exists():
-            found["rank_pid"] = json.loads((run / "roles.json").read_text())["trainer"][1]["pid"]
+            found["rank_pid"] = json.loads((run / "placement.json").read_text())["trainer"][1]["pid"]
             found["killed"] = cluster.kill_node2()
             found["at"] = time.time()
             return
@@ -194,8 +194,8 @@ def test_a_lost_node_loses_no_step_in_shrink_mode(tmp_path):
         one = train(config(tmp_path / "one", 1, extra=extra[:1]))
 
     assert (recovery["mode"], recovery["world_size"]) == ("shrink", 1)
-    roles = json.loads((run / "roles.json").read_text())
-    assert [(r["rank"], r["node_id"]) for r in roles["trainer"]] == [(0, head_id)]  # the new group: on the head
+    placement = json.loads((run / "placement.json").read_text())
+    assert [(r["rank"], r["node_id"]) for r in placement["trainer"]] == [(0, head_id)]  # the new group: on the head
     assert_trained_like_one_rank(run, one, tmp_path)
 
 
@@ -212,8 +212,8 @@ def test_a_lost_node_in_replace_mode_is_replaced_on_the_head_and_the_run_is_exac
         _, recovery = lose_node2(cluster, run, extra)
 
     assert (recovery["mode"], recovery["world_size"]) == ("replace", 2)
-    roles = json.loads((run / "roles.json").read_text())
-    assert [(r["rank"], r["node_id"]) for r in roles["trainer"]] == [(0, head_id), (1, head_id)]
+    placement = json.loads((run / "placement.json").read_text())
+    assert [(r["rank"], r["node_id"]) for r in placement["trainer"]] == [(0, head_id), (1, head_id)]
     for got, expected in zip(lines(run / "metrics.jsonl"), lines(whole / "metrics.jsonl"), strict=True):
         assert _computed(got) == _computed(expected), got["step"]
     w_want, w_got = weights(whole, 3, tmp_path), weights(run, 3, tmp_path)

@@ -78,3 +78,18 @@ def test_a_run_without_roles_gets_the_same_advantages_bit_for_bit(advantage):
     assert torch.equal(grid[:, 0], torch.stack([of[p.trajectory_key or p.trajectory_id] for p in plain]))
     one_role = [p.model_copy(update={"role": "solver"}) for p in plain]
     assert torch.equal(token_advantages(one_role, estimator, 8, algo), grid)
+
+
+def test_a_roles_reward_is_decided_in_agent_roles_alone():
+    """The rule "a role's own reward, else the episode's" is one function (agent_roles.role_reward): the
+    baselines and the step's figures both call it, no other module of core reads a role's reward itself."""
+    import ast
+    from pathlib import Path
+
+    import toolrl
+
+    core = Path(toolrl.__file__).parent
+    readers = sorted(str(p.relative_to(core)) for p in core.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, ast.Attribute) and node.attr == "get"
+                     and isinstance(node.value, ast.Attribute) and node.value.attr == "role_rewards")
+    assert readers == ["agent_roles.py"]

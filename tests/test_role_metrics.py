@@ -3,8 +3,9 @@ in (its posted reward, else the episode's), its success and its trained tokens; 
 
 import math
 
+from toolrl.agent_roles import role_metrics, role_tokens
 from toolrl.data.batches import zero_variance
-from toolrl.run_dir import role_metrics, role_tokens, rollout_metrics
+from toolrl.run_dir import rollout_metrics
 from toolrl.trajectory import Trajectory
 
 

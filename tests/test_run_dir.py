@@ -45,7 +45,7 @@ def write_earlier_run(out, *, checkpoint=True):
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.5, "reward_std": 0.0,
                                                             "tool_call_rate": 0.0}) + "\n" for s in (1, 2)))
     (out / "rollouts" / "step_00001.jsonl").write_text('{"trajectory_id": "t1-0"}\n')
-    (out / "roles.json").write_text("{}\n")
+    (out / "placement.json").write_text("{}\n")
     (out / "notes.txt").write_text("the user's own file\n")
     if checkpoint:
         import random
@@ -138,10 +138,10 @@ def test_a_valid_run_refuses_an_earlier_run_and_names_the_flags(project):
     before = write_earlier_run(project / "run")
     run = project / "run"
     assert error_line(invoke("train", project / "config.yaml")) == (
-        f"error: trainer.output_dir: {run} holds an earlier run (config.json, metrics.jsonl, roles.json, "
+        f"error: trainer.output_dir: {run} holds an earlier run (config.json, metrics.jsonl, placement.json, "
         "rollouts, checkpoints); pass --resume to continue it or --overwrite to replace it")
     assert error_line(invoke("rollout", project / "config.yaml")) == (
-        f"error: trainer.output_dir: {run} holds an earlier run (config.json, metrics.jsonl, roles.json, "
+        f"error: trainer.output_dir: {run} holds an earlier run (config.json, metrics.jsonl, placement.json, "
         "rollouts, checkpoints); pass --overwrite to replace it")
     (run / "summary.json").write_text("{}")
     before = snapshot(run)

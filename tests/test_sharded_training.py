@@ -164,7 +164,7 @@ def kill_rank_after_checkpoint(run: Path, rank: int, step: int, found: dict[str,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run / "checkpoints" / f"step_{step:06d}" / "meta.json").exists():
-            pid = json.loads((run / "roles.json").read_text())["trainer"][rank]["pid"]
+            pid = json.loads((run / "placement.json").read_text())["trainer"][rank]["pid"]
             os.kill(pid, signal.SIGKILL)
             found["pid"] = pid
             return
@@ -231,7 +231,7 @@ RECOVERY_BOUND_S = 120
 
 
 def kill_ranks(run: Path, kills: list[tuple[str, int, int]], found: list[dict[str, Any]], timeout: float = 600) -> None:
-    """For each (after, step, rank): SIGKILL that rank (where roles.json says it runs now) once step
+    """For each (after, step, rank): SIGKILL that rank (where placement.json says it runs now) once step
     ``step``'s ``checkpoint`` is published (the next step starts) or its ``metrics`` line is written
     (its checkpoint is being saved)."""
     deadline = time.monotonic() + timeout
@@ -242,7 +242,7 @@ def kill_ranks(run: Path, kills: list[tuple[str, int, int]], found: list[dict[st
             else:
                 ready = (run / "metrics.jsonl").exists() and any(r["step"] == step for r in lines(run / "metrics.jsonl"))
             if ready:
-                pid = json.loads((run / "roles.json").read_text())["trainer"][rank]["pid"]
+                pid = json.loads((run / "placement.json").read_text())["trainer"][rank]["pid"]
                 if not any(f["pid"] == pid for f in found):
                     os.kill(pid, signal.SIGKILL)
                     found.append({"pid": pid, "at": time.monotonic()})
@@ -460,7 +460,7 @@ def test_a_replaced_rollout_worker_gets_the_trainers_weights(cluster, tmp_path):
                 await processes.sync_weights(step + 1)
                 if step == 0:
                     ray.kill(processes.pool.workers[0], no_restart=True)
-            return stats, processes.pool.restarts
+            return stats, processes.pool.slots.restarts
         finally:
             await processes.close()
 

@@ -41,7 +41,7 @@ def test_a_killed_controller_is_restarted_and_the_run_finishes_as_if_left_alone(
         while not (out / "checkpoints" / "step_000002" / "meta.json").exists():
             assert supervisor.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        controller = json.loads((out / "roles.json").read_text())["trainer"][0]["pid"]  # the trainer runs in it
+        controller = json.loads((out / "placement.json").read_text())["trainer"][0]["pid"]  # the trainer runs in it
         assert controller != supervisor.pid
         os.kill(controller, signal.SIGKILL)
         _, stderr = supervisor.communicate(timeout=600)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from toolrl.algorithms import AdvantageInputs, build_estimator
 from toolrl.algorithms.rules import check_algorithm
+from toolrl.algorithms.tree_grpo import TREES
 from toolrl.config import AlgorithmConfig, ConfigError, RewardConfig, load_config
 from toolrl.plugins.parts import RunFacts
 from toolrl.rewards.scoring import combine
@@ -101,7 +102,7 @@ def test_a_config_names_tree_grpo_and_its_options():
         return load_config(None, ["algorithm.advantage=tree_grpo", *overrides], data={"env": "arithmetic"})
 
     estimator, _ = check_algorithm(config("algorithm.advantage_options={eps: 1.0e-3}"))
-    assert estimator.name == "tree_grpo" and estimator.options.eps == 1e-3 and estimator.needs_trees
+    assert estimator.name == "tree_grpo" and estimator.options.eps == 1e-3 and estimator.reads == {TREES}
     assert estimator.outcome  # one number per leaf: a sequence-level loss composes with it
     assert check_algorithm(config("algorithm.loss=gspo"))[0].name == "tree_grpo"
     with pytest.raises(ConfigError, match=r"^override algorithm.advantage_options.eps=0: .*greater than 0"):

@@ -44,7 +44,7 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
         loop.run_until_complete(pool.start())
         group = RayTrainerGroup(config)
         loop.run_until_complete(group.start())
-        pool.weights_from = group
+        pool.slots.weights_from = group
         loop.run_until_complete(sync_weights(group, pool, 1))
         assert [ray.get(w.ping.remote())["weight_version"] for w in pool.workers] == [1, 1]
 
@@ -57,10 +57,10 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
             except RayActorError:
                 break
             time.sleep(0.2)
-        restarts, t0 = pool.restarts, time.monotonic()
+        restarts, t0 = pool.slots.restarts, time.monotonic()
         sync = loop.run_until_complete(sync_weights(group, pool, 2))
         assert time.monotonic() - t0 < 10 + 60, "the failed transfer was not ended by its timeout"
-        assert sync["weight_sync_s"] > 0 and pool.restarts == restarts + 1 and pool.workers[1] is not victim
+        assert sync["weight_sync_s"] > 0 and pool.slots.restarts == restarts + 1 and pool.workers[1] is not victim
         loop.run_until_complete(pool.ready())  # the replacement up, with the trainer's weights
         assert [ray.get(w.ping.remote())["weight_version"] for w in pool.workers] == [2, 2]
         # ... from its live peer (at version 2), not from the trainer, bit for bit.

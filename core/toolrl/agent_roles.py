@@ -1,12 +1,16 @@
 """An agent's roles (``Config.roles``: ``rollout.roles``, or ``model.adapters``' names, a policy each; one
 per trajectory piece, ``Trajectory.role``), decided in one place: the role a row starts with, the adapter a
-turn samples with, which roles train, whether the engine serves adapters, the run check of roles named.
+turn samples with, which roles train, whether the engine serves adapters, the run check of roles named,
+each role's reward, baseline and figures.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrl.config import AdapterConfig, Config, ConfigError, field_where
@@ -47,6 +51,67 @@ def frozen_roles(config: Config) -> tuple[str, ...]:
 def trains(traj: Trajectory, frozen: Sequence[str]) -> bool:
     """Whether ``traj``'s role trains: it is not among ``frozen`` (:func:`frozen_roles`)."""
     return traj.role not in frozen
+
+
+# -- each role's reward and baseline ----------------------------------------------------------------
+# In a run with roles (Trajectory.role set on every piece), a group's baseline is each role's own: a
+# piece's reward is its role's (:func:`role_reward`), its group is its group and role, and an outcome
+# estimator sees each episode once per role it acted in. Every group estimator then normalises each role's
+# rewards over the group's episodes separately; a run with no roles gets exactly the rewards, groups and
+# keys it always had.
+
+
+def role_reward(traj: Trajectory) -> float:
+    """A piece's reward as its role earned it: the role's own (``role_rewards``), else the episode's."""
+    return traj.reward if traj.role is None else traj.role_rewards.get(traj.role, traj.reward)
+
+
+def role_groups(trajectories: Sequence[Trajectory]) -> list[int]:
+    """Each row's group: its ``group`` in a run with no roles, else one number per (group, role), numbered
+    as they first appear, so a group's roles are normalised apart."""
+    if all(t.role is None for t in trajectories):
+        return [t.group for t in trajectories]
+    ids: dict[tuple[int, str | None], int] = {}
+    return [ids.setdefault((t.group, t.role), len(ids)) for t in trajectories]
+
+
+def episode_keys(trajectories: Sequence[Trajectory]) -> list[Hashable]:
+    """What an outcome estimator counts once: a trajectory (its pieces share ``trajectory_key``; a
+    trajectory of one piece has none, its row stands for it), and in a run with roles each role of it."""
+    keys: list[Hashable] = [t.trajectory_key or i for i, t in enumerate(trajectories)]
+    if all(t.role is None for t in trajectories):
+        return keys
+    return [(key, t.role) for key, t in zip(keys, trajectories, strict=True)]
+
+
+def role_metrics(trajs: Sequence[Trajectory], success_threshold: float | None = None) -> dict[str, float]:
+    """Each role's figures for a step's row (none in a run with no roles), over the episodes it acted in,
+    once each: ``role/NAME/reward`` (:func:`role_reward`; the finite ones' mean) and ``role/NAME/success``
+    (the share of them, without an error, whose reward is at least ``success_threshold``,
+    ``eval.success_threshold``; None: not reported)."""
+    ends = {t.key: t for t in trajs if t.termination != "forked"}  # each episode's last piece
+    rewards: dict[str, dict[str, float]] = defaultdict(dict)  # role -> episode -> its reward
+    for t in trajs:
+        if t.role is not None:
+            rewards[t.role][t.key] = role_reward(t)
+    out: dict[str, float] = {}
+    for role in sorted(rewards):
+        finite = [r for r in rewards[role].values() if math.isfinite(r)]
+        out[f"role/{role}/reward"] = statistics.fmean(finite) if finite else math.nan
+        if success_threshold is not None:
+            won = sum(r >= success_threshold and (key not in ends or ends[key].error is None)
+                      for key, r in rewards[role].items())
+            out[f"role/{role}/success"] = won / len(rewards[role])
+    return out
+
+
+def role_tokens(trained: Sequence[Trajectory]) -> dict[str, float]:
+    """``role/NAME/trained_tokens``: the tokens each role sampled among the step's ``trained`` pieces."""
+    tokens: dict[str, int] = defaultdict(int)
+    for t in trained:
+        if t.role is not None:
+            tokens[t.role] += sum(t.response_mask)
+    return {f"role/{role}/trained_tokens": float(n) for role, n in sorted(tokens.items())}
 
 
 def check_engine_serves(config: Config, engine_cls: type[RolloutEngine]) -> None:

@@ -90,12 +90,12 @@ class ContextPolicy:
         """The edit to make now, or None to keep the context as it is."""
         return None
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): a policy that
         edits needs a route whose parser takes tool results as chat messages (an inline-tag parser
         writes them into the model's turn, which no edit can cut). Returns warning lines; a subclass
         extends it with its own options' checks."""
-        parser = run.parser
+        parser = facts.parser
         if self.name != ContextPolicy.name and parser is not None and parser.result_mode == "inline":
             raise ValueError(f"{self.name}: edits conversations of chat turns, and parser {parser.name!r} calls tools "
                              "inline (its results go into the model's turn); use a chat parser (hermes, ...) or "
@@ -138,14 +138,14 @@ class TriggeredPolicy(ContextPolicy):
     def plan(self, view: ContextView) -> ContextPlan | None:
         return self.edit(view) if view.tokens > self.trigger else None
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """A trigger the model's context ends before never fires: one warning."""
-        warnings = super().check_run(run)
-        if run.window is not None and self.trigger >= run.window:
+        warnings = super().check_run(facts)
+        if facts.window is not None and self.trigger >= facts.window:
             how = "trigger_tokens" if self.options.trigger_tokens is not None else \
                 f"its default trigger ({self.trigger_share:g} of model.max_context)"
-            warnings.append(f"{run.where('rollout.context')}: {self.name}'s {how} is {self.trigger:,} tokens, at or "
-                            f"beyond the model's context ({run.window:,}, {run.window_stated}): it never edits")
+            warnings.append(f"{facts.where('rollout.context')}: {self.name}'s {how} is {self.trigger:,} tokens, at or "
+                            f"beyond the model's context ({facts.window:,}, {facts.window_stated}): it never edits")
         return warnings
 
     def edit(self, view: ContextView) -> ContextPlan | None:
@@ -226,13 +226,13 @@ class Summarise(TriggeredPolicy):
             raise ValueError(f"trigger_tokens ({self.trigger}) + max_summary_tokens ({options.max_summary_tokens}) "
                              f"leave no room for the summary below model.max_context ({max_context})")
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """A summary the model's context cannot hold is refused (its trigger past it is a warning)."""
         limit = self.options.max_summary_tokens
-        if run.window is not None and limit >= run.window:
-            raise ValueError(f"max_summary_tokens: {limit:,} is not below the model's context ({run.window:,}, "
-                             f"{run.window_stated}): the summary is generated inside it")
-        return super().check_run(run)
+        if facts.window is not None and limit >= facts.window:
+            raise ValueError(f"max_summary_tokens: {limit:,} is not below the model's context ({facts.window:,}, "
+                             f"{facts.window_stated}): the summary is generated inside it")
+        return super().check_run(facts)
 
     def edit(self, view: ContextView) -> ContextPlan | None:
         task = view.messages[:view.task]

@@ -23,7 +23,7 @@ object's ``name`` attribute. ``aliases`` are extra names the part answers to (fo
 class path a tool replaces, so verl tool configs load unchanged).
 
 Registered parts are checked (:mod:`toolrl.plugins.registry`), and any part a run resolves before its
-model loads may define ``check_run(run)``, which the run check (:mod:`toolrl.processes.run_check`) calls
+model loads may define ``check_run(facts)``, which the run check (:mod:`toolrl.processes.run_check`) calls
 before any weights load: docs/plugins.md says when each check runs ("Loading, attribution and failures",
 "Checking a part against the run").
 """
@@ -132,8 +132,8 @@ def register_advantage_estimators(register: Register) -> None:
     """Register advantage estimators: subclasses of :class:`toolrl.algorithms.AdvantageEstimator`.
 
     An estimator turns one step's batch (:class:`toolrl.algorithms.AdvantageInputs`: rewards (B,),
-    group ids, the (B, R) response mask, per-token values when the run has a critic) into (B, R)
-    per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
+    group ids, the (B, R) response mask, and the fields it names in ``reads``: the critic's per-token
+    values, each row's turns, ...) into (B, R) per-token advantages; an outcome estimator (``outcome = True``) gives each trajectory one number,
     broadcast over its tokens. Its ``Options`` pydantic model types ``algorithm.advantage_options``.
     ``algorithm.advantage: NAME`` selects one; the built-ins are ``grpo`` (the default), ``dr_grpo``,
     ``rloo``, ``reinforce_pp``, ``reinforce_pp_baseline`` and ``gae`` (with a critic; ``docs/algorithms.md``).

@@ -151,12 +151,12 @@ def images_held(images: Sequence[Any], ids: Sequence[int], image_token_id: int, 
     prefix that ends inside a run is an error."""
     tokens = list(ids).count(image_token_id)
     for held, image in enumerate(images):
-        run = math.prod(image.grid_thw) // merge**2
-        if tokens < run:
+        placeholders = math.prod(image.grid_thw) // merge**2
+        if tokens < placeholders:
             if tokens:
                 raise ValueError("the tokens end inside an image's placeholder run")
             return held
-        tokens -= run
+        tokens -= placeholders
     return len(images)
 
 

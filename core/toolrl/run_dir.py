@@ -49,7 +49,7 @@ class RunDir:
 
     CONFIG = "config.json"
     METRICS = "metrics.jsonl"
-    ROLES = "roles.json"
+    PLACEMENT = "placement.json"  # where each process runs
     CURVE = "reward_curve.png"
     ROLLOUTS = "rollouts"
     CHECKPOINTS = "checkpoints"
@@ -59,7 +59,7 @@ class RunDir:
     RECOVERIES = "recoveries.jsonl"  # one row per recovery: what died, when, from what, what was lost
     # What a run writes here: any of it means the directory holds a run, and ``overwrite`` removes
     # exactly these (what loggers or people keep beside them stays).
-    OWNED = (CONFIG, METRICS, ROLES, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY, RECOVERIES)
+    OWNED = (CONFIG, METRICS, PLACEMENT, CURVE, ROLLOUTS, CHECKPOINTS, EVAL, RESULTS, SUMMARY, RECOVERIES)
 
     def __init__(self, path: str | os.PathLike[str], mode: Mode = "new", field: str = "trainer.output_dir",
                  resumable: bool = True) -> None:
@@ -203,9 +203,9 @@ class RunDir:
             rows.append(row)
         write_jsonl(self.traces(step), rows)
 
-    def write_roles(self, placement: dict[str, Any]) -> None:
-        """``roles.json``: where each process runs."""
-        (self.path / self.ROLES).write_text(json.dumps(placement, indent=2, default=str))
+    def write_placement(self, placement: dict[str, Any]) -> None:
+        """``placement.json``: where each process runs."""
+        (self.path / self.PLACEMENT).write_text(json.dumps(placement, indent=2, default=str))
 
     def write_validation(self, step: int, rows: Sequence[dict[str, Any]]) -> None:
         """``eval/step_NNNNN.jsonl``: the validation after step ``step`` (1-based), one row per trajectory."""
@@ -387,36 +387,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "rollout_s": wall_s,
         "tokens_per_s": model_tokens / wall_s if wall_s > 0 else 0.0,
     }
-
-
-def role_metrics(trajs: Sequence[Trajectory], success_threshold: float | None = None) -> dict[str, float]:
-    """Each role's figures for a step's row (none in a run with no roles), over the episodes it acted in,
-    once each: ``role/NAME/reward`` (its reward: ``role_rewards``, else the episode's; the finite ones'
-    mean) and ``role/NAME/success`` (the share of them, without an error, whose reward is at least
-    ``success_threshold``, ``eval.success_threshold``; None: not reported)."""
-    ends = {t.key: t for t in trajs if t.termination != "forked"}  # each episode's last piece
-    rewards: dict[str, dict[str, float]] = defaultdict(dict)  # role -> episode -> its reward
-    for t in trajs:
-        if t.role is not None:
-            rewards[t.role][t.key] = t.role_rewards.get(t.role, t.reward)
-    out: dict[str, float] = {}
-    for role in sorted(rewards):
-        finite = _finite(list(rewards[role].values()))
-        out[f"role/{role}/reward"] = statistics.fmean(finite) if finite else math.nan
-        if success_threshold is not None:
-            won = sum(r >= success_threshold and (key not in ends or ends[key].error is None)
-                      for key, r in rewards[role].items())
-            out[f"role/{role}/success"] = won / len(rewards[role])
-    return out
-
-
-def role_tokens(trained: Sequence[Trajectory]) -> dict[str, float]:
-    """``role/NAME/trained_tokens``: the tokens each role sampled among the step's ``trained`` pieces."""
-    tokens: dict[str, int] = defaultdict(int)
-    for t in trained:
-        if t.role is not None:
-            tokens[t.role] += sum(t.response_mask)
-    return {f"role/{role}/trained_tokens": float(n) for role, n in sorted(tokens.items())}
 
 
 def step_line(row: dict[str, Any]) -> str:

@@ -234,11 +234,11 @@ class SessionKind:
     async def prepare(self) -> None:
         """The kind's ``prepare``, once per route; its failure (or hang) is a ValueError."""
         context = self.context("")
-        run = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
+        outcome = await run_guarded(f"session {self.name!r} prepare", self.cls.prepare, (self.options, context), {},
                                 self.cls.timeout)
-        if run.timed_out or run.error is not None:
+        if outcome.timed_out or outcome.error is not None:
             raise ValueError(f"session {self.name!r}: " + (f"prepare timed out after {self.cls.timeout:g} s"
-                                                          if run.timed_out else str(run.error)))
+                                                          if outcome.timed_out else str(outcome.error)))
 
     async def close(self) -> None:
         await self.shared.close()
@@ -273,14 +273,16 @@ class SessionRun:
         assert self.error is not None
         return (SessionInfrastructureError if self.infrastructure else SessionError)(self.error)
 
-    async def _run(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
-        run = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
-        if run.timed_out:  # the environment's deadline, not the model's
+    async def guarded(self, method: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` under the session's guard and deadline: its value, else a SessionError naming
+        ``method`` (a SessionInfrastructureError for the environment's own failure or a timeout)."""
+        outcome = await run_guarded(f"session {self.name!r} {method}", fn, args, {}, self.timeout)
+        if outcome.timed_out:  # the environment's deadline, not the model's
             raise SessionInfrastructureError(f"session {self.name!r} {method} timed out after {self.timeout:g} s")
-        if run.error is not None:
-            raise (SessionInfrastructureError if run.infrastructure else SessionError)(
-                f"session {self.name!r} {method}: {run.error}")
-        return run.value
+        if outcome.error is not None:
+            raise (SessionInfrastructureError if outcome.infrastructure else SessionError)(
+                f"session {self.name!r} {method}: {outcome.error}")
+        return outcome.value
 
     async def reset(self, sample: Sample) -> Reset:
         """Build the session and reset it; on failure, an empty reset and ``error`` set."""
@@ -288,12 +290,12 @@ class SessionRun:
             return Reset()
         kind = self.kind
         try:  # built as every part is (a plain build runs in a thread, an async one on the loop)
-            session = await self._run("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
+            session = await self.guarded("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
             if not isinstance(session, EnvironmentSession):
                 raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
                                    "not an EnvironmentSession")
             self.session, self.timeout = session, session.timeout
-            reset = self._checked_reset(await self._run("reset", session.reset, sample))
+            reset = self._checked_reset(await self.guarded("reset", session.reset, sample))
             self.started = True
             return reset
         except SessionError as exc:
@@ -308,7 +310,7 @@ class SessionRun:
         twin.started, twin.timeout = self.started, self.timeout
         if self.session is not None:
             try:
-                cloned = await self._run("clone", self.session.clone)
+                cloned = await self.guarded("clone", self.session.clone)
                 if not isinstance(cloned, EnvironmentSession):
                     raise SessionError(f"session {self.name!r} clone returned {type(cloned).__name__}, "
                                        "not an EnvironmentSession")
@@ -395,7 +397,7 @@ class SessionRun:
     async def _text_or_none(self, method: str, call: Callable[..., Any], *args: Any) -> str | None:
         """``call(*args)`` through the session's guard, which must give a str or None."""
         try:
-            value = await self._run(method, call, *args)
+            value = await self.guarded(method, call, *args)
         except SessionError as exc:  # recorded: an infrastructure failure leaves nothing to score
             self.fail(str(exc), isinstance(exc, InfrastructureError))
             raise
@@ -414,9 +416,9 @@ class SessionRun:
         try:
             if not self.started or self.infrastructure:  # nothing to score (it is not trained)
                 return {}
-            value = await self._run("score", self.session.score, traj)
+            value = await self.guarded("score", self.session.score, traj)
             if roles and type(self.session).role_rewards is not EnvironmentSession.role_rewards:
-                self.role_rewards = self._checked_role_rewards(await self._run("role_rewards", self.session.role_rewards),
+                self.role_rewards = self._checked_role_rewards(await self.guarded("role_rewards", self.session.role_rewards),
                                                                roles)
             return {} if value is None else named_terms(term, value, f"session {self.name!r} score", traj)
         except (SessionError, RewardValueError) as exc:
@@ -446,7 +448,7 @@ class SessionRun:
         if session is None:
             return
         try:
-            await self._run("close", session.close)
+            await self.guarded("close", session.close)
         except SessionError as exc:
             if traj is None:
                 log.warning("%s", exc)
@@ -458,13 +460,13 @@ class SessionTool(Tool):
     """A tool a session handed out as a schema: each call is the session's ``step``, under the
     session's deadline, checked like any tool's ``execute``."""
 
-    def __init__(self, run: SessionRun, schema: Mapping[str, Any]) -> None:
-        super().__init__({"timeout": run.timeout}, schema)
-        self.run = run
+    def __init__(self, session_run: SessionRun, schema: Mapping[str, Any]) -> None:
+        super().__init__({"timeout": session_run.timeout}, schema)
+        self.session_run = session_run
 
     async def execute(self, instance_id: str, arguments: dict[str, Any],
                       **execute_kwargs: Any) -> tuple[ToolResponse | str, float | None, dict[str, Any]]:
-        result = await self.run.step(ToolCall(name=self.name, arguments=arguments))
+        result = await self.session_run.step(ToolCall(name=self.name, arguments=arguments))
         metrics = {**result.metrics, **({"done": True} if result.done else {})}
         return result.response, result.reward, metrics
 
@@ -473,7 +475,8 @@ class SessionTool(Tool):
         deadline: infrastructure)."""
         result = await super().call(instance_id, arguments, **execute_kwargs)
         if result.status == "timeout":
-            self.run.fail(f"session {self.run.name!r} step timed out after {self.timeout:g} s", infrastructure=True)
+            self.session_run.fail(f"session {self.session_run.name!r} step timed out after {self.timeout:g} s",
+                                  infrastructure=True)
         return result
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> None:

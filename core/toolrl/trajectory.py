@@ -112,7 +112,7 @@ class Trajectory(BaseModel):
     response_mask: list[int] = Field(default_factory=list)  # 1: model token (trained), 0: tool/template
     logprobs: list[float] = Field(default_factory=list)  # engine logprobs; 0.0 where mask is 0
     # On-policy distillation: the teacher's log-prob of each response token (0.0 where mask is 0); None
-    # until a teacher scored it (toolrl.algorithms.teacher).
+    # until a teacher scored it (toolrl.rollout.teacher).
     teacher_logprobs: list[float] | None = None
     # With opd's top_k: at each response position the teacher's top_k likeliest tokens and their log-probs,
     # best first ([] where mask is 0); None otherwise.

@@ -112,17 +112,17 @@ class Agent:
         thread apart from the rollout's (:mod:`toolrl.gateway.agent_loop`)."""
         raise NotImplementedError
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): raise
         ValueError on an option that cannot work; returns warning lines. A subclass extends it.
 
         The program runs the episode, so what toolrl's own loop would do with the conversation is not
         done: a context policy is refused (the program keeps its own context), configured tools are
         reported unused."""
-        rollout = run.config.rollout
+        rollout = facts.config.rollout
         if rollout.context is not None and rollout.context.name != "none":
             raise ValueError(f"rollout.context ({rollout.context.name}) edits toolrl's own loop; the agent program "
                              "keeps its own context: remove one of the two")
-        if run.config.tools.explicit:
+        if facts.config.tools.explicit:
             return ["tools: not used, the agent program calls its own tools (rollout.agent)"]
         return []

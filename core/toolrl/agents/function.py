@@ -64,6 +64,6 @@ class CallableAgent(Agent):
                 else (task.model_dump(mode="json"), client)
             return await function(*args)
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         self.function()
-        return super().check_run(run)
+        return super().check_run(facts)

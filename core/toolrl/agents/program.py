@@ -66,7 +66,7 @@ class CommandAgent(Agent):
             raise AgentFailure(f"{self.argv()[-1]} exited with {proc.returncode}" + (f": {tail}" if tail else ""))
         return None
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         options: Any = self.options
         if options.cwd is not None and not Path(options.cwd).is_dir():
             raise ValueError(f"cwd: {options.cwd} is not a directory")
@@ -80,4 +80,4 @@ class CommandAgent(Agent):
                                                         "does not exist") + where)
         if program == sys.executable and args and not args[0].startswith("-") and not Path(options.cwd or ".", args[0]).is_file():
             raise ValueError(f"command: the program {args[0]} does not exist (in {Path(options.cwd or '.').resolve()})")
-        return super().check_run(run)
+        return super().check_run(facts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,41 +34,40 @@ if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
     from toolrl.trajectory import Trajectory
 
-__all__ = ["CANDIDATE_IDS", "CANDIDATE_LOGPROBS", "AdvantageEstimator", "AdvantageInputs", "LossInputs", "LossOptions",
-           "LossTerms", "NoOptions", "PolicyLoss", "build_estimator", "build_loss"]
+__all__ = ["CANDIDATE_IDS", "CANDIDATE_LOGPROBS", "VALUES", "AdvantageEstimator", "AdvantageInputs", "LossInputs",
+           "LossOptions", "LossTerms", "NoOptions", "PolicyLoss", "StepField", "build_estimator", "build_loss"]
 
-# Two fields a part may read (:attr:`AlgorithmPart.reads`): token ids at each position (B, R, K) at which
-# the trainer's forward also gives the policy's log-probs, read by the loss as the (B, R, K) log-probs.
+# Fields a part may read (:attr:`AlgorithmPart.reads`) that no part gives. Token ids at each position
+# (B, R, K) at which the trainer's forward also gives the policy's log-probs, read by the loss as the
+# (B, R, K) log-probs. The critic's per-token values (B, R), which a run with a critic gives.
 CANDIDATE_IDS, CANDIDATE_LOGPROBS = "candidate_ids", "candidate_logprobs"
+VALUES = "values"
+
+# A field of the step: a tensor with a row per trajectory (past the first dimension, the step's response
+# grid), or a tuple of one value per trajectory for what lies on no grid (each row's turns, its tree).
+StepField: TypeAlias = "torch.Tensor | tuple[Any, ...]"
 
 
 @dataclass(frozen=True)
 class AdvantageInputs:
     """One step's batch, every trajectory a row. ``rewards`` (B,) float64; ``groups`` (B,) long (the
     trajectories of one prompt share a group); ``response_mask`` (B, R) float, 1 at trained tokens;
-    ``values`` (B, R) per-token value estimates, None unless the run has a critic. For an estimator
-    that ``needs_turns`` (else None), per row's model turns (:mod:`toolrl.algorithms.turns`):
-    ``turn_ids`` (B, R) long, the turn each position belongs to (-1: none); ``turn_states`` the key of
-    the state each turn started from; ``turn_rewards`` what each turn earned (they sum to the reward).
-    For one that ``needs_trees``: ``trees``, each row's ``Trajectory.tree_id`` (None: a flat rollout's).
     ``fields``: what the step's parts read beyond these (:attr:`AlgorithmPart.reads`), by name."""
 
     rewards: torch.Tensor
     groups: torch.Tensor
     response_mask: torch.Tensor
-    values: torch.Tensor | None = None
-    turn_ids: torch.Tensor | None = None
-    turn_states: tuple[tuple[str, ...], ...] | None = None
-    turn_rewards: tuple[tuple[float, ...], ...] | None = None
-    trees: tuple[int | None, ...] | None = None
-    fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    fields: Mapping[str, StepField] = field(default_factory=dict)
 
 
 class AlgorithmPart(ABC):
     """What an estimator and a loss share: constructed as ``cls(options, algo)``, ``options`` its
     ``Options`` model's, ``algo`` the run's :class:`toolrl.config.AlgorithmConfig`. ``reads``: the fields
     of the step it reads beyond its inputs' own (``AdvantageInputs.fields``, ``LossInputs.fields``), which
-    the run's parts give (:meth:`fields`) and the step carries to each micro-batch's rows."""
+    the run's parts give (:meth:`fields`; :data:`VALUES` the run's critic, :data:`CANDIDATE_LOGPROBS` the
+    trainer's forward) and the step carries to each micro-batch's rows. The run reads the declarations: an
+    estimator that reads :data:`VALUES` gets a critic, one that reads the turns' states
+    (:data:`toolrl.algorithms.turns.TURN_STATES`) has the sessions asked for them."""
 
     name: ClassVar[str]
     Options: ClassVar[type[BaseModel]] = NoOptions
@@ -83,12 +82,12 @@ class AlgorithmPart(ABC):
         """The build contract (:mod:`toolrl.plugins.parts`): built for the run's algorithm section."""
         return cls(options, context.input("algorithm"))
 
-    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, torch.Tensor]:
-        """The fields it gives the step, each (B, ...) with a row per trajectory and, past the first
-        dimension, the step's response grid of ``width`` columns; none here."""
+    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, StepField]:
+        """The fields it gives the step (:data:`StepField`), a row per trajectory, a tensor's grid of
+        ``width`` columns; none here."""
         return {}
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check before any weights load (hookspecs): raise ValueError on a setting this part
         cannot run with, return warning lines; none here."""
         return []
@@ -98,32 +97,26 @@ class AdvantageEstimator(AlgorithmPart):
     """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages.
 
     ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
-    False for per-token estimators (traces record the list). ``needs_values``: it reads
-    ``inputs.values`` (a critic must exist). ``needs_turns``: it reads the turn fields of its inputs
-    (the trainer builds them only then). ``needs_trees``: it reads ``inputs.trees`` (tree rollouts).
-    ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
+    False for per-token estimators (traces record the list). ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
     (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike)."""
 
     outcome: ClassVar[bool] = True
-    needs_values: ClassVar[bool] = False
-    needs_turns: ClassVar[bool] = False
-    needs_trees: ClassVar[bool] = False
     group_relative: ClassVar[bool] = False
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """A group-relative estimator on groups that cannot differ: one trajectory (refused: nothing would
         ever train), or greedy samples (a warning: only tools and environments can make them differ).
         Recorded groups (``data.trajectories``) are as recorded."""
-        warnings = super().check_run(run)
-        rollout = run.config.rollout
-        if not self.group_relative or run.config.data.trajectories:
+        warnings = super().check_run(facts)
+        rollout = facts.config.rollout
+        if not self.group_relative or facts.config.data.trajectories:
             return warnings
         if rollout.n < 2:
-            raise ConfigError(f"{run.where('rollout.n')}: {self.name} compares each trajectory with the rest of its "
+            raise ConfigError(f"{facts.where('rollout.n')}: {self.name} compares each trajectory with the rest of its "
                               f"group, and a group of {rollout.n} has none: every advantage is 0 and nothing "
                               "trains; set rollout.n to 2 or more, or use reinforce_pp")
         if rollout.temperature == 0:
-            warnings.append(f"{run.where('rollout.temperature')}: greedy sampling gives a group's {rollout.n} "
+            warnings.append(f"{facts.where('rollout.temperature')}: greedy sampling gives a group's {rollout.n} "
                             f"trajectories the same tokens unless a tool or the environment answers them apart: "
                             f"{self.name}'s advantages are then 0 and nothing trains")
         return warnings
@@ -150,7 +143,7 @@ class LossInputs:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     mask: torch.Tensor
-    fields: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    fields: Mapping[str, StepField] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

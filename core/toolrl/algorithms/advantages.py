@@ -15,8 +15,6 @@ from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
 if TYPE_CHECKING:
     import torch
 
-    from toolrl.trajectory import Trajectory
-
 # Tensor methods only, no torch module: a config naming these estimators is checked (their options
 # validated) before torch loads, so a bad field costs a fraction of a second (tests start hundreds).
 
@@ -53,37 +51,6 @@ def group_normalised(values: Sequence[float], keys: Sequence[Hashable],
     normalisation of every estimator."""
     return [0.0 if n == 1 else (x - mean) / (std + options.eps) if options.norm_by_std else x - mean
             for x, (mean, std, n) in zip(values, group_stats(values, keys), strict=True)]
-
-
-# -- per-role baselines ------------------------------------------------------------------------------
-# In a run with roles (Trajectory.role set on every piece), a group's baseline is each role's own: a
-# piece's reward is its role's (``role_rewards``, else the episode's reward), its group is its group and
-# role, and an outcome estimator sees each episode once per role it acted in. Every group estimator then
-# normalises each role's rewards over the group's episodes separately; a run with no roles gets exactly
-# the rewards, groups and keys it always had.
-
-
-def role_rewards(trajectories: Sequence[Trajectory]) -> list[float]:
-    """Each row's reward: its role's (``role_rewards.get(role, reward)``), the reward for a piece with none."""
-    return [t.reward if t.role is None else t.role_rewards.get(t.role, t.reward) for t in trajectories]
-
-
-def role_groups(trajectories: Sequence[Trajectory]) -> list[int]:
-    """Each row's group: its ``group`` in a run with no roles, else one number per (group, role), numbered
-    as they first appear, so a group's roles are normalised apart."""
-    if all(t.role is None for t in trajectories):
-        return [t.group for t in trajectories]
-    ids: dict[tuple[int, str | None], int] = {}
-    return [ids.setdefault((t.group, t.role), len(ids)) for t in trajectories]
-
-
-def episode_keys(trajectories: Sequence[Trajectory]) -> list[Hashable]:
-    """What an outcome estimator counts once: a trajectory (its pieces share ``trajectory_key``; a
-    trajectory of one piece has none, its row stands for it), and in a run with roles each role of it."""
-    keys: list[Hashable] = [t.trajectory_key or i for i, t in enumerate(trajectories)]
-    if all(t.role is None for t in trajectories):
-        return keys
-    return [(key, t.role) for key, t in zip(keys, trajectories, strict=True)]
 
 
 def broadcast(per_trajectory: Sequence[float], mask: torch.Tensor) -> torch.Tensor:

@@ -176,21 +176,21 @@ class Opd(AdvantageEstimator):
         self.reward: AdvantageEstimator | None = None
         if options.reward_weight > 0:
             cls = lookup_part("advantage_estimators", options.reward_advantage, "algorithm.advantage_options")
-            if not cls.outcome or cls.needs_values or cls.needs_turns or cls.needs_trees or cls.reads:
+            if not cls.outcome or cls.reads:
                 raise ValueError(f"reward_advantage={options.reward_advantage}: the task reward goes through an "
                                  "outcome estimator that reads rewards and groups only (grpo, dr_grpo, rloo, ...)")
             self.reward = cls(cls.Options(), algo)
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """Teachers set, each route with trajectories to train scored by one (or a reward to learn from),
         before any model loads (each teacher's own checks: :func:`toolrl.rollout.teacher.check_teachers`); a
         warning under full fine-tuning (its output head drifts: docs/distillation.md)."""
-        warnings = [] if self.reward is None else self.reward.check_run(run)  # groups of one, greedy groups
-        config = run.config
+        warnings = [] if self.reward is None else self.reward.check_run(facts)  # groups of one, greedy groups
+        config = facts.config
         teachers = config.algorithm.teachers
         if not teachers:
-            written = run.where("algorithm.teacher") != "algorithm.teacher"  # teacher: [] (the file's or an override)
-            raise ConfigError(f"{run.where('algorithm.teacher' if written else 'algorithm.advantage')}: opd distils a "
+            written = facts.where("algorithm.teacher") != "algorithm.teacher"  # teacher: [] (the file's or an override)
+            raise ConfigError(f"{facts.where('algorithm.teacher' if written else 'algorithm.advantage')}: opd distils a "
                               "teacher into the policy, and algorithm.teacher "
                               f"{'is an empty list' if written else 'is unset'}; add algorithm.teacher: "
                               "{engine: transformers, model: ...}")
@@ -198,20 +198,20 @@ class Opd(AdvantageEstimator):
         for k, teacher in enumerate(teachers):
             unknown = sorted(set(teacher.routes or ()) - routes)
             if unknown:
-                raise ConfigError(f"{run.where('algorithm.teacher')}: teacher {k} names route(s) {unknown}, which "
+                raise ConfigError(f"{facts.where('algorithm.teacher')}: teacher {k} names route(s) {unknown}, which "
                                   f"the run does not have (its environments: {sorted(r for r in routes if r)})")
         unscored = sorted(str(r) for r in routes if teacher_index(r, teachers) is None)
         if unscored and self.reward is None:
-            raise ConfigError(f"{run.where('algorithm.teacher')}: no teacher scores route(s) {unscored} and "
+            raise ConfigError(f"{facts.where('algorithm.teacher')}: no teacher scores route(s) {unscored} and "
                               "advantage_options.reward_weight is 0: their trajectories would train nothing")
         if config.model.lora is None and config.model.adapters is None and not config.model.freeze_output_head:
-            warnings.append(f"{run.where('model.lora')}: opd with full fine-tuning trains the output head, whose rows of "
+            warnings.append(f"{facts.where('model.lora')}: opd with full fine-tuning trains the output head, whose rows of "
                             "the tokens the student does not sample get small gradients of one sign (opd's advantages "
                             "are mostly negative) that AdamW scales to steps of about optim.lr: measured on a small model, "
                             "the student then drifts away from its teacher within tens of steps (docs/distillation.md); "
                             "model.lora trains no output head, and model.freeze_output_head: true keeps it as loaded")
         if self.options.top_k and config.trainer.sequence_parallel > 1:
-            raise ConfigError(f"{run.where('algorithm.advantage_options')}: top_k with trainer.sequence_parallel="
+            raise ConfigError(f"{facts.where('algorithm.advantage_options')}: top_k with trainer.sequence_parallel="
                               f"{config.trainer.sequence_parallel}: the split rows' LM head gives no top-k log-probs")
         return warnings
 
@@ -248,13 +248,13 @@ class TopkForwardKl(PolicyLoss):
     Options = LossOptions
     reads = frozenset({*TOP, CANDIDATE_LOGPROBS})
 
-    def check_run(self, run: RunFacts) -> list[str]:
-        algo = run.config.algorithm
+    def check_run(self, facts: RunFacts) -> list[str]:
+        algo = facts.config.algorithm
         if algo.advantage != "opd" or not opd_options(algo).top_k:
-            raise ConfigError(f"{run.where('algorithm.loss')}: topk_forward_kl distils the teacher's top-k "
+            raise ConfigError(f"{facts.where('algorithm.loss')}: topk_forward_kl distils the teacher's top-k "
                               "distribution, which only algorithm.advantage: opd with advantage_options.top_k gives")
         if opd_options(algo).reward_weight > 0:
-            raise ConfigError(f"{run.where('algorithm.loss')}: topk_forward_kl reads no advantage, so "
+            raise ConfigError(f"{facts.where('algorithm.loss')}: topk_forward_kl reads no advantage, so "
                               "advantage_options.reward_weight would be ignored; set it to 0 or use ppo_clip")
         return []
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+from toolrl.algorithms import VALUES, AdvantageEstimator, AdvantageInputs
 from toolrl.algorithms.advantages import masked_whiten
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Gae(AdvantageEstimator):
     name = "gae"
     Options = GaeOptions
     outcome = False
-    needs_values = True
+    reads = frozenset({VALUES})
 
     def __init__(self, options: BaseModel, algo: AlgorithmConfig) -> None:
         super().__init__(options, algo)
@@ -108,13 +108,14 @@ class Gae(AdvantageEstimator):
     def advantages_and_returns(self, inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """The raw advantages and the returns of ``inputs``, from the last batch's pass when
         ``inputs`` holds the same rewards, mask and values."""
-        if inputs.values is None:
+        values = inputs.fields.get(VALUES)
+        if values is None:
             raise ValueError("gae reads per-token values: the run needs a critic")
         if self.kept is not None and same_batch(self.kept[0], inputs):
             return self.kept[1], self.kept[2]
         mask = inputs.response_mask
         rewards = token_rewards(inputs.rewards.tolist(), mask)
-        advantages, returns = gae(rewards, inputs.values.to(mask.device), mask, self.options.gamma, self.options.lam)
+        advantages, returns = gae(rewards, values.to(mask.device), mask, self.options.gamma, self.options.lam)
         self.kept = (inputs, advantages, returns)
         return advantages, returns
 
@@ -132,6 +133,6 @@ class Gae(AdvantageEstimator):
 def same_batch(a: AdvantageInputs, b: AdvantageInputs) -> bool:
     """Equal rewards, response masks and values (what GAE reads), compared by content: the trainer
     builds the inputs afresh for each call."""
-    pairs = ((a.rewards, b.rewards), (a.response_mask, b.response_mask), (a.values, b.values))
+    pairs = ((a.rewards, b.rewards), (a.response_mask, b.response_mask), (a.fields.get(VALUES), b.fields.get(VALUES)))
     return all(x is y or (x is not None and y is not None and x.shape == y.shape and x.device == y.device
                           and torch.equal(x, y)) for x, y in pairs)

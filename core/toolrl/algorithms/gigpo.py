@@ -7,7 +7,7 @@
   *anchor state*: :mod:`toolrl.rollout.turns` keys it) form a step group, and each turn's discounted
   return is compared with its step group's, ``A_S(i, t) = (R_it - mean_S(i,t) R) / F``, where
   ``R_it = Σ_{k ≥ t} γ^(k - t) · r_ik`` over the trajectory's turn rewards ``r_ik``
-  (:mod:`toolrl.algorithms.turns`: its step rewards, the outcome on its last turn).
+  (:mod:`toolrl.algorithms.turns`, the fields it reads and gives: its step rewards, the outcome on its last turn).
 
 Each token of turn ``t`` gets ``A = A_E(i) + ω · A_S(i, t)``; positions outside every turn get 0.
 ``F`` is the group's unbiased std plus ``eps``, or 1 with ``norm_by_std: false`` (the paper's
@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs, StepField
 from toolrl.algorithms.advantages import GroupOptions, group_normalised
+from toolrl.algorithms.turns import TURN_IDS, TURN_STATES, TURN_STEP_REWARDS, TURNS, turn_fields, turn_rewards
 from toolrl.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
 
     from toolrl.plugins.parts import RunFacts
+    from toolrl.trajectory import Trajectory
 
 # Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming gigpo is
 # checked before torch loads.
@@ -69,25 +71,29 @@ class Gigpo(AdvantageEstimator):
     name = "gigpo"
     Options = GigpoOptions
     outcome = False
-    needs_turns = True
+    reads = TURNS
     group_relative = True
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The group checks, then refused before anything loads with an agent program (``rollout.agent``):
         the gateway records no turns (a route's own agent is refused at the first step, naming the trajectory)."""
-        warnings = super().check_run(run)
-        if run.config.rollout.agent is not None:
-            raise ConfigError(f"{run.where('rollout.agent')}: gigpo credits each model turn, and an agent program's "
+        warnings = super().check_run(facts)
+        if facts.config.rollout.agent is not None:
+            raise ConfigError(f"{facts.where('rollout.agent')}: gigpo credits each model turn, and an agent program's "
                               "episodes record no turns; use an outcome estimator (grpo, rloo, ...)")
         return warnings
 
+    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, StepField]:
+        return turn_fields(trajectories, width)
+
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        turn_ids, states, earned = inputs.turn_ids, inputs.turn_states, inputs.turn_rewards
-        if turn_ids is None or states is None or earned is None:
-            raise ValueError("gigpo reads each row's turns (turn_ids, turn_states, turn_rewards): none given")
+        if not inputs.fields.keys() >= TURNS:
+            raise ValueError(f"gigpo reads each row's turns ({', '.join(sorted(TURNS))}): none given")
+        turn_ids, states, steps = (inputs.fields[k] for k in (TURN_IDS, TURN_STATES, TURN_STEP_REWARDS))
         options = self.options
-        groups = inputs.groups.tolist()
-        episode = group_normalised(inputs.rewards.tolist(), groups, options)
+        groups, rewards = inputs.groups.tolist(), inputs.rewards.tolist()
+        earned = [turn_rewards(row, r) for row, r in zip(steps, rewards, strict=True)]
+        episode = group_normalised(rewards, groups, options)
         returns = [R for row in earned for R in discounted_returns(row, options.gamma)]
         anchors = [(g, s) for g, row in zip(groups, states, strict=True) for s in row]
         step = group_normalised(returns, anchors, options)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolrl.algorithms import build_estimator, build_loss
+from toolrl.algorithms import VALUES, build_estimator, build_loss
 from toolrl.config import ConfigError, CriticConfig, field_where
 from toolrl.plugins.parts import lookup_part
 
@@ -25,7 +25,7 @@ def with_critic(config: Config) -> Config:
         estimator = lookup_part("advantage_estimators", name, "algorithm.advantage")
     except ConfigError:  # check_algorithm reports it
         return config
-    if not estimator.needs_values:
+    if VALUES not in estimator.reads:
         if config.critic is not None:
             raise ConfigError(f"critic: set, but algorithm.advantage={name} reads no values; drop the critic "
                               "section or pick an estimator that reads them (gae)")
@@ -46,7 +46,7 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     if loss.sequence_level and not estimator.outcome:
         raise ConfigError(f"{pair}: a sequence-level loss needs one advantage per sequence, and "
                           f"{algo.advantage!r} gives one per token; pick an outcome estimator (grpo, rloo, ...)")
-    if estimator.needs_values and not has_critic:
+    if VALUES in estimator.reads and not has_critic:
         raise ConfigError(f"algorithm.advantage={algo.advantage}: reads per-token values, which need a critic")
     if algo.advantage == "dr_grpo" and algo.loss_agg == "seq-mean-token-mean":
         raise ConfigError("algorithm.advantage=dr_grpo with algorithm.loss_agg=seq-mean-token-mean: Dr. GRPO removes "

@@ -16,9 +16,10 @@ what is refused without ``rollout.tree``: docs/algorithms.md, "tree_grpo".
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from toolrl.algorithms import AdvantageEstimator, AdvantageInputs
+from toolrl.algorithms import AdvantageEstimator, AdvantageInputs, StepField
 from toolrl.algorithms.advantages import GroupOptions, broadcast, group_normalised
 from toolrl.config import ConfigError
 
@@ -26,11 +27,14 @@ if TYPE_CHECKING:
     import torch
 
     from toolrl.plugins.parts import RunFacts
+    from toolrl.trajectory import Trajectory
 
 # Tensor methods only, no torch module, as in toolrl.algorithms.advantages: a config naming tree_grpo
 # is checked before torch loads.
 
-__all__ = ["TreeGrpo"]
+__all__ = ["TREES", "TreeGrpo"]
+
+TREES = "trees"  # the field tree_grpo reads and gives: each row's Trajectory.tree_id (None: a flat rollout's)
 
 
 class TreeGrpo(AdvantageEstimator):
@@ -41,23 +45,27 @@ class TreeGrpo(AdvantageEstimator):
 
     name = "tree_grpo"
     Options = GroupOptions
-    needs_trees = True
+    reads = frozenset({TREES})
     group_relative = True
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The group checks, then refused before anything loads on a flat rollout: without trees it would
         be GRPO doubled."""
-        warnings = super().check_run(run)
-        if run.config.rollout.tree is None:
-            raise ConfigError(f"{run.where('algorithm.advantage')}: tree_grpo compares the leaves of each tree, and "
+        warnings = super().check_run(facts)
+        if facts.config.rollout.tree is None:
+            raise ConfigError(f"{facts.where('algorithm.advantage')}: tree_grpo compares the leaves of each tree, and "
                               "rollout.tree is unset (a flat rollout has none); set rollout.tree or use grpo")
         return warnings
 
+    def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, StepField]:
+        return {TREES: tuple(t.tree_id for t in trajectories)}
+
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
-        if inputs.trees is None or any(t is None for t in inputs.trees):
+        trees = inputs.fields.get(TREES)
+        if trees is None or any(t is None for t in trees):
             raise ValueError("tree_grpo reads each row's tree (trees): a row of a flat rollout has none; "
                              "set rollout.tree")
         rewards, groups = inputs.rewards.tolist(), inputs.groups.tolist()
-        intra = group_normalised(rewards, list(zip(groups, inputs.trees, strict=True)), self.options)
+        intra = group_normalised(rewards, list(zip(groups, trees, strict=True)), self.options)
         inter = group_normalised(rewards, groups, self.options)
         return broadcast([a + b for a, b in zip(intra, inter, strict=True)], inputs.response_mask)

@@ -146,7 +146,7 @@ class RolloutEngine(ABC):
     Options: ClassVar[type[BaseModel]] = EngineOptions
 
     @classmethod
-    def check_run(cls, run: RunFacts) -> list[str]:
+    def check_run(cls, facts: RunFacts) -> list[str]:
         """The run check before any weights load (:class:`toolrl.plugins.parts.RunFacts`; hookspecs): raise
         ValueError on a setting this engine cannot run with, return warning lines; none here."""
         return []

@@ -22,10 +22,9 @@ from toolrl.config import ConfigError
 from toolrl.environments import get_environment
 from toolrl.fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, CallReply, CallRequest, Health
 from toolrl.plugins.parts import registered_parts
-from toolrl.schemas import Sample, ToolCall
+from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import EnvironmentSession, SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool
-from toolrl.tools.guard import run_guarded
 from toolrl.trajectory import Trajectory
 
 
@@ -33,47 +32,45 @@ class ServedSession:
     """One trajectory's session on the server: each request answered by a :class:`CallReply`."""
 
     def __init__(self, kind: SessionKind, trajectory_id: str) -> None:
-        self.run = SessionRun(kind, trajectory_id)
+        self.session_run = SessionRun(kind, trajectory_id)
 
     async def handle(self, request: CallRequest) -> CallReply:
-        run = self.run
+        session_run = self.session_run
         try:
             if request.op == "reset":
-                return self._reset(await run.reset(Sample.model_validate(request.sample or {})))
-            if run.session is None:
-                return CallReply(error=f"session {run.name!r}: {request.op} before a successful reset")
+                return self._reset(await session_run.reset(Sample.model_validate(request.sample or {})))
+            if session_run.session is None:
+                return CallReply(error=f"session {session_run.name!r}: {request.op} before a successful reset")
             if request.op == "step":
-                return await self._guarded("step", run.step, ToolCall.model_validate(request.call or {}))
+                return await self._guarded("step", session_run.step, ToolCall.model_validate(request.call or {}))
             if request.op == "respond":
-                return CallReply(value=await run.respond(request.message or ""))
+                return CallReply(value=await session_run.respond(request.message or ""))
             if request.op == "state_key":
-                return CallReply(value=await run.state_key())
+                return CallReply(value=await session_run.state_key())
             if request.op == "score":
-                return await self._guarded("score", run.session.score,
+                return await self._guarded("score", session_run.session.score,
                                            Trajectory.model_validate(request.trajectory or {}))
-            await run.close()
+            await session_run.close()
             return CallReply()
         except SessionError as exc:  # respond, state_key: recorded by the run
-            return CallReply(error=str(exc), infrastructure=run.infrastructure)
+            return CallReply(error=str(exc), infrastructure=session_run.infrastructure)
 
     def _reset(self, reset: Any) -> CallReply:
-        run = self.run
-        if run.error is not None:
-            return CallReply(error=run.error, infrastructure=run.infrastructure)
+        session_run = self.session_run
+        if session_run.error is not None:
+            return CallReply(error=session_run.error, infrastructure=session_run.infrastructure)
         if any(isinstance(tool, Tool) for tool in reset.tools):
-            return CallReply(error=f"session {run.name!r} reset hands out Tool objects, which cannot cross to a "
-                               "remote client: only tools given as schemas can be served")
+            return CallReply(error=f"session {session_run.name!r} reset hands out Tool objects, which cannot cross "
+                               "to a remote client: only tools given as schemas can be served")
         return CallReply(value=reset.model_dump(mode="json"))
 
     async def _guarded(self, method: str, fn: Any, arg: Any) -> CallReply:
-        run = self.run
-        guarded = await run_guarded(f"session {run.name!r} {method}", fn, (arg,), {}, run.timeout)
-        if guarded.timed_out:  # the environment's deadline: infrastructure, as SessionRun has it
-            return CallReply(error=f"session {run.name!r} {method} timed out after {run.timeout:g} s", infrastructure=True)
-        if guarded.error is not None:
-            return CallReply(error=f"session {run.name!r} {method}: {guarded.error}",
-                         infrastructure=guarded.infrastructure or run.infrastructure)
-        value = guarded.value
+        session_run = self.session_run
+        try:
+            value = await session_run.guarded(method, fn, arg)
+        except SessionError as exc:  # a timeout is the environment's deadline: infrastructure
+            return CallReply(error=str(exc), infrastructure=isinstance(exc, InfrastructureError)
+                             or session_run.infrastructure)
         return CallReply(value=value.model_dump(mode="json") if hasattr(value, "model_dump") else value)
 
 
@@ -111,7 +108,7 @@ class SessionServer:
                 if call.op == "close":
                     break
         finally:
-            await asyncio.shield(served.run.close())  # always, the client gone or not
+            await asyncio.shield(served.session_run.close())  # always, the client gone or not
             self.open -= 1
             await ws.close()
         return ws

@@ -130,8 +130,8 @@ def attend(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     if flex:
         from torch.nn.attention.flex_attention import flex_attention
 
-        run = _compiled_flex() if query.is_cuda else flex_attention
-        out = run(query, key, value, block_mask=pattern.block_mask(window), scale=scaling,
+        flex_fn = _compiled_flex() if query.is_cuda else flex_attention
+        out = flex_fn(query, key, value, block_mask=pattern.block_mask(window), scale=scaling,
                   enable_gqa=key.shape[1] != query.shape[1])
     else:
         from transformers.integrations.sdpa_attention import repeat_kv

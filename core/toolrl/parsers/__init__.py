@@ -59,7 +59,7 @@ class ToolParser:
         """The route's tool schemas (OpenAI function format). Formats whose argument values are
         untyped text (``<parameter=n>5</parameter>``) type them from the schemas; the rest ignore them."""
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check before any weights load (:class:`toolrl.plugins.parts.RunFacts`; hookspecs): raise
         ValueError on a setting this part cannot run with, return warning lines; none here."""
         return []

@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from toolrl.agent_roles import frozen_roles, trains
+from toolrl.agent_roles import frozen_roles, role_metrics, role_tokens, trains
 from toolrl.config import Config
 from toolrl.data.batches import (
     AHEAD,
@@ -46,8 +46,6 @@ from toolrl.run_dir import (
     RunDir,
     finalize,
     open_mode,
-    role_metrics,
-    role_tokens,
     rollout_metrics,
     staging_dir,
     staleness_metrics,
@@ -76,7 +74,7 @@ async def save_checkpoint(processes: Processes, run_dir: RunDir, step: int, data
 
 def record_recoveries(processes: Processes, run_dir: RunDir, step: int) -> list[dict[str, Any]]:
     """The recoveries since the last call (trainer ranks, rollout workers), written to
-    ``recoveries.jsonl`` (``step``: the step in progress), with ``roles.json`` kept current; their
+    ``recoveries.jsonl`` (``step``: the step in progress), with ``placement.json`` kept current; their
     rows, for the metrics."""
     rows = processes.training.take_recoveries() + processes.rollouts.take_recoveries()
     for row in rows:
@@ -86,7 +84,7 @@ def record_recoveries(processes: Processes, run_dir: RunDir, step: int) -> list[
         elif row.get("worker"):  # so does a replaced rollout worker
             processes.placement["rollout_workers"][row["index"]] = row["worker"]
     if rows:
-        run_dir.write_roles(processes.placement)
+        run_dir.write_placement(processes.placement)
     return rows
 
 

@@ -139,7 +139,7 @@ async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, processes:
     prepared.recovered = controller_restart(prepared.start, lost)
     for row in prepared.recovered:
         run_dir.append_recovery({"step": prepared.start + 1, **row})
-    run_dir.write_roles(processes.placement)
+    run_dir.write_placement(processes.placement)
     save_model_files(processes.model_dir, run_dir.checkpoints / HF_FILES)
     return prepared
 

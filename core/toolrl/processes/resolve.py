@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from toolrl.agent_roles import check_engine_serves, trained_roles
 from toolrl.algorithms.rules import check_algorithm, with_critic
+from toolrl.algorithms.turns import TURN_STATES
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data import check_data_files
 from toolrl.data.recorded import load_groups
@@ -37,7 +38,7 @@ class RunPlan:
     """What the run check decides once and the processes act on, carried to them (a trainer rank or a rollout
     worker may be a Ray actor: plain, picklable values). ``sync``: what a weight sync sends (the trainer
     ranks send it; an engine that loads its own model takes the run's adapters first); ``state_keys``:
-    whether sessions are asked for their turns' state keys (the advantage estimator reads them: gigpo)."""
+    whether sessions are asked for their turns' state keys (the advantage estimator reads them, ``reads``: gigpo)."""
 
     sync: SyncPlan = SyncPlan()
     state_keys: bool = False
@@ -69,7 +70,7 @@ def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None,
     else:
         sync = SyncPlan(adapters=(config.model.lora is not None or adapters is not None) and engine_cls.loads_adapters,
                         delta=delta)
-    return RunPlan(sync, state_keys=getattr(estimator, "needs_turns", False))
+    return RunPlan(sync, state_keys=TURN_STATES in estimator.reads)
 
 
 @dataclass(frozen=True)

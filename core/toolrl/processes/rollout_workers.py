@@ -4,8 +4,8 @@ Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, th
 (:func:`toolrl.processes.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
 its own copy of the model, never the training model) and runs the async agent loop on the groups it
 is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.processes.RolloutGroup`)
-places one worker per node where the cluster has several (a ``SPREAD`` placement group:
-:mod:`toolrl.processes.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
+runs groups and sends weights on the workers its :class:`WorkerSlots` keep up, one worker per node where the
+cluster has several (a ``SPREAD`` placement group: :mod:`toolrl.processes.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
 into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
 one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
 A worker that dies is replaced in its bundle, in the background, and its groups run again on a live
@@ -34,7 +34,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -254,8 +254,11 @@ class _IdleWorkers:
         self.start(slot).add_done_callback(up)
 
 
-class RolloutWorkerPool:
-    """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process.
+class WorkerSlots:
+    """The pool's workers on a Ray cluster, one per slot of a ``SPREAD`` placement group: each started,
+    brought up (with the trainer's current weights, from a live peer that holds them or from the trainer),
+    replaced in its slot when it dies (``max_attempts`` times in a row at most), and each replacement that
+    comes up recorded for ``recoveries.jsonl``. Iterating gives the slots in index order.
 
     ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
     ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
@@ -263,24 +266,18 @@ class RolloutWorkerPool:
     run check decided for the processes (each worker decides it at setup without one).
     """
 
-    def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
-                 num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
-                 setup_timeout_s: float = 900.0, max_attempts: int = 3, plan: RunPlan | None = None) -> None:
+    def __init__(self, config: Config, num_workers: int, address: str | None, num_cpus_per_worker: float,
+                 num_gpus_per_worker: float, setup_timeout_s: float, max_attempts: int, plan: RunPlan | None) -> None:
         import ray
 
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         self.config = config
         self.setup_timeout_s = setup_timeout_s
         self.max_attempts = max_attempts
-        # one_step_off: the trainer trains while a batch generates (see run).
-        self.trains_beside_batches = config.trainer.async_schedule == "one_step_off"
         self.restarts = 0  # workers replaced after dying
-        self.rerun_groups = 0  # groups run again because their worker died mid-step
         self.recoveries: list[dict[str, Any]] = []  # replacements that came up, not yet taken by the controller
         self._payload = config.model_dump()
         self._plan = plan  # the run check's, for every worker (a replacement's too)
-        self._weights: Any = None  # ObjectRef of the last broadcast state dict
+        self.weights: Any = None  # ObjectRef of the last broadcast state dict: a new worker loads it at setup
         self.weight_version = 0  # the version of the weights last sent to the workers
         # The trainer group, when training: a worker that comes up after a weight sync began (a
         # replacement) is sent its current weights, labelled weight_version, before it runs anything.
@@ -300,16 +297,24 @@ class RolloutWorkerPool:
             self._shutdown()
             raise
 
-    # ----------------------------------------------------------------- workers
+    def __iter__(self) -> Iterator[_Slot]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def up(self) -> list[_Slot]:
+        """The slots whose worker is up."""
+        return [s for s in self._slots if s.info is not None]
 
     def _spawn(self, index: int) -> _Slot:
         import ray
 
         assert self._placement is not None
         actor: Any = ray.remote(RolloutWorker).options(**self._placement.options(index)).remote(self._payload, self._plan)
-        return _Slot(index, actor, actor.setup.remote(self._weights, self.weight_version))
+        return _Slot(index, actor, actor.setup.remote(self.weights, self.weight_version))
 
-    def _replace(self, slot: _Slot, dead: Any, during: str) -> None:
+    def replace(self, slot: _Slot, dead: Any, during: str) -> None:
         """Start a new actor in ``slot`` unless that already happened for this dead actor (``during``:
         what it was found dead in, for the record)."""
         import ray
@@ -345,12 +350,12 @@ class RolloutWorkerPool:
                 raise ActorDied(actor, f"rollout worker {slot.index} died while receiving weights")
             slot.info, slot.needs_weights = info, False
             self._record_recovery(slot, peer or (f"trainer weights (version {self.weight_version})" if pushed
-                                  else "the latest broadcast" if self._weights is not None else "initial weights"))
+                                  else "the latest broadcast" if self.weights is not None else "initial weights"))
             return info
 
         if slot.info is not None:
             return slot.info
-        return await retry(attempt, self.max_attempts, lambda died: self._replace(slot, died.actor, "setup"))
+        return await retry(attempt, self.max_attempts, lambda died: self.replace(slot, died.actor, "setup"))
 
     async def _weights_from_peer(self, slot: _Slot, actor: Any) -> str | None:
         """A new worker's weights from a live peer over the trainer's weight transport, when a peer
@@ -402,7 +407,7 @@ class RolloutWorkerPool:
         taken, self.recoveries = self.recoveries, []
         return taken
 
-    def _start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
+    def start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
         """The one :meth:`_ensure` of ``slot`` on this event loop: a replacement comes up once, however
         many calls wait for it. A start that failed stays failed (it ends every call that needs it)."""
         loop = asyncio.get_running_loop()
@@ -412,11 +417,11 @@ class RolloutWorkerPool:
             task = self._starts[slot.index] = loop.create_task(self._ensure(slot))
         return task
 
-    async def _least_loaded(self) -> _Slot:
+    async def least_loaded(self) -> _Slot:
         """The live worker with the fewest groups in flight (ties: the lowest index); starts the
         slots that are down and, when none is up, waits for the first to come up."""
         while True:
-            starting = [self._start_task(s) for s in self._slots if s.info is None]
+            starting = [self.start_task(s) for s in self._slots if s.info is None]
             for task in starting:
                 if task.done():
                     task.result()  # a worker that cannot come up ends the call
@@ -424,6 +429,94 @@ class RolloutWorkerPool:
             if up:
                 return min(up, key=lambda s: (s.inflight, s.index))
             await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
+        return list(await asyncio.gather(*(self.start_task(s) for s in self._slots)))
+
+    async def each(self, slots: Sequence[_Slot], call: Callable[[Any], Any]) -> None:
+        """``call(actor)`` (a remote call) on every slot's worker at once; a dead one is replaced (its
+        replacement's setup reads the latest broadcast and version)."""
+        calls = [(s, s.actor) for s in slots]
+        outcomes = await asyncio.gather(*(result(call(actor), actor) for _, actor in calls), return_exceptions=True)
+        for (slot, actor), outcome in zip(calls, outcomes, strict=True):
+            if isinstance(outcome, ActorDied):
+                self.replace(slot, actor, "a weight update")
+            elif isinstance(outcome, BaseException):
+                raise outcome
+
+    async def close(self) -> None:
+        """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        closing = [result(s.actor.close.remote(), s.actor) for s in self._slots]
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(30):
+                await asyncio.gather(*closing, return_exceptions=True)
+        for slot in self._slots:
+            with contextlib.suppress(Exception):
+                ray.kill(slot.actor, no_restart=True)
+        self.weights = None
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        import ray
+
+        if self._placement is not None:
+            with contextlib.suppress(Exception):
+                self._placement.remove()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+class RolloutWorkerPool:
+    """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process: the
+    workers themselves, started and replaced, are its ``slots`` (:class:`WorkerSlots`: ``address`` and
+    ``plan`` as there, and the weights a worker that comes up gets: ``weight_version``, ``weights_from``);
+    here, what runs on them (a batch's shares, streamed groups) and the weights sent to them."""
+
+    def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
+                 num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
+                 setup_timeout_s: float = 900.0, max_attempts: int = 3, plan: RunPlan | None = None) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.max_attempts = max_attempts
+        # one_step_off: the trainer trains while a batch generates (see run).
+        self.trains_beside_batches = config.trainer.async_schedule == "one_step_off"
+        self.rerun_groups = 0  # groups run again because their worker died mid-step
+        self.slots = WorkerSlots(config, num_workers, address, num_cpus_per_worker, num_gpus_per_worker,
+                                 setup_timeout_s, max_attempts, plan)
+
+    # ----------------------------------------------------------------- the rollout group
+
+    @property
+    def generating(self) -> RolloutWorkerPool:
+        return self
+
+    @property
+    def workers(self) -> list[Any]:
+        """The current actor handles, one per slot."""
+        return [s.actor for s in self.slots]
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
+        return await self.slots.start()
+
+    async def ready(self) -> None:
+        """Every worker up; a replacement starting now gets the trainer's weights before it counts."""
+        await self.slots.start()
+
+    async def check_trainable(self) -> str | None:
+        """None when every worker's engine can be trained on, else the first reason given."""
+        reasons = await asyncio.gather(*(result(w.check_trainable.remote(), w) for w in self.workers))
+        return next((r for r in reasons if r is not None), None)
+
+    def take_recoveries(self) -> list[dict[str, Any]]:
+        """The replacements that came up since the last call, one row each for ``recoveries.jsonl``
+        (``worker``: where the replacement runs)."""
+        return self.slots.take_recoveries()
 
     @staticmethod
     async def _call(ref: Any, actor: Any) -> Any:
@@ -436,41 +529,6 @@ class RolloutWorkerPool:
             with contextlib.suppress(Exception):
                 ray.cancel(ref)
             raise
-
-    async def _each(self, slots: Sequence[_Slot], call: Callable[[Any], Any]) -> None:
-        """``call(actor)`` (a remote call) on every slot's worker at once; a dead one is replaced (its
-        replacement's setup reads the latest broadcast and version)."""
-        calls = [(s, s.actor) for s in slots]
-        outcomes = await asyncio.gather(*(result(call(actor), actor) for _, actor in calls), return_exceptions=True)
-        for (slot, actor), outcome in zip(calls, outcomes, strict=True):
-            if isinstance(outcome, ActorDied):
-                self._replace(slot, actor, "a weight update")
-            elif isinstance(outcome, BaseException):
-                raise outcome
-
-    # ----------------------------------------------------------------- the rollout group
-
-    @property
-    def generating(self) -> RolloutWorkerPool:
-        return self
-
-    @property
-    def workers(self) -> list[Any]:
-        """The current actor handles, one per slot."""
-        return [s.actor for s in self._slots]
-
-    async def start(self) -> list[dict[str, Any]]:
-        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
-        return list(await asyncio.gather(*(self._start_task(s) for s in self._slots)))
-
-    async def ready(self) -> None:
-        """Every worker up; a replacement starting now gets the trainer's weights before it counts."""
-        await self.start()
-
-    async def check_trainable(self) -> str | None:
-        """None when every worker's engine can be trained on, else the first reason given."""
-        reasons = await asyncio.gather(*(result(w.check_trainable.remote(), w) for w in self.workers))
-        return next((r for r in reasons if r is not None), None)
 
     async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         """The ``n`` trajectories of group ``group`` (what ``run_rollouts`` gives that group in a batch
@@ -485,7 +543,7 @@ class RolloutWorkerPool:
 
         async def attempt() -> list[Trajectory]:
             nonlocal slot
-            slot = await self._least_loaded()
+            slot = await self.slots.least_loaded()
             slot.inflight += 1
             try:
                 ref = slot.actor.run_group.remote(payload, group, n, seed, id_prefix)
@@ -495,7 +553,7 @@ class RolloutWorkerPool:
 
         def died(exc: ActorDied) -> None:
             assert slot is not None
-            self._replace(slot, exc.actor, f"group {group}")
+            self.slots.replace(slot, exc.actor, f"group {group}")
             self.rerun_groups += 1
 
         return await retry(attempt, self.max_attempts, died)
@@ -512,9 +570,9 @@ class RolloutWorkerPool:
         weights than the batch's: it takes no share while a worker the batch started on lives.
         """
         payload = [s.model_dump() for s in samples]
-        shares = [s for s in _split(len(samples), len(self._slots)) if s]
+        shares = [s for s in _split(len(samples), len(self.slots)) if s]
         results: dict[int, list[Trajectory]] = {}
-        idle = _IdleWorkers(len(self._slots), self._start_task, exact=self.trains_beside_batches)
+        idle = _IdleWorkers(len(self.slots), self.slots.start_task, exact=self.trains_beside_batches)
 
         async def run_share(share: int) -> None:
             groups = shares[share]
@@ -529,7 +587,7 @@ class RolloutWorkerPool:
 
             def died(exc: ActorDied) -> None:
                 assert slot is not None
-                self._replace(slot, exc.actor, f"a share of {len(groups)} groups")
+                self.slots.replace(slot, exc.actor, f"a share of {len(groups)} groups")
                 self.rerun_groups += len(groups)
                 idle.dead(slot)
 
@@ -537,8 +595,8 @@ class RolloutWorkerPool:
 
         runs: list[asyncio.Future[None]] = []
         try:
-            await self.start()
-            for slot in self._slots:
+            await self.slots.start()
+            for slot in self.slots:
                 idle.queue.put_nowait(slot)
             runs = [asyncio.ensure_future(run_share(i)) for i in range(len(shares))]
             while not all(r.done() for r in runs):
@@ -563,23 +621,22 @@ class RolloutWorkerPool:
         """The workers that are up, for the trainer to send weights ``version`` to (also while they
         generate). ``version`` is recorded first: the workers not up yet get these weights, so
         labelled, once they are up and before they run anything."""
-        self.weight_version = version
-        for slot in self._slots:
+        self.slots.weight_version = version
+        for slot in self.slots:
             slot.needs_weights = slot.needs_weights or slot.info is None
-        return [s.actor for s in self._slots if s.info is not None]
+        return [s.actor for s in self.slots.up()]
 
     def replace(self, dead: Sequence[Any]) -> None:
         """Replace the workers ``dead`` (handles found dead by a weight push); each replacement gets the
         trainer's weights once up."""
-        for slot in self._slots:
+        for slot in self.slots:
             if any(slot.actor is d for d in dead):
-                self._replace(slot, slot.actor, f"weight push {self.weight_version}")
+                self.slots.replace(slot, slot.actor, f"weight push {self.slots.weight_version}")
 
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
-        self.weight_version = version
-        await self._each([s for s in self._slots if s.info is not None],
-                         lambda actor: actor.set_weight_version.remote(version))
+        self.slots.weight_version = version
+        await self.slots.each(self.slots.up(), lambda actor: actor.set_weight_version.remote(version))
 
     async def broadcast(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Send weights to every worker: one copy in the object store, read by each; ``version``
@@ -587,36 +644,15 @@ class RolloutWorkerPool:
         broadcast during their setup."""
         import ray
 
-        self._weights = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
+        self.slots.weights = ray.put({k: v.detach().to("cpu") for k, v in state_dict.items()})
         if version is not None:
-            self.weight_version = version
-        await self.start()
-        await self._each(list(self._slots), lambda actor: actor.update_weights.remote(self._weights, version))
+            self.slots.weight_version = version
+        await self.slots.start()
+        await self.slots.each(list(self.slots), lambda actor: actor.update_weights.remote(self.slots.weights, version))
 
     async def close(self) -> None:
         """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
-        import ray
-
-        if not ray.is_initialized():
-            return
-        closing = [result(s.actor.close.remote(), s.actor) for s in self._slots]
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(30):
-                await asyncio.gather(*closing, return_exceptions=True)
-        for slot in self._slots:
-            with contextlib.suppress(Exception):
-                ray.kill(slot.actor, no_restart=True)
-        self._weights = None
-        self._shutdown()
-
-    def _shutdown(self) -> None:
-        import ray
-
-        if self._placement is not None:
-            with contextlib.suppress(Exception):
-                self._placement.remove()
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        await self.slots.close()
 
 
 def init_ray(address: str, cpus_needed: float, **options: Any) -> None:

@@ -57,15 +57,16 @@ class Processes:
                 ray.shutdown()
 
 
-async def start_processes(run: ResolvedRun | Config, train: bool = True, inputs: ModelInputs | None = None) -> Processes:
+async def start_processes(source: ResolvedRun | Config, train: bool = True,
+                          inputs: ModelInputs | None = None) -> Processes:
     """Build each process where it runs, from a resolved run (a bare config is resolved here first) and
     the model's inputs checked before any model loads (checked here when not given).
     Without Ray: one process, the engine sharing the trainer's module (a run that does not train
     builds no trainer: the engine loads what it needs). With Ray: this process builds
     no model and no engine; the trainer ranks and the rollout workers compose their own parts in
     their own processes."""
-    if not isinstance(run, ResolvedRun):
-        run = resolve_run(run, "train" if train else "rollout")
+    run: ResolvedRun = (source if isinstance(source, ResolvedRun)
+                        else resolve_run(source, "train" if train else "rollout"))
     config = run.config
     if inputs is None:
         inputs = check_model_inputs(config, run.parts, run.model_dir, run.prompts)
@@ -98,7 +99,7 @@ async def start_processes(run: ResolvedRun | Config, train: bool = True, inputs:
         starts = [pool.start()]
         if train:
             trainer = RayTrainerGroup(config, run.plan)
-            processes.trainer = pool.weights_from = trainer  # a replacement worker's first weights come from it
+            processes.trainer = pool.slots.weights_from = trainer  # a replacement worker's first weights come from it
             starts.append(trainer.start())
         placed = await asyncio.gather(*starts)
         processes.placement = {"rollout_workers": placed[0], **({"trainer": placed[1]} if train else {})}

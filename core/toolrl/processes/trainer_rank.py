@@ -20,6 +20,7 @@ from typing import Any
 
 from toolrl import model_sources
 from toolrl.agent_roles import frozen_roles
+from toolrl.algorithms import VALUES
 from toolrl.config import Config, ConfigError, one_line
 from toolrl.model_sources import model_path
 from toolrl.processes import rank_state
@@ -153,10 +154,11 @@ class TrainerRank:
                               world_size=self.world_size, estimator=self.estimator, loss=self.loss,
                               processor=self.processor, sp=self.sp, adapters=tuple(cfg.model.adapters or ()),
                               frozen=frozen_roles(cfg))
-        values = None if self.critic is None else self.critic.values(trajectories)
-        out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, values=values)
+        # The fields the run gives beside its parts': the critic's values, for the estimator that reads them.
+        given = {} if self.critic is None else {VALUES: self.critic.values(trajectories)}
+        out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, fields=given)
         if self.critic is not None:
-            out.update(self._update_critic(trajectories, values))
+            out.update(self._update_critic(trajectories, given))
         if self.world_size > 1:
             out = _group_metrics(out)
         self.model.eval()
@@ -166,14 +168,14 @@ class TrainerRank:
         out["trainer_state_mb"] = state / 2**20
         return out
 
-    def _update_critic(self, trajectories: Sequence[Trajectory], values: Any) -> dict[str, float]:
+    def _update_critic(self, trajectories: Sequence[Trajectory], given: dict[str, Any]) -> dict[str, float]:
         """The critic regressed on the estimator's targets for the values it gave before the step."""
         from toolrl.training.step import advantage_inputs
 
         cfg = self.config
-        inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, values)
+        inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, given)
         returns = self.estimator.value_targets(inputs)
-        return self.critic.update(trajectories, values, returns, inputs.response_mask)
+        return self.critic.update(trajectories, given[VALUES], returns, inputs.response_mask)
 
     # ----------------------------------------------------------------- weights out
 

@@ -223,10 +223,10 @@ async def user_turn(ep: Episode, gen: Generation) -> Termination | None:
 async def execute(ep: Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     """Run the calls concurrently; calls over the per-turn limit are reported, not dropped."""
     limit, traj = ep.ctx.config.max_parallel_calls, ep.traj
-    run, over = calls[:limit], calls[limit:]
-    opened = [branch_of(ep, c) for c in run]  # fold's branch calls are the loop's, run after the tools'
+    taken, over = calls[:limit], calls[limit:]
+    opened = [branch_of(ep, c) for c in taken]  # fold's branch calls are the loop's, run after the tools'
     t0 = time.perf_counter()
-    called = iter(await asyncio.gather(*(ep.toolset.call(c) for c, o in zip(run, opened) if o is None)))
+    called = iter(await asyncio.gather(*(ep.toolset.call(c) for c, o in zip(taken, opened) if o is None)))
     traj.tool_s += time.perf_counter() - t0
     results = []
     for o in opened:

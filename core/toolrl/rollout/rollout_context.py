@@ -46,8 +46,8 @@ class RolloutContext:
     renderer_factory: Callable[[Sequence[dict[str, Any]]], ChatRenderer]  # by tool schemas; cached per tool set
     config: RolloutConfig
     routes: dict[str | None, Route]
-    # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator
-    # (``needs_turns``, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
+    # Ask each session for every turn's state key (toolrl.rollout.turns): only a turn-level estimator (one
+    # whose ``reads`` hold them, e.g. gigpo) reads them; False: the observation's key stands in, no session call.
     state_keys: bool = True
     # The run's roles (Config.roles): the model names the gateway serves, the roles a session may give its
     # turns; empty: a run with no roles. ``adapters``: model.adapters, each role sampled with its adapter.

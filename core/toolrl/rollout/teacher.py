@@ -1,6 +1,6 @@
 """The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): engines that score the
 student's sampled tokens and are never trained. A teacher is any registered engine whose
-``prompt_logprobs`` scores given tokens, checked and built as the run's engine is (:func:`teacher_run`:
+``prompt_logprobs`` scores given tokens, checked and built as the run's engine is (:func:`teacher_config`:
 ``algorithm.teacher.N`` in place of the run's ``engine`` and ``model``). :meth:`Teachers.score` gives a
 group's trajectories their route's teacher's log-probs, each trajectory's prompt and response scored
 as one sequence, only the tokens the student sampled (``response_mask`` 1) getting one (0.0 elsewhere);
@@ -45,14 +45,14 @@ Scores = tuple[list[float], list[list[tuple[int, float]]]]
 PROBE = "Probe 4419: the teacher scores this."
 
 
-def teacher_run(config: Config, teacher: TeacherConfig) -> Config:
+def teacher_config(config: Config, teacher: TeacherConfig) -> Config:
     """The run as its teacher's engine sees it: the teacher's model and engine in place of the run's
     (``options`` as ``engine.options``, ``batch_size`` as ``engine.max_batch_size``), read from no file (its
     errors name the fields as the run's, after the teacher's place)."""
-    run = config.model_copy(update={"model": teacher.model, "engine": EngineConfig(
+    as_teacher = config.model_copy(update={"model": teacher.model, "engine": EngineConfig(
         name=teacher.engine, max_batch_size=teacher.batch_size, options=teacher.options)})
-    run._origin = (None, "", ())
-    return run
+    as_teacher._origin = (None, "", ())
+    return as_teacher
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:
@@ -107,16 +107,16 @@ def check_teachers(facts: RunFacts, top: int) -> list[str]:
 
 def check_teacher(facts: RunFacts, teacher: TeacherConfig, where: str, top: int) -> list[str]:
     """One teacher: an engine that scores given tokens, its options and its own run check on the
-    teacher's model (:func:`teacher_run`), its tokenizer loads; another tokenizer than the student's must
+    teacher's model (:func:`teacher_config`), its tokenizer loads; another tokenizer than the student's must
     have a template that ends a turn with a special token (the student's end of turn is scored as it),
     fast offsets, and no ``top``. Warns of what the alignment approximates."""
-    run = teacher_run(facts.config, teacher)
+    as_teacher = teacher_config(facts.config, teacher)
     cls = lookup_part("rollout_engines", teacher.engine, f"{where}.engine")
     if getattr(cls, "prompt_logprobs", None) is RolloutEngine.prompt_logprobs:
         raise ConfigError(f"{where}.engine: the {teacher.engine} engine does not score given tokens "
                           "(RolloutEngine.prompt_logprobs), which is what a teacher does")
     try:
-        path = model_sources.model_path(run)
+        path = model_sources.model_path(as_teacher)
         tokenizer = model_sources.load_tokenizer(path)
     except ConfigError as exc:
         raise ConfigError(f"{where}.{exc}") from None
@@ -124,8 +124,9 @@ def check_teacher(facts: RunFacts, teacher: TeacherConfig, where: str, top: int)
         raise ConfigError(f"{where}.model: its tokenizer does not load: {one_line(str(exc))}") from None
     read = model_sources.model_config(path)
     try:
-        checked_options(cls, engine_options(run), "engine.options")
-        warnings = list(cls.check_run(RunFacts(run, path, read, model_sources.text_config(read), tokenizer, None)))
+        checked_options(cls, engine_options(as_teacher), "engine.options")
+        teacher_facts = RunFacts(as_teacher, path, read, model_sources.text_config(read), tokenizer, None)
+        warnings = list(cls.check_run(teacher_facts))
     except (ConfigError, ValueError) as exc:
         raise ConfigError(f"{where}: {one_line(str(exc))}") from None
     if same_tokenizer(tokenizer, facts.tokenizer):
@@ -226,18 +227,18 @@ class Teacher:
                 continue
             ids += self._encode(self.student.decode(context, clean_up_tokenization_spaces=False))
             context = []
-            run: list[int] = []
+            sampled: list[int] = []
             for k, token in enumerate([*chunk, None]):
                 if token is not None and token not in special:
-                    run.append(token)
+                    sampled.append(token)
                     continue
-                if run:  # the text the student sampled, encoded by the teacher
-                    text, ends = char_ends(self.student, run)
+                if sampled:  # the text the student sampled, encoded by the teacher
+                    text, ends = char_ends(self.student, sampled)
                     enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-                    scored.append((piece.start + k - len(run), list(range(len(ids), len(ids) + len(enc["input_ids"]))),
+                    scored.append((piece.start + k - len(sampled), list(range(len(ids), len(ids) + len(enc["input_ids"]))),
                                    [tuple(span) for span in enc["offset_mapping"]], ends))
                     ids += enc["input_ids"]
-                    run = []
+                    sampled = []
                 if token is not None:  # the student's end of turn, scored as the teacher's
                     scored.append((piece.start + k, [len(ids)], [(0, 1)], [1]))
                     ids.append(self.end)
@@ -281,17 +282,17 @@ class Teachers:
 async def open_teachers(config: Config, student_tokenizer: Any, where: str, conversation: Conversation | None = None,
                         top: int = 0) -> Teachers:
     """``algorithm.teacher``'s engines, each built as the run's engine is (:func:`build_engine` on
-    :func:`teacher_run`) and asked to score a probe prompt (``top`` likeliest tokens a position): a
+    :func:`teacher_config`) and asked to score a probe prompt (``top`` likeliest tokens a position): a
     teacher that cannot (an engine that does not score given tokens, a server that does not answer or
     returns no prompt log-probs) is a one-line ConfigError naming it (``where.k``)."""
     teachers: list[Teacher] = []
     try:
         for k, config_k in enumerate(config.algorithm.teachers):
-            run, named = teacher_run(config, config_k), f"{where}.{k} (engine {config_k.engine})"
-            path = model_sources.model_path(run)
+            as_teacher, named = teacher_config(config, config_k), f"{where}.{k} (engine {config_k.engine})"
+            path = model_sources.model_path(as_teacher)
             tokenizer = model_sources.load_tokenizer(path)
             try:
-                teachers.append(Teacher(build_engine(run, path, tokenizer), tokenizer, student_tokenizer))
+                teachers.append(Teacher(build_engine(as_teacher, path, tokenizer), tokenizer, student_tokenizer))
             except ConfigError as exc:
                 raise ConfigError(f"{named}: {exc}") from None
             await _probe(teachers[-1], named, top)

@@ -48,7 +48,7 @@ async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
     tid = line_id(traj.key, path)
     session = await ep.session.clone(tid)
     tools = {name: SessionTool(session, tool.tool_schema.model_dump(exclude_none=True))
-             if isinstance(tool, SessionTool) and tool.run is ep.session else tool
+             if isinstance(tool, SessionTool) and tool.session_run is ep.session else tool
              for name, tool in ep.toolset.tools.items()}
     twin = traj.model_copy(deep=True, update={"trajectory_id": tid, "split_point": len(traj.response_ids),
                                               "trajectory_key": tid if traj.trajectory_key else ""})

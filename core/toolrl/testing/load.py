@@ -102,18 +102,19 @@ class SessionDriver:
         after_startup()  # as a rollout process once its routes are built
 
     async def open(self, i: int) -> tuple[SessionRun, list[dict[str, Any]]]:
-        run = SessionRun(self.kind, f"t{i}")
-        reset = await run.reset(self.samples[i % len(self.samples)])
-        if run.error is not None:
-            raise (InfrastructureError if run.infrastructure else RuntimeError)(run.error)
+        session_run = SessionRun(self.kind, f"t{i}")
+        reset = await session_run.reset(self.samples[i % len(self.samples)])
+        if session_run.error is not None:
+            raise (InfrastructureError if session_run.infrastructure else RuntimeError)(session_run.error)
         schemas = [t.schema if isinstance(t, Tool) else t for t in reset.tools]
         if not schemas:
             raise RuntimeError(f"session {self.kind.name!r} hands out no tools to call")
-        return run, schemas
+        return session_run, schemas
 
     async def step(self, handle: tuple[SessionRun, list[dict[str, Any]]], i: int) -> bool:
-        run, schemas = handle
-        result = await run.step(self.policy(schemas, i))  # a session's failure raises (masked when infrastructure)
+        session_run, schemas = handle
+        # A session's failure raises (masked when infrastructure).
+        result = await session_run.step(self.policy(schemas, i))
         return not result.done
 
     async def close(self, handle: tuple[SessionRun, list[dict[str, Any]]]) -> None:

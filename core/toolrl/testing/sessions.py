@@ -71,21 +71,21 @@ async def prepared_session_kind(name: str, options: Mapping[str, Any] | None = N
 async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str = "kit-0") -> PlayedSession:
     """One trajectory's session driven as the rollout loop drives it; every call must end within
     the session's deadline (plus a second for the guard), or AssertionError."""
-    run = SessionRun(kind, trajectory_id)
+    session_run = SessionRun(kind, trajectory_id)
     traj = Trajectory(trajectory_id=trajectory_id, sample_index=0, group=0, prompt_ids=[],
                       ground_truth=play.sample.ground_truth)
     try:
-        reset = await _within(run, "reset", run.reset(play.sample))
+        reset = await _within(session_run, "reset", session_run.reset(play.sample))
         played = PlayedSession(tools=[t.name if isinstance(t, Tool) else t["function"]["name"] for t in reset.tools])
-        if run.error is not None:
-            played.errors.append(run.error)
+        if session_run.error is not None:
+            played.errors.append(session_run.error)
             return played
         for call in play.calls:
             if played.done:
                 break
             assert call.name in played.tools, f"the play calls {call.name!r}, which reset did not hand out"
             try:
-                result = await _within(run, f"step {call.name}", run.step(call))
+                result = await _within(session_run, f"step {call.name}", session_run.step(call))
             except AssertionError:
                 raise
             except Exception as exc:  # what the tool driver makes an error result
@@ -96,21 +96,21 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
             response = ToolResponse(text=result.response) if isinstance(result.response, str) else result.response
             played.responses.append(response.text)
             played.failed_steps += response.is_error
-            played.done = run.done
+            played.done = session_run.done
             traj.tool_results.append(_result(call, response, "error" if response.is_error else "ok"))
         for answer in play.answers:
             try:
-                played.user_turns.append(await _within(run, "respond", run.respond(answer)))
+                played.user_turns.append(await _within(session_run, "respond", session_run.respond(answer)))
             except SessionError as exc:
                 played.errors.append(str(exc))
         _record(traj, play, played)
-        played.terms = await _within(run, "score and close", run.finish(traj))
+        played.terms = await _within(session_run, "score and close", session_run.finish(traj))
         played.errors += list(traj.reward_errors.values())
         for name, value in played.terms.items():
             assert math.isfinite(value), f"reward term {name!r} is {value}"
         return played
     finally:
-        await _within(run, "close", run.close())
+        await _within(session_run, "close", session_run.close())
 
 
 def _result(call: ToolCall, response: ToolResponse, status: str) -> ToolResult:
@@ -126,13 +126,13 @@ def _record(traj: Trajectory, play: SessionPlay, played: PlayedSession) -> None:
     traj.termination = "done" if played.done else "answered"
 
 
-async def _within(run: SessionRun, what: str, awaitable: Awaitable[Any]) -> Any:
+async def _within(session_run: SessionRun, what: str, awaitable: Awaitable[Any]) -> Any:
     start = time.monotonic()
     try:
-        async with asyncio.timeout(run.timeout + 1.0):
+        async with asyncio.timeout(session_run.timeout + 1.0):
             return await awaitable
     except TimeoutError:
-        raise AssertionError(f"session {run.name!r} {what} ran past its {run.timeout:g} s deadline "
+        raise AssertionError(f"session {session_run.name!r} {what} ran past its {session_run.timeout:g} s deadline "
                              f"({time.monotonic() - start:.1f} s)") from None
 
 

@@ -267,7 +267,7 @@ class Tool:
         every failure becomes an error response the model can read."""
         start = time.perf_counter()
         args = arguments if isinstance(arguments, dict) else {}
-        run = Guarded()
+        outcome = Guarded()
 
         def result(response: ToolResponse, status: str, step_reward: float = 0.0, metrics=None) -> ToolResult:
             return ToolResult(
@@ -278,24 +278,24 @@ class Tool:
                 metrics=metrics or {},
                 status=status,  # type: ignore[arg-type]
                 latency_s=time.perf_counter() - start,
-                loop_blocked_s=run.blocked_s,
+                loop_blocked_s=outcome.blocked_s,
             )
 
         problem = self.validate_arguments(arguments)
         if problem is not None:
             return result(ToolResponse.error(f"Error: invalid arguments for tool '{self.name}': {problem}"),
                           "invalid_arguments")
-        run = await run_guarded(f"tool {self.name!r} execute", self.execute, (instance_id, args), execute_kwargs,
+        outcome = await run_guarded(f"tool {self.name!r} execute", self.execute, (instance_id, args), execute_kwargs,
                                 self.timeout)
-        if run.timed_out:
-            held = f" (it held the event loop for {run.blocked_s:.1f} s)" if run.blocked_s else ""
+        if outcome.timed_out:
+            held = f" (it held the event loop for {outcome.blocked_s:.1f} s)" if outcome.blocked_s else ""
             return result(ToolResponse.error(f"Error: tool '{self.name}' timed out after {self.timeout:g} s{held}"),
                           "timeout")
-        if run.error is not None:
-            return result(ToolResponse.error(f"Error executing tool '{self.name}': {run.error}"),
-                          "infra_error" if run.infrastructure else "error")
+        if outcome.error is not None:
+            return result(ToolResponse.error(f"Error executing tool '{self.name}': {outcome.error}"),
+                          "infra_error" if outcome.infrastructure else "error")
         try:
-            response, step_reward, metrics = coerce_execute_result(run.value)
+            response, step_reward, metrics = coerce_execute_result(outcome.value)
         except ToolReturnError as exc:
             return result(ToolResponse.error(f"Error: tool '{self.name}' returned an invalid result: {exc}"), "error")
         return result(response, "error" if response.is_error else "ok", step_reward, metrics)
@@ -340,28 +340,28 @@ class ToolSet:
 
     async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> Guarded:
         tool = self.tools[name]
-        run = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
+        outcome = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
                                 self.lifecycle_timeout)
-        self.loop_blocked_s += run.blocked_s
-        if run.infrastructure and self.infrastructure is None:
-            self.infrastructure = f"tool {name!r} {method}: {run.error}"
-        return run
+        self.loop_blocked_s += outcome.blocked_s
+        if outcome.infrastructure and self.infrastructure is None:
+            self.infrastructure = f"tool {name!r} {method}: {outcome.error}"
+        return outcome
 
     @staticmethod
-    def _failure(run: Guarded, timeout: float) -> str | None:
-        if run.timed_out:
+    def _failure(outcome: Guarded, timeout: float) -> str | None:
+        if outcome.timed_out:
             return f"timed out after {timeout:g} s"
-        return run.error
+        return outcome.error
 
     async def start(self) -> None:
         async def create(name: str) -> None:
-            run = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
+            outcome = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
                                     **self._kwargs(name).create_kwargs)
-            problem = self._failure(run, self.lifecycle_timeout)
-            if problem is None and not isinstance(run.value, str):
-                problem = f"create must return the instance id (a str), got {type(run.value).__name__}"
+            problem = self._failure(outcome, self.lifecycle_timeout)
+            if problem is None and not isinstance(outcome.value, str):
+                problem = f"create must return the instance id (a str), got {type(outcome.value).__name__}"
             if problem is None:
-                self.instances[name] = run.value
+                self.instances[name] = outcome.value
             else:
                 self.create_errors[name] = problem
 
@@ -380,10 +380,10 @@ class ToolSet:
             if not type(self.tools[name]).can_clone():
                 twin.create_errors[name] = "clone: the tool cannot clone its state (Tool.clone)"
                 return
-            run = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
-            problem = self._failure(run, self.lifecycle_timeout)
-            if problem is None and isinstance(run.value, str):
-                twin.instances[name] = run.value
+            outcome = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
+            problem = self._failure(outcome, self.lifecycle_timeout)
+            if problem is None and isinstance(outcome.value, str):
+                twin.instances[name] = outcome.value
             else:
                 twin.create_errors[name] = f"clone: {problem or 'clone must return the instance id (a str)'}"
         await asyncio.gather(*(clone(n, i) for n, i in self.instances.items()))
@@ -423,18 +423,18 @@ class ToolSet:
             kw = self._kwargs(name)
             reward: float | None = None
             try:
-                run = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
-                problem = self._failure(run, self.lifecycle_timeout)
-                if problem is None and run.value is not None:  # None: the tool gives no reward
+                outcome = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
+                problem = self._failure(outcome, self.lifecycle_timeout)
+                if problem is None and outcome.value is not None:  # None: the tool gives no reward
                     try:
-                        reward = self._reward(name, run.value)
+                        reward = self._reward(name, outcome.value)
                     except RewardValueError as exc:
                         problem = str(exc)
                 if problem is not None:
                     self.finish_errors[name] = f"calc_reward: {problem}"
             finally:
-                run = await self._stage(name, "release", iid, **kw.release_kwargs)
-                problem = self._failure(run, self.lifecycle_timeout)
+                outcome = await self._stage(name, "release", iid, **kw.release_kwargs)
+                problem = self._failure(outcome, self.lifecycle_timeout)
                 if problem is not None:
                     self.finish_errors[name] = "; ".join(
                         filter(None, [self.finish_errors.get(name), f"release: {problem}"]))

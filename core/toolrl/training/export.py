@@ -49,11 +49,11 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     if not (files / "config.json").is_file():
         raise ExportError(f"{files}: the model's config.json is missing")
     run_config = run_dir / "config.json"
-    run = json.loads(run_config.read_text()) if run_config.is_file() else {}
+    saved = json.loads(run_config.read_text()) if run_config.is_file() else {}
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if run.get("model", {}).get("adapters"):
-        config = Config.model_validate(run)
+    if saved.get("model", {}).get("adapters"):
+        config = Config.model_validate(saved)
         trained = _trained_policy(config, path)
         for role in config.model.adapters or {}:
             _plain_model(files, path, lora.engine_state_dict(trained, role)).save_pretrained(str(tmp / role))
@@ -61,8 +61,8 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
             lora.save_adapter(trained, tmp / role / "adapter", base_model=config.model.source, adapter=role)
     else:
         merged = None
-        if any(run.get("model", {}).get(key) for key in ("lora", "freeze_vision", "freeze_output_head")):
-            merged = lora.engine_state_dict(_trained_policy(Config.model_validate(run), path))
+        if any(saved.get("model", {}).get(key) for key in ("lora", "freeze_vision", "freeze_output_head")):
+            merged = lora.engine_state_dict(_trained_policy(Config.model_validate(saved), path))
         _plain_model(files, path, merged).save_pretrained(str(tmp))
         _copy_missing(files, tmp)
     if out_dir.exists():

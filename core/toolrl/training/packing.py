@@ -90,8 +90,9 @@ class PackedBatch:
     # None: the model's own weights (and model.lora's one adapter).
     adapter_ids: torch.Tensor | None = None
     # What the run's parts read of these rows beyond their tokens (toolrl.algorithms.AlgorithmPart.fields),
-    # (B, ...) each, over the (B, R) grid: CANDIDATE_IDS (B, R, K) among them are run through the LM head too.
-    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    # a tensor (B, ...) over the (B, R) grid or a tuple of B values (toolrl.algorithms.StepField):
+    # CANDIDATE_IDS (B, R, K) among them are run through the LM head too.
+    fields: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.response_mask.shape[0]

@@ -27,13 +27,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from toolrl.agent_roles import trains
+from toolrl.agent_roles import episode_keys, role_groups, role_reward, trains
 from toolrl.algorithms import (
     CANDIDATE_IDS,
     CANDIDATE_LOGPROBS,
@@ -42,13 +42,13 @@ from toolrl.algorithms import (
     AlgorithmPart,
     LossInputs,
     PolicyLoss,
+    StepField,
     build_estimator,
     build_loss,
 )
-from toolrl.algorithms.advantages import Grpo, episode_keys, role_groups, role_rewards
+from toolrl.algorithms.advantages import Grpo
 from toolrl.algorithms.correction import correction
 from toolrl.algorithms.overlong import shape_rewards
-from toolrl.algorithms.turns import turn_fields
 from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.training.expert_replay import ExpertReplay
 from toolrl.training.logprobs import token_logprobs
@@ -67,47 +67,57 @@ from toolrl.training.peakmem import PeakMemory
 from toolrl.training.sequence_parallel import SequenceParallel
 from toolrl.trajectory import Trajectory
 
-__all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch",
+__all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "field_rows",
            "group_advantages", "part_fields", "train_step", "policy_loss", "response_logprobs", "token_advantages"]
 
+Fields = Mapping[str, StepField]
 
-def part_fields(trajectories: Sequence[Trajectory], parts: Sequence[AlgorithmPart]) -> dict[str, torch.Tensor]:
+
+def part_fields(trajectories: Sequence[Trajectory], parts: Sequence[AlgorithmPart]) -> dict[str, StepField]:
     """What the parts read of the step beyond its own inputs (:meth:`toolrl.algorithms.AlgorithmPart.fields`),
     over its (B, R) response grid (R: the longest response)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     return {name: value for part in parts for name, value in part.fields(trajectories, width).items()}
 
 
+def field_rows(fields: Fields, rows: Sequence[int], width: int | None = None,
+               device: torch.device | None = None) -> dict[str, StepField]:
+    """Rows ``rows`` of each field, whatever it holds: a tensor's (the first ``width`` columns of its grid,
+    given one; on ``device``, given one), a tuple's items."""
+    def take(value: StepField) -> StepField:
+        if isinstance(value, tuple):
+            return tuple(value[i] for i in rows)
+        index = list(rows)
+        taken = value[index] if width is None or value.dim() < 2 else value[index, :width]
+        return taken if device is None else taken.to(device)
+    return {name: take(value) for name, value in fields.items()}
+
+
 def advantage_inputs(trajectories: Sequence[Trajectory], max_response_tokens: int, algo: AlgorithmConfig,
-                     values: torch.Tensor | None = None, turns: bool = False, trees: bool = False,
-                     fields: dict[str, torch.Tensor] | None = None) -> AdvantageInputs:
+                     fields: Fields | None = None) -> AdvantageInputs:
     """What an estimator reads of the step, over its (B, R) response grid (R: the longest response):
-    the rewards shaped by ``algorithm.overlong``, groups, response mask and the critic's ``values``;
-    with ``turns``, each row's turns (:func:`toolrl.algorithms.turns.turn_fields`); with ``trees``,
-    each row's tree (``Trajectory.tree_id``); ``fields``: what the parts read besides (:func:`part_fields`)."""
+    the rewards shaped by ``algorithm.overlong``, groups and response mask; ``fields``: what the parts
+    read besides (:func:`part_fields`, and what the run gives: the critic's values)."""
     width = max(1, max(len(t.response_ids) for t in trajectories))
     mask = torch.zeros((len(trajectories), width), dtype=torch.float32)
     for i, t in enumerate(trajectories):
         mask[i, :len(t.response_mask)] = torch.tensor(t.response_mask, dtype=torch.float32)
-    # Each role's reward and group in a run with roles (per-role baselines: toolrl.algorithms.advantages).
-    rewards = shape_rewards(role_rewards(trajectories), [len(t.response_ids) for t in trajectories],
+    # Each role's reward and group in a run with roles (per-role baselines: toolrl.agent_roles).
+    rewards = shape_rewards([role_reward(t) for t in trajectories], [len(t.response_ids) for t in trajectories],
                             max_response_tokens, algo.overlong)
     groups = torch.tensor(role_groups(trajectories), dtype=torch.long)
-    per_turn = turn_fields(trajectories, rewards, width) if turns else (None, None, None)
-    tree_ids = tuple(t.tree_id for t in trajectories) if trees else None
-    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, values, *per_turn, tree_ids,
-                           fields or {})
+    return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64), groups, mask, fields or {})
 
 
 def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEstimator,
-                     max_response_tokens: int, algo: AlgorithmConfig, values: torch.Tensor | None = None,
-                     fields: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+                     max_response_tokens: int, algo: AlgorithmConfig, fields: Fields | None = None) -> torch.Tensor:
     """The step's advantages, (B, R) over its response grid (:func:`advantage_inputs`). The pieces of a
     forked trajectory (:mod:`toolrl.renderers.rewrite`) share its key and reward: an outcome estimator sees
     the trajectory once (its group statistics count it once) and each piece gets its number; a per-token
     estimator runs over each piece as a sequence of its own. In a run with roles, once per role it acted
-    in, against that role's baseline in its group. ``fields``: :func:`part_fields` (None: the estimator's)."""
-    inputs = advantage_inputs(trajectories, max_response_tokens, algo, values, estimator.needs_turns, estimator.needs_trees,
+    in, against that role's baseline in its group. ``fields``: what it reads (None: the estimator's own,
+    :func:`part_fields`)."""
+    inputs = advantage_inputs(trajectories, max_response_tokens, algo,
                               part_fields(trajectories, [estimator]) if fields is None else fields)
     keys = episode_keys(trajectories)
     if not estimator.outcome or len(set(keys)) == len(keys):
@@ -116,9 +126,8 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rows = list(first.values())
-    trees = None if inputs.trees is None else tuple(inputs.trees[r] for r in rows)
     once = estimator(AdvantageInputs(inputs.rewards[rows], inputs.groups[rows], inputs.response_mask[rows],
-                                     trees=trees))[:, 0]
+                                     field_rows(inputs.fields, rows)))[:, 0]
     index = {key: n for n, key in enumerate(first)}
     return once[[index[key] for key in keys]][:, None].expand(inputs.response_mask.shape).contiguous()
 
@@ -284,9 +293,9 @@ class MiniBatch:
 
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
-              options: StepOptions, ref_model: Any = None, values: torch.Tensor | None = None) -> dict[str, Any]:
-    """One GRPO update on a rollout batch; returns metrics. ``values``: the critic's (B, R) per-token
-    values, for an estimator that reads them (``gae``).
+              options: StepOptions, ref_model: Any = None, fields: Fields | None = None) -> dict[str, Any]:
+    """One GRPO update on a rollout batch; returns metrics. ``fields``: what the run gives the step besides
+    its parts' (:func:`part_fields`; the critic's per-token values, which ``gae`` reads).
 
     Sharded training: every rank passes the whole batch and trains its ``options.rank``'s share of each
     mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
@@ -312,8 +321,8 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
     estimator = options.estimator or build_estimator(options.algo)
     loss_fn = options.loss or build_loss(options.algo)
     options = dataclasses.replace(options, estimator=estimator, loss=loss_fn)
-    fields = part_fields(trajectories, (estimator, loss_fn))
-    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, values, fields)
+    fields = {**part_fields(trajectories, (estimator, loss_fn)), **(fields or {})}
+    grid = token_advantages(trajectories, estimator, options.max_response_tokens, options.algo, fields)
     recorded = [grid[i, 0].item() if estimator.outcome else grid[i, :len(t.response_ids)].tolist()
                 for i, t in enumerate(trajectories)]
     usable = [i for i, t in enumerate(trajectories) if any(t.response_mask) and trains(t, options.frozen)]
@@ -321,7 +330,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
         return {"loss": 0.0, "grad_norm": 0.0, "trained_tokens": 0.0, "advantages": recorded, "trainer_logprobs": {}}
     trajs = [trajectories[i] for i in usable]
     advs = [grid[i, :max(1, len(trajectories[i].response_ids))] for i in usable]
-    minis = split_mini_batches(trajs, advs, options, device, {name: v[usable] for name, v in fields.items()})
+    minis = split_mini_batches(trajs, advs, options, device, field_rows(fields, usable))
     tally = StepTally()
     proximal = ProximalLogprobs(trajs)
     replay = None if options.algo.routing_replay == "off" else ExpertReplay(model, options.algo.routing_replay, options.sp)
@@ -348,7 +357,7 @@ def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Seque
 
 
 def split_mini_batches(trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], options: StepOptions,
-                       device: torch.device, fields: dict[str, torch.Tensor] | None = None) -> list[MiniBatch]:
+                       device: torch.device, fields: Fields | None = None) -> list[MiniBatch]:
     """The batch cut into ``algo.mini_batches`` updates, each into this rank's micro-steps (a dummy
     step where this rank has nothing left but a busier rank does; ``fields``: :func:`part_fields` of
     ``trajs``, each micro-batch given its rows'); built once, reused every epoch."""
@@ -388,7 +397,7 @@ def row_adapters(trajs: Sequence[Trajectory], adapters: Sequence[str]) -> list[i
 def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: Sequence[list[int] | None],
                        device: torch.device, pad_id: int, share_prefixes: bool, processor: Any,
                        cache: dict[bytes, Any], adapters: Sequence[int] | None = None,
-                       fields: dict[str, torch.Tensor] | None = None) -> list[MicroStep]:
+                       fields: Fields | None = None) -> list[MicroStep]:
     """A rank's share of a plan (:func:`toolrl.training.microbatch.plan`) packed: each micro-batch's rows
     ``trajs[i]`` with advantages ``advs[i]`` (prefix trees with ``share_prefixes``; ``cache``: images
     processed once; ``adapters[i]``: the row's adapter, :func:`row_adapters`; ``fields``: what the parts
@@ -398,9 +407,7 @@ def packed_micro_steps(trajs: Sequence[Trajectory], advs: Sequence[Any], share: 
         rows = [trajs[i] for i in micro]
         batch = build_batch(rows, [advs[i] for i in micro], device, share_prefixes, processor, cache,
                             None if adapters is None else [adapters[i] for i in micro])
-        width = batch.response_mask.shape[1]
-        return dataclasses.replace(batch, fields={name: (v[micro] if v.dim() < 2 else v[micro, :width]).to(device)
-                                                  for name, v in (fields or {}).items()})
+        return dataclasses.replace(batch, fields=field_rows(fields or {}, micro, batch.response_mask.shape[1], device))
     return [(None, dummy_batch(pad_id, device)) if micro is None else (micro, packed(micro)) for micro in share]
 
 

@@ -132,12 +132,12 @@ class WeightTransport:
     def build(cls, options: BaseModel, context: Any) -> WeightTransport:
         return cls(options)
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): a subclass
         probes what its options name (a directory writable, a device there) and then calls this, which
         says in one warning line when the run is single-process: weights never travel there."""
-        if run.in_process:
-            return [f"{run.where('trainer.weight_transport')}: {self.name} is unused: every process is this "
+        if facts.in_process:
+            return [f"{facts.where('trainer.weight_transport')}: {self.name} is unused: every process is this "
                     "one (no ray.address), so weights never travel"]
         return []
 

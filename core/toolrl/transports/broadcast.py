@@ -160,18 +160,18 @@ class BroadcastTransport(transports.LinkedTransport):
     name = "broadcast"
     Options = BroadcastOptions
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """NCCL buffers need a GPU where the trainer ranks run: this process's, or Ray's for them."""
         if self.options.device.startswith("cuda"):
-            if run.in_process:
+            if facts.in_process:
                 import torch
 
                 if not torch.cuda.is_available():
                     raise ValueError(f"device={self.options.device}: no CUDA device is visible to this process")
-            elif run.config.ray.num_gpus_per_trainer <= 0:
+            elif facts.config.ray.num_gpus_per_trainer <= 0:
                 raise ValueError(f"device={self.options.device}: the trainer ranks get no GPU "
                                  "(ray.num_gpus_per_trainer is 0)")
-        return super().check_run(run)
+        return super().check_run(facts)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> BroadcastSender:
         return BroadcastSender(key, sender, receivers, timeout_s, self.options.device)

@@ -98,9 +98,9 @@ class DiskTransport(transports.LinkedTransport):
     name = "disk"
     Options = DiskOptions
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         transports.writable_directory(self.options.path, "path")
-        return super().check_run(run)
+        return super().check_run(facts)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> DiskSender:
         return DiskSender(key, sender, receivers, timeout_s, self.options.path)

@@ -209,7 +209,7 @@ class ObjectStoreTransport(transports.LinkedTransport):
 
     name = "object_store"
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         """Nothing to probe, and nothing to say in a single-process run: it is the default there too."""
         return []
 

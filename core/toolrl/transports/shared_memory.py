@@ -158,12 +158,12 @@ class SharedMemoryTransport(transports.LinkedTransport):
     name = "shared_memory"
     Options = SharedMemoryOptions
 
-    def check_run(self, run: RunFacts) -> list[str]:
+    def check_run(self, facts: RunFacts) -> list[str]:
         if not Path(self.options.directory).is_dir():
             raise ValueError(f"directory={self.options.directory!r} is not a directory (shared memory segments are "
                              "files in a tmpfs such as /dev/shm)")
         transports.writable_directory(self.options.directory, "directory")
-        return super().check_run(run)
+        return super().check_run(facts)
 
     def open_sender(self, key: str, sender: int, receivers: int, timeout_s: float) -> SharedMemorySender:
         return SharedMemorySender(key, sender, receivers, timeout_s, self.options.directory)

@@ -1,3 +1,3 @@
-# The plugin first: where pycosat is missing, it puts the stand-in in place before these modules import
+# Where pycosat is missing, the generators put the stand-in in place before these modules import
 # reasoning_gym themselves.
-import toolrl_reasoning_gym  # noqa: F401
+import toolrl_reasoning_gym.generators  # noqa: F401

@@ -17,6 +17,25 @@ def without_pycosat(code: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", BLOCK + code, *args], capture_output=True, text=True, timeout=120)
 
 
+def test_listing_the_plugins_leaves_the_interpreter_alone():
+    """Every toolrl process lists the plugins: loading this one's entry point imports neither reasoning_gym
+    nor pycosat and puts no stand-in in place (that waits for a generator to be built)."""
+    code = """
+import sys
+from toolrl.cli import cli
+sys.argv = ["toolrl", "list-plugins"]
+try:
+    cli()
+except SystemExit:
+    pass
+print()
+print(sorted(m for m in ("toolrl_reasoning_gym", "reasoning_gym", "pycosat") if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "['toolrl_reasoning_gym']"
+
+
 def test_a_generator_that_needs_pycosat_is_one_line_naming_it(tmp_path):
     config = tmp_path / "eval.yaml"
     config.write_text("model: {source: tiny-qwen3}\nenv: reasoning_gym\nenv_options: {dataset: zebra_puzzles}\n")
@@ -30,7 +49,7 @@ def test_a_generator_that_needs_pycosat_is_one_line_naming_it(tmp_path):
 def test_every_other_generator_loads_and_the_stand_in_refuses_to_solve():
     code = """
 import json
-import toolrl_reasoning_gym  # puts the stand-in in place
+import toolrl_reasoning_gym.generators  # puts the stand-in in place
 import reasoning_gym, pycosat
 from toolrl.data.sources import load_split
 from toolrl.environments import get_environment

@@ -1,17 +1,12 @@
 """toolrl plugin: reasoning-gym's procedural generators as the ``reasoning_gym`` environment, scored
 by the ``reasoning_gym`` reward (each generator's own ``score_answer``).
 
-The entry point registers lazy references: loading the plugin imports nothing but toolrl's hooks (and
-pycosat, or its stand-in where it is missing: see ``sat``).
+The entry point registers lazy references: loading the plugin imports nothing but toolrl's hooks, and
+leaves the interpreter as it was (pycosat's stand-in goes in only where a generator is built: see ``sat``).
 """
 
 from toolrl import hookimpl
 from toolrl.hookspecs import Register
-
-from toolrl_reasoning_gym.sat import stand_in
-
-# Here, since every module of the plugin is imported after its package: before any imports reasoning_gym.
-stand_in()
 
 __version__ = "0.1.0"
 

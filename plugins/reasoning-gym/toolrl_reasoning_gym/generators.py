@@ -10,11 +10,16 @@ import functools
 import json
 from typing import Any
 
-import reasoning_gym
-from reasoning_gym.dataset import ProceduralDataset
-from reasoning_gym.factory import DATASETS
+from toolrl_reasoning_gym.sat import INSTALL, NEEDS_PYCOSAT, missing, stand_in
 
-from toolrl_reasoning_gym.sat import INSTALL, NEEDS_PYCOSAT, missing
+# reasoning_gym imports pycosat with the package: a missing one is stood in for first. The plugin's
+# modules import reasoning_gym through this one (the reward its extract_answer).
+stand_in()
+
+import reasoning_gym  # noqa: E402
+from reasoning_gym.dataset import ProceduralDataset  # noqa: E402
+from reasoning_gym.factory import DATASETS  # noqa: E402
+from reasoning_gym.utils import extract_answer as extract_answer  # noqa: E402
 
 # Set by the environment on every dataset it makes: what a split's range of seeds and its length are.
 MANAGED = ("seed", "size")

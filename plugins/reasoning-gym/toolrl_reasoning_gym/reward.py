@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reasoning_gym.utils import extract_answer
-
-from toolrl_reasoning_gym.generators import entry
+from toolrl_reasoning_gym.generators import entry, extract_answer
 
 
 class ReasoningGymReward:

@@ -21,7 +21,9 @@ def _refuse(*args: object, **kwargs: object) -> None:
 
 
 def stand_in() -> None:
-    """A missing pycosat replaced by the refusing module; to run before reasoning_gym is first imported."""
+    """A missing pycosat replaced by the refusing module; run where a generator is built
+    (:mod:`toolrl_reasoning_gym.generators`), before reasoning_gym is first imported, and nowhere else:
+    loading the plugin leaves ``sys.modules`` alone."""
     try:
         import pycosat  # noqa: F401
     except ImportError:

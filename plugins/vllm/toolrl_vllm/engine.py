@@ -167,9 +167,9 @@ class VLLMEngine(RolloutEngine):
         self.max_model_len: int = self._llm.model_config.max_model_len
 
     @classmethod
-    def check_run(cls, run: Any) -> list[str]:
+    def check_run(cls, facts: Any) -> list[str]:
         """The run check: vLLM loads the model from the source's directory, which must hold one."""
-        check_model_dir(run.model_dir, "the vllm engine", run.config)
+        check_model_dir(facts.model_dir, "the vllm engine", facts.config)
         return []
 
     @classmethod

@@ -157,17 +157,17 @@ class TransformersEngine(RolloutEngine):
         self._static = self._runner if isinstance(self._runner, StaticSteps) else None  # where shapes are static
 
     @classmethod
-    def check_run(cls, run: RunFacts) -> list[str]:
+    def check_run(cls, facts: RunFacts) -> list[str]:
         """The run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
         experts are recorded only where a model has them, static decode takes the model's rows, and packed
         linears a CPU engine's float32 weights."""
-        check_model_dir(run.model_dir, "the transformers engine", run.config)
-        options = run.config.engine.options
-        if options.get("record_routes") and not run.experts:
-            raise ValueError(f"record_routes: {run.model_dir} is a dense model (its config.json names no experts): "
+        check_model_dir(facts.model_dir, "the transformers engine", facts.config)
+        options = facts.config.engine.options
+        if options.get("record_routes") and not facts.experts:
+            raise ValueError(f"record_routes: {facts.model_dir} is a dense model (its config.json names no experts): "
                              "there are no routed experts to record")
-        static_steps(options.get("decode", "auto"), False, "vision_config" in run.model_config,
-                     bool(options.get("record_routes")), bool(run.config.model.adapters))
+        static_steps(options.get("decode", "auto"), False, "vision_config" in facts.model_config,
+                     bool(options.get("record_routes")), bool(facts.config.model.adapters))
         if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
             from toolrl.modeling.packed_linears import PackedLinears
             device = str(options.get("device", "auto"))
