@@ -1,9 +1,12 @@
 """The public step for outside trainers (toolrl.training.token_step) and the one AdamW
 (toolrl.training.optimizer): a forward/backward through one adapter equal to the trainer's own step on
 the same tokens, micro-batches that add up to one pass, bad input refused before any forward, and every
-AdamW of its optimizer step."""
+AdamW of toolrl built by the one factory."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +22,7 @@ from toolrl.training.step import clip_grad_norm, policy_loss, response_logprobs
 from toolrl.training.token_step import LossSpec, TokenRow, forward_backward, micro_batch_spans
 from toolrl.trajectory import Trajectory
 
+ROOT = Path(__file__).resolve().parents[1]
 TOKENS = [3, 17, 99, 2048, 5, 77, 1023, 64, 8, 300, 41]
 PPO = LossSpec(name="ppo_clip", options={"clip_eps_low": 0.2, "clip_eps_high": 0.2})
 
@@ -132,3 +136,11 @@ def test_optimizer_step_is_adamw_with_its_settings_bit_for_bit(model) -> None:
     torch.optim.AdamW(mirror, lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01).step()
     assert norm == expected and all(p.grad is None for p in params)
     assert all(torch.equal(mine.detach(), theirs.detach()) for mine, theirs in zip(mirror, params, strict=True))
+
+
+def test_every_adamw_is_built_by_the_factory() -> None:
+    """torch.optim.AdamW is called in training/optimizer.py alone, in the core and every plugin's package."""
+    files = [*(ROOT / "core" / "toolrl").rglob("*.py"), *ROOT.glob("plugins/*/toolrl_*/**/*.py")]
+    built = [str(f.relative_to(ROOT)) for f in files for node in ast.walk(ast.parse(f.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "AdamW"]
+    assert built == ["core/toolrl/training/optimizer.py"]

@@ -53,8 +53,8 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
     "toolrl.training.lora": ("add_adapter", "remove_adapter", "adapter_of"),
-    "toolrl.training.packing": ("PackedBatch", "through_adapters"),
-    "toolrl.training.step": ("response_logprobs", "policy_loss"),
+    "toolrl.training.token_step": ("TokenRow", "LossSpec", "StepOutput", "forward_backward", "micro_batch_spans"),
+    "toolrl.training.optimizer": ("OptimizerSettings", "adamw", "optimizer_step"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 
