@@ -13,6 +13,7 @@ from toolrl_tinker.requests import ForwardBackward, UserError
 
 if TYPE_CHECKING:
     from tinker import types
+    from toolrl.training.token_step import StepOutput
 
     from toolrl_tinker.service import Service
 
@@ -54,11 +55,12 @@ class TrainingCalls:
         base = self.service.base(run.base)
         limits = self.service.limits
 
-        async def work() -> wire.Result:
+        def step() -> StepOutput:
             rows, loss = requests.token_rows(req, base.trainer.vocab, limits.max_batch_tokens)
-            result = await asyncio.to_thread(base.trainer.step, run, rows, loss, req.forward_only,
-                                             limits.micro_batch_tokens)
-            return wire.forward_backward_output(result)
+            return base.trainer.step(run, rows, loss, req.forward_only, limits.micro_batch_tokens)
+
+        async def work() -> wire.Result:
+            return wire.forward_backward_output(await asyncio.to_thread(step))
 
         return self.service.start(owner, work, run.model_id, req.seq_id)
 
