@@ -1,27 +1,18 @@
 """One forward and backward over rows of tokens with a named policy loss, for a trainer outside
-toolrl's loop (the Tinker service, your own); docs/training_api.md has an example and what is not covered.
+toolrl's loop (the Tinker service, yours): docs/training_api.md has an example and what is not covered.
 
-A row (:class:`TokenRow`) is one sequence: its input tokens, the token each position is scored against,
-each position's advantage (cross_entropy's token weight) and, optionally, the log-probs its tokens were
-sampled with. Every position of every row is trained, and the loss is the policy loss's per-token term
-summed over all of them: no mean, no normaliser (:func:`toolrl.training.step.policy_loss` with
-``loss_agg: seq-mean-token-sum-norm`` over normalisers of 1). A row's sampling log-probs are its
-proximal and its behaviour log-probs both (the ratio is against the sampler; no correction weight); a
-row without them is on-policy: both are its current log-probs, detached.
+Every position of every row is trained and the loss is the sum of the policy loss's per-token terms
+(:func:`toolrl.training.step.policy_loss`, ``seq-mean-token-sum-norm`` over normalisers of 1). A row's
+sampling log-probs are its proximal and behaviour log-probs both; a row without them is on-policy.
 
-Because the loss is a plain sum, the pieces of any split of the rows add up to the whole batch: its
-loss is their losses' sum and its gradient their gradients' sum. :func:`forward_backward` runs the rows
-in micro-batches of at most ``max_tokens`` tokens that way (gradients accumulate in ``.grad``), and
-data-parallel ranks split a batch the same way: rank r of W takes a share of the rows (any share:
-contiguous, or every W-th row), runs :func:`forward_backward` on it, and the gradients are then
-*summed* over the ranks, not averaged (FSDP2 averages its reduce-scatter by default:
-``model.set_gradient_divide_factor(1.0)`` makes it a sum), as are the ranks' losses. Under FSDP2 every
-rank runs as many forwards as the others (its collectives are per forward): choose shares that
-:func:`micro_batch_spans` cuts into the same number of pieces. Reducing the gradients, and that balance,
-is the caller's.
-
-The routing of adapters lives on the model's layers: one call at a time per model (a caller serving
-several threads holds a lock around each).
+The sum is what lets a batch be split: any split's losses and gradients add up to the whole batch's.
+:func:`forward_backward` runs micro-batches of ``max_tokens`` so (gradients accumulate in ``.grad``),
+and data-parallel ranks split the same way: rank r of W takes a share of the rows, runs
+:func:`forward_backward` on it, and the ranks' gradients and losses are then *summed*, not averaged
+(FSDP2 averages its reduce-scatter unless ``model.set_gradient_divide_factor(1.0)``). Under FSDP2
+every rank runs as many forwards as the others (its collectives are per forward): choose shares that
+:func:`micro_batch_spans` cuts into as many pieces. The reduction and that balance are the caller's,
+as is a lock: adapters' routing lives on the model's layers, so one call at a time per model.
 """
 
 from __future__ import annotations
