@@ -3,8 +3,8 @@ CPU, one thread each.
 
 1. One training step, ``forward_backward`` (importance_sampling, ``--datums`` × ``--tokens`` tokens) then
    ``optim_step``, sent by the official ``tinker`` SDK to a ``toolrl tinker serve`` subprocess and waited
-   for, against the same two calls of :mod:`toolrl_tinker.models` on a LoRA adapter of the same rank on
-   the same base in this process. Alternating rounds, medians, one warm-up of each excluded.
+   for, against the same two steps of :mod:`toolrl_tinker.trainer` (the request's rows, then the step
+   as the server takes it) on a LoRA adapter of the same rank on the same base in this process. Alternating rounds, medians, one warm-up of each excluded.
 2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
    one at a time, against four clients (four training runs, four adapters) doing the same at once, which
    the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
@@ -77,15 +77,18 @@ def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], st
     raise RuntimeError("the server did not start")
 
 
-def in_process_step(run: Any, data: list[Any]) -> float:
-    from toolrl_tinker import models
+def in_process_step(base: Any, run: Any, req: Any) -> float:
+    """The served step's work in this process: the request's rows, its forward_backward, then an
+    optim_step with AdamParams' defaults (what ``served_step`` sends)."""
+    from toolrl.training.optimizer import OptimizerSettings
+    from toolrl_tinker.requests import token_rows
     from toolrl_tinker.service import Limits
 
     limits = Limits()  # the server's defaults: the same micro-batches as the served step
     t = time.perf_counter()
-    models.forward_backward(run, data, "importance_sampling", None, False, limits.max_batch_tokens,
-                            limits.micro_batch_tokens)
-    models.optim_step(run, 1e-4, 0.9, 0.95, 1e-12, 0.0, 0.0)
+    rows, loss = token_rows(req, base.trainer.vocab, limits.max_batch_tokens)
+    base.trainer.step(run, rows, loss, False, limits.micro_batch_tokens)
+    base.trainer.optim_step(run, OptimizerSettings(lr=1e-4, betas=(0.9, 0.95), eps=1e-12))
     return time.perf_counter() - t
 
 
@@ -100,11 +103,13 @@ def served_step(tc: Any, data: list[Any]) -> float:
     return time.perf_counter() - t
 
 
-def as_batch(data: list[Any]) -> list[Any]:
-    from toolrl_tinker.batch import Datum
+def as_request(data: list[Any]) -> Any:
+    """The SDK's datums as the wire hands an importance_sampling forward_backward to the service."""
+    from toolrl_tinker.requests import Datum, ForwardBackward
 
-    return [Datum(np.asarray(d.model_input.to_ints(), np.int64),
-                  {k: v.to_numpy() for k, v in d.loss_fn_inputs.items()}) for d in data]
+    datums = [Datum(np.asarray(d.model_input.to_ints(), np.int64), {k: v.to_numpy() for k, v in d.loss_fn_inputs.items()})
+              for d in data]
+    return ForwardBackward("bench", None, "importance_sampling", None, False, datums)
 
 
 def sampling(samplers: list[Any], requests: int, max_tokens: int) -> float:
@@ -153,12 +158,10 @@ def engine_rows(engine: Any, adapters: list[str], requests: int, max_tokens: int
 
 def local_samplers(local: Any, runs: list[Any]) -> list[str]:
     """The runs' adapters copied to ``local``'s sampler, as saving weights for a sampler does on the server."""
-    from toolrl_tinker import models
-
     names = []
     for i, run in enumerate(runs):
-        models.create_adapter(run)
-        models.copy_to_sampler(local, run.rank, run.targets, f"sampler_{i}", run.adapter_state())
+        local.trainer.create(run)
+        local.sampler.put(run.model_id, f"sampler_{i}", run.rank, run.targets, local.trainer.adapter_state(run))
         names.append(f"sampler_{i}")
     return names
 
@@ -192,11 +195,13 @@ def main() -> None:
     args = p.parse_args()
     os.environ["TINKER_API_KEY"] = KEY
     import tinker
-    from toolrl_tinker import models
+    from toolrl_tinker.adapters import ATTN, MLP
+    from toolrl_tinker.bases import Base
+    from toolrl_tinker.trainer import Run
 
     data = datums(args.datums, args.tokens)
-    local = models.Base(args.base)
-    runs = [models.Run(f"bench:train:{i}", "me", local, args.rank, models.ATTN + models.MLP, i) for i in range(4)]
+    local = Base.load(args.base)
+    runs = [Run(f"bench:train:{i}", "me", local.name, args.rank, ATTN + MLP, i) for i in range(4)]
     adapters = local_samplers(local, runs)
     run = runs[0]
     with tempfile.TemporaryDirectory() as state:
@@ -204,10 +209,10 @@ def main() -> None:
         try:
             service = tinker.ServiceClient(base_url=url, api_key=KEY)
             tc = service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=0).result()
-            batch = as_batch(data)
+            req = as_request(data)
             served, local_t = [], []
             for r in range(args.rounds + 1):
-                s, loc = served_step(tc, data), in_process_step(run, batch)
+                s, loc = served_step(tc, data), in_process_step(local, run, req)
                 if r:
                     served.append(s)
                     local_t.append(loc)
@@ -218,7 +223,7 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-    alones = alternated(lambda k, n: engine_rows(local.engine, adapters[:k], n, args.max_tokens), args.requests,
+    alones = alternated(lambda k, n: engine_rows(local.sampler.engine, adapters[:k], n, args.max_tokens), args.requests,
                         args.rounds)
     one, four = statistics.median(rates[1]), statistics.median(rates[4])
     alone = [statistics.median(alones[1]), statistics.median(alones[4])]
@@ -226,7 +231,7 @@ def main() -> None:
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
     print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}", _each(served, 3)],
-                                                 ["in process (toolrl_tinker.models)", f"{l_med:.3f}", _each(local_t, 3)]]))
+                                                 ["in process (toolrl_tinker.trainer)", f"{l_med:.3f}", _each(local_t, 3)]]))
     print(table(["sampling", "median tokens/s", "runs"], [
         ["1 client", f"{one:.1f}", _each(rates[1])], ["4 clients", f"{four:.1f}", _each(rates[4])],
         ["the engine alone, 1 adapter", f"{alone[0]:.1f}", _each(alones[1])],

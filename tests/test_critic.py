@@ -15,12 +15,12 @@ from toolrl.training.critic import (
     batch_values,
     critic_update,
     load_state,
-    make_optimizer,
     shard_critic,
     state,
     value_loss,
     value_metrics,
 )
+from toolrl.training.optimizer import OptimizerSettings, adamw
 from toolrl.training.packing import build_batch
 from toolrl.trajectory import Trajectory
 
@@ -112,7 +112,7 @@ def returns_of(trajs, width: int) -> torch.Tensor:
 
 def test_updates_lower_the_value_loss(lm):
     critic = ValueModel.from_causal_lm(copy.deepcopy(lm))
-    optimizer = make_optimizer(critic, lr=1e-2)
+    optimizer = adamw(critic.parameters(), OptimizerSettings(lr=1e-2))
     options = CriticOptions(value_clip=None, micro_batch_size=2)
     returns = returns_of(TRAJS, 5)
     losses = []
@@ -182,13 +182,13 @@ def test_checkpoint_round_trip(lm, tmp_path):
     import torch.distributed.checkpoint as dcp
 
     critic = critic_of(lm)
-    optimizer = make_optimizer(critic, lr=1e-3)
+    optimizer = adamw(critic.parameters(), OptimizerSettings(lr=1e-3))
     options = CriticOptions()
     critic_update(critic, optimizer, TRAJS, batch_values(critic, TRAJS, options), returns_of(TRAJS, 5), options)
     dcp.save(state(critic, optimizer), checkpoint_id=str(tmp_path), no_dist=True)
 
     fresh = ValueModel.from_causal_lm(copy.deepcopy(lm))
-    fresh_opt = make_optimizer(fresh, lr=1e-3)
+    fresh_opt = adamw(fresh.parameters(), OptimizerSettings(lr=1e-3))
     loaded = state(fresh, fresh_opt)
     dcp.load(loaded, checkpoint_id=str(tmp_path), no_dist=True)
     load_state(fresh, fresh_opt, loaded)
@@ -212,7 +212,7 @@ def _rank(rank: int, world: int, port: int, path: str, queue) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         critic = shard_critic(critic_of(load_model(path)), init_device_mesh("cpu", (world,)))
-        optimizer = make_optimizer(critic, lr=1e-2)
+        optimizer = adamw(critic.parameters(), OptimizerSettings(lr=1e-2))
         options = CriticOptions(value_clip=0.05, micro_batch_size=1, rank=rank, world_size=world)
         old = batch_values(critic, TRAJS, options)
         out = critic_update(critic, optimizer, TRAJS, old, returns_of(TRAJS, 5), options)
@@ -232,7 +232,7 @@ def test_two_ranks_update_like_one(lm, tiny_qwen3_path):
 
     options = CriticOptions(value_clip=0.05, micro_batch_size=1)
     critic = critic_of(lm)
-    optimizer = make_optimizer(critic, lr=1e-2)
+    optimizer = adamw(critic.parameters(), OptimizerSettings(lr=1e-2))
     old = batch_values(critic, TRAJS, options)
     out = critic_update(critic, optimizer, TRAJS, old, returns_of(TRAJS, 5), options)
     after = batch_values(critic, TRAJS, options)

@@ -39,6 +39,19 @@ def test_every_in_tree_plugin_package_imports_only_the_public_api() -> None:
     assert "toolrl.plugin_support" not in PUBLIC_API
 
 
+def test_the_tinker_service_trains_through_the_public_step_alone(tmp_path: Path) -> None:
+    """The Tinker plugin is an outside trainer: its package passes the table itself (no plugin_support),
+    and the table lists none of the trainer's internals (packing, log-probs, the loss), so the plugin
+    reaching for them again fails."""
+    package = ROOT / "plugins" / "tinker" / "toolrl_tinker"
+    assert package in PACKAGES and check_public_imports([package]) == []
+    assert sorted({"toolrl.training.step", "toolrl.training.packing"} & set(PUBLIC_API)) == []
+    reaching = tmp_path / "trainer.py"
+    reaching.write_text((package / "trainer.py").read_text() + "from toolrl.training.step import policy_loss\n")
+    assert [p.split(": ", 1)[1] for p in check_public_imports([reaching])] == [
+        "from toolrl.training.step import policy_loss: toolrl.training.step is not a public module"]
+
+
 def test_plugin_support_gives_each_name_from_its_home_with_a_reason() -> None:
     """Every name resolves (imported on first use) to the core's own object, and the module's docstring
     says why an in-tree plugin takes it."""

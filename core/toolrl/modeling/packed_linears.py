@@ -38,7 +38,7 @@ def onednn_linear() -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[..
 
 
 class PackedLinears:
-    """Every plain ``nn.Linear`` of ``model`` but LoRA's ``A`` and ``B`` (:attr:`layers`, chosen when made:
+    """Every plain ``nn.Linear`` of ``model`` but LoRA's ``A`` and ``B`` (``layers``, chosen when made:
     adapters injected later wrap them and keep them) on packed weights inside :meth:`applied`. Raises
     ValueError where the model's weights are not float32 on a CPU, or torch has no oneDNN."""
 

@@ -75,7 +75,7 @@ class TrainerRank:
     def setup(self, master: tuple[str, int] | None = None, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
         """Build this rank's model shard and optimizer. ``master``: rank 0's (host, port) when
         ``world_size > 1``; ``model``/``tokenizer``: already built in this process (no Ray)."""
-        import torch
+        from toolrl.training.optimizer import OptimizerSettings, adamw
 
         cfg = self.config
         self.sync_plan = (self.plan if self.plan is not None else run_plan(cfg)).sync
@@ -124,9 +124,9 @@ class TrainerRank:
             self.policy = shard(model, mesh, offload=cfg.trainer.cpu_offload)
         # Under model.adapters a group per trained adapter, at its lr: an adapter no row of an update used
         # has no gradient then, and AdamW leaves its weights and state (moments, step) as they were.
-        self.optimizer = torch.optim.AdamW(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr),
-                                           lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
-                                           weight_decay=cfg.optim.weight_decay)
+        settings = OptimizerSettings(lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                                     weight_decay=cfg.optim.weight_decay)
+        self.optimizer = adamw(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr), settings)
         return self.info()
 
     def info(self) -> dict[str, Any]:

@@ -56,8 +56,8 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.testing": sys.modules[__package__].__all__,  # the whole kit (a package loads before its modules)
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
-    "toolrl.training.packing": ("PackedBatch", "through_adapters"),
-    "toolrl.training.step": ("response_logprobs", "policy_loss"),
+    "toolrl.training.token_step": ("TokenRow", "LossSpec", "StepOutput", "forward_backward", "micro_batch_spans"),
+    "toolrl.training.optimizer": ("OptimizerSettings", "adamw", "optimizer_step"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 

@@ -28,6 +28,7 @@ from toolrl import model_sources
 from toolrl.config import Config
 from toolrl.model_sources import model_path
 from toolrl.training.microbatch import plan
+from toolrl.training.optimizer import OptimizerSettings, adamw
 from toolrl.training.packing import (
     PackedBatch,
     input_length,
@@ -38,8 +39,8 @@ from toolrl.training.packing import (
 from toolrl.training.step import MicroStep, clip_grad_norm, packed_micro_steps
 from toolrl.trajectory import Trajectory
 
-__all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "make_optimizer",
-           "shard_critic", "state", "value_loss", "value_metrics"]
+__all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "shard_critic",
+           "state", "value_loss", "value_metrics"]
 
 
 class ValueModel(torch.nn.Module):
@@ -90,12 +91,6 @@ class CriticOptions:
     world_size: int = 1
     processor: Any = None
     share_prefixes: bool = False
-
-
-def make_optimizer(critic: torch.nn.Module, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                   weight_decay: float = 0.0, eps: float = 1e-8) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps,
-                             weight_decay=weight_decay)
 
 
 def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> ValueModel:
@@ -270,7 +265,9 @@ class Critic:
         model: torch.nn.Module = ValueModel(backbone.requires_grad_(True))
         if mesh is not None:
             model = shard_critic(model, mesh, offload=config.trainer.cpu_offload)
-        optimizer = make_optimizer(model, cfg.lr, config.optim.betas, cfg.weight_decay, config.optim.eps)
+        settings = OptimizerSettings(lr=cfg.lr, betas=config.optim.betas, eps=config.optim.eps,
+                                     weight_decay=cfg.weight_decay)
+        optimizer = adamw([p for p in model.parameters() if p.requires_grad], settings)
         algo, optim = config.algorithm, config.optim
         options = CriticOptions(value_clip=cfg.value_clip, grad_clip=cfg.grad_clip, epochs=algo.ppo_epochs,
                                 mini_batches=algo.mini_batches, micro_batch_size=optim.micro_batch_size,

@@ -157,7 +157,7 @@ def iter_engine_weights(model: Any, state: Mapping[str, Any] | None = None,
 def iter_adapter_weights(model: Any, state: Mapping[str, Any] | None = None,
                          adapters: Collection[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` of every adapter tensor (``lora_A``, ``lora_B``, ...) under the model's own
-    names, as an engine holding the same adapters (:func:`apply_lora` on its base model) loads them;
+    names, as an engine holding the same adapters (:func:`toolrl.modeling.adapters.apply_lora` on its base model) loads them;
     ``adapters``: of those adapters only. The model's own tensors, detached: a sharded one stays a
     ``DTensor`` (its owner sends its rows). ``state``: as for :func:`iter_engine_weights`."""
     layers = lora_layers(model)

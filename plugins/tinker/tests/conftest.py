@@ -66,6 +66,12 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
     return Served(f"http://127.0.0.1:{port}", box["service"], box["server"], box["loop"], thread)
 
 
+def held(served: Served, model_id: str) -> tuple[Any, Any]:
+    """A training client's run as the server holds it, and the trainer its adapter is on."""
+    run = served.service.runs[model_id]
+    return run, served.service.bases[run.base].trainer
+
+
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     os.environ["TINKER_API_KEY"] = KEY

@@ -12,7 +12,9 @@ BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "tinker.py"
 
 def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
     import torch
-    from toolrl_tinker import models
+    from toolrl_tinker.adapters import ATTN, MLP
+    from toolrl_tinker.bases import Base
+    from toolrl_tinker.trainer import Run
 
     monkeypatch.syspath_prepend(str(BENCH.parent))  # its _common
     threads = torch.get_num_threads()
@@ -22,25 +24,26 @@ def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
         spec.loader.exec_module(bench)  # a benchmark runs on one thread
     finally:
         torch.set_num_threads(threads)
-    base = models.Base("tiny-qwen3")
-    runs = [models.Run(f"bench:train:{i}", "me", base, 4, models.ATTN + models.MLP, i) for i in range(2)]
+    base = Base.load("tiny-qwen3")
+    runs = [Run(f"bench:train:{i}", "me", base.name, 4, ATTN + MLP, i) for i in range(2)]
     adapters = bench.local_samplers(base, runs)  # each run's adapter on the sampler, as the engine-alone anchor has
     run = runs[0]
-    before = run.adapter_state()
-    assert bench.in_process_step(run, bench.as_batch(bench.datums(2, 8))) > 0
+    before = base.trainer.adapter_state(run)
+    assert bench.in_process_step(base, run, bench.as_request(bench.datums(2, 8))) > 0
     assert run.steps == 1
-    assert any(not (t == before[n]).all() for n, t in run.adapter_state().items())  # the step moved the adapter
-    assert bench.engine_rows(base.engine, adapters, 1, 3) > 0  # the engine-alone anchor: a request per adapter
+    assert any(not (t == before[n]).all() for n, t in base.trainer.adapter_state(run).items())  # the step moved it
+    assert bench.engine_rows(base.sampler.engine, adapters, 1, 3) > 0  # the engine-alone anchor: a request per adapter
 
 
 def test_the_sampler_decodes_on_packed_linears() -> None:
     """Several clients' rows decode together on oneDNN-packed weights: the four clients' sampling gain
     (2.86 against 2.33 on dense ones, docs/benchmarks.md) rests on it."""
     from toolrl.modeling.packed_linears import PackedLinears
-    from toolrl_tinker import models
+    from toolrl_tinker.bases import Base
 
-    base = models.Base("tiny-qwen3")
-    assert base.engine.config.packed_linears
-    packed = {id(m) for m in base.engine._packed.layers}
-    assert isinstance(base.engine._packed, PackedLinears) and id(base.engine.model.get_output_embeddings()) in packed
-    assert not any(id(m) in packed for m in base.model.modules())  # the trainer's copy stays dense
+    base = Base.load("tiny-qwen3")
+    engine = base.sampler.engine
+    assert engine.config.packed_linears
+    packed = {id(m) for m in engine._packed.layers}
+    assert isinstance(engine._packed, PackedLinears) and id(engine.model.get_output_embeddings()) in packed
+    assert not any(id(m) in packed for m in base.trainer.model.modules())  # the trainer's copy stays dense

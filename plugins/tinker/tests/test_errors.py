@@ -105,14 +105,15 @@ def test_a_finished_session_leaves_memory(served: Any, trainer: Any) -> None:
     own = tinker.ServiceClient(base_url=served.url, api_key=KEY)
     tc = own.create_lora_training_client(base_model=BASE, rank=2).result()
     run = served.service.runs[tc.model_id]
+    base = served.service.bases[run.base]
     tc.save_weights_and_get_sampling_client().result()
     path = tc.save_state("before-close").result().path
-    assert run.adapter in adapter_names(run.base.model) and run.samplers
-    sampler = run.samplers[0]
+    assert run.adapter in adapter_names(base.trainer.model) and base.sampler.kept[tc.model_id]
+    sampler = base.sampler.kept[tc.model_id][0]
     own.close("success").result()
     assert tc.model_id not in served.service.runs
-    assert run.adapter not in adapter_names(run.base.model)
-    assert sampler not in adapter_names(run.base.engine.model)
+    assert run.adapter not in adapter_names(base.trainer.model)
+    assert sampler not in adapter_names(base.sampler.engine.model)
     assert np.isfinite(trainer.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"])
     again = tinker.ServiceClient(base_url=served.url, api_key=KEY)
     loaded = again.create_training_client_from_state(path).result()

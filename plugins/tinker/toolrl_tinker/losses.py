@@ -1,8 +1,9 @@
 """The Tinker API's losses that toolrl had none of, as toolrl policy losses (registered under these
 names, so ``algorithm.loss`` of ``toolrl train`` takes them too). The service runs every Tinker loss
-through :func:`toolrl.training.step.policy_loss` with the proximal and behaviour log-probs both the
-datum's sampling ``logprobs``, so ``r = exp(new - sampling)`` and no correction weight: ``ppo`` is
-``ppo_clip`` and ``cispo`` is ``cispo`` with the datum's thresholds (:mod:`toolrl_tinker.loss_map`)."""
+through toolrl's public step (:mod:`toolrl.training.token_step`) with the proximal and behaviour
+log-probs both the datum's sampling ``logprobs``, so ``r = exp(new - sampling)`` and no correction
+weight: ``ppo`` is ``ppo_clip`` and ``cispo`` is ``cispo`` with the request's thresholds
+(:func:`toolrl_tinker.requests.loss_spec`)."""
 
 from __future__ import annotations
 

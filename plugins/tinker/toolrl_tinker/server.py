@@ -26,7 +26,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from toolrl_tinker.batch import UserError
+from toolrl_tinker import wire
+from toolrl_tinker.requests import UserError
 from toolrl_tinker.service import Limits, Service, owner_of
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
 
     async def capabilities(request: Request, owner: str) -> Any:
         return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True,
-                                      "max_context_length": base.context}
+                                      "max_context_length": base.trainer.context}
                                      for name, base in service.bases.items()]}
 
     async def create_session(request: Request, owner: str) -> Any:
@@ -127,40 +128,40 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     from tinker import types as t
 
     async def create_model(request: Request, owner: str) -> Any:
-        return service.create_model(owner, await _body(request, t.CreateModelRequest))
+        return service.training.create_model(owner, await _body(request, t.CreateModelRequest))
 
     async def get_info(request: Request, owner: str) -> Any:
-        return service.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
+        return service.training.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
 
     async def forward_backward(request: Request, owner: str) -> Any:
-        return service.forward_backward(owner, await request.body(), request.headers.get("content-encoding"))
+        req = wire.forward_backward_request(await request.body(), request.headers.get("content-encoding"))
+        return service.training.forward_backward(owner, req)
 
     async def optim_step(request: Request, owner: str) -> Any:
-        return service.optim_step(owner, await _body(request, t.OptimStepRequest))
+        return service.training.optim_step(owner, await _body(request, t.OptimStepRequest))
 
     async def save_weights(request: Request, owner: str) -> Any:
-        return service.save_weights(owner, await _body(request, t.SaveWeightsRequest))
+        return service.training.save_weights(owner, await _body(request, t.SaveWeightsRequest))
 
     async def load_weights(request: Request, owner: str) -> Any:
-        return service.load_weights(owner, await _body(request, t.LoadWeightsRequest))
+        return service.training.load_weights(owner, await _body(request, t.LoadWeightsRequest))
 
     async def save_external(request: Request, owner: str) -> Any:
-        return service.save_external(owner, await _body(request, t.SaveWeightsExternalRequest))
+        return service.training.save_external(owner, await _body(request, t.SaveWeightsExternalRequest))
 
     async def save_for_sampler(request: Request, owner: str) -> Any:
-        return service.save_for_sampler(owner, await _body(request, t.SaveWeightsForSamplerRequest))
+        return service.sampling.save_for_sampler(owner, await _body(request, t.SaveWeightsForSamplerRequest))
 
     async def create_sampling_session(request: Request, owner: str) -> Any:
         req = await _body(request, t.CreateSamplingSessionRequest)
-        return {"type": "create_sampling_session", "sampling_session_id": service.create_sampling_session(owner, req)}
+        return {"type": "create_sampling_session", "sampling_session_id": service.sampling.create_sampling_session(owner, req)}
 
     async def get_sampler(request: Request, owner: str) -> Any:
-        found = service.sampler(owner, request.path_params["sampler_id"])
-        return {"sampler_id": request.path_params["sampler_id"], "base_model": found["base"],
-                "model_path": found["path"]}
+        found = service.sampling.sampler(owner, request.path_params["sampler_id"])
+        return {"sampler_id": request.path_params["sampler_id"], "base_model": found.base, "model_path": found.path}
 
     async def asample(request: Request, owner: str) -> Any:
-        return service.sample(owner, await _body(request, t.SampleRequest))
+        return service.sampling.sample(owner, await _body(request, t.SampleRequest))
 
     return [
         Route(f"{API}/create_model", endpoint(create_model), methods=["POST"]),
@@ -302,10 +303,18 @@ async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], ho
     await service.load_bases()
     config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
                             timeout_keep_alive=75)
-    server = uvicorn.Server(config)
+    listening = asyncio.Event()
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            listening.set()
+
+    server = Server(config)
     task = asyncio.ensure_future(server.serve())
-    while not server.started and not task.done():
-        await asyncio.sleep(0.05)
+    waiting = asyncio.ensure_future(listening.wait())
+    await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)  # listening, or failed to
+    waiting.cancel()
     if server.started:
         bound = server.servers[0].sockets[0].getsockname()[1]
         announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(bases)}; state: {state_dir})")

@@ -1,18 +1,24 @@
-"""The SDK's wire formats: ``forward_backward`` arrives as protobuf (``tinker.proto``, zstd when the
-client compresses), its output and ``sample``'s leave as protobuf (the SDK accepts nothing else for
-them), every other body is JSON. Also the sampling itself (a toolrl rollout engine's ``generate`` and
-``prompt_logprobs``) and the optimizer state a checkpoint holds."""
+"""The SDK's wire formats, translated and nothing more: ``forward_backward`` arrives as protobuf
+(``tinker.proto``, zstd when the client compresses) and leaves as a typed request
+(:class:`toolrl_tinker.requests.ForwardBackward`); its result and ``sample``'s go back as protobuf (the
+SDK accepts nothing else for them); every other body is JSON (the server parses requests with the SDK's
+own pydantic types)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from toolrl_tinker.batch import Datum, UserError
+from toolrl_tinker.requests import Datum, ForwardBackward, UserError
+
+if TYPE_CHECKING:
+    from tinker import types
+    from toolrl.training.token_step import StepOutput
+
+    from toolrl_tinker.sampler import Sampled
 
 PROTO = "application/x-protobuf"
 Result = tuple[bytes, str]
@@ -20,16 +26,6 @@ Result = tuple[bytes, str]
 
 def json_body(value: Any) -> Result:
     return json.dumps(value).encode(), "application/json"
-
-
-@dataclass
-class ForwardBackward:
-    model_id: str
-    seq_id: int | None
-    loss_fn: str | None
-    config: dict[str, float] | None
-    forward_only: bool
-    data: list[Datum]
 
 
 def _array(t: Any) -> np.ndarray:
@@ -83,87 +79,30 @@ def _batched(arrays: list[np.ndarray]) -> Any:
     return pb.BatchedTensor(data=flat.tobytes(), offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32)
 
 
-def forward_backward_output(logprobs: list[np.ndarray], loss: float) -> Result:
+def forward_backward_output(result: StepOutput) -> Result:
     """Per datum its target tokens' ``logprobs``; the metric ``loss:sum``."""
     from tinker.proto import tinker_public_pb2 as pb
 
-    record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(logprobs))
-    record.fields["logprobs"].CopyFrom(_batched(logprobs))
+    record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(result.logprobs))
+    record.fields["logprobs"].CopyFrom(_batched(result.logprobs))
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=[record],
-                                   metrics={"loss:sum": loss})
+                                   metrics={"loss:sum": result.loss})
     return out.SerializeToString(), PROTO
 
 
-def optimizer_state(run: Any) -> dict[str, Any]:
-    return run.optimizer.state_dict()
-
-
-def load_optimizer_state(run: Any, state: dict[str, Any]) -> None:
-    import torch
-
-    run.optimizer = torch.optim.AdamW(run.params(), lr=1e-4)
-    try:
-        run.optimizer.load_state_dict(state)
-    except ValueError as exc:
-        raise UserError(f"the checkpoint's optimizer state does not fit this model: {exc}") from None
-
-
-# ---------------------------------------------------------------------- sampling
-
-
-def _stops(base: Any, stop: Any) -> tuple[list[int], list[str]]:
-    """The request's stop: None the model's end-of-sequence tokens, a string or strings, or token ids."""
-    if stop is None:
-        eos = base.model.generation_config.eos_token_id if base.model.generation_config else None
-        eos = eos if eos is not None else base.tokenizer.eos_token_id
-        return ([eos] if isinstance(eos, int) else list(eos or [])), []
-    if isinstance(stop, str):
-        return [], [stop]
-    items = list(stop)
-    if all(isinstance(s, int) for s in items):
-        return [int(s) for s in items], []
-    return [], [str(s) for s in items]
-
-
-async def sample(base: Any, adapter: str, req: Any) -> Result:
-    """``num_samples`` sequences through ``adapter`` on the base's engine, with prompt log-probs
-    (and the top-k of each prompt position) when asked for."""
+def sample_response(sampled: Sampled, req: types.SampleRequest) -> Result:
+    """The sequences with their log-probs, and the prompt's log-probs (NaN where not asked for: the
+    first position, those before the last ``prompt_logprobs_last_n``) and top-k when asked for."""
     from tinker.proto import tinker_public_pb2 as pb
-    from toolrl.engines import SamplingParams
 
-    prompt = [int(t) for chunk in req.prompt.chunks for t in getattr(chunk, "tokens", ())]
-    if len(prompt) != req.prompt.length:
-        raise UserError("prompt: only token chunks (encoded_text) are served, not images or audio")
-    if prompt and (min(prompt) < 0 or max(prompt) >= base.vocab):
-        raise UserError(f"prompt holds token id {max(prompt)}, outside the model's vocabulary of {base.vocab}")
-    sp = req.sampling_params
-    if sp.top_k not in (-1, 0):
-        raise UserError(f"sampling_params.top_k={sp.top_k}: this server samples with top_p only (top_k -1)")
-    if req.topk_sample_logprobs or req.prompt_alt_tokens_k or req.target_prompt_logprobs is not None:
-        raise UserError("topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not served")
-    stop_ids, stop_strings = _stops(base, sp.stop)
-    max_tokens = sp.max_tokens if sp.max_tokens is not None else base.context - len(prompt) - 1
-    params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=max_tokens,
-                            stop_token_ids=stop_ids, stop_strings=stop_strings, seed=sp.seed)
-    try:
-        gens = await base.engine.generate(prompt, params, n=req.num_samples, adapter=adapter) if max_tokens > 0 else []
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     out = pb.SampleResponse()
-    for g in gens:
+    for g in sampled.sequences:
         out.sequences.add(stop_reason=pb.STOP_REASON_LENGTH if g.finish_reason == "length" else pb.STOP_REASON_STOP,
                           tokens=np.asarray(g.token_ids, np.int32).tobytes(),
                           logprobs=np.asarray(g.logprobs, np.float32).tobytes())
-    if req.prompt_logprobs or req.topk_prompt_logprobs:
-        await _prompt_logprobs(base, adapter, prompt, req, out)
-    return out.SerializeToString(), PROTO
-
-
-async def _prompt_logprobs(base: Any, adapter: str, prompt: list[int], req: Any, out: Any) -> None:
-    from tinker.proto import tinker_public_pb2 as pb
-
-    k = req.topk_prompt_logprobs
-    (scored,) = await base.engine.prompt_logprobs([prompt], top=k, adapter=adapter)
+    if sampled.scored is None:
+        return out.SerializeToString(), PROTO
+    prompt, scored, k = sampled.prompt, sampled.scored, req.topk_prompt_logprobs
     last = req.prompt_logprobs_last_n or len(prompt) - 1
     values = np.full(len(prompt), math.nan, np.float32)
     values[1:] = scored.logprobs
@@ -179,3 +118,4 @@ async def _prompt_logprobs(base: Any, adapter: str, prompt: list[int], req: Any,
                 lps[i, :len(pairs)] = [v for _, v in pairs]
         out.topk_prompt_logprobs.CopyFrom(pb.TopkLogprobs(token_ids=ids.tobytes(), logprobs=lps.tobytes(), k=k,
                                                           length=len(prompt)))
+    return out.SerializeToString(), PROTO

@@ -1,23 +1,27 @@
-"""Tinker datums as toolrl's packed batch, and the Tinker losses as toolrl's policy losses.
+"""The Tinker API's training requests in toolrl's terms: a ``forward_backward`` as the public step's
+rows and loss (:mod:`toolrl.training.token_step`), an ``optim_step``'s ``AdamParams`` as its optimizer
+settings (:mod:`toolrl.training.optimizer`), and the user errors a request that does not fit gets.
 
 A datum is ``model_input`` (N tokens) and ``loss_fn_inputs`` of N values each: ``target_tokens`` (what
 position i predicts), ``weights`` (cross_entropy), ``logprobs`` (the sampler's, RL losses) and
-``advantages``. It becomes one row of a :class:`toolrl.training.packing.PackedBatch` whose LM head runs
-at every position, every position trained (``response_mask`` 1): the loss is
-:func:`toolrl.training.step.policy_loss` with ``loss_agg: seq-mean-token-sum-norm`` normalised by 1,
-the plain sum over tokens the API defines. The RL losses' proximal and behaviour log-probs are both the
-datum's ``logprobs`` (the ratio is against the sampler; no correction weight); cross_entropy's proximal
-log-probs are the new ones detached and its advantages the weights.
+``advantages``. It becomes one :class:`toolrl.training.token_step.TokenRow`, every position trained and
+the loss their plain sum, as the API defines it: cross_entropy's weights are the row's advantages, the
+RL losses' ``logprobs`` its sampling log-probs (the ratio is against the sampler; no correction weight).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from toolrl.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from tinker import types
+    from toolrl.training.optimizer import OptimizerSettings
+    from toolrl.training.token_step import LossSpec, TokenRow
 
 
 class UserError(ValueError):
@@ -36,9 +40,30 @@ LOSSES: dict[str, tuple[str, tuple[str, ...], dict[str, float]]] = {
 OPTIONAL = {"weights": 1.0}
 
 
-def algorithm(loss_fn: str, config: Mapping[str, float] | None) -> tuple[AlgorithmConfig, Any]:
-    """The toolrl algorithm section and policy loss that compute Tinker's ``loss_fn`` with ``config``."""
+@dataclass
+class Datum:
+    """One datum as arrays: the input tokens and each loss input (float32, target_tokens int64)."""
+
+    tokens: np.ndarray
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass
+class ForwardBackward:
+    """A ``forward_backward`` (or ``forward``: ``forward_only``; ``loss_fn`` None: no loss named)."""
+
+    model_id: str
+    seq_id: int | None
+    loss_fn: str | None
+    config: dict[str, float] | None
+    forward_only: bool
+    data: list[Datum]
+
+
+def loss_spec(loss_fn: str, config: Mapping[str, float] | None) -> LossSpec:
+    """The toolrl policy loss and options that compute Tinker's ``loss_fn`` with ``config``."""
     from toolrl.algorithms import build_loss
+    from toolrl.training.token_step import LossSpec
 
     if loss_fn not in LOSSES:
         raise UserError(f"unknown loss_fn {loss_fn!r}: this server computes {', '.join(LOSSES)}")
@@ -55,23 +80,31 @@ def algorithm(loss_fn: str, config: Mapping[str, float] | None) -> tuple[Algorit
         options = {"min_weight": values["clip_low_threshold"], "max_weight": values["clip_high_threshold"]}
     elif loss_fn == "dro":
         options = {"beta": values["beta"]}
-    try:
-        algo = AlgorithmConfig(loss=name, loss_options=options, loss_agg="seq-mean-token-sum-norm")
-        return algo, build_loss(algo)
+    try:  # its options checked now: a bad threshold is the client's error, not the step's
+        build_loss(AlgorithmConfig(loss=name, loss_options=options))
     except ValueError as exc:
         raise UserError(f"loss_fn_config of {loss_fn}: {str(exc).splitlines()[0]}") from None
+    return LossSpec(name=name, options=options)
 
 
-# Every position counts once: the sum over tokens (toolrl.training.step.aggregate).
-SUM = {"seqs": 1.0, "max_len": 1.0, "tokens": 1.0}
+def token_rows(req: ForwardBackward, vocab: int, max_tokens: int) -> tuple[list[TokenRow], LossSpec]:
+    """The request's datums as rows and its loss (a forward without a loss: cross_entropy's, over
+    advantages of 0), once :func:`check` passes. A datum without ``target_tokens`` (a forward) predicts
+    the next input token, its last position its own."""
+    from toolrl.training.token_step import TokenRow
 
-
-@dataclass
-class Datum:
-    """One datum as arrays: the input tokens and each loss input (float32, target_tokens int64)."""
-
-    tokens: np.ndarray
-    inputs: dict[str, np.ndarray]
+    loss = loss_spec(req.loss_fn or "cross_entropy", req.config if req.loss_fn is not None else None)
+    check(req.data, req.loss_fn, vocab, max_tokens)
+    key = "weights" if req.loss_fn == "cross_entropy" else "advantages"
+    rows = []
+    for d in req.data:
+        targets = d.inputs.get("target_tokens")
+        advantages = d.inputs.get(key)
+        rows.append(TokenRow(tokens=d.tokens,
+                             targets=np.append(d.tokens[1:], d.tokens[-1:]) if targets is None else targets,
+                             advantages=np.full(len(d.tokens), OPTIONAL.get(key, 0.0)) if advantages is None else advantages,
+                             logprobs=d.inputs.get("logprobs")))
+    return rows, loss
 
 
 def check(data: Sequence[Datum], loss_fn: str | None, vocab: int, max_tokens: int) -> None:
@@ -104,40 +137,18 @@ def check(data: Sequence[Datum], loss_fn: str | None, vocab: int, max_tokens: in
                                 f"outside the model's vocabulary of {vocab}")
 
 
-def packed(data: Sequence[Datum], adapter: int, loss_fn: str | None, device: Any = "cpu") -> Any:
-    """The datums as one packed row: every position predicts its target (a forward without targets
-    predicts the next input token, the last position its own), row i of the (B, N) grid holding
-    datum i's advantages (cross_entropy: weights) and sampling log-probs."""
-    import torch
-    from toolrl.training.packing import PackedBatch
+def optimizer_settings(req: types.OptimStepRequest) -> OptimizerSettings:
+    """An ``optim_step``'s ``AdamParams`` as the optimizer settings; any other optimizer (Dimuon), or a
+    value out of its range, is the client's error."""
+    from pydantic import ValidationError
+    from toolrl.training.optimizer import OptimizerSettings
 
-    n = len(data)
-    width = max(len(d.tokens) for d in data)
-    ids, pos, head, targets, rows, cols, bounds = [], [], [], [], [], [], [0]
-    mask = torch.zeros((n, width))
-    engine = torch.zeros((n, width))
-    adv = torch.zeros((n, width))
-    for i, d in enumerate(data):
-        k = len(d.tokens)
-        start = bounds[-1]
-        ids.extend(d.tokens.tolist())
-        pos.extend(range(k))
-        head.extend(range(start, start + k))
-        tgt = d.inputs.get("target_tokens")
-        targets.extend((tgt if tgt is not None else np.append(d.tokens[1:], d.tokens[-1:])).tolist())
-        rows.extend([i] * k)
-        cols.extend(range(k))
-        bounds.append(start + k)
-        mask[i, :k] = 1.0
-        if "logprobs" in d.inputs:
-            engine[i, :k] = torch.from_numpy(d.inputs["logprobs"])
-        key = "weights" if loss_fn == "cross_entropy" else "advantages"
-        adv[i, :k] = torch.from_numpy(d.inputs[key]) if key in d.inputs else OPTIONAL.get(key, 0.0)
-
-    def long(v: list[int]) -> torch.Tensor:
-        return torch.tensor(v, dtype=torch.long, device=device)
-
-    batch = PackedBatch(long(ids)[None], long(pos)[None], bounds, long(head), long(targets), long(rows), long(cols),
-                        mask.to(device), engine.to(device), adv.to(device))
-    batch.adapter_ids = torch.full_like(batch.input_ids, adapter)
-    return batch
+    params = req.optim_params
+    if not hasattr(params, "beta2"):
+        raise UserError(f"optimizer {getattr(params, 'type', '?')!r}: this server steps AdamW only (AdamParams)")
+    try:
+        return OptimizerSettings(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
+                                 weight_decay=params.weight_decay, grad_clip_norm=params.grad_clip_norm)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"AdamParams: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

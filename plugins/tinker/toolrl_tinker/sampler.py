@@ -1,0 +1,162 @@
+"""Sampling on one base: toolrl's ``transformers`` rollout engine over a second copy of the base model,
+each weight set saved for a sampler an adapter of its own there (frozen, a copy of the trainer's at that
+point) and an adapter ``base`` of zeros standing for the base model; the engine batches rows of every
+client's adapters.
+
+A run keeps at most ``keep`` weight sets on the sampler: older ones are dropped (and loaded again from
+their file when sampled again). An adapter with requests in flight leaves the engine only once the last
+of them ends: requests hold it (:meth:`Sampler.using`), and a drop that must happen now (a name saved
+again) waits for them on a condition, a drop that may wait is left to the last request's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolrl.engines import Generation, ModelSource, PromptLogprobs, SamplingParams
+from toolrl.model_sources import load_model
+from toolrl.plugins.parts import BuildContext, build_part
+
+from toolrl_tinker import adapters
+from toolrl_tinker.requests import UserError
+
+if TYPE_CHECKING:
+    from tinker import types
+
+
+@dataclass
+class Sampled:
+    """A sample request's answer: its prompt, the sequences, and the prompt's log-probs when asked."""
+
+    prompt: list[int]
+    sequences: list[Generation]
+    scored: PromptLogprobs | None
+
+
+class Sampler:
+    """One base's sampler engine and the saved weight sets on it, each kept by the run that saved it."""
+
+    def __init__(self, path: str, tokenizer: Any, keep: int, max_rows: int = 32) -> None:
+        model = load_model(path, dtype="float32", device="cpu")
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 20)
+        adapters.add_zero(model)
+        source = ModelSource(path, module=model.eval(), tokenizer=tokenizer)
+        # Packed linears: several clients' rows decode together (a second copy of the sampler's weights).
+        options = {"device": "cpu", "max_batch_size": max_rows, "packed_linears": True}
+        self.engine = build_part("rollout_engines", "transformers", options,
+                                 BuildContext("tinker-service sampler", inputs={"source": source}))
+        self.keep = keep
+        self.kept: dict[str, list[str]] = {}  # a run's weight sets on the engine, oldest first
+        self._use = threading.Condition()  # guards the counts below and every adapter added or dropped
+        self._inflight: Counter[str] = Counter()
+        self._doomed: set[str] = set()  # dropped once their last request ends
+
+    def holds(self, name: str) -> bool:
+        return adapters.holds(self.engine.model, name)
+
+    def put(self, run: str, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
+        """Weight set ``name`` (``state``: the run's adapter) on the engine, kept by ``run``; a set of that
+        name already there is replaced once its requests in flight end."""
+        with self._use:  # a reentrant lock: held through restore, so no request finds the name missing
+            self._use.wait_for(lambda: not self._inflight[name])
+            self._remove(name)
+            self.restore(run, name, rank, targets, state)
+
+    def restore(self, run: str, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
+        """Weight set ``name`` on the engine unless it is there, kept by ``run`` (whether or not a client
+        holds that run now); the run's oldest past ``keep`` dropped."""
+        with self._use:
+            self._doomed.discard(name)
+            self.engine.apply_adapters(lambda model: adapters.add_frozen(model, name, rank, targets, state))
+            kept = self.kept.setdefault(run, [])
+            if name in kept:
+                kept.remove(name)
+            kept.append(name)
+            while len(kept) > self.keep:
+                self._drop(kept.pop(0))
+
+    def release(self, run: str) -> None:
+        """Every weight set ``run`` keeps off the engine (each once its requests end)."""
+        with self._use:
+            for name in self.kept.pop(run, []):
+                self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        """Under ``_use``: ``name`` off the engine now, or when its last request ends."""
+        if self._inflight[name]:
+            self._doomed.add(name)
+        else:
+            self._remove(name)
+
+    def _remove(self, name: str) -> None:
+        self._doomed.discard(name)
+        self.engine.apply_adapters(lambda model: adapters.remove(model, name))
+
+    @contextlib.asynccontextmanager
+    async def using(self, name: str) -> AsyncIterator[None]:
+        """Adapter ``name`` held on the engine (not dropped) while the block runs."""
+        with self._use:
+            self._inflight[name] += 1
+        try:
+            yield
+        finally:
+            with self._use:
+                self._inflight[name] -= 1
+                last = not self._inflight[name] and name in self._doomed
+                if not self._inflight[name]:
+                    del self._inflight[name]
+                self._use.notify_all()
+            if last:
+                await asyncio.to_thread(self._drop_doomed, name)
+
+    def _drop_doomed(self, name: str) -> None:
+        with self._use:
+            if name in self._doomed:
+                self._drop(name)
+
+    async def sample(self, name: str, req: types.SampleRequest) -> Sampled:
+        """``num_samples`` sequences through adapter ``name``, with the prompt's log-probs (and the top-k of
+        each position) when asked for."""
+        prompt = [int(t) for chunk in req.prompt.chunks for t in getattr(chunk, "tokens", ())]
+        if len(prompt) != req.prompt.length:
+            raise UserError("prompt: only token chunks (encoded_text) are served, not images or audio")
+        if prompt and (min(prompt) < 0 or max(prompt) >= self.vocab):
+            raise UserError(f"prompt holds token id {max(prompt)}, outside the model's vocabulary of {self.vocab}")
+        sp = req.sampling_params
+        if sp.top_k not in (-1, 0):
+            raise UserError(f"sampling_params.top_k={sp.top_k}: this server samples with top_p only (top_k -1)")
+        if req.topk_sample_logprobs or req.prompt_alt_tokens_k or req.target_prompt_logprobs is not None:
+            raise UserError("topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not served")
+        stop_ids, stop_strings = self._stops(sp.stop)
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else self.context - len(prompt) - 1
+        params = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=max_tokens,
+                                stop_token_ids=stop_ids, stop_strings=stop_strings, seed=sp.seed)
+        try:
+            sequences = await self.engine.generate(prompt, params, n=req.num_samples, adapter=name) if max_tokens > 0 else []
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        scored = None
+        if req.prompt_logprobs or req.topk_prompt_logprobs:
+            (scored,) = await self.engine.prompt_logprobs([prompt], top=req.topk_prompt_logprobs, adapter=name)
+        return Sampled(prompt, sequences, scored)
+
+    def _stops(self, stop: Any) -> tuple[list[int], list[str]]:
+        """The request's stop: None the model's end-of-sequence tokens, a string or strings, or token ids."""
+        if stop is None:
+            return self.eos, []
+        if isinstance(stop, str):
+            return [], [stop]
+        items = list(stop)
+        if all(isinstance(s, int) for s in items):
+            return [int(s) for s in items], []
+        return [], [str(s) for s in items]

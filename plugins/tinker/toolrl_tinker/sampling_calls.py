@@ -1,0 +1,108 @@
+"""The sampling client's calls: weights saved for a sampler, sampling sessions (on a saved path or a
+base model) and ``sample``, through the base's :class:`toolrl_tinker.sampler.Sampler`. A session is a
+record of whose it is, its base and the sampler adapter it samples through."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolrl_tinker import adapters, trainer, wire
+from toolrl_tinker.requests import UserError
+
+if TYPE_CHECKING:
+    from tinker import types
+
+    from toolrl_tinker.service import Service
+
+
+@dataclass(frozen=True)
+class SamplerRecord:
+    """A sampling session: its owner, base, adapter on the sampler and the ``tinker://`` path of its
+    weights (None: the base model itself)."""
+
+    owner: str
+    base: str
+    adapter: str
+    path: str | None
+
+
+class SamplingCalls:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.sessions: dict[str, SamplerRecord] = {}
+
+    def save_for_sampler(self, owner: str, req: types.SaveWeightsForSamplerRequest) -> dict[str, Any]:
+        """The run's weights on the sampler: saved under ``req.path``, or unnamed with a session on them."""
+        run = self.service.run(owner, req.model_id)
+        name = req.path or f"ephemeral-{uuid.uuid4().hex[:8]}"
+        path = f"tinker://{run.model_id}/sampler_weights/{name}"
+        adapter = adapters.sampler_name(path)
+
+        def put() -> None:
+            if req.path is not None:
+                self.service.training.save(run, path, "sampler_weights", name, False)
+            base = self.service.base(run.base)
+            base.sampler.put(run.model_id, adapter, run.rank, run.targets, base.trainer.adapter_state(run))
+
+        async def work() -> wire.Result:
+            await asyncio.to_thread(put)
+            if req.path is not None:
+                return wire.json_body({"path": path, "type": "save_weights_for_sampler"})
+            session = self._new(SamplerRecord(owner, run.base, adapter, path))
+            return wire.json_body({"path": None, "sampling_session_id": session, "type": "save_weights_for_sampler"})
+
+        return self.service.start(owner, work, run.model_id, req.seq_id)
+
+    def create_sampling_session(self, owner: str, req: types.CreateSamplingSessionRequest) -> str:
+        return self._new(self._record(owner, req.model_path, req.base_model))
+
+    def _new(self, record: SamplerRecord) -> str:
+        session = f"sampler-{uuid.uuid4().hex[:12]}"
+        self.sessions[session] = record
+        return session
+
+    def _record(self, owner: str, model_path: str | None, base_model: str | None) -> SamplerRecord:
+        """What a request names: a saved path's weights, else the base model's."""
+        if model_path is None:
+            return SamplerRecord(owner, self.service.base(base_model or "").name, adapters.BASE_ADAPTER, None)
+        found = self.service.checkpoint(owner, model_path)
+        run = self.service.store.run(found["model_id"])
+        assert run is not None
+        return SamplerRecord(owner, run["base"], adapters.sampler_name(model_path), model_path)
+
+    def sampler(self, owner: str, session: str) -> SamplerRecord:
+        found = self.sessions.get(session)
+        if found is None or found.owner != owner:
+            raise UserError(f"unknown sampling session {session!r}")
+        return found
+
+    def sample(self, owner: str, req: types.SampleRequest) -> dict[str, Any]:
+        """A future of ``req.num_samples`` sequences, naming them."""
+        if req.sampling_session_id is not None:
+            record = self.sampler(owner, req.sampling_session_id)
+        else:
+            record = self._record(owner, req.model_path, req.base_model)
+        sampler = self.service.base(record.base).sampler
+
+        async def work() -> wire.Result:
+            async with sampler.using(record.adapter):
+                if not sampler.holds(record.adapter):
+                    await asyncio.to_thread(self._reload, record)
+                return wire.sample_response(await sampler.sample(record.adapter, req), req)
+
+        answer = self.service.start(owner, work)
+        answer["sample_sequence_ids"] = [f"{answer['request_id']}:{i}" for i in range(req.num_samples)]
+        return answer
+
+    def _reload(self, record: SamplerRecord) -> None:
+        """A session's weights, dropped from the sampler for newer ones, loaded again from their file."""
+        found = self.service.store.checkpoint(record.path) if record.path is not None else None
+        if found is None:
+            raise UserError("these sampler weights were dropped for newer ones (a client keeps "
+                            f"{self.service.limits.max_samplers} unnamed sets): save them with a name to keep them")
+        state = trainer.read(found["file"])
+        self.service.base(record.base).sampler.restore(found["model_id"], record.adapter, state["rank"],
+                                                       state["targets"], state["adapter"])
