@@ -13,8 +13,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 from toolrl.config import AdapterConfig, AlgorithmConfig, ConfigError
-from toolrl.modeling.adapter_routing import adapter_names
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapter_routing import adapter_names
 from toolrl.modeling.adapters import adapter_of, add_adapter
 from toolrl.training.optimizer import OptimizerSettings, adamw, optimizer_step
 from toolrl.training.packing import build_batch, through_adapters
