@@ -206,6 +206,20 @@ def register_context_policies(register: Register) -> None:
 
 
 @hookspec
+def register_curricula(register: Register) -> None:
+    """Register curricula: subclasses of :class:`toolrl.curricula.Curriculum`.
+
+    A curriculum decides which prompt each training group gets: the controller asks it once per group, in
+    group order (``choose(group)``: a position in the training samples, :class:`toolrl.curricula.TrainingSet`),
+    and shows it every finished group (``observe``: a :class:`toolrl.curricula.GroupOutcome`, its rewards with
+    the policy version that sampled them and the step that trains them); ``metrics()`` adds its figures to
+    each step's row, ``state_dict``/``load_state_dict`` carry it through checkpoints. ``Options`` (a pydantic
+    model) types ``data.curriculum: {name, ...options}`` besides ``name``. The built-ins are ``uniform``
+    (the default), ``pass_rate`` and ``env_difficulty`` (docs/curricula.md).
+    """
+
+
+@hookspec
 def register_weight_transports(register: Register) -> None:
     """Register weight transports: subclasses of :class:`toolrl.transports.WeightTransport`.
 
