@@ -239,6 +239,33 @@ def test_evaluation_takes_every_held_out_problem_whatever_the_curriculum(tmp_pat
     assert row["curriculum"]["level"] == {"ladder": 1}
 
 
+def test_only_the_controller_draws():
+    """One decision per run: the curriculum is built, asked and shown in the controller's process (its
+    data and checkpoints); no trainer rank or rollout worker holds one."""
+    from test_layers import GRAPH
+
+    users = sorted(m for m, targets in GRAPH.items() if {"toolrl.curricula", "toolrl.data.draws"} & targets)
+    assert users == ["toolrl.data.batches", "toolrl.data.draws", "toolrl.processes.controller", "toolrl.processes.prepare",
+                     "toolrl.testing.curricula"]
+
+
+def test_a_streaming_run_checkpoints_the_prompts_of_its_groups_in_flight(tmp_path):
+    """Under the stream (max_staleness 1) the groups of the step ahead are drawn before the checkpoint: it
+    keeps their prompts, which the next step then trains on; every group is shown with its staleness."""
+    from toolrl.processes.controller import train_async
+
+    config = load_config(TINY, [f"trainer.output_dir={tmp_path}", "trainer.total_steps=3", "trainer.max_staleness=1",
+                                "env_options.train_size=8", "rollout.n=2", "rollout.max_new_tokens=4",
+                                "rollout.max_response_tokens=4", "data.curriculum={name: pass_rate, revisit: 0.5}",
+                                "trainer.plot=false", "trainer.progress=false"])
+    asyncio.run(train_async(config))
+    saved = json.loads((tmp_path / "checkpoints" / "step_000002" / CURRICULUM).read_text())
+    assert sorted(g for g, _ in saved["chosen"]) == [4, 5]  # drawn for step 3 while step 2 trained
+    step3 = lines(tmp_path / "rollouts" / "step_00003.jsonl")
+    assert sorted({(t["group"], t["sample_index"]) for t in step3}) == sorted(map(tuple, saved["chosen"]))
+    assert all(row["curriculum"]["pool"]["unseen"] < 8 for row in lines(tmp_path / "metrics.jsonl"))
+
+
 @pytest.mark.slow
 def test_a_killed_pass_rate_run_resumes_to_the_uninterrupted_draws(tmp_path):
     """Killed after its second checkpoint and resumed, a run whose prompts the pass-rate pools draw gives

@@ -158,6 +158,13 @@ class PassOptions(BaseModel):
                                 "weights its step trains counts stale_weight ** k (docs/curricula.md)")
 
 
+def below(options: PassOptions, low: str, high: str) -> Any:
+    """``options``, whose bound ``low`` must be below its bound ``high`` (a ValueError naming both)."""
+    if getattr(options, low) >= getattr(options, high):
+        raise ValueError(f"{low} ({getattr(options, low):g}) must be below {high} ({getattr(options, high):g})")
+    return options
+
+
 def add(record: list[list[float]], outcome: GroupOutcome, options: PassOptions) -> None:
     """``outcome``'s pass rate and weight appended to ``record``, which keeps the newest ``window``."""
     record.append([outcome.pass_rate(options.pass_reward), options.stale_weight ** outcome.staleness])
@@ -209,9 +216,7 @@ class PassRate(Curriculum):
 
         @model_validator(mode="after")
         def _ordered(self) -> PassRate.Options:
-            if self.hard_at >= self.easy_at:
-                raise ValueError(f"hard_at ({self.hard_at:g}) must be below easy_at ({self.easy_at:g})")
-            return self
+            return below(self, "hard_at", "easy_at")
 
     options: Options
 
@@ -295,9 +300,7 @@ class EnvDifficulty(Curriculum):
 
         @model_validator(mode="after")
         def _ordered(self) -> EnvDifficulty.Options:
-            if self.down >= self.up:
-                raise ValueError(f"down ({self.down:g}) must be below up ({self.up:g})")
-            return self
+            return below(self, "down", "up")
 
     options: Options
 
