@@ -138,6 +138,10 @@ def test_a_step_shows_each_of_its_groups_once_with_its_oldest_version():
     draws.observe(groups, 5)
     assert [(o.group, o.rewards, o.version, o.step) for o in seen] == [(4, (1.0, 0.0), 2, 5), (5, (0.5, 0.0), 3, 5)]
     assert draws.chosen == {} and draws.metrics()["curriculum"]["zero_variance"] == 0.0
+    # A group it never drew (a batch a run without a curriculum generated ahead, resumed): the data order's prompt.
+    draws.observe({9: [traj("f", 0, 1.0, [4]), traj("g", 0, 1.0, [4])]}, 6)
+    assert (seen[-1].sample, seen[-1].rewards) == (draws.curriculum.data.uniform(9), (1.0, 1.0))
+    assert draws.metrics()["curriculum"]["zero_variance"] == 1.0
 
 
 def test_env_difficulty_moves_each_route_up_and_down_by_the_pass_rate_at_its_level():

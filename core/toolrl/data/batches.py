@@ -172,7 +172,7 @@ class StepBatch:
         import torch
 
         torch.save({"groups": self.groups, "skipped": self.skipped, "end": self.end, "rollout_s": self.rollout_s,
-                    "offset": self.offset, "trajectories": [t.model_dump() for t in self.generated]}, file)
+                    "trajectories": [t.model_dump() for t in self.generated]}, file)
 
     @classmethod
     def load(cls, file: Path) -> StepBatch:
@@ -183,9 +183,9 @@ class StepBatch:
             state = torch.load(file, weights_only=False)
             trajs = [Trajectory.model_validate(t) for t in state["trajectories"]]
             groups, skipped, end = list(state["groups"]), list(state.get("skipped", [])), int(state["end"])
-            # Written before offsets were kept: the synchronous loop's numbering, its groups from 0.
-            offset = int(state.get("offset", end - len(groups) - len(skipped)))
-            return cls(groups, skipped, trainable(trajs), trajs, end, 0.0, float(state["rollout_s"]), offset=offset)
+            # A batch generated ahead is the synchronous loop's: its groups numbered from 0.
+            return cls(groups, skipped, trainable(trajs), trajs, end, 0.0, float(state["rollout_s"]),
+                       offset=end - len(groups) - len(skipped))
         except Exception as exc:  # unpickling garbage raises anything
             raise ConfigError(f"--resume: {file}: not a batch generated ahead ({one_line(str(exc))[:200]})") from None
 

@@ -50,7 +50,10 @@ class Draws:
         """A step's groups (each with its trainable trajectories) shown to the curriculum in group order;
         ``step``: the step (1-based) that trains them."""
         for group in sorted(groups):
-            sample = self.chosen.pop(group)
+            # A group this run did not draw (a batch generated ahead by a run that named no curriculum) was
+            # drawn in the data's order.
+            sample = self.chosen.pop(group, None)
+            sample = self.curriculum.data.uniform(group) if sample is None else sample
             rewards = tuple({t.key: t.reward for t in groups[group]}.values())  # a forked trajectory once
             if not rewards:  # its infrastructure failures left nothing to learn from
                 continue
