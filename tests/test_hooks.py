@@ -249,11 +249,7 @@ def test_hook_register_reward_functions(tmp_path):
     assert listed(tmp_path)["parts"]["reward_functions"] == ["exact"]
     code = ("from toolrl.plugins import get_plugins; r = get_plugins().load_part('reward_functions', 'exact')(); "
             "print(r('42', 42), r('41', 42))")
-    import os
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    out = python_with_plugin(tmp_path, code)
     assert out.stdout.split() == ["1.0", "0.0"], out.stderr
 
 
