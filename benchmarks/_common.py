@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: single-threaded torch, summary tables, timing statistics.
+"""Shared helpers for the benchmarks: single-threaded torch, summary tables, timing statistics, learning
+curves over tokens.
 
 Import this module before torch: :func:`single_thread` must set ``OMP_NUM_THREADS`` before the
 OpenMP runtime starts, because multithreaded OpenMP stalls unpredictably on the shared 2-core VMs
@@ -56,6 +57,26 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
+
+
+def tokens_to(target: float, points: Sequence[tuple[float, float]]) -> float | None:
+    """Where a (tokens, success) curve first reaches ``target``, linear between its points."""
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if s0 >= target:
+            return t0
+        if s1 >= target:
+            return t0 + (t1 - t0) * (target - s0) / (s1 - s0)
+    return points[-1][0] if points and points[-1][1] >= target else None
+
+
+def mean_curve(curves: Sequence[Sequence[tuple[float, float]]], marks: Sequence[float]) -> list[float]:
+    """The seed mean at ``marks`` tokens, each seed's curve linear between its points."""
+    def value(curve: Sequence[tuple[float, float]], x: float) -> float:
+        for (t0, s0), (t1, s1) in zip(curve, curve[1:]):
+            if t0 <= x <= t1:
+                return s0 + (s1 - s0) * (x - t0) / max(t1 - t0, 1e-9)
+        return curve[-1][1]
+    return [statistics.mean(value(c, x) for c in curves) for x in marks]
 
 
 def _is_number(value: Any) -> bool:

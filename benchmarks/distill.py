@@ -72,7 +72,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from _common import machine, single_thread, table
+from _common import machine, mean_curve, single_thread, table, tokens_to
 
 single_thread()
 
@@ -302,26 +302,6 @@ def train(model: Path, out: Path, seed: int, steps: int, args: argparse.Namespac
         if "val/pass@1" in row:
             curve.append((tokens, round(row["val/pass@1"] * EVAL), row["advantage_mean"]))
     return curve
-
-
-def tokens_to(target: float, points: Sequence[tuple[float, float]]) -> float | None:
-    """Where a (tokens, success) curve first reaches ``target``, linear between its points."""
-    for (t0, s0), (t1, s1) in zip(points, points[1:]):
-        if s0 >= target:
-            return t0
-        if s1 >= target:
-            return t0 + (t1 - t0) * (target - s0) / (s1 - s0)
-    return points[-1][0] if points and points[-1][1] >= target else None
-
-
-def mean_curve(curves: Sequence[Sequence[tuple[float, float]]], marks: Sequence[float]) -> list[float]:
-    """The seed mean at ``marks`` tokens, each seed's curve linear between its points."""
-    def value(curve: Sequence[tuple[float, float]], x: float) -> float:
-        for (t0, s0), (t1, s1) in zip(curve, curve[1:]):
-            if t0 <= x <= t1:
-                return s0 + (s1 - s0) * (x - t0) / max(t1 - t0, 1e-9)
-        return curve[-1][1]
-    return [statistics.mean(value(c, x) for c in curves) for x in marks]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     group are the synchronous loop's."""
     import torch
     from toolrl.data.batches import GroupStream
+    from toolrl.data.draws import open_draws
     from toolrl.data.sources import load_samples
     from toolrl.processes.controller import train_async
     from toolrl.processes.start import start_processes
@@ -73,7 +74,7 @@ def test_staleness_zero_is_the_synchronous_run(tmp_path):
     async def reference(stream: bool):
         samples = load_samples(cfg)
         processes = await start_processes(cfg)
-        groups = GroupStream(processes.rollouts, samples, cfg, 0, 0) if stream else None
+        groups = GroupStream(processes.rollouts, open_draws(cfg, samples), cfg, 0, 0) if stream else None
         rows = []
         try:
             for step in range(steps):

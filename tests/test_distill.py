@@ -402,6 +402,7 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
 
     from toolrl.config import load_config
     from toolrl.data.batches import GroupStream, StepBatches, open_batches
+    from toolrl.data.draws import open_draws
     from toolrl.data.sources import load_samples
     from toolrl.processes.prepare import sample_conversation
     from toolrl.processes.resolve import resolve_run
@@ -417,7 +418,8 @@ def test_groups_scored_as_they_are_generated_hold_the_whole_batchs_scores(tmp_pa
     async def batches():
         processes = await start_processes(run)
         scoring = await open_teachers(config, processes.tokenizer, "algorithm.teacher", sample_conversation(run))
-        stream = open_batches(processes.rollouts, load_samples(config), config, 0, 0, finish=scoring.score)
+        stream = open_batches(processes.rollouts, open_draws(config, load_samples(config)), config, 0, 0,
+                              finish=scoring.score)
         assert isinstance(stream, StepBatches if schedule == "synchronous" else GroupStream)
         try:
             batch = await stream.next(0)
@@ -457,6 +459,7 @@ def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_
 
     from toolrl.config import load_config
     from toolrl.data.batches import StepBatches, open_batches
+    from toolrl.data.draws import open_draws
     from toolrl.data.sources import load_samples
     from toolrl.processes.prepare import sample_conversation
     from toolrl.processes.resolve import resolve_run
@@ -469,7 +472,7 @@ def test_a_teacher_of_another_tokenizer_is_given_each_trajectorys_own_prompt_at_
 
     async def two_steps():
         processes = await start_processes(run)
-        stream = open_batches(processes.rollouts, load_samples(config), config, 0, 0)
+        stream = open_batches(processes.rollouts, open_draws(config, load_samples(config)), config, 0, 0)
         assert isinstance(stream, StepBatches)
         try:
             return [t for step in range(2) for t in (await stream.next(step)).trajectories], processes.tokenizer

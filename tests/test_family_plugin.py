@@ -52,14 +52,15 @@ def tick_model(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def tick_run(tick_venv, tmp_path_factory):
     """One training step in the venv Tick was installed into, with everything Tick ships at once: the
-    model carrying its template, its parser and training twin, its estimator, loss and context policy
-    (a run is most of a test's time; each test below asserts its part on this one)."""
+    model carrying its template, its parser and training twin, its estimator, loss, context policy and
+    curriculum (a run is most of a test's time; each test below asserts its part on this one)."""
     root = tmp_path_factory.mktemp("tick_run")
     out = root / "run"
     done = venv_toolrl(tick_venv, "train", str(ROOT / "examples" / "tiny.yaml"), f"model.source={tick_model(root / 'model')}",
                        "rollout.parser=tick", "rollout.template_rewrite=training_template",
                        "algorithm.advantage=tick_baseline", "algorithm.advantage_options={baseline: 0.25}",
                        "algorithm.loss=tick_pg", "rollout.context={name: tick_forget, trigger_tokens: 600}",
+                       "data.curriculum={name: tick_backwards, skip: 1}",
                        "rollout.n=2", "rollout.max_new_tokens=8", "data.batch_size=1", "trainer.total_steps=1",
                        "trainer.plot=false", "trainer.progress=false", f"trainer.output_dir={out}",
                        "reward.functions=[{name: format, options: {pattern: e}}]",
@@ -69,9 +70,10 @@ def tick_run(tick_venv, tmp_path_factory):
     return out
 
 
-def test_an_outside_estimator_loss_and_context_policy_train_from_the_public_api_alone(tick_run):
-    """Tick's estimator, loss and context policy import only public paths (check_public_imports), and a
-    run that names all three trains a step in the venv it was installed into."""
+def test_an_outside_estimator_loss_context_policy_and_curriculum_train_from_the_public_api_alone(tick_run):
+    """Tick's estimator, loss, context policy and curriculum import only public paths (check_public_imports),
+    and a run that names all four trains a step in the venv it was installed into, on the prompt its
+    curriculum drew (the second from the end of the 64), which it was shown."""
     from toolrl.testing import check_public_imports
 
     assert check_public_imports([TICK]) == []
@@ -80,6 +82,9 @@ def test_an_outside_estimator_loss_and_context_policy_train_from_the_public_api_
     config = json.loads((tick_run / "config.json").read_text())
     assert (config["algorithm"]["advantage"], config["algorithm"]["loss"]) == ("tick_baseline", "tick_pg")
     assert config["rollout"]["context"]["name"] == "tick_forget"
+    assert row["curriculum"]["trajectories_seen"] == 2
+    traces = [json.loads(line) for line in (tick_run / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
+    assert {t["sample_index"] for t in traces} == {62}
 
 
 def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv):
@@ -89,7 +94,7 @@ def test_the_installed_family_and_parser_are_listed_with_their_plugin(tick_venv)
     assert (tick["distribution"], tick["status"]) == ("toolrl-plugin-tick", "ok"), tick["error"]
     assert tick["parts"] == {"tool_parsers": ["tick"], "model_families": ["tick"],
                              "advantage_estimators": ["tick_baseline"], "policy_losses": ["tick_pg"],
-                             "context_policies": ["tick_forget"]}
+                             "context_policies": ["tick_forget"], "curricula": ["tick_backwards"]}
     parsed = venv_toolrl(tick_venv, "parse", "--parser", "tick", "-", stdin='Sure.\nCALL calculator {"expression": "2+3"}')
     assert json.loads(parsed.stdout)["calls"] == [{"name": "calculator", "arguments": {"expression": "2+3"}}]
 

@@ -150,6 +150,20 @@ class EchoAgent(Agent):
 def register_agents(register):
     register(EchoAgent, name="echo")
 
+from toolrl.curricula import Curriculum
+
+class Backwards(Curriculum):
+    """A plugin's curriculum: the data read from its end, ``offset`` groups on."""
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        offset: int = 0
+    def choose(self, group):
+        return len(self.data.samples) - 1 - (group + self.options.offset) % len(self.data.samples)
+
+@hookimpl
+def register_curricula(register):
+    register(Backwards, name="backwards")
+
 @hookimpl
 def register_commands(cli):
     @cli.command("hello")
@@ -235,11 +249,7 @@ def test_hook_register_reward_functions(tmp_path):
     assert listed(tmp_path)["parts"]["reward_functions"] == ["exact"]
     code = ("from toolrl.plugins import get_plugins; r = get_plugins().load_part('reward_functions', 'exact')(); "
             "print(r('42', 42), r('41', 42))")
-    import os
-    import subprocess
-    import sys
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    out = python_with_plugin(tmp_path, code)
     assert out.stdout.split() == ["1.0", "0.0"], out.stderr
 
 
@@ -334,6 +344,20 @@ def test_hook_register_context_policies(tmp_path):
     out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["ForgetAll 3", "rollout.context.after_turn: unknown key (did you mean "
                                        "'after_turns'?)"], out.stderr[-2000:]
+
+
+def test_hook_register_curricula(tmp_path):
+    assert listed(tmp_path)["parts"]["curricula"] == ["backwards"]
+    code = ("from toolrl.config import load_config, ConfigError; from toolrl.data.draws import open_draws\n"
+            "from toolrl.schemas import Sample\n"
+            "def draws(curriculum):\n"
+            "    data = {'data': {'train_files': ['x.jsonl'], 'curriculum': curriculum}}\n"
+            "    return open_draws(load_config(None, data=data), [Sample(prompt='q', index=i) for i in range(5)])\n"
+            "print([draws({'name': 'backwards', 'offset': 1}).prompt(g).index for g in range(3)])\n"
+            "try:\n    draws({'name': 'backwards', 'ofset': 1})\nexcept ConfigError as exc:\n    print(exc)\n")
+    out = python_with_plugin(tmp_path, code)
+    assert out.stdout.splitlines() == ["[3, 2, 1]", "data.curriculum.ofset: unknown key (did you mean 'offset'?)"], \
+        out.stderr[-2000:]
 
 
 def test_hook_register_agents(tmp_path):

@@ -226,14 +226,14 @@ def test_one_run_resolves_its_parts_and_loads_each_split_once(tmp_path, monkeypa
     # critic, then the pair rules) and built once by the trainer rank (on Ray, another process); never per step.
     # The engine and the tools are looked up again where they are built (the registry hands back the part
     # it loaded); the logger once, when the run opens its loggers; the context policy once, with the route,
-    # and the weight transport once, when the run is checked. What a weight sync sends and whether sessions
+    # and the weight transport and the curriculum once, when the run is checked. What a weight sync sends and whether sessions
     # are asked for their turns' state keys are decided by the run check and carried to the roles
     # (toolrl.processes.resolve.run_plan): no role looks the engine or the estimator up again for them.
     # Every model family is built once, when the tokenizer's family is detected.
     assert parts.pop("model_families") == len(registered_parts("model_families"))
     assert parts == {"environments": 1, "rollout_engines": 2, "tool_parsers": 1, "reward_functions": 1, "tools": 2,
                      "loggers": 1, "advantage_estimators": 3, "policy_losses": 2, "context_policies": 1,
-                     "weight_transports": 1}, parts
+                     "weight_transports": 1, "curricula": 1}, parts
     assert splits == {"train": 1, "test": 1}
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["val/num_samples"] for r in rows] == [2, 2]

@@ -331,6 +331,22 @@ class ModelConfig(Section):
         return self
 
 
+class NamedPart(BaseModel):
+    """A registered part by ``name``, its options beside it (every other key)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class CurriculumConfig(NamedPart):
+    """``data.curriculum``: the curriculum (toolrl.curricula)."""
+
+    name: str = Field("uniform", description="a registered curriculum: uniform, pass_rate, env_difficulty")
+
+
 class DataConfig(Section):
     """Explicit data; with an environment (``env``/``envs``) every key is optional and what is set
     overrides the environment's."""
@@ -345,11 +361,21 @@ class DataConfig(Section):
     system_prompt: PromptText | None = None
     # Messages put before every sample's own (after its system message): few-shot demonstrations.
     prompt_prefix: Annotated[list[dict[str, Any]], AfterValidator(check_prompt_chars)] | None = None
+    # Which prompt each training group gets, from what the policy solves (toolrl.curricula). None: the
+    # data's own order (uniform), with nothing of it in the metrics or checkpoints.
+    curriculum: CurriculumConfig | None = None
 
     @field_validator("trajectories", mode="before")
     @classmethod
     def _one_file(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _drawn_prompts(self) -> DataConfig:
+        if self.curriculum is not None and self.trajectories:
+            raise ValueError("curriculum: recorded groups (data.trajectories) are trained in their recorded order; "
+                             "a curriculum draws prompts to generate from")
+        return self
 
 
 class EngineConfig(Section):
@@ -361,16 +387,6 @@ class EngineConfig(Section):
 # Defaults of the keys an environment may set; an explicit value in the config overrides the env's.
 DEFAULT_PARSER = "hermes"
 DEFAULT_MAX_TURNS = 4
-
-
-class NamedPart(BaseModel):
-    """A registered part by ``name``, its options beside it (every other key)."""
-
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    @property
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 class ContextConfig(NamedPart):

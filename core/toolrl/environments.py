@@ -92,6 +92,8 @@ class Environment(BaseModel):
     context: dict[str, Any] | None = Field(None, description="the context policy ({name, ...options}, "
                                            "toolrl.context) when rollout.context is unset")
     metric: str | None = Field(None, description="the reward term that decides success (toolrl eval)")
+    levels: list[str] = Field(default_factory=list, description="difficulty levels, easiest first (names): each "
+                              "training sample's level indexes them (data.curriculum env_difficulty); none: no levels")
     images: bool = Field(True, description="a vision-language policy sees the samples' images; false: every "
                          "policy reads their text, each image as <image>")
     options: type[BaseModel] | None = None
@@ -176,6 +178,7 @@ class Environment(BaseModel):
             "session": self.session,
             "rewards": {r.name: r.weight for r in self.rewards},
             "parser": self.parser, "max_turns": self.max_turns, "metric": self.metric, "images": self.images,
+            "levels": self.levels,
             "options": self.options.model_json_schema() if self.options is not None else None,
         }
 

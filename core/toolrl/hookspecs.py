@@ -107,7 +107,8 @@ def register_environments(register: Register) -> None:
     Hugging Face ``datasets`` id, or a generator), system prompt and instructions, tool config
     entries (verl's layout; samples carry per-sample ``tools_kwargs``), reward functions with
     weights, the parser, ``max_turns``, the reward term that decides success (``metric``, used by
-    ``toolrl eval``) and an options model for the config's ``env_options``. ``env: NAME`` in a
+    ``toolrl eval``), difficulty levels (``levels``, indexed by each training sample's ``level``: what the
+    ``env_difficulty`` curriculum moves through) and an options model for the config's ``env_options``. ``env: NAME`` in a
     config selects one, ``envs: {NAME: {weight, max_turns, options}}`` mixes several, each sample
     routed to its own environment's tools, rewards, parser and turn limit. Register a lazy
     reference (``"package.module:ENVIRONMENT"``) so that listing plugins imports nothing.
@@ -202,6 +203,20 @@ def register_context_policies(register: Register) -> None:
     of ``rollout.context: {name, ...options}`` (or an environment's ``context``) besides ``name``;
     ``build(options, context)`` gets ``model.max_context`` as ``context.inputs["max_context"]``. The
     built-ins are ``none``, ``drop_tool_outputs``, ``window`` and ``summarise``.
+    """
+
+
+@hookspec
+def register_curricula(register: Register) -> None:
+    """Register curricula: subclasses of :class:`toolrl.curricula.Curriculum`.
+
+    A curriculum decides which prompt each training group gets: the controller asks it once per group, in
+    group order (``choose(group)``: a position in the training samples, :class:`toolrl.curricula.TrainingSet`),
+    and shows it every finished group (``observe``: a :class:`toolrl.curricula.GroupOutcome`, its rewards with
+    the policy version that sampled them and the step that trains them); ``metrics()`` adds its figures to
+    each step's row, ``state_dict``/``load_state_dict`` carry it through checkpoints. ``Options`` (a pydantic
+    model) types ``data.curriculum: {name, ...options}`` besides ``name``. The built-ins are ``uniform``
+    (the default), ``pass_rate`` and ``env_difficulty`` (docs/curricula.md).
     """
 
 

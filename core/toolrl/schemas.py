@@ -161,6 +161,8 @@ class Sample(BaseModel):
     tools_kwargs: dict[str, ToolKwargs] = Field(default_factory=dict)
     extra_info: dict[str, Any] = Field(default_factory=dict)
     index: int | None = None
+    # Its difficulty level: an index into its environment's ``levels`` (easiest first); None: no level.
+    level: int | None = Field(None, ge=0)
     # PNG images (toolrl.images) in the order the prompt refers to them: ``<image>`` in a message's
     # text (verl's layout) or an image part of its content.
     images: list[bytes] = Field(default_factory=list)
@@ -169,7 +171,8 @@ class Sample(BaseModel):
     @classmethod
     def _from_verl(cls, data: Any) -> Any:
         """Accept verl rows: ``reward_model.ground_truth``, ``extra_info.tools_kwargs``, a plain
-        string prompt, ``extra_info.index`` and the environment it belongs to under ``extra_info.env``."""
+        string prompt, ``extra_info.index``, the environment it belongs to under ``extra_info.env`` and its
+        difficulty level under ``extra_info.level``."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
@@ -185,5 +188,7 @@ class Sample(BaseModel):
                 data["env"] = extra["env"]
             if data.get("index") is None and extra.get("index") is not None:
                 data["index"] = extra["index"]
+            if data.get("level") is None and extra.get("level") is not None:
+                data["level"] = extra["level"]
             data["extra_info"] = extra
         return data

@@ -4,9 +4,9 @@
   tree rollout's continuation's (:func:`continuation_seed`) sampling seeds, and the engines' per-sample
   streams of one seeded request (:func:`sample_seed`).
 - ``trainer.seed``: what is trained on, in which order, and the processes' own randomness. The data
-  order of an epoch (:func:`epoch_seed`), the interleaving of an environment mixture
-  (``toolrl.data.sources``, seeded with it as it is), and torch, numpy and ``random`` in every
-  process (``seed_everything``).
+  order of an epoch (:func:`epoch_seed`), a curriculum's draws for a group (:func:`draw_seed`), the
+  interleaving of an environment mixture (``toolrl.data.sources``, seeded with it as it is), and torch,
+  numpy and ``random`` in every process (``seed_everything``).
 
 An engine's own ``seed`` option seeds only requests sent without one (:func:`unseeded`): a rollout
 always sends one.
@@ -84,6 +84,12 @@ def continuation_seed(line: int, turn: int, continuation: int) -> int:
 def epoch_seed(data_seed: int, epoch: int) -> int:
     """The seed that shuffles the data of epoch ``epoch`` (``data_seed``: ``trainer.seed``)."""
     return data_seed * EPOCH + epoch
+
+
+def draw_seed(data_seed: int, group: int) -> int:
+    """The seed of a curriculum's random draws for group ``group`` (``data_seed``: ``trainer.seed``):
+    the same for the group in a resumed run, whatever was drawn before it."""
+    return _child(data_seed, "draw", group)
 
 
 def sample_seed(request_seed: int, index: int) -> int:

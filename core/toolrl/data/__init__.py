@@ -200,6 +200,7 @@ def write_samples(samples: list[Sample], path: Path) -> None:
                 "prompt": [m.to_template() for m in s.prompt],
                 "reward_model": {"style": "rule", "ground_truth": s.ground_truth},
                 "extra_info": {**s.extra_info, "index": s.index,
+                               **({"level": s.level} if s.level is not None else {}),
                                "tools_kwargs": {k: v.model_dump() for k, v in s.tools_kwargs.items()}},
             }
             if s.images:  # base64, in the order the prompt refers to them (read back by with_images)

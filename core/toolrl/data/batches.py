@@ -1,10 +1,12 @@
 """What each training step trains on: the groups, their prompts and seeds, and (asynchronous
 training) the groups generating ahead of the trainer.
 
-Groups are numbered globally from 0 in data order. Group ``g``'s prompt (:func:`prompt_for_group`)
-and trajectory seeds (:func:`toolrl.seeds.group_seed` with :func:`toolrl.seeds.trajectory_seed`) are pure
-functions of ``g`` and the run's seeds, so a resumed run regenerates any group exactly where it left
-off. Steps take groups in group order; the checkpoint records the first group not yet consumed.
+Groups are numbered globally from 0. Group ``g``'s prompt is the run's curriculum's choice
+(:class:`toolrl.data.draws.Draws`; the default, ``uniform``, is :func:`prompt_for_group`: position ``g`` of
+the data, reshuffled every epoch) and its trajectory seeds (:func:`toolrl.seeds.group_seed` with
+:func:`toolrl.seeds.trajectory_seed`) are pure functions of ``g`` and the run's seeds, so a resumed run
+regenerates any group exactly where it left off. Steps take groups in group order; the checkpoint records
+the first group not yet consumed.
 
 - :class:`StepBatches` (``trainer.max_staleness: 0``, no dynamic sampling): the synchronous loop.
   Step ``s`` runs groups ``s*B .. s*B+B-1`` as one rollout call after the weights of step ``s-1``
@@ -37,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,8 +47,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from toolrl.config import Config, ConfigError, one_line
+from toolrl.curricula import in_turn
+from toolrl.data.draws import Draws
 from toolrl.schemas import Sample
-from toolrl.seeds import epoch_seed, group_seed, step_seed
+from toolrl.seeds import group_seed, step_seed
 from toolrl.trajectory import Trajectory, call_prefix, rewards_of
 
 # A checkpoint's file holding the next step's batch, generated ahead (one_step_off).
@@ -104,18 +107,10 @@ class RolloutGroup(Protocol):
         ...
 
 
-@functools.lru_cache(maxsize=4)
-def _epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
-    order = list(range(n))
-    if shuffle:
-        random.Random(epoch_seed(seed, epoch)).shuffle(order)
-    return tuple(order)
-
-
 def prompt_for_group(samples: Sequence[Sample], group: int, seed: int, shuffle: bool) -> Sample:
-    """Group ``group``'s prompt: position ``group`` of the data, reshuffled every epoch."""
-    epoch, pos = divmod(group, len(samples))
-    return samples[_epoch_order(len(samples), seed, epoch, shuffle)[pos]]
+    """Group ``group``'s prompt in the data's own order (the ``uniform`` curriculum's): position ``group`` of
+    the data, reshuffled every epoch."""
+    return samples[in_turn(range(len(samples)), group, seed, shuffle)]
 
 
 def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: int, shuffle: bool) -> list[Sample]:
@@ -126,7 +121,9 @@ def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: 
 @dataclass
 class StepBatch:
     """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also
-    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it;
+    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it (its
+    groups, trained and skipped, are those before it); ``offset``: what a trajectory's ``group`` adds to
+    be the group's number (the synchronous loop numbers a step's groups from 0, the stream from the start);
     ``began``/``ended``: when its first group started and its last one finished (perf_counter)."""
 
     groups: list[int] = field(default_factory=list)
@@ -138,6 +135,7 @@ class StepBatch:
     ended: float = 0.0
     finish_s: float = 0.0  # the time its groups spent in :class:`Finishing`
     finished: float = 0.0  # when the last of its groups was finished (perf_counter)
+    offset: int = 0
 
     @property
     def rollout_s(self) -> float:
@@ -153,6 +151,13 @@ class StepBatch:
         """``{name}_s``: the time its groups spent finishing; ``{name}_wait_s``: what of it the step still
         waited for, from the later of its last group's end and ``asked`` (when the step asked for it)."""
         return {f"{name}_s": self.finish_s, f"{name}_wait_s": max(self.finished - max(self.ended, asked), 0.0)}
+
+    def by_group(self) -> dict[int, list[Trajectory]]:
+        """Each of its groups, trained or skipped, with its trainable trajectories (:func:`trainable`)."""
+        out: dict[int, list[Trajectory]] = {g: [] for g in range(self.end - len(self.groups) - len(self.skipped), self.end)}
+        for t in trainable(self.generated):
+            out[t.group + self.offset].append(t)
+        return out
 
     def add(self, group: Group) -> None:
         """A generated group's times."""
@@ -177,8 +182,10 @@ class StepBatch:
         try:
             state = torch.load(file, weights_only=False)
             trajs = [Trajectory.model_validate(t) for t in state["trajectories"]]
-            return cls(list(state["groups"]), list(state.get("skipped", [])), trainable(trajs), trajs,
-                       int(state["end"]), 0.0, float(state["rollout_s"]))
+            groups, skipped, end = list(state["groups"]), list(state.get("skipped", [])), int(state["end"])
+            # A batch generated ahead is the synchronous loop's: its groups numbered from 0.
+            return cls(groups, skipped, trainable(trajs), trajs, end, 0.0, float(state["rollout_s"]),
+                       offset=end - len(groups) - len(skipped))
         except Exception as exc:  # unpickling garbage raises anything
             raise ConfigError(f"--resume: {file}: not a batch generated ahead ({one_line(str(exc))[:200]})") from None
 
@@ -260,9 +267,9 @@ class StepBatches:
     """The synchronous loop's data: one rollout call per step, started by :meth:`next` (with ``finishing``:
     one per group, each finished as it ends)."""
 
-    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
+    def __init__(self, rollouts: RolloutGroup, draws: Draws, config: Config, position: int,
                  finishing: Finishing | None = None) -> None:
-        self.rollouts, self.samples, self.config = rollouts, samples, config
+        self.rollouts, self.draws, self.config = rollouts, draws, config
         self.position = position
         self.finishing = finishing
 
@@ -270,7 +277,7 @@ class StepBatches:
         cfg, size = self.config, self.config.data.batch_size
         first = self.position
         assert first == step * size, "the synchronous loop's steps are aligned with the data"
-        prompts = batch_for_step(self.samples, step, size, cfg.trainer.seed, cfg.data.shuffle)
+        prompts = [self.draws.prompt(g) for g in range(first, first + size)]
         seed, prefix = step_seed(cfg.rollout.seed, step), call_prefix("t", step + 1)
         if self.finishing is None:
             began = time.perf_counter()
@@ -285,7 +292,7 @@ class StepBatches:
         # A group its infrastructure failures dropped whole counts as skipped.
         skipped = [first + g for g in sorted({t.group for t in trajs} - {t.group for t in kept})]
         groups = [g for g in range(first, self.position) if g not in skipped]
-        batch = StepBatch(groups, skipped, kept, trajs, self.position)
+        batch = StepBatch(groups, skipped, kept, trajs, self.position, offset=first)
         for group in done:
             batch.add(group)
         return batch
@@ -307,10 +314,10 @@ class OneStepOff:
     :meth:`settle` waits for it to be whole before the weights change. ``ahead``: step ``position``'s
     batch, generated before a restart (from the checkpoint)."""
 
-    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
+    def __init__(self, rollouts: RolloutGroup, draws: Draws, config: Config, position: int,
                  ahead: StepBatch | None = None, finishing: Finishing | None = None) -> None:
         self.rollouts, self.total_steps = rollouts, config.trainer.total_steps
-        self.steps = StepBatches(rollouts, samples, config, position, finishing)
+        self.steps = StepBatches(rollouts, draws, config, position, finishing)
         self.pending: asyncio.Future[StepBatch] | None = None
         if ahead is not None:
             self.steps.position = ahead.end
@@ -350,9 +357,9 @@ class OneStepOff:
 class GroupStream:
     """Groups generating continuously within the staleness bound, handed to steps in group order."""
 
-    def __init__(self, rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int, version: int,
+    def __init__(self, rollouts: RolloutGroup, draws: Draws, config: Config, position: int, version: int,
                  finishing: Finishing | None = None) -> None:
-        self.rollouts, self.samples, self.config = rollouts, samples, config
+        self.rollouts, self.draws, self.config = rollouts, draws, config
         self.finishing = finishing
         self.size = config.data.batch_size
         self.max_staleness = config.trainer.max_staleness
@@ -409,7 +416,7 @@ class GroupStream:
         cfg = self.config
         while self.started < self._limit():
             g = self.started
-            sample = prompt_for_group(self.samples, g, cfg.trainer.seed, cfg.data.shuffle)
+            sample = self.draws.prompt(g)
             generating = self.rollouts.run_group(sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), "")
             task = asyncio.ensure_future(self._generated(generating) if self.finishing is None
                                          else self.finishing.group(generating, self.skip))
@@ -454,7 +461,7 @@ class GroupStream:
                 self.filling_step += 1
 
 
-def open_batches(rollouts: RolloutGroup, samples: Sequence[Sample], config: Config, position: int,
+def open_batches(rollouts: RolloutGroup, draws: Draws, config: Config, position: int,
                  version: int, ahead: StepBatch | None = None,
                  finish: Finish | None = None) -> StepBatches | OneStepOff | GroupStream:
     """The synchronous loop where it applies (no overlap, no dynamic sampling, aligned data), one step
@@ -462,8 +469,8 @@ def open_batches(rollouts: RolloutGroup, samples: Sequence[Sample], config: Conf
     ``finish``: what each group goes through as it is generated (:class:`Finishing`)."""
     finishing = None if finish is None else Finishing(finish)
     if config.trainer.async_schedule == "one_step_off":
-        return OneStepOff(rollouts, samples, config, position, ahead, finishing)
+        return OneStepOff(rollouts, draws, config, position, ahead, finishing)
     if config.trainer.max_staleness == 0 and not config.algorithm.skip_zero_variance_groups \
             and position == version * config.data.batch_size:
-        return StepBatches(rollouts, samples, config, position, finishing)
-    return GroupStream(rollouts, samples, config, position, version, finishing)
+        return StepBatches(rollouts, draws, config, position, finishing)
+    return GroupStream(rollouts, draws, config, position, version, finishing)

@@ -103,6 +103,17 @@ class ContextPoliciesPlugin:
         for name, cls in (("none", "ContextPolicy"), ("drop_tool_outputs", "DropToolOutputs"),
                           ("window", "Window"), ("summarise", "Summarise"), ("fold", "Fold")):
             register(f"toolrl.context:{cls}", name=name, aliases=("summarize",) if name == "summarise" else ())
+
+
+class CurriculaPlugin:
+    """The built-in curricula (:mod:`toolrl.curricula`)."""
+
+    @hookimpl
+    def register_curricula(self, register: Register) -> None:
+        for name, cls in (("uniform", "Curriculum"), ("pass_rate", "PassRate"), ("env_difficulty", "EnvDifficulty")):
+            register(f"toolrl.curricula:{cls}", name=name)
+
+
 class WeightTransportsPlugin:
     """The built-in weight transports (:mod:`toolrl.transports`)."""
 
@@ -140,6 +151,7 @@ BUILTINS = {
     "jsonl": JsonlLoggerPlugin(),
     "algorithms": AlgorithmsPlugin(),
     "context": ContextPoliciesPlugin(),
+    "curricula": CurriculaPlugin(),
     "weight_transports": WeightTransportsPlugin(),
     "agents": AgentsPlugin(),
     "fleet": FleetPlugin(),

@@ -21,7 +21,7 @@ from typing import Any
 
 KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
          "advantage_estimators", "policy_losses", "model_families", "environment_sessions",
-         "context_policies", "weight_transports", "agents")
+         "context_policies", "weight_transports", "agents", "curricula")
 # Singular words for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
@@ -37,6 +37,7 @@ KIND_WORDS = {
     "context_policies": "context policy",
     "weight_transports": "weight transport",
     "agents": "agent",
+    "curricula": "curriculum",
 }
 
 
@@ -55,6 +56,7 @@ KIND_BASES = {
     "context_policies": ("toolrl.context", "ContextPolicy"),
     "weight_transports": ("toolrl.transports", "WeightTransport"),
     "agents": ("toolrl.agents", "Agent"),
+    "curricula": ("toolrl.curricula", "Curriculum"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

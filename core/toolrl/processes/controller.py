@@ -37,6 +37,7 @@ from toolrl.data.batches import (
     batch_for_step,
     open_batches,
 )
+from toolrl.data.draws import Draws
 from toolrl.loggers import open_loggers
 from toolrl.processes.evaluate import validate
 from toolrl.processes.prepare import Prepared, prepare_training
@@ -58,15 +59,18 @@ from toolrl.trajectory import Trajectory, call_prefix
 
 
 async def save_checkpoint(processes: Processes, run_dir: RunDir, step: int, data_position: int,
-                          ahead: StepBatch | None = None) -> Path:
+                          ahead: StepBatch | None = None, draws: Draws | None = None) -> Path:
     """Every rank writes its shards into a staging directory; then the controller publishes it.
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again, except
-    ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole."""
+    ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole; ``draws``: the
+    curriculum's state and the prompts of the groups drawn ahead."""
     config = processes.config
     staged = staging_dir(run_dir.checkpoints, step)
     await processes.training.save(str(staged), step)
     if ahead is not None:
         ahead.save(staged / AHEAD)
+    if draws is not None:
+        draws.save(staged)
     return finalize(run_dir.checkpoints, staged, step, {"world_size": processes.training.world_size,
                                                                    "data_position": data_position},
                                keep=config.trainer.keep_checkpoints)
@@ -139,13 +143,13 @@ async def train_async(config: Config, resume: bool = False, overwrite: bool = Fa
 
 async def train(prepared: Prepared) -> None:
     """The step loop, from ``prepared.start`` to ``trainer.total_steps``."""
-    run, run_dir, processes = prepared.run, prepared.run_dir, prepared.processes
+    run, run_dir, processes, draws = prepared.run, prepared.run_dir, prepared.processes, prepared.draws
     config = run.config
     start, ahead, recovered = prepared.start, prepared.ahead, prepared.recovered
     batches: StepBatches | OneStepOff | GroupStream | None = None
     try:
         # Distillation: the teachers score each group as it is generated (toolrl.data.batches.Finishing).
-        batches = open_batches(processes.rollouts, run.samples, config, prepared.position, version=start,
+        batches = open_batches(processes.rollouts, draws, config, prepared.position, version=start,
                                ahead=ahead, finish=None if prepared.teachers is None else prepared.teachers.score)
         progress, bar = _progress(config.trainer.progress, config.trainer.total_steps, start)
         with progress, open_loggers(config, run_dir.path, start) as loggers:
@@ -156,6 +160,8 @@ async def train(prepared: Prepared) -> None:
                     # Synchronous: generates the step's groups now. Streaming: waits for the next
                     # groups in order (most generated while earlier steps trained).
                     batch = await batches.next(step)
+                    # The curriculum sees the step's groups before any later group is drawn (docs/curricula.md).
+                    draws.observe(batch.by_group(), step + 1)
                     wait_s = time.perf_counter() - t0
                     t1 = time.perf_counter()
                     # A step whose groups were all skipped (dynamic sampling's cap) trains nothing.
@@ -172,7 +178,7 @@ async def train(prepared: Prepared) -> None:
                     batches.set_version(step + 1)  # groups waiting for these weights start now
                     row = {"step": step + 1, **rollout_metrics(batch.generated, batch.rollout_s),
                            "rollout_wait_s": wait_s, **batch.metrics(),
-                           **staleness_metrics(batch.trajectories, step + 1), **trained, **sync,
+                           **staleness_metrics(batch.trajectories, step + 1), **draws.metrics(), **trained, **sync,
                            **(batch.finish_metrics(t0, "teacher") if prepared.teachers is not None else {}),
                            "train_s": time.perf_counter() - t1 - settled, "step_s": time.perf_counter() - t0,
                            **recovery_metrics(recovered + record_recoveries(processes, run_dir, step + 1))}
@@ -184,7 +190,7 @@ async def train(prepared: Prepared) -> None:
                     run_dir.write_traces(step + 1, batch.generated, processes.tokenizer, advantages, trainer_lp)
                     loggers.log(row, step + 1)
                     if (step + 1) % config.trainer.save_every == 0 or step + 1 == config.trainer.total_steps:
-                        await save_checkpoint(processes, run_dir, step + 1, batch.end, ahead)
+                        await save_checkpoint(processes, run_dir, step + 1, batch.end, ahead, draws)
                         recovered = record_recoveries(processes, run_dir, step + 1)  # in the next row
                 except Exception as exc:
                     record_recoveries(processes, run_dir, step + 1)

@@ -13,6 +13,7 @@ from typing import Any
 from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data.batches import AHEAD, StepBatch
+from toolrl.data.draws import Draws, open_draws
 from toolrl.plugins import get_plugins
 from toolrl.processes.replay import Replay
 from toolrl.processes.resolve import ResolvedRun, resolve_run
@@ -27,13 +28,15 @@ from toolrl.trajectory import Trajectory
 
 @dataclass
 class Prepared:
-    """A run ready for its first step. ``start``: steps trained already (a resumed run's checkpoint);
-    ``position``: the groups consumed so far; ``ahead``: the next step's batch a ``one_step_off`` run
-    generated before it stopped; ``recovered``: recoveries for the first metrics row (``--supervise``)."""
+    """A run ready for its first step. ``draws``: each group's prompt (the curriculum, where a resumed run
+    left it); ``start``: steps trained already (a resumed run's checkpoint); ``position``: the groups
+    consumed so far; ``ahead``: the next step's batch a ``one_step_off`` run generated before it stopped;
+    ``recovered``: recoveries for the first metrics row (``--supervise``)."""
 
     run: ResolvedRun
     run_dir: RunDir
     processes: Processes
+    draws: Draws
     start: int = 0
     position: int = 0
     ahead: StepBatch | None = None
@@ -48,6 +51,7 @@ class Checked:
     run: ResolvedRun
     run_dir: RunDir
     inputs: ModelInputs
+    draws: Draws
     ahead: StepBatch | None = None
 
 
@@ -70,7 +74,7 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
             await teachers.close()
         raise
     try:
-        prepared = await _weights_and_first_write(run, checked.run_dir, processes, checked.ahead)
+        prepared = await _weights_and_first_write(run, checked.run_dir, processes, checked.draws, checked.ahead)
         prepared.teachers = teachers
         return prepared
     except BaseException:
@@ -106,6 +110,8 @@ def check_training(config: Config, resume: bool = False, overwrite: bool = False
     # algorithm, every part by name, loggers, weight transport, the data's rows, the held-out split.
     # Nothing loads a model and nothing is written, so any mistake is one line and costs seconds.
     run = resolve_run(config, "train")
+    # The curriculum (data.curriculum) built on the training split: a bad option is one line here.
+    draws = open_draws(run.config, run.samples, run.parts.envs)
     # The output directory: an earlier run there only with --resume or --overwrite. Opened, not written.
     run_dir = RunDir.open(config.trainer.output_dir, open_mode(resume, overwrite))
     ahead = None
@@ -113,14 +119,15 @@ def check_training(config: Config, resume: bool = False, overwrite: bool = False
         # A damaged checkpoint, or one of another model, is one line before any weights load.
         check_resume(run_dir.latest_checkpoint(), run.model_dir)
         ahead = kept_batch(run_dir.latest_checkpoint())
+        draws.restore(run_dir.latest_checkpoint())
     # The tokenizer, the model family (its tokens in the tokenizer, its template), every prompt against
     # the context and every part's semantics (toolrl.processes.run_check): the last checks, still before any
     # model loads.
     inputs = check_model_inputs(run.config, run.parts, run.model_dir, run.prompts)
-    return Checked(run, run_dir, inputs, ahead)
+    return Checked(run, run_dir, inputs, draws, ahead)
 
 
-async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, processes: Processes,
+async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, processes: Processes, draws: Draws,
                                    ahead: StepBatch | None) -> Prepared:
     config = run.config
     if config.data.trajectories:  # recorded groups are trained in place of generated ones
@@ -128,7 +135,7 @@ async def _weights_and_first_write(run: ResolvedRun, run_dir: RunDir, processes:
     # The engine can take weight updates (a frozen remote server cannot be trained).
     if (reason := await processes.rollouts.check_trainable()) is not None:
         raise ConfigError(f"engine.name: {reason}")
-    prepared = Prepared(run, run_dir, processes, ahead=ahead)
+    prepared = Prepared(run, run_dir, processes, draws, ahead=ahead)
     if run_dir.mode == "resume":  # before the first write: a checkpoint that does not load changes nothing
         prepared.start, prepared.position = await restore_checkpoint(processes, run_dir)
     # Step 1 may begin: the run's first write (config.json), then what a resumed run drops and the

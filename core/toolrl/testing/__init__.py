@@ -1,6 +1,6 @@
 """toolrl.testing: the conformance kit for plugin authors: tools (:class:`ToolConformance`, its knobs
 documented there), parsers (:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`),
-context policies (:mod:`toolrl.testing.contexts`), model families (:mod:`toolrl.testing.families`), rollout
+context policies (:mod:`toolrl.testing.contexts`), curricula (:mod:`toolrl.testing.curricula`), model families (:mod:`toolrl.testing.families`), rollout
 engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
 and :class:`ScriptedEngine`, the engine that stands in for a model in tests (fixed texts, the calls it got recorded).
 
@@ -33,6 +33,7 @@ _EXPORTS = {
     "sessions": ("SessionConformance", "SessionPlay", "PlayedSession", "prepared_session_kind", "play_session",
         "check_session_play", "check_session_isolation", "check_dead_session"),
     "transports": ("check_weight_transport",),
+    "curricula": ("check_curriculum", "play_curriculum", "training_set"),
     "scripted_engine": ("ScriptedEngine", "ScriptedCall"),
     "lifecycle": ("LIFECYCLE", "CallRecorder", "LifecycleCall", "LifecycleError", "LifecycleRun", "instrument",
         "run_lifecycle"),
@@ -69,6 +70,7 @@ __all__ = [
     "check_context_prompts",
     "check_context_results",
     "check_context_tokens",
+    "check_curriculum",
     "check_dead_session",
     "check_engine_cancellation",
     "check_engine_contract",
@@ -99,12 +101,14 @@ __all__ = [
     "derive_invalid_arguments",
     "hostile_parser_inputs",
     "instrument",
+    "play_curriculum",
     "play_policy",
     "play_session",
     "prepared_session_kind",
     "reference_greedy",
     "registered_family",
     "run_lifecycle",
+    "training_set",
 ]
 
 if TYPE_CHECKING:
@@ -137,6 +141,7 @@ if TYPE_CHECKING:
         play_policy,
     )
     from toolrl.testing.contract import check_build_contract
+    from toolrl.testing.curricula import check_curriculum, play_curriculum, training_set
     from toolrl.testing.engines import (
         check_engine_cancellation,
         check_engine_contract,

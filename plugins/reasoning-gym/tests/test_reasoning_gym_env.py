@@ -1,9 +1,10 @@
-"""The reasoning_gym environment: its splits, its options' errors and its reward, which is the
-generator's own score_answer."""
+"""The reasoning_gym environment: its splits, its difficulty levels (its generators' curricula), its
+options' errors and its reward, which is the generator's own score_answer."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -71,11 +72,47 @@ def test_train_and_test_never_share_a_seed():
     ({"dataset": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}},
      "env_options: config: chain_sum: AssertionError: max_terms must be >= min_terms"),
     ({"datasets": {"lcm": {}, "gdc": {}}}, "env_options: datasets: reasoning-gym has no generator 'gdc' (did you mean 'gcd'?)"),
+    ({"dataset": "chain_sum", "levels": 12}, "env_options: levels: chain_sum's curriculum has 1 to 11 levels, not 12"),
+    ({"dataset": "chain_sum", "levels": [{"num_term": 1}]},
+     "env_options: levels.0: chain_sum's curriculum has no attribute 'num_term' (did you mean 'num_terms'?) (its "
+     "attributes: num_terms, num_digits)"),
+    ({"dataset": "chain_sum", "levels": [{"num_digits": 10}]},
+     "env_options: levels.0.num_digits: level 10, but num_digits has levels 0-9"),
+    ({"dataset": "chain_sum", "levels": 2, "config": {"max_terms": 3}},
+     "env_options: config: 'max_terms' is set by the levels (drop it from config)"),
+    ({"dataset": "acre", "levels": 2}, "env_options: levels: reasoning-gym has no curriculum for acre"),
+    ({"datasets": {"chain_sum": {}}, "levels": 2},
+     "env_options: levels: the levels of one generator (dataset), not of a mixture"),
 ])
 def test_a_bad_name_or_option_is_one_line(options, message):
     with pytest.raises(ConfigError) as error:
         get_environment("reasoning_gym").resolve(options)
     assert str(error.value) == message
+
+
+def test_levels_spread_both_splits_over_the_generators_curriculum():
+    """``levels`` exposes the curriculum's levels (easiest first) and gives each sample its level; each level's
+    questions are generated with the options its curriculum sets, from seeds no other level or split uses."""
+    options = {"dataset": "chain_sum", "levels": [{}, {"num_terms": 1}, {"num_terms": 1, "num_digits": 1}],
+               "size": 30, "test_size": 6, "config": {"allow_negation": True}}
+    env, train = split(options, "train")
+    _, test = split(options, "test")
+    assert env.levels == ["num_terms=2,num_digits=1", "num_terms=3,num_digits=1", "num_terms=3,num_digits=2"]
+    assert [sum(s.level == j for s in train) for j in range(3)] == [10, 10, 10]
+    assert [sum(s.level == j for s in test) for j in range(3)] == [2, 2, 2]
+    for s in train + test:
+        config = s.ground_truth["config"]
+        terms, digits = [(2, 1), (3, 1), (3, 2)][s.level]
+        assert config == {"allow_negation": True, "min_terms": terms, "max_terms": terms, "min_digits": digits,
+                          "max_digits": digits}
+        operands = re.findall(r"\d+", entry(s.ground_truth)[1]["question"].rsplit(":", 1)[1])
+        assert len(operands) == terms and all(len(o) <= digits for o in operands)
+    seeds = lambda samples: {s.ground_truth["seed"] + s.ground_truth["index"] for s in samples}  # noqa: E731
+    assert len(seeds(train)) == 30 and len(seeds(test)) == 6 and not seeds(train) & seeds(test)
+    assert {s.level for s in test[:3]} != {test[0].level}  # shuffled: a truncated held-out set spans levels
+    stepped, _ = get_environment("reasoning_gym").resolve({"dataset": "chain_sum", "levels": 3})
+    assert stepped.levels == ["num_terms=2,num_digits=1", "num_terms=3,num_digits=2", "num_terms=4,num_digits=3"]
+    assert get_environment("reasoning_gym").resolve({"dataset": "chain_sum"})[0].levels == []
 
 
 def test_the_calculator_option_offers_the_calculator():

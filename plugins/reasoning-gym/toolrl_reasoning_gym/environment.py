@@ -1,11 +1,13 @@
 """The ``reasoning_gym`` environment: questions from any of reasoning-gym's generators by name, or a
-weighted mixture of several, each answered in ``<answer>`` tags and scored by its generator.
+weighted mixture of several, each answered in ``<answer>`` tags and scored by its generator; with
+``levels``, one generator at each of several difficulty levels of its reasoning-gym curriculum, which the
+environment exposes (``Environment.levels``) for ``data.curriculum: {name: env_difficulty}``.
 
 Splits never share a seed. A generator makes entry ``i`` of a dataset seeded ``s`` from the seed
 ``s + i``; so each generator's training split is entries ``0..n-1`` of its dataset seeded ``seed``
 (seeds ``seed .. seed+n-1``) and its test split is a dataset seeded ``seed + n`` (seeds from
-``seed + n`` on). A sample's ground truth names its generator, config, seed, size and index, which
-is how the reward finds the entry to score.
+``seed + n`` on); level ``j`` starts at ``seed + j·(size + test_size)``. A sample's ground truth names
+its generator, config, seed, size and index, which is how the reward finds the entry to score.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import json
 import random
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from toolrl.environments import Environment
 from toolrl.schemas import Sample
 
-from toolrl_reasoning_gym.generators import check_config, check_name, make, names
+from toolrl_reasoning_gym.generators import check_config, check_name, level_configs, make, names
 
 INSTRUCTIONS = "Give your final answer inside <answer></answer> tags."
 CALCULATOR = ("You may call the calculator tool for arithmetic. " + INSTRUCTIONS)
@@ -44,6 +46,11 @@ class ReasoningGymOptions(BaseModel):
     test_size: int = Field(64, gt=0)
     seed: int = Field(0, ge=0)
     calculator: bool = Field(False, description="offer the calculator tool (toolrl-plugin-calculator)")
+    levels: int | list[dict[str, int]] | None = Field(None, description="difficulty levels of the generator's "
+                                                      "reasoning-gym curriculum (data.curriculum env_difficulty "
+                                                      "moves through them): n, its first n with every attribute "
+                                                      "stepping together, or one {attribute: level} per level; "
+                                                      "both splits spread over them")
 
     @field_validator("dataset")
     @classmethod
@@ -67,11 +74,27 @@ class ReasoningGymOptions(BaseModel):
             check_config(info.data["dataset"], config)
         return config
 
+    @model_validator(mode="after")
+    def _levels(self) -> ReasoningGymOptions:
+        if self.levels is not None:
+            if self.datasets is not None:
+                raise ValueError("levels: the levels of one generator (dataset), not of a mixture")
+            level_configs(self.dataset, self.levels, self.config)
+        return self
+
     def parts(self) -> dict[str, Part]:
         return self.datasets or {self.dataset: Part(config=self.config)}
 
+    def units(self) -> list[tuple[str, Part, int | None]]:
+        """What the splits are drawn from: each generator of the options (no level), or the generator at
+        each of its levels (its config with what the level sets)."""
+        if self.levels is None:
+            return [(name, part, None) for name, part in self.parts().items()]
+        return [(self.dataset, Part(config={**self.config, **config}), j)
+                for j, (_, config) in enumerate(level_configs(self.dataset, self.levels, self.config))]
 
-def shares(parts: dict[str, Part], total: int) -> dict[str, int]:
+
+def shares(parts: dict[Any, Part], total: int) -> dict[Any, int]:
     """``total`` split by weight (largest remainders), every generator at least one sample."""
     weights = sum(p.weight for p in parts.values())
     exact = {n: max(1.0, total * p.weight / weights) for n, p in parts.items()}
@@ -85,20 +108,23 @@ def tasks(options: ReasoningGymOptions, split: str) -> list[Sample]:
     """``split``'s questions, each with the generator entry it came from as ground truth."""
     if split not in ("train", "test"):
         raise ValueError(f"no split {split!r} (train, test)")
-    parts = options.parts()
-    train, test = shares(parts, options.size), shares(parts, options.test_size)
+    units = options.units()
+    weighted = {u: part for u, (_, part, _) in enumerate(units)}
+    train, test = shares(weighted, options.size), shares(weighted, options.test_size)
     rows = []
-    for name, part in parts.items():
-        # Seeds seed..seed+n-1 train, seed+n.. test (module docstring).
-        seed, size = (options.seed, train[name]) if split == "train" else (options.seed + train[name], test[name])
+    for u, (name, part, level) in enumerate(units):
+        # Seeds seed..seed+n-1 train, seed+n.. test, each level past the ones before it (module docstring).
+        first = options.seed + (level or 0) * (options.size + options.test_size)
+        seed, size = (first, train[u]) if split == "train" else (first + train[u], test[u])
         dataset = make(name, _json(part.config), seed, size)
         for index in range(size):
-            rows.append((name, part.config, seed, size, index, dataset[index]["question"]))
-    if len(parts) > 1:
+            rows.append((name, part.config, seed, size, index, level, dataset[index]["question"]))
+    if len(units) > 1:
         random.Random(f"{options.seed}:{split}").shuffle(rows)
     return [Sample(prompt=[{"role": "user", "content": question}], data_source=f"reasoning_gym/{name}", index=i,
-                   ground_truth={"dataset": name, "config": config, "seed": seed, "size": size, "index": index})
-            for i, (name, config, seed, size, index, question) in enumerate(rows)]
+                   level=level, ground_truth={"dataset": name, "config": config, "seed": seed, "size": size,
+                                              "index": index})
+            for i, (name, config, seed, size, index, level, question) in enumerate(rows)]
 
 
 def _json(config: dict[str, Any]) -> str:
@@ -106,9 +132,11 @@ def _json(config: dict[str, Any]) -> str:
 
 
 def configure(options: ReasoningGymOptions) -> dict[str, Any]:
+    levels = {"levels": [label for label, _ in level_configs(options.dataset, options.levels, options.config)]} \
+        if options.levels is not None else {}
     if not options.calculator:
-        return {}
-    return {"tools": [CALCULATOR_TOOL], "instructions": CALCULATOR, "max_turns": 3}
+        return levels
+    return {"tools": [CALCULATOR_TOOL], "instructions": CALCULATOR, "max_turns": 3, **levels}
 
 
 REASONING_GYM = Environment(

@@ -1,8 +1,8 @@
 """``toolrl view`` in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by
-selenium): runs made by the real CLI from ``examples/tiny.yaml`` — two training steps of the tiny model,
-two rollout steps whose (scripted) model calls the calculator with ``1/0`` and then ``6*7``, and two
-evaluations — opened, filtered, compared, and one growing while the page is open. Screenshots of each
-view are saved in the test's tmp directory.
+selenium): runs made by the real CLI from ``examples/tiny.yaml`` — two training steps of the tiny model
+(its prompts drawn by the ``pass_rate`` curriculum), two rollout steps whose (scripted) model calls the
+calculator with ``1/0`` and then ``6*7``, and two evaluations — opened, filtered, compared, and one
+growing while the page is open. Screenshots of each view are saved in the test's tmp directory.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {name: tmp / name for name in ("trained", "scripted", "eval-a", "eval-b")}
     scripted = ("engine.name=scripted",)
     jobs = [
-        _toolrl("train", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['trained']}"),
+        _toolrl("train", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['trained']}",
+                "data.curriculum={name: pass_rate}"),
         _toolrl("rollout", str(TINY), "trainer.total_steps=2", f"trainer.output_dir={out['scripted']}", *scripted,
                 _script(CALL.format("1/0"), CALL.format("6*7"), "The answer is 42.")),
         _toolrl("eval", str(TINY), "eval.num_samples=6", "--output", str(out["eval-a"]), *scripted,
@@ -177,6 +178,11 @@ def test_two_runs_metrics_trajectories_and_a_tool_error(runs, browser, tmp_path)
         page.until("return document.querySelectorAll('#chart-loss .scatterlayer .points path').length === 2")
         page.js("window.scrollTo(0, 0)")
         page.shot("metrics.png")
+        # The trained run's curriculum figures come right after the headline charts, before the others.
+        order = page.js("return [...document.getElementById('charts').children].map(c => c.dataset.key)")
+        drawn = [k for k in order if k.startswith("curriculum/")]
+        assert "curriculum/pool/normal" in drawn and order[order.index(drawn[0]):][:len(drawn)] == sorted(drawn)
+        assert order.index("grad_norm") < order.index(drawn[0]) and order.index(drawn[-1]) < order.index("advantage_mean")
 
         # Step 1 of the scripted run, filtered to trajectories with a failed tool call.
         rows = page.step_table(runs["scripted"], run_index=1, step=1)

@@ -9,7 +9,8 @@
 "use strict";
 
 const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
-// Shown first, in this order; every other numeric figure follows alphabetically.
+// Shown first, in this order, then a curriculum's figures (curriculum/...: what it drew and why); every
+// other numeric figure follows alphabetically.
 const PREFERRED = ["reward_mean", "reward_std", "tool_call_rate", "tool_success_count", "parse_error_count",
   "response_length", "loss", "grad_norm", "kl", "lp_mismatch", "staleness_mean", "prefix_share",
   "tokens_per_s", "trainer_tokens_per_s", "clip_frac", "advantage_abs_mean", "turns_mean", "errors",
@@ -134,7 +135,7 @@ function metricKeys() {
   const keys = new Set();
   for (const rows of Object.values(viewer.rows)) for (const r of rows) for (const k of Object.keys(r)) keys.add(k);
   keys.delete("step");
-  const first = PREFERRED.filter((k) => keys.has(k));
+  const first = PREFERRED.filter((k) => keys.has(k)).concat([...keys].filter((k) => k.startsWith("curriculum/")).sort());
   return first.concat([...keys].filter((k) => !first.includes(k)).sort());
 }
 const chartId = (key) => "chart-" + key.replace(/[^A-Za-z0-9_-]/g, "_");

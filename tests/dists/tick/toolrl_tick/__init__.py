@@ -1,7 +1,7 @@
 """A model family the core does not know: Tick, whose turns are framed by <|quad_start|>/<|quad_end|>
 and whose model writes a call as a line ``CALL name {json arguments}``. Its parser and its family are
 registered by lazy reference, as a plugin shipped for a new model on its release day would; so are
-its advantage estimator, policy loss and context policy, built from the public API alone."""
+its advantage estimator, policy loss, context policy and curriculum, built from the public API alone."""
 
 from toolrl import hookimpl
 from toolrl.hookspecs import Register
@@ -30,3 +30,8 @@ def register_policy_losses(register: Register) -> None:
 @hookimpl
 def register_context_policies(register: Register) -> None:
     register("toolrl_tick.context:TickForget", name="tick_forget")
+
+
+@hookimpl
+def register_curricula(register: Register) -> None:
+    register("toolrl_tick.curriculum:TickBackwards", name="tick_backwards")
