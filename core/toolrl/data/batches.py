@@ -6,8 +6,8 @@ Groups are numbered globally from 0; group ``g``'s prompt (the curriculum's choi
 regenerates any group exactly. Steps take groups in group order; the checkpoint records the first group
 not yet consumed. :class:`StepBatches` is the synchronous loop, :class:`OneStepOff` its batches generated
 one step ahead, :class:`GroupStream` the stream (with dynamic sampling, up to :data:`MAX_GROUPS_PER_STEP`
-batches' worth of groups per step). A group may be finished once generated (:class:`Finishing`: a
-teacher scoring it) while later groups still generate.
+batches' worth of groups per step). A group may be finished once generated (:class:`Finishing`:
+another model scoring it) while later groups still generate.
 
 The stream's bound: a group trained in step ``s`` (1-based) starts on weights of version
 ``v >= (s - 1) - k``. Its step is not known when it starts (earlier groups may yet be skipped), but it is
