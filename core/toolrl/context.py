@@ -1,16 +1,11 @@
 """The context policy part kind: what an agent's context becomes when it grows past a budget.
 
-A policy is a :class:`ContextPolicy` subclass registered through ``register_context_policies`` and
-named by ``rollout.context: {name, ...options}`` (or an environment's ``context``). After every round
-of tool results (and every user turn) the agent loop shows the policy the live conversation
-(:class:`ContextView`); the policy answers with a :class:`ContextPlan` — the edited conversation, or a
-request to the model whose reply (a generated, trained turn) makes it — or None to keep it. The loop
-turns every edit into a new *segment* of the trajectory (:mod:`toolrl.rollout`): the segment's prompt is
-the template's rendering of the edited conversation, so each generated token is trained exactly once.
-
-Built-ins: ``none``, ``drop_tool_outputs``, ``window``, ``summarise`` and ``fold``, each class saying
-what it does. Every policy keeps the task: the system prompt, the sample's prompt and a session's
-opening messages.
+After every round of tool results (and every user turn) the agent loop shows the policy
+(``rollout.context``) the live conversation (:class:`ContextView`); it answers with a :class:`ContextPlan`
+(the edited conversation, or a request whose generated reply makes it) or None. Each edit starts a new
+*segment* of the trajectory, its prompt the edited conversation's rendering, so each generated token is
+trained exactly once (docs/rollouts.md). Every policy keeps the task: the system prompt, the sample's
+prompt and a session's opening messages.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The curriculum part kind: which prompt each training group gets, from what the policy solves.
 
-A curriculum is a :class:`Curriculum` subclass registered through ``register_curricula`` and named by
-``data.curriculum: {name, ...options}``. The controller alone asks it (never a trainer rank): once per
-training group, in group order, for the group's prompt (:meth:`Curriculum.choose`: a position in the
-training samples), and it shows it every finished group (:class:`GroupOutcome`: the rewards, the policy
-version that sampled them, the step that trains them) as the step that takes the group begins. Its
-state is in every checkpoint (``state_dict``), so a resumed run draws what an uninterrupted one would.
-docs/curricula.md says what it sees when under each schedule, and the rule for stale groups.
-
-Built-ins: ``uniform`` (the base class: the data's own order, reshuffled every epoch; the default),
-``pass_rate`` (easy / normal / hard pools by each prompt's rolling pass rate) and ``env_difficulty`` (an
-environment's own difficulty levels, moved up and down by the pass rate at the level).
+The controller alone asks it (``data.curriculum``): once per training group, in group order
+(:meth:`Curriculum.choose`), and shows it every finished group (:class:`GroupOutcome`) as the step that
+takes it begins; its state is in every checkpoint, so a resumed run draws what an uninterrupted one would
+(docs/curricula.md). Built-ins: ``uniform`` (the data's own order), ``pass_rate`` (pools by each prompt's
+rolling pass rate) and ``env_difficulty`` (an environment's levels, moved by the pass rate at the level).
 """
 
 from __future__ import annotations

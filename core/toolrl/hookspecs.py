@@ -1,31 +1,13 @@
-"""Every hook a toolrl plugin can implement.
+"""Every hook a toolrl plugin can implement (``@toolrl.hookimpl``), a plugin being a module registered under
+the entry-point group ``toolrl``. Built-in parts are plugins registered through exactly the same hooks, so
+each can be disabled (``TOOLRL_DISABLE_PLUGINS``) and replaced.
 
-A plugin is a module (or object) registered under the entry-point group ``toolrl``::
-
-    [project.entry-points.toolrl]
-    calculator = "toolrl_calculator"
-
-and implements any of the hooks below with ``@toolrl.hookimpl``. Built-in parts (the ``hermes`` and
-``tags`` parsers, the built-in rewards, the ``transformers`` engine, the ``jsonl`` logger, the RL
-algorithms' estimators and losses, the model families) are plugins registered through
-exactly the same hooks, so each can be disabled with ``TOOLRL_DISABLE_PLUGINS`` and replaced.
-
-The registration hooks receive a ``register`` callback rather than returning values, so every
-part is attributed to the plugin that registered it (``toolrl list-plugins`` shows the attribution,
-and two plugins registering one name is an error naming both)::
-
-    register(obj, name=None, aliases=())
-
-``obj`` is either the part itself or a lazy reference ``"package.module:Attribute"`` that is imported
-only when the part is first used; lazy references keep ``toolrl list-plugins`` from importing the
-libraries a part needs. ``name`` is required for lazy references; for objects it defaults to the
-object's ``name`` attribute. ``aliases`` are extra names the part answers to (for example the verl
-class path a tool replaces, so verl tool configs load unchanged).
-
-Registered parts are checked (:mod:`toolrl.plugins.registry`), and any part a run resolves before its
-model loads may define ``check_run(facts)``, which the run check (:mod:`toolrl.processes.run_check`) calls
-before any weights load: docs/plugins.md says when each check runs ("Loading, attribution and failures",
-"Checking a part against the run").
+The registration hooks receive a callback, ``register(obj, name=None, aliases=())``, so every part is
+attributed to its plugin (two plugins registering one name is an error naming both). ``obj`` is the part
+or a lazy reference ``"package.module:Attribute"``, imported on first use so that ``toolrl list-plugins``
+imports no part's libraries (``name`` is then required; else it defaults to ``obj.name``); ``aliases`` are
+more names it answers to (the verl class path a tool replaces). Any part a run resolves may define
+``check_run(facts)``, called before any weights load (docs/plugins.md, "Checking a part against the run").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Metric loggers: where each step's metrics row goes besides ``metrics.jsonl``.
-
-A logger is a :class:`Logger` subclass registered through the ``register_loggers`` hook and named in
-``trainer.loggers``. The controller holds one :class:`MetricLoggers`, which fans every row out to the
-configured loggers. ``jsonl`` (``metrics.jsonl`` in the run directory) is always on, whatever the list
-says: ``--resume``, the reward plot and failed-step records read that file, so it is the run's record
-rather than an optional sink, and a failure to write it fails the step. Any other logger that raises
-(opening, logging or closing) is reported once on stderr and disabled; the run goes on without it.
+"""Metric loggers (``register_loggers``, ``trainer.loggers``): where each step's metrics row goes besides
+``metrics.jsonl``, fanned out by one :class:`MetricLoggers`. ``jsonl`` is always on: ``--resume``, the reward
+plot and failed-step records read it, so a failure to write it fails the step. Any other logger that raises
+is reported once on stderr and disabled; the run goes on without it.
 """
 
 from __future__ import annotations
@@ -27,15 +23,9 @@ JSONL = "jsonl"
 
 
 class Logger:
-    """A destination for per-step metrics.
-
-    ``open`` is called once before the first step; ``start_step`` is 0 for a fresh run and, on
-    ``--resume``, the step of the checkpoint the run continues from (rows for later steps may have been
-    logged before the crash and are logged again: a logger that can drop them, like TensorBoard's
-    ``purge_step``, should). State a logger needs to continue a run (a run id) belongs in ``run_dir``.
-    ``log`` receives each step's row (nested dicts, strings included; :func:`scalars` flattens it)
-    and the 1-based step. ``close`` is called once at the end, also when the run fails.
-    """
+    """A destination for per-step metrics (the contract: hookspecs' ``register_loggers``). On ``--resume``,
+    rows of steps after ``start_step`` may have been logged before the crash and are logged again: a logger
+    that can drop them (TensorBoard's ``purge_step``) should."""
 
     name: ClassVar[str] = ""
 

@@ -1,17 +1,12 @@
 """The run directory and everything written in it (:class:`RunDir`, the one place its file names are
-spelled) and the figures of a metrics row. Problems with the directory or its files are
-:class:`ConfigError` (one line naming the file and line), not tracebacks. How the three open modes
-(``new``, ``resume``, ``overwrite``) treat an earlier run: docs/configuration.md, "The run directory";
-:meth:`RunDir.open` only checks, :meth:`RunDir.start` is the first write.
+spelled) and the figures of a metrics row; problems with its files are one-line ConfigErrors. The open
+modes (``new``, ``resume``, ``overwrite``): docs/configuration.md, "The run directory".
 
-A checkpoint is ``checkpoints/step_NNNNNN/``: the trainer ranks' shards of model and optimizer
-(``torch.distributed.checkpoint``, so any world size can load it), one RNG file per rank, the
-controller's RNG (``controller.pt``), ``meta.json`` (step, data position, world size) and, for
-``one_step_off``, the next step's batch, generated already (``ahead.pt``). Ranks write
-into ``.tmp_step_NNNNNN/``; the controller adds its files once every rank has finished and renames the
-directory (:func:`finalize`), so a crash never leaves a checkpoint that looks complete. ``hf/`` beside
-the checkpoints holds the model's config and tokenizer (no weights), which export needs besides a
-checkpoint (:mod:`toolrl.training.export`).
+A checkpoint is ``checkpoints/step_NNNNNN/``: the ranks' ``torch.distributed.checkpoint`` shards (any world
+size loads them), an RNG file per rank, ``controller.pt``, ``meta.json`` and, for ``one_step_off``,
+``ahead.pt``. Ranks write into ``.tmp_step_NNNNNN/``, which :func:`finalize` renames once complete, so a
+crash never leaves a checkpoint that looks complete. ``hf/`` holds the model's config and tokenizer,
+which export needs besides a checkpoint.
 """
 
 from __future__ import annotations
@@ -153,17 +148,11 @@ class RunDir:
     # -- writing ----------------------------------------------------------------------------------
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        with self.metrics.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.metrics, row)
 
     def append_recovery(self, row: dict[str, Any]) -> None:
         """A line of ``recoveries.jsonl`` (kept across resumes: the run's history of failures)."""
-        with (self.path / self.RECOVERIES).open("a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_line(self.path / self.RECOVERIES, row)
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics)
@@ -181,13 +170,10 @@ class RunDir:
     def write_traces(self, step: int, trajs: Sequence[Trajectory], tokenizer: Any,
                      advantages: dict[str, Any] | None = None,
                      trainer_logprobs: dict[str, list[float | None]] | None = None) -> None:
-        """``traces/step_NNNNN.jsonl``, a row per trajectory (its ``group`` among its fields) with, from
-        ``advantages`` (by trajectory id), the advantage it was trained with: a number, or a per-token
-        list from a per-token estimator; and from ``trainer_logprobs`` (by trajectory id) the trainer's
-        log-prob of each response token under the weights the step started from, aligned with
-        ``logprobs`` (the engine's), None at untrained tokens. Either is None where the trajectory was
-        not trained (a skipped group, rollout only). The controller writes the file once the step has
-        trained, so the row is written whole, once (the viewer indexes it by byte offset)."""
+        """``rollouts/step_NNNNN.jsonl``, a row per trajectory with, by trajectory id, the ``advantage`` it was
+        trained with (a number, or per token) and ``trainer_logprobs`` (:class:`toolrl.training.step.ProximalLogprobs`),
+        each None where it was not trained. Written once the step has trained, so each row is written whole,
+        once (the viewer indexes it by byte offset)."""
         rows = []
         self.failures.add(trajs)
         for t in trajs:
@@ -223,12 +209,8 @@ class RunDir:
 
 
 # -- the trajectories that ended in errors --------------------------------------------------------
-#
-# ``toolrl rollout``, ``eval`` and ``train`` record every trajectory, errors included; a failed trajectory
-# does not stop the command. So that failures are not found only by reading the records, the command
-# ends with a summary on stderr when any trajectory ended in an error: how many of how many, how many
-# were the infrastructure's (``infra_error``: not trained), the first few error lines. The exit code
-# stays 0 when some succeeded, and is 1 when every one failed (an environment that never worked).
+# A failed trajectory does not stop ``toolrl rollout``, ``eval`` or ``train``; so that failures are not found
+# only in the records, the command ends with a summary on stderr, and exits 1 when every one failed.
 
 FAILURES_SHOWN = 3  # error lines quoted in the summary
 FAILURE_WIDTH = 200  # characters of each
@@ -282,6 +264,14 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def append_line(path: Path, row: dict[str, Any]) -> None:
+    """``row`` as one more JSON line of ``path``, on disk before this returns."""
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:

@@ -1,26 +1,14 @@
-"""Every seed a run derives, in one place. Two roots:
+"""Every seed a run derives, in one place, each a pure function of its root and a position, so a resumed
+run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds it had. Two roots:
+``rollout.seed`` (what is sampled) and ``trainer.seed`` (the data order, a curriculum's draws, a mixture's
+interleaving, and torch, numpy and ``random`` in every process). An engine's own ``seed`` option seeds
+only requests sent without one (:func:`unseeded`): a rollout always sends one.
 
-- ``rollout.seed``: what is sampled. A step's, a group's, a trajectory's, a turn's, a branch's and a
-  tree rollout's continuation's (:func:`continuation_seed`) sampling seeds, and the engines' per-sample
-  streams of one seeded request (:func:`sample_seed`).
-- ``trainer.seed``: what is trained on, in which order, and the processes' own randomness. The data
-  order of an epoch (:func:`epoch_seed`), a curriculum's draws for a group (:func:`draw_seed`), the
-  interleaving of an environment mixture (``toolrl.data.sources``, seeded with it as it is), and torch,
-  numpy and ``random`` in every process (``seed_everything``).
-
-An engine's own ``seed`` option seeds only requests sent without one (:func:`unseeded`): a rollout
-always sends one.
-
-Each is a pure function of its root and a position (step, group, sample, turn, branch, split, epoch),
-so a resumed run, an asynchronous run and a recorded replay regenerate any trajectory with the seeds
-it had.
-
-A trajectory's seed is linear in its step, group and sample (``rollout.seed + STEP·step + GROUP·group
-+ SAMPLE·k``), so that :func:`group_seed` (the asynchronous loop numbers groups globally) lands on the
-synchronous loop's seeds. Its turns, branches and continuations are a 63-bit hash of its seed, the kind
-and the index (:func:`_child`): a stride there met other trajectories' seeds (``seed + 7919·t`` gave
-68,796 turn seeds twice over a 1,000-step run of 32 groups of 16 with 32 turns). tests/test_seeds.py
-checks a realistic run. Turn 0 and continuation 0 keep their parent's seed.
+A trajectory's seed is linear in its step, group and sample, so that :func:`group_seed` (the stream numbers
+groups globally) lands on the synchronous loop's seeds. Its turns, branches and continuations are a 63-bit
+hash of its seed, the kind and the index (:func:`_child`): a stride there met other trajectories' seeds
+(``seed + 7919·t`` gave 68,796 turn seeds twice over a 1,000-step run of 32 groups of 16 with 32 turns;
+tests/test_seeds.py checks a realistic run). Turn 0 and continuation 0 keep their parent's seed.
 """
 
 from __future__ import annotations

@@ -5,15 +5,12 @@ environment (``Environment.session``) or a config (``session.name``).
 Contract, per trajectory: the table in docs/plugins.md, "Adding an environment session", and the methods
 of :class:`EnvironmentSession` (each may be ``async def`` or a plain ``def``, which runs in a thread).
 
-The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session
-that raises, hangs (each call has a deadline, ``EnvironmentSession.timeout``) or returns something its
-contract does not allow ends that trajectory at once with an error (termination ``error``), never
-another one; ``step`` included (a mistake of the model, such as an unknown id, is a ``StepResult``
-whose response is :meth:`ToolResponse.error`, which the model reads; a step that raises is the
-session failing). A failure of the environment rather than of the session's code
-(:class:`toolrl.schemas.InfrastructureError`, a missed deadline) ends it with ``infra_error`` instead
-(docs/recovery.md). The tools a reset hands out run through :class:`toolrl.tools.ToolSet` like every
-other tool (a schema becomes a :class:`SessionTool`, whose ``execute`` is the session's ``step``).
+The rollout loop drives a session through :class:`SessionRun`, which contains every fault: a session that
+raises, hangs (``EnvironmentSession.timeout``) or breaks its contract ends that trajectory with an
+``error``, never another one (a mistake of the model is a ``StepResult`` with an error response, which the
+model reads); an :class:`~toolrl.schemas.InfrastructureError` or a missed deadline ends it with
+``infra_error``. The tools a reset hands out run through :class:`toolrl.tools.ToolSet` as
+:class:`SessionTool` objects, whose ``execute`` is the session's ``step``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""Agents: programs that run an episode themselves, their model calls going through the gateway.
-
-An agent is a kind of part (``register_agents``), chosen by ``rollout.agent: {name, ...options}``.
-Where toolrl's own loop (:mod:`toolrl.rollout`) renders, generates, parses and runs tools, an agent
-is the loop a lab runs in production (the OpenAI Agents SDK, LangGraph, its own code): toolrl gives
-each episode an OpenAI-compatible endpoint of its own (:class:`Endpoint`, served by
-:mod:`toolrl.gateway`), runs the program against it, and trains on the calls it made, token-exact.
-
-:meth:`Agent.run` runs one episode: it gets the data row (:class:`AgentTask`) and the endpoint, and
-returns the episode's reward (a number) or None (a reward posted to ``endpoint.reward_url``, or the
-configured reward functions on the last answer, score it). The built-ins: ``command`` (a program
-started per episode, the endpoint in its environment: :mod:`toolrl.agents.program`) and ``callable``
-(an ``async def run(task, client)`` in the rollout's process: :mod:`toolrl.agents.function`).
+"""Agents (``register_agents``, ``rollout.agent``): programs that run an episode themselves (the OpenAI
+Agents SDK, LangGraph, a lab's own loop) against an OpenAI-compatible endpoint of the episode's own
+(:class:`Endpoint`, served by :mod:`toolrl.gateway`), which records their calls token-exact for training
+(docs/agents.md). :meth:`Agent.run` returns the episode's reward, or None (a reward posted to
+``endpoint.reward_url``, else the configured reward functions on the last answer, score it).
 """
 
 from __future__ import annotations
@@ -113,12 +105,8 @@ class Agent:
         raise NotImplementedError
 
     def check_run(self, facts: RunFacts) -> list[str]:
-        """The run check (:class:`toolrl.plugins.parts.RunFacts`, before any model loads): raise
-        ValueError on an option that cannot work; returns warning lines. A subclass extends it.
-
-        The program runs the episode, so what toolrl's own loop would do with the conversation is not
-        done: a context policy is refused (the program keeps its own context), configured tools are
-        reported unused."""
+        """The run check (raise ValueError; returns warning lines); a subclass extends it. The program keeps
+        its own context and calls its own tools: a context policy is refused, configured tools reported unused."""
         rollout = facts.config.rollout
         if rollout.context is not None and rollout.context.name != "none":
             raise ValueError(f"rollout.context ({rollout.context.name}) edits toolrl's own loop; the agent program "

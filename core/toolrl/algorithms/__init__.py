@@ -1,18 +1,8 @@
-"""RL algorithms as parts: **advantage estimators** and **policy losses**, chosen by name
-(``algorithm.advantage``, ``algorithm.loss``) and registered through the ``register_advantage_estimators``
-and ``register_policy_losses`` hooks like every other part (:mod:`toolrl.hookspecs`).
-
-An estimator turns a step's rewards into per-token advantages, (B, R) over the step's response grid
-(outcome estimators broadcast one number per trajectory); a loss turns a micro-batch's log-probs and
-advantages into a per-token loss. What every loss shares stays in :mod:`toolrl.training.step`: the
-truncated importance weight of the decoupled objective, the KL term, the aggregation over the
-mini-batch (``algorithm.loss_agg``, so that gradient accumulation gives the full-batch gradient).
-
-Each part is a class with a pydantic ``Options`` model (its typed options: ``algorithm.advantage_options``
-/ ``algorithm.loss_options``), constructed as ``cls(options, algo)`` with ``algo`` the
-:class:`toolrl.config.AlgorithmConfig`. The built-in ones live one idea per module
-(:mod:`.advantages`, :mod:`.losses`, :mod:`.overlong`); which pairs combine is in :mod:`.rules`;
-``docs/algorithms.md`` has every formula.
+"""RL algorithms as parts: **advantage estimators** (a step's rewards into (B, R) per-token advantages)
+and **policy losses** (a micro-batch's log-probs and advantages into a per-token loss), chosen by
+``algorithm.advantage`` and ``algorithm.loss``, each typed by its ``Options`` model. What every loss
+shares (the importance weight, KL, aggregation) is :mod:`toolrl.training.step`'s; which pairs combine is
+:mod:`.rules`'; ``docs/algorithms.md`` has every formula.
 """
 
 from __future__ import annotations
@@ -94,11 +84,9 @@ class AlgorithmPart(ABC):
 
 
 class AdvantageEstimator(AlgorithmPart):
-    """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages.
-
-    ``outcome``: one advantage per trajectory, broadcast over its tokens (traces record the number);
-    False for per-token estimators (traces record the list). ``group_relative``: its baseline is the rest of the trajectory's group, so a group of one gets 0
-    (the run check refuses ``rollout.n=1`` and warns of greedy sampling, whose groups are alike)."""
+    """An advantage estimator: ``estimator(inputs) -> (B, R)`` float32 advantages. ``outcome``: one
+    advantage per trajectory, broadcast over its tokens; ``group_relative``: its baseline is the rest of
+    the trajectory's group, so a group of one gets 0."""
 
     outcome: ClassVar[bool] = True
     group_relative: ClassVar[bool] = False

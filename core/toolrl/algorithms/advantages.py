@@ -134,7 +134,7 @@ class ReinforcePP(AdvantageEstimator):
                                               trained tokens (a long response weighs more)
 
     The paper folds a per-token KL penalty into the return; toolrl keeps KL in the loss
-    (``algorithm.kl_coef``, k3), as for every estimator."""
+    (``loss_options.kl_coef``, k3), as for every estimator."""
 
     name = "reinforce_pp"
     Options = WhitenOptions

@@ -12,11 +12,8 @@ and values ``V`` (the critic's estimate before the token is sampled)::
 
 With ``γ = λ = 1``, ``A_t = Σ_{k ≥ t} r_k − V_t``: the return minus the value. Rewards on untrained
 positions are not read; the outcome reward sits on the last trained token (:func:`token_rewards`).
-KL is not folded into the rewards: it stays in the loss (``algorithm.kl_coef``), one KL path for every
+KL is not folded into the rewards: it stays in the loss (``loss_options.kl_coef``), one KL path for every
 estimator (:mod:`toolrl.algorithms.rules`).
-
-The ``gae`` estimator (:class:`Gae`) gives these advantages, whitened over the batch's trained tokens
-by default (PPO's normalisation), and the returns as the critic's targets (``value_targets``).
 """
 
 from __future__ import annotations
@@ -84,17 +81,10 @@ class GaeOptions(BaseModel):
 
 
 class Gae(AdvantageEstimator):
-    """GAE (Schulman et al. 2016) with a critic, over each trajectory's trained tokens (module
-    docstring)::
-
-        δ_t = r_t + γ V_{t'} − V_t,   A_t = δ_t + γλ A_{t'}      (t': the next trained token)
-
-    then ``(A − mean) / sqrt(var + 1e-8)`` over the batch's trained tokens (``whiten``,
-    :func:`toolrl.algorithms.advantages.masked_whiten`), 0 on untrained positions. ``value_targets``
-    gives the critic's regression targets ``R_t = A_t + V_t`` (before whitening).
-
-    The trainer asks for the advantages, then for the targets of the same batch: the recursion runs
-    once, and its returns are kept for the second call."""
+    """GAE with a critic (module docstring), whitened over the batch's trained tokens unless ``whiten`` is
+    off (PPO's normalisation, :func:`~toolrl.algorithms.advantages.masked_whiten`); ``value_targets`` gives
+    the critic's targets ``R_t`` (before whitening). The trainer asks for the advantages, then the targets
+    of the same batch: the recursion runs once, its returns kept for the second call."""
 
     name = "gae"
     Options = GaeOptions

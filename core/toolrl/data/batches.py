@@ -1,37 +1,18 @@
-"""What each training step trains on: the groups, their prompts and seeds, and (asynchronous
-training) the groups generating ahead of the trainer.
+"""What each training step trains on: the groups, their prompts and seeds, and (asynchronous training)
+the groups generating ahead of the trainer. The three schedules: docs/async.md.
 
-Groups are numbered globally from 0. Group ``g``'s prompt is the run's curriculum's choice
-(:class:`toolrl.data.draws.Draws`; the default, ``uniform``, is :func:`prompt_for_group`: position ``g`` of
-the data, reshuffled every epoch) and its trajectory seeds (:func:`toolrl.seeds.group_seed` with
-:func:`toolrl.seeds.trajectory_seed`) are pure functions of ``g`` and the run's seeds, so a resumed run
-regenerates any group exactly where it left off. Steps take groups in group order; the checkpoint records
-the first group not yet consumed.
+Groups are numbered globally from 0; group ``g``'s prompt (the curriculum's choice,
+:class:`toolrl.data.draws.Draws`) and seeds are pure functions of ``g`` and the run's seeds, so a resumed run
+regenerates any group exactly. Steps take groups in group order; the checkpoint records the first group
+not yet consumed. :class:`StepBatches` is the synchronous loop, :class:`OneStepOff` its batches generated
+one step ahead, :class:`GroupStream` the stream (with dynamic sampling, up to :data:`MAX_GROUPS_PER_STEP`
+batches' worth of groups per step). A group may be finished once generated (:class:`Finishing`:
+another model scoring it) while later groups still generate.
 
-- :class:`StepBatches` (``trainer.max_staleness: 0``, no dynamic sampling): the synchronous loop.
-  Step ``s`` runs groups ``s*B .. s*B+B-1`` as one rollout call after the weights of step ``s-1``
-  reached the engines.
-- :class:`OneStepOff` (``trainer.async_schedule: one_step_off``): step ``s``'s batch is the synchronous
-  loop's, generated while step ``s-1`` trains (why it gives the same figures every run: docs/async.md);
-  the checkpoint keeps the batch generated ahead (:meth:`StepBatch.save`).
-- :class:`GroupStream` (otherwise): groups start one by one (``run_group``) as soon as AReaL's bound
-  allows and finish in any order; they are assigned to steps in group order. With
-  ``algorithm.skip_zero_variance_groups`` a group whose rewards are all equal is dropped and the step
-  takes the next group instead, up to :data:`MAX_GROUPS_PER_STEP` batches' worth of groups.
-
-A group may go through one more stage once generated (:class:`Finishing`, the controller's to give:
-another model scoring it), one group at a time while later groups still generate; a step
-finds its batch finished and waits only for its last groups' finishing. The synchronous loop then runs
-its step's groups one call each (``run_group``: the seeds and ids ``run`` gives them), so that each can
-be finished as it ends.
-
-Infrastructure failures are never rewards, whichever the schedule (:func:`trainable`; docs/recovery.md).
-
-The staleness bound: a group trained in step ``s`` (1-based) must start on weights of version
-``v >= (s - 1) - k`` (a version counts trainer steps applied). When a group starts, the step it
-will be trained in is not known (groups before it may yet be skipped), but it is at most the step
-it would reach if every later group were kept; the stream starts a group only when that step is
-within ``k`` of the engines' version.
+The stream's bound: a group trained in step ``s`` (1-based) starts on weights of version
+``v >= (s - 1) - k``. Its step is not known when it starts (earlier groups may yet be skipped), but it is
+at most the step it would reach if every later group were kept; the stream starts it only when that step
+is within ``k`` of the engines' version.
 """
 
 from __future__ import annotations
@@ -120,11 +101,9 @@ def batch_for_step(samples: Sequence[Sample], step: int, batch_size: int, seed: 
 
 @dataclass
 class StepBatch:
-    """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also
-    the skipped groups' (what traces and rollout metrics cover); ``end``: the first group after it (its
-    groups, trained and skipped, are those before it); ``offset``: what a trajectory's ``group`` adds to
-    be the group's number (the synchronous loop numbers a step's groups from 0, the stream from the start);
-    ``began``/``ended``: when its first group started and its last one finished (perf_counter)."""
+    """One step's data. ``trajectories``: the trained groups' (in group order); ``generated``: also the
+    skipped groups'; ``end``: the first group after it; ``offset``: what a trajectory's ``group`` adds to be
+    the group's number (the synchronous loop numbers a step's groups from 0, the stream from the start)."""
 
     groups: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)

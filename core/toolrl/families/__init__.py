@@ -1,13 +1,7 @@
-"""The model family part kind: what the rollout needs to know about a chat template it did not write.
-
-A family names the tool parser its model's outputs need, the token that ends an assistant turn (the
-stop token, and where a tool-result delta starts), its other stop tokens, how to recognise its chat
-template (byte for byte, else by markers), the history-preserving template ``rollout.template_rewrite:
-training_template`` renders with, and the renderer class when the built-in one cannot render it.
-Families are registered by plugins through ``register_model_families`` (the built-in ones too:
-:mod:`toolrl.families.builtin`) and built here as every part is (:func:`toolrl.plugins.parts.build_part`):
-by ``model.chat_format``, or detected from a tokenizer. Templates are read from the tokenizer, the
-installed ``trl`` package or the family's package data, never fetched.
+"""The model family part kind: what the rollout needs to know about a chat template it did not write (the
+fields of :class:`ModelFamily`). Families are chosen by ``model.chat_format`` or detected from a tokenizer;
+templates are read from the tokenizer, the installed ``trl`` package or the family's package data, never
+fetched.
 """
 
 from __future__ import annotations
@@ -113,10 +107,10 @@ class ModelFamily(BaseModel):
                 *(("special token", t) for t in self.special_tokens)]
 
 
-def _load(name: str, where: str) -> ModelFamily:
-    """The family registered as ``name``, built through :func:`~toolrl.plugins.parts.build_part`; a
-    FamilyError naming ``where`` when it is unknown, does not load or names what is not there (its
-    plugin's status says so too, and the other families stay usable)."""
+def family_named(name: str, where: str = "model.chat_format") -> ModelFamily:
+    """The family registered as ``name`` (what ``model.chat_format`` names); a one-line FamilyError naming
+    ``where`` (the field, with its file and line) when it is unknown, does not load or names what is not
+    there (its plugin's status says so too, and the other families stay usable)."""
     try:
         part = registered_part(KIND, name, where)
         family: ModelFamily = build_part(KIND, part.name, None, BuildContext(where))
@@ -139,16 +133,10 @@ def registered_families() -> list[ModelFamily]:
     loaded = []
     for part in registered_parts(KIND):
         try:
-            loaded.append(_load(part.name, KIND))
+            loaded.append(family_named(part.name, KIND))
         except FamilyError:  # reported against its plugin; the others stay usable
             continue
     return sorted(loaded, key=lambda f: (-f.detection.priority, f.name))
-
-
-def family_named(name: str, where: str = "model.chat_format") -> ModelFamily:
-    """The family ``model.chat_format`` names; a one-line FamilyError naming the setting (``where``:
-    the field, with the file and line it was set in) and the choices."""
-    return _load(name, where)
 
 
 def plugin_of(family: ModelFamily) -> str | None:

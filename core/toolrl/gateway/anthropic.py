@@ -1,28 +1,13 @@
-"""Anthropic's Messages API on an episode's endpoint (``POST /e/{episode}/v1/messages``): what
-Claude-style harnesses speak. A request is turned into OpenAI chat messages and tools and goes
-through :meth:`GatewaySession.turn` like a chat completion (same template, record, parser, sampling
-settings); its answer is written back as an Anthropic ``Message``, or its stream of events (``parse``,
-``answer`` and ``stream`` as in :mod:`toolrl.gateway.chat_completions`).
+"""Anthropic's Messages API on an episode's endpoint (``POST /e/{episode}/v1/messages``), served as the
+chat turn it amounts to (:meth:`GatewaySession.turn`); ``parse``, ``answer`` and ``stream`` as in
+:mod:`toolrl.gateway.chat_completions`.
 
-How content blocks map (request):
-
-- ``system`` (a string or text blocks) is a leading system message;
-- a user message's ``tool_result`` blocks are one ``tool`` message each (``tool_call_id`` its
-  ``tool_use_id``, its text; ``is_error`` shows as an ``Error:`` prefix), its text blocks one user
-  message after them;
-- an assistant message's text blocks are its ``content`` and its ``tool_use`` blocks its
-  ``tool_calls`` (arguments: ``input`` as JSON), in one message, whose key then matches the reply
-  served (:func:`toolrl.gateway.protocol.message_key`); ``thinking`` and ``redacted_thinking`` blocks
-  are dropped;
-- any other block (images, documents, server tools...) is a 400 naming it.
-
-And back: the reply's text is a ``text`` block, each call a ``tool_use`` block; ``stop_reason`` is
-``tool_use``, ``max_tokens``, ``stop_sequence`` (one of the request's ``stop_sequences`` ended the
-text: it is cut from the text and named in ``stop_sequence``) or ``end_turn``. A stream is the whole
-answer as Anthropic's events (the engine returns whole generations: the stream starts once it is
-done). ``temperature``, ``top_p``, ``top_k``, ``thinking``, ``metadata`` are accepted and ignored (the
-rollout's sampling settings are what is trained); a forced ``tool_choice`` must name one of the tools,
-and is not enforced.
+Blocks map to chat messages: ``system`` a leading system message; a user message's ``tool_result``
+blocks one ``tool`` message each (``is_error`` as an ``Error:`` prefix), then its text as one user
+message; an assistant message's text and ``tool_use`` blocks one message, whose key then matches the
+reply served (:func:`toolrl.gateway.protocol.message_key`); ``thinking`` blocks are dropped, any other
+block is a 400 naming it. A stop sequence that ended the reply is cut from its text and named in
+``stop_sequence``. Sampling parameters are accepted and ignored (the rollout's are what is trained).
 """
 
 from __future__ import annotations

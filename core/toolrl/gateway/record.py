@@ -1,25 +1,17 @@
-"""An episode's model calls as one trajectory, token-exact: the sampled tokens are what is trained.
+"""An episode's model calls as one trajectory, token-exact (docs/agents.md, "What is trained").
 
-A program resends its conversation with every call, re-serialised its own way: tool-call arguments
-with other spacing or key order, new call ids, stripped text, reasoning dropped. Re-rendering that
-text would train tokens the model never sampled. So each call is matched by *message keys*
-(:func:`toolrl.gateway.protocol.message_key`: role, text, calls as JSON values, nothing of format) to
-a **segment**, a piece of the trajectory whose tokens are held as they were generated:
+A program resends its conversation re-serialised its own way, so each call is matched by *message keys*
+(:func:`toolrl.gateway.protocol.message_key`: what the messages say, not how) to a **segment**, a piece of
+the trajectory whose tokens are held as generated:
 
-- a call whose messages are a segment's messages (its replies as served) followed only by new
-  non-assistant messages (tool results, a user turn) continues it: the template's rendering of the
-  new messages is appended (mask 0) and the generation follows (mask 1, the engine's logprobs);
-- any other call (the program summarised or dropped history, started a sub-agent, or calls while the
-  segment it would continue is generating) opens a new segment, its prompt rendered from its messages;
-- a call for ``n`` choices continues with the first; each other choice is a segment whose prompt is
-  the whole context it was sampled from;
-- a call by one role (the model name it asks for, in a run with roles) never continues another role's
-  segment: it opens one of its own, its prompt rendered from its messages (one role per piece: under
-  ``model.adapters`` each role's context runs through its own adapter).
+- a call whose messages are a segment's (its replies as served) followed only by new non-assistant
+  messages continues it: their rendering is appended (mask 0), then the generation (mask 1);
+- any other call (history rewritten, a sub-agent, the segment busy generating, another role's segment)
+  opens a new segment, its prompt rendered from its messages;
+- a call for ``n`` choices continues with the first; each other choice opens a segment of its own.
 
-Every sampled token is in exactly one segment. At the end the segments are the trajectory's pieces
-(:func:`EpisodeRecord.pieces`), the one that answered last the last piece, as the rollout loop's
-context edits make them.
+Every sampled token is in exactly one segment; at the end the segments are the trajectory's pieces, the
+one that answered last the last (:meth:`EpisodeRecord.pieces`).
 """
 
 from __future__ import annotations

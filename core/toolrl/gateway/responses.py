@@ -1,28 +1,12 @@
-"""``POST /v1/responses``: the OpenAI Responses API (what ``client.responses.create`` and the OpenAI
-Agents SDK's default model call), served as the chat turn it amounts to (:meth:`GatewaySession.turn`),
-so its calls are rendered, continued, generated and recorded as chat completions are; ``parse``,
-``answer`` and ``stream`` as in :mod:`toolrl.gateway.chat_completions`.
+"""``POST /v1/responses``: the OpenAI Responses API (the OpenAI Agents SDK's default model), served as
+the chat turn it amounts to (:meth:`GatewaySession.turn`); ``parse``, ``answer`` and ``stream`` as in
+:mod:`toolrl.gateway.chat_completions`.
 
-The request is read as OpenAI chat messages: ``instructions`` a leading system message, a string
-``input`` one user message, and ``input`` items
-
-- ``message`` (``role`` user, system, developer or assistant; ``content`` a string or text parts:
-  ``input_text``, ``output_text``, ``text``) a message of that role;
-- ``function_call`` a call of an assistant message: consecutive calls, and calls right after an
-  assistant message, are one assistant message with ``tool_calls`` (a reply the gateway served is
-  its message item then its calls, so sent back it keeps the key of the reply: ``message_key``);
-- ``function_call_output`` a ``tool`` message answering ``call_id``;
-- ``reasoning`` dropped (a reply's reasoning is in its text, and its key is without it).
-
-``tools`` are function tools (``{"type": "function", name, description, parameters}``). What needs
-state the gateway does not keep (``previous_response_id``, ``conversation``, stored ``prompt``), any
-other item, content part or tool is a 400 naming its field. Unknown parameters (``store``,
-``include``, ``reasoning``, ``text``...) are accepted and ignored; sampling is the rollout's.
-
-The answer is a Response: a ``message`` item with the reply's text (unless it is calls only), then a
-``function_call`` item per call (``call_id`` the tool call's id); ``incomplete`` (``max_output_tokens``)
-when the generation hit its length. ``stream: true`` gives the Responses events of that answer
-(generated whole first, as engines return whole generations).
+``input`` items map to chat messages: ``function_call`` items right after an assistant message (or each
+other) are that message's ``tool_calls``, so a reply the gateway served (its message item, then its
+calls) keeps its key when sent back (``message_key``); ``reasoning`` items are dropped. What needs state
+the gateway does not keep (``previous_response_id``, ``conversation``, a stored ``prompt``) and any other
+item, part or tool is a 400 naming its field; unknown parameters are ignored, sampling is the rollout's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """One episode of an agent program: open its endpoint on the gateway, run the program against it
 (``timeout_s`` is a deadline), close the endpoint, and make the trajectory of what it did.
 
-What the rollout loop scores afterwards: the episode's pieces (:mod:`toolrl.gateway.record`), its
-step rewards (posted with a call's id), the program's reward (posted, or returned) as the ``agent``
-term, and the rewards it posted for roles (``Trajectory.role_rewards``). An episode fails (the
-program crashed, ran past its deadline, returned no number, or left itself unscored with no reward
-function configured): under the agent's ``failure: mask`` (the default) it is an infrastructure
-failure, not trained; under ``train`` an ``error`` trained with the reward it got.
+The rollout loop then scores the episode's pieces with its step rewards (posted with a call's id), the
+program's reward (posted or returned) as the ``agent`` term, and the roles' rewards. A failed episode is
+masked under ``failure: mask``, an ``error`` trained with the reward it got under ``train`` (docs/agents.md).
 """
 
 from __future__ import annotations

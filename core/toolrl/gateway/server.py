@@ -1,14 +1,10 @@
 """The gateway's HTTP side: one aiohttp server per rollout process, on loopback, serving every open
 episode under its own path.
 
-``/e/{episode}/v1`` is an episode's OpenAI base URL (``GET models``, ``POST chat/completions``,
-``POST responses``); ``/e/{episode}`` its Anthropic base URL (``POST v1/messages``); each protocol is a
-module of the same three functions (:mod:`toolrl.gateway.chat_completions`). ``POST /e/{episode}/reward``
-takes its rewards. Each episode has its own key: a request without it (``Authorization: Bearer KEY``,
-``x-api-key``, or ``?key=KEY`` as in the reward URL an episode is given) is a 401, one for an episode
-that ended a 404, a malformed one the 400 the API would give; none ever reaches another episode. An
-episode's path closes when its program ends or is cut at its deadline (toolrl.gateway.run): whatever
-it left running calls into a 404, and the gateway keeps nothing of it.
+``/e/{episode}/v1`` is an episode's OpenAI base URL, ``/e/{episode}`` its Anthropic one, each protocol a
+module of the same three functions (:mod:`toolrl.gateway.chat_completions`); ``POST /e/{episode}/reward``
+takes its rewards. Each episode has its own key (``Authorization: Bearer``, ``x-api-key`` or ``?key=``), so
+no request reaches another episode; once its program ends, whatever it left running calls into a 404.
 """
 
 from __future__ import annotations

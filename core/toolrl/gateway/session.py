@@ -1,16 +1,10 @@
 """One episode's side of the gateway: its model calls, its models, its rewards.
 
-A model call (:meth:`GatewaySession.turn`, whichever API it came through: :mod:`toolrl.gateway.chat_completions`,
-``responses``, ``anthropic``) renders its messages with the family's template (continuing a segment from
-its sampled tokens where the call continues it: :mod:`toolrl.gateway.record`), generates with the engine
-being trained under the rollout's sampling settings (``rollout.temperature``, ``top_p``,
-``max_new_tokens``: the program's own are not what is trained) and parses calls with the route's
-parser. A forced tool (``tool_choice``) must be one of the call's tools; it is not enforced.
-
-A run with roles (``Config.roles``) serves each role as a model name: the ``model`` a call asks for is the
-role that acts in it (another name is a 404 naming the run's roles), recorded with the call (one role
-per piece: :mod:`toolrl.gateway.record`) and, under ``model.adapters``, the adapter the engine samples
-with. A run with no roles serves its one model name (``rollout.agent.model``).
+A model call (:meth:`GatewaySession.turn`, whichever API it came through) renders its messages with the
+family's template (continuing a segment where it can: :mod:`toolrl.gateway.record`), generates under the
+rollout's sampling settings (the program's own are not what is trained) and parses calls with the route's
+parser. A run with roles serves each role as a model name, the role that acts in the call (under
+``model.adapters``, the adapter the engine samples with); a run without serves ``rollout.agent.model``.
 """
 
 from __future__ import annotations

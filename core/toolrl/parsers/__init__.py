@@ -1,16 +1,11 @@
 """Tool-call parsers: one model response (text) -> content, calls and parse errors.
 
-The rule: **a parser's failure is one call's error and never another call's loss.** Parsers never
-raise on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError` that the
-rollout sends back to the model, so the model learns from it instead of the call vanishing, and the
-calls around it (in the same block, list or message) still run. A format's own markers written inside
-an argument (a JSON string, a parameter value) are data, not the end of the call; the special tokens
-that end a family's turn are not content. A parser that raises anyway, like a tool that does, is that
-turn's parse error in the rollout and a one-line error from ``toolrl parse``. Like a tool, a parser
-runs under a time limit (``rollout.parser_timeout_s``): one still running then is that turn's parse
-error, and the rollout stops handing it text (a thread cannot be stopped; each stuck call would hold
-one for good). What goes back to the model of one turn's malformed calls is capped
-(:data:`MAX_REPORTED_ERRORS` and a count of the rest), for every parser, in :func:`parse_within`.
+The rule: **a parser's failure is one call's error and never another call's loss.** Parsers never raise
+on model output: every malformed call becomes a :class:`toolrl.schemas.ParseError` the model reads, and the
+calls around it still run. A format's markers written inside an argument are data; the tokens that end a
+family's turn are not content. :func:`parse_within` holds every parser to it: one that raises, or runs past
+``rollout.parser_timeout_s`` (then it is handed no more text: a thread cannot be stopped), costs its turn a
+parse error, and a turn's malformed calls are capped (:data:`MAX_REPORTED_ERRORS`).
 """
 
 from __future__ import annotations
@@ -28,15 +23,11 @@ if TYPE_CHECKING:
 
 
 class ToolParser:
-    """The base of every tool-call parser (``register_tool_parsers``; ``rollout.parser``): subclass it,
-    set ``name``, and implement :meth:`parse`, which reads one model response into a
-    :class:`~toolrl.schemas.ParseResult` (the content, the calls in order, one
-    :class:`~toolrl.schemas.ParseError` per malformed call) and never raises on model output (the module
-    docstring's rule). Options come as constructor keywords (``rollout.parser_options``; the base takes
-    none). Override :attr:`stop_strings` and ``end_of_call_tokens`` where calls end before the turn does,
-    ``result_mode = "inline"`` with :meth:`format_inline_result` for calls whose results are appended to the
-    response, :meth:`bind_tools` for formats typed from the tools' schemas, and :meth:`check_run` for
-    settings it cannot run with. Check one with :class:`toolrl.testing.ParserConformance`."""
+    """The base of every tool-call parser (``register_tool_parsers``; ``rollout.parser``): set ``name`` and
+    implement :meth:`parse` (the module docstring's rule); options come as constructor keywords
+    (``rollout.parser_options``). The other attributes and methods are for formats whose calls end before
+    the turn does, whose results are appended inline, or whose values are typed from the tools' schemas.
+    Check one with :class:`toolrl.testing.ParserConformance`."""
 
     name: ClassVar[str] = ""
     # "chat": tool results go back as chat-template tool messages (hermes);

@@ -1,18 +1,14 @@
-"""Plugin loading: built-in plugins and entry points, each inside its own error boundary.
-
-The boundary holds any exception, ``SystemExit`` included (a plugin calling ``sys.exit()`` at import
-is listed with that error); only ``KeyboardInterrupt`` goes through. What no boundary in the process
-can hold — a plugin that ends the process or never returns — is caught by screening external plugins
-in a supervised child first (:mod:`toolrl.plugins.screening`): such a plugin is listed with its error
-and not loaded. Registered parts are checked as described in :mod:`toolrl.plugins.registry`;
-:meth:`Plugins.check` loads and checks every part. The environment variables that choose, skip,
-time and cache plugins (``TOOLRL_LOAD_PLUGINS``, ``TOOLRL_DISABLE_PLUGINS``, ``TOOLRL_STRICT_PLUGINS``,
-``TOOLRL_PLUGIN_IMPORT_TIMEOUT_S``, ``TOOLRL_CACHE``): docs/plugins.md, "Loading, attribution and failures".
+"""Plugin loading: built-in plugins and entry points, each inside its own error boundary, which holds any
+exception but ``KeyboardInterrupt`` (``SystemExit`` included). A plugin that ends the process or never
+returns is caught by screening external plugins in a supervised child first (:mod:`toolrl.plugins.screening`).
+The environment variables that choose, skip, time and cache plugins: docs/plugins.md, "Loading, attribution
+and failures".
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -86,23 +82,15 @@ class PluginInfo:
     name: str
     distribution: str
     version: str
+    builtin: bool = False
     status: Status = "ok"
     error: str | None = None
-    builtin: bool = False
     hooks: list[str] = field(default_factory=list)
     parts: dict[str, list[str]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "distribution": self.distribution,
-            "version": self.version,
-            "builtin": self.builtin,
-            "status": self.status,
-            "error": self.error,
-            "hooks": self.hooks,
-            "parts": self.parts,
-        }
+        """Its fields, in order: ``toolrl list-plugins --json``'s object."""
+        return dataclasses.asdict(self)
 
 
 def _names(value: str | None) -> set[str] | None:

@@ -119,10 +119,9 @@ class WeightTransportsPlugin:
 
     @hookimpl
     def register_weight_transports(self, register: Register) -> None:
-        register("toolrl.transports.object_store:ObjectStoreTransport", name="object_store")
-        register("toolrl.transports.broadcast:BroadcastTransport", name="broadcast")
-        register("toolrl.transports.shared_memory:SharedMemoryTransport", name="shared_memory")
-        register("toolrl.transports.disk:DiskTransport", name="disk")
+        for name, cls in (("object_store", "ObjectStoreTransport"), ("broadcast", "BroadcastTransport"),
+                          ("shared_memory", "SharedMemoryTransport"), ("disk", "DiskTransport")):
+            register(f"toolrl.transports.{name}:{cls}", name=name)  # each in the module of its name
 
 
 class AgentsPlugin:

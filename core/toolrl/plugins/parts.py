@@ -1,13 +1,10 @@
 """One way to build a part of any kind: :func:`build_part` (and :func:`lookup_part`, the one lookup).
 
-The contract every kind follows: a registered part (a class, or an instance such as an environment)
-has an ``Options`` pydantic model and ``build(options, context)``. Each kind's base class gives both
-defaults (a part that takes no options needs neither); a part with neither (a reward function is any
-class whose instances are callable) takes the options its constructor names and is built by calling
-it with them. :func:`build_part` looks the name up, validates the options and builds, and every
-failure on the way is one :class:`~toolrl.config.ConfigError` naming the config field: an unknown
-name lists the available ones (aliases too) with a "did you mean" and, when a distribution that
-provided it is gone, which one; a bad option names its field.
+The contract every kind follows: a registered part has an ``Options`` pydantic model and
+``build(options, context)``, both defaulted by its kind's base class; a part with neither (a reward
+function) is called with the options its constructor names. Every failure of :func:`build_part` is one
+:class:`~toolrl.config.ConfigError` naming the config field (an unknown name with the available ones and
+a "did you mean", and the distribution that provided it when that is gone).
 
 Nothing outside :mod:`toolrl.plugins` reads the registry: what the rest of toolrl needs of it
 (:func:`registered_parts`, :func:`part_plugin`, :func:`report_part`) is here.

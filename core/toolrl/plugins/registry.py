@@ -1,13 +1,9 @@
 """Name -> part lookup. Every part remembers the plugin that registered it.
 
-Parts are checked against what their kind requires (:func:`check_part`): a tool parser, tool,
-rollout engine, logger, advantage estimator or policy loss must be a subclass of its base class, an environment an instance of
-:class:`toolrl.environments.Environment` (validated when built), a model family an instance of
-:class:`toolrl.families.ModelFamily`, a reward function a class whose
-instances are callable, and a tool's class-level ``schema`` a valid OpenAI function schema. An object
-is checked as soon as it can be had without importing anything: when registered as an object, or as a lazy
-reference into a module that is already imported (typically the plugin's own module). Other lazy
-references are checked when first loaded; the error names the plugin.
+Parts are checked against what their kind requires (:func:`check_part`: :data:`KIND_BASES`; a reward
+function a class whose instances are callable; a tool's class-level ``schema`` a valid OpenAI function
+schema) as soon as that imports nothing: registered as an object, or as a lazy reference into a module
+already imported. Other lazy references are checked when first loaded; the error names the plugin.
 """
 
 from __future__ import annotations
@@ -19,10 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-KINDS = ("tool_parsers", "tools", "reward_functions", "rollout_engines", "environments", "loggers",
-         "advantage_estimators", "policy_losses", "model_families", "environment_sessions",
-         "context_policies", "weight_transports", "agents", "curricula")
-# Singular words for messages: "unknown tool 'x'".
+# Every kind of part (the ``register_*`` hooks' suffixes), with its singular word for messages: "unknown tool 'x'".
 KIND_WORDS = {
     "tool_parsers": "tool parser",
     "tools": "tool",
@@ -39,6 +32,7 @@ KIND_WORDS = {
     "agents": "agent",
     "curricula": "curriculum",
 }
+KINDS = tuple(KIND_WORDS)
 
 
 # The base class each kind's parts subclass. Looked up in sys.modules only: if the base's module was

@@ -1,19 +1,11 @@
-"""The controller: the step loop, top to bottom, over three processes.
+"""The controller: the step loop, top to bottom, over three processes (docs/architecture.md).
 
-Each step: the step's batch of scored trajectories comes from the rollout group; the trainer group
-takes one GRPO step on them; the new weights go from the trainer ranks to the engines (weight version
-= steps trained); the controller records metrics and traces, and every ``save_every`` steps a
-checkpoint. Where the batches come from, synchronous or ahead of the trainer: :mod:`toolrl.data.batches`.
-Where the processes run is decided once (:func:`toolrl.processes.start.start_processes`; docs/architecture.md).
-
-A step's weights reach the engines only after the whole update (all ``ppo_epochs x mini_batches``
-optimizer steps), so an intermediate state is never sampled from: the shared module is not in use
-by the engine while the trainer trains (synchronous), and an engine's own copy changes only by push.
-
-Before step 1, :func:`toolrl.processes.prepare.prepare_training` checks the whole run, starts the processes
-and puts the weights in place; only then is ``output_dir`` first written (:class:`toolrl.run_dir.RunDir`
-holds what it receives). A step that fails gets a ``"failed"`` line in ``metrics.jsonl``; ``--resume``
-restores model, optimizer, step, RNG and the data position (groups in flight are generated again).
+Each step: a batch of scored trajectories from the rollout group (:mod:`toolrl.data.batches`), one update
+by the trainer group, the new weights to the engines (weight version = steps trained), metrics and
+traces, and every ``save_every`` steps a checkpoint. Weights reach the engines only after the whole
+update, so an intermediate state is never sampled from. :func:`toolrl.processes.prepare.prepare_training`
+checks the whole run before ``output_dir`` is first written; a step that fails gets a ``"failed"`` line in
+``metrics.jsonl``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The rollout process and the local run: what each process builds (docs/architecture.md), wired from
-parts resolved once per process (:func:`toolrl.rollout.routes.resolve_parts`) and what the run check
-decided for the processes (:class:`toolrl.processes.resolve.RunPlan`). A rollout worker builds its engine
-(:func:`toolrl.engines.build.build_engine`, on its own copy of the model) and one route per environment
-(:func:`build_rollouts`); without Ray all of them run in one process (:func:`build_local_run`), the
-engine sharing the trainer's module, so weight updates cost nothing.
+"""The rollout process and the local run (docs/architecture.md): a rollout worker builds its engine on its
+own copy of the model and one route per environment (:func:`build_rollouts`); without Ray everything runs in
+one process (:func:`build_local_run`), the engine sharing the trainer's module, so weight updates cost nothing.
 """
 
 from __future__ import annotations
@@ -92,11 +89,9 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
                            samples: Sequence[Sample] = (), parts: Parts | None = None,
                            inputs: ModelInputs | None = None, plan: RunPlan | None = None) -> Rollouts:
     """Engine and routes (parser, tools, rewards per environment). ``shared_module``: called once the
-    tools are up, before the engine loads; returns a live model for the engine to share (in-process
-    only), or None: the engine loads its own copy from ``path``. ``samples``: checked against their
-    route's tools before any model loads. ``parts``: resolved already (else resolved here);
-    ``inputs``: the processor and renderer factory, if the caller checked them already; ``plan``: the
-    run check's (else decided here, for rollouts built on their own)."""
+    tools are up, before the engine loads; a live model for the engine to share, or None: the engine
+    loads its own copy. ``samples``: checked against their route's tools before any model loads;
+    ``parts``, ``inputs``, ``plan``: what the caller resolved already (else done here)."""
     parts = parts if parts is not None else resolve_parts(config)
     plan = plan if plan is not None else run_plan(config, engine_cls=parts.engine_cls)
     if inputs is None:
@@ -146,12 +141,9 @@ class LocalRun:
 async def build_local_run(config: Config, parts: Parts | None = None, samples: Sequence[Sample] | None = None,
                         path: str | None = None, inputs: ModelInputs | None = None,
                         plan: RunPlan | None = None, train: bool = True) -> LocalRun:
-    """Every process's parts in this one. What is not given is resolved here: ``parts``; ``samples``, the
-    prompts checked against the tools (default: the training split; recorded groups run none);
-    ``path``, the model's directory; ``inputs``, the tokenizer and the checks before any model loads;
-    ``plan``, what the processes act on (:class:`toolrl.processes.resolve.RunPlan`). Without ``train`` no
-    policy is built (``model`` is None): the engine loads what it needs itself, and one that loads no
-    weights (a remote server's, a script) needs only the tokenizer in ``path``."""
+    """Every process's parts in this one; what is not given is resolved here (``samples``: the training
+    split). Without ``train`` no policy is built (``model`` is None): the engine loads what it needs
+    itself, and one that loads no weights needs only the tokenizer in ``path``."""
     parts = parts if parts is not None else resolve_parts(config)
     if samples is None:
         samples = [] if config.data.trajectories else load_samples(config, envs=parts.envs)

@@ -102,13 +102,8 @@ def sample_conversation(run: ResolvedRun) -> Conversation:
 
 def check_training(config: Config, resume: bool = False, overwrite: bool = False) -> Checked:
     """Every check of a training run, in the order a user would fix things; nothing loads a model and
-    nothing is written (``toolrl train --check`` stops here)."""
-    # Plugins: every part below is looked up among them. The CLI loaded them already (to add their
-    # commands); a library caller loads them here, before any name is looked up.
-    get_plugins()
-    # The whole run checked, in the order a user would fix it: placement, the files it names, the
-    # algorithm, every part by name, loggers, weight transport, the data's rows, the held-out split.
-    # Nothing loads a model and nothing is written, so any mistake is one line and costs seconds.
+    nothing is written, so any mistake is one line and costs seconds (``toolrl train --check`` stops here)."""
+    get_plugins()  # a library caller's first look-up (the CLI loaded them to add their commands)
     run = resolve_run(config, "train")
     # The curriculum (data.curriculum) built on the training split: a bad option is one line here.
     draws = open_draws(run.config, run.samples, run.parts.envs)
@@ -120,9 +115,7 @@ def check_training(config: Config, resume: bool = False, overwrite: bool = False
         check_resume(run_dir.latest_checkpoint(), run.model_dir)
         ahead = kept_batch(run_dir.latest_checkpoint())
         draws.restore(run_dir.latest_checkpoint())
-    # The tokenizer, the model family (its tokens in the tokenizer, its template), every prompt against
-    # the context and every part's semantics (toolrl.processes.run_check): the last checks, still before any
-    # model loads.
+    # The last checks, still before any model loads: tokenizer, family, prompts, every part's semantics.
     inputs = check_model_inputs(run.config, run.parts, run.model_dir, run.prompts)
     return Checked(run, run_dir, inputs, draws, ahead)
 

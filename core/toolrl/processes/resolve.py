@@ -1,10 +1,7 @@
-"""A run resolved before anything is written. :func:`resolve_run` turns a :class:`Config` into a
-:class:`ResolvedRun`: the placement checked (world size against Ray), every part looked up by name
-(engine, environments, parsers, rewards, tool configs, loggers), the data read (the training split or
-recorded groups; the held-out split when the run evaluates) and the model's directory found. Any
-problem is a one-line error and no file has been touched. The controller and evaluation take the
-resolved run, so nothing is resolved twice; what the check decided for the processes (:class:`RunPlan`)
-travels to them, in this process or as Ray actors.
+"""A run resolved before anything is written: :func:`resolve_run` checks the placement, looks every part up
+by name, reads the data and finds the model's directory, each problem a one-line error. The controller and
+evaluation take the :class:`ResolvedRun`, so nothing is resolved twice; its :class:`RunPlan` travels to the
+processes, in this process or as Ray actors.
 """
 
 from __future__ import annotations
@@ -45,15 +42,10 @@ class RunPlan:
 
 
 def run_plan(config: Config, purpose: Purpose = "train", engine_cls: Any = None, estimator: Any = None) -> RunPlan:
-    """The run's :class:`RunPlan`. What a weight sync sends: adapters alone under ``model.lora`` when the
-    engine takes them (``RolloutEngine.loads_adapters``: the transformers and vLLM engines; any other
-    gets merged weights); delta with ``trainer.weight_sync: delta`` (read only by a run that trains:
-    another sends no sync), which needs an engine that keeps what it is not sent
-    (``RolloutEngine.partial_weight_updates``): otherwise a :class:`~toolrl.config.ConfigError`. Under
-    ``model.adapters`` (several policies, which only an engine that takes adapters serves): the trained
-    adapters alone, each only when it changed since the last sync.
-    ``engine_cls`` and ``estimator``: as resolved (looked up by name when not given: a process built on
-    its own, outside :func:`resolve_run`)."""
+    """The run's :class:`RunPlan`. A weight sync sends adapters alone when the engine takes them (else
+    merged weights), a delta with ``trainer.weight_sync: delta`` (an engine that keeps what it is not sent,
+    else a ConfigError), and under ``model.adapters`` the trained adapters that changed. ``engine_cls`` and
+    ``estimator``: as resolved (looked up by name when not given)."""
     if engine_cls is None:
         engine_cls = lookup_part("rollout_engines", config.engine.name, field_where(config, "engine.name"))
     if estimator is None:

@@ -1,27 +1,12 @@
 """The rollout group on a Ray cluster: engine replicas in rollout-worker actors.
 
-Each :class:`RolloutWorker` is a Ray actor that composes, in its own process, the rollout process's parts only
-(:func:`toolrl.processes.in_process.build_rollouts`: tokenizer, engine, parser, tools, rewards; the engine loads
-its own copy of the model, never the training model) and runs the async agent loop on the groups it
-is sent, many at once (an async actor). :class:`RolloutWorkerPool` (a :class:`toolrl.processes.RolloutGroup`)
-runs groups and sends weights on the workers its :class:`WorkerSlots` keep up, one worker per node where the
-cluster has several (a ``SPREAD`` placement group: :mod:`toolrl.processes.ray_actors`). A step's batch (:meth:`~RolloutWorkerPool.run`) is split
-into one share of GRPO groups per worker; streamed groups (:meth:`~RolloutWorkerPool.run_group`) go
-one by one to the live worker with the fewest groups in flight. A group never straddles two workers.
-A worker that dies is replaced in its bundle, in the background, and its groups run again on a live
-worker with the same seeds. Each replacement that comes up is one row for ``recoveries.jsonl``
-(:meth:`~RolloutWorkerPool.take_recoveries`: what died, during what, how long until its replacement
-served, where that runs).
-
-New weights reach the workers whole (:meth:`~RolloutWorkerPool.broadcast`, through the object store)
-or from the trainer ranks over the run's weight transport (:meth:`~RolloutWorkerPool.weight_targets`;
-how they reach the engine: docs/weights.md). A replacement gets the trainer's weights
-(``weights_from``) once up: from a live peer worker that holds them
-(:meth:`RolloutWorker.send_peer_weights`), else from the trainer.
-
-Workers join the driver's Ray job and namespace, so named actors such as the global tool rate
-limiter (:class:`toolrl.tools.ratelimit.RayRateLimiter`) are one instance for all of them.
-``ray`` is imported only when a pool is built.
+Each :class:`RolloutWorker` composes the rollout process's parts in its own process
+(:func:`toolrl.processes.in_process.build_rollouts`; its engine loads its own copy of the model) and runs
+many groups at once. :class:`RolloutWorkerPool` runs groups and sends weights on the workers its
+:class:`WorkerSlots` keep up, one per node while nodes last (a ``SPREAD`` placement group). A group never
+straddles two workers; a worker that dies is replaced in its bundle and its groups run again elsewhere with
+the same seeds (docs/recovery.md). Workers join the driver's Ray job and namespace, so named actors (the
+global tool rate limiter) are one instance for all of them.
 """
 
 from __future__ import annotations
@@ -57,14 +42,9 @@ log = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    """One engine replica and the agent loop around it, in a Ray worker process.
-
-    Built with ``ray.remote(RolloutWorker)`` by the pool; the config travels as a plain mapping and is
-    validated again here. Samples come from the driver, so the worker never reads data files. An
-    async actor: the groups it is sent run concurrently on its event loop (Ray allows 1000 calls in
-    flight by default), bounded by ``rollout.max_concurrent_trajectories``, and weights arrive between
-    them.
-    """
+    """One engine replica and the agent loop around it, in a Ray worker process (an async actor: the
+    groups it is sent run at once, bounded by ``rollout.max_concurrent_trajectories``). The config travels
+    as a plain mapping and samples come from the driver, so the worker never reads data files."""
 
     def __init__(self, config: Mapping[str, Any], plan: RunPlan | None = None) -> None:
         self.config = Config.model_validate(dict(config))  # samples are sent with each run
@@ -255,16 +235,11 @@ class _IdleWorkers:
 
 
 class WorkerSlots:
-    """The pool's workers on a Ray cluster, one per slot of a ``SPREAD`` placement group: each started,
-    brought up (with the trainer's current weights, from a live peer that holds them or from the trainer),
-    replaced in its slot when it dies (``max_attempts`` times in a row at most), and each replacement that
-    comes up recorded for ``recoveries.jsonl``. Iterating gives the slots in index order.
-
-    ``address``: ``"local"`` starts a private Ray instance on this machine (shut down by :meth:`close`),
-    ``"auto"`` joins the cluster running on this machine, ``"host:port"`` joins that cluster. If Ray is
-    already initialised in this process, that connection is used and left open. ``plan``: what the
-    run check decided for the processes (each worker decides it at setup without one).
-    """
+    """The pool's workers, one per slot of a ``SPREAD`` placement group: each brought up (with the
+    trainer's current weights, from a live peer that holds them or from the trainer), replaced in its slot
+    when it dies (``max_attempts`` times in a row at most), and each replacement that comes up recorded for
+    ``recoveries.jsonl``. ``address``: as ``ray.address`` (:func:`init_ray`); a Ray connection this process
+    already has is used and left open."""
 
     def __init__(self, config: Config, num_workers: int, address: str | None, num_cpus_per_worker: float,
                  num_gpus_per_worker: float, setup_timeout_s: float, max_attempts: int, plan: RunPlan | None) -> None:
@@ -431,7 +406,7 @@ class WorkerSlots:
             await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
 
     async def start(self) -> list[dict[str, Any]]:
-        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
+        """Wait for every worker to be up; returns each one's :meth:`RolloutWorker.setup` info."""
         return list(await asyncio.gather(*(self.start_task(s) for s in self._slots)))
 
     async def each(self, slots: Sequence[_Slot], call: Callable[[Any], Any]) -> None:
@@ -472,10 +447,8 @@ class WorkerSlots:
 
 
 class RolloutWorkerPool:
-    """``num_workers`` rollout workers on a Ray cluster, driven from this (the controller's) process: the
-    workers themselves, started and replaced, are its ``slots`` (:class:`WorkerSlots`: ``address`` and
-    ``plan`` as there, and the weights a worker that comes up gets: ``weight_version``, ``weights_from``);
-    here, what runs on them (a batch's shares, streamed groups) and the weights sent to them."""
+    """``num_workers`` rollout workers driven from the controller's process: what runs on them (a batch's
+    shares, streamed groups) and the weights sent to them; the workers themselves are its ``slots``."""
 
     def __init__(self, config: Config, num_workers: int = 1, address: str | None = "local", *,
                  num_cpus_per_worker: float = 1.0, num_gpus_per_worker: float = 0.0,
@@ -501,7 +474,6 @@ class RolloutWorkerPool:
         return [s.actor for s in self.slots]
 
     async def start(self) -> list[dict[str, Any]]:
-        """Wait for every worker to be up; returns each one's node id, pid and setup time."""
         return await self.slots.start()
 
     async def ready(self) -> None:
@@ -514,8 +486,6 @@ class RolloutWorkerPool:
         return next((r for r in reasons if r is not None), None)
 
     def take_recoveries(self) -> list[dict[str, Any]]:
-        """The replacements that came up since the last call, one row each for ``recoveries.jsonl``
-        (``worker``: where the replacement runs)."""
         return self.slots.take_recoveries()
 
     @staticmethod
@@ -531,13 +501,8 @@ class RolloutWorkerPool:
             raise
 
     async def run_group(self, sample: Sample, group: int, n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """The ``n`` trajectories of group ``group`` (what ``run_rollouts`` gives that group in a batch
-        with ``seed`` and ``id_prefix``), from the live worker with the fewest groups in flight.
-
-        If that worker dies before the group is done, it is replaced in the background and the group
-        runs again on the next least-loaded live worker (or the first to come up), with the same
-        seeds; ``max_attempts`` deaths in a row end the call.
-        """
+        """Group ``group`` on the live worker with the fewest groups in flight; if it dies, the group runs
+        again (same seeds) on the next, ``max_attempts`` deaths in a row at most."""
         payload = sample.model_dump()
         slot: _Slot | None = None
 
@@ -559,16 +524,10 @@ class RolloutWorkerPool:
         return await retry(attempt, self.max_attempts, died)
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
-        """What ``run_rollouts(ctx, samples, n, seed, id_prefix)`` returns, computed by the workers.
-
-        Each worker gets one contiguous share of the groups, started together. The share of a worker
-        that dies goes, whole, to the first worker to be idle, a live one or the dead one's
-        replacement, and runs there alone as it would have on its own worker: same seeds, same
-        batch, so the same trajectories bit for bit (:meth:`run_group` reruns a group on a worker
-        that may be decoding others, which changes float rounding and so, rarely, a sampled token).
-        While the trainer trains beside the batch (``one_step_off``), a replacement would get newer
-        weights than the batch's: it takes no share while a worker the batch started on lives.
-        """
+        """What ``run_rollouts`` returns, one contiguous share of the groups per worker. A dead worker's
+        share goes whole to the first idle worker and runs there alone, so its trajectories are the same bit
+        for bit (a group rerun beside others may round differently); under ``one_step_off`` see
+        :class:`_IdleWorkers`."""
         payload = [s.model_dump() for s in samples]
         shares = [s for s in _split(len(samples), len(self.slots)) if s]
         results: dict[int, list[Trajectory]] = {}
@@ -651,7 +610,6 @@ class RolloutWorkerPool:
         await self.slots.each(list(self.slots), lambda actor: actor.update_weights.remote(self.slots.weights, version))
 
     async def close(self) -> None:
-        """Close the workers' engines and tools, end the actors, and shut Ray down if we started it."""
         await self.slots.close()
 
 

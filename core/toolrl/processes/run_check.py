@@ -1,18 +1,13 @@
 """The run check: what each setting means for this model and these prompts, checked before any weights
-load. :func:`check_model_inputs` is its entry: the tokenizer, the processor (a vision-language
-model's), the model family's renderer (its tokens in the tokenizer, its template), :func:`check_run`
-and every prompt against the model's context; the controller checks them once and the processes it
-builds in this process reuse what it loaded (:class:`ModelInputs`). :func:`check_run` sees the run as :class:`RunFacts` (the config, the model's ``config.json``, the
-tokenizer, the chat template's renderer) and asks every part the run resolved (the engine class, each
-route's parser and context policy, the weight transport, the advantage estimator and the policy loss)
-for its own check, ``part.check_run(facts)``: a part that defines one raises on a setting it cannot
-run with (a ConfigError naming its field, or a ValueError its options' field is put before) and
-returns warning lines for a setting that runs but wastes the run. Besides the parts' checks, the
-run's own: the template rendered on a probe conversation, LoRA's targets against the model's module
-names (a skeleton on the meta device: no weights), routing replay against the model's experts,
-``model.max_context`` against the model's window, and ``rollout.tree`` against each route's session
-kind and tools (whether they clone), and the roles the run's parts give turns to against the run's
-(:func:`toolrl.agent_roles.check_roles`). ``toolrl train CONFIG --check`` runs every check and stops.
+load (``toolrl train CONFIG --check`` runs it and stops). :func:`check_model_inputs` is its entry: the
+tokenizer, a vision model's processor, the family's renderer, :func:`check_run` and every prompt against
+the model's context, loaded once and reused by the processes built here (:class:`ModelInputs`).
+
+:func:`check_run` asks every part the run resolved for ``part.check_run(facts)`` (:class:`RunFacts`),
+which raises on a setting it cannot run with and returns warnings for one that wastes the run; then the
+run's own checks: the template on a probe conversation, LoRA's targets against a meta-device skeleton,
+routing replay, ``model.max_context``, ``rollout.tree`` against each route's session and tools, and the
+roles (docs/plugins.md, "Checking a part against the run").
 """
 
 from __future__ import annotations

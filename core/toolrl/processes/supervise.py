@@ -1,14 +1,8 @@
-"""``toolrl train ... --supervise``: the controller runs as a child process, and when it dies (killed,
-crashed, its node lost: anything but finishing or a config error) it is started again on the same
-run directory with ``--resume`` (``--overwrite`` when no checkpoint was written yet), ``max_restarts``
-times at most. Everything the dead controller started goes with it (its process group is killed:
-a local Ray instance and its actors included), and the new controller starts the processes afresh and
-continues from the newest checkpoint: the steps after it are trained again with the same batches and
-seeds (resuming is exact), and their count is the restart's ``steps_lost``.
-
-The new controller records the restart (:func:`controller_restart`) in ``recoveries.jsonl`` and in
-its first step's ``recoveries``/``recovery_s``/``steps_lost``; the supervisor tells it what died
-through the environment variable :data:`RESTART_ENV`.
+"""``toolrl train ... --supervise``: the controller as a child process, started again with ``--resume`` on
+the same run directory whenever it dies (docs/recovery.md, "The controller"). The steps after the newest
+checkpoint are trained again exactly, their count the restart's ``steps_lost``; the supervisor tells the
+new controller what died through :data:`RESTART_ENV`, and it records the restart
+(:func:`controller_restart`) in ``recoveries.jsonl`` and its first step's row.
 """
 
 from __future__ import annotations

@@ -8,10 +8,8 @@ without the new messages and asserting the shorter rendering is a token prefix o
 after ``<|im_end|>``), which the model never generates, is prepended to the delta, so the training
 sequence is exactly what the template would render (verl's mismatch, fixed there in #6779).
 
-With a processor (a vision-language model), image parts render as the template's one image token
-each, which is then expanded to the image's run of tokens (its patch grid / merge²), as the processor
-expands its text: the template's rendering and its deltas hold no pixels, so they are cached as for
-text, and each image's grid is applied to the rendering it is in.
+With a processor, each image renders as the template's one image token, expanded to its run (patch
+grid / merge²) as the processor expands its text, so renderings and deltas hold no pixels and cache as text.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Templates that rewrite history: detecting them on every turn, and the rules for what to do.
 
-A trajectory's tokens are the prompt, the model's tokens and the template's tool-result deltas. A
-template *rewrites history* when its rendering of the conversation so far is not those tokens:
-Qwen3 re-formats or drops earlier ``<think>`` blocks, gpt-oss drops the analysis channel, and any
-generated text the tokenizer would split differently re-tokenizes to other ids. The model then
-continues from a context that serving the same conversation would never give it. After each round
-of tool results the conversation is re-rendered and compared; what each ``rollout.template_rewrite``
-rule (``keep``, ``training_template``, ``fork``, ``refuse``) then does: docs/models.md, "Templates that
-rewrite history". A forked trajectory's pieces share ``trajectory_key``; the step's advantages count a
-trajectory once (:func:`toolrl.training.step.token_advantages`).
+A template *rewrites history* when its rendering of the conversation so far is not the trajectory's
+tokens (Qwen3 drops earlier ``<think>`` blocks, gpt-oss the analysis channel, text re-tokenizes to other
+ids), so the model continues from a context serving would never give it. After each round of tool results
+the conversation is re-rendered and compared; what each ``rollout.template_rewrite`` rule then does:
+docs/models.md, "Templates that rewrite history".
 """
 
 from __future__ import annotations

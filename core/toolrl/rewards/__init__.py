@@ -1,23 +1,11 @@
-"""Reward functions: score a finished trajectory.
+"""Reward functions (``register_reward_functions``), constructed with their ``options`` and called once per
+finished trajectory as ``reward(response, ground_truth, **info) -> float`` (``async def __call__`` for one
+that waits; a sync one runs on the loop's thread and must be quick).
 
-A reward function is a class registered through ``register_reward_functions``; it is constructed with
-its ``options`` from the config and called once per trajectory::
-
-    reward(response, ground_truth, **info) -> float
-
-or ``async def __call__`` for one that waits (awaited, and what a failure scores: the hookspec's
-docstring); a sync reward is called on the loop's thread and must be quick.
-
-``response`` is the model's final answer text (its last turn, model tokens only: tool outputs never
-leak into it). ``info`` holds ``full_response`` (every model-generated turn joined), ``model_text``
-(each generation's text, in order), ``sample``
-(the :class:`toolrl.schemas.Sample`), ``tool_results`` (every :class:`toolrl.schemas.ToolResult`),
-``parse_errors`` (count), ``data_source`` and ``response_ids`` (the model's own tokens, for
-length- or token-level rewards).
-
-A function that scores several named parts (a rubric) may return a mapping ``{part: value}``
-instead of a number: each part becomes the reward term ``NAME.part`` (times the term's weight), and
-the parts add up to its share of the reward.
+``response`` is the final answer (model tokens only). ``info``: ``full_response`` (every model turn
+joined), ``model_text`` (each generation's text), ``sample``, ``tool_results``, ``parse_errors`` (a count),
+``data_source`` and ``response_ids``. A rubric may return ``{part: value}``: each part is the reward term
+``NAME.part`` (times the term's weight).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): engines that score the
-student's sampled tokens and are never trained. A teacher is any registered engine whose
-``prompt_logprobs`` scores given tokens, checked and built as the run's engine is (:func:`teacher_config`:
-``algorithm.teacher.N`` in place of the run's ``engine`` and ``model``). :meth:`Teachers.score` gives a
-group's trajectories their route's teacher's log-probs, each trajectory's prompt and response scored
-as one sequence, only the tokens the student sampled (``response_mask`` 1) getting one (0.0 elsewhere);
-a teacher of another tokenizer scores the student's text aligned by characters
-(:mod:`toolrl.algorithms.align`). What would make a teacher fail is checked before any model loads
-(:func:`check_teachers`), and each teacher scores a probe once built (:func:`open_teachers`). Which
-engines teach, when a teacher scores and how turn ends and ``top`` are treated: docs/distillation.md.
+"""The teachers of on-policy distillation (:mod:`toolrl.algorithms.distill`): any registered engine whose
+``prompt_logprobs`` scores given tokens, checked and built as the run's engine is (:func:`teacher_config`),
+never trained. :meth:`Teachers.score` gives each trajectory its route's teacher's log-probs at the tokens
+the student sampled (0.0 elsewhere); a teacher of another tokenizer scores the student's text aligned by
+characters (:mod:`toolrl.algorithms.align`). Which engines teach, when, and how turn ends and ``top`` are
+treated: docs/distillation.md.
 """
 
 from __future__ import annotations

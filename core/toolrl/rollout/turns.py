@@ -2,15 +2,11 @@
 (``Trajectory.turn_starts``, ``turn_states``) for turn-level credit (the ``gigpo`` estimator groups
 the turns of a group's trajectories that start from one state).
 
-The key is the environment session's (``EnvironmentSession.state_key``, prefixed ``env:``) when it
-gives one; otherwise the tokens of the observation the turn starts from, hashed (``obs:``): what
-followed the piece's last model token (the tool results, parse errors or user turn it answers), or
-the whole prompt for a piece's first turn (the sample's prompt, the same for a whole group). Only the
-latest observation, as in GiGPO (arXiv 2505.10978): keyed by the whole history, two trajectories
-would share a state only while every earlier sampled token agreed, so beyond the first turn almost
-every step group would be a singleton; keyed by the observation, trajectories that reach the same
-tool result by different paths are compared. Tokens rather than decoded text: the same ids the
-model read, with nothing decoded on the loop.
+The key is the session's ``state_key`` (``env:``) when it gives one, else the hashed tokens of the
+observation the turn answers (``obs:``; a piece's first turn: its prompt). Only the latest observation,
+as in GiGPO: keyed by the whole history, almost every step group past the first turn would be a
+singleton; keyed by the observation, trajectories that reach the same tool result by different paths
+are compared.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""toolrl.testing: the conformance kit for plugin authors: tools (:class:`ToolConformance`, its knobs
-documented there), parsers (:mod:`toolrl.testing.parsers`), environment sessions (:mod:`toolrl.testing.sessions`),
-context policies (:mod:`toolrl.testing.contexts`), curricula (:mod:`toolrl.testing.curricula`), model families (:mod:`toolrl.testing.families`), rollout
-engines (:mod:`toolrl.testing.engines`), any part's build contract, a package's imports (:data:`PUBLIC_API`),
-and :class:`ScriptedEngine`, the engine that stands in for a model in tests (fixed texts, the calls it got recorded).
-
-How to use it and what each generated test checks: docs/plugins.md, "The conformance kit". Every tool
-lifecycle runs through :class:`toolrl.tools.ToolSet`, the driver rollouts use, so the kit exercises the
-path training takes; the ``check_*`` functions and the helpers (:func:`run_lifecycle`, :func:`instrument`,
-:func:`build_tool`) are importable for a plugin's own tests. The pytest plugin (loaded automatically) adds
-the fixtures ``toolrl_plugins`` and ``toolrl_reload_plugins`` and lists toolrl's plugins in the report header.
+"""toolrl.testing: the conformance kit for plugin authors (docs/plugins.md, "The conformance kit"): a kit per
+kind of part, any part's build contract, a package's imports (:data:`PUBLIC_API`) and :class:`ScriptedEngine`,
+the engine that stands in for a model in tests. Every tool lifecycle runs through
+:class:`toolrl.tools.ToolSet`, the driver rollouts use, so the kit exercises the path training takes. The
+pytest plugin (loaded automatically) adds the fixtures ``toolrl_plugins`` and ``toolrl_reload_plugins``.
 """
 
 from __future__ import annotations

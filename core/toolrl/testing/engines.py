@@ -1,12 +1,8 @@
-"""The conformance kit for rollout engines: the engine contract checked against the model itself
-(a Hugging Face causal LM on the same weights, full forwards without a KV cache), as ``check_engine_*``
-functions that raise ``AssertionError`` saying what to fix (async: await them in your tests), each
-saying what it holds; :func:`check_engine_contract` runs the three. A check that cannot hold for an engine by design (an
-engine on a server whose weights it cannot change) is named in ``not_applicable`` with the reason,
-and the kit checks that claim instead: that check must fail on the engine (a declared exemption
-whose check passes is an error: remove it), so nothing is left out silently.
-
-torch is imported when a check runs, never when the kit is.
+"""The conformance kit for rollout engines: the engine contract checked against the model itself (a Hugging
+Face causal LM on the same weights, full forwards without a KV cache); :func:`check_engine_contract` runs the
+async ``check_engine_*`` functions. A check that cannot hold by design is named in ``not_applicable`` with the
+reason, and must then fail on the engine (an exemption whose check passes is an error), so nothing is left
+out silently.
 """
 
 from __future__ import annotations

@@ -2,15 +2,11 @@
 authors (``engine: {name: scripted, options: {script: [...]}}``; docs/environments.md, "Driving an
 environment with fixed calls"), and the one stand-in engine of tests (``toolrl.testing.ScriptedEngine``).
 
-Every trajectory replays the same ``script`` (what it generates, and why everything around it is real:
-that section). It has no weights: ``toolrl rollout`` and ``toolrl eval`` run it; training refuses it
-(no logprobs).
-
-In a test, build it directly: ``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each
-trajectory the script of the first key its session id contains; ``calls``, ``ended`` and ``cloned``
-record what the loop asked (a tree rollout's clone goes on from its line's place in the script). A
-stand-in that chooses its text another way (from the prompt, across sessions) overrides
-:meth:`ScriptedEngine.text`; one that ends or scores its tokens another way, :meth:`ScriptedEngine.generation`.
+It has no weights: ``toolrl rollout`` and ``toolrl eval`` run it, training refuses it. In a test,
+``ScriptedEngine(tokenizer, {"s0-": [...], "s1-": [...]})`` gives each trajectory the script of the first
+key its session id contains; ``calls``, ``ended`` and ``cloned`` record what the loop asked. A stand-in
+that chooses its text another way overrides :meth:`ScriptedEngine.text`; one that ends or scores its
+tokens another way, :meth:`ScriptedEngine.generation`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The conformance kit for environment sessions: a registered session kind played through
-:class:`toolrl.sessions.SessionRun`, the driver the rollout loop uses (every call guarded by the
-session's deadline, ``close`` always), with fixed calls instead of a model.
-
-A :class:`SessionPlay` is one trajectory: its sample, the calls the model makes (each to a tool that
-trajectory's ``reset`` handed out) and the answers it gives without calls. The checks: a play runs
-``reset → step* → respond* → score → close`` within the deadlines and gives a well-formed result
-(:func:`check_session_play`); plays run side by side give what each gives alone
-(:func:`check_session_isolation`); and, with a ``kill`` that takes the session's backend away (stop
-its server), a dead session ends in errors within its deadlines instead of hanging
-(:func:`check_dead_session`). :class:`SessionConformance` runs them as pytest tests; a session with
-no backend to take away says so (``no_backend``: why) instead of leaving the dead-session test out.
-
-``score`` reads the trajectory the play made: its tool results, the model's text (``model_text``:
-each turn as the model wrote it, calls in its parser's syntax; default: the answers), the final
-answer, the user turns and the sample's ground truth.
+:class:`toolrl.sessions.SessionRun`, the rollout loop's driver, with fixed calls instead of a model
+(a :class:`SessionPlay`: a sample, the calls, the answers without calls). The checks: a play runs
+within the deadlines and gives a well-formed result (:func:`check_session_play`); plays side by side give
+what each gives alone (:func:`check_session_isolation`); a session whose backend a ``kill`` took away
+ends in errors within its deadlines (:func:`check_dead_session`). :class:`SessionConformance` runs them as
+pytest tests (docs/plugins.md, "The conformance kit").
 """
 
 from __future__ import annotations

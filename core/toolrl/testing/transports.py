@@ -1,16 +1,9 @@
 """The weight-transport contract, checked on any :class:`~toolrl.transports.LinkedTransport`.
 
-:func:`check_weight_transport` runs a transport through what a weight sync needs of it and raises
-AssertionError naming what broke:
-
-- two senders, each with its own link to ``receivers`` receivers (threads of this process), stream
-  the rows they own of a mixed set of weights (float32, bfloat16, int64, a 0-d tensor, a tensor larger
-  than a bucket), three rounds over the same links; every receiver gets every byte exactly;
-- a receiver (a child process) that dies mid-transfer ends the sender's ``send`` within ``timeout_s``
-  (returning or raising :class:`~toolrl.transports.TransportError`), and a sender that dies
-  mid-transfer ends its receivers' ``receive`` with TransportError within ``timeout_s``: no hang.
-  The child processes are forked from a ``forkserver`` (torch preloaded), so the transport must
-  pickle; links go to and from them over pipes.
+:func:`check_weight_transport` raises AssertionError naming what broke: two senders stream the rows they
+own of mixed weights (dtypes, a 0-d tensor, one larger than a bucket) to ``receivers`` receivers, three
+rounds over the same links, byte-exact; and a receiver or a sender (a child process, so the transport must
+pickle) that dies mid-transfer ends the other side's call within ``timeout_s``: no hang.
 
     from toolrl.testing.transports import check_weight_transport
     check_weight_transport(MyTransport(MyTransport.Options(...)))

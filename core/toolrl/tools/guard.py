@@ -1,19 +1,11 @@
-"""Running tool code so that no fault escapes: a hard deadline, plain ``def`` methods in a thread, and
-a watchdog for code that blocks the event loop.
+"""Running tool code so that no fault escapes: a hard deadline, plain ``def`` methods in a thread, and a
+watchdog for code that blocks the event loop.
 
-A blocking call inside an ``async def`` (``time.sleep``, a synchronous HTTP request, a long
-computation) cannot be preempted in-process: while it runs, every other trajectory and the timer of
-its own timeout wait. So it is detected, attributed and reported instead:
-
-- every step of the tool's coroutine is timed; steps of ``LOOP_BLOCK_S`` or longer are the tool
-  holding the loop, summed into :attr:`Guarded.blocked_s` (it lands on ``ToolResult.loop_blocked_s``);
-- a watchdog thread logs a warning naming the tool while a step is still holding the loop, so a tool
-  that blocks for minutes is named in the log while it happens, not only afterwards;
-- a call that finishes after its deadline is a timeout, whatever it returned (a tool that ignores
-  cancellation, or blocked the loop past the timer, does not come back ``ok`` late).
-
-The cure for such tools is ``isolation: process`` (:mod:`toolrl.tools.isolation`), whose worker is killed
-when a call overruns.
+A blocking call inside an ``async def`` cannot be preempted in-process, so it is reported instead: steps of
+the tool's coroutine of ``LOOP_BLOCK_S`` or longer are summed into :attr:`Guarded.blocked_s`, a watchdog
+thread names the tool in the log while it still holds the loop, and a call that finishes after its
+deadline is a timeout, whatever it returned. The cure is ``isolation: process``
+(:mod:`toolrl.tools.isolation`), whose worker is killed when a call overruns.
 """
 
 from __future__ import annotations

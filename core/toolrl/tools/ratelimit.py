@@ -1,18 +1,10 @@
-"""Rate limiting for tool calls: an in-flight cap plus an optional calls-per-second bucket.
+"""Rate limiting for tool calls: an in-flight cap plus an optional calls-per-second bucket, for one process
+(:class:`LocalRateLimiter`: thread-safe, tied to no event loop) or a whole Ray cluster
+(:class:`RayRateLimiter`: one named actor, the same name the same limiter on every node).
 
-Two implementations share one admission core:
-
-- :class:`LocalRateLimiter` limits one process. It is thread-safe and not tied to an event loop, so one
-  tool instance can serve several loops (the CLI runs a loop per call; servers run their own).
-- :class:`RayRateLimiter` limits a whole Ray cluster through one named actor, found or created with
-  ``get_if_exists=True`` (the same name is the same limiter on every node). ``ray`` is imported only
-  when one is built.
-
-Admission is FIFO: a call never overtakes an earlier one, so backoff or bursts cannot starve anyone.
-Rate is paced with GCRA (a token bucket in timestamp form): each admitted call reserves the next start
-time, ``burst`` calls may start back to back. A slot is released on every path out of
-:meth:`RateLimiter.slot` (return, exception, timeout, cancellation, also while still queued). With no
-cap and no rate the limiter admits at once and still counts calls in flight.
+Admission is FIFO, so bursts cannot starve anyone; rate is paced with GCRA (a token bucket in timestamp
+form, ``burst`` calls back to back). A slot is released on every path out of :meth:`RateLimiter.slot`,
+also while still queued.
 
     limiter = make_rate_limiter(max_in_flight=8, calls_per_second=20)
     async with limiter.slot() as admission:

@@ -4,10 +4,9 @@
 class they replace), then an importable ``module.Class`` that subclasses :class:`toolrl.tools.Tool`;
 the tool is built as every part is (:func:`toolrl.plugins.parts.build_part`).
 
-The core reads only ``class_name``, ``config`` and ``tool_schema``. Everything else in an entry (the
-``mcp:`` block of the ``mcp`` tool, or any plugin's own sibling block) belongs to the tool class: its
-``from_config`` receives the whole entry as a :class:`ToolSection`, which also knows the directory the
-entry was written in, so the tool can resolve paths in its own block relative to it.
+The core reads only ``class_name``, ``config`` and ``tool_schema``; the rest of an entry (the ``mcp:`` block)
+is the tool class's, handed whole to its ``from_config`` as a :class:`ToolSection`, which resolves paths
+against the directory the entry was written in.
 """
 
 from __future__ import annotations

@@ -74,11 +74,8 @@ class ValueModel(torch.nn.Module):
 
 @dataclass(frozen=True)
 class CriticOptions:
-    """What a critic update runs with: the value clip ``ε`` (None: the plain squared error), gradient
-    clipping, epochs and mini-batches over the batch, micro-batching (as the policy's) and this rank's
-    place among the trainer ranks, and a vision-language backbone's processor (its images' pixel values);
-    ``share_prefixes``: micro-steps planned and packed as prefix trees, as the policy's
-    (``optim.share_prefixes``)."""
+    """What a critic update runs with, as the policy's (``value_clip``: ``ε``, None the plain squared
+    error)."""
 
     value_clip: float | None = 0.2
     grad_clip: float = 1.0
@@ -103,7 +100,7 @@ def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> Val
 
 def _micro_steps(trajs: Sequence[Trajectory], indices: Sequence[int], options: CriticOptions,
                  device: torch.device) -> list[MicroStep]:
-    """This rank's packed micro-steps over ``indices`` (:func:`~toolrl.training.step.packed_micro_steps`)."""
+    """This rank's packed micro-steps over ``indices``."""
     lengths = [input_length(t) for t in trajs]
     seqs = tree_keys(trajs, options.processor) if options.share_prefixes else None
     shares = plan(indices, lengths, options.world_size, options.micro_batch_size, options.max_tokens_per_micro_batch,

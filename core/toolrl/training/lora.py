@@ -1,14 +1,9 @@
 """What the trainer does with LoRA adapters (injected by :mod:`toolrl.modeling.adapters`): only they train
-(:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), and ``export`` writes them in
-peft's format (:func:`save_adapter`). An engine that takes adapters (``RolloutEngine.loads_adapters``)
-gets the trainer's injection once (on its own base model, or vLLM's on a weightless skeleton, to learn
-the layout), then only the adapter tensors (:func:`iter_adapter_weights`); any other engine gets the
-base model's state dict with ``W + alpha / r * B @ A`` in place of each adapted weight
-(:func:`iter_engine_weights`), one tensor at a time, the trained model unchanged. Sharded (FSDP2
-``DTensor``) parameters are gathered one tensor at a time, a collective: every rank iterates together.
-What trains, syncs, is checkpointed and exported of each of several policies on one base
-(``model.adapters``): docs/architecture.md, "Several policies on one base". ``peft`` and ``torch`` are
-imported inside the functions.
+(:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), ``export`` writes them in peft's
+format (:func:`save_adapter`). An engine that takes adapters gets only the adapter tensors
+(:func:`iter_adapter_weights`); any other gets the base weights with ``W + alpha / r * B @ A`` merged in, one
+tensor at a time (:func:`iter_engine_weights`; gathering a sharded one is a collective). Several policies
+on one base: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -50,12 +45,8 @@ def param_groups(model: Any, adapters: Mapping[str, AdapterConfig] | None, lr: f
 
 
 def trainable_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """What a checkpoint holds of the model, under its own names: the trained tensors (an adapter-only
-    checkpoint under LoRA) and every adapter's, a frozen policy's too (``model.adapters``: a run
-    resumes and exports every policy as it ran).
-
-    Sharded parameters stay sharded (``DTensor``), as torch.distributed.checkpoint expects.
-    """
+    """What a checkpoint holds of the model, under its own names: the trained tensors and every adapter's, a
+    frozen policy's too (a run resumes and exports every policy as it ran); sharded ones stay sharded."""
     return {name: p.detach() for name, p in model.named_parameters() if _saved(name, p)}
 
 
@@ -168,11 +159,8 @@ def iter_adapter_weights(model: Any, state: Mapping[str, Any] | None = None,
 
 
 def engine_state_dict(model: Any, adapter: str | None = None) -> dict[str, torch.Tensor]:
-    """The state dict an engine loads: base names, adapters merged (``adapter``: that one alone);
-    ``model`` is left as it was.
-
-    Without LoRA this is the model's own state dict (gathered if sharded).
-    """
+    """The state dict an engine loads: base names, adapters merged (``adapter``: that one alone); without
+    LoRA the model's own (gathered if sharded)."""
     return dict(iter_engine_weights(model, adapter=adapter))
 
 

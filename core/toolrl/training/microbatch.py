@@ -1,18 +1,11 @@
 """Which trajectories each rank trains in which micro-step of a mini-batch.
 
-Every rank receives the whole batch and computes the same plan from it, so no communication is
-needed: the mini-batch is split across ranks balanced by token count, each rank's share is cut into
-micro-batches (``micro_batch_size`` sequences, or filled up to ``max_tokens_per_micro_batch``
-tokens), and a rank with fewer micro-batches than the busiest gets ``None`` steps, which the trainer
-runs as zero-weight dummy steps: FSDP issues collectives in every forward and backward, so all ranks
-must run the same number of them.
-
-With shared prefixes (``seqs`` given, :mod:`toolrl.training.prefix_tree`) the units are not
-trajectories but pieces of prefix trees: each tree (a group's samples, say) is cut only between
-continuations, into pieces of at most ``micro_batch_size`` sequences or ``max_tokens`` tokens with the
-shared tokens counted once, and ranks and micro-batches receive whole pieces, balanced by the tokens
-they compute. Trees never join sequences of different ``groups`` (each trajectory's adapter under
-``model.adapters``).
+Every rank computes the same plan from the whole batch, so no communication is needed: the mini-batch is
+split across ranks balanced by token count, each share cut into micro-batches (``micro_batch_size``
+sequences, or up to ``max_tokens_per_micro_batch`` tokens), and a rank with fewer than the busiest gets
+``None`` steps (zero-weight dummies: FSDP's collectives need every rank to run as many). With shared
+prefixes the units are pieces of prefix trees, cut only between continuations, balanced by the tokens
+they compute (shared ones once); trees never join sequences of different ``groups`` (adapters).
 """
 
 from __future__ import annotations

@@ -1,37 +1,18 @@
 """Padding-free batches: a micro-batch's trajectories concatenated into one row, each with its own
 ``position_ids`` (0, 1, 2, ... from its first token) and causal attention confined to itself.
 
-No compute or memory goes to padding. Each sequence is cut after the last position whose hidden state
-predicts a trained token (later tokens cannot influence earlier positions under causal attention),
-and the LM head runs only at the positions that predict trained tokens (``response_mask`` 1; tool
-output and padding get none).
+Each sequence is cut after the last position that predicts a trained token, and the LM head runs only
+at the positions that predict trained tokens. Attention over the row, by implementation: flash takes
+transformers' varlen path (``cu_seq_lens``); sdpa is switched, once and for good (gradient checkpointing
+re-runs the forward), to :mod:`toolrl.modeling.packed_attention`'s; eager gets one additive mask built here
+(:func:`row_masks`: gpt-oss hands its mask functions no ``position_ids``); anything else, transformers'
+packed-sequence detection from ``position_ids``. Under sdpa and eager every token sees what it saw
+unpacked (:func:`toolrl.masks.visible`, sliding windows included).
 
-Attention over the packed row:
-
-- flash-attention models (``flash_attention_2``/``3``, kernels): transformers' varlen path, given
-  ``cu_seq_lens``.
-- sdpa models (the default): switched, once, to ``toolrl_varlen_sdpa`` (:mod:`toolrl.modeling.packed_attention`:
-  one causal sdpa per sequence on CPU, one FlexAttention call over the row on CUDA). Permanently, not
-  for the forward: gradient checkpointing re-runs the forward inside backward, on the same path.
-- eager: one additive mask over the row, built here (:func:`row_masks`): transformers' packed-sequence
-  detection needs the model to hand ``position_ids`` to its mask functions, and gpt-oss does not.
-- anything else (flex, kernel packages): transformers' own packed-sequence detection from
-  ``position_ids`` (a block-diagonal mask).
-
-Under sdpa and eager every token sees what it saw unpacked, by one rule (:func:`toolrl.masks.visible`),
-sliding windows (Gemma 3, gpt-oss, Mistral and Qwen models that set one) included.
-
-Prefix-shared batches (``share_prefixes``, :mod:`toolrl.training.prefix_tree`) hold a common prefix
-once: under sdpa each span's queries see its ancestors' rows and its own, so attention costs each
-continuation what it cost unshared and the prefix once; under eager attention (gpt-oss's, for its
-sinks) the row's mask is the tree's. Implementations that take no tree (flash, flex: no dense mask) run
-the unshared row rebuilt from the tree (``expand``) and read the tree's hidden states back from it,
-with a warning once: the same values and gradients, no saving.
-
-Vision-language models: a batch carries its images' pixel values (``vision``; :mod:`toolrl.training.vision`),
-and prefix trees key each image placeholder run by its image (:func:`tree_keys`). Several policies on
-one base (``model.adapters``): a batch carries each row token's adapter (``adapter_ids``), its forward
-runs inside :func:`through_adapters`, and prefix trees join only sequences of one adapter.
+Prefix-shared batches (:mod:`toolrl.training.prefix_tree`) hold a common prefix once; an implementation
+that takes no tree (flash, flex) runs the unshared row rebuilt from it (``expand``), with a warning once:
+the same values and gradients, no saving. A batch may carry a vision model's images (``vision``) and each
+row token's adapter (``adapter_ids``, :func:`through_adapters`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""One policy step, top to bottom (GRPO and every other estimator and loss): advantages from the configured estimator, logprobs at trained positions only
-(packed rows, chunked LM head), the configured policy loss over ``response_mask`` with the shared
-importance weight, KL and aggregation, gradient accumulation, clipping, the optimizer step.
-
-The estimator (``algorithm.advantage``, default ``grpo``: group-normalised) and the per-token loss
-(``algorithm.loss``, default ``ppo_clip``) are parts (:mod:`toolrl.algorithms`, ``docs/algorithms.md``);
-this module applies what every loss shares.
+"""One policy step, top to bottom: advantages from the configured estimator, log-probs at trained positions
+only (packed rows, chunked LM head), the configured policy loss (:mod:`toolrl.algorithms`) with what every
+loss shares (the importance weight, KL, aggregation), gradient accumulation, clipping, the optimizer step.
 
 Loss aggregation modes (``algorithm.loss_agg``), each normalised over the whole mini-batch so that
 gradient accumulation over micro-batches gives exactly the full-batch gradient:
@@ -15,11 +11,8 @@ gradient accumulation over micro-batches gives exactly the full-batch gradient:
 - ``seq-mean-token-sum-norm``: per-sequence token sum / ``max_response_tokens``, mean over sequences
   (Dr. GRPO; no length bias).
 
-The objective is the decoupled PPO objective with a truncated importance weight ``w`` (behaviour,
-proximal and trained policies; formulas and per-step metrics in docs/async.md): every loss keeps ``w``.
-
-Several policies on one base (``model.adapters``, :class:`StepOptions` ``adapters``): each row trains
-its role's adapter in the same step (docs/architecture.md, "Several policies on one base").
+The objective is the decoupled PPO objective with a truncated importance weight (docs/async.md). Under
+``model.adapters`` each row trains its role's adapter in the same step (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -244,17 +237,12 @@ def policy_loss(new_lp: torch.Tensor, prox_lp: torch.Tensor, batch: PackedBatch,
 
 @dataclass(frozen=True)
 class StepOptions:
-    """What one GRPO update is run with, besides the model, the optimizer and the batch: the
-    algorithm and optimizer sections, the facts of the rollouts (pad id, sampling temperature, the
-    response budget that ``seq-mean-token-sum-norm`` divides by), this rank's place among the
-    trainer ranks, the algorithm's parts when the caller built them once for the run (None: built
-    from ``algo`` for this step), a vision-language model's processor (None for a text model),
-    which turns the trajectories' images into pixel values, this rank's sequence-parallel group
-    (None: every rank runs whole rows; :mod:`toolrl.training.sequence_parallel`) and, for several
-    policies on one base, the adapters' names in the model's order (``model.adapters``; empty: none),
-    which each trajectory's ``role`` picks from, and the ``frozen`` ones among them, whose pieces are not
-    trained (their adapter takes no gradient: a micro-batch of theirs alone would have no loss to
-    backpropagate, and beside others they would only dilute the normaliser)."""
+    """What one update runs with besides the model, the optimizer and the batch. ``max_response_tokens``:
+    what ``seq-mean-token-sum-norm`` divides by; ``estimator``/``loss``: the parts when the caller built
+    them once (None: built from ``algo``); ``processor``: a vision-language model's; ``sp``: this rank's
+    sequence-parallel group; ``adapters``: ``model.adapters``' names in the model's order, which each
+    trajectory's ``role`` picks from, and the ``frozen`` ones, whose pieces are not trained (their adapter
+    takes no gradient: beside others they would only dilute the normaliser)."""
 
     algo: AlgorithmConfig
     optim: OptimConfig
@@ -294,25 +282,18 @@ class MiniBatch:
 
 def train_step(model: Any, optimizer: torch.optim.Optimizer, trajectories: Sequence[Trajectory],
               options: StepOptions, ref_model: Any = None, fields: Fields | None = None) -> dict[str, Any]:
-    """One GRPO update on a rollout batch; returns metrics. ``fields``: what the run gives the step besides
-    its parts' (:func:`part_fields`; the critic's per-token values, which ``gae`` reads).
+    """One update on a rollout batch; returns metrics. ``fields``: what the run gives the step besides its
+    parts' (the critic's per-token values, which ``gae`` reads).
 
-    Sharded training: every rank passes the whole batch and trains its ``options.rank``'s share of each
-    mini-batch (:mod:`toolrl.training.microbatch`); the loss normalisers are the whole mini-batch's, so the sum
-    of all ranks' gradients is the single-rank gradient (reduce with a sum, not a mean). All ranks run
-    the same number of forward/backward micro-steps (zero-weight dummy steps fill the gaps).
-    ``grad_norm`` is ``clip_grad_norm_``'s (global for DTensor parameters). The other metrics are this
-    rank's, for the caller to reduce: ``loss`` is its part of the loss (sum over ranks); ``clip_frac``,
-    ``kl``, ``lp_mismatch``, ``is_weight_mean`` and ``is_truncated_frac`` are means over the trained
-    tokens its loss ran over, ``loss_tokens`` of them (every epoch counted: the weights of the group's
-    means); ``is_weight_max``/``_min`` its extremes; ``trainer_peak_mb`` is its peak memory
-    (:mod:`toolrl.training.peakmem`); ``trainer_tokens_per_s`` the tokens (prompt + response, no padding) it ran
-    forward and backward per second of this call; ``padding_fraction`` the share of its forwarded
-    tokens that belonged to dummy steps. ``trained_tokens`` counts the whole batch's trained tokens.
-    ``advantage_mean``/``_std`` are over the trained trajectories (each its mean over trained tokens).
-    ``advantages`` is no metric but each trajectory's advantage, for the traces: a number from an
-    outcome estimator, else the per-token list. Nor is ``trainer_logprobs``: by trajectory id, the
-    proximal log-probs (:class:`ProximalLogprobs`) of the trajectories this rank computed.
+    Sharded training: every rank passes the whole batch and trains its share of each mini-batch
+    (:mod:`toolrl.training.microbatch`) with the whole mini-batch's normalisers, so the sum of the ranks'
+    gradients is the single-rank gradient; dummy steps keep every rank's micro-step count equal. The
+    metrics are this rank's, for the caller to reduce: ``loss`` sums over ranks; ``clip_frac``, ``kl``,
+    ``lp_mismatch``, ``is_weight_mean`` and ``is_truncated_frac`` are means over its ``loss_tokens`` (every
+    epoch counted: their weights); ``trainer_tokens_per_s``: the tokens it ran forward and backward (no
+    padding) per second; ``padding_fraction``: its forwarded tokens' share in dummy steps; ``grad_norm`` is
+    global, ``trained_tokens`` and ``advantage_*`` the whole batch's. Not metrics: ``advantages`` (each trajectory's, for the traces: a number from an outcome
+    estimator, else the per-token list) and ``trainer_logprobs`` (:class:`ProximalLogprobs`' rows).
     """
     if not 0 <= options.rank < options.world_size:
         raise ValueError(f"rank {options.rank} outside world_size {options.world_size}")
@@ -495,11 +476,9 @@ def clip_grad_norm(parameters: Any, max_norm: float) -> float:
 
 
 class ProximalLogprobs:
-    """Each trained trajectory's log-probs under the weights the step started from (the proximal
-    policy: what the importance weight divides by, and what ``lp_mismatch`` compares with the engine's
-    on the step's first update), for its trace row: by trajectory id, one value per response token,
-    None at untrained ones. Kept as the loss runs, so they cost no forward, only one copy to the host
-    per micro-batch."""
+    """Each trained trajectory's log-probs under the weights the step started from (the proximal policy),
+    for its trace row: by trajectory id, None at untrained tokens. Kept as the loss runs: no extra forward,
+    one copy to the host per micro-batch."""
 
     def __init__(self, trajs: Sequence[Trajectory]) -> None:
         self.trajs = trajs
@@ -525,8 +504,7 @@ class StepTally:
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         # kl_sum joins only when the loss has a KL term, which is how metrics() knows to report kl.
-        self.sums = dict.fromkeys(("tokens", "clipped", "is_weight_sum", "is_truncated", "is_masked",
-                                   "mismatch_kl_sum", "mismatch"), 0.0)
+        self.sums = dict.fromkeys(self.SUMMED[:-1], 0.0)
         self.ratios: list[torch.Tensor] = []  # the trained tokens' π_prox / π_behav, for their quantiles
         self.w_max, self.w_min = -math.inf, math.inf
         self.real_tokens = self.dummy_tokens = 0

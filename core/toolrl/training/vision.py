@@ -1,24 +1,16 @@
-"""What the trainer does only for vision-language models (Qwen2-VL/Qwen2.5-VL layout).
+"""What the trainer does only for vision-language models (Qwen2-VL/Qwen2.5-VL layout). Per packed
+micro-batch:
 
-A trajectory carries its images once (:class:`toolrl.trajectory.TrajectoryImage`: PNG and the
-processor's patch grid), in the order of their placeholder runs in its tokens. Per packed micro-batch
-the trainer:
+- the distinct images (by PNG) of its sequences become pixel values (:func:`pixel_inputs`, once per step
+  for an image a group shares), each grid checked against the one the rollout recorded;
+- the vision tower runs once over them and one feature block per placeholder run of the row is scattered
+  into the row's input embeddings (:func:`image_embeddings`): an image a shared prefix holds is encoded once;
+- Qwen2-VL's 3-D rotary positions are computed **per sequence** on the unshared layout
+  (:func:`rope_positions`) and put after the 1-D text positions (the ``(4, 1, T)`` layout transformers
+  reads for packed rows); sequences share a row only where they agree on tokens and images before it
+  (:func:`image_keys`), so their positions agree there.
 
-- turns the distinct images (by PNG) of the kept part of its sequences into pixel values with the
-  model's image processor (:func:`pixel_inputs`; one PNG shared by several trajectories of a group is
-  processed once per step) and checks each grid against the one the rollout recorded;
-- runs the vision tower once over them (the model's ``get_image_features``: each image attends only
-  within itself) and scatters one feature block per placeholder run of the packed row over its
-  placeholders in the row's input embeddings (:func:`image_embeddings`), which the model's forward
-  takes: an image that several sequences hold, or that a shared prefix holds once, is encoded once;
-- gives the language model Qwen2-VL's 3-D rotary positions computed **per sequence** with the model's
-  ``get_rope_index`` on the unshared layout (:func:`rope_positions`), after the 1-D text positions
-  (the ``(4, 1, T)`` layout transformers reads for packed VLM rows). A prefix-shared row takes each
-  row's positions from its sequence: sequences share a row only where they hold the same tokens and
-  images before it (:func:`image_keys`), so their positions agree there.
-
-Image tokens are never trained: :func:`check_untrained` rejects a trajectory whose response mask
-covers one.
+Image tokens are never trained (:func:`check_untrained`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """What the trainer sends in a weight sync; what an engine takes is :mod:`toolrl.transports.weight_rows`.
 
-Every rank sends, over its own link of the run's weight transport (:mod:`toolrl.transports`), the rows
-it owns (:func:`owned_buckets`, :func:`send_owned`): of a tensor sharded by rows its shard, read in
-place; any other whole by one rank, round-robin. In the trainer's own process the same rows go straight
-into the engines there (:func:`push_local`). What travels (:class:`SyncPlan`, decided once per run by
-:func:`toolrl.processes.resolve.run_plan`: adapters only, a delta (:class:`Delta`), the trained adapters
-that changed) and why: docs/weights.md.
+Every rank sends over its own link the rows it owns (:func:`send_owned`): of a tensor sharded by rows its
+shard, read in place; any other whole by one rank, round-robin. In the trainer's own process the rows go
+straight into the engines there (:func:`push_local`). What travels (:class:`SyncPlan`) and why:
+docs/weights.md.
 """
 
 from __future__ import annotations
@@ -47,11 +45,8 @@ class SyncPlan:
 
 
 def prepare_engine(engine: Any, config: Config, plan: SyncPlan) -> None:
-    """Under an adapter-only ``plan`` (the run's): ``engine`` given the run's LoRA adapters by the trainer's
-    own injection (:func:`toolrl.modeling.adapters.apply_lora`, or :func:`~toolrl.modeling.adapters.apply_adapters`
-    for ``model.adapters``: on its base model, or for vLLM on a skeleton that tells the adapters' names,
-    shapes and config), so the adapter tensors the trainer sends load by name; the base weights stay
-    untouched."""
+    """Under an adapter-only ``plan``: ``engine`` given the run's adapters by the trainer's own injection
+    (:mod:`toolrl.modeling.adapters`), so the adapter tensors the trainer sends load by name."""
     if plan.adapters and config.model.adapters is not None:
         engine.apply_adapters(functools.partial(apply_adapters, adapters=config.model.adapters))
     elif plan.adapters:
@@ -108,14 +103,10 @@ class Delta:
 
 def _engine_entries(model: Any, plan: SyncPlan,
                     delta: Delta | None = None) -> tuple[Iterator[tuple[str, Any, Any]], set[int]]:
-    """``(engine name, tensor, the model's own tensor or None)`` of what the plan sends, before delta:
-    the adapters, or every engine weight (LoRA merged in: a merged tensor has no own tensor, so delta
-    always sends it), each once (a tied second name, e.g. an LM head tied to the embeddings, is left
-    out: it travels under the first); sharded tensors are left sharded. Also the storages of the
-    model's unsharded tensors (a tensor sent from one of them is not a copy). One walk of the model's
-    state per sync: ``keep_vars`` (FSDP2's pre-save hooks still put the sharded parameters back) with
-    no detached copy of every entry, which costs tens of milliseconds on a LoRA model of 135M. With
-    ``delta``, the ranks agree on what changed at once (:meth:`Delta.agree`)."""
+    """``(engine name, tensor, the model's own tensor or None)`` of what the plan sends, before delta,
+    each once (a tied second name travels under the first; a merged tensor has no own tensor, so delta
+    always sends it), and the storages of the model's unsharded tensors. One walk of the model's state per
+    sync (``keep_vars``: a detached copy of every entry costs tens of milliseconds at 135M)."""
     state = model.state_dict(keep_vars=True)
     if delta is not None:
         delta.agree(state)
@@ -167,11 +158,9 @@ def _full(tensor: Any) -> Any:
 
 def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = SyncPlan(),
                    delta: Delta | None = None, stats: SyncStats | None = None) -> Iterator[Rows]:
-    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends (what ``plan``
-    and ``delta`` say): of a tensor sharded by rows (FSDP2's ``Shard(0)``) the rows it holds, read in
-    place; any other (replicated, or under LoRA merged with its adapters: gathered by every rank, a
-    collective) whole by one rank, round-robin. Tied tensors are sent once. ``stats``: the largest
-    copy made (a gathered or merged tensor) as the peak."""
+    """``(name, whole shape, first row, rows)`` of every engine weight this rank sends (module docstring);
+    gathering a sharded tensor is a collective, so every rank walks every tensor. ``stats``: the largest
+    copy made as the peak."""
     whole = 0
     entries, own = _engine_entries(model, plan, delta)
     for name, tensor, source in entries:

@@ -1,19 +1,12 @@
-"""Weight transports: how a weight sync's bytes travel from the trainer ranks to the engines.
+"""Weight transports (``register_weight_transports``, ``trainer.weight_transport``): how a weight sync's
+bytes travel from the trainer ranks to the engines (docs/weights.md). Every transport is a
+:class:`LinkedTransport`: each trainer rank opens one link to all the engines' receivers and sends the
+shards it owns, so there is no single sender and no full gather.
 
-A transport is a kind of part (``register_weight_transports``), chosen by ``trainer.weight_transport``
-with options in ``trainer.weight_transport_options``. Every transport is a :class:`LinkedTransport`,
-the default ``object_store`` (:mod:`toolrl.transports.object_store`: needs nothing besides Ray) as much
-as the others: each trainer rank opens one link to all the engines' receivers and sends the shards it
-owns over it, so there is no single sender and no full gather.
-
-A link moves a stream of buckets. A :class:`Bucket` is a header (:class:`BucketHeader`: which rows of
-which weights the bytes hold, and where) and a ``fill`` that packs its bytes into a flat ``uint8``
-buffer the transport hands it, so a transport that owns shared buffers gets them packed in place. A
-sender takes the next bucket from the stream while the one before travels (two buffers); a receiver
-hands each bucket to its ``load`` callback, whose tensors are views valid only during the call.
-Within ``Link.timeout_s`` of a peer dying (or stalling), ``send``/``receive`` raise
-:class:`TransportError`: a transfer never hangs. The contract is checked by
-:func:`toolrl.testing.transports.check_weight_transport`.
+A :class:`Bucket` is a header (which rows of which weights, where) and a ``fill`` that packs its bytes into
+the ``uint8`` buffer the transport hands it, so shared buffers are packed in place; a receiver's ``load``
+callback gets views valid only during the call. Within ``Link.timeout_s`` of a peer dying, ``send`` and
+``receive`` raise :class:`TransportError`: a transfer never hangs.
 """
 
 from __future__ import annotations
