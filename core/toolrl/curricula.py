@@ -152,11 +152,13 @@ class PassOptions(BaseModel):
                                 "weights its step trains counts stale_weight ** k (docs/curricula.md)")
 
 
-def below(options: PassOptions, low: str, high: str) -> Any:
-    """``options``, whose bound ``low`` must be below its bound ``high`` (a ValueError naming both)."""
-    if getattr(options, low) >= getattr(options, high):
-        raise ValueError(f"{low} ({getattr(options, low):g}) must be below {high} ({getattr(options, high):g})")
-    return options
+def ordered(low: str, high: str) -> Any:
+    """An options model's validator: its bound ``low`` below its bound ``high`` (a ValueError naming both)."""
+    def check(options: PassOptions) -> PassOptions:
+        if getattr(options, low) >= getattr(options, high):
+            raise ValueError(f"{low} ({getattr(options, low):g}) must be below {high} ({getattr(options, high):g})")
+        return options
+    return model_validator(mode="after")(check)
 
 
 def add(record: list[list[float]], outcome: GroupOutcome, options: PassOptions) -> None:
@@ -208,9 +210,7 @@ class PassRate(Curriculum):
         revisit: float = Field(0.1, ge=0, le=1, description="the probability that a group re-measures the hard "
                                "prompt drawn longest ago")
 
-        @model_validator(mode="after")
-        def _ordered(self) -> PassRate.Options:
-            return below(self, "hard_at", "easy_at")
+        _ordered = ordered("hard_at", "easy_at")
 
     options: Options
 
@@ -292,9 +292,7 @@ class EnvDifficulty(Curriculum):
         down: float = Field(0.25, ge=0, le=1, description="a pass rate at or below it moves the route a level down")
         start: int = Field(0, ge=0, description="the level every route starts at (0: the easiest)")
 
-        @model_validator(mode="after")
-        def _ordered(self) -> EnvDifficulty.Options:
-            return below(self, "down", "up")
+        _ordered = ordered("down", "up")
 
     options: Options
 
