@@ -10,9 +10,9 @@ The sum is what lets a batch be split: any split's losses and gradients add up t
 and data-parallel ranks split the same way: rank r of W takes a share of the rows, runs
 :func:`forward_backward` on it, and the ranks' gradients and losses are then *summed*, not averaged
 (FSDP2 averages its reduce-scatter unless ``model.set_gradient_divide_factor(1.0)``). Under FSDP2
-every rank runs as many forwards as the others (its collectives are per forward): choose shares that
-:func:`micro_batch_spans` cuts into as many pieces. The reduction and that balance are the caller's,
-as is a lock: adapters' routing lives on the model's layers, so one call at a time per model.
+every rank runs as many forwards as the others (its collectives are per forward): ``forwards=`` pads a
+smaller share with idle forwards. :class:`toolrl.processes.step_group.StepGroup` does that on Ray; a lock
+is the caller's: adapters' routing lives on the model's layers, so one call at a time per model.
 """
 
 from __future__ import annotations
