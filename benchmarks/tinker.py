@@ -21,8 +21,12 @@ The base is SmolLM2-135M-Instruct, the model the demo serves: a decode step of a
 read, which is what four clients' rows share. ``--base tiny-qwen3`` is a quick run on the tests' random
 model, whose steps are per-row work over a 151,936-token vocabulary (no engine batches that away).
 
-The last two lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens) and
-``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5).
+3. The same step (as 1.'s in-process anchor) on the trainer on two ranks (Ray actors on this machine, gloo,
+   the base sharded with FSDP2, the adapter on both: toolrl's ``StepGroup``) against one in this process,
+   alternating rounds, medians; and what the two ranks send per step, which bounds them on a CPU.
+
+The last lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens),
+``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5) and ``2 ranks / 1 rank step time: Z.ZZ``.
 """
 
 from __future__ import annotations
@@ -77,19 +81,54 @@ def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], st
     raise RuntimeError("the server did not start")
 
 
-def in_process_step(base: Any, run: Any, req: Any) -> float:
-    """The served step's work in this process: the request's rows, its forward_backward, then an
-    optim_step with AdamParams' defaults (what ``served_step`` sends)."""
+def in_process_step(trainer: Any, run: Any, req: Any) -> float:
+    """The served step's work on ``trainer`` (a base's, in this process or on ranks): the request's rows,
+    its forward_backward, then an optim_step with AdamParams' defaults (what ``served_step`` sends)."""
     from toolrl.training.optimizer import OptimizerSettings
     from toolrl_tinker.requests import token_rows
     from toolrl_tinker.service import Limits
 
     limits = Limits()  # the server's defaults: the same micro-batches as the served step
     t = time.perf_counter()
-    rows, loss = token_rows(req, base.trainer.vocab, limits.max_batch_tokens)
-    base.trainer.step(run, rows, loss, False, limits.micro_batch_tokens)
-    base.trainer.optim_step(run, OptimizerSettings(lr=1e-4, betas=(0.9, 0.95), eps=1e-12))
+    rows, loss = token_rows(req, trainer.vocab, limits.max_batch_tokens)
+    trainer.step(run, rows, loss, False, limits.micro_batch_tokens)
+    trainer.optim_step(run, OptimizerSettings(lr=1e-4, betas=(0.9, 0.95), eps=1e-12))
     return time.perf_counter() - t
+
+
+def ranks_step(local: Any, run: Any, req: Any, rounds: int) -> tuple[list[float], list[float], str]:
+    """The same step on the in-process trainer and on one of two ranks (a local Ray, gloo), alternating
+    rounds after a warm-up of each; and what the two ranks send per step, which bounds them."""
+    from toolrl.config import RayConfig
+    from toolrl.processes.step_group import shares
+    from toolrl.training.token_step import micro_batch_spans
+    from toolrl_tinker.service import Limits
+    from toolrl_tinker.trainer import Ranks, Trainer
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    two = Trainer(local.path, Ranks(2, RayConfig(address="local")))
+    try:
+        two.create(run)
+        one_t, two_t = [], []
+        for r in range(rounds + 1):
+            one, both = in_process_step(local.trainer, run, req), in_process_step(two, run, req)
+            if r:
+                one_t.append(one)
+                two_t.append(both)
+    finally:
+        two.close()
+    lengths = [len(d.tokens) for d in req.data]
+    cuts = shares(lengths, 2)
+    forwards = max(len(micro_batch_spans(lengths[a:b], Limits().micro_batch_tokens)) for a, b in zip(cuts, cuts[1:]))
+    model = local.trainer.ranks.model
+    base_mb = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not p.requires_grad
+                  and ".lora_" not in n) / 2**20
+    adapter_mb = sum(t.numel() * t.element_size() for t in local.trainer.adapter_state(run).values()) / 2**20
+    bound = (f"each rank all-gathers the other's half of the base ({base_mb:.0f} MB in all) layer by layer in every "
+             f"forward and again in its backward: {forwards} forwards a step, {forwards * base_mb:.0f} MB received per "
+             f"rank; the adapter's gradient all-reduced once ({adapter_mb:.1f} MB); the two ranks share this "
+             f"machine's {os.cpu_count()} cores")
+    return one_t, two_t, bound
 
 
 def served_step(tc: Any, data: list[Any]) -> float:
@@ -212,7 +251,7 @@ def main() -> None:
             req = as_request(data)
             served, local_t = [], []
             for r in range(args.rounds + 1):
-                s, loc = served_step(tc, data), in_process_step(local, run, req)
+                s, loc = served_step(tc, data), in_process_step(local.trainer, run, req)
                 if r:
                     served.append(s)
                     local_t.append(loc)
@@ -225,6 +264,7 @@ def main() -> None:
             proc.wait(30)
     alones = alternated(lambda k, n: engine_rows(local.sampler.engine, adapters[:k], n, args.max_tokens), args.requests,
                         args.rounds)
+    one_rank, two_ranks, bound = ranks_step(local, run, as_request(data), args.rounds)
     one, four = statistics.median(rates[1]), statistics.median(rates[4])
     alone = [statistics.median(alones[1]), statistics.median(alones[4])]
     s_med, l_med = statistics.median(served), statistics.median(local_t)
@@ -237,8 +277,13 @@ def main() -> None:
         ["the engine alone, 1 adapter", f"{alone[0]:.1f}", _each(alones[1])],
         ["the engine alone, 4 adapters at once", f"{alone[1]:.1f}", _each(alones[4])]]))
     print(f"the engine alone, 4 adapters at once / 1: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
+    print(table(["step on ranks", "median s", "runs"], [
+        ["1 rank (in process)", f"{statistics.median(one_rank):.3f}", _each(one_rank, 3)],
+        ["2 ranks (Ray, gloo, FSDP2)", f"{statistics.median(two_ranks):.3f}", _each(two_ranks, 3)]]))
+    print(f"what bounds 2 ranks: {bound}")
     print(f"served / in-process step time: {s_med / l_med:.2f}")
     print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
+    print(f"2 ranks / 1 rank step time: {statistics.median(two_ranks) / statistics.median(one_rank):.2f}")
 
 
 if __name__ == "__main__":

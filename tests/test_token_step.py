@@ -109,6 +109,34 @@ def test_micro_batches_add_up_to_one_pass(model) -> None:
         torch.testing.assert_close(split_grads[key], g, rtol=0, atol=1e-6 * max(1.0, float(g.abs().max())))
 
 
+def test_idle_forwards_keep_a_data_parallel_rank_in_step_and_add_nothing(model) -> None:
+    """``forwards=``: the forwards past the rows' micro-batches (a rank with a smaller share, or none) run
+    through the adapter and add nothing: the same loss, log-probs and gradients, bit for bit, and a rank
+    without rows adds zero gradients; the model may come as the Policy a sharded rank steps."""
+    from toolrl.training.step import Policy
+
+    rows = [_row(n, seed=20 + i) for i, n in enumerate([6, 4, 5])]
+    seen: list[int] = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-1]))
+    try:
+        plain = forward_backward(model, rows, PPO, adapter="a", max_tokens=10)
+        plain_grads = _grads(model)
+        padded = forward_backward(Policy(model), rows, PPO, adapter="a", max_tokens=10, forwards=4)
+        padded_grads = _grads(model)
+        idle = forward_backward(model, [], PPO, adapter="a", forwards=2)
+        idle_grads = _grads(model)
+    finally:
+        hook.remove()
+    assert seen == [10, 5, 10, 5, 1, 1, 1, 1]
+    assert (padded.loss, padded.micro_batches, padded.tokens) == (plain.loss, plain.micro_batches, 15)
+    assert all(np.array_equal(a, b) for a, b in zip(plain.logprobs, padded.logprobs, strict=True))
+    assert padded_grads.keys() == plain_grads.keys() == idle_grads.keys() and plain_grads
+    assert all(torch.equal(padded_grads[k], g) and not idle_grads[k].any() for k, g in plain_grads.items())
+    assert (idle.loss, idle.logprobs, idle.micro_batches) == (0.0, [], 0)
+    with pytest.raises(ValueError, match="no rows"):
+        forward_backward(model, [], PPO, adapter="a")
+
+
 def test_bad_input_is_refused_before_any_forward(model) -> None:
     row = _row(5, seed=2)
     with pytest.raises(ConfigError, match="unknown policy loss 'nope'"):

@@ -14,11 +14,14 @@ error at once.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from toolrl.config import ConfigError
+from toolrl.transports.rendezvous import node_address
 
 T = TypeVar("T")
 
@@ -46,6 +49,26 @@ async def result(ref: Any, actor: Any = None) -> Any:
         lines = str(exc).strip().splitlines()
         raise ActorDied(actor, lines[0] if lines else type(exc).__name__,
                         isinstance(exc, ActorUnavailableError)) from exc
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """This node's address and a free port on it: where rank 0 of a group hosts its process group's
+    rendezvous."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return node_address(), port
+
+
+def actor_info(rank: int, device: str) -> dict[str, Any]:
+    """Where rank ``rank`` runs (pid, host, Ray node: None outside Ray), for errors and records."""
+    try:
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except ImportError:
+        node = None
+    return {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "node_id": node, "device": device}
 
 
 async def retry(attempt: Callable[[], Awaitable[T]], attempts: int, died: Callable[[ActorDied], None]) -> T:

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from toolrl.config import Config, ConfigError
-from toolrl.processes.ray_actors import Placement
+from toolrl.config import Config, ConfigError, RayConfig
+from toolrl.processes.ray_actors import ActorDied, Placement, result
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -201,25 +201,10 @@ class ReformingGroup:
             await asyncio.sleep(0.5)
 
     def _reserve(self, size: int, reforming: bool = False) -> Placement:
-        """Bundles for ``size`` ranks. ``reforming``: a rank whose ``ray.trainer_rank_resources`` no
-        alive node has any longer (its node was lost) asks for the default instead, so it can start
-        where there is room."""
-        ray = self.config.ray
-        custom: list[dict[str, float]] = list(ray.trainer_rank_resources)
-        if reforming and custom:
-            custom = [c if _some_node_has(c) else {} for c in custom]
-            for i, (asked, got) in enumerate(zip(ray.trainer_rank_resources, custom, strict=True)):
-                if i < size and asked and not got:
-                    log.warning("trainer rank %d: no alive node has %s: it starts where there is room", i, asked)
-        return Placement.reserve(f"trainer.world_size={size}", "rank", size, ray.num_cpus_per_trainer,
-                                 ray.num_gpus_per_trainer, "PACK", custom)
+        return reserve_ranks(self.config.ray, size, reforming)
 
     def _kill_ranks(self) -> None:
-        import ray
-
-        for r in self.ranks:
-            with contextlib.suppress(Exception):
-                ray.kill(r, no_restart=True)
+        kill(self.ranks)
 
     async def _train(self, batch: Any, step: int) -> list[dict[str, Any]]:
         """Every rank's step on ``batch`` (an object ref of the step's trajectories); their results."""
@@ -276,6 +261,86 @@ class ReformingGroup:
         for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
             self.ranks[i].release_copies.options(concurrency_group="copy").remote(step)
         self.copy_s = time.perf_counter() - t0
+
+
+def reserve_ranks(ray: RayConfig, size: int, reforming: bool = False, what: str = "trainer.world_size") -> Placement:
+    """Bundles for ``size`` trainer ranks as ``ray`` places them (``num_cpus_per_trainer``,
+    ``num_gpus_per_trainer``, ``trainer_rank_resources``; packed onto as few nodes as hold them).
+    ``reforming``: a rank whose ``trainer_rank_resources`` no alive node has any longer (its node was
+    lost) asks for the default instead, so it can start where there is room. ``what``: the setting that
+    asked for the ranks, for errors."""
+    custom: list[dict[str, float]] = list(ray.trainer_rank_resources)
+    if reforming and custom:
+        custom = [c if _some_node_has(c) else {} for c in custom]
+        for i, (asked, got) in enumerate(zip(ray.trainer_rank_resources, custom, strict=True)):
+            if i < size and asked and not got:
+                log.warning("trainer rank %d: no alive node has %s: it starts where there is room", i, asked)
+    return Placement.reserve(f"{what}={size}", "rank", size, ray.num_cpus_per_trainer, ray.num_gpus_per_trainer,
+                             "PACK", custom)
+
+
+def kill(actors: Sequence[Any]) -> None:
+    """End every actor in ``actors`` (already dead ones too) without waiting for their calls."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+
+async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, Any]] = (),
+                     refusals: tuple[type[Exception], ...] = ()) -> list[Any]:
+    """Every rank's result of the calls ``refs`` (one per rank, in rank order); the first rank to die or
+    raise ends the call, without waiting for the others (which may be blocked in a collective with it):
+    a death is :class:`RankDied`, a :class:`ConfigError` (or one of ``refusals``: what a call refuses
+    before it changes anything) raised as it is, anything else :class:`TrainerFailed`, naming the rank
+    (where it runs, from ``infos``) and ``what`` it was doing."""
+    from ray.exceptions import RayTaskError
+
+    futures = [asyncio.ensure_future(result(ref)) for ref in refs]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+        await _peer_death(futures)
+        for rank, fut in sorted(enumerate(futures), key=lambda f: not _died(f[1])):  # a death first
+            if fut.done() and fut.exception() is not None:
+                exc = fut.exception()
+                info = infos[rank] if rank < len(infos) else {}
+                where = f" (pid {info['pid']} on {info['host']})" if info else ""
+                if isinstance(exc, ActorDied):
+                    raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
+                cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
+                if isinstance(cause, ConfigError | refusals):
+                    raise cause
+                first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+                raise TrainerFailed(f"trainer rank {rank}{where} failed during {what}: "
+                                    f"{type(cause).__name__}: {first}") from None
+        return [f.result() for f in futures]
+    finally:
+        for fut in futures:  # ranks still inside a call are killed by the group
+            fut.cancel()
+
+
+# A rank whose peer died raises from its collective ("Connection closed by peer") before Ray reports
+# the death, which comes later when the peer's node is lost (the controller learns it from the
+# node, not from a process exit): the failure waits this long for a death that explains it.
+PEER_DEATH_GRACE_S = 30.0
+
+
+def _died(fut: asyncio.Future[Any]) -> bool:
+    return fut.done() and not fut.cancelled() and isinstance(fut.exception(), ActorDied)
+
+
+async def _peer_death(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """After the first failure among ``futures``: when it is an exception a rank raised, wait up to
+    :data:`PEER_DEATH_GRACE_S` for another rank's death (a re-formable failure) to be reported."""
+    failed = any(f.done() and f.exception() is not None for f in futures)
+    deadline = asyncio.get_running_loop().time() + PEER_DEATH_GRACE_S
+    while failed and not any(_died(f) for f in futures):
+        pending = [f for f in futures if not f.done()]
+        left = deadline - asyncio.get_running_loop().time()
+        if not pending or left <= 0:
+            return
+        await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_EXCEPTION)
 
 
 def _some_node_has(resources: dict[str, float]) -> bool:

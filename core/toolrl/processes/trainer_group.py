@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolrl.config import Config, ConfigError
+from toolrl.config import Config
 from toolrl.processes import WeightPush
 from toolrl.processes.ray_actors import ActorDied, result
-from toolrl.processes.recovery import RankDied, ReformingGroup, TrainerFailed
+from toolrl.processes.recovery import ReformingGroup, TrainerFailed, every_rank
 from toolrl.processes.resolve import RunPlan
 from toolrl.processes.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
@@ -208,36 +208,7 @@ class RayTrainerGroup(ReformingGroup):
             self.placement.remove()
 
     async def _all(self, refs: Sequence[Any], what: str) -> list[Any]:
-        """Every rank's result; the first rank to die or raise ends the call (no waiting for the
-        others, which may be blocked in a collective with it)."""
-        from ray.exceptions import RayTaskError
-
-        futures = [asyncio.ensure_future(result(ref)) for ref in refs]
-        try:
-            await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
-            await _peer_death(futures)
-            for rank, fut in sorted(enumerate(futures), key=lambda f: not _died(f[1])):  # a death first
-                if fut.done() and fut.exception() is not None:
-                    exc = fut.exception()
-                    where = self._where(rank)
-                    if isinstance(exc, ActorDied):
-                        raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
-                    cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
-                    if isinstance(cause, ConfigError):
-                        raise cause
-                    first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-                    raise TrainerFailed(f"trainer rank {rank}{where} failed during {what}: "
-                                        f"{type(cause).__name__}: {first}") from None
-            return [f.result() for f in futures]
-        finally:
-            for fut in futures:  # ranks still inside a call are killed by close()
-                fut.cancel()
-
-    def _where(self, rank: int) -> str:
-        if rank < len(self.infos):
-            info = self.infos[rank]
-            return f" (pid {info['pid']} on {info['host']})"
-        return ""
+        return await every_rank(refs, what, self.infos)
 
 
 # How long a weight sync waits for its targets to say they are alive: a dead actor's call fails at once,
@@ -253,29 +224,6 @@ async def _gone(targets: Sequence[Any]) -> list[Any]:
         ping.cancel()
     return [t for t, ping in zip(targets, pings, strict=True)
             if ping.done() and not ping.cancelled() and isinstance(ping.exception(), ActorDied)]
-
-
-# A rank whose peer died raises from its collective ("Connection closed by peer") before Ray reports
-# the death, which comes later when the peer's node is lost (the controller learns it from the
-# node, not from a process exit): the failure waits this long for a death that explains it.
-PEER_DEATH_GRACE_S = 30.0
-
-
-def _died(fut: asyncio.Future[Any]) -> bool:
-    return fut.done() and not fut.cancelled() and isinstance(fut.exception(), ActorDied)
-
-
-async def _peer_death(futures: Sequence[asyncio.Future[Any]]) -> None:
-    """After the first failure among ``futures``: when it is an exception a rank raised, wait up to
-    :data:`PEER_DEATH_GRACE_S` for another rank's death (a re-formable failure) to be reported."""
-    failed = any(f.done() and f.exception() is not None for f in futures)
-    deadline = asyncio.get_running_loop().time() + PEER_DEATH_GRACE_S
-    while failed and not any(_died(f) for f in futures):
-        pending = [f for f in futures if not f.done()]
-        left = deadline - asyncio.get_running_loop().time()
-        if not pending or left <= 0:
-            return
-        await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_EXCEPTION)
 
 
 def _empty(directory: str) -> None:

@@ -10,11 +10,8 @@ GPU) and shards the model with FSDP2 (:mod:`toolrl.training.sharding`). The same
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from toolrl.config import Config, ConfigError, one_line
 from toolrl.model_sources import model_path
 from toolrl.processes import rank_state
 from toolrl.processes.in_process import seed_everything
+from toolrl.processes.ray_actors import actor_info, rendezvous_address
 from toolrl.processes.resolve import RunPlan, run_plan
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
@@ -65,12 +63,7 @@ class TrainerRank:
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port: where rank 0 hosts the process group's rendezvous."""
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return rendezvous_address()
 
     def setup(self, master: tuple[str, int] | None = None, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
         """Build this rank's model shard and optimizer. ``master``: rank 0's (host, port) when
@@ -83,13 +76,10 @@ class TrainerRank:
         on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
         self.device = "cuda" if on_gpu else model_sources.resolve_device(cfg.model.device)
         if self.world_size > 1:
-            import torch.distributed as dist
+            from toolrl.training.sharding import join_group
 
             assert master is not None
-            dist.init_process_group("nccl" if self.device == "cuda" else "gloo",
-                                    init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
-                                    world_size=self.world_size,
-                                    timeout=timedelta(seconds=cfg.trainer.collective_timeout_s))
+            join_group(master, self.rank, self.world_size, self.device, cfg.trainer.collective_timeout_s)
         if model is None:
             seed_everything(cfg.trainer.seed)
             path = model_path(cfg)
@@ -130,14 +120,7 @@ class TrainerRank:
         return self.info()
 
     def info(self) -> dict[str, Any]:
-        try:
-            import ray
-
-            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        except ImportError:
-            node = None
-        return {"rank": self.rank, "pid": os.getpid(), "host": socket.gethostname(), "node_id": node,
-                "device": self.device}
+        return actor_info(self.rank, self.device)
 
     # ----------------------------------------------------------------- training
 

@@ -10,6 +10,7 @@ in that unit's forward hook, and a call that bypasses the root would meet sharde
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -24,6 +25,16 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     if not layers:
         raise ValueError(f"{type(model).__name__} declares no decoder layer classes (_no_split_modules)")
     return layers
+
+
+def join_group(master: tuple[str, int], rank: int, world_size: int, device: str, timeout_s: float) -> None:
+    """Join rank ``rank`` of ``world_size`` to the ``torch.distributed`` process group whose rank 0 hosts
+    its rendezvous at ``master`` (host, port): NCCL on GPU, gloo on CPU; a collective that waits longer
+    than ``timeout_s`` raises."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://{master[0]}:{master[1]}",
+                            rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
 
 
 def shard(model: Any, mesh: Any, *, offload: bool = False) -> Policy:

@@ -10,9 +10,9 @@ The sum is what lets a batch be split: any split's losses and gradients add up t
 and data-parallel ranks split the same way: rank r of W takes a share of the rows, runs
 :func:`forward_backward` on it, and the ranks' gradients and losses are then *summed*, not averaged
 (FSDP2 averages its reduce-scatter unless ``model.set_gradient_divide_factor(1.0)``). Under FSDP2
-every rank runs as many forwards as the others (its collectives are per forward): choose shares that
-:func:`micro_batch_spans` cuts into as many pieces. The reduction and that balance are the caller's,
-as is a lock: adapters' routing lives on the model's layers, so one call at a time per model.
+every rank runs as many forwards as the others (its collectives are per forward): ``forwards=`` pads a
+smaller share with idle forwards. :class:`toolrl.processes.step_group.StepGroup` does that on Ray; a lock
+is the caller's: adapters' routing lives on the model's layers, so one call at a time per model.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from toolrl.algorithms import build_loss
 from toolrl.config import AlgorithmConfig
 from toolrl.modeling.adapter_routing import adapter_names, has_routing
 from toolrl.training.packing import PackedBatch, through_adapters
-from toolrl.training.step import policy_loss, response_logprobs
+from toolrl.training.step import Policy, causal_lm, policy_loss, response_logprobs
 
 __all__ = ["LossSpec", "StepOutput", "TokenRow", "forward_backward", "micro_batch_spans"]
 
 # policy_loss's seq-mean-token-sum-norm over these normalisers is the plain sum over positions.
 _SUM = {"seqs": 1.0, "max_len": 1.0, "tokens": 1.0}
+# What an idle forward (``forwards=``) runs: one token, its loss counted zero.
+_IDLE = [0]
 
 
 def _per_position(dtype: type) -> BeforeValidator:
@@ -106,40 +108,51 @@ def micro_batch_spans(lengths: Sequence[int], max_tokens: int | None = None) -> 
 
 
 def forward_backward(model: Any, rows: Sequence[TokenRow], loss: LossSpec, *, adapter: str | None = None,
-                     backward: bool = True, max_tokens: int | None = None) -> StepOutput:
+                     backward: bool = True, max_tokens: int | None = None, forwards: int = 0) -> StepOutput:
     """``rows`` through the causal LM ``model`` (through its adapter ``adapter`` alone, on a model with
     several: :func:`toolrl.modeling.adapter_routing.routed`; None: the model as it is, or its base weights when it
     routes adapters), ``loss`` over them, and its gradient added to the parameters' ``.grad`` unless not
-    ``backward``; in :func:`micro_batch_spans` of ``max_tokens``. An unknown loss or option is a
-    :class:`toolrl.config.ConfigError`; a token id outside the vocabulary or an unknown adapter a
-    ValueError, both before any forward."""
+    ``backward``; in :func:`micro_batch_spans` of ``max_tokens``. ``model`` may be the
+    :class:`toolrl.training.step.Policy` around it that a data-parallel rank shards
+    (:func:`toolrl.training.sharding.shard`). ``forwards``: run at least this many forwards (and backwards):
+    the ones past the rows' are idle, a one-token row through the adapter whose loss counts zero, so that a
+    rank with a smaller share (or none: ``rows`` may then be empty) keeps FSDP2's collectives in step. An
+    unknown loss or option is a :class:`toolrl.config.ConfigError`; a token id outside the vocabulary or an
+    unknown adapter a ValueError, both before any forward."""
     algo = AlgorithmConfig(loss=loss.name, loss_options=loss.options, loss_agg="seq-mean-token-sum-norm")
     loss_part = build_loss(algo)
-    _check_ids(rows, int(model.get_output_embeddings().weight.shape[0]))
-    route = _adapter_index(model, adapter)
+    lm = causal_lm(model)
+    if not rows and not forwards:
+        raise ValueError("forward_backward: no rows")
+    check_ids(rows, int(lm.get_output_embeddings().weight.shape[0]))
+    route = _adapter_index(lm, adapter)
     device = next(model.parameters()).device
     lengths = [len(row.tokens) for row in rows]
-    spans = micro_batch_spans(lengths, max_tokens)
+    spans = micro_batch_spans(lengths, max_tokens) if rows else []
+    idle = TokenRow(tokens=_IDLE, targets=_IDLE, advantages=[0.0])
+    pieces = [rows[start:end] for start, end in spans] + [None] * (forwards - len(spans))
     logprobs: list[np.ndarray] = []
     total = 0.0
-    for start, end in spans:
-        batch, sampled = _packed(rows[start:end], route, device)
-        with torch.set_grad_enabled(backward), through_adapters(model, batch):
-            new = response_logprobs(model, batch)
+    for piece in pieces:
+        batch, sampled = _packed(piece or [idle], route, device)
+        with torch.set_grad_enabled(backward), through_adapters(lm, batch):
+            new = model(batch) if isinstance(model, Policy) else response_logprobs(model, batch)
             behaviour = torch.where(sampled[:, None], batch.engine_logprobs, new.detach())
             batch = dataclasses.replace(batch, engine_logprobs=behaviour)
-            piece, _ = policy_loss(new, behaviour, batch, algo, _SUM, loss_fn=loss_part)
-            if backward:
-                piece.backward()
-        total += float(piece.detach())
+            term, _ = policy_loss(new, behaviour, batch, algo, _SUM, loss_fn=loss_part)
+            if piece is None:
+                term = term * 0.0
+            if backward and term.requires_grad:
+                term.backward()
+        if piece is None:
+            continue
+        total += float(term.detach())
         grid = new.detach().float().cpu()
-        logprobs.extend(grid[i, :n].numpy().copy() for i, n in enumerate(lengths[start:end]))
+        logprobs.extend(grid[i, :len(row.tokens)].numpy().copy() for i, row in enumerate(piece))
     return StepOutput(logprobs=logprobs, loss=total, tokens=sum(lengths), micro_batches=len(spans))
 
 
-def _check_ids(rows: Sequence[TokenRow], vocab: int) -> None:
-    if not rows:
-        raise ValueError("forward_backward: no rows")
+def check_ids(rows: Sequence[TokenRow], vocab: int) -> None:
     for i, row in enumerate(rows):
         for name, ids in (("tokens", row.tokens), ("targets", row.targets)):
             if int(ids.min()) < 0 or int(ids.max()) >= vocab:

@@ -32,7 +32,7 @@ class Served:
         self.thread.join(30)
 
 
-def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
+def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None) -> Served:
     from toolrl_tinker import server as server_module
     from toolrl_tinker.service import Limits
 
@@ -50,14 +50,15 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
         server_module.Service = Kept
         try:
             loop.run_until_complete(server_module.serve_async(
-                [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0, Limits(max_batch_tokens=max_batch_tokens),
-                announce=lambda line: None, started=lambda s: box.setdefault("server", s)))
+                [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0,
+                Limits(max_batch_tokens=max_batch_tokens),
+                announce=lambda line: None, started=lambda s: box.setdefault("server", s), ranks=ranks))
         finally:
             server_module.Service = real
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.time() + 120
+    deadline = time.time() + 240
     while "server" not in box:
         if not thread.is_alive() or time.time() > deadline:
             raise RuntimeError("the tinker server did not start")
@@ -85,3 +86,41 @@ def client(served: Served) -> Any:
     import tinker
 
     return tinker.ServiceClient(base_url=served.url, api_key=KEY)
+
+
+@pytest.fixture(scope="session")
+def served_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The service with its trainer on two ranks on a local Ray (gloo, the base sharded), holding one
+    adapter in its model at once (every switch of client moves adapters out and back): its results must be
+    ``served``'s all the same."""
+    ray = pytest.importorskip("ray")
+    from toolrl.config import RayConfig
+    from toolrl.processes.step_group import StepGroup
+    from toolrl_tinker.trainer import Ranks
+
+    os.environ["TINKER_API_KEY"] = KEY
+    placed = RayConfig(address="local")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        StepGroup.connect(placed, 2)  # here: the server's thread is not the main one
+        try:
+            s = start_server(tmp_path_factory.mktemp("tinker-two-ranks"), ranks=Ranks(2, placed, slots=1))
+            yield s
+            s.stop()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client_two(served_two: Served) -> Any:
+    import tinker
+
+    return tinker.ServiceClient(base_url=served_two.url, api_key=KEY)
+
+
+@pytest.fixture(params=["1 rank", "2 ranks"])
+def service(request: pytest.FixtureRequest) -> tuple[Served, Any]:
+    """The service on one rank (in process) and on two (``served_two``), and a client of it."""
+    one = request.param == "1 rank"
+    return (request.getfixturevalue("served" if one else "served_two"),
+            request.getfixturevalue("client" if one else "client_two"))

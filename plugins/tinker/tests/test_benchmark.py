@@ -29,7 +29,7 @@ def test_the_in_process_anchor_runs_the_served_step(monkeypatch) -> None:
     adapters = bench.local_samplers(base, runs)  # each run's adapter on the sampler, as the engine-alone anchor has
     run = runs[0]
     before = base.trainer.adapter_state(run)
-    assert bench.in_process_step(base, run, bench.as_request(bench.datums(2, 8))) > 0
+    assert bench.in_process_step(base.trainer, run, bench.as_request(bench.datums(2, 8))) > 0
     assert run.steps == 1
     assert any(not (t == before[n]).all() for n, t in base.trainer.adapter_state(run).items())  # the step moved it
     assert bench.engine_rows(base.sampler.engine, adapters, 1, 3) > 0  # the engine-alone anchor: a request per adapter
@@ -46,4 +46,4 @@ def test_the_sampler_decodes_on_packed_linears() -> None:
     assert engine.config.packed_linears
     packed = {id(m) for m in engine._packed.layers}
     assert isinstance(engine._packed, PackedLinears) and id(engine.model.get_output_embeddings()) in packed
-    assert not any(id(m) in packed for m in base.trainer.model.modules())  # the trainer's copy stays dense
+    assert not any(id(m) in packed for m in base.trainer.ranks.model.modules())  # the trainer's copy stays dense

@@ -19,14 +19,10 @@ def _serve(*args: str, key: str | None = None) -> subprocess.CompletedProcess[st
                           text=True, timeout=60)
 
 
-@pytest.mark.parametrize(("args", "key", "says"), [
-    ((), None, "an API key is required"),
-    (("--world-size", "2"), "tml-k", "several trainer ranks are not served"),
-])
-def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str) -> None:
-    done = _serve(*args, key=key)
+def test_a_refusal_is_one_line() -> None:
+    done = _serve()
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "an API key is required" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow  # a cold interpreter importing torch and loading the base twice: ~50 s in a fresh venv

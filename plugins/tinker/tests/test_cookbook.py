@@ -12,6 +12,7 @@ interpreter (the plugin's nox session makes it). The model is the tiny random Qw
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,17 +32,17 @@ pytestmark = pytest.mark.skipif(
     reason="TOOLRL_COOKBOOK_PYTHON names no interpreter with tinker-cookbook==0.5.8 (nox -s 'plugin(tinker)' makes one)")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``toolrl tinker serve`` as a user starts it, on a free port; yields its URL."""
-    tmp = tmp_path_factory.mktemp("cookbook-server")
+@contextlib.contextmanager
+def serving(tmp: Path, *args: str) -> Iterator[str]:
+    """``toolrl tinker serve`` as a user starts it (with ``args``), on a free port; yields its URL."""
     log = tmp / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", MODEL, "--port", "0",
-                                 "--state-dir", str(tmp / "state"), "--api-key", KEY],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                 "--state-dir", str(tmp / "state"), "--api-key", KEY, *args],
+                                stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"})
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 240
         while not (found := re.search(r"tinker API on (http://\S+)", log.read_text())):
             assert proc.poll() is None and time.time() < deadline, f"the server did not start:\n{log.read_text()}"
             time.sleep(0.2)
@@ -53,6 +54,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with serving(tmp_path_factory.mktemp("cookbook-server")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def server_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server with its trainer on two ranks (a local Ray, gloo, the base sharded over them)."""
+    with serving(tmp_path_factory.mktemp("cookbook-server-two"), "--world-size", "2") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +127,12 @@ def test_async_off_policy(server: str, hub_cache: Path, tmp_path: Path) -> None:
     assert final_checkpoint(tmp_path / "run")["batch"] == 3
 
 
-def test_stream_minibatch(server: str, hub_cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ranks", ["server", "server_two"])
+def test_stream_minibatch(ranks: str, hub_cache: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """rl/train.py's streamed minibatches: two forward_backward calls per step, each on the groups sampled
-    so far, then one optim_step; the next step samples from the weights that step saved."""
-    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=4", "max_steps=2",
+    so far, then one optim_step; the next step samples from the weights that step saved. Also against the
+    server on two trainer ranks."""
+    rows = math_rl(request.getfixturevalue(ranks), hub_cache, tmp_path / "run", "groups_per_batch=4", "max_steps=2",
                    "stream_minibatch_config.groups_per_batch=4", "stream_minibatch_config.num_minibatches=2")
     assert [row["progress/batch"] for row in rows] == [0, 1]
     assert [row["sampling_client/step_mean"] for row in rows] == [0.0, 1.0]

@@ -108,11 +108,11 @@ def test_a_finished_session_leaves_memory(served: Any, trainer: Any) -> None:
     base = served.service.bases[run.base]
     tc.save_weights_and_get_sampling_client().result()
     path = tc.save_state("before-close").result().path
-    assert run.adapter in adapter_names(base.trainer.model) and base.sampler.kept[tc.model_id]
+    assert run.adapter in adapter_names(base.trainer.ranks.model) and base.sampler.kept[tc.model_id]
     sampler = base.sampler.kept[tc.model_id][0]
     own.close("success").result()
     assert tc.model_id not in served.service.runs
-    assert run.adapter not in adapter_names(base.trainer.model)
+    assert run.adapter not in adapter_names(base.trainer.ranks.model)
     assert sampler not in adapter_names(base.sampler.engine.model)
     assert np.isfinite(trainer.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"])
     again = tinker.ServiceClient(base_url=served.url, api_key=KEY)

@@ -1,16 +1,16 @@
 """The service computes what toolrl's own step computes: per SDK loss the same loss and gradients as
 toolrl's policy_loss on the same tokens and weights (within 1e-6), sample's log-probs those of forward
-(1e-5), optim_step toolrl's AdamW step bit for bit, and two clients on one base untouched by each other."""
+(1e-5), optim_step toolrl's AdamW step bit for bit, and two clients on one base untouched by each other;
+the service on two trainer ranks the same, and per loss what the one-rank service gives (within 1e-6)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import BASE, held
+from conftest import BASE, KEY, held
 
 TOKENS = [3, 17, 99, 2048, 5, 77, 1023, 64, 8, 300, 41]
 
@@ -30,8 +30,7 @@ def _datum(loss_fn: str, seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
 
 
 def _adapter_grads(run: Any, trainer: Any) -> dict[str, torch.Tensor]:
-    return {n: p.grad.clone() for n, p in trainer.model.named_parameters()
-            if p.grad is not None and f".{run.adapter}." in n}
+    return {n: g for n, g in trainer.gradients(run).items() if g is not None}
 
 
 def _warm(tc: Any) -> None:
@@ -70,7 +69,7 @@ def _toolrl_step(run: Any, trainer: Any, loss_fn: str,
     traj = Trajectory(trajectory_id="t", sample_index=0, group=0, prompt_ids=TOKENS[:1], response_ids=TOKENS[1:],
                       response_mask=[1] * n, logprobs=sampled.tolist())
     adv = torch.from_numpy(inputs["weights" if loss_fn == "cross_entropy" else "advantages"])
-    model = trainer.model
+    model = trainer.ranks.model
     batch = build_batch([traj], [adv], adapters=[adapter_names(model).index(run.adapter)])
     for p in model.parameters():
         p.grad = None
@@ -97,13 +96,14 @@ def test_forward_backward_equals_toolrl_step(client: Any, served: Any, loss_fn: 
     assert served_grads.keys() == grads.keys()
     for key, g in grads.items():
         torch.testing.assert_close(served_grads[key], g, rtol=0, atol=1e-6)
-    for p in trainer.model.parameters():
+    for p in trainer.ranks.model.parameters():
         p.grad = None
 
 
-def test_sample_logprobs_equal_forward(client: Any) -> None:
+def test_sample_logprobs_equal_forward(service: Any) -> None:
     from tinker import types
 
+    _, client = service
     tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
     _warm(tc)
     sampler = tc.save_weights_and_get_sampling_client().result()
@@ -123,51 +123,90 @@ def test_sample_logprobs_equal_forward(client: Any) -> None:
     np.testing.assert_allclose(np.asarray(scored[1:], np.float32), lps, rtol=0, atol=1e-5)
 
 
-def test_optim_step_is_toolrl_adamw_bit_for_bit(client: Any, served: Any) -> None:
+def test_optim_step_is_toolrl_adamw_bit_for_bit(service: Any) -> None:
+    """The step the ranks make from the gradient they hold (on two: summed over both) is torch's AdamW
+    step from it, bit for bit."""
     from tinker import types
     from toolrl.training.step import clip_grad_norm
 
+    served, client = service
     tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()
     _warm(tc)
     run, trainer = held(served, tc.model_id)
     datum, _ = _datum("importance_sampling")
     tc.forward_backward([datum], "importance_sampling").result()
-    before = [p.detach().clone().requires_grad_(True) for p in trainer.params(run)]
-    for mine, theirs in zip(before, trainer.params(run), strict=True):
-        mine.grad = theirs.grad.clone()
-    mirror = torch.optim.AdamW(before, lr=1e-4)
-    mirror.load_state_dict(copy.deepcopy(run.optimizer.state_dict()))  # its moments, not shared
+    weights, grads = trainer.adapter_state(run), trainer.gradients(run)
+    before = {k: w.clone().requires_grad_(True) for k, w in weights.items()}
+    for key, mine in before.items():
+        mine.grad = grads[key].clone()
+    mirror = torch.optim.AdamW(list(before.values()), lr=1e-4)
+    mirror.load_state_dict(trainer.optimizer_state(run))  # its moments (a copy)
     params = types.AdamParams(learning_rate=3e-3, beta1=0.8, beta2=0.9, eps=1e-8, weight_decay=0.01,
                               grad_clip_norm=0.5)
     tc.optim_step(params).result()
     for g in mirror.param_groups:
         g.update(lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01)
-    clip_grad_norm(before, 0.5)
+    clip_grad_norm(list(before.values()), 0.5)
     mirror.step()
-    for mine, theirs in zip(before, trainer.params(run), strict=True):
-        assert torch.equal(mine.detach(), theirs.detach())
+    after = trainer.adapter_state(run)
+    assert all(torch.equal(mine.detach(), after[key]) for key, mine in before.items())
 
 
-def test_two_clients_on_one_base_leave_each_other_alone(client: Any, served: Any) -> None:
+def test_two_clients_on_one_base_leave_each_other_alone(service: Any) -> None:
     from tinker import types
 
+    served, client = service
     a = client.create_lora_training_client(base_model=BASE, rank=4, seed=11).result()
     b = client.create_lora_training_client(base_model=BASE, rank=2, seed=12).result()
     _warm(b)
     (_, trainer), (run_b, trainer_b) = held(served, a.model_id), held(served, b.model_id)
     assert trainer is trainer_b
-    weights = trainer.adapter_state(run_b)
-    moments = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)}
-               for k, v in run_b.optimizer.state_dict()["state"].items()}
+    weights, moments = trainer.adapter_state(run_b), trainer.optimizer_state(run_b)["state"]
     for loss_fn in ("cross_entropy", "ppo"):
         datum, _ = _datum(loss_fn)
         a.forward_backward([datum], loss_fn).result()
         a.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = trainer.adapter_state(run_b)
     assert all(torch.equal(weights[k], after[k]) for k in weights)
-    state = run_b.optimizer.state_dict()["state"]
+    state = trainer.optimizer_state(run_b)["state"]
     assert all(torch.equal(t, state[k][n]) for k, v in moments.items() for n, t in v.items())
-    assert all(p.grad is None for p in trainer.params(run_b))
+    assert all(g is None for g in trainer.gradients(run_b).values())
+
+
+@pytest.mark.parametrize("loss_fn", list(ALGOS))
+def test_two_ranks_give_what_one_gives(served: Any, served_two: Any, loss_fn: str) -> None:
+    """Per loss, a client of the two-rank service (its rows in two shares, of two rows and one; a request of
+    one row runs an idle forward on the other rank; its adapter moved out and back between requests) gets
+    what the same client of the one-rank service gets: loss, log-probs, gradients and the step's update
+    within 1e-6 (gradients: of the largest one, as float32 sums in another order give them)."""
+    import tinker
+    from tinker import types
+
+    got = []
+    for s in (served, served_two):
+        c = tinker.ServiceClient(base_url=s.url, api_key=KEY)  # its session's runs leave at its close
+        tc = c.create_lora_training_client(base_model=BASE, rank=4, seed=21).result()
+        other = c.create_lora_training_client(base_model=BASE, rank=2, seed=22).result()
+        _warm(tc)
+        _warm(other)  # on two ranks: tc's adapter out of the model now
+        data = [_datum(loss_fn, seed=30 + i)[0] for i in range(3)]
+        out = tc.forward_backward(data, loss_fn).result()
+        run, trainer = held(s, tc.model_id)
+        grads = _adapter_grads(run, trainer)
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        got.append((out, grads, trainer.adapter_state(run)))
+        c.close("success")
+    (one, one_grads, one_weights), (two, two_grads, two_weights) = got
+    loss = one.metrics["loss:sum"]
+    assert abs(two.metrics["loss:sum"] - loss) <= 1e-6 * max(1.0, abs(loss))
+    for a, b in zip(one.loss_fn_outputs, two.loss_fn_outputs, strict=True):
+        np.testing.assert_allclose(b["logprobs"].to_numpy(), a["logprobs"].to_numpy(), rtol=0, atol=1e-6)
+    assert one_grads.keys() == two_grads.keys() and one_grads
+    largest = max(1.0, *(float(g.abs().max()) for g in one_grads.values()))
+    for key, g in one_grads.items():
+        torch.testing.assert_close(two_grads[key], g, rtol=0, atol=1e-6 * largest)
+    for key, w in one_weights.items():
+        torch.testing.assert_close(two_weights[key], w, rtol=0, atol=1e-6)
 
 
 def test_forward_backward_custom_equals_cross_entropy(client: Any, served: Any) -> None:
@@ -189,7 +228,7 @@ def test_forward_backward_custom_equals_cross_entropy(client: Any, served: Any) 
     assert abs(out.metrics["custom_loss"] - ce_loss) <= 1e-5 * max(1.0, abs(ce_loss))
     for key, g in grads.items():
         torch.testing.assert_close(custom[key], g, rtol=0, atol=1e-6)
-    for p in trainer.model.parameters():
+    for p in trainer.ranks.model.parameters():
         p.grad = None
 
 
@@ -216,13 +255,13 @@ def test_micro_batched_request_equals_one_pass(client: Any, served: Any, loss_fn
     run, trainer = held(served, tc.model_id)
     rows, loss = token_rows(_request(loss_fn, tc.model_id), trainer.vocab, 4096)
     seen: list[int] = []
-    hook = trainer.model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-1]))
+    hook = trainer.ranks.model.get_input_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[-1]))
     results = []
     try:
         for micro in (4096, 13):
             out = trainer.step(run, rows, loss, False, micro)
             results.append((out.logprobs, out.loss, _adapter_grads(run, trainer)))
-            for p in trainer.model.parameters():
+            for p in trainer.ranks.model.parameters():
                 p.grad = None
     finally:
         hook.remove()

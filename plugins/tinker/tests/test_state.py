@@ -4,7 +4,6 @@ a future that was running when the server stopped fails naming the restart."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
         external_path = tc.save_weights_external("peft").result().path
         run, trainer = held(first, tc.model_id)
         weights = trainer.adapter_state(run)
-        moments = copy.deepcopy(run.optimizer.state_dict())
+        moments = trainer.optimizer_state(run)
         first.service.store.future_started("req-cut-off", owner_of(KEY))  # as a request in flight is recorded
     finally:
         first.stop()
@@ -61,7 +60,7 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
         again = service.create_training_client_from_state_with_optimizer(state_path).result()
         loaded, trainer = held(second, again.model_id)
         assert all(torch.equal(weights[k], v) for k, v in trainer.adapter_state(loaded).items())
-        state = loaded.optimizer.state_dict()["state"]
+        state = trainer.optimizer_state(loaded)["state"]
         assert all(torch.equal(t, state[i][n]) for i, v in moments["state"].items() for n, t in v.items())
         again.forward_backward([_datum()], "cross_entropy").result()  # it trains on
 

@@ -70,21 +70,40 @@ def register_commands(cli: click.Group) -> None:
     @click.option("--max-runs-per-client", type=click.IntRange(min=1), default=16, show_default=True,
                   help="Training runs one API key may hold at once.")
     @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
-                  help="Trainer ranks: only 1 is served (see the README).")
+                  help="Trainer ranks per base: more than 1 runs them on Ray, the base sharded over them (FSDP2) "
+                       "and each client's adapter on every rank.")
+    @click.option("--ray-address", default=None,
+                  help="The Ray cluster the trainer ranks run on, as toolrl train's ray.address: local (a "
+                       "private one on this machine), auto, or host:port. Default: in this process with one rank, "
+                       "local with more.")
+    @click.option("--gpus-per-rank", type=click.FloatRange(min=0), default=0.0, show_default=True,
+                  help="GPUs each trainer rank takes on Ray (ray.num_gpus_per_trainer; 0: CPU ranks, gloo).")
+    @click.option("--adapter-slots", type=click.IntRange(min=1), default=None,
+                  help="Clients' adapters a trainer holds in its model at once; the least recently used ones "
+                       "wait in host memory (with their gradients and optimizer state) until their next request. "
+                       "Default: every client's in the model.")
     def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys: tuple[str, ...],
-              max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int, world_size: int) -> None:
+              max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int,
+              world_size: int, ray_address: str | None, gpus_per_rank: float, adapter_slots: int | None) -> None:
         """Serve the Tinker API on the given base models (LoRA training clients, sampling)."""
         import asyncio
+        import importlib.util
         from pathlib import Path
 
         from toolrl.cli import UsageFailure, user_errors
+        from toolrl.config import RayConfig
+        from toolrl.processes.step_group import StepGroup
 
         from toolrl_tinker.server import serve_async
         from toolrl_tinker.service import Limits
+        from toolrl_tinker.trainer import Ranks
 
-        if world_size != 1:
-            raise UsageFailure("--world-size: the tinker service trains on one rank (each client's LoRA adapter on "
-                               "one copy of the base); several trainer ranks are not served")
+        on_ray = world_size > 1 or ray_address is not None or gpus_per_rank > 0
+        if on_ray and importlib.util.find_spec("ray") is None:
+            raise UsageFailure("--world-size/--ray-address: the trainer ranks run on Ray, which is not installed "
+                               "(pip install 'toolrl-plugin-tinker[ranks]')")
+        ranks = Ranks(world_size, RayConfig(address=ray_address or "local", num_gpus_per_trainer=gpus_per_rank)
+                      if on_ray else None, adapter_slots)
         keys = [k for key in api_keys for k in key.split(",") if k]
         if not keys:
             raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
@@ -93,10 +112,17 @@ def register_commands(cli: click.Group) -> None:
                         max_runs_per_client=max_runs_per_client)
 
         def run() -> None:
+            if ranks.ray is not None:  # here, in the main thread (StepGroup.connect)
+                StepGroup.connect(ranks.ray, world_size)
             asyncio.run(serve_async(list(bases), Path(state_dir), keys, host, port, limits,
-                                    announce=lambda line: click.echo(line, err=True)))
+                                    announce=lambda line: click.echo(line, err=True), ranks=ranks))
 
         try:
             user_errors(run)
         except KeyboardInterrupt:
             return
+        finally:
+            if ranks.ray is not None:
+                import ray
+
+                ray.shutdown()

@@ -39,17 +39,11 @@ def sampler_name(path: str) -> str:
     return adapter_name("s", path)
 
 
-def _config(rank: int, targets: list[str], frozen: bool = False) -> Any:
+def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
+    """A client's LoRA as toolrl's adapter settings (the scale :data:`ALPHA` / rank)."""
     from toolrl.config import AdapterConfig
 
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
-
-
-def add(model: Any, name: str, rank: int, targets: list[str], seed: int | None) -> None:
-    """A trained adapter ``name`` (peft's init: A random from ``seed``, 0 when None, B zero)."""
-    from toolrl.modeling.adapters import add_adapter
-
-    add_adapter(model, name, _config(rank, targets), seed=0 if seed is None else seed)
 
 
 def add_frozen(model: Any, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
@@ -59,7 +53,7 @@ def add_frozen(model: Any, name: str, rank: int, targets: list[str], state: dict
 
     if holds(model, name):
         return
-    add_adapter(model, name, _config(rank, targets, frozen=True))
+    add_adapter(model, name, config(rank, targets, frozen=True))
     load(model, name, state)
 
 
@@ -93,13 +87,6 @@ def parameters(model: Any, name: str) -> list[Any]:
     from toolrl.modeling.adapters import adapter_parameters
 
     return list(adapter_parameters(model, name).values())
-
-
-def state(model: Any, name: str) -> dict[str, Any]:
-    """A copy of the adapter's tensors under adapter-neutral names."""
-    from toolrl.modeling.adapters import adapter_state
-
-    return adapter_state(model, name)
 
 
 def load(model: Any, name: str, tensors: dict[str, Any]) -> None:

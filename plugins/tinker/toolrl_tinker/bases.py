@@ -11,7 +11,7 @@ from toolrl.model_sources import load_tokenizer, resolve_source
 
 from toolrl_tinker.hub_names import ALIASES
 from toolrl_tinker.sampler import Sampler
-from toolrl_tinker.trainer import Trainer
+from toolrl_tinker.trainer import Ranks, Trainer
 
 
 @dataclass
@@ -22,8 +22,8 @@ class Base:
     sampler: Sampler
 
     @classmethod
-    def load(cls, name: str, keep: int = 4) -> Base:
-        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id) loaded twice; the sampler
-        keeps ``keep`` weight sets per run."""
+    def load(cls, name: str, keep: int = 4, ranks: Ranks | None = None) -> Base:
+        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id) loaded twice: the trainer's
+        where ``ranks`` say, the sampler's here, keeping ``keep`` weight sets per run."""
         path = resolve_source(ModelConfig(source=ALIASES.get(name, name)))
-        return cls(name, path, Trainer(path), Sampler(path, load_tokenizer(path), keep))
+        return cls(name, path, Trainer(path, ranks), Sampler(path, load_tokenizer(path), keep))

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from toolrl_tinker import wire
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.service import Limits, Service, owner_of
+from toolrl_tinker.trainer import Ranks
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
@@ -295,11 +296,12 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
 
 async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], host: str, port: int,
                       limits: Limits | None = None, announce: Callable[[str], None] = print,
-                      started: Callable[[Any], None] | None = None) -> None:
-    """Load the bases, then serve until cancelled; ``started`` gets the uvicorn server once it listens."""
+                      started: Callable[[Any], None] | None = None, ranks: Ranks | None = None) -> None:
+    """Load the bases (their trainers where ``ranks`` say), then serve until cancelled; ``started`` gets the
+    uvicorn server once it listens."""
     import uvicorn
 
-    service = Service(bases, state_dir, limits or Limits())
+    service = Service(bases, state_dir, limits or Limits(), ranks)
     await service.load_bases()
     config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
                             timeout_keep_alive=75)
@@ -320,4 +322,7 @@ async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], ho
         announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(bases)}; state: {state_dir})")
         if started is not None:
             started(server)
-    await task
+    try:
+        await task
+    finally:  # a trainer group's ranks end with the server
+        await asyncio.to_thread(service.close)

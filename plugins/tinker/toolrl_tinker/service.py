@@ -24,7 +24,7 @@ from toolrl_tinker.futures import Futures, InOrder
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.sampling_calls import SamplingCalls
 from toolrl_tinker.store import Store
-from toolrl_tinker.trainer import Run
+from toolrl_tinker.trainer import Ranks, Run
 from toolrl_tinker.training_calls import TrainingCalls
 from toolrl_tinker.wire import Result
 
@@ -45,9 +45,11 @@ def owner_of(api_key: str) -> str:
 
 
 class Service:
-    def __init__(self, bases: list[str], state_dir: Path, limits: Limits | None = None) -> None:
+    def __init__(self, bases: list[str], state_dir: Path, limits: Limits | None = None,
+                 ranks: Ranks | None = None) -> None:
         self.base_names = list(bases)
         self.limits = limits or Limits()
+        self.ranks = ranks  # where each base's trainer runs (None: in this process)
         self.store = Store(state_dir)
         self.futures = Futures(self.store)
         self.bases: dict[str, Base] = {}
@@ -59,7 +61,12 @@ class Service:
 
     async def load_bases(self) -> None:
         for name in self.base_names:
-            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers)
+            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, self.ranks)
+
+    def close(self) -> None:
+        """The bases' trainers ended (a group's ranks on Ray)."""
+        for base in self.bases.values():
+            base.trainer.close()
 
     def base(self, name: str) -> Base:
         if name not in self.bases:

@@ -4,9 +4,16 @@ adapter on it, each with its own AdamW; each request a step of toolrl's public t
 alone; and a run's state (adapter, optimizer, steps) saved to a checkpoint file and loaded back, or its adapter
 as a PEFT directory.
 
+Where the base is held (:class:`Ranks`): in this process (:class:`toolrl.processes.step_rank.StepRank`), or
+on ``world_size`` ranks on Ray (:class:`toolrl.processes.step_group.StepGroup`: the base sharded with
+FSDP2, each adapter and its AdamW on every rank, a lost rank replaced and the run's state restored).
+
 Memory per run: its adapter (rank × the adapted layers' widths, fp32), its gradient and AdamW's two
-moments: four copies of the adapter. Requests run one at a time per base (the adapters' routing lives
-on the model's layers): each takes the trainer's lock.
+moments: four copies of the adapter, on every rank; with ``slots``, the runs past them that were least
+recently used hold theirs in host memory instead, brought back on their next request. A group's driver
+(this process) also keeps each run's adapter and moments after its last step, and the rows of its
+backward calls since, to restore it on a new group. Requests run one at a time per base (the adapters'
+routing lives on the model's layers): each takes the trainer's lock.
 """
 
 from __future__ import annotations
@@ -19,20 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from toolrl.model_sources import load_model
-from toolrl.training.optimizer import OptimizerSettings, adamw, optimizer_step
-from toolrl.training.token_step import LossSpec, StepOutput, TokenRow, forward_backward
+from toolrl.config import RayConfig
+from toolrl.processes.step_group import StepGroup
+from toolrl.processes.step_rank import StepRank
+from toolrl.training.optimizer import OptimizerSettings
+from toolrl.training.token_step import LossSpec, StepOutput, TokenRow
 
 from toolrl_tinker import adapters
 from toolrl_tinker.requests import UserError
 
-# AdamW's settings until a run's first optim_step, which brings its own (as each step does).
-START = OptimizerSettings(lr=1e-4)
-
 
 @dataclass
 class Run:
-    """A training client's run on base ``base``: its adapter's shape, its optimizer, its steps."""
+    """A training client's run on base ``base``: its adapter's shape, its steps."""
 
     model_id: str
     owner: str
@@ -40,7 +46,6 @@ class Run:
     rank: int
     targets: list[str]
     seed: int | None
-    optimizer: Any = None
     steps: int = 0
 
     @property
@@ -48,52 +53,77 @@ class Run:
         return adapters.training_name(self.model_id)
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """Where a base's trainer runs: in this process (``world_size`` 1, no ``ray``), or as ``world_size``
+    ranks placed on the Ray cluster by ``ray`` (``toolrl train``'s ``ray`` section); ``slots``: the runs'
+    adapters a rank holds in its model at once (None: every run's)."""
+
+    world_size: int = 1
+    ray: RayConfig | None = None
+    slots: int | None = None
+
+
 class Trainer:
     """One base's trainer copy and the runs' adapters on it."""
 
-    def __init__(self, path: str) -> None:
-        self.model = load_model(path, dtype="float32", device="cpu")
-        self.model.config.use_cache = False
-        self.vocab = int(self.model.get_output_embeddings().weight.shape[0])
-        self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 20)
+    def __init__(self, path: str, ranks: Ranks | None = None) -> None:
+        ranks = ranks or Ranks()
+        self.ranks: StepRank | StepGroup
+        if ranks.world_size == 1 and ranks.ray is None:
+            self.ranks = StepRank(path, slots=ranks.slots)
+            info = self.ranks.setup()
+        else:
+            self.ranks = StepGroup(path, ranks.world_size, ranks.ray, slots=ranks.slots)
+            info = self.ranks.start()
+        self.arch, self.vocab, self.context = info["arch"], info["vocab"], info["context"]
+        self.held: set[str] = set()  # the runs' adapters made on the ranks
         self.lock = threading.Lock()
 
     def create(self, run: Run) -> None:
         """The run's adapter (peft's init from its seed) and a fresh AdamW."""
         with self.lock:
-            adapters.add(self.model, run.adapter, run.rank, run.targets, run.seed)
-            run.optimizer = adamw(self.params(run), START)
-
-    def params(self, run: Run) -> list[Any]:
-        return adapters.parameters(self.model, run.adapter)
+            self.ranks.add_adapter(run.adapter, adapters.config(run.rank, run.targets),
+                                   seed=0 if run.seed is None else run.seed)
+            self.held.add(run.adapter)
 
     def step(self, run: Run, rows: Sequence[TokenRow], loss: LossSpec, forward_only: bool,
              micro_tokens: int) -> StepOutput:
         """A forward (and backward, adding to the adapter's gradients) of ``rows`` through the run's
         adapter, in micro-batches of ``micro_tokens``."""
         with self.lock:
-            return forward_backward(self.model, rows, loss, adapter=run.adapter, backward=not forward_only,
-                                    max_tokens=micro_tokens)
+            return self.ranks.forward_backward(run.adapter, rows, loss, backward=not forward_only,
+                                               max_tokens=micro_tokens)
 
     def optim_step(self, run: Run, settings: OptimizerSettings) -> dict[str, float]:
         """One AdamW step of the run's adapter; the gradient norm before clipping, when clipped."""
         with self.lock:
-            norm = optimizer_step(run.optimizer, settings)
+            norm = self.ranks.optimizer_step(run.adapter, settings)
             run.steps += 1
         return {} if norm is None else {"grad_norm:mean": norm}
 
     def adapter_state(self, run: Run) -> dict[str, Any]:
+        """A copy of the run's adapter's tensors (adapter-neutral names)."""
         with self.lock:
-            return adapters.state(self.model, run.adapter)
+            return self.ranks.state(run.adapter, optimizer=False)["adapter"]
+
+    def optimizer_state(self, run: Run) -> dict[str, Any]:
+        """A copy of the run's AdamW's ``state_dict``."""
+        with self.lock:
+            return self.ranks.state(run.adapter)["optimizer"]
+
+    def gradients(self, run: Run) -> dict[str, Any]:
+        """A copy of the run's adapter's gradients (None where none is pending)."""
+        with self.lock:
+            return self.ranks.gradients(run.adapter)
 
     def save(self, run: Run, file: Path, optimizer: bool) -> None:
         """The run's checkpoint file: its adapter, shape and steps and, with ``optimizer``, its AdamW state
         (without: a sampler's weights, ``optimizer`` None)."""
         with self.lock:
-            state = {"adapter": adapters.state(self.model, run.adapter), "base": run.base, "rank": run.rank,
-                     "targets": run.targets, "steps": run.steps,
-                     "optimizer": run.optimizer.state_dict() if optimizer else None}
-        torch.save(state, file)
+            state = self.ranks.state(run.adapter, optimizer)
+            steps = run.steps
+        torch.save({**state, "base": run.base, "rank": run.rank, "targets": run.targets, "steps": steps}, file)
 
     def save_peft(self, run: Run, folder: Path) -> int:
         """The run's adapter as a PEFT adapter directory (``adapter_model.safetensors``,
@@ -108,24 +138,26 @@ class Trainer:
 
     def load(self, run: Run, state: dict[str, Any], optimizer: bool) -> None:
         """A checkpoint's adapter into the run and, with ``optimizer``, its AdamW state and steps (else
-        a fresh AdamW); the run is left as it was when the checkpoint does not fit."""
+        a fresh AdamW); its gradient cleared. The run is left as it was when the checkpoint does not fit."""
         with self.lock:
-            fresh = adamw(self.params(run), START)
-            if optimizer:
-                try:
-                    fresh.load_state_dict(state["optimizer"])
-                except ValueError as exc:
-                    raise UserError(f"the checkpoint's optimizer state does not fit this model: {exc}") from None
-            adapters.load(self.model, run.adapter, state["adapter"])
-            run.optimizer = fresh
+            try:
+                self.ranks.load_state(run.adapter, state["adapter"], state["optimizer"] if optimizer else None)
+            except ValueError as exc:
+                raise UserError(f"the checkpoint does not fit this model (another base, rank or target modules): "
+                                f"{exc}") from None
             if optimizer:
                 run.steps = state["steps"]
 
     def release(self, run: Run) -> None:
-        """The run's adapter off the model, its optimizer with it."""
+        """The run's adapter off the model, its optimizer with it (nothing when it has none)."""
         with self.lock:
-            adapters.remove(self.model, run.adapter)
-            run.optimizer = None
+            if run.adapter in self.held:
+                self.ranks.remove_adapter(run.adapter)
+                self.held.discard(run.adapter)
+
+    def close(self) -> None:
+        with self.lock:
+            self.ranks.close()
 
 
 def read(file: str | Path) -> dict[str, Any]:

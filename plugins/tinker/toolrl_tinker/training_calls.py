@@ -47,7 +47,7 @@ class TrainingCalls:
         base = self.service.base(run.base)
         return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": run.rank,
                 "model_name": base.name,
-                "model_data": {"arch": type(base.trainer.model).__name__, "model_name": base.name,
+                "model_data": {"arch": base.trainer.arch, "model_name": base.name,
                                "tokenizer_id": base.path}}
 
     def forward_backward(self, owner: str, req: ForwardBackward) -> dict[str, Any]:

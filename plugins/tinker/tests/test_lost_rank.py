@@ -1,0 +1,87 @@
+"""A trainer rank of the two-rank service killed (SIGKILL) while a client's request runs: the request is
+made again on a group re-formed from what the service kept (each adapter's state after its last step and
+the calls since), and the client gets, bit for bit, what a client making the same calls on the
+uninterrupted service gets; its later requests too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from conftest import BASE, KEY, held
+
+TOKENS = [3, 17, 99, 2048, 5, 77, 1023, 64, 8, 300, 41, 9, 12, 600, 7, 4000]
+
+
+def _data(seed: int, count: int = 6) -> list[Any]:
+    from tinker import types
+
+    rng = np.random.default_rng(seed)
+    data = []
+    for n in rng.integers(4, len(TOKENS), count):
+        data.append(types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:n - 1]),
+                                loss_fn_inputs={"target_tokens": np.array(TOKENS[1:n], np.int64),
+                                                "logprobs": rng.uniform(-12.5, -11.0, n - 1).astype(np.float32),
+                                                "advantages": rng.normal(0, 1, n - 1).astype(np.float32)}))
+    return data
+
+
+def _calls(tc: Any, during: threading.Event | None = None) -> list[Any]:
+    """forward_backward, optim_step, two forward_backward (``during`` set as the second one is sent), an
+    optim_step and a forward: what each gave."""
+    from tinker import types
+
+    step = types.AdamParams(learning_rate=1e-2)
+    seen = [tc.forward_backward(_data(1), "ppo").result(), tc.optim_step(step).result(),
+            tc.forward_backward(_data(2), "ppo").result()]
+    future = tc.forward_backward(_data(3, count=12), "ppo")
+    if during is not None:
+        during.set()
+    seen += [future.result(), tc.optim_step(step).result(), tc.forward(_data(4), "ppo").result()]
+    return [(s.metrics, [o["logprobs"].to_numpy().tolist() for o in s.loss_fn_outputs]) if hasattr(s, "loss_fn_outputs")
+            else s.metrics for s in seen]
+
+
+def test_a_rank_killed_mid_request_leaves_the_client_results_unchanged(served_two: Any) -> None:
+    import tinker
+
+    client = tinker.ServiceClient(base_url=served_two.url, api_key=KEY)
+    uninterrupted = client.create_lora_training_client(base_model=BASE, rank=4, seed=31).result()
+    killed = client.create_lora_training_client(base_model=BASE, rank=4, seed=31).result()
+    trainer = held(served_two, killed.model_id)[1]
+    before = list(trainer.ranks.recoveries)
+    victim = trainer.ranks.infos[1]["pid"]
+    during = threading.Event()
+
+    def kill() -> None:
+        during.wait(120)
+        time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    got = _calls(killed, during)
+    killer.join()
+    expected = _calls(uninterrupted)
+    recoveries = trainer.ranks.recoveries[len(before):]
+    assert len(recoveries) == 1 and recoveries[0].died.startswith("trainer rank 1")
+    assert trainer.ranks.infos[1]["pid"] != victim
+    assert repr(got) == repr(expected)  # every loss, log-prob and norm, bit for bit
+    for name in ("adapter_state", "optimizer_state", "gradients"):
+        mine, theirs = (getattr(trainer, name)(held(served_two, tc.model_id)[0]) for tc in (killed, uninterrupted))
+        assert repr(_flat(mine)) == repr(_flat(theirs)), name
+    client.close("success")
+
+
+def _flat(value: Any) -> Any:
+    """Tensors as lists of their values, to compare nested states whole."""
+    if isinstance(value, dict):
+        return {k: _flat(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
