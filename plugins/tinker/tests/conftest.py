@@ -51,7 +51,8 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = Non
         try:
             loop.run_until_complete(server_module.serve_async(
                 [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0,
-                Limits(max_batch_tokens=max_batch_tokens),
+                # one key serves every test of the session: room for all their models
+                Limits(max_batch_tokens=max_batch_tokens, max_runs_per_client=256),
                 announce=lambda line: None, started=lambda s: box.setdefault("server", s), ranks=ranks))
         finally:
             server_module.Service = real
