@@ -43,6 +43,7 @@ from toolrl.seeds import unseeded
 if TYPE_CHECKING:
     import torch
 
+    from toolrl.config import AdapterConfig
     from toolrl.engines.transformers.decoding import sample
     from toolrl.engines.transformers.kv_store import KVBatch, prefill_sources
     from toolrl.modeling.packed_linears import PackedLinears
@@ -92,6 +93,10 @@ class TransformersEngineConfig(BaseModel):
         "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.transformers.static_decode), "
         "captured as CUDA graphs on CUDA; eager: the growing buffers; auto: static on CUDA for a text model "
         "that records no routes, else eager.")
+    max_adapters: int | None = Field(None, ge=1, description="Adapter slots: of the adapters added at run time "
+                                     "(add_adapter), at most this many resident in the model, the least recently used "
+                                     "others in host memory until a request names them (engines.transformers."
+                                     "adapter_slots); a step's rows name at most this many. None: all resident.")
     packed_linears: bool = Field(False, description="A CPU engine with float32 weights: forwards of 2+ rows run "
                                  "their linear layers through oneDNN on weights packed for it "
                                  "(modeling.packed_linears: a 4-row decode step's linears 1.3-1.5x faster), at the "
@@ -117,6 +122,7 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
+        from toolrl.engines.transformers.adapter_slots import AdapterSlots
         from toolrl.engines.transformers.kv_store import SessionStore
         from toolrl.engines.transformers.vision import PromptVision
         from toolrl.modeling.expert_routing import ExpertRouting
@@ -134,8 +140,9 @@ class TransformersEngine(RolloutEngine):
         # record_routes: the routers' hooks; the step runner records each forward's expert ids.
         self._routing = ExpertRouting(model) if config.record_routes else None
         self._packed = PackedLinears(model) if config.packed_linears else None  # kept across step runners
+        self._slots = AdapterSlots(model, config.max_adapters)  # adapters added at run time
         self._choose_steps()
-        self._scheduler = Scheduler(config.max_batch_size)
+        self._scheduler = Scheduler(config.max_batch_size, config.max_adapters)
         self._batch = KVBatch()
         self._sessions = SessionStore(model, config.reuse_kv_cache, config.max_sessions, self._new_weights)
         # Held while the model runs; weight updates wait for it (reentrant: update_weights takes it again).
@@ -196,7 +203,8 @@ class TransformersEngine(RolloutEngine):
                        adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        self._adapters.index(adapter)  # checked now; each step routes its rows by name
+        if adapter not in self._slots.host:  # checked now (an evicted one is brought back by its step)
+            self._adapters.index(adapter)  # each step routes its rows by name
         if images and self.vision is None:
             raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
@@ -219,7 +227,8 @@ class TransformersEngine(RolloutEngine):
         per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        self._adapters.one_policy("scores prompts", adapter)
+        if adapter not in self._slots.host:
+            self._adapters.one_policy("scores prompts", adapter)
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
@@ -229,6 +238,7 @@ class TransformersEngine(RolloutEngine):
     def _score(self, prompts: list[list[int]], top: int, starts: list[int], adapter: str | None) -> list[PromptLogprobs]:
         # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
+            self._bring({adapter})
             return self._runner.score(prompts, top, starts, self.config.max_batch_size, adapter)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
@@ -244,6 +254,8 @@ class TransformersEngine(RolloutEngine):
         # module shared with the trainer); updating_weights holds decoding meanwhile.
         own = self._weights_by_name
         if name not in own:
+            if self._slots.write(name, shape, start, rows):  # an adapter evicted to host memory
+                return
             raise KeyError(f"a weight update sent {name!r}, which the model does not have")
         if tuple(own[name].shape) != tuple(shape):
             raise ValueError(f"a weight update sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
@@ -260,13 +272,36 @@ class TransformersEngine(RolloutEngine):
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
-        # Its new modules start in training mode (adapter dropout): the engine only samples.
         with self._step_lock:
             inject(self.model)
-            self.model.requires_grad_(False).eval()
-            self.__dict__.pop("_weights_by_name", None)
-            self._choose_steps()  # new modules: a static runner's graphs read the old ones
+            self._adapters_changed()
             self._sessions.invalidate()
+
+    def add_adapter(self, name: str, config: AdapterConfig) -> None:
+        with self._step_lock:
+            self._slots.add(name, config)
+            self._adapters_changed()
+
+    def remove_adapter(self, name: str) -> None:
+        with self._step_lock:
+            if self._slots.remove(name):
+                self._adapters_changed()
+            self._sessions.invalidate()  # its KV: a later adapter of that name is another
+
+    def adapters(self) -> list[str]:
+        return self._slots.names()
+
+    def _bring(self, needed: set[str | None]) -> None:
+        """Under the step lock: the adapters ``needed`` resident (evicted ones brought back)."""
+        if self._slots.bring(needed):
+            self._adapters_changed()
+
+    def _adapters_changed(self) -> None:
+        """Under the step lock, after adapters were put into the model or taken out. peft's new modules start in
+        training mode (adapter dropout): the engine only samples."""
+        self.model.requires_grad_(False).eval()
+        self.__dict__.pop("_weights_by_name", None)
+        self._choose_steps()  # new modules: a static runner's graphs read the old ones
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:
@@ -310,6 +345,7 @@ class TransformersEngine(RolloutEngine):
             try:
                 if cancelled:
                     self._keep(batch, [i for i, r in enumerate(batch.rows) if id(r.req) not in cancelled], [])
+                self._bring({r.req.adapter for r in batch.rows} | {req.adapter for req in admitted})
                 if batch.rows:
                     self._advance(batch, self._decode(batch), finished)
                 if admitted:
