@@ -69,16 +69,24 @@ def register_commands(cli: click.Group) -> None:
                   help="Saved weight sets a training run keeps on the sampler (older ones reload from file).")
     @click.option("--max-runs-per-client", type=click.IntRange(min=1), default=16, show_default=True,
                   help="Training runs one API key may hold at once.")
+    @click.option("--sampler", type=click.Choice(["auto", "transformers", "vllm"]), default="auto", show_default=True,
+                  help="The sampler's engine: vllm (its plugin and vLLM installed: each saved weight set a vLLM LoRA "
+                       "adapter), transformers (toolrl's, on packed linears), auto: vllm where installed.")
+    @click.option("--sampler-slots", type=click.IntRange(min=1), default=32, show_default=True,
+                  help="Saved weight sets resident on the sampler's engine at once (transformers max_adapters, vLLM "
+                       "max_loras); the least recently used others wait in host memory.")
     @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Trainer ranks: only 1 is served (see the README).")
     def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys: tuple[str, ...],
-              max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int, world_size: int) -> None:
+              max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int, sampler: str,
+              sampler_slots: int, world_size: int) -> None:
         """Serve the Tinker API on the given base models (LoRA training clients, sampling)."""
         import asyncio
         from pathlib import Path
 
         from toolrl.cli import UsageFailure, user_errors
 
+        from toolrl_tinker.sampler import engine_name
         from toolrl_tinker.server import serve_async
         from toolrl_tinker.service import Limits
 
@@ -89,8 +97,8 @@ def register_commands(cli: click.Group) -> None:
         if not keys:
             raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
         limits = Limits(max_batch_tokens=max_batch_tokens, micro_batch_tokens=micro_batch_tokens,
-                        max_samplers=max_samplers,
-                        max_runs_per_client=max_runs_per_client)
+                        max_samplers=max_samplers, max_runs_per_client=max_runs_per_client,
+                        sampler=engine_name(sampler), sampler_slots=sampler_slots)
 
         def run() -> None:
             asyncio.run(serve_async(list(bases), Path(state_dir), keys, host, port, limits,

@@ -6,13 +6,15 @@ directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), route
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from toolrl_tinker.requests import UserError
 
 # LoRA's scale numerator: the update is ALPHA / rank * B @ A.
 ALPHA = 32.0
-# The sampler's adapter of zeros that stands for the base model itself.
+# The sampler's adapter that stands for the base model itself: rank 1 on every linear a client may adapt,
+# never sent tensors (lora_B zero).
 BASE_ADAPTER = "base"
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -39,7 +41,8 @@ def sampler_name(path: str) -> str:
     return adapter_name("s", path)
 
 
-def _config(rank: int, targets: list[str], frozen: bool = False) -> Any:
+def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
+    """A client's LoRA settings as toolrl's adapter config (an engine's :meth:`add_adapter` takes it too)."""
     from toolrl.config import AdapterConfig
 
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
@@ -49,30 +52,7 @@ def add(model: Any, name: str, rank: int, targets: list[str], seed: int | None) 
     """A trained adapter ``name`` (peft's init: A random from ``seed``, 0 when None, B zero)."""
     from toolrl.modeling.adapters import add_adapter
 
-    add_adapter(model, name, _config(rank, targets), seed=0 if seed is None else seed)
-
-
-def add_frozen(model: Any, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
-    """A frozen adapter ``name`` holding ``state`` (:func:`state`'s tensors); nothing when ``model``
-    holds ``name`` already."""
-    from toolrl.modeling.adapters import add_adapter
-
-    if holds(model, name):
-        return
-    add_adapter(model, name, _config(rank, targets, frozen=True))
-    load(model, name, state)
-
-
-def add_zero(model: Any) -> None:
-    """:data:`BASE_ADAPTER`: an adapter of zeros on every linear a client may adapt (the base model)."""
-    import torch
-    from toolrl.config import AdapterConfig
-    from toolrl.modeling.adapters import add_adapter
-
-    add_adapter(model, BASE_ADAPTER, AdapterConfig(r=1, alpha=1.0, target_modules=ATTN + MLP, frozen=True))
-    with torch.no_grad():
-        for p in parameters(model, BASE_ADAPTER):
-            p.zero_()
+    add_adapter(model, name, config(rank, targets), seed=0 if seed is None else seed)
 
 
 def remove(model: Any, name: str) -> None:
@@ -100,6 +80,12 @@ def state(model: Any, name: str) -> dict[str, Any]:
     from toolrl.modeling.adapters import adapter_state
 
     return adapter_state(model, name)
+
+
+def named_for(tensors: dict[str, Any], name: str) -> dict[str, Any]:
+    """An adapter's tensors (:func:`state`'s) under the names an engine takes them for adapter ``name``: the
+    trainer's (``...q_proj.lora_A.<name>.weight``)."""
+    return {re.sub(r"(\.lora_[^.]+)\.", rf"\1.{name}.", key, count=1): t for key, t in tensors.items()}
 
 
 def load(model: Any, name: str, tensors: dict[str, Any]) -> None:

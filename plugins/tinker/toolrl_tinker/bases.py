@@ -22,8 +22,9 @@ class Base:
     sampler: Sampler
 
     @classmethod
-    def load(cls, name: str, keep: int = 4) -> Base:
+    def load(cls, name: str, keep: int = 4, sampler: str = "transformers", slots: int = 32, max_rank: int = 64) -> Base:
         """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id) loaded twice; the sampler
-        keeps ``keep`` weight sets per run."""
+        (engine ``sampler``, ``slots`` adapters resident, ranks up to ``max_rank``) keeps ``keep`` weight sets per run."""
         path = resolve_source(ModelConfig(source=ALIASES.get(name, name)))
-        return cls(name, path, Trainer(path), Sampler(path, load_tokenizer(path), keep))
+        return cls(name, path, Trainer(path), Sampler(path, load_tokenizer(path), keep, sampler, slots=slots,
+                                                       max_rank=max_rank))

@@ -38,6 +38,8 @@ class Limits:
     max_samplers: int = 4
     max_runs_per_client: int = 16
     max_rank: int = 64
+    sampler: str = "transformers"  # the sampler's engine (toolrl_tinker.sampler.ENGINES)
+    sampler_slots: int = 32  # adapters resident on the sampler's engine
 
 
 def owner_of(api_key: str) -> str:
@@ -59,7 +61,8 @@ class Service:
 
     async def load_bases(self) -> None:
         for name in self.base_names:
-            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers)
+            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, self.limits.sampler,
+                                                       self.limits.sampler_slots, self.limits.max_rank)
 
     def base(self, name: str) -> Base:
         if name not in self.bases:
