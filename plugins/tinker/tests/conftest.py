@@ -32,7 +32,8 @@ class Served:
         self.thread.join(30)
 
 
-def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
+def start_server(state_dir: Path, max_batch_tokens: int = 4096, **limits: Any) -> Served:
+    """``limits``: more of the service's :class:`~toolrl_tinker.service.Limits` (the sampler's engine...)."""
     from toolrl_tinker import server as server_module
     from toolrl_tinker.service import Limits
 
@@ -50,7 +51,7 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096) -> Served:
         server_module.Service = Kept
         try:
             loop.run_until_complete(server_module.serve_async(
-                [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0, Limits(max_batch_tokens=max_batch_tokens),
+                [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0, Limits(max_batch_tokens=max_batch_tokens, **limits),
                 announce=lambda line: None, started=lambda s: box.setdefault("server", s)))
         finally:
             server_module.Service = real

@@ -64,6 +64,11 @@ class Service:
             self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, self.limits.sampler,
                                                        self.limits.sampler_slots, self.limits.max_rank)
 
+    async def close(self) -> None:
+        """The samplers' engines shut down (vLLM's processes end with them)."""
+        for base in self.bases.values():
+            await base.sampler.engine.close()
+
     def base(self, name: str) -> Base:
         if name not in self.bases:
             raise UserError(f"unknown base model {name!r}: this server holds {', '.join(self.base_names)}")
