@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -22,6 +23,8 @@ def _serve(*args: str, key: str | None = None) -> subprocess.CompletedProcess[st
 @pytest.mark.parametrize(("args", "key", "says"), [
     ((), None, "an API key is required"),
     (("--world-size", "2"), "tml-k", "several trainer ranks are not served"),
+    pytest.param(("--sampler", "vllm"), "tml-k", "--sampler vllm: vLLM is not installed here",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
 ])
 def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str) -> None:
     done = _serve(*args, key=key)

