@@ -50,6 +50,8 @@ single_thread()
 import numpy as np  # noqa: E402
 
 KEY = "tml-benchmark-key"
+# The clients (or adapters) the sampling rates compare: one against each of the others.
+CLIENTS = (1, 4, 32)
 
 
 def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
@@ -70,7 +72,8 @@ def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], st
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", base, "--port", str(port),
-                             "--state-dir", state_dir, "--max-batch-tokens", "1000000"], env=env,
+                             "--state-dir", state_dir, "--max-batch-tokens", "1000000",
+                             "--max-runs-per-client", str(max(CLIENTS))], env=env,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -167,10 +170,6 @@ def local_samplers(local: Any, runs: list[Any]) -> list[str]:
         local.sampler.put(run.model_id, f"sampler_{i}", run.rank, run.targets, local.trainer.adapter_state(run))
         names.append(f"sampler_{i}")
     return names
-
-
-# The clients (or adapters) the sampling rates compare: one against each of the others.
-CLIENTS = (1, 4, 32)
 
 
 def alternated(rate: Callable[[int, int], float], requests: int, rounds: int) -> dict[int, list[float]]:

@@ -13,13 +13,13 @@ paths (the same values up to the floating-point summation order):
 - every token through one adapter (a piece of one role; an engine batch of one role): peft's own
   ``B(A(dropout(x))) * scaling``;
 - in a forward that records no gradient (an engine's), tokens of several adapters in groups of similar
-  size (a decode step, one row or ``n`` rows per client; a prefill of similar prompts): grouped, each adapter's tokens gathered into a row of a
-  ``[k, m, in]`` batch (padded to the largest group, ``m``) and the k adapters' ``A`` and ``B`` stacked
-  (``[k, in, r]``, ``[k, r, out]``, ranks padded with zeros, the scaling folded into ``B``), two batched
-  matmuls a layer whatever k, each token's product with its own adapter only (32 clients' rows in a
-  step: 1/32 of the work of one matrix of every adapter's columns). Taken while the padding at most
-  doubles the tokens (few tokens: always; an engine keeps the stacked weights between steps:
-  ``keep_stacked``);
+  size (a decode step, one row or ``n`` rows per client; a prefill of similar prompts): grouped, each
+  adapter's tokens gathered into a row of a ``[k, m, in]`` batch (padded to the largest group, ``m``) and
+  the k adapters' ``A`` and ``B`` stacked (``[k, in, r]``, ``[k, r, out]``, ranks padded with zeros, the
+  scaling folded into ``B``): two batched matmuls a layer whatever k, each token's product with its own
+  adapter only (32 clients' rows in a step: 1/32 of the work of one matrix of every adapter's columns,
+  the stacked path this one replaced). Taken while the padding at most doubles the tokens (few tokens:
+  always; an engine keeps the stacked weights between steps: ``keep_stacked``);
 - otherwise (training: gradients flow to each adapter's own tensors; groups too uneven, a long prefill
   beside short ones; dropout active): per adapter, its tokens gathered, its delta computed and added
   back at their places.

@@ -118,17 +118,27 @@ class Sampler:
         with self._use:
             self._doomed.discard(name)
             if not self.holds(name):
-                with self.engine.updating_weights(self.engine.weight_version):
-                    self.engine.add_adapter(name, adapters.config(rank, targets, frozen=True))
-                    for key, tensor in adapters.named_for(state, name).items():
-                        self.engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
-                    self.engine.finish_weight_rows()
+                self._add(name, rank, targets, state)
             kept = self.kept.setdefault(run, [])
             if name in kept:
                 kept.remove(name)
             kept.append(name)
             while len(kept) > self.keep:
                 self._drop(kept.pop(0))
+
+    def _add(self, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
+        """Adapter ``name`` on the engine holding ``state``, as a weight update brings it; none on failure (an
+        adapter without its tensors would sample the base model)."""
+        try:
+            with self.engine.updating_weights(self.engine.weight_version):
+                self.engine.add_adapter(name, adapters.config(rank, targets, frozen=True))
+                for key, tensor in adapters.named_for(state, name).items():
+                    self.engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
+                self.engine.finish_weight_rows()
+        except BaseException:
+            if self.holds(name):
+                self.engine.remove_adapter(name)
+            raise
 
     def release(self, run: str) -> None:
         """Every weight set ``run`` keeps off the engine (each once its requests end)."""

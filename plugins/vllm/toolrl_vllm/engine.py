@@ -34,6 +34,12 @@
   ``model.lora`` every request carries the adapter; under ``model.adapters`` each request names its
   role's (``generate(..., adapter=role)``) and vLLM batches requests of different adapters together.
   Linked transports then take the adapters in this process (they are small), not in vLLM's worker.
+- Adapters added at run time (``add_adapter``: a service's clients, ``toolrl tinker serve --sampler vllm``):
+  each its own LoRA id, its tensors arriving as any adapter update's (rows, written as a peft directory),
+  the first time without pausing the requests in flight (none carries it yet); ``remove_adapter`` takes it
+  off vLLM and deletes its directories. vLLM's own cache bounds them: ``max_loras`` on the device (a batch
+  names at most that many), ``max_cpu_loras`` in host memory, beyond which it reads an adapter's directory
+  again when a request names it. ``prompt_logprobs(adapter=)`` scores prompts under one.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 

@@ -34,6 +34,7 @@ from toolrl.engines import (
     rows_of,
     score_starts,
 )
+from toolrl.engines.transformers.adapter_slots import AdapterSlots
 from toolrl.engines.transformers.scheduler import Request, Scheduler
 from toolrl.engines.transformers.scheduler import Row as _Row
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
@@ -70,6 +71,23 @@ def static_steps(decode: str, cuda: bool, vision: bool, routes: bool, adapters: 
         raise ValueError("decode: static takes a text model that records no routes (record_routes: false) "
                          "and serves no adapter per role (model.adapters)")
     return decode == "static" or (decode == "auto" and cuda and not (vision or routes or adapters))
+
+
+def check_run_facts(facts: RunFacts) -> None:
+    """The engine's run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
+    experts are recorded only where a model has them, static decode takes the model's rows, and packed
+    linears a CPU engine's float32 weights."""
+    check_model_dir(facts.model_dir, "the transformers engine", facts.config)
+    options = facts.config.engine.options
+    if options.get("record_routes") and not facts.experts:
+        raise ValueError(f"record_routes: {facts.model_dir} is a dense model (its config.json names no experts): "
+                         "there are no routed experts to record")
+    static_steps(options.get("decode", "auto"), False, "vision_config" in facts.model_config,
+                 bool(options.get("record_routes")), bool(facts.config.model.adapters))
+    if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
+        from toolrl.modeling.packed_linears import PackedLinears
+        device = str(options.get("device", "auto"))
+        PackedLinears.check("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
 
 
 class TransformersEngineConfig(BaseModel):
@@ -122,7 +140,6 @@ class TransformersEngine(RolloutEngine):
 
     def __init__(self, model: Any, tokenizer: Any, config: TransformersEngineConfig,
                  tokenizer_path: str | None = None, processor: Any = None) -> None:
-        from toolrl.engines.transformers.adapter_slots import AdapterSlots
         from toolrl.engines.transformers.kv_store import SessionStore
         from toolrl.engines.transformers.vision import PromptVision
         from toolrl.modeling.expert_routing import ExpertRouting
@@ -140,7 +157,7 @@ class TransformersEngine(RolloutEngine):
         # record_routes: the routers' hooks; the step runner records each forward's expert ids.
         self._routing = ExpertRouting(model) if config.record_routes else None
         self._packed = PackedLinears(model) if config.packed_linears else None  # kept across step runners
-        self._slots = AdapterSlots(model, config.max_adapters)  # adapters added at run time
+        self._slots = AdapterSlots(model, config.max_adapters, self._adapters_changed)  # adapters added at run time
         self._choose_steps()
         self._scheduler = Scheduler(config.max_batch_size, config.max_adapters)
         self._batch = KVBatch()
@@ -165,20 +182,7 @@ class TransformersEngine(RolloutEngine):
 
     @classmethod
     def check_run(cls, facts: RunFacts) -> list[str]:
-        """The run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
-        experts are recorded only where a model has them, static decode takes the model's rows, and packed
-        linears a CPU engine's float32 weights."""
-        check_model_dir(facts.model_dir, "the transformers engine", facts.config)
-        options = facts.config.engine.options
-        if options.get("record_routes") and not facts.experts:
-            raise ValueError(f"record_routes: {facts.model_dir} is a dense model (its config.json names no experts): "
-                             "there are no routed experts to record")
-        static_steps(options.get("decode", "auto"), False, "vision_config" in facts.model_config,
-                     bool(options.get("record_routes")), bool(facts.config.model.adapters))
-        if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
-            from toolrl.modeling.packed_linears import PackedLinears
-            device = str(options.get("device", "auto"))
-            PackedLinears.check("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
+        check_run_facts(facts)
         return []
 
     @classmethod
@@ -203,8 +207,7 @@ class TransformersEngine(RolloutEngine):
                        adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        if adapter not in self._slots.host:  # checked now (an evicted one is brought back by its step)
-            self._adapters.index(adapter)  # each step routes its rows by name
+        self._slots.check(self._adapters, adapter)  # now; each step routes its rows by name
         if images and self.vision is None:
             raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
@@ -227,8 +230,7 @@ class TransformersEngine(RolloutEngine):
         per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        if adapter not in self._slots.host:
-            self._adapters.one_policy("scores prompts", adapter)
+        self._slots.check(self._adapters, adapter, "scores prompts")
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
@@ -238,7 +240,7 @@ class TransformersEngine(RolloutEngine):
     def _score(self, prompts: list[list[int]], top: int, starts: list[int], adapter: str | None) -> list[PromptLogprobs]:
         # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
-            self._bring({adapter})
+            self._slots.bring({adapter})
             return self._runner.score(prompts, top, starts, self.config.max_batch_size, adapter)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
@@ -280,25 +282,17 @@ class TransformersEngine(RolloutEngine):
     def add_adapter(self, name: str, config: AdapterConfig) -> None:
         with self._step_lock:
             self._slots.add(name, config)
-            self._adapters_changed()
 
     def remove_adapter(self, name: str) -> None:
         with self._step_lock:
-            if self._slots.remove(name):
-                self._adapters_changed()
+            self._slots.remove(name)
             self._sessions.invalidate()  # its KV: a later adapter of that name is another
 
     def adapters(self) -> list[str]:
         return self._slots.names()
 
-    def _bring(self, needed: set[str | None]) -> None:
-        """Under the step lock: the adapters ``needed`` resident (evicted ones brought back)."""
-        if self._slots.bring(needed):
-            self._adapters_changed()
-
     def _adapters_changed(self) -> None:
-        """Under the step lock, after adapters were put into the model or taken out. peft's new modules start in
-        training mode (adapter dropout): the engine only samples."""
+        # Adapters went into the model or out of it. peft's new modules start in training mode (adapter dropout).
         self.model.requires_grad_(False).eval()
         self.__dict__.pop("_weights_by_name", None)
         self._choose_steps()  # new modules: a static runner's graphs read the old ones
@@ -345,7 +339,7 @@ class TransformersEngine(RolloutEngine):
             try:
                 if cancelled:
                     self._keep(batch, [i for i, r in enumerate(batch.rows) if id(r.req) not in cancelled], [])
-                self._bring({r.req.adapter for r in batch.rows} | {req.adapter for req in admitted})
+                self._slots.bring({r.req.adapter for r in batch.rows} | {req.adapter for req in admitted})
                 if batch.rows:
                     self._advance(batch, self._decode(batch), finished)
                 if admitted:
@@ -353,7 +347,7 @@ class TransformersEngine(RolloutEngine):
                         req.weight_version = self.weight_version
                     new, logits = self._prefill(admitted)
                     self._advance(new, logits, finished)
-                    self._merge(batch, new)
+                    self._batch = batch.merge(new, self.config.max_batch_size, self._capacity)
             except Exception:
                 self._batch = KVBatch()
                 raise
@@ -361,7 +355,7 @@ class TransformersEngine(RolloutEngine):
     def _decode(self, batch: KVBatch) -> torch.Tensor:
         ids = torch.tensor([[r.next_token] for r in batch.rows], device=self.device)
         # The step's rows get their slots before its column is marked.
-        self._reserve(batch, batch.length + 1, self._runner.slots(len(batch.rows)))
+        batch.reserve(batch.length + 1, self._runner.slots(len(batch.rows)), self._capacity)
         batch.mask[:, batch.length] = True
         logits = self._runner.decode(batch, ids)
         self.stats.steps += 1
@@ -435,12 +429,6 @@ class TransformersEngine(RolloutEngine):
         for i, row in done:
             self._sessions.save(row, batch, i)
         batch.keep(keep, self._capacity)
-
-    def _merge(self, batch: KVBatch, new: KVBatch) -> None:
-        self._batch = batch.merge(new, self.config.max_batch_size, self._capacity)
-
-    def _reserve(self, batch: KVBatch, needed: int, slots: int = 0) -> None:
-        batch.reserve(needed, slots, self._capacity)
 
     def _capacity(self, columns: int) -> int:
         return self._runner.capacity(columns)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrl.engines import rows_of
@@ -29,19 +29,33 @@ from toolrl.modeling.adapters import (
 
 if TYPE_CHECKING:
     from toolrl.config import AdapterConfig
+    from toolrl.modeling.adapter_routing import RowAdapters
 
 
 class AdapterSlots:
-    """The run-time adapters of one engine's ``model``: resident ones by last use, evicted ones with their tensors."""
+    """The run-time adapters of one engine's ``model``: resident ones by last use, evicted ones with their
+    tensors. ``changed`` is called (under the engine's step lock, as every call here) once adapters went
+    into the model or out of it."""
 
-    def __init__(self, model: Any, slots: int | None) -> None:
-        self.model, self.slots = model, slots
+    def __init__(self, model: Any, slots: int | None, changed: Callable[[], None]) -> None:
+        self.model, self.slots, self.changed = model, slots, changed
         self.configs: dict[str, AdapterConfig] = {}  # every run-time adapter, resident or not
         self.resident: OrderedDict[str, None] = OrderedDict()  # least recently used first
         self.host: dict[str, dict[str, Any]] = {}  # evicted: adapter_state's tensors, on the host
 
     def names(self) -> list[str]:
         return adapter_names(self.model) + list(self.host)
+
+    def check(self, rows: RowAdapters, adapter: str | None, work: str = "") -> None:
+        """A request's ``adapter`` checked against the model's (``rows``; ``work``: it runs every row under
+        one policy, :meth:`~toolrl.modeling.adapter_routing.RowAdapters.one_policy`); an evicted one passes,
+        brought back by the step that needs it."""
+        if adapter in self.host:
+            return
+        if work:
+            rows.one_policy(work, adapter)
+        else:
+            rows.index(adapter)
 
     def add(self, name: str, config: AdapterConfig) -> None:
         """``name`` resident (``lora_B`` zero), the least recently used evicted to make room."""
@@ -51,20 +65,21 @@ class AdapterSlots:
         add_adapter(self.model, name, config.model_copy(update={"frozen": True}))
         self.configs[name] = config
         self.resident[name] = None
+        self.changed()
 
-    def remove(self, name: str) -> bool:
-        """``name`` gone, resident or evicted; whether the model changed."""
+    def remove(self, name: str) -> None:
+        """``name`` gone, resident or evicted."""
         if self.host.pop(name, None) is not None:
             del self.configs[name]
-            return False
+            return
         remove_adapter(self.model, name)  # ValueError for an adapter it does not hold
         self.configs.pop(name, None)
         self.resident.pop(name, None)
-        return True
+        self.changed()
 
-    def bring(self, needed: set[Any]) -> bool:
+    def bring(self, needed: set[Any]) -> None:
         """The adapters of ``needed`` (names, None for none) resident and the most recently used, others
-        evicted for them; whether the model changed. ``needed`` holds at most ``slots`` run-time adapters."""
+        evicted for them. ``needed`` holds at most ``slots`` run-time adapters."""
         for name in needed & self.resident.keys():
             self.resident.move_to_end(name)
         missing = [n for n in self.host if n in needed]
@@ -73,7 +88,8 @@ class AdapterSlots:
             add_adapter(self.model, name, self.configs[name].model_copy(update={"frozen": True}))
             load_adapter_state(self.model, name, self.host.pop(name))
             self.resident[name] = None
-        return bool(missing)
+        if missing:
+            self.changed()
 
     def write(self, name: str, shape: Sequence[int], start: int, rows: Any) -> bool:
         """Rows of weight ``name`` into an evicted adapter's tensors (a sync that finds it evicted); whether
