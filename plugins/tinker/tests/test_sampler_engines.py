@@ -3,7 +3,7 @@ client's request finds its adapter evicted by the last one's): toolrl's transfor
 where it is installed (the vllm plugin's nox session runs this module's vLLM tests). Sample and
 compute_logprobs give the client's forward's log-probs (transformers 1e-5, vLLM 1e-4: its own attention
 and LoRA kernels, float32 too), and a client evicted from the engine's adapter slots samples exactly as
-it did before (greedy tokens and log-probs)."""
+it did before (greedy tokens and log-probs); the engine contract's adapters at run time, on each engine."""
 
 from __future__ import annotations
 
@@ -21,14 +21,21 @@ VLLM = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM
 
 
 @pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=VLLM)])
-def engine_client(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    s = start_server(tmp_path_factory.mktemp("tinker-state"), sampler=request.param, sampler_slots=1)
+    yield s
+    s.stop()
+
+
+def tinker_client(served: Any) -> Any:
     import tinker
 
-    served = start_server(tmp_path_factory.mktemp("tinker-state"), sampler=request.param, sampler_slots=1)
-    try:
-        yield request.param, tinker.ServiceClient(base_url=served.url, api_key=KEY)
-    finally:
-        served.stop()
+    return tinker.ServiceClient(base_url=served.url, api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def engine_client(served: Any) -> tuple[str, Any]:
+    return served.service.limits.sampler, tinker_client(served)
 
 
 def test_sample_logprobs_equal_forward(engine_client: tuple[str, Any]) -> None:
@@ -56,3 +63,42 @@ def test_an_evicted_client_samples_as_never_evicted(engine_client: tuple[str, An
     first = [answers(s) for s in samplers]
     assert first[0] != first[1]  # the clients' adapters differ where it shows
     assert [answers(s) for s in reversed(samplers)] == first[::-1]
+
+
+
+def test_adapters_come_and_go_through_the_engine_contract(served: Any) -> None:
+    """add_adapter, the tensors as rows, adapters, remove_adapter on the sampler's engine itself: an adapter
+    added but sent no tensors samples the base model, one sent a client's tensors as that client's sampler
+    does, and one removed is gone (refused by name)."""
+    import asyncio
+
+    from tinker import types
+    from toolrl.engines import SamplingParams
+    from toolrl_tinker import adapters
+
+    client = tinker_client(served)
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=31).result()
+    _warm(tc)
+    (seq,) = tc.save_weights_and_get_sampling_client().result().sample(
+        types.ModelInput.from_ints(TOKENS), 1, types.SamplingParams(max_tokens=4, temperature=0.0, stop=[])
+    ).result().sequences
+    run = served.service.runs[tc.model_id]
+    state = served.service.bases[BASE].trainer.adapter_state(run)
+    engine = served.service.bases[BASE].sampler.engine
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+
+    def tokens(adapter: str) -> list[int]:  # on the server's event loop, as its requests run
+        gen = asyncio.run_coroutine_threadsafe(engine.generate(TOKENS, greedy, adapter=adapter), served.loop)
+        return gen.result(300)[0].token_ids
+
+    engine.add_adapter("probe", adapters.config(run.rank, run.targets))
+    assert "probe" in engine.adapters() and tokens("probe") == tokens(adapters.BASE_ADAPTER)
+    with engine.updating_weights(engine.weight_version):
+        for key, tensor in adapters.named_for(state, "probe").items():
+            engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
+        engine.finish_weight_rows()
+    assert tokens("probe") == seq.tokens
+    engine.remove_adapter("probe")
+    assert "probe" not in engine.adapters()
+    with pytest.raises(ValueError, match="unknown adapter 'probe'"):
+        tokens("probe")

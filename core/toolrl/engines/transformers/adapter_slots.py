@@ -52,6 +52,8 @@ class AdapterSlots:
         brought back by the step that needs it."""
         if adapter in self.host:
             return
+        if self.host and adapter is not None and adapter not in self.names():  # rows know the resident ones only
+            raise ValueError(f"unknown adapter {adapter!r}: the engine serves {', '.join(self.names())}")
         if work:
             rows.one_policy(work, adapter)
         else:
