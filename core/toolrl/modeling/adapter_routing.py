@@ -12,13 +12,17 @@ paths (the same values up to the floating-point summation order):
 
 - every token through one adapter (a piece of one role; an engine batch of one role): peft's own
   ``B(A(dropout(x))) * scaling``;
-- few tokens (an engine's decode step): the present adapters' ``A`` stacked into one ``[sum r, in]``
-  matrix and their ``B`` into one ``[out, sum r]`` (ranks may differ: nothing is padded), one matmul
-  each, with a ``[tokens, sum r]`` mask between them that keeps each token's own adapter's columns,
-  its scaling folded in. A step with k adapters then costs two matmuls a layer, not 2k (an engine
-  keeps the stacked weights between steps: ``keep_stacked``);
-- many tokens (training, a prefill), or dropout active: per adapter, its tokens gathered, its delta
-  computed and added back at their places.
+- in a forward that records no gradient (an engine's), tokens of several adapters in groups of similar
+  size (a decode step, one row or ``n`` rows per client; a prefill of similar prompts): grouped, each
+  adapter's tokens gathered into a row of a ``[k, m, in]`` batch (padded to the largest group, ``m``) and
+  the k adapters' ``A`` and ``B`` stacked (``[k, in, r]``, ``[k, r, out]``, ranks padded with zeros, the
+  scaling folded into ``B``): two batched matmuls a layer whatever k, each token's product with its own
+  adapter only (32 clients' rows in a step: 1/32 of the work of one matrix of every adapter's columns,
+  the stacked path this one replaced). Taken while the padding at most doubles the tokens (few tokens:
+  always; an engine keeps the stacked weights between steps: ``keep_stacked``);
+- otherwise (training: gradients flow to each adapter's own tensors; groups too uneven, a long prefill
+  beside short ones; dropout active): per adapter, its tokens gathered, its delta computed and added
+  back at their places.
 
 The routing state lives on the model's LoRA layers, so one routed forward runs at a time on a model.
 ``torch`` and ``peft`` are imported inside the functions.
@@ -35,13 +39,15 @@ if TYPE_CHECKING:
 
 # The attribute each routed LoRA layer holds: the _Route of the forward in progress, None outside one.
 _ROUTE = "_toolrl_route"
-# Its stacked weights kept between routed forwards without gradients: (key, A [sum r, in], B [out, sum r]).
+# Its stacked weights kept between routed forwards without gradients: (key, A^T [k, in, r], scaled B^T [k, r, out]).
 _STACK = "_toolrl_stack"
 # The model's routed layers, kept on it by route_adapters (a walk of a model with several adapters
 # passes thousands of modules: each adapter's A, B and dropout are modules of their own).
 _LAYERS = "_toolrl_routed_layers"
-# At most this many tokens in a forward take the stacked path; more take the per-adapter one.
-STACKED_MAX_TOKENS = 64
+# A forward of at most this many tokens takes the grouped path whatever its padding; a larger one while its
+# padded groups hold at most PAD_RATIO times its routed tokens, else the per-adapter path.
+GROUPED_ANY_TOKENS = 64
+PAD_RATIO = 2
 
 
 def adapter_names(model: torch.nn.Module) -> list[str]:
@@ -84,7 +90,7 @@ def routed(model: torch.nn.Module, adapter_ids: torch.Tensor, *, keep_stacked: b
 
     ``adapter_ids``: a LongTensor shaped as the forward's ``input_ids`` ``[B, T]`` (a token each) or
     as its rows ``[B]``, on the model's device; value i selects ``adapter_names(model)[i]``, -1 the
-    base weights only. ``keep_stacked``: forwards without gradients keep the stacked path's weights
+    base weights only. ``keep_stacked``: the grouped path keeps its stacked weights
     on the layers, checked by each parameter's version and storage: for a model whose weights are
     written in place or replaced as whole parameters (an engine's), not one whose parameters change
     under it otherwise (FSDP's gathered ones). Raises ValueError on a model not given adapters by
@@ -173,9 +179,10 @@ class _Route:
             raise ValueError(f"routed: adapter_ids hold values outside -1 .. {k - 1} (adapters {names})")
         self.base_tokens = counts[1]
         self.present = [names[i] for i in range(k) if counts[i + 2]]
+        self._counts = dict(zip(names, counts[2:], strict=False))
         self._flat = flat
         self._positions: dict[str, torch.Tensor] = {}
-        self._masks: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._groups: dict[tuple[str, ...], Any] = {}
 
     def add_delta(self, layer: Any, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         lora_a = layer.lora_A
@@ -189,15 +196,17 @@ class _Route:
         if len(here) == len(self.present) == 1 and not self.base_tokens:  # every token through one adapter
             return out + _delta(layer, here[0], x).to(out.dtype)
         x2, out2 = x.flatten(0, d - 1), out.flatten(0, d - 1)
-        if x2.numel() // x2.shape[-1] <= STACKED_MAX_TOKENS and not (
-                layer.training and any(_dropping(layer, n) for n in here)):
-            lora_b = layer.lora_B
-            weights = [(lora_a[n].weight, lora_b[n].weight) for n in here]
-            a, b = self._stacked(layer, here, weights)
-            mask = self._mask(here, [w.shape[0] for w, _ in weights], [layer.scaling[n] for n in here], a.dtype)
-            h = x2.to(a.dtype) @ a.T
-            delta = (h * mask.view(mask.shape[0], *[1] * (h.dim() - 2), mask.shape[1])) @ b.T
-            return out + delta.view(out.shape).to(out.dtype)
+        import torch
+
+        per = x2[0].numel() // x2.shape[-1]  # tokens an id routes (a row's, under ids [B])
+        if (not torch.is_grad_enabled() and not (layer.training and any(_dropping(layer, n) for n in here))
+                and (groups := self._grouped(tuple(here), per)) is not None):
+            index, positions, kept = groups  # each token times its own adapter's A and B: two batched matmuls
+            a, b = self._stacked(layer, here)
+            xg = x2.to(a.dtype).index_select(0, index.flatten()).view(len(here), -1, x2.shape[-1])  # [k, m (x row), in]
+            delta = torch.bmm(torch.bmm(xg, a), b).view(-1, *x2.shape[1:-1], b.shape[-1])
+            delta = (delta if kept is None else delta.index_select(0, kept)).to(out2.dtype)
+            return out2.index_add_(0, positions, delta).view(out.shape)  # the base output is this layer's own
         for name in here:  # per adapter: its tokens out, its delta back in at their places
             rows = self._rows(name)
             out2 = out2.index_add(0, rows, _delta(layer, name, x2.index_select(0, rows)).to(out2.dtype))
@@ -209,32 +218,42 @@ class _Route:
             self._positions[name] = (self._flat == self.names.index(name)).nonzero()[:, 0]
         return self._positions[name]
 
-    def _mask(self, here: list[str], ranks: list[int], scales: list[float], dtype: Any) -> torch.Tensor:
-        """``[tokens, sum r]``: each token's scaling on its own adapter's columns, zero elsewhere."""
+    def _grouped(self, here: tuple[str, ...], per: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """The grouped path's gathers for the ids of adapters ``here`` (each routing ``per`` tokens): ``[k, m]``
+        positions in the flattened ids (each adapter's, padded with its first), their positions without the
+        padding, and which of the ``k * m`` products to keep (None: all); None where the padding would more
+        than double the tokens."""
         import torch
 
-        key = (*here, *ranks, *scales, dtype)
-        if key not in self._masks:
-            device = self._flat.device
-            owner = torch.cat([torch.full((r,), self.names.index(n), device=device) for n, r in zip(here, ranks)])
-            scale = torch.cat([torch.full((r,), s, dtype=dtype, device=device) for s, r in zip(scales, ranks)])
-            self._masks[key] = (self._flat[:, None] == owner[None, :]).to(dtype) * scale
-        return self._masks[key]
+        if here not in self._groups:
+            sizes = [self._counts[n] for n in here]
+            m, ids = max(sizes), sum(sizes)
+            if ids * per > GROUPED_ANY_TOKENS and len(here) * m > PAD_RATIO * ids:
+                self._groups[here] = None
+            else:
+                rows = [self._rows(n) for n in here]
+                index = torch.stack([torch.cat([r, r[:1].expand(m - len(r))]) for r in rows])
+                kept = None if min(sizes) == m else torch.cat([torch.arange(len(r), device=r.device) + i * m
+                                                               for i, r in enumerate(rows)])
+                self._groups[here] = (index, torch.cat(rows), kept)
+        return self._groups[here]
 
-    def _stacked(self, layer: Any, here: list[str], weights: list[tuple[torch.Tensor, torch.Tensor]]
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The present adapters' ``A`` stacked ``[sum r, in]`` and ``B`` ``[out, sum r]``: from the
-        parameters (under gradients they flow to each); with ``keep_stacked`` and no gradients, kept on
-        the layer until one of them is written in place or replaced."""
+    def _stacked(self, layer: Any, here: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The adapters ``here``'s ``A^T`` stacked ``[k, in, r]`` and ``B^T`` times the scaling ``[k, r, out]``,
+        ranks padded with zeros to the largest; with ``keep_stacked``, kept on the layer until one of them is
+        written in place or replaced."""
         import torch
+        import torch.nn.functional as F
 
-        if not self.keep_stacked or torch.is_grad_enabled():
-            return torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1)
-        key = (*here, *((t._version, t.data_ptr(), t.dtype) for pair in weights for t in pair))
-        kept = layer.__dict__[_STACK]
+        weights = [(layer.lora_A[n].weight, layer.lora_B[n].weight, layer.scaling[n]) for n in here]
+        key = (*here, *((t._version, t.data_ptr(), t.dtype) for a, b, _ in weights for t in (a, b)))
+        kept = layer.__dict__[_STACK] if self.keep_stacked else None
         if kept is None or kept[0] != key:
-            kept = (key, torch.cat([a for a, _ in weights]), torch.cat([b for _, b in weights], dim=1))
-            object.__setattr__(layer, _STACK, kept)
+            r = max(a.shape[0] for a, _, _ in weights)
+            kept = (key, torch.stack([F.pad(a, (0, 0, 0, r - a.shape[0])).T for a, _, _ in weights]),
+                    torch.stack([F.pad(b * s, (0, r - b.shape[1])).T for _, b, s in weights]))
+            if self.keep_stacked:
+                object.__setattr__(layer, _STACK, kept)
         return kept[1], kept[2]
 
 

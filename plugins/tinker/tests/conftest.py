@@ -32,7 +32,8 @@ class Served:
         self.thread.join(30)
 
 
-def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None) -> Served:
+def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None, **limits: Any) -> Served:
+    """``limits``: more of the service's :class:`~toolrl_tinker.service.Limits` (the sampler's engine...)."""
     from toolrl_tinker import server as server_module
     from toolrl_tinker.service import Limits
 
@@ -52,7 +53,7 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = Non
             loop.run_until_complete(server_module.serve_async(
                 [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0,
                 # one key serves every test of the session: room for all their models
-                Limits(max_batch_tokens=max_batch_tokens, max_runs_per_client=256),
+                Limits(max_batch_tokens=max_batch_tokens, **{"max_runs_per_client": 256, **limits}),
                 announce=lambda line: None, started=lambda s: box.setdefault("server", s), ranks=ranks))
         finally:
             server_module.Service = real

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -19,10 +20,15 @@ def _serve(*args: str, key: str | None = None) -> subprocess.CompletedProcess[st
                           text=True, timeout=60)
 
 
-def test_a_refusal_is_one_line() -> None:
-    done = _serve()
+@pytest.mark.parametrize(("args", "key", "says"), [
+    ((), None, "an API key is required"),
+    pytest.param(("--sampler", "vllm"), "tml-k", "--sampler vllm: vLLM is not installed here",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
+])
+def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str) -> None:
+    done = _serve(*args, key=key)
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "an API key is required" in done.stderr and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow  # a cold interpreter importing torch and loading the base twice: ~50 s in a fresh venv

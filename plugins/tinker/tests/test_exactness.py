@@ -100,27 +100,38 @@ def test_forward_backward_equals_toolrl_step(client: Any, served: Any, loss_fn: 
         p.grad = None
 
 
-def test_sample_logprobs_equal_forward(service: Any) -> None:
+def forward_logprobs(tc: Any, tokens: list[int]) -> np.ndarray:
+    """The training client's log-probs of ``tokens[1:]`` (a forward, cross_entropy)."""
     from tinker import types
 
-    _, client = service
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": np.array(tokens[1:], np.int64)})
+    return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
+def check_sample_logprobs(client: Any, atol: float) -> None:
+    """A trained client's sampler: sample's and compute_logprobs' log-probs those of the client's forward
+    within ``atol``; the base model's sampler those of a fresh client (its adapter's B zero)."""
+    from tinker import types
+
     tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
     _warm(tc)
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = TOKENS[:6]
     res = sampler.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=6, seed=7)).result()
     for seq in res.sequences:
-        full = prompt + list(seq.tokens)
-        datum = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
-                            loss_fn_inputs={"target_tokens": np.array(full[1:], np.int64)})
-        lps = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
-        np.testing.assert_allclose(np.asarray(seq.logprobs), lps[len(prompt) - 1:], rtol=0, atol=1e-5)
+        lps = forward_logprobs(tc, prompt + list(seq.tokens))
+        np.testing.assert_allclose(np.asarray(seq.logprobs), lps[len(prompt) - 1:], rtol=0, atol=atol)
     scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
-    datum = types.Datum(model_input=types.ModelInput.from_ints(prompt[:-1]),
-                        loss_fn_inputs={"target_tokens": np.array(prompt[1:], np.int64)})
-    lps = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
     assert scored[0] is None
-    np.testing.assert_allclose(np.asarray(scored[1:], np.float32), lps, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(scored[1:], np.float32), forward_logprobs(tc, prompt), rtol=0, atol=atol)
+    fresh = client.create_lora_training_client(base_model=BASE, rank=4, seed=6).result()
+    base = client.create_sampling_client(base_model=BASE).result().compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()
+    np.testing.assert_allclose(np.asarray(base[1:], np.float32), forward_logprobs(fresh, TOKENS), rtol=0, atol=atol)
+
+
+def test_sample_logprobs_equal_forward(service: Any) -> None:
+    check_sample_logprobs(service[1], atol=1e-5)
 
 
 def test_optim_step_is_toolrl_adamw_bit_for_bit(service: Any) -> None:

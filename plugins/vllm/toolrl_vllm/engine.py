@@ -34,6 +34,12 @@
   ``model.lora`` every request carries the adapter; under ``model.adapters`` each request names its
   role's (``generate(..., adapter=role)``) and vLLM batches requests of different adapters together.
   Linked transports then take the adapters in this process (they are small), not in vLLM's worker.
+- Adapters added at run time (``add_adapter``: a service's clients, ``toolrl tinker serve --sampler vllm``):
+  each its own LoRA id, its tensors arriving as any adapter update's (rows, written as a peft directory),
+  the first time without pausing the requests in flight (none carries it yet); ``remove_adapter`` takes it
+  off vLLM and deletes its directories. vLLM's own cache bounds them: ``max_loras`` on the device (a batch
+  names at most that many), ``max_cpu_loras`` in host memory, beyond which it reads an adapter's directory
+  again when a request names it. ``prompt_logprobs(adapter=)`` scores prompts under one.
 - ``sleep`` drops the prefix cache; with ``sleep_level`` 1 or 2 it also puts vLLM to sleep (on GPU
   that frees weights and KV memory; vLLM's CPU worker keeps its memory), waking on the next call.
 
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -57,16 +64,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from toolrl.config import ConfigError
+from toolrl.config import AdapterConfig, ConfigError
 from toolrl.engines import (
     FinishReason,
     Generation,
     ModelSource,
+    PromptLogprobs,
     RolloutEngine,
     SamplingParams,
     check_request,
+    score_starts,
 )
 from toolrl.model_sources import check_model_dir
+from toolrl.modeling.adapters import add_adapter
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
 from toolrl_vllm.loop import LoopThread
@@ -81,6 +91,8 @@ NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_we
                 "shutdown_weight_transfer_engine", "pause_generation", "resume_generation")
 # The adapter ranks vLLM's LoRA support takes (vllm.config.lora.MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# The adapter name add_adapter's skeleton gets (its layout is then renamed for each adapter of that config).
+LAYOUT_NAME = "layout"
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +164,14 @@ class VLLMEngine(RolloutEngine):
         self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
         self._next_version: int | None = None  # the version an update in progress brings
         self._native = False  # weights over linked transports through vLLM's weight-transfer API
-        # Under LoRA (apply_adapters): the adapters updates carry, by name, and the vLLM LoRARequest
-        # that serves each (its id: its place in the run's order, from 1; its newest directory).
+        # Under LoRA (apply_adapters, add_adapter): the adapters updates carry, by name, each one's vLLM LoRA id
+        # (from 1, in the order they came) and the LoRARequest that serves it once its tensors came (its newest
+        # directory); one without is the base model (lora_B zero).
         self._adapters: dict[str, AdapterLayout] = {}
+        self._lora_ids: dict[str, int] = {}
         self._loras: dict[str, Any] = {}
+        self._next_lora_id = itertools.count(1)
+        self._layouts: dict[str, AdapterLayout] = {}  # add_adapter's, by its config (one skeleton per config)
         self._per_role = False  # model.adapters: each request names its adapter (else model.lora's one serves all)
         self._adapters_written = itertools.count()
         try:
@@ -273,7 +289,8 @@ class VLLMEngine(RolloutEngine):
                 await self._llm.wake_up()
                 self._asleep = False
 
-    async def _generate(self, prompt: list[int], params: SamplingParams, n: int, lora: Any) -> list[Generation]:
+    async def _request(self, prompt: list[int], params: Any, lora: Any) -> tuple[Any, int]:
+        """One request to vLLM, once no update is in progress: its final output, and the weight version it began on."""
         from vllm.inputs import tokens_input
 
         request_id = f"toolrl-{next(self._ids)}"
@@ -283,15 +300,18 @@ class VLLMEngine(RolloutEngine):
             assert self._whole is not None
             await self._whole.wait()  # and after a failed one, for the next
             version = self.weight_version
-            async for out in self._llm.generate(tokens_input(prompt), self._sampling_params(params, n, len(prompt)),
-                                                request_id, lora_request=lora):
+            async for out in self._llm.generate(tokens_input(prompt), params, request_id, lora_request=lora):
                 final = out
         except asyncio.CancelledError:
             if self._closed:  # cancelled by close(), not by the caller
                 raise RuntimeError("engine closed") from None
             raise
-        if final is None or len(final.outputs) != n:
+        if final is None or len(final.outputs) != params.n:
             raise RuntimeError(f"vLLM returned no final output for request {request_id}")
+        return final, version
+
+    async def _generate(self, prompt: list[int], params: SamplingParams, n: int, lora: Any) -> list[Generation]:
+        final, version = await self._request(prompt, self._sampling_params(params, n, len(prompt)), lora)
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
@@ -335,16 +355,24 @@ class VLLMEngine(RolloutEngine):
             await self._llm.collective_rpc("toolrl_reload_weights", kwargs={"weights_path": weights_dir})
 
     async def _load_adapters(self, paths: Mapping[str, Path]) -> None:
-        """Load each adapter (by name) from its directory in place of its current one (the same id), in
-        one pause, as a weight update; from then on its requests carry it."""
+        """Load each adapter (by name) from its directory: one vLLM serves already in place of its current
+        one (the same id), in one pause, as a weight update; a new one (an added adapter's first tensors)
+        without pausing anything (no request carries it yet). From then on its requests carry it."""
         from vllm.lora.request import LoRARequest
 
-        async with self._loading():
-            for name, path in paths.items():
-                lora_id = list(self._adapters).index(name) + 1
-                if not await self._llm.add_lora(LoRARequest(name, lora_id, str(path), load_inplace=True)):
-                    raise RuntimeError(f"vLLM did not load adapter {name!r} from {path}")
-                self._loras[name] = LoRARequest(name, lora_id, str(path))
+        async def load(name: str, path: Path, inplace: bool) -> None:
+            lora = LoRARequest(name, self._lora_ids[name], str(path))
+            if not await self._llm.add_lora(LoRARequest(name, lora.lora_int_id, str(path), load_inplace=inplace)):
+                raise RuntimeError(f"vLLM did not load adapter {name!r} from {path}")
+            self._loras[name] = lora
+
+        served = [n for n in paths if n in self._loras]
+        for name in [n for n in paths if n not in self._loras]:
+            await load(name, paths[name], False)
+        if served:
+            async with self._loading():
+                for name in served:
+                    await load(name, paths[name], True)
 
     async def _sleep(self) -> None:
         assert self._state_lock is not None
@@ -380,6 +408,39 @@ class VLLMEngine(RolloutEngine):
                           "not the trainer's full temperature-scaled distribution", stacklevel=2)
         return await self._thread.run(self._generate(list(prompt_ids), params, n, lora))
 
+    async def prompt_logprobs(self, prompts: Sequence[list[int]], top: int = 0, start: int | Sequence[int] = 0,
+                              adapter: str | None = None) -> list[PromptLogprobs]:
+        """Each prompt scored by vLLM (its ``prompt_logprobs``: the log-softmax of the logits, no temperature,
+        one token generated and dropped), all at once, under ``adapter`` (:meth:`generate`'s); vLLM scores
+        every token (a request with prompt log-probs skips its prefix cache), those from ``start`` on are read."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        lora = self._lora_of(adapter)
+        for ids in prompts:
+            if not 0 < len(ids) < self.max_model_len:
+                raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len - 1}")
+        starts = score_starts(prompts, start)
+        return list(await asyncio.gather(*(self._thread.run(self._score(list(ids), top, s, lora))
+                                           for ids, s in zip(prompts, starts))))
+
+    async def _score(self, prompt: list[int], top: int, start: int, lora: Any) -> PromptLogprobs:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top, flat_logprobs=True,
+                                 detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        final, _ = await self._request(prompt, params, lora)
+        flat = final.prompt_logprobs  # position i >= 1: its token (log-prob, rank), then the top ones
+        out = PromptLogprobs([], [], [])
+        for i in range(start, len(prompt)):
+            first, end = flat.start_indices[i], flat.end_indices[i]
+            if flat.token_ids[first] != prompt[i]:
+                raise RuntimeError("vLLM's prompt log-probs do not line up with the prompt")
+            out.logprobs.append(flat.logprobs[first])
+            out.ranks.append(int(flat.ranks[first]))
+            out.top.append(list(zip(flat.token_ids[first + 1:end], flat.logprobs[first + 1:end])))
+        return out
+
     def _lora_of(self, adapter: str | None) -> Any:
         """The LoRARequest a request for ``adapter`` carries: under ``model.adapters`` its role's (named:
         a role the engine does not serve is a ValueError naming those it does); else model.lora's one
@@ -388,10 +449,10 @@ class VLLMEngine(RolloutEngine):
             if adapter is not None:
                 raise ValueError(f"adapter {adapter!r}: the vllm engine serves no LoRA adapter per role")
             return next(iter(self._loras.values()), None)
-        if adapter not in self._loras:
+        if adapter not in self._adapters:
             asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
-            raise ValueError(f"{asked}: the vllm engine serves an adapter per role: {', '.join(self._loras)}")
-        return self._loras[adapter]
+            raise ValueError(f"{asked}: the vllm engine serves an adapter per role: {', '.join(self._adapters)}")
+        return self._loras.get(adapter)  # None until its tensors come: the base model
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         if self._closed:
@@ -423,11 +484,48 @@ class VLLMEngine(RolloutEngine):
             raise ConfigError(f"model.adapters: {len(layouts)} adapters, but the vllm engine was started to serve "
                               f"{self.config.max_loras} at once (engine.options.max_loras)")
         self._adapters, self._per_role = layouts, per_role
+        self._lora_ids = {name: next(self._next_lora_id) for name in layouts}
         try:
             self._update_adapters({name: layout.zeros() for name, layout in layouts.items()})
         except BaseException:
-            self._adapters, self._loras, self._per_role = {}, {}, False
+            self._adapters, self._lora_ids, self._loras, self._per_role = {}, {}, {}, False
             raise
+
+    def add_adapter(self, name: str, config: AdapterConfig) -> None:
+        """An adapter served from now on to the requests that name it, beside the others (a service's
+        client): its layout (names, shapes, peft config) from a skeleton given ``config``'s adapter by
+        toolrl's own injection, once per config; its tensors arrive as any adapter update's, written to a
+        directory of its own that vLLM serves under a new id (its cache keeps ``max_loras`` on the device,
+        ``max_cpu_loras`` in host memory, and reads the directory again for one evicted past them)."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        if self._adapters and not self._per_role:
+            raise ValueError(f"add_adapter {name!r}: the vllm engine serves model.lora's adapter (every request carries it)")
+        if name in self._adapters:
+            raise ValueError(f"model.adapters.{name}: the vllm engine has an adapter of that name already")
+        if self.config.max_lora_rank is None or config.r > self.config.max_lora_rank:
+            raise ValueError(f"adapter {name!r}: rank {config.r}, but the vllm engine was started with "
+                             f"max_lora_rank {self.config.max_lora_rank} (engine.options.max_lora_rank)")
+        key = config.model_dump_json(include={"r", "alpha", "target_modules"})
+        if key not in self._layouts:
+            inject = functools.partial(add_adapter, name=LAYOUT_NAME, config=config)
+            self._layouts[key] = adapter_layouts(self.model_path, inject)[0][LAYOUT_NAME]
+        self._adapters[name] = self._layouts[key].named(LAYOUT_NAME, name)
+        self._lora_ids[name] = next(self._next_lora_id)
+        self._per_role = True
+
+    def remove_adapter(self, name: str) -> None:
+        """The adapter off vLLM (its id removed from its caches) and its directory deleted."""
+        if name not in self._adapters:
+            raise ValueError(f"remove_adapter: the vllm engine has no adapter {name!r}")
+        del self._adapters[name]
+        lora_id, lora = self._lora_ids.pop(name), self._loras.pop(name, None)
+        if lora is not None and not self._closed:
+            self._thread.call(self._llm.remove_lora(lora_id))
+            shutil.rmtree(lora.lora_path, ignore_errors=True)
+
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
 
     def _update_adapters(self, adapters: Mapping[str, Mapping[str, Any]]) -> None:
         """Write each adapter's tensors (every one of its tensors, the trainer's names) to a new

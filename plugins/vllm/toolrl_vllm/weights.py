@@ -66,6 +66,15 @@ class AdapterLayout:
     config_json: str
     rank: int
 
+    def named(self, old: str, new: str) -> AdapterLayout:
+        """This layout for the adapter ``new`` of the same config (its tensors' names say ``new``, not ``old``)."""
+        shapes = {}
+        for name, shape in self.shapes.items():
+            key = _TRAINER_ADAPTER_KEY.match(name)
+            assert key is not None and key["adapter"] == old
+            shapes[f"{key['module']}.{key['which']}.{new}.weight"] = shape
+        return AdapterLayout(shapes, self.config_json, self.rank)
+
     def zeros(self) -> dict[str, Any]:
         """The initial adapter: ``B·A = 0`` (the trainer's starts with ``lora_B`` zero), the base model."""
         import torch

@@ -34,6 +34,7 @@ from toolrl.engines import (
     rows_of,
     score_starts,
 )
+from toolrl.engines.transformers.adapter_slots import AdapterSlots
 from toolrl.engines.transformers.scheduler import Request, Scheduler
 from toolrl.engines.transformers.scheduler import Row as _Row
 from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
@@ -43,6 +44,7 @@ from toolrl.seeds import unseeded
 if TYPE_CHECKING:
     import torch
 
+    from toolrl.config import AdapterConfig
     from toolrl.engines.transformers.decoding import sample
     from toolrl.engines.transformers.kv_store import KVBatch, prefill_sources
     from toolrl.modeling.packed_linears import PackedLinears
@@ -71,6 +73,23 @@ def static_steps(decode: str, cuda: bool, vision: bool, routes: bool, adapters: 
     return decode == "static" or (decode == "auto" and cuda and not (vision or routes or adapters))
 
 
+def check_run_facts(facts: RunFacts) -> None:
+    """The engine's run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
+    experts are recorded only where a model has them, static decode takes the model's rows, and packed
+    linears a CPU engine's float32 weights."""
+    check_model_dir(facts.model_dir, "the transformers engine", facts.config)
+    options = facts.config.engine.options
+    if options.get("record_routes") and not facts.experts:
+        raise ValueError(f"record_routes: {facts.model_dir} is a dense model (its config.json names no experts): "
+                         "there are no routed experts to record")
+    static_steps(options.get("decode", "auto"), False, "vision_config" in facts.model_config,
+                 bool(options.get("record_routes")), bool(facts.config.model.adapters))
+    if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
+        from toolrl.modeling.packed_linears import PackedLinears
+        device = str(options.get("device", "auto"))
+        PackedLinears.check("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
+
+
 class TransformersEngineConfig(BaseModel):
     """The ``engine:`` section for ``name: transformers``."""
 
@@ -92,6 +111,10 @@ class TransformersEngineConfig(BaseModel):
         "auto", description="static: decode steps of fixed shapes per bucket of rows (engines.transformers.static_decode), "
         "captured as CUDA graphs on CUDA; eager: the growing buffers; auto: static on CUDA for a text model "
         "that records no routes, else eager.")
+    max_adapters: int | None = Field(None, ge=1, description="Adapter slots: of the adapters added at run time "
+                                     "(add_adapter), at most this many resident in the model, the least recently used "
+                                     "others in host memory until a request names them (engines.transformers."
+                                     "adapter_slots); a step's rows name at most this many. None: all resident.")
     packed_linears: bool = Field(False, description="A CPU engine with float32 weights: forwards of 2+ rows run "
                                  "their linear layers through oneDNN on weights packed for it "
                                  "(modeling.packed_linears: a 4-row decode step's linears 1.3-1.5x faster), at the "
@@ -134,8 +157,9 @@ class TransformersEngine(RolloutEngine):
         # record_routes: the routers' hooks; the step runner records each forward's expert ids.
         self._routing = ExpertRouting(model) if config.record_routes else None
         self._packed = PackedLinears(model) if config.packed_linears else None  # kept across step runners
+        self._slots = AdapterSlots(model, config.max_adapters, self._adapters_changed)  # adapters added at run time
         self._choose_steps()
-        self._scheduler = Scheduler(config.max_batch_size)
+        self._scheduler = Scheduler(config.max_batch_size, config.max_adapters)
         self._batch = KVBatch()
         self._sessions = SessionStore(model, config.reuse_kv_cache, config.max_sessions, self._new_weights)
         # Held while the model runs; weight updates wait for it (reentrant: update_weights takes it again).
@@ -158,20 +182,7 @@ class TransformersEngine(RolloutEngine):
 
     @classmethod
     def check_run(cls, facts: RunFacts) -> list[str]:
-        """The run check (:mod:`toolrl.processes.run_check`): the model loads from the source's directory,
-        experts are recorded only where a model has them, static decode takes the model's rows, and packed
-        linears a CPU engine's float32 weights."""
-        check_model_dir(facts.model_dir, "the transformers engine", facts.config)
-        options = facts.config.engine.options
-        if options.get("record_routes") and not facts.experts:
-            raise ValueError(f"record_routes: {facts.model_dir} is a dense model (its config.json names no experts): "
-                             "there are no routed experts to record")
-        static_steps(options.get("decode", "auto"), False, "vision_config" in facts.model_config,
-                     bool(options.get("record_routes")), bool(facts.config.model.adapters))
-        if options.get("packed_linears"):  # "auto" may be a GPU: the engine checks again on its device
-            from toolrl.modeling.packed_linears import PackedLinears
-            device = str(options.get("device", "auto"))
-            PackedLinears.check("cpu" if device == "auto" else device.split(":")[0], options.get("dtype", "float32"))
+        check_run_facts(facts)
         return []
 
     @classmethod
@@ -196,7 +207,7 @@ class TransformersEngine(RolloutEngine):
                        adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        self._adapters.index(adapter)  # checked now; each step routes its rows by name
+        self._slots.check(self._adapters, adapter)  # now; each step routes its rows by name
         if images and self.vision is None:
             raise ValueError("the prompt has images but the model is not a vision-language model")
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
@@ -219,7 +230,7 @@ class TransformersEngine(RolloutEngine):
         per role, under ``adapter``'s."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        self._adapters.one_policy("scores prompts", adapter)
+        self._slots.check(self._adapters, adapter, "scores prompts")
         for ids in prompts:
             if not 0 < len(ids) <= self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len}")
@@ -229,6 +240,7 @@ class TransformersEngine(RolloutEngine):
     def _score(self, prompts: list[list[int]], top: int, starts: list[int], adapter: str | None) -> list[PromptLogprobs]:
         # Under the step lock: between two decode steps, never inside one.
         with self._step_lock, torch.no_grad():
+            self._slots.bring({adapter})
             return self._runner.score(prompts, top, starts, self.config.max_batch_size, adapter)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
@@ -244,6 +256,8 @@ class TransformersEngine(RolloutEngine):
         # module shared with the trainer); updating_weights holds decoding meanwhile.
         own = self._weights_by_name
         if name not in own:
+            if self._slots.write(name, shape, start, rows):  # an adapter evicted to host memory
+                return
             raise KeyError(f"a weight update sent {name!r}, which the model does not have")
         if tuple(own[name].shape) != tuple(shape):
             raise ValueError(f"a weight update sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
@@ -260,13 +274,28 @@ class TransformersEngine(RolloutEngine):
 
     def apply_adapters(self, inject: Callable[[Any], Any]) -> None:
         # peft wraps the adapted Linears in place: the base weights stay, the names gain lora_A/lora_B.
-        # Its new modules start in training mode (adapter dropout): the engine only samples.
         with self._step_lock:
             inject(self.model)
-            self.model.requires_grad_(False).eval()
-            self.__dict__.pop("_weights_by_name", None)
-            self._choose_steps()  # new modules: a static runner's graphs read the old ones
+            self._adapters_changed()
             self._sessions.invalidate()
+
+    def add_adapter(self, name: str, config: AdapterConfig) -> None:
+        with self._step_lock:
+            self._slots.add(name, config)
+
+    def remove_adapter(self, name: str) -> None:
+        with self._step_lock:
+            self._slots.remove(name)
+            self._sessions.invalidate()  # its KV: a later adapter of that name is another
+
+    def adapters(self) -> list[str]:
+        return self._slots.names()
+
+    def _adapters_changed(self) -> None:
+        # Adapters went into the model or out of it. peft's new modules start in training mode (adapter dropout).
+        self.model.requires_grad_(False).eval()
+        self.__dict__.pop("_weights_by_name", None)
+        self._choose_steps()  # new modules: a static runner's graphs read the old ones
 
     @functools.cached_property
     def _weights_by_name(self) -> dict[str, torch.Tensor]:
@@ -310,6 +339,7 @@ class TransformersEngine(RolloutEngine):
             try:
                 if cancelled:
                     self._keep(batch, [i for i, r in enumerate(batch.rows) if id(r.req) not in cancelled], [])
+                self._slots.bring({r.req.adapter for r in batch.rows} | {req.adapter for req in admitted})
                 if batch.rows:
                     self._advance(batch, self._decode(batch), finished)
                 if admitted:
@@ -317,7 +347,7 @@ class TransformersEngine(RolloutEngine):
                         req.weight_version = self.weight_version
                     new, logits = self._prefill(admitted)
                     self._advance(new, logits, finished)
-                    self._merge(batch, new)
+                    self._batch = batch.merge(new, self.config.max_batch_size, self._capacity)
             except Exception:
                 self._batch = KVBatch()
                 raise
@@ -325,7 +355,7 @@ class TransformersEngine(RolloutEngine):
     def _decode(self, batch: KVBatch) -> torch.Tensor:
         ids = torch.tensor([[r.next_token] for r in batch.rows], device=self.device)
         # The step's rows get their slots before its column is marked.
-        self._reserve(batch, batch.length + 1, self._runner.slots(len(batch.rows)))
+        batch.reserve(batch.length + 1, self._runner.slots(len(batch.rows)), self._capacity)
         batch.mask[:, batch.length] = True
         logits = self._runner.decode(batch, ids)
         self.stats.steps += 1
@@ -399,12 +429,6 @@ class TransformersEngine(RolloutEngine):
         for i, row in done:
             self._sessions.save(row, batch, i)
         batch.keep(keep, self._capacity)
-
-    def _merge(self, batch: KVBatch, new: KVBatch) -> None:
-        self._batch = batch.merge(new, self.config.max_batch_size, self._capacity)
-
-    def _reserve(self, batch: KVBatch, needed: int, slots: int = 0) -> None:
-        batch.reserve(needed, slots, self._capacity)
 
     def _capacity(self, columns: int) -> int:
         return self._runner.capacity(columns)

@@ -1,8 +1,9 @@
 """The transformers engine's scheduler: every ``generate`` call becomes a :class:`Request` in a queue, and
 one task on the event loop runs the engine's *steps* in a worker thread (``asyncio.to_thread``, so tool
 calls keep running meanwhile). Each step gets the queued requests whose samples (a :class:`Row` each) fit
-beside the running rows (``max_batch_size``) and the running ones whose callers went away; a request so
-waits at most one step before it starts, never for a whole batch to finish."""
+beside the running rows (``max_batch_size``), naming no more adapters than the engine has slots for
+(``max_adapters``), and the running ones whose callers went away; a request so waits at most one step
+before it starts, never for a whole batch to finish (or, past the slots, for a running adapter's rows to end)."""
 
 from __future__ import annotations
 
@@ -105,8 +106,8 @@ class Row:
 class Scheduler:
     """The queue of requests, the running ones, and the task that steps them (module docstring)."""
 
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows = max_rows
+    def __init__(self, max_rows: int, max_adapters: int | None = None) -> None:
+        self.max_rows, self.max_adapters = max_rows, max_adapters
         self.pending: list[Request] = []
         self.running: list[Request] = []  # admitted, with rows in the engine's batch
         self._task: asyncio.Task[None] | None = None
@@ -156,15 +157,18 @@ class Scheduler:
     def _admit(self) -> list[Request]:
         admitted: list[Request] = []
         rows = sum(req.remaining for req in self.running)
+        adapters = {req.adapter for req in self.running}  # a step's adapters fit the engine's slots
         while self.pending:
             req = self.pending[0]
             if req.future.done():  # cancelled while queued
                 self.pending.pop(0)
                 continue
-            if rows and rows + req.n > self.max_rows:
+            if rows and (rows + req.n > self.max_rows or req.adapter not in adapters
+                         and self.max_adapters is not None and len(adapters) >= self.max_adapters):
                 break
             admitted.append(self.pending.pop(0))
             rows += req.n
+            adapters.add(req.adapter)
         return admitted
 
     def fail_all(self, exc: BaseException, pending: bool = True) -> None:
