@@ -22,8 +22,8 @@ class Base:
     sampler: Sampler
 
     @classmethod
-    def load(cls, name: str, keep: int = 4) -> Base:
-        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id) loaded twice; the sampler
-        keeps ``keep`` weight sets per run."""
-        path = resolve_source(ModelConfig(source=ALIASES.get(name, name)))
+    def load(cls, name: str, keep: int = 4, source: str | None = None) -> Base:
+        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id; or any name, offering
+        ``source``'s weights) loaded twice; the sampler keeps ``keep`` weight sets per run."""
+        path = resolve_source(ModelConfig(source=source or ALIASES.get(name, name)))
         return cls(name, path, Trainer(path), Sampler(path, load_tokenizer(path), keep))
