@@ -117,6 +117,43 @@ def register_commands(cli: click.Group) -> None:
         except KeyboardInterrupt:
             return
 
+    @tinker.command("export")
+    @click.argument("path")
+    @click.argument("out", type=click.Path(file_okay=False))
+    @click.option("--state-dir", type=click.Path(file_okay=False, exists=True), default="runs/tinker", show_default=True,
+                  help="The server's state directory.")
+    @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+                  help="The exported weights' dtype.")
+    def export(path: str, out: str, state_dir: str, dtype: str) -> None:
+        """Write checkpoint PATH (a tinker:// path: a training state, sampler weights or external weights)
+        merged into its base model's weights to OUT, a Hugging Face model directory (from_pretrained loads it)."""
+        from pathlib import Path
+
+        from toolrl_tinker.adapter_transfer import export_merged
+
+        click.echo(str(_plugin_errors(export_merged, Path(state_dir), path, Path(out), dtype)))
+
+    @tinker.command("import")
+    @click.argument("adapter", type=click.Path(file_okay=False, exists=True))
+    @click.option("--base", "base", required=True,
+                  help="The base it adapts, as `serve --base` names it (NAME or NAME=SOURCE).")
+    @click.option("--state-dir", type=click.Path(file_okay=False), default="runs/tinker", show_default=True,
+                  help="The server's state directory (the server may be running).")
+    @click.option("--api-key", "api_keys", multiple=True, envvar="TINKER_API_KEY",
+                  help="The key whose checkpoint it becomes (default: $TINKER_API_KEY).")
+    @click.option("--name", default=None, help="The checkpoint's name (default: the directory's).")
+    def import_adapter(adapter: str, base: str, state_dir: str, api_keys: tuple[str, ...], name: str | None) -> None:
+        """Make PEFT LoRA adapter directory ADAPTER a checkpoint of the key's, on base --base; prints its
+        tinker:// path, which that client passes to create_training_client_from_state (or samples)."""
+        from pathlib import Path
+
+        from toolrl_tinker.adapter_transfer import import_peft
+        from toolrl_tinker.service import owner_of
+
+        keys = _keys(api_keys)
+        base_name, source = _base(base)
+        click.echo(_plugin_errors(import_peft, Path(state_dir), Path(adapter), owner_of(keys[0]), base_name, source, name))
+
 
 def _keys(api_keys: tuple[str, ...]) -> list[str]:
     from toolrl.cli import UsageFailure
@@ -135,4 +172,16 @@ def _base(spec: str) -> tuple[str, str]:
     try:
         return base_spec(spec)
     except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+def _plugin_errors(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the plugin's user errors (and toolrl's) as one line, exit 2."""
+    from toolrl.cli import UsageFailure, user_errors
+
+    from toolrl_tinker.requests import UserError
+
+    try:
+        return user_errors(fn, *args)
+    except UserError as exc:
         raise UsageFailure(str(exc)) from None
