@@ -115,6 +115,19 @@ def test_bodies_that_are_not_what_they_claim(team: Any, trainer: Any) -> None:
     _trains_on(team, trainer)
 
 
+def test_a_request_far_over_the_limits(team: Any, trainer: Any) -> None:
+    """One datum over --max-batch-tokens is refused naming the limit; several under it that are over it
+    together are sent by the SDK in pieces the server takes (the chunk size its client_config gives)."""
+    import tinker
+
+    with limited(team, max_batch_tokens=64):
+        tc = tinker.ServiceClient(base_url=team.url, api_key=KEY).create_lora_training_client(base_model=BASE, rank=2)
+        out = tc.result().forward_backward([_datum(40), _datum(40), _datum(40)], "cross_entropy").result()
+        assert len(out.loss_fn_outputs) == 3
+        _fails(lambda: trainer.forward_backward([_datum(100)], "cross_entropy").result(),
+               "the batch holds 100 tokens, over this server's limit of 64")
+
+
 def test_numbers_out_of_range(team: Any, service: Any, trainer: Any) -> None:
     """Each answered naming the number; a forward_backward whose loss overflows leaves the run's
     gradients as they were."""

@@ -81,11 +81,25 @@ class Service:
         self.sampling = SamplingCalls(self)
 
     async def load_bases(self) -> None:
-        """Each base loaded; expiry starts on this loop."""
+        """Each base loaded, once per source: names of one source share its copies and turns (as
+        :meth:`distinct` lists them); expiry starts on this loop."""
+        first: dict[str, str] = {}  # source -> the first name it was loaded under
         for name, source in self.sources.items():
+            if source in first:
+                self.bases[name] = dataclasses.replace(self.bases[first[source]], name=name)
+                self.turns[name] = self.turns[first[source]]
+                continue
+            first[source] = name
             self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, source)
             self.turns[name] = Turns()
         self.checkpoints.start(asyncio.get_running_loop())
+
+    def distinct(self) -> dict[str, list[str]]:
+        """Each loaded base's first name, and every name it is offered under."""
+        names: dict[str, list[str]] = {}
+        for name, source in self.sources.items():
+            names.setdefault(next(n for n, s in self.sources.items() if s == source), []).append(name)
+        return names
 
     def base(self, name: str) -> Base:
         if name not in self.bases:
@@ -179,7 +193,7 @@ class Service:
         keys = {r.owner for r in self.runs.values()} | set(self.futures.running)
         gauges: list[metrics.Sample] = [
             *(("tinker_requests_in_flight", {"kind": k}, n) for k, n in self.futures.kinds.items()),
-            *(("tinker_trainer_waiting", {"base": b}, t.waiting) for b, t in self.turns.items()),
+            *(("tinker_trainer_waiting", {"base": b}, self.turns[b].waiting) for b in self.distinct()),
             *(("tinker_key_requests_in_flight", {"key": k}, self.futures.running[k]) for k in keys),
             *(("tinker_key_tokens_in_flight", {"key": k}, self.futures.tokens[k]) for k in keys),
             *(("tinker_key_training_clients", {"key": k}, sum(r.owner == k for r in self.runs.values())) for k in keys),
@@ -189,9 +203,9 @@ class Service:
         ]
         if (rss := metrics.resident_bytes()) is not None:
             gauges.append(("tinker_process_resident_memory_bytes", {}, rss))
-        for name, base in self.bases.items():
-            runs = [r for r in self.runs.values() if r.base == name]
-            gauges += await asyncio.to_thread(metrics.base_memory, base, runs)
+        for name, names in self.distinct().items():
+            runs = [r for r in self.runs.values() if r.base in names]
+            gauges += await asyncio.to_thread(metrics.base_memory, self.bases[name], runs)
         return self.metrics.render(gauges)
 
     def new_run(self, owner: str, model_id: str, base: str, rank: int, targets: list[str],
