@@ -126,6 +126,10 @@ def test_a_request_far_over_the_limits(team: Any, trainer: Any) -> None:
         assert len(out.loss_fn_outputs) == 3
         _fails(lambda: trainer.forward_backward([_datum(100)], "cross_entropy").result(),
                "the batch holds 100 tokens, over this server's limit of 64")
+    context = team.service.bases[BASE].trainer.context
+    with limited(team, max_batch_tokens=2 * context, max_tokens_per_client=2 * context):
+        _fails(lambda: trainer.forward_backward([_datum(context + 1)], "cross_entropy").result(),
+               f"datum 0: model_input holds {context + 1} tokens, beyond the model's context of {context}")
 
 
 def test_numbers_out_of_range(team: Any, service: Any, trainer: Any) -> None:

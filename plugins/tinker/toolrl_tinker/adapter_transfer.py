@@ -97,10 +97,10 @@ def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32")
     """Checkpoint ``path`` of the server's state ``state_dir`` merged into its base's weights, written
     to ``out`` as a Hugging Face model directory (safetensors in ``dtype``, config, tokenizer files)."""
     import torch
-    from toolrl.model_sources import load_model, load_tokenizer
+    from toolrl.model_sources import load_model
 
     from toolrl_tinker import trainer
-    from toolrl_tinker.hub_names import ALIASES
+    from toolrl_tinker.hub_names import ALIASES, TOKENIZER_FILES
 
     store = Store(state_dir)
     found = store.checkpoint(path)
@@ -123,7 +123,9 @@ def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32")
                 weight.add_(tensors[module + B].float() @ a.float(), alpha=ALPHA / rank)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}")
     model.to(getattr(torch, dtype)).save_pretrained(str(tmp))
-    load_tokenizer(model_dir).save_pretrained(str(tmp))
+    for file in (Path(model_dir) / f for f in TOKENIZER_FILES):  # the base's, beside what save_pretrained wrote
+        if file.is_file() and not (tmp / file.name).exists():
+            shutil.copyfile(file, tmp / file.name)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

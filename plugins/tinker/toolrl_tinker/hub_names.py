@@ -29,7 +29,8 @@ ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
 OFFLINE_NAMES = ("tiny-qwen3", "HuggingFaceTB/SmolLM2-135M-Instruct")
 # What a client reads to make the tokenizer (and the model type, from config.json); never the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "config.json", "generation_config.json")
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "config.json",
+                   "generation_config.json")
 
 
 def base_spec(spec: str) -> tuple[str, str]:

@@ -191,14 +191,15 @@ class Service:
         """The metrics now: counters so far, and gauges read now (memory in a worker thread, under the
         bases' locks)."""
         keys = {r.owner for r in self.runs.values()} | set(self.futures.running)
+        stored = self.store.checkpoint_totals()
         gauges: list[metrics.Sample] = [
             *(("tinker_requests_in_flight", {"kind": k}, n) for k, n in self.futures.kinds.items()),
             *(("tinker_trainer_waiting", {"base": b}, self.turns[b].waiting) for b in self.distinct()),
             *(("tinker_key_requests_in_flight", {"key": k}, self.futures.running[k]) for k in keys),
             *(("tinker_key_tokens_in_flight", {"key": k}, self.futures.tokens[k]) for k in keys),
             *(("tinker_key_training_clients", {"key": k}, sum(r.owner == k for r in self.runs.values())) for k in keys),
-            *(("tinker_key_checkpoints", {"key": k}, n) for k, n, _ in self.store.checkpoint_totals()),
-            *(("tinker_key_checkpoint_bytes", {"key": k}, size) for k, _, size in self.store.checkpoint_totals()),
+            *(("tinker_key_checkpoints", {"key": k}, n) for k, n, _ in stored),
+            *(("tinker_key_checkpoint_bytes", {"key": k}, size) for k, _, size in stored),
             ("tinker_sessions", {}, len(self.sessions.owners)),
         ]
         if (rss := metrics.resident_bytes()) is not None:

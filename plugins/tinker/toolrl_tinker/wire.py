@@ -85,15 +85,12 @@ def _unzstd(body: bytes, limit: int) -> bytes:
 
     import zstandard
 
-    pieces, size = [], 0
     with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
-        while piece := reader.read(1 << 20):
-            size += len(piece)
-            if size > limit:
-                raise UserError(f"forward_backward: the body decompresses past this server's limit of {limit} "
-                                "bytes (tinker serve --max-request-bytes)")
-            pieces.append(piece)
-    return b"".join(pieces)
+        out = reader.read(limit + 1)  # fills up to that many bytes, or to the frame's end
+    if len(out) > limit:
+        raise UserError(f"forward_backward: the body decompresses past this server's limit of {limit} bytes "
+                        "(tinker serve --max-request-bytes)")
+    return out
 
 
 def _batched(arrays: list[np.ndarray]) -> Any:
