@@ -158,6 +158,8 @@ def test_numbers_out_of_range(team: Any, service: Any, trainer: Any) -> None:
                          (types.AdamParams(learning_rate=1e-3, weight_decay=-0.1), "weight_decay"),
                          (types.AdamParams(learning_rate=1e-3, grad_clip_norm=math.nan), "grad_clip_norm")):
         _fails(lambda params=params: trainer.optim_step(params).result(), says)
+    # Each refused step took its turn: the client's next request runs now, not after the gap wait (30 s).
+    trainer.forward_backward([_datum()], "cross_entropy").result(timeout=15)
     raw = httpx.post(f"{team.url}/api/v1/optim_step", headers={"X-API-Key": KEY},
                      content=f'{{"model_id": "{trainer.model_id}", "adam_params": {{"learning_rate": NaN}}}}')
     assert raw.status_code == 400 and "learning_rate=nan: not a finite number" in raw.json()["error"], raw.text
@@ -200,6 +202,55 @@ def test_a_request_past_its_time_bound(team: Any, service: Any, trainer: Any) ->
             "sample ran past this server's bound")
     assert all(torch.equal(a, p.grad) for a, p in zip(before, base.params(run), strict=True))
     _trains_on(team, trainer)
+
+
+def test_a_long_request_shares_its_base(team: Any) -> None:
+    """A request of many micro-batches takes its base one micro-batch at a time: a request that came after
+    it, from another key, ends while it still runs."""
+    import tinker
+
+    turns = team.service.turns[BASE]
+
+    def queued(n: int) -> None:
+        deadline = time.time() + 30
+        while turns.waiting < n and time.time() < deadline:
+            time.sleep(0.02)
+        assert turns.waiting == n
+
+    # One request (the SDK's chunk size follows --max-batch-tokens) of 16 micro-batches.
+    with limited(team, micro_batch_tokens=100, max_batch_tokens=1 << 14):
+        long = tinker.ServiceClient(base_url=team.url, api_key=FLOOD_KEY).create_lora_training_client(base_model=BASE, rank=2)
+        short = tinker.ServiceClient(base_url=team.url, api_key=OTHER_KEY).create_lora_training_client(base_model=BASE, rank=2)
+        long_tc, short_tc = long.result(), short.result()
+        with turns.turn():  # both wait on the base, the long one first
+            first = long_tc.forward_backward([_datum(100)] * 16, "cross_entropy")
+            queued(1)
+            second = short_tc.forward_backward([_datum()], "cross_entropy")
+            queued(2)
+        second.result()
+        assert team.service.futures.running[owner_of(FLOOD_KEY)] == 1  # the long one has micro-batches left
+        assert len(first.result().loss_fn_outputs) == 16
+
+
+def test_an_unclaimed_result_is_forgotten(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A result nobody retrieves (its client gone) leaves memory after futures.UNCLAIMED_S."""
+    from toolrl_tinker import futures
+    from toolrl_tinker.metrics import Metrics
+    from toolrl_tinker.store import Store
+
+    monkeypatch.setattr(futures, "UNCLAIMED_S", 0.05)
+
+    async def scenario() -> None:
+        kept = futures.Futures(Store(tmp_path), Metrics())
+        request_id, _ = kept.new("me", tokens=5)
+        assert (kept.running["me"], kept.tokens["me"]) == (1, 5)
+        kept.finish(request_id, b"{}", "application/json")
+        assert (kept.running["me"], kept.tokens["me"]) == (0, 0)
+        await asyncio.sleep(0.2)
+        with pytest.raises(KeyError):
+            await kept.wait(request_id, "me")
+
+    asyncio.run(scenario())
 
 
 def test_a_key_queueing_200_futures(team: Any) -> None:

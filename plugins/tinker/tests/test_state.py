@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path, mon
     finally:
         first.stop()
 
+    # The state file keeps a write-ahead log: no request waits for a disk sync on the event loop.
+    assert sqlite3.connect(tmp_path / "state.sqlite").execute("pragma journal_mode").fetchone()[0] == "wal"
     second = start_server(tmp_path, port=port)
     try:
         with pytest.raises(tinker.RequestFailedError, match="the server restarted while this request ran"):

@@ -10,7 +10,7 @@ accumulate, float32 rounding aside: :mod:`toolrl.training.token_step`).
 A request holds its base for at most ``--request-timeout`` seconds of micro-batches (plus the one under
 way): past that it stops and fails. A ``forward_backward`` that stops or fails, or whose loss or
 gradient is not finite, leaves its run's gradients as they were before it, and fails naming why; the
-run trains on. A ``sample`` not done after ``--request-timeout`` seconds is cancelled (its rows leave the
+run trains on. (A ``forward``'s loss is reported as it is.) A ``sample`` not done after ``--request-timeout`` seconds is cancelled (its rows leave the
 engine at its next decode step) and fails.
 """
 
@@ -82,7 +82,9 @@ def forward_backward(trainer: Trainer, turns: Turns, run: Run, rows: Sequence[To
                 pieces.append(trainer.step(run, rows[start:end], loss, forward_only, micro_tokens))
                 held += time.monotonic() - began
         total = sum(p.loss for p in pieces)  # in order, as one call over the spans adds them
-        if not math.isfinite(total) or not all(p.grad is None or bool(p.grad.isfinite().all()) for p in params):
+        # A forward's loss is only reported; a gradient that is not finite would ruin the run at its next step.
+        if not forward_only and (not math.isfinite(total)
+                                 or not all(p.grad is None or bool(p.grad.isfinite().all()) for p in params)):
             raise UserError(f"the loss of this request is {total} (or its gradient is not finite): its inputs "
                             "overflow (logprobs or advantages far out of range?); the run's gradients are as "
                             "they were before it")
