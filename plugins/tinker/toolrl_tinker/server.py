@@ -87,12 +87,16 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
             return result if isinstance(result, Response) else JSONResponse(result)
         return run
 
-    return Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
-                             *rest_routes(service, endpoint), *download_routes(service, endpoint)])
+    app = Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
+                            *rest_routes(service, endpoint), *download_routes(service, endpoint)])
+    app.state.service = service  # its limits bound each body (_read)
+    return app
 
 
-async def _read(request: Request, limit: int) -> bytes:
-    """The body, refused (:class:`TooLarge`) as soon as it passes ``limit`` bytes."""
+async def _read(request: Request, limit: int | None = None) -> bytes:
+    """The body, refused (:class:`TooLarge`) as soon as it passes ``limit`` bytes (default: the server's
+    ``--max-request-bytes``)."""
+    limit = limit or request.app.state.service.limits.max_request_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the request body holds {declared} bytes, over this server's limit of {limit} "
@@ -115,14 +119,13 @@ async def _object(request: Request, limit: int = 1 << 16) -> dict[str, Any]:
     return data
 
 
-async def _body(request: Request, model: Any, limit: int = 1 << 20,
-                refused: Callable[[Any], None] | None = None) -> Any:
-    """The JSON body (at most ``limit`` bytes) as one of the SDK's request types; one it refuses is the
+async def _body(request: Request, model: Any, refused: Callable[[Any], None] | None = None) -> Any:
+    """The JSON body as one of the SDK's request types; one it refuses is the
     client's error, naming the first field it refused (the SDK sends a NaN or infinity as null), after
     ``refused`` had the body (a training client's request takes its turn all the same)."""
     from pydantic import ValidationError
 
-    data = json.loads(await _read(request, limit) or b"{}")
+    data = json.loads(await _read(request) or b"{}")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -208,8 +211,8 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return service.training.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
 
     async def forward_backward(request: Request, owner: str) -> Any:
-        limit = service.limits.max_request_bytes
-        req = wire.forward_backward_request(await _read(request, limit), request.headers.get("content-encoding"), limit)
+        req = wire.forward_backward_request(await _read(request), request.headers.get("content-encoding"),
+                                            service.limits.max_request_bytes)
         return service.training.forward_backward(owner, req)
 
     async def ordered(request: Request, owner: str, model: Any) -> Any:

@@ -163,10 +163,10 @@ class Service:
     # ------------------------------------------------------------------ sessions and runs
 
     async def finish_session(self, owner: str, session_id: str) -> None:
-        """``ServiceClient.close()``: the session ends now."""
-        if self.sessions.owners.get(session_id) != owner:
-            raise KeyError(session_id)
-        await self.sessions.end(session_id, "closed")
+        """``ServiceClient.close()``: the session ends now (one that ended already, or is not the owner's,
+        is left as it is: closing twice, or after a timeout, is no error)."""
+        if self.sessions.owners.get(session_id) == owner:
+            await self.sessions.end(session_id, "closed")
 
     async def _session_ended(self, session_id: str, reason: str) -> None:
         """An ended session's training runs leave memory (their adapters, optimizers and sampler copies)
