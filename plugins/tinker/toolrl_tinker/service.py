@@ -83,22 +83,19 @@ class Service:
     async def load_bases(self) -> None:
         """Each base loaded, once per source: names of one source share its copies and turns (as
         :meth:`distinct` lists them); expiry starts on this loop."""
-        first: dict[str, str] = {}  # source -> the first name it was loaded under
-        for name, source in self.sources.items():
-            if source in first:
-                self.bases[name] = dataclasses.replace(self.bases[first[source]], name=name)
-                self.turns[name] = self.turns[first[source]]
-                continue
-            first[source] = name
-            self.bases[name] = await asyncio.to_thread(Base.load, name, self.limits.max_samplers, source)
-            self.turns[name] = Turns()
+        for first, names in self.distinct().items():
+            base = await asyncio.to_thread(Base.load, first, self.limits.max_samplers, self.sources[first])
+            turns = Turns()
+            for name in names:
+                self.bases[name], self.turns[name] = dataclasses.replace(base, name=name), turns
         self.checkpoints.start(asyncio.get_running_loop())
 
     def distinct(self) -> dict[str, list[str]]:
         """Each loaded base's first name, and every name it is offered under."""
         names: dict[str, list[str]] = {}
+        first: dict[str, str] = {}
         for name, source in self.sources.items():
-            names.setdefault(next(n for n, s in self.sources.items() if s == source), []).append(name)
+            names.setdefault(first.setdefault(source, name), []).append(name)
         return names
 
     def base(self, name: str) -> Base:
