@@ -410,8 +410,9 @@ async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], ho
     waiting.cancel()
     if server.started:
         bound = server.servers[0].sockets[0].getsockname()[1]
+        # One URL on the line: scripts read it with a pattern (scripts/tinker_demo.sh).
         announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(bases)}; state: {state_dir}; "
-                 f"metrics: http://{host}:{bound}/metrics)")
+                 "metrics: GET /metrics)")
         if started is not None:
             started(server)
     await task
