@@ -4,9 +4,9 @@ ended (``--max-futures-per-client``) and the tokens of those futures (``--max-to
 tokens).
 
 A request that would pass a key's futures or tokens now is answered 429 with ``Retry-After``: the SDK
-waits and sends it again (a sampling client without end; a training client for up to five minutes,
-then it raises ``tinker.RateLimitError``), so a key that queues without bound slows itself, not the
-others. A request that could never fit (more tokens alone than the quota) and a training client over
+waits and sends it again (a sample without end; a training client's step for up to five minutes, its
+creation ten times; then it raises ``tinker.RateLimitError``), so a key that queues without bound slows
+itself, not the others. A request that could never fit (more tokens alone than the quota) and a training client over
 the quota are the client's errors at once (400). A training client's request that its client's queue
 waits for (the next ``seq_id`` to run) is always taken: the requests queued behind it hold the quota,
 and refusing it would stall them all.
