@@ -92,3 +92,25 @@ def test_a_state_loads_back_and_a_misfit_changes_nothing(unlimited) -> None:
         rank.add_adapter("x", LORA)
     with pytest.raises(ValueError, match="no adapter 'z'"):
         rank.forward_backward("z", _rows(1), PPO)
+
+
+def test_gradients_set_back_and_memory_by_part(tiny_qwen3_path) -> None:
+    """A request that fails after some backward calls is undone by setting the gradients it read before;
+    the memory a rank reports moves with the adapters it holds, in the model or moved out."""
+    rank = StepRank(tiny_qwen3_path, slots=1)
+    rank.setup()
+    rank.add_adapter("g", LORA, seed=1)
+    empty = rank.memory()
+    assert empty["weights"] > 0 and empty["gradients"] == 0 and empty["optimizer"] == 0 and empty["host"] == 0
+    rank.forward_backward("g", _rows(1), PPO)
+    before = rank.gradients("g")
+    rank.forward_backward("g", _rows(2), PPO)
+    assert not _same(rank.gradients("g"), before)
+    rank.set_gradients("g", before)
+    assert _same(rank.gradients("g"), before)
+    rank.optimizer_step("g", STEP)
+    held = rank.memory()
+    adapter = sum(t.numel() * 4 for t in rank.state("g", optimizer=False)["adapter"].values())
+    assert held["adapters"] == adapter and held["optimizer"] == 2 * adapter + 4 * len(before)  # moments, steps
+    rank.add_adapter("h", LORA, seed=2)  # one slot: g moves to host memory (weights and moments)
+    assert rank.memory()["host"] == 3 * adapter + 4 * len(before)

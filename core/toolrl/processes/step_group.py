@@ -56,11 +56,13 @@ T = TypeVar("T")
 @dataclass
 class _Kept:
     """What re-makes an adapter on a new group: how it was added, its state after its last optimizer step
-    (None: as added), and the backward calls since (rows, loss, max_tokens)."""
+    (None: as added), its gradients when they were last set, and the backward calls since (rows, loss,
+    max_tokens)."""
 
     config: AdapterConfig
     seed: int | None
     state: dict[str, Any] | None = None
+    grads: dict[str, Any] | None = None
     since: list[tuple[Sequence[TokenRow], LossSpec, int | None]] = field(default_factory=list)
 
 
@@ -149,7 +151,7 @@ class StepGroup:
             return norms[0], (await self._each("state", name, ranks=self.ranks[:1]))[0]
 
         norm, state = self._run(f"optimizer step of {name}", step)
-        self.kept[name].state, self.kept[name].since = state, []
+        self.kept[name].state, self.kept[name].grads, self.kept[name].since = state, None, []
         return norm
 
     def state(self, name: str, optimizer: bool = True) -> dict[str, Any]:
@@ -160,11 +162,22 @@ class StepGroup:
         self._known(name)
         return self._run(f"reading {name}", lambda: self._each("gradients", name, ranks=self.ranks[:1]))[0]
 
+    def set_gradients(self, name: str, grads: Mapping[str, Any]) -> None:
+        """:meth:`StepRank.set_gradients` on every rank (an adapter's gradient is the same on each)."""
+        self._known(name)
+        self._run(f"setting {name}'s gradients", lambda: self._each("set_gradients", name, grads))
+        self.kept[name].grads, self.kept[name].since = dict(grads), []
+
+    def memory(self) -> dict[str, int]:
+        """:meth:`StepRank.memory` of rank 0 (each rank holds as much)."""
+        return self._run("reading memory", lambda: self._each("memory", ranks=self.ranks[:1]))[0]
+
     def load_state(self, name: str, adapter: Mapping[str, Any], optimizer: Mapping[str, Any] | None = None) -> None:
         """:meth:`StepRank.load_state` on every rank; a state that does not fit raises ValueError, nothing changed."""
         self._known(name)
         self._run(f"loading {name}", lambda: self._each("load_state", name, adapter, optimizer, refusals=(ValueError,)))
-        self.kept[name].state, self.kept[name].since = {"adapter": dict(adapter), "optimizer": optimizer}, []
+        kept = self.kept[name]
+        kept.state, kept.grads, kept.since = {"adapter": dict(adapter), "optimizer": optimizer}, None, []
 
     def close(self) -> None:
         import ray
@@ -255,6 +268,8 @@ class StepGroup:
             await self._each("add_adapter", name, kept.config, kept.seed)
             if kept.state is not None:
                 await self._each("load_state", name, kept.state["adapter"], kept.state["optimizer"])
+            if kept.grads is not None:
+                await self._each("set_gradients", name, kept.grads)
             for rows, loss, max_tokens in kept.since:
                 await self._forward_backward(name, rows, loss, True, max_tokens)
             calls += len(kept.since)

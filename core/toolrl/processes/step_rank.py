@@ -162,6 +162,13 @@ class StepRank:
         return {k: None if p.grad is None else p.grad.detach().to("cpu", copy=True)
                 for k, p in adapter_parameters(self.model, name).items()}
 
+    def set_gradients(self, name: str, grads: Mapping[str, Any]) -> None:
+        """Adapter ``name``'s pending gradients set to ``grads`` (:meth:`gradients`' copies): a request that
+        fails after some of its backward calls is undone."""
+        self._resident(name)
+        for key, p in adapter_parameters(self.model, name).items():
+            p.grad = None if grads[key] is None else grads[key].to(p.device, p.dtype, copy=True)
+
     def load_state(self, name: str, adapter: Mapping[str, Any], optimizer: Mapping[str, Any] | None = None) -> None:
         """Adapter ``name``'s weights from ``adapter`` and its AdamW's state from ``optimizer`` (None: a
         fresh AdamW); its gradient cleared. Raises ValueError, nothing changed, when either does not fit."""
@@ -174,6 +181,26 @@ class StepRank:
         for p in params:
             p.grad = None
         self.optimizers[name] = fresh
+
+    def memory(self) -> dict[str, int]:
+        """Tensor bytes this rank holds, by part: ``weights`` (its shard of the base), ``adapters``, their
+        pending ``gradients``, their AdamW moments (``optimizer``), and ``host``: adapters moved out."""
+        import torch
+
+        def size(t: Any) -> int:
+            return int(t.numel()) * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+        parts = dict.fromkeys(("weights", "adapters", "gradients", "optimizer", "host"), 0)
+        for key, p in self.model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # a shard's own bytes
+            parts["adapters" if ".lora_" in key else "weights"] += size(local)
+            parts["gradients"] += size(p.grad)
+        parts["weights"] += sum(size(b) for b in self.model.buffers())
+        parts["optimizer"] = sum(size(t) for o in self.optimizers.values() for st in o.state.values() for t in st.values())
+        parts["host"] = sum(size(t) for k in self.parked.values()
+                            for t in (*k.weights.values(), *k.grads.values(),
+                                      *(v for st in k.optimizer["state"].values() for v in st.values())))
+        return parts
 
     def close(self) -> None:
         import torch.distributed as dist

@@ -4,6 +4,8 @@ own, its state in a temporary directory; the official SDK talks to it over HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -17,6 +19,15 @@ import pytest
 KEY = "tml-test-key-one"
 OTHER_KEY = "tml-test-key-two"
 BASE = "tiny-qwen3"
+# A hosted model's name offered on the tiny model (it speaks ChatML over the real Qwen3 tokenizer, as
+# this model of tinker-cookbook's table does: its renderer is qwen3_instruct).
+HOSTED = "Qwen/Qwen3-4B-Instruct-2507"
+# The team server's other keys: one that floods it, one whose client is killed.
+FLOOD_KEY = "tml-test-key-flood"
+GONE_KEY = "tml-test-key-gone"
+# The team server's limits: small quotas, the latest 2 checkpoints per run and kind.
+TEAM = {"max_batch_tokens": 4096, "max_futures_per_client": 16, "max_tokens_per_client": 8192, "keep_checkpoints": 2,
+        "max_request_bytes": 1 << 20}
 
 
 @dataclass
@@ -32,8 +43,12 @@ class Served:
         self.thread.join(30)
 
 
-def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None, **limits: Any) -> Served:
-    """``limits``: more of the service's :class:`~toolrl_tinker.service.Limits` (the sampler's engine...)."""
+def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None, limits: Any = None,
+                 bases: tuple[str, ...] = (BASE,), keys: tuple[str, ...] = (KEY, OTHER_KEY), port: int = 0,
+                 **changes: Any) -> Served:
+    """A server on ``state_dir`` (``limits``: a :class:`toolrl_tinker.service.Limits`, else the default's with
+    ``max_batch_tokens`` and room for every test's models; ``changes``: more of its fields, the sampler's
+    engine...)."""
     from toolrl_tinker import server as server_module
     from toolrl_tinker.service import Limits
 
@@ -51,9 +66,10 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = Non
         server_module.Service = Kept
         try:
             loop.run_until_complete(server_module.serve_async(
-                [BASE], state_dir, [KEY, OTHER_KEY], "127.0.0.1", 0,
                 # one key serves every test of the session: room for all their models
-                Limits(max_batch_tokens=max_batch_tokens, **{"max_runs_per_client": 256, **limits}),
+                list(bases), state_dir, list(keys), "127.0.0.1", port,
+                dataclasses.replace(limits or Limits(max_batch_tokens=max_batch_tokens, max_runs_per_client=256),
+                                    **changes),
                 announce=lambda line: None, started=lambda s: box.setdefault("server", s), ranks=ranks))
         finally:
             server_module.Service = real
@@ -126,3 +142,35 @@ def service(request: pytest.FixtureRequest) -> tuple[Served, Any]:
     one = request.param == "1 rank"
     return (request.getfixturevalue("served" if one else "served_two"),
             request.getfixturevalue("client" if one else "client_two"))
+
+
+@pytest.fixture(scope="session")
+def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server as a team runs it: quotas (:data:`TEAM`), the tiny model also under a hosted model's name,
+    four keys."""
+    from toolrl_tinker.service import Limits
+
+    s = start_server(tmp_path_factory.mktemp("tinker-team"), limits=Limits(**TEAM), bases=(BASE, f"{HOSTED}={BASE}"),
+                     keys=(KEY, OTHER_KEY, FLOOD_KEY, GONE_KEY))
+    yield s
+    s.stop()
+
+
+@contextlib.contextmanager
+def limited(served: Served, **changes: Any) -> Iterator[None]:
+    """The server's limits changed while the block runs (the service reads them at each request)."""
+    before = served.service.limits
+    served.service.limits = dataclasses.replace(before, **changes)
+    try:
+        yield
+    finally:
+        served.service.limits = before
+
+
+def on_loop(served: Served, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` run on the server's event loop (a coroutine function's awaited); its result."""
+    async def call() -> Any:
+        out = fn(*args)
+        return await out if asyncio.iscoroutine(out) else out
+
+    return asyncio.run_coroutine_threadsafe(call(), served.loop).result(60)

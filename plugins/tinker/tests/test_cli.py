@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def test_serves_the_sdk(tmp_path: Path) -> None:
         line = proc.stderr.readline()
         while line and "tinker API on" not in line:
             line = proc.stderr.readline()
-        assert f"http://127.0.0.1:{port}" in line
+        assert re.findall(r"http://\S+", line) == [f"http://127.0.0.1:{port}"]  # one URL: scripts grep for it
         rest = tinker.RestClient(base_url=f"http://127.0.0.1:{port}", api_key="tml-cli-key")
         names = [m.model_name for m in rest.get_server_capabilities().result().supported_models]
         assert names == ["tiny-qwen3"]

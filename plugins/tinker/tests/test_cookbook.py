@@ -26,6 +26,9 @@ import pytest
 
 KEY = "tml-cookbook-test-key"
 MODEL = "tiny-qwen3"
+# A name in the cookbook's table of hosted models, which the server offers on the tiny model (its renderer
+# there, qwen3_instruct, is the one the tiny model's Qwen3 tokenizer speaks).
+HOSTED = "Qwen/Qwen3-4B-Instruct-2507"
 COOKBOOK_PYTHON = os.environ.get("TOOLRL_COOKBOOK_PYTHON", "")
 pytestmark = pytest.mark.skipif(
     not COOKBOOK_PYTHON,
@@ -37,7 +40,8 @@ def serving(tmp: Path, *args: str) -> Iterator[str]:
     """``toolrl tinker serve`` as a user starts it (with ``args``), on a free port; yields its URL."""
     log = tmp / "serve.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", MODEL, "--port", "0",
+        proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", MODEL,
+                                 "--base", f"{HOSTED}={MODEL}", "--port", "0",
                                  "--state-dir", str(tmp / "state"), "--api-key", KEY, *args],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"})
@@ -73,27 +77,28 @@ def server_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from toolrl_tinker.hub_names import write_hub_cache
 
-    return write_hub_cache((MODEL,), tmp_path_factory.mktemp("hf-hub"))
+    return write_hub_cache((MODEL, f"{HOSTED}={MODEL}"), tmp_path_factory.mktemp("hf-hub"))
 
 
-def recipe(module: str, server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
-    """The cookbook's recipe ``module`` on the tiny model (LoRA rank 4) with ``args``; its metrics rows once
-    it finished."""
+def recipe(module: str, server: str, hub_cache: Path, log_path: Path, *args: str,
+           model: tuple[str, ...] = (f"model_name={MODEL}", "renderer_name=qwen3_instruct")) -> list[dict]:
+    """The cookbook's recipe ``module`` on the tiny model (LoRA rank 4; ``model``: the arguments that name
+    it) with ``args``; its metrics rows once it finished."""
     env = {**os.environ, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache),
            "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)  # the cookbook's venv sees nothing of toolrl's
     result = subprocess.run(
-        [COOKBOOK_PYTHON, "-m", f"tinker_cookbook.recipes.{module}.train", f"model_name={MODEL}",
-         "renderer_name=qwen3_instruct", f"base_url={server}", f"log_path={log_path}", "lora_rank=4",
+        [COOKBOOK_PYTHON, "-m", f"tinker_cookbook.recipes.{module}.train", *model, f"base_url={server}",
+         f"log_path={log_path}", "lora_rank=4",
          "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete", *args],
         capture_output=True, text=True, env=env, timeout=240, cwd=log_path.parent)
     assert result.returncode == 0 and "Training completed successfully" in result.stderr, result.stderr[-4000:]
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
 
 
-def math_rl(server: str, hub_cache: Path, log_path: Path, *args: str) -> list[dict]:
+def math_rl(server: str, hub_cache: Path, log_path: Path, *args: str, **named: tuple[str, ...]) -> list[dict]:
     """The cookbook's math_rl recipe on its arithmetic environment, groups of 2."""
-    return recipe("math_rl", server, hub_cache, log_path, "env=arithmetic", "group_size=2", *args)
+    return recipe("math_rl", server, hub_cache, log_path, "env=arithmetic", "group_size=2", *args, **named)
 
 
 def final_checkpoint(log_path: Path) -> dict:
@@ -113,6 +118,15 @@ def check_on_policy(rows: list[dict], episodes: int) -> None:
 def test_math_rl_arithmetic_runs_unchanged(server: str, hub_cache: Path, tmp_path: Path) -> None:
     rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=2")
     assert [row["progress/batch"] for row in rows] == [0, 1]
+    check_on_policy(rows, episodes=4)
+    assert final_checkpoint(tmp_path / "run")["sampler_path"].startswith("tinker://")
+
+
+def test_a_hosted_name_looked_up_in_the_cookbooks_table(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    """``serve --base Qwen/Qwen3-4B-Instruct-2507=tiny-qwen3``: the recipe, given that name and no
+    ``renderer_name``, finds the renderer in its table of hosted models and the tokenizer under the name
+    (``toolrl tinker tokenizers NAME=SOURCE``), and trains."""
+    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=1", model=(f"model_name={HOSTED}",))
     check_on_policy(rows, episodes=4)
     assert final_checkpoint(tmp_path / "run")["sampler_path"].startswith("tinker://")
 

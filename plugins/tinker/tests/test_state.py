@@ -1,14 +1,19 @@
 """State survives a restart: checkpoints listed and downloadable through the rest client, a training
 client from a saved state (with its optimizer) equal to the one saved, a sampler path sampled again;
-a future that was running when the server stopped fails naming the restart."""
+a request the SDK sent that was running when the server stopped fails, through the SDK's own future,
+naming the restart; the client's session ended with it."""
 
 from __future__ import annotations
 
+import socket
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 from conftest import BASE, KEY, held, start_server
 from toolrl_tinker.service import owner_of
@@ -23,11 +28,17 @@ def _datum() -> Any:
                                        "weights": np.ones(6, np.float32)})
 
 
-def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> None:
+def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tinker
     from tinker import types
+    from toolrl_tinker import server as server_module
 
-    first = start_server(tmp_path)
+    monkeypatch.setattr(server_module, "SHUTDOWN_GRACE_S", 0.5)  # the SDK's long poll would hold the stop 5 s
+    with socket.socket() as s:  # one port for both runs: the SDK's client reconnects to it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    first = start_server(tmp_path, port=port)
+    turn = first.service.turns[BASE].turn()
     try:
         service = tinker.ServiceClient(base_url=first.url, api_key=KEY)
         tc = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()
@@ -40,12 +51,24 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
         run, trainer = held(first, tc.model_id)
         weights = trainer.adapter_state(run)
         moments = trainer.optimizer_state(run)
-        first.service.store.future_started("req-cut-off", owner_of(KEY))  # as a request in flight is recorded
+        turn.__enter__()  # the base busy: the next request is running (waiting for its turn) when the server stops
+        cut_off = tc.forward_backward([_datum()], "cross_entropy")
+        deadline = time.time() + 30
+        while first.service.futures.running[owner_of(KEY)] < 1 and time.time() < deadline:
+            time.sleep(0.05)
+        assert first.service.futures.running[owner_of(KEY)] == 1
     finally:
         first.stop()
 
-    second = start_server(tmp_path)
+    # The state file keeps a write-ahead log: no request waits for a disk sync on the event loop.
+    assert sqlite3.connect(tmp_path / "state.sqlite").execute("pragma journal_mode").fetchone()[0] == "wal"
+    second = start_server(tmp_path, port=port)
     try:
+        with pytest.raises(tinker.RequestFailedError, match="the server restarted while this request ran"):
+            cut_off.result(60)
+        with pytest.raises(tinker.BadRequestError, match="server restart"):
+            tc.forward_backward([_datum()], "cross_entropy").result()
+        turn.__exit__(None, None, None)
         rest = tinker.RestClient(base_url=second.url, api_key=KEY)
         listed = {c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
         assert listed == {state_path, sampler_path, external_path}
@@ -67,9 +90,5 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path) -> 
         sampler = service.create_sampling_client(model_path=sampler_path).result()
         out = sampler.sample(types.ModelInput.from_ints([4, 9, 16]), 1, types.SamplingParams(max_tokens=3, seed=0))
         assert len(out.result().sequences[0].tokens) == 3
-
-        lost = httpx.post(f"{second.url}/api/v1/retrieve_future", json={"request_id": "req-cut-off"},
-                          headers={"X-API-Key": KEY}).json()
-        assert "the server restarted while this request ran" in lost["error"]
     finally:
         second.stop()

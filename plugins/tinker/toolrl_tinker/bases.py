@@ -22,11 +22,11 @@ class Base:
     sampler: Sampler
 
     @classmethod
-    def load(cls, name: str, keep: int = 4, ranks: Ranks | None = None, sampler: str = "transformers",
-             slots: int = 32, max_rank: int = 64) -> Base:
-        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id) loaded twice: the trainer's
-        where ``ranks`` say, the sampler's here (engine ``sampler``, ``slots`` adapters resident, ranks up to
-        ``max_rank``), keeping ``keep`` weight sets per run."""
-        path = resolve_source(ModelConfig(source=ALIASES.get(name, name)))
+    def load(cls, name: str, keep: int = 4, source: str | None = None, ranks: Ranks | None = None,
+             sampler: str = "transformers", slots: int = 32, max_rank: int = 64) -> Base:
+        """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id; or any name, offering
+        ``source``'s weights) loaded twice: the trainer's where ``ranks`` say, the sampler's here (engine
+        ``sampler``, ``slots`` adapters resident, ranks up to ``max_rank``), keeping ``keep`` weight sets per run."""
+        path = resolve_source(ModelConfig(source=source or ALIASES.get(name, name)))
         return cls(name, path, Trainer(path, ranks), Sampler(path, load_tokenizer(path), keep, sampler, slots=slots,
                                                                max_rank=max_rank))

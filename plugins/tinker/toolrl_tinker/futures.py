@@ -3,18 +3,26 @@ later, which the client long-polls (``retrieve_future``); one training client's 
 order of their ``seq_id``.
 
 A future's result is a response body and its content type (protobuf where the SDK asks for it), or an
-error in the shape the SDK raises as ``RequestFailedError`` (``{"error", "category"}``).
+error in the shape the SDK raises as ``RequestFailedError`` (``{"error", "category"}``). A result is kept
+until :data:`KEEP_S` after it was first retrieved, and one never retrieved (its client gone) until
+:data:`UNCLAIMED_S` after it ended; then its id is unknown (404).
+
+Each key's futures not yet ended, and their tokens, are counted here: the quotas
+(:mod:`toolrl_tinker.quotas`) read them, and the metrics too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from toolrl_tinker.metrics import Metrics
 from toolrl_tinker.store import Store
 
 # How long one retrieve_future waits before answering "try again" (the SDK reads for 45 s; each answer
@@ -24,11 +32,18 @@ LONG_POLL_S = 40.0
 GAP_S = 30.0
 # A finished future's result is kept this long after it was first retrieved (the SDK may ask again).
 KEEP_S = 120.0
+# A result nobody retrieved (a client killed, or one that stopped waiting) is kept this long after it ended.
+UNCLAIMED_S = 3600.0
+# The call a future answers (forward_backward, sample, ...), as the HTTP route that made it names it.
+REQUEST_KIND: contextvars.ContextVar[str] = contextvars.ContextVar("tinker_request_kind", default="other")
 
 
 @dataclass
 class Future:
     owner: str
+    kind: str = "other"
+    tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     body: bytes = b""
     content_type: str = "application/json"
@@ -38,29 +53,51 @@ class Future:
 
 
 class Futures:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: Metrics) -> None:
         self.store = store
+        self.metrics = metrics
         self._futures: dict[str, Future] = {}
         self._ids = itertools.count()
+        self.running: Counter[str] = Counter()  # a key's futures not yet ended
+        self.tokens: Counter[str] = Counter()  # and their tokens
+        self.kinds: Counter[str] = Counter()  # futures not yet ended, by kind
 
-    def new(self, owner: str) -> tuple[str, Future]:
+    def new(self, owner: str, tokens: int = 0) -> tuple[str, Future]:
+        """A future of ``owner``'s holding ``tokens`` until it ends; its kind is the route's (:data:`REQUEST_KIND`)."""
         request_id = f"req-{uuid.uuid4().hex[:12]}-{next(self._ids)}"
-        fut = Future(owner)
+        fut = Future(owner, REQUEST_KIND.get(), tokens)
         self._futures[request_id] = fut
+        self.running[owner] += 1
+        self.tokens[owner] += tokens
+        self.kinds[fut.kind] += 1
         self.store.future_started(request_id, owner)
         return request_id, fut
 
     def finish(self, request_id: str, body: bytes, content_type: str) -> None:
         fut = self._futures[request_id]
         fut.body, fut.content_type = body, content_type
-        fut.done.set()
-        self.store.future_ended(request_id)
+        self._ended(request_id, fut, "ok")
 
     def fail(self, request_id: str, error: str, category: str = "user") -> None:
         fut = self._futures[request_id]
         fut.error, fut.category = error, category
+        self._ended(request_id, fut, f"{category}_error")
+
+    def _ended(self, request_id: str, fut: Future, outcome: str) -> None:
         fut.done.set()
         self.store.future_ended(request_id)
+        for counts, key, n in ((self.running, fut.owner, 1), (self.tokens, fut.owner, fut.tokens), (self.kinds, fut.kind, 1)):
+            counts[key] -= n
+            if counts[key] <= 0:
+                del counts[key]
+        self.metrics.count("tinker_requests_total", kind=fut.kind, outcome=outcome, key=fut.owner)
+        self.metrics.observe("tinker_request_duration_seconds", time.monotonic() - fut.started, kind=fut.kind)
+        asyncio.get_running_loop().call_later(UNCLAIMED_S, self._unclaimed, request_id)
+
+    def _unclaimed(self, request_id: str) -> None:
+        fut = self._futures.get(request_id)
+        if fut is not None and not fut.retrieved:
+            self.forget(request_id)
 
     async def wait(self, request_id: str, owner: str) -> Future | None:
         """The finished future, None when it is still running after the long poll; KeyError for an id
@@ -102,9 +139,12 @@ class InOrder:
         await self._drain()
 
     async def closed(self) -> None:
-        """Once the jobs under way have run (those queued behind a gap are dropped)."""
+        """Once the job under way has run, and then every job queued (behind a gap or not), in order: a
+        closed run's jobs fail at once, each its own future."""
         async with self._lock:
-            self._waiting.clear()
+            waiting, self._waiting = self._waiting, {}
+            for seq in sorted(waiting):
+                await waiting[seq][1]()
 
     async def _drain(self) -> None:
         async with self._lock:

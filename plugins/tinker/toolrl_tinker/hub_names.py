@@ -1,5 +1,10 @@
-"""A Hugging Face cache that makes the names of the base models this server holds load offline as
-tokenizers, for a Tinker client.
+"""The names a server offers its base models under, and a Hugging Face cache that makes those names load
+offline as tokenizers, for a Tinker client.
+
+A base is a name clients pass (``base_model``) and the weights it loads: ``NAME=SOURCE`` offers SOURCE (a
+toolrl built-in, a directory, a Hub id) under NAME, e.g. ``Qwen/Qwen3-4B-Instruct-2507=smollm2-135m-instruct``,
+so a recipe that looks every model up in tinker-cookbook's table of hosted models runs unchanged; a
+bare name loads itself (or its :data:`ALIASES` entry).
 
 A Tinker client loads a model's tokenizer itself, by name: tinker-cookbook through
 ``get_tokenizer(model_name)`` (``AutoTokenizer.from_pretrained``), the SDK's sampling client by the base
@@ -24,7 +29,19 @@ ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
 OFFLINE_NAMES = ("tiny-qwen3", "HuggingFaceTB/SmolLM2-135M-Instruct")
 # What a client reads to make the tokenizer (and the model type, from config.json); never the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "config.json", "generation_config.json")
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json", "config.json",
+                   "generation_config.json")
+
+
+def base_spec(spec: str) -> tuple[str, str]:
+    """``NAME=SOURCE`` as (NAME, SOURCE); a bare name (or an existing path, whatever it holds) as itself
+    and what it loads."""
+    name, sep, source = spec.partition("=")
+    if not sep or Path(spec).exists():
+        return spec, ALIASES.get(spec, spec)
+    if not name or not source:
+        raise ValueError(f"--base {spec!r}: NAME=SOURCE needs both a name and a source")
+    return name, source
 
 
 def default_hub_cache() -> Path:
@@ -35,17 +52,19 @@ def default_hub_cache() -> Path:
 
 
 def write_hub_cache(names: tuple[str, ...] = OFFLINE_NAMES, hub_cache: str | os.PathLike[str] | None = None) -> Path:
-    """Lay out each of ``names`` (a name the server holds: a toolrl built-in or its Hub alias) in the
-    Hugging Face cache ``hub_cache`` (default: :func:`default_hub_cache`) as the Hub's downloads are laid
-    out (``models--ORG--NAME/snapshots/REV/`` and ``refs/main``), tokenizer files only; returns the cache
+    """Lay out each of ``names`` (a name the server holds: a toolrl built-in, its Hub alias, or
+    ``NAME=SOURCE`` as ``--base`` takes it: SOURCE's tokenizer under NAME) in the Hugging Face cache
+    ``hub_cache`` (default: :func:`default_hub_cache`) as the Hub's downloads are laid out
+    (``models--ORG--NAME/snapshots/REV/`` and ``refs/main``), tokenizer files only; returns the cache
     folder. REV is a digest of the files, so writing again changes nothing and a changed tokenizer gets a
     new revision; ``refs/main`` names ours, and anything the Hub wrote for the same id stays."""
     from toolrl.config import ModelConfig
     from toolrl.model_sources import resolve_source
 
     root = Path(hub_cache) if hub_cache is not None else default_hub_cache()
-    for name in names:
-        source = Path(resolve_source(ModelConfig(source=ALIASES.get(name, name))))
+    for spec in names:
+        name, loads = base_spec(spec)
+        source = Path(resolve_source(ModelConfig(source=loads)))
         files = [source / f for f in TOKENIZER_FILES if (source / f).is_file()]
         digest = hashlib.sha1()
         for file in files:

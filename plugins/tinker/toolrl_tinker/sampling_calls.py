@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toolrl_tinker import adapters, trainer, wire
+from toolrl_tinker import adapters, bounded, requests, trainer, wire
 from toolrl_tinker.requests import UserError
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class SamplingCalls:
 
         def put() -> None:
             if req.path is not None:
-                self.service.training.save(run, path, "sampler_weights", name, False)
+                self.service.training.save(run, path, "sampler_weights", name, False, req.ttl_seconds)
             base = self.service.base(run.base)
             base.sampler.put(run.model_id, adapter, run.rank, run.targets, base.trainer.adapter_state(run))
 
@@ -86,14 +86,20 @@ class SamplingCalls:
         else:
             record = self._record(owner, req.model_path, req.base_model)
         sampler = self.service.base(record.base).sampler
+        tokens = requests.sample_tokens(req, sampler.context, sampler.vocab)
+        time_limit = self.service.limits.request_timeout
 
         async def work() -> wire.Result:
             async with sampler.using(record.adapter):
                 if not sampler.holds(record.adapter):
                     await asyncio.to_thread(self._reload, record)
-                return wire.sample_response(await sampler.sample(record.adapter, req), req)
+                async with bounded.time_limit(time_limit, "sample"):
+                    sampled = await sampler.sample(record.adapter, req)
+            new = sum(len(g.token_ids) for g in sampled.sequences)
+            self.service.metrics.count("tinker_sampled_tokens_total", new, base=record.base, key=owner)
+            return wire.sample_response(sampled, req)
 
-        answer = self.service.start(owner, work)
+        answer = self.service.start(owner, work, tokens=tokens)
         answer["sample_sequence_ids"] = [f"{answer['request_id']}:{i}" for i in range(req.num_samples)]
         return answer
 

@@ -3,8 +3,12 @@ calls, each checking the ``X-API-Key`` and handing the body (parsed with the SDK
 to :class:`toolrl_tinker.service.Service`.
 
 Errors: a request refused at once is HTTP 400 (401 without a key this server holds, 404 for an unknown
-id) with ``{"error", "category"}``, which the SDK raises as ``BadRequestError`` and the like; a request
-that fails while it runs fails its future, which the SDK raises as ``RequestFailedError``.
+id, 410 for a heartbeat of an ended session, 413 for a body over ``--max-request-bytes``, 429 with
+``Retry-After`` over a key's quota for now) with ``{"error", "category"}``, which the SDK raises as
+``BadRequestError`` and the like (or, for 429, waits and sends again); a request that fails while it
+runs fails its future, which the SDK raises as ``RequestFailedError``.
+
+``GET /metrics`` answers the service's metrics (:mod:`toolrl_tinker.metrics`) without a key.
 """
 
 from __future__ import annotations
@@ -22,21 +26,31 @@ from typing import Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from toolrl_tinker import wire
+from toolrl_tinker.futures import REQUEST_KIND
+from toolrl_tinker.quotas import RETRY_AFTER_S, QuotaExceeded
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.service import Limits, Service, owner_of
+from toolrl_tinker.sessions import SessionGone
 from toolrl_tinker.trainer import Ranks
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
+# How long uvicorn waits for open requests (a long poll waits 40 s) when the server is stopped.
+SHUTDOWN_GRACE_S = 5
 
 
-def _error(status: int, message: str, category: str = "user") -> JSONResponse:
-    return JSONResponse({"error": message, "detail": message, "category": category}, status_code=status)
+class TooLarge(Exception):
+    """A request body over ``--max-request-bytes``: HTTP 413."""
+
+
+def _error(status: int, message: str, category: str = "user", headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "detail": message, "category": category}, status_code=status,
+                        headers=headers)
 
 
 def build_app(service: Service, api_keys: list[str]) -> Starlette:
@@ -45,11 +59,26 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
 
     def endpoint(handler: Callable[[Request, str], Awaitable[Any]], auth: bool = True) -> Callable[..., Any]:
         async def run(request: Request) -> Response:
+            response = await answer(request)
+            service.metrics.count("tinker_http_requests_total", route=handler.__name__, code=str(response.status_code))
+            return response
+
+        async def answer(request: Request) -> Response:
             owner = owners.get(request.headers.get("x-api-key", ""))
             if auth and owner is None:
                 return _error(401, "an API key this server holds is required (X-API-Key, the SDK's TINKER_API_KEY)")
+            REQUEST_KIND.set(handler.__name__)  # the futures this request makes are of its kind
             try:
                 result = await handler(request, owner or "")
+            except QuotaExceeded as exc:
+                return _error(429, str(exc), headers={"Retry-After": str(max(1, round(RETRY_AFTER_S))),
+                                                      "Retry-After-Ms": str(int(RETRY_AFTER_S * 1000))})
+            except SessionGone as exc:
+                return _error(410, str(exc))
+            except TooLarge as exc:
+                return _error(413, str(exc))
+            except ClientDisconnect:  # the client went away mid-request: nothing was made
+                return Response(status_code=499)
             except UserError as exc:
                 return _error(400, str(exc))
             except KeyError as exc:
@@ -59,13 +88,54 @@ def build_app(service: Service, api_keys: list[str]) -> Starlette:
             return result if isinstance(result, Response) else JSONResponse(result)
         return run
 
-    return Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
-                             *rest_routes(service, endpoint), *download_routes(service, endpoint)])
+    app = Starlette(routes=[*session_routes(service, endpoint), *model_routes(service, endpoint),
+                            *rest_routes(service, endpoint), *download_routes(service, endpoint)])
+    app.state.service = service  # its limits bound each body (_read)
+    return app
 
 
-async def _body(request: Request, model: Any) -> Any:
-    """The JSON body as one of the SDK's request types."""
-    return model.model_validate(json.loads(await request.body() or b"{}"))
+async def _read(request: Request, limit: int | None = None) -> bytes:
+    """The body, refused (:class:`TooLarge`) as soon as it passes ``limit`` bytes (default: the server's
+    ``--max-request-bytes``)."""
+    limit = limit or request.app.state.service.limits.max_request_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the request body holds {declared} bytes, over this server's limit of {limit} "
+                       "(tinker serve --max-request-bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the request body passes this server's limit of {limit} bytes (tinker serve "
+                           "--max-request-bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _object(request: Request, limit: int = 1 << 16) -> dict[str, Any]:
+    """A small JSON object body (the rest client's)."""
+    data = json.loads(await _read(request, limit) or b"{}")
+    if not isinstance(data, dict):
+        raise UserError(f"the body is a JSON {type(data).__name__}, not an object")
+    return data
+
+
+async def _body(request: Request, model: Any, refused: Callable[[Any], None] | None = None) -> Any:
+    """The JSON body as one of the SDK's request types; one it refuses is the
+    client's error, naming the first field it refused (the SDK sends a NaN or infinity as null), after
+    ``refused`` had the body (a training client's request takes its turn all the same)."""
+    from pydantic import ValidationError
+
+    data = json.loads(await _read(request) or b"{}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        if refused is not None:
+            refused(data)
+        first = exc.errors()[0]
+        given = json.dumps(first.get("input"), default=str)[:80]
+        raise UserError(f"{model.__name__}: {'.'.join(map(str, first['loc'])) or 'body'}: {first['msg']} "
+                        f"(given {given})") from None
 
 
 def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
@@ -76,8 +146,13 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
         return {"status": "ok"}
 
     async def client_config(request: Request, owner: str) -> Any:
+        # A forward_backward's chunks: the SDK's estimate is at least 4 bytes a token, so no chunk of
+        # several datums passes --max-batch-tokens.
         return {"proto_compress_fwdbwd": True, "parallel_fwdbwd_chunks": True, "pjwt_auth_enabled": False,
-                "use_pyqwest_transport": False}
+                "use_pyqwest_transport": False, "fwdbwd_max_chunk_bytes_count": 4 * service.limits.max_batch_tokens}
+
+    async def metrics(request: Request, owner: str) -> Any:
+        return PlainTextResponse(await service.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def capabilities(request: Request, owner: str) -> Any:
         return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True,
@@ -86,9 +161,10 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
 
     async def create_session(request: Request, owner: str) -> Any:
         await _body(request, t.CreateSessionRequest)
-        return {"type": "create_session", "session_id": service.create_session(owner)}
+        return {"type": "create_session", "session_id": service.sessions.create(owner)}
 
     async def heartbeat(request: Request, owner: str) -> Any:
+        service.sessions.heartbeat(owner, (await _body(request, t.SessionHeartbeatRequest)).session_id)
         return {"type": "session_heartbeat"}
 
     async def telemetry(request: Request, owner: str) -> Any:
@@ -112,6 +188,7 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
 
     return [
         Route(f"{API}/healthz", endpoint(healthz, auth=False), methods=["GET"]),
+        Route("/metrics", endpoint(metrics, auth=False), methods=["GET"]),
         Route(f"{API}/client/config", endpoint(client_config), methods=["POST"]),
         Route(f"{API}/client/dynamic_config", endpoint(nothing), methods=["POST"]),
         Route(f"{API}/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
@@ -135,23 +212,28 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return service.training.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
 
     async def forward_backward(request: Request, owner: str) -> Any:
-        req = wire.forward_backward_request(await request.body(), request.headers.get("content-encoding"))
+        req = wire.forward_backward_request(await _read(request), request.headers.get("content-encoding"),
+                                            service.limits.max_request_bytes)
         return service.training.forward_backward(owner, req)
 
+    async def ordered(request: Request, owner: str, model: Any) -> Any:
+        """The body of a request that takes its turn in a training client's ``seq_id`` order."""
+        return await _body(request, model, refused=lambda data: service.skip_turn(owner, data))
+
     async def optim_step(request: Request, owner: str) -> Any:
-        return service.training.optim_step(owner, await _body(request, t.OptimStepRequest))
+        return service.training.optim_step(owner, await ordered(request, owner, t.OptimStepRequest))
 
     async def save_weights(request: Request, owner: str) -> Any:
-        return service.training.save_weights(owner, await _body(request, t.SaveWeightsRequest))
+        return service.training.save_weights(owner, await ordered(request, owner, t.SaveWeightsRequest))
 
     async def load_weights(request: Request, owner: str) -> Any:
-        return service.training.load_weights(owner, await _body(request, t.LoadWeightsRequest))
+        return service.training.load_weights(owner, await ordered(request, owner, t.LoadWeightsRequest))
 
     async def save_external(request: Request, owner: str) -> Any:
-        return service.training.save_external(owner, await _body(request, t.SaveWeightsExternalRequest))
+        return service.training.save_external(owner, await ordered(request, owner, t.SaveWeightsExternalRequest))
 
     async def save_for_sampler(request: Request, owner: str) -> Any:
-        return service.sampling.save_for_sampler(owner, await _body(request, t.SaveWeightsForSamplerRequest))
+        return service.sampling.save_for_sampler(owner, await ordered(request, owner, t.SaveWeightsForSamplerRequest))
 
     async def create_sampling_session(request: Request, owner: str) -> Any:
         req = await _body(request, t.CreateSamplingSessionRequest)
@@ -187,10 +269,12 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         import datetime
 
         kinds = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+        def when(t: float | None) -> str | None:
+            return None if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()
+
         return {"checkpoint_id": f"{c['kind']}/{c['name']}", "tinker_path": c["path"],
-                "checkpoint_type": kinds[c["kind"]],
-                "time": datetime.datetime.fromtimestamp(c["created"], datetime.UTC).isoformat(),
-                "size_bytes": c["size"], "public": False}
+                "checkpoint_type": kinds[c["kind"]], "time": when(c["created"]), "size_bytes": c["size"],
+                "public": False, "expires_at": when(c["expires"])}
 
     def run_json(r: dict[str, Any]) -> dict[str, Any]:
         import datetime
@@ -222,11 +306,19 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return {"checkpoints": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
 
     async def delete_checkpoint(request: Request, owner: str) -> Any:
-        service.store.delete_checkpoint(_checkpoint_of(service, request, owner)["path"])
+        service.checkpoints.delete(_checkpoint_of(service, request, owner)["path"], "client")
+        return Response(status_code=204)
+
+    async def checkpoint_ttl(request: Request, owner: str) -> Any:
+        found = _checkpoint_of(service, request, owner)
+        ttl = (await _object(request)).get("ttl_seconds")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int)):
+            raise UserError(f"ttl_seconds {ttl!r}: a whole number of seconds, or null")
+        service.checkpoints.set_ttl(found["path"], ttl)
         return Response(status_code=204)
 
     async def weights_info(request: Request, owner: str) -> Any:
-        data = json.loads(await request.body() or b"{}")
+        data = await _object(request)
         found = service.store.checkpoint(data.get("tinker_path", ""))
         if found is None or found["owner"] != owner:
             raise UserError(f"checkpoint {data.get('tinker_path')!r} does not exist")
@@ -240,6 +332,7 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
         Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
         Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
+        Route(f"{ck}/ttl", endpoint(checkpoint_ttl), methods=["PUT"]),
         Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
     ]
 
@@ -313,7 +406,7 @@ async def _serve(service: Service, api_keys: list[str], host: str, port: int, an
     import uvicorn
 
     config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
-                            timeout_keep_alive=75)
+                            timeout_keep_alive=75, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     listening = asyncio.Event()
 
     class Server(uvicorn.Server):
@@ -328,8 +421,9 @@ async def _serve(service: Service, api_keys: list[str], host: str, port: int, an
     waiting.cancel()
     if server.started:
         bound = server.servers[0].sockets[0].getsockname()[1]
+        # One URL on the line: scripts read it with a pattern (scripts/tinker_demo.sh).
         announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.base_names)}; "
-                 f"state: {service.store.root})")
+                 f"state: {service.store.root}; metrics: GET /metrics)")
         if started is not None:
             started(server)
     await task

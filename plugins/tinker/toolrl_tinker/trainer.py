@@ -117,6 +117,16 @@ class Trainer:
         with self.lock:
             return self.ranks.gradients(run.adapter)
 
+    def set_gradients(self, run: Run, grads: dict[str, Any]) -> None:
+        """The run's adapter's gradients set back to ``grads`` (:meth:`gradients`' copy)."""
+        with self.lock:
+            self.ranks.set_gradients(run.adapter, grads)
+
+    def memory(self) -> dict[str, int]:
+        """Tensor bytes the trainer holds by part (per rank: :meth:`toolrl.processes.step_rank.StepRank.memory`)."""
+        with self.lock:
+            return self.ranks.memory()
+
     def save(self, run: Run, file: Path, optimizer: bool) -> None:
         """The run's checkpoint file: its adapter, shape and steps and, with ``optimizer``, its AdamW state
         (without: a sampler's weights, ``optimizer`` None)."""

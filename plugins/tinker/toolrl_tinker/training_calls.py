@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from toolrl_tinker import adapters, requests, trainer, wire
+from toolrl_tinker import adapters, bounded, requests, trainer, wire
 from toolrl_tinker.requests import ForwardBackward, UserError
 
 if TYPE_CHECKING:
@@ -56,13 +56,16 @@ class TrainingCalls:
         limits = self.service.limits
 
         def step() -> StepOutput:
-            rows, loss = requests.token_rows(req, base.trainer.vocab, limits.max_batch_tokens)
-            return base.trainer.step(run, rows, loss, req.forward_only, limits.micro_batch_tokens)
+            rows, loss = requests.token_rows(req, base.trainer.vocab, limits.max_batch_tokens, base.trainer.context)
+            return bounded.forward_backward(base.trainer, self.service.turns[run.base], run, rows, loss, req.forward_only,
+                                            limits.micro_batch_tokens, limits.request_timeout)
 
         async def work() -> wire.Result:
-            return wire.forward_backward_output(await asyncio.to_thread(step))
+            out = await asyncio.to_thread(step)
+            self.service.metrics.count("tinker_trained_tokens_total", out.tokens, base=run.base, key=owner)
+            return wire.forward_backward_output(out)
 
-        return self.service.start(owner, work, run.model_id, req.seq_id)
+        return self.service.start(owner, work, run.model_id, req.seq_id, sum(len(d.tokens) for d in req.data))
 
     def optim_step(self, owner: str, req: types.OptimStepRequest) -> dict[str, Any]:
         run = self.service.run(owner, req.model_id)
@@ -83,16 +86,18 @@ class TrainingCalls:
         # its first batch's state twice under one name (rl/train.py), which a refusal here would fail.
 
         async def work() -> wire.Result:
-            await asyncio.to_thread(self.save, run, path, "weights", name, True)
+            await asyncio.to_thread(self.save, run, path, "weights", name, True, req.ttl_seconds)
             return wire.json_body({"path": path, "type": "save_weights"})
 
         return self.service.start(owner, work, run.model_id, req.seq_id)
 
-    def save(self, run: trainer.Run, path: str, kind: str, name: str, optimizer: bool) -> None:
-        """The run's checkpoint ``path`` written and recorded (``optimizer``: with its AdamW state)."""
+    def save(self, run: trainer.Run, path: str, kind: str, name: str, optimizer: bool, ttl: int | None = None) -> None:
+        """The run's checkpoint ``path`` written and recorded (``optimizer``: with its AdamW state), expiring
+        ``ttl`` seconds from now (None: the server's default)."""
+        expires = self.service.checkpoints.expiry(ttl)
         file = self.service.store.checkpoint_file(run.model_id, kind, name)
         self.service.base(run.base).trainer.save(run, file, optimizer)
-        self.service.store.add_checkpoint(path, run.owner, run.model_id, kind, name, file)
+        self.service.checkpoints.add(path, run.owner, run.model_id, kind, name, file, expires)
 
     def save_external(self, owner: str, req: types.SaveWeightsExternalRequest) -> dict[str, Any]:
         """The adapter as a PEFT adapter directory, downloadable through the rest client's
@@ -104,10 +109,10 @@ class TrainingCalls:
                 raise UserError("age_encryption_recipients: this server stores external weights unencrypted")
 
         def save() -> int:
-            store = self.service.store
-            folder = store.checkpoint_file(run.model_id, "external_weights", req.path).with_suffix("")
+            expires = self.service.checkpoints.expiry(req.ttl_seconds)
+            folder = self.service.store.checkpoint_file(run.model_id, "external_weights", req.path).with_suffix("")
             size = self.service.base(run.base).trainer.save_peft(run, folder)
-            store.add_checkpoint(path, run.owner, run.model_id, "external_weights", req.path, folder)
+            self.service.checkpoints.add(path, run.owner, run.model_id, "external_weights", req.path, folder, expires)
             return size
 
         async def work() -> wire.Result:

@@ -43,13 +43,20 @@ def _array(t: Any) -> np.ndarray:
     return arr.astype(np.float32) if dtype == np.float32 else arr.astype(np.int64)
 
 
-def forward_backward_request(body: bytes, encoding: str | None) -> ForwardBackward:
+def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 << 31) -> ForwardBackward:
+    """A ``forward_backward``'s body (zstd-compressed when ``encoding`` says so, at most ``limit`` bytes once
+    decompressed) as a typed request; a body that is not one is the client's error."""
     from tinker.proto import tinker_public_pb2 as pb
 
     if encoding == "zstd":
         import zstandard
 
-        body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+        try:
+            body = _unzstd(body, limit)
+        except zstandard.ZstdError as exc:
+            raise UserError(f"forward_backward: not a zstd body ({exc})") from None
+    elif encoding not in (None, "", "identity"):
+        raise UserError(f"forward_backward: content-encoding {encoding!r}: this server takes zstd or none")
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -69,6 +76,21 @@ def forward_backward_request(body: bytes, encoding: str | None) -> ForwardBackwa
         raise UserError("loss_fn_config: text values are not taken by any loss this server computes")
     loss = msg.loss_fn if not msg.forward_only or msg.loss_fn else None
     return ForwardBackward(msg.model_id, msg.seq_id or None, loss, config or None, msg.forward_only, data)
+
+
+def _unzstd(body: bytes, limit: int) -> bytes:
+    """``body`` decompressed, read a piece at a time and refused past ``limit`` bytes (a frame's declared
+    size is not trusted: a few bytes may declare any)."""
+    import io
+
+    import zstandard
+
+    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
+        out = reader.read(limit + 1)  # fills up to that many bytes, or to the frame's end
+    if len(out) > limit:
+        raise UserError(f"forward_backward: the body decompresses past this server's limit of {limit} bytes "
+                        "(tinker serve --max-request-bytes)")
+    return out
 
 
 def _batched(arrays: list[np.ndarray]) -> Any:

@@ -1,0 +1,71 @@
+"""What one API key may hold at once: training clients (``--max-runs-per-client``), futures not yet
+ended (``--max-futures-per-client``) and the tokens of those futures (``--max-tokens-per-client``; a
+``forward_backward`` holds its datums' tokens, a ``sample`` its prompt and every sample's most new
+tokens).
+
+A request that would pass a key's futures or tokens now is answered 429 with ``Retry-After``: the SDK
+waits and sends it again (a sample without end; a training client's step for up to five minutes, its
+creation ten times; then it raises ``tinker.RateLimitError``), so a key that queues without bound slows
+itself, not the others. A request that could never fit (more tokens alone than the quota) and a training client over
+the quota are the client's errors at once (400). A training client's request that its client's queue
+waits for (the next ``seq_id`` to run) is always taken: the requests queued behind it hold the quota,
+and refusing it would stall them all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolrl_tinker.requests import UserError
+
+if TYPE_CHECKING:
+    from toolrl_tinker.service import Service
+
+# How soon the SDK sends a refused request again (its client reads Retry-After-Ms before Retry-After).
+RETRY_AFTER_S = 0.25
+
+
+class QuotaExceeded(Exception):
+    """A request over its key's quota for now: HTTP 429, sent again by the SDK."""
+
+    def __init__(self, quota: str, message: str) -> None:
+        super().__init__(message)
+        self.quota = quota
+
+
+class Quotas:
+    def __init__(self, service: Service) -> None:
+        self.service = service  # its limits are read at each request
+
+    def admit(self, owner: str, tokens: int, next_in_line: bool = False) -> None:
+        """Raise unless ``owner`` may start one more request of ``tokens`` tokens now."""
+        limits, futures = self.service.limits, self.service.futures
+        if tokens > limits.max_tokens_per_client:
+            self._refused(owner, "request_tokens")
+            raise UserError(f"this request holds {tokens} tokens, over this server's limit of "
+                            f"{limits.max_tokens_per_client} tokens in flight per client "
+                            "(tinker serve --max-tokens-per-client): send it in smaller pieces")
+        if next_in_line:
+            return
+        if futures.running[owner] >= limits.max_futures_per_client:
+            self._refused(owner, "futures")
+            raise QuotaExceeded("futures", f"this client has {futures.running[owner]} requests queued or running, "
+                                f"this server's limit (tinker serve --max-futures-per-client): sent again shortly")
+        if futures.tokens[owner] + tokens > limits.max_tokens_per_client:
+            self._refused(owner, "tokens")
+            raise QuotaExceeded("tokens", f"this client's requests queued or running hold {futures.tokens[owner]} "
+                                f"tokens; with this one's {tokens} that is over this server's limit of "
+                                f"{limits.max_tokens_per_client} (tinker serve --max-tokens-per-client): sent again shortly")
+
+    def admit_run(self, owner: str) -> None:
+        """Raise unless ``owner`` may hold one more training client (and start the request that makes it)."""
+        held = sum(r.owner == owner for r in self.service.runs.values())
+        if held >= self.service.limits.max_runs_per_client:
+            self._refused(owner, "training_clients")
+            raise UserError(f"this client holds {held} models, the server's limit (tinker serve "
+                            "--max-runs-per-client): close a ServiceClient, or wait for an idle one's session "
+                            "to time out")
+        self.admit(owner, 0)
+
+    def _refused(self, owner: str, quota: str) -> None:
+        self.service.metrics.count("tinker_quota_refusals_total", key=owner, quota=quota)
