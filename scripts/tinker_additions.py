@@ -7,9 +7,10 @@ question and its sum, drawn as the recipe's ``ArithmeticDataset`` draws problems
 
 ``held-out``: 64 problems no stage trained on (drawn the same way from seeds past both, less any pair the SL
 file or the RL run's batches hold), asked with the recipe's prompt, stop sequence and token cap through the
-official SDK, and graded by the recipe's ``ArithmeticEnv``. Each checkpoint answers each problem greedily
-once and at the recipe's sampling temperature (1.0) eight times; the last line compares the RL recipe's
-start (the SL checkpoint) with its end at that temperature, as mean problems solved per draw.
+official SDK, and graded by the recipe's ``ArithmeticEnv``. The base model, the SL run's final checkpoint (the
+RL run's start), every sampler checkpoint the RL run saved and its final one each answer each problem greedily
+once and at the recipe's sampling temperature (1.0) eight times (mean problems solved per draw); the RL run's
+curve is printed, and the last line compares its start with its end.
 """
 
 from __future__ import annotations
@@ -74,24 +75,37 @@ async def solved(client: tinker.SamplingClient, envs: list, max_tokens: int, tem
     return sum(await asyncio.gather(*(one(make) for make in envs)))
 
 
+def checkpoints(log_path: str) -> list[dict]:
+    return [json.loads(line) for line in (Path(log_path) / "checkpoints.jsonl").read_text().splitlines()]
+
+
 def final_sampler(log_path: str) -> str:
-    records = [json.loads(line) for line in (Path(log_path) / "checkpoints.jsonl").read_text().splitlines()]
-    return next(r for r in records if r["name"] == "final")["sampler_path"]
+    return next(r for r in checkpoints(log_path) if r["name"] == "final")["sampler_path"]
+
+
+def rl_samplers(log_path: str) -> dict[int, str]:
+    """The RL run's sampler weights by steps trained: those it saved every ``save_every`` steps, then its final ones."""
+    return {int(r["batch"]): r["sampler_path"] for r in checkpoints(log_path)}
 
 
 async def held_out(args: argparse.Namespace) -> None:
     renderer = renderers.get_renderer(args.renderer, tokenizer=get_tokenizer(args.model))
     envs = held_out_problems(renderer, args.groups_per_batch, args.train_batches, args.sl_examples)
     service = tinker.ServiceClient(base_url=args.base_url)
+    rl = {0: final_sampler(args.sl_log), **rl_samplers(args.rl_log)}  # step 0: the SL checkpoint it loaded
     clients = {"base model": service.create_sampling_client(base_model=args.model),
-               "after SL": service.create_sampling_client(model_path=final_sampler(args.sl_log)),
-               "after RL": service.create_sampling_client(model_path=final_sampler(args.rl_log))}
+               **{step: service.create_sampling_client(model_path=path) for step, path in rl.items()}}
     greedy = {name: await solved(c, envs, args.max_tokens, 0.0, 1) for name, c in clients.items()}
     sampled = {name: await solved(c, envs, args.max_tokens, 1.0, DRAWS) for name, c in clients.items()}
-    print("held-out success, greedy: " + ", ".join(f"{n} {v:.0f}/{HELD_OUT}" for n, v in greedy.items()))
+    start, end = 0, max(rl)
+    named = {"base model": "base model", start: "after SL", end: "after RL"}
+    print("held-out success, greedy: " + ", ".join(f"{n} {greedy[k]:.0f}/{HELD_OUT}" for k, n in named.items()))
     print(f"held-out success, temperature 1 ({DRAWS} draws a problem, mean): "
-          + ", ".join(f"{n} {v:.1f}/{HELD_OUT}" for n, v in sampled.items()))
-    print(f"held-out success: before {sampled['after SL']:.1f}/{HELD_OUT} → after {sampled['after RL']:.1f}/{HELD_OUT}")
+          + ", ".join(f"{n} {sampled[k]:.1f}/{HELD_OUT}" for k, n in named.items()))
+    print(f"held-out success over the RL run's steps, greedy (temperature 1), of {HELD_OUT}: "
+          + ", ".join(f"step {k} {greedy[k]:.0f} ({sampled[k]:.1f})" for k in rl))
+    print(f"held-out success, the RL run's start → end: greedy {greedy[start]:.0f}/{HELD_OUT} → {greedy[end]:.0f}/{HELD_OUT}, "
+          f"temperature 1 {sampled[start]:.1f}/{HELD_OUT} → {sampled[end]:.1f}/{HELD_OUT}")
 
 
 def main() -> None:
