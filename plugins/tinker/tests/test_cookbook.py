@@ -1,7 +1,8 @@
 """tinker-cookbook's own code, unchanged, against ``toolrl tinker serve`` on loopback: the ``math_rl``
 recipe on its arithmetic environment for a few steps, through the cookbook's ``rl/train.py`` loop
 synchronously, asynchronously (``max_steps_off_policy``) and with streamed minibatches; the ``chat_sl``
-recipe on a local chat file, and ``math_rl`` from its checkpoint (scripts/tinker_demo.sh's two stages).
+recipe on a local chat file, and ``math_rl`` from its checkpoint, graded by scripts/tinker_additions.py
+(scripts/tinker_demo.sh's two stages and its grader).
 
 The cookbook runs in a virtual environment of its own, as a user of the hosted service has it
 (tinker-cookbook 0.5.8, its own tinker and transformers): ``TOOLRL_COOKBOOK_PYTHON`` names its
@@ -30,6 +31,7 @@ MODEL = "tiny-qwen3"
 # there, qwen3_instruct, is the one the tiny model's Qwen3 tokenizer speaks).
 HOSTED = "Qwen/Qwen3-4B-Instruct-2507"
 COOKBOOK_PYTHON = os.environ.get("TOOLRL_COOKBOOK_PYTHON", "")
+GRADER = Path(__file__).resolve().parents[3] / "scripts" / "tinker_additions.py"
 pytestmark = pytest.mark.skipif(
     not COOKBOOK_PYTHON,
     reason="TOOLRL_COOKBOOK_PYTHON names no interpreter with tinker-cookbook==0.5.8 (nox -s 'plugin(tinker)' makes one)")
@@ -80,18 +82,22 @@ def hub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_hub_cache((MODEL, f"{HOSTED}={MODEL}"), tmp_path_factory.mktemp("hf-hub"))
 
 
+def cookbook_env(hub_cache: Path) -> dict[str, str]:
+    env = {**os.environ, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)  # the cookbook's venv sees nothing of toolrl's
+    return env
+
+
 def recipe(module: str, server: str, hub_cache: Path, log_path: Path, *args: str,
            model: tuple[str, ...] = (f"model_name={MODEL}", "renderer_name=qwen3_instruct")) -> list[dict]:
     """The cookbook's recipe ``module`` on the tiny model (LoRA rank 4; ``model``: the arguments that name
     it) with ``args``; its metrics rows once it finished."""
-    env = {**os.environ, "TINKER_API_KEY": KEY, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache),
-           "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)  # the cookbook's venv sees nothing of toolrl's
     result = subprocess.run(
         [COOKBOOK_PYTHON, "-m", f"tinker_cookbook.recipes.{module}.train", *model, f"base_url={server}",
          f"log_path={log_path}", "lora_rank=4",
          "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete", *args],
-        capture_output=True, text=True, env=env, timeout=240, cwd=log_path.parent)
+        capture_output=True, text=True, env=cookbook_env(hub_cache), timeout=240, cwd=log_path.parent)
     assert result.returncode == 0 and "Training completed successfully" in result.stderr, result.stderr[-4000:]
     return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
 
@@ -156,7 +162,9 @@ def test_stream_minibatch(ranks: str, hub_cache: Path, tmp_path: Path, request: 
 def test_chat_sl_on_a_local_file_then_math_rl_from_its_checkpoint(server: str, hub_cache: Path, tmp_path: Path) -> None:
     """scripts/tinker_demo.sh's two stages: chat_sl on a local chat JSONL, then math_rl with
     ``load_checkpoint_path`` at the SL run's final state. At learning rate 0 the RL run's final weights are
-    the ones it loaded: they score a sequence as the SL checkpoint does, not as the base model."""
+    the ones it loaded: they score a sequence as the SL checkpoint does, not as the base model. The demo's
+    grader reads both runs' checkpoints: the RL run's curve from the SL checkpoint (step 0) through every
+    sampler checkpoint it saved."""
     import tinker
 
     conversation = [{"role": "user", "content": "What is 4 + 5?"}, {"role": "assistant", "content": "9"}]
@@ -167,7 +175,7 @@ def test_chat_sl_on_a_local_file_then_math_rl_from_its_checkpoint(server: str, h
     assert len(rows) == 3 and rows[-1]["train_mean_nll"] < rows[0]["train_mean_nll"]
     sl = final_checkpoint(tmp_path / "sl")
     math_rl(server, hub_cache, tmp_path / "rl", f"load_checkpoint_path={sl['state_path']}", "groups_per_batch=2",
-            "max_steps=1", "learning_rate=0")
+            "max_steps=2", "save_every=1", "learning_rate=0")
     service = tinker.ServiceClient(base_url=server, api_key=KEY)
     tokens = tinker.ModelInput.from_ints(list(range(3, 40)))
 
@@ -177,3 +185,14 @@ def test_chat_sl_on_a_local_file_then_math_rl_from_its_checkpoint(server: str, h
     loaded, trained = scored(model_path=final_checkpoint(tmp_path / "rl")["sampler_path"]), scored(model_path=sl["sampler_path"])
     assert max(abs(a - b) for a, b in zip(loaded, trained)) < 1e-6
     assert max(abs(a - b) for a, b in zip(trained, scored(base_model=MODEL))) > 1e-3
+
+    graded = subprocess.run(
+        [COOKBOOK_PYTHON, str(GRADER), "held-out", "--base-url", server, "--model", MODEL, "--renderer", "qwen3_instruct",
+         "--sl-log", str(tmp_path / "sl"), "--rl-log", str(tmp_path / "rl"), "--sl-examples", "6",
+         "--groups-per-batch", "2", "--train-batches", "2", "--problems", "4", "--draws", "2"],
+        capture_output=True, text=True, env=cookbook_env(hub_cache), timeout=240)
+    assert graded.returncode == 0, graded.stderr[-4000:]
+    *_, curve, last = graded.stdout.splitlines()
+    assert re.findall(r"step (\d+) \d+ \(\d+\.\d\)", curve) == ["0", "1", "2"], curve
+    assert re.fullmatch(r"held-out success, the RL run's start → end: greedy \d/4 → \d/4, "
+                        r"temperature 1 \d\.\d/4 → \d\.\d/4", last), last
