@@ -139,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1 seed, 4 steps of 4 prompts, 2 held-out problems a level: "
                     "a smoke run")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds run are first-seed, first-seed + 1, ...")
     ap.add_argument("--steps", type=int, default=12, help="steps of each run (dynamic: --dynamic-steps)")
     ap.add_argument("--dynamic-steps", type=int, default=None, help="steps of the dynamic arm (default: half of --steps)")
     ap.add_argument("--batch", type=int, default=8, help="prompts a step (8 samples each)")
@@ -164,14 +165,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"workload: SmolLM2-135M-Instruct (LoRA r16), chain_sum at {len(LEVEL_NAMES)} levels ({'; '.join(LEVEL_NAMES)}), "
           f"{args.train} training prompts and {args.held_out} held-out problems a level; {args.steps} steps × "
-          f"{args.batch} prompts × 8 samples (dynamic: {args.dynamic_steps} steps); seeds 0-{args.seeds - 1}; "
+          f"{args.batch} prompts × 8 samples (dynamic: {args.dynamic_steps} steps); seeds {args.first_seed}-{args.first_seed + args.seeds - 1}; "
           f"held-out every {args.eval_every} steps, greedy; {args.jobs} runs at once\n", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="curriculum-") as tmp:
         base = Path(tmp)
         before = run_child(__file__, ["--child", "before", "0", str(base / "before"), *common], "before")["by_level"]
         print(f"untrained: {sum(before)}/{problems} held-out ({' '.join(map(str, before))} by level)", flush=True)
-        jobs = [(arm, seed) for seed in range(args.seeds) for arm in arms]
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        jobs = [(arm, seed) for seed in seeds for arm in arms]
 
         def one(job: tuple[str, int]) -> dict[str, Any]:
             arm, seed = job
@@ -185,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = dict(zip(jobs, pool.map(one, jobs), strict=True))
     curves = {arm: [[(0.0, float(sum(before))), *((float(p["tokens"]), float(sum(p["by_level"])))
                                                   for p in results[(arm, seed)]["points"])]
-                    for seed in range(args.seeds)] for arm in arms}
+                    for seed in seeds] for arm in arms}
     ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
     marks = [max(ends.values()) * k / 8 for k in range(9)]
     print(f"\nheld-out successes of {problems} (mean over {args.seeds} seeds) at generated tokens "
