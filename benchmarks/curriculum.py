@@ -31,12 +31,17 @@ to target are where its curve first reaches it. Last line:
 needed; the issue's goal ≤ 0.7). Runs go ``--jobs`` at a time, each a process of its own, single-threaded.
 
     OMP_NUM_THREADS=1 python benchmarks/curriculum.py [--quick] [--seeds 3] [--steps 12] [--jobs 2]
+        [--first-seed 0] [--logs OUTPUT ...]
+
+``--first-seed`` and ``--logs`` split the seeds over several runs: each run's output kept, ``--logs`` prints the
+figures of all their per-seed lines together, running nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -140,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "a smoke run")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0, help="the seeds run are first-seed, first-seed + 1, ...")
+    ap.add_argument("--logs", nargs="+", type=Path, help="no runs: the figures of the per-seed lines these earlier "
+                                                          "outputs of this script printed (seeds split over runs)")
     ap.add_argument("--steps", type=int, default=12, help="steps of each run (dynamic: --dynamic-steps)")
     ap.add_argument("--dynamic-steps", type=int, default=None, help="steps of the dynamic arm (default: half of --steps)")
     ap.add_argument("--batch", type=int, default=8, help="prompts a step (8 samples each)")
@@ -158,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.dynamic_steps = args.dynamic_steps or max(args.steps // 2, 1)
     if args.child:
         return child(args)
+    if args.logs:
+        curves = from_logs(args.logs)
+        return report(curves, args.held_out * len(LEVEL_NAMES), f"{len(curves['uniform'])} seeds, from "
+                      + ", ".join(map(str, args.logs)), 0.0)
     arms = [a for a in args.arms.split(",") if a]
     common = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
               if k in ("steps", "dynamic_steps", "batch", "eval_every", "train", "held_out", "up", "down")]
@@ -188,10 +199,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     curves = {arm: [[(0.0, float(sum(before))), *((float(p["tokens"]), float(sum(p["by_level"])))
                                                   for p in results[(arm, seed)]["points"])]
                     for seed in seeds] for arm in arms}
+    return report(curves, problems, f"{args.seeds} seeds", time.perf_counter() - t0)
+
+
+def from_logs(paths: Sequence[Path]) -> dict[str, list[list[tuple[float, float]]]]:
+    """Each arm's curve per seed, from the per-seed lines of earlier outputs of this script."""
+    before, runs = None, {}
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if m := re.match(r"untrained: (\d+)/", line):
+                before = float(m.group(1))
+            elif m := re.match(r"(\w+) seed (\d+): \d+ s; held-out at tokens \(by level\): (.*?);", line):
+                runs[(m.group(1), int(m.group(2)))] = [(float(t), float(n)) for n, t in re.findall(r"(\d+)@(\d+)\(", m.group(3))]
+    if before is None or not runs:
+        raise SystemExit(f"--logs: no untrained line or no per-seed line in {', '.join(map(str, paths))}")
+    return {arm: [[(0.0, before), *runs[key]] for key in sorted(runs) if key[0] == arm]
+            for arm in ARMS if any(key[0] == arm for key in runs)}
+
+
+def report(curves: dict[str, list[list[tuple[float, float]]]], problems: int, seeds: str, wall_s: float) -> int:
+    """The arms' mean curves, tokens to the uniform arm's final success, and the last line."""
     ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
     marks = [max(ends.values()) * k / 8 for k in range(9)]
-    print(f"\nheld-out successes of {problems} (mean over {args.seeds} seeds) at generated tokens "
-          f"({time.perf_counter() - t0:.0f} s in all)")
+    print(f"\nheld-out successes of {problems} (mean over {seeds}) at generated tokens ({wall_s:.0f} s in all)")
     print(table(["arm", *[f"{m:.0f}" for m in marks]],
                 [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
                  for arm, cs in curves.items()]))

@@ -1,7 +1,7 @@
 """A trainer rank of the two-rank service killed (SIGKILL) while a client's request runs: the request is
-made again on a group re-formed from what the service kept (each adapter's state after its last step and
-the calls since), and the client gets, bit for bit, what a client making the same calls on the
-uninterrupted service gets; its later requests too."""
+made again on a group re-formed from what the service kept (each adapter's state after its last step, its
+gradients as a failed request set them back, and the calls since), and the client gets, bit for bit, what a
+client making the same calls on the uninterrupted service gets; its later requests too."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from conftest import BASE, KEY, held
 
@@ -31,14 +32,26 @@ def _data(seed: int, count: int = 6) -> list[Any]:
     return data
 
 
+def _overflowing() -> Any:
+    """A datum whose importance-sampling loss is infinite: the request fails, its gradient set back."""
+    from tinker import types
+
+    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:4]),
+                       loss_fn_inputs={"target_tokens": np.array(TOKENS[1:5], np.int64),
+                                       "logprobs": np.full(4, -1e30, np.float32), "advantages": np.ones(4, np.float32)})
+
+
 def _calls(tc: Any, during: threading.Event | None = None) -> list[Any]:
-    """forward_backward, optim_step, two forward_backward (``during`` set as the second one is sent), an
-    optim_step and a forward: what each gave."""
+    """forward_backward, optim_step, forward_backward, one that fails (its gradient set back on every rank),
+    another (``during`` set as it is sent), an optim_step and a forward: what each gave."""
+    import tinker
     from tinker import types
 
     step = types.AdamParams(learning_rate=1e-2)
     seen = [tc.forward_backward(_data(1), "ppo").result(), tc.optim_step(step).result(),
             tc.forward_backward(_data(2), "ppo").result()]
+    with pytest.raises(tinker.RequestFailedError, match="the loss of this request is"):
+        tc.forward_backward([_overflowing()], "importance_sampling").result()
     future = tc.forward_backward(_data(3, count=12), "ppo")
     if during is not None:
         during.set()
