@@ -166,9 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         return child(args)
     if args.logs:
-        curves = from_logs(args.logs)
-        return report(curves, args.held_out * len(LEVEL_NAMES), f"{len(curves['uniform'])} seeds, from "
-                      + ", ".join(map(str, args.logs)), 0.0)
+        curves, problems = from_logs(args.logs)
+        return report(curves, problems, f"{max(map(len, curves.values()))} seeds, from " + ", ".join(map(str, args.logs)))
     arms = [a for a in args.arms.split(",") if a]
     common = [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
               if k in ("steps", "dynamic_steps", "batch", "eval_every", "train", "held_out", "up", "down")]
@@ -199,29 +198,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     curves = {arm: [[(0.0, float(sum(before))), *((float(p["tokens"]), float(sum(p["by_level"])))
                                                   for p in results[(arm, seed)]["points"])]
                     for seed in seeds] for arm in arms}
-    return report(curves, problems, f"{args.seeds} seeds", time.perf_counter() - t0)
+    return report(curves, problems, f"{args.seeds} seeds; {time.perf_counter() - t0:.0f} s in all")
 
 
-def from_logs(paths: Sequence[Path]) -> dict[str, list[list[tuple[float, float]]]]:
-    """Each arm's curve per seed, from the per-seed lines of earlier outputs of this script."""
-    before, runs = None, {}
+def from_logs(paths: Sequence[Path]) -> tuple[dict[str, list[list[tuple[float, float]]]], int]:
+    """Each arm's curve per seed, and the held-out problems, from the lines earlier outputs of this script
+    printed (the untrained line and the per-seed lines)."""
+    before, problems, runs = None, 0, {}
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
-            if m := re.match(r"untrained: (\d+)/", line):
-                before = float(m.group(1))
+            if m := re.match(r"untrained: (\d+)/(\d+)", line):
+                before, problems = float(m.group(1)), int(m.group(2))
             elif m := re.match(r"(\w+) seed (\d+): \d+ s; held-out at tokens \(by level\): (.*?);", line):
                 runs[(m.group(1), int(m.group(2)))] = [(float(t), float(n)) for n, t in re.findall(r"(\d+)@(\d+)\(", m.group(3))]
     if before is None or not runs:
         raise SystemExit(f"--logs: no untrained line or no per-seed line in {', '.join(map(str, paths))}")
     return {arm: [[(0.0, before), *runs[key]] for key in sorted(runs) if key[0] == arm]
-            for arm in ARMS if any(key[0] == arm for key in runs)}
+            for arm in ARMS if any(key[0] == arm for key in runs)}, problems
 
 
-def report(curves: dict[str, list[list[tuple[float, float]]]], problems: int, seeds: str, wall_s: float) -> int:
+def report(curves: dict[str, list[list[tuple[float, float]]]], problems: int, seeds: str) -> int:
     """The arms' mean curves, tokens to the uniform arm's final success, and the last line."""
     ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
     marks = [max(ends.values()) * k / 8 for k in range(9)]
-    print(f"\nheld-out successes of {problems} (mean over {seeds}) at generated tokens ({wall_s:.0f} s in all)")
+    print(f"\nheld-out successes of {problems} (mean over {seeds}) at generated tokens")
     print(table(["arm", *[f"{m:.0f}" for m in marks]],
                 [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
                  for arm, cs in curves.items()]))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import Tokens
+from toolrl.plugins.parts import NoOptions
 from toolrl.schemas import ToolCall
 
 if TYPE_CHECKING:
@@ -69,9 +70,7 @@ class ContextPolicy:
     (``context.inputs["max_context"]``, None when unset)."""
 
     name: ClassVar[str] = "none"
-
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    Options: ClassVar[type[BaseModel]] = NoOptions
 
     def __init__(self, options: BaseModel, max_context: int | None) -> None:
         self.options = options

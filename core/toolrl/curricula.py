@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolrl.plugins.parts import NoOptions
 from toolrl.schemas import Sample
 from toolrl.seeds import draw_seed, epoch_seed
 
@@ -101,9 +102,7 @@ class Curriculum:
     ``data.curriculum``, before any model loads."""
 
     name: ClassVar[str] = "uniform"
-
-    class Options(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    Options: ClassVar[type[BaseModel]] = NoOptions
 
     def __init__(self, options: BaseModel, data: TrainingSet) -> None:
         self.options = options

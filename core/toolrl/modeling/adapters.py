@@ -93,14 +93,25 @@ def remove_adapter(model: torch.nn.Module, name: str) -> None:
         p.requires_grad_(key in trained)
 
 
+# A LoRA tensor's part of its parameter name (``.lora_A.``), before the adapter's name in a model's names.
+_LORA_PART = r"(\.lora_[^.]+)\."
+
+
 def adapter_parameters(model: torch.nn.Module, name: str) -> dict[str, torch.nn.Parameter]:
     """Adapter ``name``'s parameters by their names without the adapter's (``...q_proj.lora_A.weight``),
     in the model's order; raises ValueError for an adapter the model does not hold."""
     if name not in adapter_names(model):
         raise ValueError(f"the model has no adapter {name!r}")
     # The part after lora_A (lora_B, ...) names the adapter: dropped.
-    return {re.sub(r"(\.lora_[^.]+)\.[^.]+\.", r"\1.", key, count=1): p for key, p in model.named_parameters()
+    return {re.sub(_LORA_PART + r"[^.]+\.", r"\1.", key, count=1): p for key, p in model.named_parameters()
             if adapter_of(key) == name}
+
+
+def adapter_keys(state: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """:func:`adapter_state`'s tensors under adapter ``name``'s parameter names
+    (``...q_proj.lora_A.<name>.weight``): the inverse of :func:`adapter_parameters`' naming, what an engine's
+    weight rows carry for that adapter."""
+    return {re.sub(_LORA_PART, rf"\1.{name}.", key, count=1): t for key, t in state.items()}
 
 
 def adapter_state(model: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:

@@ -66,8 +66,8 @@ def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = Non
         server_module.Service = Kept
         try:
             loop.run_until_complete(server_module.serve_async(
-                # one key serves every test of the session: room for all their models
                 list(bases), state_dir, list(keys), "127.0.0.1", port,
+                # one key serves every test of the session: room for all their models
                 dataclasses.replace(limits or Limits(max_batch_tokens=max_batch_tokens, max_runs_per_client=256),
                                     **changes),
                 announce=lambda line: None, started=lambda s: box.setdefault("server", s), ranks=ranks))

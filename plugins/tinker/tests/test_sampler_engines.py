@@ -74,6 +74,7 @@ def test_adapters_come_and_go_through_the_engine_contract(served: Any) -> None:
 
     from tinker import types
     from toolrl.engines import SamplingParams
+    from toolrl.modeling.adapters import adapter_keys
     from toolrl_tinker import adapters
 
     client = tinker_client(served)
@@ -94,7 +95,7 @@ def test_adapters_come_and_go_through_the_engine_contract(served: Any) -> None:
     engine.add_adapter("probe", adapters.config(run.rank, run.targets))
     assert "probe" in engine.adapters() and tokens("probe") == tokens(adapters.BASE_ADAPTER)
     with engine.updating_weights(engine.weight_version):
-        for key, tensor in adapters.named_for(state, "probe").items():
+        for key, tensor in adapter_keys(state, "probe").items():
             engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
         engine.finish_weight_rows()
     assert tokens("probe") == seq.tokens

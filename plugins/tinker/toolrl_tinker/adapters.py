@@ -6,7 +6,6 @@ directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), route
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from toolrl_tinker.requests import UserError
@@ -46,12 +45,6 @@ def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
     from toolrl.config import AdapterConfig
 
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
-
-
-def named_for(tensors: dict[str, Any], name: str) -> dict[str, Any]:
-    """An adapter's tensors (adapter-neutral names) under the names an engine takes them for adapter ``name``:
-    the trainer's (``...q_proj.lora_A.<name>.weight``)."""
-    return {re.sub(r"(\.lora_[^.]+)\.", rf"\1.{name}.", key, count=1): t for key, t in tensors.items()}
 
 
 def peft_files(tensors: dict[str, Any], rank: int, targets: list[str], base: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrl.engines import Generation, ModelSource, PromptLogprobs, SamplingParams
+from toolrl.modeling.adapters import adapter_keys
 from toolrl.plugins.parts import BuildContext, build_part, registered_parts
 
 from toolrl_tinker import adapters
@@ -132,7 +133,7 @@ class Sampler:
         try:
             with self.engine.updating_weights(self.engine.weight_version):
                 self.engine.add_adapter(name, adapters.config(rank, targets, frozen=True))
-                for key, tensor in adapters.named_for(state, name).items():
+                for key, tensor in adapter_keys(state, name).items():
                     self.engine.load_weight_rows(key, tuple(tensor.shape), 0, tensor)
                 self.engine.finish_weight_rows()
         except BaseException:
