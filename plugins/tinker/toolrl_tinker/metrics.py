@@ -15,7 +15,7 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from toolrl_tinker.bases import Base
@@ -126,23 +126,7 @@ def resident_bytes() -> int | None:
 def base_memory(base: Base) -> list[Sample]:
     """The tensor bytes of base ``base``: its trainer's (per rank: the base's shard, the runs' adapters,
     gradients, AdamW state and those moved to host memory) and its sampler's copy (toolrl's engine; a vLLM
-    sampler's memory is its processes'), each read under the lock that guards adapters added or dropped."""
-    sampler: dict[str, float] = defaultdict(float)
-    model = getattr(base.sampler.engine, "model", None)
-    if model is not None:
-        with base.sampler._use:  # held while the sampler adds or drops a weight set
-            _module_bytes(model, sampler)
+    sampler's memory is its processes')."""
     return [("tinker_base_memory_bytes", {"base": base.name, "copy": copy, "part": part}, value)
-            for copy, parts in (("trainer", base.trainer.memory()), ("sampler", sampler)) for part, value in parts.items()]
-
-
-def _module_bytes(model: Any, into: dict[str, float]) -> None:
-    for name, p in model.named_parameters():
-        into["adapters" if ".lora_" in name else "weights"] += _bytes(p)
-        if p.grad is not None:
-            into["gradients"] += _bytes(p.grad)
-    into["weights"] += sum(_bytes(b) for b in model.buffers())
-
-
-def _bytes(t: Any) -> int:
-    return int(t.numel()) * int(t.element_size())
+            for copy, parts in (("trainer", base.trainer.memory()), ("sampler", base.sampler.memory()))
+            for part, value in parts.items()]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -176,6 +176,21 @@ class Sampler:
             if last:
                 await asyncio.to_thread(self._drop_doomed, name)
 
+    def memory(self) -> dict[str, int]:
+        """The tensor bytes of the engine's model by part (``weights``, ``adapters``, ``gradients``), read
+        while no weight set is added or dropped; none for an engine whose model is in other processes."""
+        parts: dict[str, int] = defaultdict(int)
+        model = getattr(self.engine, "model", None)
+        if model is None:
+            return {}
+        with self._use:
+            for key, p in model.named_parameters():
+                parts["adapters" if ".lora_" in key else "weights"] += _bytes(p)
+                if p.grad is not None:
+                    parts["gradients"] += _bytes(p.grad)
+            parts["weights"] += sum(_bytes(b) for b in model.buffers())
+        return dict(parts)
+
     def _drop_doomed(self, name: str) -> None:
         with self._use:
             if name in self._doomed:
@@ -217,3 +232,7 @@ class Sampler:
         if all(isinstance(s, int) for s in items):
             return [int(s) for s in items], []
         return [], [str(s) for s in items]
+
+
+def _bytes(t: Any) -> int:
+    return int(t.numel()) * int(t.element_size())
