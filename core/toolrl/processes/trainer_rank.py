@@ -117,9 +117,6 @@ class TrainerRank:
         settings = OptimizerSettings(lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                                      weight_decay=cfg.optim.weight_decay)
         self.optimizer = adamw(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr), settings)
-        return self.info()
-
-    def info(self) -> dict[str, Any]:
         return actor_info(self.rank, self.device)
 
     # ----------------------------------------------------------------- training
