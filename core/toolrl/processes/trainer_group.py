@@ -41,10 +41,9 @@ __all__ = ["LocalTrainer", "RayTrainerGroup", "TrainerFailed"]
 
 
 class LocalTrainer:
-    world_size = 1
-
     def __init__(self, rank: TrainerRank) -> None:
         self.rank = rank
+        self.world_size = 1
 
     def take_recoveries(self) -> list[dict[str, Any]]:
         """None ever: the one rank is this process (its death is the controller's, for --supervise)."""
