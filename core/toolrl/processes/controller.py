@@ -56,16 +56,14 @@ async def save_checkpoint(processes: Processes, run_dir: RunDir, step: int, data
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again, except
     ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole; ``draws``: the
     curriculum's state and the prompts of the groups drawn ahead."""
-    config = processes.config
     staged = staging_dir(run_dir.checkpoints, step)
     await processes.training.save(str(staged), step)
     if ahead is not None:
         ahead.save(staged / AHEAD)
     if draws is not None:
         draws.save(staged)
-    return finalize(run_dir.checkpoints, staged, step, {"world_size": processes.training.world_size,
-                                                                   "data_position": data_position},
-                               keep=config.trainer.keep_checkpoints)
+    meta = {"world_size": processes.training.world_size, "data_position": data_position}
+    return finalize(run_dir.checkpoints, staged, step, meta, keep=processes.config.trainer.keep_checkpoints)
 
 
 def record_recoveries(processes: Processes, run_dir: RunDir, step: int) -> list[dict[str, Any]]:

@@ -110,11 +110,6 @@ def result_rows(results: Sequence[tuple[Sample, int, Trajectory]], config: Confi
 
 def summarize(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:
     """The figures of ``summary.json``; a figure with nothing to average (no tool calls) is None."""
-    summary = _figures(results, config, wall_s)
-    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
-
-
-def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:
     n = config.eval.n
     scored = [(sample, t) for sample, _, t in results if t.termination != "infra_error"]
     per_problem: dict[int, list[bool]] = {}
@@ -127,7 +122,7 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
     call_turns = [ok for t in trajs for ok in turn_outcomes(t)]
     solved = [t for t in trajs if success(t, config)]
     count = max(len(trajs), 1)
-    return {
+    summary = {
         "num_samples": len({id(sample) for sample, _, _ in results}),
         "n": n,
         "num_trajectories": len(results),
@@ -154,6 +149,7 @@ def _figures(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, 
         "infra_failures": len(results) - len(scored),
         "wall_s": wall_s,
     }
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()}
 
 
 # -- toolrl eval ----------------------------------------------------------------------------------

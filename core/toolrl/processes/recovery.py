@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from toolrl.config import Config, ConfigError, RayConfig
-from toolrl.processes.ray_actors import ActorDied, Placement, result
+from toolrl.processes.ray_actors import ActorDied, Placement, kill, result
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,9 +63,6 @@ class Recovery:
     ranks: list[dict[str, Any]] = field(default_factory=list)  # the new group: where each rank runs
     node: str | None = None  # the Ray node id the dead rank ran on (a lost node: every rank it held)
 
-    def as_row(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class ReformingGroup:
     """What :class:`toolrl.processes.trainer_group.RayTrainerGroup` does when a rank dies. The group keeps
@@ -102,7 +99,7 @@ class ReformingGroup:
     def take_recoveries(self) -> list[dict[str, Any]]:
         """The recoveries since the last call, as rows (for the controller's records)."""
         taken, self.recoveries = self.recoveries, []
-        return [r.as_row() for r in taken]
+        return [asdict(r) for r in taken]
 
     async def _recovering(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, made again on a re-formed group after each rank death (``stop``: none)."""
@@ -149,20 +146,18 @@ class ReformingGroup:
         :meth:`_node_verdict`)."""
         t0 = time.perf_counter()
         self._discard_copies()
-        self._kill_ranks()
+        end_ranks(self.ranks, self.placement)
         if unreachable is not None:
             await self._node_verdict(unreachable)
         size = self.world_size if mode == "replace" else max(1, self.world_size - 1)
-        with contextlib.suppress(Exception):
-            self.placement.remove()
         try:
-            self.placement = self._reserve(size, reforming=True)
+            self.placement = reserve_ranks(self.config.ray, size, reforming=True)
         except ConfigError:
             if size == 1:
                 raise
             log.warning("no room for %d trainer ranks: continuing with %d", size, size - 1)
             size -= 1
-            self.placement = self._reserve(size, reforming=True)
+            self.placement = reserve_ranks(self.config.ray, size, reforming=True)
         self.world_size = size
         self.ranks = self._spawn(size)
         t1 = time.perf_counter()
@@ -199,12 +194,6 @@ class ReformingGroup:
                 log.warning("node %s is lost", node)
                 return
             await asyncio.sleep(0.5)
-
-    def _reserve(self, size: int, reforming: bool = False) -> Placement:
-        return reserve_ranks(self.config.ray, size, reforming)
-
-    def _kill_ranks(self) -> None:
-        kill(self.ranks)
 
     async def _train(self, batch: Any, step: int) -> list[dict[str, Any]]:
         """Every rank's step on ``batch`` (an object ref of the step's trajectories); their results."""
@@ -279,13 +268,29 @@ def reserve_ranks(ray: RayConfig, size: int, reforming: bool = False, what: str 
                              "PACK", custom)
 
 
-def kill(actors: Sequence[Any]) -> None:
-    """End every actor in ``actors`` (already dead ones too) without waiting for their calls."""
+async def start_ranks(ranks: Sequence[Any], placement: Placement, timeout_s: float, what: str) -> list[dict[str, Any]]:
+    """Every rank's ``setup`` once ``placement`` is ready (``timeout_s``), several ranks joining the process
+    group rank 0's ``address`` hosts; their infos. ``what``: the call, for errors."""
+    await placement.ready(timeout_s)
+    master = (await every_rank([ranks[0].address.remote()], what))[0] if len(ranks) > 1 else None
+    return await every_rank([r.setup.remote(master) for r in ranks], what)
+
+
+def end_ranks(ranks: Sequence[Any], placement: Placement | None) -> None:
+    """Every rank killed (without waiting for its calls) and their placement removed."""
+    kill(ranks)
+    with contextlib.suppress(Exception):
+        placement.remove()
+
+
+def close_ranks(ranks: Sequence[Any], placement: Placement | None) -> None:
+    """Every rank's ``close`` (waited for 10 s at most), then :func:`end_ranks`."""
     import ray
 
-    for actor in actors:
-        with contextlib.suppress(Exception):
-            ray.kill(actor, no_restart=True)
+    refs = [r.close.remote() for r in ranks]
+    with contextlib.suppress(Exception):
+        ray.wait(refs, num_returns=len(refs), timeout=10)
+    end_ranks(ranks, placement)
 
 
 async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, Any]] = (),

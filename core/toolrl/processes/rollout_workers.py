@@ -76,15 +76,10 @@ class RolloutWorker:
                 "host": socket.gethostname(), "running": self._running, "finished": self._finished,
                 "weight_version": getattr(self._rollouts.engine, "weight_version", 0) if self._rollouts else 0}
 
-    async def run_group(self, sample: Mapping[str, Any], group: int, n: int, seed: int,
-                        id_prefix: str = "") -> list[dict[str, Any]]:
-        """The ``n`` trajectories of group ``group``: what ``run_rollouts`` gives that group in a batch
-        (same seeds, same ids)."""
-        return [t.model_dump() for t in await self._group(Sample.model_validate(sample), group, n, seed, id_prefix)]
-
     async def run(self, samples: Sequence[Mapping[str, Any]], groups: Sequence[int], n: int, seed: int,
                   id_prefix: str = "") -> list[dict[str, Any]]:
-        """Several groups at once (a batch's share); ``groups[i]`` is sample i's group number."""
+        """Groups at once (a batch's share, or one streamed group); ``groups[i]`` is sample i's group number:
+        what ``run_rollouts`` gives those groups in a batch (same seeds, same ids)."""
         parsed = [Sample.model_validate(s) for s in samples]
         out = await asyncio.gather(*(self._group(s, g, n, seed, id_prefix) for s, g in zip(parsed, groups, strict=True)))
         return [t.model_dump() for trajs in out for t in trajs]
@@ -159,10 +154,6 @@ class RolloutWorker:
         for receiver in self._receivers:
             receiver.close()
         self._receivers, self._links = [], []
-
-    async def set_weight_version(self, version: int) -> None:
-        """Label the engine's weights ``version`` (an update that loads nothing)."""
-        await asyncio.to_thread(self._load, {}, version)
 
     def _load(self, state_dict: Mapping[str, Any], version: int | None) -> None:
         # Inside updating_weights the engine holds decoding for the whole load and takes the version
@@ -511,7 +502,7 @@ class RolloutWorkerPool:
             slot = await self.slots.least_loaded()
             slot.inflight += 1
             try:
-                ref = slot.actor.run_group.remote(payload, group, n, seed, id_prefix)
+                ref = slot.actor.run.remote([payload], [group], n, seed, id_prefix)
                 return [Trajectory.model_validate(t) for t in await self._call(ref, slot.actor)]
             finally:
                 slot.inflight -= 1
@@ -595,7 +586,8 @@ class RolloutWorkerPool:
     async def set_weight_version(self, version: int) -> None:
         """Label the weights the workers hold as ``version`` (the weights themselves do not move)."""
         self.slots.weight_version = version
-        await self.slots.each(self.slots.up(), lambda actor: actor.set_weight_version.remote(version))
+        # An update that loads nothing: the label alone.
+        await self.slots.each(self.slots.up(), lambda actor: actor.update_weights.remote({}, version))
 
     async def broadcast(self, state_dict: Mapping[str, Any], version: int | None = None) -> None:
         """Send weights to every worker: one copy in the object store, read by each; ``version``

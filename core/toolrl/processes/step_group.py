@@ -24,7 +24,6 @@ the methods.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
@@ -39,9 +38,11 @@ from toolrl.processes.recovery import (
     RankDied,
     Recovery,
     TrainerFailed,
+    close_ranks,
+    end_ranks,
     every_rank,
-    kill,
     reserve_ranks,
+    start_ranks,
 )
 from toolrl.processes.step_rank import StepRank
 from toolrl.training.optimizer import OptimizerSettings
@@ -180,15 +181,10 @@ class StepGroup:
         kept.state, kept.grads, kept.since = {"adapter": dict(adapter), "optimizer": optimizer}, None, []
 
     def close(self) -> None:
-        import ray
-
-        refs = [r.close.remote() for r in self.ranks]
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=10)
-        kill(self.ranks)
-        with contextlib.suppress(Exception):
-            self.placement.remove()
+        close_ranks(self.ranks, self.placement)
         if self._own_ray:
+            import ray
+
             ray.shutdown()
 
     # ----------------------------------------------------------------- fan-out
@@ -249,9 +245,7 @@ class StepGroup:
             self.source, r, self.world_size, self.device, self.slots, self.collective_timeout_s)
             for r in range(self.world_size)]
         self.infos = []
-        await self.placement.ready(timeout_s)
-        master = (await self._each("address", ranks=self.ranks[:1]))[0] if self.world_size > 1 else None
-        self.infos = await self._each("setup", master)
+        self.infos = await start_ranks(self.ranks, self.placement, timeout_s, "setup")
 
     async def _reform(self, what: str) -> None:
         """Every rank killed, a new group placed and started, each adapter restored and its calls since its
@@ -259,9 +253,7 @@ class StepGroup:
         seen, t0 = time.time(), time.perf_counter()
         who = self._broken.split(" died during ")[0] if " died during " in self._broken else "a failed call"
         log.warning("%s: re-forming the step group of %d ranks", self._broken, self.world_size)
-        kill(self.ranks)
-        with contextlib.suppress(Exception):
-            self.placement.remove()
+        end_ranks(self.ranks, self.placement)
         await self._new_ranks(self._start_timeout_s)
         calls = 0
         for name, kept in self.kept.items():

@@ -48,7 +48,8 @@ def supervise(args: Sequence[str], output_dir: Path, max_restarts: int) -> int:
     while True:
         child = subprocess.Popen([sys.executable, "-m", "toolrl", "train", *argv], env=env, start_new_session=True)
         code = _wait(child)
-        _kill_group(child.pid)  # what it started (Ray's processes, tools) goes with it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)  # what it started (Ray's processes, tools) goes with it
         if code in (0, CONFIG_ERROR) or restarts >= max_restarts:
             if code not in (0, CONFIG_ERROR):
                 log.error("controller (pid %d) died (%s); %d restart(s) used, giving up", child.pid, _how(code),
@@ -91,8 +92,3 @@ def _how(code: int) -> str:
             return f"signal {signal.Signals(-code).name}"
         return f"signal {-code}"
     return f"exit status {code}"
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)

@@ -24,7 +24,14 @@ from typing import Any
 from toolrl.config import Config
 from toolrl.processes import WeightPush
 from toolrl.processes.ray_actors import ActorDied, result
-from toolrl.processes.recovery import ReformingGroup, TrainerFailed, every_rank
+from toolrl.processes.recovery import (
+    ReformingGroup,
+    TrainerFailed,
+    close_ranks,
+    every_rank,
+    reserve_ranks,
+    start_ranks,
+)
 from toolrl.processes.resolve import RunPlan
 from toolrl.processes.trainer_rank import TrainerRank
 from toolrl.trajectory import Trajectory
@@ -36,10 +43,7 @@ __all__ = ["LocalTrainer", "RayTrainerGroup", "TrainerFailed"]
 class LocalTrainer:
     def __init__(self, rank: TrainerRank) -> None:
         self.rank = rank
-
-    @property
-    def world_size(self) -> int:
-        return 1
+        self.world_size = 1
 
     def take_recoveries(self) -> list[dict[str, Any]]:
         """None ever: the one rank is this process (its death is the controller's, for --supervise)."""
@@ -78,7 +82,7 @@ class RayTrainerGroup(ReformingGroup):
         self.config = config
         self.plan = plan  # the run check's, for every rank (a re-formed group's too)
         self.world_size = config.trainer.world_size
-        self.placement = self._reserve(self.world_size)
+        self.placement = reserve_ranks(config.ray, self.world_size)
         self.ranks: list[Any] = self._spawn(self.world_size)
         self.infos: list[dict[str, Any]] = []
         self._init_recovery()
@@ -97,9 +101,7 @@ class RayTrainerGroup(ReformingGroup):
 
     async def start(self, timeout_s: float = 900.0) -> list[dict[str, Any]]:
         self.infos = []
-        await self.placement.ready(timeout_s)
-        master = await self._all([self.ranks[0].address.remote()], "start-up") if len(self.ranks) > 1 else [None]
-        self.infos = await self._all([r.setup.remote(master[0]) for r in self.ranks], "start-up")
+        self.infos = await start_ranks(self.ranks, self.placement, timeout_s, "start-up")
         return self.infos
 
     async def step(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, Any]:
@@ -184,7 +186,8 @@ class RayTrainerGroup(ReformingGroup):
     async def save(self, directory: str, step: int) -> None:
         async def attempt() -> None:
             await self._copied()  # a rank that dies now is recovered from before the checkpoint is started
-            _empty(directory)  # a re-formed group writes the whole checkpoint again
+            shutil.rmtree(directory, ignore_errors=True)  # a re-formed group writes the whole checkpoint again
+            Path(directory).mkdir(parents=True)
             await self._all([r.save.remote(directory) for r in self.ranks], f"checkpoint of step {step}")
 
         await self._recovering(f"checkpoint of step {step}", attempt)
@@ -195,17 +198,8 @@ class RayTrainerGroup(ReformingGroup):
         self.copies, self.loaded, self.pending = None, directory, None  # a re-formed group starts from here
 
     def close(self) -> None:
-        import ray
-
         self._discard_copies()
-        refs = [r.close.remote() for r in self.ranks]
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=10)
-        for r in self.ranks:
-            with contextlib.suppress(Exception):
-                ray.kill(r, no_restart=True)
-        with contextlib.suppress(Exception):
-            self.placement.remove()
+        close_ranks(self.ranks, self.placement)
 
     async def _all(self, refs: Sequence[Any], what: str) -> list[Any]:
         return await every_rank(refs, what, self.infos)
@@ -224,9 +218,3 @@ async def _gone(targets: Sequence[Any]) -> list[Any]:
         ping.cancel()
     return [t for t, ping in zip(targets, pings, strict=True)
             if ping.done() and not ping.cancelled() and isinstance(ping.exception(), ActorDied)]
-
-
-def _empty(directory: str) -> None:
-    """``directory`` there and empty."""
-    shutil.rmtree(directory, ignore_errors=True)
-    Path(directory).mkdir(parents=True)

@@ -117,9 +117,6 @@ class TrainerRank:
         settings = OptimizerSettings(lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                                      weight_decay=cfg.optim.weight_decay)
         self.optimizer = adamw(lora.param_groups(self.policy, cfg.model.adapters, cfg.optim.lr), settings)
-        return self.info()
-
-    def info(self) -> dict[str, Any]:
         return actor_info(self.rank, self.device)
 
     # ----------------------------------------------------------------- training
@@ -129,7 +126,7 @@ class TrainerRank:
         ``advantages`` (per trajectory, for the traces) and ``trainer_logprobs`` (by trajectory id, of
         the trajectories this rank trained: :func:`toolrl.training.step.train_step`)."""
         from toolrl.training.sharding import state_bytes
-        from toolrl.training.step import StepOptions, train_step
+        from toolrl.training.step import StepOptions, advantage_inputs, train_step
 
         cfg = self.config
         options = StepOptions(cfg.algorithm, cfg.optim, pad_id=self.pad_id, temperature=cfg.rollout.temperature,
@@ -140,8 +137,10 @@ class TrainerRank:
         # The fields the run gives beside its parts': the critic's values, for the estimator that reads them.
         given = {} if self.critic is None else {VALUES: self.critic.values(trajectories)}
         out = train_step(self.policy, self.optimizer, trajectories, options, ref_model=self.ref_model, fields=given)
-        if self.critic is not None:
-            out.update(self._update_critic(trajectories, given))
+        if self.critic is not None:  # regressed on the estimator's targets for the values it gave before the step
+            inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, given)
+            returns = self.estimator.value_targets(inputs)
+            out.update(self.critic.update(trajectories, given[VALUES], returns, inputs.response_mask))
         if self.world_size > 1:
             out = _group_metrics(out)
         self.model.eval()
@@ -150,15 +149,6 @@ class TrainerRank:
             state += state_bytes(self.critic.model, self.critic.optimizer)
         out["trainer_state_mb"] = state / 2**20
         return out
-
-    def _update_critic(self, trajectories: Sequence[Trajectory], given: dict[str, Any]) -> dict[str, float]:
-        """The critic regressed on the estimator's targets for the values it gave before the step."""
-        from toolrl.training.step import advantage_inputs
-
-        cfg = self.config
-        inputs = advantage_inputs(trajectories, cfg.rollout.max_response_tokens, cfg.algorithm, given)
-        returns = self.estimator.value_targets(inputs)
-        return self.critic.update(trajectories, given[VALUES], returns, inputs.response_mask)
 
     # ----------------------------------------------------------------- weights out
 
