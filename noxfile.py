@@ -57,7 +57,7 @@ PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
 LONGEST_FIRST = ["vllm", "tinker", "sandbox-fusion", "openai", "tau2", "mcp", "openenv", "viewer", "loggers", "geo3k",
-                 "reasoning-gym", "textarena", "verifiers"]
+                 "reasoning-gym", "textarena", "verifiers", "fleet"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
@@ -86,7 +86,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo", "reasoning-gym", "textarena", "tinker"}
+               "duo", "reasoning-gym", "textarena", "tinker", "fleet"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
@@ -265,9 +265,12 @@ def apt_install(session: nox.Session, *packages: str) -> None:
 @nox.session(default=False, requires=["wheels", "train_base"])
 @timed
 def long(session: nox.Session) -> None:
-    """The core tests marked ``long`` (tens of minutes in all): not in the default run."""
+    """The tests marked ``long`` (tens of minutes in all): not in the default run. The core's, and the fleet
+    plugin's two-node test (it starts the core tests' cluster), each in a pytest run of its own."""
     install_core_tests(session)
+    install(session, wheel(ROOT / "plugins" / "fleet", "ray"))
     pytest(session, "tests", "-m", "long", *session.posargs)
+    pytest(session, str(ROOT / "plugins" / "fleet" / "tests"), "-m", "long", *session.posargs, part="fleet")
 
 
 @nox.session(requires=["wheels", "train_base"])

@@ -16,7 +16,7 @@ this benchmark starts itself (one process per server, kept across the ladder):
   through core's :class:`ToolSet` (create, call per step, calc_reward and release), on a stand-in
   SandboxFusion server whose ``/run_code`` answers after ``--exec-ms`` (it runs no code: the client and
   its connection pool are what is measured, not a sandbox);
-- ``fleet``: the same OpenEnv sessions through the ``fleet`` session kind (:mod:`toolrl.fleet`), spread
+- ``fleet``: the same OpenEnv sessions through the ``fleet`` session kind (``toolrl_fleet``), spread
   over ``--fleet-servers`` ``toolrl env serve openenv`` processes in front of that OpenEnv server. Server 0
   is killed (SIGKILL) ``--kill-at`` s into the steps and started again ``--restart-after`` s later: its
   sessions are masked (infrastructure failures), none elsewhere may be lost; then N new trajectories

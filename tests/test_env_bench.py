@@ -1,6 +1,6 @@
 """``toolrl env bench NAME``: N concurrent trajectories of an installed environment driven by a scripted
-policy through the rollout's session machinery (toolrl.testing.load), directly and through a fleet of
-environment servers it starts; every trajectory completes, none masked or lost. Figures are the
+policy through the rollout's session machinery (toolrl.testing.load); every trajectory completes, none
+masked or lost (through a fleet of environment servers: the fleet plugin's tests). Figures are the
 benchmark's (benchmarks/env_load.py), not asserted here."""
 
 from __future__ import annotations
@@ -32,11 +32,9 @@ def counting(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("through", [[], ["--session", "fleet", "--session-options",
-                                          '{"serve": "counting", "servers": 2, "capacity": 8}']])
-def test_bench_drives_every_trajectory_to_its_end(counting: Path, through: list[str]) -> None:
+def test_bench_drives_every_trajectory_to_its_end(counting: Path) -> None:
     result = run_toolrl("env", "bench", "counting", "--ladder", "2,12", "--steps", "5", "--think-s", "0.01",
-                        "--json", *through, path=counting)
+                        "--json", path=counting)
     assert result.returncode == 0, result.stderr
     rungs = json.loads(result.stdout)
     assert [r["n"] for r in rungs] == [2, 12]
@@ -46,9 +44,6 @@ def test_bench_drives_every_trajectory_to_its_end(counting: Path, through: list[
 
 
 def test_bench_names_what_is_wrong(counting: Path) -> None:
-    result = run_toolrl("env", "bench", "counting", "--session", "fleet", path=counting)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert result.stderr.startswith("error: --session-options: give urls"), result.stderr
     for ladder in ("0", "4,x", "4,,8"):
         result = run_toolrl("env", "bench", "counting", "--ladder", ladder, path=counting)
         assert result.returncode == 2 and "Invalid value for '--ladder'" in result.stderr, result.stderr

@@ -19,11 +19,11 @@ CORE = ROOT / "core" / "toolrl"
 # Lowest first: (layer, the top-level modules and packages of core/toolrl it holds).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("__init__", "hookspecs", "schemas", "config", "cache", "masks", "images", "tiny_settings",
-                    "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy")),
+                    "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy", "children")),
     ("modeling", ("modeling",)),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",
-               "families", "renderers", "sessions", "context", "transports", "agents", "fleet", "agent_roles",
+               "families", "renderers", "sessions", "context", "transports", "agents", "agent_roles",
                "curricula")),
     ("loop and step", ("data", "rollout", "training", "gateway")),
     ("processes", ("processes",)),

@@ -230,10 +230,16 @@ def test_what_cannot_clone_says_so():
     assert Steps.can_clone() and not EnvironmentSession.can_clone()
 
 
-def test_a_session_kind_that_cannot_clone_is_refused_before_weights_load(tmp_path):
-    # The fleet kind (core's): its sessions live on servers, which cannot copy one.
-    line, _ = refused(tmp_path, "rollout.tree", "session 'fleet'", "cannot clone",
-                      session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:9"]}},
+def test_a_session_kind_that_cannot_clone_is_refused_before_weights_load(tmp_path, monkeypatch,
+                                                                        toolrl_reload_plugins):
+    # A kind whose sessions live elsewhere (it overrides no clone), installed as a plugin's.
+    from _dists import load_plugin
+
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-far", "far", "far_session",
+                "from toolrl import hookimpl\nfrom toolrl.sessions import EnvironmentSession\n\n\n"
+                "class Far(EnvironmentSession):\n    pass\n\n\n@hookimpl\ndef register_environment_sessions(register):\n"
+                "    register(Far, name=\"far\")\n")
+    line, _ = refused(tmp_path, "rollout.tree", "session 'far'", "cannot clone", session={"name": "far"},
                       rollout={"n": 2, "tree": {"width": 2, "depth": 1}})
     assert line.count("\n") == 0
 

@@ -236,6 +236,8 @@ def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``toolrl`` command-line interface.
 
     ``cli`` is the top-level :class:`click.Group`; add commands or groups to it, e.g.
-    ``toolrl sandbox serve`` or ``toolrl mcp serve``. Import heavy libraries inside the command
-    function, never at module import: every ``toolrl`` invocation calls this hook.
+    ``toolrl sandbox serve`` or ``toolrl mcp serve``, or a command to one of the core's groups
+    (``cli.commands["env"]``: ``toolrl env serve``; the plugin screening hands a bare group, without
+    them). Import heavy libraries inside the command function, never at module import: every
+    ``toolrl`` invocation calls this hook.
     """

@@ -3,7 +3,8 @@ paths"): these may change or go in any release, so don't build on them. Each is 
 from its home on first use, and here because:
 
 - ``build_served_model``: ``toolrl serve`` (``openai``) serves the model as training composes it.
-- ``after_startup``: an ``openenv`` server holds a rollout's many episodes, so takes its collector tuning.
+- ``after_startup``: an ``openenv`` server, like a ``fleet``'s, holds a rollout's many episodes, so takes its
+  collector tuning.
 - ``stop_child``: ``openenv``'s servers, like the ``fleet``'s, are children that exit when stdin closes.
 - ``read_json``, ``problem_results``, ``ProblemResult``: ``toolrl view`` reads the core's run directories.
 """
@@ -14,14 +15,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and the layer check; at run time, __getattr__
+    from toolrl.children import stop_child
     from toolrl.config import read_json
-    from toolrl.fleet.launch import stop_child
     from toolrl.gc_policy import after_startup
     from toolrl.processes.serving import build_served_model
     from toolrl.run_dir import ProblemResult, problem_results
 
 _HOMES = {"build_served_model": "toolrl.processes.serving", "after_startup": "toolrl.gc_policy",
-          "stop_child": "toolrl.fleet.launch", "read_json": "toolrl.config",
+          "stop_child": "toolrl.children", "read_json": "toolrl.config",
           "problem_results": "toolrl.run_dir", "ProblemResult": "toolrl.run_dir"}
 __all__ = ["ProblemResult", "after_startup", "build_served_model", "problem_results", "read_json",
            "stop_child"]

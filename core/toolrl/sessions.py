@@ -135,6 +135,9 @@ class EnvironmentSession:
     Options: ClassVar[type[BaseModel]] = NoOptions
     timeout: ClassVar[float] = 60.0  # each call's deadline (seconds)
     term: str | None = None  # the reward term its score goes under; None: its kind's name
+    # Whether it runs the environment's own session kind elsewhere (on a server), each session's ``term``
+    # that kind's name: a run's eval.metric may then name the environments' session kinds.
+    serves: ClassVar[bool] = False
     # The roles its ``role()`` gives turns to: the run check refuses a kind whose roles the run does not name.
     roles: ClassVar[tuple[str, ...]] = ()
 

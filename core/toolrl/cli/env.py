@@ -1,6 +1,6 @@
-"""``toolrl env list``, ``show``, ``serve`` and ``bench``: the installed environments, one served to a
-fleet, one under load. Light at import (click only); listing imports the environments' modules and
-generates their splits, never torch."""
+"""``toolrl env list``, ``show`` and ``bench``: the installed environments, one under load (a plugin's
+``register_commands`` may add more to the group). Light at import (click only); listing imports the
+environments' modules and generates their splits, never torch."""
 
 from __future__ import annotations
 
@@ -129,37 +129,6 @@ def env_show(name: str, as_json: bool) -> None:
             click.echo(f"    {m['role']}: {m.get('content')}")
 
 
-@env.command("serve")
-@click.argument("name")
-@click.option("--host", default="127.0.0.1", show_default=True, help="The address to listen on.")
-@click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
-              help="The port (0: a free one, printed).")
-@click.option("--capacity", default=256, show_default=True, type=click.IntRange(min=1),
-              help="Sessions held at once; more are refused (HTTP 503).")
-@click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options), "
-              "or the session kind's options when NAME is a session kind.")
-@click.option("--until-stdin-closes", is_flag=True, hidden=True)
-def env_serve(name: str, host: str, port: int, capacity: int, options_json: str | None,
-              until_stdin_closes: bool) -> None:
-    """Serve the session of environment NAME (or the session kind NAME) over HTTP/WebSocket: one
-    server of a fleet the `fleet` session kind spreads trajectories over."""
-    import asyncio
-
-    from toolrl.config import ConfigError
-    from toolrl.fleet.server import run_server, served_kind
-    from toolrl.gc_policy import after_startup
-
-    def started(url: str) -> None:
-        after_startup()  # the kind prepared: a process that will hold `capacity` sessions, as a rollout's
-        click.echo(f"serving {name} (session {kind.name}) on {url}, capacity {capacity}", nl=True)
-
-    try:
-        kind = served_kind(name, _json_object(options_json, "--options"))
-        asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes, started))
-    except (ConfigError, ValueError) as exc:
-        raise UsageFailure(str(exc)) from None
-
-
 def _json_object(value: str | None, what: str) -> dict[str, Any]:
     from toolrl.parsers.arguments import decode_json
 
@@ -187,7 +156,7 @@ def _counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]
               help="Mean think time between a trajectory's steps (a model's generation time).")
 @click.option("--split", default=None, help="The split whose samples reset the trajectories (default: the first).")
 @click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options).")
-@click.option("--session", default=None, help="Another session kind to drive it through (e.g. fleet).")
+@click.option("--session", default=None, help="Another session kind to drive it through (one that serves the environment's sessions).")
 @click.option("--session-options", "session_json", default=None, help="JSON: that session kind's options.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env_bench(name: str, ladder: list[int], steps: int, think_s: float, split: str | None, options_json: str | None,

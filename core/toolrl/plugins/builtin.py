@@ -133,14 +133,6 @@ class AgentsPlugin:
         register("toolrl.agents.function:CallableAgent", name="callable")
 
 
-class FleetPlugin:
-    """The ``fleet`` session kind (:mod:`toolrl.fleet`): a trajectory's session on an environment server."""
-
-    @hookimpl
-    def register_environment_sessions(self, register: Register) -> None:
-        register("toolrl.fleet.remote:FleetSession", name="fleet")
-
-
 BUILTINS = {
     **PARSERS,
     **MODEL_FAMILIES,
@@ -153,5 +145,4 @@ BUILTINS = {
     "curricula": CurriculaPlugin(),
     "weight_transports": WeightTransportsPlugin(),
     "agents": AgentsPlugin(),
-    "fleet": FleetPlugin(),
 }

@@ -116,9 +116,11 @@ def with_metric(config: Config, envs: dict[str, ConfiguredEnv]) -> Config:
         metric = found[0].metric
     functions = config.reward.functions if config.reward.functions is not None else [r for e in found for r in e.rewards]
     # A session's score is a term of its own, named after its kind (session.name, else each environment's);
-    # a fleet's after the kind its servers serve: the environments' own (toolrl.fleet.remote).
-    named = [config.session.name] if config.session.name else []
-    own = [e.session for e in found if e.session] if config.session.name in (None, "fleet") else []
+    # a kind that serves the environments' own sessions elsewhere scores under theirs (EnvironmentSession.serves).
+    kind = config.session.name
+    named = [kind] if kind else []
+    serves = kind is None or lookup_part("environment_sessions", kind, field_where(config, "session.name")).serves
+    own = [e.session for e in found if e.session] if serves else []
     sessions = list(dict.fromkeys(named + own))
     terms = list(dict.fromkeys(f.name for f in functions)) + sessions + ["tools", "steps"]
     if metric is not None and not is_term(metric, terms, sessions):

@@ -249,8 +249,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 async def environment_driver(name: str, options: Mapping[str, Any], split: str | None = None,
                              session: str | None = None, session_options: Mapping[str, Any] | None = None) -> Driver:
     """A driver of the registered environment ``name`` (adapted to ``options``) over its ``split``'s
-    samples (default: its first): through its session (or ``session`` with ``session_options``: the
-    ``fleet`` kind, say) when it has one, else through its tools. A ConfigError names what is wrong."""
+    samples (default: its first): through its session (or ``session`` with ``session_options``: a kind
+    that serves it elsewhere, say) when it has one, else through its tools. A ConfigError names what is wrong."""
     env, validated = get_environment(name, "NAME").resolve(dict(options), "--options")
     split = split or next(iter(env.splits))
     samples = load_split(env, split, validated)

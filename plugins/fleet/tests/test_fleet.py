@@ -1,4 +1,4 @@
-"""Environment fleets (toolrl.fleet): the docs' ``counter`` session served by real ``toolrl env serve``
+"""Environment fleets (toolrl_fleet): the docs' ``counter`` session served by real ``toolrl env serve``
 processes on loopback and used through the ``fleet`` session kind. A server killed mid-run takes only
 its own sessions (each masked: an infrastructure failure), the others finish with their scores, new
 trajectories go elsewhere, and the server is used again once it is back (restarted by the test, or by
@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 import toolrl.plugins
-from _dists import make_dist, run_toolrl
-from test_scripted_engine import DOCS, fenced
-from toolrl.fleet.launch import free_port, stop_child
+from support import counter_session, install, run_toolrl, train_error
 from toolrl.plugins import Plugins
 from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
 from toolrl.trajectory import Trajectory
+from toolrl_fleet.launch import free_port
 
 GOAL = {"goal": 100}
 TALK = """
@@ -69,9 +68,8 @@ def register_environment_sessions(register):
 def counter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The docs' counter session and the talk session above as installed distributions, here and in the
     servers' processes."""
-    make_dist(tmp_path, "toolrl-plugin-counter", "counter", "toolrl_counter",
-              fenced((DOCS / "plugins.md").read_text(), "python", "class Counter(EnvironmentSession)"))
-    make_dist(tmp_path, "toolrl-plugin-talk", "talk", "toolrl_talk", "from toolrl import hookimpl\n" + TALK)
+    install(tmp_path, "counter", counter_session())
+    install(tmp_path, "talk", "from toolrl import hookimpl\n" + TALK)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setattr(toolrl.plugins, "_plugins", Plugins(env={}))
@@ -259,23 +257,16 @@ async def test_servers_that_cannot_start_fail_the_configuration_at_once() -> Non
 
 def test_a_fleet_url_that_is_not_a_url_is_one_line_at_the_check(tmp_path: Path) -> None:
     """Not "no environment server answers" once the model has loaded: the check names the setting."""
-    from test_config_errors import invoke, one_error_line, write_config
-
-    path = write_config(tmp_path, session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:8700", "not a url"]}})
-    one_error_line(invoke("train", str(path), "--check"),
-                   f"error: {path}:", ": session.options: urls: 'not a url' is not a URL (http://HOST:PORT)")
+    line = train_error(tmp_path, "--check",
+                       session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:8700", "not a url"]}})
+    assert ": session.options: urls: 'not a url' is not a URL (http://HOST:PORT)" in line, line
 
 
-def test_stop_child_closes_stdin_and_kills_a_child_that_stays() -> None:
-    """A child that exits at its stdin's end exits by itself; one that ignores it is killed after the
-    grace period; one that has exited is left as it is."""
-    polite = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    stop_child(polite, grace_s=60)
-    assert polite.returncode == 0
-    stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdin=subprocess.PIPE)
-    stop_child(stubborn, grace_s=0.2)
-    assert stubborn.returncode == -signal.SIGKILL
-    stop_child(stubborn)
+def test_the_fleet_kind_cannot_clone_so_a_tree_rollout_is_refused_before_weights_load(tmp_path: Path) -> None:
+    """Its sessions live on servers, which cannot copy one."""
+    line = train_error(tmp_path, session={"name": "fleet", "options": {"urls": ["http://127.0.0.1:9"]}},
+                       rollout={"n": 2, "tree": {"width": 2, "depth": 1}})
+    assert all(f in line for f in ("rollout.tree", "session 'fleet'", "cannot clone")), line
 
 
 def test_serve_names_what_is_wrong() -> None:

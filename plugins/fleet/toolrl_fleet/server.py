@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
-
+from toolrl import InfrastructureError
 from toolrl.config import ConfigError
 from toolrl.environments import get_environment
-from toolrl.fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, CallReply, CallRequest, Health
 from toolrl.plugins.parts import registered_parts
-from toolrl.schemas import InfrastructureError, Sample, ToolCall
+from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import EnvironmentSession, SessionError, SessionKind, SessionRun
 from toolrl.tools import Tool
 from toolrl.trajectory import Trajectory
+
+from toolrl_fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, CallReply, CallRequest, Health
 
 
 class ServedSession:

@@ -17,18 +17,19 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from toolrl.fleet.launch import LocalServer
-from toolrl.fleet.protocol import CallReply, CallRequest
-from toolrl.fleet.ray_servers import start_actors
-from toolrl.schemas import InfrastructureError, Sample, ToolCall
+from toolrl import InfrastructureError
+from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import EnvironmentSession, Reset, SessionContext, StepResult
 from toolrl.trajectory import Trajectory
+
+from toolrl_fleet.launch import LocalServer
+from toolrl_fleet.protocol import CallReply, CallRequest
+from toolrl_fleet.ray_servers import start_actors
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from toolrl.fleet.members import Fleet, Member
+    from toolrl_fleet.members import Fleet, Member
 
 
 PREPARE_S = 300.0
@@ -73,6 +74,7 @@ class FleetSession(EnvironmentSession):
 
     Options = FleetOptions
     timeout = PREPARE_S  # the kind's prepare (starting servers); each call's is options.timeout_s
+    serves = True  # scored as the kind its servers serve (term: set at reset)
 
     def __init__(self, options: FleetOptions, context: SessionContext) -> None:
         super().__init__(options, context)
@@ -142,7 +144,7 @@ class FleetSession(EnvironmentSession):
 
 
 async def _fleet(options: FleetOptions) -> Fleet:
-    from toolrl.fleet.members import Fleet  # aiohttp (the train extra): only when a fleet is used
+    from toolrl_fleet.members import Fleet  # aiohttp: imported only when a fleet is used
 
     local = [LocalServer(options.serve, options.serve_options, options.capacity)
              for _ in range(options.servers if options.serve else 0)]

@@ -2,7 +2,7 @@
 sessions each holds, which to give the next trajectory (the least loaded that answers and has room;
 ties: the least used). A server that fails is marked down and asked again (``/health``) every
 ``retry_s``, in the background; one this client started itself is started again first
-(:mod:`toolrl.fleet.launch`)."""
+(:mod:`toolrl_fleet.launch`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from toolrl import InfrastructureError
 
-from toolrl.fleet.launch import LocalServer
-from toolrl.fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, Health
-from toolrl.fleet.ray_servers import address, stop_actors
-from toolrl.schemas import InfrastructureError
-from toolrl.tools.guard import describe
+from toolrl_fleet.launch import LocalServer
+from toolrl_fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, Health
+from toolrl_fleet.ray_servers import address, stop_actors
 
 WAIT_S = 0.05  # between looks for a free server when every one is busy or down
 
@@ -26,7 +25,7 @@ WAIT_S = 0.05  # between looks for a free server when every one is busy or down
 class Member:
     url: str
     local: LocalServer | None = None
-    actor: Any = None  # a Ray actor running the server (toolrl.fleet.ray_servers): the URL is the one it gives
+    actor: Any = None  # a Ray actor running the server (toolrl_fleet.ray_servers): the URL is the one it gives
     capacity: int = 1
     open: int = 0
     up: bool = False
@@ -150,7 +149,7 @@ class Fleet:
         """A trajectory's server went away mid-session: mark it down; the error that ends (masks) it."""
         if member.up:
             self.down(member)
-        why = exc if isinstance(exc, str) else describe(exc)
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return InfrastructureError(f"environment server {member.url} gone: {why}")
 
     async def close(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from toolrl.fleet.launch import LocalServer
+from toolrl_fleet.launch import LocalServer
 
 ASK_S = 2.0  # how long the fleet waits for an actor's address (one being restarted answers later)
 

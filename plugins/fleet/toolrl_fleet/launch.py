@@ -12,19 +12,7 @@ import sys
 import tempfile
 from typing import Any
 
-
-def stop_child(process: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
-    """Stop ``process``, a child that exits when its stdin closes (started with ``stdin=PIPE``): close
-    the pipe, wait ``grace_s`` seconds for it to exit, then kill it. A child that has exited is left."""
-    if process.poll() is not None:
-        return
-    if process.stdin is not None:
-        process.stdin.close()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+from toolrl.plugin_support import stop_child
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -4,25 +4,27 @@ then ``ray start --address``, as tests/test_node_loss.py does); the second node 
 everything it started killed -9). The sessions its server held are masked, none on the head is lost,
 Ray starts the actor again on the head, and new trajectories reach the server there.
 
-Marked ``long`` (a Ray cluster of two nodes on 2 cores): ``pytest -m long tests/test_fleet_nodes.py``."""
+Marked ``long`` (a Ray cluster of two nodes on 2 cores), and run from a checkout (the core's tests start
+the cluster): ``pytest -m long plugins/fleet/tests/test_fleet_nodes.py``, or ``nox -s long``."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import toolrl.plugins
-from _dists import make_dist
+from support import REPO, counter_session, install
 from test_fleet import GOAL, finish, opened, server_of, step
-from test_scripted_engine import DOCS, fenced
 from toolrl.plugins import Plugins
 from toolrl.sessions import SessionKind
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
+sys.path.append(str(REPO / "tests"))  # the core's tests: their two-node cluster on loopback
 from test_node_loss import two_nodes  # noqa: E402 (needs ray)
 from toolrl.processes.rollout_workers import init_ray  # noqa: E402
 
@@ -54,11 +56,12 @@ def descendants(pids: set[int]) -> set[int]:
 
 @pytest.mark.timeout(900)
 def test_a_lost_node_takes_only_its_servers_sessions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    make_dist(tmp_path, "toolrl-plugin-counter", "counter", "toolrl_counter",
-              fenced((DOCS / "plugins.md").read_text(), "python", "class Counter(EnvironmentSession)"))
+    install(tmp_path, "counter", counter_session())
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(toolrl.plugins, "_plugins", Plugins(env={}))
-    pythonpath = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "core"), str(tmp_path)])
+    # The nodes import toolrl and this plugin as this process does (a checkout's, or the installed ones).
+    pythonpath = os.pathsep.join(filter(None, [str(REPO / "core"), str(REPO / "plugins" / "fleet"), str(tmp_path),
+                                               os.environ.get("PYTHONPATH")]))
     # Both nodes with room for a server actor of 1 CPU, and the head for the second node's once it is lost.
     with two_nodes(pythonpath, head=("--num-cpus=2",), node2=("--num-cpus=1",), object_store=200_000_000) as cluster:
         init_ray(cluster.address, 0, runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}})
