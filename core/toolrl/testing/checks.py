@@ -10,7 +10,6 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from toolrl.config import ConfigError
@@ -555,8 +554,3 @@ async def check_return_types(tool: Tool, arguments: Mapping[str, Any], *,
         _fail(f"tool {tool.name!r}: execute's metrics are {metrics!r}; return a dict ({{}} when there are none)")
     return value
 
-
-def path_beside(path: str | os.PathLike, relative_to: str | os.PathLike) -> Path:
-    """``path`` as given when absolute, else relative to the directory ``relative_to`` (a test file)."""
-    p = Path(path)
-    return p if p.is_absolute() else Path(relative_to).resolve().parent / p
