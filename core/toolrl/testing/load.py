@@ -12,6 +12,7 @@ its trajectory, which the rollout would not train; any other failure loses it.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import random
@@ -209,7 +210,9 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
                     break
         except Exception as exc:
             failed("step", exc)
-            await _close_quietly(driver, handle)
+            # The rollout closes a failed trajectory too; its close's error is the failure's, counted once.
+            with contextlib.suppress(Exception):
+                await driver.close(handle)
             return
         try:
             await driver.close(handle)
@@ -229,15 +232,6 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
                       p50_s=percentile(latencies, 0.5), p99_s=percentile(latencies, 0.99),
                       kib_per_session=(held_rss - base_rss) / max(n, 1), completed=n - failures,
                       masked=outcome["masked"], lost=outcome["lost"], errors=dict(errors))
-
-
-async def _close_quietly(driver: Driver, handle: Any) -> None:
-    """Close a trajectory that failed already (the rollout closes it always); its close's error is
-    the failure's, counted once."""
-    try:
-        await driver.close(handle)
-    except Exception:
-        return
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
