@@ -218,9 +218,7 @@ def check_context_prompts(play: PolicyPlay) -> None:
     conversation it decided; the segments' prompts are the first prompt and each edit's and branch's."""
     render = play.renderer.conversation_ids
     for decision in play.decisions:
-        if decision.conversation is None:
-            continue
-        if decision.at >= len(play.generations):  # the trajectory ended before the model read it
+        if decision.conversation is None or decision.at >= len(play.generations):  # the model never read it
             continue
         prompt = play.generations[decision.at][0]
         expected = render(decision.conversation)
