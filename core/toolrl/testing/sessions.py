@@ -80,15 +80,14 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
             except AssertionError:
                 raise
             except Exception as exc:  # what the tool driver makes an error result
-                played.responses.append(f"{type(exc).__name__}: {exc}")
-                played.failed_steps += 1
-                traj.tool_results.append(_result(call, ToolResponse.error(played.responses[-1]), "error"))
-                continue
-            response = ToolResponse(text=result.response) if isinstance(result.response, str) else result.response
+                response = ToolResponse.error(f"{type(exc).__name__}: {exc}")
+            else:
+                response = ToolResponse(text=result.response) if isinstance(result.response, str) else result.response
+                played.done = session_run.done
             played.responses.append(response.text)
             played.failed_steps += response.is_error
-            played.done = session_run.done
-            traj.tool_results.append(_result(call, response, "error" if response.is_error else "ok"))
+            traj.tool_results.append(ToolResult(name=call.name, arguments=call.arguments, response=response,
+                                                status="error" if response.is_error else "ok"))
         for answer in play.answers:
             try:
                 played.user_turns.append(await _within(session_run, "respond", session_run.respond(answer)))
@@ -102,10 +101,6 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
         return played
     finally:
         await _within(session_run, "close", session_run.close())
-
-
-def _result(call: ToolCall, response: ToolResponse, status: str) -> ToolResult:
-    return ToolResult(name=call.name, arguments=call.arguments, response=response, status=status)  # type: ignore[arg-type]
 
 
 def _record(traj: Trajectory, play: SessionPlay, played: PlayedSession) -> None:
