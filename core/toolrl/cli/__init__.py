@@ -78,15 +78,13 @@ def tool() -> None:
     """List tools and call them by hand."""
 
 
-async def _load_tools(tools_config: str | None, name: str | None, config: dict[str, Any]) -> dict[str, Any]:
+async def _load_tools(tools_config: str | None, name: str, config: dict[str, Any]) -> dict[str, Any]:
     from toolrl.tools.verl_config import build_default_tool, build_tools, load_tools_file
 
     if tools_config:
         if config:
             raise UsageFailure("--config applies to a tool built without --tools-config")
         return await build_tools(load_tools_file(tools_config))
-    if name is None:
-        return {}
     built = await build_default_tool(name, config)
     return {built.name: built}
 
@@ -96,18 +94,6 @@ async def _close(tools: dict[str, Any]) -> None:
         await t.close()
 
 
-def _run(coro: Any) -> Any:
-    import asyncio
-
-    from toolrl.config import ConfigError
-    from toolrl.tools import ToolConfigError
-
-    try:
-        return asyncio.run(coro)
-    except (ToolConfigError, ConfigError) as exc:
-        raise UsageFailure(str(exc).strip("'\"")) from None
-
-
 @tool.command("list")
 @click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
 @click.option("--json", "as_json", is_flag=True, help="Print the OpenAI tool schemas as JSON.")
@@ -115,14 +101,18 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
     """List tools: from a tools config, or every registered tool."""
     rows: list[dict[str, Any]] = []
     if tools_config:
+        import asyncio
+
+        from toolrl.tools.verl_config import build_tools, load_tools_file
+
         async def build() -> None:
-            tools = await _load_tools(tools_config, None, {})
+            tools = await build_tools(load_tools_file(tools_config))
             try:
                 rows.extend({"name": n, "schema": t.tool_schema.model_dump()} for n, t in tools.items())
             finally:
                 await _close(tools)
 
-        _run(build())
+        user_errors(asyncio.run, build())
     else:
         from toolrl.config import ConfigError
         from toolrl.plugins.parts import lookup_part, registered_parts
@@ -153,6 +143,8 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 def tool_call(name: str, arguments: str, tools_config: str | None, config_json: str | None,
               create_json: str | None, as_json: bool) -> None:
     """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
+    import asyncio
+
     args = _json_option(arguments, "ARGUMENTS")
     config = _mapping_option(config_json, "--config")
     create_kwargs = _mapping_option(create_json, "--create-kwargs")
@@ -179,7 +171,7 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
         finally:
             await _close(tools)
 
-    result, reward, finish_error = _run(lifecycle())
+    result, reward, finish_error = user_errors(asyncio.run, lifecycle())
     failed = result.status != "ok" or finish_error is not None
     if as_json:
         click.echo(json.dumps({"text": result.response.text, "step_reward": result.step_reward,
