@@ -14,29 +14,8 @@ from typing import Any, NoReturn
 import click
 
 from toolrl.cli.env import env as env_group
-from toolrl.cli.errors import UsageFailure, error_text, user_errors
+from toolrl.cli.errors import UsageFailure, error_text, json_option, mapping_option, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
-
-
-def _json_option(value: str | None, what: str) -> Any:
-    """An option's JSON, decoded within bounds (20,000 nested brackets are one error line, not a RecursionError)."""
-    from toolrl.parsers.arguments import decode_json
-
-    if value is None:
-        return None
-    try:
-        return decode_json(value, what)
-    except ValueError as exc:
-        raise UsageFailure(str(exc)) from None
-
-
-def _mapping_option(value: str | None, what: str) -> dict[str, Any]:
-    parsed = _json_option(value, what)
-    if parsed is None:
-        return {}
-    if not isinstance(parsed, dict):
-        raise UsageFailure(f"{what} must be a JSON object")
-    return parsed
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -145,9 +124,9 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
     """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
     import asyncio
 
-    args = _json_option(arguments, "ARGUMENTS")
-    config = _mapping_option(config_json, "--config")
-    create_kwargs = _mapping_option(create_json, "--create-kwargs")
+    args = json_option(arguments, "ARGUMENTS")
+    config = mapping_option(config_json, "--config")
+    create_kwargs = mapping_option(create_json, "--create-kwargs")
 
     async def lifecycle() -> tuple[Any, Any]:
         from toolrl.schemas import ToolCall
@@ -230,7 +209,7 @@ def parse_command(parser_name: str, options_json: str | None, timeout: float, so
     from toolrl.config import ConfigError, decode_utf8, read_text
     from toolrl.plugins.parts import BuildContext, build_part
 
-    options = _mapping_option(options_json, "--options")
+    options = mapping_option(options_json, "--options")
     try:
         parser = build_part("tool_parsers", parser_name, options, BuildContext("--parser", "--options"))
         text = decode_utf8(sys.stdin.buffer.read(), "<stdin>") if source == "-" else read_text(Path(source))

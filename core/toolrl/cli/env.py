@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from toolrl.cli.errors import UsageFailure
+from toolrl.cli.errors import UsageFailure, mapping_option
 
 
 @click.group("env")
@@ -154,19 +154,10 @@ def env_serve(name: str, host: str, port: int, capacity: int, options_json: str 
         click.echo(f"serving {name} (session {kind.name}) on {url}, capacity {capacity}", nl=True)
 
     try:
-        kind = served_kind(name, _json_object(options_json, "--options"))
+        kind = served_kind(name, mapping_option(options_json, "--options"))
         asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes, started))
     except (ConfigError, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
-
-
-def _json_object(value: str | None, what: str) -> dict[str, Any]:
-    from toolrl.parsers.arguments import decode_json
-
-    parsed = decode_json(value, what) if value else {}
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{what} must be a JSON object")
-    return parsed
 
 
 def _counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -201,8 +192,8 @@ def env_bench(name: str, ladder: list[int], steps: int, think_s: float, split: s
     from toolrl.testing.load import environment_driver, measure_rung
 
     async def rungs(counts: list[int]) -> list[Any]:
-        driver = await environment_driver(name, _json_object(options_json, "--options"), split, session,
-                                          _json_object(session_json, "--session-options"))
+        driver = await environment_driver(name, mapping_option(options_json, "--options"), split, session,
+                                          mapping_option(session_json, "--session-options"))
         await driver.prepare()
         try:
             return [await measure_rung(driver, n, steps, think_s) for n in counts]
