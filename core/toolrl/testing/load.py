@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import os
 import random
 import time
 from collections import Counter
@@ -31,6 +30,7 @@ from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
 from toolrl.tools import Tool, ToolSet
 from toolrl.tools.verl_config import build_tools, parse_tools_config
+from toolrl.training.peakmem import rss_bytes
 from toolrl.trajectory import Trajectory
 
 ERROR_WORDS = ("gone", "timed out", "CAPACITY", "Connect", "closed", "refused", "PoolTimeout", "HTTP 5", "HTTP 4")
@@ -58,11 +58,6 @@ class RungResult(BaseModel):
     masked: int  # ended by the environment's failure (infra_error: not trained)
     lost: int  # ended by any other failure
     errors: dict[str, int]
-
-
-def rss_kib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
 
 
 def kind_of(error: BaseException | str) -> str:
@@ -180,7 +175,7 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     rng = random.Random(n)
     await _warm_up(driver, n)
     gc.collect()
-    base_rss, opened = rss_kib(), {}
+    base_rss, opened = rss_bytes() or 0, {}
     outcome = {"masked": 0, "lost": 0}
 
     def failed(stage: str, exc: BaseException) -> None:
@@ -197,7 +192,7 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     await asyncio.gather(*(open_one(i) for i in range(n)))
     open_s = time.perf_counter() - start
     gc.collect()
-    held_rss = rss_kib()
+    held_rss = rss_bytes() or 0
 
     async def drive(i: int, handle: Any) -> None:
         try:
@@ -230,7 +225,7 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     return RungResult(n=n, steps=len(latencies), wall_s=wall, open_s=open_s,
                       steps_per_s=len(latencies) / wall if wall else 0.0, offered_steps_per_s=n / think_s if think_s else float("inf"),
                       p50_s=percentile(latencies, 0.5), p99_s=percentile(latencies, 0.99),
-                      kib_per_session=(held_rss - base_rss) / max(n, 1), completed=n - failures,
+                      kib_per_session=(held_rss - base_rss) / 1024 / max(n, 1), completed=n - failures,
                       masked=outcome["masked"], lost=outcome["lost"], errors=dict(errors))
 
 
