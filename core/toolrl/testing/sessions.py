@@ -10,7 +10,6 @@ pytest tests (docs/plugins.md, "The conformance kit").
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,8 +95,6 @@ async def play_session(kind: SessionKind, play: SessionPlay, trajectory_id: str 
         _record(traj, play, played)
         played.terms = await _within(session_run, "score and close", session_run.finish(traj))
         played.errors += list(traj.reward_errors.values())
-        for name, value in played.terms.items():
-            assert math.isfinite(value), f"reward term {name!r} is {value}"
         return played
     finally:
         await _within(session_run, "close", session_run.close())
