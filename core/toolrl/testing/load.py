@@ -141,10 +141,8 @@ class ToolDriver:
 
     async def step(self, tools: ToolSet, i: int) -> bool:
         result = await tools.call(self.policy(tools.schemas(), i))
-        if result.status == "infra_error":
+        if result.status == "infra_error":  # (Tool.call makes every other failure an error response)
             raise InfrastructureError(result.response.text)
-        if result.status in ("timeout", "error") and not result.response.is_error:
-            raise RuntimeError(f"{result.status}: {result.response.text[:200]}")
         return True
 
     async def close(self, tools: ToolSet) -> None:
