@@ -240,9 +240,7 @@ async def environment_driver(name: str, options: Mapping[str, Any], split: str |
     ``fleet`` kind, say) when it has one, else through its tools. A ConfigError names what is wrong."""
     env, validated = get_environment(name, "NAME").resolve(dict(options), "--options")
     split = split or next(iter(env.splits))
-    samples = load_split(env, split, validated)
-    if not samples:
-        raise ConfigError(f"--split: environment {name!r} split {split!r} holds no samples")
+    samples = load_split(env, split, validated)  # never empty: an empty split is its ConfigError
     kind_name = session or env.session
     if kind_name is not None:
         kind_options = session_options if session is not None else env.session_options
