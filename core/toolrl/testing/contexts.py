@@ -54,10 +54,7 @@ class Pages(Tool):
     schema = {"type": "function", "function": {
         "name": "page", "description": "Read a page of the ledger.",
         "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
-
-    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
-        super().__init__(config or {})
-        self.calls = 0
+    calls = 0  # execute counts on the instance, from this
 
     async def execute(self, instance_id: str, arguments: dict[str, Any], **kwargs: Any) -> tuple[str, float, dict]:
         self.calls += 1
