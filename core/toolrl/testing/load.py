@@ -69,22 +69,17 @@ def kind_of(error: BaseException | str) -> str:
     return text.split(":")[0][:40] if isinstance(error, str) else type(error).__name__
 
 
-def scripted_call(schema: Mapping[str, Any], i: int) -> ToolCall:
-    """A call of the tool ``schema`` describes, each required argument a plain value of its type."""
-    function = schema.get("function", schema)
+Policy = Callable[[Sequence[Mapping[str, Any]], int], ToolCall]
+
+
+def first_tool(schemas: Sequence[Mapping[str, Any]], i: int) -> ToolCall:
+    """The default policy: call the first tool offered, each required argument a plain value of its type."""
+    function = schemas[0].get("function", schemas[0])
     params = function.get("parameters") or {}
     plain = {"integer": 1, "number": 1.0, "boolean": False, "array": [], "object": {}}
     arguments = {name: plain.get((params.get("properties") or {}).get(name, {}).get("type"), str(i))
                  for name in params.get("required") or []}
     return ToolCall(name=function["name"], arguments=arguments)
-
-
-Policy = Callable[[Sequence[Mapping[str, Any]], int], ToolCall]
-
-
-def first_tool(schemas: Sequence[Mapping[str, Any]], i: int) -> ToolCall:
-    """The default policy: call the first tool offered (:func:`scripted_call`)."""
-    return scripted_call(schemas[0], i)
 
 
 class SessionDriver:
