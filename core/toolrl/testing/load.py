@@ -60,13 +60,10 @@ class RungResult(BaseModel):
     errors: dict[str, int]
 
 
-def kind_of(error: BaseException | str) -> str:
+def kind_of(error: BaseException) -> str:
     """A short class of an error, for counting: a known word in it, else its type."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    for word in ERROR_WORDS:
-        if word.lower() in text.lower():
-            return word
-    return text.split(":")[0][:40] if isinstance(error, str) else type(error).__name__
+    text = f"{type(error).__name__}: {error}".lower()
+    return next((word for word in ERROR_WORDS if word.lower() in text), type(error).__name__)
 
 
 Policy = Callable[[Sequence[Mapping[str, Any]], int], ToolCall]
