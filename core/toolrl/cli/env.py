@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from toolrl.cli.errors import UsageFailure, mapping_option
+from toolrl.cli.errors import UsageFailure, mapping_option, user_errors
 
 
 @click.group("env")
@@ -89,15 +89,11 @@ def env_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env_show(name: str, as_json: bool) -> None:
     """One environment in full: splits, prompt, tools, rewards, parser, options and an example."""
-    from toolrl.config import ConfigError
     from toolrl.data.sources import decorate, load_split
     from toolrl.environments import get_environment
     from toolrl.plugins.parts import part_plugin
 
-    try:
-        environment = get_environment(name, "env")
-    except ConfigError as exc:
-        raise UsageFailure(str(exc)) from None
+    environment = user_errors(get_environment, name, "env")
     row = _describe(name, part_plugin("environments", name), environment)
     resolved, options, _ = _with_defaults(environment)
     row.update(system_prompt=resolved.system_prompt, instructions=resolved.instructions,
