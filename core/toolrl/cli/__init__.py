@@ -14,29 +14,8 @@ from typing import Any, NoReturn
 import click
 
 from toolrl.cli.env import env as env_group
-from toolrl.cli.errors import UsageFailure, error_text, user_errors
+from toolrl.cli.errors import UsageFailure, error_text, json_option, mapping_option, user_errors
 from toolrl.plugins import PluginLoadError, get_plugins
-
-
-def _json_option(value: str | None, what: str) -> Any:
-    """An option's JSON, decoded within bounds (20,000 nested brackets are one error line, not a RecursionError)."""
-    from toolrl.parsers.arguments import decode_json
-
-    if value is None:
-        return None
-    try:
-        return decode_json(value, what)
-    except ValueError as exc:
-        raise UsageFailure(str(exc)) from None
-
-
-def _mapping_option(value: str | None, what: str) -> dict[str, Any]:
-    parsed = _json_option(value, what)
-    if parsed is None:
-        return {}
-    if not isinstance(parsed, dict):
-        raise UsageFailure(f"{what} must be a JSON object")
-    return parsed
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -78,15 +57,13 @@ def tool() -> None:
     """List tools and call them by hand."""
 
 
-async def _load_tools(tools_config: str | None, name: str | None, config: dict[str, Any]) -> dict[str, Any]:
+async def _load_tools(tools_config: str | None, name: str, config: dict[str, Any]) -> dict[str, Any]:
     from toolrl.tools.verl_config import build_default_tool, build_tools, load_tools_file
 
     if tools_config:
         if config:
             raise UsageFailure("--config applies to a tool built without --tools-config")
         return await build_tools(load_tools_file(tools_config))
-    if name is None:
-        return {}
     built = await build_default_tool(name, config)
     return {built.name: built}
 
@@ -96,18 +73,6 @@ async def _close(tools: dict[str, Any]) -> None:
         await t.close()
 
 
-def _run(coro: Any) -> Any:
-    import asyncio
-
-    from toolrl.config import ConfigError
-    from toolrl.tools import ToolConfigError
-
-    try:
-        return asyncio.run(coro)
-    except (ToolConfigError, ConfigError) as exc:
-        raise UsageFailure(str(exc).strip("'\"")) from None
-
-
 @tool.command("list")
 @click.option("--tools-config", type=click.Path(exists=True, dir_okay=False), help="verl-format tools YAML.")
 @click.option("--json", "as_json", is_flag=True, help="Print the OpenAI tool schemas as JSON.")
@@ -115,14 +80,18 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
     """List tools: from a tools config, or every registered tool."""
     rows: list[dict[str, Any]] = []
     if tools_config:
+        import asyncio
+
+        from toolrl.tools.verl_config import build_tools, load_tools_file
+
         async def build() -> None:
-            tools = await _load_tools(tools_config, None, {})
+            tools = await build_tools(load_tools_file(tools_config))
             try:
                 rows.extend({"name": n, "schema": t.tool_schema.model_dump()} for n, t in tools.items())
             finally:
                 await _close(tools)
 
-        _run(build())
+        user_errors(asyncio.run, build())
     else:
         from toolrl.config import ConfigError
         from toolrl.plugins.parts import lookup_part, registered_parts
@@ -153,9 +122,11 @@ def tool_list(tools_config: str | None, as_json: bool) -> None:
 def tool_call(name: str, arguments: str, tools_config: str | None, config_json: str | None,
               create_json: str | None, as_json: bool) -> None:
     """Run one whole lifecycle of tool NAME (create, execute, calc_reward, release) on ARGUMENTS."""
-    args = _json_option(arguments, "ARGUMENTS")
-    config = _mapping_option(config_json, "--config")
-    create_kwargs = _mapping_option(create_json, "--create-kwargs")
+    import asyncio
+
+    args = json_option(arguments, "ARGUMENTS")
+    config = mapping_option(config_json, "--config")
+    create_kwargs = mapping_option(create_json, "--create-kwargs")
 
     async def lifecycle() -> tuple[Any, Any]:
         from toolrl.schemas import ToolCall
@@ -179,7 +150,7 @@ def tool_call(name: str, arguments: str, tools_config: str | None, config_json: 
         finally:
             await _close(tools)
 
-    result, reward, finish_error = _run(lifecycle())
+    result, reward, finish_error = user_errors(asyncio.run, lifecycle())
     failed = result.status != "ok" or finish_error is not None
     if as_json:
         click.echo(json.dumps({"text": result.response.text, "step_reward": result.step_reward,
@@ -238,7 +209,7 @@ def parse_command(parser_name: str, options_json: str | None, timeout: float, so
     from toolrl.config import ConfigError, decode_utf8, read_text
     from toolrl.plugins.parts import BuildContext, build_part
 
-    options = _mapping_option(options_json, "--options")
+    options = mapping_option(options_json, "--options")
     try:
         parser = build_part("tool_parsers", parser_name, options, BuildContext("--parser", "--options"))
         text = decode_utf8(sys.stdin.buffer.read(), "<stdin>") if source == "-" else read_text(Path(source))

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from toolrl.cli.errors import UsageFailure
+from toolrl.cli.errors import UsageFailure, mapping_option, user_errors
 
 
 @click.group("env")
@@ -89,15 +89,11 @@ def env_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def env_show(name: str, as_json: bool) -> None:
     """One environment in full: splits, prompt, tools, rewards, parser, options and an example."""
-    from toolrl.config import ConfigError
     from toolrl.data.sources import decorate, load_split
     from toolrl.environments import get_environment
     from toolrl.plugins.parts import part_plugin
 
-    try:
-        environment = get_environment(name, "env")
-    except ConfigError as exc:
-        raise UsageFailure(str(exc)) from None
+    environment = user_errors(get_environment, name, "env")
     row = _describe(name, part_plugin("environments", name), environment)
     resolved, options, _ = _with_defaults(environment)
     row.update(system_prompt=resolved.system_prompt, instructions=resolved.instructions,
@@ -127,15 +123,6 @@ def env_show(name: str, as_json: bool) -> None:
         click.echo(f"  example ({row['example']['split']}), ground truth {row['example']['ground_truth']!r}:")
         for m in row["example"]["prompt"]:
             click.echo(f"    {m['role']}: {m.get('content')}")
-
-
-def _json_object(value: str | None, what: str) -> dict[str, Any]:
-    from toolrl.parsers.arguments import decode_json
-
-    parsed = decode_json(value, what) if value else {}
-    if not isinstance(parsed, dict):
-        raise ValueError(f"{what} must be a JSON object")
-    return parsed
 
 
 def _counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
@@ -170,8 +157,8 @@ def env_bench(name: str, ladder: list[int], steps: int, think_s: float, split: s
     from toolrl.testing.load import environment_driver, measure_rung
 
     async def rungs(counts: list[int]) -> list[Any]:
-        driver = await environment_driver(name, _json_object(options_json, "--options"), split, session,
-                                          _json_object(session_json, "--session-options"))
+        driver = await environment_driver(name, mapping_option(options_json, "--options"), split, session,
+                                          mapping_option(session_json, "--session-options"))
         await driver.prepare()
         try:
             return [await measure_rung(driver, n, steps, think_s) for n in counts]

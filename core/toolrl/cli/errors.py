@@ -40,3 +40,25 @@ def user_errors(fn: Any, *args: Any, tools_origin: str = "", **kwargs: Any) -> A
         raise UsageFailure(message) from None
     except (ConfigError, ModelUnavailable) as exc:
         raise UsageFailure(error_text(exc)) from None
+
+
+def json_option(value: str | None, what: str) -> Any:
+    """An option's JSON, decoded within bounds (20,000 nested brackets are one error line, not a RecursionError)."""
+    from toolrl.parsers.arguments import decode_json
+
+    if value is None:
+        return None
+    try:
+        return decode_json(value, what)
+    except ValueError as exc:
+        raise UsageFailure(str(exc)) from None
+
+
+def mapping_option(value: str | None, what: str) -> dict[str, Any]:
+    """An option's JSON object ({} when the option is not given)."""
+    parsed = json_option(value, what)
+    if parsed is None:
+        return {}
+    if not isinstance(parsed, dict):
+        raise UsageFailure(f"{what} must be a JSON object")
+    return parsed

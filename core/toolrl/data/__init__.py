@@ -116,12 +116,11 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
     if column is not None and not isinstance(column, list):
         raise ConfigError(f"{origin}: images: must be a list, got {type(column).__name__}")
     column = list(column or [])
-    limits, found, slots = images.ImageLimits(), [], 0
+    limits, found = images.ImageLimits(), []
     messages = [dict(m) if isinstance(m, dict) else m for m in prompt] if isinstance(prompt, list) else prompt
     for m_i, message in enumerate(messages if isinstance(messages, list) else []):
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
-            slots += content.count(IMAGE_PLACEHOLDER)
             found += [None] * content.count(IMAGE_PLACEHOLDER)
             continue
         if not isinstance(content, list):
@@ -130,12 +129,11 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
         for p_i, part in enumerate(content):
             if images.is_image_part(part):
                 value = images.part_image(part)
-                if value is None:
-                    slots += 1
                 found.append(None if value is None else (f"prompt.{m_i}.content.{p_i}", value))
                 part = {"type": "image"}
             parts.append(part)
         message["content"] = parts
+    slots = found.count(None)  # the placeholders and bare parts, which the column fills in order
     if slots != len(column):
         raise ConfigError(f"{origin}: images: {len(column)} images for {slots} image placeholders "
                           f"({IMAGE_PLACEHOLDER} or bare image parts) in the prompt")

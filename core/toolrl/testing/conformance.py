@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from toolrl.testing import checks
@@ -54,9 +55,11 @@ class ToolConformance:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _config_file(self) -> str | None:
+        """``tools_config_file``, a relative path taken from the test file's directory."""
         if self.tools_config_file is None:
             return None
-        return str(checks.path_beside(self.tools_config_file, inspect.getfile(type(self))))
+        path = Path(self.tools_config_file)
+        return str(path if path.is_absolute() else Path(inspect.getfile(type(self))).resolve().parent / path)
 
     async def _build_tool(self) -> Tool:
         if not self.tool_name:
@@ -92,6 +95,10 @@ class ToolConformance:
     def _kwargs(self) -> dict[str, Any]:
         return {"create_kwargs": dict(self.create_kwargs), "execute_kwargs": dict(self.execute_kwargs)}
 
+    def _check(self, check: Callable[..., Awaitable[T]], **options: Any) -> T:
+        """``check(tool, valid_arguments, create_kwargs=..., execute_kwargs=..., **options)`` on a built tool."""
+        return self._with_tool(lambda tool: check(tool, self.valid_arguments, **self._kwargs(), **options))
+
     # -- the tests ------------------------------------------------------------------------------
 
     def test_resolves_through_an_ok_plugin(self) -> None:
@@ -113,11 +120,7 @@ class ToolConformance:
         self._with_tool(check)
 
     def test_lifecycle_runs_in_order(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_lifecycle(
-                tool, self.valid_arguments, expected_text=self.expected_text, **self._kwargs()
-            )
-        )
+        self._check(checks.check_lifecycle, expected_text=self.expected_text)
 
     def test_invalid_arguments_give_errors_naming_a_field(self) -> None:
         async def check(tool: Tool) -> None:
@@ -148,42 +151,22 @@ class ToolConformance:
         )
 
     def test_released_and_unknown_instances_give_errors(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_released_and_unknown(tool, self.valid_arguments, **self._kwargs())
-        )
+        self._check(checks.check_released_and_unknown)
 
     def test_release_is_idempotent(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_release_idempotent(tool, self.valid_arguments, **self._kwargs())
-        )
+        self._check(checks.check_release_idempotent)
 
     def test_calc_reward_returns_a_float(self) -> None:
-        self._with_tool(lambda tool: checks.check_calc_reward(tool, self.valid_arguments, **self._kwargs()))
+        self._check(checks.check_calc_reward)
 
     def test_many_concurrent_lifecycles_complete(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_concurrency(
-                tool,
-                self.valid_arguments,
-                n=self.concurrent_lifecycles,
-                timeout_s=self.check_timeout_s,
-                **self._kwargs(),
-            )
-        )
+        self._check(checks.check_concurrency, n=self.concurrent_lifecycles, timeout_s=self.check_timeout_s)
 
     def test_does_not_block_the_event_loop(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_no_loop_blocking(
-                tool, self.valid_arguments, threshold_s=self.blocking_threshold_s, **self._kwargs()
-            )
-        )
+        self._check(checks.check_no_loop_blocking, threshold_s=self.blocking_threshold_s)
 
     def test_stops_when_cancelled(self) -> None:
-        self._with_tool(
-            lambda tool: checks.check_cancellation(
-                tool, self.valid_arguments, grace_s=self.cancellation_grace_s, **self._kwargs()
-            )
-        )
+        self._check(checks.check_cancellation, grace_s=self.cancellation_grace_s)
 
     def test_execute_returns_response_reward_metrics(self) -> None:
-        self._with_tool(lambda tool: checks.check_return_types(tool, self.valid_arguments, **self._kwargs()))
+        self._check(checks.check_return_types)

@@ -54,10 +54,7 @@ class Pages(Tool):
     schema = {"type": "function", "function": {
         "name": "page", "description": "Read a page of the ledger.",
         "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
-
-    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
-        super().__init__(config or {})
-        self.calls = 0
+    calls = 0  # execute counts on the instance, from this
 
     async def execute(self, instance_id: str, arguments: dict[str, Any], **kwargs: Any) -> tuple[str, float, dict]:
         self.calls += 1
@@ -218,9 +215,7 @@ def check_context_prompts(play: PolicyPlay) -> None:
     conversation it decided; the segments' prompts are the first prompt and each edit's and branch's."""
     render = play.renderer.conversation_ids
     for decision in play.decisions:
-        if decision.conversation is None:
-            continue
-        if decision.at >= len(play.generations):  # the trajectory ended before the model read it
+        if decision.conversation is None or decision.at >= len(play.generations):  # the model never read it
             continue
         prompt = play.generations[decision.at][0]
         expected = render(decision.conversation)

@@ -84,31 +84,28 @@ async def check_engine_weight_update(engine: RolloutEngine, model: Any, prompts:
     await check_engine_logprobs(engine, model, prompts)
 
 
-CHECKS = ("logprobs", "cancellation", "weight_update")
-
-
 async def check_engine_contract(engine: RolloutEngine, model: Any, prompts: Sequence[Sequence[int]],
                                 not_applicable: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every check of :data:`CHECKS` in order (the weight update last: it changes ``model``), each one
-    named in ``not_applicable`` (check -> why it cannot hold for this engine) checked to fail instead.
+    """Every check in order (the weight update last: it changes ``model``), each one named in
+    ``not_applicable`` (check -> why it cannot hold for this engine) checked to fail instead.
     Returns each check's outcome: ``passed``, or ``not applicable: <why>``."""
-    exempt = dict(not_applicable or {})
-    unknown = sorted(set(exempt) - set(CHECKS))
-    assert not unknown, f"not_applicable names no check: {', '.join(unknown)} (checks: {', '.join(CHECKS)})"
-    assert all(why.strip() for why in exempt.values()), "each not_applicable check needs its reason"
-    runs: dict[str, Callable[[], Awaitable[None]]] = {
+    checks: dict[str, Callable[[], Awaitable[None]]] = {
         "logprobs": lambda: check_engine_logprobs(engine, model, prompts),
         "cancellation": lambda: check_engine_cancellation(engine, prompts),
         "weight_update": lambda: check_engine_weight_update(engine, model, prompts),
     }
+    exempt = dict(not_applicable or {})
+    unknown = sorted(set(exempt) - set(checks))
+    assert not unknown, f"not_applicable names no check: {', '.join(unknown)} (checks: {', '.join(checks)})"
+    assert all(why.strip() for why in exempt.values()), "each not_applicable check needs its reason"
     outcome = {}
-    for name in CHECKS:
+    for name, check in checks.items():
         if name not in exempt:
-            await runs[name]()
+            await check()
             outcome[name] = "passed"
             continue
         try:
-            await runs[name]()
+            await check()
         except AssertionError:
             outcome[name] = f"not applicable: {exempt[name]}"
             continue

@@ -13,16 +13,14 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from toolrl.families import ModelFamily, detect_family
-from toolrl.parsers import ToolParser
 from toolrl.plugins.parts import lookup_part
 
 ANSWER = "Hello there."
 
 
 def registered_family(name: str) -> ModelFamily:
-    family = lookup_part("model_families", name, "model.chat_format")
-    assert isinstance(family, ModelFamily), f"family {name!r} is {type(family).__name__}, not a ModelFamily"
-    return family
+    """The family registered as ``name`` (the registry checks that it is a ModelFamily)."""
+    return lookup_part("model_families", name, "model.chat_format")
 
 
 def check_family_tokens(family: ModelFamily, tokenizer: Any) -> None:
@@ -35,9 +33,8 @@ def check_family_tokens(family: ModelFamily, tokenizer: Any) -> None:
 
 
 def check_family_parser(family: ModelFamily) -> None:
-    parser = lookup_part("tool_parsers", family.parser, f"family {family.name!r} parser")
-    assert isinstance(parser, type) and issubclass(parser, ToolParser), \
-        f"family {family.name!r}: parser {family.parser!r} is no ToolParser"
+    """The family's parser is registered (the registry checks that it is a ToolParser subclass)."""
+    lookup_part("tool_parsers", family.parser, f"family {family.name!r} parser")
 
 
 def check_family_end_of_turn(family: ModelFamily, tokenizer: Any) -> None:

@@ -84,12 +84,11 @@ def instrument(tool: Tool) -> CallRecorder:
 
 
 class LifecycleError(RuntimeError):
-    """A lifecycle stage failed. ``stage`` names it; ``detail`` says how (an exception, a timeout, a
-    return value its contract does not allow)."""
+    """A lifecycle stage failed. ``stage`` names it; ``detail`` says how (ToolSet's words: an exception, a
+    timeout, a return value its contract does not allow)."""
 
-    def __init__(self, stage: str, detail: BaseException | str):
-        text = detail if isinstance(detail, str) else f"raised {type(detail).__name__}: {detail}"
-        super().__init__(f"{stage} failed: {text}")
+    def __init__(self, stage: str, detail: str):
+        super().__init__(f"{stage} failed: {detail}")
         self.stage = stage
 
 

@@ -12,8 +12,8 @@ its trajectory, which the rollout would not train; any other failure loses it.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-import os
 import random
 import time
 from collections import Counter
@@ -30,6 +30,7 @@ from toolrl.schemas import InfrastructureError, Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
 from toolrl.tools import Tool, ToolSet
 from toolrl.tools.verl_config import build_tools, parse_tools_config
+from toolrl.training.peakmem import rss_bytes
 from toolrl.trajectory import Trajectory
 
 ERROR_WORDS = ("gone", "timed out", "CAPACITY", "Connect", "closed", "refused", "PoolTimeout", "HTTP 5", "HTTP 4")
@@ -59,36 +60,23 @@ class RungResult(BaseModel):
     errors: dict[str, int]
 
 
-def rss_kib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
-
-
-def kind_of(error: BaseException | str) -> str:
+def kind_of(error: BaseException) -> str:
     """A short class of an error, for counting: a known word in it, else its type."""
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    for word in ERROR_WORDS:
-        if word.lower() in text.lower():
-            return word
-    return text.split(":")[0][:40] if isinstance(error, str) else type(error).__name__
-
-
-def scripted_call(schema: Mapping[str, Any], i: int) -> ToolCall:
-    """A call of the tool ``schema`` describes, each required argument a plain value of its type."""
-    function = schema.get("function", schema)
-    params = function.get("parameters") or {}
-    plain = {"integer": 1, "number": 1.0, "boolean": False, "array": [], "object": {}}
-    arguments = {name: plain.get((params.get("properties") or {}).get(name, {}).get("type"), str(i))
-                 for name in params.get("required") or []}
-    return ToolCall(name=function["name"], arguments=arguments)
+    text = f"{type(error).__name__}: {error}".lower()
+    return next((word for word in ERROR_WORDS if word.lower() in text), type(error).__name__)
 
 
 Policy = Callable[[Sequence[Mapping[str, Any]], int], ToolCall]
 
 
 def first_tool(schemas: Sequence[Mapping[str, Any]], i: int) -> ToolCall:
-    """The default policy: call the first tool offered (:func:`scripted_call`)."""
-    return scripted_call(schemas[0], i)
+    """The default policy: call the first tool offered, each required argument a plain value of its type."""
+    function = schemas[0].get("function", schemas[0])
+    params = function.get("parameters") or {}
+    plain = {"integer": 1, "number": 1.0, "boolean": False, "array": [], "object": {}}
+    arguments = {name: plain.get((params.get("properties") or {}).get(name, {}).get("type"), str(i))
+                 for name in params.get("required") or []}
+    return ToolCall(name=function["name"], arguments=arguments)
 
 
 class SessionDriver:
@@ -145,10 +133,8 @@ class ToolDriver:
 
     async def step(self, tools: ToolSet, i: int) -> bool:
         result = await tools.call(self.policy(tools.schemas(), i))
-        if result.status == "infra_error":
+        if result.status == "infra_error":  # (Tool.call makes every other failure an error response)
             raise InfrastructureError(result.response.text)
-        if result.status in ("timeout", "error") and not result.response.is_error:
-            raise RuntimeError(f"{result.status}: {result.response.text[:200]}")
         return True
 
     async def close(self, tools: ToolSet) -> None:
@@ -179,7 +165,7 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     rng = random.Random(n)
     await _warm_up(driver, n)
     gc.collect()
-    base_rss, opened = rss_kib(), {}
+    base_rss, opened = rss_bytes() or 0, {}
     outcome = {"masked": 0, "lost": 0}
 
     def failed(stage: str, exc: BaseException) -> None:
@@ -196,7 +182,7 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     await asyncio.gather(*(open_one(i) for i in range(n)))
     open_s = time.perf_counter() - start
     gc.collect()
-    held_rss = rss_kib()
+    held_rss = rss_bytes() or 0
 
     async def drive(i: int, handle: Any) -> None:
         try:
@@ -209,7 +195,9 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
                     break
         except Exception as exc:
             failed("step", exc)
-            await _close_quietly(driver, handle)
+            # The rollout closes a failed trajectory too; its close's error is the failure's, counted once.
+            with contextlib.suppress(Exception):
+                await driver.close(handle)
             return
         try:
             await driver.close(handle)
@@ -227,17 +215,8 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     return RungResult(n=n, steps=len(latencies), wall_s=wall, open_s=open_s,
                       steps_per_s=len(latencies) / wall if wall else 0.0, offered_steps_per_s=n / think_s if think_s else float("inf"),
                       p50_s=percentile(latencies, 0.5), p99_s=percentile(latencies, 0.99),
-                      kib_per_session=(held_rss - base_rss) / max(n, 1), completed=n - failures,
+                      kib_per_session=(held_rss - base_rss) / 1024 / max(n, 1), completed=n - failures,
                       masked=outcome["masked"], lost=outcome["lost"], errors=dict(errors))
-
-
-async def _close_quietly(driver: Driver, handle: Any) -> None:
-    """Close a trajectory that failed already (the rollout closes it always); its close's error is
-    the failure's, counted once."""
-    try:
-        await driver.close(handle)
-    except Exception:
-        return
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -253,9 +232,7 @@ async def environment_driver(name: str, options: Mapping[str, Any], split: str |
     that serves it elsewhere, say) when it has one, else through its tools. A ConfigError names what is wrong."""
     env, validated = get_environment(name, "NAME").resolve(dict(options), "--options")
     split = split or next(iter(env.splits))
-    samples = load_split(env, split, validated)
-    if not samples:
-        raise ConfigError(f"--split: environment {name!r} split {split!r} holds no samples")
+    samples = load_split(env, split, validated)  # never empty: an empty split is its ConfigError
     kind_name = session or env.session
     if kind_name is not None:
         kind_options = session_options if session is not None else env.session_options

@@ -11,6 +11,7 @@ listed with the reason in docs/models.md); ``None`` means the same calls.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,16 +120,19 @@ def gpt_oss(name: str, arguments: dict[str, Any], template: bool = False) -> str
     return f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}<|call|>"
 
 
+def _one_call(family: str, render: Callable[[Call], str]) -> list[Case]:
+    """The cases of one call each that every family has: nested JSON, unicode, multi-line code, typed values."""
+    calls = {"nested_json": SEARCH, "unicode": UNICODE, "multiline_code": CODE, "typed_values": TYPED}
+    return [Case(family, name, render(call), (call,)) for name, call in calls.items()]
+
+
 def _common(family: str, render: Any, join: str = "\n") -> list[Case]:
     """The cases every one-call-per-block family shares."""
     return [
         Case(family, "single", render(*WEATHER), (WEATHER,)),
         Case(family, "single_after_text", "Let me check the weather.\n\n" + render(*WEATHER), (WEATHER,)),
         Case(family, "parallel", join.join(render(*c) for c in (WEATHER, SEARCH, UNICODE)), (WEATHER, SEARCH, UNICODE)),
-        Case(family, "nested_json", render(*SEARCH), (SEARCH,)),
-        Case(family, "unicode", render(*UNICODE), (UNICODE,)),
-        Case(family, "multiline_code", render(*CODE), (CODE,)),
-        Case(family, "typed_values", render(*TYPED), (TYPED,)),
+        *_one_call(family, lambda call: render(*call)),
     ]
 
 
@@ -160,10 +164,7 @@ def _llama3_json() -> list[Case]:
         Case(f, "parallel_semicolon", "; ".join(llama3_json(*c) for c in (WEATHER, SEARCH)), (WEATHER, SEARCH)),
         Case(f, "python_tag_parallel", "<|python_tag|>" + llama3_json(*WEATHER) + "; " + llama3_json(*UNICODE),
              (WEATHER, UNICODE)),
-        Case(f, "nested_json", llama3_json(*SEARCH), (SEARCH,)),
-        Case(f, "unicode", llama3_json(*UNICODE), (UNICODE,)),
-        Case(f, "multiline_code", llama3_json(*CODE), (CODE,)),
-        Case(f, "typed_values", llama3_json(*TYPED), (TYPED,)),
+        *_one_call(f, lambda call: llama3_json(*call)),
         Case(f, "text_then_call", "I'll look it up.\n" + call, (WEATHER,)),
         Case(f, "no_call", "The answer is $\\frac{1}{2}$.", ()),
         Case(f, "json_answer", '{"name": "Alice", "age": 30}', ()),
@@ -206,10 +207,7 @@ def _deepseek_v3() -> list[Case]:
         Case(f, "single", call, (WEATHER,)),
         Case(f, "single_after_text", "Let me check.\n\n" + call, (WEATHER,)),
         Case(f, "parallel", deepseek_v3(WEATHER, SEARCH, UNICODE), (WEATHER, SEARCH, UNICODE)),
-        Case(f, "nested_json", deepseek_v3(SEARCH), (SEARCH,)),
-        Case(f, "unicode", deepseek_v3(UNICODE), (UNICODE,)),
-        Case(f, "multiline_code", deepseek_v3(CODE), (CODE,)),
-        Case(f, "typed_values", deepseek_v3(TYPED), (TYPED,)),
+        *_one_call(f, deepseek_v3),
         Case(f, "reasoning_then_call", "<think>weather?</think>\n\n" + call, (WEATHER,)),
         Case(f, "no_call", "The answer is 4.", ()),
         Case(f, "pretty_printed_arguments", deepseek_v3(SEARCH, indent=2), (SEARCH,), well_formed=False,
@@ -246,10 +244,7 @@ def _gpt_oss() -> list[Case]:
         Case(f, "template_order", gpt_oss(*WEATHER, template=True), (WEATHER,)),
         Case(f, "template_order_after_analysis", analysis + "<|start|>assistant" + gpt_oss(*WEATHER, template=True),
              (WEATHER,)),
-        Case(f, "nested_json", analysis + gpt_oss(*SEARCH), (SEARCH,)),
-        Case(f, "unicode", analysis + gpt_oss(*UNICODE), (UNICODE,)),
-        Case(f, "multiline_code", analysis + gpt_oss(*CODE), (CODE,)),
-        Case(f, "typed_values", analysis + gpt_oss(*TYPED), (TYPED,)),
+        *_one_call(f, lambda call: analysis + gpt_oss(*call)),
         Case(f, "preamble_then_call", analysis + "<|start|>assistant<|channel|>commentary<|message|>Checking."
              "<|end|>" + gpt_oss(*WEATHER), (WEATHER,)),
         Case(f, "no_call", analysis + "<|start|>assistant<|channel|>final<|message|>It is 4.<|return|>", ()),
