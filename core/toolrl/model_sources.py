@@ -43,39 +43,15 @@ QWEN_PATTERN = (
     r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 QWEN_BASE_VOCAB = 151643  # BPE ranks in qwen.tiktoken; added tokens start here.
-# Upstream Qwen2.5 added tokens in id order from 151643; the bool is the "special" flag (special
-# tokens are dropped by ``decode(skip_special_tokens=True)``; the tool and FIM tags are not).
-QWEN2_5_ADDED: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-)
-# Qwen3 appends these (ids 151665..151668).
-QWEN3_ADDED: tuple[tuple[str, bool], ...] = QWEN2_5_ADDED + (
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
+# Upstream Qwen2.5's added tokens in id order from 151643: first the special ones (dropped by
+# ``decode(skip_special_tokens=True)``), then the tool and FIM tags, which are not.
+QWEN2_5_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+                   "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+                   "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+QWEN2_5_TAGS = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+# Qwen3 appends these tags (ids 151665..151668).
+QWEN3_TAGS = ("<tool_response>", "</tool_response>", "<think>", "</think>")
 
 # Bump when the way a cached artefact is built changes, so stale caches are not reused.
 _FORMAT = 2
@@ -136,8 +112,8 @@ def _qwen_vocab_file() -> Path:
 
 def qwen_added_tokens(variant: QwenVariant = "qwen3") -> dict[str, int]:
     """Added-token text -> id, in upstream order starting at 151643."""
-    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
-    return {text: QWEN_BASE_VOCAB + i for i, (text, _) in enumerate(added)}
+    added = QWEN2_5_SPECIAL + QWEN2_5_TAGS + (QWEN3_TAGS if variant == "qwen3" else ())
+    return {text: QWEN_BASE_VOCAB + i for i, text in enumerate(added)}
 
 
 def qwen_tiktoken_reference(variant: QwenVariant = "qwen3") -> Any:
@@ -169,8 +145,8 @@ def _build_qwen_tokenizer(out: Path, variant: QwenVariant) -> None:
 
     backend = TikTokenConverter(vocab_file=str(_qwen_vocab_file()), pattern=QWEN_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
-    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
-    backend.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in added])
+    backend.add_tokens([AddedToken(t, special=t in QWEN2_5_SPECIAL, normalized=False)
+                        for t in qwen_added_tokens(variant)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -319,12 +295,10 @@ def _moe_classes(tiny: TinyMoeSettings) -> tuple[Any, Any, dict[str, Any]]:
 
 def _build_model(path: str | os.PathLike[str] | None, cache_name: str, build: Callable[[Path], None]) -> str:
     """Build at ``path`` (replacing what is there), or once into the cache entry ``cache_name``."""
-    if path is not None:
-        final = Path(path)
-        if final.exists():
-            shutil.rmtree(final)
-        return str(_build_once(final, build, "model.safetensors"))
-    return str(_build_once(cache_dir_root() / "models" / cache_name, build, "model.safetensors"))
+    final = Path(path) if path is not None else cache_dir_root() / "models" / cache_name
+    if path is not None and final.exists():
+        shutil.rmtree(final)
+    return str(_build_once(final, build, "model.safetensors"))
 
 
 # Qwen2.5-VL's image geometry (its image processor's and vision tower's defaults): 14-pixel patches,
