@@ -481,7 +481,7 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
 
     from PIL import Image
     from toolrl import model_sources
-    from toolrl.images import ImageLimits, to_png
+    from toolrl.images import ImageLimits, prepare
     from toolrl.renderers.chat import ChatRenderer
     from toolrl.rollout.context_check import check_prompt_tokens, image_token_bound
     from toolrl.schemas import Sample
@@ -490,7 +490,7 @@ def test_prompt_tokens_count_each_image_as_the_processor_expands_it(tmp_path):
     shutil.copytree(model_sources.tiny_qwen2_5_vl(), model)
     config = json.loads((model / "config.json").read_text())
     processor, tokenizer = model_sources.load_processor(model), model_sources.load_tokenizer(model)
-    figure = to_png(Image.new("RGB", (112, 112), "white"))
+    figure = prepare(Image.new("RGB", (112, 112), "white"), ImageLimits())
     sample = Sample(prompt=[{"role": "user", "content": "Find x. <image>"}], images=[figure])
     renderer = ChatRenderer(tokenizer, processor=processor)
     grid = renderer.image_grid(figure)

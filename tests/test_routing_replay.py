@@ -230,12 +230,12 @@ def test_routed_experts_are_one_byte_an_expert_and_survive_json(engine_trajector
 def test_more_than_256_experts_take_two_bytes_an_id():
     """A model with 300 experts a layer (Kimi-K2 has 384): the engine records ids beyond a byte, the
     record keeps them in two bytes each and the trainer's batch replays them as they were."""
-    from toolrl.model_sources import QWEN_MODEL_VOCAB
+    from toolrl.tiny_settings import QWEN_VOCAB
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
-        vocab_size=QWEN_MODEL_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=QWEN_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         head_dim=32, num_experts=300, num_experts_per_tok=4, moe_intermediate_size=8, norm_topk_prob=True))
     engine = TransformersEngine(model, load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
     gen = generate(engine, PROMPTS[:1], 1, 4)[0][0]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from toolrl import model_sources
 from toolrl.config import ModelConfig
+from toolrl.templates import trl_template
 
 pytest.importorskip("PIL")
 
@@ -50,7 +51,7 @@ def test_saved_processor_layout(vlm):
     assert json.loads((folder / "processor_config.json").read_text())["processor_class"] == "Qwen2_5_VLProcessor"
     pre = json.loads((folder / "preprocessor_config.json").read_text())
     assert pre["image_processor_type"].startswith("Qwen2VLImageProcessor")
-    assert (folder / "chat_template.jinja").read_text() == model_sources.qwen_chat_template("qwen2_5_vl")
+    assert (folder / "chat_template.jinja").read_text() == trl_template("qwen2_5_vl.jinja")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,

@@ -858,7 +858,6 @@ class _TreeCheck:
 
     def __init__(self, name: str, lines: bool) -> None:
         self.name, self.lines = name, lines
-        self.scalar, self.mapping = yaml.ScalarNode, yaml.MappingNode
         self.sizes: dict[int, tuple[int, int]] = {}  # node -> expanded (nodes, characters)
         self.open: set[int] = set()
         self.repeated = [0, 0]  # what aliases add: nodes, characters
@@ -876,11 +875,11 @@ class _TreeCheck:
                                   f"{MAX_ALIAS_NODES:,} nodes or {MAX_ALIAS_CHARS:,} characters (a 'billion "
                                   "laughs'); write the values out or repeat them less")
             return nodes, chars
-        if isinstance(node, self.scalar):
+        if isinstance(node, yaml.ScalarNode):
             self.sizes[key] = (1, len(node.value))
             return self.sizes[key]
         children = node.value
-        if isinstance(node, self.mapping):
+        if isinstance(node, yaml.MappingNode):
             self.unique_keys(node)
             children = [n for pair in node.value for n in pair]
         self.open.add(key)
@@ -893,7 +892,7 @@ class _TreeCheck:
         """A key given twice in one mapping is an error: YAML loaders keep the last, silently."""
         seen: dict[tuple[str, str], int] = {}
         for key, _ in node.value:
-            if not isinstance(key, self.scalar) or key.tag == "tag:yaml.org,2002:merge":
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
                 continue
             if (key.tag, key.value) in seen:
                 raise ConfigError(f"{self.where(key)}: duplicate key {key.value!r} (first at line "
@@ -937,13 +936,6 @@ def override_name(override: str) -> str:
     return f"override {override if len(override) <= 80 else override[:77] + '...'}"
 
 
-def _parse_value(text: str, override: str) -> Any:
-    try:
-        return parse_yaml(text, override_name(override), lines=False)
-    except (yaml.YAMLError, RecursionError):
-        return text
-
-
 def apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, value = override.partition("=")
     if not sep or not key:
@@ -955,7 +947,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"override {key}: {part} is not a section")
         node = child
-    node[parts[-1]] = _parse_value(value, override)
+    try:
+        node[parts[-1]] = parse_yaml(value, override_name(override), lines=False)
+    except (yaml.YAMLError, RecursionError):  # not YAML: the text as it is
+        node[parts[-1]] = value
 
 
 def _yaml_error(path: Path, text: str, exc: Exception) -> ConfigError:

@@ -1,8 +1,5 @@
-"""The context policy part kind: what an agent's context becomes when it grows past a budget.
-
-After every round of tool results (and every user turn) the agent loop shows the policy
-(``rollout.context``) the live conversation (:class:`ContextView`); it answers with a :class:`ContextPlan`
-(the edited conversation, or a request whose generated reply makes it) or None. Each edit starts a new
+"""The context policy part kind (``rollout.context``; its contract: ``register_context_policies`` in
+hookspecs.py): what an agent's context becomes when it grows past a budget. Each edit starts a new
 *segment* of the trajectory, its prompt the edited conversation's rendering, so each generated token is
 trained exactly once (docs/rollouts.md). Every policy keeps the task: the system prompt, the sample's
 prompt and a session's opening messages.
@@ -10,7 +7,7 @@ prompt and a session's opening messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,6 +31,10 @@ class ContextView:
     task: int
     tokens: int
     turn: int
+
+    def after_task(self, role: str) -> list[int]:
+        """The positions of the messages of ``role`` after the task."""
+        return [i for i in range(self.task, len(self.messages)) if self.messages[i].get("role") == role]
 
 
 @dataclass
@@ -146,11 +147,6 @@ class TriggeredPolicy(ContextPolicy):
         raise NotImplementedError
 
 
-def turn_starts(messages: Sequence[dict[str, Any]], task: int) -> list[int]:
-    """Where each turn after the task starts: its assistant message (its tool results follow it)."""
-    return [i for i in range(task, len(messages)) if messages[i].get("role") == "assistant"]
-
-
 class DropToolOutputs(TriggeredPolicy):
     """Past the trigger, every tool result but the last ``keep_last`` becomes ``stub``; the calls
     and the model's turns stay."""
@@ -164,7 +160,7 @@ class DropToolOutputs(TriggeredPolicy):
     options: Options
 
     def edit(self, view: ContextView) -> ContextPlan | None:
-        tools = [i for i in range(view.task, len(view.messages)) if view.messages[i].get("role") == "tool"]
+        tools = view.after_task("tool")
         old = tools[:len(tools) - self.options.keep_last] if self.options.keep_last else tools
         removed = [i for i in old if view.messages[i].get("content") != self.options.stub]
         if not removed:
@@ -186,7 +182,7 @@ class Window(TriggeredPolicy):
     options: Options
 
     def edit(self, view: ContextView) -> ContextPlan | None:
-        starts = turn_starts(view.messages, view.task)
+        starts = view.after_task("assistant")  # where each turn starts (its tool results follow it)
         if len(starts) <= self.options.keep_turns:
             return None
         cut = starts[-self.options.keep_turns]

@@ -1,10 +1,8 @@
-"""The curriculum part kind: which prompt each training group gets, from what the policy solves.
-
-The controller alone asks it (``data.curriculum``): once per training group, in group order
-(:meth:`Curriculum.choose`), and shows it every finished group (:class:`GroupOutcome`) as the step that
-takes it begins; its state is in every checkpoint, so a resumed run draws what an uninterrupted one would
-(docs/curricula.md). Built-ins: ``uniform`` (the data's own order), ``pass_rate`` (pools by each prompt's
-rolling pass rate) and ``env_difficulty`` (an environment's levels, moved by the pass rate at the level).
+"""The curriculum part kind (``data.curriculum``; its contract: ``register_curricula`` in hookspecs.py):
+which prompt each training group gets, from what the policy solves. The controller alone asks it; its
+state is in every checkpoint, so a resumed run draws what an uninterrupted one would (docs/curricula.md).
+Built-ins: ``uniform`` (the data's own order), ``pass_rate`` (pools by each prompt's rolling pass rate)
+and ``env_difficulty`` (an environment's levels, moved by the pass rate at the level).
 """
 
 from __future__ import annotations

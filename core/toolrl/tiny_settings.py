@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 MAX_SEED = 2**32 - 1
 
 
-# The Qwen tokenizers' vocabulary: the embedding rows of every tiny model.
+# The embedding rows of real Qwen2.5/3 checkpoints (padded past the tokenizer) and of every tiny model.
 QWEN_VOCAB = 151_936
 
 

@@ -192,10 +192,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def model_tokens_end(mask: Sequence[int]) -> int:
     """The end of a piece's last model token: what follows (a tool-result delta) trains nothing."""
-    for i in range(len(mask) - 1, -1, -1):
-        if mask[i]:
-            return i + 1
-    return 0
+    return next((i + 1 for i in range(len(mask) - 1, -1, -1) if mask[i]), 0)
 
 
 def append_tokens(traj: Trajectory, ids: Sequence[int], mask: Sequence[int], logprobs: Sequence[float]) -> None:
