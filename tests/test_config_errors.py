@@ -149,6 +149,14 @@ def test_model_tiny_unknown_key_from_an_override_and_from_the_file(tmp_path):
         "hidden_size": 32, "num_hidden_layers": 1}
 
 
+def test_model_tiny_is_checked_against_the_tiny_source_it_builds(tmp_path):
+    """The vision-language tiny model's own settings (a vision tower, its shape rule) are known at load."""
+    path = write_config(tmp_path, model={"source": "tiny-qwen2.5-vl"})
+    assert load_config(path, ["model.tiny={vision_depth: 3}"]).model.tiny == {"vision_depth": 3}
+    one_error_line(invoke("rollout", str(path), "model.tiny={head_dim: 16}"),
+                   "model.tiny: head_dim (16) must be hidden_size")
+
+
 def test_a_trainer_rank_that_asks_for_no_resource(tmp_path):
     path = write_config(tmp_path)
     one_error_line(invoke("train", str(path), "ray.trainer_rank_resources=[{CPU: 1}, {node2: 0}]"),

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from toolrl.images import ImageLimits
-from toolrl.tiny_settings import MAX_SEED, TinyMoeSettings, TinyQwen3Settings
+from toolrl.tiny_settings import MAX_SEED, TinyMoeSettings, TinyQwen2_5VLSettings, TinyQwen3Settings
 
 
 class ConfigError(ValueError):
@@ -314,7 +314,8 @@ class ModelConfig(Section):
         here in one line instead of deep in model building."""
         if not value:
             return value
-        settings = TinyMoeSettings if info.data.get("source") == "tiny-moe" else TinyQwen3Settings
+        settings = {"tiny-moe": TinyMoeSettings, "tiny-qwen2.5-vl": TinyQwen2_5VLSettings}.get(
+            info.data.get("source"), TinyQwen3Settings)
         try:
             return settings.model_validate(value).model_dump(exclude_unset=True)
         except ValidationError as exc:
