@@ -98,7 +98,7 @@ class LifecycleRun:
 
     instance_id: str
     result: ToolResult
-    reward: float  # calc_reward's value, checked to be a finite number
+    reward: float | None  # calc_reward's value, checked to be a finite number; None: the tool gives none
     calls: list[LifecycleCall]
     loop_blocked_s: float = 0.0  # seconds the tool's code held the event loop, all stages
 
@@ -140,5 +140,5 @@ async def run_lifecycle(
     if tool.name in toolset.finish_errors:
         stage, _, detail = toolset.finish_errors[tool.name].partition(": ")
         raise LifecycleError(stage, detail)
-    return LifecycleRun(instance_id=iid, result=result, reward=rewards[tool.name], calls=recorder.calls[start:],
+    return LifecycleRun(instance_id=iid, result=result, reward=rewards.get(tool.name), calls=recorder.calls[start:],
                         loop_blocked_s=toolset.loop_blocked_s)

@@ -328,6 +328,17 @@ async def test_lifecycle_error_names_the_stage() -> None:
         await check_lifecycle(FailingCreateTool(), ARGS)
 
 
+async def test_a_tool_that_gives_no_reward_passes_the_lifecycle() -> None:
+    """calc_reward returning None means the tool gives no reward (ToolSet.finish leaves it out): not a defect."""
+
+    class NoReward(GoodTool):
+        async def calc_reward(self, instance_id: str, **kwargs: Any) -> None:
+            return None
+
+    assert (await check_lifecycle(NoReward(), ARGS, create_kwargs=CREATE)).reward is None
+    assert (await run_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE)).reward is not None
+
+
 async def test_kit_catches_a_failing_valid_call_and_missing_text() -> None:
     with pytest.raises(AssertionError, match="valid_arguments .* failed"):
         await check_lifecycle(GoodTool(), {"answer": 3}, create_kwargs=CREATE)
