@@ -664,6 +664,17 @@ def load_model(path: str | os.PathLike[str], dtype: Any = "float32", device: str
     return model.to(resolve_device(device)).eval()
 
 
+def model_skeleton(path: str | os.PathLike[str]) -> PreTrainedModel:
+    """The model of ``path``'s config built on the meta device: its modules and tensor shapes, no weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(str(path))
+    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        return auto.from_config(config)
+
+
 # A tokenizer transformers 5 saved with its generic fast class (tokenizer.json and a tokenizer_config.json of
 # plain values, the template in chat_template.jinja, no legacy files) is made by that class from its files:
 # AutoTokenizer imports torch and transformers' model registry (6.9 s against 3.4 s for the Qwen vocabulary

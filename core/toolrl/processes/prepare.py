@@ -14,6 +14,7 @@ from toolrl.algorithms.distill import opd_options
 from toolrl.config import Config, ConfigError, field_where
 from toolrl.data.batches import AHEAD, StepBatch
 from toolrl.data.draws import Draws, open_draws
+from toolrl.model_sources import model_skeleton
 from toolrl.plugins import get_plugins
 from toolrl.processes.replay import Replay
 from toolrl.processes.resolve import ResolvedRun, resolve_run
@@ -148,15 +149,8 @@ def check_resume(checkpoint: Path, model_dir: str) -> None:
     """Before the model loads: the checkpoint's files whole (:func:`toolrl.run_dir.checkpoint_shapes`)
     and its model tensors the shapes of this run's model (built on the meta device: no weights read),
     so that a damaged checkpoint, or one of another model, is one line with nothing loaded."""
-    import torch  # lazy, as every model-building import of the controller: only a resumed run builds one here
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
     saved = checkpoint_shapes(checkpoint)
-    config = AutoConfig.from_pretrained(model_dir)
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model_skeleton(model_dir).state_dict().items():
         if name in saved and tuple(tensor.shape) != saved[name]:
             raise ConfigError(f"--resume: {checkpoint}: the trainer's state cannot be loaded into this model: "
                               f"{name} is {list(saved[name])} in the checkpoint, {list(tensor.shape)} in "

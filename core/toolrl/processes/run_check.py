@@ -199,15 +199,8 @@ def check_lora_targets(facts: RunFacts) -> None:
 def _on_skeleton(facts: RunFacts, inject: Callable[[Any], object]) -> None:
     """``inject`` (LoRA adapters put in place) run on the model's skeleton on the meta device, no weights
     read; its ConfigError, which starts with the config field at fault, names where that field is set."""
-    import torch  # lazy: torch, transformers and peft load only for a run with LoRA
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    config = AutoConfig.from_pretrained(facts.model_dir)
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(config)
     try:
-        inject(model)
+        inject(model_sources.model_skeleton(facts.model_dir))
     except ConfigError as exc:
         field, _, rest = str(exc).partition(": ")
         raise ConfigError(f"{facts.where(field)}: {rest}") from None

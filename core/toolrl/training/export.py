@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrl.config import Config
-from toolrl.model_sources import model_path
+from toolrl.model_sources import model_path, model_skeleton
 from toolrl.run_dir import HF_FILES, META, latest, read_meta
 from toolrl.training import lora
 from toolrl.training.policy import build_policy
@@ -74,15 +74,9 @@ def export(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
 def _plain_model(files: Path, path: Path, merged: dict[str, Any] | None) -> Any:
     """The model of ``files``' config with ``merged`` weights (under the base model's names), or those
     of checkpoint ``path`` (a run that trained every weight)."""
-    import torch
     import torch.distributed.checkpoint as dcp
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = AutoConfig.from_pretrained(str(files))
-    auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
-        model = auto.from_config(config)
-    model = model.to_empty(device="cpu")
+    model = model_skeleton(files).to_empty(device="cpu")
     model.tie_weights()  # to_empty gave tied parameters separate storage
     if merged is None:
         state = {"model": model.state_dict()}
