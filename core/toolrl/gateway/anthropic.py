@@ -98,16 +98,19 @@ def anthropic_chat_messages(req: MessagesRequest) -> list[ChatMessage]:
     if req.system:
         out.append(ChatMessage(role="system", content=_text(req.system, "system", "\n\n")))
     for i, message in enumerate(req.messages):
-        where = f"messages.{i}"
-        out += _assistant(message, where) if message.role == "assistant" else _user(message, where)
+        where = f"messages.{i}.content"
+        if isinstance(message.content, str):
+            out.append(ChatMessage(role=message.role, content=message.content))
+        elif message.role == "assistant":
+            out.append(_assistant(message.content, where))
+        else:
+            out += _user(message.content, where)
     return out
 
 
-def _user(message: _Message, where: str) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role="user", content=message.content)]
+def _user(content: list[dict[str, Any]], where: str) -> list[ChatMessage]:
     results, texts = [], []
-    for kind, block, at in _blocks(message.content, f"{where}.content", ("text", "tool_result")):
+    for kind, block, at in _blocks(content, where, ("text", "tool_result")):
         if kind == "text":
             texts.append(validated(_Text, block, at).text)
             continue
@@ -120,12 +123,9 @@ def _user(message: _Message, where: str) -> list[ChatMessage]:
     return results
 
 
-def _assistant(message: _Message, where: str) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role="assistant", content=message.content)]
+def _assistant(content: list[dict[str, Any]], where: str) -> ChatMessage:
     texts, calls = [], []
-    for kind, block, at in _blocks(message.content, f"{where}.content",
-                                   ("text", "tool_use", "thinking", "redacted_thinking")):
+    for kind, block, at in _blocks(content, where, ("text", "tool_use", "thinking", "redacted_thinking")):
         if kind == "text":
             texts.append(validated(_Text, block, at).text)
         elif kind == "tool_use":
@@ -133,7 +133,7 @@ def _assistant(message: _Message, where: str) -> list[ChatMessage]:
             calls.append({"id": use.id, "function": {"name": use.name,
                                                       "arguments": json.dumps(use.input, ensure_ascii=False)}})
     # The text served was one block: joined as it was, so the message's key is the reply's.
-    return [ChatMessage.model_validate({"role": "assistant", "content": "".join(texts), "tool_calls": calls or None})]
+    return ChatMessage.model_validate({"role": "assistant", "content": "".join(texts), "tool_calls": calls or None})
 
 
 def _text(content: str | list[dict[str, Any]], where: str, sep: str) -> str:
