@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl.families import token_id
@@ -302,11 +302,17 @@ class ChatRenderer:
         ids = self.text_ids(text)
         if len(ids) <= max_tokens:
             return text
-        dropped = len(ids) - max_tokens
-        note = f"...[{dropped} tokens truncated]..."
-        if mode == "keep_head":
-            return self.decode(ids[:max_tokens]) + "\n" + note
-        if mode == "keep_tail":
-            return note + "\n" + self.decode(ids[-max_tokens:])
-        head = max_tokens - max_tokens // 2
-        return self.decode(ids[:head]) + "\n" + note + "\n" + self.decode(ids[len(ids) - max_tokens // 2:])
+        note = f"...[{len(ids) - max_tokens} tokens truncated]..."
+        return truncated(ids, max_tokens, mode, note, self.decode)
+
+
+def truncated(pieces: Sequence[Any], keep: int, mode: Truncation, note: str,
+              text: Callable[[Any], str]) -> str:
+    """``pieces`` (tokens, characters) cut to ``keep`` of them, the part ``mode`` names, ``note`` on a line
+    of its own where the cut is; ``text`` writes the kept pieces."""
+    if mode == "keep_head":
+        return f"{text(pieces[:keep])}\n{note}"
+    if mode == "keep_tail":
+        return f"{note}\n{text(pieces[len(pieces) - keep:])}"
+    half = keep // 2
+    return f"{text(pieces[:keep - half])}\n{note}\n{text(pieces[len(pieces) - half:])}"
