@@ -196,9 +196,7 @@ class ChatRenderer:
     def turn_text(self, ids: Sequence[int]) -> str:
         """A generated turn's text, without the end-of-turn token the template adds itself."""
         ids = list(ids)
-        if ids and ids[-1] == self.eos_id:
-            ids = ids[:-1]
-        return self.decode(ids)
+        return self.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids)
 
     def assistant_message(self, ids: Sequence[int], parsed: ParseResult | None = None) -> dict[str, Any]:
         """A generated turn as the conversation holds it: its text (reasoning and calls stay in it, as
