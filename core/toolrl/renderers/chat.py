@@ -98,11 +98,11 @@ class ChatRenderer:
     # -- rendering --------------------------------------------------------------------------------
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
-                tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                tools: Sequence[dict[str, Any]] | None = None, **options: Any) -> list[int]:
         try:
             out = self.tokenizer.apply_chat_template(
                 messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
-                tokenize=True, return_dict=False, chat_template=self.chat_template)
+                tokenize=True, return_dict=False, chat_template=self.chat_template, **options)
         except Exception as exc:  # the template's own checks (jinja's raise_exception, mistral-common's)
             raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
         return list(out["input_ids"] if isinstance(out, dict) else out)
