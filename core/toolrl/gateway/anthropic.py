@@ -80,12 +80,11 @@ async def answer(session: GatewaySession, req: MessagesRequest) -> dict[str, Any
     messages = anthropic_chat_messages(req)
     tools = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema, **(
         {"description": t.description} if t.description is not None else {})}} for t in req.tools or []]
-    role = session.role_of(req.model)
     choice = req.tool_choice or _ToolChoice(type="auto")
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_tokens, stop=tuple(req.stop_sequences or ()), parse_calls=choice.type != "none",
         parallel_calls=not choice.disable_parallel_tool_use, tool=choice.name if choice.type == "tool" else None),
-        id_prefix="msg", role=role)
+        id_prefix="msg", role=session.role_of(req.model))
     return message_body(turn, req.stop_sequences or (), req.model)
 
 
