@@ -8,6 +8,7 @@ argument, the :class:`~toolrl.agents.Endpoint` (its ``reward_url`` for step rewa
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -47,23 +48,16 @@ class CallableAgent(Agent):
     name = "callable"
     Options = CallableOptions
 
-    def __init__(self, options: Any) -> None:
-        super().__init__(options)
-        self._function: Any = None
-
+    @functools.cached_property
     def function(self) -> Any:
-        if self._function is None:
-            self._function = load_function(self.options.callable)  # type: ignore[attr-defined]
-        return self._function
+        return load_function(self.options.callable)  # type: ignore[attr-defined]
 
     async def run(self, task: AgentTask, endpoint: Endpoint) -> float | None:
-        function = self.function()
-        takes_endpoint = len(inspect.signature(function).parameters) >= 3
+        takes_endpoint = len(inspect.signature(self.function).parameters) >= 3
         async with endpoint.client() as client:
-            args = (task.model_dump(mode="json"), client, endpoint) if takes_endpoint \
-                else (task.model_dump(mode="json"), client)
-            return await function(*args)
+            args = (task.model_dump(mode="json"), client, endpoint)
+            return await self.function(*args if takes_endpoint else args[:2])
 
     def check_run(self, facts: RunFacts) -> list[str]:
-        self.function()
+        _ = self.function  # it imports, and is an async function
         return super().check_run(facts)

@@ -80,12 +80,11 @@ async def answer(session: GatewaySession, req: MessagesRequest) -> dict[str, Any
     messages = anthropic_chat_messages(req)
     tools = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema, **(
         {"description": t.description} if t.description is not None else {})}} for t in req.tools or []]
-    role = session.role_of(req.model)
     choice = req.tool_choice or _ToolChoice(type="auto")
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_tokens, stop=tuple(req.stop_sequences or ()), parse_calls=choice.type != "none",
         parallel_calls=not choice.disable_parallel_tool_use, tool=choice.name if choice.type == "tool" else None),
-        id_prefix="msg", role=role)
+        id_prefix="msg", role=session.role_of(req.model))
     return message_body(turn, req.stop_sequences or (), req.model)
 
 
@@ -98,16 +97,19 @@ def anthropic_chat_messages(req: MessagesRequest) -> list[ChatMessage]:
     if req.system:
         out.append(ChatMessage(role="system", content=_text(req.system, "system", "\n\n")))
     for i, message in enumerate(req.messages):
-        where = f"messages.{i}"
-        out += _assistant(message, where) if message.role == "assistant" else _user(message, where)
+        where = f"messages.{i}.content"
+        if isinstance(message.content, str):
+            out.append(ChatMessage(role=message.role, content=message.content))
+        elif message.role == "assistant":
+            out.append(_assistant(message.content, where))
+        else:
+            out += _user(message.content, where)
     return out
 
 
-def _user(message: _Message, where: str) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role="user", content=message.content)]
+def _user(content: list[dict[str, Any]], where: str) -> list[ChatMessage]:
     results, texts = [], []
-    for kind, block, at in _blocks(message.content, f"{where}.content", ("text", "tool_result")):
+    for kind, block, at in _blocks(content, where, ("text", "tool_result")):
         if kind == "text":
             texts.append(validated(_Text, block, at).text)
             continue
@@ -120,12 +122,9 @@ def _user(message: _Message, where: str) -> list[ChatMessage]:
     return results
 
 
-def _assistant(message: _Message, where: str) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role="assistant", content=message.content)]
+def _assistant(content: list[dict[str, Any]], where: str) -> ChatMessage:
     texts, calls = [], []
-    for kind, block, at in _blocks(message.content, f"{where}.content",
-                                   ("text", "tool_use", "thinking", "redacted_thinking")):
+    for kind, block, at in _blocks(content, where, ("text", "tool_use", "thinking", "redacted_thinking")):
         if kind == "text":
             texts.append(validated(_Text, block, at).text)
         elif kind == "tool_use":
@@ -133,7 +132,7 @@ def _assistant(message: _Message, where: str) -> list[ChatMessage]:
             calls.append({"id": use.id, "function": {"name": use.name,
                                                       "arguments": json.dumps(use.input, ensure_ascii=False)}})
     # The text served was one block: joined as it was, so the message's key is the reply's.
-    return [ChatMessage.model_validate({"role": "assistant", "content": "".join(texts), "tool_calls": calls or None})]
+    return ChatMessage.model_validate({"role": "assistant", "content": "".join(texts), "tool_calls": calls or None})
 
 
 def _text(content: str | list[dict[str, Any]], where: str, sep: str) -> str:

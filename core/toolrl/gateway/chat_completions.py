@@ -23,12 +23,12 @@ def parse(raw: bytes) -> ChatRequest:
 
 async def answer(session: GatewaySession, req: ChatRequest) -> dict[str, Any]:
     """A chat completion."""
-    role = session.role_of(req.model)
     max_tokens = next((v for v in (req.max_completion_tokens, req.max_tokens) if v is not None), None)
     forced = (req.tool_choice.get("function") or {}).get("name") if isinstance(req.tool_choice, dict) else None
     turn = await session.turn(req.messages, req.tools, Ask(
         n=req.n, max_tokens=max_tokens, stop=req.stop_strings(), parse_calls=req.tool_choice != "none",
-        parallel_calls=req.parallel_tool_calls is not False, tool=forced), role=role)
+        parallel_calls=req.parallel_tool_calls is not False, tool=forced),
+        role=session.role_of(req.model))
     choices = []
     for i, c in enumerate(turn.choices):
         choice: dict[str, Any] = {"index": i, "message": c.message, "finish_reason": c.finish, "logprobs": None}
@@ -37,7 +37,7 @@ async def answer(session: GatewaySession, req: ChatRequest) -> dict[str, Any]:
                 {"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
                 for piece, lp in zip((turn.decode([t]) for t in c.generation.token_ids), c.generation.logprobs)]}
         choices.append(choice)
-    return {"id": turn.id, "object": "chat.completion", "created": int(time.time()), "model": role or session.model,
+    return {"id": turn.id, "object": "chat.completion", "created": int(time.time()), "model": req.model,
             "choices": choices, "usage": turn.usage()}
 
 

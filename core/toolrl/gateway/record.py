@@ -114,9 +114,8 @@ class EpisodeRecord:
 
     def abandon(self, call: Call) -> None:
         """Take a failed request's messages back out of its segment."""
-        traj, segment = call.segment.traj, call.segment
-        cut_response(traj, call.before)
-        segment.busy, call.abandoned = False, True
+        cut_response(call.segment.traj, call.before)
+        call.segment.busy, call.abandoned = False, True
 
     def record(self, call: Call, gens: Sequence[Generation], replies: Sequence[str], texts: Sequence[str],
                errors: Sequence[Sequence[ParseError]], answer: str) -> None:

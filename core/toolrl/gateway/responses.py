@@ -55,11 +55,11 @@ def parse(raw: bytes) -> ResponsesRequest:
 async def answer(session: GatewaySession, req: ResponsesRequest) -> dict[str, Any]:
     """A Response."""
     messages, tools = chat_messages(req), chat_tools(req.tools)
-    role = session.role_of(req.model)
     forced = req.tool_choice.get("name") if isinstance(req.tool_choice, dict) else None
     turn = await session.turn(messages, tools, Ask(
         n=1, max_tokens=req.max_output_tokens, parse_calls=req.tool_choice != "none",
-        parallel_calls=req.parallel_tool_calls is not False, tool=forced), id_prefix="resp", role=role)
+        parallel_calls=req.parallel_tool_calls is not False, tool=forced), id_prefix="resp",
+        role=session.role_of(req.model))
     return response_body(req, session, turn)
 
 

@@ -9,7 +9,6 @@ parser. A run with roles serves each role as a model name, the role that acts in
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import secrets
@@ -170,11 +169,10 @@ class GatewaySession:
             raise RequestError(str(exc), param="messages") from None
         prompt_tokens = len(call.prompt_ids)
         gens = await self._generate(call, ask, renderer)
-        parse_calls = bool(schemas) and ask.parse_calls
+        parser = self._parser(schemas) if schemas and ask.parse_calls else None
         choices, replies, texts, errors = [], [], [], []
         for i, gen in enumerate(gens):
             text = renderer.turn_text(gen.token_ids)
-            parser = self._parser(schemas) if parse_calls else None
             parsed = await parse_within(parser, self._call_text(renderer, parser, gen, text),
                                         self.config.parser_timeout_s) if parser is not None else None
             if parsed is not None:
@@ -248,13 +246,10 @@ class GatewaySession:
         try:
             return await self.engine.generate(call.prompt_ids, params, ask.n, session_id=session,
                                               **adapter_keyword(call.segment.traj.role, self.adapters))
-        except ValueError as exc:  # the engine's request check: an over-long prompt
+        except BaseException as exc:
             self.record.abandon(call)
-            raise RequestError(str(exc)) from None
-        except asyncio.CancelledError:  # the call given up (its program's deadline): no failure of the engine
-            self.record.abandon(call)
-            raise
-        except Exception as exc:
-            self.record.abandon(call)
-            self.failures.append(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, ValueError):  # the engine's request check: an over-long prompt
+                raise RequestError(str(exc)) from None
+            if isinstance(exc, Exception):  # not the call given up (its program's deadline, CancelledError)
+                self.failures.append(f"{type(exc).__name__}: {exc}")
             raise

@@ -110,7 +110,7 @@ def check_tree(facts: RunFacts, parts: Parts) -> None:
         if route.session is not None and not route.session.cls.can_clone():
             raise ConfigError(f"{where}: session {route.session.name!r} ({route.session.where}) cannot clone its "
                               "state (its EnvironmentSession defines no clone)")
-        for entry in (e for f in route.tool_files for e in f.tools):
+        for entry in (e for f in route.tools.files for e in f.tools):
             isolated = (entry.config.model_extra or {}).get("isolation") == "process"
             if isolated or not resolve_tool_class(entry.class_name).can_clone():
                 raise ConfigError(f"{where}: tool {entry.class_name!r} cannot clone its per-trajectory state ("

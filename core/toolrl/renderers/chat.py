@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolrl.families import token_id
@@ -98,11 +98,11 @@ class ChatRenderer:
     # -- rendering --------------------------------------------------------------------------------
 
     def _render(self, messages: list[dict[str, Any]], generation_prompt: bool,
-                tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+                tools: Sequence[dict[str, Any]] | None = None, **options: Any) -> list[int]:
         try:
             out = self.tokenizer.apply_chat_template(
                 messages, tools=list(tools) if tools else None, add_generation_prompt=generation_prompt,
-                tokenize=True, return_dict=False, chat_template=self.chat_template)
+                tokenize=True, return_dict=False, chat_template=self.chat_template, **options)
         except Exception as exc:  # the template's own checks (jinja's raise_exception, mistral-common's)
             raise TemplateError(f"the chat template cannot render these messages: {exc}") from exc
         return list(out["input_ids"] if isinstance(out, dict) else out)
@@ -196,9 +196,7 @@ class ChatRenderer:
     def turn_text(self, ids: Sequence[int]) -> str:
         """A generated turn's text, without the end-of-turn token the template adds itself."""
         ids = list(ids)
-        if ids and ids[-1] == self.eos_id:
-            ids = ids[:-1]
-        return self.decode(ids)
+        return self.decode(ids[:-1] if ids and ids[-1] == self.eos_id else ids)
 
     def assistant_message(self, ids: Sequence[int], parsed: ParseResult | None = None) -> dict[str, Any]:
         """A generated turn as the conversation holds it: its text (reasoning and calls stay in it, as
@@ -302,11 +300,17 @@ class ChatRenderer:
         ids = self.text_ids(text)
         if len(ids) <= max_tokens:
             return text
-        dropped = len(ids) - max_tokens
-        note = f"...[{dropped} tokens truncated]..."
-        if mode == "keep_head":
-            return self.decode(ids[:max_tokens]) + "\n" + note
-        if mode == "keep_tail":
-            return note + "\n" + self.decode(ids[-max_tokens:])
-        head = max_tokens - max_tokens // 2
-        return self.decode(ids[:head]) + "\n" + note + "\n" + self.decode(ids[len(ids) - max_tokens // 2:])
+        note = f"...[{len(ids) - max_tokens} tokens truncated]..."
+        return truncated(ids, max_tokens, mode, note, self.decode)
+
+
+def truncated(pieces: Sequence[Any], keep: int, mode: Truncation, note: str,
+              text: Callable[[Any], str]) -> str:
+    """``pieces`` (tokens, characters) cut to ``keep`` of them, the part ``mode`` names, ``note`` on a line
+    of its own where the cut is; ``text`` writes the kept pieces."""
+    if mode == "keep_head":
+        return f"{text(pieces[:keep])}\n{note}"
+    if mode == "keep_tail":
+        return f"{note}\n{text(pieces[len(pieces) - keep:])}"
+    half = keep // 2
+    return f"{text(pieces[:keep - half])}\n{note}\n{text(pieces[len(pieces) - half:])}"

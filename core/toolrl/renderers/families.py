@@ -104,16 +104,15 @@ def chat_template_text(config: Config, spec: str) -> str:
     path = resolve_path(config, spec)
     if path.is_file():
         return read_text(path)
-    if "/" in spec or Path(spec).suffix or not has_part("model_families", spec):
-        names = ", ".join(f.name for f in registered_families() if f.own_template() is not None)
-        raise ConfigError(f"{where}: {spec!r} is neither a template file (no {path}) nor a model family "
-                          f"(families with a template: {names})")
-    family = family_named(spec, where)
-    own = family.own_template()
-    if own is None:
-        names = ", ".join(f.name for f in registered_families() if f.own_template() is not None)
+    named = "/" not in spec and not Path(spec).suffix and has_part("model_families", spec)
+    own = family_named(spec, where).own_template() if named else None
+    if own is not None:
+        return own.text()
+    names = ", ".join(f.name for f in registered_families() if f.own_template() is not None)
+    if named:
         raise FamilyError(f"{where}: model family {spec!r} bundles no template (families that do: {names})")
-    return own.text()
+    raise ConfigError(f"{where}: {spec!r} is neither a template file (no {path}) nor a model family "
+                      f"(families with a template: {names})")
 
 
 def check_chosen_template(text: str, tokenizer: Any, where: str) -> None:

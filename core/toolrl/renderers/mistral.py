@@ -41,9 +41,7 @@ class MistralRenderer(ChatRenderer):
     def _render_closed_turn(self, messages: list[dict[str, Any]]) -> list[int]:
         # Serving mode refuses a conversation that ends with an assistant turn unless it is a prefix
         # to continue; the prefix stops before the turn's "</s>", which the delta then starts after.
-        out = self.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=True,
-                                                 return_dict=False)
-        return list(out["input_ids"] if isinstance(out, dict) else out)
+        return self._render(messages, False, continue_final_message=True)
 
     def _shows(self, text: str, rendered: str) -> bool:
         # Before v11 a result is written as JSON ({"content": …}): text that decodes as JSON as that

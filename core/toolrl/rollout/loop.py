@@ -228,9 +228,8 @@ async def execute(ep: Episode, calls: Sequence[ToolCall]) -> list[ToolResult]:
     t0 = time.perf_counter()
     called = iter(await asyncio.gather(*(ep.toolset.call(c) for c, o in zip(taken, opened) if o is None)))
     traj.tool_s += time.perf_counter() - t0
-    results = []
-    for o in opened:
-        results.append(next(called) if o is None else o if isinstance(o, ToolResult) else await run_branch(ep, *o))
+    results = [next(called) if o is None else o if isinstance(o, ToolResult) else await run_branch(ep, *o)
+               for o in opened]
     results += [_refused(c, limit) for c in over]
     results = [r.model_copy(update={"turn": traj.turns}) for r in results]  # per-turn success (toolrl eval)
     traj.tool_results += results

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toolrl.images import ImageError
+from toolrl.renderers.chat import Truncation, truncated
 from toolrl.rollout.episode import Episode, image_for
 from toolrl.schemas import ParseError, ToolResponse, ToolResult
 from toolrl.trajectory import TrajectoryImage
@@ -64,15 +65,10 @@ def tool_images(ep: Episode, results: Sequence[ToolResult]) -> list[list[Traject
     return shown
 
 
-def _precut(text: str, max_tokens: int, mode: str) -> str:
+def _precut(text: str, max_tokens: int, mode: Truncation) -> str:
     """Cut a huge tool response by characters before it is tokenized: tokenizing a megabyte would hold
     the event loop (every trajectory) for seconds, only to keep ``max_tokens`` of it."""
     limit = 32 * max_tokens  # characters: far more than max_tokens tokens of ordinary text
     if len(text) <= limit:
         return text
-    note = f"...[{len(text) - limit} characters truncated]..."
-    if mode == "keep_head":
-        return text[:limit] + "\n" + note
-    if mode == "keep_tail":
-        return note + "\n" + text[-limit:]
-    return text[: limit // 2] + "\n" + note + "\n" + text[-(limit // 2):]
+    return truncated(text, limit, mode, f"...[{len(text) - limit} characters truncated]...", str)

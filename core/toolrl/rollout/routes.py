@@ -190,10 +190,6 @@ class RouteParts:
     context: Any = None  # the context policy (toolrl.context)
     agent: Any = None  # the agent program (toolrl.agents)
 
-    @property
-    def tool_files(self) -> list[ToolsFile]:
-        return self.tools.files
-
 
 @dataclass(frozen=True)
 class Parts:
@@ -249,13 +245,13 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
     its sessions share)."""
     route_parts = parts.routes if parts is not None else resolve_routes(config, configured_envs(config))
     routes: dict[str | None, Route] = {}
-    built: dict[int, dict[str, Tool]] = {}  # by tool-config list: routes sharing the explicit section share its tools
+    built: dict[int, dict[str, Tool]] = {}  # by ToolFiles: routes sharing the explicit section share its tools
     kinds: list[SessionKind] = []
     try:
         for name, route in route_parts.items():
-            if id(route.tool_files) not in built:
-                built[id(route.tool_files)] = await build_route_tools(route.tool_files)
-            tools = built[id(route.tool_files)]
+            if id(route.tools) not in built:
+                built[id(route.tools)] = await build_route_tools(route.tools.files)
+            tools = built[id(route.tools)]
             # Parsers of formats that write every value as text type them from the tools' schemas.
             route.parser.bind_tools([t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
             if route.session is not None:  # what one build's sessions share is theirs alone

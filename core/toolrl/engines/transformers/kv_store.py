@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from toolrl.engines.transformers.scheduler import Request, Row
+from toolrl.trajectory import common_prefix
 
 # Buffer columns to allocate for a number of needed ones (the step runner's rounding).
 Capacity = Callable[[int], int]
@@ -249,8 +250,7 @@ class SessionStore:
             session = self._kept.pop(req.session_id, None)  # type: ignore[arg-type]
         if session is None or session.adapter != req.adapter:
             return None  # never a prefix computed under another role's adapter
-        limit = min(len(session.tokens), len(req.prompt) - 1)
-        common = next((j for j in range(limit) if session.tokens[j] != req.prompt[j]), limit)
+        common = common_prefix(session.tokens, req.prompt[:-1])
         if common == 0:
             return None
         return Session(session.tokens[:common], [k[:, :, :common] for k in session.keys],

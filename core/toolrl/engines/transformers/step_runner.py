@@ -15,6 +15,7 @@ import contextlib
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers.cache_utils import Cache
 
 from toolrl import masks
@@ -106,15 +107,12 @@ class EagerSteps:
         out: list[PromptLogprobs] = []
         for b in range(0, len(prompts), size):
             chunk, first = prompts[b:b + size], starts[b:b + size]
-            width = max(len(p) for p in chunk)
-            x = torch.zeros(len(chunk), width, dtype=torch.long, device=self.device)
-            mask = torch.zeros_like(x)
-            for i, p in enumerate(chunk):
-                x[i, :len(p)] = torch.tensor(p)
-                mask[i, :len(p)] = 1
+            rows = [torch.tensor(p) for p in chunk]
+            x = pad_sequence(rows, batch_first=True).to(self.device)
+            mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True).to(self.device)
             lo = min(first) - 1  # the first position whose logits are kept: it predicts token lo + 1
             with self.adapters.forward([adapter] * len(chunk)), self.linears():
-                logits = self.model(input_ids=x, attention_mask=mask, logits_to_keep=width - lo).logits
+                logits = self.model(input_ids=x, attention_mask=mask, logits_to_keep=x.shape[1] - lo).logits
             lp = torch.log_softmax(logits[:, :-1].float(), -1)
             chosen = lp.gather(-1, x[:, lo + 1:, None])
             ranks = (lp > chosen).sum(-1) + 1
