@@ -34,9 +34,9 @@ class MaskRun:
 def pieces(mask: Sequence[int]) -> list[MaskRun]:
     """The response's runs of equal ``mask`` values, in order."""
     out: list[MaskRun] = []
-    for sampled, run in itertools.groupby(mask, key=bool):
+    for sampled, values in itertools.groupby(mask, key=bool):
         start = out[-1].end if out else 0
-        out.append(MaskRun(start, start + len(list(run)), sampled))
+        out.append(MaskRun(start, start + len(list(values)), sampled))
     return out
 
 
