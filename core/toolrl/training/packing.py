@@ -75,9 +75,6 @@ class PackedBatch:
     # CANDIDATE_IDS (B, R, K) among them are run through the LM head too.
     fields: dict[str, Any] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return self.response_mask.shape[0]
-
     @property
     def tokens(self) -> int:
         """Tokens the model runs on (no padding; shared prefixes once)."""
