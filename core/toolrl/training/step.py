@@ -58,7 +58,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
-from toolrl.training.sequence_parallel import SequenceParallel
+from toolrl.training.sequence_parallel import SequenceParallel, split_response_logprobs
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "field_rows",
@@ -149,9 +149,7 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     if sp is not None:
         if candidates is not None:
             raise ValueError("sequence parallelism gives no log-probs at candidate tokens")
-        from toolrl.training import sequence_parallel
-
-        return sequence_parallel.split_response_logprobs(model, batch, sp, temperature, chunk_size)
+        return split_response_logprobs(model, batch, sp, temperature, chunk_size)
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
     head = model.get_output_embeddings()
     lp = token_logprobs(hidden, head, batch.targets, temperature, chunk_size)
