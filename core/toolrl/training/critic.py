@@ -36,6 +36,7 @@ from toolrl.training.packing import (
     sharing_metrics,
     tree_keys,
 )
+from toolrl.training.sharding import shard_root
 from toolrl.training.step import MicroStep, clip_grad_norm, packed_micro_steps
 from toolrl.trajectory import Trajectory
 
@@ -93,8 +94,6 @@ class CriticOptions:
 def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> ValueModel:
     """FSDP2 over ``mesh`` as for the policy: each backbone layer a unit, the rest (embeddings, final
     norm, value head) the root."""
-    from toolrl.training.sharding import shard_root
-
     return shard_root(critic, critic.backbone, mesh, offload=offload)
 
 
