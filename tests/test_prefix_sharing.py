@@ -109,7 +109,7 @@ def test_tree_gives_the_unshared_loss_and_gradients(model, case, variant):
 
 def test_attention_without_tree_support_runs_unshared_and_says_so_once(model, caplog, monkeypatch, unknown_kernel):
     """An attention implementation toolrl does not know gets the unshared row."""
-    monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
+    packing._warn_unshared.cache_clear()
     m = copy.deepcopy(model).train()
     trajs = common_first_turn()
     want = loss_and_grads(m, trajs, share=False)

@@ -226,7 +226,7 @@ def test_equal_tokens_with_different_figures_share_nothing_after_them(vlm, proce
 def test_images_under_other_attention(vlm, processor, caplog, monkeypatch, unknown_kernel, attn):
     """Eager attention takes the tree as one dense mask; a kernel toolrl does not know runs the unshared
     row, said once. Both give the unshared step."""
-    monkeypatch.setattr(packing, "_FALLBACK_LOGGED", set())
+    packing._warn_unshared.cache_clear()
     trajs = geo3k_group(processor)[:4]
     want = vision_loss_and_grads(vlm, processor, trajs, share=False, attn="eager")
     with caplog.at_level(logging.WARNING, logger="toolrl.training.packing"):

@@ -13,6 +13,8 @@ What is exact (a piece's total), what is lost, and how special tokens are scored
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,22 +34,10 @@ class MaskRun:
 def pieces(mask: Sequence[int]) -> list[MaskRun]:
     """The response's runs of equal ``mask`` values, in order."""
     out: list[MaskRun] = []
-    k = 0
-    while k < len(mask):
-        j = k
-        while j < len(mask) and bool(mask[j]) == bool(mask[k]):
-            j += 1
-        out.append(MaskRun(k, j, bool(mask[k])))
-        k = j
+    for sampled, values in itertools.groupby(mask, key=bool):
+        start = out[-1].end if out else 0
+        out.append(MaskRun(start, start + len(list(values)), sampled))
     return out
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def char_ends(tokenizer: object, ids: Sequence[int]) -> tuple[str, list[int]]:
@@ -59,7 +49,8 @@ def char_ends(tokenizer: object, ids: Sequence[int]) -> tuple[str, list[int]]:
     ends = []
     last = 0
     for k in range(1, len(ids) + 1):
-        last = max(last, _common_prefix(decode(list(ids[:k]), clean_up_tokenization_spaces=False), text))
+        prefix = decode(list(ids[:k]), clean_up_tokenization_spaces=False)
+        last = max(last, len(os.path.commonprefix([prefix, text])))
         ends.append(last)
     if ends:
         ends[-1] = len(text)

@@ -14,7 +14,7 @@ tokens (``response_mask`` 0) get 0: they are never scored.
 
 With ``advantage_options.top_k: K`` the teacher also gives its ``K`` likeliest tokens ``T_t`` at each
 trained position, with their log-probs, and the trainer's forward the student's log-probs at them
-(:func:`top_fields`, the ids as the step's ``CANDIDATE_IDS``; a teacher with the student's tokenizer
+(:func:`teacher_fields`, the ids as the step's ``CANDIDATE_IDS``; a teacher with the student's tokenizer
 only). Two things read them:
 
 - the loss ``topk_forward_kl`` (:class:`TopkForwardKl`): the forward KL from the teacher's top-K
@@ -33,7 +33,7 @@ only). Two things read them:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,58 +76,47 @@ def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | N
 
 
 def teacher_fields(trajectories: Sequence[Trajectory], width: int,
-                   algo: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The student's (engine's) and the teacher's log-probs, (B, ``width``) each, 0 past a row and at
-    untrained tokens, and each row's teacher weight (B,): 0 for a route no teacher scores. A row its
-    teacher should have scored but did not is a ValueError (the controller scores every batch first)."""
+                   algo: AlgorithmConfig) -> dict[str, torch.Tensor]:
+    """:data:`SCORED` over a (B, ``width``) grid: the student's (engine's) and the teacher's log-probs, 0
+    past a row and at untrained tokens, and each row's teacher weight (B,), 0 for a route no teacher
+    scores. With opd's ``top_k`` K, :data:`TOP` too: the teacher's top-k ids at each trained position
+    (B, width, K) long, its log-probs there (B, width, K) and each position's teacher weight (B, width), 0
+    at untrained positions and in rows no teacher scores (their ids 0, log-probs uniform). A row its teacher
+    should have scored but did not is a ValueError (the controller scores every batch first)."""
     import torch
 
-    student = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    rows, k = len(trajectories), opd_options(algo).top_k
+    student = torch.zeros((rows, width), dtype=torch.float32)
     teacher = torch.zeros_like(student)
-    weight = torch.zeros(len(trajectories), dtype=torch.float32)
-    teachers = algo.teachers
-    for i, t in enumerate(trajectories):
-        k = teacher_index(t.env, teachers)
-        if k is None:
-            continue
-        if t.teacher_logprobs is None or len(t.teacher_logprobs) != len(t.response_ids):
-            raise ValueError(f"trajectory {t.trajectory_id} has no teacher log-probs for its "
-                             f"{len(t.response_ids)} response tokens (algorithm.teacher.{k} scores route {t.env!r})")
-        mask = torch.tensor(t.response_mask, dtype=torch.float32)
-        n = len(t.response_ids)
-        student[i, :n] = torch.tensor(t.logprobs[:n], dtype=torch.float32) * mask
-        teacher[i, :n] = torch.tensor(t.teacher_logprobs, dtype=torch.float32) * mask
-        weight[i] = teachers[k].weight
-    return student, teacher, weight
-
-
-def top_fields(trajectories: Sequence[Trajectory], width: int, algo: AlgorithmConfig,
-               device: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The teacher's top-k at each trained position (opd's ``top_k``), over a (B, ``width``) grid: the ids
-    (B, width, K) long, the teacher's log-probs there (B, width, K), and each position's teacher weight
-    (B, width): 0 at untrained positions and in rows no teacher scores (their ids 0, log-probs uniform).
-    None when the run keeps no top-k."""
-    import torch
-
-    k = opd_options(algo).top_k
-    if not k:
-        return None
-    ids = torch.zeros((len(trajectories), width, k), dtype=torch.long)
-    lps = torch.zeros((len(trajectories), width, k), dtype=torch.float32)
-    weight = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    weight = torch.zeros(rows, dtype=torch.float32)
+    ids = torch.zeros((rows, width, k), dtype=torch.long)
+    top_lps = torch.zeros((rows, width, k), dtype=torch.float32)
+    top_weight = torch.zeros_like(student)
     for i, t in enumerate(trajectories):
         j = teacher_index(t.env, algo.teachers)
         if j is None:
             continue
-        if t.teacher_top_ids is None or t.teacher_top_logprobs is None or len(t.teacher_top_ids) != len(t.response_ids):
-            raise ValueError(f"trajectory {t.trajectory_id} has no teacher top-{k} for its {len(t.response_ids)} "
-                             f"response tokens (algorithm.teacher.{j} scores route {t.env!r})")
-        for c, (top, lp, m) in enumerate(zip(t.teacher_top_ids, t.teacher_top_logprobs, t.response_mask, strict=True)):
+        n, route = len(t.response_ids), f"algorithm.teacher.{j} scores route {t.env!r}"
+        if t.teacher_logprobs is None or len(t.teacher_logprobs) != n:
+            raise ValueError(f"trajectory {t.trajectory_id} has no teacher log-probs for its {n} response "
+                             f"tokens ({route})")
+        mask = torch.tensor(t.response_mask, dtype=torch.float32)
+        student[i, :n] = torch.tensor(t.logprobs[:n], dtype=torch.float32) * mask
+        teacher[i, :n] = torch.tensor(t.teacher_logprobs, dtype=torch.float32) * mask
+        weight[i] = algo.teachers[j].weight
+        if not k:
+            continue
+        if t.teacher_top_ids is None or t.teacher_top_logprobs is None or len(t.teacher_top_ids) != n:
+            raise ValueError(f"trajectory {t.trajectory_id} has no teacher top-{k} for its {n} response "
+                             f"tokens ({route})")
+        tops = zip(t.teacher_top_ids, t.teacher_top_logprobs, t.response_mask, strict=True)
+        for c, (top, lp, m) in enumerate(tops):
             if m:
                 ids[i, c] = torch.tensor(top)
-                lps[i, c] = torch.tensor(lp)
-                weight[i, c] = algo.teachers[j].weight
-    return ids.to(device), lps.to(device), weight.to(device)
+                top_lps[i, c] = torch.tensor(lp)
+                top_weight[i, c] = algo.teachers[j].weight
+    scored = dict(zip(SCORED, (student, teacher, weight), strict=True))
+    return {**scored, **dict(zip(TOP, (ids, top_lps, top_weight), strict=True))} if k else scored
 
 
 def vopd_baseline(student_top: torch.Tensor, teacher_top: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -216,9 +205,7 @@ class Opd(AdvantageEstimator):
         return warnings
 
     def fields(self, trajectories: Sequence[Trajectory], width: int) -> dict[str, torch.Tensor]:
-        tops = top_fields(trajectories, width, self.algo)
-        return {**dict(zip(SCORED, teacher_fields(trajectories, width, self.algo), strict=True)),
-                **({} if tops is None else dict(zip(TOP, tops, strict=True)))}
+        return teacher_fields(trajectories, width, self.algo)
 
     def __call__(self, inputs: AdvantageInputs) -> torch.Tensor:
         if not set(SCORED) <= inputs.fields.keys():

@@ -54,11 +54,7 @@ class GigpoOptions(GroupOptions):
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
     """``R_t = r_t + γ · R_{t+1}`` from the last turn back (``R_T = r_T``)."""
-    out, carried = [0.0] * len(rewards), 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        carried = rewards[t] + gamma * carried
-        out[t] = carried
-    return out
+    return list(accumulate(reversed(rewards), lambda later, r: r + gamma * later))[::-1]
 
 
 class Gigpo(AdvantageEstimator):

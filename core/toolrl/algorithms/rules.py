@@ -40,8 +40,7 @@ def check_algorithm(config: Config, has_critic: bool = False) -> tuple[Advantage
     """The run's estimator and loss, built (names resolved, options validated) and checked against
     the rules; a ConfigError (one line naming the fields) otherwise."""
     algo = config.algorithm
-    parts = [build_estimator(algo, config), build_loss(algo, config)]
-    estimator, loss = parts
+    estimator, loss = build_estimator(algo, config), build_loss(algo, config)
     pair = f"algorithm.advantage={algo.advantage} with algorithm.loss={algo.loss}"
     if loss.sequence_level and not estimator.outcome:
         raise ConfigError(f"{pair}: a sequence-level loss needs one advantage per sequence, and "

@@ -36,6 +36,7 @@ from toolrl.training.packing import (
     sharing_metrics,
     tree_keys,
 )
+from toolrl.training.sharding import shard_root
 from toolrl.training.step import MicroStep, clip_grad_norm, packed_micro_steps
 from toolrl.trajectory import Trajectory
 
@@ -93,8 +94,6 @@ class CriticOptions:
 def shard_critic(critic: ValueModel, mesh: Any, *, offload: bool = False) -> ValueModel:
     """FSDP2 over ``mesh`` as for the policy: each backbone layer a unit, the rest (embeddings, final
     norm, value head) the root."""
-    from toolrl.training.sharding import shard_root
-
     return shard_root(critic, critic.backbone, mesh, offload=offload)
 
 
@@ -114,14 +113,10 @@ def _trainable(trajs: Sequence[Trajectory]) -> list[int]:
     return [i for i, t in enumerate(trajs) if any(t.response_mask)]
 
 
-def _device(module: torch.nn.Module) -> torch.device:
-    return next(module.parameters()).device
-
-
 def batch_values(critic: torch.nn.Module, trajs: Sequence[Trajectory], options: CriticOptions) -> torch.Tensor:
     """The critic's values (N, R) of the whole batch (R: its longest response), 0 at untrained tokens,
     without gradient. Sharded: each rank runs its share and one sum over ranks gives every rank all."""
-    device = _device(critic)
+    device = next(critic.parameters()).device
     width = max(1, max((len(t.response_ids) for t in trajs), default=1))
     values = torch.zeros((len(trajs), width), dtype=torch.float32, device=device)
     usable = _trainable(trajs)
@@ -168,7 +163,7 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
     usable = _trainable(trajs)
     if not usable:
         return {}
-    device = _device(critic)
+    device = next(critic.parameters()).device
     old_values, returns = old_values.to(device), returns.to(device)
     minis = []
     for mini in (m.tolist() for m in torch.tensor(usable).chunk(options.mini_batches)):

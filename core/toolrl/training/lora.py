@@ -140,9 +140,8 @@ def iter_engine_weights(model: Any, state: Mapping[str, Any] | None = None,
                 yield key, _full(value).detach()
             elif rel.startswith("base_layer."):  # adapter tensors (lora_A, lora_B, ...) are dropped
                 leaf = rel.removeprefix("base_layer.")
-                name = f"{owner}.{leaf}"
                 merged = _merged(layers[owner], value, adapter) if leaf == "weight" else _full(value)
-                yield name, merged.detach()
+                yield f"{owner}.{leaf}", merged.detach()
 
 
 def iter_adapter_weights(model: Any, state: Mapping[str, Any] | None = None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Sequence
@@ -35,7 +36,6 @@ from toolrl.training import prefix_tree, vision
 from toolrl.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-_FALLBACK_LOGGED: set[str] = set()  # attention implementations already said to fall back
 
 
 @dataclass
@@ -75,9 +75,6 @@ class PackedBatch:
     # CANDIDATE_IDS (B, R, K) among them are run through the LM head too.
     fields: dict[str, Any] = field(default_factory=dict)
 
-    def __len__(self) -> int:
-        return self.response_mask.shape[0]
-
     @property
     def tokens(self) -> int:
         """Tokens the model runs on (no padding; shared prefixes once)."""
@@ -111,7 +108,7 @@ def tree_keys(trajectories: Sequence[Trajectory], processor: Any = None) -> list
     seqs = [input_tokens(t) for t in trajectories]
     if processor is None:
         return seqs
-    image_id = vision.image_token_id(processor)
+    image_id = int(processor.image_token_id)  # <|image_pad|> for Qwen-VL
     images = vision.distinct([vision.images_kept(t, seq, image_id) for t, seq in zip(trajectories, seqs, strict=True)])
     return [vision.image_keys(seq, owners, image_id) for seq, owners in zip(seqs, images, strict=True)]
 
@@ -130,7 +127,7 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     if processor is None and any(t.images for t in trajectories):
         raise ValueError("trajectories hold images but no processor was given (a text-only model?)")
     if processor is not None:
-        image_id = vision.image_token_id(processor)
+        image_id = int(processor.image_token_id)
         for t in trajectories:
             vision.check_untrained(t, image_id)
         pixels = vision.pixel_inputs([vision.images_kept(t, seq, image_id)
@@ -145,20 +142,12 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
         pixels = dataclasses.replace(pixels, runs=vision.row_runs(seqs, tree.paths, pixels.per_sequence, image_id))
     n = len(trajectories)
     rwidth = max(1, max(len(t.response_ids) for t in trajectories))
-    head_pos: list[int] = []
-    targets: list[int] = []
-    rows: list[int] = []
-    cols: list[int] = []
+    trained = [(i, j) for i, t in enumerate(trajectories) for j, m in enumerate(t.response_mask) if m]
+    # Response token j sits at p + j (p: the prompt's length), predicted by the hidden state at p + j - 1.
+    head_pos = [tree.paths[i][len(trajectories[i].prompt_ids) + j - 1] for i, j in trained]
     response_mask = torch.zeros((n, rwidth), dtype=torch.float32)
     engine_lp = torch.zeros((n, rwidth), dtype=torch.float32)
     for i, t in enumerate(trajectories):
-        path, p = tree.paths[i], len(t.prompt_ids)
-        for j, m in enumerate(t.response_mask):
-            if m:  # response token j sits at p + j and is predicted by the hidden state at p + j - 1
-                head_pos.append(path[p + j - 1])
-                targets.append(t.response_ids[j])
-                rows.append(i)
-                cols.append(j)
         r = len(t.response_ids)
         response_mask[i, :r] = torch.tensor(t.response_mask, dtype=torch.float32)
         engine_lp[i, :r] = torch.tensor(t.logprobs, dtype=torch.float32)
@@ -173,8 +162,9 @@ def build_batch(trajectories: Sequence[Trajectory], advantages: Sequence[float] 
     else:
         adv = torch.tensor(list(advantages), dtype=torch.float32)
     batch = PackedBatch(long(tree.ids)[None], long(tree.positions)[None], [0] + [s.end for s in tree.spans],
-                        long(head_pos), long(targets), long(rows), long(cols), response_mask.to(device),
-                        engine_lp.to(device), adv.to(device),
+                        long(head_pos), long([trajectories[i].response_ids[j] for i, j in trained]),
+                        long([i for i, _ in trained]), long([j for _, j in trained]),
+                        response_mask.to(device), engine_lp.to(device), adv.to(device),
                         vision=None if pixels is None else pixels.to(device))
     if tree.shared:
         add_tree(batch, tree, device)
@@ -242,17 +232,15 @@ def packed_hidden_states(model: Any, batch: PackedBatch) -> torch.Tensor:
     base = getattr(model, model.base_model_prefix)
     attention.install(base, attention.VARLEN_SDPA)  # over sdpa (and the engine's decode sdpa on a shared module)
     impl = base.config._attn_implementation
+    tree = not runs_unshared(base, batch)  # eager attention takes a tree (one mask over the row)
+    positions, extra = _model_inputs(base, batch, tree)
     if impl == "eager":
-        positions, extra = _model_inputs(base, batch, tree=True)
         out = base(position_ids=positions, attention_mask=row_masks(base, batch), use_cache=False,
                    **_token_inputs(batch.input_ids, extra))
         return out.last_hidden_state[0]
-    if not runs_unshared(base, batch):
-        positions, extra = _model_inputs(base, batch, tree=True)
+    if tree:
         return run_packed(base, batch.input_ids, positions, batch.bounds, batch.attention, extra)
-    _log_once(impl, f"attention {impl!r} cannot take a prefix-shared (tree) batch: each sequence runs its "
-              "shared prefix again, as without optim.share_prefixes")
-    positions, extra = _model_inputs(base, batch, tree=False)
+    _warn_unshared(impl)
     return run_packed(base, batch.input_ids[:, batch.expand], positions, batch.path_bounds, extra=extra)[batch.first_copy]
 
 
@@ -309,10 +297,10 @@ def _token_inputs(input_ids: torch.Tensor, extra: dict[str, Any] | None) -> dict
     return dict(extra) if "inputs_embeds" in extra else {"input_ids": input_ids, **extra}
 
 
-def _log_once(key: str, message: str) -> None:
-    if key not in _FALLBACK_LOGGED:
-        _FALLBACK_LOGGED.add(key)
-        log.warning("%s", message)
+@functools.cache  # once per attention implementation
+def _warn_unshared(impl: str) -> None:
+    log.warning("attention %r cannot take a prefix-shared (tree) batch: each sequence runs its shared prefix "
+                "again, as without optim.share_prefixes", impl)
 
 
 def run_packed(base: Any, input_ids: torch.Tensor, position_ids: torch.Tensor, bounds: list[int],

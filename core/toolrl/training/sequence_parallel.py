@@ -103,17 +103,6 @@ def check_sequence_parallel(config: Config, model_dir: str | Path) -> None:
         raise ConfigError(f"{field}: needs sdpa attention; {path} asks for {impl!r}")
 
 
-def check_model(base: Any, size: int) -> None:
-    """The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible."""
-    config = base.config
-    impl = config._attn_implementation
-    if not attention.of(impl).sdpa:
-        raise ValueError(f"trainer.sequence_parallel={size}: needs sdpa attention; the model runs {impl!r}")
-    heads = config.num_attention_heads
-    if heads % size:
-        raise ValueError(f"trainer.sequence_parallel={size} must divide the model's attention heads ({heads})")
-
-
 class _AllToAll(torch.autograd.Function):
     """``all_to_all_single`` over equal chunks of dim 0: chunk j goes to rank j. It is its own adjoint,
     so the backward is the same exchange of the gradient."""
@@ -166,7 +155,14 @@ def local_hidden_states(model: Any, batch: PackedBatch, sp: SequenceParallel) ->
     if batch.vision is not None:
         raise ValueError("trainer.sequence_parallel: a batch with images cannot be split across ranks")
     base = getattr(model, model.base_model_prefix)
-    check_model(base, sp.size)
+    # The loaded model can be split: sdpa attention (what the wrapper is around), heads divisible.
+    impl, heads = base.config._attn_implementation, base.config.num_attention_heads
+    if not attention.of(impl).sdpa:
+        raise ValueError(f"trainer.sequence_parallel={sp.size}: needs sdpa attention; the model runs "
+                         f"{impl!r}")
+    if heads % sp.size:
+        raise ValueError(f"trainer.sequence_parallel={sp.size} must divide the model's attention heads "
+                         f"({heads})")
     attention.install(base, attention.ULYSSES_SDPA)
     lo, hi = local_span(batch.tokens, sp)
     pad = sp.size * (hi - lo) - batch.tokens

@@ -18,6 +18,7 @@ The objective is the decoupled PPO objective with a truncated importance weight 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Hashable, Mapping, Sequence
@@ -57,7 +58,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.peakmem import PeakMemory
-from toolrl.training.sequence_parallel import SequenceParallel
+from toolrl.training.sequence_parallel import SequenceParallel, split_response_logprobs
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Policy", "ProximalLogprobs", "StepOptions", "advantage_inputs", "aggregate", "build_batch", "field_rows",
@@ -148,9 +149,7 @@ def response_logprobs(model: Any, batch: PackedBatch, temperature: float = 1.0,
     if sp is not None:
         if candidates is not None:
             raise ValueError("sequence parallelism gives no log-probs at candidate tokens")
-        from toolrl.training import sequence_parallel
-
-        return sequence_parallel.split_response_logprobs(model, batch, sp, temperature, chunk_size)
+        return split_response_logprobs(model, batch, sp, temperature, chunk_size)
     hidden = packed_hidden_states(model, batch)[batch.head_pos]
     head = model.get_output_embeddings()
     lp = token_logprobs(hidden, head, batch.targets, temperature, chunk_size)
@@ -399,12 +398,9 @@ def logprobs(model: Any, batch: PackedBatch, options: StepOptions, replay: Exper
     (``model.adapters``); with ``top``, the candidate tokens' too."""
     if replay is not None:
         replay.before(batch, dummy)
+    forward = model if isinstance(model, Policy) else functools.partial(response_logprobs, model)
     with through_adapters(causal_lm(model), batch):
-        if isinstance(model, Policy):
-            lp = model(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
-        else:
-            lp = response_logprobs(model, batch, options.temperature, options.optim.logprob_chunk_size, options.sp,
-                                   top, top_grad)
+        lp = forward(batch, options.temperature, options.optim.logprob_chunk_size, options.sp, top, top_grad)
     if replay is not None:
         replay.after(batch)
     return lp
@@ -449,7 +445,7 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
         tokens = batch.tokens if sp is None else -(-batch.tokens // sp.size)  # forwarded by this rank
         if micro is None:  # keeps the collectives in step with busier ranks, adds no gradient
             (loss * 0.0).backward()
-            tally.add_dummy_step(tokens)
+            tally.dummy_tokens += tokens
             continue
         if proximal is not None and (sp is None or sp.lead):
             proximal.add(micro, prox_lp)
@@ -459,9 +455,9 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
         first = proximal is not None  # the step's first update: the ratios against the proximal weights
         ratios = torch.exp(prox_lp.detach() - batch.engine_logprobs)[batch.response_mask.bool()] if first else None
         tally.add_micro_step(tokens, stats if sp is None or sp.lead else None, ratios)
-    grad_norm = clip_grad_norm(model.parameters(), options.optim.grad_clip)
+    tally.grad_norms.append(clip_grad_norm(model.parameters(), options.optim.grad_clip))
     optimizer.step()
-    tally.add_update(loss_sum, grad_norm)
+    tally.losses.append(loss_sum)
 
 
 def causal_lm(model: Any) -> Any:
@@ -509,9 +505,6 @@ class StepTally:
         self.w_max, self.w_min = -math.inf, math.inf
         self.real_tokens = self.dummy_tokens = 0
 
-    def add_dummy_step(self, tokens: int) -> None:
-        self.dummy_tokens += tokens
-
     def add_micro_step(self, tokens: int, stats: dict[str, float] | None, ratios: torch.Tensor | None = None) -> None:
         """``stats`` None: the tokens were forwarded here, the loss's figures are counted elsewhere.
         ``ratios``: the micro-step's trained tokens' importance ratios (on the first update only)."""
@@ -524,10 +517,6 @@ class StepTally:
             if key in stats:
                 self.sums[key] = self.sums.get(key, 0.0) + stats[key]
         self.w_max, self.w_min = max(self.w_max, stats["is_weight_max"]), min(self.w_min, stats["is_weight_min"])
-
-    def add_update(self, loss: float, grad_norm: float) -> None:
-        self.losses.append(loss)
-        self.grad_norms.append(grad_norm)
 
     def metrics(self, trajs: Sequence[Trajectory], advs: Sequence[torch.Tensor], elapsed: float,
                 peak_mb: float | None) -> dict[str, float]:

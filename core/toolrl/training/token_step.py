@@ -35,8 +35,6 @@ __all__ = ["LossSpec", "StepOutput", "TokenRow", "forward_backward", "micro_batc
 
 # policy_loss's seq-mean-token-sum-norm over these normalisers is the plain sum over positions.
 _SUM = {"seqs": 1.0, "max_len": 1.0, "tokens": 1.0}
-# What an idle forward (``forwards=``) runs: one token, its loss counted zero.
-_IDLE = [0]
 
 
 def _per_position(dtype: type) -> BeforeValidator:
@@ -129,7 +127,7 @@ def forward_backward(model: Any, rows: Sequence[TokenRow], loss: LossSpec, *, ad
     device = next(model.parameters()).device
     lengths = [len(row.tokens) for row in rows]
     spans = micro_batch_spans(lengths, max_tokens) if rows else []
-    idle = TokenRow(tokens=_IDLE, targets=_IDLE, advantages=[0.0])
+    idle = TokenRow(tokens=[0], targets=[0], advantages=[0.0])
     pieces = [rows[start:end] for start, end in spans] + [None] * (forwards - len(spans))
     logprobs: list[np.ndarray] = []
     total = 0.0

@@ -45,11 +45,6 @@ class VisionInputs:
                             self.runs)
 
 
-def image_token_id(processor: Any) -> int:
-    """The id of the processor's image placeholder token (``<|image_pad|>`` for Qwen-VL)."""
-    return int(processor.image_token_id)
-
-
 def run_starts(tokens: Sequence[int], image_id: int) -> list[int]:
     """Where each image placeholder run of ``tokens`` begins."""
     return [j for j, tok in enumerate(tokens) if tok == image_id and (j == 0 or tokens[j - 1] != image_id)]
@@ -167,11 +162,7 @@ def is_vision_model(model: Any) -> bool:
     return getattr(getattr(model, "config", None), "vision_config", None) is not None
 
 
-def vision_tower(model: Any) -> Any:
-    """The vision tower of a Qwen-VL model (``model.model.visual``)."""
-    return getattr(model, model.base_model_prefix).visual
-
-
 def freeze_vision(model: Any) -> None:
-    """Freeze the vision tower (patch embedding, blocks and the merger into the language model)."""
-    vision_tower(model).requires_grad_(False)
+    """Freeze the vision tower of a Qwen-VL model (``model.model.visual``: patch embedding, blocks and the
+    merger into the language model)."""
+    getattr(model, model.base_model_prefix).visual.requires_grad_(False)

@@ -25,7 +25,6 @@ from toolrl.transports.weight_rows import Rows, load_rows
 class SyncStats:
     seconds: float = 0.0
     peak_bytes: int = 0  # most bytes held at once for the sync (bucket buffers, or a merged copy)
-    buckets: int = 0
     bytes_sent: int = 0
 
     def as_metrics(self) -> dict[str, float]:
@@ -111,25 +110,20 @@ def _engine_entries(model: Any, plan: SyncPlan,
     if delta is not None:
         delta.agree(state)
     own = {v.data_ptr() for v in state.values() if not hasattr(v, "full_tensor")}
-    seen: set[int] = set()
-    tied = set()
+    first: dict[int, str] = {}  # each tensor's first name
     for name, value in state.items():
-        if id(value) in seen:
-            tied.add(name)
-        seen.add(id(value))
-
-    def entries() -> Iterator[tuple[str, Any, Any]]:
-        if plan.policies:
-            found = _changed_policies(model, state, plan.policies, delta)
-        elif plan.adapters:
-            found = ((n, t, t) for n, t in lora.iter_adapter_weights(model, state))
-        elif not lora_layers(model):
-            found = ((n, t, t) for n, t in state.items())
-        else:  # gathered (and merged) already
-            found = ((n, t, state.get(n)) for n, t in lora.iter_engine_weights(model, state))
-        return ((n, t, source) for n, t, source in found if n not in tied)
-
-    return entries(), own
+        first.setdefault(id(value), name)
+    tied = set(state) - set(first.values())
+    found: Iterator[tuple[str, Any, Any]]
+    if plan.policies:
+        found = _changed_policies(model, state, plan.policies, delta)
+    elif plan.adapters:
+        found = ((n, t, t) for n, t in lora.iter_adapter_weights(model, state))
+    elif not lora_layers(model):
+        found = ((n, t, t) for n, t in state.items())
+    else:  # gathered (and merged) already
+        found = ((n, t, state.get(n)) for n, t in lora.iter_engine_weights(model, state))
+    return ((n, t, source) for n, t, source in found if n not in tied), own
 
 
 def _changed_policies(model: Any, state: Mapping[str, Any], policies: Sequence[str],
@@ -140,10 +134,6 @@ def _changed_policies(model: Any, state: Mapping[str, Any], policies: Sequence[s
     tensors = list(lora.iter_adapter_weights(model, state, policies))
     changed = {adapter_of(n) for n, t in tensors if delta is None or delta.changed(n, t)}
     return ((n, t, None) for n, t in tensors if adapter_of(n) in changed)
-
-
-def _wanted(name: str, own: Any, delta: Delta | None) -> bool:
-    return delta is None or own is None or delta.changed(name, own, agree=True)
 
 
 def _full(tensor: Any) -> Any:
@@ -167,23 +157,18 @@ def _owned_weights(model: Any, rank: int, world_size: int, plan: SyncPlan = Sync
         if _row_sharded(tensor):
             local = tensor.to_local()
             if local.numel() and (delta is None or delta.changed(name, tensor)):
-                per = _rows_per_rank(tensor)
+                per = -(-tensor.shape[0] // tensor.device_mesh.size())  # torch.chunk's rows per rank
                 yield name, tuple(tensor.shape), tensor.device_mesh.get_local_rank() * per, local.detach()
             continue
         mine = whole % world_size == rank
         whole += 1
-        if not _wanted(name, source, delta):
+        if delta is not None and source is not None and not delta.changed(name, source, agree=True):
             continue
         tensor = _full(tensor)  # a sharded one: every rank takes part, in the same order
         if stats is not None and tensor.data_ptr() not in own:
             stats.peak_bytes = max(stats.peak_bytes, tensor.numel() * tensor.element_size())
         if mine:
             yield name, tuple(tensor.shape), 0, tensor
-
-
-def _rows_per_rank(tensor: Any) -> int:
-    """Rows of a row-sharded ``DTensor`` each rank holds (the last may hold fewer): ``torch.chunk``'s split."""
-    return -(-tensor.shape[0] // tensor.device_mesh.size())
 
 
 def _row_sharded(tensor: Any) -> bool:
@@ -202,12 +187,14 @@ def owned_buckets(model: Any, rank: int, world_size: int, bucket_bytes: int, sta
 
 def _packed(weights: Iterable[Rows], bucket_bytes: int,
             stats: SyncStats) -> Iterator[Bucket]:
-    """``(name, whole shape, first row, rows)`` pieces packed into buckets of at most ``bucket_bytes``."""
+    """``(name, whole shape, first row, rows)`` pieces packed into buckets of at most ``bucket_bytes``;
+    ``stats``: the bytes sent and, as the peak, the transport's two buffers of the largest bucket."""
     pieces: list[RowPiece] = []
     tensors: list[Any] = []
     size = 0
 
     def bucket() -> Bucket:
+        stats.peak_bytes = max(stats.peak_bytes, 2 * size)
         return Bucket(BucketHeader(pieces=list(pieces), nbytes=size), functools.partial(_pack, list(pieces), list(tensors)))
 
     for name, shape, start, rows in weights:
@@ -238,17 +225,7 @@ def send_owned(model: Any, sender: WeightSender, rank: int, world_size: int, buc
     commits ``delta`` once every receiver took the sync."""
     stats = SyncStats()
     t0 = time.perf_counter()
-    largest = 0
-
-    def counted(buckets: Iterator[Bucket]) -> Iterator[Bucket]:
-        nonlocal largest
-        for b in buckets:
-            largest = max(largest, b.header.nbytes)
-            stats.buckets += 1
-            yield b
-
-    sender.send(counted(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats, plan, delta)))
-    stats.peak_bytes = 2 * largest
+    sender.send(owned_buckets(model, rank, world_size, int(bucket_mb * 2**20), stats, plan, delta))
     stats.seconds = time.perf_counter() - t0
     return stats
 
