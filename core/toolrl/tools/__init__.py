@@ -338,26 +338,23 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
 
-    async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> Guarded:
+    async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> tuple[Guarded, str | None]:
+        """One lifecycle method of tool ``name`` under the lifecycle deadline: its outcome, and what went
+        wrong (None when nothing did)."""
         tool = self.tools[name]
         outcome = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
                                 self.lifecycle_timeout)
         self.loop_blocked_s += outcome.blocked_s
         if outcome.infrastructure and self.infrastructure is None:
             self.infrastructure = f"tool {name!r} {method}: {outcome.error}"
-        return outcome
-
-    @staticmethod
-    def _failure(outcome: Guarded, timeout: float) -> str | None:
         if outcome.timed_out:
-            return f"timed out after {timeout:g} s"
-        return outcome.error
+            return outcome, f"timed out after {self.lifecycle_timeout:g} s"
+        return outcome, outcome.error
 
     async def start(self) -> None:
         async def create(name: str) -> None:
-            outcome = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
-                                    **self._kwargs(name).create_kwargs)
-            problem = self._failure(outcome, self.lifecycle_timeout)
+            outcome, problem = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
+                                                 **self._kwargs(name).create_kwargs)
             if problem is None and not isinstance(outcome.value, str):
                 problem = f"create must return the instance id (a str), got {type(outcome.value).__name__}"
             if problem is None:
@@ -380,8 +377,7 @@ class ToolSet:
             if not type(self.tools[name]).can_clone():
                 twin.create_errors[name] = "clone: the tool cannot clone its state (Tool.clone)"
                 return
-            outcome = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
-            problem = self._failure(outcome, self.lifecycle_timeout)
+            outcome, problem = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
             if problem is None and isinstance(outcome.value, str):
                 twin.instances[name] = outcome.value
             else:
@@ -423,8 +419,7 @@ class ToolSet:
             kw = self._kwargs(name)
             reward: float | None = None
             try:
-                outcome = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
-                problem = self._failure(outcome, self.lifecycle_timeout)
+                outcome, problem = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
                 if problem is None and outcome.value is not None:  # None: the tool gives no reward
                     try:
                         reward = self._reward(name, outcome.value)
@@ -433,8 +428,7 @@ class ToolSet:
                 if problem is not None:
                     self.finish_errors[name] = f"calc_reward: {problem}"
             finally:
-                outcome = await self._stage(name, "release", iid, **kw.release_kwargs)
-                problem = self._failure(outcome, self.lifecycle_timeout)
+                _, problem = await self._stage(name, "release", iid, **kw.release_kwargs)
                 if problem is not None:
                     self.finish_errors[name] = "; ".join(
                         filter(None, [self.finish_errors.get(name), f"release: {problem}"]))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import itertools
 import os
@@ -23,11 +22,11 @@ import struct
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
+from toolrl.plugins.registry import import_reference
 from toolrl.schemas import ToolResult
 from toolrl.tools import Tool, ToolConfigError
 from toolrl.tools.guard import in_thread
@@ -281,8 +280,7 @@ class ProcessTool(Tool):
     # -- the lifecycle, forwarded ---------------------------------------------------------------
 
     async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
-        instance_id = instance_id or uuid.uuid4().hex
-        self._instances[instance_id] = dict(create_kwargs)
+        instance_id = await super().create(instance_id, **create_kwargs)
         try:
             worker_id = await self._forward("create", instance_id, retry=WorkerDied, **create_kwargs)
         except BaseException:
@@ -319,18 +317,11 @@ class ProcessTool(Tool):
 # -- the worker's side --------------------------------------------------------------------------------
 
 
-def _load_class(module: str, qualname: str) -> type[Tool]:
-    obj: Any = importlib.import_module(module)
-    for piece in qualname.split("."):
-        obj = getattr(obj, piece)
-    return obj
-
-
 def _build_tool(module: str, qualname: str, config: Mapping[str, Any],
                 tool_schema: Mapping[str, Any] | None) -> tuple[Tool | None, bool, Any]:
     """The ``init`` request: (the tool or None, ok, the reply: its schema, or the error as a ToolConfigError)."""
     try:
-        tool = _load_class(module, qualname)(config, tool_schema)
+        tool = import_reference(f"{module}:{qualname}")(config, tool_schema)
         return tool, True, tool.tool_schema.model_dump(exclude_none=True)
     except ToolConfigError as exc:
         return None, False, ToolConfigError(str(exc))
