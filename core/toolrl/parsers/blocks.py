@@ -33,6 +33,7 @@ class Markers:
     think_open: str = ""
     think_close: str = ""
     data: str = ""  # opens a data region inside a block
+    data_close: str = ""  # closes one (the default BlockParser.data_end's grammar: see value_end)
 
 
 @dataclass(slots=True)
@@ -70,17 +71,7 @@ def find_blocks(text: str, markers: Markers, data_end: DataEnd | None = None) ->
         else:
             spans.append(Block(pos, pos + len(tag), "stray" if tag == markers.close else tag))
         cursor = spans[-1].end
-    if not markers.think_open:
-        return spans
-    regions = iter(reasoning_regions(spans, len(text), markers))
-    region = next(regions, None)
-    kept = []
-    for span in spans:
-        while region is not None and region[1] <= span.start:
-            region = next(regions, None)
-        if span.kind in ("call", "stray") and (region is None or span.start < region[0]):
-            kept.append(span)
-    return kept
+    return outside_reasoning(spans, len(text), markers, ("call", "stray")) if markers.think_open else spans
 
 
 def _block(text: str, pos: int, markers: Markers, opens: list[int], data_end: DataEnd | None) -> Block:
@@ -122,6 +113,19 @@ def value_end(text: str, pos: int, opening: str, closing: str) -> int:
     following = text.find(opening, after)
     end = text.find(closing, after, following if following != -1 else len(text))
     return end + len(closing) if end != -1 else -1
+
+
+def outside_reasoning(spans: list[Block], length: int, markers: Markers, kinds: Sequence[str]) -> list[Block]:
+    """The ``spans`` of ``kinds`` that do not start inside a reasoning region (``spans`` holds its markers)."""
+    regions = iter(reasoning_regions(spans, length, markers))
+    region = next(regions, None)
+    kept = []
+    for span in spans:
+        while region is not None and region[1] <= span.start:
+            region = next(regions, None)
+        if span.kind in kinds and (region is None or span.start < region[0]):
+            kept.append(span)
+    return kept
 
 
 def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list[tuple[int, int]]:
@@ -189,8 +193,8 @@ class BlockParser(ToolParser):
 
     def data_end(self, text: str, pos: int) -> int:
         """Where the data region opening at ``pos`` (``markers.data``) ends as the format's grammar says,
-        or -1 when it does not."""
-        raise NotImplementedError
+        or -1 when it does not; by default past its ``markers.data_close`` (:func:`value_end`)."""
+        return value_end(text, pos, self.markers.data, self.markers.data_close)
 
     def decode(self, body: str) -> Sequence[ToolCall | ParseError]:
         """The calls in one block's body, a malformed one as its own ParseError; a ValueError is the

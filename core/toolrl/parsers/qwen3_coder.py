@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolrl.parsers.blocks import BlockParser, Markers, value_end
+from toolrl.parsers.blocks import BlockParser, Markers
 from toolrl.schemas import ToolCall
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=PARAMETER)
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=PARAMETER, data_close=PARAMETER_END)
 
 
 def _trim_newlines(value: str) -> str:
@@ -40,9 +40,6 @@ class Qwen3CoderParser(BlockParser):
     markers = MARKERS
     name = "qwen3_coder"
     end_of_call_tokens = ("<|im_end|>",)
-
-    def data_end(self, text: str, pos: int) -> int:
-        return value_end(text, pos, PARAMETER, PARAMETER_END)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""
