@@ -88,12 +88,8 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
     return response, reward, dict(metrics)
 
 
-def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> str | None:
-    """Check ``arguments`` against a JSON Schema (or a compiled validator); None when valid, else a
-    message naming each field."""
-    from jsonschema import Draft202012Validator  # lazy: about 1 s to import; only calls need it
-
-    validator = Draft202012Validator(schema) if isinstance(schema, dict) else schema
+def describe_argument_errors(validator: Any, arguments: Any) -> str | None:
+    """Check ``arguments`` with a JSON Schema validator; None when valid, else a message naming each field."""
     errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if not errors:
         return None
@@ -257,7 +253,7 @@ class Tool:
         if not isinstance(arguments, dict):
             return f"arguments must be a JSON object, got {type(arguments).__name__}"
         if self._validator is None:
-            from jsonschema import Draft202012Validator  # lazy: as above
+            from jsonschema import Draft202012Validator  # lazy: about 1 s to import; only calls need it
 
             self._validator = Draft202012Validator(self.tool_schema.function.parameters)
         return describe_argument_errors(self._validator, arguments)

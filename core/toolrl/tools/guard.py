@@ -41,7 +41,6 @@ class Guarded:
     error: str | None = None
     timed_out: bool = False
     infrastructure: bool = False
-    elapsed_s: float = 0.0
     blocked_s: float = 0.0
     # The task running the code; still running after a timeout when the code has not honoured its
     # cancellation yet (``abandoned``).
@@ -167,7 +166,6 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
     except asyncio.CancelledError:
         task.cancel()
         raise
-    outcome.elapsed_s = loop.time() - start
     if not done:
         outcome.timed_out = outcome.abandoned = True
         task.cancel()
@@ -176,7 +174,7 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
         outcome.error = "CancelledError: the call was cancelled"
     elif (exc := task.exception()) is not None:
         outcome.error, outcome.infrastructure = describe(exc), isinstance(exc, InfrastructureError)
-    elif outcome.elapsed_s > timeout and outcome.blocked_s:  # it held the loop past its own deadline
+    elif loop.time() - start > timeout and outcome.blocked_s:  # it held the loop past its own deadline
         outcome.timed_out = True
     else:
         outcome.value = task.result()
