@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from toolrl.schemas import ParseError, ParseResult, ToolResponse
+from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
 
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
@@ -63,12 +63,14 @@ class ToolParser:
         raise NotImplementedError(f"parser {self.name!r} renders results through the chat template")
 
 
-def without_tokens(content: str, tokens: Sequence[str]) -> str:
-    """``content`` less a family's end-of-turn and end-of-call tokens (markup, not the model's words)."""
+def parse_result(pieces: Sequence[str], calls: list[ToolCall], errors: list[ParseError],
+                 tokens: Sequence[str] = ()) -> ParseResult:
+    """A parse's result: the content from its ``pieces`` (the text around the calls), stripped, less a
+    family's end-of-turn and end-of-call ``tokens`` (markup, not the model's words); the calls and errors."""
+    content = "".join(pieces)
     for token in tokens:
-        if token in content:
-            content = content.replace(token, "")
-    return content
+        content = content.replace(token, "")
+    return ParseResult(content=content.strip(), calls=calls, errors=errors)
 
 
 def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import ToolSchemas
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -116,7 +116,7 @@ def value_end(text: str, pos: int, opening: str, closing: str) -> int:
 
 
 def outside_reasoning(spans: list[Block], length: int, markers: Markers, kinds: Sequence[str]) -> list[Block]:
-    """The ``spans`` of ``kinds`` that do not start inside a reasoning region (``spans`` holds its markers)."""
+    """The ``spans`` of ``kinds`` that start outside reasoning (``spans`` holds the reasoning markers too)."""
     regions = iter(reasoning_regions(spans, length, markers))
     region = next(regions, None)
     kept = []
@@ -170,7 +170,7 @@ def assemble(text: str, blocks: list[Block], markers: Markers,
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=raw))
     content.append(text[pos:])
-    return ParseResult(content=without_tokens("".join(content), end_tokens).strip(), calls=calls, errors=errors)
+    return parse_result(content, calls, errors, end_tokens)
 
 
 class BlockParser(ToolParser):

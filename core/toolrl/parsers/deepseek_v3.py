@@ -56,7 +56,8 @@ def decoded(raw: str) -> ToolCall | ParseError:
             raise ValueError(f"tool call must read function{SEP}NAME, then the arguments in a ```json fence")
         name = m["name"].strip()
         if m["type"].strip() != "function" or not name:
-            raise ValueError(f"tool call must read function{SEP}NAME, got {body[:m.start('args')].strip()[:80]!r}")
+            head = body[:m.start("args")].strip()
+            raise ValueError(f"tool call must read function{SEP}NAME, got {head[:80]!r}")
         return ToolCall(name=name, arguments=json_object(m["args"], f"arguments of tool call to '{name}'"))
     except ValueError as exc:
         return ParseError(message=str(exc), raw=raw)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -56,8 +56,7 @@ class Llama3JsonParser(ToolParser):
         tag = self._prose(text, calls, errors, content)
         if tag != -1:
             content.append(text[self._call_turn(text, tag, calls, errors):])
-        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
-                           calls=calls, errors=errors)
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def _call_turn(self, text: str, tag: int, calls: list[ToolCall], errors: list[ParseError]) -> int:
         """Calls after the ``<|python_tag|>`` at ``tag`` (separated by ``;``, whitespace or more python

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json_object
 from toolrl.parsers.blocks import Block, Markers, outside_reasoning
 from toolrl.schemas import ParseError, ParseResult, ToolCall
@@ -76,8 +76,7 @@ class MistralParser(ToolParser):
                     (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
             pos = end
         content.append(text[pos:])
-        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
-                           calls=calls, errors=errors)
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall | ParseError] | str]:
         """The calls (and errors of pre-v11 list items) after a ``[TOOL_CALLS]`` ending at ``pos``, and

@@ -28,7 +28,8 @@ from toolrl.schemas import ToolCall
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=PARAMETER, data_close=PARAMETER_END)
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>",
+                  data=PARAMETER, data_close=PARAMETER_END)
 
 
 def _trim_newlines(value: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
 
 
@@ -88,7 +88,7 @@ class TagParser(ToolParser):
             else:
                 calls.append(ToolCall(name=route.tool, arguments={route.argument: body.strip("\r\n")}))
         content.append(text[pos:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return parse_result(content, calls, errors)
 
     def format_inline_result(self, response: ToolResponse) -> str:
         return f"\n```output\n{response.text}\n```\n"

@@ -350,7 +350,8 @@ async def _serve(conn: Connection) -> None:
             _send(conn, lock, (req, ok, value))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             what = "returned a value" if ok else f"raised {type(value).__name__}, which"
-            _send(conn, lock, (req, False, TypeError(f"the tool {what} cannot be sent from its worker process: {exc}")))
+            problem = TypeError(f"the tool {what} cannot be sent from its worker process: {exc}")
+            _send(conn, lock, (req, False, problem))
 
     async def run(req: int, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:

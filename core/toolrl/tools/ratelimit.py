@@ -91,9 +91,10 @@ class _AdmissionCore:
         self._dispatch()
 
     def stats(self) -> dict[str, Any]:
-        return {"in_flight": len(self._granted), "queued": len(self._queue), "peak_in_flight": self.peak_in_flight,
-                "admitted": self.admitted, "max_in_flight": self.max_in_flight,
-                "calls_per_second": self.calls_per_second, "burst": self.burst}
+        return {"in_flight": len(self._granted), "queued": len(self._queue),
+                "peak_in_flight": self.peak_in_flight, "admitted": self.admitted,
+                "max_in_flight": self.max_in_flight, "calls_per_second": self.calls_per_second,
+                "burst": self.burst}
 
 
 class RateLimiter(ABC):
