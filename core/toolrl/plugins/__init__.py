@@ -156,12 +156,12 @@ class Plugins:
                 exc if isinstance(exc, BaseException) else None
             )
 
-    def _guarded(self, info: PluginInfo, phase: str, run: Callable[[], Any]) -> tuple[bool, Any]:
-        """``run()`` (a piece of ``info``'s code, watched as ``phase``) inside the plugin's error boundary:
+    def _guarded(self, info: PluginInfo, phase: str, code: Callable[[], Any]) -> tuple[bool, Any]:
+        """``code()`` (a piece of ``info``'s code, watched as ``phase``) inside the plugin's error boundary:
         whether it finished, and its value. A broken plugin never breaks the others."""
         try:
             with self._watch(info.name, phase):
-                return True, run()
+                return True, code()
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, PluginLoadError)):  # a user's Ctrl-C, strict mode's error
                 raise
