@@ -95,13 +95,13 @@ def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:
 MAX_REPORTED_ERRORS = 5
 
 
-def capped(result: ParseResult, keep: int = MAX_REPORTED_ERRORS) -> ParseResult:
-    """``result`` with its first ``keep`` errors, and one more error counting the ones left out."""
-    if len(result.errors) <= keep:
+def capped(result: ParseResult) -> ParseResult:
+    """``result`` with its first :data:`MAX_REPORTED_ERRORS` errors, and one counting those left out."""
+    if len(result.errors) <= MAX_REPORTED_ERRORS:
         return result
-    rest = len(result.errors) - keep
+    rest = len(result.errors) - MAX_REPORTED_ERRORS
     more = ParseError(message=f"{rest} more malformed tool call{'s' if rest != 1 else ''} not shown")
-    return result.model_copy(update={"errors": [*result.errors[:keep], more]})
+    return result.model_copy(update={"errors": [*result.errors[:MAX_REPORTED_ERRORS], more]})
 
 
 # Parsers that ran past their time limit in this process, by id (the object is held, so the id stays

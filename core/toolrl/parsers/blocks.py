@@ -146,33 +146,6 @@ def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list
     return regions
 
 
-def assemble(text: str, blocks: list[Block], markers: Markers,
-             decode: Callable[[str], Sequence[ToolCall | ParseError]], end_tokens: Sequence[str] = ()) -> ParseResult:
-    """Content (the text outside the blocks, less ``end_tokens``), the calls and call errors ``decode``
-    reads from each terminated block's body, and a parse error for each block it rejects (its
-    :class:`ValueError`), each unterminated block and each stray closing marker."""
-    calls: list[ToolCall] = []
-    errors: list[ParseError] = []
-    content: list[str] = []
-    pos = 0
-    for block in blocks:
-        content.append(text[pos:block.start])
-        pos = block.end
-        raw = text[block.start:block.end]
-        if block.kind == "stray":
-            errors.append(ParseError(message=f"stray {markers.close} without an opening {markers.open}", raw=raw))
-        elif not block.terminated:
-            errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
-        else:
-            try:
-                for item in decode(text[block.body_start:block.body_end]):
-                    (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
-            except ValueError as exc:
-                errors.append(ParseError(message=str(exc), raw=raw))
-    content.append(text[pos:])
-    return parse_result(content, calls, errors, end_tokens)
-
-
 class BlockParser(ToolParser):
     """A format whose calls sit in ``markers`` blocks, each decoded on its own by :meth:`decode`.
     Formats that write argument values as text type them from the bound tools' ``schemas``."""
@@ -187,9 +160,32 @@ class BlockParser(ToolParser):
         self.schemas = ToolSchemas(schemas)
 
     def parse(self, text: str) -> ParseResult:
-        data_end = self.data_end if self.markers.data else None
-        return assemble(text, find_blocks(text, self.markers, data_end), self.markers, self.decode,
-                        self.end_of_call_tokens)
+        """Content (the text outside the blocks, less the end-of-call tokens), the calls and call errors
+        :meth:`decode` reads from each terminated block's body, and a parse error for each block it
+        rejects (its :class:`ValueError`), each unterminated block and each stray closing marker."""
+        markers = self.markers
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        content: list[str] = []
+        pos = 0
+        for block in find_blocks(text, markers, self.data_end if markers.data else None):
+            content.append(text[pos:block.start])
+            pos = block.end
+            raw = text[block.start:block.end]
+            if block.kind == "stray":
+                stray = f"stray {markers.close} without an opening {markers.open}"
+                errors.append(ParseError(message=stray, raw=raw))
+            elif not block.terminated:
+                errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
+            else:
+                try:
+                    for item in self.decode(text[block.body_start:block.body_end]):
+                        found = errors if isinstance(item, ParseError) else calls
+                        found.append(item)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    errors.append(ParseError(message=str(exc), raw=raw))
+        content.append(text[pos:])
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def data_end(self, text: str, pos: int) -> int:
         """Where the data region opening at ``pos`` (``markers.data``) ends as the format's grammar says,
