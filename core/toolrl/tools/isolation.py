@@ -126,14 +126,12 @@ class _Worker:
             self.proc.kill()
 
     def _read(self) -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):  # the worker is gone
             while True:
                 req, ok, value = self.conn.recv()
                 future = self.pending.pop(req, None)
                 if future is not None and future.set_running_or_notify_cancel():
                     future.set_result(value) if ok else future.set_exception(value)
-        except (EOFError, OSError, pickle.UnpicklingError):
-            pass
         code = self.proc.wait()
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         self.death = f"the tool's worker process {how}" + (f": {self.kill_reason}" if self.kill_reason else "")
