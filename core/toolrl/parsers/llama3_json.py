@@ -24,7 +24,7 @@ from toolrl.parsers.arguments import call_arguments, decode_json, json_end
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
-_SEPARATOR = re.compile(r"[\s;]*")
+_SEPARATOR = re.compile(r"(?:[\s;]|<\|python_tag\|>)*")  # between the calls of a call turn
 _CALL_START = re.compile(r'\{\s*"name"\s*:')  # JSON that sets out to be a call
 _AFTER_CALL = re.compile(r"(?:\s*;)?")  # the separator after a call, which is not content
 
@@ -65,9 +65,6 @@ class Llama3JsonParser(ToolParser):
         pos = tag + len(PYTHON_TAG)
         while True:
             pos = _SEPARATOR.match(text, pos).end()  # type: ignore[union-attr]
-            if text.startswith(PYTHON_TAG, pos):
-                pos += len(PYTHON_TAG)
-                continue
             if not text.startswith("{", pos):
                 break
             end = json_end(text, pos)

@@ -32,11 +32,6 @@ MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>",
                   data=PARAMETER, data_close=PARAMETER_END)
 
 
-def _trim_newlines(value: str) -> str:
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
-
-
 class Qwen3CoderParser(BlockParser):
     markers = MARKERS
     name = "qwen3_coder"
@@ -76,5 +71,6 @@ class Qwen3CoderParser(BlockParser):
                 raise ValueError(f"a parameter of tool call to '{name}' has no name")
             if key in arguments:
                 raise ValueError(f"tool call to '{name}' sets parameter '{key}' twice")
-            arguments[key] = self.schemas.typed(name, key, _trim_newlines(text[close + 1:end]))
+            value = text[close + 1:end].removeprefix("\n").removesuffix("\n")  # the template's markup
+            arguments[key] = self.schemas.typed(name, key, value)
             pos = end + len(PARAMETER_END)
