@@ -402,11 +402,6 @@ class ToolSet:
         self.loop_blocked_s += result.loop_blocked_s
         return result
 
-    def _reward(self, name: str, value: Any) -> float:
-        reward, parts, _ = named_parts(value, "calc_reward")
-        self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
-        return reward
-
     async def finish(self) -> dict[str, float]:
         """calc_reward then release for every created instance; never raises. A calc_reward that fails
         or returns anything but a finite number (or a mapping of them) is recorded in ``finish_errors`` and gives no reward."""
@@ -418,7 +413,8 @@ class ToolSet:
                 outcome, problem = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
                 if problem is None and outcome.value is not None:  # None: the tool gives no reward
                     try:
-                        reward = self._reward(name, outcome.value)
+                        reward, parts, _ = named_parts(outcome.value, "calc_reward")
+                        self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
                     except RewardValueError as exc:
                         problem = str(exc)
                 if problem is not None:
