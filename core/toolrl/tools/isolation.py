@@ -75,7 +75,7 @@ class _Worker:
         self.conn = Connection(parent.detach())
         self.lock = threading.Lock()
         self.pending: dict[int, Future[Any]] = {}
-        self.ids = itertools.count(1)
+        self.ids = itertools.count()
         self.death: str | None = None  # why the worker is gone, once it is
         self.kill_reason: str | None = None
         self.ready = self.submit("init", init, {})
@@ -90,7 +90,7 @@ class _Worker:
         if self.death is not None:
             future.set_exception(WorkerUnreachable(self.death))
             return future
-        req = next(self.ids) if op != "init" else 0
+        req = next(self.ids)  # 0: the init request, sent first
         future.request_id = req  # type: ignore[attr-defined]
         self.pending[req] = future
         try:
@@ -367,8 +367,7 @@ async def _serve(conn: Connection) -> None:
     while True:
         message = await inbox.get()
         if message[0] == "cancel":
-            task = tasks.get(message[1])
-            if task is not None:
+            if (task := tasks.get(message[1])) is not None:
                 task.cancel()
             continue
         _, req, op, args, kwargs = message
