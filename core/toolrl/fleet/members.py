@@ -16,8 +16,8 @@ import aiohttp
 from toolrl.fleet.launch import LocalServer
 from toolrl.fleet.protocol import HEALTH_PATH, MAX_MESSAGE, SESSION_PATH, Health
 from toolrl.fleet.ray_servers import address, stop_actors
+from toolrl.plugins.registry import describe_exception
 from toolrl.schemas import InfrastructureError
-from toolrl.tools.guard import describe
 
 WAIT_S = 0.05  # between looks for a free server when every one is busy or down
 
@@ -146,7 +146,7 @@ class Fleet:
         """A trajectory's server went away mid-session: mark it down; the error that ends (masks) it."""
         if member.up:
             self.down(member)
-        why = exc if isinstance(exc, str) else describe(exc)
+        why = exc if isinstance(exc, str) else describe_exception(exc)
         return InfrastructureError(f"environment server {member.url} gone: {why}")
 
     async def close(self) -> None:
