@@ -347,7 +347,8 @@ class SessionRun:
         try:
             result = await self._step(self.session, call)
         except Exception as exc:
-            self.fail(f"session {self.name!r} step: {describe_exception(exc)}", isinstance(exc, InfrastructureError))
+            self.fail(f"session {self.name!r} step: {describe_exception(exc)}",
+                      isinstance(exc, InfrastructureError))
             raise
         self.done = self.done or result.done
         return result
