@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrl.config import format_errors
 from toolrl.plugins.parts import BuildContext, NoOptions, build_found, checked_options, lookup_part
+from toolrl.plugins.registry import describe_exception
 from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_terms
 from toolrl.schemas import InfrastructureError, Sample, ToolCall, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools import Tool, ToolReturnError
-from toolrl.tools.guard import describe, in_thread, run_guarded
+from toolrl.tools.guard import in_thread, run_guarded
 from toolrl.trajectory import Trajectory
 
 log = logging.getLogger("toolrl.sessions")
@@ -351,7 +352,8 @@ class SessionRun:
         try:
             result = await self._step(self.session, call)
         except Exception as exc:
-            self.fail(f"session {self.name!r} step: {describe(exc)}", isinstance(exc, InfrastructureError))
+            self.fail(f"session {self.name!r} step: {describe_exception(exc)}",
+                      isinstance(exc, InfrastructureError))
             raise
         self.done = self.done or result.done
         return result

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from toolrl.schemas import ParseError, ParseResult, ToolResponse
+from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
 
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
@@ -63,12 +63,14 @@ class ToolParser:
         raise NotImplementedError(f"parser {self.name!r} renders results through the chat template")
 
 
-def without_tokens(content: str, tokens: Sequence[str]) -> str:
-    """``content`` less a family's end-of-turn and end-of-call tokens (markup, not the model's words)."""
+def parse_result(pieces: Sequence[str], calls: list[ToolCall], errors: list[ParseError],
+                 tokens: Sequence[str] = ()) -> ParseResult:
+    """A parse's result: the content from its ``pieces`` (the text around the calls), stripped, less a
+    family's end-of-turn and end-of-call ``tokens`` (markup, not the model's words); the calls and errors."""
+    content = "".join(pieces)
     for token in tokens:
-        if token in content:
-            content = content.replace(token, "")
-    return content
+        content = content.replace(token, "")
+    return ParseResult(content=content.strip(), calls=calls, errors=errors)
 
 
 def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:
@@ -93,13 +95,13 @@ def parse_on_thread(parser: ToolParser, text: str) -> Future[Any]:
 MAX_REPORTED_ERRORS = 5
 
 
-def capped(result: ParseResult, keep: int = MAX_REPORTED_ERRORS) -> ParseResult:
-    """``result`` with its first ``keep`` errors, and one more error counting the ones left out."""
-    if len(result.errors) <= keep:
+def capped(result: ParseResult) -> ParseResult:
+    """``result`` with its first :data:`MAX_REPORTED_ERRORS` errors, and one counting those left out."""
+    if len(result.errors) <= MAX_REPORTED_ERRORS:
         return result
-    rest = len(result.errors) - keep
+    rest = len(result.errors) - MAX_REPORTED_ERRORS
     more = ParseError(message=f"{rest} more malformed tool call{'s' if rest != 1 else ''} not shown")
-    return result.model_copy(update={"errors": [*result.errors[:keep], more]})
+    return result.model_copy(update={"errors": [*result.errors[:MAX_REPORTED_ERRORS], more]})
 
 
 # Parsers that ran past their time limit in this process, by id (the object is held, so the id stays

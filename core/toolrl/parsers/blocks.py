@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import ToolSchemas
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -33,6 +33,7 @@ class Markers:
     think_open: str = ""
     think_close: str = ""
     data: str = ""  # opens a data region inside a block
+    data_close: str = ""  # closes one (the default BlockParser.data_end's grammar: see value_end)
 
 
 @dataclass(slots=True)
@@ -70,17 +71,7 @@ def find_blocks(text: str, markers: Markers, data_end: DataEnd | None = None) ->
         else:
             spans.append(Block(pos, pos + len(tag), "stray" if tag == markers.close else tag))
         cursor = spans[-1].end
-    if not markers.think_open:
-        return spans
-    regions = iter(reasoning_regions(spans, len(text), markers))
-    region = next(regions, None)
-    kept = []
-    for span in spans:
-        while region is not None and region[1] <= span.start:
-            region = next(regions, None)
-        if span.kind in ("call", "stray") and (region is None or span.start < region[0]):
-            kept.append(span)
-    return kept
+    return outside_reasoning(spans, len(text), markers, ("call", "stray")) if markers.think_open else spans
 
 
 def _block(text: str, pos: int, markers: Markers, opens: list[int], data_end: DataEnd | None) -> Block:
@@ -124,6 +115,19 @@ def value_end(text: str, pos: int, opening: str, closing: str) -> int:
     return end + len(closing) if end != -1 else -1
 
 
+def outside_reasoning(spans: list[Block], length: int, markers: Markers, kinds: Sequence[str]) -> list[Block]:
+    """The ``spans`` of ``kinds`` that start outside reasoning (``spans`` holds the reasoning markers too)."""
+    regions = iter(reasoning_regions(spans, length, markers))
+    region = next(regions, None)
+    kept = []
+    for span in spans:
+        while region is not None and region[1] <= span.start:
+            region = next(regions, None)
+        if span.kind in kinds and (region is None or span.start < region[0]):
+            kept.append(span)
+    return kept
+
+
 def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list[tuple[int, int]]:
     """``(start, end)`` of each reasoning region among ``spans``' reasoning markers."""
     tags = [s for s in spans if s.kind in (markers.think_open, markers.think_close)]
@@ -142,33 +146,6 @@ def reasoning_regions(spans: list[Block], length: int, markers: Markers) -> list
     return regions
 
 
-def assemble(text: str, blocks: list[Block], markers: Markers,
-             decode: Callable[[str], Sequence[ToolCall | ParseError]], end_tokens: Sequence[str] = ()) -> ParseResult:
-    """Content (the text outside the blocks, less ``end_tokens``), the calls and call errors ``decode``
-    reads from each terminated block's body, and a parse error for each block it rejects (its
-    :class:`ValueError`), each unterminated block and each stray closing marker."""
-    calls: list[ToolCall] = []
-    errors: list[ParseError] = []
-    content: list[str] = []
-    pos = 0
-    for block in blocks:
-        content.append(text[pos:block.start])
-        pos = block.end
-        raw = text[block.start:block.end]
-        if block.kind == "stray":
-            errors.append(ParseError(message=f"stray {markers.close} without an opening {markers.open}", raw=raw))
-        elif not block.terminated:
-            errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
-        else:
-            try:
-                for item in decode(text[block.body_start:block.body_end]):
-                    (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
-            except ValueError as exc:
-                errors.append(ParseError(message=str(exc), raw=raw))
-    content.append(text[pos:])
-    return ParseResult(content=without_tokens("".join(content), end_tokens).strip(), calls=calls, errors=errors)
-
-
 class BlockParser(ToolParser):
     """A format whose calls sit in ``markers`` blocks, each decoded on its own by :meth:`decode`.
     Formats that write argument values as text type them from the bound tools' ``schemas``."""
@@ -183,14 +160,37 @@ class BlockParser(ToolParser):
         self.schemas = ToolSchemas(schemas)
 
     def parse(self, text: str) -> ParseResult:
-        data_end = self.data_end if self.markers.data else None
-        return assemble(text, find_blocks(text, self.markers, data_end), self.markers, self.decode,
-                        self.end_of_call_tokens)
+        """Content (the text outside the blocks, less the end-of-call tokens), the calls and call errors
+        :meth:`decode` reads from each terminated block's body, and a parse error for each block it
+        rejects (its :class:`ValueError`), each unterminated block and each stray closing marker."""
+        markers = self.markers
+        calls: list[ToolCall] = []
+        errors: list[ParseError] = []
+        content: list[str] = []
+        pos = 0
+        for block in find_blocks(text, markers, self.data_end if markers.data else None):
+            content.append(text[pos:block.start])
+            pos = block.end
+            raw = text[block.start:block.end]
+            if block.kind == "stray":
+                stray = f"stray {markers.close} without an opening {markers.open}"
+                errors.append(ParseError(message=stray, raw=raw))
+            elif not block.terminated:
+                errors.append(ParseError(message=f"unterminated tool call: missing {markers.close}", raw=raw))
+            else:
+                try:
+                    for item in self.decode(text[block.body_start:block.body_end]):
+                        found = errors if isinstance(item, ParseError) else calls
+                        found.append(item)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    errors.append(ParseError(message=str(exc), raw=raw))
+        content.append(text[pos:])
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def data_end(self, text: str, pos: int) -> int:
         """Where the data region opening at ``pos`` (``markers.data``) ends as the format's grammar says,
-        or -1 when it does not."""
-        raise NotImplementedError
+        or -1 when it does not; by default past its ``markers.data_close`` (:func:`value_end`)."""
+        return value_end(text, pos, self.markers.data, self.markers.data_close)
 
     def decode(self, body: str) -> Sequence[ToolCall | ParseError]:
         """The calls in one block's body, a malformed one as its own ParseError; a ValueError is the

@@ -45,23 +45,20 @@ def call_end(text: str, start: int, stop: int) -> int:
     return end + len(CALL_END)
 
 
-def decode_deepseek_call(body: str) -> ToolCall:
-    """One call from the text between ``<｜tool▁call▁begin｜>`` and ``<｜tool▁call▁end｜>``."""
-    m = _CALL.match(body)
-    if m is None:
-        raise ValueError(f"tool call must read function{SEP}NAME, then the arguments in a ```json fence")
-    name = m["name"].strip()
-    if m["type"].strip() != "function" or not name:
-        raise ValueError(f"tool call must read function{SEP}NAME, got {body[:m.start('args')].strip()[:80]!r}")
-    return ToolCall(name=name, arguments=json_object(m["args"], f"arguments of tool call to '{name}'"))
-
-
 def decoded(raw: str) -> ToolCall | ParseError:
     """One call from its text, ``<｜tool▁call▁begin｜>`` to ``<｜tool▁call▁end｜>``, or its parse error."""
-    if not raw.endswith(CALL_END):
-        return ParseError(message=f"unterminated tool call: missing {CALL_END}", raw=raw)
+    body = raw[len(CALL):-len(CALL_END)]
     try:
-        return decode_deepseek_call(raw[len(CALL):-len(CALL_END)])
+        if not raw.endswith(CALL_END):
+            raise ValueError(f"unterminated tool call: missing {CALL_END}")
+        m = _CALL.match(body)
+        if m is None:
+            raise ValueError(f"tool call must read function{SEP}NAME, then the arguments in a ```json fence")
+        name = m["name"].strip()
+        if m["type"].strip() != "function" or not name:
+            head = body[:m.start("args")].strip()
+            raise ValueError(f"tool call must read function{SEP}NAME, got {head[:80]!r}")
+        return ToolCall(name=name, arguments=json_object(m["args"], f"arguments of tool call to '{name}'"))
     except ValueError as exc:
         return ParseError(message=str(exc), raw=raw)
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolrl.parsers.blocks import BlockParser, Markers, value_end
+from toolrl.parsers.blocks import BlockParser, Markers
 from toolrl.schemas import ToolCall
 
 KEY, KEY_END, VALUE, VALUE_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=VALUE)
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=VALUE, data_close=VALUE_END)
 
 
 class Glm45Parser(BlockParser):
@@ -34,9 +34,6 @@ class Glm45Parser(BlockParser):
     @property
     def stop_strings(self) -> list[str]:
         return list(self.end_of_call_tokens)
-
-    def data_end(self, text: str, pos: int) -> int:
-        return value_end(text, pos, VALUE, VALUE_END)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""

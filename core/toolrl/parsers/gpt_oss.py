@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import json_object
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
@@ -97,8 +97,7 @@ class GptOssParser(ToolParser):
             except ValueError as exc:
                 errors.append(ParseError(message=str(exc), raw=text[message.start:message.end]))
         content.append(text[kept:])
-        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
-                           calls=calls, errors=errors)
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     @staticmethod
     def content_type(header: str) -> str:

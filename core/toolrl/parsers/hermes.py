@@ -116,8 +116,8 @@ class HermesParser(ToolParser):
         pos = 0  # the content runs up to here
         thinking, first_think_tag = False, True
         tool_tags = _ToolTags(text)
-        m = _NEXT.search(text)
-        while m is not None:
+        end = 0  # where the next tag is looked for
+        while (m := _NEXT.search(text, end)) is not None:
             start, end = m.span()
             if text.startswith(OPEN, start):
                 end, outcome = _call(text, start, end, tool_tags)
@@ -128,7 +128,6 @@ class HermesParser(ToolParser):
                         # It closes a block the prompt opened: everything before it was reasoning.
                         calls, errors, content, pos = [], [], [], 0
                     thinking, first_think_tag = tag == THINK_OPEN, False
-                    m = _NEXT.search(text, end)
                     continue
                 outcome = STRAY
             if not thinking:  # calls in reasoning are not calls, and stay in the content
@@ -138,6 +137,5 @@ class HermesParser(ToolParser):
                     calls.append(outcome)
                 else:
                     errors.append({"message": outcome, "raw": text[start:end]})
-            m = _NEXT.search(text, end)
         content.append(text[pos:])
         return ParseResult.model_validate({"content": "".join(content).strip(), "calls": calls, "errors": errors})

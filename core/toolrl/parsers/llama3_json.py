@@ -19,12 +19,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
-_SEPARATOR = re.compile(r"[\s;]*")
+_SEPARATOR = re.compile(r"(?:[\s;]|<\|python_tag\|>)*")  # between the calls of a call turn
 _CALL_START = re.compile(r'\{\s*"name"\s*:')  # JSON that sets out to be a call
 _AFTER_CALL = re.compile(r"(?:\s*;)?")  # the separator after a call, which is not content
 
@@ -56,8 +56,7 @@ class Llama3JsonParser(ToolParser):
         tag = self._prose(text, calls, errors, content)
         if tag != -1:
             content.append(text[self._call_turn(text, tag, calls, errors):])
-        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
-                           calls=calls, errors=errors)
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def _call_turn(self, text: str, tag: int, calls: list[ToolCall], errors: list[ParseError]) -> int:
         """Calls after the ``<|python_tag|>`` at ``tag`` (separated by ``;``, whitespace or more python
@@ -66,9 +65,6 @@ class Llama3JsonParser(ToolParser):
         pos = tag + len(PYTHON_TAG)
         while True:
             pos = _SEPARATOR.match(text, pos).end()  # type: ignore[union-attr]
-            if text.startswith(PYTHON_TAG, pos):
-                pos += len(PYTHON_TAG)
-                continue
             if not text.startswith("{", pos):
                 break
             end = json_end(text, pos)

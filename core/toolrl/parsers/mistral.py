@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 import re
 
-from toolrl.parsers import ToolParser, without_tokens
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.parsers.arguments import call_arguments, decode_json, json_end, json_object
-from toolrl.parsers.blocks import Block, Markers, reasoning_regions
+from toolrl.parsers.blocks import Block, Markers, outside_reasoning
 from toolrl.schemas import ParseError, ParseResult, ToolCall
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -60,17 +60,13 @@ class MistralParser(ToolParser):
 
     def parse(self, text: str) -> ParseResult:
         spans = [Block(m.start(), m.end(), m.group()) for m in _MARKERS.finditer(text)]
-        regions = reasoning_regions(spans, len(text), THINK)
-        k = 0
         calls: list[ToolCall] = []
         errors: list[ParseError] = []
         content: list[str] = []
         pos = 0
-        for span in spans:
-            while k < len(regions) and regions[k][1] <= span.start:
-                k += 1
-            if span.kind != TOOL_CALLS or span.start < pos or (k < len(regions) and regions[k][0] <= span.start):
-                continue  # reasoning markers, and calls in reasoning or inside an earlier call's JSON
+        for span in outside_reasoning(spans, len(text), THINK, (TOOL_CALLS,)):
+            if span.start < pos:
+                continue  # inside an earlier call's JSON
             content.append(text[pos:span.start])
             end, found = self._call(text, span.end)
             if isinstance(found, str):
@@ -80,8 +76,7 @@ class MistralParser(ToolParser):
                     (errors if isinstance(item, ParseError) else calls).append(item)  # type: ignore[arg-type]
             pos = end
         content.append(text[pos:])
-        return ParseResult(content=without_tokens("".join(content), self.end_of_call_tokens).strip(),
-                           calls=calls, errors=errors)
+        return parse_result(content, calls, errors, self.end_of_call_tokens)
 
     def _call(self, text: str, pos: int) -> tuple[int, list[ToolCall | ParseError] | str]:
         """The calls (and errors of pre-v11 list items) after a ``[TOOL_CALLS]`` ending at ``pos``, and

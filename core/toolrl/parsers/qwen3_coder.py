@@ -23,26 +23,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolrl.parsers.blocks import BlockParser, Markers, value_end
+from toolrl.parsers.blocks import BlockParser, Markers
 from toolrl.schemas import ToolCall
 
 FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
-MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>", data=PARAMETER)
-
-
-def _trim_newlines(value: str) -> str:
-    value = value[1:] if value.startswith("\n") else value
-    return value[:-1] if value.endswith("\n") else value
+MARKERS = Markers("<tool_call>", "</tool_call>", "<think>", "</think>",
+                  data=PARAMETER, data_close=PARAMETER_END)
 
 
 class Qwen3CoderParser(BlockParser):
     markers = MARKERS
     name = "qwen3_coder"
     end_of_call_tokens = ("<|im_end|>",)
-
-    def data_end(self, text: str, pos: int) -> int:
-        return value_end(text, pos, PARAMETER, PARAMETER_END)
 
     def decode(self, body: str) -> list[ToolCall]:
         """The one call in a ``<tool_call>`` block's body."""
@@ -78,5 +71,6 @@ class Qwen3CoderParser(BlockParser):
                 raise ValueError(f"a parameter of tool call to '{name}' has no name")
             if key in arguments:
                 raise ValueError(f"tool call to '{name}' sets parameter '{key}' twice")
-            arguments[key] = self.schemas.typed(name, key, _trim_newlines(text[close + 1:end]))
+            value = text[close + 1:end].removeprefix("\n").removesuffix("\n")  # the template's markup
+            arguments[key] = self.schemas.typed(name, key, value)
             pos = end + len(PARAMETER_END)

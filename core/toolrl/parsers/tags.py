@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from toolrl.parsers import ToolParser
+from toolrl.parsers import ToolParser, parse_result
 from toolrl.schemas import ParseError, ParseResult, ToolCall, ToolResponse
 
 
@@ -44,14 +44,15 @@ class TagParser(ToolParser):
             self.options = TagOptions.model_validate(options)
         except ValidationError as exc:
             raise ValueError(f"invalid options for parser 'tags': {exc}") from None
-        alternatives = []
-        for tag in self.options.tags:
-            alternatives.append(rf"<(?P<tag>{re.escape(tag)})>(?P<tag_body>.*?)(?:</{re.escape(tag)}>|(?P<tag_open>\Z))")
-        for lang in self.options.fences:
-            alternatives.append(rf"```(?P<fence>{re.escape(lang)})[ \t]*\r?\n(?P<fence_body>.*?)"
-                                rf"(?:(?:\r?\n)?```|(?P<fence_open>\Z))")
-        # One pattern per route: named groups must be unique, so compile them separately.
-        self._patterns = [re.compile(a, re.DOTALL) for a in alternatives]
+        # A pattern per route, each with the groups body and open (set when unterminated): the marker it
+        # names in errors, its route, and whether it is a fence.
+        self._routes: dict[re.Pattern[str], tuple[str, TagRoute, bool]] = {}
+        for tag, route in self.options.tags.items():
+            pattern = rf"<{re.escape(tag)}>(?P<body>.*?)(?:</{re.escape(tag)}>|(?P<open>\Z))"
+            self._routes[re.compile(pattern, re.DOTALL)] = (tag, route, False)
+        for lang, route in self.options.fences.items():
+            pattern = rf"```{re.escape(lang)}[ \t]*\r?\n(?P<body>.*?)(?:(?:\r?\n)?```|(?P<open>\Z))"
+            self._routes[re.compile(pattern, re.DOTALL)] = (lang, route, True)
 
     @property
     def stop_strings(self) -> list[str]:
@@ -59,7 +60,7 @@ class TagParser(ToolParser):
         return [f"</{tag}>" for tag in self.options.tags] + (["```\n", "```\r\n"] if self.options.fences else [])
 
     def _matches(self, text: str) -> list[re.Match[str]]:
-        found = [m for p in self._patterns for m in p.finditer(text)]
+        found = [m for p in self._routes for m in p.finditer(text)]
         found.sort(key=lambda m: m.start())
         kept, end = [], -1
         for m in found:  # drop matches nested in an earlier one
@@ -73,22 +74,16 @@ class TagParser(ToolParser):
         for m in self._matches(text):
             content.append(text[pos:m.start()])
             pos = m.end()
-            groups = m.groupdict()
-            if groups.get("tag"):
-                route, body, marker = self.options.tags[groups["tag"]], groups["tag_body"], groups["tag"]
-                unterminated = groups.get("tag_open") is not None
-            else:
-                route, marker = self.options.fences[groups["fence"]], groups["fence"]
-                body = groups["fence_body"].replace("\r\n", "\n")
-                unterminated = groups.get("fence_open") is not None
-            if unterminated:
+            marker, route, fence = self._routes[m.re]
+            body = m["body"].replace("\r\n", "\n") if fence else m["body"]
+            if m["open"] is not None:
                 errors.append(ParseError(message=f"unterminated <{marker}> call", raw=m.group()))
             elif not body.strip():
                 errors.append(ParseError(message=f"empty <{marker}> call", raw=m.group()))
             else:
                 calls.append(ToolCall(name=route.tool, arguments={route.argument: body.strip("\r\n")}))
         content.append(text[pos:])
-        return ParseResult(content="".join(content).strip(), calls=calls, errors=errors)
+        return parse_result(content, calls, errors)
 
     def format_inline_result(self, response: ToolResponse) -> str:
         return f"\n```output\n{response.text}\n```\n"

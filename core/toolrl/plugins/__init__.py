@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -116,12 +117,6 @@ def _unwatched(plugin: str, phase: str) -> contextlib.AbstractContextManager[Non
     return contextlib.nullcontext()
 
 
-def _contain(exc: BaseException) -> None:
-    """Let a user's Ctrl-C through; everything else a plugin raises stays inside its boundary."""
-    if isinstance(exc, (KeyboardInterrupt, PluginLoadError)):
-        raise exc
-
-
 class Plugins:
     """The loaded plugins: a pluggy manager, a status per plugin, and the part registry.
 
@@ -161,15 +156,22 @@ class Plugins:
                 exc if isinstance(exc, BaseException) else None
             )
 
-    def _register(self, info: PluginInfo, plugin: object) -> None:
+    def _guarded(self, info: PluginInfo, phase: str, code: Callable[[], Any]) -> tuple[bool, Any]:
+        """``code()`` (a piece of ``info``'s code, watched as ``phase``) inside the plugin's error boundary:
+        whether it finished, and its value. A broken plugin never breaks the others."""
         try:
-            with self._watch(info.name, "registration"):  # pluggy reads the plugin's attributes
-                self.pm.register(plugin, name=info.name)
-        except BaseException as exc:  # pluggy validation errors, duplicate names
-            _contain(exc)
+            with self._watch(info.name, phase):
+                return True, code()
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, PluginLoadError)):  # a user's Ctrl-C, strict mode's error
+                raise
             self._fail(info, exc)
-            return
-        info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+            return False, None
+
+    def _register(self, info: PluginInfo, plugin: object) -> None:
+        # pluggy reads the plugin's attributes, and refuses invalid hooks and duplicate names
+        if self._guarded(info, "registration", lambda: self.pm.register(plugin, name=info.name))[0]:
+            info.hooks = sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
 
     def _load_builtins(self) -> None:
         version = metadata.version("toolrl")
@@ -220,14 +222,9 @@ class Plugins:
             if info.name in failures:  # it ended or hung the screening child: never run here
                 self._fail(info, failures[info.name])
                 continue
-            try:
-                with self._watch(info.name, "import"):
-                    plugin = ep.load()
-            except BaseException as exc:  # the error boundary: a broken plugin never breaks the others
-                _contain(exc)
-                self._fail(info, exc)
-                continue
-            self._register(info, plugin)
+            loaded, plugin = self._guarded(info, "import", ep.load)
+            if loaded:
+                self._register(info, plugin)
 
     def _collect_parts(self) -> None:
         for kind in KINDS:
@@ -253,12 +250,7 @@ class Plugins:
                     if conflict:
                         self._fail(_info, conflict)
 
-                try:
-                    with self._watch(info.name, f"register_{kind}"):
-                        impl.function(register=register)
-                except BaseException as exc:
-                    _contain(exc)
-                    self._fail(info, exc)
+                self._guarded(info, f"register_{kind}", functools.partial(impl.function, register=register))
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -331,12 +323,7 @@ class Plugins:
         """Let every plugin add CLI commands, each in its own error boundary."""
         for impl in self.pm.hook.register_commands.get_hookimpls():
             info = self.info[self.pm.get_name(impl.plugin)]
-            try:
-                with self._watch(info.name, "register_commands"):
-                    impl.function(cli=cli)
-            except BaseException as exc:
-                _contain(exc)
-                self._fail(info, exc)
+            self._guarded(info, "register_commands", functools.partial(impl.function, cli=cli))
 
 
 def _dist_key(name: str) -> str:

@@ -27,19 +27,14 @@ from toolrl.plugins.process_state import ProcessState
 from toolrl.plugins.verdicts import file_state
 
 
-def _interpreter_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The standard library's directories, and site-packages (which may lie beneath them)."""
-    paths = sysconfig.get_paths()
-    return (tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib")),
-            tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib")))
-
-
 class Reporter:
     """Writes the child's events; each carries the files of the modules loaded since the last one."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self.stdlib, self.site = _interpreter_dirs()
+        paths = sysconfig.get_paths()  # the standard library's directories, and site-packages beneath them
+        self.stdlib = tuple(os.path.join(paths[k], "") for k in ("stdlib", "platstdlib"))
+        self.site = tuple(os.path.join(paths[k], "") for k in ("purelib", "platlib"))
         self.seen = set(sys.modules)
         self.current: tuple[str, str] | None = None  # (plugin, phase) whose code runs now
 

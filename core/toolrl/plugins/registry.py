@@ -77,11 +77,6 @@ class PartError(RegistryError):
     """A registered part that does not import or is not what its kind requires."""
 
 
-def _raise_contained(exc: BaseException) -> None:
-    if isinstance(exc, KeyboardInterrupt):
-        raise exc
-
-
 def describe_exception(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"SystemExit({exc.code!r}): the code called sys.exit()"
@@ -162,7 +157,8 @@ class Part:
                 try:
                     obj = self._resolve(import_=True)
                 except BaseException as exc:  # a module calling sys.exit() at import is contained too
-                    _raise_contained(exc)
+                    if isinstance(exc, KeyboardInterrupt):
+                        raise
                     raise PartError(f"{self._label()}: {self.target!r} does not import: "
                                     f"{describe_exception(exc)}") from None
             problem = check_part(self.kind, obj)

@@ -78,11 +78,9 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
     finally:
         os.close(write_fd)
     try:
-        try:
+        with contextlib.suppress(OSError):  # the child is already gone: its exit status tells why
             child.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
             child.stdin.close()  # type: ignore[union-attr]
-        except OSError:  # the child is already gone: its exit status tells why
-            pass
         return _supervise(child, read_fd, timeout_s, found)
     finally:
         os.close(read_fd)
@@ -176,7 +174,7 @@ def module_files(module: str) -> dict[str, list[int]]:
     ended or hung the child cannot report what it loaded, but editing its entry module screens again."""
     files: dict[str, list[int]] = {}
     parts = module.split(".")
-    try:
+    with contextlib.suppress(ImportError, ValueError):
         spec = importlib.util.find_spec(parts[0])  # a top-level name: no module code runs
         for depth in range(1, len(parts) + 1):
             if spec is None:
@@ -186,6 +184,4 @@ def module_files(module: str) -> dict[str, list[int]]:
             if depth < len(parts):
                 spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: depth + 1]),
                                                                 spec.submodule_search_locations)
-    except (ImportError, ValueError):
-        pass
     return files

@@ -95,18 +95,15 @@ async def settle(values: Sequence[Any], seconds: float) -> list[Any]:
     """``values`` with every awaitable awaited, concurrently; one that raises gives its exception, one
     still waiting after ``seconds`` (``reward.timeout_s``) is cancelled and gives a TimeoutError."""
     async def within(value: Any) -> Any:
+        if not inspect.isawaitable(value):
+            return value
         try:
             async with asyncio.timeout(seconds):  # not wait_for, which can drop a cancellation on 3.11
                 return await value
         except TimeoutError:
             raise TimeoutError(f"no value within {seconds:g} s (reward.timeout_s)") from None
 
-    waiting = [i for i, v in enumerate(values) if inspect.isawaitable(v)]
-    done = await asyncio.gather(*(within(values[i]) for i in waiting), return_exceptions=True)
-    settled = list(values)
-    for i, value in zip(waiting, done):
-        settled[i] = value
-    return settled
+    return list(await asyncio.gather(*(within(v) for v in values), return_exceptions=True))
 
 
 async def score(functions: RewardFunctions, weights: RewardConfig, traj: Trajectory, sample: Sample,

@@ -88,12 +88,8 @@ def coerce_execute_result(value: Any) -> tuple[ToolResponse, float, dict[str, An
     return response, reward, dict(metrics)
 
 
-def describe_argument_errors(schema: dict[str, Any] | Any, arguments: Any) -> str | None:
-    """Check ``arguments`` against a JSON Schema (or a compiled validator); None when valid, else a
-    message naming each field."""
-    from jsonschema import Draft202012Validator  # lazy: about 1 s to import; only calls need it
-
-    validator = Draft202012Validator(schema) if isinstance(schema, dict) else schema
+def describe_argument_errors(validator: Any, arguments: Any) -> str | None:
+    """Check ``arguments`` with a JSON Schema validator; None when valid, else a message naming each field."""
     errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
     if not errors:
         return None
@@ -257,7 +253,7 @@ class Tool:
         if not isinstance(arguments, dict):
             return f"arguments must be a JSON object, got {type(arguments).__name__}"
         if self._validator is None:
-            from jsonschema import Draft202012Validator  # lazy: as above
+            from jsonschema import Draft202012Validator  # lazy: about 1 s to import; only calls need it
 
             self._validator = Draft202012Validator(self.tool_schema.function.parameters)
         return describe_argument_errors(self._validator, arguments)
@@ -338,26 +334,23 @@ class ToolSet:
     def schemas(self) -> list[dict[str, Any]]:
         return [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
 
-    async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> Guarded:
+    async def _stage(self, name: str, method: str, *args: Any, **kwargs: Any) -> tuple[Guarded, str | None]:
+        """One lifecycle method of tool ``name`` under the lifecycle deadline: its outcome, and what went
+        wrong (None when nothing did)."""
         tool = self.tools[name]
         outcome = await run_guarded(f"tool {name!r} {method}", getattr(tool, method), args, kwargs,
                                 self.lifecycle_timeout)
         self.loop_blocked_s += outcome.blocked_s
         if outcome.infrastructure and self.infrastructure is None:
             self.infrastructure = f"tool {name!r} {method}: {outcome.error}"
-        return outcome
-
-    @staticmethod
-    def _failure(outcome: Guarded, timeout: float) -> str | None:
         if outcome.timed_out:
-            return f"timed out after {timeout:g} s"
-        return outcome.error
+            return outcome, f"timed out after {self.lifecycle_timeout:g} s"
+        return outcome, outcome.error
 
     async def start(self) -> None:
         async def create(name: str) -> None:
-            outcome = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
-                                    **self._kwargs(name).create_kwargs)
-            problem = self._failure(outcome, self.lifecycle_timeout)
+            outcome, problem = await self._stage(name, "create", f"{self.trajectory_id}:{name}",
+                                                 **self._kwargs(name).create_kwargs)
             if problem is None and not isinstance(outcome.value, str):
                 problem = f"create must return the instance id (a str), got {type(outcome.value).__name__}"
             if problem is None:
@@ -380,8 +373,7 @@ class ToolSet:
             if not type(self.tools[name]).can_clone():
                 twin.create_errors[name] = "clone: the tool cannot clone its state (Tool.clone)"
                 return
-            outcome = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
-            problem = self._failure(outcome, self.lifecycle_timeout)
+            outcome, problem = await self._stage(name, "clone", iid, f"{trajectory_id}:{name}")
             if problem is None and isinstance(outcome.value, str):
                 twin.instances[name] = outcome.value
             else:
@@ -410,11 +402,6 @@ class ToolSet:
         self.loop_blocked_s += result.loop_blocked_s
         return result
 
-    def _reward(self, name: str, value: Any) -> float:
-        reward, parts, _ = named_parts(value, "calc_reward")
-        self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
-        return reward
-
     async def finish(self) -> dict[str, float]:
         """calc_reward then release for every created instance; never raises. A calc_reward that fails
         or returns anything but a finite number (or a mapping of them) is recorded in ``finish_errors`` and gives no reward."""
@@ -423,18 +410,17 @@ class ToolSet:
             kw = self._kwargs(name)
             reward: float | None = None
             try:
-                outcome = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
-                problem = self._failure(outcome, self.lifecycle_timeout)
+                outcome, problem = await self._stage(name, "calc_reward", iid, **kw.calc_reward_kwargs)
                 if problem is None and outcome.value is not None:  # None: the tool gives no reward
                     try:
-                        reward = self._reward(name, outcome.value)
+                        reward, parts, _ = named_parts(outcome.value, "calc_reward")
+                        self.reward_parts.update({f"{name}.{k}": v for k, v in parts.items()})
                     except RewardValueError as exc:
                         problem = str(exc)
                 if problem is not None:
                     self.finish_errors[name] = f"calc_reward: {problem}"
             finally:
-                outcome = await self._stage(name, "release", iid, **kw.release_kwargs)
-                problem = self._failure(outcome, self.lifecycle_timeout)
+                _, problem = await self._stage(name, "release", iid, **kw.release_kwargs)
                 if problem is not None:
                     self.finish_errors[name] = "; ".join(
                         filter(None, [self.finish_errors.get(name), f"release: {problem}"]))

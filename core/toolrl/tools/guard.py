@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolrl.plugins.registry import describe_exception
 from toolrl.schemas import InfrastructureError
 
 log = logging.getLogger("toolrl.tools")
@@ -41,7 +42,6 @@ class Guarded:
     error: str | None = None
     timed_out: bool = False
     infrastructure: bool = False
-    elapsed_s: float = 0.0
     blocked_s: float = 0.0
     # The task running the code; still running after a timeout when the code has not honoured its
     # cancellation yet (``abandoned``).
@@ -140,10 +140,6 @@ def in_thread(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, 
     return future
 
 
-def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
                       timeout: float) -> Guarded:
     """Call ``fn(*args, **kwargs)`` (async, or plain and then in a thread) with a hard deadline;
@@ -167,7 +163,6 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
     except asyncio.CancelledError:
         task.cancel()
         raise
-    outcome.elapsed_s = loop.time() - start
     if not done:
         outcome.timed_out = outcome.abandoned = True
         task.cancel()
@@ -175,8 +170,8 @@ async def run_guarded(label: str, fn: Callable[..., Any], args: Sequence[Any], k
     elif task.cancelled():  # the code cancelled itself
         outcome.error = "CancelledError: the call was cancelled"
     elif (exc := task.exception()) is not None:
-        outcome.error, outcome.infrastructure = describe(exc), isinstance(exc, InfrastructureError)
-    elif outcome.elapsed_s > timeout and outcome.blocked_s:  # it held the loop past its own deadline
+        outcome.error, outcome.infrastructure = describe_exception(exc), isinstance(exc, InfrastructureError)
+    elif loop.time() - start > timeout and outcome.blocked_s:  # it held the loop past its own deadline
         outcome.timed_out = True
     else:
         outcome.value = task.result()
@@ -193,4 +188,4 @@ def _report_late(task: asyncio.Task[Any], label: str, timeout: float, start: flo
     exc = task.exception()
     log.warning("%s ignored cancellation after its %g s timeout and %s %.1f s after it started; its result "
                 "was discarded (use isolation: process to have such calls killed)", label, timeout,
-                f"raised {describe(exc)}" if exc else "returned", late)
+                f"raised {describe_exception(exc)}" if exc else "returned", late)

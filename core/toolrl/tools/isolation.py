@@ -13,26 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import itertools
 import os
 import pickle
 import socket
-import struct
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
+from multiprocessing.connection import Connection
 from typing import Any, ClassVar
 
+from toolrl.plugins.registry import import_reference
 from toolrl.schemas import ToolResult
 from toolrl.tools import Tool, ToolConfigError
 from toolrl.tools.guard import in_thread
 
-_HEADER = struct.Struct("!I")
 START_TIMEOUT_S = 120.0  # importing a tool's dependencies in a fresh interpreter can take a while
 
 
@@ -44,33 +42,14 @@ class WorkerUnreachable(WorkerDied):
     """A call could not be sent: the worker is going down. The call never ran, so it may be retried."""
 
 
-# -- framing: 4-byte length + pickle, over a socketpair ---------------------------------------------
+# -- the wire: pickled messages over a socketpair, framed by multiprocessing's Connection ------------
+# (its recv() reads what send_bytes(pickle) wrote, and raises EOFError once the other side is gone)
 
 
-def _send(sock: socket.socket, lock: threading.Lock, message: Any) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+def _send(conn: Connection, lock: threading.Lock, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)  # before the lock; a failure sends nothing
     with lock:
-        sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks, size = [], 0
-    while size < n:
-        chunk = sock.recv(min(n - size, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
-def _recv(sock: socket.socket) -> Any:
-    """The next message, or raises EOFError when the other side is gone."""
-    header = _recv_exact(sock, _HEADER.size)
-    body = _recv_exact(sock, _HEADER.unpack(header)[0]) if header else None
-    if body is None:
-        raise EOFError
-    return pickle.loads(body)
+        conn.send_bytes(data)
 
 
 # -- the parent's side ------------------------------------------------------------------------------
@@ -93,10 +72,10 @@ class _Worker:
             env=env,
         )
         child.close()
-        self.sock = parent
+        self.conn = Connection(parent.detach())
         self.lock = threading.Lock()
         self.pending: dict[int, Future[Any]] = {}
-        self.ids = itertools.count(1)
+        self.ids = itertools.count()
         self.death: str | None = None  # why the worker is gone, once it is
         self.kill_reason: str | None = None
         self.ready = self.submit("init", init, {})
@@ -111,11 +90,11 @@ class _Worker:
         if self.death is not None:
             future.set_exception(WorkerUnreachable(self.death))
             return future
-        req = next(self.ids) if op != "init" else 0
+        req = next(self.ids)  # 0: the init request, sent first
         future.request_id = req  # type: ignore[attr-defined]
         self.pending[req] = future
         try:
-            _send(self.sock, self.lock, ("call", req, op, args, dict(kwargs)))
+            _send(self.conn, self.lock, ("call", req, op, args, dict(kwargs)))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             self.pending.pop(req, None)
             future.set_exception(TypeError(f"cannot send the call to the worker process: {exc}"))
@@ -130,7 +109,7 @@ class _Worker:
         if req is None or req not in self.pending or self.death is not None:
             return
         with contextlib.suppress(OSError):
-            _send(self.sock, self.lock, ("cancel", req))
+            _send(self.conn, self.lock, ("cancel", req))
 
         def check() -> None:
             if req in self.pending and self.death is None:
@@ -147,18 +126,16 @@ class _Worker:
             self.proc.kill()
 
     def _read(self) -> None:
-        try:
+        with contextlib.suppress(EOFError, OSError, pickle.UnpicklingError):  # the worker is gone
             while True:
-                req, ok, value = _recv(self.sock)
+                req, ok, value = self.conn.recv()
                 future = self.pending.pop(req, None)
                 if future is not None and future.set_running_or_notify_cancel():
                     future.set_result(value) if ok else future.set_exception(value)
-        except (EOFError, OSError, pickle.UnpicklingError):
-            pass
         code = self.proc.wait()
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         self.death = f"the tool's worker process {how}" + (f": {self.kill_reason}" if self.kill_reason else "")
-        self.sock.close()
+        self.conn.close()
         if self.on_death is not None:  # first, so callers told of the death find the replacement
             self.on_death(self)
         for future in list(self.pending.values()):
@@ -281,8 +258,7 @@ class ProcessTool(Tool):
     # -- the lifecycle, forwarded ---------------------------------------------------------------
 
     async def create(self, instance_id: str | None = None, **create_kwargs: Any) -> str:
-        instance_id = instance_id or uuid.uuid4().hex
-        self._instances[instance_id] = dict(create_kwargs)
+        instance_id = await super().create(instance_id, **create_kwargs)
         try:
             worker_id = await self._forward("create", instance_id, retry=WorkerDied, **create_kwargs)
         except BaseException:
@@ -319,18 +295,11 @@ class ProcessTool(Tool):
 # -- the worker's side --------------------------------------------------------------------------------
 
 
-def _load_class(module: str, qualname: str) -> type[Tool]:
-    obj: Any = importlib.import_module(module)
-    for piece in qualname.split("."):
-        obj = getattr(obj, piece)
-    return obj
-
-
 def _build_tool(module: str, qualname: str, config: Mapping[str, Any],
                 tool_schema: Mapping[str, Any] | None) -> tuple[Tool | None, bool, Any]:
     """The ``init`` request: (the tool or None, ok, the reply: its schema, or the error as a ToolConfigError)."""
     try:
-        tool = _load_class(module, qualname)(config, tool_schema)
+        tool = import_reference(f"{module}:{qualname}")(config, tool_schema)
         return tool, True, tool.tool_schema.model_dump(exclude_none=True)
     except ToolConfigError as exc:
         return None, False, ToolConfigError(str(exc))
@@ -360,7 +329,7 @@ async def _call_tool(tool: Tool, op: str, args: tuple[Any, ...], kwargs: dict[st
     return value
 
 
-async def _serve(sock: socket.socket) -> None:
+async def _serve(conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue[Any] = asyncio.Queue()
     lock = threading.Lock()
@@ -370,16 +339,17 @@ async def _serve(sock: socket.socket) -> None:
     def read() -> None:  # a thread: keeps reading (and seeing the parent go) even while the loop is blocked
         try:
             while True:
-                loop.call_soon_threadsafe(inbox.put_nowait, _recv(sock))
+                loop.call_soon_threadsafe(inbox.put_nowait, conn.recv())
         except (EOFError, OSError):
             os._exit(0)  # the parent is gone
 
     def reply(req: int, ok: bool, value: Any) -> None:
         try:
-            _send(sock, lock, (req, ok, value))
+            _send(conn, lock, (req, ok, value))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             what = "returned a value" if ok else f"raised {type(value).__name__}, which"
-            _send(sock, lock, (req, False, TypeError(f"the tool {what} cannot be sent from its worker process: {exc}")))
+            problem = TypeError(f"the tool {what} cannot be sent from its worker process: {exc}")
+            _send(conn, lock, (req, False, problem))
 
     async def run(req: int, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
@@ -397,8 +367,7 @@ async def _serve(sock: socket.socket) -> None:
     while True:
         message = await inbox.get()
         if message[0] == "cancel":
-            task = tasks.get(message[1])
-            if task is not None:
+            if (task := tasks.get(message[1])) is not None:
                 task.cancel()
             continue
         _, req, op, args, kwargs = message
@@ -410,8 +379,7 @@ async def _serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    asyncio.run(_serve(sock))
+    asyncio.run(_serve(Connection(int(sys.argv[1]))))
 
 
 if __name__ == "__main__":

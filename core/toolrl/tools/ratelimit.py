@@ -56,14 +56,6 @@ class _AdmissionCore:
         self.peak_in_flight = 0
         self.admitted = 0
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._granted)
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
     def _pace(self, now: float) -> float:
         if self.calls_per_second is None:
             return 0.0
@@ -73,17 +65,14 @@ class _AdmissionCore:
         self._tat = tat + interval
         return start - now
 
-    def _grant(self, ticket: str, on_grant: Callable[[float], None]) -> None:
-        now = time.monotonic()
-        self._granted[ticket] = now
-        self.admitted += 1
-        self.peak_in_flight = max(self.peak_in_flight, len(self._granted))
-        on_grant(self._pace(now))
-
     def _dispatch(self) -> None:
         while self._queue and (self.max_in_flight is None or len(self._granted) < self.max_in_flight):
             ticket, on_grant = self._queue.popitem(last=False)
-            self._grant(ticket, on_grant)
+            now = time.monotonic()
+            self._granted[ticket] = now
+            self.admitted += 1
+            self.peak_in_flight = max(self.peak_in_flight, len(self._granted))
+            on_grant(self._pace(now))
 
     def request(self, ticket: str, on_grant: Callable[[float], None]) -> None:
         self._queue[ticket] = on_grant
@@ -96,18 +85,16 @@ class _AdmissionCore:
         self._dispatch()
         return True
 
-    def expire(self, older_than: float) -> list[str]:
+    def expire(self, older_than: float) -> None:
         """Release grants made before ``older_than`` (monotonic): holders that died never release."""
-        stale = [t for t, granted_at in self._granted.items() if granted_at < older_than]
-        for ticket in stale:
-            del self._granted[ticket]
+        self._granted = {t: granted_at for t, granted_at in self._granted.items() if granted_at >= older_than}
         self._dispatch()
-        return stale
 
     def stats(self) -> dict[str, Any]:
-        return {"in_flight": self.in_flight, "queued": self.queued, "peak_in_flight": self.peak_in_flight,
-                "admitted": self.admitted, "max_in_flight": self.max_in_flight,
-                "calls_per_second": self.calls_per_second, "burst": self.burst}
+        return {"in_flight": len(self._granted), "queued": len(self._queue),
+                "peak_in_flight": self.peak_in_flight, "admitted": self.admitted,
+                "max_in_flight": self.max_in_flight, "calls_per_second": self.calls_per_second,
+                "burst": self.burst}
 
 
 class RateLimiter(ABC):
@@ -146,10 +133,6 @@ class LocalRateLimiter(RateLimiter):
                  burst: int | None = None) -> None:
         self._core = _AdmissionCore(max_in_flight, calls_per_second, burst)
         self._lock = threading.Lock()
-
-    @property
-    def in_flight(self) -> int:
-        return self._core.in_flight
 
     async def acquire(self) -> Admission:
         loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolrl.config import field_where
-from toolrl.plugins.parts import BuildContext, build_part
+from toolrl.plugins.parts import BuildContext, NoOptions, build_part
 
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
@@ -108,8 +108,7 @@ class WeightReceiver(ABC):
         """Release what the link holds."""
 
 
-class TransportOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+TransportOptions = NoOptions  # public (docs/plugins.md): what a transport's Options extends
 
 
 class WeightTransport:

@@ -95,9 +95,7 @@ class _Group:
 
 class BroadcastSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, device: str) -> None:
-        self.store, address = host_store(receivers, timeout_s)
-        self.link = transports.Link(key=key, sender=sender, receivers=receivers, address=address,
-                                    timeout_s=timeout_s)
+        self.store, self.link = host_store(key, sender, receivers, timeout_s)
         self.device = device
         self.group: _Group | None = None
 

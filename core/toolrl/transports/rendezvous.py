@@ -16,14 +16,15 @@ def node_address() -> str:
     return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
 
 
-def host_store(receivers: int, timeout_s: float) -> tuple[Any, str]:
-    """A store for ``receivers + 1`` peers on a free port: (store, "host:port")."""
+def host_store(key: str, sender: int, receivers: int, timeout_s: float) -> tuple[Any, Link]:
+    """A store for ``receivers + 1`` peers on a free port, and the link it is the address ("host:port") of."""
     import torch.distributed as dist
 
     host = node_address()
     store = dist.TCPStore(host, 0, receivers + 1, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
-    return store, f"{host}:{store.port}"
+    address = f"{host}:{store.port}"
+    return store, Link(key=key, sender=sender, receivers=receivers, address=address, timeout_s=timeout_s)
 
 
 def join_store(link: Link) -> Any:

@@ -71,9 +71,7 @@ def _map(path: str, nbytes: int) -> Any:
 
 class SharedMemorySender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float, directory: str) -> None:
-        self.store, address = host_store(receivers, timeout_s)
-        self.link = transports.Link(key=key, sender=sender, receivers=receivers, address=address,
-                                    timeout_s=timeout_s)
+        self.store, self.link = host_store(key, sender, receivers, timeout_s)
         remove_orphans(directory)
         self.prefix = str(Path(directory) / f"{SEGMENT_PREFIX}{os.getpid()}-{key}")
         self.segments: list[tuple[str, Any] | None] = [None, None]  # (path, mapped tensor) per slot

@@ -42,12 +42,10 @@ class LocalServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def restart_if_dead(self) -> bool:
-        """Start it again when its process has exited; whether it did."""
-        if self.process is None or self.alive():
-            return False
-        self.spawn()
-        return True
+    def restart_if_dead(self) -> None:
+        """Start it again when its process has exited."""
+        if self.process is not None and not self.alive():
+            self.spawn()
 
     def error_tail(self) -> str:
         self.log.seek(0)

@@ -123,18 +123,14 @@ class Fleet:
                                                     max_msg_size=MAX_MESSAGE)
                     member.taken += 1
                     return member, ws
-                except aiohttp.WSServerHandshakeError as exc:
+                except BaseException as exc:  # the slot is not taken
                     member.open -= 1
-                    if exc.status == 503:  # full: others hold its sessions; ask again later
-                        member.full_until = time.monotonic() + self.retry_s
-                        continue
-                    self.down(member)
-                except (aiohttp.ClientError, OSError):
-                    member.open -= 1
-                    self.down(member)
-                except BaseException:  # cancelled (the call's deadline): the slot is not taken
-                    member.open -= 1
-                    raise
+                    if isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status == 503:
+                        member.full_until = time.monotonic() + self.retry_s  # full: others hold its sessions
+                    elif isinstance(exc, (aiohttp.ClientError, OSError)):
+                        self.down(member)
+                    else:  # cancelled (the call's deadline)
+                        raise
                 continue
             if time.monotonic() > deadline:
                 up = sum(m.up for m in self.members)

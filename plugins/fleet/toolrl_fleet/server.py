@@ -85,13 +85,11 @@ class SessionServer:
         self.app.router.add_get(HEALTH_PATH, self.health)
         self.app.router.add_get(SESSION_PATH, self.session)
 
-    def status(self) -> Health:
-        return Health(served=self.served, session=self.kind.name, timeout_s=self.kind.cls.timeout,
-                      capacity=self.capacity, open=self.open,
-                      state_key=self.kind.cls.state_key is not EnvironmentSession.state_key)
-
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response(self.status().model_dump())
+        health = Health(served=self.served, session=self.kind.name, timeout_s=self.kind.cls.timeout,
+                        capacity=self.capacity, open=self.open,
+                        state_key=self.kind.cls.state_key is not EnvironmentSession.state_key)
+        return web.json_response(health.model_dump())
 
     async def session(self, request: web.Request) -> web.StreamResponse:
         if self.open >= self.capacity:
@@ -127,8 +125,7 @@ async def serve(kind: SessionKind, served: str, host: str, port: int, capacity: 
     except OSError as exc:  # the port taken, the address not this machine's
         await runner.cleanup()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    bound = runner.addresses[0][1]
-    return runner, bound
+    return runner, runner.addresses[0][1]
 
 
 def served_kind(name: str, options: dict[str, Any]) -> SessionKind:
