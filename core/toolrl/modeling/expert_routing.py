@@ -1,6 +1,7 @@
 """Mixture-of-experts routing, recorded and replayed through the router modules of transformers' MoE
 models (the ``*TopKRouter`` classes: a forward from the flattened hidden states ``(N, H)`` to
-``(router_logits, top-k weights, top-k expert ids)``; docs/algorithms.md, "routing_replay").
+``(router_logits, top-k weights, top-k expert ids)``; R2 and R3: docs/algorithms.md, "Mixture-of-experts
+routing replay").
 
 :class:`ExpertRouting` hooks every router of a model once. Each forward either **records** the expert ids
 each router chose, ``(N, layers, top_k)`` in the order of the routers in the model, or **replays**

@@ -8,7 +8,7 @@ A lost rank ends the call in flight at once; the group keeps, per adapter, its s
 optimizer step and the backward calls since, so a new group is made in the same state and the call
 made again (at most :data:`~toolrl.processes.recovery.MAX_DEATHS_PER_CALL` deaths a call); a rank that
 raised fails the call with :class:`~toolrl.processes.recovery.TrainerFailed`. Placement, sharding,
-recovery: docs/training_api.md ("StepGroup").
+recovery: docs/training_api.md, "Several ranks".
 
 Every method blocks (from async code: in a thread); calls run one at a time. ``ray`` is imported inside
 the methods.
