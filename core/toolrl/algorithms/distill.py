@@ -1,33 +1,12 @@
-"""On-policy distillation (OPD; Thinking Machines, "On-Policy Distillation", 2025): the student samples its
-own trajectories, a teacher scores every token the student sampled (:mod:`toolrl.rollout.teacher`),
-and each sampled token's advantage is the teacher's log-prob of it minus the student's::
+"""On-policy distillation (OPD): each sampled token's advantage is the teacher's log-prob of it minus
+the student's (the engine's, ``Trajectory.logprobs``), discount 0, on trained tokens only::
 
-    A_it = w_T(i) · (log π_T(y_it | ctx) − log π_S(y_it | ctx)) + λ · A_reward(i)     (trained tokens only)
+    A_it = w_T(i) · (log π_T(y_it | ctx) − log π_S(y_it | ctx)) + λ · A_reward(i)
 
-the negative per-token reverse KL, a single-sample estimate at each position, with discount 0 (no
-token is credited with what follows it). ``log π_S`` is the engine's log-prob (the one the token was
-sampled with, ``Trajectory.logprobs``); ``w_T(i)`` the weight of the teacher that scored row ``i``
-(``algorithm.teacher.N.weight``; 0 for a row of a route no teacher scores); ``λ`` is
-``advantage_options.reward_weight`` and ``A_reward`` the outcome estimator ``reward_advantage``
-(``grpo`` by default) over the task reward: ``λ = 0`` is pure distillation. Tool results and template
-tokens (``response_mask`` 0) get 0: they are never scored.
-
-With ``advantage_options.top_k: K`` the teacher also gives its ``K`` likeliest tokens ``T_t`` at each
-trained position, with their log-probs, and the trainer's forward the student's log-probs at them
-(:func:`teacher_fields`, the ids as the step's ``CANDIDATE_IDS``; a teacher with the student's tokenizer
-only). Two things read them:
-
-- the loss ``topk_forward_kl`` (:class:`TopkForwardKl`): the forward KL from the teacher's top-K
-  distribution to the student's, both renormalised over ``T_t``, instead of the policy-gradient loss::
-
-      loss_t = w_T · Σ_{v ∈ T_t} p̃_T(v) · (log p̃_T(v) − log p̃_S(v)),   p̃(v) = p(v) / Σ_{u ∈ T_t} p(u)
-
-  zero, with a zero gradient, where the student's distribution over ``T_t`` is the teacher's;
-- ``advantage_options.baseline: vopd`` (vOPD, arXiv 2605.07865): the value of the position under the
-  reverse-KL reward, ``V_t = −KL(π_S ‖ π_T)``, subtracted from the advantage as a detached baseline
-  (it depends on the position, not on the sampled token, so the gradient stays unbiased), over the
-  teacher's top-K: ``V̂_t = w_T · Σ_{v ∈ T_t} π_S(v) · (log π_T(v) − log π_S(v))`` (the paper's full sum
-  over the vocabulary, truncated to ``T_t``), from the trainer's forward (the student's current weights).
+With ``top_k`` the teacher's ``K`` likeliest tokens also feed :class:`TopkForwardKl` (the forward KL
+over them, both renormalised) and ``baseline: vopd`` (``V̂_t = w_T · Σ_{v ∈ T_t} π_S(v) · (log π_T(v)
+− log π_S(v))``, subtracted detached). The estimator, its options and the top-k losses:
+docs/distillation.md.
 """
 
 from __future__ import annotations

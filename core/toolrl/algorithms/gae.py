@@ -1,19 +1,13 @@
-"""Generalised advantage estimation (Schulman et al. 2016) over the trained tokens of each trajectory.
-
-A trajectory's response interleaves the model's tokens (``response_mask`` 1, trained) with tool
-output and template tokens (mask 0): those were not actions of the policy, so the recursion skips
-them and runs over the trained tokens only, each one's successor being the next *trained* token of
-the same trajectory. With ``t_1 < … < t_n`` the trained positions of a row, per-token rewards ``r``
-and values ``V`` (the critic's estimate before the token is sampled)::
+"""Generalised advantage estimation (Schulman et al. 2016) over the trained tokens of each trajectory:
+tool output and template tokens (``response_mask`` 0) were not the policy's actions, so the recursion
+skips them. With ``t_1 < … < t_n`` the trained positions of a row::
 
     δ_k = r_{t_k} + γ · V_{t_{k+1}} − V_{t_k}        (V_{t_{n+1}} = 0: the trajectory ends)
     A_{t_k} = δ_k + γλ · A_{t_{k+1}}                 (A_{t_{n+1}} = 0)
     R_{t_k} = A_{t_k} + V_{t_k}                      (the critic's regression target)
 
-With ``γ = λ = 1``, ``A_t = Σ_{k ≥ t} r_k − V_t``: the return minus the value. Rewards on untrained
-positions are not read; the outcome reward sits on the last trained token (:func:`token_rewards`).
-KL is not folded into the rewards: it stays in the loss (``loss_options.kl_coef``), one KL path for every
-estimator (:mod:`toolrl.algorithms.rules`).
+The outcome reward sits on the last trained token (:func:`token_rewards`); KL stays in the loss, not
+the rewards. The estimator and its options: docs/critic.md "GAE over trained tokens".
 """
 
 from __future__ import annotations

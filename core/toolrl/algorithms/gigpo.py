@@ -1,18 +1,10 @@
-"""GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv
-2505.10978): turn-level credit without a critic. Two levels of groups:
-
-- the episode level, GRPO's: each trajectory's reward against its group's (the ``n`` samples of a
-  prompt), ``A_E(i) = (r_i - mean_G(i) r) / F``;
-- the step level: within a group, the turns of its trajectories that start from the same state (an
-  *anchor state*: :mod:`toolrl.rollout.turns` keys it) form a step group, and each turn's discounted
-  return is compared with its step group's, ``A_S(i, t) = (R_it - mean_S(i,t) R) / F``, where
-  ``R_it = Σ_{k ≥ t} γ^(k - t) · r_ik`` over the trajectory's turn rewards ``r_ik``
-  (:mod:`toolrl.algorithms.turns`, the fields it reads and gives: its step rewards, the outcome on its last turn).
-
-Each token of turn ``t`` gets ``A = A_E(i) + ω · A_S(i, t)``; positions outside every turn get 0.
-``F`` is the group's unbiased std plus ``eps``, or 1 with ``norm_by_std: false`` (the paper's
-``mean`` variant); a group of one gets 0, at either level (:func:`toolrl.algorithms.advantages.group_normalised`). On single-turn trajectories every
-step group is the episode group, so ``A = (1 + ω) · A_grpo``.
+"""GiGPO (Feng et al. 2025, arXiv 2505.10978): turn-level credit without a critic, each token of turn
+``t`` of trajectory ``i`` gets ``A = A_E(i) + ω · A_S(i, t)``: ``A_E`` GRPO's over the episode group,
+``A_S`` the turn's discounted return ``R_it = Σ_{k ≥ t} γ^(k - t) · r_ik`` against its step group's (the
+group's turns from the same anchor state, :mod:`toolrl.rollout.turns`), each over ``F`` (the unbiased
+std plus ``eps``, or 1; a group of one gives 0: :func:`toolrl.algorithms.advantages.group_normalised`).
+Positions outside every turn get 0. The turn rewards ``r_ik``: :mod:`toolrl.algorithms.turns`. The
+estimator, its options and the anchor state: docs/algorithms.md, "gigpo".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Tree-GRPO (Ji et al. 2025, "Tree Search for LLM Agent Reinforcement Learning", arXiv 2509.21240,
-§3, its tree-based advantage estimation): GRPO over tree rollouts (``rollout.tree``), where a prompt's
-group holds the leaves of several trees and the leaves of one tree share the turns before they split.
-
-Each leaf (a complete trajectory, ``Trajectory.tree_id`` naming its tree within its group) is compared
-at two levels, with only its outcome reward:
-
-- intra-tree: against the leaves of its own tree, ``A_intra(i) = (r_i - mean_T(i) r) / F``;
-- inter-tree: against every leaf of its group (all the prompt's trees), ``A_inter(i) = (r_i - mean_G(i) r) / F``;
-
-and ``A_i = A_intra(i) + A_inter(i)``, one number broadcast over the leaf's tokens (an outcome
-estimator). ``F`` is the set's unbiased std plus ``eps`` (``norm_by_std: false``: 1); a set of one gives
-0 (:func:`toolrl.algorithms.advantages.group_normalised`). Where the step-level signal comes from, and
-what is refused without ``rollout.tree``: docs/algorithms.md, "tree_grpo".
+"""Tree-GRPO (Ji et al. 2025, arXiv 2509.21240, its tree-based advantage estimation): GRPO over tree
+rollouts (``rollout.tree``), each leaf's outcome reward compared within its tree (``Trajectory.tree_id``)
+and within its group, ``A_i = A_intra(i) + A_inter(i)``, each ``(r_i - mean r) / F`` over its set, one
+number broadcast over the leaf's tokens (:func:`toolrl.algorithms.advantages.group_normalised`: a set of
+one gives 0). Where the step-level signal comes from, and what is refused without ``rollout.tree``:
+docs/algorithms.md, "tree_grpo".
 """
 
 from __future__ import annotations

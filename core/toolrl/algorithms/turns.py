@@ -2,13 +2,9 @@
 turn records (``Trajectory.turn_starts`` and ``turn_states``, written by toolrl.rollout.turns) for a
 turn-level estimator (one that reads :data:`TURNS`, e.g. ``gigpo``, and gives them with :func:`turn_fields`).
 
-A turn's positions run from its start to the next turn's start (its generated tokens, then the
-observation that answers it, untrained), the last turn's to the end of the response. A turn earns
-the step rewards of the calls it made (``ToolResult.step_reward``: a tool's, or a session step's),
-as reported; the rest of the trajectory's reward, its outcome, goes to its last turn
-(:func:`turn_rewards`, with the reward as the estimator sees it), so a trajectory's turn rewards sum to its
-reward. Each piece of a forked trajectory is a sequence of its own (as for every per-token estimator): its
-own turns, the step rewards of those, the outcome on its last turn.
+A turn's positions run from its start to the next turn's start; it earns its calls' step rewards, and
+the last turn the rest of the reward (:func:`turn_rewards`), so a trajectory's turn rewards sum to its
+reward (docs/algorithms.md, "gigpo"). Each piece of a forked trajectory is a sequence of its own.
 """
 
 from __future__ import annotations

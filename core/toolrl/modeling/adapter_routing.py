@@ -1,31 +1,19 @@
 """Several LoRA adapters on one base model, each token through its own (``model.adapters``): the one
 routing the trainer and the transformers engine share. Each adapter
 :func:`toolrl.modeling.adapters.add_adapter` injects is routed (:func:`route_adapters`): peft's own sum
-off, every LoRA layer's forward hook adding each token's own adapter's delta to the base output. The hook reads the forward's :func:`routed`
-context, so **every forward of such a model runs inside** ``routed(model, adapter_ids)``; one outside it
-raises (it would run the base model silently, and train nothing). ``-1`` routes to the base weights
-alone. Gradient checkpointing's backward re-runs the forward: call it inside the context too.
+off, every LoRA layer's forward hook adding each token's own adapter's delta to the base output. The
+hook reads the forward's :func:`routed` context, so **every forward of such a model runs inside**
+``routed(model, adapter_ids)``; one outside it raises (it would run the base model silently, and train
+nothing). ``-1`` routes to the base weights alone. Gradient checkpointing's backward re-runs the
+forward: call it inside the context too. An adapter with no token in the forward is not read, so its
+``.grad`` stays None after backward.
 
-Inside the context an adapter with no token in the forward takes no part in it: its parameters are
-not read, so their ``.grad`` stays None after backward. Per layer the delta takes one of three exact
-paths (the same values up to the floating-point summation order):
-
-- every token through one adapter (a piece of one role; an engine batch of one role): peft's own
-  ``B(A(dropout(x))) * scaling``;
-- in a forward that records no gradient (an engine's), tokens of several adapters in groups of similar
-  size (a decode step, one row or ``n`` rows per client; a prefill of similar prompts): grouped, each
-  adapter's tokens gathered into a row of a ``[k, m, in]`` batch (padded to the largest group, ``m``) and
-  the k adapters' ``A`` and ``B`` stacked (``[k, in, r]``, ``[k, r, out]``, ranks padded with zeros, the
-  scaling folded into ``B``): two batched matmuls a layer whatever k, each token's product with its own
-  adapter only (32 clients' rows in a step: 1/32 of the work of one matrix of every adapter's columns,
-  the stacked path this one replaced). Taken while the padding at most doubles the tokens (few tokens:
-  always; an engine keeps the stacked weights between steps: ``keep_stacked``);
-- otherwise (training: gradients flow to each adapter's own tensors; groups too uneven, a long prefill
-  beside short ones; dropout active): per adapter, its tokens gathered, its delta computed and added
-  back at their places.
-
-The routing state lives on the model's LoRA layers, so one routed forward runs at a time on a model.
-``torch`` and ``peft`` are imported inside the functions.
+Per layer the delta takes one of three paths, equal up to the summation order: one adapter for every
+token (peft's own); without gradients and with groups of similar size (the padding at most doubles the
+tokens), grouped: two batched matmuls over the adapters' stacked ``A`` and ``B`` whatever their number;
+otherwise (training, dropout, uneven groups) per adapter, its tokens gathered and added back. Why the
+grouped path: docs/architecture.md "adapters per row". The routing state lives on the model's LoRA
+layers, so one routed forward runs at a time on a model. ``torch`` and ``peft`` are imported inside.
 """
 
 from __future__ import annotations

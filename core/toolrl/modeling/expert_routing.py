@@ -1,13 +1,12 @@
 """Mixture-of-experts routing, recorded and replayed through the router modules of transformers' MoE
-models (Qwen3-MoE, OLMoE, Mixtral and the other ``*TopKRouter`` classes: a forward from the
-flattened hidden states ``(N, H)`` to ``(router_logits, top-k weights, top-k expert ids)``).
+models (the ``*TopKRouter`` classes: a forward from the flattened hidden states ``(N, H)`` to
+``(router_logits, top-k weights, top-k expert ids)``; R2 and R3: docs/algorithms.md, "Mixture-of-experts
+routing replay").
 
 :class:`ExpertRouting` hooks every router of a model once. Each forward either **records** the expert ids
 each router chose, ``(N, layers, top_k)`` in the order of the routers in the model, or **replays**
-given ids: the router still computes its logits and its softmax, the given experts' probabilities are
-gathered (renormalised where the router renormalises its top-k), so the router keeps its gradient and
-only the selection is forced. That is R3 (routing replay from the engine's record, arXiv 2510.11370)
-when the ids come from the rollout engine, and R2 when they come from the trainer's own first pass.
+given ids: the router still computes its logits and softmax and the given experts' probabilities are
+gathered (renormalised where the router renormalises its top-k), so only the selection is forced.
 
 The hooks are forward hooks on the router modules, so they hold under FSDP2 (which wraps the
 decoder layers) and under activation checkpointing (whose recomputation in backward runs the same

@@ -1,14 +1,11 @@
 """A trainer rank's state as an in-memory copy: taken after every step (:func:`snapshot`), kept by the
 controller in Ray's object store, and put back into a freshly built rank (:func:`restore`) when a
-rank of its group died, so the group re-forms without going back to a checkpoint.
+rank of its group died, so the group re-forms without going back to a checkpoint (docs/recovery.md).
 
-The copy holds what a checkpoint holds (the rank's ``_state()``: its shards of the trained
-parameters, its optimizer state, a critic's) and its torch RNG. A sharded tensor (a ``DTensor``) is
-kept as its local piece and the dimension it is split on, so the copies of all ranks together are
-the whole state: a group of the same size loads each rank's own piece unchanged (bit for bit); a
-group of another size (``shrink``) cuts its pieces out of the whole tensors, as DCP does on load.
-
-``torch`` is imported inside the functions.
+The copy holds what a checkpoint holds (the rank's ``_state()``) and its torch RNG. A ``DTensor`` is
+kept as its local piece and the dimension it is split on: a group of the same size loads each rank's
+piece unchanged (bit for bit), one of another size (``shrink``) cuts its pieces out of the whole
+tensors, as DCP does on load. ``torch`` is imported inside the functions.
 """
 
 from __future__ import annotations

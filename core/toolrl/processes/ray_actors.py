@@ -1,12 +1,9 @@
 """The Ray machinery the trainer group and the rollout group share: where their actors go, awaiting
 an actor's result with its death as :class:`ActorDied`, and calling again after a death.
 
-Placement: each group reserves one placement group, one bundle per actor (``PACK`` for trainer
-ranks, which want to share nodes; ``SPREAD`` for rollout workers, one per node while nodes last);
-actor ``i`` and every replacement of it run in bundle ``i``, so a replacement comes up where the
-actor it replaces ran. A bundle may name its own resources (``ray.trainer_rank_resources``: a custom
-resource pins a rank to the node that has it). A group the alive nodes cannot hold is a config
-error at once.
+Placement (docs/architecture.md, "Where the processes run"): each group reserves one placement group,
+one bundle per actor (``PACK`` for trainer ranks, ``SPREAD`` for rollout workers); actor ``i`` and every
+replacement of it run in bundle ``i``, so a replacement comes up where the actor it replaces ran.
 
 ``ray`` is imported only inside the functions.
 """

@@ -2,13 +2,10 @@
 
 A rank's death ends the group's call in flight at once with :class:`RankDied`; unless the mode is
 ``stop``, every rank is killed (survivors may wait in a collective with the dead one forever), a new
-group starts from the newest complete state (the in-memory copies of :mod:`toolrl.processes.rank_state`,
-held on a second node by :func:`peer_holders`; else the checkpoint resumed from; else the initial
-weights), a step whose copies were still being made is trained again with the same batch, and the
-interrupted call runs again. The copies of step N are made off the step's critical path; until all are
-complete, N-1's stay the recovery source, so a death costs a step trained again, never a step lost.
-Each recovery is one log line and one :class:`Recovery` record. The steps, their guarantees and their
-costs: docs/recovery.md.
+group starts from the newest complete state, and the interrupted call runs again. Step N's copies are
+made off the step's critical path; until all are complete N-1's stay the recovery source, so a death
+costs a step trained again, never a step lost. Each recovery is one log line and one :class:`Recovery`
+record. The steps, their guarantees and their costs: docs/recovery.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """The public step on several ranks, for a trainer outside toolrl's loop (the Tinker service's, yours):
-``world_size`` :class:`~toolrl.processes.step_rank.StepRank` s as Ray actors, placed as ``toolrl train``
-places its trainer ranks (``ray.num_cpus_per_trainer``, ``ray.num_gpus_per_trainer``,
-``ray.trainer_rank_resources``: packed onto as few nodes as hold them), one ``torch.distributed``
-group (gloo on CPU, NCCL on GPU), the frozen base sharded with FSDP2, every adapter and its AdamW
-replicated on every rank. The calls are a :class:`StepRank`'s, made on every rank at once; a
-``forward_backward`` gives each rank a contiguous share of the rows (near-equal in tokens) and every rank
-as many forwards as the busiest, and gives back the rows' log-probs in order and the summed loss: the
-one-rank step's, up to float32 summation order (docs/training_api.md).
+``world_size`` :class:`~toolrl.processes.step_rank.StepRank` s as Ray actors in one ``torch.distributed``
+group, the frozen base sharded with FSDP2, every adapter and its AdamW replicated on every rank. The
+calls are a :class:`StepRank`'s, made on every rank at once; a ``forward_backward`` gives each rank a
+contiguous share of the rows and gives back the one-rank step's results, up to float32 summation order.
 
-A lost rank (its actor died, or a collective timed out and a rank raised) ends the call in flight at
-once. The group keeps, per adapter, its weights and AdamW state after its last optimizer step (or its
-add or load) and the backward calls since, so a new group can be made in the same state: every rank
-killed, new ones started and placed, each adapter restored and its calls since run again (the same
-shares on the same number of ranks: bit for bit), then the interrupted call made again
-(``trainer.on_rank_failure: replace``, at most :data:`~toolrl.processes.recovery.MAX_DEATHS_PER_CALL`
-deaths a call). A rank that raised fails the call with :class:`~toolrl.processes.recovery.TrainerFailed`,
-and the next call first re-forms the group in the state from before the failed one.
+A lost rank ends the call in flight at once; the group keeps, per adapter, its state after its last
+optimizer step and the backward calls since, so a new group is made in the same state and the call
+made again (at most :data:`~toolrl.processes.recovery.MAX_DEATHS_PER_CALL` deaths a call); a rank that
+raised fails the call with :class:`~toolrl.processes.recovery.TrainerFailed`. Placement, sharding,
+recovery: docs/training_api.md, "Several ranks".
 
 Every method blocks (from async code: in a thread); calls run one at a time. ``ray`` is imported inside
 the methods.

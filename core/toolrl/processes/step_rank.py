@@ -2,17 +2,11 @@
 own AdamW, stepped by the public step (:func:`toolrl.training.token_step.forward_backward`,
 :func:`toolrl.training.optimizer.optimizer_step`) through one adapter at a time. In the caller's process
 (one rank, no Ray), or as one of a :class:`toolrl.processes.step_group.StepGroup`'s Ray actors, where it
-joins the group's ``torch.distributed`` process group and shards the base with FSDP2
-(:mod:`toolrl.training.sharding`; the base is frozen).
-
-Adapters are replicated: every rank holds each adapter and its AdamW whole. A backward's gradient is
-summed over the ranks at once (one all-reduce the adapter's size), so each rank holds the group's
-gradient and makes the same optimizer step: the adapters stay equal on every rank without being sent.
-
-Adapter slots: with ``slots``, at most that many adapters are in the model; using another moves the
-least recently used one out (its weights, gradient and AdamW state to host memory, pinned on a GPU) and
-the one asked for back in, bit for bit. Every rank of a group makes the same calls, so the same moves.
-``torch`` is imported inside the methods.
+shards the frozen base with FSDP2 and holds every adapter and its AdamW whole: a backward's gradient is
+all-reduced at once, so every rank makes the same optimizer step and the adapters are never sent. With
+``slots`` the least recently used adapters move to host memory; every rank makes the same calls, so
+the same moves. The calls, slots and replication: docs/training_api.md "Several ranks". ``torch`` is
+imported inside the methods.
 """
 
 from __future__ import annotations

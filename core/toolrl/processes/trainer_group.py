@@ -3,12 +3,10 @@ save, load, close.
 
 :class:`LocalTrainer` is one :class:`~toolrl.processes.trainer_rank.TrainerRank` in the controller's process
 (no Ray; it pushes into the in-process engine, which shares its module). :class:`RayTrainerGroup` is
-``world_size`` ranks as Ray actors in one placement group (:mod:`toolrl.processes.ray_actors`), joined by a
-``torch.distributed`` process group. Every call goes to all ranks at once; a rank that dies or fails
-ends the call with :class:`TrainerFailed`, which names the rank and what it was doing, and the other
-ranks are killed rather than left waiting in a collective. A rank that dies (rather than raises) is
-:class:`~toolrl.processes.recovery.RankDied`, after which the group re-forms itself and makes the call
-again (:mod:`toolrl.processes.recovery`, ``trainer.on_rank_failure``).
+``world_size`` ranks as Ray actors (:mod:`toolrl.processes.ray_actors`) in one ``torch.distributed``
+group. Every call goes to all ranks at once; a rank that fails ends the call with :class:`TrainerFailed`
+and the others are killed rather than left waiting in a collective; a rank that dies is
+:class:`~toolrl.processes.recovery.RankDied`, after which the group re-forms (docs/recovery.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The conformance kit for context policies: a registered policy built from ``rollout.context`` as a run
-builds it, then one trajectory played through the real agent loop (the real tokenizer and chat template,
-the ``hermes`` parser, a tool whose pages fill the context) with fixed model turns instead of a model.
+builds it, then one trajectory played through the real agent loop with fixed model turns instead of a
+model (docs/plugins.md, "Context policies", says what each check holds).
 
 A :class:`PolicyPlay` records what the policy was shown and what it answered (every view, plan and
 branch, the conversation each edit made), every generation the engine was asked for, and the
 trajectory's segments. Each ``check_context_*`` function raises an ``AssertionError`` saying what is
-wrong (docs/plugins.md, "Context policies", says what each holds).
-
-:class:`ContextConformance` runs them as pytest tests. The default play reads pages until the context
-passes the policy's trigger; ``script`` replaces it (a policy whose tools open branches scripts the
-calls: the model's turns are taken in the order the loop asks for them, a branch's among them).
+wrong; :class:`ContextConformance` runs them as pytest tests.
 """
 
 from __future__ import annotations
@@ -289,17 +285,12 @@ def check_context_results(play: PolicyPlay) -> None:
 
 
 class ContextConformance:
-    """Subclass in your plugin's tests and name the policy::
-
-        class TestKeepNotes(ContextConformance):
-            policy_name = "keepnotes"
-            policy_options = {"trigger_tokens": 600}
-
-    ``max_context`` is the run's ``model.max_context`` (1024); ``edits`` whether the play must see an edit
-    (False for a policy that never edits); ``script`` the model's turns (default: read pages, then answer);
-    ``reply`` the model's answer to a request (``ask``). ``tokenizer()`` returns the tokenizer whose chat
-    template renders the conversation (default: the Qwen2.5 tokenizer toolrl builds offline,
-    :func:`toolrl.model_sources.qwen_tokenizer`); the calls are in the hermes syntax."""
+    """Subclass in your plugin's tests and name the policy (``policy_name``, ``policy_options``; an
+    example and the six tests: docs/plugins.md, "Context policies"). ``max_context`` is the run's
+    ``model.max_context`` (1024); ``edits`` whether the play must see an edit (False for a policy that
+    never edits); ``script`` the model's turns (default: read pages, then answer); ``reply`` the model's
+    answer to a request (``ask``). ``tokenizer()`` returns the tokenizer whose chat template renders the
+    conversation (default: :func:`toolrl.model_sources.qwen_tokenizer`); the calls are in the hermes syntax."""
 
     policy_name: ClassVar[str] = ""
     policy_options: ClassVar[dict[str, Any]] = {}

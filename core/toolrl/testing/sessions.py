@@ -152,19 +152,12 @@ async def check_dead_session(kind: SessionKind, play: SessionPlay, kill: Callabl
 
 
 class SessionConformance:
-    """Subclass in your plugin's tests (plain pytest, no asyncio plugin needed)::
-
-        class TestCounter(SessionConformance):
-            session_name = "counter"
-            session_options = {"goal": 5}
-            plays = [SessionPlay(Sample(prompt="count"), [ToolCall(name="add", arguments={"x": 5})])]
-
-    Each play may call only the tools its ``reset`` hands out (:class:`SessionPlay`).
-
-    Set ``kill`` (an async method taking the prepared kind) to stop the session's backend for the
-    dead-session test. A session with nothing to take away (it runs in the rollout worker's process)
-    sets ``no_backend`` to say why instead: that test then reports itself not applicable, with the
-    reason; setting neither, or both, fails it.
+    """Subclass in your plugin's tests (plain pytest, no asyncio plugin needed), setting ``session_name``,
+    ``session_options`` and ``plays`` (:class:`SessionPlay`: each may call only the tools its ``reset``
+    hands out), and either ``kill`` (an async method taking the prepared kind: stops the session's
+    backend for the dead-session test) or ``no_backend`` (why there is none: that test then reports
+    itself not applicable); setting neither, or both, fails it. An example and the three tests:
+    docs/plugins.md, "Environment sessions".
     """
 
     session_name: ClassVar[str] = ""

@@ -1,18 +1,14 @@
 """The critic of PPO: a value model, its per-token values on packed batches, the clipped value loss and
-its update, sharded and checkpointed like the policy.
+its update, sharded and checkpointed like the policy (docs/critic.md).
 
-The value model is a value head (``Linear(hidden, 1)``) on a causal LM's backbone: a copy of the
-policy's, or a separate model's (``critic.model``). The value of response token ``t`` is read where
-the policy reads its log-prob: at the hidden state that predicts ``t`` (the state before ``t`` is
-sampled), so values exist exactly at trained tokens and tool output gets none. The update regresses
-the values on the returns of :func:`toolrl.algorithms.gae.gae` with PPO's clipped value loss, per
-trained token::
+The value of response token ``t`` is read where the policy reads its log-prob, at the hidden state that
+predicts ``t``, so values exist exactly at trained tokens. Per trained token::
 
     V_clip = V_old + clip(V − V_old, −ε, ε)
     loss   = max((V − R)², (V_clip − R)²)
 
-aggregated as a token mean over the mini-batch (normalised by the whole mini-batch's trained tokens,
-so the sum of the ranks' gradients is the one-rank gradient, as for the policy).
+a token mean normalised by the whole mini-batch's trained tokens, so the sum of the ranks' gradients is
+the one-rank gradient, as for the policy.
 """
 
 from __future__ import annotations

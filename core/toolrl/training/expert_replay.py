@@ -1,15 +1,9 @@
-"""Routing replay in the policy step (``algorithm.routing_replay``, ``docs/algorithms.md``): which
-experts a mixture-of-experts policy's forward routes each token to.
-
-- ``r3``: those the engine chose when it sampled the trajectory (its routed experts, packed into
-  ``PackedBatch.routed_experts`` in the row's order: packing and shared prefixes follow the tokens' rows).
-- ``r2``: those of the trainer's own first forward over the micro-batch (the proximal pass when the
-  step makes several updates, else the gradient pass itself), for every later forward of it: the
-  other epochs' and activation checkpointing's recomputation.
-
-Either way the router's softmax is recomputed at the forced experts (:mod:`toolrl.modeling.expert_routing`),
-so the router keeps its gradient. Under sequence parallelism each rank replays its own slice of the
-row (:func:`toolrl.training.sequence_parallel.local_span`)."""
+"""Routing replay in the policy step (``algorithm.routing_replay``: ``r3`` the engine's choices, packed
+into ``PackedBatch.routed_experts`` in the row's order; ``r2`` the trainer's own first forward over the
+micro-batch, for every later forward of it; docs/algorithms.md). Either way the router's softmax is
+recomputed at the forced experts (:mod:`toolrl.modeling.expert_routing`), so the router keeps its
+gradient. Under sequence parallelism each rank replays its own slice of the row
+(:func:`toolrl.training.sequence_parallel.local_span`)."""
 
 from __future__ import annotations
 

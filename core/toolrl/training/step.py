@@ -2,17 +2,10 @@
 only (packed rows, chunked LM head), the configured policy loss (:mod:`toolrl.algorithms`) with what every
 loss shares (the importance weight, KL, aggregation), gradient accumulation, clipping, the optimizer step.
 
-Loss aggregation modes (``algorithm.loss_agg``), each normalised over the whole mini-batch so that
-gradient accumulation over micro-batches gives exactly the full-batch gradient:
-
-- ``token-mean``: sum of per-token losses / number of trained tokens in the mini-batch (DAPO).
-- ``seq-mean-token-mean``: mean over each sequence's trained tokens, then mean over sequences
-  (the original GRPO; long responses weigh less per token).
-- ``seq-mean-token-sum-norm``: per-sequence token sum / ``max_response_tokens``, mean over sequences
-  (Dr. GRPO; no length bias).
-
-The objective is the decoupled PPO objective with a truncated importance weight (docs/async.md). Under
-``model.adapters`` each row trains its role's adapter in the same step (docs/architecture.md).
+Every ``algorithm.loss_agg`` mode (docs/algorithms.md) is normalised over the whole mini-batch, so that
+gradient accumulation over micro-batches gives exactly the full-batch gradient. The objective is the
+decoupled PPO objective with a truncated importance weight (docs/async.md). Under ``model.adapters``
+each row trains its role's adapter in the same step (docs/architecture.md).
 """
 
 from __future__ import annotations

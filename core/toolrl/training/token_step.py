@@ -5,14 +5,11 @@ Every position of every row is trained and the loss is the sum of the policy los
 (:func:`toolrl.training.step.policy_loss`, ``seq-mean-token-sum-norm`` over normalisers of 1). A row's
 sampling log-probs are its proximal and behaviour log-probs both; a row without them is on-policy.
 
-The sum is what lets a batch be split: any split's losses and gradients add up to the whole batch's.
-:func:`forward_backward` runs micro-batches of ``max_tokens`` so (gradients accumulate in ``.grad``),
-and data-parallel ranks split the same way: rank r of W takes a share of the rows, runs
-:func:`forward_backward` on it, and the ranks' gradients and losses are then *summed*, not averaged
-(FSDP2 averages its reduce-scatter unless ``model.set_gradient_divide_factor(1.0)``). Under FSDP2
-every rank runs as many forwards as the others (its collectives are per forward): ``forwards=`` pads a
-smaller share with idle forwards. :class:`toolrl.processes.step_group.StepGroup` does that on Ray; a lock
-is the caller's: adapters' routing lives on the model's layers, so one call at a time per model.
+The sum is what lets a batch be split: any split's losses and gradients add up to the whole batch's,
+so :func:`forward_backward` runs micro-batches of ``max_tokens`` and data-parallel ranks' gradients are
+summed, not averaged; ``forwards=`` pads a smaller share with idle forwards (FSDP2's collectives are per
+forward): docs/training_api.md "Data-parallel ranks". One call at a time per model (adapters' routing
+lives on the model's layers): the lock is the caller's.
 """
 
 from __future__ import annotations
