@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from toolrl.config import Config, ConfigError, RewardTerm, field_where, format_errors, one_line
-from toolrl.plugins.parts import BuildContext, build_part, lookup_part
+from toolrl.plugins.parts import BuildContext, UncheckedOptions, build_part, lookup_part
 from toolrl.schemas import Message
 from toolrl.tools.verl_config import ToolEntry
 
@@ -60,10 +60,6 @@ def is_term(metric: str, terms: Sequence[str], sessions: Sequence[str]) -> bool:
     session's score (``session.part``: a score given as parts without a ``reward``,
     :func:`toolrl.rewards.scoring.named_terms`)."""
     return metric in terms or any(metric.startswith(f"{name}.") for name in sessions)
-
-
-class _PassOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
 
 
 class Environment(BaseModel):
@@ -158,7 +154,7 @@ class Environment(BaseModel):
     @property
     def Options(self) -> type[BaseModel]:  # noqa: N802 (the contract's name)
         """Options pass to :meth:`resolve`, which checks them against ``options`` and names the field."""
-        return _PassOptions
+        return UncheckedOptions
 
     def build(self, options: BaseModel, context: Any) -> ConfiguredEnv:
         """This environment as a run uses it: adapted to its options (:meth:`resolve`), with the mixture

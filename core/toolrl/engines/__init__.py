@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrl.plugins.parts import UncheckedOptions
+
 if TYPE_CHECKING:
     from toolrl.config import AdapterConfig
     from toolrl.plugins.parts import RunFacts
@@ -107,13 +109,6 @@ def check_request(prompt_ids: list[int], params: SamplingParams, n: int, max_mod
     return None
 
 
-class EngineOptions(BaseModel):
-    """The options of an engine that declares none: passed through for its ``create`` to check, once the
-    model has loaded (the run check says so in a warning line)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 class CoreEngineOptions(BaseModel):
     """What the core puts in every engine's options (``engine.max_batch_size``, ``model.device`` resolved,
     ``model.dtype``), no other key: the ``Options`` of an engine that takes none of its own, and the base
@@ -143,8 +138,9 @@ class RolloutEngine(ABC):
     partial_weight_updates: ClassVar[bool] = False
 
     # The engine's options (``engine:`` besides ``name``, with the model's device and dtype); an engine
-    # that declares its own model has them checked, field by field, before anything loads.
-    Options: ClassVar[type[BaseModel]] = EngineOptions
+    # that declares its own model has them checked, field by field, before anything loads; one that
+    # declares none gets them as given, for its ``create`` to check once the model has loaded.
+    Options: ClassVar[type[BaseModel]] = UncheckedOptions
 
     @classmethod
     def check_run(cls, facts: RunFacts) -> list[str]:

@@ -188,6 +188,12 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class UncheckedOptions(BaseModel):
+    """The options of a part that checks them itself, later: passed on as given (any key)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 def _signature_options(cls: type) -> type[BaseModel]:
     try:  # string annotations (``from __future__ import annotations``) resolved where they can be
         hints = typing.get_type_hints(cls.__init__)

@@ -25,9 +25,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from toolrl.config import format_errors
+from toolrl.plugins.parts import UncheckedOptions
 from toolrl.rewards.scoring import RewardValueError, coerce_reward, named_parts
 from toolrl.schemas import InfrastructureError, ToolCall, ToolKwargs, ToolResponse, ToolResult, ToolSchema
 from toolrl.tools.guard import Guarded, run_guarded
@@ -36,12 +37,6 @@ from toolrl.tools.shared import SharedResources as SharedResources  # re-exporte
 # Keys every tool config may carry, handled here rather than by the tool's config model.
 BASE_CONFIG_KEYS = ("type", "timeout", "isolation")
 Isolation = Literal["none", "process"]
-
-
-class ToolOptions(BaseModel):
-    """A tool config as given; the tool's own ``config_model`` checks it (see :class:`Tool`)."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class ToolConfigError(ValueError):
@@ -180,7 +175,7 @@ class Tool:
 
     # The build contract (toolrl.plugins.parts): a tool's config passes whole to the tool, which checks
     # it against its ``config_model`` field by field.
-    Options: ClassVar[type[BaseModel]] = ToolOptions
+    Options: ClassVar[type[BaseModel]] = UncheckedOptions
 
     @classmethod
     async def build(cls, options: BaseModel, context: Any) -> list[Tool]:
