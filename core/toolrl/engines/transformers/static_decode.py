@@ -1,12 +1,8 @@
-"""The transformers engine's static decode steps (``decode: static``; the default on CUDA).
-
-The eager steps (:class:`~.step_runner.EagerSteps`) have new shapes every step and run op by op from
-Python: on a GPU the host's launches, not the memory bandwidth, set the rate. Here a decode step
-has fixed shapes per *bucket*: rows padded to a power of two (at most ``max_batch_size``), attention
-over the buffer's whole capacity (a power of two; the mask hides unused columns), the token's KV written
-at a column held in a device tensor. On CUDA each bucket's step is captured once as a CUDA graph and
-replayed by hand: no compiler (a compile per shape would take minutes), and the kernels are eager
-PyTorch's, so the graph computes what the eager step does. On CPU the same step runs eagerly.
+"""The transformers engine's static decode steps (``decode: static``; the default on CUDA): fixed shapes per
+bucket (rows padded to a power of two, attention over the KV buffer's whole capacity, the token's KV
+written at a column held in a device tensor), so that on CUDA each bucket's step is captured once as a
+CUDA graph and replayed by hand: a GPU decodes at the host's launch rate otherwise. On CPU the same step
+runs eagerly. The design and its limits: docs/gpu.md, "Static decode and one-call attention".
 
 A graph holds the addresses it was captured with: those of the weights (updated in place, so a
 weight update is seen; a replaced one drops the graphs), the KV buffers (part of its key: a reallocated
