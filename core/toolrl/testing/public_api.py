@@ -56,7 +56,7 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.processes.run_check": ("RunFacts",),
     "toolrl.processes.step_rank": ("StepRank",),
     "toolrl.processes.step_group": ("StepGroup",),
-    "toolrl.cli": ("cli", "UsageFailure", "user_errors"),
+    "toolrl.cli": ("cli", "UsageFailure", "user_errors", "mapping_option"),
     "toolrl.testing": sys.modules[__package__].__all__,  # the whole kit (a package loads before its modules)
     "toolrl.transports": ("WeightTransport", "LinkedTransport", "TransportOptions", "WeightSender", "WeightReceiver",
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),

@@ -275,6 +275,10 @@ def test_serve_names_what_is_wrong() -> None:
     assert "NAME" in result.stderr and "no-such-thing" in result.stderr
     result = run_toolrl("env", "serve", "counter", "--options", '{"goal": "x"}')
     assert result.returncode == 2 and "goal" in result.stderr, result.stderr
+    for options in ("[1]", "{bad", "[" * 20000):  # the core's reader: one line, no traceback, however deep
+        result = run_toolrl("env", "serve", "counter", "--options", options)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-300:]
+        assert "--options" in result.stderr, result.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)

@@ -3,11 +3,8 @@ Light at import (click only)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import click
-from toolrl.cli import UsageFailure
+from toolrl.cli import UsageFailure, mapping_option
 
 
 @click.command("serve")
@@ -36,18 +33,8 @@ def env_serve(name: str, host: str, port: int, capacity: int, options_json: str 
         click.echo(f"serving {name} (session {kind.name}) on {url}, capacity {capacity}", nl=True)
 
     try:
-        kind = served_kind(name, _options(options_json))
+        kind = served_kind(name, mapping_option(options_json, "--options"))
         asyncio.run(run_server(kind, name, host, port, capacity, until_stdin_closes, started))
     except (ConfigError, ValueError) as exc:
         raise UsageFailure(str(exc)) from None
 
-
-def _options(text: str | None) -> dict[str, Any]:
-    """``--options``: a JSON object (none: no options)."""
-    try:
-        parsed = json.loads(text) if text else {}
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"invalid JSON in --options: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(parsed, dict):
-        raise ValueError("--options must be a JSON object")
-    return parsed
