@@ -47,10 +47,10 @@ def call_end(text: str, start: int, stop: int) -> int:
 
 def decoded(raw: str) -> ToolCall | ParseError:
     """One call from its text, ``<｜tool▁call▁begin｜>`` to ``<｜tool▁call▁end｜>``, or its parse error."""
+    if not raw.endswith(CALL_END):
+        return ParseError(message=f"unterminated tool call: missing {CALL_END}", raw=raw)
     body = raw[len(CALL):-len(CALL_END)]
     try:
-        if not raw.endswith(CALL_END):
-            raise ValueError(f"unterminated tool call: missing {CALL_END}")
         m = _CALL.match(body)
         if m is None:
             raise ValueError(f"tool call must read function{SEP}NAME, then the arguments in a ```json fence")
