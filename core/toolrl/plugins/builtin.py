@@ -28,6 +28,7 @@ PARSERS = {
     "glm45": ParserPlugin("toolrl.parsers.glm45:Glm45Parser", "glm45", ("glm47",)),
     "gpt_oss": ParserPlugin("toolrl.parsers.gpt_oss:GptOssParser", "gpt_oss", ("harmony",)),
     "gemma": ParserPlugin("toolrl.parsers.gemma:GemmaParser", "gemma", ("gemma4",)),
+    "pythonic": ParserPlugin("toolrl.parsers.pythonic:PythonicParser", "pythonic"),
 }
 
 
