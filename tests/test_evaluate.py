@@ -1,5 +1,6 @@
-"""``toolrl eval``, pass@k, validation during training (``trainer.eval_every``) and training on
-recorded trajectories (``data.trajectories``), on the tiny random Qwen3 of examples/tiny.yaml."""
+"""``toolrl eval``, pass@k, an environment's own figures (``Environment.report``), validation during
+training (``trainer.eval_every``) and training on recorded trajectories (``data.trajectories``), on the
+tiny random Qwen3 of examples/tiny.yaml (or the scripted engine)."""
 
 import itertools
 import json
@@ -91,6 +92,88 @@ def test_eval_writes_results_and_summary_then_compares(tmp_path):
     assert missing.exit_code == 2
     assert missing.stderr.strip() == f"error: {tmp_path / 'summary.json'}: no such file (a `toolrl eval --output` " \
                                      "directory has one)"
+
+
+# Two environments for toolrl eval: "counted" gives its own figures (rows by the kind of their ground truth),
+# "plain" none. Each test split: counted's two simple problems and one multiple, plain's two simple ones.
+REPORTING = '''
+from toolrl import hookimpl
+from toolrl.environments import Environment
+
+def problems(*kinds):
+    return lambda options, split: [{"prompt": f"{k} {i}?", "reward_model": {"ground_truth": {"kind": k}}}
+                                   for i, k in enumerate(kinds)]
+
+def by_kind(rows):
+    kinds = [r["ground_truth"]["kind"] for r in rows]
+    return {"rows": len(rows), "simple": kinds.count("simple"), "multiple": kinds.count("multiple")}
+
+COUNTED = Environment(name="counted", splits={"test": problems("simple", "simple", "multiple")}, report=by_kind)
+PLAIN = Environment(name="plain", splits={"test": problems("simple", "simple")})
+
+@hookimpl
+def register_environments(register):
+    register(COUNTED)
+    register(PLAIN)
+'''
+
+
+@pytest.fixture
+def reporting(tmp_path, monkeypatch):
+    """The two environments above as the process-wide plugins; a scripted model (no weights) answers."""
+    import toolrl.plugins
+    from _dists import make_dist
+    from toolrl.plugins import Plugins
+
+    make_dist(tmp_path, "toolrl-plugin-reporting", "reporting", "reporting_envs", REPORTING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(toolrl.plugins, "_plugins", Plugins(env={}))
+    config = tmp_path / "eval.yaml"
+    config.write_text("model: {source: tiny-qwen3}\nengine: {name: scripted, options: {script: [Done.]}}\n"
+                      "trainer: {progress: false}\n")
+    return config
+
+
+def table(stdout, title):
+    """The rows of the printed table titled ``title``: ``{figure: [cells]}``."""
+    text = stdout.split(title, 1)[1]
+    return {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in text.split("\n\n", 1)[0].splitlines() if line.count("│") >= 3}
+
+
+def test_an_environments_own_figures_are_in_the_summary_and_tables(tmp_path, reporting):
+    # One environment: every row is its, even a data file's that names no environment.
+    (tmp_path / "mine.jsonl").write_text("".join(json.dumps({"prompt": f"{k}?", "reward_model": {"ground_truth": {
+        "kind": k}}}) + "\n" for k in ("simple", "multiple", "multiple", "multiple")))
+    out = tmp_path / "eval"
+    result = toolrl("eval", reporting, "env=counted", f"data.test_files=[{tmp_path / 'mine.jsonl'}]", "--output", out)
+    assert result.exit_code == 0, result.output[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reports"] == {"counted": {"rows": 4, "simple": 1, "multiple": 3}}
+    assert {r["env"] for r in lines(out / "results.jsonl")} == {None}
+    assert table(result.stdout, "counted: its own figures") == {"rows": ["4"], "simple": ["1"], "multiple": ["3"]}
+    assert "reward_mean" in result.stdout.split("counted: its own figures")[0]  # after the summary's own table
+
+    # Compared: the environment's table with both columns and B − A.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({**summary, "reports": {"counted": {"rows": 4, "simple": 3,
+                                                                                       "multiple": 1}}}))
+    compared = toolrl("eval", out, "--compare", other)
+    assert compared.exit_code == 0, compared.output
+    assert table(compared.stdout, "counted: its own figures") == {
+        "rows": ["4", "4", "0"], "simple": ["1", "3", "2"], "multiple": ["3", "1", "-2"]}
+    assert "B − A" in compared.stdout.split("counted: its own figures")[1]
+
+
+def test_in_a_mixture_an_environment_reports_on_its_own_rows(tmp_path, reporting):
+    out = tmp_path / "eval"
+    result = toolrl("eval", reporting, "envs={counted: {}, plain: {}}", "--output", out)
+    assert result.exit_code == 0, result.output[-3000:]
+    assert sorted(r["env"] for r in lines(out / "results.jsonl")) == ["counted"] * 3 + ["plain"] * 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reports"] == {"counted": {"rows": 3, "simple": 2, "multiple": 1}}  # plain gives none
+    assert "counted: its own figures" in result.stdout and "plain: its own figures" not in result.stdout
 
 
 def test_eval_with_several_samples_per_problem(tmp_path, test_split):

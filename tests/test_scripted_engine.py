@@ -78,3 +78,28 @@ async def test_a_script_ends_as_a_model_would() -> None:
     assert len(third.token_ids) == 16 and fourth.token_ids == third.token_ids  # the last text repeats
     assert (await engine.generate([1], params, session_id="b"))[0].token_ids == first.token_ids  # per trajectory
     assert "no weights" in await engine.check_trainable()  # training refuses it in one line
+
+
+async def test_a_configs_script_may_give_each_trajectory_its_own_texts(tmp_path: Path) -> None:
+    """``script`` as a mapping from a piece of a session id to its trajectory's texts: the config validates,
+    and each trajectory replays its own texts (the key its id contains: ``s<problem>-``)."""
+    from toolrl.config import load_config
+    from toolrl.data.sources import load_samples
+    from toolrl.model_sources import load_tokenizer, model_path
+    from toolrl.processes.in_process import build_rollouts
+
+    (tmp_path / "questions.jsonl").write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(2)))
+    (tmp_path / "scripted.yaml").write_text(
+        "model: {source: tiny-qwen3}\ndata: {train_files: [questions.jsonl]}\n"
+        "engine:\n  name: scripted\n  options:\n    script:\n      s0-: [First answer.]\n      s1-: [Second answer.]\n")
+    config = load_config(str(tmp_path / "scripted.yaml"))
+    assert checked_options(ScriptedEngine, config.engine.options, "engine.options").script == {  # type: ignore[attr-defined]
+        "s0-": ["First answer."], "s1-": ["Second answer."]}
+    samples = load_samples(config)
+    path = model_path(config)
+    rollouts = await build_rollouts(config, path, load_tokenizer(path), samples=samples)
+    try:
+        first, second = await rollouts.run(samples, n=1, seed=0)
+    finally:
+        await rollouts.close()
+    assert first.final_response.startswith("First answer.") and second.final_response.startswith("Second answer.")

@@ -1,8 +1,8 @@
 """Environment sessions (toolrl.sessions) driven by the rollout loop: a scripted session playing a user
 (its turns join the response as mask-0 tokens, exactly the chat template's rendering), tools handed
-out at reset (rendered in that trajectory's prompt, each call a step), ``done`` ending the
-trajectory, the score as reward terms, and every fault (raise, hang, junk) contained in its own
-trajectory with ``close`` always called."""
+out at reset (rendered in that trajectory's prompt, or left to the prompt with ``render_tools=False``;
+each call a step), ``done`` ending the trajectory, the score as reward terms, and every fault (raise,
+hang, junk) contained in its own trajectory with ``close`` always called."""
 
 import asyncio
 
@@ -165,6 +165,36 @@ async def test_tools_per_episode_steps_and_done(tokenizer):
     assert [r.status for r in second.tool_results] == ["ok", "unknown_tool", "ok"]
     assert second.termination == "answered" and second.reward_terms == {"tools": 0.0, "steps": 0.0, "counter": 2.0}
     assert sorted(CLOSED) == [first.trajectory_id, second.trajectory_id]
+
+
+class Prompted(Counter):
+    """A prompted format's episode: its first message describes the ``add`` tool itself, and the reset
+    renders tool schemas only when the sample says so (``extra_info.render``)."""
+
+    async def reset(self, sample):
+        return Reset(tools=[schema("add")], render_tools=sample.extra_info["render"],
+                     messages=[{"role": "user", "content": "Call add(x) as a tool call."}])
+
+
+async def test_tools_the_template_is_not_given_are_still_the_sessions_steps(tokenizer):
+    samples = [Sample(prompt=[{"role": "user", "content": "Go."}], extra_info={"render": r}, index=i)
+               for i, r in enumerate([False, True])]
+    context = ctx(tokenizer, [call("add", x=1), THINK + "Done."], Prompted, tools={"lookup": Tool(tool_schema=LOOKUP)})
+    hidden, shown = await run_rollouts(context, samples, n=1, seed=0)
+    messages = [{"role": "user", "content": "Go."}, {"role": "user", "content": "Call add(x) as a tool call."}]
+    # render_tools=False: the prompt holds no tool schema, the route's included; the default renders them all.
+    assert tokenizer.decode(hidden.prompt_ids) == tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    assert "<tools>" not in tokenizer.decode(hidden.prompt_ids) and '"add"' not in tokenizer.decode(hidden.prompt_ids)
+    assert tokenizer.decode(shown.prompt_ids) == tokenizer.apply_chat_template(
+        messages, tools=[LOOKUP, schema("add")], tokenize=False, add_generation_prompt=True)
+    # Either way the call reaches the session's step, and its result is in the trajectory.
+    for traj in (hidden, shown):
+        assert traj.error is None and traj.termination == "answered" and traj.turns == 2
+        assert [(r.name, r.status, r.response.text) for r in traj.tool_results] == [("add", "ok", "add: 1")]
+        environment = [t for t, m in zip(traj.response_ids, traj.response_mask) if not m]
+        assert "add: 1" in tokenizer.decode(environment)
+    assert sorted(CLOSED) == [hidden.trajectory_id, shown.trajectory_id]
 
 
 class Faulty(Counter):

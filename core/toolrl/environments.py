@@ -94,6 +94,10 @@ class Environment(BaseModel):
                          "policy reads their text, each image as <image>")
     options: type[BaseModel] | None = None
     configure: Callable[[Any], dict[str, Any]] | None = None
+    # rows -> {figure: number}: the environment's own figures from its evaluated trajectories (the rows of
+    # results.jsonl whose samples are its), as its benchmark reports them; toolrl eval adds them to summary.json
+    # under reports.NAME and prints them.
+    report: Callable[[list[dict[str, Any]]], dict[str, float | None]] | None = None
 
     @field_validator("prompt_prefix")
     @classmethod

@@ -89,8 +89,9 @@ def register_environments(register: Register) -> None:
     Hugging Face ``datasets`` id, or a generator), system prompt and instructions, tool config
     entries (verl's layout; samples carry per-sample ``tools_kwargs``), reward functions with
     weights, the parser, ``max_turns``, the reward term that decides success (``metric``, used by
-    ``toolrl eval``), difficulty levels (``levels``, indexed by each training sample's ``level``: what the
-    ``env_difficulty`` curriculum moves through) and an options model for the config's ``env_options``. ``env: NAME`` in a
+    ``toolrl eval``), its own evaluation figures (``report``), difficulty levels (``levels``, indexed by each
+    training sample's ``level``: what the ``env_difficulty`` curriculum moves through) and an options model
+    for the config's ``env_options``. ``env: NAME`` in a
     config selects one, ``envs: {NAME: {weight, max_turns, options}}`` mixes several, each sample
     routed to its own environment's tools, rewards, parser and turn limit. Register a lazy
     reference (``"package.module:ENVIRONMENT"``) so that listing plugins imports nothing.

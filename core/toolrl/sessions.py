@@ -40,13 +40,17 @@ log = logging.getLogger("toolrl.sessions")
 class Reset(BaseModel):
     """What a trajectory starts with. ``tools``: :class:`toolrl.tools.Tool` objects (run through their
     own lifecycle; the session owns them) or OpenAI function schemas (each call is the session's
-    ``step``); they join the route's tools, or replace them (``replace_tools``). ``messages``: chat
+    ``step``); they join the route's tools, or replace them (``replace_tools``), and the chat template
+    renders them unless ``render_tools`` is false. ``messages``: chat
     messages appended to the sample's prompt (the first observation)."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
     tools: list[Any] = Field(default_factory=list)
     replace_tools: bool = False
+    # False: the chat template is given no tool schemas (the prompt describes the tools itself, as a prompted
+    # format's does); the tools are called all the same.
+    render_tools: bool = True
     messages: list[dict[str, Any]] = Field(default_factory=list)
 
 

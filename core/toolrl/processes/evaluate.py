@@ -23,6 +23,7 @@ from rich.table import Table
 from toolrl.config import Config, ConfigError, read_json
 from toolrl.data import read_rows
 from toolrl.data.batches import RolloutGroup
+from toolrl.environments import ConfiguredEnv
 from toolrl.processes.in_process import Rollouts
 from toolrl.processes.resolve import ResolvedRun, resolve_run
 from toolrl.processes.start import start_processes
@@ -201,10 +202,24 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
             wall_s = time.perf_counter() - t0
     finally:
         await processes.close()
+    rows = result_rows(results, config, processes.tokenizer)
     summary = {"model": config.model.source, "engine": config.engine.name, **summarize(results, config, wall_s)}
+    if reports := environment_reports(run.parts.envs, rows):
+        summary["reports"] = reports
     run_dir.failures.add(t for *_, t in results)
-    run_dir.write_results(result_rows(results, config, processes.tokenizer), summary)
+    run_dir.write_results(rows, summary)
     return summary
+
+
+def environment_reports(envs: dict[str, ConfiguredEnv], rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each environment's own figures (``Environment.report``) from the rows of its samples: with one
+    environment, every row."""
+    reports = {}
+    for name, configured in envs.items():
+        if configured.env.report is not None:
+            mine = rows if len(envs) == 1 else [r for r in rows if r.get("env") == name]
+            reports[name] = configured.env.report(mine)
+    return reports
 
 
 def run_evaluation(config: Config, output: Path, progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
@@ -258,17 +273,17 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def summary_table(columns: dict[str, dict[str, Any]]) -> Any:
-    """A rich table: one row per figure, one column per summary (``{title: summary}``); two summaries
-    get a ``B − A`` column."""
-    table = Table(show_header=True, header_style="bold")
+def figures_table(columns: dict[str, dict[str, Any]], keys: Sequence[str], title: str | None = None) -> Any:
+    """A rich table: one row per figure of ``keys`` that any column holds, one column per summary
+    (``{title: figures}``); two summaries get a ``B − A`` column."""
+    table = Table(title=title, show_header=True, header_style="bold")
     table.add_column("")
-    for title in columns:
-        table.add_column(title, justify="right")
+    for name in columns:
+        table.add_column(name, justify="right")
     pair = len(columns) == 2
     if pair:
         table.add_column("B − A", justify="right")
-    for key in ROWS:
+    for key in keys:
         values = [s.get(key) for s in columns.values()]
         if any(key in s for s in columns.values()):
             diff = [_cell(values[1] - values[0]) if all(map(_number, values)) else ""] if pair else []
@@ -318,4 +333,10 @@ def print_comparison(a: Path, b: Path, file: Any = None) -> None:
 def print_table(columns: dict[str, dict[str, Any]], file: Any = None) -> None:
     file = file or sys.stdout
     # Piped or captured output is not cut to 80 columns (directory names as headers are long).
-    Console(file=file, width=None if file.isatty() else 1000).print(summary_table(columns))
+    console = Console(file=file, width=None if file.isatty() else 1000)
+    console.print(figures_table(columns, ROWS))
+    # Each environment's own figures (Environment.report), in a table of their own.
+    for env in dict.fromkeys(e for s in columns.values() for e in s.get("reports", {})):
+        reports = {name: s.get("reports", {}).get(env, {}) for name, s in columns.items()}
+        console.print(figures_table(reports, list(dict.fromkeys(k for r in reports.values() for k in r)),
+                                    title=f"{env}: its own figures"))

@@ -97,7 +97,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
             tools = session.tools(reset, route.tools)
         except SessionError as exc:
             session.error, tools = str(exc), route.tools
-        renderer = ctx.renderer(route, tools)
+        renderer = ctx.renderer(route, tools if reset.render_tools else {})
         messages, images = prompt_of(renderer, sample, ctx.config.images, reset.messages)
         traj = Trajectory(trajectory_id=trajectory_id, sample_index=sample.index or 0, group=group,
                           env=sample.env, prompt_ids=renderer.prompt_ids(messages, [i.grid_thw for i in images]),

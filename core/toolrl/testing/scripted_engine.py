@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
 from toolrl.engines import CoreEngineOptions, Generation, ModelSource, RolloutEngine, SamplingParams
 
+_Texts = Annotated[list[str], Field(min_length=1)]
+
 
 class ScriptedOptions(CoreEngineOptions):
     # The core's keys (batch size, device, dtype) are taken and unused: there is no model to run.
-    script: list[str] = Field(min_length=1, description="The model's text of each generation of a trajectory, "
-                                                        "in order; the last repeats.")
+    script: _Texts | dict[str, _Texts] = Field(min_length=1, description="The model's text of each generation "
+                                                     "of a trajectory, in order (the last repeats); or a mapping from "
+                                                     "a piece of a session id to its trajectory's texts.")
 
 
 @dataclass(frozen=True)
