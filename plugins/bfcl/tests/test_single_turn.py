@@ -83,8 +83,15 @@ def test_shaped_reward_keeps_the_verdict_apart(tmp_path):
     assert verdict(right) == 1.0 and right["reward"] == 1.0
     assert verdict(wrong) == 0.0 and 0.0 < wrong["reward"] < 1.0
     assert wrong["reward_parts"]["bfcl.name"] == 1.0 and wrong["reward_parts"]["bfcl.values"] < 1.0
-    assert wrong["reward"] == pytest.approx(sum(wrong["reward_parts"][f"bfcl.{p}"] for p in ("name", "params",
-                                                                                               "values")) / 3)
+    assert wrong["reward_parts"]["bfcl.format"] == 1.0
+    assert wrong["reward"] == pytest.approx(sum(wrong["reward_parts"][f"bfcl.{p}"] for p in ("format", "name",
+                                                                                               "params", "values")) / 4)
+    # An attempt BFCL cannot decode earns half the format part, prose none of it.
+    (tmp_path / "formats").mkdir()
+    rows = evaluate(tmp_path / "formats", {"simple_python_1": "[math.factorial(number=math.pi)]",
+                                           "simple_python_0": "The area is 27.5."}, reward="shaped")
+    assert rows["simple_python_1"]["reward_parts"]["bfcl.format"] == 0.5
+    assert rows["simple_python_0"]["reward_parts"]["bfcl.format"] == 0.0 and rows["simple_python_0"]["reward"] == 0.0
 
 
 def test_a_call_that_tries_to_run_code_is_a_wrong_call_and_runs_nothing(tmp_path):

@@ -1,7 +1,9 @@
 """The shaped reward (``reward: shaped``): a finer-grained training signal than BFCL's pass/fail, in the
-manner of ToolRL's decomposed reward — how many expected functions were called, how many of their
-parameters were named, how many values were among BFCL's possible answers. Each part is in [0, 1] and the
-reward is their mean. It is not BFCL's score: evaluation always counts the verdict.
+manner of ToolRL's decomposed reward (a format part, then correctness by name, parameter and value) —
+whether the answer is a call list BFCL's decoder reads (1; an attempt that does not decode, 0.5), how many
+expected functions were called, how many of their parameters were named, how many values were among BFCL's
+possible answers. Each part is in [0, 1] and the reward is their mean. It is not BFCL's score: evaluation
+always counts the verdict.
 
 Matching is by function name, expected calls in order, each predicted call used once; a parameter whose
 possible answers include ``""`` is optional (BFCL's convention) and counts only when given.
@@ -55,4 +57,4 @@ def match_parts(calls: list[dict[str, dict[str, Any]]], ground_truth: list[dict[
 
 
 def shaped_reward(parts: dict[str, float]) -> float:
-    return (parts["name"] + parts["params"] + parts["values"]) / 3
+    return (parts["format"] + parts["name"] + parts["params"] + parts["values"]) / 4

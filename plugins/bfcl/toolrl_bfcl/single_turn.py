@@ -115,8 +115,10 @@ class SingleTurnEpisode:
             return float(called == (self.kind == "relevance")), {}
         from toolrl_bfcl.shaped import match_parts
 
-        return float(ast_verdict(self.entry, self.category, calls, self.options.format)), \
-            match_parts(calls or [], self.entry["ground_truth"], self.options.format)
+        attempted = bool(trajectory.parse_errors or trajectory.tool_results)
+        parts = {"format": 1.0 if calls else 0.5 if attempted else 0.0,
+                 **match_parts(calls or [], self.entry["ground_truth"], self.options.format)}
+        return float(ast_verdict(self.entry, self.category, calls, self.options.format)), parts
 
     def close(self) -> None:
         pass
