@@ -1,5 +1,6 @@
 """One build contract for every kind of part (toolrl.plugins.parts): every registered part keeps it,
-and unknown names and bad options of any kind give the same one-line error naming the field."""
+and unknown names and bad options of any kind give the same one-line error naming the field; a kind name
+the contract check does not know is an error listing the kinds."""
 
 from __future__ import annotations
 
@@ -57,3 +58,12 @@ def test_options_come_from_the_constructor_when_a_part_declares_none():
     assert model.model_validate({"scale": "2"}).scale == 2.0
     with pytest.raises(Exception, match="extra"):
         model.model_validate({"scael": 2})
+
+
+@pytest.mark.parametrize(("kind", "hint"), [("curriculum", " (did you mean 'curricula'?)"),
+                                            ("tool_parser", " (did you mean 'tool_parsers'?)"), ("xyz", "")])
+def test_an_unknown_kind_is_one_line_listing_the_kinds(kind, hint):
+    with pytest.raises(ValueError) as caught:
+        check_build_contract(kind, "pass_rate")
+    assert str(caught.value) == (f"unknown kind {kind!r}{hint}: a kind is a register_* hook's suffix, one of "
+                                 + ", ".join(KINDS))

@@ -2,7 +2,10 @@
 pools, revisits and levels, with stale groups weighted; each built-in and a curriculum written from the
 docs alone pass the kit (restarted from its state at every step, it draws what it drew left alone); a
 killed run resumes to the uninterrupted run's draws and figures; bad options are one line before anything
-loads; evaluation takes every held-out problem whatever the curriculum."""
+loads; evaluation takes every held-out problem whatever the curriculum. A curriculum's mistakes cost one line
+or one warning and no run: a state that is not JSON (its checkpoint not written, the one before whole), a
+checkpoint that fails half-way leaves nothing, figures that are no finite numbers are left out, a choice
+outside the samples, and a resume that starts the curriculum afresh says so."""
 
 import asyncio
 import json
@@ -15,7 +18,7 @@ import pytest
 from _processes import straight_and_resumed
 from test_trainer import TINY, lines
 from toolrl.config import ConfigError, load_config
-from toolrl.curricula import EnvDifficulty, GroupOutcome, PassRate, TrainingSet
+from toolrl.curricula import Curriculum, EnvDifficulty, GroupOutcome, PassRate, TrainingSet
 from toolrl.data.batches import StepBatch, prompt_for_group
 from toolrl.data.draws import CURRICULUM, open_draws
 from toolrl.environments import Environment
@@ -63,16 +66,20 @@ def test_each_built_in_passes_the_kit(name, options, ahead):
 
 
 def test_a_curriculum_written_from_the_docs_alone_passes_the_kit():
-    """The example of docs/plugins.md ("register_curricula"), run as it is written there."""
+    """The examples of docs/plugins.md ("register_curricula"), run as they are written there: the curriculum,
+    then its test."""
     text = (ROOT / "docs" / "plugins.md").read_text()
-    block = re.search(r"### `register_curricula\(register\)`.*?```python\n(.*?)```", text, re.S).group(1)
+    section = re.search(r"### `register_curricula\(register\)`(.*?)\n### ", text, re.S).group(1)
+    curriculum, test = re.findall(r"```python\n(.*?)```", section, re.S)
     scope: dict = {}
-    exec(block, scope)
+    exec(curriculum, scope)
     registry = get_plugins().registry
     if not registry.has("curricula", "least_seen"):
         registry.add(Part("curricula", "least_seen", "tests", scope["LeastSeen"]))
     choices = [i for step in check_curriculum("least_seen") for i in step]
     assert sorted(choices[:24]) == sorted(choices[24:]) == list(range(24))  # each prompt once, then again
+    exec(test, scope)
+    assert scope["curriculum"].drawn == {0: 1}
 
 
 def test_pass_rate_pools_shares_and_revisits():
@@ -291,3 +298,167 @@ def test_a_killed_pass_rate_run_resumes_to_the_uninterrupted_draws(tmp_path):
     # The pools drew: some step's groups came from outside the normal pool.
     assert any(r["curriculum"]["drawn"]["normal"] < 1 for r in want[1:]), [r["curriculum"] for r in want]
     assert json.loads((tmp_path / "killed" / "checkpoints" / "step_000004" / CURRICULUM).read_text())["name"] == "pass_rate"
+
+
+# -- a part's mistakes: one line, or one warning, and no run lost ------------------------------------
+
+
+class SetState(Curriculum):
+    """The steps it was shown: a list in its state until step 2, a set from then on (not JSON)."""
+
+    name = "set_state"
+
+    def __init__(self, options, data):
+        super().__init__(options, data)
+        self.steps = []
+
+    def observe(self, outcome):
+        self.steps.append(outcome.step)
+
+    def state_dict(self):
+        return {"steps": set(self.steps) if max(self.steps, default=0) >= 2 else list(self.steps)}
+
+
+class SetFromTheStart(SetState):
+    name = "set_from_the_start"
+
+    def __init__(self, options, data):
+        super().__init__(options, data)
+        self.steps = [2]
+
+
+class NanFigures(Curriculum):
+    """Figures no row may hold: NaN, an infinity deep down, a word; besides one good figure."""
+
+    name = "nan_figures"
+
+    def metrics(self):
+        return {"good": 1.0, "nan": float("nan"), "deep": {"inf": float("-inf")}, "word": "many"}
+
+
+def registered(curriculum: type[Curriculum]) -> str:
+    registry = get_plugins().registry
+    if not registry.has("curricula", curriculum.name):
+        registry.add(Part("curricula", curriculum.name, "tests", curriculum))
+    return curriculum.name
+
+
+def tiny_run(out: Path, *overrides: str) -> list[str]:
+    return [f"trainer.output_dir={out}", "env_options.train_size=4", "rollout.n=2", "rollout.max_new_tokens=4",
+            "rollout.max_response_tokens=4", "trainer.plot=false", "trainer.progress=false", *overrides]
+
+
+def test_a_state_that_is_not_json_is_one_line_and_the_last_checkpoint_is_kept(tmp_path):
+    """Checked where state_dict() returns it: the error names the curriculum and its plugin, the checkpoint
+    it was for is not begun, and the one before stays whole, a run resumes from it."""
+    from toolrl.processes.controller import train_async
+
+    name = registered(SetState)
+    config = load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=2", "trainer.save_every=1",
+                                        f"data.curriculum={{name: {name}}}"))
+    with pytest.raises(ConfigError) as caught:
+        asyncio.run(train_async(config))
+    assert str(caught.value) == ("curriculum 'set_state' (plugin 'tests'): state_dict() returned something that is "
+                                 "not JSON: the state['steps'] is a set ({1, 2}); the checkpoint of step 2 is not "
+                                 "written (--resume continues from step_000001)")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["hf", "step_000001"]  # no .tmp_step_000002
+    assert json.loads((tmp_path / "checkpoints" / "step_000001" / CURRICULUM).read_text())["state"] == {"steps": [1, 1]}
+    assert check_training(config, resume=True).run_dir.latest_checkpoint().name == "step_000001"
+    # A state that is not JSON from the start: one line before anything loads.
+    fresh = registered(SetFromTheStart)
+    with pytest.raises(ConfigError, match=r"^curriculum 'set_from_the_start' \(plugin 'tests'\): state_dict\(\) returned "
+                                          r"something that is not JSON: the state\['steps'\] is a set \(\{2\}\)$"):
+        check_training(load_config(TINY, tiny_run(tmp_path / "fresh", f"data.curriculum={{name: {fresh}}}")))
+
+
+def test_a_checkpoint_that_fails_half_way_leaves_no_trace_and_the_last_one_whole(tmp_path, monkeypatch):
+    """Whole or not at all: a checkpoint whose writing fails after the trainer wrote its shards (the disk
+    filled up) leaves no staging directory; the one before it is what --resume reads."""
+    from toolrl.data.draws import Draws
+    from toolrl.processes.controller import train_async
+
+    save = Draws.save
+
+    def full(self, checkpoint, state=None):
+        if checkpoint.name.endswith("_000002"):
+            assert any(checkpoint.iterdir())  # the trainer's part is written
+            raise OSError(28, "No space left on device")
+        save(self, checkpoint, state)
+
+    monkeypatch.setattr(Draws, "save", full)
+    config = load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=2", "trainer.save_every=1",
+                                        "data.curriculum={name: pass_rate}"))
+    with pytest.raises(OSError, match="No space left on device"):
+        asyncio.run(train_async(config))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["hf", "step_000001"]
+    assert check_training(config, resume=True).run_dir.latest_checkpoint().name == "step_000001"
+
+
+def strict_lines(path: Path) -> list[dict]:
+    """A JSONL file's rows, refusing NaN and infinities (Python's json reads them; JSON has none)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} in {path}")
+
+    return [json.loads(x, parse_constant=refuse) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_figure_that_is_no_finite_number_is_left_out_with_one_warning(tmp_path, caplog):
+    """Checked where metrics() returns it: each bad figure is named once in the log with the curriculum and
+    its plugin, left out of every row, and the run goes on."""
+    from toolrl.processes.controller import train_async
+
+    name = registered(NanFigures)
+    config = load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=2", f"data.curriculum={{name: {name}}}"))
+    with caplog.at_level("WARNING", logger="toolrl.data.draws"):
+        asyncio.run(train_async(config))
+    rows = strict_lines(tmp_path / "metrics.jsonl")
+    assert [row["curriculum"] for row in rows] == [{"zero_variance": 1.0, "good": 1.0, "deep": {}}] * 2
+    warned = [r.getMessage() for r in caplog.records if r.name == "toolrl.data.draws"]
+    assert sorted(warned) == [f"curriculum 'nan_figures' (plugin 'tests'): metrics(): {why}: left out of the metrics "
+                              "row (said once)" for why in ("curriculum/deep/inf = -inf, not a finite number",
+                                                            "curriculum/nan = nan, not a finite number",
+                                                            "curriculum/word = 'many', not a finite number")]
+
+
+def test_metrics_that_are_no_mapping_are_left_out_with_one_warning(caplog):
+    config = load_config(TINY, ["data.curriculum={name: pass_rate}"])
+    draws = open_draws(config, samples(8))
+    draws.curriculum.metrics = lambda: [0.5]
+    with caplog.at_level("WARNING", logger="toolrl.data.draws"):
+        assert draws.metrics() == draws.metrics() == {"curriculum": {}}
+    assert [r.getMessage() for r in caplog.records if r.name == "toolrl.data.draws"] == [
+        "curriculum 'pass_rate' (plugin 'curricula'): metrics(): curriculum = [0.5], not a mapping of figures: left "
+        "out of the metrics row (said once)"]
+
+
+def test_a_resume_that_starts_the_curriculum_afresh_says_so(tmp_path, caplog):
+    """A checkpoint of a run that named no curriculum, or of another curriculum (or a run that names none
+    now): one warning naming the curriculum and what the checkpoint holds, not a silent restart."""
+    from toolrl.processes.controller import train_async
+
+    asyncio.run(train_async(load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=1"))))
+    checkpoint = tmp_path / "checkpoints" / "step_000001"
+    assert not (checkpoint / CURRICULUM).exists()
+    config = load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=2", "data.curriculum={name: pass_rate}"))
+    with caplog.at_level("WARNING", logger="toolrl.data.draws"):
+        check_training(config, resume=True)
+        (checkpoint / CURRICULUM).write_text(json.dumps({"name": "env_difficulty", "chosen": [[2, 1]], "state": {}}))
+        assert check_training(config, resume=True).draws.chosen == {2: 1}  # the groups drawn ahead keep theirs
+        check_training(load_config(TINY, tiny_run(tmp_path, "trainer.total_steps=2")), resume=True)
+    assert [r.getMessage() for r in caplog.records if r.name == "toolrl.data.draws"] == [
+        f"--resume: curriculum 'pass_rate' (plugin 'curricula') starts afresh: {checkpoint} holds no {CURRICULUM} (the "
+        "run named no curriculum until then)",
+        f"--resume: curriculum 'pass_rate' (plugin 'curricula') starts afresh: {checkpoint / CURRICULUM} holds "
+        "curriculum 'env_difficulty''s state (the groups drawn ahead keep their prompts)",
+        f"--resume: {checkpoint / CURRICULUM} holds curriculum 'env_difficulty''s state, and data.curriculum is unset "
+        "now: the data's own order from here"]
+
+
+@pytest.mark.parametrize("choice", [8, -1, "3", True])
+def test_a_choice_that_is_no_position_is_one_line_naming_the_curriculum(choice):
+    draws = open_draws(load_config(TINY, ["data.curriculum={name: pass_rate}"]), samples(8))
+    draws.curriculum.choose = lambda group: choice
+    with pytest.raises(ConfigError) as caught:
+        draws.prompt(5)
+    assert str(caught.value) == (f"curriculum 'pass_rate' (plugin 'curricula'): choose(5) returned {choice!r}, not a "
+                                 "position in the 8 training samples")

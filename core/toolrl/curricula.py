@@ -121,13 +121,14 @@ class Curriculum:
         whose every trajectory failed on infrastructure is never shown."""
 
     def metrics(self) -> dict[str, Any]:
-        """This step's figures (numbers, nested dicts of them), put under ``curriculum`` in the metrics row;
-        asked once per step, after the step's groups were observed."""
+        """This step's figures (numbers, nested dicts of them, string keys), put under ``curriculum`` in the
+        metrics row; asked once per step, after the step's groups were observed. What is no finite number is
+        left out of the row, with a warning (:mod:`toolrl.data.draws`)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps to go on exactly where this run stands: JSON (numbers, strings, lists,
-        dicts with string keys)."""
+        dicts with string keys); anything else is a one-line error naming the curriculum and its plugin."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -197,7 +197,8 @@ def register_curricula(register: Register) -> None:
     group order (``choose(group)``: a position in the training samples, :class:`toolrl.curricula.TrainingSet`),
     and shows it every finished group (``observe``: a :class:`toolrl.curricula.GroupOutcome`, its rewards with
     the policy version that sampled them and the step that trains them); ``metrics()`` adds its figures to
-    each step's row, ``state_dict``/``load_state_dict`` carry it through checkpoints. ``Options`` (a pydantic
+    each step's row, ``state_dict``/``load_state_dict`` carry it through checkpoints (JSON, checked as
+    ``state_dict`` returns it, as the figures of ``metrics()`` are: docs/plugins.md). ``Options`` (a pydantic
     model) types ``data.curriculum: {name, ...options}`` besides ``name``. The built-ins are ``uniform``
     (the default), ``pass_rate`` and ``env_difficulty`` (docs/curricula.md).
     """

@@ -5,7 +5,8 @@ modes (``new``, ``resume``, ``overwrite``): docs/configuration.md, "The run dire
 A checkpoint is ``checkpoints/step_NNNNNN/``: the ranks' ``torch.distributed.checkpoint`` shards (any world
 size loads them), an RNG file per rank, ``controller.pt``, ``meta.json`` and, for ``one_step_off``,
 ``ahead.pt``. Ranks write into ``.tmp_step_NNNNNN/``, which :func:`finalize` renames once complete, so a
-crash never leaves a checkpoint that looks complete. ``hf/`` holds the model's config and tokenizer,
+crash never leaves a checkpoint that looks complete (and a failure while writing one removes it:
+:func:`toolrl.processes.controller.save_checkpoint`). ``hf/`` holds the model's config and tokenizer,
 which export needs besides a checkpoint.
 """
 

@@ -11,6 +11,7 @@ checks the whole run before ``output_dir`` is first written; a step that fails g
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolrl.agent_roles import frozen_roles, role_metrics, role_tokens, trains
-from toolrl.config import Config
+from toolrl.config import Config, ConfigError
 from toolrl.data.batches import (
     AHEAD,
     GroupStream,
@@ -38,6 +39,7 @@ from toolrl.processes.start import Processes, start_processes
 from toolrl.run_dir import (
     RunDir,
     finalize,
+    latest,
     open_mode,
     rollout_metrics,
     staging_dir,
@@ -52,18 +54,29 @@ from toolrl.trajectory import Trajectory, call_prefix
 
 async def save_checkpoint(processes: Processes, run_dir: RunDir, step: int, data_position: int,
                           ahead: StepBatch | None = None, draws: Draws | None = None) -> Path:
-    """Every rank writes its shards into a staging directory; then the controller publishes it.
+    """Every rank writes its shards into a staging directory; then the controller publishes it, whole or
+    not at all: what fails on the way leaves no staging directory, and the last checkpoint as it was.
     ``data_position``: the groups consumed so far (trained or skipped); later ones start again, except
     ``ahead``: the next step's batch, generated already (``one_step_off``), kept whole; ``draws``: the
-    curriculum's state and the prompts of the groups drawn ahead."""
+    curriculum's state and the prompts of the groups drawn ahead (checked before anything is written)."""
+    try:
+        curriculum = draws.state() if draws is not None else None
+    except ConfigError as exc:
+        last = latest(run_dir.checkpoints)
+        raise ConfigError(f"{exc}; the checkpoint of step {step} is not written (" + (
+            f"--resume continues from {last.name}" if last else "none was written before") + ")") from None
     staged = staging_dir(run_dir.checkpoints, step)
-    await processes.training.save(str(staged), step)
-    if ahead is not None:
-        ahead.save(staged / AHEAD)
-    if draws is not None:
-        draws.save(staged)
-    meta = {"world_size": processes.training.world_size, "data_position": data_position}
-    return finalize(run_dir.checkpoints, staged, step, meta, keep=processes.config.trainer.keep_checkpoints)
+    try:
+        await processes.training.save(str(staged), step)
+        if ahead is not None:
+            ahead.save(staged / AHEAD)
+        if draws is not None:
+            draws.save(staged, curriculum)
+        meta = {"world_size": processes.training.world_size, "data_position": data_position}
+        return finalize(run_dir.checkpoints, staged, step, meta, keep=processes.config.trainer.keep_checkpoints)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
 
 
 def record_recoveries(processes: Processes, run_dir: RunDir, step: int) -> list[dict[str, Any]]:

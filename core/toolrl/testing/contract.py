@@ -5,12 +5,14 @@ defaults and the kind needs no outside input (a model, a tool entry), it builds 
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from toolrl.config import ConfigError
 from toolrl.plugins.parts import BuildContext, build_part, lookup_part, options_model
+from toolrl.plugins.registry import KIND_WORDS
 
 if TYPE_CHECKING:
     from toolrl.plugins import Plugins
@@ -21,7 +23,10 @@ UNKNOWN = "not_an_option_of_this_part"
 
 
 def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -> None:
-    """Raise AssertionError saying what the part ``name`` of ``kind`` lacks."""
+    """Raise AssertionError saying what the part ``name`` of ``kind`` lacks. ``kind``: a hook's suffix
+    (``register_curricula`` -> ``"curricula"``, :data:`toolrl.plugins.registry.KIND_WORDS`); another is a
+    ValueError listing them."""
+    check_kind(kind)
     part: Any = lookup_part(kind, name, f"{kind} {name!r}", plugins)
     model = options_model(part)  # always a pydantic model: the declared Options, or the constructor's
     build = getattr(part, "build", None)
@@ -41,6 +46,17 @@ def check_build_contract(kind: str, name: str, plugins: Plugins | None = None) -
             raise AssertionError(f"{kind} {name!r}: does not build from its default options: {exc}") from None
         if built is None:
             raise AssertionError(f"{kind} {name!r}: build returned None")
+
+
+def check_kind(kind: str) -> None:
+    """A ValueError listing the kinds, with a "did you mean", when ``kind`` is none of them."""
+    if kind in KIND_WORDS:
+        return
+    words = {word.replace(" ", "_"): k for k, word in KIND_WORDS.items()}  # "curriculum" -> "curricula"
+    close = [words[kind]] if kind in words else difflib.get_close_matches(kind, list(KIND_WORDS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown kind {kind!r}{hint}: a kind is a register_* hook's suffix, one of "
+                     + ", ".join(KIND_WORDS))
 
 
 def _check_unknown_option_refused(kind: str, name: str, part: Any, model: type[BaseModel]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrl.curricula import Curriculum, GroupOutcome, TrainingSet
+from toolrl.data.draws import json_problem
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import Sample
 
@@ -49,7 +50,10 @@ def play_curriculum(name: str, options: Mapping[str, Any] | None = None, data: T
     curriculum, chosen, choices, figures = build(), {}, [], []
     for step in range(steps + ahead):
         if step == restart:
-            state = json.loads(json.dumps(curriculum.state_dict()))
+            state = curriculum.state_dict()
+            assert (problem := json_problem(state)) is None, \
+                f"{name}: state_dict() returned something that is not JSON: {problem}"
+            state = json.loads(json.dumps(state))
             curriculum = build()
             curriculum.load_state_dict(state)
         if step < steps:  # this step's groups, drawn
