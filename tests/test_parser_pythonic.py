@@ -171,3 +171,19 @@ def test_list_plugins_lists_it_without_importing_it() -> None:
     assert any(line.split()[:1] == ["pythonic"] and "tool_parsers: pythonic" in line
                for line in out.stdout.splitlines()), out.stdout
     assert "toolrl.parsers.pythonic" not in out.stderr  # importtime lists every module imported
+
+
+def test_positional_arguments_bind_to_the_tools_parameters_in_order_when_asked() -> None:
+    schemas = [{"type": "function", "function": {"name": "sort", "parameters": {
+        "type": "object", "properties": {"file_name": {"type": "string"}, "reverse": {"type": "boolean"}}}}}]
+    strict = PythonicParser()
+    strict.bind_tools(schemas)
+    assert strict.parse("[sort('a.txt')]").errors  # off by default: a parse error
+    parser = PythonicParser(positional=True)
+    parser.bind_tools(schemas)
+    out = parser.parse("[sort('a.txt', reverse=True)]")
+    assert [(c.name, c.arguments) for c in out.calls] == [("sort", {"file_name": "a.txt", "reverse": True})]
+    for bad, why in [("[sort('a.txt', True, 3)]", "takes 2 arguments"), ("[grep('x')]", "no tool 'grep'"),
+                     ("[sort('a.txt', file_name='b.txt')]", "given twice"), ("[sort(*xs)]", "*args")]:
+        result = parser.parse(bad)
+        assert not result.calls and why in result.errors[0].message, (bad, result)

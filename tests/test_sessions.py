@@ -10,6 +10,7 @@ import pytest
 from toolrl.config import ConfigError, RewardConfig, RolloutConfig, load_config
 from toolrl.model_sources import qwen_tokenizer
 from toolrl.parsers.hermes import HermesParser
+from toolrl.parsers.pythonic import PythonicParser
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, Route, run_rollouts, run_trajectory
 from toolrl.schemas import InfrastructureError, Sample
@@ -195,6 +196,23 @@ async def test_tools_the_template_is_not_given_are_still_the_sessions_steps(toke
         environment = [t for t, m in zip(traj.response_ids, traj.response_mask) if not m]
         assert "add: 1" in tokenizer.decode(environment)
     assert sorted(CLOSED) == [hidden.trajectory_id, shown.trajectory_id]
+
+
+async def test_a_parser_reads_the_tools_its_trajectorys_session_handed_out(tokenizer):
+    """The route's parser is shared by every trajectory of the route; one whose session hands out tools
+    parses with a copy bound to them (a pythonic call's positional argument binds to the handed-out tool's
+    parameter), and the route's parser stays unbound."""
+    parser = PythonicParser(positional=True)
+    kind = SessionKind("counter", Counter, Counter.Options(), ".")
+    context = RolloutContext(engine=ScriptedEngine(tokenizer, ["[add(3)]", "Done."]),
+                             renderer_factory=lambda schemas: ChatRenderer(tokenizer, schemas),
+                             config=RolloutConfig(max_response_tokens=4096),
+                             routes={None: Route({}, 8, parser, [], RewardConfig(), kind)})
+    samples = [Sample(prompt=[{"role": "user", "content": "Go."}], extra_info={"tools": ["add"]}, index=0)]
+    (traj,) = await run_rollouts(context, samples, n=1, seed=0)
+    assert not traj.parse_errors
+    assert [(r.name, r.arguments, r.status) for r in traj.tool_results] == [("add", {"x": 3}, "ok")]
+    assert parser.parameters == {}
 
 
 class Faulty(Counter):

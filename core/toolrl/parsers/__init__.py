@@ -11,6 +11,7 @@ parse error, and a turn's malformed calls are capped (:data:`MAX_REPORTED_ERRORS
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -49,6 +50,16 @@ class ToolParser:
     def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
         """The route's tool schemas (OpenAI function format). Formats whose argument values are
         untyped text (``<parameter=n>5</parameter>``) type them from the schemas; the rest ignore them."""
+
+    def for_tools(self, schemas: Sequence[Mapping[str, Any]]) -> ToolParser:
+        """A parser for one trajectory whose tools its session handed out: a copy bound to them, since
+        the route's parser is shared by every trajectory of the route. A parser that reads no schemas is
+        itself."""
+        if type(self).bind_tools is ToolParser.bind_tools:
+            return self
+        bound = copy.copy(self)
+        bound.bind_tools(schemas)
+        return bound
 
     def check_run(self, facts: RunFacts) -> list[str]:
         """The run check before any weights load (:class:`toolrl.plugins.parts.RunFacts`; hookspecs): raise

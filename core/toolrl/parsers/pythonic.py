@@ -22,7 +22,7 @@ import math
 import operator
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolrl.parsers import ToolParser, parse_result
@@ -56,7 +56,19 @@ class _Refused(Exception):
 
 
 class PythonicParser(ToolParser):
+    """``positional``: positional arguments are bound to the tool's parameters in the order its schema
+    lists them (``f('a.txt')`` as a Python call binds them; BFCL's multi-turn answers use them); off, they
+    are a parse error."""
+
     name = "pythonic"
+
+    def __init__(self, positional: bool = False) -> None:
+        self.positional = positional
+        self.parameters: dict[str, list[str]] = {}
+
+    def bind_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        self.parameters = {s["function"]["name"]: list((s["function"].get("parameters") or {}).get("properties") or {})
+                           for s in schemas if isinstance(s.get("function"), Mapping)}
 
     def parse(self, text: str) -> ParseResult:
         text = TURN_END.sub("", text)
@@ -66,12 +78,12 @@ class PythonicParser(ToolParser):
         tree = _parse(source) if len(source) <= MAX_CHARS else "too long"
         nodes = _call_nodes(tree) if isinstance(tree, ast.expr) else None
         if nodes:
-            calls, errors = read_calls(nodes, source)
+            calls, errors = read_calls(nodes, source, self.parameters if self.positional else None)
             return ParseResult(content="", calls=calls, errors=errors)
         if sets_out and isinstance(tree, str):
             return _list_error(f"the tool-call list is not valid Python: {tree}; write "
                                "[name(argument=value, ...), ...]", text)
-        return _after_prose(text)
+        return _after_prose(text, self.parameters if self.positional else None)
 
 
 def call_list_source(text: str) -> tuple[str, bool]:
@@ -114,7 +126,7 @@ def _list_error(message: str, text: str) -> ParseResult:
     return ParseResult(errors=[ParseError(message=message, raw=text.strip())])
 
 
-def _after_prose(text: str) -> ParseResult:
+def _after_prose(text: str, parameters: Mapping[str, list[str]] | None) -> ParseResult:
     """Calls in a call list that runs from the start of a line to the end of the text (the first or the
     last such line: two parses at most), the prose before it content; else the whole text is content."""
     prose_start = len(text) - len(text.lstrip())
@@ -124,19 +136,22 @@ def _after_prose(text: str) -> ParseResult:
         tree = _parse(source) if len(source) <= MAX_CHARS else None
         nodes = _call_nodes(tree) if isinstance(tree, ast.expr) else None
         if nodes:
-            calls, errors = read_calls(nodes, source)
+            calls, errors = read_calls(nodes, source, parameters)
             return parse_result([text[:match.start()]], calls, errors)
     return parse_result([text], [], [])
 
 
-def read_calls(nodes: list[ast.Call], source: str) -> tuple[list[ToolCall], list[ParseError]]:
-    """Each call node as a :class:`ToolCall`, or a :class:`ParseError` saying why not."""
+def read_calls(nodes: list[ast.Call], source: str, parameters: Mapping[str, list[str]] | None = None
+               ) -> tuple[list[ToolCall], list[ParseError]]:
+    """Each call node as a :class:`ToolCall`, or a :class:`ParseError` saying why not. ``parameters``: each
+    tool's parameter names in order, which positional arguments bind to (None: they are refused)."""
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
     segments = _Segments(source)
     for node in nodes:
         try:
-            calls.append(ToolCall(name=_callee(node.func), arguments=_keywords(node, 1)))
+            name = _callee(node.func)
+            calls.append(ToolCall(name=name, arguments=_keywords(node, 1, _positional(node, name, parameters))))
         except _Refused as exc:
             errors.append(ParseError(message=f"tool call {len(calls) + len(errors) + 1}: {exc}",
                                      raw=segments.text(node)))
@@ -157,12 +172,26 @@ def _callee(func: ast.expr) -> str:
     return ".".join(reversed(parts))
 
 
-def _keywords(call: ast.Call, depth: int) -> dict[str, Any]:
+def _positional(call: ast.Call, name: str, parameters: Mapping[str, list[str]] | None) -> list[str]:
+    """The parameter names a call's positional arguments bind to (none given: none)."""
+    if not call.args:
+        return []
     if any(isinstance(a, ast.Starred) for a in call.args):
         raise _Refused("*args is not accepted: write name=value")
-    if call.args:
+    if parameters is None:
         raise _Refused("positional arguments are not accepted: write every argument as name=value")
-    arguments: dict[str, Any] = {}
+    if name not in parameters:
+        raise _Refused(f"positional arguments need the tool's parameters, and there is no tool {name!r}")
+    if len(call.args) > len(parameters[name]):
+        raise _Refused(f"{name} takes {len(parameters[name])} arguments, {len(call.args)} were given")
+    return parameters[name][:len(call.args)]
+
+
+def _keywords(call: ast.Call, depth: int, positional: Sequence[str] = ()) -> dict[str, Any]:
+    """A call's arguments by name: its positional ones bound to ``positional`` (names), then its keywords."""
+    if call.args and len(positional) != len(call.args):
+        raise _Refused("positional arguments are not accepted: write every argument as name=value")
+    arguments: dict[str, Any] = {name: _value(arg, depth + 1) for name, arg in zip(positional, call.args)}
     for keyword in call.keywords:
         if keyword.arg is None:
             raise _Refused("**kwargs is not accepted: write every argument as name=value")

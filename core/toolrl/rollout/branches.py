@@ -32,7 +32,7 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     """The branch's episode: the trajectory's tools and session, its own turn limit, its own engine
     session (its id, so the engine keeps the main line's KV), and a new segment that records the edit."""
     traj, policy = ep.traj, ep.route.context
-    if traj.images or ep.route.parser.result_mode == "inline" or policy is None:
+    if traj.images or ep.parser.result_mode == "inline" or policy is None:
         raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
                            + ("holds images" if traj.images else "calls tools inline"))
     prompt = ep.renderer.conversation_ids(branch.messages)
@@ -44,7 +44,7 @@ def open_branch(ep: Episode, branch: Branch) -> Episode:
     return Episode(ep.ctx, replace(ep.route, max_turns=branch.max_turns), ep.renderer, ep.toolset, twig,
                    branch_seed(ep.seed, len(ep.closed) + 1), ep.session, list(branch.messages), ep.step_rewards,
                    ep.session_terms, ep.closed, ep.task, FoldBranch(  # the tokens of the lines that wait on it
-                       ep.response_tokens - sum(len(p.response_ids) for p in ep.closed)))
+                       ep.response_tokens - sum(len(p.response_ids) for p in ep.closed)), parser=ep.parser)
 
 
 def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, ending: Termination) -> ToolResult:

@@ -13,7 +13,7 @@ from typing import Any
 from toolrl.agent_roles import adapter_keyword, first_role
 from toolrl.engines import Generation, SamplingParams
 from toolrl.images import IMAGE_PLACEHOLDER, ImageLimits, images_held, prepare
-from toolrl.parsers import parse_within
+from toolrl.parsers import ToolParser, parse_within
 from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout.rollout_context import RolloutContext, Route
 from toolrl.rollout.turns import record_turn
@@ -66,6 +66,11 @@ class Episode:
     closed: list[Trajectory] = field(default_factory=list)  # the pieces closed so far (toolrl.rollout.segments)
     task: int = 0  # the first messages, the task: every context policy keeps them
     line: MainLine | FoldBranch | TreeLine = MainLine()
+    # The parser of its calls: the route's, or a copy bound to the tools its session handed out.
+    parser: ToolParser | None = None
+
+    def __post_init__(self) -> None:
+        self.parser = self.parser or self.route.parser
 
     @property
     def response_tokens(self) -> int:
@@ -108,7 +113,10 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         raise
     toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
     messages = renderer.prompt_messages(messages)
-    return Episode(ctx, route, renderer, toolset, traj, seed, session, messages=messages, task=len(messages))
+    parser = route.parser if not reset.tools else route.parser.for_tools(
+        [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
+    return Episode(ctx, route, renderer, toolset, traj, seed, session, messages=messages, task=len(messages),
+                   parser=parser)
 
 
 def tools_kwargs(route: Route, sample: Sample) -> dict[str, ToolKwargs]:
@@ -130,7 +138,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
     cfg, traj = ep.ctx.config, ep.traj
     params = SamplingParams(
         temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=min(cfg.max_new_tokens, budget),
-        stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.route.parser.stop_strings,
+        stop_token_ids=ep.renderer.stop_ids, stop_strings=ep.parser.stop_strings,
         seed=turn_seed(ep.seed, traj.turns),
     )
     t0 = time.perf_counter()
@@ -152,7 +160,7 @@ async def generate(ep: Episode, budget: int) -> Generation:
 
 async def answer_of(ep: Episode, gen: Generation) -> str:
     """The answer ``gen`` holds: its parsed content, without the end-of-turn token."""
-    parsed = await parse_within(ep.route.parser, ep.renderer.turn_text(gen.token_ids),
+    parsed = await parse_within(ep.parser, ep.renderer.turn_text(gen.token_ids),
                                 ep.ctx.config.parser_timeout_s)
     return parsed.content
 

@@ -168,7 +168,7 @@ async def parse_calls(ep: Episode, gen: Generation) -> tuple[list[ToolCall], lis
     """The calls to run and the parse errors to report to the model; sets the final answer. Inline
     tags resume inside the same assistant turn, so only a call closed by this generation's stop
     string runs, and the final answer is the turn's model text."""
-    parser, traj, renderer = ep.route.parser, ep.traj, ep.renderer
+    parser, traj, renderer = ep.parser, ep.traj, ep.renderer
     seconds = ep.ctx.config.parser_timeout_s
     parsed = await parse_within(parser, traj.model_text[-1], seconds)  # a parser that fails: this turn's error
     if parser.result_mode != "inline":

@@ -19,7 +19,7 @@ def tool_results_delta(ep: Episode, results: Sequence[ToolResult], errors: Seque
     turn, or inline result tags; each response cut to ``tool_response_max_tokens``. With a processor,
     the images the results hold come with them (the second value, in token order). ``call_ids``: the
     results' calls' ids, in order (for templates that pair a result with its call)."""
-    cfg, renderer, parser = ep.ctx.config, ep.renderer, ep.route.parser
+    cfg, renderer, parser = ep.ctx.config, ep.renderer, ep.parser
     shown = tool_images(ep, results) if renderer.processor is not None and parser.result_mode == "chat" else []
     texts = [(r.name, renderer.truncate(_precut(r.response.text, cfg.tool_response_max_tokens,
                                                 cfg.tool_response_truncation),

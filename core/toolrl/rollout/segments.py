@@ -50,7 +50,7 @@ async def edit_context(ep: Episode, policy: ContextPolicy, plan: ContextPlan) ->
     a new segment. A plan that asks the model first (a summary) gets the request as a user turn
     (mask 0) and the reply as a generated turn (mask 1, trained in the segment it closes)."""
     traj, messages, summary = ep.traj, plan.messages, None
-    if traj.images or ep.route.parser.result_mode == "inline":
+    if traj.images or ep.parser.result_mode == "inline":
         raise ContextError("context policies edit conversations of chat turns without images: this trajectory "
                            + ("holds images" if traj.images else "calls tools inline"))
     if plan.ask is not None and plan.then is not None:
@@ -93,7 +93,7 @@ def check_history(ep: Episode) -> None:
     """Compare the template's rendering of the conversation so far with the trajectory's tokens and
     apply ``rollout.template_rewrite`` (toolrl.renderers.rewrite) when they differ."""
     traj = ep.traj
-    if ep.route.parser.result_mode == "inline":  # one assistant turn: nothing is re-rendered
+    if ep.parser.result_mode == "inline":  # one assistant turn: nothing is re-rendered
         return
     traj.template_checks += 1
     try:  # gpt-oss's template refuses turns written as raw harmony text

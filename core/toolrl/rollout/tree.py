@@ -56,7 +56,8 @@ async def clone_line(ep: Episode, line: TreeLine, continuation: int) -> Episode:
               for p in ep.closed]
     return Episode(ep.ctx, ep.route, ep.renderer, await ep.toolset.clone(tid, tools), twin,
                    continuation_seed(ep.seed, traj.turns, continuation), session, copy.deepcopy(ep.messages),
-                   list(ep.step_rewards), dict(ep.session_terms), closed, ep.task, TreeLine(line.tree, path))
+                   list(ep.step_rewards), dict(ep.session_terms), closed, ep.task, TreeLine(line.tree, path),
+                   parser=ep.parser)
 
 
 async def tree_lines(ep: Episode, root: Awaitable[Episode], fresh: Callable[[str, int], Awaitable[Episode]],

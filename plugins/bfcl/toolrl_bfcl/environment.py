@@ -103,6 +103,8 @@ def configure(options: BfclOptions) -> dict[str, Any]:
     # and an answer in each user turn.
     return {"session_options": {"format": options.format, "reward": options.reward, "max_steps": options.max_steps},
             "parser": "pythonic" if options.format == "prompting" else "hermes",
+            # BFCL's multi-turn answers call one-parameter functions positionally (sort('a.txt')).
+            "parser_options": {"positional": True} if options.format == "prompting" else {},
             "max_turns": MOST_USER_TURNS * (options.max_steps + 2) if multi_turn else 1}
 
 

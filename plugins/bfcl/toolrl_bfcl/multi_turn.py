@@ -23,9 +23,9 @@ make one call compute for minutes on the event loop (capped: :data:`COSTLY`).
 
 A session cannot add tools after reset, so the tools handed out are all of the entry's functions, the
 held-out ones of ``miss_func`` included: one answers as an unknown name until the user turn that reveals
-it (BFCL's words, its docs in them). BFCL's system prompt lists only the visible ones, but the chat
-template renders every tool it is given, so the model can see the held-out ones from the start (under
-``native`` that would be all it is told: refused there).
+it (BFCL's words, its docs in them). Under ``prompting`` the chat template is given none of them
+(``Reset.render_tools``): BFCL's system prompt lists the visible ones. Under ``native`` the template would
+show every tool from the start, so ``miss_func`` is refused there.
 
 A session's ``step`` is not told which model turn made a call, so BFCL's step limit (``max_steps`` model
 turns of calls in one user turn) is applied by the verdict, from the trajectory's turns; the rollout's

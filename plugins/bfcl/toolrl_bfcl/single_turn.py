@@ -48,21 +48,26 @@ _RESOLVED = (ast.Constant, ast.UnaryOp, ast.List, ast.Dict, ast.BinOp, ast.Name,
              ast.Subscript)
 
 
-def holds_call(text: str) -> bool:
-    """Whether BFCL's decoder reads a prompting answer as holding a call, the question relevance and
-    irrelevance entries ask: the whole answer (BFCL's strip and brackets) a non-empty list of calls whose
-    keyword values are of the kinds its decoder resolves. Read from the syntax tree alone: where BFCL's
-    decoder evaluates a value (arithmetic, a lambda), this reads its shape; positional arguments, which
-    BFCL ignores, are ignored."""
+def bfcl_calls(text: str) -> list[ast.Call] | None:
+    """The calls BFCL's decoder reads in a prompting answer, as syntax (its strip and brackets, then the
+    whole answer a call or a list of calls); None where it reads none. Nothing is evaluated."""
     body = TURN_END.sub("", text).strip("`\n ")
     source = ("" if body.startswith("[") else "[") + body + ("" if body.endswith("]") else "]")
     try:
         tree = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
+        return None
     calls = [tree] if isinstance(tree, ast.Call) else getattr(tree, "elts", None)
-    return bool(calls) and all(isinstance(c, ast.Call) and all(isinstance(k.value, _RESOLVED) for k in c.keywords)
-                               for c in calls)
+    return calls if calls is not None and all(isinstance(c, ast.Call) for c in calls) else None
+
+
+def holds_call(text: str) -> bool:
+    """Whether BFCL's decoder reads a prompting answer as holding a call, the question relevance and
+    irrelevance entries ask: a non-empty list of calls whose keyword values are of the kinds its decoder
+    resolves. Read from the syntax tree alone: where BFCL's decoder evaluates a value (arithmetic, a
+    lambda), this reads its shape; positional arguments, which BFCL ignores, are ignored."""
+    calls = bfcl_calls(text)
+    return bool(calls) and all(isinstance(k.value, _RESOLVED) for c in calls or [] for k in c.keywords)
 
 
 def decoded(trajectory: Trajectory, format: str, turn: int = 1) -> list[dict[str, dict[str, Any]]] | None:
@@ -71,10 +76,17 @@ def decoded(trajectory: Trajectory, format: str, turn: int = 1) -> list[dict[str
     answer is not a call list alone (:func:`whole_answer`)."""
     if trajectory.parse_errors:
         return None
-    if format == "prompting" and len(trajectory.model_text) >= turn \
-            and not whole_answer(trajectory.model_text[turn - 1]):
+    results = [r for r in trajectory.tool_results if r.turn == turn]
+    if format != "prompting" or len(trajectory.model_text) < turn:
+        return [{r.name: dict(r.arguments)} for r in results]
+    text = trajectory.model_text[turn - 1]
+    if not whole_answer(text):
         return None
-    return [{r.name: dict(r.arguments)} for r in trajectory.tool_results if r.turn == turn]
+    # BFCL's decoder drops positional arguments (the parser binds them to the parameters): so do we.
+    written = [[k.arg for k in call.keywords] for call in bfcl_calls(text) or []]
+    if len(written) != len(results):
+        return None
+    return [{r.name: {k: r.arguments[k] for k in names if k in r.arguments}} for r, names in zip(results, written)]
 
 
 def checker_model(format: str) -> str:
