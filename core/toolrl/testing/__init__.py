@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "conformance": ("ToolConformance",),
     "contract": ("check_build_contract",),
-    "public_api": ("PUBLIC_API", "check_public_imports"),
+    "public_api": ("PUBLIC_API", "check_public_imports", "listing_imports"),
     "parsers": ("ParserConformance", "check_parser_corpus", "check_parser_hostile", "check_parser_fuzz",
         "check_parser_linear_time", "hostile_parser_inputs"),
     "engines": ("check_engine_contract", "check_engine_logprobs", "check_engine_cancellation",
@@ -84,6 +84,7 @@ __all__ = [
     "check_parser_hostile",
     "check_parser_linear_time",
     "check_public_imports",
+    "listing_imports",
     "check_registered",
     "check_release_idempotent",
     "check_released_and_unknown",

@@ -9,6 +9,7 @@ nothing else but :mod:`toolrl.plugin_support` (``tests/test_public_api.py``). Ru
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -65,6 +66,31 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
     "toolrl.training.optimizer": ("OptimizerSettings", "adamw", "optimizer_step"),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
+
+
+_LISTING = """
+import sys
+from toolrl.cli import cli
+sys.argv = ["toolrl", "list-plugins"]
+try:
+    cli()
+except SystemExit:
+    pass
+print()
+print(sorted(m for m in sys.modules if m.split(".")[0] in {packages!r}))
+"""
+
+
+def listing_imports(*packages: str) -> tuple[str, list[str]]:
+    """``toolrl list-plugins`` in a fresh interpreter: what it printed, and the modules of ``packages`` (top
+    level names) it imported. Every toolrl process lists the plugins, so an entry point should import
+    nothing but its own module and toolrl's hooks (lazy references for the rest)."""
+    done = subprocess.run([sys.executable, "-c", _LISTING.format(packages=set(packages))], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise AssertionError(f"toolrl list-plugins failed: {done.stderr[-3000:]}")
+    printed, _, modules = done.stdout.rstrip("\n").rpartition("\n")
+    return printed, ast.literal_eval(modules)
 
 
 def check_public_imports(paths: Iterable[Path], api: Mapping[str, frozenset[str]] = PUBLIC_API) -> list[str]:

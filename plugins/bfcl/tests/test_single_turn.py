@@ -7,8 +7,6 @@ without importing bfcl-eval."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from toolrl.cli import cli
+from toolrl.testing import listing_imports
 
 
 def evaluate(tmp_path: Path, answers: dict[str, str], **options: Any) -> dict[str, dict[str, Any]]:
@@ -141,21 +140,9 @@ def test_bad_options_are_one_line_before_anything_loads(tmp_path, options, says)
 
 
 def test_listing_plugins_does_not_import_bfcl_eval():
-    code = """
-import sys
-from toolrl.cli import cli
-sys.argv = ["toolrl", "list-plugins"]
-try:
-    cli()
-except SystemExit:
-    pass
-print()
-print(sorted(m for m in sys.modules if m.split(".")[0] in ("bfcl_eval", "toolrl_bfcl")))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "bfcl" in done.stdout.split()  # listed
-    assert done.stdout.splitlines()[-1] == "['toolrl_bfcl']"  # the entry point's module only
+    printed, modules = listing_imports("bfcl_eval", "toolrl_bfcl")
+    assert "bfcl" in printed.split()  # listed
+    assert modules == ["toolrl_bfcl"]  # the entry point's module only
 
 
 def test_live_and_non_live_share_no_entry():

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+from toolrl.testing import listing_imports
 from toolrl_reasoning_gym.sat import NEEDS_PYCOSAT
 
 BLOCK = "import sys; sys.modules['pycosat'] = None\n"
@@ -20,20 +21,8 @@ def without_pycosat(code: str, *args: str) -> subprocess.CompletedProcess:
 def test_listing_the_plugins_leaves_the_interpreter_alone():
     """Every toolrl process lists the plugins: loading this one's entry point imports neither reasoning_gym
     nor pycosat and puts no stand-in in place (that waits for a generator to be built)."""
-    code = """
-import sys
-from toolrl.cli import cli
-sys.argv = ["toolrl", "list-plugins"]
-try:
-    cli()
-except SystemExit:
-    pass
-print()
-print(sorted(m for m in ("toolrl_reasoning_gym", "reasoning_gym", "pycosat") if m in sys.modules))
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "['toolrl_reasoning_gym']"
+    _, modules = listing_imports("toolrl_reasoning_gym", "reasoning_gym", "pycosat")
+    assert modules == ["toolrl_reasoning_gym"]
 
 
 def test_a_generator_that_needs_pycosat_is_one_line_naming_it(tmp_path):
