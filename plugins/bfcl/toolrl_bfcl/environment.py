@@ -2,8 +2,9 @@
 trajectory a ``bfcl`` session (its functions as tools, BFCL's verdict as its score).
 
 The splits name categories (or BFCL's groups: ``live``, ``non_live``, ``multi_turn``); by default it
-trains on the live single-turn categories and tests on the non-live ones, which share no entry (live
-entries were contributed by users, non-live ones written by BFCL's authors). ``per_category: N`` keeps N
+trains on the live single-turn categories and tests on the non-live ones, which share no entry id (live
+entries were contributed by users, non-live ones written by BFCL's authors; six user questions recur, two as
+the same task with the same functions: the README names them). ``per_category: N`` keeps N
 entries of each category, spread evenly over its file; ``ids`` keeps only the entries named.
 """
 
