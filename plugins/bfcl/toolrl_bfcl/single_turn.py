@@ -3,8 +3,10 @@ verdict on it. Nothing runs: a call is recorded and ends the episode (BFCL execu
 
 The verdict follows BFCL's eval runner category by category: ``ast`` entries go to its AST checker with
 the decoded calls (an answer that does not decode as calls is wrong); ``irrelevance`` is right when the
-answer holds no call, ``relevance`` when it holds one. "Decodes": the answer's calls parsed with no parse
-error, which is where BFCL's decoder raises.
+answer holds no call, ``relevance`` when it holds one. "Decodes", under ``prompting``: the answer is a call
+list and nothing else (no prose, no fence word) and its calls parse, which is where BFCL's decoder raises;
+positional arguments, which its decoder drops, are dropped. The test_parity tests hold this against
+``bfcl evaluate`` on recorded answers.
 """
 
 from __future__ import annotations
