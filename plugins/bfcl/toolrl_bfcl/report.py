@@ -17,8 +17,6 @@ from typing import Any
 
 from toolrl_bfcl import categories, upstream
 
-SUMMARY = ("non_live_ast", "live_ast", "multi_turn", "irrelevance", "relevance", "overall")
-
 
 def verdict(row: dict[str, Any]) -> bool:
     parts = row.get("reward_parts") or {}
