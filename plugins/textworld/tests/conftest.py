@@ -1,0 +1,19 @@
+"""The plugin's games go to a cache of this test session's own (never the user's), made before any test
+module is imported: the conformance plays are read from a generated game's walkthrough."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import pytest
+
+os.environ["TOOLRL_TEXTWORLD_CACHE"] = tempfile.mkdtemp(prefix="toolrl-textworld-")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Any:
+    from toolrl.model_sources import qwen_tokenizer
+
+    return qwen_tokenizer("qwen3")
