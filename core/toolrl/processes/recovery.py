@@ -311,7 +311,7 @@ async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, A
                 if isinstance(exc, ActorDied):
                     raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
                 cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
-                if isinstance(cause, ConfigError | refusals):
+                if isinstance(cause, (ConfigError, *refusals)):
                     raise cause
                 first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
                 raise TrainerFailed(f"trainer rank {rank}{where} failed during {what}: "
