@@ -74,21 +74,25 @@ from toolrl.cli import cli
 sys.argv = ["toolrl", "list-plugins"]
 try:
     cli()
-except SystemExit:
-    pass
+except SystemExit as exc:  # the listing's own exit status, given back once the modules are printed
+    code = exc.code
+else:
+    code = 0
 print()
 print(sorted(m for m in sys.modules if m.split(".")[0] in {packages!r}))
+sys.exit(code)
 """
 
 
 def listing_imports(*packages: str) -> tuple[str, list[str]]:
     """``toolrl list-plugins`` in a fresh interpreter: what it printed, and the modules of ``packages`` (top
     level names) it imported. Every toolrl process lists the plugins, so an entry point should import
-    nothing but its own module and toolrl's hooks (lazy references for the rest)."""
+    nothing but its own module and toolrl's hooks (lazy references for the rest). A listing that exits
+    with any status but 0 raises AssertionError."""
     done = subprocess.run([sys.executable, "-c", _LISTING.format(packages=set(packages))], capture_output=True,
                           text=True, timeout=120)
     if done.returncode != 0:
-        raise AssertionError(f"toolrl list-plugins failed: {done.stderr[-3000:]}")
+        raise AssertionError(f"toolrl list-plugins exited {done.returncode}: {done.stderr[-3000:]}")
     printed, _, modules = done.stdout.rstrip("\n").rpartition("\n")
     return printed, ast.literal_eval(modules)
 

@@ -20,9 +20,12 @@ def without_pycosat(code: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_listing_the_plugins_leaves_the_interpreter_alone():
     """Every toolrl process lists the plugins: loading this one's entry point imports neither reasoning_gym
-    nor pycosat and puts no stand-in in place (that waits for a generator to be built)."""
-    _, modules = listing_imports("toolrl_reasoning_gym", "reasoning_gym", "pycosat")
+    nor pycosat and puts no stand-in in place (that waits for a generator to be built). The listing exits 0
+    (listing_imports raises AssertionError, naming the status, for any other) and lists the plugin, loaded."""
+    printed, modules = listing_imports("toolrl_reasoning_gym", "reasoning_gym", "pycosat")
     assert modules == ["toolrl_reasoning_gym"]
+    [row] = [line.split() for line in printed.splitlines() if line.split()[:1] == ["reasoning_gym"]]
+    assert row[1] == "toolrl-plugin-reasoning-gym" and row[3] == "ok", row  # name, distribution, version, status
 
 
 def test_a_generator_that_needs_pycosat_is_one_line_naming_it(tmp_path):

@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import BASE, FLOOD_KEY, GONE_KEY, KEY, OTHER_KEY, held, limited, on_loop
+from conftest import BASE, FLOOD_KEY, GONE_KEY, KEY, OTHER_KEY, TEAM, held, limited, on_loop
 from test_team import scrape, value
 from toolrl_tinker.service import owner_of
 
@@ -253,7 +253,7 @@ def test_an_unclaimed_result_is_forgotten(monkeypatch: pytest.MonkeyPatch, tmp_p
     asyncio.run(scenario())
 
 
-def test_a_key_queueing_200_futures(team: Any) -> None:
+def test_a_key_queueing_200_futures(team: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """One key sends 200 requests at once, over its quota of 16: the SDK sends the rest as the quota
     frees (429s), every result comes back right and in order, and another key's request meanwhile is
     served as soon as the base is free, not after the flood."""
@@ -265,13 +265,36 @@ def test_a_key_queueing_200_futures(team: Any) -> None:
     other = tinker.ServiceClient(base_url=team.url, api_key=OTHER_KEY).create_lora_training_client(base_model=BASE, rank=2)
     other_tc = other.result()
     expected = tc.forward([_datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].data
+    # When the server took each request and when it ended it, and whose: a client's own wait for its result
+    # says nothing of the order in which the server served two keys.
+    kept = team.service.futures
+    new, finish = kept.new, kept.finish
+    took: dict[str, tuple[str, float]] = {}
+    ended: dict[str, float] = {}
+
+    def taking(owner: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+        request_id, fut = new(owner, *args, **kwargs)
+        took[request_id] = (owner, time.monotonic())
+        return request_id, fut
+
+    def ending(request_id: str, *args: Any) -> None:
+        ended[request_id] = time.monotonic()
+        finish(request_id, *args)
+
+    monkeypatch.setattr(kept, "new", taking)
+    monkeypatch.setattr(kept, "finish", ending)
     futures = [tc.forward([_datum()], "cross_entropy") for _ in range(200)]
     other_tc.forward([_datum()], "cross_entropy").result()
-    other_done = time.monotonic()
     outputs = [f.result() for f in futures]
-    flood_done = time.monotonic()
     assert all(o.loss_fn_outputs[0]["logprobs"].data == expected for o in outputs)
-    assert other_done < flood_done
+    flood_ends = sorted(ended[r] for r, (key, _) in took.items() if key == owner_of(FLOOD_KEY))
+    [(other_taken, other_done)] = [(t, ended[r]) for r, (key, t) in took.items() if key == owner_of(OTHER_KEY)]
+    assert len(flood_ends) == 200
+    assert other_done < flood_ends[-1], "the other key's request was served after the flood"
+    # As soon as the base was free: while it was at the server it waited on the flood's request on the base
+    # (a request or two: turns go first come, first served), not on the flood's queue (up to its quota).
+    waited_on = sum(other_taken < t < other_done for t in flood_ends)
+    assert waited_on < TEAM["max_futures_per_client"], f"the other key's request waited on {waited_on} of the flood's"
     samples = scrape(team.url)
     assert value(samples, "tinker_quota_refusals_total", key=owner_of(FLOOD_KEY), quota="futures") > 0
     assert value(samples, "tinker_quota_refusals_total", key=owner_of(OTHER_KEY), quota="futures") == 0

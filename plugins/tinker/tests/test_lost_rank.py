@@ -41,9 +41,9 @@ def _overflowing() -> Any:
                                        "logprobs": np.full(4, -1e30, np.float32), "advantages": np.ones(4, np.float32)})
 
 
-def _calls(tc: Any, during: threading.Event | None = None) -> list[Any]:
+def _calls(tc: Any) -> list[Any]:
     """forward_backward, optim_step, forward_backward, one that fails (its gradient set back on every rank),
-    another (``during`` set as it is sent), an optim_step and a forward: what each gave."""
+    another (of 12 datums: the one a rank is killed in), an optim_step and a forward: what each gave."""
     import tinker
     from tinker import types
 
@@ -52,38 +52,58 @@ def _calls(tc: Any, during: threading.Event | None = None) -> list[Any]:
             tc.forward_backward(_data(2), "ppo").result()]
     with pytest.raises(tinker.RequestFailedError, match="the loss of this request is"):
         tc.forward_backward([_overflowing()], "importance_sampling").result()
-    future = tc.forward_backward(_data(3, count=12), "ppo")
-    if during is not None:
-        during.set()
-    seen += [future.result(), tc.optim_step(step).result(), tc.forward(_data(4), "ppo").result()]
+    seen += [tc.forward_backward(_data(3, count=12), "ppo").result(), tc.optim_step(step).result(),
+             tc.forward(_data(4), "ppo").result()]
     return [(s.metrics, [o["logprobs"].to_numpy().tolist() for o in s.loss_fn_outputs]) if hasattr(s, "loss_fn_outputs")
             else s.metrics for s in seen]
 
 
-def test_a_rank_killed_mid_request_leaves_the_client_results_unchanged(served_two: Any) -> None:
+def test_a_rank_killed_mid_request_leaves_the_client_results_unchanged(served_two: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import tinker
 
     client = tinker.ServiceClient(base_url=served_two.url, api_key=KEY)
     uninterrupted = client.create_lora_training_client(base_model=BASE, rank=4, seed=31).result()
     killed = client.create_lora_training_client(base_model=BASE, rank=4, seed=31).result()
-    trainer = held(served_two, killed.model_id)[1]
+    run, trainer = held(served_two, killed.model_id)
     before = list(trainer.ranks.recoveries)
     victim = trainer.ranks.infos[1]["pid"]
-    during = threading.Event()
+    # The 12-datum forward_backward's pass on the ranks as the server runs it (when it began and ended):
+    # the rank is killed once it has begun, and the kill must land before it ends.
+    inside, began, ended, killed_at = threading.Event(), [], [], []
+    step = trainer.step
+
+    def watched(r: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        if r.adapter != run.adapter or len(rows) != 12:
+            return step(r, rows, *args, **kwargs)
+        began.append(time.time())
+        inside.set()
+        try:
+            return step(r, rows, *args, **kwargs)
+        finally:
+            ended.append(time.time())
+
+    monkeypatch.setattr(trainer, "step", watched)
 
     def kill() -> None:
-        during.wait(120)
-        time.sleep(0.05)
-        os.kill(victim, signal.SIGKILL)
+        if inside.wait(120):
+            os.kill(victim, signal.SIGKILL)
+            killed_at.append(time.time())
 
     killer = threading.Thread(target=kill)
     killer.start()
-    got = _calls(killed, during)
+    got = _calls(killed)
     killer.join()
+    monkeypatch.undo()
     expected = _calls(uninterrupted)
     recoveries = trainer.ranks.recoveries[len(before):]
     assert len(recoveries) == 1 and recoveries[0].died.startswith("trainer rank 1")
     assert trainer.ranks.infos[1]["pid"] != victim
+    # The kill landed inside the request, and the group was re-formed for it, not for a later call.
+    assert len(began) == len(ended) == 1 and len(killed_at) == 1
+    assert began[0] < killed_at[0] < ended[0], "the rank was killed after the request's pass had ended"
+    assert recoveries[0].during == f"forward_backward of {run.adapter}"
+    assert began[0] < recoveries[0].time < ended[0]
     assert repr(got) == repr(expected)  # every loss, log-prob and norm, bit for bit
     for name in ("adapter_state", "optimizer_state", "gradients"):
         mine, theirs = (getattr(trainer, name)(held(served_two, tc.model_id)[0]) for tc in (killed, uninterrupted))
