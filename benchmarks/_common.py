@@ -1,5 +1,5 @@
 """Shared helpers for the benchmarks: single-threaded torch, summary tables, timing statistics, learning
-curves over tokens.
+curves over tokens and seed-bootstrap intervals of tokens-to-target ratios.
 
 Import this module before torch: :func:`single_thread` must set ``OMP_NUM_THREADS`` before the
 OpenMP runtime starts, because multithreaded OpenMP stalls unpredictably on the shared 2-core VMs
@@ -9,13 +9,15 @@ OpenMP runtime starts, because multithreaded OpenMP stalls unpredictably on the 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -77,6 +79,66 @@ def mean_curve(curves: Sequence[Sequence[tuple[float, float]]], marks: Sequence[
                 return s0 + (s1 - s0) * (x - t0) / max(t1 - t0, 1e-9)
         return curve[-1][1]
     return [statistics.mean(value(c, x) for c in curves) for x in marks]
+
+
+def seed_table(values: Mapping[str, Sequence[Sequence[float | None]]], marks: Sequence[float],
+               digits: int = 2) -> str:
+    """Every seed's curve, a row per arm and seed (in the arm's seed order) at ``marks`` tokens, ``-`` past
+    the run's end: the spread that a seed mean hides."""
+    rows = [[arm, i, *("-" if v is None else f"{v:.{digits}f}" for v in seed)]
+            for arm, seeds in values.items() for i, seed in enumerate(seeds)]
+    return table(["arm", "seed", *(f"{m:.0f}" for m in marks)], rows)
+
+
+def seed_target(rows: Sequence[Sequence[float]]) -> float:
+    """The level every seed reaches: the lowest of the seeds' best values (each seed's values on a grid)."""
+    return min(max(row) for row in rows)
+
+
+def mean_tokens_to(target: float, grid: Sequence[float], rows: Sequence[Sequence[float]]) -> float | None:
+    """Where the seed mean of ``rows`` (each seed's values at ``grid`` tokens) first reaches ``target``."""
+    return tokens_to(target, [(t, sum(col) / len(col)) for t, col in zip(grid, zip(*rows), strict=True)])
+
+
+Arm = tuple[Sequence[float], Sequence[Sequence[float]]]  # an arm's grid of tokens, each seed's values on it
+Memo = dict[tuple[int, ...], float]  # a sorted draw of an arm's seed indices: its tokens to target
+RESAMPLES = 2000  # seed bootstraps per interval: cheap, each distinct draw's mean curve is computed once
+
+
+def ratio_to_target(target: float, arm: Arm, base: Arm, resamples: int = RESAMPLES,
+                    rng_seed: int = 0) -> tuple[float | None, float, float]:
+    """Tokens to ``target``, ``arm`` / ``base``: on all seeds (None where either mean never reaches it) and
+    the 5th and 95th percentiles over ``resamples`` seed bootstraps (each arm's seeds drawn with replacement,
+    independently; ``rng_seed`` fixes the draws). A resample whose arm never reaches the target counts as inf,
+    above any finite ratio; one where only the base never does, as 0."""
+    rng = random.Random(rng_seed)
+
+    def draw(grid: Sequence[float], rows: Sequence[Sequence[float]], memo: Memo) -> float:
+        picks = tuple(sorted(rng.choices(range(len(rows)), k=len(rows))))
+        if picks not in memo:  # few seeds make few distinct draws (10 for 3 seeds): each mean curve once
+            got = mean_tokens_to(target, grid, [rows[i] for i in picks])
+            memo[picks] = math.inf if got is None else got
+        return memo[picks]
+
+    memos: tuple[Memo, Memo] = ({}, {})
+    ratios = sorted(_ratio(draw(*arm, memos[0]), draw(*base, memos[1])) for _ in range(resamples))
+    a, b = mean_tokens_to(target, *arm), mean_tokens_to(target, *base)
+    point = None if a is None or b is None else _ratio(a, b)
+    return point, ratios[round(0.05 * (resamples - 1))], ratios[round(0.95 * (resamples - 1))]
+
+
+def ratio_line(name: str, point: float | None, lo: float, hi: float) -> str:
+    """The benchmarks' last line: ``tokens to target, NAME: X.XX [lo, hi]`` (``inf``: the arm fell short of
+    the target in too many resamples; ``n/a``: a mean on all seeds never reached it)."""
+    return f"tokens to target, {name}: {'n/a' if point is None else f'{point:.2f}'} [{lo:.2f}, {hi:.2f}]"
+
+
+def _ratio(a: float, b: float) -> float:
+    if a == math.inf:
+        return math.inf
+    if b == 0:  # the base is at the target from the start: the arm is as fast only if it is too
+        return 1.0 if a == 0 else math.inf
+    return a / b
 
 
 def _is_number(value: Any) -> bool:

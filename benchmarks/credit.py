@@ -31,8 +31,12 @@ curves are compared up to the smallest total any run reached, the same budget fo
 Success is the training batch's, one sample per root (:func:`success_rate`: a flat trajectory, or a
 tree's split leaves averaged), smoothed over the last budget/7 tokens (each step weighted by the
 tokens it generated there: a window of tokens, not of steps, whose sizes differ between arms), reported
-at 7 token checkpoints as the mean over seeds ± their std. Tokens to 50% success: where the seed-mean
-curve first reaches 0.5 (on a grid of budget/100; each seed's own is printed too, for the spread).
+at 7 token checkpoints as the mean over seeds ± their std, then every seed's. Tokens to target: where the
+seed-mean curve first reaches the target (on a grid of budget/100; each seed's own is printed too). The
+target is a fixed 50% success on the ladder; with ``--env`` it is the level every ``grpo`` seed reaches,
+the lowest of its seeds' best (smoothed) held-out success within the budget. Each ratio to ``grpo``'s
+comes with a 90% interval over 2,000 seed bootstraps (each arm's seeds resampled with replacement, a fixed
+RNG), a resample whose arm never reaches the target counting as inf.
 
 On the ladder the step rewards already count the rungs passed and a failed rung ends the episode, so an
 outcome advantage carries nearly all the credit there is. ``--env corridor`` (the ``corridor`` plugin,
@@ -55,8 +59,9 @@ started from: a step group that compares something).
         [--arms ...] [--curves FILE] [--from FILE ...]
 
 ``--curves`` writes the runs' curves as they end, ``--from`` reads such files in place of running (arms
-run as separate processes, then one table). Last line: ``tokens to 50% success, gigpo/grpo: X.XX,
-tree_grpo/grpo: Y.YY`` (``held-out success`` with ``--env``; below 1: fewer tokens).
+run as separate processes, then one table). The last lines, one per arm run besides ``grpo``:
+``tokens to target, gigpo/grpo: X.XX [lo, hi]`` and ``tokens to target, tree_grpo/grpo: X.XX [lo, hi]``
+(below 1: fewer tokens; ``n/a``: a seed mean never reached the target).
 """
 
 from __future__ import annotations
@@ -74,7 +79,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from _common import machine, single_thread, table
+from _common import (
+    RESAMPLES,
+    machine,
+    mean_tokens_to,
+    ratio_line,
+    ratio_to_target,
+    seed_table,
+    seed_target,
+    single_thread,
+    table,
+    tokens_to,
+)
 
 single_thread()
 
@@ -305,14 +321,6 @@ def generated_tokens(rows: Sequence[dict[str, Any]]) -> int:
     return total
 
 
-def tokens_to(target: float, points: Sequence[tuple[float, float]]) -> float | None:
-    """The tokens where a (tokens, success) curve first reaches ``target``, linear between its points."""
-    for (t0, s0), (t1, s1) in zip([(0.0, points[0][1]), *points], points):
-        if s1 >= target:
-            return t1 if s1 == s0 or s0 >= target else t0 + (t1 - t0) * (target - s0) / (s1 - s0)
-    return None
-
-
 def at(budget: float, window: float, run: Sequence[tuple[float, float]]) -> float:
     """A run's success at ``budget`` tokens: its steps' success weighted by the tokens each generated in
     (budget - window, budget] (smoothed over a window of tokens, not of steps: a tree's steps are shorter)."""
@@ -363,18 +371,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"workload: peaked tiny-qwen3, {args.steps} steps × 2 prompts × 8, {task} (a turn "
           f"stops at {'/'.join(args.stops if args.env else STOPS)}, ≤ {args.max_new_tokens} tokens), lr {args.lr:g}, seeds 0-{args.seeds - 1}; "
           f"tree_grpo: rollout.tree width 4 depth 1 at turn 1\n")
-    runs: dict[str, list[list[tuple[float, float]]]] = {}
     if args.sources:
-        for source in args.sources:
-            saved = json.loads(source.read_text())
-            for arm, curves in saved["runs"].items():
-                runs.setdefault(arm, []).extend([[tuple(point) for point in c] for c in curves])
-            for arm, (recurring, turns) in saved["anchors"].items():
-                tally = ANCHORS.setdefault(arm, [0, 0])
-                tally[0], tally[1] = tally[0] + recurring, tally[1] + turns
-            for arm, counts in saved.get("moves", {}).items():
-                MOVED[arm] = [a + b for a, b in zip(MOVED.get(arm, [0, 0, 0, 0]), counts)]
+        runs = load(args.sources)
     else:
+        runs = {}
         if args.env is not None:
             AlignedMove.move, AlignedMove.stops = MOVES[args.env], args.stops
         with tempfile.TemporaryDirectory(prefix="credit-") as tmp:
@@ -388,26 +388,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                           + " ".join(f"{s:.2f}" for _, s in curve), flush=True)
                     if args.curves:
                         args.curves.write_text(json.dumps({"runs": runs, "anchors": ANCHORS, "moves": MOVED}))
-    seeds = min(len(rs) for rs in runs.values())
+    report(runs, args, tree)
+    return 0
+
+
+Runs = dict[str, list[list[tuple[float, float]]]]  # per arm, each seed's (tokens, success) points
+
+
+def load(sources: Sequence[Path]) -> Runs:
+    """The runs that ``--curves`` wrote to ``sources``, merged; their anchor and move tallies added up."""
+    runs: Runs = {}
+    for source in sources:
+        saved = json.loads(source.read_text())
+        for arm, curves in saved["runs"].items():
+            runs.setdefault(arm, []).extend([[tuple(point) for point in c] for c in curves])
+        for arm, (recurring, turns) in saved["anchors"].items():
+            tally = ANCHORS.setdefault(arm, [0, 0])
+            tally[0], tally[1] = tally[0] + recurring, tally[1] + turns
+        for arm, counts in saved.get("moves", {}).items():
+            MOVED[arm] = [a + b for a, b in zip(MOVED.get(arm, [0, 0, 0, 0]), counts)]
+    return runs
+
+
+def report(runs: Runs, args: argparse.Namespace, tree: bool) -> None:
+    """The curves (seed mean ± std, then every seed's), the tallies, the target and each arm's tokens to it
+    and, last, each arm's ratio to grpo's with its seed-bootstrap interval (module docstring)."""
+    success = "success" if args.env is None else "held-out success"
     budget = min(run[-1][0] for rs in runs.values() for run in rs)
     window = budget / args.checkpoints
     marks = [window * (k + 1) for k in range(args.checkpoints)]
-    fine = [budget * (k + 1) / 100 for k in range(100)]  # for the 50% crossing
-    rows = []
-    for arm, rs in runs.items():
-        mean = [statistics.mean(at(m, window, r) for r in rs) for m in marks]
-        spread = [statistics.pstdev(at(m, window, r) for r in rs) for m in marks]
-        rows.append([arm] + [f"{s:.2f}±{d:.2f}" for s, d in zip(mean, spread, strict=True)])
-    print(f"\n{success} (mean ± std over {seeds} seeds) at generated tokens, each over the last {window:.0f} "
-          f"tokens; budget {budget:.0f} per run")
-    print(table(["method", *[f"{m:.0f}" for m in marks]], rows))
-    reached = {}
-    for arm, rs in runs.items():
-        per_seed = [tokens_to(0.5, [(m, at(m, window, r)) for m in fine]) for r in rs]
-        reached[arm] = tokens_to(0.5, [(m, statistics.mean(at(m, window, r) for r in rs)) for m in fine])
-        print(f"{arm}: tokens to 50% {success} per seed "
-              + " ".join("never" if t is None else f"{t:.0f}" for t in per_seed)
-              + f"; seed-mean curve: {'never' if reached[arm] is None else f'{reached[arm]:.0f}'}")
+    checks = {arm: [[at(m, window, r) for m in marks] for r in rs] for arm, rs in runs.items()}
+    print(f"\n{success} (mean ± std over {min(map(len, runs.values()))} seeds) at generated tokens, each over the "
+          f"last {window:.0f} tokens; budget {budget:.0f} per run")
+    print(table(["method", *[f"{m:.0f}" for m in marks]],
+                [[arm, *(f"{statistics.mean(c):.2f}±{statistics.pstdev(c):.2f}" for c in zip(*vs))]
+                 for arm, vs in checks.items()]))
+    print(f"\n{success} of every seed at the same checkpoints")
+    print(seed_table(checks, marks))
+    fine = [budget * (k + 1) / 100 for k in range(100)]  # where the crossings are read
+    curves = {arm: (fine, [[at(m, window, r) for m in fine] for r in rs]) for arm, rs in runs.items()}
+    print()
     for arm, (recurring, turns) in ANCHORS.items():
         print(f"{arm}: anchor states recur for {recurring / max(turns, 1):.0%} of {turns} training turns "
               "(another turn of their group started from the same state)")
@@ -416,16 +436,23 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{wrong_lost / max(lost, 1):.0%} of {lost} of lost ones")
     if not tree:
         print("tree_grpo: waiting for rollout.tree (this tree has no tree rollouts yet)")
+    if "grpo" not in curves:
+        print("\ntokens to target: the ratios need grpo's runs (here or in --from)")
+        return
+    target = 0.5 if args.env is None else seed_target(curves["grpo"][1])
+    rule = "the ladder's fixed 50%" if args.env is None else (f"the lowest of grpo's {len(runs['grpo'])} seeds' "
+                                                              "best (smoothed, within the budget): every grpo seed reaches it")
+    print(f"\ntarget: {success} {target:.3f}, {rule}")
+    for arm, (grid, vs) in curves.items():
+        seeds = " ".join("never" if t is None else f"{t:.0f}"
+                         for t in (tokens_to(target, [*zip(grid, v)]) for v in vs))
+        reached = mean_tokens_to(target, grid, vs)
+        print(f"{arm}: tokens to target per seed {seeds}; seed-mean curve: "
+              f"{'never' if reached is None else f'{reached:.0f}'}")
+    print(f"\nratios of tokens to target to grpo's [90% interval, {RESAMPLES} seed bootstraps of each arm]")
+    for arm in (a for a in ARMS if a != "grpo" and a in curves):
+        print(ratio_line(f"{arm}/grpo", *ratio_to_target(target, curves[arm], curves["grpo"])))
 
-    def ratio(arm: str) -> str:
-        if arm not in reached or "grpo" not in reached:
-            return "waiting for rollout.tree" if arm == "tree_grpo" and not tree else "not run"
-        if reached["grpo"] is None or reached[arm] is None:
-            return "n/a (50% not reached within the budget)"
-        return f"{reached[arm] / reached['grpo']:.2f}"
-
-    print(f"\ntokens to 50% {success}, gigpo/grpo: {ratio('gigpo')}, tree_grpo/grpo: {ratio('tree_grpo')}")
-    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,13 +22,18 @@ Four arms from the same untrained model, ``--seeds`` seeds each (``trainer.seed`
 Generated tokens are the model's tokens (``response_mask`` 1) of every trajectory a step generated, trained or
 skipped (``rollouts/step_NNNNN.jsonl``). The held-out split is evaluated before training (once: every arm
 starts from it) and every ``--eval-every`` steps; each seed's curve is linear between its evaluations and
-the arm's curve is the seed mean. The target is the uniform arm's final held-out success; an arm's tokens
-to target are where its curve first reaches it. Last line:
+the arm's curve is the seed mean. The target is the level every seed of the uniform arm reaches: the lowest
+of its seeds' best held-out success, within its shortest run's tokens (until the seed-bootstrap intervals
+came, the uniform arm's final mean success: figures recorded before are on that target). An arm's tokens to
+target are where its curve first reaches it; each ratio to uniform's comes with a 90% interval over 2,000
+seed bootstraps (each arm's seeds resampled with replacement, a fixed RNG; a resample whose arm never
+reaches the target counts as inf). Every seed's curve is printed too. Last line:
 
-    tokens to target, curriculum/uniform: X.XX
+    tokens to target, curriculum/uniform: X.XX [lo, hi]
 
 (curriculum: the better of ``pass_rate`` and ``env_difficulty``; below 1: fewer tokens than uniform draws
-needed; the issue's goal ≤ 0.7). Runs go ``--jobs`` at a time, each a process of its own, single-threaded.
+needed, the issue's goal ≤ 0.7; ``n/a``: a seed mean never reached the target). Runs go ``--jobs`` at a
+time, each a process of its own, single-threaded.
 
     OMP_NUM_THREADS=1 python benchmarks/curriculum.py [--quick] [--seeds 3] [--steps 12] [--jobs 2]
         [--first-seed 0] [--logs OUTPUT ...]
@@ -50,7 +55,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _common import machine, mean_curve, run_child, single_thread, table, tokens_to
+from _common import (
+    RESAMPLES,
+    machine,
+    mean_curve,
+    mean_tokens_to,
+    ratio_line,
+    ratio_to_target,
+    run_child,
+    seed_table,
+    seed_target,
+    single_thread,
+    table,
+    tokens_to,
+)
 
 single_thread()
 
@@ -218,26 +236,38 @@ def from_logs(paths: Sequence[Path]) -> tuple[dict[str, list[list[tuple[float, f
 
 
 def report(curves: dict[str, list[list[tuple[float, float]]]], problems: int, seeds: str) -> int:
-    """The arms' mean curves, tokens to the uniform arm's final success, and the last line."""
+    """The arms' mean curves and every seed's, the target (module docstring) and each arm's tokens to it,
+    each arm's ratio to the uniform arm's with its seed-bootstrap interval, and the last line."""
     ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
     marks = [max(ends.values()) * k / 8 for k in range(9)]
     print(f"\nheld-out successes of {problems} (mean over {seeds}) at generated tokens")
     print(table(["arm", *[f"{m:.0f}" for m in marks]],
                 [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
                  for arm, cs in curves.items()]))
+    print("\nheld-out successes of every seed at the same tokens")
+    print(seed_table({arm: [[v if m <= c[-1][0] else None for m, v in zip(marks, mean_curve([c], marks))]
+                            for c in cs] for arm, cs in curves.items()}, marks, digits=1))
     if "uniform" not in curves:
         return 0
-    target = mean_curve(curves["uniform"], [ends["uniform"]])[0]
-    reached = {}
-    for arm, cs in curves.items():
-        fine = [ends[arm] * k / 400 for k in range(401)]
-        reached[arm] = tokens_to(target, list(zip(fine, mean_curve(cs, fine), strict=True)))
-        print(f"{arm}: tokens to {target:.1f}/{problems} (the uniform arm's final): "
-              f"{f'not within its {ends[arm]:.0f}' if reached[arm] is None else f'{reached[arm]:.0f}'}")
-    best = min((reached[a] for a in ("pass_rate", "env_difficulty") if reached.get(a) is not None), default=None)
-    anchor = max(reached["uniform"] or ends["uniform"], 1e-9)
-    print(f"\ntokens to target, curriculum/uniform: "
-          f"{'n/a (no curriculum arm reached it)' if best is None else f'{best / anchor:.2f}'}")
+    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}  # each arm's within its shortest run
+    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+    target = seed_target(arms["uniform"][1])
+    print(f"\ntarget: {target:.1f}/{problems} held-out, the lowest of the uniform arm's {len(curves['uniform'])} "
+          "seeds' best (within its shortest run): every uniform seed reaches it")
+    for arm, (grid, rows) in arms.items():
+        reached = mean_tokens_to(target, grid, rows)
+        print(f"{arm}: tokens to target {f'not within its {ends[arm]:.0f}' if reached is None else f'{reached:.0f}'}"
+              " (per seed: " + " ".join("never" if t is None else f"{t:.0f}" for t in
+                                        (tokens_to(target, list(zip(grid, row))) for row in rows)) + ")")
+    ratios = {arm: ratio_to_target(target, arms[arm], arms["uniform"]) for arm in arms if arm != "uniform"}
+    best = min((a for a in ("pass_rate", "env_difficulty") if a in ratios), default=None,
+               key=lambda a: (ratios[a][0] is None, ratios[a][0] or 0.0))
+    print(f"\nratios of tokens to target to uniform's [90% interval, {RESAMPLES} seed bootstraps of each arm]; "
+          f"curriculum: {best or 'none run'} (the better of pass_rate and env_difficulty)")
+    for arm, ratio in ratios.items():
+        print(ratio_line(f"{arm}/uniform", *ratio))
+    print("tokens to target, curriculum/uniform: n/a (no curriculum arm ran)" if best is None else
+          ratio_line("curriculum/uniform", *ratios[best]))
     return 0
 
 
