@@ -22,7 +22,7 @@ from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionInfrastructureError, SessionKind
-from toolrl.testing import ScriptedEngine
+from toolrl.testing import ScriptedEngine, listing_imports
 from toolrl_textworld.environment import TEXTWORLD
 from toolrl_textworld.games import GameSpec, GenerationError, digest, ensure
 from toolrl_textworld.session import Play, TextworldSessionOptions
@@ -164,6 +164,11 @@ async def test_an_engine_that_fails_is_an_infrastructure_error(monkeypatch: pyte
         session.step(ToolCall(name="act", arguments={"command": command}))
 
 
+def test_listing_the_plugins_imports_neither_textworld_nor_the_plugin_s_modules() -> None:
+    printed, modules = listing_imports("toolrl_textworld", "textworld", "jericho")
+    assert modules == ["toolrl_textworld"] and "toolrl-plugin-textworld" in printed
+
+
 def test_textworld_imports_without_jericho() -> None:
     """TextWorld's package imports jericho; the plugin stands in for it (a C build it never runs)."""
     code = ("import importlib.util, sys; assert importlib.util.find_spec('jericho') is None; "
@@ -198,3 +203,25 @@ async def test_a_group_of_games_through_the_rollout_loop(qwen3_tokenizer: Any) -
     assert (lost.termination, lost.turns, lost.reward) == ("max_turns", 20, 0.0)
     # "look" leaves the state as it was: the detour's first two turns start from the same state as won's first
     assert detour.turn_states[0] == detour.turn_states[1] == won.turn_states[0] == lost.turn_states[0]
+
+
+async def test_a_long_game_under_a_context_policy(qwen3_tokenizer: Any) -> None:
+    """A game wandered for all its turns under ``rollout.context: window``: the context is cut into segments
+    (each a trajectory piece), the game goes on in the same session, and the task (system prompt, the
+    game's opening) stays in every piece."""
+    config = load_config(None, data={"env": "textworld", "env_options": {**SMALL, "example": False, "max_steps": 12},
+                                     "rollout": {"max_response_tokens": 8192,
+                                                 "context": {"name": "window", "trigger_tokens": 600, "keep_turns": 2}}})
+    sample = load_samples(config, "test")[0]
+    routes, parts = await build_routes(config, [sample])
+    ctx = RolloutContext(engine=ScriptedEngine(qwen3_tokenizer, {"g0-0": ["look\n"] * 12}), config=config.rollout,
+                         routes=routes, renderer_factory=lambda schemas: ChatRenderer(qwen3_tokenizer, schemas))
+    try:
+        pieces = await run_rollouts(ctx, [sample], n=1, seed=0)
+    finally:
+        for part in parts:
+            await part.close()
+    assert len(pieces) > 1 and pieces[-1].termination == "max_turns"
+    assert sum(p.turns for p in pieces) == 12
+    opening = sample.prompt[0].content.split("\n")[0]
+    assert all(opening in qwen3_tokenizer.decode(p.prompt_ids) for p in pieces)
