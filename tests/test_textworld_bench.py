@@ -1,0 +1,74 @@
+"""benchmarks/textworld_claims.py's figures from outputs it printed (``--logs``), on small synthetic outputs: the seeds
+of two parts read together, each claim's last line, and nothing of toolrl or the TextWorld plugin imported
+(``--logs`` runs where neither is installed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# toolrl and the plugin made unimportable: --logs must not need them.
+RUN = ("import runpy, sys; sys.modules['toolrl'] = sys.modules['toolrl_textworld'] = None; "
+       "sys.path.insert(0, {bench!r}); sys.argv = ['textworld_claims.py', '--logs', *sys.argv[1:]]; "
+       "runpy.run_path({script!r}, run_name='__main__')")
+SEED = "{arm} seed {seed}: 900 s, 90 s a step, peak 9.5 GiB; held-out won at tokens (by level): {points}; {extra}"
+CREDIT = {("grpo", 0): "4@100(4) 8@200(8)", ("grpo", 1): "6@100(6) 10@200(10)",
+          ("gigpo", 0): "6@100(6) 10@200(10)", ("gigpo", 1): "8@100(8) 12@200(12)",
+          ("tree_grpo", 0): "3@80(3) 9@160(9) 12@240(12)", ("tree_grpo", 1): "5@80(5) 7@160(7) 10@240(10)"}
+CURRICULUM = {("uniform", 0): "7@100(5/2/0/0) 9@200(6/2/1/0)", ("uniform", 1): "8@100(5/3/0/0) 11@200(6/3/1/1)",
+              ("pass_rate", 0): "9@100(6/2/1/0) 12@200(7/3/1/1)", ("pass_rate", 1): "8@100(5/2/1/0) 10@200(6/3/1/0)",
+              ("env_difficulty", 0): "7@100(5/2/0/0) 13@200(7/4/1/1)",
+              ("env_difficulty", 1): "7@100(5/2/0/0) 12@200(7/3/1/1)"}
+
+
+def _logs(*paths: Path) -> subprocess.CompletedProcess:
+    code = RUN.format(bench=str(ROOT / "benchmarks"), script=str(ROOT / "benchmarks" / "textworld_claims.py"))
+    return subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, timeout=120)
+
+
+def _outputs(tmp_path: Path, claim: str, untrained: str, runs: dict[tuple[str, int], str]) -> list[Path]:
+    """Two outputs, seed 0 and seed 1, as two runs of ``--first-seed`` print them."""
+    paths = []
+    for seed in (0, 1):
+        extra = "anchor states recur 30/40 turns (past the first turn 10/20)"
+        seeds = [SEED.format(arm=arm, seed=s, points=points, extra=extra if arm == "gigpo" else "")
+                 for (arm, s), points in runs.items() if s == seed]
+        path = tmp_path / f"{claim}-{seed}.txt"
+        path.write_text("\n".join(["machine: synthetic", f"claim: {claim}", untrained, *seeds]) + "\n")
+        paths.append(path)
+    return paths
+
+
+def test_credit_figures_from_two_outputs(tmp_path):
+    done = _logs(*_outputs(tmp_path, "credit", "untrained: 2/24 held-out won (2 by level), 24 a level; 50 s", CREDIT))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert "mean over 2 seeds" in done.stdout
+    assert ("target: 8.0/24 held-out won, the lowest of the grpo arm's 2 seeds' best (within its shortest run): "
+            "every one of its seeds reaches it") in out
+    assert "grpo: tokens to target 175 (per seed: 200 150)" in out  # seed means 5 at 100, 9 at 200
+    assert any(line.startswith("gigpo: anchor states recur for 75% of 80 training turns") for line in out)
+    assert out[-3].startswith("tokens to target, tree_grpo/grpo: 0.91 [")
+    assert out[-2] == "the better of gigpo and tree_grpo by point estimate: gigpo"
+    assert out[-1].startswith("tokens to target, gigpo or tree_grpo / grpo: 0.71 [")  # 125 / 175
+
+
+def test_curriculum_figures_by_level_and_the_hardest(tmp_path):
+    untrained = "untrained: 5/32 held-out won (4/1/0/0 by level), 8 a level; 80 s"
+    done = _logs(*_outputs(tmp_path, "curriculum", untrained, CURRICULUM))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert ("env_difficulty: hardest level (quest_length=4) held-out won 1.0/8 at the end (per seed 1 1; "
+            "untrained 0; best on the way 1 1)") in out
+    assert "the better of pass_rate and env_difficulty by point estimate: pass_rate" in out
+    assert out[-1].startswith("tokens to target, curriculum/uniform: 0.75 [")  # 120 / 160
+
+
+def test_an_output_without_runs_is_refused(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("machine: nothing ran\nclaim: credit\n")
+    refused = _logs(empty)
+    assert refused.returncode != 0 and "no claim line, untrained line or per-seed line" in refused.stderr
+    assert "Traceback" not in refused.stderr
