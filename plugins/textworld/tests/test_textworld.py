@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from toolrl import InfrastructureError
 from toolrl.cli import cli
 from toolrl.config import load_config
 from toolrl.data.sources import load_samples, load_split
@@ -21,7 +22,7 @@ from toolrl.renderers.chat import ChatRenderer
 from toolrl.rollout import RolloutContext, run_rollouts
 from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
-from toolrl.sessions import SessionInfrastructureError, SessionKind
+from toolrl.sessions import SessionKind
 from toolrl.testing import ScriptedEngine, listing_imports
 from toolrl_textworld.environment import TEXTWORLD
 from toolrl_textworld.games import GameSpec, GenerationError, digest, ensure
@@ -160,7 +161,7 @@ async def test_an_engine_that_fails_is_an_infrastructure_error(monkeypatch: pyte
 
     monkeypatch.setattr(session.play.env, "step", broken)
     command = session.play.state["policy_commands"][0]
-    with pytest.raises(SessionInfrastructureError, match=f"TextWorld's engine failed on '{command}': RuntimeError"):
+    with pytest.raises(InfrastructureError, match=f"TextWorld's engine failed on '{command}': RuntimeError"):
         session.step(ToolCall(name="act", arguments={"command": command}))
 
 

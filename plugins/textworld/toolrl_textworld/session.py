@@ -21,8 +21,9 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from toolrl import InfrastructureError
 from toolrl.schemas import Sample, ToolCall
-from toolrl.sessions import EnvironmentSession, Reset, SessionInfrastructureError, StepResult
+from toolrl.sessions import EnvironmentSession, Reset, StepResult
 from toolrl.trajectory import Trajectory
 
 from toolrl_textworld import narrator
@@ -113,7 +114,7 @@ class Play:
         try:
             state, score, done = self.env.step(command)
         except Exception as exc:  # the engine's fault, never the model's
-            raise SessionInfrastructureError(f"TextWorld's engine failed on {command!r}: {type(exc).__name__}: "
+            raise InfrastructureError(f"TextWorld's engine failed on {command!r}: {type(exc).__name__}: "
                                              f"{exc}") from exc
         reward = ((score - self.points) / self.max_score if self.options.reward == "score"
                   else state["intermediate_reward"] / self.walkthrough)
