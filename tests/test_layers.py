@@ -43,6 +43,10 @@ FORBIDDEN = [
     ("training", "engines"),
     ("parsers", "tools"),
 ]
+# Modules that must not reach another through any chain of imports (importer, imported).
+APART = [
+    ("toolrl.processes.step_group", "toolrl.processes.rollout_workers"),  # the public step: no engines, no tools
+]
 
 
 def module_name(path: Path) -> str:
@@ -103,6 +107,21 @@ def test_imports_point_down_the_layers():
 def test_packages_of_one_layer_keep_apart(importer, imported):
     assert [f"{m} -> {i}" for m, targets in GRAPH.items() if top(m) == importer
             for i in sorted(targets) if top(i) == imported] == []
+
+
+def reached(name: str) -> set[str]:
+    """Every toolrl module that ``name`` imports, directly or through others."""
+    seen, todo = {name}, [name]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen - {name}
+
+
+@pytest.mark.parametrize(("importer", "imported"), APART)
+def test_modules_kept_apart_do_not_reach_each_other(importer, imported):
+    assert imported not in reached(importer)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

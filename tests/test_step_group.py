@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from toolrl.config import AdapterConfig, RayConfig
+from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.recovery import TrainerFailed
-from toolrl.processes.rollout_workers import init_ray
 from toolrl.processes.step_group import StepGroup
 from toolrl.training.optimizer import OptimizerSettings
 from toolrl.training.token_step import LossSpec, TokenRow
@@ -70,5 +70,5 @@ def test_a_rank_that_raises_fails_the_call_and_the_next_call_reforms_the_group(g
     assert recovery.source == "memory (1 adapters, 1 calls since their last step run again)"
     assert again.keys() == pending.keys() and all(torch.equal(again[k], pending[k]) for k in pending)
     norm = group.optimizer_step("a", OptimizerSettings(lr=1e-2))
-    assert norm is None or math.isfinite(norm)
+    assert math.isfinite(norm)  # measured, clipped or not
     assert group.recoveries[before:] == [recovery]  # the group trains on, once re-formed

@@ -1,7 +1,7 @@
 """The public step for outside trainers (toolrl.training.token_step) and the one AdamW
 (toolrl.training.optimizer): a forward/backward through one adapter equal to the trainer's own step on
-the same tokens, micro-batches that add up to one pass, bad input refused before any forward, and every
-AdamW of toolrl built by the one factory."""
+the same tokens, micro-batches that add up to one pass, bad input refused before any forward, every
+AdamW of toolrl built by the one factory, and ``grad_clip`` meaning one thing (0: not clipped)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 from pydantic import ValidationError
-from toolrl.config import AdapterConfig, AlgorithmConfig, ConfigError
+from toolrl.config import AdapterConfig, AlgorithmConfig, ConfigError, CriticConfig, OptimConfig
 from toolrl.model_sources import load_model
 from toolrl.modeling.adapter_routing import adapter_names
 from toolrl.modeling.adapters import adapter_of, add_adapter
-from toolrl.training.optimizer import OptimizerSettings, adamw, optimizer_step
+from toolrl.training.optimizer import OptimizerSettings, adamw, clipped_step, optimizer_step
 from toolrl.training.packing import build_batch, through_adapters
-from toolrl.training.step import clip_grad_norm, policy_loss, response_logprobs
+from toolrl.training.step import policy_loss, response_logprobs
 from toolrl.training.token_step import LossSpec, TokenRow, forward_backward, micro_batch_spans
 from toolrl.trajectory import Trajectory
 
@@ -157,13 +157,35 @@ def test_optimizer_step_is_adamw_with_its_settings_bit_for_bit(model) -> None:
     mirror = [p.detach().clone().requires_grad_(True) for p in params]
     for mine, theirs in zip(mirror, params, strict=True):
         mine.grad = theirs.grad.clone()
-    settings = OptimizerSettings(lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01, grad_clip_norm=0.5)
+    settings = OptimizerSettings(lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01, grad_clip=0.5)
     optimizer = adamw(params, OptimizerSettings(lr=1.0))
     norm = optimizer_step(optimizer, settings)  # the step's settings, not the ones it was built with
-    expected = clip_grad_norm(mirror, 0.5)
+    expected = float(torch.nn.utils.clip_grad_norm_(mirror, 0.5))
     torch.optim.AdamW(mirror, lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01).step()
     assert norm == expected and all(p.grad is None for p in params)
     assert all(torch.equal(mine.detach(), theirs.detach()) for mine, theirs in zip(mirror, params, strict=True))
+
+
+def test_grad_clip_0_steps_unclipped_and_reports_the_norm() -> None:
+    """``grad_clip`` 0 is no clipping wherever it is set (the policy's and the critic's config, the public
+    settings); the step made by :func:`clipped_step` then is AdamW's on the gradients as they are, and
+    its norm is measured all the same (a step's ``grad_norm``)."""
+    assert OptimConfig(grad_clip=0).grad_clip == CriticConfig(grad_clip=0).grad_clip == 0
+    for section in (OptimConfig, CriticConfig, lambda grad_clip: OptimizerSettings(lr=1.0, grad_clip=grad_clip)):
+        with pytest.raises(ValidationError, match="grad_clip"):
+            section(grad_clip=-1.0)
+    torch.manual_seed(0)
+    params = [torch.randn(5, requires_grad=True), torch.randn(2, 3, requires_grad=True)]
+    for p in params:
+        p.grad = 10 * torch.randn_like(p)  # a norm far above 1
+    mirror = [p.detach().clone().requires_grad_(True) for p in params]
+    for mine, theirs in zip(mirror, params, strict=True):
+        mine.grad = theirs.grad.clone()
+    norm = clipped_step(torch.optim.AdamW(params, lr=1e-2), params, 0.0)
+    assert norm == pytest.approx(float(torch.cat([p.grad.flatten() for p in mirror]).norm()), rel=1e-6)
+    assert norm > 1 and all(torch.equal(p.grad, m.grad) for p, m in zip(params, mirror, strict=True))
+    torch.optim.AdamW(mirror, lr=1e-2).step()
+    assert all(torch.equal(p.detach(), m.detach()) for p, m in zip(params, mirror, strict=True))
 
 
 def test_every_adamw_is_built_by_the_factory() -> None:

@@ -28,7 +28,8 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
     from ray.exceptions import RayActorError
     from toolrl.config import load_config
     from toolrl.processes import sync_weights
-    from toolrl.processes.rollout_workers import RolloutWorkerPool, init_ray
+    from toolrl.processes.ray_cluster import init_ray
+    from toolrl.processes.rollout_workers import RolloutWorkerPool
     from toolrl.processes.trainer_group import RayTrainerGroup
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")

@@ -630,7 +630,8 @@ class CriticConfig(Section):
     lr: float = Field(1e-5, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     value_clip: float | None = Field(0.5, gt=0, description="ε of the clipped value loss (None: unclipped)")
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="the largest global gradient norm of an update "
+                             "(0: not clipped)")
 
 
 # Positions per LM-head chunk: the head holds at most this many fp32 rows of vocabulary logits.
@@ -643,7 +644,8 @@ class OptimConfig(Section):
     betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0, le=1, description="AdamW's epsilon: a parameter whose gradients stay below it "
                        "moves less than lr a step (docs/benchmarks.md: on-policy distillation past 12 steps)")
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, ge=0, description="the largest global gradient norm of an update "
+                             "(0: not clipped)")
     micro_batch_size: BatchSize = Field(4, gt=0)
     # Fill micro-batches up to this many tokens (prompt + response) instead of micro_batch_size sequences.
     max_tokens_per_micro_batch: Tokens | None = Field(None, gt=0)

@@ -35,11 +35,13 @@ class TrainerFailed(RuntimeError):
 
 
 class RankDied(TrainerFailed):
-    """Trainer rank ``rank``'s actor died (its process or its node): the group can be re-formed."""
+    """Trainer rank ``rank``'s actor died (its process or its node) during ``during`` (a call, "step 3"):
+    the group can be re-formed. ``who`` names it for the recovery's lines and record ("trainer rank 1 (pid
+    123 on host)")."""
 
-    def __init__(self, message: str, rank: int, unavailable: bool = False) -> None:
-        super().__init__(message)
-        self.rank = rank
+    def __init__(self, who: str, during: str, rank: int, unavailable: bool = False) -> None:
+        super().__init__(f"{who} died during {during}")
+        self.who, self.during, self.rank = who, during, rank
         self.unavailable = unavailable  # not reachable, not yet declared dead: its node may be lost
 
 
@@ -117,7 +119,7 @@ class ReformingGroup:
     async def _reform(self, died: RankDied, what: str) -> None:
         seen = time.time()
         t0 = time.perf_counter()
-        who = str(died).split(" died during ")[0]
+        who = died.who
         mode = self.config.trainer.on_rank_failure
         log.warning("%s died during %s: re-forming the trainer group (%s)", who, what, mode)
         before = self.world_size
@@ -309,7 +311,7 @@ async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, A
                 info = infos[rank] if rank < len(infos) else {}
                 where = f" (pid {info['pid']} on {info['host']})" if info else ""
                 if isinstance(exc, ActorDied):
-                    raise RankDied(f"trainer rank {rank}{where} died during {what}", rank, exc.unavailable) from None
+                    raise RankDied(f"trainer rank {rank}{where}", what, rank, exc.unavailable) from None
                 cause = exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
                 if isinstance(cause, (ConfigError, *refusals)):
                     raise cause

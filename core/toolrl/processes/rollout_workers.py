@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
@@ -28,6 +27,7 @@ from toolrl.config import Config, ConfigError
 from toolrl.model_sources import model_path
 from toolrl.processes.in_process import build_rollouts, seed_everything
 from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
+from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.resolve import RunPlan
 from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
@@ -603,27 +603,6 @@ class RolloutWorkerPool:
 
     async def close(self) -> None:
         await self.slots.close()
-
-
-def init_ray(address: str, cpus_needed: float, **options: Any) -> None:
-    """Connect this process to Ray (``options``: more of ``ray.init``'s): ``"local"`` starts a private
-    instance on this machine with at least ``cpus_needed`` logical CPUs (so a laptop can run more actors
-    than it has cores), or ``options["num_cpus"]`` when given. Ray gives a starting node 30 s to register;
-    on a machine busy enough that it misses that, the local instance is started once more (said in the log)."""
-    import ray
-
-    options = {"include_dashboard": False, **options}
-    if address == "local" and "num_cpus" not in options:
-        options["num_cpus"] = max(os.cpu_count() or 1, math.ceil(cpus_needed))
-    for attempt in (1, 2):
-        try:
-            ray.init(address=address, **options)
-            return
-        except Exception as exc:  # Ray raises a bare Exception for a node that timed out starting
-            if address != "local" or attempt == 2 or "timed out during startup" not in str(exc):
-                raise
-            log.warning("Ray's local node timed out starting (a busy machine); starting it once more")
-            ray.shutdown()
 
 
 def _split(count: int, parts: int) -> list[list[int]]:

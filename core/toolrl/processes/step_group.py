@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from toolrl.algorithms import build_loss
 from toolrl.config import AdapterConfig, AlgorithmConfig, RayConfig
+from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.recovery import (
     MAX_DEATHS_PER_CALL,
     RankDied,
@@ -76,7 +77,8 @@ class StepGroup:
         self.infos: list[dict[str, Any]] = []
         self.kept: dict[str, _Kept] = {}
         self.recoveries: list[Recovery] = []  # every re-formed group, oldest first
-        self._broken: str | None = None  # why the group must be re-formed before its next call
+        # Why the group must be re-formed before its next call, and who failed (a Recovery's ``died``).
+        self._broken: tuple[str, str] | None = None
         self._lock = threading.Lock()
         self._own_ray = False
         self._start_timeout_s = 900.0
@@ -95,9 +97,6 @@ class StepGroup:
 
         if ray_module.is_initialized():
             return False
-        # lazy: the rollout workers' module (engines, tools) only once Ray is wanted here
-        from toolrl.processes.rollout_workers import init_ray
-
         init_ray(ray.address or "local", world_size * ray.num_cpus_per_trainer, log_to_driver=False)
         return True
 
@@ -137,10 +136,10 @@ class StepGroup:
             self.kept[name].since.append((list(rows), loss, max_tokens))
         return out
 
-    def optimizer_step(self, name: str, settings: OptimizerSettings) -> float | None:
+    def optimizer_step(self, name: str, settings: OptimizerSettings) -> float:
         self._known(name)
 
-        async def step() -> tuple[float | None, dict[str, Any]]:
+        async def step() -> tuple[float, dict[str, Any]]:
             norms = await self._each("optimizer_step", name, settings)
             return norms[0], (await self._each("state", name, ranks=self.ranks[:1]))[0]
 
@@ -220,12 +219,12 @@ class StepGroup:
                     await self._reform(what)
                 return await call()
             except RankDied as exc:
-                self._broken = str(exc)
+                self._broken = str(exc), exc.who
                 deaths += 1
                 if deaths > MAX_DEATHS_PER_CALL:
                     raise
             except TrainerFailed as exc:  # the other ranks may wait in a collective with it
-                self._broken = str(exc)
+                self._broken = str(exc), "a failed call"
                 raise
 
     async def _new_ranks(self, timeout_s: float) -> None:
@@ -244,8 +243,8 @@ class StepGroup:
         """Every rank killed, a new group placed and started, each adapter restored and its calls since its
         last step run again."""
         seen, t0 = time.time(), time.perf_counter()
-        who = self._broken.split(" died during ")[0] if " died during " in self._broken else "a failed call"
-        log.warning("%s: re-forming the step group of %d ranks", self._broken, self.world_size)
+        why, who = self._broken
+        log.warning("%s: re-forming the step group of %d ranks", why, self.world_size)
         end_ranks(self.ranks, self.placement)
         await self._new_ranks(self._start_timeout_s)
         calls = 0

@@ -131,7 +131,7 @@ class StepRank:
                 p.grad = piece.view_as(p) if held[key] is None else held[key] + piece.view_as(p)
         return out
 
-    def optimizer_step(self, name: str, settings: OptimizerSettings) -> float | None:
+    def optimizer_step(self, name: str, settings: OptimizerSettings) -> float:
         """:func:`toolrl.training.optimizer.optimizer_step` of adapter ``name``'s AdamW."""
         self._resident(name)
         return optimizer_step(self.optimizers[name], settings)

@@ -24,7 +24,7 @@ from toolrl import model_sources
 from toolrl.config import Config
 from toolrl.model_sources import model_path
 from toolrl.training.microbatch import plan
-from toolrl.training.optimizer import OptimizerSettings, adamw
+from toolrl.training.optimizer import OptimizerSettings, adamw, clipped_step
 from toolrl.training.packing import (
     PackedBatch,
     input_length,
@@ -33,7 +33,7 @@ from toolrl.training.packing import (
     tree_keys,
 )
 from toolrl.training.sharding import shard_root
-from toolrl.training.step import MicroStep, clip_grad_norm, packed_micro_steps
+from toolrl.training.step import MicroStep, packed_micro_steps
 from toolrl.trajectory import Trajectory
 
 __all__ = ["Critic", "CriticOptions", "ValueModel", "batch_values", "critic_update", "load_state", "shard_critic",
@@ -72,7 +72,7 @@ class ValueModel(torch.nn.Module):
 @dataclass(frozen=True)
 class CriticOptions:
     """What a critic update runs with, as the policy's (``value_clip``: ``ε``, None the plain squared
-    error)."""
+    error; ``grad_clip``: the largest global gradient norm, 0 for no clipping)."""
 
     value_clip: float | None = 0.2
     grad_clip: float = 1.0
@@ -183,10 +183,8 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
                 loss.backward()
                 loss_sum += float(loss.detach())
                 counted, clipped = counted + figures["tokens"], clipped + figures["clipped"]
-            norm = clip_grad_norm(critic.parameters(), options.grad_clip)
-            optimizer.step()
+            norms.append(clipped_step(optimizer, critic.parameters(), options.grad_clip))
             losses.append(loss_sum)
-            norms.append(norm)
     optimizer.zero_grad(set_to_none=True)
     critic.eval()
     shared = sharing_metrics([batch for _, steps in minis for micro, batch in steps if micro is not None])

@@ -40,6 +40,7 @@ from toolrl.config import DEFAULT_LOGPROB_CHUNK, AlgorithmConfig, OptimConfig
 from toolrl.training.expert_replay import ExpertReplay
 from toolrl.training.logprobs import token_logprobs
 from toolrl.training.microbatch import plan
+from toolrl.training.optimizer import clipped_step
 from toolrl.training.packing import (
     PackedBatch,
     build_batch,
@@ -448,20 +449,13 @@ def mini_batch_update(model: Any, optimizer: torch.optim.Optimizer, mini: MiniBa
         first = proximal is not None  # the step's first update: the ratios against the proximal weights
         ratios = torch.exp(prox_lp.detach() - batch.engine_logprobs)[batch.response_mask.bool()] if first else None
         tally.add_micro_step(tokens, stats if sp is None or sp.lead else None, ratios)
-    tally.grad_norms.append(clip_grad_norm(model.parameters(), options.optim.grad_clip))
-    optimizer.step()
+    tally.grad_norms.append(clipped_step(optimizer, model.parameters(), options.optim.grad_clip))
     tally.losses.append(loss_sum)
 
 
 def causal_lm(model: Any) -> Any:
     """The causal LM of ``model`` (itself, or a :class:`Policy`'s)."""
     return model.lm if isinstance(model, Policy) else model
-
-
-def clip_grad_norm(parameters: Any, max_norm: float) -> float:
-    """``clip_grad_norm_``'s total norm before clipping; over every shard for DTensor parameters."""
-    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class ProximalLogprobs:

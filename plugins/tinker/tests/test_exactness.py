@@ -138,7 +138,6 @@ def test_optim_step_is_toolrl_adamw_bit_for_bit(service: Any) -> None:
     """The step the ranks make from the gradient they hold (on two: summed over both) is torch's AdamW
     step from it, bit for bit."""
     from tinker import types
-    from toolrl.training.step import clip_grad_norm
 
     served, client = service
     tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()
@@ -154,13 +153,14 @@ def test_optim_step_is_toolrl_adamw_bit_for_bit(service: Any) -> None:
     mirror.load_state_dict(trainer.optimizer_state(run))  # its moments (a copy)
     params = types.AdamParams(learning_rate=3e-3, beta1=0.8, beta2=0.9, eps=1e-8, weight_decay=0.01,
                               grad_clip_norm=0.5)
-    tc.optim_step(params).result()
+    stepped = tc.optim_step(params).result()  # grad_clip_norm on the wire, core's grad_clip on the ranks
     for g in mirror.param_groups:
         g.update(lr=3e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.01)
-    clip_grad_norm(list(before.values()), 0.5)
+    norm = float(torch.nn.utils.clip_grad_norm_(list(before.values()), 0.5))
     mirror.step()
     after = trainer.adapter_state(run)
     assert all(torch.equal(mine.detach(), after[key]) for key, mine in before.items())
+    assert stepped.metrics["grad_norm:mean"] == pytest.approx(norm, rel=1e-6)
 
 
 def test_two_clients_on_one_base_leave_each_other_alone(service: Any) -> None:

@@ -162,7 +162,7 @@ def optimizer_settings(req: types.OptimStepRequest) -> OptimizerSettings:
             raise UserError(f"AdamParams: {name}={getattr(params, name)}: not a finite number")
     try:
         return OptimizerSettings(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
-                                 weight_decay=params.weight_decay, grad_clip_norm=params.grad_clip_norm)
+                                 weight_decay=params.weight_decay, grad_clip=params.grad_clip_norm)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserError(f"AdamParams: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

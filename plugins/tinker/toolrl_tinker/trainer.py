@@ -96,11 +96,11 @@ class Trainer:
                                                max_tokens=micro_tokens)
 
     def optim_step(self, run: Run, settings: OptimizerSettings) -> dict[str, float]:
-        """One AdamW step of the run's adapter; the gradient norm before clipping, when clipped."""
+        """One AdamW step of the run's adapter; the gradient norm before clipping."""
         with self.lock:
             norm = self.ranks.optimizer_step(run.adapter, settings)
             run.steps += 1
-        return {} if norm is None else {"grad_norm:mean": norm}
+        return {"grad_norm:mean": norm}
 
     def adapter_state(self, run: Run) -> dict[str, Any]:
         """A copy of the run's adapter's tensors (adapter-neutral names)."""
