@@ -4,7 +4,9 @@ lists, every name in it exists, and every in-tree plugin's package imports nothi
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -106,6 +108,57 @@ def test_every_public_name_exists() -> None:
     missing = [f"{module}.{name}" for module, names in PUBLIC_API.items()
                for name in sorted(names) if not hasattr(importlib.import_module(module), name)]
     assert missing == []
+
+
+def top_level_definitions(text: str) -> set[str]:
+    """The names a module's own code binds at its top level (also inside a top-level ``if`` or ``try``):
+    ``def``, ``class`` and assignments; an ``import`` binds a name but defines nothing."""
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, ast.If):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+                for handler in node.handlers:
+                    walk(handler.body)
+
+    walk(ast.parse(text).body)
+    return found
+
+
+def test_the_definition_check_tells_a_definition_from_an_import() -> None:
+    text = ("from toolrl.plugins.parts import RunFacts\nimport json\nfrom typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from toolrl.config import Config\nclass Check: ...\ndef check(): ...\n"
+            "async def later(): ...\nLIMIT = 3\nKINDS: tuple[str, ...] = ()\na, (b, c) = 1, (2, 3)\n"
+            "try:\n    import tomllib as toml\nexcept ImportError:\n    toml = None\n")
+    assert top_level_definitions(text) == {"Check", "check", "later", "LIMIT", "KINDS", "a", "b", "c", "toml"}
+
+
+def test_every_public_name_is_defined_in_the_module_that_lists_it() -> None:
+    """The table names each name's home, so a reader (and an author's "go to definition") finds it where
+    the table says: a name listed under a module is defined in that module's own code, not imported into
+    it from another (RunFacts was listed under toolrl.processes.run_check, which imports it from
+    toolrl.plugins.parts). A package's ``__init__`` is the one exception: it is the package's face and may
+    gather names from its modules or elsewhere (``toolrl.hookimpl``, the testing kit's lazy names)."""
+    imported = []
+    for module, names in sorted(PUBLIC_API.items()):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, module
+        if spec.submodule_search_locations is not None:  # a package: its __init__ may re-export
+            continue
+        defined = top_level_definitions(Path(spec.origin).read_text(encoding="utf-8"))
+        imported += [f"{module}.{name}" for name in sorted(names - defined)]
+    assert imported == [], "list each name under the module that defines it"
 
 
 def test_internal_imports_are_found_with_their_line(tmp_path: Path) -> None:
