@@ -74,6 +74,7 @@ def test_a_spec_the_child_refuses_names_the_game() -> None:
     ("{levels: {level: [1, 2]}}", "env_options: levels: one knob of custom games (rooms, objects, quest_length)"),
     ("{quest_length: 12, max_steps: 8}", "env_options: quest of 12 commands is longer than max_steps=8 allows"),
     ("{kind: treasure_hunter, level: 25, max_steps: 10}", "env_options: quest of 11 commands is longer than max_steps=10"),
+    ("{commands: none}", "env_options: answer: number picks from the commands listed: commands must be all or actions"),
 ])
 def test_bad_options_are_one_line_before_anything_loads(tmp_path: Path, options: str, error: str) -> None:
     path = tmp_path / "cfg.yaml"
@@ -126,6 +127,17 @@ def test_numbers_pick_listed_commands() -> None:
     reply, reward, _ = game.act("99")
     assert reply.startswith(f"There is no command '99': answer with the number of one of the {len(listed)} commands")
     assert reward is None and "\n1. " in reply  # the menu again
+
+
+def test_the_actions_menu_lists_what_can_change_the_state_and_numbers_it() -> None:
+    game = play(GameSpec(rooms=2, objects=1, quest_length=2, seed=7), commands="actions")
+    listed = game.listed()
+    assert listed and not any(c in ("look", "inventory") or c.startswith("examine ") for c in listed)
+    assert set(listed) < set(game.state["admissible_commands"]) and "look" in game.state["admissible_commands"]
+    assert game.opening().endswith("\n".join(f"{i}. {c}" for i, c in enumerate(listed, 1)))
+    for command in list(game.state["policy_commands"]):  # the walkthrough by the numbers of this menu
+        reply, _, done = game.act(str(game.listed().index(command) + 1))
+    assert done and game.state["won"]
 
 
 async def session_for(spec: GameSpec, **options: Any) -> Any:

@@ -51,7 +51,8 @@ class TextworldOptions(BaseModel):
     train_size: int = Field(32, gt=0, description="training games a level")
     test_size: int = Field(16, gt=0, description="held-out games a level")
     max_steps: int = Field(20, gt=0, description="model turns a game: a command each")
-    commands: bool = Field(True, description="list the admissible commands after each view")
+    commands: Literal["all", "actions", "none"] = Field("all", description="the admissible commands listed after "
+                                                        "each view: all, those that can change the state, none")
     answer: Literal["number", "text", "tool"] = "number"
     reward: Literal["score", "progress"] = "score"
     example: bool = Field(True, description="a worked game (won by its walkthrough) before each one")
@@ -71,6 +72,8 @@ class TextworldOptions(BaseModel):
                                  f"values, easiest first; got {knob!r}")
             for value in (min(values), max(values)):  # each level a game the knob's bounds allow
                 GameSpec(**{**self._knobs(), knob: value})
+        if self.answer == "number" and self.commands == "none":
+            raise ValueError("answer: number picks from the commands listed: commands must be all or actions")
         longest = max(s.quest() for s in self.specs_at_levels())
         if longest > self.max_steps:
             raise ValueError(f"quest of {longest} commands is longer than max_steps={self.max_steps} allows: "
@@ -133,7 +136,7 @@ def worked_example(options: TextworldOptions) -> list[dict[str, Any]]:
     play = Play(str(path), session_options(options))
     messages = [{"role": "user", "content": play.opening()}]
     for command in play.state["policy_commands"]:
-        listed = play.state["admissible_commands"]
+        listed = play.listed()
         answer = str(listed.index(command) + 1) if options.answer == "number" else command
         reply, _, done = play.act(answer)
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": reply}]

@@ -39,7 +39,9 @@ ACT = {"type": "function", "function": {
 class TextworldSessionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    commands: bool = Field(True, description="list the admissible commands after each view")
+    commands: Literal["all", "actions", "none"] = Field(
+        "all", description="the admissible commands listed after each view: all, only those that can change the "
+        "state (look, inventory and examine never do), or none")
     answer: Literal["tool", "text", "number"] = Field("number", description="how a command comes: a tool call, "
                                                       "a line of text, or the number of a listed command")
     reward: Literal["score", "progress"] = Field("score", description="the step reward: the score's delta, or "
@@ -54,6 +56,9 @@ def _started(path: str) -> Any:
     env.load(path)
     env.reset()
     return env
+
+
+NO_OPS = ("look", "inventory", "examine ")  # TextWorld commands that only describe: never a change of state
 
 
 def menu(commands: list[str], numbered: bool) -> str:
@@ -84,17 +89,22 @@ class Play:
         return narrator.view(self.world())
 
     def shown(self, text: str) -> str:
-        """``text`` then, with ``commands`` and the game not over, the admissible commands."""
-        if not self.options.commands or self.state["won"] or self.state["lost"]:
+        """``text`` then, with ``commands`` and the game not over, the commands listed."""
+        if self.options.commands == "none" or self.state["won"] or self.state["lost"]:
             return text
-        return f"{text}\n\n{menu(self.state['admissible_commands'], self.options.answer == 'number')}"
+        return f"{text}\n\n{menu(self.listed(), self.options.answer == 'number')}"
+
+    def listed(self) -> list[str]:
+        """The commands the menu lists (``commands``), in TextWorld's order: the numbers refer to them."""
+        commands = self.state["admissible_commands"]
+        return [c for c in commands if not c.startswith(NO_OPS)] if self.options.commands == "actions" else commands
 
     def opening(self) -> str:
         return self.shown(f"{self.state['objective']}\n\n{self.view()}")
 
     def command(self, said: str) -> str | None:
         """The command ``said`` names: itself, or under ``answer: number`` the listed command of that number."""
-        commands = self.state["admissible_commands"]
+        commands = self.listed()
         if self.options.answer != "number":
             return " ".join(said.lower().split())
         found = re.fullmatch(r"\s*(\d+)[.)]?\s*.*", said)
@@ -106,7 +116,7 @@ class Play:
         """The reply to what the model said, the step's reward (None: nothing happened) and whether the game is over."""
         command = self.command(said)
         if command is None:
-            count = len(self.state["admissible_commands"])
+            count = len(self.listed())
             return self.shown(f"There is no command {said.strip()!r}: answer with the number of one of the "
                               f"{count} commands."), None, False
         if command not in self.state["admissible_commands"]:
