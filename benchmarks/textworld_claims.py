@@ -127,14 +127,14 @@ class Claim:
 
 
 CREDIT = Claim(
-    games="kind: custom, rooms: 2, objects: 2, quest_length: 2, max_steps: 5", levels=("quest_length=2",),
+    games="kind: custom, rooms: 2, objects: 2, quest_length: 2, max_steps: 5, commands: all", levels=("quest_length=2",),
     arms={"grpo": [], "gigpo": ["algorithm.advantage=gigpo"],
           "tree_grpo": ["algorithm.advantage=tree_grpo", "rollout.tree={width: 4, depth: 1, turn: 1}"]},
     base="grpo", contenders=("gigpo", "tree_grpo"), last="gigpo or tree_grpo / grpo",
     steps=6, tree_steps=8, train=64, held_out=24)
 QUESTS = (1, 2, 3, 4)
 CURRICULUM = Claim(
-    games=f"kind: custom, rooms: 3, objects: 3, levels: {{quest_length: {list(QUESTS)}}}, max_steps: 8",
+    games=f"kind: custom, rooms: 3, objects: 3, levels: {{quest_length: {list(QUESTS)}}}, max_steps: 8, commands: all",
     levels=tuple(f"quest_length={q}" for q in QUESTS),
     arms={"uniform": ["data.curriculum={name: uniform}"],
           "pass_rate": ["data.curriculum={name: pass_rate, shares: {normal: 1.0}, revisit: 0.1, window: 2}"],
