@@ -441,7 +441,11 @@ def ratios_report(claim: Claim, curves: Curves, games: int, ends: dict[str, floa
     """The target, each arm's tokens to it, the ratios to the base arm's and the last line."""
     grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}  # each arm's within its shortest run
     arms = {arm: (grids[arm], [mean_curve([r.curve()], grids[arm]) for r in rs]) for arm, rs in curves.items()}
-    target = seed_target(arms[claim.base][1])
+    target, start = seed_target(arms[claim.base][1]), arms[claim.base][1][0][0]
+    if target <= start:  # every arm starts at the untrained level: reaching it says nothing
+        print(f"\ntarget: none: a {claim.base} seed never rose above the untrained {start:.1f}/{games} held-out won")
+        print(f"tokens to target, {claim.last}: n/a [no target: the {claim.base} arm did not learn]")
+        return 0
     print(f"\ntarget: {target:.1f}/{games} held-out won, the lowest of the {claim.base} arm's {len(curves[claim.base])} "
           "seeds' best (within its shortest run): every one of its seeds reaches it")
     for arm, (grid, rows) in arms.items():

@@ -72,3 +72,13 @@ def test_an_output_without_runs_is_refused(tmp_path):
     refused = _logs(empty)
     assert refused.returncode != 0 and "no claim line, untrained line or per-seed line" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_no_target_when_the_base_arm_never_rises_above_the_untrained_level(tmp_path):
+    """Every arm starts at the untrained level: a target there is reached at 0 tokens and says nothing."""
+    flat = {key: "2@100(2) 2@200(2)" if key[0] == "grpo" else points for key, points in CREDIT.items()}
+    done = _logs(*_outputs(tmp_path, "credit", "untrained: 2/24 held-out won (2 by level), 24 a level; 50 s", flat))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert "target: none: a grpo seed never rose above the untrained 2.0/24 held-out won" in out
+    assert out[-1] == "tokens to target, gigpo or tree_grpo / grpo: n/a [no target: the grpo arm did not learn]"
