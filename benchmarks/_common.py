@@ -133,6 +133,54 @@ def ratio_line(name: str, point: float | None, lo: float, hi: float) -> str:
     return f"tokens to target, {name}: {'n/a' if point is None else f'{point:.2f}'} [{lo:.2f}, {hi:.2f}]"
 
 
+def report_curves(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]], what: str, of: int,
+                  seeds: str) -> dict[str, float]:
+    """The arms' seed-mean curves, then every seed's, at 9 token marks (``what``: the figure, e.g. ``held-out
+    games won``, of ``of``); returns each arm's shortest run in tokens (its curves are compared within it)."""
+    ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
+    marks = [max(ends.values()) * k / 8 for k in range(9)]
+    print(f"\n{what} of {of} (mean over {seeds}) at generated tokens")
+    print(table(["arm", *[f"{m:.0f}" for m in marks]],
+                [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
+                 for arm, cs in curves.items()]))
+    print(f"\n{what} by every seed at the same tokens")
+    print(seed_table({arm: [[v if m <= c[-1][0] else None for m, v in zip(marks, mean_curve([c], marks))]
+                            for c in cs] for arm, cs in curves.items()}, marks, digits=1))
+    return ends
+
+
+def report_ratios(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]], ends: Mapping[str, float],
+                  base: str, contenders: Sequence[str], last: str, of: str) -> None:
+    """Each arm's seeds on a grid within its shortest run (``ends``), the target (:func:`seed_target` of the
+    ``base`` arm's seeds: a level every one of them reaches; ``of``: what it counts, e.g. ``24 held-out won``),
+    each arm's tokens to it, its ratio to ``base``'s with the seed-bootstrap interval, and the last line
+    ``tokens to target, LAST: ...`` for the better of ``contenders`` by point estimate. Where the base arm's
+    seeds never rise above where every arm starts, a target there is reached at 0 tokens and says nothing:
+    the last line says there is none."""
+    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}
+    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+    target, start = seed_target(arms[base][1]), arms[base][1][0][0]
+    if target <= start:
+        print(f"\ntarget: none: a {base} seed never rose above the untrained {start:.1f}/{of}")
+        print(f"tokens to target, {last}: n/a [no target: the {base} arm did not learn]")
+        return
+    print(f"\ntarget: {target:.1f}/{of}, the lowest of the {base} arm's {len(curves[base])} seeds' best (within its "
+          f"shortest run): every {base} seed reaches it")
+    for arm, (grid, rows) in arms.items():
+        reached = mean_tokens_to(target, grid, rows)
+        print(f"{arm}: tokens to target {f'not within its {ends[arm]:.0f}' if reached is None else f'{reached:.0f}'}"
+              " (per seed: " + " ".join("never" if t is None else f"{t:.0f}" for t in
+                                        (tokens_to(target, list(zip(grid, row))) for row in rows)) + ")")
+    ratios = {arm: ratio_to_target(target, arms[arm], arms[base]) for arm in arms if arm != base}
+    best = min((a for a in contenders if a in ratios), default=None,
+               key=lambda a: (ratios[a][0] is None, ratios[a][0] or 0.0))
+    print(f"\nratios of tokens to target to {base}'s [90% interval, {RESAMPLES} seed bootstraps of each arm]")
+    for arm, ratio in ratios.items():
+        print(ratio_line(f"{arm}/{base}", *ratio))
+    print(f"the better of {' and '.join(contenders)} by point estimate: {best or 'none run'}")
+    print(f"tokens to target, {last}: n/a (none of them ran)" if best is None else ratio_line(last, *ratios[best]))
+
+
 def _ratio(a: float, b: float) -> float:
     if a == math.inf:
         return math.inf

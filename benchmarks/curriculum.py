@@ -56,18 +56,11 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    RESAMPLES,
     machine,
-    mean_curve,
-    mean_tokens_to,
-    ratio_line,
-    ratio_to_target,
+    report_curves,
+    report_ratios,
     run_child,
-    seed_table,
-    seed_target,
     single_thread,
-    table,
-    tokens_to,
 )
 
 single_thread()
@@ -238,36 +231,11 @@ def from_logs(paths: Sequence[Path]) -> tuple[dict[str, list[list[tuple[float, f
 def report(curves: dict[str, list[list[tuple[float, float]]]], problems: int, seeds: str) -> int:
     """The arms' mean curves and every seed's, the target (module docstring) and each arm's tokens to it,
     each arm's ratio to the uniform arm's with its seed-bootstrap interval, and the last line."""
-    ends = {arm: min(c[-1][0] for c in cs) for arm, cs in curves.items()}
-    marks = [max(ends.values()) * k / 8 for k in range(9)]
-    print(f"\nheld-out successes of {problems} (mean over {seeds}) at generated tokens")
-    print(table(["arm", *[f"{m:.0f}" for m in marks]],
-                [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve(cs, marks))]]
-                 for arm, cs in curves.items()]))
-    print("\nheld-out successes of every seed at the same tokens")
-    print(seed_table({arm: [[v if m <= c[-1][0] else None for m, v in zip(marks, mean_curve([c], marks))]
-                            for c in cs] for arm, cs in curves.items()}, marks, digits=1))
+    ends = report_curves(curves, "held-out successes", problems, seeds)
     if "uniform" not in curves:
         return 0
-    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}  # each arm's within its shortest run
-    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
-    target = seed_target(arms["uniform"][1])
-    print(f"\ntarget: {target:.1f}/{problems} held-out, the lowest of the uniform arm's {len(curves['uniform'])} "
-          "seeds' best (within its shortest run): every uniform seed reaches it")
-    for arm, (grid, rows) in arms.items():
-        reached = mean_tokens_to(target, grid, rows)
-        print(f"{arm}: tokens to target {f'not within its {ends[arm]:.0f}' if reached is None else f'{reached:.0f}'}"
-              " (per seed: " + " ".join("never" if t is None else f"{t:.0f}" for t in
-                                        (tokens_to(target, list(zip(grid, row))) for row in rows)) + ")")
-    ratios = {arm: ratio_to_target(target, arms[arm], arms["uniform"]) for arm in arms if arm != "uniform"}
-    best = min((a for a in ("pass_rate", "env_difficulty") if a in ratios), default=None,
-               key=lambda a: (ratios[a][0] is None, ratios[a][0] or 0.0))
-    print(f"\nratios of tokens to target to uniform's [90% interval, {RESAMPLES} seed bootstraps of each arm]; "
-          f"curriculum: {best or 'none run'} (the better of pass_rate and env_difficulty)")
-    for arm, ratio in ratios.items():
-        print(ratio_line(f"{arm}/uniform", *ratio))
-    print("tokens to target, curriculum/uniform: n/a (no curriculum arm ran)" if best is None else
-          ratio_line("curriculum/uniform", *ratios[best]))
+    report_ratios(curves, ends, "uniform", ("pass_rate", "env_difficulty"), "curriculum/uniform",
+                  f"{problems} held-out")
     return 0
 
 

@@ -84,18 +84,12 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
-    RESAMPLES,
     machine,
-    mean_curve,
-    mean_tokens_to,
-    ratio_line,
-    ratio_to_target,
+    report_curves,
+    report_ratios,
     run_child,
-    seed_table,
-    seed_target,
     single_thread,
     table,
-    tokens_to,
 )
 
 single_thread()
@@ -400,24 +394,18 @@ def report(name: str, curves: Curves, held_out: int, seeds: str) -> int:
     docstring) and each arm's tokens to it, each arm's ratio to the base arm's and the last line."""
     claim = CLAIMS[name]
     games = held_out * len(claim.levels)
-    ends = {arm: min(r.curve()[-1][0] for r in runs) for arm, runs in curves.items()}
-    marks = [max(ends.values()) * k / 8 for k in range(9)]
-    print(f"\nheld-out games won of {games} (mean over {seeds}) at generated tokens")
-    print(table(["arm", *[f"{m:.0f}" for m in marks]],
-                [[arm, *[f"{v:.1f}" if m <= ends[arm] else "-" for m, v in zip(marks, mean_curve([r.curve() for r in rs], marks))]]
-                 for arm, rs in curves.items()]))
-    print("\nheld-out games won by every seed at the same tokens")
-    print(seed_table({arm: [[v if m <= r.curve()[-1][0] else None for m, v in zip(marks, mean_curve([r.curve()], marks))]
-                            for r in rs] for arm, rs in curves.items()}, marks, digits=1))
+    ends = report_curves({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, "held-out games won",
+                         games, seeds)
     levels_report(claim, curves, held_out)
     for arm, rs in curves.items():
         a = [sum(col) for col in zip(*(r.anchors for r in rs))]
         if a[1]:
             print(f"{arm}: anchor states recur for {a[0] / a[1]:.0%} of {a[1]} training turns (another trajectory of "
                   f"the group started a turn from the same state); past the first turn {a[2] / max(a[3], 1):.0%} of {a[3]}")
-    if claim.base not in curves:
-        return 0
-    return ratios_report(claim, curves, games, ends)
+    if claim.base in curves:
+        report_ratios({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base,
+                      claim.contenders, claim.last, f"{games} held-out won")
+    return 0
 
 
 def levels_report(claim: Claim, curves: Curves, held_out: int) -> None:
@@ -436,33 +424,6 @@ def levels_report(claim: Claim, curves: Curves, held_out: int) -> None:
               + " ".join(str(r.points[-1][1][-1]) for r in rs) + f"; untrained {before[-1]}; best on the way "
               + " ".join(str(max(won[-1] for _, won in r.points)) for r in rs) + ")")
 
-
-def ratios_report(claim: Claim, curves: Curves, games: int, ends: dict[str, float]) -> int:
-    """The target, each arm's tokens to it, the ratios to the base arm's and the last line."""
-    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}  # each arm's within its shortest run
-    arms = {arm: (grids[arm], [mean_curve([r.curve()], grids[arm]) for r in rs]) for arm, rs in curves.items()}
-    target, start = seed_target(arms[claim.base][1]), arms[claim.base][1][0][0]
-    if target <= start:  # every arm starts at the untrained level: reaching it says nothing
-        print(f"\ntarget: none: a {claim.base} seed never rose above the untrained {start:.1f}/{games} held-out won")
-        print(f"tokens to target, {claim.last}: n/a [no target: the {claim.base} arm did not learn]")
-        return 0
-    print(f"\ntarget: {target:.1f}/{games} held-out won, the lowest of the {claim.base} arm's {len(curves[claim.base])} "
-          "seeds' best (within its shortest run): every one of its seeds reaches it")
-    for arm, (grid, rows) in arms.items():
-        reached = mean_tokens_to(target, grid, rows)
-        print(f"{arm}: tokens to target {f'not within its {ends[arm]:.0f}' if reached is None else f'{reached:.0f}'}"
-              " (per seed: " + " ".join("never" if t is None else f"{t:.0f}" for t in
-                                        (tokens_to(target, list(zip(grid, row))) for row in rows)) + ")")
-    ratios = {arm: ratio_to_target(target, arms[arm], arms[claim.base]) for arm in arms if arm != claim.base}
-    best = min((a for a in claim.contenders if a in ratios), default=None,
-               key=lambda a: (ratios[a][0] is None, ratios[a][0] or 0.0))
-    print(f"\nratios of tokens to target to {claim.base}'s [90% interval, {RESAMPLES} seed bootstraps of each arm]")
-    for arm, ratio in ratios.items():
-        print(ratio_line(f"{arm}/{claim.base}", *ratio))
-    print(f"the better of {' and '.join(claim.contenders)} by point estimate: {best or 'none run'}")
-    print(f"tokens to target, {claim.last}: n/a (none of them ran)" if best is None else
-          ratio_line(claim.last, *ratios[best]))
-    return 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_credit_figures_from_two_outputs(tmp_path):
     out = done.stdout.splitlines()
     assert "mean over 2 seeds" in done.stdout
     assert ("target: 8.0/24 held-out won, the lowest of the grpo arm's 2 seeds' best (within its shortest run): "
-            "every one of its seeds reaches it") in out
+            "every grpo seed reaches it") in out
     assert "grpo: tokens to target 175 (per seed: 200 150)" in out  # seed means 5 at 100, 9 at 200
     assert any(line.startswith("gigpo: anchor states recur for 75% of 80 training turns") for line in out)
     assert out[-3].startswith("tokens to target, tree_grpo/grpo: 0.91 [")
