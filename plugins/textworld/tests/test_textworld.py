@@ -86,6 +86,14 @@ def test_bad_options_are_one_line_before_anything_loads(tmp_path: Path, options:
     assert not (tmp_path / "run").exists()
 
 
+def test_each_answer_form_gets_its_parser() -> None:
+    """A number or a typed command is the turn's text (textworld_command); an act call is read in the model
+    family's tool-call format, with no worked game (the chat template shows the tool)."""
+    for answer, parser in (("number", "textworld_command"), ("text", "textworld_command"), ("tool", "hermes")):
+        env, _ = TEXTWORLD.resolve({**SMALL, "answer": answer})
+        assert env.parser == parser and bool(env.prompt_prefix) == (answer != "tool"), answer
+
+
 def test_levels_are_one_knob_s_values() -> None:
     options = {**SMALL, "levels": {"quest_length": [1, 3]}}
     env, _ = TEXTWORLD.resolve(options)

@@ -147,7 +147,7 @@ def configure(options: TextworldOptions) -> dict[str, Any]:
     return {"max_turns": options.max_steps, "session_options": session_options(options).model_dump(),
             "system_prompt": SYSTEM_PROMPTS[options.answer], "levels": options.level_names(),
             "prompt_prefix": worked_example(options) if options.example else [],
-            **({} if options.answer == "tool" else {"parser": "textworld_command"})}
+            "parser": "hermes" if options.answer == "tool" else "textworld_command"}
 
 
 TEXTWORLD = Environment(
