@@ -106,15 +106,13 @@ def games(options: TextworldOptions, split: str) -> list[Sample]:
         raise ValueError(f"no split {split!r} (train, test)")
     size = options.train_size if split == "train" else options.test_size
     seeds = _seeds(options, split, size)
-    specs = [(level, s) for level in range(len(options.specs_at_levels()))
-             for s in (options.specs_at_levels(seed)[level] for seed in seeds)]
+    by_seed = [options.specs_at_levels(seed) for seed in seeds]
+    specs = [(level, row[level]) for level in range(len(by_seed[0])) for row in by_seed]  # level by level
     paths = ensure([s for _, s in specs])
-    if split == "train":  # never a held-out game (module docstring)
-        held = {digest(p) for p in ensure([s for seed in _seeds(options, "test", options.test_size)
-                                           for s in options.specs_at_levels(seed)])}
-        kept = [(lv, s, p) for (lv, s), p in zip(specs, paths) if digest(p) not in held]
-    else:
-        kept = [(lv, s, p) for (lv, s), p in zip(specs, paths)]
+    held = set() if split == "test" else {  # a training game is never a held-out one (module docstring)
+        digest(p) for p in ensure([s for seed in _seeds(options, "test", options.test_size)
+                                   for s in options.specs_at_levels(seed)])}
+    kept = [(lv, s, p) for (lv, s), p in zip(specs, paths) if not held or digest(p) not in held]
     session = session_options(options)
     return [Sample(prompt=[{"role": "user", "content": Play(str(path), session).opening()}], ground_truth="won",
                    extra_info={"game": spec.model_dump(), "quest": spec.quest()},
@@ -138,7 +136,7 @@ def worked_example(options: TextworldOptions) -> list[dict[str, Any]]:
     for command in play.state["policy_commands"]:
         listed = play.listed()
         answer = str(listed.index(command) + 1) if options.answer == "number" else command
-        reply, _, done = play.act(answer)
+        reply, _, _ = play.act(answer)
         messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": reply}]
     return messages[:-1]  # the last reply ("You won!") is not a question
 
