@@ -3,13 +3,16 @@ module is imported: the conformance plays are read from a generated game's walkt
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from typing import Any
 
 import pytest
 
 os.environ["TOOLRL_TEXTWORLD_CACHE"] = tempfile.mkdtemp(prefix="toolrl-textworld-")
+atexit.register(shutil.rmtree, os.environ["TOOLRL_TEXTWORLD_CACHE"], True)  # each test run's games, gone after it
 
 
 @pytest.fixture(scope="session")
