@@ -148,6 +148,20 @@ def test_the_actions_menu_lists_what_can_change_the_state_and_numbers_it() -> No
     assert done and game.state["won"]
 
 
+def test_a_shuffled_menu_is_the_same_commands_in_an_order_the_state_fixes() -> None:
+    specs = [GameSpec(rooms=2, objects=2, quest_length=2, seed=s) for s in (7, 8, 9)]
+    moved = 0
+    for spec in specs:
+        game, twin = play(spec, commands="actions", order="shuffled"), play(spec, commands="actions", order="shuffled")
+        plain = play(spec, commands="actions")
+        assert sorted(game.listed()) == plain.listed() and twin.listed() == game.listed()  # same state, same menu
+        for command in list(game.state["policy_commands"]):  # the walkthrough by this menu's numbers
+            moved += game.listed() != sorted(game.listed())
+            reply, _, done = game.act(str(game.listed().index(command) + 1))
+        assert done and game.state["won"], spec
+    assert moved  # a place no longer tells the verb
+
+
 async def session_for(spec: GameSpec, **options: Any) -> Any:
     kind = SessionKind.resolve("textworld", options, ".")
     session = kind.cls(kind.options, kind.context("t-0"))

@@ -55,6 +55,8 @@ class TextworldOptions(BaseModel):
                                                         "each view: all, those that can change the state, none")
     answer: Literal["number", "text", "tool"] = "number"
     reward: Literal["score", "progress"] = "score"
+    order: Literal["textworld", "shuffled"] = Field("textworld", description="the menu's order: TextWorld's "
+                                                    "(alphabetical) or shuffled by the state")
     example: bool = Field(True, description="a worked game (won by its walkthrough) before each one")
 
     @model_validator(mode="after")
@@ -121,7 +123,8 @@ def games(options: TextworldOptions, split: str) -> list[Sample]:
 
 
 def session_options(options: TextworldOptions) -> TextworldSessionOptions:
-    return TextworldSessionOptions(commands=options.commands, answer=options.answer, reward=options.reward)
+    return TextworldSessionOptions(commands=options.commands, answer=options.answer, reward=options.reward,
+                                   order=options.order)
 
 
 def worked_example(options: TextworldOptions) -> list[dict[str, Any]]:

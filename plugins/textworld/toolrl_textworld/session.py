@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import re
 from typing import Any, Literal
 
@@ -46,6 +47,9 @@ class TextworldSessionOptions(BaseModel):
                                                       "a line of text, or the number of a listed command")
     reward: Literal["score", "progress"] = Field("score", description="the step reward: the score's delta, or "
                                                  "TextWorld's intermediate reward (progress along the winning policy)")
+    order: Literal["textworld", "shuffled"] = Field(
+        "textworld", description="the menu's order: TextWorld's (alphabetical), or shuffled by the state (the same "
+        "state, the same menu), so that a command's place says nothing about it")
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,9 +99,16 @@ class Play:
         return f"{text}\n\n{menu(self.listed(), self.options.answer == 'number')}"
 
     def listed(self) -> list[str]:
-        """The commands the menu lists (``commands``), in TextWorld's order: the numbers refer to them."""
+        """The commands the menu lists (``commands``) in its ``order``: the numbers refer to them. TextWorld's
+        order is alphabetical, so a place tells the verb (``1`` is often close or drop): a small model answers
+        by place and RL sharpens that habit; ``shuffled`` leaves reading the only way."""
         commands = self.state["admissible_commands"]
-        return [c for c in commands if not c.startswith(NO_OPS)] if self.options.commands == "actions" else commands
+        if self.options.commands == "actions":
+            commands = [c for c in commands if not c.startswith(NO_OPS)]
+        if self.options.order == "shuffled":
+            view = self.view()
+            commands = sorted(commands, key=lambda c: hashlib.blake2b(f"{view}\n{c}".encode(), digest_size=8).digest())
+        return commands
 
     def opening(self) -> str:
         return self.shown(f"{self.state['objective']}\n\n{self.view()}")
