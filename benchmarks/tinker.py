@@ -91,8 +91,8 @@ def in_process_step(trainer: Any, run: Any, req: Any) -> float:
     """The served step's work on ``trainer`` (a base's, in this process or on ranks): the request's rows,
     its forward_backward, then an optim_step with AdamParams' defaults (what ``served_step`` sends)."""
     from toolrl.training.optimizer import OptimizerSettings
+    from toolrl_tinker.limits import Limits
     from toolrl_tinker.requests import token_rows
-    from toolrl_tinker.service import Limits
 
     limits = Limits()  # the server's defaults: the same micro-batches as the served step
     t = time.perf_counter()
@@ -108,7 +108,7 @@ def ranks_step(local: Any, run: Any, req: Any, rounds: int) -> tuple[list[float]
     from toolrl.config import RayConfig
     from toolrl.processes.step_group import shares
     from toolrl.training.token_step import micro_batch_spans
-    from toolrl_tinker.service import Limits
+    from toolrl_tinker.limits import Limits
     from toolrl_tinker.trainer import Ranks, Trainer
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -46,11 +46,11 @@ class Served:
 def start_server(state_dir: Path, max_batch_tokens: int = 4096, ranks: Any = None, limits: Any = None,
                  bases: tuple[str, ...] = (BASE,), keys: tuple[str, ...] = (KEY, OTHER_KEY), port: int = 0,
                  **changes: Any) -> Served:
-    """A server on ``state_dir`` (``limits``: a :class:`toolrl_tinker.service.Limits`, else the default's with
+    """A server on ``state_dir`` (``limits``: a :class:`toolrl_tinker.limits.Limits`, else the default's with
     ``max_batch_tokens`` and room for every test's models; ``changes``: more of its fields, the sampler's
     engine...)."""
     from toolrl_tinker import server as server_module
-    from toolrl_tinker.service import Limits
+    from toolrl_tinker.limits import Limits
 
     box: dict[str, Any] = {}
     real = server_module.Service
@@ -148,7 +148,7 @@ def service(request: pytest.FixtureRequest) -> tuple[Served, Any]:
 def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server as a team runs it: quotas (:data:`TEAM`), the tiny model also under a hosted model's name,
     four keys."""
-    from toolrl_tinker.service import Limits
+    from toolrl_tinker.limits import Limits
 
     s = start_server(tmp_path_factory.mktemp("tinker-team"), limits=Limits(**TEAM), bases=(BASE, f"{HOSTED}={BASE}"),
                      keys=(KEY, OTHER_KEY, FLOOD_KEY, GONE_KEY))
@@ -158,13 +158,17 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @contextlib.contextmanager
 def limited(served: Served, **changes: Any) -> Iterator[None]:
-    """The server's limits changed while the block runs (the service reads them at each request)."""
-    before = served.service.limits
-    served.service.limits = dataclasses.replace(before, **changes)
+    """The server's limits changed in place while the block runs (every part of the service reads them at
+    each request)."""
+    limits = served.service.limits
+    before = dataclasses.replace(limits)
+    for name, value in changes.items():
+        setattr(limits, name, value)
     try:
         yield
     finally:
-        served.service.limits = before
+        for name in changes:
+            setattr(limits, name, getattr(before, name))
 
 
 def on_loop(served: Served, fn: Any, *args: Any) -> Any:

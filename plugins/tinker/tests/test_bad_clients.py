@@ -209,7 +209,7 @@ def test_a_long_request_shares_its_base(team: Any) -> None:
     it, from another key, ends while it still runs."""
     import tinker
 
-    turns = team.service.turns[BASE]
+    turns = team.service.bases[BASE].turns
 
     def queued(n: int) -> None:
         deadline = time.time() + 30
@@ -323,7 +323,7 @@ def test_a_client_killed_mid_request(team: Any) -> None:
             lines[first] = rest
 
     read_until("model")
-    with team.service.turns[BASE].turn():  # the base busy: the client's requests wait in the queue
+    with team.service.bases[BASE].turns.turn():  # the base busy: the client's requests wait in the queue
         proc.stdin.write("go\n")
         proc.stdin.flush()
         read_until("sent")

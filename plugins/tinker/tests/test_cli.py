@@ -1,7 +1,9 @@
-"""`toolrl tinker serve` as a user starts it: refusals in one line (exit 2), and a server the SDK reaches."""
+"""`toolrl tinker serve` as a user starts it: refusals in one line (exit 2), and a server the SDK reaches;
+its options for the server's limits are the limits table's."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import re
@@ -30,6 +32,21 @@ def test_refusals_are_one_line(args: tuple[str, ...], key: str | None, says: str
     done = _serve(*args, key=key)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_serve_takes_its_limits_from_the_table() -> None:
+    """Each limit with a help text is an option of `serve` whose default and help are the table's."""
+    import click
+    import toolrl_tinker
+    from toolrl_tinker.limits import Limits
+
+    cli = click.Group("toolrl")
+    toolrl_tinker.register_commands(cli=cli)
+    options = {p.name: p for p in cli.commands["tinker"].commands["serve"].params}
+    table = [f for f in dataclasses.fields(Limits) if "help" in f.metadata]
+    assert len(table) == 12
+    assert [(f.name, f.default, f.metadata["help"]) for f in table] == [
+        (f.name, options[f.name].default, options[f.name].help) for f in table]
 
 
 @pytest.mark.slow  # a cold interpreter importing torch and loading the base twice: ~50 s in a fresh venv

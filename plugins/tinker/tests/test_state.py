@@ -38,7 +38,7 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path, mon
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     first = start_server(tmp_path, port=port)
-    turn = first.service.turns[BASE].turn()
+    turn = first.service.bases[BASE].turns.turn()
     try:
         service = tinker.ServiceClient(base_url=first.url, api_key=KEY)
         tc = service.create_lora_training_client(base_model=BASE, rank=4, seed=1).result()

@@ -1,6 +1,7 @@
 """The plugin's shape, held: nothing waits by polling (a sleep in a loop), no class grows past 300 lines,
-a request reaches the service typed; and a sampler adapter in use leaves the engine only when its last
-request ends, a weight set saved again under its name waiting for them."""
+a request reaches the service typed, no module imports one that imports it back; and a sampler adapter
+in use leaves the engine only when its last request ends, a weight set saved again under its name waiting
+for them."""
 
 from __future__ import annotations
 
@@ -34,6 +35,35 @@ def test_classes_stay_small_and_requests_typed() -> None:
                if isinstance(node, ast.arg) and node.arg == "req"
                and (node.annotation is None or ast.unparse(node.annotation) == "Any")]
     assert untyped == []
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """The package's modules are layers: none imports (anywhere in it, ``TYPE_CHECKING`` blocks and
+    functions too) a module that imports it, directly or through others."""
+    modules = {path.stem: ast.parse(path.read_text()) for path in PACKAGE.glob("*.py")}
+
+    def own(name: str) -> str | None:
+        stem = "__init__" if name == "toolrl_tinker" else name.removeprefix("toolrl_tinker.")
+        return stem if name.split(".")[0] == "toolrl_tinker" and stem in modules else None
+
+    imports: dict[str, set[str]] = {}
+    for stem, tree in modules.items():
+        names = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:  # `from toolrl_tinker import x`: module x
+                names += [f"{node.module}.{a.name}" if own(f"{node.module}.{a.name}") else node.module
+                          for a in node.names]
+        imports[stem] = {m for m in map(own, names) if m is not None and m != stem}
+
+    def reached(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in imports[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    assert sorted(f"{m} imports {i}, which imports it back" for m in imports for i in imports[m] if m in reached(i)) == []
 
 
 def test_an_adapter_in_use_leaves_when_its_last_request_ends(client: Any, served: Any) -> None:

@@ -85,10 +85,10 @@ def test_metrics_count_what_clients_do(team: Any, service: Any) -> None:
     assert not any(name == "tinker_http_requests_total" and dict(labels)["code"].startswith("5") for name, labels in after)
 
     # The queue depth: a request waiting for its turn on the base.
-    with team.service.turns[BASE].turn():
+    with team.service.bases[BASE].turns.turn():
         pending = tc.forward_backward([_datum()], "cross_entropy")
         deadline = time.time() + 30
-        while team.service.turns[BASE].waiting < 1 and time.time() < deadline:
+        while team.service.bases[BASE].turns.waiting < 1 and time.time() < deadline:
             time.sleep(0.05)
         held = scrape(team.url)
     pending.result()
@@ -123,7 +123,7 @@ def test_quotas(team: Any, service: Any) -> None:
         service.create_lora_training_client(base_model=BASE, rank=2).result()
 
     quota = TEAM["max_futures_per_client"]
-    with team.service.turns[BASE].turn():  # the base busy: this key's requests queue up to its quota
+    with team.service.bases[BASE].turns.turn():  # the base busy: this key's requests queue up to its quota
         queued = [tc.forward([_datum()], "cross_entropy") for _ in range(quota)]
         deadline = time.time() + 30
         while team.service.futures.running[owner_of(KEY)] < quota and time.time() < deadline:

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from toolrl_tinker import adapters
 from toolrl_tinker.adapters import ALPHA, ATTN, MLP
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.store import Store
@@ -140,17 +141,16 @@ def _model_dir(source: str) -> str:
 
 
 def _check_fits(tensors: dict[str, Any], rank: int, targets: list[str], model_dir: str) -> None:
-    """Raise :class:`UserError` unless ``tensors`` are a rank-``rank`` adapter on every ``targets`` linear
-    of the model in ``model_dir`` (its shapes read from its config, no weights loaded)."""
+    """Raise :class:`UserError` unless ``tensors`` are the rank-``rank`` adapter on ``targets`` that the
+    trainer makes on the model in ``model_dir`` (its shapes read from its config, no weights loaded)."""
     import torch
+    from toolrl.modeling.adapters import adapter_parameters, add_adapter
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    want = {f"{name}{A}": (rank, m.in_features) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets}
-    want |= {f"{name}{B}": (m.out_features, rank) for name, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in targets}
+    add_adapter(model, "fits", adapters.config(rank, targets))
+    want = {name: tuple(p.shape) for name, p in adapter_parameters(model, "fits").items()}
     if missing := sorted(set(want) - set(tensors)):
         raise UserError(f"the adapter lacks {len(missing)} tensor(s) of the base's {', '.join(targets)} (first: "
                         f"{missing[0]}): this server's adapters cover every layer")

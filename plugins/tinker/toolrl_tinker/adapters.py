@@ -6,6 +6,8 @@ directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), route
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from toolrl_tinker.requests import UserError
@@ -47,9 +49,14 @@ def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
 
 
-def peft_files(tensors: dict[str, Any], rank: int, targets: list[str], base: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An adapter's tensors (adapter-neutral names) as a PEFT adapter directory holds them: the tensors of
-    ``adapter_model.safetensors`` and ``adapter_config.json``."""
+def save_peft(tensors: dict[str, Any], rank: int, targets: list[str], base: str, folder: Path) -> int:
+    """An adapter's tensors (adapter-neutral names) as a PEFT adapter directory (``adapter_model.safetensors``,
+    ``adapter_config.json``); its size in bytes."""
+    from safetensors.torch import save_file
+
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": ALPHA, "target_modules": targets, "lora_dropout": 0.0,
               "bias": "none", "task_type": "CAUSAL_LM", "base_model_name_or_path": base}
-    return {f"base_model.model.{k}": v.contiguous() for k, v in tensors.items()}, config
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({f"base_model.model.{k}": v.contiguous() for k, v in tensors.items()}, folder / "adapter_model.safetensors")
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
+    return sum(f.stat().st_size for f in folder.iterdir())

@@ -1,16 +1,21 @@
 """The base models the service holds: per name, its directory, the trainer's copy (every training
-run's adapter: :mod:`toolrl_tinker.trainer`) and the sampler's (every saved weight set's:
-:mod:`toolrl_tinker.sampler`)."""
+run's adapter: :mod:`toolrl_tinker.trainer`), the turns on it (:class:`toolrl_tinker.steps.Turns`) and
+the sampler's copy (every saved weight set's: :mod:`toolrl_tinker.sampler`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
 
 from toolrl.config import ModelConfig
 from toolrl.model_sources import load_tokenizer, resolve_source
 
-from toolrl_tinker.hub_names import ALIASES
+from toolrl_tinker.hub_names import ALIASES, base_spec
+from toolrl_tinker.limits import Limits
+from toolrl_tinker.requests import UserError
 from toolrl_tinker.sampler import Sampler
+from toolrl_tinker.steps import Turns
 from toolrl_tinker.trainer import Ranks, Trainer
 
 
@@ -20,6 +25,7 @@ class Base:
     path: str
     trainer: Trainer
     sampler: Sampler
+    turns: Turns = field(default_factory=Turns)
 
     @classmethod
     def load(cls, name: str, keep: int = 4, source: str | None = None, ranks: Ranks | None = None,
@@ -30,3 +36,42 @@ class Base:
         path = resolve_source(ModelConfig(source=source or ALIASES.get(name, name)))
         return cls(name, path, Trainer(path, ranks), Sampler(path, load_tokenizer(path), keep, sampler, slots=slots,
                                                                max_rank=max_rank))
+
+
+class Bases(dict[str, Base]):
+    """The loaded bases by every name a client may use; names of one source share its copies and turns."""
+
+    def __init__(self, specs: list[str]) -> None:
+        """``specs``: each a name clients use, or ``NAME=SOURCE`` (:func:`toolrl_tinker.hub_names.base_spec`)."""
+        super().__init__()
+        self.sources = dict(base_spec(b) for b in specs)
+        self.names = list(self.sources)
+
+    def named(self, name: str) -> Base:
+        if name not in self:
+            raise UserError(f"unknown base model {name!r}: this server holds {', '.join(self.names)}")
+        return self[name]
+
+    def distinct(self) -> dict[str, list[str]]:
+        """Each source's first name, and every name it is offered under."""
+        names: dict[str, list[str]] = {}
+        first: dict[str, str] = {}
+        for name, source in self.sources.items():
+            names.setdefault(first.setdefault(source, name), []).append(name)
+        return names
+
+    async def load(self, limits: Limits, ranks: Ranks | None) -> None:
+        """Each source loaded once (its trainer where ``ranks`` say), under each of its names."""
+        for first, names in self.distinct().items():
+            base = await asyncio.to_thread(Base.load, first, limits.max_samplers, self.sources[first], ranks,
+                                           limits.sampler, limits.sampler_slots, limits.max_rank)
+            for name in names:
+                self[name] = dataclasses.replace(base, name=name)
+
+    async def close(self) -> None:
+        """The trainers ended (a group's ranks on Ray) and the samplers' engines shut down (vLLM's processes
+        end with them)."""
+        for first in self.distinct():
+            if first in self:
+                await asyncio.to_thread(self[first].trainer.close)
+                await self[first].sampler.engine.close()

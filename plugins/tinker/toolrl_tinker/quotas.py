@@ -14,12 +14,12 @@ and refusing it would stall them all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from toolrl_tinker.futures import Futures
+from toolrl_tinker.limits import Limits
+from toolrl_tinker.metrics import Metrics
 from toolrl_tinker.requests import UserError
-
-if TYPE_CHECKING:
-    from toolrl_tinker.service import Service
 
 # How soon the SDK sends a refused request again (its client reads Retry-After-Ms before Retry-After).
 RETRY_AFTER_S = 0.25
@@ -33,13 +33,15 @@ class QuotaExceeded(Exception):
         self.quota = quota
 
 
+@dataclass(eq=False)
 class Quotas:
-    def __init__(self, service: Service) -> None:
-        self.service = service  # its limits are read at each request
+    limits: Limits  # read at each request
+    futures: Futures
+    metrics: Metrics
 
     def admit(self, owner: str, tokens: int, next_in_line: bool = False) -> None:
         """Raise unless ``owner`` may start one more request of ``tokens`` tokens now."""
-        limits, futures = self.service.limits, self.service.futures
+        limits, futures = self.limits, self.futures
         if tokens > limits.max_tokens_per_client:
             self._refused(owner, "request_tokens")
             raise UserError(f"this request holds {tokens} tokens, over this server's limit of "
@@ -57,10 +59,10 @@ class Quotas:
                                 f"tokens; with this one's {tokens} that is over this server's limit of "
                                 f"{limits.max_tokens_per_client} (tinker serve --max-tokens-per-client): sent again shortly")
 
-    def admit_run(self, owner: str) -> None:
-        """Raise unless ``owner`` may hold one more training client (and start the request that makes it)."""
-        held = sum(r.owner == owner for r in self.service.runs.values())
-        if held >= self.service.limits.max_runs_per_client:
+    def admit_run(self, owner: str, held: int) -> None:
+        """Raise unless ``owner``, holding ``held`` training clients, may hold one more (and start the request
+        that makes it)."""
+        if held >= self.limits.max_runs_per_client:
             self._refused(owner, "training_clients")
             raise UserError(f"this client holds {held} models, the server's limit (tinker serve "
                             "--max-runs-per-client): close a ServiceClient, or wait for an idle one's session "
@@ -68,4 +70,4 @@ class Quotas:
         self.admit(owner, 0)
 
     def _refused(self, owner: str, quota: str) -> None:
-        self.service.metrics.count("tinker_quota_refusals_total", key=owner, quota=quota)
+        self.metrics.count("tinker_quota_refusals_total", key=owner, quota=quota)

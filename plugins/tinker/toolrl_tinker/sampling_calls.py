@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolrl_tinker import adapters, bounded, requests, trainer, wire
+from toolrl_tinker import adapters, requests, steps, trainer, wire
 from toolrl_tinker.requests import UserError
 
 if TYPE_CHECKING:
     from tinker import types
 
-    from toolrl_tinker.service import Service
+    from toolrl_tinker.bases import Bases
+    from toolrl_tinker.limits import Limits
+    from toolrl_tinker.metrics import Metrics
+    from toolrl_tinker.runs import Runs
+    from toolrl_tinker.store import Store
 
 
 @dataclass(frozen=True)
@@ -29,22 +34,28 @@ class SamplerRecord:
     path: str | None
 
 
+@dataclass(eq=False)
 class SamplingCalls:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.sessions: dict[str, SamplerRecord] = {}
+    runs: Runs
+    bases: Bases
+    store: Store
+    metrics: Metrics
+    limits: Limits
+    # A run's checkpoint written and recorded (TrainingCalls.save): sampler weights saved under a name.
+    save: Callable[[trainer.Run, str, str, str, bool, int | None], None]
+    sessions: dict[str, SamplerRecord] = field(default_factory=dict)
 
     def save_for_sampler(self, owner: str, req: types.SaveWeightsForSamplerRequest) -> dict[str, Any]:
         """The run's weights on the sampler: saved under ``req.path``, or unnamed with a session on them."""
-        run = self.service.run(owner, req.model_id)
+        run = self.runs.owned(owner, req.model_id)
         name = req.path or f"ephemeral-{uuid.uuid4().hex[:8]}"
         path = f"tinker://{run.model_id}/sampler_weights/{name}"
         adapter = adapters.sampler_name(path)
 
         def put() -> None:
             if req.path is not None:
-                self.service.training.save(run, path, "sampler_weights", name, False, req.ttl_seconds)
-            base = self.service.base(run.base)
+                self.save(run, path, "sampler_weights", name, False, req.ttl_seconds)
+            base = self.bases.named(run.base)
             base.sampler.put(run.model_id, adapter, run.rank, run.targets, base.trainer.adapter_state(run))
 
         async def work() -> wire.Result:
@@ -54,7 +65,7 @@ class SamplingCalls:
             session = self._new(SamplerRecord(owner, run.base, adapter, path))
             return wire.json_body({"path": None, "sampling_session_id": session, "type": "save_weights_for_sampler"})
 
-        return self.service.start(owner, work, run.model_id, req.seq_id)
+        return self.runs.start(owner, work, run.model_id, req.seq_id)
 
     def create_sampling_session(self, owner: str, req: types.CreateSamplingSessionRequest) -> str:
         return self._new(self._record(owner, req.model_path, req.base_model))
@@ -67,9 +78,9 @@ class SamplingCalls:
     def _record(self, owner: str, model_path: str | None, base_model: str | None) -> SamplerRecord:
         """What a request names: a saved path's weights, else the base model's."""
         if model_path is None:
-            return SamplerRecord(owner, self.service.base(base_model or "").name, adapters.BASE_ADAPTER, None)
-        found = self.service.checkpoint(owner, model_path)
-        run = self.service.store.run(found["model_id"])
+            return SamplerRecord(owner, self.bases.named(base_model or "").name, adapters.BASE_ADAPTER, None)
+        found = self.store.owned_checkpoint(owner, model_path)
+        run = self.store.run(found["model_id"])
         assert run is not None
         return SamplerRecord(owner, run["base"], adapters.sampler_name(model_path), model_path)
 
@@ -85,30 +96,30 @@ class SamplingCalls:
             record = self.sampler(owner, req.sampling_session_id)
         else:
             record = self._record(owner, req.model_path, req.base_model)
-        sampler = self.service.base(record.base).sampler
+        sampler = self.bases.named(record.base).sampler
         tokens = requests.sample_tokens(req, sampler.context, sampler.vocab)
-        time_limit = self.service.limits.request_timeout
+        time_limit = self.limits.request_timeout
 
         async def work() -> wire.Result:
             async with sampler.using(record.adapter):
                 if not sampler.holds(record.adapter):
                     await asyncio.to_thread(self._reload, record)
-                async with bounded.time_limit(time_limit, "sample"):
+                async with steps.time_limit(time_limit, "sample"):
                     sampled = await sampler.sample(record.adapter, req)
             new = sum(len(g.token_ids) for g in sampled.sequences)
-            self.service.metrics.count("tinker_sampled_tokens_total", new, base=record.base, key=owner)
+            self.metrics.count("tinker_sampled_tokens_total", new, base=record.base, key=owner)
             return wire.sample_response(sampled, req)
 
-        answer = self.service.start(owner, work, tokens=tokens)
+        answer = self.runs.start(owner, work, tokens=tokens)
         answer["sample_sequence_ids"] = [f"{answer['request_id']}:{i}" for i in range(req.num_samples)]
         return answer
 
     def _reload(self, record: SamplerRecord) -> None:
         """A session's weights, dropped from the sampler for newer ones, loaded again from their file."""
-        found = self.service.store.checkpoint(record.path) if record.path is not None else None
+        found = self.store.checkpoint(record.path) if record.path is not None else None
         if found is None:
             raise UserError("these sampler weights were dropped for newer ones (a client keeps "
-                            f"{self.service.limits.max_samplers} unnamed sets): save them with a name to keep them")
+                            f"{self.limits.max_samplers} unnamed sets): save them with a name to keep them")
         state = trainer.read(found["file"])
-        self.service.base(record.base).sampler.restore(found["model_id"], record.adapter, state["rank"],
-                                                       state["targets"], state["adapter"])
+        self.bases.named(record.base).sampler.restore(found["model_id"], record.adapter, state["rank"],
+                                                      state["targets"], state["adapter"])

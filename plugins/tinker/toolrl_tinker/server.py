@@ -14,6 +14,7 @@ runs fails its future, which the SDK raises as ``RequestFailedError``.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import hmac
 import json
@@ -32,20 +33,26 @@ from starlette.routing import Route
 
 from toolrl_tinker import wire
 from toolrl_tinker.futures import REQUEST_KIND
+from toolrl_tinker.limits import Limits
 from toolrl_tinker.quotas import RETRY_AFTER_S, QuotaExceeded
 from toolrl_tinker.requests import UserError
-from toolrl_tinker.service import Limits, Service, owner_of
+from toolrl_tinker.service import Service, owner_of
 from toolrl_tinker.sessions import SessionGone
 from toolrl_tinker.trainer import Ranks
 
 log = logging.getLogger(__name__)
 API = "/api/v1"
+CHECKPOINT = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
 # How long uvicorn waits for open requests (a long poll waits 40 s) when the server is stopped.
 SHUTDOWN_GRACE_S = 5
 
 
 class TooLarge(Exception):
     """A request body over ``--max-request-bytes``: HTTP 413."""
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()
 
 
 def _error(status: int, message: str, category: str = "user", headers: dict[str, str] | None = None) -> JSONResponse:
@@ -218,7 +225,7 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
 
     async def ordered(request: Request, owner: str, model: Any) -> Any:
         """The body of a request that takes its turn in a training client's ``seq_id`` order."""
-        return await _body(request, model, refused=lambda data: service.skip_turn(owner, data))
+        return await _body(request, model, refused=lambda data: service.runs.skip_turn(owner, data))
 
     async def optim_step(request: Request, owner: str) -> Any:
         return service.training.optim_step(owner, await ordered(request, owner, t.OptimStepRequest))
@@ -261,27 +268,21 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     ]
 
 
-
 def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     """The rest client's: training runs, their checkpoints, and a checkpoint's file to download."""
 
     def checkpoint_json(c: dict[str, Any]) -> dict[str, Any]:
-        import datetime
-
         kinds = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
-        def when(t: float | None) -> str | None:
-            return None if t is None else datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()
-
         return {"checkpoint_id": f"{c['kind']}/{c['name']}", "tinker_path": c["path"],
-                "checkpoint_type": kinds[c["kind"]], "time": when(c["created"]), "size_bytes": c["size"],
-                "public": False, "expires_at": when(c["expires"])}
+                "checkpoint_type": kinds[c["kind"]], "time": _iso(c["created"]), "size_bytes": c["size"],
+                "public": False, "expires_at": _iso(c["expires"])}
 
     def run_json(r: dict[str, Any]) -> dict[str, Any]:
-        import datetime
-
         return {"training_run_id": r["model_id"], "base_model": r["base"], "model_owner": r["owner"],
-                "is_lora": True, "lora_rank": r["rank"], "corrupted": False,
-                "last_request_time": datetime.datetime.fromtimestamp(r["created"], datetime.UTC).isoformat()}
+                "is_lora": True, "lora_rank": r["rank"], "corrupted": False, "last_request_time": _iso(r["created"])}
+
+    def page(key: str, found: list[dict[str, Any]]) -> dict[str, Any]:
+        return {key: found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
 
     def own_run(owner: str, model_id: str) -> dict[str, Any]:
         row = service.store.run(model_id)
@@ -290,8 +291,7 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return row
 
     async def runs(request: Request, owner: str) -> Any:
-        found = [run_json(r) for r in service.store.runs(owner)]
-        return {"training_runs": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
+        return page("training_runs", [run_json(r) for r in service.store.runs(owner)])
 
     async def one_run(request: Request, owner: str) -> Any:
         return run_json(own_run(owner, request.path_params["run_id"]))
@@ -302,8 +302,7 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return {"checkpoints": [checkpoint_json(c) for c in service.store.checkpoints(owner, run_id)]}
 
     async def all_checkpoints(request: Request, owner: str) -> Any:
-        found = [checkpoint_json(c) for c in service.store.checkpoints(owner)]
-        return {"checkpoints": found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
+        return page("checkpoints", [checkpoint_json(c) for c in service.store.checkpoints(owner)])
 
     async def delete_checkpoint(request: Request, owner: str) -> Any:
         service.checkpoints.delete(_checkpoint_of(service, request, owner)["path"], "client")
@@ -318,21 +317,17 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
         return Response(status_code=204)
 
     async def weights_info(request: Request, owner: str) -> Any:
-        data = await _object(request)
-        found = service.store.checkpoint(data.get("tinker_path", ""))
-        if found is None or found["owner"] != owner:
-            raise UserError(f"checkpoint {data.get('tinker_path')!r} does not exist")
+        found = service.store.owned_checkpoint(owner, (await _object(request)).get("tinker_path"))
         row = service.store.run(found["model_id"]) or {}
         return {"base_model": row.get("base"), "is_lora": True, "lora_rank": row.get("rank")}
 
-    ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
     return [
         Route(f"{API}/training_runs", endpoint(runs), methods=["GET"]),
         Route(f"{API}/training_runs/{{run_id}}", endpoint(one_run), methods=["GET"]),
         Route(f"{API}/training_runs/{{run_id}}/checkpoints", endpoint(run_checkpoints), methods=["GET"]),
         Route(f"{API}/checkpoints", endpoint(all_checkpoints), methods=["GET"]),
-        Route(ck, endpoint(delete_checkpoint), methods=["DELETE"]),
-        Route(f"{ck}/ttl", endpoint(checkpoint_ttl), methods=["PUT"]),
+        Route(CHECKPOINT, endpoint(delete_checkpoint), methods=["DELETE"]),
+        Route(f"{CHECKPOINT}/ttl", endpoint(checkpoint_ttl), methods=["PUT"]),
         Route(f"{API}/weights_info", endpoint(weights_info), methods=["POST"]),
     ]
 
@@ -355,8 +350,6 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
 
     async def download_urls(request: Request, owner: str) -> Any:
         """Signed URLs (an hour, no key needed), one per file of an external weights checkpoint."""
-        import datetime
-
         found = _checkpoint_of(service, request, owner)
         folder = Path(found["file"])
         if not folder.is_dir():
@@ -368,7 +361,7 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
             query = urlencode({"path": found["path"], "file": file.name, "expires": expires,
                                "sig": signature(key, expires)})
             urls[file.name] = str(request.base_url).rstrip("/") + f"{API}/checkpoint_file?{query}"
-        return {"urls": urls, "expires": datetime.datetime.fromtimestamp(expires, datetime.UTC).isoformat()}
+        return {"urls": urls, "expires": _iso(expires)}
 
     async def checkpoint_file(request: Request, owner: str) -> Any:
         q = request.query_params
@@ -380,9 +373,8 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
             raise KeyError(path)
         return FileResponse(Path(found["file"]) / name, filename=name)
 
-    ck = f"{API}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}"
     return [
-        Route(f"{ck}/external_weights_urls", endpoint(download_urls), methods=["GET"]),
+        Route(f"{CHECKPOINT}/external_weights_urls", endpoint(download_urls), methods=["GET"]),
         Route(f"{API}/checkpoint_file", endpoint(checkpoint_file, auth=False), methods=["GET"]),
     ]
 
@@ -422,7 +414,7 @@ async def _serve(service: Service, api_keys: list[str], host: str, port: int, an
     if server.started:
         bound = server.servers[0].sockets[0].getsockname()[1]
         # One URL on the line: scripts read it with a pattern (scripts/tinker_demo.sh).
-        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.base_names)}; "
+        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.bases.names)}; "
                  f"state: {service.store.root}; metrics: GET /metrics)")
         if started is not None:
             started(server)

@@ -110,6 +110,13 @@ class Store:
             return None
         return {"path": path, **dict(zip(CHECKPOINT_KEYS, rows[0], strict=True))}
 
+    def owned_checkpoint(self, owner: str, path: str) -> dict[str, Any]:
+        """Checkpoint ``path``'s record; another owner's is answered as one that does not exist."""
+        found = self.checkpoint(path)
+        if found is None or found["owner"] != owner:
+            raise UserError(f"checkpoint {path!r} does not exist")
+        return found
+
     def set_expiry(self, path: str, expires: float | None) -> None:
         self._run("update checkpoints set expires = ? where path = ?", (expires, path))
 

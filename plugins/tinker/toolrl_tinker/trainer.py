@@ -1,8 +1,7 @@
 """Training runs on one base: the trainer's copy of the base model with every training client's LoRA
 adapter on it, each with its own AdamW; each request a step of toolrl's public training API
 (:mod:`toolrl.training.token_step`, :mod:`toolrl.training.optimizer`) through the client's adapter
-alone; and a run's state (adapter, optimizer, steps) saved to a checkpoint file and loaded back, or its adapter
-as a PEFT directory.
+alone; and a run's state (adapter, optimizer, steps) saved to a checkpoint file and loaded back.
 
 Where the base is held (:class:`Ranks`): in this process (:class:`toolrl.processes.step_rank.StepRank`), or
 on ``world_size`` ranks on Ray (:class:`toolrl.processes.step_group.StepGroup`: the base sharded with
@@ -18,7 +17,6 @@ routing lives on the model's layers): each takes the trainer's lock.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -134,17 +132,6 @@ class Trainer:
             state = self.ranks.state(run.adapter, optimizer)
             steps = run.steps
         torch.save({**state, "base": run.base, "rank": run.rank, "targets": run.targets, "steps": steps}, file)
-
-    def save_peft(self, run: Run, folder: Path) -> int:
-        """The run's adapter as a PEFT adapter directory (``adapter_model.safetensors``,
-        ``adapter_config.json``); its size in bytes."""
-        from safetensors.torch import save_file
-
-        tensors, config = adapters.peft_files(self.adapter_state(run), run.rank, run.targets, run.base)
-        folder.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, folder / "adapter_model.safetensors")
-        (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
-        return sum(f.stat().st_size for f in folder.iterdir())
 
     def load(self, run: Run, state: dict[str, Any], optimizer: bool) -> None:
         """A checkpoint's adapter into the run and, with ``optimizer``, its AdamW state and steps (else

@@ -1,4 +1,5 @@
-"""How long one request may hold a base, and what a request that fails leaves behind.
+"""The training step a request runs on a base (``forward``, ``forward_backward``): micro-batches taken
+in turns; how long any request may hold a base, and what a request that fails leaves behind.
 
 A ``forward`` or ``forward_backward`` runs one micro-batch at a time (``--micro-batch-tokens``, or one
 datum alone), each in its turn on the base's trainer: turns are handed out first come, first served
