@@ -1,7 +1,7 @@
-"""The project's code rules that a machine can check: no function in ``core/`` over 80 lines and no class
-over 300; attention implementations registered with transformers and switched in one module; no
-``asyncio.wait_for`` in library code; ``run`` names a resolved run alone; rollout groups typed; the generic
-step and batches free of distillation's names."""
+"""The project's code rules that a machine can check: no function in ``core/`` or a plugin's package over
+80 lines and no class over 300; attention implementations registered with transformers and switched in one
+module; no ``asyncio.wait_for`` in library code; ``run`` names a resolved run alone; rollout groups typed;
+the generic step and batches free of distillation's names."""
 
 from __future__ import annotations
 
@@ -14,21 +14,30 @@ MAX_CLASS_LINES = 300
 ATTENTION_INSTALLER = CORE / "modeling" / "attention.py"
 
 
-def test_no_core_function_is_over_80_lines():
-    long = []
-    for path in sorted(CORE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)")
+def library_files() -> list[Path]:
+    """The library's sources: core and every plugin's import package (not its tests or build output)."""
+    root = CORE.parents[1]
+    plugins = [path for path in root.glob("plugins/*/toolrl_*/**/*.py")
+               if not {"build", "tests"} & set(path.relative_to(root).parts[2:])]
+    return sorted([*CORE.rglob("*.py"), *plugins])
+
+
+def too_long(kinds: tuple[type[ast.AST], ...], limit: int) -> list[str]:
+    """The definitions of ``kinds`` over ``limit`` lines, each as ``path:line name (n lines)``, the path
+    from the repository root."""
+    root = CORE.parents[1]
+    return [f"{path.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)"
+            for path in library_files() for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, kinds) and (lines := node.end_lineno - node.lineno + 1) > limit]
+
+
+def test_no_function_is_over_80_lines():
+    long = too_long((ast.FunctionDef, ast.AsyncFunctionDef), MAX_FUNCTION_LINES)
     assert not long, "split these along their own comments: " + "; ".join(long)
 
 
-def test_no_core_class_is_over_300_lines():
-    long = [f"{path.relative_to(CORE.parent)}:{node.lineno} {node.name} ({lines} lines)"
-            for path in sorted(CORE.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ClassDef) and (lines := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES]
+def test_no_class_is_over_300_lines():
+    long = too_long((ast.ClassDef,), MAX_CLASS_LINES)
     assert not long, "split these into parts of their own: " + "; ".join(long)
 
 
@@ -66,8 +75,7 @@ def test_no_library_code_bounds_an_await_with_wait_for():
     drops the cancellation (a Ctrl-C or a cancelled trajectory then runs on): time limits use
     ``asyncio.timeout``, which does not."""
     root = CORE.parents[1]
-    found = [f"{path.relative_to(root)}:{node.lineno}"
-             for path in sorted([*CORE.rglob("*.py"), *root.glob("plugins/*/toolrl_*/**/*.py")])
+    found = [f"{path.relative_to(root)}:{node.lineno}" for path in library_files()
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "wait_for"
              and isinstance(node.value, ast.Name) and node.value.id == "asyncio"]

@@ -269,7 +269,7 @@ async def test_vllm_serves_the_adapters_as_the_merged_weights(name, engine, lora
     merged weights. Before the first sync the engine's adapter is the trainer's initial one (the base
     model), and no checkpoint of base weights is ever written."""
     lora_engine, initial = lora_engine
-    assert list(lora_engine._loras) == ["default"]  # every request carries model.lora's one adapter
+    assert list(lora_engine._adapters.loras) == ["default"]  # every request carries model.lora's one adapter
     assert_close(initial, await greedy(engine, prompts))
     adapted = adapted_model(tiny_path, seed=len(name))  # each transport its own adapters
     engine.update_weights(lora.engine_state_dict(adapted))
@@ -382,7 +382,7 @@ async def test_vllm_serves_an_adapter_per_role(tiny_path, prompts):
                                                         "max_lora_rank": 16, "max_loras": 2})
     try:
         engine.apply_adapters(functools.partial(apply_adapters, adapters=ROLES))
-        assert [r.lora_int_id for r in engine._loras.values()] == [1, 2]
+        assert [r.lora_int_id for r in engine._adapters.loras.values()] == [1, 2]
         trained = apply_adapters(model_sources.load_model(tiny_path), ROLES)
         moved(trained, set(ROLES), seed=0)
         with engine.updating_weights(1):
@@ -390,11 +390,11 @@ async def test_vllm_serves_an_adapter_per_role(tiny_path, prompts):
         before = {role: await served_as_merged(engine, role, trained, tiny_path, prompts) for role in ROLES}
         assert before["planner"] != before["executor"]
 
-        executor_dir = engine._loras["executor"].lora_path
+        executor_dir = engine._adapters.loras["executor"].lora_path
         moved(trained, {"planner"}, seed=1)
         with engine.updating_weights(2):
             engine.update_weights(dict(lora.iter_adapter_weights(trained, adapters={"planner"})))
-        assert engine._loras["executor"].lora_path == executor_dir
+        assert engine._adapters.loras["executor"].lora_path == executor_dir
         after = {role: await served_as_merged(engine, role, trained, tiny_path, prompts) for role in ROLES}
         assert after["planner"] != before["planner"] and after["executor"] == before["executor"]
 

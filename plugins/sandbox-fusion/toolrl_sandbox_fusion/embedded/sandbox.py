@@ -1,10 +1,10 @@
 """The embedded sandbox: runs a :class:`RunCodeRequest` in a fresh isolated process, no server needed.
 
-Each run takes one pre-started process from the pool, sends it the request, collects stdout, stderr
-and fetched files (capped), and enforces the compile and run time limits with a process-group kill.
-Results use SandboxFusion's shapes and status rules (a compile step's own ``compile_result``, output
-that is not UTF-8 reported as its decode error, ``memory_limit_MB`` -1 for no limit), so the tool and
-``toolrl sandbox serve`` treat this and a real SandboxFusion server alike.
+Each run takes one pre-started process from the pool (:mod:`.pool`), sends it the request, collects
+stdout, stderr and fetched files (capped), and enforces the compile and run time limits with a
+process-group kill (:mod:`.exchange`). Results use SandboxFusion's shapes and status rules
+(:mod:`.results`; ``memory_limit_MB`` -1 for no limit), so the tool and ``toolrl sandbox serve`` treat
+this and a real SandboxFusion server alike.
 """
 
 from __future__ import annotations
@@ -12,21 +12,18 @@ from __future__ import annotations
 import asyncio
 import binascii
 import dataclasses
-import json
 import marshal
 import math
 import os
-import select
-import signal
 import subprocess
 import threading
-import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from toolrl_sandbox_fusion.embedded import jupyter
+from toolrl_sandbox_fusion.embedded import jupyter, results
+from toolrl_sandbox_fusion.embedded.exchange import Exchange, NotStarted
 from toolrl_sandbox_fusion.embedded.gocache import GoBuildCache
 from toolrl_sandbox_fusion.embedded.languages import (
     GO_CACHE,
@@ -50,24 +47,15 @@ from toolrl_sandbox_fusion.embedded.launch import (
 )
 from toolrl_sandbox_fusion.embedded.pool import ProcessPool, SandboxProcess, SandboxStartError
 from toolrl_sandbox_fusion.models import (
-    CommandRunResult,
-    CommandRunStatus,
     RunCodeRequest,
     RunCodeResponse,
     RunJupyterRequest,
     RunJupyterResponse,
     RunStatus,
-    overall_status,
 )
 
 PoolKind = Literal["python", "commands", "jupyter"]
 
-# Signals the sandbox's own limits send; the tool names the signal itself.
-_SIGNAL_NOTES = {
-    signal.SIGXCPU: "CPU time limit exceeded",
-    signal.SIGXFSZ: "file size limit exceeded",
-}
-_MAX_SIGNAL = 64
 # Address space a run may reserve beyond its memory limit (a JVM's class space and code cache: ~1.3 GB).
 ADDRESS_SPACE_HEADROOM_MB = 4096
 
@@ -83,10 +71,6 @@ class SandboxConfig:
     interpreter: str | None = None
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     start_timeout: float = 30.0
-
-
-class _NotStarted(Exception):
-    """The pooled process was gone before it took the request; another one is tried."""
 
 
 class EmbeddedSandbox:
@@ -270,7 +254,7 @@ class EmbeddedSandbox:
                 sp = pool.take(self.config.start_timeout)
                 try:
                     return self._execute(sp, request, program, files)
-                except _NotStarted:
+                except NotStarted:
                     continue
                 finally:
                     pool.done(sp)
@@ -322,219 +306,12 @@ class EmbeddedSandbox:
 
     def _execute(self, sp: SandboxProcess, request: RunCodeRequest, program: Program | None,
                  files: dict[str, bytes]) -> RunCodeResponse:
-        lim = self.config.limits
         header = self._header(request, program, files)
-        payload = b"%010d" % len(header) + header + (request.stdin or "").encode()
-        proc = sp.proc
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        fds = {"stdout": proc.stdout.fileno(), "stderr": proc.stderr.fileno(), "control": sp.control}
-        chunks: dict[str, list[bytes]] = {name: [] for name in fds}
-        by_fd = {fd: name for name, fd in fds.items()}
-        stdin_fd: int | None = proc.stdin.fileno()
-        for fd in [*fds.values(), stdin_fd]:
-            os.set_blocking(fd, False)
-        poller = select.poll()
-        for fd in fds.values():
-            poller.register(fd, select.POLLIN)
-        poller.register(stdin_fd, select.POLLOUT)
-        pidfd = os.pidfd_open(proc.pid)
-        poller.register(pidfd, select.POLLIN)
-        control = _ControlFrames()
-
-        def read(fd: int) -> bool:
-            """Read what is there; False at end of stream."""
-            nonlocal output, killed, drain_until, compiled_at, deadline
-            data = os.read(fd, 65536)
-            if not data:
-                poller.unregister(fd)
-                del by_fd[fd]
-                return False
-            name = by_fd[fd]
-            if name == "control":
-                control.feed(data)
-                if control.size > 2 * lim.max_fetch_bytes:
-                    poller.unregister(fd)
-                    del by_fd[fd]
-                if compiling and control.compiled is not None and compiled_at is None:  # the run's limit starts
-                    compiled_at = time.monotonic()
-                    deadline = compiled_at + request.run_timeout
-                return True
-            room = lim.max_output_bytes - output
-            if room > 0:  # beyond the cap, output is read (so the writer is not stuck) and dropped
-                chunks[name].append(data[:room])
-            output += len(data)
-            if output > lim.max_output_bytes and killed is None:
-                sp.kill()
-                killed, drain_until = "output", time.monotonic() + 1.0
-            return True
-
-        start = time.monotonic()
         compiling = program is not None and program.compile is not None
-        deadline = start + (request.compile_timeout if compiling else request.run_timeout)
-        compiled_at: float | None = None  # when the compile step reported
-        drain_until: float | None = None  # set once the process is gone or killed
-        sent = output = 0
-        killed: str | None = None
-        ended: float | None = None
-        try:
-            # Until the program reports its exit code (all its output is then in the pipes) or the
-            # process is gone and its pipes drained. A program that closes its stdout and keeps
-            # running is still running.
-            while control.exit_code is None and control.error is None and (
-                    by_fd or stdin_fd is not None or ended is None):
-                now = time.monotonic()
-                if drain_until is None and now >= deadline:
-                    sp.kill()
-                    killed = "compile_timeout" if compiling and compiled_at is None else "timeout"
-                    drain_until = now + 1.0
-                if drain_until is not None and now >= drain_until:
-                    break  # a process outside our reach still holds a pipe: stop waiting for it
-                limit = (drain_until if drain_until is not None else deadline) - now
-                for fd, _ in poller.poll(max(1, int(limit * 1000) + 1)):
-                    if fd == pidfd:
-                        poller.unregister(pidfd)
-                        ended = time.monotonic()
-                        # Like the end of bubblewrap's PID namespace: nothing outlives the program.
-                        sp.kill()
-                        drain_until = min(drain_until or math.inf, ended + 0.5)
-                    elif fd == stdin_fd:
-                        try:
-                            sent += os.write(stdin_fd, payload[sent:sent + 65536])
-                        except (BrokenPipeError, ConnectionResetError):
-                            if sent == 0:
-                                raise _NotStarted from None
-                            sent = len(payload)  # the program stopped reading its stdin
-                        if sent >= len(payload):
-                            poller.unregister(stdin_fd)
-                            proc.stdin.close()
-                            stdin_fd = None
-                    elif fd in by_fd:
-                        read(fd)
-            if control.exit_code is not None:
-                ended = time.monotonic()
-                for fd in [fd for fd, name in by_fd.items() if name != "control"]:
-                    try:
-                        while read(fd):
-                            pass
-                    except BlockingIOError:
-                        pass  # drained: the program flushed before it reported
-            elif stdin_fd is not None and sent == 0 and proc.poll() is not None:
-                raise _NotStarted
-        finally:
-            os.close(pidfd)
-        if control.error is not None:
-            return RunCodeResponse.sandbox_error(f"exception on running code: {control.error}")
-        returncode = control.exit_code
-        if returncode is None:
-            sp.kill()
-            returncode = proc.wait(timeout=5)
-            # The program was killed by a signal: bubblewrap's init and the fallback's report it as
-            # 128 + N; SandboxFusion reports -N. (An os._exit(129..192) that skipped the exit-code
-            # report reads the same: it cannot be told apart.)
-            if 128 < returncode <= 128 + _MAX_SIGNAL:
-                returncode = 128 - returncode
-        end = ended or time.monotonic()
-        files = control.files if request.fetch_files else {}
-        if compiling:
-            compile_result = _compile_result(control.compiled, killed, returncode, (compiled_at or end) - start, chunks)
-            if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
-                detail = (f"compile time limit of {request.compile_timeout:g} s exceeded; the compiler was killed"
-                          if killed == "compile_timeout" else "")
-                return RunCodeResponse(status=overall_status(None, compile_result), compile_result=compile_result,
-                                       detail=detail, files=files)
-            response = self._response(request, chunks, files, returncode, killed, end - (compiled_at or start))
-            response.compile_result = compile_result
-            response.status = overall_status(response.run_result, compile_result)
-            return response
-        return self._response(request, chunks, files, returncode, killed, end - start)
-
-    def _response(self, request: RunCodeRequest, chunks: dict[str, list[bytes]], files: dict[str, str],
-                  returncode: int, killed: str | None, elapsed: float) -> RunCodeResponse:
-        lim = self.config.limits
-        stdout, stderr = _decode(b"".join(chunks["stdout"])), _decode(b"".join(chunks["stderr"]))
-        detail = ""
-        if killed == "timeout":
-            run = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed,
-                                   return_code=None, stdout=stdout, stderr=stderr)
-            detail = f"time limit of {request.run_timeout:g} s exceeded; the process was killed"
-        else:
-            if killed == "output":
-                returncode = -signal.SIGKILL
-                detail = f"output limit of {lim.max_output_bytes} bytes exceeded; the process was killed"
-            elif returncode < 0 and -returncode in _SIGNAL_NOTES:
-                detail = _SIGNAL_NOTES[signal.Signals(-returncode)]
-            elif returncode != 0 and "MemoryError" in stderr[-2000:]:
-                memory = self.memory_mb(request)
-                detail = "out of memory (MemoryError)" if memory is None else (
-                    f"memory limit of {memory} MB exceeded (MemoryError)")
-            run = CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
-                                   return_code=returncode, stdout=stdout, stderr=stderr)
-        return RunCodeResponse(status=overall_status(run), run_result=run, detail=detail, files=files)
-
-
-def _decode(data: bytes) -> str:
-    """Output as SandboxFusion reports it: UTF-8, else the decode error in its place."""
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        return f"[DecodeError] {exc}"
-
-
-def _compile_result(report: dict | None, killed: str | None, returncode: int, elapsed: float,
-                    chunks: dict[str, list[bytes]]) -> CommandRunResult:
-    """The compile step's result: its report, or what stopped the sandbox before it reported."""
-    if report is not None:
-        return CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed,
-                                return_code=report["return_code"], stdout=_decode(report["stdout"]),
-                                stderr=_decode(report["stderr"]))
-    if killed == "compile_timeout":
-        return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=elapsed)
-    # The sandbox ended before the compiler reported (killed, out of memory): what it printed.
-    return CommandRunResult(status=CommandRunStatus.Finished, execution_time=elapsed, return_code=returncode,
-                            stdout=_decode(b"".join(chunks["stdout"])), stderr=_decode(b"".join(chunks["stderr"])))
-
-
-class _ControlFrames:
-    """Parses the control stream after the ready byte: "E" the request's files could not be written,
-    "C" a compile step's result (JSON), "F" fetched files (JSON), "X" the exit code. A python program
-    could write here too (not before its files are written, so not an "E"; commands never get the
-    fd); malformed frames end the parsing, never the launcher."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.size = 0
-        self.files: dict[str, str] = {}
-        self.compiled: dict | None = None
-        self.exit_code: int | None = None
-        self.error: str | None = None
-        self._broken = False
-
-    def feed(self, data: bytes) -> None:
-        self.size += len(data)
-        if self._broken:
-            return
-        self.buffer += data
-        while len(self.buffer) >= 11:
-            kind, length = self.buffer[:1], self.buffer[1:11]
-            if not length.isdigit():
-                self._broken = True
-                return
-            end = 11 + int(length)
-            if len(self.buffer) < end:
-                return
-            body, self.buffer = self.buffer[11:end], self.buffer[end:]
-            try:
-                if kind == b"F":
-                    found = json.loads(body)
-                    self.files = {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
-                elif kind == b"X":
-                    self.exit_code = int(body)
-                elif kind == b"C" and self.compiled is None:
-                    report = json.loads(body)
-                    self.compiled = {"return_code": int(report["return_code"]),
-                                     **{k: binascii.a2b_base64(report[k]) for k in ("stdout", "stderr")}}
-                elif kind == b"E" and self.exit_code is None:
-                    self.error = body.decode(errors="replace")
-            except (ValueError, AttributeError, KeyError, TypeError, binascii.Error):
-                self._broken = True
-                return
+        exchange = Exchange(sp, b"%010d" % len(header) + header + (request.stdin or "").encode(), self.config.limits,
+                            request.compile_timeout if compiling else None, request.run_timeout)
+        exchange.run()
+        if exchange.control.error is not None:
+            return RunCodeResponse.sandbox_error(f"exception on running code: {exchange.control.error}")
+        return results.response(request, exchange.captured(), self.memory_mb(request),
+                                self.config.limits.max_output_bytes)
