@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from _dists import run_toolrl
+from click.testing import CliRunner
+from toolrl.cli import cli
 from toolrl.config import ConfigError, LoraConfig, load_config
 from toolrl.model_sources import load_model
 from toolrl.modeling.adapters import apply_lora, has_lora, lora_layers
@@ -230,8 +232,9 @@ def test_cli_trains_two_steps_with_lora(tmp_path):
     # trained adapter model computes (peft's own, unmerged forward).
     from transformers import AutoModelForCausalLM
 
-    res = run_toolrl("export", str(tmp_path), str(tmp_path / "hf"), env={"OMP_NUM_THREADS": "1"}, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    # `toolrl export` in this process (click's runner): the same command, without a second interpreter's start.
+    res = CliRunner().invoke(cli, ["export", str(tmp_path), str(tmp_path / "hf")])
+    assert res.exit_code == 0 and res.exception is None, (res.exception, res.stderr[-2000:])
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert not has_lora(exported)
     config = json.loads((tmp_path / "config.json").read_text())
