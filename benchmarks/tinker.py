@@ -17,7 +17,7 @@ CPU, one thread each.
    adapter's identical prompts would share one prefill).
 
     OMP_NUM_THREADS=1 python benchmarks/tinker.py [--base smollm2-135m-instruct] [--datums 8] [--tokens 256]
-        [--rounds 3] [--requests 4] [--max-tokens 32]
+        [--rounds 3] [--requests 4] [--max-tokens 32] [--memory] [--memory-runs 8x2000@512,...] [--idle 5]
 
 The base is SmolLM2-135M-Instruct, the model the demo serves: a decode step of a real model is its weights
 read, which is what four clients' rows share. ``--base tiny-qwen3`` is a quick run on the tests' random
@@ -27,9 +27,14 @@ model, whose steps are per-row work over a 151,936-token vocabulary (no engine b
    the base sharded with FSDP2, the adapter on both: toolrl's ``StepGroup``) against one in this process,
    alternating rounds, medians; and what the two ranks send per step, which bounds them on a CPU.
 
+4. Memory: a fresh server's resident memory before one ``forward_backward``, at its peak, right after and
+   ``--idle`` seconds after it, a server each (``--memory-runs``): 8 x 2,000 tokens at the default
+   ``--micro-batch-tokens`` (512; a datum is never split, so each runs alone, as at any smaller size), then
+   16 x 250 tokens at 512 (two datums a forward) and at 256 (one). ``--memory`` runs this part alone.
+
 The last lines read ``served / in-process step time: X.XX`` (goal <= 1.15 at 8 x 256 tokens),
 ``4 clients / 1 client sampling throughput: Y.YY`` (goal >= 2.5), ``32 clients / 1 client sampling
-throughput: Z.ZZ`` (goal >= 8) and ``2 ranks / 1 rank step time: W.WW``.
+throughput: Z.ZZ`` (goal >= 8) and ``2 ranks / 1 rank step time: W.WW``; then 4.'s table.
 """
 
 from __future__ import annotations
@@ -56,6 +61,9 @@ import numpy as np  # noqa: E402
 KEY = "tml-benchmark-key"
 # The clients (or adapters) the sampling rates compare: one against each of the others.
 CLIENTS = (1, 4, 32)
+# The memory part's requests (datums x tokens) and --micro-batch-tokens: 2,000-token datums run one to a
+# forward at the default (512) and at any smaller size; 250-token datums two at 512, one at 256.
+MEMORY_RUNS = "8x2000@512,16x250@512,16x250@256"
 
 
 def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
@@ -72,12 +80,12 @@ def datums(n: int, tokens: int, seed: int = 0) -> list[Any]:
     return out
 
 
-def start_server(state_dir: str, base: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(state_dir: str, base: str, *options: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TINKER_API_KEY": KEY}
     proc = subprocess.Popen([sys.executable, "-m", "toolrl", "tinker", "serve", "--base", base, "--port", str(port),
                              "--state-dir", state_dir, "--max-batch-tokens", "1000000",
-                             "--max-runs-per-client", str(max(CLIENTS))], env=env,
+                             "--max-runs-per-client", str(max(CLIENTS)), *options], env=env,
                             stderr=subprocess.PIPE)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -135,6 +143,55 @@ def ranks_step(local: Any, run: Any, req: Any, rounds: int) -> tuple[list[float]
              f"rank; the adapter's gradient all-reduced once ({adapter_mb:.1f} MB); the two ranks share this "
              f"machine's {os.cpu_count()} cores")
     return one_t, two_t, bound
+
+
+def proc_memory(pid: int) -> dict[str, int]:
+    """Process ``pid``'s resident memory now (``VmRSS``) and its peak since the last reset (``VmHWM``), in
+    bytes (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return {k: int(fields[k].split()[0]) << 10 for k in ("VmRSS", "VmHWM")}
+
+
+def memory_row(base: str, n: int, tokens: int, micro: int, idle: float) -> list[str]:
+    """A fresh server's resident memory (GiB) before one forward_backward of ``n`` x ``tokens`` tokens, at its
+    peak, right after and ``idle`` seconds later, with ``--micro-batch-tokens micro`` (a server of its own:
+    the peak is the process's, reset just before the request)."""
+    import tinker
+    from toolrl.training.token_step import micro_batch_spans
+
+    with tempfile.TemporaryDirectory() as state:
+        proc, url = start_server(state, base, "--micro-batch-tokens", str(micro))
+        try:
+            tc = tinker.ServiceClient(base_url=url, api_key=KEY).create_lora_training_client(
+                base_model=base, rank=8, seed=0).result()
+            time.sleep(1.0)  # the client's creation done with
+            before = proc_memory(proc.pid)["VmRSS"]
+            with open(f"/proc/{proc.pid}/clear_refs", "w") as f:
+                f.write("5")  # the peak (VmHWM) back to the resident memory now: the request's alone
+            tc.forward_backward(datums(n, tokens), "importance_sampling").result()
+            done = proc_memory(proc.pid)
+            time.sleep(idle)
+            after = proc_memory(proc.pid)["VmRSS"]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    forward = max(b - a for a, b in micro_batch_spans([tokens] * n, micro)) * tokens
+    return [f"{n} x {tokens}", str(micro), str(forward),
+            *(f"{v / 2**30:.2f}" for v in (before, done["VmHWM"], done["VmRSS"], after))]
+
+
+def memory(args: argparse.Namespace) -> str:
+    """The memory part's table (``--memory-runs``: each ``DATUMSxTOKENS@MICRO``), as printed."""
+    rows = []
+    for spec in args.memory_runs.split(","):
+        shape, micro = spec.split("@")
+        n, tokens = shape.split("x")
+        rows.append(memory_row(args.base, int(n), int(tokens), int(micro), args.idle))
+    return (f"resident memory (GiB) of a fresh server around one forward_backward, {args.base} (a datum is never "
+            "split: a longer one runs alone)\n" + table(
+                ["request", "--micro-batch-tokens", "tokens per forward", "before", "peak", "right after",
+                 f"{args.idle:g} s idle"], rows))
 
 
 def served_step(tc: Any, data: list[Any]) -> float:
@@ -228,7 +285,7 @@ def _each(values: list[float], digits: int = 1) -> str:
     return " ".join(f"{x:.{digits}f}" for x in values)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datums", type=int, default=8)
     p.add_argument("--tokens", type=int, default=256)
@@ -237,8 +294,20 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--base", default="smollm2-135m-instruct", help="the base model (smollm2-135m-instruct, tiny-qwen3)")
-    args = p.parse_args()
+    p.add_argument("--memory", action="store_true", help="run only the memory part (4.)")
+    p.add_argument("--memory-runs", default=MEMORY_RUNS, help="the memory part's requests and micro-batch sizes: "
+                   "DATUMSxTOKENS@MICRO, comma-separated")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds idle after the memory part's request")
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     os.environ["TINKER_API_KEY"] = KEY
+    if args.memory:
+        print(machine())
+        print(memory(args))
+        return
     import tinker
     from toolrl_tinker.adapters import ATTN, MLP
     from toolrl_tinker.bases import Base
@@ -291,6 +360,7 @@ def main() -> None:
     for k in CLIENTS[1:]:
         print(f"{k} clients / 1 client sampling throughput: {rate[k] / rate[1]:.2f}")
     print(f"2 ranks / 1 rank step time: {statistics.median(two_ranks) / statistics.median(one_rank):.2f}")
+    print(memory(args))
 
 
 if __name__ == "__main__":

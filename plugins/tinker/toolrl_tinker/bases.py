@@ -1,6 +1,7 @@
 """The base models the service holds: per name, its directory, the trainer's copy (every training
-run's adapter: :mod:`toolrl_tinker.trainer`), the turns on it (:class:`toolrl_tinker.steps.Turns`) and
-the sampler's copy (every saved weight set's: :mod:`toolrl_tinker.sampler`)."""
+run's adapter: :mod:`toolrl_tinker.trainer`), the turns on it (:class:`toolrl_tinker.steps.Turns`),
+the sampler's copy (every saved weight set's: :mod:`toolrl_tinker.sampler`) and its requests in progress,
+whose freed memory is given back once none is (:class:`toolrl_tinker.idle.Idle`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from toolrl.config import ModelConfig
 from toolrl.model_sources import load_tokenizer, resolve_source
 
 from toolrl_tinker.hub_names import ALIASES, base_spec
+from toolrl_tinker.idle import Idle
 from toolrl_tinker.limits import Limits
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.sampler import Sampler
@@ -26,6 +28,7 @@ class Base:
     trainer: Trainer
     sampler: Sampler
     turns: Turns = field(default_factory=Turns)
+    idle: Idle = field(default_factory=Idle)
 
     @classmethod
     def load(cls, name: str, keep: int = 4, source: str | None = None, ranks: Ranks | None = None,

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from toolrl_tinker.limits import Limits
     from toolrl_tinker.metrics import Metrics
     from toolrl_tinker.runs import Runs
+    from toolrl_tinker.sampler import Sampled
     from toolrl_tinker.store import Store
 
 
@@ -96,16 +97,14 @@ class SamplingCalls:
             record = self.sampler(owner, req.sampling_session_id)
         else:
             record = self._record(owner, req.model_path, req.base_model)
-        sampler = self.bases.named(record.base).sampler
+        base = self.bases.named(record.base)
+        sampler = base.sampler
         tokens = requests.sample_tokens(req, sampler.context, sampler.vocab)
         time_limit = self.limits.request_timeout
 
         async def work() -> wire.Result:
-            async with sampler.using(record.adapter):
-                if not sampler.holds(record.adapter):
-                    await asyncio.to_thread(self._reload, record)
-                async with steps.time_limit(time_limit, "sample"):
-                    sampled = await sampler.sample(record.adapter, req)
+            with base.idle.busy():  # its cache and logits given back once the base is idle
+                sampled = await self._sample(record, req, time_limit)
             new = sum(len(g.token_ids) for g in sampled.sequences)
             self.metrics.count("tinker_sampled_tokens_total", new, base=record.base, key=owner)
             return wire.sample_response(sampled, req)
@@ -113,6 +112,14 @@ class SamplingCalls:
         answer = self.runs.start(owner, work, tokens=tokens)
         answer["sample_sequence_ids"] = [f"{answer['request_id']}:{i}" for i in range(req.num_samples)]
         return answer
+
+    async def _sample(self, record: SamplerRecord, req: types.SampleRequest, time_limit: float) -> Sampled:
+        sampler = self.bases.named(record.base).sampler
+        async with sampler.using(record.adapter):
+            if not sampler.holds(record.adapter):
+                await asyncio.to_thread(self._reload, record)
+            async with steps.time_limit(time_limit, "sample"):
+                return await sampler.sample(record.adapter, req)
 
     def _reload(self, record: SamplerRecord) -> None:
         """A session's weights, dropped from the sampler for newer ones, loaded again from their file."""

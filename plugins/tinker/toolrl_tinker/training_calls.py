@@ -67,9 +67,10 @@ class TrainingCalls:
         limits = self.limits
 
         def step() -> StepOutput:
-            rows, loss = requests.token_rows(req, base.trainer.vocab, limits.max_batch_tokens, base.trainer.context)
-            return steps.forward_backward(base.trainer, base.turns, run, rows, loss, req.forward_only,
-                                          limits.micro_batch_tokens, limits.request_timeout)
+            with base.idle.busy():  # its activations given back once the base is idle
+                rows, loss = requests.token_rows(req, base.trainer.vocab, limits.max_batch_tokens, base.trainer.context)
+                return steps.forward_backward(base.trainer, base.turns, run, rows, loss, req.forward_only,
+                                              limits.micro_batch_tokens, limits.request_timeout)
 
         async def work() -> wire.Result:
             out = await asyncio.to_thread(step)
