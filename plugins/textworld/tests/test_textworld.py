@@ -6,6 +6,7 @@ scripted engine standing in for the model, a group of games whose turns start fr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from toolrl.sessions import SessionKind
 from toolrl.testing import ScriptedEngine, listing_imports
 from toolrl_textworld.environment import TEXTWORLD
 from toolrl_textworld.games import GameSpec, GenerationError, digest, ensure
+from toolrl_textworld.headline import headline
 from toolrl_textworld.session import Play, TextworldSessionOptions
 
 SMALL = {"rooms": 2, "objects": 1, "quest_length": 2, "train_size": 3, "test_size": 2}
@@ -260,3 +262,22 @@ async def test_a_long_game_under_a_context_policy(qwen3_tokenizer: Any) -> None:
     assert sum(p.turns for p in pieces) == 12
     opening = sample.prompt[0].content.split("\n")[0]
     assert all(opening in qwen3_tokenizer.decode(p.prompt_ids) for p in pieces)
+
+
+def _evaluation(directory: Path, temperature: float, n: int, wins: list[bool]) -> str:
+    directory.mkdir()
+    (directory / "summary.json").write_text(json.dumps({"temperature": temperature, "n": n}))
+    (directory / "results.jsonl").write_text("".join(
+        json.dumps({"env": "textworld", "reward_terms": {"textworld": 1.0 if w else 0.0}}) + "\n" for w in wins))
+    return str(directory)
+
+
+def test_the_headline_counts_plays_won_and_says_how_they_were_played(tmp_path: Path) -> None:
+    before = _evaluation(tmp_path / "before", 1.0, 2, [True, False, False, False])
+    after = _evaluation(tmp_path / "after", 1.0, 2, [True, True, False, True])
+    assert headline(before, after) == ("TextWorld held-out games won, sampled at temperature 1, 2 plays a game: "
+                                       "before 1/4 → after 3/4")
+    greedy = _evaluation(tmp_path / "greedy", 0.0, 1, [True, False])
+    assert headline(greedy, greedy) == "TextWorld held-out games won, greedy: before 1/2 → after 1/2"
+    with pytest.raises(SystemExit, match="played alike"):
+        headline(greedy, after)
