@@ -69,10 +69,9 @@ async def run_group(ctx: RolloutContext, sample: Sample, group: int, n: int, see
         k if trees else None) for k in range(lines))) for p in pieces]
 
 
-async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,
-                         slot: AbstractAsyncContextManager[Any] | None = None) -> Trajectory:
+async def run_trajectory(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int) -> Trajectory:
     """One trajectory of ``sample`` in one piece (its last piece if it forked)."""
-    return (await run_trajectory_pieces(ctx, sample, group, trajectory_id, seed, slot))[-1]
+    return (await run_trajectory_pieces(ctx, sample, group, trajectory_id, seed))[-1]
 
 
 async def run_trajectory_pieces(ctx: RolloutContext, sample: Sample, group: int, trajectory_id: str, seed: int,

@@ -120,11 +120,10 @@ def token_advantages(trajectories: Sequence[Trajectory], estimator: AdvantageEst
     return once[[index[key] for key in keys]][:, None].expand(inputs.response_mask.shape).contiguous()
 
 
-def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True,
-                     eps: float = 1e-6) -> list[float]:
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], norm_by_std: bool = True) -> list[float]:
     """The ``grpo`` estimator's one number per trajectory: (r - mean of its group) / (std of its group
     + eps), or r - mean without ``norm_by_std``; a group of one gets 0."""
-    estimator = Grpo(Grpo.Options(eps=eps, norm_by_std=norm_by_std), AlgorithmConfig())
+    estimator = Grpo(Grpo.Options(norm_by_std=norm_by_std), AlgorithmConfig())
     mask = torch.ones((len(rewards), 1))
     inputs = AdvantageInputs(torch.tensor(list(rewards), dtype=torch.float64), torch.tensor(list(groups)), mask)
     return estimator(inputs)[:, 0].tolist()
