@@ -206,14 +206,14 @@ async def test_an_evicted_adapter_samples_as_one_never_evicted(tiny_qwen3_path, 
             (scored,) = await eng.prompt_logprobs([prompt], top=2, adapter="y")
             return [*alone, *(g for [g] in together), scored]
 
-        assert list(slots._slots.host) == ["x"]  # the least recently added: a sync writes its host copy
+        assert list(slots._slots.residency.parked) == ["x"]  # the least recently added: a sync writes its host copy
         load(slots, adapter_tensors(kept.model, seed=5, roles="x"), 9)
         load(kept, adapter_tensors(kept.model, seed=5, roles="x"), 9)
         for got, want in zip(await each(slots), await each(kept), strict=True):
             if hasattr(got, "token_ids"):
                 assert got.token_ids == want.token_ids
             assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) <= 1e-5
-        assert max(resident) == 2 and len(slots._slots.host) == 1
+        assert max(resident) == 2 and len(slots._slots.residency.parked) == 1
     finally:
         await slots.close()
         await kept.close()

@@ -65,10 +65,10 @@ def test_adapters_moved_out_of_the_model_and_back_train_as_if_never_moved(tiny_q
     slotted = StepRank(tiny_qwen3_path, slots=1)
     slotted.setup()
     assert _same(_script(slotted), reference)
-    assert adapter_names(slotted.model) == ["c"] and sorted(slotted.parked) == ["a", "b"]
-    assert slotted.parked["b"].grads["model.layers.0.self_attn.q_proj.lora_A.weight"] is None  # stepped: none pending
+    assert adapter_names(slotted.model) == ["c"] and sorted(slotted.residency.parked) == ["a", "b"]
+    assert slotted.residency.parked["b"].grads["model.layers.0.self_attn.q_proj.lora_A.weight"] is None  # stepped: none pending
     slotted.remove_adapter("a")  # out of host memory; "c" stays in the model
-    assert sorted(slotted.parked) == ["b"] and adapter_names(slotted.model) == ["c"]
+    assert sorted(slotted.residency.parked) == ["b"] and adapter_names(slotted.model) == ["c"]
 
 
 def test_a_state_loads_back_and_a_misfit_changes_nothing(unlimited) -> None:

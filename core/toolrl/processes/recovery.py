@@ -1,4 +1,5 @@
-"""A trainer group that re-forms itself when a rank dies (``trainer.on_rank_failure``).
+"""A trainer group that re-forms itself when a rank dies (``trainer.on_rank_failure``), in :func:`recovering`,
+the loop it shares with the public step's :class:`~toolrl.processes.step_group.StepGroup`.
 
 A rank's death ends the group's call in flight at once with :class:`RankDied`; unless the mode is
 ``stop``, every rank is killed (survivors may wait in a collective with the dead one forever), a new
@@ -101,20 +102,18 @@ class ReformingGroup:
         return [asdict(r) for r in taken]
 
     async def _recovering(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, made again on a re-formed group after each rank death (``stop``: none)."""
-        deaths = 0
-        while True:
-            generation = self._generation
-            try:
-                return await call()
-            except RankDied as exc:
-                deaths += 1
-                if self.config.trainer.on_rank_failure == "stop" or deaths > MAX_DEATHS_PER_CALL:
-                    raise
-                async with self._reforming:
-                    if generation == self._generation:  # not re-formed meanwhile by another call
-                        await self._reform(exc, what)
-                        self._generation += 1
+        """``call()`` (:func:`recovering`), the group re-formed right after each rank death (``stop``: none)."""
+        generation = self._generation  # the group the attempt runs on
+
+        async def reform(died: RankDied) -> None:
+            nonlocal generation
+            async with self._reforming:
+                if generation == self._generation:  # not re-formed meanwhile by another call
+                    await self._reform(died, what)
+                    self._generation += 1
+                generation = self._generation  # nothing runs between here and the next attempt
+
+        return await recovering(call, reform=reform, stop=self.config.trainer.on_rank_failure == "stop")
 
     async def _reform(self, died: RankDied, what: str) -> None:
         seen = time.time()
@@ -249,6 +248,28 @@ class ReformingGroup:
         for i in holders:  # kept until now: a node lost while the new ones were pulled had the old ones
             self.ranks[i].release_copies.options(concurrency_group="copy").remote(step)
         self.copy_s = time.perf_counter() - t0
+
+
+async def recovering(call: Callable[[], Awaitable[T]], *, ready: Callable[[], Awaitable[None]] | None = None,
+                     reform: Callable[[RankDied], Awaitable[None]] | None = None,
+                     failed: Callable[[TrainerFailed], None] = lambda failure: None, stop: bool = False) -> T:
+    """``call()``, made again after each rank death (:class:`RankDied`; at most :data:`MAX_DEATHS_PER_CALL`
+    a call, none with ``stop``); any other :class:`TrainerFailed` is raised. ``failed``: told of each failure
+    first. The group is re-formed either by ``reform(death)`` right after it (a failed re-form ends the call)
+    or by ``ready()`` before each attempt (a death there counts as one more)."""
+    deaths = 0
+    while True:
+        try:
+            if ready is not None:
+                await ready()
+            return await call()
+        except TrainerFailed as exc:
+            failed(exc)
+            deaths += isinstance(exc, RankDied)
+            if not isinstance(exc, RankDied) or stop or deaths > MAX_DEATHS_PER_CALL:
+                raise
+            if reform is not None:
+                await reform(exc)
 
 
 def reserve_ranks(ray: RayConfig, size: int, reforming: bool = False, what: str = "trainer.world_size") -> Placement:

@@ -28,13 +28,13 @@ from toolrl.algorithms import build_loss
 from toolrl.config import AdapterConfig, AlgorithmConfig, RayConfig
 from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.recovery import (
-    MAX_DEATHS_PER_CALL,
     RankDied,
     Recovery,
     TrainerFailed,
     close_ranks,
     end_ranks,
     every_rank,
+    recovering,
     reserve_ranks,
     start_ranks,
 )
@@ -206,26 +206,14 @@ class StepGroup:
     # ----------------------------------------------------------------- a lost rank
 
     def _run(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()`` (:func:`~toolrl.processes.recovery.recovering`), on a group re-formed first when the
+        last call, or the last attempt of this one, broke it."""
         with self._lock:
-            return asyncio.run(self._recovering(what, call))
+            return asyncio.run(recovering(call, ready=lambda: self._reform(what), failed=self._broke))
 
-    async def _recovering(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """``call()``, on a group re-formed first when the last call broke it, and again on a re-formed
-        one after each rank death (at most MAX_DEATHS_PER_CALL)."""
-        deaths = 0
-        while True:
-            try:
-                if self._broken is not None:
-                    await self._reform(what)
-                return await call()
-            except RankDied as exc:
-                self._broken = str(exc), exc.who
-                deaths += 1
-                if deaths > MAX_DEATHS_PER_CALL:
-                    raise
-            except TrainerFailed as exc:  # the other ranks may wait in a collective with it
-                self._broken = str(exc), "a failed call"
-                raise
+    def _broke(self, failure: TrainerFailed) -> None:
+        # A rank that raised breaks the group too: the others may wait in a collective with it.
+        self._broken = str(failure), failure.who if isinstance(failure, RankDied) else "a failed call"
 
     async def _new_ranks(self, timeout_s: float) -> None:
         import ray
@@ -240,8 +228,10 @@ class StepGroup:
         self.infos = await start_ranks(self.ranks, self.placement, timeout_s, "setup")
 
     async def _reform(self, what: str) -> None:
-        """Every rank killed, a new group placed and started, each adapter restored and its calls since its
-        last step run again."""
+        """When the group is broken: every rank killed, a new group placed and started, each adapter restored
+        and its calls since its last step run again."""
+        if self._broken is None:
+            return
         seen, t0 = time.time(), time.perf_counter()
         why, who = self._broken
         log.warning("%s: re-forming the step group of %d ranks", why, self.world_size)

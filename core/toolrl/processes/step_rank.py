@@ -12,13 +12,13 @@ imported inside the methods.
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from toolrl.config import AdapterConfig
 from toolrl.model_sources import load_model
+from toolrl.modeling.adapter_residency import AdapterResidency, host_copy
 from toolrl.modeling.adapters import adapter_parameters, add_adapter, load_adapter_state, remove_adapter
 from toolrl.processes.ray_actors import actor_info, rendezvous_address
 from toolrl.training.optimizer import OptimizerSettings, adamw, optimizer_step
@@ -32,10 +32,9 @@ START = OptimizerSettings(lr=1e-4)
 
 @dataclass
 class _Parked:
-    """An adapter out of the model (:class:`StepRank`'s slots): its config, weights, gradient (None:
-    none pending) and AdamW state, in host memory."""
+    """An adapter out of the model (:class:`StepRank`'s slots): its weights, gradient (None: none pending)
+    and AdamW state, in host memory."""
 
-    config: AdapterConfig
     weights: dict[str, Any]
     grads: dict[str, Any]
     optimizer: dict[str, Any]
@@ -51,13 +50,12 @@ class StepRank:
         if slots is not None and slots < 1:
             raise ValueError(f"slots={slots}: at least one adapter must fit in the model")
         self.source, self.rank, self.world_size, self.device = source, rank, world_size, device
-        self.slots, self.collective_timeout_s = slots, collective_timeout_s
+        self.collective_timeout_s = collective_timeout_s
         self.model: Any = None  # the causal LM (its base's parameters DTensors when sharded)
         self.policy: Any = None  # what the step runs: the model, or the FSDP root around it
         self.optimizers: dict[str, Any] = {}  # adapter -> its AdamW, for the adapters in the model
         self.configs: dict[str, AdapterConfig] = {}
-        self.used: OrderedDict[str, None] = OrderedDict()  # the adapters in the model, least recently used first
-        self.parked: dict[str, _Parked] = {}
+        self.residency: AdapterResidency[_Parked] = AdapterResidency(slots, self._park, self._unpark)
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 hosts the process group's rendezvous (this node, a free port)."""
@@ -91,18 +89,18 @@ class StepRank:
         fresh AdamW for it."""
         if name in self.configs:
             raise ValueError(f"adapter {name!r} exists already")
-        self._make_room()
+        self.residency.make_room(1)
         add_adapter(self.model, name, config, seed=seed)
         self.configs[name] = config
         self.optimizers[name] = adamw(self._params(name), START)
-        self.used[name] = None
+        self.residency.resident[name] = None
 
     def remove_adapter(self, name: str) -> None:
         """Adapter ``name`` off the model (or out of host memory), its AdamW with it."""
         self._known(name)
-        if self.parked.pop(name, None) is None:
+        if self.residency.parked.pop(name, None) is None:
             remove_adapter(self.model, name)
-            del self.optimizers[name], self.used[name]
+            del self.optimizers[name], self.residency.resident[name]
         del self.configs[name]
 
     # ----------------------------------------------------------------- the step
@@ -141,13 +139,9 @@ class StepRank:
     def state(self, name: str, optimizer: bool = True) -> dict[str, Any]:
         """Copies of adapter ``name``'s weights (``adapter``: by :func:`toolrl.modeling.adapters.adapter_state`'s
         names) and, with ``optimizer``, its AdamW's ``state_dict`` (``optimizer``; else None)."""
-        import torch
-
         self._resident(name)
         weights = {k: p.detach().to("cpu", copy=True) for k, p in adapter_parameters(self.model, name).items()}
-        moments = copy.deepcopy(self.optimizers[name].state_dict()) if optimizer else None
-        if moments is not None:
-            moments = _on(moments, torch.device("cpu"), pin=False)
+        moments = host_copy(copy.deepcopy(self.optimizers[name].state_dict()), pin=False) if optimizer else None
         return {"adapter": weights, "optimizer": moments}
 
     def gradients(self, name: str) -> dict[str, Any]:
@@ -191,7 +185,7 @@ class StepRank:
             parts["gradients"] += size(p.grad)
         parts["weights"] += sum(size(b) for b in self.model.buffers())
         parts["optimizer"] = sum(size(t) for o in self.optimizers.values() for st in o.state.values() for t in st.values())
-        parts["host"] = sum(size(t) for k in self.parked.values()
+        parts["host"] = sum(size(t) for k in self.residency.parked.values()
                             for t in (*k.weights.values(), *k.grads.values(),
                                       *(v for st in k.optimizer["state"].values() for v in st.values())))
         return parts
@@ -214,32 +208,22 @@ class StepRank:
     def _resident(self, name: str) -> None:
         """Adapter ``name`` in the model (brought back from host memory when parked) and the most recently used."""
         self._known(name)
-        if name in self.parked:
-            self._make_room()
-            self._unpark(name)
-        self.used.move_to_end(name)
+        self.residency.bring({name})
 
-    def _make_room(self) -> None:
-        """A free slot: the least recently used adapters parked until one is."""
-        while self.slots is not None and len(self.used) >= self.slots:
-            self._park(next(iter(self.used)))
-
-    def _park(self, name: str) -> None:
+    def _park(self, name: str) -> _Parked:
+        """Adapter ``name`` out of the model: its weights, gradient and AdamW state on the host (pinned on a GPU)."""
         import torch
 
         pin = torch.device(self.device).type == "cuda"
-        host = torch.device("cpu")
         params = adapter_parameters(self.model, name)
-        self.parked[name] = _Parked(
-            self.configs[name], {k: _on(p.detach(), host, pin) for k, p in params.items()},
-            {k: None if p.grad is None else _on(p.grad, host, pin) for k, p in params.items()},
-            _on(self.optimizers.pop(name).state_dict(), host, pin))
+        parked = _Parked({k: host_copy(p.detach(), pin) for k, p in params.items()},
+                         {k: host_copy(p.grad, pin) for k, p in params.items()},
+                         host_copy(self.optimizers.pop(name).state_dict(), pin))
         remove_adapter(self.model, name)
-        del self.used[name]
+        return parked
 
-    def _unpark(self, name: str) -> None:
-        parked = self.parked.pop(name)
-        add_adapter(self.model, name, parked.config, seed=0)  # its weights come next: the process's RNG untouched
+    def _unpark(self, name: str, parked: _Parked) -> None:
+        add_adapter(self.model, name, self.configs[name], seed=0)  # its weights come next: the process's RNG untouched
         load_adapter_state(self.model, name, parked.weights)
         params = adapter_parameters(self.model, name)
         for key, p in params.items():
@@ -248,21 +232,3 @@ class StepRank:
         optimizer = adamw(list(params.values()), START)
         optimizer.load_state_dict(parked.optimizer)
         self.optimizers[name] = optimizer
-        self.used[name] = None
-
-
-def _on(value: Any, device: Any, pin: bool) -> Any:
-    """``value`` (a tensor, or a state dict's nesting of them) with its tensors on ``device``: in pinned
-    memory with ``pin`` (a GPU's host copy), the tensor itself when it is there already."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        if value.device == device and not pin:
-            return value
-        out = torch.empty(value.shape, dtype=value.dtype, device=device, pin_memory=pin)
-        return out.copy_(value.detach())
-    if isinstance(value, dict):
-        return {k: _on(v, device, pin) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_on(v, device, pin) for v in value)
-    return value
