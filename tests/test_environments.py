@@ -386,3 +386,19 @@ def test_a_config_of_only_model_and_env_runs_toolrl_rollout(tmp_path):
     # It evaluates without training: one row of figures, no checkpoint.
     assert len((tmp_path / "out/metrics.jsonl").read_text().splitlines()) == 1
     assert not (tmp_path / "out/checkpoints").exists()
+
+
+def test_an_environment_not_sized_is_listed_without_generating_its_splits_and_counted_by_show():
+    from toolrl.cli.env import _describe
+    from toolrl.schemas import Sample
+
+    made = []
+
+    def generate(options, split):
+        made.append(split)
+        return [Sample(prompt=[{"role": "user", "content": "hi"}], ground_truth="x")]
+
+    slow = Environment(name="slow", splits={"train": generate}, sized=False)
+    assert _describe("slow", "p", slow)["splits"]["train"] == {"source": "generated", "size": None} and made == []
+    assert _describe("slow", "p", slow, count=True)["splits"]["train"]["size"] == 1 and made == ["train"]
+    assert _describe("fast", "p", slow.model_copy(update={"sized": True}))["splits"]["train"]["size"] == 1

@@ -92,6 +92,8 @@ class Environment(BaseModel):
                               "training sample's level indexes them (data.curriculum env_difficulty); none: no levels")
     images: bool = Field(True, description="a vision-language policy sees the samples' images; false: every "
                          "policy reads their text, each image as <image>")
+    sized: bool = Field(True, description="``toolrl env list`` counts its generated splits; false where making "
+                        "them is slow (TextWorld compiles games): listed unsized, counted by ``env show``")
     options: type[BaseModel] | None = None
     configure: Callable[[Any], dict[str, Any]] | None = None
     # rows -> {figure: number}: the environment's own figures from its evaluated trajectories (the rows of

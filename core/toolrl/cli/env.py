@@ -29,9 +29,10 @@ def _with_defaults(environment: Any) -> tuple[Any, Any, str | None]:
     return resolved, options, None
 
 
-def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
+def _describe(name: str, plugin: str, environment: Any, count: bool = False) -> dict[str, Any]:
     """Summary plus each split's source and size with the default options. Hub splits are not
-    downloaded to be counted (size null); a split that fails to load shows its error."""
+    downloaded to be counted, nor the generated splits of an environment not ``sized`` unless ``count``
+    (size null); a split that fails to load shows its error."""
     from toolrl.config import ConfigError
     from toolrl.data.sources import load_split
     from toolrl.environments import HubSplit
@@ -43,7 +44,7 @@ def _describe(name: str, plugin: str, environment: Any) -> dict[str, Any]:
         info: dict[str, Any] = {"source": sources[split], "size": None}
         if error is not None:
             info["error"] = error
-        elif not isinstance(source, HubSplit):
+        elif not isinstance(source, HubSplit) and (count or resolved.sized or not callable(source)):
             try:
                 info["size"] = len(load_split(resolved, split, options))
             except ConfigError as exc:
@@ -94,7 +95,7 @@ def env_show(name: str, as_json: bool) -> None:
     from toolrl.plugins.parts import part_plugin
 
     environment = user_errors(get_environment, name, "env")
-    row = _describe(name, part_plugin("environments", name), environment)
+    row = _describe(name, part_plugin("environments", name), environment, count=True)
     resolved, options, _ = _with_defaults(environment)
     row.update(system_prompt=resolved.system_prompt, instructions=resolved.instructions,
                prompt_prefix=resolved.prompt_prefix, tool_entries=resolved.tools,

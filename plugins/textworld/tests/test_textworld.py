@@ -25,7 +25,7 @@ from toolrl.rollout.routes import build_routes
 from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionKind
 from toolrl.testing import ScriptedEngine, listing_imports
-from toolrl_textworld.environment import TEXTWORLD
+from toolrl_textworld.environment import EXAMPLE_SEED, TEXTWORLD
 from toolrl_textworld.games import GameSpec, GenerationError, digest, ensure
 from toolrl_textworld.headline import headline
 from toolrl_textworld.session import Play, TextworldSessionOptions
@@ -281,3 +281,12 @@ def test_the_headline_counts_plays_won_and_says_how_they_were_played(tmp_path: P
     assert headline(greedy, greedy) == "TextWorld held-out games won, greedy: before 1/2 → after 1/2"
     with pytest.raises(SystemExit, match="played alike"):
         headline(greedy, after)
+
+
+def test_env_list_generates_no_split(tmp_path: Path) -> None:
+    """Listed unsized (the environment's ``sized``): only the worked example's game is made, by its options."""
+    out = CliRunner().invoke(cli, ["env", "list", "--json"], env={"TOOLRL_TEXTWORLD_CACHE": str(tmp_path)})
+    assert out.exit_code == 0, out.output
+    listed = {r["name"]: r for r in json.loads(out.output)}
+    assert {s["size"] for s in listed["textworld"]["splits"].values()} == {None}
+    assert [p.name for p in tmp_path.iterdir()] == [GameSpec(seed=EXAMPLE_SEED).path().name]
