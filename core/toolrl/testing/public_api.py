@@ -63,6 +63,8 @@ PUBLIC_API: Mapping[str, frozenset[str]] = {module: frozenset(names) for module,
                           "Bucket", "BucketHeader", "RowPiece", "Link", "TransportError"),
     "toolrl.training.token_step": ("TokenRow", "LossSpec", "StepOutput", "forward_backward", "micro_batch_spans"),
     "toolrl.training.optimizer": ("OptimizerSettings", "adamw", "optimizer_step"),
+    "toolrl.training.lora": ("save_peft", "engine_state_dict"),
+    "toolrl.training.peakmem": ("rss_bytes",),
     "toolrl.testing.parser_corpus": ("CASES", "TOOLS", "FAMILIES", "Case"),
 }.items()}
 

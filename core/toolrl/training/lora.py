@@ -1,9 +1,9 @@
 """What the trainer does with LoRA adapters (injected by :mod:`toolrl.modeling.adapters`): only they train
 (:func:`param_groups`), checkpoints hold them (:func:`trainable_state_dict`), ``export`` writes them in peft's
-format (:func:`save_adapter`). An engine that takes adapters gets only the adapter tensors
-(:func:`iter_adapter_weights`); any other gets the base weights with ``W + alpha / r * B @ A`` merged in, one
-tensor at a time (:func:`iter_engine_weights`; gathering a sharded one is a collective). Several policies
-on one base: docs/architecture.md.
+format (:func:`save_adapter`; :func:`save_peft` from the tensors alone). An engine that takes adapters gets only
+the adapter tensors (:func:`iter_adapter_weights`); any other gets the base weights with ``W + alpha / r * B @ A``
+merged in, one tensor at a time (:func:`iter_engine_weights`; gathering a sharded one is a collective). Several
+policies on one base: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -73,23 +73,30 @@ def load_trainable_state_dict(model: Any, state: Mapping[str, Any]) -> None:
 
 def save_adapter(model: Any, directory: str | os.PathLike[str], base_model: str | None = None,
                  adapter: str = ADAPTER) -> Path:
-    """Write adapter ``adapter`` (``model.lora``'s, else a role's of ``model.adapters``) in peft's own
-    format (``adapter_config.json`` + ``adapter_model.safetensors``), which
-    ``peft.PeftModel.from_pretrained`` and LoRA-serving engines (vLLM) load; ``base_model`` is recorded
-    as ``base_model_name_or_path``. Gathers sharded tensors (a collective, like
-    :func:`iter_engine_weights`). Returns the directory."""
+    """Write adapter ``adapter`` (``model.lora``'s, else a role's of ``model.adapters``) with
+    :func:`save_peft`; gathers sharded tensors (a collective, like :func:`iter_engine_weights`)."""
     from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
 
     if not has_lora(model):
         raise ValueError("save_adapter: the model has no LoRA adapters")
+    state = {k: _full(v).detach() for k, v in get_peft_model_state_dict(model, adapter_name=adapter).items()}
+    return save_peft(state, model.peft_config[adapter], directory, base_model)
+
+
+def save_peft(state: Mapping[str, torch.Tensor], config: Any, directory: str | os.PathLike[str],
+              base_model: str | None = None) -> Path:
+    """An adapter's tensors (named as the model's, without the adapter's name: ``...q_proj.lora_A.weight``)
+    and its ``config`` (peft's ``LoraConfig``) in peft's own format (``adapter_config.json`` +
+    ``adapter_model.safetensors``), which ``peft.PeftModel.from_pretrained`` and LoRA-serving engines (vLLM)
+    load; ``base_model`` is recorded as ``base_model_name_or_path``. Returns the directory."""
+    from safetensors.torch import save_file
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     # peft's files name tensors as seen from a PeftModel wrapper (prefix base_model.model.).
-    state = {f"base_model.model.{k}": _full(v).detach().cpu().contiguous()
-             for k, v in get_peft_model_state_dict(model, adapter_name=adapter).items()}
-    save_file(state, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
-    dataclasses.replace(model.peft_config[adapter], base_model_name_or_path=base_model).save_pretrained(str(out))
+    save_file({f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()},
+              str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    dataclasses.replace(config, base_model_name_or_path=base_model).save_pretrained(str(out))
     return out
 
 

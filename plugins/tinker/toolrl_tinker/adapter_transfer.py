@@ -1,16 +1,10 @@
-"""Adapters in and out of the service, on the machine that holds its state directory:
-
-- out (``toolrl tinker export``): a client's checkpoint merged into its base's full weights, a Hugging
-  Face model directory that ``from_pretrained`` loads (weights, config, tokenizer files);
-- in (``toolrl tinker import``): an outside PEFT LoRA adapter directory made a checkpoint of a key's, which
-  that client starts a training client from (``create_training_client_from_state``) or samples
-  (``create_sampling_client(model_path=...)``).
-
-A checkpoint is :mod:`toolrl_tinker.store`'s: a ``.pt`` file of the adapter's tensors under
-adapter-neutral names (``model.layers.0.self_attn.q_proj.lora_A.weight``), or a PEFT directory for
-``external_weights``. The update of a module is ``ALPHA / rank * B @ A`` (:data:`toolrl_tinker.adapters.ALPHA`);
-an imported adapter's own scale (``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with rsLoRA) is folded
-into its ``B``, so it computes what it computed under PEFT.
+"""Adapters in and out of the service, on the machine that holds its state directory: out (``toolrl tinker
+export``), a client's checkpoint merged into its base's weights by toolrl's merge
+(:func:`toolrl.training.lora.engine_state_dict`), a Hugging Face model directory that ``from_pretrained`` loads;
+in (``toolrl tinker import``), an outside PEFT LoRA adapter directory made a checkpoint of a key's, which that
+client trains from (``create_training_client_from_state``) or samples. Checkpoints are :mod:`toolrl_tinker.store`'s.
+An imported adapter's own scale (``lora_alpha / r``, or ``lora_alpha / sqrt(r)`` with rsLoRA) is folded into its
+``B`` for the server's ``ALPHA / rank``, so it computes what it computed under PEFT.
 """
 
 from __future__ import annotations
@@ -23,8 +17,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file
+from toolrl.model_sources import load_model
+from toolrl.modeling.adapters import adapter_parameters, add_adapter, load_adapter_state
+from toolrl.training.lora import engine_state_dict
+from transformers import AutoConfig, AutoModelForCausalLM
+
 from toolrl_tinker import adapters
 from toolrl_tinker.adapters import ALPHA, ATTN, MLP
+from toolrl_tinker.hub_names import ALIASES, TOKENIZER_FILES, model_dir
 from toolrl_tinker.requests import UserError
 from toolrl_tinker.store import Store
 
@@ -36,12 +38,9 @@ UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "
                "trainable_token_indices": None}
 
 
-def read_peft(folder: Path) -> tuple[dict[str, Any], int, list[str], str | None]:
+def read_peft(folder: Path) -> tuple[dict[str, Any], int, list[str]]:
     """A PEFT LoRA adapter directory as (tensors under adapter-neutral names, their ``B`` scaled for
-    :data:`ALPHA`; rank; target modules; ``base_model_name_or_path``)."""
-    import torch
-    from safetensors.torch import load_file
-
+    :data:`ALPHA`; rank; target modules)."""
     config_file = folder / "adapter_config.json"
     if not config_file.is_file():
         raise UserError(f"{folder}: no adapter_config.json (a PEFT adapter directory has one)")
@@ -72,17 +71,15 @@ def read_peft(folder: Path) -> tuple[dict[str, Any], int, list[str], str | None]
     targets = {name.removesuffix(A).removesuffix(B).rsplit(".", 1)[-1] for name in tensors}
     if unknown := sorted(targets - set(ATTN + MLP)):
         raise UserError(f"{folder}: target modules {', '.join(unknown)}: this server adapts {', '.join(ATTN + MLP)}")
-    return tensors, rank, [t for t in ATTN + MLP if t in targets], config.get("base_model_name_or_path")
+    return tensors, rank, [t for t in ATTN + MLP if t in targets]
 
 
 def import_peft(state_dir: Path, folder: Path, owner: str, base: str, source: str, name: str | None = None) -> str:
     """PEFT adapter ``folder`` as a checkpoint of ``owner``'s on base ``base`` (which loads ``source``) in
     the server's state ``state_dir``; its ``tinker://`` path. The adapter must cover every layer's
     ``q_proj``... it names, with shapes that fit the base."""
-    import torch
-
-    tensors, rank, targets, _ = read_peft(folder)
-    _check_fits(tensors, rank, targets, _model_dir(source))
+    tensors, rank, targets = read_peft(folder)
+    _check_fits(tensors, rank, targets, model_dir(source))
     store = Store(state_dir, {base: source})
     model_id = f"import-{uuid.uuid4().hex[:12]}"
     name = name or folder.resolve().name
@@ -97,11 +94,7 @@ def import_peft(state_dir: Path, folder: Path, owner: str, base: str, source: st
 def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32") -> Path:
     """Checkpoint ``path`` of the server's state ``state_dir`` merged into its base's weights, written
     to ``out`` as a Hugging Face model directory (safetensors in ``dtype``, config, tokenizer files)."""
-    import torch
-    from toolrl.model_sources import load_model
-
     from toolrl_tinker import trainer
-    from toolrl_tinker.hub_names import ALIASES, TOKENIZER_FILES
 
     store = Store(state_dir)
     found = store.checkpoint(path)
@@ -110,21 +103,21 @@ def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32")
     run = store.run(found["model_id"]) or {}
     source = run.get("source") or ALIASES.get(run.get("base", ""), run.get("base", ""))
     if found["kind"] == "external_weights":
-        tensors, rank, _, _ = read_peft(Path(found["file"]))
+        tensors, rank, targets = read_peft(Path(found["file"]))
     else:
         state = trainer.read(found["file"])
-        tensors, rank = state["adapter"], state["rank"]
-    model_dir = _model_dir(source)
-    model = load_model(model_dir, dtype="float32", device="cpu")
-    with torch.no_grad():
-        for key, a in tensors.items():
-            if key.endswith(A):
-                module = key.removesuffix(A)
-                weight = model.get_submodule(module).weight
-                weight.add_(tensors[module + B].float() @ a.float(), alpha=ALPHA / rank)
+        tensors, rank, targets = state["adapter"], state["rank"], state["targets"]
+    base_dir = model_dir(source)
+    model = load_model(base_dir, dtype="float32", device="cpu")
+    add_adapter(model, "export", adapters.config(rank, targets))
+    load_adapter_state(model, "export", tensors)
+    to = getattr(torch, dtype)
+    # Cast once per tensor, so that a tied weight (the input embedding as the output head) stays one, saved once.
+    cast: dict[tuple[int, Any], Any] = {}
+    merged = {k: cast.setdefault((t.data_ptr(), t.shape), t.to(to)) for k, t in engine_state_dict(model, "export").items()}
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:6]}")
-    model.to(getattr(torch, dtype)).save_pretrained(str(tmp))
-    for file in (Path(model_dir) / f for f in TOKENIZER_FILES):  # the base's, beside what save_pretrained wrote
+    model.to(to).save_pretrained(str(tmp), state_dict=merged)
+    for file in (Path(base_dir) / f for f in TOKENIZER_FILES):  # the base's, beside what save_pretrained wrote
         if file.is_file() and not (tmp / file.name).exists():
             shutil.copyfile(file, tmp / file.name)
     if out.exists():
@@ -133,22 +126,11 @@ def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32")
     return out
 
 
-def _model_dir(source: str) -> str:
-    from toolrl.config import ModelConfig
-    from toolrl.model_sources import resolve_source
-
-    return resolve_source(ModelConfig(source=source))
-
-
-def _check_fits(tensors: dict[str, Any], rank: int, targets: list[str], model_dir: str) -> None:
+def _check_fits(tensors: dict[str, Any], rank: int, targets: list[str], base_dir: str) -> None:
     """Raise :class:`UserError` unless ``tensors`` are the rank-``rank`` adapter on ``targets`` that the
-    trainer makes on the model in ``model_dir`` (its shapes read from its config, no weights loaded)."""
-    import torch
-    from toolrl.modeling.adapters import adapter_parameters, add_adapter
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    trainer makes on the model in ``base_dir`` (its shapes read from its config, no weights loaded)."""
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_dir))
     add_adapter(model, "fits", adapters.config(rank, targets))
     want = {name: tuple(p.shape) for name, p in adapter_parameters(model, "fits").items()}
     if missing := sorted(set(want) - set(tensors)):

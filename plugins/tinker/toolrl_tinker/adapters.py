@@ -1,14 +1,15 @@
-"""Every adapter the service puts on a base, in one place: a client's LoRA settings, the names adapters
-get (a training run's on the trainer, a saved weight set's on the sampler), and an adapter's tensors out
-and back in under adapter-neutral names (what a checkpoint holds, what the sampler copies, what a PEFT
-directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), routed per token
+"""Every adapter the service puts on a base, in one place: a client's LoRA settings (toolrl's config, and
+peft's for a PEFT directory) and the names adapters get (a training run's on the trainer, a saved weight set's
+on the sampler). Tensors move under adapter-neutral names (what a checkpoint holds, what the sampler copies,
+what a PEFT directory holds). Adapters are toolrl's (:mod:`toolrl.modeling.adapters`), routed per token
 (:mod:`toolrl.modeling.adapter_routing`): other adapters' weights and gradients are not touched."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
+
+from toolrl.config import AdapterConfig
+from toolrl.modeling.adapters import adapter_name
 
 from toolrl_tinker.requests import UserError
 
@@ -30,33 +31,21 @@ def target_modules(train_attn: bool, train_mlp: bool) -> list[str]:
 
 def training_name(model_id: str) -> str:
     """A training run's adapter on the trainer: its model id made a torch module name."""
-    from toolrl.modeling.adapters import adapter_name
-
     return adapter_name("m", model_id)
 
 
 def sampler_name(path: str) -> str:
     """A saved weight set's adapter on the sampler: its ``tinker://`` path made a torch module name."""
-    from toolrl.modeling.adapters import adapter_name
-
     return adapter_name("s", path)
 
 
-def config(rank: int, targets: list[str], frozen: bool = False) -> Any:
+def config(rank: int, targets: list[str], frozen: bool = False) -> AdapterConfig:
     """A client's LoRA settings as toolrl's adapter config (an engine's :meth:`add_adapter` takes it too)."""
-    from toolrl.config import AdapterConfig
-
     return AdapterConfig(r=rank, alpha=ALPHA, target_modules=targets, frozen=frozen)
 
 
-def save_peft(tensors: dict[str, Any], rank: int, targets: list[str], base: str, folder: Path) -> int:
-    """An adapter's tensors (adapter-neutral names) as a PEFT adapter directory (``adapter_model.safetensors``,
-    ``adapter_config.json``); its size in bytes."""
-    from safetensors.torch import save_file
+def peft_config(rank: int, targets: list[str]) -> Any:
+    """The same settings as peft's config, what a PEFT directory records (:func:`toolrl.training.lora.save_peft`)."""
+    from peft import LoraConfig
 
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": ALPHA, "target_modules": targets, "lora_dropout": 0.0,
-              "bias": "none", "task_type": "CAUSAL_LM", "base_model_name_or_path": base}
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({f"base_model.model.{k}": v.contiguous() for k, v in tensors.items()}, folder / "adapter_model.safetensors")
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
-    return sum(f.stat().st_size for f in folder.iterdir())
+    return LoraConfig(r=rank, lora_alpha=ALPHA, target_modules=targets, task_type="CAUSAL_LM")

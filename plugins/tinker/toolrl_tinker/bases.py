@@ -9,10 +9,9 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass, field
 
-from toolrl.config import ModelConfig
-from toolrl.model_sources import load_tokenizer, resolve_source
+from toolrl.model_sources import load_tokenizer
 
-from toolrl_tinker.hub_names import ALIASES, base_spec
+from toolrl_tinker.hub_names import ALIASES, base_spec, model_dir
 from toolrl_tinker.idle import Idle
 from toolrl_tinker.limits import Limits
 from toolrl_tinker.requests import UserError
@@ -31,14 +30,18 @@ class Base:
     idle: Idle = field(default_factory=Idle)
 
     @classmethod
-    def load(cls, name: str, keep: int = 4, source: str | None = None, ranks: Ranks | None = None,
-             sampler: str = "transformers", slots: int = 32, max_rank: int = 64) -> Base:
+    def load(cls, name: str, limits: Limits | None = None, source: str | None = None,
+             ranks: Ranks | None = None) -> Base:
         """Base ``name`` (a toolrl built-in, its Hub alias, a directory or a Hub id; or any name, offering
-        ``source``'s weights) loaded twice: the trainer's where ``ranks`` say, the sampler's here (engine
-        ``sampler``, ``slots`` adapters resident, ranks up to ``max_rank``), keeping ``keep`` weight sets per run."""
-        path = resolve_source(ModelConfig(source=source or ALIASES.get(name, name)))
-        return cls(name, path, Trainer(path, ranks), Sampler(path, load_tokenizer(path), keep, sampler, slots=slots,
-                                                               max_rank=max_rank))
+        ``source``'s weights) loaded twice: the trainer's where ``ranks`` say, the sampler's here (as ``limits``
+        say: its engine, adapters resident and kept, largest rank)."""
+        path = model_dir(source or ALIASES.get(name, name))
+        return cls(name, path, Trainer(path, ranks), Sampler(path, load_tokenizer(path), limits or Limits()))
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Tensor bytes by copy and part: the trainer's (per rank: the base's shard, the runs' adapters, gradients,
+        AdamW state and those moved to host memory) and the sampler's (a vLLM sampler's are its processes')."""
+        return {"trainer": self.trainer.memory(), "sampler": self.sampler.memory()}
 
 
 class Bases(dict[str, Base]):
@@ -66,8 +69,7 @@ class Bases(dict[str, Base]):
     async def load(self, limits: Limits, ranks: Ranks | None) -> None:
         """Each source loaded once (its trainer where ``ranks`` say), under each of its names."""
         for first, names in self.distinct().items():
-            base = await asyncio.to_thread(Base.load, first, limits.max_samplers, self.sources[first], ranks,
-                                           limits.sampler, limits.sampler_slots, limits.max_rank)
+            base = await asyncio.to_thread(Base.load, first, limits, self.sources[first], ranks)
             for name in names:
                 self[name] = dataclasses.replace(base, name=name)
 

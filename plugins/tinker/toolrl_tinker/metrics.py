@@ -1,24 +1,16 @@
-"""The service's metrics, written in the Prometheus text exposition format (``GET /metrics``, no API key
-needed): counters the service bumps as it works (requests, tokens trained and sampled, quota refusals,
-checkpoints deleted, sessions ended), a histogram of request durations, and gauges read at each scrape
-(queue depth, each key's load, sessions, memory).
-
-:data:`FAMILIES` is the one list of names, with their types and help: docs/tinker.md's table is held to
-it by a test, and :meth:`Metrics.render` writes nothing outside it. Keys appear as the hashed ids
+"""The service's metrics in the Prometheus text exposition format (``GET /metrics``, no API key needed):
+counters the service bumps as it works, a histogram of request durations, and gauges read at each scrape.
+:data:`FAMILIES` is the one list of names (docs/tinker.md's table is held to it by a test, and
+:meth:`Metrics.render` writes nothing outside it). Keys appear as the hashed ids
 :func:`toolrl_tinker.service.owner_of` makes, never as the keys themselves.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from toolrl_tinker.bases import Base
 
 # name -> (type, help). Label names are in the help, in the order the samples carry them.
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -113,20 +105,3 @@ def _line(name: str, labels: dict[str, str], value: float) -> str:
     inner = ",".join(f'{k}="{escaped(str(v))}"' for k, v in labels.items())
     return f"{name}{{{inner}}} {_number(value)}" if inner else f"{name} {_number(value)}"
 
-
-def resident_bytes() -> int | None:
-    """This process's resident memory, where ``/proc`` tells it (Linux); None elsewhere."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def base_memory(base: Base) -> list[Sample]:
-    """The tensor bytes of base ``base``: its trainer's (per rank: the base's shard, the runs' adapters,
-    gradients, AdamW state and those moved to host memory) and its sampler's copy (toolrl's engine; a vLLM
-    sampler's memory is its processes')."""
-    return [("tinker_base_memory_bytes", {"base": base.name, "copy": copy, "part": part}, value)
-            for copy, parts in (("trainer", base.trainer.memory()), ("sampler", base.sampler.memory()))
-            for part, value in parts.items()]

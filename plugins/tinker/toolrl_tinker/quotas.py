@@ -1,15 +1,12 @@
 """What one API key may hold at once: training clients (``--max-runs-per-client``), futures not yet
-ended (``--max-futures-per-client``) and the tokens of those futures (``--max-tokens-per-client``; a
-``forward_backward`` holds its datums' tokens, a ``sample`` its prompt and every sample's most new
-tokens).
+ended (``--max-futures-per-client``) and their tokens (``--max-tokens-per-client``; a ``forward_backward``
+holds its datums' tokens, a ``sample`` its prompt and every sample's most new tokens).
 
-A request that would pass a key's futures or tokens now is answered 429 with ``Retry-After``: the SDK
-waits and sends it again (a sample without end; a training client's step for up to five minutes, its
-creation ten times; then it raises ``tinker.RateLimitError``), so a key that queues without bound slows
-itself, not the others. A request that could never fit (more tokens alone than the quota) and a training client over
-the quota are the client's errors at once (400). A training client's request that its client's queue
-waits for (the next ``seq_id`` to run) is always taken: the requests queued behind it hold the quota,
-and refusing it would stall them all.
+A request over a key's futures or tokens for now is answered 429 with ``Retry-After``, which the SDK waits out
+and sends again, so a key that queues without bound slows itself, not the others. A request that could never
+fit, and a training client over the quota, are the client's errors at once (400). The request its training
+client's queue waits for (the next ``seq_id``) is always taken: those queued behind it hold the quota, and
+refusing it would stall them all.
 """
 
 from __future__ import annotations

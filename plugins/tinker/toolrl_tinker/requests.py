@@ -1,41 +1,46 @@
 """The Tinker API's training requests in toolrl's terms: a ``forward_backward`` as the public step's
 rows and loss (:mod:`toolrl.training.token_step`), an ``optim_step``'s ``AdamParams`` as its optimizer
 settings (:mod:`toolrl.training.optimizer`), and the user errors a request that does not fit gets.
-
-A datum is ``model_input`` (N tokens) and ``loss_fn_inputs`` of N values each: ``target_tokens`` (what
-position i predicts), ``weights`` (cross_entropy), ``logprobs`` (the sampler's, RL losses) and
-``advantages``. It becomes one :class:`toolrl.training.token_step.TokenRow`, every position trained and
-the loss their plain sum, as the API defines it: cross_entropy's weights are the row's advantages, the
-RL losses' ``logprobs`` its sampling log-probs (the ratio is against the sampler; no correction weight).
+A datum (``model_input`` and ``loss_fn_inputs`` of as many values: ``target_tokens``, ``weights``,
+``logprobs``, ``advantages``) becomes one :class:`toolrl.training.token_step.TokenRow`, every position trained
+and the loss their plain sum, as the API defines it: cross_entropy's weights are the row's advantages, the RL
+losses' ``logprobs`` its sampling log-probs (the ratio is against the sampler; no correction weight).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from toolrl.config import AlgorithmConfig
+from pydantic import ValidationError
+from toolrl.algorithms import build_loss
+from toolrl.config import AlgorithmConfig, ConfigError
+from toolrl.training.optimizer import OptimizerSettings
+from toolrl.training.token_step import LossSpec, TokenRow
 
 if TYPE_CHECKING:
     from tinker import types
-    from toolrl.training.optimizer import OptimizerSettings
-    from toolrl.training.token_step import LossSpec, TokenRow
 
 
-class UserError(ValueError):
-    """A request the API answers with a user error (the SDK's ``RequestFailedError``, category user)."""
+class UserError(ConfigError):
+    """A request the API answers with a user error (the SDK's ``RequestFailedError``, category user); a
+    ConfigError, so a command that meets one says it in one line (``toolrl.cli.user_errors``)."""
 
 
-# Tinker loss -> (toolrl loss, its loss_fn_inputs beside target_tokens, its loss_fn_config keys and defaults).
-LOSSES: dict[str, tuple[str, tuple[str, ...], dict[str, float]]] = {
-    "cross_entropy": ("cross_entropy", ("weights",), {}),
-    "importance_sampling": ("importance_sampling", ("logprobs", "advantages"), {}),
-    "ppo": ("ppo_clip", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-    "cispo": ("cispo", ("logprobs", "advantages"), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}),
-    "dro": ("dro", ("logprobs", "advantages"), {"beta": 0.05}),
+# Tinker loss -> (toolrl loss, its loss_fn_inputs beside target_tokens, its loss_fn_config keys and defaults,
+# the toolrl loss's options from the config's values: the same values where None).
+CLIP = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}
+LOSSES: dict[str, tuple[str, tuple[str, ...], dict[str, float], Callable[[dict[str, float]], dict[str, float]] | None]] = {
+    "cross_entropy": ("cross_entropy", ("weights",), {}, None),
+    "importance_sampling": ("importance_sampling", ("logprobs", "advantages"), {}, None),
+    "ppo": ("ppo_clip", ("logprobs", "advantages"), CLIP, lambda v: {
+        "clip_eps_low": 1.0 - v["clip_low_threshold"], "clip_eps_high": v["clip_high_threshold"] - 1.0}),
+    "cispo": ("cispo", ("logprobs", "advantages"), CLIP, lambda v: {
+        "min_weight": v["clip_low_threshold"], "max_weight": v["clip_high_threshold"]}),
+    "dro": ("dro", ("logprobs", "advantages"), {"beta": 0.05}, None),
 }
 # Inputs a datum may leave out, and their value.
 OPTIONAL = {"weights": 1.0}
@@ -63,12 +68,9 @@ class ForwardBackward:
 
 def loss_spec(loss_fn: str, config: Mapping[str, float] | None) -> LossSpec:
     """The toolrl policy loss and options that compute Tinker's ``loss_fn`` with ``config``."""
-    from toolrl.algorithms import build_loss
-    from toolrl.training.token_step import LossSpec
-
     if loss_fn not in LOSSES:
         raise UserError(f"unknown loss_fn {loss_fn!r}: this server computes {', '.join(LOSSES)}")
-    name, _, defaults = LOSSES[loss_fn]
+    name, _, defaults, convert = LOSSES[loss_fn]
     given = dict(config or {})
     if extra := sorted(set(given) - set(defaults)):
         takes = ", ".join(defaults) or "none"
@@ -76,13 +78,7 @@ def loss_spec(loss_fn: str, config: Mapping[str, float] | None) -> LossSpec:
     if bad := sorted(k for k, v in given.items() if not math.isfinite(float(v))):
         raise UserError(f"loss_fn_config of {loss_fn}: {', '.join(f'{k}={given[k]}' for k in bad)}: not a finite number")
     values = {**defaults, **{k: float(v) for k, v in given.items()}}
-    options: dict[str, float] = {}
-    if loss_fn == "ppo":
-        options = {"clip_eps_low": 1.0 - values["clip_low_threshold"], "clip_eps_high": values["clip_high_threshold"] - 1.0}
-    elif loss_fn == "cispo":
-        options = {"min_weight": values["clip_low_threshold"], "max_weight": values["clip_high_threshold"]}
-    elif loss_fn == "dro":
-        options = {"beta": values["beta"]}
+    options = values if convert is None else convert(values)
     try:  # its options checked now: a bad threshold is the client's error, not the step's
         build_loss(AlgorithmConfig(loss=name, loss_options=options))
     except ValueError as exc:
@@ -95,8 +91,6 @@ def token_rows(req: ForwardBackward, vocab: int, max_tokens: int,
     """The request's datums as rows and its loss (a forward without a loss: cross_entropy's, over
     advantages of 0), once :func:`check` passes. A datum without ``target_tokens`` (a forward) predicts
     the next input token, its last position its own."""
-    from toolrl.training.token_step import TokenRow
-
     loss = loss_spec(req.loss_fn or "cross_entropy", req.config if req.loss_fn is not None else None)
     check(req.data, req.loss_fn, vocab, max_tokens, context)
     key = "weights" if req.loss_fn == "cross_entropy" else "advantages"
@@ -151,9 +145,6 @@ def check(data: Sequence[Datum], loss_fn: str | None, vocab: int, max_tokens: in
 def optimizer_settings(req: types.OptimStepRequest) -> OptimizerSettings:
     """An ``optim_step``'s ``AdamParams`` as the optimizer settings; any other optimizer (Dimuon), or a
     value out of its range, is the client's error."""
-    from pydantic import ValidationError
-    from toolrl.training.optimizer import OptimizerSettings
-
     params = req.optim_params
     if not hasattr(params, "beta2"):
         raise UserError(f"optimizer {getattr(params, 'type', '?')!r}: this server steps AdamW only (AdamParams)")

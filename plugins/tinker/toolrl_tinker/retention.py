@@ -1,9 +1,8 @@
 """Which checkpoints stay on disk: each run's latest ``keep`` of each kind (``--keep-checkpoints``; 0
-keeps them all), and none past its expiry. A checkpoint's expiry is the TTL its save asked for
-(``ttl_seconds`` of ``save_state`` and the like), else the server's default (``--checkpoint-ttl``;
-none: never); the rest client's ``set_checkpoint_ttl_from_tinker_path`` sets or clears it later.
-Expired checkpoints are deleted by a timer at the earliest expiry (and at start, for those that expired
-while the server was down).
+keeps them all), and none past its expiry: the TTL its save asked for (``ttl_seconds``), else the server's
+default (``--checkpoint-ttl``; none: never), which the rest client's ``set_checkpoint_ttl_from_tinker_path``
+sets or clears later. A timer deletes them at the earliest expiry (and the start, those that expired while the
+server was down).
 """
 
 from __future__ import annotations

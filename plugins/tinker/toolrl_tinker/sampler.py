@@ -3,37 +3,36 @@
 weight set saved for a sampler an adapter of its own there (a copy of the trainer's at that point) and an
 adapter ``base`` that stands for the base model; the engine batches rows of every client's adapters.
 
-A weight set reaches the engine as every weight update does, through the engine contract's receiving end:
-:meth:`~toolrl.engines.RolloutEngine.add_adapter` with its LoRA settings, then its tensors as rows
-(``load_weight_rows`` inside ``updating_weights``), named for that adapter. The transformers engine
-writes them into the adapter's tensors; vLLM's writes them as a PEFT directory it serves as a LoRA adapter.
+A weight set reaches the engine as every weight update does, through the engine contract
+(:meth:`~toolrl.engines.RolloutEngine.add_adapter`, then its tensors as rows inside ``updating_weights``);
+vLLM's engine serves it as a LoRA adapter from a PEFT directory it writes. At most ``--sampler-slots``
+adapters are resident, the least recently used others in host memory (``max_adapters``; vLLM's ``max_loras``
+and ``max_cpu_loras``), brought back when a request names one: an evicted client samples as one never evicted.
 
-Adapter slots (``slots``): the engine keeps at most that many adapters resident, the least recently used
-others in host memory (the transformers engine's ``max_adapters``; vLLM's ``max_loras`` on the device,
-``max_cpu_loras`` in host memory, beyond which it reads an adapter's directory again), brought back when
-a request names one: an evicted client samples exactly as one never evicted.
-
-A run keeps at most ``keep`` weight sets on the sampler: older ones are dropped (and loaded again from
-their file when sampled again). An adapter with requests in flight leaves the engine only once the last
-of them ends: requests hold it (:meth:`Sampler.using`), and a drop that must happen now (a name saved
-again) waits for them on a condition, a drop that may wait is left to the last request's end.
+A run keeps at most ``keep`` (``--max-samplers``) weight sets: older ones are dropped (and loaded again from
+their file when sampled again). An adapter leaves the engine only once its last request ends (requests hold
+it: :meth:`Sampler.using`); a drop that must happen now (a name saved again) waits for them on a condition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import threading
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toolrl.config import ConfigError
 from toolrl.engines import Generation, ModelSource, PromptLogprobs, SamplingParams
 from toolrl.modeling.adapters import adapter_keys
 from toolrl.plugins.parts import BuildContext, build_part, registered_parts
+from transformers import AutoConfig, GenerationConfig
 
 from toolrl_tinker import adapters
+from toolrl_tinker.limits import Limits
 from toolrl_tinker.requests import UserError
 
 if TYPE_CHECKING:
@@ -63,10 +62,6 @@ ENGINES = {
 def engine_name(choice: str) -> str:
     """``--sampler``: an engine of :data:`ENGINES`, or ``auto``: vLLM where it is installed (its plugin
     and vLLM itself), else the transformers engine. ConfigError: vllm asked for where it is not installed."""
-    import importlib.util
-
-    from toolrl.config import ConfigError
-
     vllm = (any(part.name == "vllm" for part in registered_parts("rollout_engines"))
             and importlib.util.find_spec("vllm") is not None)
     if choice == "vllm" and not vllm:
@@ -78,10 +73,7 @@ def engine_name(choice: str) -> str:
 class Sampler:
     """One base's sampler engine and the saved weight sets on it, each kept by the run that saved it."""
 
-    def __init__(self, path: str, tokenizer: Any, keep: int, engine: str = "transformers", max_rows: int = 32,
-                 slots: int = 32, max_rank: int = 64) -> None:
-        from transformers import AutoConfig, GenerationConfig
-
+    def __init__(self, path: str, tokenizer: Any, limits: Limits, max_rows: int = 32) -> None:
         config = AutoConfig.from_pretrained(path)
         try:
             generation = GenerationConfig.from_pretrained(path)
@@ -93,10 +85,11 @@ class Sampler:
         self.vocab = int(text.vocab_size)
         self.context = int(getattr(text, "max_position_embeddings", 0) or 1 << 20)
         source = ModelSource(path, tokenizer=tokenizer)
-        self.engine = build_part("rollout_engines", engine, ENGINES[engine](max_rows, slots, max_rank),
+        options = ENGINES[limits.sampler](max_rows, limits.sampler_slots, limits.max_rank)
+        self.engine = build_part("rollout_engines", limits.sampler, options,
                                  BuildContext("tinker serve --sampler", inputs={"source": source}))
         self.engine.add_adapter(adapters.BASE_ADAPTER, adapters.config(1, adapters.ATTN + adapters.MLP, frozen=True))
-        self.keep = keep
+        self.keep = limits.max_samplers
         self.kept: dict[str, list[str]] = {}  # a run's weight sets on the engine, oldest first
         self._use = threading.Condition()  # guards the counts below and every adapter added or dropped
         self._inflight: Counter[str] = Counter()
@@ -177,7 +170,7 @@ class Sampler:
                 await asyncio.to_thread(self._drop_doomed, name)
 
     def memory(self) -> dict[str, int]:
-        """The tensor bytes of the engine's model by part (``weights``, ``adapters``, ``gradients``), read
+        """The tensor bytes of the engine's model by part (``weights``, ``adapters``; it holds no gradients), read
         while no weight set is added or dropped; none for an engine whose model is in other processes."""
         parts: dict[str, int] = defaultdict(int)
         model = getattr(self.engine, "model", None)
@@ -186,8 +179,6 @@ class Sampler:
         with self._use:
             for key, p in model.named_parameters():
                 parts["adapters" if ".lora_" in key else "weights"] += _bytes(p)
-                if p.grad is not None:
-                    parts["gradients"] += _bytes(p.grad)
             parts["weights"] += sum(_bytes(b) for b in model.buffers())
         return dict(parts)
 

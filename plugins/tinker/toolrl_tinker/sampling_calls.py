@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toolrl_tinker import adapters, requests, steps, trainer, wire
@@ -43,7 +44,7 @@ class SamplingCalls:
     metrics: Metrics
     limits: Limits
     # A run's checkpoint written and recorded (TrainingCalls.save): sampler weights saved under a name.
-    save: Callable[[trainer.Run, str, str, str, bool, int | None], None]
+    save: Callable[[trainer.Run, str, str, int | None], Path]
     sessions: dict[str, SamplerRecord] = field(default_factory=dict)
 
     def save_for_sampler(self, owner: str, req: types.SaveWeightsForSamplerRequest) -> dict[str, Any]:
@@ -55,7 +56,7 @@ class SamplingCalls:
 
         def put() -> None:
             if req.path is not None:
-                self.save(run, path, "sampler_weights", name, False, req.ttl_seconds)
+                self.save(run, "sampler_weights", name, req.ttl_seconds)
             base = self.bases.named(run.base)
             base.sampler.put(run.model_id, adapter, run.rank, run.targets, base.trainer.adapter_state(run))
 
@@ -68,8 +69,9 @@ class SamplingCalls:
 
         return self.runs.start(owner, work, run.model_id, req.seq_id)
 
-    def create_sampling_session(self, owner: str, req: types.CreateSamplingSessionRequest) -> str:
-        return self._new(self._record(owner, req.model_path, req.base_model))
+    def create_sampling_session(self, owner: str, req: types.CreateSamplingSessionRequest) -> dict[str, Any]:
+        return {"type": "create_sampling_session",
+                "sampling_session_id": self._new(self._record(owner, req.model_path, req.base_model))}
 
     def _new(self, record: SamplerRecord) -> str:
         session = f"sampler-{uuid.uuid4().hex[:12]}"

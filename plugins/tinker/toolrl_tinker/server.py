@@ -1,20 +1,18 @@
 """The HTTP side of ``toolrl tinker serve``: the routes under ``/api/v1/`` the official ``tinker`` SDK
 calls, each checking the ``X-API-Key`` and handing the body (parsed with the SDK's own request types)
-to :class:`toolrl_tinker.service.Service`.
+to :class:`toolrl_tinker.service.Service`; ``GET /metrics`` (:mod:`toolrl_tinker.metrics`) needs no key.
 
-Errors: a request refused at once is HTTP 400 (401 without a key this server holds, 404 for an unknown
-id, 410 for a heartbeat of an ended session, 413 for a body over ``--max-request-bytes``, 429 with
-``Retry-After`` over a key's quota for now) with ``{"error", "category"}``, which the SDK raises as
-``BadRequestError`` and the like (or, for 429, waits and sends again); a request that fails while it
-runs fails its future, which the SDK raises as ``RequestFailedError``.
-
-``GET /metrics`` answers the service's metrics (:mod:`toolrl_tinker.metrics`) without a key.
+A request refused at once is answered 400 (401 without a key this server holds, 404 for an unknown id, 410
+for a heartbeat of an ended session, 413 for a body over ``--max-request-bytes``, 429 with ``Retry-After``
+over a key's quota for now) with ``{"error", "category"}``, which the SDK raises as ``BadRequestError`` and
+the like (429: sends again); a request that fails while it runs fails its future (``RequestFailedError``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import hashlib
 import hmac
 import json
@@ -26,10 +24,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import uvicorn
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from tinker import types as t
 
 from toolrl_tinker import wire
 from toolrl_tinker.futures import REQUEST_KIND
@@ -131,8 +132,6 @@ async def _body(request: Request, model: Any, refused: Callable[[Any], None] | N
     """The JSON body as one of the SDK's request types; one it refuses is the
     client's error, naming the first field it refused (the SDK sends a NaN or infinity as null), after
     ``refused`` had the body (a training client's request takes its turn all the same)."""
-    from pydantic import ValidationError
-
     data = json.loads(await _read(request) or b"{}")
     try:
         return model.model_validate(data)
@@ -145,10 +144,19 @@ async def _body(request: Request, model: Any, refused: Callable[[Any], None] | N
                         f"(given {given})") from None
 
 
+def _typed(endpoint: Callable[..., Any], path: str, model: Any, answer: Callable[[str, Any], Any],
+           refused: Callable[[str, Any], None] | None = None, kind: str | None = None) -> Route:
+    """POST ``path``: its body as ``model`` (:func:`_body`), answered by ``answer(owner, body)``; ``refused(owner,
+    data)`` gets a body the type refuses. ``kind`` (default: the path) names the route in the metrics."""
+    async def handler(request: Request, owner: str) -> Any:
+        return answer(owner, await _body(request, model, refused and functools.partial(refused, owner)))
+
+    handler.__name__ = kind or path
+    return Route(f"{API}/{path}", endpoint(handler), methods=["POST"])
+
+
 def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     """Health, client config, capabilities, sessions, and the futures' retrieval."""
-    from tinker import types as t
-
     async def healthz(request: Request, owner: str) -> Any:
         return {"status": "ok"}
 
@@ -165,10 +173,6 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
         return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True,
                                       "max_context_length": base.trainer.context}
                                      for name, base in service.bases.items()]}
-
-    async def create_session(request: Request, owner: str) -> Any:
-        await _body(request, t.CreateSessionRequest)
-        return {"type": "create_session", "session_id": service.sessions.create(owner)}
 
     async def heartbeat(request: Request, owner: str) -> Any:
         service.sessions.heartbeat(owner, (await _body(request, t.SessionHeartbeatRequest)).session_id)
@@ -199,7 +203,8 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
         Route(f"{API}/client/config", endpoint(client_config), methods=["POST"]),
         Route(f"{API}/client/dynamic_config", endpoint(nothing), methods=["POST"]),
         Route(f"{API}/get_server_capabilities", endpoint(capabilities), methods=["GET"]),
-        Route(f"{API}/create_session", endpoint(create_session), methods=["POST"]),
+        _typed(endpoint, "create_session", t.CreateSessionRequest,
+               lambda owner, _: {"type": "create_session", "session_id": service.sessions.create(owner)}),
         Route(f"{API}/session_heartbeat", endpoint(heartbeat), methods=["POST"]),
         Route(f"{API}/telemetry", endpoint(telemetry), methods=["POST"]),
         Route(f"{API}/sessions/{{session_id}}/finish", endpoint(finish), methods=["POST"]),
@@ -209,62 +214,32 @@ def session_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route
 
 
 def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
-    """Training clients, their weights, and sampling."""
-    from tinker import types as t
-
-    async def create_model(request: Request, owner: str) -> Any:
-        return service.training.create_model(owner, await _body(request, t.CreateModelRequest))
-
-    async def get_info(request: Request, owner: str) -> Any:
-        return service.training.get_info(owner, (await _body(request, t.GetInfoRequest)).model_id)
-
+    """Training clients, their weights, and sampling; a training client's requests take their turn in its
+    ``seq_id`` order even when their body is refused."""
     async def forward_backward(request: Request, owner: str) -> Any:
         req = wire.forward_backward_request(await _read(request), request.headers.get("content-encoding"),
                                             service.limits.max_request_bytes)
         return service.training.forward_backward(owner, req)
 
-    async def ordered(request: Request, owner: str, model: Any) -> Any:
-        """The body of a request that takes its turn in a training client's ``seq_id`` order."""
-        return await _body(request, model, refused=lambda data: service.runs.skip_turn(owner, data))
-
-    async def optim_step(request: Request, owner: str) -> Any:
-        return service.training.optim_step(owner, await ordered(request, owner, t.OptimStepRequest))
-
-    async def save_weights(request: Request, owner: str) -> Any:
-        return service.training.save_weights(owner, await ordered(request, owner, t.SaveWeightsRequest))
-
-    async def load_weights(request: Request, owner: str) -> Any:
-        return service.training.load_weights(owner, await ordered(request, owner, t.LoadWeightsRequest))
-
-    async def save_external(request: Request, owner: str) -> Any:
-        return service.training.save_external(owner, await ordered(request, owner, t.SaveWeightsExternalRequest))
-
-    async def save_for_sampler(request: Request, owner: str) -> Any:
-        return service.sampling.save_for_sampler(owner, await ordered(request, owner, t.SaveWeightsForSamplerRequest))
-
-    async def create_sampling_session(request: Request, owner: str) -> Any:
-        req = await _body(request, t.CreateSamplingSessionRequest)
-        return {"type": "create_sampling_session", "sampling_session_id": service.sampling.create_sampling_session(owner, req)}
-
     async def get_sampler(request: Request, owner: str) -> Any:
         found = service.sampling.sampler(owner, request.path_params["sampler_id"])
         return {"sampler_id": request.path_params["sampler_id"], "base_model": found.base, "model_path": found.path}
 
-    async def asample(request: Request, owner: str) -> Any:
-        return service.sampling.sample(owner, await _body(request, t.SampleRequest))
-
+    training, sampling, turn = service.training, service.sampling, service.runs.skip_turn
     return [
-        Route(f"{API}/create_model", endpoint(create_model), methods=["POST"]),
-        Route(f"{API}/get_info", endpoint(get_info), methods=["POST"]),
+        _typed(endpoint, "create_model", t.CreateModelRequest, training.create_model),
+        _typed(endpoint, "get_info", t.GetInfoRequest, training.get_info),
         Route(f"{API}/forward_backward", endpoint(forward_backward), methods=["POST"]),
-        Route(f"{API}/optim_step", endpoint(optim_step), methods=["POST"]),
-        Route(f"{API}/save_weights", endpoint(save_weights), methods=["POST"]),
-        Route(f"{API}/load_weights", endpoint(load_weights), methods=["POST"]),
-        Route(f"{API}/save_weights_for_sampler", endpoint(save_for_sampler), methods=["POST"]),
-        Route(f"{API}/save_weights_external", endpoint(save_external), methods=["POST"]),
-        Route(f"{API}/create_sampling_session", endpoint(create_sampling_session), methods=["POST"]),
+        _typed(endpoint, "optim_step", t.OptimStepRequest, training.optim_step, turn),
+        _typed(endpoint, "save_weights", t.SaveWeightsRequest, training.save_weights, turn),
+        _typed(endpoint, "load_weights", t.LoadWeightsRequest, training.load_weights, turn),
+        _typed(endpoint, "save_weights_for_sampler", t.SaveWeightsForSamplerRequest, sampling.save_for_sampler, turn,
+               kind="save_for_sampler"),
+        _typed(endpoint, "save_weights_external", t.SaveWeightsExternalRequest, training.save_external, turn,
+               kind="save_external"),
+        _typed(endpoint, "create_sampling_session", t.CreateSamplingSessionRequest, sampling.create_sampling_session),
         Route(f"{API}/samplers/{{sampler_id}}", endpoint(get_sampler), methods=["GET"]),
-        Route(f"{API}/asample", endpoint(asample), methods=["POST"]),
+        _typed(endpoint, "asample", t.SampleRequest, sampling.sample),
     ]
 
 
@@ -349,7 +324,6 @@ def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Rout
         return hmac.new(secret, f"{path}|{expires}".encode(), hashlib.sha256).hexdigest()
 
     async def download_urls(request: Request, owner: str) -> Any:
-        """Signed URLs (an hour, no key needed), one per file of an external weights checkpoint."""
         found = _checkpoint_of(service, request, owner)
         folder = Path(found["file"])
         if not folder.is_dir():
@@ -385,20 +359,6 @@ async def serve_async(bases: list[str], state_dir: Path, api_keys: list[str], ho
     """Load the bases (their trainers where ``ranks`` say), then serve until cancelled (the trainers and the
     samplers' engines closed then); ``started`` gets the uvicorn server once it listens."""
     service = Service(bases, state_dir, limits or Limits(), ranks)
-    try:
-        await service.load_bases()
-        await _serve(service, api_keys, host, port, announce, started)
-    finally:
-        await service.close()
-
-
-async def _serve(service: Service, api_keys: list[str], host: str, port: int, announce: Callable[[str], None],
-                 started: Callable[[Any], None] | None) -> None:
-    """Serve ``service`` until cancelled."""
-    import uvicorn
-
-    config = uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
-                            timeout_keep_alive=75, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     listening = asyncio.Event()
 
     class Server(uvicorn.Server):
@@ -406,16 +366,21 @@ async def _serve(service: Service, api_keys: list[str], host: str, port: int, an
             await super().startup(sockets=sockets)
             listening.set()
 
-    server = Server(config)
-    task = asyncio.ensure_future(server.serve())
-    waiting = asyncio.ensure_future(listening.wait())
-    await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)  # listening, or failed to
-    waiting.cancel()
-    if server.started:
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        # One URL on the line: scripts read it with a pattern (scripts/tinker_demo.sh).
-        announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.bases.names)}; "
-                 f"state: {service.store.root}; metrics: GET /metrics)")
-        if started is not None:
-            started(server)
-    await task
+    try:
+        await service.load_bases()
+        server = Server(uvicorn.Config(build_app(service, api_keys), host=host, port=port, log_level="warning",
+                                       timeout_keep_alive=75, timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
+        task = asyncio.ensure_future(server.serve())
+        waiting = asyncio.ensure_future(listening.wait())
+        await asyncio.wait([task, waiting], return_when=asyncio.FIRST_COMPLETED)  # listening, or failed to
+        waiting.cancel()
+        if server.started:
+            bound = server.servers[0].sockets[0].getsockname()[1]
+            # One URL on the line: scripts read it with a pattern (scripts/tinker_demo.sh).
+            announce(f"tinker API on http://{host}:{bound} (bases: {', '.join(service.bases.names)}; "
+                     f"state: {service.store.root}; metrics: GET /metrics)")
+            if started is not None:
+                started(server)
+        await task
+    finally:
+        await service.close()

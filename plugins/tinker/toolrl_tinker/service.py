@@ -11,6 +11,8 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+from toolrl.training.peakmem import rss_bytes
+
 from toolrl_tinker import metrics
 from toolrl_tinker.bases import Bases
 from toolrl_tinker.futures import Futures
@@ -83,8 +85,10 @@ class Service:
             *(("tinker_key_checkpoint_bytes", {"key": k}, size) for k, _, size in stored),
             ("tinker_sessions", {}, len(self.sessions.owners)),
         ]
-        if (rss := metrics.resident_bytes()) is not None:
+        if (rss := rss_bytes()) is not None:
             gauges.append(("tinker_process_resident_memory_bytes", {}, rss))
         for name in self.bases.distinct():
-            gauges += await asyncio.to_thread(metrics.base_memory, self.bases[name])
+            memory = await asyncio.to_thread(self.bases[name].memory)
+            gauges += [("tinker_base_memory_bytes", {"base": name, "copy": copy, "part": part}, value)
+                       for copy, parts in memory.items() for part, value in parts.items()]
         return self.metrics.render(gauges)

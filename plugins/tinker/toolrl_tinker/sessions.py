@@ -2,8 +2,7 @@
 and ended by the client (``ServiceClient.close()``) or, for a client that died or lost the network, by
 ``timeout`` seconds without a heartbeat. Ending a session frees what its training clients hold in
 memory (``on_end``); what they saved stays on disk. A heartbeat for a session the server does not hold
-(ended, timed out, or from before a restart) is answered 410, which stops the SDK's heartbeat loop.
-"""
+(ended, timed out, or from before a restart) is answered 410, which stops the SDK's heartbeat loop."""
 
 from __future__ import annotations
 

@@ -2,17 +2,13 @@
 in turns; how long any request may hold a base, and what a request that fails leaves behind.
 
 A ``forward`` or ``forward_backward`` runs one micro-batch at a time (``--micro-batch-tokens``, or one
-datum alone), each in its turn on the base's trainer: turns are handed out first come, first served
-(:class:`Turns`), and a request goes to the back of the line after each micro-batch, so a request
-waiting on a base waits at most one micro-batch of each request ahead of it, whatever their sizes.
-The loss is a sum over tokens, so the pieces add up to one pass over the batch (the gradients
-accumulate, float32 rounding aside: :mod:`toolrl.training.token_step`).
-
-A request holds its base for at most ``--request-timeout`` seconds of micro-batches (plus the one under
-way): past that it stops and fails. A ``forward_backward`` that stops or fails, or whose loss or
-gradient is not finite, leaves its run's gradients as they were before it, and fails naming why; the
-run trains on. (A ``forward``'s loss is reported as it is.) A ``sample`` not done after ``--request-timeout`` seconds is cancelled (its rows leave the
-engine at its next decode step) and fails.
+datum alone), each in its turn on the base's trainer (:class:`Turns`: first come, first served, and back to
+the end of the line after each micro-batch), so a request waits at most one micro-batch of each request
+ahead of it, whatever their sizes. The loss is a sum over tokens, so the pieces add up to one pass over the
+batch (float32 rounding aside). A request holds its base for at most ``--request-timeout`` seconds of
+micro-batches (plus the one under way); a ``forward_backward`` that stops or fails, or whose loss or gradient
+is not finite, leaves its run's gradients as they were before it and fails naming why. A ``sample`` has the
+same bound (:func:`time_limit`).
 """
 
 from __future__ import annotations
@@ -26,11 +22,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from toolrl.training.token_step import LossSpec, StepOutput, TokenRow, micro_batch_spans
+
 from toolrl_tinker.requests import UserError
 
 if TYPE_CHECKING:
-    from toolrl.training.token_step import LossSpec, StepOutput, TokenRow
-
     from toolrl_tinker.trainer import Run, Trainer
 
 
@@ -64,8 +60,6 @@ def forward_backward(trainer: Trainer, turns: Turns, run: Run, rows: Sequence[To
                      forward_only: bool, micro_tokens: int, time_limit: float) -> StepOutput:
     """``rows`` through ``run``'s adapter, a micro-batch per turn; gradients added unless ``forward_only``,
     and put back as they were when the request fails."""
-    from toolrl.training.token_step import StepOutput, micro_batch_spans
-
     spans = micro_batch_spans([len(row.tokens) for row in rows], micro_tokens)
     before = None if forward_only else trainer.gradients(run)
     pieces: list[StepOutput] = []

@@ -2,10 +2,8 @@
 the weights each base name stood for), checkpoints (with their expiry) and futures, and each
 checkpoint's files: ``ckpt/<model_id>/<kind>/<name>.pt`` (:meth:`toolrl_tinker.trainer.Trainer.save`'s
 dict: the adapter's tensors, ``base``, ``rank``, ``targets``, ``steps`` and the AdamW state or None), or
-for ``external_weights`` a PEFT adapter directory ``ckpt/<model_id>/external_weights/<name>/``.
-
-A future is recorded when it is created and when it ends; one the file still holds as running when the
-server starts again was cut off by the restart, and is answered as failed, naming that.
+for ``external_weights`` a PEFT adapter directory ``ckpt/<model_id>/external_weights/<name>/``. A future the
+file still holds as running when the server starts again was cut off by the restart: it is answered as failed.
 """
 
 from __future__ import annotations
@@ -102,7 +100,7 @@ class Store:
                        expires: float | None = None) -> None:
         self._run(f"insert or replace into checkpoints (path, {', '.join(CHECKPOINT_KEYS)}) "
                   "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                  (path, owner, model_id, kind, name, str(file), _size(file), time.time(), expires))
+                  (path, owner, model_id, kind, name, str(file), size_on_disk(file), time.time(), expires))
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
         rows = self._run(f"select {', '.join(CHECKPOINT_KEYS)} from checkpoints where path = ?", (path,))
@@ -164,6 +162,6 @@ class Store:
         return (rows[0][0], rows[0][1]) if rows else None
 
 
-def _size(file: Path) -> int:
+def size_on_disk(file: Path) -> int:
     """A checkpoint's bytes: its file's, or its folder's files' (external weights)."""
     return sum(f.stat().st_size for f in file.iterdir()) if file.is_dir() else file.stat().st_size

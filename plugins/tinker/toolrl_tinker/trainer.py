@@ -3,16 +3,11 @@ adapter on it, each with its own AdamW; each request a step of toolrl's public t
 (:mod:`toolrl.training.token_step`, :mod:`toolrl.training.optimizer`) through the client's adapter
 alone; and a run's state (adapter, optimizer, steps) saved to a checkpoint file and loaded back.
 
-Where the base is held (:class:`Ranks`): in this process (:class:`toolrl.processes.step_rank.StepRank`), or
-on ``world_size`` ranks on Ray (:class:`toolrl.processes.step_group.StepGroup`: the base sharded with
-FSDP2, each adapter and its AdamW on every rank, a lost rank replaced and the run's state restored).
-
-Memory per run: its adapter (rank × the adapted layers' widths, fp32), its gradient and AdamW's two
-moments: four copies of the adapter, on every rank; with ``slots``, the runs past them that were least
-recently used hold theirs in host memory instead, brought back on their next request. A group's driver
-(this process) also keeps each run's adapter and moments after its last step, and the rows of its
-backward calls since, to restore it on a new group. Requests run one at a time per base (the adapters'
-routing lives on the model's layers): each takes the trainer's lock.
+Memory per run: its adapter, its gradient and AdamW's two moments (four copies of the adapter, fp32) on every
+rank, or in host memory for the least recently used runs past ``slots``, brought back on their next request.
+A group's driver (this process) also keeps each run's state after its last step, and its backward calls since,
+to restore it on a new group. Requests run one at a time per base (the adapters' routing lives on the model's
+layers): each takes the trainer's lock.
 """
 
 from __future__ import annotations
@@ -53,9 +48,10 @@ class Run:
 
 @dataclass(frozen=True)
 class Ranks:
-    """Where a base's trainer runs: in this process (``world_size`` 1, no ``ray``), or as ``world_size``
-    ranks placed on the Ray cluster by ``ray`` (``toolrl train``'s ``ray`` section); ``slots``: the runs'
-    adapters a rank holds in its model at once (None: every run's)."""
+    """Where a base's trainer runs: in this process (``world_size`` 1, no ``ray``: a ``StepRank``), or as
+    ``world_size`` ranks placed on the Ray cluster by ``ray`` (``toolrl train``'s ``ray`` section; a ``StepGroup``:
+    the base sharded with FSDP2, each adapter and its AdamW on every rank, a lost rank replaced with the runs'
+    state); ``slots``: the runs' adapters a rank holds in its model at once (None: every run's)."""
 
     world_size: int = 1
     ray: RayConfig | None = None

@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from toolrl.training.lora import save_peft
 
 from toolrl_tinker import adapters, requests, steps, trainer, wire
 from toolrl_tinker.requests import ForwardBackward, UserError
+from toolrl_tinker.store import size_on_disk
 
 if TYPE_CHECKING:
     from tinker import types
@@ -53,10 +57,10 @@ class TrainingCalls:
 
         return self.runs.start(owner, work)
 
-    def get_info(self, owner: str, model_id: str) -> dict[str, Any]:
-        run = self.runs.owned(owner, model_id)
+    def get_info(self, owner: str, req: types.GetInfoRequest) -> dict[str, Any]:
+        run = self.runs.owned(owner, req.model_id)
         base = self.bases.named(run.base)
-        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": run.rank,
+        return {"type": "get_info", "model_id": req.model_id, "is_lora": True, "lora_rank": run.rank,
                 "model_name": base.name,
                 "model_data": {"arch": base.trainer.arch, "model_name": base.name,
                                "tokenizer_id": base.path}}
@@ -98,18 +102,25 @@ class TrainingCalls:
         # its first batch's state twice under one name (rl/train.py), which a refusal here would fail.
 
         async def work() -> wire.Result:
-            await asyncio.to_thread(self.save, run, path, "weights", name, True, req.ttl_seconds)
+            await asyncio.to_thread(self.save, run, "weights", name, req.ttl_seconds)
             return wire.json_body({"path": path, "type": "save_weights"})
 
         return self.runs.start(owner, work, run.model_id, req.seq_id)
 
-    def save(self, run: trainer.Run, path: str, kind: str, name: str, optimizer: bool, ttl: int | None = None) -> None:
-        """The run's checkpoint ``path`` written and recorded (``optimizer``: with its AdamW state), expiring
-        ``ttl`` seconds from now (None: the server's default)."""
+    def save(self, run: trainer.Run, kind: str, name: str, ttl: int | None = None) -> Path:
+        """The run's checkpoint ``name`` of ``kind`` written and recorded, expiring ``ttl`` seconds from now (None:
+        the server's default): a training state (with its AdamW state), sampler weights, or external weights (a
+        PEFT adapter directory); its file."""
         expires = self.checkpoints.expiry(ttl)
         file = self.store.checkpoint_file(run.model_id, kind, name)
-        self.bases.named(run.base).trainer.save(run, file, optimizer)
-        self.checkpoints.add(path, run.owner, run.model_id, kind, name, file, expires)
+        held = self.bases.named(run.base).trainer
+        if kind == "external_weights":
+            file = file.with_suffix("")
+            save_peft(held.adapter_state(run), adapters.peft_config(run.rank, run.targets), file, run.base)
+        else:
+            held.save(run, file, optimizer=kind == "weights")
+        self.checkpoints.add(f"tinker://{run.model_id}/{kind}/{name}", run.owner, run.model_id, kind, name, file, expires)
+        return file
 
     def save_external(self, owner: str, req: types.SaveWeightsExternalRequest) -> dict[str, Any]:
         """The adapter as a PEFT adapter directory, downloadable through the rest client's
@@ -120,17 +131,9 @@ class TrainingCalls:
             if req.age_encryption_recipients:
                 raise UserError("age_encryption_recipients: this server stores external weights unencrypted")
 
-        def save() -> int:
-            expires = self.checkpoints.expiry(req.ttl_seconds)
-            folder = self.store.checkpoint_file(run.model_id, "external_weights", req.path).with_suffix("")
-            size = adapters.save_peft(self.bases.named(run.base).trainer.adapter_state(run), run.rank, run.targets,
-                                      run.base, folder)
-            self.checkpoints.add(path, run.owner, run.model_id, "external_weights", req.path, folder, expires)
-            return size
-
         async def work() -> wire.Result:
-            size = await asyncio.to_thread(save)
-            return wire.json_body({"path": path, "size_bytes": size, "type": "save_weights_external"})
+            folder = await asyncio.to_thread(self.save, run, "external_weights", req.path, req.ttl_seconds)
+            return wire.json_body({"path": path, "size_bytes": size_on_disk(folder), "type": "save_weights_external"})
 
         return self.runs.start(owner, work, run.model_id, req.seq_id)
 
@@ -141,11 +144,12 @@ class TrainingCalls:
             seq = req.seq_id
             with self.runs.refusing(run.model_id, seq):
                 found = self.store.owned_checkpoint(owner, req.path)
-        else:  # create-via-load: the load makes the model
+        else:  # create-via-load: the load makes the model, shaped as the checkpoint's run (its file read once, in _load)
             found = self.store.owned_checkpoint(owner, req.path)
-            state = trainer.read(found["file"])
+            saved = self.store.run(found["model_id"])
+            assert saved is not None  # a checkpoint's run is recorded before it
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
-            run = self.runs.new(owner, model_id, req.base_model or state["base"], state["rank"], state["targets"],
+            run = self.runs.new(owner, model_id, req.base_model or saved["base"], saved["rank"], saved["targets"],
                                 None, first_seq=0)
             seq = 0
 

@@ -1,16 +1,18 @@
-"""The SDK's wire formats, translated and nothing more: ``forward_backward`` arrives as protobuf
-(``tinker.proto``, zstd when the client compresses) and leaves as a typed request
-(:class:`toolrl_tinker.requests.ForwardBackward`); its result and ``sample``'s go back as protobuf (the
-SDK accepts nothing else for them); every other body is JSON (the server parses requests with the SDK's
-own pydantic types)."""
+"""The SDK's wire formats, translated and nothing more: ``forward_backward`` arrives as protobuf (``tinker.proto``,
+zstd when the client compresses) and leaves as a typed request (:class:`toolrl_tinker.requests.ForwardBackward`);
+its result and ``sample``'s go back as protobuf (the SDK accepts nothing else for them); every other body is
+JSON (the server parses requests with the SDK's own pydantic types)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import zstandard
+from tinker.proto import tinker_public_pb2 as pb
 
 from toolrl_tinker.requests import Datum, ForwardBackward, UserError
 
@@ -29,8 +31,6 @@ def json_body(value: Any) -> Result:
 
 
 def _array(t: Any) -> np.ndarray:
-    from tinker.proto import tinker_public_pb2 as pb
-
     if t.HasField("sparse_csr"):
         raise UserError("sparse loss_fn_inputs: this server takes dense tensors")
     dtype = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}.get(t.dtype)
@@ -46,11 +46,7 @@ def _array(t: Any) -> np.ndarray:
 def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 << 31) -> ForwardBackward:
     """A ``forward_backward``'s body (zstd-compressed when ``encoding`` says so, at most ``limit`` bytes once
     decompressed) as a typed request; a body that is not one is the client's error."""
-    from tinker.proto import tinker_public_pb2 as pb
-
     if encoding == "zstd":
-        import zstandard
-
         try:
             body = _unzstd(body, limit)
         except zstandard.ZstdError as exc:
@@ -81,10 +77,6 @@ def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 <
 def _unzstd(body: bytes, limit: int) -> bytes:
     """``body`` decompressed, read a piece at a time and refused past ``limit`` bytes (a frame's declared
     size is not trusted: a few bytes may declare any)."""
-    import io
-
-    import zstandard
-
     with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
         out = reader.read(limit + 1)  # fills up to that many bytes, or to the frame's end
     if len(out) > limit:
@@ -94,8 +86,6 @@ def _unzstd(body: bytes, limit: int) -> bytes:
 
 
 def _batched(arrays: list[np.ndarray]) -> Any:
-    from tinker.proto import tinker_public_pb2 as pb
-
     flat = np.concatenate(arrays).astype(np.float32)
     offsets = np.cumsum([0] + [a.size * 4 for a in arrays]).astype(np.int64)
     return pb.BatchedTensor(data=flat.tobytes(), offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32)
@@ -103,8 +93,6 @@ def _batched(arrays: list[np.ndarray]) -> Any:
 
 def forward_backward_output(result: StepOutput) -> Result:
     """Per datum its target tokens' ``logprobs``; the metric ``loss:sum``."""
-    from tinker.proto import tinker_public_pb2 as pb
-
     record = pb.ArrayRecord(type_tag="ArrayRecord", num_datums=len(result.logprobs))
     record.fields["logprobs"].CopyFrom(_batched(result.logprobs))
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=[record],
@@ -115,8 +103,6 @@ def forward_backward_output(result: StepOutput) -> Result:
 def sample_response(sampled: Sampled, req: types.SampleRequest) -> Result:
     """The sequences with their log-probs, and the prompt's log-probs (NaN where not asked for: the
     first position, those before the last ``prompt_logprobs_last_n``) and top-k when asked for."""
-    from tinker.proto import tinker_public_pb2 as pb
-
     out = pb.SampleResponse()
     for g in sampled.sequences:
         out.sequences.add(stop_reason=pb.STOP_REASON_LENGTH if g.finish_reason == "length" else pb.STOP_REASON_STOP,
