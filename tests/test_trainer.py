@@ -25,11 +25,15 @@ def test_train_writes_metrics_traces_checkpoints_and_the_curve_and_exports(tmp_p
     test_resume_restores_identical_state continues a finished run, test_algorithm_resume a killed one,
     both through the same --resume.)"""
     import torch
+    from click.testing import CliRunner
+    from toolrl.cli import cli
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # `toolrl train` and `toolrl export` in this process (click's runner): the same commands, without three
+    # interpreters' starts (test_cli_interrupt and the resume tests run the command as a process of its own).
     out = tmp_path / "run"
-    first = run_toolrl("train", TINY, "trainer.total_steps=2", f"trainer.output_dir={out}", env=FAST, timeout=600)
-    assert first.returncode == 0, first.stderr[-2000:]
+    first = CliRunner().invoke(cli, ["train", TINY, "trainer.total_steps=2", f"trainer.output_dir={out}"])
+    assert first.exit_code == 0 and first.exception is None, (first.exception, first.stderr[-2000:])
     metrics = lines(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2]
     for key in ("reward_mean", "reward_std", "tool_call_count", "tool_success_count", "tool_latency_s",
@@ -45,10 +49,11 @@ def test_train_writes_metrics_traces_checkpoints_and_the_curve_and_exports(tmp_p
     assert (out / "checkpoints" / "hf" / "config.json").exists()  # what export needs besides a checkpoint
     assert (out / "reward_curve.png").stat().st_size > 1000
 
-    bad = run_toolrl("export", str(out), str(tmp_path / "hf"), "--step", "7", env=FAST)
-    assert bad.returncode == 2 and "no checkpoint for step 7 (have: 1, 2)" in bad.stderr and "Traceback" not in bad.stderr
-    res = run_toolrl("export", str(out), str(tmp_path / "hf"), env=FAST, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
+    bad = CliRunner().invoke(cli, ["export", str(out), str(tmp_path / "hf"), "--step", "7"])
+    assert bad.exit_code == 2 and isinstance(bad.exception, SystemExit), (bad.exception, bad.stderr[-2000:])
+    assert "no checkpoint for step 7 (have: 1, 2)" in bad.stderr and "Traceback" not in bad.stderr
+    res = CliRunner().invoke(cli, ["export", str(out), str(tmp_path / "hf")])
+    assert res.exit_code == 0 and res.exception is None, (res.exception, res.stderr[-2000:])
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tokenizer("2+3")["input_ids"]
