@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from _dists import run_toolrl
 from click.testing import CliRunner
 from toolrl.cli import cli
 from toolrl.config import ConfigError, LoraConfig, load_config
@@ -214,11 +213,12 @@ async def test_a_step_trains_only_adapters_and_the_engine_gets_them(tmp_path):
 # On Ray (the rollout worker's engine gets the adapters through the object store): test_sharded_training's
 # test_a_lora_run_on_ray_samples_with_the_adapters_each_step_trained, on that module's Ray cluster.
 def test_cli_trains_two_steps_with_lora(tmp_path):
-    res = run_toolrl("train", TINY, "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}",
-                     "trainer.total_steps=2", "optim.lr=0.05", f"trainer.output_dir={tmp_path}", "trainer.plot=false",
-                     "reward.functions=[{name: format, options: {pattern: e}}]", "rollout.max_new_tokens=4",
-                     "rollout.max_response_tokens=4", env={"OMP_NUM_THREADS": "1"}, timeout=600)
-    assert res.returncode == 0, res.stderr
+    # `toolrl train` in this process (click's runner): the same command, without an interpreter's start.
+    res = CliRunner().invoke(cli, ["train", TINY, "model.lora={r: 8, alpha: 16, target_modules: [q_proj, v_proj]}",
+                                   "trainer.total_steps=2", "optim.lr=0.05", f"trainer.output_dir={tmp_path}",
+                                   "trainer.plot=false", "reward.functions=[{name: format, options: {pattern: e}}]",
+                                   "rollout.max_new_tokens=4", "rollout.max_response_tokens=4"])
+    assert res.exit_code == 0 and res.exception is None, (res.exception, res.stderr[-2000:])
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert rows[0]["grad_norm"] > 0  # step 1 moved the adapters ...
@@ -232,7 +232,7 @@ def test_cli_trains_two_steps_with_lora(tmp_path):
     # trained adapter model computes (peft's own, unmerged forward).
     from transformers import AutoModelForCausalLM
 
-    # `toolrl export` in this process (click's runner): the same command, without a second interpreter's start.
+    # `toolrl export` in this process too.
     res = CliRunner().invoke(cli, ["export", str(tmp_path), str(tmp_path / "hf")])
     assert res.exit_code == 0 and res.exception is None, (res.exception, res.stderr[-2000:])
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
