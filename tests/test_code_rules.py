@@ -1,6 +1,6 @@
 """The project's code rules that a machine can check: no function in ``core/`` or a plugin's package over
 80 lines and no class over 300; attention implementations registered with transformers and switched in one
-module; no ``asyncio.wait_for`` in library code; ``run`` names a resolved run alone; rollout groups typed;
+module; one call of ``ray.init``; no ``asyncio.wait_for`` in library code; ``run`` names a resolved run alone; rollout groups typed;
 the generic step and batches free of distillation's names."""
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ def test_attention_implementations_are_installed_in_one_module():
                  if path != ATTENTION_INSTALLER for line in attention_changes(ast.parse(path.read_text()))]
     assert elsewhere == [], "install attention through toolrl.modeling.attention: " + "; ".join(elsewhere)
     assert len(attention_changes(ast.parse(ATTENTION_INSTALLER.read_text()))) == 3  # the scan sees the installer's
+
+
+def test_one_module_starts_or_joins_ray():
+    """``toolrl.ray_cluster.init_ray`` is the one call of ``ray.init`` in the library (its retry of a local
+    node that timed out starting, its defaults, in one place)."""
+    root = CORE.parents[1]
+    found = [f"{path.relative_to(root)}:{node.lineno}" for path in library_files()
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "init"
+             and getattr(node.func.value, "id", "") in ("ray", "ray_module")]
+    assert [f.split(":")[0] for f in found] == ["core/toolrl/ray_cluster.py"], (
+        "connect through toolrl.ray_cluster.init_ray: " + "; ".join(found))
 
 
 def test_no_library_code_bounds_an_await_with_wait_for():

@@ -315,8 +315,8 @@ class TestTwoNodes:
 
 def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
     from toolrl.config import ConfigError
-    from toolrl.processes.ray_cluster import init_ray
     from toolrl.processes.rollout_workers import RolloutWorkerPool
+    from toolrl.ray_cluster import init_ray
 
     require_no_ray()
     init_ray("local", 1, num_cpus=1)
@@ -335,7 +335,7 @@ def test_a_local_ray_that_times_out_starting_is_started_once_more(monkeypatch, c
     """Ray gives a starting node 30 s to register, which a loaded machine can miss. That timeout cannot be
     produced on demand, so ``ray.init`` is replaced here by one that raises Ray's own message first."""
     import ray
-    from toolrl.processes.ray_cluster import init_ray
+    from toolrl.ray_cluster import init_ray
 
     calls, shutdowns = [], []
     timed_out = Exception("The current node timed out during startup. This could happen because some of the "

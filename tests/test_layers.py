@@ -19,7 +19,8 @@ CORE = ROOT / "core" / "toolrl"
 # Lowest first: (layer, the top-level modules and packages of core/toolrl it holds).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("__init__", "hookspecs", "schemas", "config", "cache", "masks", "images", "tiny_settings",
-                    "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy", "children")),
+                    "vision_processor", "templates", "trajectory", "seeds", "run_dir", "gc_policy", "children",
+                    "ray_cluster")),
     ("modeling", ("modeling",)),
     ("plugin system", ("plugins",)),
     ("parts", ("parsers", "rewards", "tools", "engines", "model_sources", "algorithms", "loggers", "environments",

@@ -38,7 +38,7 @@ from test_sharded_training import (
     train,
     weights,
 )
-from toolrl.processes.ray_cluster import init_ray
+from toolrl.ray_cluster import init_ray
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # a dependency of Ray's

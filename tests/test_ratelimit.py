@@ -209,7 +209,7 @@ def test_limiter_needs_a_connected_ray():
 def ray_cluster():
     ray = pytest.importorskip("ray")
     from ray import cloudpickle
-    from toolrl.processes.ray_cluster import init_ray  # a busy machine's slow start gets a second try
+    from toolrl.ray_cluster import init_ray  # a busy machine's slow start gets a second try
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test file

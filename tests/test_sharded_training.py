@@ -18,7 +18,7 @@ import pytest
 from _dists import EVEN_TOKENS, make_dist
 from test_vision_training import processor, trajectories, vlm_path  # noqa: F401  (fixtures)
 from toolrl.config import Config, load_config
-from toolrl.processes.ray_cluster import init_ray
+from toolrl.ray_cluster import init_ray
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # Ray actors: minutes on two shared cores

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from toolrl.config import AdapterConfig, RayConfig
-from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.recovery import TrainerFailed
 from toolrl.processes.step_group import StepGroup
+from toolrl.ray_cluster import init_ray
 from toolrl.training.optimizer import OptimizerSettings
 from toolrl.training.token_step import LossSpec, TokenRow
 

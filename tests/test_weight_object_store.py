@@ -21,7 +21,7 @@ from toolrl.transports.object_store import ObjectStoreTransport
 def ray_cluster():
     """A local Ray this process drives; the checks' child processes join it (``RAY_ADDRESS``)."""
     import ray
-    from toolrl.processes.ray_cluster import init_ray  # a busy machine's slow start gets a second try
+    from toolrl.ray_cluster import init_ray  # a busy machine's slow start gets a second try
 
     init_ray("local", 2, num_cpus=2, log_to_driver=False)
     before = os.environ.get("RAY_ADDRESS")

@@ -28,9 +28,9 @@ def test_a_worker_lost_before_a_broadcast_sync_is_replaced_and_gets_the_weights(
     from ray.exceptions import RayActorError
     from toolrl.config import load_config
     from toolrl.processes import sync_weights
-    from toolrl.processes.ray_cluster import init_ray
     from toolrl.processes.rollout_workers import RolloutWorkerPool
     from toolrl.processes.trainer_group import RayTrainerGroup
+    from toolrl.ray_cluster import init_ray
 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     config = load_config(TINY, ["ray.address=local", "ray.num_rollout_workers=2", "trainer.world_size=1",

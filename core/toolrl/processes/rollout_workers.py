@@ -27,8 +27,8 @@ from toolrl.config import Config, ConfigError
 from toolrl.model_sources import model_path
 from toolrl.processes.in_process import build_rollouts, seed_everything
 from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
-from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.resolve import RunPlan
+from toolrl.ray_cluster import init_ray
 from toolrl.schemas import Sample
 from toolrl.training.weight_sync import send_engine_weights
 from toolrl.trajectory import Trajectory

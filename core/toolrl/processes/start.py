@@ -13,12 +13,12 @@ from typing import Any
 from toolrl.config import Config
 from toolrl.processes import RolloutGroup, TrainerGroup, sync_weights
 from toolrl.processes.in_process import build_local_run
-from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.resolve import ResolvedRun, resolve_run
 from toolrl.processes.rollout_workers import RolloutWorkerPool
 from toolrl.processes.run_check import ModelInputs, check_model_inputs
 from toolrl.processes.trainer_group import LocalTrainer, RayTrainerGroup
 from toolrl.processes.trainer_rank import TrainerRank
+from toolrl.ray_cluster import init_ray
 
 
 @dataclass

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from toolrl.algorithms import build_loss
 from toolrl.config import AdapterConfig, AlgorithmConfig, RayConfig
-from toolrl.processes.ray_cluster import init_ray
 from toolrl.processes.recovery import (
     RankDied,
     Recovery,
@@ -39,6 +38,7 @@ from toolrl.processes.recovery import (
     start_ranks,
 )
 from toolrl.processes.step_rank import StepRank
+from toolrl.ray_cluster import init_ray
 from toolrl.training.optimizer import OptimizerSettings
 from toolrl.training.token_step import LossSpec, StepOutput, TokenRow, check_ids, micro_batch_spans
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from toolrl import transports
+from toolrl.ray_cluster import init_ray
 
 if TYPE_CHECKING:
     from toolrl.plugins.parts import RunFacts
@@ -105,7 +106,7 @@ class ObjectStoreSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float) -> None:
         ray = _ray()
         if not ray.is_initialized():  # a process of the cluster that is not connected yet
-            ray.init(address="auto", log_to_driver=False)
+            init_ray("auto", 0, log_to_driver=False)
         context = ray.get_runtime_context()
         name = f"toolrl-weights-{key}"
         self.mailbox = ray.remote(num_cpus=0)(Mailbox).options(name=name, max_concurrency=1000).remote(receivers)
@@ -170,7 +171,7 @@ class ObjectStoreReceiver(transports.WeightReceiver):
         ray = _ray()
         address, namespace, name = self.link.address.split("|")
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, log_to_driver=False)
+            init_ray(address, 0, namespace=namespace, log_to_driver=False)
         mailbox = ray.get_actor(name, namespace=namespace)
         context = ray.get_runtime_context()
         ray.get(mailbox.join.remote([context.current_actor] if context.get_actor_id() else []))

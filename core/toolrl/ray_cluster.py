@@ -1,6 +1,7 @@
-"""This process's connection to Ray: :func:`init_ray`, used by whatever starts Ray (a run's processes,
-the rollout pool on its own, the public step group, the tests). It sits apart from the actors' modules
-so that connecting to Ray loads neither the rollout stack (engines, tools) nor the trainer's.
+"""This process's connection to Ray: :func:`init_ray`, the one place Ray is started or joined (a run's
+processes, the rollout pool on its own, the public step group, a weight receiver joining its sender's
+cluster, the tests). It sits below every part so that connecting to Ray loads neither the rollout stack
+(engines, tools) nor the trainer's.
 
 ``ray`` is imported only inside the function.
 """
