@@ -26,7 +26,7 @@ ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 sys.path.append(str(REPO / "tests"))  # the core's tests: their two-node cluster on loopback
 from test_node_loss import two_nodes  # noqa: E402 (needs ray)
-from toolrl.processes.ray_cluster import init_ray  # noqa: E402
+from toolrl.ray_cluster import init_ray  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
