@@ -377,8 +377,12 @@ def test_a_config_of_only_model_and_env_runs_toolrl_rollout(tmp_path):
     config.write_text("model: {source: tiny-qwen3}\nenv: arithmetic\n"
                       "rollout: {n: 2, max_new_tokens: 8, max_response_tokens: 24}\n"
                       f"trainer: {{total_steps: 1, output_dir: {tmp_path / 'out'}, progress: false, plot: false}}\n")
-    out = run_toolrl("rollout", str(config), env={"OMP_NUM_THREADS": "1"}, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    # `toolrl rollout` in this process (click's runner): the same command, without an interpreter's start.
+    from click.testing import CliRunner
+    from toolrl.cli import cli
+
+    out = CliRunner().invoke(cli, ["rollout", str(config)])
+    assert out.exit_code == 0 and out.exception is None, (out.exception, out.stderr[-3000:])
     traces = [json.loads(line) for line in (tmp_path / "out/rollouts/step_00001.jsonl").read_text().splitlines()]
     assert len(traces) == 4 and {t["env"] for t in traces} == {"arithmetic"}
     assert all("gsm8k" in t["reward_terms"] for t in traces)
