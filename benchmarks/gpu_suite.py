@@ -686,11 +686,18 @@ def summary(item: Item, r: dict[str, Any], peak: float) -> str:
 
 
 def environment(device: str) -> dict[str, str]:
-    import torch
-    import transformers
+    """The versions from the installed distributions' metadata: the parent imports torch only to name a GPU
+    (importing torch and transformers for their versions took 4 s of a CPU smoke run, whose items each
+    import them in their own process anyway)."""
+    from importlib.metadata import version
 
-    name = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
-    return {"device": name, "torch": torch.__version__, "transformers": transformers.__version__,
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    return {"device": name, "torch": version("torch"), "transformers": version("transformers"),
             "python": platform.python_version()}
 
 
