@@ -63,6 +63,44 @@ def shared_tokenizers(monkeypatch) -> None:
     monkeypatch.setattr(model_sources, "load_tokenizer", cached)
 
 
+_LOADED_PROCESSORS: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # -> (processor, its template)
+
+
+@pytest.fixture(autouse=True)
+def shared_processors(monkeypatch) -> None:
+    """As :func:`shared_tokenizers`, for a vision-language model's processor: an in-process run loads it
+    three times (the rollout's engine_processor, the transformers engine, the trainer rank), each reading
+    the 151k-token tokenizer again (two seconds); nothing in toolrl changes a processor it loaded. Keyed
+    also by whether torchvision is found (a test that hides it gets the processor built without it). The
+    modules that bound the name at import get the cached one too, once imported (as any that loads one is
+    by the time its test runs: its test module imports them)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from toolrl import model_sources
+
+    load = model_sources.load_processor
+
+    def cached(path):
+        files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                 "preprocessor_config.json", "processor_config.json")
+        key = (str(path), importlib.util.find_spec("torchvision") is not None,
+               tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
+        if key not in _LOADED_PROCESSORS:
+            processor = load(path)
+            _LOADED_PROCESSORS[key] = (processor, getattr(processor, "chat_template", None))
+        processor, template = _LOADED_PROCESSORS[key]
+        assert getattr(processor, "chat_template", None) == template, \
+            f"the shared processor of {path} had its chat_template changed"
+        return processor
+
+    monkeypatch.setattr(model_sources, "load_processor", cached)
+    for name in ("toolrl.engines.build", "toolrl.engines.transformers"):
+        if getattr(sys.modules.get(name), "load_processor", None) is load:
+            monkeypatch.setattr(sys.modules[name], "load_processor", cached)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_path() -> str:
     from toolrl.model_sources import tiny_qwen3
