@@ -1,13 +1,14 @@
-"""Credit assignment and curricula on TextWorld (issue 104, points 2–4): held-out games won over generated
+"""Credit assignment and curricula on TextWorld (issue 104, points 2–4): held-out plays won over generated
 tokens, SmolLM2-135M-Instruct learning generated TextWorld games, two claims, each a fixed protocol.
 
 The task is ``examples/textworld.yaml``'s (LoRA rank 16; ``custom`` games; each turn the model answers the
-number of one of the listed admissible commands, ≤ 4 tokens; a worked game won by its walkthrough before
-each one; 4 games a step × 8 samples at temperature 1; reward 1 for a win plus the score delta as step
-reward). A held-out game is won when its result row's ``reward_terms["textworld"]`` is 1; the held-out
-games are never trained on (the plugin drops a training game that is one of them), played greedy, one
-sample each, before training (once: every arm starts from it) and every ``--eval-every`` steps
-(``trainer.eval_every``). The games are fixed: ``env_options.seed`` 0 for every arm and seed; seeds are
+number of one of the listed admissible commands but look, inventory and examine, ≤ 4 tokens; a worked game
+won by its walkthrough before each one; 4 games a step × 8 samples at temperature 1; reward 1 for a win plus
+the score delta as step reward). A held-out play is won when its result row's ``reward_terms["textworld"]``
+is 1; the held-out games are never trained on (the plugin drops a training game that is one of them), each
+played :data:`PLAYS` times at temperature 1 as in training (greedy play never moved in the demo's five runs:
+on these games GRPO sharpens the policy the sampler plays, docs/benchmarks.md), before training (once: every
+arm starts from it) and every ``--eval-every`` steps (``trainer.eval_every``); the figures count plays won. The games are fixed: ``env_options.seed`` 0 for every arm and seed; seeds are
 ``trainer.seed`` and ``rollout.seed``, 5 of them (0–4).
 
 ``--claim credit`` (:data:`CREDIT`): rooms 2, objects 2, quest length 2, ``max_steps`` 5, 64 training games,
@@ -29,8 +30,8 @@ point estimate named, and
     tokens to target, gigpo or tree_grpo / grpo: X.XX [lo, hi]
 
 ``--claim curriculum`` (:data:`CURRICULUM`): rooms 3, objects 3, ``max_steps`` 8, four levels of quest
-length (``env_options.levels={quest_length: [1, 2, 3, 4]}``), 4 training games and 8 held-out a level
-(32 held-out; few training games, so that in 6 steps of 4 a game comes back, 1.5 epochs, and its pass rate
+length (``env_options.levels={quest_length: [1, 2, 3, 4]}``), 4 training games and 6 held-out a level
+(24 held-out; few training games, so that in 6 steps of 4 a game comes back, 1.5 epochs, and its pass rate
 means something: with one epoch or less ``pass_rate`` draws what ``uniform`` draws). Arms ``uniform``
 (``data.curriculum={name: uniform}``), ``pass_rate`` (``{name: pass_rate, shares: {normal: 1.0}, revisit:
 0.1, window: 2}``) and ``env_difficulty`` (``{name: env_difficulty, window: 8, up: 0.6, down: 0.1}``: a
@@ -44,15 +45,15 @@ on a line of its own per arm its wins on the hardest level (quest length 4). Tar
 
 Both: generated tokens are the model's tokens (``response_mask`` 1) of every trajectory of
 ``rollouts/step_NNNNN.jsonl``, a tree's shared prefix (before its leaves' ``split_point``) once. Each seed's
-curve is (tokens, held-out games won), linear between its evaluations; an arm's curve is the seed mean; its
+curve is (tokens, held-out plays won), linear between its evaluations; an arm's curve is the seed mean; its
 tokens to target are where that curve first reaches the target, and each ratio to the base arm's comes with
 a 90% interval over 2,000 seed bootstraps (_common.ratio_to_target; ``n/a``: a seed mean never reached it).
 Runs go ``--jobs`` at a time, each a single-threaded process of its own.
 
 Wall time of the defaults (2 cores, ``--jobs 2``; :func:`estimate`, printed before any run): from the
 ``--quick`` smoke run, 33 s a game a training step (66 s a step of 2 games × 8, single-threaded, training about
-half), 2.5 s a held-out game, 15 s to start a run: ``credit`` about 2.3 h (a flat run ~990 s, a tree run
-~1,310 s); ``curriculum`` about 2.8 h with its games taken as 1.4 times as costly (8 turns at most against 5,
+half), 2.3 s a held-out play, 15 s to start a run: ``credit`` about 2.7 h (a flat run ~1,140 s, a tree run
+~1,510 s); ``curriculum`` about 3.0 h with its games taken as 1.4 times as costly (8 turns at most against 5,
 3 rooms and 3 objects: longer views; a worked game of 1 command against 2), a guess the first runs correct.
 Each run prints its peak memory, and two at once must fit: the smoke run's peaked at 7.8 GiB (2 games a
 step), while a ``toolrl train`` of the example's own settings (4 games) reached 14.7 GB resident on a 24 GB
@@ -97,9 +98,11 @@ single_thread()
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "textworld.yaml"
 # The wall-time estimate's figures, from the --quick smoke run (2 games a step, one job on a core while another
-# process kept the other busy): 66 s a step of 2 games (training about half), so 33 s a game a step; 2.5 s a
-# held-out game played greedy; 15 s to start a run. Claims with longer games cost ``slower`` times that.
-GAME_STEP_S, HELD_OUT_GAME_S, START_S = 33.0, 2.5, 15.0
+# process kept the other busy): 66 s a step of 2 games (training about half), so 33 s a game a step; 2.3 s a
+# held-out play (the demo's 96 plays: 222 s beside another job); 15 s to start a run. Claims with longer games
+# cost ``slower`` times that.
+GAME_STEP_S, HELD_OUT_PLAY_S, START_S = 33.0, 2.3, 15.0
+PLAYS = 2  # each held-out game's plays an evaluation
 
 
 @dataclass(frozen=True)
@@ -121,20 +124,21 @@ class Claim:
 
 
 CREDIT = Claim(
-    games="kind: custom, rooms: 2, objects: 2, quest_length: 2, max_steps: 5, commands: all", levels=("quest_length=2",),
+    games="kind: custom, rooms: 2, objects: 2, quest_length: 2, max_steps: 5, commands: actions",
+    levels=("quest_length=2",),
     arms={"grpo": [], "gigpo": ["algorithm.advantage=gigpo"],
           "tree_grpo": ["algorithm.advantage=tree_grpo", "rollout.tree={width: 4, depth: 1, turn: 1}"]},
     base="grpo", contenders=("gigpo", "tree_grpo"), last="gigpo or tree_grpo / grpo",
     steps=6, tree_steps=8, train=64, held_out=24)
 QUESTS = (1, 2, 3, 4)
 CURRICULUM = Claim(
-    games=f"kind: custom, rooms: 3, objects: 3, levels: {{quest_length: {list(QUESTS)}}}, max_steps: 8, commands: all",
+    games=f"kind: custom, rooms: 3, objects: 3, levels: {{quest_length: {list(QUESTS)}}}, max_steps: 8, commands: actions",
     levels=tuple(f"quest_length={q}" for q in QUESTS),
     arms={"uniform": ["data.curriculum={name: uniform}"],
           "pass_rate": ["data.curriculum={name: pass_rate, shares: {normal: 1.0}, revisit: 0.1, window: 2}"],
           "env_difficulty": ["data.curriculum={name: env_difficulty, window: 8, up: 0.6, down: 0.1}"]},
     base="uniform", contenders=("pass_rate", "env_difficulty"), last="curriculum/uniform",
-    steps=6, eval_every=3, train=4, held_out=8, slower=1.4)
+    steps=6, eval_every=3, train=4, held_out=6, slower=1.4)
 CLAIMS = {"credit": CREDIT, "curriculum": CURRICULUM}
 
 
@@ -142,7 +146,8 @@ def settings(out: Path, seed: int, args: argparse.Namespace, *extra: str) -> lis
     """The claim's task (module docstring) for a run into ``out``."""
     claim = CLAIMS[args.claim]
     return [f"env_options={{{claim.games}, train_size: {args.train}, test_size: {args.held_out}, seed: 0}}",
-            f"eval.num_samples={args.held_out * len(claim.levels)}", "eval.n=1", f"trainer.output_dir={out}",
+            f"eval.num_samples={args.held_out * len(claim.levels)}", f"eval.n={PLAYS}", "eval.temperature=1.0",
+            f"trainer.output_dir={out}",
             f"trainer.seed={seed}", f"rollout.seed={seed}", f"trainer.total_steps={args.steps}",
             f"trainer.eval_every={args.eval_every}", "trainer.save_every=100000", "trainer.plot=false",
             "trainer.progress=false", f"data.batch_size={args.batch}",
@@ -159,7 +164,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 def by_level(rows: Sequence[dict[str, Any]], held_out: int, levels: int) -> list[int]:
-    """Held-out games won per level: the plugin's test split holds its games level by level, ``held_out``
+    """Held-out plays won per level: the plugin's test split holds its games level by level, ``held_out``
     a level, indexed in that order (no held-out game is dropped), so a game's level is its index // held_out."""
     won = [0] * levels
     for r in rows:
@@ -308,8 +313,8 @@ def run_all(args: argparse.Namespace) -> int:
     print(f"machine: {machine()}")
     print(f"claim: {args.claim}")
     print(f"workload: SmolLM2-135M-Instruct (LoRA r16), TextWorld {claim.games}, levels {', '.join(claim.levels)}; "
-          f"{args.train} training games and {args.held_out} held-out a level (env seed 0, greedy, held-out every "
-          f"{args.eval_every} steps); {args.steps} steps × {args.batch} games × 8 samples"
+          f"{args.train} training games and {args.held_out} held-out a level (env seed 0; {PLAYS} plays a game at "
+          f"temperature 1, every {args.eval_every} steps); {args.steps} steps × {args.batch} games × 8 samples"
           f"{f' (tree_grpo: {args.tree_steps} steps)' if 'tree_grpo' in arms else ''}; arms {', '.join(arms)}; "
           f"seeds {args.first_seed}-{args.first_seed + args.seeds - 1}; {args.jobs} runs at once; estimated "
           f"{estimate(args, arms) / 3600:.1f} h\n", flush=True)
@@ -317,8 +322,9 @@ def run_all(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="textworld-") as tmp:
         base = Path(tmp)
         before = run_child(__file__, ["--child", "before", "0", str(base / "before"), *common], "before")["by_level"]
-        print(f"untrained: {sum(before)}/{args.held_out * levels} held-out won ({'/'.join(map(str, before))} by level)"
-              f", {args.held_out} a level; {time.perf_counter() - t0:.0f} s", flush=True)
+        plays = args.held_out * PLAYS  # a level's: the figures below count plays won
+        print(f"untrained: {sum(before)}/{plays * levels} held-out won ({'/'.join(map(str, before))} by level)"
+              f", {plays} a level; {time.perf_counter() - t0:.0f} s", flush=True)
         seeds = range(args.first_seed, args.first_seed + args.seeds)
         jobs = [(arm, seed) for seed in seeds for arm in arms]
 
@@ -335,24 +341,24 @@ def run_all(args: argparse.Namespace) -> int:
             results = dict(zip(jobs, pool.map(one, jobs), strict=True))
     curves = {arm: [Run([(0.0, before), *((float(p["tokens"]), p["by_level"]) for p in results[(arm, s)]["points"])],
                         results[(arm, s)]["anchors"]) for s in seeds] for arm in arms}
-    return report(args.claim, curves, args.held_out, f"{args.seeds} seeds; {time.perf_counter() - t0:.0f} s in all")
+    return report(args.claim, curves, args.held_out * PLAYS, f"{args.seeds} seeds; {time.perf_counter() - t0:.0f} s in all")
 
 
 def estimate(args: argparse.Namespace, arms: Sequence[str]) -> float:
     """Seconds the runs should take, ``--jobs`` at a time, from the smoke run's figures (``GAME_STEP_S``...)."""
     claim = CLAIMS[args.claim]
-    games = args.held_out * len(claim.levels)
+    plays = args.held_out * len(claim.levels) * PLAYS
 
     def run(steps: int) -> float:
-        return START_S + claim.slower * (steps * args.batch * GAME_STEP_S + steps // args.eval_every * games * HELD_OUT_GAME_S)
+        return START_S + claim.slower * (steps * args.batch * GAME_STEP_S + steps // args.eval_every * plays * HELD_OUT_PLAY_S)
 
     runs = args.seeds * sum(run(args.tree_steps if arm == "tree_grpo" else args.steps) for arm in arms)
-    return START_S + claim.slower * games * HELD_OUT_GAME_S + runs / args.jobs
+    return START_S + claim.slower * plays * HELD_OUT_PLAY_S + runs / args.jobs
 
 
 @dataclass
 class Run:
-    """One seed's run: (tokens, held-out games won by level) at each evaluation, the untrained first; its
+    """One seed's run: (tokens, held-out plays won by level) at each evaluation, the untrained first; its
     anchor tally (:func:`anchors`)."""
 
     points: list[tuple[float, list[int]]]
@@ -366,9 +372,9 @@ Curves = dict[str, list[Run]]
 
 
 def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
-    """The claim, each arm's runs and the held-out games a level, from the lines earlier outputs of this
+    """The claim, each arm's runs and the held-out plays a level, from the lines earlier outputs of this
     script printed (the claim line, the untrained line and the per-seed lines)."""
-    claim, before, held_out, runs = None, None, 0, {}
+    claim, before, per_level, runs = None, None, 0, {}
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             if m := re.match(r"claim: (\w+)$", line):
@@ -376,7 +382,7 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
                     raise SystemExit(f"--logs: outputs of two claims ({claim}, {m.group(1)})")
                 claim = m.group(1)
             elif m := re.match(r"untrained: \d+/\d+ held-out won \(([\d/]+) by level\), (\d+) a level", line):
-                before, held_out = [int(x) for x in m.group(1).split("/")], int(m.group(2))
+                before, per_level = [int(x) for x in m.group(1).split("/")], int(m.group(2))
             elif m := re.match(r"(\w+) seed (\d+): \d+ s, \d+ s a step(?:, peak [\d.]+ GiB)?; held-out won at tokens "
                                r"\(by level\): (.*?);(.*)", line):
                 points = [(float(t), [int(x) for x in won.split("/")])
@@ -386,17 +392,17 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
     if claim not in CLAIMS or before is None or not runs:
         raise SystemExit(f"--logs: no claim line, untrained line or per-seed line in {', '.join(map(str, paths))}")
     return claim, {arm: [Run([(0.0, before), *runs[key][0]], runs[key][1]) for key in sorted(runs) if key[0] == arm]
-                   for arm in CLAIMS[claim].arms if any(key[0] == arm for key in runs)}, held_out
+                   for arm in CLAIMS[claim].arms if any(key[0] == arm for key in runs)}, per_level
 
 
-def report(name: str, curves: Curves, held_out: int, seeds: str) -> int:
-    """The arms' mean curves and every seed's, wins by level, anchor recurrence, the target (module
+def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
+    """``per_level``: held-out plays a level. The arms' mean curves and every seed's, wins by level, anchor recurrence, the target (module
     docstring) and each arm's tokens to it, each arm's ratio to the base arm's and the last line."""
     claim = CLAIMS[name]
-    games = held_out * len(claim.levels)
-    ends = report_curves({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, "held-out games won",
+    games = per_level * len(claim.levels)
+    ends = report_curves({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, "held-out plays won",
                          games, seeds)
-    levels_report(claim, curves, held_out)
+    levels_report(claim, curves, per_level)
     for arm, rs in curves.items():
         a = [sum(col) for col in zip(*(r.anchors for r in rs))]
         if a[1]:
@@ -408,19 +414,19 @@ def report(name: str, curves: Curves, held_out: int, seeds: str) -> int:
     return 0
 
 
-def levels_report(claim: Claim, curves: Curves, held_out: int) -> None:
+def levels_report(claim: Claim, curves: Curves, per_level: int) -> None:
     """Held-out wins by level, untrained and at each run's last evaluation (seed mean); with levels, a line
     per arm of its wins on the hardest."""
     if len(claim.levels) < 2:
         return
     before = next(iter(curves.values()))[0].points[0][1]
     last = {arm: [statistics.mean(col) for col in zip(*(r.points[-1][1] for r in rs))] for arm, rs in curves.items()}
-    print(f"\nheld-out games won by level, of {held_out} each (seed mean at each run's last evaluation)")
+    print(f"\nheld-out plays won by level, of {per_level} each (seed mean at each run's last evaluation)")
     print(table(["arm", *claim.levels], [["untrained", *before], *([arm, *(f"{v:.1f}" for v in won)]
                                                                    for arm, won in last.items())]))
     hardest = claim.levels[-1]
     for arm, rs in curves.items():
-        print(f"{arm}: hardest level ({hardest}) held-out won {last[arm][-1]:.1f}/{held_out} at the end (per seed "
+        print(f"{arm}: hardest level ({hardest}) held-out won {last[arm][-1]:.1f}/{per_level} at the end (per seed "
               + " ".join(str(r.points[-1][1][-1]) for r in rs) + f"; untrained {before[-1]}; best on the way "
               + " ".join(str(max(won[-1] for _, won in r.points)) for r in rs) + ")")
 
