@@ -33,7 +33,29 @@ def qwen3_tokenizer() -> Any:
     return qwen_tokenizer("qwen3")
 
 
-_LOADED_TOKENIZERS: dict[tuple[str, tuple[float, ...]], tuple[Any, Any]] = {}  # -> (tokenizer, its template)
+_LOADED: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # (kind, path, ...) -> (what was read, its chat template)
+
+
+def _read_once(load: Any, kind: str, files: tuple[str, ...], extra_key: Any = tuple) -> Any:
+    """``load`` (a saved directory -> a tokenizer or processor) reading each directory once per test process;
+    read again when one of its ``files`` was saved again (``extra_key()``: more of what the result depends
+    on). One whose chat template changed since it was read fails the test that finds it so: the next test to
+    load it would get the change (building the tiny Qwen2.5-VL once set its template on the shared Qwen2.5
+    tokenizer)."""
+    from pathlib import Path
+
+    def cached(path):
+        key = (kind, str(path), *extra_key(),
+               tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
+        if key not in _LOADED:
+            loaded = load(path)
+            _LOADED[key] = (loaded, getattr(loaded, "chat_template", None))
+        loaded, template = _LOADED[key]
+        assert getattr(loaded, "chat_template", None) == template, \
+            f"the shared {kind} of {path} had its chat_template changed"
+        return loaded
+
+    return cached
 
 
 @pytest.fixture(autouse=True)
@@ -41,60 +63,29 @@ def shared_tokenizers(monkeypatch) -> None:
     """Every in-process load of a saved tokenizer (a run's controller, engine and trainer; the CLI through
     CliRunner) reads it once per test process, not once per load: transformers takes one to two seconds to
     read a 151k-token vocabulary, and nothing in toolrl changes a tokenizer it loaded (roles in one process
-    share one already). A tokenizer saved again, with new files, is read again. One whose chat template
-    changed since it was loaded fails the test that finds it so: the next test to load it would get the
-    change (building the tiny Qwen2.5-VL once set its template on the shared Qwen2.5 tokenizer)."""
-    from pathlib import Path
-
+    share one already; :func:`_read_once`)."""
     from toolrl import model_sources
 
-    load = model_sources.load_tokenizer
-
-    def cached(path):
-        files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-        key = (str(path), tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
-        if key not in _LOADED_TOKENIZERS:
-            tok = load(path)
-            _LOADED_TOKENIZERS[key] = (tok, tok.chat_template)
-        tok, template = _LOADED_TOKENIZERS[key]
-        assert tok.chat_template == template, f"the shared tokenizer of {path} had its chat_template changed"
-        return tok
-
-    monkeypatch.setattr(model_sources, "load_tokenizer", cached)
-
-
-_LOADED_PROCESSORS: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # -> (processor, its template)
+    monkeypatch.setattr(model_sources, "load_tokenizer", _read_once(
+        model_sources.load_tokenizer, "tokenizer", ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")))
 
 
 @pytest.fixture(autouse=True)
 def shared_processors(monkeypatch) -> None:
     """As :func:`shared_tokenizers`, for a vision-language model's processor: an in-process run loads it
     three times (the rollout's engine_processor, the transformers engine, the trainer rank), each reading
-    the 151k-token tokenizer again (two seconds); nothing in toolrl changes a processor it loaded. Keyed
-    also by whether torchvision is found (a test that hides it gets the processor built without it). The
-    modules that bound the name at import get the cached one too, once imported (as any that loads one is
-    by the time its test runs: its test module imports them)."""
+    the 151k-token tokenizer again (two seconds). Keyed also by whether torchvision is found (a test that
+    hides it gets the processor built without it). The modules that bound the name at import get the cached
+    one too, once imported (as any that loads one is by the time its test runs: its test module imports them)."""
     import importlib.util
     import sys
-    from pathlib import Path
 
     from toolrl import model_sources
 
     load = model_sources.load_processor
-
-    def cached(path):
-        files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
-                 "preprocessor_config.json", "processor_config.json")
-        key = (str(path), importlib.util.find_spec("torchvision") is not None,
-               tuple((Path(path) / f).stat().st_mtime if (Path(path) / f).exists() else 0.0 for f in files))
-        if key not in _LOADED_PROCESSORS:
-            processor = load(path)
-            _LOADED_PROCESSORS[key] = (processor, getattr(processor, "chat_template", None))
-        processor, template = _LOADED_PROCESSORS[key]
-        assert getattr(processor, "chat_template", None) == template, \
-            f"the shared processor of {path} had its chat_template changed"
-        return processor
-
+    cached = _read_once(load, "processor", ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                            "chat_template.json", "preprocessor_config.json", "processor_config.json"),
+                        lambda: (importlib.util.find_spec("torchvision") is not None,))
     monkeypatch.setattr(model_sources, "load_processor", cached)
     for name in ("toolrl.engines.build", "toolrl.engines.transformers"):
         if getattr(sys.modules.get(name), "load_processor", None) is load:
