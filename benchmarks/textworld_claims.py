@@ -8,7 +8,8 @@ the score delta as step reward). A held-out play is won when its result row's ``
 is 1; the held-out games are never trained on (the plugin drops a training game that is one of them), each
 played :data:`PLAYS` times at temperature 1 as in training (greedy play never moved in the demo's five runs:
 on these games GRPO sharpens the policy the sampler plays, docs/benchmarks.md), before training (once: every
-arm starts from it) and every ``--eval-every`` steps (``trainer.eval_every``); the figures count plays won. The games are fixed: ``env_options.seed`` 0 for every arm and seed; seeds are
+arm starts from it) and every ``--eval-every`` steps (``trainer.eval_every``); the figures count plays won.
+The games are fixed: ``env_options.seed`` 0 for every arm and seed; seeds are
 ``trainer.seed`` and ``rollout.seed``, 5 of them (0–4).
 
 ``--claim credit`` (:data:`CREDIT`): rooms 2, objects 2, quest length 2, ``max_steps`` 5, 64 training games,
@@ -30,8 +31,8 @@ point estimate named, and
     tokens to target, gigpo or tree_grpo / grpo: X.XX [lo, hi]
 
 ``--claim curriculum`` (:data:`CURRICULUM`): rooms 3, objects 3, ``max_steps`` 8, four levels of quest
-length (``env_options.levels={quest_length: [1, 2, 3, 4]}``), 4 training games and 6 held-out a level
-(24 held-out; few training games, so that in 6 steps of 4 a game comes back, 1.5 epochs, and its pass rate
+length (``env_options.levels={quest_length: [1, 2, 3, 4]}``), 4 training games and 8 held-out a level
+(32 held-out; few training games, so that in 6 steps of 4 a game comes back, 1.5 epochs, and its pass rate
 means something: with one epoch or less ``pass_rate`` draws what ``uniform`` draws). Arms ``uniform``
 (``data.curriculum={name: uniform}``), ``pass_rate`` (``{name: pass_rate, shares: {normal: 1.0}, revisit:
 0.1, window: 2}``) and ``env_difficulty`` (``{name: env_difficulty, window: 8, up: 0.6, down: 0.1}``: a
@@ -50,10 +51,10 @@ tokens to target are where that curve first reaches the target, and each ratio t
 a 90% interval over 2,000 seed bootstraps (_common.ratio_to_target; ``n/a``: a seed mean never reached it).
 Runs go ``--jobs`` at a time, each a single-threaded process of its own.
 
-Wall time of the defaults (2 cores, ``--jobs 2``; :func:`estimate`, printed before any run): from the
-``--quick`` smoke run, 33 s a game a training step (66 s a step of 2 games × 8, single-threaded, training about
-half), 2.3 s a held-out play, 15 s to start a run: ``credit`` about 2.7 h (a flat run ~1,140 s, a tree run
-~1,510 s); ``curriculum`` about 3.0 h with its games taken as 1.4 times as costly (8 turns at most against 5,
+Wall time of the defaults (2 cores, ``--jobs 2``; :func:`estimate`, printed before any run): from the credit
+claim's first runs, 28 s a game a training step, 1.35 s a held-out play, 15 s to start a run: ``credit`` about
+2.1 h (a flat run ~880 s, as measured; a tree run ~1,170 s, 999 s measured); ``curriculum`` about 2.5 h with
+its games taken as 1.4 times as costly (8 turns at most against 5,
 3 rooms and 3 objects: longer views; a worked game of 1 command against 2), a guess the first runs correct.
 Each run prints its peak memory, and two at once must fit: the smoke run's peaked at 7.8 GiB (2 games a
 step), while a ``toolrl train`` of the example's own settings (4 games) reached 14.7 GB resident on a 24 GB
@@ -97,11 +98,10 @@ single_thread()
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "textworld.yaml"
-# The wall-time estimate's figures, from the --quick smoke run (2 games a step, one job on a core while another
-# process kept the other busy): 66 s a step of 2 games (training about half), so 33 s a game a step; 2.3 s a
-# held-out play (the demo's 96 plays: 222 s beside another job); 15 s to start a run. Claims with longer games
-# cost ``slower`` times that.
-GAME_STEP_S, HELD_OUT_PLAY_S, START_S = 33.0, 2.3, 15.0
+# The wall-time estimate's figures, from the credit claim's first runs (two at a time, quiet 2 cores: a flat run
+# 840-879 s, 106-112 s a step of 4 games, three evaluations of 48 plays in the rest): 28 s a game a step, 1.35 s
+# a held-out play, 15 s to start a run. Claims with longer games cost ``slower`` times that.
+GAME_STEP_S, HELD_OUT_PLAY_S, START_S = 28.0, 1.35, 15.0
 PLAYS = 2  # each held-out game's plays an evaluation
 
 
@@ -138,7 +138,7 @@ CURRICULUM = Claim(
           "pass_rate": ["data.curriculum={name: pass_rate, shares: {normal: 1.0}, revisit: 0.1, window: 2}"],
           "env_difficulty": ["data.curriculum={name: env_difficulty, window: 8, up: 0.6, down: 0.1}"]},
     base="uniform", contenders=("pass_rate", "env_difficulty"), last="curriculum/uniform",
-    steps=6, eval_every=3, train=4, held_out=6, slower=1.4)
+    steps=6, eval_every=3, train=4, held_out=8, slower=1.4)
 CLAIMS = {"credit": CREDIT, "curriculum": CURRICULUM}
 
 
@@ -396,12 +396,13 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
 
 
 def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
-    """``per_level``: held-out plays a level. The arms' mean curves and every seed's, wins by level, anchor recurrence, the target (module
-    docstring) and each arm's tokens to it, each arm's ratio to the base arm's and the last line."""
+    """The arms' mean curves and every seed's, wins by level (``per_level``: held-out plays a level), anchor
+    recurrence, the target (module docstring) and each arm's tokens to it, each arm's ratio to the base arm's
+    and the last line."""
     claim = CLAIMS[name]
-    games = per_level * len(claim.levels)
+    plays = per_level * len(claim.levels)
     ends = report_curves({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, "held-out plays won",
-                         games, seeds)
+                         plays, seeds)
     levels_report(claim, curves, per_level)
     for arm, rs in curves.items():
         a = [sum(col) for col in zip(*(r.anchors for r in rs))]
@@ -410,7 +411,7 @@ def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
                   f"the group started a turn from the same state); past the first turn {a[2] / max(a[3], 1):.0%} of {a[3]}")
     if claim.base in curves:
         report_ratios({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base,
-                      claim.contenders, claim.last, f"{games} held-out won")
+                      claim.contenders, claim.last, f"{plays} held-out won")
     return 0
 
 
