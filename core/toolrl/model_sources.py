@@ -712,6 +712,17 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     return tok
 
 
+def tokenizer_or_load(tokenizer: Any, path: str | os.PathLike[str] | None, missing: str,
+                      error: type[Exception] = ValueError) -> Any:
+    """``tokenizer`` if there is one, else the one saved in ``path``: engines that need a tokenizer only for text
+    or stop strings read it when first needed. ``error(missing)`` when there is neither."""
+    if tokenizer is not None:
+        return tokenizer
+    if path is None:
+        raise error(missing)
+    return load_tokenizer(path)
+
+
 def model_path(config: Config) -> str:
     """The directory of the configured model (``model.source`` resolved, built or fetched)."""
     return resolve_source(config.model, config.base_dir)

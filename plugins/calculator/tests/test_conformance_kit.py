@@ -11,31 +11,10 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
+from toolrl import testing as kit
 from toolrl.plugins import PluginInfo, Plugins
 from toolrl.plugins.registry import Part
 from toolrl.schemas import ToolResponse
-from toolrl.testing import (
-    LifecycleCall,
-    LifecycleError,
-    ToolConformance,
-    build_tool,
-    check_calc_reward,
-    check_cancellation,
-    check_concurrency,
-    check_invalid_arguments,
-    check_isolation,
-    check_lifecycle,
-    check_no_loop_blocking,
-    check_order,
-    check_registered,
-    check_release_idempotent,
-    check_released_and_unknown,
-    check_return_types,
-    check_schema,
-    derive_invalid_arguments,
-    instrument,
-    run_lifecycle,
-)
 from toolrl.tools import Tool
 
 ARGS = {"answer": "3"}
@@ -224,12 +203,12 @@ CREATE = {"ground_truth": "3"}
 
 
 async def test_reference_tool_passes_every_check() -> None:
-    check_schema(GoodTool(), ARGS)
-    run = await check_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE, expected_text="score=1.0")
+    kit.check_schema(GoodTool(), ARGS)
+    run = await kit.check_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE, expected_text="score=1.0")
     assert run.reward == 1.0 and run.order == ["create", "execute", "calc_reward", "release"]
-    await check_invalid_arguments(
+    await kit.check_invalid_arguments(
         GoodTool(),
-        derive_invalid_arguments(GoodTool.schema["function"]["parameters"], ARGS),
+        kit.derive_invalid_arguments(GoodTool.schema["function"]["parameters"], ARGS),
         ARGS,
         create_kwargs=CREATE,
     )
@@ -237,14 +216,14 @@ async def test_reference_tool_passes_every_check() -> None:
     async def build() -> Tool:
         return GoodTool()
 
-    await check_isolation(build, ARGS, create_kwargs=CREATE, other_create_kwargs={"ground_truth": "4"})
-    await check_released_and_unknown(GoodTool(), ARGS, create_kwargs=CREATE)
-    await check_release_idempotent(GoodTool(), ARGS, create_kwargs=CREATE)
-    assert await check_calc_reward(GoodTool(), ARGS, create_kwargs=CREATE) == (0.0, 1.0)
-    await check_concurrency(GoodTool(), ARGS, create_kwargs=CREATE, n=50, timeout_s=10)
-    await check_no_loop_blocking(GoodTool(), ARGS, create_kwargs=CREATE)
-    await check_cancellation(GoodTool(), ARGS, create_kwargs=CREATE)
-    assert await check_return_types(GoodTool(), ARGS, create_kwargs=CREATE) == ("score=1.0", 0.0, {})
+    await kit.check_isolation(build, ARGS, create_kwargs=CREATE, other_create_kwargs={"ground_truth": "4"})
+    await kit.check_released_and_unknown(GoodTool(), ARGS, create_kwargs=CREATE)
+    await kit.check_release_idempotent(GoodTool(), ARGS, create_kwargs=CREATE)
+    assert await kit.check_calc_reward(GoodTool(), ARGS, create_kwargs=CREATE) == (0.0, 1.0)
+    await kit.check_concurrency(GoodTool(), ARGS, create_kwargs=CREATE, n=50, timeout_s=10)
+    await kit.check_no_loop_blocking(GoodTool(), ARGS, create_kwargs=CREATE)
+    await kit.check_cancellation(GoodTool(), ARGS, create_kwargs=CREATE)
+    assert await kit.check_return_types(GoodTool(), ARGS, create_kwargs=CREATE) == ("score=1.0", 0.0, {})
 
 
 # -- runtime behaviour ----------------------------------------------------------------------------
@@ -252,14 +231,14 @@ async def test_reference_tool_passes_every_check() -> None:
 
 async def test_kit_catches_blocking_the_event_loop() -> None:
     with pytest.raises(AssertionError, match=r"held the event loop for 0\.\d+ s: an async method makes a blocking"):
-        await check_no_loop_blocking(BlockingTool(), ARGS, create_kwargs=CREATE)
-    await check_no_loop_blocking(PlainDefTool(), ARGS, create_kwargs=CREATE)  # a thread holds nothing
+        await kit.check_no_loop_blocking(BlockingTool(), ARGS, create_kwargs=CREATE)
+    await kit.check_no_loop_blocking(PlainDefTool(), ARGS, create_kwargs=CREATE)  # a thread holds nothing
 
 
 async def test_kit_catches_ignored_cancellation() -> None:
     with pytest.raises(AssertionError, match="execute ignored cancellation: cancelled after 0.001 s, it returned"):
-        await check_cancellation(StubbornTool(), ARGS, create_kwargs=CREATE)
-    await check_cancellation(SlowButPoliteTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_cancellation(StubbornTool(), ARGS, create_kwargs=CREATE)
+    await kit.check_cancellation(SlowButPoliteTool(), ARGS, create_kwargs=CREATE)
 
 
 @pytest.mark.parametrize(("returns", "message"), [
@@ -275,7 +254,7 @@ async def test_kit_catches_wrong_return_types(returns: Any, message: str) -> Non
     tool = WrongReturnTool()
     tool.returns = returns
     with pytest.raises(AssertionError, match=re.escape(message)):
-        await check_return_types(tool, ARGS, create_kwargs=CREATE)
+        await kit.check_return_types(tool, ARGS, create_kwargs=CREATE)
 
 
 # -- lifecycle order ------------------------------------------------------------------------------
@@ -283,49 +262,49 @@ async def test_kit_catches_wrong_return_types(returns: Any, message: str) -> Non
 
 async def test_kit_catches_release_inside_execute() -> None:
     with pytest.raises(AssertionError, match="release was called from inside execute") as info:
-        await check_lifecycle(EagerReleaseTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_lifecycle(EagerReleaseTool(), ARGS, create_kwargs=CREATE)
     assert "create -> execute -> calc_reward -> release" in str(info.value)
     assert "Recorded: create(" in str(info.value)
 
 
 async def test_kit_catches_create_inside_execute() -> None:
     with pytest.raises(AssertionError, match="create was called from inside execute"):
-        await check_lifecycle(LazyCreateTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_lifecycle(LazyCreateTool(), ARGS, create_kwargs=CREATE)
 
 
 async def test_recorder_sees_nested_calls_in_order() -> None:
     tool = EagerReleaseTool()
-    run = await run_lifecycle(tool, ARGS, create_kwargs=CREATE)
+    run = await kit.run_lifecycle(tool, ARGS, create_kwargs=CREATE)
     assert run.order == ["create", "execute", "release", "calc_reward", "release"]
     assert [c.caller for c in run.calls] == [None, None, "execute", None, None]
-    assert instrument(tool) is instrument(tool)  # instrumenting twice keeps one recorder
+    assert kit.instrument(tool) is kit.instrument(tool)  # instrumenting twice keeps one recorder
 
 
 def test_check_order_rules() -> None:
-    def calls(*spec: str) -> list[LifecycleCall]:
-        return [LifecycleCall(m, "i") for m in spec]
+    def calls(*spec: str) -> list[kit.LifecycleCall]:
+        return [kit.LifecycleCall(m, "i") for m in spec]
 
-    check_order(calls("create", "execute", "execute", "calc_reward", "release", "release"), "i")
+    kit.check_order(calls("create", "execute", "execute", "calc_reward", "release", "release"), "i")
     with pytest.raises(AssertionError, match="first call was not create"):
-        check_order(calls("execute", "create", "calc_reward", "release"), "i")
+        kit.check_order(calls("execute", "create", "calc_reward", "release"), "i")
     with pytest.raises(AssertionError, match="calc_reward ran after release"):
-        check_order(calls("create", "execute", "release", "calc_reward"), "i")
+        kit.check_order(calls("create", "execute", "release", "calc_reward"), "i")
     with pytest.raises(AssertionError, match="release never ran"):
-        check_order(calls("create", "execute", "calc_reward"), "i")
+        kit.check_order(calls("create", "execute", "calc_reward"), "i")
     with pytest.raises(AssertionError, match="did not run execute"):
-        check_order(calls("create", "calc_reward", "release"), "i")
+        kit.check_order(calls("create", "calc_reward", "release"), "i")
     with pytest.raises(AssertionError, match="create ran more than once"):
-        check_order(calls("create", "create", "execute", "calc_reward", "release"), "i")
+        kit.check_order(calls("create", "create", "execute", "calc_reward", "release"), "i")
     with pytest.raises(AssertionError, match="ran on instance 'j'"):
-        check_order([*calls("create", "execute"), LifecycleCall("calc_reward", "j"), *calls("release")], "i")
+        kit.check_order([*calls("create", "execute"), kit.LifecycleCall("calc_reward", "j"), *calls("release")], "i")
 
 
 async def test_lifecycle_error_names_the_stage() -> None:
-    with pytest.raises(LifecycleError) as info:
-        await run_lifecycle(FailingCreateTool(), ARGS)
+    with pytest.raises(kit.LifecycleError) as info:
+        await kit.run_lifecycle(FailingCreateTool(), ARGS)
     assert info.value.stage == "create" and "RuntimeError: no backend" in str(info.value)
     with pytest.raises(AssertionError, match="create failed: RuntimeError: no backend"):
-        await check_lifecycle(FailingCreateTool(), ARGS)
+        await kit.check_lifecycle(FailingCreateTool(), ARGS)
 
 
 async def test_a_tool_that_gives_no_reward_passes_the_lifecycle() -> None:
@@ -335,22 +314,22 @@ async def test_a_tool_that_gives_no_reward_passes_the_lifecycle() -> None:
         async def calc_reward(self, instance_id: str, **kwargs: Any) -> None:
             return None
 
-    assert (await check_lifecycle(NoReward(), ARGS, create_kwargs=CREATE)).reward is None
-    assert (await run_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE)).reward is not None
+    assert (await kit.check_lifecycle(NoReward(), ARGS, create_kwargs=CREATE)).reward is None
+    assert (await kit.run_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE)).reward is not None
 
 
 async def test_kit_catches_a_failing_valid_call_and_missing_text() -> None:
     with pytest.raises(AssertionError, match="valid_arguments .* failed"):
-        await check_lifecycle(GoodTool(), {"answer": 3}, create_kwargs=CREATE)
+        await kit.check_lifecycle(GoodTool(), {"answer": 3}, create_kwargs=CREATE)
     with pytest.raises(AssertionError, match="expected 'score=7' in the response"):
-        await check_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE, expected_text="score=7")
+        await kit.check_lifecycle(GoodTool(), ARGS, create_kwargs=CREATE, expected_text="score=7")
 
 
 async def test_kit_catches_state_left_after_release() -> None:
     with pytest.raises(AssertionError, match="release left the instance's state"):
-        await check_lifecycle(LeakyReleaseTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_lifecycle(LeakyReleaseTool(), ARGS, create_kwargs=CREATE)
     with pytest.raises(AssertionError, match="still hold state"):
-        await check_concurrency(LeakyReleaseTool(), ARGS, create_kwargs=CREATE, n=4)
+        await kit.check_concurrency(LeakyReleaseTool(), ARGS, create_kwargs=CREATE, n=4)
 
 
 # -- error paths ----------------------------------------------------------------------------------
@@ -358,14 +337,14 @@ async def test_kit_catches_state_left_after_release() -> None:
 
 async def test_kit_catches_an_error_that_names_no_field() -> None:
     with pytest.raises(AssertionError, match="names no field") as info:
-        await check_invalid_arguments(UnnamedErrorTool(), [{"answer": "three"}], {"answer": "3"})
+        await kit.check_invalid_arguments(UnnamedErrorTool(), [{"answer": "three"}], {"answer": "3"})
     assert "expected one of ['answer']" in str(info.value)
     assert "could not convert string to float" in str(info.value)  # shows the tool's actual text
 
 
 async def test_kit_catches_invalid_arguments_that_are_accepted() -> None:
     with pytest.raises(AssertionError, match="was accepted"):
-        await check_invalid_arguments(AcceptsAnythingTool(), [{"answer": "x", "extra": 1}], {"answer": "3"})
+        await kit.check_invalid_arguments(AcceptsAnythingTool(), [{"answer": "x", "extra": 1}], {"answer": "3"})
 
 
 def test_derived_invalid_arguments() -> None:
@@ -375,7 +354,7 @@ def test_derived_invalid_arguments() -> None:
         "required": ["answer"],
         "additionalProperties": False,
     }
-    derived = derive_invalid_arguments(params, {"answer": "3", "n": 1})
+    derived = kit.derive_invalid_arguments(params, {"answer": "3", "n": 1})
     assert {"n": 1} in derived  # required field missing
     assert {"answer": "3", "n": 1, "toolrl_unexpected_field": 1} in derived
     assert {"answer": 12345, "n": 1} in derived and {"answer": "3", "n": "not a number"} in derived
@@ -384,19 +363,19 @@ def test_derived_invalid_arguments() -> None:
 
 async def test_kit_catches_calls_on_released_instances() -> None:
     with pytest.raises(AssertionError, match="a call on a released instance succeeded"):
-        await check_released_and_unknown(StatelessTool(), ARGS)
+        await kit.check_released_and_unknown(StatelessTool(), ARGS)
 
 
 async def test_kit_catches_non_idempotent_release() -> None:
     with pytest.raises(AssertionError, match="release twice raised KeyError"):
-        await check_release_idempotent(StrictReleaseTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_release_idempotent(StrictReleaseTool(), ARGS, create_kwargs=CREATE)
 
 
 async def test_kit_catches_non_float_rewards() -> None:
     with pytest.raises(AssertionError, match="before any call returned None"):
-        await check_calc_reward(NoneRewardTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_calc_reward(NoneRewardTool(), ARGS, create_kwargs=CREATE)
     with pytest.raises(AssertionError, match=r"returned True \(bool\)"):
-        await check_calc_reward(BoolRewardTool(), ARGS, create_kwargs=CREATE)
+        await kit.check_calc_reward(BoolRewardTool(), ARGS, create_kwargs=CREATE)
 
 
 # -- isolation and concurrency ----------------------------------------------------------------------
@@ -409,13 +388,13 @@ async def test_kit_catches_state_shared_between_instances() -> None:
     with pytest.raises(
         AssertionError, match="trajectory A .* gave different results next to the other trajectory"
     ) as info:
-        await check_isolation(build, ARGS, create_kwargs=CREATE, other_create_kwargs={"ground_truth": "4"})
+        await kit.check_isolation(build, ARGS, create_kwargs=CREATE, other_create_kwargs={"ground_truth": "4"})
     assert "self.state(instance_id)" in str(info.value)
 
 
 async def test_kit_catches_a_tool_that_hangs() -> None:
     with pytest.raises(AssertionError, match="8 concurrent lifecycles did not finish within 0.5 s"):
-        await check_concurrency(HangingTool(), ARGS, create_kwargs=CREATE, n=8, timeout_s=0.5)
+        await kit.check_concurrency(HangingTool(), ARGS, create_kwargs=CREATE, n=8, timeout_s=0.5)
 
 
 # -- schema and registration ----------------------------------------------------------------------
@@ -423,23 +402,23 @@ async def test_kit_catches_a_tool_that_hangs() -> None:
 
 def test_kit_checks_the_schema() -> None:
     with pytest.raises(AssertionError, match="has no description"):
-        check_schema(UndescribedTool(), ARGS)
+        kit.check_schema(UndescribedTool(), ARGS)
     with pytest.raises(AssertionError, match="not a valid OpenAI function name"):
-        check_schema(DottedNameTool(), ARGS)
+        kit.check_schema(DottedNameTool(), ARGS)
     with pytest.raises(
         AssertionError, match=r"valid_arguments \{'answer': 3\} do not validate.*answer: 3 is not"
     ):
-        check_schema(GoodTool(), {"answer": 3})
+        kit.check_schema(GoodTool(), {"answer": 3})
 
 
 def test_kit_explains_unregistered_and_broken_plugins(toolrl_plugins: Plugins) -> None:
-    check_registered("calculator", toolrl_plugins)
+    kit.check_registered("calculator", toolrl_plugins)
     with pytest.raises(AssertionError, match="unknown tool 'no_such_tool'.*register_tools hook"):
-        check_registered("no_such_tool", toolrl_plugins)
+        kit.check_registered("no_such_tool", toolrl_plugins)
     toolrl_plugins.info["calculator"].status = "error"
     toolrl_plugins.info["calculator"].error = "ImportError: boom"
     with pytest.raises(AssertionError, match="status is 'error': ImportError: boom"):
-        check_registered("calculator", toolrl_plugins)
+        kit.check_registered("calculator", toolrl_plugins)
 
 
 def test_disabled_plugin_is_not_found(monkeypatch: pytest.MonkeyPatch, toolrl_reload_plugins) -> None:
@@ -447,7 +426,7 @@ def test_disabled_plugin_is_not_found(monkeypatch: pytest.MonkeyPatch, toolrl_re
     plugins = toolrl_reload_plugins()
     assert plugins.info["calculator"].status == "disabled"
     with pytest.raises(AssertionError, match="unknown tool 'calculator'"):
-        check_registered("calculator")
+        kit.check_registered("calculator")
 
 
 # -- the mixin end to end, on registered broken tools ------------------------------------------------
@@ -465,19 +444,19 @@ def register_tool(toolrl_reload_plugins) -> Iterator[Any]:
     yield register
 
 
-class EagerReleaseConformance(ToolConformance):  # no "Test" prefix: run by hand below, not collected
+class EagerReleaseConformance(kit.ToolConformance):  # no "Test" prefix: run by hand below, not collected
     tool_name = "selftest_eager_release"
     valid_arguments = ARGS
     create_kwargs = CREATE
 
 
-class UnnamedErrorConformance(ToolConformance):
+class UnnamedErrorConformance(kit.ToolConformance):
     tool_name = "selftest_unnamed"
     valid_arguments = {"answer": "3"}
     invalid_arguments = [{"answer": "three"}]
 
 
-class SharedStateConformance(ToolConformance):
+class SharedStateConformance(kit.ToolConformance):
     tool_name = "selftest_shared"
     valid_arguments = ARGS
     create_kwargs = CREATE
@@ -506,7 +485,7 @@ def test_mixin_passes_a_good_tool_and_fails_broken_ones(register_tool) -> None:
 
 
 def test_mixin_without_tool_name_says_so() -> None:
-    class Unset(ToolConformance):
+    class Unset(kit.ToolConformance):
         valid_arguments = ARGS
 
     with pytest.raises(AssertionError, match="set tool_name"):
@@ -516,10 +495,10 @@ def test_mixin_without_tool_name_says_so() -> None:
 async def test_build_tool_from_a_tools_file_reports_a_missing_name(tmp_path) -> None:
     path = tmp_path / "tools.yaml"
     path.write_text("tools:\n  - class_name: calculator\n")
-    tool, class_name = await build_tool("calculator", tools_config_file=path)
+    tool, class_name = await kit.build_tool("calculator", tools_config_file=path)
     assert (tool.name, class_name) == ("calculator", "calculator")
     with pytest.raises(AssertionError, match="builds no tool whose function name is 'grade'"):
-        await build_tool("grade", tools_config_file=path)
+        await kit.build_tool("grade", tools_config_file=path)
 
 
 async def test_error_responses_from_execute_count_as_errors() -> None:
@@ -530,5 +509,5 @@ async def test_error_responses_from_execute_count_as_errors() -> None:
                 return ToolResponse.error("field 'answer': must be a number"), 0.0, {}
             return "ok", 0.0, {}
 
-    [result] = await check_invalid_arguments(ErrorResponseTool(), [{"answer": "x"}], ARGS)
+    [result] = await kit.check_invalid_arguments(ErrorResponseTool(), [{"answer": "x"}], ARGS)
     assert result.status == "error"

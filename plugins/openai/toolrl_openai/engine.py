@@ -28,14 +28,13 @@ import os
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolrl.config import ApiRoot
 from toolrl.engines import (
     FinishReason,
     Generation,
-    ModelSource,
     PromptLogprobs,
     RolloutEngine,
     SamplingParams,
@@ -44,6 +43,9 @@ from toolrl.engines import (
 )
 
 from toolrl_openai.tokens import parse_token_ids
+
+if TYPE_CHECKING:  # annotations only
+    from toolrl.engines import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -124,12 +126,11 @@ class OpenAIEngine(RolloutEngine):
 
     @property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from toolrl.model_sources import load_tokenizer
+        from toolrl.model_sources import tokenizer_or_load
 
-            if self._tokenizer_path is None:
-                raise OpenAIEngineError("text-only generation needs the model's tokenizer (ModelSource.path)")
-            self._tokenizer = load_tokenizer(self._tokenizer_path)
+        self._tokenizer = tokenizer_or_load(self._tokenizer, self._tokenizer_path,
+                                            "text-only generation needs the model's tokenizer (ModelSource.path)",
+                                            OpenAIEngineError)
         return self._tokenizer
 
     # ----------------------------------------------------------------- RolloutEngine

@@ -60,19 +60,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from toolrl.config import AdapterConfig
-from toolrl.engines import (
-    Generation,
-    ModelSource,
-    PromptLogprobs,
-    RolloutEngine,
-    SamplingParams,
-    check_request,
-    score_starts,
-)
+from toolrl.engines import RolloutEngine, check_request, score_starts
 from toolrl.model_sources import check_model_dir
 from toolrl.transports import BucketHeader, Link, LinkedTransport, TransportError, WeightReceiver
 
@@ -89,6 +81,9 @@ from toolrl_vllm.translate import (
     scoring_params,
 )
 from toolrl_vllm.weights import adapters_of, write_checkpoint
+
+if TYPE_CHECKING:  # annotations only: the engine builds none of these itself
+    from toolrl.engines import Generation, ModelSource, PromptLogprobs, SamplingParams
 
 # What the native path calls on vLLM's AsyncLLM: present from the release that has the API.
 NATIVE_CALLS = ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update",

@@ -37,7 +37,13 @@ from toolrl.engines import (
 from toolrl.engines.transformers.adapter_slots import AdapterSlots
 from toolrl.engines.transformers.scheduler import Request, Scheduler
 from toolrl.engines.transformers.scheduler import Row as _Row
-from toolrl.model_sources import check_model_dir, load_model, load_processor, load_tokenizer, resolve_device
+from toolrl.model_sources import (
+    check_model_dir,
+    load_model,
+    load_processor,
+    resolve_device,
+    tokenizer_or_load,
+)
 from toolrl.modeling.adapter_routing import RowAdapters
 from toolrl.seeds import unseeded
 
@@ -196,10 +202,8 @@ class TransformersEngine(RolloutEngine):
 
     @property
     def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            if self._tokenizer_path is None:
-                raise ValueError("stop strings need a tokenizer: give ModelSource.tokenizer or a model path")
-            self._tokenizer = load_tokenizer(self._tokenizer_path)
+        self._tokenizer = tokenizer_or_load(self._tokenizer, self._tokenizer_path,
+                                            "stop strings need a tokenizer: give ModelSource.tokenizer or a model path")
         return self._tokenizer
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, n: int = 1,
