@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _dists import EVEN_TOKENS, make_dist, run_toolrl
+from _dists import EVEN_TOKENS, load_plugin
 
 # Measured, not computed: they differ from run to run (as in test_trainer's resume test).
 TIMING = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb", "weight_sync_peak_mb"}
@@ -53,21 +53,38 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
-def straight_and_resumed(args: Callable[[Path], list[str]], tmp_path: Path, steps: int) -> tuple[list[dict], list[dict]]:
+def toolrl_in_process(*args: str) -> None:
+    """``toolrl <args>`` through click's runner in this process, torch on one thread as in the runs started as
+    processes of their own (``OMP_NUM_THREADS=1``): the same command without another interpreter's start."""
+    import torch
+    from click.testing import CliRunner
+    from toolrl.cli import cli
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        res = CliRunner().invoke(cli, list(args))
+    finally:
+        torch.set_num_threads(threads)
+    assert res.exit_code == 0 and res.exception is None, (res.exception, res.output[-2000:])
+
+
+def straight_and_resumed(args: Callable[[Path], list[str]], tmp_path: Path, steps: int, monkeypatch,
+                         reload) -> tuple[list[dict], list[dict]]:
     """The computed metrics of ``toolrl <args(out)>`` left alone, and of the same run SIGKILLed after
     checkpoint 2 and resumed with ``--resume``. The runs see the ``even_tokens`` reward plugin: a random
-    model's task rewards are all 0, and a reward that differs between samples gives every step a gradient."""
-    (tmp_path / "plugin").mkdir()
-    make_dist(tmp_path / "plugin", "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
+    model's task rewards are all 0, and a reward that differs between samples gives every step a gradient.
+    Only the killed run is a process of its own (its kill is a crash's); the run left alone and the resume
+    run in this process, the plugin found by the same discovery (``reload``: the ``toolrl_reload_plugins``
+    fixture's)."""
+    load_plugin(tmp_path, monkeypatch, reload, "even-tokens", "even", "even_tokens_plugin", EVEN_TOKENS)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plugin"), os.environ.get("PYTHONPATH")]))}
-    straight = run_toolrl(*args(tmp_path / "straight"), env=env, timeout=600)
-    assert straight.returncode == 0, straight.stderr[-2000:]
+    toolrl_in_process(*args(tmp_path / "straight"))
     out = tmp_path / "killed"
     kill_after_checkpoint([sys.executable, "-m", "toolrl", *args(out)], env, out / "checkpoints" / "step_000002")
     assert len(metrics(out)) < steps  # it died mid-run
-    resumed = run_toolrl(*args(out), "--resume", env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    toolrl_in_process(*args(out), "--resume")
     want = computed(metrics(tmp_path / "straight"))
     assert [r["step"] for r in want] == list(range(1, steps + 1))
     assert all(r["reward_std"] > 0 and r["grad_norm"] > 0 for r in want)  # every step had a gradient

@@ -17,13 +17,13 @@ STEPS = 4
     pytest.param(["algorithm.advantage=rloo", "algorithm.loss=gspo"], marks=pytest.mark.long),
     pytest.param(["algorithm.advantage=gae", "critic.lr=1.0e-3"], marks=pytest.mark.long),
 ], ids=["rloo-gspo", "gae-critic"])
-def test_a_killed_run_resumes_to_the_uninterrupted_figures(tmp_path, algorithm):
+def test_a_killed_run_resumes_to_the_uninterrupted_figures(tmp_path, monkeypatch, toolrl_reload_plugins, algorithm):
     def args(out):
         return ["train", TINY, f"trainer.total_steps={STEPS}", f"trainer.output_dir={out}", "trainer.plot=false",
                 "trainer.progress=false", "env_options.train_size=8", "rollout.n=2", "rollout.max_new_tokens=8",
                 "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]", *algorithm]
 
-    want, got = straight_and_resumed(args, tmp_path, STEPS)
+    want, got = straight_and_resumed(args, tmp_path, STEPS, monkeypatch, toolrl_reload_plugins)
     if "algorithm.advantage=rloo" in algorithm:  # each trace records its RLOO advantage: its reward less
         for step in range(1, STEPS + 1):  # the mean of its group's others (so they sum to 0 per group)
             traces = lines(tmp_path / "straight" / "rollouts" / f"step_{step:05d}.jsonl")

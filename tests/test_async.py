@@ -196,7 +196,7 @@ def test_one_step_off_trains_each_step_on_the_batch_the_weights_before_it_genera
 
 
 @pytest.mark.slow
-def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_figures(tmp_path):
+def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_figures(tmp_path, monkeypatch, toolrl_reload_plugins):
     """The checkpoint keeps the batch generated ahead (on weights no checkpoint holds), so a run killed
     after its second checkpoint and resumed gives every step the figures of the run left alone."""
     from _processes import straight_and_resumed
@@ -207,7 +207,7 @@ def test_a_killed_one_step_off_run_resumes_to_the_uninterrupted_figures(tmp_path
                 "rollout.max_response_tokens=16", "reward.functions=[{name: even_tokens}]",
                 "trainer.max_staleness=1", "trainer.async_schedule=one_step_off"]
 
-    want, got = straight_and_resumed(args, tmp_path, 4)
+    want, got = straight_and_resumed(args, tmp_path, 4, monkeypatch, toolrl_reload_plugins)
     assert got == want
     assert [r["staleness_max"] for r in want] == [0, 1, 1, 1]
     ckpts = tmp_path / "straight" / "checkpoints"

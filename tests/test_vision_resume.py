@@ -32,7 +32,7 @@ def write_samples(path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_a_killed_vlm_run_resumes_to_the_uninterrupted_figures(tmp_path):
+def test_a_killed_vlm_run_resumes_to_the_uninterrupted_figures(tmp_path, monkeypatch, toolrl_reload_plugins):
     # The random model's answers are never right: a reward that differs between a group's samples
     # gives every step a gradient, so the optimiser state has something to carry over.
     data = tmp_path / "train.jsonl"
@@ -45,7 +45,7 @@ def test_a_killed_vlm_run_resumes_to_the_uninterrupted_figures(tmp_path):
                 "trainer.progress=false", "rollout.n=2", "rollout.max_new_tokens=8", "rollout.max_response_tokens=16",
                 "rollout.seed=1", "optim.lr=1.0e-3", "reward.functions=[{name: even_tokens}]"]
 
-    want, got = straight_and_resumed(args, tmp_path, STEPS)
+    want, got = straight_and_resumed(args, tmp_path, STEPS, monkeypatch, toolrl_reload_plugins)
     assert got == want
     # The trajectories trained on held their prompt's figure, in both runs.
     for run in (tmp_path / "straight", tmp_path / "killed"):
