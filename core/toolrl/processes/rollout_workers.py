@@ -608,9 +608,5 @@ class RolloutWorkerPool:
 def _split(count: int, parts: int) -> list[list[int]]:
     """``range(count)`` in ``parts`` contiguous, near-equal pieces (the first ones one longer)."""
     size, extra = divmod(count, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (i < extra)
-        out.append(list(range(start, end)))
-        start = end
-    return out
+    starts = [i * size + min(i, extra) for i in range(parts + 1)]
+    return [list(range(a, b)) for a, b in zip(starts, starts[1:], strict=False)]

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, TypeVar
 
 from toolrl.algorithms import build_loss
@@ -259,9 +260,7 @@ class StepGroup:
 def shares(lengths: Sequence[int], parts: int) -> list[int]:
     """Where to cut rows of these token ``lengths`` into ``parts`` contiguous shares of near-equal tokens:
     ``parts + 1`` row indices from 0 to ``len(lengths)`` (a share may be empty)."""
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
+    bounds = list(accumulate(lengths, initial=0))
     cuts = [0]
     for k in range(1, parts):
         goal = bounds[-1] * k / parts
