@@ -94,14 +94,11 @@ class EpisodeRecord:
         return Call(segment, keys, before)
 
     def _continued(self, keys: list[str], tools: str, role: str | None) -> Segment | None:
-        best = None
-        for s in self.segments:
-            n = len(s.keys)
-            if s.finished and not s.busy and s.tools == tools and s.traj.role == role and n < len(keys) \
-                    and keys[:n] == s.keys \
-                    and not any(is_assistant_key(k) for k in keys[n:]) and (best is None or n > len(best.keys)):
-                best = s
-        return best
+        """The longest finished segment whose messages ``keys`` extend by no assistant turn (the first of equals)."""
+        return max((s for s in self.segments if s.finished and not s.busy and s.tools == tools and s.traj.role == role
+                    and len(s.keys) < len(keys) and keys[:len(s.keys)] == s.keys
+                    and not any(is_assistant_key(k) for k in keys[len(s.keys):])),
+                   key=lambda s: len(s.keys), default=None)
 
     def _open(self, prompt_ids: list[int], renderer: ChatRenderer, tools: str, keys: list[str],
               role: str | None) -> Segment:

@@ -214,12 +214,8 @@ async def evaluate(run: ResolvedRun, run_dir: RunDir, progress: bool | None = No
 def environment_reports(envs: dict[str, ConfiguredEnv], rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each environment's own figures (``Environment.report``) from the rows of its samples: with one
     environment, every row."""
-    reports = {}
-    for name, configured in envs.items():
-        if configured.env.report is not None:
-            mine = rows if len(envs) == 1 else [r for r in rows if r.get("env") == name]
-            reports[name] = configured.env.report(mine)
-    return reports
+    return {name: configured.env.report(rows if len(envs) == 1 else [r for r in rows if r.get("env") == name])
+            for name, configured in envs.items() if configured.env.report is not None}
 
 
 def run_evaluation(config: Config, output: Path, progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:

@@ -71,12 +71,8 @@ def new_groups(rank: int, world_size: int, size: int) -> SequenceParallel | None
         return None
     if world_size % size:
         raise ValueError(f"sequence_parallel {size} does not divide world_size {world_size}")
-    mine = None
-    for first in range(0, world_size, size):
-        group = dist.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
-            mine = group
-    return SequenceParallel(mine, rank % size, size, rank // size, world_size // size)
+    groups = [dist.new_group(list(range(first, first + size))) for first in range(0, world_size, size)]
+    return SequenceParallel(groups[rank // size], rank % size, size, rank // size, world_size // size)
 
 
 def check_sequence_parallel(config: Config, model_dir: str | Path) -> None:
