@@ -139,14 +139,9 @@ def with_images(row: dict[str, Any], origin: str, base_dir: Path | None) -> dict
                           f"({IMAGE_PLACEHOLDER} or bare image parts) in the prompt")
     if len(found) > limits.max_per_sample:
         raise ConfigError(f"{origin}: images: {len(found)} images, over the limit of {limits.max_per_sample}")
-    from_column = iter(enumerate(column))
+    from_column = ((f"images.{n}", value) for n, value in enumerate(column))
     encoded = []
-    for item in found:
-        if item is None:
-            n, value = next(from_column)
-            field = f"images.{n}"
-        else:
-            field, value = item
+    for field, value in (item or next(from_column) for item in found):
         try:
             encoded.append(images.prepare(value, limits, base_dir))
         except images.ImageError as exc:
