@@ -94,7 +94,8 @@ class EpisodeRecord:
         return Call(segment, keys, before)
 
     def _continued(self, keys: list[str], tools: str, role: str | None) -> Segment | None:
-        """The longest finished segment whose messages ``keys`` extend by no assistant turn (the first of equals)."""
+        """The longest finished, idle segment of these tools and role that ``keys`` extend without an
+        assistant turn (the first of equals); None when none does."""
         return max((s for s in self.segments if s.finished and not s.busy and s.tools == tools and s.traj.role == role
                     and len(s.keys) < len(keys) and keys[:len(s.keys)] == s.keys
                     and not any(is_assistant_key(k) for k in keys[len(s.keys):])),
