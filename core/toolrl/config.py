@@ -989,13 +989,20 @@ def _yaml_line(text: str, loc: Sequence[Any], exact: bool = False) -> int | None
     return line
 
 
+def _override_of(loc: tuple[Any, ...], overrides: Sequence[str]) -> str | None:
+    """The override that set the value at ``loc`` (or a section holding it, or a key in it): the last, which wins."""
+    for override in reversed(overrides):
+        key = tuple(override.partition("=")[0].split("."))
+        if loc[:len(key)] == key or key[:len(loc)] == loc:
+            return override
+    return None
+
+
 def _locate(loc: tuple[Any, ...], path: Path | None, text: str, overrides: Sequence[str]) -> str:
     """Where the value at ``loc`` comes from: an override, ``file:line``, or the file. An empty
     ``loc`` (a check across sections, whose message names the fields) is the file's."""
-    for override in reversed(overrides if loc else ()):  # the last override of a key wins
-        key = tuple(override.partition("=")[0].split("."))
-        if loc[:len(key)] == key or key[:len(loc)] == loc:
-            return override_name(override)
+    if loc and (override := _override_of(loc, overrides)):
+        return override_name(override)
     if path is None:
         return "config"
     line = _yaml_line(text, loc) if loc else None
@@ -1027,7 +1034,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         raw = {**loaded, **raw}
         raw.setdefault("base_dir", str(path.parent.resolve()))
     file_env = raw.get("env")
-    for override in overrides:
+    for override in reversed(overrides):
         apply_override(raw, override)
     # The file's env_options were written for its env: an override naming another env drops them
     # (``toolrl train examples/tiny.yaml env=OTHER``) unless overrides set options of their own.
@@ -1052,10 +1059,8 @@ def field_where(config: Config, field: str) -> str:
     engine.name=x: engine.name``), as validation errors name it."""
     path, text, overrides = config._origin
     loc = tuple(field.split("."))
-    for override in overrides:
-        key = tuple(override.partition("=")[0].split("."))
-        if loc[:len(key)] == key or key[:len(loc)] == loc:
-            return f"{override_name(override)}: {field}"
+    if override := _override_of(loc, overrides):
+        return f"{override_name(override)}: {field}"
     # A list's item is its index in the dotted field (reward.functions.0.options).
     indexed = tuple(int(part) if part.isdigit() else part for part in loc)
     line = _yaml_line(text, indexed, exact=True) if path is not None and text else None
