@@ -1,9 +1,10 @@
 """Everything one GPU can tell us in a few minutes, in one call: trainer MFU, engine decode against the
 bandwidth bound (static steps in CUDA graphs against the eager path), the one-call packed attention
 against the loop over spans, weight sync against the device copy floor, the tiny MoE with and without
-R3, and a 3-step ``toolrl train`` end to end. Each item runs in its own subprocess with its own time cap; a failed
-item (timeout, OOM, exception) gets a line saying why and the suite goes on. ``DIR/gpu_suite.json`` and
-``DIR/gpu_suite.md`` are rewritten after every item, so a run killed at its limit leaves what it had.
+R3, and a 3-step ``toolrl train`` end to end. Each item runs in its own process (forked from a server that
+imported torch and transformers once) with its own time cap; a failed item (timeout, OOM, exception) gets a
+line saying why and the suite goes on. ``DIR/gpu_suite.json`` and ``DIR/gpu_suite.md`` are rewritten after
+every item, so a run killed at its limit leaves what it had.
 
     python benchmarks/gpu_suite.py --out DIR [--device cuda|cpu] [--smoke] [--only trainer,engine,...]
 
@@ -46,7 +47,7 @@ SHAPES: dict[str, dict[str, int]] = {
 
 @dataclass(frozen=True)
 class Item:
-    """One subprocess: ``kind`` picks its child function, ``params`` its settings, ``cap_s`` its time cap."""
+    """One process: ``kind`` picks its child function, ``params`` its settings, ``cap_s`` its time cap."""
 
     name: str
     kind: str
@@ -525,9 +526,14 @@ def object_store(p: dict[str, Any], device: str) -> dict[str, Any]:
         import ray
     except ImportError:
         return {"skip": "skipped: ray not installed"}
+    import ray.cloudpickle
     import torch
     from toolrl.training.weight_sync import send_owned
     from toolrl.transports.object_store import ObjectStoreTransport
+
+    # The item's process imported this file as __mp_main__ (launcher), a module Ray's workers cannot import:
+    # the actor's helpers (qwen3, sync) travel by value, as a script's __main__ does.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = qwen3(p["shape"], device, dtype)
@@ -631,26 +637,57 @@ def log(out: Path, item: Item, text: str) -> None:
     (out / "logs" / f"{item.name.replace('/', '_')}.log").write_text(text)
 
 
-def run_item(item: Item, args: argparse.Namespace) -> dict[str, Any]:
+def item_process(name: str, args: argparse.Namespace, stdout: Path, stderr: Path) -> None:
+    """An item's process: its output (Python's and the libraries' own, file descriptors 1 and 2) to the two
+    files, its result as the last line of stdout."""
+    for fd, path in ((1, stdout), (2, stderr)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    item = next(i for i in plan(args.smoke) if i.name == name)
+    print(json.dumps(child(item, args.device, args.out, args.profile), default=float), flush=True)
+
+
+# What every item imports (5-7 s a process on a loaded 2-core CPU, the Qwen3 modeling code half of it); importing
+# them queries no device (torch.cuda is not called: checked on CPU by wrapping its functions during the imports).
+PRELOAD = ["__main__", "torch", "transformers", "transformers.models.qwen3.modeling_qwen3"]
+
+
+def launcher() -> Any:
+    """Starts each item's process: a fork of a server process that imported :data:`PRELOAD` once, itself a
+    fresh interpreter (not a fork of this one) that never touches the GPU, so each item still starts with no
+    CUDA context, in its own process, with its own cap."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def run_item(item: Item, args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     """One item in its own process within its cap; ``status`` ok, skipped or failed (with why)."""
-    cmd = [sys.executable, __file__, "--child", item.name, "--device", args.device, "--out", str(args.out)]
-    cmd += ["--smoke"] * args.smoke + ["--profile"] * args.profile
+    logs = args.out / "logs"
+    logs.mkdir(exist_ok=True)
+    stdout, stderr = (logs / f".{item.name.replace('/', '_')}.{x}" for x in ("out", "err"))
     t0 = time.perf_counter()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=item.cap_s * args.cap_scale)
-    except subprocess.TimeoutExpired as timeout:
-        said = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                       for x in (timeout.stdout, timeout.stderr))
-        log(args.out, item, said)
-        last = (said.strip().splitlines() or ["nothing printed"])[-1][:200]
-        return {"status": f"failed: timeout after {item.cap_s * args.cap_scale:.0f} s (last line: {last})",
-                "wall_s": time.perf_counter() - t0}
+    proc = ctx.Process(target=item_process, args=(item.name, args, stdout, stderr))
+    proc.start()
+    proc.join(item.cap_s * args.cap_scale)
+    timed_out = proc.exitcode is None
+    if timed_out:
+        proc.kill()
+        proc.join()
     wall = time.perf_counter() - t0
-    log(args.out, item, res.stdout + res.stderr)
-    lines = res.stdout.strip().splitlines()
-    if res.returncode or not lines:
-        last = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
-        why = "OOM" if "OutOfMemory" in res.stderr or "out of memory" in res.stderr else f"exit {res.returncode}"
+    said_out, said_err = (p.read_text(errors="replace") if p.exists() else "" for p in (stdout, stderr))
+    stdout.unlink(missing_ok=True)
+    stderr.unlink(missing_ok=True)
+    log(args.out, item, said_out + said_err)
+    if timed_out:
+        last = ((said_out + said_err).strip().splitlines() or ["nothing printed"])[-1][:200]
+        return {"status": f"failed: timeout after {item.cap_s * args.cap_scale:.0f} s (last line: {last})",
+                "wall_s": wall}
+    lines = said_out.strip().splitlines()
+    if proc.exitcode or not lines:
+        last = (said_err.strip().splitlines() or [f"exit {proc.exitcode}"])[-1]
+        why = "OOM" if "OutOfMemory" in said_err or "out of memory" in said_err else f"exit {proc.exitcode}"
         return {"status": f"failed: {why}: {last[:300]}", "wall_s": wall}
     result = json.loads(lines[-1])
     return {"status": result.pop("skip", "ok"), "wall_s": wall, **result}
@@ -741,17 +778,12 @@ def main() -> None:
     parser.add_argument("--cap-scale", type=float, default=1.0, help="multiplies every item's time cap")
     parser.add_argument("--profile", action="store_true", help="the trainer and engine items also write a "
                         "profile of one more step (profile_ITEM.txt)")
-    parser.add_argument("--child")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(HERE))
     items = plan(args.smoke)
-    if args.child:
-        if args.device == "cpu":
-            os.environ.setdefault("OMP_NUM_THREADS", "1")
-        item = next(i for i in items if i.name == args.child)
-        print(json.dumps(child(item, args.device, args.out, args.profile), default=float), flush=True)
-        return
+    if args.device == "cpu":  # before the items' server imports torch
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.peak_tflops is None:
         args.peak_tflops = H100_PEAK_TFLOPS if args.device == "cuda" else CPU_PEAK_TFLOPS
     wanted = [w for w in args.only.split(",") if w]
@@ -760,8 +792,9 @@ def main() -> None:
     print(f"{env} · {len(items)} items", flush=True)
     results: dict[str, dict[str, Any]] = {}
     t0 = time.perf_counter()
+    ctx = launcher()
     for item in items:
-        results[item.name] = run_item(item, args)
+        results[item.name] = run_item(item, args, ctx)
         print(f"{item.name}: {summary(item, results[item.name], args.peak_tflops)} "
               f"[{results[item.name]['wall_s']:.0f} s]", flush=True)
         write(args, env, results, items)
