@@ -23,7 +23,10 @@ so that its run covers the flat arms' tokens: the curves are compared on tokens,
 own shortest run); held-out every 2 steps. Every run also prints how often anchor states recur: the share of training
 turns whose state (an ``env:`` key of ``turn_states``, recorded by ``gigpo`` runs only: the other arms'
 are not counted) another trajectory of the same group also started a turn from, and the same past the
-first turn (the opening view is every group's shared start). Target: the level every ``grpo`` seed
+first turn (the opening view is every group's shared start); and the turn-level part of the advantages it
+trained on (:func:`turn_spread`: how far a turn's advantage sits from the mean of its trajectory's turns, against
+the advantages' size; 0 for grpo, which credits every turn alike). ``--rollouts DIR ...`` prints both for runs'
+kept ``rollouts/`` folders, running nothing. Target: the level every ``grpo`` seed
 reaches (``seed_target``: the lowest of its seeds' best held-out wins within its shortest run). Last lines:
 ``tokens to target, gigpo/grpo: …``, ``tokens to target, tree_grpo/grpo: …``, the better of the two by
 point estimate named, and
@@ -205,6 +208,34 @@ def anchors(rows: Sequence[dict[str, Any]]) -> list[int]:
     return tally
 
 
+def turn_spread(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """What turn-level credit adds to the advantages trained on: over every row's turns (each turn's first trained
+    token), the sum of |a - the mean a of the row's turns|, the sum of |a|, and the turns. An outcome estimator
+    (grpo) gives each turn its trajectory's advantage, so the first is 0."""
+    spread = [0.0, 0.0, 0]
+    for r in rows:
+        mask, adv, starts = r["response_mask"], r["advantage"], r.get("turn_starts") or [0]
+        ends = [*starts[1:], len(mask)]
+        firsts = [next((k for k in range(s, e) if mask[k]), None) for s, e in zip(starts, ends, strict=True)]
+        turns = [adv[k] for k in firsts if k is not None]
+        if turns:
+            mean = statistics.fmean(turns)
+            spread[0] += sum(abs(a - mean) for a in turns)
+            spread[1] += sum(abs(a) for a in turns)
+            spread[2] += len(turns)
+    return spread
+
+
+def rollout_figures(folder: Path) -> dict[str, Any]:
+    """A run's anchor tally (:func:`anchors`) and :func:`turn_spread` over its ``step_NNNNN.jsonl`` rollouts."""
+    tally, spread = [0, 0, 0, 0], [0.0, 0.0, 0]
+    for path in sorted(folder.glob("step_*.jsonl")):
+        rows = lines(path)
+        tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
+        spread = [a + b for a, b in zip(spread, turn_spread(rows), strict=True)]
+    return {"anchors": tally, "turn_spread": spread}
+
+
 def child(args: argparse.Namespace) -> int:
     """One run (``--child ARM SEED OUT``, or ``before`` for the untrained model's evaluation); its figures
     as one JSON line."""
@@ -227,12 +258,10 @@ def child(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     asyncio.run(train_async(load_config(EXAMPLE, settings(out, seed, args, *arm_overrides(arm, args)))))
-    points, tokens, tally, step_s, figures = [], 0, [0, 0, 0, 0], [], []
+    points, tokens, step_s, figures = [], 0, [], []
     for row in lines(out / "metrics.jsonl"):
         step = row["step"]
-        rows = lines(out / "rollouts" / f"step_{step:05d}.jsonl")
-        tokens += generated_tokens(rows)
-        tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
+        tokens += generated_tokens(lines(out / "rollouts" / f"step_{step:05d}.jsonl"))
         step_s.append(row["step_s"])
         figures.append(row.get("curriculum", {}))
         if (out / "eval" / f"step_{step:05d}.jsonl").exists():
@@ -240,7 +269,7 @@ def child(args: argparse.Namespace) -> int:
             points.append({"step": step, "tokens": tokens, "by_level": won})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB): what --jobs must fit
     print(json.dumps({"points": points, "wall_s": time.perf_counter() - t0, "step_s": statistics.mean(step_s),
-                      "peak_gib": peak, "anchors": tally, "curriculum": figures}))
+                      "peak_gib": peak, "curriculum": figures, **rollout_figures(out / "rollouts")}))
     return 0
 
 
@@ -250,6 +279,10 @@ def figures_line(got: dict[str, Any]) -> str:
     if got["anchors"][1]:
         a = got["anchors"]
         parts.append(f"anchor states recur {a[0]}/{a[1]} turns (past the first turn {a[2]}/{a[3]})")
+    if got.get("turn_spread", [0, 0, 0])[2]:
+        d, m, n = got["turn_spread"]
+        parts.append(f"turn-level part of the advantage: mean |a - its trajectory's| {d / n:.3f} against mean |a| "
+                     f"{m / n:.3f} over {n} turns")
     figures = [f for f in got["curriculum"] if f]
     if figures:
         parts.append("zero-variance share " + " ".join(f"{f.get('zero_variance', float('nan')):.2f}" for f in figures))
@@ -269,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="the seeds run are first-seed, first-seed + 1, ...")
     ap.add_argument("--logs", nargs="+", type=Path, help="no runs: the figures of the per-seed lines these earlier "
                                                           "outputs of this script printed (seeds split over runs)")
+    ap.add_argument("--rollouts", nargs="+", type=Path, help="no runs: the anchor tally and the turn-level part of "
+                    "the advantage in these runs' rollouts/ folders")
     ap.add_argument("--steps", type=int, help="steps of each run (default: the claim's; the tree arm: --tree-steps)")
     ap.add_argument("--tree-steps", type=int, help="steps of the tree arm (default: the claim's)")
     ap.add_argument("--eval-every", type=int, help="held-out evaluation every this many steps (default: the claim's)")
@@ -285,6 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         claim, curves, held_out = from_logs(args.logs)
         return report(claim, curves, held_out, f"{max(map(len, curves.values()))} seeds, from "
                       + ", ".join(map(str, args.logs)))
+    if args.rollouts:
+        for folder in args.rollouts:
+            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(folder)})}")
+        return 0
     if args.claim is None:
         ap.error("--claim credit|curriculum is needed (but with --logs)")
     claim = CLAIMS[args.claim]
@@ -340,7 +379,7 @@ def run_all(args: argparse.Namespace) -> int:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             results = dict(zip(jobs, pool.map(one, jobs), strict=True))
     curves = {arm: [Run([(0.0, before), *((float(p["tokens"]), p["by_level"]) for p in results[(arm, s)]["points"])],
-                        results[(arm, s)]["anchors"]) for s in seeds] for arm in arms}
+                        results[(arm, s)]["anchors"], results[(arm, s)]["turn_spread"]) for s in seeds] for arm in arms}
     return report(args.claim, curves, args.held_out * PLAYS, f"{args.seeds} seeds; {time.perf_counter() - t0:.0f} s in all")
 
 
@@ -359,10 +398,11 @@ def estimate(args: argparse.Namespace, arms: Sequence[str]) -> float:
 @dataclass
 class Run:
     """One seed's run: (tokens, held-out plays won by level) at each evaluation, the untrained first; its
-    anchor tally (:func:`anchors`)."""
+    anchor tally (:func:`anchors`) and turn spread (:func:`turn_spread`; zeros where its log has none)."""
 
     points: list[tuple[float, list[int]]]
     anchors: list[int]
+    spread: list[float]
 
     def curve(self) -> list[tuple[float, float]]:
         return [(t, float(sum(won))) for t, won in self.points]
@@ -388,10 +428,14 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
                 points = [(float(t), [int(x) for x in won.split("/")])
                           for t, won in re.findall(r"\d+@(\d+)\(([\d/]+)\)", m.group(3))]
                 got = re.search(r"recur (\d+)/(\d+) turns \(past the first turn (\d+)/(\d+)\)", m.group(4))
-                runs[(m.group(1), int(m.group(2)))] = (points, [int(x) for x in got.groups()] if got else [0] * 4)
+                spread = re.search(r"trajectory's\| ([\d.]+) against mean \|a\| ([\d.]+) over (\d+) turns", m.group(4))
+                runs[(m.group(1), int(m.group(2)))] = (
+                    points, [int(x) for x in got.groups()] if got else [0] * 4,
+                    [float(spread[1]) * int(spread[3]), float(spread[2]) * int(spread[3]), int(spread[3])] if spread
+                    else [0.0, 0.0, 0])
     if claim not in CLAIMS or before is None or not runs:
         raise SystemExit(f"--logs: no claim line, untrained line or per-seed line in {', '.join(map(str, paths))}")
-    return claim, {arm: [Run([(0.0, before), *runs[key][0]], runs[key][1]) for key in sorted(runs) if key[0] == arm]
+    return claim, {arm: [Run([(0.0, before), *runs[key][0]], *runs[key][1:]) for key in sorted(runs) if key[0] == arm]
                    for arm in CLAIMS[claim].arms if any(key[0] == arm for key in runs)}, per_level
 
 
@@ -409,6 +453,10 @@ def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
         if a[1]:
             print(f"{arm}: anchor states recur for {a[0] / a[1]:.0%} of {a[1]} training turns (another trajectory of "
                   f"the group started a turn from the same state); past the first turn {a[2] / max(a[3], 1):.0%} of {a[3]}")
+        d, m, n = (sum(col) for col in zip(*(r.spread for r in rs)))
+        if n:
+            print(f"{arm}: turn-level part of the advantage (seeds with the figure): mean |a - its trajectory's| "
+                  f"{d / n:.3f} against mean |a| {m / n:.3f} over {n:.0f} turns")
     if claim.base in curves:
         report_ratios({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base,
                       claim.contenders, claim.last, f"{plays} held-out won")

@@ -1,9 +1,10 @@
 """benchmarks/textworld_claims.py's figures from outputs it printed (``--logs``), on small synthetic outputs: the seeds
 of two parts read together, each claim's last line, and nothing of toolrl or the TextWorld plugin imported
-(``--logs`` runs where neither is installed)."""
+(``--logs`` runs where neither is installed); and a run's rollout figures (``--rollouts``) from synthetic rows."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # toolrl and the plugin made unimportable: --logs must not need them.
 RUN = ("import runpy, sys; sys.modules['toolrl'] = sys.modules['toolrl_textworld'] = None; "
-       "sys.path.insert(0, {bench!r}); sys.argv = ['textworld_claims.py', '--logs', *sys.argv[1:]]; "
+       "sys.path.insert(0, {bench!r}); sys.argv = ['textworld_claims.py', *sys.argv[1:]]; "
        "runpy.run_path({script!r}, run_name='__main__')")
 SEED = "{arm} seed {seed}: 900 s, 90 s a step, peak 9.5 GiB; held-out won at tokens (by level): {points}; {extra}"
 CREDIT = {("grpo", 0): "4@100(4) 8@200(8)", ("grpo", 1): "6@100(6) 10@200(10)",
@@ -23,16 +24,18 @@ CURRICULUM = {("uniform", 0): "7@100(5/2/0/0) 9@200(6/2/1/0)", ("uniform", 1): "
               ("env_difficulty", 1): "7@100(5/2/0/0) 12@200(7/3/1/1)"}
 
 
-def _logs(*paths: Path) -> subprocess.CompletedProcess:
+def _logs(*paths: Path, flag: str = "--logs") -> subprocess.CompletedProcess:
     code = RUN.format(bench=str(ROOT / "benchmarks"), script=str(ROOT / "benchmarks" / "textworld_claims.py"))
-    return subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, flag, *map(str, paths)], capture_output=True, text=True,
+                          timeout=120)
 
 
 def _outputs(tmp_path: Path, claim: str, untrained: str, runs: dict[tuple[str, int], str]) -> list[Path]:
     """Two outputs, seed 0 and seed 1, as two runs of ``--first-seed`` print them."""
     paths = []
     for seed in (0, 1):
-        extra = "anchor states recur 30/40 turns (past the first turn 10/20)"
+        extra = (f"anchor states recur 30/40 turns (past the first turn 10/20); turn-level part of the advantage: mean "
+                 f"|a - its trajectory's| {0.1 + 0.2 * seed:.3f} against mean |a| 1.000 over {40 + 20 * seed} turns")
         seeds = [SEED.format(arm=arm, seed=s, points=points, extra=extra if arm == "gigpo" else "")
                  for (arm, s), points in runs.items() if s == seed]
         path = tmp_path / f"{claim}-{seed}.txt"
@@ -50,6 +53,8 @@ def test_credit_figures_from_two_outputs(tmp_path):
             "every grpo seed reaches it") in out
     assert "grpo: tokens to target 175 (per seed: 200 150)" in out  # seed means 5 at 100, 9 at 200
     assert any(line.startswith("gigpo: anchor states recur for 75% of 80 training turns") for line in out)
+    assert ("gigpo: turn-level part of the advantage (seeds with the figure): mean |a - its trajectory's| 0.220 "
+            "against mean |a| 1.000 over 100 turns") in out  # (0.1 · 40 + 0.3 · 60) / 100
     assert out[-3].startswith("tokens to target, tree_grpo/grpo: 0.91 [")
     assert out[-2] == "the better of gigpo and tree_grpo by point estimate: gigpo"
     assert out[-1].startswith("tokens to target, gigpo or tree_grpo / grpo: 0.71 [")  # 125 / 175
@@ -82,3 +87,20 @@ def test_no_target_when_the_base_arm_never_rises_above_the_untrained_level(tmp_p
     out = done.stdout.splitlines()
     assert "target: none: a grpo seed never rose above the untrained 2.0/24 held-out won" in out
     assert out[-1] == "tokens to target, gigpo or tree_grpo / grpo: n/a [no target: the grpo arm did not learn]"
+
+
+def test_rollout_figures_of_a_run(tmp_path):
+    """Anchor recurrence and the turn-level part of the advantage from a run's rows: a two-turn row whose turns
+    were credited 1 and 3, and a one-turn row of its group from the same first state."""
+    rows = [{"trajectory_id": "a", "group": 0, "turn_states": ["env:x", "env:y"], "turn_starts": [0, 2],
+             "response_mask": [1, 0, 1, 0], "advantage": [1.0, 1.0, 3.0, 3.0]},
+            {"trajectory_id": "b", "group": 0, "turn_states": ["env:x"], "turn_starts": [0],
+             "response_mask": [1, 1], "advantage": [-1.0, -1.0]}]
+    run = tmp_path / "rollouts"
+    run.mkdir()
+    (run / "step_00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _logs(run, flag="--rollouts")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{run}: anchor states recur 2/3 turns (past the first turn 0/1); turn-level part of the advantage: mean "
+        "|a - its trajectory's| 0.667 against mean |a| 1.667 over 3 turns"]
