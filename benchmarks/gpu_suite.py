@@ -657,6 +657,8 @@ def launcher() -> Any:
     CUDA context, in its own process, with its own cap."""
     import multiprocessing as mp
 
+    # Should an import ask torch.cuda.is_available(), NVML answers, not a CUDA context the forks would inherit.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
