@@ -1,4 +1,4 @@
-"""Processes the tests start: ranks of a gloo group spawned on a free port (:func:`spawn_ranks`), and a
+"""Processes the tests start: ranks of a gloo group (:func:`start_ranks`, on a free port :func:`spawn_ranks`), and a
 training run killed mid-way, as a crash would (the one way the resume tests do it)."""
 
 import json
@@ -17,15 +17,41 @@ from _dists import EVEN_TOKENS, load_plugin
 TIMING = {"tokens_per_s", "tool_latency_s", "trainer_peak_mb", "weight_sync_peak_mb"}
 
 
-def spawn_ranks(fn: Callable[..., None], nprocs: int, *args: object) -> None:
-    """``fn(rank, port, *args)`` in ``nprocs`` spawned processes, ``port`` a free loopback port for
-    their process group; returns when all ended (raises if one failed)."""
+# What a rank of these tests imports: a forked rank finds it imported (a spawned one imported it afresh, seconds of
+# CPU each, most of a two-rank test's time on two cores).
+PRELOAD = ["torch", "transformers", "transformers.models.qwen3.modeling_qwen3"]
+
+
+def start_ranks(fn: Callable[..., None], args: tuple = (), nprocs: int = 2) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` (``fn(rank, *args)`` in each; returns when all ended,
+    raises if one failed), each rank forked from a server process that imported :data:`PRELOAD` once per test
+    process, not a fresh interpreter. A rank gets this process's environment now and its torch thread count
+    (``OMP_NUM_THREADS``), as a spawned rank would, not the server's from when it started."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # no effect once it runs
+    mp.start_processes(_as_spawned, args=(dict(os.environ), fn, *args), nprocs=nprocs, start_method="forkserver")
+
+
+def _as_spawned(rank: int, environ: dict[str, str], fn: Callable[..., None], *args: object) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    if environ.get("OMP_NUM_THREADS", "").isdigit():
+        import torch
+
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
+    fn(rank, *args)
+
+
+def spawn_ranks(fn: Callable[..., None], nprocs: int, *args: object) -> None:
+    """``fn(rank, port, *args)`` in ``nprocs`` ranks (:func:`start_ranks`), ``port`` a free loopback port for
+    their process group; returns when all ended (raises if one failed)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(fn, args=(port, *args), nprocs=nprocs)
+    start_ranks(fn, (port, *args), nprocs)
 
 
 def kill_after_checkpoint(args: list[str], env: dict[str, str], checkpoint: Path, timeout: float = 300) -> None:

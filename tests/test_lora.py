@@ -289,12 +289,12 @@ def _train_step(model: torch.nn.Module, ranks: list[int]) -> None:
 def test_fsdp2_shards_a_lora_model_per_decoder_layer(tiny_qwen3_path, tmp_path):
     import socket
 
-    import torch.multiprocessing as mp
+    from _processes import start_ranks
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_fsdp_worker, args=(2, tiny_qwen3_path, port, str(tmp_path)), nprocs=2)
+    start_ranks(_fsdp_worker, (2, tiny_qwen3_path, port, str(tmp_path)), nprocs=2)
     got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
     reference = lora_model(tiny_qwen3_path)  # one process, both micro-batches: what 2 ranks must match
     _train_step(reference, ranks=[0, 1])

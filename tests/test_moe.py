@@ -86,7 +86,7 @@ def _rank(rank: int, port: int, path: str, trajs: list[Trajectory], out: str) ->
 def test_two_fsdp_ranks_with_r3_give_the_one_rank_gradients(tmp_path):
     """Data parallel (each rank its trajectories, gradients summed by FSDP2) and sequence parallel (each
     rank its slice of every row, replaying its slice of the routed experts): the one-rank loss and gradients."""
-    import torch.multiprocessing as mp
+    from _processes import start_ranks
 
     path = tiny_moe()
     trajs = sampled(path)
@@ -94,7 +94,7 @@ def test_two_fsdp_ranks_with_r3_give_the_one_rank_gradients(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "moe.pt"
-    mp.spawn(_rank, args=(port, path, trajs, str(out)), nprocs=2)
+    start_ranks(_rank, (port, path, trajs, str(out)), nprocs=2)
     got = torch.load(out)
     for name in CASES:
         want_loss, want = run_case(load_model(path), trajs, name)

@@ -102,11 +102,11 @@ def group(rank: int, world: int, store: str, out: str) -> None:
 
 
 def test_copies_restore_a_group_of_the_same_size_exactly_and_reshard_to_one_rank(tmp_path):
-    import torch.multiprocessing as mp
+    from _processes import start_ranks
     from toolrl.processes import rank_state
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(group, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
+    start_ranks(group, (2, str(tmp_path / "store"), str(tmp_path)), nprocs=2)
     saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     # Shrink: one rank, no process group, from both ranks' copies (pieces cut from the whole).
     model = build(99)

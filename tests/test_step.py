@@ -252,7 +252,7 @@ def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
     import json
     import socket
 
-    import torch.multiprocessing as mp
+    from _processes import start_ranks
 
     trajs, _ = stale_batch(model, seed=1)
     algo, optim = AlgorithmConfig(tis_cap=1.5, ppo_epochs=2), OptimConfig(micro_batch_size=2, grad_clip=1e9)
@@ -269,7 +269,7 @@ def test_two_ranks_metrics_reduce_to_the_one_rank_figures(model, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_reduce_on_rank, args=(port, outs, str(tmp_path / "group.json")), nprocs=2)
+    start_ranks(_reduce_on_rank, (port, outs, str(tmp_path / "group.json")), nprocs=2)
     group = json.loads((tmp_path / "group.json").read_text())
     for key in ("clip_frac", "lp_mismatch", "is_weight_mean", "is_weight_max", "is_weight_min", "is_truncated_frac",
                 "loss_tokens"):
