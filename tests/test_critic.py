@@ -229,6 +229,7 @@ def _rank(rank: int, world: int, port: int, path: str, queue) -> None:
 @pytest.mark.slow  # two spawned processes: a couple of minutes on shared cores
 def test_two_ranks_update_like_one(lm, tiny_qwen3_path):
     import torch.multiprocessing as mp
+    from _processes import PRELOAD
 
     options = CriticOptions(value_clip=0.05, micro_batch_size=1)
     critic = critic_of(lm)
@@ -240,7 +241,8 @@ def test_two_ranks_update_like_one(lm, tiny_qwen3_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # ranks forked from a server that imported torch once (start_ranks)
+    ctx.set_forkserver_preload(PRELOAD)
     queue = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, 2, port, tiny_qwen3_path, queue)) for r in range(2)]
     for p in procs:
