@@ -25,8 +25,9 @@ turns whose state (an ``env:`` key of ``turn_states``, recorded by ``gigpo`` run
 are not counted) another trajectory of the same group also started a turn from, and the same past the
 first turn (the opening view is every group's shared start); and the turn-level part of the advantages it
 trained on (:func:`turn_spread`: how far a turn's advantage sits from the mean of its trajectory's turns, against
-the advantages' size; 0 for grpo, which credits every turn alike). ``--rollouts DIR ...`` prints both for runs'
-kept ``rollouts/`` folders, running nothing. Target: the level every ``grpo`` seed
+the advantages' size; 0 for grpo, which credits every turn alike), and for the tree arm the trees whose leaves
+scored differently (:func:`split_trees`: tree_grpo's credit within a tree needs them). ``--rollouts DIR ...``
+prints these for runs' kept ``rollouts/`` folders, running nothing. Target: the level every ``grpo`` seed
 reaches (``seed_target``: the lowest of its seeds' best held-out wins within its shortest run). Last lines:
 ``tokens to target, gigpo/grpo: …``, ``tokens to target, tree_grpo/grpo: …``, the better of the two by
 point estimate named, and
@@ -211,10 +212,13 @@ def anchors(rows: Sequence[dict[str, Any]]) -> list[int]:
 def turn_spread(rows: Sequence[dict[str, Any]]) -> list[float]:
     """What turn-level credit adds to the advantages trained on: over every row's turns (each turn's first trained
     token), the sum of |a - the mean a of the row's turns|, the sum of |a|, and the turns. An outcome estimator
-    (grpo) gives each turn its trajectory's advantage, so the first is 0."""
+    (grpo) gives each turn its trajectory's advantage, so the first is 0. A row whose advantage is one number
+    (a tree's leaf: :func:`split_trees` tells its credit) is not counted."""
     spread = [0.0, 0.0, 0]
     for r in rows:
         mask, adv, starts = r["response_mask"], r["advantage"], r.get("turn_starts") or [0]
+        if not isinstance(adv, list):
+            continue
         ends = [*starts[1:], len(mask)]
         firsts = [next((k for k in range(s, e) if mask[k]), None) for s, e in zip(starts, ends, strict=True)]
         turns = [adv[k] for k in firsts if k is not None]
@@ -226,14 +230,29 @@ def turn_spread(rows: Sequence[dict[str, Any]]) -> list[float]:
     return spread
 
 
+def split_trees(rows: Sequence[dict[str, Any]]) -> list[int]:
+    """What a tree's credit has to work with: the trees (a ``tree_id``'s leaves of one group) whose leaves' rewards
+    differ, and all trees; then the same for the groups. A tree whose leaves all scored alike gives its branch turns
+    nothing beyond the group's outcome advantage."""
+    trees: dict[tuple[int, int], set[float]] = {}
+    groups: dict[int, set[float]] = {}
+    for r in rows:
+        if r.get("tree_id") is not None:
+            trees.setdefault((r["group"], r["tree_id"]), set()).add(r["reward"])
+            groups.setdefault(r["group"], set()).add(r["reward"])
+    return [sum(len(v) > 1 for v in trees.values()), len(trees), sum(len(v) > 1 for v in groups.values()), len(groups)]
+
+
 def rollout_figures(folder: Path) -> dict[str, Any]:
-    """A run's anchor tally (:func:`anchors`) and :func:`turn_spread` over its ``step_NNNNN.jsonl`` rollouts."""
-    tally, spread = [0, 0, 0, 0], [0.0, 0.0, 0]
+    """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its
+    ``step_NNNNN.jsonl`` rollouts."""
+    tally, spread, split = [0, 0, 0, 0], [0.0, 0.0, 0], [0, 0, 0, 0]
     for path in sorted(folder.glob("step_*.jsonl")):
         rows = lines(path)
         tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
         spread = [a + b for a, b in zip(spread, turn_spread(rows), strict=True)]
-    return {"anchors": tally, "turn_spread": spread}
+        split = [a + b for a, b in zip(split, split_trees(rows), strict=True)]
+    return {"anchors": tally, "turn_spread": spread, "trees": split}
 
 
 def child(args: argparse.Namespace) -> int:
@@ -283,6 +302,9 @@ def figures_line(got: dict[str, Any]) -> str:
         d, m, n = got["turn_spread"]
         parts.append(f"turn-level part of the advantage: mean |a - its trajectory's| {d / n:.3f} against mean |a| "
                      f"{m / n:.3f} over {n} turns")
+    if got.get("trees", [0, 0])[1]:
+        t = got["trees"]
+        parts.append(f"trees whose leaves scored differently {t[0]}/{t[1]} (groups {t[2]}/{t[3]})")
     figures = [f for f in got["curriculum"] if f]
     if figures:
         parts.append("zero-variance share " + " ".join(f"{f.get('zero_variance', float('nan')):.2f}" for f in figures))

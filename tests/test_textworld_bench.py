@@ -104,3 +104,15 @@ def test_rollout_figures_of_a_run(tmp_path):
     assert done.stdout.splitlines() == [
         f"{run}: anchor states recur 2/3 turns (past the first turn 0/1); turn-level part of the advantage: mean "
         "|a - its trajectory's| 0.667 against mean |a| 1.667 over 3 turns"]
+
+
+def test_tree_figures_of_a_run(tmp_path):
+    """A tree run's rows (one advantage a leaf, no turn states): the trees whose leaves scored differently."""
+    rows = [{"group": 0, "tree_id": tree, "reward": reward, "advantage": 0.5, "response_mask": [1], "turn_starts": [0]}
+            for tree, reward in ((0, 1.0), (0, 0.0), (1, 0.0), (1, 0.0))]
+    run = tmp_path / "rollouts"
+    run.mkdir()
+    (run / "step_00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _logs(run, flag="--rollouts")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{run}: trees whose leaves scored differently 1/2 (groups 1/1)"]
