@@ -81,11 +81,13 @@ def timeless(value):
 
 @pytest.mark.slow
 @pytest.mark.long  # over two minutes on two cores; resuming a killed run is shown by test_async's and test_algorithm_resume's
-def test_a_run_killed_with_segmented_trajectories_in_flight_resumes_bit_identical(tmp_path, monkeypatch):
+def test_a_run_killed_with_segmented_trajectories_in_flight_resumes_bit_identical(tmp_path, monkeypatch,
+                                                                                 toolrl_reload_plugins):
     plugin = tmp_path / "follow_up_plugin"
     plugin.mkdir()
     make_dist(plugin, "follow-up", "follow", "follow_up_plugin", FOLLOW_UP)
-    monkeypatch.setenv("PYTHONPATH", str(plugin))
+    monkeypatch.setenv("PYTHONPATH", str(plugin))  # the killed run's process
+    monkeypatch.syspath_prepend(str(plugin))  # the runs in this process (found once straight_and_resumed reloads)
     model = turn_ending_model(tmp_path / "model")
 
     def args(out):
@@ -97,7 +99,7 @@ def test_a_run_killed_with_segmented_trajectories_in_flight_resumes_bit_identica
                 "reward.functions=[{name: even_tokens}]", "trainer.max_staleness=1",
                 "trainer.async_schedule=one_step_off", "engine.max_batch_size=1"]
 
-    want, got = straight_and_resumed(args, tmp_path, STEPS)
+    want, got = straight_and_resumed(args, tmp_path, STEPS, monkeypatch, toolrl_reload_plugins)
     assert got == want
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     # The checkpoint holds the next step's batch, generated ahead: trajectories in several segments, each

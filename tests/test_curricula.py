@@ -278,7 +278,7 @@ def test_a_streaming_run_checkpoints_the_prompts_of_its_groups_in_flight(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_killed_pass_rate_run_resumes_to_the_uninterrupted_draws(tmp_path):
+def test_a_killed_pass_rate_run_resumes_to_the_uninterrupted_draws(tmp_path, monkeypatch, toolrl_reload_plugins):
     """Killed after its second checkpoint and resumed, a run whose prompts the pass-rate pools draw gives
     every step the uninterrupted run's prompts and figures (its curriculum's among them)."""
     steps = 4
@@ -290,7 +290,7 @@ def test_a_killed_pass_rate_run_resumes_to_the_uninterrupted_draws(tmp_path):
                 "data.curriculum={name: pass_rate, shares: {easy: 0.3, normal: 0.4, hard: 0.3}, revisit: 0.3, "
                 "window: 1, pass_reward: 0.5, easy_at: 0.5, hard_at: 0.0}"]
 
-    want, got = straight_and_resumed(args, tmp_path, steps)
+    want, got = straight_and_resumed(args, tmp_path, steps, monkeypatch, toolrl_reload_plugins)
     assert got == want
     prompts = {run: [[t["sample_index"] for t in lines(tmp_path / run / "rollouts" / f"step_{s:05d}.jsonl")]
                      for s in range(1, steps + 1)] for run in ("straight", "killed")}
