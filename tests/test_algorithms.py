@@ -252,7 +252,8 @@ def test_rules_reject_a_sequence_level_loss_with_per_token_advantages():
     (["algorithm.loss=nope"], "override algorithm.loss=nope: algorithm.loss: unknown policy loss 'nope' (available: "
                               "cispo, gspo, ppo_clip"),
     # The override that wins (the last of a key) is the one named.
-    (["algorithm.loss=nope", "algorithm.loss=nada"], "override algorithm.loss=nada: algorithm.loss: unknown policy loss"),
+    (["algorithm.loss=nope", "algorithm.loss=nada"],
+     "override algorithm.loss=nada: algorithm.loss: unknown policy loss 'nada'"),
     (["algorithm.advantage=nope"], "override algorithm.advantage=nope: algorithm.advantage: unknown advantage "
                                    "estimator 'nope' (available: dr_grpo"),
     (["algorithm.loss=cispo", "algorithm.loss_options.max_weight=-1"],

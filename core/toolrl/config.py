@@ -1034,7 +1034,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         raw = {**loaded, **raw}
         raw.setdefault("base_dir", str(path.parent.resolve()))
     file_env = raw.get("env")
-    for override in reversed(overrides):
+    for override in overrides:
         apply_override(raw, override)
     # The file's env_options were written for its env: an override naming another env drops them
     # (``toolrl train examples/tiny.yaml env=OTHER``) unless overrides set options of their own.
