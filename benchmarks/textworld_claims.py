@@ -25,7 +25,8 @@ turns whose state (an ``env:`` key of ``turn_states``, recorded by ``gigpo`` run
 are not counted) another trajectory of the same group also started a turn from, and the same past the
 first turn (the opening view is every group's shared start); and the turn-level part of the advantages it
 trained on (:func:`turn_spread`: how far a turn's advantage sits from the mean of its trajectory's turns, against
-the advantages' size; 0 for grpo, which credits every turn alike), and for the tree arm the trees whose leaves
+the advantages' size, and how many turns it pushes the other way from their trajectory; 0 for grpo, which credits
+every turn alike), and for the tree arm the trees whose leaves
 scored differently (:func:`split_trees`: tree_grpo's credit within a tree needs them). ``--rollouts DIR ...``
 prints these for runs' kept ``rollouts/`` folders, running nothing. Target: the level every ``grpo`` seed
 reaches (``seed_target``: the lowest of its seeds' best held-out wins within its shortest run). Last lines:
@@ -211,10 +212,11 @@ def anchors(rows: Sequence[dict[str, Any]]) -> list[int]:
 
 def turn_spread(rows: Sequence[dict[str, Any]]) -> list[float]:
     """What turn-level credit adds to the advantages trained on: over every row's turns (each turn's first trained
-    token), the sum of |a - the mean a of the row's turns|, the sum of |a|, and the turns. An outcome estimator
-    (grpo) gives each turn its trajectory's advantage, so the first is 0. A row whose advantage is one number
+    token), the sum of |a - the mean a of the row's turns|, the sum of |a|, the turns, and the turns whose a has the
+    other sign than that mean (credit that reverses a turn's push, not only scales it). An outcome estimator (grpo)
+    gives each turn its trajectory's advantage, so the first and the last are 0. A row whose advantage is one number
     (a tree's leaf: :func:`split_trees` tells its credit) is not counted."""
-    spread = [0.0, 0.0, 0]
+    spread = [0.0, 0.0, 0, 0]
     for r in rows:
         mask, adv, starts = r["response_mask"], r["advantage"], r.get("turn_starts") or [0]
         if not isinstance(adv, list):
@@ -227,6 +229,7 @@ def turn_spread(rows: Sequence[dict[str, Any]]) -> list[float]:
             spread[0] += sum(abs(a - mean) for a in turns)
             spread[1] += sum(abs(a) for a in turns)
             spread[2] += len(turns)
+            spread[3] += sum(a * mean < 0 for a in turns)
     return spread
 
 
@@ -246,7 +249,7 @@ def split_trees(rows: Sequence[dict[str, Any]]) -> list[int]:
 def rollout_figures(folder: Path) -> dict[str, Any]:
     """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its
     ``step_NNNNN.jsonl`` rollouts."""
-    tally, spread, split = [0, 0, 0, 0], [0.0, 0.0, 0], [0, 0, 0, 0]
+    tally, spread, split = [0, 0, 0, 0], [0.0, 0.0, 0, 0], [0, 0, 0, 0]
     for path in sorted(folder.glob("step_*.jsonl")):
         rows = lines(path)
         tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
@@ -298,10 +301,10 @@ def figures_line(got: dict[str, Any]) -> str:
     if got["anchors"][1]:
         a = got["anchors"]
         parts.append(f"anchor states recur {a[0]}/{a[1]} turns (past the first turn {a[2]}/{a[3]})")
-    if got.get("turn_spread", [0, 0, 0])[2]:
-        d, m, n = got["turn_spread"]
+    if got.get("turn_spread", [0, 0, 0, 0])[2]:
+        d, m, n, flipped = got["turn_spread"]
         parts.append(f"turn-level part of the advantage: mean |a - its trajectory's| {d / n:.3f} against mean |a| "
-                     f"{m / n:.3f} over {n} turns")
+                     f"{m / n:.3f} over {n} turns, {flipped} of the other sign")
     if got.get("trees", [0, 0])[1]:
         t = got["trees"]
         parts.append(f"trees whose leaves scored differently {t[0]}/{t[1]} (groups {t[2]}/{t[3]})")
@@ -450,11 +453,12 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
                 points = [(float(t), [int(x) for x in won.split("/")])
                           for t, won in re.findall(r"\d+@(\d+)\(([\d/]+)\)", m.group(3))]
                 got = re.search(r"recur (\d+)/(\d+) turns \(past the first turn (\d+)/(\d+)\)", m.group(4))
-                spread = re.search(r"trajectory's\| ([\d.]+) against mean \|a\| ([\d.]+) over (\d+) turns", m.group(4))
+                spread = re.search(r"trajectory's\| ([\d.]+) against mean \|a\| ([\d.]+) over (\d+) turns, (\d+) of",
+                                   m.group(4))
                 runs[(m.group(1), int(m.group(2)))] = (
                     points, [int(x) for x in got.groups()] if got else [0] * 4,
-                    [float(spread[1]) * int(spread[3]), float(spread[2]) * int(spread[3]), int(spread[3])] if spread
-                    else [0.0, 0.0, 0])
+                    [float(spread[1]) * int(spread[3]), float(spread[2]) * int(spread[3]), int(spread[3]),
+                     int(spread[4])] if spread else [0.0, 0.0, 0, 0])
     if claim not in CLAIMS or before is None or not runs:
         raise SystemExit(f"--logs: no claim line, untrained line or per-seed line in {', '.join(map(str, paths))}")
     return claim, {arm: [Run([(0.0, before), *runs[key][0]], *runs[key][1:]) for key in sorted(runs) if key[0] == arm]
@@ -475,10 +479,10 @@ def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
         if a[1]:
             print(f"{arm}: anchor states recur for {a[0] / a[1]:.0%} of {a[1]} training turns (another trajectory of "
                   f"the group started a turn from the same state); past the first turn {a[2] / max(a[3], 1):.0%} of {a[3]}")
-        d, m, n = (sum(col) for col in zip(*(r.spread for r in rs)))
+        d, m, n, flipped = (sum(col) for col in zip(*(r.spread for r in rs)))
         if n:
             print(f"{arm}: turn-level part of the advantage (seeds with the figure): mean |a - its trajectory's| "
-                  f"{d / n:.3f} against mean |a| {m / n:.3f} over {n:.0f} turns")
+                  f"{d / n:.3f} against mean |a| {m / n:.3f} over {n:.0f} turns, {flipped / n:.1%} of the other sign")
     if claim.base in curves:
         report_ratios({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base,
                       claim.contenders, claim.last, f"{plays} held-out won")

@@ -35,7 +35,8 @@ def _outputs(tmp_path: Path, claim: str, untrained: str, runs: dict[tuple[str, i
     paths = []
     for seed in (0, 1):
         extra = (f"anchor states recur 30/40 turns (past the first turn 10/20); turn-level part of the advantage: mean "
-                 f"|a - its trajectory's| {0.1 + 0.2 * seed:.3f} against mean |a| 1.000 over {40 + 20 * seed} turns")
+                 f"|a - its trajectory's| {0.1 + 0.2 * seed:.3f} against mean |a| 1.000 over {40 + 20 * seed} turns, "
+                 f"{seed} of the other sign")
         seeds = [SEED.format(arm=arm, seed=s, points=points, extra=extra if arm == "gigpo" else "")
                  for (arm, s), points in runs.items() if s == seed]
         path = tmp_path / f"{claim}-{seed}.txt"
@@ -54,7 +55,7 @@ def test_credit_figures_from_two_outputs(tmp_path):
     assert "grpo: tokens to target 175 (per seed: 200 150)" in out  # seed means 5 at 100, 9 at 200
     assert any(line.startswith("gigpo: anchor states recur for 75% of 80 training turns") for line in out)
     assert ("gigpo: turn-level part of the advantage (seeds with the figure): mean |a - its trajectory's| 0.220 "
-            "against mean |a| 1.000 over 100 turns") in out  # (0.1 · 40 + 0.3 · 60) / 100
+            "against mean |a| 1.000 over 100 turns, 1.0% of the other sign") in out  # (0.1 · 40 + 0.3 · 60) / 100
     assert out[-3].startswith("tokens to target, tree_grpo/grpo: 0.91 [")
     assert out[-2] == "the better of gigpo and tree_grpo by point estimate: gigpo"
     assert out[-1].startswith("tokens to target, gigpo or tree_grpo / grpo: 0.71 [")  # 125 / 175
@@ -91,9 +92,9 @@ def test_no_target_when_the_base_arm_never_rises_above_the_untrained_level(tmp_p
 
 def test_rollout_figures_of_a_run(tmp_path):
     """Anchor recurrence and the turn-level part of the advantage from a run's rows: a two-turn row whose turns
-    were credited 1 and 3, and a one-turn row of its group from the same first state."""
+    were credited -1 and 3, and a one-turn row of its group from the same first state."""
     rows = [{"trajectory_id": "a", "group": 0, "turn_states": ["env:x", "env:y"], "turn_starts": [0, 2],
-             "response_mask": [1, 0, 1, 0], "advantage": [1.0, 1.0, 3.0, 3.0]},
+             "response_mask": [1, 0, 1, 0], "advantage": [-1.0, -1.0, 3.0, 3.0]},
             {"trajectory_id": "b", "group": 0, "turn_states": ["env:x"], "turn_starts": [0],
              "response_mask": [1, 1], "advantage": [-1.0, -1.0]}]
     run = tmp_path / "rollouts"
@@ -103,7 +104,7 @@ def test_rollout_figures_of_a_run(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"{run}: anchor states recur 2/3 turns (past the first turn 0/1); turn-level part of the advantage: mean "
-        "|a - its trajectory's| 0.667 against mean |a| 1.667 over 3 turns"]
+        "|a - its trajectory's| 1.333 against mean |a| 1.667 over 3 turns, 1 of the other sign"]
 
 
 def test_tree_figures_of_a_run(tmp_path):
