@@ -181,6 +181,26 @@ def report_ratios(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]],
     print(f"tokens to target, {last}: n/a (none of them ran)" if best is None else ratio_line(last, *ratios[best]))
 
 
+def report_other_targets(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]], ends: Mapping[str, float],
+                         base: str, targets: Sequence[float], of: str) -> None:
+    """Each arm's tokens to each of ``targets`` and its ratio to ``base``'s with the seed-bootstrap interval, as
+    :func:`report_ratios` computes them at its one target: how the figure moves with the target, read beside the
+    protocol's (never in its place)."""
+    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}
+    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+    print(f"\nother targets (not the protocol's; {of}): each arm's tokens to it; its ratio to {base}'s [90% interval]")
+    for target in targets:
+        tokens = []
+        for arm in arms:
+            got = mean_tokens_to(target, *arms[arm])
+            tokens.append(f"{arm} {'never' if got is None else f'{got:.0f}'}")
+        ratios = []
+        for arm in (a for a in arms if a != base):
+            point, lo, hi = ratio_to_target(target, arms[arm], arms[base])
+            ratios.append(f"{arm}/{base} {'n/a' if point is None else f'{point:.2f}'} [{lo:.2f}, {hi:.2f}]")
+        print(f"{target:g}: {', '.join(tokens)}; {', '.join(ratios)}")
+
+
 def _ratio(a: float, b: float) -> float:
     if a == math.inf:
         return math.inf

@@ -71,7 +71,9 @@ the same), or ``--jobs 1`` with the seeds split over sessions (``--first-seed``,
         [--micro-batch N] [--jobs 2] [--arms a,b] [--logs OUTPUT ...]
 
 ``--first-seed`` and ``--logs`` split the seeds over several runs: each run's output kept, ``--logs`` prints the
-figures of all their per-seed lines together, running nothing (and importing neither toolrl nor the plugin).
+figures of all their per-seed lines together, running nothing (and importing neither toolrl nor the plugin);
+``--targets 26,28`` adds each arm's tokens to those levels and the ratios there, before the protocol's target and
+last line (how the figure moves with the target: read beside it, never in its place).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ from typing import Any
 from _common import (
     machine,
     report_curves,
+    report_other_targets,
     report_ratios,
     run_child,
     single_thread,
@@ -327,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=0, help="the seeds run are first-seed, first-seed + 1, ...")
     ap.add_argument("--logs", nargs="+", type=Path, help="no runs: the figures of the per-seed lines these earlier "
                                                           "outputs of this script printed (seeds split over runs)")
+    ap.add_argument("--targets", type=lambda v: [float(x) for x in v.split(",")], default=[],
+                    help="with --logs: also each arm's tokens to these held-out levels and the ratios there "
+                         "(comma-separated): how the figure moves with the target, beside the protocol's")
     ap.add_argument("--rollouts", nargs="+", type=Path, help="no runs: the anchor tally and the turn-level part of "
                     "the advantage in these runs' rollouts/ folders")
     ap.add_argument("--steps", type=int, help="steps of each run (default: the claim's; the tree arm: --tree-steps)")
@@ -344,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.logs:
         claim, curves, held_out = from_logs(args.logs)
         return report(claim, curves, held_out, f"{max(map(len, curves.values()))} seeds, from "
-                      + ", ".join(map(str, args.logs)))
+                      + ", ".join(map(str, args.logs)), args.targets)
     if args.rollouts:
         for folder in args.rollouts:
             print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(folder)})}")
@@ -465,10 +471,10 @@ def from_logs(paths: Sequence[Path]) -> tuple[str, Curves, int]:
                    for arm in CLAIMS[claim].arms if any(key[0] == arm for key in runs)}, per_level
 
 
-def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
+def report(name: str, curves: Curves, per_level: int, seeds: str, targets: Sequence[float] = ()) -> int:
     """The arms' mean curves and every seed's, wins by level (``per_level``: held-out plays a level), anchor
-    recurrence, the target (module docstring) and each arm's tokens to it, each arm's ratio to the base arm's
-    and the last line."""
+    recurrence, the ratios at other ``targets`` where asked, the target (module docstring) and each arm's tokens
+    to it, each arm's ratio to the base arm's and the last line."""
     claim = CLAIMS[name]
     plays = per_level * len(claim.levels)
     ends = report_curves({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, "held-out plays won",
@@ -483,6 +489,9 @@ def report(name: str, curves: Curves, per_level: int, seeds: str) -> int:
         if n:
             print(f"{arm}: turn-level part of the advantage (seeds with the figure): mean |a - its trajectory's| "
                   f"{d / n:.3f} against mean |a| {m / n:.3f} over {n:.0f} turns, {flipped / n:.1%} of the other sign")
+    if claim.base in curves and targets:
+        report_other_targets({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base, targets,
+                             f"held-out plays won of {plays}")
     if claim.base in curves:
         report_ratios({arm: [r.curve() for r in rs] for arm, rs in curves.items()}, ends, claim.base,
                       claim.contenders, claim.last, f"{plays} held-out won")

@@ -24,10 +24,10 @@ CURRICULUM = {("uniform", 0): "7@100(5/2/0/0) 9@200(6/2/1/0)", ("uniform", 1): "
               ("env_difficulty", 1): "7@100(5/2/0/0) 12@200(7/3/1/1)"}
 
 
-def _logs(*paths: Path, flag: str = "--logs") -> subprocess.CompletedProcess:
+def _logs(*paths: Path, flag: str = "--logs", before: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     code = RUN.format(bench=str(ROOT / "benchmarks"), script=str(ROOT / "benchmarks" / "textworld_claims.py"))
-    return subprocess.run([sys.executable, "-c", code, flag, *map(str, paths)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *before, flag, *map(str, paths)], capture_output=True,
+                          text=True, timeout=120)
 
 
 def _outputs(tmp_path: Path, claim: str, untrained: str, runs: dict[tuple[str, int], str]) -> list[Path]:
@@ -59,6 +59,19 @@ def test_credit_figures_from_two_outputs(tmp_path):
     assert out[-3].startswith("tokens to target, tree_grpo/grpo: 0.91 [")
     assert out[-2] == "the better of gigpo and tree_grpo by point estimate: gigpo"
     assert out[-1].startswith("tokens to target, gigpo or tree_grpo / grpo: 0.71 [")  # 125 / 175
+
+
+def test_other_targets_are_reported_beside_the_protocols_and_the_last_line_stays_its(tmp_path):
+    paths = _outputs(tmp_path, "credit", "untrained: 2/24 held-out won (2 by level), 24 a level; 50 s", CREDIT)
+    done = _logs(*paths, before=("--targets", "6,9"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    at = out.index("other targets (not the protocol's; held-out plays won of 24): each arm's tokens to it; its ratio "
+                   "to grpo's [90% interval]")
+    # seed means from 2 at 0 tokens: grpo 5 at 100, 9 at 200; gigpo 7, 11; tree_grpo 4 at 80, 8 at 160, 11 at 240
+    assert out[at + 1].startswith("6: grpo 125, gigpo 80, tree_grpo 120; gigpo/grpo 0.64 [")
+    assert out[at + 2].startswith("9: grpo 200, gigpo 150, tree_grpo 187; gigpo/grpo 0.75 [")
+    assert out[-1] == _logs(*paths).stdout.splitlines()[-1]  # the protocol's target still makes the last line
 
 
 def test_curriculum_figures_by_level_and_the_hardest(tmp_path):
