@@ -23,12 +23,12 @@ so that its run covers the flat arms' tokens: the curves are compared on tokens,
 own shortest run); held-out every 2 steps. Every run also prints how often anchor states recur: the share of training
 turns whose state (an ``env:`` key of ``turn_states``, recorded by ``gigpo`` runs only: the other arms'
 are not counted) another trajectory of the same group also started a turn from, and the same past the
-first turn (the opening view is every group's shared start); and the turn-level part of the advantages it
-trained on (:func:`turn_spread`: how far a turn's advantage sits from the mean of its trajectory's turns, against
-the advantages' size, and how many turns it pushes the other way from their trajectory; 0 for grpo, which credits
-every turn alike), and for the tree arm the trees whose leaves
-scored differently (:func:`split_trees`: tree_grpo's credit within a tree needs them). ``--rollouts DIR ...``
-prints these for runs' kept ``rollouts/`` folders, running nothing. Target: the level every ``grpo`` seed
+first turn (the opening view is every group's shared start); the turn-level part of the advantages it trained
+on (:func:`turn_spread`: how far a turn's advantage sits from the mean of its trajectory's turns, against the
+advantages' size, and how many turns it pushes the other way from their trajectory; 0 for grpo, which credits
+every turn alike); and for the tree arm the trees whose leaves scored differently (:func:`split_trees`:
+tree_grpo's credit within a tree needs them). ``--rollouts DIR ...`` prints these for runs' kept ``rollouts/``
+folders, running nothing. Target: the level every ``grpo`` seed
 reaches (``seed_target``: the lowest of its seeds' best held-out wins within its shortest run). Last lines:
 ``tokens to target, gigpo/grpo: …``, ``tokens to target, tree_grpo/grpo: …``, the better of the two by
 point estimate named, and
@@ -333,8 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--targets", type=lambda v: [float(x) for x in v.split(",")], default=[],
                     help="with --logs: also each arm's tokens to these held-out levels and the ratios there "
                          "(comma-separated): how the figure moves with the target, beside the protocol's")
-    ap.add_argument("--rollouts", nargs="+", type=Path, help="no runs: the anchor tally and the turn-level part of "
-                    "the advantage in these runs' rollouts/ folders")
+    ap.add_argument("--rollouts", nargs="+", type=Path, help="no runs: the anchor tally, the turn-level part of "
+                    "the advantage and the trees' figures of these runs' rollouts/ folders")
     ap.add_argument("--steps", type=int, help="steps of each run (default: the claim's; the tree arm: --tree-steps)")
     ap.add_argument("--tree-steps", type=int, help="steps of the tree arm (default: the claim's)")
     ap.add_argument("--eval-every", type=int, help="held-out evaluation every this many steps (default: the claim's)")
