@@ -86,7 +86,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,12 +249,11 @@ def split_trees(rows: Sequence[dict[str, Any]]) -> list[int]:
     return [sum(len(v) > 1 for v in trees.values()), len(trees), sum(len(v) > 1 for v in groups.values()), len(groups)]
 
 
-def rollout_figures(folder: Path) -> dict[str, Any]:
-    """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its
-    ``step_NNNNN.jsonl`` rollouts."""
+def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its steps' rollout
+    rows (a ``rollouts/`` folder's ``step_NNNNN.jsonl`` files)."""
     tally, spread, split = [0, 0, 0, 0], [0.0, 0.0, 0, 0], [0, 0, 0, 0]
-    for path in sorted(folder.glob("step_*.jsonl")):
-        rows = lines(path)
+    for rows in steps:
         tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
         spread = [a + b for a, b in zip(spread, turn_spread(rows), strict=True)]
         split = [a + b for a, b in zip(split, split_trees(rows), strict=True)]
@@ -283,10 +282,11 @@ def child(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     asyncio.run(train_async(load_config(EXAMPLE, settings(out, seed, args, *arm_overrides(arm, args)))))
-    points, tokens, step_s, figures = [], 0, [], []
+    points, tokens, step_s, figures, steps = [], 0, [], [], []
     for row in lines(out / "metrics.jsonl"):
         step = row["step"]
-        tokens += generated_tokens(lines(out / "rollouts" / f"step_{step:05d}.jsonl"))
+        steps.append(lines(out / "rollouts" / f"step_{step:05d}.jsonl"))
+        tokens += generated_tokens(steps[-1])
         step_s.append(row["step_s"])
         figures.append(row.get("curriculum", {}))
         if (out / "eval" / f"step_{step:05d}.jsonl").exists():
@@ -294,7 +294,7 @@ def child(args: argparse.Namespace) -> int:
             points.append({"step": step, "tokens": tokens, "by_level": won})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB): what --jobs must fit
     print(json.dumps({"points": points, "wall_s": time.perf_counter() - t0, "step_s": statistics.mean(step_s),
-                      "peak_gib": peak, "curriculum": figures, **rollout_figures(out / "rollouts")}))
+                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps)}))
     return 0
 
 
@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       + ", ".join(map(str, args.logs)), args.targets)
     if args.rollouts:
         for folder in args.rollouts:
-            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(folder)})}")
+            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(map(lines, sorted(folder.glob('step_*.jsonl'))))})}")
         return 0
     if args.claim is None:
         ap.error("--claim credit|curriculum is needed (but with --logs)")
