@@ -115,6 +115,43 @@ def test_bodies_that_are_not_what_they_claim(team: Any, trainer: Any) -> None:
     _trains_on(team, trainer)
 
 
+def test_a_forward_backward_refused_as_it_is_read_takes_its_turn(team: Any, trainer: Any) -> None:
+    """A body refused while it is read (an image chunk: this server takes tokens) takes its training client's
+    turn all the same: the client's next request runs now, not after the 30 s wait for a seq_id that never
+    comes, and no gap is counted."""
+    from tinker import types
+
+    image = types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG", format="png", expected_tokens=4)])
+    given = {"target_tokens": np.arange(4, dtype=np.int64), "weights": np.ones(4, np.float32)}
+    _fails(lambda: trainer.forward_backward([types.Datum(model_input=image, loss_fn_inputs=given)],
+                                            "cross_entropy").result(), "only token chunks")
+    trainer.forward_backward([_datum()], "cross_entropy").result(timeout=15)
+    assert not value(scrape(team.url), "tinker_seq_gaps_total", key=owner_of(KEY))
+
+
+def test_a_seq_id_never_sent_is_waited_for_then_skipped_and_counted(team: Any, service: Any, caplog: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request sent past a seq_id its client never sends waits for it (GAP_S, shortened here), then runs;
+    the server logs the seq_id and counts the gap."""
+    from toolrl_tinker import futures
+
+    monkeypatch.setattr(futures, "GAP_S", 1.0)
+    trainer = service.create_lora_training_client(base_model=BASE, rank=2).result()
+    skipped = team.service.runs.order[trainer.model_id].next
+    before = value(scrape(team.url), "tinker_seq_gaps_total", key=owner_of(KEY))
+    sent = time.monotonic()
+    answer = httpx.post(f"{team.url}/api/v1/optim_step", headers={"X-API-Key": KEY},
+                        json={"model_id": trainer.model_id, "seq_id": skipped + 1, "adam_params": {"learning_rate": 0.0}})
+    assert answer.status_code == 200, answer.text
+    done = httpx.post(f"{team.url}/api/v1/retrieve_future", headers={"X-API-Key": KEY},
+                      json={"request_id": answer.json()["request_id"]}, timeout=60)
+    assert done.status_code == 200 and "metrics" in done.json(), done.text
+    assert 1.0 <= time.monotonic() - sent < 15
+    assert value(scrape(team.url), "tinker_seq_gaps_total", key=owner_of(KEY)) == before + 1
+    assert f"{trainer.model_id}: seq_id {skipped} never came" in caplog.text
+    _trains_on(team, trainer)  # the SDK's next seq_id (the skipped one) comes late and runs
+
+
 def test_a_request_far_over_the_limits(team: Any, trainer: Any) -> None:
     """One datum over --max-batch-tokens is refused naming the limit; several under it that are over it
     together are sent by the SDK in pieces the server takes (the chunk size its client_config gives)."""

@@ -118,10 +118,13 @@ class Futures:
 
 
 class InOrder:
-    """One training client's requests, run one at a time in ``seq_id`` order from ``first``."""
+    """One training client's requests, run one at a time in ``seq_id`` order from ``first``; ``on_gap(first,
+    last)`` hears of the ``seq_id``s skipped after a :data:`GAP_S` wait (requests the client never sent, or
+    the server refused without taking their turn: each a stall of its client's queue)."""
 
-    def __init__(self, first: int = 1) -> None:
+    def __init__(self, first: int = 1, on_gap: Callable[[int, int], None] | None = None) -> None:
         self.next = first
+        self.on_gap = on_gap
         self._waiting: dict[int, tuple[float, Callable[[], Awaitable[None]]]] = {}
         self._lock = asyncio.Lock()
 
@@ -148,6 +151,8 @@ class InOrder:
                     oldest = min(t for t, _ in self._waiting.values())
                     if time.monotonic() - oldest < GAP_S:
                         return
+                    if self.on_gap is not None:
+                        self.on_gap(self.next, min(self._waiting) - 1)
                     self.next = min(self._waiting)  # the gap's request never came
                 _, job = self._waiting.pop(self.next)
                 self.next += 1

@@ -30,6 +30,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "tinker_key_checkpoint_bytes": ("gauge", "the bytes of a key's checkpoints on disk (key)"),
     "tinker_quota_refusals_total": ("counter", "requests refused for a quota, by key and quota (training_clients, "
                                     "futures, tokens, request_tokens) (key, quota)"),
+    "tinker_seq_gaps_total": ("counter", "a training client's seq_ids skipped after the 30 s wait for a request "
+                              "that never came, each a stall of its queue (key)"),
     "tinker_checkpoints_deleted_total": ("counter", "checkpoints deleted, by reason (client, ttl, keep_latest) (reason)"),
     "tinker_sessions": ("gauge", "client sessions open"),
     "tinker_sessions_ended_total": ("counter", "sessions ended, by reason (closed, timed_out) (reason)"),

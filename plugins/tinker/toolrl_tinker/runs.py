@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -54,8 +55,13 @@ class Runs(dict[str, Run]):
             raise UserError(f"lora_config.seed {seed}: a 64-bit integer")
         run = Run(model_id, owner, self.bases.named(base).name, rank, targets, seed)
         self[model_id] = run
-        self.order[model_id] = InOrder(first=first_seq)
+        self.order[model_id] = InOrder(first_seq, functools.partial(self._gap, model_id, owner))
         return run
+
+    def _gap(self, model_id: str, owner: str, first: int, last: int) -> None:
+        log.warning("%s: seq_id %s never came; its later requests waited for it, then ran", model_id,
+                    first if first == last else f"{first}-{last}")
+        self.futures.metrics.count("tinker_seq_gaps_total", key=owner)
 
     async def end_session(self, session_id: str) -> None:
         """The session's runs out of memory (their adapters, optimizers and sampler copies), each once the

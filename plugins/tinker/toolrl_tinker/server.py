@@ -218,7 +218,7 @@ def model_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     ``seq_id`` order even when their body is refused."""
     async def forward_backward(request: Request, owner: str) -> Any:
         req = wire.forward_backward_request(await _read(request), request.headers.get("content-encoding"),
-                                            service.limits.max_request_bytes)
+                                            service.limits.max_request_bytes, functools.partial(turn, owner))
         return service.training.forward_backward(owner, req)
 
     async def get_sampler(request: Request, owner: str) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,9 +44,11 @@ def _array(t: Any) -> np.ndarray:
     return arr.astype(np.float32) if dtype == np.float32 else arr.astype(np.int64)
 
 
-def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 << 31) -> ForwardBackward:
+def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 << 31,
+                             refused: Callable[[dict[str, Any]], None] | None = None) -> ForwardBackward:
     """A ``forward_backward``'s body (zstd-compressed when ``encoding`` says so, at most ``limit`` bytes once
-    decompressed) as a typed request; a body that is not one is the client's error."""
+    decompressed) as a typed request; a body that is not one is the client's error, after ``refused`` had its
+    ``model_id`` and ``seq_id`` where it names them (its training client's request takes its turn all the same)."""
     if encoding == "zstd":
         try:
             body = _unzstd(body, limit)
@@ -58,20 +61,26 @@ def forward_backward_request(body: bytes, encoding: str | None, limit: int = 1 <
         msg.ParseFromString(body)
     except Exception as exc:
         raise UserError(f"forward_backward: not a ForwardBackwardRequest protobuf ({exc})") from None
-    data = []
-    for i, d in enumerate(msg.data):
-        tokens: list[np.ndarray] = []
-        for chunk in d.model_input:
-            if chunk.WhichOneof("chunk") != "encoded_text":
-                raise UserError(f"datum {i}: only token chunks (encoded_text) are served, not images or audio")
-            tokens.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).astype(np.int64))
-        inputs = {name: _array(t) for name, t in d.loss_fn_inputs.items()}
-        data.append(Datum(np.concatenate(tokens) if tokens else np.zeros(0, np.int64), inputs))
+    try:
+        data = [_datum(i, d) for i, d in enumerate(msg.data)]
+        if any(v.WhichOneof("value") == "text" for v in msg.loss_fn_config_v2.values()):
+            raise UserError("loss_fn_config: text values are not taken by any loss this server computes")
+    except UserError:
+        if refused is not None:
+            refused({"model_id": msg.model_id, "seq_id": msg.seq_id})
+        raise
     config: dict[str, float] = {k: v.number for k, v in msg.loss_fn_config_v2.items()} or dict(msg.loss_fn_config)
-    if any(v.WhichOneof("value") == "text" for v in msg.loss_fn_config_v2.values()):
-        raise UserError("loss_fn_config: text values are not taken by any loss this server computes")
     loss = msg.loss_fn if not msg.forward_only or msg.loss_fn else None
     return ForwardBackward(msg.model_id, msg.seq_id or None, loss, config or None, msg.forward_only, data)
+
+
+def _datum(i: int, d: Any) -> Datum:
+    for chunk in d.model_input:
+        if chunk.WhichOneof("chunk") != "encoded_text":
+            raise UserError(f"datum {i}: only token chunks (encoded_text) are served, not images or audio")
+    tokens = [np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).astype(np.int64) for chunk in d.model_input]
+    return Datum(np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+                 {name: _array(t) for name, t in d.loss_fn_inputs.items()})
 
 
 def _unzstd(body: bytes, limit: int) -> bytes:
