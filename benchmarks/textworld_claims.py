@@ -42,8 +42,9 @@ means something: with one epoch or less ``pass_rate`` draws what ``uniform`` dra
 (``data.curriculum={name: uniform}``), ``pass_rate`` (``{name: pass_rate, shares: {normal: 1.0}, revisit:
 0.1, window: 2}``) and ``env_difficulty`` (``{name: env_difficulty, window: 8, up: 0.6, down: 0.1}``: a
 level move every 2 steps at most), 6 steps each, held-out every 3 steps. Held-out wins are printed per level, and
-on a line of its own per arm its wins on the hardest level (quest length 4). Target: the level every
-``uniform`` seed reaches. Last line
+on a line of its own per arm its wins on the hardest level (quest length 4); every run also prints the games
+each step trained on by level (:func:`levels_trained`; ``--rollouts DIR ... --claim curriculum`` for kept runs).
+Target: the level every ``uniform`` seed reaches. Last line
 
     tokens to target, curriculum/uniform: X.XX [lo, hi]
 
@@ -249,15 +250,27 @@ def split_trees(rows: Sequence[dict[str, Any]]) -> list[int]:
     return [sum(len(v) > 1 for v in trees.values()), len(trees), sum(len(v) > 1 for v in groups.values()), len(groups)]
 
 
-def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+def levels_trained(rows: Sequence[dict[str, Any]], train: int, levels: int) -> list[int]:
+    """The games a step trained on, by level: the plugin's training split holds its games level by level, ``train``
+    a level, so a game's level is its sample index // ``train`` (as :func:`by_level` reads the held-out split)."""
+    counts = [0] * levels
+    for _, index in {(r["group"], r["sample_index"]) for r in rows}:
+        counts[index // train] += 1
+    return counts
+
+
+def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]], train: int = 0, levels: int = 1) -> dict[str, Any]:
     """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its steps' rollout
-    rows (a ``rollouts/`` folder's ``step_NNNNN.jsonl`` files)."""
-    tally, spread, split = [0, 0, 0, 0], [0.0, 0.0, 0, 0], [0, 0, 0, 0]
+    rows (a ``rollouts/`` folder's ``step_NNNNN.jsonl`` files), and with several ``levels`` each step's
+    :func:`levels_trained`."""
+    tally, spread, split, drawn = [0, 0, 0, 0], [0.0, 0.0, 0, 0], [0, 0, 0, 0], []
     for rows in steps:
         tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
         spread = [a + b for a, b in zip(spread, turn_spread(rows), strict=True)]
         split = [a + b for a, b in zip(split, split_trees(rows), strict=True)]
-    return {"anchors": tally, "turn_spread": spread, "trees": split}
+        if levels > 1:
+            drawn.append(levels_trained(rows, train, levels))
+    return {"anchors": tally, "turn_spread": spread, "trees": split, "levels_trained": drawn}
 
 
 def child(args: argparse.Namespace) -> int:
@@ -294,7 +307,7 @@ def child(args: argparse.Namespace) -> int:
             points.append({"step": step, "tokens": tokens, "by_level": won})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB): what --jobs must fit
     print(json.dumps({"points": points, "wall_s": time.perf_counter() - t0, "step_s": statistics.mean(step_s),
-                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps)}))
+                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps, args.train, levels)}))
     return 0
 
 
@@ -311,6 +324,8 @@ def figures_line(got: dict[str, Any]) -> str:
     if got.get("trees", [0, 0])[1]:
         t = got["trees"]
         parts.append(f"trees whose leaves scored differently {t[0]}/{t[1]} (groups {t[2]}/{t[3]})")
+    if got.get("levels_trained"):
+        parts.append("games trained by level a step " + " ".join("/".join(map(str, c)) for c in got["levels_trained"]))
     figures = [f for f in got["curriculum"] if f]
     if figures:
         parts.append("zero-variance share " + " ".join(f"{f.get('zero_variance', float('nan')):.2f}" for f in figures))
@@ -334,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="with --logs: also each arm's tokens to these held-out levels and the ratios there "
                          "(comma-separated): how the figure moves with the target, beside the protocol's")
     ap.add_argument("--rollouts", nargs="+", type=Path, help="no runs: the anchor tally, the turn-level part of "
-                    "the advantage and the trees' figures of these runs' rollouts/ folders")
+                    "the advantage and the trees' figures of these runs' rollouts/ folders (with --claim curriculum "
+                    "also the games each step trained on by level)")
     ap.add_argument("--steps", type=int, help="steps of each run (default: the claim's; the tree arm: --tree-steps)")
     ap.add_argument("--tree-steps", type=int, help="steps of the tree arm (default: the claim's)")
     ap.add_argument("--eval-every", type=int, help="held-out evaluation every this many steps (default: the claim's)")
@@ -352,8 +368,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(claim, curves, held_out, f"{max(map(len, curves.values()))} seeds, from "
                       + ", ".join(map(str, args.logs)), args.targets)
     if args.rollouts:
+        levels = len(CLAIMS[args.claim].levels) if args.claim else 1
+        train = args.train or (CLAIMS[args.claim].train if args.claim else 0)
         for folder in args.rollouts:
-            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(map(lines, sorted(folder.glob('step_*.jsonl'))))})}")
+            steps = map(lines, sorted(folder.glob("step_*.jsonl")))
+            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(steps, train, levels)})}")
         return 0
     if args.claim is None:
         ap.error("--claim credit|curriculum is needed (but with --logs)")

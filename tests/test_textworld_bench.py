@@ -130,3 +130,17 @@ def test_tree_figures_of_a_run(tmp_path):
     done = _logs(run, flag="--rollouts")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"{run}: trees whose leaves scored differently 1/2 (groups 1/1)"]
+
+
+def test_levels_trained_of_a_curriculum_run(tmp_path):
+    """The games a step trained on by level: a group is one game (its samples' rows counted once), its level its
+    sample index // the training games a level (4 under --claim curriculum)."""
+    run = tmp_path / "rollouts"
+    run.mkdir()
+    for step, games in ((1, [(0, 1), (1, 5), (2, 13), (3, 14)]), (2, [(0, 4), (1, 6), (2, 7), (3, 12)])):
+        rows = [{"group": g, "sample_index": i, "response_mask": [1], "turn_starts": [0], "advantage": 0.0}
+                for g, i in games for _ in range(2)]
+        (run / f"step_{step:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    done = _logs(run, flag="--rollouts", before=("--claim", "curriculum"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{run}: games trained by level a step 1/1/0/2 0/3/0/1"]
