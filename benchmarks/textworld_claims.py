@@ -59,9 +59,9 @@ Runs go ``--jobs`` at a time, each a single-threaded process of its own.
 
 Wall time of the defaults (2 cores, ``--jobs 2``; :func:`estimate`, printed before any run): from the credit
 claim's first runs, 28 s a game a training step, 1.35 s a held-out play, 15 s to start a run: ``credit`` about
-2.1 h (a flat run ~880 s, as measured; a tree run ~1,170 s, 999 s measured); ``curriculum`` about 2.5 h with
-its games taken as 1.4 times as costly (8 turns at most against 5,
-3 rooms and 3 objects: longer views; a worked game of 1 command against 2), a guess the first runs correct.
+2.1 h (a flat run ~880 s, as measured; a tree run ~1,170 s, 999 s measured); ``curriculum`` about 2.9 h with
+its games 1.6 times as costly (8 turns at most against 5, 3 rooms and 3 objects: longer views; a worked game of
+1 command against 2), as its first runs measured (1,353-1,381 s a run, two at once, 136-179 s a step).
 Each run prints its peak memory, and two at once must fit: the smoke run's peaked at 7.8 GiB (2 games a
 step), while a ``toolrl train`` of the example's own settings (4 games) reached 14.7 GB resident on a 24 GB
 machine. Where two do not fit: ``--micro-batch 4`` (if training's activations are the peak; the gradient is
@@ -147,7 +147,7 @@ CURRICULUM = Claim(
           "pass_rate": ["data.curriculum={name: pass_rate, shares: {normal: 1.0}, revisit: 0.1, window: 2}"],
           "env_difficulty": ["data.curriculum={name: env_difficulty, window: 8, up: 0.6, down: 0.1}"]},
     base="uniform", contenders=("pass_rate", "env_difficulty"), last="curriculum/uniform",
-    steps=6, eval_every=3, train=4, held_out=8, slower=1.4)
+    steps=6, eval_every=3, train=4, held_out=8, slower=1.6)
 CLAIMS = {"credit": CREDIT, "curriculum": CURRICULUM}
 
 
