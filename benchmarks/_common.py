@@ -149,6 +149,13 @@ def report_curves(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]],
     return ends
 
 
+def on_grids(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]],
+             ends: Mapping[str, float]) -> dict[str, tuple[list[float], list[list[float]]]]:
+    """Each arm's grid of 401 token counts within its shortest run (``ends``) and every seed's curve on it."""
+    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}
+    return {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+
+
 def report_ratios(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]], ends: Mapping[str, float],
                   base: str, contenders: Sequence[str], last: str, of: str) -> None:
     """Each arm's seeds on a grid within its shortest run (``ends``), the target (:func:`seed_target` of the
@@ -157,8 +164,7 @@ def report_ratios(curves: Mapping[str, Sequence[Sequence[tuple[float, float]]]],
     ``tokens to target, LAST: ...`` for the better of ``contenders`` by point estimate. Where the base arm's
     seeds never rise above where every arm starts, a target there is reached at 0 tokens and says nothing:
     the last line says there is none."""
-    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}
-    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+    arms = on_grids(curves, ends)
     target, start = seed_target(arms[base][1]), arms[base][1][0][0]
     if target <= start:
         print(f"\ntarget: none: a {base} seed never rose above the untrained {start:.1f}/{of}")
@@ -186,8 +192,7 @@ def report_other_targets(curves: Mapping[str, Sequence[Sequence[tuple[float, flo
     """Each arm's tokens to each of ``targets`` and its ratio to ``base``'s with the seed-bootstrap interval, as
     :func:`report_ratios` computes them at its one target: how the figure moves with the target, read beside the
     protocol's (never in its place)."""
-    grids = {arm: [ends[arm] * k / 400 for k in range(401)] for arm in curves}
-    arms = {arm: (grids[arm], [mean_curve([c], grids[arm]) for c in cs]) for arm, cs in curves.items()}
+    arms = on_grids(curves, ends)
     print(f"\nother targets (not the protocol's; {of}): each arm's tokens to it; its ratio to {base}'s [90% interval]")
     for target in targets:
         tokens = []

@@ -87,7 +87,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,16 +250,27 @@ def split_trees(rows: Sequence[dict[str, Any]]) -> list[int]:
     return [sum(len(v) > 1 for v in trees.values()), len(trees), sum(len(v) > 1 for v in groups.values()), len(groups)]
 
 
-def levels_trained(rows: Sequence[dict[str, Any]], train: int, levels: int) -> list[int]:
-    """The games a step trained on, by level: the plugin's training split holds its games level by level, ``train``
-    a level, so a game's level is its sample index // ``train`` (as :func:`by_level` reads the held-out split)."""
+def levels_trained(rows: Sequence[dict[str, Any]], level_of: Mapping[int, int], levels: int) -> list[int]:
+    """The games a step trained on, by level: ``level_of`` holds each training game's level by its sample index
+    (:func:`training_levels`; the plugin drops a training game that is also a held-out one, so an index alone
+    does not say its level)."""
     counts = [0] * levels
     for _, index in {(r["group"], r["sample_index"]) for r in rows}:
-        counts[index // train] += 1
+        counts[level_of[index]] += 1
     return counts
 
 
-def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]], train: int = 0, levels: int = 1) -> dict[str, Any]:
+def training_levels(args: argparse.Namespace) -> dict[int, int]:
+    """Each game of the claim's training split (generated once, then cached): its level by its sample index."""
+    from toolrl.config import load_config
+    from toolrl.data.sources import load_samples
+
+    config = load_config(EXAMPLE, settings(Path("unused"), 0, args))
+    return {s.index: s.level or 0 for s in load_samples(config, "train")}
+
+
+def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]], level_of: Mapping[int, int] | None = None,
+                    levels: int = 1) -> dict[str, Any]:
     """A run's anchor tally (:func:`anchors`), :func:`turn_spread` and :func:`split_trees` over its steps' rollout
     rows (a ``rollouts/`` folder's ``step_NNNNN.jsonl`` files), and with several ``levels`` each step's
     :func:`levels_trained`."""
@@ -268,8 +279,8 @@ def rollout_figures(steps: Iterable[Sequence[dict[str, Any]]], train: int = 0, l
         tally = [a + b for a, b in zip(tally, anchors(rows), strict=True)]
         spread = [a + b for a, b in zip(spread, turn_spread(rows), strict=True)]
         split = [a + b for a, b in zip(split, split_trees(rows), strict=True)]
-        if levels > 1:
-            drawn.append(levels_trained(rows, train, levels))
+        if level_of is not None and levels > 1:
+            drawn.append(levels_trained(rows, level_of, levels))
     return {"anchors": tally, "turn_spread": spread, "trees": split, "levels_trained": drawn}
 
 
@@ -307,7 +318,7 @@ def child(args: argparse.Namespace) -> int:
             points.append({"step": step, "tokens": tokens, "by_level": won})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB): what --jobs must fit
     print(json.dumps({"points": points, "wall_s": time.perf_counter() - t0, "step_s": statistics.mean(step_s),
-                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps, args.train, levels)}))
+                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps, training_levels(args), levels)}))
     return 0
 
 
@@ -367,19 +378,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         claim, curves, held_out = from_logs(args.logs)
         return report(claim, curves, held_out, f"{max(map(len, curves.values()))} seeds, from "
                       + ", ".join(map(str, args.logs)), args.targets)
+    for key in ("steps", "tree_steps", "eval_every", "train", "held_out"):
+        if args.claim and getattr(args, key) is None:
+            setattr(args, key, getattr(CLAIMS[args.claim], key))
     if args.rollouts:
         levels = len(CLAIMS[args.claim].levels) if args.claim else 1
-        train = args.train or (CLAIMS[args.claim].train if args.claim else 0)
+        level_of = training_levels(args) if levels > 1 else None
         for folder in args.rollouts:
             steps = map(lines, sorted(folder.glob("step_*.jsonl")))
-            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(steps, train, levels)})}")
+            print(f"{folder}: {figures_line({'curriculum': [], **rollout_figures(steps, level_of, levels)})}")
         return 0
     if args.claim is None:
         ap.error("--claim credit|curriculum is needed (but with --logs)")
     claim = CLAIMS[args.claim]
-    for key in ("steps", "tree_steps", "eval_every", "train", "held_out"):
-        if getattr(args, key) is None:
-            setattr(args, key, getattr(claim, key))
     if args.quick:
         args.seeds, args.steps, args.tree_steps, args.batch, args.eval_every = 1, 2, 2, 2, 1
         args.held_out, args.train = (4, 8) if len(claim.levels) == 1 else (1, 4)

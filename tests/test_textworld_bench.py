@@ -133,14 +133,20 @@ def test_tree_figures_of_a_run(tmp_path):
 
 
 def test_levels_trained_of_a_curriculum_run(tmp_path):
-    """The games a step trained on by level: a group is one game (its samples' rows counted once), its level its
-    sample index // the training games a level (4 under --claim curriculum)."""
-    run = tmp_path / "rollouts"
-    run.mkdir()
-    for step, games in ((1, [(0, 1), (1, 5), (2, 13), (3, 14)]), (2, [(0, 4), (1, 6), (2, 7), (3, 12)])):
-        rows = [{"group": g, "sample_index": i, "response_mask": [1], "turn_starts": [0], "advantage": 0.0}
-                for g, i in games for _ in range(2)]
-        (run / f"step_{step:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = _logs(run, flag="--rollouts", before=("--claim", "curriculum"))
+    """The games a step trained on by level: a group is one game (its samples' rows counted once), its level the
+    one its training split gave it. The split below dropped a game of level 0 (as the plugin drops a training game
+    that is also a held-out one), so index // games-a-level would put indices 3-14 a level too high."""
+    level_of = {i: level for i, level in enumerate([0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3])}
+    steps = []
+    for games in ([(0, 1), (1, 5), (2, 12), (3, 14)], [(0, 2), (1, 6), (2, 7), (3, 11)]):
+        steps.append([{"group": g, "sample_index": i, "response_mask": [1], "turn_starts": [0], "advantage": 0.0}
+                      for g, i in games for _ in range(2)])
+    code = ("import json, runpy, sys; sys.modules['toolrl'] = sys.modules['toolrl_textworld'] = None; "
+            f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+            f"bench = runpy.run_path({str(ROOT / 'benchmarks' / 'textworld_claims.py')!r}); "
+            f"level_of = {{int(k): v for k, v in json.loads({json.dumps(json.dumps(level_of))}).items()}}; "
+            f"got = bench['rollout_figures'](json.loads({json.dumps(json.dumps(steps))}), level_of, 4); "
+            "print(bench['figures_line']({'curriculum': [], **got}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"{run}: games trained by level a step 1/1/0/2 0/3/0/1"]
+    assert done.stdout.splitlines() == ["games trained by level a step 1/1/0/2 1/1/1/1"]
