@@ -1,10 +1,12 @@
-"""τ²-bench's own objects, reached through its registry: a domain's tasks and splits, a fresh
-environment (its own database copy), its policy and tool schemas. The only module that imports τ²
-at load time, and only when first used."""
+"""τ²-bench's own objects, from its domains' modules: a domain's tasks and splits, a fresh environment
+(its own database copy), its policy and tool schemas. The only module that imports τ² at load time, and
+only when first used. Not through ``tau2.registry``: importing it imports τ²'s agents and with them litellm
+(6 s of CPU), which listing the environments, building a prompt or running a session here never uses."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from typing import Any
 
@@ -20,14 +22,20 @@ SOLO_BY_DEFAULT = frozenset({"telecom"})
 SPLITS = {"mock": {"train": "base", "test": "base"}}
 
 
+# τ²'s domains as its registry names them (tau2/registry.py): the module under tau2.domains and the function
+# that builds a fresh environment (the registry's telecom is the manual policy's).
+DOMAINS = {"airline": ("airline", "get_environment"), "retail": ("retail", "get_environment"),
+           "telecom": ("telecom", "get_environment_manual_policy"),
+           "telecom-workflow": ("telecom", "get_environment_workflow_policy"), "mock": ("mock", "get_environment")}
+
+
 @functools.cache
-def registry() -> Any:
+def module(domain: str) -> Any:
+    """The domain's ``tau2.domains.NAME.environment`` module."""
     from loguru import logger
 
-    logger.disable("tau2")  # τ² logs every tool response and its registry at DEBUG to stderr
-    from tau2.registry import registry as tau2_registry
-
-    return tau2_registry
+    logger.disable("tau2")  # τ² logs every tool response at DEBUG to stderr
+    return importlib.import_module(f"tau2.domains.{DOMAINS[domain][0]}.environment")
 
 
 def tasks(domain: str, split: str) -> list[Any]:
@@ -37,17 +45,17 @@ def tasks(domain: str, split: str) -> list[Any]:
 
 @functools.cache
 def _tasks(domain: str, tau2_split: str) -> tuple[Any, ...]:
-    return tuple(registry().get_tasks_loader(domain)(tau2_split))
+    return tuple(module(domain).get_tasks(tau2_split))
 
 
 @functools.cache
 def task_index(domain: str) -> dict[str, Any]:
-    return {t.id: t for t in registry().get_tasks_loader(domain)()}
+    return {t.id: t for t in module(domain).get_tasks()}
 
 
 def new_environment(domain: str, solo: bool) -> Any:
     """A fresh τ² environment of ``domain``: the constructor loads its own database copy."""
-    return registry().get_env_constructor(domain)(solo_mode=solo)
+    return getattr(module(domain), DOMAINS[domain][1])(solo_mode=solo)
 
 
 @functools.cache

@@ -56,7 +56,7 @@ class Tau2SessionOptions(BaseModel):
     @field_validator("domain")
     @classmethod
     def _known(cls, value: str) -> str:
-        known = domain.registry().get_domains()
+        known = list(domain.DOMAINS)
         if value not in known:
             raise ValueError(f"unknown τ² domain {value!r} (known: {', '.join(known)})")
         return value
