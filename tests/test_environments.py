@@ -347,7 +347,10 @@ def test_env_list_json_attributes_the_first_party_environments():
     assert {listed[n]["plugin"] for n in ("arithmetic", "geo3k", "python-math")} == {
         "calculator", "geo3k", "sandbox-fusion"}
     assert listed["arithmetic"]["plugin"] == "calculator" and listed["python-math"]["plugin"] == "sandbox-fusion"
-    out = run_toolrl("env", "list", "--json", env={"TOOLRL_DISABLE_PLUGINS": "geo3k,calculator"})
+    # The three plugins alone, two of them disabled (every other installed plugin's listing is the first's).
+    out = run_toolrl("env", "list", "--json", env={
+        "TOOLRL_LOAD_PLUGINS": "toolrl-plugin-calculator,toolrl-plugin-geo3k,toolrl-plugin-sandbox-fusion",
+        "TOOLRL_DISABLE_PLUGINS": "geo3k,calculator"})
     assert {"arithmetic", "geo3k"}.isdisjoint(r["name"] for r in json.loads(out.stdout))
     assert "python-math" in {r["name"] for r in json.loads(out.stdout)}
 
