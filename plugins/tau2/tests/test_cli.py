@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -37,3 +39,16 @@ def test_train_one_step(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "rollouts" / "step_00001.jsonl").read_text().splitlines()]
     assert rows and all("reward_parts" in r for r in rows)
+
+
+def test_listing_and_a_domains_prompt_import_neither_the_registry_nor_litellm() -> None:
+    """``toolrl env list`` builds each τ² environment's policy and counts its tasks; through ``tau2.registry``
+    that imported τ²'s agents and litellm, 6 s of CPU a listing (a fresh process: other tests import them)."""
+    code = ("import json, sys; from toolrl.cli import cli; "
+            "cli(['env', 'list', '--json'], standalone_mode=False); "
+            "print('imported:', json.dumps([m for m in ('litellm', 'tau2.registry', 'tau2.agent') if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listing, _, imported = done.stdout.rpartition("imported: ")
+    assert {r["name"]: r for r in json.loads(listing)}["tau2-airline"]["splits"]["train"]["size"] > 0
+    assert json.loads(imported) == []
