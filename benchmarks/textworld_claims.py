@@ -318,7 +318,8 @@ def child(args: argparse.Namespace) -> int:
             points.append({"step": step, "tokens": tokens, "by_level": won})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GiB (Linux: KiB): what --jobs must fit
     print(json.dumps({"points": points, "wall_s": time.perf_counter() - t0, "step_s": statistics.mean(step_s),
-                      "peak_gib": peak, "curriculum": figures, **rollout_figures(steps, training_levels(args), levels)}))
+                      "peak_gib": peak, "curriculum": figures,
+                      **rollout_figures(steps, training_levels(args) if levels > 1 else None, levels)}))
     return 0
 
 
