@@ -125,18 +125,13 @@ def check_on_policy(rows: list[dict], episodes: int) -> None:
         assert abs(row["optim/kl_sample_train_v1"]) < 1e-4, row
 
 
-def test_math_rl_arithmetic_runs_unchanged(server: str, hub_cache: Path, tmp_path: Path) -> None:
-    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=2")
+def test_math_rl_arithmetic_runs_unchanged_under_a_hosted_name(server: str, hub_cache: Path, tmp_path: Path) -> None:
+    """The recipe on its arithmetic environment for two steps, under a name of the cookbook's table of hosted
+    models (``serve --base Qwen/Qwen3-4B-Instruct-2507=tiny-qwen3``) and no ``renderer_name``: it finds the
+    renderer in that table and the tokenizer under the name (``toolrl tinker tokenizers NAME=SOURCE``). The
+    other tests name the model as ``tiny-qwen3`` with its renderer."""
+    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=2", model=(f"model_name={HOSTED}",))
     assert [row["progress/batch"] for row in rows] == [0, 1]
-    check_on_policy(rows, episodes=4)
-    assert final_checkpoint(tmp_path / "run")["sampler_path"].startswith("tinker://")
-
-
-def test_a_hosted_name_looked_up_in_the_cookbooks_table(server: str, hub_cache: Path, tmp_path: Path) -> None:
-    """``serve --base Qwen/Qwen3-4B-Instruct-2507=tiny-qwen3``: the recipe, given that name and no
-    ``renderer_name``, finds the renderer in its table of hosted models and the tokenizer under the name
-    (``toolrl tinker tokenizers NAME=SOURCE``), and trains."""
-    rows = math_rl(server, hub_cache, tmp_path / "run", "groups_per_batch=2", "max_steps=1", model=(f"model_name={HOSTED}",))
     check_on_policy(rows, episodes=4)
     assert final_checkpoint(tmp_path / "run")["sampler_path"].startswith("tinker://")
 

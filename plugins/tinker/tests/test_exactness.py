@@ -150,7 +150,7 @@ def test_optim_step_is_toolrl_adamw_bit_for_bit(service: Any) -> None:
     for key, mine in before.items():
         mine.grad = grads[key].clone()
     mirror = torch.optim.AdamW(list(before.values()), lr=1e-4)
-    mirror.load_state_dict(trainer.optimizer_state(run))  # its moments (a copy)
+    mirror.load_state_dict(trainer.ranks.state(run.adapter)["optimizer"])  # its moments (a copy)
     params = types.AdamParams(learning_rate=3e-3, beta1=0.8, beta2=0.9, eps=1e-8, weight_decay=0.01,
                               grad_clip_norm=0.5)
     stepped = tc.optim_step(params).result()  # grad_clip_norm on the wire, core's grad_clip on the ranks
@@ -172,14 +172,14 @@ def test_two_clients_on_one_base_leave_each_other_alone(service: Any) -> None:
     _warm(b)
     (_, trainer), (run_b, trainer_b) = held(served, a.model_id), held(served, b.model_id)
     assert trainer is trainer_b
-    weights, moments = trainer.adapter_state(run_b), trainer.optimizer_state(run_b)["state"]
+    weights, moments = trainer.adapter_state(run_b), trainer.ranks.state(run_b.adapter)["optimizer"]["state"]
     for loss_fn in ("cross_entropy", "ppo"):
         datum, _ = _datum(loss_fn)
         a.forward_backward([datum], loss_fn).result()
         a.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = trainer.adapter_state(run_b)
     assert all(torch.equal(weights[k], after[k]) for k in weights)
-    state = trainer.optimizer_state(run_b)["state"]
+    state = trainer.ranks.state(run_b.adapter)["optimizer"]["state"]
     assert all(torch.equal(t, state[k][n]) for k, v in moments.items() for n, t in v.items())
     assert all(g is None for g in trainer.gradients(run_b).values())
 

@@ -50,7 +50,7 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path, mon
         external_path = tc.save_weights_external("peft").result().path
         run, trainer = held(first, tc.model_id)
         weights = trainer.adapter_state(run)
-        moments = trainer.optimizer_state(run)
+        moments = trainer.ranks.state(run.adapter)["optimizer"]
         turn.__enter__()  # the base busy: the next request is running (waiting for its turn) when the server stops
         cut_off = tc.forward_backward([_datum()], "cross_entropy")
         deadline = time.time() + 30
@@ -83,7 +83,7 @@ def test_restart_keeps_checkpoints_and_fails_running_futures(tmp_path: Path, mon
         again = service.create_training_client_from_state_with_optimizer(state_path).result()
         loaded, trainer = held(second, again.model_id)
         assert all(torch.equal(weights[k], v) for k, v in trainer.adapter_state(loaded).items())
-        state = trainer.optimizer_state(loaded)["state"]
+        state = trainer.ranks.state(loaded.adapter)["optimizer"]["state"]
         assert all(torch.equal(t, state[i][n]) for i, v in moments["state"].items() for n, t in v.items())
         again.forward_backward([_datum()], "cross_entropy").result()  # it trains on
 

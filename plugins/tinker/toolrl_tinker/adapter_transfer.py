@@ -19,10 +19,9 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from toolrl.model_sources import load_model
+from toolrl.model_sources import load_model, model_skeleton
 from toolrl.modeling.adapters import adapter_parameters, add_adapter, load_adapter_state
 from toolrl.training.lora import engine_state_dict
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from toolrl_tinker import adapters
 from toolrl_tinker.adapters import ALPHA, ATTN, MLP
@@ -35,7 +34,7 @@ PREFIX = "base_model.model."  # what PEFT puts before the model's own module nam
 # PEFT settings this server's adapters have no counterpart for, with the value that means "not used".
 UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "rank_pattern": {}, "alpha_pattern": {},
                "layers_to_transform": None, "modules_to_save": None, "layer_replication": None,
-               "trainable_token_indices": None}
+               "trainable_token_indices": None, "bias": "none"}
 
 
 def read_peft(folder: Path) -> tuple[dict[str, Any], int, list[str]]:
@@ -50,8 +49,6 @@ def read_peft(folder: Path) -> tuple[dict[str, Any], int, list[str]]:
     for key, unused in UNSUPPORTED.items():
         if config.get(key, unused) not in (unused, None, {}, []):
             raise UserError(f"{config_file}: {key}={config[key]!r}: this server's adapters have no such setting")
-    if config.get("bias", "none") != "none":
-        raise UserError(f"{config_file}: bias={config['bias']!r}: this server's adapters train no biases")
     weights = folder / "adapter_model.safetensors"
     if weights.is_file():
         raw = load_file(str(weights))
@@ -129,8 +126,7 @@ def export_merged(state_dir: Path, path: str, out: Path, dtype: str = "float32")
 def _check_fits(tensors: dict[str, Any], rank: int, targets: list[str], base_dir: str) -> None:
     """Raise :class:`UserError` unless ``tensors`` are the rank-``rank`` adapter on ``targets`` that the
     trainer makes on the model in ``base_dir`` (its shapes read from its config, no weights loaded)."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_dir))
+    model = model_skeleton(base_dir)
     add_adapter(model, "fits", adapters.config(rank, targets))
     want = {name: tuple(p.shape) for name, p in adapter_parameters(model, "fits").items()}
     if missing := sorted(set(want) - set(tensors)):

@@ -38,33 +38,33 @@ class Quotas:
 
     def admit(self, owner: str, tokens: int, next_in_line: bool = False) -> None:
         """Raise unless ``owner`` may start one more request of ``tokens`` tokens now."""
-        limits, futures = self.limits, self.futures
+        limits, running, held = self.limits, self.futures.running[owner], self.futures.tokens[owner]
         if tokens > limits.max_tokens_per_client:
-            self._refused(owner, "request_tokens")
-            raise UserError(f"this request holds {tokens} tokens, over this server's limit of "
-                            f"{limits.max_tokens_per_client} tokens in flight per client "
-                            "(tinker serve --max-tokens-per-client): send it in smaller pieces")
+            raise self._refused(owner, "request_tokens", UserError(
+                f"this request holds {tokens} tokens, over this server's limit of {limits.max_tokens_per_client} "
+                "tokens in flight per client (tinker serve --max-tokens-per-client): send it in smaller pieces"))
         if next_in_line:
             return
-        if futures.running[owner] >= limits.max_futures_per_client:
-            self._refused(owner, "futures")
-            raise QuotaExceeded("futures", f"this client has {futures.running[owner]} requests queued or running, "
-                                f"this server's limit (tinker serve --max-futures-per-client): sent again shortly")
-        if futures.tokens[owner] + tokens > limits.max_tokens_per_client:
-            self._refused(owner, "tokens")
-            raise QuotaExceeded("tokens", f"this client's requests queued or running hold {futures.tokens[owner]} "
-                                f"tokens; with this one's {tokens} that is over this server's limit of "
-                                f"{limits.max_tokens_per_client} (tinker serve --max-tokens-per-client): sent again shortly")
+        if running >= limits.max_futures_per_client:
+            raise self._refused(owner, "futures", QuotaExceeded("futures", (
+                f"this client has {running} requests queued or running, this server's limit (tinker serve "
+                "--max-futures-per-client): sent again shortly")))
+        if held + tokens > limits.max_tokens_per_client:
+            raise self._refused(owner, "tokens", QuotaExceeded("tokens", (
+                f"this client's requests queued or running hold {held} tokens; with this one's {tokens} that is over "
+                f"this server's limit of {limits.max_tokens_per_client} (tinker serve --max-tokens-per-client): "
+                "sent again shortly")))
 
     def admit_run(self, owner: str, held: int) -> None:
         """Raise unless ``owner``, holding ``held`` training clients, may hold one more (and start the request
         that makes it)."""
         if held >= self.limits.max_runs_per_client:
-            self._refused(owner, "training_clients")
-            raise UserError(f"this client holds {held} models, the server's limit (tinker serve "
-                            "--max-runs-per-client): close a ServiceClient, or wait for an idle one's session "
-                            "to time out")
+            raise self._refused(owner, "training_clients", UserError(
+                f"this client holds {held} models, the server's limit (tinker serve --max-runs-per-client): close "
+                "a ServiceClient, or wait for an idle one's session to time out"))
         self.admit(owner, 0)
 
-    def _refused(self, owner: str, quota: str) -> None:
+    def _refused(self, owner: str, quota: str, error: Exception) -> Exception:
+        """``error``, counted as a refusal for ``quota``."""
         self.metrics.count("tinker_quota_refusals_total", key=owner, quota=quota)
+        return error

@@ -178,8 +178,8 @@ class Sampler:
             return {}
         with self._use:
             for key, p in model.named_parameters():
-                parts["adapters" if ".lora_" in key else "weights"] += _bytes(p)
-            parts["weights"] += sum(_bytes(b) for b in model.buffers())
+                parts["adapters" if ".lora_" in key else "weights"] += p.nbytes
+            parts["weights"] += sum(b.nbytes for b in model.buffers())
         return dict(parts)
 
     def _drop_doomed(self, name: str) -> None:
@@ -217,13 +217,7 @@ class Sampler:
         """The request's stop: None the model's end-of-sequence tokens, a string or strings, or token ids."""
         if stop is None:
             return self.eos, []
-        if isinstance(stop, str):
-            return [], [stop]
-        items = list(stop)
+        items = [stop] if isinstance(stop, str) else list(stop)
         if all(isinstance(s, int) for s in items):
             return [int(s) for s in items], []
         return [], [str(s) for s in items]
-
-
-def _bytes(t: Any) -> int:
-    return int(t.numel()) * int(t.element_size())

@@ -259,21 +259,16 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
     def page(key: str, found: list[dict[str, Any]]) -> dict[str, Any]:
         return {key: found, "cursor": {"offset": 0, "limit": len(found), "total_count": len(found)}}
 
-    def own_run(owner: str, model_id: str) -> dict[str, Any]:
-        row = service.store.run(model_id)
-        if row is None or row["owner"] != owner:
-            raise KeyError(model_id)
-        return row
-
     async def runs(request: Request, owner: str) -> Any:
         return page("training_runs", [run_json(r) for r in service.store.runs(owner)])
 
     async def one_run(request: Request, owner: str) -> Any:
-        return run_json(own_run(owner, request.path_params["run_id"]))
+        run_id = request.path_params["run_id"]
+        return run_json(_owned(service.store.run(run_id), owner, run_id))
 
     async def run_checkpoints(request: Request, owner: str) -> Any:
         run_id = request.path_params["run_id"]
-        own_run(owner, run_id)
+        _owned(service.store.run(run_id), owner, run_id)
         return {"checkpoints": [checkpoint_json(c) for c in service.store.checkpoints(owner, run_id)]}
 
     async def all_checkpoints(request: Request, owner: str) -> Any:
@@ -310,10 +305,14 @@ def rest_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:
 def _checkpoint_of(service: Service, request: Request, owner: str) -> dict[str, Any]:
     p = request.path_params
     path = f"tinker://{p['run_id']}/{p['kind']}/{p['name']}"
-    found = service.store.checkpoint(path)
-    if found is None or found["owner"] != owner:
-        raise KeyError(path)
-    return found
+    return _owned(service.store.checkpoint(path), owner, path)
+
+
+def _owned(row: dict[str, Any] | None, owner: str, key: str) -> dict[str, Any]:
+    """``row`` when it is ``owner``'s; KeyError (404) for one that is not there or is another key's."""
+    if row is None or row["owner"] != owner:
+        raise KeyError(key)
+    return row
 
 
 def download_routes(service: Service, endpoint: Callable[..., Any]) -> list[Route]:

@@ -45,8 +45,7 @@ class Sessions:
         """Session ``session_id`` over: its timer stopped, then ``on_end``."""
         if self.owners.pop(session_id, None) is None:
             return
-        timer = self._timers.pop(session_id, None)
-        if timer is not None:
+        if (timer := self._timers.pop(session_id, None)) is not None:
             timer.cancel()
         await self.on_end(session_id, reason)
 

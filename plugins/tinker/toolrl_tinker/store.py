@@ -31,7 +31,8 @@ ADDED = {"runs": ("source text",), "checkpoints": ("expires real",)}
 RESTARTED = "the server restarted while this request ran; its result is lost (send it again)"
 # A checkpoint's name is a file name under the state directory, and the last part of its tinker:// path.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-CHECKPOINT_KEYS = ("owner", "model_id", "kind", "name", "file", "size", "created", "expires")
+RUN_KEYS = ("model_id", "owner", "base", "rank", "targets", "seed", "created", "source")
+CHECKPOINT_KEYS = ("path", "owner", "model_id", "kind", "name", "file", "size", "created", "expires")
 
 
 class Store:
@@ -65,6 +66,9 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def _rows(self, table: str, keys: tuple[str, ...], where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [dict(zip(keys, row, strict=True)) for row in self._run(f"select {', '.join(keys)} from {table} {where}", args)]
+
     # runs
     def add_run(self, model_id: str, owner: str, base: str, rank: int, targets: list[str], seed: int | None) -> None:
         self._run("insert into runs (model_id, owner, base, rank, targets, seed, created, source) "
@@ -74,17 +78,14 @@ class Store:
     def run(self, model_id: str) -> dict[str, Any] | None:
         """A run's record; ``source`` is what its base name loaded (None: the name itself, or a run made
         before sources were recorded)."""
-        rows = self._run("select owner, base, rank, targets, seed, created, source from runs where model_id = ?",
-                         (model_id,))
-        if not rows:
-            return None
-        owner, base, rank, targets, seed, created, source = rows[0]
-        return {"model_id": model_id, "owner": owner, "base": base, "rank": rank, "targets": json.loads(targets),
-                "seed": seed, "created": created, "source": source}
+        found = self.runs(None, model_id)
+        return found[0] if found else None
 
-    def runs(self, owner: str) -> list[dict[str, Any]]:
-        ids = [r[0] for r in self._run("select model_id from runs where owner = ? order by created", (owner,))]
-        return [r for r in (self.run(i) for i in ids) if r is not None]
+    def runs(self, owner: str | None, model_id: str | None = None) -> list[dict[str, Any]]:
+        """``owner``'s runs (or run ``model_id``), oldest first."""
+        found = self._rows("runs", RUN_KEYS, "where (? is null or owner = ?) and (? is null or model_id = ?) order by "
+                           "created", (owner, owner, model_id, model_id))
+        return [{**row, "targets": json.loads(row["targets"])} for row in found]
 
     # checkpoints
     def checkpoint_file(self, model_id: str, kind: str, name: str) -> Path:
@@ -98,15 +99,13 @@ class Store:
 
     def add_checkpoint(self, path: str, owner: str, model_id: str, kind: str, name: str, file: Path,
                        expires: float | None = None) -> None:
-        self._run(f"insert or replace into checkpoints (path, {', '.join(CHECKPOINT_KEYS)}) "
+        self._run(f"insert or replace into checkpoints ({', '.join(CHECKPOINT_KEYS)}) "
                   "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                   (path, owner, model_id, kind, name, str(file), size_on_disk(file), time.time(), expires))
 
     def checkpoint(self, path: str) -> dict[str, Any] | None:
-        rows = self._run(f"select {', '.join(CHECKPOINT_KEYS)} from checkpoints where path = ?", (path,))
-        if not rows:
-            return None
-        return {"path": path, **dict(zip(CHECKPOINT_KEYS, rows[0], strict=True))}
+        found = self._rows("checkpoints", CHECKPOINT_KEYS, "where path = ?", (path,))
+        return found[0] if found else None
 
     def owned_checkpoint(self, owner: str, path: str) -> dict[str, Any]:
         """Checkpoint ``path``'s record; another owner's is answered as one that does not exist."""
@@ -130,10 +129,8 @@ class Store:
                                         "order by created desc, rowid desc limit -1 offset ?", (model_id, kind, keep))]
 
     def checkpoints(self, owner: str, model_id: str | None = None) -> list[dict[str, Any]]:
-        paths = [r[0] for r in self._run(
-            "select path from checkpoints where owner = ? and (? is null or model_id = ?) order by created",
-            (owner, model_id, model_id))]
-        return [c for c in (self.checkpoint(p) for p in paths) if c is not None]
+        return self._rows("checkpoints", CHECKPOINT_KEYS, "where owner = ? and (? is null or model_id = ?) order by "
+                          "created", (owner, model_id, model_id))
 
     def checkpoint_totals(self) -> list[tuple[str, int, int]]:
         """Per owner: how many checkpoints, and their bytes."""

@@ -101,11 +101,6 @@ class Trainer:
         with self.lock:
             return self.ranks.state(run.adapter, optimizer=False)["adapter"]
 
-    def optimizer_state(self, run: Run) -> dict[str, Any]:
-        """A copy of the run's AdamW's ``state_dict``."""
-        with self.lock:
-            return self.ranks.state(run.adapter)["optimizer"]
-
     def gradients(self, run: Run) -> dict[str, Any]:
         """A copy of the run's adapter's gradients (None where none is pending)."""
         with self.lock:

@@ -60,10 +60,8 @@ class TrainingCalls:
     def get_info(self, owner: str, req: types.GetInfoRequest) -> dict[str, Any]:
         run = self.runs.owned(owner, req.model_id)
         base = self.bases.named(run.base)
-        return {"type": "get_info", "model_id": req.model_id, "is_lora": True, "lora_rank": run.rank,
-                "model_name": base.name,
-                "model_data": {"arch": base.trainer.arch, "model_name": base.name,
-                               "tokenizer_id": base.path}}
+        return {"type": "get_info", "model_id": req.model_id, "is_lora": True, "lora_rank": run.rank, "model_name": base.name,
+                "model_data": {"arch": base.trainer.arch, "model_name": base.name, "tokenizer_id": base.path}}
 
     def forward_backward(self, owner: str, req: ForwardBackward) -> dict[str, Any]:
         run = self.runs.owned(owner, req.model_id)
