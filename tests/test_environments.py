@@ -336,13 +336,17 @@ async def test_a_mixture_routes_each_sample_to_its_own_tools_turn_limit_and_pars
         assert "format" not in t.reward_terms
 
 
-def test_env_list_json_attributes_the_first_party_environments():
-    """With the three plugins installed, each environment is listed by its own plugin; with one
+def test_env_list_imports_no_torch_and_attributes_the_first_party_environments():
+    """Listing imports nothing heavy (with every installed plugin's environments, in plugins_vs_core); with
+    the three first-party plugins installed, each environment is listed by its own plugin, and with one
     disabled its environment is absent."""
+    out = run_toolrl("env", "list", "--json", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    for heavy in ("torch", "transformers", "ray", "vllm", "datasets"):
+        assert heavy not in imported, heavy
     for module in ("toolrl_calculator", "toolrl_geo3k", "toolrl_sandbox_fusion"):
         pytest.importorskip(module)
-    out = run_toolrl("env", "list", "--json")
-    assert out.returncode == 0, out.stderr
     listed = {r["name"]: r for r in json.loads(out.stdout)}
     assert {listed[n]["plugin"] for n in ("arithmetic", "geo3k", "python-math")} == {
         "calculator", "geo3k", "sandbox-fusion"}
@@ -353,14 +357,6 @@ def test_env_list_json_attributes_the_first_party_environments():
         "TOOLRL_DISABLE_PLUGINS": "geo3k,calculator"})
     assert {"arithmetic", "geo3k"}.isdisjoint(r["name"] for r in json.loads(out.stdout))
     assert "python-math" in {r["name"] for r in json.loads(out.stdout)}
-
-
-def test_env_list_imports_no_torch():
-    out = run_toolrl("env", "list", "--json", env={"PYTHONPROFILEIMPORTTIME": "1"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
-    for heavy in ("torch", "transformers", "ray", "vllm", "datasets"):
-        assert heavy not in imported, heavy
 
 
 def test_unknown_env_is_one_line_listing_the_installed_ones(tmp_path):
