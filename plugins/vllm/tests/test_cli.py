@@ -56,7 +56,7 @@ def mean_abs(pairs: list[tuple[list[float], list[float]]]) -> float:
 def test_train_samples_each_step_from_the_weights_it_trained(tmp_path, hf_model):
     out = tmp_path / "run"
     run_cli([sys.executable, "-m", "toolrl", "train", str(TINY), "engine.name=vllm", "trainer.total_steps=2",
-             f"trainer.output_dir={out}", SPLIT_REWARD], REPO)
+             f"trainer.output_dir={out}", "trainer.plot=false", "trainer.progress=false", SPLIT_REWARD], REPO)
     metrics = read_jsonl(out / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["errors"] == 0 for m in metrics)
     assert metrics[0]["reward_std"] > 0 and metrics[0]["grad_norm"] > 0, "step 1 must change the weights"

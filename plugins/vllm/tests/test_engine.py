@@ -8,13 +8,18 @@ import math
 import pytest
 from toolrl.engines import ModelSource, SamplingParams
 from toolrl_vllm.engine import VLLMEngine, VLLMEngineConfig
-from vllm_support import reference_logprobs
+from vllm_support import decoding, reference_logprobs
 
 CALCULATOR = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
 TEXTS = ["hi", "What is 17 * 23? Think step by step.", "Summarise: " + "the quick brown fox " * 12, "数学: 2+2=?"]
 ATOL = 1e-4  # fp32 engine vs fp32 transformers; measured differences are ~1e-6
+# A request an update lands in: the update starts once the request has decoded a few tokens and lands
+# (pauses generation) ~30 tokens later on this machine (a checkpoint write and one RPC, ~0.3 s at ~10 ms
+# a token); the rest of the budget keeps the request in flight on a loaded CI machine (if it ends
+# first, the test fails: it cannot pass that way).
+MID_REQUEST_TOKENS = 400
 
 
 @pytest.fixture(scope="module")
@@ -169,19 +174,21 @@ async def test_weights_updated_mid_request_carry_it_on(engine, hf_model, prompts
     from toolrl import model_sources
 
     other = model_sources.load_model(model_sources.tiny_qwen3(seed=2))
-    params = SamplingParams(temperature=0.0, max_new_tokens=2000)
+    state = other.state_dict()
+    params = SamplingParams(temperature=0.0, max_new_tokens=MID_REQUEST_TOKENS)
     version = engine.weight_version
     pending = asyncio.ensure_future(engine.generate(prompts[1], params))
-    await asyncio.sleep(1.5)  # decoding
+    before = await decoding(engine, 4)  # the update starts once the request has decoded tokens
     with engine.updating_weights(version + 1):
-        await asyncio.to_thread(engine.update_weights, other.state_dict())
+        await asyncio.to_thread(engine.update_weights, state)
     assert not pending.done() and engine.weight_version == version + 1
     (gen,) = await pending
-    assert gen.weight_version == version and len(gen.token_ids) == 2000
+    assert gen.weight_version == version and len(gen.token_ids) == MID_REQUEST_TOKENS
     _, old = reference_logprobs(hf_model, prompts[1], gen.token_ids, temperature=0.0)
     want, new = reference_logprobs(other, prompts[1], gen.token_ids, temperature=0.0)
     switch = next(i for i, (t, o) in enumerate(zip(gen.token_ids, old)) if t != o)
-    assert switch > 0 and gen.token_ids[switch:] == new[switch:]
+    print(f"update started after {before} tokens; new weights from token {switch} of {len(gen.token_ids)}")
+    assert before <= switch and gen.token_ids[switch:] == new[switch:]
     assert_close(gen.logprobs[switch:], want[switch:])
     (after,) = await engine.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=4))
     assert after.weight_version == version + 1
@@ -224,7 +231,7 @@ def test_cuda_device_is_refused_by_vllm_cpu(tiny_path):
 async def test_close_fails_requests_in_flight_and_leaves_no_files(engine, prompts):
     """Last in the session: it closes the shared engine (the fixture's close is then a no-op)."""
     pending = asyncio.ensure_future(engine.generate(prompts[0], SamplingParams(max_new_tokens=4000)))
-    await asyncio.sleep(1.0)
+    await decoding(engine, 1)  # in flight: decoding
     # vLLM's IPC sockets live in the engine's own directory, which close removes with them.
     assert [f for f in engine._dir.iterdir() if f.is_socket()]
     await engine.close()

