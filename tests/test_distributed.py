@@ -312,20 +312,19 @@ class TestTwoNodes:
         assert ray.is_initialized()  # the pool joined this connection, so it left it open
         ray.shutdown()
 
+    def test_more_workers_than_the_cluster_fits_is_a_config_error(self, two_nodes, tiny_qwen3_path):
+        """On the two nodes (4 CPUs each; no Ray of its own to start): 9 workers of 1 CPU do not fit."""
+        from toolrl.config import ConfigError
+        from toolrl.processes.rollout_workers import RolloutWorkerPool
 
-def test_more_workers_than_the_cluster_fits_is_a_config_error(tiny_qwen3_path):
-    from toolrl.config import ConfigError
-    from toolrl.processes.rollout_workers import RolloutWorkerPool
-    from toolrl.ray_cluster import init_ray
-
-    require_no_ray()
-    init_ray("local", 1, num_cpus=1)
-    try:
-        with pytest.raises(ConfigError, match=r"ray.num_rollout_workers=2 needs 2 CPUs .* the cluster has 1 CPUs"):
-            RolloutWorkerPool(small_config(), num_workers=2, address=None)
-        assert ray.is_initialized()  # not the pool's Ray: left open
-    finally:
-        ray.shutdown()
+        require_no_ray()
+        ray.init(address=two_nodes)
+        try:
+            with pytest.raises(ConfigError, match=r"ray.num_rollout_workers=9 needs 9 CPUs .* the cluster has 8 CPUs"):
+                RolloutWorkerPool(small_config(), num_workers=9, address=None)
+            assert ray.is_initialized()  # not the pool's Ray: left open
+        finally:
+            ray.shutdown()
 
 
 # -- the CLI ----------------------------------------------------------------------------------------

@@ -148,10 +148,11 @@ def test_broadcast_with_delta_sync_trains_to_the_same_figures_as_the_object_stor
     group, to two rollout workers) with ``trainer.weight_sync=delta`` (the shards count their own
     writes) trains to the figures of ``two_ranks`` (the object store, whole syncs, one worker): every
     step has a gradient (even_tokens), so each sync carries weights that differ from the last, and a
-    sync that lost or garbled a bucket would change the next step's rewards and gradient."""
+    sync that lost or garbled a bucket would change the next step's rewards and gradient. (Only the
+    last step is checkpointed: nothing here reads a checkpoint, and a save changes no figure.)"""
     want = lines(two_ranks / "metrics.jsonl")
     run = train(config(tmp_path / "broadcast", 2, extra=("trainer.weight_transport=broadcast", "trainer.weight_sync=delta",
-                                                          "ray.num_rollout_workers=2")))
+                                                          "ray.num_rollout_workers=2", "trainer.save_every=3")))
     got = lines(run / "metrics.jsonl")
     assert [m["step"] for m in got] == [1, 2, 3]
     for a, b in zip(got, want, strict=True):
