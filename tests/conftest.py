@@ -7,6 +7,7 @@ sessions only load them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -58,16 +59,19 @@ def _read_once(load: Any, kind: str, files: tuple[str, ...], extra_key: Any = tu
     return cached
 
 
-@pytest.fixture(autouse=True)
-def shared_tokenizers(monkeypatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def shared_tokenizers() -> Iterator[None]:
     """Every in-process load of a saved tokenizer (a run's controller, engine and trainer; the CLI through
-    CliRunner) reads it once per test process, not once per load: transformers takes one to two seconds to
-    read a 151k-token vocabulary, and nothing in toolrl changes a tokenizer it loaded (roles in one process
-    share one already; :func:`_read_once`)."""
+    CliRunner; ``qwen_tokenizer``) reads it once per test process, not once per load: transformers takes one to
+    two seconds to read a 151k-token vocabulary, and nothing in toolrl changes a tokenizer it loaded (roles in
+    one process share one already; :func:`_read_once`). Session-scoped, so that module and session fixtures
+    load through it too."""
     from toolrl import model_sources
 
-    monkeypatch.setattr(model_sources, "load_tokenizer", _read_once(
-        model_sources.load_tokenizer, "tokenizer", ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(model_sources, "load_tokenizer", _read_once(
+            model_sources.load_tokenizer, "tokenizer", ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -16,9 +16,9 @@ BOS = {"llama3": "<|begin_of_text|>", "deepseek_v3": "<｜begin▁of▁sentence�
 
 @cache
 def _qwen_base() -> Any:
-    from transformers import AutoTokenizer
+    from toolrl import model_sources
 
-    return AutoTokenizer.from_pretrained(qwen_tokenizer_path("qwen3"))
+    return model_sources.load_tokenizer(qwen_tokenizer_path("qwen3"))  # the tests' shared read (conftest)
 
 
 @cache
@@ -26,7 +26,8 @@ def family_tokenizer(name: str, template: str | None = None) -> Any:
     """``template``: a TRL template file (default: the family's first)."""
     family = family_named(name)
     tok = copy.deepcopy(_qwen_base())  # loading takes seconds; every family gets its own copy
-    tok.add_tokens([t for t in family.special_tokens if t not in tok.get_vocab()], special_tokens=True)
+    vocab = tok.get_vocab()  # a 151k-entry dict built at each call: once, not once a token
+    tok.add_tokens([t for t in family.special_tokens if t not in vocab], special_tokens=True)
     if name in BOS:
         tok.bos_token = BOS[name]
     tok.chat_template = trl_template(template) if template else family.detection.templates[0].text()

@@ -15,9 +15,9 @@ USER = [{"role": "user", "content": "What is 2 + 3?"}]
 
 @cache
 def qwen3_tokenizer():
-    from transformers import AutoTokenizer
+    from toolrl import model_sources
 
-    return AutoTokenizer.from_pretrained(qwen_tokenizer_path("qwen3"))
+    return model_sources.load_tokenizer(qwen_tokenizer_path("qwen3"))  # the tests' shared read (conftest)
 
 
 def prompt(config) -> str:

@@ -10,11 +10,12 @@ import copy
 import pytest
 import torch
 from test_config_errors import invoke, one_error_line, write_config
+from toolrl import model_sources
 from toolrl.algorithms import CANDIDATE_LOGPROBS, build_estimator
 from toolrl.algorithms.align import char_ends, pieces, spread
 from toolrl.config import AlgorithmConfig, Config, OptimConfig
 from toolrl.engines import ModelSource, SamplingParams
-from toolrl.model_sources import load_model, load_tokenizer
+from toolrl.model_sources import load_model
 from toolrl.rollout.teacher import Teacher, Teachers, open_teachers
 from toolrl.training.step import StepOptions, token_advantages, train_step
 from toolrl.trajectory import Trajectory
@@ -36,7 +37,7 @@ def sampled_with_a_tool_result(path: str) -> tuple[list[Trajectory], object]:
     """Two trajectories from the transformers engine: a turn, a tool result (mask 0), a second turn."""
     from toolrl.engines.transformers import TransformersEngine
 
-    tok = load_tokenizer(path)
+    tok = model_sources.load_tokenizer(path)
     engine = TransformersEngine.create(ModelSource(path), {"device": "cpu", "dtype": "float32"})
     tool = tok.encode("<tool_response>\n42\n</tool_response>\n")
 
@@ -157,7 +158,7 @@ def test_spread_gives_each_student_token_the_mass_of_the_characters_it_covers():
 
 
 def test_char_ends_hold_a_multibyte_character_split_over_tokens(tiny_qwen3_path):
-    tok = load_tokenizer(tiny_qwen3_path)
+    tok = model_sources.load_tokenizer(tiny_qwen3_path)
     ids = tok.encode("snow ☃ man 🦜!")
     text, ends = char_ends(tok, ids)
     assert text == "snow ☃ man 🦜!" and ends[-1] == len(text) and ends == sorted(ends)
@@ -176,7 +177,7 @@ def smollm2():
 def test_a_teacher_of_another_tokenizer_gives_each_piece_its_logprob_of_the_text(smollm2, tiny_qwen3_path):
     """Student: the Qwen tokenizer; teacher: SmolLM2 (another vocabulary). Over each sampled piece the
     student's tokens share exactly the teacher's log-prob of the piece's text; the tool result gets none."""
-    student = load_tokenizer(tiny_qwen3_path)
+    student = model_sources.load_tokenizer(tiny_qwen3_path)
     prompt = student.encode("<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n")
     first, tool, second = (student.encode(s) for s in ("I will call the calculator: 6*7 → ", "\nresult: 42\n",
                                                        "The answer is 42."))
@@ -215,7 +216,7 @@ def smollm2_that_never_ends(smollm2, tmp_path_factory):
     """SmolLM2-135M-Instruct whose output row of its end of turn is turned around (its input embedding
     kept): a model of another tokenizer that has not learnt to end a turn, as a base model has not."""
     out = tmp_path_factory.mktemp("never-ends")
-    model, tok = load_model(smollm2), load_tokenizer(smollm2)
+    model, tok = load_model(smollm2), model_sources.load_tokenizer(smollm2)
     end = tok.convert_tokens_to_ids("<|im_end|>")
     model.config.tie_word_embeddings = False
     head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False)
@@ -235,7 +236,7 @@ def test_a_teacher_that_never_ends_a_turn_leaves_the_students_end_of_turn_alone(
     where it has learnt it (a probe turn of its template, above a uniform guess): issue 84's base Gemma
     gave it -13.9 (-13.7 of advantage on every turn the student ended, its other tokens summing to -1), and
     the student stopped ending its turns. Elsewhere the student's own log-prob: advantage 0 there."""
-    student = load_tokenizer(tiny_qwen3_path)
+    student = model_sources.load_tokenizer(tiny_qwen3_path)
     prompt = student.encode("<|im_start|>user\nWhat is 6 times 7?<|im_end|>\n<|im_start|>assistant\n")
     answer = student.encode("The answer is 42.")
     response = [*answer, student.convert_tokens_to_ids("<|im_end|>")]

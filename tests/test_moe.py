@@ -11,10 +11,11 @@ import socket
 import pytest
 import torch
 from test_routing_replay import Recorder
+from toolrl import model_sources
 from toolrl.config import AlgorithmConfig, OptimConfig
 from toolrl.engines import SamplingParams
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
-from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
+from toolrl.model_sources import load_model, tiny_moe
 from toolrl.training.step import StepOptions, train_step
 from toolrl.trajectory import Trajectory
 
@@ -22,7 +23,7 @@ PROMPT = list(range(300, 340))
 
 
 def sampled(path: str, n: int = 4, new: int = 8) -> list[Trajectory]:
-    engine = TransformersEngine(load_model(path), load_tokenizer(path), TransformersEngineConfig(record_routes=True,
+    engine = TransformersEngine(load_model(path), model_sources.load_tokenizer(path), TransformersEngineConfig(record_routes=True,
                                                                                                  seed=0))
     gens = asyncio.run(engine.generate(PROMPT, SamplingParams(max_new_tokens=new, seed=1), n))
     return [Trajectory(trajectory_id=f"t{k}", sample_index=k, group=0, prompt_ids=PROMPT, response_ids=g.token_ids,

@@ -10,10 +10,11 @@ import asyncio
 
 import pytest
 import torch
+from toolrl import model_sources
 from toolrl.config import AlgorithmConfig, ConfigError, OptimConfig, load_config
 from toolrl.engines import SamplingParams
 from toolrl.engines.transformers import TransformersEngine, TransformersEngineConfig
-from toolrl.model_sources import load_model, load_tokenizer, tiny_moe
+from toolrl.model_sources import load_model, tiny_moe
 from toolrl.modeling.expert_routing import ExpertRouting
 from toolrl.training.packing import build_batch, packed_hidden_states
 from toolrl.training.step import StepOptions, response_logprobs, train_step
@@ -37,7 +38,7 @@ def generate(engine, prompts, n, max_new_tokens=16, **kwargs):
 @pytest.fixture(scope="module")
 def engine_trajectories(moe_path):
     """Two groups of four, sampled by a bfloat16 engine recording experts; rewards that differ in each group."""
-    engine = TransformersEngine(load_model(moe_path, dtype="bfloat16"), load_tokenizer(moe_path),
+    engine = TransformersEngine(load_model(moe_path, dtype="bfloat16"), model_sources.load_tokenizer(moe_path),
                                 TransformersEngineConfig(record_routes=True, seed=0))
     trajs = []
     for g, gens in enumerate(generate(engine, PROMPTS, 4)):
@@ -79,7 +80,7 @@ def test_the_engine_records_every_token_it_runs(moe_path):
     """Prompt tokens (shared by a group's samples, or kept from a session's last turn) and every fed
     generated token: the ids a plain float32 forward of the same tokens chooses."""
     model = load_model(moe_path)
-    engine = TransformersEngine(model, load_tokenizer(moe_path), TransformersEngineConfig(record_routes=True, seed=0))
+    engine = TransformersEngine(model, model_sources.load_tokenizer(moe_path), TransformersEngineConfig(record_routes=True, seed=0))
     first = generate(engine, PROMPTS[:1], 2, 6)[0] + generate(engine, [PROMPTS[1]], 1, 6, session_id="s")[0]
     follow = PROMPTS[1] + first[2].token_ids + [7, 8]
     second = generate(engine, [follow], 1, 5, session_id="s")[0][0]
@@ -126,7 +127,7 @@ def test_r3_gives_a_float32_engine_its_own_logprobs(moe_path, norm_topk_prob):
     for m in (engine_model, model):
         for router in ExpertRouting(m).routers:
             router.norm_topk_prob = norm_topk_prob
-    engine = TransformersEngine(engine_model, load_tokenizer(moe_path),
+    engine = TransformersEngine(engine_model, model_sources.load_tokenizer(moe_path),
                                 TransformersEngineConfig(record_routes=True, seed=0))
     trajs = [Trajectory(trajectory_id=f"{g}-{k}", sample_index=k, group=g, prompt_ids=PROMPTS[g],
                         response_ids=gen.token_ids, response_mask=[1] * len(gen.token_ids), logprobs=gen.logprobs,
@@ -237,7 +238,7 @@ def test_more_than_256_experts_take_two_bytes_an_id():
     model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
         vocab_size=QWEN_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
         head_dim=32, num_experts=300, num_experts_per_tok=4, moe_intermediate_size=8, norm_topk_prob=True))
-    engine = TransformersEngine(model, load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
+    engine = TransformersEngine(model, model_sources.load_tokenizer(tiny_moe()), TransformersEngineConfig(record_routes=True, seed=0))
     gen = generate(engine, PROMPTS[:1], 1, 4)[0][0]
     run = PROMPTS[0] + gen.token_ids[:-1]
     plain = ExpertRouting(model)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from _dists import load_plugin
 from test_config_errors import invoke, one_error_line, write_config
+from toolrl import model_sources
 from toolrl.algorithms import build_estimator
 from toolrl.config import Config
-from toolrl.model_sources import load_tokenizer, tiny_qwen3
+from toolrl.model_sources import tiny_qwen3
 from toolrl.rollout.teacher import open_teachers
 from toolrl.training.step import token_advantages
 from toolrl.trajectory import Trajectory
@@ -84,7 +85,7 @@ def test_an_engine_plugin_scores_as_a_teacher_built_as_the_run_builds_it(tmp_pat
              for k in range(2)]
 
     async def scored() -> None:
-        teachers = await open_teachers(config, load_tokenizer(tiny_qwen3()), "algorithm.teacher")
+        teachers = await open_teachers(config, model_sources.load_tokenizer(tiny_qwen3()), "algorithm.teacher")
         await teachers.score(trajs)
         await teachers.close()
 

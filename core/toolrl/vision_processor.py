@@ -27,9 +27,9 @@ def _image_only_class() -> type:
     return ImageOnlyQwenVLProcessor
 
 
-def image_only_processor(path: str | os.PathLike[str]) -> Any:
-    """The processor of the Qwen2-VL/Qwen2.5-VL checkpoint in ``path``, without its video processor."""
-    from transformers import AutoTokenizer
+def image_only_processor(path: str | os.PathLike[str], tokenizer: Any) -> Any:
+    """The processor of the Qwen2-VL/Qwen2.5-VL checkpoint in ``path`` (``tokenizer``: its tokenizer, as
+    :func:`toolrl.model_sources.load_tokenizer` reads it), without its video processor."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     folder = Path(path)
@@ -40,6 +40,6 @@ def image_only_processor(path: str | os.PathLike[str]) -> Any:
     template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
     return _image_only_class()(
         image_processor=Qwen2VLImageProcessorPil.from_pretrained(str(folder)),
-        tokenizer=AutoTokenizer.from_pretrained(str(folder)),
+        tokenizer=tokenizer,
         chat_template=template,
     )
