@@ -52,8 +52,9 @@ def teacher_config(config: Config, teacher: TeacherConfig) -> Config:
 
 
 def same_tokenizer(a: Any, b: Any) -> bool:
-    """Whether two tokenizers give every text the same ids: the same vocabulary and special tokens."""
-    return a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids
+    """Whether two tokenizers give every text the same ids: the same vocabulary and special tokens (one
+    tokenizer, or two of one size, before their 151k-entry vocabularies are built and compared)."""
+    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab() and a.all_special_ids == b.all_special_ids)
 
 
 def special_ids(tokenizer: Any) -> set[int]:
