@@ -23,8 +23,8 @@ PROMPT = list(range(300, 340))
 
 
 def sampled(path: str, n: int = 4, new: int = 8) -> list[Trajectory]:
-    engine = TransformersEngine(load_model(path), model_sources.load_tokenizer(path), TransformersEngineConfig(record_routes=True,
-                                                                                                 seed=0))
+    engine = TransformersEngine(load_model(path), model_sources.load_tokenizer(path),
+                                TransformersEngineConfig(record_routes=True, seed=0))
     gens = asyncio.run(engine.generate(PROMPT, SamplingParams(max_new_tokens=new, seed=1), n))
     return [Trajectory(trajectory_id=f"t{k}", sample_index=k, group=0, prompt_ids=PROMPT, response_ids=g.token_ids,
                        response_mask=[1] * len(g.token_ids), logprobs=g.logprobs, reward=float(k % 2), routed_experts=g.routed_experts)

@@ -105,7 +105,7 @@ def test_a_rank_killed_mid_request_leaves_the_client_results_unchanged(served_tw
     assert recoveries[0].during == f"forward_backward of {run.adapter}"
     assert began[0] < recoveries[0].time < ended[0]
     assert repr(got) == repr(expected)  # every loss, log-prob and norm, bit for bit
-    for name, read in (("adapter and AdamW", lambda run: trainer.ranks.state(run.adapter)), ("gradients", trainer.gradients)):
+    for name, read in (("adapter and AdamW", lambda held_run: trainer.ranks.state(held_run.adapter)), ("gradients", trainer.gradients)):
         mine, theirs = (read(held(served_two, tc.model_id)[0]) for tc in (killed, uninterrupted))
         assert repr(_flat(mine)) == repr(_flat(theirs)), name
     client.close("success")

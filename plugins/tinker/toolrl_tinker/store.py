@@ -71,21 +71,20 @@ class Store:
 
     # runs
     def add_run(self, model_id: str, owner: str, base: str, rank: int, targets: list[str], seed: int | None) -> None:
-        self._run("insert into runs (model_id, owner, base, rank, targets, seed, created, source) "
-                  "values (?, ?, ?, ?, ?, ?, ?, ?)",
+        self._run(f"insert into runs ({', '.join(RUN_KEYS)}) values (?, ?, ?, ?, ?, ?, ?, ?)",
                   (model_id, owner, base, rank, json.dumps(targets), seed, time.time(), self.sources.get(base)))
 
     def run(self, model_id: str) -> dict[str, Any] | None:
         """A run's record; ``source`` is what its base name loaded (None: the name itself, or a run made
         before sources were recorded)."""
-        found = self.runs(None, model_id)
+        found = self._runs("where model_id = ?", (model_id,))
         return found[0] if found else None
 
-    def runs(self, owner: str | None, model_id: str | None = None) -> list[dict[str, Any]]:
-        """``owner``'s runs (or run ``model_id``), oldest first."""
-        found = self._rows("runs", RUN_KEYS, "where (? is null or owner = ?) and (? is null or model_id = ?) order by "
-                           "created", (owner, owner, model_id, model_id))
-        return [{**row, "targets": json.loads(row["targets"])} for row in found]
+    def runs(self, owner: str) -> list[dict[str, Any]]:
+        return self._runs("where owner = ? order by created", (owner,))
+
+    def _runs(self, where: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        return [{**row, "targets": json.loads(row["targets"])} for row in self._rows("runs", RUN_KEYS, where, args)]
 
     # checkpoints
     def checkpoint_file(self, model_id: str, kind: str, name: str) -> Path:
