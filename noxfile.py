@@ -106,6 +106,12 @@ SLOW_TESTS = sorted(f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py"
                     if f"tests/{p.name}" not in RAY_TESTS and "slow" in p.read_text())
 # Through the venv's python: pytest itself may live in the linked training base (install_core).
 PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5")
+# What every test process (and each process it starts: ranks, Ray workers, engines, CLI runs) runs with: torch on
+# one thread (two lanes share 2 cores), and torch's CPU allocations of 2 MB and more on transparent huge pages.
+# The tiny models' 151k-entry vocabulary makes each forward's logits tens of MB, which glibc maps afresh at
+# every allocation and the kernel faults in 4 kB at a time: THP cut test_microbatch.py's page faults 3.3 M ->
+# 0.33 M and its CPU 17.4 -> 13.6 s, test_async.py's 32.8 -> 30.0 s (docs/testing.md).
+TEST_ENV = {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"}
 # Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).
 TIMES = ROOT / ".nox" / "times"
 WHEELS = ROOT / ".nox" / "built-wheels"  # beside the sessions' venvs (.nox/wheels is one)
@@ -195,7 +201,7 @@ def pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None, 
     second run's, in a file of its own)."""
     junit = TIMES / f"{slug(session.name)}{'-' + part if part else ''}.xml"
     session.run(*PYTEST, f"--junitxml={junit}", "-o", "junit_family=xunit1", *args,
-                env={"OMP_NUM_THREADS": "1", **(env or {})})
+                env={**TEST_ENV, **(env or {})})
 
 
 @nox.session
