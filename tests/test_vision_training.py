@@ -107,7 +107,7 @@ def test_images_are_processed_once_and_checked(processor, trajectories):
                                          r"the rollout recorded \[\(1, 2, 2\)\]"):
         build_batch([wrong], [0.0], processor=processor)
     with pytest.raises(ValueError, match="no processor"):
-        packing.vision.pixel_inputs([trajectories[0].images], None)
+        build_batch(trajectories[:1], [0.0])
 
 
 def test_images_after_the_last_trained_token_are_left_out(vlm, processor, trajectories):

@@ -134,11 +134,8 @@ def is_image_part(part: Any) -> bool:
 def part_image(part: dict[str, Any]) -> Any:
     """The image an image part carries (``image``, ``image_url.url`` or ``url``); None: a bare
     placeholder whose image comes from elsewhere (a row's ``images`` column)."""
-    for key in ("image", "image_url", "url", "path"):
-        value = part.get(key)
-        if value is not None:
-            return value.get("url") if isinstance(value, dict) and "url" in value else value
-    return None
+    value = next((part[key] for key in ("image", "image_url", "url", "path") if part.get(key) is not None), None)
+    return value.get("url") if isinstance(value, dict) and "url" in value else value
 
 
 def images_held(images: Sequence[Any], ids: Sequence[int], image_token_id: int, merge: int) -> int:

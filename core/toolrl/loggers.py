@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from toolrl.config import field_where
+from toolrl.config import field_where, one_line
 from toolrl.plugins.parts import BuildContext, build_part, describe_exception, registered_part
 from toolrl.run_dir import RunDir
 
@@ -79,7 +79,7 @@ class MetricLoggers:
             raise exc
 
         print(f"warning: logger {name!r} failed to {action} and is disabled for the rest of the run: "
-              f"{' '.join(describe_exception(exc).split())}", file=sys.stderr, flush=True)
+              f"{one_line(describe_exception(exc))}", file=sys.stderr, flush=True)
         self._loggers = [(n, lg) for n, lg in self._loggers if n != name]
 
     def _each(self, action: str, call: Callable[[Logger], None]) -> None:

@@ -374,8 +374,7 @@ def _save_tiny_vl_processor(tiny: TinyQwen2_5VLSettings, out: Path) -> None:
 
 def is_vision_model_dir(path: str | os.PathLike[str]) -> bool:
     """Whether the directory holds a vision-language model (its config has a vision tower)."""
-    config = Path(path) / "config.json"
-    return config.is_file() and "vision_config" in json.loads(config.read_text(encoding="utf-8"))
+    return "vision_config" in model_config(path)
 
 
 def load_processor(path: str | os.PathLike[str]) -> Any:

@@ -69,8 +69,7 @@ def spread(student_ends: Sequence[int], teacher_spans: Sequence[tuple[int, int]]
             continue
         while k < len(student_ends) and student_ends[k] <= a:
             k += 1
-        j = k
-        while j < len(student_ends):
+        for j in range(k, len(student_ends)):
             s = student_ends[j - 1] if j else 0
             e = student_ends[j]
             overlap = min(b, e) - max(a, s)
@@ -78,5 +77,4 @@ def spread(student_ends: Sequence[int], teacher_spans: Sequence[tuple[int, int]]
                 out[j] += lp * overlap / (b - a)
             if e >= b:
                 break
-            j += 1
     return out

@@ -48,10 +48,7 @@ TOP = (CANDIDATE_IDS, "teacher_top", "teacher_weight")
 def teacher_index(env: str | None, teachers: Sequence[TeacherConfig]) -> int | None:
     """The teacher that scores a trajectory of route ``env``: the first whose ``routes`` hold it (or that
     names none); None when no teacher scores that route."""
-    for k, teacher in enumerate(teachers):
-        if teacher.routes is None or env in teacher.routes:
-            return k
-    return None
+    return next((k for k, teacher in enumerate(teachers) if teacher.routes is None or env in teacher.routes), None)
 
 
 def teacher_fields(trajectories: Sequence[Trajectory], width: int,

@@ -202,6 +202,12 @@ class Group:
     finished: float = 0.0
 
 
+async def generated_group(generating: Awaitable[list[Trajectory]]) -> Group:
+    """The group ``generating`` gives, with when it started and ended generating."""
+    began = time.perf_counter()
+    return Group(await generating, began, time.perf_counter())
+
+
 # What each generated group's trajectories go through, in place, before a step trains them.
 Finish = Callable[[list[Trajectory]], Awaitable[None]]
 
@@ -216,17 +222,15 @@ class Finishing:
         self.turn = asyncio.Lock()
 
     async def group(self, generating: Awaitable[list[Trajectory]], skip: bool = False) -> Group:
-        began = time.perf_counter()
-        trajs = await generating
-        ended = time.perf_counter()
-        kept = trainable(trajs)
-        busy = 0.0
+        group = await generated_group(generating)
+        kept = trainable(group.trajectories)
         if kept and not (skip and zero_variance(kept)):
             async with self.turn:
                 t0 = time.perf_counter()
                 await self.finish(kept)
-                busy = time.perf_counter() - t0
-        return Group(trajs, began, ended, busy, time.perf_counter())
+                group.finish_s = time.perf_counter() - t0
+        group.finished = time.perf_counter()
+        return group
 
     async def groups(self, generating: Sequence[Awaitable[list[Trajectory]]]) -> list[Group]:
         """Groups generating at once, each finished as it ends; on a failure the others are cancelled and
@@ -259,9 +263,8 @@ class StepBatches:
         prompts = [self.draws.prompt(g) for g in range(first, first + size)]
         seed, prefix = step_seed(cfg.rollout.seed, step), call_prefix("t", step + 1)
         if self.finishing is None:
-            began = time.perf_counter()
-            done = [Group(await self.rollouts.run(prompts, cfg.rollout.n, seed=seed, id_prefix=prefix), began,
-                          time.perf_counter())]
+            generating = self.rollouts.run(prompts, cfg.rollout.n, seed=seed, id_prefix=prefix)
+            done = [await generated_group(generating)]
         else:
             done = await self.finishing.groups([self.rollouts.run_group(p, g, cfg.rollout.n, seed, prefix)
                                               for g, p in enumerate(prompts)])
@@ -397,16 +400,11 @@ class GroupStream:
             g = self.started
             sample = self.draws.prompt(g)
             generating = self.rollouts.run_group(sample, g, cfg.rollout.n, group_seed(cfg.rollout.seed, g, self.size), "")
-            task = asyncio.ensure_future(self._generated(generating) if self.finishing is None
+            task = asyncio.ensure_future(generated_group(generating) if self.finishing is None
                                          else self.finishing.group(generating, self.skip))
             task.add_done_callback(functools.partial(self._finished, g))
             self.running[g] = task
             self.started += 1
-
-    @staticmethod
-    async def _generated(generating: Awaitable[list[Trajectory]]) -> Group:
-        began = time.perf_counter()
-        return Group(await generating, began, time.perf_counter())
 
     def _finished(self, group: int, task: asyncio.Task[Group]) -> None:
         self.running.pop(group, None)

@@ -121,9 +121,9 @@ class CoreEngineOptions(BaseModel):
     dtype: str = Field("float32", description="model.dtype")
 
 
-def rows_of(tensor: Any, start: int, rows: int) -> Any:
-    """Rows ``start .. start + rows`` of ``tensor`` along dim 0, a view (a 0-d tensor is its one row)."""
-    return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows)
+def rows_of(tensor: Any, start: int, rows: Any) -> Any:
+    """The view of ``tensor`` that ``rows`` (rows from ``start`` along dim 0; 0-d: one row) fills."""
+    return tensor if tensor.dim() == 0 else tensor.narrow(0, start, rows.shape[0] if rows.dim() else 1)
 
 
 class RolloutEngine(ABC):
@@ -223,7 +223,7 @@ class RolloutEngine(ABC):
             staged = self._rows_staged[1]
             if name not in staged:
                 staged[name] = rows.new_empty(tuple(shape))
-            rows_of(staged[name], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
+            rows_of(staged[name], start, rows).copy_(rows)
 
     def finish_weight_rows(self) -> None:
         """Every row of the update is in: load what :meth:`load_weight_rows` assembled."""

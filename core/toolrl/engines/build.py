@@ -12,7 +12,6 @@ from typing import Any
 from toolrl import model_sources
 from toolrl.config import Config, ConfigError
 from toolrl.engines import ModelSource
-from toolrl.model_sources import load_processor
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import Sample
 
@@ -22,7 +21,7 @@ def engine_processor(config: Config, engine_cls: Any, path: str, samples: Sequen
     """The processor the rollout renders with: the model's (None for a text model), unless the engine's
     ``generate`` takes no images. Then a vision-language model reads text only (said once in the log;
     tool results' images are left out), and samples that hold images are a one-line config error."""
-    processor = load_processor(path)
+    processor = model_sources.load_processor(path)
     if processor is None or "images" in inspect.signature(engine_cls.generate).parameters:
         return processor
     if any(s.images for s in samples):

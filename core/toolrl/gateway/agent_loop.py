@@ -29,15 +29,10 @@ class AgentLoop:
         """``program`` run to its end on the agents' loop. Cancelling the caller cancels the program
         there (its deadline, the run's end)."""
         if self._loop is None:
-            self._start()
-        assert self._loop is not None
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="toolrl-agents", daemon=True)
+            self._thread.start()
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(program, self._loop))
-
-    def _start(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=loop.run_forever, name="toolrl-agents", daemon=True)
-        self._thread.start()
-        self._loop = loop
 
     async def close(self, grace_s: float = 30.0) -> None:
         """Cancel what still runs there and end the thread, waiting at most ``grace_s`` for each. Awaited,

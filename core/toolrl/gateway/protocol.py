@@ -52,9 +52,7 @@ class _Sampling(Body):
     return_tokens_as_token_ids: bool = False
 
     def stop_strings(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
 class ChatRequest(_Sampling):

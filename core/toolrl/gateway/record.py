@@ -153,16 +153,13 @@ class EpisodeRecord:
         if not live:
             return []
         last = max(live, key=lambda s: s.answered)
-        ordered = [s for s in live if s is not last] + [last]
-        out = []
-        for k, segment in enumerate(ordered):
-            traj = segment.traj
+        out = [s.traj for s in live if s is not last] + [last.traj]
+        for k, traj in enumerate(out):
             cut_response(traj, model_tokens_end(traj.response_mask))
-            final = k == len(ordered) - 1
+            final = k == len(out) - 1
             traj.trajectory_id = self.key if final else part_id(self.key, "piece", k)
-            traj.trajectory_key = self.key if len(ordered) > 1 else ""
+            traj.trajectory_key = self.key if len(out) > 1 else ""
             traj.piece = k
             traj.termination = termination if final else "forked"
-            out.append(traj)
         out[-1].final_response = self.final_response
         return out

@@ -101,7 +101,8 @@ class Gateway:
 
 
 async def _models(session: GatewaySession, request: web.Request) -> dict[str, Any]:
-    return model_list(session.served_models())
+    """``GET /v1/models``: the run's roles, else the endpoint's one model name."""
+    return model_list(list(session.roles) or [session.model])
 
 
 async def _call(protocol: ModuleType, session: GatewaySession, request: web.Request) -> dict[str, Any] | AsyncIterator[str]:

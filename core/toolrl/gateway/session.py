@@ -9,7 +9,6 @@ parser. A run with roles serves each role as a model name, the role that acts in
 
 from __future__ import annotations
 
-import copy
 import json
 import secrets
 import uuid
@@ -142,10 +141,6 @@ class GatewaySession:
     def _roles_named(self) -> str:
         return ", ".join(repr(r) for r in self.roles) or "none"
 
-    def served_models(self) -> list[str]:
-        """What ``GET /v1/models`` lists: the run's roles, else the endpoint's one model name."""
-        return list(self.roles) or [self.model]
-
     async def turn(self, messages: Sequence[ChatMessage], tools: Sequence[dict[str, Any]] | None, ask: Ask,
                    id_prefix: str = "chatcmpl", role: str | None = None) -> Turn:
         """One model call of the episode, whichever API it came through: ``messages`` (OpenAI chat
@@ -220,11 +215,10 @@ class GatewaySession:
 
     def _parser(self, schemas: list[dict[str, Any]]) -> ToolParser:
         """The route's parser bound to these tools (formats whose values are untyped text type them
-        from the schemas): a copy per set of tools, since parses run on threads."""
+        from the schemas): one per set of tools (``ToolParser.for_tools``), since parses run on threads."""
         key = json.dumps(schemas, sort_keys=True)
         if key not in self._parsers:
-            self._parsers[key] = copy.copy(self.parser)
-            self._parsers[key].bind_tools(schemas)
+            self._parsers[key] = self.parser.for_tools(schemas)
         return self._parsers[key]
 
     async def _generate(self, call: Call, ask: Ask, renderer: ChatRenderer) -> list[Generation]:

@@ -39,7 +39,6 @@ class ExpertRouting:
         self.routers = routers(model)
         if not self.routers:
             raise ValueError(f"{type(model).__name__} has no mixture-of-experts router to record or replay")
-        self.top_k = int(self.routers[0].top_k)
         self.num_experts = int(self.routers[0].num_experts)
         self.ids: torch.Tensor | None = None
         self.expand: torch.Tensor | None = None

@@ -30,14 +30,6 @@ _NAME = re.compile(r"[^\s\[{]*")
 _SPACE = re.compile(r"\s*")
 
 
-def _json_calls(value: object, raw: str) -> list[ToolCall | ParseError]:
-    """Pre-v11 calls: one call object or a list of them, each read on its own (a bad item is its own
-    error, its raw text the item as JSON)."""
-    if not isinstance(value, list):
-        return [_json_call(value, raw)]
-    return [_json_call(item, json.dumps(item, ensure_ascii=False)) for item in value]
-
-
 def _json_call(item: object, raw: str) -> ToolCall | ParseError:
     if not isinstance(item, dict):
         return ParseError(message=f"each tool call must be a JSON object with 'name' and 'arguments', "
@@ -87,9 +79,13 @@ class MistralParser(ToolParser):
             if end == -1:
                 return len(text), f"unterminated tool call: the JSON after {TOOL_CALLS} never closes"
             try:
-                return end, _json_calls(decode_json(text[start:end], "tool call"), text[pos - len(TOOL_CALLS):end])
+                value = decode_json(text[start:end], "tool call")
             except ValueError as exc:
                 return end, str(exc)
+            if not isinstance(value, list):
+                return end, [_json_call(value, text[pos - len(TOOL_CALLS):end])]
+            # Each item read on its own: a bad one is its own error, its raw text the item as JSON.
+            return end, [_json_call(item, json.dumps(item, ensure_ascii=False)) for item in value]
         name_end = _NAME.match(text, pos).end()  # type: ignore[union-attr]
         name = text[pos:name_end]
         call_id = None

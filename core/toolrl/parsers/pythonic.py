@@ -302,15 +302,11 @@ def _not_dunder(name: str) -> str:
 
 
 def _kind(node: ast.AST) -> str:
-    return f"{type(node).__name__} `{_short(node)}`"
-
-
-def _short(node: ast.AST) -> str:
     try:
         text = ast.unparse(node)
     except (RecursionError, ValueError):
-        return "…"
-    return text if len(text) <= 60 else text[:57] + "..."
+        text = "…"
+    return f"{type(node).__name__} `{text if len(text) <= 60 else text[:57] + '...'}`"
 
 
 class _Segments:

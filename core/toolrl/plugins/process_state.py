@@ -97,10 +97,8 @@ def _children() -> frozenset[int]:
     """This process's children (Linux's /proc; elsewhere none are seen)."""
     found: set[int] = set()
     for tasks in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        try:
+        with contextlib.suppress(OSError):
             found.update(int(p) for p in tasks.read_text().split())
-        except OSError:
-            continue
     return frozenset(found)
 
 

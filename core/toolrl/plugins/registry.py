@@ -125,27 +125,21 @@ class Part:
     def _label(self) -> str:
         return f"{KIND_WORDS[self.kind]} {self.name!r} (plugin {self.plugin!r})"
 
-    def _resolve(self, import_: bool) -> Any:
-        if not import_ and self.target.partition(":")[0] not in sys.modules:
-            return None
-        return import_reference(self.target)
-
     def precheck(self) -> str | None:
         """At registration: the reference's form, and the object itself if it is at hand without
         importing anything. Returns the error, or None."""
-        if not isinstance(self.target, str):
-            problem = check_part(self.kind, self.target)
-            return f"{self._label()} {problem}" if problem else None
-        if not LAZY_REFERENCE.match(self.target):
-            return f"{self._label()}: lazy reference {self.target!r} is not 'package.module:Attribute'"
-        module = sys.modules.get(self.target.partition(":")[0])
-        if getattr(getattr(module, "__spec__", None), "_initializing", False):
-            return None  # still being imported (plugins loaded from inside it): checked when loaded
-        try:
-            obj = self._resolve(import_=False)
-        except AttributeError as exc:
-            return f"{self._label()}: {self.target!r} does not resolve: {exc}"
-        problem = check_part(self.kind, obj) if obj is not None else None
+        obj = self.target
+        if isinstance(self.target, str):
+            if not LAZY_REFERENCE.match(self.target):
+                return f"{self._label()}: lazy reference {self.target!r} is not 'package.module:Attribute'"
+            module = sys.modules.get(self.target.partition(":")[0])
+            if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+                return None  # not imported, or being imported (plugins loaded from inside it): checked at load
+            try:
+                obj = import_reference(self.target)  # its module imported already: nothing is imported
+            except AttributeError as exc:
+                return f"{self._label()}: {self.target!r} does not resolve: {exc}"
+        problem = check_part(self.kind, obj)
         return f"{self._label()} {problem}" if problem else None
 
     def load(self) -> Any:
@@ -155,7 +149,7 @@ class Part:
             obj = self.target
             if isinstance(self.target, str):
                 try:
-                    obj = self._resolve(import_=True)
+                    obj = import_reference(self.target)
                 except BaseException as exc:  # a module calling sys.exit() at import is contained too
                     if isinstance(exc, KeyboardInterrupt):
                         raise

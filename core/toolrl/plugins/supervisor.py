@@ -91,20 +91,13 @@ def run_child(selection: Mapping[str, str], skip: Mapping[str, str], timeout_s: 
         kill_marked(f"{marker_env}={marker}".encode())  # what left the session
 
 
-def kill_marked(entry: bytes) -> list[int]:
+def kill_marked(entry: bytes) -> None:
     """Kill every process of ours whose environment holds ``entry`` (``NAME=value``), found in Linux's
-    /proc (elsewhere none are); returns their pids."""
-    killed = []
+    /proc (elsewhere none are)."""
     for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if entry not in environ.read_bytes().split(b"\0"):
-                continue
-            pid = int(environ.parent.name)
-            os.kill(pid, signal.SIGKILL)
-        except (OSError, ValueError):  # another user's, or already gone
-            continue
-        killed.append(pid)
-    return killed
+        with contextlib.suppress(OSError, ValueError):  # another user's, or already gone
+            if entry in environ.read_bytes().split(b"\0"):
+                os.kill(int(environ.parent.name), signal.SIGKILL)
 
 
 def _supervise(child: Any, fd: int, timeout_s: float, found: Found) -> Stopped | bool:

@@ -66,14 +66,11 @@ def _holds(record: dict[str, Any], timeout_s: float) -> bool:
 
 def lookup(file: Path, key: list[Any], timeout_s: float) -> dict[str, str] | None:
     """The cached failures for ``key``, or None when there is no verdict that still holds."""
-    for record in _records(file):
-        if record.get("key") != key:
-            continue
-        try:
-            return dict(record["failures"]) if _holds(record, timeout_s) else None
-        except (KeyError, TypeError, AttributeError, ValueError):  # a damaged record is a miss
-            return None
-    return None
+    record = next((r for r in _records(file) if r.get("key") == key), None)
+    try:
+        return dict(record["failures"]) if record is not None and _holds(record, timeout_s) else None
+    except (KeyError, TypeError, AttributeError, ValueError):  # a damaged record is a miss
+        return None
 
 
 def store(file: Path, key: list[Any], verdict: Verdict) -> None:

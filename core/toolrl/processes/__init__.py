@@ -70,5 +70,3 @@ async def sync_weights(trainer: TrainerGroup, rollouts: RolloutGroup, version: i
     pushed = await trainer.push(rollouts.weight_targets(version), version)
     rollouts.replace(pushed.dead)
     return pushed.metrics
-
-

@@ -97,16 +97,13 @@ async def run_problems(rollouts: RolloutGroup, config: Config, samples: Sequence
 
 
 def result_rows(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, tokenizer: Any) -> list[dict[str, Any]]:
-    rows = []
-    for sample, k, t in results:
-        row = {"problem": sample.index, "k": k, "success": success(t, config),
-               "tool_calls": [{"name": r.name, "arguments": r.arguments, "status": r.status, "latency_s": r.latency_s}
-                              for r in t.tool_results],
-               **t.model_dump(mode="json", exclude={"model_text"})}
-        row["prompt_text"] = tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
-        row["response_text"] = tokenizer.decode(t.response_ids, skip_special_tokens=False)
-        rows.append(row)
-    return rows
+    return [{"problem": sample.index, "k": k, "success": success(t, config),
+             "tool_calls": [{"name": r.name, "arguments": r.arguments, "status": r.status, "latency_s": r.latency_s}
+                            for r in t.tool_results],
+             **t.model_dump(mode="json", exclude={"model_text"}),
+             "prompt_text": tokenizer.decode(t.prompt_ids, skip_special_tokens=False),
+             "response_text": tokenizer.decode(t.response_ids, skip_special_tokens=False)}
+            for sample, k, t in results]
 
 
 def summarize(results: Sequence[tuple[Sample, int, Trajectory]], config: Config, wall_s: float) -> dict[str, Any]:

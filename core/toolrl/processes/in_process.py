@@ -98,7 +98,6 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
         processor = engine_processor(config, parts.engine_cls, path, samples)
         # The family's checks: before any model loads.
         inputs = ModelInputs(tokenizer, processor, config_renderer_factory(config, tokenizer, processor))
-    factory = inputs.renderer_factory
     routes, tools = await build_routes(config, samples, parts)
     try:
         module = shared_module() if shared_module is not None else None
@@ -110,8 +109,8 @@ async def build_rollouts(config: Config, path: str, tokenizer: Any,
             await tool.close()
         raise
     # Sessions are asked for their turns' state keys only when the estimator reads them (gigpo).
-    ctx = RolloutContext(engine=engine, renderer_factory=factory, config=config.rollout, routes=routes,
-                         state_keys=plan.state_keys, roles=tuple(config.roles),
+    ctx = RolloutContext(engine=engine, renderer_factory=inputs.renderer_factory, config=config.rollout,
+                         routes=routes, state_keys=plan.state_keys, roles=tuple(config.roles),
                          adapters=config.model.adapters is not None)
     after_startup()  # what start-up built stays out of the collections during the steps
     return Rollouts(engine, ctx, tools)

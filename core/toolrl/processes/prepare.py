@@ -66,23 +66,20 @@ async def prepare_training(config: Config, resume: bool = False, overwrite: bool
     teachers = await open_teachers(config, checked.inputs.tokenizer, field_where(config, "algorithm.teacher"),
                                    None if config.data.trajectories else sample_conversation(run),
                                    opd_options(config.algorithm).top_k) if config.algorithm.teachers else None
+    processes: Processes | None = None
     try:
         # The processes placed, each building its parts where it runs (tools, the policy's weights, engines):
         # in this process, or as Ray actors.
         processes = await start_processes(run, inputs=checked.inputs)
-    except BaseException:
-        if teachers is not None:
-            await teachers.close()
-        raise
-    try:
         prepared = await _weights_and_first_write(run, checked.run_dir, processes, checked.draws, checked.ahead)
-        prepared.teachers = teachers
-        return prepared
     except BaseException:
-        await processes.close()
+        if processes is not None:
+            await processes.close()
         if teachers is not None:
             await teachers.close()
         raise
+    prepared.teachers = teachers
+    return prepared
 
 
 def sample_conversation(run: ResolvedRun) -> Conversation:

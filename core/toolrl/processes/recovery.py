@@ -326,7 +326,7 @@ async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, A
     try:
         await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
         await _peer_death(futures)
-        for rank, fut in sorted(enumerate(futures), key=lambda f: not _died(f[1])):  # a death first
+        for rank, fut in sorted(enumerate(futures), key=lambda f: not actor_died(f[1])):  # a death first
             if fut.done() and fut.exception() is not None:
                 exc = fut.exception()
                 info = infos[rank] if rank < len(infos) else {}
@@ -351,7 +351,7 @@ async def every_rank(refs: Sequence[Any], what: str, infos: Sequence[dict[str, A
 PEER_DEATH_GRACE_S = 30.0
 
 
-def _died(fut: asyncio.Future[Any]) -> bool:
+def actor_died(fut: asyncio.Future[Any]) -> bool:
     return fut.done() and not fut.cancelled() and isinstance(fut.exception(), ActorDied)
 
 
@@ -360,7 +360,7 @@ async def _peer_death(futures: Sequence[asyncio.Future[Any]]) -> None:
     :data:`PEER_DEATH_GRACE_S` for another rank's death (a re-formable failure) to be reported."""
     failed = any(f.done() and f.exception() is not None for f in futures)
     deadline = asyncio.get_running_loop().time() + PEER_DEATH_GRACE_S
-    while failed and not any(_died(f) for f in futures):
+    while failed and not any(actor_died(f) for f in futures):
         pending = [f for f in futures if not f.done()]
         left = deadline - asyncio.get_running_loop().time()
         if not pending or left <= 0:

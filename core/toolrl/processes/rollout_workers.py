@@ -26,7 +26,7 @@ from toolrl import model_sources
 from toolrl.config import Config, ConfigError
 from toolrl.model_sources import model_path
 from toolrl.processes.in_process import build_rollouts, seed_everything
-from toolrl.processes.ray_actors import ActorDied, Placement, result, retry
+from toolrl.processes.ray_actors import ActorDied, Placement, kill, result, retry
 from toolrl.processes.resolve import RunPlan
 from toolrl.ray_cluster import init_ray
 from toolrl.schemas import Sample
@@ -166,10 +166,9 @@ class RolloutWorker:
     async def close(self) -> None:
         self._close_receivers()
         self._close_peer()
-        if self._rollouts is None:
-            return
-        await self._rollouts.close()
-        self._rollouts = None
+        if self._rollouts is not None:
+            await self._rollouts.close()
+            self._rollouts = None
 
 
 @dataclass
@@ -283,12 +282,9 @@ class WorkerSlots:
     def replace(self, slot: _Slot, dead: Any, during: str) -> None:
         """Start a new actor in ``slot`` unless that already happened for this dead actor (``during``:
         what it was found dead in, for the record)."""
-        import ray
-
         if slot.actor is not dead:
             return
-        with contextlib.suppress(Exception):
-            ray.kill(dead, no_restart=True)
+        kill([dead])
         where = f" (pid {slot.info['pid']} on {slot.info['host']})" if slot.info else ""
         slot.deaths.append((f"rollout worker {slot.index}{where}", during, time.time()))
         new = self._spawn(slot.index)
@@ -331,7 +327,7 @@ class WorkerSlots:
         if transport is None:
             return None
         timeout_s, bucket_mb = self.config.trainer.weight_push_timeout_s, self.config.trainer.weight_sync_bucket_mb
-        for peer in [s for s in self._slots if s is not slot and s.info is not None]:
+        for peer in [s for s in self.up() if s is not slot]:
             try:
                 if (await result(peer.actor.ping.remote(), peer.actor))["weight_version"] != self.weight_version:
                     continue
@@ -367,12 +363,6 @@ class WorkerSlots:
                         slot.info["pid"], slot.info["host"], took, source)
         slot.deaths.clear()
 
-    def take_recoveries(self) -> list[dict[str, Any]]:
-        """The replacements that came up since the last call, one row each for ``recoveries.jsonl``
-        (``worker``: where the replacement runs)."""
-        taken, self.recoveries = self.recoveries, []
-        return taken
-
     def start_task(self, slot: _Slot) -> asyncio.Task[dict[str, Any]]:
         """The one :meth:`_ensure` of ``slot`` on this event loop: a replacement comes up once, however
         many calls wait for it. A start that failed stays failed (it ends every call that needs it)."""
@@ -391,7 +381,7 @@ class WorkerSlots:
             for task in starting:
                 if task.done():
                     task.result()  # a worker that cannot come up ends the call
-            up = [s for s in self._slots if s.info is not None]
+            up = self.up()
             if up:
                 return min(up, key=lambda s: (s.inflight, s.index))
             await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
@@ -421,9 +411,7 @@ class WorkerSlots:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(30):
                 await asyncio.gather(*closing, return_exceptions=True)
-        for slot in self._slots:
-            with contextlib.suppress(Exception):
-                ray.kill(slot.actor, no_restart=True)
+        kill([s.actor for s in self._slots])
         self.weights = None
         self._shutdown()
 
@@ -446,7 +434,6 @@ class RolloutWorkerPool:
                  setup_timeout_s: float = 900.0, max_attempts: int = 3, plan: RunPlan | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-        self.max_attempts = max_attempts
         # one_step_off: the trainer trains while a batch generates (see run).
         self.trains_beside_batches = config.trainer.async_schedule == "one_step_off"
         self.rerun_groups = 0  # groups run again because their worker died mid-step
@@ -477,7 +464,10 @@ class RolloutWorkerPool:
         return next((r for r in reasons if r is not None), None)
 
     def take_recoveries(self) -> list[dict[str, Any]]:
-        return self.slots.take_recoveries()
+        """The replacements that came up since the last call, one row each for ``recoveries.jsonl``
+        (``worker``: where the replacement runs)."""
+        taken, self.slots.recoveries = self.slots.recoveries, []
+        return taken
 
     @staticmethod
     async def _call(ref: Any, actor: Any) -> Any:
@@ -512,7 +502,7 @@ class RolloutWorkerPool:
             self.slots.replace(slot, exc.actor, f"group {group}")
             self.rerun_groups += 1
 
-        return await retry(attempt, self.max_attempts, died)
+        return await retry(attempt, self.slots.max_attempts, died)
 
     async def run(self, samples: Sequence[Sample], n: int, seed: int, id_prefix: str = "") -> list[Trajectory]:
         """What ``run_rollouts`` returns, one contiguous share of the groups per worker. A dead worker's
@@ -541,7 +531,7 @@ class RolloutWorkerPool:
                 self.rerun_groups += len(groups)
                 idle.dead(slot)
 
-            await retry(attempt, self.max_attempts, died)
+            await retry(attempt, self.slots.max_attempts, died)
 
         runs: list[asyncio.Future[None]] = []
         try:

@@ -13,7 +13,7 @@ roles (docs/plugins.md, "Checking a part against the run").
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -240,12 +240,6 @@ def check_adapters(facts: RunFacts, trains: bool) -> None:
     _on_skeleton(facts, lambda model: apply_adapters(model, adapters))
 
 
-def report(warnings: Iterable[str]) -> None:
-    """The run's warnings, one line each on stderr, at its start."""
-    for line in warnings:
-        print(f"warning: {line}", file=sys.stderr, flush=True)
-
-
 @dataclass(frozen=True)
 class ModelInputs:
     """The tokenizer, the processor (None but for a vision-language model) and the renderer factory
@@ -268,7 +262,8 @@ def check_model_inputs(config: Config, parts: Parts, path: str, prompts: Sequenc
                           f"load ({first_line(exc)})") from None
     processor = engine_processor(config, parts.engine_cls, path, prompts)
     factory = config_renderer_factory(config, tokenizer, processor)
-    report(check_run(config, parts, path, tokenizer, factory))
+    for line in check_run(config, parts, path, tokenizer, factory):  # its warnings: one line each on stderr
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     # Each prompt as its route renders it (the template, the tools known before they are built), against
     # the model's context and model.max_context.
     for i, s in enumerate(prompts, 1):  # the role acting first, when a row names one

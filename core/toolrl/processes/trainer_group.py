@@ -25,6 +25,7 @@ from toolrl.processes.ray_actors import ActorDied, result
 from toolrl.processes.recovery import (
     ReformingGroup,
     TrainerFailed,
+    actor_died,
     close_ranks,
     every_rank,
     reserve_ranks,
@@ -177,9 +178,8 @@ class RayTrainerGroup(ReformingGroup):
                        if fut not in done or isinstance(fut.exception(), ActorDied)]
         errors = [r["error"] for r in sent if r.get("error")]
         errors += [str(f.exception()) for f in receives if f in done and f.exception() is not None]
-        return ({"weight_sync_s": max(r["weight_sync_s"] for r in sent),
-                 "weight_sync_peak_mb": max(r["weight_sync_peak_mb"] for r in sent)},
-                dead, errors[0].splitlines()[0] if errors else ("a worker did not finish" if dead else ""))
+        metrics = {k: max(r[k] for r in sent) for k in ("weight_sync_s", "weight_sync_peak_mb")}
+        return metrics, dead, errors[0].splitlines()[0] if errors else ("a worker did not finish" if dead else "")
 
     async def save(self, directory: str, step: int) -> None:
         async def attempt() -> None:
@@ -214,5 +214,4 @@ async def _gone(targets: Sequence[Any]) -> list[Any]:
     await asyncio.wait(pings, timeout=PING_S)
     for ping in pings:
         ping.cancel()
-    return [t for t, ping in zip(targets, pings, strict=True)
-            if ping.done() and not ping.cancelled() and isinstance(ping.exception(), ActorDied)]
+    return [t for t, ping in zip(targets, pings, strict=True) if actor_died(ping)]

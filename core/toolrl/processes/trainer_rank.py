@@ -73,7 +73,7 @@ class TrainerRank:
         cfg = self.config
         self.sync_plan = (self.plan if self.plan is not None else run_plan(cfg)).sync
         self.delta = Delta() if self.sync_plan.delta else None
-        on_gpu = cfg.ray.num_gpus_per_trainer > 0 if cfg.ray.address is not None else False
+        on_gpu = cfg.ray.address is not None and cfg.ray.num_gpus_per_trainer > 0
         self.device = "cuda" if on_gpu else model_sources.resolve_device(cfg.model.device)
         if self.world_size > 1:
             from toolrl.training.sharding import join_group

@@ -11,7 +11,7 @@ from toolrl.rollout.episode import Episode, FoldBranch
 from toolrl.rollout.segments import ContextError
 from toolrl.schemas import ToolCall, ToolResponse, ToolResult
 from toolrl.seeds import branch_seed
-from toolrl.trajectory import ContextEdit, Termination, Trajectory, model_tokens_end, part_id
+from toolrl.trajectory import ContextEdit, Termination, Trajectory, cut_response, model_tokens_end, part_id
 
 
 def branch_of(ep: Episode, call: ToolCall) -> tuple[ToolCall, Branch] | ToolResult | None:
@@ -55,8 +55,8 @@ def close_branch(ep: Episode, sub: Episode, call: ToolCall, branch: Branch, endi
         if ending == "answered" else f"Error: the branch ended without an answer ({ending})"
     assert twig.edit is not None
     twig.edit.result = answer
-    end, piece = model_tokens_end(twig.response_mask), len(ep.closed)  # what follows its answer trains nothing
-    del twig.response_ids[end:], twig.response_mask[end:], twig.logprobs[end:]
+    piece = len(ep.closed)
+    cut_response(twig, model_tokens_end(twig.response_mask))  # what follows its answer trains nothing
     twig.trajectory_id, twig.piece, twig.termination = part_id(traj.key, "piece", piece), piece, "forked"
     ep.closed.append(twig)
     traj.trajectory_key, traj.piece = traj.key, piece + 1

@@ -113,8 +113,7 @@ async def start_episode(ctx: RolloutContext, route: Route, sample: Sample, group
         raise
     toolset = ToolSet(tools, tools_kwargs(route, sample), trajectory_id)
     messages = renderer.prompt_messages(messages)
-    parser = route.parser if not reset.tools else route.parser.for_tools(
-        [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()])
+    parser = route.parser.for_tools(toolset.schemas()) if reset.tools else route.parser
     return Episode(ctx, route, renderer, toolset, traj, seed, session, messages=messages, task=len(messages),
                    parser=parser)
 
@@ -160,9 +159,8 @@ async def generate(ep: Episode, budget: int) -> Generation:
 
 async def answer_of(ep: Episode, gen: Generation) -> str:
     """The answer ``gen`` holds: its parsed content, without the end-of-turn token."""
-    parsed = await parse_within(ep.parser, ep.renderer.turn_text(gen.token_ids),
-                                ep.ctx.config.parser_timeout_s)
-    return parsed.content
+    return (await parse_within(ep.parser, ep.renderer.turn_text(gen.token_ids),
+                               ep.ctx.config.parser_timeout_s)).content
 
 
 def prompt_of(renderer: ChatRenderer, sample: Sample, limits: ImageLimits,

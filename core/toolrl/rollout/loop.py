@@ -6,8 +6,8 @@ For each sample × n, concurrently::
     create tools (sample's tools_kwargs)                                              run_trajectory_pieces
       ┌─► (a run with roles) the session's role for the turn; another starts a piece  act_as (segments)
       │   engine.generate ─► append model tokens (mask 1, engine logprobs)           generate (episode)
-      │   parse ─► no calls and no errors: the session's user turn (mask 0), else    parse, ending_after_generation,
-      │            the answer ends it                                                 user_turn
+      │   parse ─► no calls and no errors: the session's user turn (mask 0), else    parse_calls, user_turn
+      │            the answer ends it
       │   run calls concurrently (≤ max_parallel_calls; the rest are reported);      execute
       │   a session step that says done ends it
       │   append tool results and parse errors as a token delta (mask 0, logprob 0)  tool_results_delta (results)
@@ -139,14 +139,13 @@ async def take_turn(ep: Episode) -> Termination | None:
         await act_as(ep)
     gen = await generate(ep, min(budget, ep.context_room))
     calls, errors = await parse_calls(ep, gen)
-    ending = ending_after_generation(ep, gen, calls, errors)
-    if ending == "answered":
+    if gen.finish_reason == "length":  # out of tokens: the whole response's, or this call's
+        return "max_response_tokens" if len(traj.response_ids) >= cfg.max_response_tokens else "length"
+    if not calls and not errors:  # no call and no malformed one: its answer
         if isinstance(ep.line, FoldBranch):  # its answer goes back to the line that called it, not to the session
             traj.final_response = await answer_of(ep, gen)
             return "answered"
         return await user_turn(ep, gen) or await fit_context(ep)
-    if ending is not None:
-        return ending
     results = await execute(ep, calls)
     if (failure := failure_after_calls(ep.session, results)) is not None:  # a failed session ends it at once
         raise failure
@@ -184,18 +183,6 @@ async def parse_calls(ep: Episode, gen: Generation) -> tuple[list[ToolCall], lis
     errors = parsed.errors if gen.finish_reason == "stop_string" and not stopped_at_call else []
     traj.parse_errors += parsed.errors if not stopped_at_call else []
     return calls, errors
-
-
-def ending_after_generation(ep: Episode, gen: Generation, calls: Sequence[ToolCall],
-                            errors: Sequence[ParseError]) -> Termination | None:
-    """Why the trajectory ends once the model has spoken: it ran out of tokens, or it made no call
-    and no malformed one (its answer). None: there are calls to run or errors to report."""
-    if gen.finish_reason == "length":
-        full = len(ep.traj.response_ids) >= ep.ctx.config.max_response_tokens
-        return "max_response_tokens" if full else "length"
-    if not calls and not errors:
-        return "answered"
-    return None
 
 
 async def user_turn(ep: Episode, gen: Generation) -> Termination | None:

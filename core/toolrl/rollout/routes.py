@@ -265,14 +265,11 @@ async def build_routes(config: Config, samples: Sequence[Sample] = (), parts: Pa
         if len(routes) == 1 and None not in routes:
             routes[None] = next(iter(routes.values()))
         for name, r in routes.items():
-            mine = [s for s in samples if s.env == name or (s.env is None and name is None)]
+            mine = [s for s in samples if s.env == name]
             check_samples_against_tools(mine, r.tools, f"environment {name!r}" if name else "data")
     except BaseException:
-        for tools in built.values():
-            for tool in tools.values():
-                await tool.close()
-        for kind in kinds:
-            await kind.close()
+        for part in [*(t for tools in built.values() for t in tools.values()), *kinds]:
+            await part.close()
         raise
     return routes, [*(t for tools in built.values() for t in tools.values()), *kinds]
 

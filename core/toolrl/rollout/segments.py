@@ -39,8 +39,7 @@ async def fit_context(ep: Episode) -> Termination | None:
             return ending
     if ep.context_room > 0:
         return None
-    end = model_tokens_end(traj.response_mask)
-    cut_response(traj, end)
+    cut_response(traj, model_tokens_end(traj.response_mask))
     traj.images = images_in(ep.renderer, traj.images, traj.prompt_ids + traj.response_ids)
     return "length"
 

@@ -250,9 +250,8 @@ def derive_invalid_arguments(parameters: Mapping[str, Any],
     """Invalid calls implied by the schema: each required field left out, an unexpected field (when
     ``additionalProperties`` is false) and each typed field given a value of the wrong type."""
     properties = parameters.get("properties") or {}
-    derived: list[dict[str, Any]] = []
-    for name in parameters.get("required", []):
-        derived.append({k: v for k, v in valid_arguments.items() if k != name})
+    derived: list[dict[str, Any]] = [{k: v for k, v in valid_arguments.items() if k != name}
+                                     for name in parameters.get("required", [])]
     if parameters.get("additionalProperties") is False:
         derived.append({**valid_arguments, "toolrl_unexpected_field": 1})
     wrong_values = {

@@ -6,12 +6,11 @@ any step (a checkpoint and ``--resume``) giving the choices it would have made l
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrl.curricula import Curriculum, GroupOutcome, TrainingSet
-from toolrl.data.draws import json_problem
+from toolrl.data.draws import finite_figures, json_problem
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.schemas import Sample
 
@@ -71,16 +70,6 @@ def play_curriculum(name: str, options: Mapping[str, Any] | None = None, data: T
     return choices, figures
 
 
-def _numbers(figures: Any, where: str) -> None:
-    if isinstance(figures, Mapping):
-        for key, value in figures.items():
-            assert isinstance(key, str), f"{where}: a key that is not a string: {key!r}"
-            _numbers(value, f"{where}/{key}")
-    else:
-        assert isinstance(figures, int | float) and not isinstance(figures, bool) and math.isfinite(figures), \
-            f"{where}: {figures!r} is not a finite number"
-
-
 def check_curriculum(name: str, options: Mapping[str, Any] | None = None, data: TrainingSet | None = None,
                      steps: int = 12, ahead: int = 0) -> list[list[int]]:
     """:func:`play_curriculum` checked: every choice a position in the samples, every figure a finite number,
@@ -91,7 +80,9 @@ def check_curriculum(name: str, options: Mapping[str, Any] | None = None, data: 
         assert all(isinstance(i, int) and 0 <= i < len(data.samples) for i in drawn), \
             f"step {step + 1}: {name} chose {drawn}, not positions in the {len(data.samples)} samples"
     for step, row in enumerate(figures):
-        _numbers(row, f"step {step + 1}: curriculum")
+        bad: dict[str, str] = {}  # as the run checks them (toolrl.data.draws)
+        finite_figures(row, f"step {step + 1}: curriculum", bad)
+        assert not bad, "; ".join(bad.values())
     for restart in range(1, steps + ahead):
         again, _ = play_curriculum(name, options, data, steps, ahead=ahead, restart=restart)
         assert again == choices, f"{name}: resumed from its state at step {restart + 1}, it drew {again} " \

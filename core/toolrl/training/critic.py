@@ -161,10 +161,8 @@ def critic_update(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, tra
         return {}
     device = next(critic.parameters()).device
     old_values, returns = old_values.to(device), returns.to(device)
-    minis = []
-    for mini in (m.tolist() for m in torch.tensor(usable).chunk(options.mini_batches)):
-        tokens = float(sum(sum(trajs[i].response_mask) for i in mini))
-        minis.append((tokens, _micro_steps(trajs, mini, options, device)))
+    minis = [(float(sum(sum(trajs[i].response_mask) for i in mini)), _micro_steps(trajs, mini, options, device))
+             for mini in (m.tolist() for m in torch.tensor(usable).chunk(options.mini_batches))]
     losses, norms, counted, clipped = [], [], 0.0, 0.0
     critic.train()
     for _ in range(options.epochs):

@@ -39,11 +39,10 @@ def micro_batches(indices: Sequence[int], lengths: Sequence[int], micro_batch_si
     bins: list[list[int]] = []
     room: list[int] = []
     for i in sorted(indices, key=lambda i: (-lengths[i], i)):
-        b = next((b for b, r in enumerate(room) if r >= lengths[i]), None)
-        if b is None:
+        b = next((b for b, r in enumerate(room) if r >= lengths[i]), len(bins))  # none fits: a new bin
+        if b == len(bins):
             bins.append([])
             room.append(max_tokens)
-            b = len(bins) - 1
         bins[b].append(i)
         room[b] -= lengths[i]
     return [sorted(b) for b in bins]

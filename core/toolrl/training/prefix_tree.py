@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from toolrl.trajectory import common_prefix
+
 # Fewest tokens a tree's root must hold; below this, sequences are packed one after another.
 MIN_SHARED_TOKENS = 32
 
@@ -74,14 +76,10 @@ def layout(seqs: Sequence[Sequence[int]], share: bool = True, min_shared: int = 
 def common_length(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) -> int:
     """How many tokens from ``depth`` on all of ``seqs[idx]`` have in common."""
     first = seqs[idx[0]]
-    common = min(len(seqs[i]) for i in idx) - depth
+    common = max(min(len(seqs[i]) for i in idx) - depth, 0)
     for i in idx[1:]:
-        if common <= 0:
-            return 0
-        diff = np.flatnonzero(first[depth:depth + common] != seqs[i][depth:depth + common])
-        if diff.size:
-            common = int(diff[0])
-    return max(common, 0)
+        common = common_prefix(first[depth:depth + common], seqs[i][depth:depth + common])
+    return common
 
 
 def split_by_token(seqs: Sequence[np.ndarray], idx: Sequence[int], depth: int) -> list[list[int]]:

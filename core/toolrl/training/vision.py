@@ -114,14 +114,10 @@ def pixel_inputs(images: Sequence[Sequence[TrajectoryImage]], processor: Any,
     image's recorded grid is checked."""
     if not any(images):
         return None
-    if processor is None:
-        raise ValueError("trajectories hold images but the model has no processor (a text-only model?)")
     cache = {} if cache is None else cache
     per_sequence = distinct(images)
-    done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for seq, owners in zip(images, per_sequence, strict=True):
-        for image, i in zip(seq, owners, strict=True):
-            done[i] = _pixels(image, processor, cache)
+    done = {i: _pixels(image, processor, cache)
+            for seq, owners in zip(images, per_sequence, strict=True) for image, i in zip(seq, owners, strict=True)}
     return VisionInputs(torch.cat([done[i][0] for i in range(len(done))]),
                         torch.stack([done[i][1] for i in range(len(done))]), per_sequence,
                         [i for owners in per_sequence for i in owners])

@@ -110,9 +110,7 @@ def _engine_entries(model: Any, plan: SyncPlan,
     if delta is not None:
         delta.agree(state)
     own = {v.data_ptr() for v in state.values() if not hasattr(v, "full_tensor")}
-    first: dict[int, str] = {}  # each tensor's first name
-    for name, value in state.items():
-        first.setdefault(id(value), name)
+    first = {id(value): name for name, value in reversed(state.items())}  # each tensor's first name
     tied = set(state) - set(first.values())
     found: Iterator[tuple[str, Any, Any]]
     if plan.policies:

@@ -96,15 +96,10 @@ class Mailbox:
         return False
 
 
-def _ray() -> Any:
-    import ray
-
-    return ray
-
-
 class ObjectStoreSender(transports.WeightSender):
     def __init__(self, key: str, sender: int, receivers: int, timeout_s: float) -> None:
-        ray = _ray()
+        import ray
+
         if not ray.is_initialized():  # a process of the cluster that is not connected yet
             init_ray("auto", 0, log_to_driver=False)
         context = ray.get_runtime_context()
@@ -122,9 +117,9 @@ class ObjectStoreSender(transports.WeightSender):
             raise self.link.error(f"its mailbox actor did not start within {START_S:g} s") from None
 
     def _wait_taken(self, round_: int, seq: int) -> None:
-        ray = _ray()
-        ok = ray.get(self.mailbox.all_took.remote(round_, seq, self.link.timeout_s))
-        if not ok:
+        import ray
+
+        if not ray.get(self.mailbox.all_took.remote(round_, seq, self.link.timeout_s)):
             raise self.link.error(f"a receiver did not take bucket {seq} within {self.link.timeout_s:g} s")
 
     def send(self, buckets: Iterable[transports.Bucket]) -> int:
@@ -137,9 +132,9 @@ class ObjectStoreSender(transports.WeightSender):
 
     def _send(self, buckets: Iterable[transports.Bucket]) -> int:
         import numpy as np
+        import ray
         import torch
 
-        ray = _ray()
         round_, self.rounds, sent, end = self.rounds, self.rounds + 1, 0, 0
         for seq, bucket in enumerate(buckets):
             if seq >= 2:  # at most two buckets in the object store at once
@@ -156,7 +151,8 @@ class ObjectStoreSender(transports.WeightSender):
         return sent
 
     def close(self) -> None:
-        ray = _ray()
+        import ray
+
         if ray.is_initialized():
             ray.kill(self.mailbox, no_restart=True)
 
@@ -168,7 +164,8 @@ class ObjectStoreReceiver(transports.WeightReceiver):
         self.rounds = 0
 
     def _join(self) -> Any:
-        ray = _ray()
+        import ray
+
         address, namespace, name = self.link.address.split("|")
         if not ray.is_initialized():
             init_ray(address, 0, namespace=namespace, log_to_driver=False)
@@ -178,10 +175,10 @@ class ObjectStoreReceiver(transports.WeightReceiver):
         return mailbox
 
     def receive(self, load: transports.Load) -> int:
+        import ray
         import torch
         from ray.exceptions import RayError
 
-        ray = _ray()
         round_, self.rounds, received, seq = self.rounds, self.rounds + 1, 0, 0
         try:
             if self.mailbox is None:

@@ -265,7 +265,7 @@ class TransformersEngine(RolloutEngine):
             raise KeyError(f"a weight update sent {name!r}, which the model does not have")
         if tuple(own[name].shape) != tuple(shape):
             raise ValueError(f"a weight update sent {name!r} as {tuple(shape)}, the model's is {tuple(own[name].shape)}")
-        target = rows_of(own[name], start, rows.shape[0] if rows.dim() else 1)
+        target = rows_of(own[name], start, rows)
         if (rows.data_ptr(), rows.shape) != (target.data_ptr(), target.shape):
             with torch.no_grad():
                 target.copy_(rows)

@@ -93,7 +93,7 @@ class AdapterSlots:
         if tuple(tensors[key].shape) != tuple(shape):
             raise ValueError(f"a weight update sent {name!r} as {tuple(shape)}, the adapter's is "
                              f"{tuple(tensors[key].shape)}")
-        rows_of(tensors[key], start, rows.shape[0] if rows.dim() else 1).copy_(rows)
+        rows_of(tensors[key], start, rows).copy_(rows)
         return True
 
     def _evict(self, name: str) -> dict[str, Any]:

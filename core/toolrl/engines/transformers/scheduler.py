@@ -140,8 +140,6 @@ class Scheduler:
             failed: Exception | None = None
             try:
                 await asyncio.to_thread(step, admitted, cancelled, finished)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # a failed step fails its requests, not the engine
                 failed = exc
             # Requests completed before a failure later in the step have their whole results: they get
