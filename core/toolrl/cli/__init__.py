@@ -386,6 +386,9 @@ cli.add_command(env_group)
 
 
 def main() -> None:
+    # torch's CPU allocations of 2 MB and more on huge pages here and in what a run starts: logits faulted in
+    # 2 MB at a time, not 4 kB (docs/benchmarks.md, "CPU allocations"). Read at torch's first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     try:
         plugins = get_plugins()
     except PluginLoadError as exc:  # strict mode
