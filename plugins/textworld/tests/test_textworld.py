@@ -290,3 +290,20 @@ def test_env_list_generates_no_split(tmp_path: Path) -> None:
     listed = {r["name"]: r for r in json.loads(out.output)}
     assert {s["size"] for s in listed["textworld"]["splits"].values()} == {None}
     assert [p.name for p in tmp_path.iterdir()] == [GameSpec(seed=EXAMPLE_SEED).path().name]
+
+
+def test_the_curriculum_benchmark_counts_kept_rollouts_by_the_levels_of_its_training_split(tmp_path: Path) -> None:
+    """``benchmarks/textworld_claims.py --rollouts DIR --claim curriculum``: the claim's training split is loaded
+    (one game a level here) and each step's groups counted by their games' levels, a group once however many
+    plays it holds."""
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+    for step, indices in ((1, [0, 1, 2, 3]), (2, [0, 0, 3])):
+        rows = [{"group": g, "sample_index": i, "response_mask": [1], "turn_starts": [0], "advantage": 0.0}
+                for g, i in enumerate(indices) for _ in range(2)]
+        (rollouts / f"step_{step:05d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench = Path(__file__).resolve().parents[3] / "benchmarks" / "textworld_claims.py"
+    done = subprocess.run([sys.executable, str(bench), "--rollouts", str(rollouts), "--claim", "curriculum",
+                           "--train", "1", "--held-out", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{rollouts}: games trained by level a step 1/1/1/1 2/0/0/1"]
