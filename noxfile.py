@@ -109,8 +109,9 @@ PYTEST = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations
 # What every test process (and each process it starts: ranks, Ray workers, engines, CLI runs) runs with: torch on
 # one thread (two lanes share 2 cores), and torch's CPU allocations of 2 MB and more on transparent huge pages.
 # The tiny models' 151k-entry vocabulary makes each forward's logits tens of MB, which glibc maps afresh at
-# every allocation and the kernel faults in 4 kB at a time: THP cut test_microbatch.py's page faults 3.3 M ->
-# 0.33 M and its CPU 17.4 -> 13.6 s, test_async.py's 32.8 -> 30.0 s (docs/testing.md).
+# every allocation and the kernel faults in 4 kB at a time: with THP, tests(slow)'s modules took 156 s of CPU
+# against 197 and 3.6 M page faults against 21.9 M, side by side in one lane (docs/testing.md, "Torch's CPU
+# allocations on huge pages").
 TEST_ENV = {"OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"}
 # Where each session leaves its JUnit XML and its start and end (scripts/ci_times.py reads both).
 TIMES = ROOT / ".nox" / "times"
