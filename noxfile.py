@@ -92,7 +92,7 @@ BUILD_BACKEND = ("setuptools>=68", "wheel")
 # Plugins whose tests also run a model (a CLI rollout or training run through the plugin's tool, engine or
 # logger; geo3k's on the tiny vision-language model); they get the calculator too, since examples/tiny.yaml
 # uses it (and duo's program runs its evaluator).
-NEEDS_TRAIN = {"mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
+NEEDS_TRAIN = {"anthropic", "mcp", "openai", "loggers", "verifiers", "openenv", "tau2", "geo3k", "viewer", "lookup", "ledger", "corridor",
                "duo", "reasoning-gym", "textarena", "tinker", "fleet", "bfcl", "textworld"}
 # Other local plugins a plugin's tests start (tau2's simulated user is a model under `toolrl serve`).
 ALSO_INSTALL = {"tau2": ["openai"]}

@@ -23,8 +23,9 @@ this benchmark starts itself (one process per server, kept across the ladder):
   take a step each, and the line ``fleet @N: ...`` says how many completed and how many the restarted
   server took.
 
-The measuring is core's (:mod:`toolrl.testing.load`, which ``toolrl env bench`` runs too; its drivers'
-``prepare`` ends with the rollout process's collector policy, as a rollout's start-up does). Each rung
+The measuring is the fleet plugin's (:mod:`toolrl_fleet.load`, which ``toolrl env bench`` runs too, so
+every ``--env`` needs ``pip install -e plugins/fleet``; its drivers' ``prepare`` ends with the rollout
+process's collector policy, as a rollout's start-up does). Each rung
 runs in a fresh child process (its memory its own): every session opens (reset), then, all
 open, the client's RSS is read (per open session: the RSS beyond the rung's warm-up, divided by N; the
 payloads here are a few hundred bytes), then each session takes ``--steps`` steps with a think time
@@ -171,7 +172,7 @@ def openenv_driver(url: str, options: dict[str, Any], kind: str = "openenv") -> 
     served by the fleet's servers, ``options`` its own)."""
     from toolrl.schemas import Sample, ToolCall
     from toolrl.sessions import SessionKind
-    from toolrl.testing.load import SessionDriver
+    from toolrl_fleet.load import SessionDriver
 
     if kind == "openenv":
         options = {"base_url": url, "max_sessions": OPENENV_CAPACITY, **options}
@@ -182,7 +183,7 @@ def openenv_driver(url: str, options: dict[str, Any], kind: str = "openenv") -> 
 def sandbox_driver(url: str, options: dict[str, Any]) -> Any:
     """The ``code_interpreter`` tool as the rollout drives a tool (core's :class:`ToolSet`)."""
     from toolrl.schemas import Sample, ToolCall
-    from toolrl.testing.load import ToolDriver
+    from toolrl_fleet.load import ToolDriver
     from toolrl_sandbox_fusion.tool import CodeInterpreterTool
 
     tool = CodeInterpreterTool({"sandbox_fusion_url": url, "rate_limit": None, "num_workers": 64, **options})
@@ -228,7 +229,7 @@ async def fleet_rung(url: str, n: int, steps: int, think_s: float, servers: int,
     """A rung over a fleet of ``servers``: the first killed (SIGKILL) ``kill_at`` s into the steps and
     started again ``restart_after`` s later; then N new trajectories take a step each, and count how
     many the restarted server took (the run goes on, the server back in it)."""
-    from toolrl.testing.load import measure_rung
+    from toolrl_fleet.load import measure_rung
 
     fleet = FleetServers(url, servers)
     driver = openenv_driver(url, {"urls": fleet.urls, "retry_s": 0.5, "queue_timeout_s": 30}, kind="fleet")
@@ -258,7 +259,7 @@ async def fleet_rung(url: str, n: int, steps: int, think_s: float, servers: int,
 
 
 async def rung(env: str, url: str, n: int, steps: int, think_s: float, options: dict[str, Any]) -> dict[str, Any]:
-    from toolrl.testing.load import measure_rung
+    from toolrl_fleet.load import measure_rung
 
     driver = openenv_driver(url, options) if env == "openenv" else sandbox_driver(url, options)
     await driver.prepare()

@@ -476,9 +476,6 @@ async def test_a_tool_choice_naming_no_tool_is_refused_as_each_api_refuses_it():
         answers["responses"] = await post(f"{base}/responses", {
             "model": model, "input": "2+3?", "tools": [{"type": "function", "name": "add", "parameters": schema}],
             "tool_choice": {"type": "function", "name": "mul"}}, key)
-        answers["anthropic"] = await post(f"{base}/messages", {
-            "model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "2+3?"}],
-            "tools": [{"name": "add", "input_schema": schema}], "tool_choice": {"type": "tool", "name": "mul"}}, key)
         answers["named"] = (await post(f"{base}/chat/completions", {
             **chat, "tool_choice": {"type": "function", "function": {"name": "add"}}}, key))[0]
         return 1.0
@@ -487,8 +484,6 @@ async def test_a_tool_choice_naming_no_tool_is_refused_as_each_api_refuses_it():
     error = {"message": "tool_choice: no function 'mul' in tools", "type": "invalid_request_error",
              "param": "tool_choice", "code": 400}
     assert answers["chat"] == answers["responses"] == (400, {"error": error})
-    assert answers["anthropic"] == (400, {"type": "error", "error": {"type": "invalid_request_error",
-                                                                     "message": error["message"]}})
     assert answers["named"] == 200
 
 

@@ -164,6 +164,33 @@ class Backwards(Curriculum):
 def register_curricula(register):
     register(Backwards, name="backwards")
 
+from toolrl.gateway.protocol import Body, parse_body
+from toolrl.gateway.protocols import GatewayProtocol
+
+class Said(Body):
+    text: str
+    stream: bool = False
+
+class Upper(GatewayProtocol):
+    """A plugin's API on the gateway: what is said, in capitals; refusals and its clients' variable its own."""
+    path = "upper"
+    @staticmethod
+    def parse(raw):
+        return parse_body(raw, Said)
+    @staticmethod
+    async def answer(session, req):
+        return {"upper": req.text.upper(), "model": session.model}
+    @staticmethod
+    def error_body(error):
+        return {"refused": str(error)}
+    @staticmethod
+    def environ(root, key):
+        return {"UPPER_URL": f"{root}/v1/upper"}
+
+@hookimpl
+def register_gateway_protocols(register):
+    register(Upper, name="upper")
+
 @hookimpl
 def register_commands(cli):
     @cli.command("hello")
@@ -386,6 +413,30 @@ def test_hook_register_weight_transports(tmp_path):
     out = python_with_plugin(tmp_path, code)
     assert out.stdout.splitlines() == ["Spool /srv/w", "trainer.weight_transport_options.path: Field required; "
                                        "trainer.weight_transport_options.pth: unknown key (did you mean 'path'?)"], \
+        out.stderr[-2000:]
+
+
+def test_hook_register_gateway_protocols(tmp_path):
+    assert listed(tmp_path)["parts"]["gateway_protocols"] == ["upper"]
+    code = ("import asyncio, aiohttp, json\n"
+            "from toolrl.gateway.record import EpisodeRecord\n"
+            "from toolrl.gateway.server import Gateway\n"
+            "from toolrl.gateway.session import GatewaySession\n"
+            "async def main():\n"
+            "    gateway = await Gateway().start()\n"
+            "    session = gateway.sessions['t0'] = GatewaySession(EpisodeRecord('t0', 0, 0), None, None, None, None, 0, 'm')\n"
+            "    print({'chat/completions', 'responses', 'upper'} <= {p.path for p in gateway.protocols})\n"
+            "    print(gateway.environ('t0', session.api_key)['UPPER_URL'] == gateway.url('t0') + '/v1/upper')\n"
+            "    async with aiohttp.ClientSession() as http:\n"
+            "        for body in ({'text': 'hi'}, {'txt': 'hi'}):\n"
+            "            async with http.post(gateway.url('t0') + '/v1/upper', json=body,\n"
+            "                                 headers={'x-api-key': session.api_key}) as answer:\n"
+            "                print(answer.status, json.dumps(await answer.json()))\n"
+            "    await gateway.close()\n"
+            "asyncio.run(main())\n")
+    out = python_with_plugin(tmp_path, code)
+    assert out.stdout.splitlines() == ["True", "True",
+                                       '200 {"upper": "HI", "model": "m"}', '400 {"refused": "text: Field required"}'], \
         out.stderr[-2000:]
 
 

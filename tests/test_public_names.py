@@ -6,8 +6,8 @@ it calls.
 
 Exempt: hook implementations (``@hookimpl``: pluggy matches them by the hook's name), ``main``,
 the conventional entry point of a program (``python -m``, the ``toolrl`` console script), and the one
-interface every gateway protocol module implements (``parse``, ``answer``, ``stream``: the server calls
-each protocol's module the same way)."""
+interface every gateway protocol module implements (``parse``, ``answer``, ``stream``: each module's
+:class:`~toolrl.gateway.protocols.GatewayProtocol` binds them)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 CORE = Path(__file__).resolve().parents[1] / "core" / "toolrl"
 ENTRY_POINT = "main"
 PROTOCOL = {"parse", "answer", "stream"}
-PROTOCOL_MODULES = {f"toolrl/gateway/{name}.py" for name in ("chat_completions", "responses", "anthropic")}
+PROTOCOL_MODULES = {f"toolrl/gateway/{name}.py" for name in ("chat_completions", "responses")}
 
 
 def _hookimpl(node: ast.AST) -> bool:

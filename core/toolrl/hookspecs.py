@@ -234,6 +234,19 @@ def register_agents(register: Register) -> None:
 
 
 @hookspec
+def register_gateway_protocols(register: Register) -> None:
+    """Register gateway protocols: subclasses of :class:`toolrl.gateway.protocols.GatewayProtocol`.
+
+    A protocol is an API an agent program's client speaks, served on every episode's endpoint at
+    ``/v1/{path}``: it ``parse`` s a request, ``answer`` s it as the chat turn it amounts to
+    (:meth:`toolrl.gateway.session.GatewaySession.turn`, which renders, generates and records it for
+    training), ``stream`` s the answer, writes refusals as the API does (``error_body``) and names the
+    variables that point its clients at an endpoint (``environ``). The built-ins are ``chat_completions``
+    and ``responses`` (OpenAI's); every one registered is served (docs/agents.md).
+    """
+
+
+@hookspec
 def register_commands(cli: click.Group) -> None:
     """Add subcommands to the ``toolrl`` command-line interface.
 

@@ -3,8 +3,8 @@ paths"): these may change or go in any release, so don't build on them. Each is 
 from its home on first use, and here because:
 
 - ``build_served_model``: ``toolrl serve`` (``openai``) serves the model as training composes it.
-- ``after_startup``: an ``openenv`` server, like a ``fleet``'s, holds a rollout's many episodes, so takes its
-  collector tuning.
+- ``after_startup``: an ``openenv`` or ``fleet`` server holds a rollout's many episodes, and ``env bench``'s
+  client stands for a rollout process: each takes a rollout's collector tuning.
 - ``stop_child``: ``openenv``'s servers, like the ``fleet``'s, are children that exit when stdin closes.
 - ``read_json``, ``problem_results``, ``ProblemResult``: ``toolrl view`` reads the core's run directories.
 """

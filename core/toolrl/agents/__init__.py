@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import ssl
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,21 +34,22 @@ class AgentTask(BaseModel):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One episode's endpoint: the gateway's OpenAI ``/v1`` for this episode (its parent is the
-    Anthropic base URL), a key valid for it only, where to POST ``{"reward": x}`` (with ``"call_id"``: a
-    step reward for that call; with ``"role"``: that role's reward), the model name to ask for, and the
-    run's roles (each a model name ``GET /v1/models`` lists; empty: a run with no roles, ``model`` only)."""
+    """One episode's endpoint: the gateway's OpenAI ``/v1`` for this episode, a key valid for it only,
+    where to POST ``{"reward": x}`` (with ``"call_id"``: a step reward for that call; with ``"role"``:
+    that role's reward), the model name to ask for, the run's roles (each a model name ``GET /v1/models``
+    lists; empty: a run with no roles, ``model`` only), and the variables that point the clients of the
+    other APIs served (a plugin's :class:`~toolrl.gateway.protocols.GatewayProtocol`) at it."""
 
     base_url: str
     api_key: str
     reward_url: str
     model: str
     roles: tuple[str, ...] = ()
+    clients: Mapping[str, str] = field(default_factory=dict)
 
     def environ(self) -> dict[str, str]:
-        """The endpoint as an agent program's environment variables (what OpenAI clients read)."""
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key,
-                "ANTHROPIC_BASE_URL": self.base_url.removesuffix("/v1"), "ANTHROPIC_API_KEY": self.api_key,
+        """The endpoint as an agent program's environment variables (what OpenAI clients read, and others)."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, **self.clients,
                 "TOOLRL_REWARD_URL": self.reward_url, "TOOLRL_MODEL": self.model,
                 **({"TOOLRL_ROLES": ",".join(self.roles)} if self.roles else {})}
 

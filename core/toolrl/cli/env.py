@@ -1,5 +1,5 @@
-"""``toolrl env list``, ``show`` and ``bench``: the installed environments, one under load (a plugin's
-``register_commands`` may add more to the group). Light at import (click only); listing imports the
+"""``toolrl env list`` and ``show``: the installed environments (a plugin's ``register_commands`` may add
+more to the group: the fleet's ``serve`` and ``bench``). Light at import (click only); listing imports the
 environments' modules and generates their splits, never torch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from toolrl.cli.errors import UsageFailure, mapping_option, user_errors
+from toolrl.cli.errors import user_errors
 
 
 @click.group("env")
@@ -124,59 +124,3 @@ def env_show(name: str, as_json: bool) -> None:
         click.echo(f"  example ({row['example']['split']}), ground truth {row['example']['ground_truth']!r}:")
         for m in row["example"]["prompt"]:
             click.echo(f"    {m['role']}: {m.get('content')}")
-
-
-def _counts(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
-    """``--ladder``'s comma-separated counts, each a whole number of trajectories, at least 1."""
-    counts = [x.strip() for x in value.split(",")]
-    bad = next((x for x in counts if not x.isdigit() or int(x) < 1), None)
-    if bad is not None:
-        raise click.BadParameter(f"{bad!r} is not a count of trajectories (a whole number, at least 1)")
-    return [int(x) for x in counts]
-
-
-@env.command("bench")
-@click.argument("name")
-@click.option("--ladder", default="16,128", show_default=True, callback=_counts,
-              help="Comma-separated concurrent trajectory counts.")
-@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), help="Steps per trajectory.")
-@click.option("--think-s", default=0.1, show_default=True, type=click.FloatRange(min=0),
-              help="Mean think time between a trajectory's steps (a model's generation time).")
-@click.option("--split", default=None, help="The split whose samples reset the trajectories (default: the first).")
-@click.option("--options", "options_json", default=None, help="JSON: the environment's options (env_options).")
-@click.option("--session", default=None, help="Another session kind to drive it through (one that serves the environment's sessions).")
-@click.option("--session-options", "session_json", default=None, help="JSON: that session kind's options.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def env_bench(name: str, ladder: list[int], steps: int, think_s: float, split: str | None, options_json: str | None,
-              session: str | None, session_json: str | None, as_json: bool) -> None:
-    """Drive N concurrent trajectories of environment NAME with a scripted policy (no model), as the
-    rollout drives them: throughput, p50/p99 step latency, client memory per open trajectory, errors
-    by kind, trajectories masked (the environment failed) and lost."""
-    import asyncio
-
-    from toolrl.config import ConfigError
-    from toolrl.testing.load import environment_driver, measure_rung
-
-    async def rungs(counts: list[int]) -> list[Any]:
-        driver = await environment_driver(name, mapping_option(options_json, "--options"), split, session,
-                                          mapping_option(session_json, "--session-options"))
-        await driver.prepare()
-        try:
-            return [await measure_rung(driver, n, steps, think_s) for n in counts]
-        finally:
-            await driver.shutdown()
-
-    try:
-        results = asyncio.run(rungs(ladder))
-    except (ConfigError, ValueError) as exc:
-        raise UsageFailure(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps([r.model_dump() for r in results], indent=2))
-        return
-    click.echo(f"{name}: {steps} steps per trajectory, think {think_s:g} s (x U[0.5, 1.5])")
-    click.echo(f"{'n':>6} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'KiB/traj':>9} {'done':>6} {'masked':>6} "
-               f"{'lost':>5}  errors")
-    for r in results:
-        errors = ", ".join(f"{k} x{v}" for k, v in r.errors.items()) or "-"
-        click.echo(f"{r.n:>6} {r.steps_per_s:>9.1f} {1000 * r.p50_s:>8.2f} {1000 * r.p99_s:>8.2f} "
-                   f"{r.kib_per_session:>9.1f} {r.completed:>6} {r.masked:>6} {r.lost:>5}  {errors}")

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: one model call (:meth:`GatewaySession.turn`) answered as the OpenAI API does
-(``tools``, ``tool_choice``, ``parallel_tool_calls``, ``n``, ``stream``, ``logprobs``). Like ``responses`` and
-``anthropic``: ``parse`` the body, ``answer`` it, ``stream`` the answer."""
+(``tools``, ``tool_choice``, ``parallel_tool_calls``, ``n``, ``stream``, ``logprobs``). Like every gateway
+protocol (``responses``, a plugin's): ``parse`` the body, ``answer`` it, ``stream`` the answer."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from toolrl.gateway.messages import chat_chunks
 from toolrl.gateway.protocol import ChatRequest, RequestError, parse_body
+from toolrl.gateway.protocols import GatewayProtocol
 from toolrl.gateway.session import Ask, GatewaySession
 
 
@@ -45,3 +46,8 @@ def stream(req: ChatRequest, body: dict[str, Any]) -> AsyncIterator[str]:
     """The completion as its stream's chunks (each choice's content in one)."""
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     return chat_chunks(body, [[c["message"]["content"] or ""] for c in body["choices"]], include_usage)
+
+
+class ChatCompletions(GatewayProtocol):
+    path = "chat/completions"
+    parse, answer, stream = staticmethod(parse), staticmethod(answer), staticmethod(stream)

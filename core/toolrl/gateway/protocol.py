@@ -93,13 +93,6 @@ class RequestError(Exception):
             kind = "authentication_error"
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
 
-    def anthropic_body(self) -> dict[str, Any]:
-        """The error as Anthropic's Messages API writes it."""
-        kind = {401: "authentication_error", 404: "not_found_error"}.get(self.status, "invalid_request_error")
-        if self.status >= 500:
-            kind = "api_error"
-        return {"type": "error", "error": {"type": kind, "message": str(self)}}
-
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import Field
 
 from toolrl.gateway.protocol import Body, ChatMessage, RequestError, parse_body
+from toolrl.gateway.protocols import GatewayProtocol
 from toolrl.gateway.session import Ask, GatewaySession, Turn
 
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -214,3 +215,8 @@ async def stream(req: ResponsesRequest, body: dict[str, Any]) -> AsyncIterator[s
                         arguments=item["arguments"])
         yield event("response.output_item.done", output_index=index, item=item)
     yield event(f"response.{body['status']}", response=body)
+
+
+class Responses(GatewayProtocol):
+    path = "responses"
+    parse, answer, stream = staticmethod(parse), staticmethod(answer), staticmethod(stream)

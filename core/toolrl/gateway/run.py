@@ -35,7 +35,7 @@ async def run_agent_episode(gateway: Gateway, session: GatewaySession, agent: Ag
     url = gateway.url(trajectory_id)
     # The reward URL holds the episode's key: a program POSTs to it as it is, no header needed.
     endpoint = Endpoint(f"{url}/v1", session.api_key, f"{url}/reward?key={session.api_key}", session.model,
-                        tuple(session.roles))
+                        tuple(session.roles), gateway.environ(trajectory_id, session.api_key))
     task = AgentTask(prompt=[m.model_dump(mode="json", exclude_none=True) for m in sample.prompt],
                      ground_truth=sample.ground_truth, extra_info=sample.extra_info)
     failure, returned = None, None

@@ -1,9 +1,9 @@
 """The gateway's HTTP side: one aiohttp server per rollout process, on loopback, serving every open
 episode under its own path.
 
-``/e/{episode}/v1`` is an episode's OpenAI base URL, ``/e/{episode}`` its Anthropic one, each protocol a
-module of the same three functions (:mod:`toolrl.gateway.chat_completions`); ``POST /e/{episode}/reward``
-takes its rewards. Each episode has its own key (``Authorization: Bearer``, ``x-api-key`` or ``?key=``), so
+``/e/{episode}/v1`` is an episode's OpenAI base URL, where every registered protocol
+(:class:`~toolrl.gateway.protocols.GatewayProtocol`: chat completions, responses, a plugin's) serves its
+path; ``POST /e/{episode}/reward`` takes its rewards. Each episode has its own key (``Authorization: Bearer``, ``x-api-key`` or ``?key=``), so
 no request reaches another episode; once its program ends, whatever it left running calls into a 404.
 """
 
@@ -13,13 +13,12 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from toolrl.gateway import anthropic, chat_completions, responses
 from toolrl.gateway.agent_loop import AgentLoop
 from toolrl.gateway.messages import model_list
 from toolrl.gateway.protocol import RequestError, parse_body
+from toolrl.gateway.protocols import GatewayProtocol, gateway_protocols
 from toolrl.gateway.session import GatewaySession, RewardPost
 
 if TYPE_CHECKING:
@@ -37,14 +36,17 @@ class Gateway:
         self.port = 0
         self._runner: web.AppRunner | None = None
         self.agents = AgentLoop()  # where in-process programs run (toolrl.gateway.agent_loop)
+        self.protocols: list[type[GatewayProtocol]] = []
 
     async def start(self) -> Gateway:
         from aiohttp import web
 
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_get("/e/{episode}/v1/models", self._handler(_models))
-        for path, protocol in (("chat/completions", chat_completions), ("responses", responses), ("messages", anthropic)):
-            app.router.add_post(f"/e/{{episode}}/v1/{path}", self._handler(partial(_call, protocol), protocol is anthropic))
+        self.protocols = gateway_protocols()
+        for protocol in self.protocols:
+            app.router.add_post(f"/e/{{episode}}/v1/{protocol.path}", self._handler(partial(_call, protocol),
+                                                                                  protocol.error_body))
         app.router.add_post("/e/{episode}/reward", self._handler(_reward))
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -64,6 +66,10 @@ class Gateway:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/e/{key}"
 
+    def environ(self, key: str, api_key: str) -> dict[str, str]:
+        """What points every served protocol's clients at episode ``key``'s endpoint."""
+        return {name: value for p in self.protocols for name, value in p.environ(self.url(key), api_key).items()}
+
     # -- handlers -----------------------------------------------------------------------------
 
     def _session(self, request: web.Request) -> GatewaySession:
@@ -76,9 +82,10 @@ class Gateway:
         return session
 
     def _handler(self, handle: Callable[[GatewaySession, web.Request], Awaitable[dict[str, Any] | AsyncIterator[str]]],
-                 anthropic: bool = False) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+                 error_body: Callable[[RequestError], dict[str, Any]] = RequestError.body,
+                 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         """The aiohttp handler of ``handle(session, request)``: its answer as JSON, or as a stream of
-        server-sent events; errors in the body format of the API called (OpenAI's, or Anthropic's)."""
+        server-sent events; errors in the body format of the API called (``error_body``)."""
         from aiohttp import web
 
         async def serve(request: web.Request) -> web.StreamResponse:
@@ -88,7 +95,7 @@ class Gateway:
                 if not isinstance(exc, RequestError):
                     log.exception("gateway call failed")
                     exc = RequestError(f"{type(exc).__name__}: {exc}", 500)
-                return web.json_response(exc.anthropic_body() if anthropic else exc.body(), status=exc.status)
+                return web.json_response(error_body(exc), status=exc.status)
             if isinstance(result, dict):
                 return web.json_response(result, dumps=lambda d: json.dumps(d, ensure_ascii=False))
             stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -105,8 +112,9 @@ async def _models(session: GatewaySession, request: web.Request) -> dict[str, An
     return model_list(list(session.roles) or [session.model])
 
 
-async def _call(protocol: ModuleType, session: GatewaySession, request: web.Request) -> dict[str, Any] | AsyncIterator[str]:
-    """A protocol module's call: ``parse`` the body, ``answer`` it, ``stream`` the answer if asked."""
+async def _call(protocol: type[GatewayProtocol], session: GatewaySession,
+                request: web.Request) -> dict[str, Any] | AsyncIterator[str]:
+    """A protocol's call: ``parse`` the body, ``answer`` it, ``stream`` the answer if asked."""
     req = protocol.parse(await request.read())
     body = await protocol.answer(session, req)
     return protocol.stream(req, body) if req.stream else body

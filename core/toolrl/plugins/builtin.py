@@ -126,12 +126,18 @@ class WeightTransportsPlugin:
 
 
 class AgentsPlugin:
-    """The built-in agents (:mod:`toolrl.agents`): a program per episode, or a function in-process."""
+    """The built-in agents (:mod:`toolrl.agents`): a program per episode, or a function in-process; and the
+    APIs the gateway serves their clients (:mod:`toolrl.gateway`): OpenAI's two."""
 
     @hookimpl
     def register_agents(self, register: Register) -> None:
         register("toolrl.agents.program:CommandAgent", name="command")
         register("toolrl.agents.function:CallableAgent", name="callable")
+
+    @hookimpl
+    def register_gateway_protocols(self, register: Register) -> None:
+        register("toolrl.gateway.chat_completions:ChatCompletions", name="chat_completions")
+        register("toolrl.gateway.responses:Responses", name="responses")
 
 
 BUILTINS = {

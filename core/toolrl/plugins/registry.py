@@ -31,6 +31,7 @@ KIND_WORDS = {
     "weight_transports": "weight transport",
     "agents": "agent",
     "curricula": "curriculum",
+    "gateway_protocols": "gateway protocol",
 }
 KINDS = tuple(KIND_WORDS)
 
@@ -51,6 +52,7 @@ KIND_BASES = {
     "weight_transports": ("toolrl.transports", "WeightTransport"),
     "agents": ("toolrl.agents", "Agent"),
     "curricula": ("toolrl.curricula", "Curriculum"),
+    "gateway_protocols": ("toolrl.gateway.protocols", "GatewayProtocol"),
 }
 INSTANCE_KINDS = ("environments", "model_families")  # parts that are objects of their base, not subclasses
 LAZY_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

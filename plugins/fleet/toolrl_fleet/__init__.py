@@ -1,7 +1,8 @@
-"""Environment fleets: any session kind served by environment servers (``toolrl env serve``,
+"""Environments at scale: any session kind served by environment servers (``toolrl env serve``,
 :mod:`toolrl_fleet.server`) and used through the ``fleet`` session kind (:mod:`toolrl_fleet.remote`),
-each trajectory on one server of a fleet. Light at import (click only): every ``toolrl`` invocation
-runs :func:`register_commands`."""
+each trajectory on one server of a fleet; ``toolrl env bench`` (:mod:`toolrl_fleet.load`) measures how
+many sessions an environment holds. Light at import (click only): every ``toolrl`` invocation runs
+:func:`register_commands`."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ def register_environment_sessions(register: Register) -> None:
 
 @hookimpl
 def register_commands(cli: click.Group) -> None:
-    from toolrl_fleet.cli import env_serve
+    from toolrl_fleet.cli import env_bench, env_serve
 
     env = cli.commands.get("env")
     if not isinstance(env, click.Group):  # a command group without the core's `env` (the plugin screening's)
         env = click.Group("env")
         cli.add_command(env)
     env.add_command(env_serve)
+    env.add_command(env_bench)

@@ -1,23 +1,23 @@
-"""The gateway's Anthropic Messages API (``POST /e/{episode}/v1/messages``), called with the official
+"""Anthropic's Messages API on the gateway (``POST /e/{episode}/v1/messages``), called with the official
 ``anthropic`` client over real HTTP: content blocks become the chat messages the template renders, a
 conversation sent back as a harness sends it is trained token-exact, streams and errors are
-Anthropic's. The engine says a script (gateway_kit); tokenizer, template, parser and client are real."""
+Anthropic's, and an agent program finds the endpoint where Anthropic's clients look. The engine says a
+script (support.py); tokenizer, template, parser, gateway and client are real."""
 
 from __future__ import annotations
 
 import json
 
+import aiohttp
+import anthropic
 import pytest
-from gateway_kit import ADD, episode, hermes, trained
-from toolrl.gateway.anthropic import MessagesRequest, anthropic_chat_messages
+from support import ADD as ADD_TOOL
+from support import episode, generated, hermes, tokenizer, trained
 from toolrl.gateway.messages import reply_message
 from toolrl.gateway.protocol import ChatMessage, RequestError, message_key, parse_body
 from toolrl.schemas import ParseResult, ToolCall
-
-anthropic = pytest.importorskip("anthropic")
-
-ADD_TOOL = {"name": "add", "description": ADD["function"]["description"],
-            "input_schema": ADD["function"]["parameters"]}
+from toolrl.testing import listing_imports
+from toolrl_anthropic.messages import MessagesRequest, anthropic_chat_messages
 
 
 def client_of(endpoint, **kwargs):
@@ -56,21 +56,22 @@ async def test_a_tool_conversation_sent_back_as_a_harness_does_trains_the_sample
         await client.close()
         return float("14" in replies[-1].content[0].text)
 
-    tok, ctx, pieces = await episode(script, program)
+    engine, outcome = await episode(script, program)
+    pieces = outcome.pieces
     first, second, last = replies
     assert [b.type for b in first.content] == ["text", "tool_use"] and first.content[0].text.strip() == "Let me add."
     assert (first.content[1].name, first.content[1].input, first.stop_reason) == ("add", {"a": 2, "b": 3}, "tool_use")
     assert [b.type for b in second.content] == ["tool_use"] and second.content[0].input == {"a": 5, "b": 9}
     assert last.stop_reason == "end_turn" and last.content[0].text == "The answer is 14." and last.id.startswith("msg")
-    assert [r.usage.output_tokens for r in replies] == [len(ids) for ids in ctx.engine.generated]
+    assert [r.usage.output_tokens for r in replies] == [len(ids) for ids in generated(engine)]
     traj = pieces[-1]
     assert traj.error is None and traj.termination == "answered", traj.error
-    assert len(pieces) == 1 and traj.turns == 3 and traj.reward == 1.0
-    assert trained(pieces) == [t for ids in ctx.engine.generated for t in ids]
-    masked = tok.decode([t for t, m in zip(traj.response_ids, traj.response_mask) if not m])
+    assert len(pieces) == 1 and traj.turns == 3 and outcome.terms == {"agent": 1.0}
+    assert trained(pieces) == [t for ids in generated(engine) for t in ids]
+    masked = tokenizer().decode([t for t, m in zip(traj.response_ids, traj.response_mask) if not m])
     assert "<tool_response>\n5\n</tool_response>" in masked and "<tool_response>\n14\n</tool_response>" in masked
     live = traj.prompt_ids + traj.response_ids
-    assert all(live[:len(p)] == p for p in ctx.engine.prompts)
+    assert all(live[:len(call.prompt_ids)] == call.prompt_ids for call in engine.calls)
 
 
 async def test_streaming_gives_anthropics_events_and_the_final_message():
@@ -88,14 +89,14 @@ async def test_streaming_gives_anthropics_events_and_the_final_message():
         await client.close()
         return 1.0
 
-    _, ctx, pieces = await episode(["Adding.\n" + hermes("add", {"a": 2, "b": 3})], program)
+    engine, outcome = await episode(["Adding.\n" + hermes("add", {"a": 2, "b": 3})], program)
     final = seen["final"]
-    assert pieces[-1].error is None, pieces[-1].error
+    assert outcome.pieces[-1].error is None, outcome.pieces[-1].error
     assert [b.type for b in final.content] == ["text", "tool_use"] and final.stop_reason == "tool_use"
     assert final.content[0].text == seen["text"] and seen["text"].strip() == "Adding."
     assert (final.content[1].name, final.content[1].input, json.loads(seen["json"])) == ("add", {"a": 2, "b": 3},
                                                                                           {"a": 2, "b": 3})
-    assert final.id.startswith("msg") and final.usage.output_tokens == len(ctx.engine.generated[0])
+    assert final.id.startswith("msg") and final.usage.output_tokens == len(generated(engine)[0])
     assert seen["types"] == ["message_start", *["content_block_start", "content_block_delta",
                                                 "content_block_stop"] * 2, "message_delta", "message_stop"]
 
@@ -127,7 +128,8 @@ async def test_bad_requests_get_anthropics_errors_and_the_episode_goes_on():
             await each.close()
         return 1.0
 
-    _, _, pieces = await episode(["fine"], program)
+    _, outcome = await episode(["fine"], program)
+    pieces = outcome.pieces
     assert seen["key"][:2] == (401, "authentication_error")
     assert seen["model"][:2] == (404, "not_found_error") and "claude-9" in seen["model"][2]
     assert seen["max_tokens"][:2] == (400, "invalid_request_error") and "max_tokens" in seen["max_tokens"][2]
@@ -148,9 +150,9 @@ async def test_stop_sequences_max_tokens_and_tool_choice_none_give_their_stop_re
         return 1.0
 
     call = hermes("add", {"a": 2, "b": 3})
-    _, _, pieces = await episode(["The answer is 14.\nDONE", "word " * 10, call], program)
+    _, outcome = await episode(["The answer is 14.\nDONE", "word " * 10, call], program)
     stopped, cut, plain = replies
-    assert pieces[-1].error is None, pieces[-1].error
+    assert outcome.pieces[-1].error is None, outcome.pieces[-1].error
     assert (stopped.stop_reason, stopped.stop_sequence, stopped.content[0].text) == ("stop_sequence", "DONE",
                                                                                      "The answer is 14.\n")
     assert cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3 and cut.stop_sequence is None
@@ -206,3 +208,58 @@ def test_a_bad_body_is_a_400_naming_its_field(messages, extra, param):
     with pytest.raises(RequestError) as refused:
         anthropic_chat_messages(parse_body(raw, MessagesRequest))
     assert refused.value.status == 400 and refused.value.param == param and param in str(refused.value)
+
+
+async def post(url, body, key):
+    async with aiohttp.ClientSession() as http, http.post(url, json=body, headers={"x-api-key": key}) as answer:
+        return answer.status, await answer.json(content_type=None)
+
+
+async def test_a_tool_choice_naming_no_tool_and_an_unknown_model_are_anthropics_errors():
+    answers = {}
+
+    async def program(task, endpoint):
+        body = {"model": endpoint.model, "max_tokens": 16, "messages": [{"role": "user", "content": "2+3?"}]}
+        url, key = f"{endpoint.base_url}/messages", endpoint.api_key
+        answers["choice"] = await post(url, {**body, "tools": [ADD_TOOL], "tool_choice": {"type": "tool", "name": "mul"}},
+                                       key)
+        answers["model"] = await post(url, {**body, "model": "claude"}, key)
+        answers["role"] = await post(url, {**body, "model": "executor"}, key)
+        return 1.0
+
+    await episode(["fine"], program, roles=("planner", "executor"))
+    assert answers["choice"] == (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "tool_choice: no function 'mul' in tools"}})
+    status, body = answers["model"]
+    assert status == 404 and body["type"] == "error" and body["error"]["type"] == "not_found_error"
+    assert "'planner', 'executor'" in body["error"]["message"]
+    assert answers["role"][0] == 200 and answers["role"][1]["model"] == "executor"
+
+
+async def test_a_program_finds_the_endpoint_where_anthropics_client_looks(monkeypatch):
+    """ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY, as a program of its own gets them: a client made from
+    the environment alone (no arguments) answers; the OpenAI variables are there as before."""
+    seen = {}
+
+    async def program(task, endpoint):
+        env = seen["env"] = endpoint.environ()
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        client = anthropic.AsyncAnthropic(max_retries=0)
+        reply = await client.messages.create(model=env["TOOLRL_MODEL"], max_tokens=16, messages=task["prompt"])
+        seen["text"] = reply.content[0].text
+        await client.close()
+        return 1.0
+
+    _, outcome = await episode(["14"], program)
+    env = seen["env"]
+    assert seen["text"] == "14" and outcome.pieces[-1].termination == "answered"
+    assert env["ANTHROPIC_BASE_URL"] + "/v1" == env["OPENAI_BASE_URL"]
+    assert env["ANTHROPIC_API_KEY"] == env["OPENAI_API_KEY"]
+
+
+def test_listing_the_plugins_imports_its_entry_point_alone():
+    """Every toolrl process lists the plugins: this one's costs its ``__init__`` (no pydantic models, no
+    aiohttp); the protocol loads where a gateway starts."""
+    printed, modules = listing_imports("toolrl_anthropic", "aiohttp")
+    assert "anthropic" in printed.split() and modules == ["toolrl_anthropic"]

@@ -1,9 +1,10 @@
 """Environments under load: N concurrent trajectories driven the way the rollout loop drives them, by a
-scripted policy instead of a model (``toolrl env bench``, ``benchmarks/env_load.py``).
+scripted policy instead of a model (``toolrl env bench``, ``benchmarks/env_load.py``): how many sessions
+an environment holds, served in-process or by a fleet.
 
 A :class:`Driver` opens a trajectory (a session's reset through :class:`toolrl.sessions.SessionRun`, or
 a :class:`toolrl.tools.ToolSet`'s create), takes steps and closes it; its ``prepare`` ends with the
-rollout process's collector policy (:func:`toolrl.gc_policy.after_startup`), as a rollout's
+rollout process's collector policy (:func:`toolrl.plugin_support.after_startup`), as a rollout's
 start-up does. :func:`measure_rung` opens N at once, reads the client's memory with all of them open,
 then has each take ``steps`` steps with a think time between them (a model's generation time) and
 close. A failure the environment caused (:class:`toolrl.InfrastructureError`: its server gone) masks
@@ -21,19 +22,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-
+from toolrl import InfrastructureError
 from toolrl.config import ConfigError
 from toolrl.data.sources import load_split
 from toolrl.environments import get_environment
-from toolrl.gc_policy import after_startup
-from toolrl.schemas import InfrastructureError, Sample, ToolCall
+from toolrl.plugin_support import after_startup
+from toolrl.schemas import Sample, ToolCall
 from toolrl.sessions import SessionKind, SessionRun
 from toolrl.tools import Tool, ToolSet
 from toolrl.tools.verl_config import build_tools, parse_tools_config
 from toolrl.training.peakmem import rss_bytes
 from toolrl.trajectory import Trajectory
 
-ERROR_WORDS = ("gone", "timed out", "CAPACITY", "Connect", "closed", "refused", "PoolTimeout", "HTTP 5", "HTTP 4")
+ERROR_WORDS = ("gone", "timed out", "CAPACITY", "Connect", "closed", "refused", "PoolTimeout", "HTTP 5",
+               "HTTP 4")
 
 
 class Driver(Protocol):
@@ -118,7 +120,8 @@ class SessionDriver:
 class ToolDriver:
     """Trajectories of tools through :class:`ToolSet` (create, a call per step, calc_reward, release)."""
 
-    def __init__(self, tools: Mapping[str, Tool], samples: Sequence[Sample], policy: Policy = first_tool) -> None:
+    def __init__(self, tools: Mapping[str, Tool], samples: Sequence[Sample],
+                 policy: Policy = first_tool) -> None:
         self.tools, self.samples, self.policy = dict(tools), samples, policy
 
     async def prepare(self) -> None:
@@ -213,7 +216,8 @@ async def measure_rung(driver: Driver, n: int, steps: int, think_s: float,
     latencies.sort()
     failures = outcome["masked"] + outcome["lost"]
     return RungResult(n=n, steps=len(latencies), wall_s=wall, open_s=open_s,
-                      steps_per_s=len(latencies) / wall if wall else 0.0, offered_steps_per_s=n / think_s if think_s else float("inf"),
+                      steps_per_s=len(latencies) / wall if wall else 0.0,
+                      offered_steps_per_s=n / think_s if think_s else float("inf"),
                       p50_s=percentile(latencies, 0.5), p99_s=percentile(latencies, 0.99),
                       kib_per_session=(held_rss - base_rss) / 1024 / max(n, 1), completed=n - failures,
                       masked=outcome["masked"], lost=outcome["lost"], errors=dict(errors))
@@ -226,10 +230,12 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 async def environment_driver(name: str, options: Mapping[str, Any], split: str | None = None,
-                             session: str | None = None, session_options: Mapping[str, Any] | None = None) -> Driver:
+                             session: str | None = None,
+                             session_options: Mapping[str, Any] | None = None) -> Driver:
     """A driver of the registered environment ``name`` (adapted to ``options``) over its ``split``'s
     samples (default: its first): through its session (or ``session`` with ``session_options``: a kind
-    that serves it elsewhere, say) when it has one, else through its tools. A ConfigError names what is wrong."""
+    that serves it elsewhere, ``fleet`` say) when it has one, else through its tools. A ConfigError
+    names what is wrong."""
     env, validated = get_environment(name, "NAME").resolve(dict(options), "--options")
     split = split or next(iter(env.splits))
     samples = load_split(env, split, validated)  # never empty: an empty split is its ConfigError

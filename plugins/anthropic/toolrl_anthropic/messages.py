@@ -1,6 +1,7 @@
 """Anthropic's Messages API on an episode's endpoint (``POST /e/{episode}/v1/messages``), served as the
-chat turn it amounts to (:meth:`GatewaySession.turn`); ``parse``, ``answer`` and ``stream`` as in
-:mod:`toolrl.gateway.chat_completions`.
+chat turn it amounts to (:meth:`GatewaySession.turn`): :class:`AnthropicMessages`, a gateway protocol.
+Its clients find the endpoint in ``ANTHROPIC_BASE_URL`` (the episode's root, without ``/v1``) and
+``ANTHROPIC_API_KEY``; its errors are Anthropic's.
 
 Blocks map to chat messages: ``system`` a leading system message; a user message's ``tool_result``
 blocks one ``tool`` message each (``is_error`` as an ``Error:`` prefix), then its text as one user
@@ -17,8 +18,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import Field
-
 from toolrl.gateway.protocol import Body, ChatMessage, RequestError, parse_body, validated
+from toolrl.gateway.protocols import GatewayProtocol
 from toolrl.gateway.session import Ask, Choice, GatewaySession, Turn
 
 
@@ -205,3 +206,19 @@ async def stream(req: MessagesRequest, body: dict[str, Any]) -> AsyncIterator[st
 
 def _event(kind: str, **data: Any) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
+
+
+def error_body(error: RequestError) -> dict[str, Any]:
+    """A refusal as Anthropic's API writes it."""
+    kind = {401: "authentication_error", 404: "not_found_error"}.get(error.status, "invalid_request_error")
+    return {"type": "error", "error": {"type": "api_error" if error.status >= 500 else kind, "message": str(error)}}
+
+
+class AnthropicMessages(GatewayProtocol):
+    path = "messages"
+    parse, answer, stream = staticmethod(parse), staticmethod(answer), staticmethod(stream)
+    error_body = staticmethod(error_body)
+
+    @staticmethod
+    def environ(root: str, key: str) -> dict[str, str]:
+        return {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": key}  # what Anthropic's clients read
