@@ -21,7 +21,7 @@ import asyncio
 import functools
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,11 +178,8 @@ def trainable(trajs: Sequence[Trajectory]) -> list[Trajectory]:
     if not failed:
         return list(trajs)
     lost = {t.group for t in trajs if t.key in failed}
-    left: dict[int, set[str]] = {}
-    for t in trajs:
-        if t.key not in failed:
-            left.setdefault(t.group, set()).add(t.key)
-    return [t for t in trajs if t.key not in failed and (t.group not in lost or len(left[t.group]) >= 2)]
+    left = Counter(group for group, _ in {(t.group, t.key) for t in trajs if t.key not in failed})
+    return [t for t in trajs if t.key not in failed and (t.group not in lost or left[t.group] >= 2)]
 
 
 def zero_variance(trajs: Sequence[Trajectory]) -> bool:
