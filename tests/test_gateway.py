@@ -19,13 +19,17 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from _dists import load_plugin
 from family_tokenizers import family_tokenizer
 from gateway_kit import ADD, SAMPLE, Program, ScriptEngine, context, episode, hermes, post, trained
 from toolrl.config import RolloutConfig
 from toolrl.engines import Generation, SamplingParams
+from toolrl.gateway.chat_completions import ChatCompletions
 from toolrl.gateway.messages import template_messages
 from toolrl.gateway.protocol import ChatMessage, RequestError, message_key
 from toolrl.gateway.record import EpisodeRecord
+from toolrl.gateway.responses import Responses
+from toolrl.gateway.server import Gateway
 from toolrl.gateway.session import Ask, GatewaySession
 from toolrl.plugins.parts import BuildContext, build_part
 from toolrl.rollout import run_rollouts
@@ -507,3 +511,34 @@ async def test_a_program_written_from_the_docs_table_reports_its_reward():
 
     _, ctx, pieces = await episode(["14"], program)
     assert answers == [200] and pieces[-1].reward == 0.75 and pieces[-1].termination == "answered"
+
+
+CLASHING_PROTOCOLS = '''
+from toolrl import hookimpl
+from toolrl.gateway.chat_completions import ChatCompletions
+
+
+class Again(ChatCompletions):
+    """Another protocol on chat completions' path."""
+
+
+@hookimpl
+def register_gateway_protocols(register):
+    register("protocols_gone:Missing", name="gone")
+    register(Again, name="again")  # before chat_completions by name: the built-in keeps its path all the same
+'''
+
+
+async def test_a_protocol_that_fails_to_load_or_finds_its_path_taken_is_its_plugins_error_not_the_gateways(
+        tmp_path, monkeypatch, toolrl_reload_plugins, caplog):
+    load_plugin(tmp_path, monkeypatch, toolrl_reload_plugins, "toolrl-plugin-protocols", "protocols",
+                "protocols_plugin", CLASHING_PROTOCOLS)
+    gateway = await Gateway().start()
+    await gateway.close()
+    assert gateway.protocols[:2] == [ChatCompletions, Responses] and "Again" not in str(gateway.protocols)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("gateway protocol 'gone' (plugin 'protocols') not served" in w and "protocols_gone" in w for w in warned)
+    taken = "gateway protocol 'again' (plugin 'protocols') not served: ChatCompletions serves /v1/chat/completions"
+    assert taken in warned
+    info = {i.name: i for i in toolrl_reload_plugins().list()}["protocols"]
+    assert info.status == "error" and taken in info.error and "protocols_gone" in info.error

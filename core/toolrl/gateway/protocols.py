@@ -6,9 +6,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from toolrl.config import ConfigError
 from toolrl.gateway.protocol import RequestError
-from toolrl.plugins import get_plugins
-from toolrl.plugins.registry import PartError
+from toolrl.plugins.builtin import BUILTINS
+from toolrl.plugins.parts import lookup_part, registered_parts, report_part
 
 if TYPE_CHECKING:
     from toolrl.gateway.session import GatewaySession
@@ -38,15 +39,17 @@ class GatewayProtocol:
 
 
 def gateway_protocols() -> list[type[GatewayProtocol]]:
-    """Every registered protocol that loads, by path (the first registered of a path): one that does not
-    load is its plugin's error (``toolrl list-plugins``) and a warning, never the gateway's."""
-    plugins, found = get_plugins(), {}
-    for part in plugins.registry.parts("gateway_protocols"):
+    """Every registered protocol that loads, one a path (a built-in's, else the first by name): one that does
+    not load, or finds its path taken, is its plugin's error and a warning, never the gateway's."""
+    found: dict[str, type[GatewayProtocol]] = {}
+    for part in sorted(registered_parts("gateway_protocols"), key=lambda part: part.plugin not in BUILTINS):
+        where = f"gateway protocol {part.name!r} (plugin {part.plugin!r}) not served"
         try:
-            protocol = plugins.load_part("gateway_protocols", part.name)
-        except PartError as exc:
-            log.warning("gateway protocol %r not served: %s", part.name, exc)
-            continue
-        if found.setdefault(protocol.path, protocol) is not protocol:
-            log.warning("gateway protocol %r not served: another serves /v1/%s", part.name, protocol.path)
+            protocol = lookup_part("gateway_protocols", part.name, where)
+            if found.setdefault(protocol.path, protocol) is not protocol:
+                taken = f"{where}: {found[protocol.path].__name__} serves /v1/{protocol.path}"
+                report_part("gateway_protocols", part.name, taken)
+                raise ConfigError(taken)
+        except ConfigError as exc:  # its plugin's status says so too (toolrl list-plugins)
+            log.warning("%s", exc)
     return list(found.values())
