@@ -1,10 +1,10 @@
 """The gateway's HTTP side: one aiohttp server per rollout process, on loopback, serving every open
 episode under its own path.
 
-``/e/{episode}/v1`` is an episode's OpenAI base URL, where every registered protocol
-(:class:`~toolrl.gateway.protocols.GatewayProtocol`: chat completions, responses, a plugin's) serves its
-path; ``POST /e/{episode}/reward`` takes its rewards. Each episode has its own key (``Authorization: Bearer``, ``x-api-key`` or ``?key=``), so
-no request reaches another episode; once its program ends, whatever it left running calls into a 404.
+``/e/{episode}/v1`` is an episode's base URL, where each registered protocol (chat completions, responses,
+a plugin's: :mod:`toolrl.gateway.protocols`) serves its path; ``POST /e/{episode}/reward`` takes its
+rewards. Each episode has its own key (``Authorization: Bearer``, ``x-api-key`` or ``?key=``), so no
+request reaches another episode; once its program ends, whatever it left running calls into a 404.
 """
 
 from __future__ import annotations
