@@ -124,7 +124,8 @@ async def test_an_episode_without_a_call_is_its_endpoint_models_role():
     assert (piece.role, piece.termination, piece.error) == ("executor", "infra_error", "the agent made no model call")
 
 
-async def test_an_unknown_model_is_each_apis_404_naming_the_roles():
+async def test_an_unknown_model_is_the_responses_apis_404_naming_the_roles():
+    """Chat completions' is planner_executor's (above); Anthropic's, toolrl-plugin-anthropic's tests."""
     answers = {}
 
     async def program(task, endpoint):
